@@ -1,0 +1,1 @@
+"""simtree.profiler"""

@@ -1,0 +1,3 @@
+from simtree.cli import main
+
+main()

@@ -1,0 +1,296 @@
+"""The draft tree of one sequence and its batched, ragged form.
+
+A tree is three flat arrays in topological order (parents precede children):
+
+    parents   int64 [n]   parents[0] == -1 (node 0 is the root: the last accepted token,
+                          not yet processed by the target); 0 <= parents[i] < i otherwise
+    tokens    int64 [n]   draft token of each node (tokens[0] is the root's token)
+    log_probs float64 [n] draft log-probability of the node given its parent (0 for the root)
+
+Every derived view (depth, ancestor bitmask, chains, positions, SGLang-style next-token /
+next-sibling arrays) is computed here and nowhere else.  Verify kernels read the flat
+metadata of a :class:`TreeBatch` (``cu_nodes`` offsets, parents, depth).
+
+Budget convention (as SGLang's ``--speculative-num-draft-tokens``): a tree of budget D has
+D nodes including the root, so it verifies D tokens per sequence.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Sequence
+
+import numpy as np
+
+from simtree.errors import TreeError
+
+__all__ = ["DraftTree", "TreeBatch", "pack_bits"]
+
+
+def pack_bits(mask: np.ndarray) -> np.ndarray:
+    """Pack a bool matrix [n, m] into int64 words [n, ceil(m / 64)]; bit j%64 of word j//64."""
+    n, m = mask.shape
+    words = (m + 63) // 64
+    padded = np.zeros((n, words * 64), dtype=bool)
+    padded[:, :m] = mask
+    weights = (np.uint64(1) << np.arange(64, dtype=np.uint64))
+    packed = (padded.reshape(n, words, 64).astype(np.uint64) * weights).sum(axis=2, dtype=np.uint64)
+    return packed.view(np.int64)
+
+
+def _check_parents(parents: np.ndarray) -> None:
+    n = parents.shape[0]
+    if n == 0:
+        raise TreeError("draft tree is empty: it needs at least the root node")
+    if parents[0] != -1:
+        raise TreeError(f"invalid parent array: node 0 must be the root (parent -1), got parent {parents[0]}")
+    roots = np.flatnonzero(parents == -1)
+    if roots.size > 1:
+        raise TreeError(f"invalid parent array: several roots {roots[:8].tolist()}; only node 0 may have parent -1")
+    out_of_range = np.flatnonzero((parents < -1) | (parents >= n))
+    if out_of_range.size:
+        i = int(out_of_range[0])
+        raise TreeError(f"invalid parent array: node {i} has parent {parents[i]} outside [0, {n - 1}]")
+    bad = np.flatnonzero(parents[1:] >= np.arange(1, n)) + 1
+    if bad.size:
+        i = int(bad[0])
+        seen, j = set(), i
+        while j > 0 and j not in seen:
+            seen.add(j)
+            j = int(parents[j])
+        if j in seen:
+            raise TreeError(f"invalid parent array: cycle through node {j} (parents {sorted(seen)[:8]})")
+        raise TreeError(f"invalid parent array: node {i} has parent {parents[i]} >= {i}; "
+                        "nodes must be in topological order (parent before child)")
+
+
+@dataclass(frozen=True, eq=False)
+class DraftTree:
+    """Draft tree of one sequence. See the module docstring for the array conventions."""
+
+    parents: np.ndarray
+    tokens: np.ndarray = field(default=None)  # type: ignore[assignment]
+    log_probs: np.ndarray = field(default=None)  # type: ignore[assignment]
+
+    def __post_init__(self) -> None:
+        try:
+            parents = np.asarray(self.parents, dtype=np.int64).reshape(-1)
+        except (TypeError, ValueError) as exc:
+            raise TreeError(f"invalid parent array: not a list of integers ({exc})") from None
+        _check_parents(parents)
+        n = parents.shape[0]
+        tokens = np.zeros(n, np.int64) if self.tokens is None else np.asarray(self.tokens, np.int64).reshape(-1)
+        log_probs = (np.zeros(n, np.float64) if self.log_probs is None
+                     else np.asarray(self.log_probs, np.float64).reshape(-1))
+        if tokens.shape[0] != n:
+            raise TreeError(f"token/parent length mismatch: {tokens.shape[0]} tokens for {n} nodes")
+        if log_probs.shape[0] != n:
+            raise TreeError(f"score/parent length mismatch: {log_probs.shape[0]} log-probs for {n} nodes")
+        if not np.all(np.isfinite(log_probs[1:])) or np.any(log_probs[1:] > 1e-6):
+            i = int(np.flatnonzero(~np.isfinite(log_probs[1:]) | (log_probs[1:] > 1e-6))[0]) + 1
+            raise TreeError(f"invalid draft log-prob at node {i}: {log_probs[i]} (must be finite and <= 0)")
+        log_probs = log_probs.copy()
+        log_probs[0] = 0.0
+        for name, value in (("parents", parents), ("tokens", tokens), ("log_probs", log_probs)):
+            value.setflags(write=False)
+            object.__setattr__(self, name, value)
+
+    # ---- constructors -------------------------------------------------------------------
+    @classmethod
+    def chain(cls, length: int, tokens: Sequence[int] | None = None,
+              log_probs: Sequence[float] | None = None) -> "DraftTree":
+        """A linear chain of ``length`` nodes (root included)."""
+        if length < 1:
+            raise TreeError(f"chain length must be >= 1, got {length}")
+        return cls(np.arange(-1, length - 1), tokens, log_probs)
+
+    # ---- sizes --------------------------------------------------------------------------
+    @property
+    def num_nodes(self) -> int:
+        return int(self.parents.shape[0])
+
+    def __len__(self) -> int:
+        return self.num_nodes
+
+    # ---- derived views (computed once) --------------------------------------------------
+    @cached_property
+    def depth(self) -> np.ndarray:
+        """int64 [n]: root depth 0."""
+        depth = np.zeros(self.num_nodes, np.int64)
+        for i in range(1, self.num_nodes):
+            depth[i] = depth[self.parents[i]] + 1
+        depth.setflags(write=False)
+        return depth
+
+    @property
+    def max_depth(self) -> int:
+        return int(self.depth.max())
+
+    @cached_property
+    def path_log_prob(self) -> np.ndarray:
+        """float64 [n]: cumulative draft log-prob from the root (the EAGLE draft score)."""
+        score = self.log_probs.copy()
+        for i in range(1, self.num_nodes):
+            score[i] += score[self.parents[i]]
+        score.setflags(write=False)
+        return score
+
+    @cached_property
+    def num_children(self) -> np.ndarray:
+        return np.bincount(self.parents[1:], minlength=self.num_nodes).astype(np.int64)
+
+    @cached_property
+    def leaves(self) -> np.ndarray:
+        return np.flatnonzero(self.num_children == 0)
+
+    @cached_property
+    def ancestor_mask(self) -> np.ndarray:
+        """bool [n, n]: mask[i, j] is True iff j is an ancestor of i or i itself."""
+        n = self.num_nodes
+        mask = np.zeros((n, n), dtype=bool)
+        mask[0, 0] = True
+        depth = self.depth
+        for d in range(1, self.max_depth + 1):  # one vectorised step per level
+            nodes = np.flatnonzero(depth == d)
+            mask[nodes] = mask[self.parents[nodes]]
+            mask[nodes, nodes] = True
+        mask.setflags(write=False)
+        return mask
+
+    @cached_property
+    def ancestor_bits(self) -> np.ndarray:
+        """int64 [n, ceil(n/64)]: :attr:`ancestor_mask` packed into 64-bit words."""
+        return pack_bits(self.ancestor_mask)
+
+    def path_to(self, node: int) -> np.ndarray:
+        """Node indices from the root to ``node`` inclusive."""
+        if not 0 <= node < self.num_nodes:
+            raise TreeError(f"node {node} is not in a tree of {self.num_nodes} nodes")
+        return np.flatnonzero(self.ancestor_mask[node])  # topological order = root first
+
+    @cached_property
+    def chains(self) -> tuple[np.ndarray, ...]:
+        """Root-to-leaf paths, one per leaf, in leaf order."""
+        return tuple(self.path_to(int(leaf)) for leaf in self.leaves)
+
+    def positions(self, cache_len: int) -> np.ndarray:
+        """Sequence positions of the nodes; the root is the first token not yet in the cache."""
+        return cache_len + self.depth
+
+    @cached_property
+    def next_token(self) -> np.ndarray:
+        """int64 [n]: first child of each node, -1 if none (SGLang ``retrive_next_token``)."""
+        first = np.full(self.num_nodes, -1, np.int64)
+        for i in range(self.num_nodes - 1, 0, -1):  # lowest index child wins
+            first[self.parents[i]] = i
+        return first
+
+    @cached_property
+    def next_sibling(self) -> np.ndarray:
+        """int64 [n]: next child of the same parent, -1 if none (``retrive_next_sibling``)."""
+        nxt = np.full(self.num_nodes, -1, np.int64)
+        last_child = np.full(self.num_nodes, -1, np.int64)
+        for i in range(1, self.num_nodes):
+            p = self.parents[i]
+            if last_child[p] >= 0:
+                nxt[last_child[p]] = i
+            last_child[p] = i
+        return nxt
+
+    def subtree(self, keep: np.ndarray | Sequence[int]) -> "DraftTree":
+        """The tree restricted to ``keep`` (must contain the root and be ancestor-closed)."""
+        keep = np.unique(np.asarray(keep, np.int64))
+        if keep.size == 0 or keep[0] != 0:
+            raise TreeError("subtree must keep the root (node 0)")
+        remap = np.full(self.num_nodes, -1, np.int64)
+        remap[keep] = np.arange(keep.size)
+        parents = self.parents[keep]
+        new_parents = np.where(parents >= 0, remap[np.maximum(parents, 0)], -1)
+        if np.any(new_parents[1:] < 0):
+            raise TreeError("subtree is not ancestor-closed: a kept node's parent was dropped")
+        return DraftTree(new_parents, self.tokens[keep], self.log_probs[keep])
+
+    def __repr__(self) -> str:
+        return f"DraftTree(n={self.num_nodes}, depth={self.max_depth}, leaves={self.leaves.size})"
+
+
+@dataclass(frozen=True, eq=False)
+class TreeBatch:
+    """B draft trees of different sizes, flattened with cu_seqlens-style offsets.
+
+    cu_nodes  int64 [B+1]  tree b owns flat rows cu_nodes[b]:cu_nodes[b+1]
+    parents   int64 [N]    parent as a *local* index within its tree (-1 for roots)
+    parents_global int64 [N]  parent as a flat row (-1 for roots)
+    depth, tokens, seq_ids int64 [N]
+    """
+
+    trees: tuple[DraftTree, ...]
+
+    def __post_init__(self) -> None:
+        trees = tuple(self.trees)
+        if not trees:
+            raise TreeError("tree batch is empty: it needs at least one tree")
+        for b, t in enumerate(trees):
+            if not isinstance(t, DraftTree):
+                raise TreeError(f"tree batch entry {b} is a {type(t).__name__}, not a DraftTree")
+        object.__setattr__(self, "trees", trees)
+
+    @property
+    def batch_size(self) -> int:
+        return len(self.trees)
+
+    @cached_property
+    def cu_nodes(self) -> np.ndarray:
+        return np.concatenate([[0], np.cumsum([t.num_nodes for t in self.trees])]).astype(np.int64)
+
+    @property
+    def total_nodes(self) -> int:
+        return int(self.cu_nodes[-1])
+
+    @property
+    def max_nodes(self) -> int:
+        return int(np.diff(self.cu_nodes).max())
+
+    @cached_property
+    def parents(self) -> np.ndarray:
+        return np.concatenate([t.parents for t in self.trees])
+
+    @cached_property
+    def parents_global(self) -> np.ndarray:
+        offs = np.repeat(self.cu_nodes[:-1], np.diff(self.cu_nodes))
+        return np.where(self.parents >= 0, self.parents + offs, -1)
+
+    @cached_property
+    def seq_ids(self) -> np.ndarray:
+        return np.repeat(np.arange(self.batch_size, dtype=np.int64), np.diff(self.cu_nodes))
+
+    @cached_property
+    def depth(self) -> np.ndarray:
+        return np.concatenate([t.depth for t in self.trees])
+
+    @cached_property
+    def tokens(self) -> np.ndarray:
+        return np.concatenate([t.tokens for t in self.trees])
+
+    def positions(self, cache_lens: Sequence[int] | np.ndarray) -> np.ndarray:
+        cache_lens = np.asarray(cache_lens, np.int64).reshape(-1)
+        if cache_lens.shape[0] != self.batch_size:
+            raise TreeError(f"{cache_lens.shape[0]} cache lengths for a batch of {self.batch_size} trees")
+        return cache_lens[self.seq_ids] + self.depth
+
+    @cached_property
+    def ancestor_bits(self) -> np.ndarray:
+        """int64 [N, ceil(max_nodes/64)]: each row's local ancestor-or-self bits."""
+        words = (self.max_nodes + 63) // 64
+        out = np.zeros((self.total_nodes, words), np.int64)
+        for t, start in zip(self.trees, self.cu_nodes[:-1]):
+            bits = t.ancestor_bits
+            out[start:start + t.num_nodes, :bits.shape[1]] = bits
+        return out
+
+    def to_torch(self, device="cpu") -> dict:
+        """The flat metadata every verify kernel reads, as int64 torch tensors."""
+        import torch
+
+        names = ("cu_nodes", "parents", "parents_global", "seq_ids", "depth", "tokens", "ancestor_bits")
+        return {k: torch.as_tensor(np.ascontiguousarray(getattr(self, k)), device=device) for k in names}
