@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# One batched GPU session on a lent H200: install carried wheels, install simtree without
+# deps, then run the named parts (gdn, v4, profile), each bounded, each writing under $OUT.
+# Usage (on the GPU machine): bash scripts/gpu_session.sh gdn v4 profile
+set -uo pipefail
+OUT=${OUT:-/tmp/out}
+RES=/tmp/simtree_results   # many files; tarred into $OUT at the end ($OUT returns <= 8 files)
+mkdir -p "$OUT" "$RES"
+if ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site
+fi
+python3 -m pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1
+export PYTHONUNBUFFERED=1
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv > "$RES/gpu_state.csv"
+for part in "$@"; do
+  echo "=== $part $(date +%T)"
+  case "$part" in
+    gdn) timeout 300 python3 profiler/bench_gdn.py --out "$RES/gdn" --max-seconds ${GDN_SECONDS:-200} 2>&1 | tee "$RES/gdn.log" | tail -60 ;;
+    v4) timeout 300 python3 profiler/bench_v4.py --out "$RES/v4" --max-seconds ${V4_SECONDS:-200} 2>&1 | tee "$RES/v4.log" | tail -60 ;;
+    profile) timeout 560 python3 -m simtree profile ${PROFILE_ARGS:-} 2>&1 | tee "$RES/profile.log" | tail -40 ;;
+    *) echo "unknown part $part" ;;
+  esac
+done
+tar czf "$OUT/results.tgz" -C "$RES" .
+ls -la "$OUT"
