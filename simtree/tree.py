@@ -38,6 +38,27 @@ def pack_bits(mask: np.ndarray) -> np.ndarray:
     return packed.view(np.int64)
 
 
+def _as_int_array(values, what: str) -> np.ndarray:
+    """A fresh int64 copy of ``values`` (never a view of the caller's array: trees are immutable).
+
+    Floats are accepted only when integral, so 0.5 or NaN never truncates silently to a node id.
+    """
+    try:
+        arr = np.array(values, copy=True).reshape(-1)
+    except (TypeError, ValueError) as exc:
+        raise TreeError(f"invalid {what} array: not a list of integers ({exc})") from None
+    if arr.size == 0:
+        return arr.astype(np.int64)
+    if arr.dtype.kind == "f":
+        bad = np.flatnonzero(~np.isfinite(arr) | (arr != np.round(arr)))
+        if bad.size:
+            i = int(bad[0])
+            raise TreeError(f"invalid {what} array: entry {i} is {arr[i]}, not an integer")
+    elif arr.dtype.kind not in "iub":
+        raise TreeError(f"invalid {what} array: dtype {arr.dtype} is not an integer type")
+    return arr.astype(np.int64)
+
+
 def _check_parents(parents: np.ndarray) -> None:
     n = parents.shape[0]
     if n == 0:
@@ -73,15 +94,15 @@ class DraftTree:
     log_probs: np.ndarray = field(default=None)  # type: ignore[assignment]
 
     def __post_init__(self) -> None:
-        try:
-            parents = np.asarray(self.parents, dtype=np.int64).reshape(-1)
-        except (TypeError, ValueError) as exc:
-            raise TreeError(f"invalid parent array: not a list of integers ({exc})") from None
+        parents = _as_int_array(self.parents, "parent")
         _check_parents(parents)
         n = parents.shape[0]
-        tokens = np.zeros(n, np.int64) if self.tokens is None else np.asarray(self.tokens, np.int64).reshape(-1)
-        log_probs = (np.zeros(n, np.float64) if self.log_probs is None
-                     else np.asarray(self.log_probs, np.float64).reshape(-1))
+        tokens = np.zeros(n, np.int64) if self.tokens is None else _as_int_array(self.tokens, "token")
+        try:
+            log_probs = (np.zeros(n, np.float64) if self.log_probs is None
+                         else np.array(self.log_probs, np.float64, copy=True).reshape(-1))
+        except (TypeError, ValueError) as exc:
+            raise TreeError(f"invalid log-prob array: not a list of numbers ({exc})") from None
         if tokens.shape[0] != n:
             raise TreeError(f"token/parent length mismatch: {tokens.shape[0]} tokens for {n} nodes")
         if log_probs.shape[0] != n:
@@ -199,9 +220,11 @@ class DraftTree:
 
     def subtree(self, keep: np.ndarray | Sequence[int]) -> "DraftTree":
         """The tree restricted to ``keep`` (must contain the root and be ancestor-closed)."""
-        keep = np.unique(np.asarray(keep, np.int64))
+        keep = np.unique(_as_int_array(keep, "subtree node"))
         if keep.size == 0 or keep[0] != 0:
             raise TreeError("subtree must keep the root (node 0)")
+        if keep[-1] >= self.num_nodes:
+            raise TreeError(f"subtree node {keep[-1]} is not in a tree of {self.num_nodes} nodes")
         remap = np.full(self.num_nodes, -1, np.int64)
         remap[keep] = np.arange(keep.size)
         parents = self.parents[keep]

@@ -1,0 +1,176 @@
+"""Expected accepted length Phi(T) of a draft tree, and Monte-Carlo samplers to check it.
+
+Phi(T) = sum over non-root nodes of P(node accepted) = sum over non-root nodes of the product
+of the per-node acceptance probabilities along its path (a node is accepted iff its parent is
+and it matches the target).  Two acceptance models give the per-node probabilities:
+
+- marginals (:func:`expected_accepted_marginals`): the target's token at depth d is drawn
+  independently per position from a top-K marginal table ``[P, K]``; a node is accepted with
+  the marginal prob of its token at its depth.  Siblings sharing a token: only the
+  lowest-index one can be accepted (as in :func:`simtree.accept.greedy_accept`).
+- positional (:func:`expected_accepted_positional`): ``accept_table[d, r]`` = probability that
+  the rank-r child (by draft log-prob among siblings, 0 = best) at depth d+1 is accepted
+  given its parent was; ranks are disjoint events, so each row sums to <= 1.
+
+:func:`sample_accepted_length` draws accepted lengths (draft tokens, bonus excluded) from
+either model, walking all samples down the tree one depth level at a time.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from simtree.errors import SimtreeError
+from simtree.tree import DraftTree
+
+__all__ = ["expected_accepted", "node_accept_probs_marginals", "node_accept_probs_positional",
+           "expected_accepted_marginals", "expected_accepted_positional", "sibling_rank",
+           "sample_accepted_length"]
+
+
+def _path_products(tree: DraftTree, node_prob: np.ndarray) -> np.ndarray:
+    """float64 [n]: product of node_prob along the path (root's own factor taken as 1)."""
+    out = np.asarray(node_prob, np.float64).copy()
+    out[0] = 1.0
+    for d in range(1, tree.max_depth + 1):  # one vectorised step per level
+        nodes = np.flatnonzero(tree.depth == d)
+        out[nodes] *= out[tree.parents[nodes]]
+    return out
+
+
+def expected_accepted(tree: DraftTree, node_accept_prob) -> float:
+    """Phi(T) = sum_{i>0} prod_{j on root..i, j>0} node_accept_prob[j].  node_accept_prob [n]."""
+    p = np.asarray(node_accept_prob, np.float64).reshape(-1)
+    if p.shape[0] != tree.num_nodes:
+        raise SimtreeError(f"{p.shape[0]} acceptance probs for a tree of {tree.num_nodes} nodes")
+    if not np.all(np.isfinite(p[1:])) or np.any(p[1:] < 0) or np.any(p[1:] > 1 + 1e-9):
+        raise SimtreeError("acceptance probs must be finite and in [0, 1] (found NaN, inf or out of range)")
+    return float(_path_products(tree, p)[1:].sum())
+
+
+def _marginal_table(marginal_tokens, marginal_probs) -> tuple[np.ndarray, np.ndarray]:
+    toks = np.asarray(marginal_tokens)
+    probs = np.asarray(marginal_probs, np.float64)
+    if probs.ndim != 2 or toks.shape != probs.shape or probs.size == 0:
+        raise SimtreeError(f"marginal tokens {toks.shape} and probs {probs.shape} must be equal [P, K] arrays")
+    if toks.dtype.kind not in "iu":
+        raise SimtreeError(f"marginal tokens must be integers, got dtype {toks.dtype}")
+    if not np.all(np.isfinite(probs)) or np.any(probs < 0) or np.any(probs.sum(1) > 1 + 1e-6):
+        raise SimtreeError("marginal probs must be finite, >= 0 and sum to <= 1 per position")
+    srt = np.sort(toks, axis=1)
+    if np.any(srt[:, 1:] == srt[:, :-1]):
+        raise SimtreeError("marginal tokens repeat within a position; list each token once")
+    return toks.astype(np.int64), probs
+
+
+def _marginal_rank(tree: DraftTree, toks: np.ndarray) -> np.ndarray:
+    """int64 [n]: column of each node's token in its depth's marginal row; K if absent/too deep."""
+    P, K = toks.shape
+    col = np.full(tree.num_nodes, K, np.int64)
+    d = tree.depth
+    inside = np.flatnonzero((d >= 1) & (d <= P))
+    hit = toks[d[inside] - 1] == tree.tokens[inside, None]  # [m, K]
+    found = hit.any(1)
+    col[inside[found]] = hit[found].argmax(1)
+    return col
+
+
+def _first_with_same_token(tree: DraftTree) -> np.ndarray:
+    """bool [n]: node is the lowest-index child of its parent carrying its token."""
+    n = tree.num_nodes
+    first = np.ones(n, bool)
+    key = np.stack([tree.parents[1:], tree.tokens[1:]], 1)
+    _, idx = np.unique(key, axis=0, return_index=True)  # first occurrence of each (parent, token)
+    first[1:] = False
+    first[idx + 1] = True
+    return first
+
+
+def node_accept_probs_marginals(tree: DraftTree, marginal_tokens, marginal_probs) -> np.ndarray:
+    """float64 [n]: P(node accepted | parent accepted) under independent per-position marginals."""
+    toks, probs = _marginal_table(marginal_tokens, marginal_probs)
+    col = _marginal_rank(tree, toks)
+    padded = np.hstack([probs, np.zeros((probs.shape[0], 1))])  # column K: token not listed
+    rows = np.clip(tree.depth - 1, 0, probs.shape[0] - 1)
+    p = padded[rows, col]
+    p[~_first_with_same_token(tree)] = 0.0
+    p[0] = 1.0
+    return p
+
+
+def expected_accepted_marginals(tree: DraftTree, marginal_tokens, marginal_probs) -> float:
+    """Phi(T) under per-position marginals ``[P, K]`` (tokens and probs)."""
+    return expected_accepted(tree, node_accept_probs_marginals(tree, marginal_tokens, marginal_probs))
+
+
+def sibling_rank(tree: DraftTree) -> np.ndarray:
+    """int64 [n]: rank of each node among its siblings by draft log-prob desc (ties: lower
+    index first); 0 for the root."""
+    n = tree.num_nodes
+    order = np.lexsort((np.arange(n), -tree.log_probs, tree.parents))  # group by parent
+    par = tree.parents[order]
+    starts = np.flatnonzero(np.r_[True, par[1:] != par[:-1]])
+    group_start = np.repeat(starts, np.diff(np.r_[starts, n]))
+    rank = np.empty(n, np.int64)
+    rank[order] = np.arange(n) - group_start
+    return rank
+
+
+def _check_accept_table(accept_table) -> np.ndarray:
+    table = np.asarray(accept_table, np.float64)
+    if table.ndim != 2 or table.size == 0:
+        raise SimtreeError(f"accept_table must be a non-empty [depth, rank] array, got shape {table.shape}")
+    if not np.all(np.isfinite(table)) or np.any(table < 0) or np.any(table.sum(1) > 1 + 1e-6):
+        raise SimtreeError("accept_table entries must be finite, >= 0, and each row must sum to <= 1")
+    return table
+
+
+def node_accept_probs_positional(tree: DraftTree, accept_table) -> np.ndarray:
+    """float64 [n]: accept_table[depth-1, sibling rank], 0 beyond the table."""
+    table = _check_accept_table(accept_table)
+    D, R = table.shape
+    d, r = tree.depth - 1, sibling_rank(tree)
+    ok = (d >= 0) & (d < D) & (r < R)
+    p = np.zeros(tree.num_nodes)
+    p[ok] = table[d[ok], r[ok]]
+    p[0] = 1.0
+    return p
+
+
+def expected_accepted_positional(tree: DraftTree, accept_table) -> float:
+    """Phi(T) under the positional model ``accept_table [depth, rank]``."""
+    return expected_accepted(tree, node_accept_probs_positional(tree, accept_table))
+
+
+def sample_accepted_length(tree: DraftTree, rng: np.random.Generator, n: int, *,
+                           marginal_tokens=None, marginal_probs=None, accept_table=None) -> np.ndarray:
+    """int64 [n] accepted lengths drawn from ONE model: marginals or ``accept_table``.
+
+    Each level draws one outcome per sample: a column of the depth's marginal row (K = a token
+    outside the list) or a sibling rank (R = none accepted); ``step[node, outcome]`` maps it to
+    the child it accepts (-1 if none).
+    """
+    use_marginals = marginal_tokens is not None or marginal_probs is not None
+    if use_marginals == (accept_table is not None):
+        raise SimtreeError("give either marginal_tokens+marginal_probs or accept_table, not both/neither")
+    if use_marginals:
+        toks, probs = _marginal_table(marginal_tokens, marginal_probs)
+        col = _marginal_rank(tree, toks)
+        first = _first_with_same_token(tree)
+    else:
+        probs = _check_accept_table(accept_table)
+        col = sibling_rank(tree)
+        first = np.ones(tree.num_nodes, bool)
+    rows, width = probs.shape
+    step = np.full((tree.num_nodes, width + 1), -1, np.int64)
+    child = np.flatnonzero(first & (col < width))
+    child = child[child > 0]
+    step[tree.parents[child], col[child]] = child
+    cur = np.zeros(int(n), np.int64)
+    length = np.zeros(int(n), np.int64)
+    for d in range(min(rows, tree.max_depth)):
+        cdf = np.cumsum(probs[d])
+        outcome = np.searchsorted(cdf, rng.random(cur.shape[0]), side="right")  # width = none
+        nxt = np.where(cur >= 0, step[np.maximum(cur, 0), np.minimum(outcome, width)], -1)
+        length += nxt >= 0
+        cur = nxt
+    return length
