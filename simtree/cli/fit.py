@@ -1,0 +1,118 @@
+"""``simtree fit``: profile table -> convex, monotone cost models (CostBundle JSON) + PNG."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from simtree.cli import COMMANDS
+
+
+def _pct(x) -> str:
+    return "-" if x is None else f"{100 * x:.1f}%"
+
+
+def _print_report(report, console: Console) -> None:
+    table = Table(title="relative error: held-out (k-fold) and in-sample of the kept form")
+    for col in ("cost", "stage", "variant", "form", "pts", "ho med", "ho p90", "in p90", "in max"):
+        table.add_column(col, justify="left" if col in ("cost", "stage", "variant", "form") else "right")
+    for name, res, m in (("C_v", report.verify, report.bundle.verify),
+                         ("C_d", report.draft, report.bundle.draft)):
+        src = m.info.get("source", {})
+        label = (src.get("stage", "?"), src.get("variant", "-"))
+        if res is None:
+            table.add_row(name, *label, "assumed from C_v", "-", "-", "-", "-", "-")
+            continue
+        for form, err in res.heldout.items():
+            kept = form == res.form
+            tag = "*" if kept else (f" (ref, {100 * err['monotone_violations']:.0f}% non-monotone)"
+                                    if err.get("reference") else "")
+            table.add_row(name, *label, form + tag, str(res.num_points),
+                          _pct(err["median"]), _pct(err["p90"]),
+                          _pct(res.in_sample["p90"]) if kept else "", _pct(res.in_sample["max"]) if kept else "")
+    console.print(table)
+    console.print("* kept: lower held-out median + p90; ref: per-(l, b) convex curves "
+                  "interpolated between bins (public practice), shown for comparison, never kept")
+    for name, res in (("C_v", report.verify), ("C_d", report.draft)):
+        if res is None:
+            continue
+        worst = Table(title=f"{name}: worst in-sample residuals (data least convex / monotone)")
+        keys = list(res.worst[0].keys()) if res.worst else []
+        for k in keys:
+            worst.add_column(k, justify="right")
+        for w in res.worst:
+            worst.add_row(*(f"{100 * v:+.1f}%" if k == "rel_err" else f"{v:g}" for k, v in w.items()))
+        console.print(worst)
+    for note in report.notes + report.verify.notes + (report.draft.notes if report.draft else []):
+        console.print(f"note: {note}")
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("fit", help=COMMANDS["fit"] + "\n\nExample: simtree fit reports/h200/profile.csv -o reports/h200/costs.json")
+    def fit(
+        profile: Path = typer.Argument(..., help="Profile table CSV (simtree profile output)."),
+        out: Optional[Path] = typer.Option(None, "-o", "--out",
+                                           help="CostBundle JSON to write (default: PROFILE's folder, <stem>.costs.json)."),
+        stage: Optional[str] = typer.Option(None, help="Verify stage to fit (default model_verify_step)."),
+        model: Optional[str] = typer.Option(None, help="Model name when the table holds several."),
+        variant: Optional[str] = typer.Option(None, help="Verify implementation when several."),
+        device: Optional[str] = typer.Option(None, help="Device when the table holds several."),
+        dtype: Optional[str] = typer.Option(None, help="dtype when the table holds several."),
+        draft_variant: Optional[str] = typer.Option(None, help="draft_step implementation when several."),
+        draft_from_verify: bool = typer.Option(
+            False, help="Without draft_step rows, assume C_d(s,k,b) = fraction * s * C_v(k, l_median, b)."),
+        draft_fraction: float = typer.Option(0.05, help="Draft step cost as a fraction of a verify step."),
+        form: str = typer.Option("auto", help="Model form: auto (best held-out of basis and grid), basis, grid."),
+        folds: int = typer.Option(5, min=2, help="Folds for the held-out error."),
+        png: Optional[Path] = typer.Option(None, help="Plot path (default: OUT with .png)."),
+        no_png: bool = typer.Option(False, "--no-png", help="Do not write the plot."),
+        bench: bool = typer.Option(False, help="Also time predict() (us per scalar call)."),
+        as_json: bool = typer.Option(False, "--json", help="Print the evaluation as JSON."),
+    ) -> None:
+        """Fit convex, monotone C_v(n, l, batch) and C_d(s, k, batch) to a profile table.
+
+        Example: simtree fit reports/h200/profile.csv -o reports/h200/costs.json --stage gdn_tree_verify
+        """
+        from simtree.errors import SimtreeError
+        from simtree.fit import bench_predict, fit_profile, plot_fit
+
+        forms = {"auto": ("basis", "grid"), "basis": ("basis",), "grid": ("grid",)}.get(form)
+        if forms is None:
+            raise SimtreeError(f"--form must be auto, basis or grid, got {form!r}")
+        reference = ("per_bin",) if form == "auto" else ()
+        console = Console(stderr=as_json)
+        with Progress(TextColumn("fitting"), BarColumn(), TextColumn("{task.completed}/{task.total} solves"),
+                      TimeElapsedColumn(), console=console, transient=True) as progress:
+            task = progress.add_task("fit", total=2 * ((len(forms) + len(reference)) * folds + 1 + len(reference)))
+            report = fit_profile(profile, stage=stage, model=model, variant=variant, device=device, dtype=dtype,
+                                 draft_variant=draft_variant, draft_from_verify=draft_from_verify,
+                                 draft_fraction=draft_fraction, forms=forms, folds=folds,
+                                 reference_forms=reference,
+                                 on_fit=lambda: progress.advance(task))
+        out = out or profile.with_name(profile.stem + ".costs.json")
+        report.bundle.save(out)
+        png_path = None if no_png else plot_fit(report, png or out.with_suffix(".png"))
+        summary = report.summary()
+        if bench:
+            summary["bench"] = bench_predict(report.bundle)
+        if as_json:
+            typer.echo(json.dumps({**summary, "output": str(out), "png": str(png_path) if png_path else None},
+                                  indent=1, default=str))
+            return
+        _print_report(report, console)
+        if bench:
+            b = summary["bench"]
+            console.print(f"predict: verify {b['verify_scalar_us']:.2f} us, draft {b['draft_scalar_us']:.2f} us "
+                          f"per scalar call; {b['verify_vector1024_us']:.1f} us per 1024-point call")
+        v = report.verify
+        d = report.draft
+        dtxt = (f"draft {d.form} (held-out median {_pct(d.heldout[d.form]['median'])}, "
+                f"p90 {_pct(d.heldout[d.form]['p90'])})" if d else "draft assumed from verify")
+        console.print(f"wrote {out}" + (f" and {png_path}" if png_path else "") +
+                      f": verify {v.form} (held-out median {_pct(v.heldout[v.form]['median'])}, "
+                      f"p90 {_pct(v.heldout[v.form]['p90'])}), {dtxt}")

@@ -1,0 +1,253 @@
+"""Fit the two surface forms as convex programs (cvxpy) and keep the better held-out one.
+
+Loss: Huber of the relative residual r_i = f(p_i) / y_i - 1 (threshold ``huber_rel``):
+quadratic within timing noise, linear beyond, so a few outlier timings do not bend the fit.
+Both forms are linear in their parameters, so the loss is convex and every shape constraint
+(convex and non-decreasing in x, non-decreasing in y and z) is a linear inequality: the fit
+is the best convex, monotone approximation of the data, and where the data themselves are not
+convex (a tile-size step) the largest residuals are reported, not hidden.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import cvxpy as cp
+import numpy as np
+import scipy.sparse as sp
+
+from simtree.costfit.forms import BasisSurface, GridSurface
+from simtree.errors import SimtreeError
+
+__all__ = ["FitResult", "fit_surface", "aggregate_points", "error_stats"]
+
+MAX_KNOTS = 10
+
+
+@dataclass
+class FitResult:
+    """The kept surface, its form's name and the evaluation of every form tried."""
+
+    surface: object
+    form: str
+    heldout: dict            # form -> {"median", "p90", "mean", "max", "folds"}
+    in_sample: dict          # error stats of the kept surface on all points
+    worst: list              # the largest in-sample residuals of the kept surface
+    num_points: int
+    notes: list = field(default_factory=list)
+
+
+def error_stats(pred: np.ndarray, y: np.ndarray) -> dict:
+    rel = np.abs(np.asarray(pred) / y - 1.0)
+    return {"median": float(np.median(rel)), "p90": float(np.percentile(rel, 90)),
+            "mean": float(np.mean(rel)), "max": float(np.max(rel))}
+
+
+def aggregate_points(x, y, z, latency):
+    """Median latency per distinct (x, y, z); returns arrays x, y, z, latency, count."""
+    pts = np.stack([np.asarray(a, dtype=float) for a in (x, y, z)], axis=1)
+    lat = np.asarray(latency, dtype=float)
+    keys, inv = np.unique(pts, axis=0, return_inverse=True)
+    inv = inv.reshape(-1)
+    med = np.array([np.median(lat[inv == i]) for i in range(len(keys))])
+    count = np.bincount(inv, minlength=len(keys))
+    return keys[:, 0], keys[:, 1], keys[:, 2], med, count
+
+
+def _solve(problem: cp.Problem, what: str) -> None:
+    last = None
+    for solver in ("CLARABEL", "SCS"):
+        try:
+            problem.solve(solver=solver)
+        except (cp.error.SolverError, ValueError) as exc:
+            last = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            continue
+        if problem.status in ("optimal", "optimal_inaccurate"):
+            return
+        last = problem.status
+    raise SimtreeError(f"{what}: convex fit failed ({last})")
+
+
+def choose_knots(tokens: np.ndarray) -> list[float]:
+    """Hinge positions: distinct token counts strictly inside the measured range, <= MAX_KNOTS
+    of them spread evenly in log scale (the knee sits somewhere in between)."""
+    u = np.unique(tokens)
+    inner = u[1:-1]
+    if len(inner) > MAX_KNOTS:
+        pick = np.unique(np.round(np.linspace(0, len(inner) - 1, MAX_KNOTS)).astype(int))
+        inner = inner[pick]
+    return [float(t) for t in inner]
+
+
+def fit_basis(x, y, z, lat, kind: str, axis_names, valid_range, huber_rel: float) -> BasisSurface:
+    knots = choose_knots(x * z)
+    phi = BasisSurface.features(kind, knots, x, y, z)
+    scale = np.max(np.abs(phi), axis=0)
+    scale[scale == 0] = 1.0
+    a = (phi / scale) / lat[:, None]          # r = a @ theta - 1
+    theta = cp.Variable(phi.shape[1], nonneg=True)
+    prob = cp.Problem(cp.Minimize(cp.sum(cp.huber(a @ theta - 1.0, huber_rel)) / len(lat)))
+    _solve(prob, f"{kind} basis form")
+    coef = np.maximum(np.asarray(theta.value, dtype=float), 0.0) / scale
+    return BasisSurface(kind, knots, coef, axis_names, valid_range)
+
+
+def _diff(n: int) -> sp.csr_matrix:
+    """First difference operator [(n-1), n]."""
+    return sp.diags([-np.ones(n - 1), np.ones(n - 1)], [0, 1], shape=(n - 1, n), format="csr")
+
+
+def _slope_change(axis: np.ndarray) -> sp.csr_matrix:
+    """Rows (slope_{i+1} - slope_i) * (dx_i + dx_{i+1}) >= 0 <=> convex on a non-uniform grid."""
+    n = len(axis)
+    if n < 3:
+        return sp.csr_matrix((0, n))
+    dx = np.diff(axis)
+    slopes = sp.diags(1.0 / dx) @ _diff(n)
+    return sp.diags(dx[:-1] + dx[1:]) @ _diff(n - 1) @ slopes
+
+
+def _pad_axis(vals: np.ndarray) -> tuple[np.ndarray, bool]:
+    """A grid axis needs two values; a single measured value gets a flat phantom neighbour."""
+    if len(vals) >= 2:
+        return vals, False
+    return np.array([vals[0], vals[0] + max(1.0, abs(vals[0]))]), True
+
+
+def fit_grid(x, y, z, lat, axis_names, valid_range, huber_rel: float,
+             curvature_weight: float = 1e-3, coupled: bool = True) -> GridSurface:
+    """coupled=False drops every constraint across y and z: one convex curve in x per
+    (y, z) bin, interpolated linearly between bins (the public practice, kept as a reference
+    to compare against; it is not monotone in y or z in general)."""
+    xs = np.unique(x)
+    (ys, flat_y), (zs, flat_z) = _pad_axis(np.unique(y)), _pad_axis(np.unique(z))
+    nx, ny, nz = len(xs), len(ys), len(zs)
+    ix, iy, iz = (np.searchsorted(ax, q) for ax, q in ((xs, x), (ys, y), (zs, z)))
+    cell = (iz * ny + iy) * nx + ix
+    size = nx * ny * nz
+    unit = float(np.median(lat))                # solve for V / unit: well scaled
+    u = cp.Variable(size, nonneg=True)
+    pick = sp.csr_matrix((unit / lat, (np.arange(len(lat)), cell)), shape=(len(lat), size))
+
+    eye = lambda n: sp.identity(n, format="csr")  # noqa: E731
+    dx, cx = _diff(nx), _slope_change(xs)
+    last_y = sp.csr_matrix(([-1.0, 1.0], ([0, 0], [ny - 2, ny - 1])), shape=(1, ny))
+    last_z = sp.csr_matrix(([-1.0, 1.0], ([0, 0], [nz - 2, nz - 1])), shape=(1, nz))
+    inc_y = sp.kron(eye(nz), sp.kron(last_y, eye(nx)))   # [nz*nx, size] last y-increment
+    inc_z = sp.kron(last_z, eye(ny * nx))               # [ny*nx, size] last z-increment
+    curv = sp.kron(eye(nz * ny), cx)
+    rows = [
+        sp.kron(eye(nz * ny), dx), curv,                      # x-slices non-decreasing, convex
+        sp.kron(eye(nz), sp.kron(_diff(ny), eye(nx))),        # non-decreasing in y
+        sp.kron(_diff(nz), eye(ny * nx)),                     # non-decreasing in z
+        sp.kron(eye(nz), sp.vstack([dx, cx])) @ inc_y,        # y-extrapolation stays convex
+        sp.kron(eye(ny), sp.vstack([dx, cx])) @ inc_z,        # z-extrapolation stays convex
+        sp.kron(_diff(nz), eye(nx)) @ inc_y,                  # ... and monotone in z beyond y_max
+        sp.kron(_diff(ny), eye(nx)) @ inc_z,                  # ... and monotone in y beyond z_max
+    ]
+    ineq = sp.vstack(rows if coupled else rows[:2]).tocsr()
+    cons = [ineq @ u >= 0]
+    if flat_y:
+        cons.append(inc_y @ u == 0)
+    if flat_z:
+        cons.append(inc_z @ u == 0)
+    # A small curvature penalty picks the least-curved values for cells without data.
+    reg = curvature_weight * cp.sum(curv @ u) / (nz * ny)
+    loss = cp.sum(cp.huber(pick @ u - 1.0, huber_rel)) / len(lat)
+    _solve(cp.Problem(cp.Minimize(loss + reg), cons), "grid form")
+    values = np.maximum(np.asarray(u.value, dtype=float), 0.0).reshape(nz, ny, nx) * unit
+    if flat_y:   # phantom neighbours equal their measured slice exactly, not to solver tolerance
+        values[:, 1, :] = values[:, 0, :]
+    if flat_z:
+        values[1] = values[0]
+    if coupled:
+        values = _project_monotone(values)
+    return GridSurface(xs, ys, zs, values, axis_names, valid_range)
+
+
+def _project_monotone(v: np.ndarray) -> np.ndarray:
+    """Remove solver round-off (~1e-9 relative) that would break exact monotonicity along y, z.
+
+    Convexity in x is left as solved: its violations are at round-off level and the tests
+    check it with a tolerance."""
+    v = np.maximum.accumulate(v, axis=0)
+    return np.maximum.accumulate(v, axis=1)
+
+
+def _fit_form(form, x, y, z, lat, kind, axis_names, valid_range, huber_rel):
+    if form == "basis":
+        return fit_basis(x, y, z, lat, kind, axis_names, valid_range, huber_rel)
+    if form in ("grid", "per_bin"):
+        return fit_grid(x, y, z, lat, axis_names, valid_range, huber_rel, coupled=form == "grid")
+    raise SimtreeError(f"unknown model form {form!r} (basis, grid or per_bin)")
+
+
+def monotone_violations(surface, valid_range: dict, axis_names) -> float:
+    """Fraction of neighbouring pairs on a dense in-range grid where f decreases along y or z
+    (0 for the kept forms by construction; the per-bin reference usually is not 0)."""
+    axes = [np.linspace(*valid_range[n], 24) for n in axis_names]
+    v = surface.predict(axes[0][:, None, None], axes[1][None, :, None], axes[2][None, None, :])
+    tol = 1e-9 * np.abs(v).max()
+    bad = (np.diff(v, axis=1) < -tol).sum() + (np.diff(v, axis=2) < -tol).sum()
+    return float(bad / (np.diff(v, axis=1).size + np.diff(v, axis=2).size))
+
+
+def fit_surface(x, y, z, latency, kind: str, axis_names=("x", "y", "z"),
+                forms=("basis", "grid"), folds: int = 5, seed: int = 0,
+                huber_rel: float = 0.05, what: str = "cost model", worst_k: int = 5,
+                on_fit=None, reference_forms=()) -> FitResult:
+    """Fit every form, score it by k-fold held-out relative error, refit the best on all points.
+
+    x, y, z, latency: 1-D arrays of equal length (latency in us, > 0). Points with equal
+    (x, y, z) are merged by their median. Refuses (SimtreeError) fewer than 4 distinct points
+    or a single x value: a curve in x cannot be fitted from one value. ``on_fit()`` is called
+    after every solve ((len(forms) + len(reference_forms)) * (folds + 1) at most) to drive a
+    progress bar. ``reference_forms`` (e.g. "per_bin") are scored and reported, never kept.
+    """
+    x, y, z, lat, _ = aggregate_points(x, y, z, latency)
+    if not (np.all(np.isfinite(lat)) and np.all(lat > 0)):
+        raise SimtreeError(f"{what}: latencies must be finite and > 0")
+    name_x = axis_names[0]
+    if len(np.unique(x)) < 2:
+        raise SimtreeError(f"{what}: only one {name_x} value ({x[0]:g}); need at least 2 to fit a curve")
+    if len(lat) < 4:
+        raise SimtreeError(f"{what}: only {len(lat)} distinct points; need at least 4")
+    valid_range = {n: [float(a.min()), float(a.max())] for n, a in zip(axis_names, (x, y, z))}
+    k = int(min(folds, len(lat)))
+    fold_of = np.random.default_rng(seed).permutation(len(lat)) % k
+    heldout, notes = {}, []
+    for form in (*forms, *reference_forms):
+        pred = np.empty_like(lat)
+        try:
+            for f in range(k):
+                tr, te = fold_of != f, fold_of == f
+                if len(np.unique(x[tr])) < 2:
+                    raise SimtreeError("a fold left a single x value")
+                s = _fit_form(form, x[tr], y[tr], z[tr], lat[tr], kind, axis_names, valid_range, huber_rel)
+                pred[te] = s.predict(x[te], y[te], z[te])
+                if on_fit is not None:
+                    on_fit()
+        except SimtreeError as exc:
+            notes.append(f"form {form} skipped: {exc}")
+            continue
+        heldout[form] = {**error_stats(pred, lat), "folds": k}
+        if form in reference_forms and form not in forms:
+            ref = _fit_form(form, x, y, z, lat, kind, axis_names, valid_range, huber_rel)
+            heldout[form].update(reference=True, monotone_violations=monotone_violations(
+                ref, valid_range, axis_names))
+            if on_fit is not None:
+                on_fit()
+    candidates = [f for f in forms if f in heldout]
+    if not candidates:
+        raise SimtreeError(f"{what}: no model form could be fitted ({'; '.join(notes)})")
+    # Keep the form with the lower held-out error (median + p90: typical and tail).
+    best = min(candidates, key=lambda f: heldout[f]["median"] + heldout[f]["p90"])
+    surface = _fit_form(best, x, y, z, lat, kind, axis_names, valid_range, huber_rel)
+    if on_fit is not None:
+        on_fit()
+    fitted = np.asarray(surface.predict(x, y, z), dtype=float)
+    rel = fitted / lat - 1.0
+    order = np.argsort(-np.abs(rel))[:worst_k]
+    worst = [{axis_names[0]: float(x[i]), axis_names[1]: float(y[i]), axis_names[2]: float(z[i]),
+              "measured_us": float(lat[i]), "fitted_us": float(fitted[i]), "rel_err": float(rel[i])}
+             for i in order]
+    return FitResult(surface, best, heldout, error_stats(fitted, lat), worst, len(lat), notes)

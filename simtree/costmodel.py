@@ -1,0 +1,136 @@
+"""Cost models the simulator and planner call: verify and draft latency of a whole batch.
+
+    VerifyCostModel.predict(nodes_per_seq, context_len, batch_size) -> us
+        one verify step of the batch: every sequence verifies n tree nodes at context l;
+        a plain decode step is predict(1, l, b). Convex and non-decreasing in n,
+        non-decreasing in l and b, everywhere (also outside the fitted range).
+    DraftCostModel.predict(num_steps, topk, batch_size) -> us
+        one drafting round: s sequential draft steps of top-k over the batch.
+    CostBundle(verify, draft, meta) with save(path) / load_costs(path): small JSON.
+
+Inputs broadcast as numpy arrays (float or ndarray out); Python scalars take a pure-Python
+fast path (a few microseconds). The fitted parameters live in a surface from
+:mod:`simtree.costfit` (form "basis" or "grid", see there); this module adds the names, the
+provenance (source profile and its hash) and the held-out fit error.
+Any object with the same ``predict`` methods works in the simulator (duck typing).
+"""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from simtree.costfit.forms import surface_from_dict
+from simtree.errors import SimtreeError
+
+__all__ = ["VerifyCostModel", "DraftCostModel", "CostBundle", "load_costs",
+           "VERIFY_AXES", "DRAFT_AXES", "COSTS_SCHEMA"]
+
+COSTS_SCHEMA = "simtree.costs/1"
+VERIFY_AXES = ("nodes_per_seq", "context_len", "batch_size")   # surface x, y, z
+DRAFT_AXES = ("topk", "num_steps", "batch_size")                # surface x, y, z
+
+
+@dataclass
+class VerifyCostModel:
+    """C_v(n, l, b) in microseconds for the whole batch's verify step.
+
+    surface: a fitted surface over (x=n, y=l, z=b); info: form, valid_range, source
+    (profile path, sha256, stage, variant, model, device), fit_error (held-out and
+    in-sample median/p90 relative error per form), worst_residuals.
+    """
+
+    surface: object
+    info: dict = field(default_factory=dict)
+
+    def predict(self, nodes_per_seq, context_len, batch_size):
+        return self.surface.predict(nodes_per_seq, context_len, batch_size)
+
+    @property
+    def valid_range(self) -> dict:
+        return dict(self.surface.valid_range)
+
+    def to_dict(self) -> dict:
+        return {"surface": self.surface.to_dict(), "info": self.info}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "VerifyCostModel":
+        return cls(surface_from_dict(d["surface"]), dict(d.get("info", {})))
+
+
+@dataclass
+class DraftCostModel:
+    """C_d(s, k, b) in microseconds for one drafting round of the batch (s steps, top-k)."""
+
+    surface: object
+    info: dict = field(default_factory=dict)
+
+    def predict(self, num_steps, topk, batch_size):
+        return self.surface.predict(topk, num_steps, batch_size)
+
+    @property
+    def valid_range(self) -> dict:
+        return dict(self.surface.valid_range)
+
+    def to_dict(self) -> dict:
+        return {"surface": self.surface.to_dict(), "info": self.info}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "DraftCostModel":
+        return cls(surface_from_dict(d["surface"]), dict(d.get("info", {})))
+
+
+@dataclass
+class CostBundle:
+    """Verify + draft cost models of one (model, device) with meta.
+
+    meta: {"model": str, "device": str, "source": str | dict, "synthetic": bool, ...}.
+    """
+
+    verify: object
+    draft: object
+    meta: dict = field(default_factory=dict)
+
+    def decode_step_us(self, context_len, batch_size):
+        """Plain (non-speculative) decode step: verify one token per sequence."""
+        return self.verify.predict(1, context_len, batch_size)
+
+    def to_dict(self) -> dict:
+        for name in ("verify", "draft"):
+            if not hasattr(getattr(self, name), "to_dict"):
+                raise SimtreeError(f"cost bundle: the {name} model cannot be saved (no to_dict)")
+        return {"schema": COSTS_SCHEMA, "meta": self.meta, "verify": self.verify.to_dict(),
+                "draft": self.draft.to_dict()}
+
+    def save(self, path: str | os.PathLike) -> Path:
+        """Write the bundle as JSON (floats round-trip exactly: predictions are bit-identical)."""
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.tmp")
+        tmp.write_text(json.dumps(self.to_dict(), indent=1, allow_nan=False) + "\n")
+        os.replace(tmp, path)
+        return path
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "CostBundle":
+        if not isinstance(d, dict) or d.get("schema") != COSTS_SCHEMA:
+            got = d.get("schema") if isinstance(d, dict) else type(d).__name__
+            raise SimtreeError(f"not a simtree cost bundle (schema {got!r}, expected {COSTS_SCHEMA!r})")
+        try:
+            return cls(VerifyCostModel.from_dict(d["verify"]), DraftCostModel.from_dict(d["draft"]),
+                       dict(d.get("meta", {})))
+        except (KeyError, TypeError) as exc:
+            raise SimtreeError(f"cost bundle: missing or malformed field {exc}") from None
+
+
+def load_costs(path: str | os.PathLike) -> CostBundle:
+    """Read a CostBundle JSON written by :meth:`CostBundle.save` (or ``simtree fit``)."""
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise SimtreeError(f"cost model file not found: {path}") from None
+    except json.JSONDecodeError as exc:
+        raise SimtreeError(f"{path.name}: not valid JSON ({exc.msg} at line {exc.lineno})") from None
+    return CostBundle.from_dict(data)

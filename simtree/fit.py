@@ -1,0 +1,228 @@
+"""``simtree fit``'s library side: profile table -> CostBundle (+ evaluation, + PNG).
+
+Verify rows: the chosen stage (default ``model_verify_step`` when the table has it, else the
+only non-draft stage, else ``stage=`` must name one), one model, one device, one variant
+(``composed`` preferred for model_verify_step when several). Rows that differ only in
+tree_shape (linear vs tree at the same n) are merged by their median: the cost model is a
+function of (n, l, b) only.
+
+Draft rows: ``draft_step`` of the same model and device, axes (topk, num_steps, batch);
+their context lengths are merged by median (C_d takes no l). Without draft rows the fit
+refuses unless ``draft_from_verify``: then C_d(s, k, b) = fraction * s * C_v(k, l_med, b),
+an assumption recorded in the bundle (see :class:`simtree.costfit.ScaledVerifyDraft`).
+"""
+from __future__ import annotations
+
+import os
+import timeit
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import pandas as pd
+
+from simtree.costfit import FitResult, ScaledVerifyDraft, fit_surface
+from simtree.costmodel import DRAFT_AXES, VERIFY_AXES, CostBundle, DraftCostModel, VerifyCostModel
+from simtree.errors import SimtreeError
+from simtree.profile_table import load_profile, profile_hash, read_meta
+
+__all__ = ["FitReport", "fit_profile", "plot_fit", "bench_predict", "DRAFT_STAGE",
+           "DEFAULT_VERIFY_STAGE"]
+
+DRAFT_STAGE = "draft_step"
+DEFAULT_VERIFY_STAGE = "model_verify_step"
+
+
+@dataclass
+class FitReport:
+    bundle: CostBundle
+    verify: FitResult
+    draft: FitResult | None          # None when the draft model was assumed from verify
+    verify_rows: pd.DataFrame
+    draft_rows: pd.DataFrame | None
+    notes: list = field(default_factory=list)
+
+    def summary(self) -> dict:
+        """JSON-able evaluation (what ``simtree fit --json`` prints)."""
+        out = {"meta": self.bundle.meta, "notes": self.notes}
+        for name, model in (("verify", self.bundle.verify), ("draft", self.bundle.draft)):
+            out[name] = {k: v for k, v in model.info.items() if k != "source"}
+        return out
+
+
+def _pick(df: pd.DataFrame, column: str, value: str | None, what: str,
+          prefer: str | None = None, notes: list | None = None) -> pd.DataFrame:
+    """Keep rows with column == value; with no value the column must hold one value."""
+    if value is not None:
+        kept = df[df[column] == value]
+        if kept.empty:
+            raise SimtreeError(f"no {what} rows with {column}={value!r} (have: "
+                               f"{', '.join(sorted(df[column].unique()))})")
+        return kept
+    values = sorted(df[column].unique())
+    if len(values) == 1:
+        return df
+    if prefer in values:
+        if notes is not None:
+            notes.append(f"{what}: several {column}s ({', '.join(values)}); using {prefer}")
+        return df[df[column] == prefer]
+    label = "mixed devices in one fit" if column == "device" else f"several {column}s"
+    raise SimtreeError(f"{what}: {label}: {', '.join(values)} (choose one with --{column})")
+
+
+def _choose_verify_stage(df: pd.DataFrame, stage: str | None, notes: list) -> str:
+    stages = sorted(df["stage"].unique())
+    if stage is not None:
+        if stage not in stages:
+            raise SimtreeError(f"no rows with stage={stage!r} (have: {', '.join(stages)})")
+        return stage
+    if DEFAULT_VERIFY_STAGE in stages:
+        return DEFAULT_VERIFY_STAGE
+    others = [s for s in stages if s != DRAFT_STAGE]
+    if len(others) == 1:
+        notes.append(f"no {DEFAULT_VERIFY_STAGE} rows; fitting C_v to stage {others[0]}")
+        return others[0]
+    raise SimtreeError(f"no {DEFAULT_VERIFY_STAGE} rows; choose the verify stage with --stage "
+                       f"(have: {', '.join(stages) or 'none'})")
+
+
+def _info(result: FitResult, source: dict, notes: list) -> dict:
+    return {"form": result.form, "valid_range": result.surface.valid_range, "source": source,
+            "num_points": result.num_points,
+            "fit_error": {"heldout": result.heldout, "in_sample": result.in_sample,
+                          "kept": result.form},
+            "worst_residuals": result.worst, "notes": list(result.notes) + notes}
+
+
+def fit_profile(profile: str | os.PathLike, *, stage: str | None = None, model: str | None = None,
+                variant: str | None = None, device: str | None = None, dtype: str | None = None,
+                draft_variant: str | None = None, draft_from_verify: bool = False,
+                draft_fraction: float = 0.05, forms=("basis", "grid"), folds: int = 5,
+                reference_forms=("per_bin",),
+                on_fit: Callable[[], None] | None = None) -> FitReport:
+    """Fit C_v and C_d to a profile table and return the bundle with its evaluation.
+
+    Raises SimtreeError (one line) on a bad table, an ambiguous selection (several models,
+    devices or variants with none chosen), or data that cannot be fitted.
+    """
+    path = Path(profile)
+    df = load_profile(path)
+    notes: list[str] = []
+    vstage = _choose_verify_stage(df, stage, notes)
+    what = f"stage {vstage}"
+    rows = _pick(df[df["stage"] == vstage], "model", model, what)
+    rows = _pick(rows, "device", device, what)
+    rows = _pick(rows, "dtype", dtype, what)
+    rows = _pick(rows, "variant", variant, what,
+                 prefer="composed" if vstage == DEFAULT_VERIFY_STAGE else None, notes=notes)
+    if rows["tree_shape"].nunique() > 1:
+        notes.append(f"{what}: tree shapes {', '.join(sorted(rows['tree_shape'].unique()))} merged "
+                     "by median at equal (n, l, b)")
+    model_name, device_name = rows["model"].iloc[0], rows["device"].iloc[0]
+    digest = profile_hash(path)
+    base_source = {"profile": str(path), "sha256": digest, "model": model_name, "device": device_name}
+    vres = fit_surface(rows["nodes_per_seq"], rows["context_len"], rows["batch_size"],
+                       rows["latency_us_median"], "verify", VERIFY_AXES, forms=forms, folds=folds,
+                       what=f"C_v from {what}", on_fit=on_fit, reference_forms=reference_forms)
+    vsource = {**base_source, "stage": vstage, "variant": rows["variant"].iloc[0]}
+    verify = VerifyCostModel(vres.surface, _info(vres, vsource, []))
+
+    drows = df[(df["stage"] == DRAFT_STAGE) & (df["model"] == model_name) & (df["device"] == device_name)
+               & (df["dtype"] == rows["dtype"].iloc[0])]
+    dres = None
+    if drows.empty:
+        if not draft_from_verify:
+            raise SimtreeError(f"{path.name} has no {DRAFT_STAGE} rows for model {model_name} on "
+                               f"{device_name}; pass --draft-from-verify to assume C_d from C_v")
+        l_ref = float(np.median(rows["context_len"]))
+        assumption = (f"no {DRAFT_STAGE} rows: assumed C_d(s, k, b) = {draft_fraction:g} * s * "
+                      f"C_v(n=k, l={l_ref:g}, b)")
+        notes.append(assumption)
+        draft = DraftCostModel(ScaledVerifyDraft(vres.surface, draft_fraction, l_ref),
+                               {"form": "scaled_verify", "assumption": assumption,
+                                "source": {**base_source, "stage": vstage}, "fit_error": None})
+        drows = None
+    else:
+        drows = _pick(drows, "variant", draft_variant, f"stage {DRAFT_STAGE}")
+        bad = drows[(drows["num_steps"] < 1) | (drows["topk"] < 1)]
+        if not bad.empty:
+            raise SimtreeError(f"{path.name} line {int(bad.index[0]) + 2}: {DRAFT_STAGE} rows need "
+                               "num_steps >= 1 and topk >= 1")
+        dnotes = []
+        if drows["context_len"].nunique() > 1:
+            dnotes.append("draft rows at several context lengths merged by median (C_d has no l)")
+        dres = fit_surface(drows["topk"], drows["num_steps"], drows["batch_size"],
+                           drows["latency_us_median"], "draft", DRAFT_AXES, forms=forms,
+                           folds=folds, what=f"C_d from stage {DRAFT_STAGE}", on_fit=on_fit,
+                           reference_forms=reference_forms)
+        dsource = {**base_source, "stage": DRAFT_STAGE, "variant": drows["variant"].iloc[0]}
+        draft = DraftCostModel(dres.surface, _info(dres, dsource, dnotes))
+        notes.extend(dnotes)
+
+    meta = {"model": model_name, "device": device_name, "synthetic": False,
+            "source": {"profile": str(path), "sha256": digest, "verify_stage": vstage,
+                       "draft_stage": DRAFT_STAGE if dres is not None else None},
+            "profile_meta": read_meta(path)}
+    return FitReport(CostBundle(verify, draft, meta), vres, dres, rows, drows, notes)
+
+
+_SHORT = {"context_len": "l", "num_steps": "steps"}
+
+
+def plot_fit(report: FitReport, path: str | os.PathLike) -> Path:
+    """PNG: measured (markers) and fitted (lines) latency against n, one line per context
+    length, one panel per batch size; a second row does the same for draft cost vs top-k."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    panels = [("verify", report.verify_rows, "nodes_per_seq", "context_len",
+               lambda x, c, b: report.bundle.verify.predict(x, c, b))]
+    if report.draft_rows is not None:
+        panels.append(("draft", report.draft_rows, "topk", "num_steps",
+                       lambda x, c, b: report.bundle.draft.predict(c, x, b)))
+    ncols = max(r["batch_size"].nunique() for _, r, *_ in panels)
+    fig, axes = plt.subplots(len(panels), ncols, figsize=(3.6 * ncols, 3.2 * len(panels)),
+                             squeeze=False)
+    for row, (name, df, xcol, ccol, predict) in enumerate(panels):
+        agg = df.groupby(["batch_size", ccol, xcol], as_index=False)["latency_us_median"].median()
+        for col, (b, sub) in enumerate(agg.groupby("batch_size")):
+            ax = axes[row][col]
+            for i, (c, line) in enumerate(sub.groupby(ccol)):
+                color = f"C{i % 10}"
+                ax.plot(line[xcol], line["latency_us_median"], "o", color=color, ms=4)
+                xs = np.linspace(line[xcol].min(), line[xcol].max(), 100)
+                ax.plot(xs, predict(xs, float(c), float(b)), "-", color=color, lw=1.2,
+                        label=f"{_SHORT[ccol]}={c:g}")
+            ax.set_xscale("log", base=2)
+            ax.set_title(f"{name}, batch {b}", fontsize=9)
+            ax.set_xlabel(xcol)
+            ax.set_ylabel("latency (us)")
+            ax.legend(fontsize=6)
+        for col in range(agg["batch_size"].nunique(), ncols):
+            axes[row][col].axis("off")
+    meta = report.bundle.meta
+    fig.suptitle(f"{meta['model']} on {meta['device']}: measured (o) vs fitted (-)", fontsize=10)
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def bench_predict(bundle: CostBundle, number: int = 20000) -> dict:
+    """Microseconds per scalar predict call (verify, draft) and per 1024-point vector call."""
+    v, d = bundle.verify, bundle.draft
+    rng = v.valid_range
+    n = float(rng.get("nodes_per_seq", [1, 8])[1]) / 2
+    l = float(rng.get("context_len", [0, 4096])[1]) / 2
+    b = float(rng.get("batch_size", [1, 8])[1]) / 2
+    drng = getattr(d, "valid_range", {}) or {}
+    s = float(np.mean(drng.get("num_steps", [3, 3])))
+    k = float(np.mean(drng.get("topk", [2, 2])))
+    vec = np.linspace(1, max(n, 2), 1024)
+    return {"verify_scalar_us": timeit.timeit(lambda: v.predict(n, l, b), number=number) / number * 1e6,
+            "draft_scalar_us": timeit.timeit(lambda: d.predict(s, k, b), number=number) / number * 1e6,
+            "verify_vector1024_us": timeit.timeit(lambda: v.predict(vec, l, b), number=200) / 200 * 1e6}

@@ -1,0 +1,322 @@
+"""The profile table: one tidy CSV row per measured (stage, shape, implementation) point.
+
+Schema (contract 1; other modules code against these names):
+
+    column             type   meaning
+    stage              str    gdn_tree_verify, v4_csa_verify, v4_hca_verify, v4_swa_verify,
+                              attn_tree_verify, mlp_step, layer_verify_step,
+                              model_verify_step, draft_step (free-form others allowed)
+    model              str    model shape name (e.g. qwen3.6-27b, deepseek-v4-flash)
+    device             str    GPU name or "cpu"
+    dtype              str    e.g. bf16
+    variant            str    implementation: triton_tree, recurrent_baseline, fla_chunk,
+                              fla_recurrent, flashmla, torch_ref, composed, ...
+    batch_size         int    sequences in the batch (>= 1)
+    nodes_per_seq      int    tree nodes verified per sequence, n (>= 1)
+    total_tokens       int    tokens in the step over the whole batch (usually b * n)
+    context_len        int    committed context length per sequence, l (>= 0)
+    tree_shape         str    linear, eagle, random, chain, ...
+    num_steps          int    draft steps s (0 where not applicable)
+    topk               int    draft top-k (0 where not applicable)
+    latency_us_median  float  > 0
+    latency_us_p10     float  > 0, <= median
+    latency_us_p90     float  >= median
+    repeats            int    timed repetitions behind the percentiles (>= 1)
+    torch_version      str
+    triton_version     str    (may be empty where triton is absent)
+    timestamp          str    ISO-8601 time of the measurement
+
+A point is identified by KEY_COLUMNS; a table never holds two rows with the same key.
+A sidecar ``<stem>.meta.json`` beside ``<stem>.csv`` holds the GPU name, driver, versions,
+clocks and sweep id (see :func:`meta_path`, :func:`write_meta`, :func:`read_meta`).
+
+Writers go through :func:`append_rows` (atomic: the whole table is rewritten to a temp file
+in the same folder and moved over the old one with ``os.replace``), so an interrupted sweep
+leaves either the old or the new table, never half a row; one writer per table at a time.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Iterable
+
+import numpy as np
+import pandas as pd
+
+from simtree.errors import SimtreeError
+
+__all__ = [
+    "PROFILE_COLUMNS", "KEY_COLUMNS", "INT_COLUMNS", "FLOAT_COLUMNS", "STR_COLUMNS",
+    "KNOWN_STAGES", "load_profile", "validate_profile", "append_rows", "measured_keys",
+    "row_key", "meta_path", "write_meta", "read_meta", "profile_hash",
+]
+
+PROFILE_COLUMNS: tuple[str, ...] = (
+    "stage", "model", "device", "dtype", "variant", "batch_size", "nodes_per_seq",
+    "total_tokens", "context_len", "tree_shape", "num_steps", "topk", "latency_us_median",
+    "latency_us_p10", "latency_us_p90", "repeats", "torch_version", "triton_version",
+    "timestamp",
+)
+KEY_COLUMNS: tuple[str, ...] = (
+    "stage", "model", "device", "dtype", "variant", "batch_size", "nodes_per_seq",
+    "context_len", "tree_shape", "num_steps", "topk",
+)
+INT_COLUMNS = ("batch_size", "nodes_per_seq", "total_tokens", "context_len", "num_steps",
+               "topk", "repeats")
+FLOAT_COLUMNS = ("latency_us_median", "latency_us_p10", "latency_us_p90")
+STR_COLUMNS = tuple(c for c in PROFILE_COLUMNS if c not in INT_COLUMNS + FLOAT_COLUMNS)
+# String columns that may be empty (metadata); every other string column must be non-empty.
+_OPTIONAL_STR = ("torch_version", "triton_version")
+_MIN_INT = {"batch_size": 1, "nodes_per_seq": 1, "total_tokens": 1, "context_len": 0,
+            "num_steps": 0, "topk": 0, "repeats": 1}
+
+KNOWN_STAGES = ("gdn_tree_verify", "v4_csa_verify", "v4_hca_verify", "v4_swa_verify",
+                "attn_tree_verify", "mlp_step", "layer_verify_step", "model_verify_step",
+                "draft_step")
+
+
+def _where(path, line: int | None = None) -> str:
+    name = Path(path).name if path is not None else "profile"
+    return f"{name} line {line}" if line is not None else name
+
+
+def validate_profile(df: pd.DataFrame, path: str | os.PathLike | None = None) -> pd.DataFrame:
+    """Check a raw table against the schema and return it with typed columns.
+
+    Rows are reported by their CSV line (header = line 1, first data row = line 2).
+    Raises SimtreeError (one line) on: missing columns, empty/NaN cells, non-integer or
+    out-of-range integers, latencies <= 0 or percentiles out of order, duplicate keys.
+    """
+    missing = [c for c in PROFILE_COLUMNS if c not in df.columns]
+    if missing:
+        raise SimtreeError(f"{_where(path)}: missing column(s) {', '.join(missing)}")
+    if len(df) == 0:
+        raise SimtreeError(f"{_where(path)}: the table has no rows")
+    out = df.loc[:, list(PROFILE_COLUMNS)].copy().reset_index(drop=True)
+    line = lambda i: int(i) + 2  # noqa: E731 - CSV line of data row i
+
+    for col in STR_COLUMNS:
+        values = out[col]
+        bad = values.isna() if col in _OPTIONAL_STR else (values.isna() | (values.astype(str).str.strip() == ""))
+        if bad.any():
+            i = int(np.flatnonzero(bad.to_numpy())[0])
+            raise SimtreeError(f"{_where(path, line(i))} column {col}: empty value")
+        out[col] = values.astype(str).str.strip()
+
+    for col in INT_COLUMNS + FLOAT_COLUMNS:
+        num = pd.to_numeric(out[col], errors="coerce").astype(float)
+        bad = ~np.isfinite(num.to_numpy())
+        if bad.any():
+            i = int(np.flatnonzero(bad)[0])
+            raise SimtreeError(f"{_where(path, line(i))} column {col}: "
+                               f"not a finite number ({df[col].iloc[i]!r})")
+        if col in INT_COLUMNS:
+            arr = num.to_numpy()
+            frac = arr != np.round(arr)
+            low = arr < _MIN_INT[col]
+            if frac.any() or low.any():
+                i = int(np.flatnonzero(frac | low)[0])
+                raise SimtreeError(f"{_where(path, line(i))} column {col}: must be an integer "
+                                   f">= {_MIN_INT[col]}, got {df[col].iloc[i]!r}")
+            out[col] = arr.astype(np.int64)
+        else:
+            arr = num.to_numpy()
+            if (arr <= 0).any():
+                i = int(np.flatnonzero(arr <= 0)[0])
+                raise SimtreeError(f"{_where(path, line(i))} column {col}: latency must be > 0, "
+                                   f"got {arr[i]!r}")
+            out[col] = arr
+
+    med, p10, p90 = (out[c].to_numpy() for c in FLOAT_COLUMNS)
+    # Percentiles of one sample are ordered; a tiny slack tolerates CSV rounding.
+    for bad, col in ((p10 > med * (1 + 1e-9), "latency_us_p10"),
+                     (med > p90 * (1 + 1e-9), "latency_us_p90")):
+        if bad.any():
+            i = int(np.flatnonzero(bad)[0])
+            raise SimtreeError(f"{_where(path, line(i))} column {col}: percentiles out of order "
+                               f"(p10 {p10[i]:g}, median {med[i]:g}, p90 {p90[i]:g})")
+
+    dup = out.duplicated(list(KEY_COLUMNS), keep=False)
+    if dup.any():
+        rows = np.flatnonzero(dup.to_numpy())
+        first = rows[0]
+        key = tuple(out.loc[first, list(KEY_COLUMNS)])
+        twin = next(r for r in rows[1:] if tuple(out.loc[r, list(KEY_COLUMNS)]) == key)
+        raise SimtreeError(f"{_where(path, line(first))}: duplicate key with line {line(twin)} "
+                           f"({', '.join(f'{k}={v}' for k, v in zip(KEY_COLUMNS, key))})")
+    extra = [c for c in df.columns if c not in PROFILE_COLUMNS]
+    for c in extra:  # unknown columns are kept (free-form annotations), after the schema
+        out[c] = df[c].to_numpy()
+    return out
+
+
+def _read_raw(path: Path) -> pd.DataFrame:
+    try:
+        # Everything as text first so that validation, not pandas, decides what is a number.
+        return pd.read_csv(path, dtype=str, keep_default_na=False, na_values=[])
+    except FileNotFoundError:
+        raise SimtreeError(f"profile table not found: {path}") from None
+    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise SimtreeError(f"{path.name}: not a readable CSV ({first})") from None
+
+
+def load_profile(path: str | os.PathLike) -> pd.DataFrame:
+    """Read and validate a profile table; columns in PROFILE_COLUMNS order, typed.
+
+    Raises SimtreeError with one line naming the line and column of the first problem.
+    """
+    path = Path(path)
+    raw = _read_raw(path)
+    # Text columns: blank cells stay ""; numeric columns: blank means missing (NaN).
+    for col in INT_COLUMNS + FLOAT_COLUMNS:
+        if col in raw.columns:
+            raw[col] = raw[col].replace({"": np.nan, "nan": np.nan, "NaN": np.nan})
+    for col in STR_COLUMNS:
+        if col in raw.columns and col not in _OPTIONAL_STR:
+            raw[col] = raw[col].replace({"nan": "", "NaN": ""})
+    return validate_profile(raw, path)
+
+
+def row_key(row: dict) -> tuple:
+    """The key tuple of one row (KEY_COLUMNS order; ints as int, strings stripped)."""
+    out = []
+    for c in KEY_COLUMNS:
+        v = row.get(c, 0 if c in ("num_steps", "topk") else None)
+        if v is None:
+            raise SimtreeError(f"row is missing key column {c}")
+        out.append(int(v) if c in INT_COLUMNS else str(v).strip())
+    return tuple(out)
+
+
+def measured_keys(path: str | os.PathLike) -> set[tuple]:
+    """Keys (as :func:`row_key` builds them) already in the table; empty if it does not exist."""
+    path = Path(path)
+    if not path.exists():
+        return set()
+    df = load_profile(path)
+    return {tuple(int(v) if c in INT_COLUMNS else str(v) for c, v in zip(KEY_COLUMNS, r))
+            for r in df.loc[:, list(KEY_COLUMNS)].itertuples(index=False, name=None)}
+
+
+def _versions() -> tuple[str, str]:
+    """Installed torch/triton versions without importing them (importing torch takes seconds)."""
+    import sys
+    from importlib import metadata
+
+    out = []
+    for name in ("torch", "triton"):
+        module = sys.modules.get(name)
+        try:
+            out.append(str(module.__version__) if module is not None else metadata.version(name))
+        except (metadata.PackageNotFoundError, AttributeError):
+            out.append("")
+    return out[0], out[1]
+
+
+def _complete(row: dict, versions: tuple[str, str], now: str) -> dict:
+    unknown = [k for k in row if k not in PROFILE_COLUMNS]
+    if unknown:
+        raise SimtreeError(f"append_rows: unknown column(s) {', '.join(unknown)}")
+    r = dict(row)
+    r.setdefault("num_steps", 0)
+    r.setdefault("topk", 0)
+    if "total_tokens" not in r and "batch_size" in r and "nodes_per_seq" in r:
+        r["total_tokens"] = int(r["batch_size"]) * int(r["nodes_per_seq"])
+    r.setdefault("torch_version", versions[0])
+    r.setdefault("triton_version", versions[1])
+    r.setdefault("timestamp", now)
+    missing = [c for c in PROFILE_COLUMNS if c not in r]
+    if missing:
+        raise SimtreeError(f"append_rows: row is missing column(s) {', '.join(missing)}")
+    for c in FLOAT_COLUMNS:
+        v = r[c]
+        if v is None or not isinstance(v, (int, float, np.floating, np.integer)) or not math.isfinite(float(v)):
+            raise SimtreeError(f"append_rows: column {c} must be a finite number, got {v!r}")
+    return r
+
+
+def _file_mode(path: Path) -> int:
+    """Keep an existing table's permissions; new tables get the usual 0o666 & ~umask."""
+    if path.exists():
+        return path.stat().st_mode & 0o777
+    umask = os.umask(0)
+    os.umask(umask)
+    return 0o666 & ~umask
+
+
+def append_rows(path: str | os.PathLike, rows: Iterable[dict]) -> int:
+    """Append measured rows to the table at ``path`` atomically (creates it if absent).
+
+    Each row is a dict over PROFILE_COLUMNS; ``num_steps``/``topk`` default to 0,
+    ``total_tokens`` to batch_size * nodes_per_seq, versions to the installed torch/triton,
+    ``timestamp`` to now (UTC). The merged table is validated (a duplicate key, NaN or
+    latency <= 0 raises SimtreeError and leaves the file untouched), written to a temp file
+    in the same folder and moved into place with os.replace. Returns the new row count.
+    """
+    path = Path(path)
+    rows = list(rows)
+    versions = _versions()
+    now = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    new = pd.DataFrame([_complete(r, versions, now) for r in rows], columns=list(PROFILE_COLUMNS))
+    if path.exists():
+        old = load_profile(path)
+        merged = pd.concat([old, new], ignore_index=True)
+    else:
+        merged = new
+    if len(merged) == 0:
+        raise SimtreeError(f"append_rows: nothing to write to {path.name}")
+    merged = validate_profile(merged, path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    mode = _file_mode(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        os.chmod(tmp, mode)
+        with os.fdopen(fd, "w", newline="") as fh:
+            merged.to_csv(fh, index=False, float_format="%.7g")
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    return len(merged)
+
+
+def meta_path(path: str | os.PathLike) -> Path:
+    """Sidecar of a table: ``reports/x/profile.csv`` -> ``reports/x/profile.meta.json``."""
+    path = Path(path)
+    return path.with_name(path.stem + ".meta.json") if path.suffix == ".csv" else path.with_name(path.name + ".meta.json")
+
+
+def write_meta(path: str | os.PathLike, meta: dict) -> Path:
+    """Write the sidecar (GPU name, driver, versions, clocks, sweep id...) atomically."""
+    target = meta_path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    with os.fdopen(fd, "w") as fh:
+        json.dump(meta, fh, indent=2, sort_keys=True, default=str)
+    os.replace(tmp, target)
+    return target
+
+
+def read_meta(path: str | os.PathLike) -> dict:
+    """The sidecar's dict, or {} if there is none (also accepts ``profile.csv.meta.json``)."""
+    for candidate in (meta_path(path), Path(str(path) + ".meta.json")):
+        if candidate.exists():
+            try:
+                return json.loads(candidate.read_text())
+            except json.JSONDecodeError as exc:
+                raise SimtreeError(f"{candidate.name}: not valid JSON ({exc.msg})") from None
+    return {}
+
+
+def profile_hash(path: str | os.PathLike) -> str:
+    """sha256 of the table file's bytes (the 'source profile hash' stored with a fit)."""
+    import hashlib
+    return "sha256:" + hashlib.sha256(Path(path).read_bytes()).hexdigest()

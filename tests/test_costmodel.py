@@ -1,0 +1,186 @@
+"""Cost models: recovery of known convex surfaces, shape guarantees everywhere, JSON round trip."""
+import warnings
+
+import numpy as np
+import pytest
+
+from simtree.costfit import ScaledVerifyDraft, fit_surface
+from simtree.costmodel import (DRAFT_AXES, VERIFY_AXES, CostBundle, DraftCostModel,
+                               VerifyCostModel, load_costs)
+from simtree.errors import SimtreeError
+
+NS = np.array([1, 2, 4, 8, 16, 32, 64])
+LS = np.array([4096, 32768, 131072])
+BS = np.array([1, 4, 16, 64])
+
+
+def verify_truth(n, l, b):
+    """Flat while weights dominate, a hinge in T = b n, per-sequence b l and per-token T l terms."""
+    return 100 + 0.5 * np.maximum(n * b - 128, 0) + 2 * b + 1e-3 * b * l + 1e-6 * n * b * l
+
+
+def verify_points(rng, noise=0.02, truth=verify_truth):
+    n, l, b = (a.ravel() for a in np.meshgrid(NS, LS, BS, indexing="ij"))
+    return n, l, b, truth(n, l, b) * (1 + noise * rng.standard_normal(n.shape))
+
+
+def check_shape(predict, n_max=64, l_max=131072, b_max=64, tol=1e-6):
+    """Convex + non-decreasing in n, non-decreasing in l and b on a dense grid reaching 2x
+    beyond the measured range and below it (also between grid points: fractional n, l, b)."""
+    n = np.linspace(0.5, 2 * n_max, 257)
+    l = np.linspace(0, 2 * l_max, 23)
+    b = np.array([1, 2.5, 3, 7, 16, 40, 64, 100, 2 * b_max])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        v = predict(n[:, None, None], l[None, :, None], b[None, None, :])
+    scale = np.abs(v).max()
+    assert np.all(np.diff(v, axis=0) >= -tol * scale), "decreasing in n"
+    assert np.all(np.diff(v, n=2, axis=0) >= -tol * scale), "not convex in n"
+    assert np.all(np.diff(v, axis=1) >= -tol * scale), "decreasing in l"
+    assert np.all(np.diff(v, axis=2) >= -tol * scale), "decreasing in b"
+
+
+@pytest.mark.parametrize("form", ["basis", "grid"])
+def test_fit_recovers_known_convex_surface(form):
+    rng = np.random.default_rng(0)
+    n, l, b, y = verify_points(rng, noise=0.02)
+    res = fit_surface(n, l, b, y, "verify", VERIFY_AXES, forms=(form,), folds=3)
+    pred = res.surface.predict(n, l, b)
+    err = np.abs(pred / verify_truth(n, l, b) - 1)
+    assert np.median(err) < 0.02 and err.max() < 0.12
+    assert res.heldout[form]["median"] < 0.05
+
+
+def test_basis_form_interpolates_between_grid_points():
+    rng = np.random.default_rng(1)
+    n, l, b, y = verify_points(rng, noise=0.01)
+    s = fit_surface(n, l, b, y, "verify", VERIFY_AXES, forms=("basis",), folds=3).surface
+    q = np.meshgrid(np.linspace(1, 64, 50), np.linspace(4096, 131072, 9), [2.0, 5.0, 30.0], indexing="ij")
+    assert np.median(np.abs(s.predict(*q) / verify_truth(*q) - 1)) < 0.02
+
+
+@pytest.mark.parametrize("form", ["basis", "grid"])
+def test_shape_holds_everywhere_even_for_non_convex_data(form):
+    # A tile-size step (latency jumps at n = 16 then plateaus) is not convex: the fit must
+    # still be convex/monotone on a dense grid, in and beyond the range.
+    rng = np.random.default_rng(2)
+    step = lambda n, l, b: verify_truth(n, l, b) * np.where(n >= 16, 1.6, 1.0)  # noqa: E731
+    n, l, b, y = verify_points(rng, noise=0.03, truth=step)
+    res = fit_surface(n, l, b, y, "verify", VERIFY_AXES, forms=(form,), folds=3)
+    check_shape(res.surface.predict)
+    assert abs(res.worst[0]["rel_err"]) > 0.1   # the step is reported, not hidden
+
+
+def test_grid_with_missing_cells_and_one_context_keeps_shape():
+    # OOM-skipped points leave cells without data; a table at one context length leaves the
+    # l axis flat: both must still give a convex, monotone surface everywhere.
+    rng = np.random.default_rng(9)
+    n, l, b, y = verify_points(rng)
+    keep = rng.random(len(y)) > 0.25
+    check_shape(fit_surface(n[keep], l[keep], b[keep], y[keep], "verify", VERIFY_AXES,
+                            forms=("grid",), folds=2).surface.predict)
+    one = l == 32768
+    res = fit_surface(n[one], l[one], b[one], y[one], "verify", VERIFY_AXES, forms=("grid",), folds=2)
+    check_shape(res.surface.predict)
+    assert res.surface.predict(8, 4096, 4) == res.surface.predict(8, 131072, 4)
+
+
+def test_auto_selection_keeps_lower_heldout_error():
+    rng = np.random.default_rng(3)
+    res = fit_surface(*verify_points(rng), "verify", VERIFY_AXES, folds=3)
+    score = {f: e["median"] + e["p90"] for f, e in res.heldout.items()}
+    assert set(score) == {"basis", "grid"} and res.form == min(score, key=score.get)
+
+
+def test_per_bin_reference_is_scored_but_never_kept():
+    # Context barely matters here, so independent per-(l, b) fits cross each other in l; the
+    # joint forms stay monotone in l by construction.
+    from simtree.costfit.fitting import monotone_violations
+    rng = np.random.default_rng(10)
+    flat_l = lambda n, l, b: verify_truth(n, 0 * l, b)  # noqa: E731
+    n, l, b, y = verify_points(rng, noise=0.03, truth=flat_l)
+    res = fit_surface(n, l, b, y, "verify", VERIFY_AXES, folds=3, reference_forms=("per_bin",))
+    assert res.heldout["per_bin"]["reference"] and res.form in ("basis", "grid")
+    assert res.heldout["per_bin"]["monotone_violations"] > 0
+    assert monotone_violations(res.surface, res.surface.valid_range, VERIFY_AXES) == 0
+
+
+def test_huber_loss_resists_an_outlier():
+    rng = np.random.default_rng(4)
+    n, l, b, y = verify_points(rng, noise=0.01)
+    i = 40
+    y[i] *= 4.0
+    res = fit_surface(n, l, b, y, "verify", VERIFY_AXES, forms=("basis",), folds=3)
+    others = np.arange(len(y)) != i
+    err = np.abs(res.surface.predict(n, l, b) / verify_truth(n, l, b) - 1)
+    assert np.median(err[others]) < 0.02
+    assert res.worst[0]["nodes_per_seq"] == n[i] and res.worst[0]["context_len"] == l[i]
+
+
+def draft_truth(s, k, b):
+    return 20 + 0.5 * b + s * (15 + 0.05 * np.maximum(b * k - 64, 0) + 0.1 * b)
+
+
+@pytest.mark.parametrize("form", ["basis", "grid"])
+def test_draft_fit_recovers_and_is_monotone(form):
+    rng = np.random.default_rng(5)
+    s, k, b = (a.ravel() for a in np.meshgrid([1, 2, 3, 4, 6], [1, 2, 4, 8], BS, indexing="ij"))
+    y = draft_truth(s, k, b) * (1 + 0.02 * rng.standard_normal(s.shape))
+    res = fit_surface(k, s, b, y, "draft", DRAFT_AXES, forms=(form,), folds=3)
+    model = DraftCostModel(res.surface)
+    assert np.median(np.abs(model.predict(s, k, b) / draft_truth(s, k, b) - 1)) < 0.03
+    # x = topk convex non-decreasing; num_steps and batch non-decreasing
+    check_shape(lambda k_, s_, b_: model.predict(s_, k_, b_), n_max=8, l_max=6)
+
+
+@pytest.mark.parametrize("form", ["basis", "grid"])
+def test_scalar_fast_path_matches_vector_path(form):
+    rng = np.random.default_rng(6)
+    s = fit_surface(*verify_points(rng), "verify", VERIFY_AXES, forms=(form,), folds=2).surface
+    q = [(1, 4096, 1), (3, 10000, 5), (64, 131072, 64), (100, 300000, 90), (0.5, 0, 0.5), (17, 50000, 33)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        vec = s.predict(*(np.array(c, dtype=float) for c in zip(*q)))
+        for i, p in enumerate(q):
+            assert s.predict(*p) == pytest.approx(vec[i], rel=1e-12)
+
+
+def test_out_of_range_warns_once_and_extrapolates_upward():
+    rng = np.random.default_rng(7)
+    model = VerifyCostModel(fit_surface(*verify_points(rng), "verify", VERIFY_AXES, folds=2).surface)
+    inside = model.predict(64, 131072, 64)
+    with pytest.warns(RuntimeWarning, match="outside its measured range"):
+        beyond = model.predict(128, 131072, 64)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        model.predict(256, 262144, 128)  # second excursion: no second warning
+    assert beyond > inside
+
+
+def test_refuses_a_single_n_value_and_too_few_points():
+    with pytest.raises(SimtreeError, match="only one nodes_per_seq value"):
+        fit_surface([4, 4, 4, 4], [1, 2, 3, 4], [1, 1, 1, 1], [5, 6, 7, 8], "verify", VERIFY_AXES)
+    with pytest.raises(SimtreeError, match="need at least 4"):
+        fit_surface([1, 2, 4], [1, 1, 1], [1, 1, 1], [5, 6, 7], "verify", VERIFY_AXES)
+
+
+@pytest.mark.parametrize("form", ["basis", "grid"])
+def test_bundle_save_load_round_trips_bit_for_bit(tmp_path, form):
+    rng = np.random.default_rng(8)
+    vs = fit_surface(*verify_points(rng), "verify", VERIFY_AXES, forms=(form,), folds=2).surface
+    bundle = CostBundle(VerifyCostModel(vs, {"form": form}),
+                        DraftCostModel(ScaledVerifyDraft(vs, 0.05, 32768.0)),
+                        {"model": "toy", "device": "cpu", "source": "test", "synthetic": True})
+    loaded = load_costs(bundle.save(tmp_path / "costs.json"))
+    q = (rng.uniform(1, 64, 500), rng.uniform(4096, 131072, 500), rng.uniform(1, 64, 500))
+    assert np.array_equal(bundle.verify.predict(*q), loaded.verify.predict(*q))
+    steps, topk = rng.integers(1, 6, 500), rng.integers(1, 8, 500)
+    assert np.array_equal(bundle.draft.predict(steps, topk, q[2]), loaded.draft.predict(steps, topk, q[2]))
+    assert loaded.meta == bundle.meta and loaded.decode_step_us(4096, 4) == bundle.verify.predict(1, 4096, 4)
+
+
+def test_load_costs_rejects_other_json(tmp_path):
+    p = tmp_path / "x.json"
+    p.write_text('{"schema": "simtree.policy/1"}')
+    with pytest.raises(SimtreeError, match="not a simtree cost bundle"):
+        load_costs(p)

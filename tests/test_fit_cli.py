@@ -1,0 +1,96 @@
+"""`simtree fit` and fit_profile on synthetic profile tables."""
+import json
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from simtree.cli import app
+from simtree.costmodel import load_costs
+from simtree.errors import SimtreeError
+from simtree.fit import fit_profile
+from simtree.profile_table import append_rows
+
+
+def row(stage, n, l, b, lat, **kw):
+    return dict(stage=stage, model="toy", device="cpu", dtype="bf16", variant="composed",
+                batch_size=b, nodes_per_seq=n, context_len=l, tree_shape="linear",
+                latency_us_median=lat, latency_us_p10=lat * 0.95, latency_us_p90=lat * 1.05,
+                repeats=10, **kw)
+
+
+def make_profile(path, rng, draft=True, device="cpu"):
+    rows = []
+    for b in (1, 4, 16):
+        for l in (1024, 8192):
+            for n in (1, 2, 4, 8, 16):
+                lat = (50 + 0.4 * max(n * b - 32, 0) + b + 2e-3 * b * l) * (1 + 0.02 * rng.standard_normal())
+                rows.append({**row("model_verify_step", n, l, b, lat), "device": device})
+        if draft:
+            for s in (1, 2, 4):
+                for k in (1, 2, 4):
+                    lat = (10 + s * (8 + 0.1 * max(b * k - 8, 0))) * (1 + 0.02 * rng.standard_normal())
+                    rows.append({**row("draft_step", k, 1024, b, lat, num_steps=s, topk=k),
+                                 "device": device, "variant": "torch_ref", "tree_shape": "eagle"})
+    append_rows(path, rows)
+    return path
+
+
+def test_fit_command_writes_bundle_png_and_error_table(tmp_path):
+    prof = make_profile(tmp_path / "profile.csv", np.random.default_rng(0))
+    out = tmp_path / "costs.json"
+    result = CliRunner().invoke(app, ["fit", str(prof), "-o", str(out), "--folds", "3"])
+    assert result.exit_code == 0, result.output
+    assert "ho med" in result.output and "worst in-sample residuals" in result.output
+    assert out.with_suffix(".png").stat().st_size > 10_000
+    bundle = load_costs(out)
+    assert bundle.meta["model"] == "toy" and bundle.meta["synthetic"] is False
+    assert bundle.meta["source"]["sha256"].startswith("sha256:")
+    heldout = bundle.verify.info["fit_error"]["heldout"]
+    assert set(heldout) == {"basis", "grid", "per_bin"} and heldout["per_bin"]["reference"]
+    assert heldout[bundle.verify.info["form"]]["median"] < 0.05
+    assert bundle.verify.predict(4, 8192, 16) > bundle.verify.predict(4, 1024, 16)
+
+
+def test_fit_json_output_is_machine_readable(tmp_path):
+    prof = make_profile(tmp_path / "profile.csv", np.random.default_rng(1))
+    result = CliRunner().invoke(app, ["fit", str(prof), "-o", str(tmp_path / "c.json"), "--json",
+                                      "--no-png", "--form", "basis", "--folds", "2"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert data["verify"]["form"] == "basis" and data["draft"]["form"] == "basis"
+    assert data["png"] is None
+
+
+def test_missing_draft_rows_needs_the_explicit_assumption(tmp_path):
+    prof = make_profile(tmp_path / "profile.csv", np.random.default_rng(2), draft=False)
+    with pytest.raises(SimtreeError, match="no draft_step rows.*--draft-from-verify"):
+        fit_profile(prof, folds=2, forms=("basis",))
+    report = fit_profile(prof, folds=2, forms=("basis",), draft_from_verify=True, draft_fraction=0.1)
+    v, d = report.bundle.verify, report.bundle.draft
+    assert d.predict(3, 2, 4) == pytest.approx(0.1 * 3 * v.predict(2, np.median([1024, 8192]), 4))
+    assert "assumed" in d.info["assumption"]
+
+
+def test_mixed_devices_are_refused_in_one_line(tmp_path):
+    prof = make_profile(tmp_path / "profile.csv", np.random.default_rng(3))
+    make_profile(prof, np.random.default_rng(4), device="NVIDIA H200")
+    result = CliRunner().invoke(app, ["fit", str(prof), "-o", str(tmp_path / "c.json")])
+    assert isinstance(result.exception, SimtreeError)
+    assert "mixed devices in one fit: NVIDIA H200, cpu" in str(result.exception)
+    assert "\n" not in str(result.exception)
+    report = fit_profile(prof, device="NVIDIA H200", folds=2, forms=("basis",))
+    assert report.bundle.meta["device"] == "NVIDIA H200"
+
+
+def test_single_n_value_is_refused(tmp_path):
+    rows = [row("model_verify_step", 4, l, b, 100.0 + b + l / 100) for b in (1, 2, 4) for l in (1, 2)]
+    append_rows(tmp_path / "p.csv", rows)
+    with pytest.raises(SimtreeError, match="only one nodes_per_seq value"):
+        fit_profile(tmp_path / "p.csv", draft_from_verify=True)
+
+
+def test_unknown_stage_lists_what_the_table_has(tmp_path):
+    prof = make_profile(tmp_path / "profile.csv", np.random.default_rng(5))
+    with pytest.raises(SimtreeError, match="no rows with stage='gdn_tree_verify' .*model_verify_step"):
+        fit_profile(prof, stage="gdn_tree_verify")
