@@ -1,0 +1,66 @@
+"""`simtree plan`: choose tree on/off, shape and budget per workload and batch size."""
+from __future__ import annotations
+
+import json
+from typing import List, Optional
+
+import typer
+from rich.console import Console
+from rich.progress import Progress
+from rich.table import Table
+
+from simtree.errors import SimtreeError
+from simtree.synthetic import SYNTHETIC_LABEL
+
+
+def parse_batch_sizes(text: str) -> list[int]:
+    try:
+        sizes = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise SimtreeError(f"--batch-sizes must be comma-separated integers, got {text!r}") from None
+    if not sizes or min(sizes) < 1:
+        raise SimtreeError(f"--batch-sizes must be integers >= 1, got {text!r}")
+    return sizes
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("plan", help="Choose tree on/off, shape and budget per batch size and workload; "
+                              "write a policy and report.  Example: simtree plan --workload sharegpt "
+                              "--batch-sizes 1,8,64 --out reports/plan")
+    def plan_command(
+        costs: Optional[List[str]] = typer.Option(None, "--costs", help="CostBundle JSON (repeatable); "
+                                                  "default: shipped simtree/data/costs/*.json, else SYNTHETIC"),
+        workload: Optional[List[str]] = typer.Option(None, "--workload", help="preset (gsm8k, mbpp, sharegpt) "
+                                                     "or acceptance trace .jsonl (repeatable); default: all presets"),
+        batch_sizes: str = typer.Option("1,2,4,8,16,32,64", "--batch-sizes", help="comma-separated"),
+        out: str = typer.Option("reports/plan", "--out", help="output folder (policy.json, plan.md, PNGs)"),
+        prompt_len: Optional[float] = typer.Option(None, "--prompt-len", help="override mean prompt length"),
+        output_len: Optional[int] = typer.Option(None, "--output-len", help="override tokens generated per sequence"),
+        as_json: bool = typer.Option(False, "--json", help="print the chosen policies as JSON"),
+    ) -> None:
+        """Plan on the embedded default:  simtree plan"""
+        from simtree.planner import plan_and_write
+
+        sizes = parse_batch_sizes(batch_sizes)
+        console = Console(stderr=as_json)
+        with Progress(console=console, transient=True) as bar:
+            task = bar.add_task("planning", total=None)
+            outputs = plan_and_write(costs or (), workload or (), sizes, out, prompt_len, output_len,
+                                     progress=lambda done, total: bar.update(task, completed=done, total=total))
+        if as_json:
+            typer.echo(json.dumps([{"policy_file": str(o["policy"]), "synthetic": o["result"].synthetic,
+                                    **o["result"].to_policy().to_dict()} for o in outputs], indent=1))
+            return
+        for o in outputs:
+            res = o["result"]
+            if res.synthetic:
+                console.print(f"[bold red]SYNTHETIC COSTS[/]: {SYNTHETIC_LABEL} - predictions are not measurements")
+            table = Table(title=f"plan: {res.model} on {res.device}")
+            for col in ("workload", "batch", "policy", "tree", "tok/round", "tok/s", "vs linear", "vs none"):
+                table.add_column(col, no_wrap=col == "policy")
+            for r in res.chosen.itertuples():
+                on = "on" if r.mode in ("eagle", "best_first", "cost_aware", "batch_alloc") else "off"
+                table.add_row(r.workload, str(r.batch_size), r.policy, on, f"{r.tokens_per_round:.2f}",
+                              f"{r.tok_s:.0f}", f"{r.gain_vs_linear:.3f}", f"{r.gain_vs_none:.2f}")
+            console.print(table)
+            console.print(f"policy: {o['policy']}  report: {o['report']['markdown']}")

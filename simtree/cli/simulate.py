@@ -1,0 +1,69 @@
+"""`simtree simulate`: predicted decode throughput of one policy."""
+from __future__ import annotations
+
+import json
+from typing import Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from simtree.synthetic import SYNTHETIC_LABEL
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("simulate", help="Predict decode throughput of one policy for a model, workload and batch "
+                                  "size.  Example: simtree simulate --workload sharegpt --batch-size 8 "
+                                  "--policy-mode eagle --steps 4 --topk 2 --budget 5 --monte-carlo 200")
+    def simulate_command(
+        costs: Optional[str] = typer.Option(None, "--costs", help="CostBundle JSON (default: shipped, else SYNTHETIC)"),
+        workload: str = typer.Option("sharegpt", "--workload", help="preset or acceptance trace .jsonl"),
+        batch_size: int = typer.Option(1, "--batch-size"),
+        policy_mode: str = typer.Option("eagle", "--policy-mode",
+                                        help="none | linear | eagle | best_first | cost_aware | batch_alloc"),
+        steps: int = typer.Option(3, "--steps", help="eagle: draft steps s"),
+        topk: int = typer.Option(2, "--topk", help="eagle: top-k"),
+        budget: int = typer.Option(4, "--budget", help="nodes incl. root (linear, eagle, best_first); "
+                                   "max budget for cost_aware / batch_alloc"),
+        width: int = typer.Option(1, "--width", help="best_first: heap pops per step"),
+        draft_depth: Optional[int] = typer.Option(None, "--draft-depth", help="marginal modes: drafted positions"),
+        policy: Optional[str] = typer.Option(None, "--policy", help="policy JSON: use its entry for workload/batch"),
+        monte_carlo: int = typer.Option(0, "--monte-carlo", help="Monte-Carlo replications (0 = analytic)"),
+        prompt_len: Optional[float] = typer.Option(None, "--prompt-len"),
+        output_len: Optional[int] = typer.Option(None, "--output-len"),
+        seed: int = typer.Option(0, "--seed"),
+        as_json: bool = typer.Option(False, "--json"),
+    ) -> None:
+        """simtree simulate --workload gsm8k --batch-size 16 --policy-mode linear --budget 4"""
+        from simtree.simulate import simulate_command_run
+
+        from rich.progress import Progress
+
+        with Progress(console=Console(stderr=True), transient=True, disable=monte_carlo == 0) as bar:
+            task = bar.add_task("monte-carlo", total=monte_carlo or None)
+            result = simulate_command_run(costs, workload, batch_size, policy_mode, steps, topk, budget, width,
+                                          draft_depth, policy, monte_carlo, prompt_len, output_len, seed,
+                                          progress=lambda done, total: bar.update(task, completed=done))
+        if as_json:
+            typer.echo(json.dumps(result.to_dict(), indent=1))
+            return
+        console = Console()
+        if result.synthetic:
+            console.print(f"[bold red]SYNTHETIC COSTS[/]: {SYNTHETIC_LABEL}")
+        table = Table(title=f"{result.policy} | {result.workload} | batch {result.batch_size} | {result.method}")
+        table.add_column("metric")
+        table.add_column("value")
+        ci = result.ci95
+        rows = [("accepted tokens / round (incl. bonus)", f"{result.accepted_tokens_per_round:.3f}"
+                 + (" [%.3f, %.3f]" % tuple(ci["accepted_tokens_per_round"]) if ci else "")),
+                ("nodes / sequence", f"{result.mean_nodes_per_seq:.2f}"),
+                ("round latency (us)", f"{result.round_latency_us:.1f}"),
+                ("  draft / verify (us)", f"{result.draft_us:.1f} / {result.verify_us:.1f}"),
+                ("throughput (tok/s, batch)", f"{result.throughput_tok_s:.1f}"
+                 + (" [%.1f, %.1f]" % tuple(ci["throughput_tok_s"]) if ci else "")),
+                ("throughput (tok/s, per seq)", f"{result.per_seq_tok_s:.1f}"),
+                ("speedup vs plain decoding", f"{result.speedup_vs_none:.3f}"),
+                (f"speedup vs linear D={result.linear_budget}", f"{result.speedup_vs_linear:.3f}")]
+        for k, v in rows:
+            table.add_row(k, v)
+        console.print(table)

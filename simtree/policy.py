@@ -1,0 +1,147 @@
+"""The policy file (contract 3): which speculation mode to run per workload and batch size.
+
+JSON::
+
+    {"schema": "simtree.policy/1", "model": str, "device": str, "created": iso-time,
+     "source": {...},            # cost bundle meta (synthetic flag), planner settings
+     "entries": [{"workload": str, "batch_min": int, "batch_max": int,
+                  "mode": "none"|"linear"|"eagle"|"best_first"|"cost_aware"|"batch_alloc",
+                  "params": {...}, "tree_on": bool, "predicted_tok_s": float,
+                  "gain_vs_linear": float, "gain_vs_none": float}]}
+
+params: linear {"budget"}; eagle {"num_steps", "topk", "budget"}; best_first {"budget",
+"width", "draft_depth"}; cost_aware {"max_budget", "draft_depth"}; batch_alloc
+{"max_budget_per_seq", "draft_depth"}.  ``draft_depth`` (positions of top-K marginals the
+drafter produces) is an addition; readers that do not know it may ignore it.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+
+from simtree.errors import SimtreeError
+from simtree.simulate import MODES, check_params
+
+__all__ = ["SCHEMA", "PolicyEntry", "Policy"]
+
+SCHEMA = "simtree.policy/1"
+_ENTRY_FIELDS = ("workload", "batch_min", "batch_max", "mode", "params", "tree_on", "predicted_tok_s",
+                 "gain_vs_linear", "gain_vs_none")
+
+
+@dataclass(frozen=True)
+class PolicyEntry:
+    workload: str
+    batch_min: int
+    batch_max: int
+    mode: str
+    params: dict
+    tree_on: bool
+    predicted_tok_s: float
+    gain_vs_linear: float
+    gain_vs_none: float
+
+    @classmethod
+    def from_dict(cls, obj, where: str) -> "PolicyEntry":
+        if not isinstance(obj, dict):
+            raise SimtreeError(f"{where}: a policy entry must be an object")
+        missing = [k for k in _ENTRY_FIELDS if k not in obj]
+        if missing:
+            raise SimtreeError(f"{where}: policy entry lacks {missing[0]!r}")
+        for key in ("batch_min", "batch_max"):
+            v = obj[key]
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise SimtreeError(f"{where}: {key} must be an integer >= 1, got {v!r}")
+        if obj["batch_min"] > obj["batch_max"]:
+            raise SimtreeError(f"{where}: batch_min {obj['batch_min']} > batch_max {obj['batch_max']}")
+        if obj["mode"] not in MODES:
+            raise SimtreeError(f"{where}: unknown mode {obj['mode']!r} (use one of {', '.join(MODES)})")
+        try:
+            params = check_params(obj["mode"], obj["params"])
+        except SimtreeError as exc:
+            raise SimtreeError(f"{where}: {exc}") from None
+        if not isinstance(obj["tree_on"], bool):
+            raise SimtreeError(f"{where}: tree_on must be true or false, got {obj['tree_on']!r}")
+        for key in ("predicted_tok_s", "gain_vs_linear", "gain_vs_none"):
+            v = obj[key]
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+                raise SimtreeError(f"{where}: {key} must be a finite number >= 0, got {v!r}")
+        return cls(str(obj["workload"]), obj["batch_min"], obj["batch_max"], obj["mode"], params,
+                   obj["tree_on"], float(obj["predicted_tok_s"]), float(obj["gain_vs_linear"]),
+                   float(obj["gain_vs_none"]))
+
+
+@dataclass
+class Policy:
+    model: str
+    device: str
+    entries: list[PolicyEntry]
+    source: dict = field(default_factory=dict)
+    created: str = field(default_factory=lambda: datetime.now(timezone.utc).isoformat(timespec="seconds"))
+
+    def __post_init__(self) -> None:
+        seen: dict[str, list[tuple[int, int]]] = {}
+        for e in self.entries:
+            for lo, hi in seen.get(e.workload, []):
+                if e.batch_min <= hi and lo <= e.batch_max:
+                    raise SimtreeError(f"policy: workload {e.workload!r} has overlapping batch ranges "
+                                       f"[{lo}, {hi}] and [{e.batch_min}, {e.batch_max}]")
+            seen.setdefault(e.workload, []).append((e.batch_min, e.batch_max))
+
+    @property
+    def workloads(self) -> list[str]:
+        return sorted({e.workload for e in self.entries})
+
+    def lookup(self, workload: str, batch_size: int, clamp: bool = True) -> PolicyEntry:
+        """The entry whose [batch_min, batch_max] holds ``batch_size``; with ``clamp`` a batch
+        outside every range takes the nearest range's entry."""
+        entries = sorted((e for e in self.entries if e.workload == workload), key=lambda e: e.batch_min)
+        if not entries:
+            raise SimtreeError(f"policy has no entry for workload {workload!r} (has {', '.join(self.workloads)})")
+        for e in entries:
+            if e.batch_min <= batch_size <= e.batch_max:
+                return e
+        if not clamp:
+            raise SimtreeError(f"policy has no entry for workload {workload!r} at batch size {batch_size}")
+        return min(entries, key=lambda e: min(abs(batch_size - e.batch_min), abs(batch_size - e.batch_max)))
+
+    def to_dict(self) -> dict:
+        return {"schema": SCHEMA, "model": self.model, "device": self.device, "created": self.created,
+                "source": self.source, "entries": [asdict(e) for e in self.entries]}
+
+    def save(self, path: str | Path) -> Path:
+        """Write atomically (temp file + os.replace)."""
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        with os.fdopen(fd, "w") as fh:
+            json.dump(self.to_dict(), fh, indent=1)
+            fh.write("\n")
+        os.replace(tmp, path)
+        return path
+
+    @classmethod
+    def load(cls, path: str | Path) -> "Policy":
+        path = Path(path)
+        if not path.is_file():
+            raise SimtreeError(f"policy file {path} does not exist")
+        try:
+            obj = json.loads(path.read_text())
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise SimtreeError(f"policy file {path} is not valid JSON ({getattr(exc, 'msg', exc)})") from None
+        if not isinstance(obj, dict) or obj.get("schema") != SCHEMA:
+            found = obj.get("schema") if isinstance(obj, dict) else type(obj).__name__
+            raise SimtreeError(f"policy file {path}: schema {found!r} is not {SCHEMA!r}")
+        for key in ("model", "device", "entries"):
+            if key not in obj:
+                raise SimtreeError(f"policy file {path}: missing {key!r}")
+        if not isinstance(obj["entries"], list) or not obj["entries"]:
+            raise SimtreeError(f"policy file {path}: 'entries' must be a non-empty list")
+        entries = [PolicyEntry.from_dict(e, f"policy file {path}: entry {i}") for i, e in enumerate(obj["entries"])]
+        return cls(str(obj["model"]), str(obj["device"]), entries, obj.get("source", {}) or {},
+                   str(obj.get("created", "")))

@@ -1,0 +1,136 @@
+"""Plan report: markdown + PNG figures from a :class:`simtree.planner.PlanResult`.
+
+- ``gain_heatmap.png``: per workload, predicted gain of the best tree (EAGLE or best-first)
+  over linear speculation at the SAME budget D, over (batch size x budget);
+- ``throughput_vs_batch.png``: best predicted throughput of each policy family vs batch size;
+- ``plan.md``: the chosen policy table, with a loud SYNTHETIC banner when the costs are not
+  measured.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from simtree.planner import FAMILIES, PlanResult
+from simtree.synthetic import SYNTHETIC_LABEL
+
+__all__ = ["gain_grid", "write_plan_report", "render_plan_dir"]
+
+_BANNER = ("> **SYNTHETIC COST MODEL** - " + SYNTHETIC_LABEL + ". These predictions come from an "
+           "analytic roofline, not from measurements on this GPU; run `simtree profile` and "
+           "`simtree fit` and pass `--costs` for real numbers.\n")
+
+
+def gain_grid(candidates: pd.DataFrame, workload: str) -> pd.DataFrame:
+    """[batch size x budget]: best tree tok/s at budget D / linear tok/s at D."""
+    df = candidates[(candidates["workload"] == workload) & candidates["budget"].notna()]
+    df = df.assign(budget=df["budget"].astype(int))
+    tree = df[df["mode"].isin(["eagle", "best_first"])].groupby(["batch_size", "budget"])["tok_s"].max()
+    lin = df[df["mode"] == "linear"].groupby(["batch_size", "budget"])["tok_s"].max()
+    return (tree / lin).unstack("budget")
+
+
+def _figures(result: PlanResult, out: Path) -> list[Path]:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    workloads = list(dict.fromkeys(result.chosen["workload"]))
+    tag = " [SYNTHETIC costs]" if result.synthetic else ""
+    fig, axes = plt.subplots(1, len(workloads), figsize=(5.2 * len(workloads), 4.2), squeeze=False)
+    for ax, wl in zip(axes[0], workloads):
+        grid = gain_grid(result.candidates, wl)
+        im = ax.imshow(grid.to_numpy(), aspect="auto", origin="lower", cmap="RdBu_r", vmin=0.7, vmax=1.3)
+        ax.set_xticks(range(grid.shape[1]), grid.columns.tolist(), fontsize=7)
+        ax.set_yticks(range(grid.shape[0]), grid.index.tolist())
+        ax.set_xlabel("budget D (nodes incl. root)")
+        ax.set_ylabel("batch size")
+        ax.set_title(f"{wl}: best tree / linear at same D{tag}", fontsize=9)
+        for (i, j), v in np.ndenumerate(grid.to_numpy()):
+            ax.text(j, i, f"{v:.2f}", ha="center", va="center", fontsize=5)
+    fig.colorbar(im, ax=axes[0].tolist(), shrink=0.8)
+    heat = out / "gain_heatmap.png"
+    fig.savefig(heat, dpi=130)
+    plt.close(fig)
+
+    fig, axes = plt.subplots(2, len(workloads), figsize=(5.2 * len(workloads), 7.0), squeeze=False)
+    for col, wl in enumerate(workloads):
+        df = result.candidates[result.candidates["workload"] == wl]
+        best = df.groupby(["mode", "batch_size"])["tok_s"].max().unstack("batch_size")
+        for fam in FAMILIES:
+            if fam in best.index:
+                axes[0][col].plot(best.columns, best.loc[fam], marker="o", ms=3, label=fam)
+                axes[1][col].plot(best.columns, best.loc[fam] / best.loc["none"], marker="o", ms=3, label=fam)
+        axes[0][col].set_yscale("log")
+        axes[0][col].set_ylabel("decode tok/s (batch)")
+        axes[0][col].set_title(f"{wl}: best of each family{tag}", fontsize=9)
+        axes[1][col].set_ylabel("speedup vs plain decoding")
+        for ax in axes[:, col]:
+            ax.set_xscale("log", base=2)
+            ax.set_xlabel("batch size")
+            ax.grid(alpha=0.3)
+    axes[0][0].legend(fontsize=7)
+    fig.tight_layout()
+    thr = out / "throughput_vs_batch.png"
+    fig.savefig(thr, dpi=130)
+    plt.close(fig)
+    return [heat, thr]
+
+
+def write_plan_report(result: PlanResult, out_dir: str | Path) -> dict[str, Path]:
+    """Write plan.md, gain_heatmap.png, throughput_vs_batch.png, candidates.csv into out_dir."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    heat, thr = _figures(result, out)
+    cand = out / "candidates.csv"
+    result.candidates.to_csv(cand, index=False)
+    lines = [f"# simtree plan: {result.model} on {result.device}", ""]
+    if result.synthetic:
+        lines += [_BANNER, ""]
+    lines += ["Predicted by simtree's analytic simulator (expected accepted length per round, context "
+              "growing as it decodes). Acceptance models:", ""]
+    for name, info in result.source.get("workloads", {}).items():
+        lines.append(f"- **{name}**: {info.get('source', '')}; linear D=4 gives "
+                     f"{info.get('linear_accepted_tokens_d4', float('nan')):.2f} tokens/round; "
+                     f"prompt ~{info.get('mean_prompt_len', 0):.0f}, output {info.get('output_len', 0)} tokens")
+    lines += ["", "## Chosen policy", "",
+              "| workload | batch | policy | tree | tokens/round | nodes/seq | tok/s | vs linear | vs none | best linear |",
+              "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in result.chosen.itertuples():
+        on = "on" if r.mode in ("eagle", "best_first", "cost_aware", "batch_alloc") else "off"
+        lines.append(f"| {r.workload} | {r.batch_size} | {r.policy} | {on} | {r.tokens_per_round:.2f} | "
+                     f"{r.nodes_per_seq:.1f} | {r.tok_s:.0f} | {r.gain_vs_linear:.3f} | {r.gain_vs_none:.2f} | "
+                     f"{r.best_linear} |")
+    lines += ["", f"![gain heat map]({heat.name})", "", f"![throughput vs batch]({thr.name})", "",
+              f"All {len(result.candidates)} candidates: `{cand.name}`. Source: "
+              f"`{json.dumps(result.source.get('costs', {}), sort_keys=True)}`", ""]
+    md = out / "plan.md"
+    md.write_text("\n".join(lines))
+    return {"markdown": md, "heatmap": heat, "throughput": thr, "candidates": cand}
+
+
+def render_plan_dir(plan_dir: str | Path) -> dict[str, Path]:
+    """Re-render plan.md and the PNGs of a folder written by `simtree plan` (its
+    candidates.csv + policy.json), e.g. after editing the CSV or changing the plots."""
+    from simtree.errors import SimtreeError
+    from simtree.planner import choose_policies
+    from simtree.policy import Policy
+
+    plan_dir = Path(plan_dir)
+    cand_path = plan_dir / "candidates.csv"
+    if not cand_path.is_file():
+        raise SimtreeError(f"{plan_dir} has no candidates.csv: point at a folder written by `simtree plan`")
+    policy = Policy.load(plan_dir / "policy.json")
+    cands = pd.read_csv(cand_path)
+    need = {"workload", "batch_size", "policy", "mode", "params", "budget", "tokens_per_round", "nodes_per_seq", "tok_s"}
+    missing = sorted(need - set(cands.columns))
+    if missing:
+        raise SimtreeError(f"{cand_path}: missing column {missing[0]!r}")
+    if cands["tok_s"].isna().any() or (cands["tok_s"] <= 0).any():
+        raise SimtreeError(f"{cand_path}: tok_s must be > 0 and not NaN in every row")
+    result = PlanResult(policy.model, policy.device, policy.source, cands, choose_policies(cands),
+                        bool(policy.source.get("synthetic", False)), tuple(sorted(cands["batch_size"].unique())))
+    return write_plan_report(result, plan_dir)

@@ -1,0 +1,373 @@
+"""Decode-throughput simulator: cost models x acceptance model x batch size x policy.
+
+One round of a batch of b sequences: draft (C_d), build each sequence's tree, verify the whole
+batch (C_v at the batch's mean nodes per sequence and mean context length), accept.  A
+sequence gains 1 + accepted drafts tokens (the bonus token included) and its context grows by
+that much.  The simulator runs the rounds needed for ``output_len`` tokens per sequence and
+reports tokens per round, round latency, throughput (batch and per sequence) and speedups
+against plain decoding (verify of 1 node, no draft) and against linear speculation at the
+same budget.
+
+Two modes: ``analytic`` (expected accepted length per round, contexts grow by the expectation)
+and Monte-Carlo (a level and an accepted length drawn per sequence per round, ``mc_runs``
+replications, 95% interval over replications).
+
+Draft cost per mode (the drafter cost model is C_d(s, k, b): s sequential steps of k tokens
+per sequence): none 0; linear D -> C_d(D-1, 1); eagle -> C_d(s, k); the marginal modes
+(best_first, cost_aware, batch_alloc) read top-K marginals at ``draft_depth`` positions, drafted
+as a top-1 chain of that many steps -> C_d(draft_depth, 1) (a block drafter would be cheaper:
+give the cost model its measured cost).  Verify cost assumes ragged trees (total tokens =
+sum of tree sizes), as TreeBatch packs them.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+from simtree.acceptance import AcceptanceModel, Workload
+from simtree.builders import (batched_best_first_tree, best_first_order, cost_aware_budget,
+                              eagle_max_nodes, eagle_tree)
+from simtree.errors import SimtreeError
+from simtree.phi import expected_accepted_positional, sample_accepted_length
+from simtree.tree import DraftTree
+
+__all__ = ["MODES", "PolicySpec", "RoundShape", "SimResult", "static_round", "simulate",
+           "analytic_static", "analytic_run", "batch_allocation", "check_params"]
+
+MODES = ("none", "linear", "eagle", "best_first", "cost_aware", "batch_alloc")
+_REQUIRED = {"none": (), "linear": ("budget",), "eagle": ("num_steps", "topk", "budget"),
+             "best_first": ("budget",), "cost_aware": ("max_budget",), "batch_alloc": ("max_budget_per_seq",)}
+DEFAULT_DRAFT_DEPTH = 3  # the public V4 MTP recipe drafts 3 steps
+
+
+def check_params(mode: str, params: dict) -> dict:
+    """Validated, normalised params of a policy mode (contract 3 names, plus draft_depth/width)."""
+    if mode not in MODES:
+        raise SimtreeError(f"unknown policy mode {mode!r}: use one of {', '.join(MODES)}")
+    if not isinstance(params, dict):
+        raise SimtreeError(f"params of mode {mode!r} must be an object, got {type(params).__name__}")
+    out = {}
+    for key in _REQUIRED[mode]:
+        if key not in params:
+            raise SimtreeError(f"mode {mode!r} needs the parameter {key!r}")
+    for key, value in params.items():
+        if key in ("budget", "num_steps", "topk", "max_budget", "max_budget_per_seq", "width", "draft_depth"):
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or value != int(value) or value < 1:
+                raise SimtreeError(f"parameter {key} of mode {mode!r} must be an integer >= 1, got {value!r}")
+            out[key] = int(value)
+    budget = out.get("budget", out.get("max_budget", out.get("max_budget_per_seq", 1)))
+    if mode in ("best_first", "cost_aware", "batch_alloc"):
+        out.setdefault("draft_depth", max(1, min(DEFAULT_DRAFT_DEPTH, budget - 1)))
+    if mode == "best_first":
+        out.setdefault("width", 1)
+    if mode == "eagle" and out["budget"] > eagle_max_nodes(out["num_steps"], out["topk"]):
+        raise SimtreeError(f"eagle budget {out['budget']} exceeds the {eagle_max_nodes(out['num_steps'], out['topk'])} "
+                           f"nodes that {out['num_steps']} steps of top-{out['topk']} generate")
+    return out
+
+
+@dataclass(frozen=True)
+class PolicySpec:
+    """A policy mode and its params (contract 3): e.g. PolicySpec("eagle", {"num_steps": 4, ...})."""
+
+    mode: str
+    params: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "params", check_params(self.mode, dict(self.params)))
+
+    @property
+    def name(self) -> str:
+        p = self.params
+        return {"none": lambda: "none", "linear": lambda: f"linear_d{p['budget']}",
+                "eagle": lambda: f"eagle_s{p['num_steps']}_k{p['topk']}_d{p['budget']}",
+                "best_first": lambda: f"best_first_d{p['budget']}_w{p['width']}_p{p['draft_depth']}",
+                "cost_aware": lambda: f"cost_aware_max{p['max_budget']}_p{p['draft_depth']}",
+                "batch_alloc": lambda: f"batch_alloc_max{p['max_budget_per_seq']}_p{p['draft_depth']}"}[self.mode]()
+
+    @property
+    def budget(self) -> int | None:
+        """Fixed verify budget (nodes incl. root) or None for the adaptive modes."""
+        return {"none": 1}.get(self.mode, self.params.get("budget"))
+
+    def draft_shape(self) -> tuple[int, int]:
+        """(num_steps, topk) fed to the draft cost model; (0, 0) = no drafting."""
+        p = self.params
+        if self.mode == "none":
+            return 0, 0
+        if self.mode == "linear":
+            return p["budget"] - 1, 1
+        if self.mode == "eagle":
+            return p["num_steps"], p["topk"]
+        return p["draft_depth"], 1
+
+
+@dataclass(frozen=True, eq=False)
+class RoundShape:
+    """Per-level trees of a fixed-shape policy: nodes [L], expected accepted drafts [L]."""
+
+    trees: tuple[DraftTree, ...]
+    tables: tuple[np.ndarray, ...]
+    nodes: np.ndarray
+    accepted: np.ndarray
+
+
+def static_round(acc: AcceptanceModel, spec: PolicySpec) -> RoundShape:
+    """Trees of a none/linear/eagle/best_first policy per acceptance level, with their Phi."""
+    p, trees, tables = spec.params, [], []
+    for level in range(acc.num_levels):
+        if spec.mode == "none":
+            tree, table = DraftTree.chain(1), acc.table(level, 1)
+        elif spec.mode in ("linear", "eagle"):
+            s, k = (p["budget"] - 1, 1) if spec.mode == "linear" else (p["num_steps"], p["topk"])
+            tree = eagle_tree(acc.propose(level, k), s, k, p["budget"]) if s >= 1 else DraftTree.chain(1)
+            table = acc.table(level, max(s, 1))
+        elif spec.mode == "best_first":
+            toks, table = acc.marginals(level, p["draft_depth"])
+            tree = batched_best_first_tree(toks, table, p["budget"], p["width"])[0]
+        else:
+            raise SimtreeError(f"mode {spec.mode!r} is adaptive: it has no fixed round shape")
+        trees.append(tree)
+        tables.append(table)
+    nodes = np.array([t.num_nodes for t in trees], np.float64)
+    accepted = np.array([expected_accepted_positional(t, tb) for t, tb in zip(trees, tables)])
+    return RoundShape(tuple(trees), tuple(tables), nodes, accepted)
+
+
+def analytic_static(tokens_per_round, nodes_per_seq, draft_us, costs, batch_size: int,
+                    context_len: float, output_len: int) -> dict:
+    """Expected-value simulation of fixed-shape policies, vectorised over candidates [C].
+
+    Round t (0-based) verifies at context l0 + t * g; R = ceil(N / g) rounds.  Returns arrays
+    [C]: rounds, total_us, verify_us (mean), throughput_tok_s (batch).
+    """
+    g = np.atleast_1d(np.asarray(tokens_per_round, np.float64))
+    n = np.broadcast_to(np.asarray(nodes_per_seq, np.float64), g.shape)
+    d = np.broadcast_to(np.asarray(draft_us, np.float64), g.shape)
+    rounds = np.ceil(output_len / g - 1e-9).astype(np.int64)
+    t = np.arange(int(rounds.max()))
+    ctx = context_len + g[:, None] * t[None, :]
+    verify = np.asarray(costs.verify.predict(n[:, None], ctx, batch_size), np.float64)
+    verify = np.broadcast_to(verify, ctx.shape)
+    live = t[None, :] < rounds[:, None]
+    total_verify = np.where(live, verify, 0.0).sum(1)
+    total = total_verify + rounds * d
+    tokens = batch_size * rounds * g
+    return {"rounds": rounds, "total_us": total, "verify_us": total_verify / rounds,
+            "throughput_tok_s": tokens / total * 1e6}
+
+
+def batch_allocation(survival: list[np.ndarray], mass: np.ndarray, verify_cost, draft_us: float,
+                     batch_size: int) -> np.ndarray:
+    """DSpark-style allocation: extra nodes per candidate list (int [len(survival)]).
+
+    ``survival[i]`` [m_i]: prefix probabilities of list i's non-root best-first nodes
+    (non-increasing); ``mass[i]``: how many requests carry list i (1 in Monte-Carlo, b*w_level
+    in the analytic fluid version).  Candidates of all lists are merged by survival prob and
+    the prefix maximising (b + sum of survival) / (C_d + C_v(1 + K/b)) is kept, K = nodes added.
+    """
+    probs = np.concatenate(survival) if survival else np.zeros(0)
+    owner = np.concatenate([np.full(s.shape[0], i) for i, s in enumerate(survival)]) if survival else np.zeros(0, int)
+    order = np.argsort(-probs, kind="stable")  # stable keeps each list's own order on ties
+    m = np.asarray(mass, np.float64)[owner[order]]
+    added = np.concatenate([[0.0], np.cumsum(m)])
+    gain = np.concatenate([[0.0], np.cumsum(probs[order] * m)])
+    cost = draft_us + np.asarray(verify_cost(1.0 + added / batch_size), np.float64)
+    best = int(np.argmax((batch_size + gain) / cost))
+    return np.bincount(owner[order[:best]], minlength=len(survival))
+
+
+@dataclass
+class SimResult:
+    """What one simulation reports (per-sequence quantities are per sequence per round)."""
+
+    policy: str
+    mode: str
+    params: dict
+    workload: str
+    batch_size: int
+    method: str
+    accepted_tokens_per_round: float   # incl. the bonus token
+    mean_nodes_per_seq: float
+    round_latency_us: float
+    draft_us: float
+    verify_us: float
+    throughput_tok_s: float            # whole batch
+    per_seq_tok_s: float
+    rounds: int
+    speedup_vs_none: float = float("nan")
+    speedup_vs_linear: float = float("nan")
+    linear_budget: int = 0
+    ci95: dict = field(default_factory=dict)
+    synthetic: bool = False
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+class _Adaptive:
+    """Per-round decisions of cost_aware / batch_alloc for one acceptance model, batch, costs."""
+
+    def __init__(self, acc: AcceptanceModel, spec: PolicySpec, costs, batch_size: int):
+        p = spec.params
+        self.spec, self.costs, self.b, self.acc = spec, costs, batch_size, acc
+        self.max_budget = p.get("max_budget", p.get("max_budget_per_seq"))
+        self.draft_us = _draft_us(costs, spec, batch_size)
+        self.orders, self.tables = [], []
+        for level in range(acc.num_levels):
+            toks, probs = acc.marginals(level, p["draft_depth"])
+            self.orders.append(best_first_order(toks, probs, self.max_budget))
+            self.tables.append(probs)
+
+    def nodes(self, level_mass: np.ndarray, levels: np.ndarray, ctx: float) -> np.ndarray:
+        """Nodes per entry of ``levels`` (each entry carries ``level_mass`` requests)."""
+        cv = lambda n: self.costs.verify.predict(n, ctx, self.b)  # noqa: E731
+        if self.spec.mode == "cost_aware":
+            # C_v(1..max_budget) once per round, shared by every level's stop rule
+            table = np.asarray(cv(np.arange(1, self.max_budget + 1)), np.float64)
+            cached = lambda n: table[np.asarray(n) - 1]  # noqa: E731
+            per_level = {lv: cost_aware_budget(self.orders[lv], cached, self.draft_us, self.max_budget)
+                         for lv in np.unique(levels)}
+            return np.array([per_level[lv] for lv in levels], np.int64)
+        survival = [self.orders[lv].prefix_probs[1:self.max_budget] for lv in levels]
+        return 1 + batch_allocation(survival, level_mass, cv, self.draft_us, self.b)
+
+    def phi(self, level: int, n: int) -> float:
+        return float(self.orders[level].cum_phi[n - 1])
+
+    def tree(self, level: int, n: int) -> DraftTree:
+        return self.orders[level].tree(n)
+
+
+def _draft_us(costs, spec: PolicySpec, batch_size: int) -> float:
+    s, k = spec.draft_shape()
+    return 0.0 if s == 0 else float(costs.draft.predict(s, k, batch_size))
+
+
+def analytic_run(workload: Workload, spec: PolicySpec, costs, b: int) -> dict:
+    """Expected-value run: mean tokens per round g (incl. bonus), mean nodes n, rounds,
+    total_us, mean verify_us and draft_us per round."""
+    acc, w = workload.acceptance, workload.acceptance.weights
+    l0, N = workload.mean_prompt_len, workload.output_len
+    if spec.mode not in ("cost_aware", "batch_alloc"):
+        shape = static_round(acc, spec)
+        g, n = 1.0 + float(w @ shape.accepted), float(w @ shape.nodes)
+        out = analytic_static(g, n, _draft_us(costs, spec, b), costs, b, l0, N)
+        return {"g": g, "n": n, "rounds": int(out["rounds"][0]), "total_us": float(out["total_us"][0]),
+                "verify_us": float(out["verify_us"][0]), "draft_us": _draft_us(costs, spec, b)}
+    ad = _Adaptive(acc, spec, costs, b)
+    levels = np.arange(acc.num_levels)
+    produced, ctx, total, verify_sum, rounds, gs, ns = 0.0, l0, 0.0, 0.0, 0, 0.0, 0.0
+    while produced < N - 1e-9:
+        nodes = ad.nodes(b * w, levels, ctx)  # fluid: level l carries b * w_l requests
+        g = 1.0 + float(sum(w[i] * ad.phi(i, int(nodes[i])) for i in levels))
+        n = float(w @ nodes)
+        v = float(costs.verify.predict(n, ctx, b))
+        total += v + ad.draft_us
+        verify_sum, produced, ctx, rounds, gs, ns = verify_sum + v, produced + g, ctx + g, rounds + 1, gs + g, ns + n
+    return {"g": gs / rounds, "n": ns / rounds, "rounds": rounds, "total_us": total,
+            "verify_us": verify_sum / rounds, "draft_us": ad.draft_us}
+
+
+def _monte_carlo(workload: Workload, spec: PolicySpec, costs, b: int, rounds: int, runs: int,
+                 seed: int, progress=None) -> dict:
+    acc = workload.acceptance
+    rng = np.random.default_rng(seed)
+    adaptive = spec.mode in ("cost_aware", "batch_alloc")
+    ad = _Adaptive(acc, spec, costs, b) if adaptive else None
+    shape = None if adaptive else static_round(acc, spec)
+    draft = ad.draft_us if adaptive else _draft_us(costs, spec, b)
+    tput, acc_per_round, cache = np.zeros(runs), np.zeros(runs), {}
+    for run in range(runs):
+        ctx = rng.choice(workload.prompt_lens, b).astype(np.float64)
+        tokens = time = 0.0
+        for _ in range(rounds):
+            levels = rng.choice(acc.num_levels, b, p=acc.weights)
+            if adaptive:
+                nodes = ad.nodes(np.ones(b), levels, float(ctx.mean()))
+            else:
+                nodes = shape.nodes[levels].astype(np.int64)
+            gained = np.ones(b)
+            for key in set(zip(levels.tolist(), nodes.tolist())):
+                idx = np.flatnonzero((levels == key[0]) & (nodes == key[1]))
+                if key not in cache:
+                    cache[key] = ((ad.tree(*key), ad.tables[key[0]]) if adaptive
+                                  else (shape.trees[key[0]], shape.tables[key[0]]))
+                tree, table = cache[key]
+                gained[idx] += sample_accepted_length(tree, rng, idx.size, accept_table=table)
+            time += draft + float(costs.verify.predict(float(nodes.mean()), float(ctx.mean()), b))
+            tokens += gained.sum()
+            ctx += gained
+        tput[run], acc_per_round[run] = tokens / time * 1e6, tokens / (rounds * b)
+        if progress:
+            progress(run + 1, runs)
+    half = lambda x: 1.96 * x.std(ddof=1) / math.sqrt(runs) if runs > 1 else float("inf")  # noqa: E731
+    return {"throughput_tok_s": float(tput.mean()), "accepted_tokens_per_round": float(acc_per_round.mean()),
+            "ci95": {"throughput_tok_s": [float(tput.mean() - half(tput)), float(tput.mean() + half(tput))],
+                     "accepted_tokens_per_round": [float(acc_per_round.mean() - half(acc_per_round)),
+                                                   float(acc_per_round.mean() + half(acc_per_round))]}}
+
+
+def simulate(costs, workload: Workload, batch_size: int, spec: PolicySpec, *, mc_runs: int = 0,
+             seed: int = 0, progress=None) -> SimResult:
+    """Simulate ``spec`` for ``workload`` at ``batch_size``; Monte-Carlo when mc_runs > 0
+    (throughput and accepted tokens then come from the samples, with ``ci95``;
+    ``progress(done, total)`` is called after each replication)."""
+    if isinstance(batch_size, bool) or int(batch_size) != batch_size or batch_size < 1:
+        raise SimtreeError(f"batch size must be an integer >= 1, got {batch_size}")
+    b = int(batch_size)
+    a = analytic_run(workload, spec, costs, b)
+    throughput = b * a["rounds"] * a["g"] / a["total_us"] * 1e6
+    none = analytic_run(workload, PolicySpec("none"), costs, b)
+    none_tput = b * none["rounds"] / none["total_us"] * 1e6
+    lin_d = spec.budget or max(1, int(round(a["n"])))
+    if lin_d >= 2:
+        lin = analytic_run(workload, PolicySpec("linear", {"budget": lin_d}), costs, b)
+        lin_tput = b * lin["rounds"] * lin["g"] / lin["total_us"] * 1e6
+    else:
+        lin_tput = none_tput
+    accepted, ci = a["g"], {}
+    if mc_runs:
+        mc = _monte_carlo(workload, spec, costs, b, a["rounds"], int(mc_runs), seed, progress)
+        throughput, accepted, ci = mc["throughput_tok_s"], mc["accepted_tokens_per_round"], mc["ci95"]
+    return SimResult(policy=spec.name, mode=spec.mode, params=dict(spec.params), workload=workload.name,
+                     batch_size=b, method=f"monte_carlo x{mc_runs}" if mc_runs else "analytic",
+                     accepted_tokens_per_round=accepted, mean_nodes_per_seq=a["n"],
+                     round_latency_us=a["total_us"] / a["rounds"], draft_us=a["draft_us"],
+                     verify_us=a["verify_us"], throughput_tok_s=throughput, per_seq_tok_s=throughput / b,
+                     rounds=a["rounds"], speedup_vs_none=throughput / none_tput,
+                     speedup_vs_linear=throughput / lin_tput, linear_budget=lin_d, ci95=ci,
+                     synthetic=bool(getattr(costs, "meta", {}).get("synthetic", False)))
+
+
+def simulate_command_run(costs_path, workload_spec: str, batch_size: int, mode: str, steps: int, topk: int,
+                         budget: int, width: int = 1, draft_depth: int | None = None, policy_path=None,
+                         mc_runs: int = 0, prompt_len=None, output_len=None, seed: int = 0,
+                         progress=None) -> SimResult:
+    """`simtree simulate`: resolve costs (path / shipped / SYNTHETIC), the workload and the
+    policy (flags, or the policy file's entry for this workload and batch size), simulate."""
+    from simtree.acceptance import get_workload
+    from simtree.planner import resolve_costs
+
+    costs = resolve_costs([costs_path] if costs_path else [])[0]
+    workload = get_workload(workload_spec, prompt_len, output_len)
+    if mc_runs < 0:
+        raise SimtreeError(f"--monte-carlo must be >= 0, got {mc_runs}")
+    if policy_path:
+        from simtree.policy import Policy
+        entry = Policy.load(policy_path).lookup(workload.name, batch_size)
+        spec = PolicySpec(entry.mode, entry.params)
+    else:
+        params = {"none": {}, "linear": {"budget": budget},
+                  "eagle": {"num_steps": steps, "topk": topk, "budget": budget},
+                  "best_first": {"budget": budget, "width": width},
+                  "cost_aware": {"max_budget": budget}, "batch_alloc": {"max_budget_per_seq": budget}}
+        if mode not in params:
+            raise SimtreeError(f"unknown policy mode {mode!r}: use one of {', '.join(MODES)}")
+        p = params[mode]
+        if draft_depth is not None and mode in ("best_first", "cost_aware", "batch_alloc"):
+            p["draft_depth"] = draft_depth
+        spec = PolicySpec(mode, p)
+    return simulate(costs, workload, batch_size, spec, mc_runs=mc_runs, seed=seed, progress=progress)

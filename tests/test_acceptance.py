@@ -1,0 +1,137 @@
+"""Acceptance models: calibration, trace fitting, trace validation, propose callback."""
+import json
+
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from simtree.acceptance import (PUBLISHED_V4_FLASH_MTP, AcceptanceModel, calibrate_linear, fit_marginals,
+                                fit_positional, from_marginals, get_workload, read_traces)
+from simtree.builders import eagle_tree
+from simtree.errors import SimtreeError
+from simtree.phi import expected_accepted_positional, sibling_rank
+from simtree.tree import DraftTree
+
+
+@pytest.mark.parametrize("name", sorted(PUBLISHED_V4_FLASH_MTP))
+def test_presets_reproduce_published_linear_number(name):
+    acc = get_workload(name).acceptance
+    assert 1.0 + acc.linear_accepted(4) == pytest.approx(PUBLISHED_V4_FLASH_MTP[name], abs=1e-9)
+    # the same number through a real chain tree and the shared Phi
+    chain = eagle_tree(acc.propose(0, 1), 3, 1, 4)
+    phi = sum(w * expected_accepted_positional(chain, acc.table(i)) for i, w in enumerate(acc.weights))
+    assert 1.0 + phi == pytest.approx(PUBLISHED_V4_FLASH_MTP[name], abs=1e-9)
+
+
+@settings(max_examples=30, deadline=None)
+@given(mean=st.floats(1.05, 3.5), budget=st.integers(4, 8), spread=st.floats(0.0, 0.5))
+def test_calibration_hits_any_reachable_target(mean, budget, spread):
+    acc = calibrate_linear(mean, budget, spread=spread)
+    assert 1.0 + acc.linear_accepted(budget) == pytest.approx(mean, abs=1e-7)
+    assert np.all(np.diff(acc.tables, axis=2) <= 1e-12)  # rank-decay: siblings never beat rank 0
+
+
+def test_calibration_rejects_impossible_numbers():
+    with pytest.raises(SimtreeError, match="must lie in"):
+        calibrate_linear(4.5, 4)
+    with pytest.raises(SimtreeError, match="must lie in"):
+        calibrate_linear(float("nan"), 4)
+
+
+def test_propose_with_topk_1_gives_the_chain():
+    acc = get_workload("mbpp").acceptance
+    tree = eagle_tree(acc.propose(1, 1), 5, 1, 6)
+    assert tree.parents.tolist() == [-1, 0, 1, 2, 3, 4]
+
+
+def _sample_record(rng, table, workload="w", batch=4):
+    """Random EAGLE-like tree + the accepted node walked under the positional model ``table``."""
+    n = int(rng.integers(2, 12))
+    parents = [-1] + [int(rng.integers(0, i)) for i in range(1, n)]
+    logp = [0.0] + (-rng.exponential(1.0, n - 1)).tolist()
+    tree = DraftTree(parents, None, logp)
+    rank = sibling_rank(tree)
+    node = 0
+    while True:
+        kids = np.flatnonzero(tree.parents == node)
+        d = int(tree.depth[node])
+        probs = [table[d, rank[k]] if d < table.shape[0] and rank[k] < table.shape[1] else 0.0 for k in kids]
+        u, acc = rng.random(), 0.0
+        nxt = None
+        for k, p in zip(kids, probs):
+            acc += p
+            if u < acc:
+                nxt = int(k)
+                break
+        if nxt is None:
+            break
+        node = nxt
+    return {"workload": workload, "batch_size": batch, "parents": parents, "log_probs": logp,
+            "accepted_node": node, "num_accepted": int(tree.depth[node])}
+
+
+def test_positional_fit_recovers_the_generating_table(tmp_path):
+    rng = np.random.default_rng(0)
+    truth = np.array([[0.7, 0.15, 0.05, 0.02]] * 3 + [[0.55, 0.2, 0.05, 0.02]] * 13)
+    path = tmp_path / "t.jsonl"
+    path.write_text("\n".join(json.dumps(_sample_record(rng, truth)) for _ in range(1500)))
+    fitted = fit_positional(read_traces(path))
+    # compare cells with many trials (shallow depths, first two ranks)
+    assert np.allclose(fitted.tables[0, :3, :2], truth[:3, :2], atol=0.05)
+    assert fitted.meta["records"] == 1500
+
+
+@pytest.mark.parametrize("line, fragment", [
+    ("{not json", "not valid JSON"),
+    ('{"workload": "w", "batch_size": 1, "parents": [-1, 0], "log_probs": [0, -1]}', "lacks the field 'accepted_node'"),
+    ('{"workload": "w", "batch_size": 1, "parents": [-1, 1], "log_probs": [0, -1], "accepted_node": 0}', "invalid parent"),
+    ('{"workload": "w", "batch_size": 1, "parents": [-1, 0], "log_probs": [0, -1], "accepted_node": 5}', "accepted_node 5"),
+    ('{"workload": "w", "batch_size": 0, "parents": [-1, 0], "log_probs": [0, -1], "accepted_node": 1}', "batch_size"),
+    ('{"workload": "w", "batch_size": 1, "parents": [-1, 0], "log_probs": [0, -1], "accepted_node": 1, '
+     '"num_accepted": 3}', "num_accepted 3"),
+    ('{"workload": "w", "batch_size": 1, "parents": [-1, 0], "log_probs": [0, NaN], "accepted_node": 1}', "log-prob"),
+])
+def test_malformed_trace_is_one_line_error_with_line_number(tmp_path, line, fragment):
+    path = tmp_path / "bad.jsonl"
+    good = '{"workload": "w", "batch_size": 1, "parents": [-1, 0], "log_probs": [0, -1], "accepted_node": 1}'
+    path.write_text(good + "\n" + line + "\n")
+    with pytest.raises(SimtreeError) as err:
+        read_traces(path)
+    msg = str(err.value)
+    assert fragment in msg and f"{path}:2" in msg and "\n" not in msg
+
+
+def test_marginal_levels_from_traces(tmp_path):
+    rng = np.random.default_rng(1)
+    recs = []
+    for i in range(10):
+        m = rng.dirichlet(np.ones(5), size=3)[:, :4]
+        recs.append({"workload": "w", "batch_size": 2, "parents": [-1, 0], "log_probs": [0, -0.5],
+                     "accepted_node": int(i % 2), "marginal_probs": m.tolist()})
+    path = tmp_path / "m.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in recs))
+    acc = fit_marginals(read_traces(path))
+    assert acc.num_levels == 10 and acc.weights.sum() == pytest.approx(1.0)
+    assert np.all(np.diff(acc.tables, axis=2) <= 0)  # sorted per position
+    one = from_marginals(np.array(recs[0]["marginal_probs"]))
+    assert one.num_levels == 1
+
+
+def test_bad_model_and_unknown_workload_are_errors():
+    with pytest.raises(SimtreeError, match="must sum to <= 1"):
+        AcceptanceModel("x", np.array([[0.8, 0.5]]), np.ones(1))
+    with pytest.raises(SimtreeError, match="unknown workload"):
+        get_workload("nope")
+
+
+def test_trace_file_as_workload(tmp_path):
+    rng = np.random.default_rng(2)
+    truth = np.array([[0.6, 0.2, 0.05, 0.0]] * 16)
+    recs = [_sample_record(rng, truth, workload=("a" if i % 2 else "b")) | {"context_len": 900} for i in range(200)]
+    path = tmp_path / "mixed.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in recs))
+    with pytest.raises(SimtreeError, match="pick one"):
+        get_workload(str(path))
+    wl = get_workload(f"{path}#a", output_len=64)
+    assert wl.name == "a" and wl.output_len == 64 and abs(wl.mean_prompt_len - 900) < 60
+    assert 0.4 < wl.acceptance.tables[0, 0, 0] < 0.8

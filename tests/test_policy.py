@@ -1,0 +1,72 @@
+"""Policy file (contract 3): round trip, lookup, and one-line errors on malformed files."""
+import json
+import subprocess
+import sys
+
+import pytest
+
+from simtree.errors import SimtreeError
+from simtree.policy import SCHEMA, Policy, PolicyEntry
+
+
+def _entry(**kw):
+    base = dict(workload="sharegpt", batch_min=1, batch_max=4, mode="eagle",
+                params={"num_steps": 3, "topk": 2, "budget": 6}, tree_on=True, predicted_tok_s=812.5,
+                gain_vs_linear=1.07, gain_vs_none=2.3)
+    base.update(kw)
+    return base
+
+
+def _write(tmp_path, entries, **top):
+    obj = {"schema": SCHEMA, "model": "m", "device": "d", "created": "2026-11-30T14:00:00+00:00",
+           "source": {"synthetic": True}, "entries": entries, **top}
+    path = tmp_path / "policy.json"
+    path.write_text(json.dumps(obj))
+    return path
+
+
+def test_round_trip_and_lookup(tmp_path):
+    path = _write(tmp_path, [_entry(), _entry(batch_min=5, batch_max=64, mode="linear", params={"budget": 3},
+                                               tree_on=False)])
+    pol = Policy.load(path)
+    again = Policy.load(pol.save(tmp_path / "copy.json"))
+    assert again.to_dict() == pol.to_dict()
+    assert pol.lookup("sharegpt", 3).mode == "eagle"
+    assert pol.lookup("sharegpt", 64).params == {"budget": 3}
+    assert pol.lookup("sharegpt", 500).batch_max == 64  # clamped to the nearest range
+    with pytest.raises(SimtreeError, match="at batch size 500"):
+        pol.lookup("sharegpt", 500, clamp=False)
+    with pytest.raises(SimtreeError, match="no entry for workload 'gsm8k'"):
+        pol.lookup("gsm8k", 1)
+
+
+@pytest.mark.parametrize("mutate, fragment", [
+    (lambda p: p.write_text("{oops"), "not valid JSON"),
+    (lambda p: p.write_text(json.dumps({"schema": "other/9"})), "is not 'simtree.policy/1'"),
+    (lambda p: p.write_text(json.dumps({"schema": SCHEMA, "model": "m", "device": "d", "entries": []})), "non-empty"),
+    (lambda p: _write(p.parent, [{k: v for k, v in _entry().items() if k != "tree_on"}]), "lacks 'tree_on'"),
+    (lambda p: _write(p.parent, [_entry(mode="tree")]), "unknown mode 'tree'"),
+    (lambda p: _write(p.parent, [_entry(params={"num_steps": 3, "topk": 2})]), "needs the parameter 'budget'"),
+    (lambda p: _write(p.parent, [_entry(params={"num_steps": 3, "topk": 2, "budget": -1})]), "integer >= 1"),
+    (lambda p: _write(p.parent, [_entry(batch_min=8, batch_max=2)]), "batch_min 8 > batch_max 2"),
+    (lambda p: _write(p.parent, [_entry(predicted_tok_s=float("nan"))]), "predicted_tok_s"),
+    (lambda p: _write(p.parent, [_entry(), _entry(batch_min=3, batch_max=9)]), "overlapping batch ranges"),
+])
+def test_malformed_policy_is_one_line_error(tmp_path, mutate, fragment):
+    path = tmp_path / "policy.json"
+    mutate(path)
+    with pytest.raises(SimtreeError) as err:
+        Policy.load(path)
+    assert fragment in str(err.value) and "\n" not in str(err.value)
+
+
+def test_missing_policy_through_the_cli_is_exit_2(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "simtree", "simulate", "--policy", str(tmp_path / "nope.json")],
+                          capture_output=True, text=True)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().startswith("error: policy file") and proc.stderr.count("\n") == 1
+
+
+def test_entry_dataclass_accepts_contract_fields():
+    e = PolicyEntry.from_dict(_entry(mode="cost_aware", params={"max_budget": 16}), "x")
+    assert e.params["max_budget"] == 16 and e.params["draft_depth"] == 3
