@@ -1,0 +1,206 @@
+"""Compose a whole-model verify step from per-part measurements, and validate it.
+
+    model_verify_step(b, n, l, shape) = lm_head(T)
+        + sum over layer kinds k of  count_k * (core_k(b, n, l, shape) + proj_k(T) + mlp(T))
+
+with T = b * n, core_k the attention-core stage of kind k (gdn_tree_verify, attn_tree_verify,
+v4_*_verify), proj_k = ``<k>_proj_step`` and the counts from the model's layer pattern. A
+core stage measured at one context length only is taken as independent of l (GDN state,
+sliding window); otherwise l is interpolated linearly between measured lengths (clamped).
+The percentiles are composed the same way (sum of p10s, of p90s: a bound, not a quantile).
+
+Validation: ``stack_verify_step`` rows (a measured stack of L real layers in the model's
+pattern, variant ``stack<L>``) are compared with the same composition over those L layers.
+"""
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from simtree.errors import SimtreeError
+from simtree.models import VERIFY_STAGE, get_model
+
+from .stages import ATTN_VARIANT_PREFERENCE, default_variants
+
+__all__ = ["compose_rows", "compose_table", "validate_stacks", "COMPOSED_STAGE", "COMPOSED_VARIANT"]
+
+COMPOSED_STAGE, COMPOSED_VARIANT = "model_verify_step", "composed"
+_LAT = ("latency_us_median", "latency_us_p10", "latency_us_p90")
+SHAPE_FREE_VARIANTS = ("torch_sdpa", "torch_gather")
+
+
+def _lookup_tokens(df: pd.DataFrame, stage: str, b: int, n: int):
+    rows = df[(df.stage == stage) & (df.batch_size == b) & (df.nodes_per_seq == n)]
+    if rows.empty:
+        return None
+    return rows[list(_LAT)].iloc[0].to_numpy(float), int(rows.repeats.iloc[0])
+
+
+def _lookup_core(df: pd.DataFrame, stage: str, b: int, n: int, l: int, shape: str, variant: str | None):
+    rows = df[(df.stage == stage) & (df.batch_size == b) & (df.nodes_per_seq == n)]
+    same = rows[rows.tree_shape == shape]
+    # Variants whose cost does not depend on the tree's shape (dense masks, index lists of
+    # the same length) may be measured at one shape only; they stand in for the others.
+    rows = same if not same.empty else rows[rows.variant.isin(SHAPE_FREE_VARIANTS)]
+    if variant is None:
+        variant = next((v for v in ATTN_VARIANT_PREFERENCE if (rows.variant == v).any()), None)
+    rows = rows[rows.variant == variant] if variant else rows.iloc[0:0]
+    if rows.empty:
+        return None
+    rows = rows.drop_duplicates("context_len").sort_values("context_len")
+    ls = rows.context_len.to_numpy(float)
+    if len(ls) == 1:
+        return rows[list(_LAT)].iloc[0].to_numpy(float), int(rows.repeats.iloc[0]), variant
+    vals = np.array([np.interp(l, ls, rows[c].to_numpy(float)) for c in _LAT])
+    return vals, int(rows.repeats.min()), variant
+
+
+def _main_variant(rows: pd.DataFrame) -> str | None:
+    """The preferred variant among those covering >= 90% of the best-covered variant's
+    points: one implementation per stage, so the composed curve does not jump between
+    kernels where a budget-limited variant stops."""
+    if rows.empty:
+        return None
+    counts = rows.variant.value_counts()
+    good = set(counts[counts >= 0.9 * counts.max()].index)
+    return next((v for v in ATTN_VARIANT_PREFERENCE if v in good), counts.index[0])
+
+
+def compose_rows(df: pd.DataFrame, model_name: str, *, layers: tuple[str, ...] | None = None,
+                 core_variants: dict | None = None, contexts=None) -> list[dict]:
+    """Composed rows (stage model_verify_step, variant composed) for every (b, n, l, shape)
+    at which all parts of ``model_name`` were measured. ``layers`` restricts the sum to a
+    layer list (stack validation); ``core_variants`` pins a variant per core stage."""
+    model = get_model(model_name)
+    sub = df[df.model == model_name]
+    if sub.empty:
+        return []
+    counts = {}
+    for k in (layers or model.layer_kinds):
+        counts[k] = counts.get(k, 0) + 1
+    core_stages = {k: VERIFY_STAGE[k] for k in counts}
+    cores = sub[sub.stage.isin(core_stages.values())]
+    pinned = {s: _main_variant(cores[cores.stage == s]) for s in core_stages.values()}
+    pinned.update(core_variants or {})
+    if cores.empty:
+        return []
+    multi_l = sorted({int(l) for s in core_stages.values()
+                      for l in sub[sub.stage == s].context_len.unique()
+                      if sub[sub.stage == s].context_len.nunique() > 1})
+    ls = sorted(set(contexts)) if contexts is not None else (multi_l or sorted(cores.context_len.unique()))
+    combos = cores[["batch_size", "nodes_per_seq", "tree_shape"]].drop_duplicates().itertuples(index=False)
+    device, dtype = str(sub.device.iloc[0]), str(sub.dtype.iloc[0])
+    out = []
+    for b, n, shape in combos:
+        b, n, shape = int(b), int(n), str(shape)
+        parts = [_lookup_tokens(sub, "lm_head_step", b, n), _lookup_tokens(sub, "mlp_step", b, n)]
+        parts += [_lookup_tokens(sub, f"{k}_proj_step", b, n) for k in counts]
+        if any(p is None for p in parts):
+            continue
+        lm, mlp, projs = parts[0], parts[1], dict(zip(counts, parts[2:]))
+        for l in ls:
+            total, reps, ok = lm[0].copy(), [lm[1], mlp[1]], True
+            for k, c in counts.items():
+                core = _lookup_core(sub, core_stages[k], b, n, int(l), shape, pinned.get(core_stages[k]))
+                if core is None:
+                    ok = False
+                    break
+                total += c * (core[0] + projs[k][0] + mlp[0])
+                reps += [core[1], projs[k][1]]
+            if not ok:
+                continue
+            out.append({"stage": COMPOSED_STAGE, "model": model_name, "device": device, "dtype": dtype,
+                        "variant": COMPOSED_VARIANT, "batch_size": b, "nodes_per_seq": n,
+                        "total_tokens": b * n, "context_len": int(l), "tree_shape": shape,
+                        "num_steps": 0, "topk": 0, "latency_us_median": float(total[0]),
+                        "latency_us_p10": float(min(total[1], total[0])),
+                        "latency_us_p90": float(max(total[2], total[0])), "repeats": int(min(reps))})
+    return out
+
+
+def validate_stacks(df: pd.DataFrame) -> dict:
+    """Measured stack_verify_step rows vs the composition of the same layers.
+    Returns {model: {"points": [...], "median_abs_rel_err": x, "max_abs_rel_err": y}}."""
+    report = {}
+    stacks = df[df.stage == "stack_verify_step"]
+    for (model_name, variant), rows in stacks.groupby(["model", "variant"]):
+        model = get_model(model_name)
+        try:
+            L = int(str(variant).removeprefix("stack"))
+        except ValueError:
+            continue
+        layers = model.stack(L)
+        device = "cpu" if str(rows.device.iloc[0]) == "cpu" else "cuda"
+        pinned = {VERIFY_STAGE[k]: default_variants(VERIFY_STAGE[k], device)[0] for k in set(layers)}
+        pts = []
+        for r in rows.itertuples(index=False):
+            comp = compose_rows(df[(df.batch_size == r.batch_size) & (df.nodes_per_seq == r.nodes_per_seq)],
+                                model_name, layers=layers, core_variants=pinned, contexts=[r.context_len])
+            comp = [c for c in comp if c["tree_shape"] == r.tree_shape]
+            if not comp:
+                continue
+            pred = comp[0]["latency_us_median"]
+            pts.append({"batch_size": int(r.batch_size), "nodes_per_seq": int(r.nodes_per_seq),
+                        "context_len": int(r.context_len), "tree_shape": r.tree_shape,
+                        "measured_us": round(float(r.latency_us_median), 2), "composed_us": round(pred, 2),
+                        "rel_err": round(pred / float(r.latency_us_median) - 1, 4)})
+        errs = np.abs([p["rel_err"] for p in pts]) if pts else np.array([np.nan])
+        report[f"{model_name}/{variant}"] = {
+            "layers": list(layers), "points": pts,
+            "median_abs_rel_err": None if not pts else round(float(np.median(errs)), 4),
+            "max_abs_rel_err": None if not pts else round(float(np.max(errs)), 4)}
+    return report
+
+
+def _rewrite(path: Path, df: pd.DataFrame) -> None:
+    from simtree import profile_table as pt
+
+    df = pt.validate_profile(df.reset_index(drop=True), path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", newline="") as fh:
+            df.to_csv(fh, index=False, float_format="%.7g")
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def compose_table(table: str | Path, stack_layers: int = 8, core_variants: dict | None = None) -> dict:
+    """Replace the composed rows of ``table`` by a fresh composition of every model in it,
+    write ``<table>.compose.json`` with the stack validation, return that summary.
+    ``core_variants`` ({stage: variant}) pins the attention-core implementation, e.g.
+    ``{"v4_csa_verify": "triton_tree"}``; by default the best-covered preferred one."""
+    from simtree import profile_table as pt
+
+    table = Path(table)
+    df = pt.load_profile(table)
+    df = df[~((df.stage == COMPOSED_STAGE) & (df.variant == COMPOSED_VARIANT))]
+    measured = df[df.stage != COMPOSED_STAGE]
+    rows = []
+    for model_name in sorted(measured.model.unique()):
+        try:
+            rows += compose_rows(measured, model_name, core_variants=core_variants)
+        except SimtreeError:
+            continue  # a model name that is not in the registry: nothing to compose
+    now = pd.Timestamp.now(tz="UTC").isoformat(timespec="seconds")
+    if rows:
+        new = pd.DataFrame(rows)
+        new["torch_version"] = str(measured.torch_version.iloc[0])
+        new["triton_version"] = str(measured.triton_version.iloc[0])
+        new["timestamp"] = now
+        df = pd.concat([df, new[list(pt.PROFILE_COLUMNS)]], ignore_index=True)
+    _rewrite(table, df)
+    summary = {"composed_rows": len(rows), "models": sorted({r["model"] for r in rows}),
+               "core_variants": core_variants or "auto",
+               "stack_validation": validate_stacks(measured)}
+    table.with_name(table.stem + ".compose.json").write_text(json.dumps(summary, indent=2))
+    return summary

@@ -1,0 +1,396 @@
+"""Run a profile sweep described in YAML: expand the grid, time each point, append atomically.
+
+    result = run_sweep("scenarios/sweeps/default_gpu.yaml", "reports/h200/profile.csv")
+
+Robustness: each measured point is appended to the table at once (atomic rewrite through
+``simtree.profile_table.append_rows``); a rerun skips points already in the table (resume);
+``max_minutes`` stops between points; an out-of-memory point, a missing kernel or a failing
+variant is logged to ``<table>.points.jsonl`` and skipped (not retried on resume unless
+``retry_failed``); a lost CUDA context (illegal memory access) stops the sweep cleanly.
+``<table>.meta.json`` holds the machine facts, the sweep, the correctness checks and counts.
+
+Sweep YAML (``yaml.safe_load``)::
+
+    name: default_gpu
+    device: cuda            # cuda | cpu | auto
+    dtype: bf16
+    max_minutes: 7
+    target_s: 0.05          # timing budget per point
+    models: [qwen3.6-27b, deepseek-v4-flash]
+    grid: {batch_size: [1, 4], nodes_per_seq: [1, 8], context_len: [4096], tree_shape: [eagle]}
+    stages:                 # in priority order; "attention" and "proj" expand per layer kind
+      - {stage: proj, grid: {context_len: [0], tree_shape: [any]}}
+      - {stage: attention, variants: [...], budget_s: 120}
+    compose: {stack_layers: 8}
+"""
+from __future__ import annotations
+
+import itertools
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from simtree.errors import SimtreeError
+from simtree.models import VERIFY_STAGE, get_model
+
+from .stages import Point, Unavailable, build_workload, check_variant, default_variants
+from .sweep_io import (Deadline, advance, cuda_alive, hard_deadline, log_point, one_line, progress_bar,
+                       read_log_skips)
+
+__all__ = ["run_sweep", "load_sweep", "expand_points", "SweepResult", "SWEEP_DIR", "default_sweep_path"]
+
+SWEEP_DIR = Path(__file__).resolve().parents[1] / "scenarios" / "sweeps"
+GRID_KEYS = ("batch_size", "nodes_per_seq", "context_len", "tree_shape", "num_steps", "topk")
+_DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+_STICKY = ("illegal memory access", "unspecified launch failure", "device-side assert",
+           "an illegal instruction", "misaligned address")
+
+
+@dataclass
+class SweepResult:
+    table: Path
+    measured: int = 0
+    skipped_done: int = 0
+    failed: int = 0
+    unavailable: int = 0
+    oom: int = 0
+    not_run: int = 0
+    stopped: str = ""
+    elapsed_s: float = 0.0
+    checks: dict = field(default_factory=dict)
+    compose: dict = field(default_factory=dict)
+
+    def summary(self) -> str:
+        return (f"{self.measured} measured, {self.skipped_done} already in table, {self.failed} failed, "
+                f"{self.oom} oom, {self.unavailable} unavailable, {self.not_run} not run"
+                f"{' (' + self.stopped + ')' if self.stopped else ''} in {self.elapsed_s:.0f} s -> {self.table}")
+
+
+def default_sweep_path(device: str | None = None) -> Path:
+    """default_gpu.yaml when CUDA is usable (or asked for), quick_cpu.yaml otherwise."""
+    import torch
+
+    use_gpu = device == "cuda" or (device in (None, "auto") and torch.cuda.is_available())
+    return SWEEP_DIR / ("default_gpu.yaml" if use_gpu else "quick_cpu.yaml")
+
+
+def load_sweep(path: str | Path) -> dict:
+    path = Path(path)
+    if not path.exists() and (SWEEP_DIR / path.name).exists():
+        path = SWEEP_DIR / path.name
+    try:
+        spec = yaml.safe_load(path.read_text())
+    except FileNotFoundError:
+        raise SimtreeError(f"sweep file not found: {path}") from None
+    except yaml.YAMLError as exc:
+        raise SimtreeError(f"{path.name}: not valid YAML ({str(exc).splitlines()[0]})") from None
+    if not isinstance(spec, dict) or not isinstance(spec.get("stages"), list) or not spec.get("models"):
+        raise SimtreeError(f"{path.name}: a sweep needs 'models' and a list of 'stages'")
+    spec.setdefault("name", path.stem)
+    spec["_path"] = str(path)
+    return spec
+
+
+def _stage_names(alias: str, kinds: tuple[str, ...]) -> list[str]:
+    if alias == "attention":
+        return [VERIFY_STAGE[k] for k in kinds]
+    if alias == "proj":
+        return [f"{k}_proj_step" for k in kinds]
+    if alias in VERIFY_STAGE.values():
+        return [alias] if any(VERIFY_STAGE[k] == alias for k in kinds) else []
+    if alias.endswith("_proj_step"):
+        return [alias] if alias.removesuffix("_proj_step") in kinds else []
+    return [alias]
+
+
+def expand_points(spec: dict, device: str, only_stage: str | None = None,
+                  models: list[str] | None = None) -> list[tuple[int, Point]]:
+    """(entry index, Point) for every grid point of the sweep, in YAML priority order."""
+    out = []
+    base = dict(spec.get("grid") or {})
+    for i, entry in enumerate(spec["stages"]):
+        if not isinstance(entry, dict) or "stage" not in entry:
+            raise SimtreeError(f"sweep stage entry {i} needs a 'stage' key")
+        grid = {**base, **(entry.get("grid") or {})}
+        for key, values in grid.items():
+            if key not in GRID_KEYS:
+                raise SimtreeError(f"sweep stage entry {i}: unknown grid key {key!r} (known: {', '.join(GRID_KEYS)})")
+            if not isinstance(values, list) or not values:
+                raise SimtreeError(f"sweep stage entry {i}: grid {key} must be a non-empty list")
+        for name in entry.get("models") or spec["models"]:
+            if models and name not in models:
+                continue
+            model = get_model(name)
+            for stage in _stage_names(entry["stage"], model.kinds()):
+                if only_stage and stage != only_stage:
+                    continue
+                variants = entry.get("variants") or default_variants(stage, device)
+                for variant, shape, l, b, n, s, k in itertools.product(
+                        variants, grid.get("tree_shape", ["any"]), grid.get("context_len", [0]),
+                        grid.get("batch_size", [1]), grid.get("nodes_per_seq", [1]),
+                        grid.get("num_steps", [0]), grid.get("topk", [0])):
+                    if stage == "draft_step":
+                        n = max(int(k), 1)   # a draft step feeds topk tokens per sequence
+                    out.append((i, Point(stage, str(variant), name, int(b), int(n), int(l), str(shape), int(s), int(k))))
+    seen, unique = set(), []
+    for i, p in out:  # the draft rewrite of n can create duplicates
+        if p not in seen:
+            seen.add(p)
+            unique.append((i, p))
+    return unique
+
+
+def run_sweep(sweep: str | Path | None = None, out: str | Path = "reports/profile.csv", *,
+              device: str | None = None, max_minutes: float | None = None,
+              only_stage: str | None = None, models: list[str] | None = None,
+              retry_failed: bool = False, progress: bool = True, compose: bool | None = None,
+              echo=print) -> SweepResult:
+    """Run (or resume) a sweep into the profile table ``out``; see the module docstring."""
+    import torch
+
+    from simtree import profile_table as pt
+
+    from . import metadata
+    from .pieces import Ctx
+    from .timing import l2_cache_bytes
+
+    spec = load_sweep(sweep or default_sweep_path(device))
+    device = device or spec.get("device", "auto")
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise SimtreeError("--device cuda asked for but torch sees no CUDA device")
+    dtype_name = spec.get("dtype", "bf16" if device.startswith("cuda") else "fp32")
+    if dtype_name not in _DTYPES:
+        raise SimtreeError(f"sweep dtype must be one of {', '.join(_DTYPES)}, got {dtype_name!r}")
+    dtype = getattr(torch, _DTYPES[dtype_name])
+    max_s = 60 * float(max_minutes if max_minutes is not None else spec.get("max_minutes", 10))
+    target_s = float(spec.get("target_s", 0.05))
+    table = Path(out)
+    table.parent.mkdir(parents=True, exist_ok=True)
+    points = expand_points(spec, device, only_stage, models)
+    if not points:
+        raise SimtreeError(f"sweep {spec['name']}: no grid points (check --only-stage / --model)")
+
+    label = metadata.device_label(device)
+    row_base = {"device": label, "dtype": dtype_name}
+    done = pt.measured_keys(table)
+    if not retry_failed:
+        done |= read_log_skips(table)
+    meta = {**metadata.collect_metadata(device), "sweep": spec["name"], "sweep_file": spec["_path"],
+            "sweep_id": f"{spec['name']}-{time.strftime('%Y%m%dT%H%M%S')}",
+            "sweep_spec": {k: v for k, v in spec.items() if not k.startswith("_")},
+            "timing": {"target_s": target_s, "method": "CUDA graph of L2-rotated copies, event-timed per replay"
+                       if device.startswith("cuda") else "perf_counter"}}
+    old_meta = pt.read_meta(table)
+    meta["previous_sweeps"] = old_meta.get("previous_sweeps", []) + ([old_meta["sweep_id"]] if "sweep_id" in old_meta else [])
+    pt.write_meta(table, meta)
+
+    res = SweepResult(table)
+    threads = torch.get_num_threads()
+    if not device.startswith("cuda"):  # oversubscribed CPUs stall multi-threaded GEMMs badly
+        torch.set_num_threads(int(spec.get("cpu_threads", 1)))
+        meta["torch_threads"] = torch.get_num_threads()
+    t_start = time.monotonic()
+    dev = torch.device(device)
+    l2 = l2_cache_bytes(dev)
+    ctxs: dict[str, Ctx] = {}
+    unavailable: dict[tuple, str] = {}
+    entry_start: dict[int, float] = {}
+    modes: dict[str, int] = {}
+    todo = [(i, p) for i, p in points
+            if pt.row_key({**row_base, **_point_row(p)}) not in done]
+    res.skipped_done = len(points) - len(todo)
+    echo(f"sweep {spec['name']} on {label} ({dtype_name}): {len(todo)} points to run, "
+         f"{res.skipped_done} already done; budget {max_s / 60:.1f} min")
+
+    # Rows are appended atomically in small batches (every flush_s seconds): rewriting the
+    # whole table per point would cost more than timing it; a hard kill loses <= flush_s.
+    pending: list[dict] = []
+    last_flush = [time.monotonic()]
+    flush_s, flush_rows = float(spec.get("flush_s", 3.0)), int(spec.get("flush_rows", 50))
+    bar = progress_bar(progress, len(todo))
+    task = bar.add_task("profiling", total=len(todo)) if bar else None
+    current = None
+    j = 0
+    alarm = hard_deadline(max_s + float(spec.get("grace_s", 45)))
+    try:
+        for j, (entry_i, p) in enumerate(todo):
+            if time.monotonic() - t_start > max_s:
+                res.not_run = len(todo) - j
+                res.stopped = f"max {max_s / 60:.1f} min reached"
+                break
+            entry = spec["stages"][entry_i]
+            entry_start.setdefault(entry_i, time.monotonic())
+            key = pt.row_key({**row_base, **_point_row(p)})
+            group = (p.model, p.stage, p.variant)
+            if (p.model, p.stage) != current:
+                current = (p.model, p.stage)
+                echo(f"[{time.monotonic() - t_start:6.1f}s] {p.model} {p.stage}")
+            if entry.get("budget_s") and time.monotonic() - entry_start[entry_i] > float(entry["budget_s"]):
+                res.not_run += 1
+                advance(bar, task)
+                continue
+            if group in unavailable:
+                res.unavailable += 1
+                log_point(table, {"key": key, "status": "unavailable", "reason": unavailable[group]})
+                advance(bar, task)
+                continue
+            if p.model not in ctxs:
+                ctxs[p.model] = Ctx(get_model(p.model), dev, dtype, int(spec.get("seed", 0)))
+            for name, c in ctxs.items():   # keep one model's weights (V4's experts are 13 GB)
+                if name != p.model:
+                    c.weights.clear()
+            ctx = ctxs[p.model]
+            ctx.notes.setdefault("core_variant", {}).update(spec.get("core_variants") or {})
+            ck = f"{p.model}/{p.stage}/{p.variant}"
+            t0 = time.monotonic()
+            try:
+                build_workload(ctx, p)   # raises Unavailable before any check runs
+                if ck not in res.checks:
+                    try:
+                        res.checks[ck] = check_variant(ctx, p.stage, p.variant)
+                    except Unavailable:
+                        raise
+                    except Exception as exc:  # a wrong result is reported, the timing still runs
+                        res.checks[ck] = "FAILED: " + one_line(exc)
+                        echo(f"  check {ck}: {res.checks[ck]}")
+                stats = _measure(ctx, p, device, l2, target_s)
+                row = {**row_base, **_point_row(p), "latency_us_median": stats.median_us,
+                       "latency_us_p10": stats.p10_us, "latency_us_p90": stats.p90_us,
+                       "repeats": stats.repeats}
+                pending.append(row)
+                if len(pending) >= flush_rows or time.monotonic() - last_flush[0] > flush_s:
+                    _flush(pt, table, pending, last_flush)
+                modes[stats.mode] = modes.get(stats.mode, 0) + 1
+                res.measured += 1
+                log_point(table, {"key": key, "status": "ok", "mode": stats.mode, "copies": stats.copies,
+                             "median_us": round(stats.median_us, 3), "seconds": round(time.monotonic() - t0, 3)})
+            except Unavailable as exc:
+                unavailable[group] = str(exc)
+                res.unavailable += 1
+                echo(f"  unavailable {p.model} {p.stage} {p.variant}: {exc}")
+                log_point(table, {"key": key, "status": "unavailable", "reason": str(exc)})
+            except KeyboardInterrupt:
+                raise
+            except Exception as exc:   # incl. SimtreeError from a kernel's own input checks
+                msg = one_line(exc)
+                if isinstance(exc, torch.OutOfMemoryError) or "out of memory" in msg.lower():
+                    res.oom += 1
+                    log_point(table, {"key": key, "status": "oom", "reason": msg})
+                    echo(f"  oom {p.model} {p.stage} {p.variant} b={p.batch_size} n={p.nodes_per_seq} l={p.context_len}")
+                    advance(bar, task)
+                    continue
+                res.failed += 1
+                log_point(table, {"key": key, "status": "failed", "reason": msg})
+                if device.startswith("cuda") and (any(s in msg.lower() for s in _STICKY) or not cuda_alive()):
+                    res.stopped = f"CUDA context lost at {p}: {msg}; rerun to resume"
+                    res.not_run = len(todo) - j - 1
+                    echo("  " + res.stopped)
+                    break
+                if res.failed <= 20:
+                    echo(f"  failed {p}: {msg}")
+            finally:
+                if device.startswith("cuda"):
+                    try:
+                        torch.cuda.empty_cache()
+                    except Exception:  # a lost context is reported above
+                        pass
+            advance(bar, task)
+    except Deadline:
+        res.stopped = f"hard deadline {max_s / 60:.1f} min + grace reached inside a point"
+        res.not_run = len(todo) - j
+        echo("  " + res.stopped)
+    finally:
+        alarm()
+        _flush(pt, table, pending, last_flush)
+        torch.set_num_threads(threads)
+        if bar:
+            bar.stop()
+        res.elapsed_s = time.monotonic() - t_start
+        meta.update({"checks": res.checks, "timing_modes": modes, "result": res.summary(),
+                     "elapsed_s": round(res.elapsed_s, 1)})
+        pt.write_meta(table, meta)
+
+    want_compose = spec.get("compose") if compose is None else compose
+    if want_compose and table.exists():   # pure pandas: also after a lost CUDA context
+        from .compose import compose_table
+        try:
+            res.compose = compose_table(table, stack_layers=int((spec.get("compose") or {}).get("stack_layers", 8))
+                                        if isinstance(spec.get("compose"), dict) else 8)
+            meta["compose"] = res.compose
+            pt.write_meta(table, meta)
+        except SimtreeError as exc:
+            echo(f"composition skipped: {exc}")
+    echo(res.summary())
+    return res
+
+
+def _flush(pt, table: Path, pending: list, last_flush: list) -> None:
+    if pending:
+        pt.append_rows(table, pending)
+        pending.clear()
+    last_flush[0] = time.monotonic()
+
+
+def _measure(ctx, p: Point, device: str, l2: int, target_s: float):
+    """Build the point's step (plus L2-rotation copies on GPU) and time it; the buffers die
+    with this frame so the allocator can return them before the next point."""
+    from .timing import rotation_copies, time_workload
+
+    wl = build_workload(ctx, p)
+    step, inst = wl.make()
+    fns = [step]
+    copies = rotation_copies(inst, l2) if device.startswith("cuda") and wl.shared_bytes < 2 * l2 else 1
+    if copies > 1:
+        # Rotation only matters while re-reading L2-resident inputs is a visible part of the
+        # step; a step over ~1 ms dwarfs an L2 refill (~15 us), so time it alone.
+        import torch
+        step()
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        step()
+        torch.cuda.synchronize()
+        if time.perf_counter() - t0 > 1e-3:
+            copies = 1
+    for _ in range(copies - 1):
+        fns.append(wl.make()[0])
+    return time_workload(fns, device, target_s=target_s)
+
+
+def _point_row(p: Point) -> dict:
+    return {"stage": p.stage, "model": p.model, "variant": p.variant, "batch_size": p.batch_size,
+            "nodes_per_seq": p.nodes_per_seq, "total_tokens": p.tokens, "context_len": p.context_len,
+            "tree_shape": p.tree_shape, "num_steps": p.num_steps, "topk": p.topk}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m simtree.profiler.sweep [SWEEP] OUT [--device D] [--max-minutes M] [--only-stage S]``
+    (the same as ``simtree profile``, without importing the other CLI commands)."""
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="python -m simtree.profiler.sweep", description=main.__doc__)
+    ap.add_argument("--sweep", default=None)
+    ap.add_argument("--out", default="reports/profile.csv")
+    ap.add_argument("--device", default=None)
+    ap.add_argument("--max-minutes", type=float, default=None)
+    ap.add_argument("--only-stage", default=None)
+    ap.add_argument("--model", action="append", default=None)
+    ap.add_argument("--retry-failed", action="store_true")
+    ap.add_argument("--no-progress", action="store_true")
+    args = ap.parse_args(argv)
+    try:
+        res = run_sweep(args.sweep, args.out, device=args.device, max_minutes=args.max_minutes,
+                        only_stage=args.only_stage, models=args.model, retry_failed=args.retry_failed,
+                        progress=not args.no_progress, echo=lambda s: print(s, flush=True))
+    except SimtreeError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    return 0 if res.measured or res.skipped_done else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

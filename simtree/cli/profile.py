@@ -1,0 +1,70 @@
+"""``simtree profile``: run a profile sweep (GPU, or the torch references on CPU)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+HELP = """Measure verify and draft latencies into a profile table (CSV + .meta.json).
+
+Example:
+
+  simtree profile --sweep scenarios/sweeps/default_gpu.yaml --out reports/h200/profile.csv
+
+Without --sweep it runs default_gpu.yaml when a CUDA GPU is visible, else quick_cpu.yaml
+(tiny shapes, torch references, device "cpu"). Rerunning resumes: measured points are kept.
+"""
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("profile", help=HELP)
+    def profile(
+        sweep: Optional[Path] = typer.Option(None, "--sweep", help="sweep YAML (default: by device)"),
+        out: Path = typer.Option(Path("reports/profile/profile.csv"), "--out", "-o", help="profile table CSV"),
+        device: Optional[str] = typer.Option(None, "--device", help="cuda | cpu (default: the sweep's)"),
+        max_minutes: Optional[float] = typer.Option(None, "--max-minutes", help="stop between points after this"),
+        only_stage: Optional[str] = typer.Option(None, "--only-stage", help="run one stage only"),
+        model: Optional[list[str]] = typer.Option(None, "--model", help="restrict to these models"),
+        retry_failed: bool = typer.Option(False, "--retry-failed", help="retry points logged as failed/oom"),
+        as_json: bool = typer.Option(False, "--json", help="print the summary as JSON"),
+    ) -> None:
+        """Run or resume a sweep; one-line summary at the end."""
+        from simtree.profiler.sweep import run_sweep
+
+        echo = (lambda s: None) if as_json else (lambda s: typer.echo(s, err=True))
+        res = run_sweep(sweep, out, device=device, max_minutes=max_minutes, only_stage=only_stage,
+                        models=model or None, retry_failed=retry_failed, progress=not as_json, echo=echo)
+        if as_json:
+            typer.echo(json.dumps({"table": str(res.table), "measured": res.measured,
+                                   "already_done": res.skipped_done, "failed": res.failed, "oom": res.oom,
+                                   "unavailable": res.unavailable, "not_run": res.not_run,
+                                   "stopped": res.stopped, "elapsed_s": round(res.elapsed_s, 1),
+                                   "checks": res.checks, "compose": res.compose}, indent=2))
+            return
+        _print_table(res)
+
+
+def _print_table(res) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    if res.checks:
+        t = Table(title="correctness checks")
+        t.add_column("model/stage/variant")
+        t.add_column("verdict")
+        for k, v in res.checks.items():
+            t.add_row(k, v)
+        console.print(t)
+    stacks = (res.compose or {}).get("stack_validation", {})
+    if stacks:
+        t = Table(title="composition vs measured layer stacks")
+        for c in ("stack", "points", "median |err|", "max |err|"):
+            t.add_column(c)
+        for k, v in stacks.items():
+            fmt = lambda x: "-" if x is None else f"{100 * x:.1f}%"  # noqa: E731
+            t.add_row(k, str(len(v["points"])), fmt(v["median_abs_rel_err"]), fmt(v["max_abs_rel_err"]))
+        console.print(t)
+    console.print(res.summary())

@@ -1,0 +1,1 @@
+"""Shipped data files (model shapes, ...); package data only."""

@@ -1,0 +1,1 @@
+"""Model shape YAMLs (also under scenarios/models/)."""

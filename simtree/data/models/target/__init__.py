@@ -1,0 +1,1 @@
+"""Shipped target checkpoint (config.json + model.safetensors); a package so its files install as package data."""

@@ -1,0 +1,86 @@
+import numpy as np
+import pandas as pd
+import pytest
+
+from simtree import profile_table as pt
+from simtree.models import get_model
+from simtree.profiler.compose import compose_rows, compose_table, validate_stacks
+
+MODEL = "tiny-gdn"   # layers: 2 gdn + 2 attn
+
+
+def _row(stage, b, n, l, shape, us, variant="torch"):
+    return {"stage": stage, "model": MODEL, "device": "cpu", "dtype": "fp32", "variant": variant,
+            "batch_size": b, "nodes_per_seq": n, "total_tokens": b * n, "context_len": l,
+            "tree_shape": shape, "num_steps": 0, "topk": 0, "latency_us_median": us,
+            "latency_us_p10": us * 0.9, "latency_us_p90": us * 1.1, "repeats": 7}
+
+
+def _parts(rng):
+    """Random part latencies as functions of (b, n, l) so the expected sum is known."""
+    c = rng.uniform(1, 10, size=6)
+    return {"lm_head_step": lambda b, n, l: c[0] * b * n, "mlp_step": lambda b, n, l: c[1] * b * n + 3,
+            "gdn_proj_step": lambda b, n, l: c[2] * b * n, "attn_proj_step": lambda b, n, l: c[3] * b * n,
+            "gdn_tree_verify": lambda b, n, l: c[4] * b * n + 1,
+            "attn_tree_verify": lambda b, n, l: c[5] * b * (n + l / 100)}
+
+
+def _table(rng, ls=(100, 300)):
+    f, rows = _parts(rng), []
+    for b in (1, 2):
+        for n in (1, 4):
+            for s in ("lm_head_step", "mlp_step", "gdn_proj_step", "attn_proj_step"):
+                rows.append(_row(s, b, n, 0, "any", f[s](b, n, 0)))
+            rows.append(_row("gdn_tree_verify", b, n, 4096, "eagle", f["gdn_tree_verify"](b, n, 0), "torch_ref"))
+            for l in ls:
+                rows.append(_row("attn_tree_verify", b, n, l, "eagle", f["attn_tree_verify"](b, n, l), "torch_sdpa"))
+    return pd.DataFrame(rows), f
+
+
+def _expected(f, b, n, l):
+    per_gdn = f["gdn_tree_verify"](b, n, l) + f["gdn_proj_step"](b, n, l) + f["mlp_step"](b, n, l)
+    per_attn = f["attn_tree_verify"](b, n, l) + f["attn_proj_step"](b, n, l) + f["mlp_step"](b, n, l)
+    return f["lm_head_step"](b, n, l) + 2 * per_gdn + 2 * per_attn
+
+
+def test_composed_step_is_the_layer_weighted_sum():
+    df, f = _table(np.random.default_rng(0))
+    rows = compose_rows(df, MODEL)
+    assert len(rows) == 2 * 2 * 2   # (b, n) x measured context lengths
+    for r in rows:
+        want = _expected(f, r["batch_size"], r["nodes_per_seq"], r["context_len"])
+        assert r["latency_us_median"] == pytest.approx(want)
+        assert r["latency_us_p10"] <= r["latency_us_median"] <= r["latency_us_p90"]
+
+
+def test_context_is_interpolated_between_measured_lengths():
+    df, f = _table(np.random.default_rng(1))
+    rows = compose_rows(df, MODEL, contexts=[200])
+    for r in rows:   # attention is linear in l here, so interpolation is exact
+        assert r["latency_us_median"] == pytest.approx(_expected(f, r["batch_size"], r["nodes_per_seq"], 200))
+
+
+def test_missing_part_leaves_no_composed_row():
+    df, _ = _table(np.random.default_rng(2))
+    df = df[~((df.stage == "mlp_step") & (df.batch_size == 2))]
+    rows = compose_rows(df, MODEL)
+    assert {r["batch_size"] for r in rows} == {1}
+
+
+def test_compose_table_is_idempotent_and_validates_stacks(tmp_path):
+    rng = np.random.default_rng(3)
+    df, f = _table(rng)
+    stack = get_model(MODEL).stack(4)
+    assert sorted(stack) == ["attn", "attn", "gdn", "gdn"]
+    measured = _expected(f, 2, 4, 300) * 1.1
+    extra = [_row("stack_verify_step", 2, 4, 300, "eagle", measured, "stack4")]
+    path = tmp_path / "p.csv"
+    pt.append_rows(path, df.to_dict("records") + extra)
+    first = compose_table(path, stack_layers=4)
+    second = compose_table(path, stack_layers=4)
+    table = pt.load_profile(path)
+    assert first["composed_rows"] == second["composed_rows"] == 8
+    assert (table.stage == "model_verify_step").sum() == 8       # replaced, not duplicated
+    val = second["stack_validation"][f"{MODEL}/stack4"]
+    assert val["points"][0]["rel_err"] == pytest.approx(1 / 1.1 - 1, abs=1e-3)
+    assert validate_stacks(table)[f"{MODEL}/stack4"]["median_abs_rel_err"] == pytest.approx(0.0909, abs=1e-3)

@@ -1,0 +1,128 @@
+import numpy as np
+import pytest
+import torch
+
+from simtree.models import get_model
+from simtree.profiler import pieces
+from simtree.profiler.pieces import Ctx, random_tree, tree_batch, v4_window_index
+from simtree.profiler.stages import Point, Unavailable, build_workload, check_variant
+
+
+def _ctx(name="tiny-gdn"):
+    return Ctx(get_model(name), torch.device("cpu"), torch.float32, seed=0)
+
+
+@pytest.mark.parametrize("shape", ["linear", "eagle", "random"])
+def test_random_trees_have_n_nodes_and_bounded_width(shape):
+    rng = np.random.default_rng(1)
+    for n in (1, 2, 7, 33):
+        t = random_tree(n, shape, rng)
+        assert t.num_nodes == n
+        if shape == "linear":
+            assert t.max_depth == n - 1
+        if shape == "eagle":
+            assert t.num_children.max() <= 4
+
+
+def test_tree_attention_equals_dense_masked_attention():
+    g = torch.Generator().manual_seed(0)
+    b, Hq, Hkv, n, l, D = 2, 4, 2, 7, 11, 8
+    tb = tree_batch(b, n, "eagle", 3)
+    q = torch.randn(b, Hq, n, D, generator=g, dtype=torch.float64)
+    kc, vc = (torch.randn(b, Hkv, l, D, generator=g, dtype=torch.float64) for _ in range(2))
+    kt, vt = (torch.randn(b, Hkv, n, D, generator=g, dtype=torch.float64) for _ in range(2))
+    mask = torch.as_tensor(np.stack([t.ancestor_mask for t in tb.trees]))
+    bias = torch.zeros(b, 1, n, n, dtype=torch.float64).masked_fill_(~mask.unsqueeze(1), float("-inf"))
+    out = pieces.tree_attention(q, kc, vc, kt, vt, bias, 0.3)
+    G = Hq // Hkv
+    K = torch.cat([kc, kt], 2).repeat_interleave(G, 1)
+    V = torch.cat([vc, vt], 2).repeat_interleave(G, 1)
+    full = torch.cat([torch.ones(b, 1, n, l, dtype=torch.bool), mask.unsqueeze(1)], -1)
+    ref = torch.softmax(((q @ K.transpose(-1, -2)) * 0.3).masked_fill(~full, float("-inf")), -1) @ V
+    torch.testing.assert_close(out, ref, rtol=1e-6, atol=1e-6)
+
+
+def test_v4_window_sees_own_ancestors_and_own_sequence_only():
+    b, n, W, l = 3, 9, 6, 100
+    tb = tree_batch(b, n, "eagle", 2)
+    idx = v4_window_index(tb, l, W)
+    for r in range(tb.total_nodes):
+        seq, start = int(tb.seq_ids[r]), int(tb.cu_nodes[tb.seq_ids[r]])
+        row = idx[r][idx[r] >= 0]
+        assert row.size == W                                   # a full window: l >= W
+        tree_rows = row[row >= b * W] - b * W
+        anc = set((np.flatnonzero(tb.trees[seq].ancestor_mask[r - start]) + start).tolist())
+        assert set(tree_rows.tolist()) <= anc and r in tree_rows  # never a sibling branch
+        pers = row[row < b * W]
+        assert np.all(pers // W == seq)                        # never another sequence's cache
+
+
+def test_v4_gather_attention_check_passes():
+    ctx = _ctx("tiny-v4")
+    assert check_variant(ctx, "v4_csa_verify", "torch_gather").startswith("ok")
+
+
+@pytest.mark.parametrize("stage, variant, l", [
+    ("gdn_proj_step", "torch", 0), ("attn_proj_step", "torch", 0), ("mlp_step", "torch", 0),
+    ("lm_head_step", "torch", 0), ("attn_tree_verify", "torch_sdpa", 32), ("gdn_tree_verify", "torch_ref", 32),
+])
+def test_gdn_model_stages_run_on_cpu(stage, variant, l):
+    ctx = _ctx()
+    step, nb = build_workload(ctx, Point(stage, variant, "tiny-gdn", 2, 4, l, "eagle")).make()
+    out = step()
+    assert nb > 0
+    if isinstance(out, torch.Tensor) and out.is_floating_point():
+        assert torch.isfinite(out).all()
+
+
+@pytest.mark.parametrize("stage", ["v4_swa_verify", "v4_csa_verify", "v4_hca_verify", "csa_proj_step"])
+def test_v4_stages_run_on_cpu(stage):
+    ctx = _ctx("tiny-v4")
+    variant = "torch" if stage.endswith("proj_step") else "torch_gather"
+    step, _ = build_workload(ctx, Point(stage, variant, "tiny-v4", 2, 5, 96, "eagle")).make()
+    out = step()
+    assert torch.isfinite(out).all()
+
+
+@pytest.mark.parametrize("tokens, touched", [(1, 2), (3, 6), (40, 8)])
+def test_moe_gemm_covers_only_touched_experts(monkeypatch, tokens, touched):
+    # T tokens x top-2 of 8 experts touch min(2T, 8) experts: the expert GEMM's batch
+    ctx = _ctx("tiny-v4")
+    seen = []
+    real = torch.bmm
+    monkeypatch.setattr(torch, "bmm", lambda a, b: seen.append(b.shape[0]) or real(a, b))
+    step, _ = build_workload(ctx, Point("mlp_step", "torch", "tiny-v4", tokens, 1)).make()
+    seen.clear()
+    step()
+    assert seen == [touched, touched]
+
+
+def test_missing_layer_kind_or_cpu_triton_is_unavailable():
+    ctx = _ctx()
+    with pytest.raises(Unavailable):
+        build_workload(ctx, Point("v4_csa_verify", "torch_gather", "tiny-gdn", 1, 2, 64, "eagle"))
+    with pytest.raises(Unavailable):
+        build_workload(ctx, Point("gdn_tree_verify", "triton_tree", "tiny-gdn", 1, 2, 64, "eagle"))
+
+
+def test_draft_step_runs_num_steps_times():
+    ctx = _ctx()
+    calls = []
+    orig = pieces.lm_head_piece
+
+    def counting(*a, **k):
+        f, nb = orig(*a, **k)
+        return (lambda: calls.append(1) or f()), nb
+    pieces.lm_head_piece = counting
+    try:
+        build_workload(ctx, Point("draft_step", "torch", "tiny-gdn", 2, 3, 64, "eagle", 4, 3)).make()[0]()
+    finally:
+        pieces.lm_head_piece = orig
+    assert len(calls) == 4
+
+
+def test_v4_kernel_adapter_runs_the_projects_verify_step():
+    pytest.importorskip("simtree.kernels.v4.steps")
+    ctx = _ctx("tiny-v4")
+    step, _ = build_workload(ctx, Point("v4_hca_verify", "torch_tree", "tiny-v4", 2, 5, 96, "eagle")).make()
+    assert torch.isfinite(step()).all()
