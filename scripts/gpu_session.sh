@@ -16,9 +16,9 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu 
 for part in "$@"; do
   echo "=== $part $(date +%T)"
   case "$part" in
-    gdn) timeout 300 python3 profiler/bench_gdn.py --out "$RES/gdn" --max-seconds ${GDN_SECONDS:-200} 2>&1 | tee "$RES/gdn.log" | tail -60 ;;
-    v4) timeout 300 python3 profiler/bench_v4.py --out "$RES/v4" --max-seconds ${V4_SECONDS:-200} 2>&1 | tee "$RES/v4.log" | tail -60 ;;
-    profile) timeout 560 python3 -m simtree profile ${PROFILE_ARGS:-} 2>&1 | tee "$RES/profile.log" | tail -40 ;;
+    gdn) timeout ${GDN_TIMEOUT:-280} python3 -m simtree.profiler.bench_gdn --out "$RES/gdn" --max-seconds ${GDN_SECONDS:-200} 2>&1 | tee "$RES/gdn.log" | tail -60 ;;
+    v4) timeout ${V4_TIMEOUT:-300} python3 -m simtree.profiler.bench_v4 --out "$RES/v4" --max-seconds ${V4_SECONDS:-200} 2>&1 | tee "$RES/v4.log" | tail -60 ;;
+    profile) timeout -k 10 ${PROFILE_TIMEOUT:-470} python3 -m simtree.profiler.sweep --sweep ${SWEEP:-scenarios/sweeps/default_gpu.yaml} --out "$RES/h200/profile.csv" --max-minutes ${PROFILE_MINUTES:-6} --no-progress 2>&1 | tee "$RES/profile.log" | tail -c 6000 ;;
     *) echo "unknown part $part" ;;
   esac
 done
