@@ -1,0 +1,195 @@
+"""GDN (gated delta rule) tree verification: rollback-free verify + accepted-path commit.
+
+    out, cache = gdn_tree_verify(q, k, v, g, beta, state, parents, cu_nodes)
+    gdn_tree_commit(state, k, cache, parents, cu_nodes, accepted)     # in place
+
+Shapes: q, k [N, H, K]; v [N, HV, V]; g (log-decay <= 0), beta [N, HV] fp32;
+state [B, HV, K, V] fp32; parents int64 [N] local (-1 root, topological); cu_nodes [B+1].
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from simtree.errors import SimtreeError
+
+from .conv import conv_state_commit, tree_causal_conv
+from .meta import TreeMeta, tree_meta
+from .reference import (gdn_commit_ref, gdn_sequential_ref, gdn_tree_verify_dense_ref,
+                        gdn_tree_verify_ref, tree_causal_conv_ref)
+
+__all__ = ["gdn_tree_verify", "gdn_tree_commit", "gdn_tree_verify_recurrent", "tree_causal_conv",
+           "conv_state_commit", "gdn_tree_verify_ref", "gdn_tree_verify_dense_ref",
+           "gdn_sequential_ref", "gdn_commit_ref", "tree_causal_conv_ref", "tree_meta",
+           "TreeMeta", "GDNTreeCache"]
+
+
+@dataclass
+class GDNTreeCache:
+    """What the commit needs: u [N, HV, V] fp32, cumulative log-decay G [N, HV] fp32."""
+    u: torch.Tensor
+    G: torch.Tensor
+    meta: TreeMeta
+    qk_l2norm: bool
+
+
+def _check_inputs(q, k, v, g, beta, state, parents, cu_nodes):
+    if q.dim() != 3 or k.shape != q.shape or v.dim() != 3:
+        raise SimtreeError(f"gdn shapes: q, k must be [N, H, K] and v [N, HV, V]; got q "
+                           f"{tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}")
+    N, H, K = q.shape
+    HV, V = v.shape[1], v.shape[2]
+    B = cu_nodes.numel() - 1
+    if v.shape[0] != N or tuple(g.shape) != (N, HV) or tuple(beta.shape) != (N, HV):
+        raise SimtreeError(f"gdn shape mismatch: N={N}, HV={HV} from q/v but g {tuple(g.shape)}, "
+                           f"beta {tuple(beta.shape)}, v {tuple(v.shape)}")
+    if HV % H:
+        raise SimtreeError(f"value heads HV={HV} must be a multiple of key heads H={H}")
+    if tuple(state.shape) != (B, HV, K, V):
+        raise SimtreeError(f"state must be [B, HV, K, V] = {(B, HV, K, V)}, got {tuple(state.shape)}")
+    if parents.numel() != N:
+        raise SimtreeError(f"{parents.numel()} parents for {N} nodes")
+    for name, t in (("g", g), ("beta", beta)):
+        if not bool(torch.isfinite(t).all()):
+            raise SimtreeError(f"{name} has NaN/inf entries")
+    if bool((g > 0).any()):
+        raise SimtreeError("g is a log-decay and must be <= 0")
+
+
+def _pick_backend(backend: str, device: torch.device) -> str:
+    if backend not in ("auto", "triton", "torch"):
+        raise SimtreeError(f"unknown backend {backend!r}: use 'auto', 'triton' or 'torch'")
+    if backend == "auto":   # the interpreter is for tests, which ask for "triton" explicitly
+        return "triton" if device.type == "cuda" else "torch"
+    return backend
+
+
+def _pow2(x: int) -> int:
+    return 1 << max(0, (x - 1).bit_length())
+
+
+def _chunk(max_nodes: int) -> int:
+    return min(64, max(16, _pow2(max_nodes)))
+
+
+def gdn_tree_verify(q, k, v, g, beta, state, parents, cu_nodes, *, scale=None, qk_l2norm=True,
+                    backend="auto", meta: TreeMeta | None = None, check: bool = True,
+                    block_v: int | None = None, block_t: int | None = None,
+                    num_warps: int | None = None):
+    """Every node's output as if the recurrence ran along its own root path only.
+
+    One pass, ``state`` is not modified.  Returns (out [N, HV, V] in q's dtype, GDNTreeCache).
+    Pass a prebuilt ``meta`` (``tree_meta``, once per round) and ``check=False`` to stay
+    free of host syncs (CUDA graphs).  The Triton path computes in fp32 (fp64 inputs too).
+    ``block_v`` / ``block_t`` (node chunk, 16..64) / ``num_warps`` override the launch
+    config (benchmark tuning only).
+    """
+    if check:
+        _check_inputs(q, k, v, g, beta, state, parents, cu_nodes)
+    meta = meta or tree_meta(parents.to(q.device), cu_nodes.to(q.device))
+    N, H, K = q.shape
+    HV, V = v.shape[1], v.shape[2]
+    B = cu_nodes.numel() - 1
+    scale = K ** -0.5 if scale is None else float(scale)
+    if _pick_backend(backend, q.device) == "torch":
+        out, aux = gdn_tree_verify_dense_ref(q, k, v, g, beta, state, parents, cu_nodes,
+                                             scale=scale, qk_l2norm=qk_l2norm, return_aux=True)
+        cache = GDNTreeCache(aux["u"].float(), aux["G"].float(), meta, qk_l2norm)
+        return out.to(q.dtype), cache
+    from .tree_verify import _tree_verify_kernel
+    if K < 16 or K & (K - 1) or V < 16 or V & (V - 1):
+        raise SimtreeError(f"triton backend needs K and V powers of two >= 16, got K={K}, V={V}")
+    qc, kc = q.contiguous(), k.contiguous()
+    if qc.dtype == torch.float64:
+        qc, kc = qc.float(), kc.float()
+    out = torch.empty(v.shape, dtype=q.dtype, device=q.device)
+    u = torch.empty((N, HV, V), dtype=torch.float32, device=q.device)
+    G = torch.empty((N, HV), dtype=torch.float32, device=q.device)
+    prec = "tf32" if q.dtype in (torch.bfloat16, torch.float16) else "ieee"
+    # fp32/fp64 inputs use exact fp32 (ieee) dots: FMA code that compiles slowly at 64^3, so
+    # their chunk is capped at 32 nodes
+    BT = min(_chunk(meta.max_nodes), block_t or (64 if prec == "tf32" else 32))
+    BV = min(V, block_v or 64)
+    warps = num_warps or (8 if BT * BV >= 64 * 64 else 4)
+    _tree_verify_kernel[(V // BV, B * HV)](
+        qc, kc, v.contiguous(), g.float().contiguous(), beta.float().contiguous(),
+        state.float().contiguous(), meta.bits, cu_nodes.to(q.device, torch.int64), out, u, G, scale,
+        H=H, HV=HV, K=K, V=V, W=meta.words, BT=BT, BK=min(K, 64), BV=BV,
+        LOG_BT=BT.bit_length() - 1, L2NORM=qk_l2norm, PREC=prec, num_warps=warps)
+    return out, GDNTreeCache(u, G, meta, qk_l2norm)
+
+
+def _check_accepted(accepted, cu_nodes, check):
+    B = cu_nodes.numel() - 1
+    if accepted.numel() != B:
+        raise SimtreeError(f"accepted must have one node per tree ({B}), got {accepted.numel()}")
+    if check:
+        counts = (cu_nodes[1:] - cu_nodes[:-1]).to(accepted.device)
+        bad = (accepted < 0) | (accepted >= counts)
+        if bool(bad.any()):
+            b = int(torch.nonzero(bad)[0])
+            raise SimtreeError(f"accepted node {int(accepted[b])} of tree {b} is outside [0, {int(counts[b]) - 1}]")
+
+
+def gdn_tree_commit(state, k, cache: GDNTreeCache, parents, cu_nodes, accepted, *,
+                    backend="auto", check: bool = True) -> None:
+    """In place: state[b] <- S* = e^{G_a} S0 + sum_{m <= a} e^{G_a - G_m} k_m u_m^T.
+
+    accepted int64 [B]: LOCAL index of each tree's last accepted node (0 = only the root,
+    which is still folded in: every node, the root included, is a real token).
+    """
+    _check_accepted(accepted, cu_nodes, check)
+    B, HV, K, V = state.shape
+    H = k.shape[1]
+    if state.dtype != torch.float32 or not state.is_contiguous():
+        raise SimtreeError("state must be a contiguous fp32 tensor (it is updated in place)")
+    if _pick_backend(backend, state.device) == "torch":
+        kn = k.double()
+        if cache.qk_l2norm:
+            kn = kn / kn.norm(dim=-1, keepdim=True).clamp_min(1e-6)
+        kn = kn.repeat_interleave(HV // H, dim=1)
+        rows = cu_nodes[:-1].to(state.device) + accepted.to(state.device, torch.int64)
+        for b in range(B):
+            a = int(rows[b])
+            start = int(cu_nodes[b])
+            path = [m for m in range(start, a + 1)
+                    if (int(cache.meta.bits[a, (m - start) // 64]) >> ((m - start) % 64)) & 1]
+            path_t = torch.tensor(path, device=state.device)
+            Ga, Gm = cache.G[a].double(), cache.G[path_t].double()           # [HV], [P, HV]
+            w = torch.exp(Ga[None, :] - Gm)                                   # [P, HV]
+            S = torch.exp(Ga)[:, None, None] * state[b].double()
+            S += torch.einsum("ph,phk,phv->hkv", w, kn[path_t], cache.u[path_t].double())
+            state[b].copy_(S.float())
+        return
+    from .tree_verify import _tree_commit_kernel
+    BV = min(V, 32)
+    _tree_commit_kernel[(V // BV, B * HV)](
+        state, k.contiguous().float() if k.dtype == torch.float64 else k.contiguous(),
+        cache.u, cache.G, cache.meta.bits, cu_nodes.to(state.device, torch.int64),
+        accepted.to(state.device, torch.int64),
+        H=H, HV=HV, K=K, V=V, W=cache.meta.words, BT=_chunk(cache.meta.max_nodes), BV=BV,
+        L2NORM=cache.qk_l2norm, PREC="ieee", num_warps=4)
+
+
+def gdn_tree_verify_recurrent(q, k, v, g, beta, state, parents, cu_nodes, *, scale=None,
+                              qk_l2norm=True, node_states=None, check: bool = True):
+    """Per-branch recurrent baseline (Triton): returns (out [N, HV, V], node states [N, HV, K, V])."""
+    if check:
+        _check_inputs(q, k, v, g, beta, state, parents, cu_nodes)
+    from .recurrent import _recurrent_tree_kernel
+    N, H, K = q.shape
+    HV, V = v.shape[1], v.shape[2]
+    B = cu_nodes.numel() - 1
+    scale = K ** -0.5 if scale is None else float(scale)
+    if node_states is None:
+        node_states = torch.empty((N, HV, K, V), dtype=torch.float32, device=q.device)
+    out = torch.empty(v.shape, dtype=q.dtype, device=q.device)
+    BV = min(V, 32)
+    _recurrent_tree_kernel[(V // BV, B * HV)](
+        q.contiguous(), k.contiguous(), v.contiguous(), g.float().contiguous(),
+        beta.float().contiguous(), state.float().contiguous(),
+        parents.to(q.device, torch.int64).contiguous(), cu_nodes.to(q.device, torch.int64),
+        out, node_states, scale, H=H, HV=HV, K=K, V=V, BV=BV, L2NORM=qk_l2norm,
+        num_warps=4)
+    return out, node_states

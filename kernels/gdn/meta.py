@@ -1,0 +1,96 @@
+"""Per-round tree metadata shared by every GDN layer (built once per verify round).
+
+SGLang builds its tree metadata once per round and every layer reads it; so do we: the
+ancestor bitmask, depth and near ancestors are computed here by pointer doubling
+(ceil(log2 n) gather rounds, no host sync when ``max_nodes`` is given) and the kernels read
+them.  Layouts:
+
+    bits     int64 [N, W]  W = ceil(max_nodes / 64); bit (m % 64) of word m // 64 of row j is
+                           set iff local node m is an ancestor-or-self of j (TreeBatch layout)
+    depth    int64 [N]     root depth 0
+    anc      int64 [N, 3]  flat row of the 1st/2nd/3rd nearest ancestor, -1 past the root
+    seq_ids  int64 [N]
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from simtree.errors import SimtreeError, TreeError
+
+__all__ = ["TreeMeta", "tree_meta"]
+
+
+@dataclass(frozen=True)
+class TreeMeta:
+    bits: torch.Tensor
+    depth: torch.Tensor
+    anc: torch.Tensor
+    seq_ids: torch.Tensor
+    max_nodes: int
+
+    @property
+    def words(self) -> int:
+        return int(self.bits.shape[1])
+
+
+def _validate(parents: torch.Tensor, cu_nodes: torch.Tensor) -> None:
+    if parents.dim() != 1 or cu_nodes.dim() != 1 or cu_nodes.numel() < 2:
+        raise SimtreeError(f"parents must be [N] and cu_nodes [B+1] with B >= 1, got "
+                           f"{tuple(parents.shape)} and {tuple(cu_nodes.shape)}")
+    cu = cu_nodes.cpu()
+    if int(cu[0]) != 0 or int(cu[-1]) != parents.numel():
+        raise SimtreeError(f"cu_nodes must start at 0 and end at N={parents.numel()}, got "
+                           f"{int(cu[0])}..{int(cu[-1])}")
+    counts = cu[1:] - cu[:-1]
+    if bool((counts < 1).any()):
+        b = int(torch.nonzero(counts < 1)[0])
+        raise TreeError(f"invalid cu_nodes: tree {b} has {int(counts[b])} nodes (needs the root)")
+
+
+def tree_meta(parents: torch.Tensor, cu_nodes: torch.Tensor, max_nodes: int | None = None,
+              validate: bool = True) -> TreeMeta:
+    """Metadata for a flat batch of trees (parents LOCAL, -1 for roots; cu_nodes [B+1]).
+
+    ``validate`` (one host sync) checks cu_nodes and that every parent precedes its child.
+    Pass ``max_nodes`` and ``validate=False`` to stay sync-free (CUDA-graph capture).
+    """
+    parents = parents.to(torch.int64)
+    cu_nodes = cu_nodes.to(device=parents.device, dtype=torch.int64)
+    N, B = parents.numel(), cu_nodes.numel() - 1
+    if validate:
+        _validate(parents, cu_nodes)
+    dev = parents.device
+    counts = cu_nodes[1:] - cu_nodes[:-1]
+    seq_ids = torch.repeat_interleave(torch.arange(B, device=dev), counts, output_size=N)
+    local = torch.arange(N, device=dev) - cu_nodes[seq_ids]
+    if validate:
+        bad = ((local == 0) & (parents != -1)) | ((local > 0) & ((parents < 0) | (parents >= local)))
+        if bool(bad.any()):
+            j = int(torch.nonzero(bad)[0])
+            b, i = int(seq_ids[j]), int(local[j])
+            raise TreeError(f"invalid parents: tree {b} node {i} has parent {int(parents[j])} "
+                            f"(root needs -1, others a parent in [0, {i - 1}])")
+    if max_nodes is None:
+        max_nodes = int(counts.max())
+    W = (max_nodes + 63) // 64
+    one = torch.ones(N, dtype=torch.int64, device=dev)
+    bits = torch.zeros((N, W), dtype=torch.int64, device=dev)
+    bits.scatter_(1, (local // 64)[:, None], torch.bitwise_left_shift(one, local % 64)[:, None])
+    pg = torch.where(parents >= 0, parents + cu_nodes[seq_ids], -1)
+    jump, depth = pg.clone(), (pg >= 0).to(torch.int64)
+    # pointer doubling: after round r, bits covers ancestors at distance < 2^r and jump is
+    # the ancestor at distance 2^r (list ranking gives the depth the same way)
+    for _ in range(max(0, math.ceil(math.log2(max(max_nodes, 1))))):
+        has = jump >= 0
+        j = jump.clamp_min(0)
+        bits = torch.where(has[:, None], bits | bits[j], bits)
+        depth = torch.where(has, depth + depth[j], depth)
+        jump = torch.where(has, jump[j], jump)
+    a1 = pg
+    a2 = torch.where(a1 >= 0, pg[a1.clamp_min(0)], -1)
+    a3 = torch.where(a2 >= 0, pg[a2.clamp_min(0)], -1)
+    return TreeMeta(bits=bits, depth=depth, anc=torch.stack([a1, a2, a3], 1), seq_ids=seq_ids,
+                    max_nodes=int(max_nodes))

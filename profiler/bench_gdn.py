@@ -1,0 +1,335 @@
+"""GPU benchmark of the GDN tree verify (issue 5): correctness first, then CUDA-graph timing.
+
+    python profiler/bench_gdn.py --out $OUT [--max-seconds 240] [--ns 4,8,16,32,64,128] [--bs 1,4,16,64]
+
+Qwen3.6-27B GDN shapes (H=16, HV=48, K=V=128), bf16 q/k/v, fp32 g/beta/state, random
+EAGLE-like trees.  Variants per (batch b, nodes n): triton_tree, recurrent_baseline
+(per-branch: parent state reloaded from HBM, every node's state stored), fla_chunk and
+fla_recurrent (flash-linear-attention on a CHAIN of n tokens per sequence), the memory floor
+(bytes / measured copy bandwidth) and gdn_tree_commit.  fla_recurrent runs last, in a child
+process, so an illegal memory access there (seen at b=64, T=128) cannot poison this one.
+Every variant is guarded: a failure is recorded and the run goes on.  Writes into --out:
+bench_gdn.csv (variant x shape), profile_gdn.csv (contract-1 rows), bench_gdn.json (env,
+correctness, ratios vs the issue's targets).  CPU smoke run (tiny shapes, interpreter):
+TRITON_INTERPRET=1 python profiler/bench_gdn.py --device cpu --tiny --out /tmp/x
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pandas as pd
+import torch
+
+from simtree.tree import DraftTree
+from simtree.kernels.gdn import (gdn_sequential_ref, gdn_tree_commit, gdn_tree_verify,
+                                 gdn_tree_verify_dense_ref, gdn_tree_verify_recurrent,
+                                 gdn_tree_verify_ref, tree_meta)
+from simtree.kernels.gdn.bench_util import (QWEN36, copy_bandwidth, env_info, fla_closure,
+                                            fla_recurrent_worker, graph_time_us,
+                                            memory_floor_bytes, random_gdn_inputs, shape_inputs,
+                                            shape_trees)
+
+TINY = dict(H=2, HV=4, K=16, V=32)
+
+
+def _rel(a, b) -> float:
+    return float((a.double() - b.double()).abs().max() / b.double().abs().max().clamp_min(1e-30))
+
+
+def correctness(args, dims, log) -> list[dict]:
+    """Triton tree / recurrent baseline / commit vs fp64 references on a few random trees."""
+    recs = []
+    cases = [(1, 8), (4, 64), (1, 128), (4, 128)] if not args.tiny else [(1, 8), (2, 70)]
+    args.skip_fp32 = {(4, 64), (1, 128)}
+    for b, n in cases:
+        trees, _, _ = shape_trees(b, n, args.seed + 1)
+        for dtype, tol in ((torch.float32, 1e-4), (torch.bfloat16, 2e-2)):
+            if dtype == torch.float32 and (b, n) in args.skip_fp32:
+                continue   # an fp32 (ieee-dot) build costs a long compile; two shapes cover it
+            name = f"b{b}_n{n}_{str(dtype).split('.')[-1]}"
+
+            def check(variant, fn, tol=tol, name=name):   # each check guarded on its own
+                try:
+                    err = fn()
+                    recs.append(dict(case=name, variant=variant, rel_err=err, tol=tol, ok=bool(err <= tol)))
+                except Exception as exc:  # noqa: BLE001
+                    recs.append(dict(case=name, variant=variant, rel_err=float("nan"), tol=tol, ok=False,
+                                     error=repr(exc)[:300]))
+
+            inp = random_gdn_inputs(trees, **dims, dtype=dtype, device=args.device, seed=b + n)
+            x = {key: inp[key].double() for key in ("q", "k", "v", "g", "beta", "state")}
+            tree = (inp["parents"], inp["cu_nodes"])
+            ref = gdn_tree_verify_dense_ref(*x.values(), *tree)
+            cache = {}
+
+            def tree_check():
+                out, cache["c"] = gdn_tree_verify(*(inp[key] for key in x), *tree, backend="triton")
+                return _rel(out, ref)
+
+            def commit_check():
+                rng = np.random.default_rng(b * 31 + n)
+                acc = torch.tensor([int(rng.integers(0, t.num_nodes)) for t in trees], device=args.device)
+                S = inp["state"].clone()
+                gdn_tree_commit(S, inp["k"], cache["c"], *tree, acc)
+                want = []
+                for i, t in enumerate(trees):   # ground truth: decode the accepted path in fp64
+                    rows = torch.as_tensor(t.path_to(int(acc[i])), device=args.device) + int(inp["cu_nodes"][i])
+                    want.append(gdn_sequential_ref(*(x[key][rows] for key in ("q", "k", "v", "g", "beta")),
+                                                   x["state"][i])[1])
+                return _rel(S, torch.stack(want))
+
+            check("triton_tree", tree_check)
+            check("triton_commit", commit_check)
+            check("recurrent_baseline", lambda: _rel(gdn_tree_verify_recurrent(*(inp[key] for key in x), *tree)[0], ref))
+            if n <= 64:   # reference (a): recurrence along every path (python loop)
+                check("path_ref_vs_dense", lambda: _rel(gdn_tree_verify_ref(*x.values(), *tree), ref), tol=1e-9)
+            log(f"correctness {name}: " + ", ".join(f"{r['variant']}={r['rel_err']:.2e}"
+                                                    for r in recs if r["case"] == name))
+    if args.device == "cuda":   # cross-check against fla on a chain (bf16)
+        try:
+            b, n = 4, 64
+            inp = random_gdn_inputs([DraftTree.chain(n)] * b, **dims, seed=5)
+            out, _ = gdn_tree_verify(*(inp[key] for key in ("q", "k", "v", "g", "beta", "state")),
+                                     inp["parents"], inp["cu_nodes"], backend="triton")
+            fo = fla_closure("fla_chunk", inp, n)()[0].reshape(out.shape)
+            recs.append(dict(case="chain_b4_n64_bf16", variant="tree_vs_fla_chunk", rel_err=_rel(out, fo), tol=2e-2))
+        except Exception as exc:  # noqa: BLE001
+            recs.append(dict(case="chain_b4_n64_bf16", variant="tree_vs_fla_chunk", rel_err=float("nan"),
+                             tol=2e-2, error=repr(exc)[:300]))
+        recs[-1]["ok"] = bool(recs[-1]["rel_err"] <= recs[-1]["tol"])
+    return recs
+
+
+def time_shape(args, dims, b, n, bw, log) -> list[dict]:
+    """All in-process variants for one (b, n); each failure becomes a row with its error."""
+    rows = []
+    trees, steps, topk = shape_trees(b, n, args.seed)
+    copies = shape_inputs(b, n, args.seed, dims, device=args.device, max_copies=args.max_copies)
+    meta = tree_meta(copies[0]["parents"], copies[0]["cu_nodes"])
+    keys = ("q", "k", "v", "g", "beta", "state", "parents", "cu_nodes")
+    base = dict(batch_size=b, nodes_per_seq=n, total_tokens=b * n, num_steps=steps, topk=topk,
+                copies=len(copies))
+
+    def run(variant, fns, shape="eagle", **extra):
+        if time.time() > args.timing_deadline:
+            rows.append(dict(base, variant=variant, tree_shape=shape, status="skipped: --max-seconds"))
+            return
+        try:
+            r = graph_time_us(fns, replays=args.replays)
+            rows.append(dict(base, variant=variant, tree_shape=shape, status="ok",
+                             latency_us_median=r["median"], latency_us_p10=r["p10"],
+                             latency_us_p90=r["p90"], repeats=r["repeats"], timer=r["timer"], **extra))
+        except Exception as exc:  # noqa: BLE001
+            rows.append(dict(base, variant=variant, tree_shape=shape, status=f"error: {exc!r}"[:300]))
+        log(f"b={b:3d} n={n:4d} {variant:20s} {rows[-1].get('latency_us_median', rows[-1]['status'])}")
+
+    run("triton_tree", [lambda c=c: gdn_tree_verify(*(c[key] for key in keys), backend="triton",
+                                                    meta=meta, check=False) for c in copies])
+    for cfg in args.tree_configs:   # launch-config variants of the same kernel (tuning data)
+        if cfg.get("block_t", 0) >= n:
+            continue   # same launch as the default at this n
+        run("triton_tree_" + "".join(f"{k[6]}{v}" for k, v in cfg.items()), [
+            lambda c=c: gdn_tree_verify(*(c[key] for key in keys), backend="triton", meta=meta,
+                                        check=False, **cfg) for c in copies])
+    caches = [gdn_tree_verify(*(c[key] for key in keys), backend="triton", meta=meta, check=False)[1]
+              for c in copies]
+    acc = torch.tensor([t.num_nodes - 1 for t in trees], device=args.device)   # deepest index
+    run("triton_commit", [lambda c=c, ca=ca: gdn_tree_commit(c["state"], c["k"], ca, c["parents"],
+                                                             c["cu_nodes"], acc, check=False)
+                          for c, ca in zip(copies, caches)])
+    del caches
+    try:
+        node_states = torch.empty((b * n, dims["HV"], dims["K"], dims["V"]), dtype=torch.float32,
+                                  device=args.device)
+        run("recurrent_baseline", [lambda c=c: gdn_tree_verify_recurrent(
+            *(c[key] for key in keys), node_states=node_states, check=False) for c in copies])
+        del node_states
+    except Exception as exc:  # noqa: BLE001 - e.g. OOM for the node-state buffer
+        rows.append(dict(base, variant="recurrent_baseline", tree_shape="eagle", status=f"error: {exc!r}"[:300]))
+    if args.device == "cuda":
+        note = ""
+        try:
+            fla_closure("fla_chunk", copies[0], n)()
+        except Exception:  # noqa: BLE001 - fla build without grouped value heads
+            for c in copies:
+                c["fla_repeat_heads"] = True
+            note = "q/k repeated to HV heads"
+        run("fla_chunk", [fla_closure("fla_chunk", c, n) for c in copies], shape="chain", note=note)
+    floor_us = memory_floor_bytes(b, b * n, **dims) / bw * 1e6
+    rows.append(dict(base, variant="memory_floor", tree_shape="eagle", status="ok",
+                     latency_us_median=floor_us, latency_us_p10=floor_us, latency_us_p90=floor_us,
+                     repeats=1, timer="bytes/bandwidth"))
+    del copies
+    if args.device == "cuda":
+        torch.cuda.empty_cache()
+    return rows
+
+
+def fla_recurrent_all(args, shapes, log) -> list[dict]:
+    """fla_recurrent in child processes; a crash costs only the shape it happened on."""
+    rows, todo, results = [], list(shapes), {}
+    path = os.path.join(args.out, "fla_recurrent.jsonl")
+    if os.path.exists(path):
+        os.remove(path)
+    while todo and time.time() < args.deadline - 5:
+        timed_out = False
+        spec = json.dumps(dict(shapes=todo, seed=args.seed, out=path, dims=args.dims,
+                               max_copies=args.max_copies))
+        try:
+            subprocess.run([sys.executable, os.path.abspath(__file__), "--fla-recurrent-worker", spec],
+                           timeout=max(5, args.deadline - time.time()), check=False)
+        except subprocess.TimeoutExpired:
+            log("fla_recurrent worker hit --max-seconds")
+            timed_out = True
+        done = [json.loads(x) for x in open(path)] if os.path.exists(path) else []
+        results = {(d["b"], d["n"]): d for d in done if d["status"] != "started"}
+        started = [(d["b"], d["n"]) for d in done if d["status"] == "started"]
+        crashed = [s for s in started if s not in results and not timed_out]
+        for s in crashed:   # started, never finished: the child died on it
+            results[s] = dict(b=s[0], n=s[1], status="error: child process died (e.g. illegal memory access)")
+            with open(path, "a") as f:
+                f.write(json.dumps(results[s]) + "\n")
+        todo = [s for s in todo if s not in results]
+        if not crashed:
+            break
+    for (b, n), d in sorted(results.items()):
+        row = dict(batch_size=b, nodes_per_seq=n, total_tokens=b * n, num_steps=0, topk=0,
+                   variant="fla_recurrent", tree_shape="chain", status=d["status"], note=d.get("note", ""))
+        if "median" in d:
+            row.update(latency_us_median=d["median"], latency_us_p10=d["p10"], latency_us_p90=d["p90"],
+                       repeats=d["repeats"], timer=d.get("timer"), copies=d.get("copies"))
+        rows.append(row)
+        log(f"b={b:3d} n={n:4d} fla_recurrent        {row.get('latency_us_median', row['status'])}")
+    return rows
+
+
+def ratios(df: pd.DataFrame) -> dict:
+    if "latency_us_median" not in df.columns:   # nothing was timed (budget spent on compiles)
+        return {}
+    ok = df[df.status == "ok"].set_index(["variant", "batch_size", "nodes_per_seq"])["latency_us_median"]
+    get = lambda v, b, n: float(ok.get((v, b, n), np.nan))   # noqa: E731
+    shapes = sorted({(b, n) for _, b, n in ok.index})
+    out = {"targets": {"baseline_over_tree_at_n128": ">= 10", "tree_over_best_fla": "<= 2 (aim 1)",
+                       "tree_over_floor_b>=16": "<= 3"},
+           "baseline_over_tree_at_n128": {}, "tree_over_best_fla": {}, "tree_over_floor_b>=16": {},
+           "best_tree_config_us": {}}
+    for b, n in shapes:
+        tree = get("triton_tree", b, n)
+        tuned = [get(v, b, n) for v, bb, nn in ok.index if v.startswith("triton_tree_") and (bb, nn) == (b, n)]
+        out["best_tree_config_us"][f"b{b}_n{n}"] = float(np.nanmin([tree] + tuned))
+        if n == 128:
+            out["baseline_over_tree_at_n128"][f"b{b}"] = get("recurrent_baseline", b, n) / tree
+        fla = np.nanmin([get("fla_chunk", b, n), get("fla_recurrent", b, n)] + [np.inf])
+        if np.isfinite(fla):
+            out["tree_over_best_fla"][f"b{b}_n{n}"] = tree / fla
+        if b >= 16:
+            out["tree_over_floor_b>=16"][f"b{b}_n{n}"] = tree / get("memory_floor", b, n)
+    return out
+
+
+def write_outputs(args, env, bw, corr, rows) -> pd.DataFrame:
+    df = pd.DataFrame(rows)
+    for key in ("gpu", "torch", "triton", "fla"):
+        df[key] = env.get(key)
+    for key, val in args.dims.items():
+        df[key] = val
+    df["dtype"] = "bf16"
+    df.to_csv(os.path.join(args.out, "bench_gdn.csv"), index=False)
+    summary = dict(env=env, copy_bandwidth_GBps=bw / 1e9, correctness=corr, ratios=ratios(df),
+                   args={k: v for k, v in vars(args).items() if "deadline" not in k})
+    with open(os.path.join(args.out, "bench_gdn.json"), "w") as f:
+        json.dump(summary, f, indent=1, default=str)
+    prof = [dict(stage="gdn_tree_commit" if r["variant"] == "triton_commit" else "gdn_tree_verify",
+                 model="qwen3.6-27b" if not args.tiny else "tiny", device=env["gpu"], dtype="bf16",
+                 variant="triton_tree" if r["variant"] == "triton_commit" else r["variant"],
+                 batch_size=r["batch_size"], nodes_per_seq=r["nodes_per_seq"], total_tokens=r["total_tokens"],
+                 context_len=0, tree_shape=r["tree_shape"], num_steps=r["num_steps"], topk=r["topk"],
+                 latency_us_median=r["latency_us_median"], latency_us_p10=r["latency_us_p10"],
+                 latency_us_p90=r["latency_us_p90"], repeats=int(r["repeats"]),
+                 torch_version=env["torch"], triton_version=env["triton"], timestamp=env["timestamp"])
+            for r in rows if r.get("status") == "ok" and r["variant"] != "memory_floor"
+            and not r["variant"].startswith("triton_tree_")]   # tuning variants stay out
+    path = os.path.join(args.out, "profile_gdn.csv")
+    try:
+        from simtree.profile_table import append_rows
+        if os.path.exists(path):
+            os.remove(path)
+        append_rows(path, prof)
+    except Exception as exc:  # noqa: BLE001 - keep the rows even if the table module rejects them
+        print(f"profile_table.append_rows failed ({exc!r}); writing plain CSV")
+        pd.DataFrame(prof).to_csv(path, index=False)
+    return df
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", default=os.environ.get("OUT", "bench_gdn_out"))
+    ap.add_argument("--max-seconds", type=float, default=240)
+    ap.add_argument("--ns", default="4,8,16,32,64,128")
+    ap.add_argument("--bs", default="1,4,16,64")
+    ap.add_argument("--replays", type=int, default=20)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--tiny", action="store_true", help="tiny head shapes (CPU smoke run)")
+    ap.add_argument("--skip-correctness", action="store_true")
+    ap.add_argument("--max-copies", type=int, default=32, help="input copies rotated against L2")
+    ap.add_argument("--tree-configs", default="v128,t32",
+                    help="extra tree-kernel launch configs to time: v<BV>, t<BT>, e.g. v128,t32,t32v128")
+    args = ap.parse_args()
+    t0 = time.time()
+    args.deadline = t0 + args.max_seconds
+    args.timing_deadline = t0 + 0.8 * args.max_seconds   # the rest is for fla_recurrent (child)
+    args.dims = TINY if args.tiny else QWEN36
+    args.tree_configs = [{("block_t" if k == "t" else "block_v"): int(v)
+                          for k, v in re.findall(r"([tv])(\d+)", c)} for c in args.tree_configs.split(",") if c]
+    os.makedirs(args.out, exist_ok=True)
+    log = lambda msg: print(f"[{time.time() - t0:6.1f}s] {msg}", flush=True)   # noqa: E731
+    env = env_info(args.dims)
+    bw = copy_bandwidth(args.device, numel=(1 << 28) if args.device == "cuda" else (1 << 20))
+    log(f"{env['gpu']} torch {env['torch']} triton {env['triton']} fla {env['fla']}; copy {bw / 1e9:.0f} GB/s")
+    corr = [] if args.skip_correctness else correctness(args, args.dims, log)
+    rows = []
+    shapes = [(b, n) for b in map(int, args.bs.split(",")) for n in map(int, args.ns.split(","))]
+    for b, n in shapes:
+        if time.time() > args.timing_deadline:
+            rows.append(dict(batch_size=b, nodes_per_seq=n, total_tokens=b * n, variant="all",
+                             tree_shape="eagle", num_steps=0, topk=0, status="skipped: --max-seconds"))
+            continue
+        try:
+            rows += time_shape(args, args.dims, b, n, bw, log)
+        except Exception as exc:  # noqa: BLE001 - e.g. OOM building the inputs
+            rows.append(dict(batch_size=b, nodes_per_seq=n, total_tokens=b * n, variant="all",
+                             tree_shape="eagle", num_steps=0, topk=0, status=f"error: {exc!r}"[:300]))
+        write_outputs(args, env, bw, corr, rows)   # partial results survive a kill
+    if args.device == "cuda":
+        order = sorted(shapes, key=lambda s: s == (64, 128))   # the known-bad shape last
+        rows += fla_recurrent_all(args, order, log)
+    df = write_outputs(args, env, bw, corr, rows)
+    ok = df[df.status == "ok"]
+    table = ok.pivot_table(index=["batch_size", "nodes_per_seq"], columns="variant",
+                           values="latency_us_median")
+    print("\nmedian latency (us), one GDN layer:")
+    print(table.round(1).to_string())
+    print("\ncorrectness:", "all ok" if all(r.get("ok") for r in corr) else
+          [f"{r['case']}/{r['variant']}: {r['rel_err']:.2e}" for r in corr if not r.get("ok")])
+    print("ratios:", json.dumps(ratios(df), indent=1))
+    bad = df[df.status != "ok"]
+    if len(bad):
+        print(f"{len(bad)} rows not ok:", bad[["variant", "batch_size", "nodes_per_seq", "status"]].to_string())
+    log(f"done; wrote {args.out}/bench_gdn.csv, profile_gdn.csv, bench_gdn.json")
+
+
+if __name__ == "__main__":
+    if "--fla-recurrent-worker" in sys.argv:
+        _spec = json.loads(sys.argv[sys.argv.index("--fla-recurrent-worker") + 1])
+        fla_recurrent_worker([tuple(s) for s in _spec["shapes"]], _spec["seed"], _spec["out"], _spec["dims"],
+                             _spec["max_copies"])
+    else:
+        main()

@@ -1,0 +1,204 @@
+"""GDN tree verify + commit: Triton (interpreter) vs float64 references on random trees."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from simtree.errors import SimtreeError
+from simtree.kernels.gdn import (gdn_sequential_ref, gdn_tree_commit, gdn_tree_verify,
+                                 gdn_tree_verify_dense_ref, gdn_tree_verify_recurrent,
+                                 gdn_tree_verify_ref, tree_meta)
+from simtree.tree import DraftTree, TreeBatch
+
+H, HV, K, V = 2, 4, 16, 32
+KEYS = ("q", "k", "v", "g", "beta", "state")
+
+
+def random_tree(n: int, rng: np.random.Generator, reach: int = 4) -> DraftTree:
+    """Random branching: each node's parent is one of the `reach` nodes before it."""
+    return DraftTree([-1] + [int(rng.integers(max(0, i - reach), i)) for i in range(1, n)])
+
+
+def make_inputs(trees, seed: int, dtype=torch.float32) -> dict:
+    gen = torch.Generator().manual_seed(seed)
+    tb = TreeBatch(trees)
+    md = tb.to_torch()
+    N, B = tb.total_nodes, tb.batch_size
+    rnd = lambda *s: torch.randn(*s, generator=gen)  # noqa: E731
+    return dict(q=rnd(N, H, K).to(dtype), k=rnd(N, H, K).to(dtype), v=rnd(N, HV, V).to(dtype),
+                g=-torch.rand(N, HV, generator=gen) * 0.5, beta=torch.rand(N, HV, generator=gen),
+                state=rnd(B, HV, K, V) * 0.3, parents=md["parents"], cu_nodes=md["cu_nodes"], tb=tb)
+
+
+def f64(inp):
+    return [inp[k].double() for k in KEYS]
+
+
+def rel_err(a, b) -> float:
+    return float((a.double() - b.double()).abs().max() / b.double().abs().max())
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_triton_matches_both_references_fp32(seed):
+    rng = np.random.default_rng(seed)
+    trees = [random_tree(int(n), rng) for n in rng.integers(1, 30, size=3)]
+    inp = make_inputs(trees, seed)
+    tree = (inp["parents"], inp["cu_nodes"])
+    ref_a = gdn_tree_verify_ref(*f64(inp), *tree)
+    ref_b = gdn_tree_verify_dense_ref(*f64(inp), *tree)
+    out, _ = gdn_tree_verify(*(inp[k] for k in KEYS), *tree, backend="triton")
+    assert rel_err(ref_b, ref_a) < 1e-12
+    assert rel_err(out, ref_a) < 1e-4
+
+
+def test_triton_bf16_inputs():
+    # the reference sees the same bf16-rounded q/k/v (upcast to fp64); the kernel keeps u, G,
+    # the solve and accumulators in fp32 and rounds only the output to bf16 (2^-8 ~ 4e-3
+    # relative), so 2e-2 leaves room for tf32 dots on the GPU without hiding real bugs.
+    rng = np.random.default_rng(2)
+    inp = make_inputs([random_tree(20, rng), random_tree(9, rng)], 2, dtype=torch.bfloat16)
+    out, _ = gdn_tree_verify(*(inp[k] for k in KEYS), inp["parents"], inp["cu_nodes"], backend="triton")
+    assert out.dtype == torch.bfloat16
+    assert rel_err(out, gdn_tree_verify_ref(*f64(inp), inp["parents"], inp["cu_nodes"])) < 2e-2
+
+
+@pytest.mark.parametrize("block_t", [None, 64])   # fp32 default chunk is 32; bf16 uses 64
+def test_trees_larger_than_one_chunk(block_t):
+    # 150-node branching tree and a 130-deep chain: ancestor-masked off-diagonal blocks, deep paths
+    rng = np.random.default_rng(3)
+    inp = make_inputs([random_tree(150, rng, reach=8), DraftTree.chain(130)], 3)
+    tree = (inp["parents"], inp["cu_nodes"])
+    out, _ = gdn_tree_verify(*(inp[k] for k in KEYS), *tree, backend="triton", block_t=block_t)
+    assert rel_err(out, gdn_tree_verify_dense_ref(*f64(inp), *tree)) < 1e-4
+
+
+def test_verify_does_not_touch_state():
+    rng = np.random.default_rng(4)
+    inp = make_inputs([random_tree(12, rng)], 4)
+    before = inp["state"].clone()
+    gdn_tree_verify(*(inp[k] for k in KEYS), inp["parents"], inp["cu_nodes"], backend="triton")
+    assert torch.equal(inp["state"], before)
+
+
+def test_torch_backend_matches_reference():
+    rng = np.random.default_rng(5)
+    inp = make_inputs([random_tree(17, rng), random_tree(3, rng)], 5)
+    tree = (inp["parents"], inp["cu_nodes"])
+    out, _ = gdn_tree_verify(*(inp[k] for k in KEYS), *tree, backend="torch")
+    assert rel_err(out, gdn_tree_verify_ref(*f64(inp), *tree)) < 1e-4
+
+
+def sequential_commit(inp, trees, accepted):
+    """Ground truth: decode each tree's accepted root path token by token in float64."""
+    x = f64(inp)
+    out = []
+    for b, t in enumerate(trees):
+        rows = torch.as_tensor(t.path_to(int(accepted[b]))) + int(inp["cu_nodes"][b])
+        out.append(gdn_sequential_ref(*(y[rows] for y in x[:5]), x[5][b])[1])
+    return torch.stack(out)
+
+
+@pytest.mark.parametrize("backend", ["triton", "torch"])
+def test_commit_equals_sequential_decode_of_accepted_path(backend):
+    rng = np.random.default_rng(6)
+    trees = [random_tree(int(n), rng) for n in (25, 1, 70)]
+    inp = make_inputs(trees, 6)
+    tree = (inp["parents"], inp["cu_nodes"])
+    _, cache = gdn_tree_verify(*(inp[k] for k in KEYS), *tree, backend=backend)
+    accepted = torch.tensor([int(rng.integers(0, t.num_nodes)) for t in trees])
+    accepted[2] = 69 if trees[2].depth[69] > 0 else accepted[2]   # a node in the second chunk
+    S = inp["state"].clone()
+    gdn_tree_commit(S, inp["k"], cache, *tree, accepted, backend=backend)
+    assert rel_err(S, sequential_commit(inp, trees, accepted)) < 1e-4
+
+
+def test_root_only_commit_leaves_other_sequences_alone():
+    rng = np.random.default_rng(7)
+    trees = [random_tree(10, rng), random_tree(10, rng)]
+    inp = make_inputs(trees, 7)
+    tree = (inp["parents"], inp["cu_nodes"])
+    _, cache = gdn_tree_verify(*(inp[k] for k in KEYS), *tree, backend="triton")
+    accepted = torch.tensor([0, 7])
+    S = inp["state"].clone()
+    gdn_tree_commit(S, inp["k"], cache, *tree, accepted, backend="triton")
+    want = sequential_commit(inp, trees, accepted)
+    assert rel_err(S[0], want[0]) < 1e-4                  # only the root token folded in
+    assert rel_err(S[1], want[1]) < 1e-4                  # the other sequence: its own path
+    solo = make_inputs([trees[1]], 7)                     # same tree alone gives the same state
+    for k in KEYS[:5]:
+        solo[k] = inp[k][10:]
+    solo["state"] = inp["state"][1:].clone()
+    _, c1 = gdn_tree_verify(*(solo[k] for k in KEYS), solo["parents"], solo["cu_nodes"], backend="triton")
+    gdn_tree_commit(solo["state"], solo["k"], c1, solo["parents"], solo["cu_nodes"], accepted[1:], backend="triton")
+    assert torch.allclose(solo["state"][0], S[1], rtol=0, atol=1e-6)
+
+
+def test_inverse_is_exactly_zero_across_branches():
+    rng = np.random.default_rng(8)
+    t = random_tree(24, rng)
+    inp = make_inputs([t], 8)
+    _, aux = gdn_tree_verify_dense_ref(*f64(inp), inp["parents"], inp["cu_nodes"], return_aux=True)
+    inv = aux["inverse"][0]                               # [HV, n, n]
+    unrelated = torch.as_tensor(~t.ancestor_mask)         # m not an ancestor-or-self of j
+    assert unrelated.any()
+    assert torch.all(inv[:, unrelated] == 0)
+    assert torch.all(inv[:, ~unrelated].abs().sum() > 0)
+
+
+def test_recurrent_baseline_matches_reference():
+    rng = np.random.default_rng(9)
+    inp = make_inputs([random_tree(9, rng), random_tree(5, rng)], 9)
+    tree = (inp["parents"], inp["cu_nodes"])
+    out, states = gdn_tree_verify_recurrent(*(inp[k] for k in KEYS), *tree)
+    ref, ref_states = gdn_tree_verify_ref(*f64(inp), *tree, return_states=True)
+    assert rel_err(out, ref) < 1e-4
+    assert rel_err(states, ref_states) < 1e-4
+
+
+def test_tree_meta_matches_tree_batch():
+    rng = np.random.default_rng(10)
+    tb = TreeBatch([random_tree(int(n), rng, reach=6) for n in (1, 65, 130, 7)])
+    md = tb.to_torch()
+    meta = tree_meta(md["parents"], md["cu_nodes"])
+    assert torch.equal(meta.bits, md["ancestor_bits"])
+    assert torch.equal(meta.depth, md["depth"])
+
+
+def _bad(fn):
+    with pytest.raises(SimtreeError) as exc:
+        fn()
+    assert "\n" not in str(exc.value) and str(exc.value)
+    return str(exc.value)
+
+
+def test_bad_inputs_give_one_line_errors():
+    rng = np.random.default_rng(11)
+    inp = make_inputs([random_tree(6, rng)], 11)
+    args = [inp[k] for k in KEYS]
+    tree = (inp["parents"], inp["cu_nodes"])
+    assert "shape" in _bad(lambda: gdn_tree_verify(args[0][:5], *args[1:], *tree))
+    assert "multiple" in _bad(lambda: gdn_tree_verify(
+        torch.randn(6, 3, K), torch.randn(6, 3, K), *args[2:], *tree))
+    assert "parent" in _bad(lambda: gdn_tree_verify(*args, torch.tensor([-1, 0, 5, 1, 2, 3]), tree[1]))
+    assert "parent" in _bad(lambda: gdn_tree_verify(*args, torch.tensor([0, 0, 1, 1, 2, 3]), tree[1]))
+    assert "state" in _bad(lambda: gdn_tree_verify(*args[:5], args[5][:, :2], *tree))
+    g_nan = args[3].clone()
+    g_nan[0, 0] = float("nan")
+    assert "NaN" in _bad(lambda: gdn_tree_verify(*args[:3], g_nan, *args[4:], *tree))
+    _, cache = gdn_tree_verify(*args, *tree, backend="torch")
+    assert "accepted" in _bad(lambda: gdn_tree_commit(inp["state"], inp["k"], cache, *tree, torch.tensor([6])))
+
+
+def test_strong_decay_does_not_overflow():
+    # g = -30 per token: G differs by hundreds between branches; exp must only see ancestors
+    rng = np.random.default_rng(12)
+    trees = [random_tree(12, rng)]
+    inp = make_inputs(trees, 12)
+    inp["g"] = inp["g"] * 60.0
+    tree = (inp["parents"], inp["cu_nodes"])
+    ref = gdn_tree_verify_ref(*f64(inp), *tree)
+    for backend in ("torch", "triton"):
+        out, _ = gdn_tree_verify(*(inp[k] for k in KEYS), *tree, backend=backend)
+        assert torch.isfinite(out).all()
+        assert rel_err(out, ref) < 1e-4
