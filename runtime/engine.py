@@ -1,0 +1,234 @@
+"""Speculative decoding engine (greedy, lossless) over a batch of ragged prompts.
+
+One round for the B live sequences (root = each sequence's last token, not yet in the cache):
+
+    draft  -> one tree per sequence from the policy entry (mode + params, contract 3)
+    verify -> one target ``verify`` of the whole TreeBatch; target_next = argmax per node
+    accept -> ``greedy_accept_batch``; each sequence gains num_accepted + 1 tokens (the bonus)
+    commit -> target cache: accepted path only (KV rows, GDN state, conv state); the draft
+              cache catches up on the same path (timed as drafting)
+
+Modes: none (root only: plain decoding through the verify path), linear {budget},
+eagle {num_steps, topk, budget}, best_first {budget, width, draft_depth}, cost_aware
+{max_budget, draft_depth}, batch_alloc {max_budget_per_seq, draft_depth}; the marginal
+modes draft a top-1 chain of ``draft_depth`` steps and keep the top-4 of each step's
+distribution as that position's marginal (see drafter.py), as simtree.simulate assumes.
+cost_aware and batch_alloc need a cost bundle (contract 2: ``verify.predict(n, l, b)`` us for
+the whole batch's verify, ``draft.predict(s, k, b)``).
+
+Throughput counts every token the decode rounds produce (sequences run until all have
+``max_new_tokens``; outputs are then cut to that length) over the summed round time.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from simtree.accept import greedy_accept_batch
+from simtree.builders import batched_best_first_tree, best_first_order, cost_aware_tree, linear_tree
+from simtree.errors import SimtreeError
+from simtree.runtime.drafter import Drafter
+from simtree.simulate import MODES, check_params
+from simtree.runtime.model import HybridLM
+from simtree.tree import DraftTree, TreeBatch
+
+__all__ = ["RunSpec", "RoundStats", "GenerationResult", "SpecEngine", "greedy_decode", "check_spec"]
+
+MARGINAL_TOPK = 4  # candidates per position kept from the drafter's distribution
+
+
+@dataclass
+class RunSpec:
+    """A policy entry's decoding choice (PolicyEntry has the same two fields)."""
+
+    mode: str = "none"
+    params: dict = field(default_factory=dict)
+
+
+def check_spec(spec) -> RunSpec:
+    """Validate mode + params with the simulator's rules (adds width / draft_depth defaults),
+    so the engine runs exactly the policy the planner predicted."""
+    mode = getattr(spec, "mode", None)
+    if mode not in MODES:
+        raise SimtreeError(f"unknown decoding mode {mode!r}: expected one of {', '.join(MODES)}")
+    return RunSpec(mode, check_params(mode, dict(getattr(spec, "params", None) or {})))
+
+
+@dataclass
+class RoundStats:
+    draft_us: float
+    verify_us: float
+    commit_us: float
+    nodes: list          # tree size per sequence (root included)
+    accepted: list       # accepted draft tokens per sequence (bonus excluded)
+
+    @property
+    def round_us(self) -> float:
+        return self.draft_us + self.verify_us + self.commit_us
+
+
+@dataclass
+class GenerationResult:
+    outputs: list        # per prompt: the first max_new_tokens generated token ids
+    rounds: list         # RoundStats per decode round
+    prefill_us: float
+    tokens_produced: int  # all tokens the decode rounds produced (before cutting)
+
+    @property
+    def decode_us(self) -> float:
+        return float(sum(r.round_us for r in self.rounds))
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens_produced / max(self.decode_us, 1e-9) * 1e6
+
+    @property
+    def mean_accepted(self) -> float:
+        """Mean accepted draft tokens per round per sequence (the bonus token excluded)."""
+        acc = [a for r in self.rounds for a in r.accepted]
+        return float(np.mean(acc)) if acc else 0.0
+
+
+def greedy_decode(model: HybridLM, prompt: list[int], max_new_tokens: int) -> list[int]:
+    """Plain greedy decoding with the sequential path (``step``): the lossless reference."""
+    if not prompt:
+        raise SimtreeError("prompt is empty: it needs at least one token")
+    cache = model.new_cache(1, len(prompt) + max_new_tokens + 1)
+    dev = cache.lengths.device
+    for t in prompt:
+        logits = model.step(torch.tensor([t], device=dev), cache)
+    out = []
+    for _ in range(max_new_tokens):
+        out.append(int(logits[0].argmax()))
+        logits = model.step(torch.tensor([out[-1]], device=dev), cache)
+    return out
+
+
+def _sync(model: HybridLM) -> None:
+    """Wait for queued GPU work so perf_counter brackets it (no-op on CPU)."""
+    if model.embed_tokens.weight.is_cuda:
+        torch.cuda.synchronize()
+
+
+class SpecEngine:
+    """``SpecEngine(target, draft, costs=None).generate(prompts, max_new_tokens, spec)``."""
+
+    def __init__(self, target: HybridLM, draft: HybridLM | None = None, costs=None):
+        self.target, self.draft, self.costs = target, draft, costs
+        self._marginals = None  # the round's drafter marginals [B, P, K] (marginal modes), for traces
+
+    # ---- tree construction per mode ------------------------------------------------------
+    def _trees(self, spec: RunSpec, drafter: Drafter | None, roots, ctx_len: float) -> list[DraftTree]:
+        B, p = len(roots), spec.params
+        if spec.mode == "none":
+            return [DraftTree.chain(1, [r]) for r in roots]
+        if spec.mode == "eagle":
+            return drafter.eagle_trees(roots, p["num_steps"], p["topk"], p["budget"])
+        depth = p["budget"] - 1 if spec.mode == "linear" else p["draft_depth"]
+        if depth == 0:
+            return [DraftTree.chain(1, [r]) for r in roots]
+        k = 1 if spec.mode == "linear" else MARGINAL_TOPK
+        toks, probs = drafter.greedy_marginals(roots, depth, k)
+        self._marginals = None if spec.mode == "linear" else probs
+        if spec.mode == "linear":
+            return [linear_tree([r, *toks[b, :, 0]], [0.0, *np.log(probs[b, :, 0])]) for b, r in enumerate(roots)]
+        if spec.mode == "best_first":
+            return [batched_best_first_tree(toks[b], probs[b], p["budget"], p["width"], r)[0]
+                    for b, r in enumerate(roots)]
+        costs = self._costs(spec)
+        draft_us = float(costs.draft.predict(depth, 1, B))
+        if spec.mode == "cost_aware":
+            verify = lambda n: costs.verify.predict(n, ctx_len, B)  # noqa: E731
+            return [cost_aware_tree(toks[b], probs[b], verify, draft_us, p["max_budget"], r)
+                    for b, r in enumerate(roots)]
+        return self._batch_alloc(toks, probs, roots, p["max_budget_per_seq"], costs, draft_us, ctx_len)
+
+    def _costs(self, spec):
+        if self.costs is None:
+            raise SimtreeError(f"mode {spec.mode} needs a cost model (--costs): "
+                               "it weighs tree size against verify cost")
+        return self.costs
+
+    @staticmethod
+    def _batch_alloc(toks, probs, roots, max_budget, costs, draft_us, ctx_len) -> list[DraftTree]:
+        """DSpark-style allocation: pool every sequence's best-first candidates, add them by
+        survival (prefix) probability while tau(K) * rate(B + K) rises, where
+        tau(K) = B + sum of added prefix probs and rate = 1 / (C_d + C_v((B + K) / B, l, B))."""
+        B = len(roots)
+        orders = [best_first_order(toks[b], probs[b], max_budget, roots[b]) for b in range(B)]
+        cand_p = np.concatenate([o.prefix_probs[1:] for o in orders])
+        cand_seq = np.concatenate([np.full(o.num_nodes - 1, b) for b, o in enumerate(orders)])
+        cand_idx = np.concatenate([np.arange(1, o.num_nodes) for o in orders])
+        rank = np.lexsort((cand_idx, cand_seq, -cand_p))  # within a sequence: best-first order kept
+        K = np.arange(cand_p.size + 1)
+        tau = B + np.concatenate([[0.0], np.cumsum(cand_p[rank])])
+        cost = draft_us + np.asarray(costs.verify.predict((B + K) / B, ctx_len, B), np.float64)
+        if not np.all(np.isfinite(cost)) or np.any(cost <= 0):
+            raise SimtreeError("cost model returned a NaN, infinite or non-positive verify cost")
+        obj = tau / cost
+        stops = np.flatnonzero(obj[1:] <= obj[:-1])
+        take = int(stops[0]) if stops.size else cand_p.size
+        budgets = 1 + np.bincount(cand_seq[rank[:take]], minlength=B)
+        return [o.tree(int(n)) for o, n in zip(orders, budgets)]
+
+    # ---- the decode loop -----------------------------------------------------------------
+    def generate(self, prompts: list[list[int]], max_new_tokens: int, spec, workload: str = "",
+                 trace=None, progress=None) -> GenerationResult:
+        """Decode ``max_new_tokens`` greedy tokens for each prompt. ``trace``: an open
+        :class:`simtree.runtime.trace.TraceWriter`; ``progress(done_tokens)``: a callback."""
+        spec = check_spec(spec)
+        if not prompts or any(len(p) == 0 for p in prompts):
+            raise SimtreeError("every prompt needs at least one token")
+        if max_new_tokens < 1:
+            raise SimtreeError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+        if spec.mode != "none" and self.draft is None:
+            raise SimtreeError(f"mode {spec.mode} needs a draft model")
+        B = len(prompts)
+        widest = max(spec.params.get(k, 1) for k in ("budget", "max_budget", "max_budget_per_seq"))
+        # a sequence keeps decoding until the slowest reaches max_new_tokens, gaining at most
+        # `widest` tokens per round: size the cache for max_new_tokens rounds of that
+        max_len = max(map(len, prompts)) + widest * (max_new_tokens + 1) + 2
+        cache = self.target.new_cache(B, max_len)
+        t0 = time.perf_counter()
+        outs = [[int(t)] for t in self.target.prefill(cache, prompts).argmax(-1)]
+        drafter = None
+        if spec.mode != "none":
+            drafter = Drafter(self.draft, B, max_len)
+            drafter.prefill(prompts)
+        prefill_us = (time.perf_counter() - t0) * 1e6
+        rounds, produced = [], 0
+        while min(map(len, outs)) < max_new_tokens:
+            roots = [o[-1] for o in outs]
+            ctx_lens = cache.lengths.tolist()
+            ctx = float(np.mean(ctx_lens))
+            t0 = time.perf_counter()
+            self._marginals = None
+            batch = TreeBatch(self._trees(spec, drafter, roots, ctx))
+            t1 = time.perf_counter()
+            logits, pend = self.target.verify(batch, cache)
+            target_next = logits.argmax(-1).cpu().numpy()  # the host copy synchronises
+            t2 = time.perf_counter()
+            acc = greedy_accept_batch(batch, target_next)
+            self.target.commit(cache, batch, pend, acc.last_node)
+            _sync(self.target)
+            t3 = time.perf_counter()
+            paths = [[roots[b], *acc.result(b).accepted_tokens.tolist()] for b in range(B)]
+            if drafter is not None:
+                drafter.catch_up(paths)
+                _sync(self.target)
+            t4 = time.perf_counter()
+            for b in range(B):
+                outs[b] += paths[b][1:] + [int(acc.bonus_tokens[b])]
+            produced += int(acc.num_accepted.sum()) + B
+            stats = RoundStats((t1 - t0 + t4 - t3) * 1e6, (t2 - t1) * 1e6, (t3 - t2) * 1e6,
+                               [t.num_nodes for t in batch.trees], acc.num_accepted.tolist())
+            rounds.append(stats)
+            if trace is not None:
+                trace.write_round(batch, acc, workload=workload, batch_size=B, round_index=len(rounds) - 1,
+                                  mode=spec.mode, context_lens=ctx_lens, marginal_probs=self._marginals)
+            if progress is not None:
+                progress(min(sum(min(len(o), max_new_tokens) for o in outs), B * max_new_tokens))
+        return GenerationResult([o[:max_new_tokens] for o in outs], rounds, prefill_us, produced)

@@ -1,0 +1,91 @@
+"""The GDN pieces the runtime model needs, in one place.
+
+* ``recurrent_step``: one token of the delta rule for a batch (plain greedy decoding, the
+  lossless reference); S_t = a_t S_{t-1} + k_t u_t^T, u_t = b_t (v_t - a_t S_{t-1}^T k_t),
+  o_t = S_t^T q_t (DESIGN §1; q, k L2-normalised, q scaled by K^-1/2).
+* ``chain_gdn``: training sequences from a zero state, through the kernel package's dense
+  masked solve on chains (differentiable torch, ~2x faster on CPU than a token loop).
+* ``tree_conv`` / ``tree_verify`` / ``tree_commit`` / ``conv_commit``: thin adapters over
+  ``simtree.kernels.gdn`` (tree causal conv, rollback-free tree verify and accepted-path
+  commit).  The runtime never solves the tree itself.
+
+The recurrent state is stored in fp32 (the kernels' contract, as serving engines keep it);
+with a float64 model the GDN computations run in float64 apart from that stored state and
+the kernels' fp32 commit cache (u, G).
+
+Prefill goes through the same verify + commit as chains of at most ``PREFILL_CHUNK``
+tokens (the kernels are built for decode-verify tree sizes, tested up to 256 nodes).
+"""
+from __future__ import annotations
+
+import torch
+
+from simtree.kernels.gdn import (conv_state_commit, gdn_tree_commit, gdn_tree_verify,
+                                 gdn_tree_verify_dense_ref, tree_causal_conv, tree_meta)
+
+PREFILL_CHUNK = 64
+
+__all__ = ["PREFILL_CHUNK", "recurrent_step", "chain_gdn", "round_meta", "tree_conv", "tree_verify", "tree_commit",
+           "conv_commit"]
+
+
+def _prep(q, k, hv):
+    """L2-normalise q, k (as the kernel references do), scale q, repeat key heads: [.., H, K] -> [.., HV, K]."""
+    q = q / q.norm(dim=-1, keepdim=True).clamp_min(1e-6) * q.shape[-1] ** -0.5
+    k = k / k.norm(dim=-1, keepdim=True).clamp_min(1e-6)
+    rep = hv // q.shape[-2]
+    return q.repeat_interleave(rep, -2), k.repeat_interleave(rep, -2)
+
+
+def recurrent_step(q, k, v, g, beta, state):
+    """q, k [B, H, K]; v [B, HV, V]; g, beta [B, HV]; state [B, HV, K, V] fp32 (updated in place).
+
+    Returns o [B, HV, V] in v's dtype; computes in float64 if v is float64.
+    """
+    dt = torch.float64 if v.dtype == torch.float64 else torch.float32
+    qh, kh = _prep(q.to(dt), k.to(dt), v.shape[-2])
+    S = torch.exp(g.to(dt))[..., None, None] * state.to(dt)
+    u = beta.to(dt)[..., None] * (v.to(dt) - torch.einsum("bhkv,bhk->bhv", S, kh))
+    S = S + kh[..., :, None] * u[..., None, :]
+    state.copy_(S)
+    return torch.einsum("bhkv,bhk->bhv", S, qh).to(v.dtype)
+
+
+def chain_gdn(q, k, v, g, beta):
+    """q, k [B, T, H, K]; v [B, T, HV, V]; g, beta [B, T, HV] -> o [B, T, HV, V] (zero state)."""
+    B, T, HV, V = v.shape
+    parents = torch.arange(-1, T - 1, device=v.device).repeat(B)
+    cu = torch.arange(0, B * T + 1, T, device=v.device)
+    state = v.new_zeros(B, HV, k.shape[-1], V)
+    o = gdn_tree_verify_dense_ref(q.flatten(0, 1), k.flatten(0, 1), v.flatten(0, 1), g.flatten(0, 1),
+                                  beta.flatten(0, 1), state, parents, cu)
+    return o.to(v.dtype).view(B, T, HV, V)
+
+
+def round_meta(meta: dict) -> dict:
+    """Add the GDN kernels' per-round tree metadata (built once, shared by every GDN layer)."""
+    meta["gdn"] = tree_meta(meta["parents"], meta["cu_nodes"])
+    return meta
+
+
+def tree_conv(x, conv_state, weight, meta):
+    """x [N, D] pre-conv inputs of all tree nodes -> SiLU(conv over each node's ancestors) [N, D]."""
+    return tree_causal_conv(x, conv_state, weight, meta["parents"], meta["cu_nodes"],
+                            activation="silu").to(x.dtype)
+
+
+def tree_verify(q, k, v, g, beta, state, meta):
+    """Every node's GDN output along its own root path; ``state`` is not modified."""
+    if v.dtype != torch.float64:  # gates in fp32 (the kernels' contract); float64 models keep float64
+        g, beta = g.float(), beta.float()
+    out, cache = gdn_tree_verify(q, k, v, g, beta, state, meta["parents"], meta["cu_nodes"],
+                                 qk_l2norm=True, meta=meta["gdn"])
+    return out.to(v.dtype), cache
+
+
+def tree_commit(state, k, cache, meta, accepted):
+    gdn_tree_commit(state, k, cache, meta["parents"], meta["cu_nodes"], accepted)
+
+
+def conv_commit(conv_state, x, meta, accepted):
+    conv_state_commit(conv_state, x, meta["parents"], meta["cu_nodes"], accepted)

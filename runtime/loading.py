@@ -1,0 +1,139 @@
+"""Hugging Face style checkpoints: ``config.json`` + ``model.safetensors`` (never pickle).
+
+Config keys are :class:`ModelConfig`'s fields (Qwen3-Next naming: ``layer_types`` of
+"linear_attention" / "full_attention", ``linear_num_key_heads``, ...) plus ``model_type``
+"simtree_gdn_hybrid" and harmless metadata (``architectures``, ``torch_dtype``,
+``num_hidden_layers`` (must equal len(layer_types)), token ids, ``transformers_version``).
+Anything else is refused with a one-line SimtreeError: this loader would silently ignore a
+feature the architecture lacks otherwise.  Weight names are the module paths of
+:class:`HybridLM` (``embed_tokens.weight``, ``layers.0.linear_attn.in_proj_qkv.weight``, ...);
+``lm_head.weight`` is omitted when tied.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import tempfile
+from pathlib import Path
+
+import torch
+
+from simtree.errors import SimtreeError
+from simtree.runtime.model import HybridLM, ModelConfig
+
+__all__ = ["load_config", "load_model", "save_model", "DEFAULT_MODELS_DIR", "default_models"]
+
+ARCHITECTURE = "SimtreeHybridForCausalLM"
+METADATA_KEYS = {"architectures", "torch_dtype", "num_hidden_layers", "bos_token_id", "eos_token_id",
+                 "pad_token_id", "transformers_version", "_name_or_path", "simtree_training"}
+DEFAULT_MODELS_DIR = Path(__file__).resolve().parents[1] / "simtree" / "data" / "models"
+
+
+def _config_path(path) -> Path:
+    path = Path(path)
+    return path / "config.json" if path.is_dir() else path
+
+
+def load_config(path) -> ModelConfig:
+    """Read and validate ``config.json`` (a file or the folder holding it)."""
+    cfg_file = _config_path(path)
+    try:
+        raw = json.loads(cfg_file.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise SimtreeError(f"cannot read model config {cfg_file}: {exc.strerror}") from None
+    except json.JSONDecodeError as exc:
+        raise SimtreeError(f"{cfg_file} is not valid JSON ({exc.msg} at line {exc.lineno})") from None
+    if not isinstance(raw, dict):
+        raise SimtreeError(f"{cfg_file}: a config must be a JSON object")
+    if raw.get("model_type") != "simtree_gdn_hybrid":
+        raise SimtreeError(f"{cfg_file}: model_type {raw.get('model_type')!r} is not supported "
+                           "(expected 'simtree_gdn_hybrid')")
+    fields = {f.name for f in dataclasses.fields(ModelConfig)}
+    unknown = sorted(set(raw) - fields - METADATA_KEYS)
+    if unknown:
+        raise SimtreeError(f"{cfg_file}: unknown config key {unknown[0]!r} (this architecture does not support it)")
+    cfg = ModelConfig(**{k: v for k, v in raw.items() if k in fields})
+    if not isinstance(cfg.layer_types, list):
+        raise SimtreeError(f"{cfg_file}: layer_types must be a list")
+    try:
+        cfg.validate()
+    except SimtreeError as exc:
+        raise SimtreeError(f"{cfg_file}: {exc}") from None
+    n = raw.get("num_hidden_layers", len(cfg.layer_types))
+    if n != len(cfg.layer_types):
+        raise SimtreeError(f"{cfg_file}: num_hidden_layers = {n} but layer_types lists {len(cfg.layer_types)} layers")
+    for name in ("rms_norm_eps", "rope_theta"):
+        v = getattr(cfg, name)
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
+            raise SimtreeError(f"{cfg_file}: {name} = {v!r} must be a positive finite number")
+    return cfg
+
+
+def load_model(path, dtype=torch.float32) -> HybridLM:
+    """Build a :class:`HybridLM` from a checkpoint folder (config.json + model.safetensors)."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    path = Path(path)
+    cfg = load_config(path)
+    weights = path / "model.safetensors"
+    try:
+        state = load_file(str(weights))
+    except (OSError, SafetensorError) as exc:
+        raise SimtreeError(f"cannot read weights {weights}: {exc}") from None
+    model = HybridLM(cfg)
+    expected = {k: v for k, v in model.state_dict().items() if not (cfg.tie_word_embeddings and k == "lm_head.weight")}
+    missing = sorted(set(expected) - set(state))
+    extra = sorted(set(state) - set(expected))
+    if missing or extra:
+        what = f"missing tensor {missing[0]!r}" if missing else f"unexpected tensor {extra[0]!r}"
+        raise SimtreeError(f"{weights}: {what} for this config")
+    for name, t in state.items():
+        if tuple(t.shape) != tuple(expected[name].shape):
+            raise SimtreeError(f"{weights}: tensor {name!r} has shape {tuple(t.shape)}, config implies "
+                               f"{tuple(expected[name].shape)}")
+        if not torch.isfinite(t.float()).all():
+            raise SimtreeError(f"{weights}: tensor {name!r} contains NaN or infinite values")
+    model.load_state_dict(state, strict=False)
+    return model.to(dtype).eval()
+
+
+def _atomic_write(target: Path, write) -> None:
+    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.")
+    os.close(fd)
+    try:
+        write(tmp)
+        os.chmod(tmp, 0o644)  # mkstemp creates 0600; shipped files are world-readable
+        os.replace(tmp, target)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def save_model(model: HybridLM, path, extra: dict | None = None) -> None:
+    """Write config.json and model.safetensors (fp32) atomically (temp file + os.replace)."""
+    from safetensors.torch import save_file
+
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    cfg = dataclasses.asdict(model.config)
+    cfg.update(architectures=[ARCHITECTURE], num_hidden_layers=len(cfg["layer_types"]), torch_dtype="float32",
+               bos_token_id=256, eos_token_id=257, pad_token_id=258)
+    if extra:
+        cfg["simtree_training"] = extra
+    state = {k: v.detach().float().contiguous() for k, v in model.state_dict().items()
+             if not (model.config.tie_word_embeddings and k == "lm_head.weight")}
+    _atomic_write(path / "model.safetensors", lambda tmp: save_file(state, tmp, metadata={"format": "pt"}))
+    text = json.dumps(cfg, indent=2) + "\n"
+    _atomic_write(path / "config.json", lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
+
+
+def default_models(dtype=torch.float32) -> tuple[HybridLM, HybridLM]:
+    """The shipped (target, draft) pair from simtree/data/models/."""
+    folders = [DEFAULT_MODELS_DIR / n for n in ("target", "draft")]
+    for f in folders:
+        if not (f / "model.safetensors").exists():
+            raise SimtreeError(f"no shipped model at {f}: run `simtree train` first")
+    return load_model(folders[0], dtype), load_model(folders[1], dtype)

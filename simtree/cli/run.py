@@ -1,0 +1,92 @@
+"""``simtree run``: live speculative decoding on the shipped tiny models, measured vs predicted."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import typer
+
+EXAMPLE = ("Example: simtree run --mode eagle --steps 3 --topk 2 --budget 6 --batch-size 4 "
+           "--workload sharegpt --max-new-tokens 48")
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("run", help="Decode live with a policy and report measured against predicted "
+                             "throughput.\n\n" + EXAMPLE)
+    def run(
+        policy: Path = typer.Option(None, help="policy JSON from `simtree plan`: its entry for (workload, "
+                                               "batch size) replaces --mode and its parameters"),
+        policy_workload: str = typer.Option(None, help="workload name to look up in the policy (default: --workload)"),
+        mode: str = typer.Option("eagle", help="none | linear | eagle | best_first | cost_aware | batch_alloc"),
+        steps: int = typer.Option(3, help="eagle: draft steps"),
+        topk: int = typer.Option(2, help="eagle: top-k per step"),
+        budget: int = typer.Option(6, help="verify budget D (nodes incl. root); max budget for adaptive modes"),
+        width: int = typer.Option(1, help="best_first: heap pops per step"),
+        draft_depth: int = typer.Option(None, help="marginal modes: drafted positions (default min(3, D-1))"),
+        batch_size: int = typer.Option(4, "--batch-size", "-b", help="sequences decoded together"),
+        workload: str = typer.Option("sharegpt", help="sharegpt | humaneval (prompts from the packaged text)"),
+        max_new_tokens: int = typer.Option(48, help="tokens generated per prompt"),
+        prompts: int = typer.Option(None, help="prompts to run (rounded up to whole batches; default one batch)"),
+        costs: Path = typer.Option(None, help="CostBundle JSON: adds the simulator's prediction; "
+                                              "used by cost_aware/batch_alloc"),
+        models: Path = typer.Option(None, help="folder with target/ and draft/ checkpoints (default: shipped)"),
+        out: Path = typer.Option(Path("reports/run"), help="folder for run.json and traces.jsonl"),
+        check: bool = typer.Option(False, help="also decode plain greedy and count mismatching outputs "
+                                               "(lossless check)"),
+        threads: int = typer.Option(1, help="torch CPU threads"),
+        device: str = typer.Option("cpu", help="cpu | cuda"),
+        json_out: bool = typer.Option(False, "--json", help="print the report as JSON"),
+    ) -> None:
+        from rich.console import Console
+        from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+        from rich.table import Table
+
+        from simtree.runtime.live import live_run
+
+        params = {"none": {}, "linear": {"budget": budget},
+                  "eagle": {"num_steps": steps, "topk": topk, "budget": budget},
+                  "best_first": {"budget": budget, "width": width}, "cost_aware": {"max_budget": budget},
+                  "batch_alloc": {"max_budget_per_seq": budget}}.get(mode, {})
+        if draft_depth is not None and mode in ("best_first", "cost_aware", "batch_alloc"):
+            params["draft_depth"] = draft_depth
+        with Progress(TextColumn("decoding"), BarColumn(), TextColumn("{task.completed}/{task.total} tokens"),
+                      TimeElapsedColumn(), disable=json_out, transient=True) as bar:
+            task = bar.add_task("run", total=None)
+            report = live_run(mode=mode, params=params, policy=policy, policy_workload=policy_workload,
+                              workload=workload, batch_size=batch_size, prompts=prompts,
+                              max_new_tokens=max_new_tokens, costs=costs, models_dir=models, out=out,
+                              check_lossless=check, threads=threads, device=device,
+                              progress=lambda done, total: bar.update(task, completed=done, total=total))
+        if json_out:
+            typer.echo(json.dumps(report, indent=1))
+            return
+        m, p = report["measured"], report["predicted"] or {}
+        table = Table(title=f"simtree run: {report['mode']} {report['params']} | {report['workload']} | "
+                            f"batch {report['batch_size']} | {report['device']}")
+        table.add_column("metric")
+        table.add_column("measured", justify="right")
+        table.add_column("predicted", justify="right")
+        fmt = lambda v, f="{:.1f}": "-" if v is None else f.format(v)  # noqa: E731
+        table.add_row("throughput (tok/s, batch)", fmt(m["tokens_per_s"]), fmt(p.get("tokens_per_s")))
+        table.add_row("accepted tokens / round (incl. bonus)", fmt(m["accepted_tokens_per_round"], "{:.2f}"),
+                      fmt(p.get("accepted_tokens_per_round"), "{:.2f}"))
+        table.add_row("nodes / seq / round", fmt(m["mean_nodes_per_seq"], "{:.2f}"),
+                      fmt(p.get("mean_nodes_per_seq"), "{:.2f}"))
+        table.add_row("round latency median (us)", fmt(m["round_us_median"], "{:.0f}"),
+                      fmt(p.get("round_us"), "{:.0f}"))
+        table.add_row("round latency p90 (us)", fmt(m["round_us_p90"], "{:.0f}"), "-")
+        table.add_row("  draft / verify / commit median (us)",
+                      f"{m['draft_us_median']:.0f} / {m['verify_us_median']:.0f} / {m['commit_us_median']:.0f}",
+                      "-" if not p else f"{p['draft_us']:.0f} / {p['verify_us']:.0f} / -")
+        console = Console()
+        console.print(table)
+        if report["costs"] and "SYNTHETIC" in str(report["costs"]):
+            console.print(f"[bold red]costs: {report['costs']}[/]")
+        if report.get("policy"):
+            console.print(f"policy {report['policy']} ({report['policy_workload']}): predicted "
+                          f"{report['predicted_tok_s_in_policy']:.1f} tok/s on its own cost model")
+        if report["lossless_checked"]:
+            console.print(f"lossless check: {report['lossless_mismatches']} of {report['prompts']} outputs differ "
+                          "from plain greedy decoding")
+        console.print(f"{m['tokens_produced']} tokens in {m['rounds']} rounds, {m['tokens_per_s']:.1f} tok/s; "
+                      f"report {report.get('files', {}).get('report', '-')}")

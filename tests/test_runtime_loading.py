@@ -1,0 +1,101 @@
+"""HF-style checkpoints (config.json + safetensors): round trip and one-line errors."""
+import json
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from runtime_helpers import random_prompts, tiny_model
+from simtree.errors import SimtreeError
+from simtree.runtime.loading import load_config, load_model, save_model
+from simtree.runtime.model import HybridLM, ModelConfig
+from simtree.runtime.tokenizer import ByteTokenizer
+
+
+@pytest.fixture()
+def checkpoint(tmp_path):
+    model = tiny_model(20)
+    save_model(model, tmp_path / "ckpt")
+    return model, tmp_path / "ckpt"
+
+
+def test_round_trip_gives_identical_logits(checkpoint):
+    model, path = checkpoint
+    loaded = load_model(path, torch.float64)
+    ids = torch.tensor(random_prompts(np.random.default_rng(0), [10]))
+    torch.testing.assert_close(loaded(ids), model(ids), atol=1e-6, rtol=0)  # weights stored as fp32
+
+
+def test_tied_head_is_not_stored_twice(tmp_path):
+    model = HybridLM(ModelConfig(hidden_size=32, intermediate_size=32, layer_types=["full_attention"]))
+    save_model(model, tmp_path)
+    assert "lm_head.weight" not in load_file(str(tmp_path / "model.safetensors"))
+    loaded = load_model(tmp_path)
+    assert loaded.lm_head.weight.data_ptr() == loaded.embed_tokens.weight.data_ptr()
+
+
+def _edit_config(path, **changes):
+    cfg = json.loads((path / "config.json").read_text())
+    cfg.update(changes)
+    (path / "config.json").write_text(json.dumps(cfg))
+
+
+@pytest.mark.parametrize("changes, fragment", [
+    ({"model_type": "llama"}, "model_type"),
+    ({"num_experts": 8}, "unknown config key 'num_experts'"),
+    ({"layer_types": ["linear_attention", "mamba"]}, "layer_types\\[1\\]"),
+    ({"num_hidden_layers": 7}, "num_hidden_layers"),
+    ({"linear_num_key_heads": 3}, "multiple"),
+    ({"hidden_size": -4}, "hidden_size"),
+    ({"rope_theta": float("nan")}, "rope_theta"),
+])
+def test_bad_config_gives_one_line_error(checkpoint, changes, fragment):
+    _, path = checkpoint
+    _edit_config(path, **changes)
+    with pytest.raises(SimtreeError, match=fragment) as err:
+        load_model(path)
+    assert "\n" not in str(err.value)
+
+
+def test_config_that_is_not_json(tmp_path):
+    (tmp_path / "config.json").write_text("{not json")
+    with pytest.raises(SimtreeError, match="not valid JSON"):
+        load_config(tmp_path)
+
+
+def test_weights_that_do_not_match_the_config(checkpoint):
+    _, path = checkpoint
+    state = load_file(str(path / "model.safetensors"))
+    state["embed_tokens.weight"] = state["embed_tokens.weight"][:, :8].contiguous()
+    save_file(state, str(path / "model.safetensors"))
+    with pytest.raises(SimtreeError, match="embed_tokens.weight.*shape"):
+        load_model(path)
+
+
+def test_nan_weights_are_refused(checkpoint):
+    _, path = checkpoint
+    state = load_file(str(path / "model.safetensors"))
+    state["norm.weight"][0] = float("nan")
+    save_file(state, str(path / "model.safetensors"))
+    with pytest.raises(SimtreeError, match="NaN"):
+        load_model(path)
+
+
+def test_missing_tensor_is_refused(checkpoint):
+    _, path = checkpoint
+    state = load_file(str(path / "model.safetensors"))
+    del state["norm.weight"]
+    save_file(state, str(path / "model.safetensors"))
+    with pytest.raises(SimtreeError, match="missing tensor 'norm.weight'"):
+        load_model(path)
+
+
+def test_byte_tokenizer_round_trip():
+    tok = ByteTokenizer()
+    text = "def f(x):\n    return x ** 2  # ünïcödé ✓"
+    ids = tok.encode(text)
+    assert ids[0] == tok.bos_id and max(ids[1:]) < 256
+    assert tok.decode(ids) == text
+    with pytest.raises(SimtreeError):
+        tok.decode([999])
