@@ -120,8 +120,10 @@ def plan(costs, workloads: Sequence[Workload], batch_sizes: Sequence[int] = DEFA
     for workload in workloads:
         table = _static_table(workload, fixed)
         for b in sizes:
-            draft = np.where(table["draft_steps"] > 0,
-                             costs.draft.predict(table["draft_steps"].to_numpy(), table["draft_topk"].to_numpy(), b), 0.0)
+            steps = table["draft_steps"].to_numpy()
+            draft = np.zeros(len(table))
+            drafted = steps > 0  # plain decoding drafts nothing: never ask C_d about it
+            draft[drafted] = costs.draft.predict(steps[drafted], table["draft_topk"].to_numpy()[drafted], b)
             out = analytic_static(table["tokens_per_round"].to_numpy(), table["nodes_per_seq"].to_numpy(),
                                   draft, costs, b, workload.mean_prompt_len, workload.output_len)
             df = table.assign(workload=workload.name, batch_size=b, tok_s=out["throughput_tok_s"],

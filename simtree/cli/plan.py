@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import warnings
 from typing import List, Optional
 
 import typer
@@ -43,10 +44,13 @@ def register(app: typer.Typer) -> None:
 
         sizes = parse_batch_sizes(batch_sizes)
         console = Console(stderr=as_json)
-        with Progress(console=console, transient=True) as bar:
+        with Progress(console=console, transient=True) as bar, warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
             task = bar.add_task("planning", total=None)
             outputs = plan_and_write(costs or (), workload or (), sizes, out, prompt_len, output_len,
                                      progress=lambda done, total: bar.update(task, completed=done, total=total))
+        for note in dict.fromkeys(str(w.message) for w in caught):  # once each, as one line
+            console.print(f"[yellow]note:[/] {note}")
         if as_json:
             typer.echo(json.dumps([{"policy_file": str(o["policy"]), "synthetic": o["result"].synthetic,
                                     **o["result"].to_policy().to_dict()} for o in outputs], indent=1))
