@@ -105,11 +105,23 @@ def write_plan_report(result: PlanResult, out_dir: str | Path) -> dict[str, Path
                      f"{r.nodes_per_seq:.1f} | {r.tok_s:.0f} | {r.gain_vs_linear:.3f} | {r.gain_vs_none:.2f} | "
                      f"{r.best_linear} |")
     lines += ["", f"![gain heat map]({heat.name})", "", f"![throughput vs batch]({thr.name})", "",
-              f"All {len(result.candidates)} candidates: `{cand.name}`. Source: "
-              f"`{json.dumps(result.source.get('costs', {}), sort_keys=True)}`", ""]
+              f"All {len(result.candidates)} candidates: `{cand.name}`.", "", _source_line(result.source.get("costs", {})), ""]
     md = out / "plan.md"
     md.write_text("\n".join(lines))
     return {"markdown": md, "heatmap": heat, "throughput": thr, "candidates": cand}
+
+
+def _source_line(costs: dict) -> str:
+    """Where the cost models came from, in one readable line (the policy file keeps it all)."""
+    if costs.get("synthetic"):
+        return "Cost models: **SYNTHETIC** (analytic roofline, not measured)."
+    src, meta = costs.get("source", {}), costs.get("profile_meta", {})
+    parts = [f"profile `{src.get('profile', '?')}` ({src.get('sha256', '?')[:19]})",
+             f"verify stage `{src.get('verify_stage', '?')}`, draft stage `{src.get('draft_stage', '?')}`"]
+    if meta:
+        parts.append(f"measured {meta.get('collected', '?')} on {meta.get('gpu_name', meta.get('device', '?'))}, "
+                     f"torch {meta.get('torch_version', '?')}, triton {meta.get('triton_version', '?')}")
+    return "Cost models: " + "; ".join(parts) + "."
 
 
 def render_plan_dir(plan_dir: str | Path) -> dict[str, Path]:
