@@ -21,6 +21,7 @@ COMMANDS = {
     "run": "Decode live with a policy and report measured against predicted throughput.",
     "report": "Render a report (markdown + PNG) from saved plans, fits or runs.",
     "train": "Train the small target and draft models that the runtime ships.",
+    "sglang": "Print SGLang server arguments (static EAGLE tree) for a planned policy.",
 }
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,

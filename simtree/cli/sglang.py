@@ -1,0 +1,30 @@
+"""`simtree sglang`: SGLang server arguments for a planned policy."""
+from __future__ import annotations
+
+import json
+from dataclasses import asdict
+
+import typer
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("sglang", help="Print SGLang server arguments for a planned policy (static trees). "
+                                "Example: simtree sglang reports/plan/qwen3.6-27b_NVIDIA_H200/policy.json "
+                                "--workload sharegpt --batch-size 8")
+    def sglang_command(
+        policy: str = typer.Argument(..., help="policy.json written by `simtree plan`"),
+        workload: str = typer.Option(..., "--workload", help="workload name in the policy"),
+        batch_size: int = typer.Option(..., "--batch-size", min=1, help="serving batch size"),
+        as_json: bool = typer.Option(False, "--json", help="print as JSON"),
+    ) -> None:
+        from simtree.sglang import export
+
+        result = export(policy, workload, batch_size)
+        if as_json:
+            typer.echo(json.dumps(asdict(result), indent=1))
+            return
+        typer.echo(result.command_line())
+        if result.exported_policy != result.planned_policy:
+            typer.echo(f"# planned {result.planned_policy}; SGLang runs static trees, so this is the best static "
+                       f"candidate {result.exported_policy} ({result.loss_vs_planned:.1%} below the plan's "
+                       f"predicted throughput)", err=True)

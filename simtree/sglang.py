@@ -1,0 +1,82 @@
+"""Turn a planned policy into SGLang server arguments (the engine a user scales out on).
+
+SGLang's EAGLE path takes a static tree per server: ``--speculative-num-steps`` (s),
+``--speculative-eagle-topk`` (k) and ``--speculative-num-draft-tokens`` (D, nodes including the
+root, the same budget convention as simtree). Linear speculation is k = 1, s = D - 1.
+Per-round adaptive budgets (cost_aware, batch_alloc) and best-first trees have no SGLang flag:
+for those the best *static* candidate the planner scored for the same workload and batch size
+(``candidates.csv`` beside the policy file) is exported instead, and the loss is reported.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+
+from simtree.errors import SimtreeError
+from simtree.policy import Policy
+
+STATIC_MODES = ("none", "linear", "eagle")
+
+
+@dataclass(frozen=True)
+class SGLangExport:
+    workload: str
+    batch_size: int
+    planned_policy: str          # what simtree plan chose
+    exported_policy: str         # what the arguments express
+    args: tuple[str, ...]        # server arguments (empty: run without speculation)
+    predicted_tok_s: float       # of the exported policy
+    loss_vs_planned: float       # 1 - exported / planned predicted throughput (0 when exact)
+
+    def command_line(self) -> str:
+        return " ".join(self.args) if self.args else "(no speculative arguments: plain decoding)"
+
+
+def server_args(mode: str, params: dict) -> tuple[str, ...]:
+    """SGLang arguments for a static policy; SimtreeError for modes SGLang cannot express."""
+    if mode == "none":
+        return ()
+    if mode == "linear":
+        steps, topk, budget = int(params["budget"]) - 1, 1, int(params["budget"])
+    elif mode == "eagle":
+        steps, topk, budget = int(params["num_steps"]), int(params["topk"]), int(params["budget"])
+    else:
+        raise SimtreeError(f"SGLang has no flag for mode {mode!r}; only {', '.join(STATIC_MODES)} are static")
+    if steps < 1:
+        return ()
+    return ("--speculative-algorithm", "EAGLE", "--speculative-num-steps", str(steps),
+            "--speculative-eagle-topk", str(topk), "--speculative-num-draft-tokens", str(budget))
+
+
+def _name(mode: str, params: dict) -> str:
+    if mode == "eagle":
+        return f"eagle_s{params['num_steps']}_k{params['topk']}_d{params['budget']}"
+    return f"linear_d{params['budget']}" if mode == "linear" else mode
+
+
+def export(policy_path: str | Path, workload: str, batch_size: int) -> SGLangExport:
+    """The SGLang arguments for ``workload`` at ``batch_size`` from a ``simtree plan`` folder."""
+    policy = Policy.load(policy_path)
+    entry = policy.lookup(workload, batch_size)
+    planned = _name(entry.mode, entry.params) if entry.mode in STATIC_MODES else entry.mode
+    if entry.mode in STATIC_MODES:
+        return SGLangExport(workload, batch_size, planned, planned, server_args(entry.mode, entry.params),
+                            entry.predicted_tok_s, 0.0)
+    cand_path = Path(policy_path).with_name("candidates.csv")
+    if not cand_path.exists():
+        raise SimtreeError(f"policy chose {entry.mode!r}, which SGLang cannot express, and {cand_path} "
+                           "(the planner's scored candidates) is missing to pick the best static one")
+    cands = pd.read_csv(cand_path)
+    rows = cands[(cands["workload"] == workload) & cands["mode"].isin(STATIC_MODES)]
+    if rows.empty:
+        raise SimtreeError(f"{cand_path} has no static candidate for workload {workload!r}")
+    # the planner's batch sizes are buckets: use the nearest planned batch size
+    nearest = rows["batch_size"].iloc[(rows["batch_size"] - batch_size).abs().argsort().iloc[0]]
+    best = rows[rows["batch_size"] == nearest].sort_values("tok_s", ascending=False).iloc[0]
+    params = json.loads(best["params"])
+    return SGLangExport(workload, batch_size, f"{entry.mode} {json.dumps(entry.params, sort_keys=True)}",
+                        _name(best["mode"], params), server_args(best["mode"], params), float(best["tok_s"]),
+                        1.0 - float(best["tok_s"]) / entry.predicted_tok_s)
