@@ -15,8 +15,6 @@ pattern, variant ``stack<L>``) are compared with the same composition over those
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -160,18 +158,7 @@ def validate_stacks(df: pd.DataFrame) -> dict:
 def _rewrite(path: Path, df: pd.DataFrame) -> None:
     from simtree import profile_table as pt
 
-    df = pt.validate_profile(df.reset_index(drop=True), path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", newline="") as fh:
-            df.to_csv(fh, index=False, float_format="%.7g")
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    pt.write_table(path, pt.validate_profile(df.reset_index(drop=True), path))
 
 
 def compose_table(table: str | Path, stack_layers: int = 8, core_variants: dict | None = None) -> dict:

@@ -34,6 +34,7 @@ from pathlib import Path
 import yaml
 
 from simtree.errors import SimtreeError
+from simtree.fileio import read_yaml
 from simtree.models import VERIFY_STAGE, get_model
 
 from .stages import Point, Unavailable, build_workload, check_variant, default_variants
@@ -81,12 +82,7 @@ def load_sweep(path: str | Path) -> dict:
     path = Path(path)
     if not path.exists() and (SWEEP_DIR / path.name).exists():
         path = SWEEP_DIR / path.name
-    try:
-        spec = yaml.safe_load(path.read_text())
-    except FileNotFoundError:
-        raise SimtreeError(f"sweep file not found: {path}") from None
-    except yaml.YAMLError as exc:
-        raise SimtreeError(f"{path.name}: not valid YAML ({str(exc).splitlines()[0]})") from None
+    spec = read_yaml(path, "sweep")
     if not isinstance(spec, dict) or not isinstance(spec.get("stages"), list) or not spec.get("models"):
         raise SimtreeError(f"{path.name}: a sweep needs 'models' and a list of 'stages'")
     spec.setdefault("name", path.stem)

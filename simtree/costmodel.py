@@ -23,6 +23,7 @@ from pathlib import Path
 
 from simtree.costfit.forms import surface_from_dict
 from simtree.errors import SimtreeError
+from simtree.fileio import read_json
 
 __all__ = ["VerifyCostModel", "DraftCostModel", "CostBundle", "load_costs",
            "VERIFY_AXES", "DRAFT_AXES", "COSTS_SCHEMA"]
@@ -33,7 +34,26 @@ DRAFT_AXES = ("topk", "num_steps", "batch_size")                # surface x, y, 
 
 
 @dataclass
-class VerifyCostModel:
+class _SurfaceModel:
+    """A fitted convex surface with its fit report; subclasses name the axes of predict."""
+
+    surface: object
+    info: dict = field(default_factory=dict)
+
+    @property
+    def valid_range(self) -> dict:
+        return dict(self.surface.valid_range)
+
+    def to_dict(self) -> dict:
+        return {"surface": self.surface.to_dict(), "info": self.info}
+
+    @classmethod
+    def from_dict(cls, d: dict):
+        return cls(surface_from_dict(d["surface"]), dict(d.get("info", {})))
+
+
+@dataclass
+class VerifyCostModel(_SurfaceModel):
     """C_v(n, l, b) in microseconds for the whole batch's verify step.
 
     surface: a fitted surface over (x=n, y=l, z=b); info: form, valid_range, source
@@ -41,44 +61,16 @@ class VerifyCostModel:
     in-sample median/p90 relative error per form), worst_residuals.
     """
 
-    surface: object
-    info: dict = field(default_factory=dict)
-
     def predict(self, nodes_per_seq, context_len, batch_size):
         return self.surface.predict(nodes_per_seq, context_len, batch_size)
 
-    @property
-    def valid_range(self) -> dict:
-        return dict(self.surface.valid_range)
-
-    def to_dict(self) -> dict:
-        return {"surface": self.surface.to_dict(), "info": self.info}
-
-    @classmethod
-    def from_dict(cls, d: dict) -> "VerifyCostModel":
-        return cls(surface_from_dict(d["surface"]), dict(d.get("info", {})))
-
 
 @dataclass
-class DraftCostModel:
+class DraftCostModel(_SurfaceModel):
     """C_d(s, k, b) in microseconds for one drafting round of the batch (s steps, top-k)."""
-
-    surface: object
-    info: dict = field(default_factory=dict)
 
     def predict(self, num_steps, topk, batch_size):
         return self.surface.predict(topk, num_steps, batch_size)
-
-    @property
-    def valid_range(self) -> dict:
-        return dict(self.surface.valid_range)
-
-    def to_dict(self) -> dict:
-        return {"surface": self.surface.to_dict(), "info": self.info}
-
-    @classmethod
-    def from_dict(cls, d: dict) -> "DraftCostModel":
-        return cls(surface_from_dict(d["surface"]), dict(d.get("info", {})))
 
 
 @dataclass
@@ -126,11 +118,4 @@ class CostBundle:
 
 def load_costs(path: str | os.PathLike) -> CostBundle:
     """Read a CostBundle JSON written by :meth:`CostBundle.save` (or ``simtree fit``)."""
-    path = Path(path)
-    try:
-        data = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise SimtreeError(f"cost model file not found: {path}") from None
-    except json.JSONDecodeError as exc:
-        raise SimtreeError(f"{path.name}: not valid JSON ({exc.msg} at line {exc.lineno})") from None
-    return CostBundle.from_dict(data)
+    return CostBundle.from_dict(read_json(path, "cost model"))

@@ -17,9 +17,9 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import yaml
 
 from simtree.errors import SimtreeError
+from simtree.fileio import read_yaml
 
 __all__ = ["ModelShape", "get_model", "list_models", "load_model_file", "MODEL_DIR",
            "LAYER_KINDS", "VERIFY_STAGE"]
@@ -94,12 +94,7 @@ def _expand_layers(spec, where: str) -> tuple[str, ...]:
 def load_model_file(path: str | Path) -> ModelShape:
     """Parse one model YAML (``yaml.safe_load``) into a validated :class:`ModelShape`."""
     path = Path(path)
-    try:
-        data = yaml.safe_load(path.read_text())
-    except FileNotFoundError:
-        raise SimtreeError(f"model file not found: {path}") from None
-    except yaml.YAMLError as exc:
-        raise SimtreeError(f"{path.name}: not valid YAML ({str(exc).splitlines()[0]})") from None
+    data = read_yaml(path, "model")
     where = path.name
     if not isinstance(data, dict):
         raise SimtreeError(f"{where}: expected a mapping at the top level")

@@ -249,6 +249,28 @@ def _file_mode(path: Path) -> int:
     return 0o666 & ~umask
 
 
+def write_table(path: str | os.PathLike, df: pd.DataFrame) -> None:
+    """Write ``df`` as CSV atomically: temp file in the same folder, fsync, os.replace.
+
+    An interrupted write leaves the previous file intact (a sweep never loses measured rows).
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    mode = _file_mode(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        os.chmod(tmp, mode)
+        with os.fdopen(fd, "w", newline="") as fh:
+            df.to_csv(fh, index=False, float_format="%.7g")
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
 def append_rows(path: str | os.PathLike, rows: Iterable[dict]) -> int:
     """Append measured rows to the table at ``path`` atomically (creates it if absent).
 
@@ -272,19 +294,7 @@ def append_rows(path: str | os.PathLike, rows: Iterable[dict]) -> int:
         raise SimtreeError(f"append_rows: nothing to write to {path.name}")
     merged = validate_profile(merged, path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    mode = _file_mode(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        os.chmod(tmp, mode)
-        with os.fdopen(fd, "w", newline="") as fh:
-            merged.to_csv(fh, index=False, float_format="%.7g")
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    write_table(path, merged)
     return len(merged)
 
 

@@ -116,6 +116,8 @@ def _source_line(costs: dict) -> str:
     if costs.get("synthetic"):
         return "Cost models: **SYNTHETIC** (analytic roofline, not measured)."
     src, meta = costs.get("source", {}), costs.get("profile_meta", {})
+    if not isinstance(src, dict):
+        return f"Cost models: {src}."
     parts = [f"profile `{src.get('profile', '?')}` ({src.get('sha256', '?')[:19]})",
              f"verify stage `{src.get('verify_stage', '?')}`, draft stage `{src.get('draft_stage', '?')}`"]
     if meta:
