@@ -1,12 +1,13 @@
 """GPU benchmark of the GDN tree verify (issue 5): correctness first, then CUDA-graph timing.
 
-    python profiler/bench_gdn.py --out $OUT [--max-seconds 240] [--ns 4,8,16,32,64,128] [--bs 1,4,16,64]
+    python profiler/bench_gdn.py --out $OUT [--max-seconds 170] [--ns 4,8,16,32,64,128] [--bs 1,4,16,64]
 
 Qwen3.6-27B GDN shapes (H=16, HV=48, K=V=128), bf16 q/k/v, fp32 g/beta/state, random
 EAGLE-like trees.  Variants per (batch b, nodes n): triton_tree, recurrent_baseline
 (per-branch: parent state reloaded from HBM, every node's state stored), fla_chunk and
 fla_recurrent (flash-linear-attention on a CHAIN of n tokens per sequence), the memory floor
-(bytes / measured copy bandwidth) and gdn_tree_commit.  fla_recurrent runs last, in a child
+(bytes read + written / the larger of copy and read-only bandwidth, both counted as bytes read
++ written) and gdn_tree_commit; tuning variants triton_tree_<cfg> (--tree-configs).  fla_recurrent runs last, in a child
 process, so an illegal memory access there (seen at b=64, T=128) cannot poison this one.
 Every variant is guarded: a failure is recorded and the run goes on.  Writes into --out:
 bench_gdn.csv (variant x shape), profile_gdn.csv (contract-1 rows), bench_gdn.json (env,
@@ -30,13 +31,13 @@ import torch
 from simtree.tree import DraftTree
 from simtree.kernels.gdn import (gdn_sequential_ref, gdn_tree_commit, gdn_tree_verify,
                                  gdn_tree_verify_dense_ref, gdn_tree_verify_recurrent,
-                                 gdn_tree_verify_ref, tree_meta)
-from simtree.kernels.gdn.bench_util import (QWEN36, copy_bandwidth, env_info, fla_closure,
-                                            fla_recurrent_worker, graph_time_us,
-                                            memory_floor_bytes, random_gdn_inputs, shape_inputs,
-                                            shape_trees)
+                                 gdn_tree_verify_ref, tree_meta, verify_launch_config)
+from simtree.kernels.gdn.bench_util import (QWEN36, env_info, fla_closure, fla_recurrent_worker,
+                                            graph_time_us, measured_bandwidth, memory_floor_bytes,
+                                            random_gdn_inputs, shape_inputs, shape_trees)
 
 TINY = dict(H=2, HV=4, K=16, V=32)
+_CFG_KEYS = dict(block_v="v", block_t="t", num_warps="w", num_stages="s", max_registers="r")
 
 
 def _rel(a, b) -> float:
@@ -46,13 +47,14 @@ def _rel(a, b) -> float:
 def correctness(args, dims, log) -> list[dict]:
     """Triton tree / recurrent baseline / commit vs fp64 references on a few random trees."""
     recs = []
-    cases = [(1, 8), (4, 64), (1, 128), (4, 128)] if not args.tiny else [(1, 8), (2, 70)]
-    args.skip_fp32 = {(4, 64), (1, 128)}
-    for b, n in cases:
+    # (b, n, dtypes): the bf16 builds are the ones the timing reuses (same BV / words)
+    cases = ([(1, 8, "fb"), (1, 128, "b"), (4, 128, "fb")] if not args.tiny
+             else [(1, 8, "fb"), (2, 70, "fb")])
+    for b, n, dts in cases:
         trees, _, _ = shape_trees(b, n, args.seed + 1)
         for dtype, tol in ((torch.float32, 1e-4), (torch.bfloat16, 2e-2)):
-            if dtype == torch.float32 and (b, n) in args.skip_fp32:
-                continue   # an fp32 (ieee-dot) build costs a long compile; two shapes cover it
+            if str(dtype)[6] not in dts:
+                continue
             name = f"b{b}_n{n}_{str(dtype).split('.')[-1]}"
 
             def check(variant, fn, tol=tol, name=name):   # each check guarded on its own
@@ -130,14 +132,17 @@ def time_shape(args, dims, b, n, bw, log) -> list[dict]:
             rows.append(dict(base, variant=variant, tree_shape=shape, status=f"error: {exc!r}"[:300]))
         log(f"b={b:3d} n={n:4d} {variant:20s} {rows[-1].get('latency_us_median', rows[-1]['status'])}")
 
+    default = verify_launch_config(b, dims["HV"], dims["V"], args.device)
     run("triton_tree", [lambda c=c: gdn_tree_verify(*(c[key] for key in keys), backend="triton",
-                                                    meta=meta, check=False) for c in copies])
+                                                    meta=meta, check=False) for c in copies],
+        **{"cfg_" + k: v for k, v in default.items()})
     for cfg in args.tree_configs:   # launch-config variants of the same kernel (tuning data)
-        if cfg.get("block_t", 0) >= n:
-            continue   # same launch as the default at this n
-        run("triton_tree_" + "".join(f"{k[6]}{v}" for k, v in cfg.items()), [
+        if {**default, **cfg} == default:
+            continue   # the default launch at this shape
+        run("triton_tree_" + "".join(f"{_CFG_KEYS[k]}{v}" for k, v in cfg.items()), [
             lambda c=c: gdn_tree_verify(*(c[key] for key in keys), backend="triton", meta=meta,
-                                        check=False, **cfg) for c in copies])
+                                        check=False, **cfg) for c in copies],
+            **{"cfg_" + k: v for k, v in {**default, **cfg}.items()})
     caches = [gdn_tree_verify(*(c[key] for key in keys), backend="triton", meta=meta, check=False)[1]
               for c in copies]
     acc = torch.tensor([t.num_nodes - 1 for t in trees], device=args.device)   # deepest index
@@ -162,7 +167,7 @@ def time_shape(args, dims, b, n, bw, log) -> list[dict]:
                 c["fla_repeat_heads"] = True
             note = "q/k repeated to HV heads"
         run("fla_chunk", [fla_closure("fla_chunk", c, n) for c in copies], shape="chain", note=note)
-    floor_us = memory_floor_bytes(b, b * n, **dims) / bw * 1e6
+    floor_us = memory_floor_bytes(b, b * n, **dims) / bw["floor_Bps"] * 1e6
     rows.append(dict(base, variant="memory_floor", tree_shape="eagle", status="ok",
                      latency_us_median=floor_us, latency_us_p10=floor_us, latency_us_p90=floor_us,
                      repeats=1, timer="bytes/bandwidth"))
@@ -242,7 +247,7 @@ def write_outputs(args, env, bw, corr, rows) -> pd.DataFrame:
         df[key] = val
     df["dtype"] = "bf16"
     df.to_csv(os.path.join(args.out, "bench_gdn.csv"), index=False)
-    summary = dict(env=env, copy_bandwidth_GBps=bw / 1e9, correctness=corr, ratios=ratios(df),
+    summary = dict(env=env, bandwidth=bw, correctness=corr, ratios=ratios(df),
                    args={k: v for k, v in vars(args).items() if "deadline" not in k})
     with open(os.path.join(args.out, "bench_gdn.json"), "w") as f:
         json.dump(summary, f, indent=1, default=str)
@@ -271,7 +276,7 @@ def write_outputs(args, env, bw, corr, rows) -> pd.DataFrame:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default=os.environ.get("OUT", "bench_gdn_out"))
-    ap.add_argument("--max-seconds", type=float, default=240)
+    ap.add_argument("--max-seconds", type=float, default=170)
     ap.add_argument("--ns", default="4,8,16,32,64,128")
     ap.add_argument("--bs", default="1,4,16,64")
     ap.add_argument("--replays", type=int, default=20)
@@ -280,23 +285,28 @@ def main() -> None:
     ap.add_argument("--tiny", action="store_true", help="tiny head shapes (CPU smoke run)")
     ap.add_argument("--skip-correctness", action="store_true")
     ap.add_argument("--max-copies", type=int, default=32, help="input copies rotated against L2")
-    ap.add_argument("--tree-configs", default="v128,t32",
-                    help="extra tree-kernel launch configs to time: v<BV>, t<BT>, e.g. v128,t32,t32v128")
+    ap.add_argument("--tree-configs", default="v16r0,v64r0,v128,v32s1,v128w8",
+                    help="extra tree-kernel launch configs to time (skipped where equal to the "
+                         "default): v<BV> t<BT> w<warps> s<stages> r<max registers, 0 = unbounded>, "
+                         "e.g. v32,s1,v64w8r0")
     args = ap.parse_args()
     t0 = time.time()
     args.deadline = t0 + args.max_seconds
     args.timing_deadline = t0 + 0.8 * args.max_seconds   # the rest is for fla_recurrent (child)
     args.dims = TINY if args.tiny else QWEN36
-    args.tree_configs = [{("block_t" if k == "t" else "block_v"): int(v)
-                          for k, v in re.findall(r"([tv])(\d+)", c)} for c in args.tree_configs.split(",") if c]
+    names = {v: k for k, v in _CFG_KEYS.items()}
+    args.tree_configs = [{names[k]: int(v) for k, v in re.findall(r"([tvwsr])(\d+)", c)}
+                         for c in args.tree_configs.split(",") if c]
     os.makedirs(args.out, exist_ok=True)
     log = lambda msg: print(f"[{time.time() - t0:6.1f}s] {msg}", flush=True)   # noqa: E731
     env = env_info(args.dims)
-    bw = copy_bandwidth(args.device, numel=(1 << 28) if args.device == "cuda" else (1 << 20))
-    log(f"{env['gpu']} torch {env['torch']} triton {env['triton']} fla {env['fla']}; copy {bw / 1e9:.0f} GB/s")
+    bw = measured_bandwidth(args.device, numel=(1 << 28) if args.device == "cuda" else (1 << 20))
+    log(f"{env['gpu']} torch {env['torch']} triton {env['triton']} fla {env['fla']}; copy "
+        f"{bw['copy_GBps']:.0f} GB/s, read {bw['read_GBps']:.0f} GB/s (bytes read + written)")
     corr = [] if args.skip_correctness else correctness(args, args.dims, log)
     rows = []
     shapes = [(b, n) for b in map(int, args.bs.split(",")) for n in map(int, args.ns.split(","))]
+    shapes.sort(key=lambda s: (-s[1], s[0]))   # large trees first: they carry the targets
     for b, n in shapes:
         if time.time() > args.timing_deadline:
             rows.append(dict(batch_size=b, nodes_per_seq=n, total_tokens=b * n, variant="all",

@@ -8,7 +8,7 @@ import torch
 from simtree.errors import SimtreeError
 from simtree.kernels.gdn import (gdn_sequential_ref, gdn_tree_commit, gdn_tree_verify,
                                  gdn_tree_verify_dense_ref, gdn_tree_verify_recurrent,
-                                 gdn_tree_verify_ref, tree_meta)
+                                 gdn_tree_verify_ref, tree_meta, verify_launch_config)
 from simtree.tree import DraftTree, TreeBatch
 
 H, HV, K, V = 2, 4, 16, 32
@@ -63,7 +63,7 @@ def test_triton_bf16_inputs():
     assert rel_err(out, gdn_tree_verify_ref(*f64(inp), inp["parents"], inp["cu_nodes"])) < 2e-2
 
 
-@pytest.mark.parametrize("block_t", [None, 64])   # fp32 default chunk is 32; bf16 uses 64
+@pytest.mark.parametrize("block_t", [None, 64])   # default 16-node sub-chunks; 64 (tuning)
 def test_trees_larger_than_one_chunk(block_t):
     # 150-node branching tree and a 130-deep chain: ancestor-masked off-diagonal blocks, deep paths
     rng = np.random.default_rng(3)
@@ -71,6 +71,14 @@ def test_trees_larger_than_one_chunk(block_t):
     tree = (inp["parents"], inp["cu_nodes"])
     out, _ = gdn_tree_verify(*(inp[k] for k in KEYS), *tree, backend="triton", block_t=block_t)
     assert rel_err(out, gdn_tree_verify_dense_ref(*f64(inp), *tree)) < 1e-4
+
+
+def test_launch_config_splits_v_more_for_small_batches():
+    small = verify_launch_config(1, 48, 128, "cpu")
+    large = verify_launch_config(64, 48, 128, "cpu")
+    assert small["block_t"] == large["block_t"] == 16
+    assert small["block_v"] < large["block_v"] <= 128
+    assert 128 * 48 // small["block_v"] >= 132      # b=1 still fills the H200's SMs once
 
 
 def test_verify_does_not_touch_state():

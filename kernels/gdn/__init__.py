@@ -8,6 +8,8 @@ state [B, HV, K, V] fp32; parents int64 [N] local (-1 root, topological); cu_nod
 """
 from __future__ import annotations
 
+import functools
+import os
 from dataclasses import dataclass
 
 import torch
@@ -22,7 +24,7 @@ from .reference import (gdn_commit_ref, gdn_sequential_ref, gdn_tree_verify_dens
 __all__ = ["gdn_tree_verify", "gdn_tree_commit", "gdn_tree_verify_recurrent", "tree_causal_conv",
            "conv_state_commit", "gdn_tree_verify_ref", "gdn_tree_verify_dense_ref",
            "gdn_sequential_ref", "gdn_commit_ref", "tree_causal_conv_ref", "tree_meta",
-           "TreeMeta", "GDNTreeCache"]
+           "TreeMeta", "GDNTreeCache", "verify_launch_config"]
 
 
 @dataclass
@@ -65,25 +67,62 @@ def _pick_backend(backend: str, device: torch.device) -> str:
     return backend
 
 
-def _pow2(x: int) -> int:
-    return 1 << max(0, (x - 1).bit_length())
+SUB_CHUNK = 16   # node sub-chunk of the tree kernels: every tile is [16, *], nothing spills
 
 
-def _chunk(max_nodes: int) -> int:
-    return min(64, max(16, _pow2(max_nodes)))
+# Triton 3.9's interpreter multiplies bf16 dot operands wrongly (garbage), so under
+# TRITON_INTERPRET=1 the bf16 path keeps fp32 dot operands; the GPU bench checks real bf16.
+_INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+
+
+@functools.lru_cache(maxsize=None)
+def _has_maxnreg() -> bool:
+    try:
+        from triton.backends.nvidia.compiler import CUDAOptions
+        return "maxnreg" in CUDAOptions.__dataclass_fields__
+    except Exception:  # noqa: BLE001 - another backend / Triton: no register cap
+        return False
+
+
+def _maxnreg(n: int) -> dict:
+    return {"maxnreg": n} if n and not _INTERPRET and _has_maxnreg() else {}
+
+
+@functools.lru_cache(maxsize=None)
+def _num_sms(device: torch.device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return 132   # H200; only the launch heuristic reads it
+
+
+def verify_launch_config(B: int, HV: int, V: int, device: torch.device | str = "cuda") -> dict:
+    """Default launch of the tree kernel: block_t (node sub-chunk), block_v, num_warps, num_stages.
+
+    BV = 64 (kk/qk dots shared by 64 value columns) unless that leaves fewer than two programs
+    per SM (small batches): then 32, so more SMs work on the latency-bound sub-chunk chain.
+    num_stages = 2 prefetches the next earlier sub-chunk's k/u/G while this one computes.
+    max_registers = 168 at BV = 64: ptxas (sm_90, Triton 3.9) then needs no spills and three
+    programs fit an SM instead of two (184 registers unbounded); large batches are
+    throughput-bound, so occupancy is what hides the sub-chunk chain's latency.
+    """
+    device = torch.device(device)
+    bv = min(V, 64 if B * HV * max(1, V // 64) >= 2 * _num_sms(device) else 32)
+    return dict(block_t=SUB_CHUNK, block_v=bv, num_warps=4, num_stages=2,
+                max_registers=168 if bv == 64 else 0)
 
 
 def gdn_tree_verify(q, k, v, g, beta, state, parents, cu_nodes, *, scale=None, qk_l2norm=True,
                     backend="auto", meta: TreeMeta | None = None, check: bool = True,
                     block_v: int | None = None, block_t: int | None = None,
-                    num_warps: int | None = None):
+                    num_warps: int | None = None, num_stages: int | None = None,
+                    max_registers: int | None = None):
     """Every node's output as if the recurrence ran along its own root path only.
 
     One pass, ``state`` is not modified.  Returns (out [N, HV, V] in q's dtype, GDNTreeCache).
     Pass a prebuilt ``meta`` (``tree_meta``, once per round) and ``check=False`` to stay
     free of host syncs (CUDA graphs).  The Triton path computes in fp32 (fp64 inputs too).
-    ``block_v`` / ``block_t`` (node chunk, 16..64) / ``num_warps`` override the launch
-    config (benchmark tuning only).
+    ``block_v`` / ``block_t`` (node sub-chunk 16, 32 or 64) / ``num_warps`` / ``num_stages`` /
+    ``max_registers`` (0: unbounded) override ``verify_launch_config`` (benchmark tuning).
     """
     if check:
         _check_inputs(q, k, v, g, beta, state, parents, cu_nodes)
@@ -97,26 +136,33 @@ def gdn_tree_verify(q, k, v, g, beta, state, parents, cu_nodes, *, scale=None, q
                                              scale=scale, qk_l2norm=qk_l2norm, return_aux=True)
         cache = GDNTreeCache(aux["u"].float(), aux["G"].float(), meta, qk_l2norm)
         return out.to(q.dtype), cache
+    import triton.language as tl
+
     from .tree_verify import _tree_verify_kernel
     if K < 16 or K & (K - 1) or V < 16 or V & (V - 1):
         raise SimtreeError(f"triton backend needs K and V powers of two >= 16, got K={K}, V={V}")
+    cfg = verify_launch_config(B, HV, V, q.device)
+    BT = block_t or cfg["block_t"]
+    BV = min(V, block_v or cfg["block_v"])
+    if BT not in (16, 32, 64) or BV < 16 or BV & (BV - 1):
+        raise SimtreeError(f"block_t must be 16, 32 or 64 and block_v a power of two >= 16, "
+                           f"got {BT}, {BV}")
     qc, kc = q.contiguous(), k.contiguous()
     if qc.dtype == torch.float64:
         qc, kc = qc.float(), kc.float()
     out = torch.empty(v.shape, dtype=q.dtype, device=q.device)
     u = torch.empty((N, HV, V), dtype=torch.float32, device=q.device)
     G = torch.empty((N, HV), dtype=torch.float32, device=q.device)
+    # bf16/fp16 inputs: tf32 dots (their own rounding is coarser); fp32/fp64: exact fp32
     prec = "tf32" if q.dtype in (torch.bfloat16, torch.float16) else "ieee"
-    # fp32/fp64 inputs use exact fp32 (ieee) dots: FMA code that compiles slowly at 64^3, so
-    # their chunk is capped at 32 nodes
-    BT = min(_chunk(meta.max_nodes), block_t or (64 if prec == "tf32" else 32))
-    BV = min(V, block_v or 64)
-    warps = num_warps or (8 if BT * BV >= 64 * 64 else 4)
     _tree_verify_kernel[(V // BV, B * HV)](
         qc, kc, v.contiguous(), g.float().contiguous(), beta.float().contiguous(),
         state.float().contiguous(), meta.bits, cu_nodes.to(q.device, torch.int64), out, u, G, scale,
-        H=H, HV=HV, K=K, V=V, W=meta.words, BT=BT, BK=min(K, 64), BV=BV,
-        LOG_BT=BT.bit_length() - 1, L2NORM=qk_l2norm, PREC=prec, num_warps=warps)
+        H=H, HV=HV, K=K, V=V, W=meta.words, BT=BT, BV=BV, LOG_BT=BT.bit_length() - 1,
+        L2NORM=qk_l2norm, PREC=prec, DT=tl.bfloat16 if prec == "tf32" and not _INTERPRET else tl.float32,
+        num_warps=num_warps or cfg["num_warps"],
+        num_stages=num_stages or cfg["num_stages"], **_maxnreg(
+            cfg["max_registers"] if max_registers is None else max_registers))
     return out, GDNTreeCache(u, G, meta, qk_l2norm)
 
 
@@ -168,7 +214,7 @@ def gdn_tree_commit(state, k, cache: GDNTreeCache, parents, cu_nodes, accepted, 
         state, k.contiguous().float() if k.dtype == torch.float64 else k.contiguous(),
         cache.u, cache.G, cache.meta.bits, cu_nodes.to(state.device, torch.int64),
         accepted.to(state.device, torch.int64),
-        H=H, HV=HV, K=K, V=V, W=cache.meta.words, BT=_chunk(cache.meta.max_nodes), BV=BV,
+        H=H, HV=HV, K=K, V=V, W=cache.meta.words, BT=SUB_CHUNK, BV=BV,
         L2NORM=cache.qk_l2norm, PREC="ieee", num_warps=4)
 
 
