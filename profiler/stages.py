@@ -9,7 +9,8 @@ Stages (profile-table names): ``gdn_tree_verify``, ``attn_tree_verify``, ``v4_sw
 (MLP / MoE + its norm); ``lm_head_step`` (final norm, vocab GEMM, greedy pick); ``draft_step``
 (``num_steps`` sequential steps of a one-layer draft head at b * topk tokens);
 ``stack_verify_step`` (a measured stack of real layers, variant ``stack<L>``, to validate
-the composition). A missing kernel makes its variant raise :class:`Unavailable`.
+the composition); variant ``runtime_tiny`` of ``model_verify_step`` / ``draft_step`` times the
+runtime's shipped models (:mod:`.runtime_stages`). A missing kernel makes its variant raise :class:`Unavailable`.
 """
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ from simtree.models import VERIFY_STAGE
 
 from . import pieces
 from .pieces import Ctx, nbytes, tree_batch
+from .runtime_stages import RUNTIME_VARIANT, check_runtime_variant, runtime_workload
 
 __all__ = ["Point", "Workload", "Unavailable", "build_workload", "default_variants",
            "check_variant", "STAGE_KIND", "ATTN_VARIANT_PREFERENCE"]
@@ -231,6 +233,8 @@ def build_workload(ctx: Ctx, p: Point) -> Workload:
     """The workload for one grid point; raises Unavailable / SimtreeError on bad requests."""
     if p.batch_size < 1 or p.nodes_per_seq < 1:
         raise SimtreeError(f"grid point needs batch_size and nodes_per_seq >= 1, got {p}")
+    if p.variant == RUNTIME_VARIANT:   # the runtime's own models (profiler/runtime_stages.py)
+        return runtime_workload(ctx, p)
     kinds = ctx.model.kinds()
     if p.stage in STAGE_KIND:
         kind = STAGE_KIND[p.stage]
@@ -264,6 +268,8 @@ def build_workload(ctx: Ctx, p: Point) -> Workload:
 def check_variant(ctx: Ctx, stage: str, variant: str) -> str:
     """Compare a variant with a reference at a small shape on ctx.device. Returns a one-line
     verdict ("ok ..." or "no reference"); raises AssertionError on a mismatch."""
+    if variant == RUNTIME_VARIANT:
+        return check_runtime_variant(ctx, stage)
     dev = ctx.device
     if stage == "attn_tree_verify":
         small = Ctx(ctx.model, dev, ctx.dtype, ctx.seed)

@@ -230,6 +230,7 @@ class TraceRecord:
     accepted_node: int
     context_len: int | None
     marginal_probs: np.ndarray | None
+    round_index: int | None = None   # the record's "round" (0 = first round after the prompt)
 
 
 def _record(obj, where: str) -> TraceRecord:
@@ -260,8 +261,10 @@ def _record(obj, where: str) -> TraceRecord:
             raise SimtreeError(f"{where}: marginal_probs is not a [P][K] list of numbers") from None
         if marg.ndim != 2 or not np.all(np.isfinite(marg)) or np.any(marg < 0) or np.any(marg.sum(1) > 1 + 1e-6):
             raise SimtreeError(f"{where}: marginal_probs must be a [P][K] table of probabilities (rows sum <= 1)")
-    ctx = obj.get("context_len")
-    return TraceRecord(str(obj["workload"]), batch, tree, node, None if ctx is None else int(ctx), marg)
+    ctx, rnd = obj.get("context_len"), obj.get("round")
+    if rnd is not None and (not isinstance(rnd, int) or isinstance(rnd, bool) or rnd < 0):
+        raise SimtreeError(f"{where}: round {rnd!r} must be an integer >= 0")
+    return TraceRecord(str(obj["workload"]), batch, tree, node, None if ctx is None else int(ctx), marg, rnd)
 
 
 def read_traces(path: str | Path, workload: str | None = None) -> list[TraceRecord]:
@@ -287,14 +290,21 @@ def read_traces(path: str | Path, workload: str | None = None) -> list[TraceReco
 
 
 def fit_positional(records: Iterable[TraceRecord], name: str | None = None, *, topk: int = DEFAULT_TOPK,
-                   depth: int = DEFAULT_DEPTH, prior_strength: float = 5.0) -> AcceptanceModel:
+                   depth: int = DEFAULT_DEPTH, prior_strength: float = 5.0,
+                   unobserved_share: float = 0.35) -> AcceptanceModel:
     """Positional table from traces: for every accepted node, each child is a trial at
     (its depth - 1, its sibling rank), a success if it is on the accepted path.
 
     Sparse cells shrink towards the shallower row (empirical Bayes, ``prior_strength`` pseudo
-    trials); depths never observed repeat the deepest observed one.
+    trials); depths never observed repeat the deepest observed one.  Ranks never drafted in
+    any trace (e.g. ranks >= 1 of chain traces) carry no evidence: they get
+    ``unobserved_share`` of the mass the observed ranks leave free in their row (capped at the
+    rank above, as :func:`calibrate_linear`'s rank-decay), so they never take mass from the
+    observed ranks.  ``meta["imputed_ranks"]`` lists them.
     """
     records = list(records)
+    if not 0.0 <= unobserved_share <= 1.0:
+        raise SimtreeError(f"unobserved_share {unobserved_share} must be in [0, 1]")
     trials, hits = np.zeros((depth, topk)), np.zeros((depth, topk))
     for rec in records:
         tree, rank = rec.tree, sibling_rank(rec.tree)
@@ -306,18 +316,21 @@ def fit_positional(records: Iterable[TraceRecord], name: str | None = None, *, t
         np.add.at(hits, (tree.depth[child] - 1, rank[child]), on_path[child].astype(float))
     if trials[0, 0] == 0:
         raise SimtreeError("traces hold no draft node under an accepted node: nothing to fit")
-    col_tot = np.maximum(trials.sum(0), 1e-12)
+    seen = trials.sum(0) > 0  # a suffix of ranks is unseen: rank r exists only if r-1 does
+    prior = np.where(seen, hits.sum(0) / np.maximum(trials.sum(0), 1e-12), 0.0)
     table = np.zeros((depth, topk))
-    prior = np.where(trials.sum(0) > 0, hits.sum(0) / col_tot, 0.0)
-    for r in range(1, topk):  # unseen ranks: half the rank above
-        if trials[:, r].sum() == 0:
-            prior[r] = 0.5 * prior[r - 1]
     for d in range(depth):
-        table[d] = (hits[d] + prior_strength * prior) / (trials[d] + prior_strength)
+        table[d] = np.where(seen, (hits[d] + prior_strength * prior) / (trials[d] + prior_strength), 0.0)
         prior = table[d]
+    # Observed rates are conditional on the sibling existing, so rows can exceed 1 by sampling
+    # noise when parents had different numbers of children: rescale observed ranks only then.
     table /= np.maximum(table.sum(1, keepdims=True), 1.0)
+    for r in np.flatnonzero(~seen):
+        free = np.maximum(1.0 - table[:, :r].sum(1), 0.0)
+        table[:, r] = np.minimum(unobserved_share * free, table[:, r - 1]) if r else 0.0
     observed = int(np.flatnonzero(trials[:, 0] > 0).max()) + 1
     meta = {"records": len(records), "observed_depth": observed,
+            "imputed_ranks": [int(r) for r in np.flatnonzero(~seen)],
             "mean_accepted_tokens": 1.0 + float(np.mean([r.tree.depth[r.accepted_node] for r in records]))}
     workload = name or records[0].workload
     return AcceptanceModel(workload, table, np.ones(1), "fit_positional(traces)", meta)
@@ -383,7 +396,10 @@ def get_workload(spec: str, prompt_len: float | None = None, output_len: int | N
         if len(names) > 1:
             raise SimtreeError(f"{path} holds workloads {', '.join(names)}: pick one as {path}#<workload>")
         acc = fit_positional(records, names[0])
-        ctx = [r.context_len for r in records if r.context_len is not None]
+        # the prompt is the context of a sequence's first round; later rounds' contexts already
+        # include generated tokens, which the simulator adds itself
+        first = [r.context_len for r in records if r.context_len is not None and r.round_index == 0]
+        ctx = first or [r.context_len for r in records if r.context_len is not None]
         mean, sigma, out = (float(np.mean(ctx)) if ctx else 512.0), 0.5, 256
         note = f"fitted from {len(records)} trace records"
     else:

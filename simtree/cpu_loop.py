@@ -1,0 +1,281 @@
+"""The closed loop on one machine's CPU: profile -> fit -> plan -> run, predicted vs measured.
+
+``scripts/loop_cpu.sh`` drives the CLI commands; this module holds the two pieces of logic
+between them (callable from Python, or ``python -m simtree.cpu_loop``):
+
+    contrast_runs(plan_dir, workload, batch_size)  # [(role, policy name, `simtree run` flags)]
+    write_loop_report(loop_dir)                    # README.md + predicted_vs_measured.png
+
+Layout of a loop folder (every number in the report is read from these files)::
+
+    profile.csv (+ profile.meta.json)  simtree profile --sweep runtime_cpu.yaml
+    costs.json (+ costs.png)     simtree fit
+    traces/<mode>/run.json, traces.jsonl; traces.jsonl (all of them)   acceptance traces
+    plan/policy.json, candidates.csv, plan.md                         simtree plan
+    runs/b<B>_<role>/run.json    simtree run, role = chosen | second | linear | none
+    timing.tsv                   step, seconds, 1-minute load average after it (the script)
+
+Predicted, per run: the planner's numbers for that policy at that batch (candidates.csv:
+acceptance fitted from the collected traces, the bundle's cost models) - the end-to-end
+prediction; and the run's own ``predicted`` (the same cost models with the acceptance
+fitted from that run's traces) - the cost model alone.
+"""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from simtree.errors import SimtreeError
+
+__all__ = ["ROLES", "run_flags", "contrast_runs", "collect_runs", "write_loop_report", "main"]
+
+ROLES = ("chosen", "second", "linear", "none")
+SPIKE = 1.1  # mean / median round latency above which a run is flagged as hit by a load burst
+
+
+def run_flags(mode: str, params: dict) -> str:
+    """`simtree run` flags that select ``mode`` with ``params`` (contract 3 names)."""
+    p = params
+    flags = {"none": [], "linear": [f"--budget {p.get('budget', 1)}"],
+             "eagle": [f"--steps {p.get('num_steps')}", f"--topk {p.get('topk')}", f"--budget {p.get('budget')}"],
+             "best_first": [f"--budget {p.get('budget')}", f"--width {p.get('width', 1)}"],
+             "cost_aware": [f"--budget {p.get('max_budget')}"],
+             "batch_alloc": [f"--budget {p.get('max_budget_per_seq')}"]}
+    if mode not in flags:
+        raise SimtreeError(f"unknown mode {mode!r} in the plan")
+    if mode in ("best_first", "cost_aware", "batch_alloc") and "draft_depth" in p:
+        flags[mode].append(f"--draft-depth {p['draft_depth']}")
+    return " ".join([f"--mode {mode}", *flags[mode]])
+
+
+def _candidates(plan_dir: Path, workload: str, batch_size: int) -> pd.DataFrame:
+    path = Path(plan_dir) / "candidates.csv"
+    if not path.is_file():
+        raise SimtreeError(f"{path} not found: run `simtree plan --out {plan_dir}` first")
+    df = pd.read_csv(path)
+    df = df[(df["workload"] == workload) & (df["batch_size"] == batch_size)]
+    if df.empty:
+        raise SimtreeError(f"{path} has no candidates for workload {workload!r} at batch {batch_size}")
+    return df.sort_values("tok_s", ascending=False)
+
+
+def contrast_runs(plan_dir, workload: str, batch_size: int) -> list[tuple[str, str, str]]:
+    """Policies to run beside the chosen one at ``batch_size``: the planner's best candidate of
+    another family (its second choice), the best linear, and plain decoding; those equal to
+    the chosen policy are dropped.  Returns [(role, policy name, run flags)]."""
+    from simtree.policy import Policy
+    from simtree.simulate import PolicySpec
+
+    entry = Policy.load(Path(plan_dir) / "policy.json").lookup(workload, batch_size)
+    chosen = PolicySpec(entry.mode, entry.params).name
+    df = _candidates(Path(plan_dir), workload, batch_size)
+    picks = {"second": df[df["mode"] != entry.mode].head(1), "linear": df[df["mode"] == "linear"].head(1),
+             "none": df[df["mode"] == "none"].head(1)}
+    out, seen = [], {chosen}
+    for role, row in picks.items():
+        if row.empty or row["policy"].iloc[0] in seen:
+            continue
+        seen.add(row["policy"].iloc[0])
+        out.append((role, row["policy"].iloc[0], run_flags(row["mode"].iloc[0], json.loads(row["params"].iloc[0]))))
+    return out
+
+
+def collect_runs(loop_dir) -> pd.DataFrame:
+    """One row per runs/*/run.json with the planner's and the run's own predictions."""
+    from simtree.simulate import PolicySpec
+
+    loop_dir = Path(loop_dir)
+    cands = pd.read_csv(loop_dir / "plan" / "candidates.csv")
+    rows = []
+    for path in sorted((loop_dir / "runs").glob("*/run.json")):
+        run = json.loads(path.read_text())
+        role = path.parent.name.split("_", 1)[1] if "_" in path.parent.name else "?"
+        b, name = int(run["batch_size"]), PolicySpec(run["mode"], run["params"]).name
+        plan_row = cands[(cands["batch_size"] == b) & (cands["policy"] == name)
+                         & (cands["workload"] == run["workload"])]
+        m, own = run["measured"], run.get("predicted") or {}
+        rows.append({
+            "batch_size": b, "role": role, "policy": name, "mode": run["mode"],
+            "measured_tok_s": m["tokens_per_s"], "measured_accepted": m["accepted_tokens_per_round"],
+            "measured_nodes": m["mean_nodes_per_seq"], "measured_round_us": m["round_us_median"],
+            "planned_tok_s": float(plan_row["tok_s"].iloc[0]) if len(plan_row) else np.nan,
+            "planned_accepted": float(plan_row["tokens_per_round"].iloc[0]) if len(plan_row) else np.nan,
+            "planned_nodes": float(plan_row["nodes_per_seq"].iloc[0]) if len(plan_row) else np.nan,
+            "cost_model_tok_s": own.get("tokens_per_s", np.nan),
+            # throughput divides by the summed (mean) round time, the profile keeps medians:
+            # under a load with a long tail, mean > median shows up as optimistic predictions
+            "round_mean_over_median": m["decode_s"] * 1e6 / max(m["rounds"], 1) / m["round_us_median"],
+            "rounds": m["rounds"], "prompts": run["prompts"], "max_new_tokens": run["max_new_tokens"],
+            "run_json": str(path.relative_to(loop_dir))})
+    if not rows:
+        raise SimtreeError(f"no runs/*/run.json under {loop_dir}")
+    df = pd.DataFrame(rows)
+    df["err_tok_s"] = df["planned_tok_s"] / df["measured_tok_s"] - 1
+    df["err_accepted"] = df["planned_accepted"] / df["measured_accepted"] - 1
+    df["err_cost_model"] = df["cost_model_tok_s"] / df["measured_tok_s"] - 1
+    order = {r: i for i, r in enumerate(ROLES)}
+    return df.sort_values(["batch_size", "role"], key=lambda s: s.map(order) if s.name == "role" else s,
+                          ignore_index=True)
+
+
+def _figure(df: pd.DataFrame, path: Path) -> Path:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.3))
+    marks = {"chosen": "o", "second": "s", "linear": "^", "none": "x"}
+    for ax, (meas, pred, label) in zip(axes, (("measured_tok_s", "planned_tok_s", "throughput (tok/s, batch)"),
+                                              ("measured_accepted", "planned_accepted",
+                                               "accepted tokens / round (incl. bonus)"))):
+        for i, (b, sub) in enumerate(df.groupby("batch_size")):
+            for r in sub.itertuples():
+                ax.plot(getattr(r, meas), getattr(r, pred), marks.get(r.role, "."), color=f"C{i}", ms=7,
+                        label=f"b={b}" if r.role == "chosen" else None)
+        lo = float(np.nanmin(df[[meas, pred]].to_numpy())) * 0.8
+        hi = float(np.nanmax(df[[meas, pred]].to_numpy())) * 1.2
+        ax.plot([lo, hi], [lo, hi], "k-", lw=0.8)
+        ax.fill_between([lo, hi], [lo * 0.8, hi * 0.8], [lo * 1.2, hi * 1.2], color="0.9", label="+-20%")
+        ax.set_xlim(lo, hi)
+        ax.set_ylim(lo, hi)
+        ax.set_xlabel(f"measured {label}")
+        ax.set_ylabel("predicted by the plan")
+        if meas == "measured_tok_s":
+            ax.set_xscale("log")
+            ax.set_yscale("log")
+    axes[0].legend(fontsize=7, title="o chosen, s second, ^ linear, x none", title_fontsize=7)
+    fig.suptitle("simtree CPU loop: the planner's prediction vs simtree run, same model, same machine", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def _pct(x: float) -> str:
+    return "-" if not np.isfinite(x) else f"{100 * x:+.0f}%"
+
+
+def write_loop_report(loop_dir) -> dict[str, Path]:
+    """README.md + predicted_vs_measured.png + loop_results.csv in ``loop_dir``."""
+    from simtree.profile_table import read_meta
+
+    loop_dir = Path(loop_dir)
+    df = collect_runs(loop_dir)
+    csv = loop_dir / "loop_results.csv"
+    df.to_csv(csv, index=False)
+    png = _figure(df, loop_dir / "predicted_vs_measured.png")
+    costs = json.loads((loop_dir / "costs.json").read_text())
+    pmeta = read_meta(loop_dir / "profile.csv")
+    policy = json.loads((loop_dir / "plan" / "policy.json").read_text())
+    wl = next(iter(policy["source"].get("workloads", {}).values()), {})
+    timing = (pd.read_csv(loop_dir / "timing.tsv", sep="\t", names=["step", "seconds", "load1"])
+              if (loop_dir / "timing.tsv").exists() else None)
+    lines = ["# simtree CPU loop: profile -> fit -> plan -> run, predicted vs measured", "",
+             "Generated by `scripts/loop_cpu.sh` (`python -m simtree.cpu_loop report`); every number below is "
+             "read from the files in this folder.", "",
+             f"- model: `{costs['meta'].get('model')}` (the runtime's shipped tiny GDN hybrid target + draft), "
+             f"device `{costs['meta'].get('device')}` ({pmeta.get('cpu', '?')}, {pmeta.get('cpu_count', '?')} cores, "
+             f"torch {pmeta.get('torch_version', '?')}, {pmeta.get('torch_threads', '?')} torch thread), "
+             f"profile sweep `{pmeta.get('sweep', '?')}` in {pmeta.get('elapsed_s', '?')} s",
+             f"- cost fit (held-out median / p90 relative error): C_v "
+             f"{_fit_err(costs, 'verify')}, C_d {_fit_err(costs, 'draft')}",
+             f"- workload: acceptance fitted from `traces.jsonl` ({wl.get('records', '?')} records, "
+             f"{wl.get('source', '?')}), mean prompt {wl.get('mean_prompt_len', float('nan')):.0f} tokens, "
+             f"{wl.get('output_len', '?')} new tokens per prompt", "",
+             "## Predicted vs measured", "",
+             "planned = the planner's analytic prediction for that policy (`plan/candidates.csv`); "
+             "cost model only = `simtree run --costs`'s own prediction (same costs, acceptance fitted from "
+             "that run's traces). err = predicted / measured - 1.", "",
+             "| batch | role | policy | measured tok/s | planned tok/s | err | cost model only | err | "
+             "measured acc. | planned acc. | err | rounds | mean/median round |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in df.itertuples():
+        lines.append(f"| {r.batch_size} | {r.role} | {r.policy} | {r.measured_tok_s:.1f} | {r.planned_tok_s:.1f} | "
+                     f"{_pct(r.err_tok_s)} | {r.cost_model_tok_s:.1f} | {_pct(r.err_cost_model)} | "
+                     f"{r.measured_accepted:.2f} | {r.planned_accepted:.2f} | {_pct(r.err_accepted)} | {r.rounds} | "
+                     f"{r.round_mean_over_median:.2f} |")
+    lines += ["", f"![predicted vs measured]({png.name})", "", "## Was the chosen policy the best measured one?", "",
+              "| batch | chosen | best measured | chosen / best measured | chosen's measured rank |",
+              "|---|---|---|---|---|"]
+    for b, sub in df.groupby("batch_size"):
+        best = sub.loc[sub["measured_tok_s"].idxmax()]
+        ch = sub[sub["role"] == "chosen"]
+        if ch.empty:
+            continue
+        ch = ch.iloc[0]
+        rank = int((sub["measured_tok_s"] > ch["measured_tok_s"]).sum()) + 1
+        ratio = ch["measured_tok_s"] / best["measured_tok_s"]
+        lines.append(f"| {b} | {ch['policy']} | {best['policy']} | {ratio:.2f} | {rank} of {len(sub)} |")
+    abs_err = df["err_tok_s"].abs()
+    lines += ["", "## Summary", "",
+              f"- throughput: median |err| {100 * abs_err.median():.0f}%, max {100 * abs_err.max():.0f}% over "
+              f"{len(df)} runs; cost model alone: median |err| {100 * df['err_cost_model'].abs().median():.0f}%",
+              f"- accepted tokens per round: median |err| {100 * df['err_accepted'].abs().median():.0f}%, "
+              f"max {100 * df['err_accepted'].abs().max():.0f}%",
+              f"- mean / median round latency of the runs: median {df['round_mean_over_median'].median():.2f} "
+              "(the runs' throughput pays the mean, the profile's latencies are medians)"]
+    spikes = df[df["round_mean_over_median"] > SPIKE]
+    if len(spikes):
+        calm = df.loc[~df.index.isin(spikes.index), "err_tok_s"].abs()
+        lines.append(f"- runs slowed by a load burst (mean round > {SPIKE:g} x median): " + ", ".join(
+            f"b={r.batch_size} {r.role} ({_pct(r.err_tok_s)})" for r in spikes.itertuples())
+            + f"; without them: median |err| {100 * calm.median():.0f}%, max {100 * calm.max():.0f}%")
+    lines += ["",
+              "## Noise and caveats", "",
+              "- This machine has 2 cores shared with other work; every latency here (profile and runs) carries "
+              "that load. The profile's p10-p90 spread per point is in `profile.csv`; a run's round latency "
+              "median vs p90 is in its `run.json`.",
+              "- The evaluation runs decode the same ShareGPT prompts the traces came from (`simtree run` takes "
+              "the first prompts of the workload), so the acceptance model is in-sample.",
+              "- The planner predicts with expected values (analytic mode); a run has few rounds, so its "
+              "accepted length is itself a noisy sample.",
+              "- One run per policy: policies whose planned throughputs lie within ~10-15% of each other (most "
+              "contrasts here) cannot be ranked by these runs on a shared machine; a rank above is a sample.", ""]
+    if timing is not None:
+        lines += ["## Loop wall time and machine load", "",
+                  "load = 1-minute load average right after the step (2 cores: above 2 means this "
+                  "loop shared its cores with other work).", "", "| step | seconds | load |", "|---|---|---|"]
+        lines += [f"| {r.step} | {r.seconds:.0f} | {r.load1} |" for r in timing.itertuples()]
+        lines += [f"| total | {timing['seconds'].sum():.0f} | |", ""]
+    lines += [f"Files: `profile.csv`, `costs.json` (+ `costs.png`), `traces.jsonl`, `plan/`, `runs/*/run.json`, "
+              f"`{csv.name}`.", ""]
+    md = loop_dir / "README.md"
+    md.write_text("\n".join(lines))
+    return {"markdown": md, "png": png, "csv": csv}
+
+
+def _fit_err(costs: dict, which: str) -> str:
+    info = costs.get(which, {}).get("info", {}) if isinstance(costs.get(which), dict) else {}
+    err = (info.get("fit_error") or {})
+    ho = (err.get("heldout") or {}).get(err.get("kept"), {})
+    if not ho:
+        return "-"
+    return f"{100 * ho['median']:.0f}% / {100 * ho['p90']:.0f}%"
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m simtree.cpu_loop contrast PLAN_DIR WORKLOAD BATCH`` (tab-separated role, policy,
+    flags per line) | ``python -m simtree.cpu_loop report LOOP_DIR``."""
+    argv = sys.argv[1:] if argv is None else argv
+    try:
+        if len(argv) == 4 and argv[0] == "contrast":
+            for row in contrast_runs(argv[1], argv[2], int(argv[3])):
+                print("\t".join(row))
+            return 0
+        if len(argv) == 2 and argv[0] == "report":
+            paths = write_loop_report(argv[1])
+            print(f"wrote {paths['markdown']} and {paths['png']}")
+            return 0
+    except SimtreeError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(main.__doc__, file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
