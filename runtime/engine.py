@@ -142,7 +142,8 @@ class SpecEngine:
         draft_us = float(costs.draft.predict(depth, 1, B))
         if spec.mode == "cost_aware":
             verify = lambda n: costs.verify.predict(n, ctx_len, B)  # noqa: E731
-            return [cost_aware_tree(toks[b], probs[b], verify, draft_us, p["max_budget"], r)
+            convex = getattr(costs.verify, "convex_in_n", True)  # MoE costs: global argmax
+            return [cost_aware_tree(toks[b], probs[b], verify, draft_us, p["max_budget"], r, convex)
                     for b, r in enumerate(roots)]
         return self._batch_alloc(toks, probs, roots, p["max_budget_per_seq"], costs, draft_us, ctx_len)
 

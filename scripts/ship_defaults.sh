@@ -4,6 +4,7 @@
 #                                      ->  reports/h200/fit/<model>.{json,png,txt}
 #                                      ->  reports/h200/plan/ (policy + report on the new default)
 set -euo pipefail
+export COLUMNS=${COLUMNS:-150}   # rich wraps tables at 80 columns when piped to tee
 cd "$(dirname "$0")/.."
 PROFILE=${1:-reports/h200/profile/profile.csv}
 mkdir -p simtree/data/costs reports/h200/fit

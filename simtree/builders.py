@@ -325,12 +325,14 @@ def _verify_costs(verify_cost: Callable, n: np.ndarray) -> np.ndarray:
 
 
 def cost_aware_budget(order: BestFirstOrder, verify_cost: Callable, draft_cost_us: float,
-                      max_budget: int | None = None) -> int:
-    """The budget n (root included) where (1 + Phi(n)) / (C_d + C_v(n)) first stops rising.
+                      max_budget: int | None = None, convex: bool = True) -> int:
+    """The budget n (root included) maximising (1 + Phi(n)) / (C_d + C_v(n)) over 1..max_budget.
 
-    Phi(n) is concave in n (best-first adds non-increasing prefix probs) and C_v is convex and
-    non-decreasing, so once the objective fails to rise it never rises again: the first stop
-    is the argmax.  One vectorised pass over n = 1..max_budget.
+    Phi(n) is concave in n (best-first adds non-increasing prefix probs); when C_v is convex and
+    non-decreasing (``convex=True``) the objective is unimodal, so the first n where it stops
+    rising is the argmax.  A C_v that is not convex in n (MoE expert saturation: flat once all
+    experts are read) can make it rise again after a dip, so ``convex=False`` takes the global
+    argmax (the smallest n on ties).  One vectorised pass over n = 1..max_budget either way.
     """
     m = order.num_nodes if max_budget is None else min(_check_budget(max_budget, "max_budget"), order.num_nodes)
     n = np.arange(1, m + 1)
@@ -338,6 +340,8 @@ def cost_aware_budget(order: BestFirstOrder, verify_cost: Callable, draft_cost_u
     if not (cost.min() > 0 and cost.max() < np.inf):  # NaN fails both comparisons
         raise SimtreeError("draft + verify cost must be finite and > 0 us for every budget (got NaN, inf or <= 0)")
     objective = (1.0 + order.cum_phi[:m]) / cost
+    if not convex:
+        return int(np.argmax(objective)) + 1
     if m == 1:
         return 1
     falls = objective[1:] <= objective[:-1]
@@ -346,10 +350,11 @@ def cost_aware_budget(order: BestFirstOrder, verify_cost: Callable, draft_cost_u
 
 
 def cost_aware_tree(marginal_tokens, marginal_probs, verify_cost: Callable, draft_cost_us: float,
-                    max_budget: int, root_token: int = 0) -> DraftTree:
+                    max_budget: int, root_token: int = 0, convex: bool = True) -> DraftTree:
     """CaDDTree: best-first growth stopped where (1 + Phi(T)) / (C_d + C_v(|T|)) stops rising.
 
-    ``verify_cost(n) -> us`` for n nodes including the root (an int array is tried first).
+    ``verify_cost(n) -> us`` for n nodes including the root (an int array is tried first);
+    ``convex=False`` (a cost model flagged non-convex in n, e.g. MoE) takes the global argmax.
     """
     order = best_first_order(marginal_tokens, marginal_probs, max_budget, root_token)
-    return order.tree(cost_aware_budget(order, verify_cost, draft_cost_us))
+    return order.tree(cost_aware_budget(order, verify_cost, draft_cost_us, convex=convex))

@@ -2,15 +2,17 @@
 
     VerifyCostModel.predict(nodes_per_seq, context_len, batch_size) -> us
         one verify step of the batch: every sequence verifies n tree nodes at context l;
-        a plain decode step is predict(1, l, b). Convex and non-decreasing in n,
-        non-decreasing in l and b, everywhere (also outside the fitted range).
+        a plain decode step is predict(1, l, b). Non-decreasing in n, l and b everywhere
+        (also outside the fitted range); convex in n unless ``convex_in_n`` is False (an MoE
+        model whose experts saturate, form "moe"/"moe_grid": budget rules then take the
+        global argmax instead of the first stop).
     DraftCostModel.predict(num_steps, topk, batch_size) -> us
         one drafting round: s sequential draft steps of top-k over the batch.
     CostBundle(verify, draft, meta) with save(path) / load_costs(path): small JSON.
 
 Inputs broadcast as numpy arrays (float or ndarray out); Python scalars take a pure-Python
 fast path (a few microseconds). The fitted parameters live in a surface from
-:mod:`simtree.costfit` (form "basis" or "grid", see there); this module adds the names, the
+:mod:`simtree.costfit` (form "basis", "grid", "moe" or "moe_grid", see there); this module adds the names, the
 provenance (source profile and its hash) and the held-out fit error.
 Any object with the same ``predict`` methods works in the simulator (duck typing).
 """
@@ -35,7 +37,7 @@ DRAFT_AXES = ("topk", "num_steps", "batch_size")                # surface x, y, 
 
 @dataclass
 class _SurfaceModel:
-    """A fitted convex surface with its fit report; subclasses name the axes of predict."""
+    """A fitted monotone surface with its fit report; subclasses name the axes of predict."""
 
     surface: object
     info: dict = field(default_factory=dict)
@@ -43,6 +45,11 @@ class _SurfaceModel:
     @property
     def valid_range(self) -> dict:
         return dict(self.surface.valid_range)
+
+    def _convex_in_x(self, key: str) -> bool:
+        # Conservative: not convex if either the surface or the stored info says so; bundles
+        # written before the key existed hold convex forms only (True).
+        return bool(getattr(self.surface, "convex_in_x", True)) and bool(self.info.get(key, True))
 
     def to_dict(self) -> dict:
         return {"surface": self.surface.to_dict(), "info": self.info}
@@ -58,8 +65,14 @@ class VerifyCostModel(_SurfaceModel):
 
     surface: a fitted surface over (x=n, y=l, z=b); info: form, valid_range, source
     (profile path, sha256, stage, variant, model, device), fit_error (held-out and
-    in-sample median/p90 relative error per form), worst_residuals.
+    in-sample median/p90 relative error per form), worst_residuals, convex_in_n (and
+    nonconvex_reason when False).
     """
+
+    @property
+    def convex_in_n(self) -> bool:
+        """False when C_v may be concave in n (MoE saturation): first-stop budget rules break."""
+        return self._convex_in_x("convex_in_n")
 
     def predict(self, nodes_per_seq, context_len, batch_size):
         return self.surface.predict(nodes_per_seq, context_len, batch_size)
@@ -68,6 +81,10 @@ class VerifyCostModel(_SurfaceModel):
 @dataclass
 class DraftCostModel(_SurfaceModel):
     """C_d(s, k, b) in microseconds for one drafting round of the batch (s steps, top-k)."""
+
+    @property
+    def convex_in_topk(self) -> bool:
+        return self._convex_in_x("convex_in_topk")
 
     def predict(self, num_steps, topk, batch_size):
         return self.surface.predict(topk, num_steps, batch_size)

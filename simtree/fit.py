@@ -10,6 +10,11 @@ Draft rows: ``draft_step`` of the same model and device, axes (topk, num_steps, 
 their context lengths are merged by median (C_d takes no l). Without draft rows the fit
 refuses unless ``draft_from_verify``: then C_d(s, k, b) = fraction * s * C_v(k, l_med, b),
 an assumption recorded in the bundle (see :class:`simtree.costfit.ScaledVerifyDraft`).
+
+Forms: ``forms=None`` ("auto") tries basis and grid, plus moe and moe_grid when the model is
+an MoE in the registry (:func:`simtree.models.get_model`; its n_experts, experts_per_token).
+Those two are monotone but not convex in n (expert saturation); when one wins held-out the
+model info says ``convex_in_n: false`` with the reason, and a note says so.
 """
 from __future__ import annotations
 
@@ -23,15 +28,30 @@ import numpy as np
 import pandas as pd
 
 from simtree.costfit import FitResult, ScaledVerifyDraft, fit_surface
+from simtree.costfit.fitting import MOE_FORMS
 from simtree.costmodel import DRAFT_AXES, VERIFY_AXES, CostBundle, DraftCostModel, VerifyCostModel
 from simtree.errors import SimtreeError
+from simtree.models import get_model
 from simtree.profile_table import load_profile, profile_hash, read_meta
 
-__all__ = ["FitReport", "fit_profile", "plot_fit", "bench_predict", "DRAFT_STAGE",
-           "DEFAULT_VERIFY_STAGE"]
+__all__ = ["FitReport", "fit_profile", "plot_fit", "bench_predict", "moe_shape", "DRAFT_STAGE",
+           "DEFAULT_VERIFY_STAGE", "AUTO_FORMS"]
 
 DRAFT_STAGE = "draft_step"
 DEFAULT_VERIFY_STAGE = "model_verify_step"
+AUTO_FORMS = ("basis", "grid")   # + MOE_FORMS for an MoE model
+
+
+def moe_shape(model: str) -> tuple[int, int] | None:
+    """(n_experts, experts_per_token) of a registry model with an MoE MLP; None for a dense
+    model or a name the registry does not know (then no MoE form is tried)."""
+    try:
+        mlp = get_model(model).mlp
+    except SimtreeError:
+        return None
+    if mlp.get("kind") != "moe":
+        return None
+    return int(mlp["n_experts"]), int(mlp["experts_per_token"])
 
 
 @dataclass
@@ -87,24 +107,39 @@ def _choose_verify_stage(df: pd.DataFrame, stage: str | None, notes: list) -> st
                        f"(have: {', '.join(stages) or 'none'})")
 
 
-def _info(result: FitResult, source: dict, notes: list) -> dict:
-    return {"form": result.form, "valid_range": result.surface.valid_range, "source": source,
+def _info(result: FitResult, source: dict, notes: list, convex_key: str) -> dict:
+    info = {"form": result.form, "valid_range": result.surface.valid_range, "source": source,
             "num_points": result.num_points,
             "fit_error": {"heldout": result.heldout, "in_sample": result.in_sample,
                           "kept": result.form},
-            "worst_residuals": result.worst, "notes": list(result.notes) + notes}
+            "worst_residuals": result.worst, "notes": list(result.notes) + notes,
+            convex_key: result.convex_in_x}
+    if not result.convex_in_x:
+        info["nonconvex_reason"] = result.surface.nonconvex_reason
+    return info
+
+
+def _resolve_forms(forms, moe: tuple[int, int] | None, model: str) -> tuple:
+    if forms is None or forms == "auto":
+        return AUTO_FORMS + (MOE_FORMS if moe else ())
+    forms = tuple(forms)
+    if moe is None and set(forms) & set(MOE_FORMS):
+        raise SimtreeError(f"forms {', '.join(MOE_FORMS)} need an MoE model; {model!r} is dense or "
+                           "not in the model registry")
+    return forms
 
 
 def fit_profile(profile: str | os.PathLike, *, stage: str | None = None, model: str | None = None,
                 variant: str | None = None, device: str | None = None, dtype: str | None = None,
                 draft_variant: str | None = None, draft_from_verify: bool = False,
-                draft_fraction: float = 0.05, forms=("basis", "grid"), folds: int = 5,
+                draft_fraction: float = 0.05, forms=None, folds: int = 5,
                 reference_forms=("per_bin",),
                 on_fit: Callable[[], None] | None = None) -> FitReport:
     """Fit C_v and C_d to a profile table and return the bundle with its evaluation.
 
-    Raises SimtreeError (one line) on a bad table, an ambiguous selection (several models,
-    devices or variants with none chosen), or data that cannot be fitted.
+    ``forms``: None/"auto" (see the module doc) or a tuple of form names. Raises SimtreeError
+    (one line) on a bad table, an ambiguous selection (several models, devices or variants with
+    none chosen), an MoE form for a dense model, or data that cannot be fitted.
     """
     path = Path(profile)
     df = load_profile(path)
@@ -120,13 +155,15 @@ def fit_profile(profile: str | os.PathLike, *, stage: str | None = None, model: 
         notes.append(f"{what}: tree shapes {', '.join(sorted(rows['tree_shape'].unique()))} merged "
                      "by median at equal (n, l, b)")
     model_name, device_name = rows["model"].iloc[0], rows["device"].iloc[0]
+    moe = moe_shape(model_name)
+    forms = _resolve_forms(forms, moe, model_name)
     digest = profile_hash(path)
     base_source = {"profile": str(path), "sha256": digest, "model": model_name, "device": device_name}
     vres = fit_surface(rows["nodes_per_seq"], rows["context_len"], rows["batch_size"],
                        rows["latency_us_median"], "verify", VERIFY_AXES, forms=forms, folds=folds,
-                       what=f"C_v from {what}", on_fit=on_fit, reference_forms=reference_forms)
+                       what=f"C_v from {what}", on_fit=on_fit, reference_forms=reference_forms, moe=moe)
     vsource = {**base_source, "stage": vstage, "variant": rows["variant"].iloc[0]}
-    verify = VerifyCostModel(vres.surface, _info(vres, vsource, []))
+    verify = VerifyCostModel(vres.surface, _info(vres, vsource, [], "convex_in_n"))
 
     drows = df[(df["stage"] == DRAFT_STAGE) & (df["model"] == model_name) & (df["device"] == device_name)
                & (df["dtype"] == rows["dtype"].iloc[0])]
@@ -139,9 +176,13 @@ def fit_profile(profile: str | os.PathLike, *, stage: str | None = None, model: 
         assumption = (f"no {DRAFT_STAGE} rows: assumed C_d(s, k, b) = {draft_fraction:g} * s * "
                       f"C_v(n=k, l={l_ref:g}, b)")
         notes.append(assumption)
-        draft = DraftCostModel(ScaledVerifyDraft(vres.surface, draft_fraction, l_ref),
-                               {"form": "scaled_verify", "assumption": assumption,
-                                "source": {**base_source, "stage": vstage}, "fit_error": None})
+        scaled = ScaledVerifyDraft(vres.surface, draft_fraction, l_ref)
+        dinfo = {"form": "scaled_verify", "assumption": assumption,
+                 "source": {**base_source, "stage": vstage}, "fit_error": None,
+                 "convex_in_topk": scaled.convex_in_x}
+        if not scaled.convex_in_x:
+            dinfo["nonconvex_reason"] = scaled.nonconvex_reason
+        draft = DraftCostModel(scaled, dinfo)
         drows = None
     else:
         drows = _pick(drows, "variant", draft_variant, f"stage {DRAFT_STAGE}")
@@ -155,12 +196,13 @@ def fit_profile(profile: str | os.PathLike, *, stage: str | None = None, model: 
         dres = fit_surface(drows["topk"], drows["num_steps"], drows["batch_size"],
                            drows["latency_us_median"], "draft", DRAFT_AXES, forms=forms,
                            folds=folds, what=f"C_d from stage {DRAFT_STAGE}", on_fit=on_fit,
-                           reference_forms=reference_forms)
+                           reference_forms=reference_forms, moe=moe)
         dsource = {**base_source, "stage": DRAFT_STAGE, "variant": drows["variant"].iloc[0]}
-        draft = DraftCostModel(dres.surface, _info(dres, dsource, dnotes))
+        draft = DraftCostModel(dres.surface, _info(dres, dsource, dnotes, "convex_in_topk"))
         notes.extend(dnotes)
 
     meta = {"model": model_name, "device": device_name, "synthetic": False,
+            "moe": None if moe is None else {"n_experts": moe[0], "experts_per_token": moe[1]},
             "source": {"profile": str(path), "sha256": digest, "verify_stage": vstage,
                        "draft_stage": DRAFT_STAGE if dres is not None else None},
             "profile_meta": read_meta(path)}

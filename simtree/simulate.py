@@ -215,6 +215,8 @@ class _Adaptive:
         self.spec, self.costs, self.b, self.acc = spec, costs, batch_size, acc
         self.max_budget = p.get("max_budget", p.get("max_budget_per_seq"))
         self.draft_us = _draft_us(costs, spec, batch_size)
+        # first-stop rule only when C_v is convex in n; batch_allocation always takes the global argmax
+        self.convex = bool(getattr(costs.verify, "convex_in_n", True))
         self.orders, self.tables = [], []
         for level in range(acc.num_levels):
             toks, probs = acc.marginals(level, p["draft_depth"])
@@ -228,7 +230,8 @@ class _Adaptive:
             # C_v(1..max_budget) once per round, shared by every level's stop rule
             table = np.asarray(cv(np.arange(1, self.max_budget + 1)), np.float64)
             cached = lambda n: table[np.asarray(n) - 1]  # noqa: E731
-            per_level = {lv: cost_aware_budget(self.orders[lv], cached, self.draft_us, self.max_budget)
+            per_level = {lv: cost_aware_budget(self.orders[lv], cached, self.draft_us, self.max_budget,
+                                               convex=self.convex)
                          for lv in np.unique(levels)}
             return np.array([per_level[lv] for lv in levels], np.int64)
         survival = [self.orders[lv].prefix_probs[1:self.max_budget] for lv in levels]

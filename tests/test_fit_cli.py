@@ -94,3 +94,45 @@ def test_unknown_stage_lists_what_the_table_has(tmp_path):
     prof = make_profile(tmp_path / "profile.csv", np.random.default_rng(5))
     with pytest.raises(SimtreeError, match="no rows with stage='gdn_tree_verify' .*model_verify_step"):
         fit_profile(prof, stage="gdn_tree_verify")
+
+
+def make_moe_profile(path, rng, model):
+    """Verify + draft rows with DeepSeek-V4-Flash's expert saturation (E=256, k=6)."""
+    rows = []
+    for b in (1, 4, 16):
+        for l in (1024, 8192):
+            for n in (1, 2, 4, 8, 16, 32):
+                lat = (2000 + 5 * max(n * b - 64, 0) + 20 * b + 1e-2 * b * l
+                       + 1e5 * min(6 * n * b, 256) / 256) * (1 + 0.01 * rng.standard_normal())
+                rows.append({**row("model_verify_step", n, l, b, lat), "model": model})
+        for s in (1, 2, 4):
+            for k in (1, 2, 4):
+                lat = (100 + s * (300 + 2e3 * min(6 * k * b, 256) / 256)) * (1 + 0.01 * rng.standard_normal())
+                rows.append({**row("draft_step", k, 1024, b, lat, num_steps=s, topk=k), "model": model,
+                             "variant": "torch_ref", "tree_shape": "eagle"})
+    append_rows(path, rows)
+    return path
+
+
+def test_moe_model_gets_the_saturation_form_reported_loudly(tmp_path):
+    prof = make_moe_profile(tmp_path / "profile.csv", np.random.default_rng(6), "deepseek-v4-flash")
+    out = tmp_path / "costs.json"
+    result = CliRunner().invoke(app, ["fit", str(prof), "-o", str(out), "--folds", "3", "--no-png"])
+    assert result.exit_code == 0, result.output
+    assert "C_v is NOT convex in n" in result.output and "min(T*k, E) experts touched" in result.output
+    bundle = load_costs(out)
+    v = bundle.verify
+    assert v.info["form"] in ("moe", "moe_grid") and v.info["convex_in_n"] is False
+    assert v.convex_in_n is False and set(v.info["fit_error"]["heldout"]) >= {"basis", "grid", "moe", "moe_grid"}
+    assert v.info["fit_error"]["heldout"][v.info["form"]]["median"] < 0.02
+    assert bundle.meta["moe"] == {"n_experts": 256, "experts_per_token": 6}
+
+
+def test_dense_model_never_gets_an_moe_form(tmp_path):
+    # Same saturating data under a dense registry model: only convex forms are tried.
+    prof = make_moe_profile(tmp_path / "profile.csv", np.random.default_rng(7), "qwen3.6-27b")
+    report = fit_profile(prof, folds=2, reference_forms=())
+    assert set(report.verify.heldout) == {"basis", "grid"} and report.bundle.verify.convex_in_n
+    assert report.bundle.verify.info["convex_in_n"] is True and report.bundle.meta["moe"] is None
+    with pytest.raises(SimtreeError, match="need an MoE model; 'qwen3.6-27b' is dense"):
+        fit_profile(prof, folds=2, forms=("moe",))

@@ -15,7 +15,7 @@ from simtree.errors import SimtreeError
 
 COMMANDS = {
     "profile": "Measure verify and draft latencies on this machine's GPU (or CPU) into a profile table.",
-    "fit": "Fit convex, monotone cost models C_v(n, l, batch) and C_d to a profile table.",
+    "fit": "Fit monotone cost models C_v(n, l, batch) and C_d (convex, or flagged MoE saturation) to a profile table.",
     "plan": "Choose tree on/off, shape and budget per batch size and workload; write a policy and report.",
     "simulate": "Predict decode throughput of one policy for a model, workload and batch size.",
     "run": "Decode live with a policy and report measured against predicted throughput.",

@@ -1,4 +1,6 @@
-"""``simtree fit``: profile table -> convex, monotone cost models (CostBundle JSON) + PNG."""
+"""``simtree fit``: profile table -> monotone cost models (CostBundle JSON) + PNG.
+
+Convex in n, except an MoE model's expert-saturation forms, which are flagged when kept."""
 from __future__ import annotations
 
 import json
@@ -11,6 +13,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from simtree.cli import COMMANDS
+from simtree.costfit.fitting import MOE_FORMS
 
 
 def _pct(x) -> str:
@@ -19,25 +22,28 @@ def _pct(x) -> str:
 
 def _print_report(report, console: Console) -> None:
     table = Table(title="relative error: held-out (k-fold) and in-sample of the kept form")
-    for col in ("cost", "stage", "variant", "form", "pts", "ho med", "ho p90", "in p90", "in max"):
-        table.add_column(col, justify="left" if col in ("cost", "stage", "variant", "form") else "right")
+    for col in ("cost", "stage", "variant", "form", "convex", "pts", "ho med", "ho p90", "in p90", "in max"):
+        left = col in ("cost", "stage", "variant", "form", "convex")
+        table.add_column(col, justify="left" if left else "right")
     for name, res, m in (("C_v", report.verify, report.bundle.verify),
                          ("C_d", report.draft, report.bundle.draft)):
         src = m.info.get("source", {})
         label = (src.get("stage", "?"), src.get("variant", "-"))
         if res is None:
-            table.add_row(name, *label, "assumed from C_v", "-", "-", "-", "-", "-")
+            convex = "yes" if getattr(m.surface, "convex_in_x", True) else "NO"
+            table.add_row(name, *label, "assumed from C_v", convex, "-", "-", "-", "-", "-")
             continue
         for form, err in res.heldout.items():
             kept = form == res.form
             tag = "*" if kept else (f" (ref, {100 * err['monotone_violations']:.0f}% non-monotone)"
                                     if err.get("reference") else "")
-            table.add_row(name, *label, form + tag, str(res.num_points),
+            table.add_row(name, *label, form + tag, "NO" if form in MOE_FORMS else "yes", str(res.num_points),
                           _pct(err["median"]), _pct(err["p90"]),
                           _pct(res.in_sample["p90"]) if kept else "", _pct(res.in_sample["max"]) if kept else "")
     console.print(table)
     console.print("* kept: lower held-out median + p90; ref: per-(l, b) convex curves "
-                  "interpolated between bins (public practice), shown for comparison, never kept")
+                  "interpolated between bins (public practice), shown for comparison, never kept; "
+                  "convex: in n (C_v) or topk (C_d), NO for the MoE expert-saturation forms")
     for name, res in (("C_v", report.verify), ("C_d", report.draft)):
         if res is None:
             continue
@@ -50,6 +56,14 @@ def _print_report(report, console: Console) -> None:
         console.print(worst)
     for note in report.notes + report.verify.notes + (report.draft.notes if report.draft else []):
         console.print(f"note: {note}")
+    consequence = {"C_v": "adaptive budgets take the global argmax of the objective, not the first stop",
+                   "C_d": "C_d is only read at fixed (steps, topk), no stop rule depends on it"}
+    for name, m, key, axis in (("C_v", report.bundle.verify, "convex_in_n", "n"),
+                               ("C_d", report.bundle.draft, "convex_in_topk", "topk")):
+        if m.info.get(key, True) is False:
+            console.print(f"[bold yellow]warning:[/] {name} is NOT convex in {axis} ({key}: false): "
+                          f"{m.info.get('nonconvex_reason', 'see notes')}; {consequence[name]}",
+                          highlight=False)
 
 
 def register(app: typer.Typer) -> None:
@@ -67,28 +81,33 @@ def register(app: typer.Typer) -> None:
         draft_from_verify: bool = typer.Option(
             False, help="Without draft_step rows, assume C_d(s,k,b) = fraction * s * C_v(k, l_median, b)."),
         draft_fraction: float = typer.Option(0.05, help="Draft step cost as a fraction of a verify step."),
-        form: str = typer.Option("auto", help="Model form: auto (best held-out of basis and grid), basis, grid."),
+        form: str = typer.Option("auto", help="Model form: auto (best held-out of basis, grid and, for an MoE "
+                                 "model, moe and moe_grid), basis, grid, moe, moe_grid."),
         folds: int = typer.Option(5, min=2, help="Folds for the held-out error."),
         png: Optional[Path] = typer.Option(None, help="Plot path (default: OUT with .png)."),
         no_png: bool = typer.Option(False, "--no-png", help="Do not write the plot."),
         bench: bool = typer.Option(False, help="Also time predict() (us per scalar call)."),
         as_json: bool = typer.Option(False, "--json", help="Print the evaluation as JSON."),
     ) -> None:
-        """Fit convex, monotone C_v(n, l, batch) and C_d(s, k, batch) to a profile table.
+        """Fit monotone C_v(n, l, batch) and C_d(s, k, batch) to a profile table: convex in n,
+        except an MoE model's expert-saturation forms, which are reported when kept.
 
         Example: simtree fit reports/h200/profile.csv -o reports/h200/costs.json --stage gdn_tree_verify
         """
         from simtree.errors import SimtreeError
-        from simtree.fit import bench_predict, fit_profile, plot_fit
+        from simtree.fit import AUTO_FORMS, bench_predict, fit_profile, moe_shape, plot_fit
 
-        forms = {"auto": ("basis", "grid"), "basis": ("basis",), "grid": ("grid",)}.get(form)
-        if forms is None:
-            raise SimtreeError(f"--form must be auto, basis or grid, got {form!r}")
+        if form not in ("auto", "basis", "grid", *MOE_FORMS):
+            raise SimtreeError(f"--form must be auto, basis, grid, {', '.join(MOE_FORMS)}; got {form!r}")
+        forms = None if form == "auto" else (form,)
         reference = ("per_bin",) if form == "auto" else ()
+        # solves per fit (bar length); MoE forms counted unless --model names a dense model
+        with_moe = model is None or moe_shape(model) is not None
+        num_forms = 1 if forms else len(AUTO_FORMS) + len(MOE_FORMS) * with_moe
         console = Console(stderr=as_json)
         with Progress(TextColumn("fitting"), BarColumn(), TextColumn("{task.completed}/{task.total} solves"),
                       TimeElapsedColumn(), console=console, transient=True) as progress:
-            task = progress.add_task("fit", total=2 * ((len(forms) + len(reference)) * folds + 1 + len(reference)))
+            task = progress.add_task("fit", total=2 * ((num_forms + len(reference)) * folds + 1 + len(reference)))
             report = fit_profile(profile, stage=stage, model=model, variant=variant, device=device, dtype=dtype,
                                  draft_variant=draft_variant, draft_from_verify=draft_from_verify,
                                  draft_fraction=draft_fraction, forms=forms, folds=folds,
@@ -113,6 +132,7 @@ def register(app: typer.Typer) -> None:
         d = report.draft
         dtxt = (f"draft {d.form} (held-out median {_pct(d.heldout[d.form]['median'])}, "
                 f"p90 {_pct(d.heldout[d.form]['p90'])})" if d else "draft assumed from verify")
+        vconvex = "" if report.bundle.verify.convex_in_n else ", NOT convex in n"
         console.print(f"wrote {out}" + (f" and {png_path}" if png_path else "") +
                       f": verify {v.form} (held-out median {_pct(v.heldout[v.form]['median'])}, "
-                      f"p90 {_pct(v.heldout[v.form]['p90'])}), {dtxt}")
+                      f"p90 {_pct(v.heldout[v.form]['p90'])}{vconvex}), {dtxt}")

@@ -6,6 +6,12 @@ Both forms are linear in their parameters, so the loss is convex and every shape
 (convex and non-decreasing in x, non-decreasing in y and z) is a linear inequality: the fit
 is the best convex, monotone approximation of the data, and where the data themselves are not
 convex (a tile-size step) the largest residuals are reported, not hidden.
+
+The forms "moe" and "moe_grid" (MoE models only: ``moe=(n_experts, experts_per_token)``) add
+the fixed feature min(T k_e, E) / E with a coefficient >= 0 to the basis / grid form: still a
+convex program, but the surface is concave in x where the experts saturate. They compete on
+held-out error like the others; when one is kept the result says so (``convex_in_x`` False
+and a note), never silently.
 """
 from __future__ import annotations
 
@@ -15,12 +21,13 @@ import cvxpy as cp
 import numpy as np
 import scipy.sparse as sp
 
-from simtree.costfit.forms import BasisSurface, GridSurface
+from simtree.costfit.forms import BasisSurface, GridSurface, MoEGridSurface, MoESurface, expert_feature
 from simtree.errors import SimtreeError
 
-__all__ = ["FitResult", "fit_surface", "aggregate_points", "error_stats"]
+__all__ = ["FitResult", "fit_surface", "aggregate_points", "error_stats", "MOE_FORMS"]
 
 MAX_KNOTS = 10
+MOE_FORMS = ("moe", "moe_grid")   # not convex in x: only for MoE models, reported when kept
 
 
 @dataclass
@@ -34,6 +41,10 @@ class FitResult:
     worst: list              # the largest in-sample residuals of the kept surface
     num_points: int
     notes: list = field(default_factory=list)
+
+    @property
+    def convex_in_x(self) -> bool:
+        return bool(getattr(self.surface, "convex_in_x", True))
 
 
 def error_stats(pred: np.ndarray, y: np.ndarray) -> dict:
@@ -78,16 +89,22 @@ def choose_knots(tokens: np.ndarray) -> list[float]:
     return [float(t) for t in inner]
 
 
-def fit_basis(x, y, z, lat, kind: str, axis_names, valid_range, huber_rel: float) -> BasisSurface:
+def fit_basis(x, y, z, lat, kind: str, axis_names, valid_range, huber_rel: float,
+              moe: tuple[int, int] | None = None) -> BasisSurface:
+    """The basis form; with ``moe=(E, k_e)`` the moe form (one more column, the expert term)."""
     knots = choose_knots(x * z)
     phi = BasisSurface.features(kind, knots, x, y, z)
+    if moe is not None:
+        phi = np.column_stack([phi, expert_feature(kind, *moe, x, y, z)])
     scale = np.max(np.abs(phi), axis=0)
     scale[scale == 0] = 1.0
     a = (phi / scale) / lat[:, None]          # r = a @ theta - 1
     theta = cp.Variable(phi.shape[1], nonneg=True)
     prob = cp.Problem(cp.Minimize(cp.sum(cp.huber(a @ theta - 1.0, huber_rel)) / len(lat)))
-    _solve(prob, f"{kind} basis form")
+    _solve(prob, f"{kind} {'moe' if moe else 'basis'} form")
     coef = np.maximum(np.asarray(theta.value, dtype=float), 0.0) / scale
+    if moe is not None:
+        return MoESurface(kind, knots, coef[:-1], coef[-1], *moe, axis_names, valid_range)
     return BasisSurface(kind, knots, coef, axis_names, valid_range)
 
 
@@ -114,10 +131,12 @@ def _pad_axis(vals: np.ndarray) -> tuple[np.ndarray, bool]:
 
 
 def fit_grid(x, y, z, lat, axis_names, valid_range, huber_rel: float,
-             curvature_weight: float = 1e-3, coupled: bool = True) -> GridSurface:
+             curvature_weight: float = 1e-3, coupled: bool = True,
+             moe: tuple[int, int] | None = None, kind: str = "verify") -> GridSurface:
     """coupled=False drops every constraint across y and z: one convex curve in x per
     (y, z) bin, interpolated linearly between bins (the public practice, kept as a reference
-    to compare against; it is not monotone in y or z in general)."""
+    to compare against; it is not monotone in y or z in general). ``moe=(E, k_e)``: the
+    moe_grid form, one more variable alpha >= 0 on the fixed expert feature of ``kind``."""
     xs = np.unique(x)
     (ys, flat_y), (zs, flat_z) = _pad_axis(np.unique(y)), _pad_axis(np.unique(z))
     nx, ny, nz = len(xs), len(ys), len(zs)
@@ -152,8 +171,12 @@ def fit_grid(x, y, z, lat, axis_names, valid_range, huber_rel: float,
         cons.append(inc_z @ u == 0)
     # A small curvature penalty picks the least-curved values for cells without data.
     reg = curvature_weight * cp.sum(curv @ u) / (nz * ny)
-    loss = cp.sum(cp.huber(pick @ u - 1.0, huber_rel)) / len(lat)
-    _solve(cp.Problem(cp.Minimize(loss + reg), cons), "grid form")
+    fitted = pick @ u
+    if moe is not None:
+        alpha = cp.Variable(nonneg=True)
+        fitted = fitted + alpha * (expert_feature(kind, *moe, x, y, z) * unit / lat)
+    loss = cp.sum(cp.huber(fitted - 1.0, huber_rel)) / len(lat)
+    _solve(cp.Problem(cp.Minimize(loss + reg), cons), "moe_grid form" if moe else "grid form")
     values = np.maximum(np.asarray(u.value, dtype=float), 0.0).reshape(nz, ny, nx) * unit
     if flat_y:   # phantom neighbours equal their measured slice exactly, not to solver tolerance
         values[:, 1, :] = values[:, 0, :]
@@ -161,6 +184,9 @@ def fit_grid(x, y, z, lat, axis_names, valid_range, huber_rel: float,
         values[1] = values[0]
     if coupled:
         values = _project_monotone(values)
+    if moe is not None:
+        return MoEGridSurface(kind, xs, ys, zs, values, max(float(alpha.value), 0.0) * unit, *moe,
+                              axis_names, valid_range)
     return GridSurface(xs, ys, zs, values, axis_names, valid_range)
 
 
@@ -173,12 +199,18 @@ def _project_monotone(v: np.ndarray) -> np.ndarray:
     return np.maximum.accumulate(v, axis=1)
 
 
-def _fit_form(form, x, y, z, lat, kind, axis_names, valid_range, huber_rel):
-    if form == "basis":
-        return fit_basis(x, y, z, lat, kind, axis_names, valid_range, huber_rel)
-    if form in ("grid", "per_bin"):
-        return fit_grid(x, y, z, lat, axis_names, valid_range, huber_rel, coupled=form == "grid")
-    raise SimtreeError(f"unknown model form {form!r} (basis, grid or per_bin)")
+def _score(err: dict) -> str:
+    return f"{100 * (err['median'] + err['p90']):.1f}%"
+
+
+def _fit_form(form, x, y, z, lat, kind, axis_names, valid_range, huber_rel, moe=None):
+    if form in ("basis", "moe"):
+        return fit_basis(x, y, z, lat, kind, axis_names, valid_range, huber_rel,
+                         moe=moe if form == "moe" else None)
+    if form in ("grid", "per_bin", "moe_grid"):
+        return fit_grid(x, y, z, lat, axis_names, valid_range, huber_rel, coupled=form != "per_bin",
+                        moe=moe if form == "moe_grid" else None, kind=kind)
+    raise SimtreeError(f"unknown model form {form!r} (basis, grid, moe, moe_grid or per_bin)")
 
 
 def monotone_violations(surface, valid_range: dict, axis_names) -> float:
@@ -194,7 +226,7 @@ def monotone_violations(surface, valid_range: dict, axis_names) -> float:
 def fit_surface(x, y, z, latency, kind: str, axis_names=("x", "y", "z"),
                 forms=("basis", "grid"), folds: int = 5, seed: int = 0,
                 huber_rel: float = 0.05, what: str = "cost model", worst_k: int = 5,
-                on_fit=None, reference_forms=()) -> FitResult:
+                on_fit=None, reference_forms=(), moe: tuple[int, int] | None = None) -> FitResult:
     """Fit every form, score it by k-fold held-out relative error, refit the best on all points.
 
     x, y, z, latency: 1-D arrays of equal length (latency in us, > 0). Points with equal
@@ -202,7 +234,12 @@ def fit_surface(x, y, z, latency, kind: str, axis_names=("x", "y", "z"),
     or a single x value: a curve in x cannot be fitted from one value. ``on_fit()`` is called
     after every solve ((len(forms) + len(reference_forms)) * (folds + 1) at most) to drive a
     progress bar. ``reference_forms`` (e.g. "per_bin") are scored and reported, never kept.
+    ``moe=(n_experts, experts_per_token)`` of an MoE model enables the forms "moe" and
+    "moe_grid"; asking for them without it is refused (a dense model never gets a non-convex form).
     """
+    if moe is None and set(forms) & set(MOE_FORMS):
+        raise SimtreeError(f"{what}: forms {', '.join(MOE_FORMS)} need an MoE model's "
+                           "(n_experts, experts_per_token)")
     x, y, z, lat, _ = aggregate_points(x, y, z, latency)
     if not (np.all(np.isfinite(lat)) and np.all(lat > 0)):
         raise SimtreeError(f"{what}: latencies must be finite and > 0")
@@ -222,7 +259,8 @@ def fit_surface(x, y, z, latency, kind: str, axis_names=("x", "y", "z"),
                 tr, te = fold_of != f, fold_of == f
                 if len(np.unique(x[tr])) < 2:
                     raise SimtreeError("a fold left a single x value")
-                s = _fit_form(form, x[tr], y[tr], z[tr], lat[tr], kind, axis_names, valid_range, huber_rel)
+                s = _fit_form(form, x[tr], y[tr], z[tr], lat[tr], kind, axis_names, valid_range,
+                              huber_rel, moe)
                 pred[te] = s.predict(x[te], y[te], z[te])
                 if on_fit is not None:
                     on_fit()
@@ -241,7 +279,13 @@ def fit_surface(x, y, z, latency, kind: str, axis_names=("x", "y", "z"),
         raise SimtreeError(f"{what}: no model form could be fitted ({'; '.join(notes)})")
     # Keep the form with the lower held-out error (median + p90: typical and tail).
     best = min(candidates, key=lambda f: heldout[f]["median"] + heldout[f]["p90"])
-    surface = _fit_form(best, x, y, z, lat, kind, axis_names, valid_range, huber_rel)
+    surface = _fit_form(best, x, y, z, lat, kind, axis_names, valid_range, huber_rel, moe)
+    if not getattr(surface, "convex_in_x", True):
+        others = ", ".join(f"{f} {_score(heldout[f])}" for f in candidates if f != best)
+        vs = f" (held-out median+p90 {_score(heldout[best])} vs {others})" if others else ""
+        notes.append(f"kept form {best}: NOT convex in {name_x} ({surface.nonconvex_reason}, "
+                     f"E={moe[0]}, k={moe[1]}){vs}; a search over {name_x} must take the global argmax, "
+                     "not the first stop")
     if on_fit is not None:
         on_fit()
     fitted = np.asarray(surface.predict(x, y, z), dtype=float)

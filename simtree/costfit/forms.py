@@ -1,4 +1,4 @@
-"""Two model forms for a latency surface f(x, y, z) in microseconds, plain numpy to predict.
+"""Model forms for a latency surface f(x, y, z) in microseconds, plain numpy to predict.
 
 ``BasisSurface`` (form "basis"): a nonnegative combination of fixed basis functions, each
 convex and non-decreasing in x and non-decreasing in y and z on x, y, z >= 0, so any
@@ -20,6 +20,16 @@ bigger batches more per extra context token, as attention/state traffic ~ b l do
 interpolant is convex/monotone between grid points (weights in y, z do not depend on x) and
 the extrapolation (last slope in x; last increment per unit in y and z) stays so beyond.
 Below the smallest grid value of an axis the value is held constant (never decreasing).
+
+``MoESurface`` / ``MoEGridSurface`` (forms "moe" / "moe_grid", MoE models only): the basis /
+grid form plus a saturating expert term,
+
+    verify  f = basis + alpha min(T k_e, E) / E          draft  f = basis + alpha s min(t k_e, E) / E
+
+(E routed experts, k_e picked per token: the profiler times min(T k_e, E) touched experts whose
+weights are read once; alpha >= 0). Non-decreasing in x, y, z but CONCAVE in x once the
+experts saturate, so these carry ``convex_in_x = False`` and ``nonconvex_reason``; every other
+form has ``convex_in_x = True``.
 """
 from __future__ import annotations
 
@@ -30,7 +40,11 @@ import numpy as np
 
 from simtree.errors import SimtreeError
 
-__all__ = ["BasisSurface", "GridSurface", "ScaledVerifyDraft", "surface_from_dict"]
+__all__ = ["BasisSurface", "GridSurface", "MoESurface", "MoEGridSurface", "ScaledVerifyDraft",
+           "surface_from_dict",
+           "expert_feature", "MOE_NONCONVEX_REASON"]
+
+MOE_NONCONVEX_REASON = "MoE expert saturation: min(T*k, E) experts touched"
 
 _SCALAR = (int, float, np.float64, np.int64)   # types that take the pure-Python fast path
 
@@ -66,6 +80,7 @@ class BasisSurface(_RangeWarner):
     """f = sum_i coef_i * phi_i(x, y, z), coef >= 0. kind: "verify" or "draft"."""
 
     form = "basis"
+    convex_in_x = True
 
     def __init__(self, kind: str, knots, coef, axis_names=("x", "y", "z"), valid_range=None):
         if kind not in ("verify", "draft"):
@@ -126,6 +141,62 @@ class BasisSurface(_RangeWarner):
                 "axis_names": list(self.axis_names), "valid_range": self.valid_range}
 
 
+def expert_feature(kind: str, n_experts: int, experts_per_token: int, x, y, z) -> np.ndarray:
+    """Fraction of the E experts touched, min(T k_e, E) / E (verify, T = x z), or s times it
+    (draft: y = s sequential steps of t = x z tokens each)."""
+    x, y, z = np.broadcast_arrays(*(np.asarray(v, dtype=float) for v in (x, y, z)))
+    frac = np.minimum(x * z * experts_per_token, n_experts) / n_experts
+    return frac if kind == "verify" else y * frac
+
+
+class _ExpertTerm:
+    """Mixin: the convex surface of the base class + alpha * expert_feature (see the module doc)."""
+
+    convex_in_x = False
+    nonconvex_reason = MOE_NONCONVEX_REASON
+
+    def _set_experts(self, kind: str, alpha: float, n_experts: int, experts_per_token: int) -> None:
+        for name, v in (("n_experts", n_experts), ("experts_per_token", experts_per_token)):
+            if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
+                raise SimtreeError(f"{self.form} surface: {name} must be an integer >= 1, got {v!r}")
+        if experts_per_token > n_experts:
+            raise SimtreeError(f"{self.form} surface: experts_per_token exceeds n_experts")
+        self.alpha = float(alpha)
+        if not (np.isfinite(self.alpha) and self.alpha >= 0):
+            raise SimtreeError(f"{self.form} surface: expert coefficient alpha must be finite and >= 0")
+        self.expert_kind = kind
+        self.n_experts, self.experts_per_token = int(n_experts), int(experts_per_token)
+
+    def predict(self, x, y, z):
+        if type(x) in _SCALAR and type(y) in _SCALAR and type(z) in _SCALAR:
+            return self._predict_scalar(float(x), float(y), float(z))
+        out = super().predict(x, y, z) + self.alpha * expert_feature(
+            self.expert_kind, self.n_experts, self.experts_per_token, x, y, z)
+        return out if np.ndim(out) else float(out)
+
+    def _predict_scalar(self, x: float, y: float, z: float) -> float:
+        e = x * z * self.experts_per_token
+        frac = (e if e < self.n_experts else self.n_experts) / self.n_experts
+        extra = self.alpha * (frac if self.expert_kind == "verify" else y * frac)
+        return super()._predict_scalar(x, y, z) + extra
+
+    def to_dict(self) -> dict:
+        return {**super().to_dict(), "expert_kind": self.expert_kind, "alpha": self.alpha,
+                "n_experts": self.n_experts, "experts_per_token": self.experts_per_token,
+                "convex_in_x": False, "nonconvex_reason": self.nonconvex_reason}
+
+
+class MoESurface(_ExpertTerm, BasisSurface):
+    """Form "moe": basis form (coef >= 0) + alpha * expert_feature. Monotone, NOT convex in x."""
+
+    form = "moe"
+
+    def __init__(self, kind: str, knots, coef, alpha: float, n_experts: int, experts_per_token: int,
+                 axis_names=("x", "y", "z"), valid_range=None):
+        super().__init__(kind, knots, coef, axis_names, valid_range)
+        self._set_experts(kind, alpha, n_experts, experts_per_token)
+
+
 def _locate(axis: np.ndarray, q: np.ndarray, extrapolate: bool):
     """Segment index i and weight w (value = (1 - w) v[i] + w v[i+1]) of q on a sorted axis."""
     i = np.clip(np.searchsorted(axis, q, side="right") - 1, 0, len(axis) - 2)
@@ -137,6 +208,7 @@ class GridSurface(_RangeWarner):
     """Multilinear interpolation of V[z, y, x] on sorted axes (each with >= 2 values)."""
 
     form = "grid"
+    convex_in_x = True
 
     def __init__(self, xs, ys, zs, values, axis_names=("x", "y", "z"), valid_range=None):
         self.xs, self.ys, self.zs = ([float(a) for a in ax] for ax in (xs, ys, zs))
@@ -219,6 +291,20 @@ class GridSurface(_RangeWarner):
                 "valid_range": self.valid_range}
 
 
+class MoEGridSurface(_ExpertTerm, GridSurface):
+    """Form "moe_grid": grid form + alpha * expert_feature (kind: verify or draft, which sets
+    the expert term's shape). Monotone, NOT convex in x."""
+
+    form = "moe_grid"
+
+    def __init__(self, kind: str, xs, ys, zs, values, alpha: float, n_experts: int,
+                 experts_per_token: int, axis_names=("x", "y", "z"), valid_range=None):
+        if kind not in ("verify", "draft"):
+            raise SimtreeError(f"moe_grid surface kind must be verify or draft, got {kind!r}")
+        super().__init__(xs, ys, zs, values, axis_names, valid_range)
+        self._set_experts(kind, alpha, n_experts, experts_per_token)
+
+
 class ScaledVerifyDraft:
     """Draft cost assumed from the verify model when no draft_step rows were measured.
 
@@ -237,6 +323,8 @@ class ScaledVerifyDraft:
             raise SimtreeError(f"draft-from-verify context length must be >= 0, got {context_len}")
         self.verify, self.fraction, self.context_len = verify, float(fraction), float(context_len)
         self.valid_range = {}
+        self.convex_in_x = bool(getattr(verify, "convex_in_x", True))   # C_v's shape in n, scaled
+        self.nonconvex_reason = getattr(verify, "nonconvex_reason", None)
 
     def predict(self, x, y, z):
         return self.fraction * y * self.verify.predict(x, self.context_len, z)
@@ -253,6 +341,13 @@ def surface_from_dict(d: dict):
         if form == "basis":
             return BasisSurface(d["kind"], d["knots"], d["coef"], d.get("axis_names", ("x", "y", "z")),
                                 d.get("valid_range"))
+        names = d.get("axis_names", ("x", "y", "z"))
+        if form == "moe":
+            return MoESurface(d["kind"], d["knots"], d["coef"], d["alpha"], d["n_experts"],
+                              d["experts_per_token"], names, d.get("valid_range"))
+        if form == "moe_grid":
+            return MoEGridSurface(d["expert_kind"], d["xs"], d["ys"], d["zs"], d["values"], d["alpha"],
+                                  d["n_experts"], d["experts_per_token"], names, d.get("valid_range"))
         if form == "grid":
             return GridSurface(d["xs"], d["ys"], d["zs"], d["values"],
                                d.get("axis_names", ("x", "y", "z")), d.get("valid_range"))
