@@ -1,14 +1,17 @@
 """GPU benchmark of V4 compressed-attention tree verify (one layer per kind), one invocation.
 
-    python -m simtree.profiler.bench_v4 --out $OUT --max-seconds 240
+    python -m simtree.profiler.bench_v4 --out $OUT --max-seconds 200
 
 1. correctness at reduced size on the device: Triton tree verify + commit vs float64
    sequential decoding (every kind), and the Triton kernel at V4-Flash shapes (bf16) vs torch;
 2. copy bandwidth (for the memory floor);
 3. the FlashMLA probe (sgl-flash-mla, V4 format) — errors are printed, never fatal;
 4. the sweep: kinds x contexts x batches x n, tree (random trees) vs linear (a chain of the
-   same n tokens), verify and commit, CUDA-graph replay (median, p10, p90).  Points are
-   taken in priority order (n <= 8 first) until --max-seconds is spent.
+   same n tokens), each with the Triton attention core (variants triton_tree/triton_linear)
+   and, where FlashMLA works, its FP8 V4 sparse decode as the core (flashmla_tree/
+   flashmla_linear); verify and commit, CUDA-graph replay (median, p10, p90); the Triton
+   core alone on the tree's lists.  Points in priority order (n <= 8 first) until
+   --max-seconds is spent.
 
 Writes into --out: bench_v4.csv (every measured row), profile_v4.csv (+ .meta.json) in the
 profile-table schema, summary_v4.json (GPU, versions, shapes, correctness, ratios).
@@ -30,7 +33,7 @@ import torch
 
 from simtree.kernels.v4 import V4AttnConfig, sparse_attention, sparse_attention_torch
 from simtree.kernels.v4.cache import V4Cache
-from simtree.kernels.v4.check import check_against_reference
+from simtree.kernels.v4.check import check_against_reference, check_flashmla_path
 from simtree.kernels.v4.reference import random_layer_weights
 from simtree.kernels.v4.steps import make_verify_step, verify_bytes
 
@@ -137,47 +140,80 @@ def run_correctness(device) -> list[dict]:
         idx = torch.randint(-1, 2332, (N, 640), generator=g, device=device)
         q = torch.randn(N, flash.num_heads, D, generator=g, device=device).to(torch.bfloat16)
         sink = torch.randn(flash.num_heads, generator=g, device=device)
-        a = sparse_attention(q, idx, srcs, sink, flash.scale).float()
         b = sparse_attention_torch(q.float(), idx, [s.float() for s in srcs], sink, flash.scale)
-        err = float((a - b).abs().max())
-        results.append({"check": "sparse_attention_flash_bf16", "ok": err < 3e-2, "max_err": err})
+        for splits in (None, 1):  # auto (split index lists at this small N) and unsplit
+            a = sparse_attention(q, idx, srcs, sink, flash.scale, num_splits=splits).float()
+            err = float((a - b).abs().max())
+            results.append({"check": f"sparse_attention_flash_bf16_splits_{splits or 'auto'}", "ok": err < 3e-2,
+                            "max_err": err})
     except Exception as exc:  # noqa: BLE001
         results.append({"check": "sparse_attention_flash_bf16", "ok": False, "error": f"{type(exc).__name__}: {exc}"})
         traceback.print_exc()
+    results.append(check_flashmla_path(device))
     return results
 
 
-def core_timings(step, use_graph: bool, flashmla_ok: bool) -> dict:
-    """Attention core alone on the step's own index lists: Triton, and FlashMLA when it works."""
+def core_timings(step, use_graph: bool) -> dict:
+    """The Triton attention core alone on the step's own index lists."""
     from simtree.kernels.v4.tree_verify import attention_lists
-    cfg, cache = step.cfg, step.cache
-    idx, sources, _ = attention_lists(cache, step.weights, step.inputs, step.plan)
+    idx, sources, _ = attention_lists(step.cache, step.weights, step.inputs, step.plan)
     q, sink = step.inputs.q, step.weights.sink
-    out = {"triton": time_us(lambda: sparse_attention(q, idx, sources, sink, cfg.scale), use_graph)}
-    if not flashmla_ok:
-        return out
-    try:
-        from simtree.kernels.v4.flashmla import flashmla_sparse_attention, pack_v4_rows
-        B = cache.batch
-        n = q.shape[0] // B
-        W = cfg.window
-        kc = pack_v4_rows(torch.cat([sources[0], sources[1]]))
-        win = idx[:, :W].reshape(B, n, W)
-        extra = extra_idx = None
-        if len(sources) > 2:
-            base = sources[0].shape[0] + sources[1].shape[0]
-            ext = torch.where(idx[:, W:] >= 0, idx[:, W:] - base, -1)
-            pad = -ext.shape[1] % 64
-            if pad or ext.shape[1] == 0:
-                ext = torch.cat([ext, ext.new_full((ext.shape[0], pad or 64), -1)], 1)
-            extra_idx = ext.reshape(B, n, -1)
-            extra = pack_v4_rows(torch.cat([sources[2], sources[3]]))
-        qb = q.reshape(B, n, cfg.num_heads, cfg.head_dim).to(torch.bfloat16)
-        _, sched = flashmla_sparse_attention(qb, win, kc, sink, cfg.scale, extra_idx, extra)
-        out["flashmla"] = time_us(lambda: flashmla_sparse_attention(qb, win, kc, sink, cfg.scale, extra_idx, extra, sched), use_graph)
-    except Exception as exc:  # noqa: BLE001
-        out["flashmla_error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
-    return out
+    return {"triton": time_us(lambda: sparse_attention(q, idx, sources, sink, step.cfg.scale), use_graph)}
+
+
+def _prof_row(stage, variant, info, b, n, ctx, shape, t, dtype="bf16") -> dict:
+    return {"stage": stage, "model": MODEL, "device": info["gpu"], "dtype": dtype, "variant": variant,
+            "batch_size": b, "nodes_per_seq": n, "total_tokens": b * n, "context_len": ctx,
+            "tree_shape": shape, "num_steps": 0, "topk": 0, "latency_us_median": round(t[0], 3),
+            "latency_us_p10": round(t[1], 3), "latency_us_p90": round(t[2], 3), "repeats": max(t[3], 1)}
+
+
+def measure(cfg, kind, b, n, ctx, shape, attn, cache, w, bw, info, use_graph, cores,
+            device="cuda") -> tuple[dict, list]:
+    """One (point, tree shape, attention core): verify + commit timings, floor, optional core."""
+    t0 = time.time()
+    step = make_verify_step(cfg, kind, b, n, ctx, shape, device=device, cache=cache, weights=w, attention=attn)
+    setup_ms = (time.time() - t0) * 1e3
+    v = time_us(step.verify, use_graph)
+    c = time_us(step.commit, use_graph)
+    floor_us = verify_bytes(step) / (bw * 1e9) * 1e6
+    variant = f"{attn}_{'linear' if shape == 'linear' else 'tree'}"
+    dtype = "fp8" if attn == "flashmla" else "bf16"
+    prof = [_prof_row(f"v4_{kind}_verify", variant, info, b, n, ctx, shape, v, dtype),
+            _prof_row(f"v4_{kind}_commit", variant, info, b, n, ctx, shape, c, dtype)]
+    row = {"kind": kind, "context_len": ctx, "batch_size": b, "nodes_per_seq": n, "tree_shape": shape,
+           "variant": variant, "attention": attn, "verify_us": round(v[0], 2), "verify_p10_us": round(v[1], 2),
+           "verify_p90_us": round(v[2], 2), "commit_us": round(c[0], 2), "commit_frac": round(c[0] / v[0], 4),
+           "floor_us": round(floor_us, 2), "floor_ratio": round(v[0] / max(floor_us, 1e-9), 2),
+           "plan_host_ms": round(step.plan_ms, 1), "setup_ms": round(setup_ms, 1), "timing": v[4]}
+    if cores and attn == "triton":
+        ct = core_timings(step, use_graph)["triton"]
+        row["attn_triton_us"] = round(ct[0], 2)
+        prof.append(_prof_row(f"v4_{kind}_attn", "triton_tree", info, b, n, ctx, shape, ct))
+    del step
+    return row, prof
+
+
+def measure_pair(cfg, kind, b, n, ctx, attn, cache, w, bw, info, args, ns, device, rows, prof_rows) -> None:
+    """Tree and linear of one point with one attention core; appends rows, logs one line."""
+    if attn == "flashmla":  # spare rows for the largest n once (no rebuild per n)
+        cache.flashmla_mirror(b * max(ns), b * max(ns))
+    got, prof = {}, []
+    for shape in (args.tree_shape, "linear"):
+        r, p = measure(cfg, kind, b, n, ctx, shape, attn, cache, w, bw, info, not args.no_graph,
+                       cores=bool(args.cores) and shape != "linear", device=device)
+        got[shape] = r
+        prof += p
+    ratio = got[args.tree_shape]["verify_us"] / got["linear"]["verify_us"]
+    for shape in got:
+        got[shape]["tree_over_linear"] = round(ratio, 3)
+        rows.append(got[shape])
+    prof_rows.extend(prof)
+    t = got[args.tree_shape]
+    log(f"{kind} ctx={ctx} b={b} n={n} {attn}: tree {t['verify_us']:.1f} us, linear "
+        f"{got['linear']['verify_us']:.1f} us (x{ratio:.2f}), commit {t['commit_us']:.1f} us "
+        f"({100 * t['commit_frac']:.1f}%), floor {t['floor_us']:.1f} us"
+        + (f", triton core {t['attn_triton_us']:.1f} us" if t.get("attn_triton_us") else ""))
 
 
 def sweep_points(kinds, contexts, batches, ns) -> list[tuple]:
@@ -196,11 +232,11 @@ def sweep_points(kinds, contexts, batches, ns) -> list[tuple]:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", default=os.environ.get("OUT", "out_bench_v4"))
-    ap.add_argument("--max-seconds", type=float, default=240.0)
+    ap.add_argument("--max-seconds", type=float, default=200.0)
     ap.add_argument("--kinds", default="csa,hca,swa")
-    ap.add_argument("--contexts", default="4096,16384,65536,131072")
+    ap.add_argument("--contexts", default="4096,32768,131072")
     ap.add_argument("--batches", default="1,4,16,64")
-    ap.add_argument("--ns", default="4,5,6,7,8,12,16")
+    ap.add_argument("--ns", default="4,8,16")
     ap.add_argument("--tree-shape", default="random", help="random | eagle")
     ap.add_argument("--no-flashmla", action="store_true")
     ap.add_argument("--no-graph", action="store_true")
@@ -219,7 +255,7 @@ def main(argv=None) -> int:
 
     summary["correctness"] = [] if args.no_check else run_correctness(device)
     for r in summary["correctness"]:
-        log(f"correctness {r['check']}: {'OK' if r['ok'] else 'FAIL'} "
+        log(f"correctness {r['check']}: {'SKIP' if r['ok'] is None else ('OK' if r['ok'] else 'FAIL')} "
             + ", ".join(f"{k}={v}" for k, v in r.items() if k not in ("check", "ok")))
     if device == "cpu" and not args.smoke:
         log("no CUDA device: correctness only")
@@ -234,7 +270,7 @@ def main(argv=None) -> int:
     if not args.no_flashmla and device == "cuda":
         try:
             from simtree.kernels.v4 import flashmla
-            summary["flashmla"] = flashmla.probe_and_bench(device, log, time_us, budget_s=min(60.0, args.max_seconds / 4))
+            summary["flashmla"] = flashmla.probe_and_bench(device, log, time_us, budget_s=min(15.0, args.max_seconds / 8))
         except Exception as exc:  # noqa: BLE001
             summary["flashmla"] = {"error": f"{type(exc).__name__}: {exc}"}
             log(f"flashmla: {type(exc).__name__}: {exc}")
@@ -252,10 +288,11 @@ def main(argv=None) -> int:
     caches: dict = {}
     weights = {k: random_layer_weights(cfg, k, 0, torch.float32, device) for k in kinds}
     pts = sweep_points(kinds, contexts, batches, ns)
-    flashmla_ok = "check_max_err" in summary.get("flashmla", {})  # the call ran (a mismatch is reported)
-    flashmla_errors: list = []
-    summary["flashmla_core_errors"] = flashmla_errors
-    log(f"sweep: {len(pts)} points, budget {args.max_seconds:.0f} s total")
+    fm_check = next((r for r in summary["correctness"] if r["check"] == "tree_verify_flashmla"), {})
+    attns = ["triton"] + (["flashmla"] if "rel_err" in fm_check and not args.no_flashmla else [])
+    summary["attention_variants"] = attns
+    log(f"sweep: {len(pts)} points x {len(attns)} attention cores, budget {args.max_seconds:.0f} s total")
+    fm_fail = 0
     for i, (kind, ctx, b, n) in enumerate(pts):
         if time.time() - t_start > args.max_seconds:
             log(f"time budget spent after {i} of {len(pts)} points")
@@ -265,54 +302,24 @@ def main(argv=None) -> int:
         try:
             if key not in caches:
                 caches.clear()
-                torch.cuda.empty_cache()
+                if device == "cuda":
+                    torch.cuda.empty_cache()
                 caches[key] = V4Cache.random(cfg, weights[kind], b, ctx, ctx + 64, device=device, seed=1)
             cache = caches[key]
-            res = {}
-            for shape in (args.tree_shape, "linear"):
-                t0 = time.time()
-                step = make_verify_step(cfg, kind, b, n, ctx, shape, device=device, cache=cache, weights=weights[kind])
-                plan_ms = (time.time() - t0) * 1e3
-                v = time_us(step.verify, not args.no_graph)
-                c = time_us(step.commit, not args.no_graph)
-                floor_us = verify_bytes(step) / (bw * 1e9) * 1e6
-                res[shape] = (v, c, floor_us)
-                variant = "triton_linear" if shape == "linear" else "triton_tree"
-                cores = core_timings(step, not args.no_graph, flashmla_ok) if args.cores else {}
-                if "flashmla_error" in cores and not flashmla_errors:
-                    flashmla_errors.append(cores["flashmla_error"])
-                    log(f"flashmla core failed: {cores['flashmla_error']}")
-                for impl in ("triton", "flashmla"):
-                    if impl in cores:
-                        t = cores[impl]
-                        suffix = "linear" if shape == "linear" else "tree"
-                        prof_rows.append({"stage": f"v4_{kind}_attn", "model": MODEL, "device": info["gpu"],
-                                          "dtype": "bf16" if impl == "triton" else "fp8",
-                                          "variant": f"{impl}_{suffix}", "batch_size": b, "nodes_per_seq": n,
-                                          "total_tokens": b * n, "context_len": ctx, "tree_shape": shape,
-                                          "num_steps": 0, "topk": 0, "latency_us_median": round(t[0], 3),
-                                          "latency_us_p10": round(t[1], 3), "latency_us_p90": round(t[2], 3),
-                                          "repeats": max(t[3], 1)})
-                rows.append({"kind": kind, "context_len": ctx, "batch_size": b, "nodes_per_seq": n,
-                             "tree_shape": shape, "variant": variant, "verify_us": round(v[0], 2),
-                             "verify_p10_us": round(v[1], 2), "verify_p90_us": round(v[2], 2),
-                             "commit_us": round(c[0], 2), "commit_frac": round(c[0] / v[0], 4),
-                             "floor_us": round(floor_us, 2), "plan_host_ms": round(plan_ms, 1), "timing": v[4],
-                             "attn_triton_us": round(cores["triton"][0], 2) if "triton" in cores else None,
-                             "attn_flashmla_us": round(cores["flashmla"][0], 2) if "flashmla" in cores else None})
-                for stage, t in ((f"v4_{kind}_verify", v), (f"v4_{kind}_commit", c)):
-                    prof_rows.append({"stage": stage, "model": MODEL, "device": info["gpu"], "dtype": "bf16",
-                                      "variant": variant, "batch_size": b, "nodes_per_seq": n,
-                                      "total_tokens": b * n, "context_len": ctx, "tree_shape": shape,
-                                      "num_steps": 0, "topk": 0, "latency_us_median": round(t[0], 3),
-                                      "latency_us_p10": round(t[1], 3), "latency_us_p90": round(t[2], 3),
-                                      "repeats": max(t[3], 1)})
-                del step
-            ratio = res[args.tree_shape][0][0] / res["linear"][0][0]
-            rows[-2]["tree_over_linear"] = rows[-1]["tree_over_linear"] = round(ratio, 3)
-            log(f"{kind} ctx={ctx} b={b} n={n}: tree {res[args.tree_shape][0][0]:.1f} us, linear "
-                f"{res['linear'][0][0]:.1f} us (x{ratio:.2f}), commit {res[args.tree_shape][1][0]:.1f} us, "
-                f"floor {res[args.tree_shape][2]:.1f} us")
+            for attn in list(attns):
+                try:
+                    measure_pair(cfg, kind, b, n, ctx, attn, cache, weights[kind], bw, info, args, ns, device,
+                                 rows, prof_rows)
+                except Exception as exc:  # noqa: BLE001 — one core failing must not stop the other
+                    if attn == "triton":
+                        raise
+                    fm_fail += 1
+                    log(f"{kind} ctx={ctx} b={b} n={n} {attn}: FAILED {type(exc).__name__}: {str(exc)[:300]}")
+                    rows.append({"kind": kind, "context_len": ctx, "batch_size": b, "nodes_per_seq": n,
+                                 "attention": attn, "error": f"{type(exc).__name__}: {str(exc)[:300]}"})
+                    if fm_fail >= 3:
+                        log(f"dropping the {attn} variant after {fm_fail} failures")
+                        attns.remove(attn)
         except Exception as exc:  # noqa: BLE001
             log(f"{kind} ctx={ctx} b={b} n={n}: FAILED {type(exc).__name__}: {str(exc)[:300]}")
             rows.append({"kind": kind, "context_len": ctx, "batch_size": b, "nodes_per_seq": n,
@@ -320,6 +327,8 @@ def main(argv=None) -> int:
             if "out of memory" in str(exc).lower():
                 caches.clear()
                 torch.cuda.empty_cache()
+        if i % 8 == 7:  # partial results survive a kill by an outer timeout
+            write_outputs(out, rows, prof_rows, summary, info)
     write_outputs(out, rows, prof_rows, summary, info)
     print_table(rows)
     log(f"done in {time.time() - t_start:.0f} s; files in {out}")
@@ -335,6 +344,17 @@ def write_outputs(out: Path, rows, prof_rows, summary, info) -> None:
     ok = [r for r in rows if "tree_over_linear" in r and r["tree_shape"] != "linear"]
     summary["tree_over_linear_max_n_le_8"] = max((r["tree_over_linear"] for r in ok if r["nodes_per_seq"] <= 8), default=None)
     summary["commit_frac_max"] = max((r["commit_frac"] for r in ok), default=None)
+    summary["by_attention"] = {}
+    for attn in sorted({r.get("attention", "triton") for r in ok}):
+        sub = [r for r in ok if r.get("attention", "triton") == attn]
+        summary["by_attention"][attn] = {
+            "points": len(sub),
+            "tree_over_linear_max_n_le_8": max((r["tree_over_linear"] for r in sub if r["nodes_per_seq"] <= 8), default=None),
+            "commit_frac_max": max(r["commit_frac"] for r in sub),
+            "commit_frac_median": float(np.median([r["commit_frac"] for r in sub])),
+            "floor_ratio_median": float(np.median([r["floor_ratio"] for r in sub])),
+            "commit_frac_max_by_kind": {k: max(r["commit_frac"] for r in sub if r["kind"] == k)
+                                        for k in sorted({r["kind"] for r in sub})}}
     summary["points"] = len(ok)
     summary["errors"] = [r for r in rows if "error" in r]
     summary["finished"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
@@ -358,17 +378,18 @@ def write_outputs(out: Path, rows, prof_rows, summary, info) -> None:
 
 
 def print_table(rows) -> None:
-    print(f"{'kind':4} {'ctx':>6} {'b':>3} {'n':>3} {'tree_us':>9} {'lin_us':>9} {'ratio':>6} {'commit%':>8} {'floor_us':>9}")
+    print(f"{'kind':4} {'ctx':>6} {'b':>3} {'n':>3} {'core':8} {'tree_us':>9} {'lin_us':>9} {'ratio':>6} {'commit%':>8} {'floor_us':>9}")
     by = {}
     for r in rows:
         if "error" in r:
             continue
-        by.setdefault((r["kind"], r["context_len"], r["batch_size"], r["nodes_per_seq"]), {})[r["tree_shape"]] = r
-    for (k, ctx, b, n), d in by.items():
+        key = (r["kind"], r["context_len"], r["batch_size"], r["nodes_per_seq"], r.get("attention", "triton"))
+        by.setdefault(key, {})[r["tree_shape"]] = r
+    for (k, ctx, b, n, attn), d in by.items():
         t = next((v for s, v in d.items() if s != "linear"), None)
         lin = d.get("linear")
         if t and lin:
-            print(f"{k:4} {ctx:>6} {b:>3} {n:>3} {t['verify_us']:>9.1f} {lin['verify_us']:>9.1f} "
+            print(f"{k:4} {ctx:>6} {b:>3} {n:>3} {attn:8} {t['verify_us']:>9.1f} {lin['verify_us']:>9.1f} "
                   f"{t['verify_us'] / lin['verify_us']:>6.2f} {100 * t['commit_frac']:>7.1f}% {t['floor_us']:>9.1f}")
 
 

@@ -37,9 +37,12 @@ def test_empty_history_tree():
     assert r["verify_err"] < 1e-12
 
 
-def test_triton_core_matches_reference():
-    r = check_against_reference(CFG, "csa", [13, 22], nodes=9, seed=7, dtype=torch.float32, attention="triton")
+@pytest.mark.parametrize("kind", ["swa", "csa", "hca"])
+def test_triton_path_matches_reference(kind):
+    """Fused pooling, indexer, list and attention kernels + the one-launch commit (fp32)."""
+    r = check_against_reference(CFG, kind, [13, 22], nodes=9, seed=7, dtype=torch.float32, attention="triton")
     assert r["verify_err"] < 1e-4
+    assert r["commit_err"] < 1e-5
 
 
 def _setup(kind, seed=0):

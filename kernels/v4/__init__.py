@@ -9,6 +9,8 @@ Public API:
     plan_commit, apply_commit, commit  accepted-path refresh
     sparse_attention(_torch)           Triton gather attention with a per-head sink
     random_tree
+Fused kernels (private modules): pool.pool_windows, indexer.indexer_scores /
+selection_to_list, commit_kernel.fused_commit; flashmla.PackedRows (FP8 V4 layout).
 """
 from .attention import sparse_attention, sparse_attention_torch
 from .cache import PagedPool, V4Cache

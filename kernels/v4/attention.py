@@ -1,14 +1,20 @@
 """Sparse gather attention over per-query index lists, with a per-head sink (Triton + torch).
 
-    q      [N, H, D]   queries (one shared latent head: K == V)
+    q      [N, H, D]   queries (one shared latent head: K == V, MQA)
     idx    [N, K]      virtual row indices into concat(sources) (-1 = skip), the same form
                        FlashMLA's sparse decode takes
     sources            up to 4 tensors [P_i, D] (e.g. persistent window pool | tree nodes'
                        latents | compressed pool | scratch entries), never copied together
     sink   [H]         o_h = sum_j softmax([s_hj ..., sink_h])_j k_j,  s_hj = q_h . k_j * scale
 
-The kernel runs one program per (query, block of 16 heads), streams BLOCK_K gathered rows at
-a time and keeps an online softmax that starts from the sink (m = sink, l = 1).
+Kernel layout (MQA: every head reads the same gathered rows): one program per (query,
+split of the index list, block of BLOCK_H heads) streams BLOCK_K gathered rows [BLOCK_K, D]
+once and does [BLOCK_H, D] x [D, BLOCK_K] and [BLOCK_H, BLOCK_K] x [BLOCK_K, D] with tl.dot
+(bf16 in, fp32 accumulate), online softmax.  With few queries (small batch) the index list
+is split over programs (flash-decoding) so that the grid fills the GPU; a second kernel
+merges the splits by their log-sum-exp and folds the sink in:  o = sum_s e^{lse_s - M} o_s /
+(sum_s e^{lse_s - M} + e^{sink - M}).  Unsplit, the online softmax starts from the sink
+(m = sink, l = 1).  Bytes per query: K rows x D x 2 B (640 x 512 x 2 = 655 KB at V4-Flash).
 """
 from __future__ import annotations
 
@@ -49,59 +55,108 @@ def sparse_attention_torch(q, idx, sources, sink, scale) -> torch.Tensor:
 
 
 @triton.jit
-def _sparse_attn_kernel(Q, IDX, S0, S1, S2, S3, SINK, OUT, B1, B2, B3, K, H, scale,
-                        stride_qn, stride_qh, stride_in, stride_on, stride_oh,
+def _sparse_attn_kernel(Q, IDX, S0, S1, S2, S3, SINK, OUT, LSE, B1, B2, B3, K, H, scale, chunk,
+                        stride_qn, stride_qh, stride_in, stride_on, stride_os, stride_oh,
                         D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_H: tl.constexpr,
-                        BLOCK_K: tl.constexpr, DOT_T: tl.constexpr,
-                        IEEE: tl.constexpr):
+                        BLOCK_K: tl.constexpr, DOT_T: tl.constexpr, IEEE: tl.constexpr,
+                        SPLIT: tl.constexpr):
     n = tl.program_id(0).to(tl.int64)
-    hb = tl.program_id(1)
+    sp = tl.program_id(1)
+    hb = tl.program_id(2)
     offs_h = hb * BLOCK_H + tl.arange(0, BLOCK_H)
     offs_d = tl.arange(0, BLOCK_D)
     mh = offs_h < H
     md = offs_d < D
     q = tl.load(Q + n * stride_qn + offs_h[:, None] * stride_qh + offs_d[None, :],
-                mask=mh[:, None] & md[None, :], other=0.0)
-    m_i = tl.load(SINK + offs_h, mask=mh, other=0.0).to(tl.float32)
-    l_i = tl.full([BLOCK_H], 1.0, tl.float32)
+                mask=mh[:, None] & md[None, :], other=0.0).to(DOT_T)
+    if SPLIT:  # partial softmax of this split; the merge kernel adds the sink
+        m_i = tl.full([BLOCK_H], -1e30, tl.float32)
+        l_i = tl.zeros([BLOCK_H], tl.float32)
+    else:
+        m_i = tl.load(SINK + offs_h, mask=mh, other=0.0).to(tl.float32)
+        l_i = tl.full([BLOCK_H], 1.0, tl.float32)
     acc = tl.zeros([BLOCK_H, BLOCK_D], tl.float32)
-    for k0 in range(0, K, BLOCK_K):
+    col = offs_d[None, :]
+    k_lo = sp * chunk
+    k_hi = tl.minimum(k_lo + chunk, K)
+    for k0 in range(k_lo, k_hi, BLOCK_K):
         offs_k = k0 + tl.arange(0, BLOCK_K)
-        idx = tl.load(IDX + n * stride_in + offs_k, mask=offs_k < K, other=-1).to(tl.int64)
+        idx = tl.load(IDX + n * stride_in + offs_k, mask=offs_k < k_hi, other=-1).to(tl.int64)
         valid = idx >= 0
-        in0 = valid & (idx < B1)
-        in1 = (idx >= B1) & (idx < B2)
-        in2 = (idx >= B2) & (idx < B3)
-        in3 = idx >= B3
-        col = offs_d[None, :]
-        # exactly one of the four masked loads is live per row; sum in fp32, dot in the source dtype
-        kk = tl.load(S0 + idx[:, None] * D + col, mask=in0[:, None] & md[None, :], other=0.0).to(tl.float32)
-        kk += tl.load(S1 + (idx - B1)[:, None] * D + col, mask=in1[:, None] & md[None, :], other=0.0).to(tl.float32)
-        kk += tl.load(S2 + (idx - B2)[:, None] * D + col, mask=in2[:, None] & md[None, :], other=0.0).to(tl.float32)
-        kk += tl.load(S3 + (idx - B3)[:, None] * D + col, mask=in3[:, None] & md[None, :], other=0.0).to(tl.float32)
+        # one row pointer per index (select among the four sources), then a single gather:
+        # each row is read once for all BLOCK_H heads
+        row = tl.where(idx < B1, S0 + idx * D,
+                       tl.where(idx < B2, S1 + (idx - B1) * D,
+                                tl.where(idx < B3, S2 + (idx - B2) * D, S3 + (idx - B3) * D)))
+        kk = tl.load(row[:, None] + col, mask=valid[:, None] & md[None, :], other=0.0)
         kk = kk.to(DOT_T)
-        if IEEE:  # fp32 sources: exact fp32 products, not tf32
-            s = tl.dot(q.to(kk.dtype), tl.trans(kk), input_precision="ieee") * scale
+        if IEEE:  # fp32 (interpreter / fp32 sources): exact products, not tf32
+            s = tl.dot(q, tl.trans(kk), input_precision="ieee") * scale
         else:
-            s = tl.dot(q.to(kk.dtype), tl.trans(kk)) * scale
+            s = tl.dot(q, tl.trans(kk)) * scale
         s = tl.where(valid[None, :], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
         alpha = tl.exp(m_i - m_new)
         p = tl.exp(s - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
         if IEEE:
-            acc = acc * alpha[:, None] + tl.dot(p.to(kk.dtype), kk, input_precision="ieee")
+            acc = acc * alpha[:, None] + tl.dot(p.to(DOT_T), kk, input_precision="ieee")
         else:
-            acc = acc * alpha[:, None] + tl.dot(p.to(kk.dtype), kk)
+            acc = acc * alpha[:, None] + tl.dot(p.to(DOT_T), kk)
         m_i = m_new
-    out = acc / l_i[:, None]
+    out = acc / tl.maximum(l_i, 1e-30)[:, None]
+    optr = OUT + n * stride_on + sp * stride_os + offs_h[:, None] * stride_oh + offs_d[None, :]
+    tl.store(optr, out.to(OUT.dtype.element_ty), mask=mh[:, None] & md[None, :])
+    if SPLIT:
+        lse = tl.where(l_i > 0, m_i + tl.log(tl.maximum(l_i, 1e-30)), float("-inf"))
+        tl.store(LSE + (n * tl.num_programs(1) + sp) * H + offs_h, lse, mask=mh)
+
+
+@triton.jit
+def _merge_splits_kernel(PART, LSE, SINK, OUT, H, NSPLIT, stride_on, stride_oh,
+                         D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_H: tl.constexpr):
+    n = tl.program_id(0).to(tl.int64)
+    hb = tl.program_id(1)
+    offs_h = hb * BLOCK_H + tl.arange(0, BLOCK_H)
+    offs_d = tl.arange(0, BLOCK_D)
+    mh = offs_h < H
+    md = offs_d < D
+    m = tl.load(SINK + offs_h, mask=mh, other=0.0).to(tl.float32)
+    for s in range(0, NSPLIT):
+        m = tl.maximum(m, tl.load(LSE + (n * NSPLIT + s) * H + offs_h, mask=mh, other=float("-inf")))
+    den = tl.exp(tl.load(SINK + offs_h, mask=mh, other=0.0).to(tl.float32) - m)
+    acc = tl.zeros([BLOCK_H, BLOCK_D], tl.float32)
+    for s in range(0, NSPLIT):
+        wgt = tl.exp(tl.load(LSE + (n * NSPLIT + s) * H + offs_h, mask=mh, other=float("-inf")) - m)
+        part = tl.load(PART + ((n * NSPLIT + s) * H + offs_h[:, None]) * D + offs_d[None, :],
+                       mask=mh[:, None] & md[None, :], other=0.0)
+        acc += wgt[:, None] * part
+        den += wgt
+    out = acc / den[:, None]
     tl.store(OUT + n * stride_on + offs_h[:, None] * stride_oh + offs_d[None, :],
              out.to(OUT.dtype.element_ty), mask=mh[:, None] & md[None, :])
 
 
+def _interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def _num_splits(N: int, head_blocks: int, K: int, block_k: int, device) -> int:
+    """Split the index list until the grid covers ~2 waves of the GPU (>= one block each)."""
+    if device.type != "cuda" or N == 0:
+        return 1
+    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    want = -(-2 * sms // (N * head_blocks))
+    return max(1, min(want, triton.cdiv(max(K, 1), block_k)))
+
+
 def sparse_attention(q: torch.Tensor, idx: torch.Tensor, sources: Sequence[torch.Tensor],
-                     sink: torch.Tensor, scale: float, block_k: int = 32, num_warps: int = 8) -> torch.Tensor:
-    """Triton sparse attention; shapes in the module docstring. Returns [N, H, D] in q's dtype."""
+                     sink: torch.Tensor, scale: float, block_k: int = 32, block_h: int | None = None,
+                     num_warps: int = 8, num_splits: int | None = None) -> torch.Tensor:
+    """Triton sparse attention; shapes in the module docstring. Returns [N, H, D] in q's dtype.
+
+    num_splits None: chosen from the grid size (1 off the GPU); block_h None: 32 heads on the
+    GPU (fits the [heads, 512] fp32 accumulator in registers), 16 under the interpreter."""
     N, H, D = q.shape
     if len(sources) > 4 or not sources:
         raise ValueError(f"sparse_attention takes 1 to 4 sources, got {len(sources)}")
@@ -118,19 +173,36 @@ def sparse_attention(q: torch.Tensor, idx: torch.Tensor, sources: Sequence[torch
         bounds.append(bounds[-1])
     q = q.contiguous()
     idx = idx.to(torch.int32).contiguous()
+    K = idx.shape[1]
     out = torch.empty_like(q)
-    block_h = 16
+    if N == 0:
+        return out
+    interp = _interpreting()
     # bf16/fp16 dots on the GPU; fp32 under TRITON_INTERPRET (its bf16 tl.dot is wrong)
-    interp = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
     dot_t = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}.get(dtype, tl.float32)
     dot_t = tl.float32 if interp else dot_t
+    block_h = block_h or (16 if interp or H <= 16 else 32)
     block_d = triton.next_power_of_2(max(D, 16))
-    grid = (N, triton.cdiv(H, block_h))
-    if N and idx.shape[1] >= 0:
-        _sparse_attn_kernel[grid](q, idx, srcs[0], srcs[1], srcs[2], srcs[3], sink.float().contiguous(), out,
-                                  bounds[1], bounds[2], bounds[3], idx.shape[1], H, scale,
-                                  q.stride(0), q.stride(1), idx.stride(0), out.stride(0), out.stride(1),
-                                  D=D, BLOCK_D=block_d, BLOCK_H=block_h, BLOCK_K=block_k,
-                                  DOT_T=dot_t, IEEE=dot_t == tl.float32,
-                                  num_warps=num_warps)
+    hblocks = triton.cdiv(H, block_h)
+    nsplit = num_splits or _num_splits(N, hblocks, K, block_k, q.device)
+    nsplit = max(1, min(nsplit, triton.cdiv(max(K, 1), block_k)))
+    chunk = triton.cdiv(triton.cdiv(max(K, 1), nsplit), block_k) * block_k
+    nsplit = triton.cdiv(max(K, 1), chunk)
+    sink32 = sink.float().contiguous()
+    common = dict(D=D, BLOCK_D=block_d, BLOCK_H=block_h, BLOCK_K=block_k, DOT_T=dot_t,
+                  IEEE=dot_t == tl.float32, num_warps=num_warps)
+    if nsplit == 1:
+        _sparse_attn_kernel[(N, 1, hblocks)](
+            q, idx, srcs[0], srcs[1], srcs[2], srcs[3], sink32, out, sink32, bounds[1], bounds[2],
+            bounds[3], K, H, scale, chunk, q.stride(0), q.stride(1), idx.stride(0), out.stride(0), 0,
+            out.stride(1), SPLIT=False, **common)
+        return out
+    part = torch.empty(N, nsplit, H, D, dtype=torch.float32, device=q.device)
+    lse = torch.empty(N, nsplit, H, dtype=torch.float32, device=q.device)
+    _sparse_attn_kernel[(N, nsplit, hblocks)](
+        q, idx, srcs[0], srcs[1], srcs[2], srcs[3], sink32, part, lse, bounds[1], bounds[2], bounds[3],
+        K, H, scale, chunk, q.stride(0), q.stride(1), idx.stride(0), part.stride(0), part.stride(1),
+        part.stride(2), SPLIT=True, **common)
+    _merge_splits_kernel[(N, hblocks)](part, lse, sink32, out, H, nsplit, out.stride(0), out.stride(1),
+                                       D=D, BLOCK_D=block_d, BLOCK_H=block_h, num_warps=num_warps)
     return out

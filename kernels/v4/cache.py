@@ -50,6 +50,14 @@ class PagedPool:
     def num_rows(self) -> int:
         return self.pool.shape[0]
 
+    def all_rows(self) -> np.ndarray:
+        """Host int64 [B, capacity]: the flat row of every (sequence, logical row); built once
+        (the block table never changes), so planning a round slices instead of recomputing."""
+        if getattr(self, "_all_rows", None) is None:
+            i = np.arange(self.capacity)
+            self._all_rows = self.block_table_host[:, i // self.page_size] * self.page_size + i % self.page_size
+        return self._all_rows
+
     def flat_rows(self, seq: np.ndarray, logical: np.ndarray) -> np.ndarray:
         """Host int64 flat rows of (seq, logical row) pairs (broadcasting)."""
         logical = np.asarray(logical, np.int64)
@@ -134,6 +142,30 @@ class V4Cache:
             if getattr(self, name) is not None:
                 setattr(st, name, getattr(self, name)[b])
         return st
+
+    def flashmla_mirror(self, node_rows: int, scratch_rows: int):
+        """FP8 copies of the window and compressed pools in FlashMLA's V4 layout (flashmla.
+        PackedRows), each followed by spare rows for the round's node latents / scratch
+        entries.  Built once by packing every row (outside CUDA graphs), rebuilt if the spare
+        rows are too few, kept in sync by commit.apply_commit.  Derived data: not part of the
+        persistent state (checksum) — only the spare rows are written during a verify."""
+        from .flashmla import PackedRows
+        fm = getattr(self, "fm", None)
+        if fm is not None and fm["node_rows"] >= node_rows and fm["scratch_rows"] >= scratch_rows:
+            return fm
+        dev = self.window.pool.device
+        fm = {"node_rows": node_rows, "scratch_rows": scratch_rows}
+        for name, pool, extra in (("window", self.window, node_rows), ("comp", self.comp, scratch_rows)):
+            if pool is None:
+                continue
+            base = -(-pool.num_rows // 64) * 64
+            packed = PackedRows(base + max(extra, 1), dev)
+            for r0 in range(0, pool.num_rows, 1 << 16):  # bounded temporaries
+                rows = torch.arange(r0, min(r0 + (1 << 16), pool.num_rows), device=dev)
+                packed.write(rows, pool.pool[rows])
+            fm[name], fm[name + "_base"] = packed, base
+        self.fm = fm
+        return fm
 
     def persistent_tensors(self) -> dict[str, torch.Tensor]:
         out = {"window": self.window.pool}

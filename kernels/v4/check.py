@@ -23,7 +23,7 @@ from .config import V4AttnConfig
 from .reference import decode_tokens, empty_state, random_inputs, random_layer_weights
 from .tree_verify import plan_verify, random_tree, tree_verify
 
-__all__ = ["check_against_reference"]
+__all__ = ["check_against_reference", "check_flashmla_path"]
 
 
 def _max_diff(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -93,3 +93,42 @@ def check_against_reference(cfg: V4AttnConfig, kind: str, history: Sequence[int]
                     if getattr(kept[b], n) is not None)
     return {"verify_err": verify_err, "commit_err": commit_err, "verify_wrote_cache": wrote,
             "rejected_identical": identical}
+
+
+def check_flashmla_path(device) -> dict:
+    """GPU only: tree_verify(attention="flashmla") vs the Triton path at V4-Flash head shapes
+    (FP8 core: relative error < 6%), before and after a commit (the FP8 mirrors must follow the
+    pools).  Returns {"check", "ok", "rel_err"} or the error."""
+    import traceback
+
+    from .commit import apply_commit, plan_commit
+    from .flashmla import flashmla_available
+    from .steps import make_tree
+    if device != "cuda" or not flashmla_available()[0]:
+        return {"check": "tree_verify_flashmla", "ok": None, "skipped": "no CUDA or no flash_mla"}
+    out = {"check": "tree_verify_flashmla"}
+    try:
+        cfg = V4AttnConfig.flash(window=128, topk=64, page_size=64)
+        errs = []
+        for kind in ("csa", "hca", "swa"):
+            w = random_layer_weights(cfg, kind, 2, torch.float32, device)
+            cache = V4Cache.random(cfg, w, 3, 700, 760, device=device, seed=2)
+            cache.lens[:] = [300, 517, 700]
+            rng = np.random.default_rng(2)
+            tb = TreeBatch(tuple(make_tree(7, "random", rng) for _ in range(3)))
+            inp = random_inputs(cfg, tb.total_nodes, torch.Generator(device=device).manual_seed(2), torch.float32, device)
+            inp.q, inp.kv = inp.q.to(torch.bfloat16), inp.kv.to(torch.bfloat16)
+            for rnd in range(2):
+                plan = plan_verify(cache, tb, w, device=device)
+                got, sc = tree_verify(cache, w, inp, plan, attention="flashmla")
+                ref, _ = tree_verify(cache, w, inp, plan, attention="triton")
+                errs.append(float((got.float() - ref.float()).norm() / ref.float().norm()))
+                acc = [t.path_to(int(t.leaves[0])).tolist() for t in tb.trees]
+                apply_commit(cache, sc, plan_commit(cache, w, plan, acc, device=device))
+                cache.lens += [len(a) for a in acc]
+        out["rel_err"] = max(errs)
+        out["ok"] = out["rel_err"] < 0.06
+    except Exception as exc:  # noqa: BLE001
+        out.update(ok=False, error=f"{type(exc).__name__}: {str(exc)[:400]}")
+        traceback.print_exc()
+    return out

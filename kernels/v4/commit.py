@@ -26,6 +26,7 @@ import torch
 from simtree.errors import SimtreeError
 
 from .cache import V4Cache
+from .commit_kernel import fused_commit
 from .reference import V4LayerWeights
 from .tree_verify import VerifyPlan, VerifyScratch
 
@@ -39,7 +40,9 @@ class CommitPlan:
     of comp_buf/idx_buf (kv rows, then score rows): buf_old_dst <- buf_old_src (the C4
     previous half taken from current-window rows written before this round), then
     buf_new_dst <- rows buf_new_src of the stacked node projections [2 * N, C];
-    new_lens host [B]."""
+    new_lens host [B]; the same buffer moves as one map for the fused kernel: buf_map [G, S]
+    (row s of sequence buf_seq[g]'s buffer <- row of [buffers B*S | node projections N],
+    -1 keeps it; old copies first, node copies win)."""
 
     win_dst: torch.Tensor
     win_src: torch.Tensor
@@ -51,6 +54,8 @@ class CommitPlan:
     buf_new_dst: torch.Tensor | None
     buf_new_src: torch.Tensor | None
     new_lens: np.ndarray
+    buf_map: torch.Tensor | None = None
+    buf_seq: torch.Tensor | None = None
 
 
 def _check_path(tree, acc: np.ndarray, b: int) -> None:
@@ -124,6 +129,11 @@ def plan_commit(cache: V4Cache, w: V4LayerWeights, plan: VerifyPlan,
         cp.entry_dst_idx = t(e_idx) if cache.idx is not None else None
         cp.buf_old_dst, cp.buf_old_src = t(np.concatenate([od, od + BS])), t(np.concatenate([os_, os_ + BS]))
         cp.buf_new_dst, cp.buf_new_src = t(np.concatenate([nd, nd + BS])), t(np.concatenate([ns, ns + N]))
+        bmap = np.full((cache.batch, S), -1, np.int64)
+        bmap.reshape(-1)[od] = os_
+        bmap.reshape(-1)[nd] = BS + ns
+        touched = np.flatnonzero((bmap >= 0).any(1))
+        cp.buf_map, cp.buf_seq = t(bmap[touched]), t(touched)
     return cp
 
 
@@ -138,8 +148,24 @@ def _refresh_buffers(buf: torch.Tensor, proj, cp: CommitPlan) -> None:
         flat.index_copy_(0, cp.buf_new_dst, nodes[cp.buf_new_src].to(flat.dtype))
 
 
-def apply_commit(cache: V4Cache, scratch: VerifyScratch, cp: CommitPlan) -> None:
-    """Device part of the refresh (no host sync; lengths are not touched)."""
+def apply_commit(cache: V4Cache, scratch: VerifyScratch, cp: CommitPlan, impl: str = "triton",
+                 sync_mirror: bool = True) -> None:
+    """Device part of the refresh (no host sync; lengths are not touched).  impl "triton": one
+    fused launch (commit_kernel); "torch": a handful of index_copy_ ops.  sync_mirror: also
+    write the rows into FlashMLA's FP8 mirrors when the cache has them (cache.flashmla_mirror);
+    False only for timing a Triton-only engine on a cache that a FlashMLA run also used."""
+    if impl == "triton":
+        fused_commit(cache, scratch, cp)
+    else:
+        _apply_commit_torch(cache, scratch, cp)
+    fm = getattr(cache, "fm", None)
+    if fm is not None and sync_mirror:  # keep FlashMLA's FP8 mirrors in step with the pools
+        fm["window"].write(cp.win_dst, scratch.node_kv[cp.win_src])
+        if cp.entry_src is not None:
+            fm["comp"].write(cp.entry_dst_comp, scratch.comp_entries[cp.entry_src])
+
+
+def _apply_commit_torch(cache: V4Cache, scratch: VerifyScratch, cp: CommitPlan) -> None:
     win = cache.window.pool
     win.index_copy_(0, cp.win_dst, scratch.node_kv[cp.win_src].to(win.dtype))
     if cp.entry_src is None:

@@ -20,7 +20,8 @@ import time
 
 import torch
 
-__all__ = ["flashmla_available", "pack_v4_rows", "unpack_v4_rows", "flashmla_sparse_attention",
+__all__ = ["flashmla_available", "PackedRows", "pack_v4_rows", "unpack_v4_rows", "flashmla_sparse_attention",
+           "emulate_flashmla_sparse_attention",
            "probe_and_bench"]
 
 NOPE, ROPE, TILE = 448, 64, 64
@@ -35,32 +36,59 @@ def flashmla_available() -> tuple[bool, str]:
         return False, f"{type(exc).__name__}: {exc}"
 
 
-def pack_v4_rows(rows: torch.Tensor, page_block_size: int = 64) -> torch.Tensor:
-    """rows [P, 512] (bf16/fp32) -> k_cache view [P / page, page, 1, 584] float8_e4m3fn.
+def _quantize_rows(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """rows [n, 512] -> (data [n, 576] uint8: FP8 NoPE | bf16 RoPE bytes, scales [n, 8] uint8).
 
-    NoPE part quantised per 64 values with a power-of-two scale (amax / 448 rounded up).
-    """
+    NoPE part quantised per 64 values with a power-of-two scale (amax / 448 rounded up)."""
+    n = rows.shape[0]
+    x = rows.float()
+    nope = x[:, :NOPE].reshape(n, NOPE // TILE, TILE)
+    exp2 = torch.ceil(torch.log2(nope.abs().amax(-1).clamp_min(1e-30) / 448.0)).clamp(-127, 127)
+    q = (nope / torch.exp2(exp2).unsqueeze(-1)).to(torch.float8_e4m3fn).view(torch.uint8).reshape(n, NOPE)
+    rope = x[:, NOPE:].to(torch.bfloat16).contiguous().view(torch.uint8).reshape(n, 2 * ROPE)
+    scales = torch.cat([(exp2 + 127).to(torch.uint8), rows.new_zeros(n, 8 - NOPE // TILE, dtype=torch.uint8)], 1)
+    return torch.cat([q, rope], 1), scales
+
+
+class PackedRows:
+    """A flat row space in FlashMLA's V4 layout: row i lives in block i // page, slot i % page.
+
+    raw [nb, bytes per padded block] uint8; ``k_cache`` is the [nb, page, 1, 584] FP8 view
+    FlashMLA reads; :meth:`write` quantises rows into arbitrary row slots (no full re-pack)."""
+
+    def __init__(self, num_rows: int, device, page_block_size: int = 64):
+        self.page = page_block_size
+        self.nb = max(1, -(-num_rows // page_block_size))
+        self.num_rows = self.nb * page_block_size
+        per_block = page_block_size * ROW_BYTES
+        self.raw = torch.zeros(self.nb, -(-per_block // 576) * 576, dtype=torch.uint8, device=device)
+        self._data = self.raw[:, :page_block_size * (NOPE + 2 * ROPE)].view(self.nb, page_block_size, NOPE + 2 * ROPE)
+        self._scales = self.raw[:, page_block_size * (NOPE + 2 * ROPE):per_block].view(self.nb, page_block_size, 8)
+        self.k_cache = self.raw.view(torch.float8_e4m3fn)[:, :per_block].view(self.nb, page_block_size, 1, ROW_BYTES)
+
+    def write(self, row_ids: torch.Tensor, rows: torch.Tensor, use_triton: bool | None = None) -> None:
+        """row_ids [n] (int64, device) <- rows [n, 512]; one Triton launch on CUDA (pack.py),
+        a dozen torch ops otherwise."""
+        if rows.shape[0] == 0:
+            return
+        if rows.is_cuda if use_triton is None else use_triton:
+            from .pack import pack_rows_triton
+            pack_rows_triton(self.raw, self.page, row_ids, rows)
+            return
+        data, scales = _quantize_rows(rows)
+        blk, off = row_ids // self.page, row_ids % self.page
+        self._data[blk, off] = data
+        self._scales[blk, off] = scales
+
+
+def pack_v4_rows(rows: torch.Tensor, page_block_size: int = 64) -> torch.Tensor:
+    """rows [P, 512] (bf16/fp32) -> k_cache view [P / page, page, 1, 584] float8_e4m3fn."""
     P, D = rows.shape
     if D != NOPE + ROPE:
         raise ValueError(f"V4 cache rows must be 512 wide, got {D}")
-    pad_rows = -P % page_block_size
-    if pad_rows:
-        rows = torch.cat([rows, rows.new_zeros(pad_rows, D)])
-    nb = rows.shape[0] // page_block_size
-    per_block = page_block_size * ROW_BYTES
-    per_block_padded = -(-per_block // 576) * 576
-    raw = torch.zeros(nb, per_block_padded, dtype=torch.uint8, device=rows.device)
-    data = raw[:, :page_block_size * (NOPE + 2 * ROPE)].view(nb, page_block_size, NOPE + 2 * ROPE)
-    scales = raw[:, page_block_size * (NOPE + 2 * ROPE):per_block].view(nb, page_block_size, 8)
-    x = rows.float().view(nb, page_block_size, D)
-    nope = x[..., :NOPE].reshape(nb, page_block_size, NOPE // TILE, TILE)
-    amax = nope.abs().amax(-1).clamp_min(1e-30) / 448.0
-    exp2 = torch.ceil(torch.log2(amax)).clamp(-127, 127)
-    q = (nope / torch.exp2(exp2).unsqueeze(-1)).to(torch.float8_e4m3fn)
-    data[..., :NOPE] = q.reshape(nb, page_block_size, NOPE).view(torch.uint8)
-    data[..., NOPE:] = x[..., NOPE:].to(torch.bfloat16).contiguous().view(torch.uint8).view(nb, page_block_size, 2 * ROPE)
-    scales[..., :NOPE // TILE] = (exp2 + 127).to(torch.uint8)  # e8m0: biased exponent
-    return raw.view(torch.float8_e4m3fn)[:, :per_block].view(nb, page_block_size, 1, ROW_BYTES)
+    packed = PackedRows(P, rows.device, page_block_size)
+    packed.write(torch.arange(P, device=rows.device), rows)
+    return packed.k_cache
 
 
 def unpack_v4_rows(cache: torch.Tensor) -> torch.Tensor:
@@ -111,6 +139,22 @@ def flashmla_sparse_attention(q: torch.Tensor, indices: torch.Tensor, k_cache: t
         kw["kv_format"] = "V4"
     out, _ = fn(**kw)
     return out, sched
+
+
+def emulate_flashmla_sparse_attention(q, indices, k_cache, sink, scale, extra_indices=None,
+                                      extra_k_cache=None, sched=None):
+    """CPU stand-in of :func:`flashmla_sparse_attention` (dequantise + torch attention), for
+    tests of everything around the kernel: packing, spare rows, index remapping."""
+    from .attention import sparse_attention_torch
+    B, s_q, H, D = q.shape
+    srcs = [unpack_v4_rows(k_cache)]
+    idx = indices.reshape(B * s_q, -1).long()
+    if extra_k_cache is not None:
+        ext = extra_indices.reshape(B * s_q, -1).long()
+        idx = torch.cat([idx, torch.where(ext >= 0, ext + srcs[0].shape[0], -1)], 1)
+        srcs.append(unpack_v4_rows(extra_k_cache))
+    out = sparse_attention_torch(q.float().reshape(B * s_q, H, D), idx, srcs, sink.float(), scale)
+    return out.view(B, s_q, H, D).to(q.dtype), sched
 
 
 def probe_and_bench(device, log, time_us, budget_s: float = 60.0) -> dict:

@@ -11,6 +11,7 @@ SGLang's MTP verify runs V4 today), "random" (random trees, at most 3 children p
 """
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Callable
 
@@ -52,6 +53,7 @@ class V4Step:
     verify: Callable[[], torch.Tensor]
     commit: Callable[[], None]
     accepted: list
+    plan_ms: float = 0.0      # host time of plan_verify + plan_commit (index lists)
 
 
 def make_verify_step(cfg: V4AttnConfig, kind: str, batch_size: int, nodes_per_seq: int,
@@ -69,9 +71,11 @@ def make_verify_step(cfg: V4AttnConfig, kind: str, batch_size: int, nodes_per_se
     gen = torch.Generator(device=device).manual_seed(seed)
     inp = random_inputs(cfg, trees.total_nodes, gen, dtype=torch.float32, device=device)
     inp = V4Inputs(inp.q.to(dtype), inp.kv.to(dtype), inp.x.to(dtype), inp.iq.to(dtype), inp.iw)
+    t0 = time.perf_counter()
     plan = plan_verify(cache, trees, w, device=device)
     accepted = [t.path_to(int(t.leaves[np.argmax(t.depth[t.leaves])])).tolist() for t in trees.trees]
     cplan = plan_commit(cache, w, plan, accepted, device=device)
+    plan_ms = (time.perf_counter() - t0) * 1e3
     # commit replays read the scratch of one eager verify (not one made inside a CUDA graph)
     _, scratch = tree_verify(cache, w, inp, plan, attention=attention)
 
@@ -79,9 +83,9 @@ def make_verify_step(cfg: V4AttnConfig, kind: str, batch_size: int, nodes_per_se
         return tree_verify(cache, w, inp, plan, attention=attention)[0]
 
     def commit():
-        apply_commit(cache, scratch, cplan)
+        apply_commit(cache, scratch, cplan, sync_mirror=attention == "flashmla")
 
-    return V4Step(cfg, kind, w, cache, inp, plan, cplan, verify, commit, accepted)
+    return V4Step(cfg, kind, w, cache, inp, plan, cplan, verify, commit, accepted, plan_ms)
 
 
 def verify_bytes(step: V4Step) -> int:

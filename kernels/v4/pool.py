@@ -1,0 +1,111 @@
+"""Fused batched compressor pooling (Triton): the M windows completing inside a round's trees.
+
+Same math as compressor.pool_window (per channel softmax over the window's slots, weighted
+sum, RMSNorm, RoPE on the last rope_dim channels at position entry * ratio), reading each
+slot straight from its source instead of gathering [M, S, C] copies first:
+
+    src [M, S]        virtual rows into [buffers [B*S, C] | node projections [N, C]], -1 = empty
+                      slot (kv 0, score -inf); slot s of an overlapping (C4) compressor reads
+                      channels [0, dim) for s < r and [dim, 2 dim) for s >= r
+    cos, sin [M, rope_dim / 2]   RoPE of each entry (float64 on the host, then cast)
+    out [M, dim]
+
+One program per window; the slot loop keeps an online (max, sum, acc) per channel, split in
+three channel groups (NoPE | first rope half | second rope half) so the rotation needs no
+shuffles.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .compressor import CompressorParams
+
+__all__ = ["pool_windows"]
+
+
+@triton.jit
+def _load_slot(BUF_KV, BUF_S, PKV, PS, src, BS, C, ch, cm):
+    live = src >= 0
+    from_buf = live & (src < BS)
+    from_proj = src >= BS
+    kv = tl.load(BUF_KV + src * C + ch, mask=cm & from_buf, other=0.0).to(tl.float32) \
+        + tl.load(PKV + (src - BS) * C + ch, mask=cm & from_proj, other=0.0).to(tl.float32)
+    sb = tl.load(BUF_S + src * C + ch, mask=cm & from_buf, other=float("-inf")).to(tl.float32)
+    sp = tl.load(PS + (src - BS) * C + ch, mask=cm & from_proj, other=float("-inf")).to(tl.float32)
+    return kv, tl.where(from_proj, sp, sb)
+
+
+@triton.jit
+def _online(m, l, acc, kv, s):
+    m_new = tl.maximum(m, s)
+    alpha = tl.exp(m - m_new)
+    p = tl.exp(s - m_new)
+    return m_new, l * alpha + p, acc * alpha + p * kv
+
+
+@triton.jit
+def _pool_kernel(BUF_KV, BUF_S, PKV, PS, SRC, COS, SIN, NORM, OUT, BS, C, S, R, eps,
+                 DIM: tl.constexpr, NOPE: tl.constexpr, HALF: tl.constexpr,
+                 BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr, OVERLAP: tl.constexpr):
+    m_id = tl.program_id(0).to(tl.int64)
+    on = tl.arange(0, BLOCK_N)
+    orr = tl.arange(0, BLOCK_R)
+    mn = on < NOPE
+    mr = orr < HALF
+    m0 = tl.full([BLOCK_N], -1e30, tl.float32)
+    l0 = tl.zeros([BLOCK_N], tl.float32)
+    a0 = tl.zeros([BLOCK_N], tl.float32)
+    m1 = tl.full([BLOCK_R], -1e30, tl.float32)
+    l1 = tl.zeros([BLOCK_R], tl.float32)
+    a1 = tl.zeros([BLOCK_R], tl.float32)
+    m2 = tl.full([BLOCK_R], -1e30, tl.float32)
+    l2 = tl.zeros([BLOCK_R], tl.float32)
+    a2 = tl.zeros([BLOCK_R], tl.float32)
+    for s in range(0, S):
+        # the slot's source row, broadcast per lane (scalar masks trip the interpreter)
+        src_n = tl.load(SRC + m_id * S + s + on * 0).to(tl.int64)
+        src_r = tl.load(SRC + m_id * S + s + orr * 0).to(tl.int64)
+        base = 0
+        if OVERLAP:
+            base = tl.where(s >= R, DIM, 0)
+        kv, sc = _load_slot(BUF_KV, BUF_S, PKV, PS, src_n, BS, C, base + on, mn)
+        m0, l0, a0 = _online(m0, l0, a0, kv, sc)
+        kv, sc = _load_slot(BUF_KV, BUF_S, PKV, PS, src_r, BS, C, base + NOPE + orr, mr)
+        m1, l1, a1 = _online(m1, l1, a1, kv, sc)
+        kv, sc = _load_slot(BUF_KV, BUF_S, PKV, PS, src_r, BS, C, base + NOPE + HALF + orr, mr)
+        m2, l2, a2 = _online(m2, l2, a2, kv, sc)
+    x0 = tl.where(mn, a0 / tl.maximum(l0, 1e-30), 0.0)
+    x1 = tl.where(mr, a1 / tl.maximum(l1, 1e-30), 0.0)
+    x2 = tl.where(mr, a2 / tl.maximum(l2, 1e-30), 0.0)
+    ms = (tl.sum(x0 * x0, 0) + tl.sum(x1 * x1, 0) + tl.sum(x2 * x2, 0)) / DIM
+    rinv = 1.0 / tl.sqrt(ms + eps)
+    x0 = x0 * rinv * tl.load(NORM + on, mask=mn, other=0.0).to(tl.float32)
+    x1 = x1 * rinv * tl.load(NORM + NOPE + orr, mask=mr, other=0.0).to(tl.float32)
+    x2 = x2 * rinv * tl.load(NORM + NOPE + HALF + orr, mask=mr, other=0.0).to(tl.float32)
+    cos = tl.load(COS + m_id * HALF + orr, mask=mr, other=0.0).to(tl.float32)
+    sin = tl.load(SIN + m_id * HALF + orr, mask=mr, other=0.0).to(tl.float32)
+    ot = OUT.dtype.element_ty
+    tl.store(OUT + m_id * DIM + on, x0.to(ot), mask=mn)
+    tl.store(OUT + m_id * DIM + NOPE + orr, (x1 * cos - x2 * sin).to(ot), mask=mr)
+    tl.store(OUT + m_id * DIM + NOPE + HALF + orr, (x1 * sin + x2 * cos).to(ot), mask=mr)
+
+
+def pool_windows(p: CompressorParams, buf_kv: torch.Tensor, buf_score: torch.Tensor,
+                 proj: tuple[torch.Tensor, torch.Tensor], src: torch.Tensor, cos: torch.Tensor,
+                 sin: torch.Tensor, out_dtype=torch.float32) -> torch.Tensor:
+    """buf_kv, buf_score [B, S, C]; proj (kv, score) [N, C]; src [M, S] -> entries [M, dim]
+    (computed in fp32, stored as out_dtype: the pool's dtype saves the cast launch)."""
+    M, S = src.shape
+    out = torch.empty(M, p.dim, dtype=out_dtype, device=src.device)
+    if M == 0:
+        return out
+    C = buf_kv.shape[-1]
+    nope, half = p.dim - p.rope_dim, p.rope_dim // 2
+    _pool_kernel[(M,)](buf_kv.contiguous(), buf_score.contiguous(), proj[0].contiguous(), proj[1].contiguous(),
+                       src.contiguous(), cos.contiguous(), sin.contiguous(), p.norm.contiguous(), out,
+                       buf_kv.shape[0] * S, C, S, p.ratio, p.eps, DIM=p.dim, NOPE=nope, HALF=half,
+                       BLOCK_N=triton.next_power_of_2(max(nope, 1)), BLOCK_R=triton.next_power_of_2(half),
+                       OVERLAP=p.overlap, num_warps=4)
+    return out
