@@ -210,3 +210,45 @@ def test_strong_decay_does_not_overflow():
         out, _ = gdn_tree_verify(*(inp[k] for k in KEYS), *tree, backend=backend)
         assert torch.isfinite(out).all()
         assert rel_err(out, ref) < 1e-4
+
+
+
+def _needed_pairs(tree: DraftTree, bt: int) -> list[list[int]]:
+    """Brute force: for each sub-chunk c, the c2 < c holding an ancestor of some row of c."""
+    m = np.asarray(tree.ancestor_mask)                     # [j, m]: m ancestor-or-self of j
+    c_n = (tree.num_nodes + bt - 1) // bt
+    return [[c2 for c2 in range(c) if m[c * bt:(c + 1) * bt, c2 * bt:(c2 + 1) * bt].any()]
+            for c in range(c_n)]
+
+
+@pytest.mark.parametrize("bt", [16, 32, 64])
+def test_subchunk_pairs_list_exactly_the_pairs_with_ancestors(bt):
+    rng = np.random.default_rng(14)
+    trees = [random_tree(150, rng, reach=40), DraftTree([-1] + [0] * 99), DraftTree.chain(70),
+             random_tree(5, rng)]
+    md = TreeBatch(trees).to_torch()
+    meta = tree_meta(md["parents"], md["cu_nodes"])
+    pairs, counts, nc = meta.subchunk_pairs(md["cu_nodes"], bt)
+    assert nc == (150 + bt - 1) // bt and tuple(pairs.shape) == (4, nc, nc)
+    for b, t in enumerate(trees):
+        want = _needed_pairs(t, bt)
+        for c in range(nc):
+            got = pairs[b, c, :counts[b, c]].tolist()
+            assert got == (want[c] if c < len(want) else []), (b, c)
+
+
+def test_skipped_subchunk_pairs_match_dense_reference():
+    # wide shallow tree (root + 8 children + grandchildren: sub-chunks past the first hold no
+    # ancestors of each other, so the kernel skips most pairs) next to a deep chain (keeps all)
+    wide = DraftTree([-1] + [0] * 8 + [1 + i % 8 for i in range(87)])
+    chain = DraftTree.chain(70)
+    assert sum(map(len, _needed_pairs(wide, 16))) == 5      # of 15 pairs c2 < c
+    assert sum(map(len, _needed_pairs(chain, 16))) == 10    # all 10
+    inp = make_inputs([wide, chain], 13)
+    tree = (inp["parents"], inp["cu_nodes"])
+    out, cache = gdn_tree_verify(*(inp[k] for k in KEYS), *tree, backend="triton")
+    assert rel_err(out, gdn_tree_verify_dense_ref(*f64(inp), *tree)) < 1e-4
+    accepted = torch.tensor([95, 69])          # a leaf of the last sub-chunk; the chain's end
+    S = inp["state"].clone()
+    gdn_tree_commit(S, inp["k"], cache, *tree, accepted, backend="triton")
+    assert rel_err(S, sequential_commit(inp, [wide, chain], accepted)) < 1e-4

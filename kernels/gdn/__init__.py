@@ -149,9 +149,11 @@ def gdn_tree_verify(q, k, v, g, beta, state, parents, cu_nodes, *, scale=None, q
     G = torch.empty((N, HV), dtype=torch.float32, device=q.device)
     # bf16/fp16 inputs: tf32 dots (their own rounding is coarser); fp32/fp64: exact fp32
     prec = "tf32" if q.dtype in (torch.bfloat16, torch.float16) else "ieee"
+    pairs, npairs, nc = meta.subchunk_pairs(cu_nodes, BT)   # only sub-chunk pairs with ancestors
     _tree_verify_kernel[(V // BV, B * HV)](
         qc, kc, v.contiguous(), g.float().contiguous(), beta.float().contiguous(),
-        state.float().contiguous(), meta.bits, cu_nodes.to(q.device, torch.int64), out, u, G, scale,
+        state.float().contiguous(), meta.bits, cu_nodes.to(q.device, torch.int64), pairs, npairs,
+        nc, out, u, G, scale,
         H=H, HV=HV, K=K, V=V, W=meta.words, BT=BT, BV=BV, LOG_BT=BT.bit_length() - 1,
         L2NORM=qk_l2norm, PREC=prec, DT=tl.bfloat16 if prec == "tf32" and not _INTERPRET else tl.float32,
         num_warps=num_warps or cfg["num_warps"],

@@ -10,11 +10,14 @@ them.  Layouts:
     depth    int64 [N]     root depth 0
     anc      int64 [N, 3]  flat row of the 1st/2nd/3rd nearest ancestor, -1 past the root
     seq_ids  int64 [N]
+    pairs    int32 [B, C, C] / counts int32 [B, C]  (``subchunk_pairs``, C = ceil(max_nodes / bt)):
+             pairs[b, c, :counts[b, c]] lists, ascending, the sub-chunks c2 < c of tree b that
+             hold an ancestor of some node of sub-chunk c; the tree kernel visits only those
 """
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -30,10 +33,41 @@ class TreeMeta:
     anc: torch.Tensor
     seq_ids: torch.Tensor
     max_nodes: int
+    _pairs: dict = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def words(self) -> int:
         return int(self.bits.shape[1])
+
+    def subchunk_pairs(self, cu_nodes: torch.Tensor, bt: int) -> tuple[torch.Tensor, torch.Tensor, int]:
+        """(pairs [B, C, C], counts [B, C], C) for node sub-chunks of ``bt`` (divides 64).
+
+        Sync-free torch ops, cached per bt: built once per round, shared by every layer."""
+        if bt not in self._pairs:
+            self._pairs[bt] = _subchunk_pairs(self.bits, self.seq_ids, cu_nodes, self.max_nodes, bt)
+        return self._pairs[bt]
+
+
+def _subchunk_pairs(bits, seq_ids, cu_nodes, max_nodes: int, bt: int):
+    N, W = bits.shape
+    B, C = cu_nodes.numel() - 1, (max_nodes + bt - 1) // bt
+    dev = bits.device
+    cu_nodes = cu_nodes.to(device=dev, dtype=torch.int64)
+    # per row: does its ancestor set meet sub-chunk c2 (bits [c2 bt, (c2 + 1) bt) of the row)?
+    if bt == 64:
+        meets = bits != 0                                              # [N, W]
+    else:
+        shift = torch.arange(0, 64, bt, device=dev, dtype=torch.int64)
+        meets = ((bits[:, :, None] >> shift) & ((1 << bt) - 1)) != 0   # arithmetic >>: masked
+    meets = meets.reshape(N, -1)[:, :C].to(torch.int32)
+    chunk = (torch.arange(N, device=dev) - cu_nodes[seq_ids]) // bt
+    need = torch.zeros((B * C, C), dtype=torch.int32, device=dev)
+    need.index_add_(0, seq_ids * C + chunk, meets)
+    lower = torch.ones((C, C), dtype=torch.bool, device=dev).tril(-1)  # c2 < c only
+    need = (need.reshape(B, C, C) > 0) & lower
+    # stable sort of "not needed" moves the needed c2 to the front, in ascending order
+    order = torch.sort((~need).to(torch.int8), dim=-1, stable=True).indices
+    return order.to(torch.int32).contiguous(), need.sum(-1, dtype=torch.int32), C
 
 
 def _validate(parents: torch.Tensor, cu_nodes: torch.Tensor) -> None:

@@ -73,7 +73,7 @@ def _stack(top, bot, BT: tl.constexpr, N: tl.constexpr):
 
 @triton.jit
 def _tree_verify_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, s0_ptr, bits_ptr, cu_ptr,
-                        o_ptr, u_ptr, G_ptr, scale,
+                        pairs_ptr, npairs_ptr, NC, o_ptr, u_ptr, G_ptr, scale,
                         H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                         W: tl.constexpr, BT: tl.constexpr, BV: tl.constexpr,
                         LOG_BT: tl.constexpr, L2NORM: tl.constexpr, PREC: tl.constexpr,
@@ -127,8 +127,14 @@ def _tree_verify_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, s0_ptr, bits_ptr, 
         Z = tl.where(is_q[:, None], xs, b_r[:, None] * (v_r - xs))       # [rhs; acc] so far
         xt = tl.trans(x)
         w = tl.where(is_q, 1., -b_r)
-        # earlier sub-chunks (all full, c2 < c) enter only through their solved u
-        for c2 in range(0, c):
+        # earlier sub-chunks (all full, c2 < c) enter only through their solved u.  A pair
+        # (c, c2) with no ancestor of any row of c inside c2 adds exactly zero (P is
+        # ancestor-masked), so the loop walks only the c2 listed in pairs[i_b, c] (built once
+        # per round, meta.subchunk_pairs): a loop, not a branch, so loads still pipeline.
+        # Chains and BFS-ordered EAGLE trees keep every pair; wide or DFS-ordered ones drop many.
+        pc = pairs_ptr + (i_b * NC + c) * NC
+        for i in range(0, tl.load(npairs_ptr + i_b * NC + c)):
+            c2 = tl.load(pc + i).to(tl.int64)
             gcol = bos + c2 * BT + o_t
             kc = _rows_normed(k_ptr, gcol, gcol >= 0, i_h, 1., H, K, L2NORM, DT)
             Gc = tl.load(G_ptr + gcol * HV + i_hv)
