@@ -161,6 +161,41 @@ def core_timings(step, use_graph: bool) -> dict:
     return {"triton": time_us(lambda: sparse_attention(q, idx, sources, sink, step.cfg.scale), use_graph)}
 
 
+def stage_timings(step, use_graph: bool) -> dict:
+    """Pieces of a compressed layer's verify before the attention core (us): compressor GEMMs,
+    pooling, and for CSA the indexer scan, torch.topk and the list kernel."""
+    import importlib
+    tv = importlib.import_module("simtree.kernels.v4.tree_verify")  # the module, not the function
+    from simtree.kernels.v4.indexer import indexer_scores, selection_to_list
+    cache, w, inp, plan = step.cache, step.weights, step.inputs, step.plan
+    if not cache.ratio:
+        return {}
+    out = {}
+    x = inp.x.to(w.comp.wkv.dtype)
+    comps = [(w.comp, cache.comp_kv, cache.comp_score, cache.comp.pool.dtype)]
+    if w.indexer is not None:
+        comps.append((w.indexer, cache.idx_kv, cache.idx_score, cache.idx.pool.dtype))
+    projs = [tv._project_stacked(p, x, plan.pos_mod) for p, *_ in comps]
+    out["proj_us"] = time_us(lambda: [tv._project_stacked(p, x, plan.pos_mod) for p, *_ in comps], use_graph)[0]
+    out["pool_us"] = time_us(lambda: [tv._scratch_entries(p, kv, sc, (pr[0], pr[1]), plan, True, dt)
+                                      for (p, kv, sc, dt), pr in zip(comps, projs)], use_graph)[0]
+    if w.indexer is None:
+        return out
+    keys = tv._scratch_entries(w.indexer, cache.idx_kv, cache.idx_score, (projs[1][0], projs[1][1]), plan, True,
+                               cache.idx.pool.dtype)
+    N, emax, vis = inp.iq.shape[0], plan.persist_idx_rows.shape[1], plan.scratch_vis
+    scores = torch.empty(N, emax + vis.shape[1], dtype=torch.float32, device=inp.iq.device)
+    out["indexer_scan_us"] = time_us(lambda: indexer_scores(inp.iq, inp.iw, cache.idx.pool, plan.persist_idx_rows,
+                                                            plan.pad_nodes, scores, keys, vis), use_graph)[0]
+    k = min(step.cfg.topk, scores.shape[1])
+    out["topk_us"] = time_us(lambda: torch.topk(scores, k, dim=1), use_graph)[0]
+    val, sel = torch.topk(scores, k, dim=1)
+    base = cache.window.num_rows + N
+    out["list_us"] = time_us(lambda: selection_to_list(sel, val, plan.win_idx, plan.persist_comp_rows, vis,
+                                                       plan.node_seq, cache.comp.num_rows, base), use_graph)[0]
+    return out
+
+
 def _prof_row(stage, variant, info, b, n, ctx, shape, t, dtype="bf16") -> dict:
     return {"stage": stage, "model": MODEL, "device": info["gpu"], "dtype": dtype, "variant": variant,
             "batch_size": b, "nodes_per_seq": n, "total_tokens": b * n, "context_len": ctx,
@@ -189,6 +224,10 @@ def measure(cfg, kind, b, n, ctx, shape, attn, cache, w, bw, info, use_graph, co
     if cores and attn == "triton":
         ct = core_timings(step, use_graph)["triton"]
         row["attn_triton_us"] = round(ct[0], 2)
+        try:  # where the non-attention time goes (compressed kinds)
+            row.update({k: round(v, 2) for k, v in stage_timings(step, use_graph).items()})
+        except Exception as exc:  # noqa: BLE001
+            row["stage_error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
         prof.append(_prof_row(f"v4_{kind}_attn", "triton_tree", info, b, n, ctx, shape, ct))
     del step
     return row, prof

@@ -112,6 +112,12 @@ def render_report(run: Path, baseline: Path | None = None) -> str:
             share = (core["attn_triton_us"] / core["verify_us"]).median()
             out += [f"Triton attention core alone: median {share:.0%} of the Triton tree verify "
                     f"({len(core)} points).", ""]
+    parts = [c for c in ("proj_us", "pool_us", "indexer_scan_us", "topk_us", "list_us", "attn_triton_us") if c in trees]
+    if "proj_us" in parts:
+        tri = trees[trees["attention"] == "triton"].dropna(subset=["proj_us"])
+        tab = tri.groupby(["kind", "batch_size"])[parts + ["verify_us"]].median().reset_index()
+        out += ["Where the Triton verify time goes (medians over contexts and n, us; pieces timed alone):", "",
+                _md_table(tab), ""]
     if "plan_host_ms" in trees:
         ph = trees.groupby("batch_size")["plan_host_ms"].median()
         out += ["Host planning (plan_verify + plan_commit, median ms by batch): "
