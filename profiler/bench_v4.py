@@ -62,53 +62,18 @@ def env_info() -> dict:
 
 
 def time_us(fn, use_graph: bool = True, unroll: int = 0, replays: int = 0) -> tuple[float, float, float, int, str]:
-    """(median, p10, p90 in us per call, repeats, method): fn captured ``unroll`` times in one
-    CUDA graph, each replay timed with events (host launch cost excluded).  unroll/replays 0:
-    chosen from one eager call so that slow points cost ~1 s, fast ones ~40 x 10 calls."""
-    if not torch.cuda.is_available():  # --smoke on a CPU: wall clock, a few calls
-        t = []
-        for _ in range(3):
-            t0 = time.perf_counter()
-            fn()
-            t.append((time.perf_counter() - t0) * 1e6)
-        return float(np.median(t)), min(t), max(t), 3, "cpu"
-    if use_graph:
-        try:
-            stream = torch.cuda.Stream()
-            stream.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(stream):
-                for _ in range(2):
-                    fn()
-            torch.cuda.current_stream().wait_stream(stream)
-            torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            fn()
-            torch.cuda.synchronize()
-            est_us = (time.perf_counter() - t0) * 1e6  # upper bound (includes launches)
-            unroll = unroll or int(min(10, max(4, 2000 // max(est_us, 1))))
-            replays = replays or (40 if est_us < 2000 else 15)
-            g = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g):
-                for _ in range(unroll):
-                    fn()
-            times = []
-            for i in range(replays + 3):
-                a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                a.record()
-                g.replay()
-                b.record()
-                b.synchronize()
-                if i >= 3:
-                    times.append(a.elapsed_time(b) * 1e3 / unroll)
-            del g
-            t = np.asarray(times)
-            return float(np.median(t)), float(np.percentile(t, 10)), float(np.percentile(t, 90)), replays * unroll, "cudagraph"
-        except Exception as exc:  # noqa: BLE001
-            log(f"cuda graph failed ({type(exc).__name__}: {str(exc)[:200]}); timing eagerly (includes launch cost)")
-            torch.cuda.synchronize()
-    import triton.testing as tt
-    res = tt.do_bench(fn, warmup=10, rep=40, quantiles=[0.5, 0.1, 0.9])
-    return res[0] * 1e3, res[1] * 1e3, res[2] * 1e3, 0, "eager"
+    """(median, p10, p90 in us per call, repeats, method) through profiler.timing: ``fn``
+    captured ``unroll`` times in one CUDA graph (host launch cost excluded), each replay timed
+    with events; unroll/replays 0: the timer sizes the repetitions to its time budget."""
+    from simtree.profiler.timing import time_workload
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"   # --smoke on a CPU: wall clock
+    fns = [fn] * max(1, unroll or (4 if device == "cuda" else 1))
+    kw = dict(use_graph=use_graph) if device == "cuda" else {}
+    if replays:
+        kw.update(min_reps=replays, max_reps=replays)
+    st = time_workload(fns, device, **kw)
+    return st.median_us, st.p10_us, st.p90_us, st.repeats * len(fns), st.mode
 
 
 def copy_bandwidth_gbs(device) -> float:
@@ -328,7 +293,7 @@ def main(argv=None) -> int:
     weights = {k: random_layer_weights(cfg, k, 0, torch.float32, device) for k in kinds}
     pts = sweep_points(kinds, contexts, batches, ns)
     fm_check = next((r for r in summary["correctness"] if r["check"] == "tree_verify_flashmla"), {})
-    attns = ["triton"] + (["flashmla"] if "rel_err" in fm_check and not args.no_flashmla else [])
+    attns = ["triton"] + (["flashmla"] if fm_check.get("ok") and not args.no_flashmla else [])
     summary["attention_variants"] = attns
     log(f"sweep: {len(pts)} points x {len(attns)} attention cores, budget {args.max_seconds:.0f} s total")
     fm_fail = 0

@@ -216,7 +216,7 @@ def run_sweep(sweep: str | Path | None = None, out: str | Path = "reports/profil
     try:
         for j, (entry_i, p) in enumerate(todo):
             if time.monotonic() - t_start > max_s:
-                res.not_run = len(todo) - j
+                res.not_run += len(todo) - j   # += keeps the points skipped by stage budgets
                 res.stopped = f"max {max_s / 60:.1f} min reached"
                 break
             entry = spec["stages"][entry_i]
@@ -284,7 +284,7 @@ def run_sweep(sweep: str | Path | None = None, out: str | Path = "reports/profil
                 log_point(table, {"key": key, "status": "failed", "reason": msg})
                 if device.startswith("cuda") and (any(s in msg.lower() for s in _STICKY) or not cuda_alive()):
                     res.stopped = f"CUDA context lost at {p}: {msg}; rerun to resume"
-                    res.not_run = len(todo) - j - 1
+                    res.not_run += len(todo) - j - 1
                     echo("  " + res.stopped)
                     break
                 if res.failed <= 20:
@@ -298,7 +298,7 @@ def run_sweep(sweep: str | Path | None = None, out: str | Path = "reports/profil
             advance(bar, task)
     except Deadline:
         res.stopped = f"hard deadline {max_s / 60:.1f} min + grace reached inside a point"
-        res.not_run = len(todo) - j
+        res.not_run += len(todo) - j
         echo("  " + res.stopped)
     finally:
         alarm()

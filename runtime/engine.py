@@ -31,7 +31,7 @@ from simtree.accept import greedy_accept_batch
 from simtree.builders import batched_best_first_tree, best_first_order, cost_aware_tree, linear_tree
 from simtree.errors import SimtreeError
 from simtree.runtime.drafter import Drafter
-from simtree.simulate import MODES, check_params
+from simtree.simulate import MODES, batch_allocation, check_params
 from simtree.runtime.model import HybridLM
 from simtree.tree import DraftTree, TreeBatch
 
@@ -155,25 +155,13 @@ class SpecEngine:
 
     @staticmethod
     def _batch_alloc(toks, probs, roots, max_budget, costs, draft_us, ctx_len) -> list[DraftTree]:
-        """DSpark-style allocation: pool every sequence's best-first candidates, add them by
-        survival (prefix) probability while tau(K) * rate(B + K) rises, where
-        tau(K) = B + sum of added prefix probs and rate = 1 / (C_d + C_v((B + K) / B, l, B))."""
+        """DSpark-style allocation across the batch: the simulator's own rule
+        (simtree.simulate.batch_allocation), so the run executes what the planner scored."""
         B = len(roots)
         orders = [best_first_order(toks[b], probs[b], max_budget, roots[b]) for b in range(B)]
-        cand_p = np.concatenate([o.prefix_probs[1:] for o in orders])
-        cand_seq = np.concatenate([np.full(o.num_nodes - 1, b) for b, o in enumerate(orders)])
-        cand_idx = np.concatenate([np.arange(1, o.num_nodes) for o in orders])
-        rank = np.lexsort((cand_idx, cand_seq, -cand_p))  # within a sequence: best-first order kept
-        K = np.arange(cand_p.size + 1)
-        tau = B + np.concatenate([[0.0], np.cumsum(cand_p[rank])])
-        cost = draft_us + np.asarray(costs.verify.predict((B + K) / B, ctx_len, B), np.float64)
-        if not np.all(np.isfinite(cost)) or np.any(cost <= 0):
-            raise SimtreeError("cost model returned a NaN, infinite or non-positive verify cost")
-        obj = tau / cost
-        stops = np.flatnonzero(obj[1:] <= obj[:-1])
-        take = int(stops[0]) if stops.size else cand_p.size
-        budgets = 1 + np.bincount(cand_seq[rank[:take]], minlength=B)
-        return [o.tree(int(n)) for o, n in zip(orders, budgets)]
+        extra = batch_allocation([o.prefix_probs[1:] for o in orders], np.ones(B),
+                                 lambda n: costs.verify.predict(n, ctx_len, B), draft_us, B)
+        return [o.tree(1 + int(k)) for o, k in zip(orders, extra)]
 
     # ---- the decode loop -----------------------------------------------------------------
     def generate(self, prompts: list[list[int]], max_new_tokens: int, spec, workload: str = "",

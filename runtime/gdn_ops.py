@@ -62,16 +62,19 @@ def chain_gdn(q, k, v, g, beta):
     return o.to(v.dtype).view(B, T, HV, V)
 
 
-def round_meta(meta: dict) -> dict:
-    """Add the GDN kernels' per-round tree metadata (built once, shared by every GDN layer)."""
-    meta["gdn"] = tree_meta(meta["parents"], meta["cu_nodes"])
+def round_meta(meta: dict, max_nodes: int) -> dict:
+    """Add the GDN kernels' per-round tree metadata (built once, shared by every GDN layer).
+
+    The trees were validated as DraftTrees, so no validation (host sync) is repeated here.
+    """
+    meta["gdn"] = tree_meta(meta["parents"], meta["cu_nodes"], max_nodes=max_nodes, validate=False)
     return meta
 
 
 def tree_conv(x, conv_state, weight, meta):
     """x [N, D] pre-conv inputs of all tree nodes -> SiLU(conv over each node's ancestors) [N, D]."""
     return tree_causal_conv(x, conv_state, weight, meta["parents"], meta["cu_nodes"],
-                            activation="silu").to(x.dtype)
+                            activation="silu", meta=meta["gdn"]).to(x.dtype)
 
 
 def tree_verify(q, k, v, g, beta, state, meta):
@@ -79,13 +82,13 @@ def tree_verify(q, k, v, g, beta, state, meta):
     if v.dtype != torch.float64:  # gates in fp32 (the kernels' contract); float64 models keep float64
         g, beta = g.float(), beta.float()
     out, cache = gdn_tree_verify(q, k, v, g, beta, state, meta["parents"], meta["cu_nodes"],
-                                 qk_l2norm=True, meta=meta["gdn"])
+                                 qk_l2norm=True, meta=meta["gdn"], check=False)
     return out.to(v.dtype), cache
 
 
 def tree_commit(state, k, cache, meta, accepted):
-    gdn_tree_commit(state, k, cache, meta["parents"], meta["cu_nodes"], accepted)
+    gdn_tree_commit(state, k, cache, meta["parents"], meta["cu_nodes"], accepted, check=False)
 
 
 def conv_commit(conv_state, x, meta, accepted):
-    conv_state_commit(conv_state, x, meta["parents"], meta["cu_nodes"], accepted)
+    conv_state_commit(conv_state, x, meta["parents"], meta["cu_nodes"], accepted, meta=meta["gdn"])

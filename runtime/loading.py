@@ -23,7 +23,7 @@ import torch
 from simtree.errors import SimtreeError
 from simtree.runtime.model import HybridLM, ModelConfig
 
-__all__ = ["load_config", "load_model", "save_model", "DEFAULT_MODELS_DIR", "default_models"]
+__all__ = ["load_config", "load_model", "save_model", "DEFAULT_MODELS_DIR"]
 
 ARCHITECTURE = "SimtreeHybridForCausalLM"
 METADATA_KEYS = {"architectures", "torch_dtype", "num_hidden_layers", "bos_token_id", "eos_token_id",
@@ -128,12 +128,3 @@ def save_model(model: HybridLM, path, extra: dict | None = None) -> None:
     _atomic_write(path / "model.safetensors", lambda tmp: save_file(state, tmp, metadata={"format": "pt"}))
     text = json.dumps(cfg, indent=2) + "\n"
     _atomic_write(path / "config.json", lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
-
-
-def default_models(dtype=torch.float32) -> tuple[HybridLM, HybridLM]:
-    """The shipped (target, draft) pair from simtree/data/models/."""
-    folders = [DEFAULT_MODELS_DIR / n for n in ("target", "draft")]
-    for f in folders:
-        if not (f / "model.safetensors").exists():
-            raise SimtreeError(f"no shipped model at {f}: run `simtree train` first")
-    return load_model(folders[0], dtype), load_model(folders[1], dtype)

@@ -313,7 +313,7 @@ class HybridLM(nn.Module):
         dev = self.embed_tokens.weight.device
         meta = batch.to_torch(dev)
         if "linear_attention" in self.config.layer_types:
-            gdn_ops.round_meta(meta)
+            gdn_ops.round_meta(meta, batch.max_nodes)
         if "full_attention" in self.config.layer_types:  # [cache | ancestor-or-self] per sequence
             lens = cache.lengths.tolist()
             meta["attn_masks"] = [torch.cat([torch.ones(t.num_nodes, n, dtype=torch.bool, device=dev),

@@ -13,14 +13,18 @@ fi
 python3 -m pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1
 export PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv > "$RES/gpu_state.csv"
+failed=()
 for part in "$@"; do
   echo "=== $part $(date +%T)"
   case "$part" in
     gdn) timeout ${GDN_TIMEOUT:-280} python3 -m simtree.profiler.bench_gdn --out "$RES/gdn" --max-seconds ${GDN_SECONDS:-200} 2>&1 | tee "$RES/gdn.log" | tail -60 ;;
     v4) timeout ${V4_TIMEOUT:-300} python3 -m simtree.profiler.bench_v4 --out "$RES/v4" --max-seconds ${V4_SECONDS:-200} 2>&1 | tee "$RES/v4.log" | tail -60 ;;
     profile) timeout -k 10 ${PROFILE_TIMEOUT:-470} python3 -m simtree.profiler.sweep --sweep ${SWEEP:-scenarios/sweeps/default_gpu.yaml} --out "$RES/h200/profile.csv" --max-minutes ${PROFILE_MINUTES:-6} --no-progress 2>&1 | tee "$RES/profile.log" | tail -c 6000 ;;
-    *) echo "unknown part $part" ;;
+    *) echo "unknown part $part"; false ;;
   esac
+  rc=$?   # pipefail: the benchmark's own exit status (124 = timed out), not tee's
+  [ $rc -eq 0 ] || { echo "=== $part FAILED (exit $rc): its results may be partial"; failed+=("$part"); }
 done
 tar czf "$OUT/results.tgz" -C "$RES" .
 ls -la "$OUT"
+[ ${#failed[@]} -eq 0 ] || { echo "failed parts: ${failed[*]}"; exit 1; }

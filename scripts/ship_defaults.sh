@@ -7,7 +7,7 @@ set -euo pipefail
 export COLUMNS=${COLUMNS:-150}   # rich wraps tables at 80 columns when piped to tee
 cd "$(dirname "$0")/.."
 PROFILE=${1:-reports/h200/profile/profile.csv}
-mkdir -p simtree/data/costs reports/h200/fit
+mkdir -p simtree/data/costs reports/h200/fit reports/h200/plan
 for model in qwen3.6-27b deepseek-v4-flash; do
   .venv/bin/simtree fit "$PROFILE" --model "$model" -o "reports/h200/fit/$model.json" \
       --png "reports/h200/fit/$model.png" | tee "reports/h200/fit/$model.txt"

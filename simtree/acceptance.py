@@ -53,8 +53,7 @@ from simtree.phi import expected_accepted_positional, sibling_rank
 from simtree.tree import DraftTree
 
 __all__ = ["AcceptanceModel", "Workload", "PRESETS", "PUBLISHED_V4_FLASH_MTP", "calibrate_linear",
-           "from_marginals", "fit_positional", "fit_marginals", "read_traces", "get_workload",
-           "list_workloads"]
+           "from_marginals", "fit_positional", "fit_marginals", "read_traces", "get_workload"]
 
 # DeepSeek-V4-Flash MTP (3 steps, top-1, 4 draft tokens = linear budget D=4 incl. root):
 # mean accepted tokens per round, read as including the bonus token.
@@ -413,7 +412,3 @@ def get_workload(spec: str, prompt_len: float | None = None, output_len: int | N
             raise SimtreeError(f"output length must be >= 1, got {output_len}")
         out = output_len
     return Workload(acc.name, acc, _lognormal_quantiles(mean, sigma), int(out), note)
-
-
-def list_workloads() -> list[str]:
-    return list(PRESETS)

@@ -51,7 +51,7 @@ from simtree.errors import SimtreeError
 
 __all__ = [
     "PROFILE_COLUMNS", "KEY_COLUMNS", "INT_COLUMNS", "FLOAT_COLUMNS", "STR_COLUMNS",
-    "KNOWN_STAGES", "load_profile", "validate_profile", "append_rows", "measured_keys",
+    "load_profile", "validate_profile", "append_rows", "measured_keys",
     "row_key", "meta_path", "write_meta", "read_meta", "profile_hash",
 ]
 
@@ -73,10 +73,6 @@ STR_COLUMNS = tuple(c for c in PROFILE_COLUMNS if c not in INT_COLUMNS + FLOAT_C
 _OPTIONAL_STR = ("torch_version", "triton_version")
 _MIN_INT = {"batch_size": 1, "nodes_per_seq": 1, "total_tokens": 1, "context_len": 0,
             "num_steps": 0, "topk": 0, "repeats": 1}
-
-KNOWN_STAGES = ("gdn_tree_verify", "v4_csa_verify", "v4_hca_verify", "v4_swa_verify",
-                "attn_tree_verify", "mlp_step", "layer_verify_step", "model_verify_step",
-                "draft_step")
 
 
 def _where(path, line: int | None = None) -> str:

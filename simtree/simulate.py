@@ -54,7 +54,8 @@ def check_params(mode: str, params: dict) -> dict:
             raise SimtreeError(f"mode {mode!r} needs the parameter {key!r}")
     for key, value in params.items():
         if key in ("budget", "num_steps", "topk", "max_budget", "max_budget_per_seq", "width", "draft_depth"):
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or value != int(value) or value < 1:
+            if (isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value)
+                    or value != int(value) or value < 1):
                 raise SimtreeError(f"parameter {key} of mode {mode!r} must be an integer >= 1, got {value!r}")
             out[key] = int(value)
     budget = out.get("budget", out.get("max_budget", out.get("max_budget_per_seq", 1)))
@@ -175,6 +176,8 @@ def batch_allocation(survival: list[np.ndarray], mass: np.ndarray, verify_cost, 
     added = np.concatenate([[0.0], np.cumsum(m)])
     gain = np.concatenate([[0.0], np.cumsum(probs[order] * m)])
     cost = draft_us + np.asarray(verify_cost(1.0 + added / batch_size), np.float64)
+    if not (cost.min() > 0 and cost.max() < np.inf):  # NaN fails both comparisons
+        raise SimtreeError("cost model returned a NaN, infinite or non-positive verify cost")
     best = int(np.argmax((batch_size + gain) / cost))
     return np.bincount(owner[order[:best]], minlength=len(survival))
 

@@ -1,3 +1,4 @@
+import re
 import subprocess
 import sys
 
@@ -6,11 +7,13 @@ from typer.testing import CliRunner
 from simtree.cli import COMMANDS, app
 
 
-def test_help_lists_every_command():
-    result = CliRunner().invoke(app, ["--help"])
-    assert result.exit_code == 0
+def test_every_command_is_registered_with_help():
+    registered = {c.name: c for c in app.registered_commands}
+    assert set(registered) == set(COMMANDS)
     for name in COMMANDS:
-        assert name in result.output
+        result = CliRunner().invoke(app, [name, "--help"])
+        assert result.exit_code == 0, name
+        assert re.search(rf"Usage: \S+ {name} ", result.output), name   # its own usage line
 
 
 def test_bad_input_is_one_line_exit_2(tmp_path):

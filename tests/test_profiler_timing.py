@@ -29,8 +29,9 @@ def test_cpu_timer_measures_a_known_delay():
 
 
 def test_time_is_per_copy():
-    s = time_workload([lambda: time.sleep(0.002)] * 3, "cpu", target_s=0.02)
-    assert s.copies == 3 and 1900 <= s.median_us <= 20000
+    # 3 copies of a 4 ms sleep: per-copy 4 ms; a timer that forgot to divide would give 12 ms
+    s = time_workload([lambda: time.sleep(0.004)] * 3, "cpu", target_s=0.05)
+    assert s.copies == 3 and 3900 <= s.median_us <= 8000
 
 
 @pytest.mark.parametrize("inst, l2, want", [(10 * 2**20, 50 * 2**20, 10), (1 * 2**20, 50 * 2**20, 16), (40 * 2**20, 50 * 2**20, 3),

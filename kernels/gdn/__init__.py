@@ -18,12 +18,12 @@ from simtree.errors import SimtreeError
 
 from .conv import conv_state_commit, tree_causal_conv
 from .meta import TreeMeta, tree_meta
-from .reference import (gdn_commit_ref, gdn_sequential_ref, gdn_tree_verify_dense_ref,
+from .reference import (gdn_sequential_ref, gdn_tree_verify_dense_ref,
                         gdn_tree_verify_ref, tree_causal_conv_ref)
 
 __all__ = ["gdn_tree_verify", "gdn_tree_commit", "gdn_tree_verify_recurrent", "tree_causal_conv",
            "conv_state_commit", "gdn_tree_verify_ref", "gdn_tree_verify_dense_ref",
-           "gdn_sequential_ref", "gdn_commit_ref", "tree_causal_conv_ref", "tree_meta",
+           "gdn_sequential_ref", "tree_causal_conv_ref", "tree_meta",
            "TreeMeta", "GDNTreeCache", "verify_launch_config"]
 
 
@@ -93,12 +93,13 @@ def verify_launch_config(B: int, HV: int, V: int, device: torch.device | str = "
 
     BV = 64 at every batch size: the kk/qk dots are shared by 64 value columns. Measured on the
     H200 (reports/h200/gdn/bench_gdn.csv, Qwen3.6-27B shapes): BV = 64 beat 32 at batch 1
-    (n = 128: 91.7 vs 132.6 us) and by 1.7-2.4x at batch >= 4; 16 was worst everywhere.
-    num_stages = 2 prefetches the next earlier sub-chunk's k/u/G while this one computes.
+    (n = 128: 91.7 vs 132.6 us, both without a register cap) and by 1.7-2.4x at batch >= 4;
+    16 was worst everywhere. num_stages = 2 prefetches the next earlier sub-chunk's k/u/G.
     max_registers = 168: ptxas (sm_90) then needs no spills and three programs fit an SM
-    instead of two; measured 16.0 vs 21.5 us (batch 4, n = 4) and 2235 vs 2628 us (batch 64,
-    n = 128) against no cap. ``B`` and ``device`` stay in the signature for shape-dependent
-    choices on other GPUs.
+    instead of two; at batch >= 4 it measured 16.0 vs 21.5 us (batch 4, n = 4) and 2235 vs
+    2628 us (batch 64, n = 128) against no cap. At batch 1 the cap was not timed side by side
+    (96.1 us capped, pair_skip_check/, vs 91.7 us uncapped in an earlier run). ``B`` and
+    ``device`` stay in the signature for shape-dependent choices on other GPUs.
     """
     bv = min(V, 64)
     return dict(block_t=SUB_CHUNK, block_v=bv, num_warps=4, num_stages=2,

@@ -2,13 +2,12 @@
 
 eagle_like_tree (random EAGLE-like trees), random_gdn_inputs (random verify inputs),
 graph_time_us (CUDA-graph timer over rotated input copies), memory_floor_bytes,
-copy_bandwidth, measured_bandwidth, env_info, fla_closure (flash-linear-attention on a chain).
+measured_bandwidth, env_info, fla_closure (flash-linear-attention on a chain).
 """
 from __future__ import annotations
 
 import json
 import math
-import time
 from datetime import datetime, timezone
 
 import numpy as np
@@ -17,7 +16,6 @@ import torch
 from simtree.tree import DraftTree, TreeBatch
 
 QWEN36 = dict(H=16, HV=48, K=128, V=128)
-L2_ROTATE_BYTES = 256 << 20        # rotate input copies until > 4x the H200's 60 MB L2
 
 
 def eagle_like_tree(n: int, rng: np.random.Generator, topk: int = 4,
@@ -90,76 +88,19 @@ def shape_inputs(b: int, n: int, seed: int, shapes: dict, dtype=torch.bfloat16, 
 
 def graph_time_us(fns, warmup: int = 3, replays: int = 20) -> dict:
     """Median/p10/p90 microseconds per call of a list of closures (one per rotated input
-    copy), captured once into a CUDA graph that calls each in turn; time = graph / len(fns).
-    Without CUDA it falls back to wall-clock timing (CPU smoke runs)."""
-    if not torch.cuda.is_available():
-        times = []
-        for _ in range(max(1, replays)):
-            t0 = time.perf_counter()
-            for f in fns:
-                f()
-            times.append((time.perf_counter() - t0) * 1e6 / len(fns))
-        t = np.asarray(times)
-        return dict(median=float(np.median(t)), p10=float(np.percentile(t, 10)),
-                    p90=float(np.percentile(t, 90)), repeats=len(times), timer="cpu_wall")
-    try:
-        return _graph_time_us(fns, warmup, replays)
-    except Exception:  # noqa: BLE001 - an op that cannot be captured: time it eagerly
-        torch.cuda.synchronize()
-        times = []
-        for _ in range(replays):
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            for f in fns:
-                f()
-            b.record()
-            b.synchronize()
-            times.append(a.elapsed_time(b) * 1e3 / len(fns))
-        t = np.asarray(times)
-        return dict(median=float(np.median(t)), p10=float(np.percentile(t, 10)),
-                    p90=float(np.percentile(t, 90)), repeats=len(times), timer="eager")
+    copy): profiler.timing's CUDA-graph timer (CPU wall clock without CUDA), as a dict."""
+    from simtree.profiler.timing import time_workload
 
-
-def _graph_time_us(fns, warmup: int, replays: int) -> dict:
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(warmup):
-            for f in fns:
-                f()
-    torch.cuda.current_stream().wait_stream(stream)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for f in fns:
-            f()
-    graph.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(replays):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        graph.replay()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) * 1e3 / len(fns))
-    t = np.asarray(times)
-    return dict(median=float(np.median(t)), p10=float(np.percentile(t, 10)),
-                p90=float(np.percentile(t, 90)), repeats=len(times), timer="cuda_graph")
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    stats = time_workload(list(fns), device, warmup=warmup, min_reps=replays, max_reps=replays)
+    return dict(median=stats.median_us, p10=stats.p10_us, p90=stats.p90_us, repeats=stats.repeats,
+                timer={"cuda_graph": "cuda_graph", "cuda_events": "eager", "cpu": "cpu_wall"}[stats.mode])
 
 
 def memory_floor_bytes(B: int, N: int, H=16, HV=48, K=128, V=128, elem=2) -> int:
     """Bytes a tree verify must move: fp32 state read once + q, k, v read and o written once
     + g, beta read (read and written bytes both counted, like ``measured_bandwidth``)."""
     return B * HV * K * V * 4 + N * (2 * H * K + 2 * HV * V) * elem + N * HV * 2 * 4
-
-
-def copy_bandwidth(device="cuda", numel: int = 1 << 28) -> float:
-    """Device copy bandwidth in bytes/s (read + write of a 1 GiB buffer by default)."""
-    x = torch.empty(numel, dtype=torch.float32, device=device).uniform_()
-    y = torch.empty_like(x)
-    r = graph_time_us([lambda: y.copy_(x)], warmup=2, replays=10)
-    return 2 * x.numel() * 4 / (r["median"] * 1e-6)
 
 
 def measured_bandwidth(device="cuda", numel: int = 1 << 28) -> dict:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 
 __all__ = ["gdn_sequential_ref", "gdn_tree_verify_ref", "gdn_tree_verify_dense_ref",
-           "gdn_commit_ref", "tree_causal_conv_ref"]
+           "tree_causal_conv_ref"]
 
 
 def _work_dtype(*xs: torch.Tensor) -> torch.dtype:
@@ -131,15 +131,6 @@ def gdn_tree_verify_dense_ref(q, k, v, g, beta, state, parents, cu_nodes, *, sca
     if return_aux:
         return out, {"u": torch.cat(us), "G": torch.cat(Gs), "inverse": invs}
     return out
-
-
-def gdn_commit_ref(q, k, v, g, beta, state, parents, cu_nodes, accepted, *, scale=None,
-                   qk_l2norm=True):
-    """State after sequentially decoding each tree's accepted root path: [B, HV, K, V]."""
-    _, states = gdn_tree_verify_ref(q, k, v, g, beta, state, parents, cu_nodes, scale=scale,
-                                    qk_l2norm=qk_l2norm, return_states=True)
-    rows = cu_nodes[:-1].to(torch.int64) + accepted.to(torch.int64).to(cu_nodes.device)
-    return states[rows]
 
 
 def tree_causal_conv_ref(x, conv_state, weight, parents, cu_nodes, bias=None,

@@ -32,6 +32,8 @@ def _max_diff(a: torch.Tensor, b: torch.Tensor) -> float:
     if a.numel() == 0:
         return 0.0
     a, b = a.double().cpu(), b.double().cpu()
+    if torch.isnan(a).any() or torch.isnan(b).any():  # max(err, nan) would silently drop it
+        return float("inf")
     both_inf = torch.isinf(a) & torch.isinf(b) & (torch.sign(a) == torch.sign(b))
     return float(torch.where(both_inf, 0.0, (a - b).abs()).max())
 
