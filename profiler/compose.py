@@ -23,7 +23,7 @@ import pandas as pd
 from simtree.errors import SimtreeError
 from simtree.models import VERIFY_STAGE, get_model
 
-from .stages import ATTN_VARIANT_PREFERENCE, default_variants
+from .stages import ATTN_VARIANT_PREFERENCE, stack_core_variant
 
 __all__ = ["compose_rows", "compose_table", "validate_stacks", "COMPOSED_STAGE", "COMPOSED_VARIANT"]
 
@@ -134,7 +134,7 @@ def validate_stacks(df: pd.DataFrame) -> dict:
             continue
         layers = model.stack(L)
         device = "cpu" if str(rows.device.iloc[0]) == "cpu" else "cuda"
-        pinned = {VERIFY_STAGE[k]: default_variants(VERIFY_STAGE[k], device)[0] for k in set(layers)}
+        pinned = {VERIFY_STAGE[k]: stack_core_variant(VERIFY_STAGE[k], device) for k in set(layers)}
         pts = []
         for r in rows.itertuples(index=False):
             comp = compose_rows(df[(df.batch_size == r.batch_size) & (df.nodes_per_seq == r.nodes_per_seq)],
@@ -149,7 +149,7 @@ def validate_stacks(df: pd.DataFrame) -> dict:
                         "rel_err": round(pred / float(r.latency_us_median) - 1, 4)})
         errs = np.abs([p["rel_err"] for p in pts]) if pts else np.array([np.nan])
         report[f"{model_name}/{variant}"] = {
-            "layers": list(layers), "points": pts,
+            "layers": list(layers), "core_variants": pinned, "points": pts,
             "median_abs_rel_err": None if not pts else round(float(np.median(errs)), 4),
             "max_abs_rel_err": None if not pts else round(float(np.max(errs)), 4)}
     return report

@@ -199,6 +199,14 @@ def _draft_workload(ctx: Ctx, p: Point) -> Workload:
     return Workload(make)
 
 
+def stack_core_variant(stage: str, device: str) -> str:
+    """The attention core a measured stack uses and its validation pins: the kernel the shipped
+    composition prefers (ATTN_VARIANT_PREFERENCE), so the stack validates what is shipped."""
+    if str(device).startswith("cuda") and stage in ("v4_swa_verify", "v4_csa_verify", "v4_hca_verify"):
+        return "triton_tree"
+    return default_variants(stage, device)[0]
+
+
 def _layer_parts(ctx: Ctx, kind: str, p: Point, variant: str):
     """proj + attention core + MLP of one layer of ``kind`` at the point's shape."""
     core = build_workload(ctx, Point(VERIFY_STAGE[kind], variant, p.model, p.batch_size,
@@ -217,7 +225,7 @@ def _stack_workload(ctx: Ctx, p: Point) -> Workload:
     def make():
         parts = []
         for kind in kinds:
-            variant = core_variants.get(VERIFY_STAGE[kind]) or default_variants(VERIFY_STAGE[kind], str(ctx.device))[0]
+            variant = core_variants.get(VERIFY_STAGE[kind]) or stack_core_variant(VERIFY_STAGE[kind], str(ctx.device))
             parts += _layer_parts(ctx, kind, p, variant)
         parts.append(pieces.lm_head_piece(ctx, p.tokens))
         fns = [f for f, _ in parts]
