@@ -22,6 +22,7 @@ import torch
 
 from simtree.kernels.gdn import (conv_state_commit, gdn_tree_commit, gdn_tree_verify,
                                  gdn_tree_verify_dense_ref, tree_causal_conv, tree_meta)
+from simtree.kernels.gdn.reference import _prep_qk, _step
 
 PREFILL_CHUNK = 64
 
@@ -29,26 +30,17 @@ __all__ = ["PREFILL_CHUNK", "recurrent_step", "chain_gdn", "round_meta", "tree_c
            "conv_commit"]
 
 
-def _prep(q, k, hv):
-    """L2-normalise q, k (as the kernel references do), scale q, repeat key heads: [.., H, K] -> [.., HV, K]."""
-    q = q / q.norm(dim=-1, keepdim=True).clamp_min(1e-6) * q.shape[-1] ** -0.5
-    k = k / k.norm(dim=-1, keepdim=True).clamp_min(1e-6)
-    rep = hv // q.shape[-2]
-    return q.repeat_interleave(rep, -2), k.repeat_interleave(rep, -2)
-
-
 def recurrent_step(q, k, v, g, beta, state):
     """q, k [B, H, K]; v [B, HV, V]; g, beta [B, HV]; state [B, HV, K, V] fp32 (updated in place).
 
-    Returns o [B, HV, V] in v's dtype; computes in float64 if v is float64.
+    Returns o [B, HV, V] in v's dtype; computes in float64 if v is float64. The delta-rule step
+    is the kernels' reference one (``_step``), so decode and the references cannot drift apart.
     """
     dt = torch.float64 if v.dtype == torch.float64 else torch.float32
-    qh, kh = _prep(q.to(dt), k.to(dt), v.shape[-2])
-    S = torch.exp(g.to(dt))[..., None, None] * state.to(dt)
-    u = beta.to(dt)[..., None] * (v.to(dt) - torch.einsum("bhkv,bhk->bhv", S, kh))
-    S = S + kh[..., :, None] * u[..., None, :]
+    qh, kh = _prep_qk(q, k, v.shape[-2], None, True, dt)
+    S, o = _step(state.to(dt), qh, kh, v.to(dt), g.to(dt), beta.to(dt))
     state.copy_(S)
-    return torch.einsum("bhkv,bhk->bhv", S, qh).to(v.dtype)
+    return o.to(v.dtype)
 
 
 def chain_gdn(q, k, v, g, beta):

@@ -18,7 +18,7 @@ from simtree.errors import SimtreeError
 
 from .conv import conv_state_commit, tree_causal_conv
 from .meta import TreeMeta, tree_meta
-from .reference import (gdn_sequential_ref, gdn_tree_verify_dense_ref,
+from .reference import (_prep_qk, gdn_sequential_ref, gdn_tree_verify_dense_ref,
                         gdn_tree_verify_ref, tree_causal_conv_ref)
 
 __all__ = ["gdn_tree_verify", "gdn_tree_commit", "gdn_tree_verify_recurrent", "tree_causal_conv",
@@ -188,22 +188,18 @@ def gdn_tree_commit(state, k, cache: GDNTreeCache, parents, cu_nodes, accepted, 
     if state.dtype != torch.float32 or not state.is_contiguous():
         raise SimtreeError("state must be a contiguous fp32 tensor (it is updated in place)")
     if _pick_backend(backend, state.device) == "torch":
-        kn = k.double()
-        if cache.qk_l2norm:
-            kn = kn / kn.norm(dim=-1, keepdim=True).clamp_min(1e-6)
-        kn = kn.repeat_interleave(HV // H, dim=1)
-        rows = cu_nodes[:-1].to(state.device) + accepted.to(state.device, torch.int64)
-        for b in range(B):
-            a = int(rows[b])
-            start = int(cu_nodes[b])
-            path = [m for m in range(start, a + 1)
-                    if (int(cache.meta.bits[a, (m - start) // 64]) >> ((m - start) % 64)) & 1]
-            path_t = torch.tensor(path, device=state.device)
-            Ga, Gm = cache.G[a].double(), cache.G[path_t].double()           # [HV], [P, HV]
-            w = torch.exp(Ga[None, :] - Gm)                                   # [P, HV]
-            S = torch.exp(Ga)[:, None, None] * state[b].double()
-            S += torch.einsum("ph,phk,phv->hkv", w, kn[path_t], cache.u[path_t].double())
-            state[b].copy_(S.float())
+        _, kn = _prep_qk(k, k, HV, None, cache.qk_l2norm, torch.float64)
+        cu = cu_nodes.to(state.device, torch.int64)
+        seq = cache.meta.seq_ids.to(torch.int64)
+        local = torch.arange(seq.numel(), device=state.device) - cu[seq]
+        last = (cu[:-1] + accepted.to(state.device, torch.int64))[seq]       # accepted row per node
+        on_path = (cache.meta.bits[last, local // 64] >> (local % 64)) & 1    # [N] ancestor-or-self
+        G = cache.G.double()
+        w = torch.exp(G[last] - G) * on_path[:, None]                         # [N, HV]
+        onehot = torch.nn.functional.one_hot(seq, B).to(torch.float64).T      # [B, N]
+        fold = torch.einsum("bn,nhk,nhv->bhkv", onehot, kn * w[..., None], cache.u.double())
+        decay = torch.exp(G[cu[:-1] + accepted.to(state.device, torch.int64)])  # [B, HV]
+        state.copy_((decay[:, :, None, None] * state.double() + fold).float())
         return
     from .tree_verify import _tree_commit_kernel
     BV = min(V, 32)

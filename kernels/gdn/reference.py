@@ -33,12 +33,12 @@ def _prep_qk(q, k, HV, scale, qk_l2norm, dt):
 
 
 def _step(S, q, k, v, g, b):
-    """One delta-rule token for all heads. S [HV, K, V]; q, k [HV, K]; v [HV, V]; g, b [HV]."""
-    a = torch.exp(g)[:, None, None]
-    Sd = a * S
-    u = b[:, None] * (v - torch.einsum("hkv,hk->hv", Sd, k))
-    S_new = Sd + k[:, :, None] * u[:, None, :]
-    return S_new, torch.einsum("hkv,hk->hv", S_new, q)
+    """One delta-rule token for all heads (leading batch dims allowed).
+    S [..., HV, K, V]; q, k [..., HV, K]; v [..., HV, V]; g, b [..., HV]."""
+    Sd = torch.exp(g)[..., None, None] * S
+    u = b[..., None] * (v - torch.einsum("...hkv,...hk->...hv", Sd, k))
+    S_new = Sd + k[..., :, None] * u[..., None, :]
+    return S_new, torch.einsum("...hkv,...hk->...hv", S_new, q)
 
 
 def gdn_sequential_ref(q, k, v, g, beta, state, *, scale=None, qk_l2norm=True):
