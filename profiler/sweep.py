@@ -31,7 +31,6 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import yaml
 
 from simtree.errors import SimtreeError
 from simtree.fileio import read_yaml

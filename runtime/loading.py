@@ -14,13 +14,12 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import os
-import tempfile
 from pathlib import Path
 
 import torch
 
 from simtree.errors import SimtreeError
+from simtree.fileio import write_atomic
 from simtree.runtime.model import HybridLM, ModelConfig
 
 __all__ = ["load_config", "load_model", "save_model", "DEFAULT_MODELS_DIR"]
@@ -100,18 +99,6 @@ def load_model(path, dtype=torch.float32) -> HybridLM:
     return model.to(dtype).eval()
 
 
-def _atomic_write(target: Path, write) -> None:
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.")
-    os.close(fd)
-    try:
-        write(tmp)
-        os.chmod(tmp, 0o644)  # mkstemp creates 0600; shipped files are world-readable
-        os.replace(tmp, target)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-
-
 def save_model(model: HybridLM, path, extra: dict | None = None) -> None:
     """Write config.json and model.safetensors (fp32) atomically (temp file + os.replace)."""
     from safetensors.torch import save_file
@@ -125,6 +112,6 @@ def save_model(model: HybridLM, path, extra: dict | None = None) -> None:
         cfg["simtree_training"] = extra
     state = {k: v.detach().float().contiguous() for k, v in model.state_dict().items()
              if not (model.config.tie_word_embeddings and k == "lm_head.weight")}
-    _atomic_write(path / "model.safetensors", lambda tmp: save_file(state, tmp, metadata={"format": "pt"}))
+    write_atomic(path / "model.safetensors", lambda tmp: save_file(state, tmp, metadata={"format": "pt"}))
     text = json.dumps(cfg, indent=2) + "\n"
-    _atomic_write(path / "config.json", lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
+    write_atomic(path / "config.json", lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))

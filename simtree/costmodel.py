@@ -25,7 +25,7 @@ from pathlib import Path
 
 from simtree.costfit.forms import surface_from_dict
 from simtree.errors import SimtreeError
-from simtree.fileio import read_json
+from simtree.fileio import read_json, write_text_atomic
 
 __all__ = ["VerifyCostModel", "DraftCostModel", "CostBundle", "load_costs",
            "VERIFY_AXES", "DRAFT_AXES", "COSTS_SCHEMA"]
@@ -114,12 +114,7 @@ class CostBundle:
 
     def save(self, path: str | os.PathLike) -> Path:
         """Write the bundle as JSON (floats round-trip exactly: predictions are bit-identical)."""
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.tmp")
-        tmp.write_text(json.dumps(self.to_dict(), indent=1, allow_nan=False) + "\n")
-        os.replace(tmp, path)
-        return path
+        return write_text_atomic(path, json.dumps(self.to_dict(), indent=1, allow_nan=False) + "\n")
 
     @classmethod
     def from_dict(cls, d: dict) -> "CostBundle":

@@ -1,8 +1,11 @@
-"""Reading user-supplied YAML/JSON files with one-line errors (never a parser traceback)."""
+"""Reading user files with one-line errors (never a parser traceback); writing files atomically."""
 from __future__ import annotations
 
 import json
+import os
+import tempfile
 from pathlib import Path
+from typing import Callable
 
 import yaml
 
@@ -26,3 +29,37 @@ def read_yaml(path: str | Path, what: str):
 
 def read_json(path: str | Path, what: str):
     return _read(path, what, "JSON", json.loads)
+
+
+def _file_mode(path: Path) -> int:
+    """Keep an existing file's permissions; new files get the usual 0o666 & ~umask
+    (mkstemp alone would leave 0o600)."""
+    if path.exists():
+        return path.stat().st_mode & 0o777
+    umask = os.umask(0)
+    os.umask(umask)
+    return 0o666 & ~umask
+
+
+def write_atomic(path: str | Path, write: Callable[[str], None]) -> Path:
+    """Atomic replace: ``write(tmp)`` fills a temp file in the same folder, which is fsynced
+    and moved over ``path``; an interruption leaves the previous file intact."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    mode = _file_mode(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    try:
+        write(tmp)
+        with open(tmp, "rb+") as fh:
+            os.fsync(fh.fileno())
+        os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return path
+
+
+def write_text_atomic(path: str | Path, text: str) -> Path:
+    return write_atomic(path, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))

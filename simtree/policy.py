@@ -18,13 +18,12 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import tempfile
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
 from simtree.errors import SimtreeError
+from simtree.fileio import write_text_atomic
 from simtree.simulate import MODES, check_params
 
 __all__ = ["SCHEMA", "PolicyEntry", "Policy"]
@@ -116,14 +115,7 @@ class Policy:
 
     def save(self, path: str | Path) -> Path:
         """Write atomically (temp file + os.replace)."""
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-        with os.fdopen(fd, "w") as fh:
-            json.dump(self.to_dict(), fh, indent=1)
-            fh.write("\n")
-        os.replace(tmp, path)
-        return path
+        return write_text_atomic(path, json.dumps(self.to_dict(), indent=1) + "\n")
 
     @classmethod
     def load(cls, path: str | Path) -> "Policy":

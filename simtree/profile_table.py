@@ -39,7 +39,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import tempfile
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Iterable
@@ -48,6 +47,7 @@ import numpy as np
 import pandas as pd
 
 from simtree.errors import SimtreeError
+from simtree.fileio import read_json, write_atomic, write_text_atomic
 
 __all__ = [
     "PROFILE_COLUMNS", "KEY_COLUMNS", "INT_COLUMNS", "FLOAT_COLUMNS", "STR_COLUMNS",
@@ -236,35 +236,12 @@ def _complete(row: dict, versions: tuple[str, str], now: str) -> dict:
     return r
 
 
-def _file_mode(path: Path) -> int:
-    """Keep an existing table's permissions; new tables get the usual 0o666 & ~umask."""
-    if path.exists():
-        return path.stat().st_mode & 0o777
-    umask = os.umask(0)
-    os.umask(umask)
-    return 0o666 & ~umask
-
-
 def write_table(path: str | os.PathLike, df: pd.DataFrame) -> None:
     """Write ``df`` as CSV atomically: temp file in the same folder, fsync, os.replace.
 
     An interrupted write leaves the previous file intact (a sweep never loses measured rows).
     """
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    mode = _file_mode(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        os.chmod(tmp, mode)
-        with os.fdopen(fd, "w", newline="") as fh:
-            df.to_csv(fh, index=False, float_format="%.7g")
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    write_atomic(path, lambda tmp: df.to_csv(tmp, index=False, float_format="%.7g"))
 
 
 def append_rows(path: str | os.PathLike, rows: Iterable[dict]) -> int:
@@ -303,11 +280,7 @@ def meta_path(path: str | os.PathLike) -> Path:
 def write_meta(path: str | os.PathLike, meta: dict) -> Path:
     """Write the sidecar (GPU name, driver, versions, clocks, sweep id...) atomically."""
     target = meta_path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
-    with os.fdopen(fd, "w") as fh:
-        json.dump(meta, fh, indent=2, sort_keys=True, default=str)
-    os.replace(tmp, target)
+    write_text_atomic(target, json.dumps(meta, indent=2, sort_keys=True, default=str))
     return target
 
 
@@ -315,10 +288,7 @@ def read_meta(path: str | os.PathLike) -> dict:
     """The sidecar's dict, or {} if there is none (also accepts ``profile.csv.meta.json``)."""
     for candidate in (meta_path(path), Path(str(path) + ".meta.json")):
         if candidate.exists():
-            try:
-                return json.loads(candidate.read_text())
-            except json.JSONDecodeError as exc:
-                raise SimtreeError(f"{candidate.name}: not valid JSON ({exc.msg})") from None
+            return read_json(candidate, "profile metadata")
     return {}
 
 
