@@ -14,8 +14,9 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
+
+from simtree.profiler.report_util import markdown_table  # noqa: E402
 
 COLUMNS = ["triton_tree", "recurrent_baseline", "fla_chunk", "fla_recurrent", "memory_floor", "triton_commit"]
 
@@ -76,22 +77,14 @@ def write_report(folder: Path) -> Path:
         checks = pd.DataFrame(corr)
         cell = checks.apply(lambda r: f"{r.rel_err:.1e} [{r.tol:g}]" + ("" if r.ok else " FAIL"), axis=1)
         grid = checks.assign(cell=cell).pivot_table(index="case", columns="variant", values="cell", aggfunc="first")
-        lines.append(_markdown(grid.fillna("")))
+        lines.append(markdown_table(grid.fillna(""), with_index=True))
     lines += ["", "## Latency (us, median) and ratios", "",
-              _markdown(table.round(2)), "",
+              markdown_table(table.round(2), with_index=True), "",
               "Targets (issue 5): baseline/tree >= 10 at n = 128; tree/best_fla <= 2 (aim 1); "
               "tree/floor <= 3 at batch >= 16.", "", "![latency](gdn_verify.png)", ""]
     out = folder / "README.md"
     out.write_text("\n".join(lines))
     return out
-
-
-def _markdown(frame: pd.DataFrame) -> str:
-    """A pipe table without the optional tabulate dependency."""
-    frame = frame.reset_index()
-    rows = [" | ".join(map(str, frame.columns)), " | ".join("---" for _ in frame.columns)]
-    rows += [" | ".join("" if (isinstance(v, float) and np.isnan(v)) else str(v) for v in r) for r in frame.itertuples(index=False)]
-    return "\n".join(f"| {r} |" for r in rows)
 
 
 def main() -> None:

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pandas as pd
 
+from simtree.profiler.report_util import markdown_table
+
 from simtree.errors import SimtreeError
 
 __all__ = ["load_run", "render_report"]
@@ -28,14 +30,6 @@ def load_run(folder: Path) -> tuple[pd.DataFrame, dict]:
     if "attention" not in df.columns:  # runs before the FlashMLA variant: all Triton
         df["attention"] = "triton"
     return df, json.loads(js.read_text())
-
-
-def _md_table(df: pd.DataFrame) -> str:
-    cols = list(df.columns)
-    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-    for _, r in df.iterrows():
-        lines.append("| " + " | ".join(f"{v:.3g}" if isinstance(v, float) else str(v) for v in r) + " |")
-    return "\n".join(lines)
 
 
 def _plot(df: pd.DataFrame, path: Path) -> bool:
@@ -104,7 +98,7 @@ def render_report(run: Path, baseline: Path | None = None) -> str:
         piv = piv.merge(b.reset_index(), on=keys, how="left")
         if "triton" in piv:
             piv["speedup_vs_baseline"] = piv["baseline_triton"] / piv["triton"]
-    out += [_md_table(piv), ""]
+    out += [markdown_table(piv, "{:.3g}"), ""]
     if "attn_triton_us" in trees:
         core = trees.dropna(subset=["attn_triton_us"])
         if len(core):
@@ -116,7 +110,7 @@ def render_report(run: Path, baseline: Path | None = None) -> str:
         tri = trees[trees["attention"] == "triton"].dropna(subset=["proj_us"])
         tab = tri.groupby(["kind", "batch_size"])[parts + ["verify_us"]].median().reset_index()
         out += ["Where the Triton verify time goes (medians over contexts and n, us; pieces timed alone):", "",
-                _md_table(tab), ""]
+                markdown_table(tab, "{:.3g}"), ""]
     if "plan_host_ms" in trees:
         ph = trees.groupby("batch_size")["plan_host_ms"].median()
         out += ["Host planning (plan_verify + plan_commit, median ms by batch): "

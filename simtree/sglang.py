@@ -17,6 +17,7 @@ import pandas as pd
 
 from simtree.errors import SimtreeError
 from simtree.policy import Policy
+from simtree.simulate import PolicySpec
 
 STATIC_MODES = ("none", "linear", "eagle")
 
@@ -52,9 +53,7 @@ def server_args(mode: str, params: dict) -> tuple[str, ...]:
 
 
 def _name(mode: str, params: dict) -> str:
-    if mode == "eagle":
-        return f"eagle_s{params['num_steps']}_k{params['topk']}_d{params['budget']}"
-    return f"linear_d{params['budget']}" if mode == "linear" else mode
+    return PolicySpec(mode, params).name
 
 
 def export(policy_path: str | Path, workload: str, batch_size: int) -> SGLangExport:

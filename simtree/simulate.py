@@ -42,6 +42,22 @@ _REQUIRED = {"none": (), "linear": ("budget",), "eagle": ("num_steps", "topk", "
 DEFAULT_DRAFT_DEPTH = 3  # the public V4 MTP recipe drafts 3 steps
 
 
+def params_from_flags(mode: str, steps: int, topk: int, budget: int, width: int = 1,
+                      draft_depth: int | None = None) -> dict:
+    """Policy params from the command-line flags of `simtree simulate` / `simtree run`
+    (--budget is the max budget of the adaptive modes)."""
+    params = {"none": {}, "linear": {"budget": budget},
+              "eagle": {"num_steps": steps, "topk": topk, "budget": budget},
+              "best_first": {"budget": budget, "width": width},
+              "cost_aware": {"max_budget": budget}, "batch_alloc": {"max_budget_per_seq": budget}}
+    if mode not in params:
+        raise SimtreeError(f"unknown policy mode {mode!r}: use one of {', '.join(MODES)}")
+    p = params[mode]
+    if draft_depth is not None and mode in ("best_first", "cost_aware", "batch_alloc"):
+        p["draft_depth"] = draft_depth
+    return p
+
+
 def check_params(mode: str, params: dict) -> dict:
     """Validated, normalised params of a policy mode (contract 3 names, plus draft_depth/width)."""
     if mode not in MODES:
@@ -376,14 +392,5 @@ def simulate_command_run(costs_path, workload_spec: str, batch_size: int, mode: 
         entry = Policy.load(policy_path).lookup(workload.name, batch_size)
         spec = PolicySpec(entry.mode, entry.params)
     else:
-        params = {"none": {}, "linear": {"budget": budget},
-                  "eagle": {"num_steps": steps, "topk": topk, "budget": budget},
-                  "best_first": {"budget": budget, "width": width},
-                  "cost_aware": {"max_budget": budget}, "batch_alloc": {"max_budget_per_seq": budget}}
-        if mode not in params:
-            raise SimtreeError(f"unknown policy mode {mode!r}: use one of {', '.join(MODES)}")
-        p = params[mode]
-        if draft_depth is not None and mode in ("best_first", "cost_aware", "batch_alloc"):
-            p["draft_depth"] = draft_depth
-        spec = PolicySpec(mode, p)
+        spec = PolicySpec(mode, params_from_flags(mode, steps, topk, budget, width, draft_depth))
     return simulate(costs, workload, batch_size, spec, mc_runs=mc_runs, seed=seed, progress=progress)

@@ -43,12 +43,10 @@ def register(app: typer.Typer) -> None:
 
         from simtree.runtime.live import live_run
 
-        params = {"none": {}, "linear": {"budget": budget},
-                  "eagle": {"num_steps": steps, "topk": topk, "budget": budget},
-                  "best_first": {"budget": budget, "width": width}, "cost_aware": {"max_budget": budget},
-                  "batch_alloc": {"max_budget_per_seq": budget}}.get(mode, {})
-        if draft_depth is not None and mode in ("best_first", "cost_aware", "batch_alloc"):
-            params["draft_depth"] = draft_depth
+        from simtree.simulate import params_from_flags
+
+        # a policy file replaces the flags; without one, an unknown --mode is a one-line error here
+        params = {} if policy else params_from_flags(mode, steps, topk, budget, width, draft_depth)
         with Progress(TextColumn("decoding"), BarColumn(), TextColumn("{task.completed}/{task.total} tokens"),
                       TimeElapsedColumn(), disable=json_out, transient=True) as bar:
             task = bar.add_task("run", total=None)
