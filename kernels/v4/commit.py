@@ -80,8 +80,9 @@ def plan_commit(cache: V4Cache, w: V4LayerWeights, plan: VerifyPlan,
     W, r = cache.cfg.window, cache.ratio
     win_dst, win_src, e_comp, e_idx, e_src = [], [], [], [], []
     S = w.comp.num_slots if r else 0
-    old_pairs: list[tuple[int, int]] = []  # (buffer row, old buffer row)
-    new_pairs: list[tuple[int, int]] = []  # (buffer row, flat node)
+    old_dst, old_src = [], []  # buffer row <- old buffer row
+    new_dst, new_src = [], []  # buffer row <- flat node's projection
+    slots = np.arange(r) if r else None
     m_of_node = {} if not r else {int(n): m for m, n in enumerate(plan.comp_nodes_host)}
     new_lens = cache.lens.copy()
     for b, (tree, start) in enumerate(zip(batch.trees, batch.cu_nodes[:-1])):
@@ -105,26 +106,26 @@ def plan_commit(cache: V4Cache, w: V4LayerWeights, plan: VerifyPlan,
             if cache.idx is not None:
                 e_idx.append(int(cache.idx.flat_rows(b, e)))
         off = w.comp.cur_offset
-        last = L + A - 1
-        for s in range(r):  # current window slots: last accepted token with position % r == s
-            t = A - 1 - ((last - s) % r)
-            if t >= 0:
-                new_pairs.append((b * S + off + s, start + int(acc[t])))
+        # current window slots: slot s <- the last accepted token with position % r == s
+        t = A - 1 - ((L + A - 1 - slots) % r)
+        has = t >= 0
+        new_dst.append(b * S + off + slots[has])
+        new_src.append(start + acc[t[has]])
         pc = (L + A) // r * r - 1  # last completion on the path
         if w.comp.overlap and pc >= L:  # previous half <- the window completed last
-            for s in range(r):
-                q = pc - r + 1 + s
-                if q >= L:
-                    new_pairs.append((b * S + s, start + int(acc[q - L])))
-                else:
-                    old_pairs.append((b * S + s, b * S + off + s))
+            q = pc - r + 1 + slots
+            on_path = q >= L
+            new_dst.append(b * S + slots[on_path])
+            new_src.append(start + acc[q[on_path] - L])
+            old_dst.append(b * S + slots[~on_path])
+            old_src.append(b * S + off + slots[~on_path])
     t = lambda a, dt=np.int64: torch.as_tensor(np.ascontiguousarray(np.asarray(a, dt)), device=device)  # noqa: E731
     cat = lambda xs: np.concatenate(xs) if xs else np.zeros(0, np.int64)  # noqa: E731
     cp = CommitPlan(t(cat(win_dst)), t(cat(win_src)), None, None, None, None, None, None, None, new_lens)
     if r:
         BS, N = cache.batch * S, batch.total_nodes
-        od, os_ = (np.array(old_pairs, np.int64).reshape(-1, 2).T)
-        nd, ns = (np.array(new_pairs, np.int64).reshape(-1, 2).T)
+        od, os_ = cat(old_dst), cat(old_src)
+        nd, ns = cat(new_dst), cat(new_src)
         cp.entry_dst_comp, cp.entry_src = t(e_comp), t(e_src)
         cp.entry_dst_idx = t(e_idx) if cache.idx is not None else None
         cp.buf_old_dst, cp.buf_old_src = t(np.concatenate([od, od + BS])), t(np.concatenate([os_, os_ + BS]))
