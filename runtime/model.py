@@ -166,15 +166,15 @@ class Attention(nn.Module):
         q, k, v = q[:, 0], k[:, 0], v[:, 0]
         out = torch.empty(x.shape[0], self.h * self.dh, dtype=x.dtype, device=x.device)
         for b, mask in enumerate(meta["attn_masks"]):  # ragged: one masked attention per sequence
-            s, e, n = int(batch.cu_nodes[b]), int(batch.cu_nodes[b + 1]), int(cache.lengths[b])
+            s, e, n = int(batch.cu_nodes[b]), int(batch.cu_nodes[b + 1]), meta["cache_lens"][b]
             keys = torch.cat([cache.k[i][b, :n], k[s:e]])
             vals = torch.cat([cache.v[i][b, :n], v[s:e]])
             out[s:e] = self._attend(q[s:e], keys, vals, mask)
         return self.o_proj(out), {"k": k, "v": v}
 
-    def commit(self, cache, batch, pend, path_rows, i):
+    def commit(self, cache, batch, pend, path_rows, i, lens):
         for b, rows in enumerate(path_rows):
-            n = int(cache.lengths[b])
+            n = lens[b]
             cache.k[i][b, n:n + len(rows)] = pend["k"][rows]
             cache.v[i][b, n:n + len(rows)] = pend["v"][rows]
 
@@ -307,15 +307,16 @@ class HybridLM(nn.Module):
         """
         if batch.batch_size != cache.batch_size:
             raise SimtreeError(f"{batch.batch_size} trees for a cache of {cache.batch_size} sequences")
-        need = cache.lengths + torch.as_tensor([t.max_depth + 1 for t in batch.trees], device=cache.lengths.device)
-        if int(need.max()) > cache.max_len:
-            raise SimtreeError(f"tree does not fit the cache ({int(need.max())} > {cache.max_len} tokens)")
+        lens = cache.lengths.tolist()  # the round's one host read of the cache lengths
+        need = max(n + t.max_depth + 1 for n, t in zip(lens, batch.trees))
+        if need > cache.max_len:
+            raise SimtreeError(f"tree does not fit the cache ({need} > {cache.max_len} tokens)")
         dev = self.embed_tokens.weight.device
         meta = batch.to_torch(dev)
+        meta["cache_lens"] = lens
         if "linear_attention" in self.config.layer_types:
             gdn_ops.round_meta(meta, batch.max_nodes)
         if "full_attention" in self.config.layer_types:  # [cache | ancestor-or-self] per sequence
-            lens = cache.lengths.tolist()
             meta["attn_masks"] = [torch.cat([torch.ones(t.num_nodes, n, dtype=torch.bool, device=dev),
                                              torch.tensor(t.ancestor_mask, device=dev)], 1)
                                   for t, n in zip(batch.trees, lens)]
@@ -356,7 +357,7 @@ class HybridLM(nn.Module):
                      in enumerate(zip(batch.trees, accepted.tolist()))]
         for i, blk in enumerate(self.layers):
             if blk.layer_type == "full_attention":
-                blk.self_attn.commit(cache, batch, pending.layers[i], path_rows, i)
+                blk.self_attn.commit(cache, batch, pending.layers[i], path_rows, i, pending.meta["cache_lens"])
             else:
                 blk.linear_attn.commit(cache, batch, pending.layers[i], path_rows, i, pending.meta,
                                        accepted.to(cache.lengths.device))
