@@ -141,7 +141,9 @@ class SpecEngine:
         costs = self._costs(spec)
         draft_us = float(costs.draft.predict(depth, 1, B))
         if spec.mode == "cost_aware":
-            verify = lambda n: costs.verify.predict(n, ctx_len, B)  # noqa: E731
+            # C_v(1..max_budget) once per round, shared by every sequence's stop rule
+            table = np.asarray(costs.verify.predict(np.arange(1, p["max_budget"] + 1), ctx_len, B), np.float64)
+            verify = lambda n: table[np.asarray(n) - 1]  # noqa: E731
             convex = getattr(costs.verify, "convex_in_n", True)  # MoE costs: global argmax
             return [cost_aware_tree(toks[b], probs[b], verify, draft_us, p["max_budget"], r, convex)
                     for b, r in enumerate(roots)]

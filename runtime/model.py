@@ -312,7 +312,7 @@ class HybridLM(nn.Module):
         if need > cache.max_len:
             raise SimtreeError(f"tree does not fit the cache ({need} > {cache.max_len} tokens)")
         dev = self.embed_tokens.weight.device
-        meta = batch.to_torch(dev)
+        meta = batch.to_torch(dev, ("cu_nodes", "parents", "seq_ids", "depth", "tokens"))
         meta["cache_lens"] = lens
         if "linear_attention" in self.config.layer_types:
             gdn_ops.round_meta(meta, batch.max_nodes)

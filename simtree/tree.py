@@ -311,9 +311,11 @@ class TreeBatch:
             out[start:start + t.num_nodes, :bits.shape[1]] = bits
         return out
 
-    def to_torch(self, device="cpu") -> dict:
-        """The flat metadata every verify kernel reads, as int64 torch tensors."""
+    TORCH_FIELDS = ("cu_nodes", "parents", "parents_global", "seq_ids", "depth", "tokens", "ancestor_bits")
+
+    def to_torch(self, device="cpu", names: Sequence[str] = TORCH_FIELDS) -> dict:
+        """The flat metadata verify kernels read, as int64 torch tensors (only ``names``: a
+        caller that builds its own masks need not pay for ancestor_bits every round)."""
         import torch
 
-        names = ("cu_nodes", "parents", "parents_global", "seq_ids", "depth", "tokens", "ancestor_bits")
         return {k: torch.as_tensor(np.ascontiguousarray(getattr(self, k)), device=device) for k in names}

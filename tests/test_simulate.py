@@ -82,7 +82,7 @@ def test_batch_allocation_matches_brute_force():
         assert obj(tuple(got)) == pytest.approx(obj(best))
 
 
-def test_batch_alloc_spends_more_on_easy_rounds_than_on_hard():
+def test_batch_alloc_builds_partial_trees_and_beats_short_linear():
     wl = _workload(spread=0.45)
     costs = synthetic_costs()
     r = simulate(costs, wl, 16, PolicySpec("batch_alloc", {"max_budget_per_seq": 16, "draft_depth": 5}))
