@@ -40,6 +40,21 @@ TINY = dict(H=2, HV=4, K=16, V=32)
 _CFG_KEYS = dict(block_v="v", block_t="t", num_warps="w", num_stages="s", max_registers="r")
 
 
+def parse_configs(text: str) -> list[dict]:
+    """"v64,t32w8" -> launch dicts for gdn_tree_verify (letters: _CFG_KEYS)."""
+    names = {v: k for k, v in _CFG_KEYS.items()}
+    out = []
+    for c in filter(None, text.split(",")):
+        if not re.fullmatch(r"([vtwsr]\d+)+", c):
+            raise SystemExit(f"bad tree config {c!r}: letters {''.join(_CFG_KEYS.values())}, each with a number")
+        out.append({names[k]: int(v) for k, v in re.findall(r"([vtwsr])(\d+)", c)})
+    return out
+
+
+def config_name(cfg: dict) -> str:
+    return "".join(f"{_CFG_KEYS[k]}{v}" for k, v in cfg.items())
+
+
 def _rel(a, b) -> float:
     return float((a.double() - b.double()).abs().max() / b.double().abs().max().clamp_min(1e-30))
 
@@ -88,6 +103,9 @@ def correctness(args, dims, log) -> list[dict]:
                 return _rel(S, torch.stack(want))
 
             check("triton_tree", tree_check)
+            for cfg in args.tree_configs:   # every launch variant timed below is checked too
+                check("triton_tree_" + config_name(cfg), lambda cfg=cfg: _rel(gdn_tree_verify(
+                    *(inp[key] for key in x), *tree, backend="triton", **cfg)[0], ref))
             check("triton_commit", commit_check)
             check("recurrent_baseline", lambda: _rel(gdn_tree_verify_recurrent(*(inp[key] for key in x), *tree)[0], ref))
             if n <= 64:   # reference (a): recurrence along every path (python loop)
@@ -132,14 +150,14 @@ def time_shape(args, dims, b, n, bw, log) -> list[dict]:
             rows.append(dict(base, variant=variant, tree_shape=shape, status=f"error: {exc!r}"[:300]))
         log(f"b={b:3d} n={n:4d} {variant:20s} {rows[-1].get('latency_us_median', rows[-1]['status'])}")
 
-    default = verify_launch_config(b, dims["HV"], dims["V"], args.device)
+    default = verify_launch_config(b, dims["HV"], dims["V"], args.device, max_nodes=n)
     run("triton_tree", [lambda c=c: gdn_tree_verify(*(c[key] for key in keys), backend="triton",
                                                     meta=meta, check=False) for c in copies],
         **{"cfg_" + k: v for k, v in default.items()})
     for cfg in args.tree_configs:   # launch-config variants of the same kernel (tuning data)
         if {**default, **cfg} == default:
             continue   # the default launch at this shape
-        run("triton_tree_" + "".join(f"{_CFG_KEYS[k]}{v}" for k, v in cfg.items()), [
+        run("triton_tree_" + config_name(cfg), [
             lambda c=c: gdn_tree_verify(*(c[key] for key in keys), backend="triton", meta=meta,
                                         check=False, **cfg) for c in copies],
             **{"cfg_" + k: v for k, v in {**default, **cfg}.items()})
@@ -285,7 +303,7 @@ def main() -> None:
     ap.add_argument("--tiny", action="store_true", help="tiny head shapes (CPU smoke run)")
     ap.add_argument("--skip-correctness", action="store_true")
     ap.add_argument("--max-copies", type=int, default=32, help="input copies rotated against L2")
-    ap.add_argument("--tree-configs", default="v16r0,v64r0,v128,v32s1,v128w8",
+    ap.add_argument("--tree-configs", default="t16v64w4r168,t16v128w2,t32v128w4,t32v64w8",
                     help="extra tree-kernel launch configs to time (skipped where equal to the "
                          "default): v<BV> t<BT> w<warps> s<stages> r<max registers, 0 = unbounded>, "
                          "e.g. v32,s1,v64w8r0")
@@ -294,9 +312,7 @@ def main() -> None:
     args.deadline = t0 + args.max_seconds
     args.timing_deadline = t0 + 0.8 * args.max_seconds   # the rest is for fla_recurrent (child)
     args.dims = TINY if args.tiny else QWEN36
-    names = {v: k for k, v in _CFG_KEYS.items()}
-    args.tree_configs = [{names[k]: int(v) for k, v in re.findall(r"([tvwsr])(\d+)", c)}
-                         for c in args.tree_configs.split(",") if c]
+    args.tree_configs = parse_configs(args.tree_configs)
     os.makedirs(args.out, exist_ok=True)
     log = lambda msg: print(f"[{time.time() - t0:6.1f}s] {msg}", flush=True)   # noqa: E731
     env = env_info(args.dims)

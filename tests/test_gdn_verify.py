@@ -8,7 +8,7 @@ import torch
 from simtree.errors import SimtreeError
 from simtree.kernels.gdn import (gdn_sequential_ref, gdn_tree_commit, gdn_tree_verify,
                                  gdn_tree_verify_dense_ref, gdn_tree_verify_recurrent,
-                                 gdn_tree_verify_ref, tree_meta)
+                                 gdn_tree_verify_ref, tree_meta, verify_launch_config)
 from simtree.tree import DraftTree, TreeBatch
 
 H, HV, K, V = 2, 4, 16, 32
@@ -63,7 +63,7 @@ def test_triton_bf16_inputs():
     assert rel_err(out, gdn_tree_verify_ref(*f64(inp), inp["parents"], inp["cu_nodes"])) < 2e-2
 
 
-@pytest.mark.parametrize("block_t", [None, 64])   # default 16-node sub-chunks; 64 (tuning)
+@pytest.mark.parametrize("block_t", [None, 16, 32, 64])   # default (32 here), and the others
 def test_trees_larger_than_one_chunk(block_t):
     # 150-node branching tree and a 130-deep chain: ancestor-masked off-diagonal blocks, deep paths
     rng = np.random.default_rng(3)
@@ -245,3 +245,25 @@ def test_skipped_subchunk_pairs_match_dense_reference():
     S = inp["state"].clone()
     gdn_tree_commit(S, inp["k"], cache, *tree, accepted, backend="triton")
     assert rel_err(S, sequential_commit(inp, [wide, chain], accepted)) < 1e-4
+
+
+def test_every_default_launch_is_correct():
+    # the launch rule picks sub-chunk / V block / warps by (batch x value heads, tree size);
+    # whatever it picks at Qwen-like head counts must compute the same outputs
+    rng = np.random.default_rng(15)
+    trees = [random_tree(int(n), rng, reach=5) for n in (70, 33, 5)]
+    inp = make_inputs(trees, 15)
+    tree = (inp["parents"], inp["cu_nodes"])
+    ref = gdn_tree_verify_dense_ref(*f64(inp), *tree)
+    seen = set()
+    for B in (1, 4, 16, 64):
+        for max_nodes in (4, 32, 64, 128):
+            cfg = verify_launch_config(B, 48, V, "cuda", max_nodes)
+            key = (cfg["block_t"], min(V, cfg["block_v"]))
+            if key in seen:
+                continue
+            seen.add(key)
+            out, _ = gdn_tree_verify(*(inp[k] for k in KEYS), *tree, backend="triton",
+                                     block_t=cfg["block_t"], block_v=cfg["block_v"])
+            assert rel_err(out, ref) < 1e-4, cfg
+    assert len(seen) >= 2

@@ -67,9 +67,6 @@ def _pick_backend(backend: str, device: torch.device) -> str:
     return backend
 
 
-SUB_CHUNK = 16   # node sub-chunk of the tree kernels: every tile is [16, *], nothing spills
-
-
 # Triton 3.9's interpreter multiplies bf16 dot operands wrongly (garbage), so under
 # TRITON_INTERPRET=1 the bf16 path keeps fp32 dot operands; the GPU bench checks real bf16.
 _INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
@@ -88,22 +85,28 @@ def _maxnreg(n: int) -> dict:
     return {"maxnreg": n} if n and not _INTERPRET and _has_maxnreg() else {}
 
 
-def verify_launch_config(B: int, HV: int, V: int, device: torch.device | str = "cuda") -> dict:
+def verify_launch_config(B: int, HV: int, V: int, device: torch.device | str = "cuda",
+                         max_nodes: int = 128) -> dict:
     """Default launch of the tree kernel: block_t (node sub-chunk), block_v, num_warps, num_stages.
 
-    BV = 64 at every batch size: the kk/qk dots are shared by 64 value columns. Measured on the
-    H200 (reports/h200/gdn/bench_gdn.csv, Qwen3.6-27B shapes): BV = 64 beat 32 at batch 1
-    (n = 128: 91.7 vs 132.6 us, both without a register cap) and by 1.7-2.4x at batch >= 4;
-    16 was worst everywhere. num_stages = 2 prefetches the next earlier sub-chunk's k/u/G.
-    max_registers = 168: ptxas (sm_90) then needs no spills and three programs fit an SM
-    instead of two; at batch >= 4 it measured 16.0 vs 21.5 us (batch 4, n = 4) and 2235 vs
-    2628 us (batch 64, n = 128) against no cap. At batch 1 the cap was not timed side by side
-    (96.1 us capped, pair_skip_check/, vs 91.7 us uncapped in an earlier run). ``B`` and
-    ``device`` stay in the signature for shape-dependent choices on other GPUs.
+    Picked from the launch sweep on the H200 (reports/h200/gdn/tuning/, Qwen3.6-27B shapes,
+    ``B * HV`` = (sequence, value head) programs at block_v = V):
+    - <= 48 (one sequence): block_v 64 (two programs per head fill more SMs); trees of >= 32
+      nodes take 32-node sub-chunks with 8 warps (b1 n128: 53 us vs 76 us at 16 / 4 warps).
+    - otherwise block_v = V (the k-side dots are then done once per head, not per V block);
+      <= 16 sequences: 32-node sub-chunks for trees of >= 64 nodes (b16 n128: 270 vs 305 us),
+      4 warps up to 4 sequences, 2 beyond; > 16 sequences: 16-node sub-chunks, 2 warps
+      (b64 n128: 952 us; 1201 us with 4 warps).
+    ``device`` stays in the signature for shape-dependent choices on other GPUs.
     """
-    bv = min(V, 64)
-    return dict(block_t=SUB_CHUNK, block_v=bv, num_warps=4, num_stages=2,
-                max_registers=168 if bv == 64 else 0)
+    rows = B * HV
+    if rows <= 48:
+        big = max_nodes >= 32
+        return dict(block_t=32 if big else 16, block_v=min(V, 64), num_warps=8 if big else 4,
+                    num_stages=2, max_registers=0)
+    bt = 32 if rows <= 16 * 48 and max_nodes >= 64 else 16
+    warps = 4 if rows <= 4 * 48 or bt == 32 else 2
+    return dict(block_t=bt, block_v=V, num_warps=warps, num_stages=2, max_registers=0)
 
 
 def gdn_tree_verify(q, k, v, g, beta, state, parents, cu_nodes, *, scale=None, qk_l2norm=True,
@@ -136,7 +139,7 @@ def gdn_tree_verify(q, k, v, g, beta, state, parents, cu_nodes, *, scale=None, q
     from .tree_verify import _tree_verify_kernel
     if K < 16 or K & (K - 1) or V < 16 or V & (V - 1):
         raise SimtreeError(f"triton backend needs K and V powers of two >= 16, got K={K}, V={V}")
-    cfg = verify_launch_config(B, HV, V, q.device)
+    cfg = verify_launch_config(B, HV, V, q.device, meta.max_nodes)
     BT = block_t or cfg["block_t"]
     BV = min(V, block_v or cfg["block_v"])
     if BT not in (16, 32, 64) or BV < 16 or BV & (BV - 1):
@@ -207,7 +210,7 @@ def gdn_tree_commit(state, k, cache: GDNTreeCache, parents, cu_nodes, accepted, 
         state, k.contiguous().float() if k.dtype == torch.float64 else k.contiguous(),
         cache.u, cache.G, cache.meta.bits, cu_nodes.to(state.device, torch.int64),
         accepted.to(state.device, torch.int64),
-        H=H, HV=HV, K=K, V=V, W=cache.meta.words, BT=SUB_CHUNK, BV=BV,
+        H=H, HV=HV, K=K, V=V, W=cache.meta.words, BT=16, BV=BV,
         L2NORM=cache.qk_l2norm, PREC="ieee", num_warps=4)
 
 

@@ -8,19 +8,15 @@ mask in topological order,
     S*  = e^{G_a} S0 + sum_{m <= a} e^{G_a - G_m} k_m u_m^T
 
 One program per (sequence, value head, V block).  The S0 tile [K, BV] is loaded from HBM
-once (the compiler keeps it in shared memory).  Nodes go in sub-chunks of BT (16 by default)
-in topological order; for sub-chunk c (rows r) the right-hand side is
+once.  Nodes go in sub-chunks of BT (16 or 32) in topological order; for sub-chunk c (rows r)
 
     rhs_r = b_r (v_r - e^{G_r} S0^T k_r) - b_r sum_{c' < c} (K_c K_{c'}^T o D o M)[r] U_{c'}
 
 (D = e^{G_r - G_m}), i.e. earlier sub-chunks enter only through their solved u, re-read from
 the u buffer the commit needs anyway (off-diagonal blocks are ancestor-masked too), so trees
-of any size work and the work is one [BT, K] x [K, 2 BT] and one [2 BT, BT] x [BT, BV] dot
-per sub-chunk pair (rows stacked [k; q], see the kernel): no tile grows with n, and ptxas
-(sm_90) reports no spills at BV <= 128.  The diagonal block is inverted by block doubling,
-T_{2s} = T_s - T_s E_s T_s (E_s = the s x s blocks just below the diagonal of each 2s
-block), which only ever multiplies true sub-inverses: unlike the Neumann series sum (-A)^p
-it never forms the huge path counts of a deep chain.
+of any size work and no tile grows with n.  k rows and q rows are separate [BT, K] tiles:
+an earlier layout stacked them into one [2 BT, K] tile to halve the dot count, but the
+reshapes it needed cost more than the dots (reports/h200/gdn/tuning: 1.3-2.3x slower).
 """
 from __future__ import annotations
 
@@ -60,15 +56,34 @@ def _decay(anc, Gr, Gc):
 
 
 @triton.jit
-def _halves(x, BT: tl.constexpr, N: tl.constexpr):
-    """[2 BT, N] -> (rows [0, BT), rows [BT, 2 BT))."""
-    return tl.split(tl.permute(tl.reshape(x, [2, BT, N]), (1, 2, 0)))
+def _ancestor_sum(g_ptr, bits_ptr, bos, n, grow, m_r, c, i_hv, HV: tl.constexpr,
+                  W: tl.constexpr, BT: tl.constexpr):
+    """G_r = sum of g over the ancestors-or-self of rows r of sub-chunk c ([BT])."""
+    o_t = tl.arange(0, BT)
+    G = tl.zeros([BT], dtype=tl.float32)
+    for c2 in range(0, c + 1):
+        cols = c2 * BT + o_t
+        m_c = cols < n
+        gc = tl.load(g_ptr + (bos + cols) * HV + i_hv, mask=m_c, other=0.)
+        anc = _anc_tile(bits_ptr, grow, m_r, c2, BT, W) & m_c[None, :]
+        G += tl.sum(tl.where(anc, gc[None, :], 0.), axis=1)
+    return G
 
 
 @triton.jit
-def _stack(top, bot, BT: tl.constexpr, N: tl.constexpr):
-    """([BT, N], [BT, N]) -> [2 BT, N], top rows first."""
-    return tl.reshape(tl.permute(tl.join(top, bot), (2, 0, 1)), [2 * BT, N])
+def _unit_lower_inverse(A, BT: tl.constexpr, LOG_BT: tl.constexpr, PREC: tl.constexpr):
+    """(I + A)^-1 for strictly lower A [BT, BT] by block doubling: T_{2s} = T_s - T_s E_s T_s
+    (E_s = the s x s blocks just below the diagonal of each 2s block), which only ever
+    multiplies true sub-inverses: unlike the Neumann series it never forms the huge path
+    counts of a deep chain.  Level s = 1 is exact without dots (T_1 = I, so T_2 = I - E_1)."""
+    o_t = tl.arange(0, BT)
+    T = tl.where(o_t[:, None] == o_t[None, :], 1., 0.) - tl.where(
+        ((o_t[:, None] >> 1) == (o_t[None, :] >> 1)), A, 0.)
+    for lv in tl.static_range(1, LOG_BT):
+        E = tl.where(((o_t[:, None] >> (lv + 1)) == (o_t[None, :] >> (lv + 1)))
+                     & ((o_t[:, None] >> lv) != (o_t[None, :] >> lv)), A, 0.)
+        T = T - tl.dot(tl.dot(T, E, input_precision=PREC), T, input_precision=PREC)
+    return T
 
 
 @triton.jit
@@ -78,95 +93,63 @@ def _tree_verify_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, s0_ptr, bits_ptr, 
                         W: tl.constexpr, BT: tl.constexpr, BV: tl.constexpr,
                         LOG_BT: tl.constexpr, L2NORM: tl.constexpr, PREC: tl.constexpr,
                         DT: tl.constexpr):
-    """Rows are stacked [k rows; q rows] of one sub-chunk ([2 BT, *] tiles): one dot gives
-    both k_r.k_m (the solve) and q_r.k_m (the output), and the stacked accumulator Z holds
-    [rhs; acc].  X^T [K, 2 BT] is the loop-invariant operand of the inner loop, as the B
-    operand of kc @ X^T, so it is split across warps instead of replicated in each.  The
-    [*, K] dots (normalised q/k, S0) take DT operands: bf16 for 16-bit inputs (as fla does;
-    half the registers of tf32 operands), fp32 otherwise; the [*, BT] dots on u stay fp32."""
+    """One program per (sequence, value head, V block); sub-chunks of BT nodes in order.
+
+    Per sub-chunk c (rows r): rhs = b (V - e^G K S0) and acc = e^G Q S0, minus/plus the
+    ancestor-masked terms of the earlier sub-chunks listed in pairs[b, c] (their solved u,
+    re-read from the u buffer the commit needs anyway), then u_c = (I + A_cc)^-1 rhs and
+    o_c = acc + (Q K^T o D o M)_cc u_c.  The [*, K] dots take DT operands (bf16 for 16-bit
+    inputs, as fla does), the dots on u / T fp32 (tf32 or ieee)."""
     i_v, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_hv = i_bh // HV, i_bh % HV
     i_h = i_hv // (HV // H)
     bos = tl.load(cu_ptr + i_b).to(tl.int64)
     n = tl.load(cu_ptr + i_b + 1).to(tl.int64) - bos
     o_t = tl.arange(0, BT)
-    o_s = tl.arange(0, 2 * BT)
-    is_q = o_s >= BT
     o_v = i_v * BV + tl.arange(0, BV)
     o_k = tl.arange(0, K)
     # int64: B*HV*K*V can pass 2^31; S0 [K, BV] is read once per program
     s0 = tl.load(s0_ptr + (i_b * HV + i_hv).to(tl.int64) * K * V + o_k[:, None] * V + o_v[None, :]).to(DT)
-    eye = o_t[:, None] == o_t[None, :]
+    lower = o_t[:, None] > o_t[None, :]
     for c in range(0, tl.cdiv(n, BT)):
-        rows = c * BT + (o_s % BT)                      # [2 BT]: the sub-chunk twice
+        rows = c * BT + o_t
         m_r = rows < n
         grow = bos + rows
-        # two loads (a per-row pointer select would defeat vectorised loads), then stacked
-        xo = (bos + c * BT + o_t) * H + i_h
-        m_d = c * BT + o_t < n
-        x = _stack(tl.load(k_ptr + xo[:, None] * K + o_k[None, :], mask=m_d[:, None], other=0.),
-                   tl.load(q_ptr + xo[:, None] * K + o_k[None, :], mask=m_d[:, None], other=0.),
-                   BT, K).to(tl.float32)
-        mult = tl.where(is_q, scale, 1.)
-        if L2NORM:
-            mult = mult / tl.maximum(tl.sqrt(tl.sum(x * x, axis=1)), 1e-6)
-        x = (x * mult[:, None]).to(DT)                   # [k_r / |k_r|; scale q_r / |q_r|]
-        # G_r = sum of g over ancestors-or-self, read off the mask sub-chunk by sub-chunk
-        G = tl.zeros([2 * BT], dtype=tl.float32)
-        for c2 in range(0, c + 1):
-            cols = c2 * BT + o_t
-            m_c = cols < n
-            gc = tl.load(g_ptr + (bos + cols) * HV + i_hv, mask=m_c, other=0.)
-            anc = _anc_tile(bits_ptr, grow, m_r, c2, BT, W) & m_c[None, :]
-            G += tl.sum(tl.where(anc, gc[None, :], 0.), axis=1)
-        b_r = tl.load(beta_ptr + grow * HV + i_hv, mask=m_r, other=0.).to(tl.float32)
-        v_r = tl.load(v_ptr + (grow * HV + i_hv)[:, None] * V + o_v[None, :],
-                      mask=(m_r & ~is_q)[:, None], other=0.).to(tl.float32)   # k rows only
-        eG = tl.exp(G)
-        xs = eG[:, None] * tl.dot(x, s0, input_precision=PREC)          # e^G [k; q] S0
-        Z = tl.where(is_q[:, None], xs, b_r[:, None] * (v_r - xs))       # [rhs; acc] so far
-        xt = tl.trans(x)
-        w = tl.where(is_q, 1., -b_r)
-        # earlier sub-chunks (all full, c2 < c) enter only through their solved u.  A pair
-        # (c, c2) with no ancestor of any row of c inside c2 adds exactly zero (P is
-        # ancestor-masked), so the loop walks only the c2 listed in pairs[i_b, c] (built once
-        # per round, meta.subchunk_pairs): a loop, not a branch, so loads still pipeline.
-        # Chains and BFS-ordered EAGLE trees keep every pair; wide or DFS-ordered ones drop many.
+        xk = _rows_normed(k_ptr, grow, m_r, i_h, 1., H, K, L2NORM, DT)
+        xq = _rows_normed(q_ptr, grow, m_r, i_h, scale, H, K, L2NORM, DT)
+        G = _ancestor_sum(g_ptr, bits_ptr, bos, n, grow, m_r, c, i_hv, HV, W, BT)
+        b_r = tl.load(beta_ptr + grow * HV + i_hv, mask=m_r, other=0.)
+        v_r = tl.load(v_ptr + (grow * HV + i_hv)[:, None] * V + o_v[None, :], mask=m_r[:, None],
+                      other=0.).to(tl.float32)
+        eG = tl.exp(G)[:, None]
+        rhs = b_r[:, None] * (v_r - eG * tl.dot(xk, s0, input_precision=PREC))
+        acc = eG * tl.dot(xq, s0, input_precision=PREC)
+        # earlier sub-chunks: a pair (c, c2) with no ancestor of any row of c inside c2 adds
+        # exactly zero (everything is ancestor-masked), so the loop walks only the c2 listed
+        # in pairs[i_b, c] (built once per round, meta.subchunk_pairs): a loop, not a
+        # branch, so loads still pipeline.  Chains and BFS-ordered EAGLE trees keep every pair.
         pc = pairs_ptr + (i_b * NC + c) * NC
         for i in range(0, tl.load(npairs_ptr + i_b * NC + c)):
             c2 = tl.load(pc + i).to(tl.int64)
             gcol = bos + c2 * BT + o_t
-            kc = _rows_normed(k_ptr, gcol, gcol >= 0, i_h, 1., H, K, L2NORM, DT)
-            Gc = tl.load(G_ptr + gcol * HV + i_hv)
-            dec = _decay(_anc_tile(bits_ptr, grow, m_r, c2, BT, W), G, Gc) * w[:, None]
-            P = tl.trans(tl.dot(kc, xt, input_precision=PREC)) * dec      # [2 BT, BT]
+            kct = tl.trans(_rows_normed(k_ptr, gcol, gcol >= 0, i_h, 1., H, K, L2NORM, DT))
+            dec = _decay(_anc_tile(bits_ptr, grow, m_r, c2, BT, W), G,
+                         tl.load(G_ptr + gcol * HV + i_hv))
             uc = tl.load(u_ptr + (gcol * HV + i_hv)[:, None] * V + o_v[None, :])
-            Z += tl.dot(P, uc, input_precision=PREC)
-        # diagonal block: A (strictly lower, ancestor-masked), (I + A)^-1 by block doubling
-        drow = c * BT + o_t
-        kd = _rows_normed(k_ptr, bos + drow, m_d, i_h, 1., H, K, L2NORM, DT)
-        Gd, _ = _halves(G[:, None], BT, 1)
-        Gd = tl.reshape(Gd, [BT])
-        anc = _anc_tile(bits_ptr, grow, m_r, c, BT, W) & m_d[None, :]
-        P = tl.trans(tl.dot(kd, xt, input_precision=PREC)) * _decay(anc, G, Gd)
-        kk, qk = _halves(P, BT, BT)
-        bd, _ = _halves(b_r[:, None], BT, 1)
-        A = tl.where(o_t[:, None] > o_t[None, :], tl.reshape(bd, [BT])[:, None] * kk, 0.)
-        # level s=1 is exact without dots (T_1 = I, so T_2 = I - E_1); then s = 2^lv -> 2s
-        T = tl.where(eye, 1., 0.) - tl.where(((o_t[:, None] >> 1) == (o_t[None, :] >> 1)), A, 0.)
-        for lv in tl.static_range(1, LOG_BT):
-            E = tl.where(((o_t[:, None] >> (lv + 1)) == (o_t[None, :] >> (lv + 1)))
-                         & ((o_t[:, None] >> lv) != (o_t[None, :] >> lv)), A, 0.)
-            T = T - tl.dot(tl.dot(T, E, input_precision=PREC), T, input_precision=PREC)
-        rhs, acc = _halves(Z, BT, BV)
-        u = tl.dot(T, rhs, input_precision=PREC)
-        acc += tl.dot(qk, u, input_precision=PREC)
-        dg = bos + drow
-        tl.store(u_ptr + (dg * HV + i_hv)[:, None] * V + o_v[None, :], u, mask=m_d[:, None])
+            rhs -= tl.dot(b_r[:, None] * tl.dot(xk, kct, input_precision=PREC) * dec, uc,
+                          input_precision=PREC)
+            acc += tl.dot(tl.dot(xq, kct, input_precision=PREC) * dec, uc, input_precision=PREC)
+        # diagonal block: A (strictly lower, ancestor-masked) and its unit-lower inverse
+        dec = _decay(_anc_tile(bits_ptr, grow, m_r, c, BT, W) & m_r[None, :], G, G)
+        xkt = tl.trans(xk)
+        A = tl.where(lower, b_r[:, None] * tl.dot(xk, xkt, input_precision=PREC) * dec, 0.)
+        u = tl.dot(_unit_lower_inverse(A, BT, LOG_BT, PREC), rhs, input_precision=PREC)
+        acc += tl.dot(tl.dot(xq, xkt, input_precision=PREC) * dec, u, input_precision=PREC)
+        tl.store(u_ptr + (grow * HV + i_hv)[:, None] * V + o_v[None, :], u, mask=m_r[:, None])
         # every V block stores the same G (identical values), so each reads back its own
-        tl.store(G_ptr + dg * HV + i_hv, Gd, mask=m_d)
-        tl.store(o_ptr + (dg * HV + i_hv)[:, None] * V + o_v[None, :],
-                 acc.to(o_ptr.dtype.element_ty), mask=m_d[:, None])
+        tl.store(G_ptr + grow * HV + i_hv, G, mask=m_r)
+        tl.store(o_ptr + (grow * HV + i_hv)[:, None] * V + o_v[None, :],
+                 acc.to(o_ptr.dtype.element_ty), mask=m_r[:, None])
         tl.debug_barrier()   # later sub-chunks of this program read the u and G just stored
 
 
