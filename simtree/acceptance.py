@@ -50,6 +50,7 @@ import numpy as np
 
 from simtree.errors import SimtreeError, TreeError
 from simtree.phi import expected_accepted_positional, sibling_rank
+from simtree.probs import check_prob_rows
 from simtree.tree import DraftTree
 
 __all__ = ["AcceptanceModel", "Workload", "PRESETS", "PUBLISHED_V4_FLASH_MTP", "calibrate_linear",
@@ -85,11 +86,11 @@ class AcceptanceModel:
         if tables.ndim != 3 or tables.shape[0] != weights.shape[0] or tables.size == 0:
             raise SimtreeError(f"acceptance model {self.name!r}: tables {tables.shape} and weights "
                                f"{weights.shape} must be [L, P, K] and [L]")
-        if not np.all(np.isfinite(tables)) or np.any(tables < 0) or np.any(tables.sum(2) > 1 + 1e-6):
-            raise SimtreeError(f"acceptance model {self.name!r}: table entries must be finite, >= 0, "
-                               "and each row must sum to <= 1")
-        if not np.all(np.isfinite(weights)) or np.any(weights < 0) or abs(weights.sum() - 1) > 1e-6:
-            raise SimtreeError(f"acceptance model {self.name!r}: level weights must be >= 0 and sum to 1")
+        check_prob_rows(tables, f"acceptance model {self.name!r}: table", axis=2)  # row [level, depth]
+        check_prob_rows(weights, f"acceptance model {self.name!r}: level weights")
+        if abs(weights.sum() - 1) > 1e-6:
+            raise SimtreeError(f"acceptance model {self.name!r}: level weights sum to {weights.sum():.6g} "
+                               "(must sum to 1)")
         tables.setflags(write=False)
         weights.setflags(write=False)
         object.__setattr__(self, "tables", tables)
@@ -258,8 +259,9 @@ def _record(obj, where: str) -> TraceRecord:
             marg = np.asarray(marg, np.float64)
         except (TypeError, ValueError):
             raise SimtreeError(f"{where}: marginal_probs is not a [P][K] list of numbers") from None
-        if marg.ndim != 2 or not np.all(np.isfinite(marg)) or np.any(marg < 0) or np.any(marg.sum(1) > 1 + 1e-6):
+        if marg.ndim != 2:
             raise SimtreeError(f"{where}: marginal_probs must be a [P][K] table of probabilities (rows sum <= 1)")
+        check_prob_rows(marg, f"{where}: marginal_probs", axis=1)
     ctx, rnd = obj.get("context_len"), obj.get("round")
     if rnd is not None and (not isinstance(rnd, int) or isinstance(rnd, bool) or rnd < 0):
         raise SimtreeError(f"{where}: round {rnd!r} must be an integer >= 0")

@@ -25,6 +25,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from simtree.errors import SimtreeError
+from simtree.probs import check_prob_rows
 from simtree.tree import DraftTree
 
 __all__ = ["linear_tree", "eagle_tree", "eagle_name", "parse_eagle_name", "eagle_max_nodes", "BestFirstOrder",
@@ -176,8 +177,7 @@ def _check_marginals(marginal_tokens, marginal_probs) -> tuple[np.ndarray, np.nd
     if probs.ndim != 2 or probs.shape != toks.shape or probs.size == 0:
         raise SimtreeError(f"marginal tokens {toks.shape} and probs {probs.shape} must be equal, "
                            "non-empty [positions, topK] arrays")
-    if not np.all(np.isfinite(probs)) or np.any(probs < 0) or np.any(probs > 1 + 1e-9):
-        raise SimtreeError("marginal probs must be finite and in [0, 1] (found NaN, inf or out of range)")
+    check_prob_rows(probs, "marginal probs", axis=1)  # rows: disjoint tokens, sum <= 1
     if toks.dtype.kind not in "iu":
         raise SimtreeError(f"marginal tokens must be integers, got dtype {toks.dtype}")
     toks = toks.astype(np.int64)

@@ -20,6 +20,7 @@ from __future__ import annotations
 import numpy as np
 
 from simtree.errors import SimtreeError
+from simtree.probs import check_prob_rows
 from simtree.tree import DraftTree
 
 __all__ = ["expected_accepted", "node_accept_probs_marginals", "node_accept_probs_positional",
@@ -54,8 +55,7 @@ def _marginal_table(marginal_tokens, marginal_probs) -> tuple[np.ndarray, np.nda
         raise SimtreeError(f"marginal tokens {toks.shape} and probs {probs.shape} must be equal [P, K] arrays")
     if toks.dtype.kind not in "iu":
         raise SimtreeError(f"marginal tokens must be integers, got dtype {toks.dtype}")
-    if not np.all(np.isfinite(probs)) or np.any(probs < 0) or np.any(probs.sum(1) > 1 + 1e-6):
-        raise SimtreeError("marginal probs must be finite, >= 0 and sum to <= 1 per position")
+    check_prob_rows(probs, "marginal probs", axis=1)
     srt = np.sort(toks, axis=1)
     if np.any(srt[:, 1:] == srt[:, :-1]):
         raise SimtreeError("marginal tokens repeat within a position; list each token once")
@@ -119,8 +119,7 @@ def _check_accept_table(accept_table) -> np.ndarray:
     table = np.asarray(accept_table, np.float64)
     if table.ndim != 2 or table.size == 0:
         raise SimtreeError(f"accept_table must be a non-empty [depth, rank] array, got shape {table.shape}")
-    if not np.all(np.isfinite(table)) or np.any(table < 0) or np.any(table.sum(1) > 1 + 1e-6):
-        raise SimtreeError("accept_table entries must be finite, >= 0, and each row must sum to <= 1")
+    check_prob_rows(table, "accept_table", axis=1)
     return table
 
 

@@ -11,6 +11,7 @@ from simtree.builders import (_grow, _order_by_levels, batched_best_first_tree, 
                               linear_tree, parse_eagle_name)
 from simtree.errors import SimtreeError
 from simtree.phi import expected_accepted_marginals
+from simtree.tree import DraftTree
 
 
 def random_marginals(rng, P, K, vocab=1000):
@@ -236,9 +237,28 @@ def test_cost_aware_budget_accepts_scalar_only_cost_and_rejects_nan():
     (np.zeros((2, 2), int), np.full((2, 2), np.nan), "finite"),
     (np.zeros((2, 2), int), np.full((2, 3), 0.1), "must be equal"),
     (np.zeros((2, 2)), np.full((2, 2), 0.1), "integers"),
-    (np.zeros((2, 2), int), np.full((2, 2), 1.5), "in [0, 1]"),
+    (np.zeros((2, 2), int), np.full((2, 2), 1.5), "marginal probs: row 0 sums to 3 (must sum to <= 1)"),
+    (np.zeros((2, 2), int), np.array([[0.5, -0.1], [0.2, 0.1]]), "marginal probs: entry [0, 1] is -0.1 (must be >= 0)"),
 ])
 def test_best_first_rejects_bad_marginals(tokens, probs, fragment):
     with pytest.raises(SimtreeError) as info:
         best_first_tree(tokens, probs, 4)
     assert fragment in str(info.value)
+
+
+def test_builders_reject_marginal_rows_summing_above_one_like_phi():
+    """Each entry in [0, 1] but a row sums above 1: phi rejects it, so must every builder."""
+    tokens = np.array([[1, 2], [3, 4], [5, 6]])
+    probs = np.array([[0.6, 0.3], [0.7, 0.5], [0.2, 0.1]])  # row 1 sums to 1.2
+    message = "marginal probs: row 1 sums to 1.2 (must sum to <= 1)"
+    calls = [lambda: best_first_tree(tokens, probs, 4), lambda: best_first_order(tokens, probs, 4),
+             lambda: batched_best_first_tree(tokens, probs, 4, 2),
+             lambda: cost_aware_tree(tokens, probs, lambda n: 10.0 + np.asarray(n, float), 5.0, 4),
+             lambda: expected_accepted_marginals(DraftTree.chain(3), tokens, probs)]
+    for call in calls:
+        with pytest.raises(SimtreeError) as info:
+            call()
+        assert str(info.value) == message
+    ok = probs.copy()
+    ok[1] = [0.7, 0.3 + 1e-7]  # sums to 1 within the shared 1e-6 tolerance
+    assert best_first_tree(tokens, ok, 4).num_nodes == 4
