@@ -33,9 +33,9 @@ def pack_bits(mask: np.ndarray) -> np.ndarray:
     words = (m + 63) // 64
     padded = np.zeros((n, words * 64), dtype=bool)
     padded[:, :m] = mask
-    weights = (np.uint64(1) << np.arange(64, dtype=np.uint64))
-    packed = (padded.reshape(n, words, 64).astype(np.uint64) * weights).sum(axis=2, dtype=np.uint64)
-    return packed.view(np.int64)
+    # bit j%8 of byte j//8, bytes read as little-endian 64-bit words: bit j%64 of word j//64
+    packed = np.packbits(padded, axis=1, bitorder="little")
+    return np.ascontiguousarray(packed).view("<i8").astype(np.int64)
 
 
 def _as_int_array(values, what: str) -> np.ndarray:
@@ -137,11 +137,34 @@ class DraftTree:
     @cached_property
     def depth(self) -> np.ndarray:
         """int64 [n]: root depth 0."""
-        depth = np.zeros(self.num_nodes, np.int64)
-        for i in range(1, self.num_nodes):
-            depth[i] = depth[self.parents[i]] + 1
-        depth.setflags(write=False)
-        return depth
+        # One pass in topological order over plain Python ints: the per-node cost of the old loop
+        # was numpy scalar indexing, and at tree sizes of tens of nodes this beats pointer doubling
+        # (~log2(n) numpy passes) too; see tests/test_tree.py for the reference it must equal.
+        parents = self.parents.tolist()
+        depth = [0] * len(parents)
+        for i in range(1, len(parents)):
+            depth[i] = depth[parents[i]] + 1
+        out = np.array(depth, np.int64)
+        out.setflags(write=False)
+        return out
+
+    @cached_property
+    def _ancestors(self) -> np.ndarray:
+        """int64 [n, max_depth + 1]: column k is each node's k-th ancestor (column 0 the node
+        itself), -1 above the root.  Filled by doubling: with columns 0..m-1 known and ``hop``
+        the m-th ancestor, columns m..2m-1 are columns 0..m-1 of ``hop``'s row."""
+        n, top = self.num_nodes, self.max_depth
+        anc = np.full((n + 1, top + 1), -1, np.int64)  # row n (index -1): above the root
+        anc[:n, 0] = np.arange(n)
+        m = 1
+        while m <= top:
+            hop = self.parents if m == 1 else anc[anc[:n, m - 1], 1]
+            k = min(m, top + 1 - m)
+            anc[:n, m:m + k] = anc[hop, :k]
+            m += k
+        anc = anc[:n]
+        anc.setflags(write=False)
+        return anc
 
     @property
     def max_depth(self) -> int:
@@ -150,11 +173,16 @@ class DraftTree:
     @cached_property
     def path_log_prob(self) -> np.ndarray:
         """float64 [n]: cumulative draft log-prob from the root (the EAGLE draft score)."""
-        score = self.log_probs.copy()
-        for i in range(1, self.num_nodes):
-            score[i] += score[self.parents[i]]
-        score.setflags(write=False)
-        return score
+        # Root first over Python floats (IEEE doubles, the same additions in the same order as
+        # score[i] = log_probs[i] + score[parent]): bit-identical, never above the parent's score.
+        # A vectorised sum (pointer doubling, ancestor-mask matmul) would reassociate it.
+        parents, log_probs = self.parents.tolist(), self.log_probs.tolist()
+        score = [0.0] * len(parents)
+        for i in range(1, len(parents)):
+            score[i] = log_probs[i] + score[parents[i]]
+        out = np.array(score, np.float64)
+        out.setflags(write=False)
+        return out
 
     @cached_property
     def num_children(self) -> np.ndarray:
@@ -168,13 +196,9 @@ class DraftTree:
     def ancestor_mask(self) -> np.ndarray:
         """bool [n, n]: mask[i, j] is True iff j is an ancestor of i or i itself."""
         n = self.num_nodes
-        mask = np.zeros((n, n), dtype=bool)
-        mask[0, 0] = True
-        depth = self.depth
-        for d in range(1, self.max_depth + 1):  # one vectorised step per level
-            nodes = np.flatnonzero(depth == d)
-            mask[nodes] = mask[self.parents[nodes]]
-            mask[nodes, nodes] = True
+        mask = np.zeros((n, n + 1), dtype=bool)  # column n catches the -1 slots above the root
+        mask[np.arange(n)[:, None], self._ancestors] = True
+        mask = np.ascontiguousarray(mask[:, :n])
         mask.setflags(write=False)
         return mask
 
@@ -187,7 +211,7 @@ class DraftTree:
         """Node indices from the root to ``node`` inclusive."""
         if not 0 <= node < self.num_nodes:
             raise TreeError(f"node {node} is not in a tree of {self.num_nodes} nodes")
-        return np.flatnonzero(self.ancestor_mask[node])  # topological order = root first
+        return self._ancestors[node, self.depth[node]::-1].copy()  # root first
 
     @cached_property
     def chains(self) -> tuple[np.ndarray, ...]:
@@ -202,20 +226,17 @@ class DraftTree:
     def next_token(self) -> np.ndarray:
         """int64 [n]: first child of each node, -1 if none (SGLang ``retrive_next_token``)."""
         first = np.full(self.num_nodes, -1, np.int64)
-        for i in range(self.num_nodes - 1, 0, -1):  # lowest index child wins
-            first[self.parents[i]] = i
+        parent, index = np.unique(self.parents[1:], return_index=True)  # lowest index child wins
+        first[parent] = index + 1
         return first
 
     @cached_property
     def next_sibling(self) -> np.ndarray:
         """int64 [n]: next child of the same parent, -1 if none (``retrive_next_sibling``)."""
         nxt = np.full(self.num_nodes, -1, np.int64)
-        last_child = np.full(self.num_nodes, -1, np.int64)
-        for i in range(1, self.num_nodes):
-            p = self.parents[i]
-            if last_child[p] >= 0:
-                nxt[last_child[p]] = i
-            last_child[p] = i
+        child = np.argsort(self.parents[1:], kind="stable") + 1  # grouped by parent, index order
+        same = self.parents[child[1:]] == self.parents[child[:-1]]
+        nxt[child[:-1][same]] = child[1:][same]
         return nxt
 
     def subtree(self, keep: np.ndarray | Sequence[int]) -> "DraftTree":

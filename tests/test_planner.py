@@ -6,7 +6,7 @@ import pytest
 from typer.testing import CliRunner
 
 from simtree import planner
-from simtree.acceptance import Workload, calibrate_linear
+from simtree.acceptance import AcceptanceModel, Workload, calibrate_linear
 from simtree.cli import app
 from simtree.planner import SearchSpace, plan
 from simtree.policy import Policy
@@ -121,14 +121,132 @@ def test_report_rerenders_a_plan_folder_to_the_same_choice(tmp_path):
     assert all(f"| {p} |" in text for p in res.chosen["policy"]) and "SYNTHETIC" in text
 
 
-def test_planner_scores_equal_the_simulator_per_policy():
-    # the vectorised search and simulate() agree candidate by candidate (fixed and adaptive)
-    from simtree.simulate import PolicySpec, simulate
+STATIC_MODES = ("none", "linear", "eagle", "best_first")
 
-    costs, wl = SyntheticCostBundle(RooflineVerifyCost(), RooflineDraftCost()), _wl()
-    res = plan(costs, [wl], [8], SMALL)
-    rows = res.candidates.sample(12, random_state=0)
-    for row in rows.itertuples():
-        sim = simulate(costs, wl, 8, PolicySpec(row.mode, json.loads(row.params)))
-        assert sim.throughput_tok_s == pytest.approx(row.tok_s, rel=1e-9)
-        assert sim.accepted_tokens_per_round == pytest.approx(row.tokens_per_round, rel=1e-9)
+
+def _sibling_ranks(tree) -> list[int]:
+    """Rank of each node among its siblings by draft log-prob, best first (ties: lower index)."""
+    children: dict[int, list[int]] = {}
+    for i in range(1, tree.num_nodes):
+        children.setdefault(int(tree.parents[i]), []).append(i)
+    rank = [0] * tree.num_nodes
+    for kids in children.values():
+        for r, i in enumerate(sorted(kids, key=lambda i: (-tree.log_probs[i], i))):
+            rank[i] = r
+    return rank
+
+
+def _reach_probs(tree, table: np.ndarray) -> list[float]:
+    """P(node accepted) under the positional model: the target picks at most one rank per depth
+    (row table[depth-1], the deepest row reused below the table), so a node is accepted iff its
+    parent is and the target picked its sibling rank.  Per-node loop, parents first."""
+    rank, reach = _sibling_ranks(tree), [1.0] * tree.num_nodes
+    for i in range(1, tree.num_nodes):
+        row = table[min(int(tree.depth[i]) - 1, table.shape[0] - 1)]
+        reach[i] = reach[int(tree.parents[i])] * (row[rank[i]] if rank[i] < row.shape[0] else 0.0)
+    return reach
+
+
+def _sample_accepted(tree, table: np.ndarray, rng, n: int) -> np.ndarray:
+    """Monte-Carlo draws of the accepted draft length from the same generative model."""
+    rank = _sibling_ranks(tree)
+    child = {(int(tree.parents[i]), rank[i]): i for i in range(1, tree.num_nodes)}
+    out = np.zeros(n, np.int64)
+    for s in range(n):
+        node = 0
+        while True:
+            row = table[min(int(tree.depth[node]), table.shape[0] - 1)]
+            r = int(np.searchsorted(np.cumsum(row), rng.random(), side="right"))  # len(row): none
+            node = child.get((node, r), -1)
+            if node < 0:
+                break
+            out[s] += 1
+    return out
+
+
+def _independent_static_score(costs, wl, b: int, mode: str, params: dict) -> dict:
+    """The planner's model written out directly: per level the planner's tree, accepted drafts
+    by path enumeration; then rounds one at a time, each verifying the batch's mean tree at the
+    current context (which grows by the expected tokens per round) plus the drafting cost."""
+    from simtree.simulate import PolicySpec, static_round
+
+    acc = wl.acceptance
+    trees = static_round(acc, PolicySpec(mode, params)).trees  # only the built trees are reused
+    budget = 1 if mode == "none" else params["budget"]
+    g, nodes = 1.0, 0.0
+    for level, (tree, w) in enumerate(zip(trees, acc.weights)):
+        # the tree is the policy's shape: budget nodes, within its drafted depth and width
+        assert tree.num_nodes == budget
+        if mode in ("none", "linear"):
+            assert tree.parents.tolist() == list(range(-1, budget - 1))
+        elif mode == "eagle":
+            assert tree.max_depth <= params["num_steps"] and tree.num_children.max() <= params["topk"]
+        else:
+            assert tree.max_depth <= params["draft_depth"] and tree.num_children.max() <= acc.topk
+        g += w * sum(_reach_probs(tree, acc.tables[level])[1:])
+        nodes += w * tree.num_nodes
+    steps, width = {"none": (0, 0), "linear": (budget - 1, 1), "eagle": (params.get("num_steps"), params.get("topk")),
+                    "best_first": (params.get("draft_depth"), 1)}[mode]
+    draft = float(costs.draft.predict(steps, width, b)) if steps else 0.0
+    produced, ctx, total, rounds = 0.0, wl.mean_prompt_len, 0.0, 0
+    while produced < wl.output_len - 1e-9:
+        total += float(costs.verify.predict(nodes, ctx, b)) + draft
+        produced, ctx, rounds = produced + g, ctx + g, rounds + 1
+    return {"g": g, "nodes": nodes, "draft_us": draft, "round_us": total / rounds, "tok_s": b * rounds * g / total * 1e6}
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_planner_scores_match_an_independent_computation(seed):
+    # Random acceptance tables, lengths and roofline costs; every fixed-shape candidate the planner
+    # scored is re-scored by _independent_static_score.  Both sides compute the same expectation in
+    # float64 (different association: vectorised sums vs scalar loops), so they agree to ~1e-13;
+    # rel 1e-9 leaves room for that and nothing else: one round more or less moves tok/s by
+    # >= 1/rounds >= 0.5%, a wrong draft shape, tree, level weight or table row by far more than 1e-9.
+    rng = np.random.default_rng(seed)
+    # 2-3 levels of unequal weight; per depth a rank-sorted row summing to 0.4..0.95 (a table that
+    # varies with depth and level, so a wrong row or level cannot go unnoticed)
+    levels = int(rng.integers(2, 4))
+    rows = rng.dirichlet(np.ones(4), (levels, 16)) * rng.uniform(0.4, 0.95, (levels, 16, 1))
+    acc = AcceptanceModel("w", -np.sort(-rows, axis=2), rng.dirichlet(np.ones(levels)))
+    wl = Workload("w", acc, rng.integers(50, 2000, 8), int(rng.integers(40, 200)))
+    scale = lambda: float(np.exp(rng.uniform(-1.5, 1.5)))  # noqa: E731
+    verify = RooflineVerifyCost(launch_us=400 * scale(), weights_us=13000 * scale(), per_token_us=78 * scale(),
+                                per_seq_us=70 * scale(), kv_per_ctx_us=0.0154 * scale(), attn_per_pair_us=5.6e-4 * scale())
+    costs = SyntheticCostBundle(verify, RooflineDraftCost(launch_us=60 * scale(), weights_us=800 * scale(),
+                                                          per_token_us=4.8 * scale()))
+    sizes = sorted(int(x) for x in rng.choice([1, 2, 8, 32, 64], 2, replace=False))
+    res = plan(costs, [wl], sizes, SMALL)
+    static = res.candidates[res.candidates["mode"].isin(STATIC_MODES)]
+    assert set(static["mode"]) == set(STATIC_MODES)
+    for b in sizes:
+        rows = static[static["batch_size"] == b]
+        scores = []
+        for row in rows.itertuples():
+            ref = _independent_static_score(costs, wl, b, row.mode, json.loads(row.params))
+            assert row.tokens_per_round == pytest.approx(ref["g"], rel=1e-9), row.policy
+            assert row.nodes_per_seq == pytest.approx(ref["nodes"], rel=1e-9), row.policy
+            assert row.draft_us == pytest.approx(ref["draft_us"], rel=1e-9, abs=1e-9), row.policy
+            assert row.round_us == pytest.approx(ref["round_us"], rel=1e-9), row.policy
+            assert row.tok_s == pytest.approx(ref["tok_s"], rel=1e-9), row.policy
+            scores.append(ref["tok_s"])
+        # the chosen policy is at least the best fixed shape, and is that shape when it is fixed
+        chosen = res.chosen[res.chosen["batch_size"] == b].iloc[0]
+        assert chosen["tok_s"] >= max(scores) * (1 - 1e-9)
+        if chosen["mode"] in STATIC_MODES:
+            assert chosen["tok_s"] == pytest.approx(max(scores), rel=1e-9)
+
+
+def test_path_enumeration_matches_sampling_the_acceptance_model():
+    # The enumeration above (sum of path products) against draws of the generative model it
+    # stands for, on the planner's trees of each fixed-shape family: 4000 draws per level give
+    # a standard error of <= ~0.03 tokens; 5 standard errors (estimated) is the tolerance.
+    from simtree.simulate import PolicySpec, static_round
+
+    rng = np.random.default_rng(7)
+    acc = calibrate_linear(2.8, 4, name="w", spread=0.3)
+    for mode, params in [("linear", {"budget": 6}), ("eagle", {"num_steps": 3, "topk": 3, "budget": 8}),
+                         ("best_first", {"budget": 8, "width": 1, "draft_depth": 4})]:
+        for level, tree in enumerate(static_round(acc, PolicySpec(mode, params)).trees):
+            draws = _sample_accepted(tree, acc.tables[level], rng, 4000)
+            exact = sum(_reach_probs(tree, acc.tables[level])[1:])
+            assert abs(draws.mean() - exact) <= 5 * draws.std(ddof=1) / np.sqrt(draws.size) + 1e-12, (mode, level)

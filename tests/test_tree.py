@@ -171,3 +171,60 @@ def test_invalid_use_raises_tree_error(call, fragment):
     with pytest.raises(TreeError, match=None) as info:
         call(tree)
     assert fragment in str(info.value)
+
+
+def loop_reference(parents: np.ndarray, log_probs: np.ndarray) -> dict:
+    """The straightforward per-node recurrences (parents precede children) the fast views replace."""
+    n = parents.shape[0]
+    depth, score = np.zeros(n, np.int64), np.array(log_probs, np.float64)
+    score[0] = 0.0
+    mask = np.zeros((n, n), bool)
+    mask[0, 0] = True
+    first, nxt, last = np.full(n, -1, np.int64), np.full(n, -1, np.int64), np.full(n, -1, np.int64)
+    for i in range(1, n):
+        p = int(parents[i])
+        depth[i] = depth[p] + 1
+        score[i] = score[i] + score[p]
+        mask[i] = mask[p]
+        mask[i, i] = True
+        if first[p] < 0:
+            first[p] = i
+        if last[p] >= 0:
+            nxt[last[p]] = i
+        last[p] = i
+    words = np.zeros((n, (n + 63) // 64), np.uint64)
+    for i, j in zip(*np.nonzero(mask)):
+        words[i, j // 64] |= np.uint64(1) << np.uint64(j % 64)
+    return {"depth": depth, "path_log_prob": score, "ancestor_mask": mask, "next_token": first,
+            "next_sibling": nxt, "ancestor_bits": words.view(np.int64)}
+
+
+def _fast_view_cases():
+    cases = [("root only", np.array([-1]), np.zeros(1)), ("chain of 64", np.arange(-1, 63), None),
+             ("two nodes", np.array([-1, 0]), np.array([0.0, -0.0]))]
+    for n in (2, 17, 64, 65, 300):
+        for style in ("random", "chain", "star", "recent"):
+            seed = 1000 * n + len(style)
+            cases.append((f"{style} {n}", random_parents(n, seed, style), None))
+    rng = np.random.default_rng(0)
+    out = []
+    for name, parents, log_probs in cases:
+        if log_probs is None:  # exponential scores, some exactly -0.0 (a log-prob of 1)
+            log_probs = -rng.exponential(1.0, parents.shape[0]) * (rng.random(parents.shape[0]) < 0.9)
+        out.append(pytest.param(parents, log_probs, id=name))
+    return out
+
+
+@pytest.mark.parametrize("parents, log_probs", _fast_view_cases())
+def test_fast_views_equal_the_per_node_loop_bit_for_bit(parents, log_probs):
+    tree = DraftTree(parents, None, log_probs)
+    ref = loop_reference(tree.parents, tree.log_probs)
+    for name, want in ref.items():
+        got = getattr(tree, name)
+        assert got.dtype == want.dtype and got.shape == want.shape, name
+        assert got.tobytes() == want.tobytes(), name  # path_log_prob too: same additions, same order
+    assert np.all(tree.path_log_prob[1:] <= tree.path_log_prob[tree.parents[1:]])
+    assert tree.max_depth == ref["depth"].max()
+    for node in range(tree.num_nodes):
+        assert tree.path_to(node).tolist() == np.flatnonzero(ref["ancestor_mask"][node]).tolist()
+    assert np.array_equal(TreeBatch((tree, tree)).depth, np.concatenate([ref["depth"]] * 2))
