@@ -52,6 +52,24 @@ def correctness(configs, dims, device, seed) -> list[dict]:
     return recs
 
 
+def summarize(csv_path: str) -> str:
+    """Markdown: median us per config (rows) x (nodes, batch) (columns), and the fastest
+    config per shape, read from one tune_gdn.csv."""
+    from simtree.profiler.report_util import markdown_table
+    df = pd.read_csv(csv_path)
+    ok = df[df.status == "ok"]
+    index = ["config", "phase"] if "phase" in ok.columns else ["config"]   # older runs timed phases
+    table = ok.pivot_table(index=index, columns=["nodes_per_seq", "batch_size"],
+                           values="latency_us_median", aggfunc="median")
+    table.columns = [f"n{n} b{b}" for n, b in table.columns]
+    whole = table.xs("all", level="phase") if "phase" in index else table
+    best = whole.idxmin().rename("fastest").to_frame().T
+    gpu = ", ".join(sorted(set(df.get("gpu", pd.Series(["?"])).astype(str))))
+    return (f"GPU {gpu}; median us (CUDA graphs), rows = launch config\n\n"
+            + markdown_table(table.round(1), with_index=True) + "\n\n"
+            + markdown_table(best.reset_index(drop=True)) + "\n")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default=os.environ.get("OUT", "tune_gdn_out"))
@@ -65,7 +83,11 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--tiny", action="store_true", help="tiny head shapes (CPU smoke run)")
+    ap.add_argument("--summarize", metavar="CSV", help="print the markdown summary of a run and exit")
     args = ap.parse_args()
+    if args.summarize:
+        print(summarize(args.summarize))
+        return
     t0 = time.time()
     os.makedirs(args.out, exist_ok=True)
     configs = parse_configs(args.configs)
