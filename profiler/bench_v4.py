@@ -68,7 +68,17 @@ def time_us(fn, use_graph: bool = True, unroll: int = 0, replays: int = 0) -> tu
     from simtree.profiler.timing import time_workload
 
     device = "cuda" if torch.cuda.is_available() else "cpu"   # --smoke on a CPU: wall clock
-    fns = [fn] * max(1, unroll or (4 if device == "cuda" else 1))
+    if not unroll and device == "cuda" and use_graph:
+        # a graph replay costs a few us of its own: unroll small ops (up to 16x) so that it
+        # is spread over >= ~2 ms of work (4x unrolling added ~1 us to the 2 us SWA commit)
+        fn()
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        fn()
+        torch.cuda.synchronize()
+        est_us = (time.perf_counter() - t0) * 1e6      # upper bound: includes launches
+        unroll = int(min(16, max(4, 2000 // max(est_us, 1.0))))
+    fns = [fn] * max(1, unroll or 1)
     kw = dict(use_graph=use_graph) if device == "cuda" else {}
     if replays:
         kw.update(min_reps=replays, max_reps=replays)
