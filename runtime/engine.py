@@ -22,7 +22,7 @@ Throughput counts every token the decode rounds produce (sequences run until all
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -31,30 +31,23 @@ from simtree.accept import greedy_accept_batch
 from simtree.builders import batched_best_first_tree, best_first_order, cost_aware_tree, linear_tree
 from simtree.errors import SimtreeError
 from simtree.runtime.drafter import Drafter
-from simtree.simulate import MODES, batch_allocation, check_params
+from simtree.simulate import MODES, PolicySpec, batch_allocation
 from simtree.runtime.model import HybridLM
 from simtree.tree import DraftTree, TreeBatch
 
-__all__ = ["RunSpec", "RoundStats", "GenerationResult", "SpecEngine", "greedy_decode", "check_spec"]
+__all__ = ["RoundStats", "GenerationResult", "SpecEngine", "greedy_decode", "check_spec"]
 
 MARGINAL_TOPK = 4  # candidates per position kept from the drafter's distribution
 
 
-@dataclass
-class RunSpec:
-    """A policy entry's decoding choice (PolicyEntry has the same two fields)."""
-
-    mode: str = "none"
-    params: dict = field(default_factory=dict)
-
-
-def check_spec(spec) -> RunSpec:
-    """Validate mode + params with the simulator's rules (adds width / draft_depth defaults),
-    so the engine runs exactly the policy the planner predicted."""
+def check_spec(spec) -> PolicySpec:
+    """Any (mode, params) carrier (a PolicySpec, a policy entry) validated with the
+    simulator's rules (adds width / draft_depth defaults), so the engine runs exactly the
+    policy the planner predicted."""
     mode = getattr(spec, "mode", None)
     if mode not in MODES:
         raise SimtreeError(f"unknown decoding mode {mode!r}: expected one of {', '.join(MODES)}")
-    return RunSpec(mode, check_params(mode, dict(getattr(spec, "params", None) or {})))
+    return PolicySpec(mode, dict(getattr(spec, "params", None) or {}))
 
 
 @dataclass
@@ -121,7 +114,7 @@ class SpecEngine:
         self._marginals = None  # the round's drafter marginals [B, P, K] (marginal modes), for traces
 
     # ---- tree construction per mode ------------------------------------------------------
-    def _trees(self, spec: RunSpec, drafter: Drafter | None, roots, ctx_len: float) -> list[DraftTree]:
+    def _trees(self, spec: PolicySpec, drafter: Drafter | None, roots, ctx_len: float) -> list[DraftTree]:
         B, p = len(roots), spec.params
         if spec.mode == "none":
             return [DraftTree.chain(1, [r]) for r in roots]

@@ -16,13 +16,15 @@ import math
 import platform
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import torch
 
 from simtree.errors import SimtreeError
 from simtree.runtime.data import prompts as load_prompts
-from simtree.runtime.engine import RunSpec, SpecEngine, check_spec, greedy_decode
+from simtree.runtime.engine import SpecEngine, check_spec, greedy_decode
+from simtree.simulate import PolicySpec
 from simtree.runtime.loading import DEFAULT_MODELS_DIR, load_model
 from simtree.runtime.tokenizer import ByteTokenizer
 from simtree.runtime.trace import TraceWriter
@@ -38,7 +40,7 @@ def _resolve_spec(policy, policy_workload, workload, batch_size, mode, params):
         entry = Policy.load(policy).lookup(policy_workload or workload, batch_size)
         return check_spec(entry), {"policy": str(policy), "policy_workload": policy_workload or workload,
                                    "predicted_tok_s_in_policy": entry.predicted_tok_s}
-    return check_spec(RunSpec(mode, params)), {}
+    return check_spec(SimpleNamespace(mode=mode, params=params)), {}
 
 
 def _pct(x, q):
@@ -138,7 +140,7 @@ def live_run(*, mode: str = "eagle", params: dict | None = None, policy=None, po
     return report
 
 
-def _predict(costs, trace_path: Path, spec: RunSpec, batch_size: int, prompt_lens: list[int],
+def _predict(costs, trace_path: Path, spec: PolicySpec, batch_size: int, prompt_lens: list[int],
              output_len: int, workload: str) -> dict:
     """The simulator's prediction for this run: positional acceptance fitted from the run's
     traces (table width = the widest sibling set drafted, so no rank is imputed), the run's

@@ -10,7 +10,10 @@ import pytest
 from runtime_helpers import perturbed, random_prompts, tiny_model
 from simtree.acceptance import fit_positional, read_traces
 from simtree.errors import SimtreeError
-from simtree.runtime.engine import RunSpec, SpecEngine, greedy_decode
+from types import SimpleNamespace
+
+from simtree.runtime.engine import SpecEngine, greedy_decode
+from simtree.simulate import PolicySpec
 from simtree.runtime.trace import TraceWriter
 
 
@@ -31,13 +34,13 @@ class LinearCosts:
     meta = {"synthetic": True}
 
 
-SPECS = [RunSpec("none"), RunSpec("linear", {"budget": 4}),
-         RunSpec("eagle", {"num_steps": 3, "topk": 2, "budget": 6}),
-         RunSpec("eagle", {"num_steps": 2, "topk": 3, "budget": 9}),
-         RunSpec("best_first", {"budget": 7, "width": 1, "draft_depth": 3}),
-         RunSpec("best_first", {"budget": 8, "width": 3, "draft_depth": 4}),
-         RunSpec("cost_aware", {"max_budget": 8, "draft_depth": 3}),
-         RunSpec("batch_alloc", {"max_budget_per_seq": 6, "draft_depth": 3})]
+SPECS = [PolicySpec("none"), PolicySpec("linear", {"budget": 4}),
+         PolicySpec("eagle", {"num_steps": 3, "topk": 2, "budget": 6}),
+         PolicySpec("eagle", {"num_steps": 2, "topk": 3, "budget": 9}),
+         PolicySpec("best_first", {"budget": 7, "width": 1, "draft_depth": 3}),
+         PolicySpec("best_first", {"budget": 8, "width": 3, "draft_depth": 4}),
+         PolicySpec("cost_aware", {"max_budget": 8, "draft_depth": 3}),
+         PolicySpec("batch_alloc", {"max_budget_per_seq": 6, "draft_depth": 3})]
 MAX_NEW = 12
 
 
@@ -70,7 +73,7 @@ def test_speculative_output_equals_plain_greedy(models, references, spec, batch_
 def test_some_drafts_are_accepted_and_some_rejected(models, references):
     """The perturbed draft exercises both commit of deep paths and rejected branches."""
     prompts, _ = references
-    res = SpecEngine(*models).generate(prompts[3], MAX_NEW, RunSpec("eagle", {"num_steps": 3, "topk": 2, "budget": 6}))
+    res = SpecEngine(*models).generate(prompts[3], MAX_NEW, PolicySpec("eagle", {"num_steps": 3, "topk": 2, "budget": 6}))
     accepted = [a for r in res.rounds for a in r.accepted]
     assert min(accepted) == 0 and max(accepted) >= 2
 
@@ -78,7 +81,7 @@ def test_some_drafts_are_accepted_and_some_rejected(models, references):
 def test_identical_draft_accepts_every_linear_token():
     target = tiny_model(12)
     prompts = random_prompts(np.random.default_rng(12), [5, 8])
-    res = SpecEngine(target, target).generate(prompts, 13, RunSpec("linear", {"budget": 5}))
+    res = SpecEngine(target, target).generate(prompts, 13, PolicySpec("linear", {"budget": 5}))
     assert all(a == 4 for r in res.rounds for a in r.accepted)
     assert res.outputs == [greedy_decode(target, p, 13) for p in prompts]
 
@@ -87,7 +90,7 @@ def test_traces_are_read_by_the_acceptance_fitter(models, references, tmp_path):
     prompts, _ = references
     path = tmp_path / "traces.jsonl"
     with TraceWriter(path) as trace:
-        spec = RunSpec("eagle", {"num_steps": 2, "topk": 2, "budget": 5})
+        spec = PolicySpec("eagle", {"num_steps": 2, "topk": 2, "budget": 5})
         res = SpecEngine(*models).generate(prompts[3], MAX_NEW, spec, workload="unit", trace=trace)
     records = read_traces(path)
     assert len(records) == 3 * len(res.rounds)
@@ -99,12 +102,12 @@ def test_traces_are_read_by_the_acceptance_fitter(models, references, tmp_path):
 def test_adaptive_modes_need_a_cost_model(models, references):
     prompts, _ = references
     with pytest.raises(SimtreeError, match="cost model"):
-        SpecEngine(*models).generate(prompts[1], 4, RunSpec("cost_aware", {"max_budget": 6}))
+        SpecEngine(*models).generate(prompts[1], 4, PolicySpec("cost_aware", {"max_budget": 6}))
 
 
-@pytest.mark.parametrize("spec, fragment", [(RunSpec("tree", {}), "unknown"),
-                                            (RunSpec("eagle", {"num_steps": 2, "topk": 2}), "budget"),
-                                            (RunSpec("linear", {"budget": 0}), "budget")])
+@pytest.mark.parametrize("spec, fragment", [(SimpleNamespace(mode="tree", params={}), "unknown"),
+                                            (SimpleNamespace(mode="eagle", params={"num_steps": 2, "topk": 2}), "budget"),
+                                            (SimpleNamespace(mode="linear", params={"budget": 0}), "budget")])
 def test_bad_policy_entries_are_refused(models, references, spec, fragment):
     prompts, _ = references
     with pytest.raises(SimtreeError, match=fragment):
