@@ -28,12 +28,13 @@ import numpy as np
 import pandas as pd
 import torch
 
+from simtree.profiler.timing import measured_bandwidth
 from simtree.tree import DraftTree
 from simtree.kernels.gdn import (gdn_sequential_ref, gdn_tree_commit, gdn_tree_verify,
                                  gdn_tree_verify_dense_ref, gdn_tree_verify_recurrent,
                                  gdn_tree_verify_ref, tree_meta, verify_launch_config)
 from simtree.kernels.gdn.bench_util import (QWEN36, env_info, fla_closure, fla_recurrent_worker,
-                                            graph_time_us, measured_bandwidth, memory_floor_bytes,
+                                            graph_time_us, memory_floor_bytes,
                                             random_gdn_inputs, shape_inputs, shape_trees)
 
 TINY = dict(H=2, HV=4, K=16, V=32)

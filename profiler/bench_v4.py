@@ -32,6 +32,7 @@ import numpy as np
 import torch
 
 from simtree.kernels.v4 import V4AttnConfig, sparse_attention, sparse_attention_torch
+from simtree.profiler.timing import measured_bandwidth
 from simtree.kernels.v4.cache import V4Cache
 from simtree.kernels.v4.check import check_against_reference, check_flashmla_path
 from simtree.kernels.v4.reference import random_layer_weights
@@ -84,14 +85,6 @@ def time_us(fn, use_graph: bool = True, unroll: int = 0, replays: int = 0) -> tu
         kw.update(min_reps=replays, max_reps=replays)
     st = time_workload(fns, device, **kw)
     return st.median_us, st.p10_us, st.p90_us, st.repeats * len(fns), st.mode
-
-
-def copy_bandwidth_gbs(device) -> float:
-    n = 1 << 28  # 512 MiB of bf16 per buffer, far beyond L2
-    a = torch.empty(n, dtype=torch.bfloat16, device=device).normal_()
-    b = torch.empty_like(a)
-    med, *_ = time_us(lambda: b.copy_(a), use_graph=False)
-    return 2 * a.numel() * a.element_size() / (med * 1e-6) / 1e9
 
 
 def run_correctness(device) -> list[dict]:
@@ -276,7 +269,8 @@ def main(argv=None) -> int:
         (out / "summary_v4.json").write_text(json.dumps(summary, indent=1, default=str))
         return 0
     try:
-        summary["copy_bandwidth_gbs"] = bw = copy_bandwidth_gbs(device) if device == "cuda" else 50.0
+        summary["copy_bandwidth_gbs"] = bw = (measured_bandwidth(device)["copy_GBps"]
+                                              if device == "cuda" else 50.0)
     except Exception as exc:  # noqa: BLE001
         bw = 4250.0
         summary["copy_bandwidth_gbs"] = f"failed ({exc}); using 4250"

@@ -38,3 +38,11 @@ def test_time_is_per_copy():
                                              (200 * 2**20, 50 * 2**20, 1), (1000, 0, 1)])
 def test_rotation_covers_twice_l2(inst, l2, want):
     assert rotation_copies(inst, l2) == want
+
+
+def test_measured_bandwidth_counts_read_and_written_bytes():
+    from simtree.profiler.timing import measured_bandwidth
+    bw = measured_bandwidth("cpu", numel=1 << 16)
+    assert bw["buffer_bytes"] == 4 << 16
+    assert 0 < bw["copy_GBps"] < 1e4 and 0 < bw["read_GBps"] < 1e4
+    assert bw["floor_Bps"] == pytest.approx(max(bw["copy_GBps"], bw["read_GBps"]) * 1e9, rel=1e-12)

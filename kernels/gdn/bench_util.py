@@ -2,7 +2,7 @@
 
 eagle_like_tree (random EAGLE-like trees), random_gdn_inputs (random verify inputs),
 graph_time_us (CUDA-graph timer over rotated input copies), memory_floor_bytes,
-measured_bandwidth, env_info, fla_closure (flash-linear-attention on a chain).
+env_info, fla_closure (flash-linear-attention on a chain).
 """
 from __future__ import annotations
 
@@ -99,26 +99,8 @@ def graph_time_us(fns, warmup: int = 3, replays: int = 20) -> dict:
 
 def memory_floor_bytes(B: int, N: int, H=16, HV=48, K=128, V=128, elem=2) -> int:
     """Bytes a tree verify must move: fp32 state read once + q, k, v read and o written once
-    + g, beta read (read and written bytes both counted, like ``measured_bandwidth``)."""
+    + g, beta read (read and written bytes both counted, like ``profiler.timing.measured_bandwidth``)."""
     return B * HV * K * V * 4 + N * (2 * H * K + 2 * HV * V) * elem + N * HV * 2 * 4
-
-
-def measured_bandwidth(device="cuda", numel: int = 1 << 28) -> dict:
-    """Copy and read-only bandwidth, both counting every byte read plus every byte written.
-
-    The floor (``memory_floor_bytes`` counts state/q/k/v/g/beta reads plus the o write the
-    same way) divides by ``floor_Bps`` = the larger of the two: a verify is mostly reads.
-    """
-    x = torch.empty(numel, dtype=torch.float32, device=device).uniform_()
-    y = torch.empty_like(x)
-    out = torch.empty((), dtype=torch.float32, device=device)
-    nbytes = x.numel() * 4
-    copy = 2 * nbytes / (graph_time_us([lambda: y.copy_(x)], warmup=2, replays=10)["median"] * 1e-6)
-    read = nbytes / (graph_time_us([lambda: torch.sum(x, dim=0, out=out)], warmup=2, replays=10)["median"] * 1e-6)
-    del x, y
-    return dict(copy_GBps=copy / 1e9, read_GBps=read / 1e9, floor_Bps=max(copy, read),
-                counting="bytes read + bytes written, same as memory_floor_bytes",
-                buffer_bytes=nbytes)
 
 
 def env_info(shapes: dict = QWEN36) -> dict:
