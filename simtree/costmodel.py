@@ -12,7 +12,8 @@
 
 Inputs broadcast as numpy arrays (float or ndarray out); Python scalars take a pure-Python
 fast path (a few microseconds). The fitted parameters live in a surface from
-:mod:`simtree.costfit` (form "basis", "grid", "moe" or "moe_grid", see there); this module adds the names, the
+:mod:`simtree.costfit` (form "basis", "grid", "moe" or "moe_grid", see there; the fit form "grid_lin"
+gives a "grid" surface, the info's "form" names the fit form); this module adds the names, the
 provenance (source profile and its hash) and the held-out fit error.
 Any object with the same ``predict`` methods works in the simulator (duck typing).
 """

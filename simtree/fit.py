@@ -11,7 +11,8 @@ their context lengths are merged by median (C_d takes no l). Without draft rows 
 refuses unless ``draft_from_verify``: then C_d(s, k, b) = fraction * s * C_v(k, l_med, b),
 an assumption recorded in the bundle (see :class:`simtree.costfit.ScaledVerifyDraft`).
 
-Forms: ``forms=None`` ("auto") tries basis and grid, plus moe and moe_grid when the model is
+Forms: ``forms=None`` ("auto") tries basis, grid and grid_lin (the grid with a
+piecewise-linear-in-l prior for cells without data), plus moe and moe_grid when the model is
 an MoE in the registry (:func:`simtree.models.get_model`; its n_experts, experts_per_token).
 Those two are monotone but not convex in n (expert saturation); when one wins held-out the
 model info says ``convex_in_n: false`` with the reason, and a note says so.
@@ -39,7 +40,7 @@ __all__ = ["FitReport", "fit_profile", "plot_fit", "bench_predict", "moe_shape",
 
 DRAFT_STAGE = "draft_step"
 DEFAULT_VERIFY_STAGE = "model_verify_step"
-AUTO_FORMS = ("basis", "grid")   # + MOE_FORMS for an MoE model
+AUTO_FORMS = ("basis", "grid", "grid_lin")   # + MOE_FORMS for an MoE model
 
 
 def moe_shape(model: str) -> tuple[int, int] | None:
@@ -112,7 +113,8 @@ def _info(result: FitResult, source: dict, notes: list, convex_key: str) -> dict
             "num_points": result.num_points,
             "fit_error": {"heldout": result.heldout, "in_sample": result.in_sample,
                           "kept": result.form},
-            "worst_residuals": result.worst, "notes": list(result.notes) + notes,
+            "worst_residuals": result.worst, "worst_heldout_residuals": result.worst_heldout,
+            "notes": list(result.notes) + notes,
             convex_key: result.convex_in_x}
     if not result.convex_in_x:
         info["nonconvex_reason"] = result.surface.nonconvex_reason

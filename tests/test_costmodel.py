@@ -40,7 +40,7 @@ def check_shape(predict, n_max=64, l_max=131072, b_max=64, tol=1e-6):
     assert np.all(np.diff(v, axis=2) >= -tol * scale), "decreasing in b"
 
 
-@pytest.mark.parametrize("form", ["basis", "grid"])
+@pytest.mark.parametrize("form", ["basis", "grid", "grid_lin"])
 def test_fit_recovers_known_convex_surface(form):
     rng = np.random.default_rng(0)
     n, l, b, y = verify_points(rng, noise=0.02)
@@ -59,7 +59,7 @@ def test_basis_form_interpolates_between_grid_points():
     assert np.median(np.abs(s.predict(*q) / verify_truth(*q) - 1)) < 0.02
 
 
-@pytest.mark.parametrize("form", ["basis", "grid"])
+@pytest.mark.parametrize("form", ["basis", "grid", "grid_lin"])
 def test_shape_holds_everywhere_even_for_non_convex_data(form):
     # A tile-size step (latency jumps at n = 16 then plateaus) is not convex: the fit must
     # still be convex/monotone on a dense grid, in and beyond the range.
@@ -85,11 +85,39 @@ def test_grid_with_missing_cells_and_one_context_keeps_shape():
     assert res.surface.predict(8, 4096, 4) == res.surface.predict(8, 131072, 4)
 
 
+def test_grid_lin_fills_missing_cells_by_the_linear_continuation_in_l():
+    # Linear in l at fixed (n, b) and strongly convex in n, within every grid constraint.
+    # Cells without data at the ends of the n and l axes: the plain grid fills them with the
+    # least-curved continuation in n (far too low), grid_lin with the linear continuation in
+    # l of their (n, b) column.
+    from simtree.costfit.fitting import fit_grid
+    truth = lambda n, l, b: 100 + 2 * b + 0.02 * n * n * b + 1e-3 * b * l + 1e-6 * n * b * l  # noqa: E731
+    n, l, b = (a.ravel() for a in np.meshgrid(NS, [1024, *LS], BS, indexing="ij"))
+    y = truth(n, l, b)
+    holes = [(64, 131072, 16), (64, 1024, 64), (32, 32768, 64)]
+    keep = ~np.any([(n == hn) & (l == hl) & (b == hb) for hn, hl, hb in holes], axis=0)
+    vr = {a: [float(v.min()), float(v.max())] for a, v in zip(VERIFY_AXES, (n, l, b))}
+    args = (n[keep], l[keep], b[keep], y[keep], VERIFY_AXES, vr, 0.05)
+    plain = fit_grid(*args)
+    lin = fit_grid(*args, curvature_weight=1e-4, y_linear_weight=1e-3)
+    hn, hl, hb = (np.array(c, dtype=float) for c in zip(*holes))
+    err_lin = np.abs(lin.predict(hn, hl, hb) / truth(hn, hl, hb) - 1)
+    err_plain = np.abs(plain.predict(hn, hl, hb) / truth(hn, hl, hb) - 1)
+    assert err_lin.max() < 0.04 and np.all(err_lin < err_plain) and err_plain.max() > 0.1
+    assert np.abs(lin.predict(n, l, b) / y - 1)[keep].max() < 0.03   # small bias on data
+    check_shape(lin.predict)
+    res = fit_surface(n[keep], l[keep], b[keep], y[keep], "verify", VERIFY_AXES, forms=("grid_lin",), folds=3)
+    assert res.form == "grid_lin" and res.surface.form == "grid" and res.convex_in_x
+
+
 def test_auto_selection_keeps_lower_heldout_error():
     rng = np.random.default_rng(3)
     res = fit_surface(*verify_points(rng), "verify", VERIFY_AXES, folds=3)
     score = {f: e["median"] + e["p90"] for f, e in res.heldout.items()}
-    assert set(score) == {"basis", "grid"} and res.form == min(score, key=score.get)
+    assert set(score) == {"basis", "grid", "grid_lin"} and res.form == min(score, key=score.get)
+    assert res.worst_heldout and all(w["rel_err"] == pytest.approx(w["heldout_us"] / w["measured_us"] - 1)
+                                     for w in res.worst_heldout)
+    assert abs(res.worst_heldout[0]["rel_err"]) == pytest.approx(res.heldout[res.form]["max"])
 
 
 def test_per_bin_reference_is_scored_but_never_kept():
@@ -100,7 +128,7 @@ def test_per_bin_reference_is_scored_but_never_kept():
     flat_l = lambda n, l, b: verify_truth(n, 0 * l, b)  # noqa: E731
     n, l, b, y = verify_points(rng, noise=0.03, truth=flat_l)
     res = fit_surface(n, l, b, y, "verify", VERIFY_AXES, folds=3, reference_forms=("per_bin",))
-    assert res.heldout["per_bin"]["reference"] and res.form in ("basis", "grid")
+    assert res.heldout["per_bin"]["reference"] and res.form in ("basis", "grid", "grid_lin")
     assert res.heldout["per_bin"]["monotone_violations"] > 0
     assert monotone_violations(res.surface, res.surface.valid_range, VERIFY_AXES) == 0
 
@@ -121,7 +149,7 @@ def draft_truth(s, k, b):
     return 20 + 0.5 * b + s * (15 + 0.05 * np.maximum(b * k - 64, 0) + 0.1 * b)
 
 
-@pytest.mark.parametrize("form", ["basis", "grid"])
+@pytest.mark.parametrize("form", ["basis", "grid", "grid_lin"])
 def test_draft_fit_recovers_and_is_monotone(form):
     rng = np.random.default_rng(5)
     s, k, b = (a.ravel() for a in np.meshgrid([1, 2, 3, 4, 6], [1, 2, 4, 8], BS, indexing="ij"))
@@ -133,7 +161,7 @@ def test_draft_fit_recovers_and_is_monotone(form):
     check_shape(lambda k_, s_, b_: model.predict(s_, k_, b_), n_max=8, l_max=6)
 
 
-@pytest.mark.parametrize("form", ["basis", "grid"])
+@pytest.mark.parametrize("form", ["basis", "grid", "grid_lin"])
 def test_scalar_fast_path_matches_vector_path(form):
     rng = np.random.default_rng(6)
     s = fit_surface(*verify_points(rng), "verify", VERIFY_AXES, forms=(form,), folds=2).surface
@@ -164,7 +192,7 @@ def test_refuses_a_single_n_value_and_too_few_points():
         fit_surface([1, 2, 4], [1, 1, 1], [1, 1, 1], [5, 6, 7], "verify", VERIFY_AXES)
 
 
-@pytest.mark.parametrize("form", ["basis", "grid"])
+@pytest.mark.parametrize("form", ["basis", "grid", "grid_lin"])
 def test_bundle_save_load_round_trips_bit_for_bit(tmp_path, form):
     rng = np.random.default_rng(8)
     vs = fit_surface(*verify_points(rng), "verify", VERIFY_AXES, forms=(form,), folds=2).surface

@@ -42,12 +42,15 @@ def test_fit_command_writes_bundle_png_and_error_table(tmp_path):
     result = CliRunner().invoke(app, ["fit", str(prof), "-o", str(out), "--folds", "3"])
     assert result.exit_code == 0, result.output
     assert "ho med" in result.output and "worst in-sample residuals" in result.output
+    assert "worst held-out residuals" in result.output
     assert out.with_suffix(".png").stat().st_size > 10_000
     bundle = load_costs(out)
     assert bundle.meta["model"] == "toy" and bundle.meta["synthetic"] is False
     assert bundle.meta["source"]["sha256"].startswith("sha256:")
     heldout = bundle.verify.info["fit_error"]["heldout"]
-    assert set(heldout) == {"basis", "grid", "per_bin"} and heldout["per_bin"]["reference"]
+    assert set(heldout) == {"basis", "grid", "grid_lin", "per_bin"} and heldout["per_bin"]["reference"]
+    worst = bundle.verify.info["worst_heldout_residuals"]
+    assert len(worst) == 5 and abs(worst[0]["rel_err"]) == pytest.approx(heldout[bundle.verify.info["form"]]["max"])
     assert heldout[bundle.verify.info["form"]]["median"] < 0.05
     assert bundle.verify.predict(4, 8192, 16) > bundle.verify.predict(4, 1024, 16)
 
@@ -60,6 +63,18 @@ def test_fit_json_output_is_machine_readable(tmp_path):
     data = json.loads(result.stdout)
     assert data["verify"]["form"] == "basis" and data["draft"]["form"] == "basis"
     assert data["png"] is None
+
+
+def test_fit_form_grid_lin_is_selectable_and_convex(tmp_path):
+    prof = make_profile(tmp_path / "profile.csv", np.random.default_rng(2))
+    result = CliRunner().invoke(app, ["fit", str(prof), "-o", str(tmp_path / "c.json"), "--json",
+                                      "--no-png", "--form", "grid_lin", "--folds", "2"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert data["verify"]["form"] == "grid_lin" and data["verify"]["convex_in_n"] is True
+    assert load_costs(tmp_path / "c.json").verify.surface.form == "grid"
+    bad = CliRunner().invoke(app, ["fit", str(prof), "--form", "spline", "--no-png"])
+    assert bad.exit_code != 0
 
 
 def test_missing_draft_rows_needs_the_explicit_assumption(tmp_path):
@@ -123,7 +138,8 @@ def test_moe_model_gets_the_saturation_form_reported_loudly(tmp_path):
     bundle = load_costs(out)
     v = bundle.verify
     assert v.info["form"] in ("moe", "moe_grid") and v.info["convex_in_n"] is False
-    assert v.convex_in_n is False and set(v.info["fit_error"]["heldout"]) >= {"basis", "grid", "moe", "moe_grid"}
+    assert v.convex_in_n is False and set(v.info["fit_error"]["heldout"]) >= {"basis", "grid", "grid_lin",
+                                                                               "moe", "moe_grid"}
     assert v.info["fit_error"]["heldout"][v.info["form"]]["median"] < 0.02
     assert bundle.meta["moe"] == {"n_experts": 256, "experts_per_token": 6}
 
@@ -132,7 +148,7 @@ def test_dense_model_never_gets_an_moe_form(tmp_path):
     # Same saturating data under a dense registry model: only convex forms are tried.
     prof = make_moe_profile(tmp_path / "profile.csv", np.random.default_rng(7), "qwen3.6-27b")
     report = fit_profile(prof, folds=2, reference_forms=())
-    assert set(report.verify.heldout) == {"basis", "grid"} and report.bundle.verify.convex_in_n
+    assert set(report.verify.heldout) == {"basis", "grid", "grid_lin"} and report.bundle.verify.convex_in_n
     assert report.bundle.verify.info["convex_in_n"] is True and report.bundle.meta["moe"] is None
     with pytest.raises(SimtreeError, match="need an MoE model; 'qwen3.6-27b' is dense"):
         fit_profile(prof, folds=2, forms=("moe",))

@@ -41,19 +41,22 @@ def _print_report(report, console: Console) -> None:
                           _pct(err["median"]), _pct(err["p90"]),
                           _pct(res.in_sample["p90"]) if kept else "", _pct(res.in_sample["max"]) if kept else "")
     console.print(table)
-    console.print("* kept: lower held-out median + p90; ref: per-(l, b) convex curves "
+    console.print("* kept: lower held-out median + p90; grid_lin: grid whose cells without data follow "
+                  "a piecewise-linear continuation in l (C_v) / steps (C_d); ref: per-(l, b) convex curves "
                   "interpolated between bins (public practice), shown for comparison, never kept; "
                   "convex: in n (C_v) or topk (C_d), NO for the MoE expert-saturation forms")
     for name, res in (("C_v", report.verify), ("C_d", report.draft)):
         if res is None:
             continue
-        worst = Table(title=f"{name}: worst in-sample residuals (data least convex / monotone)")
-        keys = list(res.worst[0].keys()) if res.worst else []
-        for k in keys:
-            worst.add_column(k, justify="right")
-        for w in res.worst:
-            worst.add_row(*(f"{100 * v:+.1f}%" if k == "rel_err" else f"{v:g}" for k, v in w.items()))
-        console.print(worst)
+        for rows, title in ((res.worst, "worst in-sample residuals (data least convex / monotone)"),
+                            (res.worst_heldout, f"worst held-out residuals of {res.form} (k-fold)")):
+            worst = Table(title=f"{name}: {title}")
+            keys = list(rows[0].keys()) if rows else []
+            for k in keys:
+                worst.add_column(k, justify="right")
+            for w in rows:
+                worst.add_row(*(f"{100 * v:+.1f}%" if k == "rel_err" else f"{v:g}" for k, v in w.items()))
+            console.print(worst)
     for note in report.notes + report.verify.notes + (report.draft.notes if report.draft else []):
         console.print(f"note: {note}")
     consequence = {"C_v": "adaptive budgets take the global argmax of the objective, not the first stop",
@@ -81,8 +84,8 @@ def register(app: typer.Typer) -> None:
         draft_from_verify: bool = typer.Option(
             False, help="Without draft_step rows, assume C_d(s,k,b) = fraction * s * C_v(k, l_median, b)."),
         draft_fraction: float = typer.Option(0.05, help="Draft step cost as a fraction of a verify step."),
-        form: str = typer.Option("auto", help="Model form: auto (best held-out of basis, grid and, for an MoE "
-                                 "model, moe and moe_grid), basis, grid, moe, moe_grid."),
+        form: str = typer.Option("auto", help="Model form: auto (best held-out of basis, grid, grid_lin and, "
+                                 "for an MoE model, moe and moe_grid), basis, grid, grid_lin, moe, moe_grid."),
         folds: int = typer.Option(5, min=2, help="Folds for the held-out error."),
         png: Optional[Path] = typer.Option(None, help="Plot path (default: OUT with .png)."),
         no_png: bool = typer.Option(False, "--no-png", help="Do not write the plot."),
@@ -97,8 +100,8 @@ def register(app: typer.Typer) -> None:
         from simtree.errors import SimtreeError
         from simtree.fit import AUTO_FORMS, bench_predict, fit_profile, moe_shape, plot_fit
 
-        if form not in ("auto", "basis", "grid", *MOE_FORMS):
-            raise SimtreeError(f"--form must be auto, basis, grid, {', '.join(MOE_FORMS)}; got {form!r}")
+        if form not in ("auto", *AUTO_FORMS, *MOE_FORMS):
+            raise SimtreeError(f"--form must be auto, {', '.join(AUTO_FORMS + MOE_FORMS)}; got {form!r}")
         forms = None if form == "auto" else (form,)
         reference = ("per_bin",) if form == "auto" else ()
         # solves per fit (bar length); MoE forms counted unless --model names a dense model

@@ -1,4 +1,4 @@
-"""Fit the two surface forms as convex programs (cvxpy) and keep the better held-out one.
+"""Fit the surface forms as convex programs (cvxpy) and keep the best held-out one.
 
 Loss: Huber of the relative residual r_i = f(p_i) / y_i - 1 (threshold ``huber_rel``):
 quadratic within timing noise, linear beyond, so a few outlier timings do not bend the fit.
@@ -12,6 +12,13 @@ the fixed feature min(T k_e, E) / E with a coefficient >= 0 to the basis / grid 
 convex program, but the surface is concave in x where the experts saturate. They compete on
 held-out error like the others; when one is kept the result says so (``convex_in_x`` False
 and a note), never silently.
+
+The form "grid_lin" is the grid form with a different prior for the cells the data do not
+fix (held-out or never measured): instead of only the least curvature in x, an L1 penalty on
+the curvature in y makes the surface piecewise linear in y with few kinks (y = context length
+for C_v: KV / state reads grow linearly with l; y = draft steps for C_d: s sequential steps),
+and a smaller curvature-in-x weight keeps the bias on measured cells below timing noise. Same
+shape constraints as "grid" (convex, monotone), same GridSurface; it competes on held-out error.
 """
 from __future__ import annotations
 
@@ -24,9 +31,16 @@ import scipy.sparse as sp
 from simtree.costfit.forms import BasisSurface, GridSurface, MoEGridSurface, MoESurface, expert_feature
 from simtree.errors import SimtreeError
 
-__all__ = ["FitResult", "fit_surface", "aggregate_points", "error_stats", "MOE_FORMS"]
+__all__ = ["FitResult", "fit_surface", "aggregate_points", "error_stats", "MOE_FORMS", "GRID_FORMS"]
 
 MAX_KNOTS = 10
+GRID_FORMS = ("grid", "grid_lin", "per_bin", "moe_grid")
+# Regularisation of the grid forms (u = values / median latency): "grid", "per_bin" and
+# "moe_grid" use the x-curvature weight only; "grid_lin" the pair below (y-linearity 10x the
+# x-curvature, both small beside the data term; see the module doc).
+GRID_CURVATURE_WEIGHT = 1e-3
+GRID_LIN_CURVATURE_WEIGHT = 1e-4
+GRID_LIN_Y_LINEAR_WEIGHT = 1e-3
 MOE_FORMS = ("moe", "moe_grid")   # not convex in x: only for MoE models, reported when kept
 
 
@@ -41,6 +55,7 @@ class FitResult:
     worst: list              # the largest in-sample residuals of the kept surface
     num_points: int
     notes: list = field(default_factory=list)
+    worst_heldout: list = field(default_factory=list)   # the kept form's largest k-fold residuals
 
     @property
     def convex_in_x(self) -> bool:
@@ -118,7 +133,7 @@ def _slope_change(axis: np.ndarray) -> sp.csr_matrix:
     n = len(axis)
     if n < 3:
         return sp.csr_matrix((0, n))
-    dx = np.diff(axis)
+    dx = np.diff(np.asarray(axis, dtype=float))
     slopes = sp.diags(1.0 / dx) @ _diff(n)
     return sp.diags(dx[:-1] + dx[1:]) @ _diff(n - 1) @ slopes
 
@@ -131,12 +146,15 @@ def _pad_axis(vals: np.ndarray) -> tuple[np.ndarray, bool]:
 
 
 def fit_grid(x, y, z, lat, axis_names, valid_range, huber_rel: float,
-             curvature_weight: float = 1e-3, coupled: bool = True,
-             moe: tuple[int, int] | None = None, kind: str = "verify") -> GridSurface:
+             curvature_weight: float = GRID_CURVATURE_WEIGHT, coupled: bool = True,
+             moe: tuple[int, int] | None = None, kind: str = "verify",
+             y_linear_weight: float = 0.0) -> GridSurface:
     """coupled=False drops every constraint across y and z: one convex curve in x per
     (y, z) bin, interpolated linearly between bins (the public practice, kept as a reference
     to compare against; it is not monotone in y or z in general). ``moe=(E, k_e)``: the
-    moe_grid form, one more variable alpha >= 0 on the fixed expert feature of ``kind``."""
+    moe_grid form, one more variable alpha >= 0 on the fixed expert feature of ``kind``.
+    ``y_linear_weight`` > 0 (form grid_lin): also penalise |curvature in y| (L1), so cells
+    without data follow the piecewise-linear continuation in y of their (x, z) column."""
     xs = np.unique(x)
     (ys, flat_y), (zs, flat_z) = _pad_axis(np.unique(y)), _pad_axis(np.unique(z))
     nx, ny, nz = len(xs), len(ys), len(zs)
@@ -171,6 +189,11 @@ def fit_grid(x, y, z, lat, axis_names, valid_range, huber_rel: float,
         cons.append(inc_z @ u == 0)
     # A small curvature penalty picks the least-curved values for cells without data.
     reg = curvature_weight * cp.sum(curv @ u) / (nz * ny)
+    if y_linear_weight > 0 and ny >= 3:
+        # ... and, for grid_lin, the values closest to piecewise linear in y (L1: few kinks).
+        # Not a constraint: the surface need not be linear (or convex) in y.
+        curv_y = sp.kron(eye(nz), sp.kron(_slope_change(ys), eye(nx)))
+        reg = reg + y_linear_weight * cp.norm1(curv_y @ u) / (nz * nx)
     fitted = pick @ u
     if moe is not None:
         alpha = cp.Variable(nonneg=True)
@@ -207,10 +230,14 @@ def _fit_form(form, x, y, z, lat, kind, axis_names, valid_range, huber_rel, moe=
     if form in ("basis", "moe"):
         return fit_basis(x, y, z, lat, kind, axis_names, valid_range, huber_rel,
                          moe=moe if form == "moe" else None)
-    if form in ("grid", "per_bin", "moe_grid"):
+    if form == "grid_lin":
+        return fit_grid(x, y, z, lat, axis_names, valid_range, huber_rel,
+                        curvature_weight=GRID_LIN_CURVATURE_WEIGHT,
+                        y_linear_weight=GRID_LIN_Y_LINEAR_WEIGHT, kind=kind)
+    if form in GRID_FORMS:
         return fit_grid(x, y, z, lat, axis_names, valid_range, huber_rel, coupled=form != "per_bin",
                         moe=moe if form == "moe_grid" else None, kind=kind)
-    raise SimtreeError(f"unknown model form {form!r} (basis, grid, moe, moe_grid or per_bin)")
+    raise SimtreeError(f"unknown model form {form!r} (basis, grid, grid_lin, moe, moe_grid or per_bin)")
 
 
 def monotone_violations(surface, valid_range: dict, axis_names) -> float:
@@ -224,7 +251,7 @@ def monotone_violations(surface, valid_range: dict, axis_names) -> float:
 
 
 def fit_surface(x, y, z, latency, kind: str, axis_names=("x", "y", "z"),
-                forms=("basis", "grid"), folds: int = 5, seed: int = 0,
+                forms=("basis", "grid", "grid_lin"), folds: int = 5, seed: int = 0,
                 huber_rel: float = 0.05, what: str = "cost model", worst_k: int = 5,
                 on_fit=None, reference_forms=(), moe: tuple[int, int] | None = None) -> FitResult:
     """Fit every form, score it by k-fold held-out relative error, refit the best on all points.
@@ -251,7 +278,7 @@ def fit_surface(x, y, z, latency, kind: str, axis_names=("x", "y", "z"),
     valid_range = {n: [float(a.min()), float(a.max())] for n, a in zip(axis_names, (x, y, z))}
     k = int(min(folds, len(lat)))
     fold_of = np.random.default_rng(seed).permutation(len(lat)) % k
-    heldout, notes = {}, []
+    heldout, notes, preds = {}, [], {}
     for form in (*forms, *reference_forms):
         pred = np.empty_like(lat)
         try:
@@ -268,6 +295,7 @@ def fit_surface(x, y, z, latency, kind: str, axis_names=("x", "y", "z"),
             notes.append(f"form {form} skipped: {exc}")
             continue
         heldout[form] = {**error_stats(pred, lat), "folds": k}
+        preds[form] = pred
         if form in reference_forms and form not in forms:
             ref = _fit_form(form, x, y, z, lat, kind, axis_names, valid_range, huber_rel)
             heldout[form].update(reference=True, monotone_violations=monotone_violations(
@@ -290,8 +318,16 @@ def fit_surface(x, y, z, latency, kind: str, axis_names=("x", "y", "z"),
         on_fit()
     fitted = np.asarray(surface.predict(x, y, z), dtype=float)
     rel = fitted / lat - 1.0
-    order = np.argsort(-np.abs(rel))[:worst_k]
-    worst = [{axis_names[0]: float(x[i]), axis_names[1]: float(y[i]), axis_names[2]: float(z[i]),
-              "measured_us": float(lat[i]), "fitted_us": float(fitted[i]), "rel_err": float(rel[i])}
-             for i in order]
-    return FitResult(surface, best, heldout, error_stats(fitted, lat), worst, len(lat), notes)
+    worst = _worst(x, y, z, lat, fitted, axis_names, worst_k, "fitted_us")
+    worst_heldout = _worst(x, y, z, lat, preds[best], axis_names, worst_k, "heldout_us")
+    return FitResult(surface, best, heldout, error_stats(fitted, lat), worst, len(lat), notes,
+                     worst_heldout)
+
+
+def _worst(x, y, z, lat, pred, axis_names, worst_k: int, label: str) -> list:
+    """The ``worst_k`` largest relative residuals pred / lat - 1, as rows for a table."""
+    rel = pred / lat - 1.0
+    order = np.argsort(-np.abs(rel), kind="stable")[:worst_k]
+    return [{axis_names[0]: float(x[i]), axis_names[1]: float(y[i]), axis_names[2]: float(z[i]),
+             "measured_us": float(lat[i]), label: float(pred[i]), "rel_err": float(rel[i])}
+            for i in order]
