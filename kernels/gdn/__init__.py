@@ -18,11 +18,12 @@ from simtree.errors import SimtreeError
 
 from .conv import conv_state_commit, tree_causal_conv
 from .meta import TreeMeta, tree_meta
-from .reference import (_prep_qk, gdn_sequential_ref, gdn_tree_verify_dense_ref,
-                        gdn_tree_verify_ref, tree_causal_conv_ref)
+from .reference import (_prep_qk, gdn_sequential_ref, gdn_tree_verify_dense_batched,
+                        gdn_tree_verify_dense_ref, gdn_tree_verify_ref, tree_causal_conv_ref)
 
 __all__ = ["gdn_tree_verify", "gdn_tree_commit", "gdn_tree_verify_recurrent", "tree_causal_conv",
            "conv_state_commit", "gdn_tree_verify_ref", "gdn_tree_verify_dense_ref",
+           "gdn_tree_verify_dense_batched",
            "gdn_sequential_ref", "tree_causal_conv_ref", "tree_meta",
            "TreeMeta", "GDNTreeCache", "verify_launch_config"]
 
@@ -130,8 +131,9 @@ def gdn_tree_verify(q, k, v, g, beta, state, parents, cu_nodes, *, scale=None, q
     B = cu_nodes.numel() - 1
     scale = K ** -0.5 if scale is None else float(scale)
     if _pick_backend(backend, q.device) == "torch":
-        out, aux = gdn_tree_verify_dense_ref(q, k, v, g, beta, state, parents, cu_nodes,
-                                             scale=scale, qk_l2norm=qk_l2norm, return_aux=True)
+        out, aux = gdn_tree_verify_dense_batched(q, k, v, g, beta, state, parents, cu_nodes,
+                                                 scale=scale, qk_l2norm=qk_l2norm,
+                                                 return_aux=True, meta=meta)
         cache = GDNTreeCache(aux["u"].float(), aux["G"].float(), meta, qk_l2norm)
         return out.to(q.dtype), cache
     import triton.language as tl
@@ -191,17 +193,29 @@ def gdn_tree_commit(state, k, cache: GDNTreeCache, parents, cu_nodes, accepted, 
     if state.dtype != torch.float32 or not state.is_contiguous():
         raise SimtreeError("state must be a contiguous fp32 tensor (it is updated in place)")
     if _pick_backend(backend, state.device) == "torch":
-        _, kn = _prep_qk(k, k, HV, None, cache.qk_l2norm, torch.float64)
-        cu = cu_nodes.to(state.device, torch.int64)
-        seq = cache.meta.seq_ids.to(torch.int64)
-        local = torch.arange(seq.numel(), device=state.device) - cu[seq]
-        last = (cu[:-1] + accepted.to(state.device, torch.int64))[seq]       # accepted row per node
-        on_path = (cache.meta.bits[last, local // 64] >> (local % 64)) & 1    # [N] ancestor-or-self
+        # only the accepted root paths fold in: gather their rows, tree by tree (root first),
+        # into [B, L, ...] (L the longest path) and fold with one batched product, in fp64
+        dev = state.device
+        cu = cu_nodes.to(dev, torch.int64)
+        meta = cache.meta
+        seq = meta.seq_ids.to(dev, torch.int64)
+        local = torch.arange(seq.numel(), device=dev) - cu[seq]
+        last = cu[:-1] + accepted.to(dev, torch.int64)                       # accepted row [B]
+        on_path = ((meta.bits[last[seq], local // 64] >> (local % 64)) & 1).bool()  # [N]
+        idx = torch.nonzero(on_path).squeeze(1)                             # path rows [P]
+        ps = seq[idx]
+        plen = meta.depth.to(dev, torch.int64)[last] + 1                    # path lengths [B]
+        pos = torch.arange(idx.numel(), device=dev) - (torch.cumsum(plen, 0) - plen)[ps]
+        L = int(plen.max())
         G = cache.G.double()
-        w = torch.exp(G[last] - G) * on_path[:, None]                         # [N, HV]
-        onehot = torch.nn.functional.one_hot(seq, B).to(torch.float64).T      # [B, N]
-        fold = torch.einsum("bn,nhk,nhv->bhkv", onehot, kn * w[..., None], cache.u.double())
-        decay = torch.exp(G[cu[:-1] + accepted.to(state.device, torch.int64)])  # [B, HV]
+        w = torch.exp(G[last[ps]] - G[idx])                                 # e^{G_a - G_m} <= 1
+        _, kn = _prep_qk(k[idx], k[idx], HV, None, cache.qk_l2norm, torch.float64)
+        kw = torch.zeros((B, L, HV, K), dtype=torch.float64, device=dev)
+        kw[ps, pos] = kn * w[..., None]
+        up = torch.zeros((B, L, HV, V), dtype=torch.float64, device=dev)
+        up[ps, pos] = cache.u[idx].double()
+        fold = kw.permute(0, 2, 3, 1) @ up.transpose(1, 2)                  # [B, HV, K, V]
+        decay = torch.exp(G[last])                                          # [B, HV]
         state.copy_((decay[:, :, None, None] * state.double() + fold).float())
         return
     from .tree_verify import _tree_commit_kernel
