@@ -54,9 +54,23 @@ class PagedPool:
         """Host int64 [B, capacity]: the flat row of every (sequence, logical row); built once
         (the block table never changes), so planning a round slices instead of recomputing."""
         if getattr(self, "_all_rows", None) is None:
-            i = np.arange(self.capacity)
-            self._all_rows = self.block_table_host[:, i // self.page_size] * self.page_size + i % self.page_size
+            # one broadcast add over [B, pages, page_size] (no gathered temporaries); read-only
+            # so that no caller's in-place edit can leak into later rounds
+            ps = self.page_size
+            full = (self.block_table_host * ps)[:, :, None] + np.arange(ps, dtype=np.int64)
+            rows = full.reshape(full.shape[0], -1)[:, :self.capacity]
+            rows.setflags(write=False)
+            self._all_rows = rows
         return self._all_rows
+
+    def all_rows_on(self, device) -> torch.Tensor:
+        """all_rows() as an int64 tensor on ``device``, uploaded once per device (the block
+        table never changes)."""
+        key = str(torch.device(device))
+        cached = self.__dict__.setdefault("_all_rows_on", {})
+        if key not in cached:
+            cached[key] = torch.as_tensor(np.ascontiguousarray(self.all_rows()), device=device)
+        return cached[key]
 
     def flat_rows(self, seq: np.ndarray, logical: np.ndarray) -> np.ndarray:
         """Host int64 flat rows of (seq, logical row) pairs (broadcasting)."""

@@ -18,6 +18,7 @@ Host side: :func:`plan_commit`; device side (graph-capturable): :func:`apply_com
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import chain
 from typing import Sequence
 
 import numpy as np
@@ -28,7 +29,7 @@ from simtree.errors import SimtreeError
 from .cache import V4Cache
 from .commit_kernel import fused_commit
 from .reference import V4LayerWeights
-from .tree_verify import VerifyPlan, VerifyScratch
+from .tree_verify import VerifyPlan, VerifyScratch, upload
 
 __all__ = ["CommitPlan", "plan_commit", "apply_commit", "commit"]
 
@@ -36,23 +37,18 @@ __all__ = ["CommitPlan", "plan_commit", "apply_commit", "commit"]
 @dataclass
 class CommitPlan:
     """win_dst/win_src [A]: window pool rows <- node rows; entry_dst_comp/entry_dst_idx/
-    entry_src [E]: pool rows <- scratch entries; buffer rows of the flat [2 * B * S, C] view
-    of comp_buf/idx_buf (kv rows, then score rows): buf_old_dst <- buf_old_src (the C4
-    previous half taken from current-window rows written before this round), then
-    buf_new_dst <- rows buf_new_src of the stacked node projections [2 * N, C];
-    new_lens host [B]; the same buffer moves as one map for the fused kernel: buf_map [G, S]
-    (row s of sequence buf_seq[g]'s buffer <- row of [buffers B*S | node projections N],
-    -1 keeps it; old copies first, node copies win)."""
+    entry_src [E]: pool rows <- scratch entries; new_lens host [B]; the compressor-buffer moves
+    as one map: buf_map [G, S] — row s of sequence buf_seq[g]'s buffer (comp_buf and idx_buf,
+    kv and score planes alike) <- row buf_map[g, s] of [buffers B*S | node projections N],
+    -1 keeps it.  Every source is read before any row is written (a C4 "previous half <-
+    current half" copy reads the pre-commit rows); the fused kernel and the torch form
+    (:func:`_refresh_buffers`) both follow that order."""
 
     win_dst: torch.Tensor
     win_src: torch.Tensor
     entry_dst_comp: torch.Tensor | None
     entry_dst_idx: torch.Tensor | None
     entry_src: torch.Tensor | None
-    buf_old_dst: torch.Tensor | None
-    buf_old_src: torch.Tensor | None
-    buf_new_dst: torch.Tensor | None
-    buf_new_src: torch.Tensor | None
     new_lens: np.ndarray
     buf_map: torch.Tensor | None = None
     buf_seq: torch.Tensor | None = None
@@ -69,84 +65,127 @@ def _check_path(tree, acc: np.ndarray, b: int) -> None:
         raise SimtreeError(f"accepted nodes of sequence {b} are not a root path: {acc.tolist()}")
 
 
+def _as_path(a) -> np.ndarray:
+    return np.asarray(a, np.int64).reshape(-1)
+
+
+def _flat_paths(accepted: Sequence) -> tuple[np.ndarray, np.ndarray]:
+    """(flat int64 [sum A_b], A_b [B]): every path as np.asarray(path, int64).reshape(-1) would
+    give it, concatenated.  Lists / tuples of numbers convert in one call; anything else (arrays,
+    nested lists) path by path."""
+    if all(type(a) in (list, tuple) for a in accepted):
+        try:
+            flat = np.asarray(list(chain.from_iterable(accepted)), np.int64)
+        except (TypeError, ValueError):
+            flat = None
+        if flat is not None and flat.ndim == 1:
+            cnt = np.fromiter(map(len, accepted), np.int64, len(accepted))
+            if int(cnt.sum()) == flat.size:
+                return flat, cnt
+    accs = [_as_path(a) for a in accepted]
+    return np.concatenate(accs), np.array([a.size for a in accs], np.int64)
+
+
+def _check_paths(batch, accepted: Sequence, flat: np.ndarray, sb: np.ndarray, i: np.ndarray) -> None:
+    """_check_path for every sequence at once; the first failing sequence raises through
+    _check_path, so the error is the one a per-sequence loop gives."""
+    if not flat.size:
+        return
+    out = (flat < 0) | (flat >= np.diff(batch.cu_nodes)[sb])
+    parent = batch.parents[batch.cu_nodes[:-1][sb] + np.where(out, 0, flat)]
+    prev = np.concatenate([[-1], flat[:-1]])
+    wrong = out | np.where(i == 0, flat != 0, parent != prev)
+    if wrong.any():
+        b = int(sb[np.argmax(wrong)])
+        _check_path(batch.trees[b], _as_path(accepted[b]), b)
+        raise SimtreeError(f"accepted path of sequence {b} is invalid: {_as_path(accepted[b]).tolist()}")  # unreached
+
+
 def plan_commit(cache: V4Cache, w: V4LayerWeights, plan: VerifyPlan,
                 accepted: Sequence[Sequence[int]], device=None) -> CommitPlan:
-    """Host-side index lists of the refresh; ``accepted[b]`` as in the module docstring."""
+    """Host-side index lists of the refresh; ``accepted[b]`` as in the module docstring.  numpy
+    over every accepted token of the batch at once (no per-sequence or per-slot Python loop)."""
     batch = plan.batch
     if len(accepted) != batch.batch_size:
         raise SimtreeError(f"{len(accepted)} accepted paths for a batch of {batch.batch_size} trees")
     if not np.array_equal(plan.lens, cache.lens):
         raise SimtreeError("cache lengths changed since the verify plan was built (commit twice?)")
-    W, r = cache.cfg.window, cache.ratio
-    win_dst, win_src, e_comp, e_idx, e_src = [], [], [], [], []
-    S = w.comp.num_slots if r else 0
-    old_dst, old_src = [], []  # buffer row <- old buffer row
-    new_dst, new_src = [], []  # buffer row <- flat node's projection
-    slots = np.arange(r) if r else None
-    m_of_node = {} if not r else {int(n): m for m, n in enumerate(plan.comp_nodes_host)}
+    W, r, B = cache.cfg.window, cache.ratio, batch.batch_size
+    flat, cnt = _flat_paths(accepted)                           # accepted local ids, sequence by sequence; A_b
+    first = np.cumsum(cnt) - cnt                                # where sequence b's path starts in flat
+    sb = np.repeat(np.arange(B, dtype=np.int64), cnt)           # sequence of each accepted token
+    i = np.arange(flat.size, dtype=np.int64) - first[sb]        # its index on the path
+    _check_paths(batch, accepted, flat, sb, i)
+    L = cache.lens.astype(np.int64)
     new_lens = cache.lens.copy()
-    for b, (tree, start) in enumerate(zip(batch.trees, batch.cu_nodes[:-1])):
-        acc = np.asarray(accepted[b], np.int64).reshape(-1)
-        _check_path(tree, acc, b)
-        A, L = acc.size, int(cache.lens[b])
-        new_lens[b] = L + A
-        if A == 0:
-            continue
-        pos = L + np.arange(A)
-        keep = pos >= L + A - W
-        win_dst.append(cache.window.flat_rows(b, pos[keep] % W))
-        win_src.append(start + acc[keep])
-        if not r:
-            continue
-        done = [(m_of_node[int(start + a)], int(p)) for a, p in zip(acc, pos) if int(start + a) in m_of_node]
-        for m, p in done:
-            e = (p + 1) // r - 1
-            e_src.append(m)
-            e_comp.append(int(cache.comp.flat_rows(b, e)))
-            if cache.idx is not None:
-                e_idx.append(int(cache.idx.flat_rows(b, e)))
-        off = w.comp.cur_offset
-        # current window slots: slot s <- the last accepted token with position % r == s
-        t = A - 1 - ((L + A - 1 - slots) % r)
-        has = t >= 0
-        new_dst.append(b * S + off + slots[has])
-        new_src.append(start + acc[t[has]])
-        pc = (L + A) // r * r - 1  # last completion on the path
-        if w.comp.overlap and pc >= L:  # previous half <- the window completed last
-            q = pc - r + 1 + slots
-            on_path = q >= L
-            new_dst.append(b * S + slots[on_path])
-            new_src.append(start + acc[q[on_path] - L])
-            old_dst.append(b * S + slots[~on_path])
-            old_src.append(b * S + off + slots[~on_path])
-    t = lambda a, dt=np.int64: torch.as_tensor(np.ascontiguousarray(np.asarray(a, dt)), device=device)  # noqa: E731
-    cat = lambda xs: np.concatenate(xs) if xs else np.zeros(0, np.int64)  # noqa: E731
-    cp = CommitPlan(t(cat(win_dst)), t(cat(win_src)), None, None, None, None, None, None, None, new_lens)
-    if r:
-        BS, N = cache.batch * S, batch.total_nodes
-        od, os_ = cat(old_dst), cat(old_src)
-        nd, ns = cat(new_dst), cat(new_src)
-        cp.entry_dst_comp, cp.entry_src = t(e_comp), t(e_src)
-        cp.entry_dst_idx = t(e_idx) if cache.idx is not None else None
-        cp.buf_old_dst, cp.buf_old_src = t(np.concatenate([od, od + BS])), t(np.concatenate([os_, os_ + BS]))
-        cp.buf_new_dst, cp.buf_new_src = t(np.concatenate([nd, nd + BS])), t(np.concatenate([ns, ns + N]))
-        bmap = np.full((cache.batch, S), -1, np.int64)
-        bmap.reshape(-1)[od] = os_
-        bmap.reshape(-1)[nd] = BS + ns
-        touched = np.flatnonzero((bmap >= 0).any(1))
-        cp.buf_map, cp.buf_seq = t(bmap[touched]), t(touched)
+    new_lens += cnt
+    node = batch.cu_nodes[:-1][sb] + flat                       # flat node ids
+    pos = L[sb] + i
+    keep = i >= cnt[sb] - W                                     # the last W accepted tokens
+    cp = CommitPlan(None, None, None, None, None, new_lens)
+    host = {"win_dst": cache.window.flat_rows(sb[keep], pos[keep] % W), "win_src": node[keep]}
+    if not r:
+        return _finish(cp, host, device)
+    # entries completed at accepted nodes: pool rows <- the round's scratch entries
+    m_of = np.full(batch.total_nodes, -1, np.int64)
+    m_of[plan.comp_nodes_host] = np.arange(len(plan.comp_nodes_host))
+    m = m_of[node]
+    done = m >= 0
+    e = (pos[done] + 1) // r - 1
+    host["entry_src"] = m[done]
+    host["entry_dst_comp"] = cache.comp.flat_rows(sb[done], e)
+    if cache.idx is not None:
+        host["entry_dst_idx"] = cache.idx.flat_rows(sb[done], e)
+    # buffers [B, S]: current-window slot s <- the last accepted token with position % r == s;
+    # C4 previous half <- the window completed last on the path: its on-path slots from node
+    # projections, the others from the current-window rows written before this round
+    S, off = w.comp.num_slots, w.comp.cur_offset
+    BS = B * S
+    slots = np.arange(r)[None, :]
+    A_, L_, f_ = cnt[:, None], L[:, None], first[:, None]
+    bmap = np.full((B, S), -1, np.int64)
+    tk = A_ - 1 - ((L_ + A_ - 1 - slots) % r)                   # path index of slot s's last token
+    has = tk >= 0                                               # all False where A_b == 0
+    cur = bmap[:, off:off + r]
+    cur[has] = BS + node[(f_ + tk)[has]]
+    if w.comp.overlap:
+        pc = (L + cnt) // r * r - 1                             # last completion on the path
+        q = pc[:, None] - r + 1 + slots
+        prev = ((pc >= L) & (cnt > 0))[:, None]
+        half = bmap[:, :r]
+        on_path = prev & (q >= L_)
+        half[on_path] = BS + node[(f_ + q - L_)[on_path]]
+        old = prev & (q < L_)
+        half[old] = np.broadcast_to(np.arange(B)[:, None] * S + off + slots, old.shape)[old]
+    touched = np.flatnonzero((bmap >= 0).any(1))
+    host["buf_map"], host["buf_seq"] = bmap[touched], touched
+    return _finish(cp, host, device)
+
+
+def _finish(cp: CommitPlan, host: dict, device) -> CommitPlan:
+    for k, v in upload({k: np.asarray(a, np.int64) for k, a in host.items()}, device).items():
+        setattr(cp, k, v)
     return cp
 
 
 def _refresh_buffers(buf: torch.Tensor, proj, cp: CommitPlan) -> None:
-    """Only the changed rows move; old-row copies go first (they read rows the node copies
-    overwrite)."""
-    flat = buf.view(-1, buf.shape[-1])
-    if cp.buf_old_dst.numel():
-        flat.index_copy_(0, cp.buf_old_dst, flat[cp.buf_old_src])
-    if cp.buf_new_dst.numel():
-        nodes = torch.stack(proj).view(-1, buf.shape[-1])
-        flat.index_copy_(0, cp.buf_new_dst, nodes[cp.buf_new_src].to(flat.dtype))
+    """The buffer map in plain torch ops (no host sync, graph-capturable): every touched
+    sequence's S rows are gathered from their sources (pre-commit buffer rows or node
+    projections; -1 keeps the row) before one index_copy_ writes them back."""
+    G, S = cp.buf_map.shape
+    if G == 0:
+        return
+    B, C = buf.shape[1], buf.shape[-1]
+    BS = B * S
+    planes = buf.view(2, BS, C)                                 # [kv | score] planes
+    nodes = torch.stack(proj).view(2, -1, C)                    # [2, N, C]
+    src = cp.buf_map.reshape(-1)
+    rows = (cp.buf_seq.unsqueeze(1) * S + torch.arange(S, device=src.device)).reshape(-1)
+    from_buf = planes[:, src.clamp(0, BS - 1)]
+    from_node = nodes[:, (src - BS).clamp(0, nodes.shape[1] - 1)].to(planes.dtype)
+    sel = src.view(1, -1, 1)
+    new = torch.where(sel >= BS, from_node, torch.where(sel >= 0, from_buf, planes[:, rows]))
+    planes.index_copy_(1, rows, new)
 
 
 def apply_commit(cache: V4Cache, scratch: VerifyScratch, cp: CommitPlan, impl: str = "triton",

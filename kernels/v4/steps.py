@@ -27,7 +27,7 @@ from .config import V4AttnConfig
 from .reference import V4Inputs, V4LayerWeights, random_inputs, random_layer_weights
 from .tree_verify import VerifyPlan, plan_verify, random_tree, tree_verify
 
-__all__ = ["V4Step", "make_tree", "make_verify_step", "verify_bytes"]
+__all__ = ["V4Step", "deepest_paths", "make_tree", "make_verify_step", "verify_bytes"]
 
 
 def make_tree(n: int, shape: str, rng: np.random.Generator) -> DraftTree:
@@ -39,6 +39,20 @@ def make_tree(n: int, shape: str, rng: np.random.Generator) -> DraftTree:
     if shape == "eagle":
         return DraftTree(np.array([-1] + [(i - 1) // 2 for i in range(1, n)]))
     raise SimtreeError(f"unknown tree shape {shape!r}; expected linear, random or eagle")
+
+
+def deepest_paths(plan: VerifyPlan) -> list[list[int]]:
+    """Root path (local ids) to each tree's deepest node, the lowest-numbered one among equals
+    (= its deepest leaf of lowest index), from the plan's ancestor table: a few numpy passes
+    for the whole batch instead of a per-tree ancestor table."""
+    anc, depth, cu = plan.ancestors_host, plan.depth_host, plan.batch.cu_nodes
+    deepest = np.maximum.reduceat(depth, cu[:-1])
+    seq = np.repeat(np.arange(len(deepest)), np.diff(cu))
+    hits = np.flatnonzero(depth == deepest[seq])
+    node = hits[np.unique(seq[hits], return_index=True)[1]]   # first hit of every tree
+    rows = (anc[node, ::-1] - cu[:-1, None]).tolist()          # root-most column first
+    D = anc.shape[1]
+    return [row[D - 1 - d:] for row, d in zip(rows, deepest.tolist())]
 
 
 @dataclass
@@ -73,7 +87,7 @@ def make_verify_step(cfg: V4AttnConfig, kind: str, batch_size: int, nodes_per_se
     inp = V4Inputs(inp.q.to(dtype), inp.kv.to(dtype), inp.x.to(dtype), inp.iq.to(dtype), inp.iw)
     t0 = time.perf_counter()
     plan = plan_verify(cache, trees, w, device=device)
-    accepted = [t.path_to(int(t.leaves[np.argmax(t.depth[t.leaves])])).tolist() for t in trees.trees]
+    accepted = deepest_paths(plan)
     cplan = plan_commit(cache, w, plan, accepted, device=device)
     plan_ms = (time.perf_counter() - t0) * 1e3
     # commit replays read the scratch of one eager verify (not one made inside a CUDA graph)

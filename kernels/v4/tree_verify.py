@@ -56,6 +56,9 @@ class VerifyPlan:
     list where it is static (SWA, HCA; rows of [window pool | nodes | comp pool | scratch]);
     comp_idx [N, Emax + Smax] (HCA): rows of [compressed pool | scratch];
     persist_comp_rows, persist_idx_rows [B, Emax]; pad_nodes [B, nmax]; node_slot [N] (CSA).
+    Host (numpy): lens [B]; comp_nodes_host [M]; depth_host [N]; ancestors_host [N, Dmax + 1]:
+    flat id of each node's k-th ancestor (k = 0 the node itself, -1 above its root), so node
+    j's root path is ancestors_host[j, depth_host[j]::-1].
     """
 
     batch: TreeBatch
@@ -79,6 +82,8 @@ class VerifyPlan:
     comp_cos: torch.Tensor | None = None
     comp_sin: torch.Tensor | None = None
     flashmla_sched: object = None
+    ancestors_host: np.ndarray | None = None
+    depth_host: np.ndarray | None = None
 
 
 @dataclass
@@ -108,22 +113,42 @@ def random_tree(n: int, rng: np.random.Generator, max_children: int = 3) -> Draf
     return DraftTree(np.array(parents))
 
 
-def _path_matrix(batch: TreeBatch, depth: np.ndarray) -> np.ndarray:
-    """A [N, Dmax + 1]: flat id of node j's ancestor-or-self at depth d (root first), -1 past
-    depth_j.  One pass per depth level (parents sit one level up)."""
-    parents = np.concatenate([np.where(t.parents >= 0, t.parents + s, -1)
-                              for t, s in zip(batch.trees, batch.cu_nodes[:-1])])
-    A = np.full((batch.total_nodes, int(depth.max()) + 1), -1, np.int64)
-    for d in range(A.shape[1]):
-        nodes = np.flatnonzero(depth == d)
-        if d:
-            A[nodes] = A[parents[nodes]]
-        A[nodes, d] = nodes
-    return A
+def _ancestors(parents: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(anc [N, Dmax + 1], depth [N]) from flat parents (-1 at roots): anc[j, k] = flat id of
+    node j's k-th ancestor (k = 0: j itself), -1 above its root.  Pointer doubling over the
+    whole batch: about log2(Dmax) numpy passes, no per-tree or per-level Python loop."""
+    N = parents.shape[0]
+    anc = np.full((N + 1, 1), -1, np.int64)   # row N (index -1): above a root
+    anc[:N, 0] = np.arange(N)
+    hop = np.append(parents, -1)               # the m-th ancestor, m = anc.shape[1]
+    while hop.max() >= 0:
+        anc = np.concatenate([anc, anc[hop]], axis=1)   # columns m..2m-1 = columns 0..m-1 of hop's row
+        hop = anc[hop, anc.shape[1] // 2]              # the 2m-th ancestor: column m of hop's row
+    depth = (anc[:N] >= 0).sum(1) - 1
+    return anc[:N, :int(depth.max()) + 1], depth
 
 
-def _slot_sources(lens: np.ndarray, entry: np.ndarray, seq: np.ndarray, nodes: np.ndarray, A: np.ndarray,
-                  ratio: int, overlap: bool, num_slots: int, node_offset: int) -> np.ndarray:
+def _window_rows(win_all: np.ndarray, seq: np.ndarray, pos: np.ndarray, anc: np.ndarray, Pw: int) -> np.ndarray:
+    """[N, W] rows of [window pool | node latents] for positions p-W+1 .. p: the ring row of
+    position q where q < lens (a rotation of the sequence's ring by (p+1) % W), the path node
+    at q plus Pw where q >= lens (the k-th ancestor sits in column W-1-k), -1 where q < 0."""
+    B, W = win_all.shape
+    ring2 = np.concatenate([win_all, win_all], 1)
+    st = ring2.strides
+    ring = np.lib.stride_tricks.as_strided(ring2, (B, W + 1, W), (st[0], st[1], st[1]), writeable=False)
+    win = ring[seq, (pos + 1) % W]                     # [N, W]: one gather of contiguous rows
+    K = min(anc.shape[1], W)
+    np.copyto(win[:, W - K:][:, ::-1], anc[:, :K] + Pw, where=anc[:, :K] >= 0)
+    early = np.flatnonzero(pos < W - 1)                # windows reaching before position 0
+    if early.size:
+        sub = win[early]
+        sub[np.arange(W)[None, :] < (W - 1 - pos[early])[:, None]] = -1
+        win[early] = sub
+    return win
+
+
+def _slot_sources(lens: np.ndarray, entry: np.ndarray, seq: np.ndarray, nodes: np.ndarray, anc: np.ndarray,
+                  depth: np.ndarray, ratio: int, overlap: bool, num_slots: int, node_offset: int) -> np.ndarray:
     """Virtual rows [M, S] of the completing windows: buffer row seq*S + slot row, or
     node_offset + the path node at that position (-1: the slot precedes position 0)."""
     s = np.arange(num_slots)[None, :]
@@ -133,21 +158,101 @@ def _slot_sources(lens: np.ndarray, entry: np.ndarray, seq: np.ndarray, nodes: n
         q = np.where(s < ratio, q, e * ratio + s - ratio)
     L = lens[seq][:, None]
     buf_row = np.where(q // ratio == L // ratio, (ratio if overlap else 0) + q % ratio, q % ratio)
-    tree_rows = A[nodes[:, None], np.clip(q - L, 0, A.shape[1] - 1)] + node_offset
+    # position q >= L is the completing node's ancestor depth_node - (q - L) levels up
+    up = np.clip(depth[nodes][:, None] - (q - L), 0, anc.shape[1] - 1)
+    tree_rows = anc[nodes[:, None], up] + node_offset
     out = np.where(q >= L, tree_rows, seq[:, None] * num_slots + buf_row)
     return np.where(q < 0, -1, out)
 
 
+def _scratch_visible(lens: np.ndarray, seq: np.ndarray, depth: np.ndarray, anc: np.ndarray, m_of: np.ndarray,
+                     ratio: int) -> np.ndarray:
+    """[N, Smax] scratch entries on each node's path, root first, -1 pad (Smax >= 1).  The
+    windows completing on a path sit at the periodic depths d0, d0 + r, ... <= depth_j with
+    d0 = (r - 1 - lens) % r, so this is one gather (no per-row sort)."""
+    d0 = (ratio - 1 - lens[seq]) % ratio
+    cnt = np.where(depth >= d0, (depth - d0) // ratio + 1, 0)
+    d = d0[:, None] + ratio * np.arange(max(1, int(cnt.max())))[None, :]
+    up = depth[:, None] - d
+    ok = up >= 0
+    return np.where(ok, m_of[anc[np.arange(len(seq))[:, None], np.maximum(up, 0)]], -1)
+
+
 def _entry_rows(pool, lens: np.ndarray, ratio: int) -> np.ndarray:
-    """[B, Emax] flat pool rows of each sequence's persistent entries (-1 pad)."""
+    """[B, Emax] flat pool rows of each sequence's persistent entries (-1 pad): one copy of the
+    block-table rows, then -1 past the end of the (usually few) shorter sequences."""
     n = lens // ratio
     emax = int(n.max()) if n.size else 0
-    return np.where(np.arange(emax)[None, :] < n[:, None], pool.all_rows()[:, :emax], -1)
+    out = pool.all_rows()[:, :emax].copy()
+    short = np.flatnonzero(n < emax)
+    if short.size:
+        sub = out[short]
+        sub[np.arange(emax)[None, :] >= n[short][:, None]] = -1
+        out[short] = sub
+    return out
+
+
+def _entry_rows_torch(rows: torch.Tensor, n: np.ndarray) -> torch.Tensor:
+    """_entry_rows from the pool's block rows already on the device (rows [B, capacity])."""
+    emax = int(n.max()) if n.size else 0
+    keep = torch.arange(emax, device=rows.device)[None, :] < torch.as_tensor(n, device=rows.device)[:, None]
+    return torch.where(keep, rows[:, :emax], -1)
+
+
+# Two host->device savings that have been tested on the CPU only (no GPU run yet), so they are
+# off until measured: building the CSA persistent rows on the device, and packing a plan's
+# small arrays into one upload per dtype.  Tests switch them on to check they are exact.
+DEVICE_PERSIST_ROWS = False
+PACK_UPLOADS = False
+
+
+def _persist_rows(pool, lens: np.ndarray, ratio: int, device) -> torch.Tensor:
+    """The CSA plan's [B, Emax] persistent rows as a tensor on ``device``: the numpy form
+    uploaded, or (DEVICE_PERSIST_ROWS, accelerators) built there from the pool's block rows
+    (uploaded once per pool), so a round neither fills nor uploads a [B, Emax] host array
+    (two of 16 MiB each at batch 64, 128K tokens)."""
+    dev = torch.device("cpu" if device is None else device)
+    if dev.type == "cpu" or not DEVICE_PERSIST_ROWS:
+        return torch.as_tensor(_entry_rows(pool, lens, ratio), device=dev)
+    return _entry_rows_torch(pool.all_rows_on(dev), lens // ratio)
+
+_PACK_MAX_BYTES = 1 << 18            # larger arrays go alone (staging them would add a host copy)
+
+
+def upload(arrays: dict, device) -> dict:
+    """Host numpy arrays -> tensors on ``device``, same values, dtypes and shapes (on the CPU
+    zero-copy, torch.as_tensor).  With PACK_UPLOADS every small array of one dtype is staged
+    into one buffer (segments 128-byte aligned) and sent in a single host->device copy, whose
+    contiguous views the tensors are — one synchronous copy per dtype and round instead of one
+    per array (a plan has 10-15 of them)."""
+    dev = torch.device("cpu" if device is None else device)
+    pack = PACK_UPLOADS
+    out, groups = {}, {}
+    for k, a in arrays.items():
+        a = np.ascontiguousarray(a)
+        if not pack or a.nbytes > _PACK_MAX_BYTES:
+            out[k] = torch.as_tensor(a, device=dev)
+        else:
+            groups.setdefault(a.dtype, []).append((k, a))
+    for dt, items in groups.items():
+        align = max(1, 128 // dt.itemsize)
+        offs, n = [], 0
+        for _, a in items:
+            offs.append(n)
+            n += -(-a.size // align) * align
+        buf = np.zeros(max(n, 1), dt)
+        for (_, a), o in zip(items, offs):
+            buf[o:o + a.size] = a.reshape(-1)
+        dbuf = torch.as_tensor(buf, device=dev)
+        for (k, a), o in zip(items, offs):
+            out[k] = dbuf[o:o + a.size].view(a.shape)
+    return out
 
 
 def plan_verify(cache: V4Cache, batch: TreeBatch | DraftTree, w: V4LayerWeights, device=None) -> VerifyPlan:
     """Build the index lists of one round on the host (see the module docstring); numpy over
-    all nodes at once (no per-node Python loop)."""
+    all nodes at once (no per-node, per-tree or per-slot Python loop), uploaded by
+    :func:`upload`."""
     if isinstance(batch, DraftTree):
         batch = TreeBatch((batch,))
     if batch.batch_size != cache.batch:
@@ -155,60 +260,64 @@ def plan_verify(cache: V4Cache, batch: TreeBatch | DraftTree, w: V4LayerWeights,
     W, r = cache.cfg.window, cache.ratio
     lens = cache.lens.copy()
     N, Pw = batch.total_nodes, cache.window.num_rows
-    if np.any(lens + np.array([t.max_depth for t in batch.trees]) >= cache.max_len):
+    cu = batch.cu_nodes
+    seq = np.repeat(np.arange(batch.batch_size, dtype=np.int64), np.diff(cu))
+    anc, depth = _ancestors(batch.parents_global)
+    if np.any(lens + np.maximum.reduceat(depth, cu[:-1]) >= cache.max_len):
         raise SimtreeError(f"tree runs past the cache capacity of {cache.max_len} tokens")
-    pos = np.asarray(batch.positions(lens), np.int64)
-    seq = np.asarray(batch.seq_ids, np.int64)
-    depth = np.concatenate([t.depth for t in batch.trees]).astype(np.int64)
-    A = _path_matrix(batch, depth)
-    # window: positions p-W+1 .. p; persistent below lens, else the path node at that depth
-    L = lens[seq][:, None]
-    qpos = pos[:, None] - W + 1 + np.arange(W)[None, :]
-    pers = cache.window.flat_rows(seq[:, None], np.maximum(qpos, 0) % W)
-    path = A[np.arange(N)[:, None], np.clip(qpos - L, 0, A.shape[1] - 1)] + Pw
-    win = np.where(qpos >= L, path, np.where(qpos >= 0, pers, -1))
-    comp_nodes = np.flatnonzero((pos + 1) % r == 0) if r else np.zeros(0, np.int64)
-    comp_entry = (pos[comp_nodes] + 1) // r - 1 if r else comp_nodes
-    comp_seq = seq[comp_nodes]
-    t = lambda a: torch.as_tensor(np.ascontiguousarray(a), device=device)  # noqa: E731
-    plan = VerifyPlan(batch, lens, t(pos), t(batch.seq_ids), t(win))
+    pos = lens[seq] + depth
+    win = _window_rows(cache.window.all_rows(), seq, pos, anc, Pw)
+    plan = VerifyPlan(batch, lens, None, None, None, ancestors_host=anc, depth_host=depth)
+    host = {"pos": pos, "node_seq": seq, "win_idx": win}
     if not r:
-        plan.attn_idx = t(win.astype(np.int32))
-        return plan
-    plan.pos_mod = t(pos % r)
+        host["attn_idx"] = win.astype(np.int32)
+        return _finish(plan, host, device)
+    comp_nodes = np.flatnonzero((pos + 1) % r == 0)
+    comp_entry = (pos[comp_nodes] + 1) // r - 1
+    comp_seq = seq[comp_nodes]
     M = len(comp_nodes)
     S = w.comp.num_slots
     plan.comp_nodes_host = comp_nodes
-    plan.comp_nodes, plan.comp_entry, plan.comp_seq = t(comp_nodes), t(comp_entry), t(comp_seq)
-    plan.comp_src = t(_slot_sources(lens, comp_entry, comp_seq, comp_nodes, A, r, w.comp.overlap, S,
-                                    cache.batch * S).reshape(M, S))
+    host.update(pos_mod=pos % r, comp_nodes=comp_nodes, comp_entry=comp_entry, comp_seq=comp_seq)
+    host["comp_src"] = _slot_sources(lens, comp_entry, comp_seq, comp_nodes, anc, depth, r, w.comp.overlap, S,
+                                     cache.batch * S).reshape(M, S)
     half = w.comp.rope_dim // 2
     freqs = w.comp.theta ** (-np.arange(half, dtype=np.float64) * 2.0 / w.comp.rope_dim)
     ang = (comp_entry.astype(np.float64) * r)[:, None] * freqs
-    plan.comp_cos, plan.comp_sin = t(np.cos(ang).astype(np.float32)), t(np.sin(ang).astype(np.float32))
-    # scratch entries on each node's path, root first, packed to the left
-    m_of = np.full(N, -1, np.int64)
+    host["comp_cos"], host["comp_sin"] = np.cos(ang).astype(np.float32), np.sin(ang).astype(np.float32)
+    m_of = np.full(N + 1, -1, np.int64)   # [N] = -1: above a root
     m_of[comp_nodes] = np.arange(M)
-    V = np.where(A >= 0, m_of[np.maximum(A, 0)], -1)
-    V = np.take_along_axis(V, np.argsort(V < 0, axis=1, kind="stable"), axis=1)
-    vis = V[:, :max(1, int((V >= 0).sum(1).max()))]
-    plan.scratch_vis = t(vis)
-    persist = _entry_rows(cache.comp, lens, r)
+    vis = _scratch_visible(lens, seq, depth, anc, m_of, r)
+    host["scratch_vis"] = vis
     if w.indexer is None:  # HCA: every visible entry
-        Pc = cache.comp.num_rows
-        comp_idx = np.concatenate([persist[seq], np.where(vis >= 0, vis + Pc, -1)], axis=1)
-        plan.comp_idx = t(comp_idx)
+        persist = _entry_rows(cache.comp, lens, r)
+        Pc, E, Sv = cache.comp.num_rows, persist.shape[1], vis.shape[1]
         base = Pw + N
-        plan.attn_idx = t(np.concatenate([win, np.where(comp_idx >= 0, comp_idx + base, -1)], 1).astype(np.int32))
+        # per-sequence rows once ([B, E]), then one gather per output (not per node x entry)
+        ext = np.zeros((cache.batch, E + Sv), np.int64)
+        ext[:, :E] = persist
+        comp_idx = ext[seq]
+        comp_idx[:, E:] = np.where(vis >= 0, vis + Pc, -1)
+        ext32 = np.zeros((cache.batch, W + E + Sv), np.int32)
+        ext32[:, W:W + E] = np.where(persist >= 0, persist + base, -1)
+        attn = ext32[seq]
+        attn[:, :W] = win
+        attn[:, W + E:] = np.where(vis >= 0, vis + (Pc + base), -1)
+        host["comp_idx"], host["attn_idx"] = comp_idx, attn
     else:
-        pidx = _entry_rows(cache.idx, lens, r)
         nmax = batch.max_nodes
-        local = np.arange(N) - np.asarray(batch.cu_nodes[:-1], np.int64)[seq]
+        local = np.arange(N) - cu[:-1][seq]
         pad = np.full((cache.batch, nmax), -1, np.int64)
         pad[seq, local] = np.arange(N)
-        slot = seq * nmax + local
-        plan.persist_comp_rows, plan.persist_idx_rows = t(persist), t(pidx)
-        plan.pad_nodes, plan.node_slot = t(pad), t(slot)
+        host["pad_nodes"], host["node_slot"] = pad, seq * nmax + local
+        plan.persist_comp_rows = _persist_rows(cache.comp, lens, r, device)
+        plan.persist_idx_rows = _persist_rows(cache.idx, lens, r, device)
+    return _finish(plan, host, device)
+
+
+def _finish(plan: VerifyPlan, host: dict, device) -> VerifyPlan:
+    for k, v in upload(host, device).items():
+        setattr(plan, k, v)
     return plan
 
 
