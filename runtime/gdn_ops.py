@@ -21,8 +21,8 @@ from __future__ import annotations
 import torch
 
 from simtree.kernels.gdn import (conv_state_commit, gdn_tree_commit, gdn_tree_verify,
-                                 gdn_tree_verify_dense_ref, tree_causal_conv, tree_meta)
-from simtree.kernels.gdn.reference import _prep_qk, _step
+                                 tree_causal_conv, tree_meta)
+from simtree.kernels.gdn.reference import _prep_qk, _step, gdn_tree_verify_dense_batched
 
 PREFILL_CHUNK = 64
 
@@ -49,8 +49,8 @@ def chain_gdn(q, k, v, g, beta):
     parents = torch.arange(-1, T - 1, device=v.device).repeat(B)
     cu = torch.arange(0, B * T + 1, T, device=v.device)
     state = v.new_zeros(B, HV, k.shape[-1], V)
-    o = gdn_tree_verify_dense_ref(q.flatten(0, 1), k.flatten(0, 1), v.flatten(0, 1), g.flatten(0, 1),
-                                  beta.flatten(0, 1), state, parents, cu)
+    o = gdn_tree_verify_dense_batched(q.flatten(0, 1), k.flatten(0, 1), v.flatten(0, 1), g.flatten(0, 1),
+                                      beta.flatten(0, 1), state, parents, cu)
     return o.to(v.dtype).view(B, T, HV, V)
 
 
