@@ -190,7 +190,7 @@ def calibrate_linear(mean_accepted_tokens: float, budget: int = 4, *, name: str 
 
     def chain(alpha: float) -> float:
         a = np.minimum(alpha * factors, _ALPHA_MAX)
-        return float(weights @ _chain_phi(a[:, None, None] * np.ones((1, 1, 1)), budget))
+        return float(weights @ _chain_phi(a[:, None, None], budget))
 
     target = mean_accepted_tokens - 1.0
     if chain(1.0 / factors.min()) < target:

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from simtree.planner import FAMILIES, PlanResult
+from simtree.planner import FAMILIES, TREE_MODES, PlanResult
 from simtree.synthetic import SYNTHETIC_LABEL
 
 __all__ = ["gain_grid", "write_plan_report", "render_plan_dir"]
@@ -99,7 +99,7 @@ def write_plan_report(result: PlanResult, out_dir: str | Path) -> dict[str, Path
               "| workload | batch | policy | tree | tokens/round | nodes/seq | tok/s | vs linear | vs none | best linear |",
               "|---|---|---|---|---|---|---|---|---|---|"]
     for r in result.chosen.itertuples():
-        on = "on" if r.mode in ("eagle", "best_first", "cost_aware", "batch_alloc") else "off"
+        on = "on" if r.mode in TREE_MODES else "off"
         lines.append(f"| {r.workload} | {r.batch_size} | {r.policy} | {on} | {r.tokens_per_round:.2f} | "
                      f"{r.nodes_per_seq:.1f} | {r.tok_s:.0f} | {r.gain_vs_linear:.3f} | {r.gain_vs_none:.2f} | "
                      f"{r.best_linear} |")

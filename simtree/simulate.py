@@ -278,10 +278,10 @@ def analytic_run(workload: Workload, spec: PolicySpec, costs, b: int) -> dict:
     l0, N = workload.mean_prompt_len, workload.output_len
     if spec.mode not in ("cost_aware", "batch_alloc"):
         shape = static_round(acc, spec)
-        g, n = 1.0 + float(w @ shape.accepted), float(w @ shape.nodes)
-        out = analytic_static(g, n, _draft_us(costs, spec, b), costs, b, l0, N)
+        g, n, draft = 1.0 + float(w @ shape.accepted), float(w @ shape.nodes), _draft_us(costs, spec, b)
+        out = analytic_static(g, n, draft, costs, b, l0, N)
         return {"g": g, "n": n, "rounds": int(out["rounds"][0]), "total_us": float(out["total_us"][0]),
-                "verify_us": float(out["verify_us"][0]), "draft_us": _draft_us(costs, spec, b)}
+                "verify_us": float(out["verify_us"][0]), "draft_us": draft}
     ad = _Adaptive(acc, spec, costs, b)
     levels = np.arange(acc.num_levels)
     produced, ctx, total, verify_sum, rounds, gs, ns = 0.0, l0, 0.0, 0.0, 0, 0.0, 0.0

@@ -40,7 +40,7 @@ def register(app: typer.Typer) -> None:
         as_json: bool = typer.Option(False, "--json", help="print the chosen policies as JSON"),
     ) -> None:
         """Plan on the embedded default:  simtree plan"""
-        from simtree.planner import plan_and_write
+        from simtree.planner import TREE_MODES, plan_and_write
 
         sizes = parse_batch_sizes(batch_sizes)
         console = Console(stderr=as_json)
@@ -63,7 +63,7 @@ def register(app: typer.Typer) -> None:
             for col in ("workload", "batch", "policy", "tree", "tok/round", "tok/s", "vs linear", "vs none"):
                 table.add_column(col, no_wrap=col == "policy")
             for r in res.chosen.itertuples():
-                on = "on" if r.mode in ("eagle", "best_first", "cost_aware", "batch_alloc") else "off"
+                on = "on" if r.mode in TREE_MODES else "off"
                 table.add_row(r.workload, str(r.batch_size), r.policy, on, f"{r.tokens_per_round:.2f}",
                               f"{r.tok_s:.0f}", f"{r.gain_vs_linear:.3f}", f"{r.gain_vs_none:.2f}")
             console.print(table)

@@ -317,7 +317,6 @@ def fit_surface(x, y, z, latency, kind: str, axis_names=("x", "y", "z"),
     if on_fit is not None:
         on_fit()
     fitted = np.asarray(surface.predict(x, y, z), dtype=float)
-    rel = fitted / lat - 1.0
     worst = _worst(x, y, z, lat, fitted, axis_names, worst_k, "fitted_us")
     worst_heldout = _worst(x, y, z, lat, preds[best], axis_names, worst_k, "heldout_us")
     return FitResult(surface, best, heldout, error_stats(fitted, lat), worst, len(lat), notes,

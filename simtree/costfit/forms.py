@@ -340,10 +340,9 @@ def surface_from_dict(d: dict):
     """Rebuild a surface from :meth:`to_dict` output (JSON); SimtreeError on bad content."""
     try:
         form = d["form"]
-        if form == "basis":
-            return BasisSurface(d["kind"], d["knots"], d["coef"], d.get("axis_names", ("x", "y", "z")),
-                                d.get("valid_range"))
         names = d.get("axis_names", ("x", "y", "z"))
+        if form == "basis":
+            return BasisSurface(d["kind"], d["knots"], d["coef"], names, d.get("valid_range"))
         if form == "moe":
             return MoESurface(d["kind"], d["knots"], d["coef"], d["alpha"], d["n_experts"],
                               d["experts_per_token"], names, d.get("valid_range"))
@@ -351,8 +350,7 @@ def surface_from_dict(d: dict):
             return MoEGridSurface(d["expert_kind"], d["xs"], d["ys"], d["zs"], d["values"], d["alpha"],
                                   d["n_experts"], d["experts_per_token"], names, d.get("valid_range"))
         if form == "grid":
-            return GridSurface(d["xs"], d["ys"], d["zs"], d["values"],
-                               d.get("axis_names", ("x", "y", "z")), d.get("valid_range"))
+            return GridSurface(d["xs"], d["ys"], d["zs"], d["values"], names, d.get("valid_range"))
         if form == "scaled_verify":
             return ScaledVerifyDraft(surface_from_dict(d["verify"]), d["fraction"], d["context_len"])
     except (KeyError, TypeError, ValueError) as exc:
