@@ -26,7 +26,7 @@ def latency_table(bench: pd.DataFrame) -> pd.DataFrame:
     ok = bench[bench.status == "ok"]
     table = ok.pivot_table(index=["batch_size", "nodes_per_seq"], columns="variant",
                            values="latency_us_median", aggfunc="median")
-    return table[[c for c in COLUMNS + sorted(table.columns) if c in table.columns]].loc[:, lambda t: ~t.columns.duplicated()]
+    return table[[c for c in COLUMNS if c in table.columns] + sorted(set(table.columns) - set(COLUMNS))]
 
 
 def add_ratios(table: pd.DataFrame) -> pd.DataFrame:

@@ -23,13 +23,9 @@ from simtree.fileio import write_text_atomic
 from simtree.kernels.gdn import gdn_tree_verify, gdn_tree_verify_dense_ref, tree_meta
 from simtree.kernels.gdn.bench_util import (QWEN36, env_info, graph_time_us, random_gdn_inputs,
                                             shape_inputs, shape_trees)
-from simtree.profiler.bench_gdn import TINY, config_name, parse_configs
+from simtree.profiler.bench_gdn import TINY, _rel, config_name, parse_configs
 
 KEYS = ("q", "k", "v", "g", "beta", "state", "parents", "cu_nodes")
-
-
-def _rel(a, b) -> float:
-    return float((a.double() - b.double()).abs().max() / b.double().abs().max().clamp_min(1e-30))
 
 
 def correctness(configs, dims, device, seed) -> list[dict]:

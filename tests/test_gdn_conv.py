@@ -9,14 +9,14 @@ from simtree.errors import SimtreeError
 from simtree.kernels.gdn import conv_state_commit, tree_causal_conv, tree_causal_conv_ref
 from simtree.kernels.gdn.bench_util import eagle_like_tree
 from simtree.tree import DraftTree, TreeBatch
+from test_gdn_verify import random_tree
 
 D = 8
 
 
 def random_batch(seed: int):
     rng = np.random.default_rng(seed)
-    trees = [DraftTree([-1] + [int(rng.integers(max(0, i - 3), i)) for i in range(1, int(n))])
-             for n in (1, 2, 5, 23)]
+    trees = [random_tree(n, rng, reach=3) for n in (1, 2, 5, 23)]
     tb = TreeBatch(trees)
     md = tb.to_torch()
     gen = torch.Generator().manual_seed(seed)

@@ -8,10 +8,7 @@ import torch
 from simtree.kernels.gdn import (gdn_tree_verify, gdn_tree_verify_dense_batched,
                                  gdn_tree_verify_dense_ref, tree_meta)
 from simtree.tree import DraftTree, TreeBatch
-
-
-def random_tree(n: int, rng: np.random.Generator, reach: int = 4) -> DraftTree:
-    return DraftTree([-1] + [int(rng.integers(max(0, i - reach), i)) for i in range(1, n)])
+from test_gdn_verify import random_tree
 
 
 def make(trees, seed, H=2, HV=4, K=16, V=32, g_scale=0.5, dtype=torch.float64):

@@ -18,7 +18,7 @@ from simtree.errors import SimtreeError
 
 from .conv import conv_state_commit, tree_causal_conv
 from .meta import TreeMeta, tree_meta
-from .reference import (_prep_qk, gdn_sequential_ref, gdn_tree_verify_dense_batched,
+from .reference import (_l2norm, gdn_sequential_ref, gdn_tree_verify_dense_batched,
                         gdn_tree_verify_dense_ref, gdn_tree_verify_ref, tree_causal_conv_ref)
 
 __all__ = ["gdn_tree_verify", "gdn_tree_commit", "gdn_tree_verify_recurrent", "tree_causal_conv",
@@ -209,7 +209,7 @@ def gdn_tree_commit(state, k, cache: GDNTreeCache, parents, cu_nodes, accepted, 
         L = int(plen.max())
         G = cache.G.double()
         w = torch.exp(G[last[ps]] - G[idx])                                 # e^{G_a - G_m} <= 1
-        _, kn = _prep_qk(k[idx], k[idx], HV, None, cache.qk_l2norm, torch.float64)
+        kn = _l2norm(k[idx].double(), cache.qk_l2norm).repeat_interleave(HV // H, dim=1)
         kw = torch.zeros((B, L, HV, K), dtype=torch.float64, device=dev)
         kw[ps, pos] = kn * w[..., None]
         up = torch.zeros((B, L, HV, V), dtype=torch.float64, device=dev)

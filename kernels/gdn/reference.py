@@ -27,15 +27,23 @@ def _work_dtype(*xs: torch.Tensor) -> torch.dtype:
     return torch.float64 if any(x.dtype == torch.float64 for x in xs) else torch.float32
 
 
-def _prep_qk(q, k, HV, scale, qk_l2norm, dt):
-    """Normalise/scale q, k and repeat key heads to value heads: [N, H, K] -> [N, HV, K]."""
-    q, k = q.to(dt), k.to(dt)
-    if qk_l2norm:
-        q = q / q.norm(dim=-1, keepdim=True).clamp_min(1e-6)
-        k = k / k.norm(dim=-1, keepdim=True).clamp_min(1e-6)
+def _l2norm(x, on: bool):
+    """x / ||x|| over the last dim (clamped at 1e-6) when ``on``, else x."""
+    return x / x.norm(dim=-1, keepdim=True).clamp_min(1e-6) if on else x
+
+
+def _norm_qk(q, k, scale, qk_l2norm, dt):
+    """Normalise q, k and scale q (K^-1/2 unless ``scale``): [N, H, K] each, in ``dt``."""
+    q, k = _l2norm(q.to(dt), qk_l2norm), _l2norm(k.to(dt), qk_l2norm)
     scale = q.shape[-1] ** -0.5 if scale is None else scale
+    return q * scale, k
+
+
+def _prep_qk(q, k, HV, scale, qk_l2norm, dt):
+    """``_norm_qk``, then key heads repeated to value heads: [N, H, K] -> [N, HV, K]."""
+    q, k = _norm_qk(q, k, scale, qk_l2norm, dt)
     rep = HV // q.shape[1]
-    return (q * scale).repeat_interleave(rep, dim=1), k.repeat_interleave(rep, dim=1)
+    return q.repeat_interleave(rep, dim=1), k.repeat_interleave(rep, dim=1)
 
 
 def _step(S, q, k, v, g, b):
@@ -137,16 +145,6 @@ def gdn_tree_verify_dense_ref(q, k, v, g, beta, state, parents, cu_nodes, *, sca
     if return_aux:
         return out, {"u": torch.cat(us), "G": torch.cat(Gs), "inverse": invs}
     return out
-
-
-def _norm_qk(q, k, scale, qk_l2norm, dt):
-    """``_prep_qk`` without the repeat to value heads: [N, H, K] each."""
-    q, k = q.to(dt), k.to(dt)
-    if qk_l2norm:
-        q = q / q.norm(dim=-1, keepdim=True).clamp_min(1e-6)
-        k = k / k.norm(dim=-1, keepdim=True).clamp_min(1e-6)
-    scale = q.shape[-1] ** -0.5 if scale is None else scale
-    return q * scale, k
 
 
 def _dense_padded(xp, S0, H, K, V, want_inv):

@@ -16,7 +16,8 @@ once.  Nodes go in sub-chunks of BT (16 or 32) in topological order; for sub-chu
 the u buffer the commit needs anyway (off-diagonal blocks are ancestor-masked too), so trees
 of any size work and no tile grows with n.  k rows and q rows are separate [BT, K] tiles:
 an earlier layout stacked them into one [2 BT, K] tile to halve the dot count, but the
-reshapes it needed cost more than the dots (reports/h200/gdn/tuning: 1.3-2.3x slower).
+reshapes it needed cost more than the dots (reports/h200/gdn/tuning run 4: 1.1-1.6x slower
+at the same launch settings).
 """
 from __future__ import annotations
 
