@@ -40,17 +40,26 @@ def _path_matrix_ref(batch: TreeBatch, depth: np.ndarray) -> np.ndarray:
     return A
 
 
-def _slot_sources_ref(lens, entry, seq, nodes, A, ratio, overlap, num_slots, node_offset) -> np.ndarray:
-    s = np.arange(num_slots)[None, :]
-    e = entry[:, None]
-    q = ((e - 1) * ratio + s) if overlap else e * ratio + s
-    if overlap:
-        q = np.where(s < ratio, q, e * ratio + s - ratio)
-    L = lens[seq][:, None]
-    buf_row = np.where(q // ratio == L // ratio, (ratio if overlap else 0) + q % ratio, q % ratio)
-    tree_rows = A[nodes[:, None], np.clip(q - L, 0, A.shape[1] - 1)] + node_offset
-    out = np.where(q >= L, tree_rows, seq[:, None] * num_slots + buf_row)
-    return np.where(q < 0, -1, out)
+def _slot_sources_ref(lens, entry, seq, nodes, A, ratio, cur_offset, num_slots, node_offset) -> np.ndarray:
+    """Slot by slot: a window of S slots completing at entry e covers the S positions ending at
+    (e + 1) * ratio - 1; a position before the round sits in the sequence's buffer (the
+    window being filled at lens: rows cur_offset + q % ratio; the one before it: q % ratio),
+    a position in the round is the completing node's path node at depth q - lens."""
+    out = np.full((len(entry), num_slots), -1, np.int64)
+    for m in range(len(entry)):
+        b, L = int(seq[m]), int(lens[seq[m]])
+        for s in range(num_slots):
+            q = (int(entry[m]) + 1) * ratio - num_slots + s
+            if q < 0:
+                continue
+            if q >= L:
+                out[m, s] = node_offset + A[nodes[m], q - L]
+            elif q // ratio == L // ratio:
+                out[m, s] = b * num_slots + cur_offset + q % ratio
+            else:
+                assert q // ratio == L // ratio - 1 and cur_offset, "only C4 keeps a previous window"
+                out[m, s] = b * num_slots + q % ratio
+    return out
 
 
 def _entry_rows_ref(pool, lens: np.ndarray, ratio: int) -> np.ndarray:
@@ -79,7 +88,7 @@ def plan_verify_ref(cache: V4Cache, batch: TreeBatch, w) -> dict:
     # the plan's host ancestor table: column k = k-th ancestor (A read from the node upwards)
     k = depth[:, None] - np.arange(A.shape[1])[None, :]
     anc = np.where(k >= 0, A[np.arange(N)[:, None], np.maximum(k, 0)], -1)
-    out = {"lens": lens, "pos": pos, "node_seq": np.asarray(batch.seq_ids), "win_idx": win,
+    out = {"lens": lens, "node_seq": np.asarray(batch.seq_ids), "win_idx": win,
            "ancestors_host": anc, "depth_host": depth}
     if not r:
         out["attn_idx"] = win.astype(np.int32)
@@ -89,8 +98,8 @@ def plan_verify_ref(cache: V4Cache, batch: TreeBatch, w) -> dict:
     comp_seq = seq[comp_nodes]
     out["pos_mod"] = pos % r
     M, S = len(comp_nodes), w.comp.num_slots
-    out.update(comp_nodes_host=comp_nodes, comp_nodes=comp_nodes, comp_entry=comp_entry, comp_seq=comp_seq)
-    out["comp_src"] = _slot_sources_ref(lens, comp_entry, comp_seq, comp_nodes, A, r, w.comp.overlap, S,
+    out.update(comp_nodes_host=comp_nodes, comp_entry=comp_entry)
+    out["comp_src"] = _slot_sources_ref(lens, comp_entry, comp_seq, comp_nodes, A, r, w.comp.cur_offset, S,
                                         cache.batch * S).reshape(M, S)
     half = w.comp.rope_dim // 2
     freqs = w.comp.theta ** (-np.arange(half, dtype=np.float64) * 2.0 / w.comp.rope_dim)
@@ -106,27 +115,28 @@ def plan_verify_ref(cache: V4Cache, batch: TreeBatch, w) -> dict:
     if w.indexer is None:
         Pc = cache.comp.num_rows
         comp_idx = np.concatenate([persist[seq], np.where(vis >= 0, vis + Pc, -1)], axis=1)
-        out["comp_idx"] = comp_idx
         out["attn_idx"] = np.concatenate([win, np.where(comp_idx >= 0, comp_idx + Pw + N, -1)], 1).astype(np.int32)
     else:
         nmax = batch.max_nodes
         local = np.arange(N) - np.asarray(batch.cu_nodes[:-1], np.int64)[seq]
         pad = np.full((cache.batch, nmax), -1, np.int64)
         pad[seq, local] = np.arange(N)
-        out.update(persist_comp_rows=persist, persist_idx_rows=_entry_rows_ref(cache.idx, lens, r),
-                   pad_nodes=pad, node_slot=seq * nmax + local)
+        out.update(persist_comp_rows=persist, persist_idx_rows=_entry_rows_ref(cache.idx, lens, r), pad_nodes=pad)
     return out
 
 
 def _check_path_ref(tree, acc: np.ndarray, b: int) -> None:
-    if acc.size == 0:
+    """Node by node (the error texts are plan_commit's contract): starts at the root, every
+    node inside the tree, and the path is the tree's own root path to its last node."""
+    path = [int(a) for a in acc]
+    if not path:
         return
-    if acc[0] != 0:
-        raise SimtreeError(f"accepted path of sequence {b} must start at the root (node 0), got {acc[0]}")
-    if np.any(acc >= tree.num_nodes) or np.any(acc < 0):
+    if path[0] != 0:
+        raise SimtreeError(f"accepted path of sequence {b} must start at the root (node 0), got {path[0]}")
+    if not all(0 <= a < tree.num_nodes for a in path):
         raise SimtreeError(f"accepted path of sequence {b} names a node outside its tree of {tree.num_nodes}")
-    if np.any(tree.parents[acc[1:]] != acc[:-1]):
-        raise SimtreeError(f"accepted nodes of sequence {b} are not a root path: {acc.tolist()}")
+    if tree.path_to(path[-1]).tolist() != path:
+        raise SimtreeError(f"accepted nodes of sequence {b} are not a root path: {path}")
 
 
 def plan_commit_ref(cache: V4Cache, w, plan, accepted) -> dict:
@@ -229,9 +239,9 @@ def _same(got, want, name):
     assert np.array_equal(got, want), f"{name} differs"
 
 
-PLAN_FIELDS = ("pos", "node_seq", "win_idx", "comp_nodes", "comp_entry", "comp_seq", "comp_src", "comp_nodes_host",
-               "scratch_vis", "comp_idx", "persist_comp_rows", "persist_idx_rows", "pad_nodes", "node_slot",
-               "pos_mod", "attn_idx", "comp_cos", "comp_sin", "ancestors_host", "depth_host")
+PLAN_FIELDS = ("node_seq", "win_idx", "comp_entry", "comp_src", "comp_nodes_host", "scratch_vis",
+               "persist_comp_rows", "persist_idx_rows", "pad_nodes", "pos_mod", "attn_idx", "comp_cos", "comp_sin",
+               "ancestors_host", "depth_host")
 
 
 def _compare_plan(plan: VerifyPlan, ref: dict) -> None:

@@ -103,7 +103,6 @@ def check_flashmla_path(device) -> dict:
     pools).  Returns {"check", "ok", "rel_err"} or the error."""
     import traceback
 
-    from .commit import apply_commit, plan_commit
     from .flashmla import flashmla_available
     from .steps import make_tree
     if device != "cuda" or not flashmla_available()[0]:
@@ -125,9 +124,7 @@ def check_flashmla_path(device) -> dict:
                 got, sc = tree_verify(cache, w, inp, plan, attention="flashmla")
                 ref, _ = tree_verify(cache, w, inp, plan, attention="triton")
                 errs.append(float((got.float() - ref.float()).norm() / ref.float().norm()))
-                acc = [t.path_to(int(t.leaves[0])).tolist() for t in tb.trees]
-                apply_commit(cache, sc, plan_commit(cache, w, plan, acc, device=device))
-                cache.lens += [len(a) for a in acc]
+                commit(cache, w, plan, sc, [t.path_to(int(t.leaves[0])).tolist() for t in tb.trees])
         out["rel_err"] = max(errs)
         out["ok"] = out["rel_err"] < 0.06
     except Exception as exc:  # noqa: BLE001

@@ -48,14 +48,13 @@ class VerifyPlan:
     """Index metadata of one round (device tensors unless noted). N nodes, B trees, M windows
     completing inside the trees, S compressor slots per window.
 
-    pos [N], node_seq [N]; win_idx [N, window]: rows of [window pool | node latents];
-    comp_nodes, comp_entry, comp_seq [M]; comp_src [M, S]: rows of [buffers B*S | node proj N];
+    node_seq [N]; win_idx [N, window]: rows of [window pool | node latents];
+    comp_entry [M]; comp_src [M, S]: rows of [buffers B*S | node proj N];
     scratch_vis [N, Smax]: scratch entries on the node's path (-1 pad); comp_cos/comp_sin
     [M, rope_dim/2] (float32): RoPE of the scratch entries, computed in float64 on the host;
     pos_mod [N] = pos % ratio; attn_idx int32 [N, window (+ Emax + Smax)]: the whole attention
     list where it is static (SWA, HCA; rows of [window pool | nodes | comp pool | scratch]);
-    comp_idx [N, Emax + Smax] (HCA): rows of [compressed pool | scratch];
-    persist_comp_rows, persist_idx_rows [B, Emax]; pad_nodes [B, nmax]; node_slot [N] (CSA).
+    persist_comp_rows, persist_idx_rows [B, Emax]; pad_nodes [B, nmax] (CSA).
     Host (numpy): lens [B]; comp_nodes_host [M]; depth_host [N]; ancestors_host [N, Dmax + 1]:
     flat id of each node's k-th ancestor (k = 0 the node itself, -1 above its root), so node
     j's root path is ancestors_host[j, depth_host[j]::-1].
@@ -63,20 +62,15 @@ class VerifyPlan:
 
     batch: TreeBatch
     lens: np.ndarray
-    pos: torch.Tensor
     node_seq: torch.Tensor
     win_idx: torch.Tensor
-    comp_nodes: torch.Tensor | None = None
     comp_entry: torch.Tensor | None = None
-    comp_seq: torch.Tensor | None = None
     comp_src: torch.Tensor | None = None
     comp_nodes_host: np.ndarray | None = None
     scratch_vis: torch.Tensor | None = None
-    comp_idx: torch.Tensor | None = None
     persist_comp_rows: torch.Tensor | None = None
     persist_idx_rows: torch.Tensor | None = None
     pad_nodes: torch.Tensor | None = None
-    node_slot: torch.Tensor | None = None
     pos_mod: torch.Tensor | None = None
     attn_idx: torch.Tensor | None = None
     comp_cos: torch.Tensor | None = None
@@ -95,7 +89,6 @@ class VerifyScratch:
     idx_proj: tuple[torch.Tensor, torch.Tensor] | None = None
     comp_entries: torch.Tensor | None = None
     idx_entries: torch.Tensor | None = None
-    comp_list: torch.Tensor | None = None
     comp_proj_stacked: torch.Tensor | None = None    # [2, N, C]: comp_proj's storage
     idx_proj_stacked: torch.Tensor | None = None
 
@@ -151,11 +144,8 @@ def _slot_sources(lens: np.ndarray, entry: np.ndarray, seq: np.ndarray, nodes: n
                   depth: np.ndarray, ratio: int, overlap: bool, num_slots: int, node_offset: int) -> np.ndarray:
     """Virtual rows [M, S] of the completing windows: buffer row seq*S + slot row, or
     node_offset + the path node at that position (-1: the slot precedes position 0)."""
-    s = np.arange(num_slots)[None, :]
-    e = entry[:, None]
-    q = ((e - 1) * ratio + s) if overlap else e * ratio + s
-    if overlap:
-        q = np.where(s < ratio, q, e * ratio + s - ratio)
+    # slot s holds position (entry - overlap) * r + s: with overlap (S = 2r) the previous window, then this one
+    q = (entry[:, None] - int(overlap)) * ratio + np.arange(num_slots)[None, :]
     L = lens[seq][:, None]
     buf_row = np.where(q // ratio == L // ratio, (ratio if overlap else 0) + q % ratio, q % ratio)
     # position q >= L is the completing node's ancestor depth_node - (q - L) levels up
@@ -267,19 +257,18 @@ def plan_verify(cache: V4Cache, batch: TreeBatch | DraftTree, w: V4LayerWeights,
         raise SimtreeError(f"tree runs past the cache capacity of {cache.max_len} tokens")
     pos = lens[seq] + depth
     win = _window_rows(cache.window.all_rows(), seq, pos, anc, Pw)
-    plan = VerifyPlan(batch, lens, None, None, None, ancestors_host=anc, depth_host=depth)
-    host = {"pos": pos, "node_seq": seq, "win_idx": win}
+    plan = VerifyPlan(batch, lens, None, None, ancestors_host=anc, depth_host=depth)
+    host = {"node_seq": seq, "win_idx": win}
     if not r:
         host["attn_idx"] = win.astype(np.int32)
         return _finish(plan, host, device)
     comp_nodes = np.flatnonzero((pos + 1) % r == 0)
     comp_entry = (pos[comp_nodes] + 1) // r - 1
-    comp_seq = seq[comp_nodes]
     M = len(comp_nodes)
     S = w.comp.num_slots
     plan.comp_nodes_host = comp_nodes
-    host.update(pos_mod=pos % r, comp_nodes=comp_nodes, comp_entry=comp_entry, comp_seq=comp_seq)
-    host["comp_src"] = _slot_sources(lens, comp_entry, comp_seq, comp_nodes, anc, depth, r, w.comp.overlap, S,
+    host.update(pos_mod=pos % r, comp_entry=comp_entry)
+    host["comp_src"] = _slot_sources(lens, comp_entry, seq[comp_nodes], comp_nodes, anc, depth, r, w.comp.overlap, S,
                                      cache.batch * S).reshape(M, S)
     half = w.comp.rope_dim // 2
     freqs = w.comp.theta ** (-np.arange(half, dtype=np.float64) * 2.0 / w.comp.rope_dim)
@@ -293,23 +282,19 @@ def plan_verify(cache: V4Cache, batch: TreeBatch | DraftTree, w: V4LayerWeights,
         persist = _entry_rows(cache.comp, lens, r)
         Pc, E, Sv = cache.comp.num_rows, persist.shape[1], vis.shape[1]
         base = Pw + N
-        # per-sequence rows once ([B, E]), then one gather per output (not per node x entry)
-        ext = np.zeros((cache.batch, E + Sv), np.int64)
-        ext[:, :E] = persist
-        comp_idx = ext[seq]
-        comp_idx[:, E:] = np.where(vis >= 0, vis + Pc, -1)
+        # per-sequence rows once ([B, E]), then one gather (not per node x entry)
         ext32 = np.zeros((cache.batch, W + E + Sv), np.int32)
         ext32[:, W:W + E] = np.where(persist >= 0, persist + base, -1)
         attn = ext32[seq]
         attn[:, :W] = win
         attn[:, W + E:] = np.where(vis >= 0, vis + (Pc + base), -1)
-        host["comp_idx"], host["attn_idx"] = comp_idx, attn
+        host["attn_idx"] = attn
     else:
         nmax = batch.max_nodes
         local = np.arange(N) - cu[:-1][seq]
         pad = np.full((cache.batch, nmax), -1, np.int64)
         pad[seq, local] = np.arange(N)
-        host["pad_nodes"], host["node_slot"] = pad, seq * nmax + local
+        host["pad_nodes"] = pad
         plan.persist_comp_rows = _persist_rows(cache.comp, lens, r, device)
         plan.persist_idx_rows = _persist_rows(cache.idx, lens, r, device)
     return _finish(plan, host, device)
@@ -402,7 +387,6 @@ def attention_lists(cache: V4Cache, w: V4LayerWeights, inp: V4Inputs, plan: Veri
     sources += [cache.comp.pool, sc.comp_entries.to(cache.comp.pool.dtype)]
     base = cache.window.num_rows + sc.node_kv.shape[0]
     if w.indexer is None:  # HCA: the list is fixed by the plan
-        sc.comp_list = plan.comp_idx
         return plan.attn_idx, sources, sc
     sc.idx_proj_stacked = _project_stacked(w.indexer, x, plan.pos_mod)
     sc.idx_proj = (sc.idx_proj_stacked[0], sc.idx_proj_stacked[1])
@@ -410,8 +394,8 @@ def attention_lists(cache: V4Cache, w: V4LayerWeights, inp: V4Inputs, plan: Veri
                                       cache.idx.pool.dtype)
     if use_triton:
         return _csa_list_triton(cache, inp, sc.idx_entries, plan, cfg.topk, base), sources, sc
-    sc.comp_list = _indexer_topk(cache, inp, sc.idx_entries.to(cache.idx.pool.dtype), plan, cfg.topk)
-    idx = torch.cat([plan.win_idx, torch.where(sc.comp_list >= 0, sc.comp_list + base, -1)], dim=1)
+    comp_list = _indexer_topk(cache, inp, sc.idx_entries.to(cache.idx.pool.dtype), plan, cfg.topk)
+    idx = torch.cat([plan.win_idx, torch.where(comp_list >= 0, comp_list + base, -1)], dim=1)
     return idx, sources, sc
 
 
