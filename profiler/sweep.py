@@ -244,7 +244,7 @@ def run_sweep(sweep: str | Path | None = None, out: str | Path = "reports/profil
             ck = f"{p.model}/{p.stage}/{p.variant}"
             t0 = time.monotonic()
             try:
-                build_workload(ctx, p)   # raises Unavailable before any check runs
+                wl = build_workload(ctx, p)   # raises Unavailable before any check runs
                 if ck not in res.checks:
                     try:
                         res.checks[ck] = check_variant(ctx, p.stage, p.variant)
@@ -253,7 +253,7 @@ def run_sweep(sweep: str | Path | None = None, out: str | Path = "reports/profil
                     except Exception as exc:  # a wrong result is reported, the timing still runs
                         res.checks[ck] = "FAILED: " + one_line(exc)
                         echo(f"  check {ck}: {res.checks[ck]}")
-                stats = _measure(ctx, p, device, l2, target_s)
+                stats = _measure(wl, device, l2, target_s)
                 row = {**row_base, **_point_row(p), "latency_us_median": stats.median_us,
                        "latency_us_p10": stats.p10_us, "latency_us_p90": stats.p90_us,
                        "repeats": stats.repeats}
@@ -331,12 +331,11 @@ def _flush(pt, table: Path, pending: list, last_flush: list) -> None:
     last_flush[0] = time.monotonic()
 
 
-def _measure(ctx, p: Point, device: str, l2: int, target_s: float):
+def _measure(wl, device: str, l2: int, target_s: float):
     """Build the point's step (plus L2-rotation copies on GPU) and time it; the buffers die
     with this frame so the allocator can return them before the next point."""
     from .timing import rotation_copies, time_workload
 
-    wl = build_workload(ctx, p)
     step, inst = wl.make()
     fns = [step]
     copies = rotation_copies(inst, l2) if device.startswith("cuda") and wl.shared_bytes < 2 * l2 else 1
@@ -363,7 +362,7 @@ def _point_row(p: Point) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m simtree.profiler.sweep [SWEEP] OUT [--device D] [--max-minutes M] [--only-stage S]``
+    """``python -m simtree.profiler.sweep [--sweep SWEEP] [--out OUT] [--device D] [--max-minutes M]``
     (the same as ``simtree profile``, without importing the other CLI commands)."""
     import argparse
 

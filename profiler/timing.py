@@ -111,7 +111,6 @@ def time_cuda(fns: Sequence[Callable[[], object]], *, target_s: float = 0.1, min
             mode, run = "cuda_graph", graph.replay
         except Exception:  # not capturable (host sync inside, ...): time eager launches
             torch.cuda.synchronize()
-            mode, run = "cuda_events", (lambda: _run_all(fns))
 
     # One probe repetition sizes the number of repetitions to the time budget.
     probe0, probe1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)

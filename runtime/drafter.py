@@ -23,6 +23,12 @@ from simtree.tree import DraftTree, TreeBatch
 __all__ = ["Drafter"]
 
 
+def _topk_log_probs(logits: torch.Tensor, topk: int):
+    """logits [f, V] -> top-k token ids [f, k] and their log-probs [f, k] (float64), on the host."""
+    val, idx = torch.log_softmax(logits.double(), -1).topk(topk, -1)
+    return idx.cpu().numpy(), val.cpu().numpy()
+
+
 class Drafter:
     def __init__(self, model: HybridLM, batch_size: int, max_len: int):
         self.model = model
@@ -43,11 +49,8 @@ class Drafter:
         cache = self.cache.narrow(b)
 
         def propose(parents, tokens, frontier):
-            tree = DraftTree(parents, tokens)
-            logits, _ = self.model.verify(TreeBatch([tree]), cache)
-            logp = torch.log_softmax(logits[torch.as_tensor(frontier)].double(), -1)
-            val, idx = logp.topk(topk, -1)
-            return idx.cpu().numpy(), val.cpu().numpy()
+            logits, _ = self.model.verify(TreeBatch([DraftTree(parents, tokens)]), cache)
+            return _topk_log_probs(logits[torch.as_tensor(frontier)], topk)
 
         return propose
 
@@ -80,10 +83,11 @@ class Drafter:
                 barrier.wait()
                 batch = TreeBatch([DraftTree(p, t) for p, t, _ in requests])
                 logits, _ = self.model.verify(batch, self.cache)
-                for b, (_, _, frontier) in enumerate(requests):
-                    rows = torch.as_tensor(frontier + int(batch.cu_nodes[b]))
-                    val, idx = torch.log_softmax(logits[rows].double(), -1).topk(topk, -1)
-                    results[b] = (idx.cpu().numpy(), val.cpu().numpy())
+                # every sequence's frontier rows at once: one top-k and one host copy per step
+                rows = np.concatenate([f + batch.cu_nodes[b] for b, (_, _, f) in enumerate(requests)])
+                idx, val = _topk_log_probs(logits[torch.as_tensor(rows)], topk)
+                ends = np.cumsum([len(f) for _, _, f in requests])[:-1]
+                results[:] = zip(np.split(idx, ends), np.split(val, ends))
                 barrier.wait()
         except threading.BrokenBarrierError:
             pass  # a builder failed and aborted the barrier: its error is raised below
@@ -113,6 +117,6 @@ class Drafter:
             pr = torch.softmax(logits[last].double(), -1)
             val, idx = pr.topk(topk, -1)
             toks[:, p], probs[:, p] = idx.cpu().numpy(), val.cpu().numpy()
-            for c, t in zip(chains, idx[:, 0].tolist()):
+            for c, t in zip(chains, toks[:, p, 0].tolist()):
                 c.append(t)
         return toks, probs

@@ -70,20 +70,6 @@ class GenerationResult:
     prefill_us: float
     tokens_produced: int  # all tokens the decode rounds produced (before cutting)
 
-    @property
-    def decode_us(self) -> float:
-        return float(sum(r.round_us for r in self.rounds))
-
-    @property
-    def tokens_per_s(self) -> float:
-        return self.tokens_produced / max(self.decode_us, 1e-9) * 1e6
-
-    @property
-    def mean_accepted(self) -> float:
-        """Mean accepted draft tokens per round per sequence (the bonus token excluded)."""
-        acc = [a for r in self.rounds for a in r.accepted]
-        return float(np.mean(acc)) if acc else 0.0
-
 
 def greedy_decode(model: HybridLM, prompt: list[int], max_new_tokens: int) -> list[int]:
     """Plain greedy decoding with the sequential path (``step``): the lossless reference."""

@@ -23,6 +23,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -172,11 +173,10 @@ class Attention(nn.Module):
             out[s:e] = self._attend(q[s:e], keys, vals, mask)
         return self.o_proj(out), {"k": k, "v": v}
 
-    def commit(self, cache, batch, pend, path_rows, i, lens):
-        for b, rows in enumerate(path_rows):
-            n = lens[b]
-            cache.k[i][b, n:n + len(rows)] = pend["k"][rows]
-            cache.v[i][b, n:n + len(rows)] = pend["v"][rows]
+    def commit(self, cache, pend, i, rows, dst_seq, dst_pos):
+        """Write the accepted rows' K/V at (dst_seq, dst_pos) of the layer's cache."""
+        cache.k[i][dst_seq, dst_pos] = pend["k"][rows]
+        cache.v[i][dst_seq, dst_pos] = pend["v"][rows]
 
 
 class GatedDeltaNet(nn.Module):
@@ -237,7 +237,7 @@ class GatedDeltaNet(nn.Module):
         o, gcache = gdn_ops.tree_verify(q, k, v, g, beta, cache.state[i], meta)
         return self._out(o, x), {"qkv": qkv, "k": k, "gdn": gcache}
 
-    def commit(self, cache, batch, pend, path_rows, i, meta, accepted):
+    def commit(self, cache, pend, i, meta, accepted):
         gdn_ops.tree_commit(cache.state[i], pend["k"], pend["gdn"], meta, accepted)
         gdn_ops.conv_commit(cache.conv[i], pend["qkv"], meta, accepted)
 
@@ -351,14 +351,20 @@ class HybridLM(nn.Module):
     @torch.no_grad()
     def commit(self, cache: Cache, batch: TreeBatch, pending: Pending, accepted) -> None:
         """Fold the root path of each tree's accepted node (LOCAL index, int [B]) into the cache."""
-        accepted = torch.as_tensor(accepted, dtype=torch.int64).reshape(-1)
-        offs = batch.cu_nodes
-        path_rows = [torch.as_tensor(t.path_to(int(a)) + int(offs[b]), device=cache.lengths.device) for b, (t, a)
-                     in enumerate(zip(batch.trees, accepted.tolist()))]
+        accepted = np.asarray(accepted, np.int64).reshape(-1)
+        dev = cache.lengths.device
+        paths = [t.path_to(int(a)) for t, a in zip(batch.trees, accepted)]
+        counts = np.array([len(r) for r in paths], np.int64)
+        seq = np.repeat(np.arange(len(paths)), counts)
+        # flat verify rows of every accepted path, and where they land: (sequence, cache row)
+        rows = np.concatenate(paths) + batch.cu_nodes[seq]
+        first = np.cumsum(counts) - counts
+        pos = np.asarray(pending.meta["cache_lens"], np.int64)[seq] + np.arange(rows.size) - first[seq]
+        rows_t, seq_t, pos_t = (torch.as_tensor(x, device=dev) for x in (rows, seq, pos))
+        accepted_t = torch.as_tensor(accepted, device=dev)
         for i, blk in enumerate(self.layers):
             if blk.layer_type == "full_attention":
-                blk.self_attn.commit(cache, batch, pending.layers[i], path_rows, i, pending.meta["cache_lens"])
+                blk.self_attn.commit(cache, pending.layers[i], i, rows_t, seq_t, pos_t)
             else:
-                blk.linear_attn.commit(cache, batch, pending.layers[i], path_rows, i, pending.meta,
-                                       accepted.to(cache.lengths.device))
-        cache.lengths += torch.as_tensor([len(r) for r in path_rows], device=cache.lengths.device)
+                blk.linear_attn.commit(cache, pending.layers[i], i, pending.meta, accepted_t)
+        cache.lengths += torch.as_tensor(counts, device=dev)

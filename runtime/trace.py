@@ -41,7 +41,6 @@ class TraceWriter:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._fh = open(self.path, "w", encoding="utf-8")
-        self.records = 0
 
     def write_round(self, batch, acc, *, workload: str, batch_size: int, round_index: int, mode: str,
                     context_lens, marginal_probs=None) -> None:
@@ -57,7 +56,6 @@ class TraceWriter:
             if marginal_probs is not None:
                 rec["marginal_probs"] = [[round(float(x), 6) for x in row] for row in marginal_probs[b]]
             self._fh.write(json.dumps(rec) + "\n")
-            self.records += 1
 
     def close(self) -> None:
         if not self._fh.closed:

@@ -64,30 +64,28 @@ def test_config_that_is_not_json(tmp_path):
         load_config(tmp_path)
 
 
-def test_weights_that_do_not_match_the_config(checkpoint):
-    _, path = checkpoint
-    state = load_file(str(path / "model.safetensors"))
+def _narrow_embedding(state):
     state["embed_tokens.weight"] = state["embed_tokens.weight"][:, :8].contiguous()
-    save_file(state, str(path / "model.safetensors"))
-    with pytest.raises(SimtreeError, match="embed_tokens.weight.*shape"):
-        load_model(path)
 
 
-def test_nan_weights_are_refused(checkpoint):
-    _, path = checkpoint
-    state = load_file(str(path / "model.safetensors"))
+def _nan_norm(state):
     state["norm.weight"][0] = float("nan")
-    save_file(state, str(path / "model.safetensors"))
-    with pytest.raises(SimtreeError, match="NaN"):
-        load_model(path)
 
 
-def test_missing_tensor_is_refused(checkpoint):
+def _drop_norm(state):
+    del state["norm.weight"]
+
+
+@pytest.mark.parametrize("corrupt, message", [(_narrow_embedding, "embed_tokens.weight.*shape"),
+                                              (_nan_norm, "NaN"),
+                                              (_drop_norm, "missing tensor 'norm.weight'")],
+                         ids=["shape_mismatch", "nan", "missing_tensor"])
+def test_bad_weights_are_refused(checkpoint, corrupt, message):
     _, path = checkpoint
     state = load_file(str(path / "model.safetensors"))
-    del state["norm.weight"]
+    corrupt(state)
     save_file(state, str(path / "model.safetensors"))
-    with pytest.raises(SimtreeError, match="missing tensor 'norm.weight'"):
+    with pytest.raises(SimtreeError, match=message):
         load_model(path)
 
 
