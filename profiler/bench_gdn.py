@@ -38,7 +38,8 @@ from simtree.kernels.gdn.bench_util import (QWEN36, env_info, fla_closure, fla_r
                                             random_gdn_inputs, shape_inputs, shape_trees)
 
 TINY = dict(H=2, HV=4, K=16, V=32)
-_CFG_KEYS = dict(block_v="v", block_t="t", num_warps="w", num_stages="s", max_registers="r")
+_CFG_KEYS = dict(block_v="v", block_t="t", num_warps="w", num_stages="s", max_registers="r",
+                 g_prologue="g", u_bf16="u", prefetch="p")
 
 
 def parse_configs(text: str) -> list[dict]:
@@ -46,9 +47,9 @@ def parse_configs(text: str) -> list[dict]:
     names = {v: k for k, v in _CFG_KEYS.items()}
     out = []
     for c in filter(None, text.split(",")):
-        if not re.fullmatch(r"([vtwsr]\d+)+", c):
+        if not re.fullmatch(r"([vtwsrgup]\d+)+", c):
             raise SystemExit(f"bad tree config {c!r}: letters {''.join(_CFG_KEYS.values())}, each with a number")
-        out.append({names[k]: int(v) for k, v in re.findall(r"([vtwsr])(\d+)", c)})
+        out.append({names[k]: int(v) for k, v in re.findall(r"([vtwsrgup])(\d+)", c)})
     return out
 
 
@@ -304,10 +305,12 @@ def main() -> None:
     ap.add_argument("--tiny", action="store_true", help="tiny head shapes (CPU smoke run)")
     ap.add_argument("--skip-correctness", action="store_true")
     ap.add_argument("--max-copies", type=int, default=32, help="input copies rotated against L2")
-    ap.add_argument("--tree-configs", default="t16v64w4r168,t16v128w2,t32v128w4,t32v64w8",
+    ap.add_argument("--tree-configs",
+                    default="t32v64w8g0u0,t16v128w2g0u0",
                     help="extra tree-kernel launch configs to time (skipped where equal to the "
-                         "default): v<BV> t<BT> w<warps> s<stages> r<max registers, 0 = unbounded>, "
-                         "e.g. v32,s1,v64w8r0")
+                         "default): v<BV> t<BT> w<warps> s<stages> r<max registers, 0 = unbounded> "
+                         "g<G prologue 0/1> u<bf16 u operands 0/1> p<prefetch 0/1>; the default "
+                         "list is the previous launch rule's picks with its kernel (g0u0)")
     args = ap.parse_args()
     t0 = time.time()
     args.deadline = t0 + args.max_seconds

@@ -48,6 +48,30 @@ def correctness(configs, dims, device, seed) -> list[dict]:
     return recs
 
 
+def compiled_kernel_stats() -> list[dict]:
+    """Registers, spills and shared memory of every compiled variant of the verify and commit kernels
+    (from Triton's per-device kernel caches; empty where this Triton keeps them elsewhere)."""
+    from simtree.kernels.gdn import tree_verify
+    recs = []
+    for name in ("_tree_verify_kernel", "_tree_commit_kernel"):
+        fn = getattr(tree_verify, name)
+        for cache in getattr(fn, "device_caches", {}).values():
+            kernels = cache[0] if isinstance(cache, tuple) else cache
+            for kern in getattr(kernels, "values", lambda: [])():
+                try:
+                    kern._init_handles()
+                    md = kern.metadata
+                    consts = {k: v for k, v in getattr(kern.src, "constants", {}).items()
+                              if isinstance(v, (int, str)) and not isinstance(v, bool)}
+                    recs.append(dict(kernel=name, n_regs=kern.n_regs, n_spills=kern.n_spills,
+                                     shared=getattr(md, "shared", None),
+                                     num_warps=getattr(md, "num_warps", None),
+                                     constants=str(consts)[:300]))
+                except Exception as exc:  # noqa: BLE001 - diagnostics only
+                    recs.append(dict(kernel=name, error=repr(exc)[:200]))
+    return recs
+
+
 def summarize(csv_path: str) -> str:
     """Markdown: median us per config (rows) x (nodes, batch) (columns), and the fastest
     config per shape, read from one tune_gdn.csv."""
@@ -101,7 +125,9 @@ def main() -> None:
                           pd.DataFrame(rows).assign(gpu=env["gpu"], torch=env["torch"],
                                                     triton=env["triton"]).to_csv(index=False))
         write_text_atomic(os.path.join(args.out, "tune_gdn.json"),
-                          json.dumps(dict(env=env, correctness=corr, shapes=dims), indent=1, default=str))
+                          json.dumps(dict(env=env, correctness=corr, shapes=dims,
+                                          compiled=compiled_kernel_stats() if args.device == "cuda" else []),
+                                     indent=1, default=str))
 
     for b, n in shapes:
         copies = shape_inputs(b, n, args.seed, dims, device=args.device, max_copies=8)

@@ -248,8 +248,8 @@ def test_skipped_subchunk_pairs_match_dense_reference():
 
 
 def test_every_default_launch_is_correct():
-    # the launch rule picks sub-chunk / V block / warps by (batch x value heads, tree size);
-    # whatever it picks at Qwen-like head counts must compute the same outputs
+    # the launch rule picks sub-chunk / V block / warps / kernel switches by (batch x value
+    # heads, tree size); whatever it picks at Qwen-like head counts must compute the same outputs
     rng = np.random.default_rng(15)
     trees = [random_tree(int(n), rng, reach=5) for n in (70, 33, 5)]
     inp = make_inputs(trees, 15)
@@ -259,11 +259,33 @@ def test_every_default_launch_is_correct():
     for B in (1, 4, 16, 64):
         for max_nodes in (4, 32, 64, 128):
             cfg = verify_launch_config(B, 48, V, "cuda", max_nodes)
-            key = (cfg["block_t"], min(V, cfg["block_v"]))
+            key = tuple(sorted((k, v) for k, v in cfg.items() if k != "max_registers"))
             if key in seen:
                 continue
             seen.add(key)
-            out, _ = gdn_tree_verify(*(inp[k] for k in KEYS), *tree, backend="triton",
-                                     block_t=cfg["block_t"], block_v=cfg["block_v"])
+            out, _ = gdn_tree_verify(*(inp[k] for k in KEYS), *tree, backend="triton", **cfg)
             assert rel_err(out, ref) < 1e-4, cfg
-    assert len(seen) >= 2
+    assert len(seen) >= 3
+
+
+@pytest.mark.parametrize("g_prologue,prefetch,block_t", [(0, 0, 16), (1, 0, 16), (0, 1, 32),
+                                                         (1, 1, 16)])
+def test_kernel_switches_keep_the_result(g_prologue, prefetch, block_t):
+    # G summed per sub-chunk or in one prologue (the prologue only for trees of at most
+    # G_PROLOGUE_MAX_NODES nodes: the 300-node tree takes the per-sub-chunk path either way),
+    # rows loaded in place or one sub-chunk ahead: same outputs, same cache for the commit
+    rng = np.random.default_rng(16)
+    sizes = (40, 300, 1, 17) if g_prologue == 0 else (40, 120, 1, 17)
+    trees = [random_tree(n, rng, reach=6) for n in sizes]
+    inp = make_inputs(trees, 16)
+    tree = (inp["parents"], inp["cu_nodes"])
+    out, cache = gdn_tree_verify(*(inp[k] for k in KEYS), *tree, backend="triton",
+                                 block_t=block_t, g_prologue=g_prologue, prefetch=prefetch)
+    _, ref_cache = gdn_tree_verify(*(inp[k] for k in KEYS), *tree, backend="torch")
+    assert rel_err(out, gdn_tree_verify_dense_ref(*f64(inp), *tree)) < 1e-4
+    assert rel_err(cache.G, ref_cache.G) < 1e-5
+    assert rel_err(cache.u, ref_cache.u) < 1e-4
+    accepted = torch.tensor([int(rng.integers(0, n)) for n in sizes])
+    S = inp["state"].clone()
+    gdn_tree_commit(S, inp["k"], cache, *tree, accepted, backend="triton")
+    assert rel_err(S, sequential_commit(inp, trees, accepted)) < 1e-4

@@ -86,42 +86,58 @@ def _maxnreg(n: int) -> dict:
     return {"maxnreg": n} if n and not _INTERPRET and _has_maxnreg() else {}
 
 
+# trees up to this size get every node's G in one unrolled round of loads ([NT, 32] tiles)
+G_PROLOGUE_MAX_NODES = 256
+
+
 def verify_launch_config(B: int, HV: int, V: int, device: torch.device | str = "cuda",
                          max_nodes: int = 128) -> dict:
-    """Default launch of the tree kernel: block_t (node sub-chunk), block_v, num_warps, num_stages.
+    """Default launch of the tree kernel: block_t (node sub-chunk), block_v, num_warps,
+    num_stages, max_registers, and the kernel switches g_prologue / u_bf16 / prefetch.
 
-    Picked from the launch sweep on the H200 (reports/h200/gdn/tuning/, Qwen3.6-27B shapes,
-    ``B * HV`` = (sequence, value head) programs at block_v = V):
+    Picked from the launch sweeps on the H200 (reports/h200/gdn/tuning/, runs 8 and 10;
+    Qwen3.6-27B shapes, ``B * HV`` = (sequence, value head) programs at block_v = V):
     - <= 48 (one sequence): block_v 64 (two programs per head fill more SMs); trees of >= 32
-      nodes take 32-node sub-chunks with 8 warps (b1 n128: 53 us vs 76 us at 16 / 4 warps).
-    - otherwise block_v = V (the k-side dots are then done once per head, not per V block);
-      <= 16 sequences: 32-node sub-chunks for trees of >= 64 nodes (b16 n128: 270 vs 305 us),
-      4 warps up to 4 sequences, 2 beyond; > 16 sequences: 16-node sub-chunks, 2 warps
-      (b64 n128: 952 us; 1201 us with 4 warps).
+      nodes take 32-node sub-chunks with 8 warps (b1 n128: 48.8 us).
+    - <= 4 sequences: block_v = V, 4 warps, rows prefetched; 32-node sub-chunks from 128 nodes
+      (b4 n128: 75.7 us vs 81.2 at 16).
+    - <= 16 sequences, trees of >= 32 nodes: 16-node sub-chunks, 4 warps capped at 168
+      registers (three programs per SM instead of two: b16 n64 99.4 us vs 110.2 at 2 warps).
+    - otherwise 16-node sub-chunks, 2 warps (b64 n128: 851.5 us; 890.6 at 4 warps / 168).
+    Every launch takes G in one prologue (b64 n128: 871.4 vs 951.3 us without, run 8) and bf16
+    operands for the dots on earlier sub-chunks' u (16-bit inputs only; b16 n64 108.7 vs 115.5).
     ``device`` stays in the signature for shape-dependent choices on other GPUs.
     """
     rows = B * HV
+    cfg = dict(block_t=16, block_v=V, num_warps=2, num_stages=2, max_registers=0, g_prologue=1,
+               u_bf16=1, prefetch=0)
     if rows <= 48:
         big = max_nodes >= 32
-        return dict(block_t=32 if big else 16, block_v=min(V, 64), num_warps=8 if big else 4,
-                    num_stages=2, max_registers=0)
-    bt = 32 if rows <= 16 * 48 and max_nodes >= 64 else 16
-    warps = 4 if rows <= 4 * 48 or bt == 32 else 2
-    return dict(block_t=bt, block_v=V, num_warps=warps, num_stages=2, max_registers=0)
+        cfg.update(block_t=32 if big else 16, block_v=min(V, 64), num_warps=8 if big else 4)
+    elif rows <= 4 * 48:
+        cfg.update(block_t=32 if max_nodes >= 128 else 16, num_warps=4, prefetch=1)
+    elif rows <= 16 * 48 and max_nodes >= 32:
+        cfg.update(num_warps=4, max_registers=168)
+    return cfg
 
 
 def gdn_tree_verify(q, k, v, g, beta, state, parents, cu_nodes, *, scale=None, qk_l2norm=True,
                     backend="auto", meta: TreeMeta | None = None, check: bool = True,
                     block_v: int | None = None, block_t: int | None = None,
                     num_warps: int | None = None, num_stages: int | None = None,
-                    max_registers: int | None = None):
+                    max_registers: int | None = None, g_prologue: int | None = None,
+                    u_bf16: int | None = None, prefetch: int | None = None):
     """Every node's output as if the recurrence ran along its own root path only.
 
     One pass, ``state`` is not modified.  Returns (out [N, HV, V] in q's dtype, GDNTreeCache).
     Pass a prebuilt ``meta`` (``tree_meta``, once per round) and ``check=False`` to stay
     free of host syncs (CUDA graphs).  The Triton path computes in fp32 (fp64 inputs too).
     ``block_v`` / ``block_t`` (node sub-chunk 16, 32 or 64) / ``num_warps`` / ``num_stages`` /
-    ``max_registers`` (0: unbounded) override ``verify_launch_config`` (benchmark tuning).
+    ``max_registers`` (0: unbounded) / ``g_prologue`` (1: every node's cumulative decay in
+    one round of loads first; trees of at most ``G_PROLOGUE_MAX_NODES`` nodes) / ``u_bf16``
+    (1: bf16 operands for the dots on earlier sub-chunks' u, 16-bit inputs only) /
+    ``prefetch`` (1: each sub-chunk's rows loaded while the one before is solved) override
+    ``verify_launch_config`` (benchmark tuning).
     """
     if check:
         _check_inputs(q, k, v, g, beta, state, parents, cu_nodes)
@@ -155,16 +171,24 @@ def gdn_tree_verify(q, k, v, g, beta, state, parents, cu_nodes, *, scale=None, q
     G = torch.empty((N, HV), dtype=torch.float32, device=q.device)
     # bf16/fp16 inputs: tf32 dots (their own rounding is coarser); fp32/fp64: exact fp32
     prec = "tf32" if q.dtype in (torch.bfloat16, torch.float16) else "ieee"
+    args = (qc, kc, v.contiguous(), g.float().contiguous(), beta.float().contiguous(),
+            state.float().contiguous())
+    cu = cu_nodes.to(q.device, torch.int64)
+    consts = dict(H=H, HV=HV, K=K, V=V, BT=BT, BV=BV, LOG_BT=BT.bit_length() - 1,
+                  L2NORM=qk_l2norm, PREC=prec,
+                  DT=tl.bfloat16 if prec == "tf32" and not _INTERPRET else tl.float32,
+                  num_warps=num_warps or cfg["num_warps"],
+                  num_stages=num_stages or cfg["num_stages"], **_maxnreg(
+                      cfg["max_registers"] if max_registers is None else max_registers))
+    pro = (cfg["g_prologue"] if g_prologue is None else g_prologue) \
+        and meta.max_nodes <= G_PROLOGUE_MAX_NODES
+    nt = max(16, 1 << max(meta.max_nodes - 1, 1).bit_length())
+    use_bf16 = (cfg["u_bf16"] if u_bf16 is None else u_bf16) and prec == "tf32" and not _INTERPRET
     pairs, npairs, nc = meta.subchunk_pairs(cu_nodes, BT)   # only sub-chunk pairs with ancestors
     _tree_verify_kernel[(V // BV, B * HV)](
-        qc, kc, v.contiguous(), g.float().contiguous(), beta.float().contiguous(),
-        state.float().contiguous(), meta.bits, cu_nodes.to(q.device, torch.int64), pairs, npairs,
-        nc, out, u, G, scale,
-        H=H, HV=HV, K=K, V=V, W=meta.words, BT=BT, BV=BV, LOG_BT=BT.bit_length() - 1,
-        L2NORM=qk_l2norm, PREC=prec, DT=tl.bfloat16 if prec == "tf32" and not _INTERPRET else tl.float32,
-        num_warps=num_warps or cfg["num_warps"],
-        num_stages=num_stages or cfg["num_stages"], **_maxnreg(
-            cfg["max_registers"] if max_registers is None else max_registers))
+        *args, meta.bits, meta.bits.view(torch.int32), cu, pairs, npairs, nc, out, u, G, scale,
+        W=meta.words, NT=nt if pro else 0, UDT=tl.bfloat16 if use_bf16 else tl.float32,
+        PREFETCH=bool(cfg["prefetch"] if prefetch is None else prefetch), **consts)
     return out, GDNTreeCache(u, G, meta, qk_l2norm)
 
 

@@ -72,6 +72,44 @@ def _ancestor_sum(g_ptr, bits_ptr, bos, n, grow, m_r, c, i_hv, HV: tl.constexpr,
 
 
 @triton.jit
+def _ancestor_sums(g_ptr, bits32_ptr, bos, n, rows, m_rows, i_hv, HV: tl.constexpr,
+                   W2: tl.constexpr, NT: tl.constexpr):
+    """G of the given rows (local node indices, NT >= n) at once: ancestor columns 32 at a time
+    (the int32 halves of the mask words, W2 per row), unrolled, so no load waits on another."""
+    HB: tl.constexpr = 32 if NT > 32 else NT
+    o_hb = tl.arange(0, HB)
+    G = tl.where(m_rows, 0., 0.)
+    for j0 in tl.static_range(0, NT, HB):
+        w32 = tl.load(bits32_ptr + (bos + rows) * W2 + j0 // 32, mask=m_rows, other=0)
+        gc = tl.load(g_ptr + (bos + j0 + o_hb) * HV + i_hv, mask=j0 + o_hb < n, other=0.)
+        on = ((w32[:, None] >> (j0 % 32 + o_hb)[None, :]) & 1) != 0
+        G += tl.sum(tl.where(on, gc[None, :], 0.), axis=1)
+    return G
+
+
+@triton.jit
+def _chunk_rows(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, bits_ptr, G_ptr, bos, n, c, i_h, i_hv, o_v,
+                scale, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+                W: tl.constexpr, BT: tl.constexpr, L2NORM: tl.constexpr, DT: tl.constexpr,
+                G_STORED: tl.constexpr):
+    """What sub-chunk c needs that no earlier sub-chunk changes: normalised k and q rows, beta,
+    v [BT, BV] and G (read back when already stored, else summed over the ancestors)."""
+    rows = c * BT + tl.arange(0, BT)
+    m_r = rows < n
+    grow = bos + rows
+    xk = _rows_normed(k_ptr, grow, m_r, i_h, 1., H, K, L2NORM, DT)
+    xq = _rows_normed(q_ptr, grow, m_r, i_h, scale, H, K, L2NORM, DT)
+    b_r = tl.load(beta_ptr + grow * HV + i_hv, mask=m_r, other=0.)
+    v_r = tl.load(v_ptr + (grow * HV + i_hv)[:, None] * V + o_v[None, :], mask=m_r[:, None],
+                  other=0.).to(tl.float32)
+    if G_STORED:
+        G = tl.load(G_ptr + grow * HV + i_hv, mask=m_r, other=0.)
+    else:
+        G = _ancestor_sum(g_ptr, bits_ptr, bos, n, grow, m_r, c, i_hv, HV, W, BT)
+    return xk, xq, b_r, v_r, G
+
+
+@triton.jit
 def _unit_lower_inverse(A, BT: tl.constexpr, LOG_BT: tl.constexpr, PREC: tl.constexpr):
     """(I + A)^-1 for strictly lower A [BT, BT] by block doubling: T_{2s} = T_s - T_s E_s T_s
     (E_s = the s x s blocks just below the diagonal of each 2s block), which only ever
@@ -88,19 +126,22 @@ def _unit_lower_inverse(A, BT: tl.constexpr, LOG_BT: tl.constexpr, PREC: tl.cons
 
 
 @triton.jit
-def _tree_verify_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, s0_ptr, bits_ptr, cu_ptr,
-                        pairs_ptr, npairs_ptr, NC, o_ptr, u_ptr, G_ptr, scale,
+def _tree_verify_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, s0_ptr, bits_ptr, bits32_ptr,
+                        cu_ptr, pairs_ptr, npairs_ptr, NC, o_ptr, u_ptr, G_ptr, scale,
                         H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                         W: tl.constexpr, BT: tl.constexpr, BV: tl.constexpr,
                         LOG_BT: tl.constexpr, L2NORM: tl.constexpr, PREC: tl.constexpr,
-                        DT: tl.constexpr):
+                        DT: tl.constexpr, NT: tl.constexpr, UDT: tl.constexpr,
+                        PREFETCH: tl.constexpr):
     """One program per (sequence, value head, V block); sub-chunks of BT nodes in order.
 
     Per sub-chunk c (rows r): rhs = b (V - e^G K S0) and acc = e^G Q S0, minus/plus the
     ancestor-masked terms of the earlier sub-chunks listed in pairs[b, c] (their solved u,
     re-read from the u buffer the commit needs anyway), then u_c = (I + A_cc)^-1 rhs and
     o_c = acc + (Q K^T o D o M)_cc u_c.  The [*, K] dots take DT operands (bf16 for 16-bit
-    inputs, as fla does), the dots on u / T fp32 (tf32 or ieee)."""
+    inputs, as fla does), the dots on T fp32 (tf32 or ieee), the earlier-sub-chunk dots on u
+    UDT (fp32, or bf16 like fla's v_new).  NT > 0 (a power of two >= every tree's size): G of
+    all nodes first, in one round of loads; NT = 0: G per sub-chunk (trees of any size)."""
     i_v, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_hv = i_bh // HV, i_bh % HV
     i_h = i_hv // (HV // H)
@@ -111,17 +152,26 @@ def _tree_verify_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, s0_ptr, bits_ptr, 
     o_k = tl.arange(0, K)
     # int64: B*HV*K*V can pass 2^31; S0 [K, BV] is read once per program
     s0 = tl.load(s0_ptr + (i_b * HV + i_hv).to(tl.int64) * K * V + o_k[:, None] * V + o_v[None, :]).to(DT)
+    if NT > 0:   # every node's G up front (one round of loads), read back below
+        o_n = tl.arange(0, NT)
+        tl.store(G_ptr + (bos + o_n) * HV + i_hv,
+                 _ancestor_sums(g_ptr, bits32_ptr, bos, n, o_n, o_n < n, i_hv, HV, 2 * W, NT),
+                 mask=o_n < n)
+        tl.debug_barrier()
     lower = o_t[:, None] > o_t[None, :]
+    # PREFETCH: the rows of each sub-chunk are loaded one sub-chunk ahead (they do not depend
+    # on the solve), so their load latency hides behind the previous sub-chunk's dots
+    xk, xq, b_r, v_r, G = _chunk_rows(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, bits_ptr, G_ptr, bos,
+                                      n, 0, i_h, i_hv, o_v, scale, H, HV, K, V, W, BT, L2NORM,
+                                      DT, NT > 0)
     for c in range(0, tl.cdiv(n, BT)):
         rows = c * BT + o_t
         m_r = rows < n
         grow = bos + rows
-        xk = _rows_normed(k_ptr, grow, m_r, i_h, 1., H, K, L2NORM, DT)
-        xq = _rows_normed(q_ptr, grow, m_r, i_h, scale, H, K, L2NORM, DT)
-        G = _ancestor_sum(g_ptr, bits_ptr, bos, n, grow, m_r, c, i_hv, HV, W, BT)
-        b_r = tl.load(beta_ptr + grow * HV + i_hv, mask=m_r, other=0.)
-        v_r = tl.load(v_ptr + (grow * HV + i_hv)[:, None] * V + o_v[None, :], mask=m_r[:, None],
-                      other=0.).to(tl.float32)
+        if not PREFETCH:
+            xk, xq, b_r, v_r, G = _chunk_rows(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, bits_ptr, G_ptr,
+                                              bos, n, c, i_h, i_hv, o_v, scale, H, HV, K, V, W,
+                                              BT, L2NORM, DT, NT > 0)
         eG = tl.exp(G)[:, None]
         rhs = b_r[:, None] * (v_r - eG * tl.dot(xk, s0, input_precision=PREC))
         acc = eG * tl.dot(xq, s0, input_precision=PREC)
@@ -133,22 +183,29 @@ def _tree_verify_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, s0_ptr, bits_ptr, 
         for i in range(0, tl.load(npairs_ptr + i_b * NC + c)):
             c2 = tl.load(pc + i).to(tl.int64)
             gcol = bos + c2 * BT + o_t
+            uc = tl.load(u_ptr + (gcol * HV + i_hv)[:, None] * V + o_v[None, :]).to(UDT)
             kct = tl.trans(_rows_normed(k_ptr, gcol, gcol >= 0, i_h, 1., H, K, L2NORM, DT))
             dec = _decay(_anc_tile(bits_ptr, grow, m_r, c2, BT, W), G,
                          tl.load(G_ptr + gcol * HV + i_hv))
-            uc = tl.load(u_ptr + (gcol * HV + i_hv)[:, None] * V + o_v[None, :])
-            rhs -= tl.dot(b_r[:, None] * tl.dot(xk, kct, input_precision=PREC) * dec, uc,
-                          input_precision=PREC)
-            acc += tl.dot(tl.dot(xq, kct, input_precision=PREC) * dec, uc, input_precision=PREC)
+            a_rc = b_r[:, None] * tl.dot(xk, kct, input_precision=PREC) * dec
+            p_rc = tl.dot(xq, kct, input_precision=PREC) * dec
+            rhs -= tl.dot(a_rc.to(UDT), uc, input_precision=PREC)
+            acc += tl.dot(p_rc.to(UDT), uc, input_precision=PREC)
         # diagonal block: A (strictly lower, ancestor-masked) and its unit-lower inverse
         dec = _decay(_anc_tile(bits_ptr, grow, m_r, c, BT, W) & m_r[None, :], G, G)
         xkt = tl.trans(xk)
         A = tl.where(lower, b_r[:, None] * tl.dot(xk, xkt, input_precision=PREC) * dec, 0.)
         u = tl.dot(_unit_lower_inverse(A, BT, LOG_BT, PREC), rhs, input_precision=PREC)
         acc += tl.dot(tl.dot(xq, xkt, input_precision=PREC) * dec, u, input_precision=PREC)
+        G_c = G
+        if PREFETCH:
+            xk, xq, b_r, v_r, G = _chunk_rows(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, bits_ptr,
+                                              G_ptr, bos, n, c + 1, i_h, i_hv, o_v, scale, H, HV,
+                                              K, V, W, BT, L2NORM, DT, NT > 0)
         tl.store(u_ptr + (grow * HV + i_hv)[:, None] * V + o_v[None, :], u, mask=m_r[:, None])
         # every V block stores the same G (identical values), so each reads back its own
-        tl.store(G_ptr + grow * HV + i_hv, G, mask=m_r)
+        if NT == 0:
+            tl.store(G_ptr + grow * HV + i_hv, G_c, mask=m_r)
         tl.store(o_ptr + (grow * HV + i_hv)[:, None] * V + o_v[None, :],
                  acc.to(o_ptr.dtype.element_ty), mask=m_r[:, None])
         tl.debug_barrier()   # later sub-chunks of this program read the u and G just stored
