@@ -221,6 +221,7 @@ class SimResult:
     linear_budget: int = 0
     ci95: dict = field(default_factory=dict)
     synthetic: bool = False
+    model: str = ""                    # the cost bundle's meta["model"]
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -371,26 +372,45 @@ def simulate(costs, workload: Workload, batch_size: int, spec: PolicySpec, *, mc
                      verify_us=a["verify_us"], throughput_tok_s=throughput, per_seq_tok_s=throughput / b,
                      rounds=a["rounds"], speedup_vs_none=throughput / none_tput,
                      speedup_vs_linear=throughput / lin_tput, linear_budget=lin_d, ci95=ci,
-                     synthetic=bool(getattr(costs, "meta", {}).get("synthetic", False)))
+                     synthetic=bool(getattr(costs, "meta", {}).get("synthetic", False)),
+                     model=str(getattr(costs, "meta", {}).get("model", "")))
+
+
+def pick_bundle(bundles: list, model: str | None, source: str):
+    """The bundle for ``model`` (its meta["model"]); with no model named, the only bundle, and a
+    one-line error naming the choices when there are several."""
+    names = [str(b.meta.get("model")) for b in bundles]
+    if model is None:
+        if len(bundles) == 1:
+            return bundles[0]
+        raise SimtreeError(f"{len(bundles)} cost bundles in {source} ({', '.join(names)}): "
+                           f"pick one with --model")
+    if model not in names:
+        raise SimtreeError(f"no cost bundle for model {model!r} in {source} (it has: {', '.join(names)})")
+    return bundles[names.index(model)]
 
 
 def simulate_command_run(costs_path, workload_spec: str, batch_size: int, mode: str, steps: int, topk: int,
                          budget: int, width: int = 1, draft_depth: int | None = None, policy_path=None,
                          mc_runs: int = 0, prompt_len=None, output_len=None, seed: int = 0,
-                         progress=None) -> SimResult:
-    """`simtree simulate`: resolve costs (path / shipped / SYNTHETIC), the workload and the
-    policy (flags, or the policy file's entry for this workload and batch size), simulate."""
+                         progress=None, model: str | None = None) -> SimResult:
+    """`simtree simulate`: resolve costs (path / the shipped bundle of ``model`` / SYNTHETIC),
+    the workload and the policy (flags, or the policy file's entry for this workload and batch
+    size), simulate."""
     from simtree.acceptance import get_workload
     from simtree.planner import resolve_costs
 
-    costs = resolve_costs([costs_path] if costs_path else [])[0]
     workload = get_workload(workload_spec, prompt_len, output_len)
     if mc_runs < 0:
         raise SimtreeError(f"--monte-carlo must be >= 0, got {mc_runs}")
-    if policy_path:
+    if policy_path:   # its model picks the shipped bundle unless --model says otherwise
         from simtree.policy import Policy
-        entry = Policy.load(policy_path).lookup(workload.name, batch_size)
+        pol = Policy.load(policy_path)
+        entry = pol.lookup(workload.name, batch_size)
         spec = PolicySpec(entry.mode, entry.params)
+        model = model or pol.model
     else:
         spec = PolicySpec(mode, params_from_flags(mode, steps, topk, budget, width, draft_depth))
+    costs = pick_bundle(resolve_costs([costs_path] if costs_path else []), model,
+                        costs_path or "simtree/data/costs")
     return simulate(costs, workload, batch_size, spec, mc_runs=mc_runs, seed=seed, progress=progress)

@@ -55,7 +55,9 @@ def test_triton_matches_both_references_fp32(seed):
 def test_triton_bf16_inputs():
     # the reference sees the same bf16-rounded q/k/v (upcast to fp64); the kernel keeps u, G,
     # the solve and accumulators in fp32 and rounds only the output to bf16 (2^-8 ~ 4e-3
-    # relative), so 2e-2 leaves room for tf32 dots on the GPU without hiding real bugs.
+    # relative), so 2e-2 leaves room for tf32 dots and the bf16 operands of the dots on earlier
+    # sub-chunks' u on the GPU (measured there: <= 5.7e-3, reports/h200/gdn) without hiding real
+    # bugs.
     rng = np.random.default_rng(2)
     inp = make_inputs([random_tree(20, rng), random_tree(9, rng)], 2, dtype=torch.bfloat16)
     out, _ = gdn_tree_verify(*(inp[k] for k in KEYS), inp["parents"], inp["cu_nodes"], backend="triton")

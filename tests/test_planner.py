@@ -8,6 +8,7 @@ from typer.testing import CliRunner
 from simtree import planner
 from simtree.acceptance import AcceptanceModel, Workload, calibrate_linear
 from simtree.cli import app
+from simtree.errors import SimtreeError
 from simtree.planner import SearchSpace, plan
 from simtree.policy import Policy
 from simtree.synthetic import RooflineDraftCost, RooflineVerifyCost, SyntheticCostBundle
@@ -250,3 +251,18 @@ def test_path_enumeration_matches_sampling_the_acceptance_model():
             draws = _sample_accepted(tree, acc.tables[level], rng, 4000)
             exact = sum(_reach_probs(tree, acc.tables[level])[1:])
             assert abs(draws.mean() - exact) <= 5 * draws.std(ddof=1) / np.sqrt(draws.size) + 1e-12, (mode, level)
+
+
+def test_cli_simulate_picks_the_shipped_bundle_by_model():
+    # two bundles ship: without --model the command names the choices in one line; with it,
+    # the named model's bundle is the one simulated
+    res = CliRunner().invoke(app, ["simulate", "--batch-size", "2", "--json"])
+    assert isinstance(res.exception, SimtreeError)
+    assert "--model" in str(res.exception) and "qwen3.6-27b" in str(res.exception)
+    for model in ("qwen3.6-27b", "deepseek-v4-flash"):
+        res = CliRunner().invoke(app, ["simulate", "--model", model, "--batch-size", "2", "--output-len", "32",
+                                       "--json"])
+        assert res.exit_code == 0, res.output
+        assert json.loads(res.output)["model"] == model
+    res = CliRunner().invoke(app, ["simulate", "--model", "nope", "--json"])
+    assert "no cost bundle for model 'nope'" in str(res.exception)

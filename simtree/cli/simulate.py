@@ -13,10 +13,12 @@ from simtree.synthetic import SYNTHETIC_LABEL
 
 def register(app: typer.Typer) -> None:
     @app.command("simulate", help="Predict decode throughput of one policy for a model, workload and batch "
-                                  "size.  Example: simtree simulate --workload sharegpt --batch-size 8 "
-                                  "--policy-mode eagle --steps 4 --topk 2 --budget 5 --monte-carlo 200")
+                                  "size.  Example: simtree simulate --model qwen3.6-27b --workload sharegpt "
+                                  "--batch-size 8 --policy-mode eagle --steps 4 --topk 2 --budget 5 --monte-carlo 200")
     def simulate_command(
         costs: Optional[str] = typer.Option(None, "--costs", help="CostBundle JSON (default: shipped, else SYNTHETIC)"),
+        model: Optional[str] = typer.Option(None, "--model", help="which shipped bundle (e.g. qwen3.6-27b); "
+                                            "needed when several ship and --costs is not given"),
         workload: str = typer.Option("sharegpt", "--workload", help="preset or acceptance trace .jsonl"),
         batch_size: int = typer.Option(1, "--batch-size"),
         policy_mode: str = typer.Option("eagle", "--policy-mode",
@@ -43,14 +45,16 @@ def register(app: typer.Typer) -> None:
             task = bar.add_task("monte-carlo", total=monte_carlo or None)
             result = simulate_command_run(costs, workload, batch_size, policy_mode, steps, topk, budget, width,
                                           draft_depth, policy, monte_carlo, prompt_len, output_len, seed,
-                                          progress=lambda done, total: bar.update(task, completed=done))
+                                          progress=lambda done, total: bar.update(task, completed=done),
+                                          model=model)
         if as_json:
             typer.echo(json.dumps(result.to_dict(), indent=1))
             return
         console = Console()
         if result.synthetic:
             console.print(f"[bold red]SYNTHETIC COSTS[/]: {SYNTHETIC_LABEL}")
-        table = Table(title=f"{result.policy} | {result.workload} | batch {result.batch_size} | {result.method}")
+        table = Table(title=f"{result.model} | {result.policy} | {result.workload} | batch {result.batch_size} | "
+                            f"{result.method}")
         table.add_column("metric")
         table.add_column("value")
         ci = result.ci95
