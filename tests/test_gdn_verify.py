@@ -270,19 +270,35 @@ def test_every_default_launch_is_correct():
     assert len(seen) >= 3
 
 
-@pytest.mark.parametrize("g_prologue,prefetch,block_t", [(0, 0, 16), (1, 0, 16), (0, 1, 32),
-                                                         (1, 1, 16)])
-def test_kernel_switches_keep_the_result(g_prologue, prefetch, block_t):
-    # G summed per sub-chunk or in one prologue (the prologue only for trees of at most
-    # G_PROLOGUE_MAX_NODES nodes: the 300-node tree takes the per-sub-chunk path either way),
-    # rows loaded in place or one sub-chunk ahead: same outputs, same cache for the commit
+@pytest.mark.parametrize("g_prologue,prefetch,block_t,big", [(0, 0, 16, 300), (1, 0, 16, 120),
+                                                             (0, 1, 32, 120), (1, 1, 16, 300)])
+def test_kernel_switches_keep_the_result(monkeypatch, g_prologue, prefetch, block_t, big):
+    # G summed per sub-chunk or in one prologue (asked for, and the largest tree at most
+    # G_PROLOGUE_MAX_NODES = 256 nodes: a 300-node tree falls back), rows loaded in place or one
+    # sub-chunk ahead: the launch gets the path asked for, and every path gives the same
+    # outputs and the same cache for the commit
+    from simtree.kernels.gdn import G_PROLOGUE_MAX_NODES, tree_verify
+    launched = []
+    kernel = tree_verify._tree_verify_kernel
+
+    class Spy:
+        def __getitem__(self, grid):
+            def launch(*args, **kw):
+                launched.append(kw)
+                return kernel[grid](*args, **kw)
+            return launch
+
+    monkeypatch.setattr(tree_verify, "_tree_verify_kernel", Spy())
     rng = np.random.default_rng(16)
-    sizes = (40, 300, 1, 17) if g_prologue == 0 else (40, 120, 1, 17)
+    sizes = (40, big, 1, 17)
     trees = [random_tree(n, rng, reach=6) for n in sizes]
     inp = make_inputs(trees, 16)
     tree = (inp["parents"], inp["cu_nodes"])
     out, cache = gdn_tree_verify(*(inp[k] for k in KEYS), *tree, backend="triton",
                                  block_t=block_t, g_prologue=g_prologue, prefetch=prefetch)
+    prologue = bool(g_prologue) and big <= G_PROLOGUE_MAX_NODES
+    assert len(launched) == 1 and launched[0]["PREFETCH"] == bool(prefetch)
+    assert launched[0]["NT"] == (128 if prologue else 0)
     _, ref_cache = gdn_tree_verify(*(inp[k] for k in KEYS), *tree, backend="torch")
     assert rel_err(out, gdn_tree_verify_dense_ref(*f64(inp), *tree)) < 1e-4
     assert rel_err(cache.G, ref_cache.G) < 1e-5

@@ -171,24 +171,22 @@ def gdn_tree_verify(q, k, v, g, beta, state, parents, cu_nodes, *, scale=None, q
     G = torch.empty((N, HV), dtype=torch.float32, device=q.device)
     # bf16/fp16 inputs: tf32 dots (their own rounding is coarser); fp32/fp64: exact fp32
     prec = "tf32" if q.dtype in (torch.bfloat16, torch.float16) else "ieee"
-    args = (qc, kc, v.contiguous(), g.float().contiguous(), beta.float().contiguous(),
-            state.float().contiguous())
-    cu = cu_nodes.to(q.device, torch.int64)
-    consts = dict(H=H, HV=HV, K=K, V=V, BT=BT, BV=BV, LOG_BT=BT.bit_length() - 1,
-                  L2NORM=qk_l2norm, PREC=prec,
-                  DT=tl.bfloat16 if prec == "tf32" and not _INTERPRET else tl.float32,
-                  num_warps=num_warps or cfg["num_warps"],
-                  num_stages=num_stages or cfg["num_stages"], **_maxnreg(
-                      cfg["max_registers"] if max_registers is None else max_registers))
     pro = (cfg["g_prologue"] if g_prologue is None else g_prologue) \
         and meta.max_nodes <= G_PROLOGUE_MAX_NODES
-    nt = max(16, 1 << max(meta.max_nodes - 1, 1).bit_length())
     use_bf16 = (cfg["u_bf16"] if u_bf16 is None else u_bf16) and prec == "tf32" and not _INTERPRET
     pairs, npairs, nc = meta.subchunk_pairs(cu_nodes, BT)   # only sub-chunk pairs with ancestors
     _tree_verify_kernel[(V // BV, B * HV)](
-        *args, meta.bits, meta.bits.view(torch.int32), cu, pairs, npairs, nc, out, u, G, scale,
-        W=meta.words, NT=nt if pro else 0, UDT=tl.bfloat16 if use_bf16 else tl.float32,
-        PREFETCH=bool(cfg["prefetch"] if prefetch is None else prefetch), **consts)
+        qc, kc, v.contiguous(), g.float().contiguous(), beta.float().contiguous(),
+        state.float().contiguous(), meta.bits, meta.bits.view(torch.int32),
+        cu_nodes.to(q.device, torch.int64), pairs, npairs, nc, out, u, G, scale,
+        H=H, HV=HV, K=K, V=V, W=meta.words, BT=BT, BV=BV, LOG_BT=BT.bit_length() - 1,
+        L2NORM=qk_l2norm, PREC=prec, DT=tl.bfloat16 if prec == "tf32" and not _INTERPRET else tl.float32,
+        NT=max(16, 1 << max(meta.max_nodes - 1, 1).bit_length()) if pro else 0,
+        UDT=tl.bfloat16 if use_bf16 else tl.float32,
+        PREFETCH=bool(cfg["prefetch"] if prefetch is None else prefetch),
+        num_warps=num_warps or cfg["num_warps"],
+        num_stages=num_stages or cfg["num_stages"], **_maxnreg(
+            cfg["max_registers"] if max_registers is None else max_registers))
     return out, GDNTreeCache(u, G, meta, qk_l2norm)
 
 
