@@ -39,7 +39,7 @@ from simtree.kernels.gdn.bench_util import (QWEN36, env_info, fla_closure, fla_r
 
 TINY = dict(H=2, HV=4, K=16, V=32)
 _CFG_KEYS = dict(block_v="v", block_t="t", num_warps="w", num_stages="s", max_registers="r",
-                 g_prologue="g", u_bf16="u", prefetch="p")
+                 g_prologue="g", u_bf16="u", prefetch="p", heavy_first="o")
 
 
 def parse_configs(text: str) -> list[dict]:
@@ -47,9 +47,9 @@ def parse_configs(text: str) -> list[dict]:
     names = {v: k for k, v in _CFG_KEYS.items()}
     out = []
     for c in filter(None, text.split(",")):
-        if not re.fullmatch(r"([vtwsrgup]\d+)+", c):
+        if not re.fullmatch(r"([vtwsrgupo]\d+)+", c):
             raise SystemExit(f"bad tree config {c!r}: letters {''.join(_CFG_KEYS.values())}, each with a number")
-        out.append({names[k]: int(v) for k, v in re.findall(r"([vtwsrgup])(\d+)", c)})
+        out.append({names[k]: int(v) for k, v in re.findall(r"([vtwsrgupo])(\d+)", c)})
     return out
 
 
@@ -163,6 +163,14 @@ def time_shape(args, dims, b, n, bw, log) -> list[dict]:
             lambda c=c: gdn_tree_verify(*(c[key] for key in keys), backend="triton", meta=meta,
                                         check=False, **cfg) for c in copies],
             **{"cfg_" + k: v for k, v in {**default, **cfg}.items()})
+    # per round, shared by every layer: ancestor bits, the kernel's node order and its pairs
+    round_cfg = verify_launch_config(b, dims["HV"], dims["V"], args.device, max_nodes=n)
+
+    def round_meta(c):
+        m = tree_meta(c["parents"], c["cu_nodes"], max_nodes=n, validate=False)
+        walk = m.heavy_first(c["cu_nodes"])[1] if round_cfg["heavy_first"] else m
+        return walk.subchunk_pairs(c["cu_nodes"], round_cfg["block_t"])
+    run("round_meta", [lambda c=c: round_meta(c) for c in copies])
     caches = [gdn_tree_verify(*(c[key] for key in keys), backend="triton", meta=meta, check=False)[1]
               for c in copies]
     acc = torch.tensor([t.num_nodes - 1 for t in trees], device=args.device)   # deepest index
@@ -306,11 +314,11 @@ def main() -> None:
     ap.add_argument("--skip-correctness", action="store_true")
     ap.add_argument("--max-copies", type=int, default=32, help="input copies rotated against L2")
     ap.add_argument("--tree-configs",
-                    default="t32v64w8g0u0,t16v128w2g0u0",
+                    default="o0",
                     help="extra tree-kernel launch configs to time (skipped where equal to the "
                          "default): v<BV> t<BT> w<warps> s<stages> r<max registers, 0 = unbounded> "
-                         "g<G prologue 0/1> u<bf16 u operands 0/1> p<prefetch 0/1>; the default "
-                         "list is the previous launch rule's picks with its kernel (g0u0)")
+                         "g<G prologue 0/1> u<bf16 u operands 0/1> p<prefetch 0/1> o<heavy-first order 0/1>; the default "
+                         "o0 times the stored node order where the default walks depth-first")
     args = ap.parse_args()
     t0 = time.time()
     args.deadline = t0 + args.max_seconds

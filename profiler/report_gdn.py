@@ -81,7 +81,16 @@ def write_report(folder: Path) -> Path:
     lines += ["", "## Latency (us, median) and ratios", "",
               markdown_table(table.round(2), with_index=True), "",
               "Targets (issue 5): baseline/tree >= 10 at n = 128; tree/best_fla <= 2 (aim 1); "
-              "tree/floor <= 3 at batch >= 16.", "", "![latency](gdn_verify.png)", ""]
+              "tree/floor <= 3 at batch >= 16.", "",
+              "Columns: `triton_tree` the tree kernel at its default launch "
+              "(`kernels/gdn/__init__.py::verify_launch_config`); `triton_tree_<config>` the same "
+              "kernel at another launch (bench_gdn's config letters), timed only where it differs "
+              "from the default; `recurrent_baseline` the per-branch recurrent kernel; `fla_*` on a "
+              "chain of n tokens; `memory_floor` bytes that must move / measured bandwidth; "
+              "`triton_commit` the accepted-path commit; `round_meta` the per-round tree metadata "
+              "(ancestor bits, the kernel's node order where the launch walks trees depth-first, "
+              "sub-chunk pairs), built once per round and shared by every GDN layer, so it is not "
+              "part of the per-layer ratios.", "", "![latency](gdn_verify.png)", ""]
     out = folder / "README.md"
     out.write_text("\n".join(lines))
     return out

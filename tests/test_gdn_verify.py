@@ -270,13 +270,14 @@ def test_every_default_launch_is_correct():
     assert len(seen) >= 3
 
 
-@pytest.mark.parametrize("g_prologue,prefetch,block_t,big", [(0, 0, 16, 300), (1, 0, 16, 120),
-                                                             (0, 1, 32, 120), (1, 1, 16, 300)])
-def test_kernel_switches_keep_the_result(monkeypatch, g_prologue, prefetch, block_t, big):
+@pytest.mark.parametrize("g_prologue,prefetch,block_t,big,heavy",
+                         [(0, 0, 16, 300, 1), (1, 0, 16, 120, 0), (0, 1, 32, 120, 1),
+                          (1, 1, 16, 300, 0), (1, 1, 16, 120, 1), (1, 0, 32, 300, 1)])
+def test_kernel_switches_keep_the_result(monkeypatch, g_prologue, prefetch, block_t, big, heavy):
     # G summed per sub-chunk or in one prologue (asked for, and the largest tree at most
     # G_PROLOGUE_MAX_NODES = 256 nodes: a 300-node tree falls back), rows loaded in place or one
-    # sub-chunk ahead: the launch gets the path asked for, and every path gives the same
-    # outputs and the same cache for the commit
+    # sub-chunk ahead, nodes walked as stored or depth-first: the launch gets the path asked
+    # for, and every path gives the same outputs and the same cache (stored order) for the commit
     from simtree.kernels.gdn import G_PROLOGUE_MAX_NODES, tree_verify
     launched = []
     kernel = tree_verify._tree_verify_kernel
@@ -295,9 +296,11 @@ def test_kernel_switches_keep_the_result(monkeypatch, g_prologue, prefetch, bloc
     inp = make_inputs(trees, 16)
     tree = (inp["parents"], inp["cu_nodes"])
     out, cache = gdn_tree_verify(*(inp[k] for k in KEYS), *tree, backend="triton",
-                                 block_t=block_t, g_prologue=g_prologue, prefetch=prefetch)
+                                 block_t=block_t, g_prologue=g_prologue, prefetch=prefetch,
+                                 heavy_first=heavy)
     prologue = bool(g_prologue) and big <= G_PROLOGUE_MAX_NODES
     assert len(launched) == 1 and launched[0]["PREFETCH"] == bool(prefetch)
+    assert launched[0]["ORDER"] == bool(heavy)
     assert launched[0]["NT"] == (128 if prologue else 0)
     _, ref_cache = gdn_tree_verify(*(inp[k] for k in KEYS), *tree, backend="torch")
     assert rel_err(out, gdn_tree_verify_dense_ref(*f64(inp), *tree)) < 1e-4
@@ -307,3 +310,45 @@ def test_kernel_switches_keep_the_result(monkeypatch, g_prologue, prefetch, bloc
     S = inp["state"].clone()
     gdn_tree_commit(S, inp["k"], cache, *tree, accepted, backend="triton")
     assert rel_err(S, sequential_commit(inp, trees, accepted)) < 1e-4
+
+
+def _heavy_first_walk(t: DraftTree) -> list[int]:
+    """Depth-first pre-order, the child with the larger subtree first (ties: lower index)."""
+    kids = [[] for _ in range(t.num_nodes)]
+    for i in range(1, t.num_nodes):
+        kids[int(t.parents[i])].append(i)
+    size = [1] * t.num_nodes
+    for i in range(t.num_nodes - 1, 0, -1):
+        size[int(t.parents[i])] += size[i]
+    out, stack = [], [0]
+    while stack:
+        x = stack.pop()
+        out.append(x)
+        stack.extend(sorted(kids[x], key=lambda i: (size[i], -i)))   # popped largest first
+    return out
+
+
+def test_heavy_first_order_and_renumbered_meta():
+    from simtree.kernels.gdn.bench_util import eagle_like_tree
+    rng = np.random.default_rng(17)
+    trees = ([random_tree(int(n), rng, reach=int(r)) for n, r in zip(rng.integers(1, 90, 5),
+                                                                      rng.integers(1, 9, 5))]
+             + [eagle_like_tree(128, rng)[0], DraftTree.chain(40), DraftTree([-1] + [0] * 20)])
+    md = TreeBatch(trees).to_torch()
+    meta = tree_meta(md["parents"], md["cu_nodes"])
+    order, walk = meta.heavy_first(md["cu_nodes"])
+    assert meta.heavy_first(md["cu_nodes"])[0] is order          # built once per round
+    cu = md["cu_nodes"].tolist()
+    for b, t in enumerate(trees):
+        want = _heavy_first_walk(t)
+        assert order[cu[b]:cu[b + 1]].tolist() == [cu[b] + x for x in want], b
+        renum = DraftTree([-1] + [want.index(int(t.parents[x])) for x in want[1:]])
+        got = tree_meta(torch.as_tensor(renum.parents), torch.tensor([0, t.num_nodes]),
+                        max_nodes=meta.max_nodes)
+        assert torch.equal(walk.bits[cu[b]:cu[b + 1]], got.bits), b
+        assert torch.equal(walk.depth[cu[b]:cu[b + 1]], got.depth), b
+        near = walk.anc[cu[b]:cu[b + 1]]
+        assert torch.equal(torch.where(near >= 0, near - cu[b], -1), got.anc), b
+    # the renumbering keeps fewer sub-chunk pairs on the EAGLE-like tree (28 of 28 as stored)
+    assert int(meta.subchunk_pairs(md["cu_nodes"], 16)[1][5].sum()) == 28
+    assert int(walk.subchunk_pairs(md["cu_nodes"], 16)[1][5].sum()) < 20

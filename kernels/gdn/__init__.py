@@ -93,31 +93,38 @@ G_PROLOGUE_MAX_NODES = 256
 def verify_launch_config(B: int, HV: int, V: int, device: torch.device | str = "cuda",
                          max_nodes: int = 128) -> dict:
     """Default launch of the tree kernel: block_t (node sub-chunk), block_v, num_warps,
-    num_stages, max_registers, and the kernel switches g_prologue / u_bf16 / prefetch.
+    num_stages, max_registers, and the kernel switches g_prologue / u_bf16 / prefetch /
+    heavy_first.
 
-    Picked from the launch sweeps on the H200 (reports/h200/gdn/tuning/, runs 8 and 10;
+    Picked from the launch sweeps on the H200 (reports/h200/gdn/tuning/, runs 8, 10 and 11;
     Qwen3.6-27B shapes, ``B * HV`` = (sequence, value head) programs at block_v = V):
     - <= 48 (one sequence): block_v 64 (two programs per head fill more SMs); trees of >= 32
-      nodes take 32-node sub-chunks with 8 warps (b1 n128: 48.8 us).
-    - <= 4 sequences: block_v = V, 4 warps, rows prefetched; 32-node sub-chunks from 128 nodes
-      (b4 n128: 75.7 us vs 81.2 at 16).
-    - <= 16 sequences, trees of >= 32 nodes: 16-node sub-chunks, 4 warps capped at 168
-      registers (three programs per SM instead of two: b16 n64 99.4 us vs 110.2 at 2 warps).
-    - otherwise 16-node sub-chunks, 2 warps (b64 n128: 851.5 us; 890.6 at 4 warps / 168).
+      nodes take 32-node sub-chunks with 8 warps (b1 n128: 48.5 us; 16-node sub-chunks walked
+      depth-first 53.7).
+    - <= 4 sequences: block_v = V, 16-node sub-chunks, 4 warps; rows prefetched from 32 nodes
+      (b4 n32 16.8 vs 18.3 us; at n <= 16 prefetch costs 2-3%).
+    - <= 16 sequences, trees of >= 32 nodes: 4 warps capped at 168 registers (three programs
+      per SM instead of two: b16 n64 99.3 us vs 108.3 at 2 warps).
+    - otherwise 2 warps (b64 n128: 688.9 us; 718.9 at 4 warps / 168).
     Every launch takes G in one prologue (b64 n128: 871.4 vs 951.3 us without, run 8) and bf16
     operands for the dots on earlier sub-chunks' u (16-bit inputs only; b16 n64 108.7 vs 115.5).
-    ``device`` stays in the signature for shape-dependent choices on other GPUs.
+    Trees of more than 64 nodes in 16-node sub-chunks are walked depth-first, larger subtree
+    first (``TreeMeta.heavy_first``): about half the sub-chunk pairs hold ancestors then
+    (b64 n128 688.9 vs 840.9 us, b16 193.1 vs 230.8, b4 72.8 vs 82.3; at n <= 64 it is 1-5%
+    slower, run 11).  ``device`` stays in the signature for shape-dependent choices on other
+    GPUs.
     """
     rows = B * HV
     cfg = dict(block_t=16, block_v=V, num_warps=2, num_stages=2, max_registers=0, g_prologue=1,
-               u_bf16=1, prefetch=0)
+               u_bf16=1, prefetch=0, heavy_first=0)
     if rows <= 48:
         big = max_nodes >= 32
         cfg.update(block_t=32 if big else 16, block_v=min(V, 64), num_warps=8 if big else 4)
     elif rows <= 4 * 48:
-        cfg.update(block_t=32 if max_nodes >= 128 else 16, num_warps=4, prefetch=1)
+        cfg.update(num_warps=4, prefetch=int(max_nodes >= 32))
     elif rows <= 16 * 48 and max_nodes >= 32:
         cfg.update(num_warps=4, max_registers=168)
+    cfg["heavy_first"] = int(cfg["block_t"] == 16 and max_nodes > 64)
     return cfg
 
 
@@ -126,7 +133,8 @@ def gdn_tree_verify(q, k, v, g, beta, state, parents, cu_nodes, *, scale=None, q
                     block_v: int | None = None, block_t: int | None = None,
                     num_warps: int | None = None, num_stages: int | None = None,
                     max_registers: int | None = None, g_prologue: int | None = None,
-                    u_bf16: int | None = None, prefetch: int | None = None):
+                    u_bf16: int | None = None, prefetch: int | None = None,
+                    heavy_first: int | None = None):
     """Every node's output as if the recurrence ran along its own root path only.
 
     One pass, ``state`` is not modified.  Returns (out [N, HV, V] in q's dtype, GDNTreeCache).
@@ -136,7 +144,9 @@ def gdn_tree_verify(q, k, v, g, beta, state, parents, cu_nodes, *, scale=None, q
     ``max_registers`` (0: unbounded) / ``g_prologue`` (1: every node's cumulative decay in
     one round of loads first; trees of at most ``G_PROLOGUE_MAX_NODES`` nodes) / ``u_bf16``
     (1: bf16 operands for the dots on earlier sub-chunks' u, 16-bit inputs only) /
-    ``prefetch`` (1: each sub-chunk's rows loaded while the one before is solved) override
+    ``prefetch`` (1: each sub-chunk's rows loaded while the one before is solved) /
+    ``heavy_first`` (1: the kernel walks each tree depth-first, larger subtree first,
+    ``TreeMeta.heavy_first``; outputs and cache stay in the stored order) override
     ``verify_launch_config`` (benchmark tuning).
     """
     if check:
@@ -174,16 +184,21 @@ def gdn_tree_verify(q, k, v, g, beta, state, parents, cu_nodes, *, scale=None, q
     pro = (cfg["g_prologue"] if g_prologue is None else g_prologue) \
         and meta.max_nodes <= G_PROLOGUE_MAX_NODES
     use_bf16 = (cfg["u_bf16"] if u_bf16 is None else u_bf16) and prec == "tf32" and not _INTERPRET
-    pairs, npairs, nc = meta.subchunk_pairs(cu_nodes, BT)   # only sub-chunk pairs with ancestors
+    order = None
+    walk = meta      # the numbering the kernel walks: as stored, or depth-first heavy-first
+    if cfg["heavy_first"] if heavy_first is None else heavy_first:
+        order, walk = meta.heavy_first(cu_nodes)
+    pairs, npairs, nc = walk.subchunk_pairs(cu_nodes, BT)   # only sub-chunk pairs with ancestors
     _tree_verify_kernel[(V // BV, B * HV)](
         qc, kc, v.contiguous(), g.float().contiguous(), beta.float().contiguous(),
-        state.float().contiguous(), meta.bits, meta.bits.view(torch.int32),
-        cu_nodes.to(q.device, torch.int64), pairs, npairs, nc, out, u, G, scale,
+        state.float().contiguous(), walk.bits, walk.bits.view(torch.int32),
+        order if order is not None else walk.bits, cu_nodes.to(q.device, torch.int64), pairs,
+        npairs, nc, out, u, G, scale,
         H=H, HV=HV, K=K, V=V, W=meta.words, BT=BT, BV=BV, LOG_BT=BT.bit_length() - 1,
         L2NORM=qk_l2norm, PREC=prec, DT=tl.bfloat16 if prec == "tf32" and not _INTERPRET else tl.float32,
         NT=max(16, 1 << max(meta.max_nodes - 1, 1).bit_length()) if pro else 0,
         UDT=tl.bfloat16 if use_bf16 else tl.float32,
-        PREFETCH=bool(cfg["prefetch"] if prefetch is None else prefetch),
+        PREFETCH=bool(cfg["prefetch"] if prefetch is None else prefetch), ORDER=order is not None,
         num_warps=num_warps or cfg["num_warps"],
         num_stages=num_stages or cfg["num_stages"], **_maxnreg(
             cfg["max_registers"] if max_registers is None else max_registers))

@@ -13,6 +13,9 @@ them.  Layouts:
     pairs    int32 [B, C, C] / counts int32 [B, C]  (``subchunk_pairs``, C = ceil(max_nodes / bt)):
              pairs[b, c, :counts[b, c]] lists, ascending, the sub-chunks c2 < c of tree b that
              hold an ancestor of some node of sub-chunk c; the tree kernel visits only those
+    heavy_first  (order int32 [N], TreeMeta of the renumbered trees): the depth-first,
+             larger-subtree-first node order the tree kernel walks large trees in
+             (``order[bos + p]`` = flat row of the p-th node visited)
 """
 from __future__ import annotations
 
@@ -33,19 +36,32 @@ class TreeMeta:
     anc: torch.Tensor
     seq_ids: torch.Tensor
     max_nodes: int
-    _pairs: dict = field(default_factory=dict, repr=False, compare=False)
+    _derived: dict = field(default_factory=dict, repr=False, compare=False)  # built on first use
 
     @property
     def words(self) -> int:
         return int(self.bits.shape[1])
 
+    def heavy_first(self, cu_nodes: torch.Tensor) -> tuple[torch.Tensor, "TreeMeta"]:
+        """(order int32 [N], meta of the renumbered trees), cached: the tree kernel's node order.
+
+        order[bos + p] is the flat row of the node visited p-th by a depth-first walk of its
+        tree that takes the child with the larger subtree first (ties: lower index); the
+        returned TreeMeta describes the same trees renumbered that way.  Depth-first
+        numbering keeps each branch in few node sub-chunks, so fewer sub-chunk pairs hold
+        ancestors (EAGLE-like trees of 128 nodes, 16-node sub-chunks: 28 -> about 13 of 28).
+        Sync-free torch ops, built once per round."""
+        if "heavy_first" not in self._derived:
+            self._derived["heavy_first"] = _heavy_first(self, cu_nodes)
+        return self._derived["heavy_first"]
+
     def subchunk_pairs(self, cu_nodes: torch.Tensor, bt: int) -> tuple[torch.Tensor, torch.Tensor, int]:
         """(pairs [B, C, C], counts [B, C], C) for node sub-chunks of ``bt`` (divides 64).
 
         Sync-free torch ops, cached per bt: built once per round, shared by every layer."""
-        if bt not in self._pairs:
-            self._pairs[bt] = _subchunk_pairs(self.bits, self.seq_ids, cu_nodes, self.max_nodes, bt)
-        return self._pairs[bt]
+        if bt not in self._derived:
+            self._derived[bt] = _subchunk_pairs(self.bits, self.seq_ids, cu_nodes, self.max_nodes, bt)
+        return self._derived[bt]
 
 
 def _subchunk_pairs(bits, seq_ids, cu_nodes, max_nodes: int, bt: int):
@@ -68,6 +84,45 @@ def _subchunk_pairs(bits, seq_ids, cu_nodes, max_nodes: int, bt: int):
     # stable sort of "not needed" moves the needed c2 to the front, in ascending order
     order = torch.sort((~need).to(torch.int8), dim=-1, stable=True).indices
     return order.to(torch.int32).contiguous(), need.sum(-1, dtype=torch.int32), C
+
+
+def _heavy_first(meta: TreeMeta, cu_nodes: torch.Tensor) -> tuple[torch.Tensor, TreeMeta]:
+    """Pre-order position of node v = sum over its ancestors-or-self a (root excluded) of
+    1 + the subtree sizes of the siblings visited before a; dense [N, max_nodes] tables.  The
+    renumbered metadata is the same tables permuted (no second pointer-doubling pass: this
+    runs once per round, and each of its small ops is a launch)."""
+    bits, seq, M = meta.bits, meta.seq_ids, meta.max_nodes
+    dev = bits.device
+    (N, W), B = bits.shape, cu_nodes.numel() - 1
+    cu = cu_nodes.to(device=dev, dtype=torch.int64)
+    bos = cu[seq]
+    local = torch.arange(N, device=dev) - bos
+    cols = torch.arange(64 * W, device=dev)
+    anc = ((bits[:, cols // 64] >> (cols % 64)) & 1)                        # [N, 64 W] anc-or-self
+    size = torch.zeros((B, 64 * W), dtype=torch.int64, device=dev).index_add_(0, seq, anc)
+    par = torch.where(meta.anc[:, 0] >= 0, meta.anc[:, 0] - bos, -1)        # local parent
+    par_tab = torch.full((B, 64 * W), -2, dtype=torch.int64, device=dev)
+    par_tab[seq, local] = par
+    sib_par, sib_size = par_tab[seq], size[seq]                              # [N, 64 W]
+    own = sib_size.gather(1, local[:, None])
+    before = (sib_par == par[:, None]) & ((sib_size > own) | ((sib_size == own) & (cols < local[:, None])))
+    offset = torch.where(par >= 0, 1 + (before * sib_size).sum(1), 0)       # [N]
+    tab = cols.expand(B, -1).clone()     # per tree: local node -> offset, then -> position
+    tab[seq, local] = offset
+    pos = (anc * tab[seq]).sum(1)                                            # local pre-order
+    tab[seq, local] = pos                # columns past a tree's size keep their own index
+    new = bos + pos                      # flat row of each node in the new numbering
+    order = torch.empty(N, dtype=torch.int64, device=dev)
+    order[new] = torch.arange(N, device=dev)
+    # the same ancestor sets, columns and rows renumbered, packed back into 64-bit words
+    anc_new = torch.zeros_like(anc).scatter_(1, tab[seq], anc)
+    words = (anc_new.view(N, W, 64) << torch.arange(64, device=dev)).sum(-1)   # disjoint bits
+    bits_new, depth_new, near_new = torch.empty_like(bits), torch.empty_like(meta.depth), \
+        torch.empty_like(meta.anc)
+    bits_new[new], depth_new[new] = words, meta.depth
+    near_new[new] = torch.where(meta.anc >= 0, new[meta.anc.clamp_min(0)], -1)
+    return order.to(torch.int32), TreeMeta(bits=bits_new, depth=depth_new, anc=near_new,
+                                           seq_ids=seq, max_nodes=M)
 
 
 def _validate(parents: torch.Tensor, cu_nodes: torch.Tensor) -> None:

@@ -14,9 +14,11 @@ once.  Nodes go in sub-chunks of BT (16 or 32) in topological order; for sub-chu
 
 (D = e^{G_r - G_m}), i.e. earlier sub-chunks enter only through their solved u, re-read from
 the u buffer the commit needs anyway (off-diagonal blocks are ancestor-masked too), so trees
-of any size work and no tile grows with n.  k rows and q rows are separate [BT, K] tiles:
-an earlier layout stacked them into one [2 BT, K] tile to halve the dot count, but the
-reshapes it needed cost more than the dots (reports/h200/gdn/tuning run 4: 1.1-1.6x slower
+of any size work and no tile grows with n.  The kernel may walk the nodes in another
+topological order (ORDER: depth-first, larger subtree first, ``TreeMeta.heavy_first``): a
+branch then stays in few sub-chunks and about half the pairs drop out at 128 nodes.
+k rows and q rows are separate [BT, K] tiles: an earlier layout stacked them into one
+[2 BT, K] tile to halve the dot count, but the reshapes it needed cost more than the dots (reports/h200/gdn/tuning run 4: 1.1-1.6x slower
 at the same launch settings).
 """
 from __future__ import annotations
@@ -33,6 +35,17 @@ def _anc_tile(bits_ptr, grow, m_r, c2, BT: tl.constexpr, W: tl.constexpr):
     word = tl.load(bits_ptr + grow * W + (c2 * BT) // 64, mask=m_r, other=0)
     shift = ((c2 * BT) % 64 + tl.arange(0, BT)).to(tl.int64)
     return ((word[:, None] >> shift[None, :]) & 1) != 0
+
+
+@triton.jit
+def _node_rows(order_ptr, bos, local, m, ORDER: tl.constexpr):
+    """Flat rows of q/k/v/g/beta/o/u/G of the nodes at kernel positions ``local``: the kernel
+    walks the nodes in ``order`` (ORDER, a renumbering whose ancestor bits it is given) or as
+    stored.  Masked-off positions get row ``bos`` (their loads and stores are masked too)."""
+    if ORDER:
+        return tl.load(order_ptr + bos + local, mask=m, other=0).to(tl.int64)
+    else:
+        return bos + local
 
 
 @triton.jit
@@ -57,23 +70,25 @@ def _decay(anc, Gr, Gc):
 
 
 @triton.jit
-def _ancestor_sum(g_ptr, bits_ptr, bos, n, grow, m_r, c, i_hv, HV: tl.constexpr,
-                  W: tl.constexpr, BT: tl.constexpr):
-    """G_r = sum of g over the ancestors-or-self of rows r of sub-chunk c ([BT])."""
+def _ancestor_sum(g_ptr, bits_ptr, order_ptr, bos, n, prow, m_r, c, i_hv, HV: tl.constexpr,
+                  W: tl.constexpr, BT: tl.constexpr, ORDER: tl.constexpr):
+    """G_r = sum of g over the ancestors-or-self of rows r of sub-chunk c ([BT]); ``prow`` =
+    bos + kernel positions (the ancestor bits are in kernel order)."""
     o_t = tl.arange(0, BT)
     G = tl.zeros([BT], dtype=tl.float32)
     for c2 in range(0, c + 1):
         cols = c2 * BT + o_t
         m_c = cols < n
-        gc = tl.load(g_ptr + (bos + cols) * HV + i_hv, mask=m_c, other=0.)
-        anc = _anc_tile(bits_ptr, grow, m_r, c2, BT, W) & m_c[None, :]
+        gc = tl.load(g_ptr + _node_rows(order_ptr, bos, cols, m_c, ORDER) * HV + i_hv, mask=m_c,
+                     other=0.)
+        anc = _anc_tile(bits_ptr, prow, m_r, c2, BT, W) & m_c[None, :]
         G += tl.sum(tl.where(anc, gc[None, :], 0.), axis=1)
     return G
 
 
 @triton.jit
-def _ancestor_sums(g_ptr, bits32_ptr, bos, n, rows, m_rows, i_hv, HV: tl.constexpr,
-                   W2: tl.constexpr, NT: tl.constexpr):
+def _ancestor_sums(g_ptr, bits32_ptr, order_ptr, bos, n, rows, m_rows, i_hv, HV: tl.constexpr,
+                   W2: tl.constexpr, NT: tl.constexpr, ORDER: tl.constexpr):
     """G of the given rows (local node indices, NT >= n) at once: ancestor columns 32 at a time
     (the int32 halves of the mask words, W2 per row), unrolled, so no load waits on another."""
     HB: tl.constexpr = 32 if NT > 32 else NT
@@ -81,22 +96,24 @@ def _ancestor_sums(g_ptr, bits32_ptr, bos, n, rows, m_rows, i_hv, HV: tl.constex
     G = tl.where(m_rows, 0., 0.)
     for j0 in tl.static_range(0, NT, HB):
         w32 = tl.load(bits32_ptr + (bos + rows) * W2 + j0 // 32, mask=m_rows, other=0)
-        gc = tl.load(g_ptr + (bos + j0 + o_hb) * HV + i_hv, mask=j0 + o_hb < n, other=0.)
+        m_c = j0 + o_hb < n
+        gc = tl.load(g_ptr + _node_rows(order_ptr, bos, j0 + o_hb, m_c, ORDER) * HV + i_hv,
+                     mask=m_c, other=0.)
         on = ((w32[:, None] >> (j0 % 32 + o_hb)[None, :]) & 1) != 0
         G += tl.sum(tl.where(on, gc[None, :], 0.), axis=1)
     return G
 
 
 @triton.jit
-def _chunk_rows(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, bits_ptr, G_ptr, bos, n, c, i_h, i_hv, o_v,
-                scale, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-                W: tl.constexpr, BT: tl.constexpr, L2NORM: tl.constexpr, DT: tl.constexpr,
-                G_STORED: tl.constexpr):
+def _chunk_rows(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, bits_ptr, G_ptr, order_ptr, bos, n, c,
+                i_h, i_hv, o_v, scale, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr,
+                V: tl.constexpr, W: tl.constexpr, BT: tl.constexpr, L2NORM: tl.constexpr,
+                DT: tl.constexpr, G_STORED: tl.constexpr, ORDER: tl.constexpr):
     """What sub-chunk c needs that no earlier sub-chunk changes: normalised k and q rows, beta,
     v [BT, BV] and G (read back when already stored, else summed over the ancestors)."""
     rows = c * BT + tl.arange(0, BT)
     m_r = rows < n
-    grow = bos + rows
+    grow = _node_rows(order_ptr, bos, rows, m_r, ORDER)
     xk = _rows_normed(k_ptr, grow, m_r, i_h, 1., H, K, L2NORM, DT)
     xq = _rows_normed(q_ptr, grow, m_r, i_h, scale, H, K, L2NORM, DT)
     b_r = tl.load(beta_ptr + grow * HV + i_hv, mask=m_r, other=0.)
@@ -105,7 +122,8 @@ def _chunk_rows(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, bits_ptr, G_ptr, bos, n, c
     if G_STORED:
         G = tl.load(G_ptr + grow * HV + i_hv, mask=m_r, other=0.)
     else:
-        G = _ancestor_sum(g_ptr, bits_ptr, bos, n, grow, m_r, c, i_hv, HV, W, BT)
+        G = _ancestor_sum(g_ptr, bits_ptr, order_ptr, bos, n, bos + rows, m_r, c, i_hv, HV, W, BT,
+                          ORDER)
     return xk, xq, b_r, v_r, G
 
 
@@ -127,12 +145,12 @@ def _unit_lower_inverse(A, BT: tl.constexpr, LOG_BT: tl.constexpr, PREC: tl.cons
 
 @triton.jit
 def _tree_verify_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, s0_ptr, bits_ptr, bits32_ptr,
-                        cu_ptr, pairs_ptr, npairs_ptr, NC, o_ptr, u_ptr, G_ptr, scale,
+                        order_ptr, cu_ptr, pairs_ptr, npairs_ptr, NC, o_ptr, u_ptr, G_ptr, scale,
                         H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                         W: tl.constexpr, BT: tl.constexpr, BV: tl.constexpr,
                         LOG_BT: tl.constexpr, L2NORM: tl.constexpr, PREC: tl.constexpr,
                         DT: tl.constexpr, NT: tl.constexpr, UDT: tl.constexpr,
-                        PREFETCH: tl.constexpr):
+                        PREFETCH: tl.constexpr, ORDER: tl.constexpr):
     """One program per (sequence, value head, V block); sub-chunks of BT nodes in order.
 
     Per sub-chunk c (rows r): rhs = b (V - e^G K S0) and acc = e^G Q S0, minus/plus the
@@ -141,7 +159,9 @@ def _tree_verify_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, s0_ptr, bits_ptr, 
     o_c = acc + (Q K^T o D o M)_cc u_c.  The [*, K] dots take DT operands (bf16 for 16-bit
     inputs, as fla does), the dots on T fp32 (tf32 or ieee), the earlier-sub-chunk dots on u
     UDT (fp32, or bf16 like fla's v_new).  NT > 0 (a power of two >= every tree's size): G of
-    all nodes first, in one round of loads; NT = 0: G per sub-chunk (trees of any size)."""
+    all nodes first, in one round of loads; NT = 0: G per sub-chunk (trees of any size).
+    ORDER: nodes are walked in the order ``order_ptr`` gives (bits, pairs and positions in
+    that numbering; every per-node tensor, u and G included, stays in stored rows)."""
     i_v, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_hv = i_bh // HV, i_bh % HV
     i_h = i_hv // (HV // H)
@@ -154,59 +174,65 @@ def _tree_verify_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, s0_ptr, bits_ptr, 
     s0 = tl.load(s0_ptr + (i_b * HV + i_hv).to(tl.int64) * K * V + o_k[:, None] * V + o_v[None, :]).to(DT)
     if NT > 0:   # every node's G up front (one round of loads), read back below
         o_n = tl.arange(0, NT)
-        tl.store(G_ptr + (bos + o_n) * HV + i_hv,
-                 _ancestor_sums(g_ptr, bits32_ptr, bos, n, o_n, o_n < n, i_hv, HV, 2 * W, NT),
+        tl.store(G_ptr + _node_rows(order_ptr, bos, o_n, o_n < n, ORDER) * HV + i_hv,
+                 _ancestor_sums(g_ptr, bits32_ptr, order_ptr, bos, n, o_n, o_n < n, i_hv, HV,
+                                2 * W, NT, ORDER),
                  mask=o_n < n)
         tl.debug_barrier()
     lower = o_t[:, None] > o_t[None, :]
     # PREFETCH: the rows of each sub-chunk are loaded one sub-chunk ahead (they do not depend
     # on the solve), so their load latency hides behind the previous sub-chunk's dots
-    xk, xq, b_r, v_r, G = _chunk_rows(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, bits_ptr, G_ptr, bos,
-                                      n, 0, i_h, i_hv, o_v, scale, H, HV, K, V, W, BT, L2NORM,
-                                      DT, NT > 0)
+    if PREFETCH:
+        xk, xq, b_r, v_r, G = _chunk_rows(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, bits_ptr,
+                                                G_ptr, order_ptr, bos, n, 0, i_h, i_hv, o_v, scale,
+                                                H, HV, K, V, W, BT, L2NORM, DT, NT > 0, ORDER)
     for c in range(0, tl.cdiv(n, BT)):
         rows = c * BT + o_t
         m_r = rows < n
-        grow = bos + rows
+        prow = bos + rows      # row of the ancestor bits (kernel order)
         if not PREFETCH:
-            xk, xq, b_r, v_r, G = _chunk_rows(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, bits_ptr, G_ptr,
-                                              bos, n, c, i_h, i_hv, o_v, scale, H, HV, K, V, W,
-                                              BT, L2NORM, DT, NT > 0)
+            xk, xq, b_r, v_r, G = _chunk_rows(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr,
+                                                    bits_ptr, G_ptr, order_ptr, bos, n, c, i_h,
+                                                    i_hv, o_v, scale, H, HV, K, V, W, BT, L2NORM,
+                                                    DT, NT > 0, ORDER)
         eG = tl.exp(G)[:, None]
         rhs = b_r[:, None] * (v_r - eG * tl.dot(xk, s0, input_precision=PREC))
         acc = eG * tl.dot(xq, s0, input_precision=PREC)
         # earlier sub-chunks: a pair (c, c2) with no ancestor of any row of c inside c2 adds
         # exactly zero (everything is ancestor-masked), so the loop walks only the c2 listed
         # in pairs[i_b, c] (built once per round, meta.subchunk_pairs): a loop, not a
-        # branch, so loads still pipeline.  Chains and BFS-ordered EAGLE trees keep every pair.
+        # branch, so loads still pipeline.  BFS-ordered EAGLE trees keep nearly every pair;
+        # depth-first order (ORDER) about half of them at 128 nodes.
         pc = pairs_ptr + (i_b * NC + c) * NC
         for i in range(0, tl.load(npairs_ptr + i_b * NC + c)):
             c2 = tl.load(pc + i).to(tl.int64)
-            gcol = bos + c2 * BT + o_t
-            uc = tl.load(u_ptr + (gcol * HV + i_hv)[:, None] * V + o_v[None, :]).to(UDT)
-            kct = tl.trans(_rows_normed(k_ptr, gcol, gcol >= 0, i_h, 1., H, K, L2NORM, DT))
-            dec = _decay(_anc_tile(bits_ptr, grow, m_r, c2, BT, W), G,
-                         tl.load(G_ptr + gcol * HV + i_hv))
+            scol = _node_rows(order_ptr, bos, c2 * BT + o_t, o_t >= 0, ORDER)
+            uc = tl.load(u_ptr + (scol * HV + i_hv)[:, None] * V + o_v[None, :]).to(UDT)
+            kct = tl.trans(_rows_normed(k_ptr, scol, o_t >= 0, i_h, 1., H, K, L2NORM, DT))
+            dec = _decay(_anc_tile(bits_ptr, prow, m_r, c2, BT, W), G,
+                         tl.load(G_ptr + scol * HV + i_hv))
             a_rc = b_r[:, None] * tl.dot(xk, kct, input_precision=PREC) * dec
             p_rc = tl.dot(xq, kct, input_precision=PREC) * dec
             rhs -= tl.dot(a_rc.to(UDT), uc, input_precision=PREC)
             acc += tl.dot(p_rc.to(UDT), uc, input_precision=PREC)
         # diagonal block: A (strictly lower, ancestor-masked) and its unit-lower inverse
-        dec = _decay(_anc_tile(bits_ptr, grow, m_r, c, BT, W) & m_r[None, :], G, G)
+        dec = _decay(_anc_tile(bits_ptr, prow, m_r, c, BT, W) & m_r[None, :], G, G)
         xkt = tl.trans(xk)
         A = tl.where(lower, b_r[:, None] * tl.dot(xk, xkt, input_precision=PREC) * dec, 0.)
         u = tl.dot(_unit_lower_inverse(A, BT, LOG_BT, PREC), rhs, input_precision=PREC)
         acc += tl.dot(tl.dot(xq, xkt, input_precision=PREC) * dec, u, input_precision=PREC)
         G_c = G
         if PREFETCH:
-            xk, xq, b_r, v_r, G = _chunk_rows(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, bits_ptr,
-                                              G_ptr, bos, n, c + 1, i_h, i_hv, o_v, scale, H, HV,
-                                              K, V, W, BT, L2NORM, DT, NT > 0)
-        tl.store(u_ptr + (grow * HV + i_hv)[:, None] * V + o_v[None, :], u, mask=m_r[:, None])
+            xk, xq, b_r, v_r, G = _chunk_rows(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr,
+                                                    bits_ptr, G_ptr, order_ptr, bos, n, c + 1,
+                                                    i_h, i_hv, o_v, scale, H, HV, K, V, W, BT,
+                                                    L2NORM, DT, NT > 0, ORDER)
+        srow = _node_rows(order_ptr, bos, rows, m_r, ORDER)   # re-read: shorter live range
+        tl.store(u_ptr + (srow * HV + i_hv)[:, None] * V + o_v[None, :], u, mask=m_r[:, None])
         # every V block stores the same G (identical values), so each reads back its own
         if NT == 0:
-            tl.store(G_ptr + grow * HV + i_hv, G_c, mask=m_r)
-        tl.store(o_ptr + (grow * HV + i_hv)[:, None] * V + o_v[None, :],
+            tl.store(G_ptr + srow * HV + i_hv, G_c, mask=m_r)
+        tl.store(o_ptr + (srow * HV + i_hv)[:, None] * V + o_v[None, :],
                  acc.to(o_ptr.dtype.element_ty), mask=m_r[:, None])
         tl.debug_barrier()   # later sub-chunks of this program read the u and G just stored
 
