@@ -36,7 +36,7 @@ from simtree.profiler.timing import measured_bandwidth
 from simtree.kernels.v4.cache import V4Cache
 from simtree.kernels.v4.check import check_against_reference, check_flashmla_path
 from simtree.kernels.v4.reference import random_layer_weights
-from simtree.kernels.v4.steps import make_verify_step, verify_bytes
+from simtree.kernels.v4.steps import deepest_paths, make_tree, make_verify_step, verify_bytes
 
 MODEL = "deepseek-v4-flash"
 
@@ -250,6 +250,9 @@ def main(argv=None) -> int:
     ap.add_argument("--no-check", action="store_true", help="skip the correctness step")
     ap.add_argument("--smoke", action="store_true", help="CPU smoke run of the sweep code at a small config")
     ap.add_argument("--cores", type=int, default=1, help="also time the attention core alone (1/0)")
+    ap.add_argument("--plan-switches", type=float, default=0.0, metavar="SECONDS",
+                    help="after the sweep, time host planning with the CSA persistent rows built on the "
+                         "host / device and PACK_UPLOADS off / on, for this many seconds (plan_switches.csv)")
     args = ap.parse_args(argv)
     t_start = time.time()
     out = Path(args.out)
@@ -339,8 +342,76 @@ def main(argv=None) -> int:
             write_outputs(out, rows, prof_rows, summary, info)
     write_outputs(out, rows, prof_rows, summary, info)
     print_table(rows)
+    if args.plan_switches > 0:
+        prow = plan_switch_timings(cfg, weights, device, contexts, batches, 8, budget_s=args.plan_switches)
+        if prow:
+            with open(out / "plan_switches.csv", "w", newline="") as fh:
+                wr = csv.DictWriter(fh, fieldnames=list(prow[0]))
+                wr.writeheader()
+                wr.writerows(prow)
     log(f"done in {time.time() - t_start:.0f} s; files in {out}")
     return 0
+
+
+PLAN_SWITCHES = ((False, False), (True, False), (False, True), (True, True))
+
+
+def plan_switch_timings(cfg, weights, device, contexts, batches, n, repeats=7, budget_s=60.0) -> list[dict]:
+    """Host planning of one round (plan_verify + deepest accepted paths + plan_commit, until
+    the uploads are done) with the CSA persistent rows built on the host or on the device
+    (kernels.v4.tree_verify.DEVICE_PERSIST_MIN_ENTRIES forced to never / always) and
+    PACK_UPLOADS off / on; every setting's plan tensors must equal the plain setting's."""
+    import importlib
+
+    from simtree.kernels.v4.commit import plan_commit
+    tv = importlib.import_module("simtree.kernels.v4.tree_verify")   # the module, not the function
+    from simtree.tree import TreeBatch
+    saved, rows, t0 = (tv.DEVICE_PERSIST_MIN_ENTRIES, tv.PACK_UPLOADS), [], time.time()
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+
+    def tensors(plan, cplan):
+        return {f"{tag}.{k}": v.cpu() for tag, obj in (("v", plan), ("c", cplan))
+                for k, v in vars(obj).items() if isinstance(v, torch.Tensor)}
+    try:
+        for kind in [k for k in ("csa", "hca") if k in weights]:
+            for ctx in contexts:
+                for b in batches:
+                    if time.time() - t0 > budget_s:
+                        return rows
+                    w = weights[kind]
+                    cache = V4Cache.random(cfg, w, b, ctx, ctx + 2 * n + 8, device=device, seed=1)
+                    rng = np.random.default_rng(b * 7 + ctx)
+                    trees = TreeBatch(tuple(make_tree(n, "random", rng) for _ in range(b)))
+                    plain = None
+                    for persist, pack in PLAN_SWITCHES:
+                        tv.DEVICE_PERSIST_MIN_ENTRIES = 0 if persist else sys.maxsize
+                        tv.PACK_UPLOADS = pack
+                        times = []
+                        for _ in range(repeats + 1):          # the first call warms up
+                            sync()
+                            t = time.perf_counter()
+                            plan = tv.plan_verify(cache, trees, w, device=device)
+                            cplan = plan_commit(cache, w, plan, deepest_paths(plan), device=device)
+                            sync()
+                            times.append((time.perf_counter() - t) * 1e3)
+                        got = tensors(plan, cplan)
+                        plain = plain or got
+                        same = got.keys() == plain.keys() and all(torch.equal(got[k], plain[k]) for k in got)
+                        ms = np.array(times[1:])
+                        rows.append(dict(kind=kind, context_len=ctx, batch_size=b, nodes_per_seq=n,
+                                         device_persist_rows=persist, pack_uploads=pack,
+                                         plan_ms_median=round(float(np.median(ms)), 3),
+                                         plan_ms_p10=round(float(np.percentile(ms, 10)), 3),
+                                         plan_ms_p90=round(float(np.percentile(ms, 90)), 3),
+                                         repeats=repeats, same_as_plain=bool(same)))
+                        log(f"plan {kind} ctx={ctx} b={b} n={n} persist={int(persist)} pack={int(pack)}: "
+                            f"{rows[-1]['plan_ms_median']:.2f} ms, same={same}")
+                    del cache
+                    if device == "cuda":
+                        torch.cuda.empty_cache()
+    finally:
+        tv.DEVICE_PERSIST_MIN_ENTRIES, tv.PACK_UPLOADS = saved
+    return rows
 
 
 def write_outputs(out: Path, rows, prof_rows, summary, info) -> None:

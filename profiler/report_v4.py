@@ -94,7 +94,10 @@ def render_report(run: Path, baseline: Path | None = None) -> str:
     piv.columns.name = None
     if baseline is not None:
         bdf, _ = load_run(baseline)
-        b = bdf[bdf["tree_shape"] != "linear"].groupby(keys)["verify_us"].min().rename("baseline_triton")
+        bt = bdf[bdf["tree_shape"] != "linear"]
+        if "attention" in bt:   # the Triton core's rows (a run may hold FlashMLA rows too)
+            bt = bt[bt["attention"].fillna("triton") == "triton"]
+        b = bt.groupby(keys)["verify_us"].min().rename("baseline_triton")
         piv = piv.merge(b.reset_index(), on=keys, how="left")
         if "triton" in piv:
             piv["speedup_vs_baseline"] = piv["baseline_triton"] / piv["triton"]
@@ -115,6 +118,20 @@ def render_report(run: Path, baseline: Path | None = None) -> str:
         ph = trees.groupby("batch_size")["plan_host_ms"].median()
         out += ["Host planning (plan_verify + plan_commit, median ms by batch): "
                 + ", ".join(f"b{b}: {v:.1f}" for b, v in ph.items()), ""]
+    if (run / "plan_switches.csv").exists():
+        sw = pd.read_csv(run / "plan_switches.csv")
+        sw["setting"] = ("rows " + sw["device_persist_rows"].map({True: "device", False: "host"})
+                         + ", pack " + sw["pack_uploads"].map({True: "on", False: "off"}))
+        tab = sw.pivot_table(index=["kind", "context_len", "batch_size"], columns="setting",
+                             values="plan_ms_median").reset_index()
+        tab.columns.name = None
+        n = int(sw["nodes_per_seq"].iloc[0])
+        out += [f"Host planning of one round by setting (`plan_switches.csv`: plan_verify + accepted "
+                f"paths + plan_commit until the uploads are done, median ms of {int(sw['repeats'].iloc[0])} "
+                f"after a warm-up, random trees of {n} nodes; CSA persistent rows built on the host or "
+                f"the device, small arrays packed into one upload per dtype or not). Every setting's plan "
+                f"tensors equal the plain setting's: {bool(sw['same_as_plain'].all())}.", "",
+                markdown_table(tab, "{:.3g}"), ""]
     if _plot(df, run / "v4_verify.png"):
         out += ["![verify latency](v4_verify.png)", ""]
     errs = summary.get("errors") or []

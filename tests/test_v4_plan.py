@@ -469,6 +469,19 @@ def test_accepted_path_forms(form):
     assert str(got.value) == str(want.value)
 
 
+def test_persist_rows_built_on_the_device_only_when_large(monkeypatch):
+    """Accelerators build the CSA persistent rows themselves from DEVICE_PERSIST_MIN_ENTRIES
+    [B, Emax] entries on (measured faster there, slower below); the CPU always uses numpy."""
+    tv = importlib.import_module("simtree.kernels.v4.tree_verify")  # the module, not the function
+    gpu, cpu = torch.device("cuda"), torch.device("cpu")
+    limit = tv.DEVICE_PERSIST_MIN_ENTRIES
+    assert tv._persist_on_device(gpu, 64, -(-limit // 64))
+    assert not tv._persist_on_device(gpu, 64, limit // 64 - 1)
+    assert not tv._persist_on_device(cpu, 64, 10 * limit)
+    monkeypatch.setattr(tv, "DEVICE_PERSIST_MIN_ENTRIES", 0)
+    assert tv._persist_on_device(gpu, 1, 0) and not tv._persist_on_device(cpu, 1, 0)
+
+
 def _fields(plan):
     return {k: v for k, v in vars(plan).items() if isinstance(v, torch.Tensor)}
 

@@ -189,22 +189,30 @@ def _entry_rows_torch(rows: torch.Tensor, n: np.ndarray) -> torch.Tensor:
     return torch.where(keep, rows[:, :emax], -1)
 
 
-# Two host->device savings that have been tested on the CPU only (no GPU run yet), so they are
-# off until measured: building the CSA persistent rows on the device, and packing a plan's
-# small arrays into one upload per dtype.  Tests switch them on to check they are exact.
-DEVICE_PERSIST_ROWS = False
+# Building the CSA persistent rows on the device (from the pool's block rows, uploaded once)
+# pays off once the [B, Emax] array is large: H200, reports/h200/v4/plan_switches.csv, a
+# round's host planning at batch 64 / 128K tokens 9.4 -> 1.7 ms, batch 4 / 128K 1.5 -> 1.2 ms,
+# but 0.1-0.2 ms slower at 4K tokens with batch <= 16.  Packing a plan's small arrays into one
+# upload per dtype measured within +-0.1 ms of one copy per array there (slower for HCA), so
+# it stays off; tests switch it on to check it is exact.
+DEVICE_PERSIST_MIN_ENTRIES = 1 << 16
 PACK_UPLOADS = False
+
+
+def _persist_on_device(dev: torch.device, batch: int, emax: int) -> bool:
+    return dev.type != "cpu" and batch * emax >= DEVICE_PERSIST_MIN_ENTRIES
 
 
 def _persist_rows(pool, lens: np.ndarray, ratio: int, device) -> torch.Tensor:
     """The CSA plan's [B, Emax] persistent rows as a tensor on ``device``: the numpy form
-    uploaded, or (DEVICE_PERSIST_ROWS, accelerators) built there from the pool's block rows
-    (uploaded once per pool), so a round neither fills nor uploads a [B, Emax] host array
-    (two of 16 MiB each at batch 64, 128K tokens)."""
+    uploaded, or (accelerators, at least DEVICE_PERSIST_MIN_ENTRIES entries) built there from
+    the pool's block rows, so a round neither fills nor uploads a [B, Emax] host array (two
+    of 16 MiB each at batch 64, 128K tokens)."""
     dev = torch.device("cpu" if device is None else device)
-    if dev.type == "cpu" or not DEVICE_PERSIST_ROWS:
+    n = lens // ratio
+    if not _persist_on_device(dev, n.size, int(n.max()) if n.size else 0):
         return torch.as_tensor(_entry_rows(pool, lens, ratio), device=dev)
-    return _entry_rows_torch(pool.all_rows_on(dev), lens // ratio)
+    return _entry_rows_torch(pool.all_rows_on(dev), n)
 
 _PACK_MAX_BYTES = 1 << 18            # larger arrays go alone (staging them would add a host copy)
 
