@@ -28,6 +28,7 @@ import numpy as np
 import pandas as pd
 import torch
 
+from simtree.fileio import write_text_atomic
 from simtree.profiler.timing import measured_bandwidth
 from simtree.tree import DraftTree
 from simtree.kernels.gdn import (gdn_sequential_ref, gdn_tree_commit, gdn_tree_verify,
@@ -274,11 +275,10 @@ def write_outputs(args, env, bw, corr, rows) -> pd.DataFrame:
     for key, val in args.dims.items():
         df[key] = val
     df["dtype"] = "bf16"
-    df.to_csv(os.path.join(args.out, "bench_gdn.csv"), index=False)
+    write_text_atomic(os.path.join(args.out, "bench_gdn.csv"), df.to_csv(index=False))
     summary = dict(env=env, bandwidth=bw, correctness=corr, ratios=ratios(df),
                    args={k: v for k, v in vars(args).items() if "deadline" not in k})
-    with open(os.path.join(args.out, "bench_gdn.json"), "w") as f:
-        json.dump(summary, f, indent=1, default=str)
+    write_text_atomic(os.path.join(args.out, "bench_gdn.json"), json.dumps(summary, indent=1, default=str))
     prof = [dict(stage="gdn_tree_commit" if r["variant"] == "triton_commit" else "gdn_tree_verify",
                  model="qwen3.6-27b" if not args.tiny else "tiny", device=env["gpu"], dtype="bf16",
                  variant="triton_tree" if r["variant"] == "triton_commit" else r["variant"],

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import io
 import json
 import os
 import sys
@@ -31,6 +32,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from simtree.fileio import write_text_atomic
 from simtree.kernels.v4 import V4AttnConfig, sparse_attention, sparse_attention_torch
 from simtree.profiler.timing import measured_bandwidth
 from simtree.kernels.v4.cache import V4Cache
@@ -269,7 +271,7 @@ def main(argv=None) -> int:
             + ", ".join(f"{k}={v}" for k, v in r.items() if k not in ("check", "ok")))
     if device == "cpu" and not args.smoke:
         log("no CUDA device: correctness only")
-        (out / "summary_v4.json").write_text(json.dumps(summary, indent=1, default=str))
+        write_text_atomic(out / "summary_v4.json", json.dumps(summary, indent=1, default=str))
         return 0
     try:
         summary["copy_bandwidth_gbs"] = bw = (measured_bandwidth(device)["copy_GBps"]
@@ -345,10 +347,7 @@ def main(argv=None) -> int:
     if args.plan_switches > 0:
         prow = plan_switch_timings(cfg, weights, device, contexts, batches, 8, budget_s=args.plan_switches)
         if prow:
-            with open(out / "plan_switches.csv", "w", newline="") as fh:
-                wr = csv.DictWriter(fh, fieldnames=list(prow[0]))
-                wr.writeheader()
-                wr.writerows(prow)
+            _write_csv(out / "plan_switches.csv", prow, list(prow[0]))
     log(f"done in {time.time() - t_start:.0f} s; files in {out}")
     return 0
 
@@ -414,12 +413,18 @@ def plan_switch_timings(cfg, weights, device, contexts, batches, n, repeats=7, b
     return rows
 
 
+def _write_csv(path: Path, rows: list[dict], fields: list[str]) -> None:
+    """Rows as CSV, replaced atomically (a killed run keeps the previous complete file)."""
+    buf = io.StringIO()
+    wr = csv.DictWriter(buf, fieldnames=fields)
+    wr.writeheader()
+    wr.writerows(rows)
+    write_text_atomic(path, buf.getvalue())
+
+
 def write_outputs(out: Path, rows, prof_rows, summary, info) -> None:
     cols = sorted({k for r in rows for k in r}, key=lambda k: (k not in ("kind", "context_len", "batch_size", "nodes_per_seq"), k))
-    with open(out / "bench_v4.csv", "w", newline="") as fh:
-        wr = csv.DictWriter(fh, fieldnames=cols)
-        wr.writeheader()
-        wr.writerows(rows)
+    _write_csv(out / "bench_v4.csv", rows, cols)
     ok = [r for r in rows if "tree_over_linear" in r and r["tree_shape"] != "linear"]
     summary["tree_over_linear_max_n_le_8"] = max((r["tree_over_linear"] for r in ok if r["nodes_per_seq"] <= 8), default=None)
     summary["commit_frac_max"] = max((r["commit_frac"] for r in ok), default=None)
@@ -437,7 +442,7 @@ def write_outputs(out: Path, rows, prof_rows, summary, info) -> None:
     summary["points"] = len(ok)
     summary["errors"] = [r for r in rows if "error" in r]
     summary["finished"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
-    (out / "summary_v4.json").write_text(json.dumps(summary, indent=1, default=str))
+    write_text_atomic(out / "summary_v4.json", json.dumps(summary, indent=1, default=str))
     if not prof_rows:
         return
     try:
@@ -450,10 +455,7 @@ def write_outputs(out: Path, rows, prof_rows, summary, info) -> None:
                           "triton": info["triton_version"], "sweep": "bench_v4", "model": MODEL})
     except Exception as exc:  # noqa: BLE001
         log(f"profile table via simtree.profile_table failed ({exc}); writing plain CSV")
-        with open(out / "profile_v4.csv", "w", newline="") as fh:
-            wr = csv.DictWriter(fh, fieldnames=list(prof_rows[0]))
-            wr.writeheader()
-            wr.writerows(prof_rows)
+        _write_csv(out / "profile_v4.csv", prof_rows, list(prof_rows[0]))
 
 
 def print_table(rows) -> None:

@@ -21,6 +21,7 @@ import numpy as np
 import pandas as pd
 
 from simtree.errors import SimtreeError
+from simtree.fileio import write_text_atomic
 from simtree.models import VERIFY_STAGE, get_model
 
 from .stages import ATTN_VARIANT_PREFERENCE, stack_core_variant
@@ -189,5 +190,5 @@ def compose_table(table: str | Path, stack_layers: int = 8, core_variants: dict 
     summary = {"composed_rows": len(rows), "models": sorted({r["model"] for r in rows}),
                "core_variants": core_variants or "auto",
                "stack_validation": validate_stacks(measured)}
-    table.with_name(table.stem + ".compose.json").write_text(json.dumps(summary, indent=2))
+    write_text_atomic(table.with_name(table.stem + ".compose.json"), json.dumps(summary, indent=2))
     return summary
