@@ -1,7 +1,7 @@
 """Model shape registry: layer pattern and dimensions of the target models (timing only).
 
-Shapes live as YAML in ``simtree/data/models/<name>.yaml`` (shipped with the package; the same
-files are under ``scenarios/models/``). Only dimensions are described, never weights: the
+Shapes live as YAML in ``simtree/data/models/<name>.yaml`` (shipped with the package;
+``scenarios/models/`` links to the same files). Only dimensions are described, never weights: the
 profiler times random-weight layers at these shapes.
 
     shape = get_model("qwen3.6-27b")

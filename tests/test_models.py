@@ -38,7 +38,7 @@ def test_unknown_model_lists_known_names():
         get_model("nope")
 
 
-def test_scenario_copies_match_packaged_shapes():
+def test_scenario_links_match_packaged_shapes():
     for path in MODEL_DIR.glob("*.yaml"):
         twin = ROOT / "scenarios" / "models" / path.name
         assert twin.exists() and filecmp.cmp(path, twin, shallow=False), path.name

@@ -1,1 +1,1 @@
-"""Model shape YAMLs (also under scenarios/models/)."""
+"""Model shape YAMLs (scenarios/models/ holds links to these files)."""
