@@ -153,8 +153,8 @@ def runtime_workload(ctx, p):
     if p.context_len < 1:
         raise SimtreeError(f"{RUNTIME_VARIANT} needs context_len >= 1 (a prompt), got {p.context_len}")
     if p.stage == "model_verify_step":
-        return Workload(lambda: _verify_step(ctx, p))
-    return Workload(lambda: _draft_step(ctx, p))
+        return Workload(lambda: _verify_step(ctx, p), eager=True)
+    return Workload(lambda: _draft_step(ctx, p), eager=True)
 
 
 def check_runtime_variant(ctx, stage: str) -> str:

@@ -60,6 +60,7 @@ class Point:
 class Workload:
     make: Callable[[], tuple[Callable[[], object], int]]
     shared_bytes: int = 0
+    eager: bool = False   # host work inside the step (syncs, Python): never CUDA-graph captured
 
 
 def default_variants(stage: str, device: str) -> tuple[str, ...]:

@@ -352,7 +352,7 @@ def _measure(wl, device: str, l2: int, target_s: float):
             copies = 1
     for _ in range(copies - 1):
         fns.append(wl.make()[0])
-    return time_workload(fns, device, target_s=target_s)
+    return time_workload(fns, device, target_s=target_s, use_graph=not wl.eager)
 
 
 def _point_row(p: Point) -> dict:
