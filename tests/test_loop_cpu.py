@@ -103,3 +103,31 @@ def test_runtime_variant_refuses_points_it_cannot_time():
         build_workload(ctx, Point("model_verify_step", "runtime_tiny", "runtime-tiny", 1, 2, 0))
     with pytest.raises(Unavailable, match="model_verify_step and draft_step only"):
         build_workload(ctx, Point("mlp_step", "runtime_tiny", "runtime-tiny", 1, 2, 64))
+
+
+def test_lossless_report_lists_every_checked_run_and_refuses_unchecked(tmp_path):
+    from simtree.cpu_loop import write_lossless_report
+    from simtree.errors import SimtreeError
+    rng = __import__("numpy").random.default_rng(3)
+    want = {}
+    for i, mode in enumerate(("linear", "eagle", "best_first")):
+        wrong, tps = int(rng.integers(0, 3)), float(rng.uniform(50, 500))
+        want[f"{mode}_b{i + 1}"] = (wrong, tps)
+        run = dict(mode=mode, params={"budget": 4 + i}, batch_size=i + 1, prompts=8, max_new_tokens=32,
+                   device="cpu", lossless_checked=True, lossless_mismatches=wrong,
+                   measured={"tokens_per_s": tps})
+        (tmp_path / f"{mode}_b{i + 1}").mkdir()
+        (tmp_path / f"{mode}_b{i + 1}" / "run.json").write_text(json.dumps(run))
+    rows = [line.split(" | ") for line in write_lossless_report(tmp_path).read_text().splitlines()
+            if line.startswith("| ") and line.split(" | ")[0].strip("| ") in want]
+    assert len(rows) == 3
+    for cells in rows:
+        wrong, tps = want[cells[0].strip("| ")]
+        assert int(cells[7]) == wrong and cells[8].rstrip(" |") == f"{tps:.1f}"
+    unchecked = json.loads((tmp_path / "eagle_b2" / "run.json").read_text())
+    unchecked["lossless_checked"] = False
+    (tmp_path / "eagle_b2" / "run.json").write_text(json.dumps(unchecked))
+    with pytest.raises(SimtreeError, match="not run with --check"):
+        write_lossless_report(tmp_path)
+    with pytest.raises(SimtreeError, match="no \\*/run.json"):
+        write_lossless_report(tmp_path / "eagle_b2")
