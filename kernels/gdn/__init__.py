@@ -124,8 +124,13 @@ def verify_launch_config(B: int, HV: int, V: int, device: torch.device | str = "
         cfg.update(num_warps=4, prefetch=int(max_nodes >= 32))
     elif rows <= 16 * 48 and max_nodes >= 32:
         cfg.update(num_warps=4, max_registers=168)
-    cfg["heavy_first"] = int(cfg["block_t"] == 16 and max_nodes > 64)
+    cfg["heavy_first"] = _heavy_first_default(cfg["block_t"], max_nodes)
     return cfg
+
+
+def _heavy_first_default(block_t: int, max_nodes: int) -> int:
+    """Depth-first walk where it was measured to pay: 16-node sub-chunks, trees > 64 nodes."""
+    return int(block_t == 16 and max_nodes > 64)
 
 
 def gdn_tree_verify(q, k, v, g, beta, state, parents, cu_nodes, *, scale=None, qk_l2norm=True,
@@ -186,7 +191,7 @@ def gdn_tree_verify(q, k, v, g, beta, state, parents, cu_nodes, *, scale=None, q
     use_bf16 = (cfg["u_bf16"] if u_bf16 is None else u_bf16) and prec == "tf32" and not _INTERPRET
     order = None
     walk = meta      # the numbering the kernel walks: as stored, or depth-first heavy-first
-    if cfg["heavy_first"] if heavy_first is None else heavy_first:
+    if _heavy_first_default(BT, meta.max_nodes) if heavy_first is None else heavy_first:
         order, walk = meta.heavy_first(cu_nodes)
     pairs, npairs, nc = walk.subchunk_pairs(cu_nodes, BT)   # only sub-chunk pairs with ancestors
     _tree_verify_kernel[(V // BV, B * HV)](
