@@ -178,7 +178,7 @@ class SpecEngine:
             self._marginals = None
             batch = TreeBatch(self._trees(spec, drafter, roots, ctx))
             t1 = time.perf_counter()
-            logits, pend = self.target.verify(batch, cache)
+            logits, pend = self.target.verify(batch, cache, ctx_lens)   # lengths read once a round
             target_next = logits.argmax(-1).cpu().numpy()  # the host copy synchronises
             t2 = time.perf_counter()
             acc = greedy_accept_batch(batch, target_next)

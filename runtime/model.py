@@ -299,15 +299,20 @@ class HybridLM(nn.Module):
         return self._head(x)
 
     @torch.no_grad()
-    def verify(self, batch: TreeBatch, cache: Cache) -> tuple[torch.Tensor, Pending]:
+    def verify(self, batch: TreeBatch, cache: Cache,
+               lens: list[int] | None = None) -> tuple[torch.Tensor, Pending]:
         """Score every node of B draft trees in one pass -> (logits [N, V], Pending).
 
         Node j sees the cache of its sequence plus its ancestors (RoPE position
-        cache_len + depth); the cache itself is left unchanged.
+        cache_len + depth); the cache itself is left unchanged.  ``lens``: the cache lengths
+        when the caller already read them this round (else read here, one host sync).
         """
         if batch.batch_size != cache.batch_size:
             raise SimtreeError(f"{batch.batch_size} trees for a cache of {cache.batch_size} sequences")
-        lens = cache.lengths.tolist()  # the round's one host read of the cache lengths
+        if lens is None:
+            lens = cache.lengths.tolist()  # the round's one host read of the cache lengths
+        elif len(lens) != cache.batch_size:
+            raise SimtreeError(f"{len(lens)} cache lengths for a cache of {cache.batch_size} sequences")
         need = max(n + t.max_depth + 1 for n, t in zip(lens, batch.trees))
         if need > cache.max_len:
             raise SimtreeError(f"tree does not fit the cache ({need} > {cache.max_len} tokens)")

@@ -108,3 +108,16 @@ def test_tree_larger_than_cache_is_refused():
     cache = model.new_cache(1, 8)
     with pytest.raises(SimtreeError, match="does not fit"):
         model.verify(TreeBatch([DraftTree.chain(12)]), cache)
+
+
+def test_verify_with_lengths_read_by_the_caller_is_the_same():
+    # the engine reads the cache lengths once a round and hands them to verify
+    rng = np.random.default_rng(7)
+    model = tiny_model(7)
+    cache = _prefilled(model, random_prompts(rng, [4, 7]))
+    trees = TreeBatch([DraftTree(random_tree_parents(rng, n), rng.integers(0, 64, n)) for n in (5, 8)])
+    own, _ = model.verify(trees, cache)
+    given, _ = model.verify(trees, cache, cache.lengths.tolist())
+    assert torch.equal(own, given)
+    with pytest.raises(SimtreeError, match="1 cache lengths for a cache of 2"):
+        model.verify(trees, cache, [4])
