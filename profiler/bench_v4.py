@@ -48,19 +48,16 @@ def log(msg: str) -> None:
 
 
 def env_info() -> dict:
-    import triton
-    info = {"torch_version": torch.__version__, "triton_version": triton.__version__,
-            "python": sys.version.split()[0], "gpu": "cpu", "cuda": torch.version.cuda}
-    if torch.cuda.is_available():
-        p = torch.cuda.get_device_properties(0)
-        info.update(gpu=p.name, sm_count=p.multi_processor_count, memory_gib=round(p.total_memory / 2**30, 1),
-                    capability=f"{p.major}.{p.minor}")
-        try:
-            import subprocess
-            info["driver"] = subprocess.run(["nvidia-smi", "--query-gpu=driver_version,clocks.max.sm,clocks.max.mem",
-                                             "--format=csv,noheader"], capture_output=True, text=True, timeout=10).stdout.strip()
-        except Exception as exc:  # noqa: BLE001
-            info["driver"] = f"unknown ({exc})"
+    """GPU and versions for summary_v4.json (from the profiler's one collector)."""
+    from simtree.profiler.metadata import collect_metadata
+    m = collect_metadata("cuda" if torch.cuda.is_available() else "cpu")
+    info = {"torch_version": m["torch_version"], "triton_version": m["triton_version"],
+            "python": m["python"], "gpu": m["device"], "cuda": m["torch_cuda"] or None}
+    if m["device_type"] == "cuda":
+        info.update(sm_count=m["gpu_sm_count"], memory_gib=round(m["gpu_memory_bytes"] / 2**30, 1),
+                    capability=m["gpu_capability"],
+                    driver=", ".join(m.get(k, "?") for k in ("smi_driver_version", "smi_clocks_max_sm",
+                                                                "smi_clocks_max_mem")))
     return info
 
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import math
-from datetime import datetime, timezone
 
 import numpy as np
 import torch
@@ -104,16 +103,12 @@ def memory_floor_bytes(B: int, N: int, H=16, HV=48, K=128, V=128, elem=2) -> int
 
 
 def env_info(shapes: dict = QWEN36) -> dict:
-    import triton
-    gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
-    info = dict(gpu=gpu, torch=torch.__version__, triton=triton.__version__, cuda=torch.version.cuda,
-                shapes=shapes, timestamp=datetime.now(timezone.utc).isoformat())
-    try:
-        import fla
-        info["fla"] = getattr(fla, "__version__", "?")
-    except Exception as exc:  # noqa: BLE001 - record why fla is missing
-        info["fla"] = f"unavailable: {exc!r}"[:200]
-    return info
+    """GPU, versions and shapes for a GDN benchmark's JSON (from the profiler's one collector)."""
+    from simtree.profiler.metadata import collect_metadata
+    m = collect_metadata("cuda" if torch.cuda.is_available() else "cpu")
+    return dict(gpu=m["device"], torch=m["torch_version"], triton=m["triton_version"],
+                cuda=m["torch_cuda"] or None, fla=m["fla_version"] or "unavailable",
+                driver=m.get("driver", ""), shapes=shapes, timestamp=m["collected"])
 
 
 # ------------------------------------------------------------------------------ fla wrappers
