@@ -356,8 +356,8 @@ def test_heavy_first_order_and_renumbered_meta():
 
 def test_depth_first_walk_follows_the_effective_sub_chunk(monkeypatch):
     # the default walk order comes from the sub-chunk actually launched: depth-first for
-    # 16-node sub-chunks on trees of more than 64 nodes, as stored otherwise (also when a
-    # block_t override differs from the launch rule's)
+    # 16-node sub-chunks on trees of 65-256 nodes, as stored otherwise (also when a block_t
+    # override differs from the launch rule's, and for larger trees: dense tables)
     from simtree.kernels.gdn import tree_verify
     launched = []
     kernel = tree_verify._tree_verify_kernel
@@ -371,10 +371,12 @@ def test_depth_first_walk_follows_the_effective_sub_chunk(monkeypatch):
 
     monkeypatch.setattr(tree_verify, "_tree_verify_kernel", Spy())
     rng = np.random.default_rng(18)
-    for n, block_t, want in ((70, 16, True), (70, 32, False), (64, 16, False), (70, None, None)):
+    for n, block_t, want in ((70, 16, True), (70, 32, False), (64, 16, False), (70, None, None),
+                             (300, 16, False)):
         inp = make_inputs([random_tree(n, rng, reach=5), random_tree(9, rng)], 18)
         tree = (inp["parents"], inp["cu_nodes"])
         out, _ = gdn_tree_verify(*(inp[k] for k in KEYS), *tree, backend="triton", block_t=block_t)
         bt = launched[-1]["BT"]
-        assert launched[-1]["ORDER"] == (want if want is not None else (bt == 16 and n > 64)), (n, block_t)
+        assert launched[-1]["ORDER"] == (want if want is not None else (bt == 16 and 64 < n <= 256)), \
+            (n, block_t)
         assert rel_err(out, gdn_tree_verify_dense_ref(*f64(inp), *tree)) < 1e-4

@@ -108,7 +108,7 @@ def verify_launch_config(B: int, HV: int, V: int, device: torch.device | str = "
     - otherwise 2 warps (b64 n128: 688.9 us; 718.9 at 4 warps / 168).
     Every launch takes G in one prologue (b64 n128: 871.4 vs 951.3 us without, run 8) and bf16
     operands for the dots on earlier sub-chunks' u (16-bit inputs only; b16 n64 108.7 vs 115.5).
-    Trees of more than 64 nodes in 16-node sub-chunks are walked depth-first, larger subtree
+    Trees of 65-256 nodes in 16-node sub-chunks are walked depth-first, larger subtree
     first (``TreeMeta.heavy_first``): about half the sub-chunk pairs hold ancestors then
     (b64 n128 688.9 vs 840.9 us, b16 193.1 vs 230.8, b4 72.8 vs 82.3; at n <= 64 it is 1-5%
     slower, run 11).  ``device`` stays in the signature for shape-dependent choices on other
@@ -129,8 +129,10 @@ def verify_launch_config(B: int, HV: int, V: int, device: torch.device | str = "
 
 
 def _heavy_first_default(block_t: int, max_nodes: int) -> int:
-    """Depth-first walk where it was measured to pay: 16-node sub-chunks, trees > 64 nodes."""
-    return int(block_t == 16 and max_nodes > 64)
+    """Depth-first walk where it was measured to pay: 16-node sub-chunks, trees > 64 nodes
+    (measured at 128), up to G_PROLOGUE_MAX_NODES: its order is built from dense
+    [nodes, max_nodes] tables, which grow with the square of the tree size."""
+    return int(block_t == 16 and 64 < max_nodes <= G_PROLOGUE_MAX_NODES)
 
 
 def gdn_tree_verify(q, k, v, g, beta, state, parents, cu_nodes, *, scale=None, qk_l2norm=True,
