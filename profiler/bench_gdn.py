@@ -33,7 +33,7 @@ from simtree.profiler.timing import measured_bandwidth
 from simtree.tree import DraftTree
 from simtree.kernels.gdn import (gdn_sequential_ref, gdn_tree_commit, gdn_tree_verify,
                                  gdn_tree_verify_dense_ref, gdn_tree_verify_recurrent,
-                                 gdn_tree_verify_ref, tree_meta, verify_launch_config)
+                                 gdn_tree_verify_ref, tree_meta, verify_launch_config, walk_tables)
 from simtree.kernels.gdn.bench_util import (QWEN36, env_info, fla_closure, fla_recurrent_worker,
                                             graph_time_us, memory_floor_bytes,
                                             random_gdn_inputs, shape_inputs, shape_trees)
@@ -169,8 +169,7 @@ def time_shape(args, dims, b, n, bw, log) -> list[dict]:
 
     def round_meta(c):
         m = tree_meta(c["parents"], c["cu_nodes"], max_nodes=n, validate=False)
-        walk = m.heavy_first(c["cu_nodes"])[1] if round_cfg["heavy_first"] else m
-        return walk.subchunk_pairs(c["cu_nodes"], round_cfg["block_t"])
+        return walk_tables(m, c["cu_nodes"], round_cfg["block_t"], round_cfg["heavy_first"])
     run("round_meta", [lambda c=c: round_meta(c) for c in copies])
     caches = [gdn_tree_verify(*(c[key] for key in keys), backend="triton", meta=meta, check=False)[1]
               for c in copies]

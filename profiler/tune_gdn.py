@@ -72,6 +72,28 @@ def compiled_kernel_stats() -> list[dict]:
     return recs
 
 
+def pair_counts(bs, ns, seed: int = 0, block_ts=(16, 32)) -> str:
+    """Markdown: sub-chunk pairs that hold ancestors, per tree, in the stored (breadth-first)
+    order and walked depth-first (``TreeMeta.heavy_first``), on the benchmark's own trees
+    (``shape_trees``, same seed) - the pairs the kernel's loop visits.  CPU only."""
+    from simtree.kernels.gdn.bench_util import shape_trees
+    from simtree.profiler.report_util import markdown_table
+    from simtree.tree import TreeBatch
+    rows = []
+    for n in ns:
+        for b in bs:
+            md = TreeBatch(shape_trees(b, n, seed)[0]).to_torch()
+            meta = tree_meta(md["parents"], md["cu_nodes"])
+            walk = meta.heavy_first(md["cu_nodes"])[1]
+            for bt in block_ts:
+                c = -(-n // bt)
+                stored, depth_first = (float(m.subchunk_pairs(md["cu_nodes"], bt)[1].sum(1).float().mean())
+                                       for m in (meta, walk))
+                rows.append(dict(nodes_per_seq=n, batch_size=b, block_t=bt, possible=c * (c - 1) // 2,
+                                 stored=round(stored, 2), depth_first=round(depth_first, 2)))
+    return markdown_table(pd.DataFrame(rows))
+
+
 def summarize(csv_path: str) -> str:
     """Markdown: median us per config (rows) x (nodes, batch) (columns), and the fastest
     config per shape, read from one tune_gdn.csv."""
@@ -104,9 +126,15 @@ def main() -> None:
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--tiny", action="store_true", help="tiny head shapes (CPU smoke run)")
     ap.add_argument("--summarize", metavar="CSV", help="print the markdown summary of a run and exit")
+    ap.add_argument("--pairs", action="store_true",
+                    help="print the sub-chunk pairs per tree (stored vs depth-first order) of the "
+                         "benchmark's trees at --bs x --ns and exit (CPU)")
     args = ap.parse_args()
     if args.summarize:
         print(summarize(args.summarize))
+        return
+    if args.pairs:
+        print(pair_counts(list(map(int, args.bs.split(","))), list(map(int, args.ns.split(","))), args.seed))
         return
     t0 = time.time()
     os.makedirs(args.out, exist_ok=True)

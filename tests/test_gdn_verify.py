@@ -270,26 +270,33 @@ def test_every_default_launch_is_correct():
     assert len(seen) >= 3
 
 
-@pytest.mark.parametrize("g_prologue,prefetch,block_t,big,heavy",
-                         [(0, 0, 16, 300, 1), (1, 0, 16, 120, 0), (0, 1, 32, 120, 1),
-                          (1, 1, 16, 300, 0), (1, 1, 16, 120, 1), (1, 0, 32, 300, 1)])
-def test_kernel_switches_keep_the_result(monkeypatch, g_prologue, prefetch, block_t, big, heavy):
-    # G summed per sub-chunk or in one prologue (asked for, and the largest tree at most
-    # G_PROLOGUE_MAX_NODES = 256 nodes: a 300-node tree falls back), rows loaded in place or one
-    # sub-chunk ahead, nodes walked as stored or depth-first: the launch gets the path asked
-    # for, and every path gives the same outputs and the same cache (stored order) for the commit
-    from simtree.kernels.gdn import G_PROLOGUE_MAX_NODES, tree_verify
-    launched = []
+@pytest.fixture
+def launched(monkeypatch):
+    """The keyword arguments (constexprs) of every tree-kernel launch during the test."""
+    from simtree.kernels.gdn import tree_verify
+    calls = []
     kernel = tree_verify._tree_verify_kernel
 
     class Spy:
         def __getitem__(self, grid):
             def launch(*args, **kw):
-                launched.append(kw)
+                calls.append(kw)
                 return kernel[grid](*args, **kw)
             return launch
 
     monkeypatch.setattr(tree_verify, "_tree_verify_kernel", Spy())
+    return calls
+
+
+@pytest.mark.parametrize("g_prologue,prefetch,block_t,big,heavy",
+                         [(0, 0, 16, 300, 1), (1, 0, 16, 120, 0), (0, 1, 32, 120, 1),
+                          (1, 1, 16, 300, 0), (1, 1, 16, 120, 1), (1, 0, 32, 300, 1)])
+def test_kernel_switches_keep_the_result(launched, g_prologue, prefetch, block_t, big, heavy):
+    # G summed per sub-chunk or in one prologue (asked for, and the largest tree at most
+    # G_PROLOGUE_MAX_NODES = 256 nodes: a 300-node tree falls back), rows loaded in place or one
+    # sub-chunk ahead, nodes walked as stored or depth-first: the launch gets the path asked
+    # for, and every path gives the same outputs and the same cache (stored order) for the commit
+    from simtree.kernels.gdn import G_PROLOGUE_MAX_NODES
     rng = np.random.default_rng(16)
     sizes = (40, big, 1, 17)
     trees = [random_tree(n, rng, reach=6) for n in sizes]
@@ -354,22 +361,10 @@ def test_heavy_first_order_and_renumbered_meta():
     assert int(walk.subchunk_pairs(md["cu_nodes"], 16)[1][5].sum()) < 20
 
 
-def test_depth_first_walk_follows_the_effective_sub_chunk(monkeypatch):
+def test_depth_first_walk_follows_the_effective_sub_chunk(launched):
     # the default walk order comes from the sub-chunk actually launched: depth-first for
     # 16-node sub-chunks on trees of 65-256 nodes, as stored otherwise (also when a block_t
     # override differs from the launch rule's, and for larger trees: dense tables)
-    from simtree.kernels.gdn import tree_verify
-    launched = []
-    kernel = tree_verify._tree_verify_kernel
-
-    class Spy:
-        def __getitem__(self, grid):
-            def launch(*args, **kw):
-                launched.append(kw)
-                return kernel[grid](*args, **kw)
-            return launch
-
-    monkeypatch.setattr(tree_verify, "_tree_verify_kernel", Spy())
     rng = np.random.default_rng(18)
     for n, block_t, want in ((70, 16, True), (70, 32, False), (64, 16, False), (70, None, None),
                              (300, 16, False)):
@@ -380,3 +375,22 @@ def test_depth_first_walk_follows_the_effective_sub_chunk(monkeypatch):
         assert launched[-1]["ORDER"] == (want if want is not None else (bt == 16 and 64 < n <= 256)), \
             (n, block_t)
         assert rel_err(out, gdn_tree_verify_dense_ref(*f64(inp), *tree)) < 1e-4
+
+
+def test_pair_counts_table_is_the_kernel_walk_of_the_bench_trees():
+    # tune_gdn --pairs (reports/h200/gdn/tuning/pairs.md): per tree, the pairs the kernel's
+    # loop visits in stored and depth-first order, never more than every pair
+    from simtree.kernels.gdn import walk_tables
+    from simtree.kernels.gdn.bench_util import shape_trees
+    from simtree.profiler.tune_gdn import pair_counts
+    lines = [ln.split(" | ") for ln in pair_counts([2], [70], seed=3).splitlines()[2:]]
+    assert [int(ln[2]) for ln in lines] == [16, 32]
+    md = TreeBatch(shape_trees(2, 70, 3)[0]).to_torch()
+    for ln in lines:
+        bt, possible = int(ln[2]), int(ln[3])
+        stored, depth_first = float(ln[4]), float(ln[5].rstrip(" |"))
+        for heavy, want in ((0, stored), (1, depth_first)):
+            meta = tree_meta(md["parents"], md["cu_nodes"])
+            counts = walk_tables(meta, md["cu_nodes"], bt, heavy)[2][1]
+            assert abs(float(counts.sum(1).float().mean()) - want) < 1e-9
+        assert depth_first <= stored <= possible

@@ -2,6 +2,7 @@
 fit -> traces -> plan -> run with the policy; the plan must predict the run on this machine."""
 import json
 
+import numpy as np
 import pytest
 import yaml
 
@@ -108,7 +109,7 @@ def test_runtime_variant_refuses_points_it_cannot_time():
 def test_lossless_report_lists_every_checked_run_and_refuses_unchecked(tmp_path):
     from simtree.cpu_loop import write_lossless_report
     from simtree.errors import SimtreeError
-    rng = __import__("numpy").random.default_rng(3)
+    rng = np.random.default_rng(3)
     want = {}
     for i, mode in enumerate(("linear", "eagle", "best_first")):
         wrong, tps = int(rng.integers(0, 3)), float(rng.uniform(50, 500))

@@ -119,5 +119,7 @@ def test_verify_with_lengths_read_by_the_caller_is_the_same():
     own, _ = model.verify(trees, cache)
     given, _ = model.verify(trees, cache, cache.lengths.tolist())
     assert torch.equal(own, given)
+    shorter, _ = model.verify(trees, cache, [n - 1 for n in cache.lengths.tolist()])
+    assert not torch.allclose(own, shorter)      # the lengths handed in are the ones used
     with pytest.raises(SimtreeError, match="1 cache lengths for a cache of 2"):
         model.verify(trees, cache, [4])

@@ -25,7 +25,7 @@ __all__ = ["gdn_tree_verify", "gdn_tree_commit", "gdn_tree_verify_recurrent", "t
            "conv_state_commit", "gdn_tree_verify_ref", "gdn_tree_verify_dense_ref",
            "gdn_tree_verify_dense_batched",
            "gdn_sequential_ref", "tree_causal_conv_ref", "tree_meta",
-           "TreeMeta", "GDNTreeCache", "verify_launch_config"]
+           "TreeMeta", "GDNTreeCache", "verify_launch_config", "walk_tables"]
 
 
 @dataclass
@@ -109,7 +109,7 @@ def verify_launch_config(B: int, HV: int, V: int, device: torch.device | str = "
     Every launch takes G in one prologue (b64 n128: 871.4 vs 951.3 us without, run 8) and bf16
     operands for the dots on earlier sub-chunks' u (16-bit inputs only; b16 n64 108.7 vs 115.5).
     Trees of 65-256 nodes in 16-node sub-chunks are walked depth-first, larger subtree
-    first (``TreeMeta.heavy_first``): about half the sub-chunk pairs hold ancestors then
+    first (``TreeMeta.heavy_first``): about half the sub-chunk pairs hold ancestors then (tuning/pairs.md)
     (b64 n128 688.9 vs 840.9 us, b16 193.1 vs 230.8, b4 72.8 vs 82.3; at n <= 64 it is 1-5%
     slower, run 11).  ``device`` stays in the signature for shape-dependent choices on other
     GPUs.
@@ -133,6 +133,17 @@ def _heavy_first_default(block_t: int, max_nodes: int) -> int:
     (measured at 128), up to G_PROLOGUE_MAX_NODES: its order is built from dense
     [nodes, max_nodes] tables, which grow with the square of the tree size."""
     return int(block_t == 16 and 64 < max_nodes <= G_PROLOGUE_MAX_NODES)
+
+
+def walk_tables(meta: TreeMeta, cu_nodes: torch.Tensor, block_t: int,
+                heavy_first: int | None = None):
+    """What the tree kernel walks for sub-chunks of ``block_t``: (order or None, the TreeMeta
+    of that numbering, (pairs, counts, C)).  ``heavy_first`` None: the default for this
+    sub-chunk and tree size.  Cached in ``meta``: built once per round, shared by the layers."""
+    order, walk = None, meta
+    if _heavy_first_default(block_t, meta.max_nodes) if heavy_first is None else heavy_first:
+        order, walk = meta.heavy_first(cu_nodes)
+    return order, walk, walk.subchunk_pairs(cu_nodes, block_t)
 
 
 def gdn_tree_verify(q, k, v, g, beta, state, parents, cu_nodes, *, scale=None, qk_l2norm=True,
@@ -191,11 +202,8 @@ def gdn_tree_verify(q, k, v, g, beta, state, parents, cu_nodes, *, scale=None, q
     pro = (cfg["g_prologue"] if g_prologue is None else g_prologue) \
         and meta.max_nodes <= G_PROLOGUE_MAX_NODES
     use_bf16 = (cfg["u_bf16"] if u_bf16 is None else u_bf16) and prec == "tf32" and not _INTERPRET
-    order = None
-    walk = meta      # the numbering the kernel walks: as stored, or depth-first heavy-first
-    if _heavy_first_default(BT, meta.max_nodes) if heavy_first is None else heavy_first:
-        order, walk = meta.heavy_first(cu_nodes)
-    pairs, npairs, nc = walk.subchunk_pairs(cu_nodes, BT)   # only sub-chunk pairs with ancestors
+    # the numbering the kernel walks (as stored, or depth-first) and its sub-chunk pairs
+    order, walk, (pairs, npairs, nc) = walk_tables(meta, cu_nodes, BT, heavy_first)
     _tree_verify_kernel[(V // BV, B * HV)](
         qc, kc, v.contiguous(), g.float().contiguous(), beta.float().contiguous(),
         state.float().contiguous(), walk.bits, walk.bits.view(torch.int32),

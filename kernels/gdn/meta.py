@@ -49,7 +49,8 @@ class TreeMeta:
         tree that takes the child with the larger subtree first (ties: lower index); the
         returned TreeMeta describes the same trees renumbered that way.  Depth-first
         numbering keeps each branch in few node sub-chunks, so fewer sub-chunk pairs hold
-        ancestors (EAGLE-like trees of 128 nodes, 16-node sub-chunks: 28 -> about 13 of 28).
+        ancestors (the benchmark's EAGLE-like trees of 128 nodes, 16-node sub-chunks: 12.8-14 of
+        28 instead of all 28; reports/h200/gdn/tuning/pairs.md).
         Sync-free torch ops, built once per round."""
         if "heavy_first" not in self._derived:
             self._derived["heavy_first"] = _heavy_first(self, cu_nodes)

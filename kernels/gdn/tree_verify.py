@@ -16,10 +16,11 @@ once.  Nodes go in sub-chunks of BT (16 or 32) in topological order; for sub-chu
 the u buffer the commit needs anyway (off-diagonal blocks are ancestor-masked too), so trees
 of any size work and no tile grows with n.  The kernel may walk the nodes in another
 topological order (ORDER: depth-first, larger subtree first, ``TreeMeta.heavy_first``): a
-branch then stays in few sub-chunks and about half the pairs drop out at 128 nodes.
+branch then stays in few sub-chunks and about half the pairs drop out at 128 nodes
+(reports/h200/gdn/tuning/pairs.md).
 k rows and q rows are separate [BT, K] tiles: an earlier layout stacked them into one
-[2 BT, K] tile to halve the dot count, but the reshapes it needed cost more than the dots (reports/h200/gdn/tuning run 4: 1.1-1.6x slower
-at the same launch settings).
+[2 BT, K] tile to halve the dot count, but the reshapes it needed cost more than the dots
+(reports/h200/gdn/tuning run 4: 1.1-1.6x slower at the same launch settings).
 """
 from __future__ import annotations
 
@@ -183,26 +184,25 @@ def _tree_verify_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, s0_ptr, bits_ptr, 
     # PREFETCH: the rows of each sub-chunk are loaded one sub-chunk ahead (they do not depend
     # on the solve), so their load latency hides behind the previous sub-chunk's dots
     if PREFETCH:
-        xk, xq, b_r, v_r, G = _chunk_rows(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, bits_ptr,
-                                                G_ptr, order_ptr, bos, n, 0, i_h, i_hv, o_v, scale,
-                                                H, HV, K, V, W, BT, L2NORM, DT, NT > 0, ORDER)
+        xk, xq, b_r, v_r, G = _chunk_rows(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, bits_ptr, G_ptr,
+                                          order_ptr, bos, n, 0, i_h, i_hv, o_v, scale, H, HV, K,
+                                          V, W, BT, L2NORM, DT, NT > 0, ORDER)
     for c in range(0, tl.cdiv(n, BT)):
         rows = c * BT + o_t
         m_r = rows < n
         prow = bos + rows      # row of the ancestor bits (kernel order)
         if not PREFETCH:
-            xk, xq, b_r, v_r, G = _chunk_rows(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr,
-                                                    bits_ptr, G_ptr, order_ptr, bos, n, c, i_h,
-                                                    i_hv, o_v, scale, H, HV, K, V, W, BT, L2NORM,
-                                                    DT, NT > 0, ORDER)
+            xk, xq, b_r, v_r, G = _chunk_rows(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, bits_ptr,
+                                              G_ptr, order_ptr, bos, n, c, i_h, i_hv, o_v, scale,
+                                              H, HV, K, V, W, BT, L2NORM, DT, NT > 0, ORDER)
         eG = tl.exp(G)[:, None]
         rhs = b_r[:, None] * (v_r - eG * tl.dot(xk, s0, input_precision=PREC))
         acc = eG * tl.dot(xq, s0, input_precision=PREC)
         # earlier sub-chunks: a pair (c, c2) with no ancestor of any row of c inside c2 adds
         # exactly zero (everything is ancestor-masked), so the loop walks only the c2 listed
         # in pairs[i_b, c] (built once per round, meta.subchunk_pairs): a loop, not a
-        # branch, so loads still pipeline.  BFS-ordered EAGLE trees keep nearly every pair;
-        # depth-first order (ORDER) about half of them at 128 nodes.
+        # branch, so loads still pipeline.  The benchmark's BFS-ordered EAGLE trees keep every
+        # pair; depth-first order (ORDER) about half of them at 128 nodes.
         pc = pairs_ptr + (i_b * NC + c) * NC
         for i in range(0, tl.load(npairs_ptr + i_b * NC + c)):
             c2 = tl.load(pc + i).to(tl.int64)
@@ -223,10 +223,10 @@ def _tree_verify_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, s0_ptr, bits_ptr, 
         acc += tl.dot(tl.dot(xq, xkt, input_precision=PREC) * dec, u, input_precision=PREC)
         G_c = G
         if PREFETCH:
-            xk, xq, b_r, v_r, G = _chunk_rows(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr,
-                                                    bits_ptr, G_ptr, order_ptr, bos, n, c + 1,
-                                                    i_h, i_hv, o_v, scale, H, HV, K, V, W, BT,
-                                                    L2NORM, DT, NT > 0, ORDER)
+            xk, xq, b_r, v_r, G = _chunk_rows(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, bits_ptr,
+                                              G_ptr, order_ptr, bos, n, c + 1, i_h, i_hv, o_v,
+                                              scale, H, HV, K, V, W, BT, L2NORM, DT, NT > 0,
+                                              ORDER)
         srow = _node_rows(order_ptr, bos, rows, m_r, ORDER)   # re-read: shorter live range
         tl.store(u_ptr + (srow * HV + i_hv)[:, None] * V + o_v[None, :], u, mask=m_r[:, None])
         # every V block stores the same G (identical values), so each reads back its own
