@@ -40,7 +40,7 @@ from simtree.kernels.gdn.bench_util import (QWEN36, env_info, fla_closure, fla_r
 
 TINY = dict(H=2, HV=4, K=16, V=32)
 _CFG_KEYS = dict(block_v="v", block_t="t", num_warps="w", num_stages="s", max_registers="r",
-                 g_prologue="g", u_bf16="u", prefetch="p", heavy_first="o")
+                 g_prologue="g", u_bf16="u", prefetch="p", heavy_first="o", prenorm="q")
 
 
 def parse_configs(text: str) -> list[dict]:
@@ -48,9 +48,9 @@ def parse_configs(text: str) -> list[dict]:
     names = {v: k for k, v in _CFG_KEYS.items()}
     out = []
     for c in filter(None, text.split(",")):
-        if not re.fullmatch(r"([vtwsrgupo]\d+)+", c):
+        if not re.fullmatch(r"([vtwsrgupoq]\d+)+", c):
             raise SystemExit(f"bad tree config {c!r}: letters {''.join(_CFG_KEYS.values())}, each with a number")
-        out.append({names[k]: int(v) for k, v in re.findall(r"([vtwsrgupo])(\d+)", c)})
+        out.append({names[k]: int(v) for k, v in re.findall(r"([vtwsrgupoq])(\d+)", c)})
     return out
 
 
@@ -313,11 +313,12 @@ def main() -> None:
     ap.add_argument("--skip-correctness", action="store_true")
     ap.add_argument("--max-copies", type=int, default=32, help="input copies rotated against L2")
     ap.add_argument("--tree-configs",
-                    default="o0",
+                    default="o0,q0,q1",
                     help="extra tree-kernel launch configs to time (skipped where equal to the "
                          "default): v<BV> t<BT> w<warps> s<stages> r<max registers, 0 = unbounded> "
-                         "g<G prologue 0/1> u<bf16 u operands 0/1> p<prefetch 0/1> o<heavy-first order 0/1>; the default "
-                         "o0 times the stored node order where the default walks depth-first")
+                         "g<G prologue 0/1> u<bf16 u operands 0/1> p<prefetch 0/1> o<heavy-first order 0/1> "
+                         "q<q/k pre-normalised 0/1>; the default times the stored node order where "
+                         "the default walks depth-first, and the other q/k path at every shape")
     args = ap.parse_args()
     t0 = time.time()
     args.deadline = t0 + args.max_seconds

@@ -5,7 +5,8 @@ CUDA-graph timing of each config at each shape.
         [--configs t16v64w4,t32v128w4,...] [--max-seconds 400]
 
 Config strings use bench_gdn's letters (t block_t, v block_v, w num_warps, s num_stages,
-r max_registers, and the kernel switches g g_prologue, u u_bf16, p prefetch, o heavy_first).  Writes tune_gdn.csv
+r max_registers, and the kernel switches g g_prologue, u u_bf16, p prefetch, o heavy_first,
+q prenorm).  Writes tune_gdn.csv
 (one row per config x shape x phase) and tune_gdn.json (env, correctness per config) into
 --out; results are rewritten after every shape, so a killed run keeps what it measured.
 """

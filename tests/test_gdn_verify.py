@@ -288,14 +288,18 @@ def launched(monkeypatch):
     return calls
 
 
-@pytest.mark.parametrize("g_prologue,prefetch,block_t,big,heavy",
-                         [(0, 0, 16, 300, 1), (1, 0, 16, 120, 0), (0, 1, 32, 120, 1),
-                          (1, 1, 16, 300, 0), (1, 1, 16, 120, 1), (1, 0, 32, 300, 1)])
-def test_kernel_switches_keep_the_result(launched, g_prologue, prefetch, block_t, big, heavy):
+@pytest.mark.parametrize("g_prologue,prefetch,block_t,big,heavy,prenorm",
+                         [(0, 0, 16, 300, 1, 1), (1, 0, 16, 120, 0, 0), (0, 1, 32, 120, 1, 0),
+                          (1, 1, 16, 300, 0, 1), (1, 1, 16, 120, 1, 1), (1, 0, 32, 300, 1, 0),
+                          (0, 1, 32, 120, 0, 1), (1, 0, 32, 120, 0, 1)])
+def test_kernel_switches_keep_the_result(launched, g_prologue, prefetch, block_t, big, heavy,
+                                         prenorm):
     # G summed per sub-chunk or in one prologue (asked for, and the largest tree at most
     # G_PROLOGUE_MAX_NODES = 256 nodes: a 300-node tree falls back), rows loaded in place or one
-    # sub-chunk ahead, nodes walked as stored or depth-first: the launch gets the path asked
-    # for, and every path gives the same outputs and the same cache (stored order) for the commit
+    # sub-chunk ahead, nodes walked as stored or depth-first, q/k normalised in the kernel or
+    # once before it (by a pre-pass that also writes G where the prologue applies): the launch
+    # gets the path asked for, and every path gives the same outputs and the same cache
+    # (stored order) for the commit
     from simtree.kernels.gdn import G_PROLOGUE_MAX_NODES
     rng = np.random.default_rng(16)
     sizes = (40, big, 1, 17)
@@ -304,9 +308,11 @@ def test_kernel_switches_keep_the_result(launched, g_prologue, prefetch, block_t
     tree = (inp["parents"], inp["cu_nodes"])
     out, cache = gdn_tree_verify(*(inp[k] for k in KEYS), *tree, backend="triton",
                                  block_t=block_t, g_prologue=g_prologue, prefetch=prefetch,
-                                 heavy_first=heavy)
+                                 heavy_first=heavy, prenorm=prenorm)
     prologue = bool(g_prologue) and big <= G_PROLOGUE_MAX_NODES
     assert len(launched) == 1 and launched[0]["PREFETCH"] == bool(prefetch)
+    assert launched[0]["QK_READY"] == bool(prenorm)
+    assert launched[0]["G_READY"] == (bool(prenorm) and prologue)
     assert launched[0]["ORDER"] == bool(heavy)
     assert launched[0]["NT"] == (128 if prologue else 0)
     _, ref_cache = gdn_tree_verify(*(inp[k] for k in KEYS), *tree, backend="torch")
@@ -394,3 +400,19 @@ def test_pair_counts_table_is_the_kernel_walk_of_the_bench_trees():
             counts = walk_tables(meta, md["cu_nodes"], bt, heavy)[2][1]
             assert abs(float(counts.sum(1).float().mean()) - want) < 1e-9
         assert depth_first <= stored <= possible
+
+
+@pytest.mark.parametrize("prenorm", [0, 1])
+def test_scale_and_no_l2norm_in_both_qk_paths(prenorm):
+    # q/k normalised and scaled inside the kernel or by the pre-pass: a custom scale and
+    # qk_l2norm=False reach both paths (the pre-pass then only scales q)
+    rng = np.random.default_rng(30 + prenorm)
+    trees = [random_tree(int(n), rng, reach=5) for n in rng.integers(1, 40, size=3)]
+    inp = make_inputs(trees, 30 + prenorm)
+    inp["q"], inp["k"] = inp["q"] * 0.2, inp["k"] * 0.2    # unnormalised: keep the solve tame
+    tree = (inp["parents"], inp["cu_nodes"])
+    for kw in (dict(scale=0.3), dict(qk_l2norm=False)):
+        ref = gdn_tree_verify_dense_ref(*f64(inp), *tree, **kw)
+        out, _ = gdn_tree_verify(*(inp[k] for k in KEYS), *tree, backend="triton",
+                                 prenorm=prenorm, **kw)
+        assert rel_err(out, ref) < 1e-4, kw

@@ -74,16 +74,17 @@ _INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 
 
 @functools.lru_cache(maxsize=None)
-def _has_maxnreg() -> bool:
+def _has_option(name: str) -> bool:
+    """Whether this Triton's CUDA backend takes the launch option ``name``."""
     try:
         from triton.backends.nvidia.compiler import CUDAOptions
-        return "maxnreg" in CUDAOptions.__dataclass_fields__
-    except Exception:  # noqa: BLE001 - another backend / Triton: no register cap
+        return name in CUDAOptions.__dataclass_fields__
+    except Exception:  # noqa: BLE001 - another backend / Triton: option not there
         return False
 
 
 def _maxnreg(n: int) -> dict:
-    return {"maxnreg": n} if n and not _INTERPRET and _has_maxnreg() else {}
+    return {"maxnreg": n} if n and not _INTERPRET and _has_option("maxnreg") else {}
 
 
 # trees up to this size get every node's G in one unrolled round of loads ([NT, 32] tiles)
@@ -94,18 +95,24 @@ def verify_launch_config(B: int, HV: int, V: int, device: torch.device | str = "
                          max_nodes: int = 128) -> dict:
     """Default launch of the tree kernel: block_t (node sub-chunk), block_v, num_warps,
     num_stages, max_registers, and the kernel switches g_prologue / u_bf16 / prefetch /
-    heavy_first.
+    heavy_first / prenorm.
 
-    Picked from the launch sweeps on the H200 (reports/h200/gdn/tuning/, runs 8, 10 and 11;
-    Qwen3.6-27B shapes, ``B * HV`` = (sequence, value head) programs at block_v = V):
-    - <= 48 (one sequence): block_v 64 (two programs per head fill more SMs); trees of >= 32
-      nodes take 32-node sub-chunks with 8 warps (b1 n128: 48.5 us; 16-node sub-chunks walked
-      depth-first 53.7).
+    Picked from the launch sweeps on the H200 (reports/h200/gdn/tuning/, runs 8, 10, 11 and
+    17-20; Qwen3.6-27B shapes, ``B * HV`` = (sequence, value head) programs at block_v = V;
+    prenorm as it is now, q/k norms and G in the pre-pass, is run 20's ``q2``):
+    - <= 48 (one sequence): block_v 64 (two programs per head fill more SMs); trees of 32-64
+      nodes take 32-node sub-chunks with 8 warps (b1 n64: 19.1 us), larger trees the pre-pass
+      and 4 warps (b1 n128: 42.6 us; 8 warps without it 49.0).
     - <= 4 sequences: block_v = V, 16-node sub-chunks, 4 warps; rows prefetched from 32 nodes
-      (b4 n32 16.8 vs 18.3 us; at n <= 16 prefetch costs 2-3%).
-    - <= 16 sequences, trees of >= 32 nodes: 4 warps capped at 168 registers (three programs
-      per SM instead of two: b16 n64 99.3 us vs 108.3 at 2 warps).
-    - otherwise 2 warps (b64 n128: 688.9 us; 718.9 at 4 warps / 168).
+      (b4 n32 16.8 vs 18.3 us; at n <= 16 prefetch costs 2-3%); the pre-pass from 64 nodes
+      (b4 n128 69.3 vs 72.9; at n32 17.2 without it, 17.8 with).
+    - <= 16 sequences, trees of >= 32 nodes: 4 warps and the pre-pass; rows prefetched up to
+      64 nodes (b16 n32 45.1 us, n64 90.2; one stage at 168 registers 47.7 and 98.6), larger
+      trees capped at 168 registers instead (three programs per SM: b16 n128 186.6 us with
+      run 17's q/k-only pre-pass, 191.8 prefetched).
+    - otherwise 2 warps, the pre-pass from 16 nodes (b64 n16 99.6 vs 109.1 without; b64 n128
+      556.4 vs 698.3; b16 n16 30.6 vs 33.7; at 8 nodes the q/k-only pre-pass was slower at
+      b16, 31.2 vs 29.0).
     Every launch takes G in one prologue (b64 n128: 871.4 vs 951.3 us without, run 8) and bf16
     operands for the dots on earlier sub-chunks' u (16-bit inputs only; b16 n64 108.7 vs 115.5).
     Trees of 65-256 nodes in 16-node sub-chunks are walked depth-first, larger subtree
@@ -116,14 +123,16 @@ def verify_launch_config(B: int, HV: int, V: int, device: torch.device | str = "
     """
     rows = B * HV
     cfg = dict(block_t=16, block_v=V, num_warps=2, num_stages=2, max_registers=0, g_prologue=1,
-               u_bf16=1, prefetch=0, heavy_first=0)
+               u_bf16=1, prefetch=0, heavy_first=0, prenorm=int(max_nodes >= 16))
     if rows <= 48:
-        big = max_nodes >= 32
-        cfg.update(block_t=32 if big else 16, block_v=min(V, 64), num_warps=8 if big else 4)
+        big, huge = max_nodes >= 32, max_nodes > 64
+        cfg.update(block_t=32 if big else 16, block_v=min(V, 64),
+                   num_warps=4 if huge or not big else 8, prenorm=int(huge))
     elif rows <= 4 * 48:
-        cfg.update(num_warps=4, prefetch=int(max_nodes >= 32))
+        cfg.update(num_warps=4, prefetch=int(max_nodes >= 32), prenorm=int(max_nodes >= 64))
     elif rows <= 16 * 48 and max_nodes >= 32:
-        cfg.update(num_warps=4, max_registers=168)
+        small = max_nodes <= 64
+        cfg.update(num_warps=4, prefetch=int(small), max_registers=0 if small else 168)
     cfg["heavy_first"] = _heavy_first_default(cfg["block_t"], max_nodes)
     return cfg
 
@@ -152,7 +161,7 @@ def gdn_tree_verify(q, k, v, g, beta, state, parents, cu_nodes, *, scale=None, q
                     num_warps: int | None = None, num_stages: int | None = None,
                     max_registers: int | None = None, g_prologue: int | None = None,
                     u_bf16: int | None = None, prefetch: int | None = None,
-                    heavy_first: int | None = None):
+                    heavy_first: int | None = None, prenorm: int | None = None):
     """Every node's output as if the recurrence ran along its own root path only.
 
     One pass, ``state`` is not modified.  Returns (out [N, HV, V] in q's dtype, GDNTreeCache).
@@ -164,8 +173,10 @@ def gdn_tree_verify(q, k, v, g, beta, state, parents, cu_nodes, *, scale=None, q
     (1: bf16 operands for the dots on earlier sub-chunks' u, 16-bit inputs only) /
     ``prefetch`` (1: each sub-chunk's rows loaded while the one before is solved) /
     ``heavy_first`` (1: the kernel walks each tree depth-first, larger subtree first,
-    ``TreeMeta.heavy_first``; outputs and cache stay in the stored order) override
-    ``verify_launch_config`` (benchmark tuning).
+    ``TreeMeta.heavy_first``; outputs and cache stay in the stored order) / ``prenorm`` (1:
+    q and k normalised and scaled once, by a small kernel before the verify, instead of in
+    every sub-chunk and every pair; with g_prologue that kernel also writes G, once per
+    head instead of once per V block) override ``verify_launch_config`` (benchmark tuning).
     """
     if check:
         _check_inputs(q, k, v, g, beta, state, parents, cu_nodes)
@@ -180,9 +191,10 @@ def gdn_tree_verify(q, k, v, g, beta, state, parents, cu_nodes, *, scale=None, q
                                                  return_aux=True, meta=meta)
         cache = GDNTreeCache(aux["u"].float(), aux["G"].float(), meta, qk_l2norm)
         return out.to(q.dtype), cache
+    import triton
     import triton.language as tl
 
-    from .tree_verify import _tree_verify_kernel
+    from .tree_verify import _qk_prenorm_kernel, _tree_verify_kernel
     if K < 16 or K & (K - 1) or V < 16 or V & (V - 1):
         raise SimtreeError(f"triton backend needs K and V powers of two >= 16, got K={K}, V={V}")
     cfg = verify_launch_config(B, HV, V, q.device, meta.max_nodes)
@@ -202,16 +214,31 @@ def gdn_tree_verify(q, k, v, g, beta, state, parents, cu_nodes, *, scale=None, q
     pro = (cfg["g_prologue"] if g_prologue is None else g_prologue) \
         and meta.max_nodes <= G_PROLOGUE_MAX_NODES
     use_bf16 = (cfg["u_bf16"] if u_bf16 is None else u_bf16) and prec == "tf32" and not _INTERPRET
+    DT = tl.bfloat16 if prec == "tf32" and not _INTERPRET else tl.float32
+    ready = bool(cfg["prenorm"] if prenorm is None else prenorm)
+    NT = max(16, 1 << max(meta.max_nodes - 1, 1).bit_length()) if pro else 0
+    g_pass = ready and NT > 0
+    cu = cu_nodes.to(q.device, torch.int64)
     # the numbering the kernel walks (as stored, or depth-first) and its sub-chunk pairs
     order, walk, (pairs, npairs, nc) = walk_tables(meta, cu_nodes, BT, heavy_first)
+    order_t = order if order is not None else walk.bits
+    g32, bits32 = g.float().contiguous(), walk.bits.view(torch.int32)
+    if ready:   # the dot operands once: normalised, scaled, in DT (and G, with the prologue)
+        qn = torch.empty(qc.shape, dtype=torch.bfloat16 if DT == tl.bfloat16 else torch.float32,
+                         device=q.device)
+        kn = torch.empty_like(qn)
+        nr = triton.cdiv(N * H, 16)
+        _qk_prenorm_kernel[(nr + (B * HV if g_pass else 0),)](
+            qc, kc, qn, kn, N * H, scale, g32, bits32, order_t, cu, G, nr, K=K, BR=16,
+            L2NORM=qk_l2norm, HV=HV, W=meta.words, NT=max(NT, 16), ORDER=order is not None,
+            G_PASS=g_pass, num_warps=4)
+        qc, kc = qn, kn
     _tree_verify_kernel[(V // BV, B * HV)](
-        qc, kc, v.contiguous(), g.float().contiguous(), beta.float().contiguous(),
-        state.float().contiguous(), walk.bits, walk.bits.view(torch.int32),
-        order if order is not None else walk.bits, cu_nodes.to(q.device, torch.int64), pairs,
+        qc, kc, v.contiguous(), g32, beta.float().contiguous(),
+        state.float().contiguous(), walk.bits, bits32, order_t, cu, pairs,
         npairs, nc, out, u, G, scale,
         H=H, HV=HV, K=K, V=V, W=meta.words, BT=BT, BV=BV, LOG_BT=BT.bit_length() - 1,
-        L2NORM=qk_l2norm, PREC=prec, DT=tl.bfloat16 if prec == "tf32" and not _INTERPRET else tl.float32,
-        NT=max(16, 1 << max(meta.max_nodes - 1, 1).bit_length()) if pro else 0,
+        L2NORM=qk_l2norm, PREC=prec, DT=DT, QK_READY=ready, G_READY=g_pass, NT=NT,
         UDT=tl.bfloat16 if use_bf16 else tl.float32,
         PREFETCH=bool(cfg["prefetch"] if prefetch is None else prefetch), ORDER=order is not None,
         num_warps=num_warps or cfg["num_warps"],

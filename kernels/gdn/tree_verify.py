@@ -51,16 +51,46 @@ def _node_rows(order_ptr, bos, local, m, ORDER: tl.constexpr):
 
 @triton.jit
 def _rows_normed(ptr, grow, m_r, i_h, mult, H: tl.constexpr, K: tl.constexpr,
-                 L2NORM: tl.constexpr, DT: tl.constexpr = tl.float32):
-    """Rows of q or k [BT, K] in DT, L2-normalised in fp32 (optionally) and times ``mult``."""
+                 L2NORM: tl.constexpr, DT: tl.constexpr = tl.float32, READY: tl.constexpr = False):
+    """Rows of q or k [BT, K] in DT, L2-normalised in fp32 (optionally) and times ``mult``;
+    READY: the rows were normalised and scaled already (``_qk_prenorm_kernel``), loaded as DT."""
     o_k = tl.arange(0, K)
     x = tl.load(ptr + (grow * H + i_h)[:, None] * K + o_k[None, :], mask=m_r[:, None],
-                other=0.).to(tl.float32)
+                other=0.)
+    if READY:
+        return x.to(DT)
+    x = x.to(tl.float32)
     if L2NORM:
         x = x * (mult / tl.maximum(tl.sqrt(tl.sum(x * x, axis=1)), 1e-6))[:, None]
     else:
         x = x * mult
     return x.to(DT)
+
+
+@triton.jit
+def _qk_prenorm_kernel(q_ptr, k_ptr, qn_ptr, kn_ptr, R, scale, g_ptr, bits32_ptr, order_ptr,
+                       cu_ptr, G_ptr, NR, K: tl.constexpr, BR: tl.constexpr,
+                       L2NORM: tl.constexpr, HV: tl.constexpr, W: tl.constexpr,
+                       NT: tl.constexpr, ORDER: tl.constexpr, G_PASS: tl.constexpr):
+    """Once per layer, what every V block of a head would otherwise redo: programs < NR write
+    qn = scale * q / |q|, kn = k / |k| (norms in fp32, stored in the outputs' dtype) for BR of
+    the R = N * H rows each, so the verify kernel skips the row reductions of every sub-chunk
+    and of every earlier sub-chunk it pairs with; G_PASS: the programs after them write G of
+    one (sequence, value head) each (``_store_G``)."""
+    pid = tl.program_id(0)
+    if pid < NR:
+        rows = (pid * BR + tl.arange(0, BR)).to(tl.int64)
+        m = rows < R
+        off = rows[:, None] * K + tl.arange(0, K)[None, :]
+        tl.store(qn_ptr + off, _rows_normed(q_ptr, rows, m, 0, scale, 1, K, L2NORM,
+                                            qn_ptr.dtype.element_ty), mask=m[:, None])
+        tl.store(kn_ptr + off, _rows_normed(k_ptr, rows, m, 0, 1., 1, K, L2NORM,
+                                            kn_ptr.dtype.element_ty), mask=m[:, None])
+    elif G_PASS:
+        i_b, i_hv = (pid - NR) // HV, (pid - NR) % HV
+        bos = tl.load(cu_ptr + i_b).to(tl.int64)
+        _store_G(g_ptr, bits32_ptr, order_ptr, G_ptr, bos, tl.load(cu_ptr + i_b + 1) - bos,
+                 i_hv, HV, W, NT, ORDER)
 
 
 @triton.jit
@@ -106,17 +136,29 @@ def _ancestor_sums(g_ptr, bits32_ptr, order_ptr, bos, n, rows, m_rows, i_hv, HV:
 
 
 @triton.jit
+def _store_G(g_ptr, bits32_ptr, order_ptr, G_ptr, bos, n, i_hv, HV: tl.constexpr,
+             W: tl.constexpr, NT: tl.constexpr, ORDER: tl.constexpr):
+    """G of every node of one (sequence, value head) into G_ptr (NT >= n nodes)."""
+    o_n = tl.arange(0, NT)
+    tl.store(G_ptr + _node_rows(order_ptr, bos, o_n, o_n < n, ORDER) * HV + i_hv,
+             _ancestor_sums(g_ptr, bits32_ptr, order_ptr, bos, n, o_n, o_n < n, i_hv, HV,
+                            2 * W, NT, ORDER),
+             mask=o_n < n)
+
+
+@triton.jit
 def _chunk_rows(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, bits_ptr, G_ptr, order_ptr, bos, n, c,
                 i_h, i_hv, o_v, scale, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr,
                 V: tl.constexpr, W: tl.constexpr, BT: tl.constexpr, L2NORM: tl.constexpr,
-                DT: tl.constexpr, G_STORED: tl.constexpr, ORDER: tl.constexpr):
+                DT: tl.constexpr, G_STORED: tl.constexpr, ORDER: tl.constexpr,
+                READY: tl.constexpr):
     """What sub-chunk c needs that no earlier sub-chunk changes: normalised k and q rows, beta,
     v [BT, BV] and G (read back when already stored, else summed over the ancestors)."""
     rows = c * BT + tl.arange(0, BT)
     m_r = rows < n
     grow = _node_rows(order_ptr, bos, rows, m_r, ORDER)
-    xk = _rows_normed(k_ptr, grow, m_r, i_h, 1., H, K, L2NORM, DT)
-    xq = _rows_normed(q_ptr, grow, m_r, i_h, scale, H, K, L2NORM, DT)
+    xk = _rows_normed(k_ptr, grow, m_r, i_h, 1., H, K, L2NORM, DT, READY)
+    xq = _rows_normed(q_ptr, grow, m_r, i_h, scale, H, K, L2NORM, DT, READY)
     b_r = tl.load(beta_ptr + grow * HV + i_hv, mask=m_r, other=0.)
     v_r = tl.load(v_ptr + (grow * HV + i_hv)[:, None] * V + o_v[None, :], mask=m_r[:, None],
                   other=0.).to(tl.float32)
@@ -151,7 +193,8 @@ def _tree_verify_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, s0_ptr, bits_ptr, 
                         W: tl.constexpr, BT: tl.constexpr, BV: tl.constexpr,
                         LOG_BT: tl.constexpr, L2NORM: tl.constexpr, PREC: tl.constexpr,
                         DT: tl.constexpr, NT: tl.constexpr, UDT: tl.constexpr,
-                        PREFETCH: tl.constexpr, ORDER: tl.constexpr):
+                        PREFETCH: tl.constexpr, ORDER: tl.constexpr,
+                        QK_READY: tl.constexpr = False, G_READY: tl.constexpr = False):
     """One program per (sequence, value head, V block); sub-chunks of BT nodes in order.
 
     Per sub-chunk c (rows r): rhs = b (V - e^G K S0) and acc = e^G Q S0, minus/plus the
@@ -162,7 +205,9 @@ def _tree_verify_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, s0_ptr, bits_ptr, 
     UDT (fp32, or bf16 like fla's v_new).  NT > 0 (a power of two >= every tree's size): G of
     all nodes first, in one round of loads; NT = 0: G per sub-chunk (trees of any size).
     ORDER: nodes are walked in the order ``order_ptr`` gives (bits, pairs and positions in
-    that numbering; every per-node tensor, u and G included, stays in stored rows)."""
+    that numbering; every per-node tensor, u and G included, stays in stored rows).
+    QK_READY: q and k come normalised and scaled (``_qk_prenorm_kernel``), in DT; G_READY
+    (with NT > 0): that pre-pass wrote G too."""
     i_v, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_hv = i_bh // HV, i_bh % HV
     i_h = i_hv // (HV // H)
@@ -174,19 +219,18 @@ def _tree_verify_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, s0_ptr, bits_ptr, 
     # int64: B*HV*K*V can pass 2^31; S0 [K, BV] is read once per program
     s0 = tl.load(s0_ptr + (i_b * HV + i_hv).to(tl.int64) * K * V + o_k[:, None] * V + o_v[None, :]).to(DT)
     if NT > 0:   # every node's G up front (one round of loads), read back below
-        o_n = tl.arange(0, NT)
-        tl.store(G_ptr + _node_rows(order_ptr, bos, o_n, o_n < n, ORDER) * HV + i_hv,
-                 _ancestor_sums(g_ptr, bits32_ptr, order_ptr, bos, n, o_n, o_n < n, i_hv, HV,
-                                2 * W, NT, ORDER),
-                 mask=o_n < n)
-        tl.debug_barrier()
+        if G_READY:
+            pass      # the pre-pass wrote it
+        else:
+            _store_G(g_ptr, bits32_ptr, order_ptr, G_ptr, bos, n, i_hv, HV, W, NT, ORDER)
+            tl.debug_barrier()
     lower = o_t[:, None] > o_t[None, :]
     # PREFETCH: the rows of each sub-chunk are loaded one sub-chunk ahead (they do not depend
     # on the solve), so their load latency hides behind the previous sub-chunk's dots
     if PREFETCH:
         xk, xq, b_r, v_r, G = _chunk_rows(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, bits_ptr, G_ptr,
                                           order_ptr, bos, n, 0, i_h, i_hv, o_v, scale, H, HV, K,
-                                          V, W, BT, L2NORM, DT, NT > 0, ORDER)
+                                          V, W, BT, L2NORM, DT, NT > 0, ORDER, QK_READY)
     for c in range(0, tl.cdiv(n, BT)):
         rows = c * BT + o_t
         m_r = rows < n
@@ -194,7 +238,8 @@ def _tree_verify_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, s0_ptr, bits_ptr, 
         if not PREFETCH:
             xk, xq, b_r, v_r, G = _chunk_rows(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, bits_ptr,
                                               G_ptr, order_ptr, bos, n, c, i_h, i_hv, o_v, scale,
-                                              H, HV, K, V, W, BT, L2NORM, DT, NT > 0, ORDER)
+                                              H, HV, K, V, W, BT, L2NORM, DT, NT > 0, ORDER,
+                                              QK_READY)
         eG = tl.exp(G)[:, None]
         rhs = b_r[:, None] * (v_r - eG * tl.dot(xk, s0, input_precision=PREC))
         acc = eG * tl.dot(xq, s0, input_precision=PREC)
@@ -208,7 +253,8 @@ def _tree_verify_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, s0_ptr, bits_ptr, 
             c2 = tl.load(pc + i).to(tl.int64)
             scol = _node_rows(order_ptr, bos, c2 * BT + o_t, o_t >= 0, ORDER)
             uc = tl.load(u_ptr + (scol * HV + i_hv)[:, None] * V + o_v[None, :]).to(UDT)
-            kct = tl.trans(_rows_normed(k_ptr, scol, o_t >= 0, i_h, 1., H, K, L2NORM, DT))
+            kct = tl.trans(_rows_normed(k_ptr, scol, o_t >= 0, i_h, 1., H, K, L2NORM, DT,
+                                        QK_READY))
             dec = _decay(_anc_tile(bits_ptr, prow, m_r, c2, BT, W), G,
                          tl.load(G_ptr + scol * HV + i_hv))
             a_rc = b_r[:, None] * tl.dot(xk, kct, input_precision=PREC) * dec
@@ -226,7 +272,7 @@ def _tree_verify_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, s0_ptr, bits_ptr, 
             xk, xq, b_r, v_r, G = _chunk_rows(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, bits_ptr,
                                               G_ptr, order_ptr, bos, n, c + 1, i_h, i_hv, o_v,
                                               scale, H, HV, K, V, W, BT, L2NORM, DT, NT > 0,
-                                              ORDER)
+                                              ORDER, QK_READY)
         srow = _node_rows(order_ptr, bos, rows, m_r, ORDER)   # re-read: shorter live range
         tl.store(u_ptr + (srow * HV + i_hv)[:, None] * V + o_v[None, :], u, mask=m_r[:, None])
         # every V block stores the same G (identical values), so each reads back its own
