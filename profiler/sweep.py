@@ -306,7 +306,10 @@ def run_sweep(sweep: str | Path | None = None, out: str | Path = "reports/profil
         if bar:
             bar.stop()
         res.elapsed_s = time.monotonic() - t_start
-        meta.update({"checks": res.checks, "timing_modes": modes, "result": res.summary(),
+        # the table can hold rows of several sweeps (resumed, or re-measured stage by stage):
+        # keep the earlier sweeps' checks, this sweep's override where it re-checked
+        meta.update({"checks": {**old_meta.get("checks", {}), **res.checks},
+                     "timing_modes": modes, "result": res.summary(),
                      "elapsed_s": round(res.elapsed_s, 1)})
         pt.write_meta(table, meta)
 

@@ -67,11 +67,13 @@ def test_sweep_writes_a_valid_table_with_meta(spec, tmp_path):
 
 def test_rerun_resumes_without_remeasuring(spec, tmp_path, monkeypatch):
     out = tmp_path / "p.csv"
-    _run(spec, out)
+    checks = _run(spec, out).checks
     timer, calls = _fake_timer()
     monkeypatch.setattr("simtree.profiler.timing.time_workload", timer)
     res = _run(spec, out)
     assert calls == [] and res.measured == 0 and res.skipped_done == N_POINTS + 4
+    # the second sweep checked nothing; the table's meta keeps the first sweep's checks
+    assert checks and res.checks == {} and pt.read_meta(out)["checks"] == checks
 
 
 def test_interrupted_sweep_keeps_finished_points_and_resumes(spec, tmp_path, monkeypatch):
