@@ -36,7 +36,8 @@ class TreeMeta:
     anc: torch.Tensor
     seq_ids: torch.Tensor
     max_nodes: int
-    _derived: dict = field(default_factory=dict, repr=False, compare=False)  # built on first use
+    # built on first use: ("heavy_first",) and ("pairs", block_t)
+    _derived: dict = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def words(self) -> int:
@@ -52,17 +53,19 @@ class TreeMeta:
         ancestors (the benchmark's EAGLE-like trees of 128 nodes, 16-node sub-chunks: 12.8-14 of
         28 instead of all 28; reports/h200/gdn/tuning/pairs.md).
         Sync-free torch ops, built once per round."""
-        if "heavy_first" not in self._derived:
-            self._derived["heavy_first"] = _heavy_first(self, cu_nodes)
-        return self._derived["heavy_first"]
+        key = ("heavy_first",)
+        if key not in self._derived:
+            self._derived[key] = _heavy_first(self, cu_nodes)
+        return self._derived[key]
 
     def subchunk_pairs(self, cu_nodes: torch.Tensor, bt: int) -> tuple[torch.Tensor, torch.Tensor, int]:
         """(pairs [B, C, C], counts [B, C], C) for node sub-chunks of ``bt`` (divides 64).
 
         Sync-free torch ops, cached per bt: built once per round, shared by every layer."""
-        if bt not in self._derived:
-            self._derived[bt] = _subchunk_pairs(self.bits, self.seq_ids, cu_nodes, self.max_nodes, bt)
-        return self._derived[bt]
+        key = ("pairs", bt)
+        if key not in self._derived:
+            self._derived[key] = _subchunk_pairs(self.bits, self.seq_ids, cu_nodes, self.max_nodes, bt)
+        return self._derived[key]
 
 
 def _subchunk_pairs(bits, seq_ids, cu_nodes, max_nodes: int, bt: int):
