@@ -1,0 +1,61 @@
+"""report_gdn: the generated GDN benchmark report, targets classified from the ratios."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+
+from simtree.profiler import report_gdn
+
+
+def _bench(rng, shapes, variants):
+    rows = [dict(batch_size=b, nodes_per_seq=n, variant=v, status="ok",
+                 latency_us_median=float(rng.uniform(1, 100)))
+            for b, n in shapes for v in variants]
+    rows.append(dict(batch_size=shapes[0][0], nodes_per_seq=shapes[0][1], variant="triton_tree",
+                     status="error: boom", latency_us_median=np.nan))   # not an ok row: ignored
+    return pd.DataFrame(rows)
+
+
+def test_targets_follow_the_ratios(tmp_path):
+    rng = np.random.default_rng(3)
+    shapes = [(b, n) for b in (1, 16, 64) for n in (8, 128)]
+    bench = _bench(rng, shapes, ["triton_tree", "recurrent_baseline", "fla_chunk", "memory_floor"])
+    bench.to_csv(tmp_path / "bench_gdn.csv", index=False)
+    (tmp_path / "bench_gdn.json").write_text(json.dumps({"env": {"gpu": "G"}, "correctness": [
+        dict(case="b1_n8", variant="triton_tree", rel_err=1e-3, tol=2e-2, ok=True)]}))
+    text = report_gdn.write_report(tmp_path).read_text()
+    assert (tmp_path / "gdn_verify.png").stat().st_size > 0
+    ok = bench[bench.status == "ok"].pivot_table(index=["batch_size", "nodes_per_seq"],
+                                                 columns="variant", values="latency_us_median")
+    lines = {line.split(":")[0]: line for line in text.splitlines() if line.startswith("- ")}
+    for (b, n), r in ok.iterrows():
+        checks = [("- baseline/tree >= 10 at n = 128", n == 128,
+                   r.recurrent_baseline / r.triton_tree, r.recurrent_baseline / r.triton_tree >= 10),
+                  ("- tree/best_fla <= 2 at every shape", True, r.triton_tree / r.fla_chunk,
+                   r.triton_tree / r.fla_chunk <= 2),
+                  ("- tree/floor <= 3 at batch >= 16", b >= 16, r.triton_tree / r.memory_floor,
+                   r.triton_tree / r.memory_floor <= 3)]
+        for key, applies, value, met in checks:
+            line = lines[key]
+            shape = f"b{b} n{n}: {value:.2f}"
+            if not applies:
+                assert f"b{b} n{n}:" not in line
+            elif "MET everywhere" in line:
+                assert met
+            else:
+                missed, _, met_part = line.partition("; met at ")
+                assert (shape in met_part) if met else (shape in missed), (key, shape, line)
+
+
+def test_missing_column_is_reported_not_guessed(tmp_path):
+    rng = np.random.default_rng(4)
+    bench = _bench(rng, [(16, 32), (1, 128)], ["triton_tree", "recurrent_baseline", "fla_chunk"])
+    bench.to_csv(tmp_path / "bench_gdn.csv", index=False)
+    (tmp_path / "bench_gdn.json").write_text("{}")
+    text = report_gdn.write_report(tmp_path).read_text()
+    assert "- tree/floor <= 3 at batch >= 16: not measured (this run has no `tree/floor` ratio)" in text
+    # the other two targets are still classified from the columns that are there
+    assert "- baseline/tree >= 10 at n = 128: M" in text
+    assert "- tree/best_fla <= 2 at every shape: M" in text
