@@ -18,6 +18,10 @@ of any size work and no tile grows with n.  The kernel may walk the nodes in ano
 topological order (ORDER: depth-first, larger subtree first, ``TreeMeta.heavy_first``): a
 branch then stays in few sub-chunks and about half the pairs drop out at 128 nodes
 (reports/h200/gdn/tuning/pairs.md).
+A pre-pass (``_qk_prenorm_kernel``, where the launch rule turns it on) writes the
+normalised, scaled q and k rows in the dot dtype and every node's G once per layer, so the
+verify kernel neither redoes the row norms for each sub-chunk and pair nor the G prologue in
+each V block.
 k rows and q rows are separate [BT, K] tiles: an earlier layout stacked them into one
 [2 BT, K] tile to halve the dot count, but the reshapes it needed cost more than the dots
 (reports/h200/gdn/tuning run 4: 1.1-1.6x slower at the same launch settings).
