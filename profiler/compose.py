@@ -4,7 +4,9 @@
         + sum over layer kinds k of  count_k * (core_k(b, n, l, shape) + proj_k(T) + mlp(T))
 
 with T = b * n, core_k the attention-core stage of kind k (gdn_tree_verify, attn_tree_verify,
-v4_*_verify), proj_k = ``<k>_proj_step`` and the counts from the model's layer pattern. A
+v4_*_verify), proj_k = ``<k>_proj_step`` and the counts from the model's layer pattern; plus
+count_k * commit_k(b, n, shape) where the table has kind k's commit stage (gdn_tree_commit:
+the state rewritten along the accepted path, once per layer per round). A
 core stage measured at one context length only is taken as independent of l (GDN state,
 sliding window); otherwise l is interpolated linearly between measured lengths (clamped).
 The percentiles are composed the same way (sum of p10s, of p90s: a bound, not a quantile).
@@ -22,7 +24,7 @@ import pandas as pd
 
 from simtree.errors import SimtreeError
 from simtree.fileio import write_text_atomic
-from simtree.models import VERIFY_STAGE, get_model
+from simtree.models import COMMIT_STAGE, VERIFY_STAGE, get_model
 
 from .stages import ATTN_VARIANT_PREFERENCE, stack_core_variant
 
@@ -70,11 +72,32 @@ def _main_variant(rows: pd.DataFrame) -> str | None:
     return next((v for v in ATTN_VARIANT_PREFERENCE if v in good), counts.index[0])
 
 
+def _commit_stages(sub: pd.DataFrame, kinds) -> dict:
+    """{kind: (commit stage, variant)} for the layer kinds whose commit stage has rows here."""
+    out = {}
+    for k in kinds:
+        stage = COMMIT_STAGE.get(k)
+        rows = sub[sub.stage == stage] if stage else sub.iloc[0:0]
+        if not rows.empty:
+            out[k] = (stage, _main_variant(rows))
+    return out
+
+
+def commit_stages_used(df: pd.DataFrame, model_name: str) -> list[str]:
+    """The commit stages ``compose_rows`` adds for ``model_name`` with this table."""
+    model = get_model(model_name)
+    return [s for s, _ in _commit_stages(df[df.model == model_name], set(model.layer_kinds)).values()]
+
+
 def compose_rows(df: pd.DataFrame, model_name: str, *, layers: tuple[str, ...] | None = None,
-                 core_variants: dict | None = None, contexts=None) -> list[dict]:
+                 core_variants: dict | None = None, contexts=None,
+                 with_commit: bool = True) -> list[dict]:
     """Composed rows (stage model_verify_step, variant composed) for every (b, n, l, shape)
     at which all parts of ``model_name`` were measured. ``layers`` restricts the sum to a
-    layer list (stack validation); ``core_variants`` pins a variant per core stage."""
+    layer list (stack validation); ``core_variants`` pins a variant per core stage.
+    ``with_commit``: where the table has a layer kind's commit stage (``COMMIT_STAGE``, e.g.
+    the GDN state commit, once per layer per round), it is part of every composed step, and
+    a point without it is left out; tables without commit rows compose without it."""
     model = get_model(model_name)
     sub = df[df.model == model_name]
     if sub.empty:
@@ -94,6 +117,7 @@ def compose_rows(df: pd.DataFrame, model_name: str, *, layers: tuple[str, ...] |
     ls = sorted(set(contexts)) if contexts is not None else (multi_l or sorted(cores.context_len.unique()))
     combos = cores[["batch_size", "nodes_per_seq", "tree_shape"]].drop_duplicates().itertuples(index=False)
     device, dtype = str(sub.device.iloc[0]), str(sub.dtype.iloc[0])
+    commits = _commit_stages(sub, counts) if with_commit else {}
     out = []
     for b, n, shape in combos:
         b, n, shape = int(b), int(n), str(shape)
@@ -111,6 +135,13 @@ def compose_rows(df: pd.DataFrame, model_name: str, *, layers: tuple[str, ...] |
                     break
                 total += c * (core[0] + projs[k][0] + mlp[0])
                 reps += [core[1], projs[k][1]]
+                if k in commits:   # context-free: measured at one length, any
+                    commit = _lookup_core(sub, commits[k][0], b, n, int(l), shape, commits[k][1])
+                    if commit is None:
+                        ok = False
+                        break
+                    total += c * commit[0]
+                    reps.append(commit[1])
             if not ok:
                 continue
             out.append({"stage": COMPOSED_STAGE, "model": model_name, "device": device, "dtype": dtype,
@@ -138,8 +169,10 @@ def validate_stacks(df: pd.DataFrame) -> dict:
         pinned = {VERIFY_STAGE[k]: stack_core_variant(VERIFY_STAGE[k], device) for k in set(layers)}
         pts = []
         for r in rows.itertuples(index=False):
+            # the measured stack times verify steps only (no state commit), so is its composition
             comp = compose_rows(df[(df.batch_size == r.batch_size) & (df.nodes_per_seq == r.nodes_per_seq)],
-                                model_name, layers=layers, core_variants=pinned, contexts=[r.context_len])
+                                model_name, layers=layers, core_variants=pinned, contexts=[r.context_len],
+                                with_commit=False)
             comp = [c for c in comp if c["tree_shape"] == r.tree_shape]
             if not comp:
                 continue
@@ -187,8 +220,10 @@ def compose_table(table: str | Path, stack_layers: int = 8, core_variants: dict 
         new["timestamp"] = now
         df = pd.concat([df, new[list(pt.PROFILE_COLUMNS)]], ignore_index=True)
     _rewrite(table, df)
-    summary = {"composed_rows": len(rows), "models": sorted({r["model"] for r in rows}),
+    models = sorted({r["model"] for r in rows})
+    summary = {"composed_rows": len(rows), "models": models,
                "core_variants": core_variants or "auto",
+               "commit_stages": {m: commit_stages_used(measured, m) for m in models},
                "stack_validation": validate_stacks(measured)}
     write_text_atomic(table.with_name(table.stem + ".compose.json"), json.dumps(summary, indent=2))
     return summary

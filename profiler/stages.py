@@ -4,7 +4,8 @@
     step, instance_bytes = wl.make()     # one copy on its own random inputs
 
 Stages (profile-table names): ``gdn_tree_verify``, ``attn_tree_verify``, ``v4_swa_verify``,
-``v4_csa_verify``, ``v4_hca_verify`` (attention cores of one layer); ``<kind>_proj_step``
+``v4_csa_verify``, ``v4_hca_verify`` (attention cores of one layer); ``gdn_tree_commit`` (the
+accepted-path state commit of one GDN layer, once per round); ``<kind>_proj_step``
 (the rest of that layer's attention block: projections, norms, conv, gates); ``mlp_step``
 (MLP / MoE + its norm); ``lm_head_step`` (final norm, vocab GEMM, greedy pick); ``draft_step``
 (``num_steps`` sequential steps of a one-layer draft head at b * topk tokens);
@@ -21,7 +22,7 @@ import numpy as np
 import torch
 
 from simtree.errors import SimtreeError
-from simtree.models import VERIFY_STAGE
+from simtree.models import COMMIT_STAGE, VERIFY_STAGE
 
 from . import pieces
 from .pieces import Ctx, nbytes, tree_batch
@@ -68,6 +69,8 @@ def default_variants(stage: str, device: str) -> tuple[str, ...]:
     cuda = str(device).startswith("cuda")
     if stage == "gdn_tree_verify":
         return ("triton_tree", "fla_chunk") if cuda else ("torch_ref",)
+    if stage == "gdn_tree_commit":
+        return ("triton_tree",) if cuda else ("torch_ref",)
     if stage == "attn_tree_verify":
         return ("torch_sdpa",)
     if stage in ("v4_swa_verify", "v4_csa_verify", "v4_hca_verify"):
@@ -78,6 +81,31 @@ def default_variants(stage: str, device: str) -> tuple[str, ...]:
 
 
 # ---- GDN ------------------------------------------------------------------------------------
+def _gdn_commit_workload(ctx: Ctx, p: Point) -> Workload:
+    """The accepted-path commit of one GDN layer after a verify (state rewritten in place).
+    The accepted node is each tree's last node in stored order: the commit walks the
+    sub-chunks up to it, so this is its most expensive case for the tree."""
+    from simtree.kernels import gdn as kg
+    if p.variant not in ("triton_tree", "torch_ref"):
+        raise Unavailable(f"unknown gdn_tree_commit variant {p.variant!r}")
+    backend = "triton" if p.variant == "triton_tree" else "torch"
+    if backend == "triton" and ctx.device.type != "cuda":
+        raise Unavailable("triton_tree times on CUDA only (the interpreter is for tests)")
+
+    def make():
+        tb, meta, args = _gdn_inputs(ctx, p.batch_size, p.nodes_per_seq, p.tree_shape)
+        tm = kg.tree_meta(meta["parents"], meta["cu_nodes"], max_nodes=tb.max_nodes, validate=False)
+        _, cache = kg.gdn_tree_verify(*args, meta["parents"], meta["cu_nodes"], backend=backend,
+                                      meta=tm, check=False)
+        accepted = torch.tensor([t.num_nodes - 1 for t in tb.trees], device=ctx.device)
+        state, k = args[5], args[1]
+        return (lambda: kg.gdn_tree_commit(state, k, cache, meta["parents"], meta["cu_nodes"],
+                                           accepted, backend=backend, check=False)), \
+            nbytes(state, k, cache.u, cache.G)
+    return Workload(make)
+
+
+
 def _gdn_inputs(ctx: Ctx, b: int, n: int, shape: str, salt: int = 0):
     g = ctx.model.gdn
     H, HV, K, V = g["key_heads"], g["value_heads"], g["key_dim"], g["value_dim"]
@@ -270,6 +298,10 @@ def build_workload(ctx: Ctx, p: Point) -> Workload:
         return _draft_workload(ctx, p)
     if p.stage == "stack_verify_step":
         return _stack_workload(ctx, p)
+    if p.stage in COMMIT_STAGE.values():
+        if "gdn" not in kinds:
+            raise Unavailable(f"model {ctx.model.name} has no gdn layers")
+        return _gdn_commit_workload(ctx, p)
     raise SimtreeError(f"unknown stage {p.stage!r}")
 
 
@@ -313,6 +345,20 @@ def check_variant(ctx: Ctx, stage: str, variant: str) -> str:
         err = float((out.double() - ref).abs().max() / ref.abs().max())
         assert err < 3e-2, f"gdn {variant} differs from gdn_tree_verify_ref: rel err {err:.2e}"
         return f"ok (rel err {err:.1e} vs gdn_tree_verify_ref, float64)"
+    if stage == "gdn_tree_commit" and variant == "triton_tree":
+        from simtree.kernels import gdn as kg
+        tb, meta, args = _gdn_inputs(ctx, 2, 8, "eagle", salt=6)
+        accepted = torch.tensor([t.num_nodes - 1 for t in tb.trees], device=dev)
+        states = []
+        for backend in ("triton", "torch"):
+            _, cache = kg.gdn_tree_verify(*args, meta["parents"], meta["cu_nodes"], backend=backend)
+            state = args[5].clone()
+            kg.gdn_tree_commit(state, args[1], cache, meta["parents"], meta["cu_nodes"], accepted,
+                               backend=backend)
+            states.append(state.double())
+        err = float((states[0] - states[1]).abs().max() / states[1].abs().max())
+        assert err < 3e-2, f"gdn commit (triton) differs from the torch commit: rel err {err:.2e}"
+        return f"ok (rel err {err:.1e} vs the torch commit, float64)"
     if stage in ("v4_swa_verify", "v4_csa_verify", "v4_hca_verify") and variant == "torch_gather":
         q = ctx.randn(3, 2, 8, dtype=torch.float64, salt=1)
         kv = ctx.randn(10, 8, dtype=torch.float64, salt=2)

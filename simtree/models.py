@@ -22,13 +22,16 @@ from simtree.errors import SimtreeError
 from simtree.fileio import read_yaml
 
 __all__ = ["ModelShape", "get_model", "list_models", "load_model_file", "MODEL_DIR",
-           "LAYER_KINDS", "VERIFY_STAGE"]
+           "LAYER_KINDS", "VERIFY_STAGE", "COMMIT_STAGE"]
 
 MODEL_DIR = Path(__file__).resolve().parent / "data" / "models"
 LAYER_KINDS = ("gdn", "attn", "swa", "csa", "hca")
 # The profile-table stage that times the attention core of each layer kind.
 VERIFY_STAGE = {"gdn": "gdn_tree_verify", "attn": "attn_tree_verify", "swa": "v4_swa_verify",
                 "csa": "v4_csa_verify", "hca": "v4_hca_verify"}
+# Layer kinds whose accepted-path commit is a kernel of its own, once per layer per round
+# (GDN: the recurrent state rewritten along the accepted path), and its profile-table stage.
+COMMIT_STAGE = {"gdn": "gdn_tree_commit"}
 _SECTION_FOR_KIND = {"gdn": "gdn", "attn": "attn", "swa": "v4", "csa": "v4", "hca": "v4"}
 
 

@@ -84,3 +84,23 @@ def test_compose_table_is_idempotent_and_validates_stacks(tmp_path):
     val = second["stack_validation"][f"{MODEL}/stack4"]
     assert val["points"][0]["rel_err"] == pytest.approx(1 / 1.1 - 1, abs=1e-3)
     assert validate_stacks(table)[f"{MODEL}/stack4"]["median_abs_rel_err"] == pytest.approx(0.0909, abs=1e-3)
+
+
+def test_gdn_commit_is_added_per_gdn_layer_where_measured():
+    rng = np.random.default_rng(12)
+    df, f = _table(rng)
+    commit = {(b, n): float(rng.uniform(1, 50)) for b in (1, 2) for n in (1, 4)}
+    with_commit = pd.concat([df, pd.DataFrame([_row("gdn_tree_commit", b, n, 0, "eagle", us, "torch_ref")
+                                               for (b, n), us in commit.items()])], ignore_index=True)
+    rows = compose_rows(with_commit, MODEL)
+    assert len(rows) == 8
+    for r in rows:   # tiny-gdn: two gdn layers, each commits once per round
+        b, n = r["batch_size"], r["nodes_per_seq"]
+        assert r["latency_us_median"] == pytest.approx(_expected(f, b, n, r["context_len"]) + 2 * commit[b, n])
+    # without_commit (what a measured verify-only stack is compared with) = the old sum
+    for r in compose_rows(with_commit, MODEL, with_commit=False):
+        assert r["latency_us_median"] == pytest.approx(
+            _expected(f, r["batch_size"], r["nodes_per_seq"], r["context_len"]))
+    # a table with commit rows composes only the points the commit was measured at
+    partial = with_commit[~((with_commit.stage == "gdn_tree_commit") & (with_commit.batch_size == 2))]
+    assert {r["batch_size"] for r in compose_rows(partial, MODEL)} == {1}

@@ -126,3 +126,29 @@ def test_v4_kernel_adapter_runs_the_projects_verify_step():
     ctx = _ctx("tiny-v4")
     step, _ = build_workload(ctx, Point("v4_hca_verify", "torch_tree", "tiny-v4", 2, 5, 96, "eagle")).make()
     assert torch.isfinite(step()).all()
+
+
+def test_gdn_commit_stage_rewrites_the_state_like_sequential_decoding(monkeypatch):
+    # the timed step commits each tree's last node: one call must leave, per sequence, the
+    # state of decoding that node's root path token by token (float64 reference)
+    from simtree.kernels import gdn as kg
+    from simtree.profiler.stages import _gdn_inputs
+    ctx = _ctx()
+    p = Point("gdn_tree_commit", "torch_ref", "tiny-gdn", 3, 6, 0, "eagle")
+    tb, meta, args = _gdn_inputs(ctx, p.batch_size, p.nodes_per_seq, p.tree_shape)  # same seed
+    seen = []
+    real = kg.gdn_tree_commit
+    monkeypatch.setattr(kg, "gdn_tree_commit", lambda state, *a, **kw: seen.append(state) or real(state, *a, **kw))
+    step, nb = build_workload(ctx, p).make()
+    step()
+    assert nb > 0 and len(seen) == 1
+    x = [a.double() for a in args]
+    for b, t in enumerate(tb.trees):
+        rows = torch.as_tensor(t.path_to(t.num_nodes - 1)) + int(meta["cu_nodes"][b])
+        want = kg.gdn_sequential_ref(*(y[rows] for y in x[:5]), x[5][b])[1]
+        assert float((seen[0][b].double() - want).abs().max() / want.abs().max()) < 1e-4
+
+
+def test_gdn_commit_check_compares_triton_with_torch():
+    # the GPU sweep's check of the Triton commit, here through Triton's interpreter
+    assert check_variant(_ctx(), "gdn_tree_commit", "triton_tree").startswith("ok")

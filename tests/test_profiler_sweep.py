@@ -166,5 +166,8 @@ def test_shipped_quick_cpu_sweep_runs_clean(tmp_path):
     assert res.failed == res.oom == res.unavailable == res.not_run == 0
     assert res.elapsed_s < 120    # < 60 s on an idle 2-core machine
     df = pt.load_profile(tmp_path / "p.csv")
-    assert {"draft_step", "stack_verify_step", "model_verify_step", "v4_csa_verify"} <= set(df.stage)
+    assert {"draft_step", "stack_verify_step", "model_verify_step", "v4_csa_verify",
+            "gdn_tree_commit"} <= set(df.stage)
     assert all(v.startswith(("ok", "no reference")) for v in res.checks.values())
+    # the GDN model's composed steps carry its state commit, the V4 model's have none
+    assert res.compose["commit_stages"] == {"tiny-gdn": ["gdn_tree_commit"], "tiny-v4": []}
