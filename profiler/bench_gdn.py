@@ -93,11 +93,11 @@ def correctness(args, dims, log) -> list[dict]:
                 out, cache["c"] = gdn_tree_verify(*(inp[key] for key in x), *tree, backend="triton")
                 return _rel(out, ref)
 
-            def commit_check():
+            def commit_check(block_t=16):
                 rng = np.random.default_rng(b * 31 + n)
                 acc = torch.tensor([int(rng.integers(0, t.num_nodes)) for t in trees], device=args.device)
                 S = inp["state"].clone()
-                gdn_tree_commit(S, inp["k"], cache["c"], *tree, acc)
+                gdn_tree_commit(S, inp["k"], cache["c"], *tree, acc, block_t=block_t)
                 want = []
                 for i, t in enumerate(trees):   # ground truth: decode the accepted path in fp64
                     rows = torch.as_tensor(t.path_to(int(acc[i])), device=args.device) + int(inp["cu_nodes"][i])
@@ -110,6 +110,7 @@ def correctness(args, dims, log) -> list[dict]:
                 check("triton_tree_" + config_name(cfg), lambda cfg=cfg: _rel(gdn_tree_verify(
                     *(inp[key] for key in x), *tree, backend="triton", **cfg)[0], ref))
             check("triton_commit", commit_check)
+            check("triton_commit_t64", lambda: commit_check(block_t=64))
             check("recurrent_baseline", lambda: _rel(gdn_tree_verify_recurrent(*(inp[key] for key in x), *tree)[0], ref))
             if n <= 64:   # reference (a): recurrence along every path (python loop)
                 check("path_ref_vs_dense", lambda: _rel(gdn_tree_verify_ref(*x.values(), *tree), ref), tol=1e-9)
@@ -177,6 +178,10 @@ def time_shape(args, dims, b, n, bw, log) -> list[dict]:
     run("triton_commit", [lambda c=c, ca=ca: gdn_tree_commit(c["state"], c["k"], ca, c["parents"],
                                                              c["cu_nodes"], acc, check=False)
                           for c, ca in zip(copies, caches)])
+    if n > 16:   # a 64-node walk step: fewer steps for deep accepted nodes (tuning data)
+        run("triton_commit_t64", [lambda c=c, ca=ca: gdn_tree_commit(
+            c["state"], c["k"], ca, c["parents"], c["cu_nodes"], acc, check=False, block_t=64)
+            for c, ca in zip(copies, caches)])
     del caches
     try:
         node_states = torch.empty((b * n, dims["HV"], dims["K"], dims["V"]), dtype=torch.float32,
@@ -287,7 +292,7 @@ def write_outputs(args, env, bw, corr, rows) -> pd.DataFrame:
                  latency_us_p90=r["latency_us_p90"], repeats=int(r["repeats"]),
                  torch_version=env["torch"], triton_version=env["triton"], timestamp=env["timestamp"])
             for r in rows if r.get("status") == "ok" and r["variant"] != "memory_floor"
-            and not r["variant"].startswith("triton_tree_")]   # tuning variants stay out
+            and not r["variant"].startswith(("triton_tree_", "triton_commit_"))]   # tuning variants stay out
     path = os.path.join(args.out, "profile_gdn.csv")
     try:
         from simtree.profile_table import append_rows

@@ -101,8 +101,9 @@ def sequential_commit(inp, trees, accepted):
     return torch.stack(out)
 
 
-@pytest.mark.parametrize("backend", ["triton", "torch"])
-def test_commit_equals_sequential_decode_of_accepted_path(backend):
+@pytest.mark.parametrize("backend,block_t", [("triton", 16), ("triton", 32), ("triton", 64),
+                                             ("torch", 16)])
+def test_commit_equals_sequential_decode_of_accepted_path(backend, block_t):
     rng = np.random.default_rng(6)
     trees = [random_tree(int(n), rng) for n in (25, 1, 70)]
     inp = make_inputs(trees, 6)
@@ -111,7 +112,7 @@ def test_commit_equals_sequential_decode_of_accepted_path(backend):
     accepted = torch.tensor([int(rng.integers(0, t.num_nodes)) for t in trees])
     accepted[2] = 69 if trees[2].depth[69] > 0 else accepted[2]   # a node in the second chunk
     S = inp["state"].clone()
-    gdn_tree_commit(S, inp["k"], cache, *tree, accepted, backend=backend)
+    gdn_tree_commit(S, inp["k"], cache, *tree, accepted, backend=backend, block_t=block_t)
     assert rel_err(S, sequential_commit(inp, trees, accepted)) < 1e-4
 
 
@@ -191,6 +192,8 @@ def test_bad_inputs_give_one_line_errors():
     assert "NaN" in _bad(lambda: gdn_tree_verify(*args[:3], g_nan, *args[4:], *tree))
     _, cache = gdn_tree_verify(*args, *tree, backend="torch")
     assert "accepted" in _bad(lambda: gdn_tree_commit(inp["state"], inp["k"], cache, *tree, torch.tensor([6])))
+    assert "block_t" in _bad(lambda: gdn_tree_commit(inp["state"], inp["k"], cache, *tree,
+                                                     torch.tensor([5]), block_t=48))
 
 
 def test_strong_decay_does_not_overflow():

@@ -260,12 +260,17 @@ def _check_accepted(accepted, cu_nodes, check):
 
 
 def gdn_tree_commit(state, k, cache: GDNTreeCache, parents, cu_nodes, accepted, *,
-                    backend="auto", check: bool = True) -> None:
+                    backend="auto", check: bool = True, block_t: int = 16) -> None:
     """In place: state[b] <- S* = e^{G_a} S0 + sum_{m <= a} e^{G_a - G_m} k_m u_m^T.
 
     accepted int64 [B]: LOCAL index of each tree's last accepted node (0 = only the root,
     which is still folded in: every node, the root included, is a real token).
+    ``block_t`` (16, 32 or 64): nodes per step of the Triton kernel's walk over nodes 0..a,
+    path nodes masked in (a wider step walks fewer steps for deep accepted nodes and loads
+    only the path rows, at more masked-off work per step).
     """
+    if block_t not in (16, 32, 64):
+        raise SimtreeError(f"commit block_t must be 16, 32 or 64, got {block_t}")
     _check_accepted(accepted, cu_nodes, check)
     B, HV, K, V = state.shape
     H = k.shape[1]
@@ -303,7 +308,7 @@ def gdn_tree_commit(state, k, cache: GDNTreeCache, parents, cu_nodes, accepted, 
         state, k.contiguous().float() if k.dtype == torch.float64 else k.contiguous(),
         cache.u, cache.G, cache.meta.bits, cu_nodes.to(state.device, torch.int64),
         accepted.to(state.device, torch.int64),
-        H=H, HV=HV, K=K, V=V, W=cache.meta.words, BT=16, BV=BV,
+        H=H, HV=HV, K=K, V=V, W=cache.meta.words, BT=block_t, BV=BV,
         L2NORM=cache.qk_l2norm, PREC="ieee", num_warps=4)
 
 
