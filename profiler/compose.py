@@ -6,7 +6,9 @@
 with T = b * n, core_k the attention-core stage of kind k (gdn_tree_verify, attn_tree_verify,
 v4_*_verify), proj_k = ``<k>_proj_step`` and the counts from the model's layer pattern; plus
 count_k * commit_k(b, n, shape) where the table has kind k's commit stage (gdn_tree_commit:
-the state rewritten along the accepted path, once per layer per round). A
+the state rewritten along the accepted path, once per layer per round) and round_k(b, n,
+shape) where it has kind k's round stage (gdn_round_meta: the tree metadata every GDN layer
+of the round shares, built once). A
 core stage measured at one context length only is taken as independent of l (GDN state,
 sliding window); otherwise l is interpolated linearly between measured lengths (clamped).
 The percentiles are composed the same way (sum of p10s, of p90s: a bound, not a quantile).
@@ -24,7 +26,7 @@ import pandas as pd
 
 from simtree.errors import SimtreeError
 from simtree.fileio import write_text_atomic
-from simtree.models import COMMIT_STAGE, VERIFY_STAGE, get_model
+from simtree.models import COMMIT_STAGE, ROUND_STAGE, VERIFY_STAGE, get_model
 
 from .stages import ATTN_VARIANT_PREFERENCE, stack_core_variant
 
@@ -72,32 +74,36 @@ def _main_variant(rows: pd.DataFrame) -> str | None:
     return next((v for v in ATTN_VARIANT_PREFERENCE if v in good), counts.index[0])
 
 
-def _commit_stages(sub: pd.DataFrame, kinds) -> dict:
-    """{kind: (commit stage, variant)} for the layer kinds whose commit stage has rows here."""
+def _extra_stages(sub: pd.DataFrame, kinds) -> dict:
+    """{(kind, per_layer): (stage, variant)} for the per-round extras of these layer kinds that
+    have rows here: the commit stage (``COMMIT_STAGE``, once per layer of the kind) and the
+    round stage (``ROUND_STAGE``, once per round for all layers of the kind)."""
     out = {}
     for k in kinds:
-        stage = COMMIT_STAGE.get(k)
-        rows = sub[sub.stage == stage] if stage else sub.iloc[0:0]
-        if not rows.empty:
-            out[k] = (stage, _main_variant(rows))
+        for per_layer, table in ((True, COMMIT_STAGE), (False, ROUND_STAGE)):
+            stage = table.get(k)
+            rows = sub[sub.stage == stage] if stage else sub.iloc[0:0]
+            if not rows.empty:
+                out[k, per_layer] = (stage, _main_variant(rows))
     return out
 
 
-def commit_stages_used(df: pd.DataFrame, model_name: str) -> list[str]:
-    """The commit stages ``compose_rows`` adds for ``model_name`` with this table."""
+def round_extras_used(df: pd.DataFrame, model_name: str) -> list[str]:
+    """The per-round extra stages ``compose_rows`` adds for ``model_name`` with this table."""
     model = get_model(model_name)
-    return [s for s, _ in _commit_stages(df[df.model == model_name], set(model.layer_kinds)).values()]
+    return sorted(s for s, _ in _extra_stages(df[df.model == model_name], set(model.layer_kinds)).values())
 
 
 def compose_rows(df: pd.DataFrame, model_name: str, *, layers: tuple[str, ...] | None = None,
                  core_variants: dict | None = None, contexts=None,
-                 with_commit: bool = True) -> list[dict]:
+                 round_extras: bool = True) -> list[dict]:
     """Composed rows (stage model_verify_step, variant composed) for every (b, n, l, shape)
     at which all parts of ``model_name`` were measured. ``layers`` restricts the sum to a
     layer list (stack validation); ``core_variants`` pins a variant per core stage.
-    ``with_commit``: where the table has a layer kind's commit stage (``COMMIT_STAGE``, e.g.
-    the GDN state commit, once per layer per round), it is part of every composed step, and
-    a point without it is left out; tables without commit rows compose without it."""
+    ``round_extras``: where the table has a layer kind's commit stage (``COMMIT_STAGE``: the
+    GDN state commit, once per layer per round) or round stage (``ROUND_STAGE``: the GDN tree
+    metadata, once per round), they are part of every composed step, and a point without
+    them is left out; tables without such rows compose without them."""
     model = get_model(model_name)
     sub = df[df.model == model_name]
     if sub.empty:
@@ -117,7 +123,7 @@ def compose_rows(df: pd.DataFrame, model_name: str, *, layers: tuple[str, ...] |
     ls = sorted(set(contexts)) if contexts is not None else (multi_l or sorted(cores.context_len.unique()))
     combos = cores[["batch_size", "nodes_per_seq", "tree_shape"]].drop_duplicates().itertuples(index=False)
     device, dtype = str(sub.device.iloc[0]), str(sub.dtype.iloc[0])
-    commits = _commit_stages(sub, counts) if with_commit else {}
+    extras = _extra_stages(sub, counts) if round_extras else {}
     out = []
     for b, n, shape in combos:
         b, n, shape = int(b), int(n), str(shape)
@@ -135,13 +141,18 @@ def compose_rows(df: pd.DataFrame, model_name: str, *, layers: tuple[str, ...] |
                     break
                 total += c * (core[0] + projs[k][0] + mlp[0])
                 reps += [core[1], projs[k][1]]
-                if k in commits:   # context-free: measured at one length, any
-                    commit = _lookup_core(sub, commits[k][0], b, n, int(l), shape, commits[k][1])
-                    if commit is None:
+                for per_layer in (True, False):   # context-free: measured at one length, any
+                    if (k, per_layer) not in extras:
+                        continue
+                    stage, variant = extras[k, per_layer]
+                    extra = _lookup_core(sub, stage, b, n, int(l), shape, variant)
+                    if extra is None:
                         ok = False
                         break
-                    total += c * commit[0]
-                    reps.append(commit[1])
+                    total += (c if per_layer else 1) * extra[0]
+                    reps.append(extra[1])
+                if not ok:
+                    break
             if not ok:
                 continue
             out.append({"stage": COMPOSED_STAGE, "model": model_name, "device": device, "dtype": dtype,
@@ -169,10 +180,11 @@ def validate_stacks(df: pd.DataFrame) -> dict:
         pinned = {VERIFY_STAGE[k]: stack_core_variant(VERIFY_STAGE[k], device) for k in set(layers)}
         pts = []
         for r in rows.itertuples(index=False):
-            # the measured stack times verify steps only (no state commit), so is its composition
+            # the measured stack times verify steps only (no commit, no round metadata), so
+            # does its composition
             comp = compose_rows(df[(df.batch_size == r.batch_size) & (df.nodes_per_seq == r.nodes_per_seq)],
                                 model_name, layers=layers, core_variants=pinned, contexts=[r.context_len],
-                                with_commit=False)
+                                round_extras=False)
             comp = [c for c in comp if c["tree_shape"] == r.tree_shape]
             if not comp:
                 continue
@@ -223,7 +235,7 @@ def compose_table(table: str | Path, stack_layers: int = 8, core_variants: dict 
     models = sorted({r["model"] for r in rows})
     summary = {"composed_rows": len(rows), "models": models,
                "core_variants": core_variants or "auto",
-               "commit_stages": {m: commit_stages_used(measured, m) for m in models},
+               "round_extras": {m: round_extras_used(measured, m) for m in models},
                "stack_validation": validate_stacks(measured)}
     write_text_atomic(table.with_name(table.stem + ".compose.json"), json.dumps(summary, indent=2))
     return summary

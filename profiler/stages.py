@@ -5,7 +5,8 @@
 
 Stages (profile-table names): ``gdn_tree_verify``, ``attn_tree_verify``, ``v4_swa_verify``,
 ``v4_csa_verify``, ``v4_hca_verify`` (attention cores of one layer); ``gdn_tree_commit`` (the
-accepted-path state commit of one GDN layer, once per round); ``<kind>_proj_step``
+accepted-path state commit of one GDN layer, once per round); ``gdn_round_meta`` (the tree
+metadata all GDN layers of a round share, built once per round); ``<kind>_proj_step``
 (the rest of that layer's attention block: projections, norms, conv, gates); ``mlp_step``
 (MLP / MoE + its norm); ``lm_head_step`` (final norm, vocab GEMM, greedy pick); ``draft_step``
 (``num_steps`` sequential steps of a one-layer draft head at b * topk tokens);
@@ -22,7 +23,7 @@ import numpy as np
 import torch
 
 from simtree.errors import SimtreeError
-from simtree.models import COMMIT_STAGE, VERIFY_STAGE
+from simtree.models import COMMIT_STAGE, ROUND_STAGE, VERIFY_STAGE
 
 from . import pieces
 from .pieces import Ctx, nbytes, tree_batch
@@ -71,6 +72,8 @@ def default_variants(stage: str, device: str) -> tuple[str, ...]:
         return ("triton_tree", "fla_chunk") if cuda else ("torch_ref",)
     if stage == "gdn_tree_commit":
         return ("triton_tree",) if cuda else ("torch_ref",)
+    if stage == "gdn_round_meta":
+        return ("torch",)
     if stage == "attn_tree_verify":
         return ("torch_sdpa",)
     if stage in ("v4_swa_verify", "v4_csa_verify", "v4_hca_verify"):
@@ -81,6 +84,29 @@ def default_variants(stage: str, device: str) -> tuple[str, ...]:
 
 
 # ---- GDN ------------------------------------------------------------------------------------
+def _gdn_round_meta_workload(ctx: Ctx, p: Point) -> Workload:
+    """The GDN kernels' per-round tree metadata (ancestor bits, depth, the kernel's node order
+    and sub-chunk pairs for the verify launch at this batch), built once per round and read
+    by every GDN layer: small torch ops issued from Python, timed eagerly as a runtime
+    issues them (no CUDA graph)."""
+    from simtree.kernels import gdn as kg
+    if p.variant != "torch":
+        raise Unavailable(f"unknown gdn_round_meta variant {p.variant!r}")
+    g = ctx.model.gdn
+
+    def make():
+        tb = tree_batch(p.batch_size, p.nodes_per_seq, p.tree_shape, ctx.seed)
+        meta = {k: v.to(ctx.device) for k, v in tb.to_torch().items()}
+        cfg = kg.verify_launch_config(p.batch_size, g["value_heads"], g["value_dim"], ctx.device,
+                                      tb.max_nodes)
+
+        def step():
+            m = kg.tree_meta(meta["parents"], meta["cu_nodes"], max_nodes=tb.max_nodes, validate=False)
+            return kg.walk_tables(m, meta["cu_nodes"], cfg["block_t"], cfg["heavy_first"])
+        return step, nbytes(*meta.values())
+    return Workload(make, eager=True)
+
+
 def _gdn_commit_workload(ctx: Ctx, p: Point) -> Workload:
     """The accepted-path commit of one GDN layer after a verify (state rewritten in place).
     The accepted node is each tree's last node in stored order: the commit walks the
@@ -298,10 +324,11 @@ def build_workload(ctx: Ctx, p: Point) -> Workload:
         return _draft_workload(ctx, p)
     if p.stage == "stack_verify_step":
         return _stack_workload(ctx, p)
-    if p.stage in COMMIT_STAGE.values():
+    if p.stage in COMMIT_STAGE.values() or p.stage in ROUND_STAGE.values():
         if "gdn" not in kinds:
             raise Unavailable(f"model {ctx.model.name} has no gdn layers")
-        return _gdn_commit_workload(ctx, p)
+        return _gdn_commit_workload(ctx, p) if p.stage in COMMIT_STAGE.values() \
+            else _gdn_round_meta_workload(ctx, p)
     raise SimtreeError(f"unknown stage {p.stage!r}")
 
 

@@ -22,7 +22,7 @@ from simtree.errors import SimtreeError
 from simtree.fileio import read_yaml
 
 __all__ = ["ModelShape", "get_model", "list_models", "load_model_file", "MODEL_DIR",
-           "LAYER_KINDS", "VERIFY_STAGE", "COMMIT_STAGE"]
+           "LAYER_KINDS", "VERIFY_STAGE", "COMMIT_STAGE", "ROUND_STAGE"]
 
 MODEL_DIR = Path(__file__).resolve().parent / "data" / "models"
 LAYER_KINDS = ("gdn", "attn", "swa", "csa", "hca")
@@ -32,6 +32,9 @@ VERIFY_STAGE = {"gdn": "gdn_tree_verify", "attn": "attn_tree_verify", "swa": "v4
 # Layer kinds whose accepted-path commit is a kernel of its own, once per layer per round
 # (GDN: the recurrent state rewritten along the accepted path), and its profile-table stage.
 COMMIT_STAGE = {"gdn": "gdn_tree_commit"}
+# Layer kinds with per-round work shared by all their layers (GDN: the tree metadata the
+# kernels read), built once per round, and its profile-table stage.
+ROUND_STAGE = {"gdn": "gdn_round_meta"}
 _SECTION_FOR_KIND = {"gdn": "gdn", "attn": "attn", "swa": "v4", "csa": "v4", "hca": "v4"}
 
 

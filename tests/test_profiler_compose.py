@@ -86,21 +86,25 @@ def test_compose_table_is_idempotent_and_validates_stacks(tmp_path):
     assert validate_stacks(table)[f"{MODEL}/stack4"]["median_abs_rel_err"] == pytest.approx(0.0909, abs=1e-3)
 
 
-def test_gdn_commit_is_added_per_gdn_layer_where_measured():
+def test_round_extras_commit_per_gdn_layer_and_metadata_once_where_measured():
     rng = np.random.default_rng(12)
     df, f = _table(rng)
     commit = {(b, n): float(rng.uniform(1, 50)) for b in (1, 2) for n in (1, 4)}
-    with_commit = pd.concat([df, pd.DataFrame([_row("gdn_tree_commit", b, n, 0, "eagle", us, "torch_ref")
-                                               for (b, n), us in commit.items()])], ignore_index=True)
-    rows = compose_rows(with_commit, MODEL)
+    meta = {(b, n): float(rng.uniform(1, 50)) for b in (1, 2) for n in (1, 4)}
+    extra = [_row("gdn_tree_commit", b, n, 0, "eagle", us, "torch_ref") for (b, n), us in commit.items()]
+    extra += [_row("gdn_round_meta", b, n, 0, "eagle", us) for (b, n), us in meta.items()]
+    full = pd.concat([df, pd.DataFrame(extra)], ignore_index=True)
+    rows = compose_rows(full, MODEL)
     assert len(rows) == 8
-    for r in rows:   # tiny-gdn: two gdn layers, each commits once per round
+    for r in rows:   # tiny-gdn: two gdn layers commit once each; the metadata is built once
         b, n = r["batch_size"], r["nodes_per_seq"]
-        assert r["latency_us_median"] == pytest.approx(_expected(f, b, n, r["context_len"]) + 2 * commit[b, n])
-    # without_commit (what a measured verify-only stack is compared with) = the old sum
-    for r in compose_rows(with_commit, MODEL, with_commit=False):
+        assert r["latency_us_median"] == pytest.approx(
+            _expected(f, b, n, r["context_len"]) + 2 * commit[b, n] + meta[b, n])
+    # without the extras (what a measured verify-only stack is compared with): the old sum
+    for r in compose_rows(full, MODEL, round_extras=False):
         assert r["latency_us_median"] == pytest.approx(
             _expected(f, r["batch_size"], r["nodes_per_seq"], r["context_len"]))
-    # a table with commit rows composes only the points the commit was measured at
-    partial = with_commit[~((with_commit.stage == "gdn_tree_commit") & (with_commit.batch_size == 2))]
-    assert {r["batch_size"] for r in compose_rows(partial, MODEL)} == {1}
+    # a table with extra rows composes only the points they were measured at
+    for stage in ("gdn_tree_commit", "gdn_round_meta"):
+        partial = full[~((full.stage == stage) & (full.batch_size == 2))]
+        assert {r["batch_size"] for r in compose_rows(partial, MODEL)} == {1}

@@ -65,6 +65,7 @@ def test_v4_gather_attention_check_passes():
 @pytest.mark.parametrize("stage, variant, l", [
     ("gdn_proj_step", "torch", 0), ("attn_proj_step", "torch", 0), ("mlp_step", "torch", 0),
     ("lm_head_step", "torch", 0), ("attn_tree_verify", "torch_sdpa", 32), ("gdn_tree_verify", "torch_ref", 32),
+    ("gdn_tree_commit", "torch_ref", 0), ("gdn_round_meta", "torch", 0),
 ])
 def test_gdn_model_stages_run_on_cpu(stage, variant, l):
     ctx = _ctx()
@@ -152,3 +153,22 @@ def test_gdn_commit_stage_rewrites_the_state_like_sequential_decoding(monkeypatc
 def test_gdn_commit_check_compares_triton_with_torch():
     # the GPU sweep's check of the Triton commit, here through Triton's interpreter
     assert check_variant(_ctx(), "gdn_tree_commit", "triton_tree").startswith("ok")
+
+
+def test_gdn_round_meta_stage_builds_what_the_verify_launch_walks():
+    # the timed step returns the walk tables the default verify launch at this batch reads:
+    # the same as building them directly, and eager (host work, not graph-captured)
+    from simtree.kernels import gdn as kg
+    from simtree.profiler.pieces import tree_batch
+    ctx = _ctx()
+    p = Point("gdn_round_meta", "torch", "tiny-gdn", 2, 70, 0, "eagle")
+    wl = build_workload(ctx, p)
+    step, _ = wl.make()
+    order, walk, (pairs, counts, C) = step()
+    tb = tree_batch(2, 70, "eagle", ctx.seed)
+    md = tb.to_torch()
+    g = ctx.model.gdn
+    cfg = kg.verify_launch_config(2, g["value_heads"], g["value_dim"], "cpu", tb.max_nodes)
+    want = kg.walk_tables(kg.tree_meta(md["parents"], md["cu_nodes"]), md["cu_nodes"], cfg["block_t"])
+    assert wl.eager and C == want[2][2] and torch.equal(pairs, want[2][0]) and torch.equal(counts, want[2][1])
+    assert (order is None) == (want[0] is None) and torch.equal(walk.bits, want[1].bits)

@@ -167,7 +167,8 @@ def test_shipped_quick_cpu_sweep_runs_clean(tmp_path):
     assert res.elapsed_s < 120    # < 60 s on an idle 2-core machine
     df = pt.load_profile(tmp_path / "p.csv")
     assert {"draft_step", "stack_verify_step", "model_verify_step", "v4_csa_verify",
-            "gdn_tree_commit"} <= set(df.stage)
+            "gdn_tree_commit", "gdn_round_meta"} <= set(df.stage)
     assert all(v.startswith(("ok", "no reference")) for v in res.checks.values())
-    # the GDN model's composed steps carry its state commit, the V4 model's have none
-    assert res.compose["commit_stages"] == {"tiny-gdn": ["gdn_tree_commit"], "tiny-v4": []}
+    # the GDN model's composed steps carry its state commit and tree metadata, V4's neither
+    assert res.compose["round_extras"] == {"tiny-gdn": ["gdn_round_meta", "gdn_tree_commit"],
+                                           "tiny-v4": []}
