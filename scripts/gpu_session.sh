@@ -2,7 +2,8 @@
 # One batched GPU session on a lent H200: install carried wheels, install simtree without
 # deps, then run the named parts (gdn, v4, profile), each bounded, each writing under $OUT.
 # Usage (on the GPU machine): bash scripts/gpu_session.sh gdn v4 profile   (tune: TUNE_ARGS=...,
-# v4: V4_ARGS=..., e.g. "--plan-switches 60")
+# v4: V4_ARGS=..., e.g. "--plan-switches 60"; profile: PROFILE_RESUME=reports/h200/profile to add
+# to the committed profile, PROFILE_ARGS="--model qwen3.6-27b" to restrict it)
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
 RES=/tmp/simtree_results   # many files; tarred into $OUT at the end ($OUT returns <= 8 files)
@@ -21,7 +22,11 @@ for part in "$@"; do
     gdn) timeout ${GDN_TIMEOUT:-280} python3 -m simtree.profiler.bench_gdn --out "$RES/gdn" --max-seconds ${GDN_SECONDS:-200} 2>&1 | tee "$RES/gdn.log" | tail -60 ;;
     tune) timeout ${TUNE_TIMEOUT:-480} python3 -m simtree.profiler.tune_gdn --out "$RES/tune" ${TUNE_ARGS:-} 2>&1 | tee "$RES/tune.log" | tail -c 9000 ;;
     v4) timeout ${V4_TIMEOUT:-300} python3 -m simtree.profiler.bench_v4 --out "$RES/v4" --max-seconds ${V4_SECONDS:-200} ${V4_ARGS:-} 2>&1 | tee "$RES/v4.log" | tail -60 ;;
-    profile) timeout -k 10 ${PROFILE_TIMEOUT:-470} python3 -m simtree.profiler.sweep --sweep ${SWEEP:-scenarios/sweeps/default_gpu.yaml} --out "$RES/h200/profile.csv" --max-minutes ${PROFILE_MINUTES:-6} --no-progress 2>&1 | tee "$RES/profile.log" | tail -c 6000 ;;
+    profile)
+      # PROFILE_RESUME=DIR: start from a committed profile (e.g. reports/h200/profile) so the
+      # sweep measures only the points it lacks (new stages, deleted rows) and keeps the rest
+      if [ -n "${PROFILE_RESUME:-}" ]; then mkdir -p "$RES/h200" && cp "$PROFILE_RESUME"/profile.csv "$PROFILE_RESUME"/profile.meta.json "$PROFILE_RESUME"/profile.points.jsonl "$RES/h200/"; fi
+      timeout -k 10 ${PROFILE_TIMEOUT:-470} python3 -m simtree.profiler.sweep --sweep ${SWEEP:-scenarios/sweeps/default_gpu.yaml} --out "$RES/h200/profile.csv" --max-minutes ${PROFILE_MINUTES:-6} --no-progress ${PROFILE_ARGS:-} 2>&1 | tee "$RES/profile.log" | tail -c 6000 ;;
     *) echo "unknown part $part"; false ;;
   esac
   rc=$?   # pipefail: the benchmark's own exit status (124 = timed out), not tee's
