@@ -33,7 +33,8 @@ from simtree.profiler.timing import measured_bandwidth
 from simtree.tree import DraftTree
 from simtree.kernels.gdn import (gdn_sequential_ref, gdn_tree_commit, gdn_tree_verify,
                                  gdn_tree_verify_dense_ref, gdn_tree_verify_recurrent,
-                                 gdn_tree_verify_ref, tree_meta, verify_launch_config, walk_tables)
+                                 gdn_tree_verify_ref, tree_meta, verify_launch_config,
+                                 verify_round_meta)
 from simtree.kernels.gdn.bench_util import (QWEN36, env_info, fla_closure, fla_recurrent_worker,
                                             graph_time_us, memory_floor_bytes,
                                             random_gdn_inputs, shape_inputs, shape_trees)
@@ -166,12 +167,8 @@ def time_shape(args, dims, b, n, bw, log) -> list[dict]:
                                         check=False, **cfg) for c in copies],
             **{"cfg_" + k: v for k, v in {**default, **cfg}.items()})
     # per round, shared by every layer: ancestor bits, the kernel's node order and its pairs
-    round_cfg = verify_launch_config(b, dims["HV"], dims["V"], args.device, max_nodes=n)
-
-    def round_meta(c):
-        m = tree_meta(c["parents"], c["cu_nodes"], max_nodes=n, validate=False)
-        return walk_tables(m, c["cu_nodes"], round_cfg["block_t"], round_cfg["heavy_first"])
-    run("round_meta", [lambda c=c: round_meta(c) for c in copies])
+    run("round_meta", [lambda c=c: verify_round_meta(c["parents"], c["cu_nodes"], n, dims["HV"],
+                                                     dims["V"]) for c in copies])
     caches = [gdn_tree_verify(*(c[key] for key in keys), backend="triton", meta=meta, check=False)[1]
               for c in copies]
     acc = torch.tensor([t.num_nodes - 1 for t in trees], device=args.device)   # deepest index

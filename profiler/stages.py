@@ -85,10 +85,10 @@ def default_variants(stage: str, device: str) -> tuple[str, ...]:
 
 # ---- GDN ------------------------------------------------------------------------------------
 def _gdn_round_meta_workload(ctx: Ctx, p: Point) -> Workload:
-    """The GDN kernels' per-round tree metadata (ancestor bits, depth, the kernel's node order
-    and sub-chunk pairs for the verify launch at this batch), built once per round and read
-    by every GDN layer: small torch ops issued from Python, timed eagerly as a runtime
-    issues them (no CUDA graph)."""
+    """The GDN kernels' per-round tree metadata (``verify_round_meta``: ancestor bits, depth,
+    the verify launch's node order and sub-chunk pairs), built once per round and read by
+    every GDN layer: small torch ops issued from Python, timed eagerly as a runtime issues
+    them (no CUDA graph)."""
     from simtree.kernels import gdn as kg
     if p.variant != "torch":
         raise Unavailable(f"unknown gdn_round_meta variant {p.variant!r}")
@@ -97,13 +97,8 @@ def _gdn_round_meta_workload(ctx: Ctx, p: Point) -> Workload:
     def make():
         tb = tree_batch(p.batch_size, p.nodes_per_seq, p.tree_shape, ctx.seed)
         meta = {k: v.to(ctx.device) for k, v in tb.to_torch().items()}
-        cfg = kg.verify_launch_config(p.batch_size, g["value_heads"], g["value_dim"], ctx.device,
-                                      tb.max_nodes)
-
-        def step():
-            m = kg.tree_meta(meta["parents"], meta["cu_nodes"], max_nodes=tb.max_nodes, validate=False)
-            return kg.walk_tables(m, meta["cu_nodes"], cfg["block_t"], cfg["heavy_first"])
-        return step, nbytes(*meta.values())
+        return (lambda: kg.verify_round_meta(meta["parents"], meta["cu_nodes"], tb.max_nodes,
+                                             g["value_heads"], g["value_dim"])), nbytes(*meta.values())
     return Workload(make, eager=True)
 
 
@@ -129,7 +124,6 @@ def _gdn_commit_workload(ctx: Ctx, p: Point) -> Workload:
                                            accepted, backend=backend, check=False)), \
             nbytes(state, k, cache.u, cache.G)
     return Workload(make)
-
 
 
 def _gdn_inputs(ctx: Ctx, b: int, n: int, shape: str, salt: int = 0):
@@ -324,11 +318,13 @@ def build_workload(ctx: Ctx, p: Point) -> Workload:
         return _draft_workload(ctx, p)
     if p.stage == "stack_verify_step":
         return _stack_workload(ctx, p)
-    if p.stage in COMMIT_STAGE.values() or p.stage in ROUND_STAGE.values():
-        if "gdn" not in kinds:
-            raise Unavailable(f"model {ctx.model.name} has no gdn layers")
-        return _gdn_commit_workload(ctx, p) if p.stage in COMMIT_STAGE.values() \
-            else _gdn_round_meta_workload(ctx, p)
+    for per_kind, builders in ((COMMIT_STAGE, {"gdn": _gdn_commit_workload}),
+                               (ROUND_STAGE, {"gdn": _gdn_round_meta_workload})):
+        kind = next((k for k, stage in per_kind.items() if stage == p.stage), None)
+        if kind is not None:
+            if kind not in kinds:
+                raise Unavailable(f"model {ctx.model.name} has no {kind} layers")
+            return builders[kind](ctx, p)
     raise SimtreeError(f"unknown stage {p.stage!r}")
 
 

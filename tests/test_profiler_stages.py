@@ -156,19 +156,22 @@ def test_gdn_commit_check_compares_triton_with_torch():
 
 
 def test_gdn_round_meta_stage_builds_what_the_verify_launch_walks():
-    # the timed step returns the walk tables the default verify launch at this batch reads:
-    # the same as building them directly, and eager (host work, not graph-captured)
+    # the timed step returns the round's TreeMeta with the default verify launch's walk tables
+    # already cached (the verify then reuses them), equal to building them afresh; eager
     from simtree.kernels import gdn as kg
     from simtree.profiler.pieces import tree_batch
     ctx = _ctx()
-    p = Point("gdn_round_meta", "torch", "tiny-gdn", 2, 70, 0, "eagle")
-    wl = build_workload(ctx, p)
+    wl = build_workload(ctx, Point("gdn_round_meta", "torch", "tiny-gdn", 2, 70, 0, "eagle"))
     step, _ = wl.make()
-    order, walk, (pairs, counts, C) = step()
+    meta = step()
+    built = set(meta._derived)
     tb = tree_batch(2, 70, "eagle", ctx.seed)
     md = tb.to_torch()
     g = ctx.model.gdn
     cfg = kg.verify_launch_config(2, g["value_heads"], g["value_dim"], "cpu", tb.max_nodes)
-    want = kg.walk_tables(kg.tree_meta(md["parents"], md["cu_nodes"]), md["cu_nodes"], cfg["block_t"])
-    assert wl.eager and C == want[2][2] and torch.equal(pairs, want[2][0]) and torch.equal(counts, want[2][1])
-    assert (order is None) == (want[0] is None) and torch.equal(walk.bits, want[1].bits)
+    cached = meta.subchunk_pairs(md["cu_nodes"], cfg["block_t"]) if not cfg["heavy_first"] \
+        else meta.heavy_first(md["cu_nodes"])[1].subchunk_pairs(md["cu_nodes"], cfg["block_t"])
+    assert built == {("heavy_first",) if cfg["heavy_first"] else ("pairs", cfg["block_t"])}
+    fresh = kg.walk_tables(kg.tree_meta(md["parents"], md["cu_nodes"]), md["cu_nodes"], cfg["block_t"])
+    assert wl.eager and cached[2] == fresh[2][2]
+    assert torch.equal(cached[0], fresh[2][0]) and torch.equal(cached[1], fresh[2][1])

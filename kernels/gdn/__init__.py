@@ -25,7 +25,7 @@ __all__ = ["gdn_tree_verify", "gdn_tree_commit", "gdn_tree_verify_recurrent", "t
            "conv_state_commit", "gdn_tree_verify_ref", "gdn_tree_verify_dense_ref",
            "gdn_tree_verify_dense_batched",
            "gdn_sequential_ref", "tree_causal_conv_ref", "tree_meta",
-           "TreeMeta", "GDNTreeCache", "verify_launch_config", "walk_tables"]
+           "TreeMeta", "GDNTreeCache", "verify_launch_config", "walk_tables", "verify_round_meta"]
 
 
 @dataclass
@@ -153,6 +153,17 @@ def walk_tables(meta: TreeMeta, cu_nodes: torch.Tensor, block_t: int,
     if _heavy_first_default(block_t, meta.max_nodes) if heavy_first is None else heavy_first:
         order, walk = meta.heavy_first(cu_nodes)
     return order, walk, walk.subchunk_pairs(cu_nodes, block_t)
+
+
+def verify_round_meta(parents: torch.Tensor, cu_nodes: torch.Tensor, max_nodes: int, HV: int,
+                      V: int) -> TreeMeta:
+    """A round's metadata for the default verify launch at these shapes: the TreeMeta with the
+    walk tables that launch reads already built (cached in it), i.e. everything a round
+    builds once and every GDN layer shares.  Sync-free (no validation)."""
+    meta = tree_meta(parents, cu_nodes, max_nodes=max_nodes, validate=False)
+    cfg = verify_launch_config(cu_nodes.numel() - 1, HV, V, parents.device, max_nodes)
+    walk_tables(meta, cu_nodes, cfg["block_t"], cfg["heavy_first"])
+    return meta
 
 
 def gdn_tree_verify(q, k, v, g, beta, state, parents, cu_nodes, *, scale=None, qk_l2norm=True,

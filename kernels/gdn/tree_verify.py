@@ -223,9 +223,7 @@ def _tree_verify_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, s0_ptr, bits_ptr, 
     # int64: B*HV*K*V can pass 2^31; S0 [K, BV] is read once per program
     s0 = tl.load(s0_ptr + (i_b * HV + i_hv).to(tl.int64) * K * V + o_k[:, None] * V + o_v[None, :]).to(DT)
     if NT > 0:   # every node's G up front (one round of loads), read back below
-        if G_READY:
-            pass      # the pre-pass wrote it
-        else:
+        if not G_READY:   # else the pre-pass wrote it
             _store_G(g_ptr, bits32_ptr, order_ptr, G_ptr, bos, n, i_hv, HV, W, NT, ORDER)
             tl.debug_barrier()
     lower = o_t[:, None] > o_t[None, :]
