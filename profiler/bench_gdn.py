@@ -7,8 +7,8 @@ EAGLE-like trees.  Variants per (batch b, nodes n): triton_tree, recurrent_basel
 (per-branch: parent state reloaded from HBM, every node's state stored), fla_chunk and
 fla_recurrent (flash-linear-attention on a CHAIN of n tokens per sequence), the memory floor
 (bytes read + written / the larger of copy and read-only bandwidth, both counted as bytes read
-+ written) and gdn_tree_commit; tuning variants triton_tree_<cfg> (--tree-configs).  fla_recurrent runs last, in a child
-process, so an illegal memory access there (seen at b=64, T=128) cannot poison this one.
++ written) and gdn_tree_commit; tuning variants triton_tree_<cfg> (--tree-configs) and
+triton_commit_<cfg> (--commit-configs).  fla_recurrent runs last, in a child process, so an illegal memory access there (seen at b=64, T=128) cannot poison this one.
 Every variant is guarded: a failure is recorded and the run goes on.  Writes into --out:
 bench_gdn.csv (variant x shape), profile_gdn.csv (contract-1 rows), bench_gdn.json (env,
 correctness, ratios vs the issue's targets).  CPU smoke run (tiny shapes, interpreter):
@@ -44,19 +44,28 @@ _CFG_KEYS = dict(block_v="v", block_t="t", num_warps="w", num_stages="s", max_re
                  g_prologue="g", u_bf16="u", prefetch="p", heavy_first="o", prenorm="q")
 
 
-def parse_configs(text: str) -> list[dict]:
-    """"v64,t32w8" -> launch dicts for gdn_tree_verify (letters: _CFG_KEYS)."""
-    names = {v: k for k, v in _CFG_KEYS.items()}
+_COMMIT_KEYS = dict(path="p", block_t="t", block_v="v", num_warps="w")
+
+
+def parse_configs(text: str, keys: dict = _CFG_KEYS, what: str = "tree") -> list[dict]:
+    """"v64,t32w8" -> keyword dicts for gdn_tree_verify (letters: _CFG_KEYS), or for
+    gdn_tree_commit with keys=_COMMIT_KEYS ("p1t16,p0t64")."""
+    names = {v: k for k, v in keys.items()}
+    letters = "".join(keys.values())
     out = []
     for c in filter(None, text.split(",")):
-        if not re.fullmatch(r"([vtwsrgupoq]\d+)+", c):
-            raise SystemExit(f"bad tree config {c!r}: letters {''.join(_CFG_KEYS.values())}, each with a number")
-        out.append({names[k]: int(v) for k, v in re.findall(r"([vtwsrgupoq])(\d+)", c)})
+        if not re.fullmatch(rf"([{letters}]\d+)+", c):
+            raise SystemExit(f"bad {what} config {c!r}: letters {letters}, each with a number")
+        out.append({names[k]: int(v) for k, v in re.findall(rf"([{letters}])(\d+)", c)})
     return out
 
 
-def config_name(cfg: dict) -> str:
-    return "".join(f"{_CFG_KEYS[k]}{v}" for k, v in cfg.items())
+def config_name(cfg: dict, keys: dict = _CFG_KEYS) -> str:
+    return "".join(f"{keys[k]}{v}" for k, v in cfg.items())
+
+
+def commit_name(cfg: dict) -> str:
+    return "triton_commit_" + config_name(cfg, _COMMIT_KEYS)
 
 
 def _rel(a, b) -> float:
@@ -94,11 +103,11 @@ def correctness(args, dims, log) -> list[dict]:
                 out, cache["c"] = gdn_tree_verify(*(inp[key] for key in x), *tree, backend="triton")
                 return _rel(out, ref)
 
-            def commit_check(block_t=16):
+            def commit_check(**kw):
                 rng = np.random.default_rng(b * 31 + n)
                 acc = torch.tensor([int(rng.integers(0, t.num_nodes)) for t in trees], device=args.device)
                 S = inp["state"].clone()
-                gdn_tree_commit(S, inp["k"], cache["c"], *tree, acc, block_t=block_t)
+                gdn_tree_commit(S, inp["k"], cache["c"], *tree, acc, **kw)
                 want = []
                 for i, t in enumerate(trees):   # ground truth: decode the accepted path in fp64
                     rows = torch.as_tensor(t.path_to(int(acc[i])), device=args.device) + int(inp["cu_nodes"][i])
@@ -111,7 +120,8 @@ def correctness(args, dims, log) -> list[dict]:
                 check("triton_tree_" + config_name(cfg), lambda cfg=cfg: _rel(gdn_tree_verify(
                     *(inp[key] for key in x), *tree, backend="triton", **cfg)[0], ref))
             check("triton_commit", commit_check)
-            check("triton_commit_t64", lambda: commit_check(block_t=64))
+            for cfg in args.commit_configs:
+                check(commit_name(cfg), lambda cfg=cfg: commit_check(**cfg))
             check("recurrent_baseline", lambda: _rel(gdn_tree_verify_recurrent(*(inp[key] for key in x), *tree)[0], ref))
             if n <= 64:   # reference (a): recurrence along every path (python loop)
                 check("path_ref_vs_dense", lambda: _rel(gdn_tree_verify_ref(*x.values(), *tree), ref), tol=1e-9)
@@ -175,9 +185,9 @@ def time_shape(args, dims, b, n, bw, log) -> list[dict]:
     run("triton_commit", [lambda c=c, ca=ca: gdn_tree_commit(c["state"], c["k"], ca, c["parents"],
                                                              c["cu_nodes"], acc, check=False)
                           for c, ca in zip(copies, caches)])
-    if n > 16:   # a 64-node walk step: fewer steps for deep accepted nodes (tuning data)
-        run("triton_commit_t64", [lambda c=c, ca=ca: gdn_tree_commit(
-            c["state"], c["k"], ca, c["parents"], c["cu_nodes"], acc, check=False, block_t=64)
+    for cfg in args.commit_configs:   # commit launch variants (tuning data)
+        run(commit_name(cfg), [lambda c=c, ca=ca, cfg=cfg: gdn_tree_commit(
+            c["state"], c["k"], ca, c["parents"], c["cu_nodes"], acc, check=False, **cfg)
             for c, ca in zip(copies, caches)])
     del caches
     try:
@@ -321,12 +331,16 @@ def main() -> None:
                          "g<G prologue 0/1> u<bf16 u operands 0/1> p<prefetch 0/1> o<heavy-first order 0/1> "
                          "q<q/k pre-normalised 0/1>; the default times the stored node order where "
                          "the default walks depth-first, and the other q/k path at every shape")
+    ap.add_argument("--commit-configs", default="p0,p1",
+                    help="extra commit launch configs to time: p<gather the accepted path 0/1> "
+                         "t<node step 16/32/64> v<BV> w<warps>")
     args = ap.parse_args()
     t0 = time.time()
     args.deadline = t0 + args.max_seconds
     args.timing_deadline = t0 + 0.8 * args.max_seconds   # the rest is for fla_recurrent (child)
     args.dims = TINY if args.tiny else QWEN36
     args.tree_configs = parse_configs(args.tree_configs)
+    args.commit_configs = parse_configs(args.commit_configs, _COMMIT_KEYS, "commit")
     os.makedirs(args.out, exist_ok=True)
     log = lambda msg: print(f"[{time.time() - t0:6.1f}s] {msg}", flush=True)   # noqa: E731
     env = env_info(args.dims)

@@ -112,7 +112,10 @@ def write_report(folder: Path) -> Path:
               "kernel at another launch (bench_gdn's config letters), timed only where it differs "
               "from the default; `recurrent_baseline` the per-branch recurrent kernel; `fla_*` on a "
               "chain of n tokens; `memory_floor` bytes that must move / measured bandwidth; "
-              "`triton_commit` the accepted-path commit; `round_meta` the per-round tree metadata "
+              "`triton_commit` the accepted-path commit at its default launch "
+              "(`commit_launch_config`; each tree's last node accepted), `triton_commit_<config>` "
+              "the same at another (p0 walks nodes 0..a in stored order, p1 gathers the path's "
+              "nodes; v the V block); `round_meta` the per-round tree metadata "
               "(ancestor bits, the kernel's node order where the launch walks trees depth-first, "
               "sub-chunk pairs), built once per round and shared by every GDN layer, so it is not "
               "part of the per-layer ratios.", "", "![latency](gdn_verify.png)", ""]

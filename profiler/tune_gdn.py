@@ -113,6 +113,19 @@ def summarize(csv_path: str) -> str:
             + markdown_table(best.reset_index(drop=True)) + "\n")
 
 
+def commit_summary(csv_path: str) -> str:
+    """Markdown: median us of every commit variant (columns) per (batch, nodes), read from
+    one bench_gdn.csv (``--commit-configs`` variants beside the default ``triton_commit``)."""
+    from simtree.profiler.report_util import markdown_table
+    df = pd.read_csv(csv_path)
+    ok = df[(df.status == "ok") & df.variant.str.startswith("triton_commit")]
+    table = ok.pivot_table(index=["batch_size", "nodes_per_seq"], columns="variant",
+                           values="latency_us_median", aggfunc="median")
+    gpu = ", ".join(sorted(set(df.get("gpu", pd.Series(["?"])).astype(str))))
+    return (f"GPU {gpu}; commit median us (CUDA graphs), each tree's last node accepted\n\n"
+            + markdown_table(table.round(1), with_index=True) + "\n")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default=os.environ.get("OUT", "tune_gdn_out"))
@@ -127,12 +140,17 @@ def main() -> None:
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--tiny", action="store_true", help="tiny head shapes (CPU smoke run)")
     ap.add_argument("--summarize", metavar="CSV", help="print the markdown summary of a run and exit")
+    ap.add_argument("--summarize-commit", metavar="CSV",
+                    help="print the commit variants of a bench_gdn.csv as markdown and exit")
     ap.add_argument("--pairs", action="store_true",
                     help="print the sub-chunk pairs per tree (stored vs depth-first order) of the "
                          "benchmark's trees at --bs x --ns and exit (CPU)")
     args = ap.parse_args()
     if args.summarize:
         print(summarize(args.summarize))
+        return
+    if args.summarize_commit:
+        print(commit_summary(args.summarize_commit))
         return
     if args.pairs:
         print(pair_counts(list(map(int, args.bs.split(","))), list(map(int, args.ns.split(","))), args.seed))

@@ -4,11 +4,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+import triton
+import triton.language as tl
 
 from simtree.errors import SimtreeError
 from simtree.kernels.gdn import (gdn_sequential_ref, gdn_tree_commit, gdn_tree_verify,
                                  gdn_tree_verify_dense_ref, gdn_tree_verify_recurrent,
                                  gdn_tree_verify_ref, tree_meta, verify_launch_config)
+from simtree.kernels.gdn.tree_verify import _popcount64, _select_bit64
 from simtree.tree import DraftTree, TreeBatch
 
 H, HV, K, V = 2, 4, 16, 32
@@ -101,18 +104,23 @@ def sequential_commit(inp, trees, accepted):
     return torch.stack(out)
 
 
-@pytest.mark.parametrize("backend,block_t", [("triton", 16), ("triton", 32), ("triton", 64),
-                                             ("torch", 16)])
-def test_commit_equals_sequential_decode_of_accepted_path(backend, block_t):
+@pytest.mark.parametrize("backend,block_t,path,block_v", [
+    ("triton", 16, 0, None), ("triton", 32, 0, None), ("triton", 64, 0, 16), ("torch", 16, 0, None),
+    ("triton", 16, 1, None), ("triton", 32, 1, 16), ("triton", 64, 1, None)])
+def test_commit_equals_sequential_decode_of_accepted_path(backend, block_t, path, block_v):
+    # walked in stored order or gathered along the path (path = 1: up to block_t path nodes of
+    # one 64-node word per product; the 150-node chain puts 64 path nodes in a word)
     rng = np.random.default_rng(6)
-    trees = [random_tree(int(n), rng) for n in (25, 1, 70)]
+    trees = [random_tree(int(n), rng) for n in (25, 1, 70)] + [DraftTree(list(range(-1, 149)))]
     inp = make_inputs(trees, 6)
     tree = (inp["parents"], inp["cu_nodes"])
     _, cache = gdn_tree_verify(*(inp[k] for k in KEYS), *tree, backend=backend)
     accepted = torch.tensor([int(rng.integers(0, t.num_nodes)) for t in trees])
     accepted[2] = 69 if trees[2].depth[69] > 0 else accepted[2]   # a node in the second chunk
+    accepted[3] = int(rng.integers(130, 150))                      # a path through three words
     S = inp["state"].clone()
-    gdn_tree_commit(S, inp["k"], cache, *tree, accepted, backend=backend, block_t=block_t)
+    gdn_tree_commit(S, inp["k"], cache, *tree, accepted, backend=backend, block_t=block_t,
+                    path=path, block_v=block_v)
     assert rel_err(S, sequential_commit(inp, trees, accepted)) < 1e-4
 
 
@@ -419,3 +427,37 @@ def test_scale_and_no_l2norm_in_both_qk_paths(prenorm):
         out, _ = gdn_tree_verify(*(inp[k] for k in KEYS), *tree, backend="triton",
                                  prenorm=prenorm, **kw)
         assert rel_err(out, ref) < 1e-4, kw
+
+
+@triton.jit
+def _bit_probe(w_ptr, pos_ptr, cnt_ptr, BT: tl.constexpr):
+    i = tl.program_id(0)
+    w = tl.load(w_ptr + i).to(tl.uint64, bitcast=True)
+    s = tl.arange(0, BT).to(tl.int64)
+    tl.store(pos_ptr + i * BT + tl.arange(0, BT), _select_bit64(w + tl.zeros([BT], dtype=tl.uint64), s))
+    tl.store(cnt_ptr + i, _popcount64(w).to(tl.int64))
+
+
+def test_path_bit_selection_finds_every_set_bit_in_order():
+    # the gathered-path commit ranks an ancestor word's set bits in registers (SWAR popcount,
+    # then halving per slot); random words, bit 63 (the sign bit of the stored int64) included
+    rng = np.random.default_rng(40)
+    sets = [sorted(rng.choice(64, size=int(rng.integers(1, 17)), replace=False).tolist())
+            for _ in range(64)] + [[63], [0, 63], list(range(48, 64))]
+    words = torch.tensor([sum(1 << b for b in bits) - (1 << 64 if 63 in bits else 0)
+                          for bits in sets], dtype=torch.int64)
+    pos = torch.zeros((len(sets), 16), dtype=torch.int64)
+    cnt = torch.zeros(len(sets), dtype=torch.int64)
+    _bit_probe[(len(sets),)](words, pos, cnt, BT=16)
+    for i, bits in enumerate(sets):
+        assert int(cnt[i]) == len(bits)
+        assert pos[i, :len(bits)].tolist() == bits
+
+
+def test_commit_launch_rule_gathers_the_path_for_larger_trees():
+    from simtree.kernels.gdn import commit_launch_config
+    for B in (1, 4, 16, 64):
+        small, large = (commit_launch_config(B, 48, 128, n) for n in (16, 128))
+        assert small["path"] == 0 and large["path"] == 1
+        assert small["block_v"] == large["block_v"] == 64
+    assert commit_launch_config(1, 48, 32, 128)["block_v"] == 32   # never wider than V

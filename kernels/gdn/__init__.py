@@ -25,7 +25,8 @@ __all__ = ["gdn_tree_verify", "gdn_tree_commit", "gdn_tree_verify_recurrent", "t
            "conv_state_commit", "gdn_tree_verify_ref", "gdn_tree_verify_dense_ref",
            "gdn_tree_verify_dense_batched",
            "gdn_sequential_ref", "tree_causal_conv_ref", "tree_meta",
-           "TreeMeta", "GDNTreeCache", "verify_launch_config", "walk_tables", "verify_round_meta"]
+           "TreeMeta", "GDNTreeCache", "verify_launch_config", "walk_tables", "verify_round_meta",
+           "commit_launch_config"]
 
 
 @dataclass
@@ -258,6 +259,20 @@ def gdn_tree_verify(q, k, v, g, beta, state, parents, cu_nodes, *, scale=None, q
     return out, GDNTreeCache(u, G, meta, qk_l2norm)
 
 
+def commit_launch_config(B: int, HV: int, V: int, max_nodes: int = 128) -> dict:
+    """Default launch of the commit: the walk (path: 1 gathers the accepted path's nodes,
+    0 walks nodes 0..a in stored order), block_v and num_warps.
+
+    From the commit sweep on the H200 (reports/h200/gdn/tuning/run26, Qwen3.6-27B shapes,
+    each tree's last node accepted): 64-wide V blocks everywhere (stored-order walk, b64 n128
+    371.6 vs 453.6 us at 32); the gathered path from 32 nodes, from 64 at one sequence
+    (b64 n128 195.2 us, n64 133.1 vs 220.9; b1 n128 11.8 vs 16.3), the stored-order walk below
+    (b16 n16 38.0 vs 39.9, b1 n32 7.9 vs 8.4): its one product on the accepted row's
+    sub-chunk costs less than the path's bit selection when the tree is that small."""
+    return dict(path=int(max_nodes > (32 if B * HV <= 48 else 16)), block_v=min(V, 64),
+                num_warps=4)
+
+
 def _check_accepted(accepted, cu_nodes, check):
     B = cu_nodes.numel() - 1
     if accepted.numel() != B:
@@ -271,14 +286,18 @@ def _check_accepted(accepted, cu_nodes, check):
 
 
 def gdn_tree_commit(state, k, cache: GDNTreeCache, parents, cu_nodes, accepted, *,
-                    backend="auto", check: bool = True, block_t: int = 16) -> None:
+                    backend="auto", check: bool = True, block_t: int = 16,
+                    path: int | None = None, block_v: int | None = None,
+                    num_warps: int | None = None) -> None:
     """In place: state[b] <- S* = e^{G_a} S0 + sum_{m <= a} e^{G_a - G_m} k_m u_m^T.
 
     accepted int64 [B]: LOCAL index of each tree's last accepted node (0 = only the root,
     which is still folded in: every node, the root included, is a real token).
     ``block_t`` (16, 32 or 64): nodes per step of the Triton kernel's walk over nodes 0..a,
     path nodes masked in (a wider step walks fewer steps for deep accepted nodes and loads
-    only the path rows, at more masked-off work per step).
+    only the path rows, at more masked-off work per step).  ``path`` (1: gather the accepted
+    path's nodes, ``block_t`` at a time, instead of walking nodes 0..a) / ``block_v`` /
+    ``num_warps`` override ``commit_launch_config`` (benchmark tuning).
     """
     if block_t not in (16, 32, 64):
         raise SimtreeError(f"commit block_t must be 16, 32 or 64, got {block_t}")
@@ -314,13 +333,17 @@ def gdn_tree_commit(state, k, cache: GDNTreeCache, parents, cu_nodes, accepted, 
         state.copy_((decay[:, :, None, None] * state.double() + fold).float())
         return
     from .tree_verify import _tree_commit_kernel
-    BV = min(V, 32)
+    cfg = commit_launch_config(B, HV, V, cache.meta.max_nodes)
+    BV = min(V, block_v or cfg["block_v"])
+    if BV < 16 or BV & (BV - 1):
+        raise SimtreeError(f"commit block_v must be a power of two >= 16, got {BV}")
     _tree_commit_kernel[(V // BV, B * HV)](
         state, k.contiguous().float() if k.dtype == torch.float64 else k.contiguous(),
         cache.u, cache.G, cache.meta.bits, cu_nodes.to(state.device, torch.int64),
         accepted.to(state.device, torch.int64),
         H=H, HV=HV, K=K, V=V, W=cache.meta.words, BT=block_t, BV=BV,
-        L2NORM=cache.qk_l2norm, PREC="ieee", num_warps=4)
+        L2NORM=cache.qk_l2norm, PREC="ieee", PATH=bool(cfg["path"] if path is None else path),
+        num_warps=num_warps or cfg["num_warps"])
 
 
 def gdn_tree_verify_recurrent(q, k, v, g, beta, state, parents, cu_nodes, *, scale=None,

@@ -286,11 +286,66 @@ def _tree_verify_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, s0_ptr, bits_ptr, 
 
 
 @triton.jit
+def _popcount64(x):
+    """Set bits of each uint64 (SWAR: pair, nibble and byte sums, then one multiply)."""
+    x = x - ((x >> 1) & 0x5555555555555555)
+    x = (x & 0x3333333333333333) + ((x >> 2) & 0x3333333333333333)
+    x = (x + (x >> 4)) & 0x0F0F0F0F0F0F0F0F
+    return (x * 0x0101010101010101) >> 56
+
+
+@triton.jit
+def _select_half(w, s, pos, HALF: tl.constexpr, MASK: tl.constexpr):
+    """One halving step of ``_select_bit64``: keep the half of w [2 HALF bits] holding the
+    s-th set bit."""
+    low = w & MASK
+    c = _popcount64(low).to(tl.int64)
+    up = c <= s                           # the s-th set bit lies in the upper half
+    return tl.where(up, w >> HALF, low), tl.where(up, s - c, s), tl.where(up, pos + HALF, pos)
+
+
+@triton.jit
+def _select_bit64(w, s):
+    """Position of the s-th (0-based) set bit of the uint64 words w, elementwise, by halving:
+    in registers, no exchange between threads (s beyond the count gives a position >= the
+    highest set bit; callers mask those slots)."""
+    pos = tl.zeros(s.shape, dtype=tl.int64)
+    w, s, pos = _select_half(w, s, pos, 32, 0xFFFFFFFF)
+    w, s, pos = _select_half(w, s, pos, 16, 0xFFFF)
+    w, s, pos = _select_half(w, s, pos, 8, 0xFF)
+    w, s, pos = _select_half(w, s, pos, 4, 0xF)
+    w, s, pos = _select_half(w, s, pos, 2, 0x3)
+    w, s, pos = _select_half(w, s, pos, 1, 0x1)
+    return pos
+
+
+@triton.jit
+def _fold_rows(S, k_ptr, u_ptr, G_ptr, gcol, on, Ga, i_h, i_hv, o_v, H: tl.constexpr,
+               HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, L2NORM: tl.constexpr,
+               PREC: tl.constexpr):
+    """S + sum over the rows ``gcol`` that are ``on`` of e^{G_a - G_m} k_m u_m^T: one
+    [K, BT] x [BT, BV] product."""
+    Gm = tl.load(G_ptr + gcol * HV + i_hv, mask=on, other=0.)
+    kc = _rows_normed(k_ptr, gcol, on, i_h, 1., H, K, L2NORM)
+    w = tl.where(on, tl.exp(tl.where(on, Ga - Gm, 0.)), 0.)
+    uc = tl.load(u_ptr + (gcol * HV + i_hv)[:, None] * V + o_v[None, :], mask=on[:, None],
+                 other=0.)
+    return S + tl.dot(tl.trans(kc * w[:, None]), uc, input_precision=PREC)
+
+
+@triton.jit
 def _tree_commit_kernel(s_ptr, k_ptr, u_ptr, G_ptr, bits_ptr, cu_ptr, acc_ptr,
                         H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                         W: tl.constexpr, BT: tl.constexpr, BV: tl.constexpr,
-                        L2NORM: tl.constexpr, PREC: tl.constexpr):
-    """S* = e^{G_a} S0 + sum_{m <= a} e^{G_a - G_m} k_m u_m^T, in place, per (seq, head, V block)."""
+                        L2NORM: tl.constexpr, PREC: tl.constexpr, PATH: tl.constexpr = False):
+    """S* = e^{G_a} S0 + sum_{m <= a} e^{G_a - G_m} k_m u_m^T, in place, per (seq, head, V block).
+
+    The sum runs over the accepted node a's root path (its ancestor bits), BT rows per
+    product.  PATH = False: nodes 0..a in stored order, BT at a time, off-path rows masked
+    (a // BT + 1 products).  PATH = True: for each 64-node word of a's ancestor bits, its
+    path nodes are gathered BT at a time (slot s = the word's s-th set bit,
+    ``_select_bit64``), so one product folds up to BT path nodes however far apart they are
+    stored (a root path holds depth + 1 nodes)."""
     i_v, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_hv = i_bh // HV, i_bh % HV
     i_h = i_hv // (HV // H)
@@ -303,14 +358,22 @@ def _tree_commit_kernel(s_ptr, k_ptr, u_ptr, G_ptr, bits_ptr, cu_ptr, acc_ptr,
     sp = s_ptr + (i_b * HV + i_hv).to(tl.int64) * K * V + o_k[:, None] * V + o_v[None, :]
     Ga = tl.load(G_ptr + arow * HV + i_hv)
     S = tl.exp(Ga) * tl.load(sp)
-    for c in range(0, a // BT + 1):
-        cols = c * BT + o_t
-        word = tl.load(bits_ptr + arow * W + (c * BT) // 64)
-        on_path = (((word >> ((c * BT) % 64 + o_t).to(tl.int64)) & 1) != 0) & (cols <= a)
-        gcol = bos + cols
-        Gm = tl.load(G_ptr + gcol * HV + i_hv, mask=on_path, other=0.)
-        kc = _rows_normed(k_ptr, gcol, on_path, i_h, 1., H, K, L2NORM)
-        w = tl.where(on_path, tl.exp(tl.where(on_path, Ga - Gm, 0.)), 0.)
-        uc = tl.load(u_ptr + (gcol * HV + i_hv)[:, None] * V + o_v[None, :], mask=on_path[:, None], other=0.)
-        S += tl.dot(tl.trans(kc * w[:, None]), uc, input_precision=PREC)
+    if PATH:
+        for w in range(0, a // 64 + 1):
+            word = tl.load(bits_ptr + arow * W + w).to(tl.uint64, bitcast=True)
+            # the bits are ancestors-or-self of a, so none lies past a: no masking needed
+            cnt = _popcount64(word).to(tl.int64)
+            for s0 in range(0, cnt, BT):
+                slot = s0 + o_t
+                valid = slot < cnt
+                gcol = bos + w * 64 + _select_bit64(word + tl.zeros([BT], dtype=tl.uint64), slot)
+                S = _fold_rows(S, k_ptr, u_ptr, G_ptr, tl.where(valid, gcol, bos), valid, Ga,
+                               i_h, i_hv, o_v, H, HV, K, V, L2NORM, PREC)
+    else:
+        for c in range(0, a // BT + 1):
+            cols = c * BT + o_t
+            word = tl.load(bits_ptr + arow * W + (c * BT) // 64)
+            on_path = (((word >> ((c * BT) % 64 + o_t).to(tl.int64)) & 1) != 0) & (cols <= a)
+            S = _fold_rows(S, k_ptr, u_ptr, G_ptr, bos + cols, on_path, Ga, i_h, i_hv, o_v, H,
+                           HV, K, V, L2NORM, PREC)
     tl.store(sp, S)
