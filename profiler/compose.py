@@ -8,7 +8,7 @@ v4_*_verify), proj_k = ``<k>_proj_step`` and the counts from the model's layer p
 count_k * commit_k(b, n, shape) where the table has kind k's commit stage (gdn_tree_commit:
 the state rewritten along the accepted path, once per layer per round) and round_k(b, n,
 shape) where it has kind k's round stage (gdn_round_meta: the tree metadata every GDN layer
-of the round shares, built once). A
+of the round shares, built once; n > 1 only: at n = 1, plain decoding, no tree is built). A
 core stage measured at one context length only is taken as independent of l (GDN state,
 sliding window); otherwise l is interpolated linearly between measured lengths (clamped).
 The percentiles are composed the same way (sum of p10s, of p90s: a bound, not a quantile).
@@ -142,7 +142,9 @@ def compose_rows(df: pd.DataFrame, model_name: str, *, layers: tuple[str, ...] |
                 total += c * (core[0] + projs[k][0] + mlp[0])
                 reps += [core[1], projs[k][1]]
                 for per_layer in (True, False):   # context-free: measured at one length, any
-                    if (k, per_layer) not in extras:
+                    # n = 1 is plain decoding: no tree, so no round metadata (the commit stays:
+                    # the decode step writes the state too)
+                    if (k, per_layer) not in extras or (not per_layer and n == 1):
                         continue
                     stage, variant = extras[k, per_layer]
                     extra = _lookup_core(sub, stage, b, n, int(l), shape, variant)

@@ -34,7 +34,8 @@ __all__ = ["Point", "Workload", "Unavailable", "build_workload", "default_varian
 
 STAGE_KIND = {v: k for k, v in VERIFY_STAGE.items()}
 # The attention-core variant the composition / stack uses, best first.
-ATTN_VARIANT_PREFERENCE = ("triton_tree", "flashmla_tree", "torch_sdpa", "torch_gather", "torch_ref", "fla_chunk")
+ATTN_VARIANT_PREFERENCE = ("triton_tree", "flashmla_tree", "torch_sdpa", "torch_gather", "torch_ref", "fla_chunk",
+                           "torch_graph")
 
 
 class Unavailable(Exception):
@@ -73,7 +74,7 @@ def default_variants(stage: str, device: str) -> tuple[str, ...]:
     if stage == "gdn_tree_commit":
         return ("triton_tree",) if cuda else ("torch_ref",)
     if stage == "gdn_round_meta":
-        return ("torch",)
+        return ("torch_graph", "torch") if cuda else ("torch",)
     if stage == "attn_tree_verify":
         return ("torch_sdpa",)
     if stage in ("v4_swa_verify", "v4_csa_verify", "v4_hca_verify"):
@@ -87,10 +88,12 @@ def default_variants(stage: str, device: str) -> tuple[str, ...]:
 def _gdn_round_meta_workload(ctx: Ctx, p: Point) -> Workload:
     """The GDN kernels' per-round tree metadata (``verify_round_meta``: ancestor bits, depth,
     the verify launch's node order and sub-chunk pairs), built once per round and read by
-    every GDN layer: small torch ops issued from Python, timed eagerly as a runtime issues
-    them (no CUDA graph)."""
+    every GDN layer: about a hundred small torch ops.  ``torch``: issued eagerly from Python
+    and timed so (a runtime that launches them one by one pays the host's issue time);
+    ``torch_graph``: the same ops replayed from a CUDA graph (their GPU time: what a runtime
+    that captures the round's metadata build, as serving engines capture their steps, pays)."""
     from simtree.kernels import gdn as kg
-    if p.variant != "torch":
+    if p.variant not in ("torch", "torch_graph"):
         raise Unavailable(f"unknown gdn_round_meta variant {p.variant!r}")
     g = ctx.model.gdn
 
@@ -99,7 +102,7 @@ def _gdn_round_meta_workload(ctx: Ctx, p: Point) -> Workload:
         meta = {k: v.to(ctx.device) for k, v in tb.to_torch().items()}
         return (lambda: kg.verify_round_meta(meta["parents"], meta["cu_nodes"], tb.max_nodes,
                                              g["value_heads"], g["value_dim"])), nbytes(*meta.values())
-    return Workload(make, eager=True)
+    return Workload(make, eager=p.variant == "torch")
 
 
 def _gdn_commit_workload(ctx: Ctx, p: Point) -> Workload:
