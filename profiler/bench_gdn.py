@@ -8,7 +8,8 @@ EAGLE-like trees.  Variants per (batch b, nodes n): triton_tree, recurrent_basel
 fla_recurrent (flash-linear-attention on a CHAIN of n tokens per sequence), the memory floor
 (bytes read + written / the larger of copy and read-only bandwidth, both counted as bytes read
 + written) and gdn_tree_commit; tuning variants triton_tree_<cfg> (--tree-configs) and
-triton_commit_<cfg> (--commit-configs).  fla_recurrent runs last, in a child process, so an illegal memory access there (seen at b=64, T=128) cannot poison this one.
+triton_commit_<cfg> (--commit-configs).  fla_recurrent runs last, in a child process, so an
+illegal memory access there (seen at b=64, T=128) cannot poison this one.
 Every variant is guarded: a failure is recorded and the run goes on.  Writes into --out:
 bench_gdn.csv (variant x shape), profile_gdn.csv (contract-1 rows), bench_gdn.json (env,
 correctness, ratios vs the issue's targets).  CPU smoke run (tiny shapes, interpreter):

@@ -33,7 +33,8 @@ __all__ = ["Point", "Workload", "Unavailable", "build_workload", "default_varian
            "check_variant", "STAGE_KIND", "ATTN_VARIANT_PREFERENCE"]
 
 STAGE_KIND = {v: k for k, v in VERIFY_STAGE.items()}
-# The attention-core variant the composition / stack uses, best first.
+# The variant the composition / stack uses per stage, best first (attention cores; the round
+# metadata's CUDA-graph replay over its eager issue).
 ATTN_VARIANT_PREFERENCE = ("triton_tree", "flashmla_tree", "torch_sdpa", "torch_gather", "torch_ref", "fla_chunk",
                            "torch_graph")
 
@@ -107,8 +108,9 @@ def _gdn_round_meta_workload(ctx: Ctx, p: Point) -> Workload:
 
 def _gdn_commit_workload(ctx: Ctx, p: Point) -> Workload:
     """The accepted-path commit of one GDN layer after a verify (state rewritten in place).
-    The accepted node is each tree's last node in stored order: the commit walks the
-    sub-chunks up to it, so this is its most expensive case for the tree."""
+    The accepted node is each tree's last node in stored order (breadth-first: a deepest
+    node), the commit's most expensive case for the tree: the longest path to gather, the
+    most sub-chunks for the stored-order walk."""
     from simtree.kernels import gdn as kg
     if p.variant not in ("triton_tree", "torch_ref"):
         raise Unavailable(f"unknown gdn_tree_commit variant {p.variant!r}")
