@@ -89,9 +89,11 @@ def _extra_stages(sub: pd.DataFrame, kinds) -> dict:
 
 
 def round_extras_used(df: pd.DataFrame, model_name: str) -> list[str]:
-    """The per-round extra stages ``compose_rows`` adds for ``model_name`` with this table."""
+    """The per-round extra stages ``compose_rows`` adds for ``model_name`` with this table, as
+    ``stage/variant`` (e.g. whether the round metadata is the CUDA-graph or the eager time)."""
     model = get_model(model_name)
-    return sorted(s for s, _ in _extra_stages(df[df.model == model_name], set(model.layer_kinds)).values())
+    return sorted(f"{s}/{v}" for s, v in
+                  _extra_stages(df[df.model == model_name], set(model.layer_kinds)).values())
 
 
 def compose_rows(df: pd.DataFrame, model_name: str, *, layers: tuple[str, ...] | None = None,

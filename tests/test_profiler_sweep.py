@@ -170,5 +170,6 @@ def test_shipped_quick_cpu_sweep_runs_clean(tmp_path):
             "gdn_tree_commit", "gdn_round_meta"} <= set(df.stage)
     assert all(v.startswith(("ok", "no reference")) for v in res.checks.values())
     # the GDN model's composed steps carry its state commit and tree metadata, V4's neither
-    assert res.compose["round_extras"] == {"tiny-gdn": ["gdn_round_meta", "gdn_tree_commit"],
+    assert res.compose["round_extras"] == {"tiny-gdn": ["gdn_round_meta/torch",
+                                                        "gdn_tree_commit/torch_ref"],
                                            "tiny-v4": []}
