@@ -122,6 +122,9 @@ def _source_line(costs: dict) -> str:
     if meta:
         parts.append(f"measured {meta.get('collected', '?')} on {meta.get('gpu_name', meta.get('device', '?'))}, "
                      f"torch {meta.get('torch_version', '?')}, triton {meta.get('triton_version', '?')}")
+    extras = ((meta.get("compose") or {}).get("round_extras") or {}).get(costs.get("model"))
+    if extras:   # what the composed verify step adds each round (e.g. graph vs eager metadata)
+        parts.append("the composed verify step includes " + ", ".join(f"`{x}`" for x in extras))
     return "Cost models: " + "; ".join(parts) + "."
 
 

@@ -109,6 +109,18 @@ def test_plan_reads_a_saved_cost_bundle(tmp_path):
     assert Policy.load(out[0]["policy"]).lookup("sharegpt", 32).predicted_tok_s > 0
 
 
+def test_plan_source_line_names_the_per_round_extras_of_the_composed_step():
+    # a bundle fitted to composed steps says which per-round stages (and variants) they hold
+    from simtree.report import _source_line
+    costs = {"model": "qwen3.6-27b", "source": {"profile": "p.csv", "sha256": "sha256:0123456789abcdef"},
+             "profile_meta": {"collected": "2026-12-01", "compose": {"round_extras": {
+                 "qwen3.6-27b": ["gdn_round_meta/torch_graph", "gdn_tree_commit/triton_tree"],
+                 "deepseek-v4-flash": []}}}}
+    line = _source_line(costs)
+    assert "`gdn_round_meta/torch_graph`, `gdn_tree_commit/triton_tree`" in line
+    assert "includes" not in _source_line({**costs, "model": "deepseek-v4-flash"})
+
+
 def test_report_rerenders_a_plan_folder_to_the_same_choice(tmp_path):
     from simtree.report import render_plan_dir, write_plan_report
 
