@@ -32,12 +32,12 @@ import torch
 from simtree.fileio import write_text_atomic
 from simtree.profiler.timing import measured_bandwidth
 from simtree.tree import DraftTree
-from simtree.kernels.gdn import (gdn_sequential_ref, gdn_tree_commit, gdn_tree_verify,
-                                 gdn_tree_verify_dense_ref, gdn_tree_verify_recurrent,
-                                 gdn_tree_verify_ref, tree_meta, verify_launch_config,
-                                 verify_round_meta)
+from simtree.kernels.gdn import (commit_launch_config, gdn_sequential_ref, gdn_tree_commit,
+                                 gdn_tree_verify, gdn_tree_verify_dense_ref,
+                                 gdn_tree_verify_recurrent, gdn_tree_verify_ref, tree_meta,
+                                 verify_launch_config, verify_round_meta)
 from simtree.kernels.gdn.bench_util import (QWEN36, env_info, fla_closure, fla_recurrent_worker,
-                                            graph_time_us, memory_floor_bytes,
+                                            graph_time_us, last_nodes, memory_floor_bytes,
                                             random_gdn_inputs, shape_inputs, shape_trees)
 
 TINY = dict(H=2, HV=4, K=16, V=32)
@@ -182,11 +182,14 @@ def time_shape(args, dims, b, n, bw, log) -> list[dict]:
                                                      dims["V"]) for c in copies])
     caches = [gdn_tree_verify(*(c[key] for key in keys), backend="triton", meta=meta, check=False)[1]
               for c in copies]
-    acc = torch.tensor([t.num_nodes - 1 for t in trees], device=args.device)   # deepest index
+    acc = last_nodes(copies[0]["cu_nodes"])
+    commit_default = dict(block_t=16, **commit_launch_config(b, dims["HV"], dims["V"], n))
     run("triton_commit", [lambda c=c, ca=ca: gdn_tree_commit(c["state"], c["k"], ca, c["parents"],
                                                              c["cu_nodes"], acc, check=False)
                           for c, ca in zip(copies, caches)])
     for cfg in args.commit_configs:   # commit launch variants (tuning data)
+        if {**commit_default, **cfg} == commit_default:
+            continue   # the default launch at this shape
         run(commit_name(cfg), [lambda c=c, ca=ca, cfg=cfg: gdn_tree_commit(
             c["state"], c["k"], ca, c["parents"], c["cu_nodes"], acc, check=False, **cfg)
             for c, ca in zip(copies, caches)])

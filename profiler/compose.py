@@ -28,7 +28,7 @@ from simtree.errors import SimtreeError
 from simtree.fileio import write_text_atomic
 from simtree.models import COMMIT_STAGE, ROUND_STAGE, VERIFY_STAGE, get_model
 
-from .stages import ATTN_VARIANT_PREFERENCE, stack_core_variant
+from .stages import VARIANT_PREFERENCE, stack_core_variant
 
 __all__ = ["compose_rows", "compose_table", "validate_stacks", "COMPOSED_STAGE", "COMPOSED_VARIANT"]
 
@@ -51,7 +51,7 @@ def _lookup_core(df: pd.DataFrame, stage: str, b: int, n: int, l: int, shape: st
     # the same length) may be measured at one shape only; they stand in for the others.
     rows = same if not same.empty else rows[rows.variant.isin(SHAPE_FREE_VARIANTS)]
     if variant is None:
-        variant = next((v for v in ATTN_VARIANT_PREFERENCE if (rows.variant == v).any()), None)
+        variant = next((v for v in VARIANT_PREFERENCE if (rows.variant == v).any()), None)
     rows = rows[rows.variant == variant] if variant else rows.iloc[0:0]
     if rows.empty:
         return None
@@ -71,7 +71,7 @@ def _main_variant(rows: pd.DataFrame) -> str | None:
         return None
     counts = rows.variant.value_counts()
     good = set(counts[counts >= 0.9 * counts.max()].index)
-    return next((v for v in ATTN_VARIANT_PREFERENCE if v in good), counts.index[0])
+    return next((v for v in VARIANT_PREFERENCE if v in good), counts.index[0])
 
 
 def _extra_stages(sub: pd.DataFrame, kinds) -> dict:
@@ -242,4 +242,7 @@ def compose_table(table: str | Path, stack_layers: int = 8, core_variants: dict 
                "round_extras": {m: round_extras_used(measured, m) for m in models},
                "stack_validation": validate_stacks(measured)}
     write_text_atomic(table.with_name(table.stem + ".compose.json"), json.dumps(summary, indent=2))
+    meta = pt.read_meta(table)
+    if meta:   # the table's sidecar says how its composed rows were made too
+        pt.write_meta(table, {**meta, "compose": summary})
     return summary

@@ -30,12 +30,12 @@ from .pieces import Ctx, nbytes, tree_batch
 from .runtime_stages import RUNTIME_VARIANT, check_runtime_variant, runtime_workload
 
 __all__ = ["Point", "Workload", "Unavailable", "build_workload", "default_variants",
-           "check_variant", "STAGE_KIND", "ATTN_VARIANT_PREFERENCE"]
+           "check_variant", "STAGE_KIND", "VARIANT_PREFERENCE"]
 
 STAGE_KIND = {v: k for k, v in VERIFY_STAGE.items()}
 # The variant the composition / stack uses per stage, best first (attention cores; the round
 # metadata's CUDA-graph replay over its eager issue).
-ATTN_VARIANT_PREFERENCE = ("triton_tree", "flashmla_tree", "torch_sdpa", "torch_gather", "torch_ref", "fla_chunk",
+VARIANT_PREFERENCE = ("triton_tree", "flashmla_tree", "torch_sdpa", "torch_gather", "torch_ref", "fla_chunk",
                            "torch_graph")
 
 
@@ -107,11 +107,10 @@ def _gdn_round_meta_workload(ctx: Ctx, p: Point) -> Workload:
 
 
 def _gdn_commit_workload(ctx: Ctx, p: Point) -> Workload:
-    """The accepted-path commit of one GDN layer after a verify (state rewritten in place).
-    The accepted node is each tree's last node in stored order (breadth-first: a deepest
-    node), the commit's most expensive case for the tree: the longest path to gather, the
-    most sub-chunks for the stored-order walk."""
+    """The accepted-path commit of one GDN layer after a verify (state rewritten in place),
+    each tree's last node accepted (``last_nodes``: the commit's most expensive case)."""
     from simtree.kernels import gdn as kg
+    from simtree.kernels.gdn.bench_util import last_nodes
     if p.variant not in ("triton_tree", "torch_ref"):
         raise Unavailable(f"unknown gdn_tree_commit variant {p.variant!r}")
     backend = "triton" if p.variant == "triton_tree" else "torch"
@@ -123,7 +122,7 @@ def _gdn_commit_workload(ctx: Ctx, p: Point) -> Workload:
         tm = kg.tree_meta(meta["parents"], meta["cu_nodes"], max_nodes=tb.max_nodes, validate=False)
         _, cache = kg.gdn_tree_verify(*args, meta["parents"], meta["cu_nodes"], backend=backend,
                                       meta=tm, check=False)
-        accepted = torch.tensor([t.num_nodes - 1 for t in tb.trees], device=ctx.device)
+        accepted = last_nodes(meta["cu_nodes"])
         state, k = args[5], args[1]
         return (lambda: kg.gdn_tree_commit(state, k, cache, meta["parents"], meta["cu_nodes"],
                                            accepted, backend=backend, check=False)), \
@@ -255,7 +254,7 @@ def _draft_workload(ctx: Ctx, p: Point) -> Workload:
 
 def stack_core_variant(stage: str, device: str) -> str:
     """The attention core a measured stack uses and its validation pins: the kernel the shipped
-    composition prefers (ATTN_VARIANT_PREFERENCE), so the stack validates what is shipped."""
+    composition prefers (VARIANT_PREFERENCE), so the stack validates what is shipped."""
     if str(device).startswith("cuda") and stage in ("v4_swa_verify", "v4_csa_verify", "v4_hca_verify"):
         return "triton_tree"
     return default_variants(stage, device)[0]
@@ -375,8 +374,9 @@ def check_variant(ctx: Ctx, stage: str, variant: str) -> str:
         return f"ok (rel err {err:.1e} vs gdn_tree_verify_ref, float64)"
     if stage == "gdn_tree_commit" and variant == "triton_tree":
         from simtree.kernels import gdn as kg
-        tb, meta, args = _gdn_inputs(ctx, 2, 8, "eagle", salt=6)
-        accepted = torch.tensor([t.num_nodes - 1 for t in tb.trees], device=dev)
+        from simtree.kernels.gdn.bench_util import last_nodes
+        _, meta, args = _gdn_inputs(ctx, 2, 8, "eagle", salt=6)
+        accepted = last_nodes(meta["cu_nodes"])
         states = []
         for backend in ("triton", "torch"):
             _, cache = kg.gdn_tree_verify(*args, meta["parents"], meta["cu_nodes"], backend=backend)

@@ -144,9 +144,12 @@ def expand_points(spec: dict, device: str, only_stage: str | None = None,
 def run_sweep(sweep: str | Path | None = None, out: str | Path = "reports/profile.csv", *,
               device: str | None = None, max_minutes: float | None = None,
               only_stage: str | None = None, models: list[str] | None = None,
-              retry_failed: bool = False, progress: bool = True, compose: bool | None = None,
-              echo=print) -> SweepResult:
-    """Run (or resume) a sweep into the profile table ``out``; see the module docstring."""
+              retry_failed: bool = False, remeasure: bool = False, progress: bool = True,
+              compose: bool | None = None, echo=print) -> SweepResult:
+    """Run (or resume) a sweep into the profile table ``out``; see the module docstring.
+    ``remeasure``: first drop the table's rows (and logged failures) of the points this call
+    selects (``only_stage`` / ``models``), so they are measured again, e.g. after a kernel
+    change; every other row stays."""
     import torch
 
     from simtree import profile_table as pt
@@ -175,9 +178,12 @@ def run_sweep(sweep: str | Path | None = None, out: str | Path = "reports/profil
 
     label = metadata.device_label(device)
     row_base = {"device": label, "dtype": dtype_name}
+    selected = {pt.row_key({**row_base, **_point_row(p)}) for _, p in points}
+    if remeasure:
+        echo(f"remeasure: {pt.drop_rows(table, selected)} rows of the selected points dropped")
     done = pt.measured_keys(table)
     if not retry_failed:
-        done |= read_log_skips(table)
+        done |= read_log_skips(table) - (selected if remeasure else set())
     meta = {**metadata.collect_metadata(device), "sweep": spec["name"], "sweep_file": spec["_path"],
             "sweep_id": f"{spec['name']}-{time.strftime('%Y%m%dT%H%M%S')}",
             "sweep_spec": {k: v for k, v in spec.items() if not k.startswith("_")},
@@ -322,8 +328,6 @@ def run_sweep(sweep: str | Path | None = None, out: str | Path = "reports/profil
         try:
             res.compose = compose_table(table, stack_layers=int((spec.get("compose") or {}).get("stack_layers", 8))
                                         if isinstance(spec.get("compose"), dict) else 8)
-            meta["compose"] = res.compose
-            pt.write_meta(table, meta)
         except SimtreeError as exc:
             echo(f"composition skipped: {exc}")
     echo(res.summary())
@@ -380,11 +384,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--only-stage", default=None)
     ap.add_argument("--model", action="append", default=None)
     ap.add_argument("--retry-failed", action="store_true")
+    ap.add_argument("--remeasure", action="store_true",
+                    help="measure the selected points again (their rows are dropped first)")
     ap.add_argument("--no-progress", action="store_true")
     args = ap.parse_args(argv)
     try:
         res = run_sweep(args.sweep, args.out, device=args.device, max_minutes=args.max_minutes,
                         only_stage=args.only_stage, models=args.model, retry_failed=args.retry_failed,
+                        remeasure=args.remeasure,
                         progress=not args.no_progress, echo=lambda s: print(s, flush=True))
     except SimtreeError as exc:
         print(f"error: {exc}", file=sys.stderr)

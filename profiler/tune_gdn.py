@@ -50,11 +50,11 @@ def correctness(configs, dims, device, seed) -> list[dict]:
 
 
 def compiled_kernel_stats() -> list[dict]:
-    """Registers, spills and shared memory of every compiled variant of the verify and commit kernels
+    """Registers, spills and shared memory of every compiled variant of the verify, pre-pass and commit kernels
     (from Triton's per-device kernel caches; empty where this Triton keeps them elsewhere)."""
     from simtree.kernels.gdn import tree_verify
     recs = []
-    for name in ("_tree_verify_kernel", "_tree_commit_kernel"):
+    for name in ("_tree_verify_kernel", "_qk_prenorm_kernel", "_tree_commit_kernel"):
         fn = getattr(tree_verify, name)
         for cache in getattr(fn, "device_caches", {}).values():
             kernels = cache[0] if isinstance(cache, tuple) else cache

@@ -3,7 +3,8 @@
 # deps, then run the named parts (gdn, v4, profile), each bounded, each writing under $OUT.
 # Usage (on the GPU machine): bash scripts/gpu_session.sh gdn v4 profile   (tune: TUNE_ARGS=...,
 # v4: V4_ARGS=..., e.g. "--plan-switches 60"; profile: PROFILE_RESUME=reports/h200/profile to add
-# to the committed profile, PROFILE_ARGS="--model qwen3.6-27b" to restrict it)
+# to the committed profile, PROFILE_ARGS="--model qwen3.6-27b" to restrict it, and with
+# "--only-stage gdn_tree_commit --remeasure" to time that stage again after a kernel change)
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
 RES=/tmp/simtree_results   # many files; tarred into $OUT at the end ($OUT returns <= 8 files)

@@ -189,14 +189,32 @@ def row_key(row: dict) -> tuple:
     return tuple(out)
 
 
+def _row_keys(df: pd.DataFrame) -> list[tuple]:
+    """Each row's key, as :func:`row_key` builds it."""
+    return [tuple(int(v) if c in INT_COLUMNS else str(v) for c, v in zip(KEY_COLUMNS, r))
+            for r in df.loc[:, list(KEY_COLUMNS)].itertuples(index=False, name=None)]
+
+
 def measured_keys(path: str | os.PathLike) -> set[tuple]:
     """Keys (as :func:`row_key` builds them) already in the table; empty if it does not exist."""
     path = Path(path)
     if not path.exists():
         return set()
+    return set(_row_keys(load_profile(path)))
+
+
+def drop_rows(path: str | os.PathLike, keys: set[tuple]) -> int:
+    """Remove the rows with these keys from the table (atomic rewrite) so that a sweep measures
+    them again; returns how many were removed (0 and no write if none, or no table)."""
+    path = Path(path)
+    if not path.exists():
+        return 0
     df = load_profile(path)
-    return {tuple(int(v) if c in INT_COLUMNS else str(v) for c, v in zip(KEY_COLUMNS, r))
-            for r in df.loc[:, list(KEY_COLUMNS)].itertuples(index=False, name=None)}
+    keep = [k not in keys for k in _row_keys(df)]
+    dropped = len(df) - sum(keep)
+    if dropped:
+        write_table(path, df[keep].reset_index(drop=True))
+    return dropped
 
 
 def _versions() -> tuple[str, str]:

@@ -76,6 +76,25 @@ def test_rerun_resumes_without_remeasuring(spec, tmp_path, monkeypatch):
     assert checks and res.checks == {} and pt.read_meta(out)["checks"] == checks
 
 
+def test_remeasure_times_the_selected_stage_again_and_keeps_the_rest(spec, tmp_path, monkeypatch):
+    out = tmp_path / "p.csv"
+    _run(spec, out)
+    before = pt.load_profile(out)
+    timer, calls = _fake_timer()
+    monkeypatch.setattr("simtree.profiler.timing.time_workload", timer)
+    res = _run(spec, out, only_stage="mlp_step", remeasure=True)
+    assert res.measured == len(calls) == 4 and res.skipped_done == 0
+    after = pt.load_profile(out)
+    assert len(after) == len(before)                       # replaced, not duplicated
+    mlp = after[after.stage == "mlp_step"]
+    assert sorted(mlp.latency_us_median) == [11.0, 12.0, 13.0, 14.0]   # the fake timer's
+    rest = ~after.stage.isin(["mlp_step", "model_verify_step"])
+    assert after[rest].latency_us_median.sort_values().tolist() == \
+        before[~before.stage.isin(["mlp_step", "model_verify_step"])].latency_us_median.sort_values().tolist()
+    # recomposed from the new rows, and the sidecar says how
+    assert pt.read_meta(out)["compose"] == res.compose and res.compose["composed_rows"] == 4
+
+
 def test_interrupted_sweep_keeps_finished_points_and_resumes(spec, tmp_path, monkeypatch):
     out = tmp_path / "p.csv"
     timer, _ = _fake_timer(fail_at=7, exc=KeyboardInterrupt())

@@ -75,17 +75,17 @@ _INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 
 
 @functools.lru_cache(maxsize=None)
-def _has_option(name: str) -> bool:
-    """Whether this Triton's CUDA backend takes the launch option ``name``."""
+def _has_maxnreg() -> bool:
+    """Whether this Triton's CUDA backend takes a register cap (``maxnreg``)."""
     try:
         from triton.backends.nvidia.compiler import CUDAOptions
-        return name in CUDAOptions.__dataclass_fields__
-    except Exception:  # noqa: BLE001 - another backend / Triton: option not there
+        return "maxnreg" in CUDAOptions.__dataclass_fields__
+    except Exception:  # noqa: BLE001 - another backend / Triton: no register cap
         return False
 
 
 def _maxnreg(n: int) -> dict:
-    return {"maxnreg": n} if n and not _INTERPRET and _has_option("maxnreg") else {}
+    return {"maxnreg": n} if n and not _INTERPRET and _has_maxnreg() else {}
 
 
 # trees up to this size get every node's G in one unrolled round of loads ([NT, 32] tiles)

@@ -85,6 +85,13 @@ def shape_inputs(b: int, n: int, seed: int, shapes: dict, dtype=torch.bfloat16, 
                               seed=seed + 1000 * b + n + 100003 * c) for c in range(copies)]
 
 
+def last_nodes(cu_nodes: torch.Tensor) -> torch.Tensor:
+    """int64 [B]: each tree's last node (local index), the accepted node the benchmarks and
+    the profile's commit stage time: in the breadth-first stored order a deepest node, so the
+    commit's most expensive case for the tree."""
+    return (cu_nodes[1:] - cu_nodes[:-1] - 1).to(torch.int64)
+
+
 def graph_time_us(fns, warmup: int = 3, replays: int = 20) -> dict:
     """Median/p10/p90 microseconds per call of a list of closures (one per rotated input
     copy): profiler.timing's CUDA-graph timer (CPU wall clock without CUDA), as a dict."""

@@ -28,6 +28,8 @@ def register(app: typer.Typer) -> None:
         only_stage: Optional[str] = typer.Option(None, "--only-stage", help="run one stage only"),
         model: Optional[list[str]] = typer.Option(None, "--model", help="restrict to these models"),
         retry_failed: bool = typer.Option(False, "--retry-failed", help="retry points logged as failed/oom"),
+        remeasure: bool = typer.Option(False, "--remeasure",
+                                       help="measure the selected points again (their rows are dropped first)"),
         as_json: bool = typer.Option(False, "--json", help="print the summary as JSON"),
     ) -> None:
         """Run or resume a sweep; one-line summary at the end."""
@@ -35,7 +37,8 @@ def register(app: typer.Typer) -> None:
 
         echo = (lambda s: None) if as_json else (lambda s: typer.echo(s, err=True))
         res = run_sweep(sweep, out, device=device, max_minutes=max_minutes, only_stage=only_stage,
-                        models=model or None, retry_failed=retry_failed, progress=not as_json, echo=echo)
+                        models=model or None, retry_failed=retry_failed, remeasure=remeasure,
+                        progress=not as_json, echo=echo)
         if as_json:
             typer.echo(json.dumps({"table": str(res.table), "measured": res.measured,
                                    "already_done": res.skipped_done, "failed": res.failed, "oom": res.oom,

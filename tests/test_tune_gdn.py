@@ -1,0 +1,51 @@
+"""tune_gdn / bench_gdn helpers that turn benchmark CSVs into the committed summaries."""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from simtree.profiler.bench_gdn import _COMMIT_KEYS, commit_name, config_name, parse_configs
+from simtree.profiler.tune_gdn import commit_summary, summarize
+
+
+def test_config_letters_round_trip_for_verify_and_commit():
+    for text in ("t32v64w4q1", "o0", "t16v128w4r168p1q1"):
+        assert [config_name(c) for c in parse_configs(text)] == [text]
+    cfgs = parse_configs("p1v64,p0t64w2", _COMMIT_KEYS, "commit")
+    assert cfgs == [dict(path=1, block_v=64), dict(path=0, block_t=64, num_warps=2)]
+    assert [commit_name(c) for c in cfgs] == ["triton_commit_p1v64", "triton_commit_p0t64w2"]
+    with pytest.raises(SystemExit, match="bad commit config 'q1'"):
+        parse_configs("q1", _COMMIT_KEYS, "commit")
+
+
+def _rows(rng, variants, shapes):
+    return pd.DataFrame([dict(variant=v, batch_size=b, nodes_per_seq=n, status="ok",
+                              latency_us_median=float(rng.uniform(1, 500)), gpu="G")
+                         for v in variants for b, n in shapes])
+
+
+def test_commit_summary_tabulates_every_commit_variant_and_nothing_else(tmp_path):
+    rng = np.random.default_rng(5)
+    shapes = [(1, 16), (64, 128)]
+    df = _rows(rng, ["triton_commit", "triton_commit_p0", "triton_tree", "round_meta"], shapes)
+    df.loc[len(df)] = dict(variant="triton_commit_p1", batch_size=1, nodes_per_seq=16,
+                           status="error: boom", latency_us_median=np.nan, gpu="G")
+    df.to_csv(tmp_path / "bench_gdn.csv", index=False)
+    text = commit_summary(str(tmp_path / "bench_gdn.csv"))
+    header = next(line for line in text.splitlines() if line.startswith("| batch_size"))
+    assert header == "| batch_size | nodes_per_seq | triton_commit | triton_commit_p0 |"
+    for r in df[df.variant.str.startswith("triton_commit") & (df.status == "ok")].itertuples():
+        row = next(line for line in text.splitlines()
+                   if line.startswith(f"| {r.batch_size} | {r.nodes_per_seq} |"))
+        assert f"{r.latency_us_median:.1f}" in row
+
+
+def test_sweep_summary_picks_the_fastest_config_per_shape(tmp_path):
+    rng = np.random.default_rng(6)
+    df = _rows(rng, ["t16v128w4", "t32v64w8"], [(1, 128), (16, 32)]).rename(columns={"variant": "config"})
+    df.to_csv(tmp_path / "tune_gdn.csv", index=False)
+    fastest = summarize(str(tmp_path / "tune_gdn.csv")).splitlines()[-1]
+    want = df.loc[df.groupby(["nodes_per_seq", "batch_size"]).latency_us_median.idxmin()]
+    want = want.sort_values(["nodes_per_seq", "batch_size"]).config.tolist()
+    assert fastest == "| " + " | ".join(want) + " |"
