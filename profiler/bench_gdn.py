@@ -3,7 +3,10 @@
     python profiler/bench_gdn.py --out $OUT [--max-seconds 170] [--ns 4,8,16,32,64,128] [--bs 1,4,16,64]
 
 Qwen3.6-27B GDN shapes (H=16, HV=48, K=V=128), bf16 q/k/v, fp32 g/beta/state, random
-EAGLE-like trees.  Variants per (batch b, nodes n): triton_tree, recurrent_baseline
+EAGLE-like trees, stored depth-first, larger subtree first (``--tree-order dfs``, the order
+``TreeBatch.depth_first()`` gives them, as the runtime hands them to the kernel; the same trees
+as built, breadth-first, are timed as ``triton_tree_bfs``).  Variants per (batch b, nodes n):
+triton_tree, recurrent_baseline
 (per-branch: parent state reloaded from HBM, every node's state stored), fla_chunk and
 fla_recurrent (flash-linear-attention on a CHAIN of n tokens per sequence), the memory floor
 (bytes read + written / the larger of copy and read-only bandwidth, both counted as bytes read
@@ -36,9 +39,10 @@ from simtree.kernels.gdn import (commit_launch_config, gdn_sequential_ref, gdn_t
                                  gdn_tree_verify, gdn_tree_verify_dense_ref,
                                  gdn_tree_verify_recurrent, gdn_tree_verify_ref, tree_meta,
                                  verify_launch_config, verify_round_meta)
-from simtree.kernels.gdn.bench_util import (QWEN36, env_info, fla_closure, fla_recurrent_worker,
-                                            graph_time_us, last_nodes, memory_floor_bytes,
-                                            random_gdn_inputs, shape_inputs, shape_trees)
+from simtree.kernels.gdn.bench_util import (QWEN36, TREE_ORDERS, env_info, fla_closure,
+                                            fla_recurrent_worker, graph_time_us,
+                                            memory_floor_bytes, random_gdn_inputs, shape_inputs,
+                                            shape_trees)
 
 TINY = dict(H=2, HV=4, K=16, V=32)
 _CFG_KEYS = dict(block_v="v", block_t="t", num_warps="w", num_stages="s", max_registers="r",
@@ -80,7 +84,7 @@ def correctness(args, dims, log) -> list[dict]:
     cases = ([(1, 8, "fb"), (1, 128, "b"), (4, 128, "fb")] if not args.tiny
              else [(1, 8, "fb"), (2, 70, "fb")])
     for b, n, dts in cases:
-        trees, _, _ = shape_trees(b, n, args.seed + 1)
+        trees, _, _ = shape_trees(b, n, args.seed + 1, args.tree_order)
         for dtype, tol in ((torch.float32, 1e-4), (torch.bfloat16, 2e-2)):
             if str(dtype)[6] not in dts:
                 continue
@@ -117,6 +121,8 @@ def correctness(args, dims, log) -> list[dict]:
                 return _rel(S, torch.stack(want))
 
             check("triton_tree", tree_check)
+            if args.tree_order != "stored":   # the same trees as built (timed as triton_tree_bfs)
+                check("triton_tree_bfs", lambda: _bfs_check(args, dims, b, n, dtype))
             for cfg in args.tree_configs:   # every launch variant timed below is checked too
                 check("triton_tree_" + config_name(cfg), lambda cfg=cfg: _rel(gdn_tree_verify(
                     *(inp[key] for key in x), *tree, backend="triton", **cfg)[0], ref))
@@ -143,12 +149,24 @@ def correctness(args, dims, log) -> list[dict]:
     return recs
 
 
+def _bfs_check(args, dims, b, n, dtype) -> float:
+    """The correctness case's trees in their stored (breadth-first) order: the kernel's
+    depth-first walk through a node-order table."""
+    trees, _, _ = shape_trees(b, n, args.seed + 1, "stored")
+    inp = random_gdn_inputs(trees, **dims, dtype=dtype, device=args.device, seed=b + n + 1)
+    x = [inp[key] for key in ("q", "k", "v", "g", "beta", "state")]
+    ref = gdn_tree_verify_dense_ref(*(t.double() for t in x), inp["parents"], inp["cu_nodes"])
+    return _rel(gdn_tree_verify(*x, inp["parents"], inp["cu_nodes"], backend="triton")[0], ref)
+
+
 def time_shape(args, dims, b, n, bw, log) -> list[dict]:
     """All in-process variants for one (b, n); each failure becomes a row with its error."""
     rows = []
-    trees, steps, topk = shape_trees(b, n, args.seed)
-    copies = shape_inputs(b, n, args.seed, dims, device=args.device, max_copies=args.max_copies)
-    meta = tree_meta(copies[0]["parents"], copies[0]["cu_nodes"])
+    trees, steps, topk = shape_trees(b, n, args.seed, args.tree_order)
+    copies = shape_inputs(b, n, args.seed, dims, device=args.device, max_copies=args.max_copies,
+                          order=args.tree_order)
+    tb = copies[0]["tb"]
+    meta = tree_meta(copies[0]["parents"], copies[0]["cu_nodes"], depth_first=tb.is_depth_first)
     keys = ("q", "k", "v", "g", "beta", "state", "parents", "cu_nodes")
     base = dict(batch_size=b, nodes_per_seq=n, total_tokens=b * n, num_steps=steps, topk=topk,
                 copies=len(copies))
@@ -166,7 +184,8 @@ def time_shape(args, dims, b, n, bw, log) -> list[dict]:
             rows.append(dict(base, variant=variant, tree_shape=shape, status=f"error: {exc!r}"[:300]))
         log(f"b={b:3d} n={n:4d} {variant:20s} {rows[-1].get('latency_us_median', rows[-1]['status'])}")
 
-    default = verify_launch_config(b, dims["HV"], dims["V"], args.device, max_nodes=n)
+    default = verify_launch_config(b, dims["HV"], dims["V"], args.device, max_nodes=n,
+                                   depth_first=meta.depth_first)
     run("triton_tree", [lambda c=c: gdn_tree_verify(*(c[key] for key in keys), backend="triton",
                                                     meta=meta, check=False) for c in copies],
         **{"cfg_" + k: v for k, v in default.items()})
@@ -177,12 +196,22 @@ def time_shape(args, dims, b, n, bw, log) -> list[dict]:
             lambda c=c: gdn_tree_verify(*(c[key] for key in keys), backend="triton", meta=meta,
                                         check=False, **cfg) for c in copies],
             **{"cfg_" + k: v for k, v in {**default, **cfg}.items()})
-    # per round, shared by every layer: ancestor bits, the kernel's node order and its pairs
+    if args.tree_order != "stored":   # the same trees as built (breadth-first), own default
+        bfs = shape_inputs(b, n, args.seed, dims, device=args.device, max_copies=args.max_copies)
+        bmeta = tree_meta(bfs[0]["parents"], bfs[0]["cu_nodes"], depth_first=False)
+        run("triton_tree_bfs", [lambda c=c: gdn_tree_verify(*(c[key] for key in keys),
+                                                            backend="triton", meta=bmeta,
+                                                            check=False) for c in bfs],
+            **{"cfg_" + k: v for k, v in verify_launch_config(
+                b, dims["HV"], dims["V"], args.device, max_nodes=n).items()})
+        del bfs
+    # per round, shared by every layer: ancestor bits and the launch's sub-chunk pairs (and the
+    # kernel's node order where it walks breadth-first trees depth-first)
     run("round_meta", [lambda c=c: verify_round_meta(c["parents"], c["cu_nodes"], n, dims["HV"],
-                                                     dims["V"]) for c in copies])
+                                                     dims["V"], meta.depth_first) for c in copies])
     caches = [gdn_tree_verify(*(c[key] for key in keys), backend="triton", meta=meta, check=False)[1]
               for c in copies]
-    acc = last_nodes(copies[0]["cu_nodes"])
+    acc = torch.as_tensor(tb.deepest_nodes, device=args.device)
     commit_default = dict(block_t=16, **commit_launch_config(b, dims["HV"], dims["V"], n))
     run("triton_commit", [lambda c=c, ca=ca: gdn_tree_commit(c["state"], c["k"], ca, c["parents"],
                                                              c["cu_nodes"], acc, check=False)
@@ -328,13 +357,17 @@ def main() -> None:
     ap.add_argument("--tiny", action="store_true", help="tiny head shapes (CPU smoke run)")
     ap.add_argument("--skip-correctness", action="store_true")
     ap.add_argument("--max-copies", type=int, default=32, help="input copies rotated against L2")
+    ap.add_argument("--tree-order", default="dfs", choices=TREE_ORDERS,
+                    help="node order of the timed trees: dfs (depth-first, larger subtree first, "
+                         "as the runtime stores them; the breadth-first order is timed beside it "
+                         "as triton_tree_bfs) or stored (as built, breadth-first)")
     ap.add_argument("--tree-configs",
-                    default="o0,q0,q1",
+                    default="q0,q1",
                     help="extra tree-kernel launch configs to time (skipped where equal to the "
                          "default): v<BV> t<BT> w<warps> s<stages> r<max registers, 0 = unbounded> "
                          "g<G prologue 0/1> u<bf16 u operands 0/1> p<prefetch 0/1> o<heavy-first order 0/1> "
-                         "q<q/k pre-normalised 0/1>; the default times the stored node order where "
-                         "the default walks depth-first, and the other q/k path at every shape")
+                         "q<q/k pre-normalised 0/1>; the default times the other q/k path at "
+                         "every shape")
     ap.add_argument("--commit-configs", default="p0,p1",
                     help="extra commit launch configs to time: p<gather the accepted path 0/1> "
                          "t<node step 16/32/64> v<BV> w<warps>")

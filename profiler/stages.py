@@ -88,8 +88,8 @@ def default_variants(stage: str, device: str) -> tuple[str, ...]:
 # ---- GDN ------------------------------------------------------------------------------------
 def _gdn_round_meta_workload(ctx: Ctx, p: Point) -> Workload:
     """The GDN kernels' per-round tree metadata (``verify_round_meta``: ancestor bits, depth,
-    the verify launch's node order and sub-chunk pairs), built once per round and read by
-    every GDN layer: about a hundred small torch ops.  ``torch``: issued eagerly from Python
+    the verify launch's sub-chunk pairs; trees stored depth-first as the runtime stores them),
+    built once per round and read by every GDN layer: tens of small torch ops.  ``torch``: issued eagerly from Python
     and timed so (a runtime that launches them one by one pays the host's issue time);
     ``torch_graph``: the same ops replayed from a CUDA graph (their GPU time: what a runtime
     that captures the round's metadata build, as serving engines capture their steps, pays)."""
@@ -99,18 +99,19 @@ def _gdn_round_meta_workload(ctx: Ctx, p: Point) -> Workload:
     g = ctx.model.gdn
 
     def make():
-        tb = tree_batch(p.batch_size, p.nodes_per_seq, p.tree_shape, ctx.seed)
+        tb = _gdn_trees(p.batch_size, p.nodes_per_seq, p.tree_shape, ctx.seed)
         meta = {k: v.to(ctx.device) for k, v in tb.to_torch().items()}
         return (lambda: kg.verify_round_meta(meta["parents"], meta["cu_nodes"], tb.max_nodes,
-                                             g["value_heads"], g["value_dim"])), nbytes(*meta.values())
+                                             g["value_heads"], g["value_dim"], True)), \
+            nbytes(*meta.values())
     return Workload(make, eager=p.variant == "torch")
 
 
 def _gdn_commit_workload(ctx: Ctx, p: Point) -> Workload:
     """The accepted-path commit of one GDN layer after a verify (state rewritten in place),
-    each tree's last node accepted (``last_nodes``: the commit's most expensive case)."""
+    each tree's deepest node accepted (``TreeBatch.deepest_nodes``: the longest path to fold,
+    the commit's most expensive case)."""
     from simtree.kernels import gdn as kg
-    from simtree.kernels.gdn.bench_util import last_nodes
     if p.variant not in ("triton_tree", "torch_ref"):
         raise Unavailable(f"unknown gdn_tree_commit variant {p.variant!r}")
     backend = "triton" if p.variant == "triton_tree" else "torch"
@@ -119,10 +120,11 @@ def _gdn_commit_workload(ctx: Ctx, p: Point) -> Workload:
 
     def make():
         tb, meta, args = _gdn_inputs(ctx, p.batch_size, p.nodes_per_seq, p.tree_shape)
-        tm = kg.tree_meta(meta["parents"], meta["cu_nodes"], max_nodes=tb.max_nodes, validate=False)
+        tm = kg.tree_meta(meta["parents"], meta["cu_nodes"], max_nodes=tb.max_nodes,
+                          validate=False, depth_first=True)
         _, cache = kg.gdn_tree_verify(*args, meta["parents"], meta["cu_nodes"], backend=backend,
                                       meta=tm, check=False)
-        accepted = last_nodes(meta["cu_nodes"])
+        accepted = torch.as_tensor(tb.deepest_nodes, device=ctx.device)
         state, k = args[5], args[1]
         return (lambda: kg.gdn_tree_commit(state, k, cache, meta["parents"], meta["cu_nodes"],
                                            accepted, backend=backend, check=False)), \
@@ -130,10 +132,16 @@ def _gdn_commit_workload(ctx: Ctx, p: Point) -> Workload:
     return Workload(make)
 
 
+def _gdn_trees(b: int, n: int, shape: str, seed: int):
+    """The GDN stages' trees: stored depth-first, larger subtree first, as the runtime hands
+    them to the GDN kernels (``TreeBatch.depth_first``)."""
+    return tree_batch(b, n, shape, seed).depth_first()
+
+
 def _gdn_inputs(ctx: Ctx, b: int, n: int, shape: str, salt: int = 0):
     g = ctx.model.gdn
     H, HV, K, V = g["key_heads"], g["value_heads"], g["key_dim"], g["value_dim"]
-    tb = tree_batch(b, n, shape, ctx.seed + salt)
+    tb = _gdn_trees(b, n, shape, ctx.seed + salt)
     meta = {k: v.to(ctx.device) for k, v in tb.to_torch().items()}
     N = tb.total_nodes
     q, k = ctx.randn(N, H, K, salt=21 + salt), ctx.randn(N, H, K, salt=22 + salt)
@@ -157,7 +165,8 @@ def _gdn_workload(ctx: Ctx, p: Point) -> Workload:
 
         def make():
             tb, meta, args = _gdn_inputs(ctx, b, n, p.tree_shape)
-            tm = kg.tree_meta(meta["parents"], meta["cu_nodes"], max_nodes=tb.max_nodes, validate=False)
+            tm = kg.tree_meta(meta["parents"], meta["cu_nodes"], max_nodes=tb.max_nodes,
+                              validate=False, depth_first=True)
             return (lambda: kg.gdn_tree_verify(*args, meta["parents"], meta["cu_nodes"], backend=backend,
                                                meta=tm, check=False)), nbytes(*args)
         return Workload(make)
@@ -374,9 +383,8 @@ def check_variant(ctx: Ctx, stage: str, variant: str) -> str:
         return f"ok (rel err {err:.1e} vs gdn_tree_verify_ref, float64)"
     if stage == "gdn_tree_commit" and variant == "triton_tree":
         from simtree.kernels import gdn as kg
-        from simtree.kernels.gdn.bench_util import last_nodes
-        _, meta, args = _gdn_inputs(ctx, 2, 8, "eagle", salt=6)
-        accepted = last_nodes(meta["cu_nodes"])
+        tb, meta, args = _gdn_inputs(ctx, 2, 8, "eagle", salt=6)
+        accepted = torch.as_tensor(tb.deepest_nodes, device=ctx.device)
         states = []
         for backend in ("triton", "torch"):
             _, cache = kg.gdn_tree_verify(*args, meta["parents"], meta["cu_nodes"], backend=backend)

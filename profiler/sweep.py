@@ -106,8 +106,10 @@ def _stage_names(alias: str, kinds: tuple[str, ...]) -> list[str]:
 
 def expand_points(spec: dict, device: str, only_stage: str | None = None,
                   models: list[str] | None = None) -> list[tuple[int, Point]]:
-    """(entry index, Point) for every grid point of the sweep, in YAML priority order."""
+    """(entry index, Point) for every grid point of the sweep, in YAML priority order;
+    ``only_stage``: one stage or several, comma-separated."""
     out = []
+    stages = set(only_stage.split(",")) if only_stage else None
     base = dict(spec.get("grid") or {})
     for i, entry in enumerate(spec["stages"]):
         if not isinstance(entry, dict) or "stage" not in entry:
@@ -123,7 +125,7 @@ def expand_points(spec: dict, device: str, only_stage: str | None = None,
                 continue
             model = get_model(name)
             for stage in _stage_names(entry["stage"], model.kinds()):
-                if only_stage and stage != only_stage:
+                if stages and stage not in stages:
                     continue
                 variants = entry.get("variants") or default_variants(stage, device)
                 for variant, shape, l, b, n, s, k in itertools.product(
@@ -381,7 +383,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default="reports/profile.csv")
     ap.add_argument("--device", default=None)
     ap.add_argument("--max-minutes", type=float, default=None)
-    ap.add_argument("--only-stage", default=None)
+    ap.add_argument("--only-stage", default=None, help="one stage, or several comma-separated")
     ap.add_argument("--model", action="append", default=None)
     ap.add_argument("--retry-failed", action="store_true")
     ap.add_argument("--remeasure", action="store_true",

@@ -22,18 +22,18 @@ import torch
 
 from simtree.fileio import write_text_atomic
 from simtree.kernels.gdn import gdn_tree_verify, gdn_tree_verify_dense_ref, tree_meta
-from simtree.kernels.gdn.bench_util import (QWEN36, env_info, graph_time_us, random_gdn_inputs,
-                                            shape_inputs, shape_trees)
+from simtree.kernels.gdn.bench_util import (QWEN36, TREE_ORDERS, env_info, graph_time_us,
+                                            random_gdn_inputs, shape_inputs, shape_trees)
 from simtree.profiler.bench_gdn import TINY, _rel, config_name, parse_configs
 
 KEYS = ("q", "k", "v", "g", "beta", "state", "parents", "cu_nodes")
 
 
-def correctness(configs, dims, device, seed) -> list[dict]:
+def correctness(configs, dims, device, seed, order: str = "stored") -> list[dict]:
     """Each config vs the float64 dense reference on random trees (bf16 inputs, tol 2e-2)."""
     recs = []
     for b, n in ((2, 128), (3, 23)):
-        trees, _, _ = shape_trees(b, n, seed + 11)
+        trees, _, _ = shape_trees(b, n, seed + 11, order)
         inp = random_gdn_inputs(trees, **dims, dtype=torch.bfloat16, device=device, seed=b * n)
         ref = gdn_tree_verify_dense_ref(*(inp[key].double() for key in KEYS[:6]),
                                         inp["parents"], inp["cu_nodes"])
@@ -122,7 +122,7 @@ def commit_summary(csv_path: str) -> str:
     table = ok.pivot_table(index=["batch_size", "nodes_per_seq"], columns="variant",
                            values="latency_us_median", aggfunc="median")
     gpu = ", ".join(sorted(set(df.get("gpu", pd.Series(["?"])).astype(str))))
-    return (f"GPU {gpu}; commit median us (CUDA graphs), each tree's last node accepted\n\n"
+    return (f"GPU {gpu}; commit median us (CUDA graphs), each tree's deepest node accepted\n\n"
             + markdown_table(table.round(1), with_index=True) + "\n")
 
 
@@ -139,6 +139,8 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--tiny", action="store_true", help="tiny head shapes (CPU smoke run)")
+    ap.add_argument("--tree-order", default="stored", choices=TREE_ORDERS,
+                    help="time the trees as built (breadth-first) or renumbered depth-first")
     ap.add_argument("--summarize", metavar="CSV", help="print the markdown summary of a run and exit")
     ap.add_argument("--summarize-commit", metavar="CSV",
                     help="print the commit variants of a bench_gdn.csv as markdown and exit")
@@ -160,7 +162,7 @@ def main() -> None:
     configs = parse_configs(args.configs)
     dims = TINY if args.tiny else QWEN36
     env = env_info(dims)
-    corr = correctness(configs, dims, args.device, args.seed)
+    corr = correctness(configs, dims, args.device, args.seed, args.tree_order)
     for r in corr:
         print(f"correct {r['config']:28s} {r['case']:14s} {r['rel_err']:.2e} {'ok' if r['ok'] else 'FAIL'}")
     good = [cfg for cfg in configs if args.time_failing or all(r["ok"] for r in corr if r["config"] == config_name(cfg))]
@@ -177,7 +179,8 @@ def main() -> None:
                                      indent=1, default=str))
 
     for b, n in shapes:
-        copies = shape_inputs(b, n, args.seed, dims, device=args.device, max_copies=8)
+        copies = shape_inputs(b, n, args.seed, dims, device=args.device, max_copies=8,
+                              order=args.tree_order)
         meta = tree_meta(copies[0]["parents"], copies[0]["cu_nodes"])
         for cfg in good:
             if time.time() - t0 > args.max_seconds:
@@ -188,11 +191,12 @@ def main() -> None:
             try:
                 r = graph_time_us(fns, replays=args.replays)
                 rows.append(dict(config=name, batch_size=b, nodes_per_seq=n, status="ok",
+                                 tree_order=args.tree_order,
                                  latency_us_median=r["median"], latency_us_p10=r["p10"],
                                  latency_us_p90=r["p90"], timer=r["timer"]))
             except Exception as exc:  # noqa: BLE001
                 rows.append(dict(config=name, batch_size=b, nodes_per_seq=n,
-                                 status=f"error: {exc!r}"[:300]))
+                                 tree_order=args.tree_order, status=f"error: {exc!r}"[:300]))
             print(f"[{time.time() - t0:6.1f}s] b={b:3d} n={n:4d} {name:20s} "
                   f"{rows[-1].get('latency_us_median', rows[-1]['status'])}", flush=True)
         del copies

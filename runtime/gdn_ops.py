@@ -54,12 +54,14 @@ def chain_gdn(q, k, v, g, beta):
     return o.to(v.dtype).view(B, T, HV, V)
 
 
-def round_meta(meta: dict, max_nodes: int) -> dict:
+def round_meta(meta: dict, max_nodes: int, depth_first: bool = False) -> dict:
     """Add the GDN kernels' per-round tree metadata (built once, shared by every GDN layer).
 
-    The trees were validated as DraftTrees, so no validation (host sync) is repeated here.
+    The trees were validated as DraftTrees, so no validation (host sync) is repeated here;
+    ``depth_first``: they are stored in their heavy-first order (``TreeBatch.is_depth_first``).
     """
-    meta["gdn"] = tree_meta(meta["parents"], meta["cu_nodes"], max_nodes=max_nodes, validate=False)
+    meta["gdn"] = tree_meta(meta["parents"], meta["cu_nodes"], max_nodes=max_nodes, validate=False,
+                            depth_first=depth_first)
     return meta
 
 

@@ -254,6 +254,52 @@ class DraftTree:
             raise TreeError("subtree is not ancestor-closed: a kept node's parent was dropped")
         return DraftTree(new_parents, self.tokens[keep], self.log_probs[keep])
 
+    @cached_property
+    def heavy_first_order(self) -> np.ndarray:
+        """int64 [n]: order[p] = the node a depth-first walk visits p-th, taking the child with
+        the larger subtree first (ties: lower index); a topological order.  Tree kernels that
+        walk nodes in sub-chunks pay only for sub-chunk pairs holding ancestors, and in this
+        order a branch stays in few sub-chunks (``kernels.gdn``: ``TreeMeta.heavy_first`` is
+        the same order built on the device).  Position of v = sum over its ancestors-or-self
+        a other than the root of 1 + the subtree sizes of a's siblings visited before a."""
+        mask = self.ancestor_mask
+        size = mask.sum(axis=0)                     # descendants-or-self of each node
+        par = self.parents
+        idx = np.arange(self.num_nodes)
+        first = (size[None, :] > size[:, None]) | ((size[None, :] == size[:, None])
+                                                   & (idx[None, :] < idx[:, None]))
+        sib = (par[None, :] == par[:, None]) & first     # [a, s]: s visited before sibling a
+        before = (sib * size[None, :]).sum(axis=1) + 1
+        before[0] = 0
+        pos = mask.astype(np.int64) @ before
+        order = np.argsort(pos, kind="stable")
+        order.setflags(write=False)
+        return order
+
+    @cached_property
+    def is_heavy_first(self) -> bool:
+        """Whether the nodes are stored in :attr:`heavy_first_order` already."""
+        if self.max_depth == self.num_nodes - 1:   # a chain (parents in order)
+            return True
+        return bool(np.array_equal(self.heavy_first_order, np.arange(self.num_nodes)))
+
+    def depth_first(self) -> "DraftTree":
+        """The tree renumbered in :attr:`heavy_first_order` (itself when it already is)."""
+        return self if self.is_heavy_first else self.renumbered(self.heavy_first_order)
+
+    def renumbered(self, order: np.ndarray | Sequence[int]) -> "DraftTree":
+        """The same tree with node p = old node ``order[p]`` (a permutation that keeps
+        parents before children, e.g. :attr:`heavy_first_order`)."""
+        order = _as_int_array(order, "order")
+        n = self.num_nodes
+        if order.shape[0] != n or not np.array_equal(np.sort(order), np.arange(n)):
+            raise TreeError(f"renumbering is not a permutation of the tree's {n} nodes")
+        pos = np.empty(n, np.int64)
+        pos[order] = np.arange(n)
+        par = self.parents[order]
+        return DraftTree(np.where(par >= 0, pos[np.maximum(par, 0)], -1), self.tokens[order],
+                         self.log_probs[order])
+
     def __repr__(self) -> str:
         return f"DraftTree(n={self.num_nodes}, depth={self.max_depth}, leaves={self.leaves.size})"
 
@@ -321,6 +367,24 @@ class TreeBatch:
         if cache_lens.shape[0] != self.batch_size:
             raise TreeError(f"{cache_lens.shape[0]} cache lengths for a batch of {self.batch_size} trees")
         return cache_lens[self.seq_ids] + self.depth
+
+    @cached_property
+    def is_depth_first(self) -> bool:
+        """Every tree stored in its heavy-first depth-first order (``DraftTree.is_heavy_first``):
+        the order the GDN tree kernel walks fastest (``kernels.gdn``, ``tree_meta(depth_first=)``)."""
+        return all(t.is_heavy_first for t in self.trees)
+
+    def depth_first(self) -> "TreeBatch":
+        """The batch with every tree renumbered depth-first, larger subtree first
+        (``DraftTree.depth_first``); tokens and log-probs move with their nodes."""
+        return self if self.is_depth_first else TreeBatch(tuple(t.depth_first() for t in self.trees))
+
+    @cached_property
+    def deepest_nodes(self) -> np.ndarray:
+        """int64 [B]: each tree's deepest node (the last in stored order among ties), the
+        accepted node benchmarks take as the commit's most expensive case."""
+        return np.array([t.num_nodes - 1 - int(np.argmax(t.depth[::-1])) for t in self.trees],
+                        np.int64)
 
     @cached_property
     def ancestor_bits(self) -> np.ndarray:

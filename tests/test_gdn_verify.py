@@ -263,22 +263,29 @@ def test_skipped_subchunk_pairs_match_dense_reference():
 def test_every_default_launch_is_correct():
     # the launch rule picks sub-chunk / V block / warps / kernel switches by (batch x value
     # heads, tree size); whatever it picks at Qwen-like head counts must compute the same outputs
+    # (for trees stored breadth-first and, with its own rule, stored depth-first)
     rng = np.random.default_rng(15)
     trees = [random_tree(int(n), rng, reach=5) for n in (70, 33, 5)]
-    inp = make_inputs(trees, 15)
-    tree = (inp["parents"], inp["cu_nodes"])
-    ref = gdn_tree_verify_dense_ref(*f64(inp), *tree)
     seen = set()
-    for B in (1, 4, 16, 64):
-        for max_nodes in (4, 32, 64, 128):
-            cfg = verify_launch_config(B, 48, V, "cuda", max_nodes)
-            key = tuple(sorted((k, v) for k, v in cfg.items() if k != "max_registers"))
-            if key in seen:
-                continue
-            seen.add(key)
-            out, _ = gdn_tree_verify(*(inp[k] for k in KEYS), *tree, backend="triton", **cfg)
-            assert rel_err(out, ref) < 1e-4, cfg
-    assert len(seen) >= 3
+    for depth_first in (False, True):
+        batch = [t.depth_first() for t in trees] if depth_first else trees
+        inp = make_inputs(batch, 15)
+        tree = (inp["parents"], inp["cu_nodes"])
+        ref = gdn_tree_verify_dense_ref(*f64(inp), *tree)
+        meta = tree_meta(*tree, depth_first=depth_first)
+        assert meta.depth_first == depth_first
+        for B in (1, 4, 16, 64):
+            for max_nodes in (4, 32, 64, 128):
+                cfg = verify_launch_config(B, 48, V, "cuda", max_nodes, depth_first)
+                key = (depth_first,) + tuple(sorted((k, v) for k, v in cfg.items()
+                                                    if k != "max_registers"))
+                if key in seen:
+                    continue
+                seen.add(key)
+                out, _ = gdn_tree_verify(*(inp[k] for k in KEYS), *tree, backend="triton",
+                                         meta=meta, **cfg)
+                assert rel_err(out, ref) < 1e-4, cfg
+    assert len(seen) >= 6
 
 
 @pytest.fixture
@@ -376,6 +383,37 @@ def test_heavy_first_order_and_renumbered_meta():
     # the renumbering keeps fewer sub-chunk pairs on the EAGLE-like tree (28 of 28 as stored)
     assert int(meta.subchunk_pairs(md["cu_nodes"], 16)[1][5].sum()) == 28
     assert int(walk.subchunk_pairs(md["cu_nodes"], 16)[1][5].sum()) < 20
+
+
+def test_host_depth_first_order_matches_the_kernel_walk():
+    # DraftTree.heavy_first_order (numpy, host) is the walk TreeMeta.heavy_first builds on the
+    # device; renumbered trees keep every root path's tokens, and tree_meta finds (or checks)
+    # that a batch is stored depth-first
+    from simtree.errors import TreeError
+    from simtree.kernels.gdn.bench_util import eagle_like_tree
+    rng = np.random.default_rng(19)
+    trees = ([random_tree(int(n), rng, reach=int(r)) for n, r in zip(rng.integers(1, 90, 6),
+                                                                      rng.integers(1, 9, 6))]
+             + [eagle_like_tree(int(n), rng)[0] for n in rng.integers(2, 130, 3)])
+    trees = [DraftTree(t.parents, rng.integers(0, 1000, t.num_nodes)) for t in trees]
+    for t in trees:
+        assert t.heavy_first_order.tolist() == _heavy_first_walk(t)
+        d = t.depth_first()
+        assert d.is_heavy_first and d.depth_first() is d
+        assert sorted(tuple(d.tokens[d.path_to(i)]) for i in range(d.num_nodes)) == \
+            sorted(tuple(t.tokens[t.path_to(i)]) for i in range(t.num_nodes))
+    batch = TreeBatch(trees)
+    dfs = batch.depth_first()
+    assert dfs.is_depth_first and dfs.depth_first() is dfs
+    md, mdd = batch.to_torch(), dfs.to_torch()
+    assert tree_meta(md["parents"], md["cu_nodes"]).depth_first == batch.is_depth_first
+    assert tree_meta(mdd["parents"], mdd["cu_nodes"]).depth_first
+    assert not tree_meta(mdd["parents"], mdd["cu_nodes"], validate=False).depth_first
+    if not batch.is_depth_first:
+        with pytest.raises(TreeError, match="depth-first"):
+            tree_meta(md["parents"], md["cu_nodes"], depth_first=True)
+    with pytest.raises(TreeError, match="not a permutation"):
+        trees[-1].renumbered(np.zeros(trees[-1].num_nodes, np.int64))
 
 
 def test_depth_first_walk_follows_the_effective_sub_chunk(launched):

@@ -131,7 +131,7 @@ def test_v4_kernel_adapter_runs_the_projects_verify_step():
 
 
 def test_gdn_commit_stage_rewrites_the_state_like_sequential_decoding(monkeypatch):
-    # the timed step commits each tree's last node: one call must leave, per sequence, the
+    # the timed step commits each tree's deepest node: one call must leave, per sequence, the
     # state of decoding that node's root path token by token (float64 reference)
     from simtree.kernels import gdn as kg
     from simtree.profiler.stages import _gdn_inputs
@@ -146,7 +146,8 @@ def test_gdn_commit_stage_rewrites_the_state_like_sequential_decoding(monkeypatc
     assert nb > 0 and len(seen) == 1
     x = [a.double() for a in args]
     for b, t in enumerate(tb.trees):
-        rows = torch.as_tensor(t.path_to(t.num_nodes - 1)) + int(meta["cu_nodes"][b])
+        assert t.depth[tb.deepest_nodes[b]] == t.max_depth
+        rows = torch.as_tensor(t.path_to(int(tb.deepest_nodes[b]))) + int(meta["cu_nodes"][b])
         want = kg.gdn_sequential_ref(*(y[rows] for y in x[:5]), x[5][b])[1]
         assert float((seen[0][b].double() - want).abs().max() / want.abs().max()) < 1e-4
 
@@ -166,13 +167,13 @@ def test_gdn_round_meta_stage_builds_what_the_verify_launch_walks():
     step, _ = wl.make()
     meta = step()
     built = set(meta._derived)
-    tb = tree_batch(2, 70, "eagle", ctx.seed)
+    tb = tree_batch(2, 70, "eagle", ctx.seed).depth_first()   # the GDN stages' trees
     md = tb.to_torch()
     g = ctx.model.gdn
-    cfg = kg.verify_launch_config(2, g["value_heads"], g["value_dim"], "cpu", tb.max_nodes)
-    cached = meta.subchunk_pairs(md["cu_nodes"], cfg["block_t"]) if not cfg["heavy_first"] \
-        else meta.heavy_first(md["cu_nodes"])[1].subchunk_pairs(md["cu_nodes"], cfg["block_t"])
-    assert built == {("heavy_first",) if cfg["heavy_first"] else ("pairs", cfg["block_t"])}
+    cfg = kg.verify_launch_config(2, g["value_heads"], g["value_dim"], "cpu", tb.max_nodes, True)
+    assert meta.depth_first and not cfg["heavy_first"]   # stored depth-first: walked as stored
+    cached = meta.subchunk_pairs(md["cu_nodes"], cfg["block_t"])
+    assert built == {("pairs", cfg["block_t"])}
     fresh = kg.walk_tables(kg.tree_meta(md["parents"], md["cu_nodes"]), md["cu_nodes"], cfg["block_t"])
     assert wl.eager and cached[2] == fresh[2][2]
     assert torch.equal(cached[0], fresh[2][0]) and torch.equal(cached[1], fresh[2][1])

@@ -228,3 +228,19 @@ def test_fast_views_equal_the_per_node_loop_bit_for_bit(parents, log_probs):
     for node in range(tree.num_nodes):
         assert tree.path_to(node).tolist() == np.flatnonzero(ref["ancestor_mask"][node]).tolist()
     assert np.array_equal(TreeBatch((tree, tree)).depth, np.concatenate([ref["depth"]] * 2))
+
+
+def test_deepest_nodes_and_depth_first_batch_keep_paths():
+    # TreeBatch.deepest_nodes: per tree a node of maximal depth (the last such in stored order);
+    # depth_first() renumbers every tree, keeping each node's root path of tokens
+    rng = np.random.default_rng(41)
+    trees = [DraftTree(np.array([-1] + [int(rng.integers(max(0, i - 5), i)) for i in range(1, n)]),
+                       rng.integers(0, 50, n)) for n in rng.integers(1, 60, 8)]
+    batch = TreeBatch(trees)
+    for t, d in zip(trees, batch.deepest_nodes):
+        assert t.depth[d] == t.max_depth and not np.any(t.depth[d + 1:] == t.max_depth)
+    dfs = batch.depth_first()
+    assert dfs.is_depth_first and dfs.cu_nodes.tolist() == batch.cu_nodes.tolist()
+    for t, u in zip(trees, dfs.trees):
+        paths = lambda x: sorted(tuple(x.tokens[x.path_to(i)]) for i in range(x.num_nodes))  # noqa: E731
+        assert paths(t) == paths(u) and u.max_depth == t.max_depth

@@ -93,7 +93,7 @@ G_PROLOGUE_MAX_NODES = 256
 
 
 def verify_launch_config(B: int, HV: int, V: int, device: torch.device | str = "cuda",
-                         max_nodes: int = 128) -> dict:
+                         max_nodes: int = 128, depth_first: bool = False) -> dict:
     """Default launch of the tree kernel: block_t (node sub-chunk), block_v, num_warps,
     num_stages, max_registers, and the kernel switches g_prologue / u_bf16 / prefetch /
     heavy_first / prenorm.
@@ -121,6 +121,20 @@ def verify_launch_config(B: int, HV: int, V: int, device: torch.device | str = "
     (b64 n128 688.9 vs 840.9 us, b16 193.1 vs 230.8, b4 72.8 vs 82.3; at n <= 64 it is 1-5%
     slower, run 11).  ``device`` stays in the signature for shape-dependent choices on other
     GPUs.
+
+    ``depth_first`` (trees stored in their heavy-first depth-first order, ``TreeMeta``): the
+    kernel walks the stored order, so fewer pairs hold ancestors with no order table to read
+    through (run 29, the benchmark's trees renumbered): one sequence with > 64 nodes takes
+    16-node sub-chunks, rows prefetched (b1 n128 36.8 vs 40.0 us at the rule above, 42.2 in
+    the breadth-first order); <= 16 sequences with 33-64 nodes one stage at 168 registers
+    (b16 n64 85.9 vs 93.2), with > 64 nodes rows prefetched, no register cap (b16 n128 179.4 vs
+    195.4).  Elsewhere the rule above, minus the depth-first walk (b4 n128 58.9 vs 68.9 us
+    walking breadth-first trees depth-first, b64 n128 528.7 vs 553.6).
+
+    In either order (runs 30-31; the order hardly matters up to 64 nodes): one pipeline stage
+    for trees of <= 32 nodes, and up to 64 at <= 4 sequences (b4 n32 15.3 vs 17.2 us, b64 n16
+    93.5 vs 100.0, b1 n32 11.2 vs 11.4; b4 n64 32.1 vs 33.3); 16 sequences with 17-32 nodes
+    then capped at 168 registers (b16 n32 45.0 vs 46.3 at one stage, 50.7 at two).
     """
     rows = B * HV
     cfg = dict(block_t=16, block_v=V, num_warps=2, num_stages=2, max_registers=0, g_prologue=1,
@@ -134,15 +148,27 @@ def verify_launch_config(B: int, HV: int, V: int, device: torch.device | str = "
     elif rows <= 16 * 48 and max_nodes >= 32:
         small = max_nodes <= 64
         cfg.update(num_warps=4, prefetch=int(small), max_registers=0 if small else 168)
-    cfg["heavy_first"] = _heavy_first_default(cfg["block_t"], max_nodes)
+    if depth_first:
+        if rows <= 48 and max_nodes > 64:
+            cfg.update(block_t=16, prefetch=1)
+        elif 4 * 48 < rows <= 16 * 48 and max_nodes > 64:
+            cfg.update(prefetch=1, max_registers=0)
+        elif 4 * 48 < rows <= 16 * 48 and max_nodes > 32:
+            cfg.update(prefetch=0, num_stages=1, max_registers=168)
+    if max_nodes <= 32 or (48 < rows <= 4 * 48 and max_nodes <= 64):
+        cfg["num_stages"] = 1
+        if 4 * 48 < rows <= 16 * 48 and max_nodes > 16:
+            cfg["max_registers"] = 168
+    cfg["heavy_first"] = _heavy_first_default(cfg["block_t"], max_nodes, depth_first)
     return cfg
 
 
-def _heavy_first_default(block_t: int, max_nodes: int) -> int:
+def _heavy_first_default(block_t: int, max_nodes: int, depth_first: bool = False) -> int:
     """Depth-first walk where it was measured to pay: 16-node sub-chunks, trees > 64 nodes
     (measured at 128), up to G_PROLOGUE_MAX_NODES: its order is built from dense
-    [nodes, max_nodes] tables, which grow with the square of the tree size."""
-    return int(block_t == 16 and 64 < max_nodes <= G_PROLOGUE_MAX_NODES)
+    [nodes, max_nodes] tables, which grow with the square of the tree size.  Never for
+    trees stored depth-first already (the stored order is that walk)."""
+    return int(not depth_first and block_t == 16 and 64 < max_nodes <= G_PROLOGUE_MAX_NODES)
 
 
 def walk_tables(meta: TreeMeta, cu_nodes: torch.Tensor, block_t: int,
@@ -151,18 +177,22 @@ def walk_tables(meta: TreeMeta, cu_nodes: torch.Tensor, block_t: int,
     of that numbering, (pairs, counts, C)).  ``heavy_first`` None: the default for this
     sub-chunk and tree size.  Cached in ``meta``: built once per round, shared by the layers."""
     order, walk = None, meta
-    if _heavy_first_default(block_t, meta.max_nodes) if heavy_first is None else heavy_first:
+    if (_heavy_first_default(block_t, meta.max_nodes, meta.depth_first) if heavy_first is None
+            else heavy_first):
         order, walk = meta.heavy_first(cu_nodes)
     return order, walk, walk.subchunk_pairs(cu_nodes, block_t)
 
 
 def verify_round_meta(parents: torch.Tensor, cu_nodes: torch.Tensor, max_nodes: int, HV: int,
-                      V: int) -> TreeMeta:
+                      V: int, depth_first: bool = False) -> TreeMeta:
     """A round's metadata for the default verify launch at these shapes: the TreeMeta with the
     walk tables that launch reads already built (cached in it), i.e. everything a round
-    builds once and every GDN layer shares.  Sync-free (no validation)."""
-    meta = tree_meta(parents, cu_nodes, max_nodes=max_nodes, validate=False)
-    cfg = verify_launch_config(cu_nodes.numel() - 1, HV, V, parents.device, max_nodes)
+    builds once and every GDN layer shares.  Sync-free (no validation); ``depth_first``: the
+    trees are stored in their heavy-first order (``TreeBatch.is_depth_first``)."""
+    meta = tree_meta(parents, cu_nodes, max_nodes=max_nodes, validate=False,
+                     depth_first=depth_first)
+    cfg = verify_launch_config(cu_nodes.numel() - 1, HV, V, parents.device, max_nodes,
+                               depth_first)
     walk_tables(meta, cu_nodes, cfg["block_t"], cfg["heavy_first"])
     return meta
 
@@ -209,7 +239,7 @@ def gdn_tree_verify(q, k, v, g, beta, state, parents, cu_nodes, *, scale=None, q
     from .tree_verify import _qk_prenorm_kernel, _tree_verify_kernel
     if K < 16 or K & (K - 1) or V < 16 or V & (V - 1):
         raise SimtreeError(f"triton backend needs K and V powers of two >= 16, got K={K}, V={V}")
-    cfg = verify_launch_config(B, HV, V, q.device, meta.max_nodes)
+    cfg = verify_launch_config(B, HV, V, q.device, meta.max_nodes, meta.depth_first)
     BT = block_t or cfg["block_t"]
     BV = min(V, block_v or cfg["block_v"])
     if BT not in (16, 32, 64) or BV < 16 or BV & (BV - 1):

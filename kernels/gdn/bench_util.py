@@ -68,28 +68,32 @@ def random_gdn_inputs(trees, H=16, HV=48, K=128, V=128, dtype=torch.bfloat16, de
                 parents=md["parents"], cu_nodes=md["cu_nodes"], tb=tb)
 
 
-def shape_trees(b: int, n: int, seed: int) -> tuple[list[DraftTree], int, int]:
-    """The b EAGLE-like trees of n nodes used for shape (b, n): same seed, same trees."""
+TREE_ORDERS = ("stored", "dfs")
+
+
+def shape_trees(b: int, n: int, seed: int, order: str = "stored") -> tuple[list[DraftTree], int, int]:
+    """The b EAGLE-like trees of n nodes used for shape (b, n): same seed, same trees.
+    order "stored": as built (breadth-first, as EAGLE expands them); "dfs": the same trees
+    renumbered depth-first, larger subtree first (``DraftTree.heavy_first_order``)."""
+    if order not in TREE_ORDERS:
+        raise ValueError(f"unknown tree order {order!r} (one of {', '.join(TREE_ORDERS)})")
     rng = np.random.default_rng(seed + 7919 * b + n)
     made = [eagle_like_tree(n, rng) for _ in range(b)]
-    return [t for t, _, _ in made], made[0][1], made[0][2]
+    trees = [t for t, _, _ in made]
+    if order == "dfs":
+        trees = [t.renumbered(t.heavy_first_order) for t in trees]
+    return trees, made[0][1], made[0][2]
 
 
 def shape_inputs(b: int, n: int, seed: int, shapes: dict, dtype=torch.bfloat16, device="cuda",
-                 l2_bytes: int = 256 << 20, max_copies: int = 32) -> list[dict]:
+                 l2_bytes: int = 256 << 20, max_copies: int = 32,
+                 order: str = "stored") -> list[dict]:
     """Input copies for shape (b, n), enough that one graph replay streams > l2_bytes."""
-    trees, _, _ = shape_trees(b, n, seed)
+    trees, _, _ = shape_trees(b, n, seed, order)
     per_copy = memory_floor_bytes(b, b * n, **shapes)
     copies = max(1, min(max_copies, -(-l2_bytes // per_copy)))
     return [random_gdn_inputs(trees, **shapes, dtype=dtype, device=device,
                               seed=seed + 1000 * b + n + 100003 * c) for c in range(copies)]
-
-
-def last_nodes(cu_nodes: torch.Tensor) -> torch.Tensor:
-    """int64 [B]: each tree's last node (local index), the accepted node the benchmarks and
-    the profile's commit stage time: in the breadth-first stored order a deepest node, so the
-    commit's most expensive case for the tree."""
-    return (cu_nodes[1:] - cu_nodes[:-1] - 1).to(torch.int64)
 
 
 def graph_time_us(fns, warmup: int = 3, replays: int = 20) -> dict:

@@ -20,7 +20,7 @@ them.  Layouts:
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -36,6 +36,9 @@ class TreeMeta:
     anc: torch.Tensor
     seq_ids: torch.Tensor
     max_nodes: int
+    # every tree is stored in its heavy-first depth-first order already (``tree_meta``'s
+    # depth_first): the kernel then walks the stored order, no renumbering, no indirection
+    depth_first: bool = False
     # built on first use: ("heavy_first",) and ("pairs", block_t)
     _derived: dict = field(default_factory=dict, repr=False, compare=False)
 
@@ -126,7 +129,7 @@ def _heavy_first(meta: TreeMeta, cu_nodes: torch.Tensor) -> tuple[torch.Tensor, 
     bits_new[new], depth_new[new] = words, meta.depth
     near_new[new] = torch.where(meta.anc >= 0, new[meta.anc.clamp_min(0)], -1)
     return order.to(torch.int32), TreeMeta(bits=bits_new, depth=depth_new, anc=near_new,
-                                           seq_ids=seq, max_nodes=M)
+                                           seq_ids=seq, max_nodes=M, depth_first=True)
 
 
 def _validate(parents: torch.Tensor, cu_nodes: torch.Tensor) -> None:
@@ -144,11 +147,15 @@ def _validate(parents: torch.Tensor, cu_nodes: torch.Tensor) -> None:
 
 
 def tree_meta(parents: torch.Tensor, cu_nodes: torch.Tensor, max_nodes: int | None = None,
-              validate: bool = True) -> TreeMeta:
+              validate: bool = True, depth_first: bool | None = None) -> TreeMeta:
     """Metadata for a flat batch of trees (parents LOCAL, -1 for roots; cu_nodes [B+1]).
 
     ``validate`` (one host sync) checks cu_nodes and that every parent precedes its child.
     Pass ``max_nodes`` and ``validate=False`` to stay sync-free (CUDA-graph capture).
+    ``depth_first``: the trees are stored in their heavy-first depth-first order
+    (``TreeBatch.is_depth_first`` says so on the host; ``TreeBatch.depth_first()`` renumbers),
+    which the tree kernel walks without a node-order table.  None: found out here when
+    validating (the sync is paid anyway), else False.  A True claim is checked when validating.
     """
     parents = parents.to(torch.int64)
     cu_nodes = cu_nodes.to(device=parents.device, dtype=torch.int64)
@@ -185,5 +192,13 @@ def tree_meta(parents: torch.Tensor, cu_nodes: torch.Tensor, max_nodes: int | No
     a1 = pg
     a2 = torch.where(a1 >= 0, pg[a1.clamp_min(0)], -1)
     a3 = torch.where(a2 >= 0, pg[a2.clamp_min(0)], -1)
-    return TreeMeta(bits=bits, depth=depth, anc=torch.stack([a1, a2, a3], 1), seq_ids=seq_ids,
-                    max_nodes=int(max_nodes))
+    meta = TreeMeta(bits=bits, depth=depth, anc=torch.stack([a1, a2, a3], 1), seq_ids=seq_ids,
+                    max_nodes=int(max_nodes), depth_first=bool(depth_first))
+    if validate and depth_first is not False:
+        order, _ = meta.heavy_first(cu_nodes)
+        is_dfs = bool((order.to(torch.int64) == torch.arange(N, device=dev)).all())
+        if depth_first and not is_dfs:
+            raise TreeError("depth_first=True, but the trees are not stored in their heavy-first "
+                            "depth-first order (TreeBatch.depth_first() renumbers them)")
+        meta = replace(meta, depth_first=is_dfs)   # keeps the cached heavy-first tables
+    return meta

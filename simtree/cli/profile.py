@@ -25,7 +25,7 @@ def register(app: typer.Typer) -> None:
         out: Path = typer.Option(Path("reports/profile/profile.csv"), "--out", "-o", help="profile table CSV"),
         device: Optional[str] = typer.Option(None, "--device", help="cuda | cpu (default: the sweep's)"),
         max_minutes: Optional[float] = typer.Option(None, "--max-minutes", help="stop between points after this"),
-        only_stage: Optional[str] = typer.Option(None, "--only-stage", help="run one stage only"),
+        only_stage: Optional[str] = typer.Option(None, "--only-stage", help="run these stages only (comma-separated)"),
         model: Optional[list[str]] = typer.Option(None, "--model", help="restrict to these models"),
         retry_failed: bool = typer.Option(False, "--retry-failed", help="retry points logged as failed/oom"),
         remeasure: bool = typer.Option(False, "--remeasure",
