@@ -88,7 +88,7 @@ def default_variants(stage: str, device: str) -> tuple[str, ...]:
 # ---- GDN ------------------------------------------------------------------------------------
 def _gdn_round_meta_workload(ctx: Ctx, p: Point) -> Workload:
     """The GDN kernels' per-round tree metadata (``verify_round_meta``: ancestor bits, depth,
-    the verify launch's sub-chunk pairs; trees stored depth-first as the runtime stores them),
+    the verify launch's node order and sub-chunk pairs, for trees in the runtime's order),
     built once per round and read by every GDN layer: tens of small torch ops.  ``torch``: issued eagerly from Python
     and timed so (a runtime that launches them one by one pays the host's issue time);
     ``torch_graph``: the same ops replayed from a CUDA graph (their GPU time: what a runtime
@@ -102,7 +102,7 @@ def _gdn_round_meta_workload(ctx: Ctx, p: Point) -> Workload:
         tb = _gdn_trees(p.batch_size, p.nodes_per_seq, p.tree_shape, ctx.seed)
         meta = {k: v.to(ctx.device) for k, v in tb.to_torch().items()}
         return (lambda: kg.verify_round_meta(meta["parents"], meta["cu_nodes"], tb.max_nodes,
-                                             g["value_heads"], g["value_dim"], True)), \
+                                             g["value_heads"], g["value_dim"], tb.known_depth_first)), \
             nbytes(*meta.values())
     return Workload(make, eager=p.variant == "torch")
 
@@ -121,7 +121,7 @@ def _gdn_commit_workload(ctx: Ctx, p: Point) -> Workload:
     def make():
         tb, meta, args = _gdn_inputs(ctx, p.batch_size, p.nodes_per_seq, p.tree_shape)
         tm = kg.tree_meta(meta["parents"], meta["cu_nodes"], max_nodes=tb.max_nodes,
-                          validate=False, depth_first=True)
+                          validate=False, depth_first=tb.known_depth_first)
         _, cache = kg.gdn_tree_verify(*args, meta["parents"], meta["cu_nodes"], backend=backend,
                                       meta=tm, check=False)
         accepted = torch.as_tensor(tb.deepest_nodes, device=ctx.device)
@@ -133,9 +133,11 @@ def _gdn_commit_workload(ctx: Ctx, p: Point) -> Workload:
 
 
 def _gdn_trees(b: int, n: int, shape: str, seed: int):
-    """The GDN stages' trees: stored depth-first, larger subtree first, as the runtime hands
-    them to the GDN kernels (``TreeBatch.depth_first``)."""
-    return tree_batch(b, n, shape, seed).depth_first()
+    """The GDN stages' trees, in the order the runtime hands them to the GDN kernels: stored
+    depth-first where that pays (``kernels.gdn.depth_first_pays``), else as built."""
+    from simtree.kernels.gdn import depth_first_pays
+    tb = tree_batch(b, n, shape, seed)
+    return tb.depth_first() if depth_first_pays(n, b) else tb
 
 
 def _gdn_inputs(ctx: Ctx, b: int, n: int, shape: str, salt: int = 0):
@@ -166,7 +168,7 @@ def _gdn_workload(ctx: Ctx, p: Point) -> Workload:
         def make():
             tb, meta, args = _gdn_inputs(ctx, b, n, p.tree_shape)
             tm = kg.tree_meta(meta["parents"], meta["cu_nodes"], max_nodes=tb.max_nodes,
-                              validate=False, depth_first=True)
+                              validate=False, depth_first=tb.known_depth_first)
             return (lambda: kg.gdn_tree_verify(*args, meta["parents"], meta["cu_nodes"], backend=backend,
                                                meta=tm, check=False)), nbytes(*args)
         return Workload(make)

@@ -95,6 +95,31 @@ def pair_counts(bs, ns, seed: int = 0, block_ts=(16, 32)) -> str:
     return markdown_table(pd.DataFrame(rows))
 
 
+def renumber_cost(bs, ns, seed: int = 0, repeats: int = 7) -> pd.DataFrame:
+    """Host time of ``TreeBatch.depth_first()`` (what the runtime pays per round where it stores
+    trees depth-first) on the benchmark's trees, fresh DraftTree objects each repeat (nothing
+    cached), median over ``repeats``; CPU only."""
+    import platform
+    import statistics
+
+    from simtree.kernels.gdn.bench_util import shape_trees
+    from simtree.tree import DraftTree, TreeBatch
+    rows = []
+    for n in ns:
+        for b in bs:
+            trees = shape_trees(b, n, seed)[0]
+            times = []
+            for _ in range(repeats):
+                fresh = [DraftTree(t.parents, t.tokens, t.log_probs) for t in trees]
+                t0 = time.perf_counter()
+                TreeBatch(fresh).depth_first()
+                times.append((time.perf_counter() - t0) * 1e6)
+            rows.append(dict(nodes_per_seq=n, batch_size=b, renumber_us_median=round(statistics.median(times), 1),
+                             repeats=repeats, cpu=platform.processor() or platform.machine(),
+                             cpus=os.cpu_count(), python=platform.python_version()))
+    return pd.DataFrame(rows)
+
+
 def summarize(csv_path: str) -> str:
     """Markdown: median us per config (rows) x (nodes, batch) (columns), and the fastest
     config per shape, read from one tune_gdn.csv."""
@@ -147,7 +172,16 @@ def main() -> None:
     ap.add_argument("--pairs", action="store_true",
                     help="print the sub-chunk pairs per tree (stored vs depth-first order) of the "
                          "benchmark's trees at --bs x --ns and exit (CPU)")
+    ap.add_argument("--renumber-cost", metavar="CSV",
+                    help="time TreeBatch.depth_first() on the host for the trees at --bs x --ns, "
+                         "write CSV, print markdown and exit (CPU)")
     args = ap.parse_args()
+    if args.renumber_cost:
+        from simtree.profiler.report_util import markdown_table
+        df = renumber_cost(list(map(int, args.bs.split(","))), list(map(int, args.ns.split(","))), args.seed)
+        write_text_atomic(args.renumber_cost, df.to_csv(index=False))
+        print(markdown_table(df))
+        return
     if args.summarize:
         print(summarize(args.summarize))
         return

@@ -2,9 +2,10 @@
 
 One round for the B live sequences (root = each sequence's last token, not yet in the cache):
 
-    draft  -> one tree per sequence from the policy entry (mode + params, contract 3), stored
-              depth-first, larger subtree first (``TreeBatch.depth_first``: the GDN tree
-              kernel's fastest order; attention and acceptance do not depend on the order)
+    draft  -> one tree per sequence from the policy entry (mode + params, contract 3); stored
+              depth-first, larger subtree first, where the GDN tree kernel saves more than the
+              host pays for it (one sequence, > 64 nodes) (``kernels.gdn.depth_first_pays``; attention and acceptance do
+              not depend on the order)
     verify -> one target ``verify`` of the whole TreeBatch; target_next = argmax per node
     accept -> ``greedy_accept_batch``; each sequence gains num_accepted + 1 tokens (the bonus)
     commit -> target cache: accepted path only (KV rows, GDN state, conv state); the draft
@@ -178,8 +179,9 @@ class SpecEngine:
             ctx = float(np.mean(ctx_lens))
             t0 = time.perf_counter()
             self._marginals = None
-            # stored depth-first (larger subtree first): the GDN tree kernel's fastest order
-            batch = TreeBatch(self._trees(spec, drafter, roots, ctx)).depth_first()
+            batch = TreeBatch(self._trees(spec, drafter, roots, ctx))
+            if self.target.prefers_depth_first(batch):   # the GDN kernel's fastest order
+                batch = batch.depth_first()
             t1 = time.perf_counter()
             logits, pend = self.target.verify(batch, cache, ctx_lens)   # lengths read once a round
             target_next = logits.argmax(-1).cpu().numpy()  # the host copy synchronises

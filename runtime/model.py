@@ -282,6 +282,13 @@ class HybridLM(nn.Module):
             x = x + blk.mlp(blk.post_attention_layernorm(x))
         return self._head(x)
 
+    def prefers_depth_first(self, batch: TreeBatch) -> bool:
+        """Whether this round's trees are worth storing depth-first (``TreeBatch.depth_first``,
+        host work once per round): GDN layers, and the kernel's saving above the host's cost
+        (``kernels.gdn.depth_first_pays``)."""
+        return ("linear_attention" in self.config.layer_types
+                and gdn_ops.depth_first_pays(batch.max_nodes, batch.batch_size))
+
     def new_cache(self, batch_size: int, max_len: int) -> Cache:
         p = self.embed_tokens.weight
         return Cache(self.config, batch_size, max_len, p.dtype, p.device)
@@ -320,7 +327,7 @@ class HybridLM(nn.Module):
         meta = batch.to_torch(dev, ("cu_nodes", "parents", "seq_ids", "depth", "tokens"))
         meta["cache_lens"] = lens
         if "linear_attention" in self.config.layer_types:
-            gdn_ops.round_meta(meta, batch.max_nodes, batch.is_depth_first)
+            gdn_ops.round_meta(meta, batch.max_nodes, batch.known_depth_first)
         if "full_attention" in self.config.layer_types:  # [cache | ancestor-or-self] per sequence
             meta["attn_masks"] = [torch.cat([torch.ones(t.num_nodes, n, dtype=torch.bool, device=dev),
                                              torch.tensor(t.ancestor_mask, device=dev)], 1)

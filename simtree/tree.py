@@ -260,19 +260,26 @@ class DraftTree:
         the larger subtree first (ties: lower index); a topological order.  Tree kernels that
         walk nodes in sub-chunks pay only for sub-chunk pairs holding ancestors, and in this
         order a branch stays in few sub-chunks (``kernels.gdn``: ``TreeMeta.heavy_first`` is
-        the same order built on the device).  Position of v = sum over its ancestors-or-self
-        a other than the root of 1 + the subtree sizes of a's siblings visited before a."""
-        mask = self.ancestor_mask
-        size = mask.sum(axis=0)                     # descendants-or-self of each node
-        par = self.parents
-        idx = np.arange(self.num_nodes)
-        first = (size[None, :] > size[:, None]) | ((size[None, :] == size[:, None])
-                                                   & (idx[None, :] < idx[:, None]))
-        sib = (par[None, :] == par[:, None]) & first     # [a, s]: s visited before sibling a
-        before = (sib * size[None, :]).sum(axis=1) + 1
-        before[0] = 0
-        pos = mask.astype(np.int64) @ before
-        order = np.argsort(pos, kind="stable")
+        the same order built on the device).  Plain Python over lists: at draft-tree sizes
+        that is several times faster than dense numpy tables (about 15 / 100 us at 16 / 128
+        nodes); the runtime pays it once per round and tree."""
+        parents = self.parents.tolist()
+        n = len(parents)
+        size = [1] * n
+        for i in range(n - 1, 0, -1):            # children follow their parents
+            size[parents[i]] += size[i]
+        kids: list[list[int]] = [[] for _ in range(n)]
+        for i in range(1, n):
+            kids[parents[i]].append(i)
+        out, stack = [], [0]
+        while stack:
+            x = stack.pop()
+            out.append(x)
+            k = kids[x]
+            if len(k) > 1:                       # popped largest subtree first, then lower index
+                k.sort(key=lambda c: (size[c], -c))
+            stack.extend(k)
+        order = np.array(out, np.int64)
         order.setflags(write=False)
         return order
 
@@ -285,7 +292,11 @@ class DraftTree:
 
     def depth_first(self) -> "DraftTree":
         """The tree renumbered in :attr:`heavy_first_order` (itself when it already is)."""
-        return self if self.is_heavy_first else self.renumbered(self.heavy_first_order)
+        if self.is_heavy_first:
+            return self
+        out = self._permuted(self.heavy_first_order)
+        out.__dict__["is_heavy_first"] = True     # known: skip recomputing it
+        return out
 
     def renumbered(self, order: np.ndarray | Sequence[int]) -> "DraftTree":
         """The same tree with node p = old node ``order[p]`` (a permutation that keeps
@@ -294,11 +305,22 @@ class DraftTree:
         n = self.num_nodes
         if order.shape[0] != n or not np.array_equal(np.sort(order), np.arange(n)):
             raise TreeError(f"renumbering is not a permutation of the tree's {n} nodes")
-        pos = np.empty(n, np.int64)
-        pos[order] = np.arange(n)
+        out = self._permuted(order)
+        _check_parents(out.parents)   # a permutation may still put a child before its parent
+        return out
+
+    def _permuted(self, order: np.ndarray) -> "DraftTree":
+        """Node p = old node order[p], for an order known to be a topological permutation (no
+        re-validation: the runtime renumbers every round's trees)."""
+        pos = np.empty(self.num_nodes, np.int64)
+        pos[order] = np.arange(self.num_nodes)
         par = self.parents[order]
-        return DraftTree(np.where(par >= 0, pos[np.maximum(par, 0)], -1), self.tokens[order],
-                         self.log_probs[order])
+        out = object.__new__(DraftTree)
+        for name, value in (("parents", np.where(par >= 0, pos[np.maximum(par, 0)], -1)),
+                            ("tokens", self.tokens[order]), ("log_probs", self.log_probs[order])):
+            value.setflags(write=False)
+            object.__setattr__(out, name, value)
+        return out
 
     def __repr__(self) -> str:
         return f"DraftTree(n={self.num_nodes}, depth={self.max_depth}, leaves={self.leaves.size})"
@@ -374,10 +396,20 @@ class TreeBatch:
         the order the GDN tree kernel walks fastest (``kernels.gdn``, ``tree_meta(depth_first=)``)."""
         return all(t.is_heavy_first for t in self.trees)
 
+    @property
+    def known_depth_first(self) -> bool:
+        """:attr:`is_depth_first` where already known (``depth_first()`` sets it), else False:
+        free, for callers that only pick a faster kernel launch with it."""
+        return bool(self.__dict__.get("is_depth_first", False))
+
     def depth_first(self) -> "TreeBatch":
         """The batch with every tree renumbered depth-first, larger subtree first
         (``DraftTree.depth_first``); tokens and log-probs move with their nodes."""
-        return self if self.is_depth_first else TreeBatch(tuple(t.depth_first() for t in self.trees))
+        if "is_depth_first" in self.__dict__ and self.is_depth_first:
+            return self
+        out = TreeBatch(tuple(t.depth_first() for t in self.trees))
+        out.__dict__["is_depth_first"] = True     # known: skip recomputing it
+        return out
 
     @cached_property
     def deepest_nodes(self) -> np.ndarray:

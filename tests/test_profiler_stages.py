@@ -157,23 +157,30 @@ def test_gdn_commit_check_compares_triton_with_torch():
     assert check_variant(_ctx(), "gdn_tree_commit", "triton_tree").startswith("ok")
 
 
-def test_gdn_round_meta_stage_builds_what_the_verify_launch_walks():
+@pytest.mark.parametrize("b", [1, 40])
+def test_gdn_round_meta_stage_builds_what_the_verify_launch_walks(b):
     # the timed step returns the round's TreeMeta with the default verify launch's walk tables
-    # already cached (the verify then reuses them), equal to building them afresh; eager
+    # already cached (the verify then reuses them), equal to building them afresh; eager.  Its
+    # trees are in the runtime's order: depth-first where that pays (one tree of 70 nodes), as
+    # built otherwise
     from simtree.kernels import gdn as kg
     from simtree.profiler.pieces import tree_batch
     ctx = _ctx()
-    wl = build_workload(ctx, Point("gdn_round_meta", "torch", "tiny-gdn", 2, 70, 0, "eagle"))
+    wl = build_workload(ctx, Point("gdn_round_meta", "torch", "tiny-gdn", b, 70, 0, "eagle"))
     step, _ = wl.make()
     meta = step()
     built = set(meta._derived)
-    tb = tree_batch(2, 70, "eagle", ctx.seed).depth_first()   # the GDN stages' trees
+    dfs = kg.depth_first_pays(70, b)
+    assert dfs == (b == 1) and meta.depth_first == dfs
+    tb = tree_batch(b, 70, "eagle", ctx.seed)
+    tb = tb.depth_first() if dfs else tb
     md = tb.to_torch()
     g = ctx.model.gdn
-    cfg = kg.verify_launch_config(2, g["value_heads"], g["value_dim"], "cpu", tb.max_nodes, True)
-    assert meta.depth_first and not cfg["heavy_first"]   # stored depth-first: walked as stored
-    cached = meta.subchunk_pairs(md["cu_nodes"], cfg["block_t"])
-    assert built == {("pairs", cfg["block_t"])}
-    fresh = kg.walk_tables(kg.tree_meta(md["parents"], md["cu_nodes"]), md["cu_nodes"], cfg["block_t"])
+    cfg = kg.verify_launch_config(b, g["value_heads"], g["value_dim"], "cpu", tb.max_nodes, dfs)
+    walk = meta.heavy_first(md["cu_nodes"])[1] if cfg["heavy_first"] else meta
+    cached = walk.subchunk_pairs(md["cu_nodes"], cfg["block_t"])
+    assert built == {("heavy_first",) if cfg["heavy_first"] else ("pairs", cfg["block_t"])}
+    fresh = kg.walk_tables(kg.tree_meta(md["parents"], md["cu_nodes"], depth_first=dfs), md["cu_nodes"],
+                           cfg["block_t"])
     assert wl.eager and cached[2] == fresh[2][2]
     assert torch.equal(cached[0], fresh[2][0]) and torch.equal(cached[1], fresh[2][1])

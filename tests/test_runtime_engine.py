@@ -130,3 +130,20 @@ def test_batched_eagle_drafting_builds_the_per_sequence_trees(models, references
         np.testing.assert_allclose(tree.log_probs, single.log_probs, atol=1e-9)
     with pytest.raises(SimtreeError, match="budget"):
         drafter.eagle_trees(roots, 2, 2, 99)
+
+
+@pytest.mark.parametrize("spec", [PolicySpec("eagle", {"num_steps": 5, "topk": 4, "budget": 68}),
+                                  PolicySpec("best_first", {"budget": 70, "width": 3, "draft_depth": 20})],
+                         ids=["eagle-5-4-68", "best_first-70-3-20"])
+def test_large_trees_stored_depth_first_stay_lossless(models, references, spec, monkeypatch):
+    # a GDN target's single trees of > 64 nodes are renumbered depth-first before the verify
+    # (the GDN tree kernel's fastest order, kernels.gdn.depth_first_pays): the output is still
+    # plain greedy decoding
+    from simtree.tree import TreeBatch
+    seen, real = [], TreeBatch.depth_first
+    monkeypatch.setattr(TreeBatch, "depth_first", lambda self: seen.append(self.max_nodes) or real(self))
+    prompts, refs = references
+    assert "linear_attention" in models[0].config.layer_types
+    result = SpecEngine(*models).generate(prompts[1], MAX_NEW, spec)
+    assert result.outputs == refs[1]
+    assert seen and min(seen) > 64     # only large trees are renumbered, and some were

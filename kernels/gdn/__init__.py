@@ -26,7 +26,7 @@ __all__ = ["gdn_tree_verify", "gdn_tree_commit", "gdn_tree_verify_recurrent", "t
            "gdn_tree_verify_dense_batched",
            "gdn_sequential_ref", "tree_causal_conv_ref", "tree_meta",
            "TreeMeta", "GDNTreeCache", "verify_launch_config", "walk_tables", "verify_round_meta",
-           "commit_launch_config"]
+           "commit_launch_config", "depth_first_pays"]
 
 
 @dataclass
@@ -90,6 +90,18 @@ def _maxnreg(n: int) -> dict:
 
 # trees up to this size get every node's G in one unrolled round of loads ([NT, 32] tiles)
 G_PROLOGUE_MAX_NODES = 256
+
+def depth_first_pays(max_nodes: int, batch_size: int) -> bool:
+    """Whether renumbering a round's trees depth-first on the host (``TreeBatch.depth_first``,
+    Python, once per round) costs less than it saves the GDN tree kernel over a Qwen3.6-27B
+    verify (48 GDN layers).  Up to 32 nodes every order gives the kernel the same sub-chunk
+    pairs (sub-chunks of >= 16 nodes; the root, in the first, is everyone's ancestor); at 64
+    the saving is <= 4% (reports/h200/gdn run 32). At 128 nodes the saving per round is 48 x
+    (breadth-first - depth-first) = 0.24 / 0.46 / 0.92 / 1.23 ms at batch 1 / 4 / 16 / 64
+    (run 32), the host renumbering about 0.1-0.16 ms per tree (reports/cpu_host/
+    tree_renumber.csv, this repository's CPU machine): it pays for one sequence only.  An
+    engine that builds its trees on the GPU can emit this order for free."""
+    return max_nodes > 64 and batch_size == 1
 
 
 def verify_launch_config(B: int, HV: int, V: int, device: torch.device | str = "cuda",
