@@ -26,7 +26,7 @@ import pandas as pd
 
 from simtree.errors import SimtreeError
 from simtree.fileio import write_text_atomic
-from simtree.models import COMMIT_STAGE, ROUND_STAGE, VERIFY_STAGE, get_model
+from simtree.models import COMMIT_STAGE, DECODE_STAGE, ROUND_STAGE, VERIFY_STAGE, get_model
 
 from .stages import VARIANT_PREFERENCE, stack_core_variant
 
@@ -75,16 +75,18 @@ def _main_variant(rows: pd.DataFrame) -> str | None:
 
 
 def _extra_stages(sub: pd.DataFrame, kinds) -> dict:
-    """{(kind, per_layer): (stage, variant)} for the per-round extras of these layer kinds that
-    have rows here: the commit stage (``COMMIT_STAGE``, once per layer of the kind) and the
-    round stage (``ROUND_STAGE``, once per round for all layers of the kind)."""
+    """{(kind, role): (stage, variant)} for the per-round extras of these layer kinds that
+    have rows here: role True the commit stage (``COMMIT_STAGE``, once per layer of the kind),
+    False the round stage (``ROUND_STAGE``, once per round for all layers of the kind),
+    "decode" the plain decoding step (``DECODE_STAGE``, per layer at n = 1 in place of the
+    verify core and the commit)."""
     out = {}
     for k in kinds:
-        for per_layer, table in ((True, COMMIT_STAGE), (False, ROUND_STAGE)):
+        for role, table in ((True, COMMIT_STAGE), (False, ROUND_STAGE), ("decode", DECODE_STAGE)):
             stage = table.get(k)
             rows = sub[sub.stage == stage] if stage else sub.iloc[0:0]
             if not rows.empty:
-                out[k, per_layer] = (stage, _main_variant(rows))
+                out[k, role] = (stage, _main_variant(rows))
     return out
 
 
@@ -105,7 +107,9 @@ def compose_rows(df: pd.DataFrame, model_name: str, *, layers: tuple[str, ...] |
     ``round_extras``: where the table has a layer kind's commit stage (``COMMIT_STAGE``: the
     GDN state commit, once per layer per round) or round stage (``ROUND_STAGE``: the GDN tree
     metadata, once per round), they are part of every composed step, and a point without
-    them is left out; tables without such rows compose without them."""
+    them is left out; tables without such rows compose without them.  At n = 1 (plain
+    decoding: no tree) a kind with decode-step rows (``DECODE_STAGE``) takes that fused step
+    in place of its verify core and commit, and no round stage is added."""
     model = get_model(model_name)
     sub = df[df.model == model_name]
     if sub.empty:
@@ -137,16 +141,19 @@ def compose_rows(df: pd.DataFrame, model_name: str, *, layers: tuple[str, ...] |
         for l in ls:
             total, reps, ok = lm[0].copy(), [lm[1], mlp[1]], True
             for k, c in counts.items():
-                core = _lookup_core(sub, core_stages[k], b, n, int(l), shape, pinned.get(core_stages[k]))
+                # n = 1 is plain decoding: a fused decode step where measured (it reads and
+                # writes the state once), else the verify core and the commit below
+                decode = extras.get((k, "decode")) if n == 1 else None
+                core = (_lookup_core(sub, decode[0], b, n, int(l), shape, decode[1]) if decode else
+                        _lookup_core(sub, core_stages[k], b, n, int(l), shape, pinned.get(core_stages[k])))
                 if core is None:
                     ok = False
                     break
                 total += c * (core[0] + projs[k][0] + mlp[0])
                 reps += [core[1], projs[k][1]]
                 for per_layer in (True, False):   # context-free: measured at one length, any
-                    # n = 1 is plain decoding: no tree, so no round metadata (the commit stays:
-                    # the decode step writes the state too)
-                    if (k, per_layer) not in extras or (not per_layer and n == 1):
+                    # no tree at n = 1, so no round metadata; no commit after a decode step
+                    if (k, per_layer) not in extras or (n == 1 and (not per_layer or decode)):
                         continue
                     stage, variant = extras[k, per_layer]
                     extra = _lookup_core(sub, stage, b, n, int(l), shape, variant)

@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from simtree.errors import SimtreeError
-from simtree.models import COMMIT_STAGE, ROUND_STAGE, VERIFY_STAGE
+from simtree.models import COMMIT_STAGE, DECODE_STAGE, ROUND_STAGE, VERIFY_STAGE
 
 from . import pieces
 from .pieces import Ctx, nbytes, tree_batch
@@ -36,7 +36,7 @@ STAGE_KIND = {v: k for k, v in VERIFY_STAGE.items()}
 # The variant the composition / stack uses per stage, best first (attention cores; the round
 # metadata's CUDA-graph replay over its eager issue).
 VARIANT_PREFERENCE = ("triton_tree", "flashmla_tree", "torch_sdpa", "torch_gather", "torch_ref", "fla_chunk",
-                           "torch_graph")
+                           "torch_graph", "triton_recurrent")
 
 
 class Unavailable(Exception):
@@ -76,6 +76,8 @@ def default_variants(stage: str, device: str) -> tuple[str, ...]:
         return ("triton_tree",) if cuda else ("torch_ref",)
     if stage == "gdn_round_meta":
         return ("torch_graph", "torch") if cuda else ("torch",)
+    if stage == "gdn_decode_step":
+        return ("triton_recurrent",) if cuda else ("torch_ref",)
     if stage == "attn_tree_verify":
         return ("torch_sdpa",)
     if stage in ("v4_swa_verify", "v4_csa_verify", "v4_hca_verify"):
@@ -138,6 +140,32 @@ def _gdn_trees(b: int, n: int, shape: str, seed: int):
     from simtree.kernels.gdn import depth_first_pays
     tb = tree_batch(b, n, shape, seed)
     return tb.depth_first() if depth_first_pays(n, b) else tb
+
+
+def _gdn_decode_workload(ctx: Ctx, p: Point) -> Workload:
+    """One GDN layer's plain decoding step: one token per sequence, the state read, updated
+    and written once (what a serving engine runs when it drafts nothing; the tree path would
+    verify and then commit, reading the state twice).  ``triton_recurrent``: the per-node
+    recurrent kernel on one-node trees, the new state written to a buffer of its own;
+    ``torch_ref``: the runtime's torch step (CPU), state updated in place."""
+    from simtree.kernels import gdn as kg
+    if p.nodes_per_seq != 1:
+        raise Unavailable(f"gdn_decode_step is one token per sequence, not {p.nodes_per_seq}")
+    if p.variant not in ("triton_recurrent", "torch_ref"):
+        raise Unavailable(f"unknown gdn_decode_step variant {p.variant!r}")
+    if p.variant == "triton_recurrent" and ctx.device.type != "cuda":
+        raise Unavailable("triton_recurrent times on CUDA only (the interpreter is for tests)")
+
+    def make():
+        tb, meta, (q, k, v, gdec, beta, state) = _gdn_inputs(ctx, p.batch_size, 1, "linear")
+        if p.variant == "torch_ref":
+            from simtree.runtime.gdn_ops import recurrent_step
+            return (lambda: recurrent_step(q, k, v, gdec, beta, state)), nbytes(q, k, v, state)
+        new = torch.empty_like(state)
+        return (lambda: kg.gdn_tree_verify_recurrent(q, k, v, gdec, beta, state, meta["parents"],
+                                                     meta["cu_nodes"], node_states=new,
+                                                     check=False)), nbytes(q, k, v, state, new)
+    return Workload(make)
 
 
 def _gdn_inputs(ctx: Ctx, b: int, n: int, shape: str, salt: int = 0):
@@ -334,7 +362,8 @@ def build_workload(ctx: Ctx, p: Point) -> Workload:
     if p.stage == "stack_verify_step":
         return _stack_workload(ctx, p)
     for per_kind, builders in ((COMMIT_STAGE, {"gdn": _gdn_commit_workload}),
-                               (ROUND_STAGE, {"gdn": _gdn_round_meta_workload})):
+                               (ROUND_STAGE, {"gdn": _gdn_round_meta_workload}),
+                               (DECODE_STAGE, {"gdn": _gdn_decode_workload})):
         kind = next((k for k, stage in per_kind.items() if stage == p.stage), None)
         if kind is not None:
             if kind not in kinds:
@@ -383,6 +412,19 @@ def check_variant(ctx: Ctx, stage: str, variant: str) -> str:
         err = float((out.double() - ref).abs().max() / ref.abs().max())
         assert err < 3e-2, f"gdn {variant} differs from gdn_tree_verify_ref: rel err {err:.2e}"
         return f"ok (rel err {err:.1e} vs gdn_tree_verify_ref, float64)"
+    if stage == "gdn_decode_step" and variant == "triton_recurrent":
+        from simtree.kernels import gdn as kg
+        from simtree.runtime.gdn_ops import recurrent_step
+        _, meta, (q, k, v, gdec, beta, state) = _gdn_inputs(ctx, 3, 1, "linear", salt=7)
+        out, new = kg.gdn_tree_verify_recurrent(q, k, v, gdec, beta, state, meta["parents"],
+                                                meta["cu_nodes"])
+        want_state = state.double().clone()
+        want = recurrent_step(q.double(), k.double(), v.double(), gdec.double(), beta.double(),
+                              want_state)
+        err = max(float((out.double() - want).abs().max() / want.abs().max()),
+                  float((new.double() - want_state).abs().max() / want_state.abs().max()))
+        assert err < 3e-2, f"gdn decode (triton) differs from the torch step: rel err {err:.2e}"
+        return f"ok (rel err {err:.1e} vs the runtime's torch step, float64)"
     if stage == "gdn_tree_commit" and variant == "triton_tree":
         from simtree.kernels import gdn as kg
         tb, meta, args = _gdn_inputs(ctx, 2, 8, "eagle", salt=6)

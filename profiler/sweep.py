@@ -34,7 +34,7 @@ from pathlib import Path
 
 from simtree.errors import SimtreeError
 from simtree.fileio import read_yaml
-from simtree.models import COMMIT_STAGE, ROUND_STAGE, VERIFY_STAGE, get_model
+from simtree.models import COMMIT_STAGE, DECODE_STAGE, ROUND_STAGE, VERIFY_STAGE, get_model
 
 from .stages import Point, Unavailable, build_workload, check_variant, default_variants
 from .sweep_io import (Deadline, advance, cuda_alive, hard_deadline, log_point, one_line, progress_bar,
@@ -96,7 +96,7 @@ def _stage_names(alias: str, kinds: tuple[str, ...]) -> list[str]:
         return [f"{k}_proj_step" for k in kinds]
     if alias in VERIFY_STAGE.values():
         return [alias] if any(VERIFY_STAGE[k] == alias for k in kinds) else []
-    for per_kind in (COMMIT_STAGE, ROUND_STAGE):
+    for per_kind in (COMMIT_STAGE, ROUND_STAGE, DECODE_STAGE):
         if alias in per_kind.values():
             return [alias] if any(per_kind.get(k) == alias for k in kinds) else []
     if alias.endswith("_proj_step"):

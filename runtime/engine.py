@@ -11,7 +11,8 @@ One round for the B live sequences (root = each sequence's last token, not yet i
     commit -> target cache: accepted path only (KV rows, GDN state, conv state); the draft
               cache catches up on the same path (timed as drafting)
 
-Modes: none (root only: plain decoding through the verify path), linear {budget},
+Modes: none (root only: plain decoding, one fused decode step per round: ``HybridLM.step``,
+whose GDN layers read and write their state once), linear {budget},
 eagle {num_steps, topk, budget}, best_first {budget, width, draft_depth}, cost_aware
 {max_budget, draft_depth}, batch_alloc {max_budget_per_seq, draft_depth}; the marginal
 modes draft a top-1 chain of ``draft_depth`` steps and keep the top-4 of each step's
@@ -183,12 +184,17 @@ class SpecEngine:
             if self.target.prefers_depth_first(batch):   # the GDN kernel's fastest order
                 batch = batch.depth_first()
             t1 = time.perf_counter()
-            logits, pend = self.target.verify(batch, cache, ctx_lens)   # lengths read once a round
+            plain = batch.max_nodes == 1   # nothing drafted: one decode step, no tree
+            if plain:   # the root is always accepted: the step advances the cache itself
+                logits = self.target.step(torch.as_tensor(roots, device=cache.lengths.device), cache)
+            else:
+                logits, pend = self.target.verify(batch, cache, ctx_lens)   # lengths read once a round
             target_next = logits.argmax(-1).cpu().numpy()  # the host copy synchronises
             t2 = time.perf_counter()
             acc = greedy_accept_batch(batch, target_next)
-            self.target.commit(cache, batch, pend, acc.last_node)
-            _sync(self.target)
+            if not plain:
+                self.target.commit(cache, batch, pend, acc.last_node)
+                _sync(self.target)
             t3 = time.perf_counter()
             paths = [[roots[b], *acc.result(b).accepted_tokens.tolist()] for b in range(B)]
             if drafter is not None:

@@ -21,6 +21,7 @@ from __future__ import annotations
 import torch
 
 from simtree.kernels.gdn import (conv_state_commit, depth_first_pays, gdn_tree_commit, gdn_tree_verify,
+                                 gdn_tree_verify_recurrent,
                                  tree_causal_conv, tree_meta)
 from simtree.kernels.gdn.reference import _prep_qk, _step, gdn_tree_verify_dense_batched
 
@@ -30,12 +31,24 @@ __all__ = ["depth_first_pays", "PREFILL_CHUNK", "recurrent_step", "chain_gdn", "
            "conv_commit"]
 
 
-def recurrent_step(q, k, v, g, beta, state):
+def recurrent_step(q, k, v, g, beta, state, backend: str = "auto"):
     """q, k [B, H, K]; v [B, HV, V]; g, beta [B, HV]; state [B, HV, K, V] fp32 (updated in place).
 
     Returns o [B, HV, V] in v's dtype; computes in float64 if v is float64. The delta-rule step
     is the kernels' reference one (``_step``), so decode and the references cannot drift apart.
+    ``backend`` "triton" ("auto" on CUDA, fp32/16-bit inputs): the per-node recurrent kernel on
+    one-node trees, writing the new state over the old one (each program reads its state block
+    before it writes it back): the state read and written once, as the profile's
+    ``gdn_decode_step`` times it.
     """
+    fused = state.dtype == torch.float32 and state.is_contiguous()   # written over in place
+    if fused and (backend == "triton" or (backend == "auto" and v.is_cuda and v.dtype != torch.float64)):
+        B = v.shape[0]
+        parents = torch.full((B,), -1, dtype=torch.int64, device=v.device)
+        cu = torch.arange(B + 1, dtype=torch.int64, device=v.device)
+        out, _ = gdn_tree_verify_recurrent(q, k, v, g.float(), beta.float(), state, parents, cu,
+                                           node_states=state, check=False)
+        return out
     dt = torch.float64 if v.dtype == torch.float64 else torch.float32
     qh, kh = _prep_qk(q, k, v.shape[-2], None, True, dt)
     S, o = _step(state.to(dt), qh, kh, v.to(dt), g.to(dt), beta.to(dt))

@@ -22,7 +22,7 @@ from simtree.errors import SimtreeError
 from simtree.fileio import read_yaml
 
 __all__ = ["ModelShape", "get_model", "list_models", "load_model_file", "MODEL_DIR",
-           "LAYER_KINDS", "VERIFY_STAGE", "COMMIT_STAGE", "ROUND_STAGE"]
+           "LAYER_KINDS", "VERIFY_STAGE", "COMMIT_STAGE", "ROUND_STAGE", "DECODE_STAGE"]
 
 MODEL_DIR = Path(__file__).resolve().parent / "data" / "models"
 LAYER_KINDS = ("gdn", "attn", "swa", "csa", "hca")
@@ -35,6 +35,10 @@ COMMIT_STAGE = {"gdn": "gdn_tree_commit"}
 # Layer kinds with per-round work shared by all their layers (GDN: the tree metadata the
 # kernels read), built once per round, and its profile-table stage.
 ROUND_STAGE = {"gdn": "gdn_round_meta"}
+# Layer kinds whose plain decoding step (one token per sequence, no tree) is a fused kernel of
+# its own (GDN: the state read, updated and written once), and its profile-table stage: at
+# n = 1 it stands in for the tree verify plus the commit, which read the state twice.
+DECODE_STAGE = {"gdn": "gdn_decode_step"}
 _SECTION_FOR_KIND = {"gdn": "gdn", "attn": "attn", "swa": "v4", "csa": "v4", "hca": "v4"}
 
 

@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from simtree.models import DECODE_STAGE
 from simtree.planner import FAMILIES, TREE_MODES, PlanResult
 from simtree.synthetic import SYNTHETIC_LABEL
 
@@ -124,7 +125,13 @@ def _source_line(costs: dict) -> str:
                      f"torch {meta.get('torch_version', '?')}, triton {meta.get('triton_version', '?')}")
     extras = ((meta.get("compose") or {}).get("round_extras") or {}).get(costs.get("model"))
     if extras:   # what the composed verify step adds each round (e.g. graph vs eager metadata)
-        parts.append("the composed verify step includes " + ", ".join(f"`{x}`" for x in extras))
+        decode = [x for x in extras if x.split("/")[0] in DECODE_STAGE.values()]
+        rest = [x for x in extras if x not in decode]
+        if rest:
+            parts.append("the composed verify step includes " + ", ".join(f"`{x}`" for x in rest))
+        if decode:
+            parts.append("plain decoding (n = 1) is " + ", ".join(f"`{x}`" for x in decode)
+                         + " in place of the tree verify and commit")
     return "Cost models: " + "; ".join(parts) + "."
 
 

@@ -499,3 +499,19 @@ def test_commit_launch_rule_gathers_the_path_for_larger_trees():
         assert small["path"] == 0 and large["path"] == 1
         assert small["block_v"] == large["block_v"] == 64
     assert commit_launch_config(1, 48, 32, 128)["block_v"] == 32   # never wider than V
+
+
+def test_fused_decode_step_updates_the_state_in_place_like_the_torch_step():
+    # the runtime's plain decoding step on the Triton per-node kernel (node states written over
+    # the state they read): output and new state equal the torch delta-rule step (float64)
+    from simtree.runtime.gdn_ops import recurrent_step
+    B = 3
+    inp = make_inputs([DraftTree([-1]) for _ in range(B)], 23)
+    state = inp["state"].clone()
+    addr = state.data_ptr()
+    out = recurrent_step(inp["q"], inp["k"], inp["v"], inp["g"], inp["beta"], state, backend="triton")
+    want_state = inp["state"].double().clone()
+    want = recurrent_step(*(inp[x].double() for x in ("q", "k", "v", "g", "beta")), want_state,
+                          backend="torch")
+    assert state.data_ptr() == addr
+    assert rel_err(out, want) < 1e-4 and rel_err(state, want_state) < 1e-4

@@ -117,3 +117,39 @@ def test_round_extras_commit_per_gdn_layer_and_metadata_once_where_measured():
         partial = full[~((full.stage == stage) & (full.batch_size == 2))]
         kept = {(r["batch_size"], r["nodes_per_seq"]) for r in compose_rows(partial, MODEL)}
         assert kept == ({(1, 1), (1, 4), (2, 1)} if stage == "gdn_round_meta" else {(1, 1), (1, 4)})
+
+
+def test_plain_decoding_takes_the_fused_decode_step_where_measured():
+    # n = 1: a GDN decode step (state read and written once) replaces each GDN layer's verify
+    # core and commit; n > 1 is unchanged; without decode rows n = 1 keeps verify + commit
+    rng = np.random.default_rng(13)
+    df, f = _table(rng)
+    commit = {(b, n): float(rng.uniform(1, 50)) for b in (1, 2) for n in (1, 4)}
+    meta = {(b, n): float(rng.uniform(1, 50)) for b in (1, 2) for n in (1, 4)}
+    decode = {b: float(rng.uniform(1, 50)) for b in (1, 2)}
+    extra = [_row("gdn_tree_commit", b, n, 0, "eagle", us, "torch_ref") for (b, n), us in commit.items()]
+    extra += [_row("gdn_round_meta", b, n, 0, "eagle", us) for (b, n), us in meta.items()]
+    with_commit = pd.concat([df, pd.DataFrame(extra)], ignore_index=True)
+    full = pd.concat([with_commit, pd.DataFrame([_row("gdn_decode_step", b, 1, 0, "eagle", us, "torch_ref")
+                                                 for b, us in decode.items()])], ignore_index=True)
+    rows = compose_rows(full, MODEL)
+    assert len(rows) == 8
+    for r in rows:
+        b, n, l = r["batch_size"], r["nodes_per_seq"], r["context_len"]
+        if n == 1:
+            want = _expected(f, b, n, l) + 2 * (decode[b] - f["gdn_tree_verify"](b, n, l))
+        else:
+            want = _expected(f, b, n, l) + 2 * commit[b, n] + meta[b, n]
+        assert r["latency_us_median"] == pytest.approx(want)
+    old = {(r["batch_size"], r["nodes_per_seq"], r["context_len"]): r["latency_us_median"]
+           for r in compose_rows(with_commit, MODEL)}
+    for r in rows:
+        key = (r["batch_size"], r["nodes_per_seq"], r["context_len"])
+        if key[1] > 1:
+            assert r["latency_us_median"] == pytest.approx(old[key])
+        else:
+            assert old[key] == pytest.approx(r["latency_us_median"] + 2 * (
+                commit[key[:2]] + f["gdn_tree_verify"](*key) - decode[key[0]]))
+    # a decode step missing at a batch size leaves that n = 1 point out
+    partial = full[~((full.stage == "gdn_decode_step") & (full.batch_size == 2))]
+    assert {(r["batch_size"], r["nodes_per_seq"]) for r in compose_rows(partial, MODEL)} == {(1, 1), (1, 4), (2, 4)}

@@ -184,3 +184,26 @@ def test_gdn_round_meta_stage_builds_what_the_verify_launch_walks(b):
                            cfg["block_t"])
     assert wl.eager and cached[2] == fresh[2][2]
     assert torch.equal(cached[0], fresh[2][0]) and torch.equal(cached[1], fresh[2][1])
+
+
+def test_gdn_decode_stage_is_one_recurrent_token_per_sequence(monkeypatch):
+    # the timed step decodes one token per sequence: its state update equals the sequential
+    # reference on that token; the GPU variant's check (through the interpreter) compares the
+    # Triton per-node kernel with the torch step; trees of more than one node are refused
+    from simtree.kernels import gdn as kg
+    from simtree.profiler.stages import Unavailable, _gdn_inputs
+    from simtree.runtime import gdn_ops
+    ctx = _ctx()
+    _, _, args = _gdn_inputs(ctx, 3, 1, "linear")     # same seed: the stage's own inputs
+    x = [a.double() for a in args]
+    want = [kg.gdn_sequential_ref(*(y[b:b + 1] for y in x[:5]), x[5][b])[1] for b in range(3)]
+    seen, real = [], gdn_ops.recurrent_step
+    monkeypatch.setattr(gdn_ops, "recurrent_step", lambda *a: seen.append(a[5]) or real(*a))
+    step, nb = build_workload(ctx, Point("gdn_decode_step", "torch_ref", "tiny-gdn", 3, 1, 0, "linear")).make()
+    step()
+    assert nb > 0 and len(seen) == 1
+    for b in range(3):
+        assert float((seen[0][b].double() - want[b]).abs().max() / want[b].abs().max()) < 1e-4
+    assert check_variant(ctx, "gdn_decode_step", "triton_recurrent").startswith("ok")
+    with pytest.raises(Unavailable, match="one token"):
+        build_workload(ctx, Point("gdn_decode_step", "torch_ref", "tiny-gdn", 3, 4, 0, "linear"))

@@ -390,7 +390,10 @@ def gdn_tree_commit(state, k, cache: GDNTreeCache, parents, cu_nodes, accepted, 
 
 def gdn_tree_verify_recurrent(q, k, v, g, beta, state, parents, cu_nodes, *, scale=None,
                               qk_l2norm=True, node_states=None, check: bool = True):
-    """Per-branch recurrent baseline (Triton): returns (out [N, HV, V], node states [N, HV, K, V])."""
+    """Per-branch recurrent baseline (Triton): returns (out [N, HV, V], node states [N, HV, K, V]).
+
+    ``node_states`` may be ``state`` itself for one-node trees (a decode step: each program
+    reads its state block before it writes the new one there; contiguous fp32 state)."""
     if check:
         _check_inputs(q, k, v, g, beta, state, parents, cu_nodes)
     from .recurrent import _recurrent_tree_kernel
