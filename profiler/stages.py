@@ -91,8 +91,9 @@ def default_variants(stage: str, device: str) -> tuple[str, ...]:
 def _gdn_round_meta_workload(ctx: Ctx, p: Point) -> Workload:
     """The GDN kernels' per-round tree metadata (``verify_round_meta``: ancestor bits, depth,
     the verify launch's node order and sub-chunk pairs, for trees in the runtime's order),
-    built once per round and read by every GDN layer: tens of small torch ops.  ``torch``: issued eagerly from Python
-    and timed so (a runtime that launches them one by one pays the host's issue time);
+    built once per round and read by every GDN layer: tens of small torch ops.  ``torch``:
+    issued eagerly from Python and timed so (a runtime that launches them one by one pays the
+    host's issue time);
     ``torch_graph``: the same ops replayed from a CUDA graph (their GPU time: what a runtime
     that captures the round's metadata build, as serving engines capture their steps, pays)."""
     from simtree.kernels import gdn as kg

@@ -4,8 +4,8 @@ One round for the B live sequences (root = each sequence's last token, not yet i
 
     draft  -> one tree per sequence from the policy entry (mode + params, contract 3); stored
               depth-first, larger subtree first, where the GDN tree kernel saves more than the
-              host pays for it (one sequence, > 64 nodes) (``kernels.gdn.depth_first_pays``; attention and acceptance do
-              not depend on the order)
+              host pays for it (one sequence, > 64 nodes: ``kernels.gdn.depth_first_pays``;
+              attention and acceptance do not depend on the order)
     verify -> one target ``verify`` of the whole TreeBatch; target_next = argmax per node
     accept -> ``greedy_accept_batch``; each sequence gains num_accepted + 1 tokens (the bonus)
     commit -> target cache: accepted path only (KV rows, GDN state, conv state); the draft

@@ -21,14 +21,13 @@ from __future__ import annotations
 import torch
 
 from simtree.kernels.gdn import (conv_state_commit, depth_first_pays, gdn_tree_commit, gdn_tree_verify,
-                                 gdn_tree_verify_recurrent,
-                                 tree_causal_conv, tree_meta)
+                                 gdn_tree_verify_recurrent, tree_causal_conv, tree_meta)
 from simtree.kernels.gdn.reference import _prep_qk, _step, gdn_tree_verify_dense_batched
 
 PREFILL_CHUNK = 64
 
-__all__ = ["depth_first_pays", "PREFILL_CHUNK", "recurrent_step", "chain_gdn", "round_meta", "tree_conv", "tree_verify", "tree_commit",
-           "conv_commit"]
+__all__ = ["depth_first_pays", "PREFILL_CHUNK", "recurrent_step", "chain_gdn", "round_meta", "tree_conv",
+           "tree_verify", "tree_commit", "conv_commit"]
 
 
 def recurrent_step(q, k, v, g, beta, state, backend: str = "auto"):

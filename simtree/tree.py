@@ -261,8 +261,8 @@ class DraftTree:
         walk nodes in sub-chunks pay only for sub-chunk pairs holding ancestors, and in this
         order a branch stays in few sub-chunks (``kernels.gdn``: ``TreeMeta.heavy_first`` is
         the same order built on the device).  Plain Python over lists: at draft-tree sizes
-        that is several times faster than dense numpy tables (about 15 / 100 us at 16 / 128
-        nodes); the runtime pays it once per round and tree."""
+        that is several times faster than dense numpy tables; the runtime pays it once per
+        round and tree where it renumbers (reports/cpu_host/tree_renumber.csv)."""
         parents = self.parents.tolist()
         n = len(parents)
         size = [1] * n

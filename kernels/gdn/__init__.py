@@ -91,6 +91,7 @@ def _maxnreg(n: int) -> dict:
 # trees up to this size get every node's G in one unrolled round of loads ([NT, 32] tiles)
 G_PROLOGUE_MAX_NODES = 256
 
+
 def depth_first_pays(max_nodes: int, batch_size: int) -> bool:
     """Whether renumbering a round's trees depth-first on the host (``TreeBatch.depth_first``,
     Python, once per round) costs less than it saves the GDN tree kernel over a Qwen3.6-27B
@@ -139,8 +140,8 @@ def verify_launch_config(B: int, HV: int, V: int, device: torch.device | str = "
     through (run 29, the benchmark's trees renumbered): one sequence with > 64 nodes takes
     16-node sub-chunks, rows prefetched (b1 n128 36.8 vs 40.0 us at the rule above, 42.2 in
     the breadth-first order); <= 16 sequences with 33-64 nodes one stage at 168 registers
-    (b16 n64 85.9 vs 93.2), with > 64 nodes rows prefetched, no register cap (b16 n128 179.4 vs
-    195.4).  Elsewhere the rule above, minus the depth-first walk (b4 n128 58.9 vs 68.9 us
+    (b16 n64 85.9 vs 93.2 in that sweep; run 32: 93.7, against 97.4 on the breadth-first trees
+    at their rule), with > 64 nodes rows prefetched, no register cap (b16 n128 179.4 vs 195.4).  Elsewhere the rule above, minus the depth-first walk (b4 n128 58.9 vs 68.9 us
     walking breadth-first trees depth-first, b64 n128 528.7 vs 553.6).
 
     In either order (runs 30-31; the order hardly matters up to 64 nodes): one pipeline stage

@@ -155,7 +155,9 @@ def tree_meta(parents: torch.Tensor, cu_nodes: torch.Tensor, max_nodes: int | No
     ``depth_first``: the trees are stored in their heavy-first depth-first order
     (``TreeBatch.is_depth_first`` says so on the host; ``TreeBatch.depth_first()`` renumbers),
     which the tree kernel walks without a node-order table.  None: found out here when
-    validating (the sync is paid anyway), else False.  A True claim is checked when validating.
+    validating (the sync is paid anyway) trees of 33-256 nodes (below, every order walks
+    alike; above, the check's dense tables grow with the square of the size), else False.  A
+    True claim is checked when validating in that range.
     """
     parents = parents.to(torch.int64)
     cu_nodes = cu_nodes.to(device=parents.device, dtype=torch.int64)
@@ -194,7 +196,7 @@ def tree_meta(parents: torch.Tensor, cu_nodes: torch.Tensor, max_nodes: int | No
     a3 = torch.where(a2 >= 0, pg[a2.clamp_min(0)], -1)
     meta = TreeMeta(bits=bits, depth=depth, anc=torch.stack([a1, a2, a3], 1), seq_ids=seq_ids,
                     max_nodes=int(max_nodes), depth_first=bool(depth_first))
-    if validate and depth_first is not False:
+    if validate and depth_first is not False and 32 < max_nodes <= 256:
         order, _ = meta.heavy_first(cu_nodes)
         is_dfs = bool((order.to(torch.int64) == torch.arange(N, device=dev)).all())
         if depth_first and not is_dfs:
