@@ -312,6 +312,38 @@ def ratios(df: pd.DataFrame) -> dict:
     return out
 
 
+# bench variant -> (profile stage, profile variant) of its contract-1 rows; tuning variants
+# (triton_tree_<cfg>, triton_commit_<cfg>) and the floor stay out
+PROFILE_STAGES = {"triton_tree": ("gdn_tree_verify", "triton_tree"),
+                  "recurrent_baseline": ("gdn_tree_verify", "recurrent_baseline"),
+                  "fla_chunk": ("gdn_tree_verify", "fla_chunk"),
+                  "fla_recurrent": ("gdn_tree_verify", "fla_recurrent"),
+                  "triton_commit": ("gdn_tree_commit", "triton_tree"),
+                  "round_meta": ("gdn_round_meta", "torch_graph")}   # timed from CUDA graphs
+
+
+def write_profile_rows(out: str, rows, env: dict, tiny: bool = False) -> str:
+    """profile_gdn.csv: the benchmark's rows as profile-table rows (``PROFILE_STAGES``)."""
+    prof = [dict(stage=PROFILE_STAGES[r["variant"]][0], model="qwen3.6-27b" if not tiny else "tiny",
+                 device=env["gpu"], dtype="bf16", variant=PROFILE_STAGES[r["variant"]][1],
+                 batch_size=r["batch_size"], nodes_per_seq=r["nodes_per_seq"], total_tokens=r["total_tokens"],
+                 context_len=0, tree_shape=r["tree_shape"], num_steps=r["num_steps"], topk=r["topk"],
+                 latency_us_median=r["latency_us_median"], latency_us_p10=r["latency_us_p10"],
+                 latency_us_p90=r["latency_us_p90"], repeats=int(r["repeats"]),
+                 torch_version=env["torch"], triton_version=env["triton"], timestamp=env["timestamp"])
+            for r in rows if r.get("status") == "ok" and r["variant"] in PROFILE_STAGES]
+    path = os.path.join(out, "profile_gdn.csv")
+    try:
+        from simtree.profile_table import append_rows
+        if os.path.exists(path):
+            os.remove(path)
+        append_rows(path, prof)
+    except Exception as exc:  # noqa: BLE001 - keep the rows even if the table module rejects them
+        print(f"profile_table.append_rows failed ({exc!r}); writing plain CSV")
+        pd.DataFrame(prof).to_csv(path, index=False)
+    return path
+
+
 def write_outputs(args, env, bw, corr, rows) -> pd.DataFrame:
     df = pd.DataFrame(rows)
     for key in ("gpu", "torch", "triton", "fla"):
@@ -323,25 +355,7 @@ def write_outputs(args, env, bw, corr, rows) -> pd.DataFrame:
     summary = dict(env=env, bandwidth=bw, correctness=corr, ratios=ratios(df),
                    args={k: v for k, v in vars(args).items() if "deadline" not in k})
     write_text_atomic(os.path.join(args.out, "bench_gdn.json"), json.dumps(summary, indent=1, default=str))
-    prof = [dict(stage="gdn_tree_commit" if r["variant"] == "triton_commit" else "gdn_tree_verify",
-                 model="qwen3.6-27b" if not args.tiny else "tiny", device=env["gpu"], dtype="bf16",
-                 variant="triton_tree" if r["variant"] == "triton_commit" else r["variant"],
-                 batch_size=r["batch_size"], nodes_per_seq=r["nodes_per_seq"], total_tokens=r["total_tokens"],
-                 context_len=0, tree_shape=r["tree_shape"], num_steps=r["num_steps"], topk=r["topk"],
-                 latency_us_median=r["latency_us_median"], latency_us_p10=r["latency_us_p10"],
-                 latency_us_p90=r["latency_us_p90"], repeats=int(r["repeats"]),
-                 torch_version=env["torch"], triton_version=env["triton"], timestamp=env["timestamp"])
-            for r in rows if r.get("status") == "ok" and r["variant"] != "memory_floor"
-            and not r["variant"].startswith(("triton_tree_", "triton_commit_"))]   # tuning variants stay out
-    path = os.path.join(args.out, "profile_gdn.csv")
-    try:
-        from simtree.profile_table import append_rows
-        if os.path.exists(path):
-            os.remove(path)
-        append_rows(path, prof)
-    except Exception as exc:  # noqa: BLE001 - keep the rows even if the table module rejects them
-        print(f"profile_table.append_rows failed ({exc!r}); writing plain CSV")
-        pd.DataFrame(prof).to_csv(path, index=False)
+    write_profile_rows(args.out, rows, env, args.tiny)
     return df
 
 
@@ -368,10 +382,19 @@ def main() -> None:
                          "g<G prologue 0/1> u<bf16 u operands 0/1> p<prefetch 0/1> o<heavy-first order 0/1> "
                          "q<q/k pre-normalised 0/1>; the default times the other q/k path at "
                          "every shape")
+    ap.add_argument("--profile-from", metavar="DIR",
+                    help="rewrite DIR/profile_gdn.csv from DIR/bench_gdn.csv and bench_gdn.json "
+                         "(no GPU) and exit")
     ap.add_argument("--commit-configs", default="p0,p1",
                     help="extra commit launch configs to time: p<gather the accepted path 0/1> "
                          "t<node step 16/32/64> v<BV> w<warps>")
     args = ap.parse_args()
+    if args.profile_from:
+        env = json.loads(open(os.path.join(args.profile_from, "bench_gdn.json")).read())["env"]
+        bench = pd.read_csv(os.path.join(args.profile_from, "bench_gdn.csv"))
+        tiny = "H" in bench and int(bench["H"].iloc[0]) == TINY["H"]
+        print(write_profile_rows(args.profile_from, bench.to_dict("records"), env, tiny))
+        return
     t0 = time.time()
     args.deadline = t0 + args.max_seconds
     args.timing_deadline = t0 + 0.8 * args.max_seconds   # the rest is for fla_recurrent (child)

@@ -5,6 +5,7 @@ import json
 
 import numpy as np
 import pandas as pd
+import pytest
 
 from simtree.profiler import report_gdn
 
@@ -59,3 +60,25 @@ def test_missing_column_is_reported_not_guessed(tmp_path):
     # the other two targets are still classified from the columns that are there
     assert "- baseline/tree >= 10 at n = 128: M" in text
     assert "- tree/best_fla <= 2 at every shape: M" in text
+
+
+def test_benchmark_rows_become_profile_rows_of_their_own_stage(tmp_path):
+    # bench_gdn's profile_gdn.csv: each measured variant lands in its profile stage (the round
+    # metadata as gdn_round_meta / torch_graph, the commit as gdn_tree_commit); tuning variants,
+    # the floor and failed rows stay out
+    from simtree import profile_table as pt
+    from simtree.profiler.bench_gdn import PROFILE_STAGES, write_profile_rows
+    rng = np.random.default_rng(4)
+    variants = list(PROFILE_STAGES) + ["triton_tree_bfs", "triton_commit_p0", "memory_floor"]
+    rows = [dict(variant=v, batch_size=b, nodes_per_seq=8, total_tokens=8 * b, tree_shape="eagle",
+                 num_steps=3, topk=4, status="ok", latency_us_median=float(rng.uniform(5, 50)),
+                 latency_us_p10=1.0, latency_us_p90=60.0, repeats=20) for v in variants for b in (1, 4)]
+    rows.append(dict(rows[0], status="error: boom"))
+    env = dict(gpu="G", torch="t", triton="tr", timestamp="now")
+    table = pt.load_profile(write_profile_rows(str(tmp_path), rows, env))
+    got = sorted(set(zip(table.stage, table.variant)))
+    assert got == sorted(set(PROFILE_STAGES.values()))
+    assert len(table) == 2 * len(PROFILE_STAGES)
+    meta = table[table.stage == "gdn_round_meta"].sort_values("batch_size").latency_us_median.tolist()
+    assert meta == pytest.approx([r["latency_us_median"] for r in rows if r["variant"] == "round_meta"],
+                                 rel=1e-5)
