@@ -49,3 +49,34 @@ def test_sweep_summary_picks_the_fastest_config_per_shape(tmp_path):
     want = df.loc[df.groupby(["nodes_per_seq", "batch_size"]).latency_us_median.idxmin()]
     want = want.sort_values(["nodes_per_seq", "batch_size"]).config.tolist()
     assert fastest == "| " + " | ".join(want) + " |"
+
+
+def test_renumber_cost_times_every_shape_and_profile_from_rewrites_the_rows(tmp_path, monkeypatch,
+                                                                          capsys):
+    # tune_gdn --renumber-cost: one row per (n, b) with a positive host time, written as CSV;
+    # bench_gdn --profile-from: profile_gdn.csv rebuilt from a run's bench_gdn.csv / .json
+    import json
+    import sys
+
+    from simtree import profile_table as pt
+    from simtree.profiler import bench_gdn, tune_gdn
+    out = tmp_path / "renumber.csv"
+    monkeypatch.setattr(sys, "argv", ["tune_gdn", "--renumber-cost", str(out), "--bs", "1,3",
+                                      "--ns", "5,40"])
+    tune_gdn.main()
+    df = pd.read_csv(out)
+    assert sorted(zip(df.nodes_per_seq, df.batch_size)) == [(5, 1), (5, 3), (40, 1), (40, 3)]
+    assert (df.renumber_us_median > 0).all() and "nodes_per_seq" in capsys.readouterr().out
+    rng = np.random.default_rng(6)
+    rows = _rows(rng, ["triton_tree", "round_meta", "triton_tree_bfs", "memory_floor"], [(1, 8), (4, 8)])
+    rows = rows.assign(total_tokens=rows.batch_size * 8, tree_shape="eagle", num_steps=3, topk=4,
+                       latency_us_p10=1.0, latency_us_p90=999.0, repeats=20, H=16)
+    rows.to_csv(tmp_path / "bench_gdn.csv", index=False)
+    (tmp_path / "bench_gdn.json").write_text(json.dumps(
+        {"env": dict(gpu="G", torch="t", triton="tr", timestamp="now")}))
+    monkeypatch.setattr(sys, "argv", ["bench_gdn", "--profile-from", str(tmp_path)])
+    bench_gdn.main()
+    table = pt.load_profile(tmp_path / "profile_gdn.csv")
+    assert sorted(set(zip(table.stage, table.variant))) == [("gdn_round_meta", "torch_graph"),
+                                                            ("gdn_tree_verify", "triton_tree")]
+    assert set(table.model) == {"qwen3.6-27b"} and len(table) == 4
