@@ -162,7 +162,7 @@ def _bfs_check(args, dims, b, n, dtype) -> float:
 def time_shape(args, dims, b, n, bw, log) -> list[dict]:
     """All in-process variants for one (b, n); each failure becomes a row with its error."""
     rows = []
-    trees, steps, topk = shape_trees(b, n, args.seed, args.tree_order)
+    _, steps, topk = shape_trees(b, n, args.seed, args.tree_order)
     copies = shape_inputs(b, n, args.seed, dims, device=args.device, max_copies=args.max_copies,
                           order=args.tree_order)
     tb = copies[0]["tb"]
@@ -226,8 +226,8 @@ def time_shape(args, dims, b, n, bw, log) -> list[dict]:
     try:
         node_states = torch.empty((b * n, dims["HV"], dims["K"], dims["V"]), dtype=torch.float32,
                                   device=args.device)
-        run("recurrent_baseline", [lambda c=c: gdn_tree_verify_recurrent(
-            *(c[key] for key in keys), node_states=node_states, check=False) for c in copies])
+        run("recurrent_baseline", [lambda c=c, ns=node_states: gdn_tree_verify_recurrent(
+            *(c[key] for key in keys), node_states=ns, check=False) for c in copies])
         del node_states
     except Exception as exc:  # noqa: BLE001 - e.g. OOM for the node-state buffer
         rows.append(dict(base, variant="recurrent_baseline", tree_shape="eagle", status=f"error: {exc!r}"[:300]))

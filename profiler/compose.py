@@ -76,13 +76,12 @@ def _main_variant(rows: pd.DataFrame) -> str | None:
 
 def _extra_stages(sub: pd.DataFrame, kinds) -> dict:
     """{(kind, role): (stage, variant)} for the per-round extras of these layer kinds that
-    have rows here: role True the commit stage (``COMMIT_STAGE``, once per layer of the kind),
-    False the round stage (``ROUND_STAGE``, once per round for all layers of the kind),
-    "decode" the plain decoding step (``DECODE_STAGE``, per layer at n = 1 in place of the
-    verify core and the commit)."""
+    have rows here: "commit" (``COMMIT_STAGE``, once per layer of the kind), "round"
+    (``ROUND_STAGE``, once per round for all layers of the kind) and "decode" (``DECODE_STAGE``,
+    the plain decoding step, per layer at n = 1 in place of the verify core and the commit)."""
     out = {}
     for k in kinds:
-        for role, table in ((True, COMMIT_STAGE), (False, ROUND_STAGE), ("decode", DECODE_STAGE)):
+        for role, table in (("commit", COMMIT_STAGE), ("round", ROUND_STAGE), ("decode", DECODE_STAGE)):
             stage = table.get(k)
             rows = sub[sub.stage == stage] if stage else sub.iloc[0:0]
             if not rows.empty:
@@ -151,16 +150,16 @@ def compose_rows(df: pd.DataFrame, model_name: str, *, layers: tuple[str, ...] |
                     break
                 total += c * (core[0] + projs[k][0] + mlp[0])
                 reps += [core[1], projs[k][1]]
-                for per_layer in (True, False):   # context-free: measured at one length, any
+                for role in ("commit", "round"):   # context-free: measured at one length, any
                     # no tree at n = 1, so no round metadata; no commit after a decode step
-                    if (k, per_layer) not in extras or (n == 1 and (not per_layer or decode)):
+                    if (k, role) not in extras or (n == 1 and (role == "round" or decode)):
                         continue
-                    stage, variant = extras[k, per_layer]
+                    stage, variant = extras[k, role]
                     extra = _lookup_core(sub, stage, b, n, int(l), shape, variant)
                     if extra is None:
                         ok = False
                         break
-                    total += (c if per_layer else 1) * extra[0]
+                    total += (c if role == "commit" else 1) * extra[0]
                     reps.append(extra[1])
                 if not ok:
                     break

@@ -156,8 +156,8 @@ def measured_bandwidth(device: str = "cuda", numel: int = 1 << 28) -> dict:
     # eager launches (a 1 GiB op dwarfs the launch): captured in a CUDA graph the copy became
     # a memcpy node measured at ~2.8 TB/s on the H200, against ~4.2 TB/s launched eagerly
     kw = dict(warmup=2, min_reps=10, max_reps=10, **({"use_graph": False} if device == "cuda" else {}))
-    copy = 2 * nbytes / (time_workload([lambda: y.copy_(x)], device, **kw).median_us * 1e-6)
-    read = nbytes / (time_workload([lambda: torch.sum(x, dim=0, out=out)], device, **kw).median_us * 1e-6)
+    copy = 2 * nbytes / (time_workload([lambda x=x, y=y: y.copy_(x)], device, **kw).median_us * 1e-6)
+    read = nbytes / (time_workload([lambda x=x: torch.sum(x, dim=0, out=out)], device, **kw).median_us * 1e-6)
     del x, y
     return dict(copy_GBps=copy / 1e9, read_GBps=read / 1e9, floor_Bps=max(copy, read),
                 counting="bytes read + bytes written", buffer_bytes=nbytes)

@@ -77,7 +77,6 @@ def pair_counts(bs, ns, seed: int = 0, block_ts=(16, 32)) -> str:
     """Markdown: sub-chunk pairs that hold ancestors, per tree, in the stored (breadth-first)
     order and walked depth-first (``TreeMeta.heavy_first``), on the benchmark's own trees
     (``shape_trees``, same seed) - the pairs the kernel's loop visits.  CPU only."""
-    from simtree.kernels.gdn.bench_util import shape_trees
     from simtree.profiler.report_util import markdown_table
     from simtree.tree import TreeBatch
     rows = []
@@ -95,14 +94,16 @@ def pair_counts(bs, ns, seed: int = 0, block_ts=(16, 32)) -> str:
     return markdown_table(pd.DataFrame(rows))
 
 
-def renumber_cost(bs, ns, seed: int = 0, repeats: int = 7) -> pd.DataFrame:
+def renumber_cost(bs, ns, seed: int = 0, repeats: int = 7, bench_csv: str | None = None,
+                  model: str = "qwen3.6-27b") -> pd.DataFrame:
     """Host time of ``TreeBatch.depth_first()`` (what the runtime pays per round where it stores
     trees depth-first) on the benchmark's trees, fresh DraftTree objects each repeat (nothing
-    cached), median over ``repeats``; CPU only."""
+    cached), median over ``repeats``; CPU only.  ``bench_csv`` (a bench_gdn.csv with
+    ``triton_tree`` on depth-first trees and ``triton_tree_bfs``): also the kernel's saving per
+    round, ``model``'s GDN layers x (breadth-first - depth-first), and whether it pays."""
     import platform
     import statistics
 
-    from simtree.kernels.gdn.bench_util import shape_trees
     from simtree.tree import DraftTree, TreeBatch
     rows = []
     for n in ns:
@@ -117,7 +118,17 @@ def renumber_cost(bs, ns, seed: int = 0, repeats: int = 7) -> pd.DataFrame:
             rows.append(dict(nodes_per_seq=n, batch_size=b, renumber_us_median=round(statistics.median(times), 1),
                              repeats=repeats, cpu=platform.processor() or platform.machine(),
                              cpus=os.cpu_count(), python=platform.python_version()))
-    return pd.DataFrame(rows)
+    out = pd.DataFrame(rows)
+    if bench_csv:
+        from simtree.models import get_model
+        layers = get_model(model).layer_kinds.count("gdn")
+        bench = pd.read_csv(bench_csv)
+        us = bench[bench.status == "ok"].pivot_table(index=["batch_size", "nodes_per_seq"], columns="variant",
+                                                     values="latency_us_median")
+        saving = (layers * (us["triton_tree_bfs"] - us["triton_tree"])).rename("kernel_saving_us_per_round")
+        out = out.merge(saving.round(1).reset_index(), on=["batch_size", "nodes_per_seq"], how="left")
+        out["pays"] = out.kernel_saving_us_per_round > out.renumber_us_median
+    return out
 
 
 def summarize(csv_path: str) -> str:
@@ -175,10 +186,14 @@ def main() -> None:
     ap.add_argument("--renumber-cost", metavar="CSV",
                     help="time TreeBatch.depth_first() on the host for the trees at --bs x --ns, "
                          "write CSV, print markdown and exit (CPU)")
+    ap.add_argument("--saving-from", metavar="BENCH_CSV",
+                    help="with --renumber-cost: the GDN kernel's saving per Qwen3.6-27B round from "
+                         "a bench_gdn.csv (triton_tree_bfs - triton_tree), beside the host cost")
     args = ap.parse_args()
     if args.renumber_cost:
         from simtree.profiler.report_util import markdown_table
-        df = renumber_cost(list(map(int, args.bs.split(","))), list(map(int, args.ns.split(","))), args.seed)
+        df = renumber_cost(list(map(int, args.bs.split(","))), list(map(int, args.ns.split(","))), args.seed,
+                           bench_csv=args.saving_from)
         write_text_atomic(args.renumber_cost, df.to_csv(index=False))
         print(markdown_table(df))
         return

@@ -18,6 +18,8 @@ tokens (the kernels are built for decode-verify tree sizes, tested up to 256 nod
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from simtree.kernels.gdn import (conv_state_commit, depth_first_pays, gdn_tree_commit, gdn_tree_verify,
@@ -28,6 +30,14 @@ PREFILL_CHUNK = 64
 
 __all__ = ["depth_first_pays", "PREFILL_CHUNK", "recurrent_step", "chain_gdn", "round_meta", "tree_conv",
            "tree_verify", "tree_commit", "conv_commit"]
+
+
+@functools.lru_cache(maxsize=16)
+def _one_node_trees(batch_size: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """(parents, cu_nodes) of batch_size one-node trees on device: built once, not per layer
+    and step of a decode loop."""
+    return (torch.full((batch_size,), -1, dtype=torch.int64, device=device),
+            torch.arange(batch_size + 1, dtype=torch.int64, device=device))
 
 
 def recurrent_step(q, k, v, g, beta, state, backend: str = "auto"):
@@ -42,9 +52,7 @@ def recurrent_step(q, k, v, g, beta, state, backend: str = "auto"):
     """
     fused = state.dtype == torch.float32 and state.is_contiguous()   # written over in place
     if fused and (backend == "triton" or (backend == "auto" and v.is_cuda and v.dtype != torch.float64)):
-        B = v.shape[0]
-        parents = torch.full((B,), -1, dtype=torch.int64, device=v.device)
-        cu = torch.arange(B + 1, dtype=torch.int64, device=v.device)
+        parents, cu = _one_node_trees(v.shape[0], v.device)
         out, _ = gdn_tree_verify_recurrent(q, k, v, g.float(), beta.float(), state, parents, cu,
                                            node_states=state, check=False)
         return out

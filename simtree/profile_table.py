@@ -190,8 +190,8 @@ def row_key(row: dict) -> tuple:
 
 
 def _row_keys(df: pd.DataFrame) -> list[tuple]:
-    """Each row's key, as :func:`row_key` builds it."""
-    return [tuple(int(v) if c in INT_COLUMNS else str(v) for c, v in zip(KEY_COLUMNS, r))
+    """Each row's key (:func:`row_key`)."""
+    return [row_key(dict(zip(KEY_COLUMNS, r)))
             for r in df.loc[:, list(KEY_COLUMNS)].itertuples(index=False, name=None)]
 
 

@@ -119,6 +119,11 @@ def test_plan_source_line_names_the_per_round_extras_of_the_composed_step():
     line = _source_line(costs)
     assert "`gdn_round_meta/torch_graph`, `gdn_tree_commit/triton_tree`" in line
     assert "includes" not in _source_line({**costs, "model": "deepseek-v4-flash"})
+    # a decode step stands in for verify + commit at n = 1: named as such, not as an extra
+    costs["profile_meta"]["compose"]["round_extras"]["qwen3.6-27b"].insert(0, "gdn_decode_step/triton_recurrent")
+    line = _source_line(costs)
+    assert "includes `gdn_round_meta/torch_graph`, `gdn_tree_commit/triton_tree`;" in line
+    assert "plain decoding (n = 1) is `gdn_decode_step/triton_recurrent` in place of" in line
 
 
 def test_report_rerenders_a_plan_folder_to_the_same_choice(tmp_path):

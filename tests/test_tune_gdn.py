@@ -61,13 +61,21 @@ def test_renumber_cost_times_every_shape_and_profile_from_rewrites_the_rows(tmp_
     from simtree import profile_table as pt
     from simtree.profiler import bench_gdn, tune_gdn
     out = tmp_path / "renumber.csv"
+    rng = np.random.default_rng(6)
+    bench = _rows(rng, ["triton_tree", "triton_tree_bfs"], [(1, 40), (3, 40)])
+    bench.to_csv(tmp_path / "saving.csv", index=False)
     monkeypatch.setattr(sys, "argv", ["tune_gdn", "--renumber-cost", str(out), "--bs", "1,3",
-                                      "--ns", "5,40"])
+                                      "--ns", "5,40", "--saving-from", str(tmp_path / "saving.csv")])
     tune_gdn.main()
     df = pd.read_csv(out)
     assert sorted(zip(df.nodes_per_seq, df.batch_size)) == [(5, 1), (5, 3), (40, 1), (40, 3)]
     assert (df.renumber_us_median > 0).all() and "nodes_per_seq" in capsys.readouterr().out
-    rng = np.random.default_rng(6)
+    us = bench.set_index(["variant", "batch_size"]).latency_us_median
+    for r in df[df.nodes_per_seq == 40].itertuples():   # 48 GDN layers x (bfs - dfs), where measured
+        want = 48 * (us["triton_tree_bfs", r.batch_size] - us["triton_tree", r.batch_size])
+        assert r.kernel_saving_us_per_round == pytest.approx(want, abs=0.06)
+        assert r.pays == (want > r.renumber_us_median)
+    assert df[df.nodes_per_seq == 5].kernel_saving_us_per_round.isna().all()
     rows = _rows(rng, ["triton_tree", "round_meta", "triton_tree_bfs", "memory_floor"], [(1, 8), (4, 8)])
     rows = rows.assign(total_tokens=rows.batch_size * 8, tree_shape="eagle", num_steps=3, topk=4,
                        latency_us_p10=1.0, latency_us_p90=999.0, repeats=20, H=16)

@@ -17,7 +17,7 @@ import torch
 from simtree.errors import SimtreeError
 
 from .conv import conv_state_commit, tree_causal_conv
-from .meta import TreeMeta, tree_meta
+from .meta import HEAVY_FIRST_MAX_NODES, TreeMeta, tree_meta
 from .reference import (_l2norm, gdn_sequential_ref, gdn_tree_verify_dense_batched,
                         gdn_tree_verify_dense_ref, gdn_tree_verify_ref, tree_causal_conv_ref)
 
@@ -96,12 +96,11 @@ def depth_first_pays(max_nodes: int, batch_size: int) -> bool:
     """Whether renumbering a round's trees depth-first on the host (``TreeBatch.depth_first``,
     Python, once per round) costs less than it saves the GDN tree kernel over a Qwen3.6-27B
     verify (48 GDN layers).  Up to 32 nodes every order gives the kernel the same sub-chunk
-    pairs (sub-chunks of >= 16 nodes; the root, in the first, is everyone's ancestor); at 64
-    the saving is <= 4% (reports/h200/gdn run 32). At 128 nodes the saving per round is 48 x
-    (breadth-first - depth-first) = 0.24 / 0.46 / 0.92 / 1.23 ms at batch 1 / 4 / 16 / 64
-    (run 32), the host renumbering about 0.1-0.16 ms per tree (reports/cpu_host/
-    tree_renumber.csv, this repository's CPU machine): it pays for one sequence only.  An
-    engine that builds its trees on the GPU can emit this order for free."""
+    pairs (sub-chunks of >= 16 nodes; the root, in the first, is everyone's ancestor).
+    reports/cpu_host/tree_renumber.csv sets the host time (this repository's CPU machine)
+    beside the kernel's saving per round (48 x breadth-first - depth-first, reports/h200/gdn):
+    it pays at one sequence of 128 nodes only.  An engine that builds its trees on the GPU can
+    emit this order for free."""
     return max_nodes > 64 and batch_size == 1
 
 
@@ -178,10 +177,10 @@ def verify_launch_config(B: int, HV: int, V: int, device: torch.device | str = "
 
 def _heavy_first_default(block_t: int, max_nodes: int, depth_first: bool = False) -> int:
     """Depth-first walk where it was measured to pay: 16-node sub-chunks, trees > 64 nodes
-    (measured at 128), up to G_PROLOGUE_MAX_NODES: its order is built from dense
-    [nodes, max_nodes] tables, which grow with the square of the tree size.  Never for
+    (measured at 128), up to HEAVY_FIRST_MAX_NODES (its order is built from dense
+    [nodes, max_nodes] tables, which grow with the square of the tree size).  Never for
     trees stored depth-first already (the stored order is that walk)."""
-    return int(not depth_first and block_t == 16 and 64 < max_nodes <= G_PROLOGUE_MAX_NODES)
+    return int(not depth_first and block_t == 16 and 64 < max_nodes <= HEAVY_FIRST_MAX_NODES)
 
 
 def walk_tables(meta: TreeMeta, cu_nodes: torch.Tensor, block_t: int,

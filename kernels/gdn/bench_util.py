@@ -74,14 +74,14 @@ TREE_ORDERS = ("stored", "dfs")
 def shape_trees(b: int, n: int, seed: int, order: str = "stored") -> tuple[list[DraftTree], int, int]:
     """The b EAGLE-like trees of n nodes used for shape (b, n): same seed, same trees.
     order "stored": as built (breadth-first, as EAGLE expands them); "dfs": the same trees
-    renumbered depth-first, larger subtree first (``DraftTree.heavy_first_order``)."""
+    renumbered depth-first, larger subtree first (``DraftTree.depth_first``)."""
     if order not in TREE_ORDERS:
         raise ValueError(f"unknown tree order {order!r} (one of {', '.join(TREE_ORDERS)})")
     rng = np.random.default_rng(seed + 7919 * b + n)
     made = [eagle_like_tree(n, rng) for _ in range(b)]
     trees = [t for t, _, _ in made]
     if order == "dfs":
-        trees = [t.renumbered(t.heavy_first_order) for t in trees]
+        trees = [t.depth_first() for t in trees]
     return trees, made[0][1], made[0][2]
 
 

@@ -26,7 +26,11 @@ import torch
 
 from simtree.errors import SimtreeError, TreeError
 
-__all__ = ["TreeMeta", "tree_meta"]
+__all__ = ["TreeMeta", "tree_meta", "HEAVY_FIRST_MAX_NODES"]
+
+# the heavy-first order is built from dense [nodes, max_nodes] tables, which grow with the
+# square of the tree size: the kernel's depth-first walk and tree_meta's check stop here
+HEAVY_FIRST_MAX_NODES = 256
 
 
 @dataclass(frozen=True)
@@ -196,7 +200,7 @@ def tree_meta(parents: torch.Tensor, cu_nodes: torch.Tensor, max_nodes: int | No
     a3 = torch.where(a2 >= 0, pg[a2.clamp_min(0)], -1)
     meta = TreeMeta(bits=bits, depth=depth, anc=torch.stack([a1, a2, a3], 1), seq_ids=seq_ids,
                     max_nodes=int(max_nodes), depth_first=bool(depth_first))
-    if validate and depth_first is not False and 32 < max_nodes <= 256:
+    if validate and depth_first is not False and 32 < max_nodes <= HEAVY_FIRST_MAX_NODES:
         order, _ = meta.heavy_first(cu_nodes)
         is_dfs = bool((order.to(torch.int64) == torch.arange(N, device=dev)).all())
         if depth_first and not is_dfs:
