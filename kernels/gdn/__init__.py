@@ -108,7 +108,7 @@ def verify_launch_config(B: int, HV: int, V: int, device: torch.device | str = "
                          max_nodes: int = 128, depth_first: bool = False) -> dict:
     """Default launch of the tree kernel: block_t (node sub-chunk), block_v, num_warps,
     num_stages, max_registers, and the kernel switches g_prologue / u_bf16 / prefetch /
-    heavy_first / prenorm.
+    heavy_first / prenorm / g_pass.
 
     Picked from the launch sweeps on the H200 (reports/h200/gdn/tuning/, runs 8, 10, 11 and
     17-20; Qwen3.6-27B shapes, ``B * HV`` = (sequence, value head) programs at block_v = V;
@@ -147,14 +147,26 @@ def verify_launch_config(B: int, HV: int, V: int, device: torch.device | str = "
     for trees of <= 32 nodes, and up to 64 at <= 4 sequences (b4 n32 15.3 vs 17.2 us, b64 n16
     93.5 vs 100.0, b1 n32 11.2 vs 11.4; b4 n64 32.1 vs 33.3); 16 sequences with 17-32 nodes
     then capped at 168 registers (b16 n32 45.0 vs 46.3 at one stage, 50.7 at two).
+
+    G in the pre-pass (``g_pass``, run 40, depth-first trees): the pre-pass writes G as one
+    product of the ancestor mask and g per tree (16 nodes x 16 value heads a program) instead
+    of one ancestor walk per (sequence, value head): the pre-pass of the b64 n128 verify took
+    86.2 us with those walks, 49.6 now, 37.1 of it the q/k rows (runs 37, 38 and 40,
+    ``scripts/gdn_kernel_times.py``).  With it the pre-pass pays at
+    one sequence from 33 nodes (b1 n64 18.4 vs 19.3 us) and at > 4 sequences for every tree
+    size (b64 n8 85.0 vs 91.2, n4 81.5 vs 84.1); the G part of it from 17 nodes at 16
+    sequences and from 33 at more (b16 n32 44.5 vs 47.9 with G in each verify program, b16 n64
+    88.9 vs 95.7, b64 n64 273.1 vs 278.7), not below (b16 n16 28.9 vs 30.0, b64 n32 145.3 vs
+    148.1).
     """
     rows = B * HV
     cfg = dict(block_t=16, block_v=V, num_warps=2, num_stages=2, max_registers=0, g_prologue=1,
-               u_bf16=1, prefetch=0, heavy_first=0, prenorm=int(max_nodes >= 16))
+               u_bf16=1, prefetch=0, heavy_first=0, prenorm=1,
+               g_pass=int(max_nodes > (16 if rows <= 16 * 48 else 32)))
     if rows <= 48:
         big, huge = max_nodes >= 32, max_nodes > 64
         cfg.update(block_t=32 if big else 16, block_v=min(V, 64),
-                   num_warps=4 if huge or not big else 8, prenorm=int(huge))
+                   num_warps=4 if huge or not big else 8, prenorm=int(max_nodes > 32))
     elif rows <= 4 * 48:
         cfg.update(num_warps=4, prefetch=int(max_nodes >= 32), prenorm=int(max_nodes >= 64))
     elif rows <= 16 * 48 and max_nodes >= 32:
@@ -171,6 +183,8 @@ def verify_launch_config(B: int, HV: int, V: int, device: torch.device | str = "
         cfg["num_stages"] = 1
         if 4 * 48 < rows <= 16 * 48 and max_nodes > 16:
             cfg["max_registers"] = 168
+    if rows <= 4 * 48:
+        cfg["g_pass"] = cfg["prenorm"]
     cfg["heavy_first"] = _heavy_first_default(cfg["block_t"], max_nodes, depth_first)
     return cfg
 
@@ -215,7 +229,8 @@ def gdn_tree_verify(q, k, v, g, beta, state, parents, cu_nodes, *, scale=None, q
                     num_warps: int | None = None, num_stages: int | None = None,
                     max_registers: int | None = None, g_prologue: int | None = None,
                     u_bf16: int | None = None, prefetch: int | None = None,
-                    heavy_first: int | None = None, prenorm: int | None = None):
+                    heavy_first: int | None = None, prenorm: int | None = None,
+                    g_pass: int | None = None):
     """Every node's output as if the recurrence ran along its own root path only.
 
     One pass, ``state`` is not modified.  Returns (out [N, HV, V] in q's dtype, GDNTreeCache).
@@ -229,8 +244,10 @@ def gdn_tree_verify(q, k, v, g, beta, state, parents, cu_nodes, *, scale=None, q
     ``heavy_first`` (1: the kernel walks each tree depth-first, larger subtree first,
     ``TreeMeta.heavy_first``; outputs and cache stay in the stored order) / ``prenorm`` (1:
     q and k normalised and scaled once, by a small kernel before the verify, instead of in
-    every sub-chunk and every pair; with g_prologue that kernel also writes G, once per
-    head instead of once per V block) override ``verify_launch_config`` (benchmark tuning).
+    every sub-chunk and every pair) / ``g_pass`` (with g_prologue, 1: that kernel also
+    writes every node's G, once per layer instead of once per V block, as one product of
+    the ancestor mask and g per tree) override
+    ``verify_launch_config`` (benchmark tuning).
     """
     if check:
         _check_inputs(q, k, v, g, beta, state, parents, cu_nodes)
@@ -271,21 +288,23 @@ def gdn_tree_verify(q, k, v, g, beta, state, parents, cu_nodes, *, scale=None, q
     DT = tl.bfloat16 if prec == "tf32" and not _INTERPRET else tl.float32
     ready = bool(cfg["prenorm"] if prenorm is None else prenorm)
     NT = max(16, 1 << max(meta.max_nodes - 1, 1).bit_length()) if pro else 0
-    g_pass = ready and NT > 0
+    g_pass = bool(cfg["g_pass"] if g_pass is None else g_pass) and NT > 0
     cu = cu_nodes.to(q.device, torch.int64)
     # the numbering the kernel walks (as stored, or depth-first) and its sub-chunk pairs
     order, walk, (pairs, npairs, nc) = walk_tables(meta, cu_nodes, BT, heavy_first)
     order_t = order if order is not None else walk.bits
     g32, bits32 = g.float().contiguous(), walk.bits.view(torch.int32)
-    if ready:   # the dot operands once: normalised, scaled, in DT (and G, with the prologue)
+    if ready or g_pass:   # the dot operands once: normalised, scaled, in DT; and/or G
         qn = torch.empty(qc.shape, dtype=torch.bfloat16 if DT == tl.bfloat16 else torch.float32,
-                         device=q.device)
-        kn = torch.empty_like(qn)
-        nr = triton.cdiv(N * H, 16)
-        _qk_prenorm_kernel[(nr + (B * HV if g_pass else 0),)](
+                         device=q.device) if ready else qc
+        kn = torch.empty_like(qn) if ready else kc
+        nr = triton.cdiv(N * H, 16) if ready else 0
+        ntile = max(NT, 16)
+        ng = B * triton.cdiv(HV, 16) * (ntile // 16) if g_pass else 0
+        _qk_prenorm_kernel[(nr + ng,)](
             qc, kc, qn, kn, N * H, scale, g32, bits32, order_t, cu, G, nr, K=K, BR=16,
-            L2NORM=qk_l2norm, HV=HV, W=meta.words, NT=max(NT, 16), ORDER=order is not None,
-            G_PASS=g_pass, num_warps=4)
+            L2NORM=qk_l2norm, HV=HV, W=meta.words, NT=ntile, ORDER=order is not None,
+            G_PASS=g_pass, HVB=16, RB=16, num_warps=4)
         qc, kc = qn, kn
     _tree_verify_kernel[(V // BV, B * HV)](
         qc, kc, v.contiguous(), g32, beta.float().contiguous(),

@@ -75,12 +75,13 @@ def _rows_normed(ptr, grow, m_r, i_h, mult, H: tl.constexpr, K: tl.constexpr,
 def _qk_prenorm_kernel(q_ptr, k_ptr, qn_ptr, kn_ptr, R, scale, g_ptr, bits32_ptr, order_ptr,
                        cu_ptr, G_ptr, NR, K: tl.constexpr, BR: tl.constexpr,
                        L2NORM: tl.constexpr, HV: tl.constexpr, W: tl.constexpr,
-                       NT: tl.constexpr, ORDER: tl.constexpr, G_PASS: tl.constexpr):
+                       NT: tl.constexpr, ORDER: tl.constexpr, G_PASS: tl.constexpr,
+                       HVB: tl.constexpr = 16, RB: tl.constexpr = 16):
     """Once per layer, what every V block of a head would otherwise redo: programs < NR write
     qn = scale * q / |q|, kn = k / |k| (norms in fp32, stored in the outputs' dtype) for BR of
     the R = N * H rows each, so the verify kernel skips the row reductions of every sub-chunk
     and of every earlier sub-chunk it pairs with; G_PASS: the programs after them write G of
-    one (sequence, value head) each (``_store_G``)."""
+    RB nodes of one tree for HVB value heads each (``_G_tile``)."""
     pid = tl.program_id(0)
     if pid < NR:
         rows = (pid * BR + tl.arange(0, BR)).to(tl.int64)
@@ -91,10 +92,37 @@ def _qk_prenorm_kernel(q_ptr, k_ptr, qn_ptr, kn_ptr, R, scale, g_ptr, bits32_ptr
         tl.store(kn_ptr + off, _rows_normed(k_ptr, rows, m, 0, 1., 1, K, L2NORM,
                                             kn_ptr.dtype.element_ty), mask=m[:, None])
     elif G_PASS:
-        i_b, i_hv = (pid - NR) // HV, (pid - NR) % HV
-        bos = tl.load(cu_ptr + i_b).to(tl.int64)
-        _store_G(g_ptr, bits32_ptr, order_ptr, G_ptr, bos, tl.load(cu_ptr + i_b + 1) - bos,
-                 i_hv, HV, W, NT, ORDER)
+        HBLK: tl.constexpr = (HV + HVB - 1) // HVB
+        RBLK: tl.constexpr = NT // RB
+        t = pid - NR
+        _G_tile(g_ptr, bits32_ptr, order_ptr, cu_ptr, G_ptr, t // (HBLK * RBLK),
+                (t // RBLK) % HBLK, t % RBLK, HV, HVB, 2 * W, NT, RB, ORDER)
+
+
+@triton.jit
+def _G_tile(g_ptr, bits32_ptr, order_ptr, cu_ptr, G_ptr, i_b, i_hb, i_r, HV: tl.constexpr,
+            HVB: tl.constexpr, W2: tl.constexpr, NT: tl.constexpr, RB: tl.constexpr,
+            ORDER: tl.constexpr):
+    """G = M g for RB rows (i_r) of tree i_b and HVB value heads (i_hb): M [RB, NT] the rows'
+    ancestor-or-self bits (kernel order), expanded once for all HVB heads, g [NT, HVB]; one
+    exact fp32 product (M is 0/1).  G goes to the nodes' stored rows (``order``)."""
+    bos = tl.load(cu_ptr + i_b).to(tl.int64)
+    n = tl.load(cu_ptr + i_b + 1).to(tl.int64) - bos
+    if i_r * RB < n:
+        o_h = i_hb * HVB + tl.arange(0, HVB)
+        m_h = o_h < HV
+        o_n = tl.arange(0, NT)
+        m_n = o_n < n
+        gt = tl.load(g_ptr + _node_rows(order_ptr, bos, o_n, m_n, ORDER)[:, None] * HV
+                     + o_h[None, :], mask=m_n[:, None] & m_h[None, :], other=0.)
+        rows = i_r * RB + tl.arange(0, RB)
+        m_r = rows < n
+        w = tl.load(bits32_ptr + (bos + rows)[:, None] * W2 + (o_n // 32)[None, :],
+                    mask=m_r[:, None] & m_n[None, :], other=0)
+        anc = ((w >> (o_n % 32)[None, :]) & 1).to(tl.float32)
+        srow = _node_rows(order_ptr, bos, rows, m_r, ORDER)
+        tl.store(G_ptr + srow[:, None] * HV + o_h[None, :],
+                 tl.dot(anc, gt, input_precision="ieee"), mask=m_r[:, None] & m_h[None, :])
 
 
 @triton.jit

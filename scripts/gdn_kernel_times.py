@@ -1,0 +1,63 @@
+"""Per-kernel breakdown of one GDN tree verify on the GPU: every Triton kernel the call
+launches (pre-pass with the G pass, verify), timed alone (triton.testing.do_bench median, no CUDA graph, so
+small kernels include launch cost), with registers, spills, shared memory and MMA kind.
+
+    python3 scripts/gdn_kernel_times.py [--shapes 16:128,64:128] [--configs "",q0] > times.txt
+"""
+import argparse
+
+import torch
+import triton
+
+from simtree.kernels.gdn import gdn_tree_verify, tree_verify
+from simtree.kernels.gdn.bench_util import QWEN36, random_gdn_inputs, shape_trees
+from simtree.profiler.bench_gdn import parse_configs
+
+KEYS = ("q", "k", "v", "g", "beta", "state", "parents", "cu_nodes")
+NAMES = ("_qk_prenorm_kernel", "_tree_verify_kernel")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--shapes", default="16:64,64:64,16:128,64:128")
+    ap.add_argument("--configs", default=",q0,q1", help="bench_gdn letters; empty = the rule")
+    args = ap.parse_args()
+    calls, orig = [], {nm: getattr(tree_verify, nm) for nm in NAMES}
+
+    class Spy:
+        def __init__(self, nm):
+            self.nm = nm
+
+        def __getitem__(self, grid):
+            def launch(*a, **kw):
+                ck = orig[self.nm][grid](*a, **kw)
+                calls.append((self.nm, grid, a, kw, ck))
+                return ck
+            return launch
+
+    for nm in NAMES:
+        setattr(tree_verify, nm, Spy(nm))
+    dims = {k: QWEN36[k] for k in ("H", "HV", "K", "V")}
+    cfgs = [parse_configs(c)[0] if c else {} for c in args.configs.split(",")]
+    print(f"# {torch.cuda.get_device_name()}, triton {triton.__version__}; trees depth-first")
+    for shape in args.shapes.split(","):
+        b, n = map(int, shape.split(":"))
+        trees, _, _ = shape_trees(b, n, 1, "dfs")
+        inp = random_gdn_inputs(trees, **dims, dtype=torch.bfloat16, device="cuda", seed=b * n)
+        for cfg in cfgs:
+            calls.clear()
+            gdn_tree_verify(*(inp[k] for k in KEYS), backend="triton", **cfg)
+            torch.cuda.synchronize()
+            total = 0.
+            for nm, grid, a, kw, ck in list(calls):
+                t = triton.testing.do_bench(lambda: orig[nm][grid](*a, **kw), warmup=20, rep=100)
+                total += t
+                ptx = ck.asm.get("ptx", "")
+                mma = " ".join(m for m in ("wgmma", "mma.sync") if m in ptx)
+                print(f"b{b} n{n} cfg={cfg} {nm} grid={grid} {t * 1e3:.1f} us regs={ck.n_regs} "
+                      f"spills={ck.n_spills} smem={ck.metadata.shared} {mma}", flush=True)
+            print(f"b{b} n{n} cfg={cfg} total {total * 1e3:.1f} us", flush=True)
+
+
+if __name__ == "__main__":
+    main()
