@@ -311,7 +311,8 @@ def launched(monkeypatch):
                           (0, 1, 32, 120, 1, 0, 1), (1, 1, 16, 300, 0, 1, 1),
                           (1, 1, 16, 120, 1, 1, 0), (1, 0, 32, 300, 1, 0, 0),
                           (0, 1, 32, 120, 0, 1, 0), (1, 0, 32, 120, 0, 1, 1),
-                          (1, 0, 16, 120, 1, 0, 1), (1, 1, 32, 120, 0, 0, 1)])
+                          (1, 0, 16, 120, 1, 0, 1), (1, 1, 32, 120, 0, 0, 1),
+                          (1, 0, 16, 200, 1, 1, 1)])
 def test_kernel_switches_keep_the_result(launched, g_prologue, prefetch, block_t, big, heavy,
                                          prenorm, g_pass):
     # G summed per sub-chunk or in one prologue (asked for, and the largest tree at most
@@ -334,7 +335,7 @@ def test_kernel_switches_keep_the_result(launched, g_prologue, prefetch, block_t
     assert launched[0]["QK_READY"] == bool(prenorm)
     assert launched[0]["G_READY"] == (bool(g_pass) and prologue)
     assert launched[0]["ORDER"] == bool(heavy)
-    assert launched[0]["NT"] == (128 if prologue else 0)
+    assert launched[0]["NT"] == ((128 if big <= 128 else 256) if prologue else 0)
     _, ref_cache = gdn_tree_verify(*(inp[k] for k in KEYS), *tree, backend="torch")
     assert rel_err(out, gdn_tree_verify_dense_ref(*f64(inp), *tree)) < 1e-4
     assert rel_err(cache.G, ref_cache.G) < 1e-5
