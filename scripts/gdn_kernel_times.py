@@ -1,6 +1,7 @@
 """Per-kernel breakdown of one GDN tree verify on the GPU: every Triton kernel the call
-launches (pre-pass with the G pass, verify), timed alone (triton.testing.do_bench median, no CUDA graph, so
-small kernels include launch cost), with registers, spills, shared memory and MMA kind.
+launches (pre-pass with the G pass, verify), timed alone (triton.testing.do_bench median, no
+CUDA graph, so small kernels include launch cost), with registers, spills, shared memory and
+MMA kind (Qwen3.6-27B shapes, bf16, random trees stored depth-first).
 
     python3 scripts/gdn_kernel_times.py [--shapes 16:128,64:128] [--configs "",q0] > times.txt
 """
@@ -22,6 +23,8 @@ def main() -> None:
     ap.add_argument("--shapes", default="16:64,64:64,16:128,64:128")
     ap.add_argument("--configs", default=",q0,q1", help="bench_gdn letters; empty = the rule")
     args = ap.parse_args()
+    if not torch.cuda.is_available():
+        raise SystemExit("gdn_kernel_times times Triton kernels on a CUDA GPU; none is visible")
     calls, orig = [], {nm: getattr(tree_verify, nm) for nm in NAMES}
 
     class Spy:

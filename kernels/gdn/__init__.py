@@ -152,10 +152,9 @@ def verify_launch_config(B: int, HV: int, V: int, device: torch.device | str = "
     product of the ancestor mask and g per tree (16 nodes x 16 value heads a program) instead
     of one ancestor walk per (sequence, value head): the pre-pass of the b64 n128 verify took
     86.2 us with those walks, 49.6 now, 37.1 of it the q/k rows (runs 37, 38 and 40,
-    ``scripts/gdn_kernel_times.py``).  With it the pre-pass pays at
-    one sequence from 33 nodes (b1 n64 18.4 vs 19.3 us) and at > 4 sequences for every tree
-    size (b64 n8 85.0 vs 91.2, n4 81.5 vs 84.1); the G part of it from 17 nodes at 16
-    sequences and from 33 at more (b16 n32 44.5 vs 47.9 with G in each verify program, b16 n64
+    ``scripts/gdn_kernel_times.py``).  With it the pre-pass pays at one sequence from 33
+    nodes (b1 n64 18.4 vs 19.3 us) and at > 4 sequences for every tree size (b64 n8 85.0 vs
+    91.2, n4 81.5 vs 84.1); the G part of it from 17 nodes at 16 sequences and from 33 at more (b16 n32 44.5 vs 47.9 with G in each verify program, b16 n64
     88.9 vs 95.7, b64 n64 273.1 vs 278.7), not below (b16 n16 28.9 vs 30.0, b64 n32 145.3 vs
     148.1).
     """
@@ -246,8 +245,7 @@ def gdn_tree_verify(q, k, v, g, beta, state, parents, cu_nodes, *, scale=None, q
     q and k normalised and scaled once, by a small kernel before the verify, instead of in
     every sub-chunk and every pair) / ``g_pass`` (with g_prologue, 1: that kernel also
     writes every node's G, once per layer instead of once per V block, as one product of
-    the ancestor mask and g per tree) override
-    ``verify_launch_config`` (benchmark tuning).
+    the ancestor mask and g per tree) override ``verify_launch_config`` (benchmark tuning).
     """
     if check:
         _check_inputs(q, k, v, g, beta, state, parents, cu_nodes)
