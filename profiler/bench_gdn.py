@@ -15,7 +15,9 @@ triton_commit_<cfg> (--commit-configs).  fla_recurrent runs last, in a child pro
 illegal memory access there (seen at b=64, T=128) cannot poison this one.
 Every variant is guarded: a failure is recorded and the run goes on.  Writes into --out:
 bench_gdn.csv (variant x shape), profile_gdn.csv (contract-1 rows), bench_gdn.json (env,
-correctness, ratios vs the issue's targets).  CPU smoke run (tiny shapes, interpreter):
+correctness, ratios vs the issue's targets), rewritten after every shape; ``--resume`` on the
+same --out keeps the shapes a cut run finished and times only the rest.  CPU smoke run (tiny
+shapes, interpreter):
 TRITON_INTERPRET=1 python profiler/bench_gdn.py --device cpu --tiny --out /tmp/x
 """
 from __future__ import annotations
@@ -252,11 +254,15 @@ def time_shape(args, dims, b, n, bw, log) -> list[dict]:
 
 
 def fla_recurrent_all(args, shapes, log) -> list[dict]:
-    """fla_recurrent in child processes; a crash costs only the shape it happened on."""
+    """fla_recurrent in child processes; a crash costs only the shape it happened on.
+    ``args.resume``: the shapes a previous run finished are kept, not timed again."""
     rows, todo, results = [], list(shapes), {}
     path = os.path.join(args.out, "fla_recurrent.jsonl")
     if os.path.exists(path):
-        os.remove(path)
+        kept = [x for x in open(path) if args.resume and json.loads(x)["status"] != "started"]
+        write_text_atomic(path, "".join(kept))   # a started-only line was the old run's cut
+        results = {(d["b"], d["n"]): d for d in map(json.loads, kept)}
+        todo = [s for s in todo if s not in results]
     while todo and time.time() < args.deadline - 5:
         timed_out = False
         spec = json.dumps(dict(shapes=todo, seed=args.seed, out=path, dims=args.dims,
@@ -268,7 +274,7 @@ def fla_recurrent_all(args, shapes, log) -> list[dict]:
             log("fla_recurrent worker hit --max-seconds")
             timed_out = True
         done = [json.loads(x) for x in open(path)] if os.path.exists(path) else []
-        results = {(d["b"], d["n"]): d for d in done if d["status"] != "started"}
+        results.update({(d["b"], d["n"]): d for d in done if d["status"] != "started"})
         started = [(d["b"], d["n"]) for d in done if d["status"] == "started"]
         crashed = [s for s in started if s not in results and not timed_out]
         for s in crashed:   # started, never finished: the child died on it
@@ -360,6 +366,36 @@ def write_outputs(args, env, bw, corr, rows) -> pd.DataFrame:
     return df
 
 
+_ENV_KEYS = ("gpu", "torch", "triton", "fla")
+
+
+def previous_run(out: str, env: dict, dims: dict) -> tuple[list[dict], set, dict, list]:
+    """--resume: the rows of the shapes a previous run in ``out`` finished (every in-process
+    variant timed, none cut by --max-seconds), its bandwidth and correctness records.  Refuses
+    a run from another GPU, software stack or head shape (one line)."""
+    csv_path, json_path = os.path.join(out, "bench_gdn.csv"), os.path.join(out, "bench_gdn.json")
+    if not (os.path.exists(csv_path) and os.path.exists(json_path)):
+        raise SystemExit(f"--resume: no bench_gdn.csv / bench_gdn.json in {out} to resume from")
+    prev = json.loads(open(json_path).read())
+    theirs = {k: prev.get("env", {}).get(k) for k in _ENV_KEYS}
+    ours = {k: env.get(k) for k in _ENV_KEYS}
+    if theirs != ours:
+        raise SystemExit(f"--resume: {out} was measured with {theirs}, this run has {ours}")
+    df = pd.read_csv(csv_path)
+    if any(int(df[k].iloc[0]) != v for k, v in dims.items() if k in df and len(df)):
+        raise SystemExit(f"--resume: {out} holds other head shapes than {dims}")
+    inproc = df[df.variant != "fla_recurrent"]
+    done = set()
+    for (b, n), g in inproc.groupby(["batch_size", "nodes_per_seq"]):
+        if (g.variant != "all").all() and not g.status.str.startswith("skipped").any():
+            done.add((int(b), int(n)))
+    keep = inproc[[(int(b), int(n)) in done for b, n in zip(inproc.batch_size, inproc.nodes_per_seq)]]
+    keep = keep.drop(columns=[c for c in (*_ENV_KEYS, *dims, "dtype") if c in keep])
+    rows = [{k: v for k, v in r.items() if not (isinstance(v, float) and np.isnan(v))}
+            for r in keep.to_dict("records")]
+    return rows, done, prev["bandwidth"], prev.get("correctness", [])
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default=os.environ.get("OUT", "bench_gdn_out"))
@@ -371,6 +407,9 @@ def main() -> None:
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--tiny", action="store_true", help="tiny head shapes (CPU smoke run)")
     ap.add_argument("--skip-correctness", action="store_true")
+    ap.add_argument("--resume", action="store_true",
+                    help="keep the shapes a previous run in --out finished (same GPU, versions "
+                         "and head shapes; its measured bandwidth) and time only the rest")
     ap.add_argument("--max-copies", type=int, default=32, help="input copies rotated against L2")
     ap.add_argument("--tree-order", default="dfs", choices=TREE_ORDERS,
                     help="node order of the timed trees: dfs (depth-first, larger subtree first, "
@@ -405,14 +444,21 @@ def main() -> None:
     os.makedirs(args.out, exist_ok=True)
     log = lambda msg: print(f"[{time.time() - t0:6.1f}s] {msg}", flush=True)   # noqa: E731
     env = env_info(args.dims)
-    bw = measured_bandwidth(args.device, numel=(1 << 28) if args.device == "cuda" else (1 << 20))
+    rows, done, corr = [], set(), []
+    if args.resume:   # the floor rows kept and the new ones share the old run's bandwidth
+        rows, done, bw, corr = previous_run(args.out, env, args.dims)
+        log(f"resuming {args.out}: {len(done)} shapes kept")
+    else:
+        bw = measured_bandwidth(args.device, numel=(1 << 28) if args.device == "cuda" else (1 << 20))
     log(f"{env['gpu']} torch {env['torch']} triton {env['triton']} fla {env['fla']}; copy "
         f"{bw['copy_GBps']:.0f} GB/s, read {bw['read_GBps']:.0f} GB/s (bytes read + written)")
-    corr = [] if args.skip_correctness else correctness(args, args.dims, log)
-    rows = []
+    if not args.skip_correctness:
+        corr = correctness(args, args.dims, log)
     shapes = [(b, n) for b in map(int, args.bs.split(",")) for n in map(int, args.ns.split(","))]
     shapes.sort(key=lambda s: (-s[1], s[0]))   # large trees first: they carry the targets
     for b, n in shapes:
+        if (b, n) in done:
+            continue
         if time.time() > args.timing_deadline:
             rows.append(dict(batch_size=b, nodes_per_seq=n, total_tokens=b * n, variant="all",
                              tree_shape="eagle", num_steps=0, topk=0, status="skipped: --max-seconds"))

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One batched GPU session on a lent H200: install carried wheels, install simtree without
 # deps, then run the named parts (gdn, v4, profile), each bounded, each writing under $OUT.
-# Usage (on the GPU machine): bash scripts/gpu_session.sh gdn v4 profile   (tune: TUNE_ARGS=...,
+# Usage (on the GPU machine): bash scripts/gpu_session.sh gdn v4 profile   (gdn: GDN_RESUME=DIR
+# finishes the cut benchmark in DIR; tune: TUNE_ARGS=...,
 # v4: V4_ARGS=..., e.g. "--plan-switches 60"; profile: PROFILE_RESUME=reports/h200/profile to add
 # to the committed profile, PROFILE_ARGS="--model qwen3.6-27b" to restrict it, and with
 # "--only-stage gdn_tree_commit --remeasure" to time that stage again after a kernel change)
@@ -20,7 +21,12 @@ failed=()
 for part in "$@"; do
   echo "=== $part $(date +%T)"
   case "$part" in
-    gdn) timeout ${GDN_TIMEOUT:-280} python3 -m simtree.profiler.bench_gdn --out "$RES/gdn" --max-seconds ${GDN_SECONDS:-200} 2>&1 | tee "$RES/gdn.log" | tail -60 ;;
+    gdn)
+      # GDN_RESUME=DIR: finish a cut benchmark (DIR holds its bench_gdn.csv / .json /
+      # fla_recurrent.jsonl): the shapes it finished are kept, the rest timed
+      resume=()
+      if [ -n "${GDN_RESUME:-}" ]; then mkdir -p "$RES/gdn" && cp "$GDN_RESUME"/bench_gdn.csv "$GDN_RESUME"/bench_gdn.json "$RES/gdn/" && { cp "$GDN_RESUME"/fla_recurrent.jsonl "$RES/gdn/" 2>/dev/null || true; } && resume=(--resume); fi
+      timeout ${GDN_TIMEOUT:-280} python3 -m simtree.profiler.bench_gdn --out "$RES/gdn" --max-seconds ${GDN_SECONDS:-200} "${resume[@]}" 2>&1 | tee "$RES/gdn.log" | tail -60 ;;
     tune) timeout ${TUNE_TIMEOUT:-480} python3 -m simtree.profiler.tune_gdn --out "$RES/tune" ${TUNE_ARGS:-} 2>&1 | tee "$RES/tune.log" | tail -c 9000 ;;
     v4) timeout ${V4_TIMEOUT:-300} python3 -m simtree.profiler.bench_v4 --out "$RES/v4" --max-seconds ${V4_SECONDS:-200} ${V4_ARGS:-} 2>&1 | tee "$RES/v4.log" | tail -60 ;;
     profile)

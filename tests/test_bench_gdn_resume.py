@@ -1,0 +1,72 @@
+"""bench_gdn --resume: a cut run is finished without timing its finished shapes again."""
+from __future__ import annotations
+
+import json
+import sys
+
+import pandas as pd
+import pytest
+
+from simtree.profiler import bench_gdn
+
+ARGS = ["--tiny", "--device", "cpu", "--max-copies", "1", "--replays", "1", "--skip-correctness",
+        "--tree-configs", "", "--commit-configs", ""]
+
+
+def _run(monkeypatch, out, *extra):
+    monkeypatch.setattr(sys, "argv", ["bench_gdn", "--out", str(out), *ARGS, *extra])
+    bench_gdn.main()
+    return pd.read_csv(out / "bench_gdn.csv")
+
+
+def test_resume_keeps_finished_shapes_and_times_the_rest(tmp_path, monkeypatch):
+    first = _run(monkeypatch, tmp_path, "--bs", "1", "--ns", "4,8")
+    assert set(first.status) == {"ok"}
+    # the run was cut inside (1, 8): one of its variants never got its turn
+    cut = first.copy()
+    row = cut.index[(cut.nodes_per_seq == 8) & (cut.variant == "triton_commit")][0]
+    cut.loc[row, ["status", "latency_us_median"]] = ["skipped: --max-seconds", float("nan")]
+    cut.to_csv(tmp_path / "bench_gdn.csv", index=False)
+    out = _run(monkeypatch, tmp_path, "--bs", "1,2", "--ns", "4,8", "--resume")
+    assert set(out.status) == {"ok"}
+    assert sorted({(b, n) for b, n in zip(out.batch_size, out.nodes_per_seq)}) == \
+        [(1, 4), (1, 8), (2, 4), (2, 8)]
+    key = ["variant", "batch_size", "nodes_per_seq"]
+    kept = first[first.nodes_per_seq == 4].set_index(key).latency_us_median
+    again = out.set_index(key).latency_us_median
+    assert (again.loc[kept.index] == kept).all()           # (1, 4) kept as measured
+    assert again.loc[("triton_commit", 1, 8)] > 0          # (1, 8) timed again, whole
+    assert len(out) == len(out.drop_duplicates(key))
+
+
+def test_resume_refuses_another_machine_or_nothing(tmp_path, monkeypatch):
+    with pytest.raises(SystemExit, match="no bench_gdn.csv"):
+        _run(monkeypatch, tmp_path, "--bs", "1", "--ns", "4", "--resume")
+    _run(monkeypatch, tmp_path, "--bs", "1", "--ns", "4")
+    meta = json.loads((tmp_path / "bench_gdn.json").read_text())
+    meta["env"]["gpu"] = "another GPU"
+    (tmp_path / "bench_gdn.json").write_text(json.dumps(meta))
+    with pytest.raises(SystemExit, match="was measured with"):
+        _run(monkeypatch, tmp_path, "--bs", "1", "--ns", "4", "--resume")
+
+
+@pytest.mark.parametrize("resume", [False, True])
+def test_fla_recurrent_results_survive_a_resume_only(tmp_path, resume):
+    # the child processes append one line per shape ("started", then the result); a resumed
+    # run keeps the results and drops the cut run's started-only line (not a crash)
+    import time
+    from types import SimpleNamespace
+    lines = [dict(b=1, n=4, status="started"), dict(b=1, n=4, status="ok", median=3.0, p10=2.9,
+                                                    p90=3.1, repeats=5),
+             dict(b=1, n=8, status="started")]
+    path = tmp_path / "fla_recurrent.jsonl"
+    path.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    args = SimpleNamespace(out=str(tmp_path), resume=resume, deadline=time.time())   # no child
+    rows = bench_gdn.fla_recurrent_all(args, [(1, 4), (1, 8)], lambda msg: None)
+    kept = [json.loads(x) for x in path.read_text().splitlines()]
+    if resume:
+        assert [(r["batch_size"], r["nodes_per_seq"], r["latency_us_median"]) for r in rows] == \
+            [(1, 4, 3.0)]
+        assert kept == [lines[1]]
+    else:
+        assert rows == [] and kept == []
