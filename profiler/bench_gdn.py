@@ -420,8 +420,8 @@ def main() -> None:
                     help="extra tree-kernel launch configs to time (skipped where equal to the "
                          "default): v<BV> t<BT> w<warps> s<stages> r<max registers, 0 = unbounded> "
                          "g<G prologue 0/1> u<bf16 u operands 0/1> p<prefetch 0/1> o<heavy-first order 0/1> "
-                         "q<q/k pre-normalised 0/1>; the default times the other q/k path at "
-                         "every shape")
+                         "q<q/k pre-normalised 0/1> j<G written by the pre-pass 0/1>; the default "
+                         "times the other q/k path at every shape")
     ap.add_argument("--profile-from", metavar="DIR",
                     help="rewrite DIR/profile_gdn.csv from DIR/bench_gdn.csv and bench_gdn.json "
                          "(no GPU) and exit")

@@ -230,7 +230,8 @@ def main() -> None:
     for b, n in shapes:
         copies = shape_inputs(b, n, args.seed, dims, device=args.device, max_copies=8,
                               order=args.tree_order)
-        meta = tree_meta(copies[0]["parents"], copies[0]["cu_nodes"])
+        meta = tree_meta(copies[0]["parents"], copies[0]["cu_nodes"],
+                         depth_first=copies[0]["tb"].is_depth_first)   # as bench_gdn's launch
         for cfg in good:
             if time.time() - t0 > args.max_seconds:
                 break

@@ -25,7 +25,11 @@ for part in "$@"; do
       # GDN_RESUME=DIR: finish a cut benchmark (DIR holds its bench_gdn.csv / .json /
       # fla_recurrent.jsonl): the shapes it finished are kept, the rest timed
       resume=()
-      if [ -n "${GDN_RESUME:-}" ]; then mkdir -p "$RES/gdn" && cp "$GDN_RESUME"/bench_gdn.csv "$GDN_RESUME"/bench_gdn.json "$RES/gdn/" && { cp "$GDN_RESUME"/fla_recurrent.jsonl "$RES/gdn/" 2>/dev/null || true; } && resume=(--resume); fi
+      if [ -n "${GDN_RESUME:-}" ]; then
+        mkdir -p "$RES/gdn"
+        cp "$GDN_RESUME"/bench_gdn.csv "$GDN_RESUME"/bench_gdn.json "$RES/gdn/" && resume=(--resume)
+        cp "$GDN_RESUME"/fla_recurrent.jsonl "$RES/gdn/" 2>/dev/null || true
+      fi
       timeout ${GDN_TIMEOUT:-280} python3 -m simtree.profiler.bench_gdn --out "$RES/gdn" --max-seconds ${GDN_SECONDS:-200} ${resume[@]+"${resume[@]}"} 2>&1 | tee "$RES/gdn.log" | tail -60 ;;
     tune) timeout ${TUNE_TIMEOUT:-480} python3 -m simtree.profiler.tune_gdn --out "$RES/tune" ${TUNE_ARGS:-} 2>&1 | tee "$RES/tune.log" | tail -c 9000 ;;
     v4) timeout ${V4_TIMEOUT:-300} python3 -m simtree.profiler.bench_v4 --out "$RES/v4" --max-seconds ${V4_SECONDS:-200} ${V4_ARGS:-} 2>&1 | tee "$RES/v4.log" | tail -60 ;;

@@ -90,6 +90,8 @@ def _maxnreg(n: int) -> dict:
 
 # trees up to this size get every node's G in one unrolled round of loads ([NT, 32] tiles)
 G_PROLOGUE_MAX_NODES = 256
+# the pre-pass's G programs: G_TILE nodes x G_TILE value heads each (``tree_verify._G_tile``)
+G_TILE = 16
 
 
 def depth_first_pays(max_nodes: int, batch_size: int) -> bool:
@@ -140,7 +142,8 @@ def verify_launch_config(B: int, HV: int, V: int, device: torch.device | str = "
     16-node sub-chunks, rows prefetched (b1 n128 36.8 vs 40.0 us at the rule above, 42.2 in
     the breadth-first order); <= 16 sequences with 33-64 nodes one stage at 168 registers
     (b16 n64 85.9 vs 93.2 in that sweep; run 32: 93.7, against 97.4 on the breadth-first trees
-    at their rule), with > 64 nodes rows prefetched, no register cap (b16 n128 179.4 vs 195.4).  Elsewhere the rule above, minus the depth-first walk (b4 n128 58.9 vs 68.9 us
+    at their rule), with > 64 nodes rows prefetched, no register cap (b16 n128 179.4 vs
+    195.4).  Elsewhere the rule above, minus the depth-first walk (b4 n128 58.9 vs 68.9 us
     walking breadth-first trees depth-first, b64 n128 528.7 vs 553.6).
 
     In either order (runs 30-31; the order hardly matters up to 64 nodes): one pipeline stage
@@ -154,9 +157,9 @@ def verify_launch_config(B: int, HV: int, V: int, device: torch.device | str = "
     86.2 us with those walks, 49.6 now, 37.1 of it the q/k rows (runs 37, 38 and 40,
     ``scripts/gdn_kernel_times.py``).  With it the pre-pass pays at one sequence from 33
     nodes (b1 n64 18.4 vs 19.3 us) and at > 4 sequences for every tree size (b64 n8 85.0 vs
-    91.2, n4 81.5 vs 84.1); the G part of it from 17 nodes at 16 sequences and from 33 at more (b16 n32 44.5 vs 47.9 with G in each verify program, b16 n64
-    88.9 vs 95.7, b64 n64 273.1 vs 278.7), not below (b16 n16 28.9 vs 30.0, b64 n32 145.3 vs
-    148.1).
+    91.2, n4 81.5 vs 84.1); the G part of it from 17 nodes at 16 sequences and from 33 at
+    more (b16 n32 44.5 vs 47.9 with G in each verify program, b16 n64 88.9 vs 95.7, b64 n64
+    273.1 vs 278.7), not below (b16 n16 28.9 vs 30.0, b64 n32 145.3 vs 148.1).
     """
     rows = B * HV
     cfg = dict(block_t=16, block_v=V, num_warps=2, num_stages=2, max_registers=0, g_prologue=1,
@@ -297,12 +300,12 @@ def gdn_tree_verify(q, k, v, g, beta, state, parents, cu_nodes, *, scale=None, q
                          device=q.device) if ready else qc
         kn = torch.empty_like(qn) if ready else kc
         nr = triton.cdiv(N * H, 16) if ready else 0
-        ntile = max(NT, 16)
-        ng = B * triton.cdiv(HV, 16) * (ntile // 16) if g_pass else 0
+        ntile = max(NT, G_TILE)
+        ng = B * triton.cdiv(HV, G_TILE) * (ntile // G_TILE) if g_pass else 0
         _qk_prenorm_kernel[(nr + ng,)](
             qc, kc, qn, kn, N * H, scale, g32, bits32, order_t, cu, G, nr, K=K, BR=16,
             L2NORM=qk_l2norm, HV=HV, W=meta.words, NT=ntile, ORDER=order is not None,
-            G_PASS=g_pass, HVB=16, RB=16, num_warps=4)
+            G_PASS=g_pass, HVB=G_TILE, RB=G_TILE, num_warps=4)
         qc, kc = qn, kn
     _tree_verify_kernel[(V // BV, B * HV)](
         qc, kc, v.contiguous(), g32, beta.float().contiguous(),
