@@ -333,6 +333,9 @@ def run_sweep(sweep: str | Path | None = None, out: str | Path = "reports/profil
         except SimtreeError as exc:
             echo(f"composition skipped: {exc}")
     echo(res.summary())
+    if res.not_run:
+        echo(f"{res.not_run} points not run (a stage's budget_s or the sweep's time limit ran out): "
+             f"run the same command again to measure them; the table keeps what it has")
     return res
 
 

@@ -132,8 +132,14 @@ def test_failing_point_does_not_stop_the_sweep(spec, tmp_path, monkeypatch):
 
 
 def test_max_minutes_stops_between_points(spec, tmp_path):
-    res = _run(spec, tmp_path / "p.csv", max_minutes=0)
+    lines = []
+    res = sw.run_sweep(spec, tmp_path / "p.csv", progress=False, echo=lines.append, max_minutes=0)
     assert res.measured == 0 and res.not_run == N_POINTS + 4 and "max" in res.stopped
+    # the last line tells the user how to get the rest
+    assert lines[-1].startswith(f"{N_POINTS + 4} points not run") and "run the same command again" in lines[-1]
+    lines.clear()
+    done = sw.run_sweep(spec, tmp_path / "q.csv", progress=False, echo=lines.append)
+    assert done.not_run == 0 and not any("points not run" in line for line in lines)
 
 
 def test_only_stage_and_aliases(spec):
