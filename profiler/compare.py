@@ -6,25 +6,37 @@ on?), or for what a driver, kernel or software change, or another GPU, moved.  T
 not part of the match, so tables from two GPUs compare point by point.
 
     python -m simtree.profiler.compare A/profile.csv B/profile.csv [--csv OUT.csv] [--md OUT.md]
+        [--png OUT.png]
 
-Prints a markdown summary; ``--csv`` writes the per-group table, ``--md`` the summary.
+Prints a markdown summary; ``--csv`` writes the per-group table, ``--md`` the summary,
+``--png`` every matched point's ratio per group (the markdown links it).
 """
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 import numpy as np
 import pandas as pd
 
 from simtree.errors import SimtreeError
-from simtree.fileio import write_text_atomic
+from simtree.fileio import write_atomic, write_text_atomic
 from simtree.profile_table import KEY_COLUMNS, load_profile
 
-__all__ = ["compare_profiles", "comparison_markdown"]
+__all__ = ["compare_profiles", "comparison_markdown", "matched_points", "ratio_figure"]
 
 MATCH = tuple(c for c in KEY_COLUMNS if c != "device")
 GROUP = ["model", "stage", "variant"]
+
+
+def matched_points(a: pd.DataFrame, b: pd.DataFrame) -> pd.DataFrame:
+    """The points both tables hold, with ``ratio`` = B's median latency / A's."""
+    both = a.merge(b, on=list(MATCH), suffixes=("_a", "_b"))
+    if both.empty:
+        raise SimtreeError("the two profile tables share no point (same stage, model, variant, "
+                           "batch, nodes, context, shape, steps, top-k)")
+    return both.assign(ratio=both.latency_us_median_b / both.latency_us_median_a)
 
 
 def compare_profiles(a: pd.DataFrame, b: pd.DataFrame) -> tuple[pd.DataFrame, dict]:
@@ -33,11 +45,7 @@ def compare_profiles(a: pd.DataFrame, b: pd.DataFrame) -> tuple[pd.DataFrame, di
     Per (model, stage, variant): points in both, the median / p10 / p90 / min / max of
     B's median latency over A's, and the point where the two differ most; rows held by one
     table only are counted per group (``only_a`` / ``only_b``)."""
-    both = a.merge(b, on=list(MATCH), suffixes=("_a", "_b"))
-    if both.empty:
-        raise SimtreeError("the two profile tables share no point (same stage, model, variant, "
-                           "batch, nodes, context, shape, steps, top-k)")
-    both["ratio"] = both.latency_us_median_b / both.latency_us_median_a
+    both = matched_points(a, b)
     rows = []
     for key, g in both.groupby(GROUP, sort=True):
         r = g.ratio.to_numpy()
@@ -70,8 +78,37 @@ def compare_profiles(a: pd.DataFrame, b: pd.DataFrame) -> tuple[pd.DataFrame, di
     return table, totals
 
 
+def ratio_figure(both: pd.DataFrame, title: str = ""):
+    """A matplotlib figure: every matched point's B / A ratio (log scale), one row per
+    (model, stage, variant), with each group's median marked and the line at 1."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import matplotlib.ticker
+
+    groups = list(both.groupby(GROUP, sort=True))
+    fig, ax = plt.subplots(figsize=(8.5, 0.32 * len(groups) + 1.4))
+    rng = np.random.default_rng(0)   # vertical jitter only, so points of a row do not stack
+    for i, (_, g) in enumerate(groups):
+        ax.scatter(g.ratio, i + rng.uniform(-0.25, 0.25, len(g)), s=6, alpha=0.5, color="tab:blue")
+        ax.plot([g.ratio.median()] * 2, [i - 0.35, i + 0.35], color="black", lw=1.5)
+    ax.axvline(1.0, color="grey", lw=0.8, ls="--")
+    ax.set_xscale("log")
+    ticks = [0.25, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0, 1.1, 1.2, 1.3, 1.5, 2.0, 3.0, 4.0]
+    ax.xaxis.set_major_locator(matplotlib.ticker.FixedLocator(ticks))
+    ax.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
+    ax.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
+    ax.tick_params(axis="x", labelsize=7)
+    ax.set_yticks(range(len(groups)), [" / ".join(k) for k, _ in groups], fontsize=7)
+    ax.set_ylim(-0.7, len(groups) - 0.3)
+    ax.set_xlabel("B / A median latency per point (black: group median)")
+    ax.set_title(title, fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
 def comparison_markdown(table: pd.DataFrame, totals: dict, name_a: str = "A",
-                        name_b: str = "B") -> str:
+                        name_b: str = "B", png: str | None = None) -> str:
     from .report_util import markdown_table
     shown = table.copy()
     for c in [c for c in shown.columns if c.startswith("ratio_")]:
@@ -85,7 +122,8 @@ def comparison_markdown(table: pd.DataFrame, totals: dict, name_a: str = "A",
             f"{totals['only_b']} only in B); B / A median latency: median "
             f"{totals['ratio_median']:.3f}, |B / A - 1| median {totals['abs_dev_p50']:.1%}, "
             f"p90 {totals['abs_dev_p90']:.1%}; {totals['within_5pct']:.0%} of the points within 5%\n\n"
-            + markdown_table(shown) + "\n")
+            + markdown_table(shown) + "\n"
+            + (f"\n![B / A per point]({png})\n" if png else ""))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -94,13 +132,23 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("b", help="profile table B (ratios are B / A)")
     ap.add_argument("--csv", help="write the per-(model, stage, variant) table here")
     ap.add_argument("--md", help="write the markdown summary here")
+    ap.add_argument("--png", help="write the per-point ratio plot here")
     args = ap.parse_args(argv)
     try:
-        table, totals = compare_profiles(load_profile(args.a), load_profile(args.b))
+        a, b = load_profile(args.a), load_profile(args.b)
+        table, totals = compare_profiles(a, b)
     except SimtreeError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    md = comparison_markdown(table, totals, args.a, args.b)
+    if args.png:
+        import matplotlib.pyplot as plt
+        fig = ratio_figure(matched_points(a, b), f"{args.b} / {args.a}")
+        write_atomic(args.png, lambda tmp: fig.savefig(tmp, format="png", dpi=120))
+        plt.close(fig)
+    rel_png = None
+    if args.png:   # linked relative to the markdown file when both are written
+        rel_png = os.path.relpath(args.png, os.path.dirname(os.path.abspath(args.md))) if args.md else args.png
+    md = comparison_markdown(table, totals, args.a, args.b, rel_png)
     if args.csv:
         write_text_atomic(args.csv, table.to_csv(index=False, float_format="%.4f"))
     if args.md:

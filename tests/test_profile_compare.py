@@ -70,11 +70,14 @@ def test_cli_writes_csv_and_markdown(tmp_path, capsys):
     a.to_csv(tmp_path / "a.csv", index=False)
     b.to_csv(tmp_path / "b.csv", index=False)
     assert main([str(tmp_path / "a.csv"), str(tmp_path / "b.csv"), "--csv",
-                 str(tmp_path / "c.csv"), "--md", str(tmp_path / "c.md")]) == 0
+                 str(tmp_path / "c.csv"), "--md", str(tmp_path / "c.md"), "--png",
+                 str(tmp_path / "fig" / "c.png")]) == 0
     out = pd.read_csv(tmp_path / "c.csv")
     assert set(out.stage) == {"gdn_tree_verify", "mlp_step"}
     assert np.allclose(out.ratio_median, 1.02, atol=1e-4)
-    assert "40 points in both" in (tmp_path / "c.md").read_text()
+    md = (tmp_path / "c.md").read_text()
+    assert "40 points in both" in md and "![B / A per point](fig/c.png)" in md
+    assert (tmp_path / "fig" / "c.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_one_line_errors(tmp_path, capsys):
