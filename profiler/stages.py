@@ -75,7 +75,7 @@ def default_variants(stage: str, device: str) -> tuple[str, ...]:
     if stage == "gdn_tree_commit":
         return ("triton_tree",) if cuda else ("torch_ref",)
     if stage == "gdn_round_meta":
-        return ("torch_graph", "torch") if cuda else ("torch",)
+        return ("torch_graph", "torch", "host") if cuda else ("torch",)
     if stage == "gdn_decode_step":
         return ("triton_recurrent",) if cuda else ("torch_ref",)
     if stage == "attn_tree_verify":
@@ -95,19 +95,27 @@ def _gdn_round_meta_workload(ctx: Ctx, p: Point) -> Workload:
     issued eagerly from Python and timed so (a runtime that launches them one by one pays the
     host's issue time);
     ``torch_graph``: the same ops replayed from a CUDA graph (their GPU time: what a runtime
-    that captures the round's metadata build, as serving engines capture their steps, pays)."""
+    that captures the round's metadata build, as serving engines capture their steps, pays);
+    ``host``: built from the trees on the host (``verify_round_meta_host``: numpy, one copy to
+    the device), what simtree's runtime does, timed eagerly with the copy."""
     from simtree.kernels import gdn as kg
-    if p.variant not in ("torch", "torch_graph"):
+    if p.variant not in ("torch", "torch_graph", "host"):
         raise Unavailable(f"unknown gdn_round_meta variant {p.variant!r}")
     g = ctx.model.gdn
 
     def make():
         tb = _gdn_trees(p.batch_size, p.nodes_per_seq, p.tree_shape, ctx.seed)
+        if p.variant == "host":
+            parents, cu = tb.parents, tb.cu_nodes
+            return (lambda: kg.verify_round_meta_host(parents, cu, tb.max_nodes, g["value_heads"],
+                                                      g["value_dim"], ctx.device,
+                                                      tb.known_depth_first)), \
+                parents.nbytes + cu.nbytes
         meta = {k: v.to(ctx.device) for k, v in tb.to_torch().items()}
         return (lambda: kg.verify_round_meta(meta["parents"], meta["cu_nodes"], tb.max_nodes,
                                              g["value_heads"], g["value_dim"], tb.known_depth_first)), \
             nbytes(*meta.values())
-    return Workload(make, eager=p.variant == "torch")
+    return Workload(make, eager=p.variant != "torch_graph")
 
 
 def _gdn_commit_workload(ctx: Ctx, p: Point) -> Workload:

@@ -23,7 +23,8 @@ import functools
 import torch
 
 from simtree.kernels.gdn import (conv_state_commit, depth_first_pays, gdn_tree_commit, gdn_tree_verify,
-                                 gdn_tree_verify_recurrent, tree_causal_conv, tree_meta)
+                                 gdn_tree_verify_recurrent, tree_causal_conv,
+                                 verify_round_meta_host)
 from simtree.kernels.gdn.reference import _prep_qk, _step, gdn_tree_verify_dense_batched
 
 PREFILL_CHUNK = 64
@@ -74,14 +75,16 @@ def chain_gdn(q, k, v, g, beta):
     return o.to(v.dtype).view(B, T, HV, V)
 
 
-def round_meta(meta: dict, max_nodes: int, depth_first: bool = False) -> dict:
-    """Add the GDN kernels' per-round tree metadata (built once, shared by every GDN layer).
+def round_meta(meta: dict, batch, value_heads: int, value_dim: int) -> dict:
+    """Add the GDN kernels' per-round tree metadata (built once, shared by every GDN layer),
+    from the drafted ``TreeBatch`` on the host (``verify_round_meta_host``: numpy and one
+    copy to the device, with the default verify launch's sub-chunk pairs).
 
-    The trees were validated as DraftTrees, so no validation (host sync) is repeated here;
-    ``depth_first``: they are stored in their heavy-first order (``TreeBatch.is_depth_first``).
-    """
-    meta["gdn"] = tree_meta(meta["parents"], meta["cu_nodes"], max_nodes=max_nodes, validate=False,
-                            depth_first=depth_first)
+    The trees were validated as DraftTrees, so no validation is repeated here; they count as
+    stored depth-first where the batch already knows it (``TreeBatch.known_depth_first``)."""
+    meta["gdn"] = verify_round_meta_host(batch.parents, batch.cu_nodes, batch.max_nodes,
+                                         value_heads, value_dim, meta["parents"].device,
+                                         batch.known_depth_first)
     return meta
 
 

@@ -327,7 +327,8 @@ class HybridLM(nn.Module):
         meta = batch.to_torch(dev, ("cu_nodes", "parents", "seq_ids", "depth", "tokens"))
         meta["cache_lens"] = lens
         if "linear_attention" in self.config.layer_types:
-            gdn_ops.round_meta(meta, batch.max_nodes, batch.known_depth_first)
+            gdn_ops.round_meta(meta, batch, self.config.linear_num_value_heads,
+                               self.config.linear_value_head_dim)
         if "full_attention" in self.config.layer_types:  # [cache | ancestor-or-self] per sequence
             meta["attn_masks"] = [torch.cat([torch.ones(t.num_nodes, n, dtype=torch.bool, device=dev),
                                              torch.tensor(t.ancestor_mask, device=dev)], 1)

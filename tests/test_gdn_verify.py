@@ -177,6 +177,57 @@ def test_tree_meta_matches_tree_batch():
     assert torch.equal(meta.depth, md["depth"])
 
 
+@pytest.mark.parametrize("seed", range(6))
+def test_host_built_meta_equals_the_device_built_one(seed):
+    # tree_meta_host (numpy, one copy) gives the tables tree_meta and subchunk_pairs give,
+    # bit for bit, on ragged random batches (one-node trees, trees past 64 and 128 nodes,
+    # max_nodes given larger than the largest tree: wider words), for every sub-chunk size
+    from simtree.kernels.gdn import tree_meta_host
+    rng = np.random.default_rng(70 + seed)
+    sizes = [int(n) for n in rng.integers(1, 150, size=int(rng.integers(1, 6)))]
+    sizes[0] = 1 if seed % 2 else sizes[0]
+    tb = TreeBatch([random_tree(n, rng, reach=int(rng.integers(1, 9))) for n in sizes])
+    md = tb.to_torch()
+    max_nodes = tb.max_nodes + (70 if seed == 3 else 0)
+    ref = tree_meta(md["parents"], md["cu_nodes"], max_nodes=max_nodes, validate=False)
+    host = tree_meta_host(tb.parents, tb.cu_nodes, max_nodes, pair_blocks=(16, 32, 64))
+    for f in ("bits", "depth", "anc", "seq_ids"):
+        assert torch.equal(getattr(ref, f), getattr(host, f)), f
+    assert host.max_nodes == ref.max_nodes and host.bits.dtype == torch.int64
+    for bt in (16, 32, 64):
+        want, got = ref.subchunk_pairs(md["cu_nodes"], bt), host.subchunk_pairs(md["cu_nodes"], bt)
+        assert torch.equal(want[0], got[0]) and torch.equal(want[1], got[1]) and want[2] == got[2]
+
+
+def test_host_round_meta_holds_the_default_launch_tables():
+    # verify_round_meta_host holds the walk tables the default launch reads, the heavy-first
+    # walk too where that launch takes it (13 sequences x 4 value heads of 65-100 nodes),
+    # equal to the device-built verify_round_meta's; and the verify on it equals the reference
+    from simtree.kernels.gdn import verify_round_meta, verify_round_meta_host, walk_tables
+    rng = np.random.default_rng(78)
+    tb = TreeBatch([random_tree(int(n), rng, reach=4) for n in rng.integers(65, 101, size=13)])
+    md = tb.to_torch()
+    cfg = verify_launch_config(13, HV, V, "cpu", tb.max_nodes)
+    assert cfg["heavy_first"]
+    host = verify_round_meta_host(tb.parents, tb.cu_nodes, tb.max_nodes, HV, V)
+    dev = verify_round_meta(md["parents"], md["cu_nodes"], tb.max_nodes, HV, V)
+    assert ("heavy_first",) in host._derived
+    (o1, w1, p1), (o2, w2, p2) = (walk_tables(m, md["cu_nodes"], 16) for m in (host, dev))
+    assert torch.equal(o1, o2) and torch.equal(w1.bits, w2.bits)
+    assert torch.equal(p1[0], p2[0]) and torch.equal(p1[1], p2[1]) and p1[2] == p2[2]
+    rng = np.random.default_rng(77)
+    trees = [random_tree(n, rng, reach=5) for n in (90, 3, 70)]
+    inp = make_inputs(trees, 77)
+    tb = inp["tb"]
+    meta = verify_round_meta_host(tb.parents, tb.cu_nodes, tb.max_nodes, HV, V)
+    cfg = verify_launch_config(3, HV, V, "cpu", tb.max_nodes)
+    key = ("heavy_first",) if cfg["heavy_first"] else ("pairs", cfg["block_t"])
+    assert key in meta._derived
+    out, _ = gdn_tree_verify(*(inp[k] for k in KEYS), inp["parents"], inp["cu_nodes"],
+                             backend="triton", meta=meta, check=False)
+    assert rel_err(out, gdn_tree_verify_dense_ref(*f64(inp), inp["parents"], inp["cu_nodes"])) < 1e-4
+
+
 def _bad(fn):
     with pytest.raises(SimtreeError) as exc:
         fn()

@@ -66,7 +66,7 @@ def test_v4_gather_attention_check_passes():
     ("gdn_proj_step", "torch", 0), ("attn_proj_step", "torch", 0), ("mlp_step", "torch", 0),
     ("lm_head_step", "torch", 0), ("attn_tree_verify", "torch_sdpa", 32), ("gdn_tree_verify", "torch_ref", 32),
     ("gdn_tree_commit", "torch_ref", 0), ("gdn_round_meta", "torch", 0),
-    ("gdn_round_meta", "torch_graph", 0),
+    ("gdn_round_meta", "torch_graph", 0), ("gdn_round_meta", "host", 0),
 ])
 def test_gdn_model_stages_run_on_cpu(stage, variant, l):
     ctx = _ctx()

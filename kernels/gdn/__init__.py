@@ -17,7 +17,7 @@ import torch
 from simtree.errors import SimtreeError
 
 from .conv import conv_state_commit, tree_causal_conv
-from .meta import HEAVY_FIRST_MAX_NODES, TreeMeta, tree_meta
+from .meta import HEAVY_FIRST_MAX_NODES, TreeMeta, tree_meta, tree_meta_host
 from .reference import (_l2norm, gdn_sequential_ref, gdn_tree_verify_dense_batched,
                         gdn_tree_verify_dense_ref, gdn_tree_verify_ref, tree_causal_conv_ref)
 
@@ -26,6 +26,7 @@ __all__ = ["gdn_tree_verify", "gdn_tree_commit", "gdn_tree_verify_recurrent", "t
            "gdn_tree_verify_dense_batched",
            "gdn_sequential_ref", "tree_causal_conv_ref", "tree_meta",
            "TreeMeta", "GDNTreeCache", "verify_launch_config", "walk_tables", "verify_round_meta",
+           "verify_round_meta_host", "tree_meta_host",
            "commit_launch_config", "depth_first_pays"]
 
 
@@ -222,6 +223,26 @@ def verify_round_meta(parents: torch.Tensor, cu_nodes: torch.Tensor, max_nodes: 
     cfg = verify_launch_config(cu_nodes.numel() - 1, HV, V, parents.device, max_nodes,
                                depth_first)
     walk_tables(meta, cu_nodes, cfg["block_t"], cfg["heavy_first"])
+    return meta
+
+
+def verify_round_meta_host(parents, cu_nodes, max_nodes: int, HV: int, V: int,
+                           device: torch.device | str = "cpu",
+                           depth_first: bool = False) -> TreeMeta:
+    """``verify_round_meta`` from the trees on the host (numpy ``parents`` LOCAL and
+    ``cu_nodes``, e.g. a drafted ``TreeBatch``'s): ``tree_meta_host`` with the default
+    launch's sub-chunk pairs, all in one host-to-device copy, so a runtime that builds each
+    round's metadata eagerly pays a few dozen numpy operations instead of a few dozen kernel
+    launches.  Where that launch walks the trees heavy-first (several sequences of 65-256
+    nodes stored breadth-first), that walk is still built on the device."""
+    import numpy as np
+    cu = np.asarray(cu_nodes, np.int64)
+    cfg = verify_launch_config(cu.shape[0] - 1, HV, V, device, max_nodes, depth_first)
+    heavy = cfg["heavy_first"]
+    meta = tree_meta_host(parents, cu, max_nodes, device, depth_first,
+                          pair_blocks=() if heavy else (cfg["block_t"],))
+    if heavy:
+        walk_tables(meta, torch.as_tensor(cu, device=device), cfg["block_t"], heavy)
     return meta
 
 

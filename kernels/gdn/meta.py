@@ -20,13 +20,15 @@ them.  Layouts:
 from __future__ import annotations
 
 import math
+import sys
 from dataclasses import dataclass, field, replace
 
+import numpy as np
 import torch
 
 from simtree.errors import SimtreeError, TreeError
 
-__all__ = ["TreeMeta", "tree_meta", "HEAVY_FIRST_MAX_NODES"]
+__all__ = ["TreeMeta", "tree_meta", "tree_meta_host", "HEAVY_FIRST_MAX_NODES"]
 
 # the heavy-first order is built from dense [nodes, max_nodes] tables, which grow with the
 # square of the tree size: the kernel's depth-first walk and tree_meta's check stop here
@@ -208,3 +210,92 @@ def tree_meta(parents: torch.Tensor, cu_nodes: torch.Tensor, max_nodes: int | No
                             "depth-first order (TreeBatch.depth_first() renumbers them)")
         meta = replace(meta, depth_first=is_dfs)   # keeps the cached heavy-first tables
     return meta
+
+
+def tree_meta_host(parents: np.ndarray, cu_nodes: np.ndarray, max_nodes: int | None = None,
+                   device: torch.device | str = "cpu", depth_first: bool = False,
+                   pair_blocks: tuple[int, ...] = ()) -> TreeMeta:
+    """``tree_meta`` built on the host (numpy, same pointer doubling, the same tables bit for
+    bit) from trees a caller holds there already (a runtime's drafted ``TreeBatch``), with the
+    sub-chunk pairs of each ``pair_blocks`` size cached, and moved to ``device`` in one copy.
+
+    For a runtime that issues the round's metadata eagerly: a few dozen numpy operations and
+    one host-to-device copy instead of a few dozen kernel launches (``tree_meta`` and
+    ``subchunk_pairs`` as torch ops).  No validation: the trees were validated as
+    DraftTrees.  The heavy-first walk, where a launch wants it, is still built on the device
+    on first use (``TreeMeta.heavy_first``)."""
+    parents = np.asarray(parents, np.int64)
+    cu = np.asarray(cu_nodes, np.int64)
+    N, B = parents.shape[0], cu.shape[0] - 1
+    counts = np.diff(cu)
+    max_nodes = int(counts.max()) if max_nodes is None else int(max_nodes)
+    W = (max_nodes + 63) // 64
+    seq = np.repeat(np.arange(B, dtype=np.int64), counts)
+    local = np.arange(N, dtype=np.int64) - cu[seq]
+    # one sentinel row past the end (no bits, depth 0, no ancestor): a jump of -1 reads it
+    # (np.take counts -1 from the end), so the doubling needs no masking
+    bits = np.zeros((N + 1, W), np.uint64)
+    bits[np.arange(N), local // 64] = np.left_shift(np.uint64(1), (local % 64).astype(np.uint64))
+    pg = np.where(parents >= 0, parents + cu[seq], -1)
+    jump = np.append(pg, -1)
+    depth = np.append((pg >= 0).astype(np.int64), 0)
+    for _ in range(max(0, math.ceil(math.log2(max(max_nodes, 1))))):
+        # np.take: a row gather several times faster than fancy indexing
+        bits |= np.take(bits, jump, axis=0)
+        depth += np.take(depth, jump)
+        jump = np.take(jump, jump)
+    bits, depth = bits[:N], depth[:N]
+    a2 = np.take(np.append(pg, -1), pg)
+    a3 = np.take(np.append(pg, -1), a2)
+    parts = [bits.view(np.int64).reshape(-1), depth, np.stack([pg, a2, a3], 1).reshape(-1), seq]
+    pairs = {}
+    for bt in pair_blocks:
+        order, cnt, C = _subchunk_pairs_np(bits, seq, local, B, max_nodes, bt)
+        pairs[bt] = C
+        parts += [_as_int64_words(order), _as_int64_words(cnt)]
+    buf = torch.from_numpy(np.concatenate(parts)).to(device)     # the one host-to-device copy
+    off = 0
+
+    def take(size: int) -> torch.Tensor:
+        nonlocal off
+        off += size
+        return buf[off - size:off]
+
+    meta = TreeMeta(bits=take(N * W).view(N, W), depth=take(N), anc=take(3 * N).view(N, 3),
+                    seq_ids=take(N), max_nodes=max_nodes, depth_first=bool(depth_first))
+    for bt, C in pairs.items():
+        order = take((B * C * C + 1) // 2).view(torch.int32)[:B * C * C].view(B, C, C)
+        cnt = take((B * C + 1) // 2).view(torch.int32)[:B * C].view(B, C)
+        meta._derived[("pairs", bt)] = (order, cnt, C)
+    return meta
+
+
+def _as_int64_words(a: np.ndarray) -> np.ndarray:
+    """An int32 array's bytes as int64 words (padded to an even count), for one packed copy."""
+    flat = np.ascontiguousarray(a, np.int32).reshape(-1)
+    if flat.size % 2:
+        flat = np.concatenate([flat, np.zeros(1, np.int32)])
+    return flat.view(np.int64)
+
+
+_UINT = {8: np.uint8, 16: np.uint16, 32: np.uint32, 64: np.uint64}
+
+
+def _subchunk_pairs_np(bits: np.ndarray, seq: np.ndarray, local: np.ndarray, B: int,
+                       max_nodes: int, bt: int) -> tuple[np.ndarray, np.ndarray, int]:
+    """``_subchunk_pairs`` in numpy (bits uint64 [N, W]): the same (pairs, counts, C)."""
+    N = bits.shape[0]
+    C = (max_nodes + bt - 1) // bt
+    if sys.byteorder == "little":   # sub-chunk c2 of a row = its c2-th bt-bit field
+        meets = np.ascontiguousarray(bits).view(_UINT[bt]).reshape(N, -1) != 0
+    else:
+        shift = np.arange(0, 64, bt, dtype=np.uint64)
+        meets = (((bits[:, :, None] >> shift) & np.uint64((1 << bt) - 1)) != 0).reshape(N, -1)
+    meets = meets[:, :C]
+    key = seq * C + local // bt                  # rows come sorted by (tree, sub-chunk)
+    start = np.flatnonzero(np.diff(key, prepend=-1))
+    need = np.zeros((B * C, C), bool)
+    need[key[start]] = np.logical_or.reduceat(meets, start, axis=0)
+    need = need.reshape(B, C, C) & np.tri(C, C, -1, dtype=bool)
+    order = np.argsort(~need, axis=-1, kind="stable")
+    return order.astype(np.int32), need.sum(-1).astype(np.int32), C
