@@ -278,7 +278,7 @@ def _as_int64_words(a: np.ndarray) -> np.ndarray:
     return flat.view(np.int64)
 
 
-_UINT = {8: np.uint8, 16: np.uint16, 32: np.uint32, 64: np.uint64}
+_UINT = {16: np.uint16, 32: np.uint32, 64: np.uint64}   # a sub-chunk's bits, by its size
 
 
 def _subchunk_pairs_np(bits: np.ndarray, seq: np.ndarray, local: np.ndarray, B: int,
