@@ -5,7 +5,10 @@ predicts ``simtree run`` on the same machine (apples to apples).
 * ``model_verify_step``: the shipped target's verify of a :class:`TreeBatch` of b EAGLE-like
   trees of n nodes over a cache holding l random prompt tokens per sequence, plus what the
   engine books right after it: the host copy of the argmax, greedy acceptance and the
-  accepted-path commit (a real round pays the commit; the engine times it as "commit").  The
+  accepted-path commit (a real round pays the commit; the engine times it as "commit").
+  At n = 1 the engine drafts nothing and runs one fused decode step instead
+  (``HybridLM.step``: no tree, no verify, no commit), so that point times that step, the
+  argmax copy and the acceptance book-keeping.  The
   committed path is the first-child chain down to depth min(2, tree depth); the trees are
   rebuilt (fresh DraftTree objects, whose derived views are computed lazily) and the cache
   length reset before each repetition, so every repetition pays what a round pays at fixed l.
@@ -107,6 +110,15 @@ def _verify_step(ctx, p):
     base = cache.lengths.clone()
     proto = _random_trees(b, n, p.tree_shape, target.config.vocab_size, ctx.seed + 31 * b + n).trees
     accepted = [_first_child_path_end(t) for t in proto]
+    if n == 1:   # the engine's plain round (``SpecEngine``: max_nodes == 1)
+        roots = torch.as_tensor([int(t.tokens[0]) for t in proto], device=cache.lengths.device)
+
+        def plain():
+            cache.lengths.copy_(base)
+            batch = TreeBatch([DraftTree(t.parents, t.tokens) for t in proto])
+            target_next = target.step(roots, cache).argmax(-1).cpu().numpy()
+            greedy_accept_batch(batch, target_next)
+        return plain, 0
 
     def step():
         cache.lengths.copy_(base)

@@ -134,3 +134,27 @@ def test_lossless_report_lists_every_checked_run_and_refuses_unchecked(tmp_path)
         write_lossless_report(tmp_path)
     with pytest.raises(SimtreeError, match="no \\*/run.json"):
         write_lossless_report(tmp_path / "eagle_b2")
+
+
+@pytest.mark.parametrize("b, n", [(1, 1), (3, 1), (2, 4)])
+def test_runtime_verify_point_times_what_the_engine_runs(monkeypatch, b, n):
+    # at n = 1 the engine runs one fused decode step (no tree, no verify, no commit), so the
+    # profile's point must time that step; trees of n > 1 go through verify and commit
+    import torch
+
+    from simtree.models import get_model
+    from simtree.profiler.pieces import Ctx
+    from simtree.profiler.stages import Point, build_workload
+    from simtree.runtime.model import HybridLM
+
+    calls = []
+    for name in ("step", "verify", "commit"):
+        orig = getattr(HybridLM, name)
+        monkeypatch.setattr(HybridLM, name, lambda self, *a, _o=orig, _n=name, **k:
+                            (calls.append(_n), _o(self, *a, **k))[1])
+    ctx = Ctx(get_model("runtime-tiny"), torch.device("cpu"), torch.float32)
+    fn, _ = build_workload(ctx, Point("model_verify_step", "runtime_tiny", "runtime-tiny", b, n, 16)).make()
+    calls.clear()     # the cache prefill is not part of the timed step
+    fn()
+    fn()
+    assert calls == (["step"] * 2 if n == 1 else ["verify", "commit"] * 2)
