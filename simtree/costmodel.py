@@ -4,15 +4,16 @@
         one verify step of the batch: every sequence verifies n tree nodes at context l;
         a plain decode step is predict(1, l, b). Non-decreasing in n, l and b everywhere
         (also outside the fitted range); convex in n unless ``convex_in_n`` is False (an MoE
-        model whose experts saturate, form "moe"/"moe_grid": budget rules then take the
-        global argmax instead of the first stop).
+        model whose experts saturate, form "moe"/"moe_grid", or plain decoding fitted on its
+        own curve, form "decode_split", where the profile's n = 1 is a cheaper step: budget
+        rules then take the global argmax instead of the first stop).
     DraftCostModel.predict(num_steps, topk, batch_size) -> us
         one drafting round: s sequential draft steps of top-k over the batch.
     CostBundle(verify, draft, meta) with save(path) / load_costs(path): small JSON.
 
 Inputs broadcast as numpy arrays (float or ndarray out); Python scalars take a pure-Python
 fast path (a few microseconds). The fitted parameters live in a surface from
-:mod:`simtree.costfit` (form "basis", "grid", "moe" or "moe_grid", see there; the fit form "grid_lin"
+:mod:`simtree.costfit` (form "basis", "grid", "moe", "moe_grid" or "decode_split", see there; the fit form "grid_lin"
 gives a "grid" surface, the info's "form" names the fit form); this module adds the names, the
 provenance (source profile and its hash) and the held-out fit error.
 Any object with the same ``predict`` methods works in the simulator (duck typing).

@@ -29,7 +29,8 @@ import numpy as np
 import pandas as pd
 
 from simtree.costfit import FitResult, ScaledVerifyDraft, fit_surface
-from simtree.costfit.fitting import MOE_FORMS
+from simtree.costfit.fitting import MOE_FORMS, error_stats
+from simtree.costfit.forms import DecodeSplitSurface
 from simtree.costmodel import DRAFT_AXES, VERIFY_AXES, CostBundle, DraftCostModel, VerifyCostModel
 from simtree.errors import SimtreeError
 from simtree.models import get_model
@@ -165,7 +166,16 @@ def fit_profile(profile: str | os.PathLike, *, stage: str | None = None, model: 
                        rows["latency_us_median"], "verify", VERIFY_AXES, forms=forms, folds=folds,
                        what=f"C_v from {what}", on_fit=on_fit, reference_forms=reference_forms, moe=moe)
     vsource = {**base_source, "stage": vstage, "variant": rows["variant"].iloc[0]}
-    verify = VerifyCostModel(vres.surface, _info(vres, vsource, [], "convex_in_n"))
+    split = _decode_split(rows, vres, forms, folds, what, on_fit, reference_forms, moe, notes)
+    if split is not None and split["kept"]:
+        vres = split["main"]
+        vres.surface = DecodeSplitSurface(vres.surface, split["decode"].surface)
+    vinfo = _info(vres, vsource, [], "convex_in_n")
+    if split is not None:
+        vinfo["decode_split"] = split["record"]
+        if split["kept"]:
+            vinfo["nonconvex_reason"] = vres.surface.nonconvex_reason
+    verify = VerifyCostModel(vres.surface, vinfo)
 
     drows = df[(df["stage"] == DRAFT_STAGE) & (df["model"] == model_name) & (df["device"] == device_name)
                & (df["dtype"] == rows["dtype"].iloc[0])]
@@ -209,6 +219,49 @@ def fit_profile(profile: str | os.PathLike, *, stage: str | None = None, model: 
                        "draft_stage": DRAFT_STAGE if dres is not None else None},
             "profile_meta": read_meta(path)}
     return FitReport(CostBundle(verify, draft, meta), vres, dres, rows, drows, notes)
+
+
+# plain decoding fitted on its own only when that cuts the held-out error (median + p90) of
+# C_v over all points by at least this fraction and one percentage point: a real jump, not noise
+DECODE_SPLIT_GAIN = 0.25
+
+
+def _decode_split(rows: pd.DataFrame, joint, forms, folds, what, on_fit, reference_forms, moe,
+                  notes: list) -> dict | None:
+    """C_v with n = 1 (plain decoding) on its own curve (``DecodeSplitSurface``) against the
+    joint fit ``joint``, compared on the same points' k-fold held-out predictions; None when
+    the table has no n = 1 points or too few to fit the two parts."""
+    n = rows["nodes_per_seq"]
+    one, rest = rows[n == 1], rows[n >= 2]
+    if one.empty or rest.empty:
+        return None
+    lat = "latency_us_median"
+    try:
+        main = fit_surface(rest["nodes_per_seq"], rest["context_len"], rest["batch_size"], rest[lat],
+                           "verify", VERIFY_AXES, forms=forms, folds=folds, what=f"C_v(n >= 2) from {what}",
+                           on_fit=on_fit, reference_forms=(), moe=moe)
+        decode = fit_surface(one["batch_size"], one["context_len"], one["nodes_per_seq"], one[lat],
+                             "verify", ("batch_size", "context_len", "nodes_per_seq"), forms=forms,
+                             folds=folds, what=f"C_v(n = 1) from {what}", on_fit=on_fit,
+                             reference_forms=(), moe=moe)
+    except SimtreeError as exc:
+        notes.append(f"plain decoding (n = 1) not fitted on its own: {exc}")
+        return None
+    both = error_stats(np.concatenate([main.heldout_pred, decode.heldout_pred]),
+                       np.concatenate([main.points[3], decode.points[3]]))
+    one_fit = joint.heldout[joint.form]
+    score = lambda e: e["median"] + e["p90"]  # noqa: E731
+    kept = score(both) <= (1 - DECODE_SPLIT_GAIN) * score(one_fit) and score(one_fit) - score(both) >= 0.01
+    record = {"kept": bool(kept), "heldout_split": both,
+              "heldout_joint": {k: v for k, v in one_fit.items() if k != "folds"},
+              "main_form": main.form, "decode_form": decode.form,
+              "decode_valid_range": decode.surface.valid_range,
+              "decode_fit_error": {"heldout": decode.heldout[decode.form], "in_sample": decode.in_sample}}
+    if kept:
+        notes.append(f"plain decoding (n = 1) fitted on its own: held-out median+p90 "
+                     f"{100 * score(both):.1f}% vs {100 * score(one_fit):.1f}% for one surface over "
+                     f"all n; C_v jumps from n = 1 to 2, so budget searches take the global argmax")
+    return {"kept": kept, "main": main, "decode": decode, "record": record}
 
 
 _SHORT = {"context_len": "l", "num_steps": "steps"}

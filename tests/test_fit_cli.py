@@ -152,3 +152,62 @@ def test_dense_model_never_gets_an_moe_form(tmp_path):
     assert report.bundle.verify.info["convex_in_n"] is True and report.bundle.meta["moe"] is None
     with pytest.raises(SimtreeError, match="need an MoE model; 'qwen3.6-27b' is dense"):
         fit_profile(prof, folds=2, forms=("moe",))
+
+
+def make_decode_jump_profile(path, rng, jump: float):
+    """Verify rows whose n = 1 points come from a cheaper, separate decode step: ``jump`` us
+    more for every n >= 2 (0: one smooth surface), 2% noise; plus draft rows."""
+    rows = []
+    for b in (1, 2, 4, 8, 16):
+        for l in (256, 1024, 8192):
+            for n in (1, 2, 4, 8, 16):
+                lat = (400 + 3 * b + 0.01 * l + 20 * n * b + (jump if n >= 2 else 0)) \
+                    * (1 + 0.02 * rng.standard_normal())
+                rows.append(row("model_verify_step", n, l, b, lat))
+        for s in (1, 2, 4):
+            for k in (1, 2, 4):
+                lat = (10 + s * (8 + 0.1 * b * k)) * (1 + 0.02 * rng.standard_normal())
+                rows.append({**row("draft_step", k, 1024, b, lat, num_steps=s, topk=k),
+                             "variant": "torch_ref", "tree_shape": "eagle"})
+    append_rows(path, rows)
+    return path
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_plain_decoding_gets_its_own_curve_where_cv_jumps(tmp_path, seed):
+    # n = 1 a separate, cheaper step (a runtime's fused decode, no tree): one convex surface
+    # cannot follow the jump to n = 2, so C_v(n = 1) is fitted on its own, the bundle says C_v
+    # is not convex in n (budget searches take the global argmax), and predictions stay
+    # non-decreasing in n and match both sides of the jump
+    rng = np.random.default_rng(seed)
+    prof = make_decode_jump_profile(tmp_path / "p.csv", rng, jump=2000.0)
+    report = fit_profile(prof)
+    verify = report.bundle.verify
+    assert verify.info["decode_split"]["kept"] and not verify.convex_in_n
+    assert "n = 1" in verify.info["nonconvex_reason"]
+    assert any("fitted on its own" in n for n in report.notes)
+    assert verify.valid_range["nodes_per_seq"][0] == 1.0
+    for b in (1, 3, 8, 16):
+        for l in (256, 2000, 8192):
+            truth1 = 400 + 3 * b + 0.01 * l + 20 * b
+            assert abs(verify.predict(1, l, b) / truth1 - 1) < 0.05, (b, l)
+            ns = np.arange(1, 17)
+            pred = np.asarray(verify.predict(ns, l, b))
+            assert np.all(np.diff(pred) >= -1e-9)
+            assert pred[1] > 1.5 * pred[0]          # the jump is kept, not smoothed away
+            assert [verify.predict(int(n), l, b) for n in ns] == pytest.approx(pred.tolist(), rel=1e-12)
+    report.bundle.save(tmp_path / "c.json")
+    again = load_costs(tmp_path / "c.json").verify
+    grid = (np.arange(1, 17)[:, None], 1024, np.array([1, 4, 16]))
+    assert np.array_equal(again.predict(*grid), verify.predict(*grid))
+    assert not again.convex_in_n
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_smooth_profile_keeps_one_surface(tmp_path, seed):
+    # no jump at n = 1: the split is tried, recorded and not kept (C_v stays convex in n)
+    prof = make_decode_jump_profile(tmp_path / "p.csv", np.random.default_rng(seed), jump=0.0)
+    verify = fit_profile(prof).bundle.verify
+    record = verify.info["decode_split"]
+    assert not record["kept"] and verify.convex_in_n
+    assert set(record) >= {"heldout_split", "heldout_joint", "main_form", "decode_form"}

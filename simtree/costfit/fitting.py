@@ -56,6 +56,8 @@ class FitResult:
     num_points: int
     notes: list = field(default_factory=list)
     worst_heldout: list = field(default_factory=list)   # the kept form's largest k-fold residuals
+    points: tuple | None = None         # (x, y, z, latency) of the distinct points fitted
+    heldout_pred: np.ndarray | None = None   # the kept form's k-fold prediction at each point
 
     @property
     def convex_in_x(self) -> bool:
@@ -320,7 +322,7 @@ def fit_surface(x, y, z, latency, kind: str, axis_names=("x", "y", "z"),
     worst = _worst(x, y, z, lat, fitted, axis_names, worst_k, "fitted_us")
     worst_heldout = _worst(x, y, z, lat, preds[best], axis_names, worst_k, "heldout_us")
     return FitResult(surface, best, heldout, error_stats(fitted, lat), worst, len(lat), notes,
-                     worst_heldout)
+                     worst_heldout, (x, y, z, lat), preds[best])
 
 
 def _worst(x, y, z, lat, pred, axis_names, worst_k: int, label: str) -> list:

@@ -336,6 +336,49 @@ class ScaledVerifyDraft:
                 "verify": self.verify.to_dict()}
 
 
+class DecodeSplitSurface:
+    """C_v with plain decoding (n = 1) on its own curve: a runtime or composition that runs a
+    different, cheaper step when nothing is drafted (a fused decode step, no tree) makes C_v
+    jump from n = 1 to n = 2, which no convex-in-n surface follows.
+
+    ``main``: a verify surface over (n, l, b) fitted on n >= 2; ``decode``: one over
+    (x = b, y = l, z = n = 1) fitted on the n = 1 points.  predict(1, l, b) = min(decode,
+    main(2)), linear between n = 1 and 2, main from 2: non-decreasing in n, l and b, convex in n
+    from 2 on but not across the jump, so ``convex_in_x`` is False and budget searches take
+    the global argmax (the jump is the fixed price of drafting at all)."""
+
+    form = "decode_split"
+    convex_in_x = False
+    nonconvex_reason = ("plain decoding (n = 1) is its own, cheaper step: C_v jumps from n = 1 "
+                        "to n = 2")
+
+    def __init__(self, main, decode):
+        self.main, self.decode = main, decode
+        vr = dict(getattr(main, "valid_range", {}) or {})
+        names = list(vr)
+        if names:   # the n axis now starts at 1
+            vr[names[0]] = [1.0, float(vr[names[0]][1])]
+        self.valid_range = vr
+
+    def predict(self, x, y, z):
+        if type(x) in _SCALAR and type(y) in _SCALAR and type(z) in _SCALAR:
+            x = float(x)
+            if x >= 2.0:
+                return self.main.predict(x, y, z)
+            m2 = self.main.predict(2.0, y, z)
+            d = min(self.decode.predict(float(z), y, 1.0), m2)
+            return d if x <= 1.0 else d + (x - 1.0) * (m2 - d)
+        x, y, z = np.broadcast_arrays(*(np.asarray(v, dtype=float) for v in (x, y, z)))
+        m = np.asarray(self.main.predict(np.maximum(x, 2.0), y, z), dtype=float)
+        m2 = np.asarray(self.main.predict(np.full(x.shape, 2.0), y, z), dtype=float)
+        d = np.minimum(np.asarray(self.decode.predict(z, y, np.ones(x.shape)), dtype=float), m2)
+        out = np.where(x >= 2.0, m, d + np.clip(x - 1.0, 0.0, 1.0) * (m2 - d))
+        return out if out.ndim else float(out)
+
+    def to_dict(self) -> dict:
+        return {"form": self.form, "main": self.main.to_dict(), "decode": self.decode.to_dict()}
+
+
 def surface_from_dict(d: dict):
     """Rebuild a surface from :meth:`to_dict` output (JSON); SimtreeError on bad content."""
     try:
@@ -351,6 +394,8 @@ def surface_from_dict(d: dict):
                                   d["n_experts"], d["experts_per_token"], names, d.get("valid_range"))
         if form == "grid":
             return GridSurface(d["xs"], d["ys"], d["zs"], d["values"], names, d.get("valid_range"))
+        if form == "decode_split":
+            return DecodeSplitSurface(surface_from_dict(d["main"]), surface_from_dict(d["decode"]))
         if form == "scaled_verify":
             return ScaledVerifyDraft(surface_from_dict(d["verify"]), d["fraction"], d["context_len"])
     except (KeyError, TypeError, ValueError) as exc:
