@@ -137,10 +137,13 @@ def fit_profile(profile: str | os.PathLike, *, stage: str | None = None, model: 
                 draft_variant: str | None = None, draft_from_verify: bool = False,
                 draft_fraction: float = 0.05, forms=None, folds: int = 5,
                 reference_forms=("per_bin",),
-                on_fit: Callable[[], None] | None = None) -> FitReport:
+                on_fit: Callable[[], None] | None = None,
+                on_more_solves: Callable[[int], None] | None = None) -> FitReport:
     """Fit C_v and C_d to a profile table and return the bundle with its evaluation.
 
-    ``forms``: None/"auto" (see the module doc) or a tuple of form names. Raises SimtreeError
+    ``forms``: None/"auto" (see the module doc) or a tuple of form names.  ``on_fit()`` runs
+    after every solve; ``on_more_solves(k)`` before the k solves of the n = 1 split (see
+    ``_decode_split``), so a progress bar can grow. Raises SimtreeError
     (one line) on a bad table, an ambiguous selection (several models, devices or variants with
     none chosen), an MoE form for a dense model, or data that cannot be fitted.
     """
@@ -166,7 +169,7 @@ def fit_profile(profile: str | os.PathLike, *, stage: str | None = None, model: 
                        rows["latency_us_median"], "verify", VERIFY_AXES, forms=forms, folds=folds,
                        what=f"C_v from {what}", on_fit=on_fit, reference_forms=reference_forms, moe=moe)
     vsource = {**base_source, "stage": vstage, "variant": rows["variant"].iloc[0]}
-    split = _decode_split(rows, vres, forms, folds, what, on_fit, reference_forms, moe, notes)
+    split = _decode_split(rows, vres, forms, folds, what, on_fit, moe, notes, on_more_solves)
     if split is not None and split["kept"]:
         vres = split["main"]
         vres.surface = DecodeSplitSurface(vres.surface, split["decode"].surface)
@@ -226,8 +229,8 @@ def fit_profile(profile: str | os.PathLike, *, stage: str | None = None, model: 
 DECODE_SPLIT_GAIN = 0.25
 
 
-def _decode_split(rows: pd.DataFrame, joint, forms, folds, what, on_fit, reference_forms, moe,
-                  notes: list) -> dict | None:
+def _decode_split(rows: pd.DataFrame, joint, forms, folds, what, on_fit, moe, notes: list,
+                  on_more_solves=None) -> dict | None:
     """C_v with n = 1 (plain decoding) on its own curve (``DecodeSplitSurface``) against the
     joint fit ``joint``, compared on the same points' k-fold held-out predictions; None when
     the table has no n = 1 points or too few to fit the two parts."""
@@ -236,6 +239,8 @@ def _decode_split(rows: pd.DataFrame, joint, forms, folds, what, on_fit, referen
     if one.empty or rest.empty:
         return None
     lat = "latency_us_median"
+    if on_more_solves is not None:   # two fits of every form: k folds and the refit each
+        on_more_solves(2 * len(forms) * (folds + 1))
     try:
         main = fit_surface(rest["nodes_per_seq"], rest["context_len"], rest["batch_size"], rest[lat],
                            "verify", VERIFY_AXES, forms=forms, folds=folds, what=f"C_v(n >= 2) from {what}",

@@ -115,7 +115,9 @@ def register(app: typer.Typer) -> None:
                                  draft_variant=draft_variant, draft_from_verify=draft_from_verify,
                                  draft_fraction=draft_fraction, forms=forms, folds=folds,
                                  reference_forms=reference,
-                                 on_fit=lambda: progress.advance(task))
+                                 on_fit=lambda: progress.advance(task),
+                                 on_more_solves=lambda k: progress.update(
+                                     task, total=progress.tasks[0].total + k))
         out = out or profile.with_name(profile.stem + ".costs.json")
         report.bundle.save(out)
         png_path = None if no_png else plot_fit(report, png or out.with_suffix(".png"))
