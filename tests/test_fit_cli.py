@@ -154,13 +154,13 @@ def test_dense_model_never_gets_an_moe_form(tmp_path):
         fit_profile(prof, folds=2, forms=("moe",))
 
 
-def make_decode_jump_profile(path, rng, jump: float):
+def make_decode_jump_profile(path, rng, jump: float, ns=(1, 2, 4, 8, 16)):
     """Verify rows whose n = 1 points come from a cheaper, separate decode step: ``jump`` us
     more for every n >= 2 (0: one smooth surface), 2% noise; plus draft rows."""
     rows = []
     for b in (1, 2, 4, 8, 16):
         for l in (256, 1024, 8192):
-            for n in (1, 2, 4, 8, 16):
+            for n in ns:
                 lat = (400 + 3 * b + 0.01 * l + 20 * n * b + (jump if n >= 2 else 0)) \
                     * (1 + 0.02 * rng.standard_normal())
                 rows.append(row("model_verify_step", n, l, b, lat))
@@ -211,3 +211,21 @@ def test_smooth_profile_keeps_one_surface(tmp_path, seed):
     record = verify.info["decode_split"]
     assert not record["kept"] and verify.convex_in_n
     assert set(record) >= {"heldout_split", "heldout_joint", "main_form", "decode_form"}
+
+
+def test_decode_split_bridges_a_gap_above_n_1_without_extrapolating(tmp_path):
+    # the smallest tree measured is n = 4: between n = 1 and 4 the split interpolates linearly
+    # (no query of the n >= 2 surface below its range: no out-of-range warning), non-decreasing
+    import warnings
+    prof = make_decode_jump_profile(tmp_path / "p.csv", np.random.default_rng(5), jump=2000.0,
+                                    ns=(1, 4, 8, 16))
+    verify = fit_profile(prof).bundle.verify
+    assert verify.info["decode_split"]["kept"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for b in (1, 4, 16):
+            pred = np.asarray(verify.predict(np.arange(1, 17), 1024, b))
+            assert np.all(np.diff(pred) >= -1e-9)
+            d, m4 = pred[0], pred[3]
+            assert pred[1] == pytest.approx(d + (m4 - d) / 3) and pred[2] == pytest.approx(d + 2 * (m4 - d) / 3)
+            assert verify.predict(3, 1024, b) == pytest.approx(pred[2], rel=1e-12)

@@ -341,11 +341,12 @@ class DecodeSplitSurface:
     different, cheaper step when nothing is drafted (a fused decode step, no tree) makes C_v
     jump from n = 1 to n = 2, which no convex-in-n surface follows.
 
-    ``main``: a verify surface over (n, l, b) fitted on n >= 2; ``decode``: one over
-    (x = b, y = l, z = n = 1) fitted on the n = 1 points.  predict(1, l, b) = min(decode,
-    main(2)), linear between n = 1 and 2, main from 2: non-decreasing in n, l and b, convex in n
-    from 2 on but not across the jump, so ``convex_in_x`` is False and budget searches take
-    the global argmax (the jump is the fixed price of drafting at all)."""
+    ``main``: a verify surface over (n, l, b) fitted on n >= 2 (smallest fitted n: n0);
+    ``decode``: one over (x = b, y = l, z = n = 1) fitted on the n = 1 points.
+    predict(1, l, b) = min(decode, main(n0)), linear between n = 1 and n0, main from n0:
+    non-decreasing in n, l and b, convex in n from n0 on but not across the jump, so
+    ``convex_in_x`` is False and budget searches take the global argmax (the jump is the fixed
+    price of drafting at all)."""
 
     form = "decode_split"
     convex_in_x = False
@@ -356,23 +357,25 @@ class DecodeSplitSurface:
         self.main, self.decode = main, decode
         vr = dict(getattr(main, "valid_range", {}) or {})
         names = list(vr)
+        self.n0 = max(2.0, float(vr[names[0]][0])) if names else 2.0
         if names:   # the n axis now starts at 1
             vr[names[0]] = [1.0, float(vr[names[0]][1])]
         self.valid_range = vr
 
     def predict(self, x, y, z):
+        n0 = self.n0
         if type(x) in _SCALAR and type(y) in _SCALAR and type(z) in _SCALAR:
             x = float(x)
-            if x >= 2.0:
+            if x >= n0:
                 return self.main.predict(x, y, z)
-            m2 = self.main.predict(2.0, y, z)
-            d = min(self.decode.predict(float(z), y, 1.0), m2)
-            return d if x <= 1.0 else d + (x - 1.0) * (m2 - d)
+            m0 = self.main.predict(n0, y, z)
+            d = min(self.decode.predict(float(z), y, 1.0), m0)
+            return d if x <= 1.0 else d + (x - 1.0) / (n0 - 1.0) * (m0 - d)
         x, y, z = np.broadcast_arrays(*(np.asarray(v, dtype=float) for v in (x, y, z)))
-        m = np.asarray(self.main.predict(np.maximum(x, 2.0), y, z), dtype=float)
-        m2 = np.asarray(self.main.predict(np.full(x.shape, 2.0), y, z), dtype=float)
-        d = np.minimum(np.asarray(self.decode.predict(z, y, np.ones(x.shape)), dtype=float), m2)
-        out = np.where(x >= 2.0, m, d + np.clip(x - 1.0, 0.0, 1.0) * (m2 - d))
+        m = np.asarray(self.main.predict(np.maximum(x, n0), y, z), dtype=float)
+        m0 = np.asarray(self.main.predict(np.full(x.shape, n0), y, z), dtype=float)
+        d = np.minimum(np.asarray(self.decode.predict(z, y, np.ones(x.shape)), dtype=float), m0)
+        out = np.where(x >= n0, m, d + np.clip((x - 1.0) / (n0 - 1.0), 0.0, 1.0) * (m0 - d))
         return out if out.ndim else float(out)
 
     def to_dict(self) -> dict:
