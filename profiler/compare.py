@@ -32,6 +32,10 @@ GROUP = ["model", "stage", "variant"]
 
 def matched_points(a: pd.DataFrame, b: pd.DataFrame) -> pd.DataFrame:
     """The points both tables hold, with ``ratio`` = B's median latency / A's."""
+    for name, df in (("A", a), ("B", b)):   # the device is not matched: one per table
+        if df.device.nunique() > 1:
+            raise SimtreeError(f"profile table {name} holds several devices "
+                               f"({', '.join(sorted(df.device.unique()))}): compare one device's rows")
     both = a.merge(b, on=list(MATCH), suffixes=("_a", "_b"))
     if both.empty:
         raise SimtreeError("the two profile tables share no point (same stage, model, variant, "

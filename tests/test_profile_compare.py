@@ -93,3 +93,8 @@ def test_one_line_errors(tmp_path, capsys):
     assert err == f"error: profile table not found: {tmp_path / 'missing.csv'}"
     with pytest.raises(SimtreeError):
         compare_profiles(load_profile(tmp_path / "a.csv"), load_profile(tmp_path / "other.csv"))
+    mixed = pd.concat([a, a.assign(device="NVIDIA H100")], ignore_index=True)
+    mixed.to_csv(tmp_path / "mixed.csv", index=False)
+    assert main([str(tmp_path / "mixed.csv"), str(tmp_path / "a.csv")]) == 2
+    assert capsys.readouterr().err.strip() == ("error: profile table A holds several devices "
+                                               "(NVIDIA H100, NVIDIA H200): compare one device's rows")
