@@ -109,16 +109,17 @@ def _verify_step(ctx, p):
     cache = _target_cache(ctx, b, l)
     base = cache.lengths.clone()
     proto = _random_trees(b, n, p.tree_shape, target.config.vocab_size, ctx.seed + 31 * b + n).trees
-    accepted = [_first_child_path_end(t) for t in proto]
     if n == 1:   # the engine's plain round (``SpecEngine``: max_nodes == 1)
-        roots = torch.as_tensor([int(t.tokens[0]) for t in proto], device=cache.lengths.device)
+        roots = [int(t.tokens[0]) for t in proto]
 
         def plain():
             cache.lengths.copy_(base)
             batch = TreeBatch([DraftTree(t.parents, t.tokens) for t in proto])
-            target_next = target.step(roots, cache).argmax(-1).cpu().numpy()
+            target_next = target.step(torch.as_tensor(roots, device=cache.lengths.device),
+                                      cache).argmax(-1).cpu().numpy()
             greedy_accept_batch(batch, target_next)
         return plain, 0
+    accepted = [_first_child_path_end(t) for t in proto]
 
     def step():
         cache.lengths.copy_(base)

@@ -324,11 +324,16 @@ class HybridLM(nn.Module):
         if need > cache.max_len:
             raise SimtreeError(f"tree does not fit the cache ({need} > {cache.max_len} tokens)")
         dev = self.embed_tokens.weight.device
-        meta = batch.to_torch(dev, ("cu_nodes", "parents", "seq_ids", "depth", "tokens"))
+        gdn = "linear_attention" in self.config.layer_types
+        # with GDN layers, seq_ids and depth come with the round's GDN metadata (same values,
+        # one copy): not copied twice
+        meta = batch.to_torch(dev, ("cu_nodes", "parents", "tokens") if gdn else
+                              ("cu_nodes", "parents", "seq_ids", "depth", "tokens"))
         meta["cache_lens"] = lens
-        if "linear_attention" in self.config.layer_types:
+        if gdn:
             gdn_ops.round_meta(meta, batch, self.config.linear_num_value_heads,
                                self.config.linear_value_head_dim)
+            meta["seq_ids"], meta["depth"] = meta["gdn"].seq_ids, meta["gdn"].depth
         if "full_attention" in self.config.layer_types:  # [cache | ancestor-or-self] per sequence
             meta["attn_masks"] = [torch.cat([torch.ones(t.num_nodes, n, dtype=torch.bool, device=dev),
                                              torch.tensor(t.ancestor_mask, device=dev)], 1)

@@ -1,13 +1,19 @@
 """A/B of the runtime's per-round GDN metadata: A = the device builder issued eagerly (the
 runtime before ``verify_round_meta_host``), B = the host builder (now); the same live runs
 (shipped tiny models, ShareGPT prompts), interleaved, ``--reps`` times, the first with the
-lossless check; prints one JSON line per run.
+lossless check; writes one JSON line per run to OUT/ab.jsonl (and prints it), the device
+and software to OUT/gpu.txt, each run's run.json under OUT/<case>_<variant>_<rep>/.
 
-    python3 scripts/round_meta_ab.py --device cuda --out /tmp/ab [--prompts 8] [--new-tokens 48] > ab.jsonl
-    python3 scripts/round_meta_ab.py --report DIR    # DIR/ab.jsonl (+ gpu.txt) -> DIR/README.md
+    python3 scripts/round_meta_ab.py --device cuda --out DIR [--prompts 8] [--new-tokens 48]
+    python3 scripts/round_meta_ab.py --report DIR    # DIR/ab.jsonl + gpu.txt -> DIR/README.md
 """
 import argparse
 import json
+import os
+import platform
+
+import torch
+
 import simtree.runtime.gdn_ops as g
 from simtree.kernels import gdn as kg
 from simtree.runtime.live import live_run
@@ -62,6 +68,16 @@ before reading a difference.
 """)
     raise SystemExit(0)
 out = args.out
+os.makedirs(out, exist_ok=True)
+with open(f"{out}/gpu.txt", "w") as fh:   # the lines --report reads: device, host cores, torch
+    name = torch.cuda.get_device_name() if args.device == "cuda" else platform.processor() or "cpu"
+    driver = ""
+    if args.device == "cuda":
+        import subprocess
+        driver = ", " + subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                                       capture_output=True, text=True).stdout.strip().splitlines()[0]
+    fh.write(f"{name}{driver}\n{os.cpu_count()}\n{torch.__version__}\n")
+log = open(f"{out}/ab.jsonl", "w")
 cases = [("b1_best_first", "best_first", params_from_flags("best_first", 3, 2, 16, 1, None), 1),
          ("b4_eagle", "eagle", params_from_flags("eagle", 4, 2, 12, 1, None), 4)]
 for rep in range(args.reps):
@@ -73,7 +89,10 @@ for rep in range(args.reps):
                          prompts=args.prompts, max_new_tokens=args.new_tokens, out=d,
                          check_lossless=rep == 0, device=args.device)
             m = r["measured"]
-            print(json.dumps(dict(case=name, variant=tag, rep=rep, tok_s=round(m["tokens_per_s"], 1),
-                                  round_us=round(m["round_us_median"]), verify_us=round(m["verify_us_median"]),
-                                  lossless_checked=r["lossless_checked"],
-                                  mismatches=r["lossless_mismatches"])), flush=True)
+            line = json.dumps(dict(case=name, variant=tag, rep=rep, tok_s=round(m["tokens_per_s"], 1),
+                                   round_us=round(m["round_us_median"]), verify_us=round(m["verify_us_median"]),
+                                   lossless_checked=r["lossless_checked"],
+                                   mismatches=r["lossless_mismatches"]))
+            print(line, flush=True)
+            log.write(line + "\n")
+            log.flush()

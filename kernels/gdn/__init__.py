@@ -12,6 +12,7 @@ import functools
 import os
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from simtree.errors import SimtreeError
@@ -235,7 +236,6 @@ def verify_round_meta_host(parents, cu_nodes, max_nodes: int, HV: int, V: int,
     round's metadata eagerly pays a few dozen numpy operations instead of a few dozen kernel
     launches.  Where that launch walks the trees heavy-first (several sequences of 65-256
     nodes stored breadth-first), that walk is still built on the device."""
-    import numpy as np
     cu = np.asarray(cu_nodes, np.int64)
     cfg = verify_launch_config(cu.shape[0] - 1, HV, V, device, max_nodes, depth_first)
     heavy = cfg["heavy_first"]

@@ -76,7 +76,7 @@ def _qk_prenorm_kernel(q_ptr, k_ptr, qn_ptr, kn_ptr, R, scale, g_ptr, bits32_ptr
                        cu_ptr, G_ptr, NR, K: tl.constexpr, BR: tl.constexpr,
                        L2NORM: tl.constexpr, HV: tl.constexpr, W: tl.constexpr,
                        NT: tl.constexpr, ORDER: tl.constexpr, G_PASS: tl.constexpr,
-                       HVB: tl.constexpr = 16, RB: tl.constexpr = 16):
+                       HVB: tl.constexpr, RB: tl.constexpr):
     """Once per layer, what every V block of a head would otherwise redo: programs < NR write
     qn = scale * q / |q|, kn = k / |k| (norms in fp32, stored in the outputs' dtype) for BR of
     the R = N * H rows each, so the verify kernel skips the row reductions of every sub-chunk
