@@ -7,6 +7,7 @@ module holds the two pieces of logic between them (callable from Python, or
 
     contrast_runs(plan_dir, workload, batch_size)  # [(role, policy name, `simtree run` flags)]
     write_loop_report(loop_dir)                    # README.md + predicted_vs_measured.png
+    write_repeat_report(loop_dir, "runs_repeat")   # the same plan run twice: run-to-run spread
 
 Layout of a loop folder (every number in the report is read from these files)::
 
@@ -15,6 +16,8 @@ Layout of a loop folder (every number in the report is read from these files)::
     traces/<mode>/run.json, traces.jsonl; traces.jsonl (all of them)   acceptance traces
     plan/policy.json, candidates.csv, plan.md                         simtree plan
     runs/b<B>_<role>/run.json    simtree run, role = chosen | second | linear | none
+    runs_repeat/...              (optional) the same runs again, same plan (PHASES="runs report"
+                                 on a copy of the folder), for ``write_repeat_report``
     timing.tsv                   step, seconds, 1-minute load average after it (the script)
 
 Predicted, per run: the planner's numbers for that policy at that batch (candidates.csv:
@@ -34,7 +37,7 @@ import pandas as pd
 from simtree.errors import SimtreeError
 
 __all__ = ["ROLES", "run_flags", "contrast_runs", "collect_runs", "write_loop_report",
-           "write_lossless_report", "main"]
+           "write_repeat_report", "write_lossless_report", "main"]
 
 ROLES = ("chosen", "second", "linear", "none")
 SPIKE = 1.1  # mean / median round latency above which a run is flagged as hit by a load burst
@@ -87,14 +90,15 @@ def contrast_runs(plan_dir, workload: str, batch_size: int) -> list[tuple[str, s
     return out
 
 
-def collect_runs(loop_dir) -> pd.DataFrame:
-    """One row per runs/*/run.json with the planner's and the run's own predictions."""
+def collect_runs(loop_dir, runs: str = "runs") -> pd.DataFrame:
+    """One row per ``runs``/*/run.json (a folder of ``loop_dir``) with the planner's and the
+    run's own predictions."""
     from simtree.simulate import PolicySpec
 
     loop_dir = Path(loop_dir)
     cands = pd.read_csv(loop_dir / "plan" / "candidates.csv")
     rows = []
-    for path in sorted((loop_dir / "runs").glob("*/run.json")):
+    for path in sorted((loop_dir / runs).glob("*/run.json")):
         run = json.loads(path.read_text())
         role = path.parent.name.split("_", 1)[1] if "_" in path.parent.name else "?"
         b, name = int(run["batch_size"]), PolicySpec(run["mode"], run["params"]).name
@@ -115,7 +119,7 @@ def collect_runs(loop_dir) -> pd.DataFrame:
             "rounds": m["rounds"], "prompts": run["prompts"], "max_new_tokens": run["max_new_tokens"],
             "run_json": str(path.relative_to(loop_dir))})
     if not rows:
-        raise SimtreeError(f"no runs/*/run.json under {loop_dir}")
+        raise SimtreeError(f"no {runs}/*/run.json under {loop_dir}")
     df = pd.DataFrame(rows)
     df["err_tok_s"] = df["planned_tok_s"] / df["measured_tok_s"] - 1
     df["err_accepted"] = df["planned_accepted"] / df["measured_accepted"] - 1
@@ -263,6 +267,81 @@ def write_loop_report(loop_dir) -> dict[str, Path]:
     return {"markdown": md, "png": png, "csv": csv}
 
 
+def write_repeat_report(loop_dir, repeat: str = "runs_repeat") -> dict[str, Path]:
+    """The same plan's runs measured twice (``runs/`` and ``repeat``, folders of ``loop_dir``):
+    repeat.md + repeat.png + repeat.csv in ``loop_dir``: each run's two throughputs and their
+    ratio (run-to-run spread on this machine), the plan's error against each and against
+    their mean, and whether the chosen policy measured best in each repetition."""
+    loop_dir = Path(loop_dir)
+    a, b = collect_runs(loop_dir), collect_runs(loop_dir, repeat)
+    keys = ["batch_size", "role", "policy"]
+    df = a[keys + ["planned_tok_s", "measured_tok_s"]].merge(
+        b[keys + ["measured_tok_s"]], on=keys, suffixes=("_1", "_2"))
+    if df.empty:
+        raise SimtreeError(f"runs/ and {repeat}/ under {loop_dir} share no (batch, role, policy)")
+    df["ratio_2_over_1"] = df["measured_tok_s_2"] / df["measured_tok_s_1"]
+    df["measured_mean"] = df[["measured_tok_s_1", "measured_tok_s_2"]].mean(axis=1)
+    for col in ("1", "2"):
+        df[f"err_{col}"] = df["planned_tok_s"] / df[f"measured_tok_s_{col}"] - 1
+    df["err_mean"] = df["planned_tok_s"] / df["measured_mean"] - 1
+    csv = loop_dir / "repeat.csv"
+    df.to_csv(csv, index=False)
+
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(5.6, 4.6))
+    for i, (bs, sub) in enumerate(df.groupby("batch_size")):
+        ax.plot(sub["measured_tok_s_1"], sub["measured_tok_s_2"], "o", color=f"C{i}", label=f"b={bs}")
+        ax.plot(sub["measured_tok_s_1"], sub["planned_tok_s"], "x", color=f"C{i}")
+    lo = float(df[["measured_tok_s_1", "measured_tok_s_2", "planned_tok_s"]].min().min()) * 0.8
+    hi = float(df[["measured_tok_s_1", "measured_tok_s_2", "planned_tok_s"]].max().max()) * 1.2
+    ax.plot([lo, hi], [lo, hi], "k-", lw=0.8)
+    ax.set(xscale="log", yscale="log", xlim=(lo, hi), ylim=(lo, hi),
+           xlabel="measured tok/s, repetition 1",
+           ylabel="o: repetition 2 (same plan), x: planned")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    png = loop_dir / "repeat.png"
+    fig.savefig(png, dpi=110)
+    plt.close(fig)
+
+    lines = ["# The same plan run twice: run-to-run spread", "",
+             f"Generated by `python -m simtree.cpu_loop repeat <this folder> {repeat}` from "
+             f"`runs/*/run.json` (repetition 1) and `{repeat}/*/run.json` (repetition 2), same "
+             "profile, costs and plan. err = planned / measured - 1.", "",
+             "| batch | role | policy | tok/s rep. 1 | tok/s rep. 2 | rep. 2 / rep. 1 | planned | "
+             "err rep. 1 | err rep. 2 | err vs mean |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in df.itertuples():
+        lines.append(f"| {r.batch_size} | {r.role} | {r.policy} | {r.measured_tok_s_1:.1f} | "
+                     f"{r.measured_tok_s_2:.1f} | {r.ratio_2_over_1:.2f} | {r.planned_tok_s:.1f} | "
+                     f"{_pct(r.err_1)} | {_pct(r.err_2)} | {_pct(r.err_mean)} |")
+    lines += ["", f"![repeat]({png.name})", "", "## Was the chosen policy the best measured one?", "",
+              "| batch | chosen | best rep. 1 | best rep. 2 | best of the mean |", "|---|---|---|---|---|"]
+    best_all = 0
+    groups = list(df.groupby("batch_size"))
+    for bs, sub in groups:
+        ch = sub[sub["role"] == "chosen"]
+        if ch.empty:
+            continue
+        bests = [sub.loc[sub[c].idxmax(), "policy"] for c in
+                 ("measured_tok_s_1", "measured_tok_s_2", "measured_mean")]
+        best_all += all(x == ch["policy"].iloc[0] for x in bests[:2])
+        lines.append(f"| {bs} | {ch['policy'].iloc[0]} | " + " | ".join(bests) + " |")
+    spread = (df["ratio_2_over_1"] - 1).abs()
+    lines += ["", "## Summary", "",
+              f"- run-to-run: |rep. 2 / rep. 1 - 1| median {100 * spread.median():.0f}%, max "
+              f"{100 * spread.max():.0f}% over {len(df)} runs",
+              f"- planned vs measured: median |err| {100 * df['err_1'].abs().median():.0f}% (rep. 1), "
+              f"{100 * df['err_2'].abs().median():.0f}% (rep. 2), "
+              f"{100 * df['err_mean'].abs().median():.0f}% against the mean of the two",
+              f"- the chosen policy measured best in both repetitions at {best_all} of {len(groups)} "
+              "batch sizes", ""]
+    md = loop_dir / "repeat.md"
+    md.write_text("\n".join(lines))
+    return {"markdown": md, "png": png, "csv": csv}
+
+
 def write_lossless_report(folder) -> Path:
     """README.md of a folder of ``simtree run --check`` runs (``<name>/run.json`` each): per run
     the mode, batch, prompts, outputs that differ from plain greedy decoding, tok/s."""
@@ -301,6 +380,7 @@ def _fit_err(costs: dict, which: str) -> str:
 def main(argv: list[str] | None = None) -> int:
     """``python -m simtree.cpu_loop contrast PLAN_DIR WORKLOAD BATCH`` (tab-separated role, policy,
     flags per line) | ``python -m simtree.cpu_loop report LOOP_DIR`` |
+    ``python -m simtree.cpu_loop repeat LOOP_DIR [RUNS_FOLDER]`` (default runs_repeat) |
     ``python -m simtree.cpu_loop lossless RUNS_DIR``."""
     argv = sys.argv[1:] if argv is None else argv
     try:
@@ -310,6 +390,10 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         if len(argv) == 2 and argv[0] == "report":
             paths = write_loop_report(argv[1])
+            print(f"wrote {paths['markdown']} and {paths['png']}")
+            return 0
+        if len(argv) in (2, 3) and argv[0] == "repeat":
+            paths = write_repeat_report(*argv[1:])
             print(f"wrote {paths['markdown']} and {paths['png']}")
             return 0
         if len(argv) == 2 and argv[0] == "lossless":

@@ -158,3 +158,43 @@ def test_runtime_verify_point_times_what_the_engine_runs(monkeypatch, b, n):
     fn()
     fn()
     assert calls == (["step"] * 2 if n == 1 else ["verify", "commit"] * 2)
+
+
+def _fake_run(folder, b, role, mode, params, tps):
+    run = dict(batch_size=b, mode=mode, params=params, workload="w", prompts=4, max_new_tokens=16,
+               measured=dict(tokens_per_s=tps, accepted_tokens_per_round=1.5, mean_nodes_per_seq=2.0,
+                             round_us_median=1000.0, decode_s=0.1, rounds=100))
+    (folder / f"b{b}_{role}").mkdir(parents=True)
+    (folder / f"b{b}_{role}" / "run.json").write_text(json.dumps(run))
+
+
+def test_repeat_report_pairs_the_two_repetitions(tmp_path):
+    from simtree.cpu_loop import main, write_repeat_report
+    from simtree.errors import SimtreeError
+    rng = np.random.default_rng(5)
+    pols = {"chosen": ("none", {}), "linear": ("linear", {"budget": 3})}
+    cands, tps = [], {}
+    for b in (1, 4):
+        for role, (mode, params) in pols.items():
+            planned = float(rng.uniform(100, 900))
+            cands.append(dict(batch_size=b, policy=PolicySpec(mode, params).name, workload="w",
+                              tok_s=planned, tokens_per_round=1.5, nodes_per_seq=2.0))
+            t1, t2 = (float(x) for x in rng.uniform(100, 900, 2))
+            tps[(b, role)] = (t1, t2, planned)
+            _fake_run(tmp_path / "runs", b, role, mode, params, t1)
+            _fake_run(tmp_path / "runs_repeat", b, role, mode, params, t2)
+    (tmp_path / "plan").mkdir()
+    import pandas as pd
+    pd.DataFrame(cands).to_csv(tmp_path / "plan" / "candidates.csv", index=False)
+    paths = write_repeat_report(tmp_path)
+    df = pd.read_csv(paths["csv"])
+    assert len(df) == 4 and paths["png"].stat().st_size > 0
+    for r in df.itertuples():
+        t1, t2, planned = tps[(r.batch_size, r.role)]
+        assert r.ratio_2_over_1 == pytest.approx(t2 / t1)
+        assert r.err_mean == pytest.approx(planned / ((t1 + t2) / 2) - 1)
+    both = sum(all(tps[(b, "chosen")][i] > tps[(b, "linear")][i] for i in (0, 1)) for b in (1, 4))
+    assert f"best in both repetitions at {both} of 2 batch sizes" in paths["markdown"].read_text()
+    with pytest.raises(SimtreeError, match="no elsewhere/"):
+        write_repeat_report(tmp_path, "elsewhere")
+    assert main(["repeat", str(tmp_path), "elsewhere"]) == 2
