@@ -1,37 +1,30 @@
 #!/usr/bin/env bash
-# Nsight Compute on the GDN tree verify kernel, one (batch, nodes) shape per process:
-#   bash scripts/ncu_gdn.sh OUTDIR "1:128 16:32 64:128" [extra gdn_tree_verify kwargs as k=v,...]
-# Writes OUTDIR/ncu_b{B}_n{N}.txt (the details page: throughput, occupancy, warp stalls).
-# NCU_SOURCE=1: also keep the report (OUTDIR/ncu_b{B}_n{N}.ncu-rep) and write its per-line
-# source page (SASS and Python, OUTDIR/src_b{B}_n{N}_{sass,py}.csv: instructions, stall samples).
+# Nsight Compute on the GDN tree verify and its pre-pass, one (batch, nodes) shape per process
+# (scripts/ncu_gdn_verify.py: Qwen3.6-27B shapes, bf16, EAGLE-like trees stored depth-first,
+# the default launch or the given gdn_tree_verify kwargs; the third call is profiled):
+#   bash scripts/ncu_gdn.sh OUTDIR ["1:128 16:128 64:128"] [k=v,...]
+# Writes per shape OUTDIR/verify_b{B}_n{N}.ncu-rep (full section set, clocks left alone) and
+# its pages as CSV: .details.csv (throughput, occupancy, launch), .raw.csv.gz (every metric,
+# warp stall reasons included), .sass.csv.gz (per-instruction counts and stall samples of the
+# verify); `python3 scripts/ncu_summary.py OUTDIR` makes the markdown summary of them.
 # Needs a runtime where ncu reads the hardware counters (see the device notes).
 set -uo pipefail
-out=$1; shapes=$2; kw=${3:-}
+out=$1; shapes=${2:-"1:128 16:64 16:128 64:128"}; kw=${3:-}
 mkdir -p "$out"
-for s in $shapes; do
-  b=${s%:*}; n=${s#*:}
-  rep=()
-  [ "${NCU_SOURCE:-0}" = 1 ] && rep=(--import-source yes -f -o "$out/ncu_b${b}_n${n}")
-  ncu --clock-control none --set full "${rep[@]}" -k regex:_tree_verify --launch-skip 1 --launch-count 1 \
-    python3 - "$b" "$n" "$kw" > "$out/ncu_b${b}_n${n}.txt" 2>&1 <<'PY'
-import sys, torch
-from simtree.kernels.gdn import gdn_tree_verify, tree_meta
-from simtree.kernels.gdn.bench_util import QWEN36, shape_inputs
-b, n = int(sys.argv[1]), int(sys.argv[2])
-kw = {k: int(v) for k, v in (x.split("=") for x in filter(None, sys.argv[3].split(",")))}
-c = shape_inputs(b, n, 0, QWEN36, device="cuda", max_copies=1)[0]
-meta = tree_meta(c["parents"], c["cu_nodes"])
-args = [c[k] for k in ("q", "k", "v", "g", "beta", "state", "parents", "cu_nodes")]
-for _ in range(2):
-    gdn_tree_verify(*args, backend="triton", meta=meta, check=False, **kw)
-torch.cuda.synchronize()
-PY
-  if [ "${NCU_SOURCE:-0}" = 1 ]; then
-    ncu -i "$out/ncu_b${b}_n${n}.ncu-rep" --page details > "$out/ncu_b${b}_n${n}.txt" 2>&1
-    for v in sass:sass cuda:py; do
-      ncu -i "$out/ncu_b${b}_n${n}.ncu-rep" --page source --csv --print-source "${v%:*}" \
-        > "$out/src_b${b}_n${n}_${v#*:}.csv" 2>&1
-    done
-  fi
-  echo "== b$b n$n: $(grep -c . "$out/ncu_b${b}_n${n}.txt") lines"
+NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | tail -1)
+[ -n "$NCU" ] || { echo "no ncu on this machine"; exit 2; }
+"$NCU" --version | tail -1 > "$out/ncu_version.txt"
+for shape in $shapes; do
+  b=${shape%%:*}; n=${shape##*:}
+  rep="$out/verify_b${b}_n${n}"
+  # two kernels a call (pre-pass, verify): skip the first two calls' four launches
+  timeout 300 "$NCU" --clock-control none --set full --import-source yes \
+      -k regex:'_tree_verify_kernel|_qk_prenorm_kernel' --launch-skip 4 --launch-count 2 \
+      -f -o "$rep" python3 scripts/ncu_gdn_verify.py "$b" "$n" "$kw" > "$rep.log" 2>&1 \
+    || { echo "ncu failed at $shape"; tail -5 "$rep.log"; continue; }
+  "$NCU" -i "$rep.ncu-rep" --page details --csv > "$rep.details.csv" 2>&1
+  "$NCU" -i "$rep.ncu-rep" --page raw --csv > "$rep.raw.csv" 2>&1
+  "$NCU" -i "$rep.ncu-rep" --page source --csv --print-source sass -k regex:_tree_verify_kernel > "$rep.sass.csv" 2>&1
+  gzip -f "$rep.sass.csv" "$rep.raw.csv"
+  echo "== b$b n$n: $(grep -c _tree_verify_kernel "$rep.details.csv") verify metrics"
 done

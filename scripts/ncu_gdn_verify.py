@@ -1,0 +1,34 @@
+"""Three GDN tree verifies for Nsight Compute to read (``scripts/ncu_gdn.sh``): Qwen3.6-27B
+shapes, bf16, the benchmark's random EAGLE-like trees stored depth-first (``shape_trees``,
+order "dfs"), the default launch or the gdn_tree_verify kwargs given as k=v,...; the profiler
+skips the first two calls (compilation, first touch) and reads the third.
+
+    python3 scripts/ncu_gdn_verify.py BATCH NODES [k=v,...]
+"""
+import sys
+
+import torch
+
+from simtree.kernels.gdn import gdn_tree_verify
+from simtree.kernels.gdn.bench_util import QWEN36, random_gdn_inputs, shape_trees
+
+KEYS = ("q", "k", "v", "g", "beta", "state", "parents", "cu_nodes")
+
+
+def main() -> None:
+    if len(sys.argv) not in (3, 4):
+        raise SystemExit("usage: ncu_gdn_verify.py BATCH NODES [k=v,...]")
+    if not torch.cuda.is_available():
+        raise SystemExit("ncu_gdn_verify needs a CUDA GPU; none is visible")
+    b, n = int(sys.argv[1]), int(sys.argv[2])
+    kw = {k: int(v) for k, v in (x.split("=") for x in filter(None, (sys.argv[3:] or [""])[0].split(",")))}
+    trees, _, _ = shape_trees(b, n, 1, "dfs")
+    inp = random_gdn_inputs(trees, **QWEN36, dtype=torch.bfloat16, device="cuda", seed=b * n)
+    for _ in range(3):
+        gdn_tree_verify(*(inp[k] for k in KEYS), backend="triton", **kw)
+    torch.cuda.synchronize()
+    print(f"b{b} n{n}: three verifies done ({kw or 'default launch'})")
+
+
+if __name__ == "__main__":
+    main()

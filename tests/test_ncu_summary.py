@@ -1,0 +1,37 @@
+"""scripts/ncu_summary.py reads the Nsight Compute CSV pages scripts/ncu_gdn.sh writes (the
+committed run53_ncu set) into one table per shape, the values as the pages hold them."""
+import csv
+import runpy
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+RUN = ROOT / "reports" / "h200" / "gdn" / "tuning" / "run53_ncu"
+
+
+def _detail(shape: str, kernel: str, metric: str) -> str:
+    rows = list(csv.reader((RUN / f"verify_{shape}.details.csv").open()))
+    h = rows[0]
+    k, m, v = h.index("Kernel Name"), h.index("Metric Name"), h.index("Metric Value")
+    return next(r[v] for r in rows[1:] if len(r) > v and r[k] == kernel and r[m] == metric)
+
+
+def test_summary_tables_hold_the_pages_values(monkeypatch, capsys):
+    monkeypatch.setattr(sys, "argv", ["ncu_summary.py", str(RUN)])
+    runpy.run_path(str(ROOT / "scripts" / "ncu_summary.py"), run_name="__main__")
+    out = capsys.readouterr().out
+    shapes = [line[3:] for line in out.splitlines() if line.startswith("## ")]
+    assert shapes == ["b1_n128", "b16_n64", "b16_n128", "b64_n128"]   # by batch, then nodes
+    for shape in shapes:
+        block = out.split(f"## {shape}\n")[1].split("\n## ")[0]
+        dur = next(line for line in block.splitlines() if line.startswith("| Duration |"))
+        assert dur.split(" | ")[2].startswith(_detail(shape, "_tree_verify_kernel", "Duration"))
+        assert "| top stalls" in block and "HMMA" in block
+
+
+def test_summary_refuses_a_folder_without_pages(tmp_path, monkeypatch):
+    monkeypatch.setattr(sys, "argv", ["ncu_summary.py", str(tmp_path)])
+    with pytest.raises(SystemExit, match="no verify_b"):
+        runpy.run_path(str(ROOT / "scripts" / "ncu_summary.py"), run_name="__main__")
