@@ -120,6 +120,24 @@ class MLP(nn.Module):
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
+def tree_attention_meta(batch: TreeBatch, cache_lens, device) -> dict:
+    """The round's full-attention layout, built on the host and copied once: ``mask`` bool
+    [B, max nodes, max cache + max nodes] (node j of tree b sees cache rows < cache_lens[b] and
+    its ancestors-or-self among the tree columns; padded node rows see cache row 0 only, so no
+    softmax row is empty), ``local`` [N] each flat node's index in its tree."""
+    B, nmax, lmax = batch.batch_size, batch.max_nodes, max(int(n) for n in cache_lens)
+    mask = np.zeros((B, nmax, lmax + nmax), dtype=bool)
+    mask[:, :, 0] = True
+    for b, (t, n) in enumerate(zip(batch.trees, cache_lens)):
+        mask[b, :t.num_nodes, 0] = False
+        mask[b, :t.num_nodes, :int(n)] = True
+        mask[b, :t.num_nodes, lmax:lmax + t.num_nodes] = t.ancestor_mask
+    counts = np.diff(batch.cu_nodes)
+    local = np.arange(batch.total_nodes) - np.repeat(batch.cu_nodes[:-1], counts)
+    return {"mask": torch.as_tensor(mask).to(device), "local": torch.as_tensor(local).to(device),
+            "max_nodes": nmax, "max_cache": lmax}
+
+
 class Attention(nn.Module):
     """Causal GQA attention with RoPE; KV cache [B, L, Hkv, D] per layer."""
 
@@ -162,15 +180,21 @@ class Attention(nn.Module):
         return self.o_proj(self._attend(q, cache.k[i], cache.v[i], mask)[:, 0])
 
     def verify(self, x, batch, meta, cache, i):  # x [N, d] flat tree nodes
-        pos = cache.lengths[meta["seq_ids"]] + meta["depth"]
+        seq, att = meta["seq_ids"], meta["attn"]
+        pos = cache.lengths[seq] + meta["depth"]
         q, k, v = self._qkv(x[:, None], pos[:, None])
         q, k, v = q[:, 0], k[:, 0], v[:, 0]
-        out = torch.empty(x.shape[0], self.h * self.dh, dtype=x.dtype, device=x.device)
-        for b, mask in enumerate(meta["attn_masks"]):  # ragged: one masked attention per sequence
-            s, e, n = int(batch.cu_nodes[b]), int(batch.cu_nodes[b + 1]), meta["cache_lens"][b]
-            keys = torch.cat([cache.k[i][b, :n], k[s:e]])
-            vals = torch.cat([cache.v[i][b, :n], v[s:e]])
-            out[s:e] = self._attend(q[s:e], keys, vals, mask)
+        # one batched attention over [B, max nodes] padded trees: keys = the first max-cache
+        # rows of each sequence's cache, then its tree nodes (``tree_attention_meta``'s mask
+        # keeps a node to its own cache length and its ancestors-or-self)
+        B, nmax, lmax = att["mask"].shape[0], att["max_nodes"], att["max_cache"]
+        rows = (seq, att["local"])
+        qp = q.new_zeros(B, nmax, *q.shape[1:]).index_put_(rows, q)
+        kp = k.new_zeros(B, nmax, *k.shape[1:]).index_put_(rows, k)
+        vp = v.new_zeros(B, nmax, *v.shape[1:]).index_put_(rows, v)
+        keys = torch.cat([cache.k[i][:, :lmax], kp], 1)
+        vals = torch.cat([cache.v[i][:, :lmax], vp], 1)
+        out = self._attend(qp, keys, vals, att["mask"])[rows]
         return self.o_proj(out), {"k": k, "v": v}
 
     def commit(self, cache, pend, i, rows, dst_seq, dst_pos):
@@ -334,10 +358,8 @@ class HybridLM(nn.Module):
             gdn_ops.round_meta(meta, batch, self.config.linear_num_value_heads,
                                self.config.linear_value_head_dim)
             meta["seq_ids"], meta["depth"] = meta["gdn"].seq_ids, meta["gdn"].depth
-        if "full_attention" in self.config.layer_types:  # [cache | ancestor-or-self] per sequence
-            meta["attn_masks"] = [torch.cat([torch.ones(t.num_nodes, n, dtype=torch.bool, device=dev),
-                                             torch.tensor(t.ancestor_mask, device=dev)], 1)
-                                  for t, n in zip(batch.trees, lens)]
+        if "full_attention" in self.config.layer_types:  # shared by every attention layer
+            meta["attn"] = tree_attention_meta(batch, lens, dev)
         x = self.embed_tokens(meta["tokens"])
         layers = []
         for i, blk in enumerate(self.layers):

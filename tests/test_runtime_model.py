@@ -123,3 +123,24 @@ def test_verify_with_lengths_read_by_the_caller_is_the_same():
     assert not torch.allclose(own, shorter)      # the lengths handed in are the ones used
     with pytest.raises(SimtreeError, match="1 cache lengths for a cache of 2"):
         model.verify(trees, cache, [4])
+
+
+def test_tree_attention_layout_holds_each_node_to_its_cache_and_ancestors():
+    from simtree.runtime.model import tree_attention_meta
+    rng = np.random.default_rng(7)
+    for _ in range(5):
+        sizes = rng.integers(1, 12, size=int(rng.integers(1, 5)))
+        trees = [DraftTree(random_tree_parents(rng, int(n)), rng.integers(0, 64, int(n))) for n in sizes]
+        batch = TreeBatch(trees)
+        lens = rng.integers(0, 20, size=len(trees)).tolist()
+        att = tree_attention_meta(batch, lens, "cpu")
+        mask, local = att["mask"].numpy(), att["local"].numpy()
+        lmax, nmax = max(lens), int(sizes.max())
+        assert mask.shape == (len(trees), nmax, lmax + nmax) and mask.any(axis=2).all()
+        for b, (t, n) in enumerate(zip(trees, lens)):
+            rows = np.arange(batch.cu_nodes[b], batch.cu_nodes[b + 1])
+            assert (local[rows] == np.arange(t.num_nodes)).all()
+            want = np.zeros((t.num_nodes, lmax + nmax), bool)
+            want[:, :n] = True
+            want[:, lmax:lmax + t.num_nodes] = t.ancestor_mask
+            assert (mask[b, :t.num_nodes] == want).all()
