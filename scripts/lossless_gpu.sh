@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Lossless check of every speculative mode on a GPU (simtree run --check: each prompt is also
+# decoded plain greedy and the token sequences compared), batch 4 then 1, into OUT_DIR, then
+# OUT_DIR/README.md (python -m simtree.cpu_loop lossless).  Bounded by LIMIT seconds (default
+# 280): the report lists the runs that finished.
+#   bash scripts/lossless_gpu.sh OUT_DIR [COSTS.json]
+set -uo pipefail
+L=$1; C=${2:-reports/h200/gpu_loop/costs.json}; mkdir -p "$L"
+R=(--prompts 8 --max-new-tokens 32 --check --device "${DEVICE:-cuda}" --threads 1 --json)
+end=$((SECONDS + ${LIMIT:-280}))
+for b in 4 1; do
+  for spec in "linear:--mode linear --budget 4" "eagle:--mode eagle --steps 4 --topk 4 --budget 16" \
+      "best_first:--mode best_first --budget 16 --draft-depth 3 --width 1" \
+      "cost_aware:--mode cost_aware --budget 16 --draft-depth 3 --costs $C" \
+      "batch_alloc:--mode batch_alloc --budget 16 --draft-depth 3 --costs $C"; do
+    [ $SECONDS -lt $end ] || { echo "time limit: ${spec%%:*} b$b and later not run"; break 2; }
+    read -r -a flags <<< "${spec#*:}"
+    timeout $((end - SECONDS)) simtree run "${flags[@]}" --batch-size "$b" "${R[@]}" \
+      --out "$L/${spec%%:*}_b$b" > "$L/${spec%%:*}_b$b.log" 2>&1 || echo "${spec%%:*} b$b failed (see its log)"
+  done
+done
+python3 -m simtree.cpu_loop lossless "$L"
