@@ -5,7 +5,8 @@
 #
 # PHASES (default "measure plan runs report") runs a subset, in order, on the files OUT_DIR
 # already holds: measure = profile sweep + acceptance traces, plan = fit + plan, runs = the
-# chosen / second / best linear / none policies per batch size, report = README.md + PNG.
+# chosen / second / best linear / none policies per batch size, report = README.md + PNG,
+# repeat (not in the default) = the runs once more into runs_repeat/ + repeat.md (spread).
 # Env knobs: BATCH_SIZES (1,2,4,8), NEW_TOKENS (48 per prompt), PROMPTS (8 per run),
 # WORKLOAD (sharegpt), SWEEP (scenarios/sweeps/runtime_cpu.yaml or runtime_gpu.yaml),
 # SIMTREE (the simtree command, words allowed), PY.
@@ -57,18 +58,26 @@ for phase in $PHASES; do
       step plan "${SIMTREE[@]}" plan --costs "$OUT/costs.json" --workload "$OUT/traces.jsonl" \
           --batch-sizes "$BATCH_SIZES" --output-len "$NEW_TOKENS" --out "$OUT/plan" --json
       ;;
-    runs)
-      # per batch size: the chosen policy, then the planner's second choice, best linear, none
-      rm -rf "$OUT/runs"
+    runs|repeat)
+      # per batch size: the chosen policy, then the planner's second choice, best linear, none;
+      # repeat: the same runs again into runs_repeat/ (same plan) and repeat.md / repeat.png,
+      # the run-to-run spread the errors of the report are to be read against
+      dir=runs; pre=run
+      [ "$phase" = repeat ] && dir=runs_repeat && pre=repeat
+      rm -rf "${OUT:?}/$dir"
       for b in ${BATCH_SIZES//,/ }; do
-          step "run_b${b}_chosen" "${SIMTREE[@]}" run --policy "$OUT/plan/policy.json" --costs "$OUT/costs.json" \
-              --batch-size "$b" "${RUN[@]}" --out "$OUT/runs/b${b}_chosen"
+          step "${pre}_b${b}_chosen" "${SIMTREE[@]}" run --policy "$OUT/plan/policy.json" --costs "$OUT/costs.json" \
+              --batch-size "$b" "${RUN[@]}" --out "$OUT/$dir/b${b}_chosen"
           while IFS=$'\t' read -r role name flags; do
               # shellcheck disable=SC2086  # flags is a list of options
-              step "run_b${b}_${role}" "${SIMTREE[@]}" run $flags --costs "$OUT/costs.json" --batch-size "$b" \
-                  "${RUN[@]}" --out "$OUT/runs/b${b}_${role}"
+              step "${pre}_b${b}_${role}" "${SIMTREE[@]}" run $flags --costs "$OUT/costs.json" --batch-size "$b" \
+                  "${RUN[@]}" --out "$OUT/$dir/b${b}_${role}"
           done < <("$PY" -m simtree.cpu_loop contrast "$OUT/plan" "$WORKLOAD" "$b")
       done
+      if [ "$phase" = repeat ]; then
+          "$PY" -m simtree.cpu_loop repeat "$OUT" runs_repeat
+          rm -f "$OUT/runs_repeat/"*/traces.jsonl
+      fi
       ;;
     report)
       # the report (README.md + PNG), from the files above; keep the folder small: per-run
@@ -76,6 +85,6 @@ for phase in $PHASES; do
       "$PY" -m simtree.cpu_loop report "$OUT"
       rm -f "$OUT/traces/"*/traces.jsonl "$OUT/runs/"*/traces.jsonl
       ;;
-    *) echo "unknown phase $phase (measure, plan, runs, report)" >&2; exit 2 ;;
+    *) echo "unknown phase $phase (measure, plan, runs, repeat, report)" >&2; exit 2 ;;
   esac
 done
