@@ -165,9 +165,9 @@ def _bfs_check(args, dims, b, n, dtype) -> float:
 def time_shape(args, dims, b, n, bw, log) -> list[dict]:
     """All in-process variants for one (b, n); each failure becomes a row with its error."""
     rows = []
-    _, steps, topk = shape_trees(b, n, args.seed, args.tree_order)
+    trees, steps, topk = shape_trees(b, n, args.seed, args.tree_order)
     copies = shape_inputs(b, n, args.seed, dims, device=args.device, max_copies=args.max_copies,
-                          order=args.tree_order)
+                          trees=trees)
     tb = copies[0]["tb"]
     meta = tree_meta(copies[0]["parents"], copies[0]["cu_nodes"], depth_first=tb.is_depth_first)
     keys = ("q", "k", "v", "g", "beta", "state", "parents", "cu_nodes")

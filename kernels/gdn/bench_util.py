@@ -87,9 +87,11 @@ def shape_trees(b: int, n: int, seed: int, order: str = "stored") -> tuple[list[
 
 def shape_inputs(b: int, n: int, seed: int, shapes: dict, dtype=torch.bfloat16, device="cuda",
                  l2_bytes: int = 256 << 20, max_copies: int = 32,
-                 order: str = "stored") -> list[dict]:
-    """Input copies for shape (b, n), enough that one graph replay streams > l2_bytes."""
-    trees, _, _ = shape_trees(b, n, seed, order)
+                 order: str = "stored", trees=None) -> list[dict]:
+    """Input copies for shape (b, n), enough that one graph replay streams > l2_bytes;
+    ``trees``: the shape's trees when the caller built them already (``shape_trees``)."""
+    if trees is None:
+        trees, _, _ = shape_trees(b, n, seed, order)
     per_copy = memory_floor_bytes(b, b * n, **shapes)
     copies = max(1, min(max_copies, -(-l2_bytes // per_copy)))
     return [random_gdn_inputs(trees, **shapes, dtype=dtype, device=device,
