@@ -11,7 +11,7 @@ import re
 import sys
 from pathlib import Path
 
-DETAILS = ("Duration", "Registers Per Thread", "Theoretical Occupancy", "Achieved Occupancy",
+DETAILS = ("Duration", "Grid Size", "Block Size", "Registers Per Thread", "Theoretical Occupancy", "Achieved Occupancy",
            "Issued Ipc Active", "Issue Slots Busy", "Warp Cycles Per Issued Instruction",
            "DRAM Throughput", "L1/TEX Cache Throughput", "L2 Hit Rate", "Local Memory Spilling Requests")
 RAW = {"tensor pipe active %": "sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_active",
@@ -60,6 +60,28 @@ def opcode_mix(path: Path, top: int = 12) -> list[tuple[str, float, float]]:
     return [(op, 100 * c / ti, 100 * smp[op] / ts) for op, c in ins.most_common(top)]
 
 
+def loop_bodies(path: Path, grid_warps: int, top: int = 8) -> list[str]:
+    """The verify's SASS grouped by execution count (each count is one loop body: once per
+    program, per sub-chunk, per pair), largest share first: instructions per warp and
+    iteration, iterations per warp, share of all executed instructions, commonest opcodes."""
+    rows = list(csv.reader(gzip.open(path, "rt")))
+    h = rows[1]
+    e = h.index("Instructions Executed")
+    groups = collections.defaultdict(collections.Counter)
+    for r in rows[2:]:
+        m = re.match(r"(@!?U?P\w+\s+)?([A-Z0-9_]+)", r[1].strip())
+        groups[int(r[e] or 0)][m.group(2) if m else "?"] += 1
+    total = sum(ex * sum(c.values()) for ex, c in groups.items()) or 1
+    out = []
+    for ex, c in sorted(groups.items(), key=lambda kv: -kv[0] * sum(kv[1].values())):
+        if ex == 0 or ex * sum(c.values()) < 0.01 * total:
+            continue
+        out.append(f"{sum(c.values())} instructions x {ex / grid_warps:.2f} per warp "
+                   f"({100 * ex * sum(c.values()) / total:.1f}%): "
+                   + ", ".join(f"{op} {k}" for op, k in c.most_common(top)))
+    return out
+
+
 def main() -> None:
     d = Path(sys.argv[1])
     reps = sorted(d.glob("verify_b*_n*.details.csv"),
@@ -88,6 +110,14 @@ def main() -> None:
         if sass.exists():
             print("\nVerify kernel, SASS opcodes: share of executed instructions / of stall samples: "
                   + ", ".join(f"{op} {a:.1f}/{b:.1f}%" for op, a, b in opcode_mix(sass)))
+            rows = list(csv.reader(p.open()))
+            h = rows[0]
+            k, m, v = h.index("Kernel Name"), h.index("Metric Name"), h.index("Metric Value")
+            get = {r[m]: r[v] for r in rows[1:] if len(r) > v and r[k] == "_tree_verify_kernel"}
+            warps = int(get["Grid Size"].replace(",", "")) * int(get["Block Size"]) // 32
+            print("\nVerify kernel, SASS by loop body (same execution count):\n")
+            for line in loop_bodies(sass, warps):
+                print(f"- {line}")
         print()
 
 
