@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # One batched GPU session on a lent H200: install carried wheels, install simtree without
-# deps, then run the named parts (gdn, v4, profile), each bounded, each writing under $OUT.
+# deps, then run the named parts (gdn, tune, v4, profile, ncu, lossless), each bounded, each
+# writing under $OUT.
 # Usage (on the GPU machine): bash scripts/gpu_session.sh gdn v4 profile   (gdn: GDN_RESUME=DIR
 # finishes the cut benchmark in DIR; tune: TUNE_ARGS=...,
 # v4: V4_ARGS=..., e.g. "--plan-switches 60"; profile: PROFILE_RESUME=reports/h200/profile to add
 # to the committed profile, PROFILE_ARGS="--model qwen3.6-27b" to restrict it, and with
-# "--only-stage gdn_tree_commit --remeasure" to time that stage again after a kernel change)
+# "--only-stage gdn_tree_commit --remeasure" to time that stage again after a kernel change;
+# ncu: NCU_SHAPES="16:128 64:128"; lossless: every speculative mode checked, LOSSLESS_LIMIT s)
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
 RES=/tmp/simtree_results   # many files; tarred into $OUT at the end ($OUT returns <= 8 files)
@@ -38,6 +40,10 @@ for part in "$@"; do
       # sweep measures only the points it lacks (new stages, deleted rows) and keeps the rest
       if [ -n "${PROFILE_RESUME:-}" ]; then mkdir -p "$RES/h200" && cp "$PROFILE_RESUME"/profile.csv "$PROFILE_RESUME"/profile.meta.json "$PROFILE_RESUME"/profile.points.jsonl "$RES/h200/"; fi
       timeout -k 10 ${PROFILE_TIMEOUT:-470} python3 -m simtree.profiler.sweep --sweep ${SWEEP:-scenarios/sweeps/default_gpu.yaml} --out "$RES/h200/profile.csv" --max-minutes ${PROFILE_MINUTES:-6} --no-progress ${PROFILE_ARGS:-} 2>&1 | tee "$RES/profile.log" | tail -c 6000 ;;
+    ncu)   # Nsight Compute on the GDN verify (NCU_SHAPES, default four shapes) + its summary
+      bash scripts/ncu_gdn.sh "$RES/ncu" ${NCU_SHAPES:+"$NCU_SHAPES"} && python3 scripts/ncu_summary.py "$RES/ncu" > "$RES/ncu/summary.md"
+      rm -f "$RES/ncu/"*.ncu-rep; tail -c 3000 "$RES/ncu/summary.md" ;;
+    lossless) LIMIT=${LOSSLESS_LIMIT:-280} bash scripts/lossless_gpu.sh "$RES/lossless" && grep "^|" "$RES/lossless/README.md" ;;
     *) echo "unknown part $part"; false ;;
   esac
   rc=$?   # pipefail: the benchmark's own exit status (124 = timed out), not tee's

@@ -3,8 +3,10 @@
 # decoded plain greedy and the token sequences compared), batch 4 then 1, into OUT_DIR, then
 # OUT_DIR/README.md (python -m simtree.cpu_loop lossless).  Bounded by LIMIT seconds (default
 # 280): the report lists the runs that finished.
-#   bash scripts/lossless_gpu.sh OUT_DIR [COSTS.json]
+#   bash scripts/lossless_gpu.sh OUT_DIR [COSTS.json]     (env DEVICE=cuda, SIMTREE, PY, LIMIT)
 set -uo pipefail
+read -r -a SIMTREE <<< "${SIMTREE:-$( [ -x .venv/bin/simtree ] && echo .venv/bin/simtree || echo simtree )}"
+PY=${PY:-$( [ -x .venv/bin/python ] && echo .venv/bin/python || echo python3 )}
 L=$1; C=${2:-reports/h200/gpu_loop/costs.json}; mkdir -p "$L"
 R=(--prompts 8 --max-new-tokens 32 --check --device "${DEVICE:-cuda}" --threads 1 --json)
 end=$((SECONDS + ${LIMIT:-280}))
@@ -15,8 +17,8 @@ for b in 4 1; do
       "batch_alloc:--mode batch_alloc --budget 16 --draft-depth 3 --costs $C"; do
     [ $SECONDS -lt $end ] || { echo "time limit: ${spec%%:*} b$b and later not run"; break 2; }
     read -r -a flags <<< "${spec#*:}"
-    timeout $((end - SECONDS)) simtree run "${flags[@]}" --batch-size "$b" "${R[@]}" \
+    timeout $((end - SECONDS)) "${SIMTREE[@]}" run "${flags[@]}" --batch-size "$b" "${R[@]}" \
       --out "$L/${spec%%:*}_b$b" > "$L/${spec%%:*}_b$b.log" 2>&1 || echo "${spec%%:*} b$b failed (see its log)"
   done
 done
-python3 -m simtree.cpu_loop lossless "$L"
+"$PY" -m simtree.cpu_loop lossless "$L"
