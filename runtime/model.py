@@ -132,8 +132,7 @@ def tree_attention_meta(batch: TreeBatch, cache_lens, device) -> dict:
         mask[b, :t.num_nodes, 0] = False
         mask[b, :t.num_nodes, :int(n)] = True
         mask[b, :t.num_nodes, lmax:lmax + t.num_nodes] = t.ancestor_mask
-    counts = np.diff(batch.cu_nodes)
-    local = np.arange(batch.total_nodes) - np.repeat(batch.cu_nodes[:-1], counts)
+    local = np.arange(batch.total_nodes) - batch.cu_nodes[batch.seq_ids]
     return {"mask": torch.as_tensor(mask).to(device), "local": torch.as_tensor(local).to(device),
             "max_nodes": nmax, "max_cache": lmax}
 

@@ -11,7 +11,7 @@ import torch
 import triton
 
 from simtree.kernels.gdn import gdn_tree_verify, tree_verify
-from simtree.kernels.gdn.bench_util import QWEN36, random_gdn_inputs, shape_trees
+from simtree.kernels.gdn.bench_util import QWEN36, probe_inputs
 from simtree.profiler.bench_gdn import parse_configs
 
 KEYS = ("q", "k", "v", "g", "beta", "state", "parents", "cu_nodes")
@@ -45,8 +45,7 @@ def main() -> None:
     print(f"# {torch.cuda.get_device_name()}, triton {triton.__version__}; trees depth-first")
     for shape in args.shapes.split(","):
         b, n = map(int, shape.split(":"))
-        trees, _, _ = shape_trees(b, n, 1, "dfs")
-        inp = random_gdn_inputs(trees, **dims, dtype=torch.bfloat16, device="cuda", seed=b * n)
+        inp = probe_inputs(b, n, dims)
         for cfg in cfgs:
             calls.clear()
             gdn_tree_verify(*(inp[k] for k in KEYS), backend="triton", **cfg)

@@ -10,7 +10,7 @@ import sys
 import torch
 
 from simtree.kernels.gdn import gdn_tree_verify
-from simtree.kernels.gdn.bench_util import QWEN36, random_gdn_inputs, shape_trees
+from simtree.kernels.gdn.bench_util import probe_inputs
 
 KEYS = ("q", "k", "v", "g", "beta", "state", "parents", "cu_nodes")
 
@@ -22,8 +22,7 @@ def main() -> None:
         raise SystemExit("ncu_gdn_verify needs a CUDA GPU; none is visible")
     b, n = int(sys.argv[1]), int(sys.argv[2])
     kw = {k: int(v) for k, v in (x.split("=") for x in filter(None, (sys.argv[3:] or [""])[0].split(",")))}
-    trees, _, _ = shape_trees(b, n, 1, "dfs")
-    inp = random_gdn_inputs(trees, **QWEN36, dtype=torch.bfloat16, device="cuda", seed=b * n)
+    inp = probe_inputs(b, n)
     for _ in range(3):
         gdn_tree_verify(*(inp[k] for k in KEYS), backend="triton", **kw)
     torch.cuda.synchronize()

@@ -11,13 +11,13 @@ fi
 if ! .venv/bin/python -c "import torch" 2>/dev/null; then
   # a torch 2.13 wheel on this machine's disk (pip's find-links) first; else, without an
   # NVIDIA GPU, PyTorch's CPU wheel index (plain PyPI would give the multi-GB CUDA build)
-  if .venv/bin/python -m pip install -q --no-index --no-deps "torch==2.13.0" 2>/dev/null; then :
+  if .venv/bin/python -m pip install -q --no-index --no-deps "torch==2.13.0" 2>/dev/null; then
+    .venv/bin/python -m pip install -q "torch==2.13.0"   # its dependencies, from the index
   elif command -v nvidia-smi >/dev/null 2>&1; then
     .venv/bin/python -m pip install -q "torch==2.13.0"
   else
     .venv/bin/python -m pip install -q "torch==2.13.0" --index-url https://download.pytorch.org/whl/cpu \
       --extra-index-url https://pypi.org/simple
   fi
-  .venv/bin/python -m pip install -q "torch==2.13.0"   # its dependencies
 fi
 .venv/bin/python -m pip install -q -e ".[test,data]"

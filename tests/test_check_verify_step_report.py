@@ -21,7 +21,8 @@ def test_report_ratios_come_from_the_tsvs(tmp_path, monkeypatch):
     for f in src.glob("*.tsv"):
         (tmp_path / f.name).write_text(f.read_text())
     _run(monkeypatch, "--report", str(tmp_path))
-    df = pd.concat(pd.read_csv(f, sep="\t").assign(call=f.stem) for f in src.glob("*.tsv"))
+    df = runpy.run_path(str(ROOT / "scripts" / "check_verify_step_gpu.py"))["load_calls"](src)
+    assert set(df["threads"]) == {1, 16}   # call1 (first form, no column) ran at 1 thread
     text = (tmp_path / "README.md").read_text()
     for (call, thr, b, n), g in df.groupby(["call", "threads", "batch", "nodes"]):
         us = g.set_index("variant")["us"]

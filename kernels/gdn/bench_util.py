@@ -85,6 +85,14 @@ def shape_trees(b: int, n: int, seed: int, order: str = "stored") -> tuple[list[
     return trees, made[0][1], made[0][2]
 
 
+def probe_inputs(b: int, n: int, shapes: dict = QWEN36, device="cuda") -> dict:
+    """One bf16 input set on the benchmark's depth-first trees of shape (b, n), seed fixed:
+    what the single-call probes (``scripts/gdn_kernel_times.py``, ``scripts/ncu_gdn_verify.py``)
+    run the verify on."""
+    trees, _, _ = shape_trees(b, n, 1, "dfs")
+    return random_gdn_inputs(trees, **shapes, dtype=torch.bfloat16, device=device, seed=b * n)
+
+
 def shape_inputs(b: int, n: int, seed: int, shapes: dict, dtype=torch.bfloat16, device="cuda",
                  l2_bytes: int = 256 << 20, max_copies: int = 32,
                  order: str = "stored", trees=None) -> list[dict]:

@@ -237,7 +237,8 @@ def tree_meta_host(parents: np.ndarray, cu_nodes: np.ndarray, max_nodes: int | N
     bits = np.zeros((N + 1, W), np.uint64)
     bits[np.arange(N), local // 64] = np.left_shift(np.uint64(1), (local % 64).astype(np.uint64))
     pg = np.where(parents >= 0, parents + cu[seq], -1)
-    jump = np.append(pg, -1)
+    pg1 = np.append(pg, -1)                      # parent rows, the sentinel's included
+    jump = pg1
     depth = np.append((pg >= 0).astype(np.int64), 0)
     for _ in range(max(0, math.ceil(math.log2(max(max_nodes, 1))))):
         # np.take: a row gather several times faster than fancy indexing
@@ -245,8 +246,8 @@ def tree_meta_host(parents: np.ndarray, cu_nodes: np.ndarray, max_nodes: int | N
         depth += np.take(depth, jump)
         jump = np.take(jump, jump)
     bits, depth = bits[:N], depth[:N]
-    a2 = np.take(np.append(pg, -1), pg)
-    a3 = np.take(np.append(pg, -1), a2)
+    a2 = np.take(pg1, pg)
+    a3 = np.take(pg1, a2)
     parts = [bits.view(np.int64).reshape(-1), depth, np.stack([pg, a2, a3], 1).reshape(-1), seq]
     pairs = {}
     for bt in pair_blocks:
