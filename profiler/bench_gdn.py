@@ -49,7 +49,7 @@ from simtree.kernels.gdn.bench_util import (QWEN36, TREE_ORDERS, env_info, fla_c
 TINY = dict(H=2, HV=4, K=16, V=32)
 _CFG_KEYS = dict(block_v="v", block_t="t", num_warps="w", num_stages="s", max_registers="r",
                  g_prologue="g", u_bf16="u", prefetch="p", heavy_first="o", prenorm="q",
-                 g_pass="j")
+                 g_pass="j", kside="k", kside_heads="h", solve_bf16="b")
 
 
 _COMMIT_KEYS = dict(path="p", block_t="t", block_v="v", num_warps="w")
@@ -420,7 +420,9 @@ def main() -> None:
                     help="extra tree-kernel launch configs to time (skipped where equal to the "
                          "default): v<BV> t<BT> w<warps> s<stages> r<max registers, 0 = unbounded> "
                          "g<G prologue 0/1> u<bf16 u operands 0/1> p<prefetch 0/1> o<heavy-first order 0/1> "
-                         "q<q/k pre-normalised 0/1> j<G written by the pre-pass 0/1>; the default "
+                         "q<q/k pre-normalised 0/1> j<G written by the pre-pass 0/1> k<warps of the "
+                         "K-side kernel, 0 = none> h<its value heads per program, 0 = all of a "
+                         "key head's> b<bf16 diagonal tiles 0/1>; the default "
                          "times the other q/k path at every shape")
     ap.add_argument("--profile-from", metavar="DIR",
                     help="rewrite DIR/profile_gdn.csv from DIR/bench_gdn.csv and bench_gdn.json "

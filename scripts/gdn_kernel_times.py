@@ -1,5 +1,5 @@
 """Per-kernel breakdown of one GDN tree verify on the GPU: every Triton kernel the call
-launches (pre-pass with the G pass, verify), timed alone (triton.testing.do_bench median, no
+launches (pre-pass with the G pass, K-side kernel where launched, verify), timed alone (triton.testing.do_bench median, no
 CUDA graph, so small kernels include launch cost), with registers, spills, shared memory and
 MMA kind (Qwen3.6-27B shapes, bf16, random trees stored depth-first).
 
@@ -15,13 +15,17 @@ from simtree.kernels.gdn.bench_util import QWEN36, probe_inputs
 from simtree.profiler.bench_gdn import parse_configs
 
 KEYS = ("q", "k", "v", "g", "beta", "state", "parents", "cu_nodes")
-NAMES = ("_qk_prenorm_kernel", "_tree_verify_kernel")
+NAMES = ("_qk_prenorm_kernel", "_tree_kside_kernel", "_tree_verify_kernel")
+NPAIRS_ARG = 11   # _tree_verify_kernel's npairs_ptr: zeroed for the --no-pairs ablation
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--shapes", default="16:64,64:64,16:128,64:128")
     ap.add_argument("--configs", default=",q0,q1", help="bench_gdn letters; empty = the rule")
+    ap.add_argument("--no-pairs", action="store_true",
+                    help="also time each verify launch with no sub-chunk pairs (wrong results on "
+                         "purpose: what the walk over earlier sub-chunks costs)")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("gdn_kernel_times times Triton kernels on a CUDA GPU; none is visible")
@@ -58,6 +62,12 @@ def main() -> None:
                 mma = " ".join(m for m in ("wgmma", "mma.sync") if m in ptx)
                 print(f"b{b} n{n} cfg={cfg} {nm} grid={grid} {t * 1e3:.1f} us regs={ck.n_regs} "
                       f"spills={ck.n_spills} smem={ck.metadata.shared} {mma}", flush=True)
+                if args.no_pairs and nm == "_tree_verify_kernel":
+                    a0 = list(a)
+                    a0[NPAIRS_ARG] = torch.zeros_like(a[NPAIRS_ARG])
+                    t0 = triton.testing.do_bench(lambda: orig[nm][grid](*a0, **kw), warmup=20,
+                                                 rep=100)
+                    print(f"b{b} n{n} cfg={cfg} {nm} no pairs {t0 * 1e3:.1f} us", flush=True)
             print(f"b{b} n{n} cfg={cfg} total {total * 1e3:.1f} us", flush=True)
 
 

@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # One batched GPU session on a lent H200: install carried wheels, install simtree without
-# deps, then run the named parts (gdn, tune, v4, profile, ncu, lossless), each bounded, each
+# deps, then run the named parts (gdn, tune, v4, profile, ncu, lossless, refresh), each bounded, each
 # writing under $OUT.
 # Usage (on the GPU machine): bash scripts/gpu_session.sh gdn v4 profile   (gdn: GDN_RESUME=DIR
 # finishes the cut benchmark in DIR; tune: TUNE_ARGS=...,
 # v4: V4_ARGS=..., e.g. "--plan-switches 60"; profile: PROFILE_RESUME=reports/h200/profile to add
 # to the committed profile, PROFILE_ARGS="--model qwen3.6-27b" to restrict it, and with
 # "--only-stage gdn_tree_commit --remeasure" to time that stage again after a kernel change;
-# ncu: NCU_SHAPES="16:128 64:128"; lossless: every speculative mode checked, LOSSLESS_LIMIT s)
+# ncu: NCU_SHAPES="16:128 64:128"; lossless: every speculative mode checked, LOSSLESS_LIMIT s;
+# refresh: the GDN benchmark and the profile's GDN verify rows after a launch-rule change)
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
 RES=/tmp/simtree_results   # many files; tarred into $OUT at the end ($OUT returns <= 8 files)
@@ -43,6 +44,15 @@ for part in "$@"; do
     ncu)   # Nsight Compute on the GDN verify (NCU_SHAPES, default four shapes) + its summary
       bash scripts/ncu_gdn.sh "$RES/ncu" ${NCU_SHAPES:+"$NCU_SHAPES"} && python3 scripts/ncu_summary.py "$RES/ncu" > "$RES/ncu/summary.md"
       rm -f "$RES/ncu/"*.ncu-rep; tail -c 3000 "$RES/ncu/summary.md" ;;
+    refresh)   # after a GDN launch-rule change: the GDN benchmark (TREE_CONFIGS: extra tree
+      # configs) and the profile's Qwen3.6-27B gdn_tree_verify rows re-measured on the committed
+      # profile (a second sweep finishes what the stage budget cut); then, at home: report_gdn,
+      # copy the profile files, scripts/ship_defaults.sh
+      timeout ${GDN_TIMEOUT:-300} python3 -m simtree.profiler.bench_gdn --out "$RES/gdn" --max-seconds ${GDN_SECONDS:-220} --tree-configs "${TREE_CONFIGS:-q0,q1,k0}" 2>&1 | tee "$RES/gdn.log" | tail -40
+      mkdir -p "$RES/h200" && cp reports/h200/profile/profile.csv reports/h200/profile/profile.meta.json reports/h200/profile/profile.points.jsonl "$RES/h200/"
+      for again in --remeasure ""; do
+        timeout -k 10 200 python3 -m simtree.profiler.sweep --sweep scenarios/sweeps/default_gpu.yaml --out "$RES/h200/profile.csv" --max-minutes 3 --no-progress --model qwen3.6-27b --only-stage gdn_tree_verify $again 2>&1 | tee -a "$RES/profile.log" | tail -5
+      done ;;
     lossless) LIMIT=${LOSSLESS_LIMIT:-280} bash scripts/lossless_gpu.sh "$RES/lossless" && grep "^|" "$RES/lossless/README.md" ;;
     *) echo "unknown part $part"; false ;;
   esac

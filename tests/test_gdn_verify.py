@@ -357,21 +357,25 @@ def launched(monkeypatch):
     return calls
 
 
-@pytest.mark.parametrize("g_prologue,prefetch,block_t,big,heavy,prenorm,g_pass",
-                         [(0, 0, 16, 300, 1, 1, 1), (1, 0, 16, 120, 0, 0, 0),
-                          (0, 1, 32, 120, 1, 0, 1), (1, 1, 16, 300, 0, 1, 1),
-                          (1, 1, 16, 120, 1, 1, 0), (1, 0, 32, 300, 1, 0, 0),
-                          (0, 1, 32, 120, 0, 1, 0), (1, 0, 32, 120, 0, 1, 1),
-                          (1, 0, 16, 120, 1, 0, 1), (1, 1, 32, 120, 0, 0, 1),
-                          (1, 0, 16, 200, 1, 1, 1)])
+@pytest.mark.parametrize("g_prologue,prefetch,block_t,big,heavy,prenorm,g_pass,kside",
+                         [(0, 0, 16, 300, 1, 1, 1, 0), (1, 0, 16, 120, 0, 0, 0, 0),
+                          (0, 1, 32, 120, 1, 0, 1, 0), (1, 1, 16, 300, 0, 1, 1, 2),
+                          (1, 1, 16, 120, 1, 1, 0, 0), (1, 0, 32, 300, 1, 0, 0, 0),
+                          (0, 1, 32, 120, 0, 1, 0, 0), (1, 0, 32, 120, 0, 1, 1, 0),
+                          (1, 0, 16, 120, 1, 0, 1, 0), (1, 1, 32, 120, 0, 0, 1, 0),
+                          (1, 0, 16, 200, 1, 1, 1, 0), (1, 0, 16, 200, 1, 1, 0, 2),
+                          (1, 1, 16, 120, 0, 0, 0, 1), (1, 0, 32, 120, 1, 1, 1, 4),
+                          (0, 0, 16, 120, 0, 1, 0, 2), (1, 0, 64, 120, 0, 1, 1, 4)])
 def test_kernel_switches_keep_the_result(launched, g_prologue, prefetch, block_t, big, heavy,
-                                         prenorm, g_pass):
+                                         prenorm, g_pass, kside):
     # G summed per sub-chunk or in one prologue (asked for, and the largest tree at most
     # G_PROLOGUE_MAX_NODES = 256 nodes: a 300-node tree falls back) - in the verify or by the
     # pre-pass kernel before it (g_pass, with or without its q/k rows) - rows loaded in place
     # or one sub-chunk ahead, nodes walked as stored or depth-first, q/k normalised in the
-    # kernel or once before it: the launch gets the path asked for, and every path gives the
-    # same outputs and the same cache (stored order) for the commit
+    # kernel or once before it, the V-free products in the walk or by a kernel before it
+    # (kside, which needs every node's G first: off without the prologue, g_pass forced on
+    # with it): the launch gets the path asked for, and every path gives the same outputs and the
+    # same cache (stored order) for the commit
     from simtree.kernels.gdn import G_PROLOGUE_MAX_NODES
     rng = np.random.default_rng(16)
     sizes = (40, big, 1, 17)
@@ -380,11 +384,13 @@ def test_kernel_switches_keep_the_result(launched, g_prologue, prefetch, block_t
     tree = (inp["parents"], inp["cu_nodes"])
     out, cache = gdn_tree_verify(*(inp[k] for k in KEYS), *tree, backend="triton",
                                  block_t=block_t, g_prologue=g_prologue, prefetch=prefetch,
-                                 heavy_first=heavy, prenorm=prenorm, g_pass=g_pass)
+                                 heavy_first=heavy, prenorm=prenorm, g_pass=g_pass,
+                                 kside=kside, kside_heads=kside % 2)
     prologue = bool(g_prologue) and big <= G_PROLOGUE_MAX_NODES
     assert len(launched) == 1 and launched[0]["PREFETCH"] == bool(prefetch)
     assert launched[0]["QK_READY"] == bool(prenorm)
-    assert launched[0]["G_READY"] == (bool(g_pass) and prologue)
+    assert launched[0]["KSIDE"] == (bool(kside) and prologue)
+    assert launched[0]["G_READY"] == (bool(g_pass or kside) and prologue)
     assert launched[0]["ORDER"] == bool(heavy)
     assert launched[0]["NT"] == ((128 if big <= 128 else 256) if prologue else 0)
     _, ref_cache = gdn_tree_verify(*(inp[k] for k in KEYS), *tree, backend="torch")

@@ -162,10 +162,21 @@ def verify_launch_config(B: int, HV: int, V: int, device: torch.device | str = "
     91.2, n4 81.5 vs 84.1); the G part of it from 17 nodes at 16 sequences and from 33 at
     more (b16 n32 44.5 vs 47.9 with G in each verify program, b16 n64 88.9 vs 95.7, b64 n64
     273.1 vs 278.7), not below (b16 n16 28.9 vs 30.0, b64 n32 145.3 vs 148.1).
+
+    The V-free products by their own kernel (``kside``, runs 55-57, depth-first trees): each
+    sub-chunk's inverse and diagonal block and each pair's masked k.k / q.k blocks computed
+    by ``_tree_kside_kernel`` (one warp, the three value heads of a key head per program) and
+    read by the verify, whose walk then keeps only the dots on V; with the diagonal tiles in
+    bf16 (``solve_bf16``, as fla stores its solved inverse).  It pays at 16 sequences from 33
+    nodes (b16 n64 75.9 vs 90.3 us, n128 145.4 vs 165.1 with the verify capped at 168
+    registers, 173.2 without) and at 64 sequences from 32 (b64 n32 140.4 vs 146.6, n64 245.1
+    vs 274.8, n128 452.9 vs 494.6); not at <= 4 sequences (b4 n64 35.5 vs 29.8, n128 about
+    equal; b1 n64 26.8 vs 18.1) nor at 16 sequences of 32 nodes (45.5 vs 44.8): the extra
+    launch and the tiles' round trip through memory cost more than the walk saves.
     """
     rows = B * HV
     cfg = dict(block_t=16, block_v=V, num_warps=2, num_stages=2, max_registers=0, g_prologue=1,
-               u_bf16=1, prefetch=0, heavy_first=0, prenorm=1,
+               u_bf16=1, prefetch=0, heavy_first=0, prenorm=1, kside=0, kside_heads=0, solve_bf16=0,
                g_pass=int(max_nodes > (16 if rows <= 16 * 48 else 32)))
     if rows <= 48:
         big, huge = max_nodes >= 32, max_nodes > 64
@@ -189,6 +200,11 @@ def verify_launch_config(B: int, HV: int, V: int, device: torch.device | str = "
             cfg["max_registers"] = 168
     if rows <= 4 * 48:
         cfg["g_pass"] = cfg["prenorm"]
+    elif max_nodes > (32 if rows <= 16 * 48 else 31):
+        # the V-free products by their own kernel (runs 55-57)
+        cfg.update(kside=1, solve_bf16=1, g_pass=1)
+        if rows <= 16 * 48 and max_nodes > 64:
+            cfg["max_registers"] = 168
     cfg["heavy_first"] = _heavy_first_default(cfg["block_t"], max_nodes, depth_first)
     return cfg
 
@@ -253,7 +269,8 @@ def gdn_tree_verify(q, k, v, g, beta, state, parents, cu_nodes, *, scale=None, q
                     max_registers: int | None = None, g_prologue: int | None = None,
                     u_bf16: int | None = None, prefetch: int | None = None,
                     heavy_first: int | None = None, prenorm: int | None = None,
-                    g_pass: int | None = None):
+                    g_pass: int | None = None, kside: int | None = None,
+                    kside_heads: int | None = None, solve_bf16: int | None = None):
     """Every node's output as if the recurrence ran along its own root path only.
 
     One pass, ``state`` is not modified.  Returns (out [N, HV, V] in q's dtype, GDNTreeCache).
@@ -269,7 +286,15 @@ def gdn_tree_verify(q, k, v, g, beta, state, parents, cu_nodes, *, scale=None, q
     q and k normalised and scaled once, by a small kernel before the verify, instead of in
     every sub-chunk and every pair) / ``g_pass`` (with g_prologue, 1: that kernel also
     writes every node's G, once per layer instead of once per V block, as one product of
-    the ancestor mask and g per tree) override ``verify_launch_config`` (benchmark tuning).
+    the ancestor mask and g per tree) / ``kside`` (> 0, with g_prologue: the products that
+    need no V column - each sub-chunk's inverse and diagonal block, each sub-chunk pair's
+    masked k.k and q.k blocks - by a kernel of that many warps between the pre-pass, which
+    then writes G, and the verify, whose sequential walk keeps only the dots on V) /
+    ``kside_heads`` (value heads per program of that kernel: 0 all of a key head's, sharing
+    its k.k and q.k dots, or 1) / ``solve_bf16`` (with kside, 16-bit inputs: each
+    sub-chunk's inverse and diagonal block stored in bf16 and multiplied with bf16 right-hand
+    sides, as fla stores its solved inverse; else fp32 / tf32) override
+    ``verify_launch_config`` (benchmark tuning).
     """
     if check:
         _check_inputs(q, k, v, g, beta, state, parents, cu_nodes)
@@ -287,7 +312,7 @@ def gdn_tree_verify(q, k, v, g, beta, state, parents, cu_nodes, *, scale=None, q
     import triton
     import triton.language as tl
 
-    from .tree_verify import _qk_prenorm_kernel, _tree_verify_kernel
+    from .tree_verify import _qk_prenorm_kernel, _tree_kside_kernel, _tree_verify_kernel
     if K < 16 or K & (K - 1) or V < 16 or V & (V - 1):
         raise SimtreeError(f"triton backend needs K and V powers of two >= 16, got K={K}, V={V}")
     cfg = verify_launch_config(B, HV, V, q.device, meta.max_nodes, meta.depth_first)
@@ -310,12 +335,14 @@ def gdn_tree_verify(q, k, v, g, beta, state, parents, cu_nodes, *, scale=None, q
     DT = tl.bfloat16 if prec == "tf32" and not _INTERPRET else tl.float32
     ready = bool(cfg["prenorm"] if prenorm is None else prenorm)
     NT = max(16, 1 << max(meta.max_nodes - 1, 1).bit_length()) if pro else 0
-    g_pass = bool(cfg["g_pass"] if g_pass is None else g_pass) and NT > 0
+    kside = int(cfg["kside"] if kside is None else kside) if NT > 0 else 0
+    g_pass = bool((cfg["g_pass"] if g_pass is None else g_pass) or kside) and NT > 0
     cu = cu_nodes.to(q.device, torch.int64)
     # the numbering the kernel walks (as stored, or depth-first) and its sub-chunk pairs
     order, walk, (pairs, npairs, nc) = walk_tables(meta, cu_nodes, BT, heavy_first)
     order_t = order if order is not None else walk.bits
     g32, bits32 = g.float().contiguous(), walk.bits.view(torch.int32)
+    beta32 = beta.float().contiguous()
     if ready or g_pass:   # the dot operands once: normalised, scaled, in DT; and/or G
         qn = torch.empty(qc.shape, dtype=torch.bfloat16 if DT == tl.bfloat16 else torch.float32,
                          device=q.device) if ready else qc
@@ -328,14 +355,30 @@ def gdn_tree_verify(q, k, v, g, beta, state, parents, cu_nodes, *, scale=None, q
             L2NORM=qk_l2norm, HV=HV, W=meta.words, NT=ntile, ORDER=order is not None,
             G_PASS=g_pass, HVB=G_TILE, RB=G_TILE, num_warps=4)
         qc, kc = qn, kn
+    diag = tiles = None
+    if kside:   # the V-free products, per (sub-chunk, sequence, key head)
+        sdt = bool(cfg["solve_bf16"] if solve_bf16 is None else solve_bf16) and DT == tl.bfloat16
+        diag = torch.empty(B * HV * nc * 2 * BT * BT, device=q.device,
+                           dtype=torch.bfloat16 if sdt else torch.float32)
+        tiles = torch.empty(max(1, B * HV * (nc * (nc - 1) // 2) * 2 * BT * BT),
+                            dtype=torch.bfloat16 if use_bf16 else torch.float32, device=q.device)
+        hvb = cfg["kside_heads"] if kside_heads is None else kside_heads
+        hvb = HV // H if hvb <= 0 or (HV // H) % hvb else hvb
+        _tree_kside_kernel[(nc, B * HV // hvb)](
+            qc, kc, beta32, walk.bits, order_t, cu, pairs, npairs, nc, G, diag, tiles, scale,
+            H=H, HV=HV, K=K, W=meta.words, BT=BT, LOG_BT=BT.bit_length() - 1,
+            L2NORM=qk_l2norm, PREC=prec, DT=DT, ORDER=order is not None, READY=ready,
+            HVB=hvb, num_warps=kside)
     _tree_verify_kernel[(V // BV, B * HV)](
-        qc, kc, v.contiguous(), g32, beta.float().contiguous(),
+        qc, kc, v.contiguous(), g32, beta32,
         state.float().contiguous(), walk.bits, bits32, order_t, cu, pairs,
         npairs, nc, out, u, G, scale,
         H=H, HV=HV, K=K, V=V, W=meta.words, BT=BT, BV=BV, LOG_BT=BT.bit_length() - 1,
         L2NORM=qk_l2norm, PREC=prec, DT=DT, QK_READY=ready, G_READY=g_pass, NT=NT,
         UDT=tl.bfloat16 if use_bf16 else tl.float32,
         PREFETCH=bool(cfg["prefetch"] if prefetch is None else prefetch), ORDER=order is not None,
+        diag_ptr=diag, pair_ptr=tiles, KSIDE=kside > 0,
+        SDT=tl.bfloat16 if diag is not None and diag.dtype == torch.bfloat16 else tl.float32,
         num_warps=num_warps or cfg["num_warps"],
         num_stages=num_stages or cfg["num_stages"], **_maxnreg(
             cfg["max_registers"] if max_registers is None else max_registers))

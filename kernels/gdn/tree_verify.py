@@ -226,7 +226,9 @@ def _tree_verify_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, s0_ptr, bits_ptr, 
                         LOG_BT: tl.constexpr, L2NORM: tl.constexpr, PREC: tl.constexpr,
                         DT: tl.constexpr, NT: tl.constexpr, UDT: tl.constexpr,
                         PREFETCH: tl.constexpr, ORDER: tl.constexpr,
-                        QK_READY: tl.constexpr = False, G_READY: tl.constexpr = False):
+                        QK_READY: tl.constexpr = False, G_READY: tl.constexpr = False,
+                        diag_ptr=None, pair_ptr=None, KSIDE: tl.constexpr = False,
+                        SDT: tl.constexpr = tl.float32):
     """One program per (sequence, value head, V block); sub-chunks of BT nodes in order.
 
     Per sub-chunk c (rows r): rhs = b (V - e^G K S0) and acc = e^G Q S0, minus/plus the
@@ -239,7 +241,11 @@ def _tree_verify_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, s0_ptr, bits_ptr, 
     ORDER: nodes are walked in the order ``order_ptr`` gives (bits, pairs and positions in
     that numbering; every per-node tensor, u and G included, stays in stored rows).
     QK_READY: q and k come normalised and scaled (``_qk_prenorm_kernel``), in DT; G_READY
-    (with NT > 0): that pre-pass wrote G too."""
+    (with NT > 0): that pre-pass wrote G too.  KSIDE: the products that need no V column
+    (each sub-chunk's inverse and diagonal output block, each pair's two masked blocks) come
+    from ``_tree_kside_kernel``'s tiles, so the sequential walk keeps only the dots on V;
+    SDT: the dtype of those diagonal tiles and of the right-hand operands they multiply
+    (bf16 like fla's solved inverse and its u product, or fp32)."""
     i_v, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_hv = i_bh // HV, i_bh % HV
     i_h = i_hv // (HV // H)
@@ -255,6 +261,10 @@ def _tree_verify_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, s0_ptr, bits_ptr, 
             _store_G(g_ptr, bits32_ptr, order_ptr, G_ptr, bos, n, i_hv, HV, W, NT, ORDER)
             tl.debug_barrier()
     lower = o_t[:, None] > o_t[None, :]
+    tt = o_t[:, None] * BT + o_t[None, :]
+    # KSIDE tiles of this (sequence, value head): [NC, 2, BT, BT] and [NC (NC - 1) / 2, 2, BT, BT]
+    dbase = (i_b * HV + i_hv).to(tl.int64) * NC * 2 * BT * BT
+    pbase = (i_b * HV + i_hv).to(tl.int64) * (NC * (NC - 1) // 2) * 2 * BT * BT
     # PREFETCH: the rows of each sub-chunk are loaded one sub-chunk ahead (they do not depend
     # on the solve), so their load latency hides behind the previous sub-chunk's dots
     if PREFETCH:
@@ -283,20 +293,30 @@ def _tree_verify_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, s0_ptr, bits_ptr, 
             c2 = tl.load(pc + i).to(tl.int64)
             scol = _node_rows(order_ptr, bos, c2 * BT + o_t, o_t >= 0, ORDER)
             uc = tl.load(u_ptr + (scol * HV + i_hv)[:, None] * V + o_v[None, :]).to(UDT)
-            kct = tl.trans(_rows_normed(k_ptr, scol, o_t >= 0, i_h, 1., H, K, L2NORM, DT,
-                                        QK_READY))
-            dec = _decay(_anc_tile(bits_ptr, prow, m_r, c2, BT, W), G,
-                         tl.load(G_ptr + scol * HV + i_hv))
-            a_rc = b_r[:, None] * tl.dot(xk, kct, input_precision=PREC) * dec
-            p_rc = tl.dot(xq, kct, input_precision=PREC) * dec
+            if KSIDE:
+                tp = pair_ptr + pbase + ((c * (c - 1)) // 2 + i) * 2 * BT * BT + tt
+                a_rc = tl.load(tp)
+                p_rc = tl.load(tp + BT * BT)
+            else:
+                kct = tl.trans(_rows_normed(k_ptr, scol, o_t >= 0, i_h, 1., H, K, L2NORM, DT,
+                                            QK_READY))
+                dec = _decay(_anc_tile(bits_ptr, prow, m_r, c2, BT, W), G,
+                             tl.load(G_ptr + scol * HV + i_hv))
+                a_rc = b_r[:, None] * tl.dot(xk, kct, input_precision=PREC) * dec
+                p_rc = tl.dot(xq, kct, input_precision=PREC) * dec
             rhs -= tl.dot(a_rc.to(UDT), uc, input_precision=PREC)
             acc += tl.dot(p_rc.to(UDT), uc, input_precision=PREC)
         # diagonal block: A (strictly lower, ancestor-masked) and its unit-lower inverse
-        dec = _decay(_anc_tile(bits_ptr, prow, m_r, c, BT, W) & m_r[None, :], G, G)
-        xkt = tl.trans(xk)
-        A = tl.where(lower, b_r[:, None] * tl.dot(xk, xkt, input_precision=PREC) * dec, 0.)
-        u = tl.dot(_unit_lower_inverse(A, BT, LOG_BT, PREC), rhs, input_precision=PREC)
-        acc += tl.dot(tl.dot(xq, xkt, input_precision=PREC) * dec, u, input_precision=PREC)
+        if KSIDE:
+            dp = diag_ptr + dbase + c * 2 * BT * BT + tt
+            u = tl.dot(tl.load(dp), rhs.to(SDT), input_precision=PREC)
+            acc += tl.dot(tl.load(dp + BT * BT), u.to(SDT), input_precision=PREC)
+        else:
+            dec = _decay(_anc_tile(bits_ptr, prow, m_r, c, BT, W) & m_r[None, :], G, G)
+            xkt = tl.trans(xk)
+            A = tl.where(lower, b_r[:, None] * tl.dot(xk, xkt, input_precision=PREC) * dec, 0.)
+            u = tl.dot(_unit_lower_inverse(A, BT, LOG_BT, PREC), rhs, input_precision=PREC)
+            acc += tl.dot(tl.dot(xq, xkt, input_precision=PREC) * dec, u, input_precision=PREC)
         G_c = G
         if PREFETCH:
             xk, xq, b_r, v_r, G = _chunk_rows(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, bits_ptr,
@@ -311,6 +331,72 @@ def _tree_verify_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, s0_ptr, bits_ptr, 
         tl.store(o_ptr + (srow * HV + i_hv)[:, None] * V + o_v[None, :],
                  acc.to(o_ptr.dtype.element_ty), mask=m_r[:, None])
         tl.debug_barrier()   # later sub-chunks of this program read the u and G just stored
+
+
+@triton.jit
+def _tree_kside_kernel(q_ptr, k_ptr, beta_ptr, bits_ptr, order_ptr, cu_ptr, pairs_ptr, npairs_ptr,
+                       NC, G_ptr, diag_ptr, pair_ptr, scale, H: tl.constexpr, HV: tl.constexpr,
+                       K: tl.constexpr, W: tl.constexpr, BT: tl.constexpr,
+                       LOG_BT: tl.constexpr, L2NORM: tl.constexpr, PREC: tl.constexpr,
+                       DT: tl.constexpr, ORDER: tl.constexpr, READY: tl.constexpr,
+                       HVB: tl.constexpr):
+    """The verify's products that need no V column, one program per (sub-chunk c, sequence,
+    HVB value heads of one key head) (their k.k and q.k dots are shared; beta and the decays
+    are per value head):
+
+        diag  [c]    T_c = (I + A_cc)^-1 and P_cc = (Q_c K_c^T o D o M)     (diag_ptr's dtype)
+        pairs [c, i] a = b_r (K_c K_c2^T o D o M), p = (Q_c K_c2^T o D o M)  (c2 = pairs[c, i])
+
+    at slot c (c - 1) / 2 + i of each (sequence, value head) (pair_ptr's dtype, the one the
+    verify casts them to).  Independent of every other program (G comes from the pre-pass),
+    so the inverses and masked dots leave the verify's sequential walk over sub-chunks."""
+    c, i_bh = tl.program_id(0), tl.program_id(1)
+    NB: tl.constexpr = HV // HVB
+    i_b, i_hv0 = i_bh // NB, (i_bh % NB) * HVB
+    i_h = i_hv0 // (HV // H)
+    bos = tl.load(cu_ptr + i_b).to(tl.int64)
+    n = tl.load(cu_ptr + i_b + 1).to(tl.int64) - bos
+    if c * BT < n:
+        o_t = tl.arange(0, BT)
+        tt = o_t[:, None] * BT + o_t[None, :]
+        lower = o_t[:, None] > o_t[None, :]
+        rows = c * BT + o_t
+        m_r = rows < n
+        prow = bos + rows
+        grow = _node_rows(order_ptr, bos, rows, m_r, ORDER)
+        xk = _rows_normed(k_ptr, grow, m_r, i_h, 1., H, K, L2NORM, DT, READY)
+        xq = _rows_normed(q_ptr, grow, m_r, i_h, scale, H, K, L2NORM, DT, READY)
+        xkt = tl.trans(xk)
+        kk = tl.dot(xk, xkt, input_precision=PREC)
+        qk = tl.dot(xq, xkt, input_precision=PREC)
+        anc = _anc_tile(bits_ptr, prow, m_r, c, BT, W) & m_r[None, :]
+        for j in tl.static_range(HVB):
+            i_hv = i_hv0 + j
+            G = tl.load(G_ptr + grow * HV + i_hv, mask=m_r, other=0.)
+            b_r = tl.load(beta_ptr + grow * HV + i_hv, mask=m_r, other=0.)
+            dec = _decay(anc, G, G)
+            A = tl.where(lower, b_r[:, None] * kk * dec, 0.)
+            dp = diag_ptr + ((i_b * HV + i_hv).to(tl.int64) * NC + c) * 2 * BT * BT + tt
+            tl.store(dp, _unit_lower_inverse(A, BT, LOG_BT, PREC).to(diag_ptr.dtype.element_ty))
+            tl.store(dp + BT * BT, (qk * dec).to(diag_ptr.dtype.element_ty))
+        pc = pairs_ptr + (i_b * NC + c) * NC
+        slot0 = (c * (c - 1)) // 2
+        for i in range(0, tl.load(npairs_ptr + i_b * NC + c)):
+            c2 = tl.load(pc + i).to(tl.int64)
+            scol = _node_rows(order_ptr, bos, c2 * BT + o_t, o_t >= 0, ORDER)
+            kct = tl.trans(_rows_normed(k_ptr, scol, o_t >= 0, i_h, 1., H, K, L2NORM, DT, READY))
+            kk2 = tl.dot(xk, kct, input_precision=PREC)
+            qk2 = tl.dot(xq, kct, input_precision=PREC)
+            anc2 = _anc_tile(bits_ptr, prow, m_r, c2, BT, W)
+            for j in tl.static_range(HVB):
+                i_hv = i_hv0 + j
+                G = tl.load(G_ptr + grow * HV + i_hv, mask=m_r, other=0.)
+                b_r = tl.load(beta_ptr + grow * HV + i_hv, mask=m_r, other=0.)
+                dec = _decay(anc2, G, tl.load(G_ptr + scol * HV + i_hv))
+                tp = pair_ptr + (((i_b * HV + i_hv).to(tl.int64) * (NC * (NC - 1) // 2)
+                                  + slot0 + i) * 2 * BT * BT) + tt
+                tl.store(tp, (b_r[:, None] * kk2 * dec).to(pair_ptr.dtype.element_ty))
+                tl.store(tp + BT * BT, (qk2 * dec).to(pair_ptr.dtype.element_ty))
 
 
 @triton.jit
