@@ -30,8 +30,11 @@ read -r -a SIMTREE <<< "${SIMTREE:-$( [ -x .venv/bin/simtree ] && echo .venv/bin
 PY=${PY:-$( [ -x .venv/bin/python ] && echo .venv/bin/python || echo python )}
 
 mkdir -p "$OUT/logs"
-step() {  # step NAME CMD...: run, log its output, append its wall time + 1-min load to timing.tsv
+step() {  # step NAME CMD...: probe the host's speed into host_probe.tsv (simtree.hostprobe),
+    # run, log its output, append its wall time + 1-min load to timing.tsv
     local name=$1; shift
+    "$PY" -m simtree.hostprobe --device "$DEVICE" --step "$name" >> "$OUT/host_probe.tsv" 2>/dev/null \
+        || echo "host probe before $name failed (the report leaves it out)" >&2
     local t0=$SECONDS
     echo "== $name: $*" >&2
     "$@" > "$OUT/logs/$name.log" 2>&1 || { echo "step $name failed; see $OUT/logs/$name.log" >&2; tail -5 "$OUT/logs/$name.log" >&2; exit 1; }
@@ -44,6 +47,7 @@ for phase in $PHASES; do
     measure)
       rm -rf "$OUT/profile.csv" "$OUT/profile.meta.json" "$OUT/profile.points.jsonl" "$OUT/costs.json" \
              "$OUT/costs.png" "$OUT/traces" "$OUT/traces.jsonl" "$OUT/plan" "$OUT/runs" "$OUT/timing.tsv" \
+             "$OUT/host_probe.tsv" \
              "$OUT/logs"/*
       # the runtime's own models on this device -> profile table
       step profile "${SIMTREE[@]}" profile --sweep "$SWEEP" --out "$OUT/profile.csv" --json

@@ -19,6 +19,8 @@ Layout of a loop folder (every number in the report is read from these files)::
     runs_repeat/...              (optional) the same runs again, same plan (PHASES="runs report"
                                  on a copy of the folder), for ``write_repeat_report``
     timing.tsv                   step, seconds, 1-minute load average after it (the script)
+    host_probe.tsv               step, python_us, torch_us, launch_us: the host's speed right
+                                 before each step (``simtree.hostprobe``; optional)
 
 Predicted, per run: the planner's numbers for that policy at that batch (candidates.csv:
 acceptance fitted from the collected traces, the bundle's cost models) - the end-to-end
@@ -36,8 +38,8 @@ import pandas as pd
 
 from simtree.errors import SimtreeError
 
-__all__ = ["ROLES", "run_flags", "contrast_runs", "collect_runs", "write_loop_report",
-           "write_repeat_report", "write_lossless_report", "main"]
+__all__ = ["ROLES", "run_flags", "contrast_runs", "collect_runs", "write_loop_report", "host_probe",
+           "host_ratio", "write_repeat_report", "write_lossless_report", "main"]
 
 ROLES = ("chosen", "second", "linear", "none")
 SPIKE = 1.1  # mean / median round latency above which a run is flagged as hit by a load burst
@@ -166,6 +168,38 @@ def _pct(x: float) -> str:
     return "-" if not np.isfinite(x) else f"{100 * x:+.0f}%"
 
 
+HOST_METRICS = ("python_us", "torch_us", "launch_us")
+HOST_CALM = 0.10   # a run's host probe within this of the profile's: the host ran as profiled
+
+
+def _num(x: float, digits: int = 2) -> str:
+    return f"{x:.{digits}f}" if np.isfinite(x) else "-"
+
+
+def host_probe(loop_dir) -> pd.DataFrame | None:
+    """``host_probe.tsv`` as a frame indexed by step (the last line of each step: a phase run
+    again appends), or None where the loop wrote none."""
+    path = Path(loop_dir) / "host_probe.tsv"
+    if not path.exists():
+        return None
+    df = pd.read_csv(path, sep="\t", names=["step", *HOST_METRICS])
+    if df.empty:
+        return None
+    for col in HOST_METRICS:
+        df[col] = pd.to_numeric(df[col], errors="coerce")
+    return df.drop_duplicates("step", keep="last").set_index("step")
+
+
+def host_ratio(probe: pd.DataFrame, step: str, ref: str = "profile") -> float:
+    """How much slower (> 1) or faster the host ran before ``step`` than before ``ref``: the
+    geometric mean of the probe's time ratios over the metrics both measured (nan if none)."""
+    if probe is None or step not in probe.index or ref not in probe.index:
+        return float("nan")
+    r = probe.loc[step, list(HOST_METRICS)].astype(float) / probe.loc[ref, list(HOST_METRICS)].astype(float)
+    r = r[np.isfinite(r) & (r > 0)]
+    return float(np.exp(np.log(r).mean())) if len(r) else float("nan")
+
+
 def write_loop_report(loop_dir) -> dict[str, Path]:
     """README.md + predicted_vs_measured.png + loop_results.csv in ``loop_dir``."""
     from simtree.profile_table import read_meta
@@ -181,6 +215,10 @@ def write_loop_report(loop_dir) -> dict[str, Path]:
     wl = next(iter(policy["source"].get("workloads", {}).values()), {})
     timing = (pd.read_csv(loop_dir / "timing.tsv", sep="\t", names=["step", "seconds", "load1"])
               if (loop_dir / "timing.tsv").exists() else None)
+    probe = host_probe(loop_dir)
+    if probe is not None:
+        df["host_vs_profile"] = [host_ratio(probe, f"run_b{r.batch_size}_{r.role}") for r in df.itertuples()]
+        df.to_csv(csv, index=False)
     gpu = pmeta.get("device_type") == "cuda"
     if gpu:
         machine = (f"{pmeta.get('gpu_name', '?')}, driver {pmeta.get('driver', '?')}, torch "
@@ -205,13 +243,19 @@ def write_loop_report(loop_dir) -> dict[str, Path]:
              "cost model only = `simtree run --costs`'s own prediction (same costs, acceptance fitted from "
              "that run's traces). err = predicted / measured - 1.", "",
              "| batch | role | policy | measured tok/s | planned tok/s | err | cost model only | err | "
-             "measured acc. | planned acc. | err | rounds | mean/median round |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "measured acc. | planned acc. | err | rounds | mean/median round |"
+             + (" host vs profile |" if probe is not None else ""),
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|" + ("---|" if probe is not None else "")]
     for r in df.itertuples():
         lines.append(f"| {r.batch_size} | {r.role} | {r.policy} | {r.measured_tok_s:.1f} | {r.planned_tok_s:.1f} | "
                      f"{_pct(r.err_tok_s)} | {r.cost_model_tok_s:.1f} | {_pct(r.err_cost_model)} | "
                      f"{r.measured_accepted:.2f} | {r.planned_accepted:.2f} | {_pct(r.err_accepted)} | {r.rounds} | "
-                     f"{r.round_mean_over_median:.2f} |")
+                     f"{r.round_mean_over_median:.2f} |" + (f" {_num(r.host_vs_profile)} |" if probe is not None else ""))
+    if probe is not None:
+        lines += ["", "host vs profile = the host probe's time right before the run over right before the "
+                  "profile (`host_probe.tsv`, `simtree.hostprobe`: Python, small torch ops"
+                  + (", CUDA launches" if gpu else "") + "; > 1: the host ran the run slower than the "
+                  "profile it was planned from)."]
     lines += ["", f"![predicted vs measured]({png.name})", "", "## Was the chosen policy the best measured one?", "",
               "| batch | chosen | best measured | chosen / best measured | chosen's measured rank |",
               "|---|---|---|---|---|"]
@@ -238,6 +282,16 @@ def write_loop_report(loop_dir) -> dict[str, Path]:
         lines.append(f"- runs slowed by a load burst (mean round > {SPIKE:g} x median): " + ", ".join(
             f"b={r.batch_size} {r.role} ({_pct(r.err_tok_s)})" for r in spikes.itertuples())
             + f"; without them: median |err| {100 * calm.median():.0f}%, max {100 * calm.max():.0f}%")
+    if probe is not None and df["host_vs_profile"].notna().any():
+        calm = (df["host_vs_profile"] - 1).abs() <= HOST_CALM
+        part = [f"- host speed: runs within {100 * HOST_CALM:.0f}% of the profile's host probe: "
+                + (f"median |err| {100 * abs_err[calm].median():.0f}% over {int(calm.sum())} runs"
+                   if calm.any() else "none")]
+        if (~calm).any():
+            part.append(f"; the others (host {df.loc[~calm, 'host_vs_profile'].min():.2f}-"
+                        f"{df.loc[~calm, 'host_vs_profile'].max():.2f}x the profile's probe time): median |err| "
+                        f"{100 * abs_err[~calm].median():.0f}% over {int((~calm).sum())} runs")
+        lines.append("".join(part))
     lines += ["",
               "## Noise and caveats", "",
               ("- The tiny models leave the GPU mostly idle: a round's latency is kernel launches, host syncs "
@@ -260,6 +314,14 @@ def write_loop_report(loop_dir) -> dict[str, Path]:
                   "| step | seconds | load |", "|---|---|---|"]
         lines += [f"| {r.step} | {r.seconds:.0f} | {r.load1} |" for r in timing.itertuples()]
         lines += [f"| total | {timing['seconds'].sum():.0f} | |", ""]
+    if probe is not None:
+        lines += ["## Host probe before each step", "",
+                  "Medians of `simtree.hostprobe` right before the step (us; lower is faster); x profile = "
+                  "the geometric mean of the ratios to the probe before the profile.", "",
+                  "| step | python | torch op | launch | x profile |", "|---|---|---|---|---|"]
+        lines += [f"| {st} | {_num(r.python_us, 0)} | {_num(r.torch_us)} | {_num(r.launch_us)} | "
+                  f"{_num(host_ratio(probe, st))} |" for st, r in probe.iterrows()]
+        lines.append("")
     lines += [f"Files: `profile.csv`, `costs.json` (+ `costs.png`), `traces.jsonl`, `plan/`, `runs/*/run.json`, "
               f"`{csv.name}`.", ""]
     md = loop_dir / "README.md"
@@ -284,6 +346,10 @@ def write_repeat_report(loop_dir, repeat: str = "runs_repeat") -> dict[str, Path
     for col in ("1", "2"):
         df[f"err_{col}"] = df["planned_tok_s"] / df[f"measured_tok_s_{col}"] - 1
     df["err_mean"] = df["planned_tok_s"] / df["measured_mean"] - 1
+    probe = host_probe(loop_dir)
+    if probe is not None:   # loop.sh names the steps run_b<B>_<role> and repeat_b<B>_<role>
+        for col, pre in (("1", "run"), ("2", "repeat" if repeat == "runs_repeat" else "run")):
+            df[f"host_{col}"] = [host_ratio(probe, f"{pre}_b{r.batch_size}_{r.role}") for r in df.itertuples()]
     csv = loop_dir / "repeat.csv"
     df.to_csv(csv, index=False)
 
@@ -311,11 +377,16 @@ def write_repeat_report(loop_dir, repeat: str = "runs_repeat") -> dict[str, Path
              f"`runs/*/run.json` (repetition 1) and `{repeat}/*/run.json` (repetition 2), same "
              "profile, costs and plan. err = planned / measured - 1.", "",
              "| batch | role | policy | tok/s rep. 1 | tok/s rep. 2 | rep. 2 / rep. 1 | planned | "
-             "err rep. 1 | err rep. 2 | err vs mean |", "|---|---|---|---|---|---|---|---|---|---|"]
+             "err rep. 1 | err rep. 2 | err vs mean |" + (" host rep. 1 | host rep. 2 |" if probe is not None else ""),
+             "|---|---|---|---|---|---|---|---|---|---|" + ("---|---|" if probe is not None else "")]
     for r in df.itertuples():
         lines.append(f"| {r.batch_size} | {r.role} | {r.policy} | {r.measured_tok_s_1:.1f} | "
                      f"{r.measured_tok_s_2:.1f} | {r.ratio_2_over_1:.2f} | {r.planned_tok_s:.1f} | "
-                     f"{_pct(r.err_1)} | {_pct(r.err_2)} | {_pct(r.err_mean)} |")
+                     f"{_pct(r.err_1)} | {_pct(r.err_2)} | {_pct(r.err_mean)} |"
+                     + (f" {_num(r.host_1)} | {_num(r.host_2)} |" if probe is not None else ""))
+    if probe is not None:
+        lines += ["", "host rep. N = the host probe's time right before that run over right before the "
+                  "profile (`host_probe.tsv`; > 1: a slower host than the profile's)."]
     lines += ["", f"![repeat]({png.name})", "", "## Was the chosen policy the best measured one?", "",
               "| batch | chosen | best rep. 1 | best rep. 2 | best of the mean |", "|---|---|---|---|---|"]
     best_all = 0
@@ -336,7 +407,17 @@ def write_repeat_report(loop_dir, repeat: str = "runs_repeat") -> dict[str, Path
               f"{100 * df['err_2'].abs().median():.0f}% (rep. 2), "
               f"{100 * df['err_mean'].abs().median():.0f}% against the mean of the two",
               f"- the chosen policy measured best in both repetitions at {best_all} of {len(groups)} "
-              "batch sizes", ""]
+              "batch sizes"]
+    if probe is not None and df[["host_1", "host_2"]].notna().all(axis=1).any():
+        moved = (df["host_2"] / df["host_1"] - 1).abs()
+        still = moved <= HOST_CALM
+        lines.append(f"- host probe between the repetitions: |host 2 / host 1 - 1| median "
+                     f"{100 * moved.median():.0f}%; runs whose host moved <= {100 * HOST_CALM:.0f}%: "
+                     + (f"throughput spread median {100 * spread[still].median():.0f}% over {int(still.sum())}"
+                        if still.any() else "none")
+                     + (f", the others {100 * spread[~still].median():.0f}% over {int((~still).sum())}"
+                        if (~still & moved.notna()).any() else ""))
+    lines.append("")
     md = loop_dir / "repeat.md"
     md.write_text("\n".join(lines))
     return {"markdown": md, "png": png, "csv": csv}

@@ -211,6 +211,75 @@ def test_repeat_report_pairs_the_two_repetitions(tmp_path):
         assert r.err_mean == pytest.approx(planned / ((t1 + t2) / 2) - 1)
     both = sum(all(tps[(b, "chosen")][i] > tps[(b, "linear")][i] for i in (0, 1)) for b in (1, 4))
     assert f"best in both repetitions at {both} of 2 batch sizes" in paths["markdown"].read_text()
+    assert "host rep. 1" not in paths["markdown"].read_text()
+    # with host probes: each repetition's run set against the probe before the profile
+    host = {"profile": 100.0}
+    with open(tmp_path / "host_probe.tsv", "w") as f:
+        f.write("profile\t100\t5\tnan\n")
+        for (b, role) in tps:
+            for pre in ("run", "repeat"):
+                x = float(rng.uniform(0.7, 1.6))
+                host[f"{pre}_b{b}_{role}"] = x
+                f.write(f"{pre}_b{b}_{role}\t{100 * x}\t{5 * x}\tnan\n")
+    df = pd.read_csv(write_repeat_report(tmp_path)["csv"])
+    for r in df.itertuples():
+        assert r.host_1 == pytest.approx(host[f"run_b{r.batch_size}_{r.role}"])
+        assert r.host_2 == pytest.approx(host[f"repeat_b{r.batch_size}_{r.role}"])
+    assert "host probe between the repetitions" in (tmp_path / "repeat.md").read_text()
     with pytest.raises(SimtreeError, match="no elsewhere/"):
         write_repeat_report(tmp_path, "elsewhere")
     assert main(["repeat", str(tmp_path), "elsewhere"]) == 2
+
+
+def test_host_probe_measures_and_the_report_sets_each_run_against_the_profile(tmp_path):
+    # the probe times Python, a torch op and (CUDA only) launches; the loop report divides the
+    # probe before each run by the probe before the profile (geometric mean over the metrics
+    # both measured, the last line of a step that was probed twice) and shows it per run
+    import shutil
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import pandas as pd
+
+    from simtree.cpu_loop import host_probe, host_ratio, write_loop_report
+    from simtree.hostprobe import probe
+
+    r = probe("cpu", repeats=3)
+    assert r["python_us"] > 0 and r["torch_us"] > 0 and np.isnan(r["launch_us"])
+    line = subprocess.run([sys.executable, "-m", "simtree.hostprobe", "--step", "s1", "--repeats", "2"],
+                          capture_output=True, text=True, check=True).stdout.strip().split("\t")
+    assert line[0] == "s1" and float(line[1]) > 0 and float(line[2]) > 0 and line[3] == "nan"
+
+    d = tmp_path / "loop"
+    shutil.copytree(Path(__file__).parents[1] / "reports" / "cpu_loop", d)
+    runs = pd.read_csv(d / "loop_results.csv")
+    rng = np.random.default_rng(5)
+    steps = ["profile"] + [f"run_b{b}_{role}" for b, role in zip(runs["batch_size"], runs["role"])]
+    skip = steps[-1]                       # a run the probe missed: no ratio
+    want = {}
+    base = (400.0, 6.0)
+    with open(d / "host_probe.tsv", "w") as f:
+        f.write(f"{steps[1]}\t9999\t99\tnan\n")    # probed twice: the later line counts
+        for st in steps[:-1]:
+            a, b = rng.uniform(0.5, 2.0, size=2)
+            if st == "profile":
+                a = b = 1.0
+            f.write(f"{st}\t{base[0] * a:.4f}\t{base[1] * b:.4f}\tnan\n")
+            want[st] = float(np.sqrt(a * b))
+    probe_df = host_probe(d)
+    assert probe_df.loc[steps[1], "python_us"] != 9999
+    for st in steps[1:-1]:
+        assert host_ratio(probe_df, st) == pytest.approx(want[st], rel=1e-3)
+    assert np.isnan(host_ratio(probe_df, skip))
+    md = write_loop_report(d)["markdown"].read_text()
+    assert "host vs profile |" in md and "## Host probe before each step" in md
+    got = pd.read_csv(d / "loop_results.csv")
+    for row in got.itertuples():
+        st = f"run_b{row.batch_size}_{row.role}"
+        if st == skip:
+            assert np.isnan(row.host_vs_profile)
+        else:
+            assert row.host_vs_profile == pytest.approx(want[st], rel=1e-3)
+    (d / "host_probe.tsv").unlink()
+    assert "host vs profile" not in write_loop_report(d)["markdown"].read_text()

@@ -112,7 +112,8 @@ def verify_launch_config(B: int, HV: int, V: int, device: torch.device | str = "
                          max_nodes: int = 128, depth_first: bool = False) -> dict:
     """Default launch of the tree kernel: block_t (node sub-chunk), block_v, num_warps,
     num_stages, max_registers, and the kernel switches g_prologue / u_bf16 / prefetch /
-    heavy_first / prenorm / g_pass.
+    heavy_first / prenorm / g_pass / kside (the K-side kernel's warps, 0 = none) /
+    kside_heads / solve_bf16.
 
     Picked from the launch sweeps on the H200 (reports/h200/gdn/tuning/, runs 8, 10, 11 and
     17-20; Qwen3.6-27B shapes, ``B * HV`` = (sequence, value head) programs at block_v = V;
@@ -200,7 +201,7 @@ def verify_launch_config(B: int, HV: int, V: int, device: torch.device | str = "
             cfg["max_registers"] = 168
     if rows <= 4 * 48:
         cfg["g_pass"] = cfg["prenorm"]
-    elif max_nodes > (32 if rows <= 16 * 48 else 31):
+    elif max_nodes >= (33 if rows <= 16 * 48 else 32):
         # the V-free products by their own kernel (runs 55-57)
         cfg.update(kside=1, solve_bf16=1, g_pass=1)
         if rows <= 16 * 48 and max_nodes > 64:

@@ -1,0 +1,82 @@
+"""How fast this host runs, right now, the work a tiny model's decode round is made of.
+
+A closed loop on the runtime's tiny models (``scripts/loop.sh``) measures the host as much as
+the accelerator: a round is Python, small torch calls and kernel launches.  When the host
+runs slower or faster between the profile and the runs (another tenant, a clock change, a
+different lent instance), the plan's error moves with it.  The loop calls this probe right
+before each of its steps, so its report can say how fast the host was during each run
+against during the profile.
+
+    python -m simtree.hostprobe [--device cpu|cuda] [--step NAME]
+        -> one TSV line: step, python_us, torch_us, launch_us
+
+python_us: a fixed pure-Python loop (list and dict work, like a scheduler's bookkeeping);
+torch_us: one small CPU torch op (dispatch overhead); launch_us: one tiny CUDA op launched and
+the stream synchronised every 50 ops, per op (nan without CUDA).  Each is the median of
+``repeats`` timings; lower is faster.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import time
+
+__all__ = ["probe", "main"]
+
+
+def _median(xs: list[float]) -> float:
+    xs = sorted(xs)
+    m = len(xs) // 2
+    return xs[m] if len(xs) % 2 else 0.5 * (xs[m - 1] + xs[m])
+
+
+def _python_work(n: int = 2000) -> int:
+    acc, d = 0, {}
+    for i in range(n):
+        d[i % 97] = d.get(i % 97, 0) + i
+        acc += len(str(i)) + (i & 7)
+    return acc + len(d)
+
+
+def probe(device: str = "cpu", repeats: int = 7) -> dict[str, float]:
+    """{python_us, torch_us, launch_us}: medians of ``repeats`` timings (see module doc)."""
+    import torch
+
+    py, tc, la = [], [], []
+    x = torch.arange(64, dtype=torch.float32)
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        _python_work()
+        py.append((time.perf_counter() - t0) * 1e6)
+        t0 = time.perf_counter()
+        for _ in range(200):
+            x = (x + 1.0).mul_(0.5)
+        tc.append((time.perf_counter() - t0) * 1e6 / 200)
+    launch = float("nan")
+    if device == "cuda" and torch.cuda.is_available():
+        y = torch.ones(64, device="cuda")
+        torch.cuda.synchronize()
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            for i in range(200):
+                y = y * 0.5 + 0.5
+                if i % 50 == 49:
+                    torch.cuda.synchronize()
+            la.append((time.perf_counter() - t0) * 1e6 / 200)
+        launch = _median(la)
+    return {"python_us": _median(py), "torch_us": _median(tc), "launch_us": launch}
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    ap.add_argument("--step", default="probe", help="name written in the line's first field")
+    ap.add_argument("--repeats", type=int, default=7)
+    args = ap.parse_args(argv)
+    r = probe(args.device, max(1, args.repeats))
+    fields = [f"{r[k]:.3f}" if math.isfinite(r[k]) else "nan" for k in ("python_us", "torch_us", "launch_us")]
+    print("\t".join([args.step, *fields]), flush=True)
+
+
+if __name__ == "__main__":
+    main()
