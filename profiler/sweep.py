@@ -186,7 +186,10 @@ def run_sweep(sweep: str | Path | None = None, out: str | Path = "reports/profil
     done = pt.measured_keys(table)
     if not retry_failed:
         done |= read_log_skips(table) - (selected if remeasure else set())
+    from simtree.hostprobe import probe as host_probe
     meta = {**metadata.collect_metadata(device), "sweep": spec["name"], "sweep_file": spec["_path"],
+            # how fast the host ran when this sweep started (simtree run compares its own)
+            "host_probe": host_probe("cuda" if device.startswith("cuda") else "cpu"),
             "sweep_id": f"{spec['name']}-{time.strftime('%Y%m%dT%H%M%S')}",
             "sweep_spec": {k: v for k, v in spec.items() if not k.startswith("_")},
             "timing": {"target_s": target_s, "method": "CUDA graph of L2-rotated copies, event-timed per replay"

@@ -88,6 +88,7 @@ def live_run(*, mode: str = "eagle", params: dict | None = None, policy=None, po
     tok = ByteTokenizer()
     ids = [tok.encode(t) for t in texts]
     engine = SpecEngine(target, draft, engine_costs)
+    host = _host_against(costs, device)
     out = Path(out) if out else None
     trace = TraceWriter(out / "traces.jsonl") if out else None
     results, mismatches, done = [], 0, 0
@@ -126,7 +127,7 @@ def live_run(*, mode: str = "eagle", params: dict | None = None, policy=None, po
         "device": (torch.cuda.get_device_name() if device == "cuda" else
                    f"cpu ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)"),
         "torch_version": torch.__version__, "costs": costs_label, **policy_info, "measured": measured,
-        "predicted": None, "lossless_checked": check_lossless,
+        "predicted": None, "host": host, "lossless_checked": check_lossless,
         "lossless_mismatches": mismatches if check_lossless else None,
         "sample_output": tok.decode(results[0].outputs[0]) if results else "",
     }
@@ -138,6 +139,19 @@ def live_run(*, mode: str = "eagle", params: dict | None = None, policy=None, po
         (out / "run.json").write_text(json.dumps(report, indent=1) + "\n")
         report["files"] = {"report": str(out / "run.json"), "traces": str(out / "traces.jsonl")}
     return report
+
+
+def _host_against(costs, device: str) -> dict | None:
+    """The host's speed now (``simtree.hostprobe``) against when the cost bundle's profile was
+    taken (its ``host_probe``): {probe, profile_probe, vs_profile} (> 1: slower now, so the
+    bundle's latencies read short), or None without a bundle that recorded one."""
+    then = (getattr(costs, "meta", None) or {}).get("profile_meta", {}).get("host_probe")
+    if not isinstance(then, dict):
+        return None
+    from simtree.hostprobe import probe, ratio
+    now = probe(device)
+    x = ratio(now, then)
+    return {"probe": now, "profile_probe": then, "vs_profile": x if math.isfinite(x) else None}
 
 
 def _predict(costs, trace_path: Path, spec: PolicySpec, batch_size: int, prompt_lens: list[int],

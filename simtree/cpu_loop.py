@@ -37,6 +37,8 @@ import numpy as np
 import pandas as pd
 
 from simtree.errors import SimtreeError
+from simtree.hostprobe import METRICS as HOST_METRICS
+from simtree.hostprobe import ratio as _probe_ratio
 
 __all__ = ["ROLES", "run_flags", "contrast_runs", "collect_runs", "write_loop_report", "host_probe",
            "host_ratio", "write_repeat_report", "write_lossless_report", "main"]
@@ -168,7 +170,6 @@ def _pct(x: float) -> str:
     return "-" if not np.isfinite(x) else f"{100 * x:+.0f}%"
 
 
-HOST_METRICS = ("python_us", "torch_us", "launch_us")
 HOST_CALM = 0.10   # a run's host probe within this of the profile's: the host ran as profiled
 
 
@@ -195,9 +196,7 @@ def host_ratio(probe: pd.DataFrame, step: str, ref: str = "profile") -> float:
     geometric mean of the probe's time ratios over the metrics both measured (nan if none)."""
     if probe is None or step not in probe.index or ref not in probe.index:
         return float("nan")
-    r = probe.loc[step, list(HOST_METRICS)].astype(float) / probe.loc[ref, list(HOST_METRICS)].astype(float)
-    r = r[np.isfinite(r) & (r > 0)]
-    return float(np.exp(np.log(r).mean())) if len(r) else float("nan")
+    return _probe_ratio(probe.loc[step].astype(float).to_dict(), probe.loc[ref].astype(float).to_dict())
 
 
 def write_loop_report(loop_dir) -> dict[str, Path]:

@@ -12,8 +12,8 @@ against during the profile.
 
 python_us: a fixed pure-Python loop (list and dict work, like a scheduler's bookkeeping);
 torch_us: one small CPU torch op (dispatch overhead); launch_us: one tiny CUDA op launched and
-the stream synchronised every 50 ops, per op (nan without CUDA).  Each is the median of
-``repeats`` timings; lower is faster.
+the stream synchronised every 50 ops, per op (None without CUDA; "nan" in the TSV line).
+Each is the median of ``repeats`` timings; lower is faster.
 """
 from __future__ import annotations
 
@@ -21,7 +21,8 @@ import argparse
 import math
 import time
 
-__all__ = ["probe", "main"]
+__all__ = ["probe", "ratio", "main"]
+METRICS = ("python_us", "torch_us", "launch_us")
 
 
 def _median(xs: list[float]) -> float:
@@ -38,7 +39,7 @@ def _python_work(n: int = 2000) -> int:
     return acc + len(d)
 
 
-def probe(device: str = "cpu", repeats: int = 7) -> dict[str, float]:
+def probe(device: str = "cpu", repeats: int = 7) -> dict[str, float | None]:
     """{python_us, torch_us, launch_us}: medians of ``repeats`` timings (see module doc)."""
     import torch
 
@@ -52,7 +53,7 @@ def probe(device: str = "cpu", repeats: int = 7) -> dict[str, float]:
         for _ in range(200):
             x = (x + 1.0).mul_(0.5)
         tc.append((time.perf_counter() - t0) * 1e6 / 200)
-    launch = float("nan")
+    launch = None
     if device == "cuda" and torch.cuda.is_available():
         y = torch.ones(64, device="cuda")
         torch.cuda.synchronize()
@@ -67,6 +68,19 @@ def probe(device: str = "cpu", repeats: int = 7) -> dict[str, float]:
     return {"python_us": _median(py), "torch_us": _median(tc), "launch_us": launch}
 
 
+def ratio(now: dict, then: dict) -> float:
+    """How much slower (> 1) or faster the host runs ``now`` than ``then`` (two ``probe``
+    results): the geometric mean of the time ratios over the metrics both measured; nan if
+    none."""
+    rs = []
+    for k in METRICS:
+        a, b = now.get(k), then.get(k)
+        if isinstance(a, (int, float)) and isinstance(b, (int, float)) and math.isfinite(a) \
+                and math.isfinite(b) and a > 0 and b > 0:
+            rs.append(math.log(a / b))
+    return math.exp(sum(rs) / len(rs)) if rs else float("nan")
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
@@ -74,7 +88,7 @@ def main(argv=None) -> None:
     ap.add_argument("--repeats", type=int, default=7)
     args = ap.parse_args(argv)
     r = probe(args.device, max(1, args.repeats))
-    fields = [f"{r[k]:.3f}" if math.isfinite(r[k]) else "nan" for k in ("python_us", "torch_us", "launch_us")]
+    fields = [f"{r[k]:.3f}" if r[k] is not None else "nan" for k in METRICS]
     print("\t".join([args.step, *fields]), flush=True)
 
 

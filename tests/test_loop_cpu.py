@@ -95,6 +95,24 @@ def test_plan_predicts_the_measured_throughput(loop, tmp_path):
     assert not bad or not again, f"first loop: {bad}; second loop: {again}"
 
 
+def test_the_run_sets_its_host_against_the_bundles_profile(loop, tmp_path):
+    # the sweep records a host probe in the profile's meta, fit carries it in the bundle, and
+    # simtree run probes again and reports the ratio; a bundle without one gives no ratio
+    from simtree.hostprobe import ratio
+    bundle = load_costs(loop["dir"] / "costs.json")
+    then = bundle.meta["profile_meta"]["host_probe"]
+    assert then["python_us"] > 0 and then["torch_us"] > 0
+    host = loop["run"]["host"]
+    assert host["profile_probe"] == then
+    assert host["vs_profile"] == pytest.approx(ratio(host["probe"], then)) and host["vs_profile"] > 0
+    assert ratio({"python_us": 2.0, "torch_us": 8.0, "launch_us": float("nan")},
+                 {"python_us": 1.0, "torch_us": 2.0, "launch_us": 3.0}) == pytest.approx(8 ** 0.5)
+    del bundle.meta["profile_meta"]["host_probe"]
+    run = live_run(mode="linear", params={"budget": 2}, batch_size=1, max_new_tokens=4, costs=bundle,
+                   out=tmp_path / "r")
+    assert run["host"] is None
+
+
 def test_contrast_runs_are_other_policies_with_valid_flags(loop):
     rows = contrast_runs(loop["dir"] / "plan", loop["workload"].name, B)
     entry = Policy.load(loop["dir"] / "plan" / "policy.json").lookup(loop["workload"].name, B)
@@ -246,7 +264,7 @@ def test_host_probe_measures_and_the_report_sets_each_run_against_the_profile(tm
     from simtree.hostprobe import probe
 
     r = probe("cpu", repeats=3)
-    assert r["python_us"] > 0 and r["torch_us"] > 0 and np.isnan(r["launch_us"])
+    assert r["python_us"] > 0 and r["torch_us"] > 0 and r["launch_us"] is None
     line = subprocess.run([sys.executable, "-m", "simtree.hostprobe", "--step", "s1", "--repeats", "2"],
                           capture_output=True, text=True, check=True).stdout.strip().split("\t")
     assert line[0] == "s1" and float(line[1]) > 0 and float(line[2]) > 0 and line[3] == "nan"

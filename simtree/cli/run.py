@@ -83,6 +83,13 @@ def register(app: typer.Typer) -> None:
         if report.get("policy"):
             console.print(f"policy {report['policy']} ({report['policy_workload']}): predicted "
                           f"{report['predicted_tok_s_in_policy']:.1f} tok/s on its own cost model")
+        host = report.get("host")
+        if host and host.get("vs_profile") is not None:   # a probe both sides measured
+            x = host["vs_profile"]
+            note = ("; its latencies may read short here (optimistic predictions)" if x > 1.1 else
+                    "; its latencies may read long here (pessimistic predictions)" if x < 1 / 1.1 else "")
+            console.print(f"host: {x:.2f}x the time the cost bundle's profile took on the host probe "
+                          f"(simtree.hostprobe, one sample each, noisy on a shared host){note}")
         if report["lossless_checked"]:
             console.print(f"lossless check: {report['lossless_mismatches']} of {report['prompts']} outputs differ "
                           "from plain greedy decoding")
