@@ -34,6 +34,7 @@ from pathlib import Path
 
 from simtree.errors import SimtreeError
 from simtree.fileio import read_yaml
+from simtree.hostprobe import probe as host_probe
 from simtree.models import COMMIT_STAGE, DECODE_STAGE, ROUND_STAGE, VERIFY_STAGE, get_model
 
 from .stages import Point, Unavailable, build_workload, check_variant, default_variants
@@ -186,7 +187,6 @@ def run_sweep(sweep: str | Path | None = None, out: str | Path = "reports/profil
     done = pt.measured_keys(table)
     if not retry_failed:
         done |= read_log_skips(table) - (selected if remeasure else set())
-    from simtree.hostprobe import probe as host_probe
     meta = {**metadata.collect_metadata(device), "sweep": spec["name"], "sweep_file": spec["_path"],
             # how fast the host ran when this sweep started (simtree run compares its own)
             "host_probe": host_probe("cuda" if device.startswith("cuda") else "cpu"),

@@ -403,6 +403,23 @@ def test_kernel_switches_keep_the_result(launched, g_prologue, prefetch, block_t
     assert rel_err(S, sequential_commit(inp, trees, accepted)) < 1e-4
 
 
+@pytest.mark.parametrize("block_v,kside_heads", [(16, 0), (16, 1)])
+def test_kside_tiles_serve_every_value_block(block_v, kside_heads):
+    # the K-side tiles depend on no V column: every V block of a head reads the same tiles, and
+    # the outputs and the commit's cache equal the fused walk's and the reference's
+    rng = np.random.default_rng(40 + kside_heads)
+    trees = [random_tree(int(n), rng, reach=int(rng.integers(2, 7))) for n in (50, 17, 33)]
+    inp = make_inputs(trees, 40 + kside_heads)
+    tree = (inp["parents"], inp["cu_nodes"])
+    out, cache = gdn_tree_verify(*(inp[k] for k in KEYS), *tree, backend="triton", block_v=block_v,
+                                 kside=1, kside_heads=kside_heads)
+    ref_out, ref_cache = gdn_tree_verify(*(inp[k] for k in KEYS), *tree, backend="triton",
+                                         block_v=block_v, kside=0)
+    assert rel_err(out, gdn_tree_verify_dense_ref(*f64(inp), *tree)) < 1e-4
+    assert rel_err(out, ref_out) < 1e-5 and rel_err(cache.u, ref_cache.u) < 1e-5
+    assert torch.equal(cache.G, ref_cache.G)
+
+
 def _assert_heavy_first(t: DraftTree, order) -> None:
     """The defining properties of the heavy-first walk, checked from the ancestor mask (no walk
     of its own): every subtree is one contiguous run starting at its root, and siblings come
