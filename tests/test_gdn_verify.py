@@ -253,6 +253,10 @@ def test_bad_inputs_give_one_line_errors():
     assert "accepted" in _bad(lambda: gdn_tree_commit(inp["state"], inp["k"], cache, *tree, torch.tensor([6])))
     assert "block_t" in _bad(lambda: gdn_tree_commit(inp["state"], inp["k"], cache, *tree,
                                                      torch.tensor([5]), block_t=48))
+    # the K-side kernel's launch switches: warps and value heads per program
+    assert "kside" in _bad(lambda: gdn_tree_verify(*args, *tree, backend="triton", kside=3))
+    assert "kside_heads" in _bad(lambda: gdn_tree_verify(*args, *tree, backend="triton", kside=1,
+                                                         kside_heads=3))
 
 
 def test_strong_decay_does_not_overflow():

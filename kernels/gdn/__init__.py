@@ -338,7 +338,10 @@ def gdn_tree_verify(q, k, v, g, beta, state, parents, cu_nodes, *, scale=None, q
     DT = tl.bfloat16 if prec == "tf32" and not _INTERPRET else tl.float32
     ready = bool(cfg["prenorm"] if prenorm is None else prenorm)
     NT = max(16, 1 << max(meta.max_nodes - 1, 1).bit_length()) if pro else 0
-    kside = int(cfg["kside"] if kside is None else kside) if NT > 0 else 0
+    kside = int(cfg["kside"] if kside is None else kside)
+    if kside not in (0, 1, 2, 4, 8):
+        raise SimtreeError(f"kside is the K-side kernel's warps (1, 2, 4 or 8) or 0 for none, got {kside}")
+    kside = kside if NT > 0 else 0
     g_pass = bool((cfg["g_pass"] if g_pass is None else g_pass) or kside) and NT > 0
     cu = cu_nodes.to(q.device, torch.int64)
     # the numbering the kernel walks (as stored, or depth-first) and its sub-chunk pairs
@@ -365,8 +368,10 @@ def gdn_tree_verify(q, k, v, g, beta, state, parents, cu_nodes, *, scale=None, q
                            dtype=torch.bfloat16 if sdt else torch.float32)
         tiles = torch.empty(max(1, B * HV * (nc * (nc - 1) // 2) * 2 * BT * BT),
                             dtype=torch.bfloat16 if use_bf16 else torch.float32, device=q.device)
-        hvb = cfg["kside_heads"] if kside_heads is None else kside_heads
-        hvb = HV // H if hvb <= 0 or (HV // H) % hvb else hvb
+        hvb = int(cfg["kside_heads"] if kside_heads is None else kside_heads) or HV // H
+        if hvb < 0 or (HV // H) % hvb:
+            raise SimtreeError(f"kside_heads must divide the {HV // H} value heads of a key head "
+                               f"(or be 0 for all of them), got {hvb}")
         _tree_kside_kernel[(nc, B * HV // hvb)](
             qc, kc, beta32, walk.bits, order_t, cu, pairs, npairs, nc, G, diag, tiles, scale,
             H=H, HV=HV, K=K, W=meta.words, BT=BT, LOG_BT=BT.bit_length() - 1,
