@@ -144,13 +144,13 @@ def main(argv: list[str] | None = None) -> int:
     except SimtreeError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    rel_png = None
     if args.png:
         import matplotlib.pyplot as plt
         fig = ratio_figure(matched_points(a, b), f"{args.b} / {args.a}")
         write_atomic(args.png, lambda tmp: fig.savefig(tmp, format="png", dpi=120))
         plt.close(fig)
-    rel_png = None
-    if args.png:   # linked relative to the markdown file when both are written
+        # linked relative to the markdown file when both are written
         rel_png = os.path.relpath(args.png, os.path.dirname(os.path.abspath(args.md))) if args.md else args.png
     md = comparison_markdown(table, totals, args.a, args.b, rel_png)
     if args.csv:

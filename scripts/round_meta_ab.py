@@ -10,12 +10,10 @@ and software to OUT/gpu.txt, each run's run.json under OUT/<case>_<variant>_<rep
 import argparse
 import json
 import os
-import platform
-
-import torch
 
 import simtree.runtime.gdn_ops as g
 from simtree.kernels import gdn as kg
+from simtree.profiler.metadata import collect_metadata
 from simtree.runtime.live import live_run
 from simtree.simulate import params_from_flags
 
@@ -70,13 +68,9 @@ before reading a difference.
 out = args.out
 os.makedirs(out, exist_ok=True)
 with open(f"{out}/gpu.txt", "w") as fh:   # the lines --report reads: device, host cores, torch
-    name = torch.cuda.get_device_name() if args.device == "cuda" else platform.processor() or "cpu"
-    driver = ""
-    if args.device == "cuda":
-        import subprocess
-        driver = ", " + subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-                                       capture_output=True, text=True).stdout.strip().splitlines()[0]
-    fh.write(f"{name}{driver}\n{os.cpu_count()}\n{torch.__version__}\n")
+    m = collect_metadata(args.device)
+    name = m["device"] + (f", {m['driver']}" if m.get("driver") else "")
+    fh.write(f"{name}\n{m['cpu_count']}\n{m['torch_version']}\n")
 log = open(f"{out}/ab.jsonl", "w")
 cases = [("b1_best_first", "best_first", params_from_flags("best_first", 3, 2, 16, 1, None), 1),
          ("b4_eagle", "eagle", params_from_flags("eagle", 4, 2, 12, 1, None), 4)]

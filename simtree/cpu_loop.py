@@ -177,6 +177,12 @@ def _num(x: float, digits: int = 2) -> str:
     return f"{x:.{digits}f}" if np.isfinite(x) else "-"
 
 
+def _step(prefix: str, batch_size: int, role: str) -> str:
+    """A run's step name in timing.tsv / host_probe.tsv (scripts/loop.sh: run_b<B>_<role>, and
+    repeat_b<B>_<role> for the repeat phase)."""
+    return f"{prefix}_b{batch_size}_{role}"
+
+
 def host_probe(loop_dir) -> pd.DataFrame | None:
     """``host_probe.tsv`` as a frame indexed by step (the last line of each step: a phase run
     again appends), or None where the loop wrote none."""
@@ -205,6 +211,9 @@ def write_loop_report(loop_dir) -> dict[str, Path]:
 
     loop_dir = Path(loop_dir)
     df = collect_runs(loop_dir)
+    probe = host_probe(loop_dir)
+    if probe is not None:
+        df["host_vs_profile"] = [host_ratio(probe, _step("run", r.batch_size, r.role)) for r in df.itertuples()]
     csv = loop_dir / "loop_results.csv"
     df.to_csv(csv, index=False)
     png = _figure(df, loop_dir / "predicted_vs_measured.png")
@@ -214,10 +223,6 @@ def write_loop_report(loop_dir) -> dict[str, Path]:
     wl = next(iter(policy["source"].get("workloads", {}).values()), {})
     timing = (pd.read_csv(loop_dir / "timing.tsv", sep="\t", names=["step", "seconds", "load1"])
               if (loop_dir / "timing.tsv").exists() else None)
-    probe = host_probe(loop_dir)
-    if probe is not None:
-        df["host_vs_profile"] = [host_ratio(probe, f"run_b{r.batch_size}_{r.role}") for r in df.itertuples()]
-        df.to_csv(csv, index=False)
     gpu = pmeta.get("device_type") == "cuda"
     if gpu:
         machine = (f"{pmeta.get('gpu_name', '?')}, driver {pmeta.get('driver', '?')}, torch "
@@ -345,10 +350,13 @@ def write_repeat_report(loop_dir, repeat: str = "runs_repeat") -> dict[str, Path
     for col in ("1", "2"):
         df[f"err_{col}"] = df["planned_tok_s"] / df[f"measured_tok_s_{col}"] - 1
     df["err_mean"] = df["planned_tok_s"] / df["measured_mean"] - 1
-    probe = host_probe(loop_dir)
-    if probe is not None:   # loop.sh names the steps run_b<B>_<role> and repeat_b<B>_<role>
-        for col, pre in (("1", "run"), ("2", "repeat" if repeat == "runs_repeat" else "run")):
-            df[f"host_{col}"] = [host_ratio(probe, f"{pre}_b{r.batch_size}_{r.role}") for r in df.itertuples()]
+    # the probes tell the repetitions apart only where loop.sh's repeat phase ran the second
+    # (its steps are repeat_*): a second pass run as "runs" again on a copy of the folder
+    # re-used the run_* names, and its lines replaced the first pass's
+    probe = host_probe(loop_dir) if repeat == "runs_repeat" else None
+    if probe is not None:
+        for col, pre in (("1", "run"), ("2", "repeat")):
+            df[f"host_{col}"] = [host_ratio(probe, _step(pre, r.batch_size, r.role)) for r in df.itertuples()]
     csv = loop_dir / "repeat.csv"
     df.to_csv(csv, index=False)
 

@@ -244,6 +244,12 @@ def test_repeat_report_pairs_the_two_repetitions(tmp_path):
         assert r.host_1 == pytest.approx(host[f"run_b{r.batch_size}_{r.role}"])
         assert r.host_2 == pytest.approx(host[f"repeat_b{r.batch_size}_{r.role}"])
     assert "host probe between the repetitions" in (tmp_path / "repeat.md").read_text()
+    # a second pass kept under another folder name ran with loop.sh's run_* step names, so the
+    # probes cannot tell its runs from the first pass's: no host columns then
+    import shutil
+    shutil.copytree(tmp_path / "runs_repeat", tmp_path / "runs_again")
+    df = pd.read_csv(write_repeat_report(tmp_path, "runs_again")["csv"])
+    assert "host_1" not in df and "host rep. 1" not in (tmp_path / "repeat.md").read_text()
     with pytest.raises(SimtreeError, match="no elsewhere/"):
         write_repeat_report(tmp_path, "elsewhere")
     assert main(["repeat", str(tmp_path), "elsewhere"]) == 2

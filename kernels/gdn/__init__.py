@@ -293,8 +293,8 @@ def gdn_tree_verify(q, k, v, g, beta, state, parents, cu_nodes, *, scale=None, q
     need no V column - each sub-chunk's inverse and diagonal block, each sub-chunk pair's
     masked k.k and q.k blocks - by a kernel of that many warps between the pre-pass, which
     then writes G, and the verify, whose sequential walk keeps only the dots on V) /
-    ``kside_heads`` (value heads per program of that kernel: 0 all of a key head's, sharing
-    its k.k and q.k dots, or 1) / ``solve_bf16`` (with kside, 16-bit inputs: each
+    ``kside_heads`` (value heads per program of that kernel, sharing its k.k and q.k dots: a
+    divisor of a key head's value heads, 0 for all of them) / ``solve_bf16`` (with kside, 16-bit inputs: each
     sub-chunk's inverse and diagonal block stored in bf16 and multiplied with bf16 right-hand
     sides, as fla stores its solved inverse; else fp32 / tf32) override
     ``verify_launch_config`` (benchmark tuning).
