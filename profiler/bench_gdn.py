@@ -49,7 +49,8 @@ from simtree.kernels.gdn.bench_util import (QWEN36, TREE_ORDERS, env_info, fla_c
 TINY = dict(H=2, HV=4, K=16, V=32)
 _CFG_KEYS = dict(block_v="v", block_t="t", num_warps="w", num_stages="s", max_registers="r",
                  g_prologue="g", u_bf16="u", prefetch="p", heavy_first="o", prenorm="q",
-                 g_pass="j", kside="k", kside_heads="h", solve_bf16="b")
+                 g_pass="j", kside="k", kside_heads="h", solve_bf16="b",
+                 u_cache_bf16="c", pdl="l")
 
 
 _COMMIT_KEYS = dict(path="p", block_t="t", block_v="v", num_warps="w")

@@ -3,7 +3,7 @@
 # deps, then run the named parts (gdn, tune, v4, profile, ncu, lossless, refresh), each bounded, each
 # writing under $OUT.
 # Usage (on the GPU machine): bash scripts/gpu_session.sh gdn v4 profile   (gdn: GDN_RESUME=DIR
-# finishes the cut benchmark in DIR; tune: TUNE_ARGS=...,
+# finishes the cut benchmark in DIR, TREE_CONFIGS its extra tree configs; tune: TUNE_ARGS=...,
 # v4: V4_ARGS=..., e.g. "--plan-switches 60"; profile: PROFILE_RESUME=reports/h200/profile to add
 # to the committed profile, PROFILE_ARGS="--model qwen3.6-27b" to restrict it, and with
 # "--only-stage gdn_tree_commit --remeasure" to time that stage again after a kernel change;
@@ -33,7 +33,7 @@ for part in "$@"; do
         cp "$GDN_RESUME"/bench_gdn.csv "$GDN_RESUME"/bench_gdn.json "$RES/gdn/" && resume=(--resume)
         cp "$GDN_RESUME"/fla_recurrent.jsonl "$RES/gdn/" 2>/dev/null || true
       fi
-      timeout ${GDN_TIMEOUT:-280} python3 -m simtree.profiler.bench_gdn --out "$RES/gdn" --max-seconds ${GDN_SECONDS:-200} ${resume[@]+"${resume[@]}"} 2>&1 | tee "$RES/gdn.log" | tail -60 ;;
+      timeout ${GDN_TIMEOUT:-280} python3 -m simtree.profiler.bench_gdn --out "$RES/gdn" --max-seconds ${GDN_SECONDS:-200} --tree-configs "${TREE_CONFIGS:-q0,q1}" ${resume[@]+"${resume[@]}"} 2>&1 | tee "$RES/gdn.log" | tail -60 ;;
     tune) timeout ${TUNE_TIMEOUT:-480} python3 -m simtree.profiler.tune_gdn --out "$RES/tune" ${TUNE_ARGS:-} 2>&1 | tee "$RES/tune.log" | tail -c 9000 ;;
     v4) timeout ${V4_TIMEOUT:-300} python3 -m simtree.profiler.bench_v4 --out "$RES/v4" --max-seconds ${V4_SECONDS:-200} ${V4_ARGS:-} 2>&1 | tee "$RES/v4.log" | tail -60 ;;
     profile)

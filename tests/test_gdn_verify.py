@@ -330,7 +330,7 @@ def test_every_default_launch_is_correct():
         meta = tree_meta(*tree, depth_first=depth_first)
         assert meta.depth_first == depth_first
         for B in (1, 4, 16, 64):
-            for max_nodes in (4, 32, 64, 128):
+            for max_nodes in (4, 16, 32, 64, 128):
                 cfg = verify_launch_config(B, 48, V, "cuda", max_nodes, depth_first)
                 key = (depth_first,) + tuple(sorted((k, v) for k, v in cfg.items()
                                                     if k != "max_registers"))
@@ -596,3 +596,31 @@ def test_fused_decode_step_updates_the_state_in_place_like_the_torch_step():
     want = recurrent_step(*(inp[x].double() for x in ("q", "k", "v", "g", "beta")), want_state,
                           backend="torch")
     assert rel_err(out, want) < 1e-4 and rel_err(state, want_state) < 1e-4
+
+
+@pytest.mark.parametrize("seed,kside", [(60, 0), (61, 1)])
+def test_u_cache_bf16_verify_and_commit(seed, kside):
+    # u stored in bf16 (u_cache_bf16, 16-bit inputs): outputs read u back for later
+    # sub-chunks and the commit folds it into the fp32 state. bf16 rounds u by <= 2^-9
+    # relative, below the 2e-2 that bf16 inputs are held to (test_triton_bf16_inputs); the
+    # committed state is checked against sequential float64 decoding of the same inputs
+    rng = np.random.default_rng(seed)
+    sizes = [int(n) for n in rng.integers(2, 80, size=3)]
+    trees = [random_tree(n, rng, reach=5) for n in sizes]
+    inp = make_inputs(trees, seed, dtype=torch.bfloat16)
+    tree = (inp["parents"], inp["cu_nodes"])
+    out, cache = gdn_tree_verify(*(inp[k] for k in KEYS), *tree, backend="triton", kside=kside,
+                                 u_cache_bf16=1)
+    assert cache.u.dtype == torch.bfloat16
+    assert rel_err(out, gdn_tree_verify_dense_ref(*f64(inp), *tree)) < 2e-2
+    _, ref_cache = gdn_tree_verify(*(inp[k] for k in KEYS), *tree, backend="torch")
+    assert rel_err(cache.u, ref_cache.u) < 2e-2
+    accepted = torch.tensor([int(rng.integers(0, n)) for n in sizes])
+    S = inp["state"].clone()
+    gdn_tree_commit(S, inp["k"], cache, *tree, accepted, backend="triton")
+    assert rel_err(S, sequential_commit(inp, trees, accepted)) < 2e-2
+    # fp32 inputs keep an fp32 u whatever the switch says
+    inp32 = make_inputs(trees, seed)
+    _, cache32 = gdn_tree_verify(*(inp32[k] for k in KEYS), *tree, backend="triton",
+                                 u_cache_bf16=1)
+    assert cache32.u.dtype == torch.float32

@@ -33,7 +33,8 @@ __all__ = ["gdn_tree_verify", "gdn_tree_commit", "gdn_tree_verify_recurrent", "t
 
 @dataclass
 class GDNTreeCache:
-    """What the commit needs: u [N, HV, V] fp32, cumulative log-decay G [N, HV] fp32."""
+    """What the commit needs: u [N, HV, V] (fp32, or bf16 where the verify ran with
+    ``u_cache_bf16``), cumulative log-decay G [N, HV] fp32."""
     u: torch.Tensor
     G: torch.Tensor
     meta: TreeMeta
@@ -84,6 +85,17 @@ def _has_maxnreg() -> bool:
         return "maxnreg" in CUDAOptions.__dataclass_fields__
     except Exception:  # noqa: BLE001 - another backend / Triton: no register cap
         return False
+
+
+def _pdl_ok(device) -> bool:
+    """Programmatic dependent launch: compiled CUDA kernels on Hopper (sm_90) or later."""
+    dev = torch.device(device)
+    return not _INTERPRET and dev.type == "cuda" and _sm_major(dev.index) >= 9
+
+
+@functools.lru_cache(maxsize=None)
+def _sm_major(index: int | None) -> int:
+    return torch.cuda.get_device_capability(index)[0] if torch.cuda.is_available() else 0
 
 
 def _maxnreg(n: int) -> dict:
@@ -176,10 +188,21 @@ def verify_launch_config(B: int, HV: int, V: int, device: torch.device | str = "
     vs 274.8, n128 452.9 vs 494.6); not at <= 4 sequences (b4 n64 35.5 vs 29.8, n128 about
     equal; b1 n64 26.8 vs 18.1) nor at 16 sequences of 32 nodes (45.5 vs 44.8): the extra
     launch and the tiles' round trip through memory cost more than the walk saves.
+
+    The u buffer in bf16 (``u_cache_bf16``) and the launches programmatically dependent
+    (``pdl``), runs 61-63 (``reports/h200/gdn/tuning/run61``-``run63``, depth-first trees):
+    bf16 u halves the walk's largest stream (the u it writes and re-reads for later
+    sub-chunks; b16 n128 134.6 vs 144.0 us, b64 n128 410.5 vs 446.9, b16 n64 68.6 vs 75.7);
+    with PDL on top every measured shape gains (b16 n128 131.6, b64 n128 407.2, b16 n64 63.1,
+    b64 n64 222.3, b4 n128 49.1 vs 54.7, b1 n64 16.8 vs 18.5 us, run 62).  The K-side kernel
+    then pays at 64 sequences of 16 nodes too (76.7 vs 89.0).  Measured and not kept: one
+    K-side program per tile (run 61: b64 n128 480.0 vs 446.9) and per-sub-chunk ready flags
+    letting the walk overlap the K-side kernel (run 62: within 2% either way).
     """
     rows = B * HV
     cfg = dict(block_t=16, block_v=V, num_warps=2, num_stages=2, max_registers=0, g_prologue=1,
                u_bf16=1, prefetch=0, heavy_first=0, prenorm=1, kside=0, kside_heads=0, solve_bf16=0,
+               u_cache_bf16=1, pdl=1,
                g_pass=int(max_nodes > (16 if rows <= 16 * 48 else 32)))
     if rows <= 48:
         big, huge = max_nodes >= 32, max_nodes > 64
@@ -203,8 +226,8 @@ def verify_launch_config(B: int, HV: int, V: int, device: torch.device | str = "
             cfg["max_registers"] = 168
     if rows <= 4 * 48:
         cfg["g_pass"] = cfg["prenorm"]
-    elif max_nodes >= (33 if rows <= 16 * 48 else 32):
-        # the V-free products by their own kernel (runs 55-57)
+    elif max_nodes >= (33 if rows <= 16 * 48 else 16):
+        # the V-free products by their own kernel (runs 55-57; 64 sequences of 16: run 62)
         cfg.update(kside=1, solve_bf16=1, g_pass=1)
         if rows <= 16 * 48 and max_nodes > 64:
             cfg["max_registers"] = 168
@@ -273,7 +296,8 @@ def gdn_tree_verify(q, k, v, g, beta, state, parents, cu_nodes, *, scale=None, q
                     u_bf16: int | None = None, prefetch: int | None = None,
                     heavy_first: int | None = None, prenorm: int | None = None,
                     g_pass: int | None = None, kside: int | None = None,
-                    kside_heads: int | None = None, solve_bf16: int | None = None):
+                    kside_heads: int | None = None, solve_bf16: int | None = None,
+                    u_cache_bf16: int | None = None, pdl: int | None = None):
     """Every node's output as if the recurrence ran along its own root path only.
 
     One pass, ``state`` is not modified.  Returns (out [N, HV, V] in q's dtype, GDNTreeCache).
@@ -296,8 +320,13 @@ def gdn_tree_verify(q, k, v, g, beta, state, parents, cu_nodes, *, scale=None, q
     ``kside_heads`` (value heads per program of that kernel, sharing its k.k and q.k dots: a
     divisor of a key head's value heads, 0 for all of them) / ``solve_bf16`` (with kside, 16-bit inputs: each
     sub-chunk's inverse and diagonal block stored in bf16 and multiplied with bf16 right-hand
-    sides, as fla stores its solved inverse; else fp32 / tf32) override
-    ``verify_launch_config`` (benchmark tuning).
+    sides, as fla stores its solved inverse; else fp32 / tf32) /
+    ``u_cache_bf16`` (16-bit inputs, 1: the u buffer - the walk's re-reads and the commit's
+    input - in bf16, as fla stores v_new and folds it into the state; the walk's dots on it
+    take bf16 operands anyway) / ``pdl`` (1, CUDA on Hopper or later: the K-side kernel and
+    the verify launched programmatically dependent on the kernel before, so each starts -
+    the verify loading its S0 tile - while the one before finishes; ignored elsewhere)
+    override ``verify_launch_config`` (benchmark tuning).
     """
     if check:
         _check_inputs(q, k, v, g, beta, state, parents, cu_nodes)
@@ -328,7 +357,10 @@ def gdn_tree_verify(q, k, v, g, beta, state, parents, cu_nodes, *, scale=None, q
     if qc.dtype == torch.float64:
         qc, kc = qc.float(), kc.float()
     out = torch.empty(v.shape, dtype=q.dtype, device=q.device)
-    u = torch.empty((N, HV, V), dtype=torch.float32, device=q.device)
+    ucache16 = bool(cfg["u_cache_bf16"] if u_cache_bf16 is None else u_cache_bf16) \
+        and q.dtype in (torch.bfloat16, torch.float16)
+    u = torch.empty((N, HV, V), dtype=torch.bfloat16 if ucache16 else torch.float32,
+                    device=q.device)
     G = torch.empty((N, HV), dtype=torch.float32, device=q.device)
     # bf16/fp16 inputs: tf32 dots (their own rounding is coarser); fp32/fp64: exact fp32
     prec = "tf32" if q.dtype in (torch.bfloat16, torch.float16) else "ieee"
@@ -344,11 +376,15 @@ def gdn_tree_verify(q, k, v, g, beta, state, parents, cu_nodes, *, scale=None, q
     kside = kside if NT > 0 else 0
     g_pass = bool((cfg["g_pass"] if g_pass is None else g_pass) or kside) and NT > 0
     cu = cu_nodes.to(q.device, torch.int64)
+    use_pdl = bool(cfg["pdl"] if pdl is None else pdl) and _pdl_ok(q.device)
+    dep = {"launch_pdl": True} if use_pdl else {}
     # the numbering the kernel walks (as stored, or depth-first) and its sub-chunk pairs
     order, walk, (pairs, npairs, nc) = walk_tables(meta, cu_nodes, BT, heavy_first)
     order_t = order if order is not None else walk.bits
+    # every input conversion before the first launch: with pdl the verify reads S0 before it
+    # waits for the kernel before it, which must then be one of ours
     g32, bits32 = g.float().contiguous(), walk.bits.view(torch.int32)
-    beta32 = beta.float().contiguous()
+    beta32, s0, vc = beta.float().contiguous(), state.float().contiguous(), v.contiguous()
     if ready or g_pass:   # the dot operands once: normalised, scaled, in DT; and/or G
         qn = torch.empty(qc.shape, dtype=torch.bfloat16 if DT == tl.bfloat16 else torch.float32,
                          device=q.device) if ready else qc
@@ -359,7 +395,7 @@ def gdn_tree_verify(q, k, v, g, beta, state, parents, cu_nodes, *, scale=None, q
         _qk_prenorm_kernel[(nr + ng,)](
             qc, kc, qn, kn, N * H, scale, g32, bits32, order_t, cu, G, nr, K=K, BR=16,
             L2NORM=qk_l2norm, HV=HV, W=meta.words, NT=ntile, ORDER=order is not None,
-            G_PASS=g_pass, HVB=G_TILE, RB=G_TILE, num_warps=4)
+            G_PASS=g_pass, HVB=G_TILE, RB=G_TILE, PDL=use_pdl, num_warps=4)
         qc, kc = qn, kn
     diag = tiles = None
     if kside:   # the V-free products, per (sub-chunk, sequence, key head)
@@ -376,10 +412,9 @@ def gdn_tree_verify(q, k, v, g, beta, state, parents, cu_nodes, *, scale=None, q
             qc, kc, beta32, walk.bits, order_t, cu, pairs, npairs, nc, G, diag, tiles, scale,
             H=H, HV=HV, K=K, W=meta.words, BT=BT, LOG_BT=BT.bit_length() - 1,
             L2NORM=qk_l2norm, PREC=prec, DT=DT, ORDER=order is not None, READY=ready,
-            HVB=hvb, num_warps=kside)
+            HVB=hvb, PDL=use_pdl, num_warps=kside, **dep)
     _tree_verify_kernel[(V // BV, B * HV)](
-        qc, kc, v.contiguous(), g32, beta32,
-        state.float().contiguous(), walk.bits, bits32, order_t, cu, pairs,
+        qc, kc, vc, g32, beta32, s0, walk.bits, bits32, order_t, cu, pairs,
         npairs, nc, out, u, G, scale,
         H=H, HV=HV, K=K, V=V, W=meta.words, BT=BT, BV=BV, LOG_BT=BT.bit_length() - 1,
         L2NORM=qk_l2norm, PREC=prec, DT=DT, QK_READY=ready, G_READY=g_pass, NT=NT,
@@ -387,6 +422,7 @@ def gdn_tree_verify(q, k, v, g, beta, state, parents, cu_nodes, *, scale=None, q
         PREFETCH=bool(cfg["prefetch"] if prefetch is None else prefetch), ORDER=order is not None,
         diag_ptr=diag, pair_ptr=tiles, KSIDE=kside > 0,
         SDT=tl.bfloat16 if diag is not None and diag.dtype == torch.bfloat16 else tl.float32,
+        PDL=(2 if ready or g_pass else 1) if use_pdl else 0, **dep,
         num_warps=num_warps or cfg["num_warps"],
         num_stages=num_stages or cfg["num_stages"], **_maxnreg(
             cfg["max_registers"] if max_registers is None else max_registers))
@@ -422,7 +458,7 @@ def _check_accepted(accepted, cu_nodes, check):
 def gdn_tree_commit(state, k, cache: GDNTreeCache, parents, cu_nodes, accepted, *,
                     backend="auto", check: bool = True, block_t: int = 16,
                     path: int | None = None, block_v: int | None = None,
-                    num_warps: int | None = None) -> None:
+                    num_warps: int | None = None, dot16: int | None = None) -> None:
     """In place: state[b] <- S* = e^{G_a} S0 + sum_{m <= a} e^{G_a - G_m} k_m u_m^T.
 
     accepted int64 [B]: LOCAL index of each tree's last accepted node (0 = only the root,
@@ -431,7 +467,9 @@ def gdn_tree_commit(state, k, cache: GDNTreeCache, parents, cu_nodes, accepted, 
     path nodes masked in (a wider step walks fewer steps for deep accepted nodes and loads
     only the path rows, at more masked-off work per step).  ``path`` (1: gather the accepted
     path's nodes, ``block_t`` at a time, instead of walking nodes 0..a) / ``block_v`` /
-    ``num_warps`` override ``commit_launch_config`` (benchmark tuning).
+    ``num_warps`` override ``commit_launch_config`` (benchmark tuning); ``dot16`` (None: on
+    where the verify stored u in bf16, ``u_cache_bf16``) folds u in with bf16 operands and
+    fp32 accumulation instead of fp32 products.
     """
     if block_t not in (16, 32, 64):
         raise SimtreeError(f"commit block_t must be 16, 32 or 64, got {block_t}")
@@ -477,6 +515,7 @@ def gdn_tree_commit(state, k, cache: GDNTreeCache, parents, cu_nodes, accepted, 
         accepted.to(state.device, torch.int64),
         H=H, HV=HV, K=K, V=V, W=cache.meta.words, BT=block_t, BV=BV,
         L2NORM=cache.qk_l2norm, PREC="ieee", PATH=bool(cfg["path"] if path is None else path),
+        DOT16=bool(cache.u.dtype == torch.bfloat16 if dot16 is None else dot16) and not _INTERPRET,
         num_warps=num_warps or cfg["num_warps"])
 
 

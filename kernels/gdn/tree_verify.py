@@ -76,12 +76,16 @@ def _qk_prenorm_kernel(q_ptr, k_ptr, qn_ptr, kn_ptr, R, scale, g_ptr, bits32_ptr
                        cu_ptr, G_ptr, NR, K: tl.constexpr, BR: tl.constexpr,
                        L2NORM: tl.constexpr, HV: tl.constexpr, W: tl.constexpr,
                        NT: tl.constexpr, ORDER: tl.constexpr, G_PASS: tl.constexpr,
-                       HVB: tl.constexpr, RB: tl.constexpr):
+                       HVB: tl.constexpr, RB: tl.constexpr, PDL: tl.constexpr = False):
     """Once per layer, what every V block of a head would otherwise redo: programs < NR write
     qn = scale * q / |q|, kn = k / |k| (norms in fp32, stored in the outputs' dtype) for BR of
     the R = N * H rows each, so the verify kernel skips the row reductions of every sub-chunk
     and of every earlier sub-chunk it pairs with; G_PASS: the programs after them write G of
-    RB nodes of one tree for HVB value heads each (``_G_tile``)."""
+    RB nodes of one tree for HVB value heads each (``_G_tile``).  PDL: the next kernel (launched
+    programmatically dependent) may start once every program here has; it waits for this
+    grid's writes before it reads them (``tl.extra.cuda.gdc_wait``)."""
+    if PDL:
+        tl.extra.cuda.gdc_launch_dependents()
     pid = tl.program_id(0)
     if pid < NR:
         rows = (pid * BR + tl.arange(0, BR)).to(tl.int64)
@@ -228,7 +232,7 @@ def _tree_verify_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, s0_ptr, bits_ptr, 
                         PREFETCH: tl.constexpr, ORDER: tl.constexpr,
                         QK_READY: tl.constexpr = False, G_READY: tl.constexpr = False,
                         diag_ptr=None, pair_ptr=None, KSIDE: tl.constexpr = False,
-                        SDT: tl.constexpr = tl.float32):
+                        SDT: tl.constexpr = tl.float32, PDL: tl.constexpr = 0):
     """One program per (sequence, value head, V block); sub-chunks of BT nodes in order.
 
     Per sub-chunk c (rows r): rhs = b (V - e^G K S0) and acc = e^G Q S0, minus/plus the
@@ -245,7 +249,12 @@ def _tree_verify_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, s0_ptr, bits_ptr, 
     (each sub-chunk's inverse and diagonal output block, each pair's two masked blocks) come
     from ``_tree_kside_kernel``'s tiles, so the sequential walk keeps only the dots on V;
     SDT: the dtype of those diagonal tiles and of the right-hand operands they multiply
-    (bf16 like fla's solved inverse and its u product, or fp32)."""
+    (bf16 like fla's solved inverse and its u product, or fp32).  PDL (launched
+    programmatically dependent on the kernel before): 1 waits for that grid before anything
+    else; 2 (the kernel before is the pre-pass or the K-side kernel, which were launched
+    after everything that writes S0) loads its S0 tile first, then waits."""
+    if PDL == 1:
+        tl.extra.cuda.gdc_wait()
     i_v, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_hv = i_bh // HV, i_bh % HV
     i_h = i_hv // (HV // H)
@@ -256,6 +265,8 @@ def _tree_verify_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, s0_ptr, bits_ptr, 
     o_k = tl.arange(0, K)
     # int64: B*HV*K*V can pass 2^31; S0 [K, BV] is read once per program
     s0 = tl.load(s0_ptr + (i_b * HV + i_hv).to(tl.int64) * K * V + o_k[:, None] * V + o_v[None, :]).to(DT)
+    if PDL == 2:   # everything below may read what the kernels before wrote
+        tl.extra.cuda.gdc_wait()
     if NT > 0:   # every node's G up front (one round of loads), read back below
         if not G_READY:   # else the pre-pass wrote it
             _store_G(g_ptr, bits32_ptr, order_ptr, G_ptr, bos, n, i_hv, HV, W, NT, ORDER)
@@ -334,12 +345,62 @@ def _tree_verify_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, s0_ptr, bits_ptr, 
 
 
 @triton.jit
+def _kside_diag(xk, xq, m_r, prow, grow, bits_ptr, beta_ptr, G_ptr, diag_ptr, i_b, i_hv0, c, NC,
+                HV: tl.constexpr, W: tl.constexpr, BT: tl.constexpr, LOG_BT: tl.constexpr,
+                PREC: tl.constexpr, HVB: tl.constexpr):
+    """Sub-chunk c's T_c = (I + A_cc)^-1 and P_cc for value heads i_hv0 .. i_hv0 + HVB - 1
+    (rows xk / xq, bit rows ``prow``, stored rows ``grow``)."""
+    o_t = tl.arange(0, BT)
+    tt = o_t[:, None] * BT + o_t[None, :]
+    lower = o_t[:, None] > o_t[None, :]
+    xkt = tl.trans(xk)
+    kk = tl.dot(xk, xkt, input_precision=PREC)
+    qk = tl.dot(xq, xkt, input_precision=PREC)
+    anc = _anc_tile(bits_ptr, prow, m_r, c, BT, W) & m_r[None, :]
+    for j in tl.static_range(HVB):
+        i_hv = i_hv0 + j
+        G = tl.load(G_ptr + grow * HV + i_hv, mask=m_r, other=0.)
+        b_r = tl.load(beta_ptr + grow * HV + i_hv, mask=m_r, other=0.)
+        dec = _decay(anc, G, G)
+        A = tl.where(lower, b_r[:, None] * kk * dec, 0.)
+        dp = diag_ptr + ((i_b * HV + i_hv).to(tl.int64) * NC + c) * 2 * BT * BT + tt
+        tl.store(dp, _unit_lower_inverse(A, BT, LOG_BT, PREC).to(diag_ptr.dtype.element_ty))
+        tl.store(dp + BT * BT, (qk * dec).to(diag_ptr.dtype.element_ty))
+
+
+@triton.jit
+def _kside_pair(xk, xq, m_r, prow, grow, k_ptr, bits_ptr, beta_ptr, G_ptr, order_ptr,
+                pair_ptr, bos, i_b, i_h, i_hv0, c2, slot, NC, H: tl.constexpr,
+                HV: tl.constexpr, K: tl.constexpr, W: tl.constexpr, BT: tl.constexpr,
+                L2NORM: tl.constexpr, PREC: tl.constexpr, DT: tl.constexpr,
+                ORDER: tl.constexpr, READY: tl.constexpr, HVB: tl.constexpr):
+    """The pair (rows xk / xq, earlier sub-chunk c2)'s masked blocks a = b_r (K K_c2^T o D o M)
+    and p = (Q K_c2^T o D o M) at tile ``slot`` of value heads i_hv0 .. i_hv0 + HVB - 1."""
+    o_t = tl.arange(0, BT)
+    tt = o_t[:, None] * BT + o_t[None, :]
+    scol = _node_rows(order_ptr, bos, c2 * BT + o_t, o_t >= 0, ORDER)
+    kct = tl.trans(_rows_normed(k_ptr, scol, o_t >= 0, i_h, 1., H, K, L2NORM, DT, READY))
+    kk2 = tl.dot(xk, kct, input_precision=PREC)
+    qk2 = tl.dot(xq, kct, input_precision=PREC)
+    anc2 = _anc_tile(bits_ptr, prow, m_r, c2, BT, W)
+    for j in tl.static_range(HVB):
+        i_hv = i_hv0 + j
+        G = tl.load(G_ptr + grow * HV + i_hv, mask=m_r, other=0.)
+        b_r = tl.load(beta_ptr + grow * HV + i_hv, mask=m_r, other=0.)
+        dec = _decay(anc2, G, tl.load(G_ptr + scol * HV + i_hv))
+        tp = pair_ptr + (((i_b * HV + i_hv).to(tl.int64) * (NC * (NC - 1) // 2) + slot)
+                         * 2 * BT * BT) + tt
+        tl.store(tp, (b_r[:, None] * kk2 * dec).to(pair_ptr.dtype.element_ty))
+        tl.store(tp + BT * BT, (qk2 * dec).to(pair_ptr.dtype.element_ty))
+
+
+@triton.jit
 def _tree_kside_kernel(q_ptr, k_ptr, beta_ptr, bits_ptr, order_ptr, cu_ptr, pairs_ptr, npairs_ptr,
-                       NC, G_ptr, diag_ptr, pair_ptr, scale, H: tl.constexpr, HV: tl.constexpr,
-                       K: tl.constexpr, W: tl.constexpr, BT: tl.constexpr,
+                       NC, G_ptr, diag_ptr, pair_ptr, scale, H: tl.constexpr,
+                       HV: tl.constexpr, K: tl.constexpr, W: tl.constexpr, BT: tl.constexpr,
                        LOG_BT: tl.constexpr, L2NORM: tl.constexpr, PREC: tl.constexpr,
                        DT: tl.constexpr, ORDER: tl.constexpr, READY: tl.constexpr,
-                       HVB: tl.constexpr):
+                       HVB: tl.constexpr, PDL: tl.constexpr = False):
     """The verify's products that need no V column, one program per (sub-chunk c, sequence,
     HVB value heads of one key head) (their k.k and q.k dots are shared; beta and the decays
     are per value head):
@@ -349,7 +410,12 @@ def _tree_kside_kernel(q_ptr, k_ptr, beta_ptr, bits_ptr, order_ptr, cu_ptr, pair
 
     at slot c (c - 1) / 2 + i of each (sequence, value head) (pair_ptr's dtype, the one the
     verify casts them to).  Independent of every other program (G comes from the pre-pass),
-    so the inverses and masked dots leave the verify's sequential walk over sub-chunks."""
+    so the inverses and masked dots leave the verify's sequential walk over sub-chunks.
+    PDL: launched programmatically dependent on the pre-pass (waits for its writes before
+    reading anything) and lets the verify start once every program here has."""
+    if PDL:
+        tl.extra.cuda.gdc_launch_dependents()
+        tl.extra.cuda.gdc_wait()
     c, i_bh = tl.program_id(0), tl.program_id(1)
     NB: tl.constexpr = HV // HVB
     i_b, i_hv0 = i_bh // NB, (i_bh % NB) * HVB
@@ -357,46 +423,20 @@ def _tree_kside_kernel(q_ptr, k_ptr, beta_ptr, bits_ptr, order_ptr, cu_ptr, pair
     bos = tl.load(cu_ptr + i_b).to(tl.int64)
     n = tl.load(cu_ptr + i_b + 1).to(tl.int64) - bos
     if c * BT < n:
-        o_t = tl.arange(0, BT)
-        tt = o_t[:, None] * BT + o_t[None, :]
-        lower = o_t[:, None] > o_t[None, :]
-        rows = c * BT + o_t
+        rows = c * BT + tl.arange(0, BT)
         m_r = rows < n
         prow = bos + rows
         grow = _node_rows(order_ptr, bos, rows, m_r, ORDER)
         xk = _rows_normed(k_ptr, grow, m_r, i_h, 1., H, K, L2NORM, DT, READY)
         xq = _rows_normed(q_ptr, grow, m_r, i_h, scale, H, K, L2NORM, DT, READY)
-        xkt = tl.trans(xk)
-        kk = tl.dot(xk, xkt, input_precision=PREC)
-        qk = tl.dot(xq, xkt, input_precision=PREC)
-        anc = _anc_tile(bits_ptr, prow, m_r, c, BT, W) & m_r[None, :]
-        for j in tl.static_range(HVB):
-            i_hv = i_hv0 + j
-            G = tl.load(G_ptr + grow * HV + i_hv, mask=m_r, other=0.)
-            b_r = tl.load(beta_ptr + grow * HV + i_hv, mask=m_r, other=0.)
-            dec = _decay(anc, G, G)
-            A = tl.where(lower, b_r[:, None] * kk * dec, 0.)
-            dp = diag_ptr + ((i_b * HV + i_hv).to(tl.int64) * NC + c) * 2 * BT * BT + tt
-            tl.store(dp, _unit_lower_inverse(A, BT, LOG_BT, PREC).to(diag_ptr.dtype.element_ty))
-            tl.store(dp + BT * BT, (qk * dec).to(diag_ptr.dtype.element_ty))
+        _kside_diag(xk, xq, m_r, prow, grow, bits_ptr, beta_ptr, G_ptr, diag_ptr, i_b, i_hv0, c,
+                    NC, HV, W, BT, LOG_BT, PREC, HVB)
         pc = pairs_ptr + (i_b * NC + c) * NC
         slot0 = (c * (c - 1)) // 2
         for i in range(0, tl.load(npairs_ptr + i_b * NC + c)):
-            c2 = tl.load(pc + i).to(tl.int64)
-            scol = _node_rows(order_ptr, bos, c2 * BT + o_t, o_t >= 0, ORDER)
-            kct = tl.trans(_rows_normed(k_ptr, scol, o_t >= 0, i_h, 1., H, K, L2NORM, DT, READY))
-            kk2 = tl.dot(xk, kct, input_precision=PREC)
-            qk2 = tl.dot(xq, kct, input_precision=PREC)
-            anc2 = _anc_tile(bits_ptr, prow, m_r, c2, BT, W)
-            for j in tl.static_range(HVB):
-                i_hv = i_hv0 + j
-                G = tl.load(G_ptr + grow * HV + i_hv, mask=m_r, other=0.)
-                b_r = tl.load(beta_ptr + grow * HV + i_hv, mask=m_r, other=0.)
-                dec = _decay(anc2, G, tl.load(G_ptr + scol * HV + i_hv))
-                tp = pair_ptr + (((i_b * HV + i_hv).to(tl.int64) * (NC * (NC - 1) // 2)
-                                  + slot0 + i) * 2 * BT * BT) + tt
-                tl.store(tp, (b_r[:, None] * kk2 * dec).to(pair_ptr.dtype.element_ty))
-                tl.store(tp + BT * BT, (qk2 * dec).to(pair_ptr.dtype.element_ty))
+            _kside_pair(xk, xq, m_r, prow, grow, k_ptr, bits_ptr, beta_ptr, G_ptr, order_ptr,
+                        pair_ptr, bos, i_b, i_h, i_hv0, tl.load(pc + i).to(tl.int64), slot0 + i,
+                        NC, H, HV, K, W, BT, L2NORM, PREC, DT, ORDER, READY, HVB)
 
 
 @triton.jit
@@ -436,22 +476,27 @@ def _select_bit64(w, s):
 @triton.jit
 def _fold_rows(S, k_ptr, u_ptr, G_ptr, gcol, on, Ga, i_h, i_hv, o_v, H: tl.constexpr,
                HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, L2NORM: tl.constexpr,
-               PREC: tl.constexpr):
+               PREC: tl.constexpr, DOT16: tl.constexpr = False):
     """S + sum over the rows ``gcol`` that are ``on`` of e^{G_a - G_m} k_m u_m^T: one
-    [K, BT] x [BT, BV] product."""
+    [K, BT] x [BT, BV] product (DOT16: bf16 operands, fp32 accumulation, as fla folds its bf16
+    v_new into the state; else fp32 at PREC)."""
     Gm = tl.load(G_ptr + gcol * HV + i_hv, mask=on, other=0.)
     kc = _rows_normed(k_ptr, gcol, on, i_h, 1., H, K, L2NORM)
     w = tl.where(on, tl.exp(tl.where(on, Ga - Gm, 0.)), 0.)
     uc = tl.load(u_ptr + (gcol * HV + i_hv)[:, None] * V + o_v[None, :], mask=on[:, None],
                  other=0.)
-    return S + tl.dot(tl.trans(kc * w[:, None]), uc, input_precision=PREC)
+    kw = tl.trans(kc * w[:, None])
+    if DOT16:
+        return tl.dot(kw.to(tl.bfloat16), uc.to(tl.bfloat16), acc=S)
+    return S + tl.dot(kw, uc.to(tl.float32), input_precision=PREC)
 
 
 @triton.jit
 def _tree_commit_kernel(s_ptr, k_ptr, u_ptr, G_ptr, bits_ptr, cu_ptr, acc_ptr,
                         H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                         W: tl.constexpr, BT: tl.constexpr, BV: tl.constexpr,
-                        L2NORM: tl.constexpr, PREC: tl.constexpr, PATH: tl.constexpr = False):
+                        L2NORM: tl.constexpr, PREC: tl.constexpr, PATH: tl.constexpr = False,
+                        DOT16: tl.constexpr = False):
     """S* = e^{G_a} S0 + sum_{m <= a} e^{G_a - G_m} k_m u_m^T, in place, per (seq, head, V block).
 
     The sum runs over the accepted node a's root path (its ancestor bits), BT rows per
@@ -459,7 +504,8 @@ def _tree_commit_kernel(s_ptr, k_ptr, u_ptr, G_ptr, bits_ptr, cu_ptr, acc_ptr,
     (a // BT + 1 products).  PATH = True: for each 64-node word of a's ancestor bits, its
     path nodes are gathered BT at a time (slot s = the word's s-th set bit,
     ``_select_bit64``), so one product folds up to BT path nodes however far apart they are
-    stored (a root path holds depth + 1 nodes)."""
+    stored (a root path holds depth + 1 nodes).  DOT16: the products on bf16 operands
+    (``_fold_rows``), for a u buffer in bf16."""
     i_v, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_hv = i_bh // HV, i_bh % HV
     i_h = i_hv // (HV // H)
@@ -482,12 +528,12 @@ def _tree_commit_kernel(s_ptr, k_ptr, u_ptr, G_ptr, bits_ptr, cu_ptr, acc_ptr,
                 valid = slot < cnt
                 gcol = bos + w * 64 + _select_bit64(word + tl.zeros([BT], dtype=tl.uint64), slot)
                 S = _fold_rows(S, k_ptr, u_ptr, G_ptr, tl.where(valid, gcol, bos), valid, Ga,
-                               i_h, i_hv, o_v, H, HV, K, V, L2NORM, PREC)
+                               i_h, i_hv, o_v, H, HV, K, V, L2NORM, PREC, DOT16)
     else:
         for c in range(0, a // BT + 1):
             cols = c * BT + o_t
             word = tl.load(bits_ptr + arow * W + (c * BT) // 64)
             on_path = (((word >> ((c * BT) % 64 + o_t).to(tl.int64)) & 1) != 0) & (cols <= a)
             S = _fold_rows(S, k_ptr, u_ptr, G_ptr, bos + cols, on_path, Ga, i_h, i_hv, o_v, H,
-                           HV, K, V, L2NORM, PREC)
+                           HV, K, V, L2NORM, PREC, DOT16)
     tl.store(sp, S)
