@@ -90,6 +90,12 @@ def _random_trees(b: int, n: int, shape: str, vocab: int, seed: int):
     return TreeBatch(trees)
 
 
+def _verify_trees(ctx, b: int, n: int, shape: str, vocab: int):
+    """The drafted trees a model_verify_step point verifies (seeded by the point), so a probe
+    that times the same round another way (``scripts/check_verify_step_gpu.py``) gets them."""
+    return _random_trees(b, n, shape, vocab, ctx.seed + 31 * b + n).trees
+
+
 def _first_child_path_end(tree, max_depth: int = 2) -> int:
     node = 0
     for _ in range(max_depth):
@@ -108,7 +114,7 @@ def _verify_step(ctx, p):
     b, n, l = p.batch_size, p.nodes_per_seq, p.context_len
     cache = _target_cache(ctx, b, l)
     base = cache.lengths.clone()
-    proto = _random_trees(b, n, p.tree_shape, target.config.vocab_size, ctx.seed + 31 * b + n).trees
+    proto = _verify_trees(ctx, b, n, p.tree_shape, target.config.vocab_size)
     if n == 1:   # the engine's plain round (``SpecEngine``: max_nodes == 1)
         roots = [int(t.tokens[0]) for t in proto]
 

@@ -136,7 +136,7 @@ def main() -> None:
         cache = rs._target_cache(ctx, b, l)
         base = cache.lengths.clone()
         lens = base.tolist()
-        proto = rs._random_trees(b, n, "eagle", target.config.vocab_size, ctx.seed + 31 * b + n).trees
+        proto = rs._verify_trees(ctx, b, n, "eagle", target.config.vocab_size)
         accepted = [rs._first_child_path_end(t) for t in proto]
         state = {}
 
