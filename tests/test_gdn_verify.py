@@ -624,3 +624,16 @@ def test_u_cache_bf16_verify_and_commit(seed, kside):
     _, cache32 = gdn_tree_verify(*(inp32[k] for k in KEYS), *tree, backend="triton",
                                  u_cache_bf16=1)
     assert cache32.u.dtype == torch.float32
+
+
+def test_no_dependent_launch_off_hopper(launched):
+    # programmatic dependent launch (pdl, on by the rule) only for compiled CUDA kernels on
+    # sm_90+: here (CPU / interpreter) the verify gets PDL = 0 and no launch_pdl, asked or not
+    from simtree.kernels.gdn import _pdl_ok
+    rng = np.random.default_rng(70)
+    inp = make_inputs([random_tree(40, rng), random_tree(9, rng)], 70)
+    for pdl in (None, 1):
+        gdn_tree_verify(*(inp[k] for k in KEYS), inp["parents"], inp["cu_nodes"],
+                        backend="triton", kside=1, pdl=pdl)
+    assert not _pdl_ok("cpu") and len(launched) == 2
+    assert all(kw["PDL"] == 0 and "launch_pdl" not in kw for kw in launched)
