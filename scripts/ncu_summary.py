@@ -46,16 +46,24 @@ def raw(path: Path) -> dict:
     return out
 
 
-def opcode_mix(path: Path, top: int = 12) -> list[tuple[str, float, float]]:
+def sass_rows(path: Path) -> list[tuple[str, int, int]]:
+    """The source page's SASS lines as (opcode, times executed, stall samples), predicates
+    stripped."""
     rows = list(csv.reader(gzip.open(path, "rt")))
     h = rows[1]
     s, e = h.index("Warp Stall Sampling (All Samples)"), h.index("Instructions Executed")
-    ins, smp = collections.Counter(), collections.Counter()
+    out = []
     for r in rows[2:]:
         m = re.match(r"(@!?U?P\w+\s+)?([A-Z0-9_]+)", r[1].strip())
-        op = m.group(2) if m else "?"
-        ins[op] += int(r[e] or 0)
-        smp[op] += int(r[s] or 0)
+        out.append((m.group(2) if m else "?", int(r[e] or 0), int(r[s] or 0)))
+    return out
+
+
+def opcode_mix(path: Path, top: int = 12) -> list[tuple[str, float, float]]:
+    ins, smp = collections.Counter(), collections.Counter()
+    for op, executed, samples in sass_rows(path):
+        ins[op] += executed
+        smp[op] += samples
     ti, ts = sum(ins.values()) or 1, sum(smp.values()) or 1
     return [(op, 100 * c / ti, 100 * smp[op] / ts) for op, c in ins.most_common(top)]
 
@@ -64,13 +72,9 @@ def loop_bodies(path: Path, grid_warps: int, top: int = 8) -> list[str]:
     """The verify's SASS grouped by execution count (each count is one loop body: once per
     program, per sub-chunk, per pair), largest share first: instructions per warp and
     iteration, iterations per warp, share of all executed instructions, commonest opcodes."""
-    rows = list(csv.reader(gzip.open(path, "rt")))
-    h = rows[1]
-    e = h.index("Instructions Executed")
     groups = collections.defaultdict(collections.Counter)
-    for r in rows[2:]:
-        m = re.match(r"(@!?U?P\w+\s+)?([A-Z0-9_]+)", r[1].strip())
-        groups[int(r[e] or 0)][m.group(2) if m else "?"] += 1
+    for op, executed, _ in sass_rows(path):
+        groups[executed][op] += 1
     total = sum(ex * sum(c.values()) for ex, c in groups.items()) or 1
     out = []
     for ex, c in sorted(groups.items(), key=lambda kv: -kv[0] * sum(kv[1].values())):

@@ -137,6 +137,15 @@ def _decay(anc, Gr, Gc):
 
 
 @triton.jit
+def _masked_blocks(kk, qk, b_r, anc, Gr, Gc):
+    """One value head's masked blocks of a (row, column) sub-chunk pair from its k.k and q.k
+    dots: a = b_r (K K_c^T o D o M) and p = (Q K_c^T o D o M), D = e^{Gr - Gc} on the ancestor
+    pairs ``anc`` (M).  The diagonal block's A is a's strictly lower part."""
+    dec = _decay(anc, Gr, Gc)
+    return b_r[:, None] * kk * dec, qk * dec
+
+
+@triton.jit
 def _ancestor_sum(g_ptr, bits_ptr, order_ptr, bos, n, prow, m_r, c, i_hv, HV: tl.constexpr,
                   W: tl.constexpr, BT: tl.constexpr, ORDER: tl.constexpr):
     """G_r = sum of g over the ancestors-or-self of rows r of sub-chunk c ([BT]); ``prow`` =
@@ -311,10 +320,10 @@ def _tree_verify_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, s0_ptr, bits_ptr, 
             else:
                 kct = tl.trans(_rows_normed(k_ptr, scol, o_t >= 0, i_h, 1., H, K, L2NORM, DT,
                                             QK_READY))
-                dec = _decay(_anc_tile(bits_ptr, prow, m_r, c2, BT, W), G,
-                             tl.load(G_ptr + scol * HV + i_hv))
-                a_rc = b_r[:, None] * tl.dot(xk, kct, input_precision=PREC) * dec
-                p_rc = tl.dot(xq, kct, input_precision=PREC) * dec
+                a_rc, p_rc = _masked_blocks(
+                    tl.dot(xk, kct, input_precision=PREC), tl.dot(xq, kct, input_precision=PREC),
+                    b_r, _anc_tile(bits_ptr, prow, m_r, c2, BT, W), G,
+                    tl.load(G_ptr + scol * HV + i_hv))
             rhs -= tl.dot(a_rc.to(UDT), uc, input_precision=PREC)
             acc += tl.dot(p_rc.to(UDT), uc, input_precision=PREC)
         # diagonal block: A (strictly lower, ancestor-masked) and its unit-lower inverse
@@ -323,11 +332,13 @@ def _tree_verify_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, s0_ptr, bits_ptr, 
             u = tl.dot(tl.load(dp), rhs.to(SDT), input_precision=PREC)
             acc += tl.dot(tl.load(dp + BT * BT), u.to(SDT), input_precision=PREC)
         else:
-            dec = _decay(_anc_tile(bits_ptr, prow, m_r, c, BT, W) & m_r[None, :], G, G)
             xkt = tl.trans(xk)
-            A = tl.where(lower, b_r[:, None] * tl.dot(xk, xkt, input_precision=PREC) * dec, 0.)
-            u = tl.dot(_unit_lower_inverse(A, BT, LOG_BT, PREC), rhs, input_precision=PREC)
-            acc += tl.dot(tl.dot(xq, xkt, input_precision=PREC) * dec, u, input_precision=PREC)
+            a_cc, p_cc = _masked_blocks(
+                tl.dot(xk, xkt, input_precision=PREC), tl.dot(xq, xkt, input_precision=PREC), b_r,
+                _anc_tile(bits_ptr, prow, m_r, c, BT, W) & m_r[None, :], G, G)
+            u = tl.dot(_unit_lower_inverse(tl.where(lower, a_cc, 0.), BT, LOG_BT, PREC), rhs,
+                       input_precision=PREC)
+            acc += tl.dot(p_cc, u, input_precision=PREC)
         G_c = G
         if PREFETCH:
             xk, xq, b_r, v_r, G = _chunk_rows(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, bits_ptr,
@@ -361,11 +372,11 @@ def _kside_diag(xk, xq, m_r, prow, grow, bits_ptr, beta_ptr, G_ptr, diag_ptr, i_
         i_hv = i_hv0 + j
         G = tl.load(G_ptr + grow * HV + i_hv, mask=m_r, other=0.)
         b_r = tl.load(beta_ptr + grow * HV + i_hv, mask=m_r, other=0.)
-        dec = _decay(anc, G, G)
-        A = tl.where(lower, b_r[:, None] * kk * dec, 0.)
+        a, p = _masked_blocks(kk, qk, b_r, anc, G, G)
         dp = diag_ptr + ((i_b * HV + i_hv).to(tl.int64) * NC + c) * 2 * BT * BT + tt
-        tl.store(dp, _unit_lower_inverse(A, BT, LOG_BT, PREC).to(diag_ptr.dtype.element_ty))
-        tl.store(dp + BT * BT, (qk * dec).to(diag_ptr.dtype.element_ty))
+        tl.store(dp, _unit_lower_inverse(tl.where(lower, a, 0.), BT, LOG_BT,
+                                         PREC).to(diag_ptr.dtype.element_ty))
+        tl.store(dp + BT * BT, p.to(diag_ptr.dtype.element_ty))
 
 
 @triton.jit
@@ -387,11 +398,11 @@ def _kside_pair(xk, xq, m_r, prow, grow, k_ptr, bits_ptr, beta_ptr, G_ptr, order
         i_hv = i_hv0 + j
         G = tl.load(G_ptr + grow * HV + i_hv, mask=m_r, other=0.)
         b_r = tl.load(beta_ptr + grow * HV + i_hv, mask=m_r, other=0.)
-        dec = _decay(anc2, G, tl.load(G_ptr + scol * HV + i_hv))
+        a, p = _masked_blocks(kk2, qk2, b_r, anc2, G, tl.load(G_ptr + scol * HV + i_hv))
         tp = pair_ptr + (((i_b * HV + i_hv).to(tl.int64) * (NC * (NC - 1) // 2) + slot)
                          * 2 * BT * BT) + tt
-        tl.store(tp, (b_r[:, None] * kk2 * dec).to(pair_ptr.dtype.element_ty))
-        tl.store(tp + BT * BT, (qk2 * dec).to(pair_ptr.dtype.element_ty))
+        tl.store(tp, a.to(pair_ptr.dtype.element_ty))
+        tl.store(tp + BT * BT, p.to(pair_ptr.dtype.element_ty))
 
 
 @triton.jit
