@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Nsight Compute on the GDN tree verify and its pre-pass, one (batch, nodes) shape per process
 # (scripts/ncu_gdn_verify.py: Qwen3.6-27B shapes, bf16, EAGLE-like trees stored depth-first,
-# the default launch or the given gdn_tree_verify kwargs; the third call is profiled):
+# the default launch or the given gdn_tree_verify kwargs; every kernel of the third call is
+# profiled - pre-pass, K-side kernel where the launch has one, verify - inside the profiler
+# range that script opens around it):
 #   bash scripts/ncu_gdn.sh OUTDIR ["1:128 16:128 64:128"] [k=v,...]
 # Writes per shape OUTDIR/verify_b{B}_n{N}.ncu-rep (full section set, clocks left alone) and
 # its pages as CSV: .details.csv (throughput, occupancy, launch), .raw.csv.gz (every metric,
@@ -17,9 +19,9 @@ NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | tail -
 for shape in $shapes; do
   b=${shape%%:*}; n=${shape##*:}
   rep="$out/verify_b${b}_n${n}"
-  # two kernels a call (pre-pass, verify): skip the first two calls' four launches
-  timeout 300 "$NCU" --clock-control none --set full --import-source yes \
-      -k regex:'_tree_verify_kernel|_qk_prenorm_kernel' --launch-skip 4 --launch-count 2 \
+  # two or three kernels a call: the profiler range (cudaProfilerStart/Stop) picks the third call
+  timeout 300 "$NCU" --clock-control none --set full --import-source yes --profile-from-start off \
+      -k regex:'_tree_verify_kernel|_qk_prenorm_kernel|_tree_kside_kernel' \
       -f -o "$rep" python3 scripts/ncu_gdn_verify.py "$b" "$n" "$kw" > "$rep.log" 2>&1 \
     || { echo "ncu failed at $shape"; tail -5 "$rep.log"; continue; }
   "$NCU" -i "$rep.ncu-rep" --page details --csv > "$rep.details.csv" 2>&1

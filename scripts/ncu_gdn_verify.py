@@ -1,7 +1,8 @@
 """Three GDN tree verifies for Nsight Compute to read (``scripts/ncu_gdn.sh``): Qwen3.6-27B
 shapes, bf16, the benchmark's random EAGLE-like trees stored depth-first (``shape_trees``,
-order "dfs"), the default launch or the gdn_tree_verify kwargs given as k=v,...; the profiler
-skips the first two calls (compilation, first touch) and reads the third.
+order "dfs"), the default launch or the gdn_tree_verify kwargs given as k=v,...; the third call
+runs inside a profiler range (cudaProfilerStart / Stop), which ``ncu --profile-from-start off``
+reads: the first two calls compile and touch memory.
 
     python3 scripts/ncu_gdn_verify.py BATCH NODES [k=v,...]
 """
@@ -23,9 +24,13 @@ def main() -> None:
     b, n = int(sys.argv[1]), int(sys.argv[2])
     kw = {k: int(v) for k, v in (x.split("=") for x in filter(None, (sys.argv[3:] or [""])[0].split(",")))}
     inp = probe_inputs(b, n)
-    for _ in range(3):
+    for i in range(3):
+        if i == 2:
+            torch.cuda.synchronize()
+            torch.cuda.cudart().cudaProfilerStart()
         gdn_tree_verify(*(inp[k] for k in KEYS), backend="triton", **kw)
     torch.cuda.synchronize()
+    torch.cuda.cudart().cudaProfilerStop()
     print(f"b{b} n{n}: three verifies done ({kw or 'default launch'})")
 
 
