@@ -37,8 +37,8 @@ import torch
 from simtree.fileio import write_text_atomic
 from simtree.profiler.timing import measured_bandwidth
 from simtree.tree import DraftTree
-from simtree.kernels.gdn import (commit_launch_config, gdn_sequential_ref, gdn_tree_commit,
-                                 gdn_tree_verify, gdn_tree_verify_dense_ref,
+from simtree.kernels.gdn import (commit_dot16, commit_launch_config, gdn_sequential_ref,
+                                 gdn_tree_commit, gdn_tree_verify, gdn_tree_verify_dense_ref,
                                  gdn_tree_verify_recurrent, gdn_tree_verify_ref, tree_meta,
                                  verify_launch_config, verify_round_meta)
 from simtree.kernels.gdn.bench_util import (QWEN36, TREE_ORDERS, env_info, fla_closure,
@@ -217,7 +217,8 @@ def time_shape(args, dims, b, n, bw, log) -> list[dict]:
     caches = [gdn_tree_verify(*(c[key] for key in keys), backend="triton", meta=meta, check=False)[1]
               for c in copies]
     acc = torch.as_tensor(tb.deepest_nodes, device=args.device)
-    commit_default = dict(block_t=16, **commit_launch_config(b, dims["HV"], dims["V"], n))
+    commit_default = dict(block_t=16, **commit_launch_config(b, dims["HV"], dims["V"], n,
+                                                             commit_dot16(caches[0])))
     run("triton_commit", [lambda c=c, ca=ca: gdn_tree_commit(c["state"], c["k"], ca, c["parents"],
                                                              c["cu_nodes"], acc, check=False)
                           for c, ca in zip(copies, caches)])

@@ -576,11 +576,15 @@ def test_path_bit_selection_finds_every_set_bit_in_order():
 
 
 def test_commit_launch_rule_gathers_the_path_for_larger_trees():
+    # fp32 products: the gathered path for larger trees at every batch; bf16 products (a bf16
+    # u buffer): the stored-order walk except at one sequence of > 64 nodes
     from simtree.kernels.gdn import commit_launch_config
     for B in (1, 4, 16, 64):
         small, large = (commit_launch_config(B, 48, 128, n) for n in (16, 128))
         assert small["path"] == 0 and large["path"] == 1
         assert small["block_v"] == large["block_v"] == 64
+        for n in (16, 64, 128):
+            assert commit_launch_config(B, 48, 128, n, dot16=True)["path"] == int(B == 1 and n > 64)
     assert commit_launch_config(1, 48, 32, 128)["block_v"] == 32   # never wider than V
 
 

@@ -28,7 +28,7 @@ __all__ = ["gdn_tree_verify", "gdn_tree_commit", "gdn_tree_verify_recurrent", "t
            "gdn_sequential_ref", "tree_causal_conv_ref", "tree_meta",
            "TreeMeta", "GDNTreeCache", "verify_launch_config", "walk_tables", "verify_round_meta",
            "verify_round_meta_host", "tree_meta_host",
-           "commit_launch_config", "depth_first_pays"]
+           "commit_launch_config", "commit_dot16", "depth_first_pays"]
 
 
 @dataclass
@@ -429,18 +429,33 @@ def gdn_tree_verify(q, k, v, g, beta, state, parents, cu_nodes, *, scale=None, q
     return out, GDNTreeCache(u, G, meta, qk_l2norm)
 
 
-def commit_launch_config(B: int, HV: int, V: int, max_nodes: int = 128) -> dict:
+def commit_launch_config(B: int, HV: int, V: int, max_nodes: int = 128,
+                         dot16: bool = False) -> dict:
     """Default launch of the commit: the walk (path: 1 gathers the accepted path's nodes,
-    0 walks nodes 0..a in stored order), block_v and num_warps.
+    0 walks nodes 0..a in stored order), block_v and num_warps; ``dot16``: u folded in with
+    bf16 products (a bf16 u buffer, ``gdn_tree_commit``).
 
     From the commit sweep on the H200 (reports/h200/gdn/tuning/run26, Qwen3.6-27B shapes,
     each tree's last node accepted): 64-wide V blocks everywhere (stored-order walk, b64 n128
     371.6 vs 453.6 us at 32); the gathered path from 32 nodes, from 64 at one sequence
     (b64 n128 195.2 us, n64 133.1 vs 220.9; b1 n128 11.8 vs 16.3), the stored-order walk below
     (b16 n16 38.0 vs 39.9, b1 n32 7.9 vs 8.4): its one product on the accepted row's
-    sub-chunk costs less than the path's bit selection when the tree is that small."""
-    return dict(path=int(max_nodes > (32 if B * HV <= 48 else 16)), block_v=min(V, 64),
-                num_warps=4)
+    sub-chunk costs less than the path's bit selection when the tree is that small.
+    With bf16 products (run 66, reports/h200/gdn/README.md) each step of the stored-order walk
+    is one tensor-core product, cheaper than selecting the path's bits: it wins at every
+    measured shape (b64 n128 139.3 vs 170.4 us, b16 n64 34.9 vs 41.2, b4 n128 14.2 vs 16.6,
+    b1 n64 7.0 vs 7.6) but one sequence of 128 nodes (7.9 vs 7.6), where the path walk stays."""
+    if dot16:
+        path = int(max_nodes > 64 and B * HV <= 48)
+    else:
+        path = int(max_nodes > (32 if B * HV <= 48 else 16))
+    return dict(path=path, block_v=min(V, 64), num_warps=4)
+
+
+def commit_dot16(cache: GDNTreeCache, dot16: int | None = None) -> bool:
+    """Whether the Triton commit folds u in with bf16 products: asked for (``dot16``), else
+    where the verify stored u in bf16; never through the interpreter (fp32 dots there)."""
+    return bool(cache.u.dtype == torch.bfloat16 if dot16 is None else dot16) and not _INTERPRET
 
 
 def _check_accepted(accepted, cu_nodes, check):
@@ -505,7 +520,8 @@ def gdn_tree_commit(state, k, cache: GDNTreeCache, parents, cu_nodes, accepted, 
         state.copy_((decay[:, :, None, None] * state.double() + fold).float())
         return
     from .tree_verify import _tree_commit_kernel
-    cfg = commit_launch_config(B, HV, V, cache.meta.max_nodes)
+    dot = commit_dot16(cache, dot16)
+    cfg = commit_launch_config(B, HV, V, cache.meta.max_nodes, dot)
     BV = min(V, block_v or cfg["block_v"])
     if BV < 16 or BV & (BV - 1):
         raise SimtreeError(f"commit block_v must be a power of two >= 16, got {BV}")
@@ -515,7 +531,7 @@ def gdn_tree_commit(state, k, cache: GDNTreeCache, parents, cu_nodes, accepted, 
         accepted.to(state.device, torch.int64),
         H=H, HV=HV, K=K, V=V, W=cache.meta.words, BT=block_t, BV=BV,
         L2NORM=cache.qk_l2norm, PREC="ieee", PATH=bool(cfg["path"] if path is None else path),
-        DOT16=bool(cache.u.dtype == torch.bfloat16 if dot16 is None else dot16) and not _INTERPRET,
+        DOT16=dot,
         num_warps=num_warps or cfg["num_warps"])
 
 
