@@ -84,10 +84,14 @@ def time_cpu(fns: Sequence[Callable[[], object]], *, target_s: float = 0.05, min
 
 
 def time_cuda(fns: Sequence[Callable[[], object]], *, target_s: float = 0.1, min_reps: int = 5,
-              max_reps: int = 200, warmup: int = 2, use_graph: bool = True) -> TimingStats:
+              max_reps: int = 200, warmup: int = 2, use_graph: bool = True,
+              spin_ms: float = 0.0) -> TimingStats:
     """CUDA-graph replay (falls back to eager launches if capture fails), timed with events.
 
     Warm-up runs eagerly first (Triton compiles and autotunes there, never inside capture).
+    ``spin_ms`` > 0: the captured step is then replayed for that long (wall clock) before the
+    timed repetitions, so a GPU that sat idle (compiling, host work) is back at its working
+    clocks; a few warm-up calls of a short step are not enough for that.
     Each repetition is bracketed by its own pair of events; all are read after one sync.
     """
     import torch
@@ -111,6 +115,12 @@ def time_cuda(fns: Sequence[Callable[[], object]], *, target_s: float = 0.1, min
             mode, run = "cuda_graph", graph.replay
         except Exception:  # not capturable (host sync inside, ...): time eager launches
             torch.cuda.synchronize()
+
+    end_spin = time.perf_counter() + spin_ms / 1e3
+    while time.perf_counter() < end_spin:
+        for _ in range(8):   # several replays queued per sync keep the GPU busy
+            run()
+        torch.cuda.synchronize()
 
     # One probe repetition sizes the number of repetitions to the time budget.
     probe0, probe1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)

@@ -424,6 +424,26 @@ def test_kside_tiles_serve_every_value_block(block_v, kside_heads):
     assert torch.equal(cache.G, ref_cache.G)
 
 
+@pytest.mark.parametrize("heavy", [0, 1])
+def test_early_diagonal_tiles_keep_the_result(launched, heavy):
+    # the K-side diagonal tiles loaded at the top of each sub-chunk's step (early, the rule's
+    # default with kside) or after its pairs: the launch gets the flag only with the K-side
+    # kernel, and both give the same outputs and u, equal to the reference
+    rng = np.random.default_rng(80 + heavy)
+    sizes = [int(n) for n in rng.integers(1, 90, size=3)]
+    trees = [random_tree(n, rng, reach=int(rng.integers(2, 7))) for n in sizes]
+    inp = make_inputs(trees, 80 + heavy)
+    tree = (inp["parents"], inp["cu_nodes"])
+    run = lambda **kw: gdn_tree_verify(*(inp[k] for k in KEYS), *tree, backend="triton",  # noqa: E731
+                                       block_t=16, heavy_first=heavy, **kw)
+    out, cache = run(kside=1, early=1)
+    out0, cache0 = run(kside=1, early=0)
+    run(kside=0, early=1)
+    assert [kw["EARLY"] for kw in launched] == [True, False, False]
+    assert rel_err(out, gdn_tree_verify_dense_ref(*f64(inp), *tree)) < 1e-4
+    assert rel_err(out, out0) < 1e-6 and rel_err(cache.u, cache0.u) < 1e-6
+
+
 def _assert_heavy_first(t: DraftTree, order) -> None:
     """The defining properties of the heavy-first walk, checked from the ancestor mask (no walk
     of its own): every subtree is one contiguous run starting at its root, and siblings come

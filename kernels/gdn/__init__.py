@@ -127,7 +127,7 @@ def verify_launch_config(B: int, HV: int, V: int, device: torch.device | str = "
     """Default launch of the tree kernel: block_t (node sub-chunk), block_v, num_warps,
     num_stages, max_registers, and the kernel switches g_prologue / u_bf16 / prefetch /
     heavy_first / prenorm / g_pass / kside (the K-side kernel's warps, 0 = none) /
-    kside_heads / solve_bf16.
+    kside_heads / solve_bf16 / u_cache_bf16 / pdl / early.
 
     Picked from the launch sweeps on the H200 (reports/h200/gdn/tuning/, runs 8, 10, 11 and
     17-20; Qwen3.6-27B shapes, ``B * HV`` = (sequence, value head) programs at block_v = V;
@@ -198,6 +198,16 @@ def verify_launch_config(B: int, HV: int, V: int, device: torch.device | str = "
     then pays at 64 sequences of 16 nodes too (76.7 vs 89.0).  Measured and not kept: one
     K-side program per tile (run 61: b64 n128 480.0 vs 446.9) and per-sub-chunk ready flags
     letting the walk overlap the K-side kernel (run 62: within 2% either way).
+
+    With the K-side kernel each sub-chunk's diagonal tiles are loaded at the top of its step
+    (``early``), not after its pairs: run 71, b64 n64 214.1 vs 218.0 us, b64 n128 393.0 vs
+    398.2, b16 n128 124.5 vs 125.1, b16 n64 equal; run 72's benchmark 1.1-1.3% faster at all
+    four (b16 n64 62.2 vs 62.9, b64 n128 397.6 vs 403.0).  Loading each pair's operands one
+    pair ahead as well gained nothing (run 71: 218.1 / 398.7 / 126.3).  Off for trees of one
+    sub-chunk, which have no pairs for the loads to hide behind (b64 n16: 75.3 us either way,
+    run 72). Measured and not kept (runs 67 and 70): a verify with no
+    sequential walk (the whole tree's inverse from a kernel of its own, four products per
+    head: slower everywhere) and register caps from 96 to 200.
     """
     rows = B * HV
     cfg = dict(block_t=16, block_v=V, num_warps=2, num_stages=2, max_registers=0, g_prologue=1,
@@ -232,6 +242,7 @@ def verify_launch_config(B: int, HV: int, V: int, device: torch.device | str = "
         if rows <= 16 * 48 and max_nodes > 64:
             cfg["max_registers"] = 168
     cfg["heavy_first"] = _heavy_first_default(cfg["block_t"], max_nodes, depth_first)
+    cfg["early"] = int(max_nodes > cfg["block_t"])   # one sub-chunk: no pairs to hide behind
     return cfg
 
 
@@ -297,7 +308,8 @@ def gdn_tree_verify(q, k, v, g, beta, state, parents, cu_nodes, *, scale=None, q
                     heavy_first: int | None = None, prenorm: int | None = None,
                     g_pass: int | None = None, kside: int | None = None,
                     kside_heads: int | None = None, solve_bf16: int | None = None,
-                    u_cache_bf16: int | None = None, pdl: int | None = None):
+                    u_cache_bf16: int | None = None, pdl: int | None = None,
+                    early: int | None = None):
     """Every node's output as if the recurrence ran along its own root path only.
 
     One pass, ``state`` is not modified.  Returns (out [N, HV, V] in q's dtype, GDNTreeCache).
@@ -325,8 +337,9 @@ def gdn_tree_verify(q, k, v, g, beta, state, parents, cu_nodes, *, scale=None, q
     input - in bf16, as fla stores v_new and folds it into the state; the walk's dots on it
     take bf16 operands anyway) / ``pdl`` (1, CUDA on Hopper or later: the K-side kernel and
     the verify launched programmatically dependent on the kernel before, so each starts -
-    the verify loading its S0 tile - while the one before finishes; ignored elsewhere)
-    override ``verify_launch_config`` (benchmark tuning).
+    the verify loading its S0 tile - while the one before finishes; ignored elsewhere) /
+    ``early`` (with kside, 1: each sub-chunk's diagonal tiles loaded at the top of its step
+    rather than after its pairs) override ``verify_launch_config`` (benchmark tuning).
     """
     if check:
         _check_inputs(q, k, v, g, beta, state, parents, cu_nodes)
@@ -422,7 +435,8 @@ def gdn_tree_verify(q, k, v, g, beta, state, parents, cu_nodes, *, scale=None, q
         PREFETCH=bool(cfg["prefetch"] if prefetch is None else prefetch), ORDER=order is not None,
         diag_ptr=diag, pair_ptr=tiles, KSIDE=kside > 0,
         SDT=tl.bfloat16 if diag is not None and diag.dtype == torch.bfloat16 else tl.float32,
-        PDL=(2 if ready or g_pass else 1) if use_pdl else 0, **dep,
+        PDL=(2 if ready or g_pass else 1) if use_pdl else 0,
+        EARLY=bool(cfg["early"] if early is None else early) and kside > 0, **dep,
         num_warps=num_warps or cfg["num_warps"],
         num_stages=num_stages or cfg["num_stages"], **_maxnreg(
             cfg["max_registers"] if max_registers is None else max_registers))

@@ -106,13 +106,17 @@ def shape_inputs(b: int, n: int, seed: int, shapes: dict, dtype=torch.bfloat16, 
                               seed=seed + 1000 * b + n + 100003 * c) for c in range(copies)]
 
 
-def graph_time_us(fns, warmup: int = 3, replays: int = 20) -> dict:
+def graph_time_us(fns, warmup: int = 3, replays: int = 20, spin_ms: float = 30.0) -> dict:
     """Median/p10/p90 microseconds per call of a list of closures (one per rotated input
-    copy): profiler.timing's CUDA-graph timer (CPU wall clock without CUDA), as a dict."""
+    copy): profiler.timing's CUDA-graph timer (CPU wall clock without CUDA), as a dict; on a
+    GPU the step is replayed for ``spin_ms`` first (clocks back up after compiling: a resumed
+    benchmark's first shape came out 7% slow without it, reports/h200/gdn/tuning run 72)."""
     from simtree.profiler.timing import time_workload
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    stats = time_workload(list(fns), device, warmup=warmup, min_reps=replays, max_reps=replays)
+    extra = {"spin_ms": spin_ms} if device == "cuda" else {}
+    stats = time_workload(list(fns), device, warmup=warmup, min_reps=replays, max_reps=replays,
+                          **extra)
     return dict(median=stats.median_us, p10=stats.p10_us, p90=stats.p90_us, repeats=stats.repeats,
                 timer={"cuda_graph": "cuda_graph", "cuda_events": "eager", "cpu": "cpu_wall"}[stats.mode])
 

@@ -241,7 +241,8 @@ def _tree_verify_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, s0_ptr, bits_ptr, 
                         PREFETCH: tl.constexpr, ORDER: tl.constexpr,
                         QK_READY: tl.constexpr = False, G_READY: tl.constexpr = False,
                         diag_ptr=None, pair_ptr=None, KSIDE: tl.constexpr = False,
-                        SDT: tl.constexpr = tl.float32, PDL: tl.constexpr = 0):
+                        SDT: tl.constexpr = tl.float32, PDL: tl.constexpr = 0,
+                        EARLY: tl.constexpr = False):
     """One program per (sequence, value head, V block); sub-chunks of BT nodes in order.
 
     Per sub-chunk c (rows r): rhs = b (V - e^G K S0) and acc = e^G Q S0, minus/plus the
@@ -261,7 +262,9 @@ def _tree_verify_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, s0_ptr, bits_ptr, 
     (bf16 like fla's solved inverse and its u product, or fp32).  PDL (launched
     programmatically dependent on the kernel before): 1 waits for that grid before anything
     else; 2 (the kernel before is the pre-pass or the K-side kernel, which were launched
-    after everything that writes S0) loads its S0 tile first, then waits."""
+    after everything that writes S0) loads its S0 tile first, then waits.  EARLY (with KSIDE):
+    each sub-chunk's diagonal tiles are loaded at the top of its step, so their latency hides
+    behind the S0 products and the pairs, instead of after the pairs."""
     if PDL == 1:
         tl.extra.cuda.gdc_wait()
     i_v, i_bh = tl.program_id(0), tl.program_id(1)
@@ -300,6 +303,10 @@ def _tree_verify_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, s0_ptr, bits_ptr, 
                                               G_ptr, order_ptr, bos, n, c, i_h, i_hv, o_v, scale,
                                               H, HV, K, V, W, BT, L2NORM, DT, NT > 0, ORDER,
                                               QK_READY)
+        if KSIDE and EARLY:
+            dp = diag_ptr + dbase + c * 2 * BT * BT + tt
+            t_cc = tl.load(dp)
+            p_cc = tl.load(dp + BT * BT)
         eG = tl.exp(G)[:, None]
         rhs = b_r[:, None] * (v_r - eG * tl.dot(xk, s0, input_precision=PREC))
         acc = eG * tl.dot(xq, s0, input_precision=PREC)
@@ -328,9 +335,12 @@ def _tree_verify_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, s0_ptr, bits_ptr, 
             acc += tl.dot(p_rc.to(UDT), uc, input_precision=PREC)
         # diagonal block: A (strictly lower, ancestor-masked) and its unit-lower inverse
         if KSIDE:
-            dp = diag_ptr + dbase + c * 2 * BT * BT + tt
-            u = tl.dot(tl.load(dp), rhs.to(SDT), input_precision=PREC)
-            acc += tl.dot(tl.load(dp + BT * BT), u.to(SDT), input_precision=PREC)
+            if not EARLY:
+                dp = diag_ptr + dbase + c * 2 * BT * BT + tt
+                t_cc = tl.load(dp)
+                p_cc = tl.load(dp + BT * BT)
+            u = tl.dot(t_cc, rhs.to(SDT), input_precision=PREC)
+            acc += tl.dot(p_cc, u.to(SDT), input_precision=PREC)
         else:
             xkt = tl.trans(xk)
             a_cc, p_cc = _masked_blocks(
