@@ -455,8 +455,8 @@ def commit_launch_config(B: int, HV: int, V: int, max_nodes: int = 128,
     (b64 n128 195.2 us, n64 133.1 vs 220.9; b1 n128 11.8 vs 16.3), the stored-order walk below
     (b16 n16 38.0 vs 39.9, b1 n32 7.9 vs 8.4): its one product on the accepted row's
     sub-chunk costs less than the path's bit selection when the tree is that small.
-    With bf16 products (run 66, reports/h200/gdn/README.md) each step of the stored-order walk
-    is one tensor-core product, cheaper than selecting the path's bits: it wins at every
+    With bf16 products (run 66, reports/h200/gdn/run66_n16up/) each step of the stored-order
+    walk is one tensor-core product, cheaper than selecting the path's bits: it wins at every
     measured shape (b64 n128 139.3 vs 170.4 us, b16 n64 34.9 vs 41.2, b4 n128 14.2 vs 16.6,
     b1 n64 7.0 vs 7.6) but one sequence of 128 nodes (7.9 vs 7.6), where the path walk stays."""
     if dot16:
