@@ -37,7 +37,7 @@ import torch
 from simtree.fileio import write_text_atomic
 from simtree.profiler.timing import measured_bandwidth
 from simtree.tree import DraftTree
-from simtree.kernels.gdn import (commit_dot16, commit_launch_config, gdn_sequential_ref,
+from simtree.kernels.gdn import (commit_dot16, commit_launch_config, gdn_accepted_paths_ref,
                                  gdn_tree_commit, gdn_tree_verify, gdn_tree_verify_dense_ref,
                                  gdn_tree_verify_recurrent, gdn_tree_verify_ref, tree_meta,
                                  verify_launch_config, verify_round_meta)
@@ -118,12 +118,8 @@ def correctness(args, dims, log) -> list[dict]:
                 acc = torch.tensor([int(rng.integers(0, t.num_nodes)) for t in trees], device=args.device)
                 S = inp["state"].clone()
                 gdn_tree_commit(S, inp["k"], cache["c"], *tree, acc, **kw)
-                want = []
-                for i, t in enumerate(trees):   # ground truth: decode the accepted path in fp64
-                    rows = torch.as_tensor(t.path_to(int(acc[i])), device=args.device) + int(inp["cu_nodes"][i])
-                    want.append(gdn_sequential_ref(*(x[key][rows] for key in ("q", "k", "v", "g", "beta")),
-                                                   x["state"][i])[1])
-                return _rel(S, torch.stack(want))
+                # ground truth: the accepted paths decoded in fp64
+                return _rel(S, gdn_accepted_paths_ref(*x.values(), trees, inp["cu_nodes"], acc))
 
             check("triton_tree", tree_check)
             if args.tree_order != "stored":   # the same trees as built (timed as triton_tree_bfs)

@@ -11,21 +11,10 @@ import argparse
 
 import torch
 
-from simtree.kernels.gdn import gdn_sequential_ref, gdn_tree_commit, gdn_tree_verify, tree_meta
+from simtree.kernels.gdn import gdn_accepted_paths_ref, gdn_tree_commit, gdn_tree_verify, tree_meta
 from simtree.kernels.gdn.bench_util import QWEN36, graph_time_us, shape_inputs, shape_trees
 
 KEYS = ("q", "k", "v", "g", "beta", "state", "parents", "cu_nodes")
-
-
-def sequential_commit(inp, trees, accepted) -> torch.Tensor:
-    """float64 ground truth: each tree's accepted root path decoded token by token."""
-    x = [inp[k].double().cpu() for k in KEYS[:6]]
-    cu = inp["cu_nodes"].cpu()
-    out = []
-    for b, t in enumerate(trees):
-        rows = torch.as_tensor(t.path_to(int(accepted[b]))) + int(cu[b])
-        out.append(gdn_sequential_ref(*(y[rows] for y in x[:5]), x[5][b])[1])
-    return torch.stack(out)
 
 
 def main() -> None:
@@ -47,7 +36,9 @@ def main() -> None:
         copies = shape_inputs(b, n, 0, dims, order="dfs", trees=trees, max_copies=8, device=dev)
         meta = tree_meta(copies[0]["parents"], copies[0]["cu_nodes"], depth_first=True)
         acc = torch.as_tensor(copies[0]["tb"].deepest_nodes, device=dev)
-        truth = sequential_commit(copies[0], trees, acc.cpu())
+        # float64 ground truth: each tree's accepted root path decoded token by token
+        truth = gdn_accepted_paths_ref(*(copies[0][k].double().cpu() for k in KEYS[:6]), trees,
+                                       copies[0]["cu_nodes"].cpu(), acc.cpu())
         for ucache, dot16 in ((0, 0), (1, 0), (1, 1)):
             caches = [gdn_tree_verify(*(c[k] for k in KEYS), backend="triton", meta=meta,
                                       check=False, u_cache_bf16=ucache)[1] for c in copies]

@@ -20,6 +20,17 @@ fi
 python3 -m pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1
 export PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv > "$RES/gpu_state.csv"
+bench_gdn() {   # bench_gdn TIMEOUT MAX_SECONDS TREE_CONFIGS [args]: the GDN benchmark into $RES/gdn
+  timeout "$1" python3 -m simtree.profiler.bench_gdn --out "$RES/gdn" --max-seconds "$2" \
+      --tree-configs "$3" "${@:4}" 2>&1 | tee "$RES/gdn.log" | tail -60
+}
+seed_profile() {   # seed_profile DIR: start $RES/h200 from a committed profile (DIR)
+  mkdir -p "$RES/h200" && cp "$1"/profile.csv "$1"/profile.meta.json "$1"/profile.points.jsonl "$RES/h200/"
+}
+sweep() {   # sweep TIMEOUT MAX_MINUTES [args]: the profile sweep into $RES/h200/profile.csv
+  timeout -k 10 "$1" python3 -m simtree.profiler.sweep --sweep "${SWEEP:-scenarios/sweeps/default_gpu.yaml}" \
+      --out "$RES/h200/profile.csv" --max-minutes "$2" --no-progress "${@:3}" 2>&1 | tee -a "$RES/profile.log" | tail -c 6000
+}
 failed=()
 for part in "$@"; do
   echo "=== $part $(date +%T)"
@@ -33,14 +44,14 @@ for part in "$@"; do
         cp "$GDN_RESUME"/bench_gdn.csv "$GDN_RESUME"/bench_gdn.json "$RES/gdn/" && resume=(--resume)
         cp "$GDN_RESUME"/fla_recurrent.jsonl "$RES/gdn/" 2>/dev/null || true
       fi
-      timeout ${GDN_TIMEOUT:-280} python3 -m simtree.profiler.bench_gdn --out "$RES/gdn" --max-seconds ${GDN_SECONDS:-200} --tree-configs "${TREE_CONFIGS:-q0,q1}" ${resume[@]+"${resume[@]}"} 2>&1 | tee "$RES/gdn.log" | tail -60 ;;
+      bench_gdn "${GDN_TIMEOUT:-280}" "${GDN_SECONDS:-200}" "${TREE_CONFIGS:-q0,q1}" ${resume[@]+"${resume[@]}"} ;;
     tune) timeout ${TUNE_TIMEOUT:-480} python3 -m simtree.profiler.tune_gdn --out "$RES/tune" ${TUNE_ARGS:-} 2>&1 | tee "$RES/tune.log" | tail -c 9000 ;;
     v4) timeout ${V4_TIMEOUT:-300} python3 -m simtree.profiler.bench_v4 --out "$RES/v4" --max-seconds ${V4_SECONDS:-200} ${V4_ARGS:-} 2>&1 | tee "$RES/v4.log" | tail -60 ;;
     profile)
       # PROFILE_RESUME=DIR: start from a committed profile (e.g. reports/h200/profile) so the
       # sweep measures only the points it lacks (new stages, deleted rows) and keeps the rest
-      if [ -n "${PROFILE_RESUME:-}" ]; then mkdir -p "$RES/h200" && cp "$PROFILE_RESUME"/profile.csv "$PROFILE_RESUME"/profile.meta.json "$PROFILE_RESUME"/profile.points.jsonl "$RES/h200/"; fi
-      timeout -k 10 ${PROFILE_TIMEOUT:-470} python3 -m simtree.profiler.sweep --sweep ${SWEEP:-scenarios/sweeps/default_gpu.yaml} --out "$RES/h200/profile.csv" --max-minutes ${PROFILE_MINUTES:-6} --no-progress ${PROFILE_ARGS:-} 2>&1 | tee "$RES/profile.log" | tail -c 6000 ;;
+      if [ -n "${PROFILE_RESUME:-}" ]; then seed_profile "$PROFILE_RESUME"; fi
+      sweep "${PROFILE_TIMEOUT:-470}" "${PROFILE_MINUTES:-6}" ${PROFILE_ARGS:-} ;;
     ncu)   # Nsight Compute on the GDN verify (NCU_SHAPES, default four shapes) + its summary
       bash scripts/ncu_gdn.sh "$RES/ncu" ${NCU_SHAPES:+"$NCU_SHAPES"} && python3 scripts/ncu_summary.py "$RES/ncu" > "$RES/ncu/summary.md"
       rm -f "$RES/ncu/"*.ncu-rep; tail -c 3000 "$RES/ncu/summary.md" ;;
@@ -48,10 +59,10 @@ for part in "$@"; do
       # configs) and the profile's Qwen3.6-27B gdn_tree_verify rows re-measured on the committed
       # profile (a second sweep finishes what the stage budget cut); then, at home: report_gdn,
       # copy the profile files, scripts/ship_defaults.sh
-      timeout ${GDN_TIMEOUT:-300} python3 -m simtree.profiler.bench_gdn --out "$RES/gdn" --max-seconds ${GDN_SECONDS:-220} --tree-configs "${TREE_CONFIGS:-q0,q1,k0}" 2>&1 | tee "$RES/gdn.log" | tail -40
-      mkdir -p "$RES/h200" && cp reports/h200/profile/profile.csv reports/h200/profile/profile.meta.json reports/h200/profile/profile.points.jsonl "$RES/h200/"
+      bench_gdn "${GDN_TIMEOUT:-300}" "${GDN_SECONDS:-220}" "${TREE_CONFIGS:-q0,q1,k0}"
+      seed_profile reports/h200/profile
       for again in --remeasure ""; do
-        timeout -k 10 200 python3 -m simtree.profiler.sweep --sweep scenarios/sweeps/default_gpu.yaml --out "$RES/h200/profile.csv" --max-minutes 3 --no-progress --model qwen3.6-27b --only-stage gdn_tree_verify $again 2>&1 | tee -a "$RES/profile.log" | tail -5
+        sweep 200 3 --model qwen3.6-27b --only-stage gdn_tree_verify $again
       done ;;
     lossless) LIMIT=${LOSSLESS_LIMIT:-280} bash scripts/lossless_gpu.sh "$RES/lossless" && grep "^|" "$RES/lossless/README.md" ;;
     *) echo "unknown part $part"; false ;;

@@ -20,15 +20,10 @@ from __future__ import annotations
 import argparse
 import math
 import time
+from statistics import median
 
 __all__ = ["probe", "ratio", "main"]
 METRICS = ("python_us", "torch_us", "launch_us")
-
-
-def _median(xs: list[float]) -> float:
-    xs = sorted(xs)
-    m = len(xs) // 2
-    return xs[m] if len(xs) % 2 else 0.5 * (xs[m - 1] + xs[m])
 
 
 def _python_work(n: int = 2000) -> int:
@@ -64,8 +59,8 @@ def probe(device: str = "cpu", repeats: int = 7) -> dict[str, float | None]:
                 if i % 50 == 49:
                     torch.cuda.synchronize()
             la.append((time.perf_counter() - t0) * 1e6 / 200)
-        launch = _median(la)
-    return {"python_us": _median(py), "torch_us": _median(tc), "launch_us": launch}
+        launch = median(la)
+    return {"python_us": median(py), "torch_us": median(tc), "launch_us": launch}
 
 
 def ratio(now: dict, then: dict) -> float:

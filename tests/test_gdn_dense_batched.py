@@ -107,7 +107,7 @@ def test_batched_is_differentiable_like_the_reference():
 @pytest.mark.parametrize("g_scale", [0.5, 60.0])
 def test_torch_commit_matches_sequential_decode(g_scale):
     # g = -30: off-path G differences are huge; only the accepted path may enter exp
-    from simtree.kernels.gdn import gdn_sequential_ref, gdn_tree_commit
+    from simtree.kernels.gdn import gdn_accepted_paths_ref, gdn_tree_commit
     rng = np.random.default_rng(12)
     trees = [random_tree(int(n), rng) for n in (25, 1, 40)] + [DraftTree.chain(9)]
     x, tree = make(trees, 12, dtype=torch.float32, g_scale=g_scale)
@@ -116,9 +116,6 @@ def test_torch_commit_matches_sequential_decode(g_scale):
     accepted[0], accepted[3] = trees[0].num_nodes - 1, 8
     S = x[5].clone()
     gdn_tree_commit(S, x[1], cache, *tree, accepted, backend="torch")
-    want = []
-    for b, t in enumerate(trees):
-        rows = torch.as_tensor(t.path_to(int(accepted[b]))) + int(tree[1][b])
-        want.append(gdn_sequential_ref(*(y.double()[rows] for y in x[:5]), x[5][b].double())[1])
+    want = gdn_accepted_paths_ref(*(y.double() for y in x[:6]), trees, tree[1], accepted)
     assert torch.isfinite(S).all()
-    assert rel(S, torch.stack(want)) < 1e-5
+    assert rel(S, want) < 1e-5

@@ -8,7 +8,7 @@ import triton
 import triton.language as tl
 
 from simtree.errors import SimtreeError
-from simtree.kernels.gdn import (gdn_sequential_ref, gdn_tree_commit, gdn_tree_verify,
+from simtree.kernels.gdn import (gdn_accepted_paths_ref, gdn_tree_commit, gdn_tree_verify,
                                  gdn_tree_verify_dense_ref, gdn_tree_verify_recurrent,
                                  gdn_tree_verify_ref, tree_meta, verify_launch_config)
 from simtree.kernels.gdn.tree_verify import _popcount64, _select_bit64
@@ -96,12 +96,7 @@ def test_torch_backend_matches_reference():
 
 def sequential_commit(inp, trees, accepted):
     """Ground truth: decode each tree's accepted root path token by token in float64."""
-    x = f64(inp)
-    out = []
-    for b, t in enumerate(trees):
-        rows = torch.as_tensor(t.path_to(int(accepted[b]))) + int(inp["cu_nodes"][b])
-        out.append(gdn_sequential_ref(*(y[rows] for y in x[:5]), x[5][b])[1])
-    return torch.stack(out)
+    return gdn_accepted_paths_ref(*f64(inp), trees, inp["cu_nodes"], accepted)
 
 
 @pytest.mark.parametrize("backend,block_t,path,block_v", [

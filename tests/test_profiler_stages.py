@@ -144,12 +144,11 @@ def test_gdn_commit_stage_rewrites_the_state_like_sequential_decoding(monkeypatc
     step, nb = build_workload(ctx, p).make()
     step()
     assert nb > 0 and len(seen) == 1
-    x = [a.double() for a in args]
-    for b, t in enumerate(tb.trees):
-        assert t.depth[tb.deepest_nodes[b]] == t.max_depth
-        rows = torch.as_tensor(t.path_to(int(tb.deepest_nodes[b]))) + int(meta["cu_nodes"][b])
-        want = kg.gdn_sequential_ref(*(y[rows] for y in x[:5]), x[5][b])[1]
-        assert float((seen[0][b].double() - want).abs().max() / want.abs().max()) < 1e-4
+    assert all(t.depth[a] == t.max_depth for t, a in zip(tb.trees, tb.deepest_nodes))
+    want = kg.gdn_accepted_paths_ref(*(a.double() for a in args[:6]), tb.trees, meta["cu_nodes"],
+                                     tb.deepest_nodes)
+    for b in range(len(tb.trees)):
+        assert float((seen[0][b].double() - want[b]).abs().max() / want[b].abs().max()) < 1e-4
 
 
 def test_gdn_commit_check_compares_triton_with_torch():

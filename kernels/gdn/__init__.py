@@ -19,13 +19,14 @@ from simtree.errors import SimtreeError
 
 from .conv import conv_state_commit, tree_causal_conv
 from .meta import HEAVY_FIRST_MAX_NODES, TreeMeta, tree_meta, tree_meta_host
-from .reference import (_l2norm, gdn_sequential_ref, gdn_tree_verify_dense_batched,
-                        gdn_tree_verify_dense_ref, gdn_tree_verify_ref, tree_causal_conv_ref)
+from .reference import (_l2norm, gdn_accepted_paths_ref, gdn_sequential_ref,
+                        gdn_tree_verify_dense_batched, gdn_tree_verify_dense_ref,
+                        gdn_tree_verify_ref, tree_causal_conv_ref)
 
 __all__ = ["gdn_tree_verify", "gdn_tree_commit", "gdn_tree_verify_recurrent", "tree_causal_conv",
            "conv_state_commit", "gdn_tree_verify_ref", "gdn_tree_verify_dense_ref",
            "gdn_tree_verify_dense_batched",
-           "gdn_sequential_ref", "tree_causal_conv_ref", "tree_meta",
+           "gdn_sequential_ref", "gdn_accepted_paths_ref", "tree_causal_conv_ref", "tree_meta",
            "TreeMeta", "GDNTreeCache", "verify_launch_config", "walk_tables", "verify_round_meta",
            "verify_round_meta_host", "tree_meta_host",
            "commit_launch_config", "commit_dot16", "depth_first_pays"]
@@ -411,8 +412,8 @@ def gdn_tree_verify(q, k, v, g, beta, state, parents, cu_nodes, *, scale=None, q
             G_PASS=g_pass, HVB=G_TILE, RB=G_TILE, PDL=use_pdl, num_warps=4)
         qc, kc = qn, kn
     diag = tiles = None
+    sdt = bool(cfg["solve_bf16"] if solve_bf16 is None else solve_bf16) and DT == tl.bfloat16
     if kside:   # the V-free products, per (sub-chunk, sequence, key head)
-        sdt = bool(cfg["solve_bf16"] if solve_bf16 is None else solve_bf16) and DT == tl.bfloat16
         diag = torch.empty(B * HV * nc * 2 * BT * BT, device=q.device,
                            dtype=torch.bfloat16 if sdt else torch.float32)
         tiles = torch.empty(max(1, B * HV * (nc * (nc - 1) // 2) * 2 * BT * BT),
@@ -434,7 +435,7 @@ def gdn_tree_verify(q, k, v, g, beta, state, parents, cu_nodes, *, scale=None, q
         UDT=tl.bfloat16 if use_bf16 else tl.float32,
         PREFETCH=bool(cfg["prefetch"] if prefetch is None else prefetch), ORDER=order is not None,
         diag_ptr=diag, pair_ptr=tiles, KSIDE=kside > 0,
-        SDT=tl.bfloat16 if diag is not None and diag.dtype == torch.bfloat16 else tl.float32,
+        SDT=tl.bfloat16 if kside and sdt else tl.float32,
         PDL=(2 if ready or g_pass else 1) if use_pdl else 0,
         EARLY=bool(cfg["early"] if early is None else early) and kside > 0, **dep,
         num_warps=num_warps or cfg["num_warps"],

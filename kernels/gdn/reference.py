@@ -19,7 +19,7 @@ import torch
 
 from .meta import TreeMeta, tree_meta
 
-__all__ = ["gdn_sequential_ref", "gdn_tree_verify_ref", "gdn_tree_verify_dense_ref",
+__all__ = ["gdn_sequential_ref", "gdn_accepted_paths_ref", "gdn_tree_verify_ref", "gdn_tree_verify_dense_ref",
            "gdn_tree_verify_dense_batched", "tree_causal_conv_ref"]
 
 
@@ -70,6 +70,19 @@ def gdn_sequential_ref(q, k, v, g, beta, state, *, scale=None, qk_l2norm=True):
         S, o = _step(S, qh[t], kh[t], v[t].to(dt), g[t].to(dt), beta[t].to(dt))
         outs.append(o)
     return torch.stack(outs), S
+
+
+def gdn_accepted_paths_ref(q, k, v, g, beta, state, trees, cu_nodes, accepted, *, scale=None,
+                           qk_l2norm=True):
+    """The commit's ground truth: each tree's accepted root path (``trees[b].path_to(
+    accepted[b])``, rows offset by ``cu_nodes[b]``) decoded token by token from ``state[b]``
+    (``gdn_sequential_ref``); the final states stacked [B, HV, K, V]."""
+    out = []
+    for b, t in enumerate(trees):
+        rows = torch.as_tensor(t.path_to(int(accepted[b])), device=q.device) + int(cu_nodes[b])
+        out.append(gdn_sequential_ref(q[rows], k[rows], v[rows], g[rows], beta[rows], state[b],
+                                      scale=scale, qk_l2norm=qk_l2norm)[1])
+    return torch.stack(out)
 
 
 def gdn_tree_verify_ref(q, k, v, g, beta, state, parents, cu_nodes, *, scale=None,
