@@ -17,10 +17,11 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from simtree.errors import SimtreeError
 from simtree.models import ModelShape
 from simtree.tree import DraftTree, TreeBatch
 
-__all__ = ["v4_window_index", "Ctx", "random_tree", "tree_batch", "proj_piece", "mlp_piece", "lm_head_piece",
+__all__ = ["v4_window_index", "Ctx", "TREE_SHAPES", "random_tree", "tree_batch", "proj_piece", "mlp_piece", "lm_head_piece",
            "attn_core_piece", "v4_core_piece", "sdpa_with_lse", "tree_attention",
            "v4_gather_attention", "nbytes"]
 
@@ -61,10 +62,15 @@ def nbytes(*tensors: torch.Tensor) -> int:
 
 
 # ---- trees --------------------------------------------------------------------------------
+TREE_SHAPES = ("eagle", "linear", "chain", "random", "any")
+
+
 def random_tree(n: int, shape: str, rng: np.random.Generator, width: int = 4) -> DraftTree:
     """A tree of ``n`` nodes: "linear" = chain; "eagle" = EAGLE-like (each node has at most
     ``width`` children, parents drawn with weight 2^depth so the tree is deep and bushy near
-    the root like a pruned top-k expansion); "random" = uniform random parents."""
+    the root like a pruned top-k expansion); "random" (or "any") = uniform random parents."""
+    if shape not in TREE_SHAPES:
+        raise SimtreeError(f"unknown tree_shape {shape!r} (known: {', '.join(TREE_SHAPES)})")
     if shape in ("linear", "chain") or n <= 2:
         return DraftTree.chain(n)
     parents = [-1]

@@ -39,6 +39,12 @@ VARIANT_PREFERENCE = ("triton_tree", "flashmla_tree", "torch_sdpa", "torch_gathe
                            "torch_graph", "triton_recurrent")
 
 
+def is_one_variant_stage(stage: str) -> bool:
+    """Stages timed with plain torch ops only (variant "torch"; the draft step also has the
+    runtime's own models, ``runtime_tiny``)."""
+    return stage in ("mlp_step", "lm_head_step", "draft_step") or stage.endswith("_proj_step")
+
+
 class Unavailable(Exception):
     """This (stage, variant) cannot run on this machine (missing kernel / package / device)."""
 
@@ -344,6 +350,8 @@ def build_workload(ctx: Ctx, p: Point) -> Workload:
         raise SimtreeError(f"grid point needs batch_size and nodes_per_seq >= 1, got {p}")
     if p.variant == RUNTIME_VARIANT:   # the runtime's own models (profiler/runtime_stages.py)
         return runtime_workload(ctx, p)
+    if is_one_variant_stage(p.stage) and p.variant != "torch":
+        raise Unavailable(f"{p.stage} has one implementation, 'torch'; got variant {p.variant!r}")
     kinds = ctx.model.kinds()
     if p.stage in STAGE_KIND:
         kind = STAGE_KIND[p.stage]

@@ -26,6 +26,7 @@ Sweep YAML (``yaml.safe_load``)::
 from __future__ import annotations
 
 import itertools
+import math
 import sys
 import time
 from dataclasses import dataclass, field
@@ -54,7 +55,9 @@ _STICKY = ("illegal memory access", "unspecified launch failure", "device-side a
 class SweepResult:
     table: Path
     measured: int = 0
-    skipped_done: int = 0
+    skipped_done: int = 0      # already in the table
+    skipped_logged: int = 0    # logged failed / oom / unavailable by an earlier run
+    to_run: int = 0
     failed: int = 0
     unavailable: int = 0
     oom: int = 0
@@ -64,8 +67,14 @@ class SweepResult:
     checks: dict = field(default_factory=dict)
     compose: dict = field(default_factory=dict)
 
+    @property
+    def exit_code(self) -> int:
+        """1 when points were left to run and none got measured (all failed, or no time), else 0."""
+        return 1 if self.to_run and not self.measured else 0
+
     def summary(self) -> str:
-        return (f"{self.measured} measured, {self.skipped_done} already in table, {self.failed} failed, "
+        logged = f", {self.skipped_logged} skipped as logged failed earlier" if self.skipped_logged else ""
+        return (f"{self.measured} measured, {self.skipped_done} already in table{logged}, {self.failed} failed, "
                 f"{self.oom} oom, {self.unavailable} unavailable, {self.not_run} not run"
                 f"{' (' + self.stopped + ')' if self.stopped else ''} in {self.elapsed_s:.0f} s -> {self.table}")
 
@@ -82,12 +91,104 @@ def load_sweep(path: str | Path) -> dict:
     path = Path(path)
     if not path.exists() and (SWEEP_DIR / path.name).exists():
         path = SWEEP_DIR / path.name
-    spec = read_yaml(path, "sweep")
+    if path.is_dir():
+        raise SimtreeError(f"{path}: is a folder, not a sweep YAML")
+    try:
+        spec = read_yaml(path, "sweep")
+    except UnicodeDecodeError:
+        raise SimtreeError(f"{path.name}: not a text (YAML) file") from None
     if not isinstance(spec, dict) or not isinstance(spec.get("stages"), list) or not spec.get("models"):
         raise SimtreeError(f"{path.name}: a sweep needs 'models' and a list of 'stages'")
     spec.setdefault("name", path.stem)
+    _check_spec(spec, path.name)
     spec["_path"] = str(path)
     return spec
+
+
+# scalar settings of a sweep: (type, smallest allowed value, inclusive)
+_SCALARS = {"max_minutes": (float, 0, False), "target_s": (float, 0, False), "flush_s": (float, 0, True),
+            "grace_s": (float, 0, True), "flush_rows": (int, 1, True), "seed": (int, 0, True),
+            "cpu_threads": (int, 1, True)}
+# grid keys with integer values, and their smallest allowed value
+_GRID_MIN = {"batch_size": 1, "nodes_per_seq": 1, "context_len": 0, "num_steps": 0, "topk": 0}
+
+
+def _number(value, kind, low: float, inclusive: bool, where: str):
+    """``value`` as a finite ``kind`` (int or float) >= / > ``low``; a one-line error otherwise."""
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) \
+        and (kind is float or float(value).is_integer())
+    if ok and (value >= low if inclusive else value > low):
+        return kind(value)
+    need = f"{'an integer' if kind is int else 'a number'} {'>=' if inclusive else '>'} {low}"
+    raise SimtreeError(f"{where} must be {need}, got {value!r}")
+
+
+def _str_list(value, where: str) -> list[str]:
+    if not isinstance(value, list) or not value or not all(isinstance(v, str) and v for v in value):
+        raise SimtreeError(f"{where} must be a non-empty list of names, got {value!r}")
+    return value
+
+
+def _check_spec(spec: dict, name: str) -> None:
+    """Types and ranges of everything a sweep YAML sets, checked before any point runs, so a
+    typo is one error up front rather than points timed wrongly or logged as failed."""
+    for key, (kind, low, inclusive) in _SCALARS.items():
+        if key in spec:
+            spec[key] = _number(spec[key], kind, low, inclusive, f"{name}: {key}")
+    device = spec.get("device", "auto")
+    if not isinstance(device, str) or not (device in ("auto", "cpu", "cuda") or device.startswith("cuda:")):
+        raise SimtreeError(f"{name}: device must be cuda, cuda:<index>, cpu or auto, got {device!r}")
+    _str_list(spec["models"], f"{name}: models")
+    compose = spec.get("compose")
+    if isinstance(compose, dict) and "stack_layers" in compose:
+        _number(compose["stack_layers"], int, 1, True, f"{name}: compose.stack_layers")
+    elif compose is not None and not isinstance(compose, (bool, dict)):
+        raise SimtreeError(f"{name}: compose must be true/false or a mapping, got {compose!r}")
+    cv = spec.get("core_variants")
+    if cv is not None and not (isinstance(cv, dict) and all(isinstance(v, str) for v in cv.values())):
+        raise SimtreeError(f"{name}: core_variants must map stage names to variant names")
+    _check_grid(spec.get("grid") or {}, f"{name}: grid")
+    for i, entry in enumerate(spec["stages"]):
+        where = f"{name}: stage entry {i}"
+        if not isinstance(entry, dict) or not isinstance(entry.get("stage"), str):
+            raise SimtreeError(f"{where} needs a 'stage' name")
+        if entry["stage"] not in known_stages():
+            raise SimtreeError(f"{where}: unknown stage {entry['stage']!r} (known: {', '.join(sorted(known_stages()))})")
+        if "variants" in entry:
+            _str_list(entry["variants"], f"{where} variants")
+        if "models" in entry:
+            _str_list(entry["models"], f"{where} models")
+        if "budget_s" in entry:
+            entry["budget_s"] = _number(entry["budget_s"], float, 0, False, f"{where} budget_s")
+        _check_grid(entry.get("grid") or {}, f"{where} grid")
+
+
+def _check_grid(grid, where: str) -> None:
+    from .pieces import TREE_SHAPES
+
+    if not isinstance(grid, dict):
+        raise SimtreeError(f"{where} must be a mapping of grid keys to lists")
+    for key, values in grid.items():
+        if key not in GRID_KEYS:
+            raise SimtreeError(f"{where}: unknown grid key {key!r} (known: {', '.join(GRID_KEYS)})")
+        if not isinstance(values, list) or not values:
+            raise SimtreeError(f"{where}: {key} must be a non-empty list")
+        for v in values:
+            if key == "tree_shape":
+                if v not in TREE_SHAPES:
+                    raise SimtreeError(f"{where}: unknown tree_shape {v!r} (known: {', '.join(TREE_SHAPES)})")
+            else:
+                _number(v, int, _GRID_MIN[key], True, f"{where}: {key} value")
+
+
+def known_stages() -> set[str]:
+    """Every stage name (and alias) a sweep entry may name."""
+    names = {"attention", "proj", "mlp_step", "lm_head_step", "draft_step", "stack_verify_step",
+             "model_verify_step"}
+    for per_kind in (VERIFY_STAGE, COMMIT_STAGE, ROUND_STAGE, DECODE_STAGE):
+        names |= set(per_kind.values())
+    names |= {f"{k}_proj_step" for k in VERIFY_STAGE}
+    return names
 
 
 def _stage_names(alias: str, kinds: tuple[str, ...]) -> list[str]:
@@ -115,12 +216,7 @@ def expand_points(spec: dict, device: str, only_stage: str | None = None,
     for i, entry in enumerate(spec["stages"]):
         if not isinstance(entry, dict) or "stage" not in entry:
             raise SimtreeError(f"sweep stage entry {i} needs a 'stage' key")
-        grid = {**base, **(entry.get("grid") or {})}
-        for key, values in grid.items():
-            if key not in GRID_KEYS:
-                raise SimtreeError(f"sweep stage entry {i}: unknown grid key {key!r} (known: {', '.join(GRID_KEYS)})")
-            if not isinstance(values, list) or not values:
-                raise SimtreeError(f"sweep stage entry {i}: grid {key} must be a non-empty list")
+        grid = {**base, **(entry.get("grid") or {})}   # checked by load_sweep
         for name in entry.get("models") or spec["models"]:
             if models and name not in models:
                 continue
@@ -161,7 +257,15 @@ def run_sweep(sweep: str | Path | None = None, out: str | Path = "reports/profil
     from .pieces import Ctx
     from .timing import l2_cache_bytes
 
+    if device is not None and not (device in ("auto", "cpu", "cuda") or device.startswith("cuda:")):
+        raise SimtreeError(f"--device must be cuda, cuda:<index>, cpu or auto, got {device!r}")
+    if max_minutes is not None:
+        max_minutes = _number(max_minutes, float, 0, False, "--max-minutes")
     spec = load_sweep(sweep or default_sweep_path(device))
+    if only_stage:
+        unknown = sorted(set(only_stage.split(",")) - known_stages())
+        if unknown:
+            raise SimtreeError(f"--only-stage: unknown stage(s) {', '.join(map(repr, unknown))}")
     device = device or spec.get("device", "auto")
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -182,11 +286,13 @@ def run_sweep(sweep: str | Path | None = None, out: str | Path = "reports/profil
     label = metadata.device_label(device)
     row_base = {"device": label, "dtype": dtype_name}
     selected = {pt.row_key({**row_base, **_point_row(p)}) for _, p in points}
+    _clear_stale_temps(table)
     if remeasure:
-        echo(f"remeasure: {pt.drop_rows(table, selected)} rows of the selected points dropped")
-    done = pt.measured_keys(table)
-    if not retry_failed:
-        done |= read_log_skips(table) - (selected if remeasure else set())
+        echo(f"remeasure: {pt.drop_rows(table, selected)} rows of the selected points dropped "
+             f"(an interrupted remeasure is finished by the same command without --remeasure)")
+    in_table = pt.measured_keys(table)
+    logged = set() if retry_failed else read_log_skips(table) - (selected if remeasure else set()) - in_table
+    done = in_table | logged
     meta = {**metadata.collect_metadata(device), "sweep": spec["name"], "sweep_file": spec["_path"],
             # how fast the host ran when this sweep started (simtree run compares its own)
             "host_probe": host_probe("cuda" if device.startswith("cuda") else "cpu"),
@@ -195,8 +301,9 @@ def run_sweep(sweep: str | Path | None = None, out: str | Path = "reports/profil
             "timing": {"target_s": target_s, "method": "CUDA graph of L2-rotated copies, event-timed per replay"
                        if device.startswith("cuda") else "perf_counter"}}
     old_meta = pt.read_meta(table)
-    meta["previous_sweeps"] = old_meta.get("previous_sweeps", []) + ([old_meta["sweep_id"]] if "sweep_id" in old_meta else [])
-    pt.write_meta(table, meta)
+    meta["previous_sweeps"] = _previous_sweeps(old_meta)
+    # The sidecar describes the machine that measured the table's rows: it is rewritten once
+    # this call has added rows (at its first flush), never by a call that adds none.
 
     res = SweepResult(table)
     threads = torch.get_num_threads()
@@ -212,15 +319,31 @@ def run_sweep(sweep: str | Path | None = None, out: str | Path = "reports/profil
     modes: dict[str, int] = {}
     todo = [(i, p) for i, p in points
             if pt.row_key({**row_base, **_point_row(p)}) not in done]
-    res.skipped_done = len(points) - len(todo)
+    res.skipped_done = sum(1 for _, p in points if pt.row_key({**row_base, **_point_row(p)}) in in_table)
+    res.skipped_logged = len(points) - len(todo) - res.skipped_done
+    res.to_run = len(todo)
     echo(f"sweep {spec['name']} on {label} ({dtype_name}): {len(todo)} points to run, "
-         f"{res.skipped_done} already done; budget {max_s / 60:.1f} min")
+         f"{res.skipped_done} already in the table"
+         + (f", {res.skipped_logged} logged failed/unavailable (--retry-failed retries them)" if res.skipped_logged else "")
+         + f"; budget {max_s / 60:.1f} min")
 
     # Rows are appended atomically in small batches (every flush_s seconds): rewriting the
     # whole table per point would cost more than timing it; a hard kill loses <= flush_s.
     pending: list[dict] = []
     last_flush = [time.monotonic()]
     flush_s, flush_rows = float(spec.get("flush_s", 3.0)), int(spec.get("flush_rows", 50))
+    added = [0]   # rows this call wrote to the table
+
+    def flush() -> None:
+        rows = pending[:]
+        pending.clear()
+        last_flush[0] = time.monotonic()
+        if rows:
+            pt.append_rows(table, rows)
+            if not added[0]:
+                pt.write_meta(table, meta)
+            added[0] += len(rows)
+    interrupted = False
     bar = progress_bar(progress, len(todo))
     task = bar.add_task("profiling", total=len(todo)) if bar else None
     current = None
@@ -272,8 +395,6 @@ def run_sweep(sweep: str | Path | None = None, out: str | Path = "reports/profil
                        "latency_us_p10": stats.p10_us, "latency_us_p90": stats.p90_us,
                        "repeats": stats.repeats}
                 pending.append(row)
-                if len(pending) >= flush_rows or time.monotonic() - last_flush[0] > flush_s:
-                    _flush(pt, table, pending, last_flush)
                 modes[stats.mode] = modes.get(stats.mode, 0) + 1
                 res.measured += 1
                 log_point(table, {"key": key, "status": "ok", "mode": stats.mode, "copies": stats.copies,
@@ -283,8 +404,6 @@ def run_sweep(sweep: str | Path | None = None, out: str | Path = "reports/profil
                 res.unavailable += 1
                 echo(f"  unavailable {p.model} {p.stage} {p.variant}: {exc}")
                 log_point(table, {"key": key, "status": "unavailable", "reason": str(exc)})
-            except KeyboardInterrupt:
-                raise
             except Exception as exc:   # incl. SimtreeError from a kernel's own input checks
                 msg = one_line(exc)
                 if isinstance(exc, torch.OutOfMemoryError) or "out of memory" in msg.lower():
@@ -308,27 +427,43 @@ def run_sweep(sweep: str | Path | None = None, out: str | Path = "reports/profil
                         torch.cuda.empty_cache()
                     except Exception:  # a lost context is reported above
                         pass
+            if pending and (len(pending) >= flush_rows or time.monotonic() - last_flush[0] > flush_s):
+                flush()
             advance(bar, task)
     except Deadline:
         res.stopped = f"hard deadline {max_s / 60:.1f} min + grace reached inside a point"
         res.not_run += len(todo) - j
         echo("  " + res.stopped)
+    except KeyboardInterrupt:
+        interrupted = True
+        res.stopped = "interrupted; " + ("finish with the same command without --remeasure" if remeasure
+                                         else "rerun the same command to resume")
+        # every point handled so far counted once (measured, failed, oom, unavailable or
+        # skipped by a stage budget); the rest, the interrupted one included, did not run
+        res.not_run += len(todo) - (res.measured + res.failed + res.oom + res.unavailable + res.not_run)
     finally:
         alarm()
-        _flush(pt, table, pending, last_flush)
+        flush()
         torch.set_num_threads(threads)
         if bar:
             bar.stop()
         res.elapsed_s = time.monotonic() - t_start
-        # the table can hold rows of several sweeps (resumed, or re-measured stage by stage):
-        # keep the earlier sweeps' checks, this sweep's override where it re-checked
-        meta.update({"checks": {**old_meta.get("checks", {}), **res.checks},
-                     "timing_modes": modes, "result": res.summary(),
-                     "elapsed_s": round(res.elapsed_s, 1)})
-        pt.write_meta(table, meta)
+        if added[0]:
+            # the table can hold rows of several sweeps (resumed, or re-measured stage by
+            # stage): keep the earlier sweeps' checks, this sweep's override where it re-checked
+            meta.update({"checks": {**old_meta.get("checks", {}), **res.checks},
+                         "timing_modes": modes, "result": res.summary(),
+                         "elapsed_s": round(res.elapsed_s, 1)})
+            pt.write_meta(table, meta)
+    if interrupted:
+        echo(res.summary())
+        raise KeyboardInterrupt
 
     want_compose = spec.get("compose") if compose is None else compose
-    if want_compose and table.exists():   # pure pandas: also after a lost CUDA context
+    if want_compose and table.exists() and not (added[0] or remeasure):
+        # nothing changed: the last composition stands (not rewritten, no new timestamps)
+        res.compose = _read_compose_summary(table)
+    elif want_compose and table.exists():   # pure pandas: also after a lost CUDA context
         from .compose import compose_table
         try:
             res.compose = compose_table(table, stack_layers=int((spec.get("compose") or {}).get("stack_layers", 8))
@@ -337,16 +472,40 @@ def run_sweep(sweep: str | Path | None = None, out: str | Path = "reports/profil
             echo(f"composition skipped: {exc}")
     echo(res.summary())
     if res.not_run:
+        again = "the same command without --remeasure" if remeasure else "the same command again"
         echo(f"{res.not_run} points not run (a stage's budget_s or the sweep's time limit ran out): "
-             f"run the same command again to measure them; the table keeps what it has")
+             f"run {again} to measure them; the table keeps what it has")
     return res
 
 
-def _flush(pt, table: Path, pending: list, last_flush: list) -> None:
-    if pending:
-        pt.append_rows(table, pending)
-        pending.clear()
-    last_flush[0] = time.monotonic()
+def _previous_sweeps(old_meta: dict) -> list:
+    """The sidecar's earlier sweeps, the last one added with the machine it ran on (a later
+    sweep on another machine rewrites the sidecar's machine facts)."""
+    prev = old_meta.get("previous_sweeps", [])
+    prev = list(prev) if isinstance(prev, list) else []
+    if "sweep_id" in old_meta:
+        prev.append({k: old_meta[k] for k in ("sweep_id", "device", "gpu_name", "host", "collected", "result")
+                     if k in old_meta})
+    return prev
+
+
+def _read_compose_summary(table: Path) -> dict:
+    from simtree.fileio import read_json
+
+    path = table.with_name(table.stem + ".compose.json")
+    try:
+        summary = read_json(path, "composition summary") if path.exists() else {}
+    except SimtreeError:
+        return {}
+    return summary if isinstance(summary, dict) else {}
+
+
+def _clear_stale_temps(table: Path) -> None:
+    """Temp files a killed write left beside the table (``write_atomic``'s ``.<name>.*.tmp``)."""
+    if table.parent.is_dir():
+        for name in (table.name, table.stem + ".meta.json", table.stem + ".compose.json"):
+            for tmp in table.parent.glob(f".{name}.*.tmp"):
+                tmp.unlink(missing_ok=True)
 
 
 def _measure(wl, device: str, l2: int, target_s: float):
@@ -404,7 +563,7 @@ def main(argv: list[str] | None = None) -> int:
     except SimtreeError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    return 0 if res.measured or res.skipped_done else 1
+    return res.exit_code
 
 
 if __name__ == "__main__":

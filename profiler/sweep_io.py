@@ -23,6 +23,8 @@ def read_log_skips(table: Path) -> set:
             rec = json.loads(line)
         except json.JSONDecodeError:
             continue  # a torn last line from a killed run
+        if not isinstance(rec, dict) or not isinstance(rec.get("key"), list):
+            continue  # not a record this module wrote: it skips nothing
         if rec.get("status") in ("failed", "oom", "unavailable"):
             skips.add(tuple(rec["key"]))
     return skips

@@ -20,6 +20,10 @@ def _read(path: str | Path, what: str, fmt: str, parse):
         raise SimtreeError(f"{what} file not found: {path}") from None
     except (yaml.YAMLError, json.JSONDecodeError) as exc:
         raise SimtreeError(f"{path.name}: not valid {fmt} ({str(exc).splitlines()[0]})") from None
+    except UnicodeDecodeError:
+        raise SimtreeError(f"{path.name}: not a text file (expected {fmt})") from None
+    except IsADirectoryError:
+        raise SimtreeError(f"{what} file expected, got a folder: {path}") from None
 
 
 def read_yaml(path: str | Path, what: str):

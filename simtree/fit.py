@@ -42,6 +42,9 @@ __all__ = ["FitReport", "fit_profile", "plot_fit", "bench_predict", "moe_shape",
 DRAFT_STAGE = "draft_step"
 DEFAULT_VERIFY_STAGE = "model_verify_step"
 AUTO_FORMS = ("basis", "grid", "grid_lin")   # + MOE_FORMS for an MoE model
+# stages whose cost includes the MLP, where an MoE model's experts are read (the attention
+# cores and projections have none)
+EXPERT_STAGES = (DEFAULT_VERIFY_STAGE, "stack_verify_step", "mlp_step")
 
 
 def moe_shape(model: str) -> tuple[int, int] | None:
@@ -96,6 +99,9 @@ def _pick(df: pd.DataFrame, column: str, value: str | None, what: str,
 def _choose_verify_stage(df: pd.DataFrame, stage: str | None, notes: list) -> str:
     stages = sorted(df["stage"].unique())
     if stage is not None:
+        if stage == DRAFT_STAGE:
+            raise SimtreeError(f"{DRAFT_STAGE} rows are C_d's (fitted beside C_v); --stage picks the "
+                               "verify stage")
         if stage not in stages:
             raise SimtreeError(f"no rows with stage={stage!r} (have: {', '.join(stages)})")
         return stage
@@ -120,6 +126,14 @@ def _info(result: FitResult, source: dict, notes: list, convex_key: str) -> dict
     if not result.convex_in_x:
         info["nonconvex_reason"] = result.surface.nonconvex_reason
     return info
+
+
+def _in_registry(model: str) -> bool:
+    try:
+        get_model(model)
+    except SimtreeError:
+        return False
+    return True
 
 
 def _resolve_forms(forms, moe: tuple[int, int] | None, model: str) -> tuple:
@@ -161,8 +175,18 @@ def fit_profile(profile: str | os.PathLike, *, stage: str | None = None, model: 
         notes.append(f"{what}: tree shapes {', '.join(sorted(rows['tree_shape'].unique()))} merged "
                      "by median at equal (n, l, b)")
     model_name, device_name = rows["model"].iloc[0], rows["device"].iloc[0]
-    moe = moe_shape(model_name)
+    moe = model_moe = moe_shape(model_name)
+    draft_forms = _resolve_forms(forms, model_moe, model_name) if forms in (None, "auto") else None
+    if moe is None and not _in_registry(model_name):
+        notes.append(f"model {model_name!r} is not in the model registry: fitted as dense (no MoE "
+                     "expert-saturation forms)")
+    if moe is not None and vstage not in EXPERT_STAGES:
+        moe = None   # an attention core or projection reads no experts
+        if forms not in (None, "auto") and set(forms) & set(MOE_FORMS):
+            raise SimtreeError(f"forms {', '.join(MOE_FORMS)} model expert saturation; stage {vstage} "
+                               f"reads no experts (MoE stages: {', '.join(EXPERT_STAGES)})")
     forms = _resolve_forms(forms, moe, model_name)
+    draft_forms = draft_forms or forms   # the draft step runs an MLP: an MoE model's forms
     digest = profile_hash(path)
     base_source = {"profile": str(path), "sha256": digest, "model": model_name, "device": device_name}
     vres = fit_surface(rows["nodes_per_seq"], rows["context_len"], rows["batch_size"],
@@ -209,9 +233,9 @@ def fit_profile(profile: str | os.PathLike, *, stage: str | None = None, model: 
         if drows["context_len"].nunique() > 1:
             dnotes.append("draft rows at several context lengths merged by median (C_d has no l)")
         dres = fit_surface(drows["topk"], drows["num_steps"], drows["batch_size"],
-                           drows["latency_us_median"], "draft", DRAFT_AXES, forms=forms,
+                           drows["latency_us_median"], "draft", DRAFT_AXES, forms=draft_forms,
                            folds=folds, what=f"C_d from stage {DRAFT_STAGE}", on_fit=on_fit,
-                           reference_forms=reference_forms, moe=moe)
+                           reference_forms=reference_forms, moe=model_moe)
         dsource = {**base_source, "stage": DRAFT_STAGE, "variant": drows["variant"].iloc[0]}
         draft = DraftCostModel(dres.surface, _info(dres, dsource, dnotes, "convex_in_topk"))
         notes.extend(dnotes)

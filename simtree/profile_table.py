@@ -73,6 +73,7 @@ STR_COLUMNS = tuple(c for c in PROFILE_COLUMNS if c not in INT_COLUMNS + FLOAT_C
 _OPTIONAL_STR = ("torch_version", "triton_version")
 _MIN_INT = {"batch_size": 1, "nodes_per_seq": 1, "total_tokens": 1, "context_len": 0,
             "num_steps": 0, "topk": 0, "repeats": 1}
+_MAX_INT = 2**53   # exact in float64, far inside int64 (larger values would wrap)
 
 
 def _where(path, line: int | None = None) -> str:
@@ -80,17 +81,25 @@ def _where(path, line: int | None = None) -> str:
     return f"{name} line {line}" if line is not None else name
 
 
-def validate_profile(df: pd.DataFrame, path: str | os.PathLike | None = None) -> pd.DataFrame:
+def _show(v) -> str:
+    """A cell value as the user wrote it (numpy scalars as plain Python numbers)."""
+    return repr(v.item() if isinstance(v, np.generic) else v)
+
+
+def validate_profile(df: pd.DataFrame, path: str | os.PathLike | None = None,
+                     allow_empty: bool = False) -> pd.DataFrame:
     """Check a raw table against the schema and return it with typed columns.
 
     Rows are reported by their CSV line (header = line 1, first data row = line 2).
     Raises SimtreeError (one line) on: missing columns, empty/NaN cells, non-integer or
-    out-of-range integers, latencies <= 0 or percentiles out of order, duplicate keys.
+    out-of-range integers, latencies <= 0 or percentiles out of order, duplicate keys; and
+    on a table without rows unless ``allow_empty`` (a sweep's table whose points were all
+    dropped to be measured again).
     """
     missing = [c for c in PROFILE_COLUMNS if c not in df.columns]
     if missing:
         raise SimtreeError(f"{_where(path)}: missing column(s) {', '.join(missing)}")
-    if len(df) == 0:
+    if len(df) == 0 and not allow_empty:
         raise SimtreeError(f"{_where(path)}: the table has no rows")
     out = df.loc[:, list(PROFILE_COLUMNS)].copy().reset_index(drop=True)
     line = lambda i: int(i) + 2  # noqa: E731 - CSV line of data row i
@@ -109,22 +118,22 @@ def validate_profile(df: pd.DataFrame, path: str | os.PathLike | None = None) ->
         if bad.any():
             i = int(np.flatnonzero(bad)[0])
             raise SimtreeError(f"{_where(path, line(i))} column {col}: "
-                               f"not a finite number ({df[col].iloc[i]!r})")
+                               f"not a finite number ({_show(df[col].iloc[i])})")
         if col in INT_COLUMNS:
             arr = num.to_numpy()
             frac = arr != np.round(arr)
-            low = arr < _MIN_INT[col]
-            if frac.any() or low.any():
-                i = int(np.flatnonzero(frac | low)[0])
+            out_of_range = (arr < _MIN_INT[col]) | (arr > _MAX_INT)
+            if frac.any() or out_of_range.any():
+                i = int(np.flatnonzero(frac | out_of_range)[0])
                 raise SimtreeError(f"{_where(path, line(i))} column {col}: must be an integer "
-                                   f">= {_MIN_INT[col]}, got {df[col].iloc[i]!r}")
+                                   f"in [{_MIN_INT[col]}, 2^53], got {_show(df[col].iloc[i])}")
             out[col] = arr.astype(np.int64)
         else:
             arr = num.to_numpy()
             if (arr <= 0).any():
                 i = int(np.flatnonzero(arr <= 0)[0])
                 raise SimtreeError(f"{_where(path, line(i))} column {col}: latency must be > 0, "
-                                   f"got {arr[i]!r}")
+                                   f"got {_show(arr[i])}")
             out[col] = arr
 
     med, p10, p90 = (out[c].to_numpy() for c in FLOAT_COLUMNS)
@@ -156,12 +165,14 @@ def _read_raw(path: Path) -> pd.DataFrame:
         return pd.read_csv(path, dtype=str, keep_default_na=False, na_values=[])
     except FileNotFoundError:
         raise SimtreeError(f"profile table not found: {path}") from None
+    except IsADirectoryError:
+        raise SimtreeError(f"profile table expected, got a folder: {path}") from None
     except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise SimtreeError(f"{path.name}: not a readable CSV ({first})") from None
 
 
-def load_profile(path: str | os.PathLike) -> pd.DataFrame:
+def load_profile(path: str | os.PathLike, allow_empty: bool = False) -> pd.DataFrame:
     """Read and validate a profile table; columns in PROFILE_COLUMNS order, typed.
 
     Raises SimtreeError with one line naming the line and column of the first problem.
@@ -175,7 +186,7 @@ def load_profile(path: str | os.PathLike) -> pd.DataFrame:
     for col in STR_COLUMNS:
         if col in raw.columns and col not in _OPTIONAL_STR:
             raw[col] = raw[col].replace({"nan": "", "NaN": ""})
-    return validate_profile(raw, path)
+    return validate_profile(raw, path, allow_empty)
 
 
 def row_key(row: dict) -> tuple:
@@ -200,7 +211,7 @@ def measured_keys(path: str | os.PathLike) -> set[tuple]:
     path = Path(path)
     if not path.exists():
         return set()
-    return set(_row_keys(load_profile(path)))
+    return set(_row_keys(load_profile(path, allow_empty=True)))
 
 
 def drop_rows(path: str | os.PathLike, keys: set[tuple]) -> int:
@@ -209,7 +220,7 @@ def drop_rows(path: str | os.PathLike, keys: set[tuple]) -> int:
     path = Path(path)
     if not path.exists():
         return 0
-    df = load_profile(path)
+    df = load_profile(path, allow_empty=True)
     keep = [k not in keys for k in _row_keys(df)]
     dropped = len(df) - sum(keep)
     if dropped:
@@ -277,7 +288,7 @@ def append_rows(path: str | os.PathLike, rows: Iterable[dict]) -> int:
     now = datetime.now(timezone.utc).isoformat(timespec="seconds")
     new = pd.DataFrame([_complete(r, versions, now) for r in rows], columns=list(PROFILE_COLUMNS))
     if path.exists():
-        old = load_profile(path)
+        old = load_profile(path, allow_empty=True)
         merged = pd.concat([old, new], ignore_index=True)
     else:
         merged = new
@@ -306,7 +317,10 @@ def read_meta(path: str | os.PathLike) -> dict:
     """The sidecar's dict, or {} if there is none (also accepts ``profile.csv.meta.json``)."""
     for candidate in (meta_path(path), Path(str(path) + ".meta.json")):
         if candidate.exists():
-            return read_json(candidate, "profile metadata")
+            meta = read_json(candidate, "profile metadata")
+            if not isinstance(meta, dict):
+                raise SimtreeError(f"{candidate.name}: profile metadata must be a JSON object")
+            return meta
     return {}
 
 

@@ -24,3 +24,24 @@ def test_bad_input_is_one_line_exit_2(tmp_path):
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert proc.returncode == 2
     assert proc.stderr.strip() == "error: budget must be >= 1, got 0"
+
+
+def _main(*args, cwd=None):
+    code = "import sys; from simtree import cli; sys.argv = ['simtree', *sys.argv[1:]]; cli.main()"
+    return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, cwd=cwd)
+
+
+def test_usage_errors_and_os_errors_are_one_line_exit_2(tmp_path):
+    for args, match in ((["simulate", "--batch-size", "x"], "error: Invalid value for '--batch-size'"),
+                        (["plan", "--bogus"], "error: No such option: --bogus"),
+                        (["fit", str(tmp_path)], f"error: profile table expected, got a folder: {tmp_path}")):
+        proc = _main(*args)
+        assert proc.returncode == 2, (args, proc.stderr)
+        assert proc.stderr.startswith(match) and proc.stderr.count("\n") == 1, (args, proc.stderr)
+
+
+def test_os_error_line_names_the_file():
+    from simtree.cli import _os_error_line
+
+    assert _os_error_line(IsADirectoryError(21, "Is a directory", "/x/y")) == "/x/y: is a directory"
+    assert _os_error_line(PermissionError(13, "Permission denied")) == "permission denied"

@@ -2,6 +2,7 @@
 import json
 
 import numpy as np
+import pandas as pd
 import pytest
 from typer.testing import CliRunner
 
@@ -229,3 +230,42 @@ def test_decode_split_bridges_a_gap_above_n_1_without_extrapolating(tmp_path):
             d, m4 = pred[0], pred[3]
             assert pred[1] == pytest.approx(d + (m4 - d) / 3) and pred[2] == pytest.approx(d + 2 * (m4 - d) / 3)
             assert verify.predict(3, 1024, b) == pytest.approx(pred[2], rel=1e-12)
+
+
+def test_moe_forms_only_for_stages_that_read_experts(tmp_path):
+    # The same saturating rows under an attention-core stage of the MoE model: no experts
+    # there, so only convex forms are tried, and asking for an MoE form is refused.
+    prof = make_moe_profile(tmp_path / "profile.csv", np.random.default_rng(8), "deepseek-v4-flash")
+    df = pd.read_csv(prof)
+    df.loc[df.stage == "model_verify_step", "stage"] = "v4_swa_verify"
+    df.to_csv(prof, index=False)
+    report = fit_profile(prof, stage="v4_swa_verify", folds=2, reference_forms=())
+    assert set(report.verify.heldout) == {"basis", "grid", "grid_lin"} and report.bundle.verify.convex_in_n
+    assert report.draft is not None and {"moe", "moe_grid"} <= set(report.draft.heldout)  # the draft has an MLP
+    with pytest.raises(SimtreeError, match="stage v4_swa_verify reads no experts"):
+        fit_profile(prof, stage="v4_swa_verify", folds=2, forms=("moe",))
+
+
+def test_unregistered_model_is_fitted_dense_with_a_note(tmp_path):
+    prof = make_moe_profile(tmp_path / "profile.csv", np.random.default_rng(9), "my-moe-model")
+    report = fit_profile(prof, folds=2, reference_forms=())
+    assert set(report.verify.heldout) == {"basis", "grid", "grid_lin"}
+    assert any("'my-moe-model' is not in the model registry" in n for n in report.notes)
+
+
+@pytest.mark.parametrize("args, match", [
+    (["-o", "{prof}"], "would overwrite the profile table"),
+    (["-o", "{meta}"], "would overwrite the profile table"),
+    (["--png", "{dir}/plot"], "--png must name a .png file"),
+    (["--png", "{dir}/plot.txt"], "--png must name a .png file"),
+    (["-o", "{dir}"], "is a folder"),
+    (["--stage", "draft_step"], "draft_step rows are C_d's"),
+])
+def test_fit_refuses_outputs_over_its_inputs_and_bad_paths(tmp_path, args, match):
+    prof = make_profile(tmp_path / "profile.csv", np.random.default_rng(10))
+    (tmp_path / "profile.meta.json").write_text("{}")
+    before = prof.read_bytes()
+    fmt = {"prof": prof, "meta": tmp_path / "profile.meta.json", "dir": tmp_path}
+    result = CliRunner().invoke(app, ["fit", str(prof), *[a.format(**fmt) for a in args]])
+    assert result.exit_code != 0 and match in str(result.exception)
+    assert prof.read_bytes() == before and not list(tmp_path.glob("*.costs.json"))

@@ -84,7 +84,10 @@ def test_missing_column_is_named(tmp_path):
     ("latency_us_median", "nan", "line 4 column latency_us_median: not a finite number"),
     ("latency_us_p10", "0", "line 4 column latency_us_p10: latency must be > 0"),
     ("latency_us_p90", "-3", "line 4 column latency_us_p90: latency must be > 0"),
-    ("batch_size", "2.5", "line 4 column batch_size: must be an integer >= 1"),
+    ("batch_size", "2.5", r"line 4 column batch_size: must be an integer in \[1, 2\^53\], got '2.5'"),
+    # beyond int64: would wrap to a huge negative number if cast unchecked
+    ("context_len", "99999999999999999999999", "line 4 column context_len: must be an integer in"),
+    ("batch_size", "18446744073709551617", "line 4 column batch_size: must be an integer in"),
     ("device", "", "line 4 column device: empty value"),
 ])
 def test_bad_cell_names_line_and_column(tmp_path, column, value, match):
@@ -125,3 +128,27 @@ def test_meta_sidecar_round_trips(tmp_path):
     assert write_meta(path, meta).name == "profile.meta.json"
     assert read_meta(path) == meta
     assert read_meta(tmp_path / "other.csv") == {}
+
+
+def test_header_only_table_is_empty_for_a_sweep_but_not_for_a_fit(tmp_path):
+    path = tmp_path / "profile.csv"
+    append_rows(path, random_rows(np.random.default_rng(5)))
+    pd.read_csv(path).iloc[0:0].to_csv(path, index=False)
+    assert measured_keys(path) == set()
+    one_line_error(path, "the table has no rows")
+    assert append_rows(path, random_rows(np.random.default_rng(6), count=2)) == 2
+
+
+@pytest.mark.parametrize("content, match", [("[1, 2]", "must be a JSON object"),
+                                            (b"\xff\xfe\x00", "not a text file")])
+def test_bad_sidecar_is_one_line_error(tmp_path, content, match):
+    path = tmp_path / "profile.csv"
+    side = tmp_path / "profile.meta.json"
+    side.write_bytes(content if isinstance(content, bytes) else content.encode())
+    with pytest.raises(SimtreeError, match=match):
+        read_meta(path)
+
+
+def test_folder_as_table_is_one_line_error(tmp_path):
+    (tmp_path / "t.csv").mkdir()
+    one_line_error(tmp_path / "t.csv", "profile table expected, got a folder")

@@ -71,7 +71,8 @@ def test_rerun_resumes_without_remeasuring(spec, tmp_path, monkeypatch):
     timer, calls = _fake_timer()
     monkeypatch.setattr("simtree.profiler.timing.time_workload", timer)
     res = _run(spec, out)
-    assert calls == [] and res.measured == 0 and res.skipped_done == N_POINTS + 4
+    assert calls == [] and res.measured == 0 and res.skipped_done == N_POINTS
+    assert res.skipped_logged == 4 and res.exit_code == 0   # the unavailable triton_tree points
     # the second sweep checked nothing; the table's meta keeps the first sweep's checks
     assert checks and res.checks == {} and pt.read_meta(out)["checks"] == checks
 
@@ -133,8 +134,9 @@ def test_failing_point_does_not_stop_the_sweep(spec, tmp_path, monkeypatch):
 
 def test_max_minutes_stops_between_points(spec, tmp_path):
     lines = []
-    res = sw.run_sweep(spec, tmp_path / "p.csv", progress=False, echo=lines.append, max_minutes=0)
+    res = sw.run_sweep(spec, tmp_path / "p.csv", progress=False, echo=lines.append, max_minutes=1e-9)
     assert res.measured == 0 and res.not_run == N_POINTS + 4 and "max" in res.stopped
+    assert res.exit_code == 1 and not pt.meta_path(tmp_path / "p.csv").exists()   # nothing measured
     # the last line tells the user how to get the rest
     assert lines[-1].startswith(f"{N_POINTS + 4} points not run") and "run the same command again" in lines[-1]
     lines.clear()
@@ -198,3 +200,105 @@ def test_shipped_quick_cpu_sweep_runs_clean(tmp_path):
     assert res.compose["round_extras"] == {"tiny-gdn": ["gdn_round_meta/torch",
                                                         "gdn_tree_commit/torch_ref"],
                                            "tiny-v4": []}
+
+
+def test_remeasure_of_every_row_leaves_a_valid_table_and_a_cut_short_one_finishes(spec, tmp_path, monkeypatch):
+    out = tmp_path / "p.csv"
+    one = tmp_path / "one.yaml"
+    one.write_text("name: one\ndevice: cpu\nmodels: [tiny-gdn]\nstages: [{stage: mlp_step}]\n")
+    _run(one, out)
+    res = _run(one, out, remeasure=True)           # its only row dropped, then measured again
+    assert res.measured == 1 and len(pt.load_profile(out)) == 1
+    # a remeasure stopped by the time limit: the dropped rows are gone, the table stays
+    # readable, and the same command without --remeasure measures the rest
+    _run(spec, out)
+    lines = []
+    cut = sw.run_sweep(spec, out, progress=False, echo=lines.append, remeasure=True, max_minutes=1e-9)
+    assert cut.measured == 0 and cut.not_run > 0 and "without --remeasure" in lines[-1]
+    assert pt.measured_keys(out) is not None            # header-only or partial: loads
+    timer, calls = _fake_timer()
+    monkeypatch.setattr("simtree.profiler.timing.time_workload", timer)
+    rest = _run(spec, out)
+    assert rest.measured == len(calls) == N_POINTS and rest.exit_code == 0
+
+
+def test_a_call_that_adds_no_rows_leaves_the_sidecar_alone(spec, tmp_path):
+    out = tmp_path / "p.csv"
+    _run(spec, out)
+    meta_before = pt.meta_path(out).read_text()
+    table_before = out.read_bytes()
+    with pytest.raises(SimtreeError, match="--device must be"):
+        _run(spec, out, device="nonsense")
+    res = _run(spec, out)                                 # everything done already
+    assert res.measured == 0 and res.exit_code == 0
+    assert pt.meta_path(out).read_text() == meta_before and out.read_bytes() == table_before
+    assert res.compose["composed_rows"] == 4              # the last composition, read back
+
+
+def test_sidecar_keeps_the_machine_of_earlier_sweeps(spec, tmp_path, monkeypatch):
+    out = tmp_path / "p.csv"
+    first = _run(spec, out, only_stage="mlp_step")
+    first_id = pt.read_meta(out)["sweep_id"]
+    monkeypatch.setattr("time.strftime", lambda fmt: "20990101T000000")
+    _run(spec, out, only_stage="lm_head_step")
+    prev = pt.read_meta(out)["previous_sweeps"]
+    assert first.measured == 4 and prev[-1]["sweep_id"] == first_id and prev[-1]["device"] == "cpu"
+
+
+def test_interrupt_records_why_and_counts_each_point_once(spec, tmp_path, monkeypatch):
+    out = tmp_path / "p.csv"
+    timer, _ = _fake_timer(fail_at=5, exc=KeyboardInterrupt())
+    monkeypatch.setattr("simtree.profiler.timing.time_workload", timer)
+    lines = []
+    with pytest.raises(KeyboardInterrupt):
+        sw.run_sweep(spec, out, progress=False, echo=lines.append)
+    result = pt.read_meta(out)["result"]
+    assert "4 measured" in result and "interrupted" in result and "interrupted" in lines[-1]
+    # 28 points: 4 measured, 24 not run (the interrupted one included)
+    assert f"{N_POINTS + 4 - 4} not run" in result
+
+
+def test_points_log_lines_that_are_not_records_are_ignored(spec, tmp_path):
+    out = tmp_path / "p.csv"
+    (tmp_path / "p.points.jsonl").write_text('[1, 2]\n{"status": "failed"}\n"x"\n{"key": 5}\n{"key": [1], "st')
+    assert _run(spec, out).measured == N_POINTS
+
+
+@pytest.mark.parametrize("yaml_text, match", [
+    ("models: [tiny-gdn]\nstages: [{stage: mlp_step, grid: {batch_size: [1.5]}}]", "batch_size value must be an integer >= 1"),
+    ("models: [tiny-gdn]\nstages: [{stage: mlp_step, grid: {context_len: [-5, 0]}}]", "context_len value must be an integer >= 0"),
+    ("models: [tiny-gdn]\nstages: [{stage: mlp_step, grid: {batch_size: [null]}}]", "must be an integer"),
+    ("models: tiny-gdn\nstages: [{stage: mlp_step}]", "models must be a non-empty list"),
+    ("models: [tiny-gdn]\nstages: [{stage: mlpstep}]", "unknown stage 'mlpstep'"),
+    ("models: [tiny-gdn]\nstages: [{stage: attention, grid: {tree_shape: [Eagle]}}]", "unknown tree_shape 'Eagle'"),
+    ("models: [tiny-gdn]\ntarget_s: abc\nstages: [{stage: mlp_step}]", "target_s must be a number > 0"),
+    ("models: [tiny-gdn]\nmax_minutes: .nan\nstages: [{stage: mlp_step}]", "max_minutes must be a number > 0"),
+    ("models: [tiny-gdn]\ncpu_threads: 0\nstages: [{stage: mlp_step}]", "cpu_threads must be an integer >= 1"),
+    ("models: [tiny-gdn]\nstages: [{stage: mlp_step, variants: torch}]", "variants must be a non-empty list"),
+    ("models: [tiny-gdn]\nstages: [{stage: mlp_step, budget_s: 0}]", "budget_s must be a number > 0"),
+    ("models: [tiny-gdn]\ndevice: tpu\nstages: [{stage: mlp_step}]", "device must be cuda"),
+    ("models: [tiny-gdn]\ncompose: {stack_layers: x}\nstages: [{stage: mlp_step}]", "stack_layers must be an integer"),
+])
+def test_sweep_yaml_is_checked_before_any_point_runs(tmp_path, yaml_text, match):
+    path = tmp_path / "s.yaml"
+    path.write_text("name: x\n" + yaml_text + "\n")
+    with pytest.raises(SimtreeError, match=match):
+        _run(path, tmp_path / "p.csv")
+    assert not (tmp_path / "p.csv").exists() and not (tmp_path / "p.points.jsonl").exists()
+
+
+def test_a_variant_a_stage_does_not_have_is_unavailable_not_mislabelled(tmp_path):
+    path = tmp_path / "s.yaml"
+    path.write_text("name: x\ndevice: cpu\nmodels: [tiny-gdn]\nstages: [{stage: mlp_step, variants: [fast]}]\n")
+    res = _run(path, tmp_path / "p.csv")
+    assert res.measured == 0 and res.unavailable == 1 and res.exit_code == 1
+    assert not (tmp_path / "p.csv").exists()
+
+
+@pytest.mark.parametrize("kw, match", [({"max_minutes": 0}, "--max-minutes must be a number > 0"),
+                                       ({"max_minutes": float("inf")}, "--max-minutes must be a number > 0"),
+                                       ({"only_stage": "mlp_step,nonsense"}, "unknown stage"),
+                                       ({"device": "CPU"}, "--device must be")])
+def test_bad_options_are_one_line_errors(spec, tmp_path, kw, match):
+    with pytest.raises(SimtreeError, match=match):
+        _run(spec, tmp_path / "p.csv", **kw)

@@ -52,8 +52,38 @@ _register_all()
 
 
 def main() -> None:
+    """Run the CLI; every user-side failure ends in one ``error: ...`` line on stderr, exit 2:
+    a SimtreeError from a command, a usage error (bad option value, unknown option), or a
+    file the operating system refuses (a folder where a file goes, no permission)."""
+    from typer._click import exceptions as click_exc
+
     try:
-        app()
+        rc = app(standalone_mode=False)
     except SimtreeError as exc:
-        typer.echo(f"error: {exc}", err=True)
+        _fail(str(exc))
+    except click_exc.NoArgsIsHelpError as exc:
+        exc.show()   # the help text, as a bare `simtree` prints it
         sys.exit(2)
+    except click_exc.UsageError as exc:
+        cmd = exc.ctx.command_path if exc.ctx is not None else "simtree"
+        _fail(f"{exc.format_message()} (see {cmd} --help)")
+    except click_exc.ClickException as exc:
+        _fail(exc.format_message())
+    except typer.Abort:
+        typer.echo("aborted", err=True)
+        sys.exit(1)
+    except OSError as exc:
+        _fail(_os_error_line(exc))
+    sys.exit(rc if isinstance(rc, int) else 0)
+
+
+def _fail(message: str) -> None:
+    typer.echo(f"error: {' '.join(message.split())}", err=True)
+    sys.exit(2)
+
+
+def _os_error_line(exc: OSError) -> str:
+    """``[Errno 21] Is a directory: 'x'`` -> ``x: is a directory``."""
+    what = (exc.strerror or type(exc).__name__).lower()
+    names = [str(f) for f in (exc.filename, exc.filename2) if f is not None]
+    return f"{' -> '.join(names)}: {what}" if names else what

@@ -69,6 +69,25 @@ def _print_report(report, console: Console) -> None:
                           highlight=False)
 
 
+def _check_outputs(profile: Path, out: Path, png: Path | None) -> None:
+    """Refuse outputs that would overwrite the profile or its side files, or a plot path
+    matplotlib cannot write as PNG, before any fitting."""
+    from simtree.errors import SimtreeError
+    from simtree.profile_table import meta_path
+
+    inputs = {p.resolve() for p in (profile, meta_path(profile), profile.with_name(profile.stem + ".compose.json"),
+                                    profile.with_name(profile.stem + ".points.jsonl"))}
+    for flag, path in (("--out", out), ("--png", png)):
+        if path is not None and path.resolve() in inputs:
+            raise SimtreeError(f"{flag} {path} would overwrite the profile table or its side files")
+        if path is not None and path.is_dir():
+            raise SimtreeError(f"{flag} {path} is a folder; give a file path")
+    if png is not None and png.suffix.lower() != ".png":
+        raise SimtreeError(f"--png must name a .png file, got {png}")
+    if out.resolve() == (png.resolve() if png is not None else None):
+        raise SimtreeError(f"--out and --png are the same file: {out}")
+
+
 def register(app: typer.Typer) -> None:
     @app.command("fit", help=COMMANDS["fit"] + "\n\nExample: simtree fit reports/h200/profile.csv -o reports/h200/costs.json")
     def fit(
@@ -100,6 +119,9 @@ def register(app: typer.Typer) -> None:
         from simtree.errors import SimtreeError
         from simtree.fit import AUTO_FORMS, bench_predict, fit_profile, moe_shape, plot_fit
 
+        out = out or profile.with_name(profile.stem + ".costs.json")
+        png = None if no_png else (png or out.with_suffix(".png"))
+        _check_outputs(profile, out, png)
         if form not in ("auto", *AUTO_FORMS, *MOE_FORMS):
             raise SimtreeError(f"--form must be auto, {', '.join(AUTO_FORMS + MOE_FORMS)}; got {form!r}")
         forms = None if form == "auto" else (form,)
@@ -118,9 +140,8 @@ def register(app: typer.Typer) -> None:
                                  on_fit=lambda: progress.advance(task),
                                  on_more_solves=lambda k: progress.update(
                                      task, total=progress.tasks[0].total + k))
-        out = out or profile.with_name(profile.stem + ".costs.json")
         report.bundle.save(out)
-        png_path = None if no_png else plot_fit(report, png or out.with_suffix(".png"))
+        png_path = None if png is None else plot_fit(report, png)
         summary = report.summary()
         if bench:
             summary["bench"] = bench_predict(report.bundle)

@@ -41,12 +41,15 @@ def register(app: typer.Typer) -> None:
                         progress=not as_json, echo=echo)
         if as_json:
             typer.echo(json.dumps({"table": str(res.table), "measured": res.measured,
-                                   "already_done": res.skipped_done, "failed": res.failed, "oom": res.oom,
+                                   "already_done": res.skipped_done,
+                                   "skipped_logged": res.skipped_logged, "failed": res.failed, "oom": res.oom,
                                    "unavailable": res.unavailable, "not_run": res.not_run,
                                    "stopped": res.stopped, "elapsed_s": round(res.elapsed_s, 1),
                                    "checks": res.checks, "compose": res.compose}, indent=2))
-            return
-        _print_table(res)
+        else:
+            _print_table(res)
+        if res.exit_code:
+            raise typer.Exit(res.exit_code)
 
 
 def _print_table(res) -> None:
