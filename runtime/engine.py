@@ -20,8 +20,12 @@ distribution as that position's marginal (see drafter.py), as simtree.simulate a
 cost_aware and batch_alloc need a cost bundle (contract 2: ``verify.predict(n, l, b)`` us for
 the whole batch's verify, ``draft.predict(s, k, b)``).
 
-Throughput counts every token the decode rounds produce (sequences run until all have
-``max_new_tokens``; outputs are then cut to that length) over the summed round time.
+``tokens_produced`` counts every token the decode rounds produce: all B sequences decode every
+round until the slowest has ``max_new_tokens`` (a static batch), so sequences that are done
+keep producing tokens that are then cut from the outputs.  What a user receives is ``outputs``
+(max_new_tokens per prompt, the first from the prefill); each round records how many of its
+tokens the outputs keep (``delivered``) and how many sequences were still short of
+max_new_tokens when it began (``live``).
 """
 from __future__ import annotations
 
@@ -32,16 +36,30 @@ import numpy as np
 import torch
 
 from simtree.accept import greedy_accept_batch
-from simtree.builders import batched_best_first_tree, best_first_order, cost_aware_tree, linear_tree
+from simtree.builders import (batched_best_first_tree, best_first_order, cost_aware_tree, eagle_max_nodes,
+                              linear_tree)
 from simtree.errors import SimtreeError
 from simtree.runtime.drafter import Drafter
 from simtree.simulate import MODES, PolicySpec, batch_allocation
 from simtree.runtime.model import HybridLM
 from simtree.tree import DraftTree, TreeBatch
 
-__all__ = ["RoundStats", "GenerationResult", "SpecEngine", "greedy_decode", "check_spec"]
+__all__ = ["RoundStats", "GenerationResult", "SpecEngine", "greedy_decode", "check_spec", "draft_extent",
+           "MAX_DRAFT_NODES"]
 
 MARGINAL_TOPK = 4  # candidates per position kept from the drafter's distribution
+MAX_DRAFT_NODES = 8192  # drafted nodes per sequence per round: beyond, the draft verify's mask explodes
+
+
+def draft_extent(spec: PolicySpec) -> tuple[int, int]:
+    """(nodes the drafter scores per sequence per round, deepest drafted position) of a spec."""
+    p = spec.params
+    if spec.mode == "none":
+        return 0, 0
+    if spec.mode == "eagle":
+        return eagle_max_nodes(p["num_steps"], p["topk"]), p["num_steps"]
+    depth = p["budget"] - 1 if spec.mode == "linear" else p["draft_depth"]
+    return depth + 1, depth
 
 
 def check_spec(spec) -> PolicySpec:
@@ -61,6 +79,8 @@ class RoundStats:
     commit_us: float
     nodes: list          # tree size per sequence (root included)
     accepted: list       # accepted draft tokens per sequence (bonus excluded)
+    live: int = 0        # sequences still short of max_new_tokens when the round began
+    delivered: int = 0   # tokens of this round that the outputs keep (within max_new_tokens)
 
     @property
     def round_us(self) -> float:
@@ -100,6 +120,9 @@ class SpecEngine:
     """``SpecEngine(target, draft, costs=None).generate(prompts, max_new_tokens, spec)``."""
 
     def __init__(self, target: HybridLM, draft: HybridLM | None = None, costs=None):
+        if draft is not None and draft.config.vocab_size != target.config.vocab_size:
+            raise SimtreeError(f"draft vocab_size {draft.config.vocab_size} != target vocab_size "
+                               f"{target.config.vocab_size}: speculative decoding needs one vocabulary")
         self.target, self.draft, self.costs = target, draft, costs
         self._marginals = None  # the round's drafter marginals [B, P, K] (marginal modes), for traces
 
@@ -148,6 +171,23 @@ class SpecEngine:
                                  lambda n: costs.verify.predict(n, ctx_len, B), draft_us, B)
         return [o.tree(1 + int(k)) for o, k in zip(orders, extra)]
 
+    def check_fits(self, spec) -> None:
+        """One-line errors for policies these models cannot draft: top-k above the draft
+        vocabulary, or more drafted nodes per round than MAX_DRAFT_NODES."""
+        spec = check_spec(spec)
+        if spec.mode == "none" or self.draft is None:
+            return
+        vocab = self.draft.config.vocab_size
+        if spec.mode == "eagle" and spec.params["topk"] > vocab:
+            raise SimtreeError(f"eagle topk {spec.params['topk']} exceeds the draft model's vocabulary "
+                               f"({vocab} tokens): use --topk <= {vocab}")
+        nodes, _ = draft_extent(spec)
+        if nodes > MAX_DRAFT_NODES:
+            what = ("steps and top-k (1 + k + (s-1) k^2)" if spec.mode == "eagle" else
+                    "budget" if spec.mode == "linear" else "draft depth")
+            raise SimtreeError(f"{spec.name} drafts {nodes} nodes per sequence per round, more than the "
+                               f"{MAX_DRAFT_NODES} this runtime supports: lower its {what}")
+
     # ---- the decode loop -----------------------------------------------------------------
     def generate(self, prompts: list[list[int]], max_new_tokens: int, spec, workload: str = "",
                  trace=None, progress=None) -> GenerationResult:
@@ -160,17 +200,20 @@ class SpecEngine:
             raise SimtreeError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
         if spec.mode != "none" and self.draft is None:
             raise SimtreeError(f"mode {spec.mode} needs a draft model")
+        self.check_fits(spec)
         B = len(prompts)
         widest = max(spec.params.get(k, 1) for k in ("budget", "max_budget", "max_budget_per_seq"))
         # a sequence keeps decoding until the slowest reaches max_new_tokens, gaining at most
         # `widest` tokens per round: size the cache for max_new_tokens rounds of that
         max_len = max(map(len, prompts)) + widest * (max_new_tokens + 1) + 2
         cache = self.target.new_cache(B, max_len)
+        # the drafter's cache also holds the deepest drafted position of a round on top
+        draft_len = max_len + draft_extent(spec)[1] + 1
         t0 = time.perf_counter()
         outs = [[int(t)] for t in self.target.prefill(cache, prompts).argmax(-1)]
         drafter = None
         if spec.mode != "none":
-            drafter = Drafter(self.draft, B, max_len)
+            drafter = Drafter(self.draft, B, draft_len)
             drafter.prefill(prompts)
         prefill_us = (time.perf_counter() - t0) * 1e6
         rounds, produced = [], 0
@@ -201,11 +244,15 @@ class SpecEngine:
                 drafter.catch_up(paths)
                 _sync(self.target)
             t4 = time.perf_counter()
+            before = [len(o) for o in outs]
             for b in range(B):
                 outs[b] += paths[b][1:] + [int(acc.bonus_tokens[b])]
             produced += int(acc.num_accepted.sum()) + B
             stats = RoundStats((t1 - t0 + t4 - t3) * 1e6, (t2 - t1) * 1e6, (t3 - t2) * 1e6,
-                               [t.num_nodes for t in batch.trees], acc.num_accepted.tolist())
+                               [t.num_nodes for t in batch.trees], acc.num_accepted.tolist(),
+                               live=sum(n < max_new_tokens for n in before),
+                               delivered=sum(min(len(o), max_new_tokens) - min(n, max_new_tokens)
+                                             for o, n in zip(outs, before)))
             rounds.append(stats)
             if trace is not None:
                 trace.write_round(batch, acc, workload=workload, batch_size=B, round_index=len(rounds) - 1,

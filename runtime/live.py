@@ -1,20 +1,43 @@
 """``live_run``: decode live with a policy on the shipped (or given) models and report measured
 against predicted throughput.  What ``simtree run`` calls.
 
-Measured: tokens/s of the decode rounds (all B sequences), accepted tokens per round
-(incl. the bonus token, as simtree.simulate counts), per-round latency median / p90 and its
-draft / verify / commit split.  Predicted (when a cost bundle is given): simtree.simulate
-with the acceptance model fitted from this run's own traces (positional fit), this run's mean
-prompt length and output length - so the comparison tests the cost model, not the acceptance
-model.  Note a cost bundle of another device (e.g. the shipped H200 ones) predicts that
-device, not this CPU.
+A static batch decodes all B sequences every round until the slowest has ``max_new_tokens``;
+sequences already done keep producing tokens that are cut from their outputs.  Measured over
+the decode rounds (the prefill, which makes each output's first token, is reported apart):
+
+* ``tokens_per_s`` (compared with the prediction): the tokens the outputs keep
+  (``max_new_tokens - 1`` per prompt) per second of round time, each round's time counted in
+  the share of sequences still short of max_new_tokens in it (``live / B``).  That is what
+  simtree.simulate predicts: it runs every sequence of the batch every round, outputs
+  ``output_len`` tokens per sequence (a last round's surplus is not output) and has no
+  finished sequences idling in the batch (they finish together, or their slot takes a new
+  request).
+* ``delivered_tokens_per_s``: the same tokens over all the rounds' time: what this static
+  batch delivered, the rounds after a sequence finished included.
+* ``produced_tokens_per_s``: every token the rounds produced, cut ones included;
+  ``overshoot`` = produced / delivered - 1.
+* accepted tokens per round (incl. the bonus token, as simtree.simulate counts), per-round
+  latency median / p90 and its draft / verify / commit split (null without decode rounds).
+
+Predicted (when a cost bundle is given and a decode round ran): simtree.simulate with the
+acceptance model fitted from this run's own traces (positional fit), this run's prompt lengths
+and ``max_new_tokens - 1`` output tokens (what the decode rounds must produce) - so the
+comparison tests the cost model, not the acceptance model.  A bundle (or policy) of another
+model or device predicts that model on that device: the report then carries a warning, the
+prediction is marked ``comparable: false`` and the host-speed comparison is skipped.
+
+Files: ``out/run.json`` and ``out/traces.jsonl`` of one run always belong together: traces are
+staged under a hidden name and moved into place at the end, the old run.json is removed first
+and the new one written atomically.
 """
 from __future__ import annotations
 
 import json
 import math
 import platform
+import tempfile
 import time
+import warnings
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -22,29 +45,107 @@ import numpy as np
 import torch
 
 from simtree.errors import SimtreeError
+from simtree.fileio import write_text_atomic
 from simtree.runtime.data import prompts as load_prompts
 from simtree.runtime.engine import SpecEngine, check_spec, greedy_decode
 from simtree.simulate import PolicySpec
 from simtree.runtime.loading import DEFAULT_MODELS_DIR, load_model
-from simtree.runtime.tokenizer import ByteTokenizer
+from simtree.runtime.tokenizer import VOCAB_SIZE, ByteTokenizer
 from simtree.runtime.trace import TraceWriter
 
-__all__ = ["live_run"]
+__all__ = ["live_run", "RUNTIME_MODEL", "dumps"]
 
 NEEDS_COSTS = ("cost_aware", "batch_alloc")
+RUNTIME_MODEL = "runtime-tiny"   # the name `simtree profile` gives the runtime's models (runtime-tiny.yaml)
+COMPARISON = ("measured.tokens_per_s vs predicted.tokens_per_s: output tokens (max_new_tokens - 1 per "
+              "prompt from the decode rounds) per second of round time counted while each sequence "
+              "still decoded, as simtree.simulate counts; delivered_tokens_per_s adds the rounds a "
+              "finished sequence waited for the batch, produced_tokens_per_s counts the cut tokens too")
 
 
-def _resolve_spec(policy, policy_workload, workload, batch_size, mode, params):
+def _finite(obj):
+    """The report with every NaN / infinite float as None (strict JSON)."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: _finite(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_finite(v) for v in obj]
+    if isinstance(obj, np.generic):
+        return _finite(obj.item())
+    return obj
+
+
+def dumps(report: dict) -> str:
+    """Strict JSON of a run report (NaN / inf -> null)."""
+    return json.dumps(_finite(report), indent=1, allow_nan=False)
+
+
+def _positive(value, flag: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+        raise SimtreeError(f"{flag} must be an integer >= 1, got {value!r}")
+    return int(value)
+
+
+def _device_name(device: str) -> str:
+    if device not in ("cpu", "cuda"):
+        raise SimtreeError(f"unknown device {device!r}: use cpu or cuda")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise SimtreeError("device cuda is not available here: torch sees no CUDA GPU (use --device cpu)")
+    return torch.cuda.get_device_name() if device == "cuda" else "cpu"
+
+
+def _mismatch(what: str, source, model, device, here: str) -> str | None:
+    """A warning line when ``model`` / ``device`` (of a cost bundle or policy) are not this
+    runtime's model on this device; None when they match (or are not named)."""
+    bad = []
+    if model not in (None, "") and str(model) != RUNTIME_MODEL:
+        bad.append(f"model {model}")
+    if device not in (None, "") and str(device) != here:
+        bad.append(f"device {device}")
+    if not bad:
+        return None
+    return (f"{what} {source} is for {' on '.join(bad)}, not this run's {RUNTIME_MODEL} on {here}: "
+            "its predictions are not comparable with this run's measurements")
+
+
+def _resolve_spec(policy, policy_workload, workload, batch_size, mode, params, warn):
     if policy is not None:
         from simtree.policy import Policy
-        entry = Policy.load(policy).lookup(policy_workload or workload, batch_size)
-        return check_spec(entry), {"policy": str(policy), "policy_workload": policy_workload or workload,
-                                   "predicted_tok_s_in_policy": entry.predicted_tok_s}
+        path = Path(policy)
+        if path.is_dir():
+            hint = f" ({path / 'policy.json'})" if (path / "policy.json").is_file() else ""
+            raise SimtreeError(f"--policy {path} is a folder: give the policy JSON file{hint}")
+        pol = Policy.load(path)
+        name = policy_workload or workload
+        entry = pol.lookup(name, batch_size)
+        ranges = sorted((e.batch_min, e.batch_max) for e in pol.entries if e.workload == name)
+        if not any(lo <= batch_size <= hi for lo, hi in ranges):
+            warn(f"policy {path} plans workload {name} for batch sizes {ranges[0][0]}-{ranges[-1][1]}, "
+                 f"not {batch_size}: running its nearest entry (batch {entry.batch_min}-{entry.batch_max}, "
+                 f"{entry.mode})")
+        other = _mismatch("policy", path, pol.model, pol.device, warn.here)
+        if other:
+            warn(other)
+        return check_spec(entry), {"policy": str(policy), "policy_workload": name,
+                                   "predicted_tok_s_in_policy": entry.predicted_tok_s,
+                                   "policy_model": pol.model, "policy_device": pol.device,
+                                   "policy_comparable": other is None}
     return check_spec(SimpleNamespace(mode=mode, params=params)), {}
 
 
 def _pct(x, q):
-    return float(np.percentile(np.asarray(x, np.float64), q)) if len(x) else float("nan")
+    return float(np.percentile(np.asarray(x, np.float64), q)) if len(x) else None
+
+
+class _Warnings(list):
+    """Warning lines of a run (``here``: this run's device name)."""
+
+    here = "cpu"
+
+    def __call__(self, line: str) -> None:
+        if line not in self:
+            self.append(line)
 
 
 def live_run(*, mode: str = "eagle", params: dict | None = None, policy=None, policy_workload: str | None = None,
@@ -60,37 +161,83 @@ def live_run(*, mode: str = "eagle", params: dict | None = None, policy=None, po
     (1 by default: these models are too small to gain from more, and a shared CPU makes
     extra threads spin).  ``device``: "cpu" or "cuda" (GPU rounds are timed after a
     synchronise; the GDN layers then use the Triton kernels).
+
+    The report's ``warnings`` (cost bundle / policy of another model or device, a batch size
+    outside the policy's range) and ``notes`` (cost-model extrapolation, a run without decode
+    rounds) are one line each.
     """
-    if batch_size < 1 or max_new_tokens < 1:
-        raise SimtreeError("batch size and max_new_tokens must be >= 1")
-    torch.set_num_threads(max(1, int(threads)))
-    spec, policy_info = _resolve_spec(policy, policy_workload, workload, batch_size, mode, params or {})
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        report = _live_run(mode=mode, params=params, policy=policy, policy_workload=policy_workload,
+                           workload=workload, batch_size=batch_size, prompts=prompts,
+                           max_new_tokens=max_new_tokens, costs=costs, models_dir=models_dir, out=out,
+                           check_lossless=check_lossless, threads=threads, device=device, progress=progress)
+    notes = report.setdefault("notes", [])
+    for w in caught:   # the cost model's extrapolation warnings become one-line notes
+        text = " ".join(str(w.message).split())
+        if issubclass(w.category, RuntimeWarning) and "cost model" in text:
+            if text not in notes:
+                notes.append(text)
+        else:
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+    if report.get("_out") is not None:
+        _write(report)
+    report.pop("_out", None)
+    report.pop("_trace", None)
+    return report
+
+
+def _live_run(*, mode, params, policy, policy_workload, workload, batch_size, prompts, max_new_tokens, costs,
+              models_dir, out, check_lossless, threads, device, progress) -> dict:
+    batch_size = _positive(batch_size, "--batch-size")
+    max_new_tokens = _positive(max_new_tokens, "--max-new-tokens")
+    if prompts is not None:
+        prompts = _positive(prompts, "--prompts")
+    threads = _positive(threads, "--threads")
+    here = _device_name(device)
+    warn = _Warnings()
+    warn.here = here
+    torch.set_num_threads(threads)
+    spec, policy_info = _resolve_spec(policy, policy_workload, workload, batch_size, mode, params or {}, warn)
     costs_label = None
     if isinstance(costs, (str, Path)):
         from simtree.costmodel import load_costs
         costs_label, costs = str(costs), load_costs(costs)
     elif costs is not None:
         costs_label = str(getattr(costs, "meta", {}).get("source", "given"))
+    comparable = True
+    if costs is not None:
+        meta = getattr(costs, "meta", None) or {}
+        other = _mismatch("cost bundle", costs_label, meta.get("model"), meta.get("device"), here)
+        if other:
+            warn(other)
+            comparable = False
     engine_costs = costs
     if spec.mode in NEEDS_COSTS and costs is None:
         from simtree.synthetic import SYNTHETIC_LABEL, synthetic_costs
         engine_costs, costs_label = synthetic_costs(), SYNTHETIC_LABEL
     models_dir = Path(models_dir) if models_dir else DEFAULT_MODELS_DIR
-    if device not in ("cpu", "cuda") or (device == "cuda" and not torch.cuda.is_available()):
-        raise SimtreeError(f"device {device!r} is not available here (use cpu or cuda)")
-    target = load_model(models_dir / "target").to(device)
-    draft = load_model(models_dir / "draft").to(device)
-    count = max(prompts or batch_size, 1)
+    target = load_model(models_dir / "target")
+    draft = load_model(models_dir / "draft")
+    if target.config.vocab_size < VOCAB_SIZE:
+        raise SimtreeError(f"target vocab_size {target.config.vocab_size} is smaller than the byte tokenizer's "
+                           f"{VOCAB_SIZE}: {models_dir / 'target'} is not a model of this runtime")
+    engine = SpecEngine(target.to(device), draft.to(device), engine_costs)   # vocabularies must agree
+    engine.check_fits(spec)
+    count = prompts or batch_size
     count = math.ceil(count / batch_size) * batch_size  # whole batches only: B stays constant
     texts = load_prompts(workload, count)
     if len(texts) < count:
         raise SimtreeError(f"workload {workload} has only {len(texts)} prompts, {count} requested")
     tok = ByteTokenizer()
     ids = [tok.encode(t) for t in texts]
-    engine = SpecEngine(target, draft, engine_costs)
-    host = _host_against(costs, device)
+    host = _host_against(costs, device) if comparable else None
     out = Path(out) if out else None
-    trace = TraceWriter(out / "traces.jsonl") if out else None
+    scratch = None
+    if out is None and costs is not None:   # traces for the prediction's acceptance fit only
+        scratch = tempfile.TemporaryDirectory(prefix="simtree-run-")
+    trace_dir = out if out is not None else (Path(scratch.name) if scratch else None)
+    trace = TraceWriter(trace_dir / "traces.jsonl", staged=True) if trace_dir is not None else None
     results, mismatches, done = [], 0, 0
     try:
         for s in range(0, count, batch_size):
@@ -101,44 +248,82 @@ def live_run(*, mode: str = "eagle", params: dict | None = None, policy=None, po
             results.append(res)
             if check_lossless:
                 mismatches += sum(o != greedy_decode(target, p, max_new_tokens) for o, p in zip(res.outputs, chunk))
-    finally:
         if trace is not None:
             trace.close()
-    rounds = [r for res in results for r in res.rounds]
+        rounds = [r for res in results for r in res.rounds]
+        report = _report(results, rounds, spec, workload, batch_size, count, max_new_tokens, models_dir, device,
+                         costs_label, policy_info, host, check_lossless, mismatches, tok)
+        if costs is not None and rounds:
+            report["predicted"] = _predict(costs, trace.tmp_path, spec, batch_size, [len(p) for p in ids],
+                                           max_new_tokens - 1, workload)
+            report["predicted"]["comparable"] = comparable
+            report["notes"] += [n for n in report["predicted"].pop("notes", []) if n not in report["notes"]]
+    except BaseException:
+        if trace is not None:
+            trace.discard()
+        raise
+    finally:
+        if scratch is not None:
+            scratch.cleanup()
+    report["warnings"] = list(warn)
+    if out is not None:
+        report["_out"], report["_trace"] = out, trace
+        report["files"] = {"report": str(out / "run.json"), "traces": str(out / "traces.jsonl")}
+    return report
+
+
+def _write(report: dict) -> None:
+    """run.json and traces.jsonl of this run, never beside another run's: the old run.json
+    goes first, then the staged traces move into place, then run.json is written atomically."""
+    out, trace = report["_out"], report["_trace"]
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "run.json").unlink(missing_ok=True)
+    trace.commit()
+    body = {k: v for k, v in report.items() if k not in ("_out", "_trace", "files")}
+    write_text_atomic(out / "run.json", dumps(body) + "\n")
+
+
+def _report(results, rounds, spec, workload, batch_size, count, max_new_tokens, models_dir, device, costs_label,
+            policy_info, host, check_lossless, mismatches, tok) -> dict:
     round_us = [r.round_us for r in rounds]
     decode_us = sum(round_us)
     produced = sum(res.tokens_produced for res in results)
+    delivered = count * max_new_tokens                  # every output, the prefill's first token included
+    delivered_decode = count * (max_new_tokens - 1)     # what the decode rounds delivered
     accepted = [a for r in rounds for a in r.accepted]
+    busy_us = sum(r.round_us * r.live / batch_size for r in rounds)   # round time while sequences decoded
+    rate = lambda n, us: n / us * 1e6 if rounds and us > 0 else None  # noqa: E731
     measured = {
-        "tokens_per_s": produced / max(decode_us, 1e-9) * 1e6,
-        "accepted_tokens_per_round": 1.0 + float(np.mean(accepted)) if accepted else 1.0,
-        "mean_nodes_per_seq": float(np.mean([n for r in rounds for n in r.nodes])) if rounds else 0.0,
+        "tokens_per_s": rate(delivered_decode, busy_us),
+        "delivered_tokens_per_s": rate(delivered_decode, decode_us),
+        "produced_tokens_per_s": rate(produced, decode_us),
+        "accepted_tokens_per_round": 1.0 + float(np.mean(accepted)) if accepted else None,
+        "mean_nodes_per_seq": float(np.mean([n for r in rounds for n in r.nodes])) if rounds else None,
         "round_us_median": _pct(round_us, 50), "round_us_p90": _pct(round_us, 90),
         "draft_us_median": _pct([r.draft_us for r in rounds], 50),
         "verify_us_median": _pct([r.verify_us for r in rounds], 50),
         "commit_us_median": _pct([r.commit_us for r in rounds], 50),
-        "rounds": len(rounds), "tokens_produced": produced, "decode_s": decode_us / 1e6,
-        "prefill_s": sum(res.prefill_us for res in results) / 1e6,
+        "rounds": len(rounds), "tokens_produced": produced, "tokens_delivered": delivered,
+        "tokens_delivered_by_decode": delivered_decode,
+        "overshoot": produced / delivered_decode - 1 if delivered_decode else None,
+        "decode_s": decode_us / 1e6, "busy_s": busy_us / 1e6, "prefill_s": sum(res.prefill_us for res in results) / 1e6,
     }
-    report = {
+    notes = []
+    if not rounds:
+        notes.append(f"max_new_tokens {max_new_tokens}: the prefill produced the only token, no decode round "
+                     "ran: nothing to measure per round or to predict")
+    sample = [t for t in results[0].outputs[0] if t < VOCAB_SIZE] if results else []
+    return {
         "schema": "simtree.run/1", "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "mode": spec.mode, "params": spec.params, "workload": workload, "batch_size": batch_size,
-        "prompts": count, "max_new_tokens": max_new_tokens, "models": str(models_dir),
+        "prompts": count, "max_new_tokens": max_new_tokens, "models": str(models_dir), "model": RUNTIME_MODEL,
         "device": (torch.cuda.get_device_name() if device == "cuda" else
                    f"cpu ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)"),
         "torch_version": torch.__version__, "costs": costs_label, **policy_info, "measured": measured,
-        "predicted": None, "host": host, "lossless_checked": check_lossless,
+        "predicted": None, "comparison": COMPARISON, "host": host, "lossless_checked": check_lossless,
         "lossless_mismatches": mismatches if check_lossless else None,
-        "sample_output": tok.decode(results[0].outputs[0]) if results else "",
+        "sample_output": tok.decode(sample), "notes": notes,
     }
-    if costs is not None and out is not None and rounds:
-        report["predicted"] = _predict(costs, out / "traces.jsonl", spec, batch_size, [len(p) for p in ids],
-                                       max_new_tokens, workload)
-    if out is not None:
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "run.json").write_text(json.dumps(report, indent=1) + "\n")
-        report["files"] = {"report": str(out / "run.json"), "traces": str(out / "traces.jsonl")}
-    return report
 
 
 def _host_against(costs, device: str) -> dict | None:
@@ -158,7 +343,7 @@ def _predict(costs, trace_path: Path, spec: PolicySpec, batch_size: int, prompt_
              output_len: int, workload: str) -> dict:
     """The simulator's prediction for this run: positional acceptance fitted from the run's
     traces (table width = the widest sibling set drafted, so no rank is imputed), the run's
-    own prompt lengths and output length."""
+    own prompt lengths and the tokens its decode rounds must produce per sequence."""
     from simtree.acceptance import Workload, fit_positional, get_workload, read_traces
     from simtree.simulate import PolicySpec, simulate
 
@@ -172,5 +357,6 @@ def _predict(costs, trace_path: Path, spec: PolicySpec, batch_size: int, prompt_
     sim = simulate(costs, wl, batch_size, PolicySpec(spec.mode, spec.params))
     return {"tokens_per_s": sim.throughput_tok_s, "accepted_tokens_per_round": sim.accepted_tokens_per_round,
             "round_us": sim.round_latency_us, "draft_us": sim.draft_us, "verify_us": sim.verify_us,
-            "mean_nodes_per_seq": sim.mean_nodes_per_seq, "synthetic": sim.synthetic,
-            "acceptance": "none" if spec.mode == "none" else "positional fit of this run's traces"}
+            "mean_nodes_per_seq": sim.mean_nodes_per_seq, "rounds": sim.rounds, "synthetic": sim.synthetic,
+            "acceptance": "none" if spec.mode == "none" else "positional fit of this run's traces",
+            "notes": [" ".join(str(n).split()) for n in getattr(sim, "notes", None) or []]}

@@ -8,12 +8,19 @@ Anything else is refused with a one-line SimtreeError: this loader would silentl
 feature the architecture lacks otherwise.  Weight names are the module paths of
 :class:`HybridLM` (``embed_tokens.weight``, ``layers.0.linear_attn.in_proj_qkv.weight``, ...);
 ``lm_head.weight`` is omitted when tied.
+
+The two files are written by two atomic replaces (weights first).  ``save_model`` stamps both
+with one random ``simtree_save_id`` (config key and safetensors metadata); ``load_model``
+refuses a folder whose weights carry an id that config.json does not (a save interrupted
+between the two files).  Weights without an id (saved before it existed, or written by
+other tools) load as before.
 """
 from __future__ import annotations
 
 import dataclasses
 import json
 import math
+import uuid
 from pathlib import Path
 
 import torch
@@ -22,11 +29,12 @@ from simtree.errors import SimtreeError
 from simtree.fileio import write_atomic
 from simtree.runtime.model import HybridLM, ModelConfig
 
-__all__ = ["load_config", "load_model", "save_model", "DEFAULT_MODELS_DIR"]
+__all__ = ["load_config", "load_model", "save_model", "read_save_ids", "saves_disagree",
+           "DEFAULT_MODELS_DIR"]
 
 ARCHITECTURE = "SimtreeHybridForCausalLM"
 METADATA_KEYS = {"architectures", "torch_dtype", "num_hidden_layers", "bos_token_id", "eos_token_id",
-                 "pad_token_id", "transformers_version", "_name_or_path", "simtree_training"}
+                 "pad_token_id", "transformers_version", "_name_or_path", "simtree_training", "simtree_save_id"}
 DEFAULT_MODELS_DIR = Path(__file__).resolve().parents[1] / "simtree" / "data" / "models"
 
 
@@ -70,6 +78,27 @@ def load_config(path) -> ModelConfig:
     return cfg
 
 
+def read_save_ids(path) -> tuple | None:
+    """(config.json's ``simtree_save_id``, model.safetensors' one) of a checkpoint folder,
+    None for either that has none; None when either file cannot be read."""
+    from safetensors import SafetensorError, safe_open
+
+    path = Path(path)
+    try:
+        raw = json.loads((path / "config.json").read_text(encoding="utf-8"))
+        with safe_open(str(path / "model.safetensors"), "pt") as fh:
+            meta = fh.metadata() or {}
+    except (OSError, ValueError, SafetensorError):
+        return None
+    return (raw.get("simtree_save_id") if isinstance(raw, dict) else None), meta.get("simtree_save_id")
+
+
+def saves_disagree(ids: tuple | None) -> bool:
+    """Whether ``read_save_ids``' pair shows an interrupted save: the weights carry an id that
+    config.json does not."""
+    return ids is not None and ids[1] is not None and ids[0] != ids[1]
+
+
 def load_model(path, dtype=torch.float32) -> HybridLM:
     """Build a :class:`HybridLM` from a checkpoint folder (config.json + model.safetensors)."""
     from safetensors import SafetensorError
@@ -82,6 +111,10 @@ def load_model(path, dtype=torch.float32) -> HybridLM:
         state = load_file(str(weights))
     except (OSError, SafetensorError) as exc:
         raise SimtreeError(f"cannot read weights {weights}: {exc}") from None
+    ids = read_save_ids(path)
+    if saves_disagree(ids):
+        raise SimtreeError(f"{path}: config.json and model.safetensors come from different saves (a save was "
+                           "interrupted between the two files): save or train the model again")
     model = HybridLM(cfg)
     expected = {k: v for k, v in model.state_dict().items() if not (cfg.tie_word_embeddings and k == "lm_head.weight")}
     missing = sorted(set(expected) - set(state))
@@ -100,18 +133,20 @@ def load_model(path, dtype=torch.float32) -> HybridLM:
 
 
 def save_model(model: HybridLM, path, extra: dict | None = None) -> None:
-    """Write config.json and model.safetensors (fp32) atomically (temp file + os.replace)."""
+    """Write model.safetensors (fp32) then config.json, each atomically (temp file +
+    os.replace), both stamped with one new save id (see the module docstring)."""
     from safetensors.torch import save_file
 
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     cfg = dataclasses.asdict(model.config)
     cfg.update(architectures=[ARCHITECTURE], num_hidden_layers=len(cfg["layer_types"]), torch_dtype="float32",
-               bos_token_id=256, eos_token_id=257, pad_token_id=258)
+               bos_token_id=256, eos_token_id=257, pad_token_id=258, simtree_save_id=uuid.uuid4().hex)
     if extra:
         cfg["simtree_training"] = extra
     state = {k: v.detach().float().contiguous() for k, v in model.state_dict().items()
              if not (model.config.tie_word_embeddings and k == "lm_head.weight")}
-    write_atomic(path / "model.safetensors", lambda tmp: save_file(state, tmp, metadata={"format": "pt"}))
+    meta = {"format": "pt", "simtree_save_id": cfg["simtree_save_id"]}
+    write_atomic(path / "model.safetensors", lambda tmp: save_file(state, tmp, metadata=meta))
     text = json.dumps(cfg, indent=2) + "\n"
     write_atomic(path / "config.json", lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))

@@ -35,12 +35,18 @@ TRACE_SCHEMA = "simtree.trace/1"
 
 
 class TraceWriter:
-    """Append-only JSONL writer; use as a context manager."""
+    """Append-only JSONL writer; use as a context manager.
 
-    def __init__(self, path):
+    ``staged=True``: the records go to a hidden temp file beside ``path`` (``tmp_path``) and
+    reach ``path`` only on :meth:`commit` (an atomic rename), so an interrupted run never
+    leaves a partial trace file where a finished run's results are read; :meth:`discard`
+    (and leaving the context with an exception) removes the temp file."""
+
+    def __init__(self, path, staged: bool = False):
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._fh = open(self.path, "w", encoding="utf-8")
+        self.tmp_path = self.path.with_name(f".{self.path.name}.partial") if staged else self.path
+        self._fh = open(self.tmp_path, "w", encoding="utf-8")
 
     def write_round(self, batch, acc, *, workload: str, batch_size: int, round_index: int, mode: str,
                     context_lens, marginal_probs=None) -> None:
@@ -63,8 +69,24 @@ class TraceWriter:
             os.fsync(self._fh.fileno())
             self._fh.close()
 
+    def commit(self) -> Path:
+        """Close and move the staged records to ``path`` (atomic); returns ``path``."""
+        self.close()
+        if self.tmp_path != self.path:
+            os.replace(self.tmp_path, self.path)
+        return self.path
+
+    def discard(self) -> None:
+        """Close and remove the staged records (a no-op for an unstaged writer's file)."""
+        self._fh.close()
+        if self.tmp_path != self.path:
+            self.tmp_path.unlink(missing_ok=True)
+
     def __enter__(self):
         return self
 
-    def __exit__(self, *exc):
-        self.close()
+    def __exit__(self, exc_type, *exc):
+        if exc_type is not None and self.tmp_path != self.path:
+            self.discard()
+        else:
+            self.close()

@@ -24,7 +24,7 @@ def test_run_reports_measured_numbers_and_is_lossless(tmp_path):
             "--workload", "humaneval", "--max-new-tokens", "6", "--check", "--json", "--out", str(tmp_path)]
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
-    report = json.loads(result.output)
+    report = json.loads(result.stdout)
     m = report["measured"]
     assert report["lossless_mismatches"] == 0
     assert m["tokens_per_s"] > 0 and 1 <= m["accepted_tokens_per_round"] <= 4
@@ -86,13 +86,13 @@ def test_run_follows_the_policy_entry_for_the_batch_size(tmp_path):
     assert report["measured"]["mean_nodes_per_seq"] == 3
 
 
-def test_train_resume_continues_from_the_checkpoint(tmp_path):
+def test_train_extend_continues_a_finished_model(tmp_path):
     from simtree.runtime.train import TrainConfig, train_models
 
-    small = dict(target_steps=1, draft_steps=1, seq_len=8, batch_size=2)
+    small = dict(target_steps=1, draft_steps=1, seq_len=8, batch_size=2, sharegpt_conversations=20)
     train_models(tmp_path, TrainConfig(**small))
     before = load_model(tmp_path / "target").state_dict()["norm.weight"].clone()
-    train_models(tmp_path, TrainConfig(**small, models=("target",), resume=True))
+    train_models(tmp_path, TrainConfig(**dict(small, target_steps=2), models=("target",), extend=True))
     info = json.loads((tmp_path / "target" / "config.json").read_text())["simtree_training"]
     assert info["total_steps"] == 2 and info["sessions"] == 2
     assert not load_model(tmp_path / "target").state_dict()["norm.weight"].equal(before)

@@ -147,3 +147,56 @@ def test_large_trees_stored_depth_first_stay_lossless(models, references, spec, 
     result = SpecEngine(*models).generate(prompts[1], MAX_NEW, spec)
     assert result.outputs == refs[1]
     assert seen and min(seen) > 64     # only large trees are renumbered, and some were
+
+
+@pytest.mark.parametrize("spec", [PolicySpec("eagle", {"num_steps": 80, "topk": 1, "budget": 4}),
+                                  PolicySpec("best_first", {"budget": 4, "draft_depth": 80}),
+                                  PolicySpec("cost_aware", {"max_budget": 3, "draft_depth": 80})],
+                         ids=["eagle-deep", "best_first-deep", "cost_aware-deep"])
+def test_drafts_deeper_than_the_budget_fit_the_cache_and_stay_lossless(models, references, spec):
+    """The drafter's cache holds the round's deepest drafted position on top of the target's
+    (sized from the budget alone, 80 draft steps did not fit: 'tree does not fit the cache')."""
+    prompts, refs = references
+    result = SpecEngine(*models, costs=LinearCosts).generate(prompts[3], MAX_NEW, spec)
+    assert result.outputs == refs[3]
+
+
+def test_policies_the_draft_cannot_run_are_one_line_errors(models, references):
+    prompts, _ = references
+    engine = SpecEngine(*models)
+    vocab = models[1].config.vocab_size
+    with pytest.raises(SimtreeError, match=f"topk {vocab + 1} exceeds the draft model's vocabulary \\({vocab} "):
+        engine.generate(prompts[1], 4, PolicySpec("eagle", {"num_steps": 1, "topk": vocab + 1, "budget": 4}))
+    with pytest.raises(SimtreeError, match="drafts 19621 nodes per sequence per round, more than the 8192"):
+        engine.generate(prompts[1], 4, PolicySpec("eagle", {"num_steps": 50, "topk": 20, "budget": 4}))
+    with pytest.raises(SimtreeError, match="drafts 9001 nodes .* lower its draft depth"):
+        engine.generate(prompts[1], 4, PolicySpec("best_first", {"budget": 4, "draft_depth": 9000}))
+
+
+@pytest.mark.parametrize("vocab", [32, 100])
+def test_draft_and_target_vocabularies_must_agree(vocab):
+    import dataclasses
+
+    from runtime_helpers import tiny_config
+    from simtree.runtime.model import HybridLM
+
+    target = tiny_model(3)
+    draft = HybridLM(dataclasses.replace(tiny_config(), vocab_size=vocab))
+    with pytest.raises(SimtreeError, match=f"draft vocab_size {vocab} != target vocab_size 64"):
+        SpecEngine(target, draft)
+
+
+def test_rounds_record_live_sequences_and_delivered_tokens(models, references):
+    """Recomputed from the accepted counts: a sequence is live in a round when it began short
+    of max_new_tokens; a round delivers what the outputs keep of its tokens."""
+    prompts, refs = references
+    res = SpecEngine(*models).generate(prompts[3], MAX_NEW, PolicySpec("eagle", {"num_steps": 3, "topk": 2,
+                                                                                  "budget": 6}))
+    lens = np.ones(3, np.int64)   # the prefill's token
+    for r in res.rounds:
+        assert r.live == int((lens < MAX_NEW).sum())
+        new = lens + np.asarray(r.accepted) + 1
+        assert r.delivered == int((np.minimum(new, MAX_NEW) - np.minimum(lens, MAX_NEW)).sum())
+        lens = new
+    assert sum(r.delivered for r in res.rounds) == 3 * (MAX_NEW - 1)
+    assert res.rounds[-1].live >= 1 and lens.min() >= MAX_NEW

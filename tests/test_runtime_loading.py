@@ -97,3 +97,17 @@ def test_byte_tokenizer_round_trip():
     assert tok.decode(ids) == text
     with pytest.raises(SimtreeError):
         tok.decode([999])
+
+
+def test_a_save_interrupted_between_its_two_files_is_refused(tmp_path):
+    """save_model writes the weights, then config.json: a crash in between leaves new weights
+    beside the old config, which load_model must not pair."""
+    save_model(tiny_model(1), tmp_path)
+    old_config = (tmp_path / "config.json").read_text()
+    save_model(tiny_model(2), tmp_path)
+    (tmp_path / "config.json").write_text(old_config)          # as if the second save died here
+    with pytest.raises(SimtreeError, match="different saves") as err:
+        load_model(tmp_path)
+    assert "\n" not in str(err.value)
+    save_model(tiny_model(2), tmp_path)                         # a whole save loads again
+    load_model(tmp_path)

