@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import json
 import math
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Sequence
@@ -61,7 +62,13 @@ __all__ = ["AcceptanceModel", "Workload", "PRESETS", "PUBLISHED_V4_FLASH_MTP", "
 PUBLISHED_V4_FLASH_MTP = {"gsm8k": 2.84, "mbpp": 2.67, "sharegpt": 2.39}
 DEFAULT_DEPTH, DEFAULT_TOPK = 16, 4
 _LEVEL_FACTORS, _LEVEL_WEIGHTS = np.array([-1.0, 0.0, 1.0]), np.array([0.25, 0.5, 0.25])
-_ALPHA_MAX = 0.98
+_ALPHA_MAX = 0.98    # no depth accepts more surely than this (calibration and trace fits)
+MIN_TRACE_RECORDS = 100   # fewer records than this: the positional fit warns that it is unreliable
+# Bounds of the lengths a workload brings: 1M tokens is beyond today's longest context windows
+# (and far beyond any measured cost-model range); larger values are typing errors, and an output
+# of 1e8 tokens would only make the planner crawl.
+MAX_CONTEXT_LEN = 1 << 20
+MAX_OUTPUT_LEN = 1 << 20
 
 
 @dataclass(frozen=True, eq=False)
@@ -241,6 +248,11 @@ def _record(obj, where: str) -> TraceRecord:
     for key in ("workload", "batch_size", "parents", "log_probs", "accepted_node"):
         if key not in obj:
             raise SimtreeError(f"{where}: trace record lacks the field {key!r}")
+    if not isinstance(obj["workload"], str) or not obj["workload"]:
+        raise SimtreeError(f"{where}: workload {obj['workload']!r} must be a non-empty string")
+    for key in ("parents", "log_probs"):
+        if not isinstance(obj[key], list):
+            raise SimtreeError(f"{where}: {key} must be a list (one entry per draft tree node), got {obj[key]!r}")
     try:
         tree = DraftTree(obj["parents"], None, obj["log_probs"])
     except TreeError as exc:
@@ -265,7 +277,10 @@ def _record(obj, where: str) -> TraceRecord:
     ctx, rnd = obj.get("context_len"), obj.get("round")
     if rnd is not None and (not isinstance(rnd, int) or isinstance(rnd, bool) or rnd < 0):
         raise SimtreeError(f"{where}: round {rnd!r} must be an integer >= 0")
-    return TraceRecord(str(obj["workload"]), batch, tree, node, None if ctx is None else int(ctx), marg, rnd)
+    if ctx is not None and (isinstance(ctx, bool) or not isinstance(ctx, (int, float)) or not math.isfinite(ctx)
+                            or ctx != int(ctx) or not 1 <= ctx <= MAX_CONTEXT_LEN):
+        raise SimtreeError(f"{where}: context_len {ctx!r} must be an integer in [1, {MAX_CONTEXT_LEN}] (tokens)")
+    return TraceRecord(obj["workload"], batch, tree, node, None if ctx is None else int(ctx), marg, rnd)
 
 
 def read_traces(path: str | Path, workload: str | None = None) -> list[TraceRecord]:
@@ -274,14 +289,17 @@ def read_traces(path: str | Path, workload: str | None = None) -> list[TraceReco
     if not path.is_file():
         raise SimtreeError(f"trace file {path} does not exist")
     records = []
-    with path.open() as fh:
-        for i, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except UnicodeDecodeError as exc:
+        raise SimtreeError(f"{path}: not a UTF-8 text file (byte {exc.start}: {exc.reason}); "
+                           "traces are JSON lines") from None
+    for i, line in enumerate(lines, 1):
+        if line.strip():
             try:
                 obj = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise SimtreeError(f"{path}:{i}: not valid JSON ({exc.msg})") from None
+            except (json.JSONDecodeError, RecursionError) as exc:
+                raise SimtreeError(f"{path}:{i}: not valid JSON ({getattr(exc, 'msg', 'nested too deeply')})") from None
             rec = _record(obj, f"{path}:{i}")
             if workload is None or rec.workload == workload:
                 records.append(rec)
@@ -325,13 +343,18 @@ def fit_positional(records: Iterable[TraceRecord], name: str | None = None, *, t
         prior = table[d]
     # Observed rates are conditional on the sibling existing, so rows can exceed 1 by sampling
     # noise when parents had different numbers of children: rescale observed ranks only then.
-    table /= np.maximum(table.sum(1, keepdims=True), 1.0)
+    # No depth is certain either: a row that sums above _ALPHA_MAX (e.g. traces where every
+    # draft was accepted) is scaled down to it, as calibrate_linear caps alpha (a finite
+    # sample never shows that the next draft cannot be rejected).
+    capped = np.flatnonzero(table.sum(1) > _ALPHA_MAX)
+    table /= np.maximum(table.sum(1, keepdims=True) / _ALPHA_MAX, 1.0)
     for r in np.flatnonzero(~seen):
         free = np.maximum(1.0 - table[:, :r].sum(1), 0.0)
         table[:, r] = np.minimum(unobserved_share * free, table[:, r - 1]) if r else 0.0
     observed = int(np.flatnonzero(trials[:, 0] > 0).max()) + 1
     meta = {"records": len(records), "observed_depth": observed,
             "imputed_ranks": [int(r) for r in np.flatnonzero(~seen)],
+            "capped_depths": [int(d) + 1 for d in capped],
             "mean_accepted_tokens": 1.0 + float(np.mean([r.tree.depth[r.accepted_node] for r in records]))}
     workload = name or records[0].workload
     return AcceptanceModel(workload, table, np.ones(1), "fit_positional(traces)", meta)
@@ -367,9 +390,15 @@ class Workload:
         return float(np.mean(self.prompt_lens))
 
 
+def _depths(depths: list[int]) -> str:
+    return ", ".join(str(d) for d in depths[:6]) + (", ..." if len(depths) > 6 else "")
+
+
 def _lognormal_quantiles(mean: float, sigma: float, m: int = 64) -> np.ndarray:
     """m deterministic quantiles of a log-normal with the given mean (prompt-length samples)."""
     from scipy.stats import norm
+    if not (math.isfinite(mean) and mean >= 1):
+        raise SimtreeError(f"mean prompt length {mean} must be a finite number >= 1 (tokens)")
     z = norm.ppf((np.arange(m) + 0.5) / m)
     return np.maximum(np.round(np.exp(math.log(mean) - 0.5 * sigma ** 2 + sigma * z)), 1).astype(np.int64)
 
@@ -397,6 +426,13 @@ def get_workload(spec: str, prompt_len: float | None = None, output_len: int | N
         if len(names) > 1:
             raise SimtreeError(f"{path} holds workloads {', '.join(names)}: pick one as {path}#<workload>")
         acc = fit_positional(records, names[0])
+        if len(records) < MIN_TRACE_RECORDS:
+            warnings.warn(f"{path}: only {len(records)} trace records for workload {names[0]!r} (fewer than "
+                          f"{MIN_TRACE_RECORDS}): its fitted acceptance is unreliable", RuntimeWarning, stacklevel=2)
+        if acc.meta["capped_depths"]:
+            warnings.warn(f"{path}: workload {names[0]!r} accepts nearly every draft at depths "
+                          f"{_depths(acc.meta['capped_depths'])}; capped at {_ALPHA_MAX} per depth (a finite trace "
+                          "cannot show certain acceptance)", RuntimeWarning, stacklevel=2)
         # the prompt is the context of a sequence's first round; later rounds' contexts already
         # include generated tokens, which the simulator adds itself
         first = [r.context_len for r in records if r.context_len is not None and r.round_index == 0]
@@ -406,11 +442,12 @@ def get_workload(spec: str, prompt_len: float | None = None, output_len: int | N
     else:
         raise SimtreeError(f"unknown workload {spec!r}: use one of {', '.join(PRESETS)} or a .jsonl trace file")
     if prompt_len is not None:
-        if not math.isfinite(prompt_len) or prompt_len < 1:
-            raise SimtreeError(f"prompt length must be >= 1, got {prompt_len}")
+        if isinstance(prompt_len, bool) or not math.isfinite(prompt_len) or not 1 <= prompt_len <= MAX_CONTEXT_LEN:
+            raise SimtreeError(f"prompt length must be in [1, {MAX_CONTEXT_LEN}] tokens, got {prompt_len}")
         mean = prompt_len
     if output_len is not None:
-        if output_len < 1:
-            raise SimtreeError(f"output length must be >= 1, got {output_len}")
+        if (isinstance(output_len, bool) or int(output_len) != output_len
+                or not 1 <= output_len <= MAX_OUTPUT_LEN):
+            raise SimtreeError(f"output length must be an integer in [1, {MAX_OUTPUT_LEN}] tokens, got {output_len}")
         out = output_len
     return Workload(acc.name, acc, _lognormal_quantiles(mean, sigma), int(out), note)

@@ -25,6 +25,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from simtree.costfit.checks import check_physical, set_range_label
 from simtree.costfit.forms import surface_from_dict
 from simtree.errors import SimtreeError
 from simtree.fileio import read_json, write_text_atomic
@@ -58,7 +59,13 @@ class _SurfaceModel:
 
     @classmethod
     def from_dict(cls, d: dict):
-        return cls(surface_from_dict(d["surface"]), dict(d.get("info", {})))
+        info = d.get("info", {})
+        if not isinstance(info, dict):
+            raise SimtreeError(f"info must be an object, got {type(info).__name__}")
+        for key in ("convex_in_n", "convex_in_topk"):
+            if key in info and not isinstance(info[key], bool):
+                raise SimtreeError(f"info.{key} must be true or false, got {info[key]!r}")
+        return cls(surface_from_dict(d["surface"]), dict(info))
 
 
 @dataclass
@@ -119,17 +126,31 @@ class CostBundle:
         return write_text_atomic(path, json.dumps(self.to_dict(), indent=1, allow_nan=False) + "\n")
 
     @classmethod
-    def from_dict(cls, d: dict) -> "CostBundle":
+    def from_dict(cls, d: dict, where: str = "cost bundle") -> "CostBundle":
+        """Rebuild a bundle (JSON of :meth:`to_dict`), checked for physically possible values
+        (:func:`simtree.costfit.checks.check_physical`); errors name ``where`` and the model."""
         if not isinstance(d, dict) or d.get("schema") != COSTS_SCHEMA:
             got = d.get("schema") if isinstance(d, dict) else type(d).__name__
-            raise SimtreeError(f"not a simtree cost bundle (schema {got!r}, expected {COSTS_SCHEMA!r})")
-        try:
-            return cls(VerifyCostModel.from_dict(d["verify"]), DraftCostModel.from_dict(d["draft"]),
-                       dict(d.get("meta", {})))
-        except (KeyError, TypeError) as exc:
-            raise SimtreeError(f"cost bundle: missing or malformed field {exc}") from None
+            raise SimtreeError(f"{where}: not a simtree cost bundle (schema {got!r}, expected {COSTS_SCHEMA!r})")
+        meta = d.get("meta", {})
+        if not isinstance(meta, dict):
+            raise SimtreeError(f"{where}: meta must be an object, got {type(meta).__name__}")
+        if "synthetic" in meta and not isinstance(meta["synthetic"], bool):
+            raise SimtreeError(f"{where}: meta.synthetic must be true or false, got {meta['synthetic']!r}")
+        models = {}
+        for name, model_cls in (("verify", VerifyCostModel), ("draft", DraftCostModel)):
+            try:
+                models[name] = model_cls.from_dict(d[name])
+                check_physical(models[name].surface, name)
+            except (KeyError, TypeError) as exc:
+                raise SimtreeError(f"{where}: {name} model: missing or malformed field {exc}") from None
+            except SimtreeError as exc:
+                raise SimtreeError(f"{where}: {name} model: {exc}") from None
+            set_range_label(models[name].surface, f"{meta.get('model', '?')} {name} cost model")
+        return cls(models["verify"], models["draft"], dict(meta))
 
 
 def load_costs(path: str | os.PathLike) -> CostBundle:
-    """Read a CostBundle JSON written by :meth:`CostBundle.save` (or ``simtree fit``)."""
-    return CostBundle.from_dict(read_json(path, "cost model"))
+    """Read a CostBundle JSON written by :meth:`CostBundle.save` (or ``simtree fit``); a
+    bundle with physically impossible values is a one-line error naming the file."""
+    return CostBundle.from_dict(read_json(path, "cost model"), f"cost bundle {path}")

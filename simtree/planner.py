@@ -2,22 +2,31 @@
 decode throughput, searched over
 
 - none (plain decoding);
-- linear, budget D in 2..16;
-- EAGLE s steps x top-k x budget D (s 1..6, k 2..4, D 2..16; k = 1 is the linear family), trees
+- linear, budget D in 2..16 (drafted depth D - 1 up to 15);
+- EAGLE s steps x top-k x budget D (s 1..15, k 2..4, D 2..16; k = 1 is the linear family), trees
   built by :func:`simtree.builders.eagle_tree` from the acceptance model's per-rank
   probabilities as draft scores (the same builder the runtime uses);
-- best-first (DDTree) budget D x drafted depth p (1..6), heap width 1 (the cost model does not
+- best-first (DDTree) budget D x drafted depth p (1..15), heap width 1 (the cost model does not
   charge heap steps, so a wider pop can only lose accepted length);
-- cost-aware adaptive budget per round (CaDDTree), max budget 16, depth p;
+- cost-aware adaptive budget per round (CaDDTree), max budget 16, depth p (1..15);
 - batch-level allocation across the batch's requests (DSpark-style), max 16 per sequence.
 
+Every tree family reaches the same drafted depth as linear (15 at budget 16), bounded by the
+budget: a tree of D nodes is at most D - 1 deep, so drafting deeper than D - 1 (s or p) builds
+the same tree for more draft cost, and those candidates are left out.
+
 Every candidate is scored by :mod:`simtree.simulate`'s analytic mode (fixed shapes
-vectorised over candidates).  Output: :class:`PlanResult` with all candidates, the chosen
-policy per (workload, batch size) and :meth:`PlanResult.to_policy` (contract 3).
+vectorised over candidates).  Output: :class:`PlanResult` with all candidates (each with the
+cost-model axes it queries outside their measured range, ``extrapolated``), the chosen
+policy per (workload, batch size) and :meth:`PlanResult.to_policy` (contract 3).  A tree
+chosen for a predicted gain over the best linear / plain policy below the verify fit's
+held-out median error is flagged ``within_model_error``.
 """
 from __future__ import annotations
 
 import json
+import math
+import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
@@ -29,46 +38,54 @@ from simtree.acceptance import Workload
 from simtree.builders import eagle_max_nodes
 from simtree.errors import SimtreeError
 from simtree.policy import Policy, PolicyEntry
-from simtree.simulate import PolicySpec, analytic_run, analytic_static, static_round
+from simtree.simulate import (TREE_MODES, PolicySpec, analytic_run, analytic_static,
+                              check_batch_size, static_round)
 
 __all__ = ["DEFAULT_BATCH_SIZES", "SearchSpace", "PlanResult", "candidate_specs", "plan", "choose_policies",
-           "resolve_costs", "plan_and_write"]
+           "resolve_costs", "plan_and_write", "read_candidates", "heldout_median_error", "TREE_MODES"]
 
 DEFAULT_BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64)
 FAMILIES = ("none", "linear", "eagle", "best_first", "cost_aware", "batch_alloc")
-TREE_MODES = ("eagle", "best_first", "cost_aware", "batch_alloc")
+_MAX_BUDGET = 16
+_MAX_DEPTH = _MAX_BUDGET - 1   # linear's deepest chain: every family may draft as deep
 
 
 @dataclass(frozen=True)
 class SearchSpace:
-    budgets: tuple[int, ...] = tuple(range(2, 17))
-    eagle_steps: tuple[int, ...] = tuple(range(1, 7))
+    budgets: tuple[int, ...] = tuple(range(2, _MAX_BUDGET + 1))
+    eagle_steps: tuple[int, ...] = tuple(range(1, _MAX_DEPTH + 1))
     eagle_topk: tuple[int, ...] = (2, 3, 4)
-    draft_depths: tuple[int, ...] = tuple(range(1, 7))
-    adaptive_max_budget: int = 16
+    draft_depths: tuple[int, ...] = tuple(range(1, _MAX_DEPTH + 1))
+    adaptive_max_budget: int = _MAX_BUDGET
     adaptive: bool = True
 
 
 def candidate_specs(space: SearchSpace = SearchSpace()) -> tuple[list[PolicySpec], list[PolicySpec]]:
-    """(fixed-shape specs, adaptive specs) of the search space."""
+    """(fixed-shape specs, adaptive specs) of the search space.  Depths (eagle steps s,
+    drafted positions p) deeper than the budget's D - 1 are left out: a tree of D nodes is at
+    most D - 1 deep, so they build the same tree as depth D - 1 for more draft cost."""
     fixed = [PolicySpec("none")] + [PolicySpec("linear", {"budget": d}) for d in space.budgets]
     fixed += [PolicySpec("eagle", {"num_steps": s, "topk": k, "budget": d})
               for s in space.eagle_steps for k in space.eagle_topk for d in space.budgets
-              if d <= eagle_max_nodes(s, k)]
+              if d <= eagle_max_nodes(s, k) and s <= d - 1]
     fixed += [PolicySpec("best_first", {"budget": d, "width": 1, "draft_depth": p})
-              for p in space.draft_depths for d in space.budgets]
+              for p in space.draft_depths for d in space.budgets if p <= d - 1]
     adaptive = []
     if space.adaptive:
         m = space.adaptive_max_budget
         adaptive = [PolicySpec(mode, {key: m, "draft_depth": p})
                     for mode, key in (("cost_aware", "max_budget"), ("batch_alloc", "max_budget_per_seq"))
-                    for p in space.draft_depths]
+                    for p in space.draft_depths if p <= max(m - 1, 1)]
     return fixed, adaptive
 
 
 @dataclass
 class PlanResult:
-    """candidates: one row per (workload, batch_size, policy); chosen: the best per pair."""
+    """candidates: one row per (workload, batch_size, policy); chosen: the best per pair.
+
+    notes: one-line caveats for the report (cost-model axes queried outside the measured
+    range, with both ranges); model_error: the verify fit's held-out median relative error
+    (None when the bundle has none), the margin below which a tree choice is flagged."""
 
     model: str
     device: str
@@ -77,6 +94,8 @@ class PlanResult:
     chosen: pd.DataFrame
     synthetic: bool = False
     batch_sizes: tuple[int, ...] = field(default_factory=tuple)
+    notes: list = field(default_factory=list)
+    model_error: float | None = None
 
     def to_policy(self) -> Policy:
         entries, sizes = [], sorted(self.batch_sizes)
@@ -84,11 +103,21 @@ class PlanResult:
         for row in self.chosen.itertuples():
             entries.append(PolicyEntry(row.workload, lower[row.batch_size], int(row.batch_size), row.mode,
                                        json.loads(row.params), row.mode in TREE_MODES,
-                                       float(row.tok_s), float(row.gain_vs_linear), float(row.gain_vs_none)))
+                                       float(row.tok_s), float(row.gain_vs_linear), float(row.gain_vs_none),
+                                       bool(row.within_model_error)))
         return Policy(self.model, self.device, entries, self.source)
 
 
+# Static tables depend only on the acceptance model and the specs: computed once per workload
+# and shared by every cost bundle planned with it.
+_TABLES: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
 def _static_table(workload: Workload, specs: list[PolicySpec]) -> pd.DataFrame:
+    key = tuple(spec.name for spec in specs)
+    cached = _TABLES.setdefault(workload.acceptance, {})
+    if key in cached:
+        return cached[key]
     w = workload.acceptance.weights
     rows = []
     for spec in specs:
@@ -96,8 +125,10 @@ def _static_table(workload: Workload, specs: list[PolicySpec]) -> pd.DataFrame:
         s, k = spec.draft_shape()
         rows.append({"policy": spec.name, "mode": spec.mode, "params": json.dumps(spec.params, sort_keys=True),
                      "budget": spec.budget, "tokens_per_round": 1.0 + float(w @ shape.accepted),
-                     "nodes_per_seq": float(w @ shape.nodes), "draft_steps": s, "draft_topk": k})
-    return pd.DataFrame(rows)
+                     "nodes_per_seq": float(w @ shape.nodes), "draft_steps": s, "draft_topk": k,
+                     "min_nodes": float(shape.nodes.min()), "max_nodes": float(shape.nodes.max())})
+    cached[key] = pd.DataFrame(rows)
+    return cached[key]
 
 
 def _choose(df: pd.DataFrame) -> pd.Series:
@@ -107,16 +138,91 @@ def _choose(df: pd.DataFrame) -> pd.Series:
     return near.iloc[int(np.argmin([FAMILIES.index(m) for m in near["mode"]]))]
 
 
+def _valid_range(model) -> dict:
+    try:
+        vr = getattr(model, "valid_range", None)
+    except Exception:   # noqa: BLE001 - a duck-typed model without one
+        vr = None
+    return dict(vr) if isinstance(vr, dict) else {}
+
+
+_VERIFY_AXES = ("nodes_per_seq", "context_len", "batch_size")
+_DRAFT_AXES = ("topk", "num_steps", "batch_size")
+
+
+def _queries(df: pd.DataFrame, workload: Workload) -> dict:
+    """Per candidate row, the [lo, hi] it asks of every cost-model axis (draft: drafted rows)."""
+    l0 = workload.mean_prompt_len
+    b = df["batch_size"].to_numpy(np.float64)
+    return {("verify", "nodes_per_seq"): (df["min_nodes"].to_numpy(), df["max_nodes"].to_numpy()),
+            ("verify", "context_len"): (np.full(len(df), l0), np.full(len(df), l0 + workload.output_len)),
+            ("verify", "batch_size"): (b, b),
+            ("draft", "num_steps"): (df["draft_steps"].to_numpy(np.float64),) * 2,
+            ("draft", "topk"): (df["draft_topk"].to_numpy(np.float64),) * 2,
+            ("draft", "batch_size"): (b, b)}
+
+
+def _extrapolated(df: pd.DataFrame, queries: dict, costs) -> np.ndarray:
+    """Per row: the "model.axis" names (joined by "+") it queries outside the measured range."""
+    out = np.full(len(df), "", dtype=object)
+    drafted = df["draft_steps"].to_numpy() > 0
+    ranges = {"verify": _valid_range(costs.verify), "draft": _valid_range(costs.draft)}
+    for (model, axis), (lo, hi) in queries.items():
+        if axis not in ranges[model]:
+            continue
+        a, z = (float(v) for v in ranges[model][axis])
+        bad = (lo < a) | (hi > z)
+        if model == "draft":
+            bad &= drafted
+        out[bad] = out[bad] + np.where(out[bad] == "", "", "+") + f"{model}.{axis}"
+    return out
+
+
+def _range_notes(costs, spans: dict) -> list[str]:
+    """One note per (model, axis) the plan queries outside its measured range."""
+    notes = []
+    for model in ("verify", "draft"):
+        vr = _valid_range(getattr(costs, model))
+        for axis in (_VERIFY_AXES if model == "verify" else _DRAFT_AXES):
+            if axis not in vr or (model, axis) not in spans:
+                continue
+            (a, z), (lo, hi) = (float(v) for v in vr[axis]), spans[(model, axis)]
+            if lo < a or hi > z:
+                notes.append(f"{model} cost model: {axis} measured in [{a:g}, {z:g}], the plan asks [{lo:g}, {hi:g}]: "
+                             "costs outside the measured range are extrapolated (non-decreasing), not measured")
+    return notes
+
+
+def heldout_median_error(verify) -> float | None:
+    """The verify fit's held-out median relative error from its info (the kept form's, or the
+    decode split's), or None when the model carries none (e.g. SYNTHETIC)."""
+    info = getattr(verify, "info", None)
+    if not isinstance(info, dict):
+        return None
+    split = info.get("decode_split")
+    if isinstance(split, dict) and split.get("kept") and isinstance(split.get("heldout_split"), dict):
+        err = split["heldout_split"]
+    else:
+        err = ((info.get("fit_error") or {}).get("heldout") or {}).get(info.get("form"))
+    med = err.get("median") if isinstance(err, dict) else None
+    ok = isinstance(med, (int, float)) and not isinstance(med, bool) and math.isfinite(med) and med >= 0
+    return float(med) if ok else None
+
+
 def plan(costs, workloads: Sequence[Workload], batch_sizes: Sequence[int] = DEFAULT_BATCH_SIZES,
          space: SearchSpace = SearchSpace(), progress: Callable[[int, int], None] | None = None) -> PlanResult:
     """Search every candidate for every (workload, batch size); see the module docstring."""
-    sizes = sorted({int(b) for b in batch_sizes})
-    if not sizes or sizes[0] < 1:
-        raise SimtreeError(f"batch sizes must be integers >= 1, got {list(batch_sizes)}")
+    if not batch_sizes:
+        raise SimtreeError("plan needs at least one batch size")
+    sizes = sorted({check_batch_size(b, "batch sizes") for b in batch_sizes})
     if not workloads:
         raise SimtreeError("plan needs at least one workload")
+    names = [w.name for w in workloads]
+    dup = next((n for n in names if names.count(n) > 1), None)
+    if dup is not None:
+        raise SimtreeError(f"two workloads named {dup!r}: rename one (a trace's workload field names it)")
     fixed, adaptive = candidate_specs(space)
-    total, done, frames = len(workloads) * len(sizes), 0, []
+    total, done, frames, spans = len(workloads) * len(sizes), 0, [], {}
     for workload in workloads:
         table = _static_table(workload, fixed)
         for b in sizes:
@@ -131,32 +237,46 @@ def plan(costs, workloads: Sequence[Workload], batch_sizes: Sequence[int] = DEFA
             rows = []
             for spec in adaptive:
                 a = analytic_run(workload, spec, costs, b)
+                m = spec.params.get("max_budget", spec.params.get("max_budget_per_seq"))
                 rows.append({"policy": spec.name, "mode": spec.mode, "params": json.dumps(spec.params, sort_keys=True),
                              "budget": None, "tokens_per_round": a["g"], "nodes_per_seq": a["n"],
-                             "workload": workload.name, "batch_size": b,
-                             "tok_s": b * a["rounds"] * a["g"] / a["total_us"] * 1e6,
-                             "round_us": a["total_us"] / a["rounds"], "draft_us": a["draft_us"]})
-            frames.append(pd.concat([df, pd.DataFrame(rows)], ignore_index=True) if rows else df)
+                             "draft_steps": spec.params["draft_depth"], "draft_topk": 1, "min_nodes": 1.0,
+                             "max_nodes": float(m), "workload": workload.name, "batch_size": b,
+                             "tok_s": a["tok_s"], "round_us": a["total_us"] / a["rounds"], "draft_us": a["draft_us"]})
+            df = pd.concat([df, pd.DataFrame(rows)], ignore_index=True) if rows else df
+            queries = _queries(df, workload)
+            drafted = df["draft_steps"].to_numpy() > 0
+            for key, (lo, hi) in queries.items():
+                sel = drafted if key[0] == "draft" else np.ones(len(df), bool)
+                if sel.any():
+                    old = spans.get(key, (np.inf, -np.inf))
+                    spans[key] = (min(old[0], float(lo[sel].min())), max(old[1], float(hi[sel].max())))
+            frames.append(df.assign(extrapolated=_extrapolated(df, queries, costs)))
             done += 1
             if progress:
                 progress(done, total)
-    cands = pd.concat(frames, ignore_index=True).drop(columns=["draft_steps", "draft_topk"])
+    cands = pd.concat(frames, ignore_index=True).drop(columns=["draft_steps", "draft_topk", "min_nodes", "max_nodes"])
     if not np.all(np.isfinite(cands["tok_s"])) or np.any(cands["tok_s"] <= 0):
         bad = cands[~np.isfinite(cands["tok_s"]) | (cands["tok_s"] <= 0)].iloc[0]
         raise SimtreeError(f"cost model gave a non-positive or NaN latency for {bad['policy']} at batch {bad['batch_size']}")
     meta = dict(getattr(costs, "meta", {}) or {})
     synthetic = bool(meta.get("synthetic", False))
+    model_error = heldout_median_error(costs.verify)
+    notes = _range_notes(costs, spans)
     source = {"costs": meta, "synthetic": synthetic,
               "workloads": {w.name: w.acceptance.summary() | {"mean_prompt_len": w.mean_prompt_len,
                                                                "output_len": w.output_len} for w in workloads},
-              "planner": "simtree.planner analytic search", "num_candidates": int(len(cands))}
+              "planner": "simtree.planner analytic search", "num_candidates": int(len(cands)),
+              "verify_heldout_median_error": model_error, "notes": notes}
     return PlanResult(str(meta.get("model", "unknown")), str(meta.get("device", "unknown")), source, cands,
-                      choose_policies(cands), synthetic, tuple(sizes))
+                      choose_policies(cands, model_error), synthetic, tuple(sizes), notes, model_error)
 
 
-def choose_policies(cands: pd.DataFrame) -> pd.DataFrame:
+def choose_policies(cands: pd.DataFrame, model_error: float | None = None) -> pd.DataFrame:
     """The best candidate per (workload, batch size), with gain_vs_none, gain_vs_linear (the
-    best of linear and none) and the name of the best linear candidate."""
+    best of linear and none), the name of the best linear candidate, and within_model_error:
+    a tree chosen for a predicted gain over that best linear / plain policy smaller than
+    ``model_error`` (the verify fit's held-out median relative error)."""
     chosen = []
     for _, grp in cands.groupby(["workload", "batch_size"], sort=False):
         best = _choose(grp).copy()
@@ -164,8 +284,58 @@ def choose_policies(cands: pd.DataFrame) -> pd.DataFrame:
         best["gain_vs_none"] = best["tok_s"] / float(grp.loc[grp["mode"] == "none", "tok_s"].max())
         best["gain_vs_linear"] = best["tok_s"] / float(baseline["tok_s"].iloc[-1])
         best["best_linear"] = baseline.iloc[-1]["policy"]
+        best["within_model_error"] = bool(model_error is not None and best["mode"] in TREE_MODES
+                                          and best["gain_vs_linear"] - 1.0 < model_error)
         chosen.append(best)
     return pd.DataFrame(chosen).reset_index(drop=True)
+
+
+_CANDIDATE_COLUMNS = ("workload", "batch_size", "policy", "mode", "params", "budget", "tokens_per_round",
+                      "nodes_per_seq", "tok_s")
+
+
+def read_candidates(path: str | Path, policy: Policy | None = None) -> pd.DataFrame:
+    """A plan's candidates.csv, checked: readable, the planner's columns, at least one row,
+    tok_s > 0, and (with ``policy``) from the same plan as the policy file: each entry's chosen
+    policy is a row at its planned batch size (batch_max) with the entry's predicted tok/s."""
+    path = Path(path)
+    if not path.is_file():
+        raise SimtreeError(f"{path} does not exist: point at a folder written by `simtree plan`")
+    try:
+        cands = pd.read_csv(path)
+    except (pd.errors.EmptyDataError, pd.errors.ParserError, UnicodeDecodeError, ValueError) as exc:
+        raise SimtreeError(f"{path} is not a readable candidates table ({type(exc).__name__}: "
+                           f"{' '.join(str(exc).split())[:120]})") from None
+    missing = [c for c in _CANDIDATE_COLUMNS if c not in cands.columns]
+    if missing:
+        raise SimtreeError(f"{path}: missing column {missing[0]!r} (not a candidates table of `simtree plan`)")
+    if cands.empty:
+        raise SimtreeError(f"{path} has a header but no candidate rows")
+    tok = pd.to_numeric(cands["tok_s"], errors="coerce")
+    batch = pd.to_numeric(cands["batch_size"], errors="coerce")
+    if tok.isna().any() or not np.all(np.isfinite(tok)) or (tok <= 0).any():
+        raise SimtreeError(f"{path}: tok_s must be a finite number > 0 in every row")
+    if batch.isna().any() or (batch != batch.round()).any() or (batch < 1).any():
+        raise SimtreeError(f"{path}: batch_size must be an integer >= 1 in every row")
+    if cands["mode"].isin(["none"]).groupby([cands["workload"], batch]).sum().min() < 1:
+        raise SimtreeError(f"{path}: every (workload, batch size) needs its plain-decoding row (mode none)")
+    cands = cands.assign(tok_s=tok.astype(float), batch_size=batch.astype(int), workload=cands["workload"].astype(str))
+    budget = pd.to_numeric(cands["budget"], errors="coerce")
+    if (budget.dropna() == budget.dropna().round()).all():   # blank for adaptive rows: keep ints as ints
+        cands["budget"] = budget.astype("Int64")
+    if "extrapolated" in cands.columns:
+        cands["extrapolated"] = [x if isinstance(x, str) else "" for x in cands["extrapolated"]]
+    if policy is not None:
+        for e in policy.entries:
+            name = PolicySpec(e.mode, e.params).name
+            rows = cands[(cands["workload"] == e.workload) & (cands["batch_size"] == e.batch_max)
+                         & (cands["policy"] == name)]
+            if rows.empty or not np.isclose(rows["tok_s"].iloc[0], e.predicted_tok_s, rtol=1e-6):
+                found = f"{rows['tok_s'].iloc[0]:.6g} tok/s" if not rows.empty else "no such row"
+                raise SimtreeError(f"{path} and the policy file ({policy.model} on {policy.device}) are not from one "
+                                   f"plan: the policy's {name} for {e.workload!r} at batch {e.batch_max} predicts "
+                                   f"{e.predicted_tok_s:.6g} tok/s, the candidates table has {found}")
+    return cands
 
 
 # ---- entry points of `simtree plan` / `simtree simulate` --------------------------------------
@@ -196,12 +366,24 @@ def plan_and_write(cost_paths: Sequence[str] = (), workload_specs: Sequence[str]
 
     bundles = resolve_costs(cost_paths)
     workloads = [get_workload(w, prompt_len, output_len) for w in (workload_specs or PRESETS)]
+    specs = list(workload_specs or PRESETS)
+    for i, w in enumerate(workloads):
+        for j in range(i):
+            if workloads[j].name == w.name:
+                raise SimtreeError(f"two workloads named {w.name!r} ({specs[j]} and {specs[i]}): plan them "
+                                   "separately or rename one (a trace's workload field names it)")
+    names = [str(b.meta.get("model", "unknown")) + "_" + str(b.meta.get("device", "unknown")) for b in bundles]
+    folders = [n.replace("/", "_").replace(" ", "_") for n in names]
+    where = list(cost_paths) or [f"bundle {i}" for i in range(len(bundles))]
+    for i, f in enumerate(folders):
+        if f in folders[:i]:
+            j = folders.index(f)
+            raise SimtreeError(f"two cost bundles for the same model and device ({where[j]} and {where[i]}: "
+                               f"{names[i]}) would write the same folder {f}: plan them separately")
     outputs = []
-    for bundle in bundles:
+    for bundle, folder in zip(bundles, folders):
         result = plan(bundle, workloads, batch_sizes, space, progress)
-        sub = Path(out_dir)
-        if len(bundles) > 1:
-            sub = sub / f"{result.model}_{result.device}".replace("/", "_").replace(" ", "_")
+        sub = Path(out_dir) / folder if len(bundles) > 1 else Path(out_dir)
         policy_path = result.to_policy().save(sub / "policy.json")
         outputs.append({"result": result, "policy": policy_path, "report": write_plan_report(result, sub)})
     return outputs

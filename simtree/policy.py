@@ -7,7 +7,14 @@ JSON::
      "entries": [{"workload": str, "batch_min": int, "batch_max": int,
                   "mode": "none"|"linear"|"eagle"|"best_first"|"cost_aware"|"batch_alloc",
                   "params": {...}, "tree_on": bool, "predicted_tok_s": float,
-                  "gain_vs_linear": float, "gain_vs_none": float}]}
+                  "gain_vs_linear": float, "gain_vs_none": float,
+                  "within_model_error": bool}]}   # optional (default false)
+
+``tree_on`` is true exactly for the tree modes (eagle, best_first, cost_aware, batch_alloc).
+``within_model_error`` (an addition) is true when a tree was chosen for a predicted gain over
+the best linear / plain alternative smaller than the verify cost model's held-out median error:
+the choice is a coin toss within what the fit can resolve.  Each entry is planned at its
+``batch_max`` (the planner's batch sizes are the ranges' upper ends).
 
 params: linear {"budget"}; eagle {"num_steps", "topk", "budget"}; best_first {"budget",
 "width", "draft_depth"}; cost_aware {"max_budget", "draft_depth"}; batch_alloc
@@ -24,7 +31,7 @@ from pathlib import Path
 
 from simtree.errors import SimtreeError
 from simtree.fileio import write_text_atomic
-from simtree.simulate import MODES, check_params
+from simtree.simulate import MODES, TREE_MODES, check_params
 
 __all__ = ["SCHEMA", "PolicyEntry", "Policy"]
 
@@ -44,6 +51,7 @@ class PolicyEntry:
     predicted_tok_s: float
     gain_vs_linear: float
     gain_vs_none: float
+    within_model_error: bool = False
 
     @classmethod
     def from_dict(cls, obj, where: str) -> "PolicyEntry":
@@ -66,13 +74,19 @@ class PolicyEntry:
             raise SimtreeError(f"{where}: {exc}") from None
         if not isinstance(obj["tree_on"], bool):
             raise SimtreeError(f"{where}: tree_on must be true or false, got {obj['tree_on']!r}")
+        if obj["tree_on"] != (obj["mode"] in TREE_MODES):
+            raise SimtreeError(f"{where}: tree_on is {str(obj['tree_on']).lower()} but mode {obj['mode']!r} "
+                               f"{'verifies a tree' if obj['mode'] in TREE_MODES else 'verifies no tree'}")
+        within = obj.get("within_model_error", False)
+        if not isinstance(within, bool):
+            raise SimtreeError(f"{where}: within_model_error must be true or false, got {within!r}")
         for key in ("predicted_tok_s", "gain_vs_linear", "gain_vs_none"):
             v = obj[key]
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
                 raise SimtreeError(f"{where}: {key} must be a finite number >= 0, got {v!r}")
         return cls(str(obj["workload"]), obj["batch_min"], obj["batch_max"], obj["mode"], params,
                    obj["tree_on"], float(obj["predicted_tok_s"]), float(obj["gain_vs_linear"]),
-                   float(obj["gain_vs_none"]))
+                   float(obj["gain_vs_none"]), within)
 
 
 @dataclass
@@ -108,6 +122,18 @@ class Policy:
         if not clamp:
             raise SimtreeError(f"policy has no entry for workload {workload!r} at batch size {batch_size}")
         return min(entries, key=lambda e: min(abs(batch_size - e.batch_min), abs(batch_size - e.batch_max)))
+
+    def clamp_note(self, workload: str, batch_size: int) -> str | None:
+        """One line when ``batch_size`` lies outside every planned range of ``workload`` (the
+        lookup then clamps to the nearest entry), else None."""
+        entries = [e for e in self.entries if e.workload == workload]
+        if not entries or any(e.batch_min <= batch_size <= e.batch_max for e in entries):
+            return None
+        e = self.lookup(workload, batch_size)
+        side = "largest" if batch_size > e.batch_max else "smallest"
+        edge = e.batch_max if batch_size > e.batch_max else e.batch_min
+        return (f"batch size {batch_size} is outside the policy's planned range for {workload!r}: clamped to "
+                f"its {side} planned batch size {edge} ({e.mode}, planned at batch {e.batch_max})")
 
     def to_dict(self) -> dict:
         return {"schema": SCHEMA, "model": self.model, "device": self.device, "created": self.created,

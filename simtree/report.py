@@ -17,7 +17,7 @@ from simtree.models import DECODE_STAGE
 from simtree.planner import FAMILIES, TREE_MODES, PlanResult
 from simtree.synthetic import SYNTHETIC_LABEL
 
-__all__ = ["gain_grid", "write_plan_report", "render_plan_dir"]
+__all__ = ["gain_grid", "write_plan_report", "render_plan_dir", "plan_folders"]
 
 _BANNER = ("> **SYNTHETIC COST MODEL** - " + SYNTHETIC_LABEL + ". These predictions come from an "
            "analytic roofline, not from measurements on this GPU; run `simtree profile` and "
@@ -96,14 +96,30 @@ def write_plan_report(result: PlanResult, out_dir: str | Path) -> dict[str, Path
         lines.append(f"- **{name}**: {info.get('source', '')}; linear D=4 gives "
                      f"{info.get('linear_accepted_tokens_d4', float('nan')):.2f} tokens/round; "
                      f"prompt ~{info.get('mean_prompt_len', 0):.0f}, output {info.get('output_len', 0)} tokens")
-    lines += ["", "## Chosen policy", "",
-              "| workload | batch | policy | tree | tokens/round | nodes/seq | tok/s | vs linear | vs none | best linear |",
-              "|---|---|---|---|---|---|---|---|---|---|"]
+    error = result.model_error
+    lines += ["", "## Chosen policy", ""]
+    if error is not None:
+        lines += [f"A tree marked *within model error* gains less over the best linear / plain policy (`vs "
+                  f"linear`) than the verify cost model's held-out median error ({100 * error:.1f}%): the "
+                  "prediction cannot tell it from that policy.", ""]
+    lines += ["| workload | batch | policy | tree | tokens/round | nodes/seq | tok/s | vs linear | vs none | "
+              "best linear | extrapolated |",
+              "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in result.chosen.itertuples():
         on = "on" if r.mode in TREE_MODES else "off"
+        if getattr(r, "within_model_error", False):
+            on += " (within model error)"
+        extra = str(getattr(r, "extrapolated", "") or "")
+        extra = ", ".join(extra.split("+")) if extra else "-"
         lines.append(f"| {r.workload} | {r.batch_size} | {r.policy} | {on} | {r.tokens_per_round:.2f} | "
                      f"{r.nodes_per_seq:.1f} | {r.tok_s:.0f} | {r.gain_vs_linear:.3f} | {r.gain_vs_none:.2f} | "
-                     f"{r.best_linear} |")
+                     f"{r.best_linear} | {extra} |")
+    notes = list(result.notes or result.source.get("notes", []) or [])
+    if notes:
+        lines += ["", "## Extrapolated costs", "",
+                  "`extrapolated` names the cost-model axes a chosen policy queries outside the measured "
+                  "range (`draft.num_steps`: drafting deeper than the profile measured). Queried by this plan:", ""]
+        lines += [f"- {n}" for n in notes]
     lines += ["", f"![gain heat map]({heat.name})", "", f"![throughput vs batch]({thr.name})", "",
               f"All {len(result.candidates)} candidates: `{cand.name}`.", "", _source_line(result.source.get("costs", {})), ""]
     md = out / "plan.md"
@@ -135,25 +151,39 @@ def _source_line(costs: dict) -> str:
     return "Cost models: " + "; ".join(parts) + "."
 
 
-def render_plan_dir(plan_dir: str | Path) -> dict[str, Path]:
-    """Re-render plan.md and the PNGs of a folder written by `simtree plan` (its
-    candidates.csv + policy.json), e.g. after editing the CSV or changing the plots."""
+def plan_folders(plan_dir: str | Path) -> list[Path]:
+    """The plan folders at or under ``plan_dir``: itself when it holds candidates.csv, else
+    every sub-folder (any depth) that does, e.g. the one-per-model folders of `simtree plan`."""
     from simtree.errors import SimtreeError
-    from simtree.planner import choose_policies
-    from simtree.policy import Policy
 
     plan_dir = Path(plan_dir)
-    cand_path = plan_dir / "candidates.csv"
-    if not cand_path.is_file():
-        raise SimtreeError(f"{plan_dir} has no candidates.csv: point at a folder written by `simtree plan`")
-    policy = Policy.load(plan_dir / "policy.json")
-    cands = pd.read_csv(cand_path)
-    need = {"workload", "batch_size", "policy", "mode", "params", "budget", "tokens_per_round", "nodes_per_seq", "tok_s"}
-    missing = sorted(need - set(cands.columns))
-    if missing:
-        raise SimtreeError(f"{cand_path}: missing column {missing[0]!r}")
-    if cands["tok_s"].isna().any() or (cands["tok_s"] <= 0).any():
-        raise SimtreeError(f"{cand_path}: tok_s must be > 0 and not NaN in every row")
-    result = PlanResult(policy.model, policy.device, policy.source, cands, choose_policies(cands),
-                        bool(policy.source.get("synthetic", False)), tuple(sorted(cands["batch_size"].unique())))
-    return write_plan_report(result, plan_dir)
+    if not plan_dir.is_dir():
+        raise SimtreeError(f"{plan_dir} is not a folder: point at a folder written by `simtree plan`")
+    if (plan_dir / "candidates.csv").is_file():
+        return [plan_dir]
+    found = sorted(p.parent for p in plan_dir.rglob("candidates.csv") if p.is_file())
+    if not found:
+        raise SimtreeError(f"{plan_dir} holds no plan (no candidates.csv in it or its sub-folders): "
+                           "point at a folder written by `simtree plan`")
+    return found
+
+
+def render_plan_dir(plan_dir: str | Path) -> list[dict[str, Path]]:
+    """Re-render plan.md and the PNGs of every plan folder at or under ``plan_dir`` (its
+    candidates.csv + policy.json, which must come from one plan: the policy's chosen rows are
+    checked against the table), e.g. after changing the plots.  One dict of paths per folder."""
+    from simtree.planner import choose_policies, read_candidates
+    from simtree.policy import Policy
+
+    outputs = []
+    for folder in plan_folders(plan_dir):
+        policy = Policy.load(folder / "policy.json")
+        cands = read_candidates(folder / "candidates.csv", policy)
+        error = policy.source.get("verify_heldout_median_error")
+        error = float(error) if isinstance(error, (int, float)) and not isinstance(error, bool) else None
+        notes = [str(n) for n in policy.source.get("notes", []) or []]
+        result = PlanResult(policy.model, policy.device, policy.source, cands, choose_policies(cands, error),
+                            bool(policy.source.get("synthetic", False)),
+                            tuple(sorted(int(b) for b in cands["batch_size"].unique())), notes, error)
+        outputs.append(write_plan_report(result, folder))
+    return outputs

@@ -4,16 +4,16 @@ SGLang's EAGLE path takes a static tree per server: ``--speculative-num-steps`` 
 ``--speculative-eagle-topk`` (k) and ``--speculative-num-draft-tokens`` (D, nodes including the
 root, the same budget convention as simtree). Linear speculation is k = 1, s = D - 1.
 Per-round adaptive budgets (cost_aware, batch_alloc) and best-first trees have no SGLang flag:
-for those the best *static* candidate the planner scored for the same workload and batch size
-(``candidates.csv`` beside the policy file) is exported instead, and the loss is reported.
+for those the best *static* candidate the planner scored for the same workload at the batch size
+the policy entry was planned at (the entry's ``batch_max``; ``candidates.csv`` beside the
+policy file) is exported instead, and the loss is reported at that one batch size.
 """
 from __future__ import annotations
 
 import json
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
-
-import pandas as pd
 
 from simtree.errors import SimtreeError
 from simtree.policy import Policy
@@ -31,6 +31,7 @@ class SGLangExport:
     args: tuple[str, ...]        # server arguments (empty: run without speculation)
     predicted_tok_s: float       # of the exported policy
     loss_vs_planned: float       # 1 - exported / planned predicted throughput (0 when exact)
+    planned_batch_size: int = 0  # the batch size both throughputs are predicted at
 
     def command_line(self) -> str:
         return " ".join(self.args) if self.args else "(no speculative arguments: plain decoding)"
@@ -57,25 +58,38 @@ def _name(mode: str, params: dict) -> str:
 
 
 def export(policy_path: str | Path, workload: str, batch_size: int) -> SGLangExport:
-    """The SGLang arguments for ``workload`` at ``batch_size`` from a ``simtree plan`` folder."""
+    """The SGLang arguments for ``workload`` at ``batch_size`` from a ``simtree plan`` folder.
+
+    The policy entry that holds ``batch_size`` was planned at its ``batch_max``: a static
+    substitute comes from the candidates scored at that same batch size, so the reported loss
+    compares two predictions at one batch size.  A batch size outside every planned range
+    warns (RuntimeWarning) that the policy is clamped to the nearest planned one."""
+    from simtree.planner import read_candidates
+    from simtree.simulate import check_batch_size
+
+    check_batch_size(batch_size)
     policy = Policy.load(policy_path)
     entry = policy.lookup(workload, batch_size)
+    note = policy.clamp_note(workload, batch_size)
+    if note:
+        warnings.warn(note, RuntimeWarning, stacklevel=2)
+    planned_b = entry.batch_max
     planned = _name(entry.mode, entry.params) if entry.mode in STATIC_MODES else entry.mode
     if entry.mode in STATIC_MODES:
         return SGLangExport(workload, batch_size, planned, planned, server_args(entry.mode, entry.params),
-                            entry.predicted_tok_s, 0.0)
+                            entry.predicted_tok_s, 0.0, planned_b)
     cand_path = Path(policy_path).with_name("candidates.csv")
     if not cand_path.exists():
         raise SimtreeError(f"policy chose {entry.mode!r}, which SGLang cannot express, and {cand_path} "
                            "(the planner's scored candidates) is missing to pick the best static one")
-    cands = pd.read_csv(cand_path)
-    rows = cands[(cands["workload"] == workload) & cands["mode"].isin(STATIC_MODES)]
+    cands = read_candidates(cand_path, policy)
+    rows = cands[(cands["workload"] == workload) & (cands["batch_size"] == planned_b)
+                 & cands["mode"].isin(STATIC_MODES)]
     if rows.empty:
-        raise SimtreeError(f"{cand_path} has no static candidate for workload {workload!r}")
-    # the planner's batch sizes are buckets: use the nearest planned batch size
-    nearest = rows["batch_size"].iloc[(rows["batch_size"] - batch_size).abs().argsort().iloc[0]]
-    best = rows[rows["batch_size"] == nearest].sort_values("tok_s", ascending=False).iloc[0]
+        raise SimtreeError(f"{cand_path} has no static candidate for workload {workload!r} at the planned "
+                           f"batch size {planned_b}")
+    best = rows.sort_values("tok_s", ascending=False, kind="stable").iloc[0]
     params = json.loads(best["params"])
     return SGLangExport(workload, batch_size, f"{entry.mode} {json.dumps(entry.params, sort_keys=True)}",
                         _name(best["mode"], params), server_args(best["mode"], params), float(best["tok_s"]),
-                        1.0 - float(best["tok_s"]) / entry.predicted_tok_s)
+                        1.0 - float(best["tok_s"]) / entry.predicted_tok_s, planned_b)

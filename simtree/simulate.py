@@ -4,9 +4,10 @@ One round of a batch of b sequences: draft (C_d), build each sequence's tree, ve
 batch (C_v at the batch's mean nodes per sequence and mean context length), accept.  A
 sequence gains 1 + accepted drafts tokens (the bonus token included) and its context grows by
 that much.  The simulator runs the rounds needed for ``output_len`` tokens per sequence and
-reports tokens per round, round latency, throughput (batch and per sequence) and speedups
-against plain decoding (verify of 1 node, no draft) and against linear speculation at the
-same budget.
+reports tokens per round, round latency, throughput (batch and per sequence: the
+``output_len`` tokens each sequence outputs, not a last round's surplus) and speedups against
+plain decoding (verify of 1 node, no draft) and against linear speculation verifying as many
+nodes per sequence as the policy does.
 
 Two modes: ``analytic`` (expected accepted length per round, contexts grow by the expectation)
 and Monte-Carlo (a level and an accepted length drawn per sequence per round, ``mc_runs``
@@ -22,6 +23,7 @@ sum of tree sizes), as TreeBatch packs them.
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
@@ -33,13 +35,31 @@ from simtree.errors import SimtreeError
 from simtree.phi import expected_accepted_positional, sample_accepted_length
 from simtree.tree import DraftTree
 
-__all__ = ["MODES", "PolicySpec", "RoundShape", "SimResult", "static_round", "simulate",
-           "analytic_static", "analytic_run", "batch_allocation", "check_params"]
+__all__ = ["MODES", "TREE_MODES", "PolicySpec", "RoundShape", "SimResult", "static_round", "simulate",
+           "analytic_static", "analytic_run", "batch_allocation", "check_params", "check_batch_size",
+           "MAX_BATCH_SIZE"]
 
 MODES = ("none", "linear", "eagle", "best_first", "cost_aware", "batch_alloc")
+TREE_MODES = ("eagle", "best_first", "cost_aware", "batch_alloc")   # the rest verify a chain (or nothing)
+MARGINAL_MODES = ("best_first", "cost_aware", "batch_alloc")         # drafted as draft_depth positions
 _REQUIRED = {"none": (), "linear": ("budget",), "eagle": ("num_steps", "topk", "budget"),
              "best_first": ("budget",), "cost_aware": ("max_budget",), "batch_alloc": ("max_budget_per_seq",)}
+_ALLOWED = {"none": (), "linear": ("budget",), "eagle": ("num_steps", "topk", "budget"),
+            "best_first": ("budget", "width", "draft_depth"), "cost_aware": ("max_budget", "draft_depth"),
+            "batch_alloc": ("max_budget_per_seq", "draft_depth")}
 DEFAULT_DRAFT_DEPTH = 3  # the public V4 MTP recipe drafts 3 steps
+# Largest batch size simulated or planned: far beyond any serving batch, small enough that token
+# counts stay exact in float64 / int64 arithmetic.
+MAX_BATCH_SIZE = 1_000_000
+
+
+def check_batch_size(batch_size, what: str = "batch size") -> int:
+    """``batch_size`` as an int in [1, MAX_BATCH_SIZE]; a one-line SimtreeError otherwise."""
+    if (isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer, float))
+            or not math.isfinite(batch_size) or batch_size != int(batch_size)
+            or not 1 <= batch_size <= MAX_BATCH_SIZE):
+        raise SimtreeError(f"{what} must be an integer in [1, {MAX_BATCH_SIZE}], got {batch_size}")
+    return int(batch_size)
 
 
 def params_from_flags(mode: str, steps: int, topk: int, budget: int, width: int = 1,
@@ -53,7 +73,10 @@ def params_from_flags(mode: str, steps: int, topk: int, budget: int, width: int 
     if mode not in params:
         raise SimtreeError(f"unknown policy mode {mode!r}: use one of {', '.join(MODES)}")
     p = params[mode]
-    if draft_depth is not None and mode in ("best_first", "cost_aware", "batch_alloc"):
+    if draft_depth is not None:
+        if mode not in MARGINAL_MODES:
+            raise SimtreeError(f"--draft-depth applies to {', '.join(MARGINAL_MODES)}, not to mode {mode!r}"
+                               + (" (eagle drafts --steps levels)" if mode == "eagle" else ""))
         p["draft_depth"] = draft_depth
     return p
 
@@ -68,6 +91,10 @@ def check_params(mode: str, params: dict) -> dict:
     for key in _REQUIRED[mode]:
         if key not in params:
             raise SimtreeError(f"mode {mode!r} needs the parameter {key!r}")
+    unknown = [k for k in params if k not in _ALLOWED[mode]]
+    if unknown:
+        allowed = ", ".join(_ALLOWED[mode]) or "none"
+        raise SimtreeError(f"mode {mode!r} has no parameter {unknown[0]!r} (its parameters: {allowed})")
     for key, value in params.items():
         if key in ("budget", "num_steps", "topk", "max_budget", "max_budget_per_seq", "width", "draft_depth"):
             if (isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value)
@@ -153,25 +180,57 @@ def static_round(acc: AcceptanceModel, spec: PolicySpec) -> RoundShape:
     return RoundShape(tuple(trees), tuple(tables), nodes, accepted)
 
 
+EXACT_ROUNDS = 4096      # runs of up to this many rounds sum C_v over every round
+SAMPLED_ROUNDS = 1024    # longer runs: C_v at this many evenly spread rounds, trapezoid in between
+_CHUNK = 1 << 20         # [candidates x rounds] values evaluated at a time (memory stays ~10 MB)
+
+
+def _verify_sums(costs, n: np.ndarray, g: np.ndarray, rounds: np.ndarray, batch_size: int,
+                 context_len: float) -> np.ndarray:
+    """[C]: sum over rounds t < rounds[c] of C_v(n[c], context_len + g[c] t, batch_size).
+
+    Exact for runs of <= EXACT_ROUNDS rounds (evaluated in chunks, never one [C x R] matrix).
+    Longer runs take C_v at SAMPLED_ROUNDS integer rounds from first to last and sum by the
+    trapezoid rule with the end correction, which is exact wherever C_v is linear in l between
+    samples (the grid and basis forms are piecewise linear in l with a few kinks).
+    """
+    total = np.zeros(g.shape)
+    exact = np.flatnonzero(rounds <= EXACT_ROUNDS)
+    if exact.size:
+        R = rounds[exact]
+        step = max(1, _CHUNK // exact.size)
+        for start in range(0, int(R.max()), step):
+            t = np.arange(start, min(int(R.max()), start + step))
+            ctx = context_len + g[exact, None] * t[None, :]
+            v = np.broadcast_to(np.asarray(costs.verify.predict(n[exact, None], ctx, batch_size), np.float64),
+                                ctx.shape)
+            total[exact] += np.where(t[None, :] < R[:, None], v, 0.0).sum(1)
+    long = np.flatnonzero(rounds > EXACT_ROUNDS)
+    for part in np.array_split(long, max(1, long.size * SAMPLED_ROUNDS // _CHUNK + 1)):
+        if not part.size:
+            continue
+        t = np.round(np.linspace(0.0, 1.0, SAMPLED_ROUNDS)[None, :] * (rounds[part, None] - 1))
+        v = np.broadcast_to(np.asarray(costs.verify.predict(n[part, None], context_len + g[part, None] * t,
+                                                            batch_size), np.float64), t.shape)
+        total[part] = (np.diff(t, axis=1) * (v[:, 1:] + v[:, :-1]) / 2).sum(1) + (v[:, 0] + v[:, -1]) / 2
+    return total
+
+
 def analytic_static(tokens_per_round, nodes_per_seq, draft_us, costs, batch_size: int,
                     context_len: float, output_len: int) -> dict:
     """Expected-value simulation of fixed-shape policies, vectorised over candidates [C].
 
-    Round t (0-based) verifies at context l0 + t * g; R = ceil(N / g) rounds.  Returns arrays
-    [C]: rounds, total_us, verify_us (mean), throughput_tok_s (batch).
+    Round t (0-based) verifies at context l0 + t * g; R = ceil(N / g) rounds; the tokens output
+    are N per sequence (the last round's surplus beyond N is not output).  Returns arrays [C]:
+    rounds, total_us, verify_us (mean), throughput_tok_s (batch).
     """
     g = np.atleast_1d(np.asarray(tokens_per_round, np.float64))
     n = np.broadcast_to(np.asarray(nodes_per_seq, np.float64), g.shape)
     d = np.broadcast_to(np.asarray(draft_us, np.float64), g.shape)
     rounds = np.ceil(output_len / g - 1e-9).astype(np.int64)
-    t = np.arange(int(rounds.max()))
-    ctx = context_len + g[:, None] * t[None, :]
-    verify = np.asarray(costs.verify.predict(n[:, None], ctx, batch_size), np.float64)
-    verify = np.broadcast_to(verify, ctx.shape)
-    live = t[None, :] < rounds[:, None]
-    total_verify = np.where(live, verify, 0.0).sum(1)
+    total_verify = _verify_sums(costs, n, g, rounds, batch_size, context_len)
     total = total_verify + rounds * d
-    tokens = batch_size * rounds * g
+    tokens = float(batch_size) * np.minimum(float(output_len), rounds * g)
     return {"rounds": rounds, "total_us": total, "verify_us": total_verify / rounds,
             "throughput_tok_s": tokens / total * 1e6}
 
@@ -222,6 +281,7 @@ class SimResult:
     ci95: dict = field(default_factory=dict)
     synthetic: bool = False
     model: str = ""                    # the cost bundle's meta["model"]
+    notes: list = field(default_factory=list)   # one-line caveats (e.g. a budget the shape cannot fill)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -270,11 +330,13 @@ def _draft_us(costs, spec: PolicySpec, batch_size: int) -> float:
 
 
 CTX_QUANTUM = 32  # tokens; granularity of adaptive budget decisions in the analytic run
+MAX_DECISIONS = 64  # longer runs (N > 2048) decide per (output_len / 64)-token bucket instead
 
 
 def analytic_run(workload: Workload, spec: PolicySpec, costs, b: int) -> dict:
     """Expected-value run: mean tokens per round g (incl. bonus), mean nodes n, rounds,
-    total_us, mean verify_us and draft_us per round."""
+    total_us, mean verify_us and draft_us per round, and tok_s (batch throughput counting the
+    N = output_len tokens each sequence outputs)."""
     acc, w = workload.acceptance, workload.acceptance.weights
     l0, N = workload.mean_prompt_len, workload.output_len
     if spec.mode not in ("cost_aware", "batch_alloc"):
@@ -282,31 +344,46 @@ def analytic_run(workload: Workload, spec: PolicySpec, costs, b: int) -> dict:
         g, n, draft = 1.0 + float(w @ shape.accepted), float(w @ shape.nodes), _draft_us(costs, spec, b)
         out = analytic_static(g, n, draft, costs, b, l0, N)
         return {"g": g, "n": n, "rounds": int(out["rounds"][0]), "total_us": float(out["total_us"][0]),
-                "verify_us": float(out["verify_us"][0]), "draft_us": draft}
+                "verify_us": float(out["verify_us"][0]), "draft_us": draft,
+                "tok_s": float(out["throughput_tok_s"][0])}
     ad = _Adaptive(acc, spec, costs, b)
     levels = np.arange(acc.num_levels)
+    # The per-round budget decision depends on the context only through C_v, which moves
+    # negligibly over a few tokens: decide once per quantum-token bucket of context (the
+    # rounds' own costs below still use their exact contexts).
+    quantum = max(CTX_QUANTUM, math.ceil(N / MAX_DECISIONS))
     produced, ctx, total, verify_sum, rounds, gs, ns = 0.0, l0, 0.0, 0.0, 0, 0.0, 0.0
-    decisions: dict[int, np.ndarray] = {}
+    decisions: dict[int, tuple[float, float]] = {}
     while produced < N - 1e-9:
-        # The per-round budget decision depends on the context only through C_v, which moves
-        # negligibly over a few tokens: decide once per CTX_QUANTUM-token bucket (the round's
-        # own cost below still uses the exact context).
-        bucket = int(round(ctx / CTX_QUANTUM))
+        bucket = int(round(ctx / quantum))
         if bucket not in decisions:  # fluid: level l carries b * w_l requests
-            decisions[bucket] = ad.nodes(b * w, levels, bucket * CTX_QUANTUM or ctx)
-        nodes = decisions[bucket]
-        g = 1.0 + float(sum(w[i] * ad.phi(i, int(nodes[i])) for i in levels))
-        n = float(w @ nodes)
-        v = float(costs.verify.predict(n, ctx, b))
-        total += v + ad.draft_us
-        verify_sum, produced, ctx, rounds, gs, ns = verify_sum + v, produced + g, ctx + g, rounds + 1, gs + g, ns + n
+            nodes = ad.nodes(b * w, levels, bucket * quantum or ctx)
+            decisions[bucket] = (1.0 + float(sum(w[i] * ad.phi(i, int(nodes[i])) for i in levels)),
+                                 float(w @ nodes))
+        g, n = decisions[bucket]
+        # every round left in this bucket at once: contexts ctx + g j while they round to it
+        left = max(1, math.ceil((N - 1e-9 - produced) / g))
+        span = max(1, math.ceil(((bucket + 0.5) * quantum - ctx) / g) + 1)
+        j = np.arange(min(left, span))
+        ctxs = ctx + g * j
+        keep = (np.round(ctxs / quantum) == bucket) & (produced + g * j < N - 1e-9)
+        keep[0] = True
+        k = int(keep.size if keep.all() else np.argmin(keep))
+        v = float(np.sum(costs.verify.predict(np.full(k, n), ctxs[:k], b)))
+        total += v + k * ad.draft_us
+        verify_sum, produced, ctx = verify_sum + v, produced + g * k, ctx + g * k
+        rounds, gs, ns = rounds + k, gs + g * k, ns + n * k
     return {"g": gs / rounds, "n": ns / rounds, "rounds": rounds, "total_us": total,
-            "verify_us": verify_sum / rounds, "draft_us": ad.draft_us}
+            "verify_us": verify_sum / rounds, "draft_us": ad.draft_us,
+            "tok_s": b * min(float(N), produced) / total * 1e6}
 
 
 def _monte_carlo(workload: Workload, spec: PolicySpec, costs, b: int, rounds: int, runs: int,
                  seed: int, progress=None) -> dict:
-    acc = workload.acceptance
+    """``runs`` replications of ``rounds`` rounds.  A sequence outputs N = output_len tokens, then
+    its slot takes a new request (continuous batching: a fresh prompt); what its last round
+    accepted beyond N is not output, as in the analytic run."""
+    acc, N = workload.acceptance, workload.output_len
     rng = np.random.default_rng(seed)
     adaptive = spec.mode in ("cost_aware", "batch_alloc")
     ad = _Adaptive(acc, spec, costs, b) if adaptive else None
@@ -315,7 +392,7 @@ def _monte_carlo(workload: Workload, spec: PolicySpec, costs, b: int, rounds: in
     tput, acc_per_round, cache = np.zeros(runs), np.zeros(runs), {}
     for run in range(runs):
         ctx = rng.choice(workload.prompt_lens, b).astype(np.float64)
-        tokens = time = 0.0
+        produced, time, accepted, output = np.zeros(b), 0.0, 0.0, 0.0
         for _ in range(rounds):
             levels = rng.choice(acc.num_levels, b, p=acc.weights)
             if adaptive:
@@ -331,39 +408,58 @@ def _monte_carlo(workload: Workload, spec: PolicySpec, costs, b: int, rounds: in
                 tree, table = cache[key]
                 gained[idx] += sample_accepted_length(tree, rng, idx.size, accept_table=table)
             time += draft + float(costs.verify.predict(float(nodes.mean()), float(ctx.mean()), b))
-            tokens += gained.sum()
+            accepted += gained.sum()
+            done = produced + gained >= N
+            output += float(np.where(done, N - produced, gained).sum())
+            produced = np.where(done, 0.0, produced + gained)
             ctx += gained
-        tput[run], acc_per_round[run] = tokens / time * 1e6, tokens / (rounds * b)
+            if done.any():
+                ctx[done] = rng.choice(workload.prompt_lens, int(done.sum()))
+        tput[run] = output / time * 1e6
+        acc_per_round[run] = accepted / (rounds * b)
         if progress:
             progress(run + 1, runs)
-    half = lambda x: 1.96 * x.std(ddof=1) / math.sqrt(runs) if runs > 1 else float("inf")  # noqa: E731
+    half = lambda x: 1.96 * x.std(ddof=1) / math.sqrt(runs)  # noqa: E731  (runs >= 2)
     return {"throughput_tok_s": float(tput.mean()), "accepted_tokens_per_round": float(acc_per_round.mean()),
             "ci95": {"throughput_tok_s": [float(tput.mean() - half(tput)), float(tput.mean() + half(tput))],
                      "accepted_tokens_per_round": [float(acc_per_round.mean() - half(acc_per_round)),
                                                    float(acc_per_round.mean() + half(acc_per_round))]}}
 
 
+def _capped_budget_note(workload: Workload, spec: PolicySpec, nodes: float) -> str | None:
+    """A note when a fixed budget is more than the policy's drafted shape can fill."""
+    budget = spec.budget
+    if spec.mode != "best_first" or budget is None:
+        return None
+    most = int(max(static_round(workload.acceptance, spec).nodes))
+    if most >= budget:
+        return None
+    return (f"{spec.mode} budget {budget} is more than its drafted shape holds ({spec.params['draft_depth']} "
+            f"positions x top-{workload.acceptance.topk}): it verifies {nodes:.1f} nodes per sequence "
+            f"(at most {most}), and the linear comparison uses that many")
+
+
 def simulate(costs, workload: Workload, batch_size: int, spec: PolicySpec, *, mc_runs: int = 0,
              seed: int = 0, progress=None) -> SimResult:
     """Simulate ``spec`` for ``workload`` at ``batch_size``; Monte-Carlo when mc_runs > 0
-    (throughput and accepted tokens then come from the samples, with ``ci95``;
-    ``progress(done, total)`` is called after each replication)."""
-    if isinstance(batch_size, bool) or int(batch_size) != batch_size or batch_size < 1:
-        raise SimtreeError(f"batch size must be an integer >= 1, got {batch_size}")
-    b = int(batch_size)
+    (>= 2 replications: throughput and accepted tokens then come from the samples, with
+    ``ci95``; ``progress(done, total)`` is called after each replication).  The linear
+    comparison is at the nodes per sequence the policy actually verifies."""
+    b = check_batch_size(batch_size)
+    if isinstance(mc_runs, bool) or int(mc_runs) != mc_runs or mc_runs < 0 or mc_runs == 1:
+        raise SimtreeError(f"Monte-Carlo runs must be 0 (analytic) or >= 2 (for an interval), got {mc_runs}")
+    if isinstance(seed, bool) or int(seed) != seed or not 0 <= seed < 2 ** 63:
+        raise SimtreeError(f"seed must be an integer in [0, 2^63), got {seed}")
     a = analytic_run(workload, spec, costs, b)
-    throughput = b * a["rounds"] * a["g"] / a["total_us"] * 1e6
-    none = analytic_run(workload, PolicySpec("none"), costs, b)
-    none_tput = b * none["rounds"] / none["total_us"] * 1e6
-    lin_d = spec.budget or max(1, int(round(a["n"])))
-    if lin_d >= 2:
-        lin = analytic_run(workload, PolicySpec("linear", {"budget": lin_d}), costs, b)
-        lin_tput = b * lin["rounds"] * lin["g"] / lin["total_us"] * 1e6
-    else:
-        lin_tput = none_tput
+    throughput = a["tok_s"]
+    none_tput = analytic_run(workload, PolicySpec("none"), costs, b)["tok_s"]
+    lin_d = max(1, int(round(a["n"])))
+    lin_tput = (analytic_run(workload, PolicySpec("linear", {"budget": lin_d}), costs, b)["tok_s"]
+                if lin_d >= 2 else none_tput)
+    notes = [n for n in (_capped_budget_note(workload, spec, a["n"]),) if n]
     accepted, ci = a["g"], {}
     if mc_runs:
-        mc = _monte_carlo(workload, spec, costs, b, a["rounds"], int(mc_runs), seed, progress)
+        mc = _monte_carlo(workload, spec, costs, b, a["rounds"], int(mc_runs), int(seed), progress)
         throughput, accepted, ci = mc["throughput_tok_s"], mc["accepted_tokens_per_round"], mc["ci95"]
     return SimResult(policy=spec.name, mode=spec.mode, params=dict(spec.params), workload=workload.name,
                      batch_size=b, method=f"monte_carlo x{mc_runs}" if mc_runs else "analytic",
@@ -373,7 +469,7 @@ def simulate(costs, workload: Workload, batch_size: int, spec: PolicySpec, *, mc
                      rounds=a["rounds"], speedup_vs_none=throughput / none_tput,
                      speedup_vs_linear=throughput / lin_tput, linear_budget=lin_d, ci95=ci,
                      synthetic=bool(getattr(costs, "meta", {}).get("synthetic", False)),
-                     model=str(getattr(costs, "meta", {}).get("model", "")))
+                     model=str(getattr(costs, "meta", {}).get("model", "")), notes=notes)
 
 
 def pick_bundle(bundles: list, model: str | None, source: str):
@@ -401,12 +497,14 @@ def simulate_command_run(costs_path, workload_spec: str, batch_size: int, mode: 
     from simtree.planner import resolve_costs
 
     workload = get_workload(workload_spec, prompt_len, output_len)
-    if mc_runs < 0:
-        raise SimtreeError(f"--monte-carlo must be >= 0, got {mc_runs}")
+    check_batch_size(batch_size)
     if policy_path:   # its model picks the shipped bundle unless --model says otherwise
         from simtree.policy import Policy
         pol = Policy.load(policy_path)
         entry = pol.lookup(workload.name, batch_size)
+        note = pol.clamp_note(workload.name, batch_size)
+        if note:
+            warnings.warn(note, RuntimeWarning, stacklevel=2)
         spec = PolicySpec(entry.mode, entry.params)
         model = model or pol.model
     else:

@@ -90,6 +90,13 @@ def test_positional_fit_recovers_the_generating_table(tmp_path):
     ('{"workload": "w", "batch_size": 1, "parents": [-1, 0], "log_probs": [0, -1], "accepted_node": 1, '
      '"num_accepted": 3}', "num_accepted 3"),
     ('{"workload": "w", "batch_size": 1, "parents": [-1, 0], "log_probs": [0, NaN], "accepted_node": 1}', "log-prob"),
+    ('{"workload": "w", "batch_size": 1, "parents": [-1, 0], "log_probs": null, "accepted_node": 1}',
+     "log_probs must be a list"),
+    ('{"workload": 7, "batch_size": 1, "parents": [-1, 0], "log_probs": [0, -1], "accepted_node": 1}',
+     "workload 7 must be a non-empty string"),
+    *[('{"workload": "w", "batch_size": 1, "parents": [-1, 0], "log_probs": [0, -1], "accepted_node": 1, '
+       f'"context_len": {ctx}}}', "context_len") for ctx in ("-50", "0", '"abc"', "[1]", "1e400", "true", "2.5",
+                                                            "4194304")],
 ])
 def test_malformed_trace_is_one_line_error_with_line_number(tmp_path, line, fragment):
     path = tmp_path / "bad.jsonl"
@@ -135,3 +142,52 @@ def test_trace_file_as_workload(tmp_path):
     wl = get_workload(f"{path}#a", output_len=64)
     assert wl.name == "a" and wl.output_len == 64 and abs(wl.mean_prompt_len - 900) < 60
     assert 0.4 < wl.acceptance.tables[0, 0, 0] < 0.8
+
+
+def test_non_utf8_trace_file_is_one_line_error(tmp_path):
+    path = tmp_path / "latin1.jsonl"
+    path.write_bytes('{"workload": "caf\u00e9"}\n'.encode("latin-1"))
+    with pytest.raises(SimtreeError, match="not a UTF-8 text file") as err:
+        read_traces(path)
+    assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("depth", [4, 15])
+def test_traces_that_accept_every_draft_never_fit_certain_acceptance(tmp_path, depth):
+    # every chain fully accepted: the fit caps each depth at 0.98 (as calibrate_linear caps
+    # alpha) and says so; 20 records also draw the too-few-records warning
+    rec = {"workload": "all", "batch_size": 1, "parents": list(range(-1, depth)),
+           "log_probs": [0.0] + [-0.1] * depth, "accepted_node": depth}
+    path = tmp_path / "all.jsonl"
+    path.write_text("\n".join(json.dumps(rec | {"round": i, "context_len": 300}) for i in range(20)))
+    with pytest.warns(RuntimeWarning) as caught:
+        wl = get_workload(str(path))
+    messages = " ".join(str(w.message) for w in caught)
+    assert "only 20 trace records" in messages and "capped at 0.98" in messages
+    tables = wl.acceptance.tables
+    # the drafted rank is capped at 0.98; never-drafted ranks share what it leaves (rank decay)
+    assert tables[0, :, 0].max() == pytest.approx(0.98) and tables.sum(2).max() < 1 - 1e-3
+    assert wl.acceptance.meta["capped_depths"][:depth] == list(range(1, depth + 1))
+    assert 1.0 + wl.acceptance.linear_accepted(16) < 16 * 0.95   # no 16 tokens per round
+
+
+def test_enough_ordinary_traces_fit_without_warnings(tmp_path):
+    import warnings
+    rng = np.random.default_rng(4)
+    truth = np.array([[0.6, 0.2, 0.05, 0.0]] * 16)
+    path = tmp_path / "ok.jsonl"
+    path.write_text("\n".join(json.dumps(_sample_record(rng, truth)) for _ in range(150)))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        wl = get_workload(str(path))
+    assert wl.acceptance.meta["capped_depths"] == []
+
+
+@pytest.mark.parametrize("kw, fragment", [({"prompt_len": 1e12}, "prompt length must be in [1, 1048576]"),
+                                          ({"prompt_len": float("nan")}, "prompt length"),
+                                          ({"output_len": 10 ** 8}, "output length must be an integer in [1, 1048576]"),
+                                          ({"output_len": 0}, "output length")])
+def test_workload_lengths_are_bounded(kw, fragment):
+    with pytest.raises(SimtreeError) as err:
+        get_workload("gsm8k", **kw)
+    assert fragment in str(err.value)

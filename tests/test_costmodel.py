@@ -173,16 +173,30 @@ def test_scalar_fast_path_matches_vector_path(form):
             assert s.predict(*p) == pytest.approx(vec[i], rel=1e-12)
 
 
-def test_out_of_range_warns_once_and_extrapolates_upward():
+@pytest.mark.parametrize("scalar", [True, False], ids=["scalar", "vector"])
+def test_out_of_range_warns_once_per_axis_and_extrapolates_upward(scalar):
     rng = np.random.default_rng(7)
     model = VerifyCostModel(fit_surface(*verify_points(rng), "verify", VERIFY_AXES, folds=2).surface)
-    inside = model.predict(64, 131072, 64)
-    with pytest.warns(RuntimeWarning, match="outside its measured range"):
-        beyond = model.predict(128, 131072, 64)
+    model.surface.range_label = "toy verify cost model"
+    q = (lambda *a: a) if scalar else (lambda *a: tuple(np.array([v], float) for v in a))
+    inside = model.predict(*q(64, 131072, 64))
+    with pytest.warns(RuntimeWarning, match=r"toy verify cost model .*\(nodes_per_seq in \[1, 64\], asked 128\)"):
+        beyond = model.predict(*q(128, 131072, 64))
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        model.predict(256, 262144, 128)  # second excursion: no second warning
-    assert beyond > inside
+        model.predict(*q(256, 131072, 64))  # the same axis again: no second warning
+    # a second axis out of range warns once more, naming that axis (and only it)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        model.predict(*q(256, 262144, 64))
+        model.predict(*q(256, 300000, 64))
+    assert [str(w.message).split("(")[1].split(" in ")[0] for w in caught] == ["context_len"]
+    with pytest.warns(RuntimeWarning, match="batch_size"):
+        model.predict(*q(8, 4096, 128))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        model.predict(*q(512, 10 ** 6, 512))  # every axis has warned
+    assert np.all(np.asarray(beyond) > np.asarray(inside))
 
 
 def test_refuses_a_single_n_value_and_too_few_points():

@@ -51,6 +51,14 @@ def test_round_trip_and_lookup(tmp_path):
     (lambda p: _write(p.parent, [_entry(batch_min=8, batch_max=2)]), "batch_min 8 > batch_max 2"),
     (lambda p: _write(p.parent, [_entry(predicted_tok_s=float("nan"))]), "predicted_tok_s"),
     (lambda p: _write(p.parent, [_entry(), _entry(batch_min=3, batch_max=9)]), "overlapping batch ranges"),
+    (lambda p: _write(p.parent, [_entry(mode="linear", params={"budget": 4}, tree_on=True)]),
+     "tree_on is true but mode 'linear' verifies no tree"),
+    (lambda p: _write(p.parent, [_entry(tree_on=False)]), "tree_on is false but mode 'eagle' verifies a tree"),
+    (lambda p: _write(p.parent, [_entry(params={"num_steps": 3, "topk": 2, "budget": 6, "draft_depth": 2})]),
+     "mode 'eagle' has no parameter 'draft_depth'"),
+    (lambda p: _write(p.parent, [_entry(mode="linear", params={"budget": 4, "bugdet": 5}, tree_on=False)]),
+     "has no parameter 'bugdet'"),
+    (lambda p: _write(p.parent, [_entry(within_model_error="yes")]), "within_model_error must be true or false"),
 ])
 def test_malformed_policy_is_one_line_error(tmp_path, mutate, fragment):
     path = tmp_path / "policy.json"
@@ -70,3 +78,18 @@ def test_missing_policy_through_the_cli_is_exit_2(tmp_path):
 def test_entry_dataclass_accepts_contract_fields():
     e = PolicyEntry.from_dict(_entry(mode="cost_aware", params={"max_budget": 16}), "x")
     assert e.params["max_budget"] == 16 and e.params["draft_depth"] == 3
+
+
+def test_within_model_error_round_trips_and_defaults_to_false(tmp_path):
+    pol = Policy.load(_write(tmp_path, [_entry(within_model_error=True), _entry(batch_min=5, batch_max=8)]))
+    assert [e.within_model_error for e in pol.entries] == [True, False]
+    again = Policy.load(pol.save(tmp_path / "copy.json"))
+    assert [e.within_model_error for e in again.entries] == [True, False]
+
+
+def test_clamp_note_only_outside_every_planned_range(tmp_path):
+    pol = Policy.load(_write(tmp_path, [_entry(batch_min=2, batch_max=4), _entry(batch_min=5, batch_max=64)]))
+    for b in range(2, 65):
+        assert pol.clamp_note("sharegpt", b) is None
+    assert "largest planned batch size 64" in pol.clamp_note("sharegpt", 1000)
+    assert "smallest planned batch size 2" in pol.clamp_note("sharegpt", 1)

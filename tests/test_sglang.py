@@ -1,5 +1,6 @@
 import json
 
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -43,3 +44,64 @@ def test_export_picks_the_best_static_candidate_of_the_plan(tmp_path):
         assert result.loss_vs_planned >= -1e-9  # the plan's choice is never worse than a static one
         planned = json.loads(policy_path.read_text())
         assert any(e["workload"] == "sharegpt" for e in planned["entries"])
+
+
+DEEPSEEK = "simtree/data/costs/h200_deepseek-v4-flash.json"
+
+
+@pytest.fixture(scope="module")
+def deepseek_plan(tmp_path_factory):
+    # DeepSeek-V4-Flash at batch 4, 8, 64: adaptive / best-first choices SGLang cannot express
+    out = plan_and_write([DEEPSEEK], ["gsm8k"], [4, 8, 64], str(tmp_path_factory.mktemp("plan")))[0]
+    return out["policy"]
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_export_uses_the_batch_size_the_policy_entry_was_planned_at(deepseek_plan, seed):
+    # any serving batch size (ties such as 6 between 4 and 8 included) exports a candidate from
+    # the batch size its entry was planned at, and the loss compares predictions at that size
+    from simtree.policy import Policy
+
+    policy = Policy.load(deepseek_plan)
+    cands = pd.read_csv(deepseek_plan.with_name("candidates.csv"))
+    rng = np.random.default_rng(seed)
+    for b in sorted({5, 6, 7, *rng.integers(1, 65, 6).tolist()}):
+        entry = policy.lookup("gsm8k", b)
+        result = export(deepseek_plan, "gsm8k", b)
+        assert result.planned_batch_size == entry.batch_max
+        static = cands[(cands.batch_size == entry.batch_max) & cands["mode"].isin(["none", "linear", "eagle"])]
+        assert result.predicted_tok_s == pytest.approx(static.tok_s.max())
+        assert result.loss_vs_planned == pytest.approx(1 - static.tok_s.max() / entry.predicted_tok_s)
+        assert 0 <= result.loss_vs_planned < 0.15
+
+
+def test_batch_beyond_the_plan_warns_that_it_is_clamped(deepseek_plan, tmp_path):
+    import subprocess
+    import sys
+
+    with pytest.warns(RuntimeWarning, match="clamped to its largest planned batch size 64"):
+        result = export(deepseek_plan, "gsm8k", 1000)
+    assert result.planned_batch_size == 64
+    for args in (["sglang", str(deepseek_plan), "--workload", "gsm8k", "--batch-size", "1000"],
+                 ["simulate", "--policy", str(deepseek_plan), "--workload", "gsm8k", "--batch-size", "1000",
+                  "--output-len", "16"]):
+        proc = subprocess.run([sys.executable, "-m", "simtree", *args], capture_output=True, text=True)
+        assert proc.returncode == 0, proc.stderr
+        notes = [x for x in proc.stderr.splitlines() if "clamped" in x]
+        assert len(notes) == 1 and notes[0].startswith("note: batch size 1000 is outside"), proc.stderr
+
+
+def test_export_refuses_candidates_of_another_plan_or_a_broken_table(deepseek_plan, tmp_path):
+    import shutil
+
+    other = tmp_path / "other"
+    other.mkdir()
+    shutil.copy(deepseek_plan, other / "policy.json")
+    cands = pd.read_csv(deepseek_plan.with_name("candidates.csv"))
+    cands.assign(tok_s=cands.tok_s * 0.5).to_csv(other / "candidates.csv", index=False)   # another plan's numbers
+    with pytest.raises(SimtreeError, match="are not from one plan"):
+        export(other / "policy.json", "gsm8k", 8)
+    for content, fragment in (("", "not a readable"), (",".join(cands.columns) + "\n", "no candidate rows")):
+        (other / "candidates.csv").write_text(content)
+        with pytest.raises(SimtreeError, match=fragment):
+            export(other / "policy.json", "gsm8k", 8)

@@ -7,6 +7,7 @@ from typing import List, Optional
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import Progress
 from rich.table import Table
 
@@ -15,12 +16,17 @@ from simtree.synthetic import SYNTHETIC_LABEL
 
 
 def parse_batch_sizes(text: str) -> list[int]:
+    from simtree.simulate import MAX_BATCH_SIZE
+
+    fields = [x.strip() for x in text.split(",")]
+    if not text.strip() or any(not f for f in fields):
+        raise SimtreeError(f"--batch-sizes must be comma-separated integers with no empty entry, got {text!r}")
     try:
-        sizes = [int(x) for x in text.split(",") if x.strip()]
+        sizes = [int(f) for f in fields]
     except ValueError:
         raise SimtreeError(f"--batch-sizes must be comma-separated integers, got {text!r}") from None
-    if not sizes or min(sizes) < 1:
-        raise SimtreeError(f"--batch-sizes must be integers >= 1, got {text!r}")
+    if min(sizes) < 1 or max(sizes) > MAX_BATCH_SIZE:
+        raise SimtreeError(f"--batch-sizes must be integers in [1, {MAX_BATCH_SIZE}], got {text!r}")
     return sizes
 
 
@@ -44,13 +50,15 @@ def register(app: typer.Typer) -> None:
 
         sizes = parse_batch_sizes(batch_sizes)
         console = Console(stderr=as_json)
-        with Progress(console=console, transient=True) as bar, warnings.catch_warnings(record=True) as caught:
+        # a progress bar on a terminal only: piped output gets no bar (nor the blank line it leaves)
+        with Progress(console=console, transient=True, disable=not console.is_terminal) as bar, \
+                warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             task = bar.add_task("planning", total=None)
             outputs = plan_and_write(costs or (), workload or (), sizes, out, prompt_len, output_len,
                                      progress=lambda done, total: bar.update(task, completed=done, total=total))
         for note in dict.fromkeys(str(w.message) for w in caught):  # once each, as one line
-            console.print(f"[yellow]note:[/] {note}")
+            console.print(f"[yellow]note:[/] {escape(note)}", highlight=False, soft_wrap=True)
         if as_json:
             typer.echo(json.dumps([{"policy_file": str(o["policy"]), "synthetic": o["result"].synthetic,
                                     **o["result"].to_policy().to_dict()} for o in outputs], indent=1))
@@ -59,11 +67,15 @@ def register(app: typer.Typer) -> None:
             res = o["result"]
             if res.synthetic:
                 console.print(f"[bold red]SYNTHETIC COSTS[/]: {SYNTHETIC_LABEL} - predictions are not measurements")
-            table = Table(title=f"plan: {res.model} on {res.device}")
+            flagged = bool(res.chosen["within_model_error"].any())
+            caption = (f"* within model error: gain over linear < the verify fit's held-out median error "
+                       f"({100 * res.model_error:.1f}%)" if flagged and res.model_error else None)
+            table = Table(title=f"plan: {res.model} on {res.device}", caption=caption)
             for col in ("workload", "batch", "policy", "tree", "tok/round", "tok/s", "vs linear", "vs none"):
                 table.add_column(col, no_wrap=col == "policy")
             for r in res.chosen.itertuples():
                 on = "on" if r.mode in TREE_MODES else "off"
+                on += "*" if r.within_model_error else ""
                 table.add_row(r.workload, str(r.batch_size), r.policy, on, f"{r.tokens_per_round:.2f}",
                               f"{r.tok_s:.0f}", f"{r.gain_vs_linear:.3f}", f"{r.gain_vs_none:.2f}")
             console.print(table)

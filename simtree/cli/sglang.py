@@ -17,14 +17,21 @@ def register(app: typer.Typer) -> None:
         batch_size: int = typer.Option(..., "--batch-size", min=1, help="serving batch size"),
         as_json: bool = typer.Option(False, "--json", help="print as JSON"),
     ) -> None:
+        import warnings
+
         from simtree.sglang import export
 
-        result = export(policy, workload, batch_size)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            result = export(policy, workload, batch_size)
+        for note in dict.fromkeys(str(w.message) for w in caught):  # once each, one line, stderr
+            typer.echo(f"note: {note}", err=True)
         if as_json:
             typer.echo(json.dumps(asdict(result), indent=1))
             return
         typer.echo(result.command_line())
         if result.exported_policy != result.planned_policy:
-            typer.echo(f"# planned {result.planned_policy}; SGLang runs static trees, so this is the best static "
-                       f"candidate {result.exported_policy} ({result.loss_vs_planned:.1%} below the plan's "
-                       f"predicted throughput)", err=True)
+            typer.echo(f"# planned {result.planned_policy} at batch {result.planned_batch_size}; SGLang runs "
+                       f"static trees, so this is the best static candidate {result.exported_policy} "
+                       f"({result.loss_vs_planned:.1%} below the plan's predicted throughput at batch "
+                       f"{result.planned_batch_size})", err=True)

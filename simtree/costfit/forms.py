@@ -52,30 +52,51 @@ _SCALAR = (int, float, np.float64, np.int64)   # types that take the pure-Python
 
 
 class _RangeWarner:
-    """Warns once per model when a query leaves the measured range (python warnings)."""
+    """Warns once per (model, axis) when a query leaves the measured range (python warnings).
+
+    ``range_label`` names the model in the message (the cost bundle sets it, e.g.
+    "deepseek-v4-flash draft cost model"); every axis that is left warns once, with the
+    measured range and the first value asked outside it."""
 
     axis_names: tuple[str, str, str] = ("x", "y", "z")
     valid_range: dict
+    range_label: str = "cost model"
+    _warned = False            # True once every axis has warned (the scalar path's quick exit)
+
+    def _warned_axes(self) -> set:
+        axes = self.__dict__.get("_warned_set")
+        if axes is None:
+            axes = self._warned_set = set()
+        return axes
 
     def _check_range(self, x, y, z) -> None:
-        if getattr(self, "_warned", False) or not self.valid_range:
+        if self._warned or not self.valid_range:
             return
-        for name, q in zip(self.axis_names, (x, y, z)):
+        warned = self._warned_axes()
+        for i, (name, q) in enumerate(zip(self.axis_names, (x, y, z))):
+            if i in warned:
+                continue
             lo, hi = self.valid_range.get(name, (-np.inf, np.inf))
-            if np.any(np.asarray(q) < lo) or np.any(np.asarray(q) > hi):
-                self._warned = True
-                warnings.warn(f"cost model queried outside its measured range ({name} in "
-                              f"[{lo:g}, {hi:g}]); extrapolating conservatively (non-decreasing)",
-                              RuntimeWarning, stacklevel=4)
-                return
+            q = np.asarray(q, dtype=float)
+            out = (q < lo) | (q > hi)
+            if np.any(out):
+                warned.add(i)
+                asked = float(q.reshape(-1)[np.flatnonzero(out.reshape(-1))[0]]) if q.ndim else float(q)
+                warnings.warn(f"{self.range_label} queried outside its measured range ({name} in "
+                              f"[{lo:g}, {hi:g}], asked {asked:g}); extrapolating conservatively "
+                              "(non-decreasing)", RuntimeWarning, stacklevel=4)
+        self._warned = len(warned) == 3
 
     def _scalar_out_of_range(self, x, y, z) -> bool:
+        """True when an axis that has not warned yet is out of range (pure Python: fast)."""
         bounds = self.__dict__.get("_bounds")
         if bounds is None:   # cached: the scalar path must stay a few microseconds
             r, names = self.valid_range, self.axis_names
             bounds = self._bounds = tuple(float(v) for n in names for v in r.get(n, (-np.inf, np.inf)))
-        return not (bounds[0] <= x <= bounds[1] and bounds[2] <= y <= bounds[3]
-                    and bounds[4] <= z <= bounds[5])
+        warned = self._warned_axes()
+        return ((not bounds[0] <= x <= bounds[1] and 0 not in warned)
+                or (not bounds[2] <= y <= bounds[3] and 1 not in warned)
+                or (not bounds[4] <= z <= bounds[5] and 2 not in warned))
 
 
 class BasisSurface(_RangeWarner):
@@ -98,7 +119,6 @@ class BasisSurface(_RangeWarner):
             raise SimtreeError("basis surface: knots must be finite")
         self.axis_names = tuple(axis_names)
         self.valid_range = dict(valid_range or {})
-        self._warned = False
         first = 2 if kind == "verify" else 5   # where the hinge coefficients start
         self._hinges = list(zip(self.knots, self.coef[first:first + len(self.knots)]))
 
@@ -221,9 +241,11 @@ class GridSurface(_RangeWarner):
                                "(every axis needs >= 2 values)")
         if not np.all(np.isfinite(self.values)):
             raise SimtreeError("grid surface: values must be finite")
+        for name, ax in zip(axis_names, (self.xs, self.ys, self.zs)):
+            if not (np.all(np.isfinite(ax)) and np.all(np.diff(ax) > 0)):
+                raise SimtreeError(f"grid surface: the {name} axis {ax} must be finite and strictly increasing")
         self.axis_names = tuple(axis_names)
         self.valid_range = dict(valid_range or {})
-        self._warned = False
         self._ax = [np.asarray(a) for a in (self.xs, self.ys, self.zs)]
         self._dy = self.values[:, -1, :] - self.values[:, -2, :]   # [nz, nx] last y-increment
         self._dz = self.values[-1, :, :] - self.values[-2, :, :]   # [ny, nx] last z-increment

@@ -1,0 +1,165 @@
+"""Simulator review fixes: bounded long runs, counted output tokens, Monte-Carlo arguments,
+budgets a drafted shape cannot fill, and the simulate command's one-line notes."""
+import json
+import math
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from simtree.acceptance import AcceptanceModel, Workload, calibrate_linear
+from simtree.errors import SimtreeError
+from simtree.simulate import (CTX_QUANTUM, EXACT_ROUNDS, PolicySpec, _Adaptive, _verify_sums, analytic_run,
+                              analytic_static, simulate)
+from simtree.synthetic import RooflineDraftCost, RooflineVerifyCost, SyntheticCostBundle, synthetic_costs
+
+QWEN = "simtree/data/costs/h200_qwen3.6-27b.json"
+
+
+def _random_workload(rng, output_len):
+    levels = int(rng.integers(1, 4))
+    rows = rng.dirichlet(np.ones(4), (levels, 16)) * rng.uniform(0.3, 0.95, (levels, 16, 1))
+    acc = AcceptanceModel("w", -np.sort(-rows, axis=2), rng.dirichlet(np.ones(levels)))
+    return Workload("w", acc, rng.integers(50, 3000, 8), output_len)
+
+
+def _random_costs(rng):
+    scale = lambda: float(np.exp(rng.uniform(-1.0, 1.0)))  # noqa: E731
+    verify = RooflineVerifyCost(launch_us=400 * scale(), weights_us=13000 * scale(), per_token_us=78 * scale(),
+                                kv_per_ctx_us=0.0154 * scale(), attn_per_pair_us=5.6e-4 * scale())
+    return SyntheticCostBundle(verify, RooflineDraftCost(weights_us=800 * scale()))
+
+
+def _adaptive_reference(workload, spec, costs, b):
+    """The adaptive analytic run written out one round at a time (decisions per 32-token bucket
+    of context, each round's C_v at its own context)."""
+    acc, w = workload.acceptance, workload.acceptance.weights
+    ad = _Adaptive(acc, spec, costs, b)
+    levels = np.arange(acc.num_levels)
+    produced, ctx, total, rounds, decisions = 0.0, workload.mean_prompt_len, 0.0, 0, {}
+    while produced < workload.output_len - 1e-9:
+        bucket = int(round(ctx / CTX_QUANTUM))
+        if bucket not in decisions:
+            decisions[bucket] = ad.nodes(b * w, levels, bucket * CTX_QUANTUM or ctx)
+        nodes = decisions[bucket]
+        g = 1.0 + float(sum(w[i] * ad.phi(i, int(nodes[i])) for i in levels))
+        total += float(costs.verify.predict(float(w @ nodes), ctx, b)) + ad.draft_us
+        produced, ctx, rounds = produced + g, ctx + g, rounds + 1
+    return rounds, total, b * min(workload.output_len, produced) / total * 1e6
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_adaptive_run_matches_a_round_by_round_reference(seed):
+    # the bucketed evaluation (every round of a context bucket at once) against the plain loop
+    rng = np.random.default_rng(seed)
+    wl, costs = _random_workload(rng, int(rng.integers(20, 600))), _random_costs(rng)
+    b = int(rng.choice([1, 4, 16, 64]))
+    for mode, key in (("cost_aware", "max_budget"), ("batch_alloc", "max_budget_per_seq")):
+        spec = PolicySpec(mode, {key: int(rng.integers(4, 17)), "draft_depth": int(rng.integers(1, 8))})
+        got = analytic_run(wl, spec, costs, b)
+        rounds, total, tok_s = _adaptive_reference(wl, spec, costs, b)
+        assert got["rounds"] == rounds
+        assert got["total_us"] == pytest.approx(total, rel=1e-9)
+        assert got["tok_s"] == pytest.approx(tok_s, rel=1e-9)
+
+
+def test_long_runs_sum_sampled_rounds_within_a_small_error():
+    # Beyond EXACT_ROUNDS rounds C_v is summed from sampled rounds (trapezoid): against the
+    # brute-force sum over every round of a measured, piecewise-linear-in-l grid bundle
+    from simtree.costmodel import load_costs
+    costs = load_costs(QWEN)
+    rng = np.random.default_rng(5)
+    g = rng.uniform(1.0, 6.0, 6)
+    n = rng.integers(1, 17, 6).astype(float)
+    rounds = rng.integers(EXACT_ROUNDS + 1, 60000, 6)
+    with np.errstate(all="ignore"), pytest.warns(RuntimeWarning):
+        got = _verify_sums(costs, n, g, rounds, 8, 300.0)
+        for i in range(6):
+            t = np.arange(rounds[i])
+            ref = float(np.sum(costs.verify.predict(np.full(t.size, n[i]), 300.0 + g[i] * t, 8)))
+            assert got[i] == pytest.approx(ref, rel=1e-6)   # ~1e-8 in practice
+
+
+def test_a_million_token_output_plans_without_a_candidates_x_rounds_matrix():
+    # 1M output tokens at g = 1: a [C x R] matrix would be 400 candidates x 1M rounds (3 GB);
+    # the sums are chunked / sampled instead, so this is quick and small
+    import time
+    import tracemalloc
+    costs, C = synthetic_costs(), 400
+    rng = np.random.default_rng(2)
+    g = np.concatenate([[1.0], rng.uniform(1.0, 6.0, C - 1)])
+    tracemalloc.start()
+    t0 = time.perf_counter()
+    out = analytic_static(g, rng.integers(1, 17, C), rng.uniform(0, 500, C), costs, 4, 500.0, 1 << 20)
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert time.perf_counter() - t0 < 20 and peak < 300e6
+    assert out["rounds"][0] == 1 << 20 and np.all(np.isfinite(out["throughput_tok_s"]))
+    wl = Workload("w", calibrate_linear(2.6, 4, name="w"), np.full(4, 300), 1 << 20)
+    t0 = time.perf_counter()
+    a = analytic_run(wl, PolicySpec("cost_aware", {"max_budget": 16, "draft_depth": 4}), costs, 4)
+    assert time.perf_counter() - t0 < 20 and a["tok_s"] > 0
+
+
+def test_monte_carlo_needs_two_runs_and_a_nonnegative_seed():
+    wl = Workload("w", calibrate_linear(2.6, 4, name="w"), np.full(4, 300), 16)
+    with pytest.raises(SimtreeError, match="0 \\(analytic\\) or >= 2"):
+        simulate(synthetic_costs(), wl, 2, PolicySpec("linear", {"budget": 4}), mc_runs=1)
+    with pytest.raises(SimtreeError, match="seed must be an integer in \\[0"):
+        simulate(synthetic_costs(), wl, 2, PolicySpec("linear", {"budget": 4}), mc_runs=2, seed=-1)
+    r = simulate(synthetic_costs(), wl, 2, PolicySpec("linear", {"budget": 4}), mc_runs=2, seed=3)
+    lo, hi = r.ci95["throughput_tok_s"]
+    assert math.isfinite(lo) and math.isfinite(hi) and lo <= r.throughput_tok_s <= hi
+
+
+@pytest.mark.parametrize("bad", [0, -3, 10 ** 6 + 1, 99999999999999999999, 2.5, True])
+def test_batch_size_bounds_are_one_line_errors(bad):
+    wl = Workload("w", calibrate_linear(2.6, 4, name="w"), np.full(4, 300), 16)
+    with pytest.raises(SimtreeError, match=r"batch size must be an integer in \[1, 1000000\]"):
+        simulate(synthetic_costs(), wl, bad, PolicySpec("none"))
+
+
+def test_best_first_budget_beyond_its_shape_compares_linear_at_the_nodes_verified():
+    rng = np.random.default_rng(9)
+    wl = _random_workload(rng, 64)
+    costs = _random_costs(rng)
+    depth = 2   # marginals of 2 positions x top-4: at most 1 + 4 + 16 = 21 nodes
+    r = simulate(costs, wl, 2, PolicySpec("best_first", {"budget": 500, "draft_depth": depth}))
+    assert r.mean_nodes_per_seq <= 21 and r.linear_budget == round(r.mean_nodes_per_seq)
+    lin = simulate(costs, wl, 2, PolicySpec("linear", {"budget": r.linear_budget}))
+    assert r.speedup_vs_linear == pytest.approx(r.throughput_tok_s / lin.throughput_tok_s, rel=1e-12)
+    assert any("budget 500 is more than its drafted shape holds" in n for n in r.notes)
+    full = simulate(costs, wl, 2, PolicySpec("best_first", {"budget": 8, "draft_depth": 3}))
+    assert full.notes == [] and full.linear_budget == 8
+
+
+def _cli(*args):
+    return subprocess.run([sys.executable, "-m", "simtree", *args], capture_output=True, text=True)
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (["--batch-size", "99999999999999999999"], "batch size must be an integer in [1, 1000000]"),
+    (["--monte-carlo", "2", "--seed", "-1"], "seed must be an integer in [0"),
+    (["--monte-carlo", "1", "--json"], "Monte-Carlo runs must be 0 (analytic) or >= 2"),
+    (["--prompt-len", "1e12"], "prompt length must be in [1, 1048576]"),
+    (["--output-len", "100000000"], "output length must be an integer in [1, 1048576]"),
+    (["--policy-mode", "eagle", "--draft-depth", "4"], "--draft-depth applies to best_first"),
+])
+def test_simulate_bad_arguments_are_one_line_errors(args, fragment):
+    proc = _cli("simulate", "--model", "qwen3.6-27b", *args)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.count("\n") == 1 and proc.stderr.startswith("error: ") and fragment in proc.stderr
+
+
+def test_simulate_warnings_are_one_line_notes_and_json_stays_valid():
+    # draft depth 12 > the 6 steps the profile measured, contexts below its 1024: notes, once each
+    proc = _cli("simulate", "--model", "qwen3.6-27b", "--policy-mode", "best_first", "--budget", "16",
+                "--draft-depth", "12", "--output-len", "32", "--monte-carlo", "3", "--json")
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(proc.stdout, parse_constant=lambda c: pytest.fail(f"invalid JSON constant {c}"))
+    assert data["method"] == "monte_carlo x3" and all(math.isfinite(v) for v in data["ci95"]["throughput_tok_s"])
+    lines = proc.stderr.strip().splitlines()
+    assert lines and all(line.startswith("note: ") for line in lines), proc.stderr
+    assert any("draft cost model" in line and "num_steps" in line for line in lines)
+    assert len(lines) == len(set(lines)) and "warnings.warn" not in proc.stderr
