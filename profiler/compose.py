@@ -247,7 +247,7 @@ def compose_table(table: str | Path, stack_layers: int = 8, core_variants: dict 
                "core_variants": core_variants or "auto",
                "round_extras": {m: round_extras_used(measured, m) for m in models},
                "stack_validation": validate_stacks(measured)}
-    write_text_atomic(table.with_name(table.stem + ".compose.json"), json.dumps(summary, indent=2))
+    write_text_atomic(pt.side_path(table, "compose.json"), json.dumps(summary, indent=2))
     meta = pt.read_meta(table)
     if meta:   # the table's sidecar says how its composed rows were made too
         pt.write_meta(table, {**meta, "compose": summary})

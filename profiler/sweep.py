@@ -123,6 +123,11 @@ def _number(value, kind, low: float, inclusive: bool, where: str):
     raise SimtreeError(f"{where} must be {need}, got {value!r}")
 
 
+def _check_device(device, where: str) -> None:
+    if not isinstance(device, str) or not (device in ("auto", "cpu", "cuda") or device.startswith("cuda:")):
+        raise SimtreeError(f"{where} must be cuda, cuda:<index>, cpu or auto, got {device!r}")
+
+
 def _str_list(value, where: str) -> list[str]:
     if not isinstance(value, list) or not value or not all(isinstance(v, str) and v for v in value):
         raise SimtreeError(f"{where} must be a non-empty list of names, got {value!r}")
@@ -135,9 +140,7 @@ def _check_spec(spec: dict, name: str) -> None:
     for key, (kind, low, inclusive) in _SCALARS.items():
         if key in spec:
             spec[key] = _number(spec[key], kind, low, inclusive, f"{name}: {key}")
-    device = spec.get("device", "auto")
-    if not isinstance(device, str) or not (device in ("auto", "cpu", "cuda") or device.startswith("cuda:")):
-        raise SimtreeError(f"{name}: device must be cuda, cuda:<index>, cpu or auto, got {device!r}")
+    _check_device(spec.get("device", "auto"), f"{name}: device")
     _str_list(spec["models"], f"{name}: models")
     compose = spec.get("compose")
     if isinstance(compose, dict) and "stack_layers" in compose:
@@ -257,8 +260,8 @@ def run_sweep(sweep: str | Path | None = None, out: str | Path = "reports/profil
     from .pieces import Ctx
     from .timing import l2_cache_bytes
 
-    if device is not None and not (device in ("auto", "cpu", "cuda") or device.startswith("cuda:")):
-        raise SimtreeError(f"--device must be cuda, cuda:<index>, cpu or auto, got {device!r}")
+    if device is not None:
+        _check_device(device, "--device")
     if max_minutes is not None:
         max_minutes = _number(max_minutes, float, 0, False, "--max-minutes")
     spec = load_sweep(sweep or default_sweep_path(device))
@@ -285,7 +288,8 @@ def run_sweep(sweep: str | Path | None = None, out: str | Path = "reports/profil
 
     label = metadata.device_label(device)
     row_base = {"device": label, "dtype": dtype_name}
-    selected = {pt.row_key({**row_base, **_point_row(p)}) for _, p in points}
+    keys = [pt.row_key({**row_base, **_point_row(p)}) for _, p in points]
+    selected = set(keys)
     _clear_stale_temps(table)
     if remeasure:
         echo(f"remeasure: {pt.drop_rows(table, selected)} rows of the selected points dropped "
@@ -317,9 +321,8 @@ def run_sweep(sweep: str | Path | None = None, out: str | Path = "reports/profil
     unavailable: dict[tuple, str] = {}
     entry_start: dict[int, float] = {}
     modes: dict[str, int] = {}
-    todo = [(i, p) for i, p in points
-            if pt.row_key({**row_base, **_point_row(p)}) not in done]
-    res.skipped_done = sum(1 for _, p in points if pt.row_key({**row_base, **_point_row(p)}) in in_table)
+    todo = [(i, p, key) for (i, p), key in zip(points, keys) if key not in done]
+    res.skipped_done = sum(key in in_table for key in keys)
     res.skipped_logged = len(points) - len(todo) - res.skipped_done
     res.to_run = len(todo)
     echo(f"sweep {spec['name']} on {label} ({dtype_name}): {len(todo)} points to run, "
@@ -350,14 +353,13 @@ def run_sweep(sweep: str | Path | None = None, out: str | Path = "reports/profil
     j = 0
     alarm = hard_deadline(max_s + float(spec.get("grace_s", 45)))
     try:
-        for j, (entry_i, p) in enumerate(todo):
+        for j, (entry_i, p, key) in enumerate(todo):
             if time.monotonic() - t_start > max_s:
                 res.not_run += len(todo) - j   # += keeps the points skipped by stage budgets
                 res.stopped = f"max {max_s / 60:.1f} min reached"
                 break
             entry = spec["stages"][entry_i]
             entry_start.setdefault(entry_i, time.monotonic())
-            key = pt.row_key({**row_base, **_point_row(p)})
             group = (p.model, p.stage, p.variant)
             if (p.model, p.stage) != current:
                 current = (p.model, p.stage)
@@ -492,7 +494,9 @@ def _previous_sweeps(old_meta: dict) -> list:
 def _read_compose_summary(table: Path) -> dict:
     from simtree.fileio import read_json
 
-    path = table.with_name(table.stem + ".compose.json")
+    from simtree.profile_table import side_path
+
+    path = side_path(table, "compose.json")
     try:
         summary = read_json(path, "composition summary") if path.exists() else {}
     except SimtreeError:
@@ -502,8 +506,10 @@ def _read_compose_summary(table: Path) -> dict:
 
 def _clear_stale_temps(table: Path) -> None:
     """Temp files a killed write left beside the table (``write_atomic``'s ``.<name>.*.tmp``)."""
+    from simtree.profile_table import side_path
+
     if table.parent.is_dir():
-        for name in (table.name, table.stem + ".meta.json", table.stem + ".compose.json"):
+        for name in (table.name, side_path(table, "meta.json").name, side_path(table, "compose.json").name):
             for tmp in table.parent.glob(f".{name}.*.tmp"):
                 tmp.unlink(missing_ok=True)
 

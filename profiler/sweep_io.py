@@ -10,7 +10,9 @@ __all__ = ["points_log", "read_log_skips", "log_point", "one_line", "Deadline", 
 
 
 def points_log(table: Path) -> Path:
-    return table.with_name(table.stem + ".points.jsonl")
+    from simtree.profile_table import side_path
+
+    return side_path(table, "points.jsonl")
 
 
 def read_log_skips(table: Path) -> set:

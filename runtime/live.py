@@ -119,11 +119,9 @@ def _resolve_spec(policy, policy_workload, workload, batch_size, mode, params, w
         pol = Policy.load(path)
         name = policy_workload or workload
         entry = pol.lookup(name, batch_size)
-        ranges = sorted((e.batch_min, e.batch_max) for e in pol.entries if e.workload == name)
-        if not any(lo <= batch_size <= hi for lo, hi in ranges):
-            warn(f"policy {path} plans workload {name} for batch sizes {ranges[0][0]}-{ranges[-1][1]}, "
-                 f"not {batch_size}: running its nearest entry (batch {entry.batch_min}-{entry.batch_max}, "
-                 f"{entry.mode})")
+        clamped = pol.clamp_note(name, batch_size)
+        if clamped:
+            warn(clamped)
         other = _mismatch("policy", path, pol.model, pol.device, warn.here)
         if other:
             warn(other)

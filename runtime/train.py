@@ -207,8 +207,14 @@ def _read_checkpoint(path: Path) -> tuple[dict, dict, dict]:
                            "pass --restart to discard it") from None
 
 
-def _restore(state: dict, tensors: dict, meta: dict, model: HybridLM, opt) -> np.random.Generator:
-    model.load_state_dict({k[6:]: v for k, v in tensors.items() if k.startswith("model.")}, strict=False)
+def _restore(tensors: dict, meta: dict, model: HybridLM, opt, path: Path) -> np.random.Generator:
+    weights = {k[6:]: v for k, v in tensors.items() if k.startswith("model.")}
+    missing, unexpected = model.load_state_dict(weights, strict=False)
+    tied = {"lm_head.weight"} if model.config.tie_word_embeddings else set()
+    if set(missing) - tied or unexpected:
+        raise SimtreeError(f"training checkpoint {path} does not match the model (missing "
+                           f"{sorted(set(missing) - tied)[:3]}, unexpected {sorted(unexpected)[:3]}): "
+                           "pass --restart to discard it")
     groups = json.loads(meta["param_groups"])
     for g in groups:
         if isinstance(g.get("betas"), list):
@@ -312,8 +318,7 @@ def _train_model(name: str, out: Path, cfg: TrainConfig, plan: dict, stream: np.
     folder = out / name
     if plan["action"] == "resume":
         state = plan["state"]
-        torch.manual_seed(state["session_seed"])
-        model = HybridLM(mcfg)
+        model = HybridLM(mcfg)   # weights and torch RNG state come from the checkpoint
     else:
         rec = plan.get("record") or {}
         base_total = plan.get("base_total", 0)
@@ -335,7 +340,7 @@ def _train_model(name: str, out: Path, cfg: TrainConfig, plan: dict, stream: np.
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=0.01)
     if plan["action"] == "resume":
-        rng = _restore(state, plan["tensors"], plan["meta"], model, opt)
+        rng = _restore(plan["tensors"], plan["meta"], model, opt, ckpt)
     else:
         rng = np.random.default_rng(state["session_seed"])
     steps, base, start = state["session_steps"], state["base_total_steps"], state["step"]

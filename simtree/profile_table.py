@@ -300,10 +300,19 @@ def append_rows(path: str | os.PathLike, rows: Iterable[dict]) -> int:
     return len(merged)
 
 
+SIDE_FILES = ("meta.json", "compose.json", "points.jsonl")   # a sweep's files beside its table
+
+
+def side_path(path: str | os.PathLike, kind: str) -> Path:
+    """A file beside a table: ``reports/x/profile.csv``, "compose.json" ->
+    ``reports/x/profile.compose.json`` (one of SIDE_FILES)."""
+    path = Path(path)
+    return path.with_name(f"{path.stem if path.suffix == '.csv' else path.name}.{kind}")
+
+
 def meta_path(path: str | os.PathLike) -> Path:
     """Sidecar of a table: ``reports/x/profile.csv`` -> ``reports/x/profile.meta.json``."""
-    path = Path(path)
-    return path.with_name(path.stem + ".meta.json") if path.suffix == ".csv" else path.with_name(path.name + ".meta.json")
+    return side_path(path, "meta.json")
 
 
 def write_meta(path: str | os.PathLike, meta: dict) -> Path:

@@ -84,15 +84,3 @@ def test_run_follows_the_policy_entry_for_the_batch_size(tmp_path):
     report = live_run(policy=path, policy_workload="code", workload="humaneval", batch_size=2, max_new_tokens=4)
     assert report["mode"] == "linear" and report["params"]["budget"] == 3
     assert report["measured"]["mean_nodes_per_seq"] == 3
-
-
-def test_train_extend_continues_a_finished_model(tmp_path):
-    from simtree.runtime.train import TrainConfig, train_models
-
-    small = dict(target_steps=1, draft_steps=1, seq_len=8, batch_size=2, sharegpt_conversations=20)
-    train_models(tmp_path, TrainConfig(**small))
-    before = load_model(tmp_path / "target").state_dict()["norm.weight"].clone()
-    train_models(tmp_path, TrainConfig(**dict(small, target_steps=2), models=("target",), extend=True))
-    info = json.loads((tmp_path / "target" / "config.json").read_text())["simtree_training"]
-    assert info["total_steps"] == 2 and info["sessions"] == 2
-    assert not load_model(tmp_path / "target").state_dict()["norm.weight"].equal(before)

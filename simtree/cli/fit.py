@@ -73,10 +73,9 @@ def _check_outputs(profile: Path, out: Path, png: Path | None) -> None:
     """Refuse outputs that would overwrite the profile or its side files, or a plot path
     matplotlib cannot write as PNG, before any fitting."""
     from simtree.errors import SimtreeError
-    from simtree.profile_table import meta_path
+    from simtree.profile_table import SIDE_FILES, side_path
 
-    inputs = {p.resolve() for p in (profile, meta_path(profile), profile.with_name(profile.stem + ".compose.json"),
-                                    profile.with_name(profile.stem + ".points.jsonl"))}
+    inputs = {p.resolve() for p in (profile, *(side_path(profile, kind) for kind in SIDE_FILES))}
     for flag, path in (("--out", out), ("--png", png)):
         if path is not None and path.resolve() in inputs:
             raise SimtreeError(f"{flag} {path} would overwrite the profile table or its side files")

@@ -66,7 +66,7 @@ def register(app: typer.Typer) -> None:
             if not tasks:
                 bar.start()
             if name not in tasks:
-                tasks[name] = bar.add_task(name, total=cfg.target_steps if name == "target" else cfg.draft_steps,
+                tasks[name] = bar.add_task(name, total=cfg.steps_for(name),
                                            loss=float("nan"))
             bar.update(tasks[name], completed=step, loss=loss)
 
