@@ -170,18 +170,22 @@ def live_run(*, mode: str = "eagle", params: dict | None = None, policy=None, po
                            workload=workload, batch_size=batch_size, prompts=prompts,
                            max_new_tokens=max_new_tokens, costs=costs, models_dir=models_dir, out=out,
                            check_lossless=check_lossless, threads=threads, device=device, progress=progress)
-    notes = report.setdefault("notes", [])
-    for w in caught:   # the cost model's extrapolation warnings become one-line notes
-        text = " ".join(str(w.message).split())
-        if issubclass(w.category, RuntimeWarning) and "cost model" in text:
-            if text not in notes:
-                notes.append(text)
-        else:
-            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
-    if report.get("_out") is not None:
-        _write(report)
-    report.pop("_out", None)
-    report.pop("_trace", None)
+    out, trace = report.pop("_out", None), report.pop("_trace", None)
+    try:
+        notes = report.setdefault("notes", [])
+        for w in caught:   # the cost model's extrapolation warnings become one-line notes
+            text = " ".join(str(w.message).split())
+            if issubclass(w.category, RuntimeWarning) and "cost model" in text:
+                if text not in notes:
+                    notes.append(text)
+            else:
+                warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+        if out is not None:
+            _write(report, out, trace)
+    except BaseException:
+        if trace is not None:   # never leave the staged traces behind
+            trace.discard()
+        raise
     return report
 
 
@@ -270,14 +274,13 @@ def _live_run(*, mode, params, policy, policy_workload, workload, batch_size, pr
     return report
 
 
-def _write(report: dict) -> None:
+def _write(report: dict, out: Path, trace) -> None:
     """run.json and traces.jsonl of this run, never beside another run's: the old run.json
     goes first, then the staged traces move into place, then run.json is written atomically."""
-    out, trace = report["_out"], report["_trace"]
     out.mkdir(parents=True, exist_ok=True)
     (out / "run.json").unlink(missing_ok=True)
     trace.commit()
-    body = {k: v for k, v in report.items() if k not in ("_out", "_trace", "files")}
+    body = {k: v for k, v in report.items() if k != "files"}
     write_text_atomic(out / "run.json", dumps(body) + "\n")
 
 

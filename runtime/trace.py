@@ -26,7 +26,10 @@ from __future__ import annotations
 
 import json
 import os
+import tempfile
 from pathlib import Path
+
+from simtree.fileio import _file_mode
 
 
 __all__ = ["TraceWriter", "TRACE_SCHEMA"]
@@ -45,8 +48,14 @@ class TraceWriter:
     def __init__(self, path, staged: bool = False):
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.tmp_path = self.path.with_name(f".{self.path.name}.partial") if staged else self.path
-        self._fh = open(self.tmp_path, "w", encoding="utf-8")
+        if staged:   # a name of its own: two runs into one folder do not share a temp file
+            fd, tmp = tempfile.mkstemp(prefix=f".{self.path.name}.", suffix=".partial", dir=self.path.parent)
+            self.tmp_path = Path(tmp)
+            os.fchmod(fd, _file_mode(self.path))   # mkstemp's 0o600 would reach the final file
+            self._fh = os.fdopen(fd, "w", encoding="utf-8")
+        else:
+            self.tmp_path = self.path
+            self._fh = open(self.tmp_path, "w", encoding="utf-8")
 
     def write_round(self, batch, acc, *, workload: str, batch_size: int, round_index: int, mode: str,
                     context_lens, marginal_probs=None) -> None:
