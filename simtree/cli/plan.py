@@ -16,7 +16,7 @@ from simtree.synthetic import SYNTHETIC_LABEL
 
 
 def parse_batch_sizes(text: str) -> list[int]:
-    from simtree.simulate import MAX_BATCH_SIZE
+    from simtree.simulate import check_batch_size
 
     fields = [x.strip() for x in text.split(",")]
     if not text.strip() or any(not f for f in fields):
@@ -25,9 +25,7 @@ def parse_batch_sizes(text: str) -> list[int]:
         sizes = [int(f) for f in fields]
     except ValueError:
         raise SimtreeError(f"--batch-sizes must be comma-separated integers, got {text!r}") from None
-    if min(sizes) < 1 or max(sizes) > MAX_BATCH_SIZE:
-        raise SimtreeError(f"--batch-sizes must be integers in [1, {MAX_BATCH_SIZE}], got {text!r}")
-    return sizes
+    return [check_batch_size(b, f"--batch-sizes entry {b}") for b in sizes]
 
 
 def register(app: typer.Typer) -> None:

@@ -61,7 +61,6 @@ class _RangeWarner:
     axis_names: tuple[str, str, str] = ("x", "y", "z")
     valid_range: dict
     range_label: str = "cost model"
-    _warned = False            # True once every axis has warned (the scalar path's quick exit)
 
     def _warned_axes(self) -> set:
         axes = self.__dict__.get("_warned_set")
@@ -69,30 +68,34 @@ class _RangeWarner:
             axes = self._warned_set = set()
         return axes
 
+    def _range_bounds(self) -> tuple:
+        """(lo_x, hi_x, lo_y, hi_y, lo_z, hi_z), cached: both checks run on every predict."""
+        bounds = self.__dict__.get("_bounds")
+        if bounds is None:
+            r, names = self.valid_range, self.axis_names
+            bounds = self._bounds = tuple(float(v) for n in names for v in r.get(n, (-np.inf, np.inf)))
+        return bounds
+
     def _check_range(self, x, y, z) -> None:
-        if self._warned or not self.valid_range:
+        if not self.valid_range:
             return
-        warned = self._warned_axes()
+        warned, bounds = self._warned_axes(), self._range_bounds()
         for i, (name, q) in enumerate(zip(self.axis_names, (x, y, z))):
             if i in warned:
                 continue
-            lo, hi = self.valid_range.get(name, (-np.inf, np.inf))
+            lo, hi = bounds[2 * i], bounds[2 * i + 1]
             q = np.asarray(q, dtype=float)
-            out = (q < lo) | (q > hi)
-            if np.any(out):
+            if q.size and (q.min() < lo or q.max() > hi):   # two reductions, no mask, per call
                 warned.add(i)
-                asked = float(q.reshape(-1)[np.flatnonzero(out.reshape(-1))[0]]) if q.ndim else float(q)
+                flat = q.reshape(-1)
+                asked = float(flat[np.flatnonzero((flat < lo) | (flat > hi))[0]])
                 warnings.warn(f"{self.range_label} queried outside its measured range ({name} in "
                               f"[{lo:g}, {hi:g}], asked {asked:g}); extrapolating conservatively "
                               "(non-decreasing)", RuntimeWarning, stacklevel=4)
-        self._warned = len(warned) == 3
 
     def _scalar_out_of_range(self, x, y, z) -> bool:
         """True when an axis that has not warned yet is out of range (pure Python: fast)."""
-        bounds = self.__dict__.get("_bounds")
-        if bounds is None:   # cached: the scalar path must stay a few microseconds
-            r, names = self.valid_range, self.axis_names
-            bounds = self._bounds = tuple(float(v) for n in names for v in r.get(n, (-np.inf, np.inf)))
+        bounds = self._range_bounds()
         warned = self._warned_axes()
         return ((not bounds[0] <= x <= bounds[1] and 0 not in warned)
                 or (not bounds[2] <= y <= bounds[3] and 1 not in warned)
@@ -147,7 +150,7 @@ class BasisSurface(_RangeWarner):
         return out if out.ndim else float(out)
 
     def _predict_scalar(self, x: float, y: float, z: float) -> float:
-        if not self._warned and self.valid_range and self._scalar_out_of_range(x, y, z):
+        if self.valid_range and self._scalar_out_of_range(x, y, z):
             self._check_range(x, y, z)
         c, t = self.coef, x * z
         h = 0.0
@@ -279,7 +282,7 @@ class GridSurface(_RangeWarner):
 
     def _predict_scalar(self, x: float, y: float, z: float) -> float:
         # Pure Python, unrolled: a scalar call must stay a few microseconds (planner loops).
-        if not self._warned and self.valid_range and self._scalar_out_of_range(x, y, z):
+        if self.valid_range and self._scalar_out_of_range(x, y, z):
             self._check_range(x, y, z)
         xs, ys, zs = self.xs, self.ys, self.zs
         ix = bisect.bisect_right(xs, x) - 1
