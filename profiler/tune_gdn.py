@@ -7,7 +7,8 @@ CUDA-graph timing of each config at each shape.
 Config strings use bench_gdn's letters (t block_t, v block_v, w num_warps, s num_stages,
 r max_registers, and the kernel switches g g_prologue, u u_bf16, p prefetch, o heavy_first,
 q prenorm, j g_pass, k kside: the K-side kernel's warps, 0 off,
-h kside_heads, b solve_bf16, c u_cache_bf16, l pdl, e early).  Writes tune_gdn.csv
+h kside_heads, b solve_bf16, c u_cache_bf16, l pdl, e early,
+m kside_registers).  Writes tune_gdn.csv
 (one row per config x shape x phase) and tune_gdn.json (env, correctness per config) into
 --out; results are rewritten after every shape, so a killed run keeps what it measured.
 """
@@ -51,11 +52,12 @@ def correctness(configs, dims, device, seed, order: str = "stored") -> list[dict
 
 
 def compiled_kernel_stats() -> list[dict]:
-    """Registers, spills and shared memory of every compiled variant of the verify, pre-pass and commit kernels
+    """Registers, spills and shared memory of every compiled variant of the verify, pre-pass, K-side and commit kernels
     (from Triton's per-device kernel caches; empty where this Triton keeps them elsewhere)."""
     from simtree.kernels.gdn import tree_verify
     recs = []
-    for name in ("_tree_verify_kernel", "_qk_prenorm_kernel", "_tree_commit_kernel"):
+    for name in ("_tree_verify_kernel", "_qk_prenorm_kernel", "_tree_kside_kernel",
+                 "_tree_commit_kernel"):
         fn = getattr(tree_verify, name)
         for cache in getattr(fn, "device_caches", {}).values():
             kernels = cache[0] if isinstance(cache, tuple) else cache

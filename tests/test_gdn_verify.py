@@ -327,8 +327,8 @@ def test_every_default_launch_is_correct():
         for B in (1, 4, 16, 64):
             for max_nodes in (4, 16, 32, 64, 128):
                 cfg = verify_launch_config(B, 48, V, "cuda", max_nodes, depth_first)
-                key = (depth_first,) + tuple(sorted((k, v) for k, v in cfg.items()
-                                                    if k != "max_registers"))
+                key = (depth_first,) + tuple(sorted(   # register caps: same arithmetic
+                    (k, v) for k, v in cfg.items() if k not in ("max_registers", "kside_registers")))
                 if key in seen:
                     continue
                 seen.add(key)
@@ -336,6 +336,46 @@ def test_every_default_launch_is_correct():
                                          meta=meta, **cfg)
                 assert rel_err(out, ref) < 1e-4, cfg
     assert len(seen) >= 6
+
+
+def test_kside_register_cap_where_measured():
+    # the K-side kernel is capped at 128 registers only where that puts all its programs on the
+    # GPU at once and was measured faster (16 sequences of 128 nodes, tuning runs 73-76): not at
+    # 64 nodes, not at 64 sequences, never without the K-side kernel
+    rule = lambda b, n: verify_launch_config(b, 48, 128, "cuda", n, True)  # noqa: E731
+    assert rule(16, 128)["kside"] and rule(16, 128)["kside_registers"] == 128
+    assert rule(8, 100)["kside_registers"] == 128
+    for b, n in ((16, 64), (64, 128), (64, 64), (4, 128), (1, 128), (16, 32)):
+        assert rule(b, n)["kside_registers"] == 0, (b, n)
+    assert all(rule(b, n)["kside"] or not rule(b, n)["kside_registers"]
+               for b in (1, 2, 4, 8, 16, 32, 64) for n in (4, 16, 33, 64, 65, 128, 256))
+
+
+def test_kside_register_cap_reaches_only_the_kside_launch(monkeypatch):
+    # kside_registers caps the K-side kernel's launch (max_registers the verify's); under the
+    # interpreter no cap is passed, so the launches are recorded with caps forced on
+    import simtree.kernels.gdn as kg
+    from simtree.kernels.gdn import tree_verify
+    caps = {}
+    monkeypatch.setattr(kg, "_maxnreg", lambda n: {"maxnreg": n} if n else {})
+    for name in ("_tree_kside_kernel", "_tree_verify_kernel"):
+        kernel = getattr(tree_verify, name)
+
+        class Spy:
+            def __getitem__(self, grid, kernel=kernel, name=name):
+                def launch(*args, **kw):
+                    caps[name] = kw.pop("maxnreg", 0)
+                    return kernel[grid](*args, **kw)
+                return launch
+        monkeypatch.setattr(tree_verify, name, Spy())
+    rng = np.random.default_rng(21)
+    trees = [random_tree(n, rng, reach=4) for n in (40, 23)]
+    inp = make_inputs(trees, 21)
+    tree = (inp["parents"], inp["cu_nodes"])
+    out, _ = gdn_tree_verify(*(inp[k] for k in KEYS), *tree, backend="triton", kside=1,
+                             kside_registers=128, max_registers=200)
+    assert caps == {"_tree_kside_kernel": 128, "_tree_verify_kernel": 200}
+    assert rel_err(out, gdn_tree_verify_dense_ref(*f64(inp), *tree)) < 1e-4
 
 
 @pytest.fixture

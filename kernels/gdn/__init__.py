@@ -209,11 +209,21 @@ def verify_launch_config(B: int, HV: int, V: int, device: torch.device | str = "
     run 72). Measured and not kept (runs 67 and 70): a verify with no
     sequential walk (the whole tree's inverse from a kernel of its own, four products per
     head: slower everywhere) and register caps from 96 to 200.
+
+    The K-side kernel capped at 128 registers (``kside_registers``, runs 73-75) at <= 16
+    sequences of > 64 nodes: 16 of its one-warp programs per SM instead of 12, so the 2048 of
+    16 sequences of 128 nodes are resident at once (b16 n128 121.1 / 118.3 / 119.3 us against
+    125.9 / 122.5 / 123.9 in three runs); not at 64 nodes (70.1 vs 62.2: its 1024 programs fit
+    either way) nor at 64 sequences (b64 n128 406.0 vs 397.1).  Measured and not kept: every
+    node's S0 products before the walk, 16-128 rows per product, read back from the u and o
+    rows (run 73: slower everywhere, b16 n128 140-248 us); the pair with the sub-chunk just
+    solved taking its u from registers instead of the u buffer (run 74: within 1%, b64 1-2%
+    slower); two warps at 16 sequences (run 75: b16 n128 187-225 us).
     """
     rows = B * HV
     cfg = dict(block_t=16, block_v=V, num_warps=2, num_stages=2, max_registers=0, g_prologue=1,
                u_bf16=1, prefetch=0, heavy_first=0, prenorm=1, kside=0, kside_heads=0, solve_bf16=0,
-               u_cache_bf16=1, pdl=1,
+               u_cache_bf16=1, pdl=1, kside_registers=0,
                g_pass=int(max_nodes > (16 if rows <= 16 * 48 else 32)))
     if rows <= 48:
         big, huge = max_nodes >= 32, max_nodes > 64
@@ -241,7 +251,7 @@ def verify_launch_config(B: int, HV: int, V: int, device: torch.device | str = "
         # the V-free products by their own kernel (runs 55-57; 64 sequences of 16: run 62)
         cfg.update(kside=1, solve_bf16=1, g_pass=1)
         if rows <= 16 * 48 and max_nodes > 64:
-            cfg["max_registers"] = 168
+            cfg.update(max_registers=168, kside_registers=128)
     cfg["heavy_first"] = _heavy_first_default(cfg["block_t"], max_nodes, depth_first)
     cfg["early"] = int(max_nodes > cfg["block_t"])   # one sub-chunk: no pairs to hide behind
     return cfg
@@ -310,7 +320,7 @@ def gdn_tree_verify(q, k, v, g, beta, state, parents, cu_nodes, *, scale=None, q
                     g_pass: int | None = None, kside: int | None = None,
                     kside_heads: int | None = None, solve_bf16: int | None = None,
                     u_cache_bf16: int | None = None, pdl: int | None = None,
-                    early: int | None = None):
+                    early: int | None = None, kside_registers: int | None = None):
     """Every node's output as if the recurrence ran along its own root path only.
 
     One pass, ``state`` is not modified.  Returns (out [N, HV, V] in q's dtype, GDNTreeCache).
@@ -340,7 +350,8 @@ def gdn_tree_verify(q, k, v, g, beta, state, parents, cu_nodes, *, scale=None, q
     the verify launched programmatically dependent on the kernel before, so each starts -
     the verify loading its S0 tile - while the one before finishes; ignored elsewhere) /
     ``early`` (with kside, 1: each sub-chunk's diagonal tiles loaded at the top of its step
-    rather than after its pairs) override ``verify_launch_config`` (benchmark tuning).
+    rather than after its pairs) / ``kside_registers`` (the K-side kernel's register cap, 0
+    none) override ``verify_launch_config`` (benchmark tuning).
     """
     if check:
         _check_inputs(q, k, v, g, beta, state, parents, cu_nodes)
@@ -426,7 +437,8 @@ def gdn_tree_verify(q, k, v, g, beta, state, parents, cu_nodes, *, scale=None, q
             qc, kc, beta32, walk.bits, order_t, cu, pairs, npairs, nc, G, diag, tiles, scale,
             H=H, HV=HV, K=K, W=meta.words, BT=BT, LOG_BT=BT.bit_length() - 1,
             L2NORM=qk_l2norm, PREC=prec, DT=DT, ORDER=order is not None, READY=ready,
-            HVB=hvb, PDL=use_pdl, num_warps=kside, **dep)
+            HVB=hvb, PDL=use_pdl, num_warps=kside, **dep, **_maxnreg(
+                cfg["kside_registers"] if kside_registers is None else kside_registers))
     _tree_verify_kernel[(V // BV, B * HV)](
         qc, kc, vc, g32, beta32, s0, walk.bits, bits32, order_t, cu, pairs,
         npairs, nc, out, u, G, scale,
