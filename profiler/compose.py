@@ -187,7 +187,8 @@ def validate_stacks(df: pd.DataFrame) -> dict:
             continue
         layers = model.stack(L)
         device = "cpu" if str(rows.device.iloc[0]) == "cpu" else "cuda"
-        pinned = {VERIFY_STAGE[k]: stack_core_variant(VERIFY_STAGE[k], device) for k in set(layers)}
+        pinned = {VERIFY_STAGE[k]: stack_core_variant(VERIFY_STAGE[k], device)
+                  for k in sorted(set(layers))}   # sorted: the same report file every run
         pts = []
         for r in rows.itertuples(index=False):
             # the measured stack times verify steps only (no commit, no round metadata), so

@@ -52,14 +52,12 @@ MAX_DRAFT_NODES = 8192  # drafted nodes per sequence per round: beyond, the draf
 
 
 def draft_extent(spec: PolicySpec) -> tuple[int, int]:
-    """(nodes the drafter scores per sequence per round, deepest drafted position) of a spec."""
-    p = spec.params
+    """(nodes the drafter scores per sequence per round, deepest drafted position) of a spec:
+    the drafted positions are the cost model's draft steps (``PolicySpec.draft_shape``)."""
     if spec.mode == "none":
         return 0, 0
-    if spec.mode == "eagle":
-        return eagle_max_nodes(p["num_steps"], p["topk"]), p["num_steps"]
-    depth = p["budget"] - 1 if spec.mode == "linear" else p["draft_depth"]
-    return depth + 1, depth
+    depth, topk = spec.draft_shape()
+    return (eagle_max_nodes(depth, topk) if spec.mode == "eagle" else depth + 1), depth
 
 
 def check_spec(spec) -> PolicySpec:

@@ -234,9 +234,9 @@ def plan(costs, workloads: Sequence[Workload], batch_sizes: Sequence[int] = DEFA
                                   draft, costs, b, workload.mean_prompt_len, workload.output_len)
             df = table.assign(workload=workload.name, batch_size=b, tok_s=out["throughput_tok_s"],
                               round_us=out["total_us"] / out["rounds"], draft_us=draft)
-            rows = []
+            rows, cv_tables = [], {}   # C_v tables shared by the adaptive draft depths
             for spec in adaptive:
-                a = analytic_run(workload, spec, costs, b)
+                a = analytic_run(workload, spec, costs, b, cv_tables)
                 m = spec.params.get("max_budget", spec.params.get("max_budget_per_seq"))
                 rows.append({"policy": spec.name, "mode": spec.mode, "params": json.dumps(spec.params, sort_keys=True),
                              "budget": None, "tokens_per_round": a["g"], "nodes_per_seq": a["n"],

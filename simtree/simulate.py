@@ -289,13 +289,17 @@ class SimResult:
 class _Adaptive:
     """Per-round decisions of cost_aware / batch_alloc for one acceptance model, batch, costs."""
 
-    def __init__(self, acc: AcceptanceModel, spec: PolicySpec, costs, batch_size: int):
+    def __init__(self, acc: AcceptanceModel, spec: PolicySpec, costs, batch_size: int,
+                 cv_tables: dict | None = None):
         p = spec.params
         self.spec, self.costs, self.b, self.acc = spec, costs, batch_size, acc
         self.max_budget = p.get("max_budget", p.get("max_budget_per_seq"))
         self.draft_us = _draft_us(costs, spec, batch_size)
         # first-stop rule only when C_v is convex in n; batch_allocation always takes the global argmax
         self.convex = bool(getattr(costs.verify, "convex_in_n", True))
+        # C_v(1..max_budget) per decision context; a caller deciding several policies at the
+        # same costs and batch size (the planner: one per draft depth) passes one dict to share
+        self.cv_tables = {} if cv_tables is None else cv_tables
         self.orders, self.tables = [], []
         for level in range(acc.num_levels):
             toks, probs = acc.marginals(level, p["draft_depth"])
@@ -306,8 +310,11 @@ class _Adaptive:
         """Nodes per entry of ``levels`` (each entry carries ``level_mass`` requests)."""
         cv = lambda n: self.costs.verify.predict(n, ctx, self.b)  # noqa: E731
         if self.spec.mode == "cost_aware":
-            # C_v(1..max_budget) once per round, shared by every level's stop rule
-            table = np.asarray(cv(np.arange(1, self.max_budget + 1)), np.float64)
+            # C_v(1..max_budget) once per decision context, shared by every level's stop rule
+            key = (self.max_budget, float(ctx))
+            if key not in self.cv_tables:
+                self.cv_tables[key] = np.asarray(cv(np.arange(1, self.max_budget + 1)), np.float64)
+            table = self.cv_tables[key]
             cached = lambda n: table[np.asarray(n) - 1]  # noqa: E731
             per_level = {lv: cost_aware_budget(self.orders[lv], cached, self.draft_us, self.max_budget,
                                                convex=self.convex)
@@ -332,10 +339,12 @@ CTX_QUANTUM = 32  # tokens; granularity of adaptive budget decisions in the anal
 MAX_DECISIONS = 64  # longer runs (N > 2048) decide per (output_len / 64)-token bucket instead
 
 
-def analytic_run(workload: Workload, spec: PolicySpec, costs, b: int) -> dict:
+def analytic_run(workload: Workload, spec: PolicySpec, costs, b: int,
+                 cv_tables: dict | None = None) -> dict:
     """Expected-value run: mean tokens per round g (incl. bonus), mean nodes n, rounds,
     total_us, mean verify_us and draft_us per round, and tok_s (batch throughput counting the
-    N = output_len tokens each sequence outputs)."""
+    N = output_len tokens each sequence outputs).  ``cv_tables``: a dict shared by runs at the
+    same ``costs`` and ``b`` (cost_aware's C_v tables per decision context, ``_Adaptive``)."""
     acc, w = workload.acceptance, workload.acceptance.weights
     l0, N = workload.mean_prompt_len, workload.output_len
     if spec.mode not in ("cost_aware", "batch_alloc"):
@@ -345,7 +354,7 @@ def analytic_run(workload: Workload, spec: PolicySpec, costs, b: int) -> dict:
         return {"g": g, "n": n, "rounds": int(out["rounds"][0]), "total_us": float(out["total_us"][0]),
                 "verify_us": float(out["verify_us"][0]), "draft_us": draft,
                 "tok_s": float(out["throughput_tok_s"][0])}
-    ad = _Adaptive(acc, spec, costs, b)
+    ad = _Adaptive(acc, spec, costs, b, cv_tables)
     levels = np.arange(acc.num_levels)
     # The per-round budget decision depends on the context only through C_v, which moves
     # negligibly over a few tokens: decide once per quantum-token bucket of context (the

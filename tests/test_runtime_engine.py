@@ -200,3 +200,24 @@ def test_rounds_record_live_sequences_and_delivered_tokens(models, references):
         lens = new
     assert sum(r.delivered for r in res.rounds) == 3 * (MAX_NEW - 1)
     assert res.rounds[-1].live >= 1 and lens.min() >= MAX_NEW
+
+
+def test_draft_extent_follows_the_cost_models_draft_shape():
+    # the engine sizes its drafting from the same drafted depth the planner costs (draft_shape):
+    # every candidate the planner searches, plus the smallest linear and eagle shapes
+    from simtree.builders import eagle_max_nodes
+    from simtree.planner import candidate_specs
+    from simtree.runtime.engine import draft_extent
+    fixed, adaptive = candidate_specs()
+    extra = [PolicySpec("linear", {"budget": 1}), PolicySpec("eagle", {"num_steps": 1, "topk": 1, "budget": 2}),
+             PolicySpec("none", {})]
+    for spec in fixed + adaptive + extra:
+        nodes, depth = draft_extent(spec)
+        steps, topk = spec.draft_shape()
+        if spec.mode == "none":
+            assert (nodes, depth) == (0, 0)
+            continue
+        assert depth == steps, spec.name
+        assert nodes == (eagle_max_nodes(steps, topk) if spec.mode == "eagle" else steps + 1), spec.name
+        if spec.mode in ("linear", "eagle"):   # every node of the verified tree was drafted
+            assert nodes >= spec.budget, spec.name
