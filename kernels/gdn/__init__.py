@@ -218,7 +218,9 @@ def verify_launch_config(B: int, HV: int, V: int, device: torch.device | str = "
     node's S0 products before the walk, 16-128 rows per product, read back from the u and o
     rows (run 73: slower everywhere, b16 n128 140-248 us); the pair with the sub-chunk just
     solved taking its u from registers instead of the u buffer (run 74: within 1%, b64 1-2%
-    slower); two warps at 16 sequences (run 75: b16 n128 187-225 us).
+    slower); two warps at 16 sequences (run 75: b16 n128 187-225 us); the pair table read
+    once into registers instead of per sub-chunk and pair (run 77: b16 n128 126.0 vs 119.0,
+    b64 n128 411.0 vs 390.5).
     """
     rows = B * HV
     cfg = dict(block_t=16, block_v=V, num_warps=2, num_stages=2, max_registers=0, g_prologue=1,
