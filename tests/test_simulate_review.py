@@ -153,13 +153,16 @@ def test_simulate_bad_arguments_are_one_line_errors(args, fragment):
 
 
 def test_simulate_warnings_are_one_line_notes_and_json_stays_valid():
-    # draft depth 12 > the 6 steps the profile measured, contexts below its 1024: notes, once each
+    # 100 sequences > the 64 the profile measured, prompts below its 128-token context: notes,
+    # once each
     proc = _cli("simulate", "--model", "qwen3.6-27b", "--policy-mode", "best_first", "--budget", "16",
-                "--draft-depth", "12", "--output-len", "32", "--monte-carlo", "3", "--json")
+                "--draft-depth", "12", "--batch-size", "100", "--prompt-len", "40", "--output-len", "32",
+                "--monte-carlo", "3", "--json")
     assert proc.returncode == 0, proc.stderr
     data = json.loads(proc.stdout, parse_constant=lambda c: pytest.fail(f"invalid JSON constant {c}"))
     assert data["method"] == "monte_carlo x3" and all(math.isfinite(v) for v in data["ci95"]["throughput_tok_s"])
     lines = proc.stderr.strip().splitlines()
     assert lines and all(line.startswith("note: ") for line in lines), proc.stderr
-    assert any("draft cost model" in line and "num_steps" in line for line in lines)
+    assert any("draft cost model" in line and "batch_size" in line for line in lines)
+    assert any("verify cost model" in line and "context_len" in line for line in lines)
     assert len(lines) == len(set(lines)) and "warnings.warn" not in proc.stderr
