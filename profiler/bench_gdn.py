@@ -51,7 +51,7 @@ _CFG_KEYS = dict(block_v="v", block_t="t", num_warps="w", num_stages="s", max_re
                  g_prologue="g", u_bf16="u", prefetch="p", heavy_first="o", prenorm="q",
                  g_pass="j", kside="k", kside_heads="h", solve_bf16="b",
                  u_cache_bf16="c", pdl="l", early="e",
-                 kside_registers="m")
+                 kside_registers="m", transposed="x")
 
 
 _COMMIT_KEYS = dict(path="p", block_t="t", block_v="v", num_warps="w")
@@ -86,9 +86,10 @@ def correctness(args, dims, log) -> list[dict]:
     """Triton tree / recurrent baseline / commit vs fp64 references on a few random trees."""
     recs = []
     # (b, n, dtypes): the bf16 builds are the ones the timing reuses (same BV / words);
-    # b16 n64: the default launch with the K-side kernel (verify_launch_config)
-    cases = ([(1, 8, "fb"), (1, 128, "b"), (4, 128, "fb"), (16, 64, "b")] if not args.tiny
-             else [(1, 8, "fb"), (2, 70, "fb")])
+    # b16 n64 / b64 n40: the launches with the K-side kernel at 16 and 64 sequences
+    # (verify_launch_config), and every launch variant timed at those batch sizes
+    cases = ([(1, 8, "fb"), (1, 128, "b"), (4, 128, "fb"), (16, 64, "b"), (64, 40, "b")]
+             if not args.tiny else [(1, 8, "fb"), (2, 70, "fb")])
     for b, n, dts in cases:
         trees, _, _ = shape_trees(b, n, args.seed + 1, args.tree_order)
         for dtype, tol in ((torch.float32, 1e-4), (torch.bfloat16, 2e-2)):

@@ -459,16 +459,22 @@ def test_kside_tiles_serve_every_value_block(block_v, kside_heads):
     assert torch.equal(cache.G, ref_cache.G)
 
 
+def random_batch(seed: int, count: int, max_nodes: int = 90):
+    """(rng, sizes, trees, inputs, (parents, cu_nodes)): ``count`` random trees of 1 to
+    ``max_nodes`` - 1 nodes, random depth and branching, and random inputs for them."""
+    rng = np.random.default_rng(seed)
+    sizes = [int(n) for n in rng.integers(1, max_nodes, size=count)]
+    trees = [random_tree(n, rng, reach=int(rng.integers(2, 7))) for n in sizes]
+    inp = make_inputs(trees, seed)
+    return rng, sizes, trees, inp, (inp["parents"], inp["cu_nodes"])
+
+
 @pytest.mark.parametrize("heavy", [0, 1])
 def test_early_diagonal_tiles_keep_the_result(launched, heavy):
     # the K-side diagonal tiles loaded at the top of each sub-chunk's step (early, the rule's
     # default with kside) or after its pairs: the launch gets the flag only with the K-side
     # kernel, and both give the same outputs and u, equal to the reference
-    rng = np.random.default_rng(80 + heavy)
-    sizes = [int(n) for n in rng.integers(1, 90, size=3)]
-    trees = [random_tree(n, rng, reach=int(rng.integers(2, 7))) for n in sizes]
-    inp = make_inputs(trees, 80 + heavy)
-    tree = (inp["parents"], inp["cu_nodes"])
+    rng, sizes, trees, inp, tree = random_batch(80 + heavy, 3)
     run = lambda **kw: gdn_tree_verify(*(inp[k] for k in KEYS), *tree, backend="triton",  # noqa: E731
                                        block_t=16, heavy_first=heavy, **kw)
     out, cache = run(kside=1, early=1)
@@ -477,6 +483,34 @@ def test_early_diagonal_tiles_keep_the_result(launched, heavy):
     assert [kw["EARLY"] for kw in launched] == [True, False, False]
     assert rel_err(out, gdn_tree_verify_dense_ref(*f64(inp), *tree)) < 1e-4
     assert rel_err(out, out0) < 1e-6 and rel_err(cache.u, cache0.u) < 1e-6
+
+
+@pytest.mark.parametrize("heavy,block_v", [(0, None), (1, None), (0, 16), (1, 16)])
+def test_transposed_walk_keeps_the_result(heavy, block_v, monkeypatch):
+    # the walk with value rows as the products' M dimension (transposed, K-side tiles read
+    # transposed): the same outputs and u as the untransposed walk, equal to the reference,
+    # and a commit from its cache matches sequential decoding of the accepted paths
+    from simtree.kernels.gdn import tree_verify
+    rng, sizes, trees, inp, tree = random_batch(90 + heavy, 4)
+    run = lambda **kw: gdn_tree_verify(*(inp[k] for k in KEYS), *tree, backend="triton",  # noqa: E731
+                                       kside=1, heavy_first=heavy, block_v=block_v, **kw)
+    calls = []
+    kernel = tree_verify._tree_verify_t_kernel
+
+    class Spy:
+        def __getitem__(self, grid):
+            calls.append(grid)
+            return kernel[grid]
+    monkeypatch.setattr(tree_verify, "_tree_verify_t_kernel", Spy())
+    out, cache = run(transposed=1)
+    out0, cache0 = run(transposed=0)
+    assert len(calls) == 1
+    assert rel_err(out, gdn_tree_verify_dense_ref(*f64(inp), *tree)) < 1e-4
+    assert rel_err(out, out0) < 1e-5 and rel_err(cache.u, cache0.u) < 1e-5
+    accepted = torch.tensor([int(rng.integers(0, n)) for n in sizes])
+    S = inp["state"].clone()
+    gdn_tree_commit(S, inp["k"], cache, *tree, accepted, backend="triton")
+    assert rel_err(S, sequential_commit(inp, trees, accepted)) < 1e-4
 
 
 def _assert_heavy_first(t: DraftTree, order) -> None:

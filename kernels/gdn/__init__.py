@@ -221,11 +221,23 @@ def verify_launch_config(B: int, HV: int, V: int, device: torch.device | str = "
     slower); two warps at 16 sequences (run 75: b16 n128 187-225 us); the pair table read
     once into registers instead of per sub-chunk and pair (run 77: b16 n128 126.0 vs 119.0,
     b64 n128 411.0 vs 390.5).
+
+    The transposed walk (``transposed``, ``_tree_verify_t_kernel``: value rows as every
+    product's M dimension, the K-side tiles read transposed) is faster at 64 sequences of > 32
+    nodes (runs 78-79, two warps, three measurements: b64 n64 205.3 / 205.3 / 204.7 vs 214.3 /
+    215.3 / 213.5 us, n128 382.4 / 385.3 / 381.2 vs 392.5 / 394.1 / 393.4; b64 n32 124.0 vs
+    120.1) and slower at 16 sequences
+    (b16 n128 124.9 vs 119.9, n64 66.3 vs 62.2), as it was before the K-side kernel existed
+    (runs 42-43, every product in the walk: 255 registers, 1.4-2x slower).  It is not in the
+    rule yet: its bf16 results were not compared with the reference on the GPU (the sweeps'
+    correctness cases ran at batches where the rule launches no K-side kernel, so the
+    transposed walk never ran there; the interpreter tests compare it in fp32).  The
+    correctness cases of bench_gdn and tune_gdn now include 64 sequences of 40 nodes.
     """
     rows = B * HV
     cfg = dict(block_t=16, block_v=V, num_warps=2, num_stages=2, max_registers=0, g_prologue=1,
                u_bf16=1, prefetch=0, heavy_first=0, prenorm=1, kside=0, kside_heads=0, solve_bf16=0,
-               u_cache_bf16=1, pdl=1, kside_registers=0,
+               u_cache_bf16=1, pdl=1, kside_registers=0, transposed=0,
                g_pass=int(max_nodes > (16 if rows <= 16 * 48 else 32)))
     if rows <= 48:
         big, huge = max_nodes >= 32, max_nodes > 64
@@ -322,7 +334,8 @@ def gdn_tree_verify(q, k, v, g, beta, state, parents, cu_nodes, *, scale=None, q
                     g_pass: int | None = None, kside: int | None = None,
                     kside_heads: int | None = None, solve_bf16: int | None = None,
                     u_cache_bf16: int | None = None, pdl: int | None = None,
-                    early: int | None = None, kside_registers: int | None = None):
+                    early: int | None = None, kside_registers: int | None = None,
+                    transposed: int | None = None):
     """Every node's output as if the recurrence ran along its own root path only.
 
     One pass, ``state`` is not modified.  Returns (out [N, HV, V] in q's dtype, GDNTreeCache).
@@ -353,7 +366,8 @@ def gdn_tree_verify(q, k, v, g, beta, state, parents, cu_nodes, *, scale=None, q
     the verify loading its S0 tile - while the one before finishes; ignored elsewhere) /
     ``early`` (with kside, 1: each sub-chunk's diagonal tiles loaded at the top of its step
     rather than after its pairs) / ``kside_registers`` (the K-side kernel's register cap, 0
-    none) override ``verify_launch_config`` (benchmark tuning).
+    none) / ``transposed`` (with kside, 1: ``_tree_verify_t_kernel``, the walk with value rows
+    as the products' M dimension) override ``verify_launch_config`` (benchmark tuning).
     """
     if check:
         _check_inputs(q, k, v, g, beta, state, parents, cu_nodes)
@@ -371,7 +385,8 @@ def gdn_tree_verify(q, k, v, g, beta, state, parents, cu_nodes, *, scale=None, q
     import triton
     import triton.language as tl
 
-    from .tree_verify import _qk_prenorm_kernel, _tree_kside_kernel, _tree_verify_kernel
+    from .tree_verify import (_qk_prenorm_kernel, _tree_kside_kernel, _tree_verify_kernel,
+                              _tree_verify_t_kernel)
     if K < 16 or K & (K - 1) or V < 16 or V & (V - 1):
         raise SimtreeError(f"triton backend needs K and V powers of two >= 16, got K={K}, V={V}")
     cfg = verify_launch_config(B, HV, V, q.device, meta.max_nodes, meta.depth_first)
@@ -441,6 +456,16 @@ def gdn_tree_verify(q, k, v, g, beta, state, parents, cu_nodes, *, scale=None, q
             L2NORM=qk_l2norm, PREC=prec, DT=DT, ORDER=order is not None, READY=ready,
             HVB=hvb, PDL=use_pdl, num_warps=kside, **dep, **_maxnreg(
                 cfg["kside_registers"] if kside_registers is None else kside_registers))
+    launch = dict(num_warps=num_warps or cfg["num_warps"],
+                  num_stages=num_stages or cfg["num_stages"], **_maxnreg(
+                      cfg["max_registers"] if max_registers is None else max_registers))
+    if kside and ready and bool(cfg["transposed"] if transposed is None else transposed):
+        _tree_verify_t_kernel[(V // BV, B * HV)](
+            qc, kc, vc, beta32, s0, order_t, cu, pairs, npairs, nc, out, u, G, diag, tiles,
+            H=H, HV=HV, K=K, V=V, BT=BT, BV=BV, PREC=prec, DT=DT,
+            UDT=tl.bfloat16 if use_bf16 else tl.float32, SDT=tl.bfloat16 if sdt else tl.float32,
+            ORDER=order is not None, PDL=2 if use_pdl else 0, **dep, **launch)
+        return out, GDNTreeCache(u, G, meta, qk_l2norm)
     _tree_verify_kernel[(V // BV, B * HV)](
         qc, kc, vc, g32, beta32, s0, walk.bits, bits32, order_t, cu, pairs,
         npairs, nc, out, u, G, scale,
@@ -451,10 +476,7 @@ def gdn_tree_verify(q, k, v, g, beta, state, parents, cu_nodes, *, scale=None, q
         diag_ptr=diag, pair_ptr=tiles, KSIDE=kside > 0,
         SDT=tl.bfloat16 if kside and sdt else tl.float32,
         PDL=(2 if ready or g_pass else 1) if use_pdl else 0,
-        EARLY=bool(cfg["early"] if early is None else early) and kside > 0, **dep,
-        num_warps=num_warps or cfg["num_warps"],
-        num_stages=num_stages or cfg["num_stages"], **_maxnreg(
-            cfg["max_registers"] if max_registers is None else max_registers))
+        EARLY=bool(cfg["early"] if early is None else early) and kside > 0, **dep, **launch)
     return out, GDNTreeCache(u, G, meta, qk_l2norm)
 
 

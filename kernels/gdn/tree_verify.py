@@ -232,6 +232,18 @@ def _unit_lower_inverse(A, BT: tl.constexpr, LOG_BT: tl.constexpr, PREC: tl.cons
 
 
 @triton.jit
+def _verify_program(cu_ptr, H: tl.constexpr, HV: tl.constexpr, PDL: tl.constexpr):
+    """(V block, sequence, value head, key head, first row, nodes) of a verify program (grid:
+    V blocks x sequences * value heads); PDL 1: first waits for the grid before it."""
+    if PDL == 1:
+        tl.extra.cuda.gdc_wait()
+    i_v, i_bh = tl.program_id(0), tl.program_id(1)
+    i_b, i_hv = i_bh // HV, i_bh % HV
+    bos = tl.load(cu_ptr + i_b).to(tl.int64)
+    return i_v, i_b, i_hv, i_hv // (HV // H), bos, tl.load(cu_ptr + i_b + 1).to(tl.int64) - bos
+
+
+@triton.jit
 def _tree_verify_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, s0_ptr, bits_ptr, bits32_ptr,
                         order_ptr, cu_ptr, pairs_ptr, npairs_ptr, NC, o_ptr, u_ptr, G_ptr, scale,
                         H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
@@ -265,13 +277,7 @@ def _tree_verify_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, s0_ptr, bits_ptr, 
     after everything that writes S0) loads its S0 tile first, then waits.  EARLY (with KSIDE):
     each sub-chunk's diagonal tiles are loaded at the top of its step, so their latency hides
     behind the S0 products and the pairs, instead of after the pairs."""
-    if PDL == 1:
-        tl.extra.cuda.gdc_wait()
-    i_v, i_bh = tl.program_id(0), tl.program_id(1)
-    i_b, i_hv = i_bh // HV, i_bh % HV
-    i_h = i_hv // (HV // H)
-    bos = tl.load(cu_ptr + i_b).to(tl.int64)
-    n = tl.load(cu_ptr + i_b + 1).to(tl.int64) - bos
+    i_v, i_b, i_hv, i_h, bos, n = _verify_program(cu_ptr, H, HV, PDL)
     o_t = tl.arange(0, BT)
     o_v = i_v * BV + tl.arange(0, BV)
     o_k = tl.arange(0, K)
@@ -558,3 +564,64 @@ def _tree_commit_kernel(s_ptr, k_ptr, u_ptr, G_ptr, bits_ptr, cu_ptr, acc_ptr,
             S = _fold_rows(S, k_ptr, u_ptr, G_ptr, bos + cols, on_path, Ga, i_h, i_hv, o_v, H,
                            HV, K, V, L2NORM, PREC, DOT16)
     tl.store(sp, S)
+
+
+@triton.jit
+def _tree_verify_t_kernel(q_ptr, k_ptr, v_ptr, beta_ptr, s0_ptr, order_ptr, cu_ptr, pairs_ptr,
+                          npairs_ptr, NC, o_ptr, u_ptr, G_ptr, diag_ptr, pair_ptr,
+                          H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+                          BT: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr,
+                          DT: tl.constexpr, UDT: tl.constexpr, SDT: tl.constexpr,
+                          ORDER: tl.constexpr, PDL: tl.constexpr = 0):
+    """``_tree_verify_kernel``'s walk with the K-side tiles, transposed: the value dimension
+    is the rows of every V-side tile (rhs^T, acc^T, u^T are [BV, BT]), so every product is
+    [BV, *] x [*, BT] with M = BV (a warpgroup's wgmma on Hopper at 4 warps) instead of
+    M = BT node rows, and S0^T [BV, K] is the loop-invariant left operand:
+
+        rhs^T = (V^T - S0^T K^T e^G) b - sum_{c2} U_{c2}^T a_{c, c2}^T,   u^T = rhs^T T_c^T
+        acc^T = S0^T Q^T e^G + sum_{c2} U_{c2}^T p_{c, c2}^T + u^T P_cc^T
+
+    q and k come normalised and scaled and G written (the pre-pass with its G pass); T_c,
+    P_cc and the pair tiles from ``_tree_kside_kernel``, read transposed.  Same buffers as the
+    untransposed walk (u and o in stored rows)."""
+    i_v, i_b, i_hv, i_h, bos, n = _verify_program(cu_ptr, H, HV, PDL)
+    o_t = tl.arange(0, BT)
+    o_v = i_v * BV + tl.arange(0, BV)
+    o_k = tl.arange(0, K)
+    s0t = tl.load(s0_ptr + (i_b * HV + i_hv).to(tl.int64) * K * V + o_k[None, :] * V
+                  + o_v[:, None]).to(DT)                                     # [BV, K]
+    if PDL == 2:
+        tl.extra.cuda.gdc_wait()
+    ttt = o_t[:, None] + o_t[None, :] * BT      # a stored [BT, BT] tile, read transposed
+    dbase = (i_b * HV + i_hv).to(tl.int64) * NC * 2 * BT * BT
+    pbase = (i_b * HV + i_hv).to(tl.int64) * (NC * (NC - 1) // 2) * 2 * BT * BT
+    for c in range(0, tl.cdiv(n, BT)):
+        rows = c * BT + o_t
+        m_r = rows < n
+        grow = _node_rows(order_ptr, bos, rows, m_r, ORDER)
+        dp = diag_ptr + dbase + c * 2 * BT * BT + ttt
+        t_t = tl.load(dp)                                                    # T_c^T
+        p_t = tl.load(dp + BT * BT)                                          # P_cc^T
+        kt = tl.load(k_ptr + (grow * H + i_h)[None, :] * K + o_k[:, None], mask=m_r[None, :],
+                     other=0.).to(DT)                                        # [K, BT]
+        qt = tl.load(q_ptr + (grow * H + i_h)[None, :] * K + o_k[:, None], mask=m_r[None, :],
+                     other=0.).to(DT)
+        b_r = tl.load(beta_ptr + grow * HV + i_hv, mask=m_r, other=0.)
+        eG = tl.exp(tl.load(G_ptr + grow * HV + i_hv, mask=m_r, other=0.))[None, :]
+        off = (grow * HV + i_hv)[None, :] * V + o_v[:, None]                # [BV, BT]
+        vt = tl.load(v_ptr + off, mask=m_r[None, :], other=0.).to(tl.float32)
+        rhs = b_r[None, :] * (vt - eG * tl.dot(s0t, kt, input_precision=PREC))
+        acc = eG * tl.dot(s0t, qt, input_precision=PREC)
+        pc = pairs_ptr + (i_b * NC + c) * NC
+        for i in range(0, tl.load(npairs_ptr + i_b * NC + c)):
+            c2 = tl.load(pc + i).to(tl.int64)
+            scol = _node_rows(order_ptr, bos, c2 * BT + o_t, o_t >= 0, ORDER)
+            uc = tl.load(u_ptr + (scol * HV + i_hv)[None, :] * V + o_v[:, None]).to(UDT)
+            tp = pair_ptr + pbase + ((c * (c - 1)) // 2 + i) * 2 * BT * BT + ttt
+            rhs -= tl.dot(uc, tl.load(tp).to(UDT), input_precision=PREC)
+            acc += tl.dot(uc, tl.load(tp + BT * BT).to(UDT), input_precision=PREC)
+        u = tl.dot(rhs.to(SDT), t_t, input_precision=PREC)
+        acc += tl.dot(u.to(SDT), p_t, input_precision=PREC)
+        tl.store(u_ptr + off, u, mask=m_r[None, :])
+        tl.store(o_ptr + off, acc.to(o_ptr.dtype.element_ty), mask=m_r[None, :])
+        tl.debug_barrier()   # later sub-chunks of this program read the u just stored
