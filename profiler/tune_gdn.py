@@ -26,17 +26,17 @@ from simtree.fileio import write_text_atomic
 from simtree.kernels.gdn import gdn_tree_verify, gdn_tree_verify_dense_ref, tree_meta
 from simtree.kernels.gdn.bench_util import (QWEN36, TREE_ORDERS, env_info, graph_time_us,
                                             random_gdn_inputs, shape_inputs, shape_trees)
-from simtree.profiler.bench_gdn import TINY, _rel, config_name, parse_configs
+from simtree.profiler.bench_gdn import KSIDE_CASES, TINY, _rel, config_name, parse_configs
 
 KEYS = ("q", "k", "v", "g", "beta", "state", "parents", "cu_nodes")
 
 
 def correctness(configs, dims, device, seed, order: str = "stored") -> list[dict]:
     """Each config vs the float64 dense reference on random trees (bf16 inputs, tol 2e-2):
-    few sequences, and on a GPU 64 sequences, where the rule launches the K-side kernel and
-    its variants (a config that changes only that launch is checked only there)."""
+    few sequences, and on a GPU ``KSIDE_CASES``, where the rule launches the K-side kernel
+    (a config that changes only that launch or the walk on its tiles is checked only there)."""
     recs = []
-    for b, n in ((2, 128), (3, 23)) + (((64, 40),) if str(device).startswith("cuda") else ()):
+    for b, n in ((2, 128), (3, 23)) + (KSIDE_CASES if str(device).startswith("cuda") else ()):
         trees, _, _ = shape_trees(b, n, seed + 11, order)
         inp = random_gdn_inputs(trees, **dims, dtype=torch.bfloat16, device=device, seed=b * n)
         ref = gdn_tree_verify_dense_ref(*(inp[key].double() for key in KEYS[:6]),
@@ -58,8 +58,8 @@ def compiled_kernel_stats() -> list[dict]:
     (from Triton's per-device kernel caches; empty where this Triton keeps them elsewhere)."""
     from simtree.kernels.gdn import tree_verify
     recs = []
-    for name in ("_tree_verify_kernel", "_qk_prenorm_kernel", "_tree_kside_kernel",
-                 "_tree_commit_kernel"):
+    for name in ("_tree_verify_kernel", "_tree_verify_t_kernel", "_qk_prenorm_kernel",
+                 "_tree_kside_kernel", "_tree_commit_kernel"):
         fn = getattr(tree_verify, name)
         for cache in getattr(fn, "device_caches", {}).values():
             kernels = cache[0] if isinstance(cache, tuple) else cache

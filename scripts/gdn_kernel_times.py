@@ -15,8 +15,9 @@ from simtree.kernels.gdn.bench_util import QWEN36, probe_inputs
 from simtree.profiler.bench_gdn import parse_configs
 
 KEYS = ("q", "k", "v", "g", "beta", "state", "parents", "cu_nodes")
-NAMES = ("_qk_prenorm_kernel", "_tree_kside_kernel", "_tree_verify_kernel")
-NPAIRS_ARG = 11   # _tree_verify_kernel's npairs_ptr: zeroed for the --no-pairs ablation
+NAMES = ("_qk_prenorm_kernel", "_tree_kside_kernel", "_tree_verify_kernel", "_tree_verify_t_kernel")
+# the verify kernels' npairs_ptr argument: zeroed for the --no-pairs ablation
+NPAIRS_ARG = {"_tree_verify_kernel": 11, "_tree_verify_t_kernel": 8}
 
 
 def main() -> None:
@@ -62,9 +63,9 @@ def main() -> None:
                 mma = " ".join(m for m in ("wgmma", "mma.sync") if m in ptx)
                 print(f"b{b} n{n} cfg={cfg} {nm} grid={grid} {t * 1e3:.1f} us regs={ck.n_regs} "
                       f"spills={ck.n_spills} smem={ck.metadata.shared} {mma}", flush=True)
-                if args.no_pairs and nm == "_tree_verify_kernel":
+                if args.no_pairs and nm in NPAIRS_ARG:
                     a0 = list(a)
-                    a0[NPAIRS_ARG] = torch.zeros_like(a[NPAIRS_ARG])
+                    a0[NPAIRS_ARG[nm]] = torch.zeros_like(a[NPAIRS_ARG[nm]])
                     t0 = triton.testing.do_bench(lambda: orig[nm][grid](*a0, **kw), warmup=20,
                                                  rep=100)
                     print(f"b{b} n{n} cfg={cfg} {nm} no pairs {t0 * 1e3:.1f} us", flush=True)

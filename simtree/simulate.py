@@ -297,9 +297,10 @@ class _Adaptive:
         self.draft_us = _draft_us(costs, spec, batch_size)
         # first-stop rule only when C_v is convex in n; batch_allocation always takes the global argmax
         self.convex = bool(getattr(costs.verify, "convex_in_n", True))
-        # C_v(1..max_budget) per decision context; a caller deciding several policies at the
-        # same costs and batch size (the planner: one per draft depth) passes one dict to share
-        self.cv_tables = {} if cv_tables is None else cv_tables
+        # C_v(1..max_budget) per (batch, decision context), kept only in a dict the caller
+        # passes to share among the policies it decides at the same costs (the planner: one
+        # per draft depth); None: computed each time (Monte-Carlo rounds never repeat a context)
+        self.cv_tables = cv_tables
         self.orders, self.tables = [], []
         for level in range(acc.num_levels):
             toks, probs = acc.marginals(level, p["draft_depth"])
@@ -311,10 +312,12 @@ class _Adaptive:
         cv = lambda n: self.costs.verify.predict(n, ctx, self.b)  # noqa: E731
         if self.spec.mode == "cost_aware":
             # C_v(1..max_budget) once per decision context, shared by every level's stop rule
-            key = (self.max_budget, float(ctx))
-            if key not in self.cv_tables:
-                self.cv_tables[key] = np.asarray(cv(np.arange(1, self.max_budget + 1)), np.float64)
-            table = self.cv_tables[key]
+            key = (self.b, self.max_budget, float(ctx))
+            table = None if self.cv_tables is None else self.cv_tables.get(key)
+            if table is None:
+                table = np.asarray(cv(np.arange(1, self.max_budget + 1)), np.float64)
+                if self.cv_tables is not None:
+                    self.cv_tables[key] = table
             cached = lambda n: table[np.asarray(n) - 1]  # noqa: E731
             per_level = {lv: cost_aware_budget(self.orders[lv], cached, self.draft_us, self.max_budget,
                                                convex=self.convex)
@@ -344,7 +347,7 @@ def analytic_run(workload: Workload, spec: PolicySpec, costs, b: int,
     """Expected-value run: mean tokens per round g (incl. bonus), mean nodes n, rounds,
     total_us, mean verify_us and draft_us per round, and tok_s (batch throughput counting the
     N = output_len tokens each sequence outputs).  ``cv_tables``: a dict shared by runs at the
-    same ``costs`` and ``b`` (cost_aware's C_v tables per decision context, ``_Adaptive``)."""
+    same ``costs`` (cost_aware's C_v tables per batch size and decision context, ``_Adaptive``)."""
     acc, w = workload.acceptance, workload.acceptance.weights
     l0, N = workload.mean_prompt_len, workload.output_len
     if spec.mode not in ("cost_aware", "batch_alloc"):

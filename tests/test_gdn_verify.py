@@ -339,35 +339,49 @@ def test_every_default_launch_is_correct():
 
 
 def test_kside_register_cap_where_measured():
-    # the K-side kernel is capped at 128 registers only where that puts all its programs on the
-    # GPU at once and was measured faster (16 sequences of 128 nodes, tuning runs 73-76): not at
-    # 64 nodes, not at 64 sequences, never without the K-side kernel
-    rule = lambda b, n: verify_launch_config(b, 48, 128, "cuda", n, True)  # noqa: E731
-    assert rule(16, 128)["kside"] and rule(16, 128)["kside_registers"] == 128
-    assert rule(8, 100)["kside_registers"] == 128
-    for b, n in ((16, 64), (64, 128), (64, 64), (4, 128), (1, 128), (16, 32)):
+    # the K-side kernel is capped at 128 registers only where its programs (sub-chunks x
+    # sequences x key heads) are more than the 12 per SM its 158 registers allow and at most
+    # the 16 the cap allows (132 SMs where no GPU is visible): measured faster at 16 sequences
+    # of 128 nodes (tuning runs 73-76), slower where they fit either way (b16 n64) or not at all
+    # (b64 n128); never without the K-side kernel
+    rule = lambda b, n, H=None: verify_launch_config(b, 48, 128, "cuda", n, True, H)  # noqa: E731
+    for b, n in ((16, 128), (16, 100), (13, 128)):          # 2048, 1792, 1664 programs
+        assert rule(b, n)["kside"] and rule(b, n)["kside_registers"] == 128, (b, n)
+    for b, n in ((16, 96), (8, 128), (12, 128), (16, 64), (64, 128), (64, 64), (4, 128),
+                 (1, 128), (16, 32)):
         assert rule(b, n)["kside_registers"] == 0, (b, n)
+    assert rule(16, 128, H=16)["kside_registers"] == 128 and rule(16, 128, H=8)["kside_registers"] == 0
     assert all(rule(b, n)["kside"] or not rule(b, n)["kside_registers"]
-               for b in (1, 2, 4, 8, 16, 32, 64) for n in (4, 16, 33, 64, 65, 128, 256))
+               for b in range(1, 65) for n in (4, 16, 33, 64, 65, 100, 128, 256))
 
 
-def test_kside_register_cap_reaches_only_the_kside_launch(monkeypatch):
-    # kside_registers caps the K-side kernel's launch (max_registers the verify's); under the
-    # interpreter no cap is passed, so the launches are recorded with caps forced on
-    import simtree.kernels.gdn as kg
+@pytest.fixture
+def spy_kernel(monkeypatch):
+    """spy_kernel(name, on_launch): for the rest of the test every launch of the Triton kernel
+    ``tree_verify.<name>`` first calls on_launch(grid, kwargs), which may edit the kwargs."""
     from simtree.kernels.gdn import tree_verify
-    caps = {}
-    monkeypatch.setattr(kg, "_maxnreg", lambda n: {"maxnreg": n} if n else {})
-    for name in ("_tree_kside_kernel", "_tree_verify_kernel"):
+
+    def spy(name, on_launch):
         kernel = getattr(tree_verify, name)
 
         class Spy:
-            def __getitem__(self, grid, kernel=kernel, name=name):
+            def __getitem__(self, grid):
                 def launch(*args, **kw):
-                    caps[name] = kw.pop("maxnreg", 0)
+                    on_launch(grid, kw)
                     return kernel[grid](*args, **kw)
                 return launch
         monkeypatch.setattr(tree_verify, name, Spy())
+    return spy
+
+
+def test_kside_register_cap_reaches_only_the_kside_launch(monkeypatch, spy_kernel):
+    # kside_registers caps the K-side kernel's launch (max_registers the verify's); under the
+    # interpreter no cap is passed, so the launches are recorded with caps forced on
+    import simtree.kernels.gdn as kg
+    caps = {}
+    monkeypatch.setattr(kg, "_maxnreg", lambda n: {"maxnreg": n} if n else {})
+    for name in ("_tree_kside_kernel", "_tree_verify_kernel"):
+        spy_kernel(name, lambda grid, kw, name=name: caps.__setitem__(name, kw.pop("maxnreg", 0)))
     rng = np.random.default_rng(21)
     trees = [random_tree(n, rng, reach=4) for n in (40, 23)]
     inp = make_inputs(trees, 21)
@@ -379,20 +393,10 @@ def test_kside_register_cap_reaches_only_the_kside_launch(monkeypatch):
 
 
 @pytest.fixture
-def launched(monkeypatch):
+def launched(spy_kernel):
     """The keyword arguments (constexprs) of every tree-kernel launch during the test."""
-    from simtree.kernels.gdn import tree_verify
     calls = []
-    kernel = tree_verify._tree_verify_kernel
-
-    class Spy:
-        def __getitem__(self, grid):
-            def launch(*args, **kw):
-                calls.append(kw)
-                return kernel[grid](*args, **kw)
-            return launch
-
-    monkeypatch.setattr(tree_verify, "_tree_verify_kernel", Spy())
+    spy_kernel("_tree_verify_kernel", lambda grid, kw: calls.append(kw))
     return calls
 
 
@@ -485,26 +489,24 @@ def test_early_diagonal_tiles_keep_the_result(launched, heavy):
     assert rel_err(out, out0) < 1e-6 and rel_err(cache.u, cache0.u) < 1e-6
 
 
-@pytest.mark.parametrize("heavy,block_v", [(0, None), (1, None), (0, 16), (1, 16)])
-def test_transposed_walk_keeps_the_result(heavy, block_v, monkeypatch):
+@pytest.mark.parametrize("heavy,block_v,block_t", [(0, None, 16), (1, None, 16), (0, 16, 16),
+                                                  (1, 16, 32), (1, None, 64)])
+def test_transposed_walk_keeps_the_result(heavy, block_v, block_t, spy_kernel):
     # the walk with value rows as the products' M dimension (transposed, K-side tiles read
     # transposed): the same outputs and u as the untransposed walk, equal to the reference,
-    # and a commit from its cache matches sequential decoding of the accepted paths
-    from simtree.kernels.gdn import tree_verify
+    # and a commit from its cache matches sequential decoding of the accepted paths; without
+    # the K-side kernel or the pre-normalised q/k it walks on, asking for it is an error
     rng, sizes, trees, inp, tree = random_batch(90 + heavy, 4)
     run = lambda **kw: gdn_tree_verify(*(inp[k] for k in KEYS), *tree, backend="triton",  # noqa: E731
-                                       kside=1, heavy_first=heavy, block_v=block_v, **kw)
+                                       heavy_first=heavy, block_v=block_v, block_t=block_t, **kw)
     calls = []
-    kernel = tree_verify._tree_verify_t_kernel
-
-    class Spy:
-        def __getitem__(self, grid):
-            calls.append(grid)
-            return kernel[grid]
-    monkeypatch.setattr(tree_verify, "_tree_verify_t_kernel", Spy())
-    out, cache = run(transposed=1)
-    out0, cache0 = run(transposed=0)
+    spy_kernel("_tree_verify_t_kernel", lambda grid, kw: calls.append(grid))
+    out, cache = run(kside=1, transposed=1)
+    out0, cache0 = run(kside=1, transposed=0)
     assert len(calls) == 1
+    for bad in (dict(kside=0), dict(kside=1, prenorm=0)):
+        with pytest.raises(SimtreeError, match="transposed walks the K-side kernel's tiles"):
+            run(transposed=1, **bad)
     assert rel_err(out, gdn_tree_verify_dense_ref(*f64(inp), *tree)) < 1e-4
     assert rel_err(out, out0) < 1e-5 and rel_err(cache.u, cache0.u) < 1e-5
     accepted = torch.tensor([int(rng.integers(0, n)) for n in sizes])

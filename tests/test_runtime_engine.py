@@ -221,3 +221,11 @@ def test_draft_extent_follows_the_cost_models_draft_shape():
         assert nodes == (eagle_max_nodes(steps, topk) if spec.mode == "eagle" else steps + 1), spec.name
         if spec.mode in ("linear", "eagle"):   # every node of the verified tree was drafted
             assert nodes >= spec.budget, spec.name
+    # pinned values, independent of draft_shape's formula
+    pinned = {("linear", (("budget", 1),)): (1, 0), ("linear", (("budget", 16),)): (16, 15),
+              ("eagle", (("budget", 5), ("num_steps", 2), ("topk", 2))): (7, 2),
+              ("best_first", (("budget", 16), ("draft_depth", 15), ("width", 1))): (16, 15),
+              ("cost_aware", (("draft_depth", 3), ("max_budget", 16))): (4, 3),
+              ("batch_alloc", (("draft_depth", 1), ("max_budget_per_seq", 16))): (2, 1)}
+    for (mode, params), extent in pinned.items():
+        assert draft_extent(PolicySpec(mode, dict(params))) == extent, (mode, params)

@@ -88,3 +88,17 @@ def test_renumber_cost_times_every_shape_and_profile_from_rewrites_the_rows(tmp_
     assert sorted(set(zip(table.stage, table.variant))) == [("gdn_round_meta", "torch_graph"),
                                                             ("gdn_tree_verify", "triton_tree")]
     assert set(table.model) == {"qwen3.6-27b"} and len(table) == 4
+
+
+def test_kside_correctness_cases_launch_the_kside_kernel():
+    # the GPU correctness cases meant for the K-side launches must get them under the rule
+    # (a rule change must not turn them into repeats of the small cases), the 16-sequence one
+    # with the K-side register cap, the 64-sequence one walking breadth-first trees heavy-first
+    from simtree.kernels.gdn import verify_launch_config
+    from simtree.profiler.bench_gdn import KSIDE_CASES
+    for b, n in KSIDE_CASES:
+        for depth_first in (False, True):
+            assert verify_launch_config(b, 48, 128, "cuda", n, depth_first, 16)["kside"] == 1
+    assert verify_launch_config(16, 48, 128, "cuda", 128, True, 16)["kside_registers"] == 128
+    assert any(verify_launch_config(b, 48, 128, "cuda", n, False, 16)["heavy_first"]
+               for b, n in KSIDE_CASES)

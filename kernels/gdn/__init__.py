@@ -99,6 +99,16 @@ def _sm_major(index: int | None) -> int:
     return torch.cuda.get_device_capability(index)[0] if torch.cuda.is_available() else 0
 
 
+H200_SMS = 132   # streaming multiprocessors where no CUDA device is visible (the tuned GPU)
+
+
+def _sm_count(device) -> int:
+    dev = torch.device(device)
+    if dev.type == "cuda" and torch.cuda.is_available():
+        return torch.cuda.get_device_properties(dev.index or 0).multi_processor_count
+    return H200_SMS
+
+
 def _maxnreg(n: int) -> dict:
     return {"maxnreg": n} if n and not _INTERPRET and _has_maxnreg() else {}
 
@@ -124,7 +134,8 @@ def depth_first_pays(max_nodes: int, batch_size: int) -> bool:
 
 
 def verify_launch_config(B: int, HV: int, V: int, device: torch.device | str = "cuda",
-                         max_nodes: int = 128, depth_first: bool = False) -> dict:
+                         max_nodes: int = 128, depth_first: bool = False,
+                         H: int | None = None) -> dict:
     """Default launch of the tree kernel: block_t (node sub-chunk), block_v, num_warps,
     num_stages, max_registers, and the kernel switches g_prologue / u_bf16 / prefetch /
     heavy_first / prenorm / g_pass / kside (the K-side kernel's warps, 0 = none) /
@@ -210,17 +221,20 @@ def verify_launch_config(B: int, HV: int, V: int, device: torch.device | str = "
     sequential walk (the whole tree's inverse from a kernel of its own, four products per
     head: slower everywhere) and register caps from 96 to 200.
 
-    The K-side kernel capped at 128 registers (``kside_registers``, runs 73-75) at <= 16
-    sequences of > 64 nodes: 16 of its one-warp programs per SM instead of 12, so the 2048 of
-    16 sequences of 128 nodes are resident at once (b16 n128 121.1 / 118.3 / 119.3 us against
-    125.9 / 122.5 / 123.9 in three runs); not at 64 nodes (70.1 vs 62.2: its 1024 programs fit
-    either way) nor at 64 sequences (b64 n128 406.0 vs 397.1).  Measured and not kept: every
+    The K-side kernel capped at 128 registers (``kside_registers``, runs 73-75) where that
+    makes all its programs resident at once: 16 of its one-warp programs per SM instead of
+    the 12 its 158 registers allow, so the cap is taken at <= 16 sequences when the programs
+    (sub-chunks x sequences x key heads; ``H`` key heads, HV // 3 when not given) are more
+    than 12 and at most 16 per SM.  Measured at 16 sequences of 128 nodes (2048 programs on
+    132 SMs: 121.1 / 118.3 / 119.3 us against 125.9 / 122.5 / 123.9 in three runs); slower
+    where they fit either way (b16 n64, 1024 programs: 70.1 vs 62.2) and where they do not
+    fit either way (b64 n128, 8192: 406.0 vs 397.1).  Measured and not kept: every
     node's S0 products before the walk, 16-128 rows per product, read back from the u and o
-    rows (run 73: slower everywhere, b16 n128 140-248 us); the pair with the sub-chunk just
-    solved taking its u from registers instead of the u buffer (run 74: within 1%, b64 1-2%
-    slower); two warps at 16 sequences (run 75: b16 n128 187-225 us); the pair table read
-    once into registers instead of per sub-chunk and pair (run 77: b16 n128 126.0 vs 119.0,
-    b64 n128 411.0 vs 390.5).
+    rows (run 73: slower at every shape with the K-side kernel, b16 n128 140-248 us); the pair
+    with the sub-chunk just solved taking its u from registers instead of the u buffer (run
+    74: within 1% at 16 sequences, 1.6-2.4% slower at 64); two warps at 16 sequences (run
+    75: b16 n128 187-225 us); the pair table read once into registers instead of per
+    sub-chunk and pair (run 77: b16 n128 126.0 vs 119.0, b64 n128 411.0 vs 390.5).
 
     The transposed walk (``transposed``, ``_tree_verify_t_kernel``: value rows as every
     product's M dimension, the K-side tiles read transposed) is faster at 64 sequences of > 32
@@ -265,7 +279,10 @@ def verify_launch_config(B: int, HV: int, V: int, device: torch.device | str = "
         # the V-free products by their own kernel (runs 55-57; 64 sequences of 16: run 62)
         cfg.update(kside=1, solve_bf16=1, g_pass=1)
         if rows <= 16 * 48 and max_nodes > 64:
-            cfg.update(max_registers=168, kside_registers=128)
+            cfg["max_registers"] = 168
+        programs = -(-max_nodes // cfg["block_t"]) * B * (H or HV // 3)
+        if rows <= 16 * 48 and 12 < programs / _sm_count(device) <= 16:
+            cfg["kside_registers"] = 128
     cfg["heavy_first"] = _heavy_first_default(cfg["block_t"], max_nodes, depth_first)
     cfg["early"] = int(max_nodes > cfg["block_t"])   # one sub-chunk: no pairs to hide behind
     return cfg
@@ -389,7 +406,7 @@ def gdn_tree_verify(q, k, v, g, beta, state, parents, cu_nodes, *, scale=None, q
                               _tree_verify_t_kernel)
     if K < 16 or K & (K - 1) or V < 16 or V & (V - 1):
         raise SimtreeError(f"triton backend needs K and V powers of two >= 16, got K={K}, V={V}")
-    cfg = verify_launch_config(B, HV, V, q.device, meta.max_nodes, meta.depth_first)
+    cfg = verify_launch_config(B, HV, V, q.device, meta.max_nodes, meta.depth_first, H)
     BT = block_t or cfg["block_t"]
     BV = min(V, block_v or cfg["block_v"])
     if BT not in (16, 32, 64) or BV < 16 or BV & (BV - 1):
@@ -459,7 +476,11 @@ def gdn_tree_verify(q, k, v, g, beta, state, parents, cu_nodes, *, scale=None, q
     launch = dict(num_warps=num_warps or cfg["num_warps"],
                   num_stages=num_stages or cfg["num_stages"], **_maxnreg(
                       cfg["max_registers"] if max_registers is None else max_registers))
-    if kside and ready and bool(cfg["transposed"] if transposed is None else transposed):
+    if bool(cfg["transposed"] if transposed is None else transposed):
+        if not (kside and ready):
+            raise SimtreeError("transposed walks the K-side kernel's tiles on pre-normalised q/k: "
+                               "it needs kside > 0, prenorm = 1 and trees of at most "
+                               f"{G_PROLOGUE_MAX_NODES} nodes with g_prologue")
         _tree_verify_t_kernel[(V // BV, B * HV)](
             qc, kc, vc, beta32, s0, order_t, cu, pairs, npairs, nc, out, u, G, diag, tiles,
             H=H, HV=HV, K=K, V=V, BT=BT, BV=BV, PREC=prec, DT=DT,

@@ -232,6 +232,21 @@ def _unit_lower_inverse(A, BT: tl.constexpr, LOG_BT: tl.constexpr, PREC: tl.cons
 
 
 @triton.jit
+def _diag_tiles(diag_ptr, i_b, i_hv, c, NC, HV: tl.constexpr, BT: tl.constexpr):
+    """Sub-chunk c's diagonal tiles (T_c, then P_cc, [BT, BT] each) of (sequence i_b, value
+    head i_hv): where ``_tree_kside_kernel`` writes them and the walks read them."""
+    return diag_ptr + ((i_b * HV + i_hv).to(tl.int64) * NC + c) * 2 * BT * BT
+
+
+@triton.jit
+def _pair_tiles(pair_ptr, i_b, i_hv, c, i, NC, HV: tl.constexpr, BT: tl.constexpr):
+    """The tiles (a, then p) of sub-chunk c's i-th pair, at slot c (c - 1) / 2 + i of
+    (sequence i_b, value head i_hv)."""
+    slot = (c * (c - 1)) // 2 + i
+    return pair_ptr + ((i_b * HV + i_hv).to(tl.int64) * (NC * (NC - 1) // 2) + slot) * 2 * BT * BT
+
+
+@triton.jit
 def _verify_program(cu_ptr, H: tl.constexpr, HV: tl.constexpr, PDL: tl.constexpr):
     """(V block, sequence, value head, key head, first row, nodes) of a verify program (grid:
     V blocks x sequences * value heads); PDL 1: first waits for the grid before it."""
@@ -291,9 +306,6 @@ def _tree_verify_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, s0_ptr, bits_ptr, 
             tl.debug_barrier()
     lower = o_t[:, None] > o_t[None, :]
     tt = o_t[:, None] * BT + o_t[None, :]
-    # KSIDE tiles of this (sequence, value head): [NC, 2, BT, BT] and [NC (NC - 1) / 2, 2, BT, BT]
-    dbase = (i_b * HV + i_hv).to(tl.int64) * NC * 2 * BT * BT
-    pbase = (i_b * HV + i_hv).to(tl.int64) * (NC * (NC - 1) // 2) * 2 * BT * BT
     # PREFETCH: the rows of each sub-chunk are loaded one sub-chunk ahead (they do not depend
     # on the solve), so their load latency hides behind the previous sub-chunk's dots
     if PREFETCH:
@@ -310,7 +322,7 @@ def _tree_verify_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, s0_ptr, bits_ptr, 
                                               H, HV, K, V, W, BT, L2NORM, DT, NT > 0, ORDER,
                                               QK_READY)
         if KSIDE and EARLY:
-            dp = diag_ptr + dbase + c * 2 * BT * BT + tt
+            dp = _diag_tiles(diag_ptr, i_b, i_hv, c, NC, HV, BT) + tt
             t_cc = tl.load(dp)
             p_cc = tl.load(dp + BT * BT)
         eG = tl.exp(G)[:, None]
@@ -327,7 +339,7 @@ def _tree_verify_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, s0_ptr, bits_ptr, 
             scol = _node_rows(order_ptr, bos, c2 * BT + o_t, o_t >= 0, ORDER)
             uc = tl.load(u_ptr + (scol * HV + i_hv)[:, None] * V + o_v[None, :]).to(UDT)
             if KSIDE:
-                tp = pair_ptr + pbase + ((c * (c - 1)) // 2 + i) * 2 * BT * BT + tt
+                tp = _pair_tiles(pair_ptr, i_b, i_hv, c, i, NC, HV, BT) + tt
                 a_rc = tl.load(tp)
                 p_rc = tl.load(tp + BT * BT)
             else:
@@ -342,7 +354,7 @@ def _tree_verify_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, s0_ptr, bits_ptr, 
         # diagonal block: A (strictly lower, ancestor-masked) and its unit-lower inverse
         if KSIDE:
             if not EARLY:
-                dp = diag_ptr + dbase + c * 2 * BT * BT + tt
+                dp = _diag_tiles(diag_ptr, i_b, i_hv, c, NC, HV, BT) + tt
                 t_cc = tl.load(dp)
                 p_cc = tl.load(dp + BT * BT)
             u = tl.dot(t_cc, rhs.to(SDT), input_precision=PREC)
@@ -389,7 +401,7 @@ def _kside_diag(xk, xq, m_r, prow, grow, bits_ptr, beta_ptr, G_ptr, diag_ptr, i_
         G = tl.load(G_ptr + grow * HV + i_hv, mask=m_r, other=0.)
         b_r = tl.load(beta_ptr + grow * HV + i_hv, mask=m_r, other=0.)
         a, p = _masked_blocks(kk, qk, b_r, anc, G, G)
-        dp = diag_ptr + ((i_b * HV + i_hv).to(tl.int64) * NC + c) * 2 * BT * BT + tt
+        dp = _diag_tiles(diag_ptr, i_b, i_hv, c, NC, HV, BT) + tt
         tl.store(dp, _unit_lower_inverse(tl.where(lower, a, 0.), BT, LOG_BT,
                                          PREC).to(diag_ptr.dtype.element_ty))
         tl.store(dp + BT * BT, p.to(diag_ptr.dtype.element_ty))
@@ -397,12 +409,13 @@ def _kside_diag(xk, xq, m_r, prow, grow, bits_ptr, beta_ptr, G_ptr, diag_ptr, i_
 
 @triton.jit
 def _kside_pair(xk, xq, m_r, prow, grow, k_ptr, bits_ptr, beta_ptr, G_ptr, order_ptr,
-                pair_ptr, bos, i_b, i_h, i_hv0, c2, slot, NC, H: tl.constexpr,
+                pair_ptr, bos, i_b, i_h, i_hv0, c2, c, i, NC, H: tl.constexpr,
                 HV: tl.constexpr, K: tl.constexpr, W: tl.constexpr, BT: tl.constexpr,
                 L2NORM: tl.constexpr, PREC: tl.constexpr, DT: tl.constexpr,
                 ORDER: tl.constexpr, READY: tl.constexpr, HVB: tl.constexpr):
     """The pair (rows xk / xq, earlier sub-chunk c2)'s masked blocks a = b_r (K K_c2^T o D o M)
-    and p = (Q K_c2^T o D o M) at tile ``slot`` of value heads i_hv0 .. i_hv0 + HVB - 1."""
+    and p = (Q K_c2^T o D o M), sub-chunk c's i-th pair, for value heads i_hv0 ..
+    i_hv0 + HVB - 1."""
     o_t = tl.arange(0, BT)
     tt = o_t[:, None] * BT + o_t[None, :]
     scol = _node_rows(order_ptr, bos, c2 * BT + o_t, o_t >= 0, ORDER)
@@ -415,8 +428,7 @@ def _kside_pair(xk, xq, m_r, prow, grow, k_ptr, bits_ptr, beta_ptr, G_ptr, order
         G = tl.load(G_ptr + grow * HV + i_hv, mask=m_r, other=0.)
         b_r = tl.load(beta_ptr + grow * HV + i_hv, mask=m_r, other=0.)
         a, p = _masked_blocks(kk2, qk2, b_r, anc2, G, tl.load(G_ptr + scol * HV + i_hv))
-        tp = pair_ptr + (((i_b * HV + i_hv).to(tl.int64) * (NC * (NC - 1) // 2) + slot)
-                         * 2 * BT * BT) + tt
+        tp = _pair_tiles(pair_ptr, i_b, i_hv, c, i, NC, HV, BT) + tt
         tl.store(tp, a.to(pair_ptr.dtype.element_ty))
         tl.store(tp + BT * BT, p.to(pair_ptr.dtype.element_ty))
 
@@ -459,10 +471,9 @@ def _tree_kside_kernel(q_ptr, k_ptr, beta_ptr, bits_ptr, order_ptr, cu_ptr, pair
         _kside_diag(xk, xq, m_r, prow, grow, bits_ptr, beta_ptr, G_ptr, diag_ptr, i_b, i_hv0, c,
                     NC, HV, W, BT, LOG_BT, PREC, HVB)
         pc = pairs_ptr + (i_b * NC + c) * NC
-        slot0 = (c * (c - 1)) // 2
         for i in range(0, tl.load(npairs_ptr + i_b * NC + c)):
             _kside_pair(xk, xq, m_r, prow, grow, k_ptr, bits_ptr, beta_ptr, G_ptr, order_ptr,
-                        pair_ptr, bos, i_b, i_h, i_hv0, tl.load(pc + i).to(tl.int64), slot0 + i,
+                        pair_ptr, bos, i_b, i_h, i_hv0, tl.load(pc + i).to(tl.int64), c, i,
                         NC, H, HV, K, W, BT, L2NORM, PREC, DT, ORDER, READY, HVB)
 
 
@@ -593,13 +604,11 @@ def _tree_verify_t_kernel(q_ptr, k_ptr, v_ptr, beta_ptr, s0_ptr, order_ptr, cu_p
     if PDL == 2:
         tl.extra.cuda.gdc_wait()
     ttt = o_t[:, None] + o_t[None, :] * BT      # a stored [BT, BT] tile, read transposed
-    dbase = (i_b * HV + i_hv).to(tl.int64) * NC * 2 * BT * BT
-    pbase = (i_b * HV + i_hv).to(tl.int64) * (NC * (NC - 1) // 2) * 2 * BT * BT
     for c in range(0, tl.cdiv(n, BT)):
         rows = c * BT + o_t
         m_r = rows < n
         grow = _node_rows(order_ptr, bos, rows, m_r, ORDER)
-        dp = diag_ptr + dbase + c * 2 * BT * BT + ttt
+        dp = _diag_tiles(diag_ptr, i_b, i_hv, c, NC, HV, BT) + ttt
         t_t = tl.load(dp)                                                    # T_c^T
         p_t = tl.load(dp + BT * BT)                                          # P_cc^T
         kt = tl.load(k_ptr + (grow * H + i_h)[None, :] * K + o_k[:, None], mask=m_r[None, :],
@@ -617,7 +626,7 @@ def _tree_verify_t_kernel(q_ptr, k_ptr, v_ptr, beta_ptr, s0_ptr, order_ptr, cu_p
             c2 = tl.load(pc + i).to(tl.int64)
             scol = _node_rows(order_ptr, bos, c2 * BT + o_t, o_t >= 0, ORDER)
             uc = tl.load(u_ptr + (scol * HV + i_hv)[None, :] * V + o_v[:, None]).to(UDT)
-            tp = pair_ptr + pbase + ((c * (c - 1)) // 2 + i) * 2 * BT * BT + ttt
+            tp = _pair_tiles(pair_ptr, i_b, i_hv, c, i, NC, HV, BT) + ttt
             rhs -= tl.dot(uc, tl.load(tp).to(UDT), input_precision=PREC)
             acc += tl.dot(uc, tl.load(tp + BT * BT).to(UDT), input_precision=PREC)
         u = tl.dot(rhs.to(SDT), t_t, input_precision=PREC)
