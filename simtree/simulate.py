@@ -23,7 +23,6 @@ sum of tree sizes), as TreeBatch packs them.
 from __future__ import annotations
 
 import math
-import warnings
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
@@ -482,44 +481,3 @@ def simulate(costs, workload: Workload, batch_size: int, spec: PolicySpec, *, mc
                      synthetic=bool(getattr(costs, "meta", {}).get("synthetic", False)),
                      model=str(getattr(costs, "meta", {}).get("model", "")), notes=notes)
 
-
-def pick_bundle(bundles: list, model: str | None, source: str):
-    """The bundle for ``model`` (its meta["model"]); with no model named, the only bundle, and a
-    one-line error naming the choices when there are several."""
-    names = [str(b.meta.get("model")) for b in bundles]
-    if model is None:
-        if len(bundles) == 1:
-            return bundles[0]
-        raise SimtreeError(f"{len(bundles)} cost bundles in {source} ({', '.join(names)}): "
-                           f"pick one with --model")
-    if model not in names:
-        raise SimtreeError(f"no cost bundle for model {model!r} in {source} (it has: {', '.join(names)})")
-    return bundles[names.index(model)]
-
-
-def simulate_command_run(costs_path, workload_spec: str, batch_size: int, mode: str, steps: int, topk: int,
-                         budget: int, width: int = 1, draft_depth: int | None = None, policy_path=None,
-                         mc_runs: int = 0, prompt_len=None, output_len=None, seed: int = 0,
-                         progress=None, model: str | None = None) -> SimResult:
-    """`simtree simulate`: resolve costs (path / the shipped bundle of ``model`` / SYNTHETIC),
-    the workload and the policy (flags, or the policy file's entry for this workload and batch
-    size), simulate."""
-    from simtree.acceptance import get_workload
-    from simtree.planner import resolve_costs
-
-    workload = get_workload(workload_spec, prompt_len, output_len)
-    check_batch_size(batch_size)
-    if policy_path:   # its model picks the shipped bundle unless --model says otherwise
-        from simtree.policy import Policy
-        pol = Policy.load(policy_path)
-        entry = pol.lookup(workload.name, batch_size)
-        note = pol.clamp_note(workload.name, batch_size)
-        if note:
-            warnings.warn(note, RuntimeWarning, stacklevel=2)
-        spec = PolicySpec(entry.mode, entry.params)
-        model = model or pol.model
-    else:
-        spec = PolicySpec(mode, params_from_flags(mode, steps, topk, budget, width, draft_depth))
-    costs = pick_bundle(resolve_costs([costs_path] if costs_path else []), model,
-                        costs_path or "simtree/data/costs")
-    return simulate(costs, workload, batch_size, spec, mc_runs=mc_runs, seed=seed, progress=progress)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import warnings
 from typing import Optional
 
 import typer
@@ -9,6 +10,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from simtree.errors import SimtreeError
 from simtree.synthetic import SYNTHETIC_LABEL
 
 
@@ -38,11 +40,7 @@ def register(app: typer.Typer) -> None:
         as_json: bool = typer.Option(False, "--json"),
     ) -> None:
         """simtree simulate --workload gsm8k --batch-size 16 --policy-mode linear --budget 4"""
-        import warnings
-
         from rich.progress import Progress
-
-        from simtree.simulate import simulate_command_run
 
         err = Console(stderr=True)
         with Progress(console=err, transient=True, disable=monte_carlo == 0 or not err.is_terminal) as bar, \
@@ -80,3 +78,46 @@ def register(app: typer.Typer) -> None:
         for k, v in rows:
             table.add_row(k, v)
         console.print(table)
+
+
+def pick_bundle(bundles: list, model: str | None, source: str):
+    """The bundle for ``model`` (its meta["model"]); with no model named, the only bundle, and a
+    one-line error naming the choices when there are several."""
+    names = [str(b.meta.get("model")) for b in bundles]
+    if model is None:
+        if len(bundles) == 1:
+            return bundles[0]
+        raise SimtreeError(f"{len(bundles)} cost bundles in {source} ({', '.join(names)}): "
+                           f"pick one with --model")
+    if model not in names:
+        raise SimtreeError(f"no cost bundle for model {model!r} in {source} (it has: {', '.join(names)})")
+    return bundles[names.index(model)]
+
+
+def simulate_command_run(costs_path, workload_spec: str, batch_size: int, mode: str, steps: int, topk: int,
+                         budget: int, width: int = 1, draft_depth: int | None = None, policy_path=None,
+                         mc_runs: int = 0, prompt_len=None, output_len=None, seed: int = 0,
+                         progress=None, model: str | None = None):
+    """`simtree simulate`: resolve costs (path / the shipped bundle of ``model`` / SYNTHETIC),
+    the workload and the policy (flags, or the policy file's entry for this workload and batch
+    size), simulate."""
+    from simtree.acceptance import get_workload
+    from simtree.planner import resolve_costs
+    from simtree.simulate import PolicySpec, check_batch_size, params_from_flags, simulate
+
+    workload = get_workload(workload_spec, prompt_len, output_len)
+    check_batch_size(batch_size)
+    if policy_path:   # its model picks the shipped bundle unless --model says otherwise
+        from simtree.policy import Policy
+        pol = Policy.load(policy_path)
+        entry = pol.lookup(workload.name, batch_size)
+        note = pol.clamp_note(workload.name, batch_size)
+        if note:
+            warnings.warn(note, RuntimeWarning, stacklevel=2)
+        spec = PolicySpec(entry.mode, entry.params)
+        model = model or pol.model
+    else:
+        spec = PolicySpec(mode, params_from_flags(mode, steps, topk, budget, width, draft_depth))
+    costs = pick_bundle(resolve_costs([costs_path] if costs_path else []), model,
+                        costs_path or "simtree/data/costs")
+    return simulate(costs, workload, batch_size, spec, mc_runs=mc_runs, seed=seed, progress=progress)
