@@ -193,7 +193,7 @@ def time_shape(args, dims, b, n, bw, log) -> list[dict]:
         log(f"b={b:3d} n={n:4d} {variant:20s} {rows[-1].get('latency_us_median', rows[-1]['status'])}")
 
     default = verify_launch_config(b, dims["HV"], dims["V"], args.device, max_nodes=n,
-                                   depth_first=meta.depth_first)
+                                   depth_first=meta.depth_first, H=dims["H"])
     run("triton_tree", [lambda c=c: gdn_tree_verify(*(c[key] for key in keys), backend="triton",
                                                     meta=meta, check=False) for c in copies],
         **{"cfg_" + k: v for k, v in default.items()})
@@ -211,7 +211,7 @@ def time_shape(args, dims, b, n, bw, log) -> list[dict]:
                                                             backend="triton", meta=bmeta,
                                                             check=False) for c in bfs],
             **{"cfg_" + k: v for k, v in verify_launch_config(
-                b, dims["HV"], dims["V"], args.device, max_nodes=n).items()})
+                b, dims["HV"], dims["V"], args.device, max_nodes=n, H=dims["H"]).items()})
         del bfs
     # per round, shared by every layer: ancestor bits and the launch's sub-chunk pairs (and the
     # kernel's node order where it walks breadth-first trees depth-first)
@@ -428,7 +428,9 @@ def main() -> None:
                          "g<G prologue 0/1> u<bf16 u operands 0/1> p<prefetch 0/1> o<heavy-first order 0/1> "
                          "q<q/k pre-normalised 0/1> j<G written by the pre-pass 0/1> k<warps of the "
                          "K-side kernel, 0 = none> h<its value heads per program, 0 = all of a "
-                         "key head's> b<bf16 diagonal tiles 0/1>; the default "
+                         "key head's> b<bf16 diagonal tiles 0/1> c<bf16 u buffer 0/1> l<PDL 0/1> "
+                         "e<diagonal tiles early 0/1> m<K-side register cap, 0 = none> "
+                         "x<transposed walk 0/1>; the default "
                          "times the other q/k path at every shape")
     ap.add_argument("--profile-from", metavar="DIR",
                     help="rewrite DIR/profile_gdn.csv from DIR/bench_gdn.csv and bench_gdn.json "

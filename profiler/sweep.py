@@ -35,6 +35,7 @@ from pathlib import Path
 
 from simtree.errors import SimtreeError
 from simtree.fileio import read_yaml
+from simtree.profile_table import MIN_INT
 from simtree.hostprobe import probe as host_probe
 from simtree.models import COMMIT_STAGE, DECODE_STAGE, ROUND_STAGE, VERIFY_STAGE, get_model
 
@@ -91,12 +92,7 @@ def load_sweep(path: str | Path) -> dict:
     path = Path(path)
     if not path.exists() and (SWEEP_DIR / path.name).exists():
         path = SWEEP_DIR / path.name
-    if path.is_dir():
-        raise SimtreeError(f"{path}: is a folder, not a sweep YAML")
-    try:
-        spec = read_yaml(path, "sweep")
-    except UnicodeDecodeError:
-        raise SimtreeError(f"{path.name}: not a text (YAML) file") from None
+    spec = read_yaml(path, "sweep")   # a folder or a binary file: one-line SimtreeError
     if not isinstance(spec, dict) or not isinstance(spec.get("stages"), list) or not spec.get("models"):
         raise SimtreeError(f"{path.name}: a sweep needs 'models' and a list of 'stages'")
     spec.setdefault("name", path.stem)
@@ -109,8 +105,6 @@ def load_sweep(path: str | Path) -> dict:
 _SCALARS = {"max_minutes": (float, 0, False), "target_s": (float, 0, False), "flush_s": (float, 0, True),
             "grace_s": (float, 0, True), "flush_rows": (int, 1, True), "seed": (int, 0, True),
             "cpu_threads": (int, 1, True)}
-# grid keys with integer values, and their smallest allowed value
-_GRID_MIN = {"batch_size": 1, "nodes_per_seq": 1, "context_len": 0, "num_steps": 0, "topk": 0}
 
 
 def _number(value, kind, low: float, inclusive: bool, where: str):
@@ -181,7 +175,7 @@ def _check_grid(grid, where: str) -> None:
                 if v not in TREE_SHAPES:
                     raise SimtreeError(f"{where}: unknown tree_shape {v!r} (known: {', '.join(TREE_SHAPES)})")
             else:
-                _number(v, int, _GRID_MIN[key], True, f"{where}: {key} value")
+                _number(v, int, MIN_INT[key], True, f"{where}: {key} value")
 
 
 def known_stages() -> set[str]:

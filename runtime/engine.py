@@ -23,9 +23,8 @@ the whole batch's verify, ``draft.predict(s, k, b)``).
 ``tokens_produced`` counts every token the decode rounds produce: all B sequences decode every
 round until the slowest has ``max_new_tokens`` (a static batch), so sequences that are done
 keep producing tokens that are then cut from the outputs.  What a user receives is ``outputs``
-(max_new_tokens per prompt, the first from the prefill); each round records how many of its
-tokens the outputs keep (``delivered``) and how many sequences were still short of
-max_new_tokens when it began (``live``).
+(max_new_tokens per prompt, the first from the prefill); each round records how many
+sequences were still short of max_new_tokens when it began (``live``).
 """
 from __future__ import annotations
 
@@ -78,7 +77,6 @@ class RoundStats:
     nodes: list          # tree size per sequence (root included)
     accepted: list       # accepted draft tokens per sequence (bonus excluded)
     live: int = 0        # sequences still short of max_new_tokens when the round began
-    delivered: int = 0   # tokens of this round that the outputs keep (within max_new_tokens)
 
     @property
     def round_us(self) -> float:
@@ -248,9 +246,7 @@ class SpecEngine:
             produced += int(acc.num_accepted.sum()) + B
             stats = RoundStats((t1 - t0 + t4 - t3) * 1e6, (t2 - t1) * 1e6, (t3 - t2) * 1e6,
                                [t.num_nodes for t in batch.trees], acc.num_accepted.tolist(),
-                               live=sum(n < max_new_tokens for n in before),
-                               delivered=sum(min(len(o), max_new_tokens) - min(n, max_new_tokens)
-                                             for o, n in zip(outs, before)))
+                               live=sum(n < max_new_tokens for n in before))
             rounds.append(stats)
             if trace is not None:
                 trace.write_round(batch, acc, workload=workload, batch_size=B, round_index=len(rounds) - 1,

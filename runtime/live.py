@@ -44,8 +44,9 @@ from types import SimpleNamespace
 import numpy as np
 import torch
 
-from simtree.errors import SimtreeError
+from simtree.errors import SimtreeError, check_int
 from simtree.fileio import write_text_atomic
+from simtree.profiler.metadata import device_label
 from simtree.runtime.data import prompts as load_prompts
 from simtree.runtime.engine import SpecEngine, check_spec, greedy_decode
 from simtree.simulate import PolicySpec
@@ -81,18 +82,13 @@ def dumps(report: dict) -> str:
     return json.dumps(_finite(report), indent=1, allow_nan=False)
 
 
-def _positive(value, flag: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-        raise SimtreeError(f"{flag} must be an integer >= 1, got {value!r}")
-    return int(value)
-
-
 def _device_name(device: str) -> str:
+    """The device as profile tables and cost bundles name it (``device_label``)."""
     if device not in ("cpu", "cuda"):
         raise SimtreeError(f"unknown device {device!r}: use cpu or cuda")
     if device == "cuda" and not torch.cuda.is_available():
         raise SimtreeError("device cuda is not available here: torch sees no CUDA GPU (use --device cpu)")
-    return torch.cuda.get_device_name() if device == "cuda" else "cpu"
+    return device_label(device)
 
 
 def _mismatch(what: str, source, model, device, here: str) -> str | None:
@@ -191,11 +187,11 @@ def live_run(*, mode: str = "eagle", params: dict | None = None, policy=None, po
 
 def _live_run(*, mode, params, policy, policy_workload, workload, batch_size, prompts, max_new_tokens, costs,
               models_dir, out, check_lossless, threads, device, progress) -> dict:
-    batch_size = _positive(batch_size, "--batch-size")
-    max_new_tokens = _positive(max_new_tokens, "--max-new-tokens")
+    batch_size = check_int(batch_size, "--batch-size")
+    max_new_tokens = check_int(max_new_tokens, "--max-new-tokens")
     if prompts is not None:
-        prompts = _positive(prompts, "--prompts")
-    threads = _positive(threads, "--threads")
+        prompts = check_int(prompts, "--prompts")
+    threads = check_int(threads, "--threads")
     here = _device_name(device)
     warn = _Warnings()
     warn.here = here
@@ -318,7 +314,7 @@ def _report(results, rounds, spec, workload, batch_size, count, max_new_tokens, 
         "schema": "simtree.run/1", "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "mode": spec.mode, "params": spec.params, "workload": workload, "batch_size": batch_size,
         "prompts": count, "max_new_tokens": max_new_tokens, "models": str(models_dir), "model": RUNTIME_MODEL,
-        "device": (torch.cuda.get_device_name() if device == "cuda" else
+        "device": (device_label(device) if device == "cuda" else
                    f"cpu ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)"),
         "torch_version": torch.__version__, "costs": costs_label, **policy_info, "measured": measured,
         "predicted": None, "comparison": COMPARISON, "host": host, "lossless_checked": check_lossless,
@@ -360,4 +356,4 @@ def _predict(costs, trace_path: Path, spec: PolicySpec, batch_size: int, prompt_
             "round_us": sim.round_latency_us, "draft_us": sim.draft_us, "verify_us": sim.verify_us,
             "mean_nodes_per_seq": sim.mean_nodes_per_seq, "rounds": sim.rounds, "synthetic": sim.synthetic,
             "acceptance": "none" if spec.mode == "none" else "positional fit of this run's traces",
-            "notes": [" ".join(str(n).split()) for n in getattr(sim, "notes", None) or []]}
+            "notes": [" ".join(str(n).split()) for n in sim.notes]}

@@ -132,6 +132,13 @@ def load_model(path, dtype=torch.float32) -> HybridLM:
     return model.to(dtype).eval()
 
 
+def model_weights(model) -> dict:
+    """The weights a save holds: fp32, contiguous, without a tied lm_head (it is the
+    embedding)."""
+    return {k: v.detach().float().contiguous() for k, v in model.state_dict().items()
+            if not (model.config.tie_word_embeddings and k == "lm_head.weight")}
+
+
 def save_model(model: HybridLM, path, extra: dict | None = None) -> None:
     """Write model.safetensors (fp32) then config.json, each atomically (temp file +
     os.replace), both stamped with one new save id (see the module docstring)."""
@@ -144,8 +151,7 @@ def save_model(model: HybridLM, path, extra: dict | None = None) -> None:
                bos_token_id=256, eos_token_id=257, pad_token_id=258, simtree_save_id=uuid.uuid4().hex)
     if extra:
         cfg["simtree_training"] = extra
-    state = {k: v.detach().float().contiguous() for k, v in model.state_dict().items()
-             if not (model.config.tie_word_embeddings and k == "lm_head.weight")}
+    state = model_weights(model)
     meta = {"format": "pt", "simtree_save_id": cfg["simtree_save_id"]}
     write_atomic(path / "model.safetensors", lambda tmp: save_file(state, tmp, metadata=meta))
     text = json.dumps(cfg, indent=2) + "\n"

@@ -38,11 +38,11 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from simtree.errors import SimtreeError
+from simtree.errors import SimtreeError, check_int
 from simtree.fileio import write_atomic
 from simtree.runtime.data import training_text
-from simtree.runtime.loading import (DEFAULT_MODELS_DIR, load_model, read_save_ids, save_model,
-                                    saves_disagree)
+from simtree.runtime.loading import (DEFAULT_MODELS_DIR, load_model, model_weights, read_save_ids,
+                                    save_model, saves_disagree)
 from simtree.runtime.model import HybridLM, ModelConfig
 from simtree.runtime.tokenizer import BOS
 
@@ -101,20 +101,16 @@ class TrainConfig:
         if not models or any(m not in MODELS for m in models) or len(set(models)) != len(models):
             raise SimtreeError(f"models must be 'target' and/or 'draft', got {list(models)}")
 
-        def integer(value, flag, low):
-            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
-                raise SimtreeError(f"{flag} must be an integer >= {low}, got {value!r}")
-
         for name in models:
-            integer(self.steps_for(name), f"--{name}-steps", 1)
-        integer(self.batch_size, "--batch-size", 1)
-        integer(self.seq_len, "--seq-len", 2)
-        integer(self.warmup, "warmup", 1)
-        integer(self.seed, "--seed", 0)
+            check_int(self.steps_for(name), f"--{name}-steps", 1)
+        check_int(self.batch_size, "--batch-size", 1)
+        check_int(self.seq_len, "--seq-len", 2)
+        check_int(self.warmup, "warmup", 1)
+        check_int(self.seed, "--seed", 0)
         if self.seed >= 2 ** 63:
             raise SimtreeError(f"--seed must be < 2**63, got {self.seed}")
-        integer(self.sharegpt_conversations, "sharegpt_conversations", 0)
-        integer(self.checkpoint_every, "--checkpoint-every", 1)
+        check_int(self.sharegpt_conversations, "sharegpt_conversations", 0)
+        check_int(self.checkpoint_every, "--checkpoint-every", 1)
         for value, flag, what in ((self.lr, "--lr", "a finite number > 0"),
                                   (self.max_seconds, "--max-seconds", "a number > 0 (inf: no bound)")):
             if (isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value) or value <= 0
@@ -170,16 +166,11 @@ class _StopOnSignal:
 
 # ---- checkpoints -----------------------------------------------------------------------------
 
-def _weights(model: HybridLM) -> dict:
-    return {k: v.detach().float().contiguous() for k, v in model.state_dict().items()
-            if not (model.config.tie_word_embeddings and k == "lm_head.weight")}
-
-
 def _save_checkpoint(path: Path, model: HybridLM, opt, rng: np.random.Generator, state: dict) -> None:
     """Everything needed to continue bit-exactly, in one safetensors file (atomic replace)."""
     from safetensors.torch import save_file
 
-    tensors = {f"model.{k}": v for k, v in _weights(model).items()}
+    tensors = {f"model.{k}": v for k, v in model_weights(model).items()}
     sd = opt.state_dict()
     for i, st in sd["state"].items():
         for key, t in st.items():

@@ -49,7 +49,7 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-from simtree.errors import SimtreeError, TreeError
+from simtree.errors import SimtreeError, TreeError, check_whole
 from simtree.phi import expected_accepted_positional, sibling_rank
 from simtree.probs import check_prob_rows
 from simtree.tree import DraftTree
@@ -446,8 +446,5 @@ def get_workload(spec: str, prompt_len: float | None = None, output_len: int | N
             raise SimtreeError(f"prompt length must be in [1, {MAX_CONTEXT_LEN}] tokens, got {prompt_len}")
         mean = prompt_len
     if output_len is not None:
-        if (isinstance(output_len, bool) or int(output_len) != output_len
-                or not 1 <= output_len <= MAX_OUTPUT_LEN):
-            raise SimtreeError(f"output length must be an integer in [1, {MAX_OUTPUT_LEN}] tokens, got {output_len}")
-        out = output_len
+        out = check_whole(output_len, "output length", 1, MAX_OUTPUT_LEN)
     return Workload(acc.name, acc, _lognormal_quantiles(mean, sigma), int(out), note)

@@ -8,6 +8,26 @@ class SimtreeError(ValueError):
     """
 
 
+def check_int(value, what: str, low: int = 1) -> int:
+    """``value`` as an int >= ``low`` (a Python or numpy integer, not a bool or a float); a
+    one-line SimtreeError naming ``what`` otherwise."""
+    import numbers
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < low:
+        raise SimtreeError(f"{what} must be an integer >= {low}, got {value!r}")
+    return int(value)
+
+
+def check_whole(value, what: str, low: int, high: int) -> int:
+    """``value`` (an integer, or a float with an integral value as JSON gives it) as an int in
+    [low, high]; a one-line SimtreeError naming ``what`` otherwise (NaN and inf included)."""
+    import math
+    import numbers
+    if (isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value)
+            or value != int(value) or not low <= value <= high):
+        raise SimtreeError(f"{what} must be an integer in [{low}, {high}], got {value!r}")
+    return int(value)
+
+
 class TreeError(SimtreeError):
     """An invalid draft tree (parent array, tokens, scores)."""
 

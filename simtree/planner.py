@@ -209,6 +209,17 @@ def heldout_median_error(verify) -> float | None:
     return float(med) if ok else None
 
 
+def check_workload_names(workloads, labels: Sequence[str] | None = None) -> None:
+    """One-line error when two workloads share a name (a plan's policy is keyed by it);
+    ``labels``: where each came from (preset or trace path), named in the error."""
+    for i, w in enumerate(workloads):
+        j = next((j for j in range(i) if workloads[j].name == w.name), None)
+        if j is not None:
+            where = f" ({labels[j]} and {labels[i]})" if labels else ""
+            raise SimtreeError(f"two workloads named {w.name!r}{where}: plan them separately or rename "
+                               "one (a trace's workload field names it)")
+
+
 def plan(costs, workloads: Sequence[Workload], batch_sizes: Sequence[int] = DEFAULT_BATCH_SIZES,
          space: SearchSpace = SearchSpace(), progress: Callable[[int, int], None] | None = None) -> PlanResult:
     """Search every candidate for every (workload, batch size); see the module docstring."""
@@ -217,10 +228,7 @@ def plan(costs, workloads: Sequence[Workload], batch_sizes: Sequence[int] = DEFA
     sizes = sorted({check_batch_size(b, "batch sizes") for b in batch_sizes})
     if not workloads:
         raise SimtreeError("plan needs at least one workload")
-    names = [w.name for w in workloads]
-    dup = next((n for n in names if names.count(n) > 1), None)
-    if dup is not None:
-        raise SimtreeError(f"two workloads named {dup!r}: rename one (a trace's workload field names it)")
+    check_workload_names(workloads)
     fixed, adaptive = candidate_specs(space)
     total, done, frames, spans = len(workloads) * len(sizes), 0, [], {}
     for workload in workloads:
@@ -366,12 +374,7 @@ def plan_and_write(cost_paths: Sequence[str] = (), workload_specs: Sequence[str]
 
     bundles = resolve_costs(cost_paths)
     workloads = [get_workload(w, prompt_len, output_len) for w in (workload_specs or PRESETS)]
-    specs = list(workload_specs or PRESETS)
-    for i, w in enumerate(workloads):
-        for j in range(i):
-            if workloads[j].name == w.name:
-                raise SimtreeError(f"two workloads named {w.name!r} ({specs[j]} and {specs[i]}): plan them "
-                                   "separately or rename one (a trace's workload field names it)")
+    check_workload_names(workloads, list(workload_specs or PRESETS))
     names = [str(b.meta.get("model", "unknown")) + "_" + str(b.meta.get("device", "unknown")) for b in bundles]
     folders = [n.replace("/", "_").replace(" ", "_") for n in names]
     where = list(cost_paths) or [f"bundle {i}" for i in range(len(bundles))]

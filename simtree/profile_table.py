@@ -71,7 +71,7 @@ FLOAT_COLUMNS = ("latency_us_median", "latency_us_p10", "latency_us_p90")
 STR_COLUMNS = tuple(c for c in PROFILE_COLUMNS if c not in INT_COLUMNS + FLOAT_COLUMNS)
 # String columns that may be empty (metadata); every other string column must be non-empty.
 _OPTIONAL_STR = ("torch_version", "triton_version")
-_MIN_INT = {"batch_size": 1, "nodes_per_seq": 1, "total_tokens": 1, "context_len": 0,
+MIN_INT = {"batch_size": 1, "nodes_per_seq": 1, "total_tokens": 1, "context_len": 0,
             "num_steps": 0, "topk": 0, "repeats": 1}
 _MAX_INT = 2**53   # exact in float64, far inside int64 (larger values would wrap)
 
@@ -122,11 +122,11 @@ def validate_profile(df: pd.DataFrame, path: str | os.PathLike | None = None,
         if col in INT_COLUMNS:
             arr = num.to_numpy()
             frac = arr != np.round(arr)
-            out_of_range = (arr < _MIN_INT[col]) | (arr > _MAX_INT)
+            out_of_range = (arr < MIN_INT[col]) | (arr > _MAX_INT)
             if frac.any() or out_of_range.any():
                 i = int(np.flatnonzero(frac | out_of_range)[0])
                 raise SimtreeError(f"{_where(path, line(i))} column {col}: must be an integer "
-                                   f"in [{_MIN_INT[col]}, 2^53], got {_show(df[col].iloc[i])}")
+                                   f"in [{MIN_INT[col]}, 2^53], got {_show(df[col].iloc[i])}")
             out[col] = arr.astype(np.int64)
         else:
             arr = num.to_numpy()

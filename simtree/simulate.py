@@ -30,7 +30,7 @@ import numpy as np
 from simtree.acceptance import AcceptanceModel, Workload
 from simtree.builders import (batched_best_first_tree, best_first_order, cost_aware_budget,
                               eagle_max_nodes, eagle_tree)
-from simtree.errors import SimtreeError
+from simtree.errors import SimtreeError, check_whole
 from simtree.phi import expected_accepted_positional, sample_accepted_length
 from simtree.tree import DraftTree
 
@@ -54,11 +54,7 @@ MAX_BATCH_SIZE = 1_000_000
 
 def check_batch_size(batch_size, what: str = "batch size") -> int:
     """``batch_size`` as an int in [1, MAX_BATCH_SIZE]; a one-line SimtreeError otherwise."""
-    if (isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer, float))
-            or not math.isfinite(batch_size) or batch_size != int(batch_size)
-            or not 1 <= batch_size <= MAX_BATCH_SIZE):
-        raise SimtreeError(f"{what} must be an integer in [1, {MAX_BATCH_SIZE}], got {batch_size}")
-    return int(batch_size)
+    return check_whole(batch_size, what, 1, MAX_BATCH_SIZE)
 
 
 def params_from_flags(mode: str, steps: int, topk: int, budget: int, width: int = 1,
@@ -363,14 +359,11 @@ def analytic_run(workload: Workload, spec: PolicySpec, costs, b: int,
     # rounds' own costs below still use their exact contexts).
     quantum = max(CTX_QUANTUM, math.ceil(N / MAX_DECISIONS))
     produced, ctx, total, verify_sum, rounds, gs, ns = 0.0, l0, 0.0, 0.0, 0, 0.0, 0.0
-    decisions: dict[int, tuple[float, float]] = {}
-    while produced < N - 1e-9:
+    while produced < N - 1e-9:   # one decision per bucket: its rounds all go at once below
         bucket = int(round(ctx / quantum))
-        if bucket not in decisions:  # fluid: level l carries b * w_l requests
-            nodes = ad.nodes(b * w, levels, bucket * quantum or ctx)
-            decisions[bucket] = (1.0 + float(sum(w[i] * ad.phi(i, int(nodes[i])) for i in levels)),
-                                 float(w @ nodes))
-        g, n = decisions[bucket]
+        nodes = ad.nodes(b * w, levels, bucket * quantum or ctx)   # level l carries b * w_l requests
+        g = 1.0 + float(sum(w[i] * ad.phi(i, int(nodes[i])) for i in levels))
+        n = float(w @ nodes)
         # every round left in this bucket at once: contexts ctx + g j while they round to it
         left = max(1, math.ceil((N - 1e-9 - produced) / g))
         span = max(1, math.ceil(((bucket + 0.5) * quantum - ctx) / g) + 1)
@@ -456,10 +449,9 @@ def simulate(costs, workload: Workload, batch_size: int, spec: PolicySpec, *, mc
     ``ci95``; ``progress(done, total)`` is called after each replication).  The linear
     comparison is at the nodes per sequence the policy actually verifies."""
     b = check_batch_size(batch_size)
-    if isinstance(mc_runs, bool) or int(mc_runs) != mc_runs or mc_runs < 0 or mc_runs == 1:
+    if check_whole(mc_runs, "Monte-Carlo runs", 0, 2 ** 31) == 1:
         raise SimtreeError(f"Monte-Carlo runs must be 0 (analytic) or >= 2 (for an interval), got {mc_runs}")
-    if isinstance(seed, bool) or int(seed) != seed or not 0 <= seed < 2 ** 63:
-        raise SimtreeError(f"seed must be an integer in [0, 2^63), got {seed}")
+    check_whole(seed, "seed", 0, 2 ** 63 - 1)
     a = analytic_run(workload, spec, costs, b)
     throughput = a["tok_s"]
     none_tput = analytic_run(workload, PolicySpec("none"), costs, b)["tok_s"]

@@ -154,9 +154,8 @@ def test_the_compared_rate_leaves_out_rounds_after_a_sequence_finished(models, t
     report = live_run(**dict(SMALL, batch_size=4, max_new_tokens=10), models_dir=models)
     m = report["measured"]
     assert m["busy_s"] < m["decode_s"]   # some sequence finished before the last round
+    assert m["tokens_delivered_by_decode"] == report["prompts"] * 9
     assert m["tokens_per_s"] == pytest.approx(m["tokens_delivered_by_decode"] / m["busy_s"])
-    assert m["delivered_tokens_per_s"] <= m["tokens_per_s"]
-    assert m["produced_tokens_per_s"] >= m["delivered_tokens_per_s"]
 
 
 def test_the_prediction_counts_what_the_decode_rounds_must_produce(same_models, tmp_path):

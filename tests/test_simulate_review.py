@@ -8,7 +8,7 @@ import sys
 import numpy as np
 import pytest
 
-from simtree.acceptance import AcceptanceModel, Workload, calibrate_linear
+from simtree.acceptance import AcceptanceModel, Workload, calibrate_linear, get_workload
 from simtree.errors import SimtreeError
 from simtree.simulate import (CTX_QUANTUM, EXACT_ROUNDS, PolicySpec, _Adaptive, _verify_sums, analytic_run,
                               analytic_static, simulate)
@@ -126,9 +126,14 @@ def test_monte_carlo_needs_two_runs_and_a_nonnegative_seed():
         simulate(synthetic_costs(), wl, 2, PolicySpec("linear", {"budget": 4}), mc_runs=1)
     with pytest.raises(SimtreeError, match="seed must be an integer in \\[0"):
         simulate(synthetic_costs(), wl, 2, PolicySpec("linear", {"budget": 4}), mc_runs=2, seed=-1)
+    for bad in (dict(mc_runs=float("nan")), dict(mc_runs=2, seed=float("inf")), dict(mc_runs=-3)):
+        with pytest.raises(SimtreeError, match="must be an integer in"):
+            simulate(synthetic_costs(), wl, 2, PolicySpec("linear", {"budget": 4}), **bad)
+    with pytest.raises(SimtreeError, match="output length must be an integer in"):
+        get_workload("gsm8k", output_len=float("nan"))
     r = simulate(synthetic_costs(), wl, 2, PolicySpec("linear", {"budget": 4}), mc_runs=2, seed=3)
     lo, hi = r.ci95["throughput_tok_s"]
-    assert math.isfinite(lo) and math.isfinite(hi) and lo <= r.throughput_tok_s <= hi
+    assert math.isfinite(lo) and math.isfinite(hi) and hi > lo   # two samples that differ
 
 
 @pytest.mark.parametrize("bad", [0, -3, 10 ** 6 + 1, 99999999999999999999, 2.5, True])

@@ -90,12 +90,14 @@ def test_renumber_cost_times_every_shape_and_profile_from_rewrites_the_rows(tmp_
     assert set(table.model) == {"qwen3.6-27b"} and len(table) == 4
 
 
-def test_kside_correctness_cases_launch_the_kside_kernel():
+def test_kside_correctness_cases_launch_the_kside_kernel(monkeypatch):
     # the GPU correctness cases meant for the K-side launches must get them under the rule
     # (a rule change must not turn them into repeats of the small cases), the 16-sequence one
     # with the K-side register cap, the 64-sequence one walking breadth-first trees heavy-first
+    import simtree.kernels.gdn as kg
     from simtree.kernels.gdn import verify_launch_config
     from simtree.profiler.bench_gdn import KSIDE_CASES
+    monkeypatch.setattr(kg, "_sm_count", lambda device: 132)   # the H200 the cases were set for
     for b, n in KSIDE_CASES:
         for depth_first in (False, True):
             assert verify_launch_config(b, 48, 128, "cuda", n, depth_first, 16)["kside"] == 1

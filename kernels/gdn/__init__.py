@@ -104,9 +104,13 @@ H200_SMS = 132   # streaming multiprocessors where no CUDA device is visible (th
 
 def _sm_count(device) -> int:
     dev = torch.device(device)
-    if dev.type == "cuda" and torch.cuda.is_available():
-        return torch.cuda.get_device_properties(dev.index or 0).multi_processor_count
-    return H200_SMS
+    return _sm_count_of(dev.index) if dev.type == "cuda" and torch.cuda.is_available() else H200_SMS
+
+
+@functools.lru_cache(maxsize=None)
+def _sm_count_of(index: int | None) -> int:   # the rule runs once per GDN layer and step
+    return torch.cuda.get_device_properties(
+        torch.cuda.current_device() if index is None else index).multi_processor_count
 
 
 def _maxnreg(n: int) -> dict:
@@ -246,7 +250,8 @@ def verify_launch_config(B: int, HV: int, V: int, device: torch.device | str = "
     rule yet: its bf16 results were not compared with the reference on the GPU (the sweeps'
     correctness cases ran at batches where the rule launches no K-side kernel, so the
     transposed walk never ran there; the interpreter tests compare it in fp32).  The
-    correctness cases of bench_gdn and tune_gdn now include 64 sequences of 40 nodes.
+    correctness cases of bench_gdn and tune_gdn now include ``KSIDE_CASES`` (16 x 128 and
+    64 x 72, profiler/bench_gdn.py).
     """
     rows = B * HV
     cfg = dict(block_t=16, block_v=V, num_warps=2, num_stages=2, max_registers=0, g_prologue=1,

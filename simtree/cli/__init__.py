@@ -55,7 +55,10 @@ def main() -> None:
     """Run the CLI; every user-side failure ends in one ``error: ...`` line on stderr, exit 2:
     a SimtreeError from a command, a usage error (bad option value, unknown option), or a
     file the operating system refuses (a folder where a file goes, no permission)."""
-    from typer._click import exceptions as click_exc
+    try:   # typer vendors click as typer._click in newer releases
+        from typer._click import exceptions as click_exc
+    except ImportError:
+        from click import exceptions as click_exc
 
     try:
         rc = app(standalone_mode=False)

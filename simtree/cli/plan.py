@@ -2,15 +2,14 @@
 from __future__ import annotations
 
 import json
-import warnings
 from typing import List, Optional
 
 import typer
 from rich.console import Console
-from rich.markup import escape
 from rich.progress import Progress
 from rich.table import Table
 
+from simtree.cli.notes import captured_warnings, print_notes
 from simtree.errors import SimtreeError
 from simtree.synthetic import SYNTHETIC_LABEL
 
@@ -50,13 +49,11 @@ def register(app: typer.Typer) -> None:
         console = Console(stderr=as_json)
         # a progress bar on a terminal only: piped output gets no bar (nor the blank line it leaves)
         with Progress(console=console, transient=True, disable=not console.is_terminal) as bar, \
-                warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
+                captured_warnings() as caught:
             task = bar.add_task("planning", total=None)
             outputs = plan_and_write(costs or (), workload or (), sizes, out, prompt_len, output_len,
                                      progress=lambda done, total: bar.update(task, completed=done, total=total))
-        for note in dict.fromkeys(str(w.message) for w in caught):  # once each, as one line
-            console.print(f"[yellow]note:[/] {escape(note)}", highlight=False, soft_wrap=True)
+        print_notes(caught, console)
         if as_json:
             typer.echo(json.dumps([{"policy_file": str(o["policy"]), "synthetic": o["result"].synthetic,
                                     **o["result"].to_policy().to_dict()} for o in outputs], indent=1))

@@ -17,15 +17,12 @@ def register(app: typer.Typer) -> None:
         batch_size: int = typer.Option(..., "--batch-size", min=1, help="serving batch size"),
         as_json: bool = typer.Option(False, "--json", help="print as JSON"),
     ) -> None:
-        import warnings
-
+        from simtree.cli.notes import captured_warnings, print_notes
         from simtree.sglang import export
 
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
+        with captured_warnings() as caught:
             result = export(policy, workload, batch_size)
-        for note in dict.fromkeys(str(w.message) for w in caught):  # once each, one line, stderr
-            typer.echo(f"note: {note}", err=True)
+        print_notes(caught)
         if as_json:
             typer.echo(json.dumps(asdict(result), indent=1))
             return

@@ -7,9 +7,9 @@ from typing import Optional
 
 import typer
 from rich.console import Console
-from rich.markup import escape
 from rich.table import Table
 
+from simtree.cli.notes import captured_warnings, print_notes
 from simtree.errors import SimtreeError
 from simtree.synthetic import SYNTHETIC_LABEL
 
@@ -44,16 +44,14 @@ def register(app: typer.Typer) -> None:
 
         err = Console(stderr=True)
         with Progress(console=err, transient=True, disable=monte_carlo == 0 or not err.is_terminal) as bar, \
-                warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
+                captured_warnings() as caught:
             task = bar.add_task("monte-carlo", total=monte_carlo or None)
             result = simulate_command_run(costs, workload, batch_size, policy_mode, steps, topk, budget, width,
                                           draft_depth, policy, monte_carlo, prompt_len, output_len, seed,
                                           progress=lambda done, total: bar.update(task, completed=done),
                                           model=model)
         # warnings (out-of-range costs, a clamped policy) and the result's notes: one line each
-        for note in dict.fromkeys([str(w.message) for w in caught] + list(result.notes)):
-            err.print(f"[yellow]note:[/] {escape(note)}", highlight=False, soft_wrap=True)
+        print_notes(list(caught) + list(result.notes), err)
         if as_json:
             typer.echo(json.dumps(result.to_dict(), indent=1))
             return
