@@ -205,15 +205,14 @@ def _stage_names(alias: str, kinds: tuple[str, ...]) -> list[str]:
 
 def expand_points(spec: dict, device: str, only_stage: str | None = None,
                   models: list[str] | None = None) -> list[tuple[int, Point]]:
-    """(entry index, Point) for every grid point of the sweep, in YAML priority order;
-    ``only_stage``: one stage or several, comma-separated."""
+    """(entry index, Point) for every grid point of the sweep ``spec`` (as ``load_sweep``
+    returns it: checked), in YAML priority order; ``only_stage``: one stage or several,
+    comma-separated."""
     out = []
     stages = set(only_stage.split(",")) if only_stage else None
     base = dict(spec.get("grid") or {})
     for i, entry in enumerate(spec["stages"]):
-        if not isinstance(entry, dict) or "stage" not in entry:
-            raise SimtreeError(f"sweep stage entry {i} needs a 'stage' key")
-        grid = {**base, **(entry.get("grid") or {})}   # checked by load_sweep
+        grid = {**base, **(entry.get("grid") or {})}
         for name in entry.get("models") or spec["models"]:
             if models and name not in models:
                 continue
@@ -344,12 +343,10 @@ def run_sweep(sweep: str | Path | None = None, out: str | Path = "reports/profil
     bar = progress_bar(progress, len(todo))
     task = bar.add_task("profiling", total=len(todo)) if bar else None
     current = None
-    j = 0
     alarm = hard_deadline(max_s + float(spec.get("grace_s", 45)))
     try:
-        for j, (entry_i, p, key) in enumerate(todo):
+        for entry_i, p, key in todo:
             if time.monotonic() - t_start > max_s:
-                res.not_run += len(todo) - j   # += keeps the points skipped by stage budgets
                 res.stopped = f"max {max_s / 60:.1f} min reached"
                 break
             entry = spec["stages"][entry_i]
@@ -359,8 +356,7 @@ def run_sweep(sweep: str | Path | None = None, out: str | Path = "reports/profil
                 current = (p.model, p.stage)
                 echo(f"[{time.monotonic() - t_start:6.1f}s] {p.model} {p.stage}")
             if entry.get("budget_s") and time.monotonic() - entry_start[entry_i] > float(entry["budget_s"]):
-                res.not_run += 1
-                advance(bar, task)
+                advance(bar, task)   # not run
                 continue
             if group in unavailable:
                 res.unavailable += 1
@@ -412,7 +408,6 @@ def run_sweep(sweep: str | Path | None = None, out: str | Path = "reports/profil
                 log_point(table, {"key": key, "status": "failed", "reason": msg})
                 if device.startswith("cuda") and (any(s in msg.lower() for s in _STICKY) or not cuda_alive()):
                     res.stopped = f"CUDA context lost at {p}: {msg}; rerun to resume"
-                    res.not_run += len(todo) - j - 1
                     echo("  " + res.stopped)
                     break
                 if res.failed <= 20:
@@ -428,17 +423,16 @@ def run_sweep(sweep: str | Path | None = None, out: str | Path = "reports/profil
             advance(bar, task)
     except Deadline:
         res.stopped = f"hard deadline {max_s / 60:.1f} min + grace reached inside a point"
-        res.not_run += len(todo) - j
         echo("  " + res.stopped)
     except KeyboardInterrupt:
         interrupted = True
         res.stopped = "interrupted; " + ("finish with the same command without --remeasure" if remeasure
                                          else "rerun the same command to resume")
-        # every point handled so far counted once (measured, failed, oom, unavailable or
-        # skipped by a stage budget); the rest, the interrupted one included, did not run
-        res.not_run += len(todo) - (res.measured + res.failed + res.oom + res.unavailable + res.not_run)
     finally:
         alarm()
+        # every point counted once: measured, failed, oom or unavailable, else not run (a
+        # stage's budget_s, the time limit, a lost CUDA context, a deadline, an interruption)
+        res.not_run = res.to_run - (res.measured + res.failed + res.oom + res.unavailable)
         flush()
         torch.set_num_threads(threads)
         if bar:
@@ -474,11 +468,13 @@ def run_sweep(sweep: str | Path | None = None, out: str | Path = "reports/profil
     return res
 
 
-def _previous_sweeps(old_meta: dict) -> list:
+def _previous_sweeps(old_meta: dict) -> list[dict]:
     """The sidecar's earlier sweeps, the last one added with the machine it ran on (a later
-    sweep on another machine rewrites the sidecar's machine facts)."""
-    prev = old_meta.get("previous_sweeps", [])
-    prev = list(prev) if isinstance(prev, list) else []
+    sweep on another machine rewrites the sidecar's machine facts).  Sidecars written before
+    sweeps were recorded with their machine list bare sweep ids: {"sweep_id": id} each."""
+    prev = old_meta.get("previous_sweeps")
+    prev = [{"sweep_id": p} if isinstance(p, str) else p
+            for p in (prev if isinstance(prev, list) else []) if isinstance(p, (str, dict))]
     if "sweep_id" in old_meta:
         prev.append({k: old_meta[k] for k in ("sweep_id", "device", "gpu_name", "host", "collected", "result")
                      if k in old_meta})

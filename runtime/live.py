@@ -105,7 +105,7 @@ def _mismatch(what: str, source, model, device, here: str) -> str | None:
             "its predictions are not comparable with this run's measurements")
 
 
-def _resolve_spec(policy, policy_workload, workload, batch_size, mode, params, warn):
+def _resolve_spec(policy, policy_workload, workload, batch_size, mode, params, warn, here: str):
     if policy is not None:
         from simtree.policy import Policy
         path = Path(policy)
@@ -118,7 +118,7 @@ def _resolve_spec(policy, policy_workload, workload, batch_size, mode, params, w
         clamped = pol.clamp_note(name, batch_size)
         if clamped:
             warn(clamped)
-        other = _mismatch("policy", path, pol.model, pol.device, warn.here)
+        other = _mismatch("policy", path, pol.model, pol.device, here)
         if other:
             warn(other)
         return check_spec(entry), {"policy": str(policy), "policy_workload": name,
@@ -133,9 +133,7 @@ def _pct(x, q):
 
 
 class _Warnings(list):
-    """Warning lines of a run (``here``: this run's device name)."""
-
-    here = "cpu"
+    """Warning lines of a run, each once."""
 
     def __call__(self, line: str) -> None:
         if line not in self:
@@ -162,11 +160,11 @@ def live_run(*, mode: str = "eagle", params: dict | None = None, policy=None, po
     """
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        report = _live_run(mode=mode, params=params, policy=policy, policy_workload=policy_workload,
-                           workload=workload, batch_size=batch_size, prompts=prompts,
-                           max_new_tokens=max_new_tokens, costs=costs, models_dir=models_dir, out=out,
-                           check_lossless=check_lossless, threads=threads, device=device, progress=progress)
-    out, trace = report.pop("_out", None), report.pop("_trace", None)
+        report, out, trace = _live_run(
+            mode=mode, params=params, policy=policy, policy_workload=policy_workload, workload=workload,
+            batch_size=batch_size, prompts=prompts, max_new_tokens=max_new_tokens, costs=costs,
+            models_dir=models_dir, out=out, check_lossless=check_lossless, threads=threads, device=device,
+            progress=progress)
     try:
         notes = report.setdefault("notes", [])
         for w in caught:   # the cost model's extrapolation warnings become one-line notes
@@ -186,7 +184,9 @@ def live_run(*, mode: str = "eagle", params: dict | None = None, policy=None, po
 
 
 def _live_run(*, mode, params, policy, policy_workload, workload, batch_size, prompts, max_new_tokens, costs,
-              models_dir, out, check_lossless, threads, device, progress) -> dict:
+              models_dir, out, check_lossless, threads, device, progress) -> tuple:
+    """-> (report, out, the staged traces ``_write`` commits there); (report, None, None)
+    without ``out``."""
     batch_size = check_int(batch_size, "--batch-size")
     max_new_tokens = check_int(max_new_tokens, "--max-new-tokens")
     if prompts is not None:
@@ -194,9 +194,9 @@ def _live_run(*, mode, params, policy, policy_workload, workload, batch_size, pr
     threads = check_int(threads, "--threads")
     here = _device_name(device)
     warn = _Warnings()
-    warn.here = here
     torch.set_num_threads(threads)
-    spec, policy_info = _resolve_spec(policy, policy_workload, workload, batch_size, mode, params or {}, warn)
+    spec, policy_info = _resolve_spec(policy, policy_workload, workload, batch_size, mode, params or {}, warn,
+                                      here)
     costs_label = None
     if isinstance(costs, (str, Path)):
         from simtree.costmodel import load_costs
@@ -237,12 +237,13 @@ def _live_run(*, mode, params, policy, policy_workload, workload, batch_size, pr
     trace_dir = out if out is not None else (Path(scratch.name) if scratch else None)
     trace = TraceWriter(trace_dir / "traces.jsonl", staged=True) if trace_dir is not None else None
     results, mismatches, done = [], 0, 0
+    total = _delivered(count, max_new_tokens)[0]
     try:
         for s in range(0, count, batch_size):
             chunk = ids[s:s + batch_size]
-            cb = None if progress is None else (lambda n, base=done: progress(base + n, count * max_new_tokens))
+            cb = None if progress is None else (lambda n, base=done: progress(base + n, total))
             res = engine.generate(chunk, max_new_tokens, spec, workload=workload, trace=trace, progress=cb)
-            done += batch_size * max_new_tokens
+            done += _delivered(batch_size, max_new_tokens)[0]
             results.append(res)
             if check_lossless:
                 mismatches += sum(o != greedy_decode(target, p, max_new_tokens) for o, p in zip(res.outputs, chunk))
@@ -264,10 +265,10 @@ def _live_run(*, mode, params, policy, policy_workload, workload, batch_size, pr
         if scratch is not None:
             scratch.cleanup()
     report["warnings"] = list(warn)
-    if out is not None:
-        report["_out"], report["_trace"] = out, trace
-        report["files"] = {"report": str(out / "run.json"), "traces": str(out / "traces.jsonl")}
-    return report
+    if out is None:
+        return report, None, None
+    report["files"] = {"report": str(out / "run.json"), "traces": str(out / "traces.jsonl")}
+    return report, out, trace
 
 
 def _write(report: dict, out: Path, trace) -> None:
@@ -280,13 +281,18 @@ def _write(report: dict, out: Path, trace) -> None:
     write_text_atomic(out / "run.json", dumps(body) + "\n")
 
 
+def _delivered(prompts: int, max_new_tokens: int) -> tuple[int, int]:
+    """(tokens the outputs of ``prompts`` prompts keep, those of them the decode rounds made):
+    every output is exactly ``max_new_tokens`` long, its first token from the prefill."""
+    return prompts * max_new_tokens, prompts * (max_new_tokens - 1)
+
+
 def _report(results, rounds, spec, workload, batch_size, count, max_new_tokens, models_dir, device, costs_label,
             policy_info, host, check_lossless, mismatches, tok) -> dict:
     round_us = [r.round_us for r in rounds]
     decode_us = sum(round_us)
     produced = sum(res.tokens_produced for res in results)
-    delivered = count * max_new_tokens                  # every output, the prefill's first token included
-    delivered_decode = count * (max_new_tokens - 1)     # what the decode rounds delivered
+    delivered, delivered_decode = _delivered(count, max_new_tokens)
     accepted = [a for r in rounds for a in r.accepted]
     busy_us = sum(r.round_us * r.live / batch_size for r in rounds)   # round time while sequences decoded
     rate = lambda n, us: n / us * 1e6 if rounds and us > 0 else None  # noqa: E731

@@ -45,6 +45,11 @@ def _config_path(path) -> Path:
 
 def load_config(path) -> ModelConfig:
     """Read and validate ``config.json`` (a file or the folder holding it)."""
+    return _read_config(path)[0]
+
+
+def _read_config(path) -> tuple[ModelConfig, dict]:
+    """``load_config``'s config and the JSON object it was read from."""
     cfg_file = _config_path(path)
     try:
         raw = json.loads(cfg_file.read_text(encoding="utf-8"))
@@ -75,7 +80,7 @@ def load_config(path) -> ModelConfig:
         v = getattr(cfg, name)
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
             raise SimtreeError(f"{cfg_file}: {name} = {v!r} must be a positive finite number")
-    return cfg
+    return cfg, raw
 
 
 def read_save_ids(path) -> tuple | None:
@@ -90,7 +95,11 @@ def read_save_ids(path) -> tuple | None:
             meta = fh.metadata() or {}
     except (OSError, ValueError, SafetensorError):
         return None
-    return (raw.get("simtree_save_id") if isinstance(raw, dict) else None), meta.get("simtree_save_id")
+    return _save_ids(raw, meta)
+
+
+def _save_ids(config, metadata: dict) -> tuple:
+    return (config.get("simtree_save_id") if isinstance(config, dict) else None), metadata.get("simtree_save_id")
 
 
 def saves_disagree(ids: tuple | None) -> bool:
@@ -101,18 +110,18 @@ def saves_disagree(ids: tuple | None) -> bool:
 
 def load_model(path, dtype=torch.float32) -> HybridLM:
     """Build a :class:`HybridLM` from a checkpoint folder (config.json + model.safetensors)."""
-    from safetensors import SafetensorError
-    from safetensors.torch import load_file
+    from safetensors import SafetensorError, safe_open
 
     path = Path(path)
-    cfg = load_config(path)
+    cfg, raw = _read_config(path)
     weights = path / "model.safetensors"
-    try:
-        state = load_file(str(weights))
+    try:   # one read of each file: the save ids come from the config and weights loaded here
+        with safe_open(str(weights), "pt") as fh:
+            meta = fh.metadata() or {}
+            state = {k: fh.get_tensor(k) for k in fh.keys()}
     except (OSError, SafetensorError) as exc:
         raise SimtreeError(f"cannot read weights {weights}: {exc}") from None
-    ids = read_save_ids(path)
-    if saves_disagree(ids):
+    if saves_disagree(_save_ids(raw, meta)):
         raise SimtreeError(f"{path}: config.json and model.safetensors come from different saves (a save was "
                            "interrupted between the two files): save or train the model again")
     model = HybridLM(cfg)

@@ -29,7 +29,7 @@ import os
 import tempfile
 from pathlib import Path
 
-from simtree.fileio import _file_mode
+from simtree.fileio import file_mode_for
 
 
 __all__ = ["TraceWriter", "TRACE_SCHEMA"]
@@ -51,7 +51,7 @@ class TraceWriter:
         if staged:   # a name of its own: two runs into one folder do not share a temp file
             fd, tmp = tempfile.mkstemp(prefix=f".{self.path.name}.", suffix=".partial", dir=self.path.parent)
             self.tmp_path = Path(tmp)
-            os.fchmod(fd, _file_mode(self.path))   # mkstemp's 0o600 would reach the final file
+            os.fchmod(fd, file_mode_for(self.path))   # mkstemp's 0o600 would reach the final file
             self._fh = os.fdopen(fd, "w", encoding="utf-8")
         else:
             self.tmp_path = self.path

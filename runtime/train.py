@@ -372,8 +372,9 @@ def _train_model(name: str, out: Path, cfg: TrainConfig, plan: dict, stream: np.
         win = torch.from_numpy(np.stack([stream[s:s + cfg.seq_len + 1] for s in starts]).astype(np.int64))
         logits = model(win[:, :-1])
         loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), win[:, 1:].reshape(-1))
-        if not torch.isfinite(loss):
-            raise SimtreeError(f"{name}: training diverged at step {base + step} (loss {loss.item()}): "
+        loss_value = loss.item()   # the step's one host sync
+        if not math.isfinite(loss_value):
+            raise SimtreeError(f"{name}: training diverged at step {base + step} (loss {loss_value}): "
                                "lower the learning rate (--lr) and pass --restart")
         opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -381,10 +382,10 @@ def _train_model(name: str, out: Path, cfg: TrainConfig, plan: dict, stream: np.
         opt.step()
         step += 1
         state["step"] = step
-        state["losses"] = (state["losses"] + [loss.item()])[-LOSS_TAIL:]
+        state["losses"] = (state["losses"] + [loss_value])[-LOSS_TAIL:]
         state["seconds"] = seconds0 + time.perf_counter() - t0
         if progress is not None:
-            progress(name, base + step, loss.item())
+            progress(name, base + step, loss_value)
         if step < steps and time.perf_counter() - t0 > cfg.max_seconds:
             save()
             publish(complete=False)

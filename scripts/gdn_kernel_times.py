@@ -16,8 +16,16 @@ from simtree.profiler.bench_gdn import parse_configs
 
 KEYS = ("q", "k", "v", "g", "beta", "state", "parents", "cu_nodes")
 NAMES = ("_qk_prenorm_kernel", "_tree_kside_kernel", "_tree_verify_kernel", "_tree_verify_t_kernel")
-# the verify kernels' npairs_ptr argument: zeroed for the --no-pairs ablation
-NPAIRS_ARG = {"_tree_verify_kernel": 11, "_tree_verify_t_kernel": 8}
+VERIFY = ("_tree_verify_kernel", "_tree_verify_t_kernel")   # their npairs_ptr is zeroed by --no-pairs
+
+
+def without_pairs(kernel, a, kw):
+    """A launch's (args, kwargs) with ``npairs_ptr`` zeroed, found by name whether the
+    launch passed it by position or by keyword."""
+    if "npairs_ptr" in kw:
+        return a, {**kw, "npairs_ptr": torch.zeros_like(kw["npairs_ptr"])}
+    i = kernel.arg_names.index("npairs_ptr")
+    return (*a[:i], torch.zeros_like(a[i]), *a[i + 1:]), kw
 
 
 def main() -> None:
@@ -63,10 +71,9 @@ def main() -> None:
                 mma = " ".join(m for m in ("wgmma", "mma.sync") if m in ptx)
                 print(f"b{b} n{n} cfg={cfg} {nm} grid={grid} {t * 1e3:.1f} us regs={ck.n_regs} "
                       f"spills={ck.n_spills} smem={ck.metadata.shared} {mma}", flush=True)
-                if args.no_pairs and nm in NPAIRS_ARG:
-                    a0 = list(a)
-                    a0[NPAIRS_ARG[nm]] = torch.zeros_like(a[NPAIRS_ARG[nm]])
-                    t0 = triton.testing.do_bench(lambda: orig[nm][grid](*a0, **kw), warmup=20,
+                if args.no_pairs and nm in VERIFY:
+                    a0, kw0 = without_pairs(orig[nm], a, kw)
+                    t0 = triton.testing.do_bench(lambda: orig[nm][grid](*a0, **kw0), warmup=20,
                                                  rep=100)
                     print(f"b{b} n{n} cfg={cfg} {nm} no pairs {t0 * 1e3:.1f} us", flush=True)
             print(f"b{b} n{n} cfg={cfg} total {total * 1e3:.1f} us", flush=True)

@@ -1,4 +1,5 @@
-"""One exception type for bad input: the CLI prints its message as one line and exits 2."""
+"""One exception type for bad input: the CLI prints its message as one line and exits 2; and
+the warning a cost model gives when it is queried outside its measured range."""
 
 
 class SimtreeError(ValueError):
@@ -34,3 +35,8 @@ class TreeError(SimtreeError):
 
 class NotBuiltError(SimtreeError):
     """A command or feature that this version of simtree does not provide yet."""
+
+
+class ExtrapolationWarning(RuntimeWarning):
+    """A cost model queried outside its measured range (it extrapolates, non-decreasing): once
+    per model and axis.  The planner silences it and reports the ranges in its notes instead."""

@@ -35,9 +35,10 @@ def read_json(path: str | Path, what: str):
     return _read(path, what, "JSON", json.loads)
 
 
-def _file_mode(path: Path) -> int:
-    """Keep an existing file's permissions; new files get the usual 0o666 & ~umask
-    (mkstemp alone would leave 0o600)."""
+def file_mode_for(path: Path) -> int:
+    """The permission bits a file written to ``path`` through a temp file should get: an
+    existing file's own; for a new file the usual 0o666 & ~umask (mkstemp alone would leave
+    0o600)."""
     if path.exists():
         return path.stat().st_mode & 0o777
     umask = os.umask(0)
@@ -50,7 +51,7 @@ def write_atomic(path: str | Path, write: Callable[[str], None]) -> Path:
     and moved over ``path``; an interruption leaves the previous file intact."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    mode = _file_mode(path)
+    mode = file_mode_for(path)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     os.close(fd)
     try:

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 import math
+import warnings
 import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,7 +37,7 @@ import pandas as pd
 
 from simtree.acceptance import Workload
 from simtree.builders import eagle_max_nodes
-from simtree.errors import SimtreeError
+from simtree.errors import ExtrapolationWarning, SimtreeError
 from simtree.policy import Policy, PolicyEntry
 from simtree.simulate import (TREE_MODES, PolicySpec, analytic_run, analytic_static,
                               check_batch_size, static_round)
@@ -81,21 +82,36 @@ def candidate_specs(space: SearchSpace = SearchSpace()) -> tuple[list[PolicySpec
 
 @dataclass
 class PlanResult:
-    """candidates: one row per (workload, batch_size, policy); chosen: the best per pair.
+    """candidates: one row per (workload, batch_size, policy); chosen: the best per pair
+    (:func:`choose_policies` at ``model_error`` when not given).
 
-    notes: one-line caveats for the report (cost-model axes queried outside the measured
-    range, with both ranges); model_error: the verify fit's held-out median relative error
-    (None when the bundle has none), the margin below which a tree choice is flagged."""
+    source: what the policy file keeps (cost bundle meta, workloads, planner settings), also
+    the plan's ``notes`` and ``model_error`` (read from it, see there)."""
 
     model: str
     device: str
     source: dict
     candidates: pd.DataFrame
-    chosen: pd.DataFrame
+    chosen: pd.DataFrame | None = None
     synthetic: bool = False
     batch_sizes: tuple[int, ...] = field(default_factory=tuple)
-    notes: list = field(default_factory=list)
-    model_error: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.chosen is None:
+            self.chosen = choose_policies(self.candidates, self.model_error)
+
+    @property
+    def notes(self) -> list[str]:
+        """One-line caveats for the report: cost-model axes queried outside the measured
+        range, with both ranges (``source["notes"]``)."""
+        return [str(n) for n in self.source.get("notes", []) or []]
+
+    @property
+    def model_error(self) -> float | None:
+        """The verify fit's held-out median relative error (``source["verify_heldout_median_error"]``,
+        None when the bundle has none), the margin below which a tree choice is flagged."""
+        err = self.source.get("verify_heldout_median_error")
+        return float(err) if isinstance(err, (int, float)) and not isinstance(err, bool) else None
 
     def to_policy(self) -> Policy:
         entries, sizes = [], sorted(self.batch_sizes)
@@ -220,6 +236,29 @@ def check_workload_names(workloads, labels: Sequence[str] | None = None) -> None
                                "one (a trace's workload field names it)")
 
 
+def _score(costs, workload: Workload, table: pd.DataFrame, adaptive: list[PolicySpec], b: int) -> pd.DataFrame:
+    """Every candidate of one (workload, batch size): the fixed shapes of ``table`` (scored
+    vectorised) and the ``adaptive`` specs, with their tok/s and round and draft latency."""
+    steps = table["draft_steps"].to_numpy()
+    draft = np.zeros(len(table))
+    drafted = steps > 0  # plain decoding drafts nothing: never ask C_d about it
+    draft[drafted] = costs.draft.predict(steps[drafted], table["draft_topk"].to_numpy()[drafted], b)
+    out = analytic_static(table["tokens_per_round"].to_numpy(), table["nodes_per_seq"].to_numpy(),
+                          draft, costs, b, workload.mean_prompt_len, workload.output_len)
+    df = table.assign(workload=workload.name, batch_size=b, tok_s=out["throughput_tok_s"],
+                      round_us=out["total_us"] / out["rounds"], draft_us=draft)
+    rows, cv_tables = [], {}   # C_v tables shared by the adaptive draft depths
+    for spec in adaptive:
+        a = analytic_run(workload, spec, costs, b, cv_tables)
+        m = spec.params.get("max_budget", spec.params.get("max_budget_per_seq"))
+        rows.append({"policy": spec.name, "mode": spec.mode, "params": json.dumps(spec.params, sort_keys=True),
+                     "budget": None, "tokens_per_round": a["g"], "nodes_per_seq": a["n"],
+                     "draft_steps": spec.params["draft_depth"], "draft_topk": 1, "min_nodes": 1.0,
+                     "max_nodes": float(m), "workload": workload.name, "batch_size": b,
+                     "tok_s": a["tok_s"], "round_us": a["total_us"] / a["rounds"], "draft_us": a["draft_us"]})
+    return pd.concat([df, pd.DataFrame(rows)], ignore_index=True) if rows else df
+
+
 def plan(costs, workloads: Sequence[Workload], batch_sizes: Sequence[int] = DEFAULT_BATCH_SIZES,
          space: SearchSpace = SearchSpace(), progress: Callable[[int, int], None] | None = None) -> PlanResult:
     """Search every candidate for every (workload, batch size); see the module docstring."""
@@ -231,53 +270,39 @@ def plan(costs, workloads: Sequence[Workload], batch_sizes: Sequence[int] = DEFA
     check_workload_names(workloads)
     fixed, adaptive = candidate_specs(space)
     total, done, frames, spans = len(workloads) * len(sizes), 0, [], {}
-    for workload in workloads:
-        table = _static_table(workload, fixed)
-        for b in sizes:
-            steps = table["draft_steps"].to_numpy()
-            draft = np.zeros(len(table))
-            drafted = steps > 0  # plain decoding drafts nothing: never ask C_d about it
-            draft[drafted] = costs.draft.predict(steps[drafted], table["draft_topk"].to_numpy()[drafted], b)
-            out = analytic_static(table["tokens_per_round"].to_numpy(), table["nodes_per_seq"].to_numpy(),
-                                  draft, costs, b, workload.mean_prompt_len, workload.output_len)
-            df = table.assign(workload=workload.name, batch_size=b, tok_s=out["throughput_tok_s"],
-                              round_us=out["total_us"] / out["rounds"], draft_us=draft)
-            rows, cv_tables = [], {}   # C_v tables shared by the adaptive draft depths
-            for spec in adaptive:
-                a = analytic_run(workload, spec, costs, b, cv_tables)
-                m = spec.params.get("max_budget", spec.params.get("max_budget_per_seq"))
-                rows.append({"policy": spec.name, "mode": spec.mode, "params": json.dumps(spec.params, sort_keys=True),
-                             "budget": None, "tokens_per_round": a["g"], "nodes_per_seq": a["n"],
-                             "draft_steps": spec.params["draft_depth"], "draft_topk": 1, "min_nodes": 1.0,
-                             "max_nodes": float(m), "workload": workload.name, "batch_size": b,
-                             "tok_s": a["tok_s"], "round_us": a["total_us"] / a["rounds"], "draft_us": a["draft_us"]})
-            df = pd.concat([df, pd.DataFrame(rows)], ignore_index=True) if rows else df
-            queries = _queries(df, workload)
-            drafted = df["draft_steps"].to_numpy() > 0
-            for key, (lo, hi) in queries.items():
-                sel = drafted if key[0] == "draft" else np.ones(len(df), bool)
-                if sel.any():
-                    old = spans.get(key, (np.inf, -np.inf))
-                    spans[key] = (min(old[0], float(lo[sel].min())), max(old[1], float(hi[sel].max())))
-            frames.append(df.assign(extrapolated=_extrapolated(df, queries, costs)))
-            done += 1
-            if progress:
-                progress(done, total)
+    with warnings.catch_warnings():
+        # the plan reports every axis it queries outside the measured range in its notes
+        # (the spans below): the cost models' own warnings would say it again
+        warnings.simplefilter("ignore", ExtrapolationWarning)
+        for workload in workloads:
+            table = _static_table(workload, fixed)
+            for b in sizes:
+                df = _score(costs, workload, table, adaptive, b)
+                queries = _queries(df, workload)
+                drafted = df["draft_steps"].to_numpy() > 0
+                for key, (lo, hi) in queries.items():
+                    sel = drafted if key[0] == "draft" else np.ones(len(df), bool)
+                    if sel.any():
+                        old = spans.get(key, (np.inf, -np.inf))
+                        spans[key] = (min(old[0], float(lo[sel].min())), max(old[1], float(hi[sel].max())))
+                frames.append(df.assign(extrapolated=_extrapolated(df, queries, costs)))
+                done += 1
+                if progress:
+                    progress(done, total)
     cands = pd.concat(frames, ignore_index=True).drop(columns=["draft_steps", "draft_topk", "min_nodes", "max_nodes"])
     if not np.all(np.isfinite(cands["tok_s"])) or np.any(cands["tok_s"] <= 0):
         bad = cands[~np.isfinite(cands["tok_s"]) | (cands["tok_s"] <= 0)].iloc[0]
         raise SimtreeError(f"cost model gave a non-positive or NaN latency for {bad['policy']} at batch {bad['batch_size']}")
     meta = dict(getattr(costs, "meta", {}) or {})
     synthetic = bool(meta.get("synthetic", False))
-    model_error = heldout_median_error(costs.verify)
-    notes = _range_notes(costs, spans)
     source = {"costs": meta, "synthetic": synthetic,
               "workloads": {w.name: w.acceptance.summary() | {"mean_prompt_len": w.mean_prompt_len,
                                                                "output_len": w.output_len} for w in workloads},
               "planner": "simtree.planner analytic search", "num_candidates": int(len(cands)),
-              "verify_heldout_median_error": model_error, "notes": notes}
+              "verify_heldout_median_error": heldout_median_error(costs.verify),
+              "notes": _range_notes(costs, spans)}
     return PlanResult(str(meta.get("model", "unknown")), str(meta.get("device", "unknown")), source, cands,
-                      choose_policies(cands, model_error), synthetic, tuple(sizes), notes, model_error)
+                      synthetic=synthetic, batch_sizes=tuple(sizes))
 
 
 def choose_policies(cands: pd.DataFrame, model_error: float | None = None) -> pd.DataFrame:

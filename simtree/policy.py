@@ -31,7 +31,7 @@ from pathlib import Path
 
 from simtree.errors import SimtreeError
 from simtree.fileio import write_text_atomic
-from simtree.simulate import MODES, TREE_MODES, check_params
+from simtree.policy_spec import MODES, TREE_MODES, check_params
 
 __all__ = ["SCHEMA", "PolicyEntry", "Policy"]
 
@@ -126,12 +126,12 @@ class Policy:
     def clamp_note(self, workload: str, batch_size: int) -> str | None:
         """One line when ``batch_size`` lies outside every planned range of ``workload`` (the
         lookup then clamps to the nearest entry), else None."""
-        entries = [e for e in self.entries if e.workload == workload]
-        if not entries or any(e.batch_min <= batch_size <= e.batch_max for e in entries):
+        if workload not in self.workloads:
             return None
         e = self.lookup(workload, batch_size)
-        side = "largest" if batch_size > e.batch_max else "smallest"
-        edge = e.batch_max if batch_size > e.batch_max else e.batch_min
+        if e.batch_min <= batch_size <= e.batch_max:
+            return None
+        side, edge = ("largest", e.batch_max) if batch_size > e.batch_max else ("smallest", e.batch_min)
         return (f"batch size {batch_size} is outside the policy's planned range for {workload!r}: clamped to "
                 f"its {side} planned batch size {edge} ({e.mode}, planned at batch {e.batch_max})")
 

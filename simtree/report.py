@@ -114,7 +114,7 @@ def write_plan_report(result: PlanResult, out_dir: str | Path) -> dict[str, Path
         lines.append(f"| {r.workload} | {r.batch_size} | {r.policy} | {on} | {r.tokens_per_round:.2f} | "
                      f"{r.nodes_per_seq:.1f} | {r.tok_s:.0f} | {r.gain_vs_linear:.3f} | {r.gain_vs_none:.2f} | "
                      f"{r.best_linear} | {extra} |")
-    notes = list(result.notes or result.source.get("notes", []) or [])
+    notes = result.notes
     if notes:
         lines += ["", "## Extrapolated costs", "",
                   "`extrapolated` names the cost-model axes a chosen policy queries outside the measured "
@@ -172,18 +172,15 @@ def render_plan_dir(plan_dir: str | Path) -> list[dict[str, Path]]:
     """Re-render plan.md and the PNGs of every plan folder at or under ``plan_dir`` (its
     candidates.csv + policy.json, which must come from one plan: the policy's chosen rows are
     checked against the table), e.g. after changing the plots.  One dict of paths per folder."""
-    from simtree.planner import choose_policies, read_candidates
+    from simtree.planner import read_candidates
     from simtree.policy import Policy
 
     outputs = []
     for folder in plan_folders(plan_dir):
         policy = Policy.load(folder / "policy.json")
         cands = read_candidates(folder / "candidates.csv", policy)
-        error = policy.source.get("verify_heldout_median_error")
-        error = float(error) if isinstance(error, (int, float)) and not isinstance(error, bool) else None
-        notes = [str(n) for n in policy.source.get("notes", []) or []]
-        result = PlanResult(policy.model, policy.device, policy.source, cands, choose_policies(cands, error),
-                            bool(policy.source.get("synthetic", False)),
-                            tuple(sorted(int(b) for b in cands["batch_size"].unique())), notes, error)
+        result = PlanResult(policy.model, policy.device, policy.source, cands,
+                            synthetic=bool(policy.source.get("synthetic", False)),
+                            batch_sizes=tuple(sorted(int(b) for b in cands["batch_size"].unique())))
         outputs.append(write_plan_report(result, folder))
     return outputs

@@ -99,6 +99,20 @@ def test_plan_md_and_policy_say_which_costs_are_extrapolated(tmp_path):
     assert Policy.load(out["policy"]).source["notes"] == res.notes
 
 
+def test_plan_console_shows_the_plans_extrapolation_notes_once(tmp_path):
+    # the notes of plan.md, one line each; the cost models' own warnings say the same: silenced
+    path = _toy_bundle(tmp_path)
+    proc = subprocess.run([sys.executable, "-m", "simtree", "plan", "--costs", str(path), "--workload", "gsm8k",
+                           "--batch-sizes", "1,64", "--out", str(tmp_path / "cli")], capture_output=True, text=True,
+                          env={**__import__("os").environ, "COLUMNS": "400"})
+    assert proc.returncode == 0, proc.stderr
+    notes = Policy.load(tmp_path / "cli" / "policy.json").source["notes"]
+    assert len(notes) == 3 and any("draft cost model: num_steps measured in [1, 4]" in n for n in notes)
+    printed = [line[len("note: "):] for line in proc.stdout.splitlines() if line.startswith("note: ")]
+    assert printed == notes, proc.stdout
+    assert "queried outside its measured range" not in proc.stdout + proc.stderr
+
+
 def _cands(gain: float, tree_mode: str = "best_first") -> pd.DataFrame:
     rows = [("none", "none", "{}", 100.0), ("linear_d4", "linear", '{"budget": 4}', 200.0),
             ("t", tree_mode, "{}", 200.0 * gain)]

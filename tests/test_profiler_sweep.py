@@ -246,6 +246,27 @@ def test_sidecar_keeps_the_machine_of_earlier_sweeps(spec, tmp_path, monkeypatch
     assert first.measured == 4 and prev[-1]["sweep_id"] == first_id and prev[-1]["device"] == "cpu"
 
 
+def test_sidecar_of_the_old_format_lists_every_earlier_sweep_as_a_record(spec, tmp_path):
+    out = tmp_path / "p.csv"
+    _run(spec, out, only_stage="mlp_step")
+    meta = pt.read_meta(out)
+    meta["previous_sweeps"] = ["old-1", {"sweep_id": "old-2", "device": "cpu"}]   # bare ids: the old format
+    pt.write_meta(out, meta)
+    _run(spec, out, only_stage="lm_head_step")
+    prev = pt.read_meta(out)["previous_sweeps"]
+    assert [p["sweep_id"] for p in prev] == ["old-1", "old-2", meta["sweep_id"]]
+    assert all(isinstance(p, dict) for p in prev) and prev[-1]["device"] == "cpu"
+
+
+def test_points_past_a_stages_budget_count_as_not_run(tmp_path):
+    path = tmp_path / "s.yaml"
+    path.write_text("name: b\ndevice: cpu\ndtype: fp32\ntarget_s: 0.002\nmodels: [tiny-gdn]\n"
+                    "grid: {batch_size: [1, 2], nodes_per_seq: [1, 2]}\n"
+                    "stages: [{stage: mlp_step}, {stage: lm_head_step, budget_s: 1.0e-9}]\n")
+    res = _run(path, tmp_path / "p.csv")
+    assert res.measured == 4 and res.not_run == 4 and res.to_run == 8 and res.stopped == ""
+
+
 def test_interrupt_records_why_and_counts_each_point_once(spec, tmp_path, monkeypatch):
     out = tmp_path / "p.csv"
     timer, _ = _fake_timer(fail_at=5, exc=KeyboardInterrupt())

@@ -53,8 +53,10 @@ def register(app: typer.Typer) -> None:
             task = bar.add_task("planning", total=None)
             outputs = plan_and_write(costs or (), workload or (), sizes, out, prompt_len, output_len,
                                      progress=lambda done, total: bar.update(task, completed=done, total=total))
-        print_notes(caught, console)
+        print_notes(caught, console)   # the plan's own notes (extrapolated costs) follow its table
         if as_json:
+            for o in outputs:
+                print_notes(o["result"].notes, console)
             typer.echo(json.dumps([{"policy_file": str(o["policy"]), "synthetic": o["result"].synthetic,
                                     **o["result"].to_policy().to_dict()} for o in outputs], indent=1))
             return
@@ -74,4 +76,5 @@ def register(app: typer.Typer) -> None:
                 table.add_row(r.workload, str(r.batch_size), r.policy, on, f"{r.tokens_per_round:.2f}",
                               f"{r.tok_s:.0f}", f"{r.gain_vs_linear:.3f}", f"{r.gain_vs_none:.2f}")
             console.print(table)
+            print_notes(res.notes, console)
             console.print(f"policy: {o['policy']}  report: {o['report']['markdown']}")

@@ -55,7 +55,7 @@ def register(app: typer.Typer) -> None:
         cfg = TrainConfig(target_steps=target_steps, draft_steps=draft_steps, batch_size=batch_size,
                           seq_len=seq_len, lr=lr, seed=seed, max_seconds=max_seconds,
                           models=(only,) if only else ("target", "draft"), checkpoint_every=checkpoint_every,
-                          extend=extend, restart=restart).validate()
+                          extend=extend, restart=restart)   # train_models validates it
         # the bar starts with the first step (an error before it prints no empty bar lines)
         bar = Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
                        TextColumn("loss {task.fields[loss]:.3f}"), TimeElapsedColumn(),

@@ -40,7 +40,7 @@ import warnings
 
 import numpy as np
 
-from simtree.errors import SimtreeError
+from simtree.errors import ExtrapolationWarning, SimtreeError
 
 __all__ = ["BasisSurface", "GridSurface", "MoESurface", "MoEGridSurface", "ScaledVerifyDraft",
            "surface_from_dict",
@@ -52,7 +52,8 @@ _SCALAR = (int, float, np.float64, np.int64)   # types that take the pure-Python
 
 
 class _RangeWarner:
-    """Warns once per (model, axis) when a query leaves the measured range (python warnings).
+    """Warns once per (model, axis) when a query leaves the measured range (an
+    :class:`~simtree.errors.ExtrapolationWarning`, a RuntimeWarning).
 
     ``range_label`` names the model in the message (the cost bundle sets it, e.g.
     "deepseek-v4-flash draft cost model"); every axis that is left warns once, with the
@@ -91,7 +92,7 @@ class _RangeWarner:
                 asked = float(flat[np.flatnonzero((flat < lo) | (flat > hi))[0]])
                 warnings.warn(f"{self.range_label} queried outside its measured range ({name} in "
                               f"[{lo:g}, {hi:g}], asked {asked:g}); extrapolating conservatively "
-                              "(non-decreasing)", RuntimeWarning, stacklevel=4)
+                              "(non-decreasing)", ExtrapolationWarning, stacklevel=4)
 
     def _scalar_out_of_range(self, x, y, z) -> bool:
         """True when an axis that has not warned yet is out of range (pure Python: fast)."""
