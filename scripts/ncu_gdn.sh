@@ -2,7 +2,8 @@
 # Nsight Compute on the GDN tree verify and its pre-pass, one (batch, nodes) shape per process
 # (scripts/ncu_gdn_verify.py: Qwen3.6-27B shapes, bf16, EAGLE-like trees stored depth-first,
 # the default launch or the given gdn_tree_verify kwargs; every kernel of the third call is
-# profiled - pre-pass, K-side kernel where the launch has one, verify - inside the profiler
+# profiled - pre-pass, K-side kernel where the launch has one, verify (the transposed walk
+# where the launch takes it) - inside the profiler
 # range that script opens around it):
 #   bash scripts/ncu_gdn.sh OUTDIR ["1:128 16:128 64:128"] [k=v,...]
 # Writes per shape OUTDIR/verify_b{B}_n{N}.ncu-rep (full section set, clocks left alone) and
@@ -21,12 +22,12 @@ for shape in $shapes; do
   rep="$out/verify_b${b}_n${n}"
   # two or three kernels a call: the profiler range (cudaProfilerStart/Stop) picks the third call
   timeout 300 "$NCU" --clock-control none --set full --import-source yes --profile-from-start off \
-      -k regex:'_tree_verify_kernel|_qk_prenorm_kernel|_tree_kside_kernel' \
+      -k regex:'_tree_verify_kernel|_tree_verify_t_kernel|_qk_prenorm_kernel|_tree_kside_kernel' \
       -f -o "$rep" python3 scripts/ncu_gdn_verify.py "$b" "$n" "$kw" > "$rep.log" 2>&1 \
     || { echo "ncu failed at $shape"; tail -5 "$rep.log"; continue; }
   "$NCU" -i "$rep.ncu-rep" --page details --csv > "$rep.details.csv" 2>&1
   "$NCU" -i "$rep.ncu-rep" --page raw --csv > "$rep.raw.csv" 2>&1
-  "$NCU" -i "$rep.ncu-rep" --page source --csv --print-source sass -k regex:_tree_verify_kernel > "$rep.sass.csv" 2>&1
+  "$NCU" -i "$rep.ncu-rep" --page source --csv --print-source sass -k regex:'_tree_verify(_t)?_kernel' > "$rep.sass.csv" 2>&1
   gzip -f "$rep.sass.csv" "$rep.raw.csv"
-  echo "== b$b n$n: $(grep -c _tree_verify_kernel "$rep.details.csv") verify metrics"
+  echo "== b$b n$n: $(grep -cE '_tree_verify(_t)?_kernel' "$rep.details.csv") verify metrics"
 done

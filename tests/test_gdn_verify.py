@@ -357,6 +357,19 @@ def test_kside_register_cap_where_measured(monkeypatch):
     assert rule(16, 128)["kside_registers"] == 0 and rule(13, 128)["kside_registers"] == 128
 
 
+@pytest.mark.parametrize("depth_first", [False, True])
+def test_transposed_walk_where_measured(depth_first):
+    # the transposed walk only at more than 16 sequences of more than 32 nodes (faster at 64
+    # sequences of 64 and 128 nodes, slower at 64 of 32 and at 16 sequences: runs 78-80), and
+    # only where the rule launches the K-side kernel and the pre-normalised rows it walks on
+    rule = lambda b, n: verify_launch_config(b, 48, 128, "cuda", n, depth_first)  # noqa: E731
+    for b, n in ((64, 64), (64, 128), (17, 33), (64, 256)):
+        cfg = rule(b, n)
+        assert cfg["transposed"] == 1 and cfg["kside"] and cfg["prenorm"], (b, n)
+    for b, n in ((64, 32), (16, 128), (16, 64), (4, 128), (1, 128), (64, 16), (17, 32)):
+        assert rule(b, n)["transposed"] == 0, (b, n)
+
+
 @pytest.fixture
 def spy_kernel(monkeypatch):
     """spy_kernel(name, on_launch): for the rest of the test every launch of the Triton kernel

@@ -104,3 +104,20 @@ def test_kside_correctness_cases_launch_the_kside_kernel(monkeypatch):
     assert verify_launch_config(16, 48, 128, "cuda", 128, True, 16)["kside_registers"] == 128
     assert any(verify_launch_config(b, 48, 128, "cuda", n, False, 16)["heavy_first"]
                for b, n in KSIDE_CASES)
+
+
+def test_configs_not_applicable_at_a_case_are_timed_where_checked():
+    # a switch the launch at a correctness case cannot take (the transposed walk without the
+    # K-side kernel) is recorded as not applicable there, not as a failure; a config is timed
+    # only if it was correct wherever it launched and checked at one case at least
+    from simtree.profiler.bench_gdn import TINY
+    from simtree.profiler.tune_gdn import checked_configs, correctness
+    configs = [dict(transposed=1), dict(kside=1, transposed=1), dict(block_t=16)]
+    corr = correctness(configs, TINY, "cpu", 0)
+    by = {(r["config"], r["case"]): r for r in corr}
+    assert {by["x1", case]["ok"] for case in ("b2_n128_bf16", "b3_n23_bf16")} == {None}
+    assert "not applicable" in by["x1", "b2_n128_bf16"]["error"]
+    assert by["k1x1", "b2_n128_bf16"]["ok"] and by["t16", "b3_n23_bf16"]["ok"]
+    assert checked_configs(configs, corr) == configs[1:]
+    corr.append(dict(config="t16", case="extra", ok=False))
+    assert checked_configs(configs, corr) == configs[1:2]

@@ -241,17 +241,17 @@ def verify_launch_config(B: int, HV: int, V: int, device: torch.device | str = "
     sub-chunk and pair (run 77: b16 n128 126.0 vs 119.0, b64 n128 411.0 vs 390.5).
 
     The transposed walk (``transposed``, ``_tree_verify_t_kernel``: value rows as every
-    product's M dimension, the K-side tiles read transposed) is faster at 64 sequences of > 32
-    nodes (runs 78-79, two warps, three measurements: b64 n64 205.3 / 205.3 / 204.7 vs 214.3 /
-    215.3 / 213.5 us, n128 382.4 / 385.3 / 381.2 vs 392.5 / 394.1 / 393.4; b64 n32 124.0 vs
-    120.1) and slower at 16 sequences
-    (b16 n128 124.9 vs 119.9, n64 66.3 vs 62.2), as it was before the K-side kernel existed
-    (runs 42-43, every product in the walk: 255 registers, 1.4-2x slower).  It is not in the
-    rule yet: its bf16 results were not compared with the reference on the GPU (the sweeps'
-    correctness cases ran at batches where the rule launches no K-side kernel, so the
-    transposed walk never ran there; the interpreter tests compare it in fp32).  The
-    correctness cases of bench_gdn and tune_gdn now include ``KSIDE_CASES`` (16 x 128 and
-    64 x 72, profiler/bench_gdn.py).
+    product's M dimension, the K-side tiles read transposed) is taken at > 16 sequences of
+    > 32 nodes: faster at 64 sequences of 64 and 128 nodes (runs 78-79, two warps, three
+    measurements: b64 n64 205.3 / 205.3 / 204.7 vs 214.3 / 215.3 / 213.5 us, n128 382.4 /
+    385.3 / 381.2 vs 392.5 / 394.1 / 393.4), slower at b64 n32 (124.0 vs 120.1) and at 16
+    sequences (b16 n128 124.9 vs 119.9, n64 66.3 vs 62.2), as it was before the K-side kernel
+    existed (runs 42-43, every product in the walk: 255 registers, 1.4-2x slower).  Its bf16
+    results on the GPU equal the untransposed walk's at 16 x 128 and 64 x 72 (run 80,
+    ``KSIDE_CASES``: 6.19e-3 and 7.09e-3 relative error against the float64 reference).
+    Measured and not kept: the K-side kernel normalising q and k itself and storing the rows
+    for the verify, the pre-pass then writing G only (run 80: slower at every shape, b16 n64
+    67.9 vs 61.5 us, b64 n128 441.8 vs 392.5; each pair's k rows normalised again).
     """
     rows = B * HV
     cfg = dict(block_t=16, block_v=V, num_warps=2, num_stages=2, max_registers=0, g_prologue=1,
@@ -288,6 +288,8 @@ def verify_launch_config(B: int, HV: int, V: int, device: torch.device | str = "
         programs = -(-max_nodes // cfg["block_t"]) * B * (H or HV // 3)
         if rows <= 16 * 48 and 12 < programs / _sm_count(device) <= 16:
             cfg["kside_registers"] = 128
+        # the transposed walk on the K-side tiles (runs 78-81)
+        cfg["transposed"] = int(rows > 16 * 48 and max_nodes > 32)
     cfg["heavy_first"] = _heavy_first_default(cfg["block_t"], max_nodes, depth_first)
     cfg["early"] = int(max_nodes > cfg["block_t"])   # one sub-chunk: no pairs to hide behind
     return cfg
