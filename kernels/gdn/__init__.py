@@ -251,7 +251,10 @@ def verify_launch_config(B: int, HV: int, V: int, device: torch.device | str = "
     ``KSIDE_CASES``: 6.19e-3 and 7.09e-3 relative error against the float64 reference).
     Measured and not kept: the K-side kernel normalising q and k itself and storing the rows
     for the verify, the pre-pass then writing G only (run 80: slower at every shape, b16 n64
-    67.9 vs 61.5 us, b64 n128 441.8 vs 392.5; each pair's k rows normalised again).
+    67.9 vs 61.5 us, b64 n128 441.8 vs 392.5; each pair's k rows normalised again), and the
+    pre-pass writing each q / k row's normalising factor instead of the rows, the K-side
+    kernel and the walk scaling their products by them (run 83: within 1% at every K-side
+    shape, b64 n128 376.9 vs 381.2 us, b16 n128 120.4 vs 119.6).
     """
     rows = B * HV
     cfg = dict(block_t=16, block_v=V, num_warps=2, num_stages=2, max_registers=0, g_prologue=1,
