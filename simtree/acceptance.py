@@ -49,7 +49,7 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-from simtree.errors import SimtreeError, TreeError, check_whole
+from simtree.errors import SimtreeError, TreeError, check_int, check_whole
 from simtree.phi import expected_accepted_positional, sibling_rank
 from simtree.probs import check_prob_rows
 from simtree.tree import DraftTree
@@ -257,11 +257,10 @@ def _record(obj, where: str) -> TraceRecord:
         tree = DraftTree(obj["parents"], None, obj["log_probs"])
     except TreeError as exc:
         raise SimtreeError(f"{where}: {exc}") from None
-    node, batch = obj["accepted_node"], obj["batch_size"]
+    node = obj["accepted_node"]
     if not isinstance(node, int) or isinstance(node, bool) or not 0 <= node < tree.num_nodes:
         raise SimtreeError(f"{where}: accepted_node {node!r} is not a node of a {tree.num_nodes}-node tree")
-    if not isinstance(batch, int) or isinstance(batch, bool) or batch < 1:
-        raise SimtreeError(f"{where}: batch_size {batch!r} must be an integer >= 1")
+    batch = check_int(obj["batch_size"], f"{where}: batch_size")
     if "num_accepted" in obj and obj["num_accepted"] != int(tree.depth[node]):
         raise SimtreeError(f"{where}: num_accepted {obj['num_accepted']!r} != depth {int(tree.depth[node])} "
                            f"of accepted_node {node}")
@@ -275,12 +274,11 @@ def _record(obj, where: str) -> TraceRecord:
             raise SimtreeError(f"{where}: marginal_probs must be a [P][K] table of probabilities (rows sum <= 1)")
         check_prob_rows(marg, f"{where}: marginal_probs", axis=1)
     ctx, rnd = obj.get("context_len"), obj.get("round")
-    if rnd is not None and (not isinstance(rnd, int) or isinstance(rnd, bool) or rnd < 0):
-        raise SimtreeError(f"{where}: round {rnd!r} must be an integer >= 0")
-    if ctx is not None and (isinstance(ctx, bool) or not isinstance(ctx, (int, float)) or not math.isfinite(ctx)
-                            or ctx != int(ctx) or not 1 <= ctx <= MAX_CONTEXT_LEN):
-        raise SimtreeError(f"{where}: context_len {ctx!r} must be an integer in [1, {MAX_CONTEXT_LEN}] (tokens)")
-    return TraceRecord(obj["workload"], batch, tree, node, None if ctx is None else int(ctx), marg, rnd)
+    if rnd is not None:
+        rnd = check_int(rnd, f"{where}: round", 0)
+    if ctx is not None:
+        ctx = check_whole(ctx, f"{where}: context_len (tokens)", 1, MAX_CONTEXT_LEN)
+    return TraceRecord(obj["workload"], batch, tree, node, ctx, marg, rnd)
 
 
 def read_traces(path: str | Path, workload: str | None = None) -> list[TraceRecord]:

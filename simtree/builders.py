@@ -24,7 +24,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from simtree.errors import SimtreeError
+from simtree.errors import SimtreeError, check_whole
 from simtree.probs import check_prob_rows
 from simtree.tree import DraftTree
 
@@ -35,16 +35,6 @@ __all__ = ["linear_tree", "eagle_tree", "eagle_name", "parse_eagle_name", "eagle
 # Below this budget the Python heap beats the per-level numpy beam (about 2 us per node
 # against ~60 us + ~30 us per depth level on a CPU core).
 _HEAP_MAX_BUDGET = 40
-
-
-def _check_budget(budget: int, name: str = "budget") -> int:
-    try:
-        ok = not isinstance(budget, bool) and int(budget) == budget and budget >= 1
-    except (TypeError, ValueError):
-        ok = False
-    if not ok:
-        raise SimtreeError(f"{name} must be an integer >= 1 (nodes including the root), got {budget!r}")
-    return int(budget)
 
 
 # ---- linear --------------------------------------------------------------------------------
@@ -108,7 +98,7 @@ def eagle_tree(propose: Propose, num_steps: int, topk: int, budget: int, root_to
     gets the generated nodes so far (generation ids) and returns each frontier node's
     k candidate tokens with their log-probs given that node's path.
     """
-    num_steps, topk, budget = (_check_budget(v, name) for v, name in
+    num_steps, topk, budget = (check_whole(v, name, 1) for v, name in
                                ((num_steps, "num_steps"), (topk, "topk"), (budget, "budget")))
     if budget > eagle_max_nodes(num_steps, topk):
         raise SimtreeError(f"budget {budget} exceeds the {eagle_max_nodes(num_steps, topk)} nodes that "
@@ -161,7 +151,7 @@ class BestFirstOrder:
         return np.cumsum(self.prefix_probs) - 1.0
 
     def tree(self, budget: int | None = None) -> DraftTree:
-        n = self.num_nodes if budget is None else min(_check_budget(budget), self.num_nodes)
+        n = self.num_nodes if budget is None else min(check_whole(budget, "budget", 1), self.num_nodes)
         # log(0) is not a valid draft score: a zero-probability pick gets log(tiny), about -708
         logp = np.log(np.maximum(self.probs[:n], np.finfo(np.float64).tiny))
         return DraftTree(self.parents[:n], self.tokens[:n], logp)
@@ -289,7 +279,7 @@ def best_first_order(marginal_tokens, marginal_probs, budget: int, root_token: i
     size.  Fewer than ``budget`` nodes only when all P levels of top-K are exhausted.
     """
     toks, probs = _check_marginals(marginal_tokens, marginal_probs)
-    budget = _check_budget(budget)
+    budget = check_whole(budget, "budget", 1)
     if budget <= _HEAP_MAX_BUDGET:  # same order either way; the heap is cheaper when small
         return _grow(toks, probs, budget, 1, root_token)[0]
     return _order_by_levels(toks, probs, budget, root_token)
@@ -309,7 +299,7 @@ def batched_best_first_tree(marginal_tokens, marginal_probs, budget: int, width:
     first step only has the K children of the root). width = 1 gives :func:`best_first_tree`.
     """
     toks, probs = _check_marginals(marginal_tokens, marginal_probs)
-    order, steps = _grow(toks, probs, _check_budget(budget), _check_budget(width, "width"), root_token)
+    order, steps = _grow(toks, probs, check_whole(budget, "budget", 1), check_whole(width, "width", 1), root_token)
     return order.tree(), steps
 
 
@@ -334,7 +324,7 @@ def cost_aware_budget(order: BestFirstOrder, verify_cost: Callable, draft_cost_u
     experts are read) can make it rise again after a dip, so ``convex=False`` takes the global
     argmax (the smallest n on ties).  One vectorised pass over n = 1..max_budget either way.
     """
-    m = order.num_nodes if max_budget is None else min(_check_budget(max_budget, "max_budget"), order.num_nodes)
+    m = order.num_nodes if max_budget is None else min(check_whole(max_budget, "max_budget", 1), order.num_nodes)
     n = np.arange(1, m + 1)
     cost = float(draft_cost_us) + _verify_costs(verify_cost, n)
     if not (cost.min() > 0 and cost.max() < np.inf):  # NaN fails both comparisons

@@ -18,14 +18,16 @@ def check_int(value, what: str, low: int = 1) -> int:
     return int(value)
 
 
-def check_whole(value, what: str, low: int, high: int) -> int:
+def check_whole(value, what: str, low: int, high: int | None = None) -> int:
     """``value`` (an integer, or a float with an integral value as JSON gives it) as an int in
-    [low, high]; a one-line SimtreeError naming ``what`` otherwise (NaN and inf included)."""
+    [low, high] (no upper bound where ``high`` is None); a one-line SimtreeError naming ``what``
+    otherwise (NaN and inf included)."""
     import math
     import numbers
     if (isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value)
-            or value != int(value) or not low <= value <= high):
-        raise SimtreeError(f"{what} must be an integer in [{low}, {high}], got {value!r}")
+            or value != int(value) or value < low or (high is not None and value > high)):
+        bound = f">= {low}" if high is None else f"in [{low}, {high}]"
+        raise SimtreeError(f"{what} must be an integer {bound}, got {value!r}")
     return int(value)
 
 

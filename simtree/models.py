@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 
-from simtree.errors import SimtreeError
+from simtree.errors import SimtreeError, check_int
 from simtree.fileio import read_yaml
 
 __all__ = ["ModelShape", "get_model", "list_models", "load_model_file", "MODEL_DIR",
@@ -91,9 +91,7 @@ def _expand_layers(spec, where: str) -> tuple[str, ...]:
     for seg in spec:
         if not isinstance(seg, dict) or "kinds" not in seg:
             raise SimtreeError(f"{where}: each 'layers' entry needs 'kinds' (and optional 'repeat')")
-        repeat = seg.get("repeat", 1)
-        if not isinstance(repeat, int) or repeat < 1:
-            raise SimtreeError(f"{where}: layer repeat must be an integer >= 1, got {repeat!r}")
+        repeat = check_int(seg.get("repeat", 1), f"{where}: layer repeat")
         for k in seg["kinds"]:
             if k not in LAYER_KINDS:
                 raise SimtreeError(f"{where}: unknown layer kind {k!r} (known: {', '.join(LAYER_KINDS)})")
@@ -112,8 +110,7 @@ def load_model_file(path: str | Path) -> ModelShape:
         if key not in data:
             raise SimtreeError(f"{where}: missing key {key!r}")
     for key in ("hidden", "vocab"):
-        if not isinstance(data[key], int) or data[key] < 1:
-            raise SimtreeError(f"{where}: {key} must be a positive integer, got {data[key]!r}")
+        check_int(data[key], f"{where}: {key}")
     kinds = _expand_layers(data["layers"], where)
     for kind in set(kinds):
         section = _SECTION_FOR_KIND[kind]
@@ -124,8 +121,7 @@ def load_model_file(path: str | Path) -> ModelShape:
         raise SimtreeError(f"{where}: mlp.kind must be 'dense' or 'moe'")
     need = ("intermediate",) if mlp["kind"] == "dense" else ("n_experts", "experts_per_token", "expert_intermediate")
     for key in need:
-        if not isinstance(mlp.get(key), int) or mlp[key] < 1:
-            raise SimtreeError(f"{where}: mlp.{key} must be a positive integer")
+        check_int(mlp.get(key), f"{where}: mlp.{key}")
     return ModelShape(name=str(data["name"]), family=str(data["family"]), hidden=data["hidden"],
                       vocab=data["vocab"], layer_kinds=kinds, mlp=dict(mlp),
                       dtype=str(data.get("dtype", "bf16")), attn=dict(data.get("attn") or {}),

@@ -29,7 +29,7 @@ from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
-from simtree.errors import SimtreeError
+from simtree.errors import SimtreeError, check_int
 from simtree.fileio import write_text_atomic
 from simtree.policy_spec import MODES, TREE_MODES, check_params
 
@@ -60,12 +60,9 @@ class PolicyEntry:
         missing = [k for k in _ENTRY_FIELDS if k not in obj]
         if missing:
             raise SimtreeError(f"{where}: policy entry lacks {missing[0]!r}")
-        for key in ("batch_min", "batch_max"):
-            v = obj[key]
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise SimtreeError(f"{where}: {key} must be an integer >= 1, got {v!r}")
-        if obj["batch_min"] > obj["batch_max"]:
-            raise SimtreeError(f"{where}: batch_min {obj['batch_min']} > batch_max {obj['batch_max']}")
+        batch_min, batch_max = (check_int(obj[key], f"{where}: {key}") for key in ("batch_min", "batch_max"))
+        if batch_min > batch_max:
+            raise SimtreeError(f"{where}: batch_min {batch_min} > batch_max {batch_max}")
         if obj["mode"] not in MODES:
             raise SimtreeError(f"{where}: unknown mode {obj['mode']!r} (use one of {', '.join(MODES)})")
         try:
@@ -84,7 +81,7 @@ class PolicyEntry:
             v = obj[key]
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
                 raise SimtreeError(f"{where}: {key} must be a finite number >= 0, got {v!r}")
-        return cls(str(obj["workload"]), obj["batch_min"], obj["batch_max"], obj["mode"], params,
+        return cls(str(obj["workload"]), batch_min, batch_max, obj["mode"], params,
                    obj["tree_on"], float(obj["predicted_tok_s"]), float(obj["gain_vs_linear"]),
                    float(obj["gain_vs_none"]), within)
 

@@ -5,7 +5,6 @@ simulation (:mod:`simtree.simulate` re-exports these names).
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 
 from simtree.builders import eagle_max_nodes
@@ -67,10 +66,7 @@ def check_params(mode: str, params: dict) -> dict:
         allowed = ", ".join(_ALLOWED[mode]) or "none"
         raise SimtreeError(f"mode {mode!r} has no parameter {unknown[0]!r} (its parameters: {allowed})")
     for key, value in params.items():   # every allowed parameter is a count >= 1
-        if (isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value)
-                or value != int(value) or value < 1):
-            raise SimtreeError(f"parameter {key} of mode {mode!r} must be an integer >= 1, got {value!r}")
-        out[key] = int(value)
+        out[key] = check_whole(value, f"parameter {key} of mode {mode!r}", 1)
     budget = out.get("budget", out.get("max_budget", out.get("max_budget_per_seq", 1)))
     if mode in ("best_first", "cost_aware", "batch_alloc"):
         out.setdefault("draft_depth", max(1, min(DEFAULT_DRAFT_DEPTH, budget - 1)))

@@ -22,7 +22,7 @@ from typing import Sequence
 
 import numpy as np
 
-from simtree.errors import TreeError
+from simtree.errors import SimtreeError, TreeError, check_int
 
 __all__ = ["DraftTree", "TreeBatch", "pack_bits"]
 
@@ -121,8 +121,10 @@ class DraftTree:
     def chain(cls, length: int, tokens: Sequence[int] | None = None,
               log_probs: Sequence[float] | None = None) -> "DraftTree":
         """A linear chain of ``length`` nodes (root included)."""
-        if length < 1:
-            raise TreeError(f"chain length must be >= 1, got {length}")
+        try:   # a TreeError, as every misuse of the tree type
+            length = check_int(length, "chain length")
+        except SimtreeError as exc:
+            raise TreeError(str(exc)) from None
         return cls(np.arange(-1, length - 1), tokens, log_probs)
 
     # ---- sizes --------------------------------------------------------------------------

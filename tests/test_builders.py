@@ -100,6 +100,14 @@ def test_eagle_rejects_budget_beyond_generated_nodes_and_bad_drafter():
         eagle_tree(RecordingDrafter(0, 2), 2, 2, 0)
 
 
+@pytest.mark.parametrize("budget", [float("inf"), float("nan"), 2.5, True])
+def test_non_integral_budget_is_a_one_line_error(budget):
+    tokens, probs = random_marginals(np.random.default_rng(0), 3, 2)
+    with pytest.raises(SimtreeError, match="budget must be an integer >= 1, got"):
+        best_first_tree(tokens, probs, budget)
+    assert best_first_tree(tokens, probs, np.float64(3.0)).num_nodes == 3   # integral floats (JSON) pass
+
+
 def brute_force_best(tokens, probs, budget):
     """All paths of the full K-ary tree of depth P; the best budget-1 by prefix probability."""
     P, K = probs.shape

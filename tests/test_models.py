@@ -51,6 +51,11 @@ def test_scenario_links_match_packaged_shapes():
     ("name: x\nfamily: f\nhidden: 8\nvocab: 8\nmlp: {kind: dense, intermediate: 4}\n"
      "layers: [{kinds: [gdn]}]\n", "needs a 'gdn' section"),
     ("name: [x\n", "not valid YAML"),
+    # YAML true is a Python bool (an int subclass): not a count
+    ("name: x\nfamily: f\nhidden: true\nvocab: 8\nmlp: {kind: dense, intermediate: 4}\n"
+     "layers: [{kinds: [gdn]}]\ngdn: {}\n", "hidden must be an integer >= 1, got True"),
+    ("name: x\nfamily: f\nhidden: 8\nvocab: 8\nmlp: {kind: dense, intermediate: 4}\n"
+     "layers: [{kinds: [gdn], repeat: true}]\ngdn: {}\n", "layer repeat must be an integer >= 1, got True"),
 ])
 def test_bad_model_file_is_one_line_error(tmp_path, text, message):
     path = tmp_path / "m.yaml"

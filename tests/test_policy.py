@@ -3,10 +3,12 @@ import json
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from simtree.errors import SimtreeError
 from simtree.policy import SCHEMA, Policy, PolicyEntry
+from simtree.policy_spec import check_params
 
 
 def _entry(**kw):
@@ -93,3 +95,12 @@ def test_clamp_note_only_outside_every_planned_range(tmp_path):
         assert pol.clamp_note("sharegpt", b) is None
     assert "largest planned batch size 64" in pol.clamp_note("sharegpt", 1000)
     assert "smallest planned batch size 2" in pol.clamp_note("sharegpt", 1)
+
+
+def test_params_are_counts_from_json_or_numpy():
+    # JSON may write a count as 4.0; a planner may hand numpy integers: both normalise to int
+    assert check_params("eagle", {"num_steps": np.int64(3), "topk": 2.0, "budget": 4}) == \
+        {"num_steps": 3, "topk": 2, "budget": 4}
+    for bad in (2.5, float("nan"), True, "4"):
+        with pytest.raises(SimtreeError, match="parameter budget of mode 'linear' must be an integer >= 1, got"):
+            check_params("linear", {"budget": bad})

@@ -164,7 +164,10 @@ def test_invalid_tree_raises_one_line_tree_error(kwargs, fragment):
     (lambda t: TreeBatch(()), "batch is empty"),
     (lambda t: TreeBatch((t, [-1, 0])), "not a DraftTree"),
     (lambda t: TreeBatch((t,)).positions([1, 2]), "2 cache lengths for a batch of 1"),
-    (lambda t: DraftTree.chain(0), "chain length must be >= 1"),
+    (lambda t: DraftTree.chain(0), "chain length must be an integer >= 1, got 0"),
+    (lambda t: DraftTree.chain(2.5), "chain length must be an integer >= 1, got 2.5"),
+    (lambda t: DraftTree.chain(True), "chain length must be an integer >= 1, got True"),
+    (lambda t: DraftTree.chain(float("nan")), "chain length must be an integer >= 1, got nan"),
 ])
 def test_invalid_use_raises_tree_error(call, fragment):
     tree = DraftTree([-1, 0, 0, 2])

@@ -40,7 +40,7 @@ import warnings
 
 import numpy as np
 
-from simtree.errors import ExtrapolationWarning, SimtreeError
+from simtree.errors import ExtrapolationWarning, SimtreeError, check_int
 
 __all__ = ["BasisSurface", "GridSurface", "MoESurface", "MoEGridSurface", "ScaledVerifyDraft",
            "surface_from_dict",
@@ -182,16 +182,15 @@ class _ExpertTerm:
     nonconvex_reason = MOE_NONCONVEX_REASON
 
     def _set_experts(self, kind: str, alpha: float, n_experts: int, experts_per_token: int) -> None:
-        for name, v in (("n_experts", n_experts), ("experts_per_token", experts_per_token)):
-            if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
-                raise SimtreeError(f"{self.form} surface: {name} must be an integer >= 1, got {v!r}")
+        n_experts = check_int(n_experts, f"{self.form} surface: n_experts")
+        experts_per_token = check_int(experts_per_token, f"{self.form} surface: experts_per_token")
         if experts_per_token > n_experts:
             raise SimtreeError(f"{self.form} surface: experts_per_token exceeds n_experts")
         self.alpha = float(alpha)
         if not (np.isfinite(self.alpha) and self.alpha >= 0):
             raise SimtreeError(f"{self.form} surface: expert coefficient alpha must be finite and >= 0")
         self.expert_kind = kind
-        self.n_experts, self.experts_per_token = int(n_experts), int(experts_per_token)
+        self.n_experts, self.experts_per_token = n_experts, experts_per_token
 
     def predict(self, x, y, z):
         if type(x) in _SCALAR and type(y) in _SCALAR and type(z) in _SCALAR:
