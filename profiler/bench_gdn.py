@@ -56,7 +56,8 @@ _CFG_KEYS = dict(block_v="v", block_t="t", num_warps="w", num_stages="s", max_re
 
 _COMMIT_KEYS = dict(path="p", block_t="t", block_v="v", num_warps="w")
 # (sequences, nodes) whose default launch runs the K-side kernel: 16 x 128 with its register
-# cap, 64 x 72 (heavy-first walk on breadth-first trees); the correctness checks of
+# cap, 64 x 72 (heavy-first walk on breadth-first trees; the transposed walk on its tiles,
+# either tree order); the correctness checks of
 # bench_gdn and tune_gdn include them, so every K-side variant timed is checked
 KSIDE_CASES = ((16, 128), (64, 72))
 

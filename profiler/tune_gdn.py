@@ -22,9 +22,9 @@ import time
 import pandas as pd
 import torch
 
-from simtree.errors import SimtreeError
 from simtree.fileio import write_text_atomic
-from simtree.kernels.gdn import gdn_tree_verify, gdn_tree_verify_dense_ref, tree_meta
+from simtree.kernels.gdn import (LaunchNotApplicable, gdn_tree_verify, gdn_tree_verify_dense_ref,
+                                 tree_meta)
 from simtree.kernels.gdn.bench_util import (QWEN36, TREE_ORDERS, env_info, graph_time_us,
                                             random_gdn_inputs, shape_inputs, shape_trees)
 from simtree.profiler.bench_gdn import KSIDE_CASES, TINY, _rel, config_name, parse_configs
@@ -48,7 +48,7 @@ def correctness(configs, dims, device, seed, order: str = "stored") -> list[dict
                 err = _rel(out, ref)
                 recs.append(dict(config=config_name(cfg), case=f"b{b}_n{n}_bf16", rel_err=err,
                                  tol=2e-2, ok=bool(err <= 2e-2)))
-            except SimtreeError as exc:   # a switch this case's launch cannot take
+            except LaunchNotApplicable as exc:   # a switch this case's launch cannot take
                 recs.append(dict(config=config_name(cfg), case=f"b{b}_n{n}_bf16",
                                  rel_err=float("nan"), tol=2e-2, ok=None,
                                  error=f"not applicable: {exc}"[:300]))

@@ -366,8 +366,32 @@ def test_transposed_walk_where_measured(depth_first):
     for b, n in ((64, 64), (64, 128), (17, 33), (64, 256)):
         cfg = rule(b, n)
         assert cfg["transposed"] == 1 and cfg["kside"] and cfg["prenorm"], (b, n)
-    for b, n in ((64, 32), (16, 128), (16, 64), (4, 128), (1, 128), (64, 16), (17, 32)):
+    for b, n in ((64, 32), (16, 128), (16, 64), (4, 128), (1, 128), (64, 16), (17, 32),
+                 (64, 257)):   # above 256 nodes there is no K-side kernel
         assert rule(b, n)["transposed"] == 0, (b, n)
+    assert rule(64, 256)["transposed"] == 1
+
+
+def test_rule_transposed_walk_gives_way_to_explicit_switches(monkeypatch, spy_kernel):
+    # where the rule takes the transposed walk but the caller turns off the K-side kernel or
+    # the pre-normalised rows it walks on, the launch falls back to the untransposed walk
+    # (same results as the reference); asking for it explicitly there is an error
+    import simtree.kernels.gdn as kg
+    rule = kg.verify_launch_config
+    monkeypatch.setattr(kg, "verify_launch_config",
+                        lambda *a, **kw: {**rule(*a, **kw), "kside": 1, "transposed": 1})
+    rng, sizes, trees, inp, tree = random_batch(130, 3)
+    walks = []
+    for name in ("_tree_verify_kernel", "_tree_verify_t_kernel"):
+        spy_kernel(name, lambda grid, kw, name=name: walks.append(name))
+    run = lambda **kw: gdn_tree_verify(*(inp[k] for k in KEYS), *tree, backend="triton", **kw)  # noqa: E731
+    ref = gdn_tree_verify_dense_ref(*f64(inp), *tree)
+    for off in (dict(prenorm=0), dict(kside=0), dict(g_prologue=0)):
+        assert rel_err(run(**off)[0], ref) < 1e-4, off
+    assert walks == ["_tree_verify_kernel"] * 3
+    assert rel_err(run()[0], ref) < 1e-4 and walks[-1] == "_tree_verify_t_kernel"
+    with pytest.raises(kg.LaunchNotApplicable, match="transposed walks the K-side kernel's tiles"):
+        run(prenorm=0, transposed=1)
 
 
 @pytest.fixture

@@ -35,3 +35,18 @@ def test_summary_refuses_a_folder_without_pages(tmp_path, monkeypatch):
     monkeypatch.setattr(sys, "argv", ["ncu_summary.py", str(tmp_path)])
     with pytest.raises(SystemExit, match="no verify_b"):
         runpy.run_path(str(ROOT / "scripts" / "ncu_summary.py"), run_name="__main__")
+
+
+def test_summary_reads_the_transposed_walk(monkeypatch, capsys):
+    # run 82: b64 n128 launches the transposed walk (_tree_verify_t_kernel): its duration and
+    # its SASS loop bodies are summarised like the untransposed walk's (b16 n128, no SASS page)
+    run = ROOT / "reports" / "h200" / "gdn" / "tuning" / "run82_ncu"
+    monkeypatch.setattr(sys, "argv", ["ncu_summary.py", str(run)])
+    runpy.run_path(str(ROOT / "scripts" / "ncu_summary.py"), run_name="__main__")
+    out = capsys.readouterr().out
+    b64 = out.split("## b64_n128\n")[1]
+    assert "| metric | _qk_prenorm_kernel | _tree_kside_kernel | _tree_verify_t_kernel |" in b64
+    assert "SASS by loop body" in b64 and "HMMA" in b64
+    b16 = out.split("## b16_n128\n")[1].split("\n## ")[0]
+    assert "_tree_verify_kernel |" in b16 and "SASS" not in b16
+    assert out == (run / "summary.md").read_text()

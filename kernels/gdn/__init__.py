@@ -29,7 +29,12 @@ __all__ = ["gdn_tree_verify", "gdn_tree_commit", "gdn_tree_verify_recurrent", "t
            "gdn_sequential_ref", "gdn_accepted_paths_ref", "tree_causal_conv_ref", "tree_meta",
            "TreeMeta", "GDNTreeCache", "verify_launch_config", "walk_tables", "verify_round_meta",
            "verify_round_meta_host", "tree_meta_host",
-           "commit_launch_config", "commit_dot16", "depth_first_pays"]
+           "commit_launch_config", "commit_dot16", "depth_first_pays", "LaunchNotApplicable"]
+
+
+class LaunchNotApplicable(SimtreeError):
+    """A launch switch asked for where the other switches or the trees rule it out (the
+    transposed walk without the K-side kernel or the pre-normalised q/k)."""
 
 
 @dataclass
@@ -143,7 +148,7 @@ def verify_launch_config(B: int, HV: int, V: int, device: torch.device | str = "
     """Default launch of the tree kernel: block_t (node sub-chunk), block_v, num_warps,
     num_stages, max_registers, and the kernel switches g_prologue / u_bf16 / prefetch /
     heavy_first / prenorm / g_pass / kside (the K-side kernel's warps, 0 = none) /
-    kside_heads / solve_bf16 / u_cache_bf16 / pdl / early.
+    kside_heads / solve_bf16 / u_cache_bf16 / pdl / early / kside_registers / transposed.
 
     Picked from the launch sweeps on the H200 (reports/h200/gdn/tuning/, runs 8, 10, 11 and
     17-20; Qwen3.6-27B shapes, ``B * HV`` = (sequence, value head) programs at block_v = V;
@@ -241,8 +246,9 @@ def verify_launch_config(B: int, HV: int, V: int, device: torch.device | str = "
     sub-chunk and pair (run 77: b16 n128 126.0 vs 119.0, b64 n128 411.0 vs 390.5).
 
     The transposed walk (``transposed``, ``_tree_verify_t_kernel``: value rows as every
-    product's M dimension, the K-side tiles read transposed) is taken at > 16 sequences of
-    > 32 nodes: faster at 64 sequences of 64 and 128 nodes (runs 78-79, two warps, three
+    product's M dimension, the K-side tiles read transposed) is taken at more than 16 * 48
+    (sequence, value head) rows of 33-256 nodes (> 16 sequences at Qwen3.6-27B's 48 value
+    heads; trees above ``G_PROLOGUE_MAX_NODES`` have no K-side kernel to walk on): faster at 64 sequences of 64 and 128 nodes (runs 78-79, two warps, three
     measurements: b64 n64 205.3 / 205.3 / 204.7 vs 214.3 / 215.3 / 213.5 us, n128 382.4 /
     385.3 / 381.2 vs 392.5 / 394.1 / 393.4), slower at b64 n32 (124.0 vs 120.1) and at 16
     sequences (b16 n128 124.9 vs 119.9, n64 66.3 vs 62.2), as it was before the K-side kernel
@@ -253,7 +259,7 @@ def verify_launch_config(B: int, HV: int, V: int, device: torch.device | str = "
     for the verify, the pre-pass then writing G only (run 80: slower at every shape, b16 n64
     67.9 vs 61.5 us, b64 n128 441.8 vs 392.5; each pair's k rows normalised again), and the
     pre-pass writing each q / k row's normalising factor instead of the rows, the K-side
-    kernel and the walk scaling their products by them (run 83: within 1% at every K-side
+    kernel and the walk scaling their products by them (run 83: within 1.2% at every K-side
     shape, b64 n128 376.9 vs 381.2 us, b16 n128 120.4 vs 119.6).
     """
     rows = B * HV
@@ -292,7 +298,7 @@ def verify_launch_config(B: int, HV: int, V: int, device: torch.device | str = "
         if rows <= 16 * 48 and 12 < programs / _sm_count(device) <= 16:
             cfg["kside_registers"] = 128
         # the transposed walk on the K-side tiles (runs 78-81)
-        cfg["transposed"] = int(rows > 16 * 48 and max_nodes > 32)
+        cfg["transposed"] = int(rows > 16 * 48 and 32 < max_nodes <= G_PROLOGUE_MAX_NODES)
     cfg["heavy_first"] = _heavy_first_default(cfg["block_t"], max_nodes, depth_first)
     cfg["early"] = int(max_nodes > cfg["block_t"])   # one sub-chunk: no pairs to hide behind
     return cfg
@@ -486,11 +492,13 @@ def gdn_tree_verify(q, k, v, g, beta, state, parents, cu_nodes, *, scale=None, q
     launch = dict(num_warps=num_warps or cfg["num_warps"],
                   num_stages=num_stages or cfg["num_stages"], **_maxnreg(
                       cfg["max_registers"] if max_registers is None else max_registers))
-    if bool(cfg["transposed"] if transposed is None else transposed):
-        if not (kside and ready):
-            raise SimtreeError("transposed walks the K-side kernel's tiles on pre-normalised q/k: "
-                               "it needs kside > 0, prenorm = 1 and trees of at most "
-                               f"{G_PROLOGUE_MAX_NODES} nodes with g_prologue")
+    # the rule's transposed walk gives way where other switches take away the K-side tiles or
+    # the pre-normalised rows it walks on; asked for explicitly there, it is an error
+    if transposed and not (kside and ready):
+        raise LaunchNotApplicable(
+            "transposed walks the K-side kernel's tiles on pre-normalised q/k: it needs kside > 0, "
+            f"prenorm = 1 and trees of at most {G_PROLOGUE_MAX_NODES} nodes with g_prologue")
+    if bool(cfg["transposed"] if transposed is None else transposed) and kside and ready:
         _tree_verify_t_kernel[(V // BV, B * HV)](
             qc, kc, vc, beta32, s0, order_t, cu, pairs, npairs, nc, out, u, G, diag, tiles,
             H=H, HV=HV, K=K, V=V, BT=BT, BV=BV, PREC=prec, DT=DT,
