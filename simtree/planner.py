@@ -39,6 +39,7 @@ from simtree.acceptance import Workload
 from simtree.builders import eagle_max_nodes
 from simtree.errors import ExtrapolationWarning, SimtreeError
 from simtree.policy import Policy, PolicyEntry
+from simtree.plan_ranges import extrapolated_axes, queried_ranges, range_notes
 from simtree.simulate import (TREE_MODES, PolicySpec, analytic_run, analytic_static,
                               check_batch_size, static_round)
 
@@ -154,61 +155,6 @@ def _choose(df: pd.DataFrame) -> pd.Series:
     return near.iloc[int(np.argmin([FAMILIES.index(m) for m in near["mode"]]))]
 
 
-def _valid_range(model) -> dict:
-    try:
-        vr = getattr(model, "valid_range", None)
-    except Exception:   # noqa: BLE001 - a duck-typed model without one
-        vr = None
-    return dict(vr) if isinstance(vr, dict) else {}
-
-
-_VERIFY_AXES = ("nodes_per_seq", "context_len", "batch_size")
-_DRAFT_AXES = ("topk", "num_steps", "batch_size")
-
-
-def _queries(df: pd.DataFrame, workload: Workload) -> dict:
-    """Per candidate row, the [lo, hi] it asks of every cost-model axis (draft: drafted rows)."""
-    l0 = workload.mean_prompt_len
-    b = df["batch_size"].to_numpy(np.float64)
-    return {("verify", "nodes_per_seq"): (df["min_nodes"].to_numpy(), df["max_nodes"].to_numpy()),
-            ("verify", "context_len"): (np.full(len(df), l0), np.full(len(df), l0 + workload.output_len)),
-            ("verify", "batch_size"): (b, b),
-            ("draft", "num_steps"): (df["draft_steps"].to_numpy(np.float64),) * 2,
-            ("draft", "topk"): (df["draft_topk"].to_numpy(np.float64),) * 2,
-            ("draft", "batch_size"): (b, b)}
-
-
-def _extrapolated(df: pd.DataFrame, queries: dict, costs) -> np.ndarray:
-    """Per row: the "model.axis" names (joined by "+") it queries outside the measured range."""
-    out = np.full(len(df), "", dtype=object)
-    drafted = df["draft_steps"].to_numpy() > 0
-    ranges = {"verify": _valid_range(costs.verify), "draft": _valid_range(costs.draft)}
-    for (model, axis), (lo, hi) in queries.items():
-        if axis not in ranges[model]:
-            continue
-        a, z = (float(v) for v in ranges[model][axis])
-        bad = (lo < a) | (hi > z)
-        if model == "draft":
-            bad &= drafted
-        out[bad] = out[bad] + np.where(out[bad] == "", "", "+") + f"{model}.{axis}"
-    return out
-
-
-def _range_notes(costs, spans: dict) -> list[str]:
-    """One note per (model, axis) the plan queries outside its measured range."""
-    notes = []
-    for model in ("verify", "draft"):
-        vr = _valid_range(getattr(costs, model))
-        for axis in (_VERIFY_AXES if model == "verify" else _DRAFT_AXES):
-            if axis not in vr or (model, axis) not in spans:
-                continue
-            (a, z), (lo, hi) = (float(v) for v in vr[axis]), spans[(model, axis)]
-            if lo < a or hi > z:
-                notes.append(f"{model} cost model: {axis} measured in [{a:g}, {z:g}], the plan asks [{lo:g}, {hi:g}]: "
-                             "costs outside the measured range are extrapolated (non-decreasing), not measured")
-    return notes
-
-
 def heldout_median_error(verify) -> float | None:
     """The verify fit's held-out median relative error from its info (the kept form's, or the
     decode split's), or None when the model carries none (e.g. SYNTHETIC)."""
@@ -278,14 +224,14 @@ def plan(costs, workloads: Sequence[Workload], batch_sizes: Sequence[int] = DEFA
             table = _static_table(workload, fixed)
             for b in sizes:
                 df = _score(costs, workload, table, adaptive, b)
-                queries = _queries(df, workload)
+                queries = queried_ranges(df, workload)
                 drafted = df["draft_steps"].to_numpy() > 0
                 for key, (lo, hi) in queries.items():
                     sel = drafted if key[0] == "draft" else np.ones(len(df), bool)
                     if sel.any():
                         old = spans.get(key, (np.inf, -np.inf))
                         spans[key] = (min(old[0], float(lo[sel].min())), max(old[1], float(hi[sel].max())))
-                frames.append(df.assign(extrapolated=_extrapolated(df, queries, costs)))
+                frames.append(df.assign(extrapolated=extrapolated_axes(df, queries, costs)))
                 done += 1
                 if progress:
                     progress(done, total)
@@ -300,7 +246,7 @@ def plan(costs, workloads: Sequence[Workload], batch_sizes: Sequence[int] = DEFA
                                                                "output_len": w.output_len} for w in workloads},
               "planner": "simtree.planner analytic search", "num_candidates": int(len(cands)),
               "verify_heldout_median_error": heldout_median_error(costs.verify),
-              "notes": _range_notes(costs, spans)}
+              "notes": range_notes(costs, spans)}
     return PlanResult(str(meta.get("model", "unknown")), str(meta.get("device", "unknown")), source, cands,
                       synthetic=synthetic, batch_sizes=tuple(sizes))
 
