@@ -103,7 +103,8 @@ def write_report(folder: Path) -> Path:
     ]
     if corr:
         checks = pd.DataFrame(corr)
-        cell = checks.apply(lambda r: f"{r.rel_err:.1e} [{r.tol:g}]" + ("" if r.ok else " FAIL"), axis=1)
+        cell = checks.apply(lambda r: "n/a" if r.ok is None else
+                            f"{r.rel_err:.1e} [{r.tol:g}]" + ("" if r.ok else " FAIL"), axis=1)
         grid = checks.assign(cell=cell).pivot_table(index="case", columns="variant", values="cell", aggfunc="first")
         lines.append(markdown_table(grid.fillna(""), with_index=True))
     lines += ["", "## Latency (us, median) and ratios", "",

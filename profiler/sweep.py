@@ -35,9 +35,9 @@ from pathlib import Path
 
 from simtree.errors import SimtreeError
 from simtree.fileio import read_yaml
-from simtree.profile_table import MIN_INT
 from simtree.hostprobe import probe as host_probe
 from simtree.models import COMMIT_STAGE, DECODE_STAGE, ROUND_STAGE, VERIFY_STAGE, get_model
+from simtree.profile_table import MIN_INT
 
 from .stages import Point, Unavailable, build_workload, check_variant, default_variants
 from .sweep_io import (Deadline, advance, cuda_alive, hard_deadline, log_point, one_line, progress_bar,
@@ -62,11 +62,16 @@ class SweepResult:
     failed: int = 0
     unavailable: int = 0
     oom: int = 0
-    not_run: int = 0
     stopped: str = ""
     elapsed_s: float = 0.0
     checks: dict = field(default_factory=dict)
     compose: dict = field(default_factory=dict)
+
+    @property
+    def not_run(self) -> int:
+        """Points left to run that were not: a stage's budget_s, the time limit, a lost CUDA
+        context, a deadline or an interruption (every other point is counted once)."""
+        return self.to_run - (self.measured + self.failed + self.oom + self.unavailable)
 
     @property
     def exit_code(self) -> int:
@@ -430,9 +435,6 @@ def run_sweep(sweep: str | Path | None = None, out: str | Path = "reports/profil
                                          else "rerun the same command to resume")
     finally:
         alarm()
-        # every point counted once: measured, failed, oom or unavailable, else not run (a
-        # stage's budget_s, the time limit, a lost CUDA context, a deadline, an interruption)
-        res.not_run = res.to_run - (res.measured + res.failed + res.oom + res.unavailable)
         flush()
         torch.set_num_threads(threads)
         if bar:

@@ -61,9 +61,11 @@ def correctness(configs, dims, device, seed, order: str = "stored") -> list[dict
 def checked_configs(configs, corr) -> list[dict]:
     """The configs to time: correct wherever they launched (``correctness``'s ok None: not
     applicable at that case) and checked at one case at least."""
-    def checks(cfg):
-        return [r["ok"] for r in corr if r["config"] == config_name(cfg)]
-    return [cfg for cfg in configs if False not in checks(cfg) and True in checks(cfg)]
+    oks = {}
+    for r in corr:
+        oks.setdefault(r["config"], set()).add(r["ok"])
+    return [cfg for cfg in configs
+            if True in oks.get(config_name(cfg), ()) and False not in oks[config_name(cfg)]]
 
 
 def compiled_kernel_stats() -> list[dict]:

@@ -39,7 +39,8 @@ from simtree.builders import (batched_best_first_tree, best_first_order, cost_aw
                               linear_tree)
 from simtree.errors import SimtreeError
 from simtree.runtime.drafter import Drafter
-from simtree.simulate import MODES, PolicySpec, batch_allocation
+from simtree.policy_spec import MODES
+from simtree.simulate import PolicySpec, batch_allocation
 from simtree.runtime.model import HybridLM
 from simtree.tree import DraftTree, TreeBatch
 

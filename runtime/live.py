@@ -237,13 +237,13 @@ def _live_run(*, mode, params, policy, policy_workload, workload, batch_size, pr
     trace_dir = out if out is not None else (Path(scratch.name) if scratch else None)
     trace = TraceWriter(trace_dir / "traces.jsonl", staged=True) if trace_dir is not None else None
     results, mismatches, done = [], 0, 0
-    total = _delivered(count, max_new_tokens)[0]
+    total = count * max_new_tokens   # every output is cut to max_new_tokens
     try:
         for s in range(0, count, batch_size):
             chunk = ids[s:s + batch_size]
             cb = None if progress is None else (lambda n, base=done: progress(base + n, total))
             res = engine.generate(chunk, max_new_tokens, spec, workload=workload, trace=trace, progress=cb)
-            done += _delivered(batch_size, max_new_tokens)[0]
+            done += len(chunk) * max_new_tokens
             results.append(res)
             if check_lossless:
                 mismatches += sum(o != greedy_decode(target, p, max_new_tokens) for o, p in zip(res.outputs, chunk))
@@ -251,7 +251,7 @@ def _live_run(*, mode, params, policy, policy_workload, workload, batch_size, pr
             trace.close()
         rounds = [r for res in results for r in res.rounds]
         report = _report(results, rounds, spec, workload, batch_size, count, max_new_tokens, models_dir, device,
-                         costs_label, policy_info, host, check_lossless, mismatches, tok)
+                         here, costs_label, policy_info, host, check_lossless, mismatches, tok)
         if costs is not None and rounds:
             report["predicted"] = _predict(costs, trace.tmp_path, spec, batch_size, [len(p) for p in ids],
                                            max_new_tokens - 1, workload)
@@ -281,18 +281,14 @@ def _write(report: dict, out: Path, trace) -> None:
     write_text_atomic(out / "run.json", dumps(body) + "\n")
 
 
-def _delivered(prompts: int, max_new_tokens: int) -> tuple[int, int]:
-    """(tokens the outputs of ``prompts`` prompts keep, those of them the decode rounds made):
-    every output is exactly ``max_new_tokens`` long, its first token from the prefill."""
-    return prompts * max_new_tokens, prompts * (max_new_tokens - 1)
-
-
-def _report(results, rounds, spec, workload, batch_size, count, max_new_tokens, models_dir, device, costs_label,
-            policy_info, host, check_lossless, mismatches, tok) -> dict:
+def _report(results, rounds, spec, workload, batch_size, count, max_new_tokens, models_dir, device, here,
+            costs_label, policy_info, host, check_lossless, mismatches, tok) -> dict:
     round_us = [r.round_us for r in rounds]
     decode_us = sum(round_us)
     produced = sum(res.tokens_produced for res in results)
-    delivered, delivered_decode = _delivered(count, max_new_tokens)
+    # tokens the outputs keep, and those of them the decode rounds made (the first is the prefill's)
+    delivered = sum(len(o) for res in results for o in res.outputs)
+    delivered_decode = delivered - count
     accepted = [a for r in rounds for a in r.accepted]
     busy_us = sum(r.round_us * r.live / batch_size for r in rounds)   # round time while sequences decoded
     rate = lambda n, us: n / us * 1e6 if rounds and us > 0 else None  # noqa: E731
@@ -320,7 +316,7 @@ def _report(results, rounds, spec, workload, batch_size, count, max_new_tokens, 
         "schema": "simtree.run/1", "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "mode": spec.mode, "params": spec.params, "workload": workload, "batch_size": batch_size,
         "prompts": count, "max_new_tokens": max_new_tokens, "models": str(models_dir), "model": RUNTIME_MODEL,
-        "device": (device_label(device) if device == "cuda" else
+        "device": (here if device == "cuda" else
                    f"cpu ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)"),
         "torch_version": torch.__version__, "costs": costs_label, **policy_info, "measured": measured,
         "predicted": None, "comparison": COMPARISON, "host": host, "lossless_checked": check_lossless,

@@ -125,7 +125,7 @@ def load_model(path, dtype=torch.float32) -> HybridLM:
         raise SimtreeError(f"{path}: config.json and model.safetensors come from different saves (a save was "
                            "interrupted between the two files): save or train the model again")
     model = HybridLM(cfg)
-    expected = {k: v for k, v in model.state_dict().items() if not (cfg.tie_word_embeddings and k == "lm_head.weight")}
+    expected = model_weights(model)   # names and shapes a save of this config holds
     missing = sorted(set(expected) - set(state))
     extra = sorted(set(state) - set(expected))
     if missing or extra:

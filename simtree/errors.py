@@ -1,5 +1,7 @@
 """One exception type for bad input: the CLI prints its message as one line and exits 2; and
 the warning a cost model gives when it is queried outside its measured range."""
+import math
+import numbers
 
 
 class SimtreeError(ValueError):
@@ -12,7 +14,6 @@ class SimtreeError(ValueError):
 def check_int(value, what: str, low: int = 1) -> int:
     """``value`` as an int >= ``low`` (a Python or numpy integer, not a bool or a float); a
     one-line SimtreeError naming ``what`` otherwise."""
-    import numbers
     if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < low:
         raise SimtreeError(f"{what} must be an integer >= {low}, got {value!r}")
     return int(value)
@@ -22,8 +23,6 @@ def check_whole(value, what: str, low: int, high: int | None = None) -> int:
     """``value`` (an integer, or a float with an integral value as JSON gives it) as an int in
     [low, high] (no upper bound where ``high`` is None); a one-line SimtreeError naming ``what``
     otherwise (NaN and inf included)."""
-    import math
-    import numbers
     if (isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value)
             or value != int(value) or value < low or (high is not None and value > high)):
         bound = f">= {low}" if high is None else f"in [{low}, {high}]"

@@ -28,7 +28,7 @@ import json
 import math
 import warnings
 import weakref
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -40,8 +40,8 @@ from simtree.builders import eagle_max_nodes
 from simtree.errors import ExtrapolationWarning, SimtreeError
 from simtree.policy import Policy, PolicyEntry
 from simtree.plan_ranges import extrapolated_axes, queried_ranges, range_notes
-from simtree.simulate import (TREE_MODES, PolicySpec, analytic_run, analytic_static,
-                              check_batch_size, static_round)
+from simtree.policy_spec import TREE_MODES, check_batch_size
+from simtree.simulate import PolicySpec, analytic_run, analytic_static, static_round
 
 __all__ = ["DEFAULT_BATCH_SIZES", "SearchSpace", "PlanResult", "candidate_specs", "plan", "choose_policies",
            "resolve_costs", "plan_and_write", "read_candidates", "heldout_median_error", "TREE_MODES"]
@@ -87,19 +87,28 @@ class PlanResult:
     (:func:`choose_policies` at ``model_error`` when not given).
 
     source: what the policy file keeps (cost bundle meta, workloads, planner settings), also
-    the plan's ``notes`` and ``model_error`` (read from it, see there)."""
+    the plan's ``notes``, ``model_error`` and ``synthetic`` (read from it, see there);
+    ``batch_sizes`` are the candidates' own."""
 
     model: str
     device: str
     source: dict
     candidates: pd.DataFrame
     chosen: pd.DataFrame | None = None
-    synthetic: bool = False
-    batch_sizes: tuple[int, ...] = field(default_factory=tuple)
 
     def __post_init__(self) -> None:
         if self.chosen is None:
             self.chosen = choose_policies(self.candidates, self.model_error)
+
+    @property
+    def synthetic(self) -> bool:
+        """Planned on the SYNTHETIC roofline rather than measured costs (``source["synthetic"]``)."""
+        return bool(self.source.get("synthetic", False))
+
+    @property
+    def batch_sizes(self) -> tuple[int, ...]:
+        """The planned batch sizes, ascending."""
+        return tuple(sorted(int(b) for b in self.candidates["batch_size"].unique()))
 
     @property
     def notes(self) -> list[str]:
@@ -115,7 +124,7 @@ class PlanResult:
         return float(err) if isinstance(err, (int, float)) and not isinstance(err, bool) else None
 
     def to_policy(self) -> Policy:
-        entries, sizes = [], sorted(self.batch_sizes)
+        entries, sizes = [], self.batch_sizes
         lower = {b: (sizes[i - 1] + 1 if i else 1) for i, b in enumerate(sizes)}
         for row in self.chosen.itertuples():
             entries.append(PolicyEntry(row.workload, lower[row.batch_size], int(row.batch_size), row.mode,
@@ -240,15 +249,13 @@ def plan(costs, workloads: Sequence[Workload], batch_sizes: Sequence[int] = DEFA
         bad = cands[~np.isfinite(cands["tok_s"]) | (cands["tok_s"] <= 0)].iloc[0]
         raise SimtreeError(f"cost model gave a non-positive or NaN latency for {bad['policy']} at batch {bad['batch_size']}")
     meta = dict(getattr(costs, "meta", {}) or {})
-    synthetic = bool(meta.get("synthetic", False))
-    source = {"costs": meta, "synthetic": synthetic,
+    source = {"costs": meta, "synthetic": bool(meta.get("synthetic", False)),
               "workloads": {w.name: w.acceptance.summary() | {"mean_prompt_len": w.mean_prompt_len,
                                                                "output_len": w.output_len} for w in workloads},
               "planner": "simtree.planner analytic search", "num_candidates": int(len(cands)),
               "verify_heldout_median_error": heldout_median_error(costs.verify),
               "notes": range_notes(costs, spans)}
-    return PlanResult(str(meta.get("model", "unknown")), str(meta.get("device", "unknown")), source, cands,
-                      synthetic=synthetic, batch_sizes=tuple(sizes))
+    return PlanResult(str(meta.get("model", "unknown")), str(meta.get("device", "unknown")), source, cands)
 
 
 def choose_policies(cands: pd.DataFrame, model_error: float | None = None) -> pd.DataFrame:

@@ -1,7 +1,7 @@
 """Policy modes (contract 3; their params as :mod:`simtree.policy` lists them) and
 :class:`PolicySpec`: one policy as the simulator, planner and runtime take it, a mode with
 validated, normalised params, its name, fixed budget and draft shape.  Validation only, no
-simulation (:mod:`simtree.simulate` re-exports these names).
+simulation (:mod:`simtree.simulate` re-exports PolicySpec).
 """
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from dataclasses import dataclass, field
 from simtree.builders import eagle_max_nodes
 from simtree.errors import SimtreeError, check_whole
 
-__all__ = ["MODES", "TREE_MODES", "MARGINAL_MODES", "DEFAULT_DRAFT_DEPTH", "MAX_BATCH_SIZE", "PolicySpec",
-           "check_params", "check_batch_size", "params_from_flags"]
+__all__ = ["MODES", "TREE_MODES", "MAX_BATCH_SIZE", "PolicySpec", "check_params", "check_batch_size",
+           "params_from_flags"]
 
 MODES = ("none", "linear", "eagle", "best_first", "cost_aware", "batch_alloc")
 TREE_MODES = ("eagle", "best_first", "cost_aware", "batch_alloc")   # the rest verify a chain (or nothing)

@@ -179,8 +179,6 @@ def render_plan_dir(plan_dir: str | Path) -> list[dict[str, Path]]:
     for folder in plan_folders(plan_dir):
         policy = Policy.load(folder / "policy.json")
         cands = read_candidates(folder / "candidates.csv", policy)
-        result = PlanResult(policy.model, policy.device, policy.source, cands,
-                            synthetic=bool(policy.source.get("synthetic", False)),
-                            batch_sizes=tuple(sorted(int(b) for b in cands["batch_size"].unique())))
+        result = PlanResult(policy.model, policy.device, policy.source, cands)
         outputs.append(write_plan_report(result, folder))
     return outputs

@@ -65,7 +65,7 @@ def export(policy_path: str | Path, workload: str, batch_size: int) -> SGLangExp
     compares two predictions at one batch size.  A batch size outside every planned range
     warns (RuntimeWarning) that the policy is clamped to the nearest planned one."""
     from simtree.planner import read_candidates
-    from simtree.simulate import check_batch_size
+    from simtree.policy_spec import check_batch_size
 
     check_batch_size(batch_size)
     policy = Policy.load(policy_path)

@@ -31,14 +31,13 @@ from simtree.acceptance import AcceptanceModel, Workload
 from simtree.builders import batched_best_first_tree, best_first_order, cost_aware_budget, eagle_tree
 from simtree.errors import SimtreeError, check_whole
 from simtree.phi import expected_accepted_positional, sample_accepted_length
-from simtree.policy_spec import (MAX_BATCH_SIZE, MODES, TREE_MODES, PolicySpec, check_batch_size, check_params,
-                                 params_from_flags)
+from simtree.policy_spec import PolicySpec, check_batch_size
 from simtree.tree import DraftTree
 
-# the policy modes and PolicySpec live in simtree.policy_spec; imported from here as well
-__all__ = ["MODES", "TREE_MODES", "PolicySpec", "RoundShape", "SimResult", "static_round", "simulate",
-           "analytic_static", "analytic_run", "batch_allocation", "check_params", "check_batch_size",
-           "params_from_flags", "MAX_BATCH_SIZE"]
+# PolicySpec lives in simtree.policy_spec (with the modes and their checks); the simulator's
+# callers take it from here as well
+__all__ = ["PolicySpec", "RoundShape", "SimResult", "static_round", "simulate", "analytic_static",
+           "analytic_run", "batch_allocation"]
 
 
 @dataclass(frozen=True, eq=False)

@@ -25,8 +25,12 @@ def test_targets_follow_the_ratios(tmp_path):
     bench = _bench(rng, shapes, ["triton_tree", "recurrent_baseline", "fla_chunk", "memory_floor"])
     bench.to_csv(tmp_path / "bench_gdn.csv", index=False)
     (tmp_path / "bench_gdn.json").write_text(json.dumps({"env": {"gpu": "G"}, "correctness": [
-        dict(case="b1_n8", variant="triton_tree", rel_err=1e-3, tol=2e-2, ok=True)]}))
+        dict(case="b1_n8", variant="triton_tree", rel_err=1e-3, tol=2e-2, ok=True),
+        dict(case="b1_n8", variant="triton_tree_x1", rel_err=float("nan"), tol=2e-2, ok=None),
+        dict(case="b1_n8", variant="triton_tree_k0", rel_err=5e-2, tol=2e-2, ok=False)]}))
     text = report_gdn.write_report(tmp_path).read_text()
+    # a launch the case cannot take is "n/a", a failed check FAIL, a passed one its error
+    assert "| b1_n8 | 1.0e-03 [0.02] | 5.0e-02 [0.02] FAIL | n/a |" in text
     assert (tmp_path / "gdn_verify.png").stat().st_size > 0
     ok = bench[bench.status == "ok"].pivot_table(index=["batch_size", "nodes_per_seq"],
                                                  columns="variant", values="latency_us_median")

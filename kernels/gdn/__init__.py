@@ -108,14 +108,16 @@ H200_SMS = 132   # streaming multiprocessors where no CUDA device is visible (th
 
 
 def _sm_count(device) -> int:
-    dev = torch.device(device)
-    return _sm_count_of(dev.index) if dev.type == "cuda" and torch.cuda.is_available() else H200_SMS
+    return _sm_count_of(str(device))
 
 
 @functools.lru_cache(maxsize=None)
-def _sm_count_of(index: int | None) -> int:   # the rule runs once per GDN layer and step
+def _sm_count_of(device: str) -> int:   # the rule runs once per GDN layer and step: all cached
+    dev = torch.device(device)
+    if dev.type != "cuda" or not torch.cuda.is_available():
+        return H200_SMS
     return torch.cuda.get_device_properties(
-        torch.cuda.current_device() if index is None else index).multi_processor_count
+        torch.cuda.current_device() if dev.index is None else dev.index).multi_processor_count
 
 
 def _maxnreg(n: int) -> dict:
@@ -451,6 +453,14 @@ def gdn_tree_verify(q, k, v, g, beta, state, parents, cu_nodes, *, scale=None, q
     kside = kside if NT > 0 else 0
     g_pass = bool((cfg["g_pass"] if g_pass is None else g_pass) or kside) and NT > 0
     cu = cu_nodes.to(q.device, torch.int64)
+    # the rule's transposed walk gives way where other switches take away the K-side tiles or
+    # the pre-normalised rows it walks on; asked for explicitly there, it is an error (before
+    # any launch)
+    if transposed and not (kside and ready):
+        raise LaunchNotApplicable(
+            "transposed walks the K-side kernel's tiles on pre-normalised q/k: it needs kside > 0, "
+            f"prenorm = 1 and trees of at most {G_PROLOGUE_MAX_NODES} nodes with g_prologue")
+    walk_t = bool(cfg["transposed"] if transposed is None else transposed) and bool(kside and ready)
     use_pdl = bool(cfg["pdl"] if pdl is None else pdl) and _pdl_ok(q.device)
     dep = {"launch_pdl": True} if use_pdl else {}
     # the numbering the kernel walks (as stored, or depth-first) and its sub-chunk pairs
@@ -492,13 +502,7 @@ def gdn_tree_verify(q, k, v, g, beta, state, parents, cu_nodes, *, scale=None, q
     launch = dict(num_warps=num_warps or cfg["num_warps"],
                   num_stages=num_stages or cfg["num_stages"], **_maxnreg(
                       cfg["max_registers"] if max_registers is None else max_registers))
-    # the rule's transposed walk gives way where other switches take away the K-side tiles or
-    # the pre-normalised rows it walks on; asked for explicitly there, it is an error
-    if transposed and not (kside and ready):
-        raise LaunchNotApplicable(
-            "transposed walks the K-side kernel's tiles on pre-normalised q/k: it needs kside > 0, "
-            f"prenorm = 1 and trees of at most {G_PROLOGUE_MAX_NODES} nodes with g_prologue")
-    if bool(cfg["transposed"] if transposed is None else transposed) and kside and ready:
+    if walk_t:
         _tree_verify_t_kernel[(V // BV, B * HV)](
             qc, kc, vc, beta32, s0, order_t, cu, pairs, npairs, nc, out, u, G, diag, tiles,
             H=H, HV=HV, K=K, V=V, BT=BT, BV=BV, PREC=prec, DT=DT,

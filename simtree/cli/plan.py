@@ -15,7 +15,7 @@ from simtree.synthetic import SYNTHETIC_LABEL
 
 
 def parse_batch_sizes(text: str) -> list[int]:
-    from simtree.simulate import check_batch_size
+    from simtree.policy_spec import check_batch_size
 
     fields = [x.strip() for x in text.split(",")]
     if not text.strip() or any(not f for f in fields):

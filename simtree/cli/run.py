@@ -46,9 +46,8 @@ def register(app: typer.Typer) -> None:
         from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
         from rich.table import Table
 
+        from simtree.policy_spec import params_from_flags
         from simtree.runtime.live import dumps, live_run
-
-        from simtree.simulate import params_from_flags
 
         # a policy file replaces the flags; without one, an unknown --mode is a one-line error here
         params = {} if policy else params_from_flags(mode, steps, topk, budget, width, draft_depth)

@@ -101,7 +101,8 @@ def simulate_command_run(costs_path, workload_spec: str, batch_size: int, mode: 
     size), simulate."""
     from simtree.acceptance import get_workload
     from simtree.planner import resolve_costs
-    from simtree.simulate import PolicySpec, check_batch_size, params_from_flags, simulate
+    from simtree.policy_spec import check_batch_size, params_from_flags
+    from simtree.simulate import PolicySpec, simulate
 
     workload = get_workload(workload_spec, prompt_len, output_len)
     check_batch_size(batch_size)
