@@ -262,7 +262,10 @@ def verify_launch_config(B: int, HV: int, V: int, device: torch.device | str = "
     67.9 vs 61.5 us, b64 n128 441.8 vs 392.5; each pair's k rows normalised again), and the
     pre-pass writing each q / k row's normalising factor instead of the rows, the K-side
     kernel and the walk scaling their products by them (run 83: within 1.2% at every K-side
-    shape, b64 n128 376.9 vs 381.2 us, b16 n128 120.4 vs 119.6).
+    shape, b64 n128 376.9 vs 381.2 us, b16 n128 120.4 vs 119.6), and the batch in chunks of
+    sequences, each chunk's K-side kernel (and pre-pass) on a second stream beside the walk of
+    the chunk before (run 84: slower at every shape, b64 n128 402.5 vs 384.4 us with two
+    chunks, b16 n128 135.9 vs 119.7).
     """
     rows = B * HV
     cfg = dict(block_t=16, block_v=V, num_warps=2, num_stages=2, max_registers=0, g_prologue=1,
