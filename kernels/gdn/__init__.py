@@ -265,7 +265,8 @@ def verify_launch_config(B: int, HV: int, V: int, device: torch.device | str = "
     shape, b64 n128 376.9 vs 381.2 us, b16 n128 120.4 vs 119.6), and the batch in chunks of
     sequences, each chunk's K-side kernel (and pre-pass) on a second stream beside the walk of
     the chunk before (run 84: slower at every shape, b64 n128 402.5 vs 384.4 us with two
-    chunks, b16 n128 135.9 vs 119.7).
+    chunks, b16 n128 135.9 vs 119.7), and each step's loads (rows, diagonal tiles) issued one
+    step ahead in either walk (run 85: b64 n128 384.7 either way, b16 n128 117.8 vs 120.8).
     """
     rows = B * HV
     cfg = dict(block_t=16, block_v=V, num_warps=2, num_stages=2, max_registers=0, g_prologue=1,
