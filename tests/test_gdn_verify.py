@@ -358,17 +358,29 @@ def test_kside_register_cap_where_measured(monkeypatch):
 
 
 @pytest.mark.parametrize("depth_first", [False, True])
-def test_transposed_walk_where_measured(depth_first):
-    # the transposed walk only at more than 16 sequences of more than 32 nodes (faster at 64
+def test_transposed_walk_where_measured(depth_first, monkeypatch):
+    # the transposed walk at more than 16 sequences of more than 32 nodes (faster at 64
     # sequences of 64 and 128 nodes, slower at 64 of 32 and at 16 sequences: runs 78-80), and
-    # only where the rule launches the K-side kernel and the pre-normalised rows it walks on
-    rule = lambda b, n: verify_launch_config(b, 48, 128, "cuda", n, depth_first)  # noqa: E731
-    for b, n in ((64, 64), (64, 128), (17, 33), (64, 256)):
-        cfg = rule(b, n)
-        assert cfg["transposed"] == 1 and cfg["kside"] and cfg["prenorm"], (b, n)
-    for b, n in ((64, 32), (16, 128), (16, 64), (4, 128), (1, 128), (64, 16), (17, 32),
-                 (64, 257)):   # above 256 nodes there is no K-side kernel
-        assert rule(b, n)["transposed"] == 0, (b, n)
+    # at two warps for 65-256 nodes where its programs fit in one wave and the untransposed
+    # walk's do not (3-5 rows per SM: runs 86-87, 132 SMs); only where the rule launches the
+    # K-side kernel and the pre-normalised rows it walks on
+    import simtree.kernels.gdn as kg
+    monkeypatch.setattr(kg, "_sm_count", lambda device: 132)
+    rule = lambda b, n, hv=48: verify_launch_config(b, hv, 128, "cuda", n, depth_first, 16)  # noqa: E731
+    for b, n, hv in ((64, 64, 48), (64, 128, 48), (17, 33, 48), (64, 256, 48), (25, 33, 32),
+                     (9, 65, 48), (13, 128, 48), (13, 256, 48), (16, 96, 32), (20, 128, 32)):
+        cfg = rule(b, n, hv)
+        assert cfg["transposed"] == 1 and cfg["kside"] and cfg["prenorm"], (b, n, hv)
+        assert cfg["num_warps"] == 2, (b, n, hv)
+    for b, n, hv in ((64, 32, 48), (16, 128, 48), (16, 64, 48), (4, 128, 48), (1, 128, 48),
+                     (64, 16, 48), (17, 32, 48), (64, 257, 48), (8, 128, 48), (13, 64, 48),
+                     (14, 128, 48), (12, 128, 32), (22, 128, 32), (24, 128, 32),
+                     (13, 257, 48)):   # above 256 nodes there is no K-side kernel
+        cfg = rule(b, n, hv)
+        assert cfg["transposed"] == 0, (b, n, hv)
+        assert cfg["num_warps"] == (2 if b * hv > 16 * 48 else 4), (b, n, hv)
+    monkeypatch.setattr(kg, "_sm_count", lambda device: 108)   # fewer SMs: 3-5 per SM shift
+    assert rule(8, 128)["transposed"] == 1 and rule(12, 128)["transposed"] == 0
 
 
 def test_rule_transposed_walk_gives_way_to_explicit_switches(monkeypatch, spy_kernel):

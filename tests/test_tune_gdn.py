@@ -121,3 +121,25 @@ def test_configs_not_applicable_at_a_case_are_timed_where_checked():
     assert checked_configs(configs, corr) == configs[1:]
     corr.append(dict(config="t16", case="extra", ok=False))
     assert checked_configs(configs, corr) == configs[1:2]
+
+
+def test_heads_option_and_gpu_cases_in_both_dtypes(monkeypatch):
+    # --heads sets the key / value heads of the sweep (Qwen3-Next: 16, 32), bad pairs are
+    # one-line errors; on a GPU the K-side cases are checked in bf16 and fp32 (the rule's
+    # launches do not depend on the dtype, and at Qwen3-Next's heads those cases still launch
+    # the K-side kernel, one of them the transposed walk)
+    import simtree.kernels.gdn as kg
+    from simtree.kernels.gdn import verify_launch_config
+    from simtree.profiler.bench_gdn import KSIDE_CASES
+    from simtree.profiler.tune_gdn import correctness_cases, parse_heads
+    assert parse_heads("16,32") == dict(H=16, HV=32)
+    for bad in ("16", "16,x", "16,40", "0,4", "8,4"):
+        with pytest.raises(SystemExit, match="--heads"):
+            parse_heads(bad)
+    cpu, gpu = correctness_cases(False), correctness_cases(True)
+    assert {c[2][2] for c in cpu} == {"bf16"} and not {(b, n) for b, n, _ in cpu} & set(KSIDE_CASES)
+    assert sorted((b, n, d[2]) for b, n, d in gpu if (b, n) in KSIDE_CASES) == sorted(
+        (b, n, s) for b, n in KSIDE_CASES for s in ("bf16", "fp32"))
+    monkeypatch.setattr(kg, "_sm_count", lambda device: 132)
+    cfgs = [verify_launch_config(b, 32, 128, "cuda", n, True, 16) for b, n in KSIDE_CASES]
+    assert all(c["kside"] == 1 for c in cfgs) and any(c["transposed"] for c in cfgs)

@@ -257,6 +257,18 @@ def verify_launch_config(B: int, HV: int, V: int, device: torch.device | str = "
     existed (runs 42-43, every product in the walk: 255 registers, 1.4-2x slower).  Its bf16
     results on the GPU equal the untransposed walk's at 16 x 128 and 64 x 72 (run 80,
     ``KSIDE_CASES``: 6.19e-3 and 7.09e-3 relative error against the float64 reference).
+    Where the transposed walk's two-warp programs fit in one wave and the untransposed walk's
+    do not, it is taken at two warps for trees of 65-256 nodes: more than 3 and at most 5
+    (sequence, value head) rows per SM (the untransposed walk holds three programs per SM at
+    its 168-register cap, the transposed one five: 44 KB of shared memory each). Runs 86-87
+    (depth-first trees): Qwen3.6-27B at 10, 12 and 13 sequences of 128 nodes 83.8 / 86.7 /
+    90.9 us vs 98.5 / 105.0 / 111.8 (96 nodes 64.8 / 71.7 / 72.3 vs 72.4 / 82.7 / 83.8),
+    Qwen3-Next (HV = 32) at 16 and 20 sequences 85.2 / 98.5 vs 106.1 / 117.3; slower where
+    both fit in one wave (Qwen3.6-27B b8 n128 74.9 vs 63.0, Qwen3-Next b12 75.6 vs 65.6) or
+    neither does (b16 n128 131.2 vs 120.9, Qwen3-Next b22 122.9 vs 121.2), equal at 64 nodes
+    (Qwen3-Next b16 52.1 vs 52.0). The rest of the transposed rule counts rows too: at
+    Qwen3-Next's 32 value heads it switches at 25 sequences; run 86 measured it there at
+    24-64 sequences of 64 and 128 nodes, within 2.5% of the best other launch everywhere.
     Measured and not kept: the K-side kernel normalising q and k itself and storing the rows
     for the verify, the pre-pass then writing G only (run 80: slower at every shape, b16 n64
     67.9 vs 61.5 us, b64 n128 441.8 vs 392.5; each pair's k rows normalised again), and the
@@ -301,10 +313,16 @@ def verify_launch_config(B: int, HV: int, V: int, device: torch.device | str = "
         if rows <= 16 * 48 and max_nodes > 64:
             cfg["max_registers"] = 168
         programs = -(-max_nodes // cfg["block_t"]) * B * (H or HV // 3)
-        if rows <= 16 * 48 and 12 < programs / _sm_count(device) <= 16:
+        sms = _sm_count(device)
+        if rows <= 16 * 48 and 12 < programs / sms <= 16:
             cfg["kside_registers"] = 128
-        # the transposed walk on the K-side tiles (runs 78-81)
-        cfg["transposed"] = int(rows > 16 * 48 and 32 < max_nodes <= G_PROLOGUE_MAX_NODES)
+        # the transposed walk on the K-side tiles (runs 78-81); and at two warps where its
+        # programs fit in one wave and the untransposed walk's do not (runs 86-87)
+        one_wave = 3 * sms < rows <= 5 * sms and 64 < max_nodes <= G_PROLOGUE_MAX_NODES
+        cfg["transposed"] = int(rows > 16 * 48 and 32 < max_nodes <= G_PROLOGUE_MAX_NODES
+                                or one_wave)
+        if one_wave:
+            cfg["num_warps"] = 2
     cfg["heavy_first"] = _heavy_first_default(cfg["block_t"], max_nodes, depth_first)
     cfg["early"] = int(max_nodes > cfg["block_t"])   # one sub-chunk: no pairs to hide behind
     return cfg
