@@ -37,7 +37,7 @@ import torch
 from simtree.accept import greedy_accept_batch
 from simtree.builders import (batched_best_first_tree, best_first_order, cost_aware_tree, eagle_max_nodes,
                               linear_tree)
-from simtree.errors import SimtreeError
+from simtree.errors import SimtreeError, check_int
 from simtree.runtime.drafter import Drafter
 from simtree.policy_spec import MODES
 from simtree.simulate import PolicySpec, batch_allocation
@@ -96,6 +96,7 @@ def greedy_decode(model: HybridLM, prompt: list[int], max_new_tokens: int) -> li
     """Plain greedy decoding with the sequential path (``step``): the lossless reference."""
     if not prompt:
         raise SimtreeError("prompt is empty: it needs at least one token")
+    max_new_tokens = check_int(max_new_tokens, "max_new_tokens", 0)
     cache = model.new_cache(1, len(prompt) + max_new_tokens + 1)
     dev = cache.lengths.device
     for t in prompt:
@@ -126,12 +127,10 @@ class SpecEngine:
     # ---- tree construction per mode ------------------------------------------------------
     def _trees(self, spec: PolicySpec, drafter: Drafter | None, roots, ctx_len: float) -> list[DraftTree]:
         B, p = len(roots), spec.params
-        if spec.mode == "none":
-            return [DraftTree.chain(1, [r]) for r in roots]
         if spec.mode == "eagle":
             return drafter.eagle_trees(roots, p["num_steps"], p["topk"], p["budget"])
-        depth = p["budget"] - 1 if spec.mode == "linear" else p["draft_depth"]
-        if depth == 0:
+        depth = 0 if spec.mode == "none" else p["budget"] - 1 if spec.mode == "linear" else p["draft_depth"]
+        if depth == 0:   # nothing drafted: the root alone
             return [DraftTree.chain(1, [r]) for r in roots]
         k = 1 if spec.mode == "linear" else MARGINAL_TOPK
         toks, probs = drafter.greedy_marginals(roots, depth, k)
@@ -193,8 +192,7 @@ class SpecEngine:
         spec = check_spec(spec)
         if not prompts or any(len(p) == 0 for p in prompts):
             raise SimtreeError("every prompt needs at least one token")
-        if max_new_tokens < 1:
-            raise SimtreeError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+        max_new_tokens = check_int(max_new_tokens, "max_new_tokens")
         if spec.mode != "none" and self.draft is None:
             raise SimtreeError(f"mode {spec.mode} needs a draft model")
         self.check_fits(spec)

@@ -32,6 +32,7 @@ and the new one written atomically.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import platform
@@ -44,7 +45,7 @@ from types import SimpleNamespace
 import numpy as np
 import torch
 
-from simtree.errors import SimtreeError, check_int
+from simtree.errors import ExtrapolationWarning, SimtreeError, check_int
 from simtree.fileio import write_text_atomic
 from simtree.profiler.metadata import device_label
 from simtree.runtime.data import prompts as load_prompts
@@ -115,7 +116,7 @@ def _resolve_spec(policy, policy_workload, workload, batch_size, mode, params, w
         pol = Policy.load(path)
         name = policy_workload or workload
         entry = pol.lookup(name, batch_size)
-        clamped = pol.clamp_note(name, batch_size)
+        clamped = pol.clamp_note(name, batch_size, entry)
         if clamped:
             warn(clamped)
         other = _mismatch("policy", path, pol.model, pol.device, here)
@@ -130,6 +131,31 @@ def _resolve_spec(policy, policy_workload, workload, batch_size, mode, params, w
 
 def _pct(x, q):
     return float(np.percentile(np.asarray(x, np.float64), q)) if len(x) else None
+
+
+def _one_line(text) -> str:
+    return " ".join(str(text).split())
+
+
+@contextlib.contextmanager
+def _extrapolation_notes():
+    """Yields a list that, once the block ends, holds the cost models' extrapolation warnings
+    raised inside (``ExtrapolationWarning``) as one-line notes, each once.  Every other warning
+    raised inside is re-emitted after the block (under the caller's filters, each distinct one
+    once), also when the block raises."""
+    notes, registry = [], {}
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")   # every one, whatever warned earlier at the same line
+            yield notes
+    finally:
+        for w in caught:
+            if issubclass(w.category, ExtrapolationWarning):
+                if _one_line(w.message) not in notes:
+                    notes.append(_one_line(w.message))
+            else:
+                warnings.warn_explicit(w.message, w.category, w.filename, w.lineno, registry=registry,
+                                       source=w.source)
 
 
 class _Warnings(list):
@@ -158,22 +184,16 @@ def live_run(*, mode: str = "eagle", params: dict | None = None, policy=None, po
     outside the policy's range) and ``notes`` (cost-model extrapolation, a run without decode
     rounds) are one line each.
     """
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        report, out, trace = _live_run(
-            mode=mode, params=params, policy=policy, policy_workload=policy_workload, workload=workload,
-            batch_size=batch_size, prompts=prompts, max_new_tokens=max_new_tokens, costs=costs,
-            models_dir=models_dir, out=out, check_lossless=check_lossless, threads=threads, device=device,
-            progress=progress)
+    trace = None   # _live_run discards its staged traces itself when it raises
     try:
+        with _extrapolation_notes() as extrapolated:
+            report, out, trace = _live_run(
+                mode=mode, params=params, policy=policy, policy_workload=policy_workload, workload=workload,
+                batch_size=batch_size, prompts=prompts, max_new_tokens=max_new_tokens, costs=costs,
+                models_dir=models_dir, out=out, check_lossless=check_lossless, threads=threads, device=device,
+                progress=progress)
         notes = report.setdefault("notes", [])
-        for w in caught:   # the cost model's extrapolation warnings become one-line notes
-            text = " ".join(str(w.message).split())
-            if issubclass(w.category, RuntimeWarning) and "cost model" in text:
-                if text not in notes:
-                    notes.append(text)
-            else:
-                warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+        notes += [n for n in extrapolated if n not in notes]
         if out is not None:
             _write(report, out, trace)
     except BaseException:
@@ -358,4 +378,4 @@ def _predict(costs, trace_path: Path, spec: PolicySpec, batch_size: int, prompt_
             "round_us": sim.round_latency_us, "draft_us": sim.draft_us, "verify_us": sim.verify_us,
             "mean_nodes_per_seq": sim.mean_nodes_per_seq, "rounds": sim.rounds, "synthetic": sim.synthetic,
             "acceptance": "none" if spec.mode == "none" else "positional fit of this run's traces",
-            "notes": [" ".join(str(n).split()) for n in sim.notes]}
+            "notes": [_one_line(n) for n in sim.notes]}

@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from simtree.errors import SimtreeError
+from simtree.errors import SimtreeError, check_int
 from simtree.runtime import gdn_ops
 from simtree.runtime.cache import Cache, Pending
 from simtree.tree import DraftTree, TreeBatch
@@ -75,9 +75,7 @@ class ModelConfig:
                 "linear_conv_kernel_dim", "num_attention_heads", "num_key_value_heads", "head_dim",
                 "max_position_embeddings")
         for name in ints:
-            v = getattr(self, name)
-            if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
-                raise SimtreeError(f"config {name} = {v!r}: expected a positive integer")
+            setattr(self, name, check_int(getattr(self, name), f"config {name}"))
         if self.linear_num_value_heads % self.linear_num_key_heads:
             raise SimtreeError("config linear_num_value_heads must be a multiple of linear_num_key_heads")
         if self.num_attention_heads % self.num_key_value_heads:

@@ -257,9 +257,8 @@ def _record(obj, where: str) -> TraceRecord:
         tree = DraftTree(obj["parents"], None, obj["log_probs"])
     except TreeError as exc:
         raise SimtreeError(f"{where}: {exc}") from None
-    node = obj["accepted_node"]
-    if not isinstance(node, int) or isinstance(node, bool) or not 0 <= node < tree.num_nodes:
-        raise SimtreeError(f"{where}: accepted_node {node!r} is not a node of a {tree.num_nodes}-node tree")
+    node = check_int(obj["accepted_node"], f"{where}: accepted_node (a node of the {tree.num_nodes}-node tree)",
+                     0, tree.num_nodes - 1)
     batch = check_int(obj["batch_size"], f"{where}: batch_size")
     if "num_accepted" in obj and obj["num_accepted"] != int(tree.depth[node]):
         raise SimtreeError(f"{where}: num_accepted {obj['num_accepted']!r} != depth {int(tree.depth[node])} "

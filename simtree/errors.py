@@ -11,11 +11,20 @@ class SimtreeError(ValueError):
     """
 
 
-def check_int(value, what: str, low: int = 1) -> int:
-    """``value`` as an int >= ``low`` (a Python or numpy integer, not a bool or a float); a
-    one-line SimtreeError naming ``what`` otherwise."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < low:
-        raise SimtreeError(f"{what} must be an integer >= {low}, got {value!r}")
+def _out_of_range(value, low: int, high: int | None) -> bool:
+    return value < low or (high is not None and value > high)
+
+
+def _bad(value, what: str, low: int, high: int | None) -> SimtreeError:
+    bound = f">= {low}" if high is None else f"in [{low}, {high}]"
+    return SimtreeError(f"{what} must be an integer {bound}, got {value!r}")
+
+
+def check_int(value, what: str, low: int = 1, high: int | None = None) -> int:
+    """``value`` as an int in [low, high] (no upper bound where ``high`` is None; a Python or
+    numpy integer, not a bool or a float); a one-line SimtreeError naming ``what`` otherwise."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or _out_of_range(value, low, high):
+        raise _bad(value, what, low, high)
     return int(value)
 
 
@@ -24,9 +33,8 @@ def check_whole(value, what: str, low: int, high: int | None = None) -> int:
     [low, high] (no upper bound where ``high`` is None); a one-line SimtreeError naming ``what``
     otherwise (NaN and inf included)."""
     if (isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value)
-            or value != int(value) or value < low or (high is not None and value > high)):
-        bound = f">= {low}" if high is None else f"in [{low}, {high}]"
-        raise SimtreeError(f"{what} must be an integer {bound}, got {value!r}")
+            or value != int(value) or _out_of_range(value, low, high)):
+        raise _bad(value, what, low, high)
     return int(value)
 
 

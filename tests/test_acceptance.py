@@ -85,7 +85,13 @@ def test_positional_fit_recovers_the_generating_table(tmp_path):
     ("{not json", "not valid JSON"),
     ('{"workload": "w", "batch_size": 1, "parents": [-1, 0], "log_probs": [0, -1]}', "lacks the field 'accepted_node'"),
     ('{"workload": "w", "batch_size": 1, "parents": [-1, 1], "log_probs": [0, -1], "accepted_node": 0}', "invalid parent"),
-    ('{"workload": "w", "batch_size": 1, "parents": [-1, 0], "log_probs": [0, -1], "accepted_node": 5}', "accepted_node 5"),
+    ('{"workload": "w", "batch_size": 1, "parents": [-1, 0], "log_probs": [0, -1], "accepted_node": 5}',
+     "accepted_node (a node of the 2-node tree) must be an integer in [0, 1], got 5"),
+    *[('{"workload": "w", "batch_size": 1, "parents": [-1, 0], "log_probs": [0, -1], '
+       f'"accepted_node": {node}}}', f"accepted_node (a node of the 2-node tree) must be an integer in [0, 1], "
+                                      f"got {got}")
+      for node, got in (("-1", "-1"), ("true", "True"), ("2.5", "2.5"), ("1.0", "1.0"), ("NaN", "nan"),
+                        ('"1"', "'1'"))],
     ('{"workload": "w", "batch_size": 0, "parents": [-1, 0], "log_probs": [0, -1], "accepted_node": 1}', "batch_size"),
     ('{"workload": "w", "batch_size": 1, "parents": [-1, 0], "log_probs": [0, -1], "accepted_node": 1, '
      '"num_accepted": 3}', "num_accepted 3"),

@@ -219,3 +219,15 @@ def test_draft_extent_follows_the_cost_models_draft_shape():
               ("none", ()): (0, 0)}
     for (mode, params), extent in pinned.items():
         assert draft_extent(PolicySpec(mode, dict(params))) == extent, (mode, params)
+
+
+@pytest.mark.parametrize("bad, got", [(True, "True"), (2.5, "2.5"), (float("nan"), "nan"), (0, "0"), (-3, "-3")])
+def test_max_new_tokens_must_be_a_positive_integer(models, references, bad, got):
+    prompts, _ = references
+    with pytest.raises(SimtreeError) as err:
+        SpecEngine(*models).generate(prompts[1], bad, PolicySpec("none"))
+    assert str(err.value) == f"max_new_tokens must be an integer >= 1, got {got}"
+    if bad != 0:   # greedy_decode takes 0 (no tokens), nothing below it
+        with pytest.raises(SimtreeError, match=f"max_new_tokens must be an integer >= 0, got {got}"):
+            greedy_decode(models[0], prompts[1][0], bad)
+    assert greedy_decode(models[0], prompts[1][0], 0) == []

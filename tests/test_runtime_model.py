@@ -144,3 +144,17 @@ def test_tree_attention_layout_holds_each_node_to_its_cache_and_ancestors():
             want[:, :n] = True
             want[:, lmax:lmax + t.num_nodes] = t.ancestor_mask
             assert (mask[b, :t.num_nodes] == want).all()
+
+
+@pytest.mark.parametrize("name", ["vocab_size", "hidden_size", "head_dim", "max_position_embeddings"])
+@pytest.mark.parametrize("bad, got", [(True, "True"), (2.5, "2.5"), (float("nan"), "nan"), (0, "0"), (-2, "-2")])
+def test_config_integers_must_be_positive(name, bad, got):
+    import dataclasses
+
+    from runtime_helpers import tiny_config
+
+    with pytest.raises(SimtreeError) as err:
+        dataclasses.replace(tiny_config(), **{name: bad}).validate()
+    assert str(err.value) == f"config {name} must be an integer >= 1, got {got}"
+    cfg = dataclasses.replace(tiny_config(), **{name: np.int64(32)}).validate()   # numpy ints: as ints
+    assert type(getattr(cfg, name)) is int and getattr(cfg, name) == 32

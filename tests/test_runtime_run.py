@@ -19,7 +19,7 @@ import runtime_helpers  # noqa: F401  (one torch thread)
 from runtime_helpers import perturbed, tiny_config
 from simtree.acceptance import read_traces
 from simtree.cli import app
-from simtree.errors import SimtreeError
+from simtree.errors import ExtrapolationWarning, SimtreeError
 from simtree.runtime.live import live_run
 from simtree.runtime.loading import save_model
 from simtree.runtime.model import HybridLM
@@ -63,9 +63,10 @@ def same_models(tmp_path_factory):
 
 
 class Bundle:
-    """A cost bundle (contract 2 duck type) whose meta names a model and device."""
+    """A cost bundle (contract 2 duck type) whose meta names a model and device; its verify
+    model warns (``category``) at batch sizes outside ``batch_range``."""
 
-    def __init__(self, model, device, batch_range=(1, 64)):
+    def __init__(self, model, device, batch_range=(1, 64), category=ExtrapolationWarning):
         self.meta = {"model": model, "device": device, "synthetic": False}
         self.lo, self.hi = batch_range
         outer = self
@@ -76,7 +77,7 @@ class Bundle:
                 if not outer.lo <= b <= outer.hi:
                     warnings.warn(f"{model} verify cost model queried outside its measured range "
                                   f"(batch_size in [{outer.lo}, {outer.hi}], asked {b}); extrapolating",
-                                  RuntimeWarning)
+                                  category)
                 return 300.0 + 10.0 * np.asarray(n, np.float64) * b
 
         class draft:
@@ -230,6 +231,30 @@ def test_batch_outside_the_policy_range_warns_and_extrapolation_is_a_note(models
     assert report["notes"] == ["runtime-tiny verify cost model queried outside its measured range "
                                "(batch_size in [1, 2], asked 3); extrapolating"]
     assert not [w for w in leaked if issubclass(w.category, RuntimeWarning)]
+
+
+def test_only_extrapolation_warnings_become_notes(models):
+    """A warning of another kind, even one that names the cost model (as the convexity
+    warning does), is no note: it reaches the caller as the warning it is."""
+    with warnings.catch_warnings(record=True) as leaked:
+        warnings.simplefilter("always")
+        report = live_run(**SMALL, models_dir=models, costs=Bundle("runtime-tiny", "cpu", batch_range=(1, 1),
+                                                                  category=RuntimeWarning))
+    text = ("runtime-tiny verify cost model queried outside its measured range (batch_size in [1, 1], asked 2); "
+            "extrapolating")
+    assert report["notes"] == [] and report["predicted"] is not None
+    assert {(w.category, str(w.message)) for w in leaked} == {(RuntimeWarning, text)}
+
+
+def test_warnings_of_a_failed_run_are_not_lost(models):
+    def fail(done, total):
+        warnings.warn("from the progress callback", UserWarning)
+        raise KeyboardInterrupt
+
+    with warnings.catch_warnings(record=True) as leaked, pytest.raises(KeyboardInterrupt):
+        warnings.simplefilter("always")
+        live_run(**SMALL, models_dir=models, progress=fail)
+    assert [(w.category, str(w.message)) for w in leaked] == [(UserWarning, "from the progress callback")]
 
 
 def _old_run(folder):

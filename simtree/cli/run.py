@@ -6,6 +6,8 @@ from pathlib import Path
 
 import typer
 
+from simtree.cli.notes import captured_warnings, print_notes
+
 EXAMPLE = ("Example: simtree run --mode eagle --steps 3 --topk 2 --budget 6 --batch-size 4 "
            "--workload sharegpt --max-new-tokens 48")
 
@@ -62,14 +64,16 @@ def register(app: typer.Typer) -> None:
                 task.append(bar.add_task("run", total=total))
             bar.update(task[0], completed=done, total=total)
 
-        try:
-            report = live_run(mode=mode, params=params, policy=policy, policy_workload=policy_workload,
-                              workload=workload, batch_size=batch_size, prompts=prompts,
-                              max_new_tokens=max_new_tokens, costs=costs, models_dir=models, out=out,
-                              check_lossless=check, threads=threads, device=device, progress=progress)
+        try:   # the report holds the run's own notes; any other warning is one line too
+            with captured_warnings() as caught:
+                report = live_run(mode=mode, params=params, policy=policy, policy_workload=policy_workload,
+                                  workload=workload, batch_size=batch_size, prompts=prompts,
+                                  max_new_tokens=max_new_tokens, costs=costs, models_dir=models, out=out,
+                                  check_lossless=check, threads=threads, device=device, progress=progress)
         finally:
             if task:
                 bar.stop()
+        print_notes(caught)
         for line in report.get("warnings", []):
             typer.echo(f"warning: {line}", err=True)
         for line in report.get("notes", []):
