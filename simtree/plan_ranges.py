@@ -23,11 +23,18 @@ _DRAFT_AXES = ("topk", "num_steps", "batch_size")
 
 
 def queried_ranges(df: pd.DataFrame, workload: Workload) -> dict:
-    """Per candidate row, the [lo, hi] it asks of every cost-model axis (draft: drafted rows)."""
+    """Per candidate row, the [lo, hi] it asks of every cost-model axis (draft: drafted rows).
+    Contexts: the row's ``ctx_lo`` / ``ctx_hi`` where the frame has them (the planner's: an
+    adaptive row's budget decisions ask C_v at contexts rounded to buckets, which may lie
+    outside the run's own), else the workload's [l0, l0 + output_len]."""
     l0 = workload.mean_prompt_len
     b = df["batch_size"].to_numpy(np.float64)
+    if "ctx_lo" in df.columns and "ctx_hi" in df.columns:
+        ctx = (df["ctx_lo"].to_numpy(np.float64), df["ctx_hi"].to_numpy(np.float64))
+    else:
+        ctx = (np.full(len(df), l0), np.full(len(df), l0 + workload.output_len))
     return {("verify", "nodes_per_seq"): (df["min_nodes"].to_numpy(), df["max_nodes"].to_numpy()),
-            ("verify", "context_len"): (np.full(len(df), l0), np.full(len(df), l0 + workload.output_len)),
+            ("verify", "context_len"): ctx,
             ("verify", "batch_size"): (b, b),
             ("draft", "num_steps"): (df["draft_steps"].to_numpy(np.float64),) * 2,
             ("draft", "topk"): (df["draft_topk"].to_numpy(np.float64),) * 2,

@@ -191,18 +191,25 @@ def check_workload_names(workloads, labels: Sequence[str] | None = None) -> None
                                "one (a trace's workload field names it)")
 
 
-def _score(costs, workload: Workload, table: pd.DataFrame, adaptive: list[PolicySpec], b: int) -> pd.DataFrame:
+def _score(costs, workload: Workload, table: pd.DataFrame, adaptive: list[PolicySpec], b: int,
+           cv_tables: dict | None = None) -> pd.DataFrame:
     """Every candidate of one (workload, batch size): the fixed shapes of ``table`` (scored
-    vectorised) and the ``adaptive`` specs, with their tok/s and round and draft latency."""
+    vectorised) and the ``adaptive`` specs, with their tok/s and round and draft latency, and
+    the [ctx_lo, ctx_hi] of contexts each asks C_v at (the run's [l0, l0 + N], widened by an
+    adaptive spec's bucketed decision contexts).  ``cv_tables``: the adaptive specs' C_v tables,
+    shared by every call at the same ``costs`` (keyed by batch size, max budget and decision
+    context, not by workload); None: shared by this call's specs only."""
     steps = table["draft_steps"].to_numpy()
     draft = np.zeros(len(table))
     drafted = steps > 0  # plain decoding drafts nothing: never ask C_d about it
     draft[drafted] = costs.draft.predict(steps[drafted], table["draft_topk"].to_numpy()[drafted], b)
     out = analytic_static(table["tokens_per_round"].to_numpy(), table["nodes_per_seq"].to_numpy(),
                           draft, costs, b, workload.mean_prompt_len, workload.output_len)
+    lo, hi = workload.mean_prompt_len, workload.mean_prompt_len + workload.output_len
     df = table.assign(workload=workload.name, batch_size=b, tok_s=out["throughput_tok_s"],
-                      round_us=out["total_us"] / out["rounds"], draft_us=draft)
-    rows, cv_tables = [], {}   # C_v tables shared by the adaptive draft depths
+                      round_us=out["total_us"] / out["rounds"], draft_us=draft, ctx_lo=lo, ctx_hi=hi)
+    rows = []
+    cv_tables = {} if cv_tables is None else cv_tables   # C_v tables shared by the adaptive specs
     for spec in adaptive:
         a = analytic_run(workload, spec, costs, b, cv_tables)
         m = spec.params.get("max_budget", spec.params.get("max_budget_per_seq"))
@@ -210,7 +217,8 @@ def _score(costs, workload: Workload, table: pd.DataFrame, adaptive: list[Policy
                      "budget": None, "tokens_per_round": a["g"], "nodes_per_seq": a["n"],
                      "draft_steps": spec.params["draft_depth"], "draft_topk": 1, "min_nodes": 1.0,
                      "max_nodes": float(m), "workload": workload.name, "batch_size": b,
-                     "tok_s": a["tok_s"], "round_us": a["total_us"] / a["rounds"], "draft_us": a["draft_us"]})
+                     "tok_s": a["tok_s"], "round_us": a["total_us"] / a["rounds"], "draft_us": a["draft_us"],
+                     "ctx_lo": min(lo, a["decision_ctx"][0]), "ctx_hi": max(hi, a["decision_ctx"][1])})
     return pd.concat([df, pd.DataFrame(rows)], ignore_index=True) if rows else df
 
 
@@ -225,6 +233,7 @@ def plan(costs, workloads: Sequence[Workload], batch_sizes: Sequence[int] = DEFA
     check_workload_names(workloads)
     fixed, adaptive = candidate_specs(space)
     total, done, frames, spans = len(workloads) * len(sizes), 0, [], {}
+    cv_tables: dict = {}   # adaptive C_v tables: they depend on the costs, not the workload
     with warnings.catch_warnings():
         # the plan reports every axis it queries outside the measured range in its notes
         # (the spans below): the cost models' own warnings would say it again
@@ -232,7 +241,7 @@ def plan(costs, workloads: Sequence[Workload], batch_sizes: Sequence[int] = DEFA
         for workload in workloads:
             table = _static_table(workload, fixed)
             for b in sizes:
-                df = _score(costs, workload, table, adaptive, b)
+                df = _score(costs, workload, table, adaptive, b, cv_tables)
                 queries = queried_ranges(df, workload)
                 drafted = df["draft_steps"].to_numpy() > 0
                 for key, (lo, hi) in queries.items():
@@ -244,7 +253,8 @@ def plan(costs, workloads: Sequence[Workload], batch_sizes: Sequence[int] = DEFA
                 done += 1
                 if progress:
                     progress(done, total)
-    cands = pd.concat(frames, ignore_index=True).drop(columns=["draft_steps", "draft_topk", "min_nodes", "max_nodes"])
+    cands = pd.concat(frames, ignore_index=True).drop(columns=["draft_steps", "draft_topk", "min_nodes", "max_nodes",
+                                                             "ctx_lo", "ctx_hi"])
     if not np.all(np.isfinite(cands["tok_s"])) or np.any(cands["tok_s"] <= 0):
         bad = cands[~np.isfinite(cands["tok_s"]) | (cands["tok_s"] <= 0)].iloc[0]
         raise SimtreeError(f"cost model gave a non-positive or NaN latency for {bad['policy']} at batch {bad['batch_size']}")

@@ -190,9 +190,11 @@ class _Adaptive:
         self.draft_us = _draft_us(costs, spec, batch_size)
         # first-stop rule only when C_v is convex in n; batch_allocation always takes the global argmax
         self.convex = bool(getattr(costs.verify, "convex_in_n", True))
-        # C_v(1..max_budget) per (batch, decision context), kept only in a dict the caller
-        # passes to share among the policies it decides at the same costs (the planner: one
-        # per draft depth); None: computed each time (Monte-Carlo rounds never repeat a context)
+        # C_v(1..max_budget) per (batch, max budget, decision context), kept only in a dict the
+        # caller passes to share among the policies it decides at the same costs (the planner:
+        # one per plan() call, shared by its workloads and draft depths: the tables do not
+        # depend on the workload); None: computed each time (Monte-Carlo rounds never repeat a
+        # context)
         self.cv_tables = cv_tables
         self.orders, self.tables = [], []
         for level in range(acc.num_levels):
@@ -239,8 +241,11 @@ def analytic_run(workload: Workload, spec: PolicySpec, costs, b: int,
                  cv_tables: dict | None = None) -> dict:
     """Expected-value run: mean tokens per round g (incl. bonus), mean nodes n, rounds,
     total_us, mean verify_us and draft_us per round, and tok_s (batch throughput counting the
-    N = output_len tokens each sequence outputs).  ``cv_tables``: a dict shared by runs at the
-    same ``costs`` (cost_aware's C_v tables per batch size and decision context, ``_Adaptive``)."""
+    N = output_len tokens each sequence outputs); adaptive modes also ``decision_ctx``, the
+    [lo, hi] of the (bucketed) contexts their budget decisions query C_v at (None for fixed
+    shapes).  ``cv_tables``: a dict shared by runs at the same ``costs`` (cost_aware's C_v
+    tables per batch size and decision context, ``_Adaptive``; they do not depend on the
+    workload)."""
     acc, w = workload.acceptance, workload.acceptance.weights
     l0, N = workload.mean_prompt_len, workload.output_len
     if spec.mode not in ("cost_aware", "batch_alloc"):
@@ -249,7 +254,7 @@ def analytic_run(workload: Workload, spec: PolicySpec, costs, b: int,
         out = analytic_static(g, n, draft, costs, b, l0, N)
         return {"g": g, "n": n, "rounds": int(out["rounds"][0]), "total_us": float(out["total_us"][0]),
                 "verify_us": float(out["verify_us"][0]), "draft_us": draft,
-                "tok_s": float(out["throughput_tok_s"][0])}
+                "tok_s": float(out["throughput_tok_s"][0]), "decision_ctx": None}
     ad = _Adaptive(acc, spec, costs, b, cv_tables)
     levels = np.arange(acc.num_levels)
     # The per-round budget decision depends on the context only through C_v, which moves
@@ -257,9 +262,12 @@ def analytic_run(workload: Workload, spec: PolicySpec, costs, b: int,
     # rounds' own costs below still use their exact contexts).
     quantum = max(CTX_QUANTUM, math.ceil(N / MAX_DECISIONS))
     produced, ctx, total, verify_sum, rounds, gs, ns = 0.0, l0, 0.0, 0.0, 0, 0.0, 0.0
+    decided = [math.inf, -math.inf]   # the contexts the decisions ask C_v at: up to quantum / 2 off ctx
     while produced < N - 1e-9:   # one decision per bucket: its rounds all go at once below
         bucket = int(round(ctx / quantum))
-        nodes = ad.nodes(b * w, levels, bucket * quantum or ctx)   # level l carries b * w_l requests
+        at = bucket * quantum or ctx
+        decided = [min(decided[0], at), max(decided[1], at)]
+        nodes = ad.nodes(b * w, levels, at)   # level l carries b * w_l requests
         g = 1.0 + float(sum(w[i] * ad.phi(i, int(nodes[i])) for i in levels))
         n = float(w @ nodes)
         # every round left in this bucket at once: contexts ctx + g j while they round to it
@@ -276,7 +284,7 @@ def analytic_run(workload: Workload, spec: PolicySpec, costs, b: int,
         rounds, gs, ns = rounds + k, gs + g * k, ns + n * k
     return {"g": gs / rounds, "n": ns / rounds, "rounds": rounds, "total_us": total,
             "verify_us": verify_sum / rounds, "draft_us": ad.draft_us,
-            "tok_s": b * min(float(N), produced) / total * 1e6}
+            "tok_s": b * min(float(N), produced) / total * 1e6, "decision_ctx": (float(decided[0]), float(decided[1]))}
 
 
 def _monte_carlo(workload: Workload, spec: PolicySpec, costs, b: int, rounds: int, runs: int,

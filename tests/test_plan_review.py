@@ -113,6 +113,52 @@ def test_plan_console_shows_the_plans_extrapolation_notes_once(tmp_path):
     assert "queried outside its measured range" not in proc.stdout + proc.stderr
 
 
+def test_bucketed_adaptive_decisions_outside_the_measured_contexts_are_noted():
+    # l0 = 135, N = 150: the rounds verify at contexts in [135, 285], inside the measured
+    # [130, 285]; the adaptive modes decide budgets per 32-token bucket, at 128 (round(135 / 32)
+    # * 32) and up to 288 (the last rounds, at 277..285, round to 9 * 32): both outside
+    verify = BasisSurface("verify", [64.0], [900.0, 0.5, 40.0, 30.0, 0.01, 0.0005],
+                          ("nodes_per_seq", "context_len", "batch_size"),
+                          {"nodes_per_seq": [1, 64], "context_len": [130, 285], "batch_size": [1, 16]})
+    draft = BasisSurface("draft", [64.0], [50.0, 2.0, 120.0, 0.1, 0.01, 0.5], ("topk", "num_steps", "batch_size"),
+                         {"topk": [1, 8], "num_steps": [1, 15], "batch_size": [1, 16]})
+    costs = CostBundle(VerifyCostModel(verify), DraftCostModel(draft), {"model": "toy", "device": "cpu"})
+    wl = Workload("w", calibrate_linear(2.6, 4, name="w"), np.full(4, 135), 150)
+    res = plan(costs, [wl], [4], SMALL)
+    assert res.notes == ["verify cost model: context_len measured in [130, 285], the plan asks [128, 288]: "
+                         "costs outside the measured range are extrapolated (non-decreasing), not measured"]
+    cands = res.candidates
+    adaptive = cands["mode"].isin(["cost_aware", "batch_alloc"])
+    assert adaptive.any() and cands.loc[adaptive, "extrapolated"].str.contains("verify.context_len").all()
+    assert not cands.loc[~adaptive, "extrapolated"].str.contains("verify.context_len").any()
+    a = planner.analytic_run(wl, PolicySpec("cost_aware", {"max_budget": 8, "draft_depth": 3}), costs, 4)
+    assert a["decision_ctx"] == (128.0, 288.0)
+
+
+def test_adaptive_cv_tables_are_shared_across_workloads_with_the_same_scores():
+    # C_v tables depend on the costs, batch size, max budget and decision context only: one
+    # dict for a whole plan() gives the same scores as a dict per (workload, batch size)
+    costs = load_costs(QWEN)
+    w1 = Workload("a", calibrate_linear(2.6, 4, name="a"), np.full(4, 300), 200)
+    w2 = Workload("b", calibrate_linear(3.2, 5, name="b"), np.full(4, 300), 200)
+    fixed, adaptive = candidate_specs(SMALL)
+    shared, alone = {}, []
+    for wl in (w1, w2):
+        table = planner._static_table(wl, fixed)
+        for b in (1, 8):
+            own = {}
+            got = planner._score(costs, wl, table, adaptive, b, shared)
+            ref = planner._score(costs, wl, table, adaptive, b, own)
+            pd.testing.assert_frame_equal(got, ref)
+            alone.append(len(own))
+    assert len(shared) < sum(alone)   # the second workload reused the first one's tables
+    res = plan(costs, [w1, w2], [1, 8], SMALL)
+    for wl in (w1, w2):
+        one = plan(costs, [wl], [1, 8], SMALL).candidates
+        both = res.candidates[res.candidates["workload"] == wl.name].reset_index(drop=True)
+        pd.testing.assert_frame_equal(both, one)
+
+
 def _cands(gain: float, tree_mode: str = "best_first") -> pd.DataFrame:
     rows = [("none", "none", "{}", 100.0), ("linear_d4", "linear", '{"budget": 4}', 200.0),
             ("t", tree_mode, "{}", 200.0 * gain)]

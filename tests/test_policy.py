@@ -97,6 +97,17 @@ def test_clamp_note_only_outside_every_planned_range(tmp_path):
     assert "smallest planned batch size 2" in pol.clamp_note("sharegpt", 1)
 
 
+def test_clamp_note_takes_the_entry_its_caller_looked_up(tmp_path):
+    # a caller that has just looked the entry up passes it: the same note, no second lookup
+    pol = Policy.load(_write(tmp_path, [_entry(batch_min=2, batch_max=4), _entry(batch_min=5, batch_max=64)]))
+    for b in (1, 2, 3, 4, 5, 64, 65, 1000):
+        entry = pol.lookup("sharegpt", b)
+        assert pol.clamp_note("sharegpt", b, entry) == pol.clamp_note("sharegpt", b)
+    assert pol.clamp_note("gsm8k", 3) is None   # a workload the policy lacks: no note (lookup raises)
+    pol.lookup = None   # passing the entry never looks it up again
+    assert "largest planned batch size 64" in pol.clamp_note("sharegpt", 1000, pol.entries[1])
+
+
 def test_params_are_counts_from_json_or_numpy():
     # JSON may write a count as 4.0; a planner may hand numpy integers: both normalise to int
     assert check_params("eagle", {"num_steps": np.int64(3), "topk": 2.0, "budget": 4}) == \

@@ -110,7 +110,7 @@ def simulate_command_run(costs_path, workload_spec: str, batch_size: int, mode: 
         from simtree.policy import Policy
         pol = Policy.load(policy_path)
         entry = pol.lookup(workload.name, batch_size)
-        note = pol.clamp_note(workload.name, batch_size)
+        note = pol.clamp_note(workload.name, batch_size, entry)
         if note:
             warnings.warn(note, RuntimeWarning, stacklevel=2)
         spec = PolicySpec(entry.mode, entry.params)
