@@ -217,6 +217,8 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--tiny", action="store_true", help="tiny head shapes (CPU smoke run)")
+    ap.add_argument("--dtype", default="bf16", choices=("bf16", "fp32"),
+                    help="input dtype of the timed shapes (the state is fp32 either way)")
     ap.add_argument("--heads", metavar="H,HV",
                     help="key and value heads instead of Qwen3.6-27B's 16,48 (e.g. 16,32: "
                          "Qwen3-Next), K = V = 128")
@@ -265,18 +267,19 @@ def main() -> None:
     good = configs if args.time_failing else checked_configs(configs, corr)
     rows = []
     shapes = [(b, n) for n in map(int, args.ns.split(",")) for b in map(int, args.bs.split(","))]
+    dtype = dict(bf16=torch.bfloat16, fp32=torch.float32)[args.dtype]
 
     def save():
         write_text_atomic(os.path.join(args.out, "tune_gdn.csv"),
                           pd.DataFrame(rows).assign(gpu=env["gpu"], torch=env["torch"],
-                                                    triton=env["triton"]).to_csv(index=False))
+                                                    triton=env["triton"], dtype=args.dtype).to_csv(index=False))
         write_text_atomic(os.path.join(args.out, "tune_gdn.json"),
                           json.dumps(dict(env=env, correctness=corr, shapes=dims,
                                           compiled=compiled_kernel_stats() if args.device == "cuda" else []),
                                      indent=1, default=str))
 
     for b, n in shapes:
-        copies = shape_inputs(b, n, args.seed, dims, device=args.device, max_copies=8,
+        copies = shape_inputs(b, n, args.seed, dims, dtype=dtype, device=args.device, max_copies=8,
                               order=args.tree_order)
         meta = tree_meta(copies[0]["parents"], copies[0]["cu_nodes"],
                          depth_first=copies[0]["tb"].is_depth_first)   # as bench_gdn's launch

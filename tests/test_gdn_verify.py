@@ -383,6 +383,32 @@ def test_transposed_walk_where_measured(depth_first, monkeypatch):
     assert rule(8, 128)["transposed"] == 1 and rule(12, 128)["transposed"] == 0
 
 
+
+def test_fp32_inputs_take_eight_warps_untransposed(monkeypatch):
+    # fp32 / fp64 inputs (exact fp32 dots): the untransposed walk at eight warps beyond 4
+    # sequences' rows (run 88: two-warp fp32 walks spill, 15-19x slower at 64 sequences);
+    # the bf16 rule elsewhere, and gdn_tree_verify asks for it by its inputs' dtype
+    import simtree.kernels.gdn as kg
+    monkeypatch.setattr(kg, "_sm_count", lambda device: 132)
+    rule = lambda b, n, ieee: verify_launch_config(b, 48, 128, "cuda", n, True, 16, ieee=ieee)  # noqa: E731
+    for b, n in ((64, 16), (64, 128), (12, 128), (16, 64), (5, 32)):
+        bf16, fp32 = rule(b, n, False), rule(b, n, True)
+        assert fp32["num_warps"] == 8 and fp32["transposed"] == 0, (b, n)
+        assert {k: v for k, v in fp32.items() if k not in ("num_warps", "transposed")} == \
+            {k: v for k, v in bf16.items() if k not in ("num_warps", "transposed")}, (b, n)
+    for b, n in ((4, 128), (1, 64)):
+        assert rule(b, n, True) == rule(b, n, False), (b, n)
+    seen = []
+    real = kg.verify_launch_config
+    monkeypatch.setattr(kg, "verify_launch_config",
+                        lambda *a, **kw: seen.append(kw.get("ieee")) or real(*a, **kw))
+    rng, sizes, trees, inp, tree = random_batch(130, 2)
+    for dtype in (torch.float32, torch.bfloat16, torch.float64):
+        gdn_tree_verify(*(inp[k].to(dtype) if inp[k].is_floating_point() else inp[k] for k in KEYS),
+                        *tree, backend="triton")
+    assert seen == [True, False, True]
+
+
 def test_rule_transposed_walk_gives_way_to_explicit_switches(monkeypatch, spy_kernel):
     # where the rule takes the transposed walk but the caller turns off the K-side kernel or
     # the pre-normalised rows it walks on, the launch falls back to the untransposed walk

@@ -146,11 +146,12 @@ def depth_first_pays(max_nodes: int, batch_size: int) -> bool:
 
 def verify_launch_config(B: int, HV: int, V: int, device: torch.device | str = "cuda",
                          max_nodes: int = 128, depth_first: bool = False,
-                         H: int | None = None) -> dict:
+                         H: int | None = None, ieee: bool = False) -> dict:
     """Default launch of the tree kernel: block_t (node sub-chunk), block_v, num_warps,
     num_stages, max_registers, and the kernel switches g_prologue / u_bf16 / prefetch /
     heavy_first / prenorm / g_pass / kside (the K-side kernel's warps, 0 = none) /
-    kside_heads / solve_bf16 / u_cache_bf16 / pdl / early / kside_registers / transposed.
+    kside_heads / solve_bf16 / u_cache_bf16 / pdl / early / kside_registers / transposed
+    (``ieee``: fp32 / fp64 inputs).
 
     Picked from the launch sweeps on the H200 (reports/h200/gdn/tuning/, runs 8, 10, 11 and
     17-20; Qwen3.6-27B shapes, ``B * HV`` = (sequence, value head) programs at block_v = V;
@@ -269,6 +270,13 @@ def verify_launch_config(B: int, HV: int, V: int, device: torch.device | str = "
     (Qwen3-Next b16 52.1 vs 52.0). The rest of the transposed rule counts rows too: at
     Qwen3-Next's 32 value heads it switches at 25 sequences; run 86 measured it there at
     24-64 sequences of 64 and 128 nodes, within 2.5% of the best other launch everywhere.
+    ``ieee`` (fp32 or fp64 inputs: every dot in exact fp32, no tensor cores): the untransposed
+    walk at eight warps beyond 4 sequences' rows. Run 88 (Qwen3.6-27B heads, depth-first trees,
+    fp32 inputs): at two warps the fp32 walks compile to 32 registers with 2,900-3,800 spilled,
+    15-19x slower than eight warps at 64 sequences (b64 n128 54.4 ms vs 2.85, n32 9.17 vs 0.60,
+    n16 4.83 vs 0.31; four warps 6.7 / 1.33 / 0.81 ms); at 12 sequences eight warps beat the
+    rule's four and its transposed walk too (n32 0.27 vs 0.46 ms, n128 0.80 vs 2.68, four warps
+    untransposed 0.89); at 16 sequences four warps took 1.04 ms at n128 (eight not measured).
     Measured and not kept: the K-side kernel normalising q and k itself and storing the rows
     for the verify, the pre-pass then writing G only (run 80: slower at every shape, b16 n64
     67.9 vs 61.5 us, b64 n128 441.8 vs 392.5; each pair's k rows normalised again), and the
@@ -323,6 +331,8 @@ def verify_launch_config(B: int, HV: int, V: int, device: torch.device | str = "
                                 or one_wave)
         if one_wave:
             cfg["num_warps"] = 2
+    if ieee and rows > 4 * 48:   # fp32 / fp64 inputs (run 88)
+        cfg.update(num_warps=8, transposed=0)
     cfg["heavy_first"] = _heavy_first_default(cfg["block_t"], max_nodes, depth_first)
     cfg["early"] = int(max_nodes > cfg["block_t"])   # one sub-chunk: no pairs to hide behind
     return cfg
@@ -446,7 +456,10 @@ def gdn_tree_verify(q, k, v, g, beta, state, parents, cu_nodes, *, scale=None, q
                               _tree_verify_t_kernel)
     if K < 16 or K & (K - 1) or V < 16 or V & (V - 1):
         raise SimtreeError(f"triton backend needs K and V powers of two >= 16, got K={K}, V={V}")
-    cfg = verify_launch_config(B, HV, V, q.device, meta.max_nodes, meta.depth_first, H)
+    # bf16/fp16 inputs: tf32 dots (their own rounding is coarser); fp32/fp64: exact fp32
+    prec = "tf32" if q.dtype in (torch.bfloat16, torch.float16) else "ieee"
+    cfg = verify_launch_config(B, HV, V, q.device, meta.max_nodes, meta.depth_first, H,
+                               ieee=prec == "ieee")
     BT = block_t or cfg["block_t"]
     BV = min(V, block_v or cfg["block_v"])
     if BT not in (16, 32, 64) or BV < 16 or BV & (BV - 1):
@@ -461,8 +474,6 @@ def gdn_tree_verify(q, k, v, g, beta, state, parents, cu_nodes, *, scale=None, q
     u = torch.empty((N, HV, V), dtype=torch.bfloat16 if ucache16 else torch.float32,
                     device=q.device)
     G = torch.empty((N, HV), dtype=torch.float32, device=q.device)
-    # bf16/fp16 inputs: tf32 dots (their own rounding is coarser); fp32/fp64: exact fp32
-    prec = "tf32" if q.dtype in (torch.bfloat16, torch.float16) else "ieee"
     pro = (cfg["g_prologue"] if g_prologue is None else g_prologue) \
         and meta.max_nodes <= G_PROLOGUE_MAX_NODES
     use_bf16 = (cfg["u_bf16"] if u_bf16 is None else u_bf16) and prec == "tf32" and not _INTERPRET
