@@ -266,7 +266,8 @@ def verify_launch_config(B: int, HV: int, V: int, device: torch.device | str = "
     90.9 us vs 98.5 / 105.0 / 111.8 (96 nodes 64.8 / 71.7 / 72.3 vs 72.4 / 82.7 / 83.8),
     Qwen3-Next (HV = 32) at 16 and 20 sequences 85.2 / 98.5 vs 106.1 / 117.3; slower where
     both fit in one wave (Qwen3.6-27B b8 n128 74.9 vs 63.0, Qwen3-Next b12 75.6 vs 65.6) or
-    neither does (b16 n128 131.2 vs 120.9, Qwen3-Next b22 122.9 vs 121.2), equal at 64 nodes
+    neither does (b16 n128 131.2 vs 120.9, b15 122.8 vs 116.7, b14 117.0 vs 113.8, Qwen3-Next
+    b22 122.9 vs 121.2), equal at 64 nodes
     (Qwen3-Next b16 52.1 vs 52.0). The rest of the transposed rule counts rows too: at
     Qwen3-Next's 32 value heads it switches at 25 sequences; run 86 measured it there at
     24-64 sequences of 64 and 128 nodes, within 2.5% of the best other launch everywhere.
@@ -276,7 +277,7 @@ def verify_launch_config(B: int, HV: int, V: int, device: torch.device | str = "
     15-19x slower than eight warps at 64 sequences (b64 n128 54.4 ms vs 2.85, n32 9.17 vs 0.60,
     n16 4.83 vs 0.31; four warps 6.7 / 1.33 / 0.81 ms); at 12 sequences eight warps beat the
     rule's four and its transposed walk too (n32 0.27 vs 0.46 ms, n128 0.80 vs 2.68, four warps
-    untransposed 0.89); at 16 sequences four warps took 1.04 ms at n128 (eight not measured).
+    untransposed 0.89), and at 16 sequences (n64 0.43 vs 0.73 ms, n128 0.98 vs 1.04).
     Measured and not kept: the K-side kernel normalising q and k itself and storing the rows
     for the verify, the pre-pass then writing G only (run 80: slower at every shape, b16 n64
     67.9 vs 61.5 us, b64 n128 441.8 vs 392.5; each pair's k rows normalised again), and the
