@@ -95,8 +95,7 @@ def compiled_kernel_stats() -> list[dict]:
     (from Triton's per-device kernel caches; empty where this Triton keeps them elsewhere)."""
     from simtree.kernels.gdn import tree_verify
     recs = []
-    for name in ("_tree_verify_kernel", "_tree_verify_t_kernel", "_qk_prenorm_kernel",
-                 "_tree_kside_kernel", "_tree_commit_kernel"):
+    for name in tree_verify.VERIFY_KERNELS + ("_tree_commit_kernel",):
         fn = getattr(tree_verify, name)
         for cache in getattr(fn, "device_caches", {}).values():
             kernels = cache[0] if isinstance(cache, tuple) else cache

@@ -15,8 +15,8 @@ from simtree.kernels.gdn.bench_util import QWEN36, probe_inputs
 from simtree.profiler.bench_gdn import parse_configs
 
 KEYS = ("q", "k", "v", "g", "beta", "state", "parents", "cu_nodes")
-NAMES = ("_qk_prenorm_kernel", "_tree_kside_kernel", "_tree_verify_kernel", "_tree_verify_t_kernel")
-VERIFY = ("_tree_verify_kernel", "_tree_verify_t_kernel")   # their npairs_ptr is zeroed by --no-pairs
+NAMES = tree_verify.VERIFY_KERNELS
+VERIFY = tree_verify.WALK_KERNELS   # their npairs_ptr is zeroed by --no-pairs
 
 
 def without_pairs(kernel, a, kw):

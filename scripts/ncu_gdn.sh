@@ -14,6 +14,8 @@
 set -uo pipefail
 out=$1; shapes=${2:-"1:128 16:64 16:128 64:128"}; kw=${3:-}
 mkdir -p "$out"
+names() { python3 -c "from simtree.kernels.gdn import tree_verify as t; print('|'.join(t.$1))"; }
+KERNELS=$(names VERIFY_KERNELS) WALKS=$(names WALK_KERNELS) || { echo "simtree not importable"; exit 2; }
 NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | tail -1)
 [ -n "$NCU" ] || { echo "no ncu on this machine"; exit 2; }
 "$NCU" --version | tail -1 > "$out/ncu_version.txt"
@@ -22,12 +24,12 @@ for shape in $shapes; do
   rep="$out/verify_b${b}_n${n}"
   # two or three kernels a call: the profiler range (cudaProfilerStart/Stop) picks the third call
   timeout 300 "$NCU" --clock-control none --set full --import-source yes --profile-from-start off \
-      -k regex:'_tree_verify_kernel|_tree_verify_t_kernel|_qk_prenorm_kernel|_tree_kside_kernel' \
+      -k regex:"$KERNELS" \
       -f -o "$rep" python3 scripts/ncu_gdn_verify.py "$b" "$n" "$kw" > "$rep.log" 2>&1 \
     || { echo "ncu failed at $shape"; tail -5 "$rep.log"; continue; }
   "$NCU" -i "$rep.ncu-rep" --page details --csv > "$rep.details.csv" 2>&1
   "$NCU" -i "$rep.ncu-rep" --page raw --csv > "$rep.raw.csv" 2>&1
-  "$NCU" -i "$rep.ncu-rep" --page source --csv --print-source sass -k regex:'_tree_verify(_t)?_kernel' > "$rep.sass.csv" 2>&1
+  "$NCU" -i "$rep.ncu-rep" --page source --csv --print-source sass -k regex:"$WALKS" > "$rep.sass.csv" 2>&1
   gzip -f "$rep.sass.csv" "$rep.raw.csv"
-  echo "== b$b n$n: $(grep -cE '_tree_verify(_t)?_kernel' "$rep.details.csv") verify metrics"
+  echo "== b$b n$n: $(grep -cE "$WALKS" "$rep.details.csv") verify metrics"
 done

@@ -11,6 +11,8 @@ import re
 import sys
 from pathlib import Path
 
+from simtree.kernels.gdn.tree_verify import WALK_KERNELS
+
 DETAILS = ("Duration", "Grid Size", "Block Size", "Registers Per Thread", "Theoretical Occupancy", "Achieved Occupancy",
            "Issued Ipc Active", "Issue Slots Busy", "Warp Cycles Per Issued Instruction",
            "DRAM Throughput", "L1/TEX Cache Throughput", "L2 Hit Rate", "Local Memory Spilling Requests")
@@ -18,7 +20,6 @@ RAW = {"tensor pipe active %": "sm__pipe_tensor_cycles_active.avg.pct_of_peak_su
        "shared wavefronts": "l1tex__data_pipe_lsu_wavefronts_mem_shared.sum",
        "instructions": "smsp__inst_executed.sum"}
 STALL = re.compile(r"smsp__average_warps_issue_stalled_(\w+)_per_issue_active\.ratio$")
-VERIFY_KERNELS = ("_tree_verify_kernel", "_tree_verify_t_kernel")   # the walk, untransposed or transposed
 
 
 def details(path: Path) -> dict:
@@ -118,7 +119,7 @@ def main() -> None:
             rows = list(csv.reader(p.open()))
             h = rows[0]
             k, m, v = h.index("Kernel Name"), h.index("Metric Name"), h.index("Metric Value")
-            get = {r[m]: r[v] for r in rows[1:] if len(r) > v and r[k] in VERIFY_KERNELS}
+            get = {r[m]: r[v] for r in rows[1:] if len(r) > v and r[k] in WALK_KERNELS}
             warps = int(get["Grid Size"].replace(",", "")) * int(get["Block Size"]) // 32
             print("\nVerify kernel, SASS by loop body (same execution count):\n")
             for line in loop_bodies(sass, warps):

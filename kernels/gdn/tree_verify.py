@@ -31,6 +31,11 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+# the kernels one verify call launches (pre-pass, K-side kernel, one of the two walks), by the
+# names the profiling scripts (tune_gdn, gdn_kernel_times, ncu_gdn.sh, ncu_summary) pick them by
+WALK_KERNELS = ("_tree_verify_kernel", "_tree_verify_t_kernel")
+VERIFY_KERNELS = ("_qk_prenorm_kernel", "_tree_kside_kernel") + WALK_KERNELS
+
 
 @triton.jit
 def _anc_tile(bits_ptr, grow, m_r, c2, BT: tl.constexpr, W: tl.constexpr):
