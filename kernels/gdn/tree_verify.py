@@ -237,18 +237,23 @@ def _unit_lower_inverse(A, BT: tl.constexpr, LOG_BT: tl.constexpr, PREC: tl.cons
 
 
 @triton.jit
+def _tile_slot(ptr, i_b, i_hv, slot, slots, HV: tl.constexpr, BT: tl.constexpr):
+    """Two [BT, BT] tiles at ``slot`` of the ``slots`` that (sequence i_b, value head i_hv)
+    holds in a K-side buffer: where ``_tree_kside_kernel`` writes them and the walks read them."""
+    return ptr + ((i_b * HV + i_hv).to(tl.int64) * slots + slot) * 2 * BT * BT
+
+
+@triton.jit
 def _diag_tiles(diag_ptr, i_b, i_hv, c, NC, HV: tl.constexpr, BT: tl.constexpr):
-    """Sub-chunk c's diagonal tiles (T_c, then P_cc, [BT, BT] each) of (sequence i_b, value
-    head i_hv): where ``_tree_kside_kernel`` writes them and the walks read them."""
-    return diag_ptr + ((i_b * HV + i_hv).to(tl.int64) * NC + c) * 2 * BT * BT
+    """Sub-chunk c's diagonal tiles (T_c, then P_cc): slot c of NC."""
+    return _tile_slot(diag_ptr, i_b, i_hv, c, NC, HV, BT)
 
 
 @triton.jit
 def _pair_tiles(pair_ptr, i_b, i_hv, c, i, NC, HV: tl.constexpr, BT: tl.constexpr):
-    """The tiles (a, then p) of sub-chunk c's i-th pair, at slot c (c - 1) / 2 + i of
-    (sequence i_b, value head i_hv)."""
-    slot = (c * (c - 1)) // 2 + i
-    return pair_ptr + ((i_b * HV + i_hv).to(tl.int64) * (NC * (NC - 1) // 2) + slot) * 2 * BT * BT
+    """The tiles (a, then p) of sub-chunk c's i-th pair: slot c (c - 1) / 2 + i of the
+    NC (NC - 1) / 2 pairs."""
+    return _tile_slot(pair_ptr, i_b, i_hv, (c * (c - 1)) // 2 + i, NC * (NC - 1) // 2, HV, BT)
 
 
 @triton.jit
@@ -389,53 +394,28 @@ def _tree_verify_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, s0_ptr, bits_ptr, 
 
 
 @triton.jit
-def _kside_diag(xk, xq, m_r, prow, grow, bits_ptr, beta_ptr, G_ptr, diag_ptr, i_b, i_hv0, c, NC,
-                HV: tl.constexpr, W: tl.constexpr, BT: tl.constexpr, LOG_BT: tl.constexpr,
-                PREC: tl.constexpr, HVB: tl.constexpr):
-    """Sub-chunk c's T_c = (I + A_cc)^-1 and P_cc for value heads i_hv0 .. i_hv0 + HVB - 1
-    (rows xk / xq, bit rows ``prow``, stored rows ``grow``)."""
+def _kside_heads(kk, qk, anc, m_r, grow, scol, beta_ptr, G_ptr, out_ptr, i_b, i_hv0, c, i, NC,
+                 HV: tl.constexpr, BT: tl.constexpr, LOG_BT: tl.constexpr, PREC: tl.constexpr,
+                 HVB: tl.constexpr, DIAG: tl.constexpr):
+    """From one key head's k.k / q.k blocks (``kk``, ``qk``) of rows ``grow``, the two tiles of
+    each of the value heads i_hv0 .. i_hv0 + HVB - 1 (beta and the decays are per value head):
+    DIAG, sub-chunk c's T_c = (I + A_cc)^-1 and P_cc; else the i-th pair's a and p, the
+    column decays from the earlier sub-chunk's stored rows ``scol``."""
     o_t = tl.arange(0, BT)
     tt = o_t[:, None] * BT + o_t[None, :]
-    lower = o_t[:, None] > o_t[None, :]
-    xkt = tl.trans(xk)
-    kk = tl.dot(xk, xkt, input_precision=PREC)
-    qk = tl.dot(xq, xkt, input_precision=PREC)
-    anc = _anc_tile(bits_ptr, prow, m_r, c, BT, W) & m_r[None, :]
     for j in tl.static_range(HVB):
         i_hv = i_hv0 + j
         G = tl.load(G_ptr + grow * HV + i_hv, mask=m_r, other=0.)
         b_r = tl.load(beta_ptr + grow * HV + i_hv, mask=m_r, other=0.)
-        a, p = _masked_blocks(kk, qk, b_r, anc, G, G)
-        dp = _diag_tiles(diag_ptr, i_b, i_hv, c, NC, HV, BT) + tt
-        tl.store(dp, _unit_lower_inverse(tl.where(lower, a, 0.), BT, LOG_BT,
-                                         PREC).to(diag_ptr.dtype.element_ty))
-        tl.store(dp + BT * BT, p.to(diag_ptr.dtype.element_ty))
-
-
-@triton.jit
-def _kside_pair(xk, xq, m_r, prow, grow, k_ptr, bits_ptr, beta_ptr, G_ptr, order_ptr,
-                pair_ptr, bos, i_b, i_h, i_hv0, c2, c, i, NC, H: tl.constexpr,
-                HV: tl.constexpr, K: tl.constexpr, W: tl.constexpr, BT: tl.constexpr,
-                L2NORM: tl.constexpr, PREC: tl.constexpr, DT: tl.constexpr,
-                ORDER: tl.constexpr, READY: tl.constexpr, HVB: tl.constexpr):
-    """The pair (rows xk / xq, earlier sub-chunk c2)'s masked blocks a = b_r (K K_c2^T o D o M)
-    and p = (Q K_c2^T o D o M), sub-chunk c's i-th pair, for value heads i_hv0 ..
-    i_hv0 + HVB - 1."""
-    o_t = tl.arange(0, BT)
-    tt = o_t[:, None] * BT + o_t[None, :]
-    scol = _node_rows(order_ptr, bos, c2 * BT + o_t, o_t >= 0, ORDER)
-    kct = tl.trans(_rows_normed(k_ptr, scol, o_t >= 0, i_h, 1., H, K, L2NORM, DT, READY))
-    kk2 = tl.dot(xk, kct, input_precision=PREC)
-    qk2 = tl.dot(xq, kct, input_precision=PREC)
-    anc2 = _anc_tile(bits_ptr, prow, m_r, c2, BT, W)
-    for j in tl.static_range(HVB):
-        i_hv = i_hv0 + j
-        G = tl.load(G_ptr + grow * HV + i_hv, mask=m_r, other=0.)
-        b_r = tl.load(beta_ptr + grow * HV + i_hv, mask=m_r, other=0.)
-        a, p = _masked_blocks(kk2, qk2, b_r, anc2, G, tl.load(G_ptr + scol * HV + i_hv))
-        tp = _pair_tiles(pair_ptr, i_b, i_hv, c, i, NC, HV, BT) + tt
-        tl.store(tp, a.to(pair_ptr.dtype.element_ty))
-        tl.store(tp + BT * BT, p.to(pair_ptr.dtype.element_ty))
+        if DIAG:
+            a, p = _masked_blocks(kk, qk, b_r, anc, G, G)
+            a = _unit_lower_inverse(tl.where(o_t[:, None] > o_t[None, :], a, 0.), BT, LOG_BT, PREC)
+            tp = _diag_tiles(out_ptr, i_b, i_hv, c, NC, HV, BT) + tt
+        else:
+            a, p = _masked_blocks(kk, qk, b_r, anc, G, tl.load(G_ptr + scol * HV + i_hv))
+            tp = _pair_tiles(out_ptr, i_b, i_hv, c, i, NC, HV, BT) + tt
+        tl.store(tp, a.to(out_ptr.dtype.element_ty))
+        tl.store(tp + BT * BT, p.to(out_ptr.dtype.element_ty))
 
 
 @triton.jit
@@ -473,13 +453,21 @@ def _tree_kside_kernel(q_ptr, k_ptr, beta_ptr, bits_ptr, order_ptr, cu_ptr, pair
         grow = _node_rows(order_ptr, bos, rows, m_r, ORDER)
         xk = _rows_normed(k_ptr, grow, m_r, i_h, 1., H, K, L2NORM, DT, READY)
         xq = _rows_normed(q_ptr, grow, m_r, i_h, scale, H, K, L2NORM, DT, READY)
-        _kside_diag(xk, xq, m_r, prow, grow, bits_ptr, beta_ptr, G_ptr, diag_ptr, i_b, i_hv0, c,
-                    NC, HV, W, BT, LOG_BT, PREC, HVB)
+        xkt = tl.trans(xk)
+        _kside_heads(tl.dot(xk, xkt, input_precision=PREC), tl.dot(xq, xkt, input_precision=PREC),
+                     _anc_tile(bits_ptr, prow, m_r, c, BT, W) & m_r[None, :], m_r, grow, grow,
+                     beta_ptr, G_ptr, diag_ptr, i_b, i_hv0, c, 0, NC, HV, BT, LOG_BT, PREC, HVB,
+                     True)
+        o_t = tl.arange(0, BT)
         pc = pairs_ptr + (i_b * NC + c) * NC
         for i in range(0, tl.load(npairs_ptr + i_b * NC + c)):
-            _kside_pair(xk, xq, m_r, prow, grow, k_ptr, bits_ptr, beta_ptr, G_ptr, order_ptr,
-                        pair_ptr, bos, i_b, i_h, i_hv0, tl.load(pc + i).to(tl.int64), c, i,
-                        NC, H, HV, K, W, BT, L2NORM, PREC, DT, ORDER, READY, HVB)
+            c2 = tl.load(pc + i).to(tl.int64)
+            scol = _node_rows(order_ptr, bos, c2 * BT + o_t, o_t >= 0, ORDER)
+            kct = tl.trans(_rows_normed(k_ptr, scol, o_t >= 0, i_h, 1., H, K, L2NORM, DT, READY))
+            _kside_heads(tl.dot(xk, kct, input_precision=PREC),
+                         tl.dot(xq, kct, input_precision=PREC),
+                         _anc_tile(bits_ptr, prow, m_r, c2, BT, W), m_r, grow, scol, beta_ptr,
+                         G_ptr, pair_ptr, i_b, i_hv0, c, i, NC, HV, BT, LOG_BT, PREC, HVB, False)
 
 
 @triton.jit
