@@ -580,9 +580,9 @@ def test_transposed_walk_keeps_the_result(heavy, block_v, block_t, spy_kernel):
     out, cache = run(kside=1, transposed=1)
     out0, cache0 = run(kside=1, transposed=0)
     assert len(calls) == 1
-    for bad in (dict(kside=0), dict(kside=1, prenorm=0)):
+    for bad in (dict(kside=0), dict(kside=1, prenorm=0)) if block_v is None and not heavy else ():
         with pytest.raises(SimtreeError, match="transposed walks the K-side kernel's tiles"):
-            run(transposed=1, **bad)
+            run(transposed=1, **bad)   # (the launch-independent errors in one parametrisation)
     assert rel_err(out, gdn_tree_verify_dense_ref(*f64(inp), *tree)) < 1e-4
     assert rel_err(out, out0) < 1e-5 and rel_err(cache.u, cache0.u) < 1e-5
     accepted = torch.tensor([int(rng.integers(0, n)) for n in sizes])
