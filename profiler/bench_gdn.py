@@ -84,6 +84,21 @@ def commit_name(cfg: dict) -> str:
     return "triton_commit_" + config_name(cfg, _COMMIT_KEYS)
 
 
+def checked(fn, tol: float, **keys) -> dict:
+    """One correctness record: ``fn()``'s relative error against ``tol`` (ok True / False), or
+    ok None where the launch cannot take a switch at this case (``LaunchNotApplicable``), or
+    ok False with the error of any other failure (recorded; the run goes on)."""
+    rec = dict(keys, rel_err=float("nan"), tol=tol)
+    try:
+        rec["rel_err"] = err = fn()
+        rec["ok"] = bool(err <= tol)
+    except LaunchNotApplicable as exc:   # a switch this case's launch cannot take
+        rec.update(ok=None, error=f"not applicable: {exc}"[:300])
+    except Exception as exc:  # noqa: BLE001
+        rec.update(ok=False, error=repr(exc)[:300])
+    return rec
+
+
 def _rel(a, b) -> float:
     return float((a.double() - b.double()).abs().max() / b.double().abs().max().clamp_min(1e-30))
 
@@ -105,15 +120,7 @@ def correctness(args, dims, log) -> list[dict]:
             name = f"b{b}_n{n}_{str(dtype).split('.')[-1]}"
 
             def check(variant, fn, tol=tol, name=name):   # each check guarded on its own
-                try:
-                    err = fn()
-                    recs.append(dict(case=name, variant=variant, rel_err=err, tol=tol, ok=bool(err <= tol)))
-                except LaunchNotApplicable as exc:   # a switch this case's launch cannot take
-                    recs.append(dict(case=name, variant=variant, rel_err=float("nan"), tol=tol, ok=None,
-                                     error=f"not applicable: {exc}"[:300]))
-                except Exception as exc:  # noqa: BLE001
-                    recs.append(dict(case=name, variant=variant, rel_err=float("nan"), tol=tol, ok=False,
-                                     error=repr(exc)[:300]))
+                recs.append(checked(fn, tol, case=name, variant=variant))
 
             inp = random_gdn_inputs(trees, **dims, dtype=dtype, device=args.device, seed=b + n)
             x = {key: inp[key].double() for key in ("q", "k", "v", "g", "beta", "state")}

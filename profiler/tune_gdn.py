@@ -23,17 +23,17 @@ import pandas as pd
 import torch
 
 from simtree.fileio import write_text_atomic
-from simtree.kernels.gdn import (LaunchNotApplicable, gdn_tree_verify, gdn_tree_verify_dense_ref,
-                                 tree_meta)
+from simtree.kernels.gdn import gdn_tree_verify, gdn_tree_verify_dense_ref, tree_meta
 from simtree.kernels.gdn.bench_util import (QWEN36, TREE_ORDERS, env_info, graph_time_us,
                                             random_gdn_inputs, shape_inputs, shape_trees)
-from simtree.profiler.bench_gdn import KSIDE_CASES, TINY, _rel, config_name, parse_configs
+from simtree.profiler.bench_gdn import KSIDE_CASES, TINY, _rel, checked, config_name, parse_configs
 
 KEYS = ("q", "k", "v", "g", "beta", "state", "parents", "cu_nodes")
 
 
 # (dtype, tolerance, case suffix) of the correctness checks: bf16 inputs everywhere, fp32 too
-# at the K-side cases on a GPU (the launches there do not depend on the dtype)
+# at the K-side cases on a GPU (fp32 takes the rule's launch for exact fp32 dots there, eight
+# warps and the untransposed walk, unless a config sets them)
 BF16, FP32 = (torch.bfloat16, 2e-2, "bf16"), (torch.float32, 1e-4, "fp32")
 
 
@@ -55,16 +55,10 @@ def correctness(configs, dims, device, seed, order: str = "stored") -> list[dict
                                         inp["parents"], inp["cu_nodes"])
         case = f"b{b}_n{n}_{suffix}"
         for cfg in configs:
-            rec = dict(config=config_name(cfg), case=case, rel_err=float("nan"), tol=tol)
-            try:
-                out, _ = gdn_tree_verify(*(inp[key] for key in KEYS), backend="triton", **cfg)
-                rec["rel_err"] = err = _rel(out, ref)
-                rec["ok"] = bool(err <= tol)
-            except LaunchNotApplicable as exc:   # a switch this case's launch cannot take
-                rec.update(ok=None, error=f"not applicable: {exc}"[:300])
-            except Exception as exc:  # noqa: BLE001 - recorded, the sweep goes on
-                rec.update(ok=False, error=repr(exc)[:300])
-            recs.append(rec)
+            recs.append(checked(
+                lambda cfg=cfg: _rel(gdn_tree_verify(*(inp[key] for key in KEYS), backend="triton",
+                                                     **cfg)[0], ref),
+                tol, config=config_name(cfg), case=case))
         del inp, ref
     return recs
 
@@ -172,11 +166,18 @@ def renumber_cost(bs, ns, seed: int = 0, repeats: int = 7, bench_csv: str | None
     return out
 
 
-def summarize(csv_path: str) -> str:
+def summarize(*csv_paths: str) -> str:
     """Markdown: median us per config (rows) x (nodes, batch) (columns), and the fastest
-    config per shape, read from one tune_gdn.csv."""
+    config per shape, read from one tune_gdn.csv or several calls' (a shape timed in more than
+    one call is refused: their configs may have meant different launches)."""
     from simtree.profiler.report_util import markdown_table
-    df = pd.read_csv(csv_path)
+    frames = [pd.read_csv(p) for p in csv_paths]
+    shapes = [set(zip(f.batch_size, f.nodes_per_seq)) for f in frames]
+    for i, a in enumerate(shapes):
+        for j in range(i):
+            if a & shapes[j]:
+                raise SystemExit(f"{csv_paths[j]} and {csv_paths[i]} both time {sorted(a & shapes[j])[0]}")
+    df = pd.concat(frames, ignore_index=True)
     ok = df[df.status == "ok"]
     index = ["config", "phase"] if "phase" in ok.columns else ["config"]   # older runs timed phases
     table = ok.pivot_table(index=index, columns=["nodes_per_seq", "batch_size"],
@@ -223,7 +224,8 @@ def main() -> None:
                          "Qwen3-Next), K = V = 128")
     ap.add_argument("--tree-order", default="stored", choices=TREE_ORDERS,
                     help="time the trees as built (breadth-first) or renumbered depth-first")
-    ap.add_argument("--summarize", metavar="CSV", help="print the markdown summary of a run and exit")
+    ap.add_argument("--summarize", metavar="CSV", nargs="+",
+                    help="print the markdown summary of a run (or of several calls' CSVs) and exit")
     ap.add_argument("--summarize-commit", metavar="CSV",
                     help="print the commit variants of a bench_gdn.csv as markdown and exit")
     ap.add_argument("--pairs", action="store_true",
@@ -244,7 +246,7 @@ def main() -> None:
         print(markdown_table(df))
         return
     if args.summarize:
-        print(summarize(args.summarize))
+        print(summarize(*args.summarize))
         return
     if args.summarize_commit:
         print(commit_summary(args.summarize_commit))

@@ -129,7 +129,7 @@ class SpecEngine:
         B, p = len(roots), spec.params
         if spec.mode == "eagle":
             return drafter.eagle_trees(roots, p["num_steps"], p["topk"], p["budget"])
-        depth = 0 if spec.mode == "none" else p["budget"] - 1 if spec.mode == "linear" else p["draft_depth"]
+        depth = spec.draft_shape()[0]   # the draft steps the planner costs
         if depth == 0:   # nothing drafted: the root alone
             return [DraftTree.chain(1, [r]) for r in roots]
         k = 1 if spec.mode == "linear" else MARGINAL_TOPK

@@ -270,8 +270,8 @@ def _live_run(*, mode, params, policy, policy_workload, workload, batch_size, pr
         if trace is not None:
             trace.close()
         rounds = [r for res in results for r in res.rounds]
-        report = _report(results, rounds, spec, workload, batch_size, count, max_new_tokens, models_dir, device,
-                         here, costs_label, policy_info, host, check_lossless, mismatches, tok)
+        report = _report(results, rounds, spec, workload, batch_size, count, max_new_tokens, models_dir, here,
+                         costs_label, policy_info, host, check_lossless, mismatches, tok)
         if costs is not None and rounds:
             report["predicted"] = _predict(costs, trace.tmp_path, spec, batch_size, [len(p) for p in ids],
                                            max_new_tokens - 1, workload)
@@ -301,7 +301,7 @@ def _write(report: dict, out: Path, trace) -> None:
     write_text_atomic(out / "run.json", dumps(body) + "\n")
 
 
-def _report(results, rounds, spec, workload, batch_size, count, max_new_tokens, models_dir, device, here,
+def _report(results, rounds, spec, workload, batch_size, count, max_new_tokens, models_dir, here,
             costs_label, policy_info, host, check_lossless, mismatches, tok) -> dict:
     round_us = [r.round_us for r in rounds]
     decode_us = sum(round_us)
@@ -336,7 +336,7 @@ def _report(results, rounds, spec, workload, batch_size, count, max_new_tokens, 
         "schema": "simtree.run/1", "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "mode": spec.mode, "params": spec.params, "workload": workload, "batch_size": batch_size,
         "prompts": count, "max_new_tokens": max_new_tokens, "models": str(models_dir), "model": RUNTIME_MODEL,
-        "device": (here if device == "cuda" else
+        "device": (here if here != "cpu" else
                    f"cpu ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)"),
         "torch_version": torch.__version__, "costs": costs_label, **policy_info, "measured": measured,
         "predicted": None, "comparison": COMPARISON, "host": host, "lossless_checked": check_lossless,

@@ -106,9 +106,7 @@ class TrainConfig:
         check_int(self.batch_size, "--batch-size", 1)
         check_int(self.seq_len, "--seq-len", 2)
         check_int(self.warmup, "warmup", 1)
-        check_int(self.seed, "--seed", 0)
-        if self.seed >= 2 ** 63:
-            raise SimtreeError(f"--seed must be < 2**63, got {self.seed}")
+        check_int(self.seed, "--seed", 0, 2 ** 63 - 1)
         check_int(self.sharegpt_conversations, "sharegpt_conversations", 0)
         check_int(self.checkpoint_every, "--checkpoint-every", 1)
         for value, flag, what in ((self.lr, "--lr", "a finite number > 0"),
@@ -255,7 +253,7 @@ def _finished_record(folder: Path) -> dict | None:
         raw = json.loads((folder / "config.json").read_text(encoding="utf-8"))
     except (OSError, ValueError):
         raw = None
-    ids = read_save_ids(folder) if isinstance(raw, dict) else None
+    ids = read_save_ids(folder, raw) if isinstance(raw, dict) else None
     if not isinstance(raw, dict) or ids is None or saves_disagree(ids):
         raise SimtreeError(f"{folder} holds an incomplete or inconsistent model (config.json and "
                            "model.safetensors do not belong together): pass --restart to train it again")

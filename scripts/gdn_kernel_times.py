@@ -20,10 +20,8 @@ VERIFY = tree_verify.WALK_KERNELS   # their npairs_ptr is zeroed by --no-pairs
 
 
 def without_pairs(kernel, a, kw):
-    """A launch's (args, kwargs) with ``npairs_ptr`` zeroed, found by name whether the
-    launch passed it by position or by keyword."""
-    if "npairs_ptr" in kw:
-        return a, {**kw, "npairs_ptr": torch.zeros_like(kw["npairs_ptr"])}
+    """A launch's (args, kwargs) with ``npairs_ptr`` (passed by position) zeroed, found by
+    its name in the kernel's signature."""
     i = kernel.arg_names.index("npairs_ptr")
     return (*a[:i], torch.zeros_like(a[i]), *a[i + 1:]), kw
 

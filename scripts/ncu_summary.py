@@ -48,22 +48,32 @@ def raw(path: Path) -> dict:
     return out
 
 
-def sass_rows(path: Path) -> list[tuple[str, int, int]]:
-    """The source page's SASS lines as (opcode, times executed, stall samples), predicates
-    stripped."""
+def sass_rows(path: Path) -> list[tuple[str, int, int, str]]:
+    """The source page's SASS lines as (opcode, times executed, stall samples, instruction),
+    the opcode with its predicate stripped."""
     rows = list(csv.reader(gzip.open(path, "rt")))
     h = rows[1]
     s, e = h.index("Warp Stall Sampling (All Samples)"), h.index("Instructions Executed")
     out = []
     for r in rows[2:]:
-        m = re.match(r"(@!?U?P\w+\s+)?([A-Z0-9_]+)", r[1].strip())
-        out.append((m.group(2) if m else "?", int(r[e] or 0), int(r[s] or 0)))
+        text = " ".join(r[1].split())
+        m = re.match(r"(@!?U?P\w+\s+)?([A-Z0-9_]+)", text)
+        out.append((m.group(2) if m else "?", int(r[e] or 0), int(r[s] or 0), text))
     return out
+
+
+def most_stalled(path: Path, top: int = 6) -> list[tuple[float, int, str]]:
+    """The instructions with the most stall samples: (share of all samples %, times executed,
+    instruction), most first."""
+    rows = sass_rows(path)
+    total = sum(r[2] for r in rows) or 1
+    return [(100 * smp / total, ex, text)
+            for _, ex, smp, text in sorted(rows, key=lambda r: -r[2])[:top]]
 
 
 def opcode_mix(path: Path, top: int = 12) -> list[tuple[str, float, float]]:
     ins, smp = collections.Counter(), collections.Counter()
-    for op, executed, samples in sass_rows(path):
+    for op, executed, samples, _ in sass_rows(path):
         ins[op] += executed
         smp[op] += samples
     ti, ts = sum(ins.values()) or 1, sum(smp.values()) or 1
@@ -75,7 +85,7 @@ def loop_bodies(path: Path, grid_warps: int, top: int = 8) -> list[str]:
     program, per sub-chunk, per pair), largest share first: instructions per warp and
     iteration, iterations per warp, share of all executed instructions, commonest opcodes."""
     groups = collections.defaultdict(collections.Counter)
-    for op, executed, _ in sass_rows(path):
+    for op, executed, _, _ in sass_rows(path):
         groups[executed][op] += 1
     total = sum(ex * sum(c.values()) for ex, c in groups.items()) or 1
     out = []
@@ -124,6 +134,10 @@ def main() -> None:
             print("\nVerify kernel, SASS by loop body (same execution count):\n")
             for line in loop_bodies(sass, warps):
                 print(f"- {line}")
+            print("\nVerify kernel, the instructions with the most stall samples (share of all "
+                  "samples, times executed):\n")
+            for share, ex, text in most_stalled(sass):
+                print(f"- {share:.1f}% x {ex}: `{text}`")
         print()
 
 

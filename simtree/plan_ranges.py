@@ -5,9 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from simtree.acceptance import Workload
 
-__all__ = ["queried_ranges", "extrapolated_axes", "range_notes"]
+__all__ = ["queried_ranges", "measured_ranges", "extrapolated_axes", "range_notes"]
 
 
 def _valid_range(model) -> dict:
@@ -22,30 +21,29 @@ _VERIFY_AXES = ("nodes_per_seq", "context_len", "batch_size")
 _DRAFT_AXES = ("topk", "num_steps", "batch_size")
 
 
-def queried_ranges(df: pd.DataFrame, workload: Workload) -> dict:
-    """Per candidate row, the [lo, hi] it asks of every cost-model axis (draft: drafted rows).
-    Contexts: the row's ``ctx_lo`` / ``ctx_hi`` where the frame has them (the planner's: an
-    adaptive row's budget decisions ask C_v at contexts rounded to buckets, which may lie
-    outside the run's own), else the workload's [l0, l0 + output_len]."""
-    l0 = workload.mean_prompt_len
+def queried_ranges(df: pd.DataFrame) -> dict:
+    """Per candidate row of the planner's frame, the [lo, hi] it asks of every cost-model axis
+    (draft: drafted rows); contexts are the row's ``ctx_lo`` / ``ctx_hi`` (an adaptive row's
+    budget decisions ask C_v at contexts rounded to buckets, which may lie outside the run's
+    own [l0, l0 + output_len])."""
     b = df["batch_size"].to_numpy(np.float64)
-    if "ctx_lo" in df.columns and "ctx_hi" in df.columns:
-        ctx = (df["ctx_lo"].to_numpy(np.float64), df["ctx_hi"].to_numpy(np.float64))
-    else:
-        ctx = (np.full(len(df), l0), np.full(len(df), l0 + workload.output_len))
     return {("verify", "nodes_per_seq"): (df["min_nodes"].to_numpy(), df["max_nodes"].to_numpy()),
-            ("verify", "context_len"): ctx,
+            ("verify", "context_len"): (df["ctx_lo"].to_numpy(np.float64), df["ctx_hi"].to_numpy(np.float64)),
             ("verify", "batch_size"): (b, b),
             ("draft", "num_steps"): (df["draft_steps"].to_numpy(np.float64),) * 2,
             ("draft", "topk"): (df["draft_topk"].to_numpy(np.float64),) * 2,
             ("draft", "batch_size"): (b, b)}
 
 
-def extrapolated_axes(df: pd.DataFrame, queries: dict, costs) -> np.ndarray:
-    """Per row: the "model.axis" names (joined by "+") it queries outside the measured range."""
-    out = np.full(len(df), "", dtype=object)
-    drafted = df["draft_steps"].to_numpy() > 0
-    ranges = {"verify": _valid_range(costs.verify), "draft": _valid_range(costs.draft)}
+def measured_ranges(costs) -> dict:
+    """{"verify" | "draft": {axis: (lo, hi)}}: where each cost model was measured."""
+    return {"verify": _valid_range(costs.verify), "draft": _valid_range(costs.draft)}
+
+
+def extrapolated_axes(queries: dict, ranges: dict, drafted: np.ndarray) -> np.ndarray:
+    """Per row: the "model.axis" names (joined by "+") it queries outside the measured
+    ``ranges`` (``measured_ranges``); draft axes count only on ``drafted`` rows."""
+    out = np.full(len(drafted), "", dtype=object)
     for (model, axis), (lo, hi) in queries.items():
         if axis not in ranges[model]:
             continue
@@ -57,11 +55,11 @@ def extrapolated_axes(df: pd.DataFrame, queries: dict, costs) -> np.ndarray:
     return out
 
 
-def range_notes(costs, spans: dict) -> list[str]:
-    """One note per (model, axis) the plan queries outside its measured range."""
+def range_notes(ranges: dict, spans: dict) -> list[str]:
+    """One note per (model, axis) the plan queries outside its measured ``ranges``."""
     notes = []
     for model in ("verify", "draft"):
-        vr = _valid_range(getattr(costs, model))
+        vr = ranges[model]
         for axis in (_VERIFY_AXES if model == "verify" else _DRAFT_AXES):
             if axis not in vr or (model, axis) not in spans:
                 continue

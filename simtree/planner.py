@@ -28,7 +28,7 @@ import json
 import math
 import warnings
 import weakref
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -39,7 +39,7 @@ from simtree.acceptance import Workload
 from simtree.builders import eagle_max_nodes
 from simtree.errors import ExtrapolationWarning, SimtreeError
 from simtree.policy import Policy, PolicyEntry
-from simtree.plan_ranges import extrapolated_axes, queried_ranges, range_notes
+from simtree.plan_ranges import extrapolated_axes, measured_ranges, queried_ranges, range_notes
 from simtree.policy_spec import TREE_MODES, check_batch_size
 from simtree.simulate import PolicySpec, analytic_run, analytic_static, static_round
 
@@ -84,7 +84,7 @@ def candidate_specs(space: SearchSpace = SearchSpace()) -> tuple[list[PolicySpec
 @dataclass
 class PlanResult:
     """candidates: one row per (workload, batch_size, policy); chosen: the best per pair
-    (:func:`choose_policies` at ``model_error`` when not given).
+    (:func:`choose_policies` at ``model_error``, derived).
 
     source: what the policy file keeps (cost bundle meta, workloads, planner settings), also
     the plan's ``notes``, ``model_error`` and ``synthetic`` (read from it, see there);
@@ -94,11 +94,10 @@ class PlanResult:
     device: str
     source: dict
     candidates: pd.DataFrame
-    chosen: pd.DataFrame | None = None
+    chosen: pd.DataFrame = field(init=False)
 
     def __post_init__(self) -> None:
-        if self.chosen is None:
-            self.chosen = choose_policies(self.candidates, self.model_error)
+        self.chosen = choose_policies(self.candidates, self.model_error)
 
     @property
     def synthetic(self) -> bool:
@@ -234,6 +233,7 @@ def plan(costs, workloads: Sequence[Workload], batch_sizes: Sequence[int] = DEFA
     fixed, adaptive = candidate_specs(space)
     total, done, frames, spans = len(workloads) * len(sizes), 0, [], {}
     cv_tables: dict = {}   # adaptive C_v tables: they depend on the costs, not the workload
+    ranges = measured_ranges(costs)
     with warnings.catch_warnings():
         # the plan reports every axis it queries outside the measured range in its notes
         # (the spans below): the cost models' own warnings would say it again
@@ -242,14 +242,14 @@ def plan(costs, workloads: Sequence[Workload], batch_sizes: Sequence[int] = DEFA
             table = _static_table(workload, fixed)
             for b in sizes:
                 df = _score(costs, workload, table, adaptive, b, cv_tables)
-                queries = queried_ranges(df, workload)
+                queries = queried_ranges(df)
                 drafted = df["draft_steps"].to_numpy() > 0
                 for key, (lo, hi) in queries.items():
                     sel = drafted if key[0] == "draft" else np.ones(len(df), bool)
                     if sel.any():
                         old = spans.get(key, (np.inf, -np.inf))
                         spans[key] = (min(old[0], float(lo[sel].min())), max(old[1], float(hi[sel].max())))
-                frames.append(df.assign(extrapolated=extrapolated_axes(df, queries, costs)))
+                frames.append(df.assign(extrapolated=extrapolated_axes(queries, ranges, drafted)))
                 done += 1
                 if progress:
                     progress(done, total)
@@ -264,7 +264,7 @@ def plan(costs, workloads: Sequence[Workload], batch_sizes: Sequence[int] = DEFA
                                                                "output_len": w.output_len} for w in workloads},
               "planner": "simtree.planner analytic search", "num_candidates": int(len(cands)),
               "verify_heldout_median_error": heldout_median_error(costs.verify),
-              "notes": range_notes(costs, spans)}
+              "notes": range_notes(ranges, spans)}
     return PlanResult(str(meta.get("model", "unknown")), str(meta.get("device", "unknown")), source, cands)
 
 

@@ -193,8 +193,8 @@ class _Adaptive:
         # C_v(1..max_budget) per (batch, max budget, decision context), kept only in a dict the
         # caller passes to share among the policies it decides at the same costs (the planner:
         # one per plan() call, shared by its workloads and draft depths: the tables do not
-        # depend on the workload); None: computed each time (Monte-Carlo rounds never repeat a
-        # context)
+        # depend on the workload; Monte-Carlo runs pass one of their own: whole-token contexts
+        # repeat across rounds and runs); None: computed each time
         self.cv_tables = cv_tables
         self.orders, self.tables = [], []
         for level in range(acc.num_levels):
@@ -295,7 +295,7 @@ def _monte_carlo(workload: Workload, spec: PolicySpec, costs, b: int, rounds: in
     acc, N = workload.acceptance, workload.output_len
     rng = np.random.default_rng(seed)
     adaptive = spec.mode in ("cost_aware", "batch_alloc")
-    ad = _Adaptive(acc, spec, costs, b) if adaptive else None
+    ad = _Adaptive(acc, spec, costs, b, {}) if adaptive else None
     shape = None if adaptive else static_round(acc, spec)
     draft = ad.draft_us if adaptive else _draft_us(costs, spec, b)
     tput, acc_per_round, cache = np.zeros(runs), np.zeros(runs), {}

@@ -47,6 +47,9 @@ def test_summary_reads_the_transposed_walk(monkeypatch, capsys):
     b64 = out.split("## b64_n128\n")[1]
     assert "| metric | _qk_prenorm_kernel | _tree_kside_kernel | _tree_verify_t_kernel |" in b64
     assert "SASS by loop body" in b64 and "HMMA" in b64
+    stalled = [float(line[2:].split("%")[0]) for line in b64.splitlines()
+               if line.startswith("- ") and "% x " in line]
+    assert len(stalled) == 6 and stalled == sorted(stalled, reverse=True) and stalled[0] < 100
     b16 = out.split("## b16_n128\n")[1].split("\n## ")[0]
     assert "_tree_verify_kernel |" in b16 and "SASS" not in b16
     assert out == (run / "summary.md").read_text()

@@ -135,7 +135,7 @@ def test_bucketed_adaptive_decisions_outside_the_measured_contexts_are_noted():
     assert a["decision_ctx"] == (128.0, 288.0)
 
 
-def test_adaptive_cv_tables_are_shared_across_workloads_with_the_same_scores():
+def test_adaptive_cv_tables_are_shared_across_workloads_with_the_same_scores(monkeypatch):
     # C_v tables depend on the costs, batch size, max budget and decision context only: one
     # dict for a whole plan() gives the same scores as a dict per (workload, batch size)
     costs = load_costs(QWEN)
@@ -152,7 +152,11 @@ def test_adaptive_cv_tables_are_shared_across_workloads_with_the_same_scores():
             pd.testing.assert_frame_equal(got, ref)
             alone.append(len(own))
     assert len(shared) < sum(alone)   # the second workload reused the first one's tables
+    dicts, score = [], planner._score
+    monkeypatch.setattr(planner, "_score", lambda *a: dicts.append(a[5]) or score(*a))
     res = plan(costs, [w1, w2], [1, 8], SMALL)
+    assert len(dicts) == 4 and all(d is dicts[0] for d in dicts) and dicts[0]   # one dict, used
+    monkeypatch.undo()
     for wl in (w1, w2):
         one = plan(costs, [wl], [1, 8], SMALL).candidates
         both = res.candidates[res.candidates["workload"] == wl.name].reset_index(drop=True)

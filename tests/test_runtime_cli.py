@@ -84,3 +84,19 @@ def test_run_follows_the_policy_entry_for_the_batch_size(tmp_path):
     report = live_run(policy=path, policy_workload="code", workload="humaneval", batch_size=2, max_new_tokens=4)
     assert report["mode"] == "linear" and report["params"]["budget"] == 3
     assert report["measured"]["mean_nodes_per_seq"] == 3
+
+
+def test_run_prints_a_failed_runs_warnings_as_notes(monkeypatch):
+    # a warning raised during a run that then fails still reaches the user as one line
+    import warnings
+
+    import simtree.runtime.live as live
+
+    def failing(**kw):
+        warnings.warn("cost model convexity check failed", RuntimeWarning)
+        raise SimtreeError("the run failed")
+
+    monkeypatch.setattr(live, "live_run", failing)
+    result = CliRunner().invoke(app, ["run", "--mode", "none", "-b", "1", "--max-new-tokens", "2"])
+    assert isinstance(result.exception, SimtreeError)   # the entry point makes it one line, exit 2
+    assert "note: cost model convexity check failed" in result.stderr

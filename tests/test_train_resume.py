@@ -146,7 +146,8 @@ def test_a_checkpoint_of_other_settings_is_refused(tmp_path):
 
 
 @pytest.mark.parametrize("changes, message", [
-    ({"seed": -1}, "--seed must be an integer >= 0, got -1"),
+    ({"seed": -1}, "--seed must be an integer in [0, 9223372036854775807], got -1"),
+    ({"seed": 2 ** 63}, "--seed must be an integer in [0, 9223372036854775807], got 9223372036854775808"),
     ({"lr": -1.0}, "--lr must be a finite number > 0"),
     ({"lr": float("nan")}, "--lr must be a finite number > 0, got nan"),
     ({"lr": float("inf")}, "--lr must be a finite number > 0"),

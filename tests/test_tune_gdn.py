@@ -125,9 +125,9 @@ def test_configs_not_applicable_at_a_case_are_timed_where_checked():
 
 def test_heads_option_and_gpu_cases_in_both_dtypes(monkeypatch):
     # --heads sets the key / value heads of the sweep (Qwen3-Next: 16, 32), bad pairs are
-    # one-line errors; on a GPU the K-side cases are checked in bf16 and fp32 (the rule's
-    # launches do not depend on the dtype, and at Qwen3-Next's heads those cases still launch
-    # the K-side kernel, one of them the transposed walk)
+    # one-line errors; on a GPU the K-side cases are checked in bf16 and fp32 (fp32 at the
+    # rule's exact-fp32 launch: eight warps, untransposed), and at Qwen3-Next's heads those
+    # cases still launch the K-side kernel in bf16, one of them the transposed walk
     import simtree.kernels.gdn as kg
     from simtree.kernels.gdn import verify_launch_config
     from simtree.profiler.bench_gdn import KSIDE_CASES
@@ -143,3 +143,18 @@ def test_heads_option_and_gpu_cases_in_both_dtypes(monkeypatch):
     monkeypatch.setattr(kg, "_sm_count", lambda device: 132)
     cfgs = [verify_launch_config(b, 32, 128, "cuda", n, True, 16) for b, n in KSIDE_CASES]
     assert all(c["kside"] == 1 for c in cfgs) and any(c["transposed"] for c in cfgs)
+    fp32 = [verify_launch_config(b, 48, 128, "cuda", n, True, 16, ieee=True) for b, n in KSIDE_CASES]
+    assert all(c["kside"] == 1 and c["num_warps"] == 8 and not c["transposed"] for c in fp32)
+
+
+def test_summary_of_several_calls_refuses_a_shape_timed_twice(tmp_path):
+    # several calls' CSVs make one table; the same shape in two calls is refused (a config
+    # name such as q1, the rule, may have meant different launches in each)
+    row = dict(config="q1", status="ok", latency_us_median=1.0, gpu="g")
+    for name, shapes in (("a", [(8, 96), (8, 128)]), ("b", [(12, 96)]), ("c", [(8, 128)])):
+        pd.DataFrame([dict(row, batch_size=b, nodes_per_seq=n, latency_us_median=b + n / 1000)
+                      for b, n in shapes]).to_csv(tmp_path / f"{name}.csv", index=False)
+    out = summarize(str(tmp_path / "a.csv"), str(tmp_path / "b.csv"))
+    assert "| q1 | 8.1 | 12.1 | 8.1 |" in out
+    with pytest.raises(SystemExit, match="both time"):
+        summarize(str(tmp_path / "a.csv"), str(tmp_path / "c.csv"))

@@ -14,8 +14,9 @@ EXAMPLE = ("Example: simtree run --mode eagle --steps 3 --topk 2 --budget 6 --ba
 
 def register(app: typer.Typer) -> None:
     @app.command("run", help="Decode live with a policy and report measured against predicted "
-                             "throughput.\n\nThe comparison uses the output tokens (max_new_tokens per "
-                             "prompt) per second of decode-round time while each sequence still decoded, as "
+                             "throughput.\n\nThe comparison uses the output tokens the decode rounds make "
+                             "(max_new_tokens - 1 per prompt: the prefill makes the first) per second of "
+                             "decode-round time while each sequence still decoded, as "
                              "simtree simulate counts; the rate over all rounds (sequences done early wait "
                              "for the slowest) and the produced rate (tokens past max_new_tokens included) "
                              "are reported beside it.\n\n" + EXAMPLE)
@@ -64,7 +65,8 @@ def register(app: typer.Typer) -> None:
                 task.append(bar.add_task("run", total=total))
             bar.update(task[0], completed=done, total=total)
 
-        try:   # the report holds the run's own notes; any other warning is one line too
+        try:   # the report holds the run's own notes; any other warning is one line too, also
+            # when the run fails
             with captured_warnings() as caught:
                 report = live_run(mode=mode, params=params, policy=policy, policy_workload=policy_workload,
                                   workload=workload, batch_size=batch_size, prompts=prompts,
@@ -73,7 +75,7 @@ def register(app: typer.Typer) -> None:
         finally:
             if task:
                 bar.stop()
-        print_notes(caught)
+            print_notes(caught)
         for line in report.get("warnings", []):
             typer.echo(f"warning: {line}", err=True)
         for line in report.get("notes", []):
