@@ -111,8 +111,11 @@ def write_report(folder: Path) -> Path:
               markdown_table(table.round(2), with_index=True), "",
               "Targets (issue 5; tree/best_fla aims at 1):", "", *target_lines(table), "",
               "Columns: `triton_tree` the tree kernel at its default launch "
-              "(`kernels/gdn/__init__.py::verify_launch_config`); `triton_tree_<config>` the same "
-              "kernel at another launch (bench_gdn's config letters), timed only where it differs "
+              "(`kernels/gdn/__init__.py::verify_launch_config`: a Triton pre-pass and K-side "
+              "kernel, then the walk in Triton or, where the launch takes `cuda_walk`, the "
+              "hand-written CUDA walk `kernels/gdn/cuda/walk.cu`); `triton_tree_<config>` the same "
+              "kernel at another launch (bench_gdn's config letters; `y0` the Triton walk where "
+              "the default takes the CUDA one), timed only where it differs "
               "from the default; `triton_tree_bfs` the same trees in the breadth-first order they "
               "were built in, at that order's default launch (the kernel then walks them "
               "depth-first through a node-order table where that pays); "

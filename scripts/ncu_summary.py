@@ -11,7 +11,7 @@ import re
 import sys
 from pathlib import Path
 
-from simtree.kernels.gdn.tree_verify import WALK_KERNELS
+from simtree.kernels.gdn.tree_verify import CUDA_WALK_KERNEL, WALK_KERNELS
 
 DETAILS = ("Duration", "Grid Size", "Block Size", "Registers Per Thread", "Theoretical Occupancy", "Achieved Occupancy",
            "Issued Ipc Active", "Issue Slots Busy", "Warp Cycles Per Issued Instruction",
@@ -129,7 +129,7 @@ def main() -> None:
             rows = list(csv.reader(p.open()))
             h = rows[0]
             k, m, v = h.index("Kernel Name"), h.index("Metric Name"), h.index("Metric Value")
-            get = {r[m]: r[v] for r in rows[1:] if len(r) > v and r[k] in WALK_KERNELS}
+            get = {r[m]: r[v] for r in rows[1:] if len(r) > v and any(w in r[k] for w in WALK_KERNELS + (CUDA_WALK_KERNEL,))}
             warps = int(get["Grid Size"].replace(",", "")) * int(get["Block Size"]) // 32
             print("\nVerify kernel, SASS by loop body (same execution count):\n")
             for line in loop_bodies(sass, warps):

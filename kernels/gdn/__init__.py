@@ -128,6 +128,9 @@ def _maxnreg(n: int) -> dict:
 G_PROLOGUE_MAX_NODES = 256
 # the pre-pass's G programs: G_TILE nodes x G_TILE value heads each (``tree_verify._G_tile``)
 G_TILE = 16
+# the CUDA walk's default reach: (sequence, value head) rows from 10 Qwen3.6-27B sequences, trees
+# up to 128 nodes (its shared memory grows with the sub-chunks), as measured (runs 90-91)
+CUDA_WALK_MIN_ROWS, CUDA_WALK_MAX_NODES = 10 * 48, 128
 
 
 def depth_first_pays(max_nodes: int, batch_size: int) -> bool:
@@ -150,8 +153,8 @@ def verify_launch_config(B: int, HV: int, V: int, device: torch.device | str = "
     """Default launch of the tree kernel: block_t (node sub-chunk), block_v, num_warps,
     num_stages, max_registers, and the kernel switches g_prologue / u_bf16 / prefetch /
     heavy_first / prenorm / g_pass / kside (the K-side kernel's warps, 0 = none) /
-    kside_heads / solve_bf16 / u_cache_bf16 / pdl / early / kside_registers / transposed
-    (``ieee``: fp32 / fp64 inputs).
+    kside_heads / solve_bf16 / u_cache_bf16 / pdl / early / kside_registers / transposed /
+    cuda_walk (``ieee``: fp32 / fp64 inputs).
 
     Picked from the launch sweeps on the H200 (reports/h200/gdn/tuning/, runs 8, 10, 11 and
     17-20; Qwen3.6-27B shapes, ``B * HV`` = (sequence, value head) programs at block_v = V;
@@ -288,11 +291,20 @@ def verify_launch_config(B: int, HV: int, V: int, device: torch.device | str = "
     the chunk before (run 84: slower at every shape, b64 n128 402.5 vs 384.4 us with two
     chunks, b16 n128 135.9 vs 119.7), and each step's loads (rows, diagonal tiles) issued one
     step ahead in either walk (run 85: b64 n128 384.7 either way, b16 n128 117.8 vs 120.8).
+
+    The CUDA walk (``cuda_walk``, ``cuda/walk.cu``: the transposed walk hand-written, S0^T
+    held in registers as mma fragments, u^T's fragments kept in shared memory for later
+    sub-chunks, each sub-chunk's rows and tiles copied one sub-chunk ahead) replaces the
+    Triton walks from 10 sequences' rows (480) with 33-128 nodes.  Run 91 (Qwen3.6-27B,
+    depth-first trees), the whole verify against the rule without it: faster at every shape
+    measured, 10-64 sequences of 64, 96 and 128 nodes, by 5-30% (b10 n128 73.6 vs 82.3 us,
+    b13 n96 68.0 vs 71.5, b16 n128 92.3 vs 119.5, b64 n128 334.4 vs 383.6).  Below 10
+    sequences, beyond 128 nodes and at Qwen3-Next's heads it was not measured.
     """
     rows = B * HV
     cfg = dict(block_t=16, block_v=V, num_warps=2, num_stages=2, max_registers=0, g_prologue=1,
                u_bf16=1, prefetch=0, heavy_first=0, prenorm=1, kside=0, kside_heads=0, solve_bf16=0,
-               u_cache_bf16=1, pdl=1, kside_registers=0, transposed=0,
+               u_cache_bf16=1, pdl=1, kside_registers=0, transposed=0, cuda_walk=0,
                g_pass=int(max_nodes > (16 if rows <= 16 * 48 else 32)))
     if rows <= 48:
         big, huge = max_nodes >= 32, max_nodes > 64
@@ -332,8 +344,13 @@ def verify_launch_config(B: int, HV: int, V: int, device: torch.device | str = "
                                 or one_wave)
         if one_wave:
             cfg["num_warps"] = 2
+        # the CUDA walk (cuda/walk.cu, runs 90-91) on the K-side tiles where it was measured
+        # faster (>= 10 sequences at 48 value heads, 64-128 nodes), wherever it can run (bf16
+        # inputs, a CUDA GPU with nvcc: else the Triton walk above)
+        if rows >= CUDA_WALK_MIN_ROWS and 32 < max_nodes <= CUDA_WALK_MAX_NODES:
+            cfg["cuda_walk"] = 2
     if ieee and rows > 4 * 48:   # fp32 / fp64 inputs (run 88)
-        cfg.update(num_warps=8, transposed=0)
+        cfg.update(num_warps=8, transposed=0, cuda_walk=0)
     cfg["heavy_first"] = _heavy_first_default(cfg["block_t"], max_nodes, depth_first)
     cfg["early"] = int(max_nodes > cfg["block_t"])   # one sub-chunk: no pairs to hide behind
     return cfg
@@ -403,7 +420,7 @@ def gdn_tree_verify(q, k, v, g, beta, state, parents, cu_nodes, *, scale=None, q
                     kside_heads: int | None = None, solve_bf16: int | None = None,
                     u_cache_bf16: int | None = None, pdl: int | None = None,
                     early: int | None = None, kside_registers: int | None = None,
-                    transposed: int | None = None):
+                    transposed: int | None = None, cuda_walk: int | None = None):
     """Every node's output as if the recurrence ran along its own root path only.
 
     One pass, ``state`` is not modified.  Returns (out [N, HV, V] in q's dtype, GDNTreeCache).
@@ -435,7 +452,11 @@ def gdn_tree_verify(q, k, v, g, beta, state, parents, cu_nodes, *, scale=None, q
     ``early`` (with kside, 1: each sub-chunk's diagonal tiles loaded at the top of its step
     rather than after its pairs) / ``kside_registers`` (the K-side kernel's register cap, 0
     none) / ``transposed`` (with kside, 1: ``_tree_verify_t_kernel``, the walk with value rows
-    as the products' M dimension) override ``verify_launch_config`` (benchmark tuning).
+    as the products' M dimension) / ``cuda_walk`` (with kside and prenorm, > 0: the transposed
+    walk by the hand-written CUDA kernel, ``cuda_walk.py``, with that many 16-row m-tiles per
+    warp, whatever ``transposed`` says; bf16 inputs, K = 128, 16-node
+    sub-chunks; the default takes it only where it runs, else the Triton walk) override
+    ``verify_launch_config`` (benchmark tuning).
     """
     if check:
         _check_inputs(q, k, v, g, beta, state, parents, cu_nodes)
@@ -500,6 +521,21 @@ def gdn_tree_verify(q, k, v, g, beta, state, parents, cu_nodes, *, scale=None, q
     # the numbering the kernel walks (as stored, or depth-first) and its sub-chunk pairs
     order, walk, (pairs, npairs, nc) = walk_tables(meta, cu_nodes, BT, heavy_first)
     order_t = order if order is not None else walk.bits
+    mt = int(cfg["cuda_walk"] if cuda_walk is None else cuda_walk)
+    if mt:
+        from . import cuda_walk as cw
+        fits = (kside and ready and BT == 16 and K == 128 and q.dtype == torch.bfloat16
+                and v.dtype == torch.bfloat16 and ucache16 and prec == "tf32" and not _INTERPRET
+                and bool(cfg["solve_bf16"] if solve_bf16 is None else solve_bf16)
+                and bool(cfg["u_bf16"] if u_bf16 is None else u_bf16) and cw.available(q.device))
+        if not fits:
+            if cuda_walk:
+                raise LaunchNotApplicable(
+                    "cuda_walk walks the K-side tiles (kside > 0, prenorm = 1) on bf16 inputs "
+                    "(K = 128, block_t 16, bf16 u, tiles and solve) on a CUDA GPU with nvcc")
+            mt = 0
+        else:
+            cw.check_instance(BV, mt)
     # every input conversion before the first launch: with pdl the verify reads S0 before it
     # waits for the kernel before it, which must then be one of ours
     g32, bits32 = g.float().contiguous(), walk.bits.view(torch.int32)
@@ -536,6 +572,10 @@ def gdn_tree_verify(q, k, v, g, beta, state, parents, cu_nodes, *, scale=None, q
     launch = dict(num_warps=num_warps or cfg["num_warps"],
                   num_stages=num_stages or cfg["num_stages"], **_maxnreg(
                       cfg["max_registers"] if max_registers is None else max_registers))
+    if mt:
+        cw.walk(qc, kc, vc, beta32, s0, cu, pairs, npairs, nc, out, u, G, diag, tiles, order,
+                H=H, block_v=BV, mt=mt, pdl=use_pdl)
+        return out, GDNTreeCache(u, G, meta, qk_l2norm)
     if walk_t:
         _tree_verify_t_kernel[(V // BV, B * HV)](
             qc, kc, vc, beta32, s0, order_t, cu, pairs, npairs, nc, out, u, G, diag, tiles,

@@ -31,10 +31,12 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-# the kernels one verify call launches (pre-pass, K-side kernel, one of the two walks), by the
-# names the profiling scripts (tune_gdn, gdn_kernel_times, ncu_gdn.sh, ncu_summary) pick them by
+# the kernels one verify call launches (pre-pass, K-side kernel, one of the walks), by the
+# names the profiling scripts (tune_gdn, gdn_kernel_times, ncu_gdn.sh, ncu_summary) pick them by;
+# the CUDA walk (cuda/walk.cu, not a Triton kernel) by the name inside its instances' names
 WALK_KERNELS = ("_tree_verify_kernel", "_tree_verify_t_kernel")
 VERIFY_KERNELS = ("_qk_prenorm_kernel", "_tree_kside_kernel") + WALK_KERNELS
+CUDA_WALK_KERNEL = "walk_kernel"
 
 
 @triton.jit
