@@ -197,10 +197,16 @@ def live_run(*, mode: str = "eagle", params: dict | None = None, policy=None, po
         if out is not None:
             _write(report, out, trace)
     except BaseException:
-        if trace is not None:   # never leave the staged traces behind
-            trace.discard()
+        _discard_staged(trace)
         raise
     return report
+
+
+def _discard_staged(trace) -> None:
+    """Remove the staged traces of a run that raised (``trace`` None: there are none): a failed
+    run never leaves them behind."""
+    if trace is not None:
+        trace.discard()
 
 
 def _live_run(*, mode, params, policy, policy_workload, workload, batch_size, prompts, max_new_tokens, costs,
@@ -278,8 +284,7 @@ def _live_run(*, mode, params, policy, policy_workload, workload, batch_size, pr
             report["predicted"]["comparable"] = comparable
             report["notes"] += [n for n in report["predicted"].pop("notes", []) if n not in report["notes"]]
     except BaseException:
-        if trace is not None:
-            trace.discard()
+        _discard_staged(trace)
         raise
     finally:
         if scratch is not None:

@@ -259,7 +259,9 @@ def _record(obj, where: str) -> TraceRecord:
         raise SimtreeError(f"{where}: {exc}") from None
     node = check_int(obj["accepted_node"], f"{where}: accepted_node (a node of the {tree.num_nodes}-node tree)",
                      0, tree.num_nodes - 1)
-    batch = check_int(obj["batch_size"], f"{where}: batch_size")
+    # integers, or floats with an integral value (4.0) as JSON written by other tools gives them,
+    # the same rule as context_len below
+    batch = check_whole(obj["batch_size"], f"{where}: batch_size", 1)
     if "num_accepted" in obj and obj["num_accepted"] != int(tree.depth[node]):
         raise SimtreeError(f"{where}: num_accepted {obj['num_accepted']!r} != depth {int(tree.depth[node])} "
                            f"of accepted_node {node}")

@@ -197,3 +197,46 @@ def test_workload_lengths_are_bounded(kw, fragment):
     with pytest.raises(SimtreeError) as err:
         get_workload("gsm8k", **kw)
     assert fragment in str(err.value)
+
+
+def _trace_field_outcome(path, field, value):
+    """(accepted int, None) or (None, error message) for a one-record trace with ``field`` = value."""
+    rec = {"workload": "w", "batch_size": 1, "parents": [-1, 0], "log_probs": [0, -1], "accepted_node": 1}
+    path.write_text(json.dumps(rec | {field: value}) + "\n")
+    try:
+        got = read_traces(path)[0]
+    except SimtreeError as err:
+        return None, str(err)
+    return getattr(got, field), None
+
+
+# integer-like values both fields hold in range (batch_size >= 1, context_len in [1, 2^20])
+_INTEGER_LIKE = st.one_of(
+    st.integers(-3, 1 << 20), st.integers(-3, 1 << 20).map(float),
+    st.floats(-3, 1 << 20, allow_nan=False), st.sampled_from([float("nan"), float("inf"), -float("inf")]),
+    st.booleans(), st.text(max_size=3), st.integers(1, 9).map(str), st.lists(st.integers(1, 9), max_size=2),
+)
+
+
+@pytest.mark.parametrize("value, ok", [(4, True), (4.0, True), (1.0, True), (2.5, False), (0, False), (0.0, False),
+                                       (-4.0, False), (True, False), ("4", False), (float("nan"), False)])
+def test_trace_batch_size_and_context_len_take_the_same_integers(tmp_path, value, ok):
+    # a JSON trace written by another tool may hold 4.0 for 4: both fields take it, neither takes 2.5
+    for field in ("batch_size", "context_len"):
+        got, err = _trace_field_outcome(tmp_path / "t.jsonl", field, value)
+        if ok:
+            assert got == int(value) and type(got) is int and err is None
+        else:
+            assert got is None and field in err and "must be an integer" in err and "\n" not in err
+
+
+@settings(max_examples=200, deadline=None)
+@given(value=_INTEGER_LIKE)
+def test_trace_batch_size_and_context_len_accept_and_reject_alike(tmp_path_factory, value):
+    path = tmp_path_factory.mktemp("trace") / "t.jsonl"
+    (batch, batch_err), (ctx, ctx_err) = (_trace_field_outcome(path, f, value) for f in ("batch_size", "context_len"))
+    assert (batch_err is None) == (ctx_err is None), (value, batch_err, ctx_err)
+    assert batch == ctx and (batch is None or type(batch) is int)
+    for field, err in (("batch_size", batch_err), ("context_len", ctx_err)):
+        if err is not None:
+            assert f"{path}:1: {field}" in err and "\n" not in err

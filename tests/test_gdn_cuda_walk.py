@@ -8,10 +8,11 @@ import pytest
 import torch
 
 from simtree.errors import SimtreeError
-from simtree.kernels.gdn import LaunchNotApplicable, gdn_tree_verify, verify_launch_config
+from simtree.kernels.gdn import (LaunchNotApplicable, _cuda_walk_blockers, gdn_tree_verify,
+                                 gdn_tree_verify_dense_ref, tree_meta, verify_launch_config)
 from simtree.kernels.gdn import cuda_walk
 
-from test_gdn_verify import KEYS, make_inputs, random_tree
+from test_gdn_verify import KEYS, make_inputs, random_tree, rel_err
 
 HAS_NVCC = cuda_walk.nvcc() is not None
 
@@ -22,32 +23,59 @@ def _rule(b, n, hv=48, ieee=False):
 
 def test_rule_takes_the_cuda_walk_where_measured(monkeypatch):
     # run 91: faster at 10-64 sequences of 64-128 nodes; the rule counts (sequence, value
-    # head) rows from 480 and trees of 33-128 nodes, bf16 only
+    # head) rows from 480 and trees of 64-128 nodes, bf16 only
     import simtree.kernels.gdn as kg
     monkeypatch.setattr(kg, "_sm_count", lambda device: 132)
     rng = np.random.default_rng(0)
     for _ in range(40):
-        b, n = int(rng.integers(10, 129)), int(rng.integers(33, 129))
+        b, n = int(rng.integers(10, 129)), int(rng.integers(64, 129))
         cfg = _rule(b, n)
         assert cfg["cuda_walk"] == 2 and cfg["kside"] > 0 and cfg["prenorm"] == 1, (b, n)
+        assert cfg["block_t"] == 16 and (cfg["block_v"], 2) in cuda_walk.INSTANCES, (b, n)
         assert _rule(b, n, ieee=True)["cuda_walk"] == 0, (b, n)
-    for b, n in ((9, 128), (4, 128), (1, 64), (16, 32), (64, 16), (64, 129), (16, 256)):
+    for b, n in ((9, 128), (4, 128), (1, 64), (16, 63), (64, 33), (64, 16), (64, 129), (16, 256)):
         assert _rule(b, n)["cuda_walk"] == 0, (b, n)
     assert _rule(15, 128, hv=32)["cuda_walk"] == 2 and _rule(14, 128, hv=32)["cuda_walk"] == 0
 
 
-def test_cpu_falls_back_to_the_triton_walk_and_refuses_an_explicit_cuda_walk():
+def _blockers(**kw):
+    x = torch.zeros(64, dtype=torch.bfloat16)
+    args = dict(kside=1, ready=True, BT=16, K=128, BV=128, mt=2,
+                dtypes=(torch.bfloat16, torch.bfloat16), bf16_buffers=True, tensors=(x, x),
+                device="cpu")
+    return _cuda_walk_blockers(**{**args, **kw})
+
+
+def test_every_reason_the_cuda_walk_cannot_run_is_named():
+    base = _blockers()
+    assert len(base) == 1 and "compute capability >= 9.0" in base[0]   # no GPU here
+    x = torch.zeros(64, dtype=torch.bfloat16)
+    cases = {"K-side tiles": dict(kside=0), "pre-normalised": dict(ready=False),
+             "block_t 32": dict(BT=32), "K 64": dict(K=64),
+             "bf16 q/k/v": dict(dtypes=(torch.float16, torch.bfloat16)),
+             "u_cache_bf16": dict(bf16_buffers=False), "got (256, 2)": dict(BV=256),
+             "got (128, 3)": dict(mt=3), "16-byte aligned": dict(tensors=(x[1:], x))}
+    for text, kw in cases.items():
+        extra = [w for w in _blockers(**kw) if w not in base]
+        assert len(extra) == 1 and text in extra[0], (kw, extra)
+
+
+def test_cpu_falls_back_to_the_triton_walk_and_refuses_an_explicit_cuda_walk(monkeypatch):
+    import simtree.kernels.gdn as kg
     rng = np.random.default_rng(3)
     trees = [random_tree(int(n), rng, reach=4) for n in rng.integers(20, 40, size=2)]
     inp = make_inputs([t.depth_first() for t in trees], 5)
     args = [inp[k] for k in KEYS] + [inp["parents"], inp["cu_nodes"]]
+    kw = dict(backend="triton", kside=1, prenorm=1)
+    want, _ = gdn_tree_verify(*args, cuda_walk=0, **kw)
+    real = kg.verify_launch_config
+    monkeypatch.setattr(kg, "verify_launch_config",   # a rule that asks for the CUDA walk
+                        lambda *a, **k: dict(real(*a, **k), cuda_walk=2))
     assert not cuda_walk.available("cpu")
-    with pytest.raises(LaunchNotApplicable, match="cuda_walk"):
-        gdn_tree_verify(*args, backend="triton", kside=1, prenorm=1, cuda_walk=2)
-    # cuda_walk=0 is the Triton walk; an explicit 0 is never an error
-    a, _ = gdn_tree_verify(*args, backend="triton", kside=1, prenorm=1, cuda_walk=0)
-    b, _ = gdn_tree_verify(*args, backend="triton", kside=1, prenorm=1)
-    assert torch.equal(a, b)
+    got, _ = gdn_tree_verify(*args, **kw)   # the default falls back: same launch, same outputs
+    assert torch.equal(got, want)
+    with pytest.raises(LaunchNotApplicable, match="cuda_walk needs .*compute capability"):
+        gdn_tree_verify(*args, cuda_walk=2, **kw)
 
 
 def test_instances_and_targets():
@@ -69,10 +97,22 @@ def test_walk_builds_once_into_its_cache(tmp_path, monkeypatch):
     stamp = lib.stat().st_mtime_ns
     assert cuda_walk.build(9, 0) == lib and lib.stat().st_mtime_ns == stamp   # not rebuilt
     assert [p.name for p in tmp_path.iterdir()] == [lib.name]                  # no leftovers
-    dll = ctypes.CDLL(str(lib))   # loads without a GPU (the CUDA runtime binds lazily)
-    dll.gdn_walk_error.restype = ctypes.c_char_p
+    dll = cuda_walk._load(lib)   # loads without a GPU (the CUDA runtime binds lazily)
     assert b"block_v" in dll.gdn_walk_error(1000)
     assert b"shared memory" in dll.gdn_walk_error(1001)
+    # the typed entry point takes walk.cu's arguments; an instance it lacks is refused before
+    # any CUDA call (so this runs without a GPU)
+    ptrs = (ctypes.c_void_p * 14)()
+    for ordered in (0, 1):
+        assert dll.gdn_walk_launch(ptrs, 1, 8, 16, 48, 128, 96, 2, 1, ordered, None, None) == 1000
+
+
+@pytest.mark.skipif(not HAS_NVCC, reason="no nvcc on this machine")
+def test_the_walk_needs_hopper(tmp_path, monkeypatch):
+    monkeypatch.setenv("SIMTREE_CUDA_CACHE", str(tmp_path))
+    with pytest.raises(SimtreeError, match="error .*requires .target sm_90") as err:   # the first error line
+        cuda_walk.build(8, 0)
+    assert "\n" not in str(err.value)
 
 
 @pytest.mark.skipif(not HAS_NVCC, reason="no nvcc on this machine")
@@ -81,7 +121,7 @@ def test_a_failed_build_is_one_line(tmp_path, monkeypatch):
     bad.write_text("this is not CUDA\n")
     monkeypatch.setattr(cuda_walk, "SOURCE", bad)
     monkeypatch.setenv("SIMTREE_CUDA_CACHE", str(tmp_path / "cache"))
-    with pytest.raises(SimtreeError, match="nvcc failed building walk.cu") as err:
+    with pytest.raises(SimtreeError, match="nvcc failed building walk.cu: .*error") as err:
         cuda_walk.build(9, 0)
     assert "\n" not in str(err.value)
     assert not any((tmp_path / "cache").glob("*.so"))
@@ -100,3 +140,34 @@ def test_nvcc_from_cuda_home(tmp_path, monkeypatch):
     os.chmod(exe, 0o755)
     monkeypatch.setenv("CUDA_HOME", str(tmp_path))
     assert cuda_walk.nvcc() == str(exe)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("order", ["stored", "table"])
+@pytest.mark.parametrize("bv,mt", cuda_walk.INSTANCES)
+def test_cuda_walk_matches_the_triton_walk_on_the_gpu(bv, mt, order):
+    # o and u of the CUDA walk against the Triton transposed walk on the same K-side tiles and
+    # against the float64 reference: random trees of 65-128 nodes (last sub-chunks partial),
+    # two or three value heads per key head, stored depth-first or walked through the
+    # heavy-first order table of breadth-first trees
+    from simtree.kernels.gdn.bench_util import random_gdn_inputs
+    if not cuda_walk.available("cuda"):
+        pytest.skip("the CUDA walk does not run on this GPU")
+    rng = np.random.default_rng(bv * 10 + mt + (order == "table"))
+    for H, HV in ((4, 12), (4, 8)):
+        trees = [random_tree(int(n), rng, reach=5) for n in rng.integers(65, 129, size=5)]
+        if order == "stored":
+            trees = [t.depth_first() for t in trees]
+        inp = random_gdn_inputs(trees, H=H, HV=HV, K=128, V=128, seed=int(rng.integers(1 << 30)))
+        meta = tree_meta(inp["parents"], inp["cu_nodes"], depth_first=order == "stored")
+        args = [inp[k] for k in KEYS] + [inp["parents"], inp["cu_nodes"]]
+        kw = dict(backend="triton", meta=meta, kside=1, prenorm=1, g_pass=1, solve_bf16=1,
+                  u_bf16=1, u_cache_bf16=1, block_t=16, block_v=bv)
+        o_t, c_t = gdn_tree_verify(*args, transposed=1, cuda_walk=0, **kw)
+        o_c, c_c = gdn_tree_verify(*args, cuda_walk=mt, **kw)
+        ref = gdn_tree_verify_dense_ref(*(inp[k].double() for k in KEYS), inp["parents"],
+                                        inp["cu_nodes"])
+        assert rel_err(o_c, ref) < 2e-2 and rel_err(o_t, ref) < 2e-2, (H, HV)
+        assert rel_err(o_c, o_t) < 1e-2 and rel_err(c_c.u, c_t.u) < 1e-2, (H, HV)
+        assert torch.equal(c_c.G, c_t.G)

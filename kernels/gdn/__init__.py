@@ -128,9 +128,9 @@ def _maxnreg(n: int) -> dict:
 G_PROLOGUE_MAX_NODES = 256
 # the pre-pass's G programs: G_TILE nodes x G_TILE value heads each (``tree_verify._G_tile``)
 G_TILE = 16
-# the CUDA walk's default reach: (sequence, value head) rows from 10 Qwen3.6-27B sequences, trees
-# up to 128 nodes (its shared memory grows with the sub-chunks), as measured (runs 90-91)
-CUDA_WALK_MIN_ROWS, CUDA_WALK_MAX_NODES = 10 * 48, 128
+# the CUDA walk's default reach, as measured (runs 90-91): (sequence, value head) rows from 10
+# Qwen3.6-27B sequences, trees of 64-128 nodes (its shared memory grows with the sub-chunks)
+CUDA_WALK_MIN_ROWS, CUDA_WALK_NODES = 10 * 48, (64, 128)
 
 
 def depth_first_pays(max_nodes: int, batch_size: int) -> bool:
@@ -295,11 +295,12 @@ def verify_launch_config(B: int, HV: int, V: int, device: torch.device | str = "
     The CUDA walk (``cuda_walk``, ``cuda/walk.cu``: the transposed walk hand-written, S0^T
     held in registers as mma fragments, u^T's fragments kept in shared memory for later
     sub-chunks, each sub-chunk's rows and tiles copied one sub-chunk ahead) replaces the
-    Triton walks from 10 sequences' rows (480) with 33-128 nodes.  Run 91 (Qwen3.6-27B,
+    Triton walks from 10 sequences' rows (480) with 64-128 nodes, on Hopper or newer.  Run 91 (Qwen3.6-27B,
     depth-first trees), the whole verify against the rule without it: faster at every shape
     measured, 10-64 sequences of 64, 96 and 128 nodes, by 5-30% (b10 n128 73.6 vs 82.3 us,
     b13 n96 68.0 vs 71.5, b16 n128 92.3 vs 119.5, b64 n128 334.4 vs 383.6).  Below 10
-    sequences, beyond 128 nodes and at Qwen3-Next's heads it was not measured.
+    sequences, below 64 and beyond 128 nodes it was not measured; at Qwen3-Next's 32 value
+    heads (taken from 15 sequences, by rows) neither timed nor checked on the GPU.
     """
     rows = B * HV
     cfg = dict(block_t=16, block_v=V, num_warps=2, num_stages=2, max_registers=0, g_prologue=1,
@@ -345,9 +346,9 @@ def verify_launch_config(B: int, HV: int, V: int, device: torch.device | str = "
         if one_wave:
             cfg["num_warps"] = 2
         # the CUDA walk (cuda/walk.cu, runs 90-91) on the K-side tiles where it was measured
-        # faster (>= 10 sequences at 48 value heads, 64-128 nodes), wherever it can run (bf16
-        # inputs, a CUDA GPU with nvcc: else the Triton walk above)
-        if rows >= CUDA_WALK_MIN_ROWS and 32 < max_nodes <= CUDA_WALK_MAX_NODES:
+        # faster (>= 10 sequences' rows at 48 value heads, 64-128 nodes), wherever it can run
+        # (``_cuda_walk_blockers``: else the Triton walk above)
+        if rows >= CUDA_WALK_MIN_ROWS and CUDA_WALK_NODES[0] <= max_nodes <= CUDA_WALK_NODES[1]:
             cfg["cuda_walk"] = 2
     if ieee and rows > 4 * 48:   # fp32 / fp64 inputs (run 88)
         cfg.update(num_warps=8, transposed=0, cuda_walk=0)
@@ -409,6 +410,28 @@ def verify_round_meta_host(parents, cu_nodes, max_nodes: int, HV: int, V: int,
     return meta
 
 
+def _cuda_walk_blockers(*, kside: int, ready: bool, BT: int, K: int, BV: int, mt: int, dtypes,
+                        bf16_buffers: bool, tensors, device) -> list[str]:
+    """Why the CUDA walk (``cuda_walk.py``) cannot take a verify launch ([] = it can)."""
+    from . import cuda_walk
+    why = []
+    if not (kside and ready):
+        why.append("the K-side tiles and pre-normalised q/k (kside > 0, prenorm = 1)")
+    if BT != 16 or K != 128:
+        why.append(f"16-node sub-chunks and K = 128 (block_t {BT}, K {K})")
+    if any(dt != torch.bfloat16 for dt in dtypes):
+        why.append("bf16 q/k/v")
+    if not bf16_buffers:
+        why.append("bf16 u, tiles and solve (u_cache_bf16, u_bf16, solve_bf16)")
+    if (BV, mt) not in cuda_walk.INSTANCES:
+        why.append(f"(block_v, m-tiles per warp) in {cuda_walk.INSTANCES}, got ({BV}, {mt})")
+    if any(t.data_ptr() % 16 for t in tensors):
+        why.append("16-byte aligned state and v (its 16-byte copies)")
+    if _INTERPRET or not cuda_walk.available(device):
+        why.append("a CUDA GPU of compute capability >= 9.0 and nvcc to build it")
+    return why
+
+
 def gdn_tree_verify(q, k, v, g, beta, state, parents, cu_nodes, *, scale=None, qk_l2norm=True,
                     backend="auto", meta: TreeMeta | None = None, check: bool = True,
                     block_v: int | None = None, block_t: int | None = None,
@@ -454,8 +477,8 @@ def gdn_tree_verify(q, k, v, g, beta, state, parents, cu_nodes, *, scale=None, q
     none) / ``transposed`` (with kside, 1: ``_tree_verify_t_kernel``, the walk with value rows
     as the products' M dimension) / ``cuda_walk`` (with kside and prenorm, > 0: the transposed
     walk by the hand-written CUDA kernel, ``cuda_walk.py``, with that many 16-row m-tiles per
-    warp, whatever ``transposed`` says; bf16 inputs, K = 128, 16-node
-    sub-chunks; the default takes it only where it runs, else the Triton walk) override
+    warp, whatever ``transposed`` says; bf16 inputs, K = 128, 16-node sub-chunks, Hopper or
+    newer; the default takes it only where it runs, else the Triton walk) override
     ``verify_launch_config`` (benchmark tuning).
     """
     if check:
@@ -521,25 +544,20 @@ def gdn_tree_verify(q, k, v, g, beta, state, parents, cu_nodes, *, scale=None, q
     # the numbering the kernel walks (as stored, or depth-first) and its sub-chunk pairs
     order, walk, (pairs, npairs, nc) = walk_tables(meta, cu_nodes, BT, heavy_first)
     order_t = order if order is not None else walk.bits
-    mt = int(cfg["cuda_walk"] if cuda_walk is None else cuda_walk)
-    if mt:
-        from . import cuda_walk as cw
-        fits = (kside and ready and BT == 16 and K == 128 and q.dtype == torch.bfloat16
-                and v.dtype == torch.bfloat16 and ucache16 and prec == "tf32" and not _INTERPRET
-                and bool(cfg["solve_bf16"] if solve_bf16 is None else solve_bf16)
-                and bool(cfg["u_bf16"] if u_bf16 is None else u_bf16) and cw.available(q.device))
-        if not fits:
-            if cuda_walk:
-                raise LaunchNotApplicable(
-                    "cuda_walk walks the K-side tiles (kside > 0, prenorm = 1) on bf16 inputs "
-                    "(K = 128, block_t 16, bf16 u, tiles and solve) on a CUDA GPU with nvcc")
-            mt = 0
-        else:
-            cw.check_instance(BV, mt)
     # every input conversion before the first launch: with pdl the verify reads S0 before it
     # waits for the kernel before it, which must then be one of ours
     g32, bits32 = g.float().contiguous(), walk.bits.view(torch.int32)
     beta32, s0, vc = beta.float().contiguous(), state.float().contiguous(), v.contiguous()
+    mt = int(cfg["cuda_walk"] if cuda_walk is None else cuda_walk)
+    if mt:   # the CUDA walk where it runs; the default falls back to the Triton walk elsewhere
+        why = _cuda_walk_blockers(
+            kside=kside, ready=ready, BT=BT, K=K, BV=BV, mt=mt, dtypes=(q.dtype, v.dtype),
+            bf16_buffers=ucache16 and bool(cfg["solve_bf16"] if solve_bf16 is None else solve_bf16)
+            and bool(cfg["u_bf16"] if u_bf16 is None else u_bf16), tensors=(s0, vc),
+            device=q.device)
+        if why and cuda_walk:
+            raise LaunchNotApplicable("cuda_walk needs " + "; ".join(why))
+        mt = 0 if why else mt
     if ready or g_pass:   # the dot operands once: normalised, scaled, in DT; and/or G
         qn = torch.empty(qc.shape, dtype=torch.bfloat16 if DT == tl.bfloat16 else torch.float32,
                          device=q.device) if ready else qc
@@ -573,8 +591,9 @@ def gdn_tree_verify(q, k, v, g, beta, state, parents, cu_nodes, *, scale=None, q
                   num_stages=num_stages or cfg["num_stages"], **_maxnreg(
                       cfg["max_registers"] if max_registers is None else max_registers))
     if mt:
-        cw.walk(qc, kc, vc, beta32, s0, cu, pairs, npairs, nc, out, u, G, diag, tiles, order,
-                H=H, block_v=BV, mt=mt, pdl=use_pdl)
+        from . import cuda_walk
+        cuda_walk.walk(qc, kc, vc, beta32, s0, cu, pairs, npairs, nc, out, u, G, diag, tiles,
+                       order, H=H, block_v=BV, mt=mt, pdl=use_pdl)
         return out, GDNTreeCache(u, G, meta, qk_l2norm)
     if walk_t:
         _tree_verify_t_kernel[(V // BV, B * HV)](

@@ -1,9 +1,10 @@
 """The hand-written CUDA transposed walk (``cuda/walk.cu``): built with nvcc on first use,
 cached by source and GPU architecture, called through ctypes on torch's current stream.
 
-Where nvcc or a CUDA device is missing it is not available and the Triton walks run; the
-tests (CPU only) cover that dispatch, the GPU checks (``tune_gdn``, ``bench_gdn``) compare
-its outputs with the float64 references."""
+Where nvcc or a Hopper-or-newer CUDA device is missing it is not available and the Triton
+walks run; the CPU tests cover that dispatch and the build, the GPU checks (``tune_gdn``,
+``bench_gdn``, ``tests/test_gdn_cuda_walk.py``'s gpu test) compare its outputs with the
+float64 references and the Triton walk's."""
 from __future__ import annotations
 
 import ctypes
@@ -45,32 +46,37 @@ def arch_flag(major: int, minor: int) -> str:
     return f"-gencode=arch=compute_{cc},code=sm_{cc}"
 
 
+def _flags(major: int, minor: int) -> list[str]:
+    return ["-O3", arch_flag(major, minor), "-shared", "-Xcompiler", "-fPIC"]
+
+
 def build(major: int, minor: int) -> Path:
     """The shared library of walk.cu for compute capability major.minor: built with nvcc into
-    the cache (atomically: a temporary name, then renamed) unless a build of this source is
-    there already."""
+    the cache (atomically: a temporary name, then renamed) unless a build of this source, with
+    these flags and this nvcc, is there already."""
     compiler = nvcc()
     if compiler is None:
         raise SimtreeError("the CUDA walk needs nvcc (set CUDA_HOME or put nvcc on PATH)")
-    key = hashlib.sha256(SOURCE.read_bytes() + f"{major}.{minor}".encode()).hexdigest()[:16]
+    version = subprocess.run([compiler, "--version"], capture_output=True, text=True).stdout
+    key = hashlib.sha256(SOURCE.read_bytes() + " ".join(_flags(major, minor)).encode()
+                         + version.encode()).hexdigest()[:16]
     lib = _cache_dir() / f"gdn_walk_{key}.so"
     if not lib.exists():
         lib.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=lib.parent) as tmp:
             out = Path(tmp) / lib.name
-            cmd = [compiler, "-O3", arch_flag(major, minor), "-shared", "-Xcompiler", "-fPIC",
-                   "-o", str(out), str(SOURCE)]
-            res = subprocess.run(cmd, capture_output=True, text=True)
+            res = subprocess.run([compiler, *_flags(major, minor), "-o", str(out), str(SOURCE)],
+                                 capture_output=True, text=True)
             if res.returncode != 0:
-                last = (res.stderr or res.stdout).strip().splitlines()[-1:] or ["no output"]
-                raise SimtreeError(f"nvcc failed building {SOURCE.name}: {last[0]}")
+                lines = (res.stderr or res.stdout).strip().splitlines() or ["no output"]
+                first = next((x for x in lines if "error" in x.lower()), lines[-1])
+                raise SimtreeError(f"nvcc failed building {SOURCE.name}: {first.strip()}")
             os.replace(out, lib)
     return lib
 
 
-@functools.lru_cache(maxsize=None)
-def _library(major: int, minor: int) -> ctypes.CDLL:
-    lib = build(major, minor)
+def _load(lib: Path) -> ctypes.CDLL:
+    """The built library with its two entry points typed (walk.cu's extern "C" signatures)."""
     dll = ctypes.CDLL(str(lib))
     dll.gdn_walk_launch.restype = ctypes.c_int
     dll.gdn_walk_launch.argtypes = [ctypes.POINTER(ctypes.c_void_p)] + [ctypes.c_int] * 9 + [
@@ -80,10 +86,17 @@ def _library(major: int, minor: int) -> ctypes.CDLL:
     return dll
 
 
+@functools.lru_cache(maxsize=None)
+def _library(major: int, minor: int) -> ctypes.CDLL:
+    return _load(build(major, minor))
+
+
 def available(device) -> bool:
-    """Whether the CUDA walk can run on ``device``: a CUDA GPU of compute capability >= 8.0
-    (bf16 mma.sync) and its library built (nvcc, or a build cached already).  Cached per
-    device; a failed build warns once and leaves the Triton walks in place."""
+    """Whether the CUDA walk can run on ``device``: a CUDA GPU of compute capability >= 9.0
+    (the kernel uses Hopper's stmatrix and programmatic-launch instructions), nvcc to build
+    it, and the built library answering on that GPU (one query through the CUDA runtime it
+    links, which also meets the driver).  Cached per device; a failure other than a missing
+    nvcc or an older GPU warns once and leaves the Triton walks in place."""
     return _available(str(torch.device(device)))
 
 
@@ -93,11 +106,11 @@ def _available(device: str) -> bool:
     if dev.type != "cuda" or not torch.cuda.is_available() \
             or os.environ.get("TRITON_INTERPRET") == "1" or nvcc() is None:
         return False
-    cc = torch.cuda.get_device_capability(dev)
-    if cc[0] < 8:
+    if torch.cuda.get_device_capability(dev)[0] < 9:
         return False
     try:
-        _library(*cc)
+        if blocks_per_sm(dev, 8, *INSTANCES[0]) < 1:
+            raise SimtreeError("no program of it fits on one SM")
     except (SimtreeError, OSError) as exc:
         warnings.warn(f"CUDA walk unavailable, the Triton walk runs instead: {exc}", stacklevel=3)
         return False
@@ -109,9 +122,11 @@ def _call(tensors, B: int, NC: int, H: int, HV: int, V: int, block_v: int, mt: i
     dev = tensors[0].device
     dll = _library(*torch.cuda.get_device_capability(dev))
     ptrs = (ctypes.c_void_p * len(tensors))(*(t.data_ptr() for t in tensors))
-    stream = torch.cuda.current_stream(dev).cuda_stream
-    err = dll.gdn_walk_launch(ptrs, B, NC, H, HV, V, block_v, mt, int(pdl), int(ordered), stream,
-                              None if blocks_per_sm is None else ctypes.byref(blocks_per_sm))
+    with torch.cuda.device(dev):   # the launch and its shared-memory opt-in on that GPU
+        stream = torch.cuda.current_stream(dev).cuda_stream
+        err = dll.gdn_walk_launch(ptrs, B, NC, H, HV, V, block_v, mt, int(pdl), int(ordered),
+                                  stream, None if blocks_per_sm is None
+                                  else ctypes.byref(blocks_per_sm))
     if err:
         raise SimtreeError(f"CUDA walk (block_v {block_v}, {mt} m-tiles per warp): "
                            f"{dll.gdn_walk_error(err).decode()}")

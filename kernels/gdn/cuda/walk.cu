@@ -1,4 +1,5 @@
-// GDN tree verify: the transposed walk on the K-side tiles, hand-written for sm_80+ (mma.sync).
+// GDN tree verify: the transposed walk on the K-side tiles, hand-written for sm_90+ (mma.sync,
+// ldmatrix / stmatrix, cp.async, programmatic dependent launch).
 //
 // The same math and buffers as tree_verify.py's _tree_verify_t_kernel (one program per
 // (V block, sequence, value head); sub-chunks of 16 nodes, in stored order or through an
@@ -385,18 +386,22 @@ int launch(void** a, int B, int NC, int H, int HV, int V, int pdl, cudaStream_t 
   const int smem = (walk_smem > s0_smem ? walk_smem : s0_smem) +
                    16 * ((NC * (ORD ? BT + 1 : 1) * 4 + 15) / 16);
   auto kern = walk_kernel<BV, MT, ORD>;
-  // the shared-memory limit raised once per instance (not while a CUDA graph is captured)
-  static int limit = 0;
-  cudaError_t err = cudaSuccess;
-  if (smem > limit) {
-    int dev = 0, most = 0;
-    if ((err = cudaGetDevice(&dev)) != cudaSuccess) return static_cast<int>(err);
+  // the shared-memory opt-in, raised to the device's limit on the first launch of this
+  // instance on each device (the caller makes the launch's GPU the current one); the callers
+  // serialise launches per process (Python)
+  constexpr int DEVICES = 64;
+  static int limit[DEVICES] = {};
+  int dev = 0;
+  cudaError_t err = cudaGetDevice(&dev);
+  if (err != cudaSuccess) return static_cast<int>(err);
+  if (dev >= DEVICES || smem > limit[dev]) {
+    int most = 0;
     err = cudaDeviceGetAttribute(&most, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
     if (err != cudaSuccess) return static_cast<int>(err);
     if (smem > most) return 1001;
     err = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, most);
     if (err != cudaSuccess) return static_cast<int>(err);
-    limit = most;
+    if (dev < DEVICES) limit[dev] = most;
   }
   if (blocks_per_sm) {
     err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(blocks_per_sm, kern, THREADS, smem);
