@@ -115,8 +115,7 @@ def _resolve_spec(policy, policy_workload, workload, batch_size, mode, params, w
             raise SimtreeError(f"--policy {path} is a folder: give the policy JSON file{hint}")
         pol = Policy.load(path)
         name = policy_workload or workload
-        entry = pol.lookup(name, batch_size)
-        clamped = pol.clamp_note(name, batch_size, entry)
+        entry, clamped = pol.resolve(name, batch_size)
         if clamped:
             warn(clamped)
         other = _mismatch("policy", path, pol.model, pol.device, here)
@@ -203,8 +202,8 @@ def live_run(*, mode: str = "eagle", params: dict | None = None, policy=None, po
 
 
 def _discard_staged(trace) -> None:
-    """Remove the staged traces of a run that raised (``trace`` None: there are none): a failed
-    run never leaves them behind."""
+    """Remove the staged traces of a run that raised before ``_write`` moved them into place
+    (``trace`` None: there are none; after that move, a no-op)."""
     if trace is not None:
         trace.discard()
 

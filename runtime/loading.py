@@ -83,20 +83,18 @@ def _read_config(path) -> tuple[ModelConfig, dict]:
     return cfg, raw
 
 
-def read_save_ids(path, config: dict | None = None) -> tuple | None:
+def read_save_ids(path, config: dict) -> tuple | None:
     """(config.json's ``simtree_save_id``, model.safetensors' one) of a checkpoint folder,
-    None for either that has none; None when either file cannot be read.  ``config``: the
-    folder's config.json as the caller read it already (not read again)."""
+    None for either that has none; None when the weights cannot be read.  ``config``: the
+    folder's config.json as the caller read it."""
     from safetensors import SafetensorError, safe_open
 
-    path = Path(path)
     try:
-        raw = json.loads((path / "config.json").read_text(encoding="utf-8")) if config is None else config
-        with safe_open(str(path / "model.safetensors"), "pt") as fh:
+        with safe_open(str(Path(path) / "model.safetensors"), "pt") as fh:
             meta = fh.metadata() or {}
     except (OSError, ValueError, SafetensorError):
         return None
-    return _save_ids(raw, meta)
+    return _save_ids(config, meta)
 
 
 def _save_ids(config, metadata: dict) -> tuple:

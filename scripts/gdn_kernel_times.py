@@ -1,5 +1,7 @@
 """Per-kernel breakdown of one GDN tree verify on the GPU: every Triton kernel the call
-launches (pre-pass with the G pass, K-side kernel where launched, verify), timed alone (triton.testing.do_bench median, no
+launches (pre-pass with the G pass, K-side kernel where launched, verify; the walk as the
+Triton walk: every config runs with cuda_walk=0 unless it sets y, and the CUDA walk, not a
+Triton kernel, is not broken down), timed alone (triton.testing.do_bench median, no
 CUDA graph, so small kernels include launch cost), with registers, spills, shared memory and
 MMA kind (Qwen3.6-27B shapes, bf16, random trees stored depth-first).
 
@@ -52,7 +54,7 @@ def main() -> None:
     for nm in NAMES:
         setattr(tree_verify, nm, Spy(nm))
     dims = {k: QWEN36[k] for k in ("H", "HV", "K", "V")}
-    cfgs = [parse_configs(c)[0] if c else {} for c in args.configs.split(",")]
+    cfgs = [{"cuda_walk": 0, **(parse_configs(c)[0] if c else {})} for c in args.configs.split(",")]
     print(f"# {torch.cuda.get_device_name()}, triton {triton.__version__}; trees depth-first")
     for shape in args.shapes.split(","):
         b, n = map(int, shape.split(":"))

@@ -49,7 +49,7 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-from simtree.errors import SimtreeError, TreeError, check_int, check_whole
+from simtree.errors import SimtreeError, TreeError, check_whole
 from simtree.phi import expected_accepted_positional, sibling_rank
 from simtree.probs import check_prob_rows
 from simtree.tree import DraftTree
@@ -257,10 +257,10 @@ def _record(obj, where: str) -> TraceRecord:
         tree = DraftTree(obj["parents"], None, obj["log_probs"])
     except TreeError as exc:
         raise SimtreeError(f"{where}: {exc}") from None
-    node = check_int(obj["accepted_node"], f"{where}: accepted_node (a node of the {tree.num_nodes}-node tree)",
-                     0, tree.num_nodes - 1)
-    # integers, or floats with an integral value (4.0) as JSON written by other tools gives them,
-    # the same rule as context_len below
+    # every integer field: an integer, or a float with an integral value (4.0) as JSON written
+    # by other tools gives it
+    node = check_whole(obj["accepted_node"], f"{where}: accepted_node (a node of the {tree.num_nodes}-node tree)",
+                       0, tree.num_nodes - 1)
     batch = check_whole(obj["batch_size"], f"{where}: batch_size", 1)
     if "num_accepted" in obj and obj["num_accepted"] != int(tree.depth[node]):
         raise SimtreeError(f"{where}: num_accepted {obj['num_accepted']!r} != depth {int(tree.depth[node])} "
@@ -276,7 +276,7 @@ def _record(obj, where: str) -> TraceRecord:
         check_prob_rows(marg, f"{where}: marginal_probs", axis=1)
     ctx, rnd = obj.get("context_len"), obj.get("round")
     if rnd is not None:
-        rnd = check_int(rnd, f"{where}: round", 0)
+        rnd = check_whole(rnd, f"{where}: round", 0)
     if ctx is not None:
         ctx = check_whole(ctx, f"{where}: context_len (tokens)", 1, MAX_CONTEXT_LEN)
     return TraceRecord(obj["workload"], batch, tree, node, ctx, marg, rnd)

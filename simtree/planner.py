@@ -191,13 +191,13 @@ def check_workload_names(workloads, labels: Sequence[str] | None = None) -> None
 
 
 def _score(costs, workload: Workload, table: pd.DataFrame, adaptive: list[PolicySpec], b: int,
-           cv_tables: dict | None = None) -> pd.DataFrame:
+           cv_tables: dict) -> pd.DataFrame:
     """Every candidate of one (workload, batch size): the fixed shapes of ``table`` (scored
     vectorised) and the ``adaptive`` specs, with their tok/s and round and draft latency, and
     the [ctx_lo, ctx_hi] of contexts each asks C_v at (the run's [l0, l0 + N], widened by an
     adaptive spec's bucketed decision contexts).  ``cv_tables``: the adaptive specs' C_v tables,
     shared by every call at the same ``costs`` (keyed by batch size, max budget and decision
-    context, not by workload); None: shared by this call's specs only."""
+    context, not by workload)."""
     steps = table["draft_steps"].to_numpy()
     draft = np.zeros(len(table))
     drafted = steps > 0  # plain decoding drafts nothing: never ask C_d about it
@@ -208,7 +208,6 @@ def _score(costs, workload: Workload, table: pd.DataFrame, adaptive: list[Policy
     df = table.assign(workload=workload.name, batch_size=b, tok_s=out["throughput_tok_s"],
                       round_us=out["total_us"] / out["rounds"], draft_us=draft, ctx_lo=lo, ctx_hi=hi)
     rows = []
-    cv_tables = {} if cv_tables is None else cv_tables   # C_v tables shared by the adaptive specs
     for spec in adaptive:
         a = analytic_run(workload, spec, costs, b, cv_tables)
         m = spec.params.get("max_budget", spec.params.get("max_budget_per_seq"))

@@ -120,20 +120,16 @@ class Policy:
             raise SimtreeError(f"policy has no entry for workload {workload!r} at batch size {batch_size}")
         return min(entries, key=lambda e: min(abs(batch_size - e.batch_min), abs(batch_size - e.batch_max)))
 
-    def clamp_note(self, workload: str, batch_size: int, entry: PolicyEntry | None = None) -> str | None:
-        """One line when ``batch_size`` lies outside every planned range of ``workload`` (the
-        lookup then clamps to the nearest entry), else None.  ``entry``: the entry
-        ``lookup(workload, batch_size)`` returned, for a caller that has just looked it up (not
-        looked up again); without it, a workload the policy lacks gives None."""
-        if entry is None:
-            if workload not in self.workloads:
-                return None
-            entry = self.lookup(workload, batch_size)
+    def resolve(self, workload: str, batch_size: int) -> tuple[PolicyEntry, str | None]:
+        """(``lookup(workload, batch_size)``, one line when ``batch_size`` lies outside every
+        planned range of ``workload`` and the lookup clamped it to the nearest entry, else
+        None): what every caller of a policy at a batch size needs, looked up once."""
+        entry = self.lookup(workload, batch_size)
         if entry.batch_min <= batch_size <= entry.batch_max:
-            return None
+            return entry, None
         side, edge = ("largest", entry.batch_max) if batch_size > entry.batch_max else ("smallest", entry.batch_min)
-        return (f"batch size {batch_size} is outside the policy's planned range for {workload!r}: clamped to "
-                f"its {side} planned batch size {edge} ({entry.mode}, planned at batch {entry.batch_max})")
+        return entry, (f"batch size {batch_size} is outside the policy's planned range for {workload!r}: clamped "
+                       f"to its {side} planned batch size {edge} ({entry.mode}, planned at batch {entry.batch_max})")
 
     def to_dict(self) -> dict:
         return {"schema": SCHEMA, "model": self.model, "device": self.device, "created": self.created,

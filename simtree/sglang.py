@@ -69,8 +69,7 @@ def export(policy_path: str | Path, workload: str, batch_size: int) -> SGLangExp
 
     check_batch_size(batch_size)
     policy = Policy.load(policy_path)
-    entry = policy.lookup(workload, batch_size)
-    note = policy.clamp_note(workload, batch_size, entry)
+    entry, note = policy.resolve(workload, batch_size)
     if note:
         warnings.warn(note, RuntimeWarning, stacklevel=2)
     planned_b = entry.batch_max

@@ -193,8 +193,9 @@ class _Adaptive:
         # C_v(1..max_budget) per (batch, max budget, decision context), kept only in a dict the
         # caller passes to share among the policies it decides at the same costs (the planner:
         # one per plan() call, shared by its workloads and draft depths: the tables do not
-        # depend on the workload; Monte-Carlo runs pass one of their own: whole-token contexts
-        # repeat across rounds and runs); None: computed each time
+        # depend on the workload; Monte-Carlo runs pass one of their own, keyed by the batch's
+        # mean context: it repeats at one sequence, whose contexts are whole tokens, and seldom
+        # at more); None: computed each time
         self.cv_tables = cv_tables
         self.orders, self.tables = [], []
         for level in range(acc.num_levels):

@@ -90,8 +90,7 @@ def test_positional_fit_recovers_the_generating_table(tmp_path):
     *[('{"workload": "w", "batch_size": 1, "parents": [-1, 0], "log_probs": [0, -1], '
        f'"accepted_node": {node}}}', f"accepted_node (a node of the 2-node tree) must be an integer in [0, 1], "
                                       f"got {got}")
-      for node, got in (("-1", "-1"), ("true", "True"), ("2.5", "2.5"), ("1.0", "1.0"), ("NaN", "nan"),
-                        ('"1"', "'1'"))],
+      for node, got in (("-1", "-1"), ("true", "True"), ("2.5", "2.5"), ("NaN", "nan"), ('"1"', "'1'"))],
     ('{"workload": "w", "batch_size": 0, "parents": [-1, 0], "log_probs": [0, -1], "accepted_node": 1}', "batch_size"),
     ('{"workload": "w", "batch_size": 1, "parents": [-1, 0], "log_probs": [0, -1], "accepted_node": 1, '
      '"num_accepted": 3}', "num_accepted 3"),
@@ -240,3 +239,17 @@ def test_trace_batch_size_and_context_len_accept_and_reject_alike(tmp_path_facto
     for field, err in (("batch_size", batch_err), ("context_len", ctx_err)):
         if err is not None:
             assert f"{path}:1: {field}" in err and "\n" not in err
+
+
+def test_every_integer_field_of_a_trace_takes_a_whole_float(tmp_path):
+    # one rule for the record's integers: 1.0 and 3.0 as another tool's JSON may write them
+    path = tmp_path / "t.jsonl"
+    path.write_text(json.dumps({"workload": "w", "batch_size": 2.0, "parents": [-1, 0], "log_probs": [0, -1],
+                                "accepted_node": 1.0, "round": 3.0, "context_len": 64.0}) + "\n")
+    rec = read_traces(path)[0]
+    assert (rec.accepted_node, rec.batch_size, rec.round_index, rec.context_len) == (1, 2, 3, 64)
+    assert all(type(x) is int for x in (rec.accepted_node, rec.batch_size, rec.round_index, rec.context_len))
+    path.write_text(json.dumps({"workload": "w", "batch_size": 1, "parents": [-1, 0], "log_probs": [0, -1],
+                                "accepted_node": 1, "round": 0.5}) + "\n")
+    with pytest.raises(SimtreeError, match="round must be an integer"):
+        read_traces(path)

@@ -53,3 +53,15 @@ def test_summary_reads_the_transposed_walk(monkeypatch, capsys):
     b16 = out.split("## b16_n128\n")[1].split("\n## ")[0]
     assert "_tree_verify_kernel |" in b16 and "SASS" not in b16
     assert out == (run / "summary.md").read_text()
+
+
+def test_the_header_names_the_launch_the_logs_record(tmp_path):
+    # the summary says which launch was profiled: ncu_gdn_verify.py's log line per shape
+    launches = runpy.run_path(str(ROOT / "scripts" / "ncu_summary.py"))["launches"]
+    assert launches(tmp_path) == "the default launch"   # no logs
+    (tmp_path / "verify_b16_n128.log").write_text("x\nb16 n128: three verifies done (default launch)\n")
+    assert launches(tmp_path) == "the default launch"
+    (tmp_path / "verify_b64_n128.log").write_text("b64 n128: three verifies done ({'cuda_walk': 2})\n")
+    assert launches(tmp_path) == "the launch `default launch` / `{'cuda_walk': 2}`"
+    assert "the launch `{'transposed': 1, 'cuda_walk': 2}`" in (
+        ROOT / "reports/h200/gdn/tuning/run90/ncu_v2/summary.md").read_text()

@@ -89,23 +89,16 @@ def test_within_model_error_round_trips_and_defaults_to_false(tmp_path):
     assert [e.within_model_error for e in again.entries] == [True, False]
 
 
-def test_clamp_note_only_outside_every_planned_range(tmp_path):
+def test_resolve_notes_only_outside_every_planned_range(tmp_path):
     pol = Policy.load(_write(tmp_path, [_entry(batch_min=2, batch_max=4), _entry(batch_min=5, batch_max=64)]))
-    for b in range(2, 65):
-        assert pol.clamp_note("sharegpt", b) is None
-    assert "largest planned batch size 64" in pol.clamp_note("sharegpt", 1000)
-    assert "smallest planned batch size 2" in pol.clamp_note("sharegpt", 1)
-
-
-def test_clamp_note_takes_the_entry_its_caller_looked_up(tmp_path):
-    # a caller that has just looked the entry up passes it: the same note, no second lookup
-    pol = Policy.load(_write(tmp_path, [_entry(batch_min=2, batch_max=4), _entry(batch_min=5, batch_max=64)]))
-    for b in (1, 2, 3, 4, 5, 64, 65, 1000):
-        entry = pol.lookup("sharegpt", b)
-        assert pol.clamp_note("sharegpt", b, entry) == pol.clamp_note("sharegpt", b)
-    assert pol.clamp_note("gsm8k", 3) is None   # a workload the policy lacks: no note (lookup raises)
-    pol.lookup = None   # passing the entry never looks it up again
-    assert "largest planned batch size 64" in pol.clamp_note("sharegpt", 1000, pol.entries[1])
+    for b in list(range(1, 70)) + [1000]:
+        entry, note = pol.resolve("sharegpt", b)
+        assert entry == pol.lookup("sharegpt", b)   # the lookup's entry, clamped or not
+        assert (note is None) == (2 <= b <= 64), b
+    assert "largest planned batch size 64" in pol.resolve("sharegpt", 1000)[1]
+    assert "smallest planned batch size 2" in pol.resolve("sharegpt", 1)[1]
+    with pytest.raises(SimtreeError):   # a workload the policy lacks: the lookup's error
+        pol.resolve("gsm8k", 3)
 
 
 def test_params_are_counts_from_json_or_numpy():

@@ -100,3 +100,15 @@ def test_run_prints_a_failed_runs_warnings_as_notes(monkeypatch):
     result = CliRunner().invoke(app, ["run", "--mode", "none", "-b", "1", "--max-new-tokens", "2"])
     assert isinstance(result.exception, SimtreeError)   # the entry point makes it one line, exit 2
     assert "note: cost model convexity check failed" in result.stderr
+
+
+def test_notes_print_one_line_each(capsys):
+    # a multi-line warning (e.g. from a library) still prints as one note line; repeats once
+    import warnings
+
+    from simtree.cli.notes import print_notes
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        warnings.warn("first line\n  second line", UserWarning)
+    print_notes(caught + ["first line second line", "other"])
+    assert capsys.readouterr().err.splitlines() == ["note: first line second line", "note: other"]

@@ -208,6 +208,7 @@ def test_draft_extent_follows_the_cost_models_draft_shape():
     fixed, adaptive = candidate_specs()
     for spec in fixed + adaptive:
         nodes, depth = draft_extent(spec)
+        assert nodes > depth or spec.mode == "none", spec.name   # the root is verified too
         if spec.mode in ("linear", "eagle"):
             assert nodes >= spec.budget, spec.name
     pinned = {("linear", (("budget", 1),)): (1, 0), ("linear", (("budget", 16),)): (16, 15),

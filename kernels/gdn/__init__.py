@@ -297,7 +297,7 @@ def verify_launch_config(B: int, HV: int, V: int, device: torch.device | str = "
     sub-chunks, each sub-chunk's rows and tiles copied one sub-chunk ahead) replaces the
     Triton walks from 10 sequences' rows (480) with 64-128 nodes, on Hopper or newer.  Run 91 (Qwen3.6-27B,
     depth-first trees), the whole verify against the rule without it: faster at every shape
-    measured, 10-64 sequences of 64, 96 and 128 nodes, by 5-30% (b10 n128 73.6 vs 82.3 us,
+    measured, 10-64 sequences of 64, 96 and 128 nodes (b10 n128 73.6 vs 82.3 us,
     b13 n96 68.0 vs 71.5, b16 n128 92.3 vs 119.5, b64 n128 334.4 vs 383.6).  Below 10
     sequences, below 64 and beyond 128 nodes it was not measured; at Qwen3-Next's 32 value
     heads (taken from 15 sequences, by rows) neither timed nor checked on the GPU.
@@ -427,7 +427,7 @@ def _cuda_walk_blockers(*, kside: int, ready: bool, BT: int, K: int, BV: int, mt
         why.append(f"(block_v, m-tiles per warp) in {cuda_walk.INSTANCES}, got ({BV}, {mt})")
     if any(t.data_ptr() % 16 for t in tensors):
         why.append("16-byte aligned state and v (its 16-byte copies)")
-    if _INTERPRET or not cuda_walk.available(device):
+    if not _pdl_ok(device) or not cuda_walk.available(device):
         why.append("a CUDA GPU of compute capability >= 9.0 and nvcc to build it")
     return why
 
@@ -523,6 +523,7 @@ def gdn_tree_verify(q, k, v, g, beta, state, parents, cu_nodes, *, scale=None, q
         and meta.max_nodes <= G_PROLOGUE_MAX_NODES
     use_bf16 = (cfg["u_bf16"] if u_bf16 is None else u_bf16) and prec == "tf32" and not _INTERPRET
     DT = tl.bfloat16 if prec == "tf32" and not _INTERPRET else tl.float32
+    sdt = bool(cfg["solve_bf16"] if solve_bf16 is None else solve_bf16) and DT == tl.bfloat16
     ready = bool(cfg["prenorm"] if prenorm is None else prenorm)
     NT = max(16, 1 << max(meta.max_nodes - 1, 1).bit_length()) if pro else 0
     kside = int(cfg["kside"] if kside is None else kside)
@@ -552,9 +553,7 @@ def gdn_tree_verify(q, k, v, g, beta, state, parents, cu_nodes, *, scale=None, q
     if mt:   # the CUDA walk where it runs; the default falls back to the Triton walk elsewhere
         why = _cuda_walk_blockers(
             kside=kside, ready=ready, BT=BT, K=K, BV=BV, mt=mt, dtypes=(q.dtype, v.dtype),
-            bf16_buffers=ucache16 and bool(cfg["solve_bf16"] if solve_bf16 is None else solve_bf16)
-            and bool(cfg["u_bf16"] if u_bf16 is None else u_bf16), tensors=(s0, vc),
-            device=q.device)
+            bf16_buffers=ucache16 and use_bf16 and sdt, tensors=(s0, vc), device=q.device)
         if why and cuda_walk:
             raise LaunchNotApplicable("cuda_walk needs " + "; ".join(why))
         mt = 0 if why else mt
@@ -571,7 +570,6 @@ def gdn_tree_verify(q, k, v, g, beta, state, parents, cu_nodes, *, scale=None, q
             G_PASS=g_pass, HVB=G_TILE, RB=G_TILE, PDL=use_pdl, num_warps=4)
         qc, kc = qn, kn
     diag = tiles = None
-    sdt = bool(cfg["solve_bf16"] if solve_bf16 is None else solve_bf16) and DT == tl.bfloat16
     if kside:   # the V-free products, per (sub-chunk, sequence, key head)
         diag = torch.empty(B * HV * nc * 2 * BT * BT, device=q.device,
                            dtype=torch.bfloat16 if sdt else torch.float32)

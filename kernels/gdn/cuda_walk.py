@@ -13,13 +13,13 @@ import hashlib
 import os
 import shutil
 import subprocess
-import tempfile
 import warnings
 from pathlib import Path
 
 import torch
 
 from simtree.errors import SimtreeError
+from simtree.fileio import write_atomic
 
 SOURCE = Path(__file__).with_name("cuda") / "walk.cu"
 # the (block_v, m-tiles per warp) instances walk.cu compiles (warps per program: block_v / 16 / mt)
@@ -41,7 +41,9 @@ def nvcc() -> str | None:
 
 
 def arch_flag(major: int, minor: int) -> str:
-    """nvcc's target for a compute capability (Hopper's own instructions need the 'a' target)."""
+    """nvcc's target for a compute capability: the architecture-specific one ('a') on Hopper,
+    the target the kernel was built and measured with (its stmatrix, griddepcontrol and
+    mma.sync need sm_90 only)."""
     cc = f"{major}{minor}" + ("a" if major == 9 else "")
     return f"-gencode=arch=compute_{cc},code=sm_{cc}"
 
@@ -52,8 +54,8 @@ def _flags(major: int, minor: int) -> list[str]:
 
 def build(major: int, minor: int) -> Path:
     """The shared library of walk.cu for compute capability major.minor: built with nvcc into
-    the cache (atomically: a temporary name, then renamed) unless a build of this source, with
-    these flags and this nvcc, is there already."""
+    the cache (``fileio.write_atomic``) unless a build of this source, with these flags and
+    this nvcc, is there already."""
     compiler = nvcc()
     if compiler is None:
         raise SimtreeError("the CUDA walk needs nvcc (set CUDA_HOME or put nvcc on PATH)")
@@ -62,16 +64,14 @@ def build(major: int, minor: int) -> Path:
                          + version.encode()).hexdigest()[:16]
     lib = _cache_dir() / f"gdn_walk_{key}.so"
     if not lib.exists():
-        lib.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory(dir=lib.parent) as tmp:
-            out = Path(tmp) / lib.name
-            res = subprocess.run([compiler, *_flags(major, minor), "-o", str(out), str(SOURCE)],
+        def compile_to(tmp: str) -> None:
+            res = subprocess.run([compiler, *_flags(major, minor), "-o", tmp, str(SOURCE)],
                                  capture_output=True, text=True)
             if res.returncode != 0:
                 lines = (res.stderr or res.stdout).strip().splitlines() or ["no output"]
                 first = next((x for x in lines if "error" in x.lower()), lines[-1])
                 raise SimtreeError(f"nvcc failed building {SOURCE.name}: {first.strip()}")
-            os.replace(out, lib)
+        write_atomic(lib, compile_to)
     return lib
 
 
@@ -117,10 +117,15 @@ def _available(device: str) -> bool:
     return True
 
 
+@functools.lru_cache(maxsize=None)
+def _device_library(index: int) -> ctypes.CDLL:
+    return _library(*torch.cuda.get_device_capability(index))
+
+
 def _call(tensors, B: int, NC: int, H: int, HV: int, V: int, block_v: int, mt: int, pdl: bool,
           ordered: bool = False, blocks_per_sm: ctypes.c_int | None = None) -> None:
     dev = tensors[0].device
-    dll = _library(*torch.cuda.get_device_capability(dev))
+    dll = _device_library(dev.index)
     ptrs = (ctypes.c_void_p * len(tensors))(*(t.data_ptr() for t in tensors))
     with torch.cuda.device(dev):   # the launch and its shared-memory opt-in on that GPU
         stream = torch.cuda.current_stream(dev).cuda_stream
@@ -142,8 +147,8 @@ def walk(qn, kn, v, beta, s0, cu, pairs, npairs, NC: int, o, u, G, diag, tiles, 
          H: int, block_v: int, mt: int, pdl: bool) -> None:
     """Launch the CUDA walk: the arguments of ``_tree_verify_t_kernel`` (bf16 q/k/v/o/u/tiles,
     fp32 beta/S0/G, int64 cu, int32 pairs; ``order`` int32 [N], the flat row of each node in
-    walk order, or None: the stored order), K = 128, 16-node sub-chunks."""
-    check_instance(block_v, mt)
+    walk order, or None: the stored order), K = 128, 16-node sub-chunks; (block_v, mt) one
+    of INSTANCES (``gdn_tree_verify`` checks it; walk.cu answers any other with an error)."""
     B, HV, V = cu.numel() - 1, v.shape[1], v.shape[2]
     _call([qn, kn, v, beta, s0, cu, pairs, npairs, o, u, G, diag, tiles,
            npairs if order is None else order], B, NC, H, HV, V, block_v, mt, pdl,
@@ -153,7 +158,7 @@ def walk(qn, kn, v, beta, s0, cu, pairs, npairs, NC: int, o, u, G, diag, tiles, 
 def blocks_per_sm(device, NC: int, block_v: int, mt: int) -> int:
     """Programs of one (block_v, mt) instance resident per SM at NC sub-chunks (occupancy API)."""
     check_instance(block_v, mt)
-    x = torch.empty(16, device=device)
+    x = torch.empty(16, device=torch.device(device))
     n = ctypes.c_int(0)
     _call([x] * 14, 1, NC, 1, 1, 128, block_v, mt, False, blocks_per_sm=n)
     return n.value

@@ -37,6 +37,9 @@ import triton.language as tl
 WALK_KERNELS = ("_tree_verify_kernel", "_tree_verify_t_kernel")
 VERIFY_KERNELS = ("_qk_prenorm_kernel", "_tree_kside_kernel") + WALK_KERNELS
 CUDA_WALK_KERNEL = "walk_kernel"
+# what the Nsight scripts profile and summarise: every kernel of a verify, whichever walk runs
+PROFILED_WALKS = WALK_KERNELS + (CUDA_WALK_KERNEL,)
+PROFILED_KERNELS = VERIFY_KERNELS + (CUDA_WALK_KERNEL,)
 
 
 @triton.jit
@@ -241,7 +244,8 @@ def _unit_lower_inverse(A, BT: tl.constexpr, LOG_BT: tl.constexpr, PREC: tl.cons
 @triton.jit
 def _tile_slot(ptr, i_b, i_hv, slot, slots, HV: tl.constexpr, BT: tl.constexpr):
     """Two [BT, BT] tiles at ``slot`` of the ``slots`` that (sequence i_b, value head i_hv)
-    holds in a K-side buffer: where ``_tree_kside_kernel`` writes them and the walks read them."""
+    holds in a K-side buffer: where ``_tree_kside_kernel`` writes them and the walks read them
+    (``cuda/walk.cu``'s copies spell the same layout: change both together)."""
     return ptr + ((i_b * HV + i_hv).to(tl.int64) * slots + slot) * 2 * BT * BT
 
 

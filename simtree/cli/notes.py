@@ -19,7 +19,7 @@ def captured_warnings():
 def print_notes(notes, console=None) -> None:
     """Each distinct note once, one line each (warnings or strings): through ``console`` (a
     rich Console, markup escaped) or plain on stderr."""
-    for note in dict.fromkeys(str(getattr(n, "message", n)) for n in notes):
+    for note in dict.fromkeys(" ".join(str(getattr(n, "message", n)).split()) for n in notes):
         if console is None:
             typer.echo(f"note: {note}", err=True)
         else:

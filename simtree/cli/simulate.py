@@ -109,8 +109,7 @@ def simulate_command_run(costs_path, workload_spec: str, batch_size: int, mode: 
     if policy_path:   # its model picks the shipped bundle unless --model says otherwise
         from simtree.policy import Policy
         pol = Policy.load(policy_path)
-        entry = pol.lookup(workload.name, batch_size)
-        note = pol.clamp_note(workload.name, batch_size, entry)
+        entry, note = pol.resolve(workload.name, batch_size)
         if note:
             warnings.warn(note, RuntimeWarning, stacklevel=2)
         spec = PolicySpec(entry.mode, entry.params)

@@ -104,10 +104,13 @@ struct Stage {
   static constexpr int G = beta + BT * 4;
   static constexpr int diag = G + BT * 4;             // T_c, then P_cc (bf16)
   static constexpr int pairs = diag + 2 * TILE * 2;   // each pair's a, then p (bf16)
-  static __host__ __device__ int bytes(int nc) {      // 16-byte multiple
-    return pairs + (nc > 1 ? nc - 1 : 0) * 2 * TILE * 2 + 16 * ((nc * 4 + 15) / 16);
-  }
   static __host__ __device__ int ids(int nc) { return pairs + (nc > 1 ? nc - 1 : 0) * 2 * TILE * 2; }
+  static __host__ __device__ int bytes(int nc) { return ids(nc) + 16 * ((nc * 4 + 15) / 16); }
+  // beside the two stages: each warp's u^T fragments of every sub-chunk (one uint4 per lane
+  // and m-tile; warps x m-tiles = BV / 16); before the walk the same space holds S0 [K, BV]
+  // in fp32 rows of s0_row
+  static __host__ __device__ int uhist_bytes(int nc) { return nc * (BV / 16) * 32 * 16; }
+  static constexpr int s0_row = BV + 4;
 };
 
 template <int BV, int MT, bool ORD>
@@ -127,7 +130,7 @@ walk_kernel(const __nv_bfloat16* __restrict__ qn, const __nv_bfloat16* __restric
   const int stage_bytes = S::bytes(NC);
   unsigned char* stages = smem;
   uint4* uhist = reinterpret_cast<uint4*>(smem + 2 * stage_bytes);   // [NC][WARPS][MT][32]
-  int* np_s = reinterpret_cast<int*>(uhist + NC * WARPS * MT * 32);  // [NC]
+  int* np_s = reinterpret_cast<int*>(smem + 2 * stage_bytes + S::uhist_bytes(NC));  // [NC]
   int* ord_s = np_s + NC;   // ORD: the stored row of each walked node [NC * 16]
 
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
@@ -144,7 +147,7 @@ walk_kernel(const __nv_bfloat16* __restrict__ qn, const __nv_bfloat16* __restric
   // staged in shared memory by one round of 16-byte copies (rows padded: conflict-free reads)
   uint32_t sa[MT][KS][4];
   {
-    constexpr int SR = BV + 4;
+    constexpr int SR = S::s0_row;
     float* s0s = reinterpret_cast<float*>(smem);
     const float* sp = s0 + bhv * K * V + i_v * BV;
 #pragma unroll 4
@@ -181,6 +184,7 @@ walk_kernel(const __nv_bfloat16* __restrict__ qn, const __nv_bfloat16* __restric
   const int64_t qk0 = (bos * H + i_h) * K, v0 = (bos * HV + i_hv) * V + i_v * BV;
   const float* beta0 = beta + bos * HV + i_hv;
   const float* G0 = G + bos * HV + i_hv;
+  // the K-side tiles' slots as tree_verify.py's _tile_slot lays them out (change both together)
   const __nv_bfloat16* diag0 = diag + bhv * NC * 2 * TILE;
   const __nv_bfloat16* ptile0 = ptiles + bhv * (static_cast<int64_t>(NC) * (NC - 1) / 2) * 2 * TILE;
   const int32_t* ids0 = pairs + static_cast<int64_t>(i_b) * NC * NC;
@@ -381,8 +385,9 @@ template <int BV, int MT, bool ORD>
 int launch(void** a, int B, int NC, int H, int HV, int V, int pdl, cudaStream_t stream,
            int* blocks_per_sm) {
   constexpr int THREADS = BV / (16 * MT) * 32;
-  const int walk_smem = 2 * Stage<BV>::bytes(NC) + NC * (BV / 16) * 32 * 16;
-  const int s0_smem = K * (BV + 4) * 4;   // S0 staged before the walk, in the same space
+  using S = Stage<BV>;
+  const int walk_smem = 2 * S::bytes(NC) + S::uhist_bytes(NC);
+  const int s0_smem = K * S::s0_row * 4;   // S0 staged before the walk, in the same space
   const int smem = (walk_smem > s0_smem ? walk_smem : s0_smem) +
                    16 * ((NC * (ORD ? BT + 1 : 1) * 4 + 15) / 16);
   auto kern = walk_kernel<BV, MT, ORD>;
