@@ -8,7 +8,9 @@ Config strings use bench_gdn's letters (t block_t, v block_v, w num_warps, s num
 r max_registers, and the kernel switches g g_prologue, u u_bf16, p prefetch, o heavy_first,
 q prenorm, j g_pass, k kside: the K-side kernel's warps, 0 off,
 h kside_heads, b solve_bf16, c u_cache_bf16, l pdl, e early,
-m kside_registers, x transposed, y cuda_walk: the CUDA walk's m-tiles per warp, 0 off).
+m kside_registers, x transposed, y cuda_walk: the CUDA walk's m-tiles per warp, 0 off,
+z walk_kside: 1, the CUDA walk computes the K-side tiles itself, a kside_cuda: 1, the CUDA
+K-side kernel writes them for the CUDA walk).
 Writes tune_gdn.csv
 (one row per config x shape x phase) and tune_gdn.json (env, correctness per config) into
 --out; results are rewritten after every shape, so a killed run keeps what it measured.

@@ -31,8 +31,11 @@ def test_rule_takes_the_cuda_walk_where_measured(monkeypatch):
         b, n = int(rng.integers(10, 129)), int(rng.integers(64, 129))
         cfg = _rule(b, n)
         assert cfg["cuda_walk"] == 2 and cfg["kside"] > 0 and cfg["prenorm"] == 1, (b, n)
+        assert cfg["kside_cuda"] == 1 and cfg["walk_kside"] == 0, (b, n)
+        assert (cfg["block_v"], 2) in cuda_walk.RAW_INSTANCES, (b, n)
         assert cfg["block_t"] == 16 and (cfg["block_v"], 2) in cuda_walk.INSTANCES, (b, n)
         assert _rule(b, n, ieee=True)["cuda_walk"] == 0, (b, n)
+        assert _rule(b, n, ieee=True)["kside_cuda"] == 0, (b, n)
     for b, n in ((9, 128), (4, 128), (1, 64), (16, 63), (64, 33), (64, 16), (64, 129), (16, 256)):
         assert _rule(b, n)["cuda_walk"] == 0, (b, n)
     assert _rule(15, 128, hv=32)["cuda_walk"] == 2 and _rule(14, 128, hv=32)["cuda_walk"] == 0
@@ -58,6 +61,13 @@ def test_every_reason_the_cuda_walk_cannot_run_is_named():
     for text, kw in cases.items():
         extra = [w for w in _blockers(**kw) if w not in base]
         assert len(extra) == 1 and text in extra[0], (kw, extra)
+    # the walk computing its own K-side tiles has one program per (sequence, value head) only;
+    # the walk on raw rows (after the CUDA K-side kernel) has its own instances
+    for mode in (1, 2):
+        for bv, mt in cuda_walk.INSTANCES:
+            extra = [w for w in _blockers(BV=bv, mt=mt, mode=mode) if w not in base]
+            assert ((bv, mt) in cuda_walk.instances(mode)) == (extra == []), (mode, bv, mt)
+            assert extra == [] or (len(extra) == 1 and f"got ({bv}, {mt})" in extra[0]), extra
 
 
 def test_cpu_falls_back_to_the_triton_walk_and_refuses_an_explicit_cuda_walk(monkeypatch):
@@ -69,13 +79,53 @@ def test_cpu_falls_back_to_the_triton_walk_and_refuses_an_explicit_cuda_walk(mon
     kw = dict(backend="triton", kside=1, prenorm=1)
     want, _ = gdn_tree_verify(*args, cuda_walk=0, **kw)
     real = kg.verify_launch_config
-    monkeypatch.setattr(kg, "verify_launch_config",   # a rule that asks for the CUDA walk
-                        lambda *a, **k: dict(real(*a, **k), cuda_walk=2))
-    assert not cuda_walk.available("cpu")
-    got, _ = gdn_tree_verify(*args, **kw)   # the default falls back: same launch, same outputs
-    assert torch.equal(got, want)
+    for ks, kcu in ((0, 0), (1, 0), (0, 1)):   # a rule that asks for the CUDA walk (with the
+        # K-side in it, or by the CUDA K-side kernel, or neither)
+        monkeypatch.setattr(kg, "verify_launch_config", lambda *a, **k: dict(
+            real(*a, **k), cuda_walk=2, walk_kside=ks, kside_cuda=kcu))
+        assert not cuda_walk.available("cpu")
+        got, _ = gdn_tree_verify(*args, **kw)   # the default falls back: same launch, outputs
+        assert torch.equal(got, want), ks
+        # the bench's y0: the Triton walk asked for, the rule's CUDA K-side kernel left out
+        # with it (the Triton pre-pass and K-side kernel run)
+        got, _ = gdn_tree_verify(*args, cuda_walk=0, **kw)
+        assert torch.equal(got, want), ks
     with pytest.raises(LaunchNotApplicable, match="cuda_walk needs .*compute capability"):
         gdn_tree_verify(*args, cuda_walk=2, **kw)
+    with pytest.raises(LaunchNotApplicable, match="cuda_walk needs .*compute capability"):
+        gdn_tree_verify(*args, cuda_walk=2, walk_kside=1, **kw)
+    with pytest.raises(LaunchNotApplicable, match="walk_kside .* needs cuda_walk > 0"):
+        gdn_tree_verify(*args, cuda_walk=0, walk_kside=1, **kw)
+    for bad in (dict(cuda_walk=0), dict(cuda_walk=2, walk_kside=1)):   # checked before the GPU
+        with pytest.raises(LaunchNotApplicable, match="kside_cuda .* needs cuda_walk > 0 .*"
+                                                      "and walk_kside = 0"):
+            gdn_tree_verify(*args, kside_cuda=1, **bad, **kw)
+
+
+def test_the_rules_cuda_kside_kernel_gives_way_where_only_it_cannot_run(monkeypatch):
+    # an explicit CUDA walk at an instance the raw-row walk lacks (block_v 32) where the rule
+    # also asks for the CUDA K-side kernel: the walk runs on the Triton K-side kernel's tiles
+    # (mode 0) instead of failing; asked for explicitly, the K-side kernel is an error
+    import simtree.kernels.gdn as kg
+    rng = np.random.default_rng(4)
+    trees = [random_tree(int(n), rng, reach=4) for n in rng.integers(20, 40, size=2)]
+    inp = make_inputs([t.depth_first() for t in trees], 6)
+    args = [inp[k] for k in KEYS] + [inp["parents"], inp["cu_nodes"]]
+    kw = dict(backend="triton", kside=1, prenorm=1, block_v=32)
+    real = kg.verify_launch_config
+    monkeypatch.setattr(kg, "verify_launch_config",
+                        lambda *a, **k: dict(real(*a, **k), cuda_walk=2, kside_cuda=1))
+    monkeypatch.setattr(kg, "_cuda_walk_blockers", lambda **k: (
+        [f"instances {cuda_walk.instances(k['mode'])}"]
+        if (k["BV"], k["mt"]) not in cuda_walk.instances(k["mode"]) else []))
+    calls = []
+    monkeypatch.setattr(cuda_walk, "walk", lambda *a, **k: calls.append(k))
+    monkeypatch.setattr(cuda_walk, "kside", lambda *a, **k: pytest.fail("K-side kernel launched"))
+    gdn_tree_verify(*args, cuda_walk=2, **kw)
+    assert len(calls) == 1 and calls[0]["mults"] is None and calls[0]["bits"] is None
+    assert calls[0]["block_v"] == 32 and calls[0]["mt"] == 2
+    with pytest.raises(LaunchNotApplicable, match="cuda_walk needs instances"):
+        gdn_tree_verify(*args, cuda_walk=2, kside_cuda=1, **kw)
 
 
 def test_instances_and_targets():
@@ -100,11 +150,25 @@ def test_walk_builds_once_into_its_cache(tmp_path, monkeypatch):
     dll = cuda_walk._load(lib)   # loads without a GPU (the CUDA runtime binds lazily)
     assert b"block_v" in dll.gdn_walk_error(1000)
     assert b"shared memory" in dll.gdn_walk_error(1001)
+    assert b"fewer words" in dll.gdn_walk_error(1002)
     # the typed entry point takes walk.cu's arguments; an instance it lacks is refused before
-    # any CUDA call (so this runs without a GPU)
-    ptrs = (ctypes.c_void_p * 14)()
+    # any CUDA call (so this runs without a GPU), with the K-side in the walk as without
+    ptrs = (ctypes.c_void_p * 16)()
     for ordered in (0, 1):
-        assert dll.gdn_walk_launch(ptrs, 1, 8, 16, 48, 128, 96, 2, 1, ordered, None, None) == 1000
+        for bv, mt, ks in ((96, 2, 0), (96, 2, 1), (64, 2, 1), (32, 2, 1), (64, 1, 2), (3, 2, 3)):
+            assert ks == 3 or (bv, mt) not in cuda_walk.instances(ks)
+            assert dll.gdn_walk_launch(ptrs, 1, 8, 16, 48, 128, bv, mt, ks, 2, 1, ordered,
+                                       None, None) == 1000, (bv, mt, ks)
+        # eight sub-chunks need two words of ancestor bits per row: one is refused
+        assert dll.gdn_walk_launch(ptrs, 1, 8, 16, 48, 128, 128, 2, 1, 1, 1, ordered,
+                                   None, None) == 1002
+        kptrs = (ctypes.c_void_p * 13)()
+        assert dll.gdn_kside_launch(kptrs, 1, 8, 16, 48, 1, 1, ordered, 1, 0.1, None) == 1002
+        # 40 value heads over 16 key heads; 65 sub-chunks
+        for nc, h, w in ((8, 16, 2), (65, 8, 17)):
+            hv = 40 if h == 16 else 48
+            assert dll.gdn_kside_launch(kptrs, 1, nc, h, hv, w, 1, ordered, 1, 0.1, None) == 1003
+    assert b"value heads a multiple of the key heads" in dll.gdn_walk_error(1003)
 
 
 @pytest.mark.skipif(not HAS_NVCC, reason="no nvcc on this machine")
@@ -145,16 +209,20 @@ def test_nvcc_from_cuda_home(tmp_path, monkeypatch):
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("order", ["stored", "table"])
-@pytest.mark.parametrize("bv,mt", cuda_walk.INSTANCES)
-def test_cuda_walk_matches_the_triton_walk_on_the_gpu(bv, mt, order):
-    # o and u of the CUDA walk against the Triton transposed walk on the same K-side tiles and
-    # against the float64 reference: random trees of 65-128 nodes (last sub-chunks partial),
-    # two or three value heads per key head, stored depth-first or walked through the
-    # heavy-first order table of breadth-first trees
+@pytest.mark.parametrize("bv,mt,ks,kcu", [(*i, 0, 0) for i in cuda_walk.INSTANCES]
+                         + [(*i, 1, 0) for i in cuda_walk.KSIDE_INSTANCES]
+                         + [(*i, 0, 1) for i in cuda_walk.RAW_INSTANCES])
+def test_cuda_walk_matches_the_triton_walk_on_the_gpu(bv, mt, ks, kcu, order):
+    # o and u of the CUDA walk against the Triton transposed walk on the Triton K-side
+    # kernel's tiles (ks: the CUDA walk computes those tiles itself; kcu: the CUDA K-side
+    # kernel writes them) and against the float64 reference:
+    # random trees of 65-128 nodes (last sub-chunks partial), two or three value heads per key
+    # head, stored depth-first or walked through the heavy-first order table of breadth-first
+    # trees
     from simtree.kernels.gdn.bench_util import random_gdn_inputs
     if not cuda_walk.available("cuda"):
         pytest.skip("the CUDA walk does not run on this GPU")
-    rng = np.random.default_rng(bv * 10 + mt + (order == "table"))
+    rng = np.random.default_rng(bv * 10 + mt + 2 * (order == "table") + 4 * ks + 8 * kcu)
     for H, HV in ((4, 12), (4, 8)):
         trees = [random_tree(int(n), rng, reach=5) for n in rng.integers(65, 129, size=5)]
         if order == "stored":
@@ -165,8 +233,20 @@ def test_cuda_walk_matches_the_triton_walk_on_the_gpu(bv, mt, order):
         kw = dict(backend="triton", meta=meta, kside=1, prenorm=1, g_pass=1, solve_bf16=1,
                   u_bf16=1, u_cache_bf16=1, block_t=16, block_v=bv)
         o_t, c_t = gdn_tree_verify(*args, transposed=1, cuda_walk=0, **kw)
-        o_c, c_c = gdn_tree_verify(*args, cuda_walk=mt, **kw)
+        o_c, c_c = gdn_tree_verify(*args, cuda_walk=mt, walk_kside=ks, kside_cuda=kcu, **kw)
         ref = gdn_tree_verify_dense_ref(*(inp[k].double() for k in KEYS), inp["parents"],
                                         inp["cu_nodes"])
         assert rel_err(o_c, ref) < 2e-2 and rel_err(o_t, ref) < 2e-2, (H, HV)
         assert rel_err(o_c, o_t) < 1e-2 and rel_err(c_c.u, c_t.u) < 1e-2, (H, HV)
+        assert rel_err(c_c.G, c_t.G) < 1e-5, (H, HV)   # G: the CUDA K-side kernel's too
+        if kcu:   # its multipliers without the L2 norm, at another scale (q and k raw values
+            # then reach the products: inputs normalised first so the recurrence stays bounded)
+            raw = dict(inp, q=torch.nn.functional.normalize(inp["q"].float(), dim=-1).to(inp["q"].dtype),
+                       k=torch.nn.functional.normalize(inp["k"].float(), dim=-1).to(inp["k"].dtype))
+            args2 = [raw[k] for k in KEYS] + [raw["parents"], raw["cu_nodes"]]
+            nk = dict(kw, qk_l2norm=False, scale=0.05)
+            o_t2, _ = gdn_tree_verify(*args2, transposed=1, cuda_walk=0, **nk)
+            o_c2, _ = gdn_tree_verify(*args2, cuda_walk=mt, kside_cuda=1, **nk)
+            ref2 = gdn_tree_verify_dense_ref(*(raw[k].double() for k in KEYS), raw["parents"],
+                                             raw["cu_nodes"], scale=0.05, qk_l2norm=False)
+            assert rel_err(o_c2, ref2) < 2e-2 and rel_err(o_c2, o_t2) < 1e-2, (H, HV)

@@ -332,10 +332,11 @@ def test_every_default_launch_is_correct():
                 if key in seen:
                     continue
                 seen.add(key)
-                # the CUDA walk where the rule takes it runs on a GPU only: left to the
-                # default there, so the launch falls back to the Triton walk as it does
-                # wherever the CUDA walk cannot run
-                kw = {k: v for k, v in cfg.items() if k != "cuda_walk"}
+                # the CUDA walk and K-side kernel where the rule takes them run on a GPU
+                # only: left to the default there, so the launch falls back to the Triton
+                # kernels as it does wherever the CUDA ones cannot run
+                kw = {k: v for k, v in cfg.items()
+                      if k not in ("cuda_walk", "walk_kside", "kside_cuda")}
                 out, _ = gdn_tree_verify(*(inp[k] for k in KEYS), *tree, backend="triton",
                                          meta=meta, **kw)
                 assert rel_err(out, ref) < 1e-4, cfg

@@ -301,12 +301,23 @@ def verify_launch_config(B: int, HV: int, V: int, device: torch.device | str = "
     b13 n96 68.0 vs 71.5, b16 n128 92.3 vs 119.5, b64 n128 334.4 vs 383.6).  Below 10
     sequences, below 64 and beyond 128 nodes it was not measured; at Qwen3-Next's 32 value
     heads (taken from 15 sequences, by rows) neither timed nor checked on the GPU.
+    There it runs after the CUDA K-side kernel (``kside_cuda``, runs 94-99): one program per
+    (sequence, key head) writes the tiles, G and each row's q / k multipliers, so neither the
+    pre-pass nor the Triton K-side kernel runs and the walk reads raw q / k.  Against the
+    rule before (the walk on the Triton K-side kernel's tiles), depth-first trees, run 99:
+    b16 n128 84.8 vs 92.3 us, b64 n128 301.6 vs 332.9, b16 n64 51.7 vs 57.1, b10 n96 56.5
+    vs 58.2; faster at all 12 shapes of 10-64 sequences x 64-128 nodes, and on
+    breadth-first trees (b16 n128 88.1 vs 96.4, b64 n128 315.1 vs 344.8).  The walk that
+    computes the K-side tiles itself (``walk_kside``) was faster than it at three of those
+    shapes by at most 1.7%, 5-7% slower at 16-64 sequences of 96 nodes and 15-23% slower at
+    16-64 sequences of 128 (its k and u histories in shared memory grow with the
+    sub-chunks), so the rule leaves it off.
     """
     rows = B * HV
     cfg = dict(block_t=16, block_v=V, num_warps=2, num_stages=2, max_registers=0, g_prologue=1,
                u_bf16=1, prefetch=0, heavy_first=0, prenorm=1, kside=0, kside_heads=0, solve_bf16=0,
                u_cache_bf16=1, pdl=1, kside_registers=0, transposed=0, cuda_walk=0,
-               g_pass=int(max_nodes > (16 if rows <= 16 * 48 else 32)))
+               walk_kside=0, kside_cuda=0, g_pass=int(max_nodes > (16 if rows <= 16 * 48 else 32)))
     if rows <= 48:
         big, huge = max_nodes >= 32, max_nodes > 64
         cfg.update(block_t=32 if big else 16, block_v=min(V, 64),
@@ -349,9 +360,10 @@ def verify_launch_config(B: int, HV: int, V: int, device: torch.device | str = "
         # faster (>= 10 sequences' rows at 48 value heads, 64-128 nodes), wherever it can run
         # (``_cuda_walk_blockers``: else the Triton walk above)
         if rows >= CUDA_WALK_MIN_ROWS and CUDA_WALK_NODES[0] <= max_nodes <= CUDA_WALK_NODES[1]:
-            cfg["cuda_walk"] = 2
+            # with the CUDA K-side kernel (tuning runs 94-99): no pre-pass, raw q / k rows
+            cfg.update(cuda_walk=2, kside_cuda=1)
     if ieee and rows > 4 * 48:   # fp32 / fp64 inputs (run 88)
-        cfg.update(num_warps=8, transposed=0, cuda_walk=0)
+        cfg.update(num_warps=8, transposed=0, cuda_walk=0, kside_cuda=0)
     cfg["heavy_first"] = _heavy_first_default(cfg["block_t"], max_nodes, depth_first)
     cfg["early"] = int(max_nodes > cfg["block_t"])   # one sub-chunk: no pairs to hide behind
     return cfg
@@ -411,8 +423,10 @@ def verify_round_meta_host(parents, cu_nodes, max_nodes: int, HV: int, V: int,
 
 
 def _cuda_walk_blockers(*, kside: int, ready: bool, BT: int, K: int, BV: int, mt: int, dtypes,
-                        bf16_buffers: bool, tensors, device) -> list[str]:
-    """Why the CUDA walk (``cuda_walk.py``) cannot take a verify launch ([] = it can)."""
+                        bf16_buffers: bool, tensors, device, mode: int = 0) -> list[str]:
+    """Why the CUDA walk (``cuda_walk.py``; ``mode`` 1: the one computing the K-side tiles
+    itself, 2: the one after the CUDA K-side kernel) cannot take a verify launch ([] = it
+    can)."""
     from . import cuda_walk
     why = []
     if not (kside and ready):
@@ -423,10 +437,12 @@ def _cuda_walk_blockers(*, kside: int, ready: bool, BT: int, K: int, BV: int, mt
         why.append("bf16 q/k/v")
     if not bf16_buffers:
         why.append("bf16 u, tiles and solve (u_cache_bf16, u_bf16, solve_bf16)")
-    if (BV, mt) not in cuda_walk.INSTANCES:
-        why.append(f"(block_v, m-tiles per warp) in {cuda_walk.INSTANCES}, got ({BV}, {mt})")
+    if (BV, mt) not in cuda_walk.instances(mode):
+        why.append(f"(block_v, m-tiles per warp) in {cuda_walk.instances(mode)}, "
+                   f"got ({BV}, {mt})")
     if any(t.data_ptr() % 16 for t in tensors):
-        why.append("16-byte aligned state and v (its 16-byte copies)")
+        why.append("16-byte aligned state and v, and q / k for the CUDA K-side kernel (its "
+                   "16-byte copies)")
     if not _pdl_ok(device) or not cuda_walk.available(device):
         why.append("a CUDA GPU of compute capability >= 9.0 and nvcc to build it")
     return why
@@ -443,7 +459,8 @@ def gdn_tree_verify(q, k, v, g, beta, state, parents, cu_nodes, *, scale=None, q
                     kside_heads: int | None = None, solve_bf16: int | None = None,
                     u_cache_bf16: int | None = None, pdl: int | None = None,
                     early: int | None = None, kside_registers: int | None = None,
-                    transposed: int | None = None, cuda_walk: int | None = None):
+                    transposed: int | None = None, cuda_walk: int | None = None,
+                    walk_kside: int | None = None, kside_cuda: int | None = None):
     """Every node's output as if the recurrence ran along its own root path only.
 
     One pass, ``state`` is not modified.  Returns (out [N, HV, V] in q's dtype, GDNTreeCache).
@@ -478,8 +495,13 @@ def gdn_tree_verify(q, k, v, g, beta, state, parents, cu_nodes, *, scale=None, q
     as the products' M dimension) / ``cuda_walk`` (with kside and prenorm, > 0: the transposed
     walk by the hand-written CUDA kernel, ``cuda_walk.py``, with that many 16-row m-tiles per
     warp, whatever ``transposed`` says; bf16 inputs, K = 128, 16-node sub-chunks, Hopper or
-    newer; the default takes it only where it runs, else the Triton walk) override
-    ``verify_launch_config`` (benchmark tuning).
+    newer; the default takes it only where it runs, else the Triton walk) / ``walk_kside``
+    (with cuda_walk, 1: the CUDA walk computes the K-side tiles itself, from the ancestor
+    bits and its staged q/k rows, instead of reading them from the K-side kernel, which is
+    then not launched; block_v = V = 128) / ``kside_cuda`` (with cuda_walk and without
+    walk_kside, 1: the CUDA K-side kernel, ``cuda_walk.kside``, writes the tiles, G and each
+    row's q / k multipliers, so neither the pre-pass nor ``_tree_kside_kernel`` runs and the
+    CUDA walk reads raw q / k) override ``verify_launch_config`` (benchmark tuning).
     """
     if check:
         _check_inputs(q, k, v, g, beta, state, parents, cu_nodes)
@@ -550,14 +572,37 @@ def gdn_tree_verify(q, k, v, g, beta, state, parents, cu_nodes, *, scale=None, q
     g32, bits32 = g.float().contiguous(), walk.bits.view(torch.int32)
     beta32, s0, vc = beta.float().contiguous(), state.float().contiguous(), v.contiguous()
     mt = int(cfg["cuda_walk"] if cuda_walk is None else cuda_walk)
+    wks = bool(cfg["walk_kside"] if walk_kside is None else walk_kside)
+    kcu = bool(cfg["kside_cuda"] if kside_cuda is None else kside_cuda)
+    if wks and not mt:
+        if walk_kside:
+            raise LaunchNotApplicable("walk_kside computes the K-side tiles in the CUDA walk: "
+                                      "it needs cuda_walk > 0")
+        wks = False
+    if kcu and not (mt and not wks):
+        if kside_cuda:
+            raise LaunchNotApplicable("kside_cuda launches the CUDA K-side kernel for the CUDA "
+                                      "walk: it needs cuda_walk > 0 (where it runs) and "
+                                      "walk_kside = 0")
+        kcu = False
     if mt:   # the CUDA walk where it runs; the default falls back to the Triton walk elsewhere
-        why = _cuda_walk_blockers(
-            kside=kside, ready=ready, BT=BT, K=K, BV=BV, mt=mt, dtypes=(q.dtype, v.dtype),
-            bf16_buffers=ucache16 and use_bf16 and sdt, tensors=(s0, vc), device=q.device)
-        if why and cuda_walk:
+        def blockers():
+            return _cuda_walk_blockers(
+                kside=kside, ready=ready, BT=BT, K=K, BV=BV, mt=mt, dtypes=(q.dtype, v.dtype),
+                bf16_buffers=ucache16 and use_bf16 and sdt,
+                tensors=(s0, vc) + ((qc, kc) if kcu else ()), device=q.device,
+                mode=1 if wks else 2 if kcu else 0)
+        why = blockers()
+        if why and kcu and kside_cuda is None:   # the rule's K-side kernel: the walk without it
+            kcu = False
+            why = blockers()
+        if why and (cuda_walk or walk_kside or kside_cuda):
             raise LaunchNotApplicable("cuda_walk needs " + "; ".join(why))
-        mt = 0 if why else mt
-    if ready or g_pass:   # the dot operands once: normalised, scaled, in DT; and/or G
+        if why:
+            mt, wks, kcu = 0, False, False
+    # the dot operands once: normalised, scaled, in DT; and/or G (the CUDA K-side kernel writes
+    # G and the rows' multipliers itself: no pre-pass)
+    if (ready or g_pass) and not kcu:
         qn = torch.empty(qc.shape, dtype=torch.bfloat16 if DT == tl.bfloat16 else torch.float32,
                          device=q.device) if ready else qc
         kn = torch.empty_like(qn) if ready else kc
@@ -570,7 +615,7 @@ def gdn_tree_verify(q, k, v, g, beta, state, parents, cu_nodes, *, scale=None, q
             G_PASS=g_pass, HVB=G_TILE, RB=G_TILE, PDL=use_pdl, num_warps=4)
         qc, kc = qn, kn
     diag = tiles = None
-    if kside:   # the V-free products, per (sub-chunk, sequence, key head)
+    if kside and not wks:   # the V-free products, per (sub-chunk, sequence, key head)
         diag = torch.empty(B * HV * nc * 2 * BT * BT, device=q.device,
                            dtype=torch.bfloat16 if sdt else torch.float32)
         tiles = torch.empty(max(1, B * HV * (nc * (nc - 1) // 2) * 2 * BT * BT),
@@ -579,6 +624,13 @@ def gdn_tree_verify(q, k, v, g, beta, state, parents, cu_nodes, *, scale=None, q
         if hvb < 0 or (HV // H) % hvb:
             raise SimtreeError(f"kside_heads must divide the {HV // H} value heads of a key head "
                                f"(or be 0 for all of them), got {hvb}")
+    mults = None
+    if kcu:
+        from . import cuda_walk
+        mults = torch.empty((N, H, 2), dtype=torch.float32, device=q.device)
+        cuda_walk.kside(qc, kc, g32, beta32, walk.bits, cu, pairs, npairs, nc, G, mults,
+                        diag, tiles, order, pdl=use_pdl, l2norm=qk_l2norm, scale=scale)
+    elif kside and not wks:
         _tree_kside_kernel[(nc, B * HV // hvb)](
             qc, kc, beta32, walk.bits, order_t, cu, pairs, npairs, nc, G, diag, tiles, scale,
             H=H, HV=HV, K=K, W=meta.words, BT=BT, LOG_BT=BT.bit_length() - 1,
@@ -591,7 +643,8 @@ def gdn_tree_verify(q, k, v, g, beta, state, parents, cu_nodes, *, scale=None, q
     if mt:
         from . import cuda_walk
         cuda_walk.walk(qc, kc, vc, beta32, s0, cu, pairs, npairs, nc, out, u, G, diag, tiles,
-                       order, H=H, block_v=BV, mt=mt, pdl=use_pdl)
+                       order, H=H, block_v=BV, mt=mt, pdl=use_pdl,
+                       bits=walk.bits if wks else None, mults=mults)
         return out, GDNTreeCache(u, G, meta, qk_l2norm)
     if walk_t:
         _tree_verify_t_kernel[(V // BV, B * HV)](

@@ -1,9 +1,12 @@
-"""The hand-written CUDA transposed walk (``cuda/walk.cu``): built with nvcc on first use,
-cached by source and GPU architecture, called through ctypes on torch's current stream.
+"""The hand-written CUDA kernels of the GDN tree verify (``cuda/walk.cu``): the transposed walk
+(``walk``, in three modes: on the Triton K-side kernel's tiles, computing those tiles itself,
+or on raw q / k after the CUDA K-side kernel) and the K-side kernel (``kside``: tiles, G and
+the rows' q / k multipliers, one program per (sequence, key head)).  Built with nvcc on first
+use, cached by source and GPU architecture, called through ctypes on torch's current stream.
 
-Where nvcc or a Hopper-or-newer CUDA device is missing it is not available and the Triton
-walks run; the CPU tests cover that dispatch and the build, the GPU checks (``tune_gdn``,
-``bench_gdn``, ``tests/test_gdn_cuda_walk.py``'s gpu test) compare its outputs with the
+Where nvcc or a Hopper-or-newer CUDA device is missing they are not available and the Triton
+kernels run; the CPU tests cover that dispatch and the build, the GPU checks (``tune_gdn``,
+``bench_gdn``, ``tests/test_gdn_cuda_walk.py``'s gpu test) compare their outputs with the
 float64 references and the Triton walk's."""
 from __future__ import annotations
 
@@ -24,6 +27,11 @@ from simtree.fileio import write_atomic
 SOURCE = Path(__file__).with_name("cuda") / "walk.cu"
 # the (block_v, m-tiles per warp) instances walk.cu compiles (warps per program: block_v / 16 / mt)
 INSTANCES = ((128, 2), (128, 1), (64, 2), (64, 1), (32, 2))
+# the instances that also compute the K-side tiles in the walk (mode 1: one program per
+# (sequence, value head), so the tiles are computed once per value head), and those walking
+# raw q / k rows after the CUDA K-side kernel (mode 2)
+KSIDE_INSTANCES = ((128, 2), (128, 1))
+RAW_INSTANCES = ((128, 2), (128, 1), (64, 2))
 
 
 def _cache_dir() -> Path:
@@ -79,8 +87,11 @@ def _load(lib: Path) -> ctypes.CDLL:
     """The built library with its two entry points typed (walk.cu's extern "C" signatures)."""
     dll = ctypes.CDLL(str(lib))
     dll.gdn_walk_launch.restype = ctypes.c_int
-    dll.gdn_walk_launch.argtypes = [ctypes.POINTER(ctypes.c_void_p)] + [ctypes.c_int] * 9 + [
+    dll.gdn_walk_launch.argtypes = [ctypes.POINTER(ctypes.c_void_p)] + [ctypes.c_int] * 11 + [
         ctypes.c_void_p, ctypes.POINTER(ctypes.c_int)]
+    dll.gdn_kside_launch.restype = ctypes.c_int
+    dll.gdn_kside_launch.argtypes = [ctypes.POINTER(ctypes.c_void_p)] + [ctypes.c_int] * 8 + [
+        ctypes.c_float, ctypes.c_void_p]
     dll.gdn_walk_error.restype = ctypes.c_char_p
     dll.gdn_walk_error.argtypes = [ctypes.c_int]
     return dll
@@ -123,42 +134,83 @@ def _device_library(index: int) -> ctypes.CDLL:
 
 
 def _call(tensors, B: int, NC: int, H: int, HV: int, V: int, block_v: int, mt: int, pdl: bool,
-          ordered: bool = False, blocks_per_sm: ctypes.c_int | None = None) -> None:
+          ordered: bool = False, mode: int = 0, words: int = 0,
+          blocks_per_sm: ctypes.c_int | None = None) -> None:
     dev = tensors[0].device
     dll = _device_library(dev.index)
     ptrs = (ctypes.c_void_p * len(tensors))(*(t.data_ptr() for t in tensors))
     with torch.cuda.device(dev):   # the launch and its shared-memory opt-in on that GPU
         stream = torch.cuda.current_stream(dev).cuda_stream
-        err = dll.gdn_walk_launch(ptrs, B, NC, H, HV, V, block_v, mt, int(pdl), int(ordered),
-                                  stream, None if blocks_per_sm is None
+        err = dll.gdn_walk_launch(ptrs, B, NC, H, HV, V, block_v, mt, mode, words,
+                                  int(pdl), int(ordered), stream, None if blocks_per_sm is None
                                   else ctypes.byref(blocks_per_sm))
     if err:
-        raise SimtreeError(f"CUDA walk (block_v {block_v}, {mt} m-tiles per warp): "
+        raise SimtreeError(f"CUDA walk (block_v {block_v}, {mt} m-tiles per warp"
+                           f"{('', ', K-side in the walk', ', raw q/k')[mode]}): "
                            f"{dll.gdn_walk_error(err).decode()}")
 
 
-def check_instance(block_v: int, mt: int) -> None:
-    if (block_v, mt) not in INSTANCES:
-        raise SimtreeError(f"the CUDA walk has (block_v, m-tiles per warp) in {INSTANCES}, "
-                           f"got ({block_v}, {mt})")
+def instances(mode: int = 0) -> tuple:
+    """The (block_v, m-tiles per warp) of a walk mode: 0 on the K-side kernel's tiles and
+    pre-normalised q / k, 1 computing the tiles itself, 2 after the CUDA K-side kernel."""
+    return (INSTANCES, KSIDE_INSTANCES, RAW_INSTANCES)[mode]
+
+
+def check_instance(block_v: int, mt: int, mode: int = 0) -> None:
+    if (block_v, mt) not in instances(mode):
+        raise SimtreeError(f"the CUDA walk (mode {mode}) has (block_v, m-tiles per warp) in "
+                           f"{instances(mode)}, got ({block_v}, {mt})")
 
 
 def walk(qn, kn, v, beta, s0, cu, pairs, npairs, NC: int, o, u, G, diag, tiles, order, *,
-         H: int, block_v: int, mt: int, pdl: bool) -> None:
+         H: int, block_v: int, mt: int, pdl: bool, bits=None, mults=None) -> None:
     """Launch the CUDA walk: the arguments of ``_tree_verify_t_kernel`` (bf16 q/k/v/o/u/tiles,
     fp32 beta/S0/G, int64 cu, int32 pairs; ``order`` int32 [N], the flat row of each node in
     walk order, or None: the stored order), K = 128, 16-node sub-chunks; (block_v, mt) one
-    of INSTANCES (``gdn_tree_verify`` checks it; walk.cu answers any other with an error)."""
+    of INSTANCES (``gdn_tree_verify`` checks it; walk.cu answers any other with an error).
+    ``bits`` (int64 [N, W], the ancestor bits in walk order): the walk computes the K-side
+    tiles itself (``diag`` and ``tiles`` then None; (block_v, mt) in KSIDE_INSTANCES).
+    ``mults`` (fp32 [N, H, 2], the CUDA K-side kernel's): ``qn`` / ``kn`` are the raw rows
+    and these their multipliers ((block_v, mt) in RAW_INSTANCES)."""
     B, HV, V = cu.numel() - 1, v.shape[1], v.shape[2]
-    _call([qn, kn, v, beta, s0, cu, pairs, npairs, o, u, G, diag, tiles,
-           npairs if order is None else order], B, NC, H, HV, V, block_v, mt, pdl,
-          ordered=order is not None)
+    ks = bits is not None
+    mode = 1 if ks else 2 if mults is not None else 0
+    _call([qn, kn, v, beta, s0, cu, pairs, npairs, o, u, G, u if ks else diag,
+           u if ks else tiles, npairs if order is None else order, bits if ks else npairs,
+           mults if mults is not None else beta],
+          B, NC, H, HV, V, block_v, mt, pdl, ordered=order is not None, mode=mode,
+          words=int(bits.shape[1]) if ks else 0)
 
 
-def blocks_per_sm(device, NC: int, block_v: int, mt: int) -> int:
-    """Programs of one (block_v, mt) instance resident per SM at NC sub-chunks (occupancy API)."""
-    check_instance(block_v, mt)
+def kside(q, k, g, beta, bits, cu, pairs, npairs, NC: int, G, mults, diag, tiles, order, *,
+          pdl: bool, l2norm: bool, scale: float) -> None:
+    """Launch the CUDA K-side kernel (walk.cu's ``kside_kernel``): from the raw bf16 q / k
+    [N, H, K], fp32 g and beta [N, HV], the int64 ancestor bits [N, W] in walk order and the
+    sub-chunk pairs, it writes the tiles ``_tree_kside_kernel`` writes (bf16 ``diag`` and pair
+    ``tiles``, the same slots), G [N, HV] as the pre-pass does, and each row's multipliers
+    ``mults`` [N, H, 2] (scale / |q|, 1 / |k|; without ``l2norm`` scale and 1) for the walk
+    on raw rows (``walk(..., mults=)``); ``order`` as ``walk``'s.  K = 128, 16-node
+    sub-chunks.  It is the verify's first kernel (launched after everything it reads)."""
+    B, H, HV = cu.numel() - 1, q.shape[1], beta.shape[1]
+    tensors = [q, k, g, beta, bits, cu, pairs, npairs, npairs if order is None else order,
+               G, mults, diag, tiles]
+    dev = q.device
+    dll = _device_library(dev.index)
+    ptrs = (ctypes.c_void_p * len(tensors))(*(t.data_ptr() for t in tensors))
+    with torch.cuda.device(dev):
+        err = dll.gdn_kside_launch(ptrs, B, NC, H, HV, int(bits.shape[1]), int(pdl),
+                                   int(order is not None), int(l2norm), float(scale),
+                                   torch.cuda.current_stream(dev).cuda_stream)
+    if err:
+        raise SimtreeError(f"CUDA K-side kernel: {dll.gdn_walk_error(err).decode()}")
+
+
+def blocks_per_sm(device, NC: int, block_v: int, mt: int, mode: int = 0) -> int:
+    """Programs of one (block_v, mt) instance of a walk mode (``instances``) resident per SM
+    at NC sub-chunks (occupancy API)."""
+    check_instance(block_v, mt, mode)
     x = torch.empty(16, device=torch.device(device))
     n = ctypes.c_int(0)
-    _call([x] * 14, 1, NC, 1, 1, 128, block_v, mt, False, blocks_per_sm=n)
+    _call([x] * 16, 1, NC, 1, 1, 128, block_v, mt, False, mode=mode, words=(NC + 3) // 4,
+          blocks_per_sm=n)
     return n.value

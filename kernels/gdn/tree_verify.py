@@ -33,13 +33,14 @@ import triton.language as tl
 
 # the kernels one verify call launches (pre-pass, K-side kernel, one of the walks), by the
 # names the profiling scripts (tune_gdn, gdn_kernel_times, ncu_gdn.sh, ncu_summary) pick them by;
-# the CUDA walk (cuda/walk.cu, not a Triton kernel) by the name inside its instances' names
+# the CUDA walk and K-side kernel (cuda/walk.cu, not Triton kernels) by the names inside their
+# instances' names
 WALK_KERNELS = ("_tree_verify_kernel", "_tree_verify_t_kernel")
 VERIFY_KERNELS = ("_qk_prenorm_kernel", "_tree_kside_kernel") + WALK_KERNELS
-CUDA_WALK_KERNEL = "walk_kernel"
+CUDA_WALK_KERNEL, CUDA_KSIDE_KERNEL = "walk_kernel", "kside_kernel"
 # what the Nsight scripts profile and summarise: every kernel of a verify, whichever walk runs
 PROFILED_WALKS = WALK_KERNELS + (CUDA_WALK_KERNEL,)
-PROFILED_KERNELS = VERIFY_KERNELS + (CUDA_WALK_KERNEL,)
+PROFILED_KERNELS = VERIFY_KERNELS + (CUDA_WALK_KERNEL, CUDA_KSIDE_KERNEL)
 
 
 @triton.jit

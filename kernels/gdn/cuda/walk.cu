@@ -22,6 +22,12 @@
 //   and u and o go out through stmatrix (transposed into node rows) and 16-byte stores.
 // Operands as in the Triton walk: bf16 S0, q, k, tiles, rhs and u; fp32 accumulation.
 // reports/h200/gdn/tuning runs 90-93 hold its versions' timings and Nsight pages.
+//
+// The walk's modes (MODE): 0 reads the K-side tiles and pre-normalised q / k of the Triton
+// pre-pass and K-side kernel; 1 computes the tiles itself (kside_products / kside_store, one
+// warp per tile, from a k history in shared memory); 2 reads raw q / k and the tiles of this
+// file's K-side kernel (kside_kernel), which also writes G and each row's q / k multipliers,
+// so the verify is two kernels (the launch rule's, tuning runs 94-99).
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <stdint.h>
@@ -30,7 +36,7 @@ namespace {
 
 constexpr int K = 128;       // key dimension (Qwen3.5/3.6, Qwen3-Next)
 constexpr int BT = 16;       // nodes per sub-chunk
-constexpr int KS = K / 16;   // k-steps of the S0 products
+constexpr int KS_STEPS = K / 16;   // k-steps of the [*, K] products
 constexpr int RS = K + 8;    // shared row of q/k in bf16 (padded: conflict-free fragment reads)
 constexpr int TILE = BT * BT;
 
@@ -56,6 +62,12 @@ __device__ __forceinline__ void cp4(void* dst, const void* src, bool on) {
   unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(dst));
   asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(s), "l"(src),
                "r"(on ? 4 : 0));
+}
+
+__device__ __forceinline__ void cp8(void* dst, const void* src, bool on) {
+  unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" ::"r"(s), "l"(src),
+               "r"(on ? 8 : 0));
 }
 
 __device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;\n"); }
@@ -94,26 +106,132 @@ __device__ __forceinline__ void stsm4t(void* p, const uint32_t r[4]) {
 }
 
 
-// one sub-chunk's staged operands (offsets into a stage, in bytes)
-template <int BV>
+// one sub-chunk's staged operands (offsets into a stage, in bytes).  KS (the walk computes
+// the K-side tiles itself): no tiles and no k rows in a stage (k goes to the k history, which
+// later sub-chunks' pair tiles read again), G to the whole tree's G; the rows' ancestor bits
+// (uint64 words 0 .. words(nc) - 1 of each row) instead.  NRM (raw q and k rows): each row's
+// multipliers too (scale / |q|, 1 / |k|, from the CUDA K-side kernel).
+template <int BV, bool KS, bool NRM = false>
 struct Stage {
-  static constexpr int k = 0;
-  static constexpr int q = k + BT * RS * 2;
+  static constexpr int k = 0;                                    // !KS
+  static constexpr int q = KS ? 0 : k + BT * RS * 2;
   static constexpr int v = q + BT * RS * 2;
   static constexpr int beta = v + BT * (BV + 8) * 2;
-  static constexpr int G = beta + BT * 4;
-  static constexpr int diag = G + BT * 4;             // T_c, then P_cc (bf16)
-  static constexpr int pairs = diag + 2 * TILE * 2;   // each pair's a, then p (bf16)
-  static __host__ __device__ int ids(int nc) { return pairs + (nc > 1 ? nc - 1 : 0) * 2 * TILE * 2; }
-  static __host__ __device__ int bytes(int nc) { return ids(nc) + 16 * ((nc * 4 + 15) / 16); }
+  static constexpr int G = beta + BT * 4;                        // !KS
+  static constexpr int mult = G + (KS ? 0 : BT * 4);             // NRM: q's, then k's [2][16]
+  static constexpr int diag = mult + (NRM ? 2 * BT * 4 : 0);     // !KS: T_c, then P_cc (bf16)
+  static constexpr int pairs = diag + (KS ? 0 : 2 * TILE * 2);   // !KS: each pair's a, then p
+  static __host__ __device__ int ids(int nc) {
+    return pairs + (KS || nc <= 1 ? 0 : (nc - 1) * 2 * TILE * 2);
+  }
+  static __host__ __device__ int bits(int nc) { return ids(nc) + 16 * ((nc * 4 + 15) / 16); }
+  static __host__ __device__ int words(int nc) { return (nc + 3) / 4; }
+  static __host__ __device__ int bytes(int nc) { return bits(nc) + (KS ? BT * words(nc) * 8 : 0); }
   // beside the two stages: each warp's u^T fragments of every sub-chunk (one uint4 per lane
   // and m-tile; warps x m-tiles = BV / 16); before the walk the same space holds S0 [K, BV]
   // in fp32 rows of s0_row
   static __host__ __device__ int uhist_bytes(int nc) { return nc * (BV / 16) * 32 * 16; }
+  // KS, after those: k rows of every sub-chunk, G of every node, the step's tiles (slot 0:
+  // T_c, P_cc; slot 1 + p: pair p's a, p; bf16) and the fp32 A_cc T_c is solved from
+  static __host__ __device__ int khist_bytes(int nc) { return KS ? nc * BT * RS * 2 : 0; }
+  static __host__ __device__ int gall_bytes(int nc) { return KS ? nc * BT * 4 : 0; }
+  static __host__ __device__ int tiles_bytes(int nc) { return KS ? nc * 2 * TILE * 2 : 0; }
+  static constexpr int ascr_bytes = KS ? TILE * 4 : 0;
+  static __host__ __device__ int walk_bytes(int nc) {
+    return 2 * bytes(nc) + uhist_bytes(nc) + khist_bytes(nc) + gall_bytes(nc) +
+           tiles_bytes(nc) + ascr_bytes;
+  }
   static constexpr int s0_row = BV + 4;
 };
 
-template <int BV, int MT, bool ORD>
+// One warp's K-side products for sub-chunk c (rows: k rows `krow`, q rows `qrow`, [16, RS]
+// bf16 in shared memory) against sub-chunk c2 (k rows `kcol`; c2 == c: the diagonal block):
+// kk = K_c K_c2^T and qk = Q_c K_c2^T (mma, fp32).  C element i of n-tile nt: row
+// g + 8 (i / 2), column 8 nt + 2t + i % 2.
+__device__ __forceinline__ void kside_products(float kk[2][4], float qk[2][4],
+                                               const unsigned char* krow,
+                                               const unsigned char* qrow,
+                                               const unsigned char* kcol, int ldsm_off) {
+#pragma unroll
+  for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) kk[nt][i] = qk[nt][i] = 0.f;
+#pragma unroll
+  for (int ks = 0; ks < KS_STEPS; ++ks) {
+    uint32_t ka[4], qa[4], kb[4];   // ldmatrix's (node half, key half) order: A wants 0 2 1 3
+    ldsm4(ka, krow + ldsm_off + ks * 32);
+    ldsm4(qa, qrow + ldsm_off + ks * 32);
+    ldsm4(kb, kcol + ldsm_off + ks * 32);
+    const uint32_t ak[4] = {ka[0], ka[2], ka[1], ka[3]}, aq[4] = {qa[0], qa[2], qa[1], qa[3]};
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt) {
+      mma(kk[nt], ak, kb[2 * nt], kb[2 * nt + 1]);
+      mma(qk[nt], aq, kb[2 * nt], kb[2 * nt + 1]);
+    }
+  }
+}
+
+// One value head's tiles from those products, as _tree_kside_kernel's _kside_heads computes
+// them: decayed (e^{G_r - G_j}, `grow` / `gcol` the rows' and columns' G) on the ancestor
+// pairs of the rows' bits (`bits_s`: [16, wn] uint64 words, walk order), a times beta_r, into
+// `out` (bf16 [16, 16] a, then p; shared or global memory).  The diagonal block's a is
+// A_cc's strictly lower part, which goes to `ascr` ([16 * 16] fp32, shared memory) instead:
+// `solve_column` turns it into T_c = (I + A_cc)^-1 after a __syncwarp.
+__device__ __forceinline__ void kside_store(__nv_bfloat16* out, float* ascr, const float kk[2][4],
+                                            const float qk[2][4], const uint64_t* bits_s, int wn,
+                                            const float* grow, const float* gcol,
+                                            const float* beta_s, int c2, bool diag, int lane) {
+  const int g = lane / 4, t = lane % 4;
+#pragma unroll
+  for (int hi = 0; hi < 2; ++hi) {
+    const int r = g + 8 * hi;
+    const uint32_t m16 =
+        static_cast<uint32_t>(bits_s[r * wn + (c2 >> 2)] >> ((c2 & 3) * 16)) & 0xffffu;
+    const float gr = grow[r], br = beta_s[r];
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt) {
+      float a[2], p[2];
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int j = nt * 8 + 2 * t + e, i = 2 * hi + e;
+        const bool anc = (m16 >> j) & 1u;
+        const float d = anc ? __expf(gr - gcol[j]) : 0.f;   // G_j >= G_r on the ancestors
+        a[e] = diag && j >= r ? 0.f : br * kk[nt][i] * d;
+        p[e] = qk[nt][i] * d;
+      }
+      const int at = r * BT + nt * 8 + 2 * t;
+      *reinterpret_cast<uint32_t*>(out + TILE + at) = pack(p[0], p[1]);
+      if (diag) *reinterpret_cast<float2*>(ascr + at) = make_float2(a[0], a[1]);
+      else *reinterpret_cast<uint32_t*>(out + at) = pack(a[0], a[1]);
+    }
+  }
+}
+
+// column m (0-15) of T = (I + A)^-1 for the strictly lower A in `ascr` ([16 * 16] fp32), into
+// `out` (bf16 [16, 16]): T[i][m] = [i == m] - sum_{j < i} A[i][j] T[j][m], forward
+// substitution in fp32
+__device__ __forceinline__ void solve_column(__nv_bfloat16* out, const float* ascr, int m) {
+  float col[BT];
+#pragma unroll
+  for (int i = 0; i < BT; ++i) col[i] = 0.f;
+#pragma unroll
+  for (int i = 0; i < BT; ++i) {
+    float s = i == m ? 1.f : 0.f;
+#pragma unroll
+    for (int j = 0; j < i; j += 4) {   // A[i][j'] = 0 and col[j'] = 0 for j' >= i
+      const float4 a4 = *reinterpret_cast<const float4*>(ascr + i * BT + j);
+      s -= a4.x * col[j] + a4.y * col[j + 1] + a4.z * col[j + 2] + a4.w * col[j + 3];
+    }
+    col[i] = s;
+  }
+#pragma unroll
+  for (int i = 0; i < BT; ++i) out[i * BT + m] = __float2bfloat16(col[i]);
+}
+
+// MODE 0: pre-normalised q / k and the K-side kernel's tiles; 1 (KS): the walk computes the
+// tiles itself; 2 (NRM): raw q / k rows and their multipliers (`mults` [N, H, 2]: scale / |q|,
+// 1 / |k|) with the CUDA K-side kernel's tiles, the S0 products scaled per node in fp32
+template <int BV, int MT, bool ORD, int MODE>
 __global__ void __launch_bounds__(BV / (16 * MT) * 32)
 walk_kernel(const __nv_bfloat16* __restrict__ qn, const __nv_bfloat16* __restrict__ kn,
             const __nv_bfloat16* __restrict__ v, const float* __restrict__ beta,
@@ -121,16 +239,26 @@ walk_kernel(const __nv_bfloat16* __restrict__ qn, const __nv_bfloat16* __restric
             const int32_t* __restrict__ pairs, const int32_t* __restrict__ npairs, int NC,
             __nv_bfloat16* __restrict__ o, __nv_bfloat16* __restrict__ u,
             const float* __restrict__ G, const __nv_bfloat16* __restrict__ diag,
-            const __nv_bfloat16* __restrict__ ptiles, const int32_t* __restrict__ order, int H,
+            const __nv_bfloat16* __restrict__ ptiles, const int32_t* __restrict__ order,
+            const int64_t* __restrict__ bits, const float* __restrict__ mults, int W, int H,
             int HV, int V, int pdl) {
+  constexpr bool KS = MODE == 1, NRM = MODE == 2;
   constexpr int WARPS = BV / (16 * MT);
+  static_assert(!NRM || WARPS * 32 >= 4 * BT, "threads 2 BT .. 4 BT copy the rows' multipliers");
   constexpr int THREADS = WARPS * 32;
-  using S = Stage<BV>;
+  using S = Stage<BV, KS, NRM>;
   extern __shared__ __align__(16) unsigned char smem[];
   const int stage_bytes = S::bytes(NC);
   unsigned char* stages = smem;
   uint4* uhist = reinterpret_cast<uint4*>(smem + 2 * stage_bytes);   // [NC][WARPS][MT][32]
-  int* np_s = reinterpret_cast<int*>(smem + 2 * stage_bytes + S::uhist_bytes(NC));  // [NC]
+  unsigned char* rest = smem + 2 * stage_bytes + S::uhist_bytes(NC);
+  // KS: k rows [NC][16][RS], G [NC * 16], tiles [NC][2][16 * 16], A_cc [16 * 16]
+  __nv_bfloat16* khist = reinterpret_cast<__nv_bfloat16*>(rest);
+  float* gall = reinterpret_cast<float*>(rest + S::khist_bytes(NC));
+  __nv_bfloat16* tiles =
+      reinterpret_cast<__nv_bfloat16*>(rest + S::khist_bytes(NC) + S::gall_bytes(NC));
+  float* ascr = reinterpret_cast<float*>(reinterpret_cast<unsigned char*>(tiles) + S::tiles_bytes(NC));
+  int* np_s = reinterpret_cast<int*>(reinterpret_cast<unsigned char*>(ascr) + S::ascr_bytes);  // [NC]
   int* ord_s = np_s + NC;   // ORD: the stored row of each walked node [NC * 16]
 
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
@@ -145,7 +273,7 @@ walk_kernel(const __nv_bfloat16* __restrict__ qn, const __nv_bfloat16* __restric
 
   // S0^T [BV, K] as A fragments (row = value row, column = key index), read from S0 [K, BV]
   // staged in shared memory by one round of 16-byte copies (rows padded: conflict-free reads)
-  uint32_t sa[MT][KS][4];
+  uint32_t sa[MT][KS_STEPS][4];
   {
     constexpr int SR = S::s0_row;
     float* s0s = reinterpret_cast<float*>(smem);
@@ -161,7 +289,7 @@ walk_kernel(const __nv_bfloat16* __restrict__ qn, const __nv_bfloat16* __restric
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-      for (int ks = 0; ks < KS; ++ks) {
+      for (int ks = 0; ks < KS_STEPS; ++ks) {
         const float* p = s0s + (ks * 16 + 2 * t) * SR + vrow0 + mt * 16 + g;
         sa[mt][ks][0] = pack(p[0], p[SR]);
         sa[mt][ks][1] = pack(p[8], p[SR + 8]);
@@ -200,7 +328,8 @@ walk_kernel(const __nv_bfloat16* __restrict__ qn, const __nv_bfloat16* __restric
       int64_t off;
       if constexpr (ORD) off = ((on ? ord_s[c * BT + r] : bos) * H + i_h) * K + j * 8;
       else off = qk_c + (on ? r : 0) * static_cast<int64_t>(H) * K + j * 8;
-      cp16(st + S::k + (r * RS + j * 8) * 2, kn + off, on);
+      unsigned char* kdst = KS ? reinterpret_cast<unsigned char*>(khist + c * BT * RS) : st + S::k;
+      cp16(kdst + (r * RS + j * 8) * 2, kn + off, on);
       cp16(st + S::q + (r * RS + j * 8) * 2, qn + off, on);
     }
 #pragma unroll
@@ -219,13 +348,29 @@ walk_kernel(const __nv_bfloat16* __restrict__ qn, const __nv_bfloat16* __restric
       if constexpr (ORD) row = ((on ? ord_s[c * BT + r] : bos) - bos) * HV;
       else row = static_cast<int64_t>(c * BT + (on ? r : 0)) * HV;
       if (tid < BT) cp4(st + S::beta + r * 4, beta0 + row, on);
-      else cp4(st + S::G + r * 4, G0 + row, on);
+      else cp4(KS ? reinterpret_cast<unsigned char*>(gall + c * BT + r) : st + S::G + r * 4, G0 + row, on);
+    } else if (NRM && tid < 4 * BT) {   // the rows' q, then k multipliers
+      const int r = tid % BT, which = tid / BT - 2;
+      const bool on = r < left;
+      int64_t row;
+      if constexpr (ORD) row = on ? ord_s[c * BT + r] : bos;
+      else row = bos + c * BT + (on ? r : 0);
+      cp4(st + S::mult + (which * BT + r) * 4, mults + (row * H + i_h) * 2 + which, on);
     }
-    const __nv_bfloat16* dsrc = diag0 + c * 2 * TILE;
-    for (int x = tid; x < 2 * TILE / 8; x += THREADS) cp16(st + S::diag + x * 16, dsrc + x * 8, true);
-    const __nv_bfloat16* psrc = ptile0 + (c * (c - 1) / 2) * 2 * TILE;
-    for (int x = tid; x < np * 2 * TILE / 8; x += THREADS) cp16(st + S::pairs + x * 16, psrc + x * 8, true);
-    if (tid < np) cp4(st + S::ids(NC) + tid * 4, ids0 + c * NC + tid, true);
+    if constexpr (KS) {   // the rows' ancestor bits (walk order: row bos + position)
+      const int wn = S::words(NC);
+      for (int x = tid; x < BT * wn; x += THREADS) {
+        const int r = x / wn, w = x % wn;
+        const bool on = r < left;
+        cp8(st + S::bits(NC) + x * 8, bits + (bos + c * BT + (on ? r : 0)) * W + w, on);
+      }
+    } else {
+      const __nv_bfloat16* dsrc = diag0 + c * 2 * TILE;
+      for (int x = tid; x < 2 * TILE / 8; x += THREADS) cp16(st + S::diag + x * 16, dsrc + x * 8, true);
+      const __nv_bfloat16* psrc = ptile0 + (c * (c - 1) / 2) * 2 * TILE;
+      for (int x = tid; x < np * 2 * TILE / 8; x += THREADS) cp16(st + S::pairs + x * 16, psrc + x * 8, true);
+    }
+    for (int x = tid; x < np; x += THREADS) cp4(st + S::ids(NC) + x * 4, ids0 + c * NC + x, true);
     cp_commit();
   };
 
@@ -248,10 +393,27 @@ walk_kernel(const __nv_bfloat16* __restrict__ qn, const __nv_bfloat16* __restric
     const unsigned char* st = stages + (c & 1) * stage_bytes;
     const __nv_bfloat16* vs_ = reinterpret_cast<const __nv_bfloat16*>(st + S::v);
     const float* bs_ = reinterpret_cast<const float*>(st + S::beta);
-    const float* gs_ = reinterpret_cast<const float*>(st + S::G);
-    const __nv_bfloat16* ds_ = reinterpret_cast<const __nv_bfloat16*>(st + S::diag);
-    const __nv_bfloat16* ps_ = reinterpret_cast<const __nv_bfloat16*>(st + S::pairs);
+    const float* gs_ = KS ? gall + c * BT : reinterpret_cast<const float*>(st + S::G);
+    const __nv_bfloat16* ds_ = KS ? tiles : reinterpret_cast<const __nv_bfloat16*>(st + S::diag);
+    const __nv_bfloat16* ps_ = KS ? tiles + 2 * TILE : reinterpret_cast<const __nv_bfloat16*>(st + S::pairs);
     const int* ids_ = reinterpret_cast<const int*>(st + S::ids(NC));
+    const unsigned char* ks_ = KS ? reinterpret_cast<const unsigned char*>(khist + c * BT * RS) : st + S::k;
+    const int np = np_s[c];
+    if constexpr (KS)   // this step's tiles: job 0 the diagonal block, job 1 + p pair p
+      for (int job = warp; job <= np; job += WARPS) {
+        const int c2 = job ? ids_[job - 1] : c;
+        float kk[2][4], qk[2][4];
+        kside_products(kk, qk, ks_, st + S::q,
+                       reinterpret_cast<const unsigned char*>(khist + c2 * BT * RS), ldsm_off);
+        kside_store(tiles + job * 2 * TILE, ascr, kk, qk,
+                    reinterpret_cast<const uint64_t*>(st + S::bits(NC)), S::words(NC), gs_,
+                    gall + c2 * BT, bs_, c2, job == 0, lane);
+        if (job == 0) {
+          __syncwarp();
+          if (lane < BT) solve_column(tiles, ascr, lane);
+          __syncwarp();   // the warp whole again before its next aligned mma / ldmatrix
+        }
+      }
 
     // S0 products: rhs^T = S0^T K^T, acc^T = S0^T Q^T ([16 MT, 16] per warp)
     float rhs[MT][2][4], acc[MT][2][4];
@@ -262,9 +424,9 @@ walk_kernel(const __nv_bfloat16* __restrict__ qn, const __nv_bfloat16* __restric
 #pragma unroll
         for (int i = 0; i < 4; ++i) rhs[mt][nt][i] = acc[mt][nt][i] = 0.f;
 #pragma unroll
-    for (int ks = 0; ks < KS; ++ks) {
+    for (int ks = 0; ks < KS_STEPS; ++ks) {
       uint32_t kb[4], qb[4];   // b0, b1 of n-tile 0, then of n-tile 1
-      ldsm4(kb, st + S::k + ldsm_off + ks * 32);
+      ldsm4(kb, ks_ + ldsm_off + ks * 32);
       ldsm4(qb, st + S::q + ldsm_off + ks * 32);
 #pragma unroll
       for (int nt = 0; nt < 2; ++nt)
@@ -286,6 +448,8 @@ walk_kernel(const __nv_bfloat16* __restrict__ qn, const __nv_bfloat16* __restric
       for (int e = 0; e < 2; ++e) {
         const int node = nt * 8 + 2 * t + e;
         const float eg = __expf(gs_[node]), b = bs_[node];
+        const float* ms_ = reinterpret_cast<const float*>(st + S::mult);
+        const float egk = NRM ? eg * ms_[BT + node] : eg, egq = NRM ? eg * ms_[node] : eg;
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
@@ -293,12 +457,12 @@ walk_kernel(const __nv_bfloat16* __restrict__ qn, const __nv_bfloat16* __restric
             const int i = 2 * hi + e;
             const uint32_t w = vf[mt][2 * nt + hi];
             const float vv = __uint_as_float(e ? (w & 0xffff0000u) : (w << 16));
-            rhs[mt][nt][i] = b * (vv - eg * rhs[mt][nt][i]);
-            acc[mt][nt][i] *= eg;
+            rhs[mt][nt][i] = b * (vv - egk * rhs[mt][nt][i]);
+            acc[mt][nt][i] *= egq;
           }
       }
+    if constexpr (KS) __syncthreads();   // every job's tiles
     // earlier sub-chunks: rhs -= U_c2^T a^T, acc += U_c2^T p^T (B[k = j][n = r] = tile[r][j])
-    const int np = np_s[c];
     for (int p = 0; p < np; ++p) {
       const int c2 = ids_[p];
       const __nv_bfloat16* a_ = ps_ + p * 2 * TILE;
@@ -381,21 +545,11 @@ walk_kernel(const __nv_bfloat16* __restrict__ qn, const __nv_bfloat16* __restric
   }
 }
 
-template <int BV, int MT, bool ORD>
-int launch(void** a, int B, int NC, int H, int HV, int V, int pdl, cudaStream_t stream,
-           int* blocks_per_sm) {
-  constexpr int THREADS = BV / (16 * MT) * 32;
-  using S = Stage<BV>;
-  const int walk_smem = 2 * S::bytes(NC) + S::uhist_bytes(NC);
-  const int s0_smem = K * S::s0_row * 4;   // S0 staged before the walk, in the same space
-  const int smem = (walk_smem > s0_smem ? walk_smem : s0_smem) +
-                   16 * ((NC * (ORD ? BT + 1 : 1) * 4 + 15) / 16);
-  auto kern = walk_kernel<BV, MT, ORD>;
-  // the shared-memory opt-in, raised to the device's limit on the first launch of this
-  // instance on each device (the caller makes the launch's GPU the current one); the callers
-  // serialise launches per process (Python)
-  constexpr int DEVICES = 64;
-  static int limit[DEVICES] = {};
+// the shared-memory opt-in of one kernel (`limit`: that kernel's, per device), raised to the
+// device's limit on the kernel's first launch on each device (the caller makes the launch's
+// GPU the current one; the callers serialise launches per process, Python)
+constexpr int DEVICES = 64;
+int opt_in(const void* kern, int smem, int* limit) {
   int dev = 0;
   cudaError_t err = cudaGetDevice(&dev);
   if (err != cudaSuccess) return static_cast<int>(err);
@@ -408,6 +562,232 @@ int launch(void** a, int B, int NC, int H, int HV, int V, int pdl, cudaStream_t 
     if (err != cudaSuccess) return static_cast<int>(err);
     if (dev < DEVICES) limit[dev] = most;
   }
+  return 0;
+}
+
+// The K-side tiles by their own kernel, for the CUDA walk on raw q / k rows (MODE 2): what
+// _tree_kside_kernel writes (the same tiles in the same slots, tree_verify.py's _tile_slot),
+// and what the pre-pass would: G (each node's ancestor-or-self sum of g, per value head) and,
+// instead of normalised copies of q and k, each row's multipliers (`mults` [N, H, 2]: scale /
+// |q|, 1 / |k|; scale and 1 without the L2 norm), so the verify is two kernels.  One program
+// per (sequence, key head) of KT_WARPS warps: the tree's raw q and k rows come into shared
+// memory in one round of copies; the warps share out the tree's jobs (each sub-chunk c's
+// diagonal block and pairs, listed once in shared memory): each job's k.k and q.k products
+// once, on the raw bf16 rows, scaled by the rows' multipliers in fp32, then the tiles of each
+// of the key head's HV / H value heads (beta and the decays are per value head).  PDL: the
+// first kernel of the verify (launched after everything it reads); lets the walk start at once.
+constexpr int KT_WARPS = 8;
+
+struct KTree {   // shared memory of a K-side program (bytes): nc sub-chunks, R value heads
+  static __host__ __device__ int k(int nc) { return nc * BT * RS * 2; }   // q rows at 0
+  static __host__ __device__ int ascr(int nc) { return 2 * k(nc); }   // [warps][2][TILE] fp32
+  static __host__ __device__ int bits(int nc) { return ascr(nc) + KT_WARPS * 2 * TILE * 4; }
+  static __host__ __device__ int words(int nc) { return (nc + 3) / 4; }
+  static __host__ __device__ int G(int nc) { return bits(nc) + nc * BT * words(nc) * 8; }
+  static __host__ __device__ int g(int nc, int R) { return G(nc) + R * nc * BT * 4; }
+  static __host__ __device__ int beta(int nc, int R) { return g(nc, R) + R * nc * BT * 4; }
+  static __host__ __device__ int mult(int nc, int R) { return beta(nc, R) + R * nc * BT * 4; }
+  static __host__ __device__ int jobs(int nc, int R) { return mult(nc, R) + 2 * nc * BT * 4; }
+  // the job list [nc * nc] (c | c2 << 8 | slot << 16), its length, then npairs [nc] and
+  // pairs [nc][nc] as read
+  static __host__ __device__ int bytes(int nc, int R) { return jobs(nc, R) + (2 * nc * nc + nc + 1) * 4; }
+};
+
+// sum of squares of the 8 bf16 of a 16-byte piece (fp32)
+__device__ __forceinline__ float sumsq(const uint4 x) {
+  float s = 0.f;
+  const uint32_t w[4] = {x.x, x.y, x.z, x.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float lo = __uint_as_float(w[i] << 16), hi = __uint_as_float(w[i] & 0xffff0000u);
+    s += lo * lo + hi * hi;
+  }
+  return s;
+}
+
+template <bool ORD, bool L2NORM>
+__global__ void __launch_bounds__(KT_WARPS * 32)
+kside_kernel(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __restrict__ k,
+             const float* __restrict__ gin, const float* __restrict__ beta,
+             const int64_t* __restrict__ bits, const int64_t* __restrict__ cu,
+             const int32_t* __restrict__ pairs, const int32_t* __restrict__ npairs,
+             const int32_t* __restrict__ order, float* __restrict__ G, float* __restrict__ mults,
+             __nv_bfloat16* __restrict__ diag, __nv_bfloat16* __restrict__ ptiles, float scale,
+             int NC, int W, int H, int HV, int pdl) {
+  constexpr int THREADS = KT_WARPS * 32;
+  // every thread runs the same iterations of the multiplier loop (2 rows 8 = 256 nc pieces),
+  // whose full-warp shuffles need whole warps
+  static_assert((2 * BT * 8) % THREADS == 0, "whole warps in the multiplier loop");
+  extern __shared__ __align__(16) unsigned char smem[];
+  if (pdl) asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+  using S = KTree;
+  const int R = HV / H, i_b = blockIdx.x / H, i_h = blockIdx.x % H, hv0 = i_h * R;
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  const int64_t bos = cu[i_b];
+  const int n = static_cast<int>(cu[i_b + 1] - bos), nc = (n + BT - 1) / BT, rows = nc * BT;
+  const int wn = S::words(NC);
+  int* jobs = reinterpret_cast<int*>(smem + S::jobs(NC, R));
+  int* njobs = jobs + NC * NC;
+  int* np_s = njobs + 1;
+  int* pairs_s = np_s + NC;
+  auto row_of = [&](int pos) -> int64_t {   // flat row of the node at walk position pos (< n)
+    if constexpr (ORD) return order[bos + pos];
+    else return bos + pos;
+  };
+  // every row's q and k (16-byte pieces), g and beta per value head, ancestor bits
+  __nv_bfloat16* qs = reinterpret_cast<__nv_bfloat16*>(smem);
+  __nv_bfloat16* ks = reinterpret_cast<__nv_bfloat16*>(smem + S::k(NC));
+  for (int x = tid; x < rows * (K / 8); x += THREADS) {
+    const int r = x / (K / 8), j = x % (K / 8);
+    const bool on = r < n;
+    const int64_t off = ((on ? row_of(r) : bos) * H + i_h) * K + j * 8;
+    cp16(qs + r * RS + j * 8, q + off, on);
+    cp16(ks + r * RS + j * 8, k + off, on);
+  }
+  float* Gs = reinterpret_cast<float*>(smem + S::G(NC));       // [R][NC * 16]
+  float* gs = reinterpret_cast<float*>(smem + S::g(NC, R));
+  float* bs = reinterpret_cast<float*>(smem + S::beta(NC, R));
+  float* ms = reinterpret_cast<float*>(smem + S::mult(NC, R));  // [2][NC * 16]: q's, k's
+  for (int x = tid; x < R * rows; x += THREADS) {
+    const int hv = x / rows, r = x % rows;
+    const bool on = r < n;
+    const int64_t at = (on ? row_of(r) : bos) * HV + hv0 + hv;
+    cp4(gs + hv * NC * BT + r, gin + at, on);
+    cp4(bs + hv * NC * BT + r, beta + at, on);
+  }
+  const uint64_t* bits_s = reinterpret_cast<const uint64_t*>(smem + S::bits(NC));  // [NC * 16][wn]
+  for (int x = tid; x < rows * wn; x += THREADS) {
+    const int r = x / wn, w = x % wn;
+    cp8(smem + S::bits(NC) + x * 8, bits + (bos + (r < n ? r : 0)) * W + w, r < n);
+  }
+  cp_commit();
+  for (int x = tid; x < nc; x += THREADS) np_s[x] = npairs[i_b * NC + x];
+  for (int x = tid; x < nc * NC; x += THREADS) pairs_s[x] = pairs[static_cast<int64_t>(i_b) * NC * NC + x];
+  __syncthreads();
+  if (tid == 0) {   // the jobs: every sub-chunk's diagonal block (the longest), then the pairs
+    int j = 0;
+    for (int c = 0; c < nc; ++c) jobs[j++] = c | c << 8;
+    for (int c = 0; c < nc; ++c)
+      for (int p = 0; p < np_s[c]; ++p) jobs[j++] = c | pairs_s[c * NC + p] << 8 | (p + 1) << 16;
+    *njobs = j;
+  }
+  cp_wait<0>();
+  __syncthreads();
+  // each row's multipliers (8 threads per row, 16 elements each; rows past the tree: zeros)
+  for (int x = tid; x < 2 * rows * 8; x += THREADS) {   // whole warps: 2 rows 8 = 256 nc
+    const int row = x / 8, part = x % 8, r = row % rows;
+    const bool isq = row < rows;
+    const uint4* p = reinterpret_cast<const uint4*>((isq ? qs : ks) + r * RS + part * 16);
+    float ss = sumsq(p[0]) + sumsq(p[1]);
+    ss += __shfl_xor_sync(0xffffffffu, ss, 1);
+    ss += __shfl_xor_sync(0xffffffffu, ss, 2);
+    ss += __shfl_xor_sync(0xffffffffu, ss, 4);
+    const float m = isq ? scale : 1.f;
+    const float mult = L2NORM ? m / fmaxf(sqrtf(ss), 1e-6f) : m;
+    if (part == 0) {
+      ms[(isq ? 0 : NC * BT) + r] = mult;
+      if (r < n) mults[(row_of(r) * H + i_h) * 2 + (isq ? 0 : 1)] = mult;
+    }
+  }
+  // G of every node and value head: the sum of g over its ancestor bits (walk order)
+  for (int x = tid; x < R * rows; x += THREADS) {
+    const int hv = x / rows, r = x % rows;
+    float acc = 0.f;
+    if (r < n)
+      for (int w = 0; w < wn; ++w)
+        for (uint64_t word = bits_s[r * wn + w]; word; word &= word - 1)
+          acc += gs[hv * NC * BT + w * 64 + __ffsll(static_cast<long long>(word)) - 1];
+    Gs[hv * NC * BT + r] = acc;
+    if (r < n) G[row_of(r) * HV + hv0 + hv] = acc;
+  }
+  __syncthreads();
+  const int lm = lane / 8, g = lane / 4, t = lane % 4;
+  const int ldsm_off = (((lm >> 1) * 8 + lane % 8) * RS + (lm & 1) * 8) * 2;
+  float* ascr = reinterpret_cast<float*>(smem + S::ascr(NC)) + warp * 2 * TILE;
+  const int64_t pair_slots = static_cast<int64_t>(NC) * (NC - 1) / 2;
+  const unsigned char* q8 = reinterpret_cast<const unsigned char*>(qs);
+  const unsigned char* k8 = reinterpret_cast<const unsigned char*>(ks);
+  for (int j = warp; j < *njobs; j += KT_WARPS) {
+    const int c = jobs[j] & 0xff, c2 = (jobs[j] >> 8) & 0xff, slot = jobs[j] >> 16;
+    float kk[2][4], qk[2][4];
+    kside_products(kk, qk, k8 + c * BT * RS * 2, q8 + c * BT * RS * 2, k8 + c2 * BT * RS * 2,
+                   ldsm_off);
+    // C element i of n-tile nt: row g + 8 (i / 2) of c, column 8 nt + 2t + i % 2 of c2
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int r = c * BT + g + 8 * (i / 2), col = c2 * BT + nt * 8 + 2 * t + i % 2;
+        const float mk = ms[NC * BT + col];
+        kk[nt][i] *= ms[NC * BT + r] * mk;
+        qk[nt][i] *= ms[r] * mk;
+      }
+    // the slots of _tile_slot (tree_verify.py); two value heads at a time, so lanes 0-15 and
+    // 16-31 solve the two diagonal blocks' inverses side by side
+    for (int hv = 0; hv < R; hv += 2) {
+      __nv_bfloat16* out[2];
+#pragma unroll
+      for (int h2 = 0; h2 < 2; ++h2) {
+        const int64_t bhv = static_cast<int64_t>(i_b) * HV + hv0 + hv + h2;
+        out[h2] = slot ? ptiles + (bhv * pair_slots + c * (c - 1) / 2 + slot - 1) * 2 * TILE
+                       : diag + (bhv * NC + c) * 2 * TILE;
+        if (hv + h2 < R) {
+          const float* gh = Gs + (hv + h2) * NC * BT;
+          kside_store(out[h2], ascr + h2 * TILE, kk, qk, bits_s + c * BT * wn, wn, gh + c * BT,
+                      gh + c2 * BT, bs + (hv + h2) * NC * BT + c * BT, c2, slot == 0, lane);
+        }
+      }
+      if (slot == 0) {
+        __syncwarp();
+        if (hv + lane / BT < R)
+          solve_column(lane < BT ? out[0] : out[1], ascr + (lane / BT) * TILE, lane % BT);
+        __syncwarp();   // ascr is free again
+      }
+    }
+  }
+}
+
+template <bool ORD, bool L2NORM>
+int kside_launch(void** a, int B, int NC, int H, int HV, int W, int pdl, float scale,
+                 cudaStream_t stream) {
+  if ((NC + 3) / 4 > W) return 1002;
+  if (HV % H || NC > 64) return 1003;
+  const int smem = KTree::bytes(NC, HV / H);
+  auto kern = kside_kernel<ORD, L2NORM>;
+  static int limit[DEVICES] = {};
+  const int err = opt_in(reinterpret_cast<const void*>(kern), smem, limit);
+  if (err) return err;
+  // launched after everything it reads (no programmatic dependence on the kernel before)
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(B * H);
+  cfg.blockDim = dim3(KT_WARPS * 32);
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  return static_cast<int>(cudaLaunchKernelEx(
+      &cfg, kern, static_cast<const __nv_bfloat16*>(a[0]), static_cast<const __nv_bfloat16*>(a[1]),
+      static_cast<const float*>(a[2]), static_cast<const float*>(a[3]),
+      static_cast<const int64_t*>(a[4]), static_cast<const int64_t*>(a[5]),
+      static_cast<const int32_t*>(a[6]), static_cast<const int32_t*>(a[7]),
+      static_cast<const int32_t*>(a[8]), static_cast<float*>(a[9]), static_cast<float*>(a[10]),
+      static_cast<__nv_bfloat16*>(a[11]), static_cast<__nv_bfloat16*>(a[12]), scale, NC, W, H,
+      HV, pdl));
+}
+
+template <int BV, int MT, bool ORD, int MODE>
+int launch(void** a, int B, int NC, int H, int HV, int V, int W, int pdl, cudaStream_t stream,
+           int* blocks_per_sm) {
+  constexpr int THREADS = BV / (16 * MT) * 32;
+  constexpr bool KS = MODE == 1;
+  using S = Stage<BV, KS, MODE == 2>;
+  if (KS && S::words(NC) > W) return 1002;
+  const int walk_smem = S::walk_bytes(NC);
+  const int s0_smem = K * S::s0_row * 4;   // S0 staged before the walk, in the same space
+  const int smem = (walk_smem > s0_smem ? walk_smem : s0_smem) +
+                   16 * ((NC * (ORD ? BT + 1 : 1) * 4 + 15) / 16);
+  auto kern = walk_kernel<BV, MT, ORD, MODE>;
+  static int limit[DEVICES] = {};
+  cudaError_t err = static_cast<cudaError_t>(opt_in(reinterpret_cast<const void*>(kern), smem, limit));
+  if (err != cudaSuccess) return static_cast<int>(err);
   if (blocks_per_sm) {
     err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(blocks_per_sm, kern, THREADS, smem);
     return static_cast<int>(err);
@@ -430,37 +810,73 @@ int launch(void** a, int B, int NC, int H, int HV, int V, int pdl, cudaStream_t 
                            static_cast<__nv_bfloat16*>(a[8]), static_cast<__nv_bfloat16*>(a[9]),
                            static_cast<const float*>(a[10]), static_cast<const __nv_bfloat16*>(a[11]),
                            static_cast<const __nv_bfloat16*>(a[12]),
-                           static_cast<const int32_t*>(a[13]), H, HV, V, pdl);
+                           static_cast<const int32_t*>(a[13]), static_cast<const int64_t*>(a[14]),
+                           static_cast<const float*>(a[15]), W, H, HV, V, pdl);
   return static_cast<int>(err);
 }
 
 template <bool ORD>
-int dispatch(void** a, int B, int NC, int H, int HV, int V, int block_v, int mt, int pdl,
-             cudaStream_t s, int* blocks_per_sm) {
-  if (block_v == 128 && mt == 2) return launch<128, 2, ORD>(a, B, NC, H, HV, V, pdl, s, blocks_per_sm);
-  if (block_v == 128 && mt == 1) return launch<128, 1, ORD>(a, B, NC, H, HV, V, pdl, s, blocks_per_sm);
-  if (block_v == 64 && mt == 2) return launch<64, 2, ORD>(a, B, NC, H, HV, V, pdl, s, blocks_per_sm);
-  if (block_v == 64 && mt == 1) return launch<64, 1, ORD>(a, B, NC, H, HV, V, pdl, s, blocks_per_sm);
-  if (block_v == 32 && mt == 2) return launch<32, 2, ORD>(a, B, NC, H, HV, V, pdl, s, blocks_per_sm);
+int dispatch(void** a, int B, int NC, int H, int HV, int V, int block_v, int mt, int ks, int W,
+             int pdl, cudaStream_t s, int* bps) {
+  if (ks == 1) {   // the K-side in the walk: one program per (sequence, value head) only
+    if (block_v == 128 && mt == 2) return launch<128, 2, ORD, 1>(a, B, NC, H, HV, V, W, pdl, s, bps);
+    if (block_v == 128 && mt == 1) return launch<128, 1, ORD, 1>(a, B, NC, H, HV, V, W, pdl, s, bps);
+    return 1000;
+  }
+  if (ks == 2) {   // raw q / k with their multipliers (the CUDA K-side kernel's)
+    if (block_v == 128 && mt == 2) return launch<128, 2, ORD, 2>(a, B, NC, H, HV, V, W, pdl, s, bps);
+    if (block_v == 128 && mt == 1) return launch<128, 1, ORD, 2>(a, B, NC, H, HV, V, W, pdl, s, bps);
+    if (block_v == 64 && mt == 2) return launch<64, 2, ORD, 2>(a, B, NC, H, HV, V, W, pdl, s, bps);
+    return 1000;
+  }
+  if (ks) return 1000;
+  if (block_v == 128 && mt == 2) return launch<128, 2, ORD, 0>(a, B, NC, H, HV, V, W, pdl, s, bps);
+  if (block_v == 128 && mt == 1) return launch<128, 1, ORD, 0>(a, B, NC, H, HV, V, W, pdl, s, bps);
+  if (block_v == 64 && mt == 2) return launch<64, 2, ORD, 0>(a, B, NC, H, HV, V, W, pdl, s, bps);
+  if (block_v == 64 && mt == 1) return launch<64, 1, ORD, 0>(a, B, NC, H, HV, V, W, pdl, s, bps);
+  if (block_v == 32 && mt == 2) return launch<32, 2, ORD, 0>(a, B, NC, H, HV, V, W, pdl, s, bps);
   return 1000;
 }
 
 }  // namespace
 
-// a: qn, kn, v, beta, s0, cu, pairs, npairs, o, u, G, diag, pair tiles, order (device
-// pointers; order: int32 flat rows of the nodes in walk order, used when ordered != 0).
+// a: qn, kn, v, beta, s0, cu, pairs, npairs, o, u, G, diag, pair tiles, order, bits, mults
+// (device pointers; order: int32 flat rows of the nodes in walk order, used when ordered != 0;
+// ks 1: the walk computes the K-side tiles itself from bits, int64 [N, W] ancestor bits in
+// walk order, and diag / pair tiles are not read; ks 2: qn / kn are the raw rows, mults
+// [N, H, 2] fp32 their multipliers).
 // blocks_per_sm non-null: only report the resident programs per SM (nothing launched).
 // Returns a cudaError_t (0: launched); 1000: no such (block_v, m-tiles per warp); 1001: the
-// sub-chunks need more shared memory than a program may hold.
+// sub-chunks need more shared memory than a program may hold; 1002: fewer bit words than
+// sub-chunks need.
 extern "C" int gdn_walk_launch(void** a, int B, int NC, int H, int HV, int V, int block_v, int mt,
-                               int pdl, int ordered, void* stream, int* blocks_per_sm) {
+                               int ks, int W, int pdl, int ordered, void* stream,
+                               int* blocks_per_sm) {
   cudaStream_t s = static_cast<cudaStream_t>(stream);
-  return ordered ? dispatch<true>(a, B, NC, H, HV, V, block_v, mt, pdl, s, blocks_per_sm)
-                 : dispatch<false>(a, B, NC, H, HV, V, block_v, mt, pdl, s, blocks_per_sm);
+  return ordered ? dispatch<true>(a, B, NC, H, HV, V, block_v, mt, ks, W, pdl, s, blocks_per_sm)
+                 : dispatch<false>(a, B, NC, H, HV, V, block_v, mt, ks, W, pdl, s, blocks_per_sm);
+}
+
+// a: q, k (raw bf16 [N, H, K]), g, beta (fp32 [N, HV]), bits, cu, pairs, npairs, order, and
+// written: G (fp32 [N, HV]), mults (fp32 [N, H, 2]), diag, pair tiles (device pointers, as
+// gdn_walk_launch's; order used when ordered != 0): what the walk with ks = 2 reads, for HV / H
+// value heads per key head; pdl: let the walk start early.  Returns a cudaError_t (0:
+// launched), 1001 / 1002 as the walk, 1003: value heads not a multiple of the key heads, or
+// more than 64 sub-chunks.
+extern "C" int gdn_kside_launch(void** a, int B, int NC, int H, int HV, int W, int pdl,
+                                int ordered, int l2norm, float scale, void* stream) {
+  cudaStream_t s = static_cast<cudaStream_t>(stream);
+  if (ordered)
+    return l2norm ? kside_launch<true, true>(a, B, NC, H, HV, W, pdl, scale, s)
+                  : kside_launch<true, false>(a, B, NC, H, HV, W, pdl, scale, s);
+  return l2norm ? kside_launch<false, true>(a, B, NC, H, HV, W, pdl, scale, s)
+                : kside_launch<false, false>(a, B, NC, H, HV, W, pdl, scale, s);
 }
 
 extern "C" const char* gdn_walk_error(int code) {
   if (code == 1000) return "no CUDA walk for this block_v / m-tiles per warp";
   if (code == 1001) return "the trees' sub-chunks need more shared memory than a program may hold";
+  if (code == 1002) return "the ancestor bits have fewer words per row than the sub-chunks need";
+  if (code == 1003) return "the K-side kernel needs value heads a multiple of the key heads and at most 64 sub-chunks";
   return cudaGetErrorString(static_cast<cudaError_t>(code));
 }
