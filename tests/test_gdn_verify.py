@@ -399,7 +399,8 @@ def test_fp32_inputs_take_eight_warps_untransposed(monkeypatch):
     for b, n in ((64, 16), (64, 128), (12, 128), (16, 64), (5, 32)):
         bf16, fp32 = rule(b, n, False), rule(b, n, True)
         assert fp32["num_warps"] == 8 and fp32["transposed"] == 0 and fp32["cuda_walk"] == 0, (b, n)
-        walk = ("num_warps", "transposed", "cuda_walk")
+        assert fp32["kside_cuda"] == 0, (b, n)   # the CUDA kernels take bf16 only
+        walk = ("num_warps", "transposed", "cuda_walk", "kside_cuda")
         assert {k: v for k, v in fp32.items() if k not in walk} == \
             {k: v for k, v in bf16.items() if k not in walk}, (b, n)
     for b, n in ((4, 128), (1, 64)):
