@@ -22,6 +22,23 @@ from simtree.profiler.bench_gdn import parse_configs
 KEYS = ("q", "k", "v", "g", "beta", "state", "parents", "cu_nodes")
 
 
+def split_calls(kernels: list[tuple[str, float, float]], reps: int) -> tuple[dict, list]:
+    """{kernel name: [durations]} and the per-call spans of ``reps`` calls from their kernels
+    (name, start, end), every call launching the same number of kernels (a call's kernels may
+    overlap: programmatically dependent launches)."""
+    events = sorted(kernels, key=lambda e: e[1])
+    per = len(events) // reps if reps > 0 else 0
+    if per == 0 or per * reps != len(events):
+        raise SystemExit(f"{len(events)} kernels in {reps} calls: not one fixed sequence per call")
+    durations, spans = {}, []
+    for i in range(reps):
+        call = events[i * per:(i + 1) * per]
+        spans.append(max(end for _, _, end in call) - call[0][1])
+        for name, start, end in call:
+            durations.setdefault(name, []).append(end - start)
+    return durations, spans
+
+
 def trace(fn, reps: int) -> tuple[dict, list]:
     """{kernel name: [durations us]} and the per-call spans (us) of ``reps`` calls of fn."""
     from torch.profiler import ProfilerActivity, profile
@@ -32,19 +49,9 @@ def trace(fn, reps: int) -> tuple[dict, list]:
         for _ in range(reps):
             fn()
             torch.cuda.synchronize()
-    events = sorted((e for e in prof.events() if e.device_type.name == "CUDA"
-                     and "memcpy" not in e.name.lower() and "memset" not in e.name.lower()),
-                    key=lambda e: e.time_range.start)
-    per = len(events) // reps if reps else 0
-    if per == 0 or per * reps != len(events):
-        raise SystemExit(f"{len(events)} kernels in {reps} calls: not one fixed sequence per call")
-    kernels, spans = {}, []
-    for i in range(reps):
-        call = events[i * per:(i + 1) * per]
-        spans.append(max(e.time_range.end for e in call) - call[0].time_range.start)
-        for e in call:
-            kernels.setdefault(e.name, []).append(e.time_range.end - e.time_range.start)
-    return kernels, spans
+    return split_calls([(e.name, e.time_range.start, e.time_range.end) for e in prof.events()
+                        if e.device_type.name == "CUDA" and "memcpy" not in e.name.lower()
+                        and "memset" not in e.name.lower()], reps)
 
 
 def main() -> None:
