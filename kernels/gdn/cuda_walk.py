@@ -133,21 +133,26 @@ def _device_library(index: int) -> ctypes.CDLL:
     return _library(*torch.cuda.get_device_capability(index))
 
 
-def _call(tensors, B: int, NC: int, H: int, HV: int, V: int, block_v: int, mt: int, pdl: bool,
-          ordered: bool = False, mode: int = 0, words: int = 0,
-          blocks_per_sm: ctypes.c_int | None = None) -> None:
+def _launch(entry: str, what: str, tensors, *args, tail=()) -> None:
+    """One of walk.cu's entry points (``entry``) on the first tensor's GPU: the tensors'
+    device pointers, ``args``, torch's current stream, then ``tail``; a non-zero return is a
+    one-line SimtreeError opening with ``what``."""
     dev = tensors[0].device
     dll = _device_library(dev.index)
     ptrs = (ctypes.c_void_p * len(tensors))(*(t.data_ptr() for t in tensors))
     with torch.cuda.device(dev):   # the launch and its shared-memory opt-in on that GPU
-        stream = torch.cuda.current_stream(dev).cuda_stream
-        err = dll.gdn_walk_launch(ptrs, B, NC, H, HV, V, block_v, mt, mode, words,
-                                  int(pdl), int(ordered), stream, None if blocks_per_sm is None
-                                  else ctypes.byref(blocks_per_sm))
+        err = getattr(dll, entry)(ptrs, *args, torch.cuda.current_stream(dev).cuda_stream, *tail)
     if err:
-        raise SimtreeError(f"CUDA walk (block_v {block_v}, {mt} m-tiles per warp"
-                           f"{('', ', K-side in the walk', ', raw q/k')[mode]}): "
-                           f"{dll.gdn_walk_error(err).decode()}")
+        raise SimtreeError(f"{what}: {dll.gdn_walk_error(err).decode()}")
+
+
+def _call(tensors, B: int, NC: int, H: int, HV: int, V: int, block_v: int, mt: int, pdl: bool,
+          ordered: bool = False, mode: int = 0, words: int = 0,
+          blocks_per_sm: ctypes.c_int | None = None) -> None:
+    _launch("gdn_walk_launch", f"CUDA walk (block_v {block_v}, {mt} m-tiles per warp"
+            f"{('', ', K-side in the walk', ', raw q/k')[mode]})", tensors,
+            B, NC, H, HV, V, block_v, mt, mode, words, int(pdl), int(ordered),
+            tail=(None if blocks_per_sm is None else ctypes.byref(blocks_per_sm),))
 
 
 def instances(mode: int = 0) -> tuple:
@@ -192,17 +197,11 @@ def kside(q, k, g, beta, bits, cu, pairs, npairs, NC: int, G, mults, diag, tiles
     on raw rows (``walk(..., mults=)``); ``order`` as ``walk``'s.  K = 128, 16-node
     sub-chunks.  It is the verify's first kernel (launched after everything it reads)."""
     B, H, HV = cu.numel() - 1, q.shape[1], beta.shape[1]
-    tensors = [q, k, g, beta, bits, cu, pairs, npairs, npairs if order is None else order,
-               G, mults, diag, tiles]
-    dev = q.device
-    dll = _device_library(dev.index)
-    ptrs = (ctypes.c_void_p * len(tensors))(*(t.data_ptr() for t in tensors))
-    with torch.cuda.device(dev):
-        err = dll.gdn_kside_launch(ptrs, B, NC, H, HV, int(bits.shape[1]), int(pdl),
-                                   int(order is not None), int(l2norm), float(scale),
-                                   torch.cuda.current_stream(dev).cuda_stream)
-    if err:
-        raise SimtreeError(f"CUDA K-side kernel: {dll.gdn_walk_error(err).decode()}")
+    _launch("gdn_kside_launch", "CUDA K-side kernel",
+            [q, k, g, beta, bits, cu, pairs, npairs, npairs if order is None else order, G,
+             mults, diag, tiles],
+            B, NC, H, HV, int(bits.shape[1]), int(pdl), int(order is not None), int(l2norm),
+            float(scale))
 
 
 def blocks_per_sm(device, NC: int, block_v: int, mt: int, mode: int = 0) -> int:

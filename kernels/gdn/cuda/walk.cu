@@ -40,6 +40,19 @@ constexpr int KS_STEPS = K / 16;   // k-steps of the [*, K] products
 constexpr int RS = K + 8;    // shared row of q/k in bf16 (padded: conflict-free fragment reads)
 constexpr int TILE = BT * BT;
 
+// 64-bit words of ancestor bits a row needs for nc sub-chunks (sub-chunk c's 16 bits: word
+// c / 4, shift 16 (c % 4))
+__host__ __device__ constexpr int bit_words(int nc) { return (nc + 3) / 4; }
+
+// the K-side tiles of (sequence, value head) bhv in a buffer of `slots` per bhv: tiles
+// `slot` (two [16, 16] bf16 tiles), as tree_verify.py's _tile_slot lays them out (change
+// both together): diagonal buffer NC slots (slot c), pair buffer NC (NC - 1) / 2 (slot
+// c (c - 1) / 2 + i for sub-chunk c's i-th pair)
+__host__ __device__ inline int64_t tile_slot(int64_t bhv, int64_t slots, int64_t slot) {
+  return (bhv * slots + slot) * 2 * TILE;
+}
+__host__ __device__ inline int64_t pair_slots(int nc) { return static_cast<int64_t>(nc) * (nc - 1) / 2; }
+
 __device__ __forceinline__ uint32_t pack(float lo, float hi) {
   __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
   return *reinterpret_cast<uint32_t*>(&h);
@@ -125,7 +138,7 @@ struct Stage {
     return pairs + (KS || nc <= 1 ? 0 : (nc - 1) * 2 * TILE * 2);
   }
   static __host__ __device__ int bits(int nc) { return ids(nc) + 16 * ((nc * 4 + 15) / 16); }
-  static __host__ __device__ int words(int nc) { return (nc + 3) / 4; }
+  static __host__ __device__ int words(int nc) { return bit_words(nc); }
   static __host__ __device__ int bytes(int nc) { return bits(nc) + (KS ? BT * words(nc) * 8 : 0); }
   // beside the two stages: each warp's u^T fragments of every sub-chunk (one uint4 per lane
   // and m-tile; warps x m-tiles = BV / 16); before the walk the same space holds S0 [K, BV]
@@ -312,9 +325,9 @@ walk_kernel(const __nv_bfloat16* __restrict__ qn, const __nv_bfloat16* __restric
   const int64_t qk0 = (bos * H + i_h) * K, v0 = (bos * HV + i_hv) * V + i_v * BV;
   const float* beta0 = beta + bos * HV + i_hv;
   const float* G0 = G + bos * HV + i_hv;
-  // the K-side tiles' slots as tree_verify.py's _tile_slot lays them out (change both together)
-  const __nv_bfloat16* diag0 = diag + bhv * NC * 2 * TILE;
-  const __nv_bfloat16* ptile0 = ptiles + bhv * (static_cast<int64_t>(NC) * (NC - 1) / 2) * 2 * TILE;
+  // this (sequence, value head)'s K-side tiles (tile_slot)
+  const __nv_bfloat16* diag0 = diag + tile_slot(bhv, NC, 0);
+  const __nv_bfloat16* ptile0 = ptiles + tile_slot(bhv, pair_slots(NC), 0);
   const int32_t* ids0 = pairs + static_cast<int64_t>(i_b) * NC * NC;
 
   auto prefetch = [&](int c) {
@@ -582,7 +595,7 @@ struct KTree {   // shared memory of a K-side program (bytes): nc sub-chunks, R 
   static __host__ __device__ int k(int nc) { return nc * BT * RS * 2; }   // q rows at 0
   static __host__ __device__ int ascr(int nc) { return 2 * k(nc); }   // [warps][2][TILE] fp32
   static __host__ __device__ int bits(int nc) { return ascr(nc) + KT_WARPS * 2 * TILE * 4; }
-  static __host__ __device__ int words(int nc) { return (nc + 3) / 4; }
+  static __host__ __device__ int words(int nc) { return bit_words(nc); }
   static __host__ __device__ int G(int nc) { return bits(nc) + nc * BT * words(nc) * 8; }
   static __host__ __device__ int g(int nc, int R) { return G(nc) + R * nc * BT * 4; }
   static __host__ __device__ int beta(int nc, int R) { return g(nc, R) + R * nc * BT * 4; }
@@ -704,7 +717,6 @@ kside_kernel(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __restric
   const int lm = lane / 8, g = lane / 4, t = lane % 4;
   const int ldsm_off = (((lm >> 1) * 8 + lane % 8) * RS + (lm & 1) * 8) * 2;
   float* ascr = reinterpret_cast<float*>(smem + S::ascr(NC)) + warp * 2 * TILE;
-  const int64_t pair_slots = static_cast<int64_t>(NC) * (NC - 1) / 2;
   const unsigned char* q8 = reinterpret_cast<const unsigned char*>(qs);
   const unsigned char* k8 = reinterpret_cast<const unsigned char*>(ks);
   for (int j = warp; j < *njobs; j += KT_WARPS) {
@@ -722,15 +734,15 @@ kside_kernel(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __restric
         kk[nt][i] *= ms[NC * BT + r] * mk;
         qk[nt][i] *= ms[r] * mk;
       }
-    // the slots of _tile_slot (tree_verify.py); two value heads at a time, so lanes 0-15 and
-    // 16-31 solve the two diagonal blocks' inverses side by side
+    // two value heads at a time, so lanes 0-15 and 16-31 solve the two diagonal blocks'
+    // inverses side by side
     for (int hv = 0; hv < R; hv += 2) {
       __nv_bfloat16* out[2];
 #pragma unroll
       for (int h2 = 0; h2 < 2; ++h2) {
         const int64_t bhv = static_cast<int64_t>(i_b) * HV + hv0 + hv + h2;
-        out[h2] = slot ? ptiles + (bhv * pair_slots + c * (c - 1) / 2 + slot - 1) * 2 * TILE
-                       : diag + (bhv * NC + c) * 2 * TILE;
+        out[h2] = slot ? ptiles + tile_slot(bhv, pair_slots(NC), c * (c - 1) / 2 + slot - 1)
+                       : diag + tile_slot(bhv, NC, c);
         if (hv + h2 < R) {
           const float* gh = Gs + (hv + h2) * NC * BT;
           kside_store(out[h2], ascr + h2 * TILE, kk, qk, bits_s + c * BT * wn, wn, gh + c * BT,
@@ -750,7 +762,7 @@ kside_kernel(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __restric
 template <bool ORD, bool L2NORM>
 int kside_launch(void** a, int B, int NC, int H, int HV, int W, int pdl, float scale,
                  cudaStream_t stream) {
-  if ((NC + 3) / 4 > W) return 1002;
+  if (bit_words(NC) > W) return 1002;
   if (HV % H || NC > 64) return 1003;
   const int smem = KTree::bytes(NC, HV / H);
   auto kern = kside_kernel<ORD, L2NORM>;
