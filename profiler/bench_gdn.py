@@ -53,7 +53,7 @@ _CFG_KEYS = dict(block_v="v", block_t="t", num_warps="w", num_stages="s", max_re
                  g_pass="j", kside="k", kside_heads="h", solve_bf16="b",
                  u_cache_bf16="c", pdl="l", early="e",
                  kside_registers="m", transposed="x", cuda_walk="y", walk_kside="z",
-                 kside_cuda="a")
+                 kside_cuda="a", l2_prefetch="f")
 
 
 _COMMIT_KEYS = dict(path="p", block_t="t", block_v="v", num_warps="w")

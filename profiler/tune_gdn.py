@@ -10,7 +10,10 @@ q prenorm, j g_pass, k kside: the K-side kernel's warps, 0 off,
 h kside_heads, b solve_bf16, c u_cache_bf16, l pdl, e early,
 m kside_registers, x transposed, y cuda_walk: the CUDA walk's m-tiles per warp, 0 off,
 z walk_kside: 1, the CUDA walk computes the K-side tiles itself, a kside_cuda: 1, the CUDA
-K-side kernel writes them for the CUDA walk).
+K-side kernel writes them for the CUDA walk, f l2_prefetch: bits 1 the walk's L2 prefetch of
+the next resident set's states, 2 the CUDA K-side kernel's of the first set's, 4 streaming
+o / u stores, 8 the walk's v rows two sub-chunks ahead, 16 with 1 the walk's prefetch two
+sub-chunks before each program's end; a kside_cuda 2: at 12 warps).
 Writes tune_gdn.csv
 (one row per config x shape x phase) and tune_gdn.json (env, correctness per config) into
 --out; results are rewritten after every shape, so a killed run keeps what it measured.

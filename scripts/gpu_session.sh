@@ -9,7 +9,8 @@
 # "--only-stage gdn_tree_commit --remeasure" to time that stage again after a kernel change;
 # ncu: NCU_SHAPES="16:128 64:128"; lossless: every speculative mode checked, LOSSLESS_LIMIT s;
 # refresh: the GDN benchmark and the profile's GDN verify rows after a launch-rule change;
-# gputest: the tests marked gpu, GPUTEST_TIMEOUT s)
+# gputest: the tests marked gpu, GPUTEST_TIMEOUT s, GPUTEST_FILES the test files to collect,
+# e.g. tests/test_gdn_cuda_walk.py where the carried wheels lack what other files import)
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
 RES=/tmp/simtree_results   # many files; tarred into $OUT at the end ($OUT returns <= 8 files)
@@ -67,7 +68,7 @@ for part in "$@"; do
       done ;;
     lossless) LIMIT=${LOSSLESS_LIMIT:-280} bash scripts/lossless_gpu.sh "$RES/lossless" && grep "^|" "$RES/lossless/README.md" ;;
     gputest)   # the tests marked gpu (e.g. the CUDA walk against the Triton walk and the reference)
-      timeout ${GPUTEST_TIMEOUT:-300} python3 -m pytest -q -m gpu tests 2>&1 | tee "$RES/gputest.log" | tail -30 ;;
+      timeout ${GPUTEST_TIMEOUT:-300} python3 -m pytest -q -m gpu ${GPUTEST_FILES:-tests} 2>&1 | tee "$RES/gputest.log" | tail -30 ;;
     *) echo "unknown part $part"; false ;;
   esac
   rc=$?   # pipefail: the benchmark's own exit status (124 = timed out), not tee's

@@ -50,12 +50,15 @@ def raw(path: Path) -> dict:
 
 def sass_rows(path: Path) -> list[tuple[str, int, int, str]]:
     """The source page's SASS lines as (opcode, times executed, stall samples, instruction),
-    the opcode with its predicate stripped."""
+    the opcode with its predicate stripped; of the page's first kernel where it holds more than
+    one (each opens with a "Kernel Name" row and its header)."""
     rows = list(csv.reader(gzip.open(path, "rt")))
     h = rows[1]
     s, e = h.index("Warp Stall Sampling (All Samples)"), h.index("Instructions Executed")
     out = []
     for r in rows[2:]:
+        if r and r[0] == "Kernel Name":
+            break
         text = " ".join(r[1].split())
         m = re.match(r"(@!?U?P\w+\s+)?([A-Z0-9_]+)", text)
         out.append((m.group(2) if m else "?", int(r[e] or 0), int(r[s] or 0), text))

@@ -32,14 +32,20 @@ def test_rule_takes_the_cuda_walk_where_measured(monkeypatch):
         b, n = int(rng.integers(10, 129)), int(rng.integers(64, 129))
         cfg = _rule(b, n)
         assert cfg["cuda_walk"] == 2 and cfg["kside"] > 0 and cfg["prenorm"] == 1, (b, n)
-        assert cfg["kside_cuda"] == 1 and cfg["walk_kside"] == 0, (b, n)
+        # the CUDA K-side kernel at 12 warps (8 below 512 rows of > 96 nodes), prefetching the
+        # walk's first states into L2, and beyond 64 nodes each walk program the next one's,
+        # late (runs 100-107)
+        assert cfg["kside_cuda"] == (1 if b * 48 < 512 and n > 96 else 2), (b, n)
+        assert cfg["walk_kside"] == 0 and cfg["l2_prefetch"] == (19 if n > 64 else 2), (b, n)
         assert (cfg["block_v"], 2) in cuda_walk.RAW_INSTANCES, (b, n)
         assert cfg["block_t"] == 16 and (cfg["block_v"], 2) in cuda_walk.INSTANCES, (b, n)
         assert _rule(b, n, ieee=True)["cuda_walk"] == 0, (b, n)
         assert _rule(b, n, ieee=True)["kside_cuda"] == 0, (b, n)
+        assert _rule(b, n, ieee=True)["l2_prefetch"] == 0, (b, n)
     for b, n in ((9, 128), (4, 128), (1, 64), (16, 63), (64, 33), (64, 16), (64, 129), (16, 256)):
         assert _rule(b, n)["cuda_walk"] == 0, (b, n)
     assert _rule(15, 128, hv=32)["cuda_walk"] == 2 and _rule(14, 128, hv=32)["cuda_walk"] == 0
+    assert _rule(15, 128, hv=32)["kside_cuda"] == 1 and _rule(16, 128, hv=32)["kside_cuda"] == 2
 
 
 def _blockers(**kw):
@@ -71,19 +77,24 @@ def test_every_reason_the_cuda_walk_cannot_run_is_named():
             assert extra == [] or (len(extra) == 1 and f"got ({bv}, {mt})" in extra[0]), extra
 
 
+def _small_verify_args(seed):
+    """The verify's arguments for two random trees of 20-40 nodes stored depth-first (CPU)."""
+    rng = np.random.default_rng(seed)
+    trees = [random_tree(int(n), rng, reach=4) for n in rng.integers(20, 40, size=2)]
+    inp = make_inputs([t.depth_first() for t in trees], seed + 2)
+    return [inp[k] for k in KEYS] + [inp["parents"], inp["cu_nodes"]]
+
+
 def test_cpu_falls_back_to_the_triton_walk_and_refuses_an_explicit_cuda_walk(monkeypatch):
     import simtree.kernels.gdn as kg
-    rng = np.random.default_rng(3)
-    trees = [random_tree(int(n), rng, reach=4) for n in rng.integers(20, 40, size=2)]
-    inp = make_inputs([t.depth_first() for t in trees], 5)
-    args = [inp[k] for k in KEYS] + [inp["parents"], inp["cu_nodes"]]
+    args = _small_verify_args(3)
     kw = dict(backend="triton", kside=1, prenorm=1)
     want, _ = gdn_tree_verify(*args, cuda_walk=0, **kw)
     real = kg.verify_launch_config
     for ks, kcu in ((0, 0), (1, 0), (0, 1)):   # a rule that asks for the CUDA walk (with the
         # K-side in it, or by the CUDA K-side kernel, or neither)
         monkeypatch.setattr(kg, "verify_launch_config", lambda *a, **k: dict(
-            real(*a, **k), cuda_walk=2, walk_kside=ks, kside_cuda=kcu))
+            real(*a, **k), cuda_walk=2, walk_kside=ks, kside_cuda=kcu, l2_prefetch=19))
         assert not cuda_walk.available("cpu")
         got, _ = gdn_tree_verify(*args, **kw)   # the default falls back: same launch, outputs
         assert torch.equal(got, want), ks
@@ -108,14 +119,12 @@ def test_the_rules_cuda_kside_kernel_gives_way_where_only_it_cannot_run(monkeypa
     # also asks for the CUDA K-side kernel: the walk runs on the Triton K-side kernel's tiles
     # (mode 0) instead of failing; asked for explicitly, the K-side kernel is an error
     import simtree.kernels.gdn as kg
-    rng = np.random.default_rng(4)
-    trees = [random_tree(int(n), rng, reach=4) for n in rng.integers(20, 40, size=2)]
-    inp = make_inputs([t.depth_first() for t in trees], 6)
-    args = [inp[k] for k in KEYS] + [inp["parents"], inp["cu_nodes"]]
+    args = _small_verify_args(4)
     kw = dict(backend="triton", kside=1, prenorm=1, block_v=32)
     real = kg.verify_launch_config
-    monkeypatch.setattr(kg, "verify_launch_config",
-                        lambda *a, **k: dict(real(*a, **k), cuda_walk=2, kside_cuda=1))
+    monkeypatch.setattr(kg, "verify_launch_config", lambda *a, **k: dict(
+        real(*a, **k), cuda_walk=2, kside_cuda=1, l2_prefetch=19))
+    monkeypatch.setattr(cuda_walk, "resident_rows", lambda dev, nc, bv, mt, mode, V: 50 + mode)
     monkeypatch.setattr(kg, "_cuda_walk_blockers", lambda **k: (
         [f"instances {cuda_walk.instances(k['mode'])}"]
         if (k["BV"], k["mt"]) not in cuda_walk.instances(k["mode"]) else []))
@@ -125,8 +134,53 @@ def test_the_rules_cuda_kside_kernel_gives_way_where_only_it_cannot_run(monkeypa
     gdn_tree_verify(*args, cuda_walk=2, **kw)
     assert len(calls) == 1 and calls[0]["mults"] is None and calls[0]["bits"] is None
     assert calls[0]["block_v"] == 32 and calls[0]["mt"] == 2
+    # the rule's L2 bits follow: the walk's late prefetch (rows resident in mode 0), no K-side one
+    assert calls[0]["pf"] == 50 and calls[0]["pf_late"] and not calls[0]["cs"]
     with pytest.raises(LaunchNotApplicable, match="cuda_walk needs instances"):
         gdn_tree_verify(*args, cuda_walk=2, kside_cuda=1, **kw)
+
+
+def test_l2_prefetch_and_kside_warps_reach_the_kernels(monkeypatch):
+    # the bits of l2_prefetch as the launches get them: 1 the walk's prefetch (rows ahead: the
+    # resident rows), 2 the CUDA K-side kernel's (its first rows), 4 streaming stores, 8 the
+    # walk's v rows two sub-chunks ahead, 16 the walk's prefetch late; the rule's walk without
+    # the CUDA K-side kernel drops bit 2, an explicit request for it (or any bit without the
+    # CUDA walk) is refused; outside 0-31 a one-line error
+    import simtree.kernels.gdn as kg
+    args = _small_verify_args(5)
+    kw = dict(backend="triton", kside=1, prenorm=1)
+    monkeypatch.setattr(kg, "_cuda_walk_blockers", lambda **k: [])
+    monkeypatch.setattr(cuda_walk, "resident_rows", lambda dev, nc, bv, mt, mode, V: 100 + mode)
+    calls = []
+    monkeypatch.setattr(cuda_walk, "walk", lambda *a, **k: calls.append(("walk", k)))
+    monkeypatch.setattr(cuda_walk, "kside", lambda *a, **k: calls.append(("kside", k)))
+    for bits in range(32):
+        calls.clear()
+        gdn_tree_verify(*args, cuda_walk=2, kside_cuda=1, l2_prefetch=bits, **kw)
+        (_, ks), (_, wk) = calls
+        assert ks["pf"] == (102 if bits & 2 else 0), bits
+        assert torch.equal(ks["s0"], args[5].float()), bits   # the walk's fp32 state
+        assert wk["pf"] == (102 if bits & 1 else 0) and wk["cs"] == bool(bits & 4), bits
+        assert wk["pfv"] == bool(bits & 8) and wk["pf_late"] == bool(bits & 16), bits
+        assert ks["warps"] == 8, bits
+    calls.clear()   # kside_cuda 2: the K-side kernel at 12 warps a program
+    gdn_tree_verify(*args, cuda_walk=2, kside_cuda=2, **kw)
+    assert calls[0][0] == "kside" and calls[0][1]["warps"] == 12
+    with pytest.raises(SimtreeError, match="kside_cuda is 0 .*, 1 .* or 2"):
+        gdn_tree_verify(*args, cuda_walk=2, kside_cuda=3, **kw)
+    real = kg.verify_launch_config
+    monkeypatch.setattr(kg, "verify_launch_config", lambda *a, **k: dict(
+        real(*a, **k), cuda_walk=2, kside_cuda=0, l2_prefetch=31))
+    calls.clear()
+    gdn_tree_verify(*args, **kw)   # the rule's bits on the walk on the Triton K-side tiles
+    assert [c for c, _ in calls] == ["walk"] and calls[0][1]["pf"] == 100 and calls[0][1]["cs"]
+    assert calls[0][1]["pfv"] and calls[0][1]["pf_late"]
+    with pytest.raises(LaunchNotApplicable, match="l2_prefetch .* kside_cuda > 0"):
+        gdn_tree_verify(*args, l2_prefetch=2, **kw)
+    with pytest.raises(LaunchNotApplicable, match="l2_prefetch .* needs cuda_walk > 0"):
+        gdn_tree_verify(*args, cuda_walk=0, l2_prefetch=1, **kw)
+    with pytest.raises(SimtreeError, match="l2_prefetch is a sum of the bits 1, 2, 4, 8 and 16"):
+        gdn_tree_verify(*args, l2_prefetch=32, **kw)
 
 
 def test_instances_and_targets():
@@ -158,18 +212,23 @@ def test_walk_builds_once_into_its_cache(tmp_path, monkeypatch):
     for ordered in (0, 1):
         for bv, mt, ks in ((96, 2, 0), (96, 2, 1), (64, 2, 1), (32, 2, 1), (64, 1, 2), (3, 2, 3)):
             assert ks == 3 or (bv, mt) not in cuda_walk.instances(ks)
-            assert dll.gdn_walk_launch(ptrs, 1, 8, 16, 48, 128, bv, mt, ks, 2, 1, ordered,
+            assert dll.gdn_walk_launch(ptrs, 1, 8, 16, 48, 128, bv, mt, ks, 2, 1, ordered, 0, 0,
                                        None, None) == 1000, (bv, mt, ks)
         # eight sub-chunks need two words of ancestor bits per row: one is refused
-        assert dll.gdn_walk_launch(ptrs, 1, 8, 16, 48, 128, 128, 2, 1, 1, 1, ordered,
+        assert dll.gdn_walk_launch(ptrs, 1, 8, 16, 48, 128, 128, 2, 1, 1, 1, ordered, 0, 0,
                                    None, None) == 1002
-        kptrs = (ctypes.c_void_p * 13)()
-        assert dll.gdn_kside_launch(kptrs, 1, 8, 16, 48, 1, 1, ordered, 1, 0.1, None) == 1002
+        kptrs = (ctypes.c_void_p * 14)()
+        assert dll.gdn_kside_launch(kptrs, 1, 8, 16, 48, 1, 128, 1, ordered, 1, 0, 8, 0.1,
+                                    None) == 1002
+        assert dll.gdn_kside_launch(kptrs, 1, 8, 16, 48, 2, 128, 1, ordered, 1, 0, 16, 0.1,
+                                    None) == 1004   # 8 or 12 warps
         # 40 value heads over 16 key heads; 65 sub-chunks
         for nc, h, w in ((8, 16, 2), (65, 8, 17)):
             hv = 40 if h == 16 else 48
-            assert dll.gdn_kside_launch(kptrs, 1, nc, h, hv, w, 1, ordered, 1, 0.1, None) == 1003
+            assert dll.gdn_kside_launch(kptrs, 1, nc, h, hv, w, 128, 1, ordered, 1, 0, 8, 0.1,
+                                        None) == 1003
     assert b"value heads a multiple of the key heads" in dll.gdn_walk_error(1003)
+    assert b"8 or 12 warps" in dll.gdn_walk_error(1004)
 
 
 @pytest.mark.skipif(not HAS_NVCC, reason="no nvcc on this machine")
@@ -212,8 +271,8 @@ def test_nvcc_from_cuda_home(tmp_path, monkeypatch):
 @pytest.mark.parametrize("order", ["stored", "table"])
 @pytest.mark.parametrize("bv,mt,ks,kcu", [(*i, 0, 0) for i in cuda_walk.INSTANCES]
                          + [(*i, 1, 0) for i in cuda_walk.KSIDE_INSTANCES]
-                         + [(*i, 0, 1) for i in cuda_walk.RAW_INSTANCES])
-def test_cuda_walk_matches_the_triton_walk_on_the_gpu(bv, mt, ks, kcu, order):
+                         + [(*i, 0, kcu) for i in cuda_walk.RAW_INSTANCES for kcu in (1, 2)])
+def test_cuda_walk_matches_the_triton_walk_on_the_gpu(bv, mt, ks, kcu, order, monkeypatch):
     # o and u of the CUDA walk against the Triton transposed walk on the Triton K-side
     # kernel's tiles (ks: the CUDA walk computes those tiles itself; kcu: the CUDA K-side
     # kernel writes them) and against the float64 reference:
@@ -234,20 +293,30 @@ def test_cuda_walk_matches_the_triton_walk_on_the_gpu(bv, mt, ks, kcu, order):
         kw = dict(backend="triton", meta=meta, kside=1, prenorm=1, g_pass=1, solve_bf16=1,
                   u_bf16=1, u_cache_bf16=1, block_t=16, block_v=bv)
         o_t, c_t = gdn_tree_verify(*args, transposed=1, cuda_walk=0, **kw)
-        o_c, c_c = gdn_tree_verify(*args, cuda_walk=mt, walk_kside=ks, kside_cuda=kcu, **kw)
+        o_c, c_c = gdn_tree_verify(*args, cuda_walk=mt, walk_kside=ks, kside_cuda=kcu,
+                                   l2_prefetch=0, **kw)
         ref = gdn_tree_verify_dense_ref(*(inp[k].double() for k in KEYS), inp["parents"],
                                         inp["cu_nodes"])
         assert rel_err(o_c, ref) < 2e-2 and rel_err(o_t, ref) < 2e-2, (H, HV)
         assert rel_err(o_c, o_t) < 1e-2 and rel_err(c_c.u, c_t.u) < 1e-2, (H, HV)
         if kcu:   # G written by the CUDA K-side kernel instead of the pre-pass
-            assert rel_err(c_c.G, c_t.G) < 1e-5, (H, HV)   # its multipliers without the L2 norm, at another scale (q and k raw values
+            assert rel_err(c_c.G, c_t.G) < 1e-5, (H, HV)
+        # the L2 prefetches and streaming stores move no number: outputs bit for bit the same
+        # (7 rows resident at a time, so the walk's prefetch reaches real rows and past the last;
+        # the late prefetch, the rule's, at two m-tiles per warp, the early one at one)
+        monkeypatch.setattr(cuda_walk, "resident_rows", lambda *a, **k: 7)
+        o_p, c_p = gdn_tree_verify(*args, cuda_walk=mt, walk_kside=ks, kside_cuda=kcu,
+                                   l2_prefetch=(15 if kcu else 13) | 16 * (mt == 2), **kw)
+        assert torch.equal(o_p, o_c) and torch.equal(c_p.u, c_c.u), (H, HV)
+        monkeypatch.undo()
+        if kcu:   # its multipliers without the L2 norm, at another scale (q and k raw values
             # then reach the products: inputs normalised first so the recurrence stays bounded)
             raw = dict(inp, q=torch.nn.functional.normalize(inp["q"].float(), dim=-1).to(inp["q"].dtype),
                        k=torch.nn.functional.normalize(inp["k"].float(), dim=-1).to(inp["k"].dtype))
             args2 = [raw[k] for k in KEYS] + [raw["parents"], raw["cu_nodes"]]
             nk = dict(kw, qk_l2norm=False, scale=0.05)
             o_t2, _ = gdn_tree_verify(*args2, transposed=1, cuda_walk=0, **nk)
-            o_c2, _ = gdn_tree_verify(*args2, cuda_walk=mt, kside_cuda=1, **nk)
+            o_c2, _ = gdn_tree_verify(*args2, cuda_walk=mt, kside_cuda=kcu, **nk)
             ref2 = gdn_tree_verify_dense_ref(*(raw[k].double() for k in KEYS), raw["parents"],
                                              raw["cu_nodes"], scale=0.05, qk_l2norm=False)
             assert rel_err(o_c2, ref2) < 2e-2 and rel_err(o_c2, o_t2) < 1e-2, (H, HV)

@@ -336,7 +336,7 @@ def test_every_default_launch_is_correct():
                 # only: left to the default there, so the launch falls back to the Triton
                 # kernels as it does wherever the CUDA ones cannot run
                 kw = {k: v for k, v in cfg.items()
-                      if k not in ("cuda_walk", "walk_kside", "kside_cuda")}
+                      if k not in ("cuda_walk", "walk_kside", "kside_cuda", "l2_prefetch")}
                 out, _ = gdn_tree_verify(*(inp[k] for k in KEYS), *tree, backend="triton",
                                          meta=meta, **kw)
                 assert rel_err(out, ref) < 1e-4, cfg
@@ -400,7 +400,7 @@ def test_fp32_inputs_take_eight_warps_untransposed(monkeypatch):
         bf16, fp32 = rule(b, n, False), rule(b, n, True)
         assert fp32["num_warps"] == 8 and fp32["transposed"] == 0 and fp32["cuda_walk"] == 0, (b, n)
         assert fp32["kside_cuda"] == 0, (b, n)   # the CUDA kernels take bf16 only
-        walk = ("num_warps", "transposed", "cuda_walk", "kside_cuda")
+        walk = ("num_warps", "transposed", "cuda_walk", "kside_cuda", "l2_prefetch")
         assert {k: v for k, v in fp32.items() if k not in walk} == \
             {k: v for k, v in bf16.items() if k not in walk}, (b, n)
     for b, n in ((4, 128), (1, 64)):

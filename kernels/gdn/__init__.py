@@ -311,13 +311,25 @@ def verify_launch_config(B: int, HV: int, V: int, device: torch.device | str = "
     computes the K-side tiles itself (``walk_kside``) was faster than it at three of those
     shapes by at most 1.7%, 5-7% slower at 16-64 sequences of 96 nodes and 15-23% slower at
     16-64 sequences of 128 (its k and u histories in shared memory grow with the
-    sub-chunks), so the rule leaves it off.
+    sub-chunks), so the rule leaves it off.  The CUDA K-side kernel runs at 12 warps a
+    program and prefetches the walk's first states into L2 (``kside_cuda=2, l2_prefetch=2``,
+    runs 100-103): b16 n128 79.9 vs 84.7 us, b64 n64 171.0 vs 177.9, best or within 0.5% at 7
+    of 8 shapes of 10-64 sequences x 64 / 128 nodes; at b10 n128, the exception, 8 warps
+    with the prefetch (65.9 vs 68.9), which the rule keeps below 512 rows of more than 96
+    nodes (Qwen3-Next's 32 value heads, run 107: 12 warps faster at 16 sequences of 128
+    nodes, 64.5 vs 69.6 us; the CUDA kernels 1.2-1.4x faster than the Triton walk at 16-64
+    sequences of 64 and 128 nodes).  Beyond 64 nodes each walk program also prefetches the state of the one
+    that takes its place, two sub-chunks before its end (``l2_prefetch=19``, runs 104-106:
+    b16 n128 78.2-79.1 us over 8 tree sets vs 79.5-80.6, b64 n128 292.4 vs 296.8).  The
+    benchmark (run 105): b16 n128 81.4 us, 2.95x the memory floor (80.3 with
+    ``l2_prefetch=2`` in the same call), b64 n128 292.9, 2.65x.
     """
     rows = B * HV
     cfg = dict(block_t=16, block_v=V, num_warps=2, num_stages=2, max_registers=0, g_prologue=1,
                u_bf16=1, prefetch=0, heavy_first=0, prenorm=1, kside=0, kside_heads=0, solve_bf16=0,
                u_cache_bf16=1, pdl=1, kside_registers=0, transposed=0, cuda_walk=0,
-               walk_kside=0, kside_cuda=0, g_pass=int(max_nodes > (16 if rows <= 16 * 48 else 32)))
+               walk_kside=0, kside_cuda=0, l2_prefetch=0,
+               g_pass=int(max_nodes > (16 if rows <= 16 * 48 else 32)))
     if rows <= 48:
         big, huge = max_nodes >= 32, max_nodes > 64
         cfg.update(block_t=32 if big else 16, block_v=min(V, 64),
@@ -360,10 +372,19 @@ def verify_launch_config(B: int, HV: int, V: int, device: torch.device | str = "
         # faster (>= 10 sequences' rows at 48 value heads, 64-128 nodes), wherever it can run
         # (``_cuda_walk_blockers``: else the Triton walk above)
         if rows >= CUDA_WALK_MIN_ROWS and CUDA_WALK_NODES[0] <= max_nodes <= CUDA_WALK_NODES[1]:
-            # with the CUDA K-side kernel (tuning runs 94-99): no pre-pass, raw q / k rows
-            cfg.update(cuda_walk=2, kside_cuda=1)
+            # with the CUDA K-side kernel (tuning runs 94-99): no pre-pass, raw q / k rows; at
+            # 12 warps a program, prefetching the walk's first states into L2 (runs 100-102),
+            # but at 8 warps below 512 rows of more than 96 nodes (Qwen3.6-27B b10 n128, 480
+            # rows: 8 warps 65.9 / 66.4 us, 12 warps 68.9 / 68.8, runs 102 and 105; 12 warps
+            # faster at b10 n96, 50.8 vs 51.6, and at Qwen3-Next b16 n128, 512 rows, 64.5 vs
+            # 69.6, run 107); beyond 64 nodes each walk program also prefetches the state of
+            # the program after it, two sub-chunks before its end (runs 104-107: faster at 11
+            # of 12 shapes of 10-64 sequences x 96 / 128 nodes, both head shapes, level at
+            # the twelfth; slower at 64 sequences of 64 nodes)
+            cfg.update(cuda_walk=2, kside_cuda=1 if rows < 512 and max_nodes > 96 else 2,
+                       l2_prefetch=19 if max_nodes > 64 else 2)
     if ieee and rows > 4 * 48:   # fp32 / fp64 inputs (run 88)
-        cfg.update(num_warps=8, transposed=0, cuda_walk=0, kside_cuda=0)
+        cfg.update(num_warps=8, transposed=0, cuda_walk=0, kside_cuda=0, l2_prefetch=0)
     cfg["heavy_first"] = _heavy_first_default(cfg["block_t"], max_nodes, depth_first)
     cfg["early"] = int(max_nodes > cfg["block_t"])   # one sub-chunk: no pairs to hide behind
     return cfg
@@ -460,7 +481,8 @@ def gdn_tree_verify(q, k, v, g, beta, state, parents, cu_nodes, *, scale=None, q
                     u_cache_bf16: int | None = None, pdl: int | None = None,
                     early: int | None = None, kside_registers: int | None = None,
                     transposed: int | None = None, cuda_walk: int | None = None,
-                    walk_kside: int | None = None, kside_cuda: int | None = None):
+                    walk_kside: int | None = None, kside_cuda: int | None = None,
+                    l2_prefetch: int | None = None):
     """Every node's output as if the recurrence ran along its own root path only.
 
     One pass, ``state`` is not modified.  Returns (out [N, HV, V] in q's dtype, GDNTreeCache).
@@ -501,7 +523,14 @@ def gdn_tree_verify(q, k, v, g, beta, state, parents, cu_nodes, *, scale=None, q
     then not launched; block_v = V = 128) / ``kside_cuda`` (with cuda_walk and without
     walk_kside, 1: the CUDA K-side kernel, ``cuda_walk.kside``, writes the tiles, G and each
     row's q / k multipliers, so neither the pre-pass nor ``_tree_kside_kernel`` runs and the
-    CUDA walk reads raw q / k) override ``verify_launch_config`` (benchmark tuning).
+    CUDA walk reads raw q / k; 2: the same kernel at 12 warps a program instead of 8) /
+    ``l2_prefetch`` (with cuda_walk, bits: 1 each walk program
+    prefetches into L2 the state of the program that takes its place once a resident set
+    ends, 2 the CUDA K-side kernel prefetches the states of the walk's first resident set, 4
+    the walk stores o and u streaming, evict-first, 8 the walk prefetches each sub-chunk's v
+    rows into L2 two sub-chunks ahead, 16 with 1: each program's prefetch two sub-chunks
+    before its end rather than at its start) override ``verify_launch_config``
+    (benchmark tuning).
     """
     if check:
         _check_inputs(q, k, v, g, beta, state, parents, cu_nodes)
@@ -573,7 +602,12 @@ def gdn_tree_verify(q, k, v, g, beta, state, parents, cu_nodes, *, scale=None, q
     beta32, s0, vc = beta.float().contiguous(), state.float().contiguous(), v.contiguous()
     mt = int(cfg["cuda_walk"] if cuda_walk is None else cuda_walk)
     wks = bool(cfg["walk_kside"] if walk_kside is None else walk_kside)
-    kcu = bool(cfg["kside_cuda"] if kside_cuda is None else kside_cuda)
+    kcu = int(cfg["kside_cuda"] if kside_cuda is None else kside_cuda)
+    if kcu not in (0, 1, 2):
+        raise SimtreeError(f"kside_cuda is 0 (off), 1 (8 warps a program) or 2 (12), got {kcu}")
+    l2pf = int(cfg["l2_prefetch"] if l2_prefetch is None else l2_prefetch)
+    if not 0 <= l2pf <= 31:
+        raise SimtreeError(f"l2_prefetch is a sum of the bits 1, 2, 4, 8 and 16 (0-31), got {l2pf}")
     if wks and not mt:
         if walk_kside:
             raise LaunchNotApplicable("walk_kside computes the K-side tiles in the CUDA walk: "
@@ -584,7 +618,7 @@ def gdn_tree_verify(q, k, v, g, beta, state, parents, cu_nodes, *, scale=None, q
             raise LaunchNotApplicable("kside_cuda launches the CUDA K-side kernel for the CUDA "
                                       "walk: it needs cuda_walk > 0 (where it runs) and "
                                       "walk_kside = 0")
-        kcu = False
+        kcu = 0
     if mt:   # the CUDA walk where it runs; the default falls back to the Triton walk elsewhere
         def blockers():
             return _cuda_walk_blockers(
@@ -594,12 +628,22 @@ def gdn_tree_verify(q, k, v, g, beta, state, parents, cu_nodes, *, scale=None, q
                 mode=1 if wks else 2 if kcu else 0)
         why = blockers()
         if why and kcu and kside_cuda is None:   # the rule's K-side kernel: the walk without it
-            kcu = False
+            kcu = 0
             why = blockers()
         if why and (cuda_walk or walk_kside or kside_cuda):
             raise LaunchNotApplicable("cuda_walk needs " + "; ".join(why))
         if why:
-            mt, wks, kcu = 0, False, False
+            mt, wks, kcu = 0, False, 0
+    if l2pf and not mt or l2pf & 2 and not kcu:
+        if l2_prefetch:
+            raise LaunchNotApplicable("l2_prefetch is the CUDA walk's (bit 2: the CUDA K-side "
+                                      "kernel's): it needs cuda_walk > 0 where it runs"
+                                      + (" and kside_cuda > 0" if l2pf & 2 else ""))
+        l2pf = l2pf & (31 if mt and kcu else 29 if mt else 0)
+    pf_rows = 0
+    if l2pf & 3:   # the rows resident at once: how far the prefetches reach
+        from . import cuda_walk
+        pf_rows = cuda_walk.resident_rows(q.device, nc, BV, mt, 1 if wks else 2 if kcu else 0, V)
     # the dot operands once: normalised, scaled, in DT; and/or G (the CUDA K-side kernel writes
     # G and the rows' multipliers itself: no pre-pass)
     if (ready or g_pass) and not kcu:
@@ -629,7 +673,8 @@ def gdn_tree_verify(q, k, v, g, beta, state, parents, cu_nodes, *, scale=None, q
         from . import cuda_walk
         mults = torch.empty((N, H, 2), dtype=torch.float32, device=q.device)
         cuda_walk.kside(qc, kc, g32, beta32, walk.bits, cu, pairs, npairs, nc, G, mults,
-                        diag, tiles, order, pdl=use_pdl, l2norm=qk_l2norm, scale=scale)
+                        diag, tiles, order, pdl=use_pdl, l2norm=qk_l2norm, scale=scale, s0=s0,
+                        pf=pf_rows if l2pf & 2 else 0, warps=(8, 8, 12)[kcu])
     elif kside and not wks:
         _tree_kside_kernel[(nc, B * HV // hvb)](
             qc, kc, beta32, walk.bits, order_t, cu, pairs, npairs, nc, G, diag, tiles, scale,
@@ -644,7 +689,9 @@ def gdn_tree_verify(q, k, v, g, beta, state, parents, cu_nodes, *, scale=None, q
         from . import cuda_walk
         cuda_walk.walk(qc, kc, vc, beta32, s0, cu, pairs, npairs, nc, out, u, G, diag, tiles,
                        order, H=H, block_v=BV, mt=mt, pdl=use_pdl,
-                       bits=walk.bits if wks else None, mults=mults)
+                       bits=walk.bits if wks else None, mults=mults,
+                       pf=pf_rows if l2pf & 1 else 0, cs=bool(l2pf & 4), pfv=bool(l2pf & 8),
+                       pf_late=bool(l2pf & 16))
         return out, GDNTreeCache(u, G, meta, qk_l2norm)
     if walk_t:
         _tree_verify_t_kernel[(V // BV, B * HV)](

@@ -87,10 +87,10 @@ def _load(lib: Path) -> ctypes.CDLL:
     """The built library with its two entry points typed (walk.cu's extern "C" signatures)."""
     dll = ctypes.CDLL(str(lib))
     dll.gdn_walk_launch.restype = ctypes.c_int
-    dll.gdn_walk_launch.argtypes = [ctypes.POINTER(ctypes.c_void_p)] + [ctypes.c_int] * 11 + [
+    dll.gdn_walk_launch.argtypes = [ctypes.POINTER(ctypes.c_void_p)] + [ctypes.c_int] * 13 + [
         ctypes.c_void_p, ctypes.POINTER(ctypes.c_int)]
     dll.gdn_kside_launch.restype = ctypes.c_int
-    dll.gdn_kside_launch.argtypes = [ctypes.POINTER(ctypes.c_void_p)] + [ctypes.c_int] * 8 + [
+    dll.gdn_kside_launch.argtypes = [ctypes.POINTER(ctypes.c_void_p)] + [ctypes.c_int] * 11 + [
         ctypes.c_float, ctypes.c_void_p]
     dll.gdn_walk_error.restype = ctypes.c_char_p
     dll.gdn_walk_error.argtypes = [ctypes.c_int]
@@ -147,11 +147,11 @@ def _launch(entry: str, what: str, tensors, *args, tail=()) -> None:
 
 
 def _call(tensors, B: int, NC: int, H: int, HV: int, V: int, block_v: int, mt: int, pdl: bool,
-          ordered: bool = False, mode: int = 0, words: int = 0,
+          ordered: bool = False, mode: int = 0, words: int = 0, pf: int = 0, flags: int = 0,
           blocks_per_sm: ctypes.c_int | None = None) -> None:
     _launch("gdn_walk_launch", f"CUDA walk (block_v {block_v}, {mt} m-tiles per warp"
             f"{('', ', K-side in the walk', ', raw q/k')[mode]})", tensors,
-            B, NC, H, HV, V, block_v, mt, mode, words, int(pdl), int(ordered),
+            B, NC, H, HV, V, block_v, mt, mode, words, int(pdl), int(ordered), int(pf), int(flags),
             tail=(None if blocks_per_sm is None else ctypes.byref(blocks_per_sm),))
 
 
@@ -168,7 +168,8 @@ def check_instance(block_v: int, mt: int, mode: int = 0) -> None:
 
 
 def walk(qn, kn, v, beta, s0, cu, pairs, npairs, NC: int, o, u, G, diag, tiles, order, *,
-         H: int, block_v: int, mt: int, pdl: bool, bits=None, mults=None) -> None:
+         H: int, block_v: int, mt: int, pdl: bool, bits=None, mults=None, pf: int = 0,
+         cs: bool = False, pfv: bool = False, pf_late: bool = False) -> None:
     """Launch the CUDA walk: the arguments of ``_tree_verify_t_kernel`` (bf16 q/k/v/o/u/tiles,
     fp32 beta/S0/G, int64 cu, int32 pairs; ``order`` int32 [N], the flat row of each node in
     walk order, or None: the stored order), K = 128, 16-node sub-chunks; (block_v, mt) one
@@ -176,7 +177,14 @@ def walk(qn, kn, v, beta, s0, cu, pairs, npairs, NC: int, o, u, G, diag, tiles, 
     ``bits`` (int64 [N, W], the ancestor bits in walk order): the walk computes the K-side
     tiles itself (``diag`` and ``tiles`` then None; (block_v, mt) in KSIDE_INSTANCES).
     ``mults`` (fp32 [N, H, 2], the CUDA K-side kernel's): ``qn`` / ``kn`` are the raw rows
-    and these their multipliers ((block_v, mt) in RAW_INSTANCES)."""
+    and these their multipliers ((block_v, mt) in RAW_INSTANCES).  ``pf`` > 0: one thread of
+    each (sequence, value head)'s first program prefetches into L2 the state of the (sequence, value head) ``pf`` rows on, the one that
+    runs when ``pf`` rows are resident at a time (``resident_rows``); ``cs``: o and u stored
+    streaming (evict-first), so they do not push those prefetched states out of L2; ``pfv``:
+    each sub-chunk's v rows prefetched into L2 two sub-chunks ahead of their use (one ahead of
+    their copy into shared memory);
+    ``pf_late``: the ``pf`` prefetch issued two sub-chunks before the program's end rather
+    than at its start."""
     B, HV, V = cu.numel() - 1, v.shape[1], v.shape[2]
     ks = bits is not None
     mode = 1 if ks else 2 if mults is not None else 0
@@ -184,24 +192,44 @@ def walk(qn, kn, v, beta, s0, cu, pairs, npairs, NC: int, o, u, G, diag, tiles, 
            u if ks else tiles, npairs if order is None else order, bits if ks else npairs,
            mults if mults is not None else beta],
           B, NC, H, HV, V, block_v, mt, pdl, ordered=order is not None, mode=mode,
-          words=int(bits.shape[1]) if ks else 0)
+          words=int(bits.shape[1]) if ks else 0, pf=pf,
+          flags=int(cs) | int(pfv) << 1 | int(pf_late) << 2)
 
 
 def kside(q, k, g, beta, bits, cu, pairs, npairs, NC: int, G, mults, diag, tiles, order, *,
-          pdl: bool, l2norm: bool, scale: float) -> None:
+          pdl: bool, l2norm: bool, scale: float, s0=None, pf: int = 0, warps: int = 8) -> None:
     """Launch the CUDA K-side kernel (walk.cu's ``kside_kernel``): from the raw bf16 q / k
     [N, H, K], fp32 g and beta [N, HV], the int64 ancestor bits [N, W] in walk order and the
     sub-chunk pairs, it writes the tiles ``_tree_kside_kernel`` writes (bf16 ``diag`` and pair
     ``tiles``, the same slots), G [N, HV] as the pre-pass does, and each row's multipliers
     ``mults`` [N, H, 2] (scale / |q|, 1 / |k|; without ``l2norm`` scale and 1) for the walk
     on raw rows (``walk(..., mults=)``); ``order`` as ``walk``'s.  K = 128, 16-node
-    sub-chunks.  It is the verify's first kernel (launched after everything it reads)."""
+    sub-chunks.  It is the verify's first kernel (launched after everything it reads).
+    ``pf`` > 0 (with ``s0``, the walk's fp32 state [B * HV, K, V]): the states of the first
+    ``pf`` (sequence, value head) rows, those the walk's first resident programs load, are
+    prefetched into L2 once each program has its own rows.  ``warps``: 8 or 12 a program."""
     B, H, HV = cu.numel() - 1, q.shape[1], beta.shape[1]
+    if pf and s0 is None:
+        raise SimtreeError("the K-side kernel's L2 prefetch (pf > 0) needs the state s0")
     _launch("gdn_kside_launch", "CUDA K-side kernel",
             [q, k, g, beta, bits, cu, pairs, npairs, npairs if order is None else order, G,
-             mults, diag, tiles],
-            B, NC, H, HV, int(bits.shape[1]), int(pdl), int(order is not None), int(l2norm),
-            float(scale))
+             mults, diag, tiles, G if s0 is None else s0],
+            B, NC, H, HV, int(bits.shape[1]), 128 if s0 is None else int(s0.shape[-1]),
+            int(pdl), int(order is not None), int(l2norm), int(pf), int(warps), float(scale))
+
+
+def resident_rows(device, NC: int, block_v: int, mt: int, mode: int, V: int) -> int:
+    """(Sequence, value head) rows whose walk programs are resident at once on ``device``
+    (every SM full at NC sub-chunks, V / block_v programs a row): how far ahead the walk's
+    L2 prefetch reaches, and how many rows' states the K-side kernel prefetches."""
+    return _resident_rows(str(torch.device(device)), NC, block_v, mt, mode, V)
+
+
+@functools.lru_cache(maxsize=None)
+def _resident_rows(device: str, NC: int, block_v: int, mt: int, mode: int, V: int) -> int:
+    dev = torch.device(device)
+    sms = torch.cuda.get_device_properties(dev).multi_processor_count
+    return blocks_per_sm(dev, NC, block_v, mt, mode) * sms // max(1, V // block_v)
 
 
 def blocks_per_sm(device, NC: int, block_v: int, mt: int, mode: int = 0) -> int:

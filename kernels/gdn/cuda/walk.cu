@@ -27,7 +27,7 @@
 // pre-pass and K-side kernel; 1 computes the tiles itself (kside_products / kside_store, one
 // warp per tile, from a k history in shared memory); 2 reads raw q / k and the tiles of this
 // file's K-side kernel (kside_kernel), which also writes G and each row's q / k multipliers,
-// so the verify is two kernels (the launch rule's, tuning runs 94-99).
+// so the verify is two kernels (the launch rule's, tuning runs 94-107).
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <stdint.h>
@@ -84,6 +84,12 @@ __device__ __forceinline__ void cp8(void* dst, const void* src, bool on) {
 }
 
 __device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;\n"); }
+
+// `bytes` (a multiple of 16) from global memory into L2, nothing waiting on it (sm_90 bulk copy
+// engine)
+__device__ __forceinline__ void prefetch_l2(const void* src, unsigned bytes) {
+  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(src), "r"(bytes) : "memory");
+}
 template <int N>
 __device__ __forceinline__ void cp_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
 
@@ -254,7 +260,7 @@ walk_kernel(const __nv_bfloat16* __restrict__ qn, const __nv_bfloat16* __restric
             const float* __restrict__ G, const __nv_bfloat16* __restrict__ diag,
             const __nv_bfloat16* __restrict__ ptiles, const int32_t* __restrict__ order,
             const int64_t* __restrict__ bits, const float* __restrict__ mults, int W, int H,
-            int HV, int V, int pdl) {
+            int HV, int V, int pdl, int pf, int flags) {
   constexpr bool KS = MODE == 1, NRM = MODE == 2;
   constexpr int WARPS = BV / (16 * MT);
   static_assert(!NRM || WARPS * 32 >= 4 * BT, "threads 2 BT .. 4 BT copy the rows' multipliers");
@@ -299,6 +305,12 @@ walk_kernel(const __nv_bfloat16* __restrict__ qn, const __nv_bfloat16* __restric
     cp_commit();
     cp_wait<0>();
     __syncthreads();
+    // pf > 0: the S0 of the program pf rows on (the one that takes this program's place when
+    // a set of pf resident rows runs at a time) into L2 while this one walks, so its loads
+    // come from L2 rather than from memory all at once (flags & 4: two sub-chunks before
+    // this program's end instead, so it holds L2 for less of the walk)
+    if (pf && !(flags & 4) && tid == 0 && i_v == 0 && i_bh + pf < static_cast<int>(gridDim.y))
+      prefetch_l2(s0 + (bhv + pf) * K * V, K * V * 4);
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
@@ -403,6 +415,19 @@ walk_kernel(const __nv_bfloat16* __restrict__ qn, const __nv_bfloat16* __restric
     cp_wait<0>();
     __syncthreads();   // stage c landed for every thread; stage c + 1's buffer is free
     if (c + 1 < nc) prefetch(c + 1);
+    if (pf && (flags & 4) && c == (nc > 2 ? nc - 2 : 0) && tid == 0 && i_v == 0 &&
+        i_bh + pf < static_cast<int>(gridDim.y))
+      prefetch_l2(s0 + (bhv + pf) * K * V, K * V * 4);
+    constexpr int VL = BV >= 64 ? BV / 64 : 1;   // 128-byte lines of a v row
+    if ((flags & 2) && c + 2 < nc && tid < BT * VL) {   // v rows of c + 2 into L2
+      const int r = tid / VL, j = tid % VL;
+      if ((c + 2) * BT + r < n) {
+        int64_t off;
+        if constexpr (ORD) off = (static_cast<int64_t>(ord_s[(c + 2) * BT + r]) * HV + i_hv) * V + i_v * BV;
+        else off = v0 + (c + 2) * v_step + r * static_cast<int64_t>(HV) * V;
+        asm volatile("prefetch.global.L2 [%0];\n" ::"l"(v + off + j * 64));
+      }
+    }
     const unsigned char* st = stages + (c & 1) * stage_bytes;
     const __nv_bfloat16* vs_ = reinterpret_cast<const __nv_bfloat16*>(st + S::v);
     const float* bs_ = reinterpret_cast<const float*>(st + S::beta);
@@ -551,8 +576,13 @@ walk_kernel(const __nv_bfloat16* __restrict__ qn, const __nv_bfloat16* __restric
         int64_t off;
         if constexpr (ORD) off = st0 + (ord_s[c * BT + r] - bos) * row_stride + j * 8;
         else off = st_c + r * row_stride + j * 8;
-        *reinterpret_cast<uint4*>(o + off) = piece[0][it];
-        *reinterpret_cast<uint4*>(u + off) = piece[1][it];
+        if (flags & 1) {   // streaming (evict-first): o and u not read again by this verify
+          __stcs(reinterpret_cast<uint4*>(o + off), piece[0][it]);
+          __stcs(reinterpret_cast<uint4*>(u + off), piece[1][it]);
+        } else {
+          *reinterpret_cast<uint4*>(o + off) = piece[0][it];
+          *reinterpret_cast<uint4*>(u + off) = piece[1][it];
+        }
       }
     }
   }
@@ -583,18 +613,18 @@ int opt_in(const void* kern, int smem, int* limit) {
 // and what the pre-pass would: G (each node's ancestor-or-self sum of g, per value head) and,
 // instead of normalised copies of q and k, each row's multipliers (`mults` [N, H, 2]: scale /
 // |q|, 1 / |k|; scale and 1 without the L2 norm), so the verify is two kernels.  One program
-// per (sequence, key head) of KT_WARPS warps: the tree's raw q and k rows come into shared
+// per (sequence, key head) of WARPS warps (8 or 12, two programs per SM either way): the
+// tree's raw q and k rows come into shared
 // memory in one round of copies; the warps share out the tree's jobs (each sub-chunk c's
 // diagonal block and pairs, listed once in shared memory): each job's k.k and q.k products
 // once, on the raw bf16 rows, scaled by the rows' multipliers in fp32, then the tiles of each
 // of the key head's HV / H value heads (beta and the decays are per value head).  PDL: the
 // first kernel of the verify (launched after everything it reads); lets the walk start at once.
-constexpr int KT_WARPS = 8;
-
+template <int WARPS>
 struct KTree {   // shared memory of a K-side program (bytes): nc sub-chunks, R value heads
   static __host__ __device__ int k(int nc) { return nc * BT * RS * 2; }   // q rows at 0
   static __host__ __device__ int ascr(int nc) { return 2 * k(nc); }   // [warps][2][TILE] fp32
-  static __host__ __device__ int bits(int nc) { return ascr(nc) + KT_WARPS * 2 * TILE * 4; }
+  static __host__ __device__ int bits(int nc) { return ascr(nc) + WARPS * 2 * TILE * 4; }
   static __host__ __device__ int words(int nc) { return bit_words(nc); }
   static __host__ __device__ int G(int nc) { return bits(nc) + nc * BT * words(nc) * 8; }
   static __host__ __device__ int g(int nc, int R) { return G(nc) + R * nc * BT * 4; }
@@ -618,22 +648,24 @@ __device__ __forceinline__ float sumsq(const uint4 x) {
   return s;
 }
 
-template <bool ORD, bool L2NORM>
-__global__ void __launch_bounds__(KT_WARPS * 32)
+template <bool ORD, bool L2NORM, int WARPS>
+__global__ void __launch_bounds__(WARPS * 32, 2)   // two programs an SM
 kside_kernel(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __restrict__ k,
              const float* __restrict__ gin, const float* __restrict__ beta,
              const int64_t* __restrict__ bits, const int64_t* __restrict__ cu,
              const int32_t* __restrict__ pairs, const int32_t* __restrict__ npairs,
              const int32_t* __restrict__ order, float* __restrict__ G, float* __restrict__ mults,
-             __nv_bfloat16* __restrict__ diag, __nv_bfloat16* __restrict__ ptiles, float scale,
-             int NC, int W, int H, int HV, int pdl) {
-  constexpr int THREADS = KT_WARPS * 32;
-  // every thread runs the same iterations of the multiplier loop (2 rows 8 = 256 nc pieces),
-  // whose full-warp shuffles need whole warps
-  static_assert((2 * BT * 8) % THREADS == 0, "whole warps in the multiplier loop");
+             __nv_bfloat16* __restrict__ diag, __nv_bfloat16* __restrict__ ptiles,
+             const float* __restrict__ s0, float scale, int NC, int W, int H, int HV, int V,
+             int pdl, int pf) {
+  constexpr int THREADS = WARPS * 32;
+  // the multiplier loop's full-warp shuffles need whole warps in every iteration: each
+  // sub-chunk adds 2 BT 8 pieces to its bound, a multiple of 32, so every warp (its first piece
+  // a multiple of 32) runs an iteration whole or not at all
+  static_assert((2 * BT * 8) % 32 == 0, "whole warps in the multiplier loop");
   extern __shared__ __align__(16) unsigned char smem[];
   if (pdl) asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
-  using S = KTree;
+  using S = KTree<WARPS>;
   const int R = HV / H, i_b = blockIdx.x / H, i_h = blockIdx.x % H, hv0 = i_h * R;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int64_t bos = cu[i_b];
@@ -647,6 +679,12 @@ kside_kernel(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __restric
     if constexpr (ORD) return order[bos + pos];
     else return bos + pos;
   };
+  // the sub-chunk pairs in a group of copies of their own, ahead of the rows: the job list
+  // needs only them, so it is built while the rows still land
+  for (int x = tid; x < nc; x += THREADS) cp4(np_s + x, npairs + i_b * NC + x, true);
+  for (int x = tid; x < nc * NC; x += THREADS)
+    cp4(pairs_s + x, pairs + static_cast<int64_t>(i_b) * NC * NC + x, true);
+  cp_commit();
   // every row's q and k (16-byte pieces), g and beta per value head, ancestor bits
   __nv_bfloat16* qs = reinterpret_cast<__nv_bfloat16*>(smem);
   __nv_bfloat16* ks = reinterpret_cast<__nv_bfloat16*>(smem + S::k(NC));
@@ -674,8 +712,7 @@ kside_kernel(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __restric
     cp8(smem + S::bits(NC) + x * 8, bits + (bos + (r < n ? r : 0)) * W + w, r < n);
   }
   cp_commit();
-  for (int x = tid; x < nc; x += THREADS) np_s[x] = npairs[i_b * NC + x];
-  for (int x = tid; x < nc * NC; x += THREADS) pairs_s[x] = pairs[static_cast<int64_t>(i_b) * NC * NC + x];
+  cp_wait<1>();   // the pairs
   __syncthreads();
   if (tid == 0) {   // the jobs: every sub-chunk's diagonal block (the longest), then the pairs
     int j = 0;
@@ -686,6 +723,10 @@ kside_kernel(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __restric
   }
   cp_wait<0>();
   __syncthreads();
+  // pf > 0: the S0 of this program's value heads into L2 where they are among the walk's
+  // first pf rows (those the walk's first resident programs load at once)
+  if (pf && tid < R && static_cast<int64_t>(i_b) * HV + hv0 + tid < pf)
+    prefetch_l2(s0 + (static_cast<int64_t>(i_b) * HV + hv0 + tid) * K * V, K * V * 4);
   // each row's multipliers (8 threads per row, 16 elements each; rows past the tree: zeros)
   for (int x = tid; x < 2 * rows * 8; x += THREADS) {   // whole warps: 2 rows 8 = 256 nc
     const int row = x / 8, part = x % 8, r = row % rows;
@@ -696,7 +737,7 @@ kside_kernel(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __restric
     ss += __shfl_xor_sync(0xffffffffu, ss, 2);
     ss += __shfl_xor_sync(0xffffffffu, ss, 4);
     const float m = isq ? scale : 1.f;
-    const float mult = L2NORM ? m / fmaxf(sqrtf(ss), 1e-6f) : m;
+    const float mult = L2NORM ? m * rsqrtf(fmaxf(ss, 1e-12f)) : m;   // m / max(|x|, 1e-6)
     if (part == 0) {
       ms[(isq ? 0 : NC * BT) + r] = mult;
       if (r < n) mults[(row_of(r) * H + i_h) * 2 + (isq ? 0 : 1)] = mult;
@@ -719,7 +760,7 @@ kside_kernel(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __restric
   float* ascr = reinterpret_cast<float*>(smem + S::ascr(NC)) + warp * 2 * TILE;
   const unsigned char* q8 = reinterpret_cast<const unsigned char*>(qs);
   const unsigned char* k8 = reinterpret_cast<const unsigned char*>(ks);
-  for (int j = warp; j < *njobs; j += KT_WARPS) {
+  for (int j = warp; j < *njobs; j += WARPS) {
     const int c = jobs[j] & 0xff, c2 = (jobs[j] >> 8) & 0xff, slot = jobs[j] >> 16;
     float kk[2][4], qk[2][4];
     kside_products(kk, qk, k8 + c * BT * RS * 2, q8 + c * BT * RS * 2, k8 + c2 * BT * RS * 2,
@@ -759,20 +800,20 @@ kside_kernel(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __restric
   }
 }
 
-template <bool ORD, bool L2NORM>
-int kside_launch(void** a, int B, int NC, int H, int HV, int W, int pdl, float scale,
-                 cudaStream_t stream) {
+template <bool ORD, bool L2NORM, int WARPS>
+int kside_launch(void** a, int B, int NC, int H, int HV, int W, int V, int pdl, int pf,
+                 float scale, cudaStream_t stream) {
   if (bit_words(NC) > W) return 1002;
   if (HV % H || NC > 64) return 1003;
-  const int smem = KTree::bytes(NC, HV / H);
-  auto kern = kside_kernel<ORD, L2NORM>;
+  const int smem = KTree<WARPS>::bytes(NC, HV / H);
+  auto kern = kside_kernel<ORD, L2NORM, WARPS>;
   static int limit[DEVICES] = {};
   const int err = opt_in(reinterpret_cast<const void*>(kern), smem, limit);
   if (err) return err;
   // launched after everything it reads (no programmatic dependence on the kernel before)
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3(B * H);
-  cfg.blockDim = dim3(KT_WARPS * 32);
+  cfg.blockDim = dim3(WARPS * 32);
   cfg.dynamicSmemBytes = smem;
   cfg.stream = stream;
   return static_cast<int>(cudaLaunchKernelEx(
@@ -781,13 +822,13 @@ int kside_launch(void** a, int B, int NC, int H, int HV, int W, int pdl, float s
       static_cast<const int64_t*>(a[4]), static_cast<const int64_t*>(a[5]),
       static_cast<const int32_t*>(a[6]), static_cast<const int32_t*>(a[7]),
       static_cast<const int32_t*>(a[8]), static_cast<float*>(a[9]), static_cast<float*>(a[10]),
-      static_cast<__nv_bfloat16*>(a[11]), static_cast<__nv_bfloat16*>(a[12]), scale, NC, W, H,
-      HV, pdl));
+      static_cast<__nv_bfloat16*>(a[11]), static_cast<__nv_bfloat16*>(a[12]),
+      static_cast<const float*>(a[13]), scale, NC, W, H, HV, V, pdl, pf));
 }
 
 template <int BV, int MT, bool ORD, int MODE>
-int launch(void** a, int B, int NC, int H, int HV, int V, int W, int pdl, cudaStream_t stream,
-           int* blocks_per_sm) {
+int launch(void** a, int B, int NC, int H, int HV, int V, int W, int pdl, int pf, int flags,
+           cudaStream_t stream, int* blocks_per_sm) {
   constexpr int THREADS = BV / (16 * MT) * 32;
   constexpr bool KS = MODE == 1;
   using S = Stage<BV, KS, MODE == 2>;
@@ -823,30 +864,30 @@ int launch(void** a, int B, int NC, int H, int HV, int V, int W, int pdl, cudaSt
                            static_cast<const float*>(a[10]), static_cast<const __nv_bfloat16*>(a[11]),
                            static_cast<const __nv_bfloat16*>(a[12]),
                            static_cast<const int32_t*>(a[13]), static_cast<const int64_t*>(a[14]),
-                           static_cast<const float*>(a[15]), W, H, HV, V, pdl);
+                           static_cast<const float*>(a[15]), W, H, HV, V, pdl, pf, flags);
   return static_cast<int>(err);
 }
 
 template <bool ORD>
 int dispatch(void** a, int B, int NC, int H, int HV, int V, int block_v, int mt, int ks, int W,
-             int pdl, cudaStream_t s, int* bps) {
+             int pdl, int pf, int flags, cudaStream_t s, int* bps) {
   if (ks == 1) {   // the K-side in the walk: one program per (sequence, value head) only
-    if (block_v == 128 && mt == 2) return launch<128, 2, ORD, 1>(a, B, NC, H, HV, V, W, pdl, s, bps);
-    if (block_v == 128 && mt == 1) return launch<128, 1, ORD, 1>(a, B, NC, H, HV, V, W, pdl, s, bps);
+    if (block_v == 128 && mt == 2) return launch<128, 2, ORD, 1>(a, B, NC, H, HV, V, W, pdl, pf, flags, s, bps);
+    if (block_v == 128 && mt == 1) return launch<128, 1, ORD, 1>(a, B, NC, H, HV, V, W, pdl, pf, flags, s, bps);
     return 1000;
   }
   if (ks == 2) {   // raw q / k with their multipliers (the CUDA K-side kernel's)
-    if (block_v == 128 && mt == 2) return launch<128, 2, ORD, 2>(a, B, NC, H, HV, V, W, pdl, s, bps);
-    if (block_v == 128 && mt == 1) return launch<128, 1, ORD, 2>(a, B, NC, H, HV, V, W, pdl, s, bps);
-    if (block_v == 64 && mt == 2) return launch<64, 2, ORD, 2>(a, B, NC, H, HV, V, W, pdl, s, bps);
+    if (block_v == 128 && mt == 2) return launch<128, 2, ORD, 2>(a, B, NC, H, HV, V, W, pdl, pf, flags, s, bps);
+    if (block_v == 128 && mt == 1) return launch<128, 1, ORD, 2>(a, B, NC, H, HV, V, W, pdl, pf, flags, s, bps);
+    if (block_v == 64 && mt == 2) return launch<64, 2, ORD, 2>(a, B, NC, H, HV, V, W, pdl, pf, flags, s, bps);
     return 1000;
   }
   if (ks) return 1000;
-  if (block_v == 128 && mt == 2) return launch<128, 2, ORD, 0>(a, B, NC, H, HV, V, W, pdl, s, bps);
-  if (block_v == 128 && mt == 1) return launch<128, 1, ORD, 0>(a, B, NC, H, HV, V, W, pdl, s, bps);
-  if (block_v == 64 && mt == 2) return launch<64, 2, ORD, 0>(a, B, NC, H, HV, V, W, pdl, s, bps);
-  if (block_v == 64 && mt == 1) return launch<64, 1, ORD, 0>(a, B, NC, H, HV, V, W, pdl, s, bps);
-  if (block_v == 32 && mt == 2) return launch<32, 2, ORD, 0>(a, B, NC, H, HV, V, W, pdl, s, bps);
+  if (block_v == 128 && mt == 2) return launch<128, 2, ORD, 0>(a, B, NC, H, HV, V, W, pdl, pf, flags, s, bps);
+  if (block_v == 128 && mt == 1) return launch<128, 1, ORD, 0>(a, B, NC, H, HV, V, W, pdl, pf, flags, s, bps);
+  if (block_v == 64 && mt == 2) return launch<64, 2, ORD, 0>(a, B, NC, H, HV, V, W, pdl, pf, flags, s, bps);
+  if (block_v == 64 && mt == 1) return launch<64, 1, ORD, 0>(a, B, NC, H, HV, V, W, pdl, pf, flags, s, bps);
+  if (block_v == 32 && mt == 2) return launch<32, 2, ORD, 0>(a, B, NC, H, HV, V, W, pdl, pf, flags, s, bps);
   return 1000;
 }
 
@@ -856,33 +897,48 @@ int dispatch(void** a, int B, int NC, int H, int HV, int V, int block_v, int mt,
 // (device pointers; order: int32 flat rows of the nodes in walk order, used when ordered != 0;
 // ks 1: the walk computes the K-side tiles itself from bits, int64 [N, W] ancestor bits in
 // walk order, and diag / pair tiles are not read; ks 2: qn / kn are the raw rows, mults
-// [N, H, 2] fp32 their multipliers).
+// [N, H, 2] fp32 their multipliers).  pf > 0: each program prefetches into L2 the S0 of the
+// program pf rows of (sequence, value head) on; flags: 1 o and u stored streaming
+// (evict-first), 2 each sub-chunk's v rows prefetched into L2 two sub-chunks ahead, 4 the
+// pf prefetch issued two sub-chunks before the program's end rather than at its start.
 // blocks_per_sm non-null: only report the resident programs per SM (nothing launched).
 // Returns a cudaError_t (0: launched); 1000: no such (block_v, m-tiles per warp); 1001: the
 // sub-chunks need more shared memory than a program may hold; 1002: fewer bit words than
 // sub-chunks need.
 extern "C" int gdn_walk_launch(void** a, int B, int NC, int H, int HV, int V, int block_v, int mt,
-                               int ks, int W, int pdl, int ordered, void* stream,
+                               int ks, int W, int pdl, int ordered, int pf, int flags, void* stream,
                                int* blocks_per_sm) {
   cudaStream_t s = static_cast<cudaStream_t>(stream);
-  return ordered ? dispatch<true>(a, B, NC, H, HV, V, block_v, mt, ks, W, pdl, s, blocks_per_sm)
-                 : dispatch<false>(a, B, NC, H, HV, V, block_v, mt, ks, W, pdl, s, blocks_per_sm);
+  return ordered
+             ? dispatch<true>(a, B, NC, H, HV, V, block_v, mt, ks, W, pdl, pf, flags, s, blocks_per_sm)
+             : dispatch<false>(a, B, NC, H, HV, V, block_v, mt, ks, W, pdl, pf, flags, s, blocks_per_sm);
 }
 
 // a: q, k (raw bf16 [N, H, K]), g, beta (fp32 [N, HV]), bits, cu, pairs, npairs, order, and
 // written: G (fp32 [N, HV]), mults (fp32 [N, H, 2]), diag, pair tiles (device pointers, as
-// gdn_walk_launch's; order used when ordered != 0): what the walk with ks = 2 reads, for HV / H
-// value heads per key head; pdl: let the walk start early.  Returns a cudaError_t (0:
+// gdn_walk_launch's; order used when ordered != 0), then s0 (fp32 [B * HV, K, V], only
+// prefetched: pf > 0 brings the first pf rows of (sequence, value head) into L2 for the walk):
+// what the walk with ks = 2 reads, for HV / H value heads per key head; pdl: let the walk
+// start early; warps: 8 or 12 a program.  Returns a cudaError_t (0:
 // launched), 1001 / 1002 as the walk, 1003: value heads not a multiple of the key heads, or
-// more than 64 sub-chunks.
-extern "C" int gdn_kside_launch(void** a, int B, int NC, int H, int HV, int W, int pdl,
-                                int ordered, int l2norm, float scale, void* stream) {
-  cudaStream_t s = static_cast<cudaStream_t>(stream);
+// more than 64 sub-chunks, 1004: warps neither 8 nor 12.
+template <int WARPS>
+int kside_dispatch(void** a, int B, int NC, int H, int HV, int W, int V, int pdl, int ordered,
+                   int l2norm, int pf, float scale, cudaStream_t s) {
   if (ordered)
-    return l2norm ? kside_launch<true, true>(a, B, NC, H, HV, W, pdl, scale, s)
-                  : kside_launch<true, false>(a, B, NC, H, HV, W, pdl, scale, s);
-  return l2norm ? kside_launch<false, true>(a, B, NC, H, HV, W, pdl, scale, s)
-                : kside_launch<false, false>(a, B, NC, H, HV, W, pdl, scale, s);
+    return l2norm ? kside_launch<true, true, WARPS>(a, B, NC, H, HV, W, V, pdl, pf, scale, s)
+                  : kside_launch<true, false, WARPS>(a, B, NC, H, HV, W, V, pdl, pf, scale, s);
+  return l2norm ? kside_launch<false, true, WARPS>(a, B, NC, H, HV, W, V, pdl, pf, scale, s)
+                : kside_launch<false, false, WARPS>(a, B, NC, H, HV, W, V, pdl, pf, scale, s);
+}
+
+extern "C" int gdn_kside_launch(void** a, int B, int NC, int H, int HV, int W, int V, int pdl,
+                                int ordered, int l2norm, int pf, int warps, float scale,
+                                void* stream) {
+  cudaStream_t s = static_cast<cudaStream_t>(stream);
+  if (warps == 8) return kside_dispatch<8>(a, B, NC, H, HV, W, V, pdl, ordered, l2norm, pf, scale, s);
+  if (warps == 12) return kside_dispatch<12>(a, B, NC, H, HV, W, V, pdl, ordered, l2norm, pf, scale, s);
+  return 1004;
 }
 
 extern "C" const char* gdn_walk_error(int code) {
@@ -890,5 +946,6 @@ extern "C" const char* gdn_walk_error(int code) {
   if (code == 1001) return "the trees' sub-chunks need more shared memory than a program may hold";
   if (code == 1002) return "the ancestor bits have fewer words per row than the sub-chunks need";
   if (code == 1003) return "the K-side kernel needs value heads a multiple of the key heads and at most 64 sub-chunks";
+  if (code == 1004) return "the K-side kernel has 8 or 12 warps a program";
   return cudaGetErrorString(static_cast<cudaError_t>(code));
 }
