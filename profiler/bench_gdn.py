@@ -85,6 +85,13 @@ def commit_name(cfg: dict) -> str:
     return "triton_commit_" + config_name(cfg, _COMMIT_KEYS)
 
 
+def launch_columns(cfg: dict, fn) -> dict:
+    """The cfg_ columns of a tree-verify row: the launch asked for (``cfg``), with the switches
+    the launch took in their place where they differ (``fn()``'s ``GDNTreeCache.launch``: e.g.
+    the Triton walk where the CUDA kernels cannot run, the L2 bits a launch cannot take)."""
+    return {"cfg_" + k: v for k, v in {**cfg, **fn()[1].launch}.items()}
+
+
 def checked(fn, tol: float, **keys) -> dict:
     """One correctness record: ``fn()``'s relative error against ``tol`` (ok True / False), or
     ok None where the launch cannot take a switch at this case (``LaunchNotApplicable``), or
@@ -192,11 +199,15 @@ def time_shape(args, dims, b, n, bw, log) -> list[dict]:
     base = dict(batch_size=b, nodes_per_seq=n, total_tokens=b * n, num_steps=steps, topk=topk,
                 copies=len(copies))
 
-    def run(variant, fns, shape="eagle", **extra):
+    def run(variant, fns, shape="eagle", cfg=None, **extra):
+        """Time ``fns``; ``cfg``: the tree launch asked for, recorded as cfg_ columns with the
+        switches the launch took in their place (``GDNTreeCache.launch``, one call first)."""
         if time.time() > args.timing_deadline:
             rows.append(dict(base, variant=variant, tree_shape=shape, status="skipped: --max-seconds"))
             return
         try:
+            if cfg is not None:
+                extra.update(launch_columns(cfg, fns[0]))
             r = graph_time_us(fns, replays=args.replays)
             rows.append(dict(base, variant=variant, tree_shape=shape, status="ok",
                              latency_us_median=r["median"], latency_us_p10=r["p10"],
@@ -209,22 +220,22 @@ def time_shape(args, dims, b, n, bw, log) -> list[dict]:
                                    depth_first=meta.depth_first, H=dims["H"])
     run("triton_tree", [lambda c=c: gdn_tree_verify(*(c[key] for key in keys), backend="triton",
                                                     meta=meta, check=False) for c in copies],
-        **{"cfg_" + k: v for k, v in default.items()})
+        cfg=default)
     for cfg in args.tree_configs:   # launch-config variants of the same kernel (tuning data)
         if {**default, **cfg} == default:
             continue   # the default launch at this shape
         run("triton_tree_" + config_name(cfg), [
             lambda c=c: gdn_tree_verify(*(c[key] for key in keys), backend="triton", meta=meta,
                                         check=False, **cfg) for c in copies],
-            **{"cfg_" + k: v for k, v in {**default, **cfg}.items()})
+            cfg={**default, **cfg})
     if args.tree_order != "stored":   # the same trees as built (breadth-first), own default
         bfs = shape_inputs(b, n, args.seed, dims, device=args.device, max_copies=args.max_copies)
         bmeta = tree_meta(bfs[0]["parents"], bfs[0]["cu_nodes"], depth_first=False)
         run("triton_tree_bfs", [lambda c=c: gdn_tree_verify(*(c[key] for key in keys),
                                                             backend="triton", meta=bmeta,
                                                             check=False) for c in bfs],
-            **{"cfg_" + k: v for k, v in verify_launch_config(
-                b, dims["HV"], dims["V"], args.device, max_nodes=n, H=dims["H"]).items()})
+            cfg=verify_launch_config(b, dims["HV"], dims["V"], args.device, max_nodes=n,
+                                     H=dims["H"]))
         del bfs
     # per round, shared by every layer: ancestor bits and the launch's sub-chunk pairs (and the
     # kernel's node order where it walks breadth-first trees depth-first)

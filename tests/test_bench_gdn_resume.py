@@ -70,3 +70,18 @@ def test_fla_recurrent_results_survive_a_resume_only(tmp_path, resume):
         assert kept == [lines[1]]
     else:
         assert rows == [] and kept == []
+
+
+def test_tree_rows_record_the_launch_that_ran(tmp_path, monkeypatch):
+    # a tree row's cfg_ columns: the launch asked for, with the switches the launch took in
+    # their place (GDNTreeCache.launch) - e.g. the Triton walk where the CUDA one cannot run
+    from types import SimpleNamespace
+    asked = dict(block_v=128, cuda_walk=2, kside_cuda=2, l2_prefetch=19)
+    ran = SimpleNamespace(launch=dict(cuda_walk=0, kside_cuda=0, l2_prefetch=0))
+    assert bench_gdn.launch_columns(asked, lambda: (None, ran)) == dict(
+        cfg_block_v=128, cfg_cuda_walk=0, cfg_kside_cuda=0, cfg_l2_prefetch=0)
+    # end to end on the CPU: the rows carry what the verify reported
+    out = _run(monkeypatch, tmp_path, "--bs", "2", "--ns", "8")
+    tree = out[out.variant == "triton_tree"].iloc[0]
+    assert tree.cfg_cuda_walk == 0 and tree.cfg_kside_cuda == 0 and tree.cfg_l2_prefetch == 0
+    assert tree.cfg_block_v > 0 and "cfg_transposed" in out

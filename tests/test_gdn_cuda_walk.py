@@ -96,8 +96,10 @@ def test_cpu_falls_back_to_the_triton_walk_and_refuses_an_explicit_cuda_walk(mon
         monkeypatch.setattr(kg, "verify_launch_config", lambda *a, **k: dict(
             real(*a, **k), cuda_walk=2, walk_kside=ks, kside_cuda=kcu, l2_prefetch=19))
         assert not cuda_walk.available("cpu")
-        got, _ = gdn_tree_verify(*args, **kw)   # the default falls back: same launch, outputs
+        got, cache = gdn_tree_verify(*args, **kw)   # the default falls back: same launch, outputs
         assert torch.equal(got, want), ks
+        assert cache.launch == dict(kside=1, g_pass=1, transposed=0, cuda_walk=0, walk_kside=0,
+                                    kside_cuda=0, l2_prefetch=0), ks   # what ran
         # the bench's y0: the Triton walk asked for, the rule's CUDA K-side kernel left out
         # with it (the Triton pre-pass and K-side kernel run)
         got, _ = gdn_tree_verify(*args, cuda_walk=0, **kw)
@@ -131,8 +133,10 @@ def test_the_rules_cuda_kside_kernel_gives_way_where_only_it_cannot_run(monkeypa
     calls = []
     monkeypatch.setattr(cuda_walk, "walk", lambda *a, **k: calls.append(k))
     monkeypatch.setattr(cuda_walk, "kside", lambda *a, **k: pytest.fail("K-side kernel launched"))
-    gdn_tree_verify(*args, cuda_walk=2, **kw)
+    _, cache = gdn_tree_verify(*args, cuda_walk=2, **kw)
     assert len(calls) == 1 and calls[0]["mults"] is None and calls[0]["bits"] is None
+    assert (cache.launch["cuda_walk"], cache.launch["kside_cuda"], cache.launch["l2_prefetch"]) \
+        == (2, 0, 17)   # the rule's K-side kernel and its prefetch bit gave way
     assert calls[0]["block_v"] == 32 and calls[0]["mt"] == 2
     # the rule's L2 bits follow: the walk's late prefetch (rows resident in mode 0), no K-side one
     assert calls[0]["pf"] == 50 and calls[0]["pf_late"] and not calls[0]["cs"]

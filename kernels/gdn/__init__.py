@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import functools
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -40,11 +40,16 @@ class LaunchNotApplicable(SimtreeError):
 @dataclass
 class GDNTreeCache:
     """What the commit needs: u [N, HV, V] (fp32, or bf16 where the verify ran with
-    ``u_cache_bf16``), cumulative log-decay G [N, HV] fp32."""
+    ``u_cache_bf16``), cumulative log-decay G [N, HV] fp32.  ``launch``: the switches the
+    Triton backend's launch took where its dispatch can change what the rule or the caller
+    asked for (``kside``, ``g_pass``, ``transposed`` - the Triton transposed walk -,
+    ``cuda_walk``, ``walk_kside``, ``kside_cuda``, ``l2_prefetch``: what ran, e.g. the Triton
+    kernels where the CUDA ones cannot); empty for the torch backend."""
     u: torch.Tensor
     G: torch.Tensor
     meta: TreeMeta
     qk_l2norm: bool
+    launch: dict = field(default_factory=dict)
 
 
 def _check_inputs(q, k, v, g, beta, state, parents, cu_nodes):
@@ -685,6 +690,8 @@ def gdn_tree_verify(q, k, v, g, beta, state, parents, cu_nodes, *, scale=None, q
     launch = dict(num_warps=num_warps or cfg["num_warps"],
                   num_stages=num_stages or cfg["num_stages"], **_maxnreg(
                       cfg["max_registers"] if max_registers is None else max_registers))
+    ran = dict(kside=kside, g_pass=int(g_pass), transposed=int(walk_t and not mt), cuda_walk=mt,
+               walk_kside=int(wks), kside_cuda=kcu, l2_prefetch=l2pf)
     if mt:
         from . import cuda_walk
         cuda_walk.walk(qc, kc, vc, beta32, s0, cu, pairs, npairs, nc, out, u, G, diag, tiles,
@@ -692,14 +699,14 @@ def gdn_tree_verify(q, k, v, g, beta, state, parents, cu_nodes, *, scale=None, q
                        bits=walk.bits if wks else None, mults=mults,
                        pf=pf_rows if l2pf & 1 else 0, cs=bool(l2pf & 4), pfv=bool(l2pf & 8),
                        pf_late=bool(l2pf & 16))
-        return out, GDNTreeCache(u, G, meta, qk_l2norm)
+        return out, GDNTreeCache(u, G, meta, qk_l2norm, ran)
     if walk_t:
         _tree_verify_t_kernel[(V // BV, B * HV)](
             qc, kc, vc, beta32, s0, order_t, cu, pairs, npairs, nc, out, u, G, diag, tiles,
             H=H, HV=HV, K=K, V=V, BT=BT, BV=BV, PREC=prec, DT=DT,
             UDT=tl.bfloat16 if use_bf16 else tl.float32, SDT=tl.bfloat16 if sdt else tl.float32,
             ORDER=order is not None, PDL=2 if use_pdl else 0, **dep, **launch)
-        return out, GDNTreeCache(u, G, meta, qk_l2norm)
+        return out, GDNTreeCache(u, G, meta, qk_l2norm, ran)
     _tree_verify_kernel[(V // BV, B * HV)](
         qc, kc, vc, g32, beta32, s0, walk.bits, bits32, order_t, cu, pairs,
         npairs, nc, out, u, G, scale,
@@ -711,7 +718,7 @@ def gdn_tree_verify(q, k, v, g, beta, state, parents, cu_nodes, *, scale=None, q
         SDT=tl.bfloat16 if kside and sdt else tl.float32,
         PDL=(2 if ready or g_pass else 1) if use_pdl else 0,
         EARLY=bool(cfg["early"] if early is None else early) and kside > 0, **dep, **launch)
-    return out, GDNTreeCache(u, G, meta, qk_l2norm)
+    return out, GDNTreeCache(u, G, meta, qk_l2norm, ran)
 
 
 def commit_launch_config(B: int, HV: int, V: int, max_nodes: int = 128,
