@@ -45,7 +45,7 @@ from types import SimpleNamespace
 import numpy as np
 import torch
 
-from simtree.errors import ExtrapolationWarning, SimtreeError, check_int
+from simtree.errors import ExtrapolationWarning, SimtreeError, captured_warnings, check_int
 from simtree.fileio import write_text_atomic
 from simtree.profiler.metadata import device_label
 from simtree.runtime.data import prompts as load_prompts
@@ -144,8 +144,7 @@ def _extrapolation_notes():
     once), also when the block raises."""
     notes, registry = [], {}
     try:
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")   # every one, whatever warned earlier at the same line
+        with captured_warnings() as caught:
             yield notes
     finally:
         for w in caught:

@@ -1,7 +1,9 @@
 """One exception type for bad input: the CLI prints its message as one line and exits 2; and
 the warning a cost model gives when it is queried outside its measured range."""
+import contextlib
 import math
 import numbers
+import warnings
 
 
 class SimtreeError(ValueError):
@@ -49,3 +51,12 @@ class NotBuiltError(SimtreeError):
 class ExtrapolationWarning(RuntimeWarning):
     """A cost model queried outside its measured range (it extrapolates, non-decreasing): once
     per model and axis.  The planner silences it and reports the ranges in its notes instead."""
+
+
+@contextlib.contextmanager
+def captured_warnings():
+    """The warnings raised inside (every one, not once per code location), as a list: what the
+    CLI commands print as notes, and what a live run sorts into notes and warnings."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        yield caught

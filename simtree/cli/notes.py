@@ -1,19 +1,10 @@
 """Warnings as one-line notes: what the CLI commands print on stderr before their result."""
 from __future__ import annotations
 
-import warnings
-from contextlib import contextmanager
-
 import typer
 from rich.markup import escape
 
-
-@contextmanager
-def captured_warnings():
-    """The warnings raised inside (every one, not once per code location), as a list."""
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        yield caught
+from simtree.errors import captured_warnings  # noqa: F401  (the commands import it from here)
 
 
 def print_notes(notes, console=None) -> None:
