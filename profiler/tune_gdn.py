@@ -2,7 +2,7 @@
 CUDA-graph timing of each config at each shape.
 
     python -m simtree.profiler.tune_gdn --out $OUT [--bs 1,4,16,64] [--ns 4,16,64,128]
-        [--configs t16v64w4,t32v128w4,...] [--max-seconds 400]
+        [--configs t16v64w4,t32v128w4,...] [--max-seconds 400] [--model qwen3-next-80b]
 
 Config strings use bench_gdn's letters (t block_t, v block_v, w num_warps, s num_stages,
 r max_registers, and the kernel switches g g_prologue, u u_bf16, p prefetch, o heavy_first,
@@ -28,10 +28,12 @@ import time
 import pandas as pd
 import torch
 
+from simtree.errors import SimtreeError
 from simtree.fileio import write_text_atomic
 from simtree.kernels.gdn import gdn_tree_verify, gdn_tree_verify_dense_ref, tree_meta
 from simtree.kernels.gdn.bench_util import (QWEN36, TREE_ORDERS, env_info, graph_time_us,
-                                            random_gdn_inputs, shape_inputs, shape_trees)
+                                            model_dims, random_gdn_inputs, shape_inputs,
+                                            shape_trees)
 from simtree.profiler.bench_gdn import KSIDE_CASES, TINY, _rel, checked, config_name, parse_configs
 
 KEYS = ("q", "k", "v", "g", "beta", "state", "parents", "cu_nodes")
@@ -225,9 +227,11 @@ def main() -> None:
     ap.add_argument("--tiny", action="store_true", help="tiny head shapes (CPU smoke run)")
     ap.add_argument("--dtype", default="bf16", choices=("bf16", "fp32"),
                     help="input dtype of the timed shapes (the state is fp32 either way)")
+    ap.add_argument("--model", metavar="NAME",
+                    help="time the GDN layer of this model instead of qwen3.6-27b's (a shipped "
+                         "model name, e.g. qwen3-next-80b, or a model YAML): its heads and dims")
     ap.add_argument("--heads", metavar="H,HV",
-                    help="key and value heads instead of Qwen3.6-27B's 16,48 (e.g. 16,32: "
-                         "Qwen3-Next), K = V = 128")
+                    help="key and value heads, K = V = 128, for shapes no model file holds")
     ap.add_argument("--tree-order", default="stored", choices=TREE_ORDERS,
                     help="time the trees as built (breadth-first) or renumbered depth-first")
     ap.add_argument("--summarize", metavar="CSV", nargs="+",
@@ -264,6 +268,13 @@ def main() -> None:
     os.makedirs(args.out, exist_ok=True)
     configs = parse_configs(args.configs)
     dims = TINY if args.tiny else QWEN36
+    if args.model and args.heads:
+        raise SystemExit("--model and --heads both set the heads: give one")
+    if args.model:
+        try:
+            dims = model_dims(args.model)
+        except SimtreeError as exc:
+            raise SystemExit(f"--model: {exc}") from None
     if args.heads:
         dims = dict(dims, **parse_heads(args.heads))
     env = env_info(dims)

@@ -123,7 +123,7 @@ def test_configs_not_applicable_at_a_case_are_timed_where_checked():
     assert checked_configs(configs, corr) == configs[1:2]
 
 
-def test_heads_option_and_gpu_cases_in_both_dtypes(monkeypatch):
+def test_heads_option_and_gpu_cases_in_both_dtypes(monkeypatch, tmp_path):
     # --heads sets the key / value heads of the sweep (Qwen3-Next: 16, 32), bad pairs are
     # one-line errors; on a GPU the K-side cases are checked in bf16 and fp32 (fp32 at the
     # rule's exact-fp32 launch: eight warps, untransposed), and at Qwen3-Next's heads those
@@ -136,6 +136,21 @@ def test_heads_option_and_gpu_cases_in_both_dtypes(monkeypatch):
     for bad in ("16", "16,x", "16,40", "0,4", "8,4"):
         with pytest.raises(SystemExit, match="--heads"):
             parse_heads(bad)
+    # --model takes the heads and dims from the model files
+    from simtree.kernels.gdn.bench_util import QWEN36, model_dims
+    assert model_dims("qwen3-next-80b") == dict(H=16, HV=32, K=128, V=128)
+    assert QWEN36 == model_dims("qwen3.6-27b") == dict(H=16, HV=48, K=128, V=128)
+    from simtree.errors import SimtreeError
+    with pytest.raises(SimtreeError, match="no GDN layers"):
+        model_dims("deepseek-v4-flash")
+    import sys
+
+    from simtree.profiler import tune_gdn
+    for argv, msg in ((["--model", "nosuch"], "--model: unknown model 'nosuch'"),
+                      (["--model", "qwen3-next-80b", "--heads", "16,32"], "give one")):
+        monkeypatch.setattr(sys, "argv", ["tune_gdn", "--out", str(tmp_path), *argv])
+        with pytest.raises(SystemExit, match=msg):
+            tune_gdn.main()
     cpu, gpu = correctness_cases(False), correctness_cases(True)
     assert {c[2][2] for c in cpu} == {"bf16"} and not {(b, n) for b, n, _ in cpu} & set(KSIDE_CASES)
     assert sorted((b, n, d[2]) for b, n, d in gpu if (b, n) in KSIDE_CASES) == sorted(

@@ -14,7 +14,19 @@ import torch
 
 from simtree.tree import DraftTree, TreeBatch
 
-QWEN36 = dict(H=16, HV=48, K=128, V=128)
+def model_dims(name: str) -> dict:
+    """The GDN layer shapes of a model (``simtree.models``: a shipped name or a model YAML) as
+    the benchmarks take them: dict(H, HV, K, V), key / value heads and dims."""
+    from simtree.errors import SimtreeError
+    from simtree.models import get_model
+    g = get_model(name).gdn
+    if not g:
+        raise SimtreeError(f"model {name!r} has no GDN layers")
+    return dict(H=int(g["key_heads"]), HV=int(g["value_heads"]), K=int(g["key_dim"]),
+                V=int(g["value_dim"]))
+
+
+QWEN36 = model_dims("qwen3.6-27b")   # the benchmarks' default: H=16, HV=48, K=V=128
 
 
 def eagle_like_tree(n: int, rng: np.random.Generator, topk: int = 4,
