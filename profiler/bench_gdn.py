@@ -85,6 +85,14 @@ def commit_name(cfg: dict) -> str:
     return "triton_commit_" + config_name(cfg, _COMMIT_KEYS)
 
 
+def parse_shapes(text: str) -> set:
+    """"16:128,64:128" -> {(16, 128), (64, 128)}: (sequences, nodes) shapes; "" -> none."""
+    try:
+        return {(int(b), int(n)) for b, n in (x.split(":") for x in filter(None, text.split(",")))}
+    except ValueError:
+        raise SystemExit(f"shapes are B:N pairs separated by commas, got {text!r}") from None
+
+
 def launch_columns(cfg: dict, fn) -> dict:
     """The cfg_ columns of a tree-verify row: the launch asked for (``cfg``), with the switches
     the launch took in their place where they differ (``fn()``'s ``GDNTreeCache.launch``: e.g.
@@ -440,6 +448,9 @@ def main() -> None:
     ap.add_argument("--resume", action="store_true",
                     help="keep the shapes a previous run in --out finished (same GPU, versions "
                          "and head shapes; its measured bandwidth) and time only the rest")
+    ap.add_argument("--retime", default="", metavar="B:N,...",
+                    help="with --resume: time these finished shapes again (their in-process rows "
+                         "dropped; fla_recurrent's kept), e.g. after a launch-rule change there")
     ap.add_argument("--max-copies", type=int, default=32, help="input copies rotated against L2")
     ap.add_argument("--tree-order", default="dfs", choices=TREE_ORDERS,
                     help="node order of the timed trees: dfs (depth-first, larger subtree first, "
@@ -479,9 +490,15 @@ def main() -> None:
     log = lambda msg: print(f"[{time.time() - t0:6.1f}s] {msg}", flush=True)   # noqa: E731
     env = env_info(args.dims)
     rows, done, corr = [], set(), []
+    retime = parse_shapes(args.retime)
+    if retime and not args.resume:
+        raise SystemExit("--retime times shapes of a previous run again: it needs --resume")
     if args.resume:   # the floor rows kept and the new ones share the old run's bandwidth
         rows, done, bw, corr = previous_run(args.out, env, args.dims)
-        log(f"resuming {args.out}: {len(done)} shapes kept")
+        rows = [r for r in rows if (r["batch_size"], r["nodes_per_seq"]) not in retime]
+        done -= retime
+        log(f"resuming {args.out}: {len(done)} shapes kept"
+            + (f", {len(retime)} timed again" if retime else ""))
     else:
         bw = measured_bandwidth(args.device, numel=(1 << 28) if args.device == "cuda" else (1 << 20))
     log(f"{env['gpu']} torch {env['torch']} triton {env['triton']} fla {env['fla']}; copy "

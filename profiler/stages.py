@@ -184,8 +184,7 @@ def _gdn_decode_workload(ctx: Ctx, p: Point) -> Workload:
 
 
 def _gdn_inputs(ctx: Ctx, b: int, n: int, shape: str, salt: int = 0):
-    g = ctx.model.gdn
-    H, HV, K, V = g["key_heads"], g["value_heads"], g["key_dim"], g["value_dim"]
+    H, HV, K, V = ctx.model.gdn_dims().values()
     tb = _gdn_trees(b, n, shape, ctx.seed + salt)
     meta = {k: v.to(ctx.device) for k, v in tb.to_torch().items()}
     N = tb.total_nodes

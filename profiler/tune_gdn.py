@@ -71,6 +71,17 @@ def correctness(configs, dims, device, seed, order: str = "stored") -> list[dict
     return recs
 
 
+def parse_seeds(text: str) -> list[int]:
+    """"1,2,3" -> [1, 2, 3]: the tree-set seeds of a sweep (distinct integers)."""
+    try:
+        seeds = [int(x) for x in str(text).split(",")]
+    except ValueError:
+        raise SystemExit(f"--seed takes integers separated by commas, got {text!r}") from None
+    if len(set(seeds)) != len(seeds):
+        raise SystemExit(f"--seed {text}: a seed given twice")
+    return seeds
+
+
 def parse_heads(text: str) -> dict:
     """"16,32" -> dict(H=16, HV=32): key heads dividing value heads, both >= 1."""
     try:
@@ -177,7 +188,8 @@ def renumber_cost(bs, ns, seed: int = 0, repeats: int = 7, bench_csv: str | None
 def summarize(*csv_paths: str) -> str:
     """Markdown: median us per config (rows) x (nodes, batch) (columns), and the fastest
     config per shape, read from one tune_gdn.csv or several calls' (a shape timed in more than
-    one call is refused: their configs may have meant different launches)."""
+    one call is refused: their configs may have meant different launches).  A call over several
+    tree sets (``--seed 1,2,...``): the median over them, then each config's range (min-max)."""
     from simtree.profiler.report_util import markdown_table
     frames = [pd.read_csv(p) for p in csv_paths]
     shapes = [set(zip(f.batch_size, f.nodes_per_seq)) for f in frames]
@@ -194,9 +206,19 @@ def summarize(*csv_paths: str) -> str:
     whole = table.xs("all", level="phase") if "phase" in index else table
     best = whole.idxmin().rename("fastest").to_frame().T
     gpu = ", ".join(sorted(set(df.get("gpu", pd.Series(["?"])).astype(str))))
-    return (f"GPU {gpu}; median us (CUDA graphs), rows = launch config\n\n"
+    text = (f"GPU {gpu}; median us (CUDA graphs), rows = launch config\n\n"
             + markdown_table(table.round(1), with_index=True) + "\n\n"
             + markdown_table(best.reset_index(drop=True)) + "\n")
+    sets = ok["seed"].nunique() if "seed" in ok.columns else 1
+    if sets > 1:   # the spread over the tree sets
+        grp = ok.groupby(["config", "nodes_per_seq", "batch_size"]).latency_us_median
+        spread = (grp.min().round(1).astype(str) + "-" + grp.max().round(1).astype(str)).unstack(
+            ["nodes_per_seq", "batch_size"])
+        spread.columns = [f"n{n} b{b}" for n, b in spread.columns]
+        text += (f"\nmin-max over {sets} tree sets (seeds "
+                 f"{', '.join(map(str, sorted(ok.seed.unique())))}):\n\n"
+                 + markdown_table(spread, with_index=True) + "\n")
+    return text
 
 
 def commit_summary(csv_path: str) -> str:
@@ -222,7 +244,9 @@ def main() -> None:
                     help="time configs that failed the check too (ablation studies)")
     ap.add_argument("--max-seconds", type=float, default=400)
     ap.add_argument("--replays", type=int, default=20)
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--seed", default="0", metavar="S[,S...]",
+                    help="tree-set seed; several (1,2,3) time every shape on each set (the CSV's "
+                         "seed column; correctness on the first)")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--tiny", action="store_true", help="tiny head shapes (CPU smoke run)")
     ap.add_argument("--dtype", default="bf16", choices=("bf16", "fp32"),
@@ -248,9 +272,10 @@ def main() -> None:
                     help="with --renumber-cost: the GDN kernel's saving per Qwen3.6-27B round from "
                          "a bench_gdn.csv (triton_tree_bfs - triton_tree), beside the host cost")
     args = ap.parse_args()
+    seeds = parse_seeds(args.seed)
     if args.renumber_cost:
         from simtree.profiler.report_util import markdown_table
-        df = renumber_cost(list(map(int, args.bs.split(","))), list(map(int, args.ns.split(","))), args.seed,
+        df = renumber_cost(list(map(int, args.bs.split(","))), list(map(int, args.ns.split(","))), seeds[0],
                            bench_csv=args.saving_from)
         write_text_atomic(args.renumber_cost, df.to_csv(index=False))
         print(markdown_table(df))
@@ -262,7 +287,7 @@ def main() -> None:
         print(commit_summary(args.summarize_commit))
         return
     if args.pairs:
-        print(pair_counts(list(map(int, args.bs.split(","))), list(map(int, args.ns.split(","))), args.seed))
+        print(pair_counts(list(map(int, args.bs.split(","))), list(map(int, args.ns.split(","))), seeds[0]))
         return
     t0 = time.time()
     os.makedirs(args.out, exist_ok=True)
@@ -278,7 +303,7 @@ def main() -> None:
     if args.heads:
         dims = dict(dims, **parse_heads(args.heads))
     env = env_info(dims)
-    corr = correctness(configs, dims, args.device, args.seed, args.tree_order)
+    corr = correctness(configs, dims, args.device, seeds[0], args.tree_order)
     for r in corr:
         verdict = "n/a" if r["ok"] is None else "ok" if r["ok"] else "FAIL"
         print(f"correct {r['config']:28s} {r['case']:14s} {r['rel_err']:.2e} {verdict}")
@@ -296,8 +321,8 @@ def main() -> None:
                                           compiled=compiled_kernel_stats() if args.device == "cuda" else []),
                                      indent=1, default=str))
 
-    for b, n in shapes:
-        copies = shape_inputs(b, n, args.seed, dims, dtype=dtype, device=args.device, max_copies=8,
+    for seed, (b, n) in ((s, shape) for s in seeds for shape in shapes):
+        copies = shape_inputs(b, n, seed, dims, dtype=dtype, device=args.device, max_copies=8,
                               order=args.tree_order)
         meta = tree_meta(copies[0]["parents"], copies[0]["cu_nodes"],
                          depth_first=copies[0]["tb"].is_depth_first)   # as bench_gdn's launch
@@ -310,12 +335,13 @@ def main() -> None:
             try:
                 r = graph_time_us(fns, replays=args.replays)
                 rows.append(dict(config=name, batch_size=b, nodes_per_seq=n, status="ok",
-                                 tree_order=args.tree_order,
+                                 tree_order=args.tree_order, seed=seed,
                                  latency_us_median=r["median"], latency_us_p10=r["p10"],
                                  latency_us_p90=r["p90"], timer=r["timer"]))
             except Exception as exc:  # noqa: BLE001
                 rows.append(dict(config=name, batch_size=b, nodes_per_seq=n,
-                                 tree_order=args.tree_order, status=f"error: {exc!r}"[:300]))
+                                 tree_order=args.tree_order, seed=seed,
+                                 status=f"error: {exc!r}"[:300]))
             print(f"[{time.time() - t0:6.1f}s] b={b:3d} n={n:4d} {name:20s} "
                   f"{rows[-1].get('latency_us_median', rows[-1]['status'])}", flush=True)
         del copies

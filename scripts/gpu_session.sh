@@ -3,7 +3,8 @@
 # deps, then run the named parts (gdn, tune, v4, profile, ncu, lossless, refresh), each bounded, each
 # writing under $OUT.
 # Usage (on the GPU machine): bash scripts/gpu_session.sh gdn v4 profile   (gdn: GDN_RESUME=DIR
-# finishes the cut benchmark in DIR, TREE_CONFIGS its extra tree configs; tune: TUNE_ARGS=...,
+# finishes the cut benchmark in DIR, GDN_RETIME="16:128,64:128" times those of its finished
+# shapes again, TREE_CONFIGS its extra tree configs; tune: TUNE_ARGS=...,
 # v4: V4_ARGS=..., e.g. "--plan-switches 60"; profile: PROFILE_RESUME=reports/h200/profile to add
 # to the committed profile, PROFILE_ARGS="--model qwen3.6-27b" to restrict it, and with
 # "--only-stage gdn_tree_commit --remeasure" to time that stage again after a kernel change;
@@ -44,6 +45,7 @@ for part in "$@"; do
       if [ -n "${GDN_RESUME:-}" ]; then
         mkdir -p "$RES/gdn"
         cp "$GDN_RESUME"/bench_gdn.csv "$GDN_RESUME"/bench_gdn.json "$RES/gdn/" && resume=(--resume)
+        [ -n "${GDN_RETIME:-}" ] && resume+=(--retime "$GDN_RETIME")
         cp "$GDN_RESUME"/fla_recurrent.jsonl "$RES/gdn/" 2>/dev/null || true
       fi
       bench_gdn "${GDN_TIMEOUT:-280}" "${GDN_SECONDS:-200}" "${TREE_CONFIGS:-q0,q1}" ${resume[@]+"${resume[@]}"} ;;

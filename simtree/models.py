@@ -70,6 +70,15 @@ class ModelShape:
     def kinds(self) -> tuple[str, ...]:
         return tuple(self.layer_counts())
 
+    def gdn_dims(self) -> dict[str, int]:
+        """The GDN layer's key / value heads and dims as the kernels take them: dict(H, HV, K,
+        V)."""
+        g = self.gdn
+        if not g:
+            raise SimtreeError(f"model {self.name!r} has no GDN layers")
+        return dict(H=int(g["key_heads"]), HV=int(g["value_heads"]), K=int(g["key_dim"]),
+                    V=int(g["value_dim"]))
+
     def stack(self, num_layers: int) -> tuple[str, ...]:
         """The first ``num_layers`` kinds of the pattern, skipping a prefix of one kind if the
         pattern has others later (so an 8-layer V4 stack holds SWA, CSA and HCA layers)."""

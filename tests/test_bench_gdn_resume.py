@@ -85,3 +85,23 @@ def test_tree_rows_record_the_launch_that_ran(tmp_path, monkeypatch):
     tree = out[out.variant == "triton_tree"].iloc[0]
     assert tree.cfg_cuda_walk == 0 and tree.cfg_kside_cuda == 0 and tree.cfg_l2_prefetch == 0
     assert tree.cfg_block_v > 0 and "cfg_transposed" in out
+
+
+def test_retime_times_chosen_finished_shapes_again(tmp_path, monkeypatch):
+    # --resume --retime 1:8: (1, 4) kept as measured, (1, 8) timed again (here by a timer
+    # that answers 123 us), one row per variant; --retime without --resume is refused
+    first = _run(monkeypatch, tmp_path, "--bs", "1", "--ns", "4,8")
+    monkeypatch.setattr(bench_gdn, "graph_time_us", lambda fns, **k: dict(
+        median=123.0, p10=123.0, p90=123.0, repeats=1, timer="cpu_wall"))
+    out = _run(monkeypatch, tmp_path, "--bs", "1", "--ns", "4,8", "--resume", "--retime", "1:8")
+    key = ["variant", "batch_size", "nodes_per_seq"]
+    assert len(out) == len(out.drop_duplicates(key)) == len(first)
+    again = out.set_index(key).latency_us_median
+    kept = first[first.nodes_per_seq == 4].set_index(key).latency_us_median
+    assert (again.loc[kept.index] == kept).all()
+    timed = out[(out.nodes_per_seq == 8) & out.variant.str.startswith("triton_")]
+    assert len(timed) and (timed.latency_us_median == 123.0).all()
+    with pytest.raises(SystemExit, match="needs --resume"):
+        _run(monkeypatch, tmp_path / "x", "--bs", "1", "--ns", "4", "--retime", "1:4")
+    with pytest.raises(SystemExit, match="B:N pairs"):
+        bench_gdn.parse_shapes("16x128")

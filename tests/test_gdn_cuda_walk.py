@@ -308,11 +308,11 @@ def test_cuda_walk_matches_the_triton_walk_on_the_gpu(bv, mt, ks, kcu, order, mo
         # the L2 prefetches and streaming stores move no number: outputs bit for bit the same
         # (7 rows resident at a time, so the walk's prefetch reaches real rows and past the last;
         # the late prefetch, the rule's, at two m-tiles per warp, the early one at one)
-        monkeypatch.setattr(cuda_walk, "resident_rows", lambda *a, **k: 7)
-        o_p, c_p = gdn_tree_verify(*args, cuda_walk=mt, walk_kside=ks, kside_cuda=kcu,
-                                   l2_prefetch=(15 if kcu else 13) | 16 * (mt == 2), **kw)
+        with monkeypatch.context() as m:
+            m.setattr(cuda_walk, "resident_rows", lambda *a, **k: 7)
+            o_p, c_p = gdn_tree_verify(*args, cuda_walk=mt, walk_kside=ks, kside_cuda=kcu,
+                                       l2_prefetch=(15 if kcu else 13) | 16 * (mt == 2), **kw)
         assert torch.equal(o_p, o_c) and torch.equal(c_p.u, c_c.u), (H, HV)
-        monkeypatch.undo()
         if kcu:   # its multipliers without the L2 norm, at another scale (q and k raw values
             # then reach the products: inputs normalised first so the recurrence stays bounded)
             raw = dict(inp, q=torch.nn.functional.normalize(inp["q"].float(), dim=-1).to(inp["q"].dtype),

@@ -173,3 +173,24 @@ def test_summary_of_several_calls_refuses_a_shape_timed_twice(tmp_path):
     assert "| q1 | 8.1 | 12.1 | 8.1 |" in out
     with pytest.raises(SystemExit, match="both time"):
         summarize(str(tmp_path / "a.csv"), str(tmp_path / "c.csv"))
+
+
+def test_several_tree_sets_give_the_median_and_each_configs_range(tmp_path):
+    # tune_gdn --seed 1,2,3: every shape timed on each tree set (seed column); the summary's
+    # table holds the median over the sets, then each config's min-max
+    from simtree.profiler.tune_gdn import parse_seeds
+    assert parse_seeds("1,2,3") == [1, 2, 3] and parse_seeds(0) == [0]
+    for bad in ("1,x", "2,2"):
+        with pytest.raises(SystemExit, match="--seed"):
+            parse_seeds(bad)
+    rng = np.random.default_rng(8)
+    lat = {(c, s): float(rng.uniform(50, 90)) for c in ("a2f2", "a2f19") for s in (1, 2, 3)}
+    pd.DataFrame([dict(config=c, seed=s, batch_size=16, nodes_per_seq=128, status="ok",
+                       latency_us_median=v, gpu="g") for (c, s), v in lat.items()]).to_csv(
+        tmp_path / "t.csv", index=False)
+    out = summarize(str(tmp_path / "t.csv"))
+    for c in ("a2f2", "a2f19"):
+        v = [lat[c, s] for s in (1, 2, 3)]
+        assert f"| {c} | {np.median(v):.1f} |" in out
+        assert f"| {c} | {min(v):.1f}-{max(v):.1f} |" in out
+    assert "min-max over 3 tree sets (seeds 1, 2, 3)" in out

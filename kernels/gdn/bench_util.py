@@ -12,18 +12,14 @@ import math
 import numpy as np
 import torch
 
+from simtree.models import get_model
 from simtree.tree import DraftTree, TreeBatch
 
+
 def model_dims(name: str) -> dict:
-    """The GDN layer shapes of a model (``simtree.models``: a shipped name or a model YAML) as
-    the benchmarks take them: dict(H, HV, K, V), key / value heads and dims."""
-    from simtree.errors import SimtreeError
-    from simtree.models import get_model
-    g = get_model(name).gdn
-    if not g:
-        raise SimtreeError(f"model {name!r} has no GDN layers")
-    return dict(H=int(g["key_heads"]), HV=int(g["value_heads"]), K=int(g["key_dim"]),
-                V=int(g["value_dim"]))
+    """The GDN layer shapes of a model (a shipped name or a model YAML) as the benchmarks take
+    them: dict(H, HV, K, V) (``ModelShape.gdn_dims``)."""
+    return get_model(name).gdn_dims()
 
 
 QWEN36 = model_dims("qwen3.6-27b")   # the benchmarks' default: H=16, HV=48, K=V=128

@@ -178,13 +178,13 @@ def walk(qn, kn, v, beta, s0, cu, pairs, npairs, NC: int, o, u, G, diag, tiles, 
     tiles itself (``diag`` and ``tiles`` then None; (block_v, mt) in KSIDE_INSTANCES).
     ``mults`` (fp32 [N, H, 2], the CUDA K-side kernel's): ``qn`` / ``kn`` are the raw rows
     and these their multipliers ((block_v, mt) in RAW_INSTANCES).  ``pf`` > 0: one thread of
-    each (sequence, value head)'s first program prefetches into L2 the state of the (sequence, value head) ``pf`` rows on, the one that
-    runs when ``pf`` rows are resident at a time (``resident_rows``); ``cs``: o and u stored
-    streaming (evict-first), so they do not push those prefetched states out of L2; ``pfv``:
+    each (sequence, value head)'s first program prefetches into L2 the state of the (sequence,
+    value head) ``pf`` rows on, the one that runs when ``pf`` rows are resident at a time
+    (``resident_rows``); ``pf_late``: that prefetch issued two sub-chunks before the program's
+    end rather than at its start; ``cs``: o and u stored streaming (evict-first); ``pfv``:
     each sub-chunk's v rows prefetched into L2 two sub-chunks ahead of their use (one ahead of
-    their copy into shared memory);
-    ``pf_late``: the ``pf`` prefetch issued two sub-chunks before the program's end rather
-    than at its start."""
+    their copy into shared memory).  ``cs`` and ``pfv`` gained nothing (tuning runs 100-102)
+    and the rule leaves them off."""
     B, HV, V = cu.numel() - 1, v.shape[1], v.shape[2]
     ks = bits is not None
     mode = 1 if ks else 2 if mults is not None else 0
