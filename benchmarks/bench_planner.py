@@ -14,10 +14,10 @@ import time
 
 import numpy as np
 
-from simtree.acceptance import PRESETS, get_workload
-from simtree.builders import best_first_order, cost_aware_budget
-from simtree.planner import plan
-from simtree.synthetic import synthetic_costs
+from simtree.acceptance.model import PRESETS, get_workload
+from simtree.trees.builders import best_first_order, cost_aware_budget
+from simtree.planning.planner import plan
+from simtree.costs.synthetic import synthetic_costs
 
 
 def bench_search() -> float:

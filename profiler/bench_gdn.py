@@ -36,7 +36,7 @@ import torch
 
 from simtree.fileio import write_text_atomic
 from simtree.profiler.timing import measured_bandwidth
-from simtree.tree import DraftTree
+from simtree.trees.tree import DraftTree
 from simtree.kernels.gdn import (LaunchNotApplicable, commit_dot16, commit_launch_config,
                                  gdn_accepted_paths_ref,
                                  gdn_tree_commit, gdn_tree_verify, gdn_tree_verify_dense_ref,
@@ -379,7 +379,7 @@ def write_profile_rows(out: str, rows, env: dict, tiny: bool = False) -> str:
             for r in rows if r.get("status") == "ok" and r["variant"] in PROFILE_STAGES]
     path = os.path.join(out, "profile_gdn.csv")
     try:
-        from simtree.profile_table import append_rows
+        from simtree.costs.profile_table import append_rows
         if os.path.exists(path):
             os.remove(path)
         append_rows(path, prof)

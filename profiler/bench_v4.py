@@ -49,7 +49,7 @@ def log(msg: str) -> None:
 
 def env_info() -> dict:
     """GPU and versions for summary_v4.json (from the profiler's one collector)."""
-    from simtree.profiler.metadata import collect_metadata
+    from simtree.machine.metadata import collect_metadata
     m = collect_metadata("cuda" if torch.cuda.is_available() else "cpu")
     info = {"torch_version": m["torch_version"], "triton_version": m["triton_version"],
             "python": m["python"], "gpu": m["device"], "cuda": m["torch_cuda"] or None}
@@ -361,7 +361,7 @@ def plan_switch_timings(cfg, weights, device, contexts, batches, n, repeats=7, b
 
     from simtree.kernels.v4.commit import plan_commit
     tv = importlib.import_module("simtree.kernels.v4.tree_verify")   # the module, not the function
-    from simtree.tree import TreeBatch
+    from simtree.trees.tree import TreeBatch
     saved, rows, t0 = (tv.DEVICE_PERSIST_MIN_ENTRIES, tv.PACK_UPLOADS), [], time.time()
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
 
@@ -443,7 +443,7 @@ def write_outputs(out: Path, rows, prof_rows, summary, info) -> None:
     if not prof_rows:
         return
     try:
-        from simtree.profile_table import append_rows, write_meta
+        from simtree.costs.profile_table import append_rows, write_meta
         path = out / "profile_v4.csv"
         if path.exists():
             path.unlink()
@@ -451,7 +451,7 @@ def write_outputs(out: Path, rows, prof_rows, summary, info) -> None:
         write_meta(path, {"gpu": info.get("gpu"), "driver": info.get("driver"), "torch": info["torch_version"],
                           "triton": info["triton_version"], "sweep": "bench_v4", "model": MODEL})
     except Exception as exc:  # noqa: BLE001
-        log(f"profile table via simtree.profile_table failed ({exc}); writing plain CSV")
+        log(f"profile table via simtree.costs.profile_table failed ({exc}); writing plain CSV")
         _write_csv(out / "profile_v4.csv", prof_rows, list(prof_rows[0]))
 
 

@@ -22,7 +22,7 @@ import pandas as pd
 
 from simtree.errors import SimtreeError
 from simtree.fileio import write_atomic, write_text_atomic
-from simtree.profile_table import KEY_COLUMNS, load_profile
+from simtree.costs.profile_table import KEY_COLUMNS, load_profile
 
 __all__ = ["compare_profiles", "comparison_markdown", "matched_points", "ratio_figure"]
 

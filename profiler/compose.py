@@ -213,7 +213,7 @@ def validate_stacks(df: pd.DataFrame) -> dict:
 
 
 def _rewrite(path: Path, df: pd.DataFrame) -> None:
-    from simtree import profile_table as pt
+    from simtree.costs import profile_table as pt
 
     pt.write_table(path, pt.validate_profile(df.reset_index(drop=True), path))
 
@@ -223,7 +223,7 @@ def compose_table(table: str | Path, stack_layers: int = 8, core_variants: dict 
     write ``<table>.compose.json`` with the stack validation, return that summary.
     ``core_variants`` ({stage: variant}) pins the attention-core implementation, e.g.
     ``{"v4_csa_verify": "triton_tree"}``; by default the best-covered preferred one."""
-    from simtree import profile_table as pt
+    from simtree.costs import profile_table as pt
 
     table = Path(table)
     df = pt.load_profile(table)

@@ -19,7 +19,7 @@ import torch.nn.functional as F
 
 from simtree.errors import SimtreeError
 from simtree.models import ModelShape
-from simtree.tree import DraftTree, TreeBatch
+from simtree.trees.tree import DraftTree, TreeBatch
 
 __all__ = ["v4_window_index", "Ctx", "TREE_SHAPES", "random_tree", "tree_batch", "proj_piece", "mlp_piece", "lm_head_piece",
            "attn_core_piece", "v4_core_piece", "sdpa_with_lse", "tree_attention",

@@ -78,7 +78,7 @@ def _drafter(ctx, b: int, l: int):
 
 
 def _random_trees(b: int, n: int, shape: str, vocab: int, seed: int):
-    from simtree.tree import DraftTree, TreeBatch
+    from simtree.trees.tree import DraftTree, TreeBatch
 
     from .pieces import random_tree
 
@@ -107,8 +107,8 @@ def _first_child_path_end(tree, max_depth: int = 2) -> int:
 
 
 def _verify_step(ctx, p):
-    from simtree.accept import greedy_accept_batch
-    from simtree.tree import DraftTree, TreeBatch
+    from simtree.trees.greedy import greedy_accept_batch
+    from simtree.trees.tree import DraftTree, TreeBatch
 
     target, _ = _models(ctx)
     b, n, l = p.batch_size, p.nodes_per_seq, p.context_len
@@ -140,7 +140,7 @@ def _verify_step(ctx, p):
 
 
 def _draft_step(ctx, p):
-    from simtree.builders import eagle_max_nodes, linear_tree
+    from simtree.trees.builders import eagle_max_nodes, linear_tree
 
     b, s, k, l = p.batch_size, max(p.num_steps, 1), max(p.topk, 1), p.context_len
     drafter = _drafter(ctx, b, l)
@@ -180,7 +180,7 @@ def check_runtime_variant(ctx, stage: str) -> str:
     """Tree verify of a chain == the sequential greedy path's logits (the lossless reference)."""
     target, draft = _models(ctx)
     model = target if stage == "model_verify_step" else draft
-    from simtree.tree import DraftTree, TreeBatch
+    from simtree.trees.tree import DraftTree, TreeBatch
 
     prompt = _prompts(model, 1, 12)[0]
     chain = prompt[8:]

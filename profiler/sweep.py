@@ -3,7 +3,7 @@
     result = run_sweep("scenarios/sweeps/default_gpu.yaml", "reports/h200/profile.csv")
 
 Robustness: each measured point is appended to the table at once (atomic rewrite through
-``simtree.profile_table.append_rows``); a rerun skips points already in the table (resume);
+``simtree.costs.profile_table.append_rows``); a rerun skips points already in the table (resume);
 ``max_minutes`` stops between points; an out-of-memory point, a missing kernel or a failing
 variant is logged to ``<table>.points.jsonl`` and skipped (not retried on resume unless
 ``retry_failed``); a lost CUDA context (illegal memory access) stops the sweep cleanly.
@@ -35,9 +35,9 @@ from pathlib import Path
 
 from simtree.errors import SimtreeError
 from simtree.fileio import read_yaml
-from simtree.hostprobe import probe as host_probe
+from simtree.machine.hostprobe import probe as host_probe
 from simtree.models import COMMIT_STAGE, DECODE_STAGE, ROUND_STAGE, VERIFY_STAGE, get_model
-from simtree.profile_table import MIN_INT
+from simtree.costs.profile_table import MIN_INT
 
 from .stages import Point, Unavailable, build_workload, check_variant, default_variants
 from .sweep_io import (Deadline, advance, cuda_alive, hard_deadline, log_point, one_line, progress_bar,
@@ -252,9 +252,9 @@ def run_sweep(sweep: str | Path | None = None, out: str | Path = "reports/profil
     change; every other row stays."""
     import torch
 
-    from simtree import profile_table as pt
+    from simtree.costs import profile_table as pt
 
-    from . import metadata
+    from simtree.machine import metadata
     from .pieces import Ctx
     from .timing import l2_cache_bytes
 
@@ -486,7 +486,7 @@ def _previous_sweeps(old_meta: dict) -> list[dict]:
 def _read_compose_summary(table: Path) -> dict:
     from simtree.fileio import read_json
 
-    from simtree.profile_table import side_path
+    from simtree.costs.profile_table import side_path
 
     path = side_path(table, "compose.json")
     try:
@@ -498,7 +498,7 @@ def _read_compose_summary(table: Path) -> dict:
 
 def _clear_stale_temps(table: Path) -> None:
     """Temp files a killed write left beside the table (``write_atomic``'s ``.<name>.*.tmp``)."""
-    from simtree.profile_table import side_path
+    from simtree.costs.profile_table import side_path
 
     if table.parent.is_dir():
         for name in (table.name, side_path(table, "meta.json").name, side_path(table, "compose.json").name):

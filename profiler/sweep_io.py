@@ -10,7 +10,7 @@ __all__ = ["points_log", "read_log_skips", "log_point", "one_line", "Deadline", 
 
 
 def points_log(table: Path) -> Path:
-    from simtree.profile_table import side_path
+    from simtree.costs.profile_table import side_path
 
     return side_path(table, "points.jsonl")
 

@@ -132,7 +132,7 @@ def pair_counts(bs, ns, seed: int = 0, block_ts=(16, 32)) -> str:
     order and walked depth-first (``TreeMeta.heavy_first``), on the benchmark's own trees
     (``shape_trees``, same seed) - the pairs the kernel's loop visits.  CPU only."""
     from simtree.profiler.report_util import markdown_table
-    from simtree.tree import TreeBatch
+    from simtree.trees.tree import TreeBatch
     rows = []
     for n in ns:
         for b in bs:
@@ -158,7 +158,7 @@ def renumber_cost(bs, ns, seed: int = 0, repeats: int = 7, bench_csv: str | None
     import platform
     import statistics
 
-    from simtree.tree import DraftTree, TreeBatch
+    from simtree.trees.tree import DraftTree, TreeBatch
     rows = []
     for n in ns:
         for b in bs:

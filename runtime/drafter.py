@@ -16,9 +16,9 @@ import threading
 import numpy as np
 import torch
 
-from simtree.builders import eagle_tree
+from simtree.trees.builders import eagle_tree
 from simtree.runtime.model import HybridLM
-from simtree.tree import DraftTree, TreeBatch
+from simtree.trees.tree import DraftTree, TreeBatch
 
 __all__ = ["Drafter"]
 
@@ -55,7 +55,7 @@ class Drafter:
         return propose
 
     def eagle_trees(self, roots: list[int], num_steps: int, topk: int, budget: int) -> list[DraftTree]:
-        """One ``simtree.builders.eagle_tree`` per sequence, their proposals batched: every
+        """One ``simtree.trees.builders.eagle_tree`` per sequence, their proposals batched: every
         builder runs in its own thread and blocks in its propose callback until one draft
         ``verify`` has scored all B partial trees (each EAGLE step asks exactly once per tree,
         so the builders move in lockstep)."""

@@ -16,7 +16,7 @@ whose GDN layers read and write their state once), linear {budget},
 eagle {num_steps, topk, budget}, best_first {budget, width, draft_depth}, cost_aware
 {max_budget, draft_depth}, batch_alloc {max_budget_per_seq, draft_depth}; the marginal
 modes draft a top-1 chain of ``draft_depth`` steps and keep the top-4 of each step's
-distribution as that position's marginal (see drafter.py), as simtree.simulate assumes.
+distribution as that position's marginal (see drafter.py), as simtree.planning.simulate assumes.
 cost_aware and batch_alloc need a cost bundle (contract 2: ``verify.predict(n, l, b)`` us for
 the whole batch's verify, ``draft.predict(s, k, b)``).
 
@@ -34,15 +34,15 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from simtree.accept import greedy_accept_batch
-from simtree.builders import (batched_best_first_tree, best_first_order, cost_aware_tree, eagle_max_nodes,
+from simtree.trees.greedy import greedy_accept_batch
+from simtree.trees.builders import (batched_best_first_tree, best_first_order, cost_aware_tree, eagle_max_nodes,
                               linear_tree)
 from simtree.errors import SimtreeError, check_int
 from simtree.runtime.drafter import Drafter
-from simtree.policy_spec import MODES
-from simtree.simulate import PolicySpec, batch_allocation
+from simtree.planning.policy import MODES
+from simtree.planning.simulate import PolicySpec, batch_allocation
 from simtree.runtime.model import HybridLM
-from simtree.tree import DraftTree, TreeBatch
+from simtree.trees.tree import DraftTree, TreeBatch
 
 __all__ = ["RoundStats", "GenerationResult", "SpecEngine", "greedy_decode", "check_spec", "draft_extent",
            "MAX_DRAFT_NODES"]
@@ -160,7 +160,7 @@ class SpecEngine:
     @staticmethod
     def _batch_alloc(toks, probs, roots, max_budget, costs, draft_us, ctx_len) -> list[DraftTree]:
         """DSpark-style allocation across the batch: the simulator's own rule
-        (simtree.simulate.batch_allocation), so the run executes what the planner scored."""
+        (simtree.planning.simulate.batch_allocation), so the run executes what the planner scored."""
         B = len(roots)
         orders = [best_first_order(toks[b], probs[b], max_budget, roots[b]) for b in range(B)]
         extra = batch_allocation([o.prefix_probs[1:] for o in orders], np.ones(B),

@@ -8,7 +8,7 @@ the decode rounds (the prefill, which makes each output's first token, is report
 * ``tokens_per_s`` (compared with the prediction): the tokens the outputs keep
   (``max_new_tokens - 1`` per prompt) per second of round time, each round's time counted in
   the share of sequences still short of max_new_tokens in it (``live / B``).  That is what
-  simtree.simulate predicts: it runs every sequence of the batch every round, outputs
+  simtree.planning.simulate predicts: it runs every sequence of the batch every round, outputs
   ``output_len`` tokens per sequence (a last round's surplus is not output) and has no
   finished sequences idling in the batch (they finish together, or their slot takes a new
   request).
@@ -16,10 +16,10 @@ the decode rounds (the prefill, which makes each output's first token, is report
   batch delivered, the rounds after a sequence finished included.
 * ``produced_tokens_per_s``: every token the rounds produced, cut ones included;
   ``overshoot`` = produced / delivered - 1.
-* accepted tokens per round (incl. the bonus token, as simtree.simulate counts), per-round
+* accepted tokens per round (incl. the bonus token, as simtree.planning.simulate counts), per-round
   latency median / p90 and its draft / verify / commit split (null without decode rounds).
 
-Predicted (when a cost bundle is given and a decode round ran): simtree.simulate with the
+Predicted (when a cost bundle is given and a decode round ran): simtree.planning.simulate with the
 acceptance model fitted from this run's own traces (positional fit), this run's prompt lengths
 and ``max_new_tokens - 1`` output tokens (what the decode rounds must produce) - so the
 comparison tests the cost model, not the acceptance model.  A bundle (or policy) of another
@@ -47,10 +47,10 @@ import torch
 
 from simtree.errors import ExtrapolationWarning, SimtreeError, captured_warnings, check_int
 from simtree.fileio import write_text_atomic
-from simtree.profiler.metadata import device_label
+from simtree.machine.metadata import device_label
 from simtree.runtime.data import prompts as load_prompts
 from simtree.runtime.engine import SpecEngine, check_spec, greedy_decode
-from simtree.simulate import PolicySpec
+from simtree.planning.simulate import PolicySpec
 from simtree.runtime.loading import DEFAULT_MODELS_DIR, load_model
 from simtree.runtime.tokenizer import VOCAB_SIZE, ByteTokenizer
 from simtree.runtime.trace import TraceWriter
@@ -61,7 +61,7 @@ NEEDS_COSTS = ("cost_aware", "batch_alloc")
 RUNTIME_MODEL = "runtime-tiny"   # the name `simtree profile` gives the runtime's models (runtime-tiny.yaml)
 COMPARISON = ("measured.tokens_per_s vs predicted.tokens_per_s: output tokens (max_new_tokens - 1 per "
               "prompt from the decode rounds) per second of round time counted while each sequence "
-              "still decoded, as simtree.simulate counts; delivered_tokens_per_s adds the rounds a "
+              "still decoded, as simtree.planning.simulate counts; delivered_tokens_per_s adds the rounds a "
               "finished sequence waited for the batch, produced_tokens_per_s counts the cut tokens too")
 
 
@@ -108,7 +108,7 @@ def _mismatch(what: str, source, model, device, here: str) -> str | None:
 
 def _resolve_spec(policy, policy_workload, workload, batch_size, mode, params, warn, here: str):
     if policy is not None:
-        from simtree.policy import Policy
+        from simtree.planning.policy_file import Policy
         path = Path(policy)
         if path.is_dir():
             hint = f" ({path / 'policy.json'})" if (path / "policy.json").is_file() else ""
@@ -172,7 +172,7 @@ def live_run(*, mode: str = "eagle", params: dict | None = None, policy=None, po
     with traces in ``out/traces.jsonl`` when ``out`` is given).
 
     ``costs``: a path to a CostBundle JSON, a bundle object, or None (then cost_aware /
-    batch_alloc fall back to simtree.synthetic's SYNTHETIC bundle, labelled so).
+    batch_alloc fall back to simtree.costs.synthetic's SYNTHETIC bundle, labelled so).
     ``progress(done, total)``: called as tokens are produced.  ``threads``: torch CPU threads
     (1 by default: these models are too small to gain from more, and a shared CPU makes
     extra threads spin).  ``device``: "cpu" or "cuda" (GPU rounds are timed after a
@@ -223,7 +223,7 @@ def _live_run(*, mode, params, policy, policy_workload, workload, batch_size, pr
                                       here)
     costs_label = None
     if isinstance(costs, (str, Path)):
-        from simtree.costmodel import load_costs
+        from simtree.costs.model import load_costs
         costs_label, costs = str(costs), load_costs(costs)
     elif costs is not None:
         costs_label = str(getattr(costs, "meta", {}).get("source", "given"))
@@ -236,7 +236,7 @@ def _live_run(*, mode, params, policy, policy_workload, workload, batch_size, pr
             comparable = False
     engine_costs = costs
     if spec.mode in NEEDS_COSTS and costs is None:
-        from simtree.synthetic import SYNTHETIC_LABEL, synthetic_costs
+        from simtree.costs.synthetic import SYNTHETIC_LABEL, synthetic_costs
         engine_costs, costs_label = synthetic_costs(), SYNTHETIC_LABEL
     models_dir = Path(models_dir) if models_dir else DEFAULT_MODELS_DIR
     target = load_model(models_dir / "target")
@@ -349,13 +349,13 @@ def _report(results, rounds, spec, workload, batch_size, count, max_new_tokens, 
 
 
 def _host_against(costs, device: str) -> dict | None:
-    """The host's speed now (``simtree.hostprobe``) against when the cost bundle's profile was
+    """The host's speed now (``simtree.machine.hostprobe``) against when the cost bundle's profile was
     taken (its ``host_probe``): {probe, profile_probe, vs_profile} (> 1: slower now, so the
     bundle's latencies read short), or None without a bundle that recorded one."""
     then = (getattr(costs, "meta", None) or {}).get("profile_meta", {}).get("host_probe")
     if not isinstance(then, dict):
         return None
-    from simtree.hostprobe import probe, ratio
+    from simtree.machine.hostprobe import probe, ratio
     now = probe(device)
     x = ratio(now, then)
     return {"probe": now, "profile_probe": then, "vs_profile": x if math.isfinite(x) else None}
@@ -366,8 +366,8 @@ def _predict(costs, trace_path: Path, spec: PolicySpec, batch_size: int, prompt_
     """The simulator's prediction for this run: positional acceptance fitted from the run's
     traces (table width = the widest sibling set drafted, so no rank is imputed), the run's
     own prompt lengths and the tokens its decode rounds must produce per sequence."""
-    from simtree.acceptance import Workload, fit_positional, get_workload, read_traces
-    from simtree.simulate import PolicySpec, simulate
+    from simtree.acceptance.model import Workload, fit_positional, get_workload, read_traces
+    from simtree.planning.simulate import PolicySpec, simulate
 
     if spec.mode == "none":  # nothing drafted, nothing to fit; mode none ignores acceptance
         acc = get_workload("sharegpt").acceptance

@@ -31,7 +31,7 @@ from torch import nn
 from simtree.errors import SimtreeError, check_int
 from simtree.runtime import gdn_ops
 from simtree.runtime.cache import Cache, Pending
-from simtree.tree import DraftTree, TreeBatch
+from simtree.trees.tree import DraftTree, TreeBatch
 
 __all__ = ["ModelConfig", "HybridLM", "Cache", "Pending"]
 

@@ -19,7 +19,7 @@ Each line is a JSON object:
     marginal_probs  [[float]] optional, marginal modes only: the drafter's top-K probabilities
                     per position [P][K] (rows sorted desc) that the tree was built from
 
-This is the format simtree.acceptance.read_traces validates (fit_positional reads parents,
+This is the format simtree.acceptance.model.read_traces validates (fit_positional reads parents,
 log_probs, accepted_node; fit_marginals reads marginal_probs); use that reader.
 """
 from __future__ import annotations
@@ -59,7 +59,7 @@ class TraceWriter:
 
     def write_round(self, batch, acc, *, workload: str, batch_size: int, round_index: int, mode: str,
                     context_lens, marginal_probs=None) -> None:
-        """batch: TreeBatch; acc: simtree.accept.BatchAcceptResult of that batch;
+        """batch: TreeBatch; acc: simtree.trees.greedy.BatchAcceptResult of that batch;
         marginal_probs: optional float [B, P, K]."""
         for b, tree in enumerate(batch.trees):
             res = acc.result(b)

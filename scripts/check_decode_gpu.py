@@ -8,7 +8,7 @@ import torch
 
 from simtree.runtime.engine import SpecEngine, greedy_decode
 from simtree.runtime.gdn_ops import recurrent_step
-from simtree.simulate import PolicySpec
+from simtree.planning.simulate import PolicySpec
 
 sys.path.insert(0, "tests")
 from runtime_helpers import random_prompts, tiny_model  # noqa: E402 - the tests' tiny models

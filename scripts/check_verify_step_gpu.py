@@ -23,13 +23,13 @@ import time
 
 import torch
 
-from simtree.accept import greedy_accept_batch
+from simtree.trees.greedy import greedy_accept_batch
 from simtree.models import get_model
 from simtree.profiler import runtime_stages as rs
 from simtree.profiler.pieces import Ctx
 from simtree.profiler.stages import Point
 from simtree.profiler.timing import time_workload
-from simtree.tree import DraftTree, TreeBatch
+from simtree.trees.tree import DraftTree, TreeBatch
 
 
 def wall(fn, reset, device, reps=40, warmup=5) -> float:

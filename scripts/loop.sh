@@ -11,7 +11,7 @@
 # WORKLOAD (sharegpt), SWEEP (scenarios/sweeps/runtime_cpu.yaml or runtime_gpu.yaml),
 # SIMTREE (the simtree command, words allowed), PY.
 # Every number of OUT_DIR/README.md comes from the files these commands write there
-# (layout: simtree/cpu_loop.py's docstring).
+# (layout: simtree/reporting/loop.py's docstring).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DEVICE=${DEVICE:-cpu}
@@ -30,10 +30,10 @@ read -r -a SIMTREE <<< "${SIMTREE:-$( [ -x .venv/bin/simtree ] && echo .venv/bin
 PY=${PY:-$( [ -x .venv/bin/python ] && echo .venv/bin/python || echo python )}
 
 mkdir -p "$OUT/logs"
-step() {  # step NAME CMD...: probe the host's speed into host_probe.tsv (simtree.hostprobe),
+step() {  # step NAME CMD...: probe the host's speed into host_probe.tsv (simtree.machine.hostprobe),
     # run, log its output, append its wall time + 1-min load to timing.tsv
     local name=$1; shift
-    "$PY" -m simtree.hostprobe --device "$DEVICE" --step "$name" >> "$OUT/host_probe.tsv" 2>/dev/null \
+    "$PY" -m simtree.machine.hostprobe --device "$DEVICE" --step "$name" >> "$OUT/host_probe.tsv" 2>/dev/null \
         || echo "host probe before $name failed (the report leaves it out)" >&2
     local t0=$SECONDS
     echo "== $name: $*" >&2
@@ -76,17 +76,17 @@ for phase in $PHASES; do
               # shellcheck disable=SC2086  # flags is a list of options
               step "${pre}_b${b}_${role}" "${SIMTREE[@]}" run $flags --costs "$OUT/costs.json" --batch-size "$b" \
                   "${RUN[@]}" --out "$OUT/$dir/b${b}_${role}"
-          done < <("$PY" -m simtree.cpu_loop contrast "$OUT/plan" "$WORKLOAD" "$b")
+          done < <("$PY" -m simtree.reporting.loop contrast "$OUT/plan" "$WORKLOAD" "$b")
       done
       if [ "$phase" = repeat ]; then
-          "$PY" -m simtree.cpu_loop repeat "$OUT" runs_repeat
+          "$PY" -m simtree.reporting.loop repeat "$OUT" runs_repeat
           rm -f "$OUT/runs_repeat/"*/traces.jsonl
       fi
       ;;
     report)
       # the report (README.md + PNG), from the files above; keep the folder small: per-run
       # traces were merged (traces/) or only fed the run's own prediction (runs/)
-      "$PY" -m simtree.cpu_loop report "$OUT"
+      "$PY" -m simtree.reporting.loop report "$OUT"
       rm -f "$OUT/traces/"*/traces.jsonl "$OUT/runs/"*/traces.jsonl
       ;;
     *) echo "unknown phase $phase (measure, plan, runs, repeat, report)" >&2; exit 2 ;;

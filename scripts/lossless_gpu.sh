@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Lossless check of every speculative mode on a GPU (simtree run --check: each prompt is also
 # decoded plain greedy and the token sequences compared), batch 4 then 1, into OUT_DIR, then
-# OUT_DIR/README.md (python -m simtree.cpu_loop lossless).  Bounded by LIMIT seconds (default
+# OUT_DIR/README.md (python -m simtree.reporting.loop lossless).  Bounded by LIMIT seconds (default
 # 280): the report lists the runs that finished.
 #   bash scripts/lossless_gpu.sh OUT_DIR [COSTS.json]     (env DEVICE=cuda, SIMTREE, PY, LIMIT)
 set -uo pipefail
@@ -21,4 +21,4 @@ for b in 4 1; do
       --out "$L/${spec%%:*}_b$b" > "$L/${spec%%:*}_b$b.log" 2>&1 || echo "${spec%%:*} b$b failed (see its log)"
   done
 done
-"$PY" -m simtree.cpu_loop lossless "$L"
+"$PY" -m simtree.reporting.loop lossless "$L"

@@ -13,9 +13,9 @@ import os
 
 import simtree.runtime.gdn_ops as g
 from simtree.kernels import gdn as kg
-from simtree.profiler.metadata import collect_metadata
+from simtree.machine.metadata import collect_metadata
 from simtree.runtime.live import live_run
-from simtree.policy_spec import params_from_flags
+from simtree.planning.policy import params_from_flags
 
 new = g.round_meta
 

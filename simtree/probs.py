@@ -1,6 +1,6 @@
 """One check for tables of probabilities whose rows are disjoint events (rows sum to <= 1).
 
-Shared by :mod:`simtree.phi`, :mod:`simtree.acceptance` and :mod:`simtree.builders` so that
+Shared by :mod:`simtree.acceptance.phi`, :mod:`simtree.acceptance.model` and :mod:`simtree.trees.builders` so that
 all of them reject the same malformed input with the same one-line :class:`SimtreeError`.
 """
 from __future__ import annotations

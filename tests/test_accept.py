@@ -3,10 +3,10 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from simtree.accept import greedy_accept, greedy_accept_batch
-from simtree.builders import best_first_tree, eagle_tree
+from simtree.trees.greedy import greedy_accept, greedy_accept_batch
+from simtree.trees.builders import best_first_tree, eagle_tree
 from simtree.errors import SimtreeError
-from simtree.tree import DraftTree, TreeBatch
+from simtree.trees.tree import DraftTree, TreeBatch
 
 
 def random_tree_and_target(rng, n, vocab=4):

@@ -5,12 +5,12 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from simtree.acceptance import (PUBLISHED_V4_FLASH_MTP, AcceptanceModel, calibrate_linear, fit_marginals,
+from simtree.acceptance.model import (PUBLISHED_V4_FLASH_MTP, AcceptanceModel, calibrate_linear, fit_marginals,
                                 fit_positional, from_marginals, get_workload, read_traces)
-from simtree.builders import eagle_tree
+from simtree.trees.builders import eagle_tree
 from simtree.errors import SimtreeError
-from simtree.phi import expected_accepted_positional, sibling_rank
-from simtree.tree import DraftTree
+from simtree.acceptance.phi import expected_accepted_positional, sibling_rank
+from simtree.trees.tree import DraftTree
 
 
 @pytest.mark.parametrize("name", sorted(PUBLISHED_V4_FLASH_MTP))

@@ -3,7 +3,7 @@ import json
 
 import numpy as np
 
-from simtree.acceptance import fit_positional, read_traces
+from simtree.acceptance.model import fit_positional, read_traces
 
 
 def _chain_records(rng, alphas, budget, n):

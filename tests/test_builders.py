@@ -6,12 +6,12 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from simtree.builders import (_grow, _order_by_levels, batched_best_first_tree, best_first_order, best_first_tree,
+from simtree.trees.builders import (_grow, _order_by_levels, batched_best_first_tree, best_first_order, best_first_tree,
                               cost_aware_budget, cost_aware_tree, eagle_name, eagle_tree,
                               linear_tree, parse_eagle_name)
 from simtree.errors import SimtreeError
-from simtree.phi import expected_accepted_marginals
-from simtree.tree import DraftTree
+from simtree.acceptance.phi import expected_accepted_marginals
+from simtree.trees.tree import DraftTree
 
 
 def random_marginals(rng, P, K, vocab=1000):

@@ -9,8 +9,8 @@ import warnings
 import numpy as np
 import pytest
 
-from simtree.costfit.forms import BasisSurface, GridSurface
-from simtree.costmodel import CostBundle, DraftCostModel, VerifyCostModel, load_costs
+from simtree.costs.forms import BasisSurface, GridSurface
+from simtree.costs.model import CostBundle, DraftCostModel, VerifyCostModel, load_costs
 from simtree.errors import SimtreeError
 
 QWEN = "simtree/data/costs/h200_qwen3.6-27b.json"

@@ -5,14 +5,15 @@ import warnings
 import numpy as np
 import pytest
 
-from simtree.acceptance import get_workload
-from simtree.builders import best_first_order, best_first_tree, cost_aware_budget
-from simtree.costfit import MoEGridSurface, MoESurface, ScaledVerifyDraft, fit_surface
-from simtree.costfit.fitting import MOE_FORMS
-from simtree.costmodel import VERIFY_AXES, CostBundle, DraftCostModel, VerifyCostModel, load_costs
+from simtree.acceptance.model import get_workload
+from simtree.trees.builders import best_first_order, best_first_tree, cost_aware_budget
+from simtree.costs.fitting import fit_surface
+from simtree.costs.forms import MoEGridSurface, MoESurface, ScaledVerifyDraft
+from simtree.costs.fitting import MOE_FORMS
+from simtree.costs.model import VERIFY_AXES, CostBundle, DraftCostModel, VerifyCostModel, load_costs
 from simtree.errors import SimtreeError
-from simtree.phi import expected_accepted_marginals
-from simtree.simulate import PolicySpec, _Adaptive
+from simtree.acceptance.phi import expected_accepted_marginals
+from simtree.planning.simulate import PolicySpec, _Adaptive
 
 E, K = 64, 4                 # experts, experts per token: saturates at T = b n = 16 tokens
 ALPHA = 4000.0               # us for reading every expert once

@@ -7,10 +7,10 @@ import pytest
 from typer.testing import CliRunner
 
 from simtree.cli import app
-from simtree.costmodel import load_costs
+from simtree.costs.model import load_costs
 from simtree.errors import SimtreeError
-from simtree.fit import fit_profile
-from simtree.profile_table import append_rows
+from simtree.costs.fit import fit_profile
+from simtree.costs.profile_table import append_rows
 
 
 def row(stage, n, l, b, lat, **kw):

@@ -7,7 +7,7 @@ import torch
 
 from simtree.kernels.gdn import (gdn_tree_verify, gdn_tree_verify_dense_batched,
                                  gdn_tree_verify_dense_ref, tree_meta)
-from simtree.tree import DraftTree, TreeBatch
+from simtree.trees.tree import DraftTree, TreeBatch
 from test_gdn_verify import random_tree
 
 

@@ -12,7 +12,7 @@ from simtree.kernels.gdn import (gdn_accepted_paths_ref, gdn_tree_commit, gdn_tr
                                  gdn_tree_verify_dense_ref, gdn_tree_verify_recurrent,
                                  gdn_tree_verify_ref, tree_meta, verify_launch_config)
 from simtree.kernels.gdn.tree_verify import _popcount64, _select_bit64
-from simtree.tree import DraftTree, TreeBatch
+from simtree.trees.tree import DraftTree, TreeBatch
 
 H, HV, K, V = 2, 4, 16, 32
 KEYS = ("q", "k", "v", "g", "beta", "state")

@@ -6,16 +6,16 @@ import numpy as np
 import pytest
 import yaml
 
-from simtree.acceptance import get_workload
-from simtree.costmodel import load_costs
-from simtree.cpu_loop import contrast_runs, run_flags
-from simtree.fit import fit_profile
-from simtree.planner import SearchSpace, plan
-from simtree.policy import Policy
-from simtree.profile_table import load_profile
+from simtree.acceptance.model import get_workload
+from simtree.costs.model import load_costs
+from simtree.reporting.loop import contrast_runs, run_flags
+from simtree.costs.fit import fit_profile
+from simtree.planning.planner import SearchSpace, plan
+from simtree.planning.policy_file import Policy
+from simtree.costs.profile_table import load_profile
 from simtree.profiler.sweep import run_sweep
 from simtree.runtime.live import live_run
-from simtree.simulate import PolicySpec
+from simtree.planning.simulate import PolicySpec
 
 # Measured throughput on a shared 2-core machine moves by tens of percent between the profile
 # and the run (reports/cpu_loop: errors up to ~45% as the load changed); the miniature grid
@@ -98,7 +98,7 @@ def test_plan_predicts_the_measured_throughput(loop, tmp_path):
 def test_the_run_sets_its_host_against_the_bundles_profile(loop, tmp_path):
     # the sweep records a host probe in the profile's meta, fit carries it in the bundle, and
     # simtree run probes again and reports the ratio; a bundle without one gives no ratio
-    from simtree.hostprobe import ratio
+    from simtree.machine.hostprobe import ratio
     bundle = load_costs(loop["dir"] / "costs.json")
     then = bundle.meta["profile_meta"]["host_probe"]
     assert then["python_us"] > 0 and then["torch_us"] > 0
@@ -143,7 +143,7 @@ def test_runtime_variant_refuses_points_it_cannot_time():
 
 
 def test_lossless_report_lists_every_checked_run_and_refuses_unchecked(tmp_path):
-    from simtree.cpu_loop import write_lossless_report
+    from simtree.reporting.loop import write_lossless_report
     from simtree.errors import SimtreeError
     rng = np.random.default_rng(3)
     want = {}
@@ -203,7 +203,7 @@ def _fake_run(folder, b, role, mode, params, tps):
 
 
 def test_repeat_report_pairs_the_two_repetitions(tmp_path):
-    from simtree.cpu_loop import main, write_repeat_report
+    from simtree.reporting.loop import main, write_repeat_report
     from simtree.errors import SimtreeError
     rng = np.random.default_rng(5)
     pols = {"chosen": ("none", {}), "linear": ("linear", {"budget": 3})}
@@ -266,12 +266,12 @@ def test_host_probe_measures_and_the_report_sets_each_run_against_the_profile(tm
 
     import pandas as pd
 
-    from simtree.cpu_loop import host_probe, host_ratio, write_loop_report
-    from simtree.hostprobe import probe
+    from simtree.reporting.loop import host_probe, host_ratio, write_loop_report
+    from simtree.machine.hostprobe import probe
 
     r = probe("cpu", repeats=3)
     assert r["python_us"] > 0 and r["torch_us"] > 0 and r["launch_us"] is None
-    line = subprocess.run([sys.executable, "-m", "simtree.hostprobe", "--step", "s1", "--repeats", "2"],
+    line = subprocess.run([sys.executable, "-m", "simtree.machine.hostprobe", "--step", "s1", "--repeats", "2"],
                           capture_output=True, text=True, check=True).stdout.strip().split("\t")
     assert line[0] == "s1" and float(line[1]) > 0 and float(line[2]) > 0 and line[3] == "nan"
 

@@ -4,10 +4,10 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from simtree.errors import SimtreeError
-from simtree.phi import (expected_accepted, expected_accepted_marginals, expected_accepted_positional,
+from simtree.acceptance.phi import (expected_accepted, expected_accepted_marginals, expected_accepted_positional,
                          node_accept_probs_marginals, sample_accepted_length, sibling_rank)
-from simtree.phi import _first_with_same_token
-from simtree.tree import DraftTree
+from simtree.acceptance.phi import _first_with_same_token
+from simtree.trees.tree import DraftTree
 
 MC_SAMPLES = 20_000
 

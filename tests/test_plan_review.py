@@ -9,15 +9,15 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from simtree import planner
-from simtree.acceptance import AcceptanceModel, Workload, calibrate_linear, get_workload
-from simtree.costfit.forms import BasisSurface
-from simtree.costmodel import CostBundle, DraftCostModel, VerifyCostModel, load_costs
+from simtree.planning import planner
+from simtree.acceptance.model import AcceptanceModel, Workload, calibrate_linear, get_workload
+from simtree.costs.forms import BasisSurface
+from simtree.costs.model import CostBundle, DraftCostModel, VerifyCostModel, load_costs
 from simtree.errors import SimtreeError
-from simtree.planner import SearchSpace, candidate_specs, choose_policies, heldout_median_error, plan
-from simtree.policy import Policy
-from simtree.report import render_plan_dir
-from simtree.simulate import PolicySpec, simulate, static_round
+from simtree.planning.planner import SearchSpace, candidate_specs, choose_policies, heldout_median_error, plan
+from simtree.planning.policy_file import Policy
+from simtree.reporting.plan_report import render_plan_dir
+from simtree.planning.simulate import PolicySpec, simulate, static_round
 
 DEEPSEEK = "simtree/data/costs/h200_deepseek-v4-flash.json"
 QWEN = "simtree/data/costs/h200_qwen3.6-27b.json"

@@ -5,13 +5,13 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from simtree import planner
-from simtree.acceptance import AcceptanceModel, Workload, calibrate_linear
+from simtree.planning import planner
+from simtree.acceptance.model import AcceptanceModel, Workload, calibrate_linear
 from simtree.cli import app
 from simtree.errors import SimtreeError
-from simtree.planner import SearchSpace, plan
-from simtree.policy import Policy
-from simtree.synthetic import RooflineDraftCost, RooflineVerifyCost, SyntheticCostBundle
+from simtree.planning.planner import SearchSpace, plan
+from simtree.planning.policy_file import Policy
+from simtree.costs.synthetic import RooflineDraftCost, RooflineVerifyCost, SyntheticCostBundle
 
 SMALL = SearchSpace(budgets=(2, 3, 4, 6, 8), eagle_steps=(2, 3, 4), eagle_topk=(2, 3), draft_depths=(2, 3, 4),
                     adaptive_max_budget=8)
@@ -94,8 +94,8 @@ def test_cli_simulate_json(tmp_path, monkeypatch):
 
 def test_plan_reads_a_saved_cost_bundle(tmp_path):
     # a measured-style CostBundle (contract 2) saved as JSON goes through --costs, not SYNTHETIC
-    from simtree.costfit.forms import BasisSurface
-    from simtree.costmodel import CostBundle, DraftCostModel, VerifyCostModel
+    from simtree.costs.forms import BasisSurface
+    from simtree.costs.model import CostBundle, DraftCostModel, VerifyCostModel
 
     verify = BasisSurface("verify", [64.0], [900.0, 0.5, 40.0, 30.0, 0.01, 0.0005])
     draft = BasisSurface("draft", [64.0], [50.0, 2.0, 120.0, 0.1, 0.01, 0.5])
@@ -111,7 +111,7 @@ def test_plan_reads_a_saved_cost_bundle(tmp_path):
 
 def test_plan_source_line_names_the_per_round_extras_of_the_composed_step():
     # a bundle fitted to composed steps says which per-round stages (and variants) they hold
-    from simtree.report import _source_line
+    from simtree.reporting.plan_report import _source_line
     costs = {"model": "qwen3.6-27b", "source": {"profile": "p.csv", "sha256": "sha256:0123456789abcdef"},
              "profile_meta": {"collected": "2026-12-01", "compose": {"round_extras": {
                  "qwen3.6-27b": ["gdn_round_meta/torch_graph", "gdn_tree_commit/triton_tree"],
@@ -127,7 +127,7 @@ def test_plan_source_line_names_the_per_round_extras_of_the_composed_step():
 
 
 def test_report_rerenders_a_plan_folder_to_the_same_choice(tmp_path):
-    from simtree.report import render_plan_dir, write_plan_report
+    from simtree.reporting.plan_report import render_plan_dir, write_plan_report
 
     res = plan(SyntheticCostBundle(RooflineVerifyCost(), RooflineDraftCost(), {"synthetic": True}),
                [_wl()], [1, 64], SMALL)
@@ -186,7 +186,7 @@ def _independent_static_score(costs, wl, b: int, mode: str, params: dict) -> dic
     """The planner's model written out directly: per level the planner's tree, accepted drafts
     by path enumeration; then rounds one at a time, each verifying the batch's mean tree at the
     current context (which grows by the expected tokens per round) plus the drafting cost."""
-    from simtree.simulate import PolicySpec, static_round
+    from simtree.planning.simulate import PolicySpec, static_round
 
     acc = wl.acceptance
     trees = static_round(acc, PolicySpec(mode, params)).trees  # only the built trees are reused
@@ -260,7 +260,7 @@ def test_path_enumeration_matches_sampling_the_acceptance_model():
     # The enumeration above (sum of path products) against draws of the generative model it
     # stands for, on the planner's trees of each fixed-shape family: 4000 draws per level give
     # a standard error of <= ~0.03 tokens; 5 standard errors (estimated) is the tolerance.
-    from simtree.simulate import PolicySpec, static_round
+    from simtree.planning.simulate import PolicySpec, static_round
 
     rng = np.random.default_rng(7)
     acc = calibrate_linear(2.8, 4, name="w", spread=0.3)

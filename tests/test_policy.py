@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 from simtree.errors import SimtreeError
-from simtree.policy import SCHEMA, Policy, PolicyEntry
-from simtree.policy_spec import check_params
+from simtree.planning.policy_file import SCHEMA, Policy, PolicyEntry
+from simtree.planning.policy import check_params
 
 
 def _entry(**kw):

@@ -4,7 +4,7 @@ import pandas as pd
 import pytest
 
 from simtree.errors import SimtreeError
-from simtree.profile_table import load_profile
+from simtree.costs.profile_table import load_profile
 from simtree.profiler.compare import compare_profiles, main
 
 

@@ -4,7 +4,7 @@ import pandas as pd
 import pytest
 
 from simtree.errors import SimtreeError
-from simtree.profile_table import (KEY_COLUMNS, PROFILE_COLUMNS, append_rows, load_profile,
+from simtree.costs.profile_table import (KEY_COLUMNS, PROFILE_COLUMNS, append_rows, load_profile,
                                    measured_keys, read_meta, row_key, write_meta)
 
 

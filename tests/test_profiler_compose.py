@@ -2,7 +2,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from simtree import profile_table as pt
+from simtree.costs import profile_table as pt
 from simtree.models import get_model
 from simtree.profiler.compose import compose_rows, compose_table, validate_stacks
 

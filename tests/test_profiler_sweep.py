@@ -4,7 +4,7 @@ import time
 import pytest
 import torch
 
-from simtree import profile_table as pt
+from simtree.costs import profile_table as pt
 from simtree.errors import SimtreeError
 from simtree.profiler import sweep as sw
 from simtree.profiler.timing import TimingStats

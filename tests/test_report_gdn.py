@@ -70,7 +70,7 @@ def test_benchmark_rows_become_profile_rows_of_their_own_stage(tmp_path):
     # bench_gdn's profile_gdn.csv: each measured variant lands in its profile stage (the round
     # metadata as gdn_round_meta / torch_graph, the commit as gdn_tree_commit); tuning variants,
     # the floor and failed rows stay out
-    from simtree import profile_table as pt
+    from simtree.costs import profile_table as pt
     from simtree.profiler.bench_gdn import PROFILE_STAGES, write_profile_rows
     rng = np.random.default_rng(4)
     variants = list(PROFILE_STAGES) + ["triton_tree_bfs", "triton_commit_p0", "memory_floor"]

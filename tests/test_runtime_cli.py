@@ -7,7 +7,7 @@ import pytest
 from typer.testing import CliRunner
 
 import runtime_helpers  # noqa: F401  (one torch thread)
-from simtree.acceptance import read_traces
+from simtree.acceptance.model import read_traces
 from simtree.cli import app
 from simtree.errors import SimtreeError
 from simtree.runtime.loading import DEFAULT_MODELS_DIR, load_model
@@ -35,7 +35,7 @@ def test_run_reports_measured_numbers_and_is_lossless(tmp_path):
 @shipped
 def test_run_predicts_with_a_cost_bundle(tmp_path):
     from simtree.runtime.live import live_run
-    from simtree.synthetic import synthetic_costs
+    from simtree.costs.synthetic import synthetic_costs
 
     report = live_run(mode="cost_aware", params={"max_budget": 5}, batch_size=2, max_new_tokens=6,
                       costs=synthetic_costs(), out=tmp_path)
@@ -75,7 +75,7 @@ def test_packaged_prompts_are_deterministic_and_held_out():
 
 @shipped
 def test_run_follows_the_policy_entry_for_the_batch_size(tmp_path):
-    from simtree.policy import Policy, PolicyEntry
+    from simtree.planning.policy_file import Policy, PolicyEntry
     from simtree.runtime.live import live_run
 
     entries = [PolicyEntry("code", 1, 1, "none", {}, False, 1.0, 1.0, 1.0),

@@ -8,12 +8,12 @@ import numpy as np
 import pytest
 
 from runtime_helpers import perturbed, random_prompts, tiny_model
-from simtree.acceptance import fit_positional, read_traces
+from simtree.acceptance.model import fit_positional, read_traces
 from simtree.errors import SimtreeError
 from types import SimpleNamespace
 
 from simtree.runtime.engine import SpecEngine, greedy_decode
-from simtree.simulate import PolicySpec
+from simtree.planning.simulate import PolicySpec
 from simtree.runtime.trace import TraceWriter
 
 
@@ -116,7 +116,7 @@ def test_bad_policy_entries_are_refused(models, references, spec, fragment):
 
 def test_batched_eagle_drafting_builds_the_per_sequence_trees(models, references):
     """The lockstep-batched EAGLE drafter gives the trees eagle_tree builds one sequence at a time."""
-    from simtree.builders import eagle_tree
+    from simtree.trees.builders import eagle_tree
     from simtree.runtime.drafter import Drafter
 
     prompts, _ = references
@@ -139,7 +139,7 @@ def test_large_trees_stored_depth_first_stay_lossless(models, references, spec, 
     # a GDN target's single trees of > 64 nodes are renumbered depth-first before the verify
     # (the GDN tree kernel's fastest order, kernels.gdn.depth_first_pays): the output is still
     # plain greedy decoding
-    from simtree.tree import TreeBatch
+    from simtree.trees.tree import TreeBatch
     seen, real = [], TreeBatch.depth_first
     monkeypatch.setattr(TreeBatch, "depth_first", lambda self: seen.append(self.max_nodes) or real(self))
     prompts, refs = references
@@ -203,7 +203,7 @@ def test_draft_extent_follows_the_cost_models_draft_shape():
     # the engine drafts as deep as the planner costs (the cost model's draft steps) and every
     # node of a linear / eagle tree it verifies: properties over every planner candidate, and
     # values pinned for one spec of each mode
-    from simtree.planner import candidate_specs
+    from simtree.planning.planner import candidate_specs
     from simtree.runtime.engine import draft_extent
     fixed, adaptive = candidate_specs()
     for spec in fixed + adaptive:

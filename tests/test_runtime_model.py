@@ -10,7 +10,7 @@ import torch
 
 from runtime_helpers import random_prompts, random_tree_parents, tiny_model
 from simtree.errors import SimtreeError
-from simtree.tree import DraftTree, TreeBatch
+from simtree.trees.tree import DraftTree, TreeBatch
 
 
 def _prefilled(model, prompts, max_len=64):

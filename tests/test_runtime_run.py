@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 
 import runtime_helpers  # noqa: F401  (one torch thread)
 from runtime_helpers import perturbed, tiny_config
-from simtree.acceptance import read_traces
+from simtree.acceptance.model import read_traces
 from simtree.cli import app
 from simtree.errors import ExtrapolationWarning, SimtreeError
 from simtree.runtime.live import live_run
@@ -144,7 +144,7 @@ def test_produced_and_delivered_tokens(same_models, tmp_path):
     assert m["delivered_tokens_per_s"] == pytest.approx(5 * B / m["decode_s"])
     # every sequence decoded in both rounds: no round time is discounted
     assert m["busy_s"] == pytest.approx(m["decode_s"]) and m["tokens_per_s"] == pytest.approx(5 * B / m["busy_s"])
-    assert "as simtree.simulate counts" in report["comparison"]
+    assert "as simtree.planning.simulate counts" in report["comparison"]
     saved = json.loads((tmp_path / "run.json").read_text())
     assert saved["measured"]["tokens_delivered"] == 6 * B
 
@@ -193,7 +193,7 @@ def test_max_new_tokens_1_is_strict_json_with_nulls(models, tmp_path):
 
 
 def test_bundle_and_policy_of_another_model_or_device_warn(models, tmp_path):
-    from simtree.policy import Policy, PolicyEntry
+    from simtree.planning.policy_file import Policy, PolicyEntry
 
     pol = Policy("qwen3.6-27b", "NVIDIA H200", [PolicyEntry("humaneval", 1, 8, "eagle",
                                                             {"num_steps": 2, "topk": 2, "budget": 4},
@@ -216,7 +216,7 @@ def test_bundle_and_policy_of_another_model_or_device_warn(models, tmp_path):
 
 
 def test_batch_outside_the_policy_range_warns_and_extrapolation_is_a_note(models, tmp_path):
-    from simtree.policy import Policy, PolicyEntry
+    from simtree.planning.policy_file import Policy, PolicyEntry
 
     pol = Policy("runtime-tiny", "cpu", [PolicyEntry("humaneval", 1, 1, "none", {}, False, 1.0, 1.0, 1.0),
                                          PolicyEntry("humaneval", 2, 2, "linear", {"budget": 3}, False, 2.0, 1.0,

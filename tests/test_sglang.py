@@ -5,8 +5,8 @@ import pandas as pd
 import pytest
 
 from simtree.errors import SimtreeError
-from simtree.planner import plan_and_write
-from simtree.sglang import export, server_args
+from simtree.planning.planner import plan_and_write
+from simtree.planning.sglang import export, server_args
 
 
 def _flag(args, name):
@@ -60,7 +60,7 @@ def deepseek_plan(tmp_path_factory):
 def test_export_uses_the_batch_size_the_policy_entry_was_planned_at(deepseek_plan, seed):
     # any serving batch size (ties such as 6 between 4 and 8 included) exports a candidate from
     # the batch size its entry was planned at, and the loss compares predictions at that size
-    from simtree.policy import Policy
+    from simtree.planning.policy_file import Policy
 
     policy = Policy.load(deepseek_plan)
     cands = pd.read_csv(deepseek_plan.with_name("candidates.csv"))

@@ -5,10 +5,10 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 
-from simtree.acceptance import Workload, calibrate_linear, get_workload
+from simtree.acceptance.model import Workload, calibrate_linear, get_workload
 from simtree.errors import SimtreeError
-from simtree.simulate import PolicySpec, batch_allocation, simulate
-from simtree.synthetic import SyntheticCostBundle, synthetic_costs
+from simtree.planning.simulate import PolicySpec, batch_allocation, simulate
+from simtree.costs.synthetic import SyntheticCostBundle, synthetic_costs
 
 
 @dataclass(frozen=True)

@@ -8,11 +8,11 @@ import sys
 import numpy as np
 import pytest
 
-from simtree.acceptance import AcceptanceModel, Workload, calibrate_linear, get_workload
+from simtree.acceptance.model import AcceptanceModel, Workload, calibrate_linear, get_workload
 from simtree.errors import SimtreeError
-from simtree.simulate import (CTX_QUANTUM, EXACT_ROUNDS, PolicySpec, _Adaptive, _verify_sums, analytic_run,
+from simtree.planning.simulate import (CTX_QUANTUM, EXACT_ROUNDS, PolicySpec, _Adaptive, _verify_sums, analytic_run,
                               analytic_static, simulate)
-from simtree.synthetic import RooflineDraftCost, RooflineVerifyCost, SyntheticCostBundle, synthetic_costs
+from simtree.costs.synthetic import RooflineDraftCost, RooflineVerifyCost, SyntheticCostBundle, synthetic_costs
 
 QWEN = "simtree/data/costs/h200_qwen3.6-27b.json"
 
@@ -69,7 +69,7 @@ def test_long_adaptive_runs_decide_per_coarser_bucket_within_a_small_error(seed)
     # outputs longer than CTX_QUANTUM * MAX_DECISIONS tokens decide once per output_len /
     # MAX_DECISIONS tokens of context: against the round-by-round reference deciding every
     # CTX_QUANTUM tokens (12 random cases measured 0.023% at most in tok/s, 0.13% in rounds)
-    from simtree.simulate import MAX_DECISIONS
+    from simtree.planning.simulate import MAX_DECISIONS
     rng = np.random.default_rng(100 + seed)
     wl, costs = _random_workload(rng, int(rng.integers(3000, 9000))), _random_costs(rng)
     assert wl.output_len > CTX_QUANTUM * MAX_DECISIONS   # the coarser buckets are in use
@@ -85,7 +85,7 @@ def test_long_adaptive_runs_decide_per_coarser_bucket_within_a_small_error(seed)
 def test_long_runs_sum_sampled_rounds_within_a_small_error():
     # Beyond EXACT_ROUNDS rounds C_v is summed from sampled rounds (trapezoid): against the
     # brute-force sum over every round of a measured, piecewise-linear-in-l grid bundle
-    from simtree.costmodel import load_costs
+    from simtree.costs.model import load_costs
     costs = load_costs(QWEN)
     rng = np.random.default_rng(5)
     g = rng.uniform(1.0, 6.0, 6)

@@ -58,7 +58,7 @@ def test_renumber_cost_times_every_shape_and_profile_from_rewrites_the_rows(tmp_
     import json
     import sys
 
-    from simtree import profile_table as pt
+    from simtree.costs import profile_table as pt
     from simtree.profiler import bench_gdn, tune_gdn
     out = tmp_path / "renumber.csv"
     rng = np.random.default_rng(6)

@@ -7,7 +7,7 @@ from simtree.errors import SimtreeError
 from simtree.kernels.v4 import (V4AttnConfig, V4Cache, commit, decode_tokens, empty_state, plan_verify,
                                 random_inputs, random_layer_weights, random_tree, tree_verify)
 from simtree.kernels.v4.check import check_against_reference
-from simtree.tree import DraftTree, TreeBatch
+from simtree.trees.tree import DraftTree, TreeBatch
 
 CFG = V4AttnConfig.tiny()
 

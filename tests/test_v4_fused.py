@@ -11,7 +11,7 @@ from simtree.kernels.v4.compressor import pool_window
 from simtree.kernels.v4.indexer import indexer_scores, indexer_scores_torch
 from simtree.kernels.v4.pool import pool_windows
 from simtree.kernels.v4.steps import make_tree
-from simtree.tree import TreeBatch
+from simtree.trees.tree import TreeBatch
 
 
 @pytest.mark.parametrize("kind", ["csa", "hca"])

@@ -16,7 +16,7 @@ from simtree.kernels.v4 import V4AttnConfig, V4Cache, plan_verify, random_layer_
 from simtree.kernels.v4.commit import _refresh_buffers, plan_commit
 from simtree.kernels.v4.steps import deepest_paths
 from simtree.kernels.v4.tree_verify import VerifyPlan
-from simtree.tree import DraftTree, TreeBatch
+from simtree.trees.tree import DraftTree, TreeBatch
 
 KINDS = ("csa", "hca", "swa")
 

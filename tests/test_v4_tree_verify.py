@@ -10,7 +10,7 @@ import torch
 from simtree.kernels.v4 import (V4AttnConfig, V4Cache, empty_state, decode_tokens, plan_verify,
                                 random_inputs, random_layer_weights, random_tree, tree_verify)
 from simtree.kernels.v4.check import check_against_reference
-from simtree.tree import DraftTree, TreeBatch
+from simtree.trees.tree import DraftTree, TreeBatch
 
 CFG = V4AttnConfig.tiny()
 

@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from simtree.models import get_model
-from simtree.tree import DraftTree, TreeBatch
+from simtree.trees.tree import DraftTree, TreeBatch
 
 
 def model_dims(name: str) -> dict:
@@ -137,7 +137,7 @@ def memory_floor_bytes(B: int, N: int, H=16, HV=48, K=128, V=128, elem=2) -> int
 
 def env_info(shapes: dict = QWEN36) -> dict:
     """GPU, versions and shapes for a GDN benchmark's JSON (from the profiler's one collector)."""
-    from simtree.profiler.metadata import collect_metadata
+    from simtree.machine.metadata import collect_metadata
     m = collect_metadata("cuda" if torch.cuda.is_available() else "cpu")
     return dict(gpu=m["device"], torch=m["torch_version"], triton=m["triton_version"],
                 cuda=m["torch_cuda"] or None, fla=m["fla_version"] or "unavailable",

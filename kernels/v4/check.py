@@ -15,7 +15,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from simtree.tree import DraftTree, TreeBatch
+from simtree.trees.tree import DraftTree, TreeBatch
 
 from .cache import V4Cache
 from .commit import commit

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from simtree.errors import SimtreeError
-from simtree.tree import DraftTree, TreeBatch
+from simtree.trees.tree import DraftTree, TreeBatch
 
 from .cache import V4Cache
 from .commit import CommitPlan, apply_commit, plan_commit

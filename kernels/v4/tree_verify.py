@@ -31,7 +31,7 @@ import numpy as np
 import torch
 
 from simtree.errors import SimtreeError
-from simtree.tree import DraftTree, TreeBatch
+from simtree.trees.tree import DraftTree, TreeBatch
 
 from .attention import gather_rows, sparse_attention, sparse_attention_torch
 from .cache import V4Cache

@@ -13,7 +13,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from simtree.cli import COMMANDS
-from simtree.costfit.fitting import MOE_FORMS
+from simtree.costs.fitting import MOE_FORMS
 
 
 def _pct(x) -> str:
@@ -73,7 +73,7 @@ def _check_outputs(profile: Path, out: Path, png: Path | None) -> None:
     """Refuse outputs that would overwrite the profile or its side files, or a plot path
     matplotlib cannot write as PNG, before any fitting."""
     from simtree.errors import SimtreeError
-    from simtree.profile_table import SIDE_FILES, side_path
+    from simtree.costs.profile_table import SIDE_FILES, side_path
 
     inputs = {p.resolve() for p in (profile, *(side_path(profile, kind) for kind in SIDE_FILES))}
     for flag, path in (("--out", out), ("--png", png)):
@@ -116,7 +116,7 @@ def register(app: typer.Typer) -> None:
         Example: simtree fit reports/h200/profile.csv -o reports/h200/costs.json --stage gdn_tree_verify
         """
         from simtree.errors import SimtreeError
-        from simtree.fit import AUTO_FORMS, bench_predict, fit_profile, moe_shape, plot_fit
+        from simtree.costs.fit import AUTO_FORMS, bench_predict, fit_profile, moe_shape, plot_fit
 
         out = out or profile.with_name(profile.stem + ".costs.json")
         png = None if no_png else (png or out.with_suffix(".png"))

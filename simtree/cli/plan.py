@@ -11,11 +11,11 @@ from rich.table import Table
 
 from simtree.cli.notes import captured_warnings, print_notes
 from simtree.errors import SimtreeError
-from simtree.synthetic import SYNTHETIC_LABEL
+from simtree.costs.synthetic import SYNTHETIC_LABEL
 
 
 def parse_batch_sizes(text: str) -> list[int]:
-    from simtree.policy_spec import check_batch_size
+    from simtree.planning.policy import check_batch_size
 
     fields = [x.strip() for x in text.split(",")]
     if not text.strip() or any(not f for f in fields):
@@ -43,7 +43,7 @@ def register(app: typer.Typer) -> None:
         as_json: bool = typer.Option(False, "--json", help="print the chosen policies as JSON"),
     ) -> None:
         """Plan on the embedded default:  simtree plan"""
-        from simtree.planner import TREE_MODES, plan_and_write
+        from simtree.planning.planner import TREE_MODES, plan_and_write
 
         sizes = parse_batch_sizes(batch_sizes)
         console = Console(stderr=as_json)

@@ -14,7 +14,7 @@ def register(app: typer.Typer) -> None:
         as_json: bool = typer.Option(False, "--json", help="print the written paths as JSON"),
     ) -> None:
         """simtree report reports/plan"""
-        from simtree.report import render_plan_dir
+        from simtree.reporting.plan_report import render_plan_dir
 
         outputs = render_plan_dir(plan_dir)
         if as_json:

@@ -49,7 +49,7 @@ def register(app: typer.Typer) -> None:
         from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
         from rich.table import Table
 
-        from simtree.policy_spec import params_from_flags
+        from simtree.planning.policy import params_from_flags
         from simtree.runtime.live import dumps, live_run
 
         # a policy file replaces the flags; without one, an unknown --mode is a one-line error here
@@ -121,7 +121,7 @@ def register(app: typer.Typer) -> None:
             note = ("; its latencies may read short here (optimistic predictions)" if x > 1.1 else
                     "; its latencies may read long here (pessimistic predictions)" if x < 1 / 1.1 else "")
             typer.echo(f"host: {x:.2f}x the time the cost bundle's profile took on the host probe "
-                       f"(simtree.hostprobe, one sample each, noisy on a shared host){note}")
+                       f"(simtree.machine.hostprobe, one sample each, noisy on a shared host){note}")
         if report["lossless_checked"]:
             typer.echo(f"lossless check: {report['lossless_mismatches']} of {report['prompts']} outputs differ "
                        "from plain greedy decoding")

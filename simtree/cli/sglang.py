@@ -18,7 +18,7 @@ def register(app: typer.Typer) -> None:
         as_json: bool = typer.Option(False, "--json", help="print as JSON"),
     ) -> None:
         from simtree.cli.notes import captured_warnings, print_notes
-        from simtree.sglang import export
+        from simtree.planning.sglang import export
 
         with captured_warnings() as caught:
             result = export(policy, workload, batch_size)

@@ -11,7 +11,7 @@ from rich.table import Table
 
 from simtree.cli.notes import captured_warnings, print_notes
 from simtree.errors import SimtreeError
-from simtree.synthetic import SYNTHETIC_LABEL
+from simtree.costs.synthetic import SYNTHETIC_LABEL
 
 
 def register(app: typer.Typer) -> None:
@@ -99,15 +99,15 @@ def simulate_command_run(costs_path, workload_spec: str, batch_size: int, mode: 
     """`simtree simulate`: resolve costs (path / the shipped bundle of ``model`` / SYNTHETIC),
     the workload and the policy (flags, or the policy file's entry for this workload and batch
     size), simulate."""
-    from simtree.acceptance import get_workload
-    from simtree.planner import resolve_costs
-    from simtree.policy_spec import check_batch_size, params_from_flags
-    from simtree.simulate import PolicySpec, simulate
+    from simtree.acceptance.model import get_workload
+    from simtree.planning.planner import resolve_costs
+    from simtree.planning.policy import check_batch_size, params_from_flags
+    from simtree.planning.simulate import PolicySpec, simulate
 
     workload = get_workload(workload_spec, prompt_len, output_len)
     check_batch_size(batch_size)
     if policy_path:   # its model picks the shipped bundle unless --model says otherwise
-        from simtree.policy import Policy
+        from simtree.planning.policy_file import Policy
         pol = Policy.load(policy_path)
         entry, note = pol.resolve(workload.name, batch_size)
         if note:

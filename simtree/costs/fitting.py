@@ -28,7 +28,7 @@ import cvxpy as cp
 import numpy as np
 import scipy.sparse as sp
 
-from simtree.costfit.forms import BasisSurface, GridSurface, MoEGridSurface, MoESurface, expert_feature
+from simtree.costs.forms import BasisSurface, GridSurface, MoEGridSurface, MoESurface, expert_feature
 from simtree.errors import SimtreeError
 
 __all__ = ["FitResult", "fit_surface", "aggregate_points", "error_stats", "MOE_FORMS", "GRID_FORMS"]

@@ -1,13 +1,13 @@
-"""Policy modes (contract 3; their params as :mod:`simtree.policy` lists them) and
+"""Policy modes (contract 3; their params as :mod:`simtree.planning.policy_file` lists them) and
 :class:`PolicySpec`: one policy as the simulator, planner and runtime take it, a mode with
 validated, normalised params, its name, fixed budget and draft shape.  Validation only, no
-simulation (:mod:`simtree.simulate` re-exports PolicySpec).
+simulation (:mod:`simtree.planning.simulate` re-exports PolicySpec).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from simtree.builders import eagle_max_nodes
+from simtree.trees.builders import eagle_max_nodes
 from simtree.errors import SimtreeError, check_whole
 
 __all__ = ["MODES", "TREE_MODES", "MAX_BATCH_SIZE", "PolicySpec", "check_params", "check_batch_size",

@@ -31,7 +31,7 @@ from pathlib import Path
 
 from simtree.errors import SimtreeError, check_int
 from simtree.fileio import write_text_atomic
-from simtree.policy_spec import MODES, TREE_MODES, check_params
+from simtree.planning.policy import MODES, TREE_MODES, check_params
 
 __all__ = ["SCHEMA", "PolicyEntry", "Policy"]
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from simtree.errors import SimtreeError
-from simtree.tree import DraftTree, TreeBatch
+from simtree.trees.tree import DraftTree, TreeBatch
 
 __all__ = ["AcceptResult", "BatchAcceptResult", "greedy_accept", "greedy_accept_batch"]
 

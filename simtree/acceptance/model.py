@@ -3,7 +3,7 @@
 One model is a mixture of per-round *levels* (easy and hard rounds), each a table
 ``accept_table [P, K]``: ``accept_table[d, r]`` = P(the rank-r child at depth d+1 is accepted |
 its parent was accepted), rank by draft score among siblings (0 = best); ranks are disjoint
-events, so rows sum to <= 1 (the positional model of :mod:`simtree.phi`).  A level is drawn
+events, so rows sum to <= 1 (the positional model of :mod:`simtree.acceptance.phi`).  A level is drawn
 per sequence per round; the drafter is assumed to know its level (its scores move with it), so
 trees are built per level.  The same table read as per-position top-K marginals of a block
 drafter (rows sorted desc, assumed calibrated) serves the best-first / cost-aware modes.
@@ -28,7 +28,7 @@ budget D (D-1 drafts) gives between 1 and D; simtree's ``Phi`` excludes the bonu
 Trace format (JSONL, one record per round per sequence; written by the runtime)::
 
     {"workload": "sharegpt", "batch_size": 8, "round": 12, "seq": 3,
-     "parents": [-1, 0, 0, 1],            # draft tree, topological (simtree.tree)
+     "parents": [-1, 0, 0, 1],            # draft tree, topological (simtree.trees.tree)
      "log_probs": [0.0, -0.1, -2.3, -0.4], # draft score of each node given its parent
      "accepted_node": 3,                   # deepest accepted node (0 = nothing accepted)
      "num_accepted": 2,                    # optional: depth of accepted_node (checked)
@@ -50,9 +50,9 @@ from typing import Iterable, Sequence
 import numpy as np
 
 from simtree.errors import SimtreeError, TreeError, check_whole
-from simtree.phi import expected_accepted_positional, sibling_rank
+from simtree.acceptance.phi import expected_accepted_positional, sibling_rank
 from simtree.probs import check_prob_rows
-from simtree.tree import DraftTree
+from simtree.trees.tree import DraftTree
 
 __all__ = ["AcceptanceModel", "Workload", "PRESETS", "PUBLISHED_V4_FLASH_MTP", "calibrate_linear",
            "from_marginals", "fit_positional", "fit_marginals", "read_traces", "get_workload"]

@@ -20,7 +20,7 @@ bigger batches more per extra context token, as attention/state traffic ~ b l do
 interpolant is convex/monotone between grid points (weights in y, z do not depend on x) and
 the extrapolation (last slope in x; last increment per unit in y and z) stays so beyond.
 Below the smallest grid value of an axis the value is held constant (never decreasing).
-The fit form "grid_lin" (see :mod:`simtree.costfit.fitting`) also gives a GridSurface; it
+The fit form "grid_lin" (see :mod:`simtree.costs.fitting`) also gives a GridSurface; it
 differs only in the prior that fills cells without data.
 
 ``MoESurface`` / ``MoEGridSurface`` (forms "moe" / "moe_grid", MoE models only): the basis /

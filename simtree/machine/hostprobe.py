@@ -7,7 +7,7 @@ different lent instance), the plan's error moves with it.  The loop calls this p
 before each of its steps, so its report can say how fast the host was during each run
 against during the profile.
 
-    python -m simtree.hostprobe [--device cpu|cuda] [--step NAME]
+    python -m simtree.machine.hostprobe [--device cpu|cuda] [--step NAME]
         -> one TSV line: step, python_us, torch_us, launch_us
 
 python_us: a fixed pure-Python loop (list and dict work, like a scheduler's bookkeeping);

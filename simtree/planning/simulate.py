@@ -27,14 +27,14 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from simtree.acceptance import AcceptanceModel, Workload
-from simtree.builders import batched_best_first_tree, best_first_order, cost_aware_budget, eagle_tree
+from simtree.acceptance.model import AcceptanceModel, Workload
+from simtree.trees.builders import batched_best_first_tree, best_first_order, cost_aware_budget, eagle_tree
 from simtree.errors import SimtreeError, check_whole
-from simtree.phi import expected_accepted_positional, sample_accepted_length
-from simtree.policy_spec import PolicySpec, check_batch_size
-from simtree.tree import DraftTree
+from simtree.acceptance.phi import expected_accepted_positional, sample_accepted_length
+from simtree.planning.policy import PolicySpec, check_batch_size
+from simtree.trees.tree import DraftTree
 
-# PolicySpec lives in simtree.policy_spec (with the modes and their checks); the simulator's
+# PolicySpec lives in simtree.planning.policy (with the modes and their checks); the simulator's
 # callers take it from here as well
 __all__ = ["PolicySpec", "RoundShape", "SimResult", "static_round", "simulate", "analytic_static",
            "analytic_run", "batch_allocation"]

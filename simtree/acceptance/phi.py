@@ -7,7 +7,7 @@ and it matches the target).  Two acceptance models give the per-node probabiliti
 - marginals (:func:`expected_accepted_marginals`): the target's token at depth d is drawn
   independently per position from a top-K marginal table ``[P, K]``; a node is accepted with
   the marginal prob of its token at its depth.  Siblings sharing a token: only the
-  lowest-index one can be accepted (as in :func:`simtree.accept.greedy_accept`).
+  lowest-index one can be accepted (as in :func:`simtree.trees.greedy.greedy_accept`).
 - positional (:func:`expected_accepted_positional`): ``accept_table[d, r]`` = probability that
   the rank-r child (by draft log-prob among siblings, 0 = best) at depth d+1 is accepted
   given its parent was; ranks are disjoint events, so each row sums to <= 1.
@@ -21,7 +21,7 @@ import numpy as np
 
 from simtree.errors import SimtreeError
 from simtree.probs import check_prob_rows
-from simtree.tree import DraftTree
+from simtree.trees.tree import DraftTree
 
 __all__ = ["expected_accepted", "node_accept_probs_marginals", "node_accept_probs_positional",
            "expected_accepted_marginals", "expected_accepted_positional", "sibling_rank",

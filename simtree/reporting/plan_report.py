@@ -1,4 +1,4 @@
-"""Plan report: markdown + PNG figures from a :class:`simtree.planner.PlanResult`.
+"""Plan report: markdown + PNG figures from a :class:`simtree.planning.planner.PlanResult`.
 
 - ``gain_heatmap.png``: per workload, predicted gain of the best tree (EAGLE or best-first)
   over linear speculation at the SAME budget D, over (batch size x budget);
@@ -14,8 +14,8 @@ import numpy as np
 import pandas as pd
 
 from simtree.models import DECODE_STAGE
-from simtree.planner import FAMILIES, TREE_MODES, PlanResult
-from simtree.synthetic import SYNTHETIC_LABEL
+from simtree.planning.planner import FAMILIES, TREE_MODES, PlanResult
+from simtree.costs.synthetic import SYNTHETIC_LABEL
 
 __all__ = ["gain_grid", "write_plan_report", "render_plan_dir", "plan_folders"]
 
@@ -172,8 +172,8 @@ def render_plan_dir(plan_dir: str | Path) -> list[dict[str, Path]]:
     """Re-render plan.md and the PNGs of every plan folder at or under ``plan_dir`` (its
     candidates.csv + policy.json, which must come from one plan: the policy's chosen rows are
     checked against the table), e.g. after changing the plots.  One dict of paths per folder."""
-    from simtree.planner import read_candidates
-    from simtree.policy import Policy
+    from simtree.planning.planner import read_candidates
+    from simtree.planning.policy_file import Policy
 
     outputs = []
     for folder in plan_folders(plan_dir):

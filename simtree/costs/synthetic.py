@@ -2,7 +2,7 @@
 H200-class GPU, for tests and as the planner's default until measured cost bundles ship in
 ``simtree/data/costs/*.json``.  Everything that uses it says "SYNTHETIC" in its output.
 
-Duck-type compatible with :class:`simtree.costmodel.CostBundle` (contract 2):
+Duck-type compatible with :class:`simtree.costs.model.CostBundle` (contract 2):
 ``verify.predict(nodes_per_seq, context_len, batch_size)`` and
 ``draft.predict(num_steps, topk, batch_size)`` in microseconds for the whole batch, numpy
 broadcasting.

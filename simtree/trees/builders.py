@@ -26,7 +26,7 @@ import numpy as np
 
 from simtree.errors import SimtreeError, check_whole
 from simtree.probs import check_prob_rows
-from simtree.tree import DraftTree
+from simtree.trees.tree import DraftTree
 
 __all__ = ["linear_tree", "eagle_tree", "eagle_name", "parse_eagle_name", "eagle_max_nodes", "BestFirstOrder",
            "best_first_order", "best_first_tree", "batched_best_first_tree",

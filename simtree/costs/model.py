@@ -13,7 +13,7 @@
 
 Inputs broadcast as numpy arrays (float or ndarray out); Python scalars take a pure-Python
 fast path (a few microseconds). The fitted parameters live in a surface from
-:mod:`simtree.costfit` (form "basis", "grid", "moe", "moe_grid" or "decode_split", see there; the fit form "grid_lin"
+:mod:`simtree.costs` (form "basis", "grid", "moe", "moe_grid" or "decode_split", see there; the fit form "grid_lin"
 gives a "grid" surface, the info's "form" names the fit form); this module adds the names, the
 provenance (source profile and its hash) and the held-out fit error.
 Any object with the same ``predict`` methods works in the simulator (duck typing).
@@ -25,8 +25,8 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from simtree.costfit.checks import check_physical, set_range_label
-from simtree.costfit.forms import surface_from_dict
+from simtree.costs.checks import check_physical, set_range_label
+from simtree.costs.forms import surface_from_dict
 from simtree.errors import SimtreeError
 from simtree.fileio import read_json, write_text_atomic
 
@@ -128,7 +128,7 @@ class CostBundle:
     @classmethod
     def from_dict(cls, d: dict, where: str = "cost bundle") -> "CostBundle":
         """Rebuild a bundle (JSON of :meth:`to_dict`), checked for physically possible values
-        (:func:`simtree.costfit.checks.check_physical`); errors name ``where`` and the model."""
+        (:func:`simtree.costs.checks.check_physical`); errors name ``where`` and the model."""
         if not isinstance(d, dict) or d.get("schema") != COSTS_SCHEMA:
             got = d.get("schema") if isinstance(d, dict) else type(d).__name__
             raise SimtreeError(f"{where}: not a simtree cost bundle (schema {got!r}, expected {COSTS_SCHEMA!r})")

@@ -10,7 +10,7 @@ import warnings
 
 import numpy as np
 
-from simtree.costfit.forms import (BasisSurface, DecodeSplitSurface, GridSurface, MoESurface, ScaledVerifyDraft,
+from simtree.costs.forms import (BasisSurface, DecodeSplitSurface, GridSurface, MoESurface, ScaledVerifyDraft,
                                    _RangeWarner, expert_feature)
 from simtree.errors import SimtreeError
 

@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from simtree.errors import SimtreeError
-from simtree.policy import Policy
-from simtree.simulate import PolicySpec
+from simtree.planning.policy_file import Policy
+from simtree.planning.simulate import PolicySpec
 
 STATIC_MODES = ("none", "linear", "eagle")
 
@@ -64,8 +64,8 @@ def export(policy_path: str | Path, workload: str, batch_size: int) -> SGLangExp
     substitute comes from the candidates scored at that same batch size, so the reported loss
     compares two predictions at one batch size.  A batch size outside every planned range
     warns (RuntimeWarning) that the policy is clamped to the nearest planned one."""
-    from simtree.planner import read_candidates
-    from simtree.policy_spec import check_batch_size
+    from simtree.planning.planner import read_candidates
+    from simtree.planning.policy import check_batch_size
 
     check_batch_size(batch_size)
     policy = Policy.load(policy_path)

@@ -4,7 +4,7 @@ decode throughput, searched over
 - none (plain decoding);
 - linear, budget D in 2..16 (drafted depth D - 1 up to 15);
 - EAGLE s steps x top-k x budget D (s 1..15, k 2..4, D 2..16; k = 1 is the linear family), trees
-  built by :func:`simtree.builders.eagle_tree` from the acceptance model's per-rank
+  built by :func:`simtree.trees.builders.eagle_tree` from the acceptance model's per-rank
   probabilities as draft scores (the same builder the runtime uses);
 - best-first (DDTree) budget D x drafted depth p (1..15), heap width 1 (the cost model does not
   charge heap steps, so a wider pop can only lose accepted length);
@@ -15,7 +15,7 @@ Every tree family reaches the same drafted depth as linear (15 at budget 16), bo
 budget: a tree of D nodes is at most D - 1 deep, so drafting deeper than D - 1 (s or p) builds
 the same tree for more draft cost, and those candidates are left out.
 
-Every candidate is scored by :mod:`simtree.simulate`'s analytic mode (fixed shapes
+Every candidate is scored by :mod:`simtree.planning.simulate`'s analytic mode (fixed shapes
 vectorised over candidates).  Output: :class:`PlanResult` with all candidates (each with the
 cost-model axes it queries outside their measured range, ``extrapolated``), the chosen
 policy per (workload, batch size) and :meth:`PlanResult.to_policy` (contract 3).  A tree
@@ -35,13 +35,13 @@ from typing import Callable, Sequence
 import numpy as np
 import pandas as pd
 
-from simtree.acceptance import Workload
-from simtree.builders import eagle_max_nodes
+from simtree.acceptance.model import Workload
+from simtree.trees.builders import eagle_max_nodes
 from simtree.errors import ExtrapolationWarning, SimtreeError
-from simtree.policy import Policy, PolicyEntry
-from simtree.plan_ranges import extrapolated_axes, measured_ranges, queried_ranges, range_notes
-from simtree.policy_spec import TREE_MODES, check_batch_size
-from simtree.simulate import PolicySpec, analytic_run, analytic_static, static_round
+from simtree.planning.policy_file import Policy, PolicyEntry
+from simtree.planning.ranges import extrapolated_axes, measured_ranges, queried_ranges, range_notes
+from simtree.planning.policy import TREE_MODES, check_batch_size
+from simtree.planning.simulate import PolicySpec, analytic_run, analytic_static, static_round
 
 __all__ = ["DEFAULT_BATCH_SIZES", "SearchSpace", "PlanResult", "candidate_specs", "plan", "choose_policies",
            "resolve_costs", "plan_and_write", "read_candidates", "heldout_median_error", "TREE_MODES"]
@@ -334,14 +334,14 @@ def read_candidates(path: str | Path, policy: Policy | None = None) -> pd.DataFr
 
 
 # ---- entry points of `simtree plan` / `simtree simulate` --------------------------------------
-COSTS_DIR = Path(__file__).resolve().parent / "data" / "costs"
+COSTS_DIR = Path(__file__).resolve().parents[1] / "data" / "costs"
 
 
 def resolve_costs(paths: Sequence[str] = ()) -> list:
     """Cost bundles from ``paths``; none given -> shipped simtree/data/costs/*.json, and when
     none ship, the SYNTHETIC roofline (meta["synthetic"] is True)."""
-    from simtree.costmodel import load_costs
-    from simtree.synthetic import synthetic_costs
+    from simtree.costs.model import load_costs
+    from simtree.costs.synthetic import synthetic_costs
 
     files = list(paths) or sorted(str(p) for p in COSTS_DIR.glob("*.json"))
     return [load_costs(p) for p in files] if files else [synthetic_costs()]
@@ -356,8 +356,8 @@ def plan_and_write(cost_paths: Sequence[str] = (), workload_specs: Sequence[str]
 
     Returns one dict per bundle: result (PlanResult), policy (path), report (paths).
     """
-    from simtree.acceptance import PRESETS, get_workload
-    from simtree.report import write_plan_report
+    from simtree.acceptance.model import PRESETS, get_workload
+    from simtree.reporting.plan_report import write_plan_report
 
     bundles = resolve_costs(cost_paths)
     workloads = [get_workload(w, prompt_len, output_len) for w in (workload_specs or PRESETS)]
