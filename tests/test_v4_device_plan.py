@@ -121,7 +121,8 @@ def _paths(rng, trees):
     out = []
     for t in trees.trees:
         u = rng.random()
-        node = -1 if u < 0.15 else 0 if u < 0.3 else int(np.argmax(t.depth)) if u < 0.6 else int(rng.integers(t.num_nodes))
+        node = (-1 if u < 0.15 else 0 if u < 0.3 else int(np.argmax(t.depth)) if u < 0.6
+                else int(rng.integers(t.num_nodes)))
         out.append([] if node < 0 else t.path_to(node).tolist())
     return out
 
@@ -227,7 +228,8 @@ def test_empty_tree_takes_no_part(kind):
     w = random_layer_weights(cfg, kind, 3)
     trees = [random_tree(7, rng), DraftTree.chain(1), DraftTree.chain(9)]
     lens = np.array([14, 21, 7])
-    caches = [V4Cache.random(cfg, w, 3, 0, 40, dtype=torch.float64, state_dtype=torch.float64, seed=3) for _ in range(2)]
+    caches = [V4Cache.random(cfg, w, 3, 0, 40, dtype=torch.float64, state_dtype=torch.float64, seed=3)
+              for _ in range(2)]
     for c in caches:
         c.lens[:] = lens
     host = TreeBatch(tuple(trees))
@@ -236,7 +238,8 @@ def test_empty_tree_takes_no_part(kind):
     inp = random_inputs(cfg, 18, torch.Generator().manual_seed(3))
     dp = plan_verify_device(caches[1], w, parents, cu, torch.as_tensor(lens), 9, validate=True)
     out_d, sc_d = tree_verify(caches[1], w, inp, dp, attention="torch")
-    host_rows = torch.cat([torch.arange(7), torch.tensor([16]), torch.arange(7, 16)])   # the lone root: a padding row
+    # the host's lone root reads a padding row's inputs
+    host_rows = torch.cat([torch.arange(7), torch.tensor([16]), torch.arange(7, 16)])
     hp = plan_verify(caches[0], host, w)
     out_h, sc_h = tree_verify(caches[0], w, inp.select(host_rows), hp, attention="torch")
     keep = torch.tensor([i for i in range(17) if i != 7])
@@ -332,9 +335,11 @@ def test_plan_verify_commit_replay_in_one_cuda_graph(kind, size):
     dev, B, n, max_context = "cuda", 4, 8, 300
     cfg = CFGS["tiny"] if size == "tiny" else V4AttnConfig.flash(window=128, topk=64, page_size=64)
     w = random_layer_weights(cfg, kind, 0, torch.float32, dev)
-    graph_cache, eager_cache = (V4Cache.random(cfg, w, B, 0, max_context + n + 1, device=dev, seed=0) for _ in range(2))
+    graph_cache, eager_cache = (V4Cache.random(cfg, w, B, 0, max_context + n + 1, device=dev, seed=0)
+                                for _ in range(2))
     rows, gen, rng = B * n, torch.Generator(device=dev).manual_seed(0), np.random.default_rng(0)
-    parents, cu = torch.full((rows,), -1, dtype=torch.int64, device=dev), torch.zeros(B + 1, dtype=torch.int64, device=dev)
+    parents = torch.full((rows,), -1, dtype=torch.int64, device=dev)
+    cu = torch.zeros(B + 1, dtype=torch.int64, device=dev)
     lens, acc = (torch.zeros(B, dtype=torch.int64, device=dev) for _ in range(2))
     inp = random_inputs(cfg, rows, gen, torch.float32, dev)
     inp = V4Inputs(inp.q.bfloat16(), inp.kv.bfloat16(), inp.x.bfloat16(), inp.iq.bfloat16(), inp.iw)

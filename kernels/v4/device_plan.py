@@ -124,14 +124,16 @@ def _validate(cache: V4Cache, parents, cu_nodes, lens, bd: PlanBounds) -> None:
     if cu[0] != 0 or np.any(counts < 0) or cu[-1] > bd.node_rows:
         raise SimtreeError(f"cu_nodes must rise from 0 to at most {bd.node_rows}, got {cu.tolist()}")
     if np.any(counts > bd.max_nodes):
-        raise SimtreeError(f"tree {int(np.argmax(counts))} has {counts.max()} nodes, more than max_nodes {bd.max_nodes}")
+        b = int(np.argmax(counts))
+        raise SimtreeError(f"tree {b} has {counts[b]} nodes, more than max_nodes {bd.max_nodes}")
     seq = np.repeat(np.arange(bd.batch), counts)
     local = np.arange(cu[-1]) - cu[seq]
     p = par[:cu[-1]]
     bad = np.flatnonzero(np.where(local == 0, p != -1, (p < 0) | (p >= local)))
     if bad.size:
         j = int(bad[0])
-        raise SimtreeError(f"tree {seq[j]} node {local[j]} has parent {p[j]} (the root needs -1, others an earlier node)")
+        raise SimtreeError(f"tree {seq[j]} node {local[j]} has parent {p[j]} "
+                           "(the root needs -1, others an earlier node)")
     if np.any(L < 0) or np.any(L > bd.max_context):
         raise SimtreeError(f"cache lengths must lie in [0, {bd.max_context}], got {L.min()}..{L.max()}")
     if cu[-1]:
