@@ -226,10 +226,11 @@ def plan_verify_device(cache: V4Cache, w: V4LayerWeights, parents: torch.Tensor,
         scratch_vis [N, Sv]; attn_idx int32 [N, W] (swa) or [N, W + E + Sv] (hca);
         pad_nodes [B, n], persist_comp_rows, persist_idx_rows [B, E] (csa)
 
-    About 90 torch calls (swa 30) plus 5 per pointer-doubling round (ceil(log2 n) rounds),
-    whatever B, N and the lengths: no Python loop over nodes, sequences or slots.  Work and
-    memory O(N (n + W + Sv) + M S + B E), plus N E for HCA's list (as on the host).  validate:
-    plan_verify's input checks, on the host (one synchronisation: tests and debugging only).
+    About 165 torch calls for csa / hca (65 for swa; most of them one small kernel, some mere
+    views) plus 5 per pointer-doubling round (ceil(log2 n) rounds), whatever B, N and the
+    lengths: no Python loop over nodes, sequences or slots.  Work and memory O(N (n + W + Sv)
+    + M S + B E), plus N E for HCA's list (as on the host).  validate: plan_verify's input
+    checks, on the host (one synchronisation: tests and debugging only).
     """
     bd = _check_shapes(cache, parents, cu_nodes, lens, max_nodes, max_context)
     if validate:
@@ -319,7 +320,8 @@ def plan_commit_device(cache: V4Cache, w: V4LayerWeights, plan: VerifyPlan, acce
     Returns a padded CommitPlan (B = batch, Kw = bounds.window_commits, Kc =
     bounds.entry_commits): win_dst, win_src [B Kw]; entry_dst_comp, entry_dst_idx, entry_src
     [B Kc]; buf_map [B, S]; buf_seq [B]; new_lens [B] = lens + accepted tokens (device).
-    About 45 torch calls (swa 15), whatever B.  The cache must still be at plan.lens_device
+    About 100 torch calls for csa, 70 for hca, 30 for swa, whatever B; work O(B (n + W + S)).
+    The cache must still be at plan.lens_device
     (not checked: that would read the device); validate: the accepted ids against the trees,
     on the host (one synchronisation)."""
     bd = plan.bounds
