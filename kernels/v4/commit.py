@@ -53,7 +53,7 @@ class CommitPlan:
     entry_dst_comp: torch.Tensor | None
     entry_dst_idx: torch.Tensor | None
     entry_src: torch.Tensor | None
-    new_lens: np.ndarray
+    new_lens: np.ndarray | torch.Tensor
     buf_map: torch.Tensor | None = None
     buf_seq: torch.Tensor | None = None
     padded: bool = False

@@ -22,7 +22,9 @@ context bound ``max_context``), rows a commit moves.  Padding node rows attend t
 in CSA layers, the top-k of the persistent entries of the sequence whose free ``pad_nodes``
 slot they fill (node_seq): their outputs are defined, and meaningless.  The CSA indexer scans
 ``bounds.entries`` columns per sequence, so a bucket's context bound should follow its
-contexts (the verify's cost grows with the bound, not with the real lengths).
+contexts (the verify's cost grows with the bound, not with the real lengths).  The host's
+cache.lens is neither read nor written here: the caller keeps it in step with the commit
+plan's new_lens (reading the accepted lengths is the one host read a round needs).
 """
 from __future__ import annotations
 
