@@ -258,6 +258,37 @@ def test_empty_tree_takes_no_part(kind):
 STATE = ("kv", "comp", "idx", "comp_kv", "comp_score", "idx_kv", "idx_score")
 
 
+@pytest.mark.parametrize("kind", KINDS)
+def test_rounds_chain_on_device_lengths(kind):
+    """Five rounds in a row, the device plans reading the previous commit's new_lens (never the
+    host's cache.lens): outputs and caches follow the host plans round after round."""
+    cfg, rng, B, n = CFGS["tiny"], np.random.default_rng(11), 3, 7
+    w = random_layer_weights(cfg, kind, 11)
+    host, dev = (V4Cache.random(cfg, w, B, 0, 100, dtype=torch.float64, state_dtype=torch.float64, seed=11)
+                 for _ in range(2))
+    host.lens[:] = dev.lens[:] = [3, 14, 29]
+    lens = torch.as_tensor(host.lens.copy())
+    gen = torch.Generator().manual_seed(11)
+    for _ in range(5):
+        trees = TreeBatch(tuple(_tree(rng, int(rng.integers(1, n + 1))) for _ in range(B)))
+        inp = random_inputs(cfg, B * n, gen)
+        parents, cu = tree_tensors(trees, B * n)
+        dp = plan_verify_device(dev, w, parents, cu, lens, n, 80)
+        hp = plan_verify(host, trees, w)
+        out_d, sc_d = tree_verify(dev, w, inp, dp, attention="torch")
+        out_h, sc_h = tree_verify(host, w, inp.select(torch.arange(trees.total_nodes)), hp, attention="torch")
+        assert float((out_d[:trees.total_nodes] - out_h).abs().max()) < 1e-12
+        paths = _paths(rng, trees)
+        cp = plan_commit(host, w, hp, paths)
+        apply_commit(host, sc_h, cp, impl="torch")
+        host.lens[:] = cp.new_lens
+        dcp = plan_commit_device(dev, w, dp, _last(paths))
+        apply_commit(dev, sc_d, dcp)
+        lens = dcp.new_lens
+        _eq(lens, host.lens, "lens")
+        assert all(v < 1e-12 for v in _cache_diff(host, dev).values())
+
+
 class _Calls(torch.overrides.TorchFunctionMode):
     """Every torch call made inside, by name."""
 
