@@ -69,7 +69,8 @@ class PagedPool:
         key = str(torch.device(device))
         cached = self.__dict__.setdefault("_all_rows_on", {})
         if key not in cached:
-            cached[key] = torch.as_tensor(np.ascontiguousarray(self.all_rows()), device=device)
+            # a copy: all_rows() is read-only, and on the CPU as_tensor would share its memory
+            cached[key] = torch.tensor(self.all_rows(), device=device)
         return cached[key]
 
     def flat_rows(self, seq: np.ndarray, logical: np.ndarray) -> np.ndarray:

@@ -18,9 +18,10 @@ import torch
 from simtree.trees.tree import DraftTree, TreeBatch
 
 from .cache import V4Cache
-from .commit import commit
+from .commit import apply_commit, commit
 from .config import V4AttnConfig
-from .reference import decode_tokens, empty_state, random_inputs, random_layer_weights
+from .device_plan import plan_commit_device, plan_verify_device, tree_tensors
+from .reference import V4Inputs, decode_tokens, empty_state, random_inputs, random_layer_weights
 from .tree_verify import plan_verify, random_tree, tree_verify
 
 __all__ = ["check_against_reference", "check_flashmla_path"]
@@ -41,11 +42,14 @@ def _max_diff(a: torch.Tensor, b: torch.Tensor) -> float:
 def check_against_reference(cfg: V4AttnConfig, kind: str, history: Sequence[int],
                             trees: Sequence[DraftTree] | None = None, nodes: int = 8,
                             accepted: Sequence[Sequence[int]] | None = None, seed: int = 0,
-                            device="cpu", dtype=torch.float64, attention: str = "torch") -> dict:
+                            device="cpu", dtype=torch.float64, attention: str = "torch",
+                            planner: str = "host") -> dict:
     """Returns {"verify_err", "commit_err", "verify_wrote_cache", "rejected_identical"}.
 
     history[b]: tokens already decoded in sequence b; trees default to random ones of
-    ``nodes`` nodes; accepted[b] defaults to the deepest root path of tree b.
+    ``nodes`` nodes; accepted[b] defaults to the deepest root path of tree b.  planner "host":
+    plan_verify + commit; "device": plan_verify_device (three padding node rows of random
+    inputs, a max_nodes bound one above the largest tree) + plan_commit_device + apply_commit.
     """
     rng = np.random.default_rng(seed)
     gen = torch.Generator().manual_seed(seed)
@@ -63,9 +67,17 @@ def check_against_reference(cfg: V4AttnConfig, kind: str, history: Sequence[int]
     cache = V4Cache.from_states(cfg, w, [s.clone() for s in states], max_len, dtype=dtype,
                                 state_dtype=w.sink.dtype, device=device, seed=seed)
     inp = inp64.to(device, dtype if attention == "torch" else (torch.float32 if dtype == torch.float64 else dtype))
-    plan = plan_verify(cache, tb, w, device=device)
+    if planner == "device":
+        max_nodes = tb.max_nodes + 1
+        parents, cu = tree_tensors(tb, min(tb.batch_size * max_nodes, tb.total_nodes + 3), device)
+        pad = random_inputs(cfg, parents.numel() - tb.total_nodes, gen).to(device, inp.q.dtype)
+        rows = V4Inputs(*(torch.cat([getattr(inp, k), getattr(pad, k)]) for k in ("q", "kv", "x", "iq", "iw")))
+        plan = plan_verify_device(cache, w, parents, cu, torch.as_tensor(cache.lens, device=device), max_nodes,
+                                  validate=True)
+    else:
+        plan, rows = plan_verify(cache, tb, w, device=device), inp
     before = cache.checksum()
-    out, scratch = tree_verify(cache, w, inp, plan, attention=attention)
+    out, scratch = tree_verify(cache, w, rows, plan, attention=attention)
     wrote = cache.checksum() != before
     verify_err = 0.0
     for b, (tree, start) in enumerate(zip(trees, tb.cu_nodes[:-1])):
@@ -77,7 +89,13 @@ def check_against_reference(cfg: V4AttnConfig, kind: str, history: Sequence[int]
         accepted = [t.path_to(int(t.leaves[np.argmax(t.depth[t.leaves])])).tolist() for t in trees]
     rejected = [b for b, a in enumerate(accepted) if len(a) == 0]
     kept = {b: cache.sequence_state(b).clone() for b in rejected}
-    commit(cache, w, plan, scratch, accepted)
+    if planner == "device":
+        last = torch.tensor([a[-1] if len(a) else -1 for a in accepted], dtype=torch.int64, device=device)
+        cp = plan_commit_device(cache, w, plan, last, validate=True)
+        apply_commit(cache, scratch, cp)
+        cache.lens[:] = cp.new_lens.cpu().numpy()
+    else:
+        commit(cache, w, plan, scratch, accepted)
     commit_err = 0.0
     for b, acc in enumerate(accepted):
         st = states[b].clone()

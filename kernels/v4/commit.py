@@ -42,16 +42,21 @@ class CommitPlan:
     kv and score planes alike) <- row buf_map[g, s] of [buffers B*S | node projections N],
     -1 keeps it.  Every source is read before any row is written (a C4 "previous half <-
     current half" copy reads the pre-commit rows); the fused kernel and the torch form
-    (:func:`_refresh_buffers`) both follow that order."""
+    (:func:`_refresh_buffers`) both follow that order.
+
+    ``padded`` (device_plan.plan_commit_device): the lists have static sizes, -1 rows are
+    skipped (win_dst / entry_dst_* < 0), every sequence has a buf_map row (all -1: kept) and
+    new_lens is a device tensor."""
 
     win_dst: torch.Tensor
     win_src: torch.Tensor
     entry_dst_comp: torch.Tensor | None
     entry_dst_idx: torch.Tensor | None
     entry_src: torch.Tensor | None
-    new_lens: np.ndarray
+    new_lens: np.ndarray | torch.Tensor
     buf_map: torch.Tensor | None = None
     buf_seq: torch.Tensor | None = None
+    padded: bool = False
 
 
 def _check_path(tree, acc: np.ndarray, b: int) -> None:
@@ -106,6 +111,8 @@ def plan_commit(cache: V4Cache, w: V4LayerWeights, plan: VerifyPlan,
     """Host-side index lists of the refresh; ``accepted[b]`` as in the module docstring.  numpy
     over every accepted token of the batch at once (no per-sequence or per-slot Python loop)."""
     batch = plan.batch
+    if batch is None:
+        raise SimtreeError("a plan built on the device commits through plan_commit_device")
     if len(accepted) != batch.batch_size:
         raise SimtreeError(f"{len(accepted)} accepted paths for a batch of {batch.batch_size} trees")
     if not np.array_equal(plan.lens, cache.lens):
@@ -200,20 +207,49 @@ def apply_commit(cache: V4Cache, scratch: VerifyScratch, cp: CommitPlan, impl: s
         _apply_commit_torch(cache, scratch, cp)
     fm = getattr(cache, "fm", None)
     if fm is not None and sync_mirror:  # keep FlashMLA's FP8 mirrors in step with the pools
-        fm["window"].write(cp.win_dst, scratch.node_kv[cp.win_src])
+        fm["window"].write(*_mirror_rows(cp.win_dst, cp.win_src, scratch.node_kv, fm["window_base"], cp.padded))
         if cp.entry_src is not None:
-            fm["comp"].write(cp.entry_dst_comp, scratch.comp_entries[cp.entry_src])
+            fm["comp"].write(*_mirror_rows(cp.entry_dst_comp, cp.entry_src, scratch.comp_entries, fm["comp_base"],
+                                           cp.padded))
+
+
+def _mirror_rows(dst: torch.Tensor, src: torch.Tensor, rows: torch.Tensor, spare: int, padded: bool):
+    """(mirror row ids, rows) of a commit list; a padded list's -1 rows go to the mirror's first
+    spare row, which only holds the round's scratch (rewritten by every verify before it is
+    read)."""
+    if not padded:
+        return dst, rows[src]
+    return torch.where(dst >= 0, dst, spare), rows[src.clamp(min=0)]
+
+
+def _copy_rows(pool: torch.Tensor, dst: torch.Tensor, rows: torch.Tensor) -> None:
+    """pool[dst] <- rows where dst >= 0, without a host sync (a padded plan's lists): the
+    skipped rows repeat the first kept (dst, row) pair, or rewrite row 0 with itself when none
+    is kept, so that every row written more than once gets the same value each time."""
+    if dst.numel() == 0:
+        return
+    keep = dst >= 0
+    first = torch.argmax(keep.to(torch.int32))
+    any_kept = keep.any()
+    fill_dst = torch.where(any_kept, dst[first], 0)
+    fill_row = torch.where(any_kept, rows[first], pool[0])
+    pool.index_copy_(0, torch.where(keep, dst, fill_dst), torch.where(keep.unsqueeze(1), rows, fill_row))
 
 
 def _apply_commit_torch(cache: V4Cache, scratch: VerifyScratch, cp: CommitPlan) -> None:
-    win = cache.window.pool
-    win.index_copy_(0, cp.win_dst, scratch.node_kv[cp.win_src].to(win.dtype))
+    def copy(pool: torch.Tensor, dst: torch.Tensor, src: torch.Tensor, rows: torch.Tensor) -> None:
+        if cp.padded:
+            _copy_rows(pool, dst, rows[src.clamp(min=0)].to(pool.dtype))
+        else:
+            pool.index_copy_(0, dst, rows[src].to(pool.dtype))
+
+    copy(cache.window.pool, cp.win_dst, cp.win_src, scratch.node_kv)
     if cp.entry_src is None:
         return
-    cache.comp.pool.index_copy_(0, cp.entry_dst_comp, scratch.comp_entries[cp.entry_src].to(cache.comp.pool.dtype))
+    copy(cache.comp.pool, cp.entry_dst_comp, cp.entry_src, scratch.comp_entries)
     _refresh_buffers(cache.comp_buf, scratch.comp_proj, cp)
     if cp.entry_dst_idx is not None:
-        cache.idx.pool.index_copy_(0, cp.entry_dst_idx, scratch.idx_entries[cp.entry_src].to(cache.idx.pool.dtype))
+        copy(cache.idx.pool, cp.entry_dst_idx, cp.entry_src, scratch.idx_entries)
         _refresh_buffers(cache.idx_buf, scratch.idx_proj, cp)
 
 

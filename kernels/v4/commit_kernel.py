@@ -1,6 +1,7 @@
 """One-launch accepted-path refresh (Triton): every row the commit moves, all sequences at once.
 
-Program ranges of a single grid (counts fixed by the host plan, so it replays in a CUDA graph):
+Program ranges of a single grid (counts fixed by the plan, so it replays in a CUDA graph; a
+device plan's padding rows have destination -1 and are skipped):
 
     [0, A)            window rows     win_pool[win_dst[i]]  <- node_kv[win_src[i]]
     [A, A+E)          entries         comp_pool[e_comp[i]]  <- comp_entries[e_src[i]]
@@ -27,7 +28,7 @@ def _copy_row(DST, SRC, IDST, ISRC, i, W, BLOCK: tl.constexpr):
     d = tl.load(IDST + i + offs * 0).to(tl.int64)
     s = tl.load(ISRC + i + offs * 0).to(tl.int64)
     for c0 in range(0, W, BLOCK):
-        m = c0 + offs < W
+        m = (c0 + offs < W) & (d >= 0)   # -1: a padding row of a device plan
         v = tl.load(SRC + s * W + c0 + offs, mask=m)
         tl.store(DST + d * W + c0 + offs, v.to(DST.dtype.element_ty), mask=m)
 

@@ -15,7 +15,8 @@ from a slot-source list into [persistent compressor buffers | node projections] 
 shared by every chain through that node and never written to the persistent pages.  No node
 ever gathers a row of a sibling branch: its lists only name its own path.
 
-Host side (once per round, shared by all layers of a kind): :func:`plan_verify`.
+Host side (once per round, shared by all layers of a kind): :func:`plan_verify`, or the same
+plan built on the device: device_plan.plan_verify_device.
 Device side (graph-capturable): :func:`tree_verify`.  Its default "triton" path is a handful
 of launches per layer: SWA 1-2 (attention [+ split merge]); HCA + the compressor GEMMs and
 one pooling kernel (the list is static, built by the plan); CSA + the indexer's GEMMs,
@@ -58,6 +59,11 @@ class VerifyPlan:
     Host (numpy): lens [B]; comp_nodes_host [M]; depth_host [N]; ancestors_host [N, Dmax + 1]:
     flat id of each node's k-th ancestor (k = 0 the node itself, -1 above its root), so node
     j's root path is ancestors_host[j, depth_host[j]::-1].
+
+    A plan built on the device (device_plan.plan_verify_device) has no host fields (batch,
+    lens and the *_host tables are None); it carries their device twins instead, padded to
+    its ``bounds`` (device_plan.PlanBounds): lens_device [B], cu_nodes [B + 1], depth [N]
+    (-1 on padding rows), ancestors [N, max_nodes], comp_nodes [M] (-1 pad).
     """
 
     batch: TreeBatch
@@ -78,6 +84,12 @@ class VerifyPlan:
     flashmla_sched: object = None
     ancestors_host: np.ndarray | None = None
     depth_host: np.ndarray | None = None
+    lens_device: torch.Tensor | None = None
+    cu_nodes: torch.Tensor | None = None
+    depth: torch.Tensor | None = None
+    ancestors: torch.Tensor | None = None
+    comp_nodes: torch.Tensor | None = None
+    bounds: object = None
 
 
 @dataclass
@@ -336,7 +348,9 @@ def _scratch_entries(p: CompressorParams, state_kv, state_score, proj, plan: Ver
     kv, valid = gather_rows(plan.comp_src, sources_kv)
     score, _ = gather_rows(plan.comp_src, sources_s)
     score = score.masked_fill(~valid.unsqueeze(-1), float("-inf"))
-    return pool_window(p, kv, score, plan.comp_entry)
+    # a padding row of a device plan has no slot at all: zeros, as the Triton kernel gives,
+    # instead of the NaN of a softmax over nothing (every real window has its last slot)
+    return torch.where(valid.any(1, keepdim=True), pool_window(p, kv, score, plan.comp_entry), 0.0)
 
 
 def _indexer_topk(cache: V4Cache, inp: V4Inputs, scratch_keys: torch.Tensor, plan: VerifyPlan,
@@ -465,7 +479,8 @@ def tree_verify(cache: V4Cache, w: V4LayerWeights, inp: V4Inputs, plan: VerifyPl
                 attention: str = "triton") -> tuple[torch.Tensor, VerifyScratch]:
     """Verify every node of the round's trees against the persistent cache.
 
-    inp: per-node inputs (N = plan.batch.total_nodes rows, flat tree order).
+    inp: per-node inputs (N rows in flat tree order: plan.batch.total_nodes, or a device
+    plan's bounds.node_rows, padding rows included).
     Returns (o [N, H, D], scratch); never writes the persistent cache.
     attention: "triton" (fused Triton kernels, default), "torch" (plain torch, any dtype),
     "flashmla" (CUDA + sgl-flash-mla, head_dim 512: FP8 attention core, Triton elsewhere).
