@@ -37,7 +37,7 @@ def test_every_report_folder_is_indexed_and_every_indexed_folder_exists():
     if tracked.returncode != 0:
         pytest.skip("not a git checkout")
     # a report folder = a folder under reports/ whose README names its command
-    folders = {str(Path(p).parent) for p in tracked.stdout.split() if p.endswith("/README.md")}
+    folders = {str(Path(p).parent) for p in tracked.stdout.split() if p.endswith("/README.md")} - {"reports"}
     indexed = {f.path for f in summary.FOLDERS}
     assert folders <= indexed, f"report folders without a line in the index: {sorted(folders - indexed)}"
     for path in indexed:
@@ -118,3 +118,11 @@ def test_cli_prints_the_table_and_json():
     assert out.exit_code == 0 and out.output == summary.summary_table(ROOT)
     rows = json.loads(CliRunner().invoke(app, ["report", "--summary", "--json", "--root", str(ROOT)]).output)
     assert [r["folder"] for r in rows] == [f.path for f in summary.FOLDERS]
+
+
+def test_a_report_file_missing_its_fields_is_one_error_naming_the_folder(tmp_path):
+    for name in ("reports", "simtree/data/profiles/h200"):
+        shutil.copytree(ROOT / name, tmp_path / name)
+    (tmp_path / "reports/h200/v4/summary_v4.json").write_text(json.dumps({"by_attention": {}}))
+    with pytest.raises(SimtreeError, match="reports/h200/v4: .*KeyError"):
+        summary.summary_table(tmp_path)

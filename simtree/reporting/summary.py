@@ -25,7 +25,8 @@ from simtree.errors import SimtreeError
 from simtree.fileio import read_json, write_text_atomic
 
 __all__ = ["START", "END", "Folder", "FOLDERS", "headlines", "summary_table", "reports_index",
-           "replace_block", "write_summary"]
+           "replace_block", "write_summary", "gdn_headline", "v4_headline", "profile_headline",
+           "fit_headline", "plan_headline", "loop_headline", "lossless_headline", "cpu_host_headline"]
 
 START, END = "<!-- summary:start -->", "<!-- summary:end -->"
 MODEL_NAMES = {"qwen3.6-27b": "Qwen3.6-27B", "deepseek-v4-flash": "DeepSeek-V4-Flash"}
@@ -209,7 +210,16 @@ def headlines(root: str | Path = ".") -> list[tuple[Folder, str]]:
     root = Path(root)
     if not (root / "reports").is_dir():
         raise SimtreeError(f"no reports/ folder under {root.resolve()}: run this in a simtree checkout")
-    return [(f, f.headline(root / f.path)) for f in FOLDERS]
+    out = []
+    for folder in FOLDERS:
+        try:
+            out.append((folder, folder.headline(root / folder.path)))
+        except (KeyError, ValueError, TypeError) as exc:
+            if isinstance(exc, SimtreeError):
+                raise
+            raise SimtreeError(f"{folder.path}: its data files lack what the headline reads "
+                               f"({type(exc).__name__}: {exc})") from None
+    return out
 
 
 def summary_table(root: str | Path = ".") -> str:
