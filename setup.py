@@ -1,7 +1,7 @@
 """Maps the root folders kernels/, profiler/ and runtime/ to simtree.kernels etc.
 
 Their bare names collide with packages on PyPI, so they install as subpackages of simtree
-while staying at the root of the repository (DESIGN.md section 3).
+while staying at the root of the repository (docs/architecture.md).
 """
 from setuptools import find_packages, setup
 

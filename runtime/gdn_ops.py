@@ -2,7 +2,7 @@
 
 * ``recurrent_step``: one token of the delta rule for a batch (plain greedy decoding, the
   lossless reference); S_t = a_t S_{t-1} + k_t u_t^T, u_t = b_t (v_t - a_t S_{t-1}^T k_t),
-  o_t = S_t^T q_t (DESIGN §1; q, k L2-normalised, q scaled by K^-1/2).
+  o_t = S_t^T q_t (docs/math/gdn_tree_solve.md; q, k L2-normalised, q scaled by K^-1/2).
 * ``chain_gdn``: training sequences from a zero state, through the kernel package's dense
   masked solve on chains (differentiable torch, ~2x faster on CPU than a token loop).
 * ``tree_conv`` / ``tree_verify`` / ``tree_commit`` / ``conv_commit``: thin adapters over

@@ -8,7 +8,7 @@ Three ways to run it, all with the same weights:
 
 * ``forward(ids)``               [B, T] -> logits [B, T, V]; training (full sequences).
 * ``step(tokens, cache)``        [B] -> [B, V]; plain greedy decoding: the sequential GDN
-                                 recurrence (DESIGN §1) and a KV cache. The ground truth.
+                                 recurrence (docs/math/gdn_tree_solve.md) and a KV cache. The ground truth.
 * ``verify(batch, cache)``       one forward over a whole :class:`TreeBatch` of draft trees
                                  (every node sees only its ancestors and the cache) ->
                                  logits [N, V] and a :class:`Pending` record; the cache is not
@@ -201,7 +201,7 @@ class Attention(nn.Module):
 
 
 class GatedDeltaNet(nn.Module):
-    """Qwen3-Next style GDN mixer (DESIGN §1): conv(k=4)+SiLU on qkv, L2-normed q/k,
+    """Qwen3-Next style GDN mixer (docs/math/gdn_tree_solve.md): conv(k=4)+SiLU on qkv, L2-normed q/k,
     g = -exp(A_log) softplus(x W_a + dt_bias), beta = sigmoid(x W_b),
     out = W_o (RMSNorm(o) * SiLU(x W_z))."""
 

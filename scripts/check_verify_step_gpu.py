@@ -1,5 +1,5 @@
 """Why the runtime profile's tree-verify point reads above what ``simtree run`` books for the
-same round (reports/h200/gpu_loop/rerun_decode_split: profile 15-21 ms at n >= 2, runs' verify +
+same round (an earlier H200 loop, its data in tests/data/verify_step/: profile 15-21 ms at n >= 2, runs' verify +
 commit 9-16 ms): one process, the shipped tiny models, each variant timed the same ways.
 
 Per (batch, nodes): ``profile`` = the sweep's workload (``runtime_stages._verify_step``) timed

@@ -5,7 +5,7 @@
 # Usage (on the GPU machine): bash scripts/gpu_session.sh gdn v4 profile   (gdn: GDN_RESUME=DIR
 # finishes the cut benchmark in DIR, GDN_RETIME="16:128,64:128" times those of its finished
 # shapes again, TREE_CONFIGS its extra tree configs; tune: TUNE_ARGS=...,
-# v4: V4_ARGS=..., e.g. "--plan-switches 60"; profile: PROFILE_RESUME=reports/h200/profile to add
+# v4: V4_ARGS=..., e.g. "--plan-switches 60"; profile: PROFILE_RESUME=simtree/data/profiles/h200 to add
 # to the committed profile, PROFILE_ARGS="--model qwen3.6-27b" to restrict it, and with
 # "--only-stage gdn_tree_commit --remeasure" to time that stage again after a kernel change;
 # ncu: NCU_SHAPES="16:128 64:128"; lossless: every speculative mode checked, LOSSLESS_LIMIT s;
@@ -28,7 +28,8 @@ bench_gdn() {   # bench_gdn TIMEOUT MAX_SECONDS TREE_CONFIGS [args]: the GDN ben
       --tree-configs "$3" "${@:4}" 2>&1 | tee "$RES/gdn.log" | tail -60
 }
 seed_profile() {   # seed_profile DIR: start $RES/h200 from a committed profile (DIR)
-  mkdir -p "$RES/h200" && cp "$1"/profile.csv "$1"/profile.meta.json "$1"/profile.points.jsonl "$RES/h200/"
+  mkdir -p "$RES/h200" && cp "$1"/profile.csv "$1"/profile.meta.json "$RES/h200/" &&
+      { cp "$1"/profile.points.jsonl "$RES/h200/" 2>/dev/null || true; }   # the sweep log, where kept
 }
 sweep() {   # sweep TIMEOUT MAX_MINUTES [args]: the profile sweep into $RES/h200/profile.csv
   timeout -k 10 "$1" python3 -m simtree.profiler.sweep --sweep "${SWEEP:-scenarios/sweeps/default_gpu.yaml}" \
@@ -52,7 +53,7 @@ for part in "$@"; do
     tune) timeout ${TUNE_TIMEOUT:-480} python3 -m simtree.profiler.tune_gdn --out "$RES/tune" ${TUNE_ARGS:-} 2>&1 | tee "$RES/tune.log" | tail -c 9000 ;;
     v4) timeout ${V4_TIMEOUT:-300} python3 -m simtree.profiler.bench_v4 --out "$RES/v4" --max-seconds ${V4_SECONDS:-200} ${V4_ARGS:-} 2>&1 | tee "$RES/v4.log" | tail -60 ;;
     profile)
-      # PROFILE_RESUME=DIR: start from a committed profile (e.g. reports/h200/profile) so the
+      # PROFILE_RESUME=DIR: start from a committed profile (e.g. simtree/data/profiles/h200) so the
       # sweep measures only the points it lacks (new stages, deleted rows) and keeps the rest
       if [ -n "${PROFILE_RESUME:-}" ]; then seed_profile "$PROFILE_RESUME"; fi
       sweep "${PROFILE_TIMEOUT:-470}" "${PROFILE_MINUTES:-6}" ${PROFILE_ARGS:-} ;;
@@ -64,7 +65,7 @@ for part in "$@"; do
       # profile (a second sweep finishes what the stage budget cut); then, at home: report_gdn,
       # copy the profile files, scripts/ship_defaults.sh
       bench_gdn "${GDN_TIMEOUT:-300}" "${GDN_SECONDS:-220}" "${TREE_CONFIGS:-q0,q1,k0}"
-      seed_profile reports/h200/profile
+      seed_profile simtree/data/profiles/h200
       for again in --remeasure ""; do
         sweep 200 3 --model qwen3.6-27b --only-stage gdn_tree_verify $again
       done ;;

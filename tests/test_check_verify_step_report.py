@@ -1,5 +1,5 @@
-"""scripts/check_verify_step_gpu.py's two report modes on the committed H200 data: the table
-values are the TSVs' medians, the ratio column is profile_events / engine_wall."""
+"""scripts/check_verify_step_gpu.py's two report modes on H200 data kept in tests/data/verify_step/:
+the table values are the TSVs' medians, the ratio column is profile_events / engine_wall."""
 import runpy
 import sys
 from pathlib import Path
@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-LOOP = ROOT / "reports" / "h200" / "gpu_loop"
+DATA = ROOT / "tests" / "data" / "verify_step"
 
 
 def _run(monkeypatch, *args):
@@ -17,7 +17,7 @@ def _run(monkeypatch, *args):
 
 
 def test_report_ratios_come_from_the_tsvs(tmp_path, monkeypatch):
-    src = LOOP / "rerun_decode_split" / "verify_step_check"
+    src = DATA / "calls"
     for f in src.glob("*.tsv"):
         (tmp_path / f.name).write_text(f.read_text())
     _run(monkeypatch, "--report", str(tmp_path))
@@ -31,7 +31,7 @@ def test_report_ratios_come_from_the_tsvs(tmp_path, monkeypatch):
 
 
 def test_report_ab_tabulates_the_engine_round(tmp_path, monkeypatch):
-    src = LOOP / "attention_batched_ab" / "ab.tsv"
+    src = DATA / "ab.tsv"
     (tmp_path / "ab.tsv").write_text(src.read_text())
     _run(monkeypatch, "--report-ab", str(tmp_path / "ab.tsv"))
     d = pd.read_csv(src, sep="\t")

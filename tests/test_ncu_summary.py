@@ -1,5 +1,5 @@
 """scripts/ncu_summary.py reads the Nsight Compute CSV pages scripts/ncu_gdn.sh writes (the
-committed run53_ncu set) into one table per shape, the values as the pages hold them."""
+H200 pages kept in tests/data/ncu/) into one table per shape, the values as the pages hold them."""
 import csv
 import runpy
 import sys
@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-RUN = ROOT / "reports" / "h200" / "gdn" / "tuning" / "run53_ncu"
+RUN = ROOT / "tests" / "data" / "ncu" / "run53"
 
 
 def _detail(shape: str, kernel: str, metric: str) -> str:
@@ -40,7 +40,7 @@ def test_summary_refuses_a_folder_without_pages(tmp_path, monkeypatch):
 def test_summary_reads_the_transposed_walk(monkeypatch, capsys):
     # run 82: b64 n128 launches the transposed walk (_tree_verify_t_kernel): its duration and
     # its SASS loop bodies are summarised like the untransposed walk's (b16 n128, no SASS page)
-    run = ROOT / "reports" / "h200" / "gdn" / "tuning" / "run82_ncu"
+    run = ROOT / "tests" / "data" / "ncu" / "run82"
     monkeypatch.setattr(sys, "argv", ["ncu_summary.py", str(run)])
     runpy.run_path(str(ROOT / "scripts" / "ncu_summary.py"), run_name="__main__")
     out = capsys.readouterr().out
@@ -64,4 +64,4 @@ def test_the_header_names_the_launch_the_logs_record(tmp_path):
     (tmp_path / "verify_b64_n128.log").write_text("b64 n128: three verifies done ({'cuda_walk': 2})\n")
     assert launches(tmp_path) == "the launch `default launch` / `{'cuda_walk': 2}`"
     assert "the launch `{'transposed': 1, 'cuda_walk': 2}`" in (
-        ROOT / "reports/h200/gdn/tuning/run90/ncu_v2/summary.md").read_text()
+        ROOT / "tests/data/ncu/run90_v2/summary.md").read_text()

@@ -1,4 +1,4 @@
-"""Plain torch references for the GDN tree verify (DESIGN §1, "The GDN tree solve").
+"""Plain torch references for the GDN tree verify (docs/math/gdn_tree_solve.md).
 
 One value head, a_t = exp(g_t), q and k L2-normalised, q scaled by K^-1/2:
 

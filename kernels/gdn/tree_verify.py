@@ -1,6 +1,6 @@
 """Triton GDN tree verify (one pass, no state written) and accepted-path commit.
 
-Math (DESIGN §1, one value head): with G_j = g_j + G_parent(j) and M the ancestor-or-self
+Math (docs/math/gdn_tree_solve.md, one value head): with G_j = g_j + G_parent(j) and M the ancestor-or-self
 mask in topological order,
 
     (I + A) U = diag(b) (V - diag(e^G) K S0),   A_jm = b_j (k_j.k_m) e^{G_j - G_m}, m < j

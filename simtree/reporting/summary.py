@@ -1,0 +1,275 @@
+"""Headline results of the committed reports, read from their data files (CSV / JSON only).
+
+``simtree report --summary`` prints the headline table that README.md holds between
+``<!-- summary:start -->`` and ``<!-- summary:end -->``; ``--write`` refreshes that copy and
+rewrites ``reports/README.md``, the index of report folders (what each holds, the command
+that regenerates it, its headline number). ``tests/test_readme_summary.py`` fails when
+either copy is stale, so a new measurement and its headline travel together.
+
+    from simtree.reporting.summary import summary_table, reports_index, write_summary
+    print(summary_table("."))          # the README's table, from ./reports and the shipped profile
+    write_summary(".")                 # README.md's block + reports/README.md, atomically
+
+Each folder's headline is one function of the folder's path; it reads only the files the
+folder's regenerating command writes, so the numbers here never come from markdown prose.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import pandas as pd
+
+from simtree.errors import SimtreeError
+from simtree.fileio import read_json, write_text_atomic
+
+__all__ = ["START", "END", "Folder", "FOLDERS", "headlines", "summary_table", "reports_index",
+           "replace_block", "write_summary", "gdn_headline", "v4_headline", "profile_headline",
+           "fit_headline", "plan_headline", "loop_headline", "lossless_headline", "cpu_host_headline"]
+
+START, END = "<!-- summary:start -->", "<!-- summary:end -->"
+MODEL_NAMES = {"qwen3.6-27b": "Qwen3.6-27B", "deepseek-v4-flash": "DeepSeek-V4-Flash"}
+
+
+@dataclass(frozen=True)
+class Folder:
+    """One report folder: ``path`` relative to the repository root, what it ``holds``, the
+    ``command`` that regenerates it, and ``headline(folder) -> str`` read from its data."""
+    path: str
+    result: str
+    holds: str
+    command: str
+    headline: Callable[[Path], str]
+
+
+def _pct(x: float, digits: int = 0) -> str:
+    return f"{100 * x:.{digits}f}%"
+
+
+def _span(values, digits: int = 1, unit: str = "x") -> str:
+    lo, hi = min(values), max(values)
+    return f"{lo:.{digits}f}{unit}" if f"{lo:.{digits}f}" == f"{hi:.{digits}f}" else \
+        f"{lo:.{digits}f}-{hi:.{digits}f}{unit}"
+
+
+def _csv(path: Path) -> pd.DataFrame:
+    if not path.is_file():
+        raise SimtreeError(f"report data file not found: {path}")
+    return pd.read_csv(path)
+
+
+def _model(name: str) -> str:
+    return MODEL_NAMES.get(name, name)
+
+
+def gdn_headline(folder: Path) -> str:
+    """bench_gdn.csv: the tree verify against the per-branch recurrent verify at the largest
+    tree, and against the memory floor at 16 sequences and more (median latencies)."""
+    bench = _csv(folder / "bench_gdn.csv")
+    ok = bench[bench.status == "ok"]
+    table = ok.pivot_table(index=["batch_size", "nodes_per_seq"], columns="variant",
+                           values="latency_us_median", aggfunc="median")
+    n_max = int(table.index.get_level_values("nodes_per_seq").max())
+    largest = table.xs(n_max, level="nodes_per_seq")
+    speedup = (largest["recurrent_baseline"] / largest["triton_tree"]).dropna()
+    big = table[table.index.get_level_values("batch_size") >= 16]
+    floor = (big["triton_tree"] / big["memory_floor"]).dropna()
+    batches = largest.index.get_level_values("batch_size")
+    return (f"{_span(speedup)} faster than the per-branch recurrent verify at n = {n_max} "
+            f"(batch {min(batches)}-{max(batches)}); at most {floor.max():.2f}x the memory floor "
+            f"at batch >= 16")
+
+
+def v4_headline(folder: Path) -> str:
+    """summary_v4.json: tree over linear verify of the same tokens, and the commit's share of
+    the verify, with the shipped Triton attention core."""
+    triton = read_json(folder / "summary_v4.json", "V4 benchmark summary")["by_attention"]["triton"]
+    return (f"tree verify at most {triton['tree_over_linear_max_n_le_8']:.3f}x a linear verify "
+            f"of the same n <= 8 tokens; accepted-path commit a median "
+            f"{_pct(triton['commit_frac_median'], 1)} of the verify (max {_pct(triton['commit_frac_max'])})")
+
+
+def profile_headline(folder: Path) -> str:
+    """profile.compose.json: the composed model step against the measured 8-layer stacks."""
+    stacks = read_json(folder / "profile.compose.json", "composition summary")["stack_validation"]
+    parts = [f"{_model(key.split('/')[0])} median {_pct(v['median_abs_rel_err'], 1)} "
+             f"(max {_pct(v['max_abs_rel_err'], 1)})" for key, v in sorted(stacks.items())]
+    rows = len(_csv(folder / "profile.csv"))
+    return f"{rows} rows; composed verify step vs measured 8-layer stack: " + ", ".join(parts)
+
+
+def fit_headline(folder: Path) -> str:
+    """<model>.json: the kept verify form's k-fold held-out median / p90 relative error."""
+    parts = []
+    for path in sorted(folder.glob("*.json"), reverse=True):
+        info = read_json(path, "cost bundle")["verify"]["info"]
+        err = info["fit_error"]["heldout"][info["form"]]
+        convex = "" if info.get("convex_in_n", True) else ", not convex in n"
+        parts.append(f"{_model(path.stem)} {_pct(err['median'], 1)} / {_pct(err['p90'], 1)} "
+                     f"({info['form']}{convex})")
+    if not parts:
+        raise SimtreeError(f"no cost bundle (*.json) in {folder}")
+    return "C_v held-out median / p90 error: " + ", ".join(parts)
+
+
+def plan_headline(folder: Path) -> str:
+    """<model>_<device>/policy.json: where a tree is chosen and its predicted gain."""
+    parts = []
+    for path in sorted(folder.glob("*/policy.json"), reverse=True):
+        policy = read_json(path, "policy")
+        entries = policy["entries"]
+        trees = [e for e in entries if e["tree_on"]]
+        within = sum(bool(e.get("within_model_error")) for e in trees)
+        gains = f", {_span([e['gain_vs_linear'] for e in trees], 2)}" if trees else ""
+        parts.append(f"{_model(policy['model'])} {len(trees)} of {len(entries)}{gains}"
+                     + (f" ({within} within the fit's error)" if within else ""))
+    if not parts:
+        raise SimtreeError(f"no plan (*/policy.json) in {folder}")
+    return ("a tree chosen at (workload, batch) entries, predicted gain over the best linear "
+            "draft: " + "; ".join(parts))
+
+
+def loop_headline(folder: Path) -> str:
+    """loop_results.csv: predicted (planned) vs measured throughput of every run, and whether
+    the planner's choice was the best measured policy at each batch size."""
+    runs = _csv(folder / "loop_results.csv")
+    err = runs["err_tok_s"].abs()
+    best = runs.loc[runs.groupby("batch_size")["measured_tok_s"].idxmax()]
+    chosen_best = int((best["role"] == "chosen").sum())
+    return (f"predicted vs measured throughput: median error {_pct(err.median())} "
+            f"(max {_pct(err.max())}) over {len(runs)} runs; the planner's choice measured "
+            f"best at {chosen_best} of {len(best)} batch sizes")
+
+
+def lossless_headline(folder: Path) -> str:
+    """*/run.json of `simtree run --check`: outputs that differ from plain greedy decoding."""
+    runs = [read_json(p, "run") for p in sorted(folder.glob("*/run.json"))]
+    if not runs:
+        raise SimtreeError(f"no run (*/run.json) in {folder}")
+    checked = [r for r in runs if r.get("lossless_checked")]
+    differ = sum(int(r["lossless_mismatches"]) for r in checked)
+    outputs = sum(int(r["prompts"]) for r in checked)
+    modes = sorted({r["mode"] for r in checked})
+    batches = sorted({int(r["batch_size"]) for r in checked})
+    return (f"{differ} of {outputs} outputs differ from plain greedy decoding "
+            f"({len(checked)} runs: {len(modes)} modes x batch {', '.join(map(str, batches))})")
+
+
+def cpu_host_headline(folder: Path) -> str:
+    """tree_renumber.csv and stack_interleave.csv: where renumbering trees pays on the host,
+    and how much slower a stack runs than the sum of its pieces timed alone."""
+    renumber = _csv(folder / "tree_renumber.csv")
+    pays = renumber[renumber["pays"].astype(str) == "True"]
+    where = ", ".join(f"b{b} n{n}" for b, n in zip(pays.batch_size, pays.nodes_per_seq)) or "none"
+    stacks = _csv(folder / "stack_interleave.csv")
+    stack_ratio = stacks[stacks.piece == "stack"]["ratio"]
+    return (f"depth-first renumbering costs the host less than it saves the kernel at "
+            f"{len(pays)} of {len(renumber)} shapes ({where}); a tiny model's stack takes "
+            f"{_span(stack_ratio, 2)} the sum of its pieces timed alone")
+
+
+FOLDERS: tuple[Folder, ...] = (
+    Folder("reports/h200/gdn", "GDN tree verify (one layer, Qwen3.6-27B shapes, H200)",
+           "GDN tree verify vs the per-branch recurrent verify, flash-linear-attention and the "
+           "memory floor; GPU correctness vs float64 references",
+           "`python -m simtree.profiler.bench.bench_gdn --out reports/h200/gdn` (H200), then "
+           "`python -m simtree.profiler.bench.report_gdn reports/h200/gdn`", gdn_headline),
+    Folder("reports/h200/v4", "DeepSeek-V4 tree verify (CSA / HCA / SWA, H200)",
+           "V4 compressed-attention tree verify vs linear verify, commit cost, host planning",
+           "`python -m simtree.profiler.bench.bench_v4 --out reports/h200/v4` (H200), then "
+           "`python -m simtree.profiler.bench.report_v4 reports/h200/v4`", v4_headline),
+    Folder("simtree/data/profiles/h200", "Shipped H200 profile (package data)",
+           "the profile table the shipped cost bundles are fitted from, with its composition check",
+           "`simtree profile --sweep default_gpu.yaml --out simtree/data/profiles/h200/profile.csv` (H200)",
+           profile_headline),
+    Folder("reports/h200/fit", "Cost-model fit (shipped bundles)",
+           "C_v / C_d fits of the shipped profile: bundles, plots, every form's held-out error",
+           "`bash scripts/ship_defaults.sh`", fit_headline),
+    Folder("reports/h200/plan", "Plans on the embedded default",
+           "policy, plan report and every candidate's prediction per model (three workloads, batch 1-64)",
+           "`simtree plan --out reports/h200/plan`", plan_headline),
+    Folder("reports/h200/gpu_loop", "Closed loop on the H200 (tiny runtime model)",
+           "profile -> fit -> plan -> run of the runtime's own models on the GPU, predicted vs measured",
+           "`DEVICE=cuda bash scripts/loop.sh reports/h200/gpu_loop` (H200)", loop_headline),
+    Folder("reports/h200/lossless", "Lossless check on the H200",
+           "every speculative mode at batch 1 and 4 against plain greedy decoding",
+           "`bash scripts/lossless_gpu.sh reports/h200/lossless` (H200)", lossless_headline),
+    Folder("reports/cpu_loop", "Closed loop on a 2-core CPU",
+           "the same loop on this repository's CPU machine, every run measured twice (repeat.md)",
+           "`PHASES=\"measure plan runs report repeat\" bash scripts/loop_cpu.sh`", loop_headline),
+    Folder("reports/cpu_host", "Host costs on the CPU",
+           "host time of depth-first tree renumbering; pieces timed alone vs inside a stack",
+           "the two commands in its README (`tune_gdn --renumber-cost`, "
+           "`scripts/cpu_stack_interleave.py`)", cpu_host_headline),
+)
+
+
+def headlines(root: str | Path = ".") -> list[tuple[Folder, str]]:
+    """(folder, headline) for every entry of FOLDERS, read under the repository ``root``."""
+    root = Path(root)
+    if not (root / "reports").is_dir():
+        raise SimtreeError(f"no reports/ folder under {root.resolve()}: run this in a simtree checkout")
+    out = []
+    for folder in FOLDERS:
+        try:
+            out.append((folder, folder.headline(root / folder.path)))
+        except (KeyError, ValueError, TypeError) as exc:
+            if isinstance(exc, SimtreeError):
+                raise
+            raise SimtreeError(f"{folder.path}: its data files lack what the headline reads "
+                               f"({type(exc).__name__}: {exc})") from None
+    return out
+
+
+def summary_table(root: str | Path = ".") -> str:
+    """The README's headline table: one row per folder, linked from the repository root."""
+    lines = ["| result | current | data |", "|---|---|---|"]
+    for folder, headline in headlines(root):
+        lines.append(f"| {folder.result} | {headline} | [{folder.path}/]({folder.path}/) |")
+    return "\n".join(lines) + "\n"
+
+
+def reports_index(root: str | Path = ".") -> str:
+    """The whole of reports/README.md: one line per report folder (links relative to reports/)."""
+    lines = ["# Reports", "",
+             "Current measured results only, one folder each; older snapshots and tuning runs are in "
+             "git history (see `docs/kernels/tuning_history.md`). Generated by "
+             "`simtree report --summary --write` from each folder's data files; "
+             "`tests/test_readme_summary.py` fails when this file is stale.", ""]
+    profile = None
+    for folder, headline in headlines(root):
+        if not folder.path.startswith("reports/"):
+            profile = (folder, headline)
+            continue
+        rel = folder.path[len("reports/"):]
+        lines.append(f"- [{rel}/]({rel}/): {folder.holds}. Regenerate: {folder.command}. "
+                     f"Headline: {headline}.")
+    if profile is not None:
+        folder, headline = profile
+        lines += ["", f"The profile behind the shipped cost bundles is package data, "
+                      f"[`{folder.path}/`](../{folder.path}/): {folder.holds}. Regenerate: "
+                      f"{folder.command}, then `bash scripts/ship_defaults.sh`. Headline: {headline}."]
+    return "\n".join(lines) + "\n"
+
+
+def replace_block(text: str, block: str, where: str = "README.md") -> str:
+    """``text`` with everything between START and END replaced by ``block``."""
+    if text.count(START) != 1 or text.count(END) != 1 or text.index(START) > text.index(END):
+        raise SimtreeError(f"{where}: needs one '{START}' line followed by one '{END}' line")
+    head, rest = text.split(START, 1)
+    _, tail = rest.split(END, 1)
+    return f"{head}{START}\n{block}{END}{tail}"
+
+
+def write_summary(root: str | Path = ".", readme: str = "README.md") -> list[Path]:
+    """Refresh README.md's headline block and rewrite reports/README.md; the paths written."""
+    root = Path(root)
+    readme_path = root / readme
+    if not readme_path.is_file():
+        raise SimtreeError(f"README not found: {readme_path}")
+    table = summary_table(root)
+    written = [write_text_atomic(readme_path, replace_block(readme_path.read_text(), table, readme))]
+    written.append(write_text_atomic(root / "reports" / "README.md", reports_index(root)))
+    return written
+

@@ -1,0 +1,128 @@
+"""README.md is the user's document: short, its layout table complete, and its headline table
+(and reports/README.md, the index of report folders) the output of `simtree report --summary`
+on the committed report data, never a stale copy."""
+import json
+import random
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from simtree.cli import app
+from simtree.errors import SimtreeError
+from simtree.reporting import summary
+
+ROOT = Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
+FIX = "run `simtree report --summary --write` in the repository root and commit the result"
+
+
+def _block(text: str) -> str:
+    return text.split(summary.START + "\n", 1)[1].split(summary.END, 1)[0]
+
+
+def test_readme_headline_table_is_current():
+    assert _block(README.read_text()) == summary.summary_table(ROOT), f"README.md's table is stale: {FIX}"
+
+
+def test_reports_index_is_current():
+    assert (ROOT / "reports" / "README.md").read_text() == summary.reports_index(ROOT), \
+        f"reports/README.md is stale: {FIX}"
+
+
+def test_every_report_folder_is_indexed_and_every_indexed_folder_exists():
+    tracked = subprocess.run(["git", "ls-files", "reports"], cwd=ROOT, capture_output=True, text=True)
+    if tracked.returncode != 0:
+        pytest.skip("not a git checkout")
+    # a report folder = a folder under reports/ whose README names its command
+    folders = {str(Path(p).parent) for p in tracked.stdout.split() if p.endswith("/README.md")} - {"reports"}
+    indexed = {f.path for f in summary.FOLDERS}
+    assert folders <= indexed, f"report folders without a line in the index: {sorted(folders - indexed)}"
+    for path in indexed:
+        assert (ROOT / path).is_dir(), path
+
+
+def test_readme_stays_short():
+    lines = README.read_text().splitlines()
+    assert len(lines) <= 200, f"README.md has {len(lines)} lines; move the detail into docs/"
+
+
+def test_layout_table_names_every_top_level_folder():
+    tracked = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True)
+    if tracked.returncode != 0:
+        pytest.skip("not a git checkout")
+    top = {p.split("/", 1)[0] for p in tracked.stdout.split() if "/" in p and not p.startswith(".")}
+    layout = README.read_text().split("## Layout", 1)[1]
+    rows = {line.split("|")[1].strip().strip("`").rstrip("/") for line in layout.splitlines()
+            if line.startswith("| `")}
+    assert top <= rows, f"top-level folders missing from README's layout table: {sorted(top - rows)}"
+    assert rows <= top, f"layout table names folders that do not exist: {sorted(rows - top)}"
+
+
+def test_every_doc_the_readme_lists_exists_or_is_being_written():
+    listed = [line.split("`")[1] for line in README.read_text().split("## Documentation", 1)[1]
+              .split("## Layout", 1)[0].splitlines() if line.startswith("| `docs/")]
+    missing = [p for p in listed if not (ROOT / p).is_file()]
+    assert set(missing) <= {"docs/kernels/gdn_launch.md"}, missing   # the kernels' launch table lands with them
+
+
+def _loop_folder(tmp_path: Path, errors, chosen_best: bool) -> Path:
+    rows = ["batch_size,role,measured_tok_s,err_tok_s"]
+    for i, err in enumerate(errors):
+        b = 1 + i // 2
+        role = "chosen" if i % 2 == 0 else "linear"
+        fast = (role == "chosen") == chosen_best
+        rows.append(f"{b},{role},{200.0 if fast else 100.0},{err}")
+    (tmp_path / "loop_results.csv").write_text("\n".join(rows) + "\n")
+    return tmp_path
+
+
+def test_loop_headline_is_read_from_the_runs(tmp_path):
+    errors = [random.uniform(-0.5, 0.5) for _ in range(6)]
+    line = summary.loop_headline(_loop_folder(tmp_path, errors, chosen_best=True))
+    med = sorted(abs(e) for e in errors)
+    assert f"median error {100 * (med[2] + med[3]) / 2:.0f}%" in line
+    assert f"max {100 * med[-1]:.0f}%" in line and "over 6 runs" in line
+    assert "best at 3 of 3 batch sizes" in line
+    assert "best at 0 of 3" in summary.loop_headline(_loop_folder(tmp_path, errors, chosen_best=False))
+
+
+def test_lossless_headline_counts_differing_outputs(tmp_path):
+    for i, (mode, batch, differ) in enumerate([("eagle", 1, 0), ("linear", 4, 2), ("eagle", 4, 0)]):
+        (tmp_path / f"r{i}").mkdir()
+        (tmp_path / f"r{i}" / "run.json").write_text(json.dumps(
+            {"mode": mode, "batch_size": batch, "prompts": 8, "lossless_checked": True,
+             "lossless_mismatches": differ}))
+    assert summary.lossless_headline(tmp_path) == \
+        "2 of 24 outputs differ from plain greedy decoding (3 runs: 2 modes x batch 1, 4)"
+
+
+def test_write_refreshes_a_stale_copy_and_refuses_a_readme_without_markers(tmp_path):
+    for name in ("reports", "simtree/data/profiles/h200"):
+        shutil.copytree(ROOT / name, tmp_path / name)
+    (tmp_path / "README.md").write_text(f"# x\n{summary.START}\n| stale |\n{summary.END}\ntail\n")
+    (tmp_path / "reports" / "README.md").write_text("stale\n")
+    result = CliRunner().invoke(app, ["report", "--summary", "--write", "--root", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    text = (tmp_path / "README.md").read_text()
+    assert _block(text) == summary.summary_table(tmp_path) and text.endswith("\ntail\n")
+    assert (tmp_path / "reports" / "README.md").read_text() == summary.reports_index(tmp_path)
+    with pytest.raises(SimtreeError, match="needs one"):
+        summary.replace_block("no markers here\n", "| x |\n")
+
+
+def test_cli_prints_the_table_and_json():
+    out = CliRunner().invoke(app, ["report", "--summary", "--root", str(ROOT)])
+    assert out.exit_code == 0 and out.output == summary.summary_table(ROOT)
+    rows = json.loads(CliRunner().invoke(app, ["report", "--summary", "--json", "--root", str(ROOT)]).output)
+    assert [r["folder"] for r in rows] == [f.path for f in summary.FOLDERS]
+
+
+def test_a_report_file_missing_its_fields_is_one_error_naming_the_folder(tmp_path):
+    for name in ("reports", "simtree/data/profiles/h200"):
+        shutil.copytree(ROOT / name, tmp_path / name)
+    (tmp_path / "reports/h200/v4/summary_v4.json").write_text(json.dumps({"by_attention": {}}))
+    with pytest.raises(SimtreeError, match="reports/h200/v4: .*KeyError"):
+        summary.summary_table(tmp_path)
