@@ -1,0 +1,1 @@
+"""simtree.runtime.full: the full-scale runtime (Qwen3.6-27B, a DeepSeek-V4-Flash EP rank)."""

@@ -1,0 +1,109 @@
+"""Where a round's accepted path comes from: the target (live) or a replayed acceptance.
+
+* :class:`Live` - greedy: node j is accepted when its token is the target's argmax at its
+  parent and its parent is accepted (lossless).
+* :class:`TraceReplay` - the accepted depth of each sequence per round from a JSONL trace
+  (``simtree.acceptance.model.read_traces``: the depth of each record's accepted node, in file
+  order, B per round, wrapping around), the path to the best-scored node at that depth (the
+  tree's depth where it is shallower).  The depths are uploaded once; a round reads its row
+  by a device counter, so no host work happens per round.
+* :class:`ModelReplay` - sampled on the device from a positional acceptance model
+  (``simtree.acceptance.model.AcceptanceModel``: a level per sequence per round by the level
+  weights, then at each depth d one uniform u; the rank-r child of an accepted parent is
+  accepted when u falls in [sum_{r'<r} P(d, r'), sum_{r'<=r} P(d, r')) - disjoint ranks).
+
+``accept(tree, target_next, rs)`` -> accepted node (LOCAL index, int64 [B]); no host sync.
+Replays decide the path with meaningless tokens: the round still drafts, verifies every tree
+and commits the chosen path, exactly a real round's work.
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from simtree.acceptance.model import AcceptanceModel, fit_positional, read_traces
+from .drafting import RoundShape, TreeBuffers
+
+__all__ = ["Live", "TraceReplay", "ModelReplay", "deepest_on_chain"]
+
+
+def deepest_on_chain(ok: torch.Tensor, tree: TreeBuffers, max_depth: int) -> torch.Tensor:
+    """Deepest node whose root path is all ``ok`` (ok [B, n], the root counts as ok)."""
+    ok = ok.clone()
+    ok[:, 0] = True
+    par = tree.parents.clamp(min=0)
+    acc = ok
+    for _ in range(max_depth):
+        acc = ok & acc.gather(1, par)
+    return torch.where(acc, tree.depth, -1).argmax(1)
+
+
+class Live:
+    kind = label = "live"
+
+    def accept(self, tree: TreeBuffers, target_next: torch.Tensor, rs: RoundShape) -> torch.Tensor:
+        ok = tree.valid & (tree.tokens == target_next.gather(1, tree.parents.clamp(min=0)))
+        return deepest_on_chain(ok, tree, rs.max_depth)
+
+    def prediction_model(self):
+        return None
+
+
+class TraceReplay:
+    kind = "replay"
+
+    def __init__(self, path, batch_size: int, device, workload: str | None = None):
+        self.records = read_traces(path, workload)
+        depths = np.array([int(r.tree.depth[r.accepted_node]) for r in self.records], np.int64)
+        rows = -(-depths.size // batch_size)
+        self.table = torch.as_tensor(np.resize(depths, rows * batch_size).reshape(rows, batch_size), device=device)
+        self.counter = torch.zeros(1, dtype=torch.int64, device=device)
+        self.label = f"replay ({path})"
+        self.workload = self.records[0].workload
+
+    def accept(self, tree: TreeBuffers, target_next: torch.Tensor, rs: RoundShape) -> torch.Tensor:
+        want = self.table.index_select(0, self.counter % self.table.shape[0])[0]
+        self.counter += 1
+        deepest = torch.where(tree.valid, tree.depth, 0).amax(1)
+        want = torch.minimum(want, deepest)
+        key = torch.where(tree.valid & (tree.depth == want[:, None]), tree.score, float("-inf"))
+        return key.argmax(1)
+
+    def prediction_model(self) -> AcceptanceModel:
+        """The positional fit of the trace (the table as wide as its widest sibling set)."""
+        width = max(int(r.tree.num_children.max()) for r in self.records)
+        return fit_positional(self.records, self.workload, topk=max(width, 1))
+
+
+class ModelReplay:
+    kind = "replay"
+
+    def __init__(self, model: AcceptanceModel, max_depth: int, device, seed: int = 0):
+        self.model = model
+        tables = np.stack([model.table(lv, max(max_depth, 1)) for lv in range(model.num_levels)])   # [L, P, K]
+        cum = np.concatenate([np.zeros(tables.shape[:2] + (1,)), np.cumsum(tables, -1)], -1)
+        self.cum = torch.as_tensor(cum, dtype=torch.float32, device=device)              # [L, P, K + 1]
+        self.level_cum = torch.as_tensor(np.cumsum(model.weights)[:-1], dtype=torch.float32, device=device)
+        self.device = torch.device(device)
+        # the default CUDA generator is the one CUDA graphs record; on the host a private one
+        self.gen = None if self.device.type == "cuda" else torch.Generator().manual_seed(seed)
+        if self.gen is None:
+            torch.cuda.manual_seed(seed)
+        self.label = f"replay (acceptance model {model.name})"
+
+    def accept(self, tree: TreeBuffers, target_next: torch.Tensor, rs: RoundShape) -> torch.Tensor:
+        B = tree.tokens.shape[0]
+        L, P, K1 = self.cum.shape
+        u = torch.rand(B, P + 1, device=self.device, generator=self.gen)
+        level = (u[:, P:] > self.level_cum[None, :]).sum(1)                        # [B]
+        d = (tree.depth - 1).clamp(0, P - 1)
+        r = tree.rank.clamp(max=K1 - 1)
+        lv = level[:, None].expand_as(d)
+        lo = self.cum[lv, d, r]
+        hi = self.cum[lv, d, (r + 1).clamp(max=K1 - 1)]
+        ud = u.gather(1, d)
+        return deepest_on_chain(tree.valid & (ud >= lo) & (ud < hi), tree, rs.max_depth)
+
+    def prediction_model(self) -> AcceptanceModel:
+        return self.model
+
