@@ -181,11 +181,11 @@ class QwenModel:
             ds.lengths.zero_()
 
     @torch.no_grad()
-    def fill_random(self, st: QwenState, ds: DraftState, context_len: int, seed: int = 0) -> None:
+    def fill_random(self, st: QwenState, ds: DraftState | None, context_len: int, seed: int = 0) -> None:
         """A context of ``context_len`` tokens of random content (timing runs: the values do not
         change the work); GDN states at the scale of a real state (unit-norm keys)."""
         gen = torch.Generator(device=self.device).manual_seed(seed)
-        for t in [*st.k.values(), *st.v.values(), *st.conv.values(), ds.k, ds.v]:
+        for t in [*st.k.values(), *st.v.values(), *st.conv.values(), *(ds.tensors()[:2] if ds else [])]:
             t.normal_(generator=gen)
         for t in st.ssm.values():
             t.normal_(0.0, 0.1, generator=gen)

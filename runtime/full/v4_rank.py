@@ -254,13 +254,14 @@ class V4Rank:
             ds.lengths.zero_()
 
     @torch.no_grad()
-    def fill_random(self, st: V4State, ds: DraftState, context_len: int, seed: int = 0) -> None:
+    def fill_random(self, st: V4State, ds: DraftState | None, context_len: int, seed: int = 0) -> None:
         gen = torch.Generator(device=self.device).manual_seed(seed)
         for cache in st.caches.values():
             for t in cache.persistent_tensors().values():
                 t.normal_(generator=gen)
             cache.lens[:] = context_len
-        ds.k.normal_(generator=gen)
+        if ds is not None:
+            ds.k.normal_(generator=gen)
         st.lengths.fill_(context_len)
 
     # ---- pieces ----------------------------------------------------------------------------
