@@ -56,10 +56,21 @@ class TraceReplay:
         self.records = read_traces(path, workload)
         depths = np.array([int(r.tree.depth[r.accepted_node]) for r in self.records], np.int64)
         rows = -(-depths.size // batch_size)
-        self.table = torch.as_tensor(np.resize(depths, rows * batch_size).reshape(rows, batch_size), device=device)
-        self.counter = torch.zeros(1, dtype=torch.int64, device=device)
+        self._set_table(np.resize(depths, rows * batch_size).reshape(rows, batch_size), device)
         self.label = f"replay ({path})"
         self.workload = self.records[0].workload
+
+    @classmethod
+    def fixed(cls, depth: int, batch_size: int, device) -> "TraceReplay":
+        """Every sequence asks for ``depth`` every round (the profiler's steps: a fixed commit)."""
+        src = cls.__new__(cls)
+        src._set_table(np.full((1, batch_size), int(depth), np.int64), device)
+        src.records, src.label, src.workload = [], f"replay (depth {depth})", "fixed"
+        return src
+
+    def _set_table(self, depths: np.ndarray, device) -> None:
+        self.table = torch.as_tensor(depths, device=device)
+        self.counter = torch.zeros(1, dtype=torch.int64, device=device)
 
     def accept(self, tree: TreeBuffers, target_next: torch.Tensor, rs: RoundShape) -> torch.Tensor:
         want = self.table.index_select(0, self.counter % self.table.shape[0])[0]

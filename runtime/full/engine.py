@@ -185,6 +185,7 @@ class FullEngine:
         if counter is not None:
             counter.zero_()
 
+    @torch.no_grad()
     def capture(self, warmup: int = 2) -> None:
         """Capture one CUDA graph per stage (warm-up runs first: Triton compiles, cached tables);
         the state is reset afterwards.  A no-op where graphs are off."""
