@@ -112,6 +112,7 @@ class FullEngine:
         if self.use_graphs and not (dev.type == "cuda" and model.capturable):
             raise SimtreeError("CUDA graphs need a CUDA device and a capturable model")
         self.graphs = None
+        self.capture_error = None   # why capture() fell back to eager stages, if it did
 
     # ---- stages ------------------------------------------------------------------------------
     def _stages(self) -> list:
@@ -188,7 +189,8 @@ class FullEngine:
     @torch.no_grad()
     def capture(self, warmup: int = 2) -> None:
         """Capture one CUDA graph per stage (warm-up runs first: Triton compiles, cached tables);
-        the state is reset afterwards.  A no-op where graphs are off."""
+        the state is reset afterwards.  A no-op where graphs are off; where capture fails the
+        stages run eagerly and ``capture_error`` says why."""
         if not self.use_graphs:
             return
         stages = self._stages()
@@ -202,12 +204,15 @@ class FullEngine:
         torch.cuda.synchronize()
         pool = torch.cuda.graph_pool_handle()
         graphs = []
-        for name, fn in stages:
-            g = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g, pool=pool):
-                fn()
-            graphs.append((name, g))
-        self.graphs = graphs
+        try:
+            for name, fn in stages:
+                g = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(g, pool=pool):
+                    fn()
+                graphs.append((name, g))
+            self.graphs = graphs
+        except Exception as exc:   # noqa: BLE001 - not capturable here: the same stages run eagerly
+            self.capture_error = " ".join(f"{type(exc).__name__}: {exc}".split())[:200]
         torch.cuda.synchronize()
         self.reset()
 

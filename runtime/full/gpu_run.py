@@ -85,23 +85,27 @@ def time_step(step, reps: int = 10, warmup: int = 3) -> tuple[float, float, floa
 
 
 def _check_attention(s: Session, device) -> None:
+    """The tree attention kernel against its torch form at the two models' shapes (Qwen's GQA
+    24/4 x 256, V4's MTP latent 64/1 x 512 with window and sink), bf16."""
     from ._attention_kernel import tree_attention_triton
     from .attention import chain_bits, tree_attention_ref
     g = torch.Generator(device=device).manual_seed(0)
     r = lambda *shape: torch.randn(*shape, generator=g, device=device).to(torch.bfloat16)  # noqa: E731
-    B, Q, Hq, Hkv, D, S, T = 4, 8, 24, 4, 256, 700, 8
+    B, Q, S, T = 4, 8, 700, 8
     lens = torch.tensor([1, 64, 300, 700], device=device)
-    bits = chain_bits(B, Q, device)
-    args = (r(B, Q, Hq, D), r(B, S, Hkv, D), r(B, S, Hkv, D), lens, lens[:, None] + torch.arange(Q, device=device),
-            r(B, T, Hkv, D), r(B, T, Hkv, D), bits)
+    pos = lens[:, None] + torch.arange(Q, device=device)
     try:
-        for window, sink in ((0, None), (128, torch.randn(Hq, device=device))):
+        for Hq, Hkv, D, window, sink in ((24, 4, 256, 0, None), (64, 1, 512, 128, torch.randn(64, device=device))):
+            kc, kt = r(B, S, Hkv, D), r(B, T, Hkv, D)
+            args = (r(B, Q, Hq, D), kc, kc if Hkv == 1 else r(B, S, Hkv, D), lens, pos, kt,
+                    kt if Hkv == 1 else r(B, T, Hkv, D), chain_bits(B, Q, device))
             got = tree_attention_triton(*args, scale=D ** -0.5, window=window, sink=sink).float()
             want = tree_attention_ref(*args, scale=D ** -0.5, window=window, sink=sink).float()
             err = float((got - want).abs().max())
             if not err < 3e-2:
-                raise SimtreeError(f"tree attention kernel differs from its torch form by {err:.3g}")
-        s.log("tree attention kernel: matches its torch form (bf16)")
+                raise SimtreeError(f"tree attention kernel differs from its torch form by {err:.3g} "
+                                   f"(Hq {Hq}, Hkv {Hkv}, D {D})")
+        s.log("tree attention kernel: matches its torch form (bf16, both models' shapes)")
     except Exception as exc:   # noqa: BLE001 - the session goes on with the torch form
         os.environ["SIMTREE_TREE_ATTENTION"] = "torch"
         s.log(f"tree attention kernel FAILED ({type(exc).__name__}: {exc}); using the torch form")

@@ -114,7 +114,8 @@ class _Source:
 
 
 def measure_policy(model, rs: RoundShape, batch_size: int, source, cfg: RunConfig):
-    """(RunStats of ``cfg.rounds`` measured rounds, whether CUDA graphs ran)."""
+    """(RunStats of ``cfg.rounds`` measured rounds, whether CUDA graphs ran); a capture that
+    fell back to eager stages leaves its reason in the stats' notes."""
     max_len = cfg.context_len + (cfg.warmup_rounds + cfg.rounds + 2) * rs.path_rows + 8
     engine = FullEngine(model, rs, batch_size, max_len, source)
     try:
@@ -122,7 +123,12 @@ def measure_policy(model, rs: RoundShape, batch_size: int, source, cfg: RunConfi
         engine.fill_context(cfg.context_len, cfg.seed)
         if cfg.warmup_rounds:
             engine.run(rounds=cfg.warmup_rounds)
-        return engine.run(rounds=cfg.rounds), engine.graphs is not None
+        stats = engine.run(rounds=cfg.rounds)
+        if engine.capture_error:
+            stats.notes.append(f"CUDA graph capture failed, eager stages: {engine.capture_error}")
+        elif model.device.type == "cuda" and not model.capturable:
+            stats.notes.append(model.eager_reason)
+        return stats, engine.graphs is not None
     finally:
         del engine
         if torch.cuda.is_available():
@@ -173,7 +179,7 @@ def _row(model, label, spec, rs, B, source_label, stats, graphs, pred, cfg) -> d
            "accept_rel_err": _rel(pred["predicted_accepted"], meas_acc), "measured_accepted": meas_acc,
            "predicted_accepted": pred["predicted_accepted"], "speedup_vs_plain": float("nan"),
            "host_share": float(np.median(stats.host_ms)) / stats.round_ms, "nodes": rs.nodes,
-           "context_len": cfg.context_len, "rounds": stats.rounds, "graphs": graphs, "note": ""}
+           "context_len": cfg.context_len, "rounds": stats.rounds, "graphs": graphs, "note": "; ".join(stats.notes)}
     return row
 
 

@@ -181,6 +181,8 @@ class HostPlans:
 class V4Rank:
     family = "v4"
     capturable = False
+    eager_reason = ("eager stages: the round's index lists are built on the host (kernels.v4 plan_verify / "
+                    "plan_commit, round-dependent shapes), two host syncs per round")
 
     def __init__(self, shape: ModelShape, device="cuda", dtype=torch.bfloat16, seed: int = 0,
                  ep_ranks: int | None = None, plans=None):
