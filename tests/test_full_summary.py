@@ -90,3 +90,17 @@ def test_cli_batch_sizes(tmp_path):
     assert isinstance(r.exception, SimtreeError) and "comma list" in str(r.exception)
     r = CliRunner().invoke(app, ["run", "--batch-size", "2,3"])
     assert isinstance(r.exception, SimtreeError) and "needs --model" in str(r.exception)
+
+
+def test_repredict_keeps_the_measurements_and_changes_the_predictions(tmp_path):
+    from simtree.runtime.full.measure import repredict, runs_json
+    res = full_run(tiny_model("tiny-gdn"), device="cpu", costs=COSTS, batch_sizes=[2], acceptance="gsm8k",
+                   context_len=12, rounds=2, warmup_rounds=0)
+    saved = json.loads(json.dumps({**res, "runs": runs_json(res["runs"])}, default=str))
+    same = repredict(saved, COSTS)
+    other = repredict(saved, "simtree/data/costs/h200_deepseek-v4-flash.json", tmp_path / "again")
+    for a, b, c in zip(res["rows"], same["rows"], other["rows"]):
+        assert b["measured_tok_s"] == a["measured_tok_s"] == c["measured_tok_s"]
+        assert b["predicted_tok_s"] == pytest.approx(a["predicted_tok_s"])
+        assert c["predicted_round_ms"] != pytest.approx(a["predicted_round_ms"])
+    assert (tmp_path / "again" / "summary.csv").exists()

@@ -19,6 +19,8 @@ next one runs; every phase checks the time left (``--max-seconds``) and stops ea
                 predicted_vs_measured.png.
 5. ``profile``  the runtime's own steps (:mod:`.steps`) on a small grid -> steps_profile.csv in
                 the profile-table schema (variant ``full_runtime``): ``simtree fit`` reads it.
+6. ``refit``    cost models fitted to that profile -> costs_runtime.json, and the measured runs
+                predicted again from them (``measure.repredict``) -> runtime_costs/summary.*
 """
 from __future__ import annotations
 
@@ -41,7 +43,7 @@ from simtree.planning.simulate import PolicySpec
 
 __all__ = ["main", "time_step"]
 
-PHASES = ("build", "lossless", "plan", "measure", "profile")
+PHASES = ("build", "lossless", "plan", "measure", "profile", "refit")
 VERIFY_GRID = [(b, n, l) for l in (512, 2048) for b in (1, 4, 16, 64) for n in ((1, 2, 4, 8, 16) if l == 512 else (1, 8))]
 DRAFT_GRID = [(b, s, k) for b in (1, 4, 16, 64) for s, k in ((1, 1), (3, 1), (3, 2), (7, 2), (8, 3))]
 
@@ -178,6 +180,23 @@ def _profile(s: Session, model, reserve_s: float = 15.0) -> None:
                 torch.cuda.empty_cache()
 
 
+def _refit(s: Session) -> None:
+    """Cost models fitted to the runtime's own steps (steps_profile.csv) -> costs_runtime.json,
+    and the measured runs predicted again from them -> runtime_costs/summary.*"""
+    from simtree.costs.fit import fit_profile
+    from .measure import repredict
+    report = fit_profile(s.out / "steps_profile.csv", stage="model_verify_step", variant="full_runtime",
+                         draft_variant="full_runtime")
+    report.bundle.save(s.out / "costs_runtime.json")
+    for note in report.notes:
+        s.log(f"refit note: {note}")
+    res = repredict(s.out / "summary.json", report.bundle, s.out / "runtime_costs")
+    from .report import error_stats
+    for key in ("rel_err", "cost_rel_err"):
+        st = error_stats(res["rows"], key)
+        s.log(f"refit: |{key}| median {st['median']:.1%}, worst {st['worst']:.1%} over {st['n']} runs")
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", required=True)
@@ -226,15 +245,18 @@ def main(argv=None) -> int:
             elif phase == "plan" and policy is None:
                 policy = _plan(s, load_costs(costs_path), sizes, args.replay or args.acceptance)
             elif phase == "measure":
-                from .measure import full_run
+                from .measure import full_run, runs_json
                 res = full_run(model, device=args.device, costs=costs_path, policy=policy, batch_sizes=sizes,
                                replay=args.replay, acceptance=None if args.replay else args.acceptance,
                                out=s.out, rounds=args.rounds, warmup_rounds=3, progress=s.log)
                 for n in res["notes"]:
                     s.log(f"note: {n}")
+                res["runs"] = runs_json(res["runs"])
                 (s.out / "summary.json").write_text(json.dumps(res, default=str, indent=1))
             elif phase == "profile":
-                _profile(s, model)
+                _profile(s, model, reserve_s=75)
+            elif phase == "refit":
+                _refit(s)
         except Exception as exc:   # noqa: BLE001 - a failed phase is logged; the next one runs
             failed.append(phase)
             s.log(f"{phase} FAILED: {type(exc).__name__}: {exc}\n{traceback.format_exc()}")

@@ -29,6 +29,7 @@ one-line reason, and the next run goes on.
 """
 from __future__ import annotations
 
+import json
 import math
 import time
 from dataclasses import dataclass
@@ -47,7 +48,7 @@ from .build import build_model
 from .drafting import RUNTIME_MODES, RoundShape, round_shape
 from .engine import FullEngine
 
-__all__ = ["full_run", "measure_policy", "predict", "RunConfig", "SUMMARY_COLUMNS", "EXTRA_COLUMNS",
+__all__ = ["full_run", "repredict", "runs_json", "measure_policy", "predict", "RunConfig", "SUMMARY_COLUMNS", "EXTRA_COLUMNS",
            "PLAIN", "LINEAR_D4"]
 
 SUMMARY_COLUMNS = ("model", "deployment", "policy", "batch_size", "acceptance", "measured_tok_s", "predicted_tok_s",
@@ -167,41 +168,72 @@ def _policies(policy, workload: str, batch_size: int, notes: list) -> list[tuple
     return out + [("plan", PolicySpec(entry.mode, entry.params))]
 
 
-def _row(model, label, spec, rs, B, source_label, stats, graphs, pred, cfg) -> dict:
+def _row(run: dict, source_label: str, pred: dict, cfg: RunConfig) -> dict:
+    stats, rs = run["stats"], round_shape(PolicySpec(run["mode"], run["params"]))
     meas_acc = stats.accepted_tokens_per_round
-    row = {"model": model.shape.name, "deployment": model.deployment, "policy": f"{label}:{rs.name}",
-           "batch_size": B, "acceptance": source_label, "measured_tok_s": stats.tok_s,
-           "predicted_tok_s": pred["predicted_tok_s"], "rel_err": _rel(pred["predicted_tok_s"], stats.tok_s),
-           "measured_round_ms": stats.round_ms, "predicted_round_ms": pred["predicted_round_ms"],
-           "draft_ms": float(np.median(stats.draft_ms)), "verify_ms": float(np.median(stats.verify_ms)),
-           "commit_ms": float(np.median(stats.commit_ms)), "host_ms": float(np.median(stats.host_ms)),
-           "cost_rel_err": _rel(pred["predicted_round_ms"], stats.round_ms),
-           "accept_rel_err": _rel(pred["predicted_accepted"], meas_acc), "measured_accepted": meas_acc,
-           "predicted_accepted": pred["predicted_accepted"], "speedup_vs_plain": float("nan"),
-           "host_share": float(np.median(stats.host_ms)) / stats.round_ms, "nodes": rs.nodes,
-           "context_len": cfg.context_len, "rounds": stats.rounds, "graphs": graphs, "note": "; ".join(stats.notes)}
-    return row
+    return {"model": run["model"], "deployment": run["deployment"], "policy": f"{run['label']}:{rs.name}",
+            "batch_size": run["batch_size"], "acceptance": source_label, "measured_tok_s": stats.tok_s,
+            "predicted_tok_s": pred["predicted_tok_s"], "rel_err": _rel(pred["predicted_tok_s"], stats.tok_s),
+            "measured_round_ms": stats.round_ms, "predicted_round_ms": pred["predicted_round_ms"],
+            "draft_ms": float(np.median(stats.draft_ms)), "verify_ms": float(np.median(stats.verify_ms)),
+            "commit_ms": float(np.median(stats.commit_ms)), "host_ms": float(np.median(stats.host_ms)),
+            "cost_rel_err": _rel(pred["predicted_round_ms"], stats.round_ms),
+            "accept_rel_err": _rel(pred["predicted_accepted"], meas_acc), "measured_accepted": meas_acc,
+            "predicted_accepted": pred["predicted_accepted"], "speedup_vs_plain": float("nan"),
+            "host_share": float(np.median(stats.host_ms)) / stats.round_ms, "nodes": rs.nodes,
+            "context_len": cfg.context_len, "rounds": stats.rounds, "graphs": run["graphs"],
+            "note": "; ".join(stats.notes)}
 
 
-def _failed_row(model_name, deployment, label, rs, B, source_label, cfg, exc) -> dict:
+def _failed_row(run: dict, source_label: str, cfg: RunConfig) -> dict:
+    rs = round_shape(PolicySpec(run["mode"], run["params"]))
     row = {c: float("nan") for c in SUMMARY_COLUMNS + EXTRA_COLUMNS}
-    row.update(model=model_name, deployment=deployment, policy=f"{label}:{rs.name}", batch_size=B,
-               acceptance=source_label, nodes=rs.nodes, context_len=cfg.context_len, rounds=0, graphs=False,
-               note="failed: " + " ".join(f"{type(exc).__name__}: {exc}".split())[:300])
+    row.update(model=run["model"], deployment=run["deployment"], policy=f"{run['label']}:{rs.name}",
+               batch_size=run["batch_size"], acceptance=source_label, nodes=rs.nodes, context_len=cfg.context_len,
+               rounds=0, graphs=False, note="failed: " + run["error"])
     return row
+
+
+def _rows(runs: list[dict], costs, source: "_Source", cfg: RunConfig, workload: str, notes: list) -> list[dict]:
+    """One summary row per run, predictions from ``costs``; speed-ups against each batch's plain run."""
+    rows = []
+    for run in runs:
+        if run.get("error"):
+            rows.append(_failed_row(run, source.label, cfg))
+            continue
+        spec = PolicySpec(run["mode"], run["params"])
+        with captured_warnings() as caught:    # extrapolation of the cost models: notes
+            pred = predict(costs, source.prediction_model(), spec, round_shape(spec), run["batch_size"],
+                           run["stats"], workload)
+        notes += [" ".join(str(w.message).split()) for w in caught]
+        rows.append(_row(run, source.label, pred, cfg))
+    for B in dict.fromkeys(r["batch_size"] for r in rows):
+        plain = next((r["measured_tok_s"] for r in rows if r["batch_size"] == B and r["policy"].startswith("plain")),
+                     float("nan"))
+        for r in rows:
+            if r["batch_size"] == B and plain == plain and plain:
+                r["speedup_vs_plain"] = r["measured_tok_s"] / plain
+    return rows
+
+
+def _load_costs(costs):
+    if costs is None:
+        raise SimtreeError("the full-scale run needs --costs (a cost bundle) for its predictions")
+    if not hasattr(costs, "verify"):
+        from simtree.costs.model import load_costs
+        costs = load_costs(costs)
+    return costs
 
 
 def full_run(model, *, device: str = "cuda", costs=None, policy=None, batch_sizes=(1, 4, 16, 64), replay=None,
              acceptance=None, policy_workload: str | None = None, out=None, context_len: int | None = None,
              rounds: int = 32, warmup_rounds: int = 4, seed: int = 0, dtype=None, progress=None) -> dict:
-    """Run every (batch size, policy) and return {"rows": [...], "notes": [...], "files": {...}};
-    ``model``: a registry name, a shape or a built model; ``progress(line)`` gets one line per run."""
+    """Run every (batch size, policy) and return {"rows", "notes", "config", "runs", "files"};
+    ``model``: a registry name, a shape or a built model; ``progress(line)`` gets one line per
+    run.  ``runs`` keeps every run's per-round measurements (:func:`runs_json` makes them JSON,
+    :func:`repredict` predicts them again from another cost bundle)."""
     say = progress or (lambda line: None)
-    if costs is not None and not hasattr(costs, "verify"):
-        from simtree.costs.model import load_costs
-        costs = load_costs(costs)
-    if costs is None:
-        raise SimtreeError("the full-scale run needs --costs (a cost bundle) for its predictions")
+    costs = _load_costs(costs)
     source = _Source(replay, acceptance, device, seed)
     cfg = RunConfig(context_len or source.default_context(), rounds, warmup_rounds, seed)
     if isinstance(model, str) or not hasattr(model, "verify"):
@@ -210,34 +242,72 @@ def full_run(model, *, device: str = "cuda", costs=None, policy=None, batch_size
         model = build_model(shape, device, dtype, seed)
     notes = [f"deployment: {model.deployment}"]
     workload = policy_workload or source.name
-    rows = []
+    runs = []
     for B in batch_sizes:
         measured = {}
         for label, spec in _policies(policy, workload, B, notes):
             rs = round_shape(spec)
+            run = {"label": label, "mode": spec.mode, "params": dict(spec.params), "batch_size": B,
+                   "model": model.shape.name, "deployment": model.deployment}
             try:
                 if rs not in measured:
                     t0 = time.perf_counter()
                     measured[rs] = measure_policy(model, rs, B, source.make(rs, B), cfg)
                     say(f"batch {B} {label} {rs.name}: {measured[rs][0].tok_s:.1f} tok/s, round "
                         f"{measured[rs][0].round_ms:.2f} ms ({time.perf_counter() - t0:.1f} s)")
-                stats, graphs = measured[rs]
-                with captured_warnings() as caught:    # extrapolation of the cost models: notes
-                    pred = predict(costs, source.prediction_model(), spec, rs, B, stats, workload)
-                notes += [" ".join(str(w.message).split()) for w in caught]
-                rows.append(_row(model, label, spec, rs, B, source.label, stats, graphs, pred, cfg))
+                run["stats"], run["graphs"] = measured[rs]
             except Exception as exc:   # noqa: BLE001 - one failed run is a row; the next run goes on
                 say(f"batch {B} {label} {rs.name} FAILED: {type(exc).__name__}: {exc}")
-                rows.append(_failed_row(model.shape.name, model.deployment, label, rs, B, source.label, cfg, exc))
+                run["error"] = " ".join(f"{type(exc).__name__}: {exc}".split())[:300]
                 if torch.cuda.is_available():
                     torch.cuda.empty_cache()
-        plain = next((r["measured_tok_s"] for r in rows if r["batch_size"] == B and r["policy"].startswith("plain")),
-                     float("nan"))
-        for r in rows:
-            if r["batch_size"] == B:
-                r["speedup_vs_plain"] = r["measured_tok_s"] / plain if plain == plain and plain else float("nan")
-    result = {"rows": rows, "notes": list(dict.fromkeys(notes)), "config": cfg.__dict__, "files": {}}
+            runs.append(run)
+    rows = _rows(runs, costs, source, cfg, workload, notes)
+    config = {**cfg.__dict__, "replay": None if replay is None else str(replay), "acceptance": acceptance,
+              "workload": workload}
+    result = {"rows": rows, "notes": list(dict.fromkeys(notes)), "config": config, "runs": runs, "files": {}}
     if out is not None:
         from .report import write_summary
-        result["files"] = write_summary(rows, notes, Path(out))
+        result["files"] = write_summary(rows, result["notes"], Path(out))
+    return result
+
+
+def runs_json(runs: list[dict]) -> list[dict]:
+    """The runs with their RunStats as plain lists (summary.json)."""
+    out = []
+    for run in runs:
+        r = dict(run)
+        if "stats" in r:
+            st = r["stats"]
+            r["stats"] = {k: (v.tolist() if isinstance(v, np.ndarray) else v) for k, v in st.__dict__.items()}
+        out.append(r)
+    return out
+
+
+def repredict(summary, costs, out=None) -> dict:
+    """Predict the measured runs of a summary.json (``full_run``'s result with ``runs_json``)
+    again from another cost bundle - e.g. one fitted from the runtime's own step profile - and
+    write the summary files under ``out``: the measurements stay, the predictions change."""
+    from .engine import RunStats
+    if not isinstance(summary, dict):
+        summary = json.loads(Path(summary).read_text())
+    cfg_d = summary["config"]
+    cfg = RunConfig(cfg_d["context_len"], cfg_d["rounds"], cfg_d["warmup_rounds"], cfg_d["seed"])
+    source = _Source(cfg_d.get("replay"), cfg_d.get("acceptance"), "cpu", cfg.seed)
+    runs = []
+    for run in summary["runs"]:
+        run = dict(run)
+        if "stats" in run:
+            st = dict(run["stats"])
+            for k in ("accepted", "draft_ms", "verify_ms", "commit_ms", "host_ms", "context_lens"):
+                st[k] = np.asarray(st[k], np.float64 if k != "accepted" else np.int64)
+            run["stats"] = RunStats(**st)
+        runs.append(run)
+    notes = list(summary.get("notes", []))
+    rows = _rows(runs, _load_costs(costs), source, cfg, cfg_d["workload"], notes)
+    result = {"rows": rows, "notes": list(dict.fromkeys(notes)), "config": cfg_d, "runs": summary["runs"],
+              "files": {}}
+    if out is not None:
+        from .report import write_summary
+        result["files"] = write_summary(rows, result["notes"], Path(out))
     return result

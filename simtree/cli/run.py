@@ -182,7 +182,7 @@ def _full_scale(model, device, costs, policy, batch_sizes, replay, acceptance, p
     if json_out:
         finite = lambda v: None if isinstance(v, float) and v != v else v  # noqa: E731  (NaN -> null)
         rows = [{k: finite(v) for k, v in r.items()} for r in result["rows"]]
-        typer.echo(json.dumps({**result, "rows": rows}, default=str))
+        typer.echo(json.dumps({**result, "rows": rows, "runs": len(result["runs"])}, default=str))
         return
     for note in result["notes"]:
         typer.echo(f"note: {note}", err=True)
