@@ -104,3 +104,9 @@ def test_repredict_keeps_the_measurements_and_changes_the_predictions(tmp_path):
         assert b["predicted_tok_s"] == pytest.approx(a["predicted_tok_s"])
         assert c["predicted_round_ms"] != pytest.approx(a["predicted_round_ms"])
     assert (tmp_path / "again" / "summary.csv").exists()
+
+
+def test_runs_after_the_deadline_are_skipped_rows():
+    res = full_run(tiny_model("tiny-gdn"), device="cpu", costs=COSTS, batch_sizes=[1], acceptance="gsm8k",
+                   context_len=8, rounds=1, warmup_rounds=0, deadline=0.0)
+    assert [r["note"] for r in res["rows"]] == ["skipped: the session's time was up"] * 2

@@ -246,9 +246,11 @@ def main(argv=None) -> int:
                 policy = _plan(s, load_costs(costs_path), sizes, args.replay or args.acceptance)
             elif phase == "measure":
                 from .measure import full_run, runs_json
+                # the measured runs may take 70% of the session; the step profile and the refit follow
                 res = full_run(model, device=args.device, costs=costs_path, policy=policy, batch_sizes=sizes,
                                replay=args.replay, acceptance=None if args.replay else args.acceptance,
-                               out=s.out, rounds=args.rounds, warmup_rounds=3, progress=s.log)
+                               out=s.out, rounds=args.rounds, warmup_rounds=3, progress=s.log,
+                               deadline=s.t0 + 0.7 * s.limit)
                 for n in res["notes"]:
                     s.log(f"note: {n}")
                 res["runs"] = runs_json(res["runs"])

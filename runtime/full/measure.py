@@ -190,7 +190,7 @@ def _failed_row(run: dict, source_label: str, cfg: RunConfig) -> dict:
     row = {c: float("nan") for c in SUMMARY_COLUMNS + EXTRA_COLUMNS}
     row.update(model=run["model"], deployment=run["deployment"], policy=f"{run['label']}:{rs.name}",
                batch_size=run["batch_size"], acceptance=source_label, nodes=rs.nodes, context_len=cfg.context_len,
-               rounds=0, graphs=False, note="failed: " + run["error"])
+               rounds=0, graphs=False, note=run["error"])
     return row
 
 
@@ -227,11 +227,15 @@ def _load_costs(costs):
 
 def full_run(model, *, device: str = "cuda", costs=None, policy=None, batch_sizes=(1, 4, 16, 64), replay=None,
              acceptance=None, policy_workload: str | None = None, out=None, context_len: int | None = None,
-             rounds: int = 32, warmup_rounds: int = 4, seed: int = 0, dtype=None, progress=None) -> dict:
+             rounds: int = 32, warmup_rounds: int = 4, seed: int = 0, dtype=None, progress=None,
+             deadline: float | None = None) -> dict:
     """Run every (batch size, policy) and return {"rows", "notes", "config", "runs", "files"};
     ``model``: a registry name, a shape or a built model; ``progress(line)`` gets one line per
     run.  ``runs`` keeps every run's per-round measurements (:func:`runs_json` makes them JSON,
-    :func:`repredict` predicts them again from another cost bundle)."""
+    :func:`repredict` predicts them again from another cost bundle).  ``deadline`` (a
+    ``time.time()``): runs not started by then are skipped, each a row saying so.  With ``out``
+    the summary files are rewritten after every batch size, so a session cut short keeps the
+    batch sizes it finished."""
     say = progress or (lambda line: None)
     costs = _load_costs(costs)
     source = _Source(replay, acceptance, device, seed)
@@ -243,12 +247,17 @@ def full_run(model, *, device: str = "cuda", costs=None, policy=None, batch_size
     notes = [f"deployment: {model.deployment}"]
     workload = policy_workload or source.name
     runs = []
+    result = _result(runs, costs, source, cfg, workload, notes, replay, acceptance, None)
     for B in batch_sizes:
         measured = {}
         for label, spec in _policies(policy, workload, B, notes):
             rs = round_shape(spec)
             run = {"label": label, "mode": spec.mode, "params": dict(spec.params), "batch_size": B,
                    "model": model.shape.name, "deployment": model.deployment}
+            if deadline is not None and rs not in measured and time.time() > deadline:
+                run["error"] = "skipped: the session's time was up"
+                runs.append(run)
+                continue
             try:
                 if rs not in measured:
                     t0 = time.perf_counter()
@@ -258,10 +267,17 @@ def full_run(model, *, device: str = "cuda", costs=None, policy=None, batch_size
                 run["stats"], run["graphs"] = measured[rs]
             except Exception as exc:   # noqa: BLE001 - one failed run is a row; the next run goes on
                 say(f"batch {B} {label} {rs.name} FAILED: {type(exc).__name__}: {exc}")
-                run["error"] = " ".join(f"{type(exc).__name__}: {exc}".split())[:300]
+                run["error"] = "failed: " + " ".join(f"{type(exc).__name__}: {exc}".split())[:300]
                 if torch.cuda.is_available():
                     torch.cuda.empty_cache()
             runs.append(run)
+        result = _result(runs, costs, source, cfg, workload, notes, replay, acceptance, out)
+    return result
+
+
+def _result(runs, costs, source, cfg, workload, notes, replay, acceptance, out) -> dict:
+    """The rows of the runs so far (their notes, e.g. a cost model's one-time extrapolation
+    warning, added to ``notes``), written under ``out``."""
     rows = _rows(runs, costs, source, cfg, workload, notes)
     config = {**cfg.__dict__, "replay": None if replay is None else str(replay), "acceptance": acceptance,
               "workload": workload}

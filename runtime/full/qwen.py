@@ -1,7 +1,7 @@
 """Qwen3.6-style GDN hybrid at full size (random weights) with its MTP draft layer.
 
 Layers follow the model YAML (``gdn`` / ``attn`` kinds, dense SwiGLU MLP): x += mixer(RMSNorm x);
-x += MLP(RMSNorm x).  The GDN mixer is Qwen's (docs/ and kernels/gdn): in_proj -> qkv, z, b, a;
+x += MLP(RMSNorm x).  The GDN mixer is Qwen's (kernels/gdn): in_proj -> qkv, z, b, a;
 tree causal conv (kernel 4, over ancestors) + SiLU; q/k L2-normalised inside the kernel;
 g = -exp(A_log) softplus(a + dt_bias); beta = sigmoid(b); tree verify through
 ``simtree.kernels.gdn``; out = W_o (RMSNorm(o) * SiLU(z)).  Gated attention: GQA with per-head
@@ -39,7 +39,7 @@ from .params import Spec, linear, make_weights
 __all__ = ["QwenModel", "QwenState", "param_specs", "ROPE_FRACTION", "ROPE_THETA"]
 
 ROPE_FRACTION = 0.25     # partial_rotary_factor of Qwen3-Next / Qwen3.6: RoPE on 64 of 256 dims
-ROPE_THETA = 10_000_000.0
+ROPE_THETA = 10_000_000.0   # ASSUMPTION: Qwen3-Next's rope_theta as remembered; only angles change
 
 
 def _dims(shape: ModelShape) -> dict:
