@@ -1,5 +1,7 @@
 """Static shapes of the full runtime: bucket padding, the device-built trees, the tree
 attention kernel and the routed experts against plain references."""
+import warnings
+
 import numpy as np
 import pytest
 import torch
@@ -126,3 +128,22 @@ def test_routed_experts_match_a_per_token_sum():
             a, b = (wgu[ids[t, j]] @ x[t]).chunk(2)
             want[t] += w[t, j] * (wd[ids[t, j]] @ (torch.nn.functional.silu(a) * b))
     torch.testing.assert_close(routed_experts(x, ids, w, wgu, wd), want)
+
+
+def test_routed_experts_through_grouped_mm_match_the_per_expert_loop(monkeypatch):
+    """The grouped-GEMM path (the one CUDA takes) on this CPU's torch._grouped_mm, fp32."""
+    from simtree.runtime.full import layers
+    g = torch.Generator().manual_seed(1)
+    T, h, E, I, k = 9, 8, 4, 8, 2
+    x = torch.randn(T, h, generator=g)
+    wgu, wd = torch.randn(E, 2 * I, h, generator=g), torch.randn(E, h, I, generator=g)
+    ids = torch.stack([torch.randperm(E, generator=g)[:k] for _ in range(T)])
+    ids[:, 0] = 0                                   # an expert with many rows, and maybe one with none
+    w = torch.rand(T, k, generator=g)
+    loop = routed_experts(x, ids, w, wgu, wd)
+    monkeypatch.setattr(layers, "grouped_mm_capturable", lambda *a: True)
+    monkeypatch.setitem(layers._GROUPED_MM, "ok", True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")              # a fallback to the loop would warn: fail instead
+        grouped = routed_experts(x, ids, w, wgu, wd)
+    torch.testing.assert_close(grouped, loop, rtol=1e-5, atol=1e-5)

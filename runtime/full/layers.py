@@ -8,6 +8,7 @@ kernel for the device): :func:`grouped_mm_capturable` says which one a model get
 from __future__ import annotations
 
 import functools
+import warnings
 from dataclasses import dataclass
 
 import torch
@@ -54,15 +55,23 @@ def route_topk(x: torch.Tensor, w_router: torch.Tensor, topk: int) -> tuple[torc
     return ids, w / w.sum(-1, keepdim=True)
 
 
+_GROUPED_MM = {"ok": hasattr(torch, "_grouped_mm")}   # off after the first failure on this device
+
+
 def grouped_mm_capturable(device: torch.device, dtype: torch.dtype) -> bool:
     """Whether routed experts run as ``torch._grouped_mm`` (no host sync) here."""
-    return torch.device(device).type == "cuda" and dtype == torch.bfloat16 and hasattr(torch, "_grouped_mm")
+    return torch.device(device).type == "cuda" and dtype == torch.bfloat16 and _GROUPED_MM["ok"]
 
 
 def _grouped_linear(x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
     """Rows offs[e-1]:offs[e] of x [M, in] times w[e] [out, in]^T -> [M, out]."""
     if grouped_mm_capturable(x.device, x.dtype):
-        return torch._grouped_mm(x, w.transpose(-2, -1), offs=offs)
+        try:
+            return torch._grouped_mm(x, w.transpose(-2, -1), offs=offs)
+        except RuntimeError as exc:    # a build without the kernel for this GPU: the loop below
+            _GROUPED_MM["ok"] = False
+            warnings.warn(f"torch._grouped_mm failed ({' '.join(str(exc).split())[:160]}): routed experts "
+                          "run one GEMM per expert, with a host sync", RuntimeWarning, stacklevel=2)
     out = x.new_zeros(x.shape[0], w.shape[1])
     start = 0
     for e, end in enumerate(offs.tolist()):     # host loop: CPU / float64 reference path
