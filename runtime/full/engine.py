@@ -107,12 +107,20 @@ class FullEngine:
         self.log_at = torch.zeros(1, dtype=torch.int64, device=dev)
         self.own_bits = own_row_bits(rs, dev) if rs.num_steps > 1 else []
         self.path_cols = torch.arange(P, device=dev)
-        self.chain = chain_bits(B, P, dev)
+        self.chain = self._chain_bits(P)
         self.use_graphs = (dev.type == "cuda" and model.capturable) if graphs is None else bool(graphs)
         if self.use_graphs and not (dev.type == "cuda" and model.capturable):
             raise SimtreeError("CUDA graphs need a CUDA device and a capturable model")
         self.graphs = None
         self.capture_error = None   # why capture() fell back to eager stages, if it did
+
+    def _chain_bits(self, rows: int) -> torch.Tensor:
+        """Causal-chain bits over the first ``rows`` scratch rows, as wide as the scratch."""
+        bits = chain_bits(self.B, rows, self.device)
+        if self.ds is None:
+            return bits
+        words = (self.ds.scratch_k.shape[1] + 63) // 64
+        return torch.nn.functional.pad(bits, (0, words - bits.shape[-1]))
 
     # ---- stages ------------------------------------------------------------------------------
     def _stages(self) -> list:
@@ -276,7 +284,7 @@ class FullEngine:
             cols = torch.arange(C, device=dev)
             pos = ds.lengths[:, None] + cols
             rows = cols.expand(self.B, C)
-            out = self.model.draft_forward(ds, tokens, prev, pos, rows, chain_bits(self.B, C, dev))
+            out = self.model.draft_forward(ds, tokens, prev, pos, rows, self._chain_bits(C))
             ds.commit(rows, torch.where(cols[None, :] < lens[:, None], pos, ds.max_len))
             ds.lengths += lens
         self._set_first(out[torch.arange(self.B, device=dev), lens - 1])
