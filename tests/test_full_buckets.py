@@ -101,6 +101,24 @@ def test_tree_attention_kernel_matches_the_reference(window, sink):
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
 
+def test_tree_attention_kernel_with_several_row_blocks_and_two_bit_words():
+    """72 (query, head) rows of one KV head (two program blocks), 70 tree rows (two 64-bit words
+    per query), per-query window starts and a sink."""
+    from simtree.runtime.full._attention_kernel import tree_attention_triton
+    g = torch.Generator().manual_seed(5)
+    B, Q, Hq, Hkv, D, S, T = 2, 9, 8, 1, 16, 50, 70
+    r = lambda *s: torch.randn(*s, generator=g)  # noqa: E731
+    bits = torch.randint(-(1 << 62), 1 << 62, (B, Q, 2), generator=g)
+    bits[..., 0] |= 1
+    args = (r(B, Q, Hq, D), r(B, S, Hkv, D), r(B, S, Hkv, D), torch.tensor([3, 50]),
+            torch.tensor([[3 + i for i in range(Q)], [50 + i for i in range(Q)]]), r(B, T, Hkv, D),
+            r(B, T, Hkv, D), bits)
+    sink = r(Hq)
+    got = tree_attention_triton(*args, scale=0.25, window=12, sink=sink)
+    want = tree_attention_ref(*args, scale=0.25, window=12, sink=sink)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
 def test_tree_attention_reference_is_softmax_over_visible_rows():
     q, kc, vc, lens, pos, kt, vt, bits = _attention_inputs(1)
     out = tree_attention_ref(q, kc, vc, lens, pos, kt, vt, bits, scale=0.25)
