@@ -83,3 +83,20 @@ def test_model_replay_accepts_only_children_of_accepted_nodes():
         path = engine._path[b, 1:int(engine._acc_len[b]) + 1]
         assert int(engine._acc_len[b]) >= 1
         assert bool((engine.tree.rank[b, path] == 1).all())
+
+
+@pytest.mark.parametrize("spec", [EAGLE, PolicySpec("eagle", {"num_steps": 4, "topk": 3, "budget": 9})],
+                         ids=["s3k2d6", "s4k3d9"])
+def test_replayed_rounds_build_the_trees_the_simulator_scores(spec):
+    """A replay shapes its trees by its acceptance model, not by the random drafter's flat
+    log-probabilities: the tree of every sequence is static_round's tree for its level."""
+    from simtree.acceptance.model import calibrate_linear
+    from simtree.planning.simulate import static_round
+    acc = calibrate_linear(2.6, 4, spread=0.0)        # one level: every sequence's tree is the same
+    rs = round_shape(spec)
+    engine = FullEngine(tiny_model("tiny-gdn"), rs, 3, 64, ModelReplay(acc, rs.max_depth, "cpu"))
+    engine.fill_context(8, seed=0)
+    engine._draft()
+    want = static_round(acc, spec).trees[0]
+    for b in range(3):
+        assert engine.tree.parents[b].tolist() == want.parents.tolist()

@@ -14,7 +14,11 @@
 
 ``accept(tree, target_next, rs)`` -> accepted node (LOCAL index, int64 [B]); no host sync.
 Replays decide the path with meaningless tokens: the round still drafts, verifies every tree
-and commits the chosen path, exactly a real round's work.
+and commits the chosen path, exactly a real round's work.  They also decide the tree's shape
+(``scores``, :class:`DraftScores`): a random-weight MTP layer's top-k log-probabilities are
+nearly flat, so its trees would be breadth-first whatever the policy; a replay scores the
+drafted candidates as a drafter of its acceptance model would (log P(rank r | depth d) of the
+round's level, as ``AcceptanceModel.propose``), so a round builds the tree the simulator scores.
 """
 from __future__ import annotations
 
@@ -24,7 +28,7 @@ import torch
 from simtree.acceptance.model import AcceptanceModel, fit_positional, read_traces
 from .drafting import RoundShape, TreeBuffers
 
-__all__ = ["Live", "TraceReplay", "ModelReplay", "deepest_on_chain"]
+__all__ = ["Live", "TraceReplay", "ModelReplay", "DraftScores", "deepest_on_chain"]
 
 
 def deepest_on_chain(ok: torch.Tensor, tree: TreeBuffers, max_depth: int) -> torch.Tensor:
@@ -38,8 +42,37 @@ def deepest_on_chain(ok: torch.Tensor, tree: TreeBuffers, max_depth: int) -> tor
     return torch.where(acc, tree.depth, -1).argmax(1)
 
 
+class DraftScores:
+    """Draft scores under an acceptance model: log P(rank r at depth d) per level, running min
+    along the ranks (``AcceptanceModel.propose``), [L, P, K] on the device; ``draw(B)`` picks
+    each sequence's level for the round, ``rescore(step, lp)`` replaces the MTP layer's
+    log-probs of step ``step``'s children (lp [B, ..., k]) with that level's row."""
+
+    def __init__(self, model: AcceptanceModel, max_depth: int, device, gen=None):
+        P = max(max_depth, 1)
+        probs = np.stack([np.minimum.accumulate(model.table(lv, P), axis=1) for lv in range(model.num_levels)])
+        probs = np.concatenate([probs, np.zeros(probs.shape[:2] + (max(0, 32 - probs.shape[2]),))], -1)
+        self.logp = torch.as_tensor(np.log(np.maximum(probs, 1e-300)), dtype=torch.float32, device=device)
+        self.level_cum = torch.as_tensor(np.cumsum(model.weights)[:-1], dtype=torch.float32, device=device)
+        self.device, self.gen, self.level = torch.device(device), gen, None
+
+    def draw(self, B: int) -> torch.Tensor:
+        level = (torch.rand(B, 1, device=self.device, generator=self.gen) > self.level_cum[None, :]).sum(1)
+        if self.level is None:
+            self.level = level
+        else:
+            self.level.copy_(level)
+        return self.level
+
+    def rescore(self, step: int, lp: torch.Tensor) -> torch.Tensor:
+        k = lp.shape[-1]
+        row = self.logp[self.level, min(step, self.logp.shape[1] - 1), :k]         # [B, k]
+        return row.view(row.shape[0], *([1] * (lp.dim() - 2)), k).expand_as(lp)
+
+
 class Live:
     kind = label = "live"
+    scores = None
 
     def accept(self, tree: TreeBuffers, target_next: torch.Tensor, rs: RoundShape) -> torch.Tensor:
         ok = tree.valid & (tree.tokens == target_next.gather(1, tree.parents.clamp(min=0)))
@@ -59,13 +92,20 @@ class TraceReplay:
         self._set_table(np.resize(depths, rows * batch_size).reshape(rows, batch_size), device)
         self.label = f"replay ({path})"
         self.workload = self.records[0].workload
+        self.scores = None
+
+    def score_trees(self, max_depth: int, device) -> "TraceReplay":
+        """Shape the trees by the trace's positional fit (``prediction_model``)."""
+        self.scores = DraftScores(self.prediction_model(), max_depth, device)
+        return self
 
     @classmethod
     def fixed(cls, depth: int, batch_size: int, device) -> "TraceReplay":
-        """Every sequence asks for ``depth`` every round (the profiler's steps: a fixed commit)."""
+        """Every sequence asks for ``depth`` every round, trees as the MTP layer scores them (the
+        profiler's steps: a fixed commit)."""
         src = cls.__new__(cls)
         src._set_table(np.full((1, batch_size), int(depth), np.int64), device)
-        src.records, src.label, src.workload = [], f"replay (depth {depth})", "fixed"
+        src.records, src.label, src.workload, src.scores = [], f"replay (depth {depth})", "fixed", None
         return src
 
     def _set_table(self, depths: np.ndarray, device) -> None:
@@ -94,19 +134,21 @@ class ModelReplay:
         tables = np.stack([model.table(lv, max(max_depth, 1)) for lv in range(model.num_levels)])   # [L, P, K]
         cum = np.concatenate([np.zeros(tables.shape[:2] + (1,)), np.cumsum(tables, -1)], -1)
         self.cum = torch.as_tensor(cum, dtype=torch.float32, device=device)              # [L, P, K + 1]
-        self.level_cum = torch.as_tensor(np.cumsum(model.weights)[:-1], dtype=torch.float32, device=device)
         self.device = torch.device(device)
         # the default CUDA generator is the one CUDA graphs record; on the host a private one
         self.gen = None if self.device.type == "cuda" else torch.Generator().manual_seed(seed)
         if self.gen is None:
             torch.cuda.manual_seed(seed)
+        self.scores = DraftScores(model, max_depth, device, self.gen)
         self.label = f"replay (acceptance model {model.name})"
 
     def accept(self, tree: TreeBuffers, target_next: torch.Tensor, rs: RoundShape) -> torch.Tensor:
+        """Rank intervals of the level the round's drafting drew (the drafter knows its level);
+        a level of its own where the tree was not drafted (plain decoding never gets here)."""
         B = tree.tokens.shape[0]
         L, P, K1 = self.cum.shape
-        u = torch.rand(B, P + 1, device=self.device, generator=self.gen)
-        level = (u[:, P:] > self.level_cum[None, :]).sum(1)                        # [B]
+        u = torch.rand(B, P, device=self.device, generator=self.gen)
+        level = self.scores.level if self.scores.level is not None else self.scores.draw(B)
         d = (tree.depth - 1).clamp(0, P - 1)
         r = tree.rank.clamp(max=K1 - 1)
         lv = level[:, None].expand_as(d)

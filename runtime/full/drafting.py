@@ -131,12 +131,16 @@ def own_row_bits(rs: RoundShape, device) -> list[torch.Tensor]:
 
 
 def draft_tree(model, ds, rs: RoundShape, roots, first_logp, first_ids, first_hidden, out: TreeBuffers,
-               own_bits: list[torch.Tensor]) -> None:
-    """Draft every sequence's tree into ``out`` (see the module docstring); no host sync."""
+               own_bits: list[torch.Tensor], rescore=None) -> None:
+    """Draft every sequence's tree into ``out`` (see the module docstring); no host sync.
+    ``rescore(step, logp)``: the log-probabilities that score step ``step``'s children in place
+    of the MTP layer's (replays: an acceptance model's, ``acceptance.DraftScores``)."""
     B, k, D = roots.shape[0], rs.topk, rs.budget
     dev = roots.device
     h = first_hidden.shape[-1]
     ranks = torch.arange(k, device=dev)
+    if rescore is not None:
+        first_logp = rescore(0, first_logp)
     scores, toks, parent, rank, depth = [first_logp], [first_ids], [torch.full_like(first_ids, -1)], \
         [ranks.expand(B, k)], [torch.ones_like(first_ids)]
     f_tok, f_score, f_cand = first_ids, first_logp, ranks.expand(B, k)
@@ -149,6 +153,8 @@ def draft_tree(model, ds, rs: RoundShape, roots, first_logp, first_ids, first_hi
         pos = (ds.lengths[:, None] + (i - 1)).expand(B, k)   # depth-i node's MTP entry: position L + i - 1
         hid = model.draft_forward(ds, f_tok, f_hidden, pos, rows, bits)
         lp, ids = topk_logp(model.draft_logits(hid), k)                     # [B, k, k]
+        if rescore is not None:
+            lp = rescore(i, lp)
         cum = (f_score[:, :, None] + lp).reshape(B, k * k)
         ids = ids.reshape(B, k * k)
         scores.append(cum)

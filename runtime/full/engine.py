@@ -129,8 +129,11 @@ class FullEngine:
         return [("draft", self._draft), ("verify", self._verify), ("catchup", self._catchup), ("commit", self._commit)]
 
     def _draft(self) -> None:
+        scores = getattr(self.source, "scores", None)
+        if scores is not None:
+            scores.draw(self.B)        # the round's acceptance level, known to the drafter
         draft_tree(self.model, self.ds, self.rs, self.roots, self.first_logp, self.first_ids, self.first_hidden,
-                   self.tree, self.own_bits)
+                   self.tree, self.own_bits, None if scores is None else scores.rescore)
 
     def _verify(self) -> None:
         t, m, B, n = self.tree, self.model, self.B, self.rs.nodes

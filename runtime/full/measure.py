@@ -105,7 +105,7 @@ class _Source:
         if self.workload is not None:
             return ModelReplay(self.workload.acceptance, rs.max_depth, self.device, self.seed)
         if self.replay is not None:
-            return TraceReplay(self.replay, batch_size, self.device)
+            return TraceReplay(self.replay, batch_size, self.device).score_trees(rs.max_depth, self.device)
         return Live()
 
     def prediction_model(self):
