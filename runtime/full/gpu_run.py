@@ -144,7 +144,7 @@ def _plan(s: Session, costs, batch_sizes, workload: str) -> Path:
     return path
 
 
-def _profile(s: Session, model, reserve_s: float = 15.0) -> None:
+def _profile(s: Session, model, tree_model, reserve_s: float = 15.0) -> None:
     from simtree.costs.profile_table import append_rows
     from simtree.machine.metadata import device_label
     from .steps import draft_step, verify_step
@@ -160,7 +160,8 @@ def _profile(s: Session, model, reserve_s: float = 15.0) -> None:
             break
         kind, p = points[i]
         try:
-            step = verify_step(model, p[0], p[1], p[2]) if kind == "verify" else draft_step(model, p[0], p[1], p[2], 512)
+            step = (verify_step(model, p[0], p[1], p[2], tree_model=tree_model) if kind == "verify" else
+                    draft_step(model, p[0], p[1], p[2], 512, tree_model=tree_model))
             med, p10, p90 = time_step(step)
             d = step.describe()
             step.close()
@@ -256,7 +257,8 @@ def main(argv=None) -> int:
                 res["runs"] = runs_json(res["runs"])
                 (s.out / "summary.json").write_text(json.dumps(res, default=str, indent=1))
             elif phase == "profile":
-                _profile(s, model, reserve_s=75)
+                from simtree.acceptance.model import get_workload
+                _profile(s, model, get_workload(args.replay or args.acceptance).acceptance, reserve_s=75)
             elif phase == "refit":
                 _refit(s)
         except Exception as exc:   # noqa: BLE001 - a failed phase is logged; the next one runs

@@ -10,8 +10,8 @@
   (the target over b trees of n nodes, the round's GDN metadata built on the device, argmax,
   acceptance, the outputs' book-keeping) and its ``commit`` stage (the accepted path's state).
   The trees are the model's own MTP drafts - an EAGLE top-2 tree of n nodes, or a chain of n
-  with ``tree="linear"`` - drafted once; every repetition commits a path of depth
-  min(2, the tree's depth).  n = 1 is the plain decode step (the engine's only stage there).
+  with ``tree="linear"`` - drafted once (shaped by ``tree_model``'s scores where given, as the
+  replayed runs shape theirs); every repetition commits a path of depth min(2, the tree's depth).  n = 1 is the plain decode step (the engine's only stage there).
 * :func:`draft_step` (b, s, k, l) is what C_d(s, k, b) predicts: the engine's ``draft`` stage
   (s - 1 MTP forwards of k rows per sequence, the top-k expansion and the tree build, budget
   1 + s k capped at the nodes drafted) and its ``catchup`` stage (the MTP layer over the
@@ -30,7 +30,7 @@ import torch
 
 from simtree.errors import SimtreeError
 
-from .acceptance import TraceReplay
+from .acceptance import DraftScores, TraceReplay
 from .drafting import RoundShape
 from .engine import FullEngine
 
@@ -101,19 +101,24 @@ class Step:
             torch.cuda.empty_cache()
 
 
-def _engine(model, rs: RoundShape, batch_size: int, context_len: int, depth: int, seed: int) -> FullEngine:
-    engine = FullEngine(model, rs, batch_size, context_len + 4 * rs.path_rows + 8,
-                        TraceReplay.fixed(depth, batch_size, model.device))
+def _engine(model, rs: RoundShape, batch_size: int, context_len: int, depth: int, seed: int,
+            tree_model=None) -> FullEngine:
+    source = TraceReplay.fixed(depth, batch_size, model.device)
+    if tree_model is not None:
+        source.scores = DraftScores(tree_model, rs.max_depth, model.device)
+    engine = FullEngine(model, rs, batch_size, context_len + 4 * rs.path_rows + 8, source)
     engine.capture()
     engine.fill_context(context_len, seed)
     return engine
 
 
 @torch.no_grad()
-def verify_step(model, batch_size: int, nodes: int, context_len: int, tree: str = "eagle", seed: int = 0) -> Step:
-    """The engine's verify + commit at (b, n, l); plain decoding at n = 1 (module docstring)."""
+def verify_step(model, batch_size: int, nodes: int, context_len: int, tree: str = "eagle", seed: int = 0,
+                tree_model=None) -> Step:
+    """The engine's verify + commit at (b, n, l); plain decoding at n = 1 (module docstring).
+    ``tree_model``: an AcceptanceModel whose scores shape the trees, as replayed runs shape them."""
     rs = tree_round_shape(nodes, tree)
-    engine = _engine(model, rs, batch_size, context_len, min(2, rs.max_depth), seed)
+    engine = _engine(model, rs, batch_size, context_len, min(2, rs.max_depth), seed, tree_model)
     if rs.plain:
         return Step("model_verify_step", engine, ("verify",), context_len, {"nodes_per_seq": 1, "tree": "plain"}).prime()
     return Step("model_verify_step", engine, ("verify", "commit"), context_len,
@@ -121,13 +126,14 @@ def verify_step(model, batch_size: int, nodes: int, context_len: int, tree: str 
 
 
 @torch.no_grad()
-def draft_step(model, batch_size: int, num_steps: int, topk: int, context_len: int, seed: int = 0) -> Step:
+def draft_step(model, batch_size: int, num_steps: int, topk: int, context_len: int, seed: int = 0,
+               tree_model=None) -> Step:
     """The engine's draft + catchup stages at (b, s, k, l) (module docstring)."""
     if num_steps < 1 or topk < 1:
         raise SimtreeError(f"draft step needs num_steps >= 1 and topk >= 1, got {num_steps}, {topk}")
     candidates = topk + (num_steps - 1) * topk ** 2
     budget = min(1 + num_steps * topk, 1 + candidates)
     rs = RoundShape(num_steps, topk, budget, budget)
-    engine = _engine(model, rs, batch_size, context_len, min(2, num_steps), seed)
+    engine = _engine(model, rs, batch_size, context_len, min(2, num_steps), seed, tree_model)
     return Step("draft_step", engine, ("draft", "catchup"), context_len,
                 {"num_steps": num_steps, "topk": topk, "budget": budget}).prime()
