@@ -5,7 +5,7 @@
 # (python -m simtree.runtime.full.gpu_run; its phases are bounded by MAX_SECONDS and a failed
 # phase does not stop the next).  Everything goes to $OUT/full_<model>.tgz; <model>_summary.md
 # and <model>_log.txt also to $OUT.
-#   bash scripts/full_run_gpu.sh qwen3.6-27b          (env OUT, MAX_SECONDS=480, ARGS="--replay t.jsonl")
+#   bash scripts/full_run_gpu.sh qwen3.6-27b   (env OUT, MAX_SECONDS=480, ARGS="--replay t.jsonl", GPUTEST=1)
 #   bash scripts/full_run_gpu.sh deepseek-v4-flash
 set -uo pipefail
 MODEL=${1:?usage: bash scripts/full_run_gpu.sh MODEL}
@@ -20,6 +20,9 @@ python3 -m pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1
 export PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem,temperature.gpu --format=csv \
   > "$RES/gpu_state.csv" 2>&1
+if [ -n "${GPUTEST:-}" ]; then   # GPUTEST=1: the runtime's GPU tests first (tiny models, ~1 min)
+  timeout 150 python3 -m pytest -q -m gpu tests/test_full_gpu.py 2>&1 | tail -15 | tee "$RES/gputest.log"
+fi
 LIMIT=${MAX_SECONDS:-480}
 # the session bounds its own phases; the timeout only catches a hang (the tar below still runs)
 timeout -k 15 $((LIMIT + 45)) python3 -m simtree.runtime.full.gpu_run --model "$MODEL" --out "$RES" \
