@@ -86,7 +86,7 @@ def _markdown(rows: list[dict], notes: list[str]) -> str:
         out.append(f"- host share of the round (host_ms / measured_round_ms): median {np.median(shares):.1%}, "
                    f"worst {max(shares):.1%}")
     out += [f"- {line}" for line in plan_check(rows)]
-    failed = [r for r in rows if str(r.get("note", "")).startswith("failed")]
+    failed = [r for r in rows if str(r.get("note", "")).startswith(("failed", "skipped"))]
     out += [f"- {r['policy']} batch {r['batch_size']}: {r['note']}" for r in failed]
     out += ["", "## Notes", ""] + [f"- {n}" for n in notes] + [""]
     return "\n".join(out)
