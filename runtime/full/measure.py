@@ -29,6 +29,7 @@ one-line reason, and the next run goes on.
 """
 from __future__ import annotations
 
+import gc
 import json
 import math
 import time
@@ -132,6 +133,7 @@ def measure_policy(model, rs: RoundShape, batch_size: int, source, cfg: RunConfi
         return stats, engine.graphs is not None
     finally:
         del engine
+        gc.collect()               # the engine's graphs and their memory pool go with it
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
 

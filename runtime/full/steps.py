@@ -23,6 +23,7 @@ hold random content (``FullEngine.fill_context``), as the replayed runs do.
 """
 from __future__ import annotations
 
+import gc
 import math
 from dataclasses import dataclass
 
@@ -97,6 +98,7 @@ class Step:
 
     def close(self) -> None:
         self.engine = self._fns = None
+        gc.collect()
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
 
