@@ -7,9 +7,12 @@ from pathlib import Path
 import typer
 
 from simtree.cli.notes import captured_warnings, print_notes
+from simtree.errors import SimtreeError
 
 EXAMPLE = ("Example: simtree run --mode eagle --steps 3 --topk 2 --budget 6 --batch-size 4 "
-           "--workload sharegpt --max-new-tokens 48")
+           "--workload sharegpt --max-new-tokens 48\n\nFull scale (random weights): simtree run --model "
+           "qwen3.6-27b --device cuda --costs B.json --policy P.json --batch-size 1,4,16,64 --acceptance gsm8k "
+           "--out DIR")
 
 
 def register(app: typer.Typer) -> None:
@@ -30,7 +33,8 @@ def register(app: typer.Typer) -> None:
         budget: int = typer.Option(6, help="verify budget D (nodes incl. root); max budget for adaptive modes"),
         width: int = typer.Option(1, help="best_first: heap pops per step"),
         draft_depth: int = typer.Option(None, help="marginal modes: drafted positions (default min(3, D-1))"),
-        batch_size: int = typer.Option(4, "--batch-size", "-b", help="sequences decoded together"),
+        batch_size: str = typer.Option("4", "--batch-size", "-b", help="sequences decoded together (with --model: "
+                                                                     "a comma list, e.g. 1,4,16,64)"),
         workload: str = typer.Option("sharegpt", help="sharegpt | humaneval (prompts from the packaged text)"),
         max_new_tokens: int = typer.Option(48, help="tokens generated per prompt"),
         prompts: int = typer.Option(None, help="prompts to run, >= 1 (rounded up to whole batches; default one batch)"),
@@ -44,7 +48,22 @@ def register(app: typer.Typer) -> None:
         threads: int = typer.Option(1, help="torch CPU threads (>= 1)"),
         device: str = typer.Option("cpu", help="cpu | cuda"),
         json_out: bool = typer.Option(False, "--json", help="print the report as JSON"),
+        model: str = typer.Option(None, help="full scale: a registry model (qwen3.6-27b, deepseek-v4-flash, "
+                                             "tiny-gdn, tiny-v4) with random weights; runs plain, linear D=4 "
+                                             "and the --policy choice per batch size and writes summary.csv"),
+        replay: Path = typer.Option(None, help="full scale: accepted lengths replayed from this trace file"),
+        acceptance: str = typer.Option(None, help="full scale: accepted lengths sampled on the device from this "
+                                                  "acceptance model (gsm8k | mbpp | sharegpt | a trace file)"),
+        context_len: int = typer.Option(None, help="full scale: context tokens per sequence (default: the "
+                                                   "workload's prompt length)"),
+        rounds: int = typer.Option(32, help="full scale: measured rounds per run (after 4 warm-up rounds)"),
     ) -> None:
+        if model is not None:
+            torch_threads(threads)
+            _full_scale(model, device, costs, policy, batch_size, replay, acceptance, policy_workload, out,
+                        context_len, rounds, json_out)
+            return
+        batch_size = _one_batch_size(batch_size)
         from rich.console import Console
         from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
         from rich.table import Table
@@ -131,3 +150,44 @@ def register(app: typer.Typer) -> None:
                    f"{fmt(m['tokens_per_s'])} tok/s while sequences decoded (compared with the prediction), "
                    f"{fmt(m['delivered_tokens_per_s'])} tok/s over all rounds; "
                    f"report {report.get('files', {}).get('report', '-')}")
+
+
+def torch_threads(threads: int) -> None:
+    import torch
+    torch.set_num_threads(max(1, int(threads)))
+
+
+def _one_batch_size(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise SimtreeError(f"--batch-size {text!r}: one integer here (a comma list needs --model)") from None
+
+
+def _full_scale(model, device, costs, policy, batch_sizes, replay, acceptance, policy_workload, out, context_len,
+                rounds, json_out) -> None:
+    """``simtree run --model ...``: simtree.runtime.full.measure.full_run, one line per run."""
+    import json
+
+    from simtree.runtime.full.measure import full_run
+
+    try:
+        sizes = [int(b) for b in str(batch_sizes).split(",") if b.strip()]
+    except ValueError:
+        raise SimtreeError(f"--batch-size {batch_sizes!r}: a comma list of integers, e.g. 1,4,16,64") from None
+    say = (lambda line: None) if json_out else (lambda line: typer.echo(line, err=True))
+    result = full_run(model, device=device, costs=costs, policy=policy, batch_sizes=sizes, replay=replay,
+                      acceptance=acceptance, policy_workload=policy_workload, out=out, context_len=context_len,
+                      rounds=rounds, progress=say)
+    if json_out:
+        finite = lambda v: None if isinstance(v, float) and v != v else v  # noqa: E731  (NaN -> null)
+        rows = [{k: finite(v) for k, v in r.items()} for r in result["rows"]]
+        typer.echo(json.dumps({**result, "rows": rows, "runs": len(result["runs"])}, default=str))
+        return
+    for note in result["notes"]:
+        typer.echo(f"note: {note}", err=True)
+    for row in result["rows"]:
+        typer.echo(f"{row['policy']:>28} b{row['batch_size']:<3} measured {row['measured_tok_s']:9.1f} tok/s  "
+                   f"predicted {row['predicted_tok_s']:9.1f}  rel_err {row['rel_err']:+.1%}  "
+                   f"round {row['measured_round_ms']:.2f} ms (host {row['host_ms']:.2f})")
+    typer.echo(f"summary: {result['files'].get('csv', '-')}")

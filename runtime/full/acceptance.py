@@ -1,0 +1,162 @@
+"""Where a round's accepted path comes from: the target (live) or a replayed acceptance.
+
+* :class:`Live` - greedy: node j is accepted when its token is the target's argmax at its
+  parent and its parent is accepted (lossless).
+* :class:`TraceReplay` - the accepted depth of each sequence per round from a JSONL trace
+  (``simtree.acceptance.model.read_traces``: the depth of each record's accepted node, in file
+  order, B per round, wrapping around), the path to the best-scored node at that depth (the
+  tree's depth where it is shallower).  The depths are uploaded once; a round reads its row
+  by a device counter, so no host work happens per round.
+* :class:`ModelReplay` - sampled on the device from a positional acceptance model
+  (``simtree.acceptance.model.AcceptanceModel``: a level per sequence per round by the level
+  weights, then at each depth d one uniform u; the rank-r child of an accepted parent is
+  accepted when u falls in [sum_{r'<r} P(d, r'), sum_{r'<=r} P(d, r')) - disjoint ranks).
+
+``accept(tree, target_next, rs)`` -> accepted node (LOCAL index, int64 [B]); no host sync.
+Replays decide the path with meaningless tokens: the round still drafts, verifies every tree
+and commits the chosen path, exactly a real round's work.  They also decide the tree's shape
+(``scores``, :class:`DraftScores`): a random-weight MTP layer's top-k log-probabilities are
+nearly flat, so its trees would be breadth-first whatever the policy; a replay scores the
+drafted candidates as a drafter of its acceptance model would (log P(rank r | depth d) of the
+round's level, as ``AcceptanceModel.propose``), so a round builds the tree the simulator scores.
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from simtree.acceptance.model import AcceptanceModel, fit_positional, read_traces
+from .drafting import RoundShape, TreeBuffers
+
+__all__ = ["Live", "TraceReplay", "ModelReplay", "DraftScores", "deepest_on_chain"]
+
+
+def deepest_on_chain(ok: torch.Tensor, tree: TreeBuffers, max_depth: int) -> torch.Tensor:
+    """Deepest node whose root path is all ``ok`` (ok [B, n], the root counts as ok)."""
+    ok = ok.clone()
+    ok[:, 0] = True
+    par = tree.parents.clamp(min=0)
+    acc = ok
+    for _ in range(max_depth):
+        acc = ok & acc.gather(1, par)
+    return torch.where(acc, tree.depth, -1).argmax(1)
+
+
+class DraftScores:
+    """Draft scores under an acceptance model: log P(rank r at depth d) per level, running min
+    along the ranks (``AcceptanceModel.propose``), [L, P, K] on the device; ``draw(B)`` picks
+    each sequence's level for the round, ``rescore(step, lp)`` replaces the MTP layer's
+    log-probs of step ``step``'s children (lp [B, ..., k]) with that level's row."""
+
+    def __init__(self, model: AcceptanceModel, max_depth: int, device, gen=None):
+        P = max(max_depth, 1)
+        probs = np.stack([np.minimum.accumulate(model.table(lv, P), axis=1) for lv in range(model.num_levels)])
+        probs = np.concatenate([probs, np.zeros(probs.shape[:2] + (max(0, 32 - probs.shape[2]),))], -1)
+        self.logp = torch.as_tensor(np.log(np.maximum(probs, 1e-300)), dtype=torch.float32, device=device)
+        self.level_cum = torch.as_tensor(np.cumsum(model.weights)[:-1], dtype=torch.float32, device=device)
+        self.device, self.gen, self.level = torch.device(device), gen, None
+
+    def draw(self, B: int) -> torch.Tensor:
+        level = (torch.rand(B, 1, device=self.device, generator=self.gen) > self.level_cum[None, :]).sum(1)
+        if self.level is None:
+            self.level = level
+        else:
+            self.level.copy_(level)
+        return self.level
+
+    def rescore(self, step: int, lp: torch.Tensor) -> torch.Tensor:
+        k = lp.shape[-1]
+        row = self.logp[self.level, min(step, self.logp.shape[1] - 1), :k]         # [B, k]
+        return row.view(row.shape[0], *([1] * (lp.dim() - 2)), k).expand_as(lp)
+
+
+class Live:
+    kind = label = "live"
+    scores = None
+
+    def accept(self, tree: TreeBuffers, target_next: torch.Tensor, rs: RoundShape) -> torch.Tensor:
+        ok = tree.valid & (tree.tokens == target_next.gather(1, tree.parents.clamp(min=0)))
+        return deepest_on_chain(ok, tree, rs.max_depth)
+
+    def prediction_model(self):
+        return None
+
+
+class TraceReplay:
+    kind = "replay"
+
+    def __init__(self, path, batch_size: int, device, workload: str | None = None):
+        self.records = read_traces(path, workload)
+        depths = np.array([int(r.tree.depth[r.accepted_node]) for r in self.records], np.int64)
+        rows = -(-depths.size // batch_size)
+        self._set_table(np.resize(depths, rows * batch_size).reshape(rows, batch_size), device)
+        self.label = f"replay ({path})"
+        self.workload = self.records[0].workload
+        self.scores = None
+
+    def score_trees(self, max_depth: int, device) -> "TraceReplay":
+        """Shape the trees by the trace's positional fit (``prediction_model``)."""
+        self.scores = DraftScores(self.prediction_model(), max_depth, device)
+        return self
+
+    @classmethod
+    def fixed(cls, depth: int, batch_size: int, device) -> "TraceReplay":
+        """Every sequence asks for ``depth`` every round, trees as the MTP layer scores them (the
+        profiler's steps: a fixed commit)."""
+        src = cls.__new__(cls)
+        src._set_table(np.full((1, batch_size), int(depth), np.int64), device)
+        src.records, src.label, src.workload, src.scores = [], f"replay (depth {depth})", "fixed", None
+        return src
+
+    def _set_table(self, depths: np.ndarray, device) -> None:
+        self.table = torch.as_tensor(depths, device=device)
+        self.counter = torch.zeros(1, dtype=torch.int64, device=device)
+
+    def accept(self, tree: TreeBuffers, target_next: torch.Tensor, rs: RoundShape) -> torch.Tensor:
+        want = self.table.index_select(0, self.counter % self.table.shape[0])[0]
+        self.counter += 1
+        deepest = torch.where(tree.valid, tree.depth, 0).amax(1)
+        want = torch.minimum(want, deepest)
+        key = torch.where(tree.valid & (tree.depth == want[:, None]), tree.score, float("-inf"))
+        return key.argmax(1)
+
+    def prediction_model(self) -> AcceptanceModel:
+        """The positional fit of the trace (the table as wide as its widest sibling set)."""
+        width = max(int(r.tree.num_children.max()) for r in self.records)
+        return fit_positional(self.records, self.workload, topk=max(width, 1))
+
+
+class ModelReplay:
+    kind = "replay"
+
+    def __init__(self, model: AcceptanceModel, max_depth: int, device, seed: int = 0):
+        self.model = model
+        tables = np.stack([model.table(lv, max(max_depth, 1)) for lv in range(model.num_levels)])   # [L, P, K]
+        cum = np.concatenate([np.zeros(tables.shape[:2] + (1,)), np.cumsum(tables, -1)], -1)
+        self.cum = torch.as_tensor(cum, dtype=torch.float32, device=device)              # [L, P, K + 1]
+        self.device = torch.device(device)
+        # the default CUDA generator is the one CUDA graphs record; on the host a private one
+        self.gen = None if self.device.type == "cuda" else torch.Generator().manual_seed(seed)
+        if self.gen is None:
+            torch.cuda.manual_seed(seed)
+        self.scores = DraftScores(model, max_depth, device, self.gen)
+        self.label = f"replay (acceptance model {model.name})"
+
+    def accept(self, tree: TreeBuffers, target_next: torch.Tensor, rs: RoundShape) -> torch.Tensor:
+        """Rank intervals of the level the round's drafting drew (the drafter knows its level);
+        a level of its own where the tree was not drafted (plain decoding never gets here)."""
+        B = tree.tokens.shape[0]
+        L, P, K1 = self.cum.shape
+        u = torch.rand(B, P, device=self.device, generator=self.gen)
+        level = self.scores.level if self.scores.level is not None else self.scores.draw(B)
+        d = (tree.depth - 1).clamp(0, P - 1)
+        r = tree.rank.clamp(max=K1 - 1)
+        lv = level[:, None].expand_as(d)
+        lo = self.cum[lv, d, r]
+        hi = self.cum[lv, d, (r + 1).clamp(max=K1 - 1)]
+        ud = u.gather(1, d)
+        return deepest_on_chain(tree.valid & (ud >= lo) & (ud < hi), tree, rs.max_depth)
+
+    def prediction_model(self) -> AcceptanceModel:
+        return self.model
+

@@ -1,0 +1,71 @@
+"""Build a full-scale model from the registry, after checking that its weights fit.
+
+    model = build_model("qwen3.6-27b", device="cuda")            # QwenModel, bf16
+    model = build_model("deepseek-v4-flash", device="cuda")      # V4Rank (one EP rank)
+    weight_bytes(get_model("qwen3.6-27b"))                       # what the runtime allocates
+
+``weight_bytes`` sizes the same parameter lists the models allocate (``param_specs``), so a
+planner asking whether a deployment fits and the runtime cannot disagree.
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+
+from simtree.errors import SimtreeError
+from simtree.models import ModelShape, get_model
+
+from . import qwen, v4_rank
+from .params import spec_bytes
+
+__all__ = ["build_model", "weight_bytes", "check_fits", "device_memory_bytes", "DTYPES"]
+
+DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32, "fp64": torch.float64}
+FIT_MARGIN = 0.08   # share of the device kept free for caches, activations and graph pools
+
+
+def _family(shape: ModelShape):
+    if shape.family == "gdn_hybrid":
+        return qwen
+    if shape.family == "v4":
+        return v4_rank
+    raise SimtreeError(f"model {shape.name!r}: family {shape.family!r} has no full-scale runtime "
+                       "(gdn_hybrid, v4)")
+
+
+def weight_bytes(shape: ModelShape, dtype: torch.dtype = torch.bfloat16) -> int:
+    """Bytes of the weights the full runtime allocates for ``shape`` (target + MTP layer; for V4
+    one expert-parallel rank)."""
+    module = _family(shape)
+    specs = module.param_specs(shape) if module is qwen else module.param_specs(shape, dtype=dtype)
+    return spec_bytes(specs, dtype)
+
+
+def device_memory_bytes(device) -> int:
+    """Free memory of a CUDA device, or the host's physical memory."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        return int(torch.cuda.mem_get_info(device)[0])
+    return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+
+
+def check_fits(shape: ModelShape, device="cuda", dtype: torch.dtype = torch.bfloat16,
+               available_bytes: int | None = None) -> int:
+    """``weight_bytes`` if they fit the device with FIT_MARGIN to spare, else a one-line error."""
+    need = weight_bytes(shape, dtype)
+    have = device_memory_bytes(device) if available_bytes is None else int(available_bytes)
+    if need > have * (1 - FIT_MARGIN):
+        raise SimtreeError(f"model {shape.name} needs {need / 1e9:.1f} GB of weights, more than the "
+                           f"{have * (1 - FIT_MARGIN) / 1e9:.1f} GB usable of {have / 1e9:.1f} GB on {device}")
+    return need
+
+
+def build_model(model, device="cuda", dtype: torch.dtype | None = None, seed: int = 0):
+    """A QwenModel or V4Rank (random weights made on ``device``) for a registry name or shape;
+    dtype: bf16 on CUDA, fp32 elsewhere unless given."""
+    shape = get_model(model) if isinstance(model, str) else model
+    dtype = dtype or (torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32)
+    check_fits(shape, device, dtype)
+    module = _family(shape)
+    return (qwen.QwenModel if module is qwen else v4_rank.V4Rank)(shape, device=device, dtype=dtype, seed=seed)

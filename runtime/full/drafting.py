@@ -1,0 +1,208 @@
+"""Draft trees built on the device from the MTP layer's top-k (EAGLE-style), in static shapes.
+
+    rs = round_shape(PolicySpec("eagle", {"num_steps": 3, "topk": 2, "budget": 6}))
+    draft_tree(model, draft_state, rs, roots, first_logp, first_ids, first_hidden, tree, own_bits)
+
+The round's first distribution (children of the root) comes from the MTP layer's catch-up of
+the previous round.  Step i = 1..s-1 runs the MTP layer on the k frontier nodes of depth i of
+each sequence (each sees the MTP cache and its frontier ancestors, kept in scratch rows), takes
+the top-k of each, scores the k*k children by cumulative log-probability and keeps the best k as
+the next frontier.  Every child scored at any step is a candidate (k + (s-1) k^2 of them); the
+tree is the root plus the D-1 best candidates.  The candidates are sorted by score with a
+stable sort, so a child whose score ties its parent's comes after it: the selection is closed
+under parents, and sorting the selected candidates' indices (steps in order) gives the tree in
+topological order - the flat form of ``simtree.trees.tree`` (parents local, -1 at the root).
+Linear D is the same with k = 1 and s = D - 1 (a chain); plain decoding drafts nothing.
+
+Nodes past the budget, up to the bucket's ``nodes``, are padding: leaves under the root that
+are never accepted (``valid`` False), so no real node sees them.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from simtree.errors import SimtreeError
+
+__all__ = ["RoundShape", "round_shape", "TreeBuffers", "topk_logp", "own_row_bits", "draft_tree",
+           "accepted_path", "RUNTIME_MODES"]
+
+RUNTIME_MODES = ("none", "linear", "eagle")   # the policy modes this runtime builds on the device
+
+
+@dataclass(frozen=True)
+class RoundShape:
+    """A round's static shape: EAGLE ``num_steps`` x top-``topk`` drafting, ``budget`` nodes
+    verified per sequence (the root included), padded to ``nodes`` (the CUDA-graph bucket)."""
+
+    num_steps: int
+    topk: int
+    budget: int
+    nodes: int
+
+    @property
+    def plain(self) -> bool:
+        return self.budget == 1
+
+    @property
+    def candidates(self) -> int:
+        return self.topk + (self.num_steps - 1) * self.topk ** 2
+
+    @property
+    def max_depth(self) -> int:
+        return self.num_steps
+
+    @property
+    def path_rows(self) -> int:
+        """Rows of the accepted path (root included) a round can commit."""
+        return self.max_depth + 1
+
+    @property
+    def scratch_rows(self) -> int:
+        return max((self.num_steps - 1) * self.topk, self.path_rows, 1)
+
+    @property
+    def name(self) -> str:
+        if self.plain:
+            return "none"
+        if self.topk == 1 and self.num_steps == self.budget - 1:
+            return f"linear_d{self.budget}"
+        return f"eagle_s{self.num_steps}_k{self.topk}_d{self.budget}"
+
+
+def round_shape(spec, nodes: int | None = None) -> RoundShape:
+    """The static shape of a policy (anything with ``mode`` and ``params``: a PolicySpec, a
+    policy entry); ``nodes``: the bucket (default: the budget)."""
+    mode, p = spec.mode, dict(spec.params)
+    if mode == "none":
+        rs = RoundShape(0, 0, 1, 1)
+    elif mode == "linear":
+        rs = RoundShape(p["budget"] - 1, 1, p["budget"], p["budget"])
+    elif mode == "eagle":
+        rs = RoundShape(p["num_steps"], p["topk"], p["budget"], p["budget"])
+    else:
+        raise SimtreeError(f"mode {mode}: the full runtime builds {', '.join(RUNTIME_MODES)} trees on the device")
+    if rs.budget > 1 and rs.budget - 1 > rs.candidates:
+        raise SimtreeError(f"{rs.name}: budget {rs.budget} exceeds the {1 + rs.candidates} nodes its steps draft")
+    if nodes is not None:
+        if nodes < rs.budget:
+            raise SimtreeError(f"bucket of {nodes} nodes is smaller than the budget {rs.budget}")
+        rs = RoundShape(rs.num_steps, rs.topk, rs.budget, int(nodes))
+    return rs
+
+
+@dataclass
+class TreeBuffers:
+    """The round's trees, int64 [B, n] (score float32): tokens, parents (local, -1 root), depth,
+    sibling rank (0 = the drafter's best child), valid (False: padding), cumulative draft score."""
+
+    tokens: torch.Tensor
+    parents: torch.Tensor
+    depth: torch.Tensor
+    rank: torch.Tensor
+    valid: torch.Tensor
+    score: torch.Tensor
+
+    @classmethod
+    def empty(cls, B: int, n: int, device) -> "TreeBuffers":
+        z = lambda: torch.zeros(B, n, dtype=torch.int64, device=device)  # noqa: E731
+        return cls(z(), z(), z(), z(), torch.zeros(B, n, dtype=torch.bool, device=device),
+                   torch.zeros(B, n, dtype=torch.float32, device=device))
+
+
+def topk_logp(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(log-probabilities float32 [..., k], token ids [..., k]) of the k most likely tokens."""
+    top, ids = logits.topk(k, -1)
+    return (top.float() - torch.logsumexp(logits.float(), -1, keepdim=True)).clamp(max=0.0), ids
+
+
+def own_row_bits(rs: RoundShape, device) -> list[torch.Tensor]:
+    """Per draft step i = 1..s-1: int64 [k, W], the scratch-row bit of each frontier node."""
+    W = (rs.scratch_rows + 63) // 64
+    out = []
+    for i in range(1, rs.num_steps):
+        bits = torch.zeros(rs.topk, W, dtype=torch.int64)
+        for j in range(rs.topk):
+            row = (i - 1) * rs.topk + j
+            bits[j, row // 64] = (1 << (row % 64)) if row % 64 < 63 else -(1 << 63)
+        out.append(bits.to(device))
+    return out
+
+
+def draft_tree(model, ds, rs: RoundShape, roots, first_logp, first_ids, first_hidden, out: TreeBuffers,
+               own_bits: list[torch.Tensor], rescore=None) -> None:
+    """Draft every sequence's tree into ``out`` (see the module docstring); no host sync.
+    ``rescore(step, logp)``: the log-probabilities that score step ``step``'s children in place
+    of the MTP layer's (replays: an acceptance model's, ``acceptance.DraftScores``)."""
+    B, k, D = roots.shape[0], rs.topk, rs.budget
+    dev = roots.device
+    h = first_hidden.shape[-1]
+    ranks = torch.arange(k, device=dev)
+    if rescore is not None:
+        first_logp = rescore(0, first_logp)
+    scores, toks, parent, rank, depth = [first_logp], [first_ids], [torch.full_like(first_ids, -1)], \
+        [ranks.expand(B, k)], [torch.ones_like(first_ids)]
+    f_tok, f_score, f_cand = first_ids, first_logp, ranks.expand(B, k)
+    f_hidden = first_hidden[:, None].expand(B, k, h)
+    f_bits = torch.zeros(B, k, own_bits[0].shape[1] if own_bits else 1, dtype=torch.int64, device=dev)
+    offset = k
+    for i in range(1, rs.num_steps):
+        rows = (i - 1) * k + ranks.expand(B, k)
+        bits = f_bits | own_bits[i - 1]
+        pos = (ds.lengths[:, None] + (i - 1)).expand(B, k)   # depth-i node's MTP entry: position L + i - 1
+        hid = model.draft_forward(ds, f_tok, f_hidden, pos, rows, bits)
+        lp, ids = topk_logp(model.draft_logits(hid), k)                     # [B, k, k]
+        if rescore is not None:
+            lp = rescore(i, lp)
+        cum = (f_score[:, :, None] + lp).reshape(B, k * k)
+        ids = ids.reshape(B, k * k)
+        scores.append(cum)
+        toks.append(ids)
+        parent.append(f_cand.repeat_interleave(k, dim=1))
+        rank.append(ranks.repeat(k).expand(B, k * k))
+        depth.append(torch.full_like(ids, i + 1))
+        f = torch.sort(cum, dim=1, descending=True, stable=True).indices[:, :k]   # ties: earlier first
+        f_score = cum.gather(1, f)
+        par = f // k
+        f_tok = ids.gather(1, f)
+        f_hidden = hid.gather(1, par[..., None].expand(B, k, h))
+        f_bits = bits.gather(1, par[..., None].expand(-1, -1, bits.shape[-1]))
+        f_cand = offset + f
+        offset += k * k
+    score, tok, par_c, rnk, dep = (torch.cat(x, 1) for x in (scores, toks, parent, rank, depth))
+    best = torch.sort(score, dim=1, descending=True, stable=True).indices[:, :D - 1]
+    idx = best.sort(dim=1).values                                            # topological order
+    local = torch.arange(1, D, device=dev).expand(B, D - 1)
+    pos_of = torch.zeros_like(score, dtype=torch.int64).scatter_(1, idx, local)
+    pc = par_c.gather(1, idx)
+    out.tokens[:, 0] = roots
+    out.tokens[:, 1:D] = tok.gather(1, idx)
+    out.parents[:, 0] = -1
+    out.parents[:, 1:D] = torch.where(pc < 0, 0, pos_of.gather(1, pc.clamp(min=0)))
+    out.depth[:, 0] = 0
+    out.depth[:, 1:D] = dep.gather(1, idx)
+    out.rank[:, 0] = 0
+    out.rank[:, 1:D] = rnk.gather(1, idx)
+    out.score[:, 0] = 0.0
+    out.score[:, 1:D] = score.gather(1, idx)
+    out.valid[:, :D] = True
+    if rs.nodes > D:   # padding: leaves under the root, never accepted
+        out.tokens[:, D:] = 0
+        out.parents[:, D:] = 0
+        out.depth[:, D:] = 1
+        out.rank[:, D:] = k
+        out.score[:, D:] = float("-inf")
+        out.valid[:, D:] = False
+
+
+def accepted_path(parents: torch.Tensor, depth: torch.Tensor, accepted: torch.Tensor, rows: int) -> torch.Tensor:
+    """int64 [B, rows]: column t = the node at depth t on the root path to ``accepted`` [B]
+    (columns past its depth are 0)."""
+    B = parents.shape[0]
+    path = torch.zeros(B, rows, dtype=torch.int64, device=parents.device)
+    cur = accepted[:, None]
+    for _ in range(rows):
+        path.scatter_(1, depth.gather(1, cur).clamp(max=rows - 1), cur)
+        cur = parents.gather(1, cur).clamp(min=0)
+    return path

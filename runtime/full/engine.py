@@ -1,0 +1,371 @@
+"""Speculative decoding rounds for a static batch on a full-scale model, as a serving engine runs them.
+
+    engine = FullEngine(model, round_shape(spec), batch_size=4, max_len=1024, source=Live())
+    engine.capture()                   # CUDA graphs per stage (CUDA + a capturable model)
+    engine.prefill(prompts)            # or engine.fill_context(512) for replay runs
+    stats = engine.run(rounds=32)      # or run(max_new_tokens=...) for live decoding
+    engine.outputs()                   # live: the tokens each sequence produced
+
+One round, every stage on the device with static shapes (B sequences, n nodes each):
+
+    draft    EAGLE-style tree from the MTP layer's top-k (:mod:`.drafting`)
+    verify   the target over all B trees -> argmax per node; the acceptance source picks each
+             sequence's accepted node; its root path, the bonus token, the outputs
+    catchup  the MTP layer over the accepted path with the target's hidden states (its cache
+             gains those rows; its last row gives the next round's first top-k)
+    commit   the target's persistent state: the accepted path only
+
+Plain decoding (budget 1) is one stage: the target's decode step and its argmax.  With CUDA
+graphs each stage is one graph replay, captured per (batch, nodes) bucket; the graphs share
+one memory pool and replay in capture order.  The host reads nothing inside a round: live runs
+read the output lengths once a round (to stop), replays not even that (their accepted lengths
+go to a device log read after the run).  A model that is not capturable (the V4 rank: host
+index lists) runs the same stages eagerly.
+
+Timing, per round: ``draft_ms`` (draft + catchup), ``verify_ms``, ``commit_ms`` from CUDA
+events around the stages (perf counters on CPU); ``host_ms`` is the CPU time spent issuing the
+round - from its first launch to the return of its last, minus the time the host was blocked
+waiting for the device (``model.plans.blocked_s``) - i.e. the host work a round adds, which
+overlaps the device unless the host is the slower of the two.  On CPU, where host and device
+are the same, ``host_ms`` is the round's wall time outside its stages.  The run's wall time
+over all rounds gives the measured round time and throughput.
+"""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from simtree.errors import SimtreeError
+
+from .acceptance import Live
+from .attention import chain_bits
+from .drafting import RoundShape, TreeBuffers, accepted_path, draft_tree, own_row_bits, topk_logp
+
+__all__ = ["FullEngine", "RunStats", "PREFILL_CHUNK", "OUT_CAP"]
+
+PREFILL_CHUNK = 64      # prompt tokens per sequence per prefill verify (the GDN kernels' decode sizes)
+OUT_CAP = 4096          # output tokens kept per sequence (live runs)
+LOG_CAP = 1 << 14       # rounds whose accepted lengths the device log keeps
+
+
+@dataclass
+class RunStats:
+    """Per round (arrays of ``rounds``): accepted draft tokens per sequence [R, B], stage times
+    (ms) and host issue time (ms); ``wall_s`` over all rounds; ``context_lens`` [R] the mean
+    context at each round's start."""
+
+    rounds: int
+    batch_size: int
+    accepted: np.ndarray
+    draft_ms: np.ndarray
+    verify_ms: np.ndarray
+    commit_ms: np.ndarray
+    host_ms: np.ndarray
+    wall_s: float
+    context_lens: np.ndarray
+    notes: list = field(default_factory=list)
+
+    @property
+    def tokens(self) -> int:
+        return int(self.accepted.sum()) + self.rounds * self.batch_size
+
+    @property
+    def round_ms(self) -> float:
+        return self.wall_s * 1e3 / max(self.rounds, 1)
+
+    @property
+    def tok_s(self) -> float:
+        return self.tokens / self.wall_s if self.wall_s > 0 else float("nan")
+
+    @property
+    def accepted_tokens_per_round(self) -> float:
+        """Tokens a sequence gains per round, the bonus included."""
+        return 1.0 + float(self.accepted.mean()) if self.rounds else float("nan")
+
+
+class FullEngine:
+    def __init__(self, model, rs: RoundShape, batch_size: int, max_len: int, source=None,
+                 graphs: bool | None = None):
+        self.model, self.rs, self.B = model, rs, int(batch_size)
+        self.source = source or Live()
+        dev = self.device = model.device
+        self.st = model.new_state(self.B, max_len)
+        self.ds = None if rs.plain else model.new_draft_state(self.st, max(rs.scratch_rows, PREFILL_CHUNK))
+        B, n, k, P = self.B, rs.nodes, max(rs.topk, 1), rs.path_rows
+        self.roots = torch.zeros(B, dtype=torch.int64, device=dev)
+        self.first_logp = torch.zeros(B, k, dtype=torch.float32, device=dev)
+        self.first_ids = torch.zeros(B, k, dtype=torch.int64, device=dev)
+        self.first_hidden = torch.zeros(B, model.hidden, dtype=model.dtype, device=dev)
+        self.tree = TreeBuffers.empty(B, n, dev)
+        self.out_buf = torch.zeros(B, OUT_CAP + 1, dtype=torch.int64, device=dev)
+        self.out_len = torch.zeros(B, dtype=torch.int64, device=dev)
+        self.acc_log = torch.zeros(LOG_CAP, B, dtype=torch.int32, device=dev)
+        self.log_at = torch.zeros(1, dtype=torch.int64, device=dev)
+        self.own_bits = own_row_bits(rs, dev) if rs.num_steps > 1 else []
+        self.path_cols = torch.arange(P, device=dev)
+        self.chain = self._chain_bits(P)
+        self.use_graphs = (dev.type == "cuda" and model.capturable) if graphs is None else bool(graphs)
+        if self.use_graphs and not (dev.type == "cuda" and model.capturable):
+            raise SimtreeError("CUDA graphs need a CUDA device and a capturable model")
+        self.graphs = None
+        self.capture_error = None   # why capture() fell back to eager stages, if it did
+
+    def _chain_bits(self, rows: int) -> torch.Tensor:
+        """Causal-chain bits over the first ``rows`` scratch rows, as wide as the scratch."""
+        bits = chain_bits(self.B, rows, self.device)
+        if self.ds is None:
+            return bits
+        words = (self.ds.scratch_k.shape[1] + 63) // 64
+        return torch.nn.functional.pad(bits, (0, words - bits.shape[-1]))
+
+    # ---- stages ------------------------------------------------------------------------------
+    def _stages(self) -> list:
+        if self.rs.plain:
+            return [("verify", self._plain)]
+        return [("draft", self._draft), ("verify", self._verify), ("catchup", self._catchup), ("commit", self._commit)]
+
+    def _draft(self) -> None:
+        scores = getattr(self.source, "scores", None)
+        if scores is not None:
+            scores.draw(self.B)        # the round's acceptance level, known to the drafter
+        draft_tree(self.model, self.ds, self.rs, self.roots, self.first_logp, self.first_ids, self.first_hidden,
+                   self.tree, self.own_bits, None if scores is None else scores.rescore)
+
+    def _verify(self) -> None:
+        t, m, B, n = self.tree, self.model, self.B, self.rs.nodes
+        hidden, self._pend = m.verify(self.st, t.tokens, t.parents)
+        self._hidden = hidden.view(B, n, -1)
+        target_next = m.logits(hidden).argmax(-1).view(B, n)
+        acc = self._accepted = self.source.accept(t, target_next, self.rs)
+        acc_len = self._acc_len = t.depth.gather(1, acc[:, None])[:, 0]
+        bonus = target_next.gather(1, acc[:, None])[:, 0]
+        path = self._path = accepted_path(t.parents, t.depth, acc, self.rs.path_rows)
+        # row r of the accepted path is followed by path[r + 1]'s token, its last row by the bonus
+        follow = torch.cat([t.tokens.gather(1, path[:, 1:]), bonus[:, None]], 1)
+        self._next_tok = torch.where(self.path_cols == acc_len[:, None], bonus[:, None], follow)
+        self._row_ok = self.path_cols[None, :] <= acc_len[:, None]
+        self._base_len = self.st.lengths.clone()
+        self._record(self._next_tok, self._row_ok, acc_len)
+        self.roots.copy_(bonus)
+
+    def _catchup(self) -> None:
+        m, ds, B, P = self.model, self.ds, self.B, self.rs.path_rows
+        prev = self._hidden.gather(1, self._path[..., None].expand(B, P, self._hidden.shape[-1]))
+        pos = self._base_len[:, None] + self.path_cols
+        rows = self.path_cols.expand(B, P)
+        out = m.draft_forward(ds, self._next_tok, prev, pos, rows, self.chain)
+        ds.commit(rows, torch.where(self._row_ok, pos, ds.max_len))
+        last = out.gather(1, self._acc_len[:, None, None].expand(B, 1, out.shape[-1]))[:, 0]
+        self._set_first(last)
+        ds.lengths += self._acc_len + 1
+
+    def _commit(self) -> None:
+        self.model.commit(self.st, self._pend, self._accepted)
+
+    def _plain(self) -> None:
+        nxt = self.model.logits(self.model.decode(self.st, self.roots)).argmax(-1)
+        ones = torch.ones(self.B, 1, dtype=torch.bool, device=self.device)
+        self._record(nxt[:, None], ones, torch.zeros_like(nxt))
+        self.roots.copy_(nxt)
+
+    def _set_first(self, hidden: torch.Tensor) -> None:
+        lp, ids = topk_logp(self.model.draft_logits(hidden), max(self.rs.topk, 1))
+        self.first_logp.copy_(lp)
+        self.first_ids.copy_(ids)
+        self.first_hidden.copy_(hidden)
+
+    def _record(self, tokens, ok, acc_len) -> None:
+        """Tokens a round produced ([B, P], ``ok`` marks them) into the outputs; its accepted
+        lengths into the device log."""
+        pos = self.out_len[:, None] + torch.arange(tokens.shape[1], device=self.device)
+        dest = torch.where(ok & (pos < OUT_CAP), pos, OUT_CAP)
+        self.out_buf.scatter_(1, dest, tokens)
+        self.out_len += ok.sum(1)
+        self.acc_log.index_copy_(0, self.log_at % LOG_CAP, acc_len.to(torch.int32)[None])
+        self.log_at += 1
+
+    # ---- set-up ------------------------------------------------------------------------------
+    def reset(self) -> None:
+        self.model.reset(self.st, self.ds)
+        for t in (self.out_len, self.log_at, self.roots):
+            t.zero_()
+        counter = getattr(self.source, "counter", None)
+        if counter is not None:
+            counter.zero_()
+
+    @torch.no_grad()
+    def capture(self, warmup: int = 2) -> None:
+        """Capture one CUDA graph per stage (warm-up runs first: Triton compiles, cached tables);
+        the state is reset afterwards.  A no-op where graphs are off; where capture fails the
+        stages run eagerly and ``capture_error`` says why."""
+        if not self.use_graphs:
+            return
+        stages = self._stages()
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(warmup):
+                for _, fn in stages:
+                    fn()
+        torch.cuda.current_stream().wait_stream(side)
+        torch.cuda.synchronize()
+        pool = torch.cuda.graph_pool_handle()
+        graphs = []
+        try:
+            for name, fn in stages:
+                g = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(g, pool=pool):
+                    fn()
+                graphs.append((name, g))
+            self.graphs = graphs
+        except Exception as exc:   # noqa: BLE001 - not capturable here: the same stages run eagerly
+            self.capture_error = " ".join(f"{type(exc).__name__}: {exc}".split())[:200]
+        torch.cuda.synchronize()
+        self.reset()
+
+    @torch.no_grad()
+    def prefill(self, prompts: list[list[int]]) -> None:
+        """Commit each prompt after what the sequences hold; the target's argmax after it is the
+        first output token (and the next round's root), the MTP layer catches up on the prompt.
+        Chains of at most PREFILL_CHUNK tokens per sequence per verify, eagerly."""
+        if len(prompts) != self.B or any(len(p) == 0 for p in prompts):
+            raise SimtreeError(f"prefill needs {self.B} non-empty prompts, got {len(prompts)}")
+        chunks = max(math.ceil(len(p) / PREFILL_CHUNK) for p in prompts)
+        if min(map(len, prompts)) < chunks:
+            raise SimtreeError(f"prompts of {min(map(len, prompts))} to {max(map(len, prompts))} tokens: each "
+                               f"needs at least {chunks} tokens (the prefill splits all into {chunks} chunks)")
+        pieces = [np.array_split(np.asarray(p, np.int64), chunks) for p in prompts]
+        hidden = [[] for _ in prompts]
+        for c in range(chunks):
+            part = [pc[c] for pc in pieces]
+            h, last = self._prefill_target(part)
+            for b, x in enumerate(h):
+                hidden[b].append(x)
+        first = self.model.logits(last).argmax(-1)
+        self.roots.copy_(first)
+        self.out_buf[:, 0] = first
+        self.out_len.fill_(1)
+        if self.ds is not None:
+            nxt = [np.append(np.asarray(p[1:], np.int64), int(f)) for p, f in zip(prompts, first.tolist())]
+            self._prefill_draft([np.array_split(x, chunks) for x in nxt],
+                                [torch.cat(h) for h in hidden], [np.cumsum([len(x) for x in pc]) for pc in pieces])
+
+    def _chain(self, part: list[np.ndarray]):
+        """(tokens, parents) [B, C] for chains of len(part[b]) tokens; padding = root leaves."""
+        C = max(len(x) for x in part)
+        tokens = np.zeros((self.B, C), np.int64)
+        parents = np.zeros((self.B, C), np.int64)
+        for b, x in enumerate(part):
+            tokens[b, :len(x)] = x
+            parents[b, :len(x)] = np.arange(-1, len(x) - 1)
+        dev = self.device
+        return torch.as_tensor(tokens, device=dev), torch.as_tensor(parents, device=dev), C
+
+    def _prefill_target(self, part):
+        tokens, parents, C = self._chain(part)
+        hidden, pend = self.model.verify(self.st, tokens, parents)
+        last = torch.as_tensor([len(x) - 1 for x in part], device=self.device)
+        self.model.commit(self.st, pend, last)
+        hidden = hidden.view(self.B, C, -1)
+        return [hidden[b, :len(x)] for b, x in enumerate(part)], hidden[torch.arange(self.B, device=self.device), last]
+
+    def _prefill_draft(self, parts, hidden, ends) -> None:
+        """MTP entries (hidden_q, token_q+1) over each prompt, chunk by chunk."""
+        ds, dev = self.ds, self.device
+        for c in range(len(parts[0])):
+            part = [p[c] for p in parts]
+            tokens, _, C = self._chain(part)
+            lens = torch.as_tensor([len(x) for x in part], device=dev)
+            prev = torch.zeros(self.B, C, self.model.hidden, dtype=self.model.dtype, device=dev)
+            for b, x in enumerate(part):
+                start = int(ends[b][c]) - len(x)
+                prev[b, :len(x)] = hidden[b][start:start + len(x)]
+            cols = torch.arange(C, device=dev)
+            pos = ds.lengths[:, None] + cols
+            rows = cols.expand(self.B, C)
+            out = self.model.draft_forward(ds, tokens, prev, pos, rows, self._chain_bits(C))
+            ds.commit(rows, torch.where(cols[None, :] < lens[:, None], pos, ds.max_len))
+            ds.lengths += lens
+        self._set_first(out[torch.arange(self.B, device=dev), lens - 1])
+
+    @torch.no_grad()
+    def fill_context(self, context_len: int, seed: int = 0) -> None:
+        """Replay runs: a context of ``context_len`` tokens per sequence, random content (the
+        work does not depend on it) up to the last token, which is prefilled for real."""
+        if context_len < 1:
+            raise SimtreeError(f"context length must be >= 1 token, got {context_len}")
+        self.model.fill_random(self.st, self.ds, context_len - 1, seed)
+        if self.ds is not None:
+            self.ds.lengths.copy_(self.st.lengths)
+        rng = np.random.default_rng(seed)
+        self.prefill([[int(t)] for t in rng.integers(0, self.model.vocab, self.B)])
+
+    # ---- rounds ------------------------------------------------------------------------------
+    @torch.no_grad()
+    def run(self, rounds: int | None = None, max_new_tokens: int | None = None) -> RunStats:
+        """``rounds`` rounds, or (live) until every sequence has ``max_new_tokens`` outputs."""
+        if (rounds is None) == (max_new_tokens is None):
+            raise SimtreeError("run needs rounds or max_new_tokens (one of them)")
+        limit = rounds if rounds is not None else max_new_tokens
+        if limit > LOG_CAP or (max_new_tokens is not None and max_new_tokens > OUT_CAP):
+            raise SimtreeError(f"at most {LOG_CAP} rounds and {OUT_CAP} output tokens per run")
+        cuda = self.device.type == "cuda"
+        stages = [(name, g.replay) for name, g in self.graphs] if self.graphs else self._stages()
+        plans = getattr(self.model, "plans", None)
+        log0 = int(self.log_at.item())
+        ctx0 = self.st.lengths.float().mean().item()
+        marks, host, n_done = [], [], 0
+        if cuda:
+            torch.cuda.synchronize()
+        t_start = time.perf_counter()
+        for _ in range(limit):
+            blocked0 = getattr(plans, "blocked_s", 0.0)
+            t0 = time.perf_counter()
+            stamps = [self._mark(cuda)]
+            for _, fn in stages:
+                fn()
+                stamps.append(self._mark(cuda))
+            t1 = time.perf_counter()
+            host.append((t1 - t0 - (getattr(plans, "blocked_s", 0.0) - blocked0)) * 1e3)
+            marks.append(stamps)
+            n_done += 1
+            if max_new_tokens is not None and int(self.out_len.min()) >= max_new_tokens:
+                break
+        if cuda:
+            torch.cuda.synchronize()
+        wall = time.perf_counter() - t_start
+        return self._stats([name for name, _ in stages], marks, host, n_done, wall, log0, ctx0, cuda)
+
+    @staticmethod
+    def _mark(cuda: bool):
+        if not cuda:
+            return time.perf_counter()
+        ev = torch.cuda.Event(enable_timing=True)
+        ev.record()
+        return ev
+
+    def _stats(self, names, marks, host, rounds, wall, log0, ctx0, cuda) -> RunStats:
+        spans = np.array([[(a.elapsed_time(b) if cuda else (b - a) * 1e3) for a, b in zip(m[:-1], m[1:])]
+                          for m in marks]).reshape(rounds, len(names))
+        col = {name: spans[:, i] for i, name in enumerate(names)}
+        zero = np.zeros(rounds)
+        draft = col.get("draft", zero) + col.get("catchup", zero)
+        idx = (log0 + np.arange(rounds)) % LOG_CAP
+        accepted = self.acc_log[torch.as_tensor(idx, device=self.device)].cpu().numpy().astype(np.int64)
+        gained = (accepted + 1).mean(1)
+        ctx = ctx0 + np.concatenate([[0.0], np.cumsum(gained)[:-1]])
+        host = np.asarray(host)
+        if not cuda:    # host and device are one: the host's share is the time outside the stages
+            host = np.maximum(wall * 1e3 / rounds - spans.sum(1), 0.0) if rounds else host
+        return RunStats(rounds, self.B, accepted, draft, col.get("verify", zero), col.get("commit", zero), host,
+                        wall, ctx)
+
+    def outputs(self) -> list[list[int]]:
+        """Live runs: each sequence's output tokens (the first from the prefill)."""
+        lens = self.out_len.clamp(max=OUT_CAP).tolist()
+        buf = self.out_buf.cpu().numpy()
+        return [buf[b, :n].tolist() for b, n in enumerate(lens)]

@@ -1,0 +1,331 @@
+"""Measured against predicted at full scale: what ``simtree run --model ...`` runs.
+
+    result = full_run("qwen3.6-27b", device="cuda", costs="B.json", policy="P.json",
+                      batch_sizes=[1, 4, 16, 64], acceptance="gsm8k", out="DIR")
+
+Per batch size: plain decoding, linear D=4 and the policy file's choice for (workload, batch)
+- a choice the runtime cannot build on the device (best_first, cost_aware, batch_alloc) is
+skipped with a one-line note.  Each run: a fresh engine (CUDA graphs captured per bucket), a
+context of ``context_len`` tokens, ``warmup_rounds`` rounds, then ``rounds`` measured rounds.
+
+Acceptance (every row says which): ``replay`` from a trace file (``--replay``) or sampled on the
+device from an acceptance model (``--acceptance``: a workload preset or a trace file, as
+``simtree simulate`` reads it); ``live`` otherwise (the target decides; with random weights it
+accepts little).
+
+Predictions come from the cost bundle and the simulator:
+
+* ``predicted_round_ms`` - the cost models for the trees actually built: C_d(s, k, b) +
+  C_v(nodes, l, b) averaged over the contexts l the measured rounds started at (plain: C_v(1,
+  l, b), no draft).  ``cost_rel_err`` compares it with the measured round time: the cost error.
+* ``predicted_tok_s`` - ``simtree.planning.simulate`` with the acceptance model behind the
+  replay (the trace's positional fit, or the model sampled), the run's context and output
+  length: cost x acceptance.  ``rel_err`` is its error; ``accept_rel_err`` compares the
+  accepted tokens per round (bonus included) it expects with the measured ones.  Live rows
+  have no acceptance model: their prediction uses the measured acceptance (cost error only).
+
+Errors are (predicted - measured) / measured.  A run that fails is recorded as a row with its
+one-line reason, and the next run goes on.
+"""
+from __future__ import annotations
+
+import gc
+import json
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from simtree.acceptance.model import Workload, get_workload
+from simtree.errors import SimtreeError, captured_warnings
+from simtree.models import get_model
+from simtree.planning.simulate import PolicySpec, simulate
+
+from .acceptance import Live, ModelReplay, TraceReplay
+from .build import build_model
+from .drafting import RUNTIME_MODES, RoundShape, round_shape
+from .engine import FullEngine
+
+__all__ = ["full_run", "repredict", "runs_json", "measure_policy", "predict", "RunConfig", "SUMMARY_COLUMNS", "EXTRA_COLUMNS",
+           "PLAIN", "LINEAR_D4"]
+
+SUMMARY_COLUMNS = ("model", "deployment", "policy", "batch_size", "acceptance", "measured_tok_s", "predicted_tok_s",
+                   "rel_err", "measured_round_ms", "predicted_round_ms", "draft_ms", "verify_ms", "commit_ms", "host_ms")
+EXTRA_COLUMNS = ("cost_rel_err", "accept_rel_err", "measured_accepted", "predicted_accepted", "speedup_vs_plain",
+                 "host_share", "nodes", "context_len", "rounds", "graphs", "note")
+PLAIN, LINEAR_D4 = PolicySpec("none"), PolicySpec("linear", {"budget": 4})
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    context_len: int = 512
+    rounds: int = 32
+    warmup_rounds: int = 4
+    seed: int = 0
+
+
+def _rel(pred, meas) -> float:
+    return (pred - meas) / meas if meas and math.isfinite(meas) and math.isfinite(pred) else float("nan")
+
+
+class _Source:
+    """How each run gets its acceptance source, and the model its prediction uses."""
+
+    def __init__(self, replay, acceptance, device, seed: int):
+        self.replay, self.device, self.seed = replay, device, seed
+        self.workload = None
+        if replay is not None and acceptance is not None:
+            raise SimtreeError("give --replay or --acceptance, not both")
+        if acceptance is not None:
+            self.workload = get_workload(str(acceptance))
+            self.name = self.workload.name
+        elif replay is not None:
+            probe = TraceReplay(replay, 1, "cpu")
+            self.name, self.model = probe.workload, probe.prediction_model()
+            ctx = [r.context_len for r in probe.records if r.context_len is not None]
+            self.context = float(np.mean(ctx)) if ctx else None
+        else:
+            self.name = "live"
+
+    @property
+    def label(self) -> str:
+        """The acceptance column: live, replay:<trace file> or replay:<acceptance model>."""
+        if self.workload is not None:
+            return f"replay:{self.workload.name}"
+        return f"replay:{Path(self.replay).name}" if self.replay is not None else "live"
+
+    def default_context(self) -> int:
+        if self.workload is not None:
+            return max(1, int(round(self.workload.mean_prompt_len)))
+        return max(1, int(round(getattr(self, "context", None) or 512)))
+
+    def make(self, rs: RoundShape, batch_size: int):
+        if self.workload is not None:
+            return ModelReplay(self.workload.acceptance, rs.max_depth, self.device, self.seed)
+        if self.replay is not None:
+            return TraceReplay(self.replay, batch_size, self.device).score_trees(rs.max_depth, self.device)
+        return Live()
+
+    def prediction_model(self):
+        if self.workload is not None:
+            return self.workload.acceptance
+        return getattr(self, "model", None)
+
+
+def measure_policy(model, rs: RoundShape, batch_size: int, source, cfg: RunConfig):
+    """(RunStats of ``cfg.rounds`` measured rounds, whether CUDA graphs ran); a capture that
+    fell back to eager stages leaves its reason in the stats' notes."""
+    max_len = cfg.context_len + (cfg.warmup_rounds + cfg.rounds + 2) * rs.path_rows + 8
+    engine = FullEngine(model, rs, batch_size, max_len, source)
+    try:
+        engine.capture()
+        engine.fill_context(cfg.context_len, cfg.seed)
+        if cfg.warmup_rounds:
+            engine.run(rounds=cfg.warmup_rounds)
+        stats = engine.run(rounds=cfg.rounds)
+        if engine.capture_error:
+            stats.notes.append(f"CUDA graph capture failed, eager stages: {engine.capture_error}")
+        elif model.device.type == "cuda" and not model.capturable:
+            stats.notes.append(model.eager_reason)
+        return stats, engine.graphs is not None
+    finally:
+        del engine
+        gc.collect()               # the engine's graphs and their memory pool go with it
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+
+
+def predict(costs, acc_model, spec: PolicySpec, rs: RoundShape, batch_size: int, stats, workload: str) -> dict:
+    """The cost-model round time of the trees built and the simulator's throughput (module docstring)."""
+    B = batch_size
+    draft_us = 0.0 if rs.plain else float(costs.draft.predict(rs.num_steps, rs.topk, B))
+    verify_us = float(np.mean([float(costs.verify.predict(rs.nodes, float(c), B)) for c in stats.context_lens]))
+    round_ms = (draft_us + verify_us) / 1e3
+    if acc_model is None or rs.plain:
+        acc = stats.accepted_tokens_per_round
+        return {"predicted_round_ms": round_ms, "predicted_tok_s": B * acc / round_ms * 1e3,
+                "predicted_accepted": 1.0 if rs.plain else float("nan")}
+    wl = Workload(workload, acc_model, np.array([int(round(stats.context_lens[0]))]),
+                  max(1, int(round(stats.tokens / B))), "full runtime")
+    sim = simulate(costs, wl, B, spec)
+    return {"predicted_round_ms": round_ms, "predicted_tok_s": float(sim.throughput_tok_s),
+            "predicted_accepted": float(sim.accepted_tokens_per_round)}
+
+
+def _policies(policy, workload: str, batch_size: int, notes: list) -> list[tuple[str, PolicySpec]]:
+    out = [("plain", PLAIN), ("linear_d4", LINEAR_D4)]
+    if policy is None:
+        return out
+    from simtree.planning.policy_file import Policy
+    entry, clamped = Policy.load(policy).resolve(workload, batch_size)
+    if clamped:
+        notes.append(clamped)
+    if entry.mode not in RUNTIME_MODES:
+        notes.append(f"batch {batch_size}: the policy's {entry.mode} entry is not built on the device by the full "
+                     f"runtime ({', '.join(RUNTIME_MODES)}): skipped")
+        return out
+    return out + [("plan", PolicySpec(entry.mode, entry.params))]
+
+
+def _row(run: dict, source_label: str, pred: dict, cfg: RunConfig) -> dict:
+    stats, rs = run["stats"], round_shape(PolicySpec(run["mode"], run["params"]))
+    meas_acc = stats.accepted_tokens_per_round
+    return {"model": run["model"], "deployment": run["deployment"], "policy": f"{run['label']}:{rs.name}",
+            "batch_size": run["batch_size"], "acceptance": source_label, "measured_tok_s": stats.tok_s,
+            "predicted_tok_s": pred["predicted_tok_s"], "rel_err": _rel(pred["predicted_tok_s"], stats.tok_s),
+            "measured_round_ms": stats.round_ms, "predicted_round_ms": pred["predicted_round_ms"],
+            "draft_ms": float(np.median(stats.draft_ms)), "verify_ms": float(np.median(stats.verify_ms)),
+            "commit_ms": float(np.median(stats.commit_ms)), "host_ms": float(np.median(stats.host_ms)),
+            "cost_rel_err": _rel(pred["predicted_round_ms"], stats.round_ms),
+            "accept_rel_err": _rel(pred["predicted_accepted"], meas_acc), "measured_accepted": meas_acc,
+            "predicted_accepted": pred["predicted_accepted"], "speedup_vs_plain": float("nan"),
+            "host_share": float(np.median(stats.host_ms)) / stats.round_ms, "nodes": rs.nodes,
+            "context_len": cfg.context_len, "rounds": stats.rounds, "graphs": run["graphs"],
+            "note": "; ".join(stats.notes)}
+
+
+def _failed_row(run: dict, source_label: str, cfg: RunConfig) -> dict:
+    rs = round_shape(PolicySpec(run["mode"], run["params"]))
+    row = {c: float("nan") for c in SUMMARY_COLUMNS + EXTRA_COLUMNS}
+    row.update(model=run["model"], deployment=run["deployment"], policy=f"{run['label']}:{rs.name}",
+               batch_size=run["batch_size"], acceptance=source_label, nodes=rs.nodes, context_len=cfg.context_len,
+               rounds=0, graphs=False, note=run["error"])
+    return row
+
+
+def _rows(runs: list[dict], costs, source: "_Source", cfg: RunConfig, workload: str, notes: list) -> list[dict]:
+    """One summary row per run, predictions from ``costs``; speed-ups against each batch's plain run."""
+    rows = []
+    for run in runs:
+        if run.get("error"):
+            rows.append(_failed_row(run, source.label, cfg))
+            continue
+        spec = PolicySpec(run["mode"], run["params"])
+        with captured_warnings() as caught:    # extrapolation of the cost models: notes
+            pred = predict(costs, source.prediction_model(), spec, round_shape(spec), run["batch_size"],
+                           run["stats"], workload)
+        notes += [" ".join(str(w.message).split()) for w in caught]
+        rows.append(_row(run, source.label, pred, cfg))
+    for B in dict.fromkeys(r["batch_size"] for r in rows):
+        plain = next((r["measured_tok_s"] for r in rows if r["batch_size"] == B and r["policy"].startswith("plain")),
+                     float("nan"))
+        for r in rows:
+            if r["batch_size"] == B and plain == plain and plain:
+                r["speedup_vs_plain"] = r["measured_tok_s"] / plain
+    return rows
+
+
+def _load_costs(costs):
+    if costs is None:
+        raise SimtreeError("the full-scale run needs --costs (a cost bundle) for its predictions")
+    if not hasattr(costs, "verify"):
+        from simtree.costs.model import load_costs
+        costs = load_costs(costs)
+    return costs
+
+
+def full_run(model, *, device: str = "cuda", costs=None, policy=None, batch_sizes=(1, 4, 16, 64), replay=None,
+             acceptance=None, policy_workload: str | None = None, out=None, context_len: int | None = None,
+             rounds: int = 32, warmup_rounds: int = 4, seed: int = 0, dtype=None, progress=None,
+             deadline: float | None = None) -> dict:
+    """Run every (batch size, policy) and return {"rows", "notes", "config", "runs", "files"};
+    ``model``: a registry name, a shape or a built model; ``progress(line)`` gets one line per
+    run.  ``runs`` keeps every run's per-round measurements (:func:`runs_json` makes them JSON,
+    :func:`repredict` predicts them again from another cost bundle).  ``deadline`` (a
+    ``time.time()``): runs not started by then are skipped, each a row saying so.  With ``out``
+    the summary files are rewritten after every batch size, so a session cut short keeps the
+    batch sizes it finished."""
+    say = progress or (lambda line: None)
+    costs = _load_costs(costs)
+    source = _Source(replay, acceptance, device, seed)
+    cfg = RunConfig(context_len or source.default_context(), rounds, warmup_rounds, seed)
+    if isinstance(model, str) or not hasattr(model, "verify"):
+        shape = get_model(model) if isinstance(model, str) else model
+        say(f"building {shape.name} on {device}")
+        model = build_model(shape, device, dtype, seed)
+    notes = [f"deployment: {model.deployment}"]
+    workload = policy_workload or source.name
+    runs = []
+    result = _result(runs, costs, source, cfg, workload, notes, replay, acceptance, None)
+    for B in batch_sizes:
+        measured = {}
+        for label, spec in _policies(policy, workload, B, notes):
+            rs = round_shape(spec)
+            run = {"label": label, "mode": spec.mode, "params": dict(spec.params), "batch_size": B,
+                   "model": model.shape.name, "deployment": model.deployment}
+            if deadline is not None and rs not in measured and time.time() > deadline:
+                run["error"] = "skipped: the session's time was up"
+                runs.append(run)
+                continue
+            try:
+                if rs not in measured:
+                    t0 = time.perf_counter()
+                    measured[rs] = measure_policy(model, rs, B, source.make(rs, B), cfg)
+                    say(f"batch {B} {label} {rs.name}: {measured[rs][0].tok_s:.1f} tok/s, round "
+                        f"{measured[rs][0].round_ms:.2f} ms ({time.perf_counter() - t0:.1f} s)")
+                run["stats"], run["graphs"] = measured[rs]
+            except Exception as exc:   # noqa: BLE001 - one failed run is a row; the next run goes on
+                say(f"batch {B} {label} {rs.name} FAILED: {type(exc).__name__}: {exc}")
+                run["error"] = "failed: " + " ".join(f"{type(exc).__name__}: {exc}".split())[:300]
+                if torch.cuda.is_available():
+                    torch.cuda.empty_cache()
+            runs.append(run)
+        result = _result(runs, costs, source, cfg, workload, notes, replay, acceptance, out)
+    return result
+
+
+def _result(runs, costs, source, cfg, workload, notes, replay, acceptance, out) -> dict:
+    """The rows of the runs so far (their notes, e.g. a cost model's one-time extrapolation
+    warning, added to ``notes``), written under ``out``."""
+    rows = _rows(runs, costs, source, cfg, workload, notes)
+    config = {**cfg.__dict__, "replay": None if replay is None else str(replay), "acceptance": acceptance,
+              "workload": workload}
+    result = {"rows": rows, "notes": list(dict.fromkeys(notes)), "config": config, "runs": runs, "files": {}}
+    if out is not None:
+        from .report import write_summary
+        result["files"] = write_summary(rows, result["notes"], Path(out))
+    return result
+
+
+def runs_json(runs: list[dict]) -> list[dict]:
+    """The runs with their RunStats as plain lists (summary.json)."""
+    out = []
+    for run in runs:
+        r = dict(run)
+        if "stats" in r:
+            st = r["stats"]
+            r["stats"] = {k: (v.tolist() if isinstance(v, np.ndarray) else v) for k, v in st.__dict__.items()}
+        out.append(r)
+    return out
+
+
+def repredict(summary, costs, out=None) -> dict:
+    """Predict the measured runs of a summary.json (``full_run``'s result with ``runs_json``)
+    again from another cost bundle - e.g. one fitted from the runtime's own step profile - and
+    write the summary files under ``out``: the measurements stay, the predictions change."""
+    from .engine import RunStats
+    if not isinstance(summary, dict):
+        summary = json.loads(Path(summary).read_text())
+    cfg_d = summary["config"]
+    cfg = RunConfig(cfg_d["context_len"], cfg_d["rounds"], cfg_d["warmup_rounds"], cfg_d["seed"])
+    source = _Source(cfg_d.get("replay"), cfg_d.get("acceptance"), "cpu", cfg.seed)
+    runs = []
+    for run in summary["runs"]:
+        run = dict(run)
+        if "stats" in run:
+            st = dict(run["stats"])
+            for k in ("accepted", "draft_ms", "verify_ms", "commit_ms", "host_ms", "context_lens"):
+                st[k] = np.asarray(st[k], np.float64 if k != "accepted" else np.int64)
+            run["stats"] = RunStats(**st)
+        runs.append(run)
+    notes = list(summary.get("notes", []))
+    rows = _rows(runs, _load_costs(costs), source, cfg, cfg_d["workload"], notes)
+    result = {"rows": rows, "notes": list(dict.fromkeys(notes)), "config": cfg_d, "runs": summary["runs"],
+              "files": {}}
+    if out is not None:
+        from .report import write_summary
+        result["files"] = write_summary(rows, result["notes"], Path(out))
+    return result

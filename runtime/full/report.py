@@ -1,0 +1,133 @@
+"""The full-scale run's files: summary.csv (the required columns, then the error split and
+context), summary.md (the table, the error statistics, the plan's choice against the best
+measured policy, the notes) and predicted_vs_measured.png.  All written atomically."""
+from __future__ import annotations
+
+import csv
+import io
+import math
+from pathlib import Path
+
+import numpy as np
+
+from simtree.fileio import write_atomic, write_text_atomic
+
+from .measure import EXTRA_COLUMNS, SUMMARY_COLUMNS
+
+__all__ = ["write_summary", "error_stats", "plan_check"]
+
+
+def _fmt(v) -> str:
+    if isinstance(v, float):
+        return "" if not math.isfinite(v) else f"{v:.6g}"
+    return str(v)
+
+
+def _csv(rows: list[dict]) -> str:
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    cols = SUMMARY_COLUMNS + EXTRA_COLUMNS
+    w.writerow(cols)
+    for r in rows:
+        w.writerow([_fmt(r.get(c, "")) for c in cols])
+    return buf.getvalue()
+
+
+def error_stats(rows: list[dict], key: str = "rel_err") -> dict:
+    """Median and worst |error| over the rows that ran."""
+    e = np.abs([r[key] for r in rows if isinstance(r.get(key), float) and math.isfinite(r[key])])
+    return {"n": int(e.size), "median": float(np.median(e)) if e.size else float("nan"),
+            "worst": float(e.max()) if e.size else float("nan")}
+
+
+def plan_check(rows: list[dict]) -> list[str]:
+    """Per batch size: the plan's choice against the best measured policy."""
+    lines = []
+    for B in sorted({r["batch_size"] for r in rows}):
+        ran = [r for r in rows if r["batch_size"] == B and math.isfinite(r["measured_tok_s"])]
+        plan = next((r for r in ran if r["policy"].startswith("plan:")), None)
+        if not ran or plan is None:
+            continue
+        best = max(ran, key=lambda r: r["measured_tok_s"])
+        gap = 1 - plan["measured_tok_s"] / best["measured_tok_s"]
+        verdict = "best" if gap <= 0 else ("within 2%" if gap <= 0.02 else f"{gap:.1%} below")
+        lines.append(f"batch {B}: plan {plan['policy']} {plan['measured_tok_s']:.1f} tok/s, best measured "
+                     f"{best['policy']} {best['measured_tok_s']:.1f} tok/s: {verdict}")
+    return lines
+
+
+def _markdown(rows: list[dict], notes: list[str]) -> str:
+    cols = ("policy", "batch_size", "acceptance", "measured_tok_s", "predicted_tok_s", "rel_err",
+            "measured_round_ms", "predicted_round_ms", "cost_rel_err", "accept_rel_err", "draft_ms", "verify_ms",
+            "commit_ms", "host_ms", "speedup_vs_plain")
+    model = rows[0]["model"] if rows else "?"
+    dep = rows[0]["deployment"] if rows else "?"
+    out = [f"# simtree run: {model} ({dep})", "", "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    for r in rows:
+        cells = []
+        for c in cols:
+            v = r.get(c, "")
+            if c.endswith("rel_err") and isinstance(v, float) and math.isfinite(v):
+                cells.append(f"{v:+.1%}")
+            elif isinstance(v, float):
+                cells.append("-" if not math.isfinite(v) else f"{v:.2f}")
+            else:
+                cells.append(str(v))
+        out.append("| " + " | ".join(cells) + " |")
+    out += ["", "Errors are (predicted - measured) / measured.  rel_err: throughput (cost x acceptance); "
+            "cost_rel_err: round time from the cost models for the trees built; accept_rel_err: accepted "
+            "tokens per round (bonus included).", ""]
+    for key in ("rel_err", "cost_rel_err", "accept_rel_err"):
+        s = error_stats(rows, key)
+        out.append(f"- |{key}|: median {s['median']:.1%}, worst {s['worst']:.1%} over {s['n']} runs"
+                   if s["n"] else f"- |{key}|: no runs")
+    shares = [r["host_share"] for r in rows if isinstance(r.get("host_share"), float) and math.isfinite(r["host_share"])]
+    if shares:
+        out.append(f"- host share of the round (host_ms / measured_round_ms): median {np.median(shares):.1%}, "
+                   f"worst {max(shares):.1%}")
+    out += [f"- {line}" for line in plan_check(rows)]
+    failed = [r for r in rows if str(r.get("note", "")).startswith(("failed", "skipped"))]
+    out += [f"- {r['policy']} batch {r['batch_size']}: {r['note']}" for r in failed]
+    out += ["", "## Notes", ""] + [f"- {n}" for n in notes] + [""]
+    return "\n".join(out)
+
+
+def _plot(rows: list[dict], path: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ran = [r for r in rows if math.isfinite(r["measured_tok_s"]) and math.isfinite(r["predicted_tok_s"])]
+    fig, ax = plt.subplots(figsize=(6, 5))
+    for kind, marker in (("plain", "o"), ("linear_d4", "s"), ("plan", "^")):
+        pts = [r for r in ran if r["policy"].split(":")[0] == kind]
+        if pts:
+            ax.scatter([r["measured_tok_s"] for r in pts], [r["predicted_tok_s"] for r in pts], marker=marker,
+                       label=kind)
+            for r in pts:
+                ax.annotate(f"b{r['batch_size']}", (r["measured_tok_s"], r["predicted_tok_s"]), fontsize=7)
+    if ran:
+        lo = min(min(r["measured_tok_s"], r["predicted_tok_s"]) for r in ran) * 0.8
+        hi = max(max(r["measured_tok_s"], r["predicted_tok_s"]) for r in ran) * 1.25
+        ax.plot([lo, hi], [lo, hi], "k--", lw=0.8)
+        for f in (0.95, 1.05):
+            ax.plot([lo, hi], [lo * f, hi * f], ":", color="grey", lw=0.6)
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+    ax.set_xlabel("measured tok/s")
+    ax.set_ylabel("predicted tok/s")
+    ax.set_title(f"{rows[0]['model'] if rows else ''}: predicted vs measured (dotted: +-5%)", fontsize=9)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    write_atomic(path, lambda tmp: fig.savefig(tmp, format="png", dpi=120))
+    plt.close(fig)
+
+
+def write_summary(rows: list[dict], notes: list[str], out: Path) -> dict:
+    """summary.csv, summary.md and predicted_vs_measured.png under ``out``; their paths."""
+    out = Path(out)
+    files = {"csv": out / "summary.csv", "md": out / "summary.md", "png": out / "predicted_vs_measured.png"}
+    write_text_atomic(files["csv"], _csv(rows))
+    write_text_atomic(files["md"], _markdown(rows, notes))
+    _plot(rows, files["png"])
+    return {k: str(v) for k, v in files.items()}

@@ -1,0 +1,28 @@
+"""Shared builders for the full-runtime tests: tiny float64 models from the registry whose
+MTP layer agrees with the target often (``make_predictable``), so rounds accept and reject."""
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from simtree.models import get_model
+from simtree.runtime.full.lossless import make_predictable
+from simtree.runtime.full.qwen import QwenModel
+from simtree.runtime.full.v4_rank import V4Rank
+
+torch.set_num_threads(1)  # tiny shapes: extra threads only spin on the shared CI cores
+
+FAMILIES = ("tiny-gdn", "tiny-v4")
+PROMPTS = [[1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18], [9, 8, 7, 6, 5, 4, 3, 2, 1, 0, 11],
+           [5, 5, 5]]
+
+
+@functools.lru_cache(maxsize=8)
+def tiny_model(name: str, seed: int = 1, dtype=torch.float64):
+    """A float64 tiny model on the CPU (cached: tests must not change its weights)."""
+    shape = get_model(name)
+    cls = QwenModel if shape.family == "gdn_hybrid" else V4Rank
+    model = cls(shape, device="cpu", dtype=dtype, seed=seed)
+    make_predictable(model, 0.3)
+    return model

@@ -1,0 +1,67 @@
+"""The full runtime's CUDA paths (skipped without a GPU): the tree attention kernel compiled,
+CUDA-graph rounds equal to eager rounds, and lossless decoding with graphs."""
+import pytest
+import torch
+
+from simtree.models import get_model
+from simtree.planning.simulate import PolicySpec
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
+
+
+def _model(name="tiny-gdn", dtype=torch.float32):
+    from simtree.runtime.full.lossless import make_predictable
+    from simtree.runtime.full.qwen import QwenModel
+    from simtree.runtime.full.v4_rank import V4Rank
+    shape = get_model(name)
+    model = (QwenModel if shape.family == "gdn_hybrid" else V4Rank)(shape, device="cuda", dtype=dtype, seed=1)
+    make_predictable(model, 0.3)
+    return model
+
+
+@pytest.mark.parametrize("D, Hq, Hkv, window", [(256, 24, 4, 0), (512, 64, 1, 128)])
+def test_tree_attention_kernel_on_the_gpu(D, Hq, Hkv, window):
+    from simtree.runtime.full._attention_kernel import tree_attention_triton
+    from simtree.runtime.full.attention import chain_bits, tree_attention_ref
+    g = torch.Generator(device="cuda").manual_seed(0)
+    r = lambda *s: torch.randn(*s, generator=g, device="cuda").to(torch.bfloat16)  # noqa: E731
+    B, Q, S = 3, 8, 300
+    lens = torch.tensor([1, 150, 300], device="cuda")
+    args = (r(B, Q, Hq, D), r(B, S, Hkv, D), r(B, S, Hkv, D), lens, lens[:, None] + torch.arange(Q, device="cuda"),
+            r(B, Q, Hkv, D), r(B, Q, Hkv, D), chain_bits(B, Q, "cuda"))
+    sink = torch.randn(Hq, device="cuda") if window else None
+    got = tree_attention_triton(*args, scale=D ** -0.5, window=window, sink=sink).float()
+    want = tree_attention_ref(*args, scale=D ** -0.5, window=window, sink=sink).float()
+    assert float((got - want).abs().max()) < 2e-2
+
+
+def test_graph_rounds_equal_eager_rounds():
+    """Replayed rounds (the live rounds of test_lossless_on_the_gpu use graphs too): same
+    accepted lengths, lengths and output tokens with and without CUDA graphs."""
+    from simtree.acceptance.model import calibrate_linear
+    from simtree.runtime.full.acceptance import DraftScores, TraceReplay
+    from simtree.runtime.full.drafting import round_shape
+    from simtree.runtime.full.engine import FullEngine
+    model = _model()
+    rs = round_shape(PolicySpec("eagle", {"num_steps": 3, "topk": 2, "budget": 6}))
+    outs = []
+    for graphs in (False, True):
+        source = TraceReplay.fixed(2, 4, "cuda")
+        # one level: the trees do not depend on the random level draws (graph and eager draw apart)
+        source.scores = DraftScores(calibrate_linear(2.6, 4, spread=0.0), rs.max_depth, "cuda")
+        engine = FullEngine(model, rs, 4, 256, source, graphs=graphs)
+        engine.capture()
+        assert (engine.graphs is not None) == graphs, engine.capture_error
+        engine.fill_context(40, seed=1)
+        stats = engine.run(rounds=8)
+        outs.append((stats.accepted.tolist(), engine.st.lengths.tolist(), engine.outputs()))
+    assert outs[0] == outs[1]
+
+
+@pytest.mark.parametrize("name", ["tiny-gdn", "tiny-v4"])
+def test_lossless_on_the_gpu(name):
+    from simtree.runtime.full.lossless import check_lossless
+    prompts = [[1, 2, 3, 4, 5, 6, 7, 8, 9], [9, 8, 7, 6, 5]]
+    specs = [PolicySpec("linear", {"budget": 4}), PolicySpec("eagle", {"num_steps": 3, "topk": 2, "budget": 6})]
+    for row in check_lossless(_model(name), prompts, specs, 24):
+        assert row["match"], row

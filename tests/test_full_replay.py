@@ -1,0 +1,102 @@
+"""Replay rounds commit exactly the accepted lengths the acceptance source asks for."""
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from simtree.acceptance.model import AcceptanceModel
+from simtree.planning.simulate import PolicySpec
+from simtree.runtime.full.acceptance import ModelReplay, TraceReplay
+from simtree.runtime.full.drafting import round_shape
+from simtree.runtime.full.engine import FullEngine
+
+from full_helpers import FAMILIES, tiny_model
+
+EAGLE = PolicySpec("eagle", {"num_steps": 3, "topk": 2, "budget": 6})
+
+
+def _trace(path, depths):
+    """A JSONL trace whose records accept ``depths`` (chains of 6 nodes)."""
+    with open(path, "w") as fh:
+        for i, d in enumerate(depths):
+            fh.write(json.dumps({"workload": "w", "batch_size": 3, "round": i // 3, "seq": i % 3,
+                                 "parents": [-1, 0, 1, 2, 3, 4], "log_probs": [0.0] + [-0.5] * 5,
+                                 "accepted_node": int(d)}) + "\n")
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+@pytest.mark.parametrize("spec", [PolicySpec("linear", {"budget": 4}), EAGLE], ids=["linear", "eagle"])
+def test_trace_replay_commits_the_requested_lengths(tmp_path, name, spec):
+    """Each round commits min(requested depth, the tree's depth) tokens + the bonus, per sequence."""
+    rng = np.random.default_rng(3)
+    depths = rng.integers(0, 6, size=3 * 5)          # some deeper than any tree here: capped at its depth
+    _trace(tmp_path / "t.jsonl", depths)
+    engine = FullEngine(tiny_model(name), round_shape(spec), 3, 96, TraceReplay(tmp_path / "t.jsonl", 3, "cpu"))
+    engine.fill_context(20, seed=1)
+    before = engine.st.lengths.clone()
+    want, got = [], []
+    for r in range(5):
+        got.append(engine.run(rounds=1).accepted[0])
+        deepest = torch.where(engine.tree.valid, engine.tree.depth, 0).amax(1).numpy()
+        want.append(np.minimum(depths[3 * r:3 * r + 3], deepest))
+    want = np.array(want)
+    assert np.array_equal(np.array(got), want)
+    assert torch.equal(engine.st.lengths - before, torch.as_tensor((want + 1).sum(0)))
+    assert torch.equal(engine.ds.lengths, engine.st.lengths)       # the MTP layer caught up on every path
+    assert engine.out_len.tolist() == (1 + (want + 1).sum(0)).tolist()
+
+
+def test_trace_replay_picks_the_best_scored_node_at_that_depth(tmp_path):
+    _trace(tmp_path / "t.jsonl", [2])
+    engine = FullEngine(tiny_model("tiny-gdn"), round_shape(EAGLE), 1, 64, TraceReplay(tmp_path / "t.jsonl", 1, "cpu"))
+    engine.fill_context(10, seed=2)
+    engine.run(rounds=1)
+    t, acc = engine.tree, int(engine._accepted[0])
+    at_two = (t.depth[0] == 2) & t.valid[0]
+    assert int(t.depth[0, acc]) == 2
+    assert float(t.score[0, acc]) == float(t.score[0][at_two].max())
+
+
+def _model(alpha):
+    return AcceptanceModel("m", np.array([[[alpha, 0.0]]] * 4).reshape(4, 2), np.ones(1))
+
+
+@pytest.mark.parametrize("alpha, expected", [(0.0, 0.0), (1.0, 3.0), (0.5, 0.5 + 0.25 + 0.125)])
+def test_model_replay_samples_the_chain_acceptance(alpha, expected):
+    rs = round_shape(PolicySpec("linear", {"budget": 4}))
+    engine = FullEngine(tiny_model("tiny-gdn"), rs, 8, 256, ModelReplay(_model(alpha), rs.max_depth, "cpu", seed=0))
+    engine.fill_context(8, seed=0)
+    stats = engine.run(rounds=30)
+    assert stats.accepted.mean() == pytest.approx(expected, abs=0.12)
+
+
+def test_model_replay_accepts_only_children_of_accepted_nodes():
+    """Rank 1 only accepted (P = 1): the tree's second child at each depth, i.e. a path whose
+    every node has rank 1."""
+    rs = round_shape(EAGLE)
+    acc = AcceptanceModel("r1", np.tile([[0.0, 1.0]], (3, 1)), np.ones(1))
+    engine = FullEngine(tiny_model("tiny-gdn"), rs, 2, 64, ModelReplay(acc, rs.max_depth, "cpu"))
+    engine.fill_context(8, seed=0)
+    engine.run(rounds=1)
+    for b in range(2):
+        path = engine._path[b, 1:int(engine._acc_len[b]) + 1]
+        assert int(engine._acc_len[b]) >= 1
+        assert bool((engine.tree.rank[b, path] == 1).all())
+
+
+@pytest.mark.parametrize("spec", [EAGLE, PolicySpec("eagle", {"num_steps": 4, "topk": 3, "budget": 9})],
+                         ids=["s3k2d6", "s4k3d9"])
+def test_replayed_rounds_build_the_trees_the_simulator_scores(spec):
+    """A replay shapes its trees by its acceptance model, not by the random drafter's flat
+    log-probabilities: the tree of every sequence is static_round's tree for its level."""
+    from simtree.acceptance.model import calibrate_linear
+    from simtree.planning.simulate import static_round
+    acc = calibrate_linear(2.6, 4, spread=0.0)        # one level: every sequence's tree is the same
+    rs = round_shape(spec)
+    engine = FullEngine(tiny_model("tiny-gdn"), rs, 3, 64, ModelReplay(acc, rs.max_depth, "cpu"))
+    engine.fill_context(8, seed=0)
+    engine._draft()
+    want = static_round(acc, spec).trees[0]
+    for b in range(3):
+        assert engine.tree.parents[b].tolist() == want.parents.tolist()
