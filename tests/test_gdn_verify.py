@@ -1,7 +1,7 @@
 """GDN tree verify + commit: Triton (interpreter) vs float64 references on random trees."""
 from __future__ import annotations
 
-from dataclasses import fields, replace
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -87,29 +87,6 @@ def test_trees_larger_than_one_chunk(block_t):
     tree = (inp["parents"], inp["cu_nodes"])
     out, _ = gdn_tree_verify(*(inp[k] for k in KEYS), *tree, launch=on_triton(block_t=block_t))
     assert rel_err(out, gdn_tree_verify_dense_ref(*f64(inp), *tree)) < 1e-4
-
-
-def test_entry_points_take_the_math_and_one_launch_config():
-    # how a call is launched is one typed config (VerifyLaunch / CommitLaunch), never more
-    # keyword switches: the signatures hold the math, the round's meta, the check and launch
-    import inspect
-
-    def params(fn):
-        return [(p.name, p.kind == p.KEYWORD_ONLY) for p in inspect.signature(fn).parameters.values()]
-    math = [(x, False) for x in ("q", "k", "v", "g", "beta", "state", "parents", "cu_nodes")]
-    assert params(gdn_tree_verify) == math + [(x, True) for x in ("scale", "qk_l2norm", "meta",
-                                                                  "check", "launch")]
-    assert params(gdn_tree_commit) == [(x, False) for x in ("state", "k", "cache", "parents",
-                                                           "cu_nodes", "accepted")] + \
-        [("check", True), ("launch", True)]
-    assert params(gdn_tree_verify_recurrent) == math + [(x, True) for x in (
-        "scale", "qk_l2norm", "node_states", "check")]
-    assert inspect.signature(gdn_tree_verify).parameters["launch"].default is None
-    assert inspect.signature(gdn_tree_commit).parameters["launch"].default is None
-    # every field of a launch config left unset is the rule's; the rule sets every one
-    assert VerifyLaunch().switches() == {} and CommitLaunch().switches() == {}
-    rule = verify_launch_config(4, HV, V, "cpu", 40)
-    assert rule.switches().keys() == {f.name for f in fields(VerifyLaunch)} - {"backend"}
 
 
 def test_verify_does_not_touch_state():
