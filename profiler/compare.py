@@ -113,7 +113,7 @@ def ratio_figure(both: pd.DataFrame, title: str = ""):
 
 def comparison_markdown(table: pd.DataFrame, totals: dict, name_a: str = "A",
                         name_b: str = "B", png: str | None = None) -> str:
-    from .report_util import markdown_table
+    from .bench.report_util import markdown_table
     shown = table.copy()
     for c in [c for c in shown.columns if c.startswith("ratio_")]:
         shown[c] = shown[c].map(lambda v: "" if pd.isna(v) else f"{v:.3f}")

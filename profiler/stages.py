@@ -139,12 +139,13 @@ def _gdn_commit_workload(ctx: Ctx, p: Point) -> Workload:
         tb, meta, args = _gdn_inputs(ctx, p.batch_size, p.nodes_per_seq, p.tree_shape)
         tm = kg.tree_meta(meta["parents"], meta["cu_nodes"], max_nodes=tb.max_nodes,
                           validate=False, depth_first=tb.known_depth_first)
-        _, cache = kg.gdn_tree_verify(*args, meta["parents"], meta["cu_nodes"], backend=backend,
-                                      meta=tm, check=False)
+        _, cache = kg.gdn_tree_verify(*args, meta["parents"], meta["cu_nodes"],
+                                      launch=kg.VerifyLaunch(backend=backend), meta=tm, check=False)
         accepted = torch.as_tensor(tb.deepest_nodes, device=ctx.device)
         state, k = args[5], args[1]
+        launch = kg.CommitLaunch(backend=backend)
         return (lambda: kg.gdn_tree_commit(state, k, cache, meta["parents"], meta["cu_nodes"],
-                                           accepted, backend=backend, check=False)), \
+                                           accepted, launch=launch, check=False)), \
             nbytes(state, k, cache.u, cache.G)
     return Workload(make)
 
@@ -174,7 +175,7 @@ def _gdn_decode_workload(ctx: Ctx, p: Point) -> Workload:
     def make():
         tb, meta, (q, k, v, gdec, beta, state) = _gdn_inputs(ctx, p.batch_size, 1, "linear")
         if p.variant == "torch_ref":
-            from simtree.runtime.gdn_ops import recurrent_step
+            from simtree.kernels.gdn.ops import recurrent_step
             return (lambda: recurrent_step(q, k, v, gdec, beta, state)), nbytes(q, k, v, state)
         new = torch.empty_like(state)
         return (lambda: kg.gdn_tree_verify_recurrent(q, k, v, gdec, beta, state, meta["parents"],
@@ -211,7 +212,8 @@ def _gdn_workload(ctx: Ctx, p: Point) -> Workload:
             tb, meta, args = _gdn_inputs(ctx, b, n, p.tree_shape)
             tm = kg.tree_meta(meta["parents"], meta["cu_nodes"], max_nodes=tb.max_nodes,
                               validate=False, depth_first=tb.known_depth_first)
-            return (lambda: kg.gdn_tree_verify(*args, meta["parents"], meta["cu_nodes"], backend=backend,
+            launch = kg.VerifyLaunch(backend=backend)
+            return (lambda: kg.gdn_tree_verify(*args, meta["parents"], meta["cu_nodes"], launch=launch,
                                                meta=tm, check=False)), nbytes(*args)
         return Workload(make)
     if p.variant == "recurrent_baseline":
@@ -421,8 +423,9 @@ def check_variant(ctx: Ctx, stage: str, variant: str) -> str:
         if variant == "recurrent_baseline":
             out = kg.gdn_tree_verify_recurrent(*args, meta["parents"], meta["cu_nodes"])[0]
         else:
+            backend = "triton" if variant == "triton_tree" else "torch"
             out = kg.gdn_tree_verify(*args, meta["parents"], meta["cu_nodes"],
-                                     backend="triton" if variant == "triton_tree" else "torch")[0]
+                                     launch=kg.VerifyLaunch(backend=backend))[0]
         ref = kg.gdn_tree_verify_ref(*[a.double() for a in args], meta["parents"], meta["cu_nodes"])
         ref = ref[0] if isinstance(ref, tuple) else ref
         err = float((out.double() - ref).abs().max() / ref.abs().max())
@@ -430,7 +433,7 @@ def check_variant(ctx: Ctx, stage: str, variant: str) -> str:
         return f"ok (rel err {err:.1e} vs gdn_tree_verify_ref, float64)"
     if stage == "gdn_decode_step" and variant == "triton_recurrent":
         from simtree.kernels import gdn as kg
-        from simtree.runtime.gdn_ops import recurrent_step
+        from simtree.kernels.gdn.ops import recurrent_step
         _, meta, (q, k, v, gdec, beta, state) = _gdn_inputs(ctx, 3, 1, "linear", salt=7)
         out, new = kg.gdn_tree_verify_recurrent(q, k, v, gdec, beta, state, meta["parents"],
                                                 meta["cu_nodes"])
@@ -447,10 +450,11 @@ def check_variant(ctx: Ctx, stage: str, variant: str) -> str:
         accepted = torch.as_tensor(tb.deepest_nodes, device=ctx.device)
         states = []
         for backend in ("triton", "torch"):
-            _, cache = kg.gdn_tree_verify(*args, meta["parents"], meta["cu_nodes"], backend=backend)
+            _, cache = kg.gdn_tree_verify(*args, meta["parents"], meta["cu_nodes"],
+                                          launch=kg.VerifyLaunch(backend=backend))
             state = args[5].clone()
             kg.gdn_tree_commit(state, args[1], cache, meta["parents"], meta["cu_nodes"], accepted,
-                               backend=backend)
+                               launch=kg.CommitLaunch(backend=backend))
             states.append(state.double())
         err = float((states[0] - states[1]).abs().max() / states[1].abs().max())
         assert err < 3e-2, f"gdn commit (triton) differs from the torch commit: rel err {err:.2e}"

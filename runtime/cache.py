@@ -28,7 +28,7 @@ class Cache:
             st = (batch_size, cfg.linear_num_value_heads, cfg.linear_key_head_dim, cfg.linear_value_head_dim)
             self.k.append(torch.zeros(kv, dtype=dtype, device=device) if att else None)
             self.v.append(torch.zeros(kv, dtype=dtype, device=device) if att else None)
-            # the recurrent state is stored in fp32 (the GDN kernels' contract; see gdn_ops)
+            # the recurrent state is stored in fp32 (the GDN kernels' contract; see simtree.kernels.gdn.ops)
             self.state.append(None if att else torch.zeros(st, dtype=torch.float32, device=device))
             self.conv.append(None if att else torch.zeros(batch_size, conv_dim, cfg.linear_conv_kernel_dim - 1,
                                                           dtype=dtype, device=device))

@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from simtree.errors import SimtreeError, check_int
-from simtree.runtime import gdn_ops
+from simtree.kernels.gdn import ops as gdn_ops
 from simtree.runtime.cache import Cache, Pending
 from simtree.trees.tree import DraftTree, TreeBatch
 

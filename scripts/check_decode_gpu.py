@@ -7,7 +7,7 @@ import numpy as np
 import torch
 
 from simtree.runtime.engine import SpecEngine, greedy_decode
-from simtree.runtime.gdn_ops import recurrent_step
+from simtree.kernels.gdn.ops import recurrent_step
 from simtree.planning.simulate import PolicySpec
 
 sys.path.insert(0, "tests")

@@ -12,9 +12,9 @@ import argparse
 import torch
 import triton
 
-from simtree.kernels.gdn import gdn_tree_verify, tree_verify
-from simtree.kernels.gdn.bench_util import QWEN36, probe_inputs
-from simtree.profiler.bench_gdn import parse_configs
+from simtree.kernels.gdn import VerifyLaunch, gdn_tree_verify, tree_verify
+from simtree.profiler.bench.bench_gdn import parse_configs
+from simtree.profiler.bench.gdn_util import QWEN36, probe_inputs
 
 KEYS = ("q", "k", "v", "g", "beta", "state", "parents", "cu_nodes")
 NAMES = tree_verify.VERIFY_KERNELS
@@ -61,7 +61,7 @@ def main() -> None:
         inp = probe_inputs(b, n, dims)
         for cfg in cfgs:
             calls.clear()
-            gdn_tree_verify(*(inp[k] for k in KEYS), backend="triton", **cfg)
+            gdn_tree_verify(*(inp[k] for k in KEYS), launch=VerifyLaunch(backend="triton", **cfg))
             torch.cuda.synchronize()
             total = 0.
             for nm, grid, a, kw, ck in list(calls):

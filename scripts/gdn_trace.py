@@ -4,7 +4,7 @@ kernel and walk, the Triton walks - with its mean duration, and the median span 
 (first kernel start to last kernel end; kernels launched programmatically dependent overlap,
 so the span can be less than the sum; without CUDA graphs it includes the launch gaps).
 The CSV's `us` column holds both (`stat`: mean or median).  Qwen3.6-27B shapes, bf16, random trees stored
-depth-first (``--tree-order``), launches as ``gdn_tree_verify`` takes them (bench_gdn letters;
+depth-first (``--tree-order``), launches as ``VerifyLaunch`` switches (bench_gdn letters;
 empty = the rule).
 
     python3 scripts/gdn_trace.py [--shapes 16:128,64:128] [--configs ",y2a1,y2z1"] [--out CSV]
@@ -15,9 +15,9 @@ import statistics
 import pandas as pd
 import torch
 
-from simtree.kernels.gdn import gdn_tree_verify, tree_meta
-from simtree.kernels.gdn.bench_util import QWEN36, TREE_ORDERS, shape_inputs
-from simtree.profiler.bench_gdn import parse_configs
+from simtree.kernels.gdn import VerifyLaunch, gdn_tree_verify, tree_meta
+from simtree.profiler.bench.bench_gdn import parse_configs
+from simtree.profiler.bench.gdn_util import QWEN36, TREE_ORDERS, shape_inputs
 
 KEYS = ("q", "k", "v", "g", "beta", "state", "parents", "cu_nodes")
 
@@ -71,10 +71,9 @@ def main() -> None:
                            order=args.tree_order)[0]
         meta = tree_meta(inp["parents"], inp["cu_nodes"], depth_first=inp["tb"].is_depth_first)
         for c in args.configs.split(","):
-            cfg = parse_configs(c)[0] if c else {}
+            launch = VerifyLaunch(backend="triton", **(parse_configs(c)[0] if c else {}))
             kernels, spans = trace(lambda: gdn_tree_verify(
-                *(inp[k] for k in KEYS), backend="triton", meta=meta, check=False, **cfg),
-                args.reps)
+                *(inp[k] for k in KEYS), launch=launch, meta=meta, check=False), args.reps)
             base = dict(batch_size=b, nodes_per_seq=n, config=c or "rule")
             rows.append(dict(base, kernel="(span)", us=statistics.median(spans), stat="median"))
             for name, ds in kernels.items():

@@ -24,7 +24,7 @@ python3 -m pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1
 export PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv > "$RES/gpu_state.csv"
 bench_gdn() {   # bench_gdn TIMEOUT MAX_SECONDS TREE_CONFIGS [args]: the GDN benchmark into $RES/gdn
-  timeout "$1" python3 -m simtree.profiler.bench_gdn --out "$RES/gdn" --max-seconds "$2" \
+  timeout "$1" python3 -m simtree.profiler.bench.bench_gdn --out "$RES/gdn" --max-seconds "$2" \
       --tree-configs "$3" "${@:4}" 2>&1 | tee "$RES/gdn.log" | tail -60
 }
 seed_profile() {   # seed_profile DIR: start $RES/h200 from a committed profile (DIR)
@@ -50,8 +50,8 @@ for part in "$@"; do
         cp "$GDN_RESUME"/fla_recurrent.jsonl "$RES/gdn/" 2>/dev/null || true
       fi
       bench_gdn "${GDN_TIMEOUT:-280}" "${GDN_SECONDS:-200}" "${TREE_CONFIGS:-q0,q1}" ${resume[@]+"${resume[@]}"} ;;
-    tune) timeout ${TUNE_TIMEOUT:-480} python3 -m simtree.profiler.tune_gdn --out "$RES/tune" ${TUNE_ARGS:-} 2>&1 | tee "$RES/tune.log" | tail -c 9000 ;;
-    v4) timeout ${V4_TIMEOUT:-300} python3 -m simtree.profiler.bench_v4 --out "$RES/v4" --max-seconds ${V4_SECONDS:-200} ${V4_ARGS:-} 2>&1 | tee "$RES/v4.log" | tail -60 ;;
+    tune) timeout ${TUNE_TIMEOUT:-480} python3 -m simtree.profiler.bench.tune_gdn --out "$RES/tune" ${TUNE_ARGS:-} 2>&1 | tee "$RES/tune.log" | tail -c 9000 ;;
+    v4) timeout ${V4_TIMEOUT:-300} python3 -m simtree.profiler.bench.bench_v4 --out "$RES/v4" --max-seconds ${V4_SECONDS:-200} ${V4_ARGS:-} 2>&1 | tee "$RES/v4.log" | tail -60 ;;
     profile)
       # PROFILE_RESUME=DIR: start from a committed profile (e.g. simtree/data/profiles/h200) so the
       # sweep measures only the points it lacks (new stages, deleted rows) and keeps the rest

@@ -1,6 +1,6 @@
 """Three GDN tree verifies for Nsight Compute to read (``scripts/ncu_gdn.sh``): Qwen3.6-27B
 shapes, bf16, the benchmark's random EAGLE-like trees stored depth-first (``shape_trees``,
-order "dfs"), the default launch or the gdn_tree_verify kwargs given as k=v,...; the third call
+order "dfs"), the default launch or the VerifyLaunch switches given as k=v,...; the third call
 runs inside a profiler range (cudaProfilerStart / Stop), which ``ncu --profile-from-start off``
 reads: the first two calls compile and touch memory.
 
@@ -10,8 +10,8 @@ import sys
 
 import torch
 
-from simtree.kernels.gdn import gdn_tree_verify
-from simtree.kernels.gdn.bench_util import probe_inputs
+from simtree.kernels.gdn import VerifyLaunch, gdn_tree_verify
+from simtree.profiler.bench.gdn_util import probe_inputs
 
 KEYS = ("q", "k", "v", "g", "beta", "state", "parents", "cu_nodes")
 
@@ -24,11 +24,12 @@ def main() -> None:
     b, n = int(sys.argv[1]), int(sys.argv[2])
     kw = {k: int(v) for k, v in (x.split("=") for x in filter(None, (sys.argv[3:] or [""])[0].split(",")))}
     inp = probe_inputs(b, n)
+    launch = VerifyLaunch(backend="triton", **kw)
     for i in range(3):
         if i == 2:
             torch.cuda.synchronize()
             torch.cuda.cudart().cudaProfilerStart()
-        gdn_tree_verify(*(inp[k] for k in KEYS), backend="triton", **kw)
+        gdn_tree_verify(*(inp[k] for k in KEYS), launch=launch)
     torch.cuda.synchronize()
     torch.cuda.cudart().cudaProfilerStop()
     print(f"b{b} n{n}: three verifies done ({kw or 'default launch'})")

@@ -11,7 +11,7 @@ import argparse
 import json
 import os
 
-import simtree.runtime.gdn_ops as g
+from simtree.kernels.gdn import ops as g
 from simtree.kernels import gdn as kg
 from simtree.machine.metadata import collect_metadata
 from simtree.runtime.live import live_run
@@ -38,7 +38,7 @@ if args.report:
     import pandas as pd
 
     from simtree.fileio import write_text_atomic
-    from simtree.profiler.report_util import markdown_table
+    from simtree.profiler.bench.report_util import markdown_table
     df = pd.DataFrame([json.loads(line) for line in open(f"{args.report}/ab.jsonl")])
     gpu = open(f"{args.report}/gpu.txt").read().split("\n")
     wide = df.pivot_table(index=["case", "rep"], columns="variant", values=["round_us", "verify_us"])

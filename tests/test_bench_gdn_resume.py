@@ -7,7 +7,7 @@ import sys
 import pandas as pd
 import pytest
 
-from simtree.profiler import bench_gdn
+from simtree.profiler.bench import bench_gdn
 
 ARGS = ["--tiny", "--device", "cpu", "--max-copies", "1", "--replays", "1", "--skip-correctness",
         "--tree-configs", "", "--commit-configs", ""]

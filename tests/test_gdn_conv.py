@@ -7,7 +7,7 @@ import torch
 
 from simtree.errors import SimtreeError
 from simtree.kernels.gdn import conv_state_commit, tree_causal_conv, tree_causal_conv_ref
-from simtree.kernels.gdn.bench_util import eagle_like_tree
+from simtree.profiler.bench.gdn_util import eagle_like_tree
 from simtree.trees.tree import DraftTree, TreeBatch
 from test_gdn_verify import random_tree
 

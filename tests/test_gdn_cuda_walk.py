@@ -3,15 +3,17 @@ gpu compare their outputs with the Triton walk's and the float64 references (tun
 bench_gdn check them too, reports/h200/gdn/tuning runs 90-99)."""
 import ctypes
 import os
+from dataclasses import replace
 
 import numpy as np
 import pytest
 import torch
 
 from simtree.errors import SimtreeError
-from simtree.kernels.gdn import (LaunchNotApplicable, _cuda_walk_blockers, gdn_tree_verify,
+from simtree.kernels.gdn import (LaunchNotApplicable, VerifyLaunch, gdn_tree_verify,
                                  gdn_tree_verify_dense_ref, tree_meta, verify_launch_config)
 from simtree.kernels.gdn import cuda_walk
+from simtree.kernels.gdn import launch as gdn_launch
 
 from test_gdn_verify import KEYS, make_inputs, random_tree, rel_err
 
@@ -25,27 +27,26 @@ def _rule(b, n, hv=48, ieee=False):
 def test_rule_takes_the_cuda_walk_where_measured(monkeypatch):
     # run 91: faster at 10-64 sequences of 64-128 nodes; the rule counts (sequence, value
     # head) rows from 480 and trees of 64-128 nodes, bf16 only
-    import simtree.kernels.gdn as kg
-    monkeypatch.setattr(kg, "_sm_count", lambda device: 132)
+    monkeypatch.setattr(gdn_launch, "sm_count", lambda device: 132)
     rng = np.random.default_rng(0)
     for _ in range(40):
         b, n = int(rng.integers(10, 129)), int(rng.integers(64, 129))
         cfg = _rule(b, n)
-        assert cfg["cuda_walk"] == 2 and cfg["kside"] > 0 and cfg["prenorm"] == 1, (b, n)
+        assert cfg.cuda_walk == 2 and cfg.kside > 0 and cfg.prenorm == 1, (b, n)
         # the CUDA K-side kernel at 12 warps (8 below 512 rows of > 96 nodes), prefetching the
         # walk's first states into L2, and beyond 64 nodes each walk program the next one's,
         # late (runs 100-107)
-        assert cfg["kside_cuda"] == (1 if b * 48 < 512 and n > 96 else 2), (b, n)
-        assert cfg["walk_kside"] == 0 and cfg["l2_prefetch"] == (19 if n > 64 else 2), (b, n)
-        assert (cfg["block_v"], 2) in cuda_walk.RAW_INSTANCES, (b, n)
-        assert cfg["block_t"] == 16 and (cfg["block_v"], 2) in cuda_walk.INSTANCES, (b, n)
-        assert _rule(b, n, ieee=True)["cuda_walk"] == 0, (b, n)
-        assert _rule(b, n, ieee=True)["kside_cuda"] == 0, (b, n)
-        assert _rule(b, n, ieee=True)["l2_prefetch"] == 0, (b, n)
+        assert cfg.kside_cuda == (1 if b * 48 < 512 and n > 96 else 2), (b, n)
+        assert cfg.walk_kside == 0 and cfg.l2_prefetch == (19 if n > 64 else 2), (b, n)
+        assert (cfg.block_v, 2) in cuda_walk.RAW_INSTANCES, (b, n)
+        assert cfg.block_t == 16 and (cfg.block_v, 2) in cuda_walk.INSTANCES, (b, n)
+        assert _rule(b, n, ieee=True).cuda_walk == 0, (b, n)
+        assert _rule(b, n, ieee=True).kside_cuda == 0, (b, n)
+        assert _rule(b, n, ieee=True).l2_prefetch == 0, (b, n)
     for b, n in ((9, 128), (4, 128), (1, 64), (16, 63), (64, 33), (64, 16), (64, 129), (16, 256)):
-        assert _rule(b, n)["cuda_walk"] == 0, (b, n)
-    assert _rule(15, 128, hv=32)["cuda_walk"] == 2 and _rule(14, 128, hv=32)["cuda_walk"] == 0
-    assert _rule(15, 128, hv=32)["kside_cuda"] == 1 and _rule(16, 128, hv=32)["kside_cuda"] == 2
+        assert _rule(b, n).cuda_walk == 0, (b, n)
+    assert _rule(15, 128, hv=32).cuda_walk == 2 and _rule(14, 128, hv=32).cuda_walk == 0
+    assert _rule(15, 128, hv=32).kside_cuda == 1 and _rule(16, 128, hv=32).kside_cuda == 2
 
 
 def _blockers(**kw):
@@ -53,7 +54,7 @@ def _blockers(**kw):
     args = dict(kside=1, ready=True, BT=16, K=128, BV=128, mt=2,
                 dtypes=(torch.bfloat16, torch.bfloat16), bf16_buffers=True, tensors=(x, x),
                 device="cpu")
-    return _cuda_walk_blockers(**{**args, **kw})
+    return gdn_launch.cuda_walk_blockers(**{**args, **kw})
 
 
 def test_every_reason_the_cuda_walk_cannot_run_is_named():
@@ -86,54 +87,54 @@ def _small_verify_args(seed):
 
 
 def test_cpu_falls_back_to_the_triton_walk_and_refuses_an_explicit_cuda_walk(monkeypatch):
-    import simtree.kernels.gdn as kg
     args = _small_verify_args(3)
-    kw = dict(backend="triton", kside=1, prenorm=1)
-    want, _ = gdn_tree_verify(*args, cuda_walk=0, **kw)
-    real = kg.verify_launch_config
+    base = VerifyLaunch(backend="triton", kside=1, prenorm=1)
+    run = lambda **switches: gdn_tree_verify(*args, launch=replace(base, **switches))  # noqa: E731
+    want, _ = run(cuda_walk=0)
+    real = gdn_launch.verify_launch_config
     for ks, kcu in ((0, 0), (1, 0), (0, 1)):   # a rule that asks for the CUDA walk (with the
         # K-side in it, or by the CUDA K-side kernel, or neither)
-        monkeypatch.setattr(kg, "verify_launch_config", lambda *a, **k: dict(
+        monkeypatch.setattr(gdn_launch, "verify_launch_config", lambda *a, **k: replace(
             real(*a, **k), cuda_walk=2, walk_kside=ks, kside_cuda=kcu, l2_prefetch=19))
         assert not cuda_walk.available("cpu")
-        got, cache = gdn_tree_verify(*args, **kw)   # the default falls back: same launch, outputs
+        got, cache = run()   # the default falls back: same launch, outputs
         assert torch.equal(got, want), ks
         assert cache.launch == dict(kside=1, g_pass=1, transposed=0, cuda_walk=0, walk_kside=0,
                                     kside_cuda=0, l2_prefetch=0), ks   # what ran
         # the bench's y0: the Triton walk asked for, the rule's CUDA K-side kernel left out
         # with it (the Triton pre-pass and K-side kernel run)
-        got, _ = gdn_tree_verify(*args, cuda_walk=0, **kw)
+        got, _ = run(cuda_walk=0)
         assert torch.equal(got, want), ks
     with pytest.raises(LaunchNotApplicable, match="cuda_walk needs .*compute capability"):
-        gdn_tree_verify(*args, cuda_walk=2, **kw)
+        run(cuda_walk=2)
     with pytest.raises(LaunchNotApplicable, match="cuda_walk needs .*compute capability"):
-        gdn_tree_verify(*args, cuda_walk=2, walk_kside=1, **kw)
+        run(cuda_walk=2, walk_kside=1)
     with pytest.raises(LaunchNotApplicable, match="walk_kside .* needs cuda_walk > 0"):
-        gdn_tree_verify(*args, cuda_walk=0, walk_kside=1, **kw)
+        run(cuda_walk=0, walk_kside=1)
     for bad in (dict(cuda_walk=0), dict(cuda_walk=2, walk_kside=1)):   # checked before the GPU
         with pytest.raises(LaunchNotApplicable, match="kside_cuda .* needs cuda_walk > 0 .*"
                                                       "and walk_kside = 0"):
-            gdn_tree_verify(*args, kside_cuda=1, **bad, **kw)
+            run(kside_cuda=1, **bad)
 
 
 def test_the_rules_cuda_kside_kernel_gives_way_where_only_it_cannot_run(monkeypatch):
     # an explicit CUDA walk at an instance the raw-row walk lacks (block_v 32) where the rule
     # also asks for the CUDA K-side kernel: the walk runs on the Triton K-side kernel's tiles
     # (mode 0) instead of failing; asked for explicitly, the K-side kernel is an error
-    import simtree.kernels.gdn as kg
     args = _small_verify_args(4)
-    kw = dict(backend="triton", kside=1, prenorm=1, block_v=32)
-    real = kg.verify_launch_config
-    monkeypatch.setattr(kg, "verify_launch_config", lambda *a, **k: dict(
+    base = VerifyLaunch(backend="triton", kside=1, prenorm=1, block_v=32)
+    run = lambda **switches: gdn_tree_verify(*args, launch=replace(base, **switches))  # noqa: E731
+    real = gdn_launch.verify_launch_config
+    monkeypatch.setattr(gdn_launch, "verify_launch_config", lambda *a, **k: replace(
         real(*a, **k), cuda_walk=2, kside_cuda=1, l2_prefetch=19))
     monkeypatch.setattr(cuda_walk, "resident_rows", lambda dev, nc, bv, mt, mode, V: 50 + mode)
-    monkeypatch.setattr(kg, "_cuda_walk_blockers", lambda **k: (
+    monkeypatch.setattr(gdn_launch, "cuda_walk_blockers", lambda **k: (
         [f"instances {cuda_walk.instances(k['mode'])}"]
         if (k["BV"], k["mt"]) not in cuda_walk.instances(k["mode"]) else []))
     calls = []
     monkeypatch.setattr(cuda_walk, "walk", lambda *a, **k: calls.append(k))
     monkeypatch.setattr(cuda_walk, "kside", lambda *a, **k: pytest.fail("K-side kernel launched"))
-    _, cache = gdn_tree_verify(*args, cuda_walk=2, **kw)
+    _, cache = run(cuda_walk=2)
     assert len(calls) == 1 and calls[0]["mults"] is None and calls[0]["bits"] is None
     assert (cache.launch["cuda_walk"], cache.launch["kside_cuda"], cache.launch["l2_prefetch"]) \
         == (2, 0, 17)   # the rule's K-side kernel and its prefetch bit gave way
@@ -141,7 +142,7 @@ def test_the_rules_cuda_kside_kernel_gives_way_where_only_it_cannot_run(monkeypa
     # the rule's L2 bits follow: the walk's late prefetch (rows resident in mode 0), no K-side one
     assert calls[0]["pf"] == 50 and calls[0]["pf_late"] and not calls[0]["cs"]
     with pytest.raises(LaunchNotApplicable, match="cuda_walk needs instances"):
-        gdn_tree_verify(*args, cuda_walk=2, kside_cuda=1, **kw)
+        run(cuda_walk=2, kside_cuda=1)
 
 
 def test_l2_prefetch_and_kside_warps_reach_the_kernels(monkeypatch):
@@ -150,17 +151,17 @@ def test_l2_prefetch_and_kside_warps_reach_the_kernels(monkeypatch):
     # walk's v rows two sub-chunks ahead, 16 the walk's prefetch late; the rule's walk without
     # the CUDA K-side kernel drops bit 2, an explicit request for it (or any bit without the
     # CUDA walk) is refused; outside 0-31 a one-line error
-    import simtree.kernels.gdn as kg
     args = _small_verify_args(5)
-    kw = dict(backend="triton", kside=1, prenorm=1)
-    monkeypatch.setattr(kg, "_cuda_walk_blockers", lambda **k: [])
+    base = VerifyLaunch(backend="triton", kside=1, prenorm=1)
+    run = lambda **switches: gdn_tree_verify(*args, launch=replace(base, **switches))  # noqa: E731
+    monkeypatch.setattr(gdn_launch, "cuda_walk_blockers", lambda **k: [])
     monkeypatch.setattr(cuda_walk, "resident_rows", lambda dev, nc, bv, mt, mode, V: 100 + mode)
     calls = []
     monkeypatch.setattr(cuda_walk, "walk", lambda *a, **k: calls.append(("walk", k)))
     monkeypatch.setattr(cuda_walk, "kside", lambda *a, **k: calls.append(("kside", k)))
     for bits in range(32):
         calls.clear()
-        gdn_tree_verify(*args, cuda_walk=2, kside_cuda=1, l2_prefetch=bits, **kw)
+        run(cuda_walk=2, kside_cuda=1, l2_prefetch=bits)
         (_, ks), (_, wk) = calls
         assert ks["pf"] == (102 if bits & 2 else 0), bits
         assert torch.equal(ks["s0"], args[5].float()), bits   # the walk's fp32 state
@@ -168,23 +169,23 @@ def test_l2_prefetch_and_kside_warps_reach_the_kernels(monkeypatch):
         assert wk["pfv"] == bool(bits & 8) and wk["pf_late"] == bool(bits & 16), bits
         assert ks["warps"] == 8, bits
     calls.clear()   # kside_cuda 2: the K-side kernel at 12 warps a program
-    gdn_tree_verify(*args, cuda_walk=2, kside_cuda=2, **kw)
+    run(cuda_walk=2, kside_cuda=2)
     assert calls[0][0] == "kside" and calls[0][1]["warps"] == 12
     with pytest.raises(SimtreeError, match="kside_cuda is 0 .*, 1 .* or 2"):
-        gdn_tree_verify(*args, cuda_walk=2, kside_cuda=3, **kw)
-    real = kg.verify_launch_config
-    monkeypatch.setattr(kg, "verify_launch_config", lambda *a, **k: dict(
+        run(cuda_walk=2, kside_cuda=3)
+    real = gdn_launch.verify_launch_config
+    monkeypatch.setattr(gdn_launch, "verify_launch_config", lambda *a, **k: replace(
         real(*a, **k), cuda_walk=2, kside_cuda=0, l2_prefetch=31))
     calls.clear()
-    gdn_tree_verify(*args, **kw)   # the rule's bits on the walk on the Triton K-side tiles
+    run()   # the rule's bits on the walk on the Triton K-side tiles
     assert [c for c, _ in calls] == ["walk"] and calls[0][1]["pf"] == 100 and calls[0][1]["cs"]
     assert calls[0][1]["pfv"] and calls[0][1]["pf_late"]
     with pytest.raises(LaunchNotApplicable, match="l2_prefetch .* kside_cuda > 0"):
-        gdn_tree_verify(*args, l2_prefetch=2, **kw)
+        run(l2_prefetch=2)
     with pytest.raises(LaunchNotApplicable, match="l2_prefetch .* needs cuda_walk > 0"):
-        gdn_tree_verify(*args, cuda_walk=0, l2_prefetch=1, **kw)
+        run(cuda_walk=0, l2_prefetch=1)
     with pytest.raises(SimtreeError, match="l2_prefetch is a sum of the bits 1, 2, 4, 8 and 16"):
-        gdn_tree_verify(*args, l2_prefetch=32, **kw)
+        run(l2_prefetch=32)
 
 
 def test_instances_and_targets():
@@ -283,7 +284,7 @@ def test_cuda_walk_matches_the_triton_walk_on_the_gpu(bv, mt, ks, kcu, order, mo
     # random trees of 65-128 nodes (last sub-chunks partial), two or three value heads per key
     # head, stored depth-first or walked through the heavy-first order table of breadth-first
     # trees
-    from simtree.kernels.gdn.bench_util import random_gdn_inputs
+    from simtree.profiler.bench.gdn_util import random_gdn_inputs
     if not cuda_walk.available("cuda"):
         pytest.skip("the CUDA walk does not run on this GPU")
     rng = np.random.default_rng(bv * 10 + mt + 2 * (order == "table") + 4 * ks + 8 * kcu)
@@ -294,11 +295,12 @@ def test_cuda_walk_matches_the_triton_walk_on_the_gpu(bv, mt, ks, kcu, order, mo
         inp = random_gdn_inputs(trees, H=H, HV=HV, K=128, V=128, seed=int(rng.integers(1 << 30)))
         meta = tree_meta(inp["parents"], inp["cu_nodes"], depth_first=order == "stored")
         args = [inp[k] for k in KEYS] + [inp["parents"], inp["cu_nodes"]]
-        kw = dict(backend="triton", meta=meta, kside=1, prenorm=1, g_pass=1, solve_bf16=1,
-                  u_bf16=1, u_cache_bf16=1, block_t=16, block_v=bv)
-        o_t, c_t = gdn_tree_verify(*args, transposed=1, cuda_walk=0, **kw)
-        o_c, c_c = gdn_tree_verify(*args, cuda_walk=mt, walk_kside=ks, kside_cuda=kcu,
-                                   l2_prefetch=0, **kw)
+        base = VerifyLaunch(backend="triton", kside=1, prenorm=1, g_pass=1, solve_bf16=1,
+                            u_bf16=1, u_cache_bf16=1, block_t=16, block_v=bv)
+        run = lambda args, **switches: gdn_tree_verify(  # noqa: E731
+            *args, meta=meta, launch=replace(base, **switches))
+        o_t, c_t = run(args, transposed=1, cuda_walk=0)
+        o_c, c_c = run(args, cuda_walk=mt, walk_kside=ks, kside_cuda=kcu, l2_prefetch=0)
         ref = gdn_tree_verify_dense_ref(*(inp[k].double() for k in KEYS), inp["parents"],
                                         inp["cu_nodes"])
         assert rel_err(o_c, ref) < 2e-2 and rel_err(o_t, ref) < 2e-2, (H, HV)
@@ -310,17 +312,18 @@ def test_cuda_walk_matches_the_triton_walk_on_the_gpu(bv, mt, ks, kcu, order, mo
         # the late prefetch, the rule's, at two m-tiles per warp, the early one at one)
         with monkeypatch.context() as m:
             m.setattr(cuda_walk, "resident_rows", lambda *a, **k: 7)
-            o_p, c_p = gdn_tree_verify(*args, cuda_walk=mt, walk_kside=ks, kside_cuda=kcu,
-                                       l2_prefetch=(15 if kcu else 13) | 16 * (mt == 2), **kw)
+            o_p, c_p = run(args, cuda_walk=mt, walk_kside=ks, kside_cuda=kcu,
+                           l2_prefetch=(15 if kcu else 13) | 16 * (mt == 2))
         assert torch.equal(o_p, o_c) and torch.equal(c_p.u, c_c.u), (H, HV)
         if kcu:   # its multipliers without the L2 norm, at another scale (q and k raw values
             # then reach the products: inputs normalised first so the recurrence stays bounded)
             raw = dict(inp, q=torch.nn.functional.normalize(inp["q"].float(), dim=-1).to(inp["q"].dtype),
                        k=torch.nn.functional.normalize(inp["k"].float(), dim=-1).to(inp["k"].dtype))
             args2 = [raw[k] for k in KEYS] + [raw["parents"], raw["cu_nodes"]]
-            nk = dict(kw, qk_l2norm=False, scale=0.05)
-            o_t2, _ = gdn_tree_verify(*args2, transposed=1, cuda_walk=0, **nk)
-            o_c2, _ = gdn_tree_verify(*args2, cuda_walk=mt, kside_cuda=kcu, **nk)
+            nk = dict(meta=meta, qk_l2norm=False, scale=0.05)
+            o_t2, _ = gdn_tree_verify(*args2, **nk, launch=replace(base, transposed=1, cuda_walk=0))
+            o_c2, _ = gdn_tree_verify(*args2, **nk,
+                                      launch=replace(base, cuda_walk=mt, kside_cuda=kcu))
             ref2 = gdn_tree_verify_dense_ref(*(raw[k].double() for k in KEYS), raw["parents"],
                                              raw["cu_nodes"], scale=0.05, qk_l2norm=False)
             assert rel_err(o_c2, ref2) < 2e-2 and rel_err(o_c2, o_t2) < 1e-2, (H, HV)

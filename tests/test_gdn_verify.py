@@ -1,6 +1,8 @@
 """GDN tree verify + commit: Triton (interpreter) vs float64 references on random trees."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 import torch
@@ -8,14 +10,22 @@ import triton
 import triton.language as tl
 
 from simtree.errors import SimtreeError
-from simtree.kernels.gdn import (gdn_accepted_paths_ref, gdn_tree_commit, gdn_tree_verify,
+from simtree.kernels.gdn import (CommitLaunch, LaunchNotApplicable, VerifyLaunch,
+                                 gdn_accepted_paths_ref, gdn_tree_commit, gdn_tree_verify,
                                  gdn_tree_verify_dense_ref, gdn_tree_verify_recurrent,
                                  gdn_tree_verify_ref, tree_meta, verify_launch_config)
+from simtree.kernels.gdn import launch as gdn_launch
 from simtree.kernels.gdn.tree_verify import _popcount64, _select_bit64
 from simtree.trees.tree import DraftTree, TreeBatch
 
 H, HV, K, V = 2, 4, 16, 32
 KEYS = ("q", "k", "v", "g", "beta", "state")
+TORCH, COMMIT_TRITON = VerifyLaunch(backend="torch"), CommitLaunch(backend="triton")
+
+
+def on_triton(**switches) -> VerifyLaunch:
+    """The Triton kernels (through the interpreter here) at the rule's launch but ``switches``."""
+    return VerifyLaunch(backend="triton", **switches)
 
 
 def random_tree(n: int, rng: np.random.Generator, reach: int = 4) -> DraftTree:
@@ -50,7 +60,7 @@ def test_triton_matches_both_references_fp32(seed):
     tree = (inp["parents"], inp["cu_nodes"])
     ref_a = gdn_tree_verify_ref(*f64(inp), *tree)
     ref_b = gdn_tree_verify_dense_ref(*f64(inp), *tree)
-    out, _ = gdn_tree_verify(*(inp[k] for k in KEYS), *tree, backend="triton")
+    out, _ = gdn_tree_verify(*(inp[k] for k in KEYS), *tree, launch=on_triton())
     assert rel_err(ref_b, ref_a) < 1e-12
     assert rel_err(out, ref_a) < 1e-4
 
@@ -63,7 +73,8 @@ def test_triton_bf16_inputs():
     # bugs.
     rng = np.random.default_rng(2)
     inp = make_inputs([random_tree(20, rng), random_tree(9, rng)], 2, dtype=torch.bfloat16)
-    out, _ = gdn_tree_verify(*(inp[k] for k in KEYS), inp["parents"], inp["cu_nodes"], backend="triton")
+    out, _ = gdn_tree_verify(*(inp[k] for k in KEYS), inp["parents"], inp["cu_nodes"],
+                             launch=on_triton())
     assert out.dtype == torch.bfloat16
     assert rel_err(out, gdn_tree_verify_ref(*f64(inp), inp["parents"], inp["cu_nodes"])) < 2e-2
 
@@ -74,7 +85,7 @@ def test_trees_larger_than_one_chunk(block_t):
     rng = np.random.default_rng(3)
     inp = make_inputs([random_tree(150, rng, reach=8), DraftTree.chain(130)], 3)
     tree = (inp["parents"], inp["cu_nodes"])
-    out, _ = gdn_tree_verify(*(inp[k] for k in KEYS), *tree, backend="triton", block_t=block_t)
+    out, _ = gdn_tree_verify(*(inp[k] for k in KEYS), *tree, launch=on_triton(block_t=block_t))
     assert rel_err(out, gdn_tree_verify_dense_ref(*f64(inp), *tree)) < 1e-4
 
 
@@ -82,7 +93,7 @@ def test_verify_does_not_touch_state():
     rng = np.random.default_rng(4)
     inp = make_inputs([random_tree(12, rng)], 4)
     before = inp["state"].clone()
-    gdn_tree_verify(*(inp[k] for k in KEYS), inp["parents"], inp["cu_nodes"], backend="triton")
+    gdn_tree_verify(*(inp[k] for k in KEYS), inp["parents"], inp["cu_nodes"], launch=on_triton())
     assert torch.equal(inp["state"], before)
 
 
@@ -90,7 +101,7 @@ def test_torch_backend_matches_reference():
     rng = np.random.default_rng(5)
     inp = make_inputs([random_tree(17, rng), random_tree(3, rng)], 5)
     tree = (inp["parents"], inp["cu_nodes"])
-    out, _ = gdn_tree_verify(*(inp[k] for k in KEYS), *tree, backend="torch")
+    out, _ = gdn_tree_verify(*(inp[k] for k in KEYS), *tree, launch=TORCH)
     assert rel_err(out, gdn_tree_verify_ref(*f64(inp), *tree)) < 1e-4
 
 
@@ -109,13 +120,13 @@ def test_commit_equals_sequential_decode_of_accepted_path(backend, block_t, path
     trees = [random_tree(int(n), rng) for n in (25, 1, 70)] + [DraftTree(list(range(-1, 149)))]
     inp = make_inputs(trees, 6)
     tree = (inp["parents"], inp["cu_nodes"])
-    _, cache = gdn_tree_verify(*(inp[k] for k in KEYS), *tree, backend=backend)
+    _, cache = gdn_tree_verify(*(inp[k] for k in KEYS), *tree, launch=VerifyLaunch(backend=backend))
     accepted = torch.tensor([int(rng.integers(0, t.num_nodes)) for t in trees])
     accepted[2] = 69 if trees[2].depth[69] > 0 else accepted[2]   # a node in the second chunk
     accepted[3] = int(rng.integers(130, 150))                      # a path through three words
     S = inp["state"].clone()
-    gdn_tree_commit(S, inp["k"], cache, *tree, accepted, backend=backend, block_t=block_t,
-                    path=path, block_v=block_v)
+    gdn_tree_commit(S, inp["k"], cache, *tree, accepted, launch=CommitLaunch(
+        backend=backend, block_t=block_t, path=path, block_v=block_v))
     assert rel_err(S, sequential_commit(inp, trees, accepted)) < 1e-4
 
 
@@ -124,10 +135,10 @@ def test_root_only_commit_leaves_other_sequences_alone():
     trees = [random_tree(10, rng), random_tree(10, rng)]
     inp = make_inputs(trees, 7)
     tree = (inp["parents"], inp["cu_nodes"])
-    _, cache = gdn_tree_verify(*(inp[k] for k in KEYS), *tree, backend="triton")
+    _, cache = gdn_tree_verify(*(inp[k] for k in KEYS), *tree, launch=on_triton())
     accepted = torch.tensor([0, 7])
     S = inp["state"].clone()
-    gdn_tree_commit(S, inp["k"], cache, *tree, accepted, backend="triton")
+    gdn_tree_commit(S, inp["k"], cache, *tree, accepted, launch=COMMIT_TRITON)
     want = sequential_commit(inp, trees, accepted)
     assert rel_err(S[0], want[0]) < 1e-4                  # only the root token folded in
     assert rel_err(S[1], want[1]) < 1e-4                  # the other sequence: its own path
@@ -135,8 +146,10 @@ def test_root_only_commit_leaves_other_sequences_alone():
     for k in KEYS[:5]:
         solo[k] = inp[k][10:]
     solo["state"] = inp["state"][1:].clone()
-    _, c1 = gdn_tree_verify(*(solo[k] for k in KEYS), solo["parents"], solo["cu_nodes"], backend="triton")
-    gdn_tree_commit(solo["state"], solo["k"], c1, solo["parents"], solo["cu_nodes"], accepted[1:], backend="triton")
+    _, c1 = gdn_tree_verify(*(solo[k] for k in KEYS), solo["parents"], solo["cu_nodes"],
+                            launch=on_triton())
+    gdn_tree_commit(solo["state"], solo["k"], c1, solo["parents"], solo["cu_nodes"], accepted[1:],
+                    launch=COMMIT_TRITON)
     assert torch.allclose(solo["state"][0], S[1], rtol=0, atol=1e-6)
 
 
@@ -203,7 +216,7 @@ def test_host_round_meta_holds_the_default_launch_tables():
     tb = TreeBatch([random_tree(int(n), rng, reach=4) for n in rng.integers(65, 101, size=13)])
     md = tb.to_torch()
     cfg = verify_launch_config(13, HV, V, "cpu", tb.max_nodes)
-    assert cfg["heavy_first"]
+    assert cfg.heavy_first
     host = verify_round_meta_host(tb.parents, tb.cu_nodes, tb.max_nodes, HV, V)
     dev = verify_round_meta(md["parents"], md["cu_nodes"], tb.max_nodes, HV, V)
     assert ("heavy_first",) in host._derived
@@ -216,10 +229,10 @@ def test_host_round_meta_holds_the_default_launch_tables():
     tb = inp["tb"]
     meta = verify_round_meta_host(tb.parents, tb.cu_nodes, tb.max_nodes, HV, V)
     cfg = verify_launch_config(3, HV, V, "cpu", tb.max_nodes)
-    key = ("heavy_first",) if cfg["heavy_first"] else ("pairs", cfg["block_t"])
+    key = ("heavy_first",) if cfg.heavy_first else ("pairs", cfg.block_t)
     assert key in meta._derived
     out, _ = gdn_tree_verify(*(inp[k] for k in KEYS), inp["parents"], inp["cu_nodes"],
-                             backend="triton", meta=meta, check=False)
+                             meta=meta, check=False, launch=on_triton())
     assert rel_err(out, gdn_tree_verify_dense_ref(*f64(inp), inp["parents"], inp["cu_nodes"])) < 1e-4
 
 
@@ -244,14 +257,17 @@ def test_bad_inputs_give_one_line_errors():
     g_nan = args[3].clone()
     g_nan[0, 0] = float("nan")
     assert "NaN" in _bad(lambda: gdn_tree_verify(*args[:3], g_nan, *args[4:], *tree))
-    _, cache = gdn_tree_verify(*args, *tree, backend="torch")
+    _, cache = gdn_tree_verify(*args, *tree, launch=TORCH)
     assert "accepted" in _bad(lambda: gdn_tree_commit(inp["state"], inp["k"], cache, *tree, torch.tensor([6])))
     assert "block_t" in _bad(lambda: gdn_tree_commit(inp["state"], inp["k"], cache, *tree,
-                                                     torch.tensor([5]), block_t=48))
+                                                     torch.tensor([5]),
+                                                     launch=CommitLaunch(block_t=48)))
     # the K-side kernel's launch switches: warps and value heads per program
-    assert "kside" in _bad(lambda: gdn_tree_verify(*args, *tree, backend="triton", kside=3))
-    assert "kside_heads" in _bad(lambda: gdn_tree_verify(*args, *tree, backend="triton", kside=1,
-                                                         kside_heads=3))
+    assert "kside" in _bad(lambda: gdn_tree_verify(*args, *tree, launch=on_triton(kside=3)))
+    assert "kside_heads" in _bad(lambda: gdn_tree_verify(*args, *tree,
+                                                         launch=on_triton(kside=1, kside_heads=3)))
+    assert "backend" in _bad(lambda: VerifyLaunch(backend="cuda"))
+    assert "VerifyLaunch" in _bad(lambda: gdn_tree_verify(*args, *tree, launch=dict(kside=1)))
 
 
 def test_strong_decay_does_not_overflow():
@@ -263,7 +279,8 @@ def test_strong_decay_does_not_overflow():
     tree = (inp["parents"], inp["cu_nodes"])
     ref = gdn_tree_verify_ref(*f64(inp), *tree)
     for backend in ("torch", "triton"):
-        out, _ = gdn_tree_verify(*(inp[k] for k in KEYS), *tree, backend=backend)
+        out, _ = gdn_tree_verify(*(inp[k] for k in KEYS), *tree,
+                                 launch=VerifyLaunch(backend=backend))
         assert torch.isfinite(out).all()
         assert rel_err(out, ref) < 1e-4
 
@@ -302,11 +319,11 @@ def test_skipped_subchunk_pairs_match_dense_reference():
     assert sum(map(len, _needed_pairs(chain, 16))) == 10    # all 10
     inp = make_inputs([wide, chain], 13)
     tree = (inp["parents"], inp["cu_nodes"])
-    out, cache = gdn_tree_verify(*(inp[k] for k in KEYS), *tree, backend="triton")
+    out, cache = gdn_tree_verify(*(inp[k] for k in KEYS), *tree, launch=on_triton())
     assert rel_err(out, gdn_tree_verify_dense_ref(*f64(inp), *tree)) < 1e-4
     accepted = torch.tensor([95, 69])          # a leaf of the last sub-chunk; the chain's end
     S = inp["state"].clone()
-    gdn_tree_commit(S, inp["k"], cache, *tree, accepted, backend="triton")
+    gdn_tree_commit(S, inp["k"], cache, *tree, accepted, launch=COMMIT_TRITON)
     assert rel_err(S, sequential_commit(inp, [wide, chain], accepted)) < 1e-4
 
 
@@ -328,17 +345,18 @@ def test_every_default_launch_is_correct():
             for max_nodes in (4, 16, 32, 64, 128):
                 cfg = verify_launch_config(B, 48, V, "cuda", max_nodes, depth_first)
                 key = (depth_first,) + tuple(sorted(   # register caps: same arithmetic
-                    (k, v) for k, v in cfg.items() if k not in ("max_registers", "kside_registers")))
+                    (k, v) for k, v in cfg.switches().items()
+                    if k not in ("max_registers", "kside_registers")))
                 if key in seen:
                     continue
                 seen.add(key)
                 # the CUDA walk and K-side kernel where the rule takes them run on a GPU
                 # only: left to the default there, so the launch falls back to the Triton
                 # kernels as it does wherever the CUDA ones cannot run
-                kw = {k: v for k, v in cfg.items()
-                      if k not in ("cuda_walk", "walk_kside", "kside_cuda", "l2_prefetch")}
-                out, _ = gdn_tree_verify(*(inp[k] for k in KEYS), *tree, backend="triton",
-                                         meta=meta, **kw)
+                launch = replace(cfg, cuda_walk=None, walk_kside=None, kside_cuda=None,
+                                 l2_prefetch=None)
+                out, _ = gdn_tree_verify(*(inp[k] for k in KEYS), *tree, meta=meta,
+                                         launch=launch)
                 assert rel_err(out, ref) < 1e-4, cfg
     assert len(seen) >= 6
 
@@ -349,17 +367,16 @@ def test_kside_register_cap_where_measured(monkeypatch):
     # the 16 the cap allows (132 SMs where no GPU is visible): measured faster at 16 sequences
     # of 128 nodes (tuning runs 73-76), slower where they fit either way (b16 n64) or not at all
     # (b64 n128); never without the K-side kernel
-    import simtree.kernels.gdn as kg
-    monkeypatch.setattr(kg, "_sm_count", lambda device: 132)   # the H200's, on any machine
+    monkeypatch.setattr(gdn_launch, "sm_count", lambda device: 132)   # the H200's, on any machine
     rule = lambda b, n, H=None: verify_launch_config(b, 48, 128, "cuda", n, True, H)  # noqa: E731
     for b, n in ((16, 128), (16, 100), (13, 128)):          # 2048, 1792, 1664 programs
-        assert rule(b, n)["kside"] and rule(b, n)["kside_registers"] == 128, (b, n)
+        assert rule(b, n).kside and rule(b, n).kside_registers == 128, (b, n)
     for b, n in ((16, 96), (8, 128), (12, 128), (16, 64), (64, 128), (64, 64), (4, 128),
                  (1, 128), (16, 32)):
-        assert rule(b, n)["kside_registers"] == 0, (b, n)
-    assert rule(16, 128, H=16)["kside_registers"] == 128 and rule(16, 128, H=8)["kside_registers"] == 0
-    monkeypatch.setattr(kg, "_sm_count", lambda device: 108)   # fewer SMs: 2048 do not fit at 16
-    assert rule(16, 128)["kside_registers"] == 0 and rule(13, 128)["kside_registers"] == 128
+        assert rule(b, n).kside_registers == 0, (b, n)
+    assert rule(16, 128, H=16).kside_registers == 128 and rule(16, 128, H=8).kside_registers == 0
+    monkeypatch.setattr(gdn_launch, "sm_count", lambda device: 108)   # fewer SMs: 2048 do not fit at 16
+    assert rule(16, 128).kside_registers == 0 and rule(13, 128).kside_registers == 128
 
 
 @pytest.mark.parametrize("depth_first", [False, True])
@@ -369,23 +386,22 @@ def test_transposed_walk_where_measured(depth_first, monkeypatch):
     # at two warps for 65-256 nodes where its programs fit in one wave and the untransposed
     # walk's do not (3-5 rows per SM: runs 86-87, 132 SMs); only where the rule launches the
     # K-side kernel and the pre-normalised rows it walks on
-    import simtree.kernels.gdn as kg
-    monkeypatch.setattr(kg, "_sm_count", lambda device: 132)
+    monkeypatch.setattr(gdn_launch, "sm_count", lambda device: 132)
     rule = lambda b, n, hv=48: verify_launch_config(b, hv, 128, "cuda", n, depth_first, 16)  # noqa: E731
     for b, n, hv in ((64, 64, 48), (64, 128, 48), (17, 33, 48), (64, 256, 48), (25, 33, 32),
                      (9, 65, 48), (13, 128, 48), (13, 256, 48), (16, 96, 32), (20, 128, 32)):
         cfg = rule(b, n, hv)
-        assert cfg["transposed"] == 1 and cfg["kside"] and cfg["prenorm"], (b, n, hv)
-        assert cfg["num_warps"] == 2, (b, n, hv)
+        assert cfg.transposed == 1 and cfg.kside and cfg.prenorm, (b, n, hv)
+        assert cfg.num_warps == 2, (b, n, hv)
     for b, n, hv in ((64, 32, 48), (16, 128, 48), (16, 64, 48), (4, 128, 48), (1, 128, 48),
                      (64, 16, 48), (17, 32, 48), (64, 257, 48), (8, 128, 48), (13, 64, 48),
                      (14, 128, 48), (12, 128, 32), (22, 128, 32), (24, 128, 32),
                      (13, 257, 48)):   # above 256 nodes there is no K-side kernel
         cfg = rule(b, n, hv)
-        assert cfg["transposed"] == 0, (b, n, hv)
-        assert cfg["num_warps"] == (2 if b * hv > 16 * 48 else 4), (b, n, hv)
-    monkeypatch.setattr(kg, "_sm_count", lambda device: 108)   # fewer SMs: 3-5 per SM shift
-    assert rule(8, 128)["transposed"] == 1 and rule(12, 128)["transposed"] == 0
+        assert cfg.transposed == 0, (b, n, hv)
+        assert cfg.num_warps == (2 if b * hv > 16 * 48 else 4), (b, n, hv)
+    monkeypatch.setattr(gdn_launch, "sm_count", lambda device: 108)   # fewer SMs: 3-5 per SM shift
+    assert rule(8, 128).transposed == 1 and rule(12, 128).transposed == 0
 
 
 
@@ -393,26 +409,25 @@ def test_fp32_inputs_take_eight_warps_untransposed(monkeypatch):
     # fp32 / fp64 inputs (exact fp32 dots): the untransposed walk at eight warps beyond 4
     # sequences' rows (run 88: two-warp fp32 walks spill, 15-19x slower at 64 sequences);
     # the bf16 rule elsewhere, and gdn_tree_verify asks for it by its inputs' dtype
-    import simtree.kernels.gdn as kg
-    monkeypatch.setattr(kg, "_sm_count", lambda device: 132)
+    monkeypatch.setattr(gdn_launch, "sm_count", lambda device: 132)
     rule = lambda b, n, ieee: verify_launch_config(b, 48, 128, "cuda", n, True, 16, ieee=ieee)  # noqa: E731
     for b, n in ((64, 16), (64, 128), (12, 128), (16, 64), (5, 32)):
         bf16, fp32 = rule(b, n, False), rule(b, n, True)
-        assert fp32["num_warps"] == 8 and fp32["transposed"] == 0 and fp32["cuda_walk"] == 0, (b, n)
-        assert fp32["kside_cuda"] == 0, (b, n)   # the CUDA kernels take bf16 only
-        walk = ("num_warps", "transposed", "cuda_walk", "kside_cuda", "l2_prefetch")
-        assert {k: v for k, v in fp32.items() if k not in walk} == \
-            {k: v for k, v in bf16.items() if k not in walk}, (b, n)
+        assert fp32.num_warps == 8 and fp32.transposed == 0 and fp32.cuda_walk == 0, (b, n)
+        assert fp32.kside_cuda == 0, (b, n)   # the CUDA kernels take bf16 only
+        walk = dict(num_warps=None, transposed=None, cuda_walk=None, kside_cuda=None,
+                    l2_prefetch=None)
+        assert replace(fp32, **walk) == replace(bf16, **walk), (b, n)
     for b, n in ((4, 128), (1, 64)):
         assert rule(b, n, True) == rule(b, n, False), (b, n)
     seen = []
-    real = kg.verify_launch_config
-    monkeypatch.setattr(kg, "verify_launch_config",
+    real = gdn_launch.verify_launch_config
+    monkeypatch.setattr(gdn_launch, "verify_launch_config",
                         lambda *a, **kw: seen.append(kw.get("ieee")) or real(*a, **kw))
     rng, sizes, trees, inp, tree = random_batch(130, 2)
     for dtype in (torch.float32, torch.bfloat16, torch.float64):
         gdn_tree_verify(*(inp[k].to(dtype) if inp[k].is_floating_point() else inp[k] for k in KEYS),
-                        *tree, backend="triton")
+                        *tree, launch=on_triton())
     assert seen == [True, False, True]
 
 
@@ -420,22 +435,21 @@ def test_rule_transposed_walk_gives_way_to_explicit_switches(monkeypatch, spy_ke
     # where the rule takes the transposed walk but the caller turns off the K-side kernel or
     # the pre-normalised rows it walks on, the launch falls back to the untransposed walk
     # (same results as the reference); asking for it explicitly there is an error
-    import simtree.kernels.gdn as kg
-    rule = kg.verify_launch_config
-    monkeypatch.setattr(kg, "verify_launch_config",
-                        lambda *a, **kw: {**rule(*a, **kw), "kside": 1, "transposed": 1})
+    real = gdn_launch.verify_launch_config
+    monkeypatch.setattr(gdn_launch, "verify_launch_config",
+                        lambda *a, **kw: replace(real(*a, **kw), kside=1, transposed=1))
     rng, sizes, trees, inp, tree = random_batch(130, 3)
     walks = []
     for name in ("_tree_verify_kernel", "_tree_verify_t_kernel"):
         spy_kernel(name, lambda grid, kw, name=name: walks.append(name))
-    run = lambda **kw: gdn_tree_verify(*(inp[k] for k in KEYS), *tree, backend="triton", **kw)  # noqa: E731
+    run = lambda **kw: gdn_tree_verify(*(inp[k] for k in KEYS), *tree, launch=on_triton(**kw))  # noqa: E731
     ref = gdn_tree_verify_dense_ref(*f64(inp), *tree)
     for off in (dict(prenorm=0), dict(kside=0), dict(g_prologue=0)):
         assert rel_err(run(**off)[0], ref) < 1e-4, off
     assert walks == ["_tree_verify_kernel"] * 3
     assert rel_err(run()[0], ref) < 1e-4 and walks[-1] == "_tree_verify_t_kernel"
     for bad in (dict(prenorm=0), dict(kside=0)):   # asked for explicitly there: an error
-        with pytest.raises(kg.LaunchNotApplicable, match="transposed walks the K-side kernel's tiles"):
+        with pytest.raises(LaunchNotApplicable, match="transposed walks the K-side kernel's tiles"):
             run(transposed=1, **bad)
 
 
@@ -461,17 +475,16 @@ def spy_kernel(monkeypatch):
 def test_kside_register_cap_reaches_only_the_kside_launch(monkeypatch, spy_kernel):
     # kside_registers caps the K-side kernel's launch (max_registers the verify's); under the
     # interpreter no cap is passed, so the launches are recorded with caps forced on
-    import simtree.kernels.gdn as kg
     caps = {}
-    monkeypatch.setattr(kg, "_maxnreg", lambda n: {"maxnreg": n} if n else {})
+    monkeypatch.setattr(gdn_launch, "register_cap", lambda n: {"maxnreg": n} if n else {})
     for name in ("_tree_kside_kernel", "_tree_verify_kernel"):
         spy_kernel(name, lambda grid, kw, name=name: caps.__setitem__(name, kw.pop("maxnreg", 0)))
     rng = np.random.default_rng(21)
     trees = [random_tree(n, rng, reach=4) for n in (40, 23)]
     inp = make_inputs(trees, 21)
     tree = (inp["parents"], inp["cu_nodes"])
-    out, _ = gdn_tree_verify(*(inp[k] for k in KEYS), *tree, backend="triton", kside=1,
-                             kside_registers=128, max_registers=200)
+    out, _ = gdn_tree_verify(*(inp[k] for k in KEYS), *tree,
+                             launch=on_triton(kside=1, kside_registers=128, max_registers=200))
     assert caps == {"_tree_kside_kernel": 128, "_tree_verify_kernel": 200}
     assert rel_err(out, gdn_tree_verify_dense_ref(*f64(inp), *tree)) < 1e-4
 
@@ -503,16 +516,15 @@ def test_kernel_switches_keep_the_result(launched, g_prologue, prefetch, block_t
     # (kside, which needs every node's G first: off without the prologue, g_pass forced on
     # with it): the launch gets the path asked for, and every path gives the same outputs and the
     # same cache (stored order) for the commit
-    from simtree.kernels.gdn import G_PROLOGUE_MAX_NODES
+    from simtree.kernels.gdn.launch import G_PROLOGUE_MAX_NODES
     rng = np.random.default_rng(16)
     sizes = (40, big, 1, 17)
     trees = [random_tree(n, rng, reach=6) for n in sizes]
     inp = make_inputs(trees, 16)
     tree = (inp["parents"], inp["cu_nodes"])
-    out, cache = gdn_tree_verify(*(inp[k] for k in KEYS), *tree, backend="triton",
-                                 block_t=block_t, g_prologue=g_prologue, prefetch=prefetch,
-                                 heavy_first=heavy, prenorm=prenorm, g_pass=g_pass,
-                                 kside=kside, kside_heads=kside % 2)
+    out, cache = gdn_tree_verify(*(inp[k] for k in KEYS), *tree, launch=on_triton(
+        block_t=block_t, g_prologue=g_prologue, prefetch=prefetch, heavy_first=heavy,
+        prenorm=prenorm, g_pass=g_pass, kside=kside, kside_heads=kside % 2))
     prologue = bool(g_prologue) and big <= G_PROLOGUE_MAX_NODES
     assert len(launched) == 1 and launched[0]["PREFETCH"] == bool(prefetch)
     assert launched[0]["QK_READY"] == bool(prenorm)
@@ -520,13 +532,13 @@ def test_kernel_switches_keep_the_result(launched, g_prologue, prefetch, block_t
     assert launched[0]["G_READY"] == (bool(g_pass or kside) and prologue)
     assert launched[0]["ORDER"] == bool(heavy)
     assert launched[0]["NT"] == ((128 if big <= 128 else 256) if prologue else 0)
-    _, ref_cache = gdn_tree_verify(*(inp[k] for k in KEYS), *tree, backend="torch")
+    _, ref_cache = gdn_tree_verify(*(inp[k] for k in KEYS), *tree, launch=TORCH)
     assert rel_err(out, gdn_tree_verify_dense_ref(*f64(inp), *tree)) < 1e-4
     assert rel_err(cache.G, ref_cache.G) < 1e-5
     assert rel_err(cache.u, ref_cache.u) < 1e-4
     accepted = torch.tensor([int(rng.integers(0, n)) for n in sizes])
     S = inp["state"].clone()
-    gdn_tree_commit(S, inp["k"], cache, *tree, accepted, backend="triton")
+    gdn_tree_commit(S, inp["k"], cache, *tree, accepted, launch=COMMIT_TRITON)
     assert rel_err(S, sequential_commit(inp, trees, accepted)) < 1e-4
 
 
@@ -538,10 +550,11 @@ def test_kside_tiles_serve_every_value_block(block_v, kside_heads):
     trees = [random_tree(int(n), rng, reach=int(rng.integers(2, 7))) for n in (50, 17, 33)]
     inp = make_inputs(trees, 40 + kside_heads)
     tree = (inp["parents"], inp["cu_nodes"])
-    out, cache = gdn_tree_verify(*(inp[k] for k in KEYS), *tree, backend="triton", block_v=block_v,
-                                 kside=1, kside_heads=kside_heads)
-    ref_out, ref_cache = gdn_tree_verify(*(inp[k] for k in KEYS), *tree, backend="triton",
-                                         block_v=block_v, kside=0)
+    out, cache = gdn_tree_verify(*(inp[k] for k in KEYS), *tree,
+                                 launch=on_triton(block_v=block_v, kside=1,
+                                               kside_heads=kside_heads))
+    ref_out, ref_cache = gdn_tree_verify(*(inp[k] for k in KEYS), *tree,
+                                         launch=on_triton(block_v=block_v, kside=0))
     assert rel_err(out, gdn_tree_verify_dense_ref(*f64(inp), *tree)) < 1e-4
     assert rel_err(out, ref_out) < 1e-5 and rel_err(cache.u, ref_cache.u) < 1e-5
     assert torch.equal(cache.G, ref_cache.G)
@@ -563,8 +576,8 @@ def test_early_diagonal_tiles_keep_the_result(launched, heavy):
     # default with kside) or after its pairs: the launch gets the flag only with the K-side
     # kernel, and both give the same outputs and u, equal to the reference
     rng, sizes, trees, inp, tree = random_batch(80 + heavy, 3)
-    run = lambda **kw: gdn_tree_verify(*(inp[k] for k in KEYS), *tree, backend="triton",  # noqa: E731
-                                       block_t=16, heavy_first=heavy, **kw)
+    run = lambda **kw: gdn_tree_verify(*(inp[k] for k in KEYS), *tree,  # noqa: E731
+                                       launch=on_triton(block_t=16, heavy_first=heavy, **kw))
     out, cache = run(kside=1, early=1)
     out0, cache0 = run(kside=1, early=0)
     run(kside=0, early=1)
@@ -580,8 +593,9 @@ def test_transposed_walk_keeps_the_result(heavy, block_v, block_t, spy_kernel):
     # transposed): the same outputs and u as the untransposed walk, equal to the reference,
     # and a commit from its cache matches sequential decoding of the accepted paths
     rng, sizes, trees, inp, tree = random_batch(90 + heavy, 4)
-    run = lambda **kw: gdn_tree_verify(*(inp[k] for k in KEYS), *tree, backend="triton",  # noqa: E731
-                                       heavy_first=heavy, block_v=block_v, block_t=block_t, **kw)
+    run = lambda **kw: gdn_tree_verify(*(inp[k] for k in KEYS), *tree,  # noqa: E731
+                                       launch=on_triton(heavy_first=heavy, block_v=block_v,
+                                                     block_t=block_t, **kw))
     calls = []
     spy_kernel("_tree_verify_t_kernel", lambda grid, kw: calls.append(grid))
     out, cache = run(kside=1, transposed=1)
@@ -591,7 +605,7 @@ def test_transposed_walk_keeps_the_result(heavy, block_v, block_t, spy_kernel):
     assert rel_err(out, out0) < 1e-5 and rel_err(cache.u, cache0.u) < 1e-5
     accepted = torch.tensor([int(rng.integers(0, n)) for n in sizes])
     S = inp["state"].clone()
-    gdn_tree_commit(S, inp["k"], cache, *tree, accepted, backend="triton")
+    gdn_tree_commit(S, inp["k"], cache, *tree, accepted, launch=COMMIT_TRITON)
     assert rel_err(S, sequential_commit(inp, trees, accepted)) < 1e-4
 
 
@@ -613,7 +627,7 @@ def _assert_heavy_first(t: DraftTree, order) -> None:
 
 
 def test_heavy_first_order_and_renumbered_meta():
-    from simtree.kernels.gdn.bench_util import eagle_like_tree
+    from simtree.profiler.bench.gdn_util import eagle_like_tree
     rng = np.random.default_rng(17)
     trees = ([random_tree(int(n), rng, reach=int(r)) for n, r in zip(rng.integers(1, 90, 5),
                                                                       rng.integers(1, 9, 5))]
@@ -644,7 +658,7 @@ def test_host_depth_first_order_matches_the_kernel_walk():
     # device; renumbered trees keep every root path's tokens, and tree_meta finds (or checks)
     # that a batch is stored depth-first
     from simtree.errors import TreeError
-    from simtree.kernels.gdn.bench_util import eagle_like_tree
+    from simtree.profiler.bench.gdn_util import eagle_like_tree
     rng = np.random.default_rng(19)
     trees = ([random_tree(int(n), rng, reach=int(r)) for n, r in zip(rng.integers(1, 90, 6),
                                                                       rng.integers(1, 9, 6))]
@@ -679,7 +693,7 @@ def test_depth_first_walk_follows_the_effective_sub_chunk(launched):
                              (300, 16, False)):
         inp = make_inputs([random_tree(n, rng, reach=5), random_tree(9, rng)], 18)
         tree = (inp["parents"], inp["cu_nodes"])
-        out, _ = gdn_tree_verify(*(inp[k] for k in KEYS), *tree, backend="triton", block_t=block_t)
+        out, _ = gdn_tree_verify(*(inp[k] for k in KEYS), *tree, launch=on_triton(block_t=block_t))
         bt = launched[-1]["BT"]
         assert launched[-1]["ORDER"] == (want if want is not None else (bt == 16 and 64 < n <= 256)), \
             (n, block_t)
@@ -690,8 +704,8 @@ def test_pair_counts_table_is_the_kernel_walk_of_the_bench_trees():
     # tune_gdn --pairs (reports/h200/gdn/tuning/pairs.md): per tree, the pairs the kernel's
     # loop visits in stored and depth-first order, never more than every pair
     from simtree.kernels.gdn import walk_tables
-    from simtree.kernels.gdn.bench_util import shape_trees
-    from simtree.profiler.tune_gdn import pair_counts
+    from simtree.profiler.bench.gdn_util import shape_trees
+    from simtree.profiler.bench.tune_gdn import pair_counts
     lines = [ln.split(" | ") for ln in pair_counts([2], [70], seed=3).splitlines()[2:]]
     assert [int(ln[2]) for ln in lines] == [16, 32]
     md = TreeBatch(shape_trees(2, 70, 3)[0]).to_torch()
@@ -716,8 +730,8 @@ def test_scale_and_no_l2norm_in_both_qk_paths(prenorm):
     tree = (inp["parents"], inp["cu_nodes"])
     for kw in (dict(scale=0.3), dict(qk_l2norm=False)):
         ref = gdn_tree_verify_dense_ref(*f64(inp), *tree, **kw)
-        out, _ = gdn_tree_verify(*(inp[k] for k in KEYS), *tree, backend="triton",
-                                 prenorm=prenorm, **kw)
+        out, _ = gdn_tree_verify(*(inp[k] for k in KEYS), *tree, **kw,
+                                 launch=on_triton(prenorm=prenorm))
         assert rel_err(out, ref) < 1e-4, kw
 
 
@@ -752,17 +766,17 @@ def test_commit_launch_rule_gathers_the_path_for_larger_trees():
     from simtree.kernels.gdn import commit_launch_config
     for B in (1, 4, 16, 64):
         small, large = (commit_launch_config(B, 48, 128, n) for n in (16, 128))
-        assert small["path"] == 0 and large["path"] == 1
-        assert small["block_v"] == large["block_v"] == 64
+        assert small.path == 0 and large.path == 1
+        assert small.block_v == large.block_v == 64
         for n in (16, 64, 128):
-            assert commit_launch_config(B, 48, 128, n, dot16=True)["path"] == int(B == 1 and n > 64)
-    assert commit_launch_config(1, 48, 32, 128)["block_v"] == 32   # never wider than V
+            assert commit_launch_config(B, 48, 128, n, dot16=True).path == int(B == 1 and n > 64)
+    assert commit_launch_config(1, 48, 32, 128).block_v == 32   # never wider than V
 
 
 def test_fused_decode_step_updates_the_state_in_place_like_the_torch_step():
     # the runtime's plain decoding step on the Triton per-node kernel (node states written over
     # the state they read): output and new state equal the torch delta-rule step (float64)
-    from simtree.runtime.gdn_ops import recurrent_step
+    from simtree.kernels.gdn.ops import recurrent_step
     B = 3
     inp = make_inputs([DraftTree([-1]) for _ in range(B)], 23)
     state = inp["state"].clone()
@@ -784,31 +798,29 @@ def test_u_cache_bf16_verify_and_commit(seed, kside):
     trees = [random_tree(n, rng, reach=5) for n in sizes]
     inp = make_inputs(trees, seed, dtype=torch.bfloat16)
     tree = (inp["parents"], inp["cu_nodes"])
-    out, cache = gdn_tree_verify(*(inp[k] for k in KEYS), *tree, backend="triton", kside=kside,
-                                 u_cache_bf16=1)
+    out, cache = gdn_tree_verify(*(inp[k] for k in KEYS), *tree,
+                                 launch=on_triton(kside=kside, u_cache_bf16=1))
     assert cache.u.dtype == torch.bfloat16
     assert rel_err(out, gdn_tree_verify_dense_ref(*f64(inp), *tree)) < 2e-2
-    _, ref_cache = gdn_tree_verify(*(inp[k] for k in KEYS), *tree, backend="torch")
+    _, ref_cache = gdn_tree_verify(*(inp[k] for k in KEYS), *tree, launch=TORCH)
     assert rel_err(cache.u, ref_cache.u) < 2e-2
     accepted = torch.tensor([int(rng.integers(0, n)) for n in sizes])
     S = inp["state"].clone()
-    gdn_tree_commit(S, inp["k"], cache, *tree, accepted, backend="triton")
+    gdn_tree_commit(S, inp["k"], cache, *tree, accepted, launch=COMMIT_TRITON)
     assert rel_err(S, sequential_commit(inp, trees, accepted)) < 2e-2
     # fp32 inputs keep an fp32 u whatever the switch says
     inp32 = make_inputs(trees, seed)
-    _, cache32 = gdn_tree_verify(*(inp32[k] for k in KEYS), *tree, backend="triton",
-                                 u_cache_bf16=1)
+    _, cache32 = gdn_tree_verify(*(inp32[k] for k in KEYS), *tree, launch=on_triton(u_cache_bf16=1))
     assert cache32.u.dtype == torch.float32
 
 
 def test_no_dependent_launch_off_hopper(launched):
     # programmatic dependent launch (pdl, on by the rule) only for compiled CUDA kernels on
     # sm_90+: here (CPU / interpreter) the verify gets PDL = 0 and no launch_pdl, asked or not
-    from simtree.kernels.gdn import _pdl_ok
     rng = np.random.default_rng(70)
     inp = make_inputs([random_tree(40, rng), random_tree(9, rng)], 70)
     for pdl in (None, 1):
         gdn_tree_verify(*(inp[k] for k in KEYS), inp["parents"], inp["cu_nodes"],
-                        backend="triton", kside=1, pdl=pdl)
-    assert not _pdl_ok("cpu") and len(launched) == 2
+                        launch=on_triton(kside=1, pdl=pdl))
+    assert not gdn_launch.pdl_ok("cpu") and len(launched) == 2
     assert all(kw["PDL"] == 0 and "launch_pdl" not in kw for kw in launched)

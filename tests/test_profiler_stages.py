@@ -176,11 +176,11 @@ def test_gdn_round_meta_stage_builds_what_the_verify_launch_walks(b):
     md = tb.to_torch()
     g = ctx.model.gdn
     cfg = kg.verify_launch_config(b, g["value_heads"], g["value_dim"], "cpu", tb.max_nodes, dfs)
-    walk = meta.heavy_first(md["cu_nodes"])[1] if cfg["heavy_first"] else meta
-    cached = walk.subchunk_pairs(md["cu_nodes"], cfg["block_t"])
-    assert built == {("heavy_first",) if cfg["heavy_first"] else ("pairs", cfg["block_t"])}
+    walk = meta.heavy_first(md["cu_nodes"])[1] if cfg.heavy_first else meta
+    cached = walk.subchunk_pairs(md["cu_nodes"], cfg.block_t)
+    assert built == {("heavy_first",) if cfg.heavy_first else ("pairs", cfg.block_t)}
     fresh = kg.walk_tables(kg.tree_meta(md["parents"], md["cu_nodes"], depth_first=dfs), md["cu_nodes"],
-                           cfg["block_t"])
+                           cfg.block_t)
     assert wl.eager and cached[2] == fresh[2][2]
     assert torch.equal(cached[0], fresh[2][0]) and torch.equal(cached[1], fresh[2][1])
 
@@ -191,7 +191,7 @@ def test_gdn_decode_stage_is_one_recurrent_token_per_sequence(monkeypatch):
     # Triton per-node kernel with the torch step; trees of more than one node are refused
     from simtree.kernels import gdn as kg
     from simtree.profiler.stages import Unavailable, _gdn_inputs
-    from simtree.runtime import gdn_ops
+    from simtree.kernels.gdn import ops as gdn_ops
     ctx = _ctx()
     _, _, args = _gdn_inputs(ctx, 3, 1, "linear")     # same seed: the stage's own inputs
     x = [a.double() for a in args]

@@ -7,7 +7,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from simtree.profiler import report_gdn
+from simtree.profiler.bench import report_gdn
 
 
 def _bench(rng, shapes, variants):
@@ -71,7 +71,7 @@ def test_benchmark_rows_become_profile_rows_of_their_own_stage(tmp_path):
     # metadata as gdn_round_meta / torch_graph, the commit as gdn_tree_commit); tuning variants,
     # the floor and failed rows stay out
     from simtree.costs import profile_table as pt
-    from simtree.profiler.bench_gdn import PROFILE_STAGES, write_profile_rows
+    from simtree.profiler.bench.bench_gdn import PROFILE_STAGES, write_profile_rows
     rng = np.random.default_rng(4)
     variants = list(PROFILE_STAGES) + ["triton_tree_bfs", "triton_commit_p0", "memory_floor"]
     rows = [dict(variant=v, batch_size=b, nodes_per_seq=8, total_tokens=8 * b, tree_shape="eagle",

@@ -5,8 +5,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from simtree.profiler.bench_gdn import _COMMIT_KEYS, commit_name, config_name, parse_configs
-from simtree.profiler.tune_gdn import commit_summary, summarize
+from simtree.profiler.bench.bench_gdn import _COMMIT_KEYS, commit_name, config_name, parse_configs
+from simtree.profiler.bench.tune_gdn import commit_summary, summarize
 
 
 def test_config_letters_round_trip_for_verify_and_commit():
@@ -59,7 +59,7 @@ def test_renumber_cost_times_every_shape_and_profile_from_rewrites_the_rows(tmp_
     import sys
 
     from simtree.costs import profile_table as pt
-    from simtree.profiler import bench_gdn, tune_gdn
+    from simtree.profiler.bench import bench_gdn, tune_gdn
     out = tmp_path / "renumber.csv"
     rng = np.random.default_rng(6)
     bench = _rows(rng, ["triton_tree", "triton_tree_bfs"], [(1, 40), (3, 40)])
@@ -94,15 +94,15 @@ def test_kside_correctness_cases_launch_the_kside_kernel(monkeypatch):
     # the GPU correctness cases meant for the K-side launches must get them under the rule
     # (a rule change must not turn them into repeats of the small cases), the 16-sequence one
     # with the K-side register cap, the 64-sequence one walking breadth-first trees heavy-first
-    import simtree.kernels.gdn as kg
+    from simtree.kernels.gdn import launch as gdn_launch
     from simtree.kernels.gdn import verify_launch_config
-    from simtree.profiler.bench_gdn import KSIDE_CASES
-    monkeypatch.setattr(kg, "_sm_count", lambda device: 132)   # the H200 the cases were set for
+    from simtree.profiler.bench.bench_gdn import KSIDE_CASES
+    monkeypatch.setattr(gdn_launch, "sm_count", lambda device: 132)   # the H200 the cases were set for
     for b, n in KSIDE_CASES:
         for depth_first in (False, True):
-            assert verify_launch_config(b, 48, 128, "cuda", n, depth_first, 16)["kside"] == 1
-    assert verify_launch_config(16, 48, 128, "cuda", 128, True, 16)["kside_registers"] == 128
-    assert any(verify_launch_config(b, 48, 128, "cuda", n, False, 16)["heavy_first"]
+            assert verify_launch_config(b, 48, 128, "cuda", n, depth_first, 16).kside == 1
+    assert verify_launch_config(16, 48, 128, "cuda", 128, True, 16).kside_registers == 128
+    assert any(verify_launch_config(b, 48, 128, "cuda", n, False, 16).heavy_first
                for b, n in KSIDE_CASES)
 
 
@@ -110,8 +110,8 @@ def test_configs_not_applicable_at_a_case_are_timed_where_checked():
     # a switch the launch at a correctness case cannot take (the transposed walk without the
     # K-side kernel) is recorded as not applicable there, not as a failure; a config is timed
     # only if it was correct wherever it launched and checked at one case at least
-    from simtree.profiler.bench_gdn import TINY
-    from simtree.profiler.tune_gdn import checked_configs, correctness
+    from simtree.profiler.bench.bench_gdn import TINY
+    from simtree.profiler.bench.tune_gdn import checked_configs, correctness
     configs = [dict(transposed=1), dict(kside=1, transposed=1), dict(block_t=16)]
     corr = correctness(configs, TINY, "cpu", 0)
     by = {(r["config"], r["case"]): r for r in corr}
@@ -128,16 +128,16 @@ def test_heads_option_and_gpu_cases_in_both_dtypes(monkeypatch, tmp_path):
     # one-line errors; on a GPU the K-side cases are checked in bf16 and fp32 (fp32 at the
     # rule's exact-fp32 launch: eight warps, untransposed), and at Qwen3-Next's heads those
     # cases still launch the K-side kernel in bf16, one of them the transposed walk
-    import simtree.kernels.gdn as kg
+    from simtree.kernels.gdn import launch as gdn_launch
     from simtree.kernels.gdn import verify_launch_config
-    from simtree.profiler.bench_gdn import KSIDE_CASES
-    from simtree.profiler.tune_gdn import correctness_cases, parse_heads
+    from simtree.profiler.bench.bench_gdn import KSIDE_CASES
+    from simtree.profiler.bench.tune_gdn import correctness_cases, parse_heads
     assert parse_heads("16,32") == dict(H=16, HV=32)
     for bad in ("16", "16,x", "16,40", "0,4", "8,4"):
         with pytest.raises(SystemExit, match="--heads"):
             parse_heads(bad)
     # --model takes the heads and dims from the model files
-    from simtree.kernels.gdn.bench_util import QWEN36, model_dims
+    from simtree.profiler.bench.gdn_util import QWEN36, model_dims
     assert model_dims("qwen3-next-80b") == dict(H=16, HV=32, K=128, V=128)
     assert QWEN36 == model_dims("qwen3.6-27b") == dict(H=16, HV=48, K=128, V=128)
     from simtree.errors import SimtreeError
@@ -145,7 +145,7 @@ def test_heads_option_and_gpu_cases_in_both_dtypes(monkeypatch, tmp_path):
         model_dims("deepseek-v4-flash")
     import sys
 
-    from simtree.profiler import tune_gdn
+    from simtree.profiler.bench import tune_gdn
     for argv, msg in ((["--model", "nosuch"], "--model: unknown model 'nosuch'"),
                       (["--model", "qwen3-next-80b", "--heads", "16,32"], "give one")):
         monkeypatch.setattr(sys, "argv", ["tune_gdn", "--out", str(tmp_path), *argv])
@@ -155,11 +155,11 @@ def test_heads_option_and_gpu_cases_in_both_dtypes(monkeypatch, tmp_path):
     assert {c[2][2] for c in cpu} == {"bf16"} and not {(b, n) for b, n, _ in cpu} & set(KSIDE_CASES)
     assert sorted((b, n, d[2]) for b, n, d in gpu if (b, n) in KSIDE_CASES) == sorted(
         (b, n, s) for b, n in KSIDE_CASES for s in ("bf16", "fp32"))
-    monkeypatch.setattr(kg, "_sm_count", lambda device: 132)
+    monkeypatch.setattr(gdn_launch, "sm_count", lambda device: 132)
     cfgs = [verify_launch_config(b, 32, 128, "cuda", n, True, 16) for b, n in KSIDE_CASES]
-    assert all(c["kside"] == 1 for c in cfgs) and any(c["transposed"] for c in cfgs)
+    assert all(c.kside == 1 for c in cfgs) and any(c.transposed for c in cfgs)
     fp32 = [verify_launch_config(b, 48, 128, "cuda", n, True, 16, ieee=True) for b, n in KSIDE_CASES]
-    assert all(c["kside"] == 1 and c["num_warps"] == 8 and not c["transposed"] for c in fp32)
+    assert all(c.kside == 1 and c.num_warps == 8 and not c.transposed for c in fp32)
 
 
 def test_summary_of_several_calls_refuses_a_shape_timed_twice(tmp_path):
@@ -178,7 +178,7 @@ def test_summary_of_several_calls_refuses_a_shape_timed_twice(tmp_path):
 def test_several_tree_sets_give_the_median_and_each_configs_range(tmp_path):
     # tune_gdn --seed 1,2,3: every shape timed on each tree set (seed column); the summary's
     # table holds the median over the sets, then each config's min-max
-    from simtree.profiler.tune_gdn import parse_seeds
+    from simtree.profiler.bench.tune_gdn import parse_seeds
     assert parse_seeds("1,2,3") == [1, 2, 3] and parse_seeds(0) == [0]
     for bad in ("1,x", "2,2"):
         with pytest.raises(SystemExit, match="--seed"):

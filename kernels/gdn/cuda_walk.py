@@ -183,8 +183,8 @@ def walk(qn, kn, v, beta, s0, cu, pairs, npairs, NC: int, o, u, G, diag, tiles, 
     (``resident_rows``); ``pf_late``: that prefetch issued two sub-chunks before the program's
     end rather than at its start; ``cs``: o and u stored streaming (evict-first); ``pfv``:
     each sub-chunk's v rows prefetched into L2 two sub-chunks ahead of their use (one ahead of
-    their copy into shared memory).  ``cs`` and ``pfv`` gained nothing (tuning runs 100-102)
-    and the rule leaves them off."""
+    their copy into shared memory).  ``cs`` and ``pfv`` gained nothing where measured; the
+    rule leaves them off (docs/kernels/gdn_launch.md)."""
     B, HV, V = cu.numel() - 1, v.shape[1], v.shape[2]
     ks = bits is not None
     mode = 1 if ks else 2 if mults is not None else 0

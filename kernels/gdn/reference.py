@@ -20,7 +20,7 @@ import torch
 from .meta import TreeMeta, tree_meta
 
 __all__ = ["gdn_sequential_ref", "gdn_accepted_paths_ref", "gdn_tree_verify_ref", "gdn_tree_verify_dense_ref",
-           "gdn_tree_verify_dense_batched", "tree_causal_conv_ref"]
+           "gdn_tree_verify_dense_batched", "tree_causal_conv_ref", "prep_qk", "delta_rule_step"]
 
 
 def _work_dtype(*xs: torch.Tensor) -> torch.dtype:
@@ -39,16 +39,19 @@ def _norm_qk(q, k, scale, qk_l2norm, dt):
     return q * scale, k
 
 
-def _prep_qk(q, k, HV, scale, qk_l2norm, dt):
-    """``_norm_qk``, then key heads repeated to value heads: [N, H, K] -> [N, HV, K]."""
+def prep_qk(q, k, HV, scale, qk_l2norm, dt):
+    """q, k [N, H, K] L2-normalised (when ``qk_l2norm``), q scaled (K^-1/2 unless ``scale``),
+    both in ``dt`` and repeated from key heads to the HV value heads: [N, HV, K] each."""
     q, k = _norm_qk(q, k, scale, qk_l2norm, dt)
     rep = HV // q.shape[1]
     return q.repeat_interleave(rep, dim=1), k.repeat_interleave(rep, dim=1)
 
 
-def _step(S, q, k, v, g, b):
-    """One delta-rule token for all heads (leading batch dims allowed).
-    S [..., HV, K, V]; q, k [..., HV, K]; v [..., HV, V]; g, b [..., HV]."""
+def delta_rule_step(S, q, k, v, g, b):
+    """One delta-rule token for all heads (leading batch dims allowed): returns (S_t, o_t)
+    with S_t = a_t S + k_t u_t^T, u_t = b_t (v_t - a_t S^T k_t), o_t = S_t^T q_t, a_t = e^g.
+    S [..., HV, K, V]; q, k [..., HV, K] (as ``prep_qk`` gives them); v [..., HV, V];
+    g, b [..., HV]."""
     Sd = torch.exp(g)[..., None, None] * S
     u = b[..., None] * (v - torch.einsum("...hkv,...hk->...hv", Sd, k))
     S_new = Sd + k[..., :, None] * u[..., None, :]
@@ -63,11 +66,11 @@ def gdn_sequential_ref(q, k, v, g, beta, state, *, scale=None, qk_l2norm=True):
     """
     dt = _work_dtype(q, k, v, g, beta, state)
     HV = v.shape[1]
-    qh, kh = _prep_qk(q, k, HV, scale, qk_l2norm, dt)
+    qh, kh = prep_qk(q, k, HV, scale, qk_l2norm, dt)
     S = state.to(dt).clone()
     outs = []
     for t in range(q.shape[0]):
-        S, o = _step(S, qh[t], kh[t], v[t].to(dt), g[t].to(dt), beta[t].to(dt))
+        S, o = delta_rule_step(S, qh[t], kh[t], v[t].to(dt), g[t].to(dt), beta[t].to(dt))
         outs.append(o)
     return torch.stack(outs), S
 
@@ -94,7 +97,7 @@ def gdn_tree_verify_ref(q, k, v, g, beta, state, parents, cu_nodes, *, scale=Non
     """
     dt = _work_dtype(q, k, v, g, beta, state)
     HV = v.shape[1]
-    qh, kh = _prep_qk(q, k, HV, scale, qk_l2norm, dt)
+    qh, kh = prep_qk(q, k, HV, scale, qk_l2norm, dt)
     v, g, beta = v.to(dt), g.to(dt), beta.to(dt)
     out = torch.empty(v.shape, dtype=dt, device=v.device)
     states = torch.empty((q.shape[0], HV, k.shape[2], v.shape[2]), dtype=dt, device=v.device)
@@ -104,7 +107,7 @@ def gdn_tree_verify_ref(q, k, v, g, beta, state, parents, cu_nodes, *, scale=Non
         for j in range(cu[b], cu[b + 1]):
             p = par[j]
             S_prev = state[b].to(dt) if p < 0 else states[cu[b] + p]
-            states[j], out[j] = _step(S_prev, qh[j], kh[j], v[j], g[j], beta[j])
+            states[j], out[j] = delta_rule_step(S_prev, qh[j], kh[j], v[j], g[j], beta[j])
     return (out, states) if return_states else out
 
 
@@ -144,7 +147,7 @@ def gdn_tree_verify_dense_ref(q, k, v, g, beta, state, parents, cu_nodes, *, sca
     """
     dt = _work_dtype(q, k, v, g, beta, state)
     HV = v.shape[1]
-    qh, kh = _prep_qk(q, k, HV, scale, qk_l2norm, dt)
+    qh, kh = prep_qk(q, k, HV, scale, qk_l2norm, dt)
     v, g, beta = v.to(dt), g.to(dt), beta.to(dt)
     cu = cu_nodes.tolist()
     par = parents.tolist()

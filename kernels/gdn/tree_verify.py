@@ -22,9 +22,8 @@ A pre-pass (``_qk_prenorm_kernel``, where the launch rule turns it on) writes th
 normalised, scaled q and k rows in the dot dtype and every node's G once per layer, so the
 verify kernel neither redoes the row norms for each sub-chunk and pair nor the G prologue in
 each V block.
-k rows and q rows are separate [BT, K] tiles: an earlier layout stacked them into one
-[2 BT, K] tile to halve the dot count, but the reshapes it needed cost more than the dots
-(reports/h200/gdn/tuning run 4: 1.1-1.6x slower at the same launch settings).
+k rows and q rows are separate [BT, K] tiles: stacking them into one [2 BT, K] tile halves
+the dot count, but its reshapes cost more than the dots (docs/kernels/gdn_launch.md).
 """
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """GPU benchmark of V4 compressed-attention tree verify (one layer per kind), one invocation.
 
-    python -m simtree.profiler.bench_v4 --out $OUT --max-seconds 200
+    python -m simtree.profiler.bench.bench_v4 --out $OUT --max-seconds 200
 
 1. correctness at reduced size on the device: Triton tree verify + commit vs float64
    sequential decoding (every kind), and the Triton kernel at V4-Flash shapes (bf16) vs torch;

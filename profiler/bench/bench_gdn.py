@@ -1,6 +1,6 @@
 """GPU benchmark of the GDN tree verify (issue 5): correctness first, then CUDA-graph timing.
 
-    python profiler/bench_gdn.py --out $OUT [--max-seconds 170] [--ns 4,8,16,32,64,128] [--bs 1,4,16,64]
+    python -m simtree.profiler.bench.bench_gdn --out $OUT [--max-seconds 170] [--ns 4,8,16,32,64,128] [--bs 1,4,16,64]
 
 Qwen3.6-27B GDN shapes (H=16, HV=48, K=V=128), bf16 q/k/v, fp32 g/beta/state, random
 EAGLE-like trees, stored depth-first, larger subtree first (``--tree-order dfs``, the order
@@ -18,7 +18,7 @@ bench_gdn.csv (variant x shape), profile_gdn.csv (contract-1 rows), bench_gdn.js
 correctness, ratios vs the issue's targets), rewritten after every shape; ``--resume`` on the
 same --out keeps the shapes a cut run finished and times only the rest.  CPU smoke run (tiny
 shapes, interpreter):
-TRITON_INTERPRET=1 python profiler/bench_gdn.py --device cpu --tiny --out /tmp/x
+TRITON_INTERPRET=1 python -m simtree.profiler.bench.bench_gdn --device cpu --tiny --out /tmp/x
 """
 from __future__ import annotations
 
@@ -34,20 +34,22 @@ import numpy as np
 import pandas as pd
 import torch
 
+from simtree.errors import SimtreeError
 from simtree.fileio import write_text_atomic
 from simtree.profiler.timing import measured_bandwidth
 from simtree.trees.tree import DraftTree
-from simtree.kernels.gdn import (LaunchNotApplicable, commit_dot16, commit_launch_config,
-                                 gdn_accepted_paths_ref,
+from simtree.kernels.gdn import (CommitLaunch, LaunchNotApplicable, VerifyLaunch, commit_dot16,
+                                 commit_launch_config, gdn_accepted_paths_ref,
                                  gdn_tree_commit, gdn_tree_verify, gdn_tree_verify_dense_ref,
                                  gdn_tree_verify_recurrent, gdn_tree_verify_ref, tree_meta,
                                  verify_launch_config, verify_round_meta)
-from simtree.kernels.gdn.bench_util import (QWEN36, TREE_ORDERS, env_info, fla_closure,
-                                            fla_recurrent_worker, graph_time_us,
-                                            memory_floor_bytes, random_gdn_inputs, shape_inputs,
-                                            shape_trees)
+from simtree.profiler.bench.gdn_util import (QWEN36, TREE_ORDERS, env_info, fla_closure,
+                                             fla_recurrent_worker, graph_time_us,
+                                             memory_floor_bytes, random_gdn_inputs, shape_inputs,
+                                             shape_trees)
 
 TINY = dict(H=2, HV=4, K=16, V=32)
+TRITON = VerifyLaunch(backend="triton")   # the rule's launch, on the Triton kernels
 _CFG_KEYS = dict(block_v="v", block_t="t", num_warps="w", num_stages="s", max_registers="r",
                  g_prologue="g", u_bf16="u", prefetch="p", heavy_first="o", prenorm="q",
                  g_pass="j", kside="k", kside_heads="h", solve_bf16="b",
@@ -65,15 +67,22 @@ KSIDE_CASES = ((16, 128), (64, 72))
 
 
 def parse_configs(text: str, keys: dict = _CFG_KEYS, what: str = "tree") -> list[dict]:
-    """"v64,t32w8" -> keyword dicts for gdn_tree_verify (letters: _CFG_KEYS), or for
-    gdn_tree_commit with keys=_COMMIT_KEYS ("p1t16,p0t64")."""
+    """"v64,t32w8" -> the switches of a ``VerifyLaunch`` (letters: _CFG_KEYS), or of a
+    ``CommitLaunch`` with keys=_COMMIT_KEYS and what="commit" ("p1t16,p0t64"), as dicts in
+    the order given; a value the launch type refuses is a one-line exit."""
     names = {v: k for k, v in keys.items()}
     letters = "".join(keys.values())
+    launch_type = CommitLaunch if what == "commit" else VerifyLaunch
     out = []
     for c in filter(None, text.split(",")):
         if not re.fullmatch(rf"([{letters}]\d+)+", c):
             raise SystemExit(f"bad {what} config {c!r}: letters {letters}, each with a number")
-        out.append({names[k]: int(v) for k, v in re.findall(rf"([{letters}])(\d+)", c)})
+        cfg = {names[k]: int(v) for k, v in re.findall(rf"([{letters}])(\d+)", c)}
+        try:
+            launch_type(**cfg)
+        except SimtreeError as exc:
+            raise SystemExit(f"bad {what} config {c!r}: {exc}") from None
+        out.append(cfg)
     return out
 
 
@@ -115,7 +124,8 @@ def checked(fn, tol: float, **keys) -> dict:
     return rec
 
 
-def _rel(a, b) -> float:
+def rel_err(a, b) -> float:
+    """max |a - b| / max |b|, in float64."""
     return float((a.double() - b.double()).abs().max() / b.double().abs().max().clamp_min(1e-30))
 
 
@@ -145,29 +155,30 @@ def correctness(args, dims, log) -> list[dict]:
             cache = {}
 
             def tree_check():
-                out, cache["c"] = gdn_tree_verify(*(inp[key] for key in x), *tree, backend="triton")
-                return _rel(out, ref)
+                out, cache["c"] = gdn_tree_verify(*(inp[key] for key in x), *tree, launch=TRITON)
+                return rel_err(out, ref)
 
-            def commit_check(**kw):
+            def commit_check(launch=None):
                 rng = np.random.default_rng(b * 31 + n)
                 acc = torch.tensor([int(rng.integers(0, t.num_nodes)) for t in trees], device=args.device)
                 S = inp["state"].clone()
-                gdn_tree_commit(S, inp["k"], cache["c"], *tree, acc, **kw)
+                gdn_tree_commit(S, inp["k"], cache["c"], *tree, acc, launch=launch)
                 # ground truth: the accepted paths decoded in fp64
-                return _rel(S, gdn_accepted_paths_ref(*x.values(), trees, inp["cu_nodes"], acc))
+                return rel_err(S, gdn_accepted_paths_ref(*x.values(), trees, inp["cu_nodes"], acc))
 
             check("triton_tree", tree_check)
             if args.tree_order != "stored":   # the same trees as built (timed as triton_tree_bfs)
                 check("triton_tree_bfs", lambda: _bfs_check(args, dims, b, n, dtype))
             for cfg in args.tree_configs:   # every launch variant timed below is checked too
-                check("triton_tree_" + config_name(cfg), lambda cfg=cfg: _rel(gdn_tree_verify(
-                    *(inp[key] for key in x), *tree, backend="triton", **cfg)[0], ref))
+                check("triton_tree_" + config_name(cfg), lambda cfg=cfg: rel_err(gdn_tree_verify(
+                    *(inp[key] for key in x), *tree, launch=VerifyLaunch(backend="triton", **cfg))[0],
+                    ref))
             check("triton_commit", commit_check)
             for cfg in args.commit_configs:
-                check(commit_name(cfg), lambda cfg=cfg: commit_check(**cfg))
-            check("recurrent_baseline", lambda: _rel(gdn_tree_verify_recurrent(*(inp[key] for key in x), *tree)[0], ref))
+                check(commit_name(cfg), lambda cfg=cfg: commit_check(CommitLaunch(**cfg)))
+            check("recurrent_baseline", lambda: rel_err(gdn_tree_verify_recurrent(*(inp[key] for key in x), *tree)[0], ref))
             if n <= 64 and b * n <= 256:   # reference (a): recurrence along every path (python loop)
-                check("path_ref_vs_dense", lambda: _rel(gdn_tree_verify_ref(*x.values(), *tree), ref), tol=1e-9)
+                check("path_ref_vs_dense", lambda: rel_err(gdn_tree_verify_ref(*x.values(), *tree), ref), tol=1e-9)
             log(f"correctness {name}: " + ", ".join(f"{r['variant']}={r['rel_err']:.2e}"
                                                     for r in recs if r["case"] == name))
     if args.device == "cuda":   # cross-check against fla on a chain (bf16)
@@ -175,9 +186,9 @@ def correctness(args, dims, log) -> list[dict]:
             b, n = 4, 64
             inp = random_gdn_inputs([DraftTree.chain(n)] * b, **dims, seed=5)
             out, _ = gdn_tree_verify(*(inp[key] for key in ("q", "k", "v", "g", "beta", "state")),
-                                     inp["parents"], inp["cu_nodes"], backend="triton")
+                                     inp["parents"], inp["cu_nodes"], launch=TRITON)
             fo = fla_closure("fla_chunk", inp, n)()[0].reshape(out.shape)
-            recs.append(dict(case="chain_b4_n64_bf16", variant="tree_vs_fla_chunk", rel_err=_rel(out, fo), tol=2e-2))
+            recs.append(dict(case="chain_b4_n64_bf16", variant="tree_vs_fla_chunk", rel_err=rel_err(out, fo), tol=2e-2))
         except Exception as exc:  # noqa: BLE001
             recs.append(dict(case="chain_b4_n64_bf16", variant="tree_vs_fla_chunk", rel_err=float("nan"),
                              tol=2e-2, error=repr(exc)[:300]))
@@ -192,7 +203,7 @@ def _bfs_check(args, dims, b, n, dtype) -> float:
     inp = random_gdn_inputs(trees, **dims, dtype=dtype, device=args.device, seed=b + n + 1)
     x = [inp[key] for key in ("q", "k", "v", "g", "beta", "state")]
     ref = gdn_tree_verify_dense_ref(*(t.double() for t in x), inp["parents"], inp["cu_nodes"])
-    return _rel(gdn_tree_verify(*x, inp["parents"], inp["cu_nodes"], backend="triton")[0], ref)
+    return rel_err(gdn_tree_verify(*x, inp["parents"], inp["cu_nodes"], launch=TRITON)[0], ref)
 
 
 def time_shape(args, dims, b, n, bw, log) -> list[dict]:
@@ -225,43 +236,45 @@ def time_shape(args, dims, b, n, bw, log) -> list[dict]:
         log(f"b={b:3d} n={n:4d} {variant:20s} {rows[-1].get('latency_us_median', rows[-1]['status'])}")
 
     default = verify_launch_config(b, dims["HV"], dims["V"], args.device, max_nodes=n,
-                                   depth_first=meta.depth_first, H=dims["H"])
-    run("triton_tree", [lambda c=c: gdn_tree_verify(*(c[key] for key in keys), backend="triton",
+                                   depth_first=meta.depth_first, H=dims["H"]).switches()
+    run("triton_tree", [lambda c=c: gdn_tree_verify(*(c[key] for key in keys), launch=TRITON,
                                                     meta=meta, check=False) for c in copies],
         cfg=default)
     for cfg in args.tree_configs:   # launch-config variants of the same kernel (tuning data)
         if {**default, **cfg} == default:
             continue   # the default launch at this shape
+        launch = VerifyLaunch(backend="triton", **cfg)
         run("triton_tree_" + config_name(cfg), [
-            lambda c=c: gdn_tree_verify(*(c[key] for key in keys), backend="triton", meta=meta,
-                                        check=False, **cfg) for c in copies],
+            lambda c=c, launch=launch: gdn_tree_verify(*(c[key] for key in keys), launch=launch,
+                                                       meta=meta, check=False) for c in copies],
             cfg={**default, **cfg})
     if args.tree_order != "stored":   # the same trees as built (breadth-first), own default
         bfs = shape_inputs(b, n, args.seed, dims, device=args.device, max_copies=args.max_copies)
         bmeta = tree_meta(bfs[0]["parents"], bfs[0]["cu_nodes"], depth_first=False)
         run("triton_tree_bfs", [lambda c=c: gdn_tree_verify(*(c[key] for key in keys),
-                                                            backend="triton", meta=bmeta,
+                                                            launch=TRITON, meta=bmeta,
                                                             check=False) for c in bfs],
             cfg=verify_launch_config(b, dims["HV"], dims["V"], args.device, max_nodes=n,
-                                     H=dims["H"]))
+                                     H=dims["H"]).switches())
         del bfs
     # per round, shared by every layer: ancestor bits and the launch's sub-chunk pairs (and the
     # kernel's node order where it walks breadth-first trees depth-first)
     run("round_meta", [lambda c=c: verify_round_meta(c["parents"], c["cu_nodes"], n, dims["HV"],
                                                      dims["V"], meta.depth_first) for c in copies])
-    caches = [gdn_tree_verify(*(c[key] for key in keys), backend="triton", meta=meta, check=False)[1]
+    caches = [gdn_tree_verify(*(c[key] for key in keys), launch=TRITON, meta=meta, check=False)[1]
               for c in copies]
     acc = torch.as_tensor(tb.deepest_nodes, device=args.device)
-    commit_default = dict(block_t=16, **commit_launch_config(b, dims["HV"], dims["V"], n,
-                                                             commit_dot16(caches[0])))
+    commit_default = commit_launch_config(b, dims["HV"], dims["V"], n,
+                                          commit_dot16(caches[0])).switches()
     run("triton_commit", [lambda c=c, ca=ca: gdn_tree_commit(c["state"], c["k"], ca, c["parents"],
                                                              c["cu_nodes"], acc, check=False)
                           for c, ca in zip(copies, caches)])
     for cfg in args.commit_configs:   # commit launch variants (tuning data)
         if {**commit_default, **cfg} == commit_default:
             continue   # the default launch at this shape
-        run(commit_name(cfg), [lambda c=c, ca=ca, cfg=cfg: gdn_tree_commit(
-            c["state"], c["k"], ca, c["parents"], c["cu_nodes"], acc, check=False, **cfg)
+        launch = CommitLaunch(**cfg)
+        run(commit_name(cfg), [lambda c=c, ca=ca, launch=launch: gdn_tree_commit(
+            c["state"], c["k"], ca, c["parents"], c["cu_nodes"], acc, check=False, launch=launch)
             for c, ca in zip(copies, caches)])
     del caches
     try:

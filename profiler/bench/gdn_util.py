@@ -1,4 +1,4 @@
-"""Reusable GDN benchmark helpers (shared by profiler/bench_gdn.py and the profiler).
+"""Helpers shared by the GDN benchmarks (bench_gdn, tune_gdn, scripts/gdn_*.py).
 
 eagle_like_tree (random EAGLE-like trees), random_gdn_inputs (random verify inputs),
 graph_time_us (CUDA-graph timer over rotated input copies), memory_floor_bytes,
@@ -116,9 +116,9 @@ def shape_inputs(b: int, n: int, seed: int, shapes: dict, dtype=torch.bfloat16, 
 
 def graph_time_us(fns, warmup: int = 3, replays: int = 20, spin_ms: float = 30.0) -> dict:
     """Median/p10/p90 microseconds per call of a list of closures (one per rotated input
-    copy): profiler.timing's CUDA-graph timer (CPU wall clock without CUDA), as a dict; on a
+    copy): the profiler's CUDA-graph timer (CPU wall clock without CUDA), as a dict; on a
     GPU the step is replayed for ``spin_ms`` first (clocks back up after compiling: a resumed
-    benchmark's first shape came out 7% slow without it, reports/h200/gdn/tuning run 72)."""
+    benchmark's first shape came out 7% slow without it, reports/h200/gdn/tuning/run72)."""
     from simtree.profiler.timing import time_workload
 
     device = "cuda" if torch.cuda.is_available() else "cpu"

@@ -1,13 +1,14 @@
-"""The GDN pieces the runtime model needs, in one place.
+"""Layer-level GDN ops: the GDN pieces a model (the runtime's, the profiler's stages) needs.
 
 * ``recurrent_step``: one token of the delta rule for a batch (plain greedy decoding, the
   lossless reference); S_t = a_t S_{t-1} + k_t u_t^T, u_t = b_t (v_t - a_t S_{t-1}^T k_t),
   o_t = S_t^T q_t (docs/math/gdn_tree_solve.md; q, k L2-normalised, q scaled by K^-1/2).
-* ``chain_gdn``: training sequences from a zero state, through the kernel package's dense
-  masked solve on chains (differentiable torch, ~2x faster on CPU than a token loop).
-* ``tree_conv`` / ``tree_verify`` / ``tree_commit`` / ``conv_commit``: thin adapters over
-  ``simtree.kernels.gdn`` (tree causal conv, rollback-free tree verify and accepted-path
-  commit).  The runtime never solves the tree itself.
+* ``chain_gdn``: training sequences from a zero state, through the dense masked solve on
+  chains (differentiable torch, ~2x faster on CPU than a token loop).
+* ``round_meta``: the per-round tree metadata every GDN layer shares.
+* ``tree_conv`` / ``tree_verify`` / ``tree_commit`` / ``conv_commit``: thin adapters over the
+  tree causal conv, the rollback-free tree verify and the accepted-path commit, taking the
+  round's metadata dict.  A model never solves the tree itself.
 
 The recurrent state is stored in fp32 (the kernels' contract, as serving engines keep it);
 with a float64 model the GDN computations run in float64 apart from that stored state and
@@ -22,10 +23,12 @@ import functools
 
 import torch
 
-from simtree.kernels.gdn import (conv_state_commit, depth_first_pays, gdn_tree_commit, gdn_tree_verify,
-                                 gdn_tree_verify_recurrent, tree_causal_conv,
-                                 verify_round_meta_host)
-from simtree.kernels.gdn.reference import _prep_qk, _step, gdn_tree_verify_dense_batched
+from .commit import gdn_tree_commit
+from .conv import conv_state_commit, tree_causal_conv
+from .launch import depth_first_pays
+from .reference import delta_rule_step, gdn_tree_verify_dense_batched, prep_qk
+from .round_meta import verify_round_meta_host
+from .verify import gdn_tree_verify, gdn_tree_verify_recurrent
 
 PREFILL_CHUNK = 64
 
@@ -45,7 +48,7 @@ def recurrent_step(q, k, v, g, beta, state, backend: str = "auto"):
     """q, k [B, H, K]; v [B, HV, V]; g, beta [B, HV]; state [B, HV, K, V] fp32 (updated in place).
 
     Returns o [B, HV, V] in v's dtype; computes in float64 if v is float64. The delta-rule step
-    is the kernels' reference one (``_step``), so decode and the references cannot drift apart.
+    is the references' one (``delta_rule_step``), so decode and the references cannot drift apart.
     ``backend`` "triton" ("auto" on CUDA, fp32/16-bit inputs): the per-node recurrent kernel on
     one-node trees, writing the new state over the old one (each program reads its state block
     before it writes it back): the state read and written once, as the profile's
@@ -58,8 +61,8 @@ def recurrent_step(q, k, v, g, beta, state, backend: str = "auto"):
                                            node_states=state, check=False)
         return out
     dt = torch.float64 if v.dtype == torch.float64 else torch.float32
-    qh, kh = _prep_qk(q, k, v.shape[-2], None, True, dt)
-    S, o = _step(state.to(dt), qh, kh, v.to(dt), g.to(dt), beta.to(dt))
+    qh, kh = prep_qk(q, k, v.shape[-2], None, True, dt)
+    S, o = delta_rule_step(state.to(dt), qh, kh, v.to(dt), g.to(dt), beta.to(dt))
     state.copy_(S)
     return o.to(v.dtype)
 

@@ -1,6 +1,6 @@
 """Markdown + PNG summary of one bench_v4 run (numbers only from its CSV / JSON).
 
-    python -m simtree.profiler.report_v4 reports/h200/v4b --baseline reports/h200/v4
+    python -m simtree.profiler.bench.report_v4 reports/h200/v4b --baseline reports/h200/v4
 
 Reads <run>/bench_v4.csv and <run>/summary_v4.json (and, with --baseline, the same files of
 an earlier run for a before/after column); writes <run>/README.md and <run>/v4_verify.png.
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from simtree.profiler.report_util import markdown_table
+from simtree.profiler.bench.report_util import markdown_table
 
 from simtree.errors import SimtreeError
 

@@ -1,7 +1,7 @@
 """Launch-config sweep of the GDN tree verify on the GPU: correctness of every config, then
 CUDA-graph timing of each config at each shape.
 
-    python -m simtree.profiler.tune_gdn --out $OUT [--bs 1,4,16,64] [--ns 4,16,64,128]
+    python -m simtree.profiler.bench.tune_gdn --out $OUT [--bs 1,4,16,64] [--ns 4,16,64,128]
         [--configs t16v64w4,t32v128w4,...] [--max-seconds 400] [--model qwen3-next-80b]
 
 Config strings use bench_gdn's letters (t block_t, v block_v, w num_warps, s num_stages,
@@ -30,11 +30,12 @@ import torch
 
 from simtree.errors import SimtreeError
 from simtree.fileio import write_text_atomic
-from simtree.kernels.gdn import gdn_tree_verify, gdn_tree_verify_dense_ref, tree_meta
-from simtree.kernels.gdn.bench_util import (QWEN36, TREE_ORDERS, env_info, graph_time_us,
-                                            model_dims, random_gdn_inputs, shape_inputs,
-                                            shape_trees)
-from simtree.profiler.bench_gdn import KSIDE_CASES, TINY, _rel, checked, config_name, parse_configs
+from simtree.kernels.gdn import VerifyLaunch, gdn_tree_verify, gdn_tree_verify_dense_ref, tree_meta
+from simtree.profiler.bench.bench_gdn import (KSIDE_CASES, TINY, checked, config_name,
+                                              parse_configs, rel_err)
+from simtree.profiler.bench.gdn_util import (QWEN36, TREE_ORDERS, env_info, graph_time_us,
+                                             model_dims, random_gdn_inputs, shape_inputs,
+                                             shape_trees)
 
 KEYS = ("q", "k", "v", "g", "beta", "state", "parents", "cu_nodes")
 
@@ -64,8 +65,9 @@ def correctness(configs, dims, device, seed, order: str = "stored") -> list[dict
         case = f"b{b}_n{n}_{suffix}"
         for cfg in configs:
             recs.append(checked(
-                lambda cfg=cfg: _rel(gdn_tree_verify(*(inp[key] for key in KEYS), backend="triton",
-                                                     **cfg)[0], ref),
+                lambda cfg=cfg: rel_err(gdn_tree_verify(
+                    *(inp[key] for key in KEYS), launch=VerifyLaunch(backend="triton", **cfg))[0],
+                    ref),
                 tol, config=config_name(cfg), case=case))
         del inp, ref
     return recs
@@ -131,7 +133,7 @@ def pair_counts(bs, ns, seed: int = 0, block_ts=(16, 32)) -> str:
     """Markdown: sub-chunk pairs that hold ancestors, per tree, in the stored (breadth-first)
     order and walked depth-first (``TreeMeta.heavy_first``), on the benchmark's own trees
     (``shape_trees``, same seed) - the pairs the kernel's loop visits.  CPU only."""
-    from simtree.profiler.report_util import markdown_table
+    from simtree.profiler.bench.report_util import markdown_table
     from simtree.trees.tree import TreeBatch
     rows = []
     for n in ns:
@@ -190,7 +192,7 @@ def summarize(*csv_paths: str) -> str:
     config per shape, read from one tune_gdn.csv or several calls' (a shape timed in more than
     one call is refused: their configs may have meant different launches).  A call over several
     tree sets (``--seed 1,2,...``): the median over them, then each config's range (min-max)."""
-    from simtree.profiler.report_util import markdown_table
+    from simtree.profiler.bench.report_util import markdown_table
     frames = [pd.read_csv(p) for p in csv_paths]
     shapes = [set(zip(f.batch_size, f.nodes_per_seq)) for f in frames]
     for i, a in enumerate(shapes):
@@ -224,7 +226,7 @@ def summarize(*csv_paths: str) -> str:
 def commit_summary(csv_path: str) -> str:
     """Markdown: median us of every commit variant (columns) per (batch, nodes), read from
     one bench_gdn.csv (``--commit-configs`` variants beside the default ``triton_commit``)."""
-    from simtree.profiler.report_util import markdown_table
+    from simtree.profiler.bench.report_util import markdown_table
     df = pd.read_csv(csv_path)
     ok = df[(df.status == "ok") & df.variant.str.startswith("triton_commit")]
     table = ok.pivot_table(index=["batch_size", "nodes_per_seq"], columns="variant",
@@ -274,7 +276,7 @@ def main() -> None:
     args = ap.parse_args()
     seeds = parse_seeds(args.seed)
     if args.renumber_cost:
-        from simtree.profiler.report_util import markdown_table
+        from simtree.profiler.bench.report_util import markdown_table
         df = renumber_cost(list(map(int, args.bs.split(","))), list(map(int, args.ns.split(","))), seeds[0],
                            bench_csv=args.saving_from)
         write_text_atomic(args.renumber_cost, df.to_csv(index=False))
@@ -330,8 +332,9 @@ def main() -> None:
             if time.time() - t0 > args.max_seconds:
                 break
             name = config_name(cfg)
-            fns = [lambda c=c: gdn_tree_verify(*(c[key] for key in KEYS), backend="triton",
-                                               meta=meta, check=False, **cfg) for c in copies]
+            launch = VerifyLaunch(backend="triton", **cfg)
+            fns = [lambda c=c, launch=launch: gdn_tree_verify(*(c[key] for key in KEYS), launch=launch,
+                                               meta=meta, check=False) for c in copies]
             try:
                 r = graph_time_us(fns, replays=args.replays)
                 rows.append(dict(config=name, batch_size=b, nodes_per_seq=n, status="ok",
