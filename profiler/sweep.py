@@ -1,6 +1,9 @@
 """Run a profile sweep described in YAML: expand the grid, time each point, append atomically.
 
-    result = run_sweep("scenarios/sweeps/default_gpu.yaml", "reports/h200/profile.csv")
+    result = run_sweep("default_gpu.yaml", "reports/h200/profile.csv")
+
+A sweep is a YAML file; a bare name that is not a file here is read from the shipped sweeps
+(``simtree/data/sweeps/``: default_gpu, quick_cpu, runtime_cpu, runtime_gpu).
 
 Robustness: each measured point is appended to the table at once (atomic rewrite through
 ``simtree.costs.profile_table.append_rows``); a rerun skips points already in the table (resume);
@@ -33,6 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 
+from simtree.data import data_path
 from simtree.errors import SimtreeError
 from simtree.fileio import read_yaml
 from simtree.machine.hostprobe import probe as host_probe
@@ -45,7 +49,7 @@ from .sweep_io import (Deadline, advance, cuda_alive, hard_deadline, log_point, 
 
 __all__ = ["run_sweep", "load_sweep", "expand_points", "SweepResult", "SWEEP_DIR", "default_sweep_path"]
 
-SWEEP_DIR = Path(__file__).resolve().parents[1] / "scenarios" / "sweeps"
+SWEEP_DIR = data_path("sweeps")
 GRID_KEYS = ("batch_size", "nodes_per_seq", "context_len", "tree_shape", "num_steps", "topk")
 _DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 _STICKY = ("illegal memory access", "unspecified launch failure", "device-side assert",
