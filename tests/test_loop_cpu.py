@@ -15,6 +15,7 @@ from simtree.planning.policy_file import Policy
 from simtree.costs.profile_table import load_profile
 from simtree.profiler.sweep import run_sweep
 from simtree.runtime.live import live_run
+from simtree.runtime.profile_steps import step_builders
 from simtree.planning.modes import (BatchAllocParams, BestFirstParams, CostAwareParams, EagleParams, LinearParams,
                                     NoneParams, PolicySpec, params_from_flags)
 
@@ -37,7 +38,7 @@ SPACE = SearchSpace(budgets=(2, 3, 4), eagle_steps=(1, 2), eagle_topk=(2,), draf
 def _close_loop(d):
     sweep = d / "sweep.yaml"
     sweep.write_text(yaml.safe_dump(MINI_SWEEP))
-    res = run_sweep(sweep, d / "profile.csv", progress=False, echo=lambda s: None)
+    res = run_sweep(sweep, d / "profile.csv", progress=False, echo=lambda s: None, builders=step_builders())
     fit = fit_profile(d / "profile.csv", forms=("basis",), folds=2, reference_forms=())
     fit.bundle.save(d / "costs.json")
     live_run(spec=EagleParams(num_steps=2, topk=2, budget=4), batch_size=B,
@@ -146,16 +147,37 @@ def test_run_flags_select_the_same_policy(spec):
 def test_runtime_variant_refuses_points_it_cannot_time():
     import torch
 
+    from simtree.costs.steps import Point, Unavailable
     from simtree.errors import SimtreeError
     from simtree.models import get_model
     from simtree.profiler.pieces import Ctx
-    from simtree.profiler.stages import Point, Unavailable, build_workload
+    from simtree.profiler.stages import build_workload
 
     ctx = Ctx(get_model("runtime-tiny"), torch.device("cpu"), torch.float32)
     with pytest.raises(SimtreeError, match="context_len >= 1"):
-        build_workload(ctx, Point("model_verify_step", "runtime_tiny", "runtime-tiny", 1, 2, 0))
+        build_workload(ctx, Point("model_verify_step", "runtime_tiny", "runtime-tiny", 1, 2, 0), step_builders())
     with pytest.raises(Unavailable, match="model_verify_step and draft_step only"):
-        build_workload(ctx, Point("mlp_step", "runtime_tiny", "runtime-tiny", 1, 2, 64))
+        build_workload(ctx, Point("mlp_step", "runtime_tiny", "runtime-tiny", 1, 2, 64), step_builders())
+
+
+@pytest.mark.parametrize("stage", ["model_verify_step", "draft_step"])
+def test_runtime_variant_needs_the_runtimes_builders(stage):
+    # the profiler does not import the runtime: without the builders `simtree profile` passes,
+    # the runtime's points are unavailable (logged and skipped), not built some other way
+    import torch
+
+    from simtree.costs.steps import Point, Unavailable
+    from simtree.models import get_model
+    from simtree.profiler.pieces import Ctx
+    from simtree.profiler.stages import build_workload, check_variant
+
+    ctx = Ctx(get_model("runtime-tiny"), torch.device("cpu"), torch.float32)
+    point = Point(stage, "runtime_tiny", "runtime-tiny", 1, 2, 16, "eagle", 1, 2)
+    with pytest.raises(Unavailable, match="no step builder .*`simtree profile` adds the runtime's runtime_tiny"):
+        build_workload(ctx, point)
+    assert "runtime_models" not in ctx.notes
+    assert build_workload(ctx, point, step_builders()).eager
+    assert check_variant(ctx, stage, "runtime_tiny", step_builders()).startswith("ok")
 
 
 def test_lossless_report_lists_every_checked_run_and_refuses_unchecked(tmp_path):
@@ -192,9 +214,10 @@ def test_runtime_verify_point_times_what_the_engine_runs(monkeypatch, b, n):
     # profile's point must time that step; trees of n > 1 go through verify and commit
     import torch
 
+    from simtree.costs.steps import Point
     from simtree.models import get_model
     from simtree.profiler.pieces import Ctx
-    from simtree.profiler.stages import Point, build_workload
+    from simtree.profiler.stages import build_workload
     from simtree.runtime.model import HybridLM
 
     calls = []
@@ -203,7 +226,8 @@ def test_runtime_verify_point_times_what_the_engine_runs(monkeypatch, b, n):
         monkeypatch.setattr(HybridLM, name, lambda self, *a, _o=orig, _n=name, **k:
                             (calls.append(_n), _o(self, *a, **k))[1])
     ctx = Ctx(get_model("runtime-tiny"), torch.device("cpu"), torch.float32)
-    fn, _ = build_workload(ctx, Point("model_verify_step", "runtime_tiny", "runtime-tiny", b, n, 16)).make()
+    fn, _ = build_workload(ctx, Point("model_verify_step", "runtime_tiny", "runtime-tiny", b, n, 16),
+                           step_builders()).make()
     calls.clear()     # the cache prefill is not part of the timed step
     fn()
     fn()
@@ -323,3 +347,20 @@ def test_host_probe_measures_and_the_report_sets_each_run_against_the_profile(tm
             assert row.host_vs_profile == pytest.approx(want[st], rel=1e-3)
     (d / "host_probe.tsv").unlink()
     assert "host vs profile" not in write_loop_report(d)["markdown"].read_text()
+
+
+def test_cli_profile_times_the_runtimes_steps(tmp_path):
+    # `simtree profile` hands the runtime's step builders to the profiler's sweep
+    from typer.testing import CliRunner
+
+    from simtree.cli import app
+
+    sweep = tmp_path / "s.yaml"
+    sweep.write_text(yaml.safe_dump({**MINI_SWEEP, "grid": {"batch_size": [1], "nodes_per_seq": [1, 2],
+                                                            "context_len": [16], "tree_shape": ["eagle"]},
+                                     "stages": MINI_SWEEP["stages"][:1]}))
+    res = CliRunner().invoke(app, ["profile", "--sweep", str(sweep), "--out", str(tmp_path / "p.csv"), "--json"])
+    assert res.exit_code == 0, res.output
+    summary = json.loads(res.stdout)
+    assert summary["measured"] == 2 and summary["unavailable"] == 0
+    assert summary["checks"]["runtime-tiny/model_verify_step/runtime_tiny"].startswith("ok")
