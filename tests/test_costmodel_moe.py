@@ -7,9 +7,9 @@ import pytest
 
 from simtree.acceptance.model import get_workload
 from simtree.trees.builders import best_first_order, best_first_tree, cost_aware_budget
-from simtree.costs.fitting import fit_surface
+from simtree.costs.surface_fit import fit_surface
 from simtree.costs.forms import MoEGridSurface, MoESurface, ScaledVerifyDraft
-from simtree.costs.fitting import MOE_FORMS
+from simtree.costs.surface_fit import MOE_FORMS
 from simtree.costs.model import VERIFY_AXES, CostBundle, DraftCostModel, VerifyCostModel, load_costs
 from simtree.errors import SimtreeError
 from simtree.acceptance.phi import expected_accepted_marginals

@@ -9,7 +9,7 @@ import yaml
 from simtree.acceptance.model import get_workload
 from simtree.costs.model import load_costs
 from simtree.reporting.loop import contrast_runs, run_flags
-from simtree.costs.fit import fit_profile
+from simtree.costs.profile_fit import fit_profile
 from simtree.planning.planner import SearchSpace, plan
 from simtree.planning.policy_file import Policy
 from simtree.costs.profile_table import load_profile
