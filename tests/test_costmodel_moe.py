@@ -13,7 +13,7 @@ from simtree.costs.surface_fit import MOE_FORMS
 from simtree.costs.model import VERIFY_AXES, CostBundle, DraftCostModel, VerifyCostModel, load_costs
 from simtree.errors import SimtreeError
 from simtree.acceptance.phi import expected_accepted_marginals
-from simtree.planning.modes import CostAwareParams, PolicySpec
+from simtree.planning.modes import CostAwareParams
 from simtree.planning.simulate import _Adaptive
 
 E, K = 64, 4                 # experts, experts per token: saturates at T = b n = 16 tokens
