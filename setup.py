@@ -1,7 +1,8 @@
 """Maps the root folders kernels/, profiler/ and runtime/ to simtree.kernels etc.
 
 Their bare names collide with packages on PyPI, so they install as subpackages of simtree
-while staying at the root of the repository (docs/architecture.md).
+while staying at the root of the repository (docs/architecture.md).  Package data
+(simtree/data/**) is listed in pyproject.toml and read through ``simtree.data.data_path``.
 """
 from setuptools import find_packages, setup
 

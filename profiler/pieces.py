@@ -17,13 +17,12 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from simtree.errors import SimtreeError
+from simtree.costs.steps import random_tree
 from simtree.models import ModelShape
-from simtree.trees.tree import DraftTree, TreeBatch
+from simtree.trees.tree import TreeBatch
 
-__all__ = ["v4_window_index", "Ctx", "TREE_SHAPES", "random_tree", "tree_batch", "proj_piece", "mlp_piece", "lm_head_piece",
-           "attn_core_piece", "v4_core_piece", "sdpa_with_lse", "tree_attention",
-           "v4_gather_attention", "nbytes"]
+__all__ = ["v4_window_index", "Ctx", "tree_batch", "proj_piece", "mlp_piece", "lm_head_piece", "attn_core_piece",
+           "v4_core_piece", "sdpa_with_lse", "tree_attention", "v4_gather_attention", "nbytes"]
 
 
 @dataclass
@@ -62,31 +61,6 @@ def nbytes(*tensors: torch.Tensor) -> int:
 
 
 # ---- trees --------------------------------------------------------------------------------
-TREE_SHAPES = ("eagle", "linear", "chain", "random", "any")
-
-
-def random_tree(n: int, shape: str, rng: np.random.Generator, width: int = 4) -> DraftTree:
-    """A tree of ``n`` nodes: "linear" = chain; "eagle" = EAGLE-like (each node has at most
-    ``width`` children, parents drawn with weight 2^depth so the tree is deep and bushy near
-    the root like a pruned top-k expansion); "random" (or "any") = uniform random parents."""
-    if shape not in TREE_SHAPES:
-        raise SimtreeError(f"unknown tree_shape {shape!r} (known: {', '.join(TREE_SHAPES)})")
-    if shape in ("linear", "chain") or n <= 2:
-        return DraftTree.chain(n)
-    parents = [-1]
-    depth = [0]
-    children = [0]
-    for i in range(1, n):
-        cand = [j for j in range(i) if children[j] < width] if shape == "eagle" else list(range(i))
-        w = np.array([2.0 ** depth[j] for j in cand]) if shape == "eagle" else np.ones(len(cand))
-        p = int(rng.choice(cand, p=w / w.sum()))
-        parents.append(p)
-        depth.append(depth[p] + 1)
-        children[p] += 1
-        children.append(0)
-    return DraftTree(np.asarray(parents))
-
-
 @functools.lru_cache(maxsize=128)
 def tree_batch(b: int, n: int, shape: str, seed: int = 0) -> TreeBatch:
     """b trees of n nodes each (a few distinct trees, cycled, to keep building cheap)."""

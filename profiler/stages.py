@@ -1,4 +1,5 @@
-"""Stage adapters: (stage, variant) -> a builder of one timed step at a grid point.
+"""Stage adapters: (stage, variant) -> a builder of one timed step at a grid point
+(:class:`~simtree.costs.steps.Point`, :class:`~simtree.costs.steps.Workload`).
 
     wl = build_workload(ctx, point)      # raises Unavailable if the variant cannot run here
     step, instance_bytes = wl.make()     # one copy on its own random inputs
@@ -11,26 +12,30 @@ metadata all GDN layers of a round share, built once per round); ``<kind>_proj_s
 (MLP / MoE + its norm); ``lm_head_step`` (final norm, vocab GEMM, greedy pick); ``draft_step``
 (``num_steps`` sequential steps of a one-layer draft head at b * topk tokens);
 ``stack_verify_step`` (a measured stack of real layers, variant ``stack<L>``, to validate
-the composition); variant ``runtime_tiny`` of ``model_verify_step`` / ``draft_step`` times the
-runtime's shipped models (:mod:`.runtime_stages`). A missing kernel makes its variant raise :class:`Unavailable`.
+the composition). Variants the profiler does not build itself come from the caller as
+``builders`` ({variant: :class:`~simtree.costs.steps.StepBuilder`}): `simtree profile` hands
+in the runtime's ``runtime_tiny`` (``model_verify_step`` / ``draft_step`` of its shipped
+models). A missing kernel makes its variant raise :class:`Unavailable`.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Callable
+from types import MappingProxyType
+from typing import Mapping
 
 import numpy as np
 import torch
 
+from simtree.costs.steps import Point, StepBuilder, Unavailable, Workload
 from simtree.errors import SimtreeError
 from simtree.models import COMMIT_STAGE, DECODE_STAGE, ROUND_STAGE, VERIFY_STAGE
 
 from . import pieces
 from .pieces import Ctx, nbytes, tree_batch
-from .runtime_stages import RUNTIME_VARIANT, check_runtime_variant, runtime_workload
 
 __all__ = ["Point", "Workload", "Unavailable", "build_workload", "default_variants",
-           "check_variant", "STAGE_KIND", "VARIANT_PREFERENCE"]
+           "check_variant", "STAGE_KIND", "VARIANT_PREFERENCE", "NO_BUILDERS"]
+
+NO_BUILDERS: Mapping[str, StepBuilder] = MappingProxyType({})
 
 STAGE_KIND = {v: k for k, v in VERIFY_STAGE.items()}
 # The variant the composition / stack uses per stage, best first (attention cores; the round
@@ -40,37 +45,18 @@ VARIANT_PREFERENCE = ("triton_tree", "flashmla_tree", "torch_sdpa", "torch_gathe
 
 
 def is_one_variant_stage(stage: str) -> bool:
-    """Stages timed with plain torch ops only (variant "torch"; the draft step also has the
-    runtime's own models, ``runtime_tiny``)."""
+    """Stages the profiler times with plain torch ops only (variant "torch"; a caller's
+    builders may add variants, e.g. the runtime's draft step)."""
     return stage in ("mlp_step", "lm_head_step", "draft_step") or stage.endswith("_proj_step")
 
 
-class Unavailable(Exception):
-    """This (stage, variant) cannot run on this machine (missing kernel / package / device)."""
+# stages the profiler has no variant of its own for: only a caller's builders time them
+BUILDER_ONLY_STAGES = ("model_verify_step",)
 
 
-@dataclass(frozen=True)
-class Point:
-    stage: str
-    variant: str
-    model: str
-    batch_size: int
-    nodes_per_seq: int
-    context_len: int = 0
-    tree_shape: str = "any"
-    num_steps: int = 0
-    topk: int = 0
-
-    @property
-    def tokens(self) -> int:
-        return self.batch_size * self.nodes_per_seq
-
-
-@dataclass
-class Workload:
-    make: Callable[[], tuple[Callable[[], object], int]]
-    shared_bytes: int = 0
-    eager: bool = False   # host work inside the step (syncs, Python): never CUDA-graph captured
+def _no_builder(p: Point) -> Unavailable:
+    return Unavailable(f"no step builder for {p.stage} variant {p.variant!r} here: a variant the profiler does "
+                       "not build itself comes from the caller (`simtree profile` adds the runtime's runtime_tiny)")
 
 
 def default_variants(stage: str, device: str) -> tuple[str, ...]:
@@ -345,13 +331,18 @@ def _stack_workload(ctx: Ctx, p: Point) -> Workload:
     return Workload(make)
 
 
-def build_workload(ctx: Ctx, p: Point) -> Workload:
-    """The workload for one grid point; raises Unavailable / SimtreeError on bad requests."""
+def build_workload(ctx: Ctx, p: Point, builders: Mapping[str, StepBuilder] = NO_BUILDERS) -> Workload:
+    """The workload for one grid point; raises Unavailable / SimtreeError on bad requests.
+    ``builders``: {variant: StepBuilder} for variants the profiler does not build itself."""
     if p.batch_size < 1 or p.nodes_per_seq < 1:
         raise SimtreeError(f"grid point needs batch_size and nodes_per_seq >= 1, got {p}")
-    if p.variant == RUNTIME_VARIANT:   # the runtime's own models (profiler/runtime_stages.py)
-        return runtime_workload(ctx, p)
+    if p.variant in builders:
+        return builders[p.variant].workload(ctx, p)
+    if p.stage in BUILDER_ONLY_STAGES:
+        raise _no_builder(p)
     if is_one_variant_stage(p.stage) and p.variant != "torch":
+        if p.stage == "draft_step":   # the runtime's draft step is a builder's
+            raise _no_builder(p)
         raise Unavailable(f"{p.stage} has one implementation, 'torch'; got variant {p.variant!r}")
     kinds = ctx.model.kinds()
     if p.stage in STAGE_KIND:
@@ -391,11 +382,11 @@ def build_workload(ctx: Ctx, p: Point) -> Workload:
 
 
 # ---- correctness checks (run once per stage/variant before timing) ---------------------------
-def check_variant(ctx: Ctx, stage: str, variant: str) -> str:
+def check_variant(ctx: Ctx, stage: str, variant: str, builders: Mapping[str, StepBuilder] = NO_BUILDERS) -> str:
     """Compare a variant with a reference at a small shape on ctx.device. Returns a one-line
     verdict ("ok ..." or "no reference"); raises AssertionError on a mismatch."""
-    if variant == RUNTIME_VARIANT:
-        return check_runtime_variant(ctx, stage)
+    if variant in builders:
+        return builders[variant].check(ctx, stage)
     dev = ctx.device
     if stage == "attn_tree_verify":
         small = Ctx(ctx.model, dev, ctx.dtype, ctx.seed)

@@ -1,6 +1,10 @@
 """Run a profile sweep described in YAML: expand the grid, time each point, append atomically.
 
-    result = run_sweep("scenarios/sweeps/default_gpu.yaml", "reports/h200/profile.csv")
+    result = run_sweep("default_gpu.yaml", "reports/h200/profile.csv")
+
+A sweep is a YAML file; a name that is not a file here is read from the shipped sweeps
+(``simtree/data/sweeps/``: default_gpu, quick_cpu, runtime_cpu, runtime_gpu; with or without
+``.yaml``).
 
 Robustness: each measured point is appended to the table at once (atomic rewrite through
 ``simtree.costs.profile_table.append_rows``); a rerun skips points already in the table (resume);
@@ -31,21 +35,23 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Mapping
 
-
+from simtree.costs.profile_table import MIN_INT
+from simtree.costs.steps import TREE_SHAPES, Point, StepBuilder, Unavailable
+from simtree.data import data_path
 from simtree.errors import SimtreeError
 from simtree.fileio import read_yaml
 from simtree.machine.hostprobe import probe as host_probe
 from simtree.models import COMMIT_STAGE, DECODE_STAGE, ROUND_STAGE, VERIFY_STAGE, get_model
-from simtree.costs.profile_table import MIN_INT
 
-from .stages import Point, Unavailable, build_workload, check_variant, default_variants
+from .stages import NO_BUILDERS, build_workload, check_variant, default_variants
 from .sweep_io import (Deadline, advance, cuda_alive, hard_deadline, log_point, one_line, progress_bar,
                        read_log_skips)
 
 __all__ = ["run_sweep", "load_sweep", "expand_points", "SweepResult", "SWEEP_DIR", "default_sweep_path"]
 
-SWEEP_DIR = Path(__file__).resolve().parents[1] / "scenarios" / "sweeps"
+SWEEP_DIR = data_path("sweeps")
 GRID_KEYS = ("batch_size", "nodes_per_seq", "context_len", "tree_shape", "num_steps", "topk")
 _DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 _STICKY = ("illegal memory access", "unspecified launch failure", "device-side assert",
@@ -95,8 +101,8 @@ def default_sweep_path(device: str | None = None) -> Path:
 
 def load_sweep(path: str | Path) -> dict:
     path = Path(path)
-    if not path.exists() and (SWEEP_DIR / path.name).exists():
-        path = SWEEP_DIR / path.name
+    if not path.exists():   # a shipped sweep by file name or name: default_gpu.yaml, default_gpu
+        path = next((p for p in (SWEEP_DIR / path.name, SWEEP_DIR / f"{path.name}.yaml") if p.is_file()), path)
     spec = read_yaml(path, "sweep")   # a folder or a binary file: one-line SimtreeError
     if not isinstance(spec, dict) or not isinstance(spec.get("stages"), list) or not spec.get("models"):
         raise SimtreeError(f"{path.name}: a sweep needs 'models' and a list of 'stages'")
@@ -166,8 +172,6 @@ def _check_spec(spec: dict, name: str) -> None:
 
 
 def _check_grid(grid, where: str) -> None:
-    from .pieces import TREE_SHAPES
-
     if not isinstance(grid, dict):
         raise SimtreeError(f"{where} must be a mapping of grid keys to lists")
     for key, values in grid.items():
@@ -245,11 +249,13 @@ def run_sweep(sweep: str | Path | None = None, out: str | Path = "reports/profil
               device: str | None = None, max_minutes: float | None = None,
               only_stage: str | None = None, models: list[str] | None = None,
               retry_failed: bool = False, remeasure: bool = False, progress: bool = True,
-              compose: bool | None = None, echo=print) -> SweepResult:
+              compose: bool | None = None, echo=print,
+              builders: Mapping[str, StepBuilder] = NO_BUILDERS) -> SweepResult:
     """Run (or resume) a sweep into the profile table ``out``; see the module docstring.
     ``remeasure``: first drop the table's rows (and logged failures) of the points this call
     selects (``only_stage`` / ``models``), so they are measured again, e.g. after a kernel
-    change; every other row stays."""
+    change; every other row stays.  ``builders``: {variant: StepBuilder} for the variants the
+    profiler does not build itself (`simtree profile` passes the runtime's)."""
     import torch
 
     from simtree.costs import profile_table as pt
@@ -378,10 +384,10 @@ def run_sweep(sweep: str | Path | None = None, out: str | Path = "reports/profil
             ck = f"{p.model}/{p.stage}/{p.variant}"
             t0 = time.monotonic()
             try:
-                wl = build_workload(ctx, p)   # raises Unavailable before any check runs
+                wl = build_workload(ctx, p, builders)   # raises Unavailable before any check runs
                 if ck not in res.checks:
                     try:
-                        res.checks[ck] = check_variant(ctx, p.stage, p.variant)
+                        res.checks[ck] = check_variant(ctx, p.stage, p.variant, builders)
                     except Unavailable:
                         raise
                     except Exception as exc:  # a wrong result is reported, the timing still runs
@@ -538,7 +544,8 @@ def _point_row(p: Point) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m simtree.profiler.sweep [--sweep SWEEP] [--out OUT] [--device D] [--max-minutes M]``
-    (the same as ``simtree profile``, without importing the other CLI commands)."""
+    (``simtree profile`` without the runtime's own variant, runtime_tiny: the profiler does not
+    import the runtime)."""
     import argparse
 
     ap = argparse.ArgumentParser(prog="python -m simtree.profiler.sweep", description=main.__doc__)

@@ -2,7 +2,7 @@
 
 One round for the B live sequences (root = each sequence's last token, not yet in the cache):
 
-    draft  -> one tree per sequence from the policy entry (mode + params, contract 3); stored
+    draft  -> one tree per sequence from the policy (a PolicySpec, contract 3); stored
               depth-first, larger subtree first, where the GDN tree kernel saves more than the
               host pays for it (one sequence, > 64 nodes: ``kernels.gdn.depth_first_pays``;
               attention and acceptance do not depend on the order)
@@ -11,14 +11,13 @@ One round for the B live sequences (root = each sequence's last token, not yet i
     commit -> target cache: accepted path only (KV rows, GDN state, conv state); the draft
               cache catches up on the same path (timed as drafting)
 
-Modes: none (root only: plain decoding, one fused decode step per round: ``HybridLM.step``,
-whose GDN layers read and write their state once), linear {budget},
-eagle {num_steps, topk, budget}, best_first {budget, width, draft_depth}, cost_aware
-{max_budget, draft_depth}, batch_alloc {max_budget_per_seq, draft_depth}; the marginal
+Policies (:mod:`simtree.planning.modes`): NoneParams (root only: plain decoding, one fused
+decode step per round: ``HybridLM.step``, whose GDN layers read and write their state once),
+LinearParams, EagleParams, BestFirstParams, CostAwareParams, BatchAllocParams; the marginal
 modes draft a top-1 chain of ``draft_depth`` steps and keep the top-4 of each step's
 distribution as that position's marginal (see drafter.py), as simtree.planning.simulate assumes.
-cost_aware and batch_alloc need a cost bundle (contract 2: ``verify.predict(n, l, b)`` us for
-the whole batch's verify, ``draft.predict(s, k, b)``).
+cost_aware and batch_alloc need cost models (:class:`simtree.costs.model.Costs`:
+``verify.predict(n, l, b)`` us for the whole batch's verify, ``draft.predict(s, k, b)``).
 
 ``tokens_produced`` counts every token the decode rounds produce: all B sequences decode every
 round until the slowest has ``max_new_tokens`` (a static batch), so sequences that are done
@@ -34,14 +33,16 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from simtree.trees.greedy import greedy_accept_batch
-from simtree.trees.builders import (batched_best_first_tree, best_first_order, cost_aware_tree, eagle_max_nodes,
-                              linear_tree)
+from simtree.costs.model import Costs
 from simtree.errors import SimtreeError, check_int
+from simtree.planning.modes import (BatchAllocParams, BestFirstParams, CostAwareParams, EagleParams, LinearParams,
+                                    NoneParams, PolicySpec)
+from simtree.planning.simulate import batch_allocation
 from simtree.runtime.drafter import Drafter
-from simtree.planning.policy import MODES
-from simtree.planning.simulate import PolicySpec, batch_allocation
 from simtree.runtime.model import HybridLM
+from simtree.trees.builders import (batched_best_first_tree, best_first_order, cost_aware_tree, eagle_max_nodes,
+                                    linear_tree)
+from simtree.trees.greedy import greedy_accept_batch
 from simtree.trees.tree import DraftTree, TreeBatch
 
 __all__ = ["RoundStats", "GenerationResult", "SpecEngine", "greedy_decode", "check_spec", "draft_extent",
@@ -54,20 +55,19 @@ MAX_DRAFT_NODES = 8192  # drafted nodes per sequence per round: beyond, the draf
 def draft_extent(spec: PolicySpec) -> tuple[int, int]:
     """(nodes the drafter scores per sequence per round, deepest drafted position) of a spec:
     the drafted positions are the cost model's draft steps (``PolicySpec.draft_shape``)."""
-    if spec.mode == "none":
+    if isinstance(spec, NoneParams):
         return 0, 0
     depth, topk = spec.draft_shape()
-    return (eagle_max_nodes(depth, topk) if spec.mode == "eagle" else depth + 1), depth
+    return (eagle_max_nodes(depth, topk) if isinstance(spec, EagleParams) else depth + 1), depth
 
 
 def check_spec(spec) -> PolicySpec:
-    """Any (mode, params) carrier (a PolicySpec, a policy entry) validated with the
-    simulator's rules (adds width / draft_depth defaults), so the engine runs exactly the
-    policy the planner predicted."""
-    mode = getattr(spec, "mode", None)
-    if mode not in MODES:
-        raise SimtreeError(f"unknown decoding mode {mode!r}: expected one of {', '.join(MODES)}")
-    return PolicySpec(mode, dict(getattr(spec, "params", None) or {}))
+    """``spec`` when it is a :class:`PolicySpec` (validated when it was built, so the engine
+    runs exactly the policy the planner predicted); a one-line SimtreeError otherwise."""
+    if not isinstance(spec, PolicySpec):
+        raise SimtreeError(f"a decoding policy is a PolicySpec (NoneParams, LinearParams, EagleParams, ...), "
+                           f"got {type(spec).__name__}")
+    return spec
 
 
 @dataclass
@@ -117,7 +117,7 @@ def _sync(model: HybridLM) -> None:
 class SpecEngine:
     """``SpecEngine(target, draft, costs=None).generate(prompts, max_new_tokens, spec)``."""
 
-    def __init__(self, target: HybridLM, draft: HybridLM | None = None, costs=None):
+    def __init__(self, target: HybridLM, draft: HybridLM | None = None, costs: Costs | None = None):
         if draft is not None and draft.config.vocab_size != target.config.vocab_size:
             raise SimtreeError(f"draft vocab_size {draft.config.vocab_size} != target vocab_size "
                                f"{target.config.vocab_size}: speculative decoding needs one vocabulary")
@@ -126,39 +126,41 @@ class SpecEngine:
 
     # ---- tree construction per mode ------------------------------------------------------
     def _trees(self, spec: PolicySpec, drafter: Drafter | None, roots, ctx_len: float) -> list[DraftTree]:
-        B, p = len(roots), spec.params
-        if spec.mode == "eagle":
-            return drafter.eagle_trees(roots, p["num_steps"], p["topk"], p["budget"])
+        B = len(roots)
+        if isinstance(spec, EagleParams):
+            return drafter.eagle_trees(roots, spec.num_steps, spec.topk, spec.budget)
         depth = spec.draft_shape()[0]   # the draft steps the planner costs
         if depth == 0:   # nothing drafted: the root alone
             return [DraftTree.chain(1, [r]) for r in roots]
-        k = 1 if spec.mode == "linear" else MARGINAL_TOPK
-        toks, probs = drafter.greedy_marginals(roots, depth, k)
-        self._marginals = None if spec.mode == "linear" else probs
-        if spec.mode == "linear":
+        linear = isinstance(spec, LinearParams)
+        toks, probs = drafter.greedy_marginals(roots, depth, 1 if linear else MARGINAL_TOPK)
+        self._marginals = None if linear else probs
+        if linear:
             return [linear_tree([r, *toks[b, :, 0]], [0.0, *np.log(probs[b, :, 0])]) for b, r in enumerate(roots)]
-        if spec.mode == "best_first":
-            return [batched_best_first_tree(toks[b], probs[b], p["budget"], p["width"], r)[0]
+        if isinstance(spec, BestFirstParams):
+            return [batched_best_first_tree(toks[b], probs[b], spec.budget, spec.width, r)[0]
                     for b, r in enumerate(roots)]
         costs = self._costs(spec)
         draft_us = float(costs.draft.predict(depth, 1, B))
-        if spec.mode == "cost_aware":
+        if isinstance(spec, CostAwareParams):
             # C_v(1..max_budget) once per round, shared by every sequence's stop rule
-            table = np.asarray(costs.verify.predict(np.arange(1, p["max_budget"] + 1), ctx_len, B), np.float64)
+            table = np.asarray(costs.verify.predict(np.arange(1, spec.max_budget + 1), ctx_len, B), np.float64)
             verify = lambda n: table[np.asarray(n) - 1]  # noqa: E731
-            convex = getattr(costs.verify, "convex_in_n", True)  # MoE costs: global argmax
-            return [cost_aware_tree(toks[b], probs[b], verify, draft_us, p["max_budget"], r, convex)
+            convex = costs.verify.convex_in_n   # MoE costs: global argmax
+            return [cost_aware_tree(toks[b], probs[b], verify, draft_us, spec.max_budget, r, convex)
                     for b, r in enumerate(roots)]
-        return self._batch_alloc(toks, probs, roots, p["max_budget_per_seq"], costs, draft_us, ctx_len)
+        assert isinstance(spec, BatchAllocParams)
+        return self._batch_alloc(toks, probs, roots, spec.max_budget_per_seq, costs, draft_us, ctx_len)
 
-    def _costs(self, spec):
+    def _costs(self, spec: PolicySpec) -> Costs:
         if self.costs is None:
             raise SimtreeError(f"mode {spec.mode} needs a cost model (--costs): "
                                "it weighs tree size against verify cost")
         return self.costs
 
     @staticmethod
-    def _batch_alloc(toks, probs, roots, max_budget, costs, draft_us, ctx_len) -> list[DraftTree]:
+    def _batch_alloc(toks, probs, roots, max_budget: int, costs: Costs, draft_us: float,
+                     ctx_len: float) -> list[DraftTree]:
         """DSpark-style allocation across the batch: the simulator's own rule
         (simtree.planning.simulate.batch_allocation), so the run executes what the planner scored."""
         B = len(roots)
@@ -167,25 +169,25 @@ class SpecEngine:
                                  lambda n: costs.verify.predict(n, ctx_len, B), draft_us, B)
         return [o.tree(1 + int(k)) for o, k in zip(orders, extra)]
 
-    def check_fits(self, spec) -> None:
+    def check_fits(self, spec: PolicySpec) -> None:
         """One-line errors for policies these models cannot draft: top-k above the draft
         vocabulary, or more drafted nodes per round than MAX_DRAFT_NODES."""
         spec = check_spec(spec)
-        if spec.mode == "none" or self.draft is None:
+        if isinstance(spec, NoneParams) or self.draft is None:
             return
         vocab = self.draft.config.vocab_size
-        if spec.mode == "eagle" and spec.params["topk"] > vocab:
-            raise SimtreeError(f"eagle topk {spec.params['topk']} exceeds the draft model's vocabulary "
+        if isinstance(spec, EagleParams) and spec.topk > vocab:
+            raise SimtreeError(f"eagle topk {spec.topk} exceeds the draft model's vocabulary "
                                f"({vocab} tokens): use --topk <= {vocab}")
         nodes, _ = draft_extent(spec)
         if nodes > MAX_DRAFT_NODES:
-            what = ("steps and top-k (1 + k + (s-1) k^2)" if spec.mode == "eagle" else
-                    "budget" if spec.mode == "linear" else "draft depth")
+            what = ("steps and top-k (1 + k + (s-1) k^2)" if isinstance(spec, EagleParams) else
+                    "budget" if isinstance(spec, LinearParams) else "draft depth")
             raise SimtreeError(f"{spec.name} drafts {nodes} nodes per sequence per round, more than the "
                                f"{MAX_DRAFT_NODES} this runtime supports: lower its {what}")
 
     # ---- the decode loop -----------------------------------------------------------------
-    def generate(self, prompts: list[list[int]], max_new_tokens: int, spec, workload: str = "",
+    def generate(self, prompts: list[list[int]], max_new_tokens: int, spec: PolicySpec, workload: str = "",
                  trace=None, progress=None) -> GenerationResult:
         """Decode ``max_new_tokens`` greedy tokens for each prompt. ``trace``: an open
         :class:`simtree.runtime.trace.TraceWriter`; ``progress(done_tokens)``: a callback."""
@@ -193,11 +195,11 @@ class SpecEngine:
         if not prompts or any(len(p) == 0 for p in prompts):
             raise SimtreeError("every prompt needs at least one token")
         max_new_tokens = check_int(max_new_tokens, "max_new_tokens")
-        if spec.mode != "none" and self.draft is None:
+        if not isinstance(spec, NoneParams) and self.draft is None:
             raise SimtreeError(f"mode {spec.mode} needs a draft model")
         self.check_fits(spec)
         B = len(prompts)
-        widest = max(spec.params.get(k, 1) for k in ("budget", "max_budget", "max_budget_per_seq"))
+        widest = spec.max_nodes
         # a sequence keeps decoding until the slowest reaches max_new_tokens, gaining at most
         # `widest` tokens per round: size the cache for max_new_tokens rounds of that
         max_len = max(map(len, prompts)) + widest * (max_new_tokens + 1) + 2
@@ -207,7 +209,7 @@ class SpecEngine:
         t0 = time.perf_counter()
         outs = [[int(t)] for t in self.target.prefill(cache, prompts).argmax(-1)]
         drafter = None
-        if spec.mode != "none":
+        if not isinstance(spec, NoneParams):
             drafter = Drafter(self.draft, B, draft_len)
             drafter.prefill(prompts)
         prefill_us = (time.perf_counter() - t0) * 1e6

@@ -40,24 +40,22 @@ import tempfile
 import time
 import warnings
 from pathlib import Path
-from types import SimpleNamespace
 
 import numpy as np
 import torch
 
+from simtree.costs.model import Costs
 from simtree.errors import ExtrapolationWarning, SimtreeError, captured_warnings, check_int
 from simtree.fileio import write_text_atomic
 from simtree.machine.metadata import device_label
+from simtree.planning.modes import ADAPTIVE_MODES, NoneParams, PolicySpec
 from simtree.runtime.data import prompts as load_prompts
 from simtree.runtime.engine import SpecEngine, check_spec, greedy_decode
-from simtree.planning.simulate import PolicySpec
 from simtree.runtime.loading import DEFAULT_MODELS_DIR, load_model
 from simtree.runtime.tokenizer import VOCAB_SIZE, ByteTokenizer
 from simtree.runtime.trace import TraceWriter
 
 __all__ = ["live_run", "RUNTIME_MODEL", "dumps"]
-
-NEEDS_COSTS = ("cost_aware", "batch_alloc")
 RUNTIME_MODEL = "runtime-tiny"   # the name `simtree profile` gives the runtime's models (runtime-tiny.yaml)
 COMPARISON = ("measured.tokens_per_s vs predicted.tokens_per_s: output tokens (max_new_tokens - 1 per "
               "prompt from the decode rounds) per second of round time counted while each sequence "
@@ -106,7 +104,9 @@ def _mismatch(what: str, source, model, device, here: str) -> str | None:
             "its predictions are not comparable with this run's measurements")
 
 
-def _resolve_spec(policy, policy_workload, workload, batch_size, mode, params, warn, here: str):
+def _resolve_spec(policy, policy_workload, workload, batch_size, spec, warn, here: str) -> tuple[PolicySpec, dict]:
+    """(the policy to run, what the report records about a policy file); a policy file's entry
+    for (workload, batch size) replaces ``spec``."""
     if policy is not None:
         from simtree.planning.policy_file import Policy
         path = Path(policy)
@@ -121,11 +121,13 @@ def _resolve_spec(policy, policy_workload, workload, batch_size, mode, params, w
         other = _mismatch("policy", path, pol.model, pol.device, here)
         if other:
             warn(other)
-        return check_spec(entry), {"policy": str(policy), "policy_workload": name,
+        return entry.params, {"policy": str(policy), "policy_workload": name,
                                    "predicted_tok_s_in_policy": entry.predicted_tok_s,
                                    "policy_model": pol.model, "policy_device": pol.device,
                                    "policy_comparable": other is None}
-    return check_spec(SimpleNamespace(mode=mode, params=params)), {}
+    if spec is None:
+        raise SimtreeError("no policy to run: give a PolicySpec (e.g. EagleParams(3, 2, 6)) or a policy file")
+    return check_spec(spec), {}
 
 
 def _pct(x, q):
@@ -164,13 +166,15 @@ class _Warnings(list):
             self.append(line)
 
 
-def live_run(*, mode: str = "eagle", params: dict | None = None, policy=None, policy_workload: str | None = None,
+def live_run(*, spec: PolicySpec | None = None, policy=None, policy_workload: str | None = None,
              workload: str = "sharegpt", batch_size: int = 4, prompts: int | None = None,
-             max_new_tokens: int = 64, costs=None, models_dir=None, out=None, check_lossless: bool = False,
-             threads: int = 1, device: str = "cpu", progress=None) -> dict:
+             max_new_tokens: int = 64, costs: str | Path | Costs | None = None, models_dir=None, out=None,
+             check_lossless: bool = False, threads: int = 1, device: str = "cpu", progress=None) -> dict:
     """Run live speculative decoding; returns the report dict (also written to ``out/run.json``
     with traces in ``out/traces.jsonl`` when ``out`` is given).
 
+    ``spec``: the policy to run (e.g. ``EagleParams(3, 2, 6)``); ``policy``: a policy file
+    whose entry for (``policy_workload`` or ``workload``, ``batch_size``) is run instead.
     ``costs``: a path to a CostBundle JSON, a bundle object, or None (then cost_aware /
     batch_alloc fall back to simtree.costs.synthetic's SYNTHETIC bundle, labelled so).
     ``progress(done, total)``: called as tokens are produced.  ``threads``: torch CPU threads
@@ -186,7 +190,7 @@ def live_run(*, mode: str = "eagle", params: dict | None = None, policy=None, po
     try:
         with _extrapolation_notes() as extrapolated:
             report, out, trace = _live_run(
-                mode=mode, params=params, policy=policy, policy_workload=policy_workload, workload=workload,
+                spec=spec, policy=policy, policy_workload=policy_workload, workload=workload,
                 batch_size=batch_size, prompts=prompts, max_new_tokens=max_new_tokens, costs=costs,
                 models_dir=models_dir, out=out, check_lossless=check_lossless, threads=threads, device=device,
                 progress=progress)
@@ -207,7 +211,7 @@ def _discard_staged(trace) -> None:
         trace.discard()
 
 
-def _live_run(*, mode, params, policy, policy_workload, workload, batch_size, prompts, max_new_tokens, costs,
+def _live_run(*, spec, policy, policy_workload, workload, batch_size, prompts, max_new_tokens, costs,
               models_dir, out, check_lossless, threads, device, progress) -> tuple:
     """-> (report, out, the staged traces ``_write`` commits there); (report, None, None)
     without ``out``."""
@@ -219,23 +223,22 @@ def _live_run(*, mode, params, policy, policy_workload, workload, batch_size, pr
     here = _device_name(device)
     warn = _Warnings()
     torch.set_num_threads(threads)
-    spec, policy_info = _resolve_spec(policy, policy_workload, workload, batch_size, mode, params or {}, warn,
-                                      here)
+    spec, policy_info = _resolve_spec(policy, policy_workload, workload, batch_size, spec, warn, here)
     costs_label = None
     if isinstance(costs, (str, Path)):
         from simtree.costs.model import load_costs
         costs_label, costs = str(costs), load_costs(costs)
     elif costs is not None:
-        costs_label = str(getattr(costs, "meta", {}).get("source", "given"))
+        costs_label = str(costs.meta.get("source", "given"))
     comparable = True
     if costs is not None:
-        meta = getattr(costs, "meta", None) or {}
+        meta = costs.meta
         other = _mismatch("cost bundle", costs_label, meta.get("model"), meta.get("device"), here)
         if other:
             warn(other)
             comparable = False
     engine_costs = costs
-    if spec.mode in NEEDS_COSTS and costs is None:
+    if spec.mode in ADAPTIVE_MODES and costs is None:
         from simtree.costs.synthetic import SYNTHETIC_LABEL, synthetic_costs
         engine_costs, costs_label = synthetic_costs(), SYNTHETIC_LABEL
     models_dir = Path(models_dir) if models_dir else DEFAULT_MODELS_DIR
@@ -337,7 +340,7 @@ def _report(results, rounds, spec, workload, batch_size, count, max_new_tokens, 
     sample = [t for t in results[0].outputs[0] if t < VOCAB_SIZE] if results else []
     return {
         "schema": "simtree.run/1", "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "mode": spec.mode, "params": spec.params, "workload": workload, "batch_size": batch_size,
+        "mode": spec.mode, "params": spec.to_dict(), "workload": workload, "batch_size": batch_size,
         "prompts": count, "max_new_tokens": max_new_tokens, "models": str(models_dir), "model": RUNTIME_MODEL,
         "device": (here if here != "cpu" else
                    f"cpu ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)"),
@@ -348,11 +351,13 @@ def _report(results, rounds, spec, workload, batch_size, count, max_new_tokens, 
     }
 
 
-def _host_against(costs, device: str) -> dict | None:
+def _host_against(costs: Costs | None, device: str) -> dict | None:
     """The host's speed now (``simtree.machine.hostprobe``) against when the cost bundle's profile was
     taken (its ``host_probe``): {probe, profile_probe, vs_profile} (> 1: slower now, so the
     bundle's latencies read short), or None without a bundle that recorded one."""
-    then = (getattr(costs, "meta", None) or {}).get("profile_meta", {}).get("host_probe")
+    if costs is None:
+        return None
+    then = costs.meta.get("profile_meta", {}).get("host_probe")
     if not isinstance(then, dict):
         return None
     from simtree.machine.hostprobe import probe, ratio
@@ -361,24 +366,24 @@ def _host_against(costs, device: str) -> dict | None:
     return {"probe": now, "profile_probe": then, "vs_profile": x if math.isfinite(x) else None}
 
 
-def _predict(costs, trace_path: Path, spec: PolicySpec, batch_size: int, prompt_lens: list[int],
+def _predict(costs: Costs, trace_path: Path, spec: PolicySpec, batch_size: int, prompt_lens: list[int],
              output_len: int, workload: str) -> dict:
     """The simulator's prediction for this run: positional acceptance fitted from the run's
     traces (table width = the widest sibling set drafted, so no rank is imputed), the run's
     own prompt lengths and the tokens its decode rounds must produce per sequence."""
     from simtree.acceptance.model import Workload, fit_positional, get_workload, read_traces
-    from simtree.planning.simulate import PolicySpec, simulate
+    from simtree.planning.simulate import simulate
 
-    if spec.mode == "none":  # nothing drafted, nothing to fit; mode none ignores acceptance
+    if isinstance(spec, NoneParams):  # nothing drafted, nothing to fit; mode none ignores acceptance
         acc = get_workload("sharegpt").acceptance
     else:
         records = read_traces(trace_path)
         width = max(int(r.tree.num_children.max()) for r in records)
         acc = fit_positional(records, workload, topk=max(width, 1))
     wl = Workload(workload, acc, np.asarray(prompt_lens, np.int64), int(output_len), "this run")
-    sim = simulate(costs, wl, batch_size, PolicySpec(spec.mode, spec.params))
+    sim = simulate(costs, wl, batch_size, spec)
     return {"tokens_per_s": sim.throughput_tok_s, "accepted_tokens_per_round": sim.accepted_tokens_per_round,
             "round_us": sim.round_latency_us, "draft_us": sim.draft_us, "verify_us": sim.verify_us,
             "mean_nodes_per_seq": sim.mean_nodes_per_seq, "rounds": sim.rounds, "synthetic": sim.synthetic,
-            "acceptance": "none" if spec.mode == "none" else "positional fit of this run's traces",
+            "acceptance": "none" if isinstance(spec, NoneParams) else "positional fit of this run's traces",
             "notes": [_one_line(n) for n in sim.notes]}

@@ -25,6 +25,7 @@ from pathlib import Path
 
 import torch
 
+from simtree.data import data_path
 from simtree.errors import SimtreeError
 from simtree.fileio import write_atomic
 from simtree.runtime.model import HybridLM, ModelConfig
@@ -35,7 +36,7 @@ __all__ = ["load_config", "load_model", "save_model", "read_save_ids", "saves_di
 ARCHITECTURE = "SimtreeHybridForCausalLM"
 METADATA_KEYS = {"architectures", "torch_dtype", "num_hidden_layers", "bos_token_id", "eos_token_id",
                  "pad_token_id", "transformers_version", "_name_or_path", "simtree_training", "simtree_save_id"}
-DEFAULT_MODELS_DIR = Path(__file__).resolve().parents[1] / "simtree" / "data" / "models"
+DEFAULT_MODELS_DIR = data_path("models")   # the shipped target/ and draft/ checkpoints
 
 
 def _config_path(path) -> Path:

@@ -8,7 +8,7 @@ import torch
 
 from simtree.runtime.engine import SpecEngine, greedy_decode
 from simtree.kernels.gdn.ops import recurrent_step
-from simtree.planning.simulate import PolicySpec
+from simtree.planning.modes import NoneParams
 
 sys.path.insert(0, "tests")
 from runtime_helpers import random_prompts, tiny_model  # noqa: E402 - the tests' tiny models
@@ -29,7 +29,7 @@ print(f"fused decode vs torch step (fp64): out {eo:.2e}, state {es:.2e}")
 assert eo < 2e-2 and es < 1e-4
 model = tiny_model(3).float().cuda()
 prompts = random_prompts(np.random.default_rng(1), [5, 9, 7])
-res = SpecEngine(model, None).generate(prompts, 10, PolicySpec("none"))
+res = SpecEngine(model, None).generate(prompts, 10, NoneParams())
 ref = [greedy_decode(model, p, 10) for p in prompts]
 print("engine none == greedy_decode on CUDA:", res.outputs == ref)
 assert res.outputs == ref

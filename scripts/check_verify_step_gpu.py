@@ -2,7 +2,7 @@
 same round (an earlier H200 loop, its data in tests/data/verify_step/: profile 15-21 ms at n >= 2, runs' verify +
 commit 9-16 ms): one process, the shipped tiny models, each variant timed the same ways.
 
-Per (batch, nodes): ``profile`` = the sweep's workload (``runtime_stages._verify_step``) timed
+Per (batch, nodes): ``profile`` = the sweep's workload (``simtree.runtime.profile_steps._verify_step``) timed
 as the sweep times it (``time_workload``, eager CUDA events) and by wall clock (perf_counter,
 synchronised after each call); ``engine`` = the round as ``SpecEngine.generate`` runs it (trees
 built before the clock, cache lengths passed in, verify, argmax copy, greedy acceptance,
@@ -25,9 +25,9 @@ import torch
 
 from simtree.trees.greedy import greedy_accept_batch
 from simtree.models import get_model
-from simtree.profiler import runtime_stages as rs
+from simtree.costs.steps import Point
+from simtree.runtime import profile_steps as rs
 from simtree.profiler.pieces import Ctx
-from simtree.profiler.stages import Point
 from simtree.profiler.timing import time_workload
 from simtree.trees.tree import DraftTree, TreeBatch
 

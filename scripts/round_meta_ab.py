@@ -15,7 +15,7 @@ from simtree.kernels.gdn import ops as g
 from simtree.kernels import gdn as kg
 from simtree.machine.metadata import collect_metadata
 from simtree.runtime.live import live_run
-from simtree.planning.policy import params_from_flags
+from simtree.planning.modes import params_from_flags
 
 new = g.round_meta
 
@@ -79,7 +79,7 @@ for rep in range(args.reps):
         for tag, fn in (("A_device_eager", old), ("B_host", new)):
             g.round_meta = fn
             d = f"{out}/{name}_{tag}_{rep}"
-            r = live_run(mode=mode, params=params, workload="sharegpt", batch_size=bs,
+            r = live_run(spec=params, workload="sharegpt", batch_size=bs,
                          prompts=args.prompts, max_new_tokens=args.new_tokens, out=d,
                          check_lossless=rep == 0, device=args.device)
             m = r["measured"]

@@ -1,7 +1,7 @@
 """Model shape registry: layer pattern and dimensions of the target models (timing only).
 
-Shapes live as YAML in ``simtree/data/models/<name>.yaml`` (shipped with the package;
-``scenarios/models/`` links to the same files). Only dimensions are described, never weights: the
+Shapes live as YAML in ``simtree/data/models/<name>.yaml`` (package data, read through
+:func:`simtree.data.data_path`; ``scenarios/models/`` links to the same files). Only dimensions are described, never weights: the
 profiler times random-weight layers at these shapes.
 
     shape = get_model("qwen3.6-27b")
@@ -17,14 +17,14 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-
+from simtree.data import data_path
 from simtree.errors import SimtreeError, check_int
 from simtree.fileio import read_yaml
 
 __all__ = ["ModelShape", "get_model", "list_models", "load_model_file", "MODEL_DIR",
            "LAYER_KINDS", "VERIFY_STAGE", "COMMIT_STAGE", "ROUND_STAGE", "DECODE_STAGE"]
 
-MODEL_DIR = Path(__file__).resolve().parent / "data" / "models"
+MODEL_DIR = data_path("models")
 LAYER_KINDS = ("gdn", "attn", "swa", "csa", "hca")
 # The profile-table stage that times the attention core of each layer kind.
 VERIFY_STAGE = {"gdn": "gdn_tree_verify", "attn": "attn_tree_verify", "swa": "v4_swa_verify",

@@ -4,7 +4,7 @@ import warnings
 import numpy as np
 import pytest
 
-from simtree.costs.fitting import fit_surface
+from simtree.costs.surface_fit import fit_surface
 from simtree.costs.forms import ScaledVerifyDraft
 from simtree.costs.model import (DRAFT_AXES, VERIFY_AXES, CostBundle, DraftCostModel,
                                VerifyCostModel, load_costs)
@@ -91,7 +91,7 @@ def test_grid_lin_fills_missing_cells_by_the_linear_continuation_in_l():
     # Cells without data at the ends of the n and l axes: the plain grid fills them with the
     # least-curved continuation in n (far too low), grid_lin with the linear continuation in
     # l of their (n, b) column.
-    from simtree.costs.fitting import fit_grid
+    from simtree.costs.surface_fit import fit_grid
     truth = lambda n, l, b: 100 + 2 * b + 0.02 * n * n * b + 1e-3 * b * l + 1e-6 * n * b * l  # noqa: E731
     n, l, b = (a.ravel() for a in np.meshgrid(NS, [1024, *LS], BS, indexing="ij"))
     y = truth(n, l, b)
@@ -124,7 +124,7 @@ def test_auto_selection_keeps_lower_heldout_error():
 def test_per_bin_reference_is_scored_but_never_kept():
     # Context barely matters here, so independent per-(l, b) fits cross each other in l; the
     # joint forms stay monotone in l by construction.
-    from simtree.costs.fitting import monotone_violations
+    from simtree.costs.surface_fit import monotone_violations
     rng = np.random.default_rng(10)
     flat_l = lambda n, l, b: verify_truth(n, 0 * l, b)  # noqa: E731
     n, l, b, y = verify_points(rng, noise=0.03, truth=flat_l)

@@ -7,13 +7,14 @@ import pytest
 
 from simtree.acceptance.model import get_workload
 from simtree.trees.builders import best_first_order, best_first_tree, cost_aware_budget
-from simtree.costs.fitting import fit_surface
+from simtree.costs.surface_fit import fit_surface
 from simtree.costs.forms import MoEGridSurface, MoESurface, ScaledVerifyDraft
-from simtree.costs.fitting import MOE_FORMS
+from simtree.costs.surface_fit import MOE_FORMS
 from simtree.costs.model import VERIFY_AXES, CostBundle, DraftCostModel, VerifyCostModel, load_costs
 from simtree.errors import SimtreeError
 from simtree.acceptance.phi import expected_accepted_marginals
-from simtree.planning.simulate import PolicySpec, _Adaptive
+from simtree.planning.modes import CostAwareParams
+from simtree.planning.simulate import _Adaptive
 
 E, K = 64, 4                 # experts, experts per token: saturates at T = b n = 16 tokens
 ALPHA = 4000.0               # us for reading every expert once
@@ -156,7 +157,7 @@ def test_nonconvex_budget_is_the_global_argmax_of_brute_force(seed):
 
 def test_adaptive_simulation_uses_the_global_argmax_for_a_nonconvex_model():
     acc = get_workload("sharegpt").acceptance
-    spec = PolicySpec("cost_aware", {"max_budget": 48, "draft_depth": 6})
+    spec = CostAwareParams(max_budget=48, draft_depth=6)
     cv = lambda n: saturating_cv(n, experts_us=10.0, per_node_us=0.1)  # noqa: E731  (sharegpt: weaker drafter)
     verify = types.SimpleNamespace(predict=lambda n, l, b: cv(n), convex_in_n=False)
     costs = types.SimpleNamespace(verify=verify, draft=types.SimpleNamespace(predict=lambda s, k, b: 1.0))

@@ -9,7 +9,7 @@ from typer.testing import CliRunner
 from simtree.cli import app
 from simtree.costs.model import load_costs
 from simtree.errors import SimtreeError
-from simtree.costs.fit import fit_profile
+from simtree.costs.profile_fit import fit_profile
 from simtree.costs.profile_table import append_rows
 
 

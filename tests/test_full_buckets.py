@@ -16,7 +16,7 @@ from simtree.trees.builders import eagle_tree
 
 from full_helpers import FAMILIES, PROMPTS, tiny_model
 
-EAGLE = PolicySpec("eagle", {"num_steps": 3, "topk": 2, "budget": 6})
+EAGLE = PolicySpec.from_dict("eagle", {"num_steps": 3, "topk": 2, "budget": 6})
 
 
 @pytest.mark.parametrize("name", FAMILIES)

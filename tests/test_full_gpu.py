@@ -43,7 +43,7 @@ def test_graph_rounds_equal_eager_rounds():
     from simtree.runtime.full.drafting import round_shape
     from simtree.runtime.full.engine import FullEngine
     model = _model()
-    rs = round_shape(PolicySpec("eagle", {"num_steps": 3, "topk": 2, "budget": 6}))
+    rs = round_shape(PolicySpec.from_dict("eagle", {"num_steps": 3, "topk": 2, "budget": 6}))
     outs = []
     for graphs in (False, True):
         source = TraceReplay.fixed(2, 4, "cuda")
@@ -62,6 +62,6 @@ def test_graph_rounds_equal_eager_rounds():
 def test_lossless_on_the_gpu(name):
     from simtree.runtime.full.lossless import check_lossless
     prompts = [[1, 2, 3, 4, 5, 6, 7, 8, 9], [9, 8, 7, 6, 5]]
-    specs = [PolicySpec("linear", {"budget": 4}), PolicySpec("eagle", {"num_steps": 3, "topk": 2, "budget": 6})]
+    specs = [PolicySpec.from_dict("linear", {"budget": 4}), PolicySpec.from_dict("eagle", {"num_steps": 3, "topk": 2, "budget": 6})]
     for row in check_lossless(_model(name), prompts, specs, 24):
         assert row["match"], row

@@ -7,7 +7,7 @@ from simtree.runtime.full.lossless import check_lossless
 
 from full_helpers import FAMILIES, PROMPTS, tiny_model
 
-SPECS = [PolicySpec("linear", {"budget": 4}), PolicySpec("eagle", {"num_steps": 3, "topk": 2, "budget": 6})]
+SPECS = [PolicySpec.from_dict("linear", {"budget": 4}), PolicySpec.from_dict("eagle", {"num_steps": 3, "topk": 2, "budget": 6})]
 
 
 @pytest.mark.parametrize("name", FAMILIES)
@@ -28,7 +28,7 @@ def test_a_different_model_gives_different_outputs():
 
     outs = []
     for seed in (1, 2):
-        engine = FullEngine(tiny_model("tiny-gdn", seed), round_shape(PolicySpec("none")), 1, 64)
+        engine = FullEngine(tiny_model("tiny-gdn", seed), round_shape(PolicySpec.from_dict("none")), 1, 64)
         engine.prefill(PROMPTS[1:2])
         engine.run(max_new_tokens=8)
         outs.append(engine.outputs()[0][:8])

@@ -13,7 +13,7 @@ from simtree.runtime.full.engine import FullEngine
 
 from full_helpers import FAMILIES, tiny_model
 
-EAGLE = PolicySpec("eagle", {"num_steps": 3, "topk": 2, "budget": 6})
+EAGLE = PolicySpec.from_dict("eagle", {"num_steps": 3, "topk": 2, "budget": 6})
 
 
 def _trace(path, depths):
@@ -26,7 +26,7 @@ def _trace(path, depths):
 
 
 @pytest.mark.parametrize("name", FAMILIES)
-@pytest.mark.parametrize("spec", [PolicySpec("linear", {"budget": 4}), EAGLE], ids=["linear", "eagle"])
+@pytest.mark.parametrize("spec", [PolicySpec.from_dict("linear", {"budget": 4}), EAGLE], ids=["linear", "eagle"])
 def test_trace_replay_commits_the_requested_lengths(tmp_path, name, spec):
     """Each round commits min(requested depth, the tree's depth) tokens + the bonus, per sequence."""
     rng = np.random.default_rng(3)
@@ -64,7 +64,7 @@ def _model(alpha):
 
 @pytest.mark.parametrize("alpha, expected", [(0.0, 0.0), (1.0, 3.0), (0.5, 0.5 + 0.25 + 0.125)])
 def test_model_replay_samples_the_chain_acceptance(alpha, expected):
-    rs = round_shape(PolicySpec("linear", {"budget": 4}))
+    rs = round_shape(PolicySpec.from_dict("linear", {"budget": 4}))
     engine = FullEngine(tiny_model("tiny-gdn"), rs, 8, 256, ModelReplay(_model(alpha), rs.max_depth, "cpu", seed=0))
     engine.fill_context(8, seed=0)
     stats = engine.run(rounds=30)
@@ -85,7 +85,7 @@ def test_model_replay_accepts_only_children_of_accepted_nodes():
         assert bool((engine.tree.rank[b, path] == 1).all())
 
 
-@pytest.mark.parametrize("spec", [EAGLE, PolicySpec("eagle", {"num_steps": 4, "topk": 3, "budget": 9})],
+@pytest.mark.parametrize("spec", [EAGLE, PolicySpec.from_dict("eagle", {"num_steps": 4, "topk": 3, "budget": 9})],
                          ids=["s3k2d6", "s4k3d9"])
 def test_replayed_rounds_build_the_trees_the_simulator_scores(spec):
     """A replay shapes its trees by its acceptance model, not by the random drafter's flat

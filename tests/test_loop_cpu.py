@@ -9,13 +9,15 @@ import yaml
 from simtree.acceptance.model import get_workload
 from simtree.costs.model import load_costs
 from simtree.reporting.loop import contrast_runs, run_flags
-from simtree.costs.fit import fit_profile
+from simtree.costs.profile_fit import fit_profile
 from simtree.planning.planner import SearchSpace, plan
 from simtree.planning.policy_file import Policy
 from simtree.costs.profile_table import load_profile
 from simtree.profiler.sweep import run_sweep
 from simtree.runtime.live import live_run
-from simtree.planning.simulate import PolicySpec
+from simtree.runtime.profile_steps import step_builders
+from simtree.planning.modes import (BatchAllocParams, BestFirstParams, CostAwareParams, EagleParams, LinearParams,
+                                    NoneParams, PolicySpec, params_from_flags)
 
 # Measured throughput on a shared 2-core machine moves by tens of percent between the profile
 # and the run (reports/cpu_loop: errors up to ~45% as the load changed); the miniature grid
@@ -36,10 +38,10 @@ SPACE = SearchSpace(budgets=(2, 3, 4), eagle_steps=(1, 2), eagle_topk=(2,), draf
 def _close_loop(d):
     sweep = d / "sweep.yaml"
     sweep.write_text(yaml.safe_dump(MINI_SWEEP))
-    res = run_sweep(sweep, d / "profile.csv", progress=False, echo=lambda s: None)
+    res = run_sweep(sweep, d / "profile.csv", progress=False, echo=lambda s: None, builders=step_builders())
     fit = fit_profile(d / "profile.csv", forms=("basis",), folds=2, reference_forms=())
     fit.bundle.save(d / "costs.json")
-    live_run(mode="eagle", params={"num_steps": 2, "topk": 2, "budget": 4}, batch_size=B,
+    live_run(spec=EagleParams(num_steps=2, topk=2, budget=4), batch_size=B,
              max_new_tokens=NEW, out=d / "traces")
     workload = get_workload(str(d / "traces" / "traces.jsonl"), output_len=NEW)
     result = plan(load_costs(d / "costs.json"), [workload], [1, B], SPACE)
@@ -81,7 +83,7 @@ def test_bundle_and_policy_name_this_model_and_device(loop):
     assert policy.device == "cpu" and policy.model == "runtime-tiny"
     entry = policy.lookup(loop["workload"].name, B)
     run = loop["run"]
-    assert (run["mode"], run["params"]) == (entry.mode, entry.params)
+    assert (run["mode"], run["params"]) == (entry.mode, entry.params.to_dict())
     assert run["predicted_tok_s_in_policy"] == pytest.approx(entry.predicted_tok_s)
 
 
@@ -108,7 +110,7 @@ def test_the_run_sets_its_host_against_the_bundles_profile(loop, tmp_path):
     assert ratio({"python_us": 2.0, "torch_us": 8.0, "launch_us": float("nan")},
                  {"python_us": 1.0, "torch_us": 2.0, "launch_us": 3.0}) == pytest.approx(8 ** 0.5)
     del bundle.meta["profile_meta"]["host_probe"]
-    run = live_run(mode="linear", params={"budget": 2}, batch_size=1, max_new_tokens=4, costs=bundle,
+    run = live_run(spec=LinearParams(2), batch_size=1, max_new_tokens=4, costs=bundle,
                    out=tmp_path / "r")
     assert run["host"] is None
 
@@ -116,30 +118,66 @@ def test_the_run_sets_its_host_against_the_bundles_profile(loop, tmp_path):
 def test_contrast_runs_are_other_policies_with_valid_flags(loop):
     rows = contrast_runs(loop["dir"] / "plan", loop["workload"].name, B)
     entry = Policy.load(loop["dir"] / "plan" / "policy.json").lookup(loop["workload"].name, B)
-    run_name = PolicySpec(entry.mode, entry.params).name
+    run_name = entry.params.name
     assert all(name != run_name for _, name, _ in rows)
     if entry.mode != "none":   # plain decoding is always a contrast (as "none", or as the
         # planner's second choice when that is plain decoding: each policy runs once)
         assert [r for r in rows if r[2] == "--mode none"]
         assert rows[-1][0] == "none" or rows[0][2] == "--mode none"
     assert all(flags.startswith("--mode ") for _, _, flags in rows)
-    assert run_flags(entry.mode, entry.params).startswith(f"--mode {entry.mode}")
+    assert run_flags(entry.params).startswith(f"--mode {entry.mode}")
     assert json.loads((loop["dir"] / "run" / "run.json").read_text())["batch_size"] == B
+
+
+@pytest.mark.parametrize("spec", [NoneParams(), LinearParams(5), EagleParams(num_steps=3, topk=2, budget=6),
+                                  BestFirstParams(budget=8, draft_depth=3, width=2),
+                                  CostAwareParams(max_budget=16, draft_depth=4),
+                                  BatchAllocParams(max_budget_per_seq=12, draft_depth=2)], ids=lambda s: s.name)
+def test_run_flags_select_the_same_policy(spec):
+    # `simtree run` reads the flags back with params_from_flags; the flags it leaves out take
+    # the command's defaults (--steps 3 --topk 2 --budget 6 --width 1, no --draft-depth)
+    words = run_flags(spec).split()
+    flags = {k.removeprefix("--").replace("-", "_"): v for k, v in zip(words[::2], words[1::2])}
+    args = {"steps": 3, "topk": 2, "budget": 6, "width": 1, "draft_depth": None,
+            **{k: int(v) for k, v in flags.items() if k != "mode"}}
+    assert params_from_flags(flags["mode"], args["steps"], args["topk"], args["budget"], args["width"],
+                             args["draft_depth"]) == spec
 
 
 def test_runtime_variant_refuses_points_it_cannot_time():
     import torch
 
+    from simtree.costs.steps import Point, Unavailable
     from simtree.errors import SimtreeError
     from simtree.models import get_model
     from simtree.profiler.pieces import Ctx
-    from simtree.profiler.stages import Point, Unavailable, build_workload
+    from simtree.profiler.stages import build_workload
 
     ctx = Ctx(get_model("runtime-tiny"), torch.device("cpu"), torch.float32)
     with pytest.raises(SimtreeError, match="context_len >= 1"):
-        build_workload(ctx, Point("model_verify_step", "runtime_tiny", "runtime-tiny", 1, 2, 0))
+        build_workload(ctx, Point("model_verify_step", "runtime_tiny", "runtime-tiny", 1, 2, 0), step_builders())
     with pytest.raises(Unavailable, match="model_verify_step and draft_step only"):
-        build_workload(ctx, Point("mlp_step", "runtime_tiny", "runtime-tiny", 1, 2, 64))
+        build_workload(ctx, Point("mlp_step", "runtime_tiny", "runtime-tiny", 1, 2, 64), step_builders())
+
+
+@pytest.mark.parametrize("stage", ["model_verify_step", "draft_step"])
+def test_runtime_variant_needs_the_runtimes_builders(stage):
+    # the profiler does not import the runtime: without the builders `simtree profile` passes,
+    # the runtime's points are unavailable (logged and skipped), not built some other way
+    import torch
+
+    from simtree.costs.steps import Point, Unavailable
+    from simtree.models import get_model
+    from simtree.profiler.pieces import Ctx
+    from simtree.profiler.stages import build_workload, check_variant
+
+    ctx = Ctx(get_model("runtime-tiny"), torch.device("cpu"), torch.float32)
+    point = Point(stage, "runtime_tiny", "runtime-tiny", 1, 2, 16, "eagle", 1, 2)
+    with pytest.raises(Unavailable, match="no step builder .*`simtree profile` adds the runtime's runtime_tiny"):
+        build_workload(ctx, point)
+    assert "runtime_models" not in ctx.notes
+    assert build_workload(ctx, point, step_builders()).eager
+    assert check_variant(ctx, stage, "runtime_tiny", step_builders()).startswith("ok")
 
 
 def test_lossless_report_lists_every_checked_run_and_refuses_unchecked(tmp_path):
@@ -176,9 +214,10 @@ def test_runtime_verify_point_times_what_the_engine_runs(monkeypatch, b, n):
     # profile's point must time that step; trees of n > 1 go through verify and commit
     import torch
 
+    from simtree.costs.steps import Point
     from simtree.models import get_model
     from simtree.profiler.pieces import Ctx
-    from simtree.profiler.stages import Point, build_workload
+    from simtree.profiler.stages import build_workload
     from simtree.runtime.model import HybridLM
 
     calls = []
@@ -187,7 +226,8 @@ def test_runtime_verify_point_times_what_the_engine_runs(monkeypatch, b, n):
         monkeypatch.setattr(HybridLM, name, lambda self, *a, _o=orig, _n=name, **k:
                             (calls.append(_n), _o(self, *a, **k))[1])
     ctx = Ctx(get_model("runtime-tiny"), torch.device("cpu"), torch.float32)
-    fn, _ = build_workload(ctx, Point("model_verify_step", "runtime_tiny", "runtime-tiny", b, n, 16)).make()
+    fn, _ = build_workload(ctx, Point("model_verify_step", "runtime_tiny", "runtime-tiny", b, n, 16),
+                           step_builders()).make()
     calls.clear()     # the cache prefill is not part of the timed step
     fn()
     fn()
@@ -211,7 +251,7 @@ def test_repeat_report_pairs_the_two_repetitions(tmp_path):
     for b in (1, 4):
         for role, (mode, params) in pols.items():
             planned = float(rng.uniform(100, 900))
-            cands.append(dict(batch_size=b, policy=PolicySpec(mode, params).name, workload="w",
+            cands.append(dict(batch_size=b, policy=PolicySpec.from_dict(mode, params).name, workload="w",
                               tok_s=planned, tokens_per_round=1.5, nodes_per_seq=2.0))
             t1, t2 = (float(x) for x in rng.uniform(100, 900, 2))
             tps[(b, role)] = (t1, t2, planned)
@@ -307,3 +347,20 @@ def test_host_probe_measures_and_the_report_sets_each_run_against_the_profile(tm
             assert row.host_vs_profile == pytest.approx(want[st], rel=1e-3)
     (d / "host_probe.tsv").unlink()
     assert "host vs profile" not in write_loop_report(d)["markdown"].read_text()
+
+
+def test_cli_profile_times_the_runtimes_steps(tmp_path):
+    # `simtree profile` hands the runtime's step builders to the profiler's sweep
+    from typer.testing import CliRunner
+
+    from simtree.cli import app
+
+    sweep = tmp_path / "s.yaml"
+    sweep.write_text(yaml.safe_dump({**MINI_SWEEP, "grid": {"batch_size": [1], "nodes_per_seq": [1, 2],
+                                                            "context_len": [16], "tree_shape": ["eagle"]},
+                                     "stages": MINI_SWEEP["stages"][:1]}))
+    res = CliRunner().invoke(app, ["profile", "--sweep", str(sweep), "--out", str(tmp_path / "p.csv"), "--json"])
+    assert res.exit_code == 0, res.output
+    summary = json.loads(res.stdout)
+    assert summary["measured"] == 2 and summary["unavailable"] == 0
+    assert summary["checks"]["runtime-tiny/model_verify_step/runtime_tiny"].startswith("ok")

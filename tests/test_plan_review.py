@@ -9,15 +9,16 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from simtree.planning import planner
 from simtree.acceptance.model import AcceptanceModel, Workload, calibrate_linear, get_workload
+from simtree.planning import planner
 from simtree.costs.forms import BasisSurface
 from simtree.costs.model import CostBundle, DraftCostModel, VerifyCostModel, load_costs
 from simtree.errors import SimtreeError
-from simtree.planning.planner import SearchSpace, candidate_specs, choose_policies, heldout_median_error, plan
+from simtree.planning.modes import TREE_MODES, BestFirstParams, CostAwareParams, LinearParams, PolicySpec
+from simtree.planning.planner import SearchSpace, candidate_specs, choose_policies, plan
 from simtree.planning.policy_file import Policy
-from simtree.reporting.plan_report import render_plan_dir
-from simtree.planning.simulate import PolicySpec, simulate, static_round
+from simtree.planning.simulate import analytic_run, simulate, static_round
+from simtree.reporting.plan_report import plan_and_write, render_plan_dir
 
 DEEPSEEK = "simtree/data/costs/h200_deepseek-v4-flash.json"
 QWEN = "simtree/data/costs/h200_qwen3.6-27b.json"
@@ -51,8 +52,8 @@ def test_depths_left_out_build_the_same_tree_as_depth_budget_minus_one(seed):
     d = int(rng.integers(3, 10))
     for mode, key in (("best_first", "draft_depth"), ("eagle", "num_steps")):
         extra = {"width": 1} if mode == "best_first" else {"topk": 2}
-        at = static_round(acc, PolicySpec(mode, {"budget": d, key: d - 1, **extra}))
-        deeper = static_round(acc, PolicySpec(mode, {"budget": d, key: d + 3, **extra}))
+        at = static_round(acc, PolicySpec.from_dict(mode, {"budget": d, key: d - 1, **extra}))
+        deeper = static_round(acc, PolicySpec.from_dict(mode, {"budget": d, key: d + 3, **extra}))
         assert np.allclose(at.accepted, deeper.accepted, rtol=1e-12) and np.array_equal(at.nodes, deeper.nodes)
 
 
@@ -61,10 +62,10 @@ def test_deepseek_gsm8k_batch_8_finds_the_deep_tree_that_beats_linear():
     costs, wl = load_costs(DEEPSEEK), get_workload("gsm8k")
     res = plan(costs, [wl], [8])
     best = res.chosen.iloc[0]
-    deep = simulate(costs, wl, 8, PolicySpec("best_first", {"budget": 16, "draft_depth": 15}))
-    lin = simulate(costs, wl, 8, PolicySpec("linear", {"budget": 16}))
+    deep = simulate(costs, wl, 8, BestFirstParams(budget=16, draft_depth=15))
+    lin = simulate(costs, wl, 8, LinearParams(budget=16))
     assert deep.throughput_tok_s > lin.throughput_tok_s
-    assert best["mode"] in planner.TREE_MODES and best["tok_s"] >= deep.throughput_tok_s * (1 - 1e-9)
+    assert best["mode"] in TREE_MODES and best["tok_s"] >= deep.throughput_tok_s * (1 - 1e-9)
     assert "draft.num_steps" not in best["extrapolated"]   # the profile measured 1-15 steps
 
 
@@ -81,7 +82,7 @@ def _toy_bundle(tmp_path, name="toy", device="cpu"):
 
 def test_plan_md_and_policy_say_which_costs_are_extrapolated(tmp_path):
     path = _toy_bundle(tmp_path)
-    out = planner.plan_and_write([str(path)], ["gsm8k"], [1, 64], str(tmp_path / "plan"), space=SMALL)[0]
+    out = plan_and_write([str(path)], ["gsm8k"], [1, 64], str(tmp_path / "plan"), space=SMALL)[0]
     res = out["result"]
     md = (tmp_path / "plan" / "plan.md").read_text()
     # batch 64 > the measured 16 on both models, drafts of 5-7 steps > the measured 4
@@ -131,7 +132,7 @@ def test_bucketed_adaptive_decisions_outside_the_measured_contexts_are_noted():
     adaptive = cands["mode"].isin(["cost_aware", "batch_alloc"])
     assert adaptive.any() and cands.loc[adaptive, "extrapolated"].str.contains("verify.context_len").all()
     assert not cands.loc[~adaptive, "extrapolated"].str.contains("verify.context_len").any()
-    a = planner.analytic_run(wl, PolicySpec("cost_aware", {"max_budget": 8, "draft_depth": 3}), costs, 4)
+    a = analytic_run(wl, CostAwareParams(max_budget=8, draft_depth=3), costs, 4)
     assert a["decision_ctx"] == (128.0, 288.0)
 
 
@@ -184,12 +185,12 @@ def test_a_tree_that_wins_by_less_than_the_fit_error_is_flagged(seed):
 
 
 def test_heldout_error_is_the_kept_forms_or_the_decode_splits():
-    assert heldout_median_error(load_costs(QWEN).verify) == pytest.approx(
+    assert load_costs(QWEN).verify.heldout_median_error == pytest.approx(
         json.load(open(QWEN))["verify"]["info"]["fit_error"]["heldout"]["grid_lin"]["median"])
     split = VerifyCostModel(None, {"form": "basis", "fit_error": {"heldout": {"basis": {"median": 0.3}}},
                                    "decode_split": {"kept": True, "heldout_split": {"median": 0.04}}})
-    assert heldout_median_error(split) == 0.04
-    assert heldout_median_error(VerifyCostModel(None, {})) is None
+    assert split.heldout_median_error == 0.04
+    assert VerifyCostModel(None, {}).heldout_median_error is None
 
 
 def test_within_model_error_reaches_plan_md_and_the_policy_file(tmp_path):
@@ -198,7 +199,7 @@ def test_within_model_error_reaches_plan_md_and_the_policy_file(tmp_path):
     d = json.loads(path.read_text())
     d["verify"]["info"]["fit_error"]["heldout"]["basis"]["median"] = 0.5
     path.write_text(json.dumps(d))
-    out = planner.plan_and_write([str(path)], ["sharegpt"], [1, 4], str(tmp_path / "p"), space=SMALL)[0]
+    out = plan_and_write([str(path)], ["sharegpt"], [1, 4], str(tmp_path / "p"), space=SMALL)[0]
     pol = Policy.load(out["policy"])
     md = (tmp_path / "p" / "plan.md").read_text()
     assert "held-out median error (50.0%)" in md
@@ -222,14 +223,14 @@ def test_two_workloads_or_two_bundles_with_one_name_are_refused(tmp_path):
            "accepted_node": 1}
     trace.write_text("\n".join(json.dumps(rec) for _ in range(3)) + "\n")
     with pytest.raises(SimtreeError, match=r"two workloads named 'gsm8k' \(gsm8k and .*t\.jsonl\)"):
-        planner.plan_and_write([QWEN], ["gsm8k", str(trace)], [1], str(tmp_path / "a"), space=SMALL)
+        plan_and_write([QWEN], ["gsm8k", str(trace)], [1], str(tmp_path / "a"), space=SMALL)
     wl = Workload("w", calibrate_linear(2.5, 4, name="w"), np.full(4, 300), 32)
     with pytest.raises(SimtreeError, match="two workloads named 'w'"):
         plan(load_costs(QWEN), [wl, wl], [1], SMALL)
     a, b = _toy_bundle(tmp_path, "same"), tmp_path / "copy.json"
     b.write_text(a.read_text())
     with pytest.raises(SimtreeError, match="two cost bundles for the same model and device"):
-        planner.plan_and_write([str(a), str(b)], ["gsm8k"], [1], str(tmp_path / "b"), space=SMALL)
+        plan_and_write([str(a), str(b)], ["gsm8k"], [1], str(tmp_path / "b"), space=SMALL)
     assert not (tmp_path / "b").exists()   # refused before anything was written
 
 
@@ -238,7 +239,7 @@ def _two_model_plan(tmp_path):
     d = json.loads(b.read_text())
     d["verify"]["surface"]["coef"][0] = 3000.0    # a different model: other predictions
     b.write_text(json.dumps(d))
-    planner.plan_and_write([str(a), str(b)], ["gsm8k"], [1, 8], str(tmp_path / "plan"), space=SMALL)
+    plan_and_write([str(a), str(b)], ["gsm8k"], [1, 8], str(tmp_path / "plan"), space=SMALL)
     return tmp_path / "plan"
 
 

@@ -5,19 +5,25 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from simtree.planning import planner
 from simtree.acceptance.model import AcceptanceModel, Workload, calibrate_linear
 from simtree.cli import app
+from simtree.costs import model as cost_model
+from simtree.costs.synthetic import RooflineDraftCost, RooflineVerifyCost, SyntheticCostBundle
 from simtree.errors import SimtreeError
+from simtree.planning.modes import PolicySpec
 from simtree.planning.planner import SearchSpace, plan
 from simtree.planning.policy_file import Policy
-from simtree.costs.synthetic import RooflineDraftCost, RooflineVerifyCost, SyntheticCostBundle
+from simtree.reporting.plan_report import plan_and_write
 
 SMALL = SearchSpace(budgets=(2, 3, 4, 6, 8), eagle_steps=(2, 3, 4), eagle_topk=(2, 3), draft_depths=(2, 3, 4),
                     adaptive_max_budget=8)
 
 
 class Affine:
+    """A verify cost (``simtree.costs.model.VerifyCost``) affine in n, analytic."""
+
+    convex_in_n, valid_range, heldout_median_error = True, {}, None
+
     def __init__(self, base, per_n):
         self.base, self.per_n = base, per_n
 
@@ -71,7 +77,7 @@ def test_plan_policy_covers_every_batch_size_and_round_trips(tmp_path):
 
 
 def test_cli_plan_default_is_loudly_synthetic(tmp_path, monkeypatch):
-    monkeypatch.setattr(planner, "COSTS_DIR", tmp_path / "none")
+    monkeypatch.setattr(cost_model, "shipped_cost_paths", lambda: [])
     out = tmp_path / "plan"
     res = CliRunner().invoke(app, ["plan", "--workload", "gsm8k", "--batch-sizes", "1,64", "--out", str(out)])
     assert res.exit_code == 0, res.output
@@ -83,7 +89,7 @@ def test_cli_plan_default_is_loudly_synthetic(tmp_path, monkeypatch):
 
 
 def test_cli_simulate_json(tmp_path, monkeypatch):
-    monkeypatch.setattr(planner, "COSTS_DIR", tmp_path / "none")
+    monkeypatch.setattr(cost_model, "shipped_cost_paths", lambda: [])
     res = CliRunner().invoke(app, ["simulate", "--workload", "mbpp", "--batch-size", "2", "--policy-mode", "eagle",
                                    "--steps", "3", "--topk", "2", "--budget", "5", "--output-len", "32", "--json"])
     assert res.exit_code == 0, res.output
@@ -102,7 +108,7 @@ def test_plan_reads_a_saved_cost_bundle(tmp_path):
     bundle = CostBundle(VerifyCostModel(verify), DraftCostModel(draft),
                         {"model": "toy", "device": "cpu", "source": "test", "synthetic": False})
     path = bundle.save(tmp_path / "toy.json")
-    out = planner.plan_and_write([str(path)], ["sharegpt"], [1, 32], str(tmp_path / "plan"), space=SMALL)
+    out = plan_and_write([str(path)], ["sharegpt"], [1, 32], str(tmp_path / "plan"), space=SMALL)
     res = out[0]["result"]
     assert (res.model, res.device, res.synthetic) == ("toy", "cpu", False)
     assert "SYNTHETIC" not in (tmp_path / "plan" / "plan.md").read_text()
@@ -186,10 +192,10 @@ def _independent_static_score(costs, wl, b: int, mode: str, params: dict) -> dic
     """The planner's model written out directly: per level the planner's tree, accepted drafts
     by path enumeration; then rounds one at a time, each verifying the batch's mean tree at the
     current context (which grows by the expected tokens per round) plus the drafting cost."""
-    from simtree.planning.simulate import PolicySpec, static_round
+    from simtree.planning.simulate import static_round
 
     acc = wl.acceptance
-    trees = static_round(acc, PolicySpec(mode, params)).trees  # only the built trees are reused
+    trees = static_round(acc, PolicySpec.from_dict(mode, params)).trees  # only the built trees are reused
     budget = 1 if mode == "none" else params["budget"]
     g, nodes = 1.0, 0.0
     for level, (tree, w) in enumerate(zip(trees, acc.weights)):
@@ -260,13 +266,13 @@ def test_path_enumeration_matches_sampling_the_acceptance_model():
     # The enumeration above (sum of path products) against draws of the generative model it
     # stands for, on the planner's trees of each fixed-shape family: 4000 draws per level give
     # a standard error of <= ~0.03 tokens; 5 standard errors (estimated) is the tolerance.
-    from simtree.planning.simulate import PolicySpec, static_round
+    from simtree.planning.simulate import static_round
 
     rng = np.random.default_rng(7)
     acc = calibrate_linear(2.8, 4, name="w", spread=0.3)
     for mode, params in [("linear", {"budget": 6}), ("eagle", {"num_steps": 3, "topk": 3, "budget": 8}),
                          ("best_first", {"budget": 8, "width": 1, "draft_depth": 4})]:
-        for level, tree in enumerate(static_round(acc, PolicySpec(mode, params)).trees):
+        for level, tree in enumerate(static_round(acc, PolicySpec.from_dict(mode, params)).trees):
             draws = _sample_accepted(tree, acc.tables[level], rng, 4000)
             exact = sum(_reach_probs(tree, acc.tables[level])[1:])
             assert abs(draws.mean() - exact) <= 5 * draws.std(ddof=1) / np.sqrt(draws.size) + 1e-12, (mode, level)

@@ -7,8 +7,9 @@ import numpy as np
 import pytest
 
 from simtree.errors import SimtreeError
+from simtree.planning.modes import (BatchAllocParams, BestFirstParams, CostAwareParams, EagleParams, LinearParams,
+                                    NoneParams, PolicySpec)
 from simtree.planning.policy_file import SCHEMA, Policy, PolicyEntry
-from simtree.planning.policy import check_params
 
 
 def _entry(**kw):
@@ -34,7 +35,7 @@ def test_round_trip_and_lookup(tmp_path):
     again = Policy.load(pol.save(tmp_path / "copy.json"))
     assert again.to_dict() == pol.to_dict()
     assert pol.lookup("sharegpt", 3).mode == "eagle"
-    assert pol.lookup("sharegpt", 64).params == {"budget": 3}
+    assert pol.lookup("sharegpt", 64).params == LinearParams(budget=3)
     assert pol.lookup("sharegpt", 500).batch_max == 64  # clamped to the nearest range
     with pytest.raises(SimtreeError, match="at batch size 500"):
         pol.lookup("sharegpt", 500, clamp=False)
@@ -78,8 +79,28 @@ def test_missing_policy_through_the_cli_is_exit_2(tmp_path):
 
 
 def test_entry_dataclass_accepts_contract_fields():
-    e = PolicyEntry.from_dict(_entry(mode="cost_aware", params={"max_budget": 16}), "x")
-    assert e.params["max_budget"] == 16 and e.params["draft_depth"] == 3
+    e = PolicyEntry.from_dict(_entry(mode="cost_aware", params={"max_budget": 16}, tree_on=True), "x")
+    assert e.params == CostAwareParams(max_budget=16, draft_depth=3) and e.tree_on and e.mode == "cost_aware"
+
+
+def test_entry_params_must_be_typed():
+    with pytest.raises(SimtreeError, match="params must be a PolicySpec"):
+        PolicyEntry("w", 1, 2, {"budget": 3}, 1.0, 1.0, 1.0)
+
+
+def test_saved_params_keep_the_file_format(tmp_path):
+    # the in-memory policy is typed; the file keeps contract 3's params objects (keys sorted)
+    specs = [NoneParams(), LinearParams(4), EagleParams(num_steps=3, topk=2, budget=6),
+             BestFirstParams(budget=8, draft_depth=3, width=2), CostAwareParams(max_budget=16, draft_depth=4),
+             BatchAllocParams(max_budget_per_seq=12, draft_depth=2)]
+    pol = Policy("m", "d", [PolicyEntry("w", b, b, spec, 10.0 + b, 1.0, 1.0) for b, spec in enumerate(specs, 1)])
+    saved = json.loads(pol.save(tmp_path / "p.json").read_text())["entries"]
+    assert [(e["mode"], e["params"], e["tree_on"]) for e in saved] == [
+        ("none", {}, False), ("linear", {"budget": 4}, False), ("eagle", {"budget": 6, "num_steps": 3, "topk": 2}, True),
+        ("best_first", {"budget": 8, "draft_depth": 3, "width": 2}, True),
+        ("cost_aware", {"draft_depth": 4, "max_budget": 16}, True),
+        ("batch_alloc", {"draft_depth": 2, "max_budget_per_seq": 12}, True)]
+    assert [e.params for e in Policy.load(tmp_path / "p.json").entries] == specs
 
 
 def test_within_model_error_round_trips_and_defaults_to_false(tmp_path):
@@ -103,8 +124,31 @@ def test_resolve_notes_only_outside_every_planned_range(tmp_path):
 
 def test_params_are_counts_from_json_or_numpy():
     # JSON may write a count as 4.0; a planner may hand numpy integers: both normalise to int
-    assert check_params("eagle", {"num_steps": np.int64(3), "topk": 2.0, "budget": 4}) == \
-        {"num_steps": 3, "topk": 2, "budget": 4}
+    spec = PolicySpec.from_dict("eagle", {"num_steps": np.int64(3), "topk": 2.0, "budget": 4})
+    assert spec == EagleParams(3, 2, 4) and all(type(v) is int for v in spec.to_dict().values())
     for bad in (2.5, float("nan"), True, "4"):
         with pytest.raises(SimtreeError, match="parameter budget of mode 'linear' must be an integer >= 1, got"):
-            check_params("linear", {"budget": bad})
+            PolicySpec.from_dict("linear", {"budget": bad})
+        with pytest.raises(SimtreeError, match="parameter budget of mode 'linear' must be an integer >= 1, got"):
+            LinearParams(bad)
+
+
+@pytest.mark.parametrize("mode, params, name, draft_shape", [
+    ("none", {}, "none", (0, 0)),
+    ("linear", {"budget": 5}, "linear_d5", (4, 1)),
+    ("eagle", {"num_steps": 4, "topk": 2, "budget": 5}, "eagle_s4_k2_d5", (4, 2)),
+    ("best_first", {"budget": 8}, "best_first_d8_w1_p3", (3, 1)),
+    ("best_first", {"budget": 2, "width": 2}, "best_first_d2_w2_p1", (1, 1)),
+    ("cost_aware", {"max_budget": 16, "draft_depth": 6}, "cost_aware_max16_p6", (6, 1)),
+    ("batch_alloc", {"max_budget_per_seq": 3}, "batch_alloc_max3_p2", (2, 1)),
+])
+def test_each_mode_names_its_shape(mode, params, name, draft_shape):
+    # draft_depth left out defaults to min(3, budget - 1): what the cost model is asked for
+    spec = PolicySpec.from_dict(mode, params)
+    assert (spec.mode, spec.name, spec.draft_shape()) == (mode, name, draft_shape)
+    assert PolicySpec.from_dict(mode, spec.to_dict()) == spec
+
+
+def test_the_abstract_spec_is_refused():
+    with pytest.raises(SimtreeError, match="abstract"):
+        PolicySpec()

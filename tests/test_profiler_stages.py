@@ -4,8 +4,9 @@ import torch
 
 from simtree.models import get_model
 from simtree.profiler import pieces
-from simtree.profiler.pieces import Ctx, random_tree, tree_batch, v4_window_index
-from simtree.profiler.stages import Point, Unavailable, build_workload, check_variant
+from simtree.costs.steps import Point, Unavailable, random_tree
+from simtree.profiler.pieces import Ctx, tree_batch, v4_window_index
+from simtree.profiler.stages import build_workload, check_variant
 
 
 def _ctx(name="tiny-gdn"):
@@ -190,7 +191,7 @@ def test_gdn_decode_stage_is_one_recurrent_token_per_sequence(monkeypatch):
     # reference on that token; the GPU variant's check (through the interpreter) compares the
     # Triton per-node kernel with the torch step; trees of more than one node are refused
     from simtree.kernels import gdn as kg
-    from simtree.profiler.stages import Unavailable, _gdn_inputs
+    from simtree.profiler.stages import _gdn_inputs
     from simtree.kernels.gdn import ops as gdn_ops
     ctx = _ctx()
     _, _, args = _gdn_inputs(ctx, 3, 1, "linear")     # same seed: the stage's own inputs

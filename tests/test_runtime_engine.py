@@ -10,23 +10,26 @@ import pytest
 from runtime_helpers import perturbed, random_prompts, tiny_model
 from simtree.acceptance.model import fit_positional, read_traces
 from simtree.errors import SimtreeError
-from types import SimpleNamespace
-
 from simtree.runtime.engine import SpecEngine, greedy_decode
-from simtree.planning.simulate import PolicySpec
+from simtree.planning.modes import (BatchAllocParams, BestFirstParams, CostAwareParams, EagleParams, LinearParams,
+                                    NoneParams, PolicySpec)
 from simtree.runtime.trace import TraceWriter
 
 
 class LinearCosts:
-    """Analytic cost bundle (contract 2 duck type): verify grows linearly in batch tokens,
-    flat enough that the adaptive modes really build trees (asserted below)."""
+    """Analytic cost models (``simtree.costs.model.Costs``): verify grows linearly in batch
+    tokens, flat enough that the adaptive modes really build trees (asserted below)."""
 
     class verify:
+        convex_in_n, valid_range, heldout_median_error = True, {}, None
+
         @staticmethod
         def predict(nodes_per_seq, context_len, batch_size):
             return 200.0 + 1.0 * np.asarray(nodes_per_seq, np.float64) * batch_size
 
     class draft:
+        valid_range = {}
+
         @staticmethod
         def predict(num_steps, topk, batch_size):
             return 30.0 * num_steps
@@ -34,13 +37,13 @@ class LinearCosts:
     meta = {"synthetic": True}
 
 
-SPECS = [PolicySpec("none"), PolicySpec("linear", {"budget": 4}),
-         PolicySpec("eagle", {"num_steps": 3, "topk": 2, "budget": 6}),
-         PolicySpec("eagle", {"num_steps": 2, "topk": 3, "budget": 9}),
-         PolicySpec("best_first", {"budget": 7, "width": 1, "draft_depth": 3}),
-         PolicySpec("best_first", {"budget": 8, "width": 3, "draft_depth": 4}),
-         PolicySpec("cost_aware", {"max_budget": 8, "draft_depth": 3}),
-         PolicySpec("batch_alloc", {"max_budget_per_seq": 6, "draft_depth": 3})]
+SPECS = [NoneParams(), LinearParams(budget=4),
+         EagleParams(num_steps=3, topk=2, budget=6),
+         EagleParams(num_steps=2, topk=3, budget=9),
+         BestFirstParams(budget=7, width=1, draft_depth=3),
+         BestFirstParams(budget=8, width=3, draft_depth=4),
+         CostAwareParams(max_budget=8, draft_depth=3),
+         BatchAllocParams(max_budget_per_seq=6, draft_depth=3)]
 MAX_NEW = 12
 
 
@@ -60,7 +63,7 @@ def references(models):
 
 
 @pytest.mark.parametrize("batch_size", [1, 3])
-@pytest.mark.parametrize("spec", SPECS, ids=lambda s: f"{s.mode}-{'-'.join(map(str, s.params.values()))}")
+@pytest.mark.parametrize("spec", SPECS, ids=lambda s: s.name)
 def test_speculative_output_equals_plain_greedy(models, references, spec, batch_size):
     prompts, refs = references
     result = SpecEngine(*models, costs=LinearCosts).generate(prompts[batch_size], MAX_NEW, spec)
@@ -73,7 +76,7 @@ def test_speculative_output_equals_plain_greedy(models, references, spec, batch_
 def test_some_drafts_are_accepted_and_some_rejected(models, references):
     """The perturbed draft exercises both commit of deep paths and rejected branches."""
     prompts, _ = references
-    res = SpecEngine(*models).generate(prompts[3], MAX_NEW, PolicySpec("eagle", {"num_steps": 3, "topk": 2, "budget": 6}))
+    res = SpecEngine(*models).generate(prompts[3], MAX_NEW, EagleParams(num_steps=3, topk=2, budget=6))
     accepted = [a for r in res.rounds for a in r.accepted]
     assert min(accepted) == 0 and max(accepted) >= 2
 
@@ -81,7 +84,7 @@ def test_some_drafts_are_accepted_and_some_rejected(models, references):
 def test_identical_draft_accepts_every_linear_token():
     target = tiny_model(12)
     prompts = random_prompts(np.random.default_rng(12), [5, 8])
-    res = SpecEngine(target, target).generate(prompts, 13, PolicySpec("linear", {"budget": 5}))
+    res = SpecEngine(target, target).generate(prompts, 13, LinearParams(budget=5))
     assert all(a == 4 for r in res.rounds for a in r.accepted)
     assert res.outputs == [greedy_decode(target, p, 13) for p in prompts]
 
@@ -90,7 +93,7 @@ def test_traces_are_read_by_the_acceptance_fitter(models, references, tmp_path):
     prompts, _ = references
     path = tmp_path / "traces.jsonl"
     with TraceWriter(path) as trace:
-        spec = PolicySpec("eagle", {"num_steps": 2, "topk": 2, "budget": 5})
+        spec = EagleParams(num_steps=2, topk=2, budget=5)
         res = SpecEngine(*models).generate(prompts[3], MAX_NEW, spec, workload="unit", trace=trace)
     records = read_traces(path)
     assert len(records) == 3 * len(res.rounds)
@@ -102,16 +105,17 @@ def test_traces_are_read_by_the_acceptance_fitter(models, references, tmp_path):
 def test_adaptive_modes_need_a_cost_model(models, references):
     prompts, _ = references
     with pytest.raises(SimtreeError, match="cost model"):
-        SpecEngine(*models).generate(prompts[1], 4, PolicySpec("cost_aware", {"max_budget": 6}))
+        SpecEngine(*models).generate(prompts[1], 4, PolicySpec.from_dict("cost_aware", {"max_budget": 6}))
 
 
-@pytest.mark.parametrize("spec, fragment", [(SimpleNamespace(mode="tree", params={}), "unknown"),
-                                            (SimpleNamespace(mode="eagle", params={"num_steps": 2, "topk": 2}), "budget"),
-                                            (SimpleNamespace(mode="linear", params={"budget": 0}), "budget")])
+@pytest.mark.parametrize("spec, fragment", [(lambda: PolicySpec.from_dict("tree", {}), "unknown"),
+                                            (lambda: PolicySpec.from_dict("eagle", {"num_steps": 2, "topk": 2}), "budget"),
+                                            (lambda: LinearParams(budget=0), "budget"),
+                                            (lambda: {"mode": "linear", "params": {"budget": 4}}, "PolicySpec")])
 def test_bad_policy_entries_are_refused(models, references, spec, fragment):
     prompts, _ = references
     with pytest.raises(SimtreeError, match=fragment):
-        SpecEngine(*models).generate(prompts[1], 4, spec)
+        SpecEngine(*models).generate(prompts[1], 4, spec())
 
 
 def test_batched_eagle_drafting_builds_the_per_sequence_trees(models, references):
@@ -132,8 +136,8 @@ def test_batched_eagle_drafting_builds_the_per_sequence_trees(models, references
         drafter.eagle_trees(roots, 2, 2, 99)
 
 
-@pytest.mark.parametrize("spec", [PolicySpec("eagle", {"num_steps": 5, "topk": 4, "budget": 68}),
-                                  PolicySpec("best_first", {"budget": 70, "width": 3, "draft_depth": 20})],
+@pytest.mark.parametrize("spec", [EagleParams(num_steps=5, topk=4, budget=68),
+                                  BestFirstParams(budget=70, width=3, draft_depth=20)],
                          ids=["eagle-5-4-68", "best_first-70-3-20"])
 def test_large_trees_stored_depth_first_stay_lossless(models, references, spec, monkeypatch):
     # a GDN target's single trees of > 64 nodes are renumbered depth-first before the verify
@@ -149,9 +153,9 @@ def test_large_trees_stored_depth_first_stay_lossless(models, references, spec, 
     assert seen and min(seen) > 64     # only large trees are renumbered, and some were
 
 
-@pytest.mark.parametrize("spec", [PolicySpec("eagle", {"num_steps": 80, "topk": 1, "budget": 4}),
-                                  PolicySpec("best_first", {"budget": 4, "draft_depth": 80}),
-                                  PolicySpec("cost_aware", {"max_budget": 3, "draft_depth": 80})],
+@pytest.mark.parametrize("spec", [EagleParams(num_steps=80, topk=1, budget=4),
+                                  BestFirstParams(budget=4, draft_depth=80),
+                                  CostAwareParams(max_budget=3, draft_depth=80)],
                          ids=["eagle-deep", "best_first-deep", "cost_aware-deep"])
 def test_drafts_deeper_than_the_budget_fit_the_cache_and_stay_lossless(models, references, spec):
     """The drafter's cache holds the round's deepest drafted position on top of the target's
@@ -166,11 +170,11 @@ def test_policies_the_draft_cannot_run_are_one_line_errors(models, references):
     engine = SpecEngine(*models)
     vocab = models[1].config.vocab_size
     with pytest.raises(SimtreeError, match=f"topk {vocab + 1} exceeds the draft model's vocabulary \\({vocab} "):
-        engine.generate(prompts[1], 4, PolicySpec("eagle", {"num_steps": 1, "topk": vocab + 1, "budget": 4}))
+        engine.generate(prompts[1], 4, EagleParams(num_steps=1, topk=vocab + 1, budget=4))
     with pytest.raises(SimtreeError, match="drafts 19621 nodes per sequence per round, more than the 8192"):
-        engine.generate(prompts[1], 4, PolicySpec("eagle", {"num_steps": 50, "topk": 20, "budget": 4}))
+        engine.generate(prompts[1], 4, EagleParams(num_steps=50, topk=20, budget=4))
     with pytest.raises(SimtreeError, match="drafts 9001 nodes .* lower its draft depth"):
-        engine.generate(prompts[1], 4, PolicySpec("best_first", {"budget": 4, "draft_depth": 9000}))
+        engine.generate(prompts[1], 4, BestFirstParams(budget=4, draft_depth=9000))
 
 
 @pytest.mark.parametrize("vocab", [32, 100])
@@ -190,8 +194,7 @@ def test_rounds_record_live_sequences(models, references):
     """Recomputed from the accepted counts: a sequence is live in a round when it began short
     of max_new_tokens, and the rounds stop once every sequence has its tokens."""
     prompts, refs = references
-    res = SpecEngine(*models).generate(prompts[3], MAX_NEW, PolicySpec("eagle", {"num_steps": 3, "topk": 2,
-                                                                                  "budget": 6}))
+    res = SpecEngine(*models).generate(prompts[3], MAX_NEW, EagleParams(num_steps=3, topk=2, budget=6))
     lens = np.ones(3, np.int64)   # the prefill's token
     for r in res.rounds:
         assert r.live == int((lens < MAX_NEW).sum())
@@ -218,14 +221,14 @@ def test_draft_extent_follows_the_cost_models_draft_shape():
               ("batch_alloc", (("draft_depth", 1), ("max_budget_per_seq", 16))): (2, 1),
               ("none", ()): (0, 0)}
     for (mode, params), extent in pinned.items():
-        assert draft_extent(PolicySpec(mode, dict(params))) == extent, (mode, params)
+        assert draft_extent(PolicySpec.from_dict(mode, dict(params))) == extent, (mode, params)
 
 
 @pytest.mark.parametrize("bad, got", [(True, "True"), (2.5, "2.5"), (float("nan"), "nan"), (0, "0"), (-3, "-3")])
 def test_max_new_tokens_must_be_a_positive_integer(models, references, bad, got):
     prompts, _ = references
     with pytest.raises(SimtreeError) as err:
-        SpecEngine(*models).generate(prompts[1], bad, PolicySpec("none"))
+        SpecEngine(*models).generate(prompts[1], bad, NoneParams())
     assert str(err.value) == f"max_new_tokens must be an integer >= 1, got {got}"
     if bad != 0:   # greedy_decode takes 0 (no tokens), nothing below it
         with pytest.raises(SimtreeError, match=f"max_new_tokens must be an integer >= 0, got {got}"):

@@ -20,6 +20,7 @@ from runtime_helpers import perturbed, tiny_config
 from simtree.acceptance.model import read_traces
 from simtree.cli import app
 from simtree.errors import ExtrapolationWarning, SimtreeError
+from simtree.planning.modes import EagleParams, LinearParams, NoneParams
 from simtree.runtime.live import live_run
 from simtree.runtime.loading import save_model
 from simtree.runtime.model import HybridLM
@@ -63,8 +64,8 @@ def same_models(tmp_path_factory):
 
 
 class Bundle:
-    """A cost bundle (contract 2 duck type) whose meta names a model and device; its verify
-    model warns (``category``) at batch sizes outside ``batch_range``."""
+    """Cost models (``simtree.costs.model.Costs``) whose meta names a model and device; its
+    verify model warns (``category``) at batch sizes outside ``batch_range``."""
 
     def __init__(self, model, device, batch_range=(1, 64), category=ExtrapolationWarning):
         self.meta = {"model": model, "device": device, "synthetic": False}
@@ -72,6 +73,8 @@ class Bundle:
         outer = self
 
         class verify:
+            convex_in_n, valid_range, heldout_median_error = True, {}, None
+
             @staticmethod
             def predict(n, l, b):
                 if not outer.lo <= b <= outer.hi:
@@ -81,6 +84,8 @@ class Bundle:
                 return 300.0 + 10.0 * np.asarray(n, np.float64) * b
 
         class draft:
+            valid_range = {}
+
             @staticmethod
             def predict(s, k, b):
                 return 50.0 * s
@@ -88,8 +93,7 @@ class Bundle:
         self.verify, self.draft = verify, draft
 
 
-SMALL = dict(mode="eagle", params={"num_steps": 2, "topk": 2, "budget": 4}, batch_size=2, max_new_tokens=6,
-             workload="humaneval")
+SMALL = dict(spec=EagleParams(num_steps=2, topk=2, budget=4), batch_size=2, max_new_tokens=6, workload="humaneval")
 
 
 @pytest.mark.parametrize("changes, message", [
@@ -100,7 +104,7 @@ SMALL = dict(mode="eagle", params={"num_steps": 2, "topk": 2, "budget": 4}, batc
     ({"threads": 0}, "--threads must be an integer >= 1, got 0"),
     ({"threads": -4}, "--threads must be an integer >= 1, got -4"),
     ({"device": "CPU"}, "unknown device 'CPU': use cpu or cuda"),
-    ({"mode": "eagle", "params": {"num_steps": 1, "topk": 300, "budget": 6}},
+    ({"spec": EagleParams(num_steps=1, topk=300, budget=6)},
      "eagle topk 300 exceeds the draft model's vocabulary (260 tokens)"),
 ])
 def test_bad_input_is_a_one_line_error(models, tmp_path, changes, message):
@@ -134,7 +138,7 @@ def test_produced_and_delivered_tokens(same_models, tmp_path):
     """Draft == target: every round accepts the whole linear chain (4 tokens per sequence).
     max_new_tokens 6 needs 5 tokens from the decode rounds: 2 rounds produce 8, 3 are cut."""
     B = 3
-    report = live_run(mode="linear", params={"budget": 4}, batch_size=B, max_new_tokens=6, workload="sharegpt",
+    report = live_run(spec=LinearParams(4), batch_size=B, max_new_tokens=6, workload="sharegpt",
                       models_dir=same_models, out=tmp_path)
     m = report["measured"]
     assert m["rounds"] == 2 and m["accepted_tokens_per_round"] == 4.0
@@ -164,7 +168,7 @@ def test_the_prediction_counts_what_the_decode_rounds_must_produce(same_models, 
     a full-acceptance linear D=4 run of 4 tokens is one round, measured and predicted (with 4
     output tokens the simulator would run 2 rounds of its fitted ~3.9), and both count the 3
     tokens per sequence the outputs keep."""
-    report = live_run(mode="linear", params={"budget": 4}, batch_size=2, max_new_tokens=4, workload="sharegpt",
+    report = live_run(spec=LinearParams(4), batch_size=2, max_new_tokens=4, workload="sharegpt",
                       models_dir=same_models, out=tmp_path, costs=Bundle("runtime-tiny", "cpu"))
     p, m = report["predicted"], report["measured"]
     assert p["comparable"] is True and 3.5 < p["accepted_tokens_per_round"] <= 4.0
@@ -195,9 +199,9 @@ def test_max_new_tokens_1_is_strict_json_with_nulls(models, tmp_path):
 def test_bundle_and_policy_of_another_model_or_device_warn(models, tmp_path):
     from simtree.planning.policy_file import Policy, PolicyEntry
 
-    pol = Policy("qwen3.6-27b", "NVIDIA H200", [PolicyEntry("humaneval", 1, 8, "eagle",
-                                                            {"num_steps": 2, "topk": 2, "budget": 4},
-                                                            True, 1153.9, 1.1, 1.5)]).save(tmp_path / "p.json")
+    pol = Policy("qwen3.6-27b", "NVIDIA H200", [PolicyEntry("humaneval", 1, 8,
+                                                            EagleParams(num_steps=2, topk=2, budget=4),
+                                                            1153.9, 1.1, 1.5)]).save(tmp_path / "p.json")
     report = live_run(**SMALL, models_dir=models, out=tmp_path / "o", policy=pol,
                       costs=Bundle("qwen3.6-27b", "NVIDIA H200"))
     assert len(report["warnings"]) == 2
@@ -218,9 +222,8 @@ def test_bundle_and_policy_of_another_model_or_device_warn(models, tmp_path):
 def test_batch_outside_the_policy_range_warns_and_extrapolation_is_a_note(models, tmp_path):
     from simtree.planning.policy_file import Policy, PolicyEntry
 
-    pol = Policy("runtime-tiny", "cpu", [PolicyEntry("humaneval", 1, 1, "none", {}, False, 1.0, 1.0, 1.0),
-                                         PolicyEntry("humaneval", 2, 2, "linear", {"budget": 3}, False, 2.0, 1.0,
-                                                     1.5)]).save(tmp_path / "p.json")
+    pol = Policy("runtime-tiny", "cpu", [PolicyEntry("humaneval", 1, 1, NoneParams(), 1.0, 1.0, 1.0),
+                                         PolicyEntry("humaneval", 2, 2, LinearParams(3), 2.0, 1.0, 1.5)]).save(tmp_path / "p.json")
     with warnings.catch_warnings(record=True) as leaked:
         warnings.simplefilter("always")
         report = live_run(**dict(SMALL, batch_size=3), models_dir=models, policy=pol,

@@ -5,8 +5,9 @@ import pandas as pd
 import pytest
 
 from simtree.errors import SimtreeError
-from simtree.planning.planner import plan_and_write
+from simtree.planning.modes import CostAwareParams, EagleParams, LinearParams, NoneParams
 from simtree.planning.sglang import export, server_args
+from simtree.reporting.plan_report import plan_and_write
 
 
 def _flag(args, name):
@@ -15,22 +16,22 @@ def _flag(args, name):
 
 @pytest.mark.parametrize("budget", [2, 4, 9, 16])
 def test_linear_is_topk1_with_budget_minus_one_steps(budget):
-    args = server_args("linear", {"budget": budget})
+    args = server_args(LinearParams(budget))
     assert _flag(args, "--speculative-eagle-topk") == 1
     assert _flag(args, "--speculative-num-steps") == budget - 1
     assert _flag(args, "--speculative-num-draft-tokens") == budget
 
 
 def test_eagle_maps_steps_topk_budget_and_none_has_no_args():
-    args = server_args("eagle", {"num_steps": 4, "topk": 2, "budget": 5})
+    args = server_args(EagleParams(num_steps=4, topk=2, budget=5))
     assert (_flag(args, "--speculative-num-steps"), _flag(args, "--speculative-eagle-topk"),
             _flag(args, "--speculative-num-draft-tokens")) == (4, 2, 5)
-    assert server_args("none", {}) == ()
+    assert server_args(NoneParams()) == ()
 
 
 def test_adaptive_modes_are_refused_by_name():
     with pytest.raises(SimtreeError, match="cost_aware"):
-        server_args("cost_aware", {"max_budget": 8})
+        server_args(CostAwareParams(max_budget=8, draft_depth=3))
 
 
 def test_export_picks_the_best_static_candidate_of_the_plan(tmp_path):

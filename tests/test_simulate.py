@@ -7,15 +7,19 @@ import pytest
 
 from simtree.acceptance.model import Workload, calibrate_linear, get_workload
 from simtree.errors import SimtreeError
-from simtree.planning.simulate import PolicySpec, batch_allocation, simulate
+from simtree.planning.modes import (BatchAllocParams, BestFirstParams, CostAwareParams, EagleParams, LinearParams,
+                                    NoneParams, PolicySpec)
+from simtree.planning.simulate import batch_allocation, simulate
 from simtree.costs.synthetic import SyntheticCostBundle, synthetic_costs
 
 
 @dataclass(frozen=True)
 class Affine:
-    """C(x, y, z) = base + per_x * x (ignores the other two axes)."""
+    """C(x, y, z) = base + per_x * x (ignores the other two axes): a verify or draft cost."""
     base: float
     per_x: float
+
+    convex_in_n, valid_range, heldout_median_error = True, {}, None   # analytic, not fitted
 
     def predict(self, x, y, z):
         return self.base + self.per_x * np.asarray(x, np.float64)
@@ -27,10 +31,10 @@ def _workload(mean=2.6, output_len=48, spread=0.25, prompt=200):
 
 
 @pytest.mark.parametrize("spec", [
-    PolicySpec("linear", {"budget": 5}),
-    PolicySpec("eagle", {"num_steps": 3, "topk": 2, "budget": 6}),
-    PolicySpec("best_first", {"budget": 8, "draft_depth": 4}),
-    PolicySpec("cost_aware", {"max_budget": 12, "draft_depth": 4}),
+    LinearParams(budget=5),
+    EagleParams(num_steps=3, topk=2, budget=6),
+    BestFirstParams(budget=8, draft_depth=4),
+    CostAwareParams(max_budget=12, draft_depth=4),
 ], ids=lambda s: s.name)
 def test_analytic_lies_in_the_monte_carlo_interval(spec):
     costs, wl = synthetic_costs(), _workload()
@@ -48,8 +52,8 @@ def test_analytic_lies_in_the_monte_carlo_interval(spec):
     assert hi - lo < 0.1 * ana.throughput_tok_s  # the interval says something
 
 
-@pytest.mark.parametrize("spec", [PolicySpec("linear", {"budget": 16}),
-                                  PolicySpec("cost_aware", {"max_budget": 12, "draft_depth": 4})],
+@pytest.mark.parametrize("spec", [LinearParams(budget=16),
+                                  CostAwareParams(max_budget=12, draft_depth=4)],
                          ids=lambda s: s.name)
 def test_one_output_token_is_not_sped_up_by_speculation(spec):
     # A round accepts several tokens, but a sequence that outputs one token gains nothing from
@@ -68,7 +72,7 @@ def test_analytic_counts_only_output_tokens_at_any_length():
     costs = SyntheticCostBundle(Affine(1000.0, 100.0), Affine(0.0, 50.0))
     for n_out in rng.integers(1, 400, 12):
         wl = Workload("w", wl0.acceptance, wl0.prompt_lens, int(n_out))
-        r = simulate(costs, wl, 3, PolicySpec("linear", {"budget": 5}))
+        r = simulate(costs, wl, 3, LinearParams(budget=5))
         rounds = int(np.ceil(n_out / r.accepted_tokens_per_round - 1e-9))
         assert r.rounds == rounds
         assert r.throughput_tok_s == pytest.approx(3 * n_out / (rounds * (1000 + 500 + 200)) * 1e6, rel=1e-12)
@@ -80,7 +84,7 @@ def test_linear_closed_form_with_context_free_costs():
     alpha = wl.acceptance.tables[0, 0, 0]
     costs = SyntheticCostBundle(Affine(1000.0, 100.0), Affine(0.0, 50.0))
     for d in (2, 4, 7):
-        r = simulate(costs, wl, 3, PolicySpec("linear", {"budget": d}))
+        r = simulate(costs, wl, 3, LinearParams(budget=d))
         g = 1.0 + sum(alpha ** i for i in range(1, d))
         assert r.accepted_tokens_per_round == pytest.approx(g)
         rounds = int(np.ceil(wl.output_len / g))   # N tokens output per sequence, in whole rounds
@@ -90,15 +94,15 @@ def test_linear_closed_form_with_context_free_costs():
 
 
 def test_plain_decoding_is_its_own_baseline():
-    r = simulate(synthetic_costs(), get_workload("sharegpt", output_len=16), 8, PolicySpec("none"))
+    r = simulate(synthetic_costs(), get_workload("sharegpt", output_len=16), 8, NoneParams())
     assert r.accepted_tokens_per_round == 1.0 and r.speedup_vs_none == pytest.approx(1.0)
     assert r.rounds == 16 and r.draft_us == 0.0
 
 
 def test_context_growth_slows_decoding():
     costs = synthetic_costs(kv_per_ctx_us=2.0)  # steep in context length
-    short = simulate(costs, _workload(prompt=100), 4, PolicySpec("linear", {"budget": 4}))
-    long = simulate(costs, _workload(prompt=4000), 4, PolicySpec("linear", {"budget": 4}))
+    short = simulate(costs, _workload(prompt=100), 4, LinearParams(budget=4))
+    long = simulate(costs, _workload(prompt=4000), 4, LinearParams(budget=4))
     assert long.round_latency_us > short.round_latency_us and long.throughput_tok_s < short.throughput_tok_s
 
 
@@ -117,17 +121,17 @@ def test_batch_allocation_matches_brute_force():
 def test_batch_alloc_builds_partial_trees_and_beats_short_linear():
     wl = _workload(spread=0.45)
     costs = synthetic_costs()
-    r = simulate(costs, wl, 16, PolicySpec("batch_alloc", {"max_budget_per_seq": 16, "draft_depth": 5}))
+    r = simulate(costs, wl, 16, BatchAllocParams(max_budget_per_seq=16, draft_depth=5))
     assert 1.0 < r.mean_nodes_per_seq < 16.0
-    assert r.throughput_tok_s >= simulate(costs, wl, 16, PolicySpec("linear", {"budget": 2})).throughput_tok_s * 0.9
+    assert r.throughput_tok_s >= simulate(costs, wl, 16, LinearParams(budget=2)).throughput_tok_s * 0.9
 
 
 @pytest.mark.parametrize("bad, fragment", [
-    (lambda: PolicySpec("tree"), "unknown policy mode"),
-    (lambda: PolicySpec("eagle", {"num_steps": 2, "topk": 2}), "needs the parameter 'budget'"),
-    (lambda: PolicySpec("eagle", {"num_steps": 1, "topk": 2, "budget": 9}), "exceeds"),
-    (lambda: PolicySpec("linear", {"budget": 0}), "integer >= 1"),
-    (lambda: simulate(synthetic_costs(), _workload(), 0, PolicySpec("none")), "batch size"),
+    (lambda: PolicySpec.from_dict("tree"), "unknown policy mode"),
+    (lambda: PolicySpec.from_dict("eagle", {"num_steps": 2, "topk": 2}), "needs the parameter 'budget'"),
+    (lambda: EagleParams(num_steps=1, topk=2, budget=9), "exceeds"),
+    (lambda: LinearParams(budget=0), "integer >= 1"),
+    (lambda: simulate(synthetic_costs(), _workload(), 0, NoneParams()), "batch size"),
 ])
 def test_bad_policy_or_batch_is_one_line_error(bad, fragment):
     with pytest.raises(SimtreeError, match=fragment):

@@ -10,7 +10,8 @@ import pytest
 
 from simtree.acceptance.model import AcceptanceModel, Workload, calibrate_linear, get_workload
 from simtree.errors import SimtreeError
-from simtree.planning.simulate import (CTX_QUANTUM, EXACT_ROUNDS, PolicySpec, _Adaptive, _verify_sums, analytic_run,
+from simtree.planning.modes import BestFirstParams, CostAwareParams, LinearParams, NoneParams, PolicySpec
+from simtree.planning.simulate import (CTX_QUANTUM, EXACT_ROUNDS, _Adaptive, _verify_sums, analytic_run,
                               analytic_static, simulate)
 from simtree.costs.synthetic import RooflineDraftCost, RooflineVerifyCost, SyntheticCostBundle, synthetic_costs
 
@@ -56,7 +57,7 @@ def test_adaptive_run_matches_a_round_by_round_reference(seed):
     wl, costs = _random_workload(rng, int(rng.integers(20, 600))), _random_costs(rng)
     b = int(rng.choice([1, 4, 16, 64]))
     for mode, key in (("cost_aware", "max_budget"), ("batch_alloc", "max_budget_per_seq")):
-        spec = PolicySpec(mode, {key: int(rng.integers(4, 17)), "draft_depth": int(rng.integers(1, 8))})
+        spec = PolicySpec.from_dict(mode, {key: int(rng.integers(4, 17)), "draft_depth": int(rng.integers(1, 8))})
         got = analytic_run(wl, spec, costs, b)
         rounds, total, tok_s = _adaptive_reference(wl, spec, costs, b)
         assert got["rounds"] == rounds
@@ -75,7 +76,7 @@ def test_long_adaptive_runs_decide_per_coarser_bucket_within_a_small_error(seed)
     assert wl.output_len > CTX_QUANTUM * MAX_DECISIONS   # the coarser buckets are in use
     b = int(rng.choice([1, 4, 16, 64]))
     for mode, key in (("cost_aware", "max_budget"), ("batch_alloc", "max_budget_per_seq")):
-        spec = PolicySpec(mode, {key: int(rng.integers(4, 17)), "draft_depth": int(rng.integers(1, 8))})
+        spec = PolicySpec.from_dict(mode, {key: int(rng.integers(4, 17)), "draft_depth": int(rng.integers(1, 8))})
         got = analytic_run(wl, spec, costs, b)
         rounds, total, tok_s = _adaptive_reference(wl, spec, costs, b)
         assert got["tok_s"] == pytest.approx(tok_s, rel=5e-3)
@@ -116,22 +117,22 @@ def test_a_million_token_output_plans_without_a_candidates_x_rounds_matrix():
     assert out["rounds"][0] == 1 << 20 and np.all(np.isfinite(out["throughput_tok_s"]))
     wl = Workload("w", calibrate_linear(2.6, 4, name="w"), np.full(4, 300), 1 << 20)
     t0 = time.perf_counter()
-    a = analytic_run(wl, PolicySpec("cost_aware", {"max_budget": 16, "draft_depth": 4}), costs, 4)
+    a = analytic_run(wl, CostAwareParams(max_budget=16, draft_depth=4), costs, 4)
     assert time.perf_counter() - t0 < 20 and a["tok_s"] > 0
 
 
 def test_monte_carlo_needs_two_runs_and_a_nonnegative_seed():
     wl = Workload("w", calibrate_linear(2.6, 4, name="w"), np.full(4, 300), 16)
     with pytest.raises(SimtreeError, match="0 \\(analytic\\) or >= 2"):
-        simulate(synthetic_costs(), wl, 2, PolicySpec("linear", {"budget": 4}), mc_runs=1)
+        simulate(synthetic_costs(), wl, 2, LinearParams(budget=4), mc_runs=1)
     with pytest.raises(SimtreeError, match="seed must be an integer in \\[0"):
-        simulate(synthetic_costs(), wl, 2, PolicySpec("linear", {"budget": 4}), mc_runs=2, seed=-1)
+        simulate(synthetic_costs(), wl, 2, LinearParams(budget=4), mc_runs=2, seed=-1)
     for bad in (dict(mc_runs=float("nan")), dict(mc_runs=2, seed=float("inf")), dict(mc_runs=-3)):
         with pytest.raises(SimtreeError, match="must be an integer in"):
-            simulate(synthetic_costs(), wl, 2, PolicySpec("linear", {"budget": 4}), **bad)
+            simulate(synthetic_costs(), wl, 2, LinearParams(budget=4), **bad)
     with pytest.raises(SimtreeError, match="output length must be an integer in"):
         get_workload("gsm8k", output_len=float("nan"))
-    r = simulate(synthetic_costs(), wl, 2, PolicySpec("linear", {"budget": 4}), mc_runs=2, seed=3)
+    r = simulate(synthetic_costs(), wl, 2, LinearParams(budget=4), mc_runs=2, seed=3)
     lo, hi = r.ci95["throughput_tok_s"]
     assert math.isfinite(lo) and math.isfinite(hi) and hi > lo   # two samples that differ
 
@@ -140,7 +141,7 @@ def test_monte_carlo_needs_two_runs_and_a_nonnegative_seed():
 def test_batch_size_bounds_are_one_line_errors(bad):
     wl = Workload("w", calibrate_linear(2.6, 4, name="w"), np.full(4, 300), 16)
     with pytest.raises(SimtreeError, match=r"batch size must be an integer in \[1, 1000000\]"):
-        simulate(synthetic_costs(), wl, bad, PolicySpec("none"))
+        simulate(synthetic_costs(), wl, bad, NoneParams())
 
 
 def test_best_first_budget_beyond_its_shape_compares_linear_at_the_nodes_verified():
@@ -148,12 +149,12 @@ def test_best_first_budget_beyond_its_shape_compares_linear_at_the_nodes_verifie
     wl = _random_workload(rng, 64)
     costs = _random_costs(rng)
     depth = 2   # marginals of 2 positions x top-4: at most 1 + 4 + 16 = 21 nodes
-    r = simulate(costs, wl, 2, PolicySpec("best_first", {"budget": 500, "draft_depth": depth}))
+    r = simulate(costs, wl, 2, BestFirstParams(budget=500, draft_depth=depth))
     assert r.mean_nodes_per_seq <= 21 and r.linear_budget == round(r.mean_nodes_per_seq)
-    lin = simulate(costs, wl, 2, PolicySpec("linear", {"budget": r.linear_budget}))
+    lin = simulate(costs, wl, 2, LinearParams(budget=r.linear_budget))
     assert r.speedup_vs_linear == pytest.approx(r.throughput_tok_s / lin.throughput_tok_s, rel=1e-12)
     assert any("budget 500 is more than its drafted shape holds" in n for n in r.notes)
-    full = simulate(costs, wl, 2, PolicySpec("best_first", {"budget": 8, "draft_depth": 3}))
+    full = simulate(costs, wl, 2, BestFirstParams(budget=8, draft_depth=3))
     assert full.notes == [] and full.linear_budget == 8
 
 

@@ -1,6 +1,6 @@
 """Draft trees built on the device from the MTP layer's top-k (EAGLE-style), in static shapes.
 
-    rs = round_shape(PolicySpec("eagle", {"num_steps": 3, "topk": 2, "budget": 6}))
+    rs = round_shape(PolicySpec.from_dict("eagle", {"num_steps": 3, "topk": 2, "budget": 6}))
     draft_tree(model, draft_state, rs, roots, first_logp, first_ids, first_hidden, tree, own_bits)
 
 The round's first distribution (children of the root) comes from the MTP layer's catch-up of
@@ -72,9 +72,10 @@ class RoundShape:
 
 
 def round_shape(spec, nodes: int | None = None) -> RoundShape:
-    """The static shape of a policy (anything with ``mode`` and ``params``: a PolicySpec, a
-    policy entry); ``nodes``: the bucket (default: the budget)."""
-    mode, p = spec.mode, dict(spec.params)
+    """The static shape of a policy (a PolicySpec, or a policy entry: its ``params``);
+    ``nodes``: the bucket (default: the budget)."""
+    spec = getattr(spec, "params", spec)
+    mode, p = spec.mode, spec.to_dict()
     if mode == "none":
         rs = RoundShape(0, 0, 1, 1)
     elif mode == "linear":

@@ -118,8 +118,8 @@ def _lossless(s: Session, model) -> None:
     make_predictable(model, 0.3)
     rng = np.random.default_rng(7)
     prompts = [rng.integers(0, model.vocab, 24).tolist(), rng.integers(0, model.vocab, 17).tolist()]
-    specs = [PolicySpec("linear", {"budget": 4}), PolicySpec("eagle", {"num_steps": 3, "topk": 2, "budget": 6}),
-             PolicySpec("eagle", {"num_steps": 4, "topk": 4, "budget": 16})]
+    specs = [PolicySpec.from_dict("linear", {"budget": 4}), PolicySpec.from_dict("eagle", {"num_steps": 3, "topk": 2, "budget": 6}),
+             PolicySpec.from_dict("eagle", {"num_steps": 4, "topk": 4, "budget": 16})]
     rows = check_lossless(model, prompts, specs, 32)
     buf = io.StringIO()
     w = csv.DictWriter(buf, fieldnames=list(rows[0]), lineterminator="\n")

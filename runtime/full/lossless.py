@@ -1,6 +1,6 @@
 """Live lossless check: speculative decoding must output plain greedy decoding, token for token.
 
-    rows = check_lossless(model, prompts, [PolicySpec("linear", {"budget": 4}), ...], 32)
+    rows = check_lossless(model, prompts, [PolicySpec.from_dict("linear", {"budget": 4}), ...], 32)
 
 With random weights the MTP layer almost never agrees with the target, so a check on them
 would compare rounds that accept nothing.  :func:`make_predictable` makes both nearly a bigram
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from simtree.planning.policy import PolicySpec
+from simtree.planning.modes import PolicySpec
 
 from .drafting import round_shape
 from .engine import FullEngine
@@ -52,7 +52,7 @@ def _decode(model, prompts, spec, max_new_tokens: int, max_len: int):
 def _margin(model, prompt, output, at: int, max_len: int) -> float:
     """The plain run's top-1 minus top-2 logit before output token ``at`` (batch 1, eager)."""
     seq = list(prompt) + list(output[:at])
-    engine = FullEngine(model, round_shape(PolicySpec("none")), 1, max_len, graphs=False)
+    engine = FullEngine(model, round_shape(PolicySpec.from_dict("none")), 1, max_len, graphs=False)
     if len(seq) > 1:
         engine.prefill([seq[:-1]])
     hidden = model.decode(engine.st, torch.as_tensor([seq[-1]], device=model.device))
@@ -64,7 +64,7 @@ def check_lossless(model, prompts: list[list[int]], specs, max_new_tokens: int, 
     """One row per policy: {policy, batch_size, match, first_diff, margin, accepted_tokens_per_round};
     the plain greedy outputs of the same prompts are the reference."""
     max_len = max_len or max(map(len, prompts)) + 16 * (max_new_tokens + 1) + 8
-    plain, _ = _decode(model, prompts, PolicySpec("none"), max_new_tokens, max_len)
+    plain, _ = _decode(model, prompts, PolicySpec.from_dict("none"), max_new_tokens, max_len)
     rows = []
     for spec in specs:
         outs, stats = _decode(model, prompts, spec, max_new_tokens, max_len)

@@ -48,15 +48,12 @@ from .acceptance import Live, ModelReplay, TraceReplay
 from .build import build_model
 from .drafting import RUNTIME_MODES, RoundShape, round_shape
 from .engine import FullEngine
+from .report import EXTRA_COLUMNS, SUMMARY_COLUMNS, write_summary
 
 __all__ = ["full_run", "repredict", "runs_json", "measure_policy", "predict", "RunConfig", "SUMMARY_COLUMNS", "EXTRA_COLUMNS",
            "PLAIN", "LINEAR_D4"]
 
-SUMMARY_COLUMNS = ("model", "deployment", "policy", "batch_size", "acceptance", "measured_tok_s", "predicted_tok_s",
-                   "rel_err", "measured_round_ms", "predicted_round_ms", "draft_ms", "verify_ms", "commit_ms", "host_ms")
-EXTRA_COLUMNS = ("cost_rel_err", "accept_rel_err", "measured_accepted", "predicted_accepted", "speedup_vs_plain",
-                 "host_share", "nodes", "context_len", "rounds", "graphs", "note")
-PLAIN, LINEAR_D4 = PolicySpec("none"), PolicySpec("linear", {"budget": 4})
+PLAIN, LINEAR_D4 = PolicySpec.from_dict("none"), PolicySpec.from_dict("linear", {"budget": 4})
 
 
 @dataclass(frozen=True)
@@ -167,11 +164,11 @@ def _policies(policy, workload: str, batch_size: int, notes: list) -> list[tuple
         notes.append(f"batch {batch_size}: the policy's {entry.mode} entry is not built on the device by the full "
                      f"runtime ({', '.join(RUNTIME_MODES)}): skipped")
         return out
-    return out + [("plan", PolicySpec(entry.mode, entry.params))]
+    return out + [("plan", entry.params)]
 
 
 def _row(run: dict, source_label: str, pred: dict, cfg: RunConfig) -> dict:
-    stats, rs = run["stats"], round_shape(PolicySpec(run["mode"], run["params"]))
+    stats, rs = run["stats"], round_shape(PolicySpec.from_dict(run["mode"], run["params"]))
     meas_acc = stats.accepted_tokens_per_round
     return {"model": run["model"], "deployment": run["deployment"], "policy": f"{run['label']}:{rs.name}",
             "batch_size": run["batch_size"], "acceptance": source_label, "measured_tok_s": stats.tok_s,
@@ -188,7 +185,7 @@ def _row(run: dict, source_label: str, pred: dict, cfg: RunConfig) -> dict:
 
 
 def _failed_row(run: dict, source_label: str, cfg: RunConfig) -> dict:
-    rs = round_shape(PolicySpec(run["mode"], run["params"]))
+    rs = round_shape(PolicySpec.from_dict(run["mode"], run["params"]))
     row = {c: float("nan") for c in SUMMARY_COLUMNS + EXTRA_COLUMNS}
     row.update(model=run["model"], deployment=run["deployment"], policy=f"{run['label']}:{rs.name}",
                batch_size=run["batch_size"], acceptance=source_label, nodes=rs.nodes, context_len=cfg.context_len,
@@ -203,7 +200,7 @@ def _rows(runs: list[dict], costs, source: "_Source", cfg: RunConfig, workload: 
         if run.get("error"):
             rows.append(_failed_row(run, source.label, cfg))
             continue
-        spec = PolicySpec(run["mode"], run["params"])
+        spec = PolicySpec.from_dict(run["mode"], run["params"])
         with captured_warnings() as caught:    # extrapolation of the cost models: notes
             pred = predict(costs, source.prediction_model(), spec, round_shape(spec), run["batch_size"],
                            run["stats"], workload)
@@ -254,7 +251,7 @@ def full_run(model, *, device: str = "cuda", costs=None, policy=None, batch_size
         measured = {}
         for label, spec in _policies(policy, workload, B, notes):
             rs = round_shape(spec)
-            run = {"label": label, "mode": spec.mode, "params": dict(spec.params), "batch_size": B,
+            run = {"label": label, "mode": spec.mode, "params": spec.to_dict(), "batch_size": B,
                    "model": model.shape.name, "deployment": model.deployment}
             if deadline is not None and rs not in measured and time.time() > deadline:
                 run["error"] = "skipped: the session's time was up"
@@ -285,7 +282,6 @@ def _result(runs, costs, source, cfg, workload, notes, replay, acceptance, out) 
               "workload": workload}
     result = {"rows": rows, "notes": list(dict.fromkeys(notes)), "config": config, "runs": runs, "files": {}}
     if out is not None:
-        from .report import write_summary
         result["files"] = write_summary(rows, result["notes"], Path(out))
     return result
 
@@ -326,6 +322,5 @@ def repredict(summary, costs, out=None) -> dict:
     result = {"rows": rows, "notes": list(dict.fromkeys(notes)), "config": cfg_d, "runs": summary["runs"],
               "files": {}}
     if out is not None:
-        from .report import write_summary
         result["files"] = write_summary(rows, result["notes"], Path(out))
     return result

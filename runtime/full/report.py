@@ -12,9 +12,13 @@ import numpy as np
 
 from simtree.fileio import write_atomic, write_text_atomic
 
-from .measure import EXTRA_COLUMNS, SUMMARY_COLUMNS
+# summary.csv: the columns issue-level comparisons read, then the error split and context
+SUMMARY_COLUMNS = ("model", "deployment", "policy", "batch_size", "acceptance", "measured_tok_s", "predicted_tok_s",
+                   "rel_err", "measured_round_ms", "predicted_round_ms", "draft_ms", "verify_ms", "commit_ms", "host_ms")
+EXTRA_COLUMNS = ("cost_rel_err", "accept_rel_err", "measured_accepted", "predicted_accepted", "speedup_vs_plain",
+                 "host_share", "nodes", "context_len", "rounds", "graphs", "note")
 
-__all__ = ["write_summary", "error_stats", "plan_check"]
+__all__ = ["write_summary", "error_stats", "plan_check", "SUMMARY_COLUMNS", "EXTRA_COLUMNS"]
 
 
 def _fmt(v) -> str:

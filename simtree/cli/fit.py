@@ -13,7 +13,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from simtree.cli import COMMANDS
-from simtree.costs.fitting import MOE_FORMS
+from simtree.costs.forms import MOE_FORMS
 
 
 def _pct(x) -> str:
@@ -116,7 +116,7 @@ def register(app: typer.Typer) -> None:
         Example: simtree fit reports/h200/profile.csv -o reports/h200/costs.json --stage gdn_tree_verify
         """
         from simtree.errors import SimtreeError
-        from simtree.costs.fit import AUTO_FORMS, bench_predict, fit_profile, moe_shape, plot_fit
+        from simtree.costs.profile_fit import AUTO_FORMS, bench_predict, fit_profile, moe_shape, plot_fit
 
         out = out or profile.with_name(profile.stem + ".costs.json")
         png = None if no_png else (png or out.with_suffix(".png"))

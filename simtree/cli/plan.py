@@ -15,7 +15,7 @@ from simtree.costs.synthetic import SYNTHETIC_LABEL
 
 
 def parse_batch_sizes(text: str) -> list[int]:
-    from simtree.planning.policy import check_batch_size
+    from simtree.planning.modes import check_batch_size
 
     fields = [x.strip() for x in text.split(",")]
     if not text.strip() or any(not f for f in fields):
@@ -43,7 +43,8 @@ def register(app: typer.Typer) -> None:
         as_json: bool = typer.Option(False, "--json", help="print the chosen policies as JSON"),
     ) -> None:
         """Plan on the embedded default:  simtree plan"""
-        from simtree.planning.planner import TREE_MODES, plan_and_write
+        from simtree.planning.modes import TREE_MODES
+        from simtree.reporting.plan_report import plan_and_write
 
         sizes = parse_batch_sizes(batch_sizes)
         console = Console(stderr=as_json)

@@ -1,4 +1,5 @@
-"""``simtree profile``: run a profile sweep (GPU, or the torch references on CPU)."""
+"""``simtree profile``: run a profile sweep (GPU, or the torch references on CPU), with the
+runtime's own steps (variant runtime_tiny) handed to the profiler's sweep."""
 from __future__ import annotations
 
 import json
@@ -11,10 +12,12 @@ HELP = """Measure verify and draft latencies into a profile table (CSV + .meta.j
 
 Example:
 
-  simtree profile --sweep scenarios/sweeps/default_gpu.yaml --out reports/h200/profile.csv
+  simtree profile --sweep default_gpu.yaml --out reports/h200/profile.csv
 
-Without --sweep it runs default_gpu.yaml when a CUDA GPU is visible, else quick_cpu.yaml
-(tiny shapes, torch references, device "cpu"). Rerunning resumes: measured points are kept.
+--sweep takes a YAML file or the name of a shipped sweep (default_gpu, quick_cpu, runtime_cpu,
+runtime_gpu: the last two time the runtime's own models). Without --sweep it runs
+default_gpu.yaml when a CUDA GPU is visible, else quick_cpu.yaml (tiny shapes, torch
+references, device "cpu"). Rerunning resumes: measured points are kept.
 """
 
 
@@ -34,11 +37,12 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Run or resume a sweep; one-line summary at the end."""
         from simtree.profiler.sweep import run_sweep
+        from simtree.runtime.profile_steps import step_builders
 
         echo = (lambda s: None) if as_json else (lambda s: typer.echo(s, err=True))
         res = run_sweep(sweep, out, device=device, max_minutes=max_minutes, only_stage=only_stage,
                         models=model or None, retry_failed=retry_failed, remeasure=remeasure,
-                        progress=not as_json, echo=echo)
+                        progress=not as_json, echo=echo, builders=step_builders())
         if as_json:
             typer.echo(json.dumps({"table": str(res.table), "measured": res.measured,
                                    "already_done": res.skipped_done,

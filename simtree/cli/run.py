@@ -68,11 +68,11 @@ def register(app: typer.Typer) -> None:
         from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
         from rich.table import Table
 
-        from simtree.planning.policy import params_from_flags
+        from simtree.planning.modes import params_from_flags
         from simtree.runtime.live import dumps, live_run
 
         # a policy file replaces the flags; without one, an unknown --mode is a one-line error here
-        params = {} if policy else params_from_flags(mode, steps, topk, budget, width, draft_depth)
+        spec = None if policy else params_from_flags(mode, steps, topk, budget, width, draft_depth)
         # the bar starts with the first decoded token: an error before it prints nothing on stdout
         bar = Progress(TextColumn("decoding"), BarColumn(), TextColumn("{task.completed}/{task.total} tokens"),
                        TimeElapsedColumn(), disable=json_out or not sys.stdout.isatty(), transient=True)
@@ -87,7 +87,7 @@ def register(app: typer.Typer) -> None:
         try:   # the report holds the run's own notes; any other warning is one line too, also
             # when the run fails
             with captured_warnings() as caught:
-                report = live_run(mode=mode, params=params, policy=policy, policy_workload=policy_workload,
+                report = live_run(spec=spec, policy=policy, policy_workload=policy_workload,
                                   workload=workload, batch_size=batch_size, prompts=prompts,
                                   max_new_tokens=max_new_tokens, costs=costs, models_dir=models, out=out,
                                   check_lossless=check, threads=threads, device=device, progress=progress)

@@ -100,9 +100,9 @@ def simulate_command_run(costs_path, workload_spec: str, batch_size: int, mode: 
     the workload and the policy (flags, or the policy file's entry for this workload and batch
     size), simulate."""
     from simtree.acceptance.model import get_workload
-    from simtree.planning.planner import resolve_costs
-    from simtree.planning.policy import check_batch_size, params_from_flags
-    from simtree.planning.simulate import PolicySpec, simulate
+    from simtree.costs.model import resolve_costs
+    from simtree.planning.modes import check_batch_size, params_from_flags
+    from simtree.planning.simulate import simulate
 
     workload = get_workload(workload_spec, prompt_len, output_len)
     check_batch_size(batch_size)
@@ -112,10 +112,10 @@ def simulate_command_run(costs_path, workload_spec: str, batch_size: int, mode: 
         entry, note = pol.resolve(workload.name, batch_size)
         if note:
             warnings.warn(note, RuntimeWarning, stacklevel=2)
-        spec = PolicySpec(entry.mode, entry.params)
+        spec = entry.params
         model = model or pol.model
     else:
-        spec = PolicySpec(mode, params_from_flags(mode, steps, topk, budget, width, draft_depth))
+        spec = params_from_flags(mode, steps, topk, budget, width, draft_depth)
     costs = pick_bundle(resolve_costs([costs_path] if costs_path else []), model,
                         costs_path or "simtree/data/costs")
     return simulate(costs, workload, batch_size, spec, mc_runs=mc_runs, seed=seed, progress=progress)

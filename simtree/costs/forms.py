@@ -20,7 +20,7 @@ bigger batches more per extra context token, as attention/state traffic ~ b l do
 interpolant is convex/monotone between grid points (weights in y, z do not depend on x) and
 the extrapolation (last slope in x; last increment per unit in y and z) stays so beyond.
 Below the smallest grid value of an axis the value is held constant (never decreasing).
-The fit form "grid_lin" (see :mod:`simtree.costs.fitting`) also gives a GridSurface; it
+The fit form "grid_lin" (see :mod:`simtree.costs.surface_fit`) also gives a GridSurface; it
 differs only in the prior that fills cells without data.
 
 ``MoESurface`` / ``MoEGridSurface`` (forms "moe" / "moe_grid", MoE models only): the basis /
@@ -43,10 +43,10 @@ import numpy as np
 from simtree.errors import ExtrapolationWarning, SimtreeError, check_int
 
 __all__ = ["BasisSurface", "GridSurface", "MoESurface", "MoEGridSurface", "ScaledVerifyDraft",
-           "surface_from_dict",
-           "expert_feature", "MOE_NONCONVEX_REASON"]
+           "surface_from_dict", "expert_feature", "MOE_NONCONVEX_REASON", "MOE_FORMS"]
 
 MOE_NONCONVEX_REASON = "MoE expert saturation: min(T*k, E) experts touched"
+MOE_FORMS = ("moe", "moe_grid")   # not convex in x: only for MoE models, reported when kept
 
 _SCALAR = (int, float, np.float64, np.int64)   # types that take the pure-Python fast path
 

@@ -13,29 +13,93 @@
 
 Inputs broadcast as numpy arrays (float or ndarray out); Python scalars take a pure-Python
 fast path (a few microseconds). The fitted parameters live in a surface from
-:mod:`simtree.costs` (form "basis", "grid", "moe", "moe_grid" or "decode_split", see there; the fit form "grid_lin"
-gives a "grid" surface, the info's "form" names the fit form); this module adds the names, the
-provenance (source profile and its hash) and the held-out fit error.
-Any object with the same ``predict`` methods works in the simulator (duck typing).
+:mod:`simtree.costs.forms` (form "basis", "grid", "moe", "moe_grid" or "decode_split", see there;
+the fit form "grid_lin" gives a "grid" surface, the info's "form" names the fit form); this
+module adds the names, the provenance (source profile and its hash) and the held-out fit error.
+
+The simulator, planner and runtime take the protocols :class:`VerifyCost`, :class:`DraftCost`
+and :class:`Costs`, not these classes: the fitted models here, the SYNTHETIC roofline
+(:mod:`simtree.costs.synthetic`) and test doubles all satisfy them.
 """
 from __future__ import annotations
 
 import json
+import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, Mapping, Protocol, Sequence, runtime_checkable
 
 from simtree.costs.checks import check_physical, set_range_label
 from simtree.costs.forms import surface_from_dict
 from simtree.errors import SimtreeError
 from simtree.fileio import read_json, write_text_atomic
 
-__all__ = ["VerifyCostModel", "DraftCostModel", "CostBundle", "load_costs",
-           "VERIFY_AXES", "DRAFT_AXES", "COSTS_SCHEMA"]
+__all__ = ["VerifyCost", "DraftCost", "Costs", "VerifyCostModel", "DraftCostModel", "CostBundle", "load_costs",
+           "shipped_cost_paths", "resolve_costs", "VERIFY_AXES", "DRAFT_AXES", "COSTS_SCHEMA"]
 
 COSTS_SCHEMA = "simtree.costs/1"
 VERIFY_AXES = ("nodes_per_seq", "context_len", "batch_size")   # surface x, y, z
 DRAFT_AXES = ("topk", "num_steps", "batch_size")                # surface x, y, z
+
+
+@runtime_checkable
+class VerifyCost(Protocol):
+    """C_v(n, l, b): one verify step of a batch of b sequences, n tree nodes each at context l."""
+
+    def predict(self, nodes_per_seq, context_len, batch_size):
+        """Microseconds for the whole batch; numpy broadcasting, float for scalar inputs.
+        Non-decreasing in every argument, also outside the measured range."""
+        ...
+
+    @property
+    def convex_in_n(self) -> bool:
+        """False when C_v may be concave in n (MoE expert saturation, a separately fitted
+        decode step): budget rules then take the global argmax instead of the first stop."""
+        ...
+
+    @property
+    def valid_range(self) -> Mapping[str, Sequence[float]]:
+        """{axis: (lo, hi)} over :data:`VERIFY_AXES` where it was measured; {} for an analytic
+        model (nothing is then reported as extrapolated)."""
+        ...
+
+    @property
+    def heldout_median_error(self) -> float | None:
+        """Held-out median relative error of the fit, None when there is no fit: a tree
+        chosen for a smaller predicted gain is flagged ``within_model_error``."""
+        ...
+
+
+@runtime_checkable
+class DraftCost(Protocol):
+    """C_d(s, k, b): one drafting round of s sequential steps of top-k over b sequences."""
+
+    def predict(self, num_steps, topk, batch_size):
+        """Microseconds for the whole batch; numpy broadcasting, float for scalar inputs."""
+        ...
+
+    @property
+    def valid_range(self) -> Mapping[str, Sequence[float]]:
+        """{axis: (lo, hi)} over :data:`DRAFT_AXES` where it was measured; {} when analytic."""
+        ...
+
+
+@runtime_checkable
+class Costs(Protocol):
+    """The cost models of one (model, device): what the simulator, planner and runtime take.
+
+    meta: {"model": str, "device": str, "synthetic": bool, "source": ..., ...}; the planner
+    keeps it in the policy file."""
+
+    @property
+    def verify(self) -> VerifyCost: ...
+
+    @property
+    def draft(self) -> DraftCost: ...
+
+    @property
+    def meta(self) -> Mapping[str, Any]: ...
 
 
 @dataclass
@@ -83,6 +147,19 @@ class VerifyCostModel(_SurfaceModel):
         """False when C_v may be concave in n (MoE saturation): first-stop budget rules break."""
         return self._convex_in_x("convex_in_n")
 
+    @property
+    def heldout_median_error(self) -> float | None:
+        """The held-out median relative error of the kept form's fit (or of the decode split's),
+        None when the info carries none."""
+        split = self.info.get("decode_split")
+        if isinstance(split, dict) and split.get("kept") and isinstance(split.get("heldout_split"), dict):
+            err = split["heldout_split"]
+        else:
+            err = ((self.info.get("fit_error") or {}).get("heldout") or {}).get(self.info.get("form"))
+        med = err.get("median") if isinstance(err, dict) else None
+        ok = isinstance(med, (int, float)) and not isinstance(med, bool) and math.isfinite(med) and med >= 0
+        return float(med) if ok else None
+
     def predict(self, nodes_per_seq, context_len, batch_size):
         return self.surface.predict(nodes_per_seq, context_len, batch_size)
 
@@ -106,8 +183,8 @@ class CostBundle:
     meta: {"model": str, "device": str, "source": str | dict, "synthetic": bool, ...}.
     """
 
-    verify: object
-    draft: object
+    verify: VerifyCostModel
+    draft: DraftCostModel
     meta: dict = field(default_factory=dict)
 
     def decode_step_us(self, context_len, batch_size):
@@ -154,3 +231,19 @@ def load_costs(path: str | os.PathLike) -> CostBundle:
     """Read a CostBundle JSON written by :meth:`CostBundle.save` (or ``simtree fit``); a
     bundle with physically impossible values is a one-line error naming the file."""
     return CostBundle.from_dict(read_json(path, "cost model"), f"cost bundle {path}")
+
+
+def shipped_cost_paths() -> list[Path]:
+    """The cost bundles that ship with simtree (``simtree/data/costs/*.json``), by file name."""
+    from simtree.data import data_path
+
+    return sorted(data_path("costs").glob("*.json"), key=str)
+
+
+def resolve_costs(paths: Sequence[str | os.PathLike] = ()) -> list[Costs]:
+    """Cost bundles from ``paths``; none given -> the shipped bundles, and when none ship, the
+    SYNTHETIC roofline (its meta["synthetic"] is True)."""
+    from simtree.costs.synthetic import synthetic_costs
+
+    files = [str(p) for p in paths] or [str(p) for p in shipped_cost_paths()]
+    return [load_costs(p) for p in files] if files else [synthetic_costs()]

@@ -1,1 +1,9 @@
-"""The machine a profile or run happened on: recorded facts and a quick host-speed probe."""
+"""The machine a profile or run happened on: the facts recorded beside a profile table
+(:mod:`.metadata`: device, driver, library versions, host) and a seconds-long probe of how fast
+the host runs Python and torch right now (:mod:`.hostprobe`), which `simtree run` compares
+with the profile's.
+"""
+from simtree.machine.hostprobe import probe, ratio
+from simtree.machine.metadata import collect_metadata, device_label, package_version
+
+__all__ = ["collect_metadata", "device_label", "package_version", "probe", "ratio"]

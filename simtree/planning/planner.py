@@ -25,7 +25,6 @@ held-out median error is flagged ``within_model_error``.
 from __future__ import annotations
 
 import json
-import math
 import warnings
 import weakref
 from dataclasses import dataclass, field
@@ -36,15 +35,17 @@ import numpy as np
 import pandas as pd
 
 from simtree.acceptance.model import Workload
-from simtree.trees.builders import eagle_max_nodes
+from simtree.costs.model import Costs
 from simtree.errors import ExtrapolationWarning, SimtreeError
+from simtree.planning.modes import (TREE_MODES, BatchAllocParams, BestFirstParams, CostAwareParams, EagleParams,
+                                    LinearParams, NoneParams, PolicySpec, check_batch_size)
 from simtree.planning.policy_file import Policy, PolicyEntry
 from simtree.planning.ranges import extrapolated_axes, measured_ranges, queried_ranges, range_notes
-from simtree.planning.policy import TREE_MODES, check_batch_size
-from simtree.planning.simulate import PolicySpec, analytic_run, analytic_static, static_round
+from simtree.planning.simulate import analytic_run, analytic_static, static_round
+from simtree.trees.builders import eagle_max_nodes
 
-__all__ = ["DEFAULT_BATCH_SIZES", "SearchSpace", "PlanResult", "candidate_specs", "plan", "choose_policies",
-           "resolve_costs", "plan_and_write", "read_candidates", "heldout_median_error", "TREE_MODES"]
+__all__ = ["DEFAULT_BATCH_SIZES", "FAMILIES", "SearchSpace", "PlanResult", "candidate_specs", "plan",
+           "choose_policies", "check_workload_names", "read_candidates"]
 
 DEFAULT_BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64)
 FAMILIES = ("none", "linear", "eagle", "best_first", "cost_aware", "batch_alloc")
@@ -66,17 +67,16 @@ def candidate_specs(space: SearchSpace = SearchSpace()) -> tuple[list[PolicySpec
     """(fixed-shape specs, adaptive specs) of the search space.  Depths (eagle steps s,
     drafted positions p) deeper than the budget's D - 1 are left out: a tree of D nodes is at
     most D - 1 deep, so they build the same tree as depth D - 1 for more draft cost."""
-    fixed = [PolicySpec("none")] + [PolicySpec("linear", {"budget": d}) for d in space.budgets]
-    fixed += [PolicySpec("eagle", {"num_steps": s, "topk": k, "budget": d})
+    fixed: list[PolicySpec] = [NoneParams()] + [LinearParams(d) for d in space.budgets]
+    fixed += [EagleParams(num_steps=s, topk=k, budget=d)
               for s in space.eagle_steps for k in space.eagle_topk for d in space.budgets
               if d <= eagle_max_nodes(s, k) and s <= d - 1]
-    fixed += [PolicySpec("best_first", {"budget": d, "width": 1, "draft_depth": p})
+    fixed += [BestFirstParams(budget=d, draft_depth=p, width=1)
               for p in space.draft_depths for d in space.budgets if p <= d - 1]
-    adaptive = []
+    adaptive: list[PolicySpec] = []
     if space.adaptive:
         m = space.adaptive_max_budget
-        adaptive = [PolicySpec(mode, {key: m, "draft_depth": p})
-                    for mode, key in (("cost_aware", "max_budget"), ("batch_alloc", "max_budget_per_seq"))
+        adaptive = [cls(m, p) for cls in (CostAwareParams, BatchAllocParams)
                     for p in space.draft_depths if p <= max(m - 1, 1)]
     return fixed, adaptive
 
@@ -126,8 +126,8 @@ class PlanResult:
         entries, sizes = [], self.batch_sizes
         lower = {b: (sizes[i - 1] + 1 if i else 1) for i, b in enumerate(sizes)}
         for row in self.chosen.itertuples():
-            entries.append(PolicyEntry(row.workload, lower[row.batch_size], int(row.batch_size), row.mode,
-                                       json.loads(row.params), row.mode in TREE_MODES,
+            entries.append(PolicyEntry(row.workload, lower[row.batch_size], int(row.batch_size),
+                                       PolicySpec.from_dict(row.mode, json.loads(row.params)),
                                        float(row.tok_s), float(row.gain_vs_linear), float(row.gain_vs_none),
                                        bool(row.within_model_error)))
         return Policy(self.model, self.device, entries, self.source)
@@ -148,8 +148,8 @@ def _static_table(workload: Workload, specs: list[PolicySpec]) -> pd.DataFrame:
     for spec in specs:
         shape = static_round(workload.acceptance, spec)
         s, k = spec.draft_shape()
-        rows.append({"policy": spec.name, "mode": spec.mode, "params": json.dumps(spec.params, sort_keys=True),
-                     "budget": spec.budget, "tokens_per_round": 1.0 + float(w @ shape.accepted),
+        rows.append({"policy": spec.name, "mode": spec.mode, "params": json.dumps(spec.to_dict(), sort_keys=True),
+                     "budget": spec.fixed_budget, "tokens_per_round": 1.0 + float(w @ shape.accepted),
                      "nodes_per_seq": float(w @ shape.nodes), "draft_steps": s, "draft_topk": k,
                      "min_nodes": float(shape.nodes.min()), "max_nodes": float(shape.nodes.max())})
     cached[key] = pd.DataFrame(rows)
@@ -163,22 +163,6 @@ def _choose(df: pd.DataFrame) -> pd.Series:
     return near.iloc[int(np.argmin([FAMILIES.index(m) for m in near["mode"]]))]
 
 
-def heldout_median_error(verify) -> float | None:
-    """The verify fit's held-out median relative error from its info (the kept form's, or the
-    decode split's), or None when the model carries none (e.g. SYNTHETIC)."""
-    info = getattr(verify, "info", None)
-    if not isinstance(info, dict):
-        return None
-    split = info.get("decode_split")
-    if isinstance(split, dict) and split.get("kept") and isinstance(split.get("heldout_split"), dict):
-        err = split["heldout_split"]
-    else:
-        err = ((info.get("fit_error") or {}).get("heldout") or {}).get(info.get("form"))
-    med = err.get("median") if isinstance(err, dict) else None
-    ok = isinstance(med, (int, float)) and not isinstance(med, bool) and math.isfinite(med) and med >= 0
-    return float(med) if ok else None
-
-
 def check_workload_names(workloads, labels: Sequence[str] | None = None) -> None:
     """One-line error when two workloads share a name (a plan's policy is keyed by it);
     ``labels``: where each came from (preset or trace path), named in the error."""
@@ -190,7 +174,7 @@ def check_workload_names(workloads, labels: Sequence[str] | None = None) -> None
                                "one (a trace's workload field names it)")
 
 
-def _score(costs, workload: Workload, table: pd.DataFrame, adaptive: list[PolicySpec], b: int,
+def _score(costs: Costs, workload: Workload, table: pd.DataFrame, adaptive: list[PolicySpec], b: int,
            cv_tables: dict) -> pd.DataFrame:
     """Every candidate of one (workload, batch size): the fixed shapes of ``table`` (scored
     vectorised) and the ``adaptive`` specs, with their tok/s and round and draft latency, and
@@ -210,17 +194,16 @@ def _score(costs, workload: Workload, table: pd.DataFrame, adaptive: list[Policy
     rows = []
     for spec in adaptive:
         a = analytic_run(workload, spec, costs, b, cv_tables)
-        m = spec.params.get("max_budget", spec.params.get("max_budget_per_seq"))
-        rows.append({"policy": spec.name, "mode": spec.mode, "params": json.dumps(spec.params, sort_keys=True),
+        rows.append({"policy": spec.name, "mode": spec.mode, "params": json.dumps(spec.to_dict(), sort_keys=True),
                      "budget": None, "tokens_per_round": a["g"], "nodes_per_seq": a["n"],
-                     "draft_steps": spec.params["draft_depth"], "draft_topk": 1, "min_nodes": 1.0,
-                     "max_nodes": float(m), "workload": workload.name, "batch_size": b,
+                     "draft_steps": spec.draft_depth, "draft_topk": 1, "min_nodes": 1.0,
+                     "max_nodes": float(spec.max_nodes), "workload": workload.name, "batch_size": b,
                      "tok_s": a["tok_s"], "round_us": a["total_us"] / a["rounds"], "draft_us": a["draft_us"],
                      "ctx_lo": min(lo, a["decision_ctx"][0]), "ctx_hi": max(hi, a["decision_ctx"][1])})
     return pd.concat([df, pd.DataFrame(rows)], ignore_index=True) if rows else df
 
 
-def plan(costs, workloads: Sequence[Workload], batch_sizes: Sequence[int] = DEFAULT_BATCH_SIZES,
+def plan(costs: Costs, workloads: Sequence[Workload], batch_sizes: Sequence[int] = DEFAULT_BATCH_SIZES,
          space: SearchSpace = SearchSpace(), progress: Callable[[int, int], None] | None = None) -> PlanResult:
     """Search every candidate for every (workload, batch size); see the module docstring."""
     if not batch_sizes:
@@ -257,12 +240,12 @@ def plan(costs, workloads: Sequence[Workload], batch_sizes: Sequence[int] = DEFA
     if not np.all(np.isfinite(cands["tok_s"])) or np.any(cands["tok_s"] <= 0):
         bad = cands[~np.isfinite(cands["tok_s"]) | (cands["tok_s"] <= 0)].iloc[0]
         raise SimtreeError(f"cost model gave a non-positive or NaN latency for {bad['policy']} at batch {bad['batch_size']}")
-    meta = dict(getattr(costs, "meta", {}) or {})
+    meta = dict(costs.meta)
     source = {"costs": meta, "synthetic": bool(meta.get("synthetic", False)),
               "workloads": {w.name: w.acceptance.summary() | {"mean_prompt_len": w.mean_prompt_len,
                                                                "output_len": w.output_len} for w in workloads},
               "planner": "simtree.planner analytic search", "num_candidates": int(len(cands)),
-              "verify_heldout_median_error": heldout_median_error(costs.verify),
+              "verify_heldout_median_error": costs.verify.heldout_median_error,
               "notes": range_notes(ranges, spans)}
     return PlanResult(str(meta.get("model", "unknown")), str(meta.get("device", "unknown")), source, cands)
 
@@ -322,7 +305,7 @@ def read_candidates(path: str | Path, policy: Policy | None = None) -> pd.DataFr
         cands["extrapolated"] = [x if isinstance(x, str) else "" for x in cands["extrapolated"]]
     if policy is not None:
         for e in policy.entries:
-            name = PolicySpec(e.mode, e.params).name
+            name = e.params.name
             rows = cands[(cands["workload"] == e.workload) & (cands["batch_size"] == e.batch_max)
                          & (cands["policy"] == name)]
             if rows.empty or not np.isclose(rows["tok_s"].iloc[0], e.predicted_tok_s, rtol=1e-6):
@@ -331,49 +314,3 @@ def read_candidates(path: str | Path, policy: Policy | None = None) -> pd.DataFr
                                    f"plan: the policy's {name} for {e.workload!r} at batch {e.batch_max} predicts "
                                    f"{e.predicted_tok_s:.6g} tok/s, the candidates table has {found}")
     return cands
-
-
-# ---- entry points of `simtree plan` / `simtree simulate` --------------------------------------
-COSTS_DIR = Path(__file__).resolve().parents[1] / "data" / "costs"
-
-
-def resolve_costs(paths: Sequence[str] = ()) -> list:
-    """Cost bundles from ``paths``; none given -> shipped simtree/data/costs/*.json, and when
-    none ship, the SYNTHETIC roofline (meta["synthetic"] is True)."""
-    from simtree.costs.model import load_costs
-    from simtree.costs.synthetic import synthetic_costs
-
-    files = list(paths) or sorted(str(p) for p in COSTS_DIR.glob("*.json"))
-    return [load_costs(p) for p in files] if files else [synthetic_costs()]
-
-
-def plan_and_write(cost_paths: Sequence[str] = (), workload_specs: Sequence[str] = (),
-                   batch_sizes: Sequence[int] = DEFAULT_BATCH_SIZES, out_dir: str = "reports/plan",
-                   prompt_len: float | None = None, output_len: int | None = None,
-                   progress: Callable[[int, int], None] | None = None,
-                   space: SearchSpace = SearchSpace()) -> list[dict]:
-    """Plan every cost bundle x workloads; write policy.json + report per bundle.
-
-    Returns one dict per bundle: result (PlanResult), policy (path), report (paths).
-    """
-    from simtree.acceptance.model import PRESETS, get_workload
-    from simtree.reporting.plan_report import write_plan_report
-
-    bundles = resolve_costs(cost_paths)
-    workloads = [get_workload(w, prompt_len, output_len) for w in (workload_specs or PRESETS)]
-    check_workload_names(workloads, list(workload_specs or PRESETS))
-    names = [str(b.meta.get("model", "unknown")) + "_" + str(b.meta.get("device", "unknown")) for b in bundles]
-    folders = [n.replace("/", "_").replace(" ", "_") for n in names]
-    where = list(cost_paths) or [f"bundle {i}" for i in range(len(bundles))]
-    for i, f in enumerate(folders):
-        if f in folders[:i]:
-            j = folders.index(f)
-            raise SimtreeError(f"two cost bundles for the same model and device ({where[j]} and {where[i]}: "
-                               f"{names[i]}) would write the same folder {f}: plan them separately")
-    outputs = []
-    for bundle, folder in zip(bundles, folders):
-        result = plan(bundle, workloads, batch_sizes, space, progress)
-        sub = Path(out_dir) / folder if len(bundles) > 1 else Path(out_dir)
-        policy_path = result.to_policy().save(sub / "policy.json")
-        outputs.append({"result": result, "policy": policy_path, "report": write_plan_report(result, sub)})
-    return outputs

@@ -19,19 +19,20 @@ the choice is a coin toss within what the fit can resolve.  Each entry is planne
 params: linear {"budget"}; eagle {"num_steps", "topk", "budget"}; best_first {"budget",
 "width", "draft_depth"}; cost_aware {"max_budget", "draft_depth"}; batch_alloc
 {"max_budget_per_seq", "draft_depth"}.  ``draft_depth`` (positions of top-K marginals the
-drafter produces) is an addition; readers that do not know it may ignore it.
+drafter produces) is an addition; readers that do not know it may ignore it.  In memory an
+entry's ``params`` is the typed :class:`~simtree.planning.modes.PolicySpec` of its mode.
 """
 from __future__ import annotations
 
 import json
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
 from simtree.errors import SimtreeError, check_int
 from simtree.fileio import write_text_atomic
-from simtree.planning.policy import MODES, TREE_MODES, check_params
+from simtree.planning.modes import MODES, PolicySpec
 
 __all__ = ["SCHEMA", "PolicyEntry", "Policy"]
 
@@ -42,16 +43,36 @@ _ENTRY_FIELDS = ("workload", "batch_min", "batch_max", "mode", "params", "tree_o
 
 @dataclass(frozen=True)
 class PolicyEntry:
+    """The policy for ``workload`` at batch sizes [batch_min, batch_max], planned at batch_max."""
+
     workload: str
     batch_min: int
     batch_max: int
-    mode: str
-    params: dict
-    tree_on: bool
+    params: PolicySpec
     predicted_tok_s: float
     gain_vs_linear: float
     gain_vs_none: float
     within_model_error: bool = False
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.params, PolicySpec):
+            raise SimtreeError(f"policy entry for {self.workload!r}: params must be a PolicySpec "
+                               f"(e.g. EagleParams), got {type(self.params).__name__}")
+
+    @property
+    def mode(self) -> str:
+        return self.params.mode
+
+    @property
+    def tree_on(self) -> bool:
+        return self.params.tree_on
+
+    def to_dict(self) -> dict:
+        """The entry as the policy file holds it."""
+        return {"workload": self.workload, "batch_min": self.batch_min, "batch_max": self.batch_max,
+                "mode": self.mode, "params": self.params.to_dict(), "tree_on": self.tree_on,
+                "predicted_tok_s": self.predicted_tok_s, "gain_vs_linear": self.gain_vs_linear,
+                "gain_vs_none": self.gain_vs_none, "within_model_error": self.within_model_error}
 
     @classmethod
     def from_dict(cls, obj, where: str) -> "PolicyEntry":
@@ -66,14 +87,14 @@ class PolicyEntry:
         if obj["mode"] not in MODES:
             raise SimtreeError(f"{where}: unknown mode {obj['mode']!r} (use one of {', '.join(MODES)})")
         try:
-            params = check_params(obj["mode"], obj["params"])
+            params = PolicySpec.from_dict(obj["mode"], obj["params"])
         except SimtreeError as exc:
             raise SimtreeError(f"{where}: {exc}") from None
         if not isinstance(obj["tree_on"], bool):
             raise SimtreeError(f"{where}: tree_on must be true or false, got {obj['tree_on']!r}")
-        if obj["tree_on"] != (obj["mode"] in TREE_MODES):
+        if obj["tree_on"] != params.tree_on:
             raise SimtreeError(f"{where}: tree_on is {str(obj['tree_on']).lower()} but mode {obj['mode']!r} "
-                               f"{'verifies a tree' if obj['mode'] in TREE_MODES else 'verifies no tree'}")
+                               f"{'verifies a tree' if params.tree_on else 'verifies no tree'}")
         within = obj.get("within_model_error", False)
         if not isinstance(within, bool):
             raise SimtreeError(f"{where}: within_model_error must be true or false, got {within!r}")
@@ -81,9 +102,8 @@ class PolicyEntry:
             v = obj[key]
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
                 raise SimtreeError(f"{where}: {key} must be a finite number >= 0, got {v!r}")
-        return cls(str(obj["workload"]), batch_min, batch_max, obj["mode"], params,
-                   obj["tree_on"], float(obj["predicted_tok_s"]), float(obj["gain_vs_linear"]),
-                   float(obj["gain_vs_none"]), within)
+        return cls(str(obj["workload"]), batch_min, batch_max, params, float(obj["predicted_tok_s"]),
+                   float(obj["gain_vs_linear"]), float(obj["gain_vs_none"]), within)
 
 
 @dataclass
@@ -133,7 +153,7 @@ class Policy:
 
     def to_dict(self) -> dict:
         return {"schema": SCHEMA, "model": self.model, "device": self.device, "created": self.created,
-                "source": self.source, "entries": [asdict(e) for e in self.entries]}
+                "source": self.source, "entries": [e.to_dict() for e in self.entries]}
 
     def save(self, path: str | Path) -> Path:
         """Write atomically (temp file + os.replace)."""

@@ -5,20 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from simtree.costs.model import DRAFT_AXES, VERIFY_AXES, Costs
 
 __all__ = ["queried_ranges", "measured_ranges", "extrapolated_axes", "range_notes"]
-
-
-def _valid_range(model) -> dict:
-    try:
-        vr = getattr(model, "valid_range", None)
-    except Exception:   # noqa: BLE001 - a duck-typed model without one
-        vr = None
-    return dict(vr) if isinstance(vr, dict) else {}
-
-
-_VERIFY_AXES = ("nodes_per_seq", "context_len", "batch_size")
-_DRAFT_AXES = ("topk", "num_steps", "batch_size")
 
 
 def queried_ranges(df: pd.DataFrame) -> dict:
@@ -35,9 +24,9 @@ def queried_ranges(df: pd.DataFrame) -> dict:
             ("draft", "batch_size"): (b, b)}
 
 
-def measured_ranges(costs) -> dict:
+def measured_ranges(costs: Costs) -> dict:
     """{"verify" | "draft": {axis: (lo, hi)}}: where each cost model was measured."""
-    return {"verify": _valid_range(costs.verify), "draft": _valid_range(costs.draft)}
+    return {"verify": dict(costs.verify.valid_range), "draft": dict(costs.draft.valid_range)}
 
 
 def extrapolated_axes(queries: dict, ranges: dict, drafted: np.ndarray) -> np.ndarray:
@@ -60,7 +49,7 @@ def range_notes(ranges: dict, spans: dict) -> list[str]:
     notes = []
     for model in ("verify", "draft"):
         vr = ranges[model]
-        for axis in (_VERIFY_AXES if model == "verify" else _DRAFT_AXES):
+        for axis in (VERIFY_AXES if model == "verify" else DRAFT_AXES):
             if axis not in vr or (model, axis) not in spans:
                 continue
             (a, z), (lo, hi) = (float(v) for v in vr[axis]), spans[(model, axis)]

@@ -16,8 +16,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from simtree.errors import SimtreeError
+from simtree.planning.modes import EagleParams, LinearParams, NoneParams, PolicySpec, check_batch_size
+from simtree.planning.planner import read_candidates
 from simtree.planning.policy_file import Policy
-from simtree.planning.simulate import PolicySpec
+
+__all__ = ["STATIC_MODES", "SGLangExport", "server_args", "export"]
 
 STATIC_MODES = ("none", "linear", "eagle")
 
@@ -37,24 +40,17 @@ class SGLangExport:
         return " ".join(self.args) if self.args else "(no speculative arguments: plain decoding)"
 
 
-def server_args(mode: str, params: dict) -> tuple[str, ...]:
+def server_args(spec: PolicySpec) -> tuple[str, ...]:
     """SGLang arguments for a static policy; SimtreeError for modes SGLang cannot express."""
-    if mode == "none":
+    if isinstance(spec, NoneParams):
         return ()
-    if mode == "linear":
-        steps, topk, budget = int(params["budget"]) - 1, 1, int(params["budget"])
-    elif mode == "eagle":
-        steps, topk, budget = int(params["num_steps"]), int(params["topk"]), int(params["budget"])
-    else:
-        raise SimtreeError(f"SGLang has no flag for mode {mode!r}; only {', '.join(STATIC_MODES)} are static")
+    if not isinstance(spec, (LinearParams, EagleParams)):
+        raise SimtreeError(f"SGLang has no flag for mode {spec.mode!r}; only {', '.join(STATIC_MODES)} are static")
+    steps, topk = spec.draft_shape()   # linear: D - 1 steps of top-1
     if steps < 1:
         return ()
     return ("--speculative-algorithm", "EAGLE", "--speculative-num-steps", str(steps),
-            "--speculative-eagle-topk", str(topk), "--speculative-num-draft-tokens", str(budget))
-
-
-def _name(mode: str, params: dict) -> str:
-    return PolicySpec(mode, params).name
+            "--speculative-eagle-topk", str(topk), "--speculative-num-draft-tokens", str(spec.budget))
 
 
 def export(policy_path: str | Path, workload: str, batch_size: int) -> SGLangExport:
@@ -64,18 +60,15 @@ def export(policy_path: str | Path, workload: str, batch_size: int) -> SGLangExp
     substitute comes from the candidates scored at that same batch size, so the reported loss
     compares two predictions at one batch size.  A batch size outside every planned range
     warns (RuntimeWarning) that the policy is clamped to the nearest planned one."""
-    from simtree.planning.planner import read_candidates
-    from simtree.planning.policy import check_batch_size
-
     check_batch_size(batch_size)
     policy = Policy.load(policy_path)
     entry, note = policy.resolve(workload, batch_size)
     if note:
         warnings.warn(note, RuntimeWarning, stacklevel=2)
     planned_b = entry.batch_max
-    planned = _name(entry.mode, entry.params) if entry.mode in STATIC_MODES else entry.mode
     if entry.mode in STATIC_MODES:
-        return SGLangExport(workload, batch_size, planned, planned, server_args(entry.mode, entry.params),
+        planned = entry.params.name
+        return SGLangExport(workload, batch_size, planned, planned, server_args(entry.params),
                             entry.predicted_tok_s, 0.0, planned_b)
     cand_path = Path(policy_path).with_name("candidates.csv")
     if not cand_path.exists():
@@ -88,7 +81,7 @@ def export(policy_path: str | Path, workload: str, batch_size: int) -> SGLangExp
         raise SimtreeError(f"{cand_path} has no static candidate for workload {workload!r} at the planned "
                            f"batch size {planned_b}")
     best = rows.sort_values("tok_s", ascending=False, kind="stable").iloc[0]
-    params = json.loads(best["params"])
-    return SGLangExport(workload, batch_size, f"{entry.mode} {json.dumps(entry.params, sort_keys=True)}",
-                        _name(best["mode"], params), server_args(best["mode"], params), float(best["tok_s"]),
+    static = PolicySpec.from_dict(best["mode"], json.loads(best["params"]))
+    return SGLangExport(workload, batch_size, f"{entry.mode} {json.dumps(entry.params.to_dict(), sort_keys=True)}",
+                        static.name, server_args(static), float(best["tok_s"]),
                         1.0 - float(best["tok_s"]) / entry.predicted_tok_s, planned_b)

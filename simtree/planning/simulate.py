@@ -28,16 +28,16 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from simtree.acceptance.model import AcceptanceModel, Workload
-from simtree.trees.builders import batched_best_first_tree, best_first_order, cost_aware_budget, eagle_tree
-from simtree.errors import SimtreeError, check_whole
 from simtree.acceptance.phi import expected_accepted_positional, sample_accepted_length
-from simtree.planning.policy import PolicySpec, check_batch_size
+from simtree.costs.model import Costs
+from simtree.errors import SimtreeError, check_whole
+from simtree.planning.modes import (BatchAllocParams, BestFirstParams, CostAwareParams, EagleParams, LinearParams,
+                                    NoneParams, PolicySpec, check_batch_size)
+from simtree.trees.builders import batched_best_first_tree, best_first_order, cost_aware_budget, eagle_tree
 from simtree.trees.tree import DraftTree
 
-# PolicySpec lives in simtree.planning.policy (with the modes and their checks); the simulator's
-# callers take it from here as well
-__all__ = ["PolicySpec", "RoundShape", "SimResult", "static_round", "simulate", "analytic_static",
-           "analytic_run", "batch_allocation"]
+__all__ = ["RoundShape", "SimResult", "static_round", "simulate", "analytic_static", "analytic_run",
+           "batch_allocation"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -52,17 +52,17 @@ class RoundShape:
 
 def static_round(acc: AcceptanceModel, spec: PolicySpec) -> RoundShape:
     """Trees of a none/linear/eagle/best_first policy per acceptance level, with their Phi."""
-    p, trees, tables = spec.params, [], []
+    trees, tables = [], []
     for level in range(acc.num_levels):
-        if spec.mode == "none":
+        if isinstance(spec, NoneParams):
             tree, table = DraftTree.chain(1), acc.table(level, 1)
-        elif spec.mode in ("linear", "eagle"):
-            s, k = (p["budget"] - 1, 1) if spec.mode == "linear" else (p["num_steps"], p["topk"])
-            tree = eagle_tree(acc.propose(level, k), s, k, p["budget"]) if s >= 1 else DraftTree.chain(1)
+        elif isinstance(spec, (LinearParams, EagleParams)):
+            s, k = spec.draft_shape()
+            tree = eagle_tree(acc.propose(level, k), s, k, spec.budget) if s >= 1 else DraftTree.chain(1)
             table = acc.table(level, max(s, 1))
-        elif spec.mode == "best_first":
-            toks, table = acc.marginals(level, p["draft_depth"])
-            tree = batched_best_first_tree(toks, table, p["budget"], p["width"])[0]
+        elif isinstance(spec, BestFirstParams):
+            toks, table = acc.marginals(level, spec.draft_depth)
+            tree = batched_best_first_tree(toks, table, spec.budget, spec.width)[0]
         else:
             raise SimtreeError(f"mode {spec.mode!r} is adaptive: it has no fixed round shape")
         trees.append(tree)
@@ -77,7 +77,7 @@ SAMPLED_ROUNDS = 1024    # longer runs: C_v at this many evenly spread rounds, t
 _CHUNK = 1 << 20         # [candidates x rounds] values evaluated at a time (memory stays ~10 MB)
 
 
-def _verify_sums(costs, n: np.ndarray, g: np.ndarray, rounds: np.ndarray, batch_size: int,
+def _verify_sums(costs: Costs, n: np.ndarray, g: np.ndarray, rounds: np.ndarray, batch_size: int,
                  context_len: float) -> np.ndarray:
     """[C]: sum over rounds t < rounds[c] of C_v(n[c], context_len + g[c] t, batch_size).
 
@@ -108,7 +108,7 @@ def _verify_sums(costs, n: np.ndarray, g: np.ndarray, rounds: np.ndarray, batch_
     return total
 
 
-def analytic_static(tokens_per_round, nodes_per_seq, draft_us, costs, batch_size: int,
+def analytic_static(tokens_per_round, nodes_per_seq, draft_us, costs: Costs, batch_size: int,
                     context_len: float, output_len: int) -> dict:
     """Expected-value simulation of fixed-shape policies, vectorised over candidates [C].
 
@@ -182,14 +182,13 @@ class SimResult:
 class _Adaptive:
     """Per-round decisions of cost_aware / batch_alloc for one acceptance model, batch, costs."""
 
-    def __init__(self, acc: AcceptanceModel, spec: PolicySpec, costs, batch_size: int,
-                 cv_tables: dict | None = None):
-        p = spec.params
+    def __init__(self, acc: AcceptanceModel, spec: CostAwareParams | BatchAllocParams, costs: Costs,
+                 batch_size: int, cv_tables: dict | None = None):
         self.spec, self.costs, self.b, self.acc = spec, costs, batch_size, acc
-        self.max_budget = p.get("max_budget", p.get("max_budget_per_seq"))
+        self.max_budget = spec.max_nodes
         self.draft_us = _draft_us(costs, spec, batch_size)
         # first-stop rule only when C_v is convex in n; batch_allocation always takes the global argmax
-        self.convex = bool(getattr(costs.verify, "convex_in_n", True))
+        self.convex = bool(costs.verify.convex_in_n)
         # C_v(1..max_budget) per (batch, max budget, decision context), kept only in a dict the
         # caller passes to share among the policies it decides at the same costs (the planner:
         # one per plan() call, shared by its workloads and draft depths: the tables do not
@@ -199,14 +198,14 @@ class _Adaptive:
         self.cv_tables = cv_tables
         self.orders, self.tables = [], []
         for level in range(acc.num_levels):
-            toks, probs = acc.marginals(level, p["draft_depth"])
+            toks, probs = acc.marginals(level, spec.draft_depth)
             self.orders.append(best_first_order(toks, probs, self.max_budget))
             self.tables.append(probs)
 
     def nodes(self, level_mass: np.ndarray, levels: np.ndarray, ctx: float) -> np.ndarray:
         """Nodes per entry of ``levels`` (each entry carries ``level_mass`` requests)."""
         cv = lambda n: self.costs.verify.predict(n, ctx, self.b)  # noqa: E731
-        if self.spec.mode == "cost_aware":
+        if isinstance(self.spec, CostAwareParams):
             # C_v(1..max_budget) once per decision context, shared by every level's stop rule
             key = (self.b, self.max_budget, float(ctx))
             table = None if self.cv_tables is None else self.cv_tables.get(key)
@@ -229,7 +228,7 @@ class _Adaptive:
         return self.orders[level].tree(n)
 
 
-def _draft_us(costs, spec: PolicySpec, batch_size: int) -> float:
+def _draft_us(costs: Costs, spec: PolicySpec, batch_size: int) -> float:
     s, k = spec.draft_shape()
     return 0.0 if s == 0 else float(costs.draft.predict(s, k, batch_size))
 
@@ -238,7 +237,7 @@ CTX_QUANTUM = 32  # tokens; granularity of adaptive budget decisions in the anal
 MAX_DECISIONS = 64  # longer runs (N > 2048) decide per (output_len / 64)-token bucket instead
 
 
-def analytic_run(workload: Workload, spec: PolicySpec, costs, b: int,
+def analytic_run(workload: Workload, spec: PolicySpec, costs: Costs, b: int,
                  cv_tables: dict | None = None) -> dict:
     """Expected-value run: mean tokens per round g (incl. bonus), mean nodes n, rounds,
     total_us, mean verify_us and draft_us per round, and tok_s (batch throughput counting the
@@ -249,7 +248,7 @@ def analytic_run(workload: Workload, spec: PolicySpec, costs, b: int,
     workload)."""
     acc, w = workload.acceptance, workload.acceptance.weights
     l0, N = workload.mean_prompt_len, workload.output_len
-    if spec.mode not in ("cost_aware", "batch_alloc"):
+    if not isinstance(spec, (CostAwareParams, BatchAllocParams)):
         shape = static_round(acc, spec)
         g, n, draft = 1.0 + float(w @ shape.accepted), float(w @ shape.nodes), _draft_us(costs, spec, b)
         out = analytic_static(g, n, draft, costs, b, l0, N)
@@ -288,14 +287,14 @@ def analytic_run(workload: Workload, spec: PolicySpec, costs, b: int,
             "tok_s": b * min(float(N), produced) / total * 1e6, "decision_ctx": (float(decided[0]), float(decided[1]))}
 
 
-def _monte_carlo(workload: Workload, spec: PolicySpec, costs, b: int, rounds: int, runs: int,
+def _monte_carlo(workload: Workload, spec: PolicySpec, costs: Costs, b: int, rounds: int, runs: int,
                  seed: int, progress=None) -> dict:
     """``runs`` replications of ``rounds`` rounds.  A sequence outputs N = output_len tokens, then
     its slot takes a new request (continuous batching: a fresh prompt); what its last round
     accepted beyond N is not output, as in the analytic run."""
     acc, N = workload.acceptance, workload.output_len
     rng = np.random.default_rng(seed)
-    adaptive = spec.mode in ("cost_aware", "batch_alloc")
+    adaptive = isinstance(spec, (CostAwareParams, BatchAllocParams))
     ad = _Adaptive(acc, spec, costs, b, {}) if adaptive else None
     shape = None if adaptive else static_round(acc, spec)
     draft = ad.draft_us if adaptive else _draft_us(costs, spec, b)
@@ -338,18 +337,18 @@ def _monte_carlo(workload: Workload, spec: PolicySpec, costs, b: int, rounds: in
 
 def _capped_budget_note(workload: Workload, spec: PolicySpec, nodes: float) -> str | None:
     """A note when a fixed budget is more than the policy's drafted shape can fill."""
-    budget = spec.budget
-    if spec.mode != "best_first" or budget is None:
+    if not isinstance(spec, BestFirstParams):
         return None
+    budget = spec.budget
     most = int(max(static_round(workload.acceptance, spec).nodes))
     if most >= budget:
         return None
-    return (f"{spec.mode} budget {budget} is more than its drafted shape holds ({spec.params['draft_depth']} "
+    return (f"{spec.mode} budget {budget} is more than its drafted shape holds ({spec.draft_depth} "
             f"positions x top-{workload.acceptance.topk}): it verifies {nodes:.1f} nodes per sequence "
             f"(at most {most}), and the linear comparison uses that many")
 
 
-def simulate(costs, workload: Workload, batch_size: int, spec: PolicySpec, *, mc_runs: int = 0,
+def simulate(costs: Costs, workload: Workload, batch_size: int, spec: PolicySpec, *, mc_runs: int = 0,
              seed: int = 0, progress=None) -> SimResult:
     """Simulate ``spec`` for ``workload`` at ``batch_size``; Monte-Carlo when mc_runs > 0
     (>= 2 replications: throughput and accepted tokens then come from the samples, with
@@ -361,22 +360,22 @@ def simulate(costs, workload: Workload, batch_size: int, spec: PolicySpec, *, mc
     check_whole(seed, "seed", 0, 2 ** 63 - 1)
     a = analytic_run(workload, spec, costs, b)
     throughput = a["tok_s"]
-    none_tput = analytic_run(workload, PolicySpec("none"), costs, b)["tok_s"]
+    none_tput = analytic_run(workload, NoneParams(), costs, b)["tok_s"]
     lin_d = max(1, int(round(a["n"])))
-    lin_tput = (analytic_run(workload, PolicySpec("linear", {"budget": lin_d}), costs, b)["tok_s"]
+    lin_tput = (analytic_run(workload, LinearParams(lin_d), costs, b)["tok_s"]
                 if lin_d >= 2 else none_tput)
     notes = [n for n in (_capped_budget_note(workload, spec, a["n"]),) if n]
     accepted, ci = a["g"], {}
     if mc_runs:
         mc = _monte_carlo(workload, spec, costs, b, a["rounds"], int(mc_runs), int(seed), progress)
         throughput, accepted, ci = mc["throughput_tok_s"], mc["accepted_tokens_per_round"], mc["ci95"]
-    return SimResult(policy=spec.name, mode=spec.mode, params=dict(spec.params), workload=workload.name,
+    return SimResult(policy=spec.name, mode=spec.mode, params=spec.to_dict(), workload=workload.name,
                      batch_size=b, method=f"monte_carlo x{mc_runs}" if mc_runs else "analytic",
                      accepted_tokens_per_round=accepted, mean_nodes_per_seq=a["n"],
                      round_latency_us=a["total_us"] / a["rounds"], draft_us=a["draft_us"],
                      verify_us=a["verify_us"], throughput_tok_s=throughput, per_seq_tok_s=throughput / b,
                      rounds=a["rounds"], speedup_vs_none=throughput / none_tput,
                      speedup_vs_linear=throughput / lin_tput, linear_budget=lin_d, ci95=ci,
-                     synthetic=bool(getattr(costs, "meta", {}).get("synthetic", False)),
-                     model=str(getattr(costs, "meta", {}).get("model", "")), notes=notes)
+                     synthetic=bool(costs.meta.get("synthetic", False)),
+                     model=str(costs.meta.get("model", "")), notes=notes)
 

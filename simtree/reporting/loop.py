@@ -38,6 +38,7 @@ import pandas as pd
 
 from simtree.errors import SimtreeError
 from simtree.machine.hostprobe import METRICS as HOST_METRICS
+from simtree.planning.modes import MARGINAL_MODES, BestFirstParams, EagleParams, NoneParams, PolicySpec
 from simtree.machine.hostprobe import ratio as _probe_ratio
 
 __all__ = ["ROLES", "run_flags", "contrast_runs", "collect_runs", "write_loop_report", "host_probe",
@@ -47,19 +48,18 @@ ROLES = ("chosen", "second", "linear", "none")
 SPIKE = 1.1  # mean / median round latency above which a run is flagged as hit by a load burst
 
 
-def run_flags(mode: str, params: dict) -> str:
-    """`simtree run` flags that select ``mode`` with ``params`` (contract 3 names)."""
-    p = params
-    flags = {"none": [], "linear": [f"--budget {p.get('budget', 1)}"],
-             "eagle": [f"--steps {p.get('num_steps')}", f"--topk {p.get('topk')}", f"--budget {p.get('budget')}"],
-             "best_first": [f"--budget {p.get('budget')}", f"--width {p.get('width', 1)}"],
-             "cost_aware": [f"--budget {p.get('max_budget')}"],
-             "batch_alloc": [f"--budget {p.get('max_budget_per_seq')}"]}
-    if mode not in flags:
-        raise SimtreeError(f"unknown mode {mode!r} in the plan")
-    if mode in ("best_first", "cost_aware", "batch_alloc") and "draft_depth" in p:
-        flags[mode].append(f"--draft-depth {p['draft_depth']}")
-    return " ".join([f"--mode {mode}", *flags[mode]])
+def run_flags(spec: PolicySpec) -> str:
+    """`simtree run` flags that select the policy ``spec``."""
+    flags = [f"--mode {spec.mode}"]
+    if isinstance(spec, EagleParams):
+        flags += [f"--steps {spec.num_steps}", f"--topk {spec.topk}"]
+    if not isinstance(spec, NoneParams):
+        flags.append(f"--budget {spec.max_nodes}")   # the max budget of the adaptive modes
+    if isinstance(spec, BestFirstParams):
+        flags.append(f"--width {spec.width}")
+    if spec.mode in MARGINAL_MODES:
+        flags.append(f"--draft-depth {spec.draft_depth}")
+    return " ".join(flags)
 
 
 def _candidates(plan_dir: Path, workload: str, batch_size: int) -> pd.DataFrame:
@@ -78,10 +78,9 @@ def contrast_runs(plan_dir, workload: str, batch_size: int) -> list[tuple[str, s
     another family (its second choice), the best linear, and plain decoding; those equal to
     the chosen policy are dropped.  Returns [(role, policy name, run flags)]."""
     from simtree.planning.policy_file import Policy
-    from simtree.planning.simulate import PolicySpec
 
     entry = Policy.load(Path(plan_dir) / "policy.json").lookup(workload, batch_size)
-    chosen = PolicySpec(entry.mode, entry.params).name
+    chosen = entry.params.name
     df = _candidates(Path(plan_dir), workload, batch_size)
     picks = {"second": df[df["mode"] != entry.mode].head(1), "linear": df[df["mode"] == "linear"].head(1),
              "none": df[df["mode"] == "none"].head(1)}
@@ -90,22 +89,21 @@ def contrast_runs(plan_dir, workload: str, batch_size: int) -> list[tuple[str, s
         if row.empty or row["policy"].iloc[0] in seen:
             continue
         seen.add(row["policy"].iloc[0])
-        out.append((role, row["policy"].iloc[0], run_flags(row["mode"].iloc[0], json.loads(row["params"].iloc[0]))))
+        spec = PolicySpec.from_dict(row["mode"].iloc[0], json.loads(row["params"].iloc[0]))
+        out.append((role, row["policy"].iloc[0], run_flags(spec)))
     return out
 
 
 def collect_runs(loop_dir, runs: str = "runs") -> pd.DataFrame:
     """One row per ``runs``/*/run.json (a folder of ``loop_dir``) with the planner's and the
     run's own predictions."""
-    from simtree.planning.simulate import PolicySpec
-
     loop_dir = Path(loop_dir)
     cands = pd.read_csv(loop_dir / "plan" / "candidates.csv")
     rows = []
     for path in sorted((loop_dir / runs).glob("*/run.json")):
         run = json.loads(path.read_text())
         role = path.parent.name.split("_", 1)[1] if "_" in path.parent.name else "?"
-        b, name = int(run["batch_size"]), PolicySpec(run["mode"], run["params"]).name
+        b, name = int(run["batch_size"]), PolicySpec.from_dict(run["mode"], run["params"]).name
         plan_row = cands[(cands["batch_size"] == b) & (cands["policy"] == name)
                          & (cands["workload"] == run["workload"])]
         m, own = run["measured"], run.get("predicted") or {}

@@ -1,4 +1,5 @@
-"""Plan report: markdown + PNG figures from a :class:`simtree.planning.planner.PlanResult`.
+"""Plan report: markdown + PNG figures from a :class:`simtree.planning.planner.PlanResult`, and
+:func:`plan_and_write`, what `simtree plan` calls: plan, then write the policy file and report.
 
 - ``gain_heatmap.png``: per workload, predicted gain of the best tree (EAGLE or best-first)
   over linear speculation at the SAME budget D, over (batch size x budget);
@@ -9,15 +10,20 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Callable, Sequence
 
 import numpy as np
 import pandas as pd
 
-from simtree.models import DECODE_STAGE
-from simtree.planning.planner import FAMILIES, TREE_MODES, PlanResult
 from simtree.costs.synthetic import SYNTHETIC_LABEL
+from simtree.errors import SimtreeError
+from simtree.models import DECODE_STAGE
+from simtree.planning.modes import TREE_MODES
+from simtree.planning.planner import (DEFAULT_BATCH_SIZES, FAMILIES, PlanResult, SearchSpace, check_workload_names,
+                                      plan, read_candidates)
+from simtree.planning.policy_file import Policy
 
-__all__ = ["gain_grid", "write_plan_report", "render_plan_dir", "plan_folders"]
+__all__ = ["gain_grid", "write_plan_report", "render_plan_dir", "plan_folders", "plan_and_write"]
 
 _BANNER = ("> **SYNTHETIC COST MODEL** - " + SYNTHETIC_LABEL + ". These predictions come from an "
            "analytic roofline, not from measurements on this GPU; run `simtree profile` and "
@@ -154,8 +160,6 @@ def _source_line(costs: dict) -> str:
 def plan_folders(plan_dir: str | Path) -> list[Path]:
     """The plan folders at or under ``plan_dir``: itself when it holds candidates.csv, else
     every sub-folder (any depth) that does, e.g. the one-per-model folders of `simtree plan`."""
-    from simtree.errors import SimtreeError
-
     plan_dir = Path(plan_dir)
     if not plan_dir.is_dir():
         raise SimtreeError(f"{plan_dir} is not a folder: point at a folder written by `simtree plan`")
@@ -172,13 +176,44 @@ def render_plan_dir(plan_dir: str | Path) -> list[dict[str, Path]]:
     """Re-render plan.md and the PNGs of every plan folder at or under ``plan_dir`` (its
     candidates.csv + policy.json, which must come from one plan: the policy's chosen rows are
     checked against the table), e.g. after changing the plots.  One dict of paths per folder."""
-    from simtree.planning.planner import read_candidates
-    from simtree.planning.policy_file import Policy
-
     outputs = []
     for folder in plan_folders(plan_dir):
         policy = Policy.load(folder / "policy.json")
         cands = read_candidates(folder / "candidates.csv", policy)
         result = PlanResult(policy.model, policy.device, policy.source, cands)
         outputs.append(write_plan_report(result, folder))
+    return outputs
+
+
+def plan_and_write(cost_paths: Sequence[str] = (), workload_specs: Sequence[str] = (),
+                   batch_sizes: Sequence[int] = DEFAULT_BATCH_SIZES, out_dir: str = "reports/plan",
+                   prompt_len: float | None = None, output_len: int | None = None,
+                   progress: Callable[[int, int], None] | None = None,
+                   space: SearchSpace = SearchSpace()) -> list[dict]:
+    """Plan every cost bundle (``cost_paths``, default the shipped ones) x workloads (presets
+    or traces, default every preset); write policy.json + report per bundle, into a folder per
+    (model, device) under ``out_dir`` when there are several bundles.
+
+    Returns one dict per bundle: result (PlanResult), policy (path), report (paths).
+    """
+    from simtree.acceptance.model import PRESETS, get_workload
+    from simtree.costs.model import resolve_costs
+
+    bundles = resolve_costs(cost_paths)
+    workloads = [get_workload(w, prompt_len, output_len) for w in (workload_specs or PRESETS)]
+    check_workload_names(workloads, list(workload_specs or PRESETS))
+    names = [str(b.meta.get("model", "unknown")) + "_" + str(b.meta.get("device", "unknown")) for b in bundles]
+    folders = [n.replace("/", "_").replace(" ", "_") for n in names]
+    where = list(cost_paths) or [f"bundle {i}" for i in range(len(bundles))]
+    for i, f in enumerate(folders):
+        if f in folders[:i]:
+            j = folders.index(f)
+            raise SimtreeError(f"two cost bundles for the same model and device ({where[j]} and {where[i]}: "
+                               f"{names[i]}) would write the same folder {f}: plan them separately")
+    outputs = []
+    for bundle, folder in zip(bundles, folders):
+        result = plan(bundle, workloads, batch_sizes, space, progress)
+        sub = Path(out_dir) / folder if len(bundles) > 1 else Path(out_dir)
+        policy_path = result.to_policy().save(sub / "policy.json")
+        outputs.append({"result": result, "policy": policy_path, "report": write_plan_report(result, sub)})
     return outputs

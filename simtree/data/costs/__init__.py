@@ -1,0 +1,1 @@
+"""Cost bundles (JSON) the planner and simulator use when no --costs is given."""

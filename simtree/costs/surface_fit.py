@@ -28,7 +28,7 @@ import cvxpy as cp
 import numpy as np
 import scipy.sparse as sp
 
-from simtree.costs.forms import BasisSurface, GridSurface, MoEGridSurface, MoESurface, expert_feature
+from simtree.costs.forms import MOE_FORMS, BasisSurface, GridSurface, MoEGridSurface, MoESurface, expert_feature
 from simtree.errors import SimtreeError
 
 __all__ = ["FitResult", "fit_surface", "aggregate_points", "error_stats", "MOE_FORMS", "GRID_FORMS"]
@@ -41,7 +41,6 @@ GRID_FORMS = ("grid", "grid_lin", "per_bin", "moe_grid")
 GRID_CURVATURE_WEIGHT = 1e-3
 GRID_LIN_CURVATURE_WEIGHT = 1e-4
 GRID_LIN_Y_LINEAR_WEIGHT = 1e-3
-MOE_FORMS = ("moe", "moe_grid")   # not convex in x: only for MoE models, reported when kept
 
 
 @dataclass

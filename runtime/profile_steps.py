@@ -1,6 +1,8 @@
-"""Profile stages of the runtime's own models (variant ``runtime_tiny``): what ``simtree run``
+"""Profiled steps of the runtime's own models (variant ``runtime_tiny``): what ``simtree run``
 pays per round, timed the way its engine runs it, so a cost bundle fitted from these rows
-predicts ``simtree run`` on the same machine (apples to apples).
+predicts ``simtree run`` on the same machine (apples to apples).  The runtime owns them; the
+profiler times them when `simtree profile` hands :func:`step_builders` to the sweep (a
+:class:`~simtree.costs.steps.StepBuilder` per variant).
 
 * ``model_verify_step``: the shipped target's verify of a :class:`TreeBatch` of b EAGLE-like
   trees of n nodes over a cache holding l random prompt tokens per sequence, plus what the
@@ -20,7 +22,8 @@ predicts ``simtree run`` on the same machine (apples to apples).
   1 + ceil(s / 2) tokens (the engine books catch-up as drafting).
 
 Caches are prefilled once per (model, b, l) with random tokens and shared by the points of
-that (b, l).  Weights: ``simtree/data/models/{target,draft}`` or ``ctx.notes["runtime_models_dir"]``.
+that (b, l).  Weights: ``simtree/data/models/{target,draft}``, or the ``models_dir`` given to
+:class:`RuntimeSteps` (kept in ``ctx.notes["runtime_models_dir"]``).
 """
 from __future__ import annotations
 
@@ -30,16 +33,40 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from simtree.costs.steps import Point, StepBuilder, StepContext, Unavailable, Workload, random_tree
 from simtree.errors import SimtreeError
 
-__all__ = ["RUNTIME_VARIANT", "runtime_workload", "check_runtime_variant"]
+__all__ = ["RUNTIME_VARIANT", "RuntimeSteps", "step_builders", "runtime_workload", "check_runtime_variant"]
 
 RUNTIME_VARIANT = "runtime_tiny"
 _PROMPT_SEED = 12345
 
 
-def _models(ctx):
-    """(target, draft) HybridLMs on ctx.device, loaded once per Ctx."""
+class RuntimeSteps:
+    """The :class:`~simtree.costs.steps.StepBuilder` of variant ``runtime_tiny``: the shipped
+    models (or those in ``models_dir``: target/ and draft/)."""
+
+    def __init__(self, models_dir: str | Path | None = None):
+        self.models_dir = models_dir
+
+    def workload(self, ctx: StepContext, point: Point) -> Workload:
+        if self.models_dir is not None:
+            ctx.notes.setdefault("runtime_models_dir", self.models_dir)
+        return runtime_workload(ctx, point)
+
+    def check(self, ctx: StepContext, stage: str) -> str:
+        if self.models_dir is not None:
+            ctx.notes.setdefault("runtime_models_dir", self.models_dir)
+        return check_runtime_variant(ctx, stage)
+
+
+def step_builders(models_dir: str | Path | None = None) -> dict[str, StepBuilder]:
+    """{variant: StepBuilder} of the runtime's steps, for ``run_sweep(..., builders=...)``."""
+    return {RUNTIME_VARIANT: RuntimeSteps(models_dir)}
+
+
+def _models(ctx: StepContext):
+    """(target, draft) HybridLMs on ctx.device, loaded once per context."""
     if "runtime_models" not in ctx.notes:
         from simtree.runtime.loading import DEFAULT_MODELS_DIR, load_model
 
@@ -79,8 +106,6 @@ def _drafter(ctx, b: int, l: int):
 
 def _random_trees(b: int, n: int, shape: str, vocab: int, seed: int):
     from simtree.trees.tree import DraftTree, TreeBatch
-
-    from .pieces import random_tree
 
     rng = np.random.default_rng(seed)
     trees = []
@@ -163,10 +188,8 @@ def _draft_step(ctx, p):
     return step, 0
 
 
-def runtime_workload(ctx, p):
-    """The stages' :class:`Workload` for a ``runtime_tiny`` point (see the module docstring)."""
-    from .stages import Unavailable, Workload
-
+def runtime_workload(ctx: StepContext, p: Point) -> Workload:
+    """The :class:`Workload` of a ``runtime_tiny`` point (see the module docstring)."""
     if p.stage not in ("model_verify_step", "draft_step"):
         raise Unavailable(f"{RUNTIME_VARIANT} times model_verify_step and draft_step only, not {p.stage}")
     if p.context_len < 1:
@@ -176,7 +199,7 @@ def runtime_workload(ctx, p):
     return Workload(lambda: _draft_step(ctx, p), eager=True)
 
 
-def check_runtime_variant(ctx, stage: str) -> str:
+def check_runtime_variant(ctx: StepContext, stage: str) -> str:
     """Tree verify of a chain == the sequential greedy path's logits (the lossless reference)."""
     target, draft = _models(ctx)
     model = target if stage == "model_verify_step" else draft

@@ -9,7 +9,7 @@ function of (n, l, b) only.
 Draft rows: ``draft_step`` of the same model and device, axes (topk, num_steps, batch);
 their context lengths are merged by median (C_d takes no l). Without draft rows the fit
 refuses unless ``draft_from_verify``: then C_d(s, k, b) = fraction * s * C_v(k, l_med, b),
-an assumption recorded in the bundle (see :class:`simtree.costs.ScaledVerifyDraft`).
+an assumption recorded in the bundle (see :class:`simtree.costs.forms.ScaledVerifyDraft`).
 
 Forms: ``forms=None`` ("auto") tries basis, grid and grid_lin (the grid with a
 piecewise-linear-in-l prior for cells without data), plus moe and moe_grid when the model is
@@ -28,9 +28,9 @@ from typing import Callable
 import numpy as np
 import pandas as pd
 
-from simtree.costs.fitting import FitResult, fit_surface
+from simtree.costs.surface_fit import FitResult, fit_surface
 from simtree.costs.forms import ScaledVerifyDraft
-from simtree.costs.fitting import MOE_FORMS, error_stats
+from simtree.costs.surface_fit import MOE_FORMS, error_stats
 from simtree.costs.forms import DecodeSplitSurface
 from simtree.costs.model import DRAFT_AXES, VERIFY_AXES, CostBundle, DraftCostModel, VerifyCostModel
 from simtree.errors import SimtreeError

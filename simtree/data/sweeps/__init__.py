@@ -1,0 +1,1 @@
+"""Profile sweeps (YAML); scenarios/sweeps/ holds links to these files."""
