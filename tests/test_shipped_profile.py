@@ -45,7 +45,7 @@ def test_each_shipped_bundle_names_the_shipped_profile_by_its_hash(model):
 @pytest.mark.parametrize("model", MODELS)
 def test_refitting_the_shipped_profile_gives_the_shipped_bundle(model, tmp_path):
     # what scripts/ship_defaults.sh does (simtree fit, form auto with the per-bin reference)
-    from simtree.costs.fit import fit_profile
+    from simtree.costs.profile_fit import fit_profile
 
     with resources.as_file(_profile()) as path:
         report = fit_profile(path, model=model, reference_forms=("per_bin",))

@@ -184,7 +184,7 @@ def _profile(s: Session, model, tree_model, reserve_s: float = 15.0) -> None:
 def _refit(s: Session) -> None:
     """Cost models fitted to the runtime's own steps (steps_profile.csv) -> costs_runtime.json,
     and the measured runs predicted again from them -> runtime_costs/summary.*"""
-    from simtree.costs.fit import fit_profile
+    from simtree.costs.profile_fit import fit_profile
     from .measure import repredict
     report = fit_profile(s.out / "steps_profile.csv", stage="model_verify_step", variant="full_runtime",
                          draft_variant="full_runtime")
