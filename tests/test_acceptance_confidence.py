@@ -105,7 +105,8 @@ def test_fit_separates_acceptance_from_the_drafters_probabilities(tmp_path):
     assert model.draft_probs[sure, 0] == pytest.approx(SURE, abs=0.02)
     assert model.tables[sure, 0, :2] == pytest.approx(SURE[:2] ** 2, abs=0.04)
     assert model.num_levels == 8 and model.weights.sum() == pytest.approx(1.0)
-    assert np.all(np.diff(np.array(list(model.meta["calibration"].values())), axis=1) >= -1e-12)  # monotone in q
+    curves = np.array(list(model.meta["states"][0]["calibration"].values()))
+    assert np.all(np.diff(curves, axis=1) >= -1e-12)  # monotone in q
 
 
 def test_depth_effect_beyond_confidence_is_kept(tmp_path):
@@ -130,3 +131,64 @@ def test_confidence_fit_needs_top_k(tmp_path):
                                 "accepted_node": 1}) + "\n")
     with pytest.raises(SimtreeError, match="top-K"):
         fit_confidence(read_traces(path))
+
+
+def test_round_weights_spend_fewer_rounds_where_a_policy_gains_more():
+    from simtree.acceptance.mixture import AcceptanceModel
+    tables = np.array([[[0.9, 0.05]] * 4, [[0.3, 0.2]] * 4])
+    acc = AcceptanceModel("two", tables, [0.2, 0.8], state=[0, 1], state_share=[0.5, 0.5])
+    g = np.array([4.0, 1.5])
+    w = acc.round_weights(g)
+    # half the text in each state: rounds there in proportion 0.5 / g
+    assert w == pytest.approx(np.array([0.5 / 4.0, 0.5 / 1.5]) / (0.5 / 4.0 + 0.5 / 1.5))
+    assert w @ g == pytest.approx(1.0 / (0.5 / 4.0 + 0.5 / 1.5))
+    one = AcceptanceModel("one", tables, [0.2, 0.8])
+    assert np.array_equal(one.round_weights(g), one.weights)
+    with pytest.raises(SimtreeError, match="every state with a level"):
+        AcceptanceModel("bad", tables, [0.5, 0.5], state=[0, 0], state_share=[0.5, 0.5])
+
+
+def test_easy_and_hard_requests_weigh_by_their_text(tmp_path):
+    # half the sequences are easy (the target takes the chain token with 0.95), half hard (0.3):
+    # a policy's rounds per token differ by state, so its mean tokens per round is the
+    # text-weighted harmonic mean of the states', not the mean over the fitted run's rounds
+    rng = np.random.default_rng(14)
+    recs, rounds = [], 0
+    for s in range(16):
+        p = 0.95 if s % 2 else 0.3
+        for i in range(120):
+            r = _records(rng, 1, 1.0, lambda q: q)[0]
+            acc = 0
+            while acc < DEPTH and rng.random() < p:
+                acc += 1
+            r.update(seq=s, round=i, accepted_node=acc, num_accepted=acc,
+                     target_tokens=[t[0] for t in r["topk_tokens"][:acc]] + [99])
+            recs.append(r)
+    model = _fit(tmp_path, recs)
+
+    def chain(p, budget):
+        return 1 + sum(p ** d for d in range(1, budget))
+
+    assert sum(m["sequences"] for m in model.meta["states"]) == 16
+    # the easy and the hard requests never share a state
+    for m in model.meta["states"]:
+        assert min(abs(m["tokens_per_round"] - chain(p, DEPTH + 1)) for p in (0.3, 0.95)) < 0.5
+
+    # the traced text: per sequence, as many tokens as its rounds gained
+    share = np.array([chain(0.3, DEPTH + 1), chain(0.95, DEPTH + 1)])
+    for budget in (3, 6):
+        g = np.array([chain(0.3, budget), chain(0.95, budget)])
+        truth = 1.0 / np.sum(share / share.sum() / g)
+        assert accepted_per_round(model, "linear", {"budget": budget}) == pytest.approx(truth, rel=0.03)
+
+
+def test_ease_groups_split_at_the_gaps():
+    from simtree.acceptance.fit import ease_groups
+    rng = np.random.default_rng(15)
+    x = np.concatenate([rng.normal(0.0, 0.05, 7), rng.normal(1.0, 0.05, 5), rng.normal(2.5, 0.05, 9)])
+    perm = rng.permutation(x.size)
+    groups = ease_groups(x[perm], np.ones(x.size), 3)
+    assert sorted(len(g) for g in groups) == [5, 7, 9]
+    for g in groups:   # each group is one cluster
+        assert np.ptp(x[perm][g]) < 0.5
+    assert [len(g) for g in ease_groups(x, np.ones(x.size), 1)] == [x.size]

@@ -9,42 +9,20 @@ fitted sensitivities.  A planner runs its prediction once per model and reports 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Sequence
-
 import numpy as np
 
 from simtree.acceptance.calibrate import TARGETS, TREE_STEPS, published_quantities
 from simtree.acceptance.mixture import ALPHA_MAX, AcceptanceModel
+from simtree.acceptance.model import fit_traces
 from simtree.acceptance.predict import accepted_per_round
 from simtree.acceptance.presets import PRESETS, PUBLISHED_BUDGETS, preset_model
-from simtree.acceptance.traces import TraceRecord, read_traces
+from simtree.acceptance.traces import TraceRecord, read_traces, sequence_ids
 from simtree.errors import SimtreeError, check_whole
 
 __all__ = ["bootstrap_models", "sequence_ids"]
 
 
-def sequence_ids(records: Sequence[TraceRecord]) -> np.ndarray:
-    """int64 [len(records)]: which generated sequence each record belongs to.
-
-    Records of one run come batch by batch, round by round; a batch starts where the round
-    index falls back, and within a batch ``seq`` tells the sequences apart.  Records without
-    round / seq count as sequences of their own.
-    """
-    ids, batch, last_round, seen = np.zeros(len(records), np.int64), 0, -1, {}
-    for i, rec in enumerate(records):
-        if rec.round_index is None or rec.seq is None:
-            ids[i] = seen.setdefault(("record", i), len(seen))
-            continue
-        if rec.round_index < last_round:
-            batch += 1
-        last_round = rec.round_index
-        ids[i] = seen.setdefault((rec.workload, batch, rec.seq), len(seen))
-    return ids
-
-
 def _trace_models(records: list[TraceRecord], n: int, rng: np.random.Generator) -> list[AcceptanceModel]:
-    from simtree.acceptance.model import fit_traces
-
     ids = sequence_ids(records)
     groups = [np.flatnonzero(ids == s) for s in np.unique(ids)]
     name = records[0].workload
@@ -54,7 +32,7 @@ def _trace_models(records: list[TraceRecord], n: int, rng: np.random.Generator) 
         sample = [records[i] for g in pick for i in groups[g]]
         acc = fit_traces(sample, name, "bootstrap sample")
         out.append(AcceptanceModel(f"{name}#b{k}", acc.tables, acc.weights, acc.source + " (bootstrap)",
-                                   {**acc.meta, "bootstrap": k}, acc.draft_probs))
+                                   {**acc.meta, "bootstrap": k}, acc.draft_probs, acc.state, acc.state_share))
     return out
 
 

@@ -19,11 +19,11 @@ from scipy.special import expit, logit
 
 from simtree.acceptance.mixture import ALPHA_MAX, DEFAULT_DEPTH, DEFAULT_TOPK, AcceptanceModel, from_marginals
 from simtree.acceptance.phi import sibling_rank
-from simtree.acceptance.traces import TraceRecord, Trials, chain_trials
+from simtree.acceptance.traces import TraceRecord, Trials, chain_trials, sequence_ids
 from simtree.errors import SimtreeError
 
 __all__ = ["fit_confidence", "fit_positional", "fit_marginals", "has_topk", "CONFIDENCE_EDGES",
-           "isotonic_increasing"]
+           "isotonic_increasing", "ease_groups"]
 
 # Bins of the drafter's probability of a candidate (its confidence).  Narrow near 0, where
 # lower ranks live, and near 1, where the top-1 of easy tokens lives.
@@ -92,8 +92,9 @@ class _Calibrated:
             for d in range(depth):   # the depth effect, shrunk towards the shallower depth where thin
                 at = sel & (trials.depth == d + 1)
                 n = int(at.sum())
-                if n:
-                    fitted = _offset(logit(self.curves[g][_bin(trials.draft_prob[at])]), float(trials.hit[at].sum()))
+                if n:   # half a trial short of all / none: a finite sample never shows certainty
+                    hits = min(max(float(trials.hit[at].sum()), 0.5), n - 0.5)
+                    fitted = _offset(logit(self.curves[g][_bin(trials.draft_prob[at])]), hits)
                     prev = (n * fitted + prior_trials * prev) / (n + prior_trials)
                 self.offsets[g, d] = prev
 
@@ -116,35 +117,41 @@ def _rows(trials: Trials, topk: int) -> tuple[np.ndarray, np.ndarray]:
     return trials.depth.reshape(-1, k)[:, 0], q
 
 
-def fit_confidence(records: Iterable[TraceRecord], name: str | None = None, *, topk: int = DEFAULT_TOPK,
-                   depth: int = DEFAULT_DEPTH, bins: int = 2, enumerated_depths: int = 3,
-                   prior_trials: float = 20.0, min_rows: int = 10) -> AcceptanceModel:
-    """The depth x rank x confidence model from traces with the drafter's top-K (version 2).
+def ease_groups(log_ease: np.ndarray, weight: np.ndarray, groups: int) -> list[np.ndarray]:
+    """Sequences split into ``groups`` runs of their sorted ``log_ease`` minimising the
+    within-group weighted sum of squares (exact 1-D k-means by dynamic programming over the
+    sorted values; ``weight`` = each sequence's rounds), so that an easy and a hard kind of
+    request never share a group where the data separate them.  Returns index arrays."""
+    order = np.argsort(log_ease, kind="stable")
+    x, w = log_ease[order], weight[order].astype(np.float64)
+    n = x.size
+    groups = min(groups, n)
+    cw, cx, cxx = (np.concatenate([[0.0], np.cumsum(v)]) for v in (w, w * x, w * x * x))
 
-    1. Trials (:func:`~simtree.acceptance.traces.chain_trials`): every candidate of rank < topk
-       at every depth whose parent was accepted.
-    2. Acceptance of a candidate: a(d, r, q) = expit(logit f_g(q) + delta_g(d)), g = min(r, 2):
-       f_g is the calibration curve of the drafter's probability q (binned in
-       ``CONFIDENCE_EDGES``, pooled over depths, non-decreasing in q), delta_g(d) the depth
-       effect, set so that the expected hits at depth d equal the observed ones, shrunk towards
-       depth d-1 with ``prior_trials`` pseudo-trials where trials are thin.
-    3. Confidence per depth: the drafted positions whose parent was accepted, split into
-       ``bins`` equal-count bins of the top-1 draft prob (fewer where a depth has fewer than
-       ``bins * min_rows`` positions); each bin's rows are the mean draft probs and the mean
-       acceptance of its positions.  Depths never reached repeat the deepest one observed.
-    4. Levels: every combination of bins over the first ``enumerated_depths`` depths (drawn
-       independently per depth, weight = product of bin frequencies); deeper depths take the
-       mean over all their positions.  Per level, ``tables`` holds the acceptance and
-       ``draft_probs`` the draft probabilities (trees are built from these).
-    """
-    records = list(records)
-    if not has_topk(records):
-        raise SimtreeError("traces carry no drafter top-K (topk_tokens / topk_probs, version 2 linear runs): "
-                           "the confidence fit needs them; fit_positional reads any trace")
+    def sse(i, j):   # values i..j-1; vectorised over i
+        ww = cw[j] - cw[i]
+        return cxx[j] - cxx[i] - (cx[j] - cx[i]) ** 2 / np.maximum(ww, 1e-300)
+
+    cost = np.full((groups + 1, n + 1), np.inf)
+    cost[0, 0] = 0.0
+    back = np.zeros((groups + 1, n + 1), np.int64)
+    for g in range(1, groups + 1):
+        for j in range(g, n + 1):
+            i = np.arange(g - 1, j)
+            total = cost[g - 1, i] + sse(i, j)
+            k = int(np.argmin(total))
+            cost[g, j], back[g, j] = total[k], i[k]
+    cuts, j = [], n
+    for g in range(groups, 0, -1):
+        cuts.append((int(back[g, j]), j))
+        j = int(back[g, j])
+    return [order[i:j] for i, j in reversed(cuts)]
+
+
+def _state_levels(records: list[TraceRecord], topk: int, depth: int, bins: int, enumerated_depths: int,
+                  prior_trials: float, min_rows: int) -> tuple:
+    """Levels of one text state: (acceptance [L, P, K], draft probs [L, P, K], weights [L], curve)."""
     trials = chain_trials(records, topk)
-    if trials.size == 0:
-        raise SimtreeError("traces hold no drafted position under an accepted node: nothing to fit")
-    observed = int(trials.depth.max())
     curve = _Calibrated(trials, depth, prior_trials)
     row_depth, q = _rows(trials, topk)
     accept = curve(row_depth, q)
@@ -158,36 +165,97 @@ def fit_confidence(records: Iterable[TraceRecord], name: str | None = None, *, t
         order = sel[np.argsort(q[sel, 0], kind="stable")]
         parts = [p for p in np.array_split(order, c) if p.size]
         per_depth.append([(p.size / order.size, q[p].mean(0), accept[p].mean(0)) for p in parts])
-    levels = itertools.product(*[range(len(per_depth[d])) if d < enumerated_depths else [None]
-                                 for d in range(depth)])
     weights, acc_tables, draft_tables = [], [], []
-    for combo in levels:
+    for combo in itertools.product(*[range(len(per_depth[d])) if d < enumerated_depths else [None]
+                                     for d in range(depth)]):
         w, acc_rows, draft_rows = 1.0, [], []
         for d, c in enumerate(combo):
-            if c is None:
-                parts = per_depth[d]
-                f = np.array([p[0] for p in parts])
-                draft_rows.append(f @ np.array([p[1] for p in parts]))
-                acc_rows.append(f @ np.array([p[2] for p in parts]))
+            if c is None:   # deeper than the enumerated depths: the depth's mean row
+                f = np.array([p[0] for p in per_depth[d]])
+                draft_rows.append(f @ np.array([p[1] for p in per_depth[d]]))
+                acc_rows.append(f @ np.array([p[2] for p in per_depth[d]]))
             else:
                 f, qrow, arow = per_depth[d][c]
                 w *= f
                 draft_rows.append(qrow), acc_rows.append(arow)
         weights.append(w), acc_tables.append(acc_rows), draft_tables.append(draft_rows)
     acc_tables, draft_tables = np.array(acc_tables), np.array(draft_tables)
-    acc_tables /= np.maximum(acc_tables.sum(2, keepdims=True) / ALPHA_MAX, 1.0)
+    # ranks are disjoint: a row sums to <= 1.  No hard cap below 1: the calibration's
+    # pseudo-trial already keeps every probability short of certainty, by as little as the
+    # trials allow (text a drafter copies for 15 tokens at a time is accepted ~always)
+    acc_tables /= np.maximum(acc_tables.sum(2, keepdims=True), 1.0)
     draft_tables /= np.maximum(draft_tables.sum(2, keepdims=True), 1.0)
-    weights = np.array(weights) / np.sum(weights)
-    meta = {"records": len(records), "trials": trials.size, "observed_depth": observed,
-            "bins": bins, "enumerated_depths": enumerated_depths,
-            "mean_accepted_tokens": 1.0 + float(np.mean([r.num_accepted for r in records])),
-            "calibration_edges": [round(float(e), 4) for e in CONFIDENCE_EDGES[:-1]],
-            "calibration": {f"rank{g}" + ("+" if g == _RANK_GROUPS - 1 else ""): [round(float(v), 4) for v in c]
-                            for g, c in enumerate(curve.curves)},
-            "depth_offsets": {f"rank{g}" + ("+" if g == _RANK_GROUPS - 1 else ""):
-                              [round(float(v), 3) for v in o[:observed]] for g, o in enumerate(curve.offsets)}}
-    return AcceptanceModel(name or records[0].workload, acc_tables, weights,
-                           "fit_confidence(traces with drafter top-K)", meta, draft_tables)
+    return acc_tables, draft_tables, np.array(weights) / np.sum(weights), curve, trials
+
+
+def fit_confidence(records: Iterable[TraceRecord], name: str | None = None, *, topk: int = DEFAULT_TOPK,
+                   depth: int = DEFAULT_DEPTH, states: int = 3, bins: int = 2, enumerated_depths: int = 3,
+                   prior_trials: float = 20.0, min_rows: int = 10, min_state_sequences: int = 4) -> AcceptanceModel:
+    """The depth x rank x confidence model from traces with the drafter's top-K (version 2).
+
+    1. Text states: the generated sequences are grouped by their tokens per round in the
+       traces into ``states`` groups (:func:`ease_groups`; fewer where a group would hold fewer
+       than ``min_state_sequences`` sequences on average; one where records do not say their
+       round and sequence).  Requests differ - a code completion that repeats itself, a hard chat turn -
+       and a sequence keeps its kind over its rounds; a state's share of the text is the tokens
+       its records gained.
+    2. Per state, trials (:func:`~simtree.acceptance.traces.chain_trials`): every candidate of
+       rank < topk at every depth whose parent was accepted.
+    3. Acceptance of a candidate: a(d, r, q) = expit(logit f_g(q) + delta_g(d)), g = min(r, 2):
+       f_g is the calibration curve of the drafter's probability q (binned in
+       ``CONFIDENCE_EDGES``, pooled over depths, non-decreasing in q), delta_g(d) the depth
+       effect, set so that the expected hits at depth d equal the observed ones, shrunk towards
+       depth d-1 with ``prior_trials`` pseudo-trials where trials are thin.
+    4. Confidence per depth: the drafted positions whose parent was accepted, split into
+       ``bins`` equal-count bins of the top-1 draft prob (fewer where a depth has fewer than
+       ``bins * min_rows`` positions); each bin's rows are the mean draft probs and the mean
+       acceptance of its positions.  Depths never reached repeat the deepest one observed.
+    5. Levels: every combination of bins over the first ``enumerated_depths`` depths (drawn
+       independently per round and depth, weight = product of bin frequencies); deeper depths
+       take the mean over all their positions.  Per level, ``tables`` holds the acceptance and
+       ``draft_probs`` the draft probabilities (trees are built from these); ``weights`` are
+       the traced rounds, ``state`` / ``state_share`` the text states.
+    """
+    records = [r for r in records if r.topk_tokens is not None and r.target_tokens is not None]
+    if not records:
+        raise SimtreeError("traces carry no drafter top-K (topk_tokens / topk_probs, version 2 linear runs): "
+                           "the confidence fit needs them; fit_positional reads any trace")
+    tokens = np.array([r.num_accepted + 1 for r in records], np.float64)
+    if any(r.round_index is None or r.seq is None for r in records):
+        seq, n_seq = np.zeros(len(records), np.int64), 1
+    else:
+        seq = sequence_ids(records)
+        n_seq = int(seq.max()) + 1
+    n_states = max(1, min(states, n_seq // min_state_sequences))
+    rounds = np.bincount(seq, minlength=n_seq)
+    groups = ease_groups(np.log(np.bincount(seq, tokens, n_seq) / rounds), rounds, n_states)
+    tables, drafts, weights, level_state, text, meta_states, all_trials = [], [], [], [], [], [], 0
+    for s, group in enumerate(groups):
+        rows = np.flatnonzero(np.isin(seq, group))
+        part = [records[i] for i in rows]
+        acc_t, draft_t, w, curve, trials = _state_levels(part, topk, depth, bins, enumerated_depths, prior_trials,
+                                                         min_rows)
+        if trials.size == 0:
+            raise SimtreeError("traces hold no drafted position under an accepted node: nothing to fit")
+        tables.append(acc_t), drafts.append(draft_t), weights.append(w * rows.size / len(records))
+        level_state.append(np.full(w.shape[0], s)), text.append(tokens[rows].sum())
+        all_trials += trials.size
+        meta_states.append({"sequences": int(group.size), "round_share": round(rows.size / len(records), 4),
+                            "tokens_per_round": round(float(tokens[rows].mean()), 4),
+                            "calibration": {f"rank{g}" + ("+" if g == _RANK_GROUPS - 1 else ""):
+                                            [round(float(v), 4) for v in c] for g, c in enumerate(curve.curves)}})
+    share = np.array(text) / np.sum(text)
+    for m, sh in zip(meta_states, share):
+        m["text_share"] = round(float(sh), 4)
+    meta = {"records": len(records), "trials": all_trials, "sequences": n_seq,
+            "observed_depth": min(int(max(r.num_accepted for r in records)) + 1, depth),
+            "states": meta_states, "bins": bins, "enumerated_depths": enumerated_depths,
+            "mean_accepted_tokens": float(tokens.mean()),
+            "calibration_edges": [round(float(e), 4) for e in CONFIDENCE_EDGES[:-1]]}
+    weights = np.concatenate(weights)
+    return AcceptanceModel(name or records[0].workload, np.concatenate(tables), weights / weights.sum(),
+                           "fit_confidence(traces with drafter top-K)", meta, np.concatenate(drafts),
+                           np.concatenate(level_state), share)
 
 
 def fit_positional(records: Iterable[TraceRecord], name: str | None = None, *, topk: int = DEFAULT_TOPK,

@@ -49,9 +49,17 @@ class AcceptanceModel:
     """Mixture of per-round acceptance tables.
 
     tables      float64 [L, P, K]  accept_table per level (rows sum <= 1)
-    weights     float64 [L]        level probabilities (sum 1)
+    weights     float64 [L]        level probabilities per round (sum 1), as the rounds the
+                                   model was fitted from were spread over the levels
     draft_probs float64 [L, P, K]  the drafter's probability of each candidate (its draft
                                    score); None: the drafter is calibrated (= tables)
+    state       int64 [L]          the text state of each level (None: one state).  A state
+                                   lasts over many rounds (an easy stretch of code, a hard
+                                   one); levels are drawn per round within their state
+    state_share float64 [S]        the share of the text (tokens) in each state
+
+    With several states, a policy that gains more tokens per round in a state spends fewer
+    rounds there: its rounds are spread as :meth:`round_weights` says, not as ``weights``.
     """
 
     name: str
@@ -60,6 +68,8 @@ class AcceptanceModel:
     source: str = ""
     meta: dict = field(default_factory=dict)
     draft_probs: np.ndarray | None = None
+    state: np.ndarray | None = None
+    state_share: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         tables = _frozen_tables(self.tables, self.name, "table")
@@ -76,13 +86,45 @@ class AcceptanceModel:
         if draft.shape != tables.shape:
             raise SimtreeError(f"acceptance model {self.name!r}: draft_probs {draft.shape} and tables "
                                f"{tables.shape} differ in shape")
-        object.__setattr__(self, "tables", tables)
-        object.__setattr__(self, "weights", weights)
-        object.__setattr__(self, "draft_probs", draft)
+        state = np.zeros(tables.shape[0], np.int64) if self.state is None else np.asarray(self.state, np.int64)
+        share = np.ones(1) if self.state_share is None else np.asarray(self.state_share, np.float64).reshape(-1)
+        if state.shape != weights.shape or state.min() < 0 or state.max() >= share.shape[0]:
+            raise SimtreeError(f"acceptance model {self.name!r}: state must give each of the {weights.shape[0]} "
+                               f"levels one of the {share.shape[0]} states")
+        check_prob_rows(share, f"acceptance model {self.name!r}: state shares")
+        if abs(share.sum() - 1) > 1e-6 or np.bincount(state, minlength=share.shape[0]).min() == 0:
+            raise SimtreeError(f"acceptance model {self.name!r}: state shares must sum to 1, every state with a level")
+        for name, value in (("tables", tables), ("weights", weights), ("draft_probs", draft), ("state", state),
+                            ("state_share", share)):
+            value.setflags(write=False)
+            object.__setattr__(self, name, value)
 
     @property
     def num_levels(self) -> int:
         return int(self.tables.shape[0])
+
+    @property
+    def num_states(self) -> int:
+        return int(self.state_share.shape[0])
+
+    def round_weights(self, tokens_per_round) -> np.ndarray:
+        """[L]: how a policy's rounds spread over the levels, given the tokens it gains per round
+        at each level ``tokens_per_round [L]`` (bonus included).
+
+        Within a state, levels keep their relative weights (drawn per round); a state holds
+        ``state_share`` of the text and a policy gaining g_s tokens per round there spends a
+        share of its rounds proportional to state_share / g_s.  Mean tokens per round is then
+        ``round_weights(g) @ g = 1 / sum_s state_share_s / g_s``.  One state: ``weights``.
+        """
+        g = np.asarray(tokens_per_round, np.float64).reshape(-1)
+        if g.shape != self.weights.shape or not np.all(g >= 1.0 - 1e-9):
+            raise SimtreeError(f"tokens per round must be [{self.num_levels}] values >= 1 (one per level)")
+        if self.num_states == 1:
+            return self.weights
+        within = self.weights / np.bincount(self.state, self.weights)[self.state]
+        per_state = np.bincount(self.state, within * g, minlength=self.num_states)
+        rounds = self.state_share / per_state
+        return within * rounds[self.state] / rounds.sum()
 
     @property
     def depth(self) -> int:
@@ -139,13 +181,15 @@ class AcceptanceModel:
         return propose
 
     def expected_accepted(self, tree: DraftTree) -> float:
-        """Phi(tree) averaged over levels (draft tokens, bonus excluded)."""
-        return float(sum(w * expected_accepted_positional(tree, self.table(i, max(tree.max_depth, 1)))
-                         for i, w in enumerate(self.weights)))
+        """Phi(tree) per round, the same tree at every level (draft tokens, bonus excluded)."""
+        phi = np.array([expected_accepted_positional(tree, self.table(i, max(tree.max_depth, 1)))
+                        for i in range(self.num_levels)])
+        return float(self.round_weights(1.0 + phi) @ phi)
 
     def linear_accepted(self, budget: int) -> float:
-        """Mean accepted draft tokens of a chain of ``budget`` nodes (bonus excluded)."""
-        return float(self.weights @ chain_phi(self.tables, budget))
+        """Mean accepted draft tokens per round of a chain of ``budget`` nodes (bonus excluded)."""
+        phi = chain_phi(self.tables, budget)
+        return float(self.round_weights(1.0 + phi) @ phi)
 
     def summary(self) -> dict:
         return {"name": self.name, "source": self.source, "levels": self.num_levels,

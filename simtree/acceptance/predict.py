@@ -2,7 +2,8 @@
 
 Trees are built per level as the runtime builds them - from the drafter's probabilities
 (``AcceptanceModel.draft_probs``) - and scored with the level's acceptance table; the result
-is averaged over levels and counts the bonus token.  Modes and parameters are those of
+is averaged over the policy's rounds (``AcceptanceModel.round_weights``: a policy spends fewer
+rounds in the text states where it gains more per round) and counts the bonus token.  Modes and parameters are those of
 ``simtree run`` (none, linear {budget}, eagle {num_steps, topk, budget}, best_first {budget,
 width, draft_depth}).
 """
@@ -40,5 +41,6 @@ def level_trees(acc: AcceptanceModel, mode: str, params: dict) -> list[DraftTree
 def accepted_per_round(acc: AcceptanceModel, mode: str, params: dict | None = None) -> float:
     """Mean tokens a sequence gains per round (accepted drafts + the bonus token)."""
     trees = level_trees(acc, mode, params or {})
-    phi = [expected_accepted_positional(t, acc.table(i, max(t.max_depth, 1))) for i, t in enumerate(trees)]
-    return 1.0 + float(np.dot(acc.weights, phi))
+    g = 1.0 + np.array([expected_accepted_positional(t, acc.table(i, max(t.max_depth, 1)))
+                        for i, t in enumerate(trees)])
+    return float(acc.round_weights(g) @ g)

@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable
+from typing import Iterable, Sequence
 
 import numpy as np
 
@@ -26,7 +26,7 @@ from simtree.errors import SimtreeError, TreeError, check_whole
 from simtree.probs import check_prob_rows
 from simtree.trees.tree import DraftTree
 
-__all__ = ["TraceRecord", "Trials", "read_traces", "parse_record", "chain_trials", "tree_trials",
+__all__ = ["TraceRecord", "Trials", "read_traces", "parse_record", "chain_trials", "tree_trials", "sequence_ids",
            "MAX_CONTEXT_LEN", "SCHEMAS"]
 
 SCHEMAS = ("simtree.trace/1", "simtree.trace/2")
@@ -261,3 +261,22 @@ def tree_trials(records: Iterable[TraceRecord], topk: int) -> Trials:
         parts.append((tree.depth[child], rank[child], np.exp(tree.log_probs[child]), on_path[child],
                       np.full(child.shape[0], i)))
     return _trials(parts)
+
+
+def sequence_ids(records: Sequence[TraceRecord]) -> np.ndarray:
+    """int64 [len(records)]: which generated sequence each record belongs to.
+
+    Records of one run come batch by batch, round by round; a batch starts where the round
+    index falls back, and within a batch ``seq`` tells the sequences apart.  Records without
+    round / seq count as sequences of their own.
+    """
+    ids, batch, last_round, seen = np.zeros(len(records), np.int64), 0, -1, {}
+    for i, rec in enumerate(records):
+        if rec.round_index is None or rec.seq is None:
+            ids[i] = seen.setdefault(("record", i), len(seen))
+            continue
+        if rec.round_index < last_round:
+            batch += 1
+        last_round = rec.round_index
+        ids[i] = seen.setdefault((rec.workload, batch, rec.seq), len(seen))
+    return ids
