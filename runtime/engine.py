@@ -133,7 +133,7 @@ class SpecEngine:
         depth = spec.draft_shape()[0]   # the draft steps the planner costs
         if depth == 0:   # nothing drafted: the root alone
             return [DraftTree.chain(1, [r]) for r in roots]
-        k = TRACE_TOPK if spec.mode == "linear" else MARGINAL_TOPK
+        k = min(TRACE_TOPK, self.draft.config.vocab_size) if spec.mode == "linear" else MARGINAL_TOPK
         toks, probs = drafter.greedy_marginals(roots, depth, k)
         self._topk = (toks, probs)
         if spec.mode == "linear":
