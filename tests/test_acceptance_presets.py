@@ -79,3 +79,12 @@ def test_calibrate_command_writes_the_table(tmp_path):
     assert main(["--out", str(tmp_path)]) == 0
     written = pd.read_csv(tmp_path / "preset_calibration.csv")
     assert len(written) == len(PRESETS) * (3 * len(PUBLISHED_BUDGETS) + 1)
+
+
+@pytest.mark.parametrize("mode, params", [("linear", {"budget": 6}), ("eagle", {"num_steps": 3, "topk": 2, "budget": 8}),
+                                          ("best_first", {"budget": 8, "width": 1, "draft_depth": 4})])
+def test_simulator_reads_the_presets_as_the_model_predicts(mode, params):
+    from simtree.planning.simulate import PolicySpec, static_round
+    acc = preset_model("mbpp")
+    shape = static_round(acc, PolicySpec(mode, params))
+    assert 1.0 + acc.weights @ shape.accepted == pytest.approx(accepted_per_round(acc, mode, params), abs=1e-9)
