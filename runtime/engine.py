@@ -49,6 +49,7 @@ __all__ = ["RoundStats", "GenerationResult", "SpecEngine", "greedy_decode", "che
            "MAX_DRAFT_NODES"]
 
 MARGINAL_TOPK = 4  # candidates per position kept from the drafter's distribution
+TRACE_TOPK = 8     # linear runs: candidates per drafted position logged in traces (the chain is their top-1)
 MAX_DRAFT_NODES = 8192  # drafted nodes per sequence per round: beyond, the draft verify's mask explodes
 
 
@@ -122,7 +123,7 @@ class SpecEngine:
             raise SimtreeError(f"draft vocab_size {draft.config.vocab_size} != target vocab_size "
                                f"{target.config.vocab_size}: speculative decoding needs one vocabulary")
         self.target, self.draft, self.costs = target, draft, costs
-        self._marginals = None  # the round's drafter marginals [B, P, K] (marginal modes), for traces
+        self._topk = None  # the round's drafter top-k (tokens, probs) [B, P, K] along its chain, for traces
 
     # ---- tree construction per mode ------------------------------------------------------
     def _trees(self, spec: PolicySpec, drafter: Drafter | None, roots, ctx_len: float) -> list[DraftTree]:
@@ -133,8 +134,9 @@ class SpecEngine:
         if depth == 0:   # nothing drafted: the root alone
             return [DraftTree.chain(1, [r]) for r in roots]
         linear = isinstance(spec, LinearParams)
-        toks, probs = drafter.greedy_marginals(roots, depth, 1 if linear else MARGINAL_TOPK)
-        self._marginals = None if linear else probs
+        k = min(TRACE_TOPK, self.draft.config.vocab_size) if linear else MARGINAL_TOPK
+        toks, probs = drafter.greedy_marginals(roots, depth, k)
+        self._topk = (toks, probs)
         if linear:
             return [linear_tree([r, *toks[b, :, 0]], [0.0, *np.log(probs[b, :, 0])]) for b, r in enumerate(roots)]
         if isinstance(spec, BestFirstParams):
@@ -219,7 +221,7 @@ class SpecEngine:
             ctx_lens = cache.lengths.tolist()
             ctx = float(np.mean(ctx_lens))
             t0 = time.perf_counter()
-            self._marginals = None
+            self._topk = None
             batch = TreeBatch(self._trees(spec, drafter, roots, ctx))
             if self.target.prefers_depth_first(batch):   # the GDN kernel's fastest order
                 batch = batch.depth_first()
@@ -251,7 +253,7 @@ class SpecEngine:
             rounds.append(stats)
             if trace is not None:
                 trace.write_round(batch, acc, workload=workload, batch_size=B, round_index=len(rounds) - 1,
-                                  mode=spec.mode, context_lens=ctx_lens, marginal_probs=self._marginals)
+                                  mode=spec.mode, context_lens=ctx_lens, topk=self._topk)
             if progress is not None:
                 progress(min(sum(min(len(o), max_new_tokens) for o in outs), B * max_new_tokens))
         return GenerationResult([o[:max_new_tokens] for o in outs], rounds, prefill_us, produced)

@@ -1,26 +1,31 @@
-"""Acceptance traces: JSONL, one record per decode round per sequence.
+"""Acceptance traces: JSONL, one record per decode round per sequence (format v2).
 
-Each line is a JSON object:
+Each line is a JSON object (docs/acceptance.md has the full table and an example):
 
-    schema          "simtree.trace/1"
+    schema          "simtree.trace/2"
     workload        str   workload name (e.g. "sharegpt", "humaneval")
     batch_size      int   sequences in the batch that round
-    round           int   decode round index (0-based)
-    seq             int   sequence index within the batch
+    round, seq      int   decode round index (0-based) and sequence index within the batch
     mode            str   policy mode that built the tree (none/linear/eagle/...)
     context_len     int   tokens in the target cache before the round (root excluded)
     parents         [int] the draft tree's parent array (topological, parents[0] = -1)
-    log_probs       [float] draft log-prob of each node given its parent (root 0.0): the
-                    draft scores; cumulative sums along a path give the EAGLE score
-    accepted_node   int   local index of the last accepted node (0 = only the root)
-    num_accepted    int   accepted draft tokens = depth of accepted_node (root and bonus
-                    token excluded); ``accepted_length`` repeats it
+    tokens          [int] draft token id of each node (tokens[0]: the root, the last output token)
+    log_probs       [float] draft log-prob of each node given its parent (root 0.0)
+    ranks           [int] each node's rank among its siblings by draft log-prob (0 = the
+                    drafter's best candidate; root 0)
     accepted_path   [int] node indices root..accepted_node
-    marginal_probs  [[float]] optional, marginal modes only: the drafter's top-K probabilities
-                    per position [P][K] (rows sorted desc) that the tree was built from
+    accepted_node   int   the last accepted node (0 = only the root)
+    num_accepted    int   accepted draft tokens = depth of accepted_node (bonus excluded)
+    target_tokens   [int] the target's greedy token at each node of accepted_path: the next
+                    accepted draft token, and last the token the target wanted at the first
+                    mismatch (the bonus token); len = num_accepted + 1
+    topk_tokens     [[int]] optional [P][K]: the drafter's top-K token ids at each drafted
+    topk_probs      [[float]] position 1..P of its greedy chain (linear and marginal modes), probs
+                    sorted desc; with target_tokens they say which rank a wider tree would
+                    have needed at every depth the chain reached
 
-This is the format simtree.acceptance.model.read_traces validates (fit_positional reads parents,
-log_probs, accepted_node; fit_marginals reads marginal_probs); use that reader.
+Version 1 records (``simtree.trace/1``: no tokens / ranks / target_tokens / topk, optional
+``marginal_probs``) are still read by :func:`simtree.acceptance.traces.read_traces`.
 """
 from __future__ import annotations
 
@@ -29,12 +34,13 @@ import os
 import tempfile
 from pathlib import Path
 
+from simtree.acceptance.phi import sibling_rank
 from simtree.fileio import file_mode_for
 
 
 __all__ = ["TraceWriter", "TRACE_SCHEMA"]
 
-TRACE_SCHEMA = "simtree.trace/1"
+TRACE_SCHEMA = "simtree.trace/2"
 
 
 class TraceWriter:
@@ -58,18 +64,21 @@ class TraceWriter:
             self._fh = open(self.tmp_path, "w", encoding="utf-8")
 
     def write_round(self, batch, acc, *, workload: str, batch_size: int, round_index: int, mode: str,
-                    context_lens, marginal_probs=None) -> None:
+                    context_lens, topk=None) -> None:
         """batch: TreeBatch; acc: simtree.trees.greedy.BatchAcceptResult of that batch;
-        marginal_probs: optional float [B, P, K]."""
+        topk: optional (token ids int [B, P, K], probs float [B, P, K]) of the drafter's chain."""
         for b, tree in enumerate(batch.trees):
             res = acc.result(b)
             rec = {"schema": TRACE_SCHEMA, "workload": workload, "batch_size": int(batch_size),
                    "round": int(round_index), "seq": b, "mode": mode, "context_len": int(context_lens[b]),
-                   "parents": tree.parents.tolist(), "log_probs": [round(float(x), 6) for x in tree.log_probs],
+                   "parents": tree.parents.tolist(), "tokens": tree.tokens.tolist(),
+                   "log_probs": [round(float(x), 6) for x in tree.log_probs],
+                   "ranks": sibling_rank(tree).tolist(), "accepted_path": res.path.tolist(),
                    "accepted_node": int(acc.last_node[b]), "num_accepted": int(res.num_accepted),
-                   "accepted_length": int(res.num_accepted), "accepted_path": res.path.tolist()}
-            if marginal_probs is not None:
-                rec["marginal_probs"] = [[round(float(x), 6) for x in row] for row in marginal_probs[b]]
+                   "target_tokens": [*res.accepted_tokens.tolist(), int(res.bonus_token)]}
+            if topk is not None:
+                rec["topk_tokens"] = topk[0][b].tolist()
+                rec["topk_probs"] = [[round(float(x), 6) for x in row] for row in topk[1][b]]
             self._fh.write(json.dumps(rec) + "\n")
 
     def close(self) -> None:

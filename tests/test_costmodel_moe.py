@@ -5,7 +5,7 @@ import warnings
 import numpy as np
 import pytest
 
-from simtree.acceptance.model import get_workload
+from simtree.acceptance.model import calibrate_linear
 from simtree.trees.builders import best_first_order, best_first_tree, cost_aware_budget
 from simtree.costs.surface_fit import fit_surface
 from simtree.costs.forms import MoEGridSurface, MoESurface, ScaledVerifyDraft
@@ -156,7 +156,9 @@ def test_nonconvex_budget_is_the_global_argmax_of_brute_force(seed):
 
 
 def test_adaptive_simulation_uses_the_global_argmax_for_a_nonconvex_model():
-    acc = get_workload("sharegpt").acceptance
+    # a geometric drafter (no horizon) whose Phi keeps growing over 48 nodes: the first-stop
+    # rule and the global argmax then part on this saturating cost
+    acc = calibrate_linear(2.39, 4, name="sharegpt")
     spec = CostAwareParams(max_budget=48, draft_depth=6)
     cv = lambda n: saturating_cv(n, experts_us=10.0, per_node_us=0.1)  # noqa: E731  (sharegpt: weaker drafter)
     verify = types.SimpleNamespace(predict=lambda n, l, b: cv(n), convex_in_n=False)

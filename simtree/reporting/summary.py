@@ -26,7 +26,7 @@ from simtree.fileio import read_json, write_text_atomic
 
 __all__ = ["START", "END", "Folder", "FOLDERS", "headlines", "summary_table", "reports_index",
            "replace_block", "write_summary", "gdn_headline", "v4_headline", "profile_headline",
-           "fit_headline", "plan_headline", "loop_headline", "lossless_headline", "cpu_host_headline"]
+           "fit_headline", "plan_headline", "acceptance_headline", "loop_headline", "lossless_headline", "cpu_host_headline"]
 
 START, END = "<!-- summary:start -->", "<!-- summary:end -->"
 MODEL_NAMES = {"qwen3.6-27b": "Qwen3.6-27B", "deepseek-v4-flash": "DeepSeek-V4-Flash"}
@@ -169,6 +169,20 @@ def cpu_host_headline(folder: Path) -> str:
             f"{_span(stack_ratio, 2)} the sum of its pieces timed alone")
 
 
+def acceptance_headline(folder: Path) -> str:
+    """validation.csv and preset_calibration.csv: the trace-fitted model against measured trees
+    (median and worst |rel_err|) and the presets against the published V4-Flash table."""
+    val = _csv(folder / "validation.csv")
+    err = val["rel_err"].abs()
+    cal = _csv(folder / "preset_calibration.csv")
+    lin = cal[cal["shape"].str.endswith("accepted tokens") & cal["shape"].str.contains("_k1_")]
+    gain = cal[cal["shape"].str.contains("gain over linear")]
+    return (f"linear-trace fit predicts {len(val)} tree runs within {_pct(err.median(), 1)} median / "
+            f"{_pct(err.max(), 1)} worst; presets: linear within "
+            f"{(lin.preset - lin.published).abs().max():.3f} tokens, tree gains within "
+            f"{(gain.preset - gain.published).abs().max():.1f} points of the published V4-Flash table")
+
+
 FOLDERS: tuple[Folder, ...] = (
     Folder("reports/h200/gdn", "GDN tree verify (one layer, Qwen3.6-27B shapes, H200)",
            "GDN tree verify vs the per-branch recurrent verify, flash-linear-attention and the "
@@ -189,6 +203,11 @@ FOLDERS: tuple[Folder, ...] = (
     Folder("reports/h200/plan", "Plans on the embedded default",
            "policy, plan report and every candidate's prediction per model (three workloads, batch 1-64)",
            "`simtree plan --out reports/h200/plan`", plan_headline),
+    Folder("reports/acceptance", "Acceptance models",
+           "presets calibrated to the published V4-Flash MTP table; a linear-trace fit validated on "
+           "measured trees of the runtime's models",
+           "`python -m simtree.acceptance.calibrate --out reports/acceptance` and "
+           "`python scripts/validate_acceptance.py --out reports/acceptance`", acceptance_headline),
     Folder("reports/h200/gpu_loop", "Closed loop on the H200 (tiny runtime model)",
            "profile -> fit -> plan -> run of the runtime's own models on the GPU, predicted vs measured",
            "`DEVICE=cuda bash scripts/loop.sh reports/h200/gpu_loop` (H200)", loop_headline),
