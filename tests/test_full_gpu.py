@@ -21,8 +21,8 @@ def _model(name="tiny-gdn", dtype=torch.float32):
 
 @pytest.mark.parametrize("D, Hq, Hkv, window", [(256, 24, 4, 0), (512, 64, 1, 128)])
 def test_tree_attention_kernel_on_the_gpu(D, Hq, Hkv, window):
-    from simtree.runtime.full._attention_kernel import tree_attention_triton
-    from simtree.runtime.full.attention import chain_bits, tree_attention_ref
+    from simtree.kernels.layers.attention import chain_bits, tree_attention_ref
+    from simtree.kernels.layers.attention_kernel import tree_attention_triton
     g = torch.Generator(device="cuda").manual_seed(0)
     r = lambda *s: torch.randn(*s, generator=g, device="cuda").to(torch.bfloat16)  # noqa: E731
     B, Q, S = 3, 8, 300

@@ -89,8 +89,8 @@ def time_step(step, reps: int = 10, warmup: int = 3) -> tuple[float, float, floa
 def _check_attention(s: Session, device) -> None:
     """The tree attention kernel against its torch form at the two models' shapes (Qwen's GQA
     24/4 x 256, V4's MTP latent 64/1 x 512 with window and sink), bf16."""
-    from ._attention_kernel import tree_attention_triton
-    from .attention import chain_bits, tree_attention_ref
+    from simtree.kernels.layers.attention_kernel import tree_attention_triton
+    from simtree.kernels.layers.attention import chain_bits, tree_attention_ref
     g = torch.Generator(device=device).manual_seed(0)
     r = lambda *shape: torch.randn(*shape, generator=g, device=device).to(torch.bfloat16)  # noqa: E731
     B, Q, S, T = 4, 8, 700, 8

@@ -1,0 +1,1 @@
+"""simtree.kernels.layers: model layers built from the kernels."""

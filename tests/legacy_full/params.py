@@ -1,0 +1,77 @@
+"""Random weights of the full-scale models, made on the target device from a list of specs.
+
+A model module lists its parameters as :class:`Spec` (name, shape, how to initialise, dtype);
+:func:`make_weights` allocates them on the device, each tensor seeded from (seed, name) so its
+values do not depend on the order of creation, and :func:`spec_bytes` sizes the same list, so
+the planner's weight bytes and what the runtime allocates cannot drift apart.
+
+Linear weights are stored [out, in] (``F.linear``) with std in^-1/2, so activations stay O(1);
+output projections that feed the residual stream get a further 1/sqrt(2 layers), so the
+stream's scale does not grow with depth.
+"""
+from __future__ import annotations
+
+import math
+import zlib
+from dataclasses import dataclass
+
+import torch
+
+__all__ = ["Spec", "linear", "make_weights", "spec_bytes", "dtype_bytes"]
+
+
+@dataclass(frozen=True)
+class Spec:
+    """One parameter: ``init`` "normal" (std ``scale``), "const" (every entry ``scale``) or
+    "log_uniform" (log of U(1, ``scale``): GDN's A_log); ``dtype`` None: the model's dtype."""
+
+    name: str
+    shape: tuple
+    init: str = "normal"
+    scale: float = 1.0
+    dtype: torch.dtype | None = None
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+
+def linear(name: str, out_features: int, in_features: int, gain: float = 1.0, groups: int | None = None,
+           dtype=None) -> Spec:
+    """A linear weight [out, in] (or [groups, out, in]) with std gain / sqrt(in)."""
+    shape = (out_features, in_features) if groups is None else (groups, out_features, in_features)
+    return Spec(name, shape, "normal", gain / math.sqrt(in_features), dtype)
+
+
+def dtype_bytes(dtype: torch.dtype) -> int:
+    return torch.empty((), dtype=dtype).element_size()
+
+
+def spec_bytes(specs: list[Spec], dtype: torch.dtype) -> int:
+    """Bytes the specs take with ``dtype`` as the model's dtype."""
+    return sum(s.numel * dtype_bytes(s.dtype or dtype) for s in specs)
+
+
+def _generator(device: torch.device, seed: int, name: str) -> torch.Generator:
+    gen = torch.Generator(device=device)
+    gen.manual_seed((seed * 1_000_003 + zlib.crc32(name.encode())) % (1 << 62))
+    return gen
+
+
+@torch.no_grad()
+def make_weights(specs: list[Spec], device, dtype: torch.dtype, seed: int = 0) -> dict[str, torch.Tensor]:
+    """{name: tensor} on ``device``; random values drawn there (no host copy of the weights)."""
+    device = torch.device(device)
+    out = {}
+    for s in specs:
+        t = torch.empty(s.shape, dtype=s.dtype or dtype, device=device)
+        if s.init == "normal":
+            t.normal_(0.0, s.scale, generator=_generator(device, seed, s.name))
+        elif s.init == "const":
+            t.fill_(s.scale)
+        elif s.init == "log_uniform":
+            t.uniform_(1.0, s.scale, generator=_generator(device, seed, s.name)).log_()
+        else:
+            raise ValueError(f"unknown init {s.init!r} of {s.name}")
+        out[s.name] = t
+    return out
