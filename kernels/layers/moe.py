@@ -7,12 +7,14 @@ expert in a host loop stands in (:func:`grouped_mm_capturable` says which a mode
 """
 from __future__ import annotations
 
+import functools
 import warnings
 
 import torch
 import torch.nn.functional as F
 
 from . import ops
+from .opcount import kernel_core
 
 __all__ = ["route_topk", "routed_experts", "grouped_mm_capturable"]
 
@@ -50,6 +52,11 @@ def _grouped_linear(x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor) -> tor
     return out
 
 
+@functools.lru_cache(maxsize=16)
+def _experts(E: int, device: torch.device) -> torch.Tensor:
+    return torch.arange(E, dtype=torch.int64, device=device)
+
+
 def routed_experts(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, w_gate_up: torch.Tensor,
                    w_down: torch.Tensor) -> torch.Tensor:
     """sum_k weights[t, k] * expert_{ids[t, k]}(x[t]) for x [T, h]; experts' w_gate_up
@@ -59,9 +66,12 @@ def routed_experts(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, w_
     T, k = ids.shape
     E = w_gate_up.shape[0]
     sorted_ids, order = torch.sort(ids.reshape(-1), stable=True)
-    offs = torch.searchsorted(sorted_ids, torch.arange(E, device=x.device, dtype=sorted_ids.dtype),
-                              right=True).to(torch.int32)
+    offs = torch.searchsorted(sorted_ids, _experts(E, x.device), right=True).to(torch.int32)
     xs = x.index_select(0, order // k)
-    y = _grouped_linear(ops.silu_mul(_grouped_linear(xs, w_gate_up, offs)), w_down, offs)
+    with kernel_core("grouped_mm"):
+        gu = _grouped_linear(xs, w_gate_up, offs)
+    act = ops.silu_mul(gu)
+    with kernel_core("grouped_mm"):
+        y = _grouped_linear(act, w_down, offs)
     back = torch.empty_like(y).index_copy_(0, order, y)
     return (back.view(T, k, -1) * weights.to(y.dtype)[..., None]).sum(1)
