@@ -44,7 +44,7 @@ from .rope import RopeTable
 from .weights import Spec, linear
 
 __all__ = ["QwenDims", "ROPE_FRACTION", "ROPE_THETA", "layer_specs", "model_specs", "prepare", "RoundTables",
-           "QwenRound", "QwenCommit", "round_meta", "commit_meta", "gdn_pre", "gdn_core_verify", "gdn_core_decode",
+           "QwenRound", "QwenCommit", "round_meta", "commit_meta", "advance", "gdn_pre", "gdn_core_verify", "gdn_core_decode",
            "gdn_post", "gdn_commit", "attn_pre", "attn_core", "attn_post", "attn_commit", "mlp", "gdn_layer",
            "attn_layer", "mtp_forward", "GdnPre", "new_cache"]
 
@@ -267,6 +267,11 @@ def commit_meta(d: QwenDims, t: RoundTables, rm: QwenRound, accepted: torch.Tens
     a_depth = rm.depth.gather(1, accepted[:, None])[:, 0]
     conv_idx = _conv_taps(d, t, row, seq, a_depth, rm.anc[row], d.W - 1) if has_gdn else None
     return QwenCommit(dest.reshape(-1), conv_idx, accepted, a_depth + 1)
+
+
+def advance(lengths: torch.Tensor, cm: QwenCommit) -> None:
+    """The sequences' lengths past the round's committed tokens."""
+    lengths += cm.gained
 
 
 # ---- GDN mixer ----------------------------------------------------------------------------------

@@ -42,7 +42,7 @@ from .rope import RopeTable
 from .weights import Spec, linear
 
 __all__ = ["V4Dims", "EP_RANKS", "ROPE_THETA", "default_ep_ranks", "rank_experts", "layer_specs", "model_specs",
-           "attn_config", "layer_weights", "V4Round", "round_meta", "commit_plans", "attn_pre", "attn_core",
+           "attn_config", "layer_weights", "V4Round", "round_meta", "commit_plans", "advance", "attn_pre", "attn_core",
            "attn_post", "attn_commit", "moe", "layer", "mtp_forward", "EPS"]
 
 EP_RANKS = 8
@@ -223,6 +223,11 @@ def round_meta(rope: RopeTable, kinds: dict, lengths: torch.Tensor, parents: tor
 def commit_plans(kinds: dict, rm: V4Round, accepted: torch.Tensor) -> dict:
     """{kind: CommitPlan} for the accepted nodes (LOCAL index, int64 [B]) of the round."""
     return {kind: plan_commit_device(cache, lw, rm.plans[kind], accepted) for kind, (cache, lw) in kinds.items()}
+
+
+def advance(lengths: torch.Tensor, rm: V4Round, accepted: torch.Tensor) -> None:
+    """The sequences' lengths past the accepted nodes' root paths."""
+    lengths += rm.depth.gather(1, accepted[:, None])[:, 0] + 1
 
 
 # ---- attention block ------------------------------------------------------------------------------

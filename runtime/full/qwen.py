@@ -152,14 +152,14 @@ class QwenModel:
                 L.gdn_commit(self.d, st.ssm[i], st.conv[i], pend.layers[i], rm, cm)
             else:
                 L.attn_commit(st.kv[i], pend.layers[i], cm.kv_rows)
-        st.lengths += cm.gained
+        L.advance(st.lengths, cm)
 
     @torch.no_grad()
     def decode(self, st: QwenState, tokens: torch.Tensor) -> torch.Tensor:
         """One plain step: tokens [B] at positions lengths -> hidden [B, h]; advances the state."""
         rm = L.round_meta(self.d, self.tables, st.lengths, None, st.max_len + 1, self.has_gdn)
         x, _ = self._forward(st, tokens, rm)
-        st.lengths += 1
+        L.advance(st.lengths, rm.commit)
         return x
 
     def greedy(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -154,7 +154,7 @@ class V4Rank:
         cplans = L.commit_plans(self._kinds(st), rm, accepted)
         for i, kind in enumerate(self.kinds):
             L.attn_commit(kind, st.caches[i], pend.scratch[i], cplans[kind], self.impl)
-        st.lengths += rm.depth.gather(1, accepted[:, None])[:, 0] + 1
+        L.advance(st.lengths, rm, accepted)
 
     @torch.no_grad()
     def decode(self, st: V4State, tokens: torch.Tensor) -> torch.Tensor:
