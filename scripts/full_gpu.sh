@@ -9,7 +9,8 @@
 # A failed phase is logged and the next runs; progress lines carry timestamps.  Everything is in
 # $OUT/full_<model>.tgz, plus <model>_log.txt and <model>_summary.md (<= 8 files in $OUT).
 # The fit, plan and predictions from this profile run at home: bash scripts/full_report.sh DIR.
-#   bash scripts/full_gpu.sh qwen3.6-27b        (env OUT, SWEEP_MINUTES=3, RUNTIME_SECONDS=260)
+#   bash scripts/full_gpu.sh qwen3.6-27b        (env OUT, SWEEP_MINUTES=3, RUNTIME_SECONDS=260, GPUTEST=1,
+#                                                 ARGS="--replay t.jsonl" for gpu_run)
 #   bash scripts/full_gpu.sh deepseek-v4-flash
 set -uo pipefail
 MODEL=${1:?usage: bash scripts/full_gpu.sh MODEL}
@@ -35,6 +36,10 @@ python3 -m pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1 ||
 export PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem,temperature.gpu --format=csv \
   > "$RES/gpu_state.csv" 2>&1
+if [ -n "${GPUTEST:-}" ]; then   # GPUTEST=1: the layers' and the runtime's GPU tests first (~1-2 min)
+  log "GPU tests"
+  timeout 150 python3 -m pytest -q -m gpu tests/test_layers_fused.py tests/test_full_gpu.py 2>&1 | tail -15 >> "$LOG"
+fi
 SWEEP_MINUTES=${SWEEP_MINUTES:-3}
 log "(a) profile sweep of the runtime's layers, <= $SWEEP_MINUTES min"
 timeout -k 10 $(( SWEEP_MINUTES * 60 + 75 )) python3 -m simtree.profiler.sweep --sweep full_layers_gpu \

@@ -113,3 +113,34 @@ def test_custom_ops_are_the_references_on_the_cpu():
     ops.gather_rows(s1, x, idx[:3, :3])
     ref.gather_rows(s2, x, idx[:3, :3])
     assert torch.equal(s1, s2)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_fused_ops_on_the_gpu_at_qwen_shapes():
+    """bf16 at Qwen3.6-27B's widths (hidden 5120, MLP 17408, GDN 48 x 128, conv 10240, attention
+    24 x 256): each custom op's Triton kernel against its torch form."""
+    dev, bf = "cuda", torch.bfloat16
+    g = torch.Generator(device=dev).manual_seed(0)
+    r = lambda *s: torch.randn(*s, generator=g, device=dev).to(bf)  # noqa: E731
+    T = 24
+    x, gu, o, z = r(T, 5120), r(T, 2 * 17408), r(T, 48, 128), r(T, 48 * 128)
+    cases = [(ops.rms_norm, (x, r(5120), 1e-6), ref.rms_norm), (ops.silu_mul, (gu,), ref.silu_mul),
+             (ops.gated_rms_norm, (o, z, r(128), 1e-6), ref.gated_rms_norm)]
+    qg = r(T, 24, 512)
+    ang = torch.randn(T, 32, device=dev)
+    cs = torch.cat([ang.cos(), ang.sin()], -1)
+    cases += [(ops.sigmoid_mul, (r(T, 24, 256), qg[..., 256:]), ref.sigmoid_mul),
+              (ops.norm_rope, (qg[..., :256], r(256), cs, 0, False, 1e-6, True), ref.norm_rope)]
+    for op, args, want in cases:
+        got, exp = op(*args).float(), want(*args).float()
+        assert float((got - exp).abs().max() / exp.abs().max()) < 2e-2, op
+    proj = r(T, 10240 + 6144 + 96)
+    state, w = r(4, 3, 10240), r(10240, 4)
+    idx = torch.randint(-12, T, (T, 4), device=dev)
+    got = ops.tree_conv(proj[:, :10240], state, idx, w, [2048, 4096], True).float()
+    exp = ref.tree_conv(proj[:, :10240], state, idx, w, (2048, 4096)).float()
+    assert float((got - exp).abs().max() / exp.abs().max()) < 2e-2
+    neg_a, dt = -torch.rand(48, device=dev), torch.randn(48, device=dev)
+    for got, exp in zip(ops.gdn_gates(proj[:, -96:], neg_a, dt), ref.gdn_gates(proj[:, -96:], neg_a, dt)):
+        assert got.dtype == torch.float32 and float((got - exp).abs().max()) < 1e-4
