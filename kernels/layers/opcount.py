@@ -24,7 +24,8 @@ __all__ = ["OpCounter", "kernel_core", "NO_LAUNCH"]
 # ops that launch no kernel: allocations, metadata and views
 NO_LAUNCH = frozenset({"empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided", "_to_copy_noop",
                        "lift_fresh", "detach", "alias", "_unsafe_view", "view", "reshape", "resolve_conj",
-                       "resolve_neg", "size", "stride", "sym_size", "sym_stride", "is_same_size", "_local_scalar_dense"})
+                       "resolve_neg", "size", "stride", "sym_size", "sym_stride", "is_same_size",
+                       "_local_scalar_dense"})
 
 _STATE = threading.local()
 

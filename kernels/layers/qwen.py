@@ -44,7 +44,8 @@ from .rope import RopeTable
 from .weights import Spec, linear
 
 __all__ = ["QwenDims", "ROPE_FRACTION", "ROPE_THETA", "layer_specs", "model_specs", "prepare", "RoundTables",
-           "QwenRound", "QwenCommit", "round_meta", "commit_meta", "advance", "gdn_pre", "gdn_core_verify", "gdn_core_decode",
+           "QwenRound", "QwenCommit", "round_meta", "commit_meta", "advance", "gdn_pre", "gdn_core_verify",
+           "gdn_core_decode",
            "gdn_post", "gdn_commit", "attn_pre", "attn_core", "attn_post", "attn_commit", "mlp", "gdn_layer",
            "attn_layer", "mtp_forward", "GdnPre", "new_cache"]
 

@@ -142,7 +142,8 @@ def layer_specs(p: str, kind: str, d: V4Dims, out_gain: float, comp_dt) -> list[
     if kind == "csa":
         specs += _compressor_specs(p + "idx.", d.Di, d.csa, h, comp_dt) + [linear(p + "wq_idx", d.Hi * d.Di, d.qr)]
     specs += [Spec(p + "ln2", (h,), "const", 1.0), linear(p + "router", d.E, h),
-              linear(p + "experts_gu", 2 * d.I, h, groups=d.E), linear(p + "experts_down", h, d.I, out_gain, groups=d.E)]
+              linear(p + "experts_gu", 2 * d.I, h, groups=d.E),
+              linear(p + "experts_down", h, d.I, out_gain, groups=d.E)]
     if d.Is:
         specs += [linear(p + "shared_gu", 2 * d.Is, h), linear(p + "shared_down", h, d.Is, out_gain)]
     return specs

@@ -216,7 +216,8 @@ def main(argv=None) -> int:
           f"{args.max_seconds:.0f} s")
     from simtree.acceptance.model import get_workload
     from .build import build_model, weight_bytes
-    costs_path = args.costs or str(Path(simtree.__file__).resolve().parent / "data" / "costs" / f"h200_{args.model}.json")
+    costs_path = args.costs or str(Path(simtree.__file__).resolve().parent / "data" / "costs"
+                                   / f"h200_{args.model}.json")
     workload = get_workload(args.replay or args.acceptance)
     try:
         model = build_model(args.model, args.device, seed=0)

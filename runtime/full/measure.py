@@ -126,8 +126,6 @@ def measure_policy(model, rs: RoundShape, batch_size: int, source, cfg: RunConfi
         stats = engine.run(rounds=cfg.rounds)
         if engine.capture_error:
             stats.notes.append(f"CUDA graph capture failed, eager stages: {engine.capture_error}")
-        elif model.device.type == "cuda" and not model.capturable:
-            stats.notes.append(model.eager_reason)
         return stats, engine.graphs is not None
     finally:
         del engine

@@ -59,7 +59,8 @@ def composed_vs_measured(profile: pd.DataFrame, steps: pd.DataFrame) -> list[dic
     meas = steps[(steps.stage == "model_verify_step") & (steps.variant == WHOLE)]
     out = []
     for r in meas.itertuples(index=False):
-        rows = comp[(comp.model == r.model) & (comp.batch_size == r.batch_size) & (comp.nodes_per_seq == r.nodes_per_seq)]
+        rows = comp[(comp.model == r.model) & (comp.batch_size == r.batch_size)
+                    & (comp.nodes_per_seq == r.nodes_per_seq)]
         if rows.empty:
             continue
         by_l = rows.groupby("context_len").latency_us_median.median().sort_index()
@@ -152,8 +153,8 @@ def session_report(sessions: list[Path], out: Path) -> dict:
     rows.sort(key=lambda r: (r["model"], r["batch_size"]))
     files = write_summary(rows, list(dict.fromkeys(notes)), out, alternatives)
     write_text_atomic(out / "alternatives.csv", _csv(alternatives, SUMMARY_COLUMNS + EXTRA_COLUMNS))
-    write_text_atomic(out / "composed_vs_measured.csv", _csv(cvm, ("model", "batch_size", "nodes_per_seq", "context_len",
-                                                                    "measured_us", "composed_us", "rel_err")))
+    cvm_cols = ("model", "batch_size", "nodes_per_seq", "context_len", "measured_us", "composed_us", "rel_err")
+    write_text_atomic(out / "composed_vs_measured.csv", _csv(cvm, cvm_cols))
     write_text_atomic(out / "composed_vs_measured.md", _cvm_markdown(cvm))
     if lossless:
         write_text_atomic(out / "lossless.csv", _csv(lossless, lossless[0].keys()))

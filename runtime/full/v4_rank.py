@@ -83,6 +83,7 @@ class V4Rank:
         self.rope = RopeTable(self.d.rope, L.ROPE_THETA, self.device, dtype=dtype)
         on_gpu = self.device.type == "cuda" and dtype != torch.float64
         self.impl = "triton" if on_gpu else "torch"
+        self._const = {}
 
     def _sub(self, prefix: str) -> dict:
         return {k[len(prefix):]: v for k, v in self.w.items() if k.startswith(prefix)}
@@ -165,16 +166,15 @@ class V4Rank:
         return hidden
 
     def _roots(self, B: int) -> torch.Tensor:
-        key = ("roots", B)
-        if key not in self.__dict__:
-            self.__dict__[key] = torch.full((B, 1), -1, dtype=torch.int64, device=self.device)
-        return self.__dict__[key]
+        """[B, 1] one-node trees (made once: a decode step inside a CUDA graph allocates nothing new)."""
+        if ("roots", B) not in self._const:
+            self._const["roots", B] = torch.full((B, 1), -1, dtype=torch.int64, device=self.device)
+        return self._const["roots", B]
 
     def _zeros(self, B: int) -> torch.Tensor:
-        key = ("zeros", B)
-        if key not in self.__dict__:
-            self.__dict__[key] = torch.zeros(B, dtype=torch.int64, device=self.device)
-        return self.__dict__[key]
+        if ("zeros", B) not in self._const:
+            self._const["zeros", B] = torch.zeros(B, dtype=torch.int64, device=self.device)
+        return self._const["zeros", B]
 
     def greedy(self, hidden: torch.Tensor) -> torch.Tensor:
         return head.greedy(hidden, self.w["norm"], self.w["lm_head"], L.EPS)
