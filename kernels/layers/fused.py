@@ -214,10 +214,9 @@ def tree_conv(x, state, idx, weight, splits, silu: bool = True) -> torch.Tensor:
 
 @triton.jit
 def _source_row(STATE, X, IDX, b, s, s_x, C, c, m, R: tl.constexpr):
-    ok = m & (s < R)
-    src = tl.load(IDX + b * R + s + c * 0, mask=ok, other=0)
-    vx = tl.load(X + src * s_x + c, mask=ok & (src >= 0), other=0.0).to(tl.float32)
-    vs = tl.load(STATE + (-1 - src) * C + c, mask=ok & (src < 0), other=0.0).to(tl.float32)
+    src = tl.load(IDX + b * R + s + c * 0)
+    vx = tl.load(X + src * s_x + c, mask=m & (src >= 0), other=0.0).to(tl.float32)
+    vs = tl.load(STATE + (-1 - src) * C + c, mask=m & (src < 0), other=0.0).to(tl.float32)
     return vx + vs
 
 
@@ -226,14 +225,20 @@ def _gather_rows_kernel(STATE, X, IDX, s_x, C, R: tl.constexpr, BLOCK: tl.conste
     b = tl.program_id(0).to(tl.int64)
     c = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     m = c < C
+    dst = STATE + b * R * C + c
     # every source first (R <= 3: a conv of kernel <= 4): a row may be another row's source
     v0 = _source_row(STATE, X, IDX, b, 0, s_x, C, c, m, R)
-    v1 = _source_row(STATE, X, IDX, b, 1, s_x, C, c, m, R)
-    v2 = _source_row(STATE, X, IDX, b, 2, s_x, C, c, m, R)
-    dst = STATE + b * R * C + c
+    v1 = v0
+    v2 = v0
+    if R > 1:
+        v1 = _source_row(STATE, X, IDX, b, 1, s_x, C, c, m, R)
+    if R > 2:
+        v2 = _source_row(STATE, X, IDX, b, 2, s_x, C, c, m, R)
     tl.store(dst, v0.to(STATE.dtype.element_ty), mask=m)
-    tl.store(dst + C, v1.to(STATE.dtype.element_ty), mask=m & (R > 1))
-    tl.store(dst + 2 * C, v2.to(STATE.dtype.element_ty), mask=m & (R > 2))
+    if R > 1:
+        tl.store(dst + C, v1.to(STATE.dtype.element_ty), mask=m)
+    if R > 2:
+        tl.store(dst + 2 * C, v2.to(STATE.dtype.element_ty), mask=m)
 
 
 def gather_rows(state: torch.Tensor, x: torch.Tensor, idx: torch.Tensor) -> None:
