@@ -3,6 +3,8 @@ of them is the runtime's step.  Checked on the CPU at tiny shapes by the op-coun
 (kernels/layers/opcount.py): each piece's ops, weighted as profiler/compose.py weighs their
 latencies, add up to exactly the ops of the runtime model's verify + greedy pick + commit (and
 of its plain decoding step) - the composition misses nothing and counts nothing twice."""
+from pathlib import Path
+
 import pandas as pd
 import pytest
 import torch
@@ -18,6 +20,7 @@ from simtree.runtime.full.qwen import QwenModel
 from simtree.runtime.full.v4_rank import V4Rank
 
 torch.set_num_threads(1)
+ROOT = Path(__file__).resolve().parents[1]
 B, N, L = 2, 4, 12
 
 
@@ -101,3 +104,32 @@ def test_layer_pieces_unavailable_where_the_model_has_no_such_call():
 
 def test_layer_checks_say_what_they_compared():
     assert check_variant(_ctx("tiny-gdn"), "mlp_step", "layers").startswith("no reference")   # Triton is CUDA's
+
+
+def test_a_sweep_of_the_layer_pieces_composes_both_models(tmp_path):
+    """The GPU session's sweep (full_layers_gpu.yaml's stages) at tiny shapes on the CPU: every
+    piece measured, composed model_verify_step rows for both families at every (b, n)."""
+    from simtree.costs.profile_table import load_profile
+    from simtree.fileio import read_yaml
+    from simtree.profiler.sweep import run_sweep
+
+    spec = read_yaml(ROOT / "simtree/data/sweeps/full_layers_gpu.yaml", "sweep")
+    spec.update(name="layers_cpu", device="cpu", dtype="fp32", target_s=0.002, max_minutes=5,
+                models=["tiny-gdn", "tiny-v4"],
+                grid={"batch_size": [1, 2], "nodes_per_seq": [1, 3], "context_len": [0], "tree_shape": ["eagle"]})
+    for entry in spec["stages"]:
+        grid = entry.get("grid") or {}
+        if "nodes_per_seq" in grid:
+            grid["nodes_per_seq"] = [n for n in (1, 3) if n in grid["nodes_per_seq"]]
+        if "context_len" in grid:
+            grid["context_len"] = [16, 48]
+    path = tmp_path / "layers_cpu.yaml"
+    import yaml
+    path.write_text(yaml.safe_dump(spec))
+    res = run_sweep(path, tmp_path / "profile.csv", progress=False, echo=lambda s: None)
+    assert res.failed == 0 and res.oom == 0 and res.not_run == 0, res.summary()
+    df = load_profile(tmp_path / "profile.csv")
+    composed = df[(df.stage == "model_verify_step") & (df.variant == "composed")]
+    for model in ("tiny-gdn", "tiny-v4"):
+        got = composed[composed.model == model]
+        assert set(zip(got.batch_size, got.nodes_per_seq)) == {(1, 1), (1, 3), (2, 1), (2, 3)}, model
