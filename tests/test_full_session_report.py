@@ -93,3 +93,30 @@ def test_full_report_script_unpacks_sessions_and_writes_the_report(session, tmp_
     empty = subprocess.run(["bash", str(ROOT / "scripts/full_report.sh"), str(tmp_path / "rep")], cwd=ROOT, env=env,
                            capture_output=True, text=True, timeout=60)
     assert empty.returncode == 2 and "no full_<model>.tgz" in empty.stderr
+
+
+def test_full_report_composes_a_layer_profile_cut_short_before_its_composition(session, tmp_path):
+    """A session whose sweep was stopped before composing: the script composes the pieces."""
+    cut = tmp_path / "cut"
+    (cut / "profile").mkdir(parents=True)
+    for name in ("steps_profile.csv", "summary.json", "lossless.csv"):
+        (cut / name).write_bytes((session / name).read_bytes())
+    rows = []
+    for b in (1, 2, 4):
+        for n in (1, 2, 4, 6, 8):
+            rows += [_row(s, "layers", b, n, 0, 10.0 * b * n + 5) for s in
+                     ("round_meta_step", "lm_head_step", "mlp_step", "gdn_proj_step", "attn_proj_step", "attn_kv_commit")]
+            rows += [_row(s, "layers", b, n, 0, 20.0 * b + n) for s in
+                     (("gdn_decode_step",) if n == 1 else ("gdn_tree_verify", "gdn_tree_commit"))]
+            rows += [_row("attn_tree_verify", "layers", b, n, l, 3.0 * b * n + 0.1 * l) for l in (16, 64, 256)]
+    pt.write_table(cut / "profile" / "profile.csv", pt.validate_profile(pd.DataFrame(rows)))
+    fetched = tmp_path / "fetched"
+    fetched.mkdir()
+    with tarfile.open(fetched / f"full_{MODEL}.tgz", "w:gz") as tar:
+        tar.add(cut, arcname=".")
+    run = subprocess.run(["bash", str(ROOT / "scripts/full_report.sh"), str(fetched), str(tmp_path / "rep")],
+                         cwd=ROOT, env={**os.environ, "PYTHON": sys.executable}, capture_output=True, text=True,
+                         timeout=600)
+    assert run.returncode == 0, run.stderr
+    assert "composing" in run.stdout and "45 rows" in run.stdout     # 3 b x 5 n x 3 contexts
+    assert (tmp_path / "rep" / "composed_vs_measured.csv").exists()
