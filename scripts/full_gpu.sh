@@ -9,7 +9,9 @@
 # A failed phase is logged and the next runs; progress lines carry timestamps.  Everything is in
 # $OUT/full_<model>.tgz, plus <model>_log.txt and <model>_summary.md (<= 8 files in $OUT).
 # The fit, plan and predictions from this profile run at home: bash scripts/full_report.sh DIR.
-#   bash scripts/full_gpu.sh qwen3.6-27b        (env OUT, SWEEP_MINUTES=3, RUNTIME_SECONDS=260, GPUTEST=1,
+# The whole call stays within TOTAL_SECONDS (default 525: a 9-minute call with room to spare); the
+# runtime phases get what the sweep leaves; $OUT is packed after the sweep and again at the end.
+#   bash scripts/full_gpu.sh qwen3.6-27b        (env OUT, TOTAL_SECONDS=525, SWEEP_MINUTES=3, GPUTEST=1,
 #                                                 ARGS="--replay t.jsonl" for gpu_run)
 #   bash scripts/full_gpu.sh deepseek-v4-flash
 set -uo pipefail
@@ -42,13 +44,16 @@ if [ -n "${GPUTEST:-}" ]; then   # GPUTEST=1: the layers' and the runtime's GPU 
 fi
 SWEEP_MINUTES=${SWEEP_MINUTES:-3}
 log "(a) profile sweep of the runtime's layers, <= $SWEEP_MINUTES min"
-timeout -k 10 $(( SWEEP_MINUTES * 60 + 75 )) python3 -m simtree.profiler.sweep --sweep full_layers_gpu \
+timeout -k 5 $(( SWEEP_MINUTES * 60 + 40 )) python3 -m simtree.profiler.sweep --sweep full_layers_gpu \
   --model "$MODEL" --out "$RES/profile/profile.csv" --max-minutes "$SWEEP_MINUTES" --no-progress >> "$LOG" 2>&1
 rc=$?; [ $rc -ne 0 ] && log "(a) sweep exited with $rc (its points so far are kept)"
-RUNTIME_SECONDS=${RUNTIME_SECONDS:-260}
+pack > /dev/null
+TOTAL=${TOTAL_SECONDS:-525}
+RUNTIME_SECONDS=$(( TOTAL - ($(date +%s) - START) - 35 ))   # 35 s: the runtime's exit and the packing
+[ $RUNTIME_SECONDS -gt 330 ] && RUNTIME_SECONDS=330
 log "(b-d) lossless, measured runs, whole steps, <= $RUNTIME_SECONDS s"
 # gpu_run logs its own timestamped lines into log.txt; its raw output goes to gpu_run.out
-timeout -k 10 $(( RUNTIME_SECONDS + 60 )) python3 -m simtree.runtime.full.gpu_run --model "$MODEL" --out "$RES" \
+timeout -k 5 $(( RUNTIME_SECONDS + 20 )) python3 -m simtree.runtime.full.gpu_run --model "$MODEL" --out "$RES" \
   --max-seconds "$RUNTIME_SECONDS" ${ARGS:-} > "$RES/gpu_run.out" 2>&1
 rc=$?; [ $rc -ne 0 ] && log "(b-d) gpu_run exited with $rc (its files so far are kept; see gpu_run.out)"
 log "done"
