@@ -1,14 +1,19 @@
 """Compose a whole-model verify step from per-part measurements, and validate it.
 
-    model_verify_step(b, n, l, shape) = lm_head(T)
-        + sum over layer kinds k of  count_k * (core_k(b, n, l, shape) + proj_k(T) + mlp(T))
+    model_verify_step(b, n, l, shape) = lm_head(T) + round(b, n)
+        + sum over layer kinds k of  count_k * (core_k(b, n, l, shape) + proj_k(T) + mlp(T) + commit_k)
 
 with T = b * n, core_k the attention-core stage of kind k (gdn_tree_verify, attn_tree_verify,
 v4_*_verify), proj_k = ``<k>_proj_step`` and the counts from the model's layer pattern; plus
 count_k * commit_k(b, n, shape) where the table has kind k's commit stage (gdn_tree_commit:
-the state rewritten along the accepted path, once per layer per round) and round_k(b, n,
-shape) where it has kind k's round stage (gdn_round_meta: the tree metadata every GDN layer
-of the round shares, built once; n > 1 only: at n = 1, plain decoding, no tree is built). A
+the state rewritten along the accepted path, once per layer per round; attn_kv_commit,
+v4_<kind>_commit likewise) and the round's metadata: ``round_meta_step`` (every kind's, once
+per round, plain decoding included) where the table has it, else round_k(b, n, shape) where it
+has kind k's round stage (gdn_round_meta, n > 1 only: at n = 1, plain decoding, no tree is
+built). Where a stage has rows of several variants the preferred one is taken
+(VARIANT_PREFERENCE: ``layers``, the full runtime's own layer calls, first), so a table of the
+runtime's layers composes the runtime's step: lm_head_step is then its two ends (embedding,
+final norm + logits + argmax) and mlp_step its MLP or MoE. A
 core stage measured at one context length only is taken as independent of l (GDN state,
 sliding window); otherwise l is interpolated linearly between measured lengths (clamped).
 The percentiles are composed the same way (sum of p10s, of p90s: a bound, not a quantile).
@@ -26,7 +31,7 @@ import pandas as pd
 
 from simtree.errors import SimtreeError
 from simtree.fileio import write_text_atomic
-from simtree.models import COMMIT_STAGE, DECODE_STAGE, ROUND_STAGE, VERIFY_STAGE, get_model
+from simtree.models import COMMIT_STAGE, DECODE_STAGE, MODEL_ROUND_STAGE, ROUND_STAGE, VERIFY_STAGE, get_model
 
 from .stages import VARIANT_PREFERENCE, stack_core_variant
 
@@ -37,8 +42,27 @@ _LAT = ("latency_us_median", "latency_us_p10", "latency_us_p90")
 SHAPE_FREE_VARIANTS = ("torch_sdpa", "torch_gather")
 
 
+def _preferred(rows: pd.DataFrame) -> pd.DataFrame:
+    """The rows of the most preferred variant among them (VARIANT_PREFERENCE, then "torch")."""
+    have = set(rows.variant)
+    pick = next((v for v in (*VARIANT_PREFERENCE, "torch") if v in have), None)
+    return rows[rows.variant == pick] if pick else rows
+
+
 def _lookup_tokens(df: pd.DataFrame, stage: str, b: int, n: int):
     rows = df[(df.stage == stage) & (df.batch_size == b) & (df.nodes_per_seq == n)]
+    if rows.empty:
+        return None
+    rows = _preferred(rows)
+    return rows[list(_LAT)].iloc[0].to_numpy(float), int(rows.repeats.iloc[0])
+
+
+def _lookup_round(df: pd.DataFrame, b: int, n: int, shape: str):
+    """The model-level round metadata (MODEL_ROUND_STAGE) at (b, n): this tree shape's row where
+    measured, else any shape's (its cost follows the sizes, not the shape)."""
+    rows = df[(df.stage == MODEL_ROUND_STAGE) & (df.batch_size == b) & (df.nodes_per_seq == n)]
+    same = rows[rows.tree_shape == shape]
+    rows = _preferred(same if not same.empty else rows)
     if rows.empty:
         return None
     return rows[list(_LAT)].iloc[0].to_numpy(float), int(rows.repeats.iloc[0])
@@ -129,6 +153,7 @@ def compose_rows(df: pd.DataFrame, model_name: str, *, layers: tuple[str, ...] |
     combos = cores[["batch_size", "nodes_per_seq", "tree_shape"]].drop_duplicates().itertuples(index=False)
     device, dtype = str(sub.device.iloc[0]), str(sub.dtype.iloc[0])
     extras = _extra_stages(sub, counts) if round_extras else {}
+    model_round = round_extras and (sub.stage == MODEL_ROUND_STAGE).any()
     out = []
     for b, n, shape in combos:
         b, n, shape = int(b), int(n), str(shape)
@@ -137,8 +162,14 @@ def compose_rows(df: pd.DataFrame, model_name: str, *, layers: tuple[str, ...] |
         if any(p is None for p in parts):
             continue
         lm, mlp, projs = parts[0], parts[1], dict(zip(counts, parts[2:]))
+        rnd = _lookup_round(sub, b, n, shape) if model_round else None
+        if model_round and rnd is None:
+            continue
         for l in ls:
             total, reps, ok = lm[0].copy(), [lm[1], mlp[1]], True
+            if rnd is not None:   # the round's metadata for every kind, once, plain decoding too
+                total += rnd[0]
+                reps.append(rnd[1])
             for k, c in counts.items():
                 # n = 1 is plain decoding: a fused decode step where measured (it reads and
                 # writes the state once), else the verify core and the commit below
@@ -151,8 +182,10 @@ def compose_rows(df: pd.DataFrame, model_name: str, *, layers: tuple[str, ...] |
                 total += c * (core[0] + projs[k][0] + mlp[0])
                 reps += [core[1], projs[k][1]]
                 for role in ("commit", "round"):   # context-free: measured at one length, any
-                    # no tree at n = 1, so no round metadata; no commit after a decode step
-                    if (k, role) not in extras or (n == 1 and (role == "round" or decode)):
+                    # no tree at n = 1, so no round metadata; no commit after a decode step; the
+                    # model-level round stage stands in for the kinds' own where measured
+                    if (k, role) not in extras or (n == 1 and (role == "round" or decode)) \
+                            or (role == "round" and model_round):
                         continue
                     stage, variant = extras[k, role]
                     extra = _lookup_core(sub, stage, b, n, int(l), shape, variant)

@@ -27,9 +27,10 @@ import torch
 
 from simtree.costs.steps import Point, StepBuilder, Unavailable, Workload
 from simtree.errors import SimtreeError
-from simtree.models import COMMIT_STAGE, DECODE_STAGE, ROUND_STAGE, VERIFY_STAGE
+from simtree.models import COMMIT_STAGE, DECODE_STAGE, MODEL_ROUND_STAGE, ROUND_STAGE, VERIFY_STAGE
 
 from . import pieces
+from .layer_pieces import LAYERS_VARIANT, check_layers, layers_workload
 from .pieces import Ctx, nbytes, tree_batch
 
 __all__ = ["Point", "Workload", "Unavailable", "build_workload", "default_variants",
@@ -40,8 +41,8 @@ NO_BUILDERS: Mapping[str, StepBuilder] = MappingProxyType({})
 STAGE_KIND = {v: k for k, v in VERIFY_STAGE.items()}
 # The variant the composition / stack uses per stage, best first (attention cores; the round
 # metadata's CUDA-graph replay over its eager issue).
-VARIANT_PREFERENCE = ("triton_tree", "flashmla_tree", "torch_sdpa", "torch_gather", "torch_ref", "fla_chunk",
-                           "torch_graph", "triton_recurrent")
+VARIANT_PREFERENCE = ("layers", "triton_tree", "flashmla_tree", "torch_sdpa", "torch_gather", "torch_ref", "fla_chunk",
+                      "torch_graph", "triton_recurrent")
 
 
 def is_one_variant_stage(stage: str) -> bool:
@@ -52,6 +53,8 @@ def is_one_variant_stage(stage: str) -> bool:
 
 # stages the profiler has no variant of its own for: only a caller's builders time them
 BUILDER_ONLY_STAGES = ("model_verify_step",)
+# stages only the full runtime's layer code (variant layers) has
+LAYERS_ONLY_STAGES = (MODEL_ROUND_STAGE, "attn_kv_commit", "v4_swa_commit", "v4_csa_commit", "v4_hca_commit")
 
 
 def _no_builder(p: Point) -> Unavailable:
@@ -62,6 +65,8 @@ def _no_builder(p: Point) -> Unavailable:
 def default_variants(stage: str, device: str) -> tuple[str, ...]:
     """The variants a sweep times for ``stage`` when its YAML does not list them."""
     cuda = str(device).startswith("cuda")
+    if stage in LAYERS_ONLY_STAGES:
+        return (LAYERS_VARIANT,)
     if stage == "gdn_tree_verify":
         return ("triton_tree", "fla_chunk") if cuda else ("torch_ref",)
     if stage == "gdn_tree_commit":
@@ -338,6 +343,10 @@ def build_workload(ctx: Ctx, p: Point, builders: Mapping[str, StepBuilder] = NO_
         raise SimtreeError(f"grid point needs batch_size and nodes_per_seq >= 1, got {p}")
     if p.variant in builders:
         return builders[p.variant].workload(ctx, p)
+    if p.variant == LAYERS_VARIANT:
+        return layers_workload(ctx, p)
+    if p.stage in LAYERS_ONLY_STAGES:
+        raise Unavailable(f"{p.stage} is timed by variant {LAYERS_VARIANT!r} only, not {p.variant!r}")
     if p.stage in BUILDER_ONLY_STAGES:
         raise _no_builder(p)
     if is_one_variant_stage(p.stage) and p.variant != "torch":
@@ -377,6 +386,8 @@ def build_workload(ctx: Ctx, p: Point, builders: Mapping[str, StepBuilder] = NO_
         if kind is not None:
             if kind not in kinds:
                 raise Unavailable(f"model {ctx.model.name} has no {kind} layers")
+            if kind not in builders:
+                raise Unavailable(f"{p.stage} is timed by variant {LAYERS_VARIANT!r} only, not {p.variant!r}")
             return builders[kind](ctx, p)
     raise SimtreeError(f"unknown stage {p.stage!r}")
 
@@ -387,6 +398,8 @@ def check_variant(ctx: Ctx, stage: str, variant: str, builders: Mapping[str, Ste
     verdict ("ok ..." or "no reference"); raises AssertionError on a mismatch."""
     if variant in builders:
         return builders[variant].check(ctx, stage)
+    if variant == LAYERS_VARIANT:
+        return check_layers(ctx, stage)
     dev = ctx.device
     if stage == "attn_tree_verify":
         small = Ctx(ctx.model, dev, ctx.dtype, ctx.seed)

@@ -43,7 +43,7 @@ from simtree.data import data_path
 from simtree.errors import SimtreeError
 from simtree.fileio import read_yaml
 from simtree.machine.hostprobe import probe as host_probe
-from simtree.models import COMMIT_STAGE, DECODE_STAGE, ROUND_STAGE, VERIFY_STAGE, get_model
+from simtree.models import COMMIT_STAGE, DECODE_STAGE, MODEL_ROUND_STAGE, ROUND_STAGE, VERIFY_STAGE, get_model
 
 from .stages import NO_BUILDERS, build_workload, check_variant, default_variants
 from .sweep_io import (Deadline, advance, cuda_alive, hard_deadline, log_point, one_line, progress_bar,
@@ -190,7 +190,7 @@ def _check_grid(grid, where: str) -> None:
 def known_stages() -> set[str]:
     """Every stage name (and alias) a sweep entry may name."""
     names = {"attention", "proj", "mlp_step", "lm_head_step", "draft_step", "stack_verify_step",
-             "model_verify_step"}
+             "model_verify_step", MODEL_ROUND_STAGE}
     for per_kind in (VERIFY_STAGE, COMMIT_STAGE, ROUND_STAGE, DECODE_STAGE):
         names |= set(per_kind.values())
     names |= {f"{k}_proj_step" for k in VERIFY_STAGE}

@@ -22,16 +22,19 @@ from simtree.errors import SimtreeError, check_int
 from simtree.fileio import read_yaml
 
 __all__ = ["ModelShape", "get_model", "list_models", "load_model_file", "MODEL_DIR",
-           "LAYER_KINDS", "VERIFY_STAGE", "COMMIT_STAGE", "ROUND_STAGE", "DECODE_STAGE"]
+           "LAYER_KINDS", "VERIFY_STAGE", "COMMIT_STAGE", "ROUND_STAGE", "DECODE_STAGE",
+           "MODEL_ROUND_STAGE"]
 
 MODEL_DIR = data_path("models")
 LAYER_KINDS = ("gdn", "attn", "swa", "csa", "hca")
 # The profile-table stage that times the attention core of each layer kind.
 VERIFY_STAGE = {"gdn": "gdn_tree_verify", "attn": "attn_tree_verify", "swa": "v4_swa_verify",
                 "csa": "v4_csa_verify", "hca": "v4_hca_verify"}
-# Layer kinds whose accepted-path commit is a kernel of its own, once per layer per round
-# (GDN: the recurrent state rewritten along the accepted path), and its profile-table stage.
-COMMIT_STAGE = {"gdn": "gdn_tree_commit"}
+# Layer kinds whose accepted-path commit is work of its own, once per layer per round (GDN: the
+# recurrent state rewritten along the accepted path; attention: the accepted rows' KV written;
+# V4: window rows, compressed entries and compressor buffers refreshed), and its stage.
+COMMIT_STAGE = {"gdn": "gdn_tree_commit", "attn": "attn_kv_commit", "swa": "v4_swa_commit",
+                "csa": "v4_csa_commit", "hca": "v4_hca_commit"}
 # Layer kinds with per-round work shared by all their layers (GDN: the tree metadata the
 # kernels read), built once per round, and its profile-table stage.
 ROUND_STAGE = {"gdn": "gdn_round_meta"}
@@ -39,6 +42,9 @@ ROUND_STAGE = {"gdn": "gdn_round_meta"}
 # its own (GDN: the state read, updated and written once), and its profile-table stage: at
 # n = 1 it stands in for the tree verify plus the commit, which read the state twice.
 DECODE_STAGE = {"gdn": "gdn_decode_step"}
+# A round's metadata for every layer kind at once (positions, RoPE rows, tree tables, V4 device
+# plans, the commit's rows), built once per round, plain decoding included: one model-level stage.
+MODEL_ROUND_STAGE = "round_meta_step"
 _SECTION_FOR_KIND = {"gdn": "gdn", "attn": "attn", "swa": "v4", "csa": "v4", "hca": "v4"}
 
 

@@ -7,11 +7,12 @@ import pytest
 import torch
 
 from simtree.planning.simulate import PolicySpec
-from simtree.runtime.full.attention import chain_bits, tree_attention_ref
+from simtree.kernels.layers.attention import chain_bits, tree_attention_ref
 from simtree.runtime.full.drafting import (RoundShape, TreeBuffers, accepted_path, draft_tree, own_row_bits,
                                            round_shape, topk_logp)
 from simtree.runtime.full.engine import FullEngine
-from simtree.runtime.full.layers import DraftState, routed_experts
+from simtree.kernels.layers.moe import routed_experts
+from simtree.runtime.full.layers import DraftState
 from simtree.trees.builders import eagle_tree
 
 from full_helpers import FAMILIES, PROMPTS, tiny_model
@@ -63,7 +64,7 @@ def test_device_tree_is_the_planners_eagle_tree(steps, topk, budget):
     roots = torch.tensor([3, 7, 11])
     lp, ids = topk_logp(drafter.T[roots], topk)
     out = TreeBuffers.empty(3, rs.nodes, "cpu")
-    ds = DraftState(torch.zeros(3, dtype=torch.int64), 10, None, None, None, None)
+    ds = DraftState(torch.zeros(3, dtype=torch.int64), 10, None, None)
     draft_tree(drafter, ds, rs, roots, lp, ids, roots[:, None].double(), out, own_row_bits(rs, "cpu"))
     for b in range(3):
         def propose(parents, tokens, frontier):
@@ -93,7 +94,7 @@ def _attention_inputs(seed, B=2, Q=3, Hq=4, Hkv=2, D=16, S=40, T=5):
 
 @pytest.mark.parametrize("window, sink", [(0, False), (8, True)])
 def test_tree_attention_kernel_matches_the_reference(window, sink):
-    from simtree.runtime.full._attention_kernel import tree_attention_triton
+    from simtree.kernels.layers.attention_kernel import tree_attention_triton
     args = _attention_inputs(0)
     s = torch.randn(4) if sink else None
     got = tree_attention_triton(*args, scale=0.25, window=window, sink=s)
@@ -104,7 +105,7 @@ def test_tree_attention_kernel_matches_the_reference(window, sink):
 def test_tree_attention_kernel_with_several_row_blocks_and_two_bit_words():
     """72 (query, head) rows of one KV head (two program blocks), 70 tree rows (two 64-bit words
     per query), per-query window starts and a sink."""
-    from simtree.runtime.full._attention_kernel import tree_attention_triton
+    from simtree.kernels.layers.attention_kernel import tree_attention_triton
     g = torch.Generator().manual_seed(5)
     B, Q, Hq, Hkv, D, S, T = 2, 9, 8, 1, 16, 50, 70
     r = lambda *s: torch.randn(*s, generator=g)  # noqa: E731
@@ -150,7 +151,7 @@ def test_routed_experts_match_a_per_token_sum():
 
 def test_routed_experts_through_grouped_mm_match_the_per_expert_loop(monkeypatch):
     """The grouped-GEMM path (the one CUDA takes) on this CPU's torch._grouped_mm, fp32."""
-    from simtree.runtime.full import layers
+    from simtree.kernels.layers import moe as layers
     g = torch.Generator().manual_seed(1)
     T, h, E, I, k = 9, 8, 4, 8, 2
     x = torch.randn(T, h, generator=g)

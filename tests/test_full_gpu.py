@@ -21,8 +21,8 @@ def _model(name="tiny-gdn", dtype=torch.float32):
 
 @pytest.mark.parametrize("D, Hq, Hkv, window", [(256, 24, 4, 0), (512, 64, 1, 128)])
 def test_tree_attention_kernel_on_the_gpu(D, Hq, Hkv, window):
-    from simtree.runtime.full._attention_kernel import tree_attention_triton
-    from simtree.runtime.full.attention import chain_bits, tree_attention_ref
+    from simtree.kernels.layers.attention import chain_bits, tree_attention_ref
+    from simtree.kernels.layers.attention_kernel import tree_attention_triton
     g = torch.Generator(device="cuda").manual_seed(0)
     r = lambda *s: torch.randn(*s, generator=g, device="cuda").to(torch.bfloat16)  # noqa: E731
     B, Q, S = 3, 8, 300
@@ -35,14 +35,16 @@ def test_tree_attention_kernel_on_the_gpu(D, Hq, Hkv, window):
     assert float((got - want).abs().max()) < 2e-2
 
 
-def test_graph_rounds_equal_eager_rounds():
+@pytest.mark.parametrize("name", ["tiny-gdn", "tiny-v4"])
+def test_graph_rounds_equal_eager_rounds(name):
     """Replayed rounds (the live rounds of test_lossless_on_the_gpu use graphs too): same
-    accepted lengths, lengths and output tokens with and without CUDA graphs."""
+    accepted lengths, lengths and output tokens with and without CUDA graphs; the V4 rank's
+    rounds (device plans) captured as the Qwen model's are."""
     from simtree.acceptance.model import calibrate_linear
     from simtree.runtime.full.acceptance import DraftScores, TraceReplay
     from simtree.runtime.full.drafting import round_shape
     from simtree.runtime.full.engine import FullEngine
-    model = _model()
+    model = _model(name)
     rs = round_shape(PolicySpec.from_dict("eagle", {"num_steps": 3, "topk": 2, "budget": 6}))
     outs = []
     for graphs in (False, True):

@@ -17,7 +17,7 @@ from simtree.errors import SimtreeError
 from simtree.models import ModelShape, get_model
 
 from . import qwen, v4_rank
-from .params import spec_bytes
+from simtree.kernels.layers.weights import spec_bytes
 
 __all__ = ["build_model", "weight_bytes", "check_fits", "device_memory_bytes", "DTYPES"]
 

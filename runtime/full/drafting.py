@@ -24,6 +24,7 @@ from dataclasses import dataclass
 import torch
 
 from simtree.errors import SimtreeError
+from simtree.kernels.layers.head import topk_logp
 
 __all__ = ["RoundShape", "round_shape", "TreeBuffers", "topk_logp", "own_row_bits", "draft_tree",
            "accepted_path", "RUNTIME_MODES"]
@@ -110,12 +111,6 @@ class TreeBuffers:
         z = lambda: torch.zeros(B, n, dtype=torch.int64, device=device)  # noqa: E731
         return cls(z(), z(), z(), z(), torch.zeros(B, n, dtype=torch.bool, device=device),
                    torch.zeros(B, n, dtype=torch.float32, device=device))
-
-
-def topk_logp(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(log-probabilities float32 [..., k], token ids [..., k]) of the k most likely tokens."""
-    top, ids = logits.topk(k, -1)
-    return (top.float() - torch.logsumexp(logits.float(), -1, keepdim=True)).clamp(max=0.0), ids
 
 
 def own_row_bits(rs: RoundShape, device) -> list[torch.Tensor]:

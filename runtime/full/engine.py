@@ -19,14 +19,12 @@ Plain decoding (budget 1) is one stage: the target's decode step and its argmax.
 graphs each stage is one graph replay, captured per (batch, nodes) bucket; the graphs share
 one memory pool and replay in capture order.  The host reads nothing inside a round: live runs
 read the output lengths once a round (to stop), replays not even that (their accepted lengths
-go to a device log read after the run).  A model that is not capturable (the V4 rank: host
-index lists) runs the same stages eagerly.
+go to a device log read after the run).  Without a GPU the same stages run eagerly.
 
 Timing, per round: ``draft_ms`` (draft + catchup), ``verify_ms``, ``commit_ms`` from CUDA
 events around the stages (perf counters on CPU); ``host_ms`` is the CPU time spent issuing the
-round - from its first launch to the return of its last, minus the time the host was blocked
-waiting for the device (``model.plans.blocked_s``) - i.e. the host work a round adds, which
-overlaps the device unless the host is the slower of the two.  On CPU, where host and device
+round, from its first launch to the return of its last (graph replays: a few launches) - the
+host work a round adds, which overlaps the device unless the host is the slower of the two.  On CPU, where host and device
 are the same, ``host_ms`` is the round's wall time outside its stages.  The run's wall time
 over all rounds gives the measured round time and throughput.
 """
@@ -42,7 +40,7 @@ import torch
 from simtree.errors import SimtreeError
 
 from .acceptance import Live
-from .attention import chain_bits
+from simtree.kernels.layers.attention import chain_bits
 from .drafting import RoundShape, TreeBuffers, accepted_path, draft_tree, own_row_bits, topk_logp
 
 __all__ = ["FullEngine", "RunStats", "PREFILL_CHUNK", "OUT_CAP"]
@@ -119,7 +117,7 @@ class FullEngine:
         bits = chain_bits(self.B, rows, self.device)
         if self.ds is None:
             return bits
-        words = (self.ds.scratch_k.shape[1] + 63) // 64
+        words = (self.ds.scratch.shape[1] + 63) // 64
         return torch.nn.functional.pad(bits, (0, words - bits.shape[-1]))
 
     # ---- stages ------------------------------------------------------------------------------
@@ -139,7 +137,7 @@ class FullEngine:
         t, m, B, n = self.tree, self.model, self.B, self.rs.nodes
         hidden, self._pend = m.verify(self.st, t.tokens, t.parents)
         self._hidden = hidden.view(B, n, -1)
-        target_next = m.logits(hidden).argmax(-1).view(B, n)
+        target_next = m.greedy(hidden).view(B, n)
         acc = self._accepted = self.source.accept(t, target_next, self.rs)
         acc_len = self._acc_len = t.depth.gather(1, acc[:, None])[:, 0]
         bonus = target_next.gather(1, acc[:, None])[:, 0]
@@ -167,7 +165,7 @@ class FullEngine:
         self.model.commit(self.st, self._pend, self._accepted)
 
     def _plain(self) -> None:
-        nxt = self.model.logits(self.model.decode(self.st, self.roots)).argmax(-1)
+        nxt = self.model.greedy(self.model.decode(self.st, self.roots))
         ones = torch.ones(self.B, 1, dtype=torch.bool, device=self.device)
         self._record(nxt[:, None], ones, torch.zeros_like(nxt))
         self.roots.copy_(nxt)
@@ -245,7 +243,7 @@ class FullEngine:
             h, last = self._prefill_target(part)
             for b, x in enumerate(h):
                 hidden[b].append(x)
-        first = self.model.logits(last).argmax(-1)
+        first = self.model.greedy(last)
         self.roots.copy_(first)
         self.out_buf[:, 0] = first
         self.out_len.fill_(1)
@@ -315,7 +313,6 @@ class FullEngine:
             raise SimtreeError(f"at most {LOG_CAP} rounds and {OUT_CAP} output tokens per run")
         cuda = self.device.type == "cuda"
         stages = [(name, g.replay) for name, g in self.graphs] if self.graphs else self._stages()
-        plans = getattr(self.model, "plans", None)
         log0 = int(self.log_at.item())
         ctx0 = self.st.lengths.float().mean().item()
         marks, host, n_done = [], [], 0
@@ -323,14 +320,13 @@ class FullEngine:
             torch.cuda.synchronize()
         t_start = time.perf_counter()
         for _ in range(limit):
-            blocked0 = getattr(plans, "blocked_s", 0.0)
             t0 = time.perf_counter()
             stamps = [self._mark(cuda)]
             for _, fn in stages:
                 fn()
                 stamps.append(self._mark(cuda))
             t1 = time.perf_counter()
-            host.append((t1 - t0 - (getattr(plans, "blocked_s", 0.0) - blocked0)) * 1e3)
+            host.append((t1 - t0) * 1e3)
             marks.append(stamps)
             n_done += 1
             if max_new_tokens is not None and int(self.out_len.min()) >= max_new_tokens:

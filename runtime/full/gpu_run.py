@@ -1,6 +1,7 @@
-"""One bounded GPU session of the full runtime for one model (``scripts/full_run_gpu.sh`` runs it).
+"""One bounded GPU session of the full runtime for one model (``scripts/full_gpu.sh`` runs it after
+the profile sweep of the runtime's layers).
 
-    python -m simtree.runtime.full.gpu_run --model qwen3.6-27b --out DIR [--max-seconds 520]
+    python -m simtree.runtime.full.gpu_run --model qwen3.6-27b --out DIR [--max-seconds 300]
 
 Phases, each recorded in DIR/log.txt with timestamps; a phase that fails is logged and the
 next one runs; every phase checks the time left (``--max-seconds``) and stops early:
@@ -11,23 +12,23 @@ next one runs; every phase checks the time left (``--max-seconds``) and stops ea
 2. ``lossless`` ``make_predictable`` (the MTP layer agrees with the target often, so rounds
                 accept and reject; shapes unchanged, the later timings are unaffected), then 2
                 prompts x {linear D=4, EAGLE s3 k2 D6, EAGLE s4 k4 D16} at batch 2, live,
-                against plain greedy -> lossless.csv.
-3. ``plan``     ``simtree plan``'s search over the policies the runtime builds on the device
-                (none, linear, eagle) with the cost bundle -> policy.json (unless --policy).
-4. ``measure``  ``full_run``: per batch size plain, linear D=4 and the plan's choice, replay
-                (--acceptance, default gsm8k, or --replay) -> summary.csv, summary.md,
-                predicted_vs_measured.png.
-5. ``profile``  the runtime's own steps (:mod:`.steps`) on a small grid -> steps_profile.csv in
-                the profile-table schema (variant ``full_runtime``): ``simtree fit`` reads it.
-6. ``refit``    cost models fitted to that profile -> costs_runtime.json, and the measured runs
-                predicted again from them (``measure.repredict``) -> runtime_costs/summary.*
+                against plain greedy -> lossless.csv (a mismatch with its top-2 logit gap).
+3. ``measure``  ``full_run``: per batch size plain, linear D=4 and the EAGLE shapes a plan may
+                choose (``--eagle``), replay (--acceptance, default gsm8k, or --replay) ->
+                summary.json (every round's measurements, for ``measure.repredict`` at home)
+                and summary.csv / .md / .png predicted from the shipped bundle.
+4. ``steps``    the runtime's whole steps (:mod:`.steps`): verify + commit at a few (b, n, l)
+                and draft + catch-up over the (b, s, k) grid of the measured policies ->
+                steps_profile.csv in the profile-table schema (variant ``full_runtime``).
+
+The fit, the plan and the predictions from the session's own profile run at home
+(``python -m simtree.runtime.full.session_report``, scripts/full_report.sh).
 """
 from __future__ import annotations
 
 import argparse
 import csv
 import io
-import json
 import os
 import sys
 import time
@@ -41,11 +42,18 @@ import simtree
 from simtree.errors import SimtreeError
 from simtree.planning.simulate import PolicySpec
 
-__all__ = ["main", "time_step"]
+__all__ = ["main", "time_step", "EAGLE_SHAPES", "VERIFY_GRID", "DRAFT_GRID"]
 
-PHASES = ("build", "lossless", "plan", "measure", "profile", "refit")
-VERIFY_GRID = [(b, n, l) for l in (512, 2048) for b in (1, 4, 16, 64) for n in ((1, 2, 4, 8, 16) if l == 512 else (1, 8))]
-DRAFT_GRID = [(b, s, k) for b in (1, 4, 16, 64) for s, k in ((1, 1), (3, 1), (3, 2), (7, 2), (8, 3))]
+PHASES = ("build", "lossless", "measure", "steps")
+# the EAGLE shapes (num_steps, topk, budget) measured at every batch size: the plan made at home
+# from the session's own profile chooses among them
+EAGLE_SHAPES = ((2, 2, 4), (3, 2, 6), (4, 2, 8), (5, 3, 12), (6, 4, 16))
+# whole steps for the composed-vs-measured check: (b, n, l), the measured runs' contexts first
+VERIFY_GRID = ([(b, n, 256) for n in (1, 8, 4, 16) for b in (1, 4, 16, 64)]
+               + [(b, n, 2048) for n in (1, 8) for b in (1, 16)])
+# the draft + catch-up steps of the measured policies: (b, num_steps, topk)
+DRAFT_GRID = [(b, s, k) for s, k in ((3, 1), (3, 2), (2, 2), (4, 2), (5, 3), (6, 4), (1, 1), (7, 1))
+              for b in (1, 4, 16, 64)]
 
 
 class Session:
@@ -89,8 +97,8 @@ def time_step(step, reps: int = 10, warmup: int = 3) -> tuple[float, float, floa
 def _check_attention(s: Session, device) -> None:
     """The tree attention kernel against its torch form at the two models' shapes (Qwen's GQA
     24/4 x 256, V4's MTP latent 64/1 x 512 with window and sink), bf16."""
-    from ._attention_kernel import tree_attention_triton
-    from .attention import chain_bits, tree_attention_ref
+    from simtree.kernels.layers.attention_kernel import tree_attention_triton
+    from simtree.kernels.layers.attention import chain_bits, tree_attention_ref
     g = torch.Generator(device=device).manual_seed(0)
     r = lambda *shape: torch.randn(*shape, generator=g, device=device).to(torch.bfloat16)  # noqa: E731
     B, Q, S, T = 4, 8, 700, 8
@@ -132,36 +140,26 @@ def _lossless(s: Session, model) -> None:
                                                          f"{r['margin']:.4g}" if not r['match'] else "") + ")")
 
 
-def _plan(s: Session, costs, batch_sizes, workload: str) -> Path:
-    """``workload``: a preset or a trace file (``get_workload``), as the measured runs replay it."""
-    from simtree.acceptance.model import get_workload
-    from simtree.planning.planner import SearchSpace, plan
-    res = plan(costs, [get_workload(workload)], batch_sizes, SearchSpace(draft_depths=(), adaptive=False))
-    path = s.out / "policy.json"
-    res.to_policy().save(path)
-    for r in res.chosen.itertuples():
-        s.log(f"plan: batch {r.batch_size} {r.policy} predicted {r.tok_s:.0f} tok/s")
-    return path
-
-
-def _profile(s: Session, model, tree_model, reserve_s: float = 15.0) -> None:
+def _steps(s: Session, model, tree_model, context_len: int, reserve_s: float = 10.0) -> None:
+    """Whole verify and draft steps (module docstring) into steps_profile.csv, one row each,
+    alternating between the two grids so a session cut short keeps some of both."""
     from simtree.costs.profile_table import append_rows
     from simtree.machine.metadata import device_label
     from .steps import draft_step, verify_step
     dev = device_label(str(model.device))
     dtype = {torch.bfloat16: "bf16", torch.float32: "fp32", torch.float64: "fp64"}[model.dtype]
     path = s.out / "steps_profile.csv"
-    points = [("verify", p) for p in VERIFY_GRID] + [("draft", p) for p in DRAFT_GRID]
-    order = sorted(range(len(points)), key=lambda i: (i % 3, i))   # a spread of the grid first
+    verify = [("verify", p) for p in VERIFY_GRID]
+    draft = [("draft", p) for p in DRAFT_GRID]
+    points = [p for pair in zip(verify, draft) for p in pair] + verify[len(draft):] + draft[len(verify):]
     done = 0
-    for i in order:
+    for kind, p in points:
         if s.left() < reserve_s:
-            s.log(f"profile: time is up after {done} of {len(points)} points")
+            s.log(f"steps: time is up after {done} of {len(points)} points")
             break
-        kind, p = points[i]
         try:
             step = (verify_step(model, p[0], p[1], p[2], tree_model=tree_model) if kind == "verify" else
-                    draft_step(model, p[0], p[1], p[2], 512, tree_model=tree_model))
+                    draft_step(model, p[0], p[1], p[2], context_len, tree_model=tree_model))
             med, p10, p90 = time_step(step)
             d = step.describe()
             step.close()
@@ -169,33 +167,25 @@ def _profile(s: Session, model, tree_model, reserve_s: float = 15.0) -> None:
                    "variant": "full_runtime", "batch_size": p[0], "context_len": d["context_len"],
                    "latency_us_median": med, "latency_us_p10": p10, "latency_us_p90": p90, "repeats": 10}
             if kind == "verify":
-                row.update(nodes_per_seq=p[1], tree_shape="eagle" if p[1] > 1 else "linear")
+                row.update(nodes_per_seq=p[1], tree_shape="eagle")
             else:
                 row.update(nodes_per_seq=p[2], tree_shape="eagle", num_steps=p[1], topk=p[2])
             append_rows(path, [row])
             done += 1
-            s.log(f"profile {kind} {p}: {med:.0f} us")
+            s.log(f"steps {kind} {p}: {med:.0f} us")
         except Exception as exc:   # noqa: BLE001
-            s.log(f"profile {kind} {p} FAILED: {type(exc).__name__}: {exc}")
+            s.log(f"steps {kind} {p} FAILED: {type(exc).__name__}: {exc}")
             if torch.cuda.is_available():
                 torch.cuda.empty_cache()
 
 
-def _refit(s: Session) -> None:
-    """Cost models fitted to the runtime's own steps (steps_profile.csv) -> costs_runtime.json,
-    and the measured runs predicted again from them -> runtime_costs/summary.*"""
-    from simtree.costs.profile_fit import fit_profile
-    from .measure import repredict
-    report = fit_profile(s.out / "steps_profile.csv", stage="model_verify_step", variant="full_runtime",
-                         draft_variant="full_runtime")
-    report.bundle.save(s.out / "costs_runtime.json")
-    for note in report.notes:
-        s.log(f"refit note: {note}")
-    res = repredict(s.out / "summary.json", report.bundle, s.out / "runtime_costs")
-    from .report import error_stats
-    for key in ("rel_err", "cost_rel_err"):
-        st = error_stats(res["rows"], key)
-        s.log(f"refit: |{key}| median {st['median']:.1%}, worst {st['worst']:.1%} over {st['n']} runs")
+def _eagle(text: str) -> list[tuple[str, PolicySpec]]:
+    """"s,k,D;s,k,D" -> [("eagle", PolicySpec), ...]."""
+    out = []
+    for part in filter(None, text.split(";")):
+        steps, topk, budget = (int(x) for x in part.split(","))
+        out.append(("eagle", PolicySpec.from_dict("eagle", {"num_steps": steps, "topk": topk, "budget": budget})))
+    return out
 
 
 def main(argv=None) -> int:
@@ -203,24 +193,32 @@ def main(argv=None) -> int:
     ap.add_argument("--model", required=True)
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--device", default="cuda")
-    ap.add_argument("--costs", default=None, help="cost bundle (default: simtree/data/costs/h200_<model>.json)")
-    ap.add_argument("--policy", default=None, help="policy file (default: planned here)")
+    ap.add_argument("--costs", default=None, help="cost bundle for the session's own predictions "
+                                                 "(default: simtree/data/costs/h200_<model>.json)")
+    ap.add_argument("--policy", default=None, help="a policy file whose choice is measured too")
+    ap.add_argument("--eagle", default=";".join(",".join(map(str, e)) for e in EAGLE_SHAPES),
+                    help="EAGLE shapes measured at every batch size: 's,k,D;s,k,D'")
     ap.add_argument("--acceptance", default="gsm8k")
     ap.add_argument("--replay", default=None)
     ap.add_argument("--batch-sizes", default="1,4,16,64")
     ap.add_argument("--rounds", type=int, default=24)
-    ap.add_argument("--max-seconds", type=float, default=520.0)
+    ap.add_argument("--max-seconds", type=float, default=300.0)
+    ap.add_argument("--measure-share", type=float, default=0.6,
+                    help="share of the session after which no new measured run starts (the steps follow)")
     ap.add_argument("--phases", default=",".join(PHASES))
     args = ap.parse_args(argv)
     s = Session(args.out, args.max_seconds)
     phases = [p for p in args.phases.split(",") if p]
     sizes = [int(b) for b in args.batch_sizes.split(",")]
     failed = []
-    s.log(f"session: {args.model} on {args.device} ({torch.cuda.get_device_name() if torch.cuda.is_available() else 'cpu'}), "
-          f"torch {torch.__version__}, phases {phases}, {args.max_seconds:.0f} s")
-    from simtree.costs.model import load_costs
+    gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
+    s.log(f"session: {args.model} on {args.device} ({gpu}), torch {torch.__version__}, phases {phases}, "
+          f"{args.max_seconds:.0f} s")
+    from simtree.acceptance.model import get_workload
     from .build import build_model, weight_bytes
-    costs_path = args.costs or str(Path(simtree.__file__).resolve().parent / "data" / "costs" / f"h200_{args.model}.json")
+    costs_path = args.costs or str(Path(simtree.__file__).resolve().parent / "data" / "costs"
+                                   / f"h200_{args.model}.json")
+    workload = get_workload(args.replay or args.acceptance)
     try:
         model = build_model(args.model, args.device, seed=0)
         if torch.cuda.is_available():
@@ -233,7 +231,6 @@ def main(argv=None) -> int:
     except Exception as exc:   # noqa: BLE001 - without a model nothing else can run
         s.log(f"build FAILED: {type(exc).__name__}: {exc}\n{traceback.format_exc()}")
         return 1
-    policy = args.policy
     for phase in phases[1:] if phases and phases[0] == "build" else phases:
         if s.left() < 20:
             s.log(f"{phase}: skipped, {s.left():.0f} s left")
@@ -243,24 +240,18 @@ def main(argv=None) -> int:
         try:
             if phase == "lossless":
                 _lossless(s, model)
-            elif phase == "plan" and policy is None:
-                policy = _plan(s, load_costs(costs_path), sizes, args.replay or args.acceptance)
             elif phase == "measure":
-                from .measure import full_run, runs_json
-                # the measured runs may take 70% of the session; the step profile and the refit follow
-                res = full_run(model, device=args.device, costs=costs_path, policy=policy, batch_sizes=sizes,
+                from .measure import full_run
+                res = full_run(model, device=args.device, costs=costs_path, policy=args.policy, batch_sizes=sizes,
                                replay=args.replay, acceptance=None if args.replay else args.acceptance,
                                out=s.out, rounds=args.rounds, warmup_rounds=3, progress=s.log,
-                               deadline=s.t0 + 0.7 * s.limit)
-                for n in res["notes"]:
+                               deadline=s.t0 + args.measure_share * s.limit, extra=_eagle(args.eagle))
+                for n in res["notes"] + res["prediction_notes"]:
                     s.log(f"note: {n}")
-                res["runs"] = runs_json(res["runs"])
-                (s.out / "summary.json").write_text(json.dumps(res, default=str, indent=1))
-            elif phase == "profile":
-                from simtree.acceptance.model import get_workload
-                _profile(s, model, get_workload(args.replay or args.acceptance).acceptance, reserve_s=75)
-            elif phase == "refit":
-                _refit(s)
+            elif phase == "steps":
+                _steps(s, model, workload.acceptance, max(1, int(round(workload.mean_prompt_len))))
+            else:
+                raise SimtreeError(f"unknown phase {phase!r} (known: {', '.join(PHASES)})")
         except Exception as exc:   # noqa: BLE001 - a failed phase is logged; the next one runs
             failed.append(phase)
             s.log(f"{phase} FAILED: {type(exc).__name__}: {exc}\n{traceback.format_exc()}")

@@ -41,6 +41,7 @@ import torch
 
 from simtree.acceptance.model import Workload, get_workload
 from simtree.errors import SimtreeError, captured_warnings
+from simtree.fileio import write_text_atomic
 from simtree.models import get_model
 from simtree.planning.simulate import PolicySpec, simulate
 
@@ -125,8 +126,6 @@ def measure_policy(model, rs: RoundShape, batch_size: int, source, cfg: RunConfi
         stats = engine.run(rounds=cfg.rounds)
         if engine.capture_error:
             stats.notes.append(f"CUDA graph capture failed, eager stages: {engine.capture_error}")
-        elif model.device.type == "cuda" and not model.capturable:
-            stats.notes.append(model.eager_reason)
         return stats, engine.graphs is not None
     finally:
         del engine
@@ -152,8 +151,8 @@ def predict(costs, acc_model, spec: PolicySpec, rs: RoundShape, batch_size: int,
             "predicted_accepted": float(sim.accepted_tokens_per_round)}
 
 
-def _policies(policy, workload: str, batch_size: int, notes: list) -> list[tuple[str, PolicySpec]]:
-    out = [("plain", PLAIN), ("linear_d4", LINEAR_D4)]
+def _policies(policy, workload: str, batch_size: int, notes: list, extra=()) -> list[tuple[str, PolicySpec]]:
+    out = [("plain", PLAIN), ("linear_d4", LINEAR_D4), *extra]
     if policy is None:
         return out
     from simtree.planning.policy_file import Policy
@@ -227,14 +226,15 @@ def _load_costs(costs):
 def full_run(model, *, device: str = "cuda", costs=None, policy=None, batch_sizes=(1, 4, 16, 64), replay=None,
              acceptance=None, policy_workload: str | None = None, out=None, context_len: int | None = None,
              rounds: int = 32, warmup_rounds: int = 4, seed: int = 0, dtype=None, progress=None,
-             deadline: float | None = None) -> dict:
+             deadline: float | None = None, extra=()) -> dict:
     """Run every (batch size, policy) and return {"rows", "notes", "config", "runs", "files"};
     ``model``: a registry name, a shape or a built model; ``progress(line)`` gets one line per
     run.  ``runs`` keeps every run's per-round measurements (:func:`runs_json` makes them JSON,
     :func:`repredict` predicts them again from another cost bundle).  ``deadline`` (a
     ``time.time()``): runs not started by then are skipped, each a row saying so.  With ``out``
     the summary files are rewritten after every batch size, so a session cut short keeps the
-    batch sizes it finished."""
+    batch sizes it finished.  ``extra``: (label, PolicySpec) runs measured at every batch size
+    besides plain and linear D=4 (e.g. the EAGLE shapes a plan made later may choose)."""
     say = progress or (lambda line: None)
     costs = _load_costs(costs)
     source = _Source(replay, acceptance, device, seed)
@@ -246,10 +246,11 @@ def full_run(model, *, device: str = "cuda", costs=None, policy=None, batch_size
     notes = [f"deployment: {model.deployment}"]
     workload = policy_workload or source.name
     runs = []
-    result = _result(runs, costs, source, cfg, workload, notes, replay, acceptance, None)
+    pred_notes: list = []
+    result = _result(runs, costs, source, cfg, workload, notes, replay, acceptance, None, pred_notes)
     for B in batch_sizes:
         measured = {}
-        for label, spec in _policies(policy, workload, B, notes):
+        for label, spec in _policies(policy, workload, B, notes, extra):
             rs = round_shape(spec)
             run = {"label": label, "mode": spec.mode, "params": spec.to_dict(), "batch_size": B,
                    "model": model.shape.name, "deployment": model.deployment}
@@ -270,19 +271,25 @@ def full_run(model, *, device: str = "cuda", costs=None, policy=None, batch_size
                 if torch.cuda.is_available():
                     torch.cuda.empty_cache()
             runs.append(run)
-        result = _result(runs, costs, source, cfg, workload, notes, replay, acceptance, out)
+        result = _result(runs, costs, source, cfg, workload, notes, replay, acceptance, out, pred_notes)
     return result
 
 
-def _result(runs, costs, source, cfg, workload, notes, replay, acceptance, out) -> dict:
-    """The rows of the runs so far (their notes, e.g. a cost model's one-time extrapolation
-    warning, added to ``notes``), written under ``out``."""
-    rows = _rows(runs, costs, source, cfg, workload, notes)
+def _result(runs, costs, source, cfg, workload, notes, replay, acceptance, out, pred_notes: list) -> dict:
+    """The rows of the runs so far, written under ``out``; ``notes`` (the runs') and
+    ``pred_notes`` (the predictions', e.g. a cost model's extrapolation warning, which a bundle
+    gives once: the list carries over from call to call)."""
+    rows = _rows(runs, costs, source, cfg, workload, pred_notes)
     config = {**cfg.__dict__, "replay": None if replay is None else str(replay), "acceptance": acceptance,
               "workload": workload}
-    result = {"rows": rows, "notes": list(dict.fromkeys(notes)), "config": config, "runs": runs, "files": {}}
+    result = {"rows": rows, "notes": list(dict.fromkeys(notes)), "prediction_notes": list(dict.fromkeys(pred_notes)),
+              "config": config, "runs": runs, "files": {}}
     if out is not None:
-        result["files"] = write_summary(rows, result["notes"], Path(out))
+        result["files"] = write_summary(rows, result["notes"] + result["prediction_notes"], Path(out))
+        # every round's measurements, so another bundle can predict the runs again (repredict)
+        saved = {**result, "runs": runs_json(runs)}
+        write_text_atomic(Path(out) / "summary.json", json.dumps(saved, default=str, indent=1))
+        result["files"]["json"] = str(Path(out) / "summary.json")
     return result
 
 
@@ -317,10 +324,10 @@ def repredict(summary, costs, out=None) -> dict:
                 st[k] = np.asarray(st[k], np.float64 if k != "accepted" else np.int64)
             run["stats"] = RunStats(**st)
         runs.append(run)
-    notes = list(summary.get("notes", []))
-    rows = _rows(runs, _load_costs(costs), source, cfg, cfg_d["workload"], notes)
-    result = {"rows": rows, "notes": list(dict.fromkeys(notes)), "config": cfg_d, "runs": summary["runs"],
-              "files": {}}
+    pred_notes: list = []      # the session's own prediction notes belong to its bundle: replaced
+    rows = _rows(runs, _load_costs(costs), source, cfg, cfg_d["workload"], pred_notes)
+    result = {"rows": rows, "notes": list(summary.get("notes", [])), "prediction_notes": list(dict.fromkeys(pred_notes)),
+              "config": cfg_d, "runs": summary["runs"], "files": {}}
     if out is not None:
-        result["files"] = write_summary(rows, result["notes"], Path(out))
+        result["files"] = write_summary(rows, result["notes"] + result["prediction_notes"], Path(out))
     return result

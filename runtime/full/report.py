@@ -44,29 +44,33 @@ def error_stats(rows: list[dict], key: str = "rel_err") -> dict:
             "worst": float(e.max()) if e.size else float("nan")}
 
 
-def plan_check(rows: list[dict]) -> list[str]:
-    """Per batch size: the plan's choice against the best measured policy."""
+def plan_check(rows: list[dict], others=()) -> list[str]:
+    """Per model and batch size: the plan's choice against the best measured policy (among
+    ``rows`` and ``others``, runs measured besides the reported ones)."""
     lines = []
-    for B in sorted({r["batch_size"] for r in rows}):
-        ran = [r for r in rows if r["batch_size"] == B and math.isfinite(r["measured_tok_s"])]
+    every = list(rows) + list(others)
+    for model, B in sorted({(r["model"], r["batch_size"]) for r in rows}):
+        ran = [r for r in every if (r["model"], r["batch_size"]) == (model, B) and math.isfinite(r["measured_tok_s"])]
         plan = next((r for r in ran if r["policy"].startswith("plan:")), None)
         if not ran or plan is None:
             continue
         best = max(ran, key=lambda r: r["measured_tok_s"])
         gap = 1 - plan["measured_tok_s"] / best["measured_tok_s"]
         verdict = "best" if gap <= 0 else ("within 2%" if gap <= 0.02 else f"{gap:.1%} below")
-        lines.append(f"batch {B}: plan {plan['policy']} {plan['measured_tok_s']:.1f} tok/s, best measured "
+        lines.append(f"{model} batch {B}: plan {plan['policy']} {plan['measured_tok_s']:.1f} tok/s, best measured "
                      f"{best['policy']} {best['measured_tok_s']:.1f} tok/s: {verdict}")
     return lines
 
 
-def _markdown(rows: list[dict], notes: list[str]) -> str:
+def _markdown(rows: list[dict], notes: list[str], others=()) -> str:
     cols = ("policy", "batch_size", "acceptance", "measured_tok_s", "predicted_tok_s", "rel_err",
             "measured_round_ms", "predicted_round_ms", "cost_rel_err", "accept_rel_err", "draft_ms", "verify_ms",
             "commit_ms", "host_ms", "speedup_vs_plain")
-    model = rows[0]["model"] if rows else "?"
-    dep = rows[0]["deployment"] if rows else "?"
-    out = [f"# simtree run: {model} ({dep})", "", "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    models = list(dict.fromkeys((r["model"], r["deployment"]) for r in rows)) or [("?", "?")]
+    if len(models) > 1:   # several models in one report: say which row is which
+        cols = ("model",) + cols
+    title = ", ".join(f"{m} ({dep})" for m, dep in models)
+    out = [f"# simtree run: {title}", "", "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     for r in rows:
         cells = []
         for c in cols:
@@ -89,7 +93,7 @@ def _markdown(rows: list[dict], notes: list[str]) -> str:
     if shares:
         out.append(f"- host share of the round (host_ms / measured_round_ms): median {np.median(shares):.1%}, "
                    f"worst {max(shares):.1%}")
-    out += [f"- {line}" for line in plan_check(rows)]
+    out += [f"- {line}" for line in plan_check(rows, others)]
     failed = [r for r in rows if str(r.get("note", "")).startswith(("failed", "skipped"))]
     out += [f"- {r['policy']} batch {r['batch_size']}: {r['note']}" for r in failed]
     out += ["", "## Notes", ""] + [f"- {n}" for n in notes] + [""]
@@ -108,8 +112,10 @@ def _plot(rows: list[dict], path: Path) -> None:
         if pts:
             ax.scatter([r["measured_tok_s"] for r in pts], [r["predicted_tok_s"] for r in pts], marker=marker,
                        label=kind)
+            several = len({r["model"] for r in ran}) > 1
             for r in pts:
-                ax.annotate(f"b{r['batch_size']}", (r["measured_tok_s"], r["predicted_tok_s"]), fontsize=7)
+                tag = f"{r['model'][:6]} b{r['batch_size']}" if several else f"b{r['batch_size']}"
+                ax.annotate(tag, (r["measured_tok_s"], r["predicted_tok_s"]), fontsize=7)
     if ran:
         lo = min(min(r["measured_tok_s"], r["predicted_tok_s"]) for r in ran) * 0.8
         hi = max(max(r["measured_tok_s"], r["predicted_tok_s"]) for r in ran) * 1.25
@@ -120,18 +126,20 @@ def _plot(rows: list[dict], path: Path) -> None:
         ax.set_yscale("log")
     ax.set_xlabel("measured tok/s")
     ax.set_ylabel("predicted tok/s")
-    ax.set_title(f"{rows[0]['model'] if rows else ''}: predicted vs measured (dotted: +-5%)", fontsize=9)
+    ax.set_title(f"{', '.join(dict.fromkeys(r['model'] for r in rows))}: predicted vs measured (dotted: +-5%)",
+                 fontsize=9)
     ax.legend(fontsize=8)
     fig.tight_layout()
     write_atomic(path, lambda tmp: fig.savefig(tmp, format="png", dpi=120))
     plt.close(fig)
 
 
-def write_summary(rows: list[dict], notes: list[str], out: Path) -> dict:
-    """summary.csv, summary.md and predicted_vs_measured.png under ``out``; their paths."""
+def write_summary(rows: list[dict], notes: list[str], out: Path, others=()) -> dict:
+    """summary.csv, summary.md and predicted_vs_measured.png under ``out``; their paths.
+    ``others``: runs measured besides ``rows`` (the plan's choice is checked against them too)."""
     out = Path(out)
     files = {"csv": out / "summary.csv", "md": out / "summary.md", "png": out / "predicted_vs_measured.png"}
     write_text_atomic(files["csv"], _csv(rows))
-    write_text_atomic(files["md"], _markdown(rows, notes))
+    write_text_atomic(files["md"], _markdown(rows, notes, others))
     _plot(rows, files["png"])
     return {k: str(v) for k, v in files.items()}

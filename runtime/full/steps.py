@@ -17,8 +17,8 @@
   1 + s k capped at the nodes drafted) and its ``catchup`` stage (the MTP layer over the
   accepted path's s + 1 rows, masked past the accepted depth: its cost does not depend on it).
 
-Before each repetition the lengths go back to the context (a device copy outside the graphs;
-for the V4 rank also the caches' host lengths), so every repetition runs at context l.  Caches
+Before each repetition the lengths go back to the context (a device copy outside the graphs),
+so every repetition runs at context l.  Caches
 hold random content (``FullEngine.fill_context``), as the replayed runs do.
 """
 from __future__ import annotations
@@ -66,7 +66,6 @@ class Step:
         named = [(n, g.replay) for n, g in e.graphs] if e.graphs else e._stages()
         self._fns = [fn for name, fn in named if name in self.stages]
         self._lengths = e.st.lengths.clone()
-        self._host = [c.lens.copy() for c in getattr(e.st, "caches", {}).values()]
 
     def prime(self) -> "Step":
         """One whole round, then the lengths back: every buffer the stages read (this round's
@@ -83,8 +82,6 @@ class Step:
         e.st.lengths.copy_(self._lengths)
         if e.ds is not None:
             e.ds.lengths.copy_(self._lengths)
-        for cache, lens in zip(getattr(e.st, "caches", {}).values(), self._host):
-            cache.lens[:] = lens
 
     def run(self) -> None:
         self._restore()

@@ -184,7 +184,7 @@ def _full_scale(model, device, costs, policy, batch_sizes, replay, acceptance, p
         rows = [{k: finite(v) for k, v in r.items()} for r in result["rows"]]
         typer.echo(json.dumps({**result, "rows": rows, "runs": len(result["runs"])}, default=str))
         return
-    for note in result["notes"]:
+    for note in result["notes"] + result.get("prediction_notes", []):
         typer.echo(f"note: {note}", err=True)
     for row in result["rows"]:
         typer.echo(f"{row['policy']:>28} b{row['batch_size']:<3} measured {row['measured_tok_s']:9.1f} tok/s  "

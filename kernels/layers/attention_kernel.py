@@ -1,4 +1,4 @@
-"""Triton kernel of :func:`simtree.runtime.full.attention.tree_attention` (launch details).
+"""Triton kernel of :func:`simtree.kernels.layers.attention.tree_attention` (launch details).
 
 One program per (sequence, KV head, block of BLOCK_R rows), a row being one (query, query head
 of that KV head) pair: the sequence's queries share every K/V tile they load, as the query heads

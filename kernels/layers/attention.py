@@ -109,6 +109,6 @@ def tree_attention(q, k_cache, v_cache, cache_lens, q_pos, k_tree, v_tree, tree_
     if not _use_triton(q.device):
         return tree_attention_ref(q, k_cache, v_cache, cache_lens, q_pos, k_tree, v_tree, tree_bits,
                                   scale=scale, window=window, sink=sink)
-    from ._attention_kernel import tree_attention_triton
+    from .attention_kernel import tree_attention_triton
     return tree_attention_triton(q, k_cache, v_cache, cache_lens, q_pos, k_tree, v_tree, tree_bits,
                                  scale=scale, window=window, sink=sink)

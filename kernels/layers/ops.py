@@ -1,0 +1,133 @@
+"""The layers' fused ops as torch custom ops (``torch.ops.simtree.*``): one op each, the Triton
+kernel (fused.py) on CUDA for 16/32-bit floats, the torch form (reference.py) elsewhere.
+
+Being one op to the dispatcher, each counts as one kernel where ops are counted
+(:mod:`.opcount`, the CPU proxy of a step's launches), and replays as one node of a CUDA graph.
+Set ``SIMTREE_FUSED=torch`` to run the torch forms on CUDA too (debugging).
+"""
+import os
+from typing import Optional
+
+import torch
+
+from simtree.errors import SimtreeError
+
+from . import reference as ref
+
+__all__ = ["rms_norm", "gated_rms_norm", "silu_mul", "sigmoid_mul", "gdn_gates", "norm_rope", "norm_rope_into",
+           "tree_conv", "gather_rows"]
+
+
+def _triton(*tensors: torch.Tensor) -> bool:
+    choice = os.environ.get("SIMTREE_FUSED", "auto")
+    if choice not in ("auto", "torch"):
+        raise SimtreeError(f"SIMTREE_FUSED={choice!r}: use auto or torch")
+    return choice == "auto" and all(t.dtype != torch.float64 for t in tensors)
+
+
+def _fused():
+    from . import fused
+    return fused
+
+
+@torch.library.custom_op("simtree::rms_norm", mutates_args=())
+def rms_norm(x: torch.Tensor, weight: Optional[torch.Tensor], eps: float) -> torch.Tensor:
+    return ref.rms_norm(x, weight, eps)
+
+
+@rms_norm.register_kernel("cuda")
+def _rms_norm_cuda(x, weight, eps):
+    return _fused().rms_norm(x, weight, eps) if _triton(x) else ref.rms_norm(x, weight, eps)
+
+
+@torch.library.custom_op("simtree::gated_rms_norm", mutates_args=())
+def gated_rms_norm(o: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    return ref.gated_rms_norm(o, z, weight, eps)
+
+
+@gated_rms_norm.register_kernel("cuda")
+def _gated_rms_norm_cuda(o, z, weight, eps):
+    return _fused().gated_rms_norm(o, z, weight, eps) if _triton(o) else ref.gated_rms_norm(o, z, weight, eps)
+
+
+@torch.library.custom_op("simtree::silu_mul", mutates_args=())
+def silu_mul(gu: torch.Tensor) -> torch.Tensor:
+    return ref.silu_mul(gu)
+
+
+@silu_mul.register_kernel("cuda")
+def _silu_mul_cuda(gu):
+    return _fused().silu_mul(gu) if _triton(gu) else ref.silu_mul(gu)
+
+
+@torch.library.custom_op("simtree::sigmoid_mul", mutates_args=())
+def sigmoid_mul(o: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+    return ref.sigmoid_mul(o, gate)
+
+
+@sigmoid_mul.register_kernel("cuda")
+def _sigmoid_mul_cuda(o, gate):
+    return _fused().sigmoid_mul(o, gate) if _triton(o) else ref.sigmoid_mul(o, gate)
+
+
+@torch.library.custom_op("simtree::gdn_gates", mutates_args=())
+def gdn_gates(ba: torch.Tensor, neg_a: torch.Tensor, dt_bias: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    return ref.gdn_gates(ba, neg_a, dt_bias)
+
+
+@gdn_gates.register_kernel("cuda")
+def _gdn_gates_cuda(ba, neg_a, dt_bias):
+    return _fused().gdn_gates(ba, neg_a, dt_bias) if _triton(ba) else ref.gdn_gates(ba, neg_a, dt_bias)
+
+
+@torch.library.custom_op("simtree::norm_rope", mutates_args=())
+def norm_rope(x: torch.Tensor, weight: Optional[torch.Tensor], cs: torch.Tensor, lo: int, inverse: bool, eps: float,
+              norm: bool) -> torch.Tensor:
+    return ref.norm_rope(x, weight, cs, lo, inverse, eps, norm)
+
+
+@norm_rope.register_kernel("cuda")
+def _norm_rope_cuda(x, weight, cs, lo, inverse, eps, norm):
+    if _triton(x):
+        return _fused().norm_rope(x, weight, cs, lo, inverse, eps, norm)
+    return ref.norm_rope(x, weight, cs, lo, inverse, eps, norm)
+
+
+@torch.library.custom_op("simtree::norm_rope_into", mutates_args=("out",))
+def norm_rope_into(x: torch.Tensor, weight: Optional[torch.Tensor], cs: torch.Tensor, lo: int, inverse: bool,
+                   eps: float, norm: bool, out: torch.Tensor) -> None:
+    out.copy_(ref.norm_rope(x, weight, cs, lo, inverse, eps, norm))
+
+
+@norm_rope_into.register_kernel("cuda")
+def _norm_rope_into_cuda(x, weight, cs, lo, inverse, eps, norm, out):
+    if _triton(x):
+        _fused().norm_rope(x, weight, cs, lo, inverse, eps, norm, out=out)
+    else:
+        out.copy_(ref.norm_rope(x, weight, cs, lo, inverse, eps, norm))
+
+
+@torch.library.custom_op("simtree::tree_conv", mutates_args=())
+def tree_conv(x: torch.Tensor, state: torch.Tensor, idx: torch.Tensor, weight: torch.Tensor, splits: list[int],
+              silu: bool) -> torch.Tensor:
+    return ref.tree_conv(x, state, idx, weight, (splits[0], splits[1]), silu)
+
+
+@tree_conv.register_kernel("cuda")
+def _tree_conv_cuda(x, state, idx, weight, splits, silu):
+    if _triton(x):
+        return _fused().tree_conv(x, state, idx, weight, splits, silu)
+    return ref.tree_conv(x, state, idx, weight, (splits[0], splits[1]), silu)
+
+
+@torch.library.custom_op("simtree::gather_rows", mutates_args=("state",))
+def gather_rows(state: torch.Tensor, x: torch.Tensor, idx: torch.Tensor) -> None:
+    ref.gather_rows(state, x, idx)
+
+
+@gather_rows.register_kernel("cuda")
+def _gather_rows_cuda(state, x, idx):
+    if _triton(x) and state.is_contiguous():
+        _fused().gather_rows(state, x, idx)
+    else:
+        ref.gather_rows(state, x, idx)

@@ -1,0 +1,184 @@
+"""The home side of a GPU session (scripts/full_gpu.sh): fit, plan and predictions from the
+session's own profile of the runtime's layers, on the CPU, after the call.
+
+    python -m simtree.runtime.full.session_report SESSION_DIR [SESSION_DIR ...] --out reports/h200/live
+
+A session folder (one model; ``full_<model>.tgz`` unpacked) holds ``profile/profile.csv`` (the
+sweep of the runtime's layer calls, composed into ``model_verify_step`` rows),
+``steps_profile.csv`` (the runtime's whole verify and draft steps), ``summary.json`` (every
+measured run's rounds), ``lossless.csv`` and ``log.txt``.  Per model:
+
+1. fit: C_v from the composed rows of the layer profile, C_d from the whole draft steps ->
+   ``costs_<model>.json``;
+2. predict every measured run again from that bundle (``measure.repredict``);
+3. plan: per batch size the measured policy the bundle predicts fastest (the planner's choice
+   restricted to the shapes the session measured), reported as ``plan:<shape>``;
+4. composed against measured: the composed step of the layer profile (interpolated in the
+   context) against the runtime's measured whole step at each (b, n, l) of steps_profile.csv.
+
+Writes under ``--out``: summary.csv / summary.md / predicted_vs_measured.png (plain, linear
+D=4 and the plan's choice per batch size, both models), alternatives.csv (the other measured
+shapes), composed_vs_measured.csv / .md, costs_<model>.json, lossless.csv.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import json
+import math
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from simtree.costs import profile_table as pt
+from simtree.errors import SimtreeError
+from simtree.fileio import write_text_atomic
+
+from .measure import repredict
+from .report import EXTRA_COLUMNS, SUMMARY_COLUMNS, error_stats, write_summary
+
+__all__ = ["session_report", "composed_vs_measured", "choose_plan", "main"]
+
+COMPOSED = ("model_verify_step", "composed")
+WHOLE = "full_runtime"
+
+
+def _load(path: Path, what: str) -> pd.DataFrame:
+    if not path.exists():
+        raise SimtreeError(f"{path}: no {what} (did that phase of the GPU session run?)")
+    return pt.load_profile(path)
+
+
+def composed_vs_measured(profile: pd.DataFrame, steps: pd.DataFrame) -> list[dict]:
+    """One row per measured whole verify step (b, n, l): the composed step at the same (b, n),
+    linearly interpolated in the context between the composed rows (clamped), and the error."""
+    comp = profile[(profile.stage == COMPOSED[0]) & (profile.variant == COMPOSED[1])]
+    meas = steps[(steps.stage == "model_verify_step") & (steps.variant == WHOLE)]
+    out = []
+    for r in meas.itertuples(index=False):
+        rows = comp[(comp.model == r.model) & (comp.batch_size == r.batch_size)
+                    & (comp.nodes_per_seq == r.nodes_per_seq)]
+        if rows.empty:
+            continue
+        by_l = rows.groupby("context_len").latency_us_median.median().sort_index()
+        composed = float(np.interp(r.context_len, by_l.index.to_numpy(float), by_l.to_numpy(float)))
+        measured = float(r.latency_us_median)
+        out.append({"model": r.model, "batch_size": int(r.batch_size), "nodes_per_seq": int(r.nodes_per_seq),
+                    "context_len": int(r.context_len), "measured_us": measured, "composed_us": composed,
+                    "rel_err": composed / measured - 1})
+    return out
+
+
+def _merged_table(profile: pd.DataFrame, steps: pd.DataFrame, path: Path) -> Path:
+    """The composed verify rows and the whole draft steps in one table (what ``fit`` reads)."""
+    verify = profile[(profile.stage == COMPOSED[0]) & (profile.variant == COMPOSED[1])]
+    draft = steps[(steps.stage == "draft_step") & (steps.variant == WHOLE)]
+    if verify.empty:
+        raise SimtreeError("the layer profile has no composed model_verify_step rows (the sweep's composition "
+                           "needs every piece at a (b, n): see profile.compose.json)")
+    if draft.empty:
+        raise SimtreeError("steps_profile.csv has no draft_step rows (the session's steps phase)")
+    pt.write_table(path, pt.validate_profile(pd.concat([verify, draft], ignore_index=True), path))
+    return path
+
+
+def choose_plan(rows: list[dict]) -> list[dict]:
+    """Per (model, batch size): the run the bundle predicts fastest, as a ``plan:`` row."""
+    out = []
+    for key in dict.fromkeys((r["model"], r["batch_size"]) for r in rows):
+        ran = [r for r in rows if (r["model"], r["batch_size"]) == key and math.isfinite(r["predicted_tok_s"])]
+        if ran:
+            best = max(ran, key=lambda r: r["predicted_tok_s"])
+            out.append({**best, "policy": "plan:" + best["policy"].split(":", 1)[1]})
+    return out
+
+
+def _csv(rows: list[dict], cols) -> str:
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=list(cols), extrasaction="ignore", lineterminator="\n")
+    w.writeheader()
+    for r in rows:
+        w.writerow({c: (f"{v:.6g}" if isinstance(v, float) else v) for c, v in r.items()})
+    return buf.getvalue()
+
+
+def _cvm_markdown(rows: list[dict]) -> str:
+    lines = ["# Composed step of the runtime's layers vs the runtime's measured step", "",
+             "composed: the layer profile's model_verify_step (round metadata + the model's ends + per layer kind "
+             "its mixer, core, MLP / MoE, commit), interpolated in l; measured: the runtime's verify + commit "
+             "(plain decoding at n = 1), CUDA-graph replays.  rel_err = composed / measured - 1.", "",
+             "| model | b | n | l | measured_us | composed_us | rel_err |", "|---|---|---|---|---|---|---|"]
+    lines += [f"| {r['model']} | {r['batch_size']} | {r['nodes_per_seq']} | {r['context_len']} | "
+              f"{r['measured_us']:.0f} | {r['composed_us']:.0f} | {r['rel_err']:+.1%} |" for r in rows]
+    lines.append("")
+    for model in dict.fromkeys(r["model"] for r in rows):
+        st = error_stats([r for r in rows if r["model"] == model], "rel_err")
+        lines.append(f"- {model}: |rel_err| median {st['median']:.1%}, worst {st['worst']:.1%} over {st['n']} steps")
+    return "\n".join(lines) + "\n"
+
+
+def session_report(sessions: list[Path], out: Path) -> dict:
+    """Everything of the module docstring for the session folders; returns the summary rows,
+    the composed-vs-measured rows and the files written."""
+    from simtree.costs.profile_fit import fit_profile
+
+    out.mkdir(parents=True, exist_ok=True)
+    rows, alternatives, cvm, notes, lossless = [], [], [], [], []
+    for folder in sessions:
+        profile = _load(folder / "profile" / "profile.csv", "layer profile")
+        steps = _load(folder / "steps_profile.csv", "whole-step profile")
+        models = sorted(set(profile.model))
+        if len(models) != 1:
+            raise SimtreeError(f"{folder}: a session profiles one model, its profile holds {models}")
+        model = models[0]
+        fit = fit_profile(_merged_table(profile, steps, out / f".merged_{model}.csv"), stage=COMPOSED[0],
+                          variant=COMPOSED[1], draft_variant=WHOLE)
+        (out / f".merged_{model}.csv").unlink()
+        costs_path = out / f"costs_{model}.json"
+        fit.bundle.save(costs_path)
+        notes += [f"{model} fit: {n}" for n in fit.notes]
+        res = repredict(folder / "summary.json", fit.bundle)
+        notes += [f"{model}: {n}" for n in res["notes"] + res["prediction_notes"]]
+        ran = [r for r in res["rows"] if math.isfinite(r.get("measured_tok_s", float("nan")))]
+        plans = choose_plan(ran)
+        keep = [r for r in res["rows"] if r["policy"].split(":")[0] in ("plain", "linear_d4")]
+        rows += keep + plans
+        alternatives += [r for r in res["rows"] if r not in keep]
+        cvm += composed_vs_measured(profile, steps)
+        if (folder / "lossless.csv").exists():
+            lossless += [{"model": model, **r} for r in csv.DictReader(open(folder / "lossless.csv"))]
+    rows.sort(key=lambda r: (r["model"], r["batch_size"]))
+    files = write_summary(rows, list(dict.fromkeys(notes)), out, alternatives)
+    write_text_atomic(out / "alternatives.csv", _csv(alternatives, SUMMARY_COLUMNS + EXTRA_COLUMNS))
+    cvm_cols = ("model", "batch_size", "nodes_per_seq", "context_len", "measured_us", "composed_us", "rel_err")
+    write_text_atomic(out / "composed_vs_measured.csv", _csv(cvm, cvm_cols))
+    write_text_atomic(out / "composed_vs_measured.md", _cvm_markdown(cvm))
+    if lossless:
+        write_text_atomic(out / "lossless.csv", _csv(lossless, lossless[0].keys()))
+    return {"rows": rows, "composed_vs_measured": cvm, "files": files}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("sessions", nargs="+", type=Path, help="unpacked session folders, one per model")
+    ap.add_argument("--out", type=Path, default=Path("reports/h200/live"))
+    args = ap.parse_args(argv)
+    try:
+        res = session_report(args.sessions, args.out)
+    except SimtreeError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    for key in ("rel_err", "cost_rel_err"):
+        st = error_stats(res["rows"], key)
+        print(f"|{key}|: median {st['median']:.1%}, worst {st['worst']:.1%} over {st['n']} runs")
+    st = error_stats(res["composed_vs_measured"], "rel_err")
+    print(f"composed vs measured step: median {st['median']:.1%}, worst {st['worst']:.1%} over {st['n']} points")
+    print(f"-> {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

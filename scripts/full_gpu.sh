@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# One GPU session of the full runtime for one model, in one call of at most ~9 minutes:
+#   (a) the profile sweep of the runtime's own layer calls (simtree/data/sweeps/full_layers_gpu.yaml,
+#       variant layers; <= 3 min) -> profile/profile.csv with its composed model_verify_step rows;
+#   (b) lossless check (2 prompts x 3 policies, batch 2, live), (c) measured runs (replay, gsm8k)
+#       for batch 1,4,16,64 x {plain, linear D=4, EAGLE shapes a plan may choose}, (d) the runtime's
+#       whole verify steps at a few (b, n, l) and its draft steps over the (b, s, k) grid
+#       (python -m simtree.runtime.full.gpu_run, bounded by RUNTIME_SECONDS).
+# A failed phase is logged and the next runs; progress lines carry timestamps.  Everything is in
+# $OUT/full_<model>.tgz, plus <model>_log.txt and <model>_summary.md (<= 8 files in $OUT).
+# The fit, plan and predictions from this profile run at home: bash scripts/full_report.sh DIR.
+# The whole call stays within TOTAL_SECONDS (default 525: a 9-minute call with room to spare); the
+# runtime phases get what the sweep leaves; $OUT is packed after the sweep and again at the end.
+#   bash scripts/full_gpu.sh qwen3.6-27b        (env OUT, TOTAL_SECONDS=525, SWEEP_MINUTES=3, GPUTEST=1,
+#                                                 ARGS="--replay t.jsonl" for gpu_run)
+#   bash scripts/full_gpu.sh deepseek-v4-flash
+set -uo pipefail
+MODEL=${1:?usage: bash scripts/full_gpu.sh MODEL}
+OUT=${OUT:-/tmp/out}
+RES=/tmp/simtree_full/$MODEL     # many files; tarred into $OUT at the end
+mkdir -p "$OUT" "$RES/profile"
+LOG="$RES/log.txt"
+START=$(date +%s)
+log() { echo "[$(date +%T) +$(( $(date +%s) - START ))s] $*" | tee -a "$LOG"; }
+pack() {
+  tar czf "$OUT/full_$MODEL.tgz" -C "$RES" .
+  cp "$LOG" "$OUT/${MODEL}_log.txt" 2>/dev/null
+  cp "$RES/summary.md" "$OUT/${MODEL}_summary.md" 2>/dev/null
+  ls -la "$OUT"
+}
+trap pack EXIT
+log "session $MODEL: install"
+if ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site
+fi
+python3 -m pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1 || log "editable install FAILED"
+export PYTHONUNBUFFERED=1
+nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem,temperature.gpu --format=csv \
+  > "$RES/gpu_state.csv" 2>&1
+if [ -n "${GPUTEST:-}" ]; then   # GPUTEST=1: the layers' and the runtime's GPU tests first (~1-2 min)
+  log "GPU tests"
+  timeout 150 python3 -m pytest -q -m gpu tests/test_layers_fused.py tests/test_full_gpu.py 2>&1 | tail -15 >> "$LOG"
+fi
+SWEEP_MINUTES=${SWEEP_MINUTES:-3}
+log "(a) profile sweep of the runtime's layers, <= $SWEEP_MINUTES min"
+timeout -k 5 $(( SWEEP_MINUTES * 60 + 40 )) python3 -m simtree.profiler.sweep --sweep full_layers_gpu \
+  --model "$MODEL" --out "$RES/profile/profile.csv" --max-minutes "$SWEEP_MINUTES" --no-progress >> "$LOG" 2>&1
+rc=$?; [ $rc -ne 0 ] && log "(a) sweep exited with $rc (its points so far are kept)"
+pack > /dev/null
+TOTAL=${TOTAL_SECONDS:-525}
+RUNTIME_SECONDS=$(( TOTAL - ($(date +%s) - START) - 35 ))   # 35 s: the runtime's exit and the packing
+[ $RUNTIME_SECONDS -gt 330 ] && RUNTIME_SECONDS=330
+log "(b-d) lossless, measured runs, whole steps, <= $RUNTIME_SECONDS s"
+# gpu_run logs its own timestamped lines into log.txt; its raw output goes to gpu_run.out
+timeout -k 5 $(( RUNTIME_SECONDS + 20 )) python3 -m simtree.runtime.full.gpu_run --model "$MODEL" --out "$RES" \
+  --max-seconds "$RUNTIME_SECONDS" ${ARGS:-} > "$RES/gpu_run.out" 2>&1
+rc=$?; [ $rc -ne 0 ] && log "(b-d) gpu_run exited with $rc (its files so far are kept; see gpu_run.out)"
+log "done"

@@ -1,0 +1,59 @@
+"""The V4 rank on the kernels' device plans: every stage of a round runs without reading the
+device (so the rank captures into CUDA graphs like the Qwen model), and its experts are the
+shape's."""
+import dataclasses
+
+import pytest
+import torch
+
+from simtree.errors import SimtreeError
+from simtree.kernels.layers import moe
+from simtree.kernels.layers.v4 import rank_experts
+from simtree.models import get_model
+from simtree.planning.simulate import PolicySpec
+from simtree.runtime.full.acceptance import TraceReplay
+from simtree.runtime.full.drafting import round_shape
+from simtree.runtime.full.engine import FullEngine
+from simtree.runtime.full.v4_rank import V4Rank
+
+torch.set_num_threads(1)
+HOST_READS = {"item", "tolist", "numpy", "cpu", "__bool__", "__int__", "__index__", "__float__"}
+
+
+class _Calls(torch.overrides.TorchFunctionMode):
+    def __init__(self):
+        super().__init__()
+        self.names = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        self.names.append(getattr(func, "__name__", str(func)))
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("policy", [("eagle", {"num_steps": 3, "topk": 2, "budget": 6}), ("none", {})])
+def test_a_v4_round_never_reads_the_device(monkeypatch, policy):
+    """With the grouped GEMM the CUDA path takes (torch._grouped_mm, here on the CPU), no stage
+    of a round - the device plans, the layers, the commit, the drafting - reads a value back."""
+    monkeypatch.setattr(moe, "grouped_mm_capturable", lambda *a: True)
+    model = V4Rank(get_model("tiny-v4"), "cpu", torch.float32, 1)
+    assert model.capturable
+    rs = round_shape(PolicySpec.from_dict(*policy))
+    engine = FullEngine(model, rs, 2, 64, TraceReplay.fixed(2, 2, "cpu"))
+    engine.fill_context(20)
+    for name, fn in engine._stages():
+        with _Calls() as calls:
+            fn()
+        assert not HOST_READS & set(calls.names), (name, HOST_READS & set(calls.names))
+    # a context of 20 tokens, then one round: the root and 2 accepted drafts, or one plain token
+    assert engine.st.lengths.tolist() == [20 + (1 if rs.plain else 3)] * 2
+
+
+def test_rank_experts_from_the_shape():
+    shape = get_model("deepseek-v4-flash")
+    assert rank_experts(shape) == (32, 8)
+    assert rank_experts(shape, 4) == (64, 4)
+    rank = dataclasses.replace(shape, mlp={**shape.mlp, "n_experts": 16, "ep_ranks": 16})   # a rank's shape
+    assert rank_experts(rank) == (16, 16)
+    with pytest.raises(SimtreeError, match="fewer than the 6"):
+        rank_experts(dataclasses.replace(shape, mlp={**shape.mlp, "n_experts": 4, "ep_ranks": 64}))
+    assert V4Rank(get_model("tiny-v4"), "cpu", torch.float32).d.E == 4
