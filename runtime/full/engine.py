@@ -196,10 +196,15 @@ class FullEngine:
             counter.zero_()
 
     @torch.no_grad()
-    def capture(self, warmup: int = 2) -> None:
+    def capture(self, warmup: int = 2, shared_pool: bool = True) -> None:
         """Capture one CUDA graph per stage (warm-up runs first: Triton compiles, cached tables);
         the state is reset afterwards.  A no-op where graphs are off; where capture fails the
-        stages run eagerly and ``capture_error`` says why."""
+        stages run eagerly and ``capture_error`` says why.
+
+        ``shared_pool``: the stages' graphs share one memory pool, so a stage's temporaries may
+        lie where an earlier-captured stage kept its own; right for whole rounds in stage order,
+        wrong for replaying a subset (a profiled draft step replays draft and catch-up without
+        the verify whose outputs the catch-up reads): those take one pool per stage."""
         if not self.use_graphs:
             return
         stages = self._stages()
@@ -216,7 +221,7 @@ class FullEngine:
         try:
             for name, fn in stages:
                 g = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(g, pool=pool):
+                with torch.cuda.graph(g, pool=pool if shared_pool else torch.cuda.graph_pool_handle()):
                     fn()
                 graphs.append((name, g))
             self.graphs = graphs
