@@ -24,7 +24,10 @@ go to a device log read after the run).  Without a GPU the same stages run eager
 Timing, per round: ``draft_ms`` (draft + catchup), ``verify_ms``, ``commit_ms`` from CUDA
 events around the stages (perf counters on CPU); ``host_ms`` is the CPU time spent issuing the
 round, from its first launch to the return of its last (graph replays: a few launches) - the
-host work a round adds, which overlaps the device unless the host is the slower of the two.  On CPU, where host and device
+host work a round adds, which overlaps the device unless the host is the slower of the two.
+Inside a run of back-to-back rounds a launch can wait for the device (the queue is full), so
+that issue time would count device time as host work: ``run(host_probe=N)`` times the issue
+of N more rounds, each launched onto an idle device, and reports those.  On CPU, where host and device
 are the same, ``host_ms`` is the round's wall time outside its stages.  The run's wall time
 over all rounds gives the measured round time and throughput.
 """
@@ -309,8 +312,10 @@ class FullEngine:
 
     # ---- rounds ------------------------------------------------------------------------------
     @torch.no_grad()
-    def run(self, rounds: int | None = None, max_new_tokens: int | None = None) -> RunStats:
-        """``rounds`` rounds, or (live) until every sequence has ``max_new_tokens`` outputs."""
+    def run(self, rounds: int | None = None, max_new_tokens: int | None = None, host_probe: int = 0) -> RunStats:
+        """``rounds`` rounds, or (live) until every sequence has ``max_new_tokens`` outputs;
+        ``host_probe`` more rounds on CUDA, each issued onto an idle device, give ``host_ms``
+        (module docstring); they come after the timed rounds and are not in the statistics."""
         if (rounds is None) == (max_new_tokens is None):
             raise SimtreeError("run needs rounds or max_new_tokens (one of them)")
         limit = rounds if rounds is not None else max_new_tokens
@@ -339,6 +344,16 @@ class FullEngine:
         if cuda:
             torch.cuda.synchronize()
         wall = time.perf_counter() - t_start
+        if cuda and host_probe > 0 and n_done:
+            probe = []
+            for _ in range(host_probe):
+                torch.cuda.synchronize()
+                t0 = time.perf_counter()
+                for _, fn in stages:
+                    fn()
+                probe.append((time.perf_counter() - t0) * 1e3)
+            torch.cuda.synchronize()
+            host = [float(np.median(probe))] * n_done
         return self._stats([name for name, _ in stages], marks, host, n_done, wall, log0, ctx0, cuda)
 
     @staticmethod

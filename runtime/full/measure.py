@@ -54,6 +54,9 @@ from .report import EXTRA_COLUMNS, SUMMARY_COLUMNS, write_summary
 __all__ = ["full_run", "repredict", "runs_json", "measure_policy", "predict", "RunConfig", "SUMMARY_COLUMNS", "EXTRA_COLUMNS",
            "PLAIN", "LINEAR_D4"]
 
+# rounds issued onto an idle device after each timed run: their issue time is the host_ms reported
+HOST_PROBE_ROUNDS = 5
+
 PLAIN, LINEAR_D4 = PolicySpec.from_dict("none"), PolicySpec.from_dict("linear", {"budget": 4})
 
 
@@ -123,7 +126,7 @@ def measure_policy(model, rs: RoundShape, batch_size: int, source, cfg: RunConfi
         engine.fill_context(cfg.context_len, cfg.seed)
         if cfg.warmup_rounds:
             engine.run(rounds=cfg.warmup_rounds)
-        stats = engine.run(rounds=cfg.rounds)
+        stats = engine.run(rounds=cfg.rounds, host_probe=HOST_PROBE_ROUNDS)
         if engine.capture_error:
             stats.notes.append(f"CUDA graph capture failed, eager stages: {engine.capture_error}")
         return stats, engine.graphs is not None
