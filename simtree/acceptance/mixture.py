@@ -160,26 +160,6 @@ class AcceptanceModel:
         probs = -np.sort(-self.draft_table(level, positions), axis=1)
         return np.tile(np.arange(self.topk, dtype=np.int64), (probs.shape[0], 1)), probs
 
-    def propose(self, level: int, topk: int):
-        """EAGLE ``propose`` callback (top-``topk``) whose draft scores are this level's draft
-        probabilities per depth and rank.
-
-        Scores are the running minimum along the rank so that sibling order by score is the rank
-        order even where a table is not monotone in rank.
-        """
-        probs = np.minimum.accumulate(self.draft_table(level, 64), axis=1)
-        probs = np.hstack([probs, np.zeros((probs.shape[0], max(topk - probs.shape[1], 0)))])
-        scores = np.log(np.maximum(probs, 1e-300))
-
-        def propose(parents, tokens, frontier):
-            depth = np.zeros(parents.shape[0], np.int64)
-            for i in range(1, parents.shape[0]):
-                depth[i] = depth[parents[i]] + 1
-            rows = np.minimum(depth[frontier], scores.shape[0] - 1)
-            toks = np.tile(np.arange(topk, dtype=np.int64), (frontier.shape[0], 1))
-            return toks, scores[rows, :topk]
-        return propose
-
     def expected_accepted(self, tree: DraftTree) -> float:
         """Phi(tree) per round, the same tree at every level (draft tokens, bonus excluded)."""
         phi = np.array([expected_accepted_positional(tree, self.table(i, max(tree.max_depth, 1)))

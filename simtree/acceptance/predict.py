@@ -14,7 +14,7 @@ import numpy as np
 from simtree.acceptance.mixture import AcceptanceModel
 from simtree.acceptance.phi import expected_accepted_positional
 from simtree.errors import SimtreeError
-from simtree.trees.builders import batched_best_first_tree, eagle_tree
+from simtree.trees.builders import batched_best_first_tree, eagle_tree_positional
 from simtree.trees.tree import DraftTree
 
 __all__ = ["level_trees", "accepted_per_round"]
@@ -29,7 +29,8 @@ def level_trees(acc: AcceptanceModel, mode: str, params: dict) -> list[DraftTree
         elif mode == "linear":
             trees.append(DraftTree.chain(int(p["budget"])))
         elif mode == "eagle":
-            trees.append(eagle_tree(acc.propose(level, p["topk"]), p["num_steps"], p["topk"], p["budget"]))
+            trees.append(eagle_tree_positional(acc.draft_table(level, p["num_steps"]), p["num_steps"], p["topk"],
+                                               p["budget"]))
         elif mode == "best_first":
             toks, probs = acc.draft_marginals(level, p["draft_depth"])
             trees.append(batched_best_first_tree(toks, probs, p["budget"], p.get("width", 1))[0])
