@@ -39,10 +39,10 @@ FIXED_POINT_STEPS = 16   # price / round-weight iterations of one analytic decis
 
 def scored_phi(order: BestFirstOrder, table: np.ndarray) -> np.ndarray:
     """float64 [n]: Phi of every prefix of ``order`` (the budget-(i+1) tree) under the positional
-    acceptance ``table [P, K]``: a node of depth d and rank r is accepted with table[d-1, r]
-    given its parent (0 beyond the table's ranks)."""
+    acceptance ``table [P, K]``: a node of depth d whose token is rank id r is accepted with
+    table[d-1, r] given its parent (0 beyond the table's ranks)."""
     P, K = table.shape
-    d, r = order.depth, order.rank
+    d, r = order.depth, order.tokens
     inside = (d > 0) & (r < K)
     p = np.ones(order.num_nodes)
     p[d > 0] = 0.0
@@ -113,7 +113,7 @@ class AdaptiveRounds:
             settled = bool(np.allclose(w_next, w, rtol=1e-9, atol=1e-12))
             if self.priced:
                 if price is not None or not settled:   # else the allocation's own cost holds
-                    cost = self.draft_us + float(np.asarray(cv(float(w_next @ nodes)), np.float64))
+                    cost = self.draft_us + float(np.asarray(cv(max(float(w_next @ nodes), 1.0)), np.float64))
                 rate = b * float(w_next @ (1.0 + phi)) / cost
                 settled = settled and math.isclose(rate, believed if price is None else price, rel_tol=1e-9)
                 price = rate

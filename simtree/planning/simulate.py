@@ -29,7 +29,7 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from simtree.acceptance.model import AcceptanceModel, Workload
-from simtree.acceptance.phi import expected_accepted_positional, sample_accepted_length
+from simtree.acceptance.phi import expected_accepted_ranked, rank_tokens, sample_accepted_length
 from simtree.costs.model import Costs
 from simtree.errors import SimtreeError, check_whole
 from simtree.planning.adaptive import AdaptiveRounds
@@ -65,7 +65,7 @@ class RoundShape:
     @property
     def nodes_std(self) -> float:
         """Spread of the nodes a sequence verifies per round over the policy's rounds."""
-        return float(np.sqrt(max(self.weights @ self.nodes ** 2 - self.nodes_per_seq ** 2, 0.0)))
+        return float(np.sqrt(self.weights @ (self.nodes - self.nodes_per_seq) ** 2))
 
 
 def static_round(acc: AcceptanceModel, spec: PolicySpec) -> RoundShape:
@@ -73,7 +73,7 @@ def static_round(acc: AcceptanceModel, spec: PolicySpec) -> RoundShape:
 
     The acceptance model hands the builders numbers (the drafter's probabilities per depth and
     rank, ``draft_table`` / ``draft_marginals``); the trees they return are scored here with
-    the level's acceptance table."""
+    the level's acceptance table (a node's token is its rank id, its column there)."""
     trees, tables = [], []
     for level in range(acc.num_levels):
         if isinstance(spec, NoneParams):
@@ -91,7 +91,7 @@ def static_round(acc: AcceptanceModel, spec: PolicySpec) -> RoundShape:
         trees.append(tree)
         tables.append(table)
     nodes = np.array([t.num_nodes for t in trees], np.float64)
-    accepted = np.array([expected_accepted_positional(t, tb) for t, tb in zip(trees, tables)])
+    accepted = np.array([expected_accepted_ranked(t, tb) for t, tb in zip(trees, tables)])
     return RoundShape(tuple(trees), tuple(tables), nodes, accepted, acc.round_weights(1.0 + accepted))
 
 
@@ -211,8 +211,8 @@ def analytic_run(workload: Workload, spec: PolicySpec, costs: Costs, b: int) -> 
     # negligibly over a few tokens: decide once per quantum-token bucket of context (the
     # rounds' own costs below still use their exact contexts).
     quantum = max(CTX_QUANTUM, math.ceil(N / MAX_DECISIONS))
-    produced, ctx, total, verify_sum, rounds, gs, ns, ns2 = 0.0, l0, 0.0, 0.0, 0, 0.0, 0.0, 0.0
-    level_rounds = np.zeros(acc.num_levels)
+    produced, ctx, total, verify_sum, rounds, gs = 0.0, l0, 0.0, 0.0, 0, 0.0
+    level_rounds, buckets = np.zeros(acc.num_levels), []   # buckets: (rounds, mean nodes, their variance)
     decided = [math.inf, -math.inf]   # the contexts the decisions ask C_v at: up to quantum / 2 off ctx
     while produced < N - 1e-9:   # one decision per bucket: its rounds all go at once below
         bucket = int(round(ctx / quantum))
@@ -220,7 +220,7 @@ def analytic_run(workload: Workload, spec: PolicySpec, costs: Costs, b: int) -> 
         decided = [min(decided[0], at), max(decided[1], at)]
         nodes, w = ad.decide(at)   # level l carries b * w_l requests
         g = 1.0 + float(sum(w[i] * ad.phi(i, int(nodes[i])) for i in range(acc.num_levels)))
-        n = float(w @ nodes)
+        n = max(float(w @ nodes), 1.0)   # weights sum to 1 within rounding: never ask C_v below one node
         # every round left in this bucket at once: contexts ctx + g j while they round to it
         left = max(1, math.ceil((N - 1e-9 - produced) / g))
         span = max(1, math.ceil(((bucket + 0.5) * quantum - ctx) / g) + 1)
@@ -232,10 +232,13 @@ def analytic_run(workload: Workload, spec: PolicySpec, costs: Costs, b: int) -> 
         v = float(np.sum(costs.verify.predict(np.full(k, n), ctxs[:k], b)))
         total += v + k * ad.draft_us
         verify_sum, produced, ctx = verify_sum + v, produced + g * k, ctx + g * k
-        rounds, gs, ns, ns2 = rounds + k, gs + g * k, ns + n * k, ns2 + float(w @ nodes ** 2) * k
+        rounds, gs = rounds + k, gs + g * k
         level_rounds += w * k
-    n = ns / rounds
-    return {"g": gs / rounds, "n": n, "nodes_std": math.sqrt(max(ns2 / rounds - n * n, 0.0)), "rounds": rounds,
+        buckets.append((k, n, float(w @ (nodes - n) ** 2)))
+    k, means, var = (np.array(v, np.float64) for v in zip(*buckets))
+    n = float(k @ means) / rounds
+    std = math.sqrt(float(k @ (var + (means - n) ** 2)) / rounds)   # within and between the decisions
+    return {"g": gs / rounds, "n": n, "nodes_std": std, "rounds": rounds,
             "total_us": total, "verify_us": verify_sum / rounds, "draft_us": ad.draft_us,
             "tok_s": b * min(float(N), produced) / total * 1e6, "level_weights": level_rounds / rounds,
             "decision_ctx": (float(decided[0]), float(decided[1]))}
@@ -273,7 +276,8 @@ def _monte_carlo(workload: Workload, spec: PolicySpec, costs: Costs, b: int, rou
                     cache[key] = ((ad.tree(*key), ad.tables[key[0]]) if adaptive
                                   else (shape.trees[key[0]], shape.tables[key[0]]))
                 tree, table = cache[key]
-                gained[idx] += sample_accepted_length(tree, rng, idx.size, accept_table=table)
+                gained[idx] += sample_accepted_length(tree, rng, idx.size, marginal_tokens=rank_tokens(table),
+                                                      marginal_probs=table)
             round_us = draft + float(costs.verify.predict(float(nodes.mean()), float(ctx.mean()), b))
             price.update(gained.sum(), round_us)
             time += round_us

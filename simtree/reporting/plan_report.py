@@ -5,7 +5,9 @@
   over linear speculation at the SAME budget D, over (batch size x budget);
 - ``throughput_vs_batch.png``: best predicted throughput of each policy family vs batch size;
 - ``plan.md``: the chosen policy table, with a loud SYNTHETIC banner when the costs are not
-  measured.
+  measured, and the adaptive budget against the best fixed one (with the spread of its
+  per-round budgets);
+- ``adaptive_vs_fixed.csv``: that comparison as a table (:func:`simtree.planning.compare.adaptive_vs_fixed`).
 """
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ import pandas as pd
 from simtree.costs.synthetic import SYNTHETIC_LABEL
 from simtree.errors import SimtreeError
 from simtree.models import DECODE_STAGE
+from simtree.planning.compare import adaptive_vs_fixed
 from simtree.planning.modes import TREE_MODES
 from simtree.planning.planner import (DEFAULT_BATCH_SIZES, FAMILIES, PlanResult, SearchSpace, check_workload_names,
                                       plan, read_candidates)
@@ -87,12 +90,16 @@ def _figures(result: PlanResult, out: Path) -> list[Path]:
 
 
 def write_plan_report(result: PlanResult, out_dir: str | Path) -> dict[str, Path]:
-    """Write plan.md, gain_heatmap.png, throughput_vs_batch.png, candidates.csv into out_dir."""
+    """Write plan.md, gain_heatmap.png, throughput_vs_batch.png, candidates.csv and
+    adaptive_vs_fixed.csv into out_dir."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     heat, thr = _figures(result, out)
     cand = out / "candidates.csv"
     result.candidates.to_csv(cand, index=False)
+    versus = adaptive_vs_fixed(result.candidates)
+    versus_csv = out / "adaptive_vs_fixed.csv"
+    versus.to_csv(versus_csv, index=False)
     lines = [f"# simtree plan: {result.model} on {result.device}", ""]
     if result.synthetic:
         lines += [_BANNER, ""]
@@ -120,6 +127,7 @@ def write_plan_report(result: PlanResult, out_dir: str | Path) -> dict[str, Path
         lines.append(f"| {r.workload} | {r.batch_size} | {r.policy} | {on} | {r.tokens_per_round:.2f} | "
                      f"{r.nodes_per_seq:.1f} | {r.tok_s:.0f} | {r.gain_vs_linear:.3f} | {r.gain_vs_none:.2f} | "
                      f"{r.best_linear} | {extra} |")
+    lines += _adaptive_lines(result.candidates, versus, versus_csv.name)
     notes = result.notes
     if notes:
         lines += ["", "## Extrapolated costs", "",
@@ -130,7 +138,43 @@ def write_plan_report(result: PlanResult, out_dir: str | Path) -> dict[str, Path
               f"All {len(result.candidates)} candidates: `{cand.name}`.", "", _source_line(result.source.get("costs", {})), ""]
     md = out / "plan.md"
     md.write_text("\n".join(lines))
-    return {"markdown": md, "heatmap": heat, "throughput": thr, "candidates": cand}
+    return {"markdown": md, "heatmap": heat, "throughput": thr, "candidates": cand, "adaptive_vs_fixed": versus_csv}
+
+
+def _adaptive_lines(candidates: pd.DataFrame, versus: pd.DataFrame, csv_name: str) -> list[str]:
+    """plan.md's section on the adaptive budget: per (workload, batch) the best cost_aware
+    policy beside the best fixed shape, and the mean and spread (std over its rounds) of the
+    nodes a sequence verifies per round."""
+    if versus.empty:
+        return []
+    spread = candidates.set_index(["workload", "batch_size", "policy"])
+    lines = ["", "## Adaptive budget vs the best fixed budget", "",
+             "cost_aware decides each round's nodes across the batch (each node priced at its marginal verify cost "
+             "given the other sequences' trees, at the rate the policy runs at); the best fixed shape is searched "
+             "over every budget and depth. `nodes/seq` is the mean and the spread (std over the policy's rounds) of "
+             f"the nodes one sequence verifies per round. Table: `{csv_name}`.", "",
+             "| workload | batch | best fixed | tok/s | cost-aware | tok/s | vs fixed | nodes/seq (mean ± std) |",
+             "|---|---|---|---|---|---|---|---|"]
+    for r in versus.itertuples():
+        row = spread.loc[(r.workload, r.batch_size, r.adaptive_policy)]
+        std = float(row["nodes_std"]) if "nodes_std" in spread.columns else float("nan")
+        lines.append(f"| {r.workload} | {r.batch_size} | {r.best_fixed_policy} | {r.best_fixed_tok_s:.0f} | "
+                     f"{r.adaptive_policy} | {r.adaptive_tok_s:.0f} | {100 * (r.adaptive_tok_s / r.best_fixed_tok_s - 1):+.2f}% | "
+                     f"{float(row['nodes_per_seq']):.1f} ± {std:.2f} |")
+    # the rate a policy runs at before its last round (b g / round time): where the adaptive
+    # budget trails only by a last round that outputs part of its tokens, it leads on this
+    steady = lambda name, r: (r.batch_size * spread.loc[(r.workload, r.batch_size, name), "tokens_per_round"]  # noqa: E731
+                              / spread.loc[(r.workload, r.batch_size, name), "round_us"])
+    behind = [r for r in versus.itertuples() if r.adaptive_tok_s < r.best_fixed_tok_s]
+    if behind:
+        worst = max(1 - r.adaptive_tok_s / r.best_fixed_tok_s for r in behind)
+        ahead = [r for r in behind if steady(r.adaptive_policy, r) >= steady(r.best_fixed_policy, r)]
+        lines += ["", f"The adaptive budget trails in {len(behind)} of {len(versus)} cells, by at most "
+                  f"{100 * worst:.2f}%. A sequence outputs N tokens in ceil(N / g) whole rounds and the last one's "
+                  "surplus is not output (at most g / N): a fixed shape whose g divides N nearly evenly wastes less "
+                  f"of it. Counting every token of every round (b g / round time), the adaptive budget leads in "
+                  f"{len(ahead)} of those {len(behind)} cells."]
+    return lines
 
 
 def _source_line(costs: dict) -> str:
