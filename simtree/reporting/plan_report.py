@@ -20,6 +20,7 @@ import pandas as pd
 from simtree.costs.synthetic import SYNTHETIC_LABEL
 from simtree.errors import SimtreeError
 from simtree.models import DECODE_STAGE
+from simtree.planning.bands import BAND_MODELS, band_workloads, bands_from_policy, plan_bands, with_bands
 from simtree.planning.compare import adaptive_vs_fixed
 from simtree.planning.modes import TREE_MODES
 from simtree.planning.planner import (DEFAULT_BATCH_SIZES, FAMILIES, PlanResult, SearchSpace, check_workload_names,
@@ -89,9 +90,10 @@ def _figures(result: PlanResult, out: Path) -> list[Path]:
     return [heat, thr]
 
 
-def write_plan_report(result: PlanResult, out_dir: str | Path) -> dict[str, Path]:
+def write_plan_report(result: PlanResult, out_dir: str | Path, bands: pd.DataFrame | None = None) -> dict[str, Path]:
     """Write plan.md, gain_heatmap.png, throughput_vs_batch.png, candidates.csv and
-    adaptive_vs_fixed.csv into out_dir."""
+    adaptive_vs_fixed.csv into out_dir; ``bands`` (:func:`simtree.planning.bands.plan_bands`)
+    adds the uncertainty of each choice to plan.md."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     heat, thr = _figures(result, out)
@@ -127,6 +129,7 @@ def write_plan_report(result: PlanResult, out_dir: str | Path) -> dict[str, Path
         lines.append(f"| {r.workload} | {r.batch_size} | {r.policy} | {on} | {r.tokens_per_round:.2f} | "
                      f"{r.nodes_per_seq:.1f} | {r.tok_s:.0f} | {r.gain_vs_linear:.3f} | {r.gain_vs_none:.2f} | "
                      f"{r.best_linear} | {extra} |")
+    lines += _band_lines(result, bands)
     lines += _adaptive_lines(result.candidates, versus, versus_csv.name)
     notes = result.notes
     if notes:
@@ -139,6 +142,34 @@ def write_plan_report(result: PlanResult, out_dir: str | Path) -> dict[str, Path
     md = out / "plan.md"
     md.write_text("\n".join(lines))
     return {"markdown": md, "heatmap": heat, "throughput": thr, "candidates": cand, "adaptive_vs_fixed": versus_csv}
+
+
+def _band_lines(result: PlanResult, bands: pd.DataFrame | None) -> list[str]:
+    """plan.md's section on the uncertainty of each choice (rows of ``bands``)."""
+    if bands is None or bands.empty:
+        return []
+    k = int(bands["band_models"].max())
+    lines = ["", "## Uncertainty", "",
+             f"Each choice predicted again under {k} bootstrap acceptance models (a preset: models within its "
+             "calibration targets; traces: their sequences resampled and refitted), at the same cost models: the "
+             "10th-90th percentile of its tok/s, and of its advantage over the runner-up (the best policy of another "
+             "family), both predicted under each model. **within band**: the runner-up is at least as fast under at "
+             "least 10% of the models, so the acceptance data cannot tell the two apart.", "",
+             "| workload | batch | policy | tok/s | band | runner-up | advantage | advantage band | |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    chosen = result.chosen.set_index(["workload", "batch_size"])
+    cands = result.candidates.set_index(["workload", "batch_size", "policy"])
+    for r in bands.itertuples():
+        c = chosen.loc[(r.workload, r.batch_size)]
+        if r.runner_up is None or pd.isna(r.runner_up):
+            runner = advantage = spread = "-"
+        else:
+            runner = r.runner_up
+            advantage = f"{100 * (c['tok_s'] / cands.loc[(r.workload, r.batch_size, r.runner_up), 'tok_s'] - 1):+.1f}%"
+            spread = f"{100 * r.advantage_lo:+.1f}% to {100 * r.advantage_hi:+.1f}%"
+        lines.append(f"| {r.workload} | {r.batch_size} | {c['policy']} | {c['tok_s']:.0f} | {r.tok_s_lo:.0f}-{r.tok_s_hi:.0f} "
+                     f"| {runner} | {advantage} | {spread} | {'**within band**' if r.within_band else ''} |")
+    return lines
 
 
 def _adaptive_lines(candidates: pd.DataFrame, versus: pd.DataFrame, csv_name: str) -> list[str]:
@@ -225,7 +256,7 @@ def render_plan_dir(plan_dir: str | Path) -> list[dict[str, Path]]:
         policy = Policy.load(folder / "policy.json")
         cands = read_candidates(folder / "candidates.csv", policy)
         result = PlanResult(policy.model, policy.device, policy.source, cands)
-        outputs.append(write_plan_report(result, folder))
+        outputs.append(write_plan_report(result, folder, bands_from_policy(policy)))
     return outputs
 
 
@@ -233,12 +264,15 @@ def plan_and_write(cost_paths: Sequence[str] = (), workload_specs: Sequence[str]
                    batch_sizes: Sequence[int] = DEFAULT_BATCH_SIZES, out_dir: str = "reports/plan",
                    prompt_len: float | None = None, output_len: int | None = None,
                    progress: Callable[[int, int], None] | None = None,
-                   space: SearchSpace = SearchSpace()) -> list[dict]:
+                   space: SearchSpace = SearchSpace(), band_models: int = BAND_MODELS) -> list[dict]:
     """Plan every cost bundle (``cost_paths``, default the shipped ones) x workloads (presets
     or traces, default every preset); write policy.json + report per bundle, into a folder per
-    (model, device) under ``out_dir`` when there are several bundles.
+    (model, device) under ``out_dir`` when there are several bundles.  ``band_models`` bootstrap
+    acceptance models per workload put a band on every choice (:mod:`simtree.planning.bands`;
+    0: none).
 
-    Returns one dict per bundle: result (PlanResult), policy (path), report (paths).
+    Returns one dict per bundle: result (PlanResult), bands (DataFrame or None), policy (path),
+    policy_data (the Policy written), report (paths).
     """
     from simtree.acceptance.model import PRESETS, get_workload
     from simtree.costs.model import resolve_costs
@@ -254,10 +288,15 @@ def plan_and_write(cost_paths: Sequence[str] = (), workload_specs: Sequence[str]
             j = folders.index(f)
             raise SimtreeError(f"two cost bundles for the same model and device ({where[j]} and {where[i]}: "
                                f"{names[i]}) would write the same folder {f}: plan them separately")
+    specs = list(workload_specs or PRESETS)
+    band_sets = {w.name: band_workloads(spec, w, band_models) for spec, w in zip(specs, workloads)} if band_models else {}
     outputs = []
     for bundle, folder in zip(bundles, folders):
         result = plan(bundle, workloads, batch_sizes, space, progress)
+        bands = plan_bands(result.chosen, result.candidates, bundle, band_sets) if band_sets else None
         sub = Path(out_dir) / folder if len(bundles) > 1 else Path(out_dir)
-        policy_path = result.to_policy().save(sub / "policy.json")
-        outputs.append({"result": result, "policy": policy_path, "report": write_plan_report(result, sub)})
+        policy = with_bands(result.to_policy(), bands)
+        policy_path = policy.save(sub / "policy.json")
+        outputs.append({"result": result, "bands": bands, "policy": policy_path, "policy_data": policy,
+                        "report": write_plan_report(result, sub, bands)})
     return outputs
