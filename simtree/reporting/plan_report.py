@@ -154,7 +154,9 @@ def _band_lines(result: PlanResult, bands: pd.DataFrame | None) -> list[str]:
              "calibration targets; traces: their sequences resampled and refitted), at the same cost models: the "
              "10th-90th percentile of its tok/s, and of its advantage over the runner-up (the best policy of another "
              "family), both predicted under each model. **within band**: the runner-up is at least as fast under at "
-             "least 10% of the models, so the acceptance data cannot tell the two apart.", "",
+             "least 10% of the models, so the acceptance data cannot tell the two apart. Each prediction counts "
+             "whole rounds (the last one's surplus is not output), which moves it by up to g / N as the model moves "
+             "g: a point advantage can lie outside its band.", "",
              "| workload | batch | policy | tok/s | band | runner-up | advantage | advantage band | |",
              "|---|---|---|---|---|---|---|---|---|"]
     chosen = result.chosen.set_index(["workload", "batch_size"])
