@@ -4,7 +4,6 @@ additive band fields."""
 import json
 
 import numpy as np
-import pandas as pd
 import pytest
 from typer.testing import CliRunner
 

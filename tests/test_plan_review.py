@@ -10,7 +10,6 @@ import pandas as pd
 import pytest
 
 from simtree.acceptance.model import AcceptanceModel, Workload, calibrate_linear, get_workload
-from simtree.planning import planner
 from simtree.costs.forms import BasisSurface
 from simtree.costs.model import CostBundle, DraftCostModel, VerifyCostModel, load_costs
 from simtree.errors import SimtreeError

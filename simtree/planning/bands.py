@@ -35,7 +35,7 @@ from simtree.acceptance.model import PRESETS, AcceptanceModel, Workload
 from simtree.costs.model import Costs
 from simtree.errors import ExtrapolationWarning, SimtreeError, check_whole
 from simtree.planning.modes import ADAPTIVE_MODES, PolicySpec
-from simtree.planning.policy_file import Policy, PolicyEntry
+from simtree.planning.policy_file import Policy
 from simtree.planning.simulate import analytic_run, analytic_static, static_round
 
 __all__ = ["BAND_MODELS", "BAND_QUANTILES", "BAND_COLUMNS", "band_workloads", "plan_bands", "with_bands",
