@@ -41,8 +41,12 @@ def register(app: typer.Typer) -> None:
         prompt_len: Optional[float] = typer.Option(None, "--prompt-len", help="override mean prompt length"),
         output_len: Optional[int] = typer.Option(None, "--output-len", help="override tokens generated per sequence"),
         as_json: bool = typer.Option(False, "--json", help="print the chosen policies as JSON"),
+        band_models: Optional[int] = typer.Option(None, "--band-models", min=0, help="bootstrap acceptance models "
+                                                  "per workload for each choice's uncertainty band (default 16; "
+                                                  "0: no bands)"),
     ) -> None:
         """Plan on the embedded default:  simtree plan"""
+        from simtree.planning.bands import BAND_MODELS
         from simtree.planning.modes import TREE_MODES
         from simtree.reporting.plan_report import plan_and_write
 
@@ -53,13 +57,14 @@ def register(app: typer.Typer) -> None:
                 captured_warnings() as caught:
             task = bar.add_task("planning", total=None)
             outputs = plan_and_write(costs or (), workload or (), sizes, out, prompt_len, output_len,
-                                     progress=lambda done, total: bar.update(task, completed=done, total=total))
+                                     progress=lambda done, total: bar.update(task, completed=done, total=total),
+                                     band_models=BAND_MODELS if band_models is None else band_models)
         print_notes(caught, console)   # the plan's own notes (extrapolated costs) follow its table
         if as_json:
             for o in outputs:
                 print_notes(o["result"].notes, console)
             typer.echo(json.dumps([{"policy_file": str(o["policy"]), "synthetic": o["result"].synthetic,
-                                    **o["result"].to_policy().to_dict()} for o in outputs], indent=1))
+                                    **o["policy_data"].to_dict()} for o in outputs], indent=1))
             return
         for o in outputs:
             res = o["result"]

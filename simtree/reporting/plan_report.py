@@ -5,7 +5,9 @@
   over linear speculation at the SAME budget D, over (batch size x budget);
 - ``throughput_vs_batch.png``: best predicted throughput of each policy family vs batch size;
 - ``plan.md``: the chosen policy table, with a loud SYNTHETIC banner when the costs are not
-  measured.
+  measured, and the adaptive budget against the best fixed one (with the spread of its
+  per-round budgets);
+- ``adaptive_vs_fixed.csv``: that comparison as a table (:func:`simtree.planning.compare.adaptive_vs_fixed`).
 """
 from __future__ import annotations
 
@@ -18,6 +20,8 @@ import pandas as pd
 from simtree.costs.synthetic import SYNTHETIC_LABEL
 from simtree.errors import SimtreeError
 from simtree.models import DECODE_STAGE
+from simtree.planning.bands import BAND_MODELS, band_workloads, bands_from_policy, plan_bands, with_bands
+from simtree.planning.compare import adaptive_vs_fixed
 from simtree.planning.modes import TREE_MODES
 from simtree.planning.planner import (DEFAULT_BATCH_SIZES, FAMILIES, PlanResult, SearchSpace, check_workload_names,
                                       plan, read_candidates)
@@ -86,13 +90,18 @@ def _figures(result: PlanResult, out: Path) -> list[Path]:
     return [heat, thr]
 
 
-def write_plan_report(result: PlanResult, out_dir: str | Path) -> dict[str, Path]:
-    """Write plan.md, gain_heatmap.png, throughput_vs_batch.png, candidates.csv into out_dir."""
+def write_plan_report(result: PlanResult, out_dir: str | Path, bands: pd.DataFrame | None = None) -> dict[str, Path]:
+    """Write plan.md, gain_heatmap.png, throughput_vs_batch.png, candidates.csv and
+    adaptive_vs_fixed.csv into out_dir; ``bands`` (:func:`simtree.planning.bands.plan_bands`)
+    adds the uncertainty of each choice to plan.md."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     heat, thr = _figures(result, out)
     cand = out / "candidates.csv"
     result.candidates.to_csv(cand, index=False)
+    versus = adaptive_vs_fixed(result.candidates)
+    versus_csv = out / "adaptive_vs_fixed.csv"
+    versus.to_csv(versus_csv, index=False)
     lines = [f"# simtree plan: {result.model} on {result.device}", ""]
     if result.synthetic:
         lines += [_BANNER, ""]
@@ -120,6 +129,8 @@ def write_plan_report(result: PlanResult, out_dir: str | Path) -> dict[str, Path
         lines.append(f"| {r.workload} | {r.batch_size} | {r.policy} | {on} | {r.tokens_per_round:.2f} | "
                      f"{r.nodes_per_seq:.1f} | {r.tok_s:.0f} | {r.gain_vs_linear:.3f} | {r.gain_vs_none:.2f} | "
                      f"{r.best_linear} | {extra} |")
+    lines += _band_lines(result, bands)
+    lines += _adaptive_lines(result.candidates, versus, versus_csv.name)
     notes = result.notes
     if notes:
         lines += ["", "## Extrapolated costs", "",
@@ -130,7 +141,73 @@ def write_plan_report(result: PlanResult, out_dir: str | Path) -> dict[str, Path
               f"All {len(result.candidates)} candidates: `{cand.name}`.", "", _source_line(result.source.get("costs", {})), ""]
     md = out / "plan.md"
     md.write_text("\n".join(lines))
-    return {"markdown": md, "heatmap": heat, "throughput": thr, "candidates": cand}
+    return {"markdown": md, "heatmap": heat, "throughput": thr, "candidates": cand, "adaptive_vs_fixed": versus_csv}
+
+
+def _band_lines(result: PlanResult, bands: pd.DataFrame | None) -> list[str]:
+    """plan.md's section on the uncertainty of each choice (rows of ``bands``)."""
+    if bands is None or bands.empty:
+        return []
+    k = int(bands["band_models"].max())
+    lines = ["", "## Uncertainty", "",
+             f"Each choice predicted again under {k} bootstrap acceptance models (a preset: models within its "
+             "calibration targets; traces: their sequences resampled and refitted), at the same cost models: the "
+             "10th-90th percentile of its tok/s, and of its advantage over the runner-up (the best policy of another "
+             "family), both predicted under each model. **within band**: the runner-up is at least as fast under at "
+             "least 10% of the models, so the acceptance data cannot tell the two apart. Each prediction counts "
+             "whole rounds (the last one's surplus is not output), which moves it by up to g / N as the model moves "
+             "g: a point advantage can lie outside its band.", "",
+             "| workload | batch | policy | tok/s | band | runner-up | advantage | advantage band | |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    chosen = result.chosen.set_index(["workload", "batch_size"])
+    cands = result.candidates.set_index(["workload", "batch_size", "policy"])
+    for r in bands.itertuples():
+        c = chosen.loc[(r.workload, r.batch_size)]
+        if r.runner_up is None or pd.isna(r.runner_up):
+            runner = advantage = spread = "-"
+        else:
+            runner = r.runner_up
+            advantage = f"{100 * (c['tok_s'] / cands.loc[(r.workload, r.batch_size, r.runner_up), 'tok_s'] - 1):+.1f}%"
+            spread = f"{100 * r.advantage_lo:+.1f}% to {100 * r.advantage_hi:+.1f}%"
+        lines.append(f"| {r.workload} | {r.batch_size} | {c['policy']} | {c['tok_s']:.0f} | {r.tok_s_lo:.0f}-{r.tok_s_hi:.0f} "
+                     f"| {runner} | {advantage} | {spread} | {'**within band**' if r.within_band else ''} |")
+    return lines
+
+
+def _adaptive_lines(candidates: pd.DataFrame, versus: pd.DataFrame, csv_name: str) -> list[str]:
+    """plan.md's section on the adaptive budget: per (workload, batch) the best cost_aware
+    policy beside the best fixed shape, and the mean and spread (std over its rounds) of the
+    nodes a sequence verifies per round."""
+    if versus.empty:
+        return []
+    spread = candidates.set_index(["workload", "batch_size", "policy"])
+    lines = ["", "## Adaptive budget vs the best fixed budget", "",
+             "cost_aware decides each round's nodes across the batch (each node priced at its marginal verify cost "
+             "given the other sequences' trees, at the rate the policy runs at); the best fixed shape is searched "
+             "over every budget and depth. `nodes/seq` is the mean and the spread (std over the policy's rounds) of "
+             f"the nodes one sequence verifies per round. Table: `{csv_name}`.", "",
+             "| workload | batch | best fixed | tok/s | cost-aware | tok/s | vs fixed | nodes/seq (mean ± std) |",
+             "|---|---|---|---|---|---|---|---|"]
+    for r in versus.itertuples():
+        row = spread.loc[(r.workload, r.batch_size, r.adaptive_policy)]
+        std = float(row["nodes_std"]) if "nodes_std" in spread.columns else float("nan")
+        lines.append(f"| {r.workload} | {r.batch_size} | {r.best_fixed_policy} | {r.best_fixed_tok_s:.0f} | "
+                     f"{r.adaptive_policy} | {r.adaptive_tok_s:.0f} | {100 * (r.adaptive_tok_s / r.best_fixed_tok_s - 1):+.2f}% | "
+                     f"{float(row['nodes_per_seq']):.1f} ± {std:.2f} |")
+    # the rate a policy runs at before its last round (b g / round time): where the adaptive
+    # budget trails only by a last round that outputs part of its tokens, it leads on this
+    steady = lambda name, r: (r.batch_size * spread.loc[(r.workload, r.batch_size, name), "tokens_per_round"]  # noqa: E731
+                              / spread.loc[(r.workload, r.batch_size, name), "round_us"])
+    behind = [r for r in versus.itertuples() if r.adaptive_tok_s < r.best_fixed_tok_s]
+    if behind:
+        worst = max(1 - r.adaptive_tok_s / r.best_fixed_tok_s for r in behind)
+        ahead = [r for r in behind if steady(r.adaptive_policy, r) >= steady(r.best_fixed_policy, r)]
+        lines += ["", f"The adaptive budget trails in {len(behind)} of {len(versus)} cells, by at most "
+                  f"{100 * worst:.2f}%. A sequence outputs N tokens in ceil(N / g) whole rounds and the last one's "
+                  "surplus is not output (at most g / N): a fixed shape whose g divides N nearly evenly wastes less "
+                  f"of it. Counting every token of every round (b g / round time), the adaptive budget leads in "
+                  f"{len(ahead)} of those {len(behind)} cells."]
+    return lines
 
 
 def _source_line(costs: dict) -> str:
@@ -181,7 +258,7 @@ def render_plan_dir(plan_dir: str | Path) -> list[dict[str, Path]]:
         policy = Policy.load(folder / "policy.json")
         cands = read_candidates(folder / "candidates.csv", policy)
         result = PlanResult(policy.model, policy.device, policy.source, cands)
-        outputs.append(write_plan_report(result, folder))
+        outputs.append(write_plan_report(result, folder, bands_from_policy(policy)))
     return outputs
 
 
@@ -189,12 +266,15 @@ def plan_and_write(cost_paths: Sequence[str] = (), workload_specs: Sequence[str]
                    batch_sizes: Sequence[int] = DEFAULT_BATCH_SIZES, out_dir: str = "reports/plan",
                    prompt_len: float | None = None, output_len: int | None = None,
                    progress: Callable[[int, int], None] | None = None,
-                   space: SearchSpace = SearchSpace()) -> list[dict]:
+                   space: SearchSpace = SearchSpace(), band_models: int = BAND_MODELS) -> list[dict]:
     """Plan every cost bundle (``cost_paths``, default the shipped ones) x workloads (presets
     or traces, default every preset); write policy.json + report per bundle, into a folder per
-    (model, device) under ``out_dir`` when there are several bundles.
+    (model, device) under ``out_dir`` when there are several bundles.  ``band_models`` bootstrap
+    acceptance models per workload put a band on every choice (:mod:`simtree.planning.bands`;
+    0: none).
 
-    Returns one dict per bundle: result (PlanResult), policy (path), report (paths).
+    Returns one dict per bundle: result (PlanResult), bands (DataFrame or None), policy (path),
+    policy_data (the Policy written), report (paths).
     """
     from simtree.acceptance.model import PRESETS, get_workload
     from simtree.costs.model import resolve_costs
@@ -210,10 +290,15 @@ def plan_and_write(cost_paths: Sequence[str] = (), workload_specs: Sequence[str]
             j = folders.index(f)
             raise SimtreeError(f"two cost bundles for the same model and device ({where[j]} and {where[i]}: "
                                f"{names[i]}) would write the same folder {f}: plan them separately")
+    specs = list(workload_specs or PRESETS)
+    band_sets = {w.name: band_workloads(spec, w, band_models) for spec, w in zip(specs, workloads)} if band_models else {}
     outputs = []
     for bundle, folder in zip(bundles, folders):
         result = plan(bundle, workloads, batch_sizes, space, progress)
+        bands = plan_bands(result.chosen, result.candidates, bundle, band_sets) if band_sets else None
         sub = Path(out_dir) / folder if len(bundles) > 1 else Path(out_dir)
-        policy_path = result.to_policy().save(sub / "policy.json")
-        outputs.append({"result": result, "policy": policy_path, "report": write_plan_report(result, sub)})
+        policy = with_bands(result.to_policy(), bands)
+        policy_path = policy.save(sub / "policy.json")
+        outputs.append({"result": result, "bands": bands, "policy": policy_path, "policy_data": policy,
+                        "report": write_plan_report(result, sub, bands)})
     return outputs
