@@ -7,6 +7,7 @@ cost bundles (``simtree/data/costs/<machine>_<model>_<tag>.json``).
 """
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from simtree.data import data_path
@@ -14,7 +15,7 @@ from simtree.deploy.deployment import Deployment, parse_deployment
 from simtree.errors import SimtreeError
 from simtree.fileio import read_yaml
 
-__all__ = ["DEFAULT_MACHINE", "shipped_deployments", "bundle_name", "shipped_bundle", "waiting"]
+__all__ = ["DEFAULT_MACHINE", "shipped_deployments", "bundle_name", "shipped_bundle", "waiting", "profile_for"]
 
 DEFAULT_MACHINE = "h200"
 
@@ -46,3 +47,42 @@ def shipped_bundle(model: str, deployment: Deployment, machine: str = DEFAULT_MA
 def waiting(machine: str = DEFAULT_MACHINE) -> list[tuple[str, Deployment]]:
     """The listed defaults that have no shipped bundle yet (their rank's profile is not measured)."""
     return [(m, d) for m, d in shipped_deployments(machine) if not shipped_bundle(m, d, machine).is_file()]
+
+
+def profile_for(model: str, deployment: Deployment, folder: Path) -> Path | None:
+    """The profile table in ``folder`` that holds ``model``'s rows at ``deployment`` (its
+    composed verify step), None if none does; two such tables are a one-line error."""
+    from simtree.costs.profile_table import load_profile
+
+    found = []
+    for path in sorted(Path(folder).glob("*.csv")):
+        df = load_profile(path, allow_empty=True)
+        if ((df["model"] == model) & (df["deployment"] == deployment.name) & (df["stage"] == "model_verify_step")).any():
+            found.append(path)
+    if len(found) > 1:
+        raise SimtreeError(f"{model} at {deployment} has rows in {found[0].name} and {found[1].name}: keep one table "
+                           "per deployment in the shipped profiles")
+    return found[0] if found else None
+
+
+def main(argv=None) -> int:
+    """``python -m simtree.deploy.shipped [--machine h200] [--profiles DIR]``: one line per
+    default deployment, ``FIT model deployment tag table`` or ``WAIT model deployment`` (what
+    scripts/ship_defaults.sh reads)."""
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="python -m simtree.deploy.shipped", description=main.__doc__)
+    ap.add_argument("--machine", default=DEFAULT_MACHINE)
+    ap.add_argument("--profiles", type=Path, default=None, help="default: simtree/data/profiles/<machine>")
+    args = ap.parse_args(argv)
+    folder = args.profiles or data_path("profiles", args.machine)
+    for model, dep in shipped_deployments(args.machine):
+        table = profile_for(model, dep, folder)
+        print(f"FIT {model} {dep.name} {dep.tag} {os.path.relpath(table)}" if table else f"WAIT {model} {dep.name}")
+    return 0
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.exit(main())

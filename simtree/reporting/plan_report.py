@@ -56,8 +56,9 @@ def tree_vs_linear(candidates: pd.DataFrame) -> pd.DataFrame:
     out = out.rename(columns={"policy": "shape", "tok_s": "tree_tok_s"}).assign(
         gain=lambda d: d["tree_tok_s"] / d["linear_tok_s"])
     order = {w: i for i, w in enumerate(dict.fromkeys(candidates["workload"]))}
-    out = out.sort_values(["workload", "batch_size", "budget", "shape"], key=lambda c: c.map(order) if c.name ==
-                          "workload" else c, kind="stable")
+    # stable: within a budget the planner's order (steps, then top-k)
+    out = out.sort_values(["workload", "batch_size", "budget"], key=lambda c: c.map(order) if c.name == "workload"
+                          else c, kind="stable")
     return out.loc[:, list(TREE_VS_LINEAR_COLUMNS)].reset_index(drop=True)
 
 
@@ -269,10 +270,30 @@ def plan_and_write(cost_paths: Sequence[str] = (), workload_specs: Sequence[str]
             j = folders.index(f)
             raise SimtreeError(f"two cost bundles for the same model and device ({where[j]} and {where[i]}: "
                                f"{names[i]}, one deployment) would write the same folder {f}: plan them separately")
+    # the embedded default is a set of deployments: a folder each, even while only one ships
+    defaults = not cost_paths and model is None and deployment is None
     outputs = []
     for bundle, folder in zip(bundles, folders):
         result = plan(bundle, workloads, batch_sizes, space, progress)
-        sub = Path(out_dir) / folder if len(bundles) > 1 else Path(out_dir)
+        sub = Path(out_dir) / folder if len(bundles) > 1 or defaults else Path(out_dir)
         policy_path = result.to_policy().save(sub / "policy.json")
         outputs.append({"result": result, "policy": policy_path, "report": write_plan_report(result, sub)})
+    if len(bundles) > 1 or defaults:
+        _write_index(Path(out_dir), outputs, found)
     return outputs
+
+
+def _write_index(out: Path, outputs: list[dict], notes: list[str]) -> Path:
+    """plans.md: one line per planned deployment (its folder, what its communication rests on)
+    and the plan-wide notes (defaults waiting for a profile)."""
+    lines = ["# simtree plans", "", "| model | deployment | device | communication | plan |", "|---|---|---|---|---|"]
+    for o in outputs:
+        r = o["result"]
+        comm = (r.communication or {}).get("label", "none (one GPU)")
+        folder = Path(o["report"]["markdown"]).parent.name
+        lines.append(f"| {r.model} | {r.deployment} | {r.device} | {comm} | [{folder}]({folder}/plan.md) |")
+    if notes:
+        lines += ["", *[f"- {n}" for n in notes]]
+    path = out / "plans.md"
+    path.write_text("\n".join(lines) + "\n")
+    return path
