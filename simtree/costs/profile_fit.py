@@ -102,7 +102,7 @@ def _pick(df: pd.DataFrame, column: str, value: str | None, what: str,
 
 
 def _choose_verify_stage(df: pd.DataFrame, stage: str | None, notes: list) -> str:
-    stages = sorted(df["stage"].unique())
+    stages = sorted(s for s in df["stage"].unique() if not str(s).startswith("comm_"))   # collectives: their own fit
     if stage is not None:
         if stage == DRAFT_STAGE:
             raise SimtreeError(f"{DRAFT_STAGE} rows are C_d's (fitted beside C_v); --stage picks the "

@@ -40,7 +40,7 @@ from simtree.fileio import read_json, write_text_atomic
 from simtree.models import DTYPE_BYTES, ModelShape
 
 __all__ = ["COLLECTIVES", "COMM_SCHEMA", "COMM_STAGES", "AlphaBeta", "CommModel", "Call", "load_comm",
-           "traffic_factor", "step_collectives", "draft_collectives", "fit_comm", "ASSUMED_LABEL"]
+           "traffic_factor", "step_collectives", "draft_collectives", "fit_comm", "fit_comm_profile", "ASSUMED_LABEL"]
 
 COMM_SCHEMA = "simtree.comm/1"
 COLLECTIVES = ("all_reduce", "all_gather", "all_to_all")
@@ -247,3 +247,19 @@ def fit_comm(rows, source=None, machine: str = "") -> CommModel:
     if not table:
         raise SimtreeError("the collective rows hold groups of one rank only (a dry run): nothing to fit")
     return CommModel(table, True, machine, source or {}, fit)
+
+
+def fit_comm_profile(path: str | os.PathLike) -> CommModel:
+    """:func:`fit_comm` of a profile table's collective rows, its source the table (path and
+    sha256) and its machine the one the rows' device names (machine table)."""
+    from simtree.costs.profile_table import load_profile, profile_hash
+    from simtree.deploy.machines import machine_for_device
+
+    df = load_profile(path)
+    rows = df[df["stage"].isin(COMM_STAGES.values())]
+    devices = sorted(rows["device"].unique())
+    if len(devices) > 1:
+        raise SimtreeError(f"{Path(path).name}: collective rows of several devices ({', '.join(devices)}): one per fit")
+    machine = machine_for_device(devices[0]) if devices else None
+    return fit_comm(rows, {"profile": str(path), "sha256": profile_hash(path)},
+                    machine.key if machine is not None else (devices[0] if devices else ""))

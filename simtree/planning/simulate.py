@@ -174,9 +174,16 @@ class SimResult:
     synthetic: bool = False
     model: str = ""                    # the cost bundle's meta["model"]
     notes: list = field(default_factory=list)   # one-line caveats (e.g. a budget the shape cannot fill)
+    deployment: str = "tp=1"           # the cost bundle's meta["deployment"]
+    communication: str | None = None   # "communication assumed" / "... measured"; None for one GPU
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+def _comm_label(meta) -> str | None:
+    comm = meta.get("communication")
+    return str(comm.get("label")) if isinstance(comm, dict) and comm.get("label") else None
 
 
 class _Adaptive:
@@ -377,5 +384,7 @@ def simulate(costs: Costs, workload: Workload, batch_size: int, spec: PolicySpec
                      rounds=a["rounds"], speedup_vs_none=throughput / none_tput,
                      speedup_vs_linear=throughput / lin_tput, linear_budget=lin_d, ci95=ci,
                      synthetic=bool(costs.meta.get("synthetic", False)),
-                     model=str(costs.meta.get("model", "")), notes=notes)
+                     model=str(costs.meta.get("model", "")), notes=notes,
+                     deployment=str(costs.meta.get("deployment") or "tp=1"),
+                     communication=_comm_label(costs.meta))
 
