@@ -55,8 +55,9 @@ def select_costs(cost_paths: Sequence[str] = (), model: str | None = None, deplo
               and (dep is None or bundle_deployment(b) == dep)]
     if not chosen:
         want = " at ".join(x for x in (model, dep.name if dep else None) if x)
-        wait = [f"{m} at {d}" for m, d in waiting()] if shipped else []
-        later = f"; {want} waits for its rank's measured profile (docs/deployments.md)" if want in wait else ""
+        wait = [f"{m} at {d}" for m, d in waiting() if (model is None or m == model) and (dep is None or d == dep)] \
+            if shipped else []
+        later = f"; {', '.join(wait)} wait(s) for its rank's measured profile (docs/deployments.md)" if wait else ""
         raise SimtreeError(f"no cost bundle for {want} in {where} (it has: {', '.join(map(_label, bundles))}){later}")
     notes = []
     for b in chosen:
