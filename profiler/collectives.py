@@ -117,13 +117,17 @@ def collective_points(entry: dict, models: list[str], groups: list[int], elem_by
     return list(dict.fromkeys(out))
 
 
+def _point(key: tuple) -> tuple:
+    """A row key without its model and variant: (stage, device, dtype, deployment, message_bytes)."""
+    return key[0], key[2], key[3], key[-2], key[-1]
+
+
 def _deployment(op: str, group: int) -> str:
     return f"ep={group}" if op == "all_to_all" and group > 1 else f"tp={group}"
 
 
 def run_collectives_entry(entry: dict, table, *, device: str, dtype_name: str, max_s: float,
-                          retry_failed: bool = False, remeasure: bool = False, models: list[str] | None = None,
-                          echo=print) -> dict:
+                          remeasure: bool = False, models: list[str] | None = None, echo=print) -> dict:
     """Time an entry's points not yet in ``table`` (all of them with ``remeasure``) in one
     process per rank; returns {"measured", "skipped", "failed"} counts."""
     import torch
@@ -150,13 +154,12 @@ def run_collectives_entry(entry: dict, table, *, device: str, dtype_name: str, m
     if remeasure:
         pt.drop_rows(table, {pt.row_key({**r, "variant": v}) for r in rows for v in ("nccl_graph", "nccl", "gloo")})
     # a point is done whatever its variant (a graph capture NCCL refused is timed eagerly, "nccl")
-    point = lambda r: (r["stage"], r["device"], r["dtype"], pt.row_key(r)[-2], int(r["message_bytes"]))  # noqa: E731
-    done = {(k[0], k[2], k[3], k[-2], k[-1]) for k in pt.measured_keys(table)}
-    todo = [r for r in rows if point(r) not in done]
+    done = {_point(k) for k in pt.measured_keys(table)}
+    todo = [r for r in rows if _point(pt.row_key(r)) not in done]
     skipped = len(rows) - len(todo)
     if not todo:
         return {"measured": 0, "skipped": skipped, "failed": 0}
-    world = max(r_g for r_g in groups)
+    world = max(groups)
     echo(f"  collectives: {len(todo)} points over groups {groups} in {world} processes ({variant})")
     before = len(pt.load_profile(table, allow_empty=True)) if Path(table).exists() else 0
     with tempfile.TemporaryDirectory(prefix="simtree-coll-") as tmp:

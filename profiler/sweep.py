@@ -494,8 +494,7 @@ def run_sweep(sweep: str | Path | None = None, out: str | Path = "reports/profil
         for entry in comm_entries:
             left_s = max(0.0, max_s - (time.monotonic() - t_start))
             done = run_collectives_entry(entry, table, device=device, dtype_name=dtype_name, max_s=left_s,
-                                         retry_failed=retry_failed, remeasure=remeasure, echo=echo,
-                                         models=entry.get("models") or spec["models"])
+                                         remeasure=remeasure, echo=echo, models=entry.get("models") or spec["models"])
             res.measured += done["measured"]
             res.skipped_done += done["skipped"]
             res.to_run += done["measured"] + done["failed"]
