@@ -319,6 +319,8 @@ def run_sweep(sweep: str | Path | None = None, out: str | Path = "reports/profil
 
     label = metadata.device_label(device)
     deployments = {name: deployment_of(spec, name, deployment) for name in {p.model for _, p in points}}
+    for name, dep in sorted(deployments.items()):
+        get_model(name).shard(dep)   # a split that does not divide the model: one line before any point
     _check_one_deployment(table, deployments)
     row_base = {"device": label, "dtype": dtype_name}
     keys = [pt.row_key({**row_base, "deployment": deployments[p.model], **_point_row(p)}) for _, p in points]

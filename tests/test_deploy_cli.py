@@ -52,6 +52,10 @@ def test_a_sweep_times_the_ranks_shard_shape_and_labels_its_rows(tmp_path, monke
     other = tmp_path / "tp1.csv"
     sw.run_sweep(spec, other, progress=False, echo=lambda s: None, deployment="tp=1")
     assert set(pt.load_profile(other)["deployment"]) == {"tp=1"} and seen[-1] == (8, "tp=1")
+    timed = len(seen)
+    with pytest.raises(SimtreeError, match="tiny-v4 at ep=8: 1 experts per rank, fewer than the 2"):
+        sw.run_sweep(spec, tmp_path / "ep8.csv", progress=False, echo=lambda s: None, deployment="ep=8")
+    assert len(seen) == timed and not (tmp_path / "ep8.csv").exists()   # refused before any point
 
 
 def test_tables_without_the_deployment_columns_read_as_one_gpu(tmp_path):
