@@ -232,3 +232,14 @@ def test_a_plan_on_measured_collectives_stops_saying_assumed(tp2_bundle, tmp_pat
     assert "ASSUMED" not in res.output.upper() and "communication measured" in res.output
     assert "assumed" not in (out / "plan.md").read_text()
     assert json.loads((out / "policy.json").read_text())["source"]["costs"]["communication"]["assumed"] is False
+
+
+def test_the_profile_command_takes_the_flag(tmp_path):
+    spec = tmp_path / "s.yaml"
+    spec.write_text(SWEEP.replace("deployment: ep=2\n", ""))
+    out = tmp_path / "p.csv"
+    res = CliRunner().invoke(app, ["profile", "--sweep", str(spec), "--out", str(out), "--deployment", "ep=2", "--json"])
+    assert res.exit_code == 0, res.output
+    assert set(pt.load_profile(out)["deployment"]) == {"ep=2"}
+    res = CliRunner().invoke(app, ["profile", "--sweep", str(spec), "--out", str(out), "--deployment", "tp=0"])
+    assert "tp must be a whole number >= 1" in str(res.exception)

@@ -14,7 +14,8 @@ from __future__ import annotations
 import math
 from typing import Sequence
 
-from simtree.costs.model import Costs, load_costs, shipped_cost_paths
+from simtree.costs import model as cost_model
+from simtree.costs.model import Costs, load_costs
 from simtree.costs.synthetic import synthetic_costs
 from simtree.deploy.comm import CommModel
 from simtree.deploy.costs import bundle_deployment, deployment_costs
@@ -39,7 +40,7 @@ def select_costs(cost_paths: Sequence[str] = (), model: str | None = None, deplo
     ctx = int(math.ceil(context_len))
     dep = parse_deployment(deployment) if deployment else None
     shipped = not cost_paths
-    paths = [str(p) for p in cost_paths] or [str(p) for p in shipped_cost_paths()]
+    paths = [str(p) for p in cost_paths] or [str(p) for p in cost_model.shipped_cost_paths()]
     bundles = [load_costs(p) for p in paths]
     where = ", ".join(paths) if not shipped else "the shipped bundles"
     registry = set(list_models())

@@ -271,7 +271,8 @@ def plan_and_write(cost_paths: Sequence[str] = (), workload_specs: Sequence[str]
             raise SimtreeError(f"two cost bundles for the same model and device ({where[j]} and {where[i]}: "
                                f"{names[i]}, one deployment) would write the same folder {f}: plan them separately")
     # the embedded default is a set of deployments: a folder each, even while only one ships
-    defaults = not cost_paths and model is None and deployment is None
+    defaults = not cost_paths and model is None and deployment is None and not any(
+        b.meta.get("synthetic") for b in bundles)
     outputs = []
     for bundle, folder in zip(bundles, folders):
         result = plan(bundle, workloads, batch_sizes, space, progress)
