@@ -185,11 +185,15 @@ def _deployments(df: pd.DataFrame, out: pd.DataFrame, path, line) -> pd.Series:
     raw = df["deployment"].reset_index(drop=True)
     blank = raw.isna() | (raw.astype(str).str.strip() == "")
     names = pd.Series(DEFAULT_DEPLOYMENT, index=out.index, dtype=object)
-    for i in np.flatnonzero(~blank.to_numpy()):
+    given = raw[~blank].astype(str)
+    canonical = {}
+    for text in given.unique():   # a table holds a handful of distinct deployments
         try:
-            names.iloc[i] = parse_deployment(str(raw.iloc[i])).name
+            canonical[text] = parse_deployment(text).name
         except SimtreeError as exc:
+            i = int(given.index[given == text][0])
             raise SimtreeError(f"{_where(path, line(i))} column deployment: {exc}") from None
+    names[~blank] = given.map(canonical)
     if blank.any():
         models = out["model"].astype(str)
         for model in models[blank].unique():
