@@ -48,7 +48,7 @@ def session(tmp_path_factory):
     steps += [_row("draft_step", "full_runtime", b, k, 40, 200.0 + 30.0 * b * k * s, s, k)
               for b in (1, 2, 4) for s, k in ((1, 1), (3, 1), (2, 2), (3, 2), (4, 3))]
     pt.write_table(folder / "steps_profile.csv", pt.validate_profile(pd.DataFrame(steps)))
-    full_run(tiny_model(MODEL), device="cpu", costs="simtree/data/costs/h200_qwen3.6-27b.json", batch_sizes=(1, 2),
+    full_run(tiny_model(MODEL), device="cpu", costs="simtree/data/costs/h200_qwen3.6-27b_tp1.json", batch_sizes=(1, 2),
              acceptance="gsm8k", out=folder, context_len=24, rounds=2, warmup_rounds=1,
              extra=[("eagle", PolicySpec.from_dict("eagle", {"num_steps": 2, "topk": 2, "budget": 4}))])
     (folder / "lossless.csv").write_text("policy,batch_size,match,first_diff,margin,accepted_tokens_per_round\n"

@@ -19,7 +19,9 @@ from simtree.planning.policy_file import Policy
 from simtree.planning.simulate import analytic_run
 from simtree.reporting.plan_report import plan_and_write, render_plan_dir
 
-V4 = "simtree/data/costs/h200_deepseek-v4-flash.json"
+V4 = "tests/data/costs/v4_flash_one_gpu.json"   # a measured MoE fit, one GPU (tests/data/costs/README.md)
+# plan_and_write refuses a deployment that does not fit its GPUs (V4-Flash on one): a shipped bundle
+QWEN = "simtree/data/costs/h200_qwen3.6-27b_tp1.json"
 SMALL = SearchSpace(budgets=(2, 3, 4, 6, 8), eagle_steps=(2, 3), eagle_topk=(2,), draft_depths=(1, 2, 3),
                     adaptive_max_budget=8)
 BAND_KEYS = {"predicted_tok_s_band", "band_models", "runner_up", "within_band"}
@@ -70,7 +72,7 @@ def test_preset_bootstrap_models_are_drawn_once_per_process():
 
 
 def test_policy_carries_the_band_and_plan_md_marks_choices_within_it(tmp_path):
-    out = plan_and_write([V4], ["gsm8k"], [1, 16], str(tmp_path), space=SMALL, band_models=6)[0]
+    out = plan_and_write([QWEN], ["gsm8k"], [1, 16], str(tmp_path), space=SMALL, band_models=6)[0]
     bands, policy = out["bands"], Policy.load(out["policy"])
     raw = json.loads(out["policy"].read_text())["entries"]
     for e, d in zip(policy.entries, raw):
@@ -92,7 +94,7 @@ def test_policy_carries_the_band_and_plan_md_marks_choices_within_it(tmp_path):
 
 
 def test_no_band_models_no_bands(tmp_path):
-    out = plan_and_write([V4], ["sharegpt"], [4], str(tmp_path), space=SMALL, band_models=0)[0]
+    out = plan_and_write([QWEN], ["sharegpt"], [4], str(tmp_path), space=SMALL, band_models=0)[0]
     assert out["bands"] is None
     assert not BAND_KEYS & set(json.loads(out["policy"].read_text())["entries"][0])
     assert "## Uncertainty" not in out["report"]["markdown"].read_text()
@@ -108,7 +110,7 @@ def test_no_band_models_no_bands(tmp_path):
     ({"runner_up": {"policy": "linear_d2", "advantage_band": [0.1, -0.1]}}, "advantage_band"),
 ])
 def test_malformed_band_fields_are_one_line_errors(tmp_path, change, fragment):
-    out = plan_and_write([V4], ["sharegpt"], [4], str(tmp_path / "p"), space=SMALL, band_models=3)[0]
+    out = plan_and_write([QWEN], ["sharegpt"], [4], str(tmp_path / "p"), space=SMALL, band_models=3)[0]
     data = json.loads(out["policy"].read_text())
     data["entries"][0].update(change)
     path = tmp_path / "bad.json"
@@ -119,10 +121,10 @@ def test_malformed_band_fields_are_one_line_errors(tmp_path, change, fragment):
 
 
 def test_cli_plan_json_carries_the_bands(tmp_path):
-    res = CliRunner().invoke(app, ["plan", "--costs", V4, "--workload", "gsm8k", "--batch-sizes", "2",
+    res = CliRunner().invoke(app, ["plan", "--costs", QWEN, "--workload", "gsm8k", "--batch-sizes", "2",
                                    "--band-models", "3", "--out", str(tmp_path), "--json"])
     assert res.exit_code == 0, res.output
     entry = json.loads(res.stdout)[0]["entries"][0]
     assert BAND_KEYS <= set(entry) and entry["band_models"] == 3
-    res = CliRunner().invoke(app, ["plan", "--costs", V4, "--band-models", "-1", "--out", str(tmp_path)])
+    res = CliRunner().invoke(app, ["plan", "--costs", QWEN, "--band-models", "-1", "--out", str(tmp_path)])
     assert res.exit_code != 0

@@ -19,8 +19,8 @@ from simtree.planning.policy_file import Policy
 from simtree.planning.simulate import analytic_run, simulate, static_round
 from simtree.reporting.plan_report import plan_and_write, render_plan_dir
 
-DEEPSEEK = "simtree/data/costs/h200_deepseek-v4-flash.json"
-QWEN = "simtree/data/costs/h200_qwen3.6-27b.json"
+DEEPSEEK = "tests/data/costs/v4_flash_one_gpu.json"   # a measured MoE fit, one GPU (tests/data/costs/README.md)
+QWEN = "simtree/data/costs/h200_qwen3.6-27b_tp1.json"
 SMALL = SearchSpace(budgets=(2, 3, 4, 6, 8), eagle_steps=(1, 2, 3, 5, 7), eagle_topk=(2, 3),
                     draft_depths=(1, 2, 3, 5, 7), adaptive_max_budget=8)
 

@@ -16,7 +16,7 @@ from simtree.planning.simulate import (CTX_QUANTUM, EXACT_ROUNDS, _verify_sums, 
                               analytic_static, simulate)
 from simtree.costs.synthetic import RooflineDraftCost, RooflineVerifyCost, SyntheticCostBundle, synthetic_costs
 
-QWEN = "simtree/data/costs/h200_qwen3.6-27b.json"
+QWEN = "simtree/data/costs/h200_qwen3.6-27b_tp1.json"
 
 
 def _random_workload(rng, output_len):

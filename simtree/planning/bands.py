@@ -144,7 +144,7 @@ def with_bands(policy: Policy, bands: pd.DataFrame) -> Policy:
             (str(r["runner_up"]), (float(r["advantage_lo"]), float(r["advantage_hi"])))
         entries.append(replace(e, tok_s_band=(float(r["tok_s_lo"]), float(r["tok_s_hi"])), runner_up=advantage,
                                within_band=bool(r["within_band"]), band_models=int(r["band_models"])))
-    return Policy(policy.model, policy.device, entries, policy.source, policy.created)
+    return replace(policy, entries=entries)
 
 
 def bands_from_policy(policy: Policy) -> pd.DataFrame | None:

@@ -105,6 +105,17 @@ class PlanResult:
         return bool(self.source.get("synthetic", False))
 
     @property
+    def deployment(self) -> str:
+        """The deployment planned ("tp=1" for one GPU), from the cost models' meta."""
+        return str((self.source.get("costs") or {}).get("deployment") or "tp=1")
+
+    @property
+    def communication(self) -> dict | None:
+        """{"assumed": bool, "label": ...} of the collectives the costs rest on; None for one GPU."""
+        comm = (self.source.get("costs") or {}).get("communication")
+        return comm if isinstance(comm, dict) and "assumed" in comm else None
+
+    @property
     def batch_sizes(self) -> tuple[int, ...]:
         """The planned batch sizes, ascending."""
         return tuple(sorted(int(b) for b in self.candidates["batch_size"].unique()))
@@ -130,7 +141,7 @@ class PlanResult:
                                        PolicySpec.from_dict(row.mode, json.loads(row.params)),
                                        float(row.tok_s), float(row.gain_vs_linear), float(row.gain_vs_none),
                                        bool(row.within_model_error)))
-        return Policy(self.model, self.device, entries, self.source)
+        return Policy(self.model, self.device, entries, self.source, deployment=self.deployment)
 
 
 # Static tables depend only on the acceptance model and the specs: computed once per workload
@@ -202,7 +213,12 @@ def _score(costs: Costs, workload: Workload, table: pd.DataFrame, adaptive: list
 
 def plan(costs: Costs, workloads: Sequence[Workload], batch_sizes: Sequence[int] = DEFAULT_BATCH_SIZES,
          space: SearchSpace = SearchSpace(), progress: Callable[[int, int], None] | None = None) -> PlanResult:
-    """Search every candidate for every (workload, batch size); see the module docstring."""
+    """Search every candidate for every (workload, batch size); see the module docstring.  Costs
+    of one rank of a deployment of several GPUs (``meta["deployment"]``) are planned composed
+    with their communication (:func:`simtree.deploy.costs.deployment_costs`)."""
+    from simtree.deploy.costs import deployment_costs
+
+    costs = deployment_costs(costs)
     if not batch_sizes:
         raise SimtreeError("plan needs at least one batch size")
     sizes = sorted({check_batch_size(b, "batch sizes") for b in batch_sizes})

@@ -3,7 +3,8 @@
 JSON::
 
     {"schema": "simtree.policy/1", "model": str, "device": str, "created": iso-time,
-     "source": {...},            # cost bundle meta (synthetic flag), planner settings
+     "deployment": str,          # e.g. "tp=2", "ep=8" (an addition; absent: "tp=1", one GPU)
+     "source": {...},            # cost bundle meta (synthetic flag, communication), planner settings
      "entries": [{"workload": str, "batch_min": int, "batch_max": int,
                   "mode": "none"|"linear"|"eagle"|"best_first"|"cost_aware"|"batch_alloc",
                   "params": {...}, "tree_on": bool, "predicted_tok_s": float,
@@ -40,6 +41,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
+from simtree.deploy.deployment import DEFAULT_DEPLOYMENT, parse_deployment
 from simtree.errors import SimtreeError, check_int
 from simtree.fileio import write_text_atomic
 from simtree.planning.modes import MODES, PolicySpec
@@ -159,8 +161,10 @@ class Policy:
     entries: list[PolicyEntry]
     source: dict = field(default_factory=dict)
     created: str = field(default_factory=lambda: datetime.now(timezone.utc).isoformat(timespec="seconds"))
+    deployment: str = DEFAULT_DEPLOYMENT
 
     def __post_init__(self) -> None:
+        self.deployment = parse_deployment(self.deployment).name
         seen: dict[str, list[tuple[int, int]]] = {}
         for e in self.entries:
             for lo, hi in seen.get(e.workload, []):
@@ -198,8 +202,8 @@ class Policy:
                        f"to its {side} planned batch size {edge} ({entry.mode}, planned at batch {entry.batch_max})")
 
     def to_dict(self) -> dict:
-        return {"schema": SCHEMA, "model": self.model, "device": self.device, "created": self.created,
-                "source": self.source, "entries": [e.to_dict() for e in self.entries]}
+        return {"schema": SCHEMA, "model": self.model, "device": self.device, "deployment": self.deployment,
+                "created": self.created, "source": self.source, "entries": [e.to_dict() for e in self.entries]}
 
     def save(self, path: str | Path) -> Path:
         """Write atomically (temp file + os.replace)."""
@@ -223,5 +227,9 @@ class Policy:
         if not isinstance(obj["entries"], list) or not obj["entries"]:
             raise SimtreeError(f"policy file {path}: 'entries' must be a non-empty list")
         entries = [PolicyEntry.from_dict(e, f"policy file {path}: entry {i}") for i, e in enumerate(obj["entries"])]
+        try:
+            deployment = parse_deployment(str(obj.get("deployment") or DEFAULT_DEPLOYMENT)).name
+        except SimtreeError as exc:
+            raise SimtreeError(f"policy file {path}: {exc}") from None
         return cls(str(obj["model"]), str(obj["device"]), entries, obj.get("source", {}) or {},
-                   str(obj.get("created", "")))
+                   str(obj.get("created", "")), deployment)

@@ -176,9 +176,16 @@ class SimResult:
     model: str = ""                    # the cost bundle's meta["model"]
     notes: list = field(default_factory=list)   # one-line caveats (e.g. a budget the shape cannot fill)
     nodes_std_per_seq: float = 0.0     # spread of a sequence's nodes per round over the policy's rounds
+    deployment: str = "tp=1"           # the cost bundle's meta["deployment"]
+    communication: str | None = None   # "communication assumed" / "... measured"; None for one GPU
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+def _comm_label(meta) -> str | None:
+    comm = meta.get("communication")
+    return str(comm.get("label")) if isinstance(comm, dict) and comm.get("label") else None
 
 
 def _draft_us(costs: Costs, spec: PolicySpec, batch_size: int) -> float:
@@ -342,5 +349,7 @@ def simulate(costs: Costs, workload: Workload, batch_size: int, spec: PolicySpec
                      rounds=a["rounds"], speedup_vs_none=throughput / none_tput,
                      speedup_vs_linear=throughput / lin_tput, linear_budget=lin_d, ci95=ci,
                      synthetic=bool(costs.meta.get("synthetic", False)),
-                     model=str(costs.meta.get("model", "")), notes=notes, nodes_std_per_seq=a["nodes_std"])
+                     model=str(costs.meta.get("model", "")), notes=notes, nodes_std_per_seq=a["nodes_std"],
+                     deployment=str(costs.meta.get("deployment") or "tp=1"),
+                     communication=_comm_label(costs.meta))
 

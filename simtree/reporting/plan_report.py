@@ -5,9 +5,12 @@
   over linear speculation at the SAME budget D, over (batch size x budget);
 - ``throughput_vs_batch.png``: best predicted throughput of each policy family vs batch size;
 - ``plan.md``: the chosen policy table, with a loud SYNTHETIC banner when the costs are not
-  measured, and the adaptive budget against the best fixed one (with the spread of its
-  per-round budgets);
-- ``adaptive_vs_fixed.csv``: that comparison as a table (:func:`simtree.planning.compare.adaptive_vs_fixed`).
+  measured, "communication assumed" when the deployment's collectives come from the default
+  alpha-beta model rather than measurements, and the adaptive budget against the best fixed
+  one (with the spread of its per-round budgets);
+- ``adaptive_vs_fixed.csv``: that comparison as a table (:func:`simtree.planning.compare.adaptive_vs_fixed`);
+- ``tree_vs_linear.csv``: per workload, batch size, budget D and EAGLE tree shape, the
+  predicted tree and linear throughput at the same D and their ratio (``gain``).
 """
 from __future__ import annotations
 
@@ -27,7 +30,10 @@ from simtree.planning.planner import (DEFAULT_BATCH_SIZES, FAMILIES, PlanResult,
                                       plan, read_candidates)
 from simtree.planning.policy_file import Policy
 
-__all__ = ["gain_grid", "write_plan_report", "render_plan_dir", "plan_folders", "plan_and_write"]
+__all__ = ["gain_grid", "tree_vs_linear", "write_plan_report", "render_plan_dir", "plan_folders", "plan_and_write",
+           "TREE_VS_LINEAR_COLUMNS"]
+
+TREE_VS_LINEAR_COLUMNS = ("workload", "batch_size", "budget", "shape", "linear_tok_s", "tree_tok_s", "gain")
 
 _BANNER = ("> **SYNTHETIC COST MODEL** - " + SYNTHETIC_LABEL + ". These predictions come from an "
            "analytic roofline, not from measurements on this GPU; run `simtree profile` and "
@@ -41,6 +47,34 @@ def gain_grid(candidates: pd.DataFrame, workload: str) -> pd.DataFrame:
     tree = df[df["mode"].isin(["eagle", "best_first"])].groupby(["batch_size", "budget"])["tok_s"].max()
     lin = df[df["mode"] == "linear"].groupby(["batch_size", "budget"])["tok_s"].max()
     return (tree / lin).unstack("budget")
+
+
+def tree_vs_linear(candidates: pd.DataFrame) -> pd.DataFrame:
+    """Every EAGLE tree candidate against linear speculation at the same budget D, per workload
+    and batch size (:data:`TREE_VS_LINEAR_COLUMNS`; shape = the tree's policy name, sS_kK_dD)."""
+    df = candidates[candidates["budget"].notna()]
+    lin = (df[df["mode"] == "linear"].assign(budget=lambda d: d["budget"].astype(int))
+           .groupby(["workload", "batch_size", "budget"])["tok_s"].max().rename("linear_tok_s"))
+    tree = df[df["mode"] == "eagle"].assign(budget=lambda d: d["budget"].astype(int))
+    out = tree.join(lin, on=["workload", "batch_size", "budget"], how="inner")
+    out = out.rename(columns={"policy": "shape", "tok_s": "tree_tok_s"}).assign(
+        gain=lambda d: d["tree_tok_s"] / d["linear_tok_s"])
+    order = {w: i for i, w in enumerate(dict.fromkeys(candidates["workload"]))}
+    # stable: within a budget the planner's order (steps, then top-k)
+    out = out.sort_values(["workload", "batch_size", "budget"], key=lambda c: c.map(order) if c.name == "workload"
+                          else c, kind="stable")
+    return out.loc[:, list(TREE_VS_LINEAR_COLUMNS)].reset_index(drop=True)
+
+
+def _comm_banner(result: PlanResult) -> str | None:
+    comm = result.communication
+    if comm is None:
+        return None
+    if comm.get("assumed"):
+        return (f"> **communication assumed** - the collectives of {result.deployment} come from the default "
+                "alpha-beta model (docs/deployments.md), not from measurements on these GPUs; measure them "
+                "(`simtree profile --sweep collectives_gpu`) and fit them (`simtree fit`) for measured numbers.\n")
+    return f"> Communication of {result.deployment}: measured ({comm.get('source', '')}).\n"
 
 
 def _figures(result: PlanResult, out: Path) -> list[Path]:
@@ -91,9 +125,9 @@ def _figures(result: PlanResult, out: Path) -> list[Path]:
 
 
 def write_plan_report(result: PlanResult, out_dir: str | Path, bands: pd.DataFrame | None = None) -> dict[str, Path]:
-    """Write plan.md, gain_heatmap.png, throughput_vs_batch.png, candidates.csv and
-    adaptive_vs_fixed.csv into out_dir; ``bands`` (:func:`simtree.planning.bands.plan_bands`)
-    adds the uncertainty of each choice to plan.md."""
+    """Write plan.md, gain_heatmap.png, throughput_vs_batch.png, candidates.csv,
+    adaptive_vs_fixed.csv and tree_vs_linear.csv into out_dir; ``bands``
+    (:func:`simtree.planning.bands.plan_bands`) adds the uncertainty of each choice to plan.md."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     heat, thr = _figures(result, out)
@@ -102,9 +136,14 @@ def write_plan_report(result: PlanResult, out_dir: str | Path, bands: pd.DataFra
     versus = adaptive_vs_fixed(result.candidates)
     versus_csv = out / "adaptive_vs_fixed.csv"
     versus.to_csv(versus_csv, index=False)
-    lines = [f"# simtree plan: {result.model} on {result.device}", ""]
+    tvl = out / "tree_vs_linear.csv"
+    tree_vs_linear(result.candidates).to_csv(tvl, index=False, float_format="%.6g")
+    lines = [f"# simtree plan: {result.model} at {result.deployment} on {result.device}", ""]
     if result.synthetic:
         lines += [_BANNER, ""]
+    banner = _comm_banner(result)
+    if banner:
+        lines += [banner, ""]
     lines += ["Predicted by simtree's analytic simulator (expected accepted length per round, context "
               "growing as it decodes). Acceptance models:", ""]
     for name, info in result.source.get("workloads", {}).items():
@@ -138,10 +177,13 @@ def write_plan_report(result: PlanResult, out_dir: str | Path, bands: pd.DataFra
                   "range (`draft.num_steps`: drafting deeper than the profile measured). Queried by this plan:", ""]
         lines += [f"- {n}" for n in notes]
     lines += ["", f"![gain heat map]({heat.name})", "", f"![throughput vs batch]({thr.name})", "",
-              f"All {len(result.candidates)} candidates: `{cand.name}`.", "", _source_line(result.source.get("costs", {})), ""]
+              f"All {len(result.candidates)} candidates: `{cand.name}`; every EAGLE tree against linear at the "
+              f"same budget: `{tvl.name}`" + (" (communication assumed)." if banner and "assumed" in banner else "."),
+              "", _source_line(result.source.get("costs", {})), ""]
     md = out / "plan.md"
     md.write_text("\n".join(lines))
-    return {"markdown": md, "heatmap": heat, "throughput": thr, "candidates": cand, "adaptive_vs_fixed": versus_csv}
+    return {"markdown": md, "heatmap": heat, "throughput": thr, "candidates": cand, "adaptive_vs_fixed": versus_csv,
+            "tree_vs_linear": tvl}
 
 
 def _band_lines(result: PlanResult, bands: pd.DataFrame | None) -> list[str]:
@@ -262,43 +304,82 @@ def render_plan_dir(plan_dir: str | Path) -> list[dict[str, Path]]:
     return outputs
 
 
+def _folder_name(meta) -> str:
+    """<model>_<device>, with the deployment's tag between them for several GPUs:
+    deepseek-v4-flash_ep8_NVIDIA_H200."""
+    from simtree.deploy.deployment import parse_deployment
+
+    dep = parse_deployment(str(meta.get("deployment") or "tp=1"))
+    parts = [str(meta.get("model", "unknown"))] + ([dep.tag] if dep.gpus > 1 else []) + [str(meta.get("device", "unknown"))]
+    return "_".join(parts)
+
+
 def plan_and_write(cost_paths: Sequence[str] = (), workload_specs: Sequence[str] = (),
                    batch_sizes: Sequence[int] = DEFAULT_BATCH_SIZES, out_dir: str = "reports/plan",
                    prompt_len: float | None = None, output_len: int | None = None,
                    progress: Callable[[int, int], None] | None = None,
-                   space: SearchSpace = SearchSpace(), band_models: int = BAND_MODELS) -> list[dict]:
-    """Plan every cost bundle (``cost_paths``, default the shipped ones) x workloads (presets
-    or traces, default every preset); write policy.json + report per bundle, into a folder per
-    (model, device) under ``out_dir`` when there are several bundles.  ``band_models`` bootstrap
-    acceptance models per workload put a band on every choice (:mod:`simtree.planning.bands`;
-    0: none).
+                   space: SearchSpace = SearchSpace(), model: str | None = None, deployment: str | None = None,
+                   comm=None, notes: list | None = None, band_models: int = BAND_MODELS) -> list[dict]:
+    """Plan every cost bundle (``cost_paths``, default the shipped ones; ``model`` /
+    ``deployment`` pick among them) x workloads (presets or traces, default every preset);
+    write policy.json + report per bundle, into a folder per (model, deployment, device) under
+    ``out_dir`` when there are several bundles.  A deployment whose weights and caches (largest
+    batch, longest mean context) do not fit its GPUs is refused (one line) before anything is
+    planned; ``comm`` replaces the bundles' communication model; ``notes`` (a list) receives
+    the plan-wide notes (which default deployments wait for a profile).  ``band_models``
+    bootstrap acceptance models per workload put a band on every choice
+    (:mod:`simtree.planning.bands`; 0: none).
 
     Returns one dict per bundle: result (PlanResult), bands (DataFrame or None), policy (path),
     policy_data (the Policy written), report (paths).
     """
     from simtree.acceptance.model import PRESETS, get_workload
-    from simtree.costs.model import resolve_costs
+    from simtree.deploy.select import select_costs
 
-    bundles = resolve_costs(cost_paths)
     workloads = [get_workload(w, prompt_len, output_len) for w in (workload_specs or PRESETS)]
     check_workload_names(workloads, list(workload_specs or PRESETS))
-    names = [str(b.meta.get("model", "unknown")) + "_" + str(b.meta.get("device", "unknown")) for b in bundles]
+    context = max(w.mean_prompt_len + w.output_len for w in workloads)
+    bundles, found = select_costs(cost_paths, model, deployment, max(batch_sizes or [1]), context, comm)
+    if notes is not None:
+        notes.extend(found)
+    names = [_folder_name(b.meta) for b in bundles]
     folders = [n.replace("/", "_").replace(" ", "_") for n in names]
     where = list(cost_paths) or [f"bundle {i}" for i in range(len(bundles))]
     for i, f in enumerate(folders):
         if f in folders[:i]:
             j = folders.index(f)
             raise SimtreeError(f"two cost bundles for the same model and device ({where[j]} and {where[i]}: "
-                               f"{names[i]}) would write the same folder {f}: plan them separately")
+                               f"{names[i]}, one deployment) would write the same folder {f}: plan them separately")
+    # the embedded default is a set of deployments: a folder each, even while only one ships
+    defaults = not cost_paths and model is None and deployment is None and not any(
+        b.meta.get("synthetic") for b in bundles)
     specs = list(workload_specs or PRESETS)
     band_sets = {w.name: band_workloads(spec, w, band_models) for spec, w in zip(specs, workloads)} if band_models else {}
     outputs = []
     for bundle, folder in zip(bundles, folders):
         result = plan(bundle, workloads, batch_sizes, space, progress)
         bands = plan_bands(result.chosen, result.candidates, bundle, band_sets) if band_sets else None
-        sub = Path(out_dir) / folder if len(bundles) > 1 else Path(out_dir)
+        sub = Path(out_dir) / folder if len(bundles) > 1 or defaults else Path(out_dir)
         policy = with_bands(result.to_policy(), bands)
         policy_path = policy.save(sub / "policy.json")
         outputs.append({"result": result, "bands": bands, "policy": policy_path, "policy_data": policy,
                         "report": write_plan_report(result, sub, bands)})
+    if len(bundles) > 1 or defaults:
+        _write_index(Path(out_dir), outputs, found)
     return outputs
+
+
+def _write_index(out: Path, outputs: list[dict], notes: list[str]) -> Path:
+    """plans.md: one line per planned deployment (its folder, what its communication rests on)
+    and the plan-wide notes (defaults waiting for a profile)."""
+    lines = ["# simtree plans", "", "| model | deployment | device | communication | plan |", "|---|---|---|---|---|"]
+    for o in outputs:
+        r = o["result"]
+        comm = (r.communication or {}).get("label", "none (one GPU)")
+        folder = Path(o["report"]["markdown"]).parent.name
+        lines.append(f"| {r.model} | {r.deployment} | {r.device} | {comm} | [{folder}]({folder}/plan.md) |")
+    if notes:
+        lines += ["", *[f"- {n}" for n in notes]]
+    path = out / "plans.md"
+    path.write_text("\n".join(lines) + "\n")
+    return path
