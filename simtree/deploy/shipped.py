@@ -4,6 +4,7 @@ cost bundles (``simtree/data/costs/<machine>_<model>_<tag>.json``).
     shipped_deployments()              # [("deepseek-v4-flash", ep=8), ("qwen3.6-27b", tp=1), ...]
     bundle_name("h200", "qwen3.6-27b", parse_deployment("tp=2"))   # "h200_qwen3.6-27b_tp2.json"
     waiting()                          # the listed deployments that have no bundle yet
+    default_deployment("deepseek-v4-flash")   # ep=8: the model's first listed deployment
 """
 from __future__ import annotations
 
@@ -15,7 +16,8 @@ from simtree.deploy.deployment import Deployment, parse_deployment
 from simtree.errors import SimtreeError
 from simtree.fileio import read_yaml
 
-__all__ = ["DEFAULT_MACHINE", "shipped_deployments", "bundle_name", "shipped_bundle", "waiting", "profile_for"]
+__all__ = ["DEFAULT_MACHINE", "shipped_deployments", "default_deployment", "bundle_name", "shipped_bundle", "waiting",
+           "profile_for"]
 
 DEFAULT_MACHINE = "h200"
 
@@ -33,6 +35,12 @@ def shipped_deployments(machine: str = DEFAULT_MACHINE) -> list[tuple[str, Deplo
             raise SimtreeError(f"{path.name}: {machine} entry {i} needs a model and a deployment")
         out.append((e["model"], parse_deployment(str(e["deployment"]))))
     return out
+
+
+def default_deployment(model: str, machine: str = DEFAULT_MACHINE) -> Deployment:
+    """The model's shipped default deployment: the first the machine's entry lists for it (its
+    runtime rank: DeepSeek-V4-Flash ep=8, Qwen3.6-27B tp=1), else one GPU."""
+    return next((d for m, d in shipped_deployments(machine) if m == model), parse_deployment("tp=1"))
 
 
 def bundle_name(machine: str, model: str, deployment: Deployment) -> str:
@@ -68,13 +76,18 @@ def profile_for(model: str, deployment: Deployment, folder: Path) -> Path | None
 def main(argv=None) -> int:
     """``python -m simtree.deploy.shipped [--machine h200] [--profiles DIR]``: one line per
     default deployment, ``FIT model deployment tag table`` or ``WAIT model deployment`` (what
-    scripts/ship_defaults.sh reads)."""
+    scripts/ship_defaults.sh reads); ``--default-for MODEL``: that model's default deployment
+    alone (what scripts/full_gpu.sh reads)."""
     import argparse
 
     ap = argparse.ArgumentParser(prog="python -m simtree.deploy.shipped", description=main.__doc__)
     ap.add_argument("--machine", default=DEFAULT_MACHINE)
     ap.add_argument("--profiles", type=Path, default=None, help="default: simtree/data/profiles/<machine>")
+    ap.add_argument("--default-for", default=None, metavar="MODEL", help="print MODEL's default deployment")
     args = ap.parse_args(argv)
+    if args.default_for:
+        print(default_deployment(args.default_for, args.machine).name)
+        return 0
     folder = args.profiles or data_path("profiles", args.machine)
     for model, dep in shipped_deployments(args.machine):
         table = profile_for(model, dep, folder)
