@@ -103,9 +103,9 @@ class _Source:
 
     def make(self, rs: RoundShape, batch_size: int):
         if self.workload is not None:
-            return ModelReplay(self.workload.acceptance, rs.max_depth, self.device, self.seed)
+            return ModelReplay(self.workload.acceptance, rs, self.device, self.seed)
         if self.replay is not None:
-            return TraceReplay(self.replay, batch_size, self.device).score_trees(rs.max_depth, self.device)
+            return TraceReplay(self.replay, batch_size, self.device).score_trees(rs, self.device)
         return Live()
 
     def prediction_model(self):
