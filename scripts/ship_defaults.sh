@@ -11,10 +11,11 @@
 #
 #   bash scripts/ship_defaults.sh
 #
-# A newly measured rank profile (e.g. DeepSeek-V4-Flash at ep=8, from
-# `simtree profile --model deepseek-v4-flash --deployment ep=8 --out X/profile_ep8.csv`): copy the
-# table with its .meta.json and .compose.json into simtree/data/profiles/h200/ under its own
-# name (one deployment per model and table), then run this script.  A collectives profile's fit
+# A newly measured rank profile: a full-runtime GPU session's (scripts/full_gpu.sh, then
+# scripts/full_report.sh -> reports/h200/live/profile_<model>_<tag>.csv, docs/full_runtime.md) or
+# `simtree profile --model deepseek-v4-flash --deployment ep=8 --out X/profile_ep8.csv` (with its
+# .meta.json and .compose.json): copy it into simtree/data/profiles/h200/ under its own name (one
+# table per model and deployment), then run this script.  A collectives profile's fit
 # (COMM=path/to/x.comm.json) replaces the assumed communication model in the bundles.
 set -euo pipefail
 export COLUMNS=${COLUMNS:-150}   # rich wraps tables at 80 columns when piped to tee

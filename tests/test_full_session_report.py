@@ -14,6 +14,7 @@ import pytest
 
 from simtree.costs import profile_table as pt
 from simtree.costs.model import load_costs
+from simtree.errors import SimtreeError
 from simtree.planning.simulate import PolicySpec
 from simtree.runtime.full.measure import full_run
 from simtree.runtime.full.session_report import choose_plan, session_report
@@ -71,6 +72,27 @@ def test_session_report_fits_plans_predicts_and_compares(session, tmp_path):
     assert all(r["rel_err"] == pytest.approx(1 / 1.02 - 1, abs=1e-9) for r in cvm)   # interpolated in l exactly
     assert "median 2.0%" in (out / "composed_vs_measured.md").read_text()
     assert json.loads((session / "summary.json").read_text())["runs"][0]["stats"]["rounds"] == 2
+    # the rank's profile, tagged with its deployment: what scripts/ship_defaults.sh fits once shipped
+    from simtree.deploy.deployment import parse_deployment
+    from simtree.deploy.shipped import profile_for
+    rank = pt.load_profile(out / f"profile_{MODEL}_tp1.csv")
+    assert set(rank.deployment) == {"tp=1"} and set(zip(rank.stage, rank.variant)) == {
+        ("model_verify_step", "composed"), ("draft_step", "full_runtime")}
+    shipped = tmp_path / "profiles"   # as copied into simtree/data/profiles/h200/
+    shipped.mkdir()
+    (shipped / f"profile_{MODEL}_tp1.csv").write_bytes((out / f"profile_{MODEL}_tp1.csv").read_bytes())
+    assert profile_for(MODEL, parse_deployment("tp=1"), shipped) == shipped / f"profile_{MODEL}_tp1.csv"
+    assert costs.meta["deployment"] == "tp=1"
+
+
+def test_a_session_whose_sweep_and_steps_name_different_ranks_is_refused(session, tmp_path):
+    import shutil
+    other = tmp_path / "other"
+    shutil.copytree(session, other)
+    steps = pt.load_profile(other / "steps_profile.csv")
+    pt.write_table(other / "steps_profile.csv", pt.validate_profile(steps.assign(deployment="tp=2")))
+    with pytest.raises(SimtreeError, match="name different deployments"):
+        session_report([other], tmp_path / "live")
 
 
 def test_the_plan_is_the_measured_run_predicted_fastest():
