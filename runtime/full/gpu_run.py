@@ -197,8 +197,8 @@ def runtime_deployment(model: str, deployment: str | None) -> str:
     dep = parse_deployment(deployment) if deployment else default_deployment(model)
     own = parse_deployment(f"ep={default_ep_ranks(shape)}" if shape.family == "v4" else "tp=1")
     if dep != own:
-        raise SimtreeError(f"--deployment {dep}: the full runtime builds {model} only as {own} (the sweep alone "
-                           f"times other ranks' layers: python -m simtree.profiler.sweep --deployment {dep})")
+        raise SimtreeError(f"--deployment {dep}: the full runtime builds {model} only as {own} (the layer sweep "
+                           f"alone times other ranks: DEPLOYMENT={dep} bash scripts/full_gpu.sh {model})")
     return dep.name
 
 
