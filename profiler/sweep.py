@@ -26,6 +26,13 @@ Sweep YAML (``yaml.safe_load``)::
       - {stage: proj, grid: {context_len: [0], tree_shape: [any]}}
       - {stage: attention, variants: [...], budget_s: 120}
     compose: {stack_layers: 8}
+    deployment: ep=8        # optional: profile each model's rank of this deployment (its shard
+                            # shape, ModelShape.shard); or {model: deployment}; --deployment overrides
+    stages:
+      - {stage: collectives, ops: [all_reduce, all_to_all], group_sizes: [2, 8]}   # profiler/collectives.py
+
+A table holds one deployment per model (the composition sums one rank's parts): a sweep at
+another deployment of a model already in the table is refused before any point runs.
 """
 from __future__ import annotations
 
@@ -40,11 +47,13 @@ from typing import Mapping
 from simtree.costs.profile_table import MIN_INT
 from simtree.costs.steps import TREE_SHAPES, Point, StepBuilder, Unavailable
 from simtree.data import data_path
+from simtree.deploy.deployment import DEFAULT_DEPLOYMENT, parse_deployment
 from simtree.errors import SimtreeError
 from simtree.fileio import read_yaml
 from simtree.machine.hostprobe import probe as host_probe
 from simtree.models import COMMIT_STAGE, DECODE_STAGE, MODEL_ROUND_STAGE, ROUND_STAGE, VERIFY_STAGE, get_model
 
+from .collectives import COLLECTIVES_STAGE, check_collectives_entry
 from .stages import NO_BUILDERS, build_workload, check_variant, default_variants
 from .sweep_io import (Deadline, advance, cuda_alive, hard_deadline, log_point, one_line, progress_bar,
                        read_log_skips)
@@ -152,6 +161,15 @@ def _check_spec(spec: dict, name: str) -> None:
         _number(compose["stack_layers"], int, 1, True, f"{name}: compose.stack_layers")
     elif compose is not None and not isinstance(compose, (bool, dict)):
         raise SimtreeError(f"{name}: compose must be true/false or a mapping, got {compose!r}")
+    dep = spec.get("deployment")
+    if dep is not None:
+        for d in (dep.values() if isinstance(dep, dict) else [dep]):
+            if not isinstance(d, str):
+                raise SimtreeError(f"{name}: deployment must be a string such as 'ep=8' or a mapping of models to one")
+            try:
+                parse_deployment(d)
+            except SimtreeError as exc:
+                raise SimtreeError(f"{name}: {exc}") from None
     cv = spec.get("core_variants")
     if cv is not None and not (isinstance(cv, dict) and all(isinstance(v, str) for v in cv.values())):
         raise SimtreeError(f"{name}: core_variants must map stage names to variant names")
@@ -160,6 +178,9 @@ def _check_spec(spec: dict, name: str) -> None:
         where = f"{name}: stage entry {i}"
         if not isinstance(entry, dict) or not isinstance(entry.get("stage"), str):
             raise SimtreeError(f"{where} needs a 'stage' name")
+        if entry["stage"] == COLLECTIVES_STAGE:
+            check_collectives_entry(entry, where)
+            continue
         if entry["stage"] not in known_stages():
             raise SimtreeError(f"{where}: unknown stage {entry['stage']!r} (known: {', '.join(sorted(known_stages()))})")
         if "variants" in entry:
@@ -190,7 +211,7 @@ def _check_grid(grid, where: str) -> None:
 def known_stages() -> set[str]:
     """Every stage name (and alias) a sweep entry may name."""
     names = {"attention", "proj", "mlp_step", "lm_head_step", "draft_step", "stack_verify_step",
-             "model_verify_step", MODEL_ROUND_STAGE}
+             "model_verify_step", MODEL_ROUND_STAGE, COLLECTIVES_STAGE}
     for per_kind in (VERIFY_STAGE, COMMIT_STAGE, ROUND_STAGE, DECODE_STAGE):
         names |= set(per_kind.values())
     names |= {f"{k}_proj_step" for k in VERIFY_STAGE}
@@ -221,6 +242,8 @@ def expand_points(spec: dict, device: str, only_stage: str | None = None,
     stages = set(only_stage.split(",")) if only_stage else None
     base = dict(spec.get("grid") or {})
     for i, entry in enumerate(spec["stages"]):
+        if entry["stage"] == COLLECTIVES_STAGE:
+            continue   # timed by its own processes (profiler/collectives.py), not per model
         grid = {**base, **(entry.get("grid") or {})}
         for name in entry.get("models") or spec["models"]:
             if models and name not in models:
@@ -250,12 +273,14 @@ def run_sweep(sweep: str | Path | None = None, out: str | Path = "reports/profil
               only_stage: str | None = None, models: list[str] | None = None,
               retry_failed: bool = False, remeasure: bool = False, progress: bool = True,
               compose: bool | None = None, echo=print,
-              builders: Mapping[str, StepBuilder] = NO_BUILDERS) -> SweepResult:
+              builders: Mapping[str, StepBuilder] = NO_BUILDERS, deployment: str | None = None) -> SweepResult:
     """Run (or resume) a sweep into the profile table ``out``; see the module docstring.
     ``remeasure``: first drop the table's rows (and logged failures) of the points this call
     selects (``only_stage`` / ``models``), so they are measured again, e.g. after a kernel
     change; every other row stays.  ``builders``: {variant: StepBuilder} for the variants the
-    profiler does not build itself (`simtree profile` passes the runtime's)."""
+    profiler does not build itself (`simtree profile` passes the runtime's).  ``deployment``
+    ("tp=2", "ep=8"; default the sweep's ``deployment``, else one GPU): every model is timed at
+    the shape of one rank of it, and its rows say so."""
     import torch
 
     from simtree.costs import profile_table as pt
@@ -287,12 +312,18 @@ def run_sweep(sweep: str | Path | None = None, out: str | Path = "reports/profil
     table = Path(out)
     table.parent.mkdir(parents=True, exist_ok=True)
     points = expand_points(spec, device, only_stage, models)
-    if not points:
+    comm_entries = [e for e in spec["stages"] if e["stage"] == COLLECTIVES_STAGE
+                    and (not only_stage or COLLECTIVES_STAGE in only_stage.split(","))]
+    if not points and not comm_entries:
         raise SimtreeError(f"sweep {spec['name']}: no grid points (check --only-stage / --model)")
 
     label = metadata.device_label(device)
+    deployments = {name: deployment_of(spec, name, deployment) for name in {p.model for _, p in points}}
+    for name, dep in sorted(deployments.items()):
+        get_model(name).shard(dep)   # a split that does not divide the model: one line before any point
+    _check_one_deployment(table, deployments)
     row_base = {"device": label, "dtype": dtype_name}
-    keys = [pt.row_key({**row_base, **_point_row(p)}) for _, p in points]
+    keys = [pt.row_key({**row_base, "deployment": deployments[p.model], **_point_row(p)}) for _, p in points]
     selected = set(keys)
     _clear_stale_temps(table)
     if remeasure:
@@ -304,7 +335,7 @@ def run_sweep(sweep: str | Path | None = None, out: str | Path = "reports/profil
     meta = {**metadata.collect_metadata(device), "sweep": spec["name"], "sweep_file": spec["_path"],
             # how fast the host ran when this sweep started (simtree run compares its own)
             "host_probe": host_probe("cuda" if device.startswith("cuda") else "cpu"),
-            "sweep_id": f"{spec['name']}-{time.strftime('%Y%m%dT%H%M%S')}",
+            "sweep_id": f"{spec['name']}-{time.strftime('%Y%m%dT%H%M%S')}", "deployments": deployments,
             "sweep_spec": {k: v for k, v in spec.items() if not k.startswith("_")},
             "timing": {"target_s": target_s, "method": "CUDA graph of L2-rotated copies, event-timed per replay"
                        if device.startswith("cuda") else "perf_counter"}}
@@ -375,7 +406,9 @@ def run_sweep(sweep: str | Path | None = None, out: str | Path = "reports/profil
                 advance(bar, task)
                 continue
             if p.model not in ctxs:
-                ctxs[p.model] = Ctx(get_model(p.model), dev, dtype, int(spec.get("seed", 0)))
+                # one rank's shape: heads / MLP columns per TP rank, local experts under EP
+                ctxs[p.model] = Ctx(get_model(p.model).shard(deployments[p.model]), dev, dtype,
+                                    int(spec.get("seed", 0)))
             for name, c in ctxs.items():   # keep one model's weights (V4's experts are 13 GB)
                 if name != p.model:
                     c.weights.clear()
@@ -394,7 +427,8 @@ def run_sweep(sweep: str | Path | None = None, out: str | Path = "reports/profil
                         res.checks[ck] = "FAILED: " + one_line(exc)
                         echo(f"  check {ck}: {res.checks[ck]}")
                 stats = _measure(wl, device, l2, target_s)
-                row = {**row_base, **_point_row(p), "latency_us_median": stats.median_us,
+                row = {**row_base, "deployment": deployments[p.model], **_point_row(p),
+                       "latency_us_median": stats.median_us,
                        "latency_us_p10": stats.p10_us, "latency_us_p90": stats.p90_us,
                        "repeats": stats.repeats}
                 pending.append(row)
@@ -457,6 +491,23 @@ def run_sweep(sweep: str | Path | None = None, out: str | Path = "reports/profil
         echo(res.summary())
         raise KeyboardInterrupt
 
+    if comm_entries and not interrupted and not res.stopped:
+        from .collectives import run_collectives_entry
+        for entry in comm_entries:
+            left_s = max(0.0, max_s - (time.monotonic() - t_start))
+            done = run_collectives_entry(entry, table, device=device, dtype_name=dtype_name, max_s=left_s,
+                                         remeasure=remeasure, echo=echo, models=entry.get("models") or spec["models"])
+            res.measured += done["measured"]
+            res.skipped_done += done["skipped"]
+            res.to_run += done["measured"] + done["failed"]
+            res.failed += done["failed"]
+            added[0] += done["measured"]
+        res.elapsed_s = time.monotonic() - t_start
+        if added[0]:
+            meta.update({"checks": {**old_meta.get("checks", {}), **res.checks}, "result": res.summary(),
+                         "elapsed_s": round(res.elapsed_s, 1)})
+            pt.write_meta(table, meta)
+
     want_compose = spec.get("compose") if compose is None else compose
     if want_compose and table.exists() and not (added[0] or remeasure):
         # nothing changed: the last composition stands (not rewritten, no new timestamps)
@@ -474,6 +525,30 @@ def run_sweep(sweep: str | Path | None = None, out: str | Path = "reports/profil
         echo(f"{res.not_run} points not run (a stage's budget_s or the sweep's time limit ran out): "
              f"run {again} to measure them; the table keeps what it has")
     return res
+
+
+def deployment_of(spec: dict, model: str, override: str | None = None) -> str:
+    """The canonical deployment a sweep times ``model`` at: ``override`` (``--deployment``),
+    else the sweep's ``deployment`` (one for all models, or {model: deployment}), else one GPU."""
+    dep = override if override is not None else spec.get("deployment")
+    if isinstance(dep, dict):
+        dep = dep.get(model)
+    return parse_deployment(dep or DEFAULT_DEPLOYMENT).name
+
+
+def _check_one_deployment(table: Path, deployments: dict) -> None:
+    """A table holds one deployment per model: refuse (before any point) a sweep that would add
+    rows of another deployment of a model already in it."""
+    if not table.exists():
+        return
+    from simtree.costs.profile_table import load_profile
+
+    df = load_profile(table, allow_empty=True)
+    for model, dep in sorted(deployments.items()):
+        have = sorted(set(df.loc[df["model"] == model, "deployment"]) - {dep})
+        if have:
+            raise SimtreeError(f"{table.name} holds {model} rows at {', '.join(have)}: a sweep at {dep} writes its own "
+                               f"table (--out), one deployment per model and table")
 
 
 def _previous_sweeps(old_meta: dict) -> list[dict]:
@@ -559,11 +634,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--remeasure", action="store_true",
                     help="measure the selected points again (their rows are dropped first)")
     ap.add_argument("--no-progress", action="store_true")
+    ap.add_argument("--deployment", default=None, help="time each model's rank of this deployment, e.g. ep=8")
     args = ap.parse_args(argv)
     try:
         res = run_sweep(args.sweep, args.out, device=args.device, max_minutes=args.max_minutes,
                         only_stage=args.only_stage, models=args.model, retry_failed=args.retry_failed,
-                        remeasure=args.remeasure,
+                        remeasure=args.remeasure, deployment=args.deployment,
                         progress=not args.no_progress, echo=lambda s: print(s, flush=True))
     except SimtreeError as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -17,7 +17,11 @@ LinearParams, EagleParams, BestFirstParams, CostAwareParams, BatchAllocParams; t
 modes draft a top-1 chain of ``draft_depth`` steps and keep the top-4 of each step's
 distribution as that position's marginal (see drafter.py), as simtree.planning.simulate assumes.
 cost_aware and batch_alloc need cost models (:class:`simtree.costs.model.Costs`:
-``verify.predict(n, l, b)`` us for the whole batch's verify, ``draft.predict(s, k, b)``).
+``verify.predict(n, l, b)`` us for the whole batch's verify, ``draft.predict(s, k, b)``) and
+decide each round's nodes across the batch with the simulator's own rules
+(:mod:`simtree.planning.allocation`): batch_alloc at the round's own best rate, cost_aware at
+the run's price of verify time (the tokens its recent rounds gained per us of their predicted
+time), each node weighed against its marginal cost given the other sequences' trees.
 
 ``tokens_produced`` counts every token the decode rounds produce: all B sequences decode every
 round until the slowest has ``max_new_tokens`` (a static batch), so sequences that are done
@@ -37,11 +41,10 @@ from simtree.costs.model import Costs
 from simtree.errors import SimtreeError, check_int
 from simtree.planning.modes import (BatchAllocParams, BestFirstParams, CostAwareParams, EagleParams, LinearParams,
                                     NoneParams, PolicySpec)
-from simtree.planning.simulate import batch_allocation
+from simtree.planning.allocation import RunningPrice, allocate_round, batch_allocation
 from simtree.runtime.drafter import Drafter
 from simtree.runtime.model import HybridLM
-from simtree.trees.builders import (batched_best_first_tree, best_first_order, cost_aware_tree, eagle_max_nodes,
-                                    linear_tree)
+from simtree.trees.builders import batched_best_first_tree, best_first_order, eagle_max_nodes, linear_tree
 from simtree.trees.greedy import greedy_accept_batch
 from simtree.trees.tree import DraftTree, TreeBatch
 
@@ -124,6 +127,7 @@ class SpecEngine:
                                f"{target.config.vocab_size}: speculative decoding needs one vocabulary")
         self.target, self.draft, self.costs = target, draft, costs
         self._topk = None  # the round's drafter top-k (tokens, probs) [B, P, K] along its chain, for traces
+        self._price = RunningPrice()   # cost_aware's price of verify time, per generate()
 
     # ---- tree construction per mode ------------------------------------------------------
     def _trees(self, spec: PolicySpec, drafter: Drafter | None, roots, ctx_len: float) -> list[DraftTree]:
@@ -144,32 +148,30 @@ class SpecEngine:
                     for b, r in enumerate(roots)]
         costs = self._costs(spec)
         draft_us = float(costs.draft.predict(depth, 1, B))
+        orders = [best_first_order(toks[b], probs[b], spec.max_nodes, r) for b, r in enumerate(roots)]
+        survival = [o.prefix_probs[1:] for o in orders]
+        verify = lambda n: costs.verify.predict(n, ctx_len, B)  # noqa: E731
         if isinstance(spec, CostAwareParams):
-            # C_v(1..max_budget) once per round, shared by every sequence's stop rule
-            table = np.asarray(costs.verify.predict(np.arange(1, spec.max_budget + 1), ctx_len, B), np.float64)
-            verify = lambda n: table[np.asarray(n) - 1]  # noqa: E731
-            convex = costs.verify.convex_in_n   # MoE costs: global argmax
-            return [cost_aware_tree(toks[b], probs[b], verify, draft_us, spec.max_budget, r, convex)
-                    for b, r in enumerate(roots)]
-        assert isinstance(spec, BatchAllocParams)
-        return self._batch_alloc(toks, probs, roots, spec.max_budget_per_seq, costs, draft_us, ctx_len)
+            extra = allocate_round(survival, verify, draft_us, B, self._price)
+        else:
+            assert isinstance(spec, BatchAllocParams)
+            extra = batch_allocation(survival, np.ones(B), verify, draft_us, B)
+        return [o.tree(1 + int(k)) for o, k in zip(orders, extra)]
+
+    def _update_price(self, spec: PolicySpec, batch: TreeBatch, gained: int, ctx_len: float) -> None:
+        """cost_aware: the round's gained tokens and predicted time (C_d + C_v of the trees it
+        verified) move the run's price."""
+        if isinstance(spec, CostAwareParams):
+            costs, B = self.costs, batch.batch_size
+            round_us = (float(costs.draft.predict(spec.draft_depth, 1, B))
+                        + float(np.asarray(costs.verify.predict(batch.total_nodes / B, ctx_len, B), np.float64)))
+            self._price.update(gained, round_us)
 
     def _costs(self, spec: PolicySpec) -> Costs:
         if self.costs is None:
             raise SimtreeError(f"mode {spec.mode} needs a cost model (--costs): "
                                "it weighs tree size against verify cost")
         return self.costs
-
-    @staticmethod
-    def _batch_alloc(toks, probs, roots, max_budget: int, costs: Costs, draft_us: float,
-                     ctx_len: float) -> list[DraftTree]:
-        """DSpark-style allocation across the batch: the simulator's own rule
-        (simtree.planning.simulate.batch_allocation), so the run executes what the planner scored."""
-        B = len(roots)
-        orders = [best_first_order(toks[b], probs[b], max_budget, roots[b]) for b in range(B)]
-        extra = batch_allocation([o.prefix_probs[1:] for o in orders], np.ones(B),
-                                 lambda n: costs.verify.predict(n, ctx_len, B), draft_us, B)
-        return [o.tree(1 + int(k)) for o, k in zip(orders, extra)]
 
     def check_fits(self, spec: PolicySpec) -> None:
         """One-line errors for policies these models cannot draft: top-k above the draft
@@ -200,6 +202,7 @@ class SpecEngine:
         if not isinstance(spec, NoneParams) and self.draft is None:
             raise SimtreeError(f"mode {spec.mode} needs a draft model")
         self.check_fits(spec)
+        self._price = RunningPrice()
         B = len(prompts)
         widest = spec.max_nodes
         # a sequence keeps decoding until the slowest reaches max_new_tokens, gaining at most
@@ -247,6 +250,7 @@ class SpecEngine:
             for b in range(B):
                 outs[b] += paths[b][1:] + [int(acc.bonus_tokens[b])]
             produced += int(acc.num_accepted.sum()) + B
+            self._update_price(spec, batch, int(acc.num_accepted.sum()) + B, ctx)
             stats = RoundStats((t1 - t0 + t4 - t3) * 1e6, (t2 - t1) * 1e6, (t3 - t2) * 1e6,
                                [t.num_nodes for t in batch.trees], acc.num_accepted.tolist(),
                                live=sum(n < max_new_tokens for n in before))

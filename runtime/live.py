@@ -20,7 +20,8 @@ the decode rounds (the prefill, which makes each output's first token, is report
   latency median / p90 and its draft / verify / commit split (null without decode rounds).
 
 Predicted (when a cost bundle is given and a decode round ran): simtree.planning.simulate with the
-acceptance model fitted from this run's own traces (positional fit), this run's prompt lengths
+acceptance model fitted from this run's own traces (the depth x rank x confidence fit where
+they log the drafter's top-K, else the positional fit), this run's prompt lengths
 and ``max_new_tokens - 1`` output tokens (what the decode rounds must produce) - so the
 comparison tests the cost model, not the acceptance model.  A bundle (or policy) of another
 model or device predicts that model on that device: the report then carries a warning, the
@@ -368,22 +369,29 @@ def _host_against(costs: Costs | None, device: str) -> dict | None:
 
 def _predict(costs: Costs, trace_path: Path, spec: PolicySpec, batch_size: int, prompt_lens: list[int],
              output_len: int, workload: str) -> dict:
-    """The simulator's prediction for this run: positional acceptance fitted from the run's
-    traces (table width = the widest sibling set drafted, so no rank is imputed), the run's
-    own prompt lengths and the tokens its decode rounds must produce per sequence."""
+    """The simulator's prediction for this run: acceptance fitted from the run's traces - the
+    depth x rank x confidence model (``fit_confidence``) where they log the drafter's top-K
+    (linear and marginal modes), else positional counts (``fit_positional``; table width = the
+    widest sibling set drafted, so no rank is imputed) - the run's own prompt lengths and the
+    tokens its decode rounds must produce per sequence."""
+    from simtree.acceptance.fit import fit_confidence, has_topk
     from simtree.acceptance.model import Workload, fit_positional, get_workload, read_traces
     from simtree.planning.simulate import simulate
 
+    fitted = "none"
     if isinstance(spec, NoneParams):  # nothing drafted, nothing to fit; mode none ignores acceptance
         acc = get_workload("sharegpt").acceptance
     else:
         records = read_traces(trace_path)
-        width = max(int(r.tree.num_children.max()) for r in records)
-        acc = fit_positional(records, workload, topk=max(width, 1))
+        if has_topk(records):
+            acc, fitted = fit_confidence(records, workload), "confidence fit of this run's traces"
+        else:
+            width = max(int(r.tree.num_children.max()) for r in records)
+            acc, fitted = fit_positional(records, workload, topk=max(width, 1)), "positional fit of this run's traces"
     wl = Workload(workload, acc, np.asarray(prompt_lens, np.int64), int(output_len), "this run")
     sim = simulate(costs, wl, batch_size, spec)
     return {"tokens_per_s": sim.throughput_tok_s, "accepted_tokens_per_round": sim.accepted_tokens_per_round,
             "round_us": sim.round_latency_us, "draft_us": sim.draft_us, "verify_us": sim.verify_us,
             "mean_nodes_per_seq": sim.mean_nodes_per_seq, "rounds": sim.rounds, "synthetic": sim.synthetic,
-            "acceptance": "none" if isinstance(spec, NoneParams) else "positional fit of this run's traces",
+            "acceptance": fitted,
             "notes": [_one_line(n) for n in sim.notes]}

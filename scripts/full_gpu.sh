@@ -12,8 +12,12 @@
 # The whole call stays within TOTAL_SECONDS (default 525: a 9-minute call with room to spare); the
 # runtime phases get what the sweep leaves; $OUT is packed after the sweep and again at the end.
 #   bash scripts/full_gpu.sh qwen3.6-27b        (env OUT, TOTAL_SECONDS=525, SWEEP_MINUTES=3, GPUTEST=1,
-#                                                 ARGS="--replay t.jsonl" for gpu_run)
+#                                                 ARGS="--replay t.jsonl" for gpu_run, DEPLOYMENT)
 #   bash scripts/full_gpu.sh deepseek-v4-flash
+#   DEPLOYMENT=tp=2 bash scripts/full_gpu.sh qwen3.6-27b    (the sweep of the tp=2 rank's layers only)
+# DEPLOYMENT (default: the model's shipped one, simtree/data/deployments.yaml: V4-Flash ep=8, Qwen
+# tp=1) goes to the sweep (rows tagged with it, pieces at its shard shapes) and to gpu_run; the
+# runtime builds only Qwen at tp=1 and the V4 ep=8 rank, so other deployments skip (b-d).
 set -uo pipefail
 MODEL=${1:?usage: bash scripts/full_gpu.sh MODEL}
 OUT=${OUT:-/tmp/out}
@@ -36,6 +40,17 @@ if ls .whl/*.whl >/dev/null 2>&1; then
 fi
 python3 -m pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1 || log "editable install FAILED"
 export PYTHONUNBUFFERED=1
+DEPLOYMENT=${DEPLOYMENT:-$(python3 -m simtree.deploy.shipped --default-for "$MODEL")}
+RUNTIME_DEPLOYMENT=$(python3 - "$MODEL" "$DEPLOYMENT" <<'PY'
+import sys
+from simtree.runtime.full.gpu_run import runtime_deployment
+try:
+    print(runtime_deployment(sys.argv[1], sys.argv[2]))
+except Exception as exc:
+    print(f"none: {exc}")
+PY
+)
+log "deployment $DEPLOYMENT"
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem,temperature.gpu --format=csv \
   > "$RES/gpu_state.csv" 2>&1
 if [ -n "${GPUTEST:-}" ]; then   # GPUTEST=1: the layers' and the runtime's GPU tests first (~1-2 min)
@@ -45,15 +60,21 @@ fi
 SWEEP_MINUTES=${SWEEP_MINUTES:-3}
 log "(a) profile sweep of the runtime's layers, <= $SWEEP_MINUTES min"
 timeout -k 5 $(( SWEEP_MINUTES * 60 + 40 )) python3 -m simtree.profiler.sweep --sweep full_layers_gpu \
-  --model "$MODEL" --out "$RES/profile/profile.csv" --max-minutes "$SWEEP_MINUTES" --no-progress >> "$LOG" 2>&1
+  --model "$MODEL" --deployment "$DEPLOYMENT" --out "$RES/profile/profile.csv" --max-minutes "$SWEEP_MINUTES" \
+  --no-progress >> "$LOG" 2>&1
 rc=$?; [ $rc -ne 0 ] && log "(a) sweep exited with $rc (its points so far are kept)"
 pack > /dev/null
+if [[ "$RUNTIME_DEPLOYMENT" == none:* ]]; then
+  log "(b-d) skipped: ${RUNTIME_DEPLOYMENT#none: }"
+  log "done"
+  exit 0
+fi
 TOTAL=${TOTAL_SECONDS:-525}
 RUNTIME_SECONDS=$(( TOTAL - ($(date +%s) - START) - 35 ))   # 35 s: the runtime's exit and the packing
 [ $RUNTIME_SECONDS -gt 330 ] && RUNTIME_SECONDS=330
 log "(b-d) lossless, measured runs, whole steps, <= $RUNTIME_SECONDS s"
 # gpu_run logs its own timestamped lines into log.txt; its raw output goes to gpu_run.out
-timeout -k 5 $(( RUNTIME_SECONDS + 20 )) python3 -m simtree.runtime.full.gpu_run --model "$MODEL" --out "$RES" \
-  --max-seconds "$RUNTIME_SECONDS" ${ARGS:-} > "$RES/gpu_run.out" 2>&1
+timeout -k 5 $(( RUNTIME_SECONDS + 20 )) python3 -m simtree.runtime.full.gpu_run --model "$MODEL" --deployment "$DEPLOYMENT" \
+  --out "$RES" --max-seconds "$RUNTIME_SECONDS" ${ARGS:-} > "$RES/gpu_run.out" 2>&1
 rc=$?; [ $rc -ne 0 ] && log "(b-d) gpu_run exited with $rc (its files so far are kept; see gpu_run.out)"
 log "done"

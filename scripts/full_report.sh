@@ -3,7 +3,8 @@
 # found in DIR, compose its layer profile, fit each model's bundle to its session's profile of the runtime's layers, plan over
 # the measured shapes, predict the measured runs again, and compare the composed steps with the
 # measured ones -> reports/h200/live/ (summary.csv/.md, predicted_vs_measured.png,
-# composed_vs_measured.csv/.md, costs_<model>.json, alternatives.csv, lossless.csv).
+# composed_vs_measured.csv/.md, costs_<model>.json, profile_<model>_<tag>.csv (the rank's profile
+# for scripts/ship_defaults.sh, docs/full_runtime.md), alternatives.csv, lossless.csv).
 #   bash scripts/full_report.sh DIR [OUT]        (DIR: the fetched $OUT folders' files)
 set -euo pipefail
 DIR=${1:?usage: bash scripts/full_report.sh DIR [OUT]}

@@ -58,9 +58,10 @@ for phase in $PHASES; do
       ;;
     plan)
       # fit C_v, C_d; plan on the fitted bundle and the traces' acceptance, this run's output length
+      # (no bootstrap bands: the loop compares the choice with measurements, not with its band)
       step fit "${SIMTREE[@]}" fit "$OUT/profile.csv" -o "$OUT/costs.json" --json
       step plan "${SIMTREE[@]}" plan --costs "$OUT/costs.json" --workload "$OUT/traces.jsonl" \
-          --batch-sizes "$BATCH_SIZES" --output-len "$NEW_TOKENS" --out "$OUT/plan" --json
+          --batch-sizes "$BATCH_SIZES" --output-len "$NEW_TOKENS" --band-models 0 --out "$OUT/plan" --json
       ;;
     runs|repeat)
       # per batch size: the chosen policy, then the planner's second choice, best linear, none;

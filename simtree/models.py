@@ -7,6 +7,9 @@ profiler times random-weight layers at these shapes.
     shape = get_model("qwen3.6-27b")
     shape.layer_kinds        # ("gdn", "gdn", "gdn", "attn", ...)  64 entries
     shape.layer_counts()     # {"gdn": 48, "attn": 16}
+    shape.weight_bytes()     # bytes of its weights (target + draft layer) at shape.dtype
+    rank = get_model("deepseek-v4-flash").shard("ep=8")   # one rank's shape: 32 local experts
+    rank.cache_bytes(batch_size=8, context_len=4096)       # KV cache + recurrent state of 8 sequences
 
 Layer kinds: ``gdn`` (Gated DeltaNet), ``attn`` (full attention, GQA), ``swa`` / ``csa`` /
 ``hca`` (DeepSeek-V4 sliding-window-only, ratio-4 sparse, ratio-128 compressed attention).
@@ -14,14 +17,15 @@ Layer kinds: ``gdn`` (Gated DeltaNet), ``attn`` (full attention, GQA), ``swa`` /
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from simtree.data import data_path
+from simtree.deploy.deployment import DEFAULT_DEPLOYMENT, Deployment, parse_deployment
 from simtree.errors import SimtreeError, check_int
 from simtree.fileio import read_yaml
 
-__all__ = ["ModelShape", "get_model", "list_models", "load_model_file", "MODEL_DIR",
+__all__ = ["ModelShape", "get_model", "list_models", "load_model_file", "MODEL_DIR", "DTYPE_BYTES",
            "LAYER_KINDS", "VERIFY_STAGE", "COMMIT_STAGE", "ROUND_STAGE", "DECODE_STAGE",
            "MODEL_ROUND_STAGE"]
 
@@ -46,6 +50,7 @@ DECODE_STAGE = {"gdn": "gdn_decode_step"}
 # plans, the commit's rows), built once per round, plain decoding included: one model-level stage.
 MODEL_ROUND_STAGE = "round_meta_step"
 _SECTION_FOR_KIND = {"gdn": "gdn", "attn": "attn", "swa": "v4", "csa": "v4", "hca": "v4"}
+DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4, "fp64": 8, "fp8": 1}
 
 
 @dataclass(frozen=True)
@@ -64,6 +69,7 @@ class ModelShape:
     v4: dict = field(default_factory=dict)
     draft: dict = field(default_factory=dict)
     source: str = ""
+    deployment: str = DEFAULT_DEPLOYMENT   # the deployment whose rank this shape is ("tp=1": whole model)
 
     @property
     def num_layers(self) -> int:
@@ -84,6 +90,29 @@ class ModelShape:
             raise SimtreeError(f"model {self.name!r} has no GDN layers")
         return dict(H=int(g["key_heads"]), HV=int(g["value_heads"]), K=int(g["key_dim"]),
                     V=int(g["value_dim"]))
+
+    @property
+    def ranks(self) -> int:
+        """GPUs of the deployment this shape is one rank of (1 for the whole model)."""
+        return parse_deployment(self.deployment).gpus
+
+    def shard(self, deployment: "str | Deployment") -> "ModelShape":
+        """The shape one rank of ``deployment`` holds (see :func:`_shard`); refuses, one line,
+        a split that does not divide the heads, MLP columns or experts."""
+        return _shard(self, parse_deployment(deployment))
+
+    def weight_bytes(self) -> int:
+        """Bytes of the weights of this shape (target layers, embedding, LM head and the draft
+        layer) at ``dtype``, with the parameters the runtime keeps in fp32 (GDN decay, V4
+        attention sink and compressors) at 4 bytes: what one rank allocates."""
+        return sum(n * b for n, b in _params(self))
+
+    def cache_bytes(self, batch_size: int, context_len: int) -> int:
+        """Bytes of the persistent per-sequence state of ``batch_size`` sequences at
+        ``context_len`` tokens: KV cache of full attention, the V4 window ring, compressed
+        entries, indexer keys and compressor buffers, GDN recurrent and conv state (draft layer
+        included)."""
+        return int(batch_size) * _seq_state_bytes(self, int(context_len))
 
     def stack(self, num_layers: int) -> tuple[str, ...]:
         """The first ``num_layers`` kinds of the pattern, skipping a prefix of one kind if the
@@ -157,3 +186,142 @@ def get_model(name: str) -> ModelShape:
     if not path.exists():
         raise SimtreeError(f"unknown model {name!r}; known: {', '.join(list_models())}")
     return load_model_file(path)
+
+
+# ---- sharding and sizes --------------------------------------------------------------------------
+def _split(value: int, ways: int, what: str, shape: ModelShape, dep: Deployment) -> int:
+    if value % ways:
+        raise SimtreeError(f"{shape.name} at {dep}: {value} {what} do not split {ways} ways")
+    return value // ways
+
+
+def _shard(shape: ModelShape, dep: Deployment) -> ModelShape:
+    """One rank's shape.  Tensor parallelism over t (``dep.tp``): attention heads (GQA query
+    heads; KV heads too, replicated once t exceeds them, as engines do; GDN key and value
+    heads; V4 query heads and output groups), dense MLP columns, each expert's columns when
+    experts are not split, the shared expert's columns and the vocabulary (embedding and LM
+    head, padded up) split t ways; V4's one latent KV head, its indexer and compressors stay
+    whole.  Expert parallelism over e (``dep.ep``): e-th of the routed experts per rank (each
+    token still picks ``experts_per_token`` of them: under uniform routing a rank's experts
+    see as many (token, expert) pairs as the rank has tokens times that), attention as
+    tensor parallelism over t within each data-parallel group."""
+    if shape.ranks != 1:
+        raise SimtreeError(f"{shape.name} is already one rank of {shape.deployment}: shard the whole model")
+    t, e = dep.tp, dep.ep
+    mlp, attn, gdn, v4 = dict(shape.mlp), dict(shape.attn), dict(shape.gdn), dict(shape.v4)
+    if e > 1:
+        if mlp["kind"] != "moe":
+            raise SimtreeError(f"{shape.name} at {dep}: expert parallelism needs an MoE model; "
+                               f"{shape.name} has a dense MLP (use tp=N)")
+        mlp["n_experts"] = _split(int(mlp["n_experts"]), e, "routed experts", shape, dep)
+        if mlp["n_experts"] < int(mlp["experts_per_token"]):
+            raise SimtreeError(f"{shape.name} at {dep}: {mlp['n_experts']} experts per rank, fewer than the "
+                               f"{mlp['experts_per_token']} a token picks")
+    if t > 1:
+        if attn:
+            attn["q_heads"] = _split(int(attn["q_heads"]), t, "query heads", shape, dep)
+            kv = int(attn["kv_heads"])
+            attn["kv_heads"] = _split(kv, t, "KV heads", shape, dep) if t <= kv else 1
+            if t > kv and t % kv:
+                raise SimtreeError(f"{shape.name} at {dep}: {kv} KV heads cannot be replicated over {t} ranks")
+        if gdn:
+            gdn["key_heads"] = _split(int(gdn["key_heads"]), t, "GDN key heads", shape, dep)
+            gdn["value_heads"] = _split(int(gdn["value_heads"]), t, "GDN value heads", shape, dep)
+        if v4:
+            v4["q_heads"] = _split(int(v4["q_heads"]), t, "query heads", shape, dep)
+            v4["o_groups"] = _split(int(v4["o_groups"]), t, "output groups", shape, dep)
+        if mlp["kind"] == "dense":
+            mlp["intermediate"] = _split(int(mlp["intermediate"]), t, "MLP columns", shape, dep)
+        else:
+            if e == 1:
+                mlp["expert_intermediate"] = _split(int(mlp["expert_intermediate"]), t, "expert columns", shape, dep)
+            if mlp.get("shared_intermediate"):
+                mlp["shared_intermediate"] = _split(int(mlp["shared_intermediate"]), t, "shared-expert columns",
+                                                    shape, dep)
+    vocab = -(-shape.vocab // t)
+    return replace(shape, vocab=vocab, mlp=mlp, attn=attn, gdn=gdn, v4=v4, deployment=dep.name)
+
+
+def _mixer_params(shape: ModelShape, kind: str, fp32: int) -> list[tuple[int, int]]:
+    """(numel, bytes per element) of one layer's attention block of ``kind``, as the runtime
+    allocates it (runtime/full: qwen.py, v4_rank.py)."""
+    h = shape.hidden
+    if kind == "gdn":
+        g = shape.gdn
+        H, HV, K, V = (int(g[k]) for k in ("key_heads", "value_heads", "key_dim", "value_dim"))
+        W, conv = int(g.get("conv_kernel", 4)), 2 * H * K + HV * V
+        return [((conv + HV * V) * h + 2 * HV * h + conv * W + V + h * HV * V, 0), (2 * HV, fp32)]
+    if kind == "attn":
+        a = shape.attn
+        Hq, Hkv, D = int(a["q_heads"]), int(a["kv_heads"]), int(a["head_dim"])
+        q_out = Hq * D * (2 if a.get("output_gate") else 1)
+        return [(q_out * h + 2 * Hkv * D * h + 2 * D + h * Hq * D, 0)]
+    v = shape.v4
+    H, D, qr, G, orank = (int(v[k]) for k in ("q_heads", "head_dim", "q_lora_rank", "o_groups", "o_lora_rank"))
+    out = [(qr * h + qr + H * D * qr + D * h + D + orank * H * D + h * G * orank, 0), (H, fp32)]
+
+    def compressor(dim: int, ratio: int) -> tuple[int, int]:
+        c = (2 if ratio == 4 else 1) * dim   # a ratio-4 compressor's windows overlap: 2x channels
+        return 2 * c * h + ratio * c + dim, fp32
+    if kind == "csa":
+        Hi, Di, r = int(v["index_heads"]), int(v["index_head_dim"]), int(v["csa_ratio"])
+        out += [compressor(D, r), compressor(Di, r), (Hi * Di * qr + Hi * h, 0)]
+    elif kind == "hca":
+        out.append(compressor(D, int(v["hca_ratio"])))
+    return out
+
+
+def _mlp_params(shape: ModelShape, mlp: dict) -> int:
+    h = shape.hidden
+    if mlp["kind"] == "dense":
+        return 3 * h * int(mlp["intermediate"])
+    E, I = int(mlp["n_experts"]), int(mlp["expert_intermediate"])
+    shared = int(mlp.get("n_shared", 0)) * int(mlp.get("shared_intermediate", 0))
+    return E * h + 3 * E * h * I + 3 * h * shared
+
+
+def _params(shape: ModelShape) -> list[tuple[int, int]]:
+    """(numel, bytes per element) of every weight group of the shape (the draft layer too)."""
+    dt, fp32, h = DTYPE_BYTES.get(shape.dtype, 2), 4, shape.hidden
+    out = [(2 * shape.vocab * h + h, dt)]
+    d = shape.draft or {}
+    draft_mlp = {"kind": "dense", "intermediate": d["intermediate"]} if "intermediate" in d else shape.mlp
+    blocks = [(k, shape.mlp) for k in shape.layer_kinds]
+    if d.get("attention"):
+        blocks += [(d["attention"], draft_mlp)] * int(d.get("layers", 1))
+        out.append((2 * h + 2 * h * h + h if d.get("fuse_proj") else h, dt))
+    for kind, mlp in blocks:
+        out.append((2 * h + _mlp_params(shape, mlp), dt))
+        out += [(n, b or dt) for n, b in _mixer_params(shape, kind, fp32)]
+    return out
+
+
+def _seq_state_bytes(shape: ModelShape, l: int) -> int:
+    """Persistent state of one sequence at context ``l`` over every layer and the draft layer
+    (the runtime's caches: runtime/full/qwen.py QwenState, kernels/v4/cache.py V4Cache)."""
+    dt, fp32 = DTYPE_BYTES.get(shape.dtype, 2), 4
+    kinds = list(shape.layer_kinds)
+    if (shape.draft or {}).get("attention"):
+        kinds += [shape.draft["attention"]] * int(shape.draft.get("layers", 1))
+    total = 0
+    for kind in kinds:
+        if kind == "attn":
+            a = shape.attn
+            total += 2 * int(a["kv_heads"]) * int(a["head_dim"]) * (l + 1) * dt
+        elif kind == "gdn":
+            g = shape.gdn
+            H, HV, K, V = (int(g[k]) for k in ("key_heads", "value_heads", "key_dim", "value_dim"))
+            total += HV * K * V * fp32 + (2 * H * K + HV * V) * (int(g.get("conv_kernel", 4)) - 1) * dt
+        else:   # V4: window ring, compressed entries, indexer keys, the compressors' partial windows
+            v = shape.v4
+            D, W = int(v["head_dim"]), int(v["window"])
+            total += W * D * dt
+            if kind in ("csa", "hca"):
+                r = int(v["csa_ratio"] if kind == "csa" else v["hca_ratio"])
+                slots, width = (2 * r, 2 * D) if r == 4 else (r, D)
+                total += (l // r + 1) * D * dt + 2 * slots * width * fp32
+            if kind == "csa":
+                r, Di = int(v["csa_ratio"]), int(v["index_head_dim"])
+                slots, width = (2 * r, 2 * Di) if r == 4 else (r, Di)
+                total += (l // r + 1) * Di * dt + 2 * slots * width * fp32
+    return total

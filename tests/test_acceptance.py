@@ -1,4 +1,4 @@
-"""Acceptance models: calibration, trace fitting, trace validation, propose callback."""
+"""Acceptance models: calibration, trace fitting, trace validation, positional EAGLE trees from a model's numbers."""
 import json
 
 import numpy as np
@@ -7,7 +7,7 @@ from hypothesis import given, settings, strategies as st
 
 from simtree.acceptance.model import (PUBLISHED_V4_FLASH_MTP, AcceptanceModel, calibrate_linear, fit_marginals,
                                 fit_positional, from_marginals, get_workload, read_traces)
-from simtree.trees.builders import eagle_tree
+from simtree.trees.builders import eagle_tree_positional
 from simtree.errors import SimtreeError
 from simtree.acceptance.phi import expected_accepted_positional, sibling_rank
 from simtree.trees.tree import DraftTree
@@ -19,7 +19,7 @@ def test_presets_reproduce_the_published_flat_linear_number(name):
     for budget in (5, 6, 7, 8):   # the published chain is flat over D = 5-8
         assert 1.0 + acc.linear_accepted(budget) == pytest.approx(PUBLISHED_V4_FLASH_MTP[name], abs=0.05)
         # the same number through a real chain tree and the shared Phi
-        chain = eagle_tree(acc.propose(0, 1), budget - 1, 1, budget)
+        chain = eagle_tree_positional(acc.draft_table(0, budget - 1), budget - 1, 1, budget)
         phi = sum(w * expected_accepted_positional(chain, acc.table(i)) for i, w in enumerate(acc.weights))
         assert phi == pytest.approx(acc.linear_accepted(budget), abs=1e-9)
 
@@ -39,9 +39,9 @@ def test_calibration_rejects_impossible_numbers():
         calibrate_linear(float("nan"), 4)
 
 
-def test_propose_with_topk_1_gives_the_chain():
+def test_positional_eagle_with_topk_1_gives_the_chain():
     acc = get_workload("mbpp").acceptance
-    tree = eagle_tree(acc.propose(1, 1), 5, 1, 6)
+    tree = eagle_tree_positional(acc.draft_table(1, 5), 5, 1, 6)
     assert tree.parents.tolist() == [-1, 0, 1, 2, 3, 4]
 
 

@@ -192,3 +192,38 @@ def test_ease_groups_split_at_the_gaps():
     for g in groups:   # each group is one cluster
         assert np.ptp(x[perm][g]) < 0.5
     assert [len(g) for g in ease_groups(x, np.ones(x.size), 1)] == [x.size]
+
+
+def _easy_and_hard_model(tmp_path, calibrate):
+    """A fit of 16 sequences, half easy and half hard (several text states), whose drafter is
+    ``calibrate``d: its draft probabilities are not its acceptance."""
+    rng = np.random.default_rng(16)
+    recs = []
+    for s in range(16):
+        for i, r in enumerate(_records(rng, 80, 0.8 if s % 2 else 0.2, calibrate)):
+            r.update(seq=s, round=i)
+            recs.append(r)
+    return _fit(tmp_path, recs)
+
+
+@pytest.mark.parametrize("mode, params", [("linear", {"budget": 5}), ("eagle", {"num_steps": 3, "topk": 2, "budget": 7}),
+                                          ("best_first", {"budget": 8, "width": 1, "draft_depth": 4})])
+def test_simulator_reads_a_fitted_model_as_the_model_predicts(tmp_path, mode, params):
+    # several states and an overconfident drafter: the simulator weighs levels by the policy's
+    # rounds, builds trees from the drafter's probabilities and scores them with acceptance
+    from simtree.acceptance.model import Workload
+    from simtree.planning.modes import PolicySpec
+    from simtree.planning.simulate import simulate, static_round
+    from simtree.costs.synthetic import synthetic_costs
+
+    model = _easy_and_hard_model(tmp_path, lambda q: q ** 1.5)
+    assert model.num_states > 1 and not np.allclose(model.draft_probs, model.tables)
+    spec = PolicySpec.from_dict(mode, params)
+    shape = static_round(model, spec)
+    assert shape.tokens_per_round == pytest.approx(accepted_per_round(model, mode, params), abs=1e-12)
+    assert not np.allclose(shape.weights, model.weights)   # a policy's rounds are not the traced run's
+    wl = Workload("syn", model, np.full(4, 100), 64)
+    ana = simulate(synthetic_costs(), wl, 4, spec)
+    mc = simulate(synthetic_costs(), wl, 4, spec, mc_runs=30, seed=2)
+    lo, hi = mc.ci95["accepted_tokens_per_round"]
+    assert lo <= ana.accepted_tokens_per_round <= hi

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from simtree.trees.builders import (_grow, _order_by_levels, batched_best_first_tree, best_first_order, best_first_tree,
-                              cost_aware_budget, cost_aware_tree, eagle_name, eagle_tree,
+                              cost_aware_budget, cost_aware_tree, eagle_name, eagle_tree, eagle_tree_positional,
                               linear_tree, parse_eagle_name)
 from simtree.errors import SimtreeError
 from simtree.acceptance.phi import expected_accepted_marginals
@@ -79,6 +79,36 @@ def test_eagle_expands_topk_frontier_and_keeps_best_budget(steps, topk, seed, da
     assert tree.tokens.tolist() == [tokens[i] for i in ids]
     assert tree.parents.tolist() == [-1] + [ids.index(parents[i]) for i in kept]
     assert np.allclose(tree.path_log_prob, [scores[i] for i in ids])
+
+
+@given(st.integers(1, 6), st.integers(1, 4), st.integers(1, 8), st.integers(0, 10**6), st.data())
+@settings(max_examples=40, deadline=None)
+def test_positional_eagle_is_eagle_with_a_drafter_that_reads_its_depths_row(steps, topk, rows, seed, data):
+    # the numbers-in builder against eagle_tree with a callback computing each frontier node's
+    # depth from scratch; rows need not be sorted by rank (running minimum), nor reach the depth
+    rng = np.random.default_rng(seed)
+    probs = rng.dirichlet(np.ones(topk + 1), rows)[:, :topk]
+    budget = data.draw(st.integers(1, 1 + topk + (steps - 1) * topk * topk))
+    scores = np.log(np.maximum(np.minimum.accumulate(probs, axis=1), 1e-300))
+
+    def propose(parents, tokens, frontier):
+        depth = [0] * parents.shape[0]
+        for i in range(1, parents.shape[0]):
+            depth[i] = depth[parents[i]] + 1
+        got = scores[[min(depth[f], rows - 1) for f in frontier]]
+        return np.tile(np.arange(topk), (frontier.shape[0], 1)), got
+
+    want = eagle_tree(propose, steps, topk, budget, root_token=5)
+    tree = eagle_tree_positional(probs, steps, topk, budget, root_token=5)
+    assert tree.parents.tolist() == want.parents.tolist() and tree.tokens.tolist() == want.tokens.tolist()
+    assert np.allclose(tree.log_probs, want.log_probs)
+
+
+def test_positional_eagle_refuses_bad_rows():
+    with pytest.raises(SimtreeError, match="draft probs"):
+        eagle_tree_positional(np.full((2, 2), 0.7), 2, 2, 4)
+    with pytest.raises(SimtreeError, match="\\[depth, rank\\]"):
+        eagle_tree_positional(np.zeros(3), 2, 2, 4)
 
 
 def test_eagle_name_round_trip_and_errors():

@@ -13,8 +13,8 @@ from simtree.costs.forms import BasisSurface, GridSurface
 from simtree.costs.model import CostBundle, DraftCostModel, VerifyCostModel, load_costs
 from simtree.errors import SimtreeError
 
-QWEN = "simtree/data/costs/h200_qwen3.6-27b.json"
-DEEPSEEK = "simtree/data/costs/h200_deepseek-v4-flash.json"
+QWEN = "simtree/data/costs/h200_qwen3.6-27b_tp1.json"
+DEEPSEEK = "tests/data/costs/v4_flash_one_gpu.json"   # a measured MoE fit, one GPU (tests/data/costs/README.md)
 
 
 def _bundle(path=QWEN) -> dict:

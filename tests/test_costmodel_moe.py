@@ -13,8 +13,8 @@ from simtree.costs.surface_fit import MOE_FORMS
 from simtree.costs.model import VERIFY_AXES, CostBundle, DraftCostModel, VerifyCostModel, load_costs
 from simtree.errors import SimtreeError
 from simtree.acceptance.phi import expected_accepted_marginals
-from simtree.planning.modes import CostAwareParams
-from simtree.planning.simulate import _Adaptive
+from simtree.planning.modes import BatchAllocParams, CostAwareParams
+from simtree.planning.adaptive import AdaptiveRounds
 
 E, K = 64, 4                 # experts, experts per token: saturates at T = b n = 16 tokens
 ALPHA = 4000.0               # us for reading every expert once
@@ -155,19 +155,25 @@ def test_nonconvex_budget_is_the_global_argmax_of_brute_force(seed):
     assert cost_aware_budget(order, saturating_cv, 1.0) < best
 
 
-def test_adaptive_simulation_uses_the_global_argmax_for_a_nonconvex_model():
-    # a geometric drafter (no horizon) whose Phi keeps growing over 48 nodes: the first-stop
-    # rule and the global argmax then part on this saturating cost
+def test_adaptive_decisions_are_the_global_optimum_for_a_nonconvex_model():
+    # a geometric drafter (no horizon) whose Phi keeps growing over 24 nodes, on a saturating
+    # cost: a first-stop rule would stop in the dip before saturation.  Both adaptive modes'
+    # analytic decision (level l standing for b w_l requests) is the brute-force best rate over
+    # every combination of per-level budgets, whether or not the model says it is convex.
+    import itertools
     acc = calibrate_linear(2.39, 4, name="sharegpt")
-    spec = CostAwareParams(max_budget=48, draft_depth=6)
     cv = lambda n: saturating_cv(n, experts_us=10.0, per_node_us=0.1)  # noqa: E731  (sharegpt: weaker drafter)
-    verify = types.SimpleNamespace(predict=lambda n, l, b: cv(n), convex_in_n=False)
-    costs = types.SimpleNamespace(verify=verify, draft=types.SimpleNamespace(predict=lambda s, k, b: 1.0))
-    ad = _Adaptive(acc, spec, costs, 4)
-    levels = np.arange(acc.num_levels)
-    got = ad.nodes(np.ones(len(levels)), levels, 1000.0)
-    for lv in levels:
-        objective = (1 + ad.orders[lv].cum_phi[:48]) / (ad.draft_us + cv(np.arange(1, 49)))
-        assert got[lv] == int(np.argmax(objective)) + 1
-    verify.convex_in_n = True                 # the first-stop rule decides differently here
-    assert not np.array_equal(_Adaptive(acc, spec, costs, 4).nodes(np.ones(len(levels)), levels, 1000.0), got)
+    b, w = 4, acc.weights
+    for convex, spec in itertools.product((False, True), (CostAwareParams(max_budget=24, draft_depth=6),
+                                                          BatchAllocParams(max_budget_per_seq=24, draft_depth=6))):
+        verify = types.SimpleNamespace(predict=lambda n, l, b: cv(n), convex_in_n=convex)
+        costs = types.SimpleNamespace(verify=verify, draft=types.SimpleNamespace(predict=lambda s, k, b: 1.0))
+        ad = AdaptiveRounds(acc, spec, costs, b)
+        nodes, weights = ad.decide(1000.0)
+        assert np.array_equal(weights, w)   # one text state: the rounds spread as the levels' weights
+        phi = np.array([[ad.phi(lv, n) for n in range(1, 25)] for lv in range(acc.num_levels)])
+        grid = np.stack(np.meshgrid(*[np.arange(1, 25)] * acc.num_levels, indexing="ij"), -1).reshape(-1, acc.num_levels)
+        rate = (1 + (phi[np.arange(acc.num_levels), grid - 1] * w).sum(1)) / (1.0 + cv(grid @ w))
+        got = (1 + sum(w[lv] * ad.phi(lv, int(n)) for lv, n in enumerate(nodes))) / (1.0 + cv(w @ nodes))
+        assert got == pytest.approx(rate.max(), rel=1e-12)
+        assert nodes.max() > 8   # past saturation: where a first-stop rule would not go

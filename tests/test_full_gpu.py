@@ -52,7 +52,7 @@ def test_graph_rounds_equal_eager_rounds(name):
     for graphs in (False, True):
         source = TraceReplay.fixed(2, 4, "cuda")
         # one level: the trees do not depend on the random level draws (graph and eager draw apart)
-        source.scores = DraftScores(calibrate_linear(2.6, 4, spread=0.0), rs.max_depth, "cuda")
+        source.scores = DraftScores(calibrate_linear(2.6, 4, spread=0.0), rs, "cuda")
         engine = FullEngine(model, rs, 4, 256, source, graphs=graphs)
         engine.capture()
         assert (engine.graphs is not None) == graphs, engine.capture_error

@@ -65,7 +65,7 @@ def _model(alpha):
 @pytest.mark.parametrize("alpha, expected", [(0.0, 0.0), (1.0, 3.0), (0.5, 0.5 + 0.25 + 0.125)])
 def test_model_replay_samples_the_chain_acceptance(alpha, expected):
     rs = round_shape(PolicySpec.from_dict("linear", {"budget": 4}))
-    engine = FullEngine(tiny_model("tiny-gdn"), rs, 8, 256, ModelReplay(_model(alpha), rs.max_depth, "cpu", seed=0))
+    engine = FullEngine(tiny_model("tiny-gdn"), rs, 8, 256, ModelReplay(_model(alpha), rs, "cpu", seed=0))
     engine.fill_context(8, seed=0)
     stats = engine.run(rounds=30)
     assert stats.accepted.mean() == pytest.approx(expected, abs=0.12)
@@ -76,7 +76,7 @@ def test_model_replay_accepts_only_children_of_accepted_nodes():
     every node has rank 1."""
     rs = round_shape(EAGLE)
     acc = AcceptanceModel("r1", np.tile([[0.0, 1.0]], (3, 1)), np.ones(1))
-    engine = FullEngine(tiny_model("tiny-gdn"), rs, 2, 64, ModelReplay(acc, rs.max_depth, "cpu"))
+    engine = FullEngine(tiny_model("tiny-gdn"), rs, 2, 64, ModelReplay(acc, rs, "cpu"))
     engine.fill_context(8, seed=0)
     engine.run(rounds=1)
     for b in range(2):
@@ -94,9 +94,30 @@ def test_replayed_rounds_build_the_trees_the_simulator_scores(spec):
     from simtree.planning.simulate import static_round
     acc = calibrate_linear(2.6, 4, spread=0.0)        # one level: every sequence's tree is the same
     rs = round_shape(spec)
-    engine = FullEngine(tiny_model("tiny-gdn"), rs, 3, 64, ModelReplay(acc, rs.max_depth, "cpu"))
+    engine = FullEngine(tiny_model("tiny-gdn"), rs, 3, 64, ModelReplay(acc, rs, "cpu"))
     engine.fill_context(8, seed=0)
     engine._draft()
     want = static_round(acc, spec).trees[0]
     for b in range(3):
         assert engine.tree.parents[b].tolist() == want.parents.tolist()
+
+
+def test_replay_scores_and_levels_are_the_simulators():
+    """A replay's draft scores are the drafter's probabilities (draft_table) and its levels are
+    drawn as the policy's rounds spread over them (round_weights), as the simulator scores the
+    same policy."""
+    from simtree.acceptance.model import get_workload
+    from simtree.planning.simulate import static_round
+    from simtree.runtime.full.acceptance import DraftScores
+
+    acc = get_workload("sharegpt").acceptance
+    spec = PolicySpec.from_dict("eagle", {"num_steps": 3, "topk": 2, "budget": 6})
+    rs = round_shape(spec)
+    scores = DraftScores(acc, rs, "cpu")
+    want = np.log(np.maximum(np.stack([acc.draft_table(lv, 3) for lv in range(acc.num_levels)]), 1e-300))
+    assert np.allclose(scores.logp[:, :, :acc.topk].numpy(), want, atol=1e-5)
+    weights = static_round(acc, spec).weights
+    assert np.allclose(scores.level_cum.numpy(), np.cumsum(weights)[:-1], atol=1e-6)
+    draws = torch.cat([scores.draw(4096).clone() for _ in range(8)])
+    freq = np.bincount(draws.numpy(), minlength=acc.num_levels) / draws.numel()
+    assert np.abs(freq - weights).max() < 0.01

@@ -14,6 +14,7 @@ import pytest
 
 from simtree.costs import profile_table as pt
 from simtree.costs.model import load_costs
+from simtree.errors import SimtreeError
 from simtree.planning.simulate import PolicySpec
 from simtree.runtime.full.measure import full_run
 from simtree.runtime.full.session_report import choose_plan, session_report
@@ -48,7 +49,7 @@ def session(tmp_path_factory):
     steps += [_row("draft_step", "full_runtime", b, k, 40, 200.0 + 30.0 * b * k * s, s, k)
               for b in (1, 2, 4) for s, k in ((1, 1), (3, 1), (2, 2), (3, 2), (4, 3))]
     pt.write_table(folder / "steps_profile.csv", pt.validate_profile(pd.DataFrame(steps)))
-    full_run(tiny_model(MODEL), device="cpu", costs="simtree/data/costs/h200_qwen3.6-27b.json", batch_sizes=(1, 2),
+    full_run(tiny_model(MODEL), device="cpu", costs="simtree/data/costs/h200_qwen3.6-27b_tp1.json", batch_sizes=(1, 2),
              acceptance="gsm8k", out=folder, context_len=24, rounds=2, warmup_rounds=1,
              extra=[("eagle", PolicySpec.from_dict("eagle", {"num_steps": 2, "topk": 2, "budget": 4}))])
     (folder / "lossless.csv").write_text("policy,batch_size,match,first_diff,margin,accepted_tokens_per_round\n"
@@ -71,6 +72,27 @@ def test_session_report_fits_plans_predicts_and_compares(session, tmp_path):
     assert all(r["rel_err"] == pytest.approx(1 / 1.02 - 1, abs=1e-9) for r in cvm)   # interpolated in l exactly
     assert "median 2.0%" in (out / "composed_vs_measured.md").read_text()
     assert json.loads((session / "summary.json").read_text())["runs"][0]["stats"]["rounds"] == 2
+    # the rank's profile, tagged with its deployment: what scripts/ship_defaults.sh fits once shipped
+    from simtree.deploy.deployment import parse_deployment
+    from simtree.deploy.shipped import profile_for
+    rank = pt.load_profile(out / f"profile_{MODEL}_tp1.csv")
+    assert set(rank.deployment) == {"tp=1"} and set(zip(rank.stage, rank.variant)) == {
+        ("model_verify_step", "composed"), ("draft_step", "full_runtime")}
+    shipped = tmp_path / "profiles"   # as copied into simtree/data/profiles/h200/
+    shipped.mkdir()
+    (shipped / f"profile_{MODEL}_tp1.csv").write_bytes((out / f"profile_{MODEL}_tp1.csv").read_bytes())
+    assert profile_for(MODEL, parse_deployment("tp=1"), shipped) == shipped / f"profile_{MODEL}_tp1.csv"
+    assert costs.meta["deployment"] == "tp=1"
+
+
+def test_a_session_whose_sweep_and_steps_name_different_ranks_is_refused(session, tmp_path):
+    import shutil
+    other = tmp_path / "other"
+    shutil.copytree(session, other)
+    steps = pt.load_profile(other / "steps_profile.csv")
+    pt.write_table(other / "steps_profile.csv", pt.validate_profile(steps.assign(deployment="tp=2")))
+    with pytest.raises(SimtreeError, match="name different deployments"):
+        session_report([other], tmp_path / "live")
 
 
 def test_the_plan_is_the_measured_run_predicted_fastest():

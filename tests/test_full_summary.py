@@ -12,7 +12,7 @@ from simtree.runtime.full.measure import EXTRA_COLUMNS, SUMMARY_COLUMNS, full_ru
 
 from full_helpers import tiny_model
 
-COSTS = "simtree/data/costs/h200_qwen3.6-27b.json"
+COSTS = "simtree/data/costs/h200_qwen3.6-27b_tp1.json"
 REQUIRED = ("model", "deployment", "policy", "batch_size", "acceptance", "measured_tok_s", "predicted_tok_s",
             "rel_err", "measured_round_ms", "predicted_round_ms", "draft_ms", "verify_ms", "commit_ms", "host_ms")
 
@@ -99,7 +99,7 @@ def test_repredict_keeps_the_measurements_and_changes_the_predictions(tmp_path):
                    context_len=12, rounds=2, warmup_rounds=0)
     saved = json.loads(json.dumps({**res, "runs": runs_json(res["runs"])}, default=str))
     same = repredict(saved, COSTS)
-    other = repredict(saved, "simtree/data/costs/h200_deepseek-v4-flash.json", tmp_path / "again")
+    other = repredict(saved, "tests/data/costs/v4_flash_one_gpu.json", tmp_path / "again")
     for a, b, c in zip(res["rows"], same["rows"], other["rows"]):
         assert b["measured_tok_s"] == a["measured_tok_s"] == c["measured_tok_s"]
         assert b["predicted_tok_s"] == pytest.approx(a["predicted_tok_s"])

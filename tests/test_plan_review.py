@@ -10,7 +10,6 @@ import pandas as pd
 import pytest
 
 from simtree.acceptance.model import AcceptanceModel, Workload, calibrate_linear, get_workload
-from simtree.planning import planner
 from simtree.costs.forms import BasisSurface
 from simtree.costs.model import CostBundle, DraftCostModel, VerifyCostModel, load_costs
 from simtree.errors import SimtreeError
@@ -20,8 +19,8 @@ from simtree.planning.policy_file import Policy
 from simtree.planning.simulate import analytic_run, simulate, static_round
 from simtree.reporting.plan_report import plan_and_write, render_plan_dir
 
-DEEPSEEK = "simtree/data/costs/h200_deepseek-v4-flash.json"
-QWEN = "simtree/data/costs/h200_qwen3.6-27b.json"
+DEEPSEEK = "tests/data/costs/v4_flash_one_gpu.json"   # a measured MoE fit, one GPU (tests/data/costs/README.md)
+QWEN = "simtree/data/costs/h200_qwen3.6-27b_tp1.json"
 SMALL = SearchSpace(budgets=(2, 3, 4, 6, 8), eagle_steps=(1, 2, 3, 5, 7), eagle_topk=(2, 3),
                     draft_depths=(1, 2, 3, 5, 7), adaptive_max_budget=8)
 
@@ -136,30 +135,21 @@ def test_bucketed_adaptive_decisions_outside_the_measured_contexts_are_noted():
     assert a["decision_ctx"] == (128.0, 288.0)
 
 
-def test_adaptive_cv_tables_are_shared_across_workloads_with_the_same_scores(monkeypatch):
-    # C_v tables depend on the costs, batch size, max budget and decision context only: one
-    # dict for a whole plan() gives the same scores as a dict per (workload, batch size)
+def test_adaptive_orders_are_shared_across_batch_sizes_with_the_same_scores():
+    # the best-first orders and their scores depend on the acceptance model and the spec only:
+    # built once per (model, draft depth, max budget), and a plan of two workloads scores each
+    # as a plan of it alone does
+    from simtree.planning import adaptive
     costs = load_costs(QWEN)
     w1 = Workload("a", calibrate_linear(2.6, 4, name="a"), np.full(4, 300), 200)
     w2 = Workload("b", calibrate_linear(3.2, 5, name="b"), np.full(4, 300), 200)
-    fixed, adaptive = candidate_specs(SMALL)
-    shared, alone = {}, []
-    for wl in (w1, w2):
-        table = planner._static_table(wl, fixed)
-        for b in (1, 8):
-            own = {}
-            got = planner._score(costs, wl, table, adaptive, b, shared)
-            ref = planner._score(costs, wl, table, adaptive, b, own)
-            pd.testing.assert_frame_equal(got, ref)
-            alone.append(len(own))
-    assert len(shared) < sum(alone)   # the second workload reused the first one's tables
-    dicts, score = [], planner._score
-    monkeypatch.setattr(planner, "_score", lambda *a: dicts.append(a[5]) or score(*a))
     res = plan(costs, [w1, w2], [1, 8], SMALL)
-    assert len(dicts) == 4 and all(d is dicts[0] for d in dicts) and dicts[0]   # one dict, used
-    monkeypatch.undo()
+    _, specs = candidate_specs(SMALL)
     for wl in (w1, w2):
+        cached = adaptive._LEVELS[wl.acceptance]
+        assert set(cached) == {(s.draft_depth, s.max_nodes) for s in specs}
         one = plan(costs, [wl], [1, 8], SMALL).candidates
+        assert adaptive._LEVELS[wl.acceptance] is cached
         both = res.candidates[res.candidates["workload"] == wl.name].reset_index(drop=True)
         pd.testing.assert_frame_equal(both, one)
 

@@ -278,16 +278,18 @@ def test_path_enumeration_matches_sampling_the_acceptance_model():
             assert abs(draws.mean() - exact) <= 5 * draws.std(ddof=1) / np.sqrt(draws.size) + 1e-12, (mode, level)
 
 
-def test_cli_simulate_picks_the_shipped_bundle_by_model():
-    # two bundles ship: without --model the command names the choices in one line; with it,
-    # the named model's bundle is the one simulated
-    res = CliRunner().invoke(app, ["simulate", "--batch-size", "2", "--json"])
+def test_cli_simulate_picks_the_shipped_bundle_by_model_and_deployment():
+    # one bundle ships (Qwen3.6-27B at tp=1): it is the one simulated without --model; a model
+    # whose default deployment waits for its profile, or a deployment that cannot hold it, is
+    # one line saying so
+    res = CliRunner().invoke(app, ["simulate", "--batch-size", "2", "--output-len", "32", "--json"])
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.stdout)
+    assert out["model"] == "qwen3.6-27b" and out["deployment"] == "tp=1" and out["communication"] is None
+    res = CliRunner().invoke(app, ["simulate", "--model", "deepseek-v4-flash", "--json"])
     assert isinstance(res.exception, SimtreeError)
-    assert "--model" in str(res.exception) and "qwen3.6-27b" in str(res.exception)
-    for model in ("qwen3.6-27b", "deepseek-v4-flash"):
-        res = CliRunner().invoke(app, ["simulate", "--model", model, "--batch-size", "2", "--output-len", "32",
-                                       "--json"])
-        assert res.exit_code == 0, res.output
-        assert json.loads(res.stdout)["model"] == model   # notes go to stderr
+    assert "deepseek-v4-flash at ep=8 wait(s) for its rank's measured profile" in str(res.exception)
+    res = CliRunner().invoke(app, ["simulate", "--model", "deepseek-v4-flash", "--deployment", "tp=1", "--json"])
+    assert "does not fit tp=1" in str(res.exception) and "it needs 8 GPUs (ep=8), asked for 1" in str(res.exception)
     res = CliRunner().invoke(app, ["simulate", "--model", "nope", "--json"])
-    assert "no cost bundle for model 'nope'" in str(res.exception)
+    assert "no cost bundle for nope" in str(res.exception)

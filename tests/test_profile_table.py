@@ -38,7 +38,8 @@ def test_append_then_load_round_trips_typed_rows(tmp_path):
     append_rows(path, rows[:5])
     assert append_rows(path, rows[5:]) == len(rows)
     df = load_profile(path)
-    assert tuple(df.columns) == PROFILE_COLUMNS
+    assert tuple(df.columns) == PROFILE_COLUMNS + ("deployment", "message_bytes")
+    assert (df["deployment"] == "tp=1").all() and (df["message_bytes"] == 0).all()
     assert df["batch_size"].dtype == np.int64 and df["latency_us_median"].dtype == np.float64
     assert np.allclose(df["latency_us_median"], [r["latency_us_median"] for r in rows], rtol=1e-6)
     assert (df["total_tokens"] == df["batch_size"] * df["nodes_per_seq"]).all()

@@ -190,6 +190,40 @@ def test_draft_and_target_vocabularies_must_agree(vocab):
         SpecEngine(target, draft)
 
 
+def test_cost_aware_prices_each_round_at_the_runs_rate(models, references, monkeypatch):
+    """The engine's cost_aware is the simulator's rule (simtree.planning.allocation.allocate_round):
+    the first round at its own best rate, later rounds at the price the rounds before set -
+    their gained tokens over their predicted time (C_d + C_v of the trees verified)."""
+    from simtree.planning import allocation
+    from simtree.runtime import engine as engine_module
+    prompts, refs = references
+    seen = []
+
+    def spy(survival, verify_cost, draft_us, batch_size, price):
+        extra = allocation.allocate_round(survival, verify_cost, draft_us, batch_size, price)
+        seen.append((price.value, extra))
+        return extra
+
+    class SteepCosts(LinearCosts):   # nodes cost enough that budgets differ by sequence and round
+        class verify(LinearCosts.verify):
+            @staticmethod
+            def predict(nodes_per_seq, context_len, batch_size):
+                return 200.0 + 4.0 * np.asarray(nodes_per_seq, np.float64) * batch_size
+
+    monkeypatch.setattr(engine_module, "allocate_round", spy)
+    spec = CostAwareParams(max_budget=8, draft_depth=3)
+    res = SpecEngine(*models, costs=SteepCosts).generate(prompts[3], MAX_NEW, spec)
+    assert res.outputs == refs[3]
+    assert len(seen) == len(res.rounds) > 2
+    replay = allocation.RunningPrice()
+    for (price, extra), r in zip(seen, res.rounds):
+        assert price == (None if replay.value is None else pytest.approx(replay.value, rel=1e-12))
+        assert r.nodes == (1 + extra).tolist()
+        time_us = SteepCosts.draft.predict(3, 1, 3) + SteepCosts.verify.predict(np.mean(r.nodes), 0, 3)
+        replay.update(sum(r.accepted) + 3, time_us)
+    assert len({n for r in res.rounds for n in r.nodes}) > 1   # budgets differ by sequence or round
+
+
 def test_rounds_record_live_sequences(models, references):
     """Recomputed from the accepted counts: a sequence is live in a round when it began short
     of max_new_tokens, and the rounds stop once every sequence has its tokens."""

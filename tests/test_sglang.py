@@ -47,28 +47,28 @@ def test_export_picks_the_best_static_candidate_of_the_plan(tmp_path):
         assert any(e["workload"] == "sharegpt" for e in planned["entries"])
 
 
-DEEPSEEK = "simtree/data/costs/h200_deepseek-v4-flash.json"
+QWEN = "simtree/data/costs/h200_qwen3.6-27b_tp1.json"
 
 
 @pytest.fixture(scope="module")
-def deepseek_plan(tmp_path_factory):
-    # DeepSeek-V4-Flash at batch 4, 8, 64: adaptive / best-first choices SGLang cannot express
-    out = plan_and_write([DEEPSEEK], ["gsm8k"], [4, 8, 64], str(tmp_path_factory.mktemp("plan")))[0]
+def qwen_plan(tmp_path_factory):
+    # Qwen3.6-27B at batch 4, 8, 64: adaptive / best-first choices SGLang cannot express
+    out = plan_and_write([QWEN], ["gsm8k"], [4, 8, 64], str(tmp_path_factory.mktemp("plan")))[0]
     return out["policy"]
 
 
 @pytest.mark.parametrize("seed", range(3))
-def test_export_uses_the_batch_size_the_policy_entry_was_planned_at(deepseek_plan, seed):
+def test_export_uses_the_batch_size_the_policy_entry_was_planned_at(qwen_plan, seed):
     # any serving batch size (ties such as 6 between 4 and 8 included) exports a candidate from
     # the batch size its entry was planned at, and the loss compares predictions at that size
     from simtree.planning.policy_file import Policy
 
-    policy = Policy.load(deepseek_plan)
-    cands = pd.read_csv(deepseek_plan.with_name("candidates.csv"))
+    policy = Policy.load(qwen_plan)
+    cands = pd.read_csv(qwen_plan.with_name("candidates.csv"))
     rng = np.random.default_rng(seed)
     for b in sorted({5, 6, 7, *rng.integers(1, 65, 6).tolist()}):
         entry = policy.lookup("gsm8k", b)
-        result = export(deepseek_plan, "gsm8k", b)
+        result = export(qwen_plan, "gsm8k", b)
         assert result.planned_batch_size == entry.batch_max
         static = cands[(cands.batch_size == entry.batch_max) & cands["mode"].isin(["none", "linear", "eagle"])]
         assert result.predicted_tok_s == pytest.approx(static.tok_s.max())
@@ -76,29 +76,30 @@ def test_export_uses_the_batch_size_the_policy_entry_was_planned_at(deepseek_pla
         assert 0 <= result.loss_vs_planned < 0.15
 
 
-def test_batch_beyond_the_plan_warns_that_it_is_clamped(deepseek_plan, tmp_path):
+def test_batch_beyond_the_plan_warns_that_it_is_clamped(qwen_plan, tmp_path):
     import subprocess
     import sys
 
     with pytest.warns(RuntimeWarning, match="clamped to its largest planned batch size 64"):
-        result = export(deepseek_plan, "gsm8k", 1000)
+        result = export(qwen_plan, "gsm8k", 1000)
     assert result.planned_batch_size == 64
-    for args in (["sglang", str(deepseek_plan), "--workload", "gsm8k", "--batch-size", "1000"],
-                 ["simulate", "--policy", str(deepseek_plan), "--workload", "gsm8k", "--batch-size", "1000",
+    # 100 sequences still fit one H200 (1000 would not: simulate refuses that batch's caches)
+    for args in (["sglang", str(qwen_plan), "--workload", "gsm8k", "--batch-size", "100"],
+                 ["simulate", "--policy", str(qwen_plan), "--workload", "gsm8k", "--batch-size", "100",
                   "--output-len", "16"]):
         proc = subprocess.run([sys.executable, "-m", "simtree", *args], capture_output=True, text=True)
         assert proc.returncode == 0, proc.stderr
         notes = [x for x in proc.stderr.splitlines() if "clamped" in x]
-        assert len(notes) == 1 and notes[0].startswith("note: batch size 1000 is outside"), proc.stderr
+        assert len(notes) == 1 and notes[0].startswith("note: batch size 100 is outside"), proc.stderr
 
 
-def test_export_refuses_candidates_of_another_plan_or_a_broken_table(deepseek_plan, tmp_path):
+def test_export_refuses_candidates_of_another_plan_or_a_broken_table(qwen_plan, tmp_path):
     import shutil
 
     other = tmp_path / "other"
     other.mkdir()
-    shutil.copy(deepseek_plan, other / "policy.json")
-    cands = pd.read_csv(deepseek_plan.with_name("candidates.csv"))
+    shutil.copy(qwen_plan, other / "policy.json")
+    cands = pd.read_csv(qwen_plan.with_name("candidates.csv"))
     cands.assign(tok_s=cands.tok_s * 0.5).to_csv(other / "candidates.csv", index=False)   # another plan's numbers
     with pytest.raises(SimtreeError, match="are not from one plan"):
         export(other / "policy.json", "gsm8k", 8)

@@ -11,11 +11,12 @@ import pytest
 from simtree.acceptance.model import AcceptanceModel, Workload, calibrate_linear, get_workload
 from simtree.errors import SimtreeError
 from simtree.planning.modes import BestFirstParams, CostAwareParams, LinearParams, NoneParams, PolicySpec
-from simtree.planning.simulate import (CTX_QUANTUM, EXACT_ROUNDS, _Adaptive, _verify_sums, analytic_run,
+from simtree.planning.adaptive import AdaptiveRounds
+from simtree.planning.simulate import (CTX_QUANTUM, EXACT_ROUNDS, _verify_sums, analytic_run,
                               analytic_static, simulate)
 from simtree.costs.synthetic import RooflineDraftCost, RooflineVerifyCost, SyntheticCostBundle, synthetic_costs
 
-QWEN = "simtree/data/costs/h200_qwen3.6-27b.json"
+QWEN = "simtree/data/costs/h200_qwen3.6-27b_tp1.json"
 
 
 def _random_workload(rng, output_len):
@@ -35,15 +36,15 @@ def _random_costs(rng):
 def _adaptive_reference(workload, spec, costs, b):
     """The adaptive analytic run written out one round at a time (decisions per 32-token bucket
     of context, each round's C_v at its own context)."""
-    acc, w = workload.acceptance, workload.acceptance.weights
-    ad = _Adaptive(acc, spec, costs, b)
+    acc = workload.acceptance
+    ad = AdaptiveRounds(acc, spec, costs, b)
     levels = np.arange(acc.num_levels)
     produced, ctx, total, rounds, decisions = 0.0, workload.mean_prompt_len, 0.0, 0, {}
     while produced < workload.output_len - 1e-9:
         bucket = int(round(ctx / CTX_QUANTUM))
         if bucket not in decisions:
-            decisions[bucket] = ad.nodes(b * w, levels, bucket * CTX_QUANTUM or ctx)
-        nodes = decisions[bucket]
+            decisions[bucket] = ad.decide(bucket * CTX_QUANTUM or ctx)
+        nodes, w = decisions[bucket]
         g = 1.0 + float(sum(w[i] * ad.phi(i, int(nodes[i])) for i in levels))
         total += float(costs.verify.predict(float(w @ nodes), ctx, b)) + ad.draft_us
         produced, ctx, rounds = produced + g, ctx + g, rounds + 1

@@ -16,8 +16,9 @@ The round's index lists are the kernels' device plans (``plan_verify_device`` /
 that kind's layers (their caches have the same pages); :func:`round_meta` builds them with the
 round's positions and RoPE rows, :func:`commit_plans` the commit's.
 
-The rank's experts are the shape's: a rank's shape (``ModelShape.shard``) carries its own
-expert count; a whole-model shape is split over :func:`default_ep_ranks` ranks.
+The rank's experts are the shape's: a rank's shape (``ModelShape.shard("ep=8")``: 32 of
+DeepSeek-V4-Flash's 256, 6 of them per token) carries its own expert count; a whole-model shape
+(deployment "tp=1") is split over :func:`default_ep_ranks` ranks, to the same 32.
 """
 from __future__ import annotations
 
@@ -28,6 +29,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from simtree.deploy.deployment import DEFAULT_DEPLOYMENT, parse_deployment
 from simtree.errors import SimtreeError
 from simtree.kernels.v4 import (CompressorParams, V4AttnConfig, V4Cache, V4Inputs, V4LayerWeights, apply_commit,
                                 plan_commit_device, plan_verify_device, tree_verify)
@@ -59,19 +61,29 @@ def default_ep_ranks(shape: ModelShape) -> int:
     return max(1, m["n_experts"] // (2 * m["experts_per_token"]))
 
 
-def _is_rank_shape(shape: ModelShape) -> bool:
-    """A shape already cut to one rank (``ModelShape.shard``): it says so by a deployment."""
-    return bool(getattr(shape, "deployment", None)) or "ep_ranks" in shape.mlp
+def _rank_ep(shape: ModelShape) -> int | None:
+    """The expert-parallel ranks of a shape already cut to one rank (``ModelShape.shard``: its
+    deployment spans several GPUs; 1 where it splits only attention, so every expert stays),
+    or of one that says so by ``mlp.ep_ranks``; None for a whole-model shape.  The default
+    deployment "tp=1" is the whole model: its experts are still to be split."""
+    if "ep_ranks" in shape.mlp:
+        return int(shape.mlp["ep_ranks"])
+    dep = parse_deployment(getattr(shape, "deployment", None) or DEFAULT_DEPLOYMENT)
+    return dep.ep if dep.gpus > 1 else None
 
 
 def rank_experts(shape: ModelShape, ep_ranks: int | None = None) -> tuple[int, int]:
     """(local experts, EP ranks): ``ep_ranks`` splits the shape's experts; a rank's shape keeps
-    its own count; a whole-model shape is split over default_ep_ranks."""
+    its own count (``shard`` divided it once already); a whole-model shape is split over
+    default_ep_ranks."""
     n, k = int(shape.mlp["n_experts"]), int(shape.mlp["experts_per_token"])
-    if ep_ranks is None and _is_rank_shape(shape):
-        ranks = int(shape.mlp.get("ep_ranks", 1))
-        local = n
+    rank_ep = _rank_ep(shape)
+    if rank_ep is not None and ep_ranks in (None, rank_ep):
+        ranks, local = rank_ep, n
     else:
+        if rank_ep is not None:
+            raise SimtreeError(f"model {shape.name!r} is already one rank of {shape.deployment}: "
+                               f"its {n} experts are the rank's, not to be split over {ep_ranks} ranks again")
         ranks = ep_ranks or default_ep_ranks(shape)
         if n % ranks:
             raise SimtreeError(f"model {shape.name!r}: {n} experts do not split over {ranks} ranks")

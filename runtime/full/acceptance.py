@@ -8,17 +8,21 @@
   tree's depth where it is shallower).  The depths are uploaded once; a round reads its row
   by a device counter, so no host work happens per round.
 * :class:`ModelReplay` - sampled on the device from a positional acceptance model
-  (``simtree.acceptance.model.AcceptanceModel``: a level per sequence per round by the level
-  weights, then at each depth d one uniform u; the rank-r child of an accepted parent is
-  accepted when u falls in [sum_{r'<r} P(d, r'), sum_{r'<=r} P(d, r')) - disjoint ranks).
+  (``simtree.acceptance.model.AcceptanceModel``: a level per sequence per round, drawn as the
+  policy's rounds spread over the levels (``AcceptanceModel.round_weights`` of the tokens its
+  trees gain at each level, as the simulator weighs them), then at each depth d one uniform u;
+  the rank-r child of an accepted parent is accepted when u falls in
+  [sum_{r'<r} P(d, r'), sum_{r'<=r} P(d, r')) - disjoint ranks).
 
 ``accept(tree, target_next, rs)`` -> accepted node (LOCAL index, int64 [B]); no host sync.
 Replays decide the path with meaningless tokens: the round still drafts, verifies every tree
 and commits the chosen path, exactly a real round's work.  They also decide the tree's shape
 (``scores``, :class:`DraftScores`): a random-weight MTP layer's top-k log-probabilities are
 nearly flat, so its trees would be breadth-first whatever the policy; a replay scores the
-drafted candidates as a drafter of its acceptance model would (log P(rank r | depth d) of the
-round's level, as ``AcceptanceModel.propose``), so a round builds the tree the simulator scores.
+drafted candidates as the drafter of its acceptance model does (log of the drafter's
+probability of rank r at depth d in the round's level, ``AcceptanceModel.draft_table``: the
+numbers the simulator builds its positional EAGLE trees from), so a round builds the tree the
+simulator scores.
 """
 from __future__ import annotations
 
@@ -26,9 +30,12 @@ import numpy as np
 import torch
 
 from simtree.acceptance.model import AcceptanceModel, fit_positional, read_traces
+from simtree.planning.modes import PolicySpec
+from simtree.planning.simulate import static_round
+
 from .drafting import RoundShape, TreeBuffers
 
-__all__ = ["Live", "TraceReplay", "ModelReplay", "DraftScores", "deepest_on_chain"]
+__all__ = ["Live", "TraceReplay", "ModelReplay", "DraftScores", "level_weights", "deepest_on_chain"]
 
 
 def deepest_on_chain(ok: torch.Tensor, tree: TreeBuffers, max_depth: int) -> torch.Tensor:
@@ -42,18 +49,32 @@ def deepest_on_chain(ok: torch.Tensor, tree: TreeBuffers, max_depth: int) -> tor
     return torch.where(acc, tree.depth, -1).argmax(1)
 
 
-class DraftScores:
-    """Draft scores under an acceptance model: log P(rank r at depth d) per level, running min
-    along the ranks (``AcceptanceModel.propose``), [L, P, K] on the device; ``draw(B)`` picks
-    each sequence's level for the round, ``rescore(step, lp)`` replaces the MTP layer's
-    log-probs of step ``step``'s children (lp [B, ..., k]) with that level's row."""
+def level_weights(model: AcceptanceModel, rs: RoundShape) -> np.ndarray:
+    """[L]: the share of the policy's rounds at each level (``AcceptanceModel.round_weights`` of
+    the tokens per round its trees gain there, as ``simtree.planning.simulate.static_round``
+    builds and scores them)."""
+    if rs.plain:
+        spec = PolicySpec.from_dict("none")
+    elif rs.topk == 1:
+        spec = PolicySpec.from_dict("linear", {"budget": rs.budget})
+    else:
+        spec = PolicySpec.from_dict("eagle", {"num_steps": rs.num_steps, "topk": rs.topk, "budget": rs.budget})
+    return static_round(model, spec).weights
 
-    def __init__(self, model: AcceptanceModel, max_depth: int, device, gen=None):
-        P = max(max_depth, 1)
-        probs = np.stack([np.minimum.accumulate(model.table(lv, P), axis=1) for lv in range(model.num_levels)])
+
+class DraftScores:
+    """Draft scores under an acceptance model: log of the drafter's probability of rank r at
+    depth d per level (``AcceptanceModel.draft_table``), [L, P, K] on the device; ``draw(B)``
+    picks each sequence's level for the round (by :func:`level_weights` of the round shape
+    ``rs``), ``rescore(step, lp)`` replaces the MTP layer's log-probs of step ``step``'s
+    children (lp [B, ..., k]) with that level's row."""
+
+    def __init__(self, model: AcceptanceModel, rs: RoundShape, device, gen=None):
+        P = max(rs.max_depth, 1)
+        probs = np.stack([model.draft_table(lv, P) for lv in range(model.num_levels)])
         probs = np.concatenate([probs, np.zeros(probs.shape[:2] + (max(0, 32 - probs.shape[2]),))], -1)
         self.logp = torch.as_tensor(np.log(np.maximum(probs, 1e-300)), dtype=torch.float32, device=device)
-        self.level_cum = torch.as_tensor(np.cumsum(model.weights)[:-1], dtype=torch.float32, device=device)
+        self.level_cum = torch.as_tensor(np.cumsum(level_weights(model, rs))[:-1], dtype=torch.float32, device=device)
         self.device, self.gen, self.level = torch.device(device), gen, None
 
     def draw(self, B: int) -> torch.Tensor:
@@ -94,9 +115,9 @@ class TraceReplay:
         self.workload = self.records[0].workload
         self.scores = None
 
-    def score_trees(self, max_depth: int, device) -> "TraceReplay":
-        """Shape the trees by the trace's positional fit (``prediction_model``)."""
-        self.scores = DraftScores(self.prediction_model(), max_depth, device)
+    def score_trees(self, rs: RoundShape, device) -> "TraceReplay":
+        """Shape the trees of round shape ``rs`` by the trace's positional fit (``prediction_model``)."""
+        self.scores = DraftScores(self.prediction_model(), rs, device)
         return self
 
     @classmethod
@@ -129,9 +150,9 @@ class TraceReplay:
 class ModelReplay:
     kind = "replay"
 
-    def __init__(self, model: AcceptanceModel, max_depth: int, device, seed: int = 0):
+    def __init__(self, model: AcceptanceModel, rs: RoundShape, device, seed: int = 0):
         self.model = model
-        tables = np.stack([model.table(lv, max(max_depth, 1)) for lv in range(model.num_levels)])   # [L, P, K]
+        tables = np.stack([model.table(lv, max(rs.max_depth, 1)) for lv in range(model.num_levels)])   # [L, P, K]
         cum = np.concatenate([np.zeros(tables.shape[:2] + (1,)), np.cumsum(tables, -1)], -1)
         self.cum = torch.as_tensor(cum, dtype=torch.float32, device=device)              # [L, P, K + 1]
         self.device = torch.device(device)
@@ -139,7 +160,7 @@ class ModelReplay:
         self.gen = None if self.device.type == "cuda" else torch.Generator().manual_seed(seed)
         if self.gen is None:
             torch.cuda.manual_seed(seed)
-        self.scores = DraftScores(model, max_depth, device, self.gen)
+        self.scores = DraftScores(model, rs, device, self.gen)
         self.label = f"replay (acceptance model {model.name})"
 
     def accept(self, tree: TreeBuffers, target_next: torch.Tensor, rs: RoundShape) -> torch.Tensor:

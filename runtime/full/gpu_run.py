@@ -2,6 +2,13 @@
 the profile sweep of the runtime's layers).
 
     python -m simtree.runtime.full.gpu_run --model qwen3.6-27b --out DIR [--max-seconds 300]
+    python -m simtree.runtime.full.gpu_run --model deepseek-v4-flash --deployment ep=8 --out DIR
+
+``--deployment`` (default the model's shipped one, simtree/data/deployments.yaml) names the rank:
+the runtime builds Qwen whole (tp=1) and one DeepSeek-V4 expert-parallel rank (ep=8); its whole
+steps are tagged with it, and the session's predictions come from that deployment's shipped
+bundle where one exists (``--costs`` replaces it; without either the measured runs carry no
+prediction and the home side predicts them from the session's own profile).
 
 Phases, each recorded in DIR/log.txt with timestamps; a phase that fails is logged and the
 next one runs; every phase checks the time left (``--max-seconds``) and stops early:
@@ -38,7 +45,6 @@ from pathlib import Path
 import numpy as np
 import torch
 
-import simtree
 from simtree.errors import SimtreeError
 from simtree.planning.simulate import PolicySpec
 
@@ -140,7 +146,7 @@ def _lossless(s: Session, model) -> None:
                                                          f"{r['margin']:.4g}" if not r['match'] else "") + ")")
 
 
-def _steps(s: Session, model, tree_model, context_len: int, reserve_s: float = 10.0) -> None:
+def _steps(s: Session, model, tree_model, context_len: int, deployment: str, reserve_s: float = 10.0) -> None:
     """Whole verify and draft steps (module docstring) into steps_profile.csv, one row each,
     alternating between the two grids so a session cut short keeps some of both."""
     from simtree.costs.profile_table import append_rows
@@ -163,7 +169,7 @@ def _steps(s: Session, model, tree_model, context_len: int, reserve_s: float = 1
             med, p10, p90 = time_step(step)
             d = step.describe()
             step.close()
-            row = {"stage": d["stage"], "model": model.shape.name, "device": dev, "dtype": dtype,
+            row = {"stage": d["stage"], "model": model.shape.name, "deployment": deployment, "device": dev, "dtype": dtype,
                    "variant": "full_runtime", "batch_size": p[0], "context_len": d["context_len"],
                    "latency_us_median": med, "latency_us_p10": p10, "latency_us_p90": p90, "repeats": 10}
             if kind == "verify":
@@ -177,6 +183,32 @@ def _steps(s: Session, model, tree_model, context_len: int, reserve_s: float = 1
             s.log(f"steps {kind} {p} FAILED: {type(exc).__name__}: {exc}")
             if torch.cuda.is_available():
                 torch.cuda.empty_cache()
+
+
+def runtime_deployment(model: str, deployment: str | None) -> str:
+    """The canonical deployment of the rank gpu_run builds for ``model`` (default: the model's
+    shipped one); a one-line error for a rank the full runtime does not build."""
+    from simtree.deploy.deployment import parse_deployment
+    from simtree.deploy.shipped import default_deployment
+    from simtree.kernels.layers.v4 import default_ep_ranks
+    from simtree.models import get_model
+
+    shape = get_model(model)
+    dep = parse_deployment(deployment) if deployment else default_deployment(model)
+    own = parse_deployment(f"ep={default_ep_ranks(shape)}" if shape.family == "v4" else "tp=1")
+    if dep != own:
+        raise SimtreeError(f"--deployment {dep}: the full runtime builds {model} only as {own} (the layer sweep "
+                           f"alone times other ranks: DEPLOYMENT={dep} bash scripts/full_gpu.sh {model})")
+    return dep.name
+
+
+def default_costs(model: str, deployment: str) -> str | None:
+    """The shipped bundle of (model, deployment), or None where none ships yet."""
+    from simtree.deploy.deployment import parse_deployment
+    from simtree.deploy.shipped import shipped_bundle
+
+    path = shipped_bundle(model, parse_deployment(deployment))
+    return str(path) if path.is_file() else None
 
 
 def _eagle(text: str) -> list[tuple[str, PolicySpec]]:
@@ -193,8 +225,11 @@ def main(argv=None) -> int:
     ap.add_argument("--model", required=True)
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--device", default="cuda")
-    ap.add_argument("--costs", default=None, help="cost bundle for the session's own predictions "
-                                                 "(default: simtree/data/costs/h200_<model>.json)")
+    ap.add_argument("--deployment", default=None, help="the rank built and tagged: qwen tp=1, deepseek-v4-flash "
+                                                      "ep=8 (default: the model's shipped deployment)")
+    ap.add_argument("--costs", default=None, help="cost bundle for the session's own predictions (default: the "
+                                                 "deployment's shipped bundle, simtree/data/costs/h200_<model>_<tag>"
+                                                 ".json; none ships: no predictions in the session)")
     ap.add_argument("--policy", default=None, help="a policy file whose choice is measured too")
     ap.add_argument("--eagle", default=";".join(",".join(map(str, e)) for e in EAGLE_SHAPES),
                     help="EAGLE shapes measured at every batch size: 's,k,D;s,k,D'")
@@ -216,10 +251,11 @@ def main(argv=None) -> int:
           f"{args.max_seconds:.0f} s")
     from simtree.acceptance.model import get_workload
     from .build import build_model, weight_bytes
-    costs_path = args.costs or str(Path(simtree.__file__).resolve().parent / "data" / "costs"
-                                   / f"h200_{args.model}.json")
     workload = get_workload(args.replay or args.acceptance)
     try:
+        deployment = runtime_deployment(args.model, args.deployment)
+        costs_path = args.costs or default_costs(args.model, deployment)
+        s.log(f"deployment {deployment}; predictions from {costs_path or 'no bundle (none ships for it)'}")
         model = build_model(args.model, args.device, seed=0)
         if torch.cuda.is_available():
             torch.cuda.synchronize()
@@ -249,7 +285,7 @@ def main(argv=None) -> int:
                 for n in res["notes"] + res["prediction_notes"]:
                     s.log(f"note: {n}")
             elif phase == "steps":
-                _steps(s, model, workload.acceptance, max(1, int(round(workload.mean_prompt_len))))
+                _steps(s, model, workload.acceptance, max(1, int(round(workload.mean_prompt_len))), deployment)
             else:
                 raise SimtreeError(f"unknown phase {phase!r} (known: {', '.join(PHASES)})")
         except Exception as exc:   # noqa: BLE001 - a failed phase is logged; the next one runs

@@ -13,7 +13,8 @@ device from an acceptance model (``--acceptance``: a workload preset or a trace 
 ``simtree simulate`` reads it); ``live`` otherwise (the target decides; with random weights it
 accepts little).
 
-Predictions come from the cost bundle and the simulator:
+Predictions come from the cost bundle (none given: the rows are measured only, NaN predicted)
+and the simulator:
 
 * ``predicted_round_ms`` - the cost models for the trees actually built: C_d(s, k, b) +
   C_v(nodes, l, b) averaged over the contexts l the measured rounds started at (plain: C_v(1,
@@ -105,9 +106,9 @@ class _Source:
 
     def make(self, rs: RoundShape, batch_size: int):
         if self.workload is not None:
-            return ModelReplay(self.workload.acceptance, rs.max_depth, self.device, self.seed)
+            return ModelReplay(self.workload.acceptance, rs, self.device, self.seed)
         if self.replay is not None:
-            return TraceReplay(self.replay, batch_size, self.device).score_trees(rs.max_depth, self.device)
+            return TraceReplay(self.replay, batch_size, self.device).score_trees(rs, self.device)
         return Live()
 
     def prediction_model(self):
@@ -137,8 +138,14 @@ def measure_policy(model, rs: RoundShape, batch_size: int, source, cfg: RunConfi
             torch.cuda.empty_cache()
 
 
+NO_PREDICTION = {"predicted_round_ms": float("nan"), "predicted_tok_s": float("nan"), "predicted_accepted": float("nan")}
+
+
 def predict(costs, acc_model, spec: PolicySpec, rs: RoundShape, batch_size: int, stats, workload: str) -> dict:
-    """The cost-model round time of the trees built and the simulator's throughput (module docstring)."""
+    """The cost-model round time of the trees built and the simulator's throughput (module
+    docstring); NaN throughout without a cost bundle (``costs`` None)."""
+    if costs is None:
+        return dict(NO_PREDICTION)
     B = batch_size
     draft_us = 0.0 if rs.plain else float(costs.draft.predict(rs.num_steps, rs.topk, B))
     verify_us = float(np.mean([float(costs.verify.predict(rs.nodes, float(c), B)) for c in stats.context_lens]))
@@ -217,8 +224,10 @@ def _rows(runs: list[dict], costs, source: "_Source", cfg: RunConfig, workload: 
     return rows
 
 
-def _load_costs(costs):
+def _load_costs(costs, required: bool = True):
     if costs is None:
+        if not required:
+            return None
         raise SimtreeError("the full-scale run needs --costs (a cost bundle) for its predictions")
     if not hasattr(costs, "verify"):
         from simtree.costs.model import load_costs
@@ -239,7 +248,7 @@ def full_run(model, *, device: str = "cuda", costs=None, policy=None, batch_size
     batch sizes it finished.  ``extra``: (label, PolicySpec) runs measured at every batch size
     besides plain and linear D=4 (e.g. the EAGLE shapes a plan made later may choose)."""
     say = progress or (lambda line: None)
-    costs = _load_costs(costs)
+    costs = _load_costs(costs, required=False)
     source = _Source(replay, acceptance, device, seed)
     cfg = RunConfig(context_len or source.default_context(), rounds, warmup_rounds, seed)
     if isinstance(model, str) or not hasattr(model, "verify"):
@@ -247,6 +256,8 @@ def full_run(model, *, device: str = "cuda", costs=None, policy=None, batch_size
         say(f"building {shape.name} on {device}")
         model = build_model(shape, device, dtype, seed)
     notes = [f"deployment: {model.deployment}"]
+    if costs is None:
+        notes.append("no cost bundle: measured only (predict the runs later: measure.repredict)")
     workload = policy_workload or source.name
     runs = []
     pred_notes: list = []

@@ -9,7 +9,10 @@ sweep of the runtime's layer calls, composed into ``model_verify_step`` rows),
 measured run's rounds), ``lossless.csv`` and ``log.txt``.  Per model:
 
 1. fit: C_v from the composed rows of the layer profile, C_d from the whole draft steps ->
-   ``costs_<model>.json``;
+   ``costs_<model>.json``; both tables in one, tagged with the session's deployment (the
+   rank it measured: the sweep's and gpu_run's rows must agree) ->
+   ``profile_<model>_<tag>.csv``, what scripts/ship_defaults.sh fits a shipped bundle from
+   once copied into simtree/data/profiles/h200/ (docs/full_runtime.md);
 2. predict every measured run again from that bundle (``measure.repredict``);
 3. plan: per batch size the measured policy the bundle predicts fastest (the planner's choice
    restricted to the shapes the session measured), reported as ``plan:<shape>``;
@@ -18,7 +21,8 @@ measured run's rounds), ``lossless.csv`` and ``log.txt``.  Per model:
 
 Writes under ``--out``: summary.csv / summary.md / predicted_vs_measured.png (plain, linear
 D=4 and the plan's choice per batch size, both models), alternatives.csv (the other measured
-shapes), composed_vs_measured.csv / .md, costs_<model>.json, lossless.csv.
+shapes), composed_vs_measured.csv / .md, costs_<model>.json, profile_<model>_<tag>.csv,
+lossless.csv.
 """
 from __future__ import annotations
 
@@ -34,13 +38,14 @@ import numpy as np
 import pandas as pd
 
 from simtree.costs import profile_table as pt
+from simtree.deploy.deployment import parse_deployment
 from simtree.errors import SimtreeError
 from simtree.fileio import write_text_atomic
 
 from .measure import repredict
 from .report import EXTRA_COLUMNS, SUMMARY_COLUMNS, error_stats, write_summary
 
-__all__ = ["session_report", "composed_vs_measured", "choose_plan", "main"]
+__all__ = ["session_report", "session_deployment", "composed_vs_measured", "choose_plan", "main"]
 
 COMPOSED = ("model_verify_step", "composed")
 WHOLE = "full_runtime"
@@ -70,6 +75,17 @@ def composed_vs_measured(profile: pd.DataFrame, steps: pd.DataFrame) -> list[dic
                     "context_len": int(r.context_len), "measured_us": measured, "composed_us": composed,
                     "rel_err": composed / measured - 1})
     return out
+
+
+def session_deployment(profile: pd.DataFrame, steps: pd.DataFrame, where) -> str:
+    """The one deployment a session measured: its layer sweep's rows and its whole steps must
+    name the same rank (a table written before the column existed reads as tp=1)."""
+    found = sorted(set(profile["deployment"]) | set(steps["deployment"]))
+    if len(found) != 1:
+        raise SimtreeError(f"{where}: the layer profile ({', '.join(sorted(set(profile['deployment'])))}) and the "
+                           f"whole steps ({', '.join(sorted(set(steps['deployment'])))}) name different deployments: "
+                           "one session measures one rank")
+    return found[0]
 
 
 def _merged_table(profile: pd.DataFrame, steps: pd.DataFrame, path: Path) -> Path:
@@ -134,9 +150,9 @@ def session_report(sessions: list[Path], out: Path) -> dict:
         if len(models) != 1:
             raise SimtreeError(f"{folder}: a session profiles one model, its profile holds {models}")
         model = models[0]
-        fit = fit_profile(_merged_table(profile, steps, out / f".merged_{model}.csv"), stage=COMPOSED[0],
-                          variant=COMPOSED[1], draft_variant=WHOLE)
-        (out / f".merged_{model}.csv").unlink()
+        dep = parse_deployment(session_deployment(profile, steps, folder))
+        table = _merged_table(profile, steps, out / f"profile_{model}_{dep.tag}.csv")
+        fit = fit_profile(table, stage=COMPOSED[0], variant=COMPOSED[1], draft_variant=WHOLE, deployment=dep.name)
         costs_path = out / f"costs_{model}.json"
         fit.bundle.save(costs_path)
         notes += [f"{model} fit: {n}" for n in fit.notes]

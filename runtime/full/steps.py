@@ -104,7 +104,7 @@ def _engine(model, rs: RoundShape, batch_size: int, context_len: int, depth: int
             tree_model=None) -> FullEngine:
     source = TraceReplay.fixed(depth, batch_size, model.device)
     if tree_model is not None:
-        source.scores = DraftScores(tree_model, rs.max_depth, model.device)
+        source.scores = DraftScores(tree_model, rs, model.device)
     engine = FullEngine(model, rs, batch_size, context_len + 4 * rs.path_rows + 8, source)
     engine.capture(shared_pool=False)
     engine.fill_context(context_len, seed)

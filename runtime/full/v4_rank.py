@@ -1,8 +1,9 @@
 """One rank of DeepSeek-V4-Flash under expert parallelism (EP over 8 GPUs, attention data
 parallel), random weights, with its MTP draft layer, composed of ``simtree.kernels.layers.v4``.
 
-The rank holds every attention layer, the shared expert and its routed experts (a rank's
-shape says how many; a whole-model shape: ``n_experts / ep_ranks``, 32 of 256 at full size).
+The rank holds every attention layer, the shared expert and its routed experts: 32 of 256 at
+full size, whether from ``ModelShape.shard("ep=8")`` (which already holds the rank's 32) or
+from the whole model split over ``ep_ranks`` (:func:`simtree.kernels.layers.v4.rank_experts`).
 Each token is routed to ``experts_per_token`` of the rank's experts by a softmax gate over
 them: under uniform routing a rank's experts process the same experts_per_token x T (token,
 expert) pairs as in the real deployment.  The all-to-all dispatch and combine are NOT run
@@ -70,7 +71,7 @@ class V4Rank:
         self.shape, self.device, self.dtype = shape, torch.device(device), dtype
         self.ep_ranks = L.rank_experts(shape, ep_ranks)[1]
         self.d = L.V4Dims.of(shape, ep_ranks)
-        self.deployment = getattr(shape, "deployment", None) or DEPLOYMENT.format(ep=self.ep_ranks)
+        self.deployment = DEPLOYMENT.format(ep=self.ep_ranks)
         self.w = make_weights(param_specs(shape, ep_ranks, dtype), self.device, dtype, seed)
         self.kinds = shape.layer_kinds
         self.cfg = L.attn_config(self.d)

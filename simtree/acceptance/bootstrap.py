@@ -9,7 +9,9 @@ fitted sensitivities.  A planner runs its prediction once per model and reports 
 from __future__ import annotations
 
 from pathlib import Path
+
 import numpy as np
+from scipy.optimize import brentq
 
 from simtree.acceptance.calibrate import TARGETS, TREE_STEPS, published_quantities
 from simtree.acceptance.mixture import ALPHA_MAX, AcceptanceModel
@@ -50,19 +52,18 @@ def _scaled(acc: AcceptanceModel, top: float, siblings: float) -> np.ndarray:
 def _gain_pct(acc: AcceptanceModel, budget: int) -> float:
     """The published gain's quantity alone: the s3_k2 tree over the chain at ``budget`` (%)."""
     tree = accepted_per_round(acc, "eagle", {"num_steps": TREE_STEPS, "topk": 2, "budget": budget})
-    return 100.0 * (tree / accepted_per_round(acc, "linear", {"budget": budget}) - 1.0)
+    return 100.0 * (tree / (1.0 + acc.linear_accepted(budget)) - 1.0)
 
 
 def _solve(f, target: float, lo: float, hi: float) -> float:
-    """x in [lo, hi] with f(x) = target for an increasing f (bisection; the nearer end if out of reach)."""
-    if f(lo) >= target:
+    """x in [lo, hi] with f(x) = target for an increasing f (Brent's method to 1e-7 of the
+    range; the nearer end if out of reach)."""
+    f_lo, f_hi = f(lo) - target, f(hi) - target
+    if f_lo >= 0:
         return lo
-    if f(hi) <= target:
+    if f_hi <= 0:
         return hi
-    for _ in range(24):
-        mid = 0.5 * (lo + hi)
-        lo, hi = (mid, hi) if f(mid) < target else (lo, mid)
-    return 0.5 * (lo + hi)
+    return float(brentq(lambda x: f(x) - target, lo, hi, xtol=1e-7 * (hi - lo)))
 
 
 def _preset_models(name: str, n: int, rng: np.random.Generator) -> list[AcceptanceModel]:

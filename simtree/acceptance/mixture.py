@@ -148,37 +148,24 @@ class AcceptanceModel:
         """[depth, K] draft probabilities of one level (trees are built from these)."""
         return self._rows(self.draft_probs[level], depth)
 
+    @staticmethod
+    def _sorted(probs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        order = np.argsort(-probs, axis=1, kind="stable")
+        return order.astype(np.int64), np.take_along_axis(probs, order, axis=1)
+
     def marginals(self, level: int, positions: int) -> tuple[np.ndarray, np.ndarray]:
-        """Synthetic block-drafter marginals from the acceptance table (tokens [P, K] = rank ids,
-        probs [P, K] sorted desc): the best-first tree of highest expected acceptance."""
-        probs = -np.sort(-self.table(level, positions), axis=1)
-        return np.tile(np.arange(self.topk, dtype=np.int64), (probs.shape[0], 1)), probs
+        """Synthetic block-drafter marginals from the acceptance table: (tokens [P, K], probs
+        [P, K] sorted desc), each token the rank id (column of :meth:`table`) of its candidate:
+        the best-first tree of highest expected acceptance."""
+        return self._sorted(self.table(level, positions))
 
     def draft_marginals(self, level: int, positions: int) -> tuple[np.ndarray, np.ndarray]:
-        """The drafter's own marginals (tokens = rank ids [P, K], probs [P, K] sorted desc): the
-        best-first tree a runtime builds from its drafter; score it with :meth:`table`."""
-        probs = -np.sort(-self.draft_table(level, positions), axis=1)
-        return np.tile(np.arange(self.topk, dtype=np.int64), (probs.shape[0], 1)), probs
-
-    def propose(self, level: int, topk: int):
-        """EAGLE ``propose`` callback (top-``topk``) whose draft scores are this level's draft
-        probabilities per depth and rank.
-
-        Scores are the running minimum along the rank so that sibling order by score is the rank
-        order even where a table is not monotone in rank.
-        """
-        probs = np.minimum.accumulate(self.draft_table(level, 64), axis=1)
-        probs = np.hstack([probs, np.zeros((probs.shape[0], max(topk - probs.shape[1], 0)))])
-        scores = np.log(np.maximum(probs, 1e-300))
-
-        def propose(parents, tokens, frontier):
-            depth = np.zeros(parents.shape[0], np.int64)
-            for i in range(1, parents.shape[0]):
-                depth[i] = depth[parents[i]] + 1
-            rows = np.minimum(depth[frontier], scores.shape[0] - 1)
-            toks = np.tile(np.arange(topk, dtype=np.int64), (frontier.shape[0], 1))
-            return toks, scores[rows, :topk]
-        return propose
+        """The drafter's own marginals: (tokens [P, K], probs [P, K] sorted desc), each token the
+        rank id (column of :meth:`table`) of its candidate.  The best-first tree a runtime builds
+        from its drafter; a node with token r at depth d is accepted with ``table[d - 1, r]``
+        given its parent (a row whose ranks are not in draft-probability order keeps each
+        candidate's own acceptance)."""
+        return self._sorted(self.draft_table(level, positions))
 
     def expected_accepted(self, tree: DraftTree) -> float:
         """Phi(tree) per round, the same tree at every level (draft tokens, bonus excluded)."""

@@ -24,8 +24,9 @@ from simtree.probs import check_prob_rows
 from simtree.trees.tree import DraftTree
 
 __all__ = ["expected_accepted", "node_accept_probs_marginals", "node_accept_probs_positional",
-           "expected_accepted_marginals", "expected_accepted_positional", "sibling_rank",
-           "sample_accepted_length"]
+           "expected_accepted_marginals", "expected_accepted_positional", "expected_accepted_ranked", "node_accept_probs_ranked",
+           "rank_tokens",
+           "sibling_rank", "sample_accepted_length"]
 
 
 def _path_products(tree: DraftTree, node_prob: np.ndarray) -> np.ndarray:
@@ -100,6 +101,35 @@ def node_accept_probs_marginals(tree: DraftTree, marginal_tokens, marginal_probs
 def expected_accepted_marginals(tree: DraftTree, marginal_tokens, marginal_probs) -> float:
     """Phi(T) under per-position marginals ``[P, K]`` (tokens and probs)."""
     return expected_accepted(tree, node_accept_probs_marginals(tree, marginal_tokens, marginal_probs))
+
+
+def rank_tokens(accept_table) -> np.ndarray:
+    """int64 [P, K]: the rank ids 0..K-1 at every depth, as the marginal tokens of a positional
+    table (trees built from an acceptance model's numbers carry rank ids as tokens)."""
+    table = np.asarray(accept_table)
+    return np.tile(np.arange(table.shape[-1], dtype=np.int64), (table.shape[0], 1))
+
+
+def node_accept_probs_ranked(tree: DraftTree, accept_table) -> np.ndarray:
+    """float64 [n]: ``accept_table[depth-1, token]`` of a tree whose tokens are rank ids, 0
+    beyond the table."""
+    table = _check_accept_table(accept_table)
+    D, R = table.shape
+    d, r = tree.depth - 1, tree.tokens
+    ok = (d >= 0) & (d < D) & (r >= 0) & (r < R)
+    p = np.zeros(tree.num_nodes)
+    p[ok] = table[d[ok], r[ok]]
+    p[0] = 1.0
+    return p
+
+
+def expected_accepted_ranked(tree: DraftTree, accept_table) -> float:
+    """Phi(T) of a tree whose tokens are rank ids (the trees built from an acceptance model's
+    numbers): a node with token r at depth d is accepted with ``accept_table[d - 1, r]`` given
+    its parent.  Equal to :func:`expected_accepted_positional` where sibling order is rank order
+    (EAGLE and chains); a best-first tree built from draft probabilities that are not in rank
+    order keeps each candidate's own entry."""
+    return expected_accepted(tree, node_accept_probs_ranked(tree, accept_table))
 
 
 def sibling_rank(tree: DraftTree) -> np.ndarray:

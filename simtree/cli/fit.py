@@ -69,6 +69,24 @@ def _print_report(report, console: Console) -> None:
                           highlight=False)
 
 
+def _print_comm(model, path: Path, as_json: bool) -> None:
+    """The fitted alpha-beta parameters, one row per collective and group size."""
+    if as_json:
+        typer.echo(json.dumps({**model.to_dict(), "output": str(path)}, indent=1))
+        return
+    table = Table(title=f"communication model ({model.label}): t = alpha + f(g) * bytes / busbw")
+    for col in ("collective", "group", "alpha us", "busbw GB/s", "points", "median |err|", "max |err|"):
+        table.add_column(col, justify="left" if col == "collective" else "right")
+    for coll, groups in model.collectives.items():
+        for g, p in sorted(groups.items()):
+            f = model.fit.get(coll, {}).get(str(g), {})
+            table.add_row(coll, str(g), f"{p.alpha_us:.2f}", f"{p.busbw_gb_s:.1f}", str(f.get("points", "-")),
+                          _pct(f.get("median_rel_err")), _pct(f.get("max_rel_err")))
+    console = Console()
+    console.print(table)
+    console.print(f"wrote {path}")
+
+
 def _check_outputs(profile: Path, out: Path, png: Path | None) -> None:
     """Refuse outputs that would overwrite the profile or its side files, or a plot path
     matplotlib cannot write as PNG, before any fitting."""
@@ -109,15 +127,40 @@ def register(app: typer.Typer) -> None:
         no_png: bool = typer.Option(False, "--no-png", help="Do not write the plot."),
         bench: bool = typer.Option(False, help="Also time predict() (us per scalar call)."),
         as_json: bool = typer.Option(False, "--json", help="Print the evaluation as JSON."),
+        deployment: Optional[str] = typer.Option(None, "--deployment", help="The rank's deployment whose rows to "
+                                                 "fit (tp=2, ep=8) when the table holds several."),
+        comm: Optional[Path] = typer.Option(None, "--comm", help="Communication model (.comm.json) the bundle "
+                                            "records for a deployment of several GPUs (default: fitted from the "
+                                            "table's collective rows, else the machine's assumed one)."),
     ) -> None:
         """Fit monotone C_v(n, l, batch) and C_d(s, k, batch) to a profile table: convex in n,
         except an MoE model's expert-saturation forms, which are reported when kept.
 
         Example: simtree fit reports/h200/profile.csv -o reports/h200/costs.json --stage gdn_tree_verify
+
+        A table of collective rows (the collectives profile stage) gives the alpha-beta model of
+        each collective and group size (<stem>.comm.json): simtree fit reports/comm/profile.csv
         """
         from simtree.errors import SimtreeError
         from simtree.costs.profile_fit import AUTO_FORMS, bench_predict, fit_profile, moe_shape, plot_fit
+        from simtree.costs.profile_table import load_profile
+        from simtree.deploy.comm import COMM_STAGES, fit_comm_profile
 
+        stages = set(load_profile(profile)["stage"])
+        measured_comm = None
+        if stages & set(COMM_STAGES.values()):
+            measured_comm = fit_comm_profile(profile)
+            if not stages - set(COMM_STAGES.values()):   # collectives only: the communication model is the fit
+                comm_out = out or profile.with_name(profile.stem + ".comm.json")
+                _check_outputs(profile, comm_out, None)
+                measured_comm.save(comm_out)
+                _print_comm(measured_comm, comm_out, as_json)
+                return
+            comm_out = (out or profile.with_name(profile.stem + ".costs.json")).with_suffix(".comm.json")
+            _check_outputs(profile, comm_out, None)
+            measured_comm.save(comm_out)
+            if not as_json:
+                _print_comm(measured_comm, comm_out, False)
         out = out or profile.with_name(profile.stem + ".costs.json")
         png = None if no_png else (png or out.with_suffix(".png"))
         _check_outputs(profile, out, png)
@@ -135,7 +178,8 @@ def register(app: typer.Typer) -> None:
             report = fit_profile(profile, stage=stage, model=model, variant=variant, device=device, dtype=dtype,
                                  draft_variant=draft_variant, draft_from_verify=draft_from_verify,
                                  draft_fraction=draft_fraction, forms=forms, folds=folds,
-                                 reference_forms=reference,
+                                 reference_forms=reference, deployment=deployment,
+                                 comm=comm if comm is not None else measured_comm,
                                  on_fit=lambda: progress.advance(task),
                                  on_more_solves=lambda k: progress.update(
                                      task, total=progress.tasks[0].total + k))

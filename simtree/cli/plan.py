@@ -30,7 +30,9 @@ def parse_batch_sizes(text: str) -> list[int]:
 def register(app: typer.Typer) -> None:
     @app.command("plan", help="Choose tree on/off, shape and budget per batch size and workload; "
                               "write a policy and report.  Example: simtree plan --workload sharegpt "
-                              "--batch-sizes 1,8,64 --out reports/plan")
+                              "--batch-sizes 1,8,64 --out reports/plan.  A shipped model at one "
+                              "deployment: simtree plan --model qwen3.6-27b --deployment tp=2 (a deployment "
+                              "whose weights and caches do not fit its GPUs is refused, naming the shortfall)")
     def plan_command(
         costs: Optional[List[str]] = typer.Option(None, "--costs", help="CostBundle JSON (repeatable); "
                                                   "default: shipped simtree/data/costs/*.json, else SYNTHETIC"),
@@ -41,8 +43,18 @@ def register(app: typer.Typer) -> None:
         prompt_len: Optional[float] = typer.Option(None, "--prompt-len", help="override mean prompt length"),
         output_len: Optional[int] = typer.Option(None, "--output-len", help="override tokens generated per sequence"),
         as_json: bool = typer.Option(False, "--json", help="print the chosen policies as JSON"),
+        band_models: Optional[int] = typer.Option(None, "--band-models", min=0, help="bootstrap acceptance models "
+                                                  "per workload for each choice's uncertainty band (default 16; "
+                                                  "0: no bands)"),
+        model: Optional[str] = typer.Option(None, "--model", help="plan this model's bundles only (e.g. "
+                                            "deepseek-v4-flash)"),
+        deployment: Optional[str] = typer.Option(None, "--deployment", help="plan this deployment only: tp=N, "
+                                                 "ep=N (experts over N GPUs, attention data-parallel), ep=N,tp=T"),
+        comm: Optional[str] = typer.Option(None, "--comm", help="communication model (.comm.json from `simtree "
+                                           "fit` of a collectives profile) instead of the bundles' own"),
     ) -> None:
         """Plan on the embedded default:  simtree plan"""
+        from simtree.planning.bands import BAND_MODELS
         from simtree.planning.modes import TREE_MODES
         from simtree.reporting.plan_report import plan_and_write
 
@@ -52,14 +64,19 @@ def register(app: typer.Typer) -> None:
         with Progress(console=console, transient=True, disable=not console.is_terminal) as bar, \
                 captured_warnings() as caught:
             task = bar.add_task("planning", total=None)
+            plan_notes: list = []
             outputs = plan_and_write(costs or (), workload or (), sizes, out, prompt_len, output_len,
-                                     progress=lambda done, total: bar.update(task, completed=done, total=total))
+                                     progress=lambda done, total: bar.update(task, completed=done, total=total),
+                                     model=model, deployment=deployment, comm=comm, notes=plan_notes,
+                                     band_models=BAND_MODELS if band_models is None else band_models)
         print_notes(caught, console)   # the plan's own notes (extrapolated costs) follow its table
+        print_notes(plan_notes, console)
         if as_json:
             for o in outputs:
                 print_notes(o["result"].notes, console)
             typer.echo(json.dumps([{"policy_file": str(o["policy"]), "synthetic": o["result"].synthetic,
-                                    **o["result"].to_policy().to_dict()} for o in outputs], indent=1))
+                                    "communication": (o["result"].communication or {}).get("label"),
+                                    **o["policy_data"].to_dict()} for o in outputs], indent=1))
             return
         for o in outputs:
             res = o["result"]
@@ -68,7 +85,12 @@ def register(app: typer.Typer) -> None:
             flagged = bool(res.chosen["within_model_error"].any())
             caption = (f"* within model error: gain over linear < the verify fit's held-out median error "
                        f"({100 * res.model_error:.1f}%)" if flagged and res.model_error else None)
-            table = Table(title=f"plan: {res.model} on {res.device}", caption=caption)
+            comm = res.communication
+            if comm is not None and comm.get("assumed"):
+                console.print(f"[bold yellow]COMMUNICATION ASSUMED[/]: the collectives of {res.deployment} come from "
+                              "the default alpha-beta model (docs/deployments.md), not from measurements")
+            table = Table(title=f"plan: {res.model} at {res.deployment} on {res.device}"
+                                + (f" ({comm['label']})" if comm else ""), caption=caption)
             for col in ("workload", "batch", "policy", "tree", "tok/round", "tok/s", "vs linear", "vs none"):
                 table.add_column(col, no_wrap=col == "policy")
             for r in res.chosen.itertuples():

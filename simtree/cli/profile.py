@@ -15,7 +15,14 @@ Example:
   simtree profile --sweep default_gpu.yaml --out reports/h200/profile.csv
 
 --sweep takes a YAML file or the name of a shipped sweep (default_gpu, quick_cpu, runtime_cpu,
-runtime_gpu: the last two time the runtime's own models). Without --sweep it runs
+runtime_gpu: the last two time the runtime's own models; collectives_gpu, collectives_dryrun,
+collectives_cpu: NCCL / gloo collectives, one process per rank).
+
+--deployment times each model's rank of a deployment (its shard shape: heads and MLP columns
+per tensor-parallel rank, local experts under expert parallelism) on this one GPU:
+
+  simtree profile --sweep default_gpu.yaml --model deepseek-v4-flash --deployment ep=8 --out reports/h200/ep8/profile.csv
+ Without --sweep it runs
 default_gpu.yaml when a CUDA GPU is visible, else quick_cpu.yaml (tiny shapes, torch
 references, device "cpu"). Rerunning resumes: measured points are kept.
 """
@@ -34,6 +41,9 @@ def register(app: typer.Typer) -> None:
         remeasure: bool = typer.Option(False, "--remeasure",
                                        help="measure the selected points again (their rows are dropped first)"),
         as_json: bool = typer.Option(False, "--json", help="print the summary as JSON"),
+        deployment: Optional[str] = typer.Option(None, "--deployment",
+                                                 help="time one rank of this deployment (tp=2, ep=8; default: "
+                                                      "the sweep's, else one GPU)"),
     ) -> None:
         """Run or resume a sweep; one-line summary at the end."""
         from simtree.profiler.sweep import run_sweep
@@ -42,7 +52,7 @@ def register(app: typer.Typer) -> None:
         echo = (lambda s: None) if as_json else (lambda s: typer.echo(s, err=True))
         res = run_sweep(sweep, out, device=device, max_minutes=max_minutes, only_stage=only_stage,
                         models=model or None, retry_failed=retry_failed, remeasure=remeasure,
-                        progress=not as_json, echo=echo, builders=step_builders())
+                        progress=not as_json, echo=echo, builders=step_builders(), deployment=deployment)
         if as_json:
             typer.echo(json.dumps({"table": str(res.table), "measured": res.measured,
                                    "already_done": res.skipped_done,

@@ -7,6 +7,7 @@ from pathlib import Path
 import typer
 
 from simtree.cli.notes import captured_warnings, print_notes
+from simtree.deploy.deployment import parse_deployment
 from simtree.errors import SimtreeError
 
 EXAMPLE = ("Example: simtree run --mode eagle --steps 3 --topk 2 --budget 6 --batch-size 4 "
@@ -57,12 +58,18 @@ def register(app: typer.Typer) -> None:
         context_len: int = typer.Option(None, help="full scale: context tokens per sequence (default: the "
                                                    "workload's prompt length)"),
         rounds: int = typer.Option(32, help="full scale: measured rounds per run (after 4 warm-up rounds)"),
+        deployment: str = typer.Option(None, help="full scale: the deployment whose one rank to run (qwen: tp=N, "
+                                                  "its heads and MLP columns per rank; deepseek-v4-flash: ep=8). "
+                                                  "Collectives are not run; refused when the rank does not fit"),
     ) -> None:
         if model is not None:
             torch_threads(threads)
             _full_scale(model, device, costs, policy, batch_size, replay, acceptance, policy_workload, out,
-                        context_len, rounds, json_out)
+                        context_len, rounds, json_out, deployment)
             return
+        if deployment is not None and parse_deployment(deployment).gpus > 1:
+            raise SimtreeError(f"--deployment {deployment}: the tiny runtime runs on one device (tp=1); a rank of a "
+                               "deployment of several GPUs needs --model")
         batch_size = _one_batch_size(batch_size)
         from rich.console import Console
         from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
@@ -164,8 +171,43 @@ def _one_batch_size(text: str) -> int:
         raise SimtreeError(f"--batch-size {text!r}: one integer here (a comma list needs --model)") from None
 
 
+def _rank_model(name: str, deployment: str | None, device: str, sizes: list[int], context_len: int | None):
+    """What ``full_run`` builds for one rank of ``deployment``: the model name (the runtime's own
+    rank), or a built model of the rank's shard shape; refused, one line, when the rank does
+    not fit the GPU (weights + caches of the largest batch) or the runtime has no such rank."""
+    from simtree.models import get_model
+
+    shape = get_model(name)
+    if deployment is None:
+        return name
+    dep = parse_deployment(deployment)
+    if str(device).startswith("cuda"):
+        import torch
+
+        from simtree.deploy.machines import machine_for_device
+        from simtree.deploy.memory import check_fits
+        machine = machine_for_device(torch.cuda.get_device_name(torch.device(device)))
+        if machine is not None:
+            check_fits(shape, dep, machine, max(sizes), int(context_len or 0))
+    if shape.family == "v4":
+        from simtree.runtime.full.v4_rank import default_ep_ranks
+        ep = default_ep_ranks(shape)
+        if dep.ep != ep or dep.tp != 1:
+            raise SimtreeError(f"--deployment {dep}: the full runtime runs {name} as one rank of ep={ep} (attention "
+                               "data-parallel, all-to-all not run)")
+        return name
+    if dep.ep > 1:
+        raise SimtreeError(f"--deployment {dep}: {name} has a dense MLP; its ranks are tensor-parallel (tp=N)")
+    if dep.gpus == 1:
+        return name
+    from simtree.runtime.full.build import build_model
+    model = build_model(shape.shard(dep), device)
+    model.deployment = f"{dep} rank (all-reduce not run)"
+    return model
+
+
 def _full_scale(model, device, costs, policy, batch_sizes, replay, acceptance, policy_workload, out, context_len,
-                rounds, json_out) -> None:
+                rounds, json_out, deployment=None) -> None:
     """``simtree run --model ...``: simtree.runtime.full.measure.full_run, one line per run."""
     import json
 
@@ -175,6 +217,7 @@ def _full_scale(model, device, costs, policy, batch_sizes, replay, acceptance, p
         sizes = [int(b) for b in str(batch_sizes).split(",") if b.strip()]
     except ValueError:
         raise SimtreeError(f"--batch-size {batch_sizes!r}: a comma list of integers, e.g. 1,4,16,64") from None
+    model = _rank_model(model, deployment, device, sizes, context_len)
     say = (lambda line: None) if json_out else (lambda line: typer.echo(line, err=True))
     result = full_run(model, device=device, costs=costs, policy=policy, batch_sizes=sizes, replay=replay,
                       acceptance=acceptance, policy_workload=policy_workload, out=out, context_len=context_len,

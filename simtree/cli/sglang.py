@@ -16,16 +16,23 @@ def register(app: typer.Typer) -> None:
         workload: str = typer.Option(..., "--workload", help="workload name in the policy"),
         batch_size: int = typer.Option(..., "--batch-size", min=1, help="serving batch size"),
         as_json: bool = typer.Option(False, "--json", help="print as JSON"),
+        deployment: str = typer.Option(None, "--deployment", help="check the policy was planned for this "
+                                       "deployment (tp=2, ep=8); its SGLang arguments (--tp-size, --ep-size, "
+                                       "--enable-dp-attention, --dp-size) come first"),
     ) -> None:
         from simtree.cli.notes import captured_warnings, print_notes
+        from simtree.planning.policy_file import Policy
         from simtree.planning.sglang import export
 
         with captured_warnings() as caught:
-            result = export(policy, workload, batch_size)
+            result = export(policy, workload, batch_size, deployment)
         print_notes(caught)
         if as_json:
             typer.echo(json.dumps(asdict(result), indent=1))
             return
+        comm = (Policy.load(policy).source.get("costs") or {}).get("communication")
+        if isinstance(comm, dict) and comm.get("assumed"):
+            typer.echo(f"# predictions for {result.deployment}: communication assumed (docs/deployments.md)", err=True)
         typer.echo(result.command_line())
         if result.exported_policy != result.planned_policy:
             typer.echo(f"# planned {result.planned_policy} at batch {result.planned_batch_size}; SGLang runs "

@@ -38,6 +38,10 @@ def register(app: typer.Typer) -> None:
         output_len: Optional[int] = typer.Option(None, "--output-len"),
         seed: int = typer.Option(0, "--seed"),
         as_json: bool = typer.Option(False, "--json"),
+        deployment: Optional[str] = typer.Option(None, "--deployment", help="which deployment's bundle (tp=2, "
+                                                 "ep=8); refused when its weights and caches do not fit"),
+        comm: Optional[str] = typer.Option(None, "--comm", help="communication model (.comm.json) instead of "
+                                           "the bundle's own"),
     ) -> None:
         """simtree simulate --workload gsm8k --batch-size 16 --policy-mode linear --budget 4"""
         from rich.progress import Progress
@@ -49,7 +53,7 @@ def register(app: typer.Typer) -> None:
             result = simulate_command_run(costs, workload, batch_size, policy_mode, steps, topk, budget, width,
                                           draft_depth, policy, monte_carlo, prompt_len, output_len, seed,
                                           progress=lambda done, total: bar.update(task, completed=done),
-                                          model=model)
+                                          model=model, deployment=deployment, comm=comm)
         # warnings (out-of-range costs, a clamped policy) and the result's notes: one line each
         print_notes(list(caught) + list(result.notes), err)
         if as_json:
@@ -58,8 +62,12 @@ def register(app: typer.Typer) -> None:
         console = Console()
         if result.synthetic:
             console.print(f"[bold red]SYNTHETIC COSTS[/]: {SYNTHETIC_LABEL}")
-        table = Table(title=f"{result.model} | {result.policy} | {result.workload} | batch {result.batch_size} | "
-                            f"{result.method}")
+        if result.communication:
+            console.print(f"[bold yellow]{result.communication.upper()}[/]: the collectives come from the default "
+                          "alpha-beta model (docs/deployments.md)" if "assumed" in result.communication else
+                          f"{result.communication}")
+        table = Table(title=f"{result.model} at {result.deployment} | {result.policy} | {result.workload} | "
+                            f"batch {result.batch_size} | {result.method}")
         table.add_column("metric")
         table.add_column("value")
         ci = result.ci95
@@ -78,29 +86,25 @@ def register(app: typer.Typer) -> None:
         console.print(table)
 
 
-def pick_bundle(bundles: list, model: str | None, source: str):
-    """The bundle for ``model`` (its meta["model"]); with no model named, the only bundle, and a
-    one-line error naming the choices when there are several."""
-    names = [str(b.meta.get("model")) for b in bundles]
-    if model is None:
-        if len(bundles) == 1:
-            return bundles[0]
-        raise SimtreeError(f"{len(bundles)} cost bundles in {source} ({', '.join(names)}): "
-                           f"pick one with --model")
-    if model not in names:
-        raise SimtreeError(f"no cost bundle for model {model!r} in {source} (it has: {', '.join(names)})")
-    return bundles[names.index(model)]
+def pick_bundle(bundles: list, source: str):
+    """The only bundle left, or a one-line error naming the choices when there are several."""
+    if len(bundles) == 1:
+        return bundles[0]
+    names = [f"{b.meta.get('model')} at {b.meta.get('deployment') or 'tp=1'}" for b in bundles]
+    raise SimtreeError(f"{len(bundles)} cost bundles in {source} ({', '.join(names)}): pick one with --model "
+                       "and --deployment")
 
 
 def simulate_command_run(costs_path, workload_spec: str, batch_size: int, mode: str, steps: int, topk: int,
                          budget: int, width: int = 1, draft_depth: int | None = None, policy_path=None,
                          mc_runs: int = 0, prompt_len=None, output_len=None, seed: int = 0,
-                         progress=None, model: str | None = None):
-    """`simtree simulate`: resolve costs (path / the shipped bundle of ``model`` / SYNTHETIC),
-    the workload and the policy (flags, or the policy file's entry for this workload and batch
-    size), simulate."""
+                         progress=None, model: str | None = None, deployment: str | None = None, comm=None):
+    """`simtree simulate`: resolve costs (path / the shipped bundle of ``model`` at
+    ``deployment`` / SYNTHETIC; a deployment that cannot hold the batch's weights and caches is
+    refused), the workload and the policy (flags, or the policy file's entry for this workload
+    and batch size), simulate.  The result's ``communication`` says what the collectives rest on."""
     from simtree.acceptance.model import get_workload
-    from simtree.costs.model import resolve_costs
+    from simtree.deploy.select import select_costs
     from simtree.planning.modes import check_batch_size, params_from_flags
     from simtree.planning.simulate import simulate
 
@@ -114,8 +118,10 @@ def simulate_command_run(costs_path, workload_spec: str, batch_size: int, mode: 
             warnings.warn(note, RuntimeWarning, stacklevel=2)
         spec = entry.params
         model = model or pol.model
+        deployment = deployment or pol.deployment
     else:
         spec = params_from_flags(mode, steps, topk, budget, width, draft_depth)
-    costs = pick_bundle(resolve_costs([costs_path] if costs_path else []), model,
-                        costs_path or "simtree/data/costs")
+    bundles, _ = select_costs([costs_path] if costs_path else [], model, deployment, batch_size,
+                              workload.mean_prompt_len + workload.output_len, comm)
+    costs = pick_bundle(bundles, costs_path or "simtree/data/costs")
     return simulate(costs, workload, batch_size, spec, mc_runs=mc_runs, seed=seed, progress=progress)

@@ -1,7 +1,8 @@
 """``simtree fit``'s library side: profile table -> CostBundle (+ evaluation, + PNG).
 
 Verify rows: the chosen stage (default ``model_verify_step`` when the table has it, else the
-only non-draft stage, else ``stage=`` must name one), one model, one device, one variant
+only non-draft stage, else ``stage=`` must name one), one model, one deployment (the rank the
+rows timed: ``deployment=`` picks one when the table holds several), one device, one variant
 (``composed`` preferred for model_verify_step when several). Rows that differ only in
 tree_shape (linear vs tree at the same n) are merged by their median: the cost model is a
 function of (n, l, b) only.
@@ -13,7 +14,8 @@ an assumption recorded in the bundle (see :class:`simtree.costs.forms.ScaledVeri
 
 Forms: ``forms=None`` ("auto") tries basis, grid and grid_lin (the grid with a
 piecewise-linear-in-l prior for cells without data), plus moe and moe_grid when the model is
-an MoE in the registry (:func:`simtree.models.get_model`; its n_experts, experts_per_token).
+an MoE in the registry (:func:`simtree.models.get_model`; the n_experts, experts_per_token of
+the rank's shape: 32 of 256 experts at ep=8).
 Those two are monotone but not convex in n (expert saturation); when one wins held-out the
 model info says ``convex_in_n: false`` with the reason, and a note says so.
 """
@@ -33,6 +35,7 @@ from simtree.costs.forms import ScaledVerifyDraft
 from simtree.costs.surface_fit import MOE_FORMS, error_stats
 from simtree.costs.forms import DecodeSplitSurface
 from simtree.costs.model import DRAFT_AXES, VERIFY_AXES, CostBundle, DraftCostModel, VerifyCostModel
+from simtree.deploy.deployment import DEFAULT_DEPLOYMENT, parse_deployment
 from simtree.errors import SimtreeError
 from simtree.models import get_model
 from simtree.costs.profile_table import load_profile, profile_hash, read_meta
@@ -48,11 +51,12 @@ AUTO_FORMS = ("basis", "grid", "grid_lin")   # + MOE_FORMS for an MoE model
 EXPERT_STAGES = (DEFAULT_VERIFY_STAGE, "stack_verify_step", "mlp_step")
 
 
-def moe_shape(model: str) -> tuple[int, int] | None:
-    """(n_experts, experts_per_token) of a registry model with an MoE MLP; None for a dense
-    model or a name the registry does not know (then no MoE form is tried)."""
+def moe_shape(model: str, deployment: str | None = None) -> tuple[int, int] | None:
+    """(n_experts, experts_per_token) of a registry model with an MoE MLP, of one rank of
+    ``deployment`` (its local experts); None for a dense model or a name the registry does not
+    know (then no MoE form is tried)."""
     try:
-        mlp = get_model(model).mlp
+        mlp = get_model(model).shard(deployment or DEFAULT_DEPLOYMENT).mlp
     except SimtreeError:
         return None
     if mlp.get("kind") != "moe":
@@ -98,7 +102,7 @@ def _pick(df: pd.DataFrame, column: str, value: str | None, what: str,
 
 
 def _choose_verify_stage(df: pd.DataFrame, stage: str | None, notes: list) -> str:
-    stages = sorted(df["stage"].unique())
+    stages = sorted(s for s in df["stage"].unique() if not str(s).startswith("comm_"))   # collectives: their own fit
     if stage is not None:
         if stage == DRAFT_STAGE:
             raise SimtreeError(f"{DRAFT_STAGE} rows are C_d's (fitted beside C_v); --stage picks the "
@@ -151,14 +155,18 @@ def fit_profile(profile: str | os.PathLike, *, stage: str | None = None, model: 
                 variant: str | None = None, device: str | None = None, dtype: str | None = None,
                 draft_variant: str | None = None, draft_from_verify: bool = False,
                 draft_fraction: float = 0.05, forms=None, folds: int = 5,
-                reference_forms=("per_bin",),
+                reference_forms=("per_bin",), deployment: str | None = None, comm=None,
                 on_fit: Callable[[], None] | None = None,
                 on_more_solves: Callable[[int], None] | None = None) -> FitReport:
     """Fit C_v and C_d to a profile table and return the bundle with its evaluation.
 
     ``forms``: None/"auto" (see the module doc) or a tuple of form names.  ``on_fit()`` runs
     after every solve; ``on_more_solves(k)`` before the k solves of the n = 1 split (see
-    ``_decode_split``), so a progress bar can grow. Raises SimtreeError
+    ``_decode_split``), so a progress bar can grow.  ``deployment``: the rows of that rank
+    (canonical or not: "ep=8"); ``comm``: the communication model (a
+    :class:`simtree.deploy.comm.CommModel` or its JSON path) the bundle records for a
+    deployment of several GPUs, default the machine's assumed one (``meta["communication"]``).
+    Raises SimtreeError
     (one line) on a bad table, an ambiguous selection (several models, devices or variants with
     none chosen), an MoE form for a dense model, or data that cannot be fitted.
     """
@@ -168,6 +176,7 @@ def fit_profile(profile: str | os.PathLike, *, stage: str | None = None, model: 
     vstage = _choose_verify_stage(df, stage, notes)
     what = f"stage {vstage}"
     rows = _pick(df[df["stage"] == vstage], "model", model, what)
+    rows = _pick(rows, "deployment", None if deployment is None else parse_deployment(deployment).name, what)
     rows = _pick(rows, "device", device, what)
     rows = _pick(rows, "dtype", dtype, what)
     rows = _pick(rows, "variant", variant, what,
@@ -176,7 +185,8 @@ def fit_profile(profile: str | os.PathLike, *, stage: str | None = None, model: 
         notes.append(f"{what}: tree shapes {', '.join(sorted(rows['tree_shape'].unique()))} merged "
                      "by median at equal (n, l, b)")
     model_name, device_name = rows["model"].iloc[0], rows["device"].iloc[0]
-    moe = model_moe = moe_shape(model_name)
+    dep_name = rows["deployment"].iloc[0]
+    moe = model_moe = moe_shape(model_name, dep_name)
     draft_forms = _resolve_forms(forms, model_moe, model_name) if forms in (None, "auto") else None
     if moe is None and not _in_registry(model_name):
         notes.append(f"model {model_name!r} is not in the model registry: fitted as dense (no MoE "
@@ -206,7 +216,7 @@ def fit_profile(profile: str | os.PathLike, *, stage: str | None = None, model: 
     verify = VerifyCostModel(vres.surface, vinfo)
 
     drows = df[(df["stage"] == DRAFT_STAGE) & (df["model"] == model_name) & (df["device"] == device_name)
-               & (df["dtype"] == rows["dtype"].iloc[0])]
+               & (df["dtype"] == rows["dtype"].iloc[0]) & (df["deployment"] == dep_name)]
     dres = None
     if drows.empty:
         if not draft_from_verify:
@@ -241,12 +251,36 @@ def fit_profile(profile: str | os.PathLike, *, stage: str | None = None, model: 
         draft = DraftCostModel(dres.surface, _info(dres, dsource, dnotes, "convex_in_topk"))
         notes.extend(dnotes)
 
-    meta = {"model": model_name, "device": device_name, "synthetic": False,
+    meta = {"model": model_name, "device": device_name, "synthetic": False, "deployment": dep_name,
+            "communication": _communication(dep_name, device_name, comm, notes),
             "moe": None if moe is None else {"n_experts": moe[0], "experts_per_token": moe[1]},
             "source": {"profile": str(path), "sha256": digest, "verify_stage": vstage,
                        "draft_stage": DRAFT_STAGE if dres is not None else None},
             "profile_meta": read_meta(path)}
     return FitReport(CostBundle(verify, draft, meta), vres, dres, rows, drows, notes)
+
+
+def _communication(deployment: str, device: str, comm, notes: list) -> dict | None:
+    """The communication model a bundle of a deployment of several GPUs records: ``comm`` (a
+    CommModel or a path), else the default of the machine that measured the rows; None for one
+    GPU, or a device no machine table describes (then the deployment's costs need one given)."""
+    from simtree.deploy.comm import CommModel, load_comm
+    from simtree.deploy.machines import machine_for_device
+
+    if parse_deployment(deployment).gpus == 1:
+        return None
+    if comm is not None:
+        return (comm if isinstance(comm, CommModel) else load_comm(comm)).to_dict()
+    machine = machine_for_device(device)
+    if machine is None:
+        notes.append(f"no machine table describes device {device!r}: the bundle holds no communication model "
+                     f"for {deployment} (give one with --comm)")
+        return None
+    model = load_comm(machine.comm_path)
+    if model.assumed:
+        notes.append(f"{deployment}: communication assumed ({machine.comm_path.name}, docs/deployments.md), "
+                     "not measured")
+    return model.to_dict()
 
 
 # plain decoding fitted on its own only when that cuts the held-out error (median + p90) of

@@ -26,6 +26,15 @@ Schema (contract 1; other modules code against these names):
     triton_version     str    (may be empty where triton is absent)
     timestamp          str    ISO-8601 time of the measurement
 
+Two deployment columns follow (DEPLOYMENT_COLUMNS; a table written before they existed reads
+with their defaults):
+
+    deployment         str    the deployment whose rank was timed: "tp=1" (one GPU, the whole
+                              model), "tp=2", "ep=8" (simtree.deploy); a row without one takes
+                              its model's deployment in the table (a table holds one per model),
+                              else "tp=1"
+    message_bytes      int    message size of a collective's row (stages comm_*), else 0
+
 A point is identified by KEY_COLUMNS; a table never holds two rows with the same key.
 A sidecar ``<stem>.meta.json`` beside ``<stem>.csv`` holds the GPU name, driver, versions,
 clocks and sweep id (see :func:`meta_path`, :func:`write_meta`, :func:`read_meta`).
@@ -46,11 +55,13 @@ from typing import Iterable
 import numpy as np
 import pandas as pd
 
+from simtree.deploy.deployment import DEFAULT_DEPLOYMENT, parse_deployment
 from simtree.errors import SimtreeError
 from simtree.fileio import read_json, write_atomic, write_text_atomic
 
 __all__ = [
-    "PROFILE_COLUMNS", "KEY_COLUMNS", "INT_COLUMNS", "FLOAT_COLUMNS", "STR_COLUMNS",
+    "PROFILE_COLUMNS", "KEY_COLUMNS", "INT_COLUMNS", "FLOAT_COLUMNS", "STR_COLUMNS", "DEPLOYMENT_COLUMNS",
+    "TABLE_COLUMNS",
     "load_profile", "validate_profile", "append_rows", "measured_keys",
     "row_key", "meta_path", "write_meta", "read_meta", "profile_hash",
 ]
@@ -61,9 +72,11 @@ PROFILE_COLUMNS: tuple[str, ...] = (
     "latency_us_p10", "latency_us_p90", "repeats", "torch_version", "triton_version",
     "timestamp",
 )
+DEPLOYMENT_COLUMNS: tuple[str, ...] = ("deployment", "message_bytes")
+TABLE_COLUMNS = PROFILE_COLUMNS + DEPLOYMENT_COLUMNS   # what a table holds, in this order
 KEY_COLUMNS: tuple[str, ...] = (
     "stage", "model", "device", "dtype", "variant", "batch_size", "nodes_per_seq",
-    "context_len", "tree_shape", "num_steps", "topk",
+    "context_len", "tree_shape", "num_steps", "topk", "deployment", "message_bytes",
 )
 INT_COLUMNS = ("batch_size", "nodes_per_seq", "total_tokens", "context_len", "num_steps",
                "topk", "repeats")
@@ -72,7 +85,8 @@ STR_COLUMNS = tuple(c for c in PROFILE_COLUMNS if c not in INT_COLUMNS + FLOAT_C
 # String columns that may be empty (metadata); every other string column must be non-empty.
 _OPTIONAL_STR = ("torch_version", "triton_version")
 MIN_INT = {"batch_size": 1, "nodes_per_seq": 1, "total_tokens": 1, "context_len": 0,
-            "num_steps": 0, "topk": 0, "repeats": 1}
+            "num_steps": 0, "topk": 0, "repeats": 1, "message_bytes": 0}
+_KEY_DEFAULTS = {"num_steps": 0, "topk": 0, "deployment": DEFAULT_DEPLOYMENT, "message_bytes": 0}
 _MAX_INT = 2**53   # exact in float64, far inside int64 (larger values would wrap)
 
 
@@ -103,6 +117,9 @@ def validate_profile(df: pd.DataFrame, path: str | os.PathLike | None = None,
         raise SimtreeError(f"{_where(path)}: the table has no rows")
     out = df.loc[:, list(PROFILE_COLUMNS)].copy().reset_index(drop=True)
     line = lambda i: int(i) + 2  # noqa: E731 - CSV line of data row i
+    out["deployment"] = _deployments(df, out, path, line)
+    mb = df["message_bytes"].reset_index(drop=True) if "message_bytes" in df.columns else pd.Series(0, index=out.index)
+    out["message_bytes"] = mb.where(~(mb.isna() | (mb.astype(str).str.strip() == "")), 0)
 
     for col in STR_COLUMNS:
         values = out[col]
@@ -112,14 +129,14 @@ def validate_profile(df: pd.DataFrame, path: str | os.PathLike | None = None,
             raise SimtreeError(f"{_where(path, line(i))} column {col}: empty value")
         out[col] = values.astype(str).str.strip()
 
-    for col in INT_COLUMNS + FLOAT_COLUMNS:
+    for col in INT_COLUMNS + ("message_bytes",) + FLOAT_COLUMNS:
         num = pd.to_numeric(out[col], errors="coerce").astype(float)
         bad = ~np.isfinite(num.to_numpy())
         if bad.any():
             i = int(np.flatnonzero(bad)[0])
             raise SimtreeError(f"{_where(path, line(i))} column {col}: "
                                f"not a finite number ({_show(df[col].iloc[i])})")
-        if col in INT_COLUMNS:
+        if col in INT_COLUMNS or col == "message_bytes":
             arr = num.to_numpy()
             frac = arr != np.round(arr)
             out_of_range = (arr < MIN_INT[col]) | (arr > _MAX_INT)
@@ -153,10 +170,37 @@ def validate_profile(df: pd.DataFrame, path: str | os.PathLike | None = None,
         twin = next(r for r in rows[1:] if tuple(out.loc[r, list(KEY_COLUMNS)]) == key)
         raise SimtreeError(f"{_where(path, line(first))}: duplicate key with line {line(twin)} "
                            f"({', '.join(f'{k}={v}' for k, v in zip(KEY_COLUMNS, key))})")
-    extra = [c for c in df.columns if c not in PROFILE_COLUMNS]
+    extra = [c for c in df.columns if c not in TABLE_COLUMNS]
     for c in extra:  # unknown columns are kept (free-form annotations), after the schema
         out[c] = df[c].to_numpy()
     return out
+
+
+def _deployments(df: pd.DataFrame, out: pd.DataFrame, path, line) -> pd.Series:
+    """The deployment column, canonical ("tp=2", "ep=8"); a blank cell takes its model's one
+    deployment in the table (rows a writer added without the column, e.g. composed ones), else
+    the default: one GPU."""
+    if "deployment" not in df.columns:
+        return pd.Series(DEFAULT_DEPLOYMENT, index=out.index, dtype=object)
+    raw = df["deployment"].reset_index(drop=True)
+    blank = raw.isna() | (raw.astype(str).str.strip() == "")
+    names = pd.Series(DEFAULT_DEPLOYMENT, index=out.index, dtype=object)
+    given = raw[~blank].astype(str)
+    canonical = {}
+    for text in given.unique():   # a table holds a handful of distinct deployments
+        try:
+            canonical[text] = parse_deployment(text).name
+        except SimtreeError as exc:
+            i = int(given.index[given == text][0])
+            raise SimtreeError(f"{_where(path, line(i))} column deployment: {exc}") from None
+    names[~blank] = given.map(canonical)
+    if blank.any():
+        models = out["model"].astype(str)
+        for model in models[blank].unique():
+            known = set(names[~blank & (models == model)])
+            if len(known) == 1:
+                names[blank & (models == model)] = known.pop()
+    return names
 
 
 def _read_raw(path: Path) -> pd.DataFrame:
@@ -180,7 +224,7 @@ def load_profile(path: str | os.PathLike, allow_empty: bool = False) -> pd.DataF
     path = Path(path)
     raw = _read_raw(path)
     # Text columns: blank cells stay ""; numeric columns: blank means missing (NaN).
-    for col in INT_COLUMNS + FLOAT_COLUMNS:
+    for col in INT_COLUMNS + FLOAT_COLUMNS + ("message_bytes",):
         if col in raw.columns:
             raw[col] = raw[col].replace({"": np.nan, "nan": np.nan, "NaN": np.nan})
     for col in STR_COLUMNS:
@@ -193,10 +237,12 @@ def row_key(row: dict) -> tuple:
     """The key tuple of one row (KEY_COLUMNS order; ints as int, strings stripped)."""
     out = []
     for c in KEY_COLUMNS:
-        v = row.get(c, 0 if c in ("num_steps", "topk") else None)
+        v = row.get(c, _KEY_DEFAULTS.get(c))
         if v is None:
             raise SimtreeError(f"row is missing key column {c}")
-        out.append(int(v) if c in INT_COLUMNS else str(v).strip())
+        if c == "deployment":
+            v = parse_deployment(str(v)).name
+        out.append(int(v) if c in INT_COLUMNS or c == "message_bytes" else str(v).strip())
     return tuple(out)
 
 
@@ -244,7 +290,7 @@ def _versions() -> tuple[str, str]:
 
 
 def _complete(row: dict, versions: tuple[str, str], now: str) -> dict:
-    unknown = [k for k in row if k not in PROFILE_COLUMNS]
+    unknown = [k for k in row if k not in TABLE_COLUMNS]
     if unknown:
         raise SimtreeError(f"append_rows: unknown column(s) {', '.join(unknown)}")
     r = dict(row)
@@ -255,6 +301,9 @@ def _complete(row: dict, versions: tuple[str, str], now: str) -> dict:
     r.setdefault("torch_version", versions[0])
     r.setdefault("triton_version", versions[1])
     r.setdefault("timestamp", now)
+    r.setdefault("message_bytes", 0)
+    if "deployment" in r:
+        r["deployment"] = parse_deployment(str(r["deployment"])).name
     missing = [c for c in PROFILE_COLUMNS if c not in r]
     if missing:
         raise SimtreeError(f"append_rows: row is missing column(s) {', '.join(missing)}")
@@ -278,7 +327,8 @@ def append_rows(path: str | os.PathLike, rows: Iterable[dict]) -> int:
 
     Each row is a dict over PROFILE_COLUMNS; ``num_steps``/``topk`` default to 0,
     ``total_tokens`` to batch_size * nodes_per_seq, versions to the installed torch/triton,
-    ``timestamp`` to now (UTC). The merged table is validated (a duplicate key, NaN or
+    ``timestamp`` to now (UTC), ``message_bytes`` to 0 and ``deployment`` to the model's one in
+    the table, else one GPU. The merged table is validated (a duplicate key, NaN or
     latency <= 0 raises SimtreeError and leaves the file untouched), written to a temp file
     in the same folder and moved into place with os.replace. Returns the new row count.
     """
@@ -286,7 +336,7 @@ def append_rows(path: str | os.PathLike, rows: Iterable[dict]) -> int:
     rows = list(rows)
     versions = _versions()
     now = datetime.now(timezone.utc).isoformat(timespec="seconds")
-    new = pd.DataFrame([_complete(r, versions, now) for r in rows], columns=list(PROFILE_COLUMNS))
+    new = pd.DataFrame([_complete(r, versions, now) for r in rows], columns=list(TABLE_COLUMNS))
     if path.exists():
         old = load_profile(path, allow_empty=True)
         merged = pd.concat([old, new], ignore_index=True)

@@ -60,6 +60,7 @@ class Workload:
 class StepContext(Protocol):
     """What a step builder may read of the sweep's context for one model."""
 
+    model: object           # the ModelShape timed: one rank's (ModelShape.shard of the sweep's deployment)
     device: object          # torch.device the steps run on
     seed: int               # the sweep's seed: inputs derive from it
     notes: dict             # per-model scratch shared by the points of a sweep (loaded models, caches)

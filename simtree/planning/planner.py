@@ -105,6 +105,17 @@ class PlanResult:
         return bool(self.source.get("synthetic", False))
 
     @property
+    def deployment(self) -> str:
+        """The deployment planned ("tp=1" for one GPU), from the cost models' meta."""
+        return str((self.source.get("costs") or {}).get("deployment") or "tp=1")
+
+    @property
+    def communication(self) -> dict | None:
+        """{"assumed": bool, "label": ...} of the collectives the costs rest on; None for one GPU."""
+        comm = (self.source.get("costs") or {}).get("communication")
+        return comm if isinstance(comm, dict) and "assumed" in comm else None
+
+    @property
     def batch_sizes(self) -> tuple[int, ...]:
         """The planned batch sizes, ascending."""
         return tuple(sorted(int(b) for b in self.candidates["batch_size"].unique()))
@@ -130,7 +141,7 @@ class PlanResult:
                                        PolicySpec.from_dict(row.mode, json.loads(row.params)),
                                        float(row.tok_s), float(row.gain_vs_linear), float(row.gain_vs_none),
                                        bool(row.within_model_error)))
-        return Policy(self.model, self.device, entries, self.source)
+        return Policy(self.model, self.device, entries, self.source, deployment=self.deployment)
 
 
 # Static tables depend only on the acceptance model and the specs: computed once per workload
@@ -143,14 +154,14 @@ def _static_table(workload: Workload, specs: list[PolicySpec]) -> pd.DataFrame:
     cached = _TABLES.setdefault(workload.acceptance, {})
     if key in cached:
         return cached[key]
-    w = workload.acceptance.weights
     rows = []
     for spec in specs:
         shape = static_round(workload.acceptance, spec)
         s, k = spec.draft_shape()
         rows.append({"policy": spec.name, "mode": spec.mode, "params": json.dumps(spec.to_dict(), sort_keys=True),
-                     "budget": spec.fixed_budget, "tokens_per_round": 1.0 + float(w @ shape.accepted),
-                     "nodes_per_seq": float(w @ shape.nodes), "draft_steps": s, "draft_topk": k,
+                     "budget": spec.fixed_budget, "tokens_per_round": shape.tokens_per_round,
+                     "nodes_per_seq": shape.nodes_per_seq, "nodes_std": shape.nodes_std,
+                     "draft_steps": s, "draft_topk": k,
                      "min_nodes": float(shape.nodes.min()), "max_nodes": float(shape.nodes.max())})
     cached[key] = pd.DataFrame(rows)
     return cached[key]
@@ -174,14 +185,11 @@ def check_workload_names(workloads, labels: Sequence[str] | None = None) -> None
                                "one (a trace's workload field names it)")
 
 
-def _score(costs: Costs, workload: Workload, table: pd.DataFrame, adaptive: list[PolicySpec], b: int,
-           cv_tables: dict) -> pd.DataFrame:
+def _score(costs: Costs, workload: Workload, table: pd.DataFrame, adaptive: list[PolicySpec], b: int) -> pd.DataFrame:
     """Every candidate of one (workload, batch size): the fixed shapes of ``table`` (scored
     vectorised) and the ``adaptive`` specs, with their tok/s and round and draft latency, and
     the [ctx_lo, ctx_hi] of contexts each asks C_v at (the run's [l0, l0 + N], widened by an
-    adaptive spec's bucketed decision contexts).  ``cv_tables``: the adaptive specs' C_v tables,
-    shared by every call at the same ``costs`` (keyed by batch size, max budget and decision
-    context, not by workload)."""
+    adaptive spec's bucketed decision contexts)."""
     steps = table["draft_steps"].to_numpy()
     draft = np.zeros(len(table))
     drafted = steps > 0  # plain decoding drafts nothing: never ask C_d about it
@@ -193,9 +201,9 @@ def _score(costs: Costs, workload: Workload, table: pd.DataFrame, adaptive: list
                       round_us=out["total_us"] / out["rounds"], draft_us=draft, ctx_lo=lo, ctx_hi=hi)
     rows = []
     for spec in adaptive:
-        a = analytic_run(workload, spec, costs, b, cv_tables)
+        a = analytic_run(workload, spec, costs, b)
         rows.append({"policy": spec.name, "mode": spec.mode, "params": json.dumps(spec.to_dict(), sort_keys=True),
-                     "budget": None, "tokens_per_round": a["g"], "nodes_per_seq": a["n"],
+                     "budget": None, "tokens_per_round": a["g"], "nodes_per_seq": a["n"], "nodes_std": a["nodes_std"],
                      "draft_steps": spec.draft_depth, "draft_topk": 1, "min_nodes": 1.0,
                      "max_nodes": float(spec.max_nodes), "workload": workload.name, "batch_size": b,
                      "tok_s": a["tok_s"], "round_us": a["total_us"] / a["rounds"], "draft_us": a["draft_us"],
@@ -205,7 +213,12 @@ def _score(costs: Costs, workload: Workload, table: pd.DataFrame, adaptive: list
 
 def plan(costs: Costs, workloads: Sequence[Workload], batch_sizes: Sequence[int] = DEFAULT_BATCH_SIZES,
          space: SearchSpace = SearchSpace(), progress: Callable[[int, int], None] | None = None) -> PlanResult:
-    """Search every candidate for every (workload, batch size); see the module docstring."""
+    """Search every candidate for every (workload, batch size); see the module docstring.  Costs
+    of one rank of a deployment of several GPUs (``meta["deployment"]``) are planned composed
+    with their communication (:func:`simtree.deploy.costs.deployment_costs`)."""
+    from simtree.deploy.costs import deployment_costs
+
+    costs = deployment_costs(costs)
     if not batch_sizes:
         raise SimtreeError("plan needs at least one batch size")
     sizes = sorted({check_batch_size(b, "batch sizes") for b in batch_sizes})
@@ -214,7 +227,6 @@ def plan(costs: Costs, workloads: Sequence[Workload], batch_sizes: Sequence[int]
     check_workload_names(workloads)
     fixed, adaptive = candidate_specs(space)
     total, done, frames, spans = len(workloads) * len(sizes), 0, [], {}
-    cv_tables: dict = {}   # adaptive C_v tables: they depend on the costs, not the workload
     ranges = measured_ranges(costs)
     with warnings.catch_warnings():
         # the plan reports every axis it queries outside the measured range in its notes
@@ -223,7 +235,7 @@ def plan(costs: Costs, workloads: Sequence[Workload], batch_sizes: Sequence[int]
         for workload in workloads:
             table = _static_table(workload, fixed)
             for b in sizes:
-                df = _score(costs, workload, table, adaptive, b, cv_tables)
+                df = _score(costs, workload, table, adaptive, b)
                 queries = queried_ranges(df)
                 drafted = df["draft_steps"].to_numpy() > 0
                 for key, (lo, hi) in queries.items():

@@ -3,18 +3,29 @@
 JSON::
 
     {"schema": "simtree.policy/1", "model": str, "device": str, "created": iso-time,
-     "source": {...},            # cost bundle meta (synthetic flag), planner settings
+     "deployment": str,          # e.g. "tp=2", "ep=8" (an addition; absent: "tp=1", one GPU)
+     "source": {...},            # cost bundle meta (synthetic flag, communication), planner settings
      "entries": [{"workload": str, "batch_min": int, "batch_max": int,
                   "mode": "none"|"linear"|"eagle"|"best_first"|"cost_aware"|"batch_alloc",
                   "params": {...}, "tree_on": bool, "predicted_tok_s": float,
                   "gain_vs_linear": float, "gain_vs_none": float,
-                  "within_model_error": bool}]}   # optional (default false)
+                  "within_model_error": bool,     # optional (default false)
+                  # optional, written by `simtree plan` when it draws bootstrap models:
+                  "predicted_tok_s_band": [lo, hi], "band_models": int,
+                  "runner_up": {"policy": str, "advantage_band": [lo, hi]},
+                  "within_band": bool}]}
 
 ``tree_on`` is true exactly for the tree modes (eagle, best_first, cost_aware, batch_alloc).
 ``within_model_error`` (an addition) is true when a tree was chosen for a predicted gain over
 the best linear / plain alternative smaller than the verify cost model's held-out median error:
 the choice is a coin toss within what the fit can resolve.  Each entry is planned at its
 ``batch_max`` (the planner's batch sizes are the ranges' upper ends).
+
+The band fields (additions, :mod:`simtree.planning.bands`): the 10th-90th percentile of the
+predicted tok/s over ``band_models`` bootstrap acceptance models, the runner-up (the best
+policy of another family) with the band of the chosen policy's relative advantage over it
+(paired, per model), and ``within_band``: the runner-up is at least as fast under at least 10%
+of the models.  Readers that do not know them may ignore them.
 
 params: linear {"budget"}; eagle {"num_steps", "topk", "budget"}; best_first {"budget",
 "width", "draft_depth"}; cost_aware {"max_budget", "draft_depth"}; batch_alloc
@@ -30,6 +41,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
+from simtree.deploy.deployment import DEFAULT_DEPLOYMENT, parse_deployment
 from simtree.errors import SimtreeError, check_int
 from simtree.fileio import write_text_atomic
 from simtree.planning.modes import MODES, PolicySpec
@@ -53,6 +65,10 @@ class PolicyEntry:
     gain_vs_linear: float
     gain_vs_none: float
     within_model_error: bool = False
+    tok_s_band: tuple[float, float] | None = None          # predicted tok/s, 10th-90th percentile
+    runner_up: tuple[str, tuple[float, float]] | None = None   # (policy, band of the advantage over it)
+    within_band: bool = False
+    band_models: int = 0
 
     def __post_init__(self) -> None:
         if not isinstance(self.params, PolicySpec):
@@ -68,11 +84,17 @@ class PolicyEntry:
         return self.params.tree_on
 
     def to_dict(self) -> dict:
-        """The entry as the policy file holds it."""
-        return {"workload": self.workload, "batch_min": self.batch_min, "batch_max": self.batch_max,
-                "mode": self.mode, "params": self.params.to_dict(), "tree_on": self.tree_on,
-                "predicted_tok_s": self.predicted_tok_s, "gain_vs_linear": self.gain_vs_linear,
-                "gain_vs_none": self.gain_vs_none, "within_model_error": self.within_model_error}
+        """The entry as the policy file holds it (band fields only where a band was drawn)."""
+        out = {"workload": self.workload, "batch_min": self.batch_min, "batch_max": self.batch_max,
+               "mode": self.mode, "params": self.params.to_dict(), "tree_on": self.tree_on,
+               "predicted_tok_s": self.predicted_tok_s, "gain_vs_linear": self.gain_vs_linear,
+               "gain_vs_none": self.gain_vs_none, "within_model_error": self.within_model_error}
+        if self.tok_s_band is not None:
+            out.update(predicted_tok_s_band=list(self.tok_s_band), band_models=self.band_models,
+                       within_band=self.within_band)
+            if self.runner_up is not None:
+                out["runner_up"] = {"policy": self.runner_up[0], "advantage_band": list(self.runner_up[1])}
+        return out
 
     @classmethod
     def from_dict(cls, obj, where: str) -> "PolicyEntry":
@@ -103,7 +125,33 @@ class PolicyEntry:
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
                 raise SimtreeError(f"{where}: {key} must be a finite number >= 0, got {v!r}")
         return cls(str(obj["workload"]), batch_min, batch_max, params, float(obj["predicted_tok_s"]),
-                   float(obj["gain_vs_linear"]), float(obj["gain_vs_none"]), within)
+                   float(obj["gain_vs_linear"]), float(obj["gain_vs_none"]), within, **_band_fields(obj, where))
+
+
+def _interval(value, what: str, where: str, low: float | None) -> tuple[float, float]:
+    ok = (isinstance(value, list) and len(value) == 2
+          and all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in value))
+    if not ok or value[0] > value[1] or (low is not None and value[0] < low):
+        raise SimtreeError(f"{where}: {what} must be [lo, hi], two finite numbers with lo <= hi"
+                           + (f" and lo >= {low:g}" if low is not None else "") + f", got {value!r}")
+    return float(value[0]), float(value[1])
+
+
+def _band_fields(obj: dict, where: str) -> dict:
+    """The optional band fields of an entry, checked (an entry without them has no band)."""
+    if "predicted_tok_s_band" not in obj:
+        return {}
+    band = _interval(obj["predicted_tok_s_band"], "predicted_tok_s_band", where, 0.0)
+    models = check_int(obj.get("band_models"), f"{where}: band_models")
+    within = obj.get("within_band", False)
+    if not isinstance(within, bool):
+        raise SimtreeError(f"{where}: within_band must be true or false, got {within!r}")
+    runner = obj.get("runner_up")
+    if runner is not None:
+        if not isinstance(runner, dict) or not isinstance(runner.get("policy"), str):
+            raise SimtreeError(f"{where}: runner_up must be an object with a policy name")
+        runner = (runner["policy"], _interval(runner.get("advantage_band"), "runner_up.advantage_band", where, -1.0))
+    return {"tok_s_band": band, "runner_up": runner, "within_band": within, "band_models": models}
 
 
 @dataclass
@@ -113,8 +161,10 @@ class Policy:
     entries: list[PolicyEntry]
     source: dict = field(default_factory=dict)
     created: str = field(default_factory=lambda: datetime.now(timezone.utc).isoformat(timespec="seconds"))
+    deployment: str = DEFAULT_DEPLOYMENT
 
     def __post_init__(self) -> None:
+        self.deployment = parse_deployment(self.deployment).name
         seen: dict[str, list[tuple[int, int]]] = {}
         for e in self.entries:
             for lo, hi in seen.get(e.workload, []):
@@ -152,8 +202,8 @@ class Policy:
                        f"to its {side} planned batch size {edge} ({entry.mode}, planned at batch {entry.batch_max})")
 
     def to_dict(self) -> dict:
-        return {"schema": SCHEMA, "model": self.model, "device": self.device, "created": self.created,
-                "source": self.source, "entries": [e.to_dict() for e in self.entries]}
+        return {"schema": SCHEMA, "model": self.model, "device": self.device, "deployment": self.deployment,
+                "created": self.created, "source": self.source, "entries": [e.to_dict() for e in self.entries]}
 
     def save(self, path: str | Path) -> Path:
         """Write atomically (temp file + os.replace)."""
@@ -177,5 +227,9 @@ class Policy:
         if not isinstance(obj["entries"], list) or not obj["entries"]:
             raise SimtreeError(f"policy file {path}: 'entries' must be a non-empty list")
         entries = [PolicyEntry.from_dict(e, f"policy file {path}: entry {i}") for i, e in enumerate(obj["entries"])]
+        try:
+            deployment = parse_deployment(str(obj.get("deployment") or DEFAULT_DEPLOYMENT)).name
+        except SimtreeError as exc:
+            raise SimtreeError(f"policy file {path}: {exc}") from None
         return cls(str(obj["model"]), str(obj["device"]), entries, obj.get("source", {}) or {},
-                   str(obj.get("created", "")))
+                   str(obj.get("created", "")), deployment)

@@ -7,14 +7,19 @@ Per-round adaptive budgets (cost_aware, batch_alloc) and best-first trees have n
 for those the best *static* candidate the planner scored for the same workload at the batch size
 the policy entry was planned at (the entry's ``batch_max``; ``candidates.csv`` beside the
 policy file) is exported instead, and the loss is reported at that one batch size.
+
+The policy's deployment comes first, as SGLang spells it (``--tp-size``, ``--ep-size``,
+``--enable-dp-attention --dp-size``; :meth:`simtree.deploy.Deployment.sglang_args`).
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
+from simtree.deploy.deployment import parse_deployment
 from simtree.errors import SimtreeError
 from simtree.planning.modes import EagleParams, LinearParams, NoneParams, PolicySpec, check_batch_size
 from simtree.planning.planner import read_candidates
@@ -35,9 +40,12 @@ class SGLangExport:
     predicted_tok_s: float       # of the exported policy
     loss_vs_planned: float       # 1 - exported / planned predicted throughput (0 when exact)
     planned_batch_size: int = 0  # the batch size both throughputs are predicted at
+    deployment: str = "tp=1"     # the policy's deployment
+    deployment_args: tuple[str, ...] = ()   # its SGLang parallelism arguments (empty: one GPU)
 
     def command_line(self) -> str:
-        return " ".join(self.args) if self.args else "(no speculative arguments: plain decoding)"
+        spec = " ".join(self.args) if self.args else "(no speculative arguments: plain decoding)"
+        return " ".join(self.deployment_args + (spec,)) if self.deployment_args else spec
 
 
 def server_args(spec: PolicySpec) -> tuple[str, ...]:
@@ -53,15 +61,25 @@ def server_args(spec: PolicySpec) -> tuple[str, ...]:
             "--speculative-eagle-topk", str(topk), "--speculative-num-draft-tokens", str(spec.budget))
 
 
-def export(policy_path: str | Path, workload: str, batch_size: int) -> SGLangExport:
+def export(policy_path: str | Path, workload: str, batch_size: int, deployment: str | None = None) -> SGLangExport:
     """The SGLang arguments for ``workload`` at ``batch_size`` from a ``simtree plan`` folder.
 
     The policy entry that holds ``batch_size`` was planned at its ``batch_max``: a static
     substitute comes from the candidates scored at that same batch size, so the reported loss
     compares two predictions at one batch size.  A batch size outside every planned range
-    warns (RuntimeWarning) that the policy is clamped to the nearest planned one."""
+    warns (RuntimeWarning) that the policy is clamped to the nearest planned one.  ``deployment``
+    must be the one the policy was planned for (its costs are that deployment's)."""
     check_batch_size(batch_size)
     policy = Policy.load(policy_path)
+    if deployment is not None and parse_deployment(deployment).name != policy.deployment:
+        raise SimtreeError(f"{policy_path} was planned for {policy.model} at {policy.deployment}, not at "
+                           f"{parse_deployment(deployment).name}: plan that deployment (simtree plan --deployment)")
+    dep = parse_deployment(policy.deployment)
+    result = _export(policy, policy_path, workload, batch_size)
+    return dataclasses.replace(result, deployment=dep.name, deployment_args=dep.sglang_args())
+
+
+def _export(policy: Policy, policy_path, workload: str, batch_size: int) -> SGLangExport:
     entry, note = policy.resolve(workload, batch_size)
     if note:
         warnings.warn(note, RuntimeWarning, stacklevel=2)

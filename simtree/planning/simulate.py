@@ -11,7 +11,8 @@ nodes per sequence as the policy does.
 
 Two modes: ``analytic`` (expected accepted length per round, contexts grow by the expectation)
 and Monte-Carlo (a level and an accepted length drawn per sequence per round, ``mc_runs``
-replications, 95% interval over replications).
+replications, 95% interval over replications).  The adaptive modes' round decisions
+(cost_aware, batch_alloc) are :mod:`simtree.planning.adaptive`.
 
 Draft cost per mode (the drafter cost model is C_d(s, k, b): s sequential steps of k tokens
 per sequence): none 0; linear D -> C_d(D-1, 1); eagle -> C_d(s, k); the marginal modes
@@ -28,12 +29,14 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from simtree.acceptance.model import AcceptanceModel, Workload
-from simtree.acceptance.phi import expected_accepted_positional, sample_accepted_length
+from simtree.acceptance.phi import expected_accepted_ranked, rank_tokens, sample_accepted_length
 from simtree.costs.model import Costs
 from simtree.errors import SimtreeError, check_whole
+from simtree.planning.adaptive import AdaptiveRounds
+from simtree.planning.allocation import RunningPrice, batch_allocation
 from simtree.planning.modes import (BatchAllocParams, BestFirstParams, CostAwareParams, EagleParams, LinearParams,
                                     NoneParams, PolicySpec, check_batch_size)
-from simtree.trees.builders import batched_best_first_tree, best_first_order, cost_aware_budget, eagle_tree
+from simtree.trees.builders import batched_best_first_tree, eagle_tree_positional
 from simtree.trees.tree import DraftTree
 
 __all__ = ["RoundShape", "SimResult", "static_round", "simulate", "analytic_static", "analytic_run",
@@ -42,34 +45,54 @@ __all__ = ["RoundShape", "SimResult", "static_round", "simulate", "analytic_stat
 
 @dataclass(frozen=True, eq=False)
 class RoundShape:
-    """Per-level trees of a fixed-shape policy: nodes [L], expected accepted drafts [L]."""
+    """Per-level trees of a fixed-shape policy: nodes [L], expected accepted drafts [L], and
+    weights [L], the share of the policy's rounds at each level (``round_weights``)."""
 
     trees: tuple[DraftTree, ...]
     tables: tuple[np.ndarray, ...]
     nodes: np.ndarray
     accepted: np.ndarray
+    weights: np.ndarray
+
+    @property
+    def tokens_per_round(self) -> float:
+        return 1.0 + float(self.weights @ self.accepted)
+
+    @property
+    def nodes_per_seq(self) -> float:
+        return float(self.weights @ self.nodes)
+
+    @property
+    def nodes_std(self) -> float:
+        """Spread of the nodes a sequence verifies per round over the policy's rounds."""
+        return float(np.sqrt(self.weights @ (self.nodes - self.nodes_per_seq) ** 2))
 
 
 def static_round(acc: AcceptanceModel, spec: PolicySpec) -> RoundShape:
-    """Trees of a none/linear/eagle/best_first policy per acceptance level, with their Phi."""
+    """Trees of a none/linear/eagle/best_first policy per acceptance level, with their Phi.
+
+    The acceptance model hands the builders numbers (the drafter's probabilities per depth and
+    rank, ``draft_table`` / ``draft_marginals``); the trees they return are scored here with
+    the level's acceptance table (a node's token is its rank id, its column there)."""
     trees, tables = [], []
     for level in range(acc.num_levels):
         if isinstance(spec, NoneParams):
             tree, table = DraftTree.chain(1), acc.table(level, 1)
         elif isinstance(spec, (LinearParams, EagleParams)):
             s, k = spec.draft_shape()
-            tree = eagle_tree(acc.propose(level, k), s, k, spec.budget) if s >= 1 else DraftTree.chain(1)
+            tree = eagle_tree_positional(acc.draft_table(level, s), s, k, spec.budget) if s >= 1 else DraftTree.chain(1)
             table = acc.table(level, max(s, 1))
         elif isinstance(spec, BestFirstParams):
-            toks, table = acc.marginals(level, spec.draft_depth)
-            tree = batched_best_first_tree(toks, table, spec.budget, spec.width)[0]
+            toks, draft = acc.draft_marginals(level, spec.draft_depth)
+            tree = batched_best_first_tree(toks, draft, spec.budget, spec.width)[0]
+            table = acc.table(level, spec.draft_depth)
         else:
             raise SimtreeError(f"mode {spec.mode!r} is adaptive: it has no fixed round shape")
         trees.append(tree)
         tables.append(table)
     nodes = np.array([t.num_nodes for t in trees], np.float64)
-    accepted = np.array([expected_accepted_positional(t, tb) for t, tb in zip(trees, tables)])
-    return RoundShape(tuple(trees), tuple(tables), nodes, accepted)
+    accepted = np.array([expected_accepted_ranked(t, tb) for t, tb in zip(trees, tables)])
+    return RoundShape(tuple(trees), tuple(tables), nodes, accepted, acc.round_weights(1.0 + accepted))
 
 
 EXACT_ROUNDS = 4096      # runs of up to this many rounds sum C_v over every round
@@ -127,28 +150,6 @@ def analytic_static(tokens_per_round, nodes_per_seq, draft_us, costs: Costs, bat
             "throughput_tok_s": tokens / total * 1e6}
 
 
-def batch_allocation(survival: list[np.ndarray], mass: np.ndarray, verify_cost, draft_us: float,
-                     batch_size: int) -> np.ndarray:
-    """DSpark-style allocation: extra nodes per candidate list (int [len(survival)]).
-
-    ``survival[i]`` [m_i]: prefix probabilities of list i's non-root best-first nodes
-    (non-increasing); ``mass[i]``: how many requests carry list i (1 in Monte-Carlo, b*w_level
-    in the analytic fluid version).  Candidates of all lists are merged by survival prob and
-    the prefix maximising (b + sum of survival) / (C_d + C_v(1 + K/b)) is kept, K = nodes added.
-    """
-    probs = np.concatenate(survival) if survival else np.zeros(0)
-    owner = np.concatenate([np.full(s.shape[0], i) for i, s in enumerate(survival)]) if survival else np.zeros(0, int)
-    order = np.argsort(-probs, kind="stable")  # stable keeps each list's own order on ties
-    m = np.asarray(mass, np.float64)[owner[order]]
-    added = np.concatenate([[0.0], np.cumsum(m)])
-    gain = np.concatenate([[0.0], np.cumsum(probs[order] * m)])
-    cost = draft_us + np.asarray(verify_cost(1.0 + added / batch_size), np.float64)
-    if not (cost.min() > 0 and cost.max() < np.inf):  # NaN fails both comparisons
-        raise SimtreeError("cost model returned a NaN, infinite or non-positive verify cost")
-    best = int(np.argmax((batch_size + gain) / cost))
-    return np.bincount(owner[order[:best]], minlength=len(survival))
-
-
 @dataclass
 class SimResult:
     """What one simulation reports (per-sequence quantities are per sequence per round)."""
@@ -174,58 +175,17 @@ class SimResult:
     synthetic: bool = False
     model: str = ""                    # the cost bundle's meta["model"]
     notes: list = field(default_factory=list)   # one-line caveats (e.g. a budget the shape cannot fill)
+    nodes_std_per_seq: float = 0.0     # spread of a sequence's nodes per round over the policy's rounds
+    deployment: str = "tp=1"           # the cost bundle's meta["deployment"]
+    communication: str | None = None   # "communication assumed" / "... measured"; None for one GPU
 
     def to_dict(self) -> dict:
         return asdict(self)
 
 
-class _Adaptive:
-    """Per-round decisions of cost_aware / batch_alloc for one acceptance model, batch, costs."""
-
-    def __init__(self, acc: AcceptanceModel, spec: CostAwareParams | BatchAllocParams, costs: Costs,
-                 batch_size: int, cv_tables: dict | None = None):
-        self.spec, self.costs, self.b, self.acc = spec, costs, batch_size, acc
-        self.max_budget = spec.max_nodes
-        self.draft_us = _draft_us(costs, spec, batch_size)
-        # first-stop rule only when C_v is convex in n; batch_allocation always takes the global argmax
-        self.convex = bool(costs.verify.convex_in_n)
-        # C_v(1..max_budget) per (batch, max budget, decision context), kept only in a dict the
-        # caller passes to share among the policies it decides at the same costs (the planner:
-        # one per plan() call, shared by its workloads and draft depths: the tables do not
-        # depend on the workload; Monte-Carlo runs pass one of their own, keyed by the batch's
-        # mean context: it repeats at one sequence, whose contexts are whole tokens, and seldom
-        # at more); None: computed each time
-        self.cv_tables = cv_tables
-        self.orders, self.tables = [], []
-        for level in range(acc.num_levels):
-            toks, probs = acc.marginals(level, spec.draft_depth)
-            self.orders.append(best_first_order(toks, probs, self.max_budget))
-            self.tables.append(probs)
-
-    def nodes(self, level_mass: np.ndarray, levels: np.ndarray, ctx: float) -> np.ndarray:
-        """Nodes per entry of ``levels`` (each entry carries ``level_mass`` requests)."""
-        cv = lambda n: self.costs.verify.predict(n, ctx, self.b)  # noqa: E731
-        if isinstance(self.spec, CostAwareParams):
-            # C_v(1..max_budget) once per decision context, shared by every level's stop rule
-            key = (self.b, self.max_budget, float(ctx))
-            table = None if self.cv_tables is None else self.cv_tables.get(key)
-            if table is None:
-                table = np.asarray(cv(np.arange(1, self.max_budget + 1)), np.float64)
-                if self.cv_tables is not None:
-                    self.cv_tables[key] = table
-            cached = lambda n: table[np.asarray(n) - 1]  # noqa: E731
-            per_level = {lv: cost_aware_budget(self.orders[lv], cached, self.draft_us, self.max_budget,
-                                               convex=self.convex)
-                         for lv in np.unique(levels)}
-            return np.array([per_level[lv] for lv in levels], np.int64)
-        survival = [self.orders[lv].prefix_probs[1:self.max_budget] for lv in levels]
-        return 1 + batch_allocation(survival, level_mass, cv, self.draft_us, self.b)
-
-    def phi(self, level: int, n: int) -> float:
-        return float(self.orders[level].cum_phi[n - 1])
-
-    def tree(self, level: int, n: int) -> DraftTree:
-        return self.orders[level].tree(n)
+def _comm_label(meta) -> str | None:
+    comm = meta.get("communication")
+    return str(comm.get("label")) if isinstance(comm, dict) and comm.get("label") else None
 
 
 def _draft_us(costs: Costs, spec: PolicySpec, batch_size: int) -> float:
@@ -237,39 +197,37 @@ CTX_QUANTUM = 32  # tokens; granularity of adaptive budget decisions in the anal
 MAX_DECISIONS = 64  # longer runs (N > 2048) decide per (output_len / 64)-token bucket instead
 
 
-def analytic_run(workload: Workload, spec: PolicySpec, costs: Costs, b: int,
-                 cv_tables: dict | None = None) -> dict:
-    """Expected-value run: mean tokens per round g (incl. bonus), mean nodes n, rounds,
-    total_us, mean verify_us and draft_us per round, and tok_s (batch throughput counting the
-    N = output_len tokens each sequence outputs); adaptive modes also ``decision_ctx``, the
-    [lo, hi] of the (bucketed) contexts their budget decisions query C_v at (None for fixed
-    shapes).  ``cv_tables``: a dict shared by runs at the same ``costs`` (cost_aware's C_v
-    tables per batch size and decision context, ``_Adaptive``; they do not depend on the
-    workload)."""
-    acc, w = workload.acceptance, workload.acceptance.weights
+def analytic_run(workload: Workload, spec: PolicySpec, costs: Costs, b: int) -> dict:
+    """Expected-value run: mean tokens per round g (incl. bonus), mean nodes n and their spread
+    ``nodes_std`` over the policy's rounds, rounds, total_us, mean verify_us and draft_us per
+    round, tok_s (batch throughput counting the N = output_len tokens each sequence outputs),
+    ``level_weights`` (the share of its rounds at each acceptance level); adaptive modes also
+    ``decision_ctx``, the [lo, hi] of the (bucketed) contexts their budget decisions query C_v
+    at (None for fixed shapes)."""
+    acc = workload.acceptance
     l0, N = workload.mean_prompt_len, workload.output_len
     if not isinstance(spec, (CostAwareParams, BatchAllocParams)):
         shape = static_round(acc, spec)
-        g, n, draft = 1.0 + float(w @ shape.accepted), float(w @ shape.nodes), _draft_us(costs, spec, b)
+        g, n, draft = shape.tokens_per_round, shape.nodes_per_seq, _draft_us(costs, spec, b)
         out = analytic_static(g, n, draft, costs, b, l0, N)
-        return {"g": g, "n": n, "rounds": int(out["rounds"][0]), "total_us": float(out["total_us"][0]),
-                "verify_us": float(out["verify_us"][0]), "draft_us": draft,
-                "tok_s": float(out["throughput_tok_s"][0]), "decision_ctx": None}
-    ad = _Adaptive(acc, spec, costs, b, cv_tables)
-    levels = np.arange(acc.num_levels)
+        return {"g": g, "n": n, "nodes_std": shape.nodes_std, "rounds": int(out["rounds"][0]),
+                "total_us": float(out["total_us"][0]), "verify_us": float(out["verify_us"][0]), "draft_us": draft,
+                "tok_s": float(out["throughput_tok_s"][0]), "level_weights": shape.weights, "decision_ctx": None}
+    ad = AdaptiveRounds(acc, spec, costs, b)
     # The per-round budget decision depends on the context only through C_v, which moves
     # negligibly over a few tokens: decide once per quantum-token bucket of context (the
     # rounds' own costs below still use their exact contexts).
     quantum = max(CTX_QUANTUM, math.ceil(N / MAX_DECISIONS))
-    produced, ctx, total, verify_sum, rounds, gs, ns = 0.0, l0, 0.0, 0.0, 0, 0.0, 0.0
+    produced, ctx, total, verify_sum, rounds, gs = 0.0, l0, 0.0, 0.0, 0, 0.0
+    level_rounds, buckets = np.zeros(acc.num_levels), []   # buckets: (rounds, mean nodes, their variance)
     decided = [math.inf, -math.inf]   # the contexts the decisions ask C_v at: up to quantum / 2 off ctx
     while produced < N - 1e-9:   # one decision per bucket: its rounds all go at once below
         bucket = int(round(ctx / quantum))
         at = bucket * quantum or ctx
         decided = [min(decided[0], at), max(decided[1], at)]
-        nodes = ad.nodes(b * w, levels, at)   # level l carries b * w_l requests
-        g = 1.0 + float(sum(w[i] * ad.phi(i, int(nodes[i])) for i in levels))
-        n = float(w @ nodes)
+        nodes, w = ad.decide(at)   # level l carries b * w_l requests
+        g = 1.0 + float(sum(w[i] * ad.phi(i, int(nodes[i])) for i in range(acc.num_levels)))
+        n = max(float(w @ nodes), 1.0)   # weights sum to 1 within rounding: never ask C_v below one node
         # every round left in this bucket at once: contexts ctx + g j while they round to it
         left = max(1, math.ceil((N - 1e-9 - produced) / g))
         span = max(1, math.ceil(((bucket + 0.5) * quantum - ctx) / g) + 1)
@@ -281,31 +239,41 @@ def analytic_run(workload: Workload, spec: PolicySpec, costs: Costs, b: int,
         v = float(np.sum(costs.verify.predict(np.full(k, n), ctxs[:k], b)))
         total += v + k * ad.draft_us
         verify_sum, produced, ctx = verify_sum + v, produced + g * k, ctx + g * k
-        rounds, gs, ns = rounds + k, gs + g * k, ns + n * k
-    return {"g": gs / rounds, "n": ns / rounds, "rounds": rounds, "total_us": total,
-            "verify_us": verify_sum / rounds, "draft_us": ad.draft_us,
-            "tok_s": b * min(float(N), produced) / total * 1e6, "decision_ctx": (float(decided[0]), float(decided[1]))}
+        rounds, gs = rounds + k, gs + g * k
+        level_rounds += w * k
+        buckets.append((k, n, float(w @ (nodes - n) ** 2)))
+    k, means, var = (np.array(v, np.float64) for v in zip(*buckets))
+    n = float(k @ means) / rounds
+    std = math.sqrt(float(k @ (var + (means - n) ** 2)) / rounds)   # within and between the decisions
+    return {"g": gs / rounds, "n": n, "nodes_std": std, "rounds": rounds,
+            "total_us": total, "verify_us": verify_sum / rounds, "draft_us": ad.draft_us,
+            "tok_s": b * min(float(N), produced) / total * 1e6, "level_weights": level_rounds / rounds,
+            "decision_ctx": (float(decided[0]), float(decided[1]))}
 
 
 def _monte_carlo(workload: Workload, spec: PolicySpec, costs: Costs, b: int, rounds: int, runs: int,
-                 seed: int, progress=None) -> dict:
+                 seed: int, level_weights: np.ndarray, progress=None) -> dict:
     """``runs`` replications of ``rounds`` rounds.  A sequence outputs N = output_len tokens, then
     its slot takes a new request (continuous batching: a fresh prompt); what its last round
-    accepted beyond N is not output, as in the analytic run."""
+    accepted beyond N is not output, as in the analytic run.  Levels are drawn per sequence per
+    round from ``level_weights`` (the policy's rounds, as the analytic run spreads them);
+    cost_aware prices each run's nodes at its own running rate, as the runtime does."""
     acc, N = workload.acceptance, workload.output_len
     rng = np.random.default_rng(seed)
     adaptive = isinstance(spec, (CostAwareParams, BatchAllocParams))
-    ad = _Adaptive(acc, spec, costs, b, {}) if adaptive else None
+    ad = AdaptiveRounds(acc, spec, costs, b) if adaptive else None
     shape = None if adaptive else static_round(acc, spec)
     draft = ad.draft_us if adaptive else _draft_us(costs, spec, b)
+    p = np.asarray(level_weights, np.float64) / np.sum(level_weights)
     tput, acc_per_round, cache = np.zeros(runs), np.zeros(runs), {}
     for run in range(runs):
         ctx = rng.choice(workload.prompt_lens, b).astype(np.float64)
         produced, time, accepted, output = np.zeros(b), 0.0, 0.0, 0.0
+        price = RunningPrice()
         for _ in range(rounds):
-            levels = rng.choice(acc.num_levels, b, p=acc.weights)
+            levels = rng.choice(acc.num_levels, b, p=p)
             if adaptive:
-                nodes = ad.nodes(np.ones(b), levels, float(ctx.mean()))
+                nodes = ad.round_nodes(levels, float(ctx.mean()), price)
             else:
                 nodes = shape.nodes[levels].astype(np.int64)
             gained = np.ones(b)
@@ -315,8 +283,11 @@ def _monte_carlo(workload: Workload, spec: PolicySpec, costs: Costs, b: int, rou
                     cache[key] = ((ad.tree(*key), ad.tables[key[0]]) if adaptive
                                   else (shape.trees[key[0]], shape.tables[key[0]]))
                 tree, table = cache[key]
-                gained[idx] += sample_accepted_length(tree, rng, idx.size, accept_table=table)
-            time += draft + float(costs.verify.predict(float(nodes.mean()), float(ctx.mean()), b))
+                gained[idx] += sample_accepted_length(tree, rng, idx.size, marginal_tokens=rank_tokens(table),
+                                                      marginal_probs=table)
+            round_us = draft + float(costs.verify.predict(float(nodes.mean()), float(ctx.mean()), b))
+            price.update(gained.sum(), round_us)
+            time += round_us
             accepted += gained.sum()
             done = produced + gained >= N
             output += float(np.where(done, N - produced, gained).sum())
@@ -367,7 +338,8 @@ def simulate(costs: Costs, workload: Workload, batch_size: int, spec: PolicySpec
     notes = [n for n in (_capped_budget_note(workload, spec, a["n"]),) if n]
     accepted, ci = a["g"], {}
     if mc_runs:
-        mc = _monte_carlo(workload, spec, costs, b, a["rounds"], int(mc_runs), int(seed), progress)
+        mc = _monte_carlo(workload, spec, costs, b, a["rounds"], int(mc_runs), int(seed), a["level_weights"],
+                          progress)
         throughput, accepted, ci = mc["throughput_tok_s"], mc["accepted_tokens_per_round"], mc["ci95"]
     return SimResult(policy=spec.name, mode=spec.mode, params=spec.to_dict(), workload=workload.name,
                      batch_size=b, method=f"monte_carlo x{mc_runs}" if mc_runs else "analytic",
@@ -377,5 +349,7 @@ def simulate(costs: Costs, workload: Workload, batch_size: int, spec: PolicySpec
                      rounds=a["rounds"], speedup_vs_none=throughput / none_tput,
                      speedup_vs_linear=throughput / lin_tput, linear_budget=lin_d, ci95=ci,
                      synthetic=bool(costs.meta.get("synthetic", False)),
-                     model=str(costs.meta.get("model", "")), notes=notes)
+                     model=str(costs.meta.get("model", "")), notes=notes, nodes_std_per_seq=a["nodes_std"],
+                     deployment=str(costs.meta.get("deployment") or "tp=1"),
+                     communication=_comm_label(costs.meta))
 

@@ -5,7 +5,12 @@
   over linear speculation at the SAME budget D, over (batch size x budget);
 - ``throughput_vs_batch.png``: best predicted throughput of each policy family vs batch size;
 - ``plan.md``: the chosen policy table, with a loud SYNTHETIC banner when the costs are not
-  measured.
+  measured, "communication assumed" when the deployment's collectives come from the default
+  alpha-beta model rather than measurements, and the adaptive budget against the best fixed
+  one (with the spread of its per-round budgets);
+- ``adaptive_vs_fixed.csv``: that comparison as a table (:func:`simtree.planning.compare.adaptive_vs_fixed`);
+- ``tree_vs_linear.csv``: per workload, batch size, budget D and EAGLE tree shape, the
+  predicted tree and linear throughput at the same D and their ratio (``gain``).
 """
 from __future__ import annotations
 
@@ -18,12 +23,17 @@ import pandas as pd
 from simtree.costs.synthetic import SYNTHETIC_LABEL
 from simtree.errors import SimtreeError
 from simtree.models import DECODE_STAGE
+from simtree.planning.bands import BAND_MODELS, band_workloads, bands_from_policy, plan_bands, with_bands
+from simtree.planning.compare import adaptive_vs_fixed
 from simtree.planning.modes import TREE_MODES
 from simtree.planning.planner import (DEFAULT_BATCH_SIZES, FAMILIES, PlanResult, SearchSpace, check_workload_names,
                                       plan, read_candidates)
 from simtree.planning.policy_file import Policy
 
-__all__ = ["gain_grid", "write_plan_report", "render_plan_dir", "plan_folders", "plan_and_write"]
+__all__ = ["gain_grid", "tree_vs_linear", "write_plan_report", "render_plan_dir", "plan_folders", "plan_and_write",
+           "TREE_VS_LINEAR_COLUMNS"]
+
+TREE_VS_LINEAR_COLUMNS = ("workload", "batch_size", "budget", "shape", "linear_tok_s", "tree_tok_s", "gain")
 
 _BANNER = ("> **SYNTHETIC COST MODEL** - " + SYNTHETIC_LABEL + ". These predictions come from an "
            "analytic roofline, not from measurements on this GPU; run `simtree profile` and "
@@ -37,6 +47,34 @@ def gain_grid(candidates: pd.DataFrame, workload: str) -> pd.DataFrame:
     tree = df[df["mode"].isin(["eagle", "best_first"])].groupby(["batch_size", "budget"])["tok_s"].max()
     lin = df[df["mode"] == "linear"].groupby(["batch_size", "budget"])["tok_s"].max()
     return (tree / lin).unstack("budget")
+
+
+def tree_vs_linear(candidates: pd.DataFrame) -> pd.DataFrame:
+    """Every EAGLE tree candidate against linear speculation at the same budget D, per workload
+    and batch size (:data:`TREE_VS_LINEAR_COLUMNS`; shape = the tree's policy name, sS_kK_dD)."""
+    df = candidates[candidates["budget"].notna()]
+    lin = (df[df["mode"] == "linear"].assign(budget=lambda d: d["budget"].astype(int))
+           .groupby(["workload", "batch_size", "budget"])["tok_s"].max().rename("linear_tok_s"))
+    tree = df[df["mode"] == "eagle"].assign(budget=lambda d: d["budget"].astype(int))
+    out = tree.join(lin, on=["workload", "batch_size", "budget"], how="inner")
+    out = out.rename(columns={"policy": "shape", "tok_s": "tree_tok_s"}).assign(
+        gain=lambda d: d["tree_tok_s"] / d["linear_tok_s"])
+    order = {w: i for i, w in enumerate(dict.fromkeys(candidates["workload"]))}
+    # stable: within a budget the planner's order (steps, then top-k)
+    out = out.sort_values(["workload", "batch_size", "budget"], key=lambda c: c.map(order) if c.name == "workload"
+                          else c, kind="stable")
+    return out.loc[:, list(TREE_VS_LINEAR_COLUMNS)].reset_index(drop=True)
+
+
+def _comm_banner(result: PlanResult) -> str | None:
+    comm = result.communication
+    if comm is None:
+        return None
+    if comm.get("assumed"):
+        return (f"> **communication assumed** - the collectives of {result.deployment} come from the default "
+                "alpha-beta model (docs/deployments.md), not from measurements on these GPUs; measure them "
+                "(`simtree profile --sweep collectives_gpu`) and fit them (`simtree fit`) for measured numbers.\n")
+    return f"> Communication of {result.deployment}: measured ({comm.get('source', '')}).\n"
 
 
 def _figures(result: PlanResult, out: Path) -> list[Path]:
@@ -86,16 +124,26 @@ def _figures(result: PlanResult, out: Path) -> list[Path]:
     return [heat, thr]
 
 
-def write_plan_report(result: PlanResult, out_dir: str | Path) -> dict[str, Path]:
-    """Write plan.md, gain_heatmap.png, throughput_vs_batch.png, candidates.csv into out_dir."""
+def write_plan_report(result: PlanResult, out_dir: str | Path, bands: pd.DataFrame | None = None) -> dict[str, Path]:
+    """Write plan.md, gain_heatmap.png, throughput_vs_batch.png, candidates.csv,
+    adaptive_vs_fixed.csv and tree_vs_linear.csv into out_dir; ``bands``
+    (:func:`simtree.planning.bands.plan_bands`) adds the uncertainty of each choice to plan.md."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     heat, thr = _figures(result, out)
     cand = out / "candidates.csv"
     result.candidates.to_csv(cand, index=False)
-    lines = [f"# simtree plan: {result.model} on {result.device}", ""]
+    versus = adaptive_vs_fixed(result.candidates)
+    versus_csv = out / "adaptive_vs_fixed.csv"
+    versus.to_csv(versus_csv, index=False)
+    tvl = out / "tree_vs_linear.csv"
+    tree_vs_linear(result.candidates).to_csv(tvl, index=False, float_format="%.6g")
+    lines = [f"# simtree plan: {result.model} at {result.deployment} on {result.device}", ""]
     if result.synthetic:
         lines += [_BANNER, ""]
+    banner = _comm_banner(result)
+    if banner:
+        lines += [banner, ""]
     lines += ["Predicted by simtree's analytic simulator (expected accepted length per round, context "
               "growing as it decodes). Acceptance models:", ""]
     for name, info in result.source.get("workloads", {}).items():
@@ -120,6 +168,8 @@ def write_plan_report(result: PlanResult, out_dir: str | Path) -> dict[str, Path
         lines.append(f"| {r.workload} | {r.batch_size} | {r.policy} | {on} | {r.tokens_per_round:.2f} | "
                      f"{r.nodes_per_seq:.1f} | {r.tok_s:.0f} | {r.gain_vs_linear:.3f} | {r.gain_vs_none:.2f} | "
                      f"{r.best_linear} | {extra} |")
+    lines += _band_lines(result, bands)
+    lines += _adaptive_lines(result.candidates, versus, versus_csv.name)
     notes = result.notes
     if notes:
         lines += ["", "## Extrapolated costs", "",
@@ -127,10 +177,79 @@ def write_plan_report(result: PlanResult, out_dir: str | Path) -> dict[str, Path
                   "range (`draft.num_steps`: drafting deeper than the profile measured). Queried by this plan:", ""]
         lines += [f"- {n}" for n in notes]
     lines += ["", f"![gain heat map]({heat.name})", "", f"![throughput vs batch]({thr.name})", "",
-              f"All {len(result.candidates)} candidates: `{cand.name}`.", "", _source_line(result.source.get("costs", {})), ""]
+              f"All {len(result.candidates)} candidates: `{cand.name}`; every EAGLE tree against linear at the "
+              f"same budget: `{tvl.name}`" + (" (communication assumed)." if banner and "assumed" in banner else "."),
+              "", _source_line(result.source.get("costs", {})), ""]
     md = out / "plan.md"
     md.write_text("\n".join(lines))
-    return {"markdown": md, "heatmap": heat, "throughput": thr, "candidates": cand}
+    return {"markdown": md, "heatmap": heat, "throughput": thr, "candidates": cand, "adaptive_vs_fixed": versus_csv,
+            "tree_vs_linear": tvl}
+
+
+def _band_lines(result: PlanResult, bands: pd.DataFrame | None) -> list[str]:
+    """plan.md's section on the uncertainty of each choice (rows of ``bands``)."""
+    if bands is None or bands.empty:
+        return []
+    k = int(bands["band_models"].max())
+    lines = ["", "## Uncertainty", "",
+             f"Each choice predicted again under {k} bootstrap acceptance models (a preset: models within its "
+             "calibration targets; traces: their sequences resampled and refitted), at the same cost models: the "
+             "10th-90th percentile of its tok/s, and of its advantage over the runner-up (the best policy of another "
+             "family), both predicted under each model. **within band**: the runner-up is at least as fast under at "
+             "least 10% of the models, so the acceptance data cannot tell the two apart. Each prediction counts "
+             "whole rounds (the last one's surplus is not output), which moves it by up to g / N as the model moves "
+             "g: a point advantage can lie outside its band.", "",
+             "| workload | batch | policy | tok/s | band | runner-up | advantage | advantage band | |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    chosen = result.chosen.set_index(["workload", "batch_size"])
+    cands = result.candidates.set_index(["workload", "batch_size", "policy"])
+    for r in bands.itertuples():
+        c = chosen.loc[(r.workload, r.batch_size)]
+        if r.runner_up is None or pd.isna(r.runner_up):
+            runner = advantage = spread = "-"
+        else:
+            runner = r.runner_up
+            advantage = f"{100 * (c['tok_s'] / cands.loc[(r.workload, r.batch_size, r.runner_up), 'tok_s'] - 1):+.1f}%"
+            spread = f"{100 * r.advantage_lo:+.1f}% to {100 * r.advantage_hi:+.1f}%"
+        lines.append(f"| {r.workload} | {r.batch_size} | {c['policy']} | {c['tok_s']:.0f} | {r.tok_s_lo:.0f}-{r.tok_s_hi:.0f} "
+                     f"| {runner} | {advantage} | {spread} | {'**within band**' if r.within_band else ''} |")
+    return lines
+
+
+def _adaptive_lines(candidates: pd.DataFrame, versus: pd.DataFrame, csv_name: str) -> list[str]:
+    """plan.md's section on the adaptive budget: per (workload, batch) the best cost_aware
+    policy beside the best fixed shape, and the mean and spread (std over its rounds) of the
+    nodes a sequence verifies per round."""
+    if versus.empty:
+        return []
+    spread = candidates.set_index(["workload", "batch_size", "policy"])
+    lines = ["", "## Adaptive budget vs the best fixed budget", "",
+             "cost_aware decides each round's nodes across the batch (each node priced at its marginal verify cost "
+             "given the other sequences' trees, at the rate the policy runs at); the best fixed shape is searched "
+             "over every budget and depth. `nodes/seq` is the mean and the spread (std over the policy's rounds) of "
+             f"the nodes one sequence verifies per round. Table: `{csv_name}`.", "",
+             "| workload | batch | best fixed | tok/s | cost-aware | tok/s | vs fixed | nodes/seq (mean ± std) |",
+             "|---|---|---|---|---|---|---|---|"]
+    for r in versus.itertuples():
+        row = spread.loc[(r.workload, r.batch_size, r.adaptive_policy)]
+        std = float(row["nodes_std"]) if "nodes_std" in spread.columns else float("nan")
+        lines.append(f"| {r.workload} | {r.batch_size} | {r.best_fixed_policy} | {r.best_fixed_tok_s:.0f} | "
+                     f"{r.adaptive_policy} | {r.adaptive_tok_s:.0f} | {100 * (r.adaptive_tok_s / r.best_fixed_tok_s - 1):+.2f}% | "
+                     f"{float(row['nodes_per_seq']):.1f} ± {std:.2f} |")
+    # the rate a policy runs at before its last round (b g / round time): where the adaptive
+    # budget trails only by a last round that outputs part of its tokens, it leads on this
+    steady = lambda name, r: (r.batch_size * spread.loc[(r.workload, r.batch_size, name), "tokens_per_round"]  # noqa: E731
+                              / spread.loc[(r.workload, r.batch_size, name), "round_us"])
+    behind = [r for r in versus.itertuples() if r.adaptive_tok_s < r.best_fixed_tok_s]
+    if behind:
+        worst = max(1 - r.adaptive_tok_s / r.best_fixed_tok_s for r in behind)
+        ahead = [r for r in behind if steady(r.adaptive_policy, r) >= steady(r.best_fixed_policy, r)]
+        lines += ["", f"The adaptive budget trails in {len(behind)} of {len(versus)} cells, by at most "
+                  f"{100 * worst:.2f}%. A sequence outputs N tokens in ceil(N / g) whole rounds and the last one's "
+                  "surplus is not output (at most g / N): a fixed shape whose g divides N nearly evenly wastes less "
+                  f"of it. Counting every token of every round (b g / round time), the adaptive budget leads in "
+                  f"{len(ahead)} of those {len(behind)} cells."]
+    return lines
 
 
 def _source_line(costs: dict) -> str:
@@ -181,39 +300,86 @@ def render_plan_dir(plan_dir: str | Path) -> list[dict[str, Path]]:
         policy = Policy.load(folder / "policy.json")
         cands = read_candidates(folder / "candidates.csv", policy)
         result = PlanResult(policy.model, policy.device, policy.source, cands)
-        outputs.append(write_plan_report(result, folder))
+        outputs.append(write_plan_report(result, folder, bands_from_policy(policy)))
     return outputs
+
+
+def _folder_name(meta) -> str:
+    """<model>_<device>, with the deployment's tag between them for several GPUs:
+    deepseek-v4-flash_ep8_NVIDIA_H200."""
+    from simtree.deploy.deployment import parse_deployment
+
+    dep = parse_deployment(str(meta.get("deployment") or "tp=1"))
+    parts = [str(meta.get("model", "unknown"))] + ([dep.tag] if dep.gpus > 1 else []) + [str(meta.get("device", "unknown"))]
+    return "_".join(parts)
 
 
 def plan_and_write(cost_paths: Sequence[str] = (), workload_specs: Sequence[str] = (),
                    batch_sizes: Sequence[int] = DEFAULT_BATCH_SIZES, out_dir: str = "reports/plan",
                    prompt_len: float | None = None, output_len: int | None = None,
                    progress: Callable[[int, int], None] | None = None,
-                   space: SearchSpace = SearchSpace()) -> list[dict]:
-    """Plan every cost bundle (``cost_paths``, default the shipped ones) x workloads (presets
-    or traces, default every preset); write policy.json + report per bundle, into a folder per
-    (model, device) under ``out_dir`` when there are several bundles.
+                   space: SearchSpace = SearchSpace(), model: str | None = None, deployment: str | None = None,
+                   comm=None, notes: list | None = None, band_models: int = BAND_MODELS) -> list[dict]:
+    """Plan every cost bundle (``cost_paths``, default the shipped ones; ``model`` /
+    ``deployment`` pick among them) x workloads (presets or traces, default every preset);
+    write policy.json + report per bundle, into a folder per (model, deployment, device) under
+    ``out_dir`` when there are several bundles.  A deployment whose weights and caches (largest
+    batch, longest mean context) do not fit its GPUs is refused (one line) before anything is
+    planned; ``comm`` replaces the bundles' communication model; ``notes`` (a list) receives
+    the plan-wide notes (which default deployments wait for a profile).  ``band_models``
+    bootstrap acceptance models per workload put a band on every choice
+    (:mod:`simtree.planning.bands`; 0: none).
 
-    Returns one dict per bundle: result (PlanResult), policy (path), report (paths).
+    Returns one dict per bundle: result (PlanResult), bands (DataFrame or None), policy (path),
+    policy_data (the Policy written), report (paths).
     """
     from simtree.acceptance.model import PRESETS, get_workload
-    from simtree.costs.model import resolve_costs
+    from simtree.deploy.select import select_costs
 
-    bundles = resolve_costs(cost_paths)
     workloads = [get_workload(w, prompt_len, output_len) for w in (workload_specs or PRESETS)]
     check_workload_names(workloads, list(workload_specs or PRESETS))
-    names = [str(b.meta.get("model", "unknown")) + "_" + str(b.meta.get("device", "unknown")) for b in bundles]
+    context = max(w.mean_prompt_len + w.output_len for w in workloads)
+    bundles, found = select_costs(cost_paths, model, deployment, max(batch_sizes or [1]), context, comm)
+    if notes is not None:
+        notes.extend(found)
+    names = [_folder_name(b.meta) for b in bundles]
     folders = [n.replace("/", "_").replace(" ", "_") for n in names]
     where = list(cost_paths) or [f"bundle {i}" for i in range(len(bundles))]
     for i, f in enumerate(folders):
         if f in folders[:i]:
             j = folders.index(f)
             raise SimtreeError(f"two cost bundles for the same model and device ({where[j]} and {where[i]}: "
-                               f"{names[i]}) would write the same folder {f}: plan them separately")
+                               f"{names[i]}, one deployment) would write the same folder {f}: plan them separately")
+    # the embedded default is a set of deployments: a folder each, even while only one ships
+    defaults = not cost_paths and model is None and deployment is None and not any(
+        b.meta.get("synthetic") for b in bundles)
+    specs = list(workload_specs or PRESETS)
+    band_sets = {w.name: band_workloads(spec, w, band_models) for spec, w in zip(specs, workloads)} if band_models else {}
     outputs = []
     for bundle, folder in zip(bundles, folders):
         result = plan(bundle, workloads, batch_sizes, space, progress)
-        sub = Path(out_dir) / folder if len(bundles) > 1 else Path(out_dir)
-        policy_path = result.to_policy().save(sub / "policy.json")
-        outputs.append({"result": result, "policy": policy_path, "report": write_plan_report(result, sub)})
+        bands = plan_bands(result.chosen, result.candidates, bundle, band_sets) if band_sets else None
+        sub = Path(out_dir) / folder if len(bundles) > 1 or defaults else Path(out_dir)
+        policy = with_bands(result.to_policy(), bands)
+        policy_path = policy.save(sub / "policy.json")
+        outputs.append({"result": result, "bands": bands, "policy": policy_path, "policy_data": policy,
+                        "report": write_plan_report(result, sub, bands)})
+    if len(bundles) > 1 or defaults:
+        _write_index(Path(out_dir), outputs, found)
     return outputs
+
+
+def _write_index(out: Path, outputs: list[dict], notes: list[str]) -> Path:
+    """plans.md: one line per planned deployment (its folder, what its communication rests on)
+    and the plan-wide notes (defaults waiting for a profile)."""
+    lines = ["# simtree plans", "", "| model | deployment | device | communication | plan |", "|---|---|---|---|---|"]
+    for o in outputs:
+        r = o["result"]
+        comm = (r.communication or {}).get("label", "none (one GPU)")
+        folder = Path(o["report"]["markdown"]).parent.name
+        lines.append(f"| {r.model} | {r.deployment} | {r.device} | {comm} | [{folder}]({folder}/plan.md) |")
+    if notes:
+        lines += ["", *[f"- {n}" for n in notes]]
+    path = out / "plans.md"
+    path.write_text("\n".join(lines) + "\n")
+    return path

@@ -99,22 +99,28 @@ def profile_headline(folder: Path) -> str:
     return f"{rows} rows; composed verify step vs measured 8-layer stack: " + ", ".join(parts)
 
 
+def _deployed(model: str, deployment) -> str:
+    """"Qwen3.6-27B at tp=1": the model's name and the deployment its bundle or plan is of."""
+    return f"{_model(model)} at {deployment or 'tp=1'}"
+
+
 def fit_headline(folder: Path) -> str:
-    """<model>.json: the kept verify form's k-fold held-out median / p90 relative error."""
+    """<model>_<tag>.json: the kept verify form's k-fold held-out median / p90 relative error."""
     parts = []
     for path in sorted(folder.glob("*.json"), reverse=True):
-        info = read_json(path, "cost bundle")["verify"]["info"]
+        bundle = read_json(path, "cost bundle")
+        info = bundle["verify"]["info"]
         err = info["fit_error"]["heldout"][info["form"]]
         convex = "" if info.get("convex_in_n", True) else ", not convex in n"
-        parts.append(f"{_model(path.stem)} {_pct(err['median'], 1)} / {_pct(err['p90'], 1)} "
-                     f"({info['form']}{convex})")
+        parts.append(f"{_deployed(bundle['meta']['model'], bundle['meta'].get('deployment'))} "
+                     f"{_pct(err['median'], 1)} / {_pct(err['p90'], 1)} ({info['form']}{convex})")
     if not parts:
         raise SimtreeError(f"no cost bundle (*.json) in {folder}")
     return "C_v held-out median / p90 error: " + ", ".join(parts)
 
 
 def plan_headline(folder: Path) -> str:
-    """<model>_<device>/policy.json: where a tree is chosen and its predicted gain."""
+    """<model>[_<tag>]_<device>/policy.json: where a tree is chosen and its predicted gain."""
     parts = []
     for path in sorted(folder.glob("*/policy.json"), reverse=True):
         policy = read_json(path, "policy")
@@ -122,8 +128,12 @@ def plan_headline(folder: Path) -> str:
         trees = [e for e in entries if e["tree_on"]]
         within = sum(bool(e.get("within_model_error")) for e in trees)
         gains = f", {_span([e['gain_vs_linear'] for e in trees], 2)}" if trees else ""
-        parts.append(f"{_model(policy['model'])} {len(trees)} of {len(entries)}{gains}"
-                     + (f" ({within} within the fit's error)" if within else ""))
+        comm = (policy.get("source", {}).get("costs") or {}).get("communication")
+        notes = [f"{within} within the fit's error"] if within else []
+        if isinstance(comm, dict) and comm.get("assumed"):
+            notes.append("communication assumed")
+        parts.append(f"{_deployed(policy['model'], policy.get('deployment'))} {len(trees)} of {len(entries)}{gains}"
+                     + (f" ({'; '.join(notes)})" if notes else ""))
     if not parts:
         raise SimtreeError(f"no plan (*/policy.json) in {folder}")
     return ("a tree chosen at (workload, batch) entries, predicted gain over the best linear "
@@ -201,7 +211,8 @@ FOLDERS: tuple[Folder, ...] = (
            "C_v / C_d fits of the shipped profile: bundles, plots, every form's held-out error",
            "`bash scripts/ship_defaults.sh`", fit_headline),
     Folder("reports/h200/plan", "Plans on the embedded default",
-           "policy, plan report and every candidate's prediction per model (three workloads, batch 1-64)",
+           "policy, plan report, every candidate's prediction and tree vs linear per deployment (three "
+           "workloads, batch 1-64)",
            "`simtree plan --out reports/h200/plan`", plan_headline),
     Folder("reports/acceptance", "Acceptance models",
            "presets calibrated to the published V4-Flash MTP table; a linear-trace fit validated on "

@@ -7,6 +7,8 @@ Budget convention: ``budget`` D counts the nodes INCLUDING the root (SGLang's
 - :func:`eagle_tree` - SGLang EAGLE: ``num_steps`` rounds of top-k expansion of a frontier
   kept by cumulative draft log-prob, then the best D-1 generated nodes (``eagle_name`` =
   "s4_k2_d5").
+- :func:`eagle_tree_positional` - the same tree when the drafter's probabilities depend only
+  on depth and rank (numbers in: ``[depth, rank]`` draft probabilities).
 - :func:`best_first_tree` - DDTree: from per-position top-K marginals of a block drafter,
   the D-1 nodes of highest prefix probability, grown with a heap.
 - :func:`batched_best_first_tree` - the same heap popped ``width`` nodes per step.
@@ -28,7 +30,7 @@ from simtree.errors import SimtreeError, check_whole
 from simtree.probs import check_prob_rows
 from simtree.trees.tree import DraftTree
 
-__all__ = ["linear_tree", "eagle_tree", "eagle_name", "parse_eagle_name", "eagle_max_nodes", "BestFirstOrder",
+__all__ = ["linear_tree", "eagle_tree", "eagle_tree_positional", "eagle_name", "parse_eagle_name", "eagle_max_nodes", "BestFirstOrder",
            "best_first_order", "best_first_tree", "batched_best_first_tree",
            "cost_aware_budget", "cost_aware_tree"]
 
@@ -120,6 +122,35 @@ def eagle_tree(propose: Propose, num_steps: int, topk: int, budget: int, root_to
         frontier = start + np.argsort(-cand_score, kind="stable")[:topk]
     keep = np.sort(np.argsort(-score[1:], kind="stable")[:budget - 1] + 1)
     return DraftTree(parents, tokens, logp).subtree(np.concatenate([[0], keep]))
+
+
+def eagle_tree_positional(draft_probs, num_steps: int, topk: int, budget: int, root_token: int = 0) -> DraftTree:
+    """:func:`eagle_tree` for a positional drafter: every node at depth d proposes the ranks
+    0..topk-1 (their token ids) with draft probabilities ``draft_probs[d, :topk]`` (float
+    [P, K], rows sum <= 1; depths beyond P repeat the last row, ranks beyond K have prob 0).
+
+    Scores are the running minimum along the rank, so that sibling order by score is the rank
+    order even where a row is not monotone in rank (a rank-r node is always the r-th sibling,
+    as the positional acceptance tables count it).
+    """
+    probs = np.asarray(draft_probs, np.float64)
+    if probs.ndim != 2 or probs.size == 0:
+        raise SimtreeError(f"draft probs must be a non-empty [depth, rank] array, got shape {probs.shape}")
+    check_prob_rows(probs, "draft probs", axis=1)
+    topk = check_whole(topk, "topk", 1)
+    probs = np.minimum.accumulate(probs, axis=1)
+    probs = np.hstack([probs, np.zeros((probs.shape[0], max(topk - probs.shape[1], 0)))])[:, :topk]
+    scores = np.log(np.maximum(probs, 1e-300))
+    ranks = np.arange(topk, dtype=np.int64)
+
+    def propose(parents, tokens, frontier):
+        # step t's frontier lies at depth t (eagle_tree expands one level per step)
+        depth, node = 0, int(frontier[0])
+        while node > 0:
+            node, depth = int(parents[node]), depth + 1
+        row = scores[min(depth, scores.shape[0] - 1)]
+        return np.tile(ranks, (frontier.shape[0], 1)), np.tile(row, (frontier.shape[0], 1))
+    return eagle_tree(propose, num_steps, topk, budget, root_token)
 
 
 # ---- best-first (DDTree) -------------------------------------------------------------------

@@ -1,0 +1,113 @@
+"""Does a deployment fit its GPUs?  Per rank: the weights of the rank's shape plus the persistent
+state (KV cache, recurrent state) of the sequences its attention runs, against the usable memory
+of one GPU.
+
+    fit = rank_memory("deepseek-v4-flash", "ep=8", "h200", batch_size=64, context_len=4096)
+    fit.fits, fit.total_bytes, fit.usable_bytes
+    check_fits("deepseek-v4-flash", "tp=1", "h200", 64, 4096)   # SimtreeError, one line:
+    # deepseek-v4-flash does not fit tp=1 on NVIDIA H200: ... it needs 8 GPUs (ep=8), asked for 1
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from simtree.deploy.deployment import Deployment, parse_deployment
+from simtree.deploy.machines import Machine, get_machine
+from simtree.errors import SimtreeError
+from simtree.models import ModelShape, get_model
+
+__all__ = ["RankMemory", "rank_memory", "check_fits", "smallest_fit", "GPU_COUNTS"]
+
+GPU_COUNTS = (1, 2, 4, 8, 16, 32, 64)   # the group sizes searched for the smallest deployment that fits
+
+
+@dataclass(frozen=True)
+class RankMemory:
+    model: str
+    deployment: Deployment
+    machine: Machine
+    batch_size: int           # the deployment's batch
+    context_len: int
+    rank_batch: int           # sequences one rank holds state for
+    weight_bytes: int
+    cache_bytes: int
+
+    @property
+    def total_bytes(self) -> int:
+        return self.weight_bytes + self.cache_bytes
+
+    @property
+    def usable_bytes(self) -> int:
+        return self.machine.usable_bytes
+
+    @property
+    def fits(self) -> bool:
+        return self.total_bytes <= self.usable_bytes
+
+    def summary(self) -> str:
+        gb = lambda x: f"{x / 1e9:.1f} GB"  # noqa: E731
+        return (f"{self.model} at {self.deployment} on {self.deployment.gpus} x {self.machine.name}: per GPU "
+                f"{gb(self.weight_bytes)} of weights + {gb(self.cache_bytes)} of KV cache / state "
+                f"({self.rank_batch} sequences at context {self.context_len}) = {gb(self.total_bytes)} of "
+                f"{gb(self.usable_bytes)} usable ({self.machine.memory_gb:g} GB x {self.machine.usable_fraction:g})")
+
+
+def _shape(model: str | ModelShape) -> ModelShape:
+    return get_model(model) if isinstance(model, str) else model
+
+
+def _machine(machine: str | Machine) -> Machine:
+    return machine if isinstance(machine, Machine) else get_machine(machine)
+
+
+def rank_memory(model: str | ModelShape, deployment, machine: str | Machine, batch_size: int,
+                context_len: int) -> RankMemory:
+    """Memory one rank needs for ``batch_size`` sequences of the deployment at ``context_len``
+    (a shard that does not divide the model is a one-line SimtreeError)."""
+    shape, dep, m = _shape(model), parse_deployment(deployment), _machine(machine)
+    rank = shape.shard(dep)
+    rb = int(dep.rank_batch(int(batch_size)))
+    return RankMemory(shape.name, dep, m, int(batch_size), int(context_len), rb, rank.weight_bytes(),
+                      rank.cache_bytes(rb, context_len))
+
+
+def smallest_fit(model: str | ModelShape, machine: str | Machine, batch_size: int, context_len: int,
+                 like: Deployment | None = None) -> RankMemory | None:
+    """The deployment with the fewest GPUs (of :data:`GPU_COUNTS`, at most the machine's node
+    when ``like`` has no more) that fits: of ``like``'s kind first (its tp under expert
+    parallelism), then expert parallelism for an MoE model, then tensor parallelism; None if
+    none fits."""
+    shape, m = _shape(model), _machine(machine)
+    moe = shape.mlp.get("kind") == "moe"
+    for g in GPU_COUNTS:
+        kinds = []
+        if like is not None and like.ep > 1 and g % like.tp == 0 and g >= like.tp:
+            kinds.append(Deployment(tp=like.tp, ep=g) if g > 1 else Deployment())
+        kinds += ([Deployment(ep=g)] if moe and g > 1 else []) + [Deployment(tp=g)]
+        for dep in kinds:
+            try:
+                mem = rank_memory(shape, dep, m, batch_size, context_len)
+            except SimtreeError:
+                continue   # the split does not divide this model: not a deployment of it
+            if mem.fits:
+                return mem
+    return None
+
+
+def check_fits(model: str | ModelShape, deployment, machine: str | Machine, batch_size: int,
+               context_len: int) -> RankMemory:
+    """:func:`rank_memory` if it fits, else a one-line SimtreeError naming the shortfall: what
+    does not fit, how many GPUs it needs (the smallest deployment that fits) and how many were
+    asked for."""
+    mem = rank_memory(model, deployment, machine, batch_size, context_len)
+    if mem.fits:
+        return mem
+    gb = lambda x: f"{x / 1e9:.1f} GB"  # noqa: E731
+    best = smallest_fit(model, mem.machine, batch_size, context_len, like=mem.deployment)
+    need = (f"it needs {best.deployment.gpus} GPUs ({best.deployment})" if best is not None else
+            f"no deployment of up to {GPU_COUNTS[-1]} GPUs fits")
+    raise SimtreeError(
+        f"{mem.model} does not fit {mem.deployment} on {mem.machine.name}: per GPU it needs {gb(mem.weight_bytes)} "
+        f"of weights + {gb(mem.cache_bytes)} of KV cache / state (batch {mem.batch_size}, context "
+        f"{mem.context_len}) = {gb(mem.total_bytes)}, {gb(mem.total_bytes - mem.usable_bytes)} more than the "
+        f"{gb(mem.usable_bytes)} usable of {mem.machine.memory_gb:g} GB; {need}, asked for {mem.deployment.gpus}")

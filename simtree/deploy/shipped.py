@@ -1,0 +1,101 @@
+"""The deployments simtree ships defaults for (``simtree/data/deployments.yaml``) and their
+cost bundles (``simtree/data/costs/<machine>_<model>_<tag>.json``).
+
+    shipped_deployments()              # [("deepseek-v4-flash", ep=8), ("qwen3.6-27b", tp=1), ...]
+    bundle_name("h200", "qwen3.6-27b", parse_deployment("tp=2"))   # "h200_qwen3.6-27b_tp2.json"
+    waiting()                          # the listed deployments that have no bundle yet
+    default_deployment("deepseek-v4-flash")   # ep=8: the model's first listed deployment
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from simtree.data import data_path
+from simtree.deploy.deployment import Deployment, parse_deployment
+from simtree.errors import SimtreeError
+from simtree.fileio import read_yaml
+
+__all__ = ["DEFAULT_MACHINE", "shipped_deployments", "default_deployment", "bundle_name", "shipped_bundle", "waiting",
+           "profile_for"]
+
+DEFAULT_MACHINE = "h200"
+
+
+def shipped_deployments(machine: str = DEFAULT_MACHINE) -> list[tuple[str, Deployment]]:
+    """(model, deployment) of every default the machine's entry lists, in its order."""
+    path = data_path("deployments.yaml")
+    table = read_yaml(path, "deployments table") or {}
+    entries = table.get(machine, []) if isinstance(table, dict) else None
+    if not isinstance(entries, list):
+        raise SimtreeError(f"{path.name}: {machine} must list {{model, deployment}} entries")
+    out = []
+    for i, e in enumerate(entries):
+        if not isinstance(e, dict) or not isinstance(e.get("model"), str) or "deployment" not in e:
+            raise SimtreeError(f"{path.name}: {machine} entry {i} needs a model and a deployment")
+        out.append((e["model"], parse_deployment(str(e["deployment"]))))
+    return out
+
+
+def default_deployment(model: str, machine: str = DEFAULT_MACHINE) -> Deployment:
+    """The model's shipped default deployment: the first the machine's entry lists for it (its
+    runtime rank: DeepSeek-V4-Flash ep=8, Qwen3.6-27B tp=1), else one GPU."""
+    return next((d for m, d in shipped_deployments(machine) if m == model), parse_deployment("tp=1"))
+
+
+def bundle_name(machine: str, model: str, deployment: Deployment) -> str:
+    return f"{machine}_{model}_{deployment.tag}.json"
+
+
+def shipped_bundle(model: str, deployment: Deployment, machine: str = DEFAULT_MACHINE) -> Path:
+    """Where the shipped bundle of (model, deployment) is, or would be."""
+    return data_path("costs", bundle_name(machine, model, deployment))
+
+
+def waiting(machine: str = DEFAULT_MACHINE) -> list[tuple[str, Deployment]]:
+    """The listed defaults that have no shipped bundle yet (their rank's profile is not measured)."""
+    return [(m, d) for m, d in shipped_deployments(machine) if not shipped_bundle(m, d, machine).is_file()]
+
+
+def profile_for(model: str, deployment: Deployment, folder: Path) -> Path | None:
+    """The profile table in ``folder`` that holds ``model``'s rows at ``deployment`` (its
+    composed verify step), None if none does; two such tables are a one-line error."""
+    from simtree.costs.profile_table import load_profile
+
+    found = []
+    for path in sorted(Path(folder).glob("*.csv")):
+        df = load_profile(path, allow_empty=True)
+        if ((df["model"] == model) & (df["deployment"] == deployment.name) & (df["stage"] == "model_verify_step")).any():
+            found.append(path)
+    if len(found) > 1:
+        raise SimtreeError(f"{model} at {deployment} has rows in {found[0].name} and {found[1].name}: keep one table "
+                           "per deployment in the shipped profiles")
+    return found[0] if found else None
+
+
+def main(argv=None) -> int:
+    """``python -m simtree.deploy.shipped [--machine h200] [--profiles DIR]``: one line per
+    default deployment, ``FIT model deployment tag table`` or ``WAIT model deployment`` (what
+    scripts/ship_defaults.sh reads); ``--default-for MODEL``: that model's default deployment
+    alone (what scripts/full_gpu.sh reads)."""
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="python -m simtree.deploy.shipped", description=main.__doc__)
+    ap.add_argument("--machine", default=DEFAULT_MACHINE)
+    ap.add_argument("--profiles", type=Path, default=None, help="default: simtree/data/profiles/<machine>")
+    ap.add_argument("--default-for", default=None, metavar="MODEL", help="print MODEL's default deployment")
+    args = ap.parse_args(argv)
+    if args.default_for:
+        print(default_deployment(args.default_for, args.machine).name)
+        return 0
+    folder = args.profiles or data_path("profiles", args.machine)
+    for model, dep in shipped_deployments(args.machine):
+        table = profile_for(model, dep, folder)
+        print(f"FIT {model} {dep.name} {dep.tag} {os.path.relpath(table)}" if table else f"WAIT {model} {dep.name}")
+    return 0
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.exit(main())
