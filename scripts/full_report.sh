@@ -30,4 +30,6 @@ PY
   sessions+=("$WORK/$model")
 done
 [ ${#sessions[@]} -gt 0 ] || { echo "error: no full_<model>.tgz in $DIR" >&2; exit 2; }
-"$PY" -m simtree.runtime.full.session_report "${sessions[@]}" --out "$OUT"
+# UNTAGGED="deepseek-v4-flash=ep=8 ...": the rank of sessions whose tables predate the deployment column
+untagged=(); for u in ${UNTAGGED:-}; do untagged+=(--untagged "$u"); done
+"$PY" -m simtree.runtime.full.session_report "${sessions[@]}" --out "$OUT" "${untagged[@]}"

@@ -136,9 +136,16 @@ def _cvm_markdown(rows: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def session_report(sessions: list[Path], out: Path) -> dict:
+def _untagged(path: Path) -> bool:
+    with open(path) as fh:
+        return "deployment" not in fh.readline().strip().split(",")
+
+
+def session_report(sessions: list[Path], out: Path, untagged: dict | None = None) -> dict:
     """Everything of the module docstring for the session folders; returns the summary rows,
-    the composed-vs-measured rows and the files written."""
+    the composed-vs-measured rows and the files written.  ``untagged`` {model: deployment}:
+    the rank a session measured whose tables have no deployment column (written before
+    profile rows carried it); a table that has the column keeps what it says."""
     from simtree.costs.profile_fit import fit_profile
 
     out.mkdir(parents=True, exist_ok=True)
@@ -150,6 +157,12 @@ def session_report(sessions: list[Path], out: Path) -> dict:
         if len(models) != 1:
             raise SimtreeError(f"{folder}: a session profiles one model, its profile holds {models}")
         model = models[0]
+        if model in (untagged or {}):
+            tag = parse_deployment(untagged[model]).name
+            for path, table in ((folder / "profile" / "profile.csv", profile), (folder / "steps_profile.csv", steps)):
+                if not _untagged(path):
+                    raise SimtreeError(f"{path}: its rows name their deployment; --untagged is for tables without one")
+                table["deployment"] = tag
         dep = parse_deployment(session_deployment(profile, steps, folder))
         table = _merged_table(profile, steps, out / f"profile_{model}_{dep.tag}.csv")
         fit = fit_profile(table, stage=COMPOSED[0], variant=COMPOSED[1], draft_variant=WHOLE, deployment=dep.name)
@@ -181,9 +194,18 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("sessions", nargs="+", type=Path, help="unpacked session folders, one per model")
     ap.add_argument("--out", type=Path, default=Path("reports/h200/live"))
+    ap.add_argument("--untagged", action="append", default=[], metavar="MODEL=DEPLOYMENT",
+                    help="the rank a session measured whose tables carry no deployment column, e.g. "
+                         "deepseek-v4-flash=ep=8 (repeatable)")
     args = ap.parse_args(argv)
     try:
-        res = session_report(args.sessions, args.out)
+        untagged = {}
+        for item in args.untagged:
+            model, sep, dep = item.partition("=")
+            if not sep or not dep:
+                raise SimtreeError(f"--untagged {item!r}: expected MODEL=DEPLOYMENT, e.g. deepseek-v4-flash=ep=8")
+            untagged[model] = dep
+        res = session_report(args.sessions, args.out, untagged)
     except SimtreeError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
