@@ -26,10 +26,11 @@ mkdir -p "$OUT" "$RES/profile"
 LOG="$RES/log.txt"
 START=$(date +%s)
 log() { echo "[$(date +%T) +$(( $(date +%s) - START ))s] $*" | tee -a "$LOG"; }
+NAME=$MODEL${DEPLOYMENT:+_${DEPLOYMENT//[^a-z0-9]/}}   # a deployment asked for by name: in the files' names
 pack() {
-  tar czf "$OUT/full_$MODEL.tgz" -C "$RES" .
-  cp "$LOG" "$OUT/${MODEL}_log.txt" 2>/dev/null
-  cp "$RES/summary.md" "$OUT/${MODEL}_summary.md" 2>/dev/null
+  tar czf "$OUT/full_$NAME.tgz" -C "$RES" .
+  cp "$LOG" "$OUT/${NAME}_log.txt" 2>/dev/null
+  cp "$RES/summary.md" "$OUT/${NAME}_summary.md" 2>/dev/null
   ls -la "$OUT"
 }
 trap pack EXIT

@@ -13,7 +13,7 @@ PY=${PYTHON:-.venv/bin/python}
 [ -x "$PY" ] || PY=python3
 WORK=$(mktemp -d)
 trap 'rm -rf "$WORK"' EXIT
-sessions=()
+sessions=(); sweep_only=()
 for tgz in "$DIR"/full_*.tgz; do
   [ -e "$tgz" ] || continue
   model=$(basename "$tgz" .tgz); model=${model#full_}
@@ -27,9 +27,10 @@ df = load_profile(sys.argv[1])
 if not ((df.stage == "model_verify_step") & (df.variant == "composed")).any():
     print(f"composing {sys.argv[1]}: {compose_table(sys.argv[1])['composed_rows']} rows")
 PY
-  sessions+=("$WORK/$model")
+  if [ -f "$WORK/$model/steps_profile.csv" ]; then sessions+=("$WORK/$model")
+  else sweep_only+=(--sweep-only "$WORK/$model"); fi   # a rank the runtime does not build: its profile only
 done
-[ ${#sessions[@]} -gt 0 ] || { echo "error: no full_<model>.tgz in $DIR" >&2; exit 2; }
+[ $(( ${#sessions[@]} + ${#sweep_only[@]} )) -gt 0 ] || { echo "error: no full_<model>*.tgz in $DIR" >&2; exit 2; }
 # UNTAGGED="deepseek-v4-flash=ep=8 ...": the rank of sessions whose tables predate the deployment column
 untagged=(); for u in ${UNTAGGED:-}; do untagged+=(--untagged "$u"); done
-"$PY" -m simtree.runtime.full.session_report "${sessions[@]}" --out "$OUT" "${untagged[@]}"
+"$PY" -m simtree.runtime.full.session_report "${sessions[@]}" "${sweep_only[@]}" --out "$OUT" "${untagged[@]}"

@@ -7,7 +7,7 @@
 set -uo pipefail
 read -r -a SIMTREE <<< "${SIMTREE:-$( [ -x .venv/bin/simtree ] && echo .venv/bin/simtree || echo simtree )}"
 PY=${PY:-$( [ -x .venv/bin/python ] && echo .venv/bin/python || echo python3 )}
-L=$1; C=${2:-reports/h200/gpu_loop/costs.json}; mkdir -p "$L"
+L=$1; C=${2:-reports/cpu_loop/costs.json}; mkdir -p "$L"   # the tiny models' cost bundle (the CPU loop's by default)
 R=(--prompts 8 --max-new-tokens 32 --check --device "${DEVICE:-cuda}" --threads 1 --json)
 end=$((SECONDS + ${LIMIT:-280}))
 for b in 4 1; do

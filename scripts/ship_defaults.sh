@@ -33,7 +33,12 @@ while read -r verdict model deployment tag table; do
     continue
   fi
   name="${model}_${tag}"
-  .venv/bin/simtree fit "$table" --model "$model" --deployment "$deployment" "${COMM_ARGS[@]}" \
+  DRAFT_ARGS=()
+  if ! grep -q "^draft_step," "$table"; then   # a sweep-only rank profile (no whole draft steps measured)
+    DRAFT_ARGS=(--draft-from-verify)
+    echo "$table has no draft_step rows: $model at $deployment fits its draft cost from the verify model (assumed)"
+  fi
+  .venv/bin/simtree fit "$table" --model "$model" --deployment "$deployment" "${COMM_ARGS[@]}" "${DRAFT_ARGS[@]}" \
       -o "reports/h200/fit/$name.json" --png "reports/h200/fit/$name.png" | tee "reports/h200/fit/$name.txt"
   cp "reports/h200/fit/$name.json" "simtree/data/costs/h200_$name.json"
 done < <($PY -m simtree.deploy.shipped --machine h200)

@@ -157,12 +157,15 @@ def test_plan_refuses_v4_flash_on_one_gpu_in_one_line():
     assert "it needs 8 GPUs (ep=8), asked for 1" in line
 
 
-def test_the_embedded_default_plans_what_exists_and_names_what_waits(tmp_path):
+def test_the_embedded_default_plans_every_shipped_deployment(tmp_path):
     res = CliRunner().invoke(app, ["plan", "--workload", "gsm8k", "--batch-sizes", "1", "--out", str(tmp_path)])
     assert res.exit_code == 0, res.output
     index = (tmp_path / "plans.md").read_text()
-    assert "| qwen3.6-27b | tp=1 |" in index
-    assert "deepseek-v4-flash at ep=8: no shipped cost bundle yet" in index and "deepseek-v4-flash at ep=8" in res.output
+    for model, dep in (("qwen3.6-27b", "tp=1"), ("qwen3.6-27b", "tp=2"), ("deepseek-v4-flash", "ep=8")):
+        assert f"| {model} | {dep} |" in index
+    assert "no shipped cost bundle yet" not in index
+    v4 = next(line for line in index.splitlines() if line.startswith("| deepseek-v4-flash | ep=8 |"))
+    assert "communication assumed" in v4
 
 
 def test_simulate_composes_the_deployment(tp2_bundle):

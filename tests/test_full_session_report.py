@@ -17,7 +17,7 @@ from simtree.costs.model import load_costs
 from simtree.errors import SimtreeError
 from simtree.planning.simulate import PolicySpec
 from simtree.runtime.full.measure import full_run
-from simtree.runtime.full.session_report import choose_plan, session_report
+from simtree.runtime.full.session_report import choose_plan, rank_profile, session_report
 
 from full_helpers import tiny_model
 
@@ -95,6 +95,35 @@ def test_a_session_whose_sweep_and_steps_name_different_ranks_is_refused(session
         session_report([other], tmp_path / "live")
 
 
+def _strip_deployment(path: Path) -> None:
+    df = pd.read_csv(path)
+    df.drop(columns=[c for c in ("deployment", "message_bytes") if c in df]).to_csv(path, index=False)
+
+
+def test_untagged_sessions_take_the_rank_they_name_and_tagged_ones_refuse_it(session, tmp_path):
+    import shutil
+    old = tmp_path / "old"
+    shutil.copytree(session, old)
+    for path in (old / "profile" / "profile.csv", old / "steps_profile.csv"):
+        _strip_deployment(path)
+    session_report([old], tmp_path / "live", {MODEL: "tp=2"})
+    rank = pt.load_profile(tmp_path / "live" / f"profile_{MODEL}_tp2.csv")
+    assert set(rank.deployment) == {"tp=2"}
+    assert load_costs(tmp_path / "live" / f"costs_{MODEL}.json").meta["deployment"] == "tp=2"
+    with pytest.raises(SimtreeError, match="name their deployment"):
+        session_report([session], tmp_path / "live2", {MODEL: "tp=2"})
+
+
+def test_a_sweep_only_session_gives_its_composed_rank_profile(session, tmp_path):
+    import shutil
+    sweep = tmp_path / "sweep"
+    shutil.copytree(session / "profile", sweep / "profile")
+    path = rank_profile(sweep, tmp_path / "out")
+    rank = pt.load_profile(path)
+    assert path.name == f"profile_{MODEL}_tp1.csv" and len(rank) == 45
+    assert set(zip(rank.stage, rank.variant)) == {("model_verify_step", "composed")}
+
+
 def test_the_plan_is_the_measured_run_predicted_fastest():
     rows = [{"model": "m", "batch_size": 1, "policy": p, "predicted_tok_s": t, "measured_tok_s": 1.0}
             for p, t in (("plain:none", 10.0), ("eagle:eagle_s3_k2_d6", 30.0), ("linear_d4:linear_d4", 20.0))]
@@ -114,7 +143,7 @@ def test_full_report_script_unpacks_sessions_and_writes_the_report(session, tmp_
     assert (tmp_path / "rep" / "summary.csv").exists()
     empty = subprocess.run(["bash", str(ROOT / "scripts/full_report.sh"), str(tmp_path / "rep")], cwd=ROOT, env=env,
                            capture_output=True, text=True, timeout=60)
-    assert empty.returncode == 2 and "no full_<model>.tgz" in empty.stderr
+    assert empty.returncode == 2 and "no full_<model>*.tgz" in empty.stderr
 
 
 def test_full_report_composes_a_layer_profile_cut_short_before_its_composition(session, tmp_path):

@@ -45,7 +45,7 @@ from simtree.fileio import write_text_atomic
 from .measure import repredict
 from .report import EXTRA_COLUMNS, SUMMARY_COLUMNS, error_stats, write_summary
 
-__all__ = ["session_report", "session_deployment", "composed_vs_measured", "choose_plan", "main"]
+__all__ = ["session_report", "rank_profile", "session_deployment", "composed_vs_measured", "choose_plan", "main"]
 
 COMPOSED = ("model_verify_step", "composed")
 WHOLE = "full_runtime"
@@ -98,6 +98,25 @@ def _merged_table(profile: pd.DataFrame, steps: pd.DataFrame, path: Path) -> Pat
     if draft.empty:
         raise SimtreeError("steps_profile.csv has no draft_step rows (the session's steps phase)")
     pt.write_table(path, pt.validate_profile(pd.concat([verify, draft], ignore_index=True), path))
+    return path
+
+
+def rank_profile(folder: Path, out: Path) -> Path:
+    """A sweep-only session (a rank the runtime does not build, e.g. Qwen3.6-27B at tp=2): its
+    composed verify rows -> ``profile_<model>_<tag>.csv`` in ``out``, for the shipped profiles.
+    Without whole draft steps its bundle's draft cost is the fit's assumption (simtree fit
+    --draft-from-verify), which the bundle records."""
+    profile = _load(folder / "profile" / "profile.csv", "layer profile")
+    models, deps = sorted(set(profile.model)), sorted(set(profile.deployment))
+    if len(models) != 1 or len(deps) != 1:
+        raise SimtreeError(f"{folder}: a session profiles one model at one deployment, its profile holds "
+                           f"{models} at {deps}")
+    verify = profile[(profile.stage == COMPOSED[0]) & (profile.variant == COMPOSED[1])]
+    if verify.empty:
+        raise SimtreeError(f"{folder}: the layer profile has no composed model_verify_step rows")
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"profile_{models[0]}_{parse_deployment(deps[0]).tag}.csv"
+    pt.write_table(path, pt.validate_profile(verify.reset_index(drop=True), path))
     return path
 
 
@@ -192,8 +211,10 @@ def session_report(sessions: list[Path], out: Path, untagged: dict | None = None
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("sessions", nargs="+", type=Path, help="unpacked session folders, one per model")
+    ap.add_argument("sessions", nargs="*", type=Path, help="unpacked session folders, one per model")
     ap.add_argument("--out", type=Path, default=Path("reports/h200/live"))
+    ap.add_argument("--sweep-only", action="append", default=[], type=Path, metavar="FOLDER",
+                    help="a session that ran the layer sweep alone: only its rank profile is written")
     ap.add_argument("--untagged", action="append", default=[], metavar="MODEL=DEPLOYMENT",
                     help="the rank a session measured whose tables carry no deployment column, e.g. "
                          "deepseek-v4-flash=ep=8 (repeatable)")
@@ -205,6 +226,10 @@ def main(argv=None) -> int:
             if not sep or not dep:
                 raise SimtreeError(f"--untagged {item!r}: expected MODEL=DEPLOYMENT, e.g. deepseek-v4-flash=ep=8")
             untagged[model] = dep
+        for folder in args.sweep_only:
+            print(f"rank profile (sweep only): {rank_profile(folder, args.out)}")
+        if not args.sessions:
+            return 0
         res = session_report(args.sessions, args.out, untagged)
     except SimtreeError as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -57,19 +57,40 @@ def waiting(machine: str = DEFAULT_MACHINE) -> list[tuple[str, Deployment]]:
     return [(m, d) for m, d in shipped_deployments(machine) if not shipped_bundle(m, d, machine).is_file()]
 
 
-def profile_for(model: str, deployment: Deployment, folder: Path) -> Path | None:
+def _named_profile(model: str, deployment: Deployment, machine: str) -> str | None:
+    """The table a deployments.yaml entry names (``profile: file.csv``), if it names one."""
+    table = read_yaml(data_path("deployments.yaml"), "deployments table") or {}
+    for e in table.get(machine, []) if isinstance(table, dict) else []:
+        if (isinstance(e, dict) and e.get("model") == model and "profile" in e
+                and parse_deployment(str(e["deployment"])).name == deployment.name):
+            return str(e["profile"])
+    return None
+
+
+def profile_for(model: str, deployment: Deployment, folder: Path, machine: str = DEFAULT_MACHINE) -> Path | None:
     """The profile table in ``folder`` that holds ``model``'s rows at ``deployment`` (its
-    composed verify step), None if none does; two such tables are a one-line error."""
+    composed verify step): the one its deployments.yaml entry names, else the one table that
+    holds them; None if none does; two such tables and no name are a one-line error."""
     from simtree.costs.profile_table import load_profile
 
+    named = _named_profile(model, deployment, machine)
+    if named is not None:
+        path = Path(folder) / named
+        if not path.is_file():
+            raise SimtreeError(f"deployments.yaml names {named} for {model} at {deployment}: no such table in {folder}")
+        df = load_profile(path)
+        if not ((df["model"] == model) & (df["deployment"] == deployment.name)
+                & (df["stage"] == "model_verify_step")).any():
+            raise SimtreeError(f"{named} holds no model_verify_step rows of {model} at {deployment}")
+        return path
     found = []
     for path in sorted(Path(folder).glob("*.csv")):
         df = load_profile(path, allow_empty=True)
         if ((df["model"] == model) & (df["deployment"] == deployment.name) & (df["stage"] == "model_verify_step")).any():
             found.append(path)
     if len(found) > 1:
-        raise SimtreeError(f"{model} at {deployment} has rows in {found[0].name} and {found[1].name}: keep one table "
-                           "per deployment in the shipped profiles")
+        raise SimtreeError(f"{model} at {deployment} has rows in {found[0].name} and {found[1].name}: name one in "
+                           "its deployments.yaml entry (profile: ...) or keep one table per deployment")
     return found[0] if found else None
 
 
@@ -90,7 +111,7 @@ def main(argv=None) -> int:
         return 0
     folder = args.profiles or data_path("profiles", args.machine)
     for model, dep in shipped_deployments(args.machine):
-        table = profile_for(model, dep, folder)
+        table = profile_for(model, dep, folder, args.machine)
         print(f"FIT {model} {dep.name} {dep.tag} {os.path.relpath(table)}" if table else f"WAIT {model} {dep.name}")
     return 0
 

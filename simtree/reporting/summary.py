@@ -26,7 +26,8 @@ from simtree.fileio import read_json, write_text_atomic
 
 __all__ = ["START", "END", "Folder", "FOLDERS", "headlines", "summary_table", "reports_index",
            "replace_block", "write_summary", "gdn_headline", "v4_headline", "profile_headline",
-           "fit_headline", "plan_headline", "acceptance_headline", "loop_headline", "lossless_headline", "cpu_host_headline"]
+           "fit_headline", "plan_headline", "acceptance_headline", "loop_headline", "lossless_headline", "cpu_host_headline",
+           "live_headline"]
 
 START, END = "<!-- summary:start -->", "<!-- summary:end -->"
 MODEL_NAMES = {"qwen3.6-27b": "Qwen3.6-27B", "deepseek-v4-flash": "DeepSeek-V4-Flash"}
@@ -193,6 +194,30 @@ def acceptance_headline(folder: Path) -> str:
             f"{(gain.preset - gain.published).abs().max():.1f} points of the published V4-Flash table")
 
 
+def live_headline(folder: Path) -> str:
+    """summary.csv, composed_vs_measured.csv and lossless.csv of the full-scale runtime's H200
+    sessions: predicted vs measured throughput, the plan's choice against the best measured
+    policy per batch size, the host's share of a round, the composed step and the lossless check."""
+    runs = _csv(folder / "summary.csv")
+    err = runs["rel_err"].abs()
+    ok = total = 0
+    for _, group in runs.groupby(["model", "batch_size"]):
+        plan = group[group["policy"].str.startswith("plan:")]
+        if len(plan):
+            total += 1
+            ok += bool(plan["measured_tok_s"].max() >= 0.98 * group["measured_tok_s"].max())
+    cvm = _csv(folder / "composed_vs_measured.csv")["rel_err"].abs()
+    lossless = _csv(folder / "lossless.csv")
+    match = lossless["match"].astype(str) == "True"
+    models = ", ".join(_model(m) for m in sorted(runs["model"].unique()))
+    return (f"{models}: predicted vs measured throughput median {_pct(err.median(), 1)} (worst "
+            f"{_pct(err.max(), 1)}) over {len(runs)} runs; the plan's choice best or within 2% at {ok} of "
+            f"{total} (model, batch) points; host {_pct(runs['host_share'].max(), 1)} of a round at most; "
+            f"composed vs measured step median {_pct(cvm.median(), 1)}; lossless {int(match.sum())} of "
+            f"{len(lossless)} policy checks match plain greedy (largest plain top-2 gap where one differs "
+            f"{lossless.loc[~match, 'margin'].max():.4f})")
+
+
 FOLDERS: tuple[Folder, ...] = (
     Folder("reports/h200/gdn", "GDN tree verify (one layer, Qwen3.6-27B shapes, H200)",
            "GDN tree verify vs the per-branch recurrent verify, flash-linear-attention and the "
@@ -219,9 +244,11 @@ FOLDERS: tuple[Folder, ...] = (
            "measured trees of the runtime's models",
            "`python -m simtree.acceptance.calibrate --out reports/acceptance` and "
            "`python scripts/validate_acceptance.py --out reports/acceptance`", acceptance_headline),
-    Folder("reports/h200/gpu_loop", "Closed loop on the H200 (tiny runtime model)",
-           "profile -> fit -> plan -> run of the runtime's own models on the GPU, predicted vs measured",
-           "`DEVICE=cuda bash scripts/loop.sh reports/h200/gpu_loop` (H200)", loop_headline),
+    Folder("reports/h200/live", "Full-scale runtime on the H200",
+           "Qwen3.6-27B whole and one DeepSeek-V4-Flash ep=8 rank decoding under CUDA graphs: "
+           "predicted vs measured per policy and batch, composed vs measured step, lossless check",
+           "`bash scripts/full_gpu.sh MODEL` per model (H200), then `bash scripts/full_report.sh DIR` "
+           "(docs/full_runtime.md)", live_headline),
     Folder("reports/h200/lossless", "Lossless check on the H200",
            "every speculative mode at batch 1 and 4 against plain greedy decoding",
            "`bash scripts/lossless_gpu.sh reports/h200/lossless` (H200)", lossless_headline),
