@@ -214,11 +214,15 @@ def _independent_static_score(costs, wl, b: int, mode: str, params: dict) -> dic
     draft = float(costs.draft.predict(steps, width, b)) if steps else 0.0
     produced, ctx, total, rounds = 0.0, wl.mean_prompt_len, 0.0, 0
     while produced < wl.output_len - 1e-9:
-        total += float(costs.verify.predict(nodes, ctx, b)) + draft
+        last = float(costs.verify.predict(nodes, ctx, b)) + draft
+        total += last
         produced, ctx, rounds = produced + g, ctx + g, rounds + 1
     # each sequence outputs N tokens: the last round's surplus (produced - N) is not output
     return {"g": g, "nodes": nodes, "draft_us": draft, "round_us": total / rounds,
-            "tok_s": b * min(wl.output_len, produced) / total * 1e6}
+            # the rounds a sequence expects for N tokens: the N-th lies (N - produced) / g into the
+            # last round, whose random count overshoots N by (g - 1) / 2 tokens on average
+            "tok_s": b * wl.output_len / (total + (max(1.0, rounds - (produced - wl.output_len) / g
+                                                       + (g - 1) / (2 * g)) - rounds) * last) * 1e6}
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
@@ -279,16 +283,20 @@ def test_path_enumeration_matches_sampling_the_acceptance_model():
 
 
 def test_cli_simulate_picks_the_shipped_bundle_by_model_and_deployment():
-    # one bundle ships (Qwen3.6-27B at tp=1): it is the one simulated without --model; a model
-    # whose default deployment waits for its profile, or a deployment that cannot hold it, is
-    # one line saying so
+    # three bundles ship (V4-Flash at ep=8, Qwen3.6-27B at tp=1 and tp=2): without --model the
+    # choice is one line naming them; a model alone takes its default deployment (the first
+    # deployments.yaml lists); a deployment that cannot hold it is one line saying so
     res = CliRunner().invoke(app, ["simulate", "--batch-size", "2", "--output-len", "32", "--json"])
-    assert res.exit_code == 0, res.output
-    out = json.loads(res.stdout)
-    assert out["model"] == "qwen3.6-27b" and out["deployment"] == "tp=1" and out["communication"] is None
-    res = CliRunner().invoke(app, ["simulate", "--model", "deepseek-v4-flash", "--json"])
-    assert isinstance(res.exception, SimtreeError)
-    assert "deepseek-v4-flash at ep=8 wait(s) for its rank's measured profile" in str(res.exception)
+    assert isinstance(res.exception, SimtreeError) and "pick one with --model and --deployment" in str(res.exception)
+    for args, model, dep, comm in ((["--model", "qwen3.6-27b"], "qwen3.6-27b", "tp=1", None),
+                                   (["--model", "qwen3.6-27b", "--deployment", "tp=2"], "qwen3.6-27b", "tp=2",
+                                    "communication assumed"),
+                                   (["--model", "deepseek-v4-flash"], "deepseek-v4-flash", "ep=8",
+                                    "communication assumed")):
+        res = CliRunner().invoke(app, ["simulate", *args, "--batch-size", "2", "--output-len", "32", "--json"])
+        assert res.exit_code == 0, res.output
+        out = json.loads(res.stdout)
+        assert (out["model"], out["deployment"], out["communication"]) == (model, dep, comm)
     res = CliRunner().invoke(app, ["simulate", "--model", "deepseek-v4-flash", "--deployment", "tp=1", "--json"])
     assert "does not fit tp=1" in str(res.exception) and "it needs 8 GPUs (ep=8), asked for 1" in str(res.exception)
     res = CliRunner().invoke(app, ["simulate", "--model", "nope", "--json"])

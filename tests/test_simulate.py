@@ -66,16 +66,19 @@ def test_one_output_token_is_not_sped_up_by_speculation(spec):
 
 
 def test_analytic_counts_only_output_tokens_at_any_length():
-    # context-free costs: throughput = b N / (R (C_d + C_v)) with R = ceil(N / g), for random N
+    # context-free costs: throughput = b N / (R_e (C_d + C_v)), R_e the rounds a sequence expects
+    # to need for N tokens: N / g + (g - 1) / (2 g) (the last round's mean overshoot), at least
+    # one; R = ceil(N / g) whole rounds are run; for random N
     rng = np.random.default_rng(11)
     wl0 = _workload(spread=0.0)
     costs = SyntheticCostBundle(Affine(1000.0, 100.0), Affine(0.0, 50.0))
     for n_out in rng.integers(1, 400, 12):
         wl = Workload("w", wl0.acceptance, wl0.prompt_lens, int(n_out))
         r = simulate(costs, wl, 3, LinearParams(budget=5))
-        rounds = int(np.ceil(n_out / r.accepted_tokens_per_round - 1e-9))
-        assert r.rounds == rounds
-        assert r.throughput_tok_s == pytest.approx(3 * n_out / (rounds * (1000 + 500 + 200)) * 1e6, rel=1e-12)
+        g = r.accepted_tokens_per_round
+        assert r.rounds == int(np.ceil(n_out / g - 1e-9))
+        expected = max(1.0, n_out / g + (g - 1) / (2 * g))
+        assert r.throughput_tok_s == pytest.approx(3 * n_out / (expected * (1000 + 500 + 200)) * 1e6, rel=1e-12)
 
 
 def test_linear_closed_form_with_context_free_costs():
@@ -87,8 +90,8 @@ def test_linear_closed_form_with_context_free_costs():
         r = simulate(costs, wl, 3, LinearParams(budget=d))
         g = 1.0 + sum(alpha ** i for i in range(1, d))
         assert r.accepted_tokens_per_round == pytest.approx(g)
-        rounds = int(np.ceil(wl.output_len / g))   # N tokens output per sequence, in whole rounds
-        assert r.throughput_tok_s == pytest.approx(3 * wl.output_len / (rounds * (1000 + 100 * d + 50 * (d - 1))) * 1e6)
+        expected = wl.output_len / g + (g - 1) / (2 * g)   # rounds a sequence expects for its N tokens
+        assert r.throughput_tok_s == pytest.approx(3 * wl.output_len / (expected * (1000 + 100 * d + 50 * (d - 1))) * 1e6)
         plain = 3 / 1100 * 1e6
         assert r.speedup_vs_none == pytest.approx(r.throughput_tok_s / plain)
 

@@ -46,9 +46,13 @@ def _adaptive_reference(workload, spec, costs, b):
             decisions[bucket] = ad.decide(bucket * CTX_QUANTUM or ctx)
         nodes, w = decisions[bucket]
         g = 1.0 + float(sum(w[i] * ad.phi(i, int(nodes[i])) for i in levels))
-        total += float(costs.verify.predict(float(w @ nodes), ctx, b)) + ad.draft_us
+        last = float(costs.verify.predict(float(w @ nodes), ctx, b)) + ad.draft_us
+        total += last
         produced, ctx, rounds = produced + g, ctx + g, rounds + 1
-    return rounds, total, b * min(workload.output_len, produced) / total * 1e6
+    # throughput pays the rounds a sequence expects: the N-th token lies (N - produced) / g into
+    # the last round, which overshoots N by (g - 1) / 2 tokens on average; at least one round
+    expected = max(1.0, rounds - (produced - workload.output_len) / g + (g - 1) / (2 * g))
+    return rounds, total, b * workload.output_len / (total + (expected - rounds) * last) * 1e6
 
 
 @pytest.mark.parametrize("seed", range(4))

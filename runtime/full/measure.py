@@ -157,7 +157,11 @@ def predict(costs, acc_model, spec: PolicySpec, rs: RoundShape, batch_size: int,
     wl = Workload(workload, acc_model, np.array([int(round(stats.context_lens[0]))]),
                   max(1, int(round(stats.tokens / B))), "full runtime")
     sim = simulate(costs, wl, B, spec)
-    return {"predicted_round_ms": round_ms, "predicted_tok_s": float(sim.throughput_tok_s),
+    # a measured run counts every token its rounds accept (a fixed number of rounds, no sequence
+    # ends inside it): the prediction of that is accepted tokens per round over the mean round,
+    # without the end-of-output term the simulator's throughput carries
+    return {"predicted_round_ms": round_ms,
+            "predicted_tok_s": B * float(sim.accepted_tokens_per_round) / float(sim.round_latency_us) * 1e6,
             "predicted_accepted": float(sim.accepted_tokens_per_round)}
 
 

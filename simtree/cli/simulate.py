@@ -121,6 +121,9 @@ def simulate_command_run(costs_path, workload_spec: str, batch_size: int, mode: 
         deployment = deployment or pol.deployment
     else:
         spec = params_from_flags(mode, steps, topk, budget, width, draft_depth)
+    if model and not deployment and not costs_path:   # a shipped model named alone: its default deployment
+        from simtree.deploy.shipped import default_deployment
+        deployment = default_deployment(model).name
     bundles, _ = select_costs([costs_path] if costs_path else [], model, deployment, batch_size,
                               workload.mean_prompt_len + workload.output_len, comm)
     costs = pick_bundle(bundles, costs_path or "simtree/data/costs")
