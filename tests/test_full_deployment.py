@@ -61,9 +61,10 @@ def test_gpu_run_builds_only_the_runtime_ranks():
         gpu_run.runtime_deployment("qwen3.6-27b", "tp=2")
     with pytest.raises(SimtreeError, match="only as ep=8"):
         gpu_run.runtime_deployment("deepseek-v4-flash", "tp=1")
-    # the shipped bundle of the deployment, where one ships (V4-Flash at ep=8 waits for its profile)
+    # the shipped bundle of the deployment, where one ships; none for a deployment without one
     assert gpu_run.default_costs("qwen3.6-27b", "tp=1").endswith("h200_qwen3.6-27b_tp1.json")
-    assert gpu_run.default_costs("deepseek-v4-flash", "ep=8") is None
+    assert gpu_run.default_costs("deepseek-v4-flash", "ep=8").endswith("h200_deepseek-v4-flash_ep8.json")
+    assert gpu_run.default_costs("qwen3.6-27b", "tp=4") is None
 
 
 def test_gpu_run_steps_rows_carry_the_deployment(tmp_path, monkeypatch):

@@ -168,8 +168,9 @@ def test_the_prediction_counts_what_the_decode_rounds_must_produce(same_models, 
     """The simulator is given max_new_tokens - 1 output tokens (the prefill makes the first):
     a full-acceptance linear D=4 run of 4 tokens is one round; the prediction (acceptance fitted
     from the run's own two records, which log the drafter's top-K: the confidence fit, which
-    trusts two records little) runs ceil(3 / g) rounds, and both count the 3 tokens per
-    sequence the outputs keep."""
+    trusts two records little) runs ceil(3 / g) rounds and pays the 3 / g + (g - 1) / (2 g)
+    (at least one) a sequence expects to need, and both count the 3 tokens per sequence the
+    outputs keep."""
     report = live_run(spec=LinearParams(4), batch_size=2, max_new_tokens=4, workload="sharegpt",
                       models_dir=same_models, out=tmp_path, costs=Bundle("runtime-tiny", "cpu"))
     p, m = report["predicted"], report["measured"]
@@ -178,7 +179,9 @@ def test_the_prediction_counts_what_the_decode_rounds_must_produce(same_models, 
     rounds = math.ceil(3 / p["accepted_tokens_per_round"] - 1e-9)
     assert m["rounds"] == 1 and p["rounds"] == rounds and m["tokens_produced"] == 2 * 4
     # rounds of (50 * 3 draft + 300 + 10 * 4 * 2 verify) us; 2 x 3 output tokens
-    assert p["tokens_per_s"] == pytest.approx(2 * 3 / (rounds * (150 + 380)) * 1e6)
+    g = p["accepted_tokens_per_round"]
+    expected = max(1.0, 3 / g + (g - 1) / (2 * g))
+    assert p["tokens_per_s"] == pytest.approx(2 * 3 / (expected * (150 + 380)) * 1e6)
     assert m["tokens_per_s"] == pytest.approx(2 * 3 / m["busy_s"])
     assert report["warnings"] == []
 

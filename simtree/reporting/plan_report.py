@@ -245,10 +245,9 @@ def _adaptive_lines(candidates: pd.DataFrame, versus: pd.DataFrame, csv_name: st
         worst = max(1 - r.adaptive_tok_s / r.best_fixed_tok_s for r in behind)
         ahead = [r for r in behind if steady(r.adaptive_policy, r) >= steady(r.best_fixed_policy, r)]
         lines += ["", f"The adaptive budget trails in {len(behind)} of {len(versus)} cells, by at most "
-                  f"{100 * worst:.2f}%. A sequence outputs N tokens in ceil(N / g) whole rounds and the last one's "
-                  "surplus is not output (at most g / N): a fixed shape whose g divides N nearly evenly wastes less "
-                  f"of it. Counting every token of every round (b g / round time), the adaptive budget leads in "
-                  f"{len(ahead)} of those {len(behind)} cells."]
+                  f"{100 * worst:.2f}%. Counting every token of every round (b g / round time, without the "
+                  f"last round's overshoot of N), the adaptive budget leads in {len(ahead)} of those "
+                  f"{len(behind)} cells."]
     return lines
 
 
