@@ -105,6 +105,17 @@ def _lengths(ctx: Ctx, b: int, l: int) -> torch.Tensor:
 
 
 # ---- Qwen --------------------------------------------------------------------------------------
+def _ends_step(ctx: Ctx, P: _Parts, x: torch.Tensor, eps: float):
+    """lm_head_step of either family: the token embedding of T tokens, then final norm + logits."""
+    T, vocab = x.shape[0], P.ends["embed"].shape[0]
+    tokens = torch.randint(0, vocab, (T,), device=ctx.device, generator=ctx.gen(T))
+
+    def step():
+        head.embed(P.ends["embed"], tokens)
+        return head.greedy(x, P.ends["norm"], P.ends["lm_head"], eps)
+    return step, nbytes(x, tokens)
+
+
 def _qwen(ctx: Ctx, P: _Parts, p: Point, kind: str | None):
     b, n, l, d = p.batch_size, p.nodes_per_seq, p.context_len, P.d
     T, S1 = b * n, l + n + 2
@@ -123,12 +134,7 @@ def _qwen(ctx: Ctx, P: _Parts, p: Point, kind: str | None):
             Q.advance(adv, r.commit if n == 1 else Q.commit_meta(d, P.tables, r, acc, S1, P.has_gdn))
         return step, nbytes(lengths)
     if stage == "lm_head_step":
-        tokens = torch.randint(0, d.vocab, (T,), device=ctx.device, generator=ctx.gen(T))
-
-        def step():
-            head.embed(P.ends["embed"], tokens)
-            return head.greedy(x, P.ends["norm"], P.ends["lm_head"], Q.EPS)
-        return step, nbytes(x, tokens)
+        return _ends_step(ctx, P, x, Q.EPS)
     if stage == "mlp_step":
         w = P.w[next(iter(P.w))]
         return (lambda: Q.mlp(w, d, x)), nbytes(x)
@@ -179,12 +185,7 @@ def _v4(ctx: Ctx, P: _Parts, p: Point, kind: str | None):
     x = ctx.randn(T, d.h, salt=T)
     stage = p.stage
     if stage == "lm_head_step":
-        tokens = torch.randint(0, d.vocab, (T,), device=ctx.device, generator=ctx.gen(T))
-
-        def step():
-            head.embed(P.ends["embed"], tokens)
-            return head.greedy(x, P.ends["norm"], P.ends["lm_head"], V.EPS)
-        return step, nbytes(x, tokens)
+        return _ends_step(ctx, P, x, V.EPS)
     if stage == "mlp_step":
         return (lambda: V.moe(P.moe, d, x)), nbytes(x)
     if stage == f"{kind}_proj_step":                 # RoPE rows of the nodes' positions only

@@ -16,18 +16,9 @@ from simtree.runtime.full.drafting import round_shape
 from simtree.runtime.full.engine import FullEngine
 from simtree.runtime.full.v4_rank import V4Rank
 
+from host_reads import TorchCalls
+
 torch.set_num_threads(1)
-HOST_READS = {"item", "tolist", "numpy", "cpu", "__bool__", "__int__", "__index__", "__float__"}
-
-
-class _Calls(torch.overrides.TorchFunctionMode):
-    def __init__(self):
-        super().__init__()
-        self.names = []
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        self.names.append(getattr(func, "__name__", str(func)))
-        return func(*args, **(kwargs or {}))
 
 
 @pytest.mark.parametrize("policy", [("eagle", {"num_steps": 3, "topk": 2, "budget": 6}), ("none", {})])
@@ -41,9 +32,9 @@ def test_a_v4_round_never_reads_the_device(monkeypatch, policy):
     engine = FullEngine(model, rs, 2, 64, TraceReplay.fixed(2, 2, "cpu"))
     engine.fill_context(20)
     for name, fn in engine._stages():
-        with _Calls() as calls:
+        with TorchCalls() as calls:
             fn()
-        assert not HOST_READS & set(calls.names), (name, HOST_READS & set(calls.names))
+        assert not calls.host_reads(), (name, calls.host_reads())
     # a context of 20 tokens, then one round: the root and 2 accepted drafts, or one plain token
     assert engine.st.lengths.tolist() == [20 + (1 if rs.plain else 3)] * 2
 

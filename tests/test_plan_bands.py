@@ -59,9 +59,23 @@ def test_bands_are_quantiles_of_the_predictions_under_the_bootstrap_models(v4_ba
                                                                   np.quantile(advantage, 0.9)), abs=1e-12)
         assert r.within_band == (r.advantage_lo <= 0)
     # the bootstrap models separate these choices from their runners-up (advantages of 0.02-3%,
-    # each band above zero), so none is within band here; the per-row check above is the rule
+    # each band above zero); a choice they do not separate is within band (the next test)
     assert bands["within_band"].sum() < len(bands)
     assert (bands["tok_s_hi"] > bands["tok_s_lo"]).all()
+
+
+def test_a_choice_the_runner_up_beats_under_the_models_is_within_band(v4_bands):
+    # the plain-decoding candidate put in place of each choice: the best of the other families
+    # beats it under every bootstrap model, so its advantage band lies below zero
+    costs, res, sets, _ = v4_bands
+    cand = res.candidates
+    plain = cand[cand["mode"] == "none"].set_index(["workload", "batch_size"])
+    worse = res.chosen.copy()
+    for col in cand.columns:
+        worse[col] = [plain.loc[(w, b), col] if col not in ("workload", "batch_size") else v
+                      for w, b, v in zip(worse["workload"], worse["batch_size"], worse[col])]
+    bands = plan_bands(worse, cand, costs, sets)
+    assert bands["within_band"].all() and (bands["advantage_hi"] < 0).all()
 
 
 def test_preset_bootstrap_models_are_drawn_once_per_process():

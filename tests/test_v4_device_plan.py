@@ -15,6 +15,8 @@ from simtree.kernels.v4 import (V4AttnConfig, V4Cache, V4Inputs, apply_commit, p
 from simtree.kernels.v4.check import check_against_reference
 from simtree.trees.tree import DraftTree, TreeBatch
 
+from host_reads import TorchCalls
+
 KINDS = ("swa", "csa", "hca")
 CFGS = {"tiny": V4AttnConfig.tiny(),                                        # window 8, C4, C8
         "odd": V4AttnConfig.tiny(window=5, hca_ratio=3, page_size=3),
@@ -289,21 +291,6 @@ def test_rounds_chain_on_device_lengths(kind):
         assert all(v < 1e-12 for v in _cache_diff(host, dev).values())
 
 
-class _Calls(torch.overrides.TorchFunctionMode):
-    """Every torch call made inside, by name."""
-
-    def __init__(self):
-        super().__init__()
-        self.names = []
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        self.names.append(getattr(func, "__name__", str(func)))
-        return func(*args, **(kwargs or {}))
-
-
-HOST_READS = {"item", "tolist", "numpy", "cpu", "__bool__", "__int__", "__index__", "__float__"}
-
-
 @pytest.mark.parametrize("kind", KINDS)
 def test_device_builders_make_the_same_calls_at_any_batch_and_never_read_the_device(kind):
     """No Python loop over nodes or sequences: the torch calls of the builders do not depend on
@@ -317,10 +304,10 @@ def test_device_builders_make_the_same_calls_at_any_batch_and_never_read_the_dev
         parents, cu = tree_tensors(trees, B * 8)
         lens = torch.as_tensor(rng.integers(0, 50, B))
         plan_verify_device(cache, w, parents, cu, lens, 8, 50)   # pool row tables: built once per device
-        with _Calls() as calls:
+        with TorchCalls() as calls:
             dp = plan_verify_device(cache, w, parents, cu, lens, 8, 50)
             plan_commit_device(cache, w, dp, torch.zeros(B, dtype=torch.int64))
-        assert not HOST_READS & set(calls.names), HOST_READS & set(calls.names)
+        assert not calls.host_reads(), calls.host_reads()
         counts.append(calls.names)
     assert counts[0] == counts[1]
 

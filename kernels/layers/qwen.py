@@ -25,7 +25,6 @@ committed), GDN state [B, HV, K, V] float32, conv state [B, W - 1, C] (oldest fi
 from __future__ import annotations
 
 import functools
-import math
 from dataclasses import dataclass
 
 import torch
@@ -41,7 +40,7 @@ from .attention import tree_attention
 from .head import embed
 from .opcount import kernel_core
 from .rope import RopeTable
-from .weights import Spec, linear
+from .weights import Spec, ends_specs, linear, mtp_specs, residual_gain
 
 __all__ = ["QwenDims", "ROPE_FRACTION", "ROPE_THETA", "layer_specs", "model_specs", "prepare", "RoundTables",
            "QwenRound", "QwenCommit", "round_meta", "commit_meta", "advance", "gdn_pre", "gdn_core_verify",
@@ -114,10 +113,6 @@ def layer_specs(p: str, kind: str, d: QwenDims, out_gain: float) -> list[Spec]:
             linear(p + "gate_up", 2 * d.I, d.h), linear(p + "down", d.h, d.I, out_gain)]
 
 
-def out_gain(shape: ModelShape) -> float:
-    return 1.0 / math.sqrt(2 * shape.num_layers)
-
-
 def model_specs(shape: ModelShape) -> list[Spec]:
     """Every weight of the target and its MTP layer."""
     bad = sorted(set(shape.layer_kinds) - {"gdn", "attn"})
@@ -127,14 +122,11 @@ def model_specs(shape: ModelShape) -> list[Spec]:
     if shape.draft.get("attention", "attn") != "attn":
         raise SimtreeError(f"model {shape.name!r}: the Qwen MTP layer is a full-attention block, "
                            f"draft.attention is {shape.draft.get('attention')!r}")
-    d, gain = QwenDims.of(shape), out_gain(shape)
-    specs = [Spec("embed", (d.vocab, d.h)), linear("lm_head", d.vocab, d.h), Spec("norm", (d.h,), "const", 1.0)]
+    d, gain = QwenDims.of(shape), residual_gain(shape.num_layers)
+    specs = ends_specs(d.vocab, d.h)
     for i, kind in enumerate(shape.layer_kinds):
         specs += layer_specs(f"layers.{i}.", kind, d, gain)
-    specs += [Spec("mtp.enorm", (d.h,), "const", 1.0), Spec("mtp.hnorm", (d.h,), "const", 1.0),
-              linear("mtp.fc", d.h, 2 * d.h), *layer_specs("mtp.", "attn", d, gain),
-              Spec("mtp.norm", (d.h,), "const", 1.0)]
-    return specs
+    return specs + mtp_specs(d.h, layer_specs("mtp.", "attn", d, gain))
 
 
 def prepare(w: dict, dtype: torch.dtype) -> dict:

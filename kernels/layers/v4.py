@@ -23,7 +23,6 @@ DeepSeek-V4-Flash's 256, 6 of them per token) carries its own expert count; a wh
 from __future__ import annotations
 
 import functools
-import math
 from dataclasses import dataclass
 
 import torch
@@ -41,7 +40,7 @@ from .head import embed
 from .moe import route_topk, routed_experts
 from .opcount import kernel_core
 from .rope import RopeTable
-from .weights import Spec, linear
+from .weights import Spec, ends_specs, linear, mtp_specs, residual_gain
 
 __all__ = ["V4Dims", "EP_RANKS", "ROPE_THETA", "default_ep_ranks", "rank_experts", "layer_specs", "model_specs",
            "attn_config", "layer_weights", "V4Round", "round_meta", "commit_plans", "advance", "attn_pre", "attn_core",
@@ -173,14 +172,11 @@ def model_specs(shape: ModelShape, ep_ranks: int | None = None, dtype=torch.bflo
                            f"{shape.draft.get('attention')!r}")
     d = V4Dims.of(shape, ep_ranks)
     comp_dt = torch.float64 if dtype == torch.float64 else torch.float32
-    gain = 1.0 / math.sqrt(2 * shape.num_layers)
-    specs = [Spec("embed", (d.vocab, d.h)), linear("lm_head", d.vocab, d.h), Spec("norm", (d.h,), "const", 1.0)]
+    gain = residual_gain(shape.num_layers)
+    specs = ends_specs(d.vocab, d.h)
     for i, kind in enumerate(shape.layer_kinds):
         specs += layer_specs(f"layers.{i}.", kind, d, gain, comp_dt)
-    specs += [Spec("mtp.enorm", (d.h,), "const", 1.0), Spec("mtp.hnorm", (d.h,), "const", 1.0),
-              linear("mtp.fc", d.h, 2 * d.h), *layer_specs("mtp.", "swa", d, gain, comp_dt),
-              Spec("mtp.norm", (d.h,), "const", 1.0)]
-    return specs
+    return specs + mtp_specs(d.h, layer_specs("mtp.", "swa", d, gain, comp_dt))
 
 
 def attn_config(d: V4Dims) -> V4AttnConfig:

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["Spec", "linear", "make_weights", "spec_bytes", "dtype_bytes"]
+__all__ = ["Spec", "linear", "make_weights", "spec_bytes", "dtype_bytes", "residual_gain", "ends_specs", "mtp_specs"]
 
 
 @dataclass(frozen=True)
@@ -41,6 +41,24 @@ def linear(name: str, out_features: int, in_features: int, gain: float = 1.0, gr
     """A linear weight [out, in] (or [groups, out, in]) with std gain / sqrt(in)."""
     shape = (out_features, in_features) if groups is None else (groups, out_features, in_features)
     return Spec(name, shape, "normal", gain / math.sqrt(in_features), dtype)
+
+
+def residual_gain(num_layers: int) -> float:
+    """Std gain of the projections that write into the residual stream: the stream's variance
+    stays about 1 over 2 * num_layers residual branches."""
+    return 1.0 / math.sqrt(2 * num_layers)
+
+
+def ends_specs(vocab: int, h: int) -> list[Spec]:
+    """The model's two ends, shared by both families: token embedding, LM head, final norm."""
+    return [Spec("embed", (vocab, h)), linear("lm_head", vocab, h), Spec("norm", (h,), "const", 1.0)]
+
+
+def mtp_specs(h: int, block: list[Spec]) -> list[Spec]:
+    """The MTP draft layer around its block (``block``: the layer's specs, prefixed "mtp."):
+    the token and hidden norms, the fuse projection [h, 2h] and the output norm."""
+    return [Spec("mtp.enorm", (h,), "const", 1.0), Spec("mtp.hnorm", (h,), "const", 1.0),
+            linear("mtp.fc", h, 2 * h), *block, Spec("mtp.norm", (h,), "const", 1.0)]
 
 
 def dtype_bytes(dtype: torch.dtype) -> int:

@@ -88,13 +88,18 @@ def session_deployment(profile: pd.DataFrame, steps: pd.DataFrame, where) -> str
     return found[0]
 
 
-def _merged_table(profile: pd.DataFrame, steps: pd.DataFrame, path: Path) -> Path:
-    """The composed verify rows and the whole draft steps in one table (what ``fit`` reads)."""
+def _composed(profile: pd.DataFrame) -> pd.DataFrame:
     verify = profile[(profile.stage == COMPOSED[0]) & (profile.variant == COMPOSED[1])]
-    draft = steps[(steps.stage == "draft_step") & (steps.variant == WHOLE)]
     if verify.empty:
         raise SimtreeError("the layer profile has no composed model_verify_step rows (the sweep's composition "
                            "needs every piece at a (b, n): see profile.compose.json)")
+    return verify
+
+
+def _merged_table(profile: pd.DataFrame, steps: pd.DataFrame, path: Path) -> Path:
+    """The composed verify rows and the whole draft steps in one table (what ``fit`` reads)."""
+    verify = _composed(profile)
+    draft = steps[(steps.stage == "draft_step") & (steps.variant == WHOLE)]
     if draft.empty:
         raise SimtreeError("steps_profile.csv has no draft_step rows (the session's steps phase)")
     pt.write_table(path, pt.validate_profile(pd.concat([verify, draft], ignore_index=True), path))
@@ -111,9 +116,7 @@ def rank_profile(folder: Path, out: Path) -> Path:
     if len(models) != 1 or len(deps) != 1:
         raise SimtreeError(f"{folder}: a session profiles one model at one deployment, its profile holds "
                            f"{models} at {deps}")
-    verify = profile[(profile.stage == COMPOSED[0]) & (profile.variant == COMPOSED[1])]
-    if verify.empty:
-        raise SimtreeError(f"{folder}: the layer profile has no composed model_verify_step rows")
+    verify = _composed(profile)
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"profile_{models[0]}_{parse_deployment(deps[0]).tag}.csv"
     pt.write_table(path, pt.validate_profile(verify.reset_index(drop=True), path))

@@ -22,8 +22,8 @@ __all__ = ["DEFAULT_MACHINE", "shipped_deployments", "default_deployment", "bund
 DEFAULT_MACHINE = "h200"
 
 
-def shipped_deployments(machine: str = DEFAULT_MACHINE) -> list[tuple[str, Deployment]]:
-    """(model, deployment) of every default the machine's entry lists, in its order."""
+def _entries(machine: str) -> list[tuple[str, Deployment, str | None]]:
+    """(model, deployment, the profile table it names or None) of every entry of the machine."""
     path = data_path("deployments.yaml")
     table = read_yaml(path, "deployments table") or {}
     entries = table.get(machine, []) if isinstance(table, dict) else None
@@ -33,8 +33,14 @@ def shipped_deployments(machine: str = DEFAULT_MACHINE) -> list[tuple[str, Deplo
     for i, e in enumerate(entries):
         if not isinstance(e, dict) or not isinstance(e.get("model"), str) or "deployment" not in e:
             raise SimtreeError(f"{path.name}: {machine} entry {i} needs a model and a deployment")
-        out.append((e["model"], parse_deployment(str(e["deployment"]))))
+        out.append((e["model"], parse_deployment(str(e["deployment"])), None if e.get("profile") is None
+                    else str(e["profile"])))
     return out
+
+
+def shipped_deployments(machine: str = DEFAULT_MACHINE) -> list[tuple[str, Deployment]]:
+    """(model, deployment) of every default the machine's entry lists, in its order."""
+    return [(m, d) for m, d, _ in _entries(machine)]
 
 
 def default_deployment(model: str, machine: str = DEFAULT_MACHINE) -> Deployment:
@@ -57,23 +63,13 @@ def waiting(machine: str = DEFAULT_MACHINE) -> list[tuple[str, Deployment]]:
     return [(m, d) for m, d in shipped_deployments(machine) if not shipped_bundle(m, d, machine).is_file()]
 
 
-def _named_profile(model: str, deployment: Deployment, machine: str) -> str | None:
-    """The table a deployments.yaml entry names (``profile: file.csv``), if it names one."""
-    table = read_yaml(data_path("deployments.yaml"), "deployments table") or {}
-    for e in table.get(machine, []) if isinstance(table, dict) else []:
-        if (isinstance(e, dict) and e.get("model") == model and "profile" in e
-                and parse_deployment(str(e["deployment"])).name == deployment.name):
-            return str(e["profile"])
-    return None
-
-
 def profile_for(model: str, deployment: Deployment, folder: Path, machine: str = DEFAULT_MACHINE) -> Path | None:
     """The profile table in ``folder`` that holds ``model``'s rows at ``deployment`` (its
     composed verify step): the one its deployments.yaml entry names, else the one table that
     holds them; None if none does; two such tables and no name are a one-line error."""
     from simtree.costs.profile_table import load_profile
 
-    named = _named_profile(model, deployment, machine)
+    named = next((t for m, d, t in _entries(machine) if m == model and d.name == deployment.name), None)
     if named is not None:
         path = Path(folder) / named
         if not path.is_file():

@@ -258,14 +258,16 @@ def analytic_run(workload: Workload, spec: PolicySpec, costs: Costs, b: int) -> 
         rounds, gs = rounds + k, gs + g * k
         level_rounds += w * k
         buckets.append((k, n, float(w @ (nodes - n) ** 2)))
-        last_g, last_round = g, float(costs.verify.predict(n, ctxs[k - 1], b)) + ad.draft_us
+        last = (g, n, float(ctxs[k - 1]))   # the run's last round, priced once after the loop
     k, means, var = (np.array(v, np.float64) for v in zip(*buckets))
     n = float(k @ means) / rounds
     std = math.sqrt(float(k @ (var + (means - n) ** 2)) / rounds)   # within and between the decisions
+    last_g, last_n, last_ctx = last
+    paid = _expected_rounds_time(total, float(costs.verify.predict(last_n, last_ctx, b)) + ad.draft_us, rounds,
+                                 produced, N, last_g)
     return {"g": gs / rounds, "n": n, "nodes_std": std, "rounds": rounds,
             "total_us": total, "verify_us": verify_sum / rounds, "draft_us": ad.draft_us,
-            "tok_s": b * float(N) / float(_expected_rounds_time(total, last_round, rounds, produced, N, last_g)) * 1e6,
-            "level_weights": level_rounds / rounds,
+            "tok_s": b * float(N) / float(paid) * 1e6, "level_weights": level_rounds / rounds,
             "decision_ctx": (float(decided[0]), float(decided[1]))}
 
 

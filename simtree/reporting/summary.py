@@ -247,8 +247,9 @@ FOLDERS: tuple[Folder, ...] = (
     Folder("reports/h200/live", "Full-scale runtime on the H200",
            "Qwen3.6-27B whole and one DeepSeek-V4-Flash ep=8 rank decoding under CUDA graphs: "
            "predicted vs measured per policy and batch, composed vs measured step, lossless check",
-           "`bash scripts/full_gpu.sh MODEL` per model (H200), then `bash scripts/full_report.sh DIR` "
-           "(docs/full_runtime.md)", live_headline),
+           "`UNTAGGED=deepseek-v4-flash=ep=8 bash scripts/full_report.sh reports/h200/live/sessions` (the "
+           "sessions' archives from `bash scripts/full_gpu.sh MODEL` on the H200: docs/full_runtime.md)",
+           live_headline),
     Folder("reports/h200/lossless", "Lossless check on the H200",
            "every speculative mode at batch 1 and 4 against plain greedy decoding",
            "`bash scripts/lossless_gpu.sh reports/h200/lossless` (H200)", lossless_headline),
