@@ -17,6 +17,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from simtree.costs.forms import touched_experts
 from simtree.costs.steps import random_tree
 from simtree.models import ModelShape
 from simtree.trees.tree import TreeBatch
@@ -151,10 +152,12 @@ def proj_piece(ctx: Ctx, kind: str, T: int):
 def mlp_piece(ctx: Ctx, T: int):
     """The MLP of one layer at T tokens: dense SwiGLU, or MoE = router + the touched experts.
 
-    MoE method: T tokens x top-k picks touch e = min(T * topk, n_experts) experts; their
-    weights are read once. We time a batched GEMM over e experts with ceil(T*topk/e) tokens
-    each (balanced routing), plus the router GEMM, top-k, the token gather and the weighted
-    scatter back, plus the shared experts as a dense SwiGLU.
+    MoE method: T tokens x top-k picks touch e experts, the expected count under uniform
+    routing (``simtree.costs.forms.touched_experts``, rounded: what the runtime's softmax gate
+    over random weights touches, and what the fitted cost model assumes); their weights are
+    read once. We time a batched GEMM over e experts with ceil(T*topk/e) tokens each, plus the
+    router GEMM, top-k, the token gather and the weighted scatter back, plus the shared experts
+    as a dense SwiGLU.
     """
     m, h = ctx.model.mlp, ctx.model.hidden
     x = ctx.randn(T, h, salt=T + 4)
@@ -167,7 +170,7 @@ def mlp_piece(ctx: Ctx, T: int):
             return (F.silu(a) * b) @ w_d
         return step, nbytes(x)
     E, k, I = m["n_experts"], m["experts_per_token"], m["expert_intermediate"]
-    e = min(T * k, E)
+    e = min(max(int(round(float(touched_experts(T, E, k)))), k), T * k, E)
     per = math.ceil(T * k / e)
     w_r = ctx.weight("moe_router", h, E)
     w_gu = ctx.weight("moe_gu", E, h, 2 * I)[:e]

@@ -315,6 +315,12 @@ def run_sweep(sweep: str | Path | None = None, out: str | Path = "reports/profil
     comm_entries = [e for e in spec["stages"] if e["stage"] == COLLECTIVES_STAGE
                     and (not only_stage or COLLECTIVES_STAGE in only_stage.split(","))]
     if not points and not comm_entries:
+        if models:
+            for name in models:
+                get_model(name)          # an unknown model: its own one-line error
+            swept = sorted({str(m) for e in spec["stages"] for m in (e.get("models") or spec.get("models") or [])})
+            raise SimtreeError(f"sweep {spec['name']}: no grid points for --model {', '.join(models)} "
+                               f"(the sweep's models: {', '.join(swept) or 'none'}; check --only-stage)")
         raise SimtreeError(f"sweep {spec['name']}: no grid points (check --only-stage / --model)")
 
     label = metadata.device_label(device)
@@ -336,6 +342,8 @@ def run_sweep(sweep: str | Path | None = None, out: str | Path = "reports/profil
             # how fast the host ran when this sweep started (simtree run compares its own)
             "host_probe": host_probe("cuda" if device.startswith("cuda") else "cpu"),
             "sweep_id": f"{spec['name']}-{time.strftime('%Y%m%dT%H%M%S')}", "deployments": deployments,
+            # how the MoE pieces route (pieces.mlp_piece; simtree fit reads it: profile_moe_routing)
+            "moe_routing": "uniform",
             "sweep_spec": {k: v for k, v in spec.items() if not k.startswith("_")},
             "timing": {"target_s": target_s, "method": "CUDA graph of L2-rotated copies, event-timed per replay"
                        if device.startswith("cuda") else "perf_counter"}}

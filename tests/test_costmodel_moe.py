@@ -8,7 +8,7 @@ import pytest
 from simtree.acceptance.model import calibrate_linear
 from simtree.trees.builders import best_first_order, best_first_tree, cost_aware_budget
 from simtree.costs.surface_fit import fit_surface
-from simtree.costs.forms import MoEGridSurface, MoESurface, ScaledVerifyDraft
+from simtree.costs.forms import MoEGridSurface, MoESurface, ScaledVerifyDraft, touched_experts
 from simtree.costs.surface_fit import MOE_FORMS
 from simtree.costs.model import VERIFY_AXES, CostBundle, DraftCostModel, VerifyCostModel, load_costs
 from simtree.errors import SimtreeError
@@ -28,7 +28,7 @@ def convex_part(n, l, b):
 
 
 def moe_truth(n, l, b):
-    return convex_part(n, l, b) + ALPHA * np.minimum(n * b * K, E) / E
+    return convex_part(n, l, b) + ALPHA * touched_experts(n * b, E, K) / E
 
 
 def moe_points(rng, noise=0.01):
@@ -56,7 +56,8 @@ def test_saturating_profile_is_recovered_within_noise_by_an_moe_form(moe_fit):
 
 def test_kept_moe_form_is_reported_not_convex(moe_fit):
     assert moe_fit.convex_in_x is False and not moe_fit.surface.convex_in_x
-    assert "min(T*k, E) experts touched" in moe_fit.surface.nonconvex_reason
+    assert "E(1-(1-k/E)^T) experts touched (uniform routing)" in moe_fit.surface.nonconvex_reason
+    assert moe_fit.surface.routing == "uniform"
     assert any("NOT convex in nodes_per_seq" in note for note in moe_fit.notes)
 
 
@@ -119,7 +120,7 @@ def test_moe_forms_need_expert_counts():
 def test_draft_moe_form_recovers_saturating_draft_steps():
     rng = np.random.default_rng(6)
     s, k, b = (a.ravel() for a in np.meshgrid([1, 2, 4], [1, 2, 4, 8], [1, 4, 16], indexing="ij"))
-    truth = 50 + 2 * b + s * (40 + 0.5 * k * b + 600 * np.minimum(k * b * K, E) / E)
+    truth = 50 + 2 * b + s * (40 + 0.5 * k * b + 600 * touched_experts(k * b, E, K) / E)
     y = truth * (1 + 0.01 * rng.standard_normal(s.shape))
     res = fit_surface(k, s, b, y, "draft", ("topk", "num_steps", "batch_size"),
                       forms=("basis", "grid", *MOE_FORMS), folds=3, moe=(E, K))
@@ -177,3 +178,32 @@ def test_adaptive_decisions_are_the_global_optimum_for_a_nonconvex_model():
         got = (1 + sum(w[lv] * ad.phi(lv, int(n)) for lv, n in enumerate(nodes))) / (1.0 + cv(w @ nodes))
         assert got == pytest.approx(rate.max(), rel=1e-12)
         assert nodes.max() > 8   # past saturation: where a first-stop rule would not go
+
+def test_touched_experts_under_uniform_and_balanced_routing():
+    """One token touches its k experts; T tokens touch the uniform expectation E(1-(1-k/E)^T),
+    a Monte-Carlo mean of top-k draws, never more than min(T k, E) (balanced)."""
+    rng = np.random.default_rng(0)
+    for T in (1, 2, 5, 16, 40):
+        draws = [len({int(e) for _ in range(T) for e in rng.choice(E, K, replace=False)}) for _ in range(400)]
+        u = float(touched_experts(T, E, K))
+        assert abs(np.mean(draws) - u) < 4 * np.std(draws) / np.sqrt(len(draws)) + 1e-9
+        assert float(touched_experts(T, E, K, "balanced")) == min(T * K, E)
+        assert u <= min(T * K, E) + 1e-9
+    assert float(touched_experts(1, E, K)) == pytest.approx(K)
+    with pytest.raises(SimtreeError, match="MoE routing 'skewed' unknown"):
+        touched_experts(3, E, K, "skewed")
+
+
+def test_a_bundle_without_a_routing_predicts_as_it_was_fitted_balanced():
+    """Surfaces record their routing; one saved before the routing was recorded reads as
+    balanced (min(T k, E)), so an older bundle keeps its predictions."""
+    from simtree.costs.forms import surface_from_dict
+    grid = MoEGridSurface("verify", [1, 64], [0, 4096], [1, 16], np.full((2, 2, 2), 50.0), 400.0, E, K)
+    d = grid.to_dict()
+    assert d["routing"] == "uniform" and surface_from_dict(d).routing == "uniform"
+    old = {k: v for k, v in d.items() if k != "routing"}
+    legacy = surface_from_dict(old)
+    assert legacy.routing == "balanced"
+    for n in (1, 3, 8, 30):
+        assert legacy.predict(n, 100.0, 2) == pytest.approx(50.0 + 400.0 * min(n * 2 * K, E) / E)
+        assert grid.predict(n, 100.0, 2) == pytest.approx(50.0 + 400.0 * float(touched_experts(n * 2, E, K)) / E)

@@ -7,6 +7,7 @@ import pytest
 from typer.testing import CliRunner
 
 from simtree.cli import app
+from simtree.costs.forms import touched_experts
 from simtree.costs.model import load_costs
 from simtree.errors import SimtreeError
 from simtree.costs.profile_fit import fit_profile
@@ -119,11 +120,11 @@ def make_moe_profile(path, rng, model):
         for l in (1024, 8192):
             for n in (1, 2, 4, 8, 16, 32):
                 lat = (2000 + 5 * max(n * b - 64, 0) + 20 * b + 1e-2 * b * l
-                       + 1e5 * min(6 * n * b, 256) / 256) * (1 + 0.01 * rng.standard_normal())
+                       + 1e5 * float(touched_experts(n * b, 256, 6)) / 256) * (1 + 0.01 * rng.standard_normal())
                 rows.append({**row("model_verify_step", n, l, b, lat), "model": model})
         for s in (1, 2, 4):
             for k in (1, 2, 4):
-                lat = (100 + s * (300 + 2e3 * min(6 * k * b, 256) / 256)) * (1 + 0.01 * rng.standard_normal())
+                lat = (100 + s * (300 + 2e3 * float(touched_experts(k * b, 256, 6)) / 256)) * (1 + 0.01 * rng.standard_normal())
                 rows.append({**row("draft_step", k, 1024, b, lat, num_steps=s, topk=k), "model": model,
                              "variant": "torch_ref", "tree_shape": "eagle"})
     append_rows(path, rows)
@@ -135,14 +136,14 @@ def test_moe_model_gets_the_saturation_form_reported_loudly(tmp_path):
     out = tmp_path / "costs.json"
     result = CliRunner().invoke(app, ["fit", str(prof), "-o", str(out), "--folds", "3", "--no-png"])
     assert result.exit_code == 0, result.output
-    assert "C_v is NOT convex in n" in result.output and "min(T*k, E) experts touched" in result.output
+    assert "C_v is NOT convex in n" in result.output and "E(1-(1-k/E)^T) experts touched" in result.output
     bundle = load_costs(out)
     v = bundle.verify
     assert v.info["form"] in ("moe", "moe_grid") and v.info["convex_in_n"] is False
     assert v.convex_in_n is False and set(v.info["fit_error"]["heldout"]) >= {"basis", "grid", "grid_lin",
                                                                                "moe", "moe_grid"}
     assert v.info["fit_error"]["heldout"][v.info["form"]]["median"] < 0.02
-    assert bundle.meta["moe"] == {"n_experts": 256, "experts_per_token": 6}
+    assert bundle.meta["moe"] == {"n_experts": 256, "experts_per_token": 6, "routing": "uniform"}   # no sidecar
 
 
 def test_dense_model_never_gets_an_moe_form(tmp_path):

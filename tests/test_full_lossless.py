@@ -33,3 +33,41 @@ def test_a_different_model_gives_different_outputs():
         engine.run(max_new_tokens=8)
         outs.append(engine.outputs()[0][:8])
     assert outs[0] != outs[1]
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_the_verify_probe_agrees_with_decode_at_a_plain_position(name):
+    """The diagnosis of a mismatch: through the verify forward (a chain of the policy's rows) the
+    position's logits are the decode step's (float64: rounding only), and so is its token."""
+    from simtree.runtime.full.drafting import round_shape
+    from simtree.runtime.full.engine import FullEngine
+    from simtree.runtime.full.lossless import _probe
+
+    model = tiny_model(name)
+    engine = FullEngine(model, round_shape(PolicySpec.from_dict("none")), 1, 96)
+    engine.prefill(PROMPTS[1:2])
+    engine.run(max_new_tokens=10)
+    out = engine.outputs()[0][:10]
+    for at, nodes in ((3, 6), (7, 16), (9, 1)):
+        probe = _probe(model, PROMPTS[1], out, at, nodes, 96)
+        assert probe["margin"] > 0 and probe["deviation"] < 1e-9, probe
+        assert probe["verify_token"] == out[at]
+
+
+def test_a_broken_verify_is_caught_and_the_probe_shows_it():
+    """A round whose verify forward is wrong (noise on its hidden rows) decodes differently; the
+    row names the first difference and a verify-vs-decode deviation far above rounding."""
+    import torch
+
+    model = tiny_model.__wrapped__("tiny-gdn")          # a private copy: the cached one stays intact
+    verify = model.verify
+    gen = torch.Generator().manual_seed(0)
+
+    def noisy(st, tokens, parents):
+        hidden, pend = verify(st, tokens, parents)
+        return hidden + 2.0 * torch.randn(hidden.shape, generator=gen, dtype=hidden.dtype), pend
+
+    model.verify = noisy
+    rows = check_lossless(model, PROMPTS[:2], SPECS[:1], 16)
+    assert not rows[0]["match"] and rows[0]["first_diff"].startswith("sequence")
+    assert rows[0]["deviation"] > 1e-3 and rows[0]["plain_token"] != rows[0]["spec_token"]

@@ -121,3 +121,61 @@ def test_replay_scores_and_levels_are_the_simulators():
     draws = torch.cat([scores.draw(4096).clone() for _ in range(8)])
     freq = np.bincount(draws.numpy(), minlength=acc.num_levels) / draws.numel()
     assert np.abs(freq - weights).max() < 0.01
+
+
+def test_stratified_draws_come_up_in_proportion():
+    """Every outcome comes up n x P times within 2 (one point per stratum), for any pmf."""
+    from simtree.runtime.full.acceptance import stratified_draws
+    rng = np.random.default_rng(5)
+    for _ in range(20):
+        pmf = rng.dirichlet(np.full(int(rng.integers(2, 12)), 0.5))
+        n = int(rng.integers(1, 400))
+        counts = np.bincount(stratified_draws(pmf, n, rng), minlength=pmf.size)
+        assert counts.sum() == n and np.all(np.abs(counts - n * pmf) <= 2)
+
+
+@pytest.mark.parametrize("bad", [(np.array([0.5, 0.5]), 0), (np.array([0.0, 0.0]), 4), (np.array([np.nan, 1.0]), 4)])
+def test_stratified_draws_refuse_bad_input(bad):
+    from simtree.errors import SimtreeError
+    from simtree.runtime.full.acceptance import stratified_draws
+    with pytest.raises(SimtreeError, match="stratified draws"):
+        stratified_draws(*bad, np.random.default_rng(0))
+
+
+@pytest.mark.parametrize("name, spec", [("tiny-gdn", PolicySpec.from_dict("linear", {"budget": 4})),
+                                        ("tiny-gdn", EAGLE), ("tiny-v4", EAGLE)], ids=["gdn-linear", "gdn-eagle", "v4-eagle"])
+def test_stratified_replay_accepts_the_models_mean_within_a_token(name, spec):
+    """A stratified replay's rounds commit the depths of its table (every tree deep enough), the
+    table's levels shape the trees, and 24 rounds of one sequence accept the simulator's mean
+    tokens per round within (deepest depth) / 24 - where independent draws err by ~0.25."""
+    from simtree.acceptance.model import get_workload
+    from simtree.planning.simulate import static_round
+    from simtree.runtime.full.acceptance import joint_depth_pmf
+
+    acc = get_workload("gsm8k").acceptance
+    rs = round_shape(spec)
+    rounds = 24
+    src = ModelReplay(acc, rs, "cpu", seed=3, sampling="stratified", batch_size=1, rows=rounds)
+    engine = FullEngine(tiny_model(name), rs, 1, 256, src)
+    engine.fill_context(8, seed=0)
+    engine.run(rounds=3)                        # warm-up rounds read rows 0..2
+    src.rewind()
+    stats = engine.run(rounds=rounds)
+    assert np.array_equal(stats.accepted[:, 0], src.depths[:, 0].numpy())
+    sr = static_round(acc, spec)
+    want = float(sr.weights @ sr.accepted)      # the simulator's accepted draft tokens per round
+    joint = joint_depth_pmf(acc, rs)
+    assert np.isclose(joint.sum(), 1.0) and np.isclose(joint.sum(1) @ np.arange(joint.shape[0]), want)
+    assert abs(stats.accepted.mean() - want) <= rs.max_depth / rounds + 1e-9
+    # the table's levels drafted the trees: the last round's tree is static_round's for its level
+    level = int(src.scores.fixed[0][rounds - 1, 0])
+    assert engine.tree.parents[0][engine.tree.valid[0]].tolist() == sr.trees[level].parents.tolist()
+
+
+def test_replay_sampling_names_are_checked():
+    from simtree.errors import SimtreeError
+    rs = round_shape(EAGLE)
+    with pytest.raises(SimtreeError, match="replay sampling 'sobol' unknown"):
+        ModelReplay(_model(0.5), rs, "cpu", sampling="sobol")
+    with pytest.raises(SimtreeError, match="needs the batch size"):
+        ModelReplay(_model(0.5), rs, "cpu", sampling="stratified")

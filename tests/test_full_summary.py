@@ -38,7 +38,7 @@ def test_summary_has_the_required_columns_and_one_row_per_run(tmp_path):
         ("plain:none", "1"), ("linear_d4:linear_d4", "1"), ("plan:eagle_s2_k2_d4", "1"),
         ("plain:none", "2"), ("linear_d4:linear_d4", "2"), ("plan:eagle_s2_k2_d4", "2")]
     for r in rows:
-        assert r["acceptance"] == "replay:gsm8k" and r["deployment"] == "1 GPU"
+        assert r["acceptance"] == "replay:gsm8k" and r["deployment"] == "1 CPU"      # one GPU on CUDA
         assert float(r["measured_tok_s"]) > 0 and float(r["predicted_tok_s"]) > 0
         # the CSV's 6 significant digits: the ratio of two rounded rates is good to ~2e-6
         assert float(r["rel_err"]) == pytest.approx(float(r["predicted_tok_s"]) / float(r["measured_tok_s"]) - 1,
@@ -46,6 +46,27 @@ def test_summary_has_the_required_columns_and_one_row_per_run(tmp_path):
     assert (tmp_path / "out" / "summary.md").read_text().startswith("# simtree run: tiny-gdn")
     assert (tmp_path / "out" / "predicted_vs_measured.png").stat().st_size > 1000
     assert any("extrapolating" in n for n in res["prediction_notes"])   # an H200 bundle asked about a tiny context
+
+
+def test_stratified_replay_measures_the_predicted_acceptance(tmp_path):
+    """The default replay draws the run's accepted depths stratified: every run's measured
+    tokens per round is the prediction's within (deepest depth) / (rounds x batch); the config
+    and the notes say how the replay drew."""
+    rounds, B = 6, 2
+    res = full_run(tiny_model("tiny-gdn"), device="cpu", costs=COSTS, batch_sizes=[B], acceptance="gsm8k",
+                   context_len=16, rounds=3, min_draws=rounds * B, warmup_rounds=2)
+    assert res["config"]["sampling"] == "stratified" and res["config"]["min_draws"] == rounds * B
+    assert all(r["rounds"] == rounds for r in res["rows"])      # ceil(min_draws / B) > rounds=3
+    assert any(n.startswith("replay sampling: stratified") for n in res["notes"])
+    spec = [r for r in res["rows"] if not r["policy"].startswith("plain")]
+    assert spec
+    for r in spec:
+        assert abs(r["predicted_accepted"] - r["measured_accepted"]) <= 4 / (rounds * B) + 1e-9, r
+    iid = full_run(tiny_model("tiny-gdn"), device="cpu", costs=COSTS, batch_sizes=[B], acceptance="gsm8k",
+                   context_len=16, rounds=rounds, warmup_rounds=2, sampling="iid")
+    assert iid["config"]["sampling"] == "iid"
+    with pytest.raises(SimtreeError, match="replay sampling 'halton' unknown"):
+        full_run(tiny_model("tiny-gdn"), device="cpu", batch_sizes=[B], acceptance="gsm8k", sampling="halton")
 
 
 def test_modes_the_runtime_cannot_build_are_noted_and_skipped(tmp_path):

@@ -4,8 +4,9 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from simtree.errors import SimtreeError
-from simtree.acceptance.phi import (expected_accepted, expected_accepted_marginals, expected_accepted_positional,
-                         node_accept_probs_marginals, sample_accepted_length, sibling_rank)
+from simtree.acceptance.phi import (accepted_length_pmf, expected_accepted, expected_accepted_marginals,
+                                    expected_accepted_positional, node_accept_probs_marginals,
+                                    node_accept_probs_positional, sample_accepted_length, sibling_rank)
 from simtree.acceptance.phi import _first_with_same_token
 from simtree.trees.tree import DraftTree
 
@@ -89,6 +90,22 @@ def test_positional_model_matches_monte_carlo(seed):
     table = random_accept_table(rng, int(rng.integers(1, 10)), int(rng.integers(1, 5)))
     samples = sample_accepted_length(tree, rng, MC_SAMPLES, accept_table=table)
     assert within_4_sigma(samples, expected_accepted_positional(tree, table))
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_accepted_length_pmf_matches_monte_carlo_and_phi(seed):
+    """Each length's probability within 4 sigma of its Monte-Carlo frequency; the pmf sums to
+    one and its mean is Phi(T)."""
+    rng = np.random.default_rng(200 + seed)
+    tree = random_tree(rng, int(rng.integers(2, 80)), 50)
+    table = random_accept_table(rng, int(rng.integers(1, 10)), int(rng.integers(1, 5)))
+    pmf = accepted_length_pmf(tree, node_accept_probs_positional(tree, table))
+    assert pmf.shape == (tree.max_depth + 1,) and np.all(pmf >= 0)
+    assert np.isclose(pmf.sum(), 1.0)
+    assert np.isclose(pmf @ np.arange(pmf.size), expected_accepted_positional(tree, table))
+    freq = np.bincount(sample_accepted_length(tree, rng, MC_SAMPLES, accept_table=table), minlength=pmf.size)
+    sigma = np.sqrt(pmf * (1 - pmf) / MC_SAMPLES)
+    assert np.all(np.abs(freq / MC_SAMPLES - pmf) <= 4 * sigma + 1e-9)
 
 
 def test_positional_model_on_a_star_is_sum_of_first_row():

@@ -87,9 +87,10 @@ def test_v4_stages_run_on_cpu(stage):
     assert torch.isfinite(out).all()
 
 
-@pytest.mark.parametrize("tokens, touched", [(1, 2), (3, 6), (40, 8)])
+@pytest.mark.parametrize("tokens, touched", [(1, 2), (3, 5), (40, 8)])
 def test_moe_gemm_covers_only_touched_experts(monkeypatch, tokens, touched):
-    # T tokens x top-2 of 8 experts touch min(2T, 8) experts: the expert GEMM's batch
+    # T tokens x top-2 of 8 experts touch 8 (1 - (3/4)^T) experts in expectation under uniform
+    # routing (2, 4.6, 8.0), rounded: the expert GEMM's batch
     ctx = _ctx("tiny-v4")
     seen = []
     real = torch.bmm

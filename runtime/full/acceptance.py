@@ -12,7 +12,12 @@
   policy's rounds spread over the levels (``AcceptanceModel.round_weights`` of the tokens its
   trees gain at each level, as the simulator weighs them), then at each depth d one uniform u;
   the rank-r child of an accepted parent is accepted when u falls in
-  [sum_{r'<r} P(d, r'), sum_{r'<=r} P(d, r')) - disjoint ranks).
+  [sum_{r'<r} P(d, r'), sum_{r'<=r} P(d, r')) - disjoint ranks).  ``sampling="stratified"``
+  (what ``simtree run`` uses) draws the run's (level, accepted depth) pairs up front instead,
+  one per stratum of the unit interval (:func:`stratified_draws`) from their joint
+  distribution under the trees the simulator scores (``accepted_length_pmf``), ordered by
+  depth: the mean accepted depth of the ``N = rows x B`` draws is then the model's within
+  (deepest depth) / N, where independent draws err by (the depth's spread) / sqrt(N).
 
 ``accept(tree, target_next, rs)`` -> accepted node (LOCAL index, int64 [B]); no host sync.
 Replays decide the path with meaningless tokens: the round still drafts, verifies every tree
@@ -30,12 +35,17 @@ import numpy as np
 import torch
 
 from simtree.acceptance.model import AcceptanceModel, fit_positional, read_traces
+from simtree.acceptance.phi import accepted_length_pmf, node_accept_probs_ranked
+from simtree.errors import SimtreeError
 from simtree.planning.modes import PolicySpec
 from simtree.planning.simulate import static_round
 
 from .drafting import RoundShape, TreeBuffers
 
-__all__ = ["Live", "TraceReplay", "ModelReplay", "DraftScores", "level_weights", "deepest_on_chain"]
+__all__ = ["Live", "TraceReplay", "ModelReplay", "DraftScores", "level_weights", "deepest_on_chain", "node_at_depth",
+           "stratified_draws", "joint_depth_pmf", "SAMPLINGS"]
+
+SAMPLINGS = ("stratified", "iid")
 
 
 def deepest_on_chain(ok: torch.Tensor, tree: TreeBuffers, max_depth: int) -> torch.Tensor:
@@ -49,17 +59,52 @@ def deepest_on_chain(ok: torch.Tensor, tree: TreeBuffers, max_depth: int) -> tor
     return torch.where(acc, tree.depth, -1).argmax(1)
 
 
+def node_at_depth(tree: TreeBuffers, want: torch.Tensor) -> torch.Tensor:
+    """The best-scored valid node at depth ``want`` [B] (the tree's deepest where shallower)."""
+    deepest = torch.where(tree.valid, tree.depth, 0).amax(1)
+    want = torch.minimum(want, deepest)
+    key = torch.where(tree.valid & (tree.depth == want[:, None]), tree.score, float("-inf"))
+    return key.argmax(1)
+
+
+def _spec(rs: RoundShape) -> PolicySpec:
+    if rs.plain:
+        return PolicySpec.from_dict("none")
+    if rs.topk == 1:
+        return PolicySpec.from_dict("linear", {"budget": rs.budget})
+    return PolicySpec.from_dict("eagle", {"num_steps": rs.num_steps, "topk": rs.topk, "budget": rs.budget})
+
+
 def level_weights(model: AcceptanceModel, rs: RoundShape) -> np.ndarray:
     """[L]: the share of the policy's rounds at each level (``AcceptanceModel.round_weights`` of
     the tokens per round its trees gain there, as ``simtree.planning.simulate.static_round``
     builds and scores them)."""
-    if rs.plain:
-        spec = PolicySpec.from_dict("none")
-    elif rs.topk == 1:
-        spec = PolicySpec.from_dict("linear", {"budget": rs.budget})
-    else:
-        spec = PolicySpec.from_dict("eagle", {"num_steps": rs.num_steps, "topk": rs.topk, "budget": rs.budget})
-    return static_round(model, spec).weights
+    return static_round(model, _spec(rs)).weights
+
+
+def joint_depth_pmf(model: AcceptanceModel, rs: RoundShape) -> np.ndarray:
+    """[depth + 1, L]: P(a round is at level lv and accepts exactly d draft tokens), the trees
+    and level shares as ``static_round`` builds and weighs them (their mean depth is the
+    simulator's accepted tokens per round, bonus excluded)."""
+    sr = static_round(model, _spec(rs))
+    pmfs = [accepted_length_pmf(t, node_accept_probs_ranked(t, tb)) for t, tb in zip(sr.trees, sr.tables)]
+    out = np.zeros((max(p.size for p in pmfs), len(pmfs)))
+    for lv, p in enumerate(pmfs):
+        out[:p.size, lv] = sr.weights[lv] * p
+    return out
+
+
+def stratified_draws(pmf: np.ndarray, n: int, rng: np.random.Generator) -> np.ndarray:
+    """int64 [n]: outcomes 0..len(pmf)-1, one per stratum [i/n, (i+1)/n) of the unit interval
+    (a uniform point in each, the strata in random order) through the inverse CDF: each
+    outcome comes up n x P times give or take 2, and a quantity monotone in the outcome index
+    averages to its mean within (its range) / n."""
+    p = np.asarray(pmf, np.float64).reshape(-1)
+    if n < 1 or p.size == 0 or not np.all(np.isfinite(p)) or np.any(p < 0) or p.sum() <= 0:
+        raise SimtreeError("stratified draws need n >= 1 and a non-negative pmf with positive mass")
+    cdf = np.cumsum(p) / p.sum()
+    u = (rng.permutation(n) + rng.random(n)) / n
+    return np.minimum(np.searchsorted(cdf, u, side="right"), p.size - 1).astype(np.int64)
 
 
 class DraftScores:
@@ -69,7 +114,10 @@ class DraftScores:
     ``rs``), ``rescore(step, lp)`` replaces the MTP layer's log-probs of step ``step``'s
     children (lp [B, ..., k]) with that level's row."""
 
-    def __init__(self, model: AcceptanceModel, rs: RoundShape, device, gen=None):
+    def __init__(self, model: AcceptanceModel, rs: RoundShape, device, gen=None, fixed=None):
+        """``fixed``: (levels [rows, B] on the device, the round counter [1]): row ``counter %
+        rows`` is each round's levels instead of a draw (a stratified replay's table)."""
+        self.fixed = fixed
         P = max(rs.max_depth, 1)
         probs = np.stack([model.draft_table(lv, P) for lv in range(model.num_levels)])
         probs = np.concatenate([probs, np.zeros(probs.shape[:2] + (max(0, 32 - probs.shape[2]),))], -1)
@@ -78,7 +126,11 @@ class DraftScores:
         self.device, self.gen, self.level = torch.device(device), gen, None
 
     def draw(self, B: int) -> torch.Tensor:
-        level = (torch.rand(B, 1, device=self.device, generator=self.gen) > self.level_cum[None, :]).sum(1)
+        if self.fixed is not None:
+            table, counter = self.fixed
+            level = table.index_select(0, counter % table.shape[0])[0]
+        else:
+            level = (torch.rand(B, 1, device=self.device, generator=self.gen) > self.level_cum[None, :]).sum(1)
         if self.level is None:
             self.level = level
         else:
@@ -129,6 +181,10 @@ class TraceReplay:
         src.records, src.label, src.workload, src.scores = [], f"replay (depth {depth})", "fixed", None
         return src
 
+    def rewind(self) -> None:
+        """The trace from its first round again."""
+        self.counter.zero_()
+
     def _set_table(self, depths: np.ndarray, device) -> None:
         self.table = torch.as_tensor(depths, device=device)
         self.counter = torch.zeros(1, dtype=torch.int64, device=device)
@@ -136,10 +192,7 @@ class TraceReplay:
     def accept(self, tree: TreeBuffers, target_next: torch.Tensor, rs: RoundShape) -> torch.Tensor:
         want = self.table.index_select(0, self.counter % self.table.shape[0])[0]
         self.counter += 1
-        deepest = torch.where(tree.valid, tree.depth, 0).amax(1)
-        want = torch.minimum(want, deepest)
-        key = torch.where(tree.valid & (tree.depth == want[:, None]), tree.score, float("-inf"))
-        return key.argmax(1)
+        return node_at_depth(tree, want)
 
     def prediction_model(self) -> AcceptanceModel:
         """The positional fit of the trace (the table as wide as its widest sibling set)."""
@@ -150,8 +203,14 @@ class TraceReplay:
 class ModelReplay:
     kind = "replay"
 
-    def __init__(self, model: AcceptanceModel, rs: RoundShape, device, seed: int = 0):
-        self.model = model
+    def __init__(self, model: AcceptanceModel, rs: RoundShape, device, seed: int = 0, sampling: str = "iid",
+                 batch_size: int | None = None, rows: int = 32):
+        """``sampling``: ``iid`` (a level and one uniform per depth each round) or
+        ``stratified`` (``rows`` rounds of ``batch_size`` (level, depth) draws made up front,
+        module docstring; the table wraps around, :meth:`rewind` starts it again)."""
+        if sampling not in SAMPLINGS:
+            raise SimtreeError(f"replay sampling {sampling!r} unknown: one of {', '.join(SAMPLINGS)}")
+        self.model, self.sampling = model, sampling
         tables = np.stack([model.table(lv, max(rs.max_depth, 1)) for lv in range(model.num_levels)])   # [L, P, K]
         cum = np.concatenate([np.zeros(tables.shape[:2] + (1,)), np.cumsum(tables, -1)], -1)
         self.cum = torch.as_tensor(cum, dtype=torch.float32, device=device)              # [L, P, K + 1]
@@ -160,12 +219,32 @@ class ModelReplay:
         self.gen = None if self.device.type == "cuda" else torch.Generator().manual_seed(seed)
         if self.gen is None:
             torch.cuda.manual_seed(seed)
-        self.scores = DraftScores(model, rs, device, self.gen)
-        self.label = f"replay (acceptance model {model.name})"
+        fixed = None
+        if sampling == "stratified":
+            if batch_size is None or batch_size < 1 or rows < 1:
+                raise SimtreeError("stratified replay needs the batch size and at least one round")
+            joint = joint_depth_pmf(model, rs)                                         # [depth + 1, L]
+            draw = stratified_draws(joint.reshape(-1), rows * batch_size, np.random.default_rng(seed))
+            depth, level = np.divmod(draw, joint.shape[1])
+            self.depths = torch.as_tensor(depth.reshape(rows, batch_size), device=device)
+            self.counter = torch.zeros(1, dtype=torch.int64, device=device)
+            fixed = (torch.as_tensor(level.reshape(rows, batch_size), device=device), self.counter)
+        self.scores = DraftScores(model, rs, device, self.gen, fixed)
+        self.label = f"replay (acceptance model {model.name}, {sampling})"
+
+    def rewind(self) -> None:
+        """The stratified table from its first row (the measured rounds take whole rows)."""
+        if self.sampling == "stratified":
+            self.counter.zero_()
 
     def accept(self, tree: TreeBuffers, target_next: torch.Tensor, rs: RoundShape) -> torch.Tensor:
-        """Rank intervals of the level the round's drafting drew (the drafter knows its level);
-        a level of its own where the tree was not drafted (plain decoding never gets here)."""
+        """Stratified: the table's depth for the round, on the best-scored node there.  iid: rank
+        intervals of the level the round's drafting drew (the drafter knows its level); a level
+        of its own where the tree was not drafted (plain decoding never gets here)."""
+        if self.sampling == "stratified":
+            want = self.depths.index_select(0, self.counter % self.depths.shape[0])[0]
+            self.counter += 1
+            return node_at_depth(tree, want)
         B = tree.tokens.shape[0]
         L, P, K1 = self.cum.shape
         u = torch.rand(B, P, device=self.device, generator=self.gen)

@@ -143,7 +143,10 @@ def _lossless(s: Session, model) -> None:
     for r in rows:
         s.log(f"lossless {r['policy']} batch 2: {'MATCH' if r['match'] else 'DIFFERS'} (accepted/round "
               f"{r['accepted_tokens_per_round']:.2f}" + (f", first diff {r['first_diff']}, plain top-2 gap "
-                                                         f"{r['margin']:.4g}" if not r['match'] else "") + ")")
+                                                         f"{r['margin']:.4g}, verify-vs-decode logit deviation "
+                                                         f"{r['deviation']:.4g}, verify picks {r['verify_token']} "
+                                                         f"(plain {r['plain_token']}, speculative {r['spec_token']})"
+                                                         if not r['match'] else "") + ")")
 
 
 def _steps(s: Session, model, tree_model, context_len: int, deployment: str, reserve_s: float = 10.0) -> None:
@@ -237,6 +240,8 @@ def main(argv=None) -> int:
     ap.add_argument("--replay", default=None)
     ap.add_argument("--batch-sizes", default="1,4,16,64")
     ap.add_argument("--rounds", type=int, default=24)
+    ap.add_argument("--min-draws", type=int, default=96,
+                    help="a batch of B runs at least ceil(min_draws / B) rounds (replay draws per run)")
     ap.add_argument("--max-seconds", type=float, default=300.0)
     ap.add_argument("--measure-share", type=float, default=0.6,
                     help="share of the session after which no new measured run starts (the steps follow)")
@@ -280,7 +285,7 @@ def main(argv=None) -> int:
                 from .measure import full_run
                 res = full_run(model, device=args.device, costs=costs_path, policy=args.policy, batch_sizes=sizes,
                                replay=args.replay, acceptance=None if args.replay else args.acceptance,
-                               out=s.out, rounds=args.rounds, warmup_rounds=3, progress=s.log,
+                               out=s.out, rounds=args.rounds, min_draws=args.min_draws, warmup_rounds=3, progress=s.log,
                                deadline=s.t0 + args.measure_share * s.limit, extra=_eagle(args.eagle))
                 for n in res["notes"] + res["prediction_notes"]:
                     s.log(f"note: {n}")

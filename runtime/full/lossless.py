@@ -9,8 +9,14 @@ fuse projection passing the token's embedding through), so drafts are accepted o
 rejected often: every path of the round is exercised.  The layers still shape every logit.
 
 Where a policy's output differs, the row names the first differing token and the plain run's
-top-1 minus top-2 logit there: a gap near the dtype's rounding (bf16) is a numerical near-tie
-between two kernels' summation orders, a large one is a bug.
+top-1 minus top-2 logit there (``margin``), and probes the same position through the verify
+forward: the plain prefix committed by the prefill, then a chain of the policy's node count
+rooted at the last prefix token (``_probe``).  ``deviation`` is the largest difference between
+that row's logits and the decode step's; ``verify_token`` the token the verify forward picks
+there.  A margin within twice a deviation at the dtype's rounding is a numerical near-tie
+between two kernels' summation orders (bf16: different row counts take different GEMM
+tilings), above all where ``verify_token`` is the speculative run's token; a margin far above
+it, or a deviation far above rounding, is a bug in a round.
 """
 from __future__ import annotations
 
@@ -49,20 +55,36 @@ def _decode(model, prompts, spec, max_new_tokens: int, max_len: int):
 
 
 @torch.no_grad()
-def _margin(model, prompt, output, at: int, max_len: int) -> float:
-    """The plain run's top-1 minus top-2 logit before output token ``at`` (batch 1, eager)."""
+def _probe(model, prompt, output, at: int, nodes: int, max_len: int) -> dict:
+    """At output token ``at`` of the plain run (batch 1, eager): ``margin`` (the decode step's
+    top-1 minus top-2 logit), ``deviation`` (max |verify - decode| logit at that position, the
+    verify forward over a chain of ``nodes`` rows: the plain continuation, root leaves where it
+    ends) and ``verify_token`` (the verify forward's argmax there)."""
     seq = list(prompt) + list(output[:at])
-    engine = FullEngine(model, round_shape(PolicySpec.from_dict("none")), 1, max_len, graphs=False)
-    if len(seq) > 1:
-        engine.prefill([seq[:-1]])
-    hidden = model.decode(engine.st, torch.as_tensor([seq[-1]], device=model.device))
-    top = model.logits(hidden)[0].float().topk(2).values
-    return float(top[0] - top[1])
+    logits = []
+    for verify in (False, True):
+        engine = FullEngine(model, round_shape(PolicySpec.from_dict("none")), 1, max_len, graphs=False)
+        if len(seq) > 1:
+            engine.prefill([seq[:-1]])
+        if verify:
+            chain = [seq[-1]] + list(output[at:at + max(nodes, 1) - 1])
+            pad = max(nodes, 1) - len(chain)
+            tokens = torch.as_tensor([chain + [0] * pad], device=model.device)
+            parents = torch.as_tensor([list(range(-1, len(chain) - 1)) + [0] * pad], device=model.device)
+            hidden, _ = model.verify(engine.st, tokens, parents)
+            hidden = hidden[:1]
+        else:
+            hidden = model.decode(engine.st, torch.as_tensor([seq[-1]], device=model.device))
+        logits.append(model.logits(hidden)[0].float())
+    top = logits[0].topk(2).values
+    return {"margin": float(top[0] - top[1]), "deviation": float((logits[1] - logits[0]).abs().max()),
+            "verify_token": int(logits[1].argmax())}
 
 
 def check_lossless(model, prompts: list[list[int]], specs, max_new_tokens: int, max_len: int | None = None) -> list[dict]:
-    """One row per policy: {policy, batch_size, match, first_diff, margin, accepted_tokens_per_round};
-    the plain greedy outputs of the same prompts are the reference."""
+    """One row per policy: {policy, batch_size, match, first_diff, plain_token, spec_token, margin,
+    deviation, verify_token, accepted_tokens_per_round} (the diagnosis, module docstring, where
+    the outputs differ); the plain greedy outputs of the same prompts are the reference."""
     max_len = max_len or max(map(len, prompts)) + 16 * (max_new_tokens + 1) + 8
     plain, _ = _decode(model, prompts, PolicySpec.from_dict("none"), max_new_tokens, max_len)
     rows = []
@@ -71,10 +93,12 @@ def check_lossless(model, prompts: list[list[int]], specs, max_new_tokens: int, 
         diff = [next((i for i, (a, b) in enumerate(zip(o, p)) if a != b), None) for o, p in zip(outs, plain)]
         bad = [(b, i) for b, i in enumerate(diff) if i is not None]
         row = {"policy": round_shape(spec).name, "batch_size": len(prompts), "match": not bad,
-               "first_diff": None, "margin": None, "accepted_tokens_per_round": stats.accepted_tokens_per_round}
+               "first_diff": None, "plain_token": None, "spec_token": None, "margin": None, "deviation": None,
+               "verify_token": None, "accepted_tokens_per_round": stats.accepted_tokens_per_round}
         if bad:
             b, i = bad[0]
-            row["first_diff"] = f"sequence {b} token {i}"
-            row["margin"] = _margin(model, prompts[b], plain[b], i, max_len)
+            row.update(first_diff=f"sequence {b} token {i}", plain_token=int(plain[b][i]), spec_token=int(outs[b][i]))
+            row.update(_probe(model, prompts[b], plain[b], i, round_shape(spec).nodes, max_len))
         rows.append(row)
     return rows
+

@@ -10,8 +10,9 @@ context of ``context_len`` tokens, ``warmup_rounds`` rounds, then ``rounds`` mea
 
 Acceptance (every row says which): ``replay`` from a trace file (``--replay``) or sampled on the
 device from an acceptance model (``--acceptance``: a workload preset or a trace file, as
-``simtree simulate`` reads it); ``live`` otherwise (the target decides; with random weights it
-accepts little).
+``simtree simulate`` reads it; stratified draws by default, ``sampling="iid"`` for independent
+ones); ``live`` otherwise (the target decides; with random weights it accepts little).  A
+replay's measured rounds start at the first row of its table.
 
 Predictions come from the cost bundle (none given: the rows are measured only, NaN predicted)
 and the simulator:
@@ -34,7 +35,7 @@ import gc
 import json
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -46,7 +47,7 @@ from simtree.fileio import write_text_atomic
 from simtree.models import get_model
 from simtree.planning.simulate import PolicySpec, simulate
 
-from .acceptance import Live, ModelReplay, TraceReplay
+from .acceptance import SAMPLINGS, Live, ModelReplay, TraceReplay
 from .build import build_model
 from .drafting import RUNTIME_MODES, RoundShape, round_shape
 from .engine import FullEngine
@@ -67,6 +68,11 @@ class RunConfig:
     rounds: int = 32
     warmup_rounds: int = 4
     seed: int = 0
+    sampling: str = "stratified"     # acceptance-model replays: stratified or iid (ModelReplay)
+    min_draws: int = 0               # a batch of B runs at least ceil(min_draws / B) rounds
+
+    def for_batch(self, batch_size: int) -> "RunConfig":
+        return replace(self, rounds=max(self.rounds, -(-int(self.min_draws) // max(int(batch_size), 1))))
 
 
 def _rel(pred, meas) -> float:
@@ -76,9 +82,11 @@ def _rel(pred, meas) -> float:
 class _Source:
     """How each run gets its acceptance source, and the model its prediction uses."""
 
-    def __init__(self, replay, acceptance, device, seed: int):
-        self.replay, self.device, self.seed = replay, device, seed
+    def __init__(self, replay, acceptance, device, seed: int, sampling: str = "stratified"):
+        self.replay, self.device, self.seed, self.sampling = replay, device, seed, sampling
         self.workload = None
+        if sampling not in SAMPLINGS:
+            raise SimtreeError(f"replay sampling {sampling!r} unknown: one of {', '.join(SAMPLINGS)}")
         if replay is not None and acceptance is not None:
             raise SimtreeError("give --replay or --acceptance, not both")
         if acceptance is not None:
@@ -104,9 +112,9 @@ class _Source:
             return max(1, int(round(self.workload.mean_prompt_len)))
         return max(1, int(round(getattr(self, "context", None) or 512)))
 
-    def make(self, rs: RoundShape, batch_size: int):
+    def make(self, rs: RoundShape, batch_size: int, rounds: int = 32):
         if self.workload is not None:
-            return ModelReplay(self.workload.acceptance, rs, self.device, self.seed)
+            return ModelReplay(self.workload.acceptance, rs, self.device, self.seed, self.sampling, batch_size, rounds)
         if self.replay is not None:
             return TraceReplay(self.replay, batch_size, self.device).score_trees(rs, self.device)
         return Live()
@@ -127,6 +135,9 @@ def measure_policy(model, rs: RoundShape, batch_size: int, source, cfg: RunConfi
         engine.fill_context(cfg.context_len, cfg.seed)
         if cfg.warmup_rounds:
             engine.run(rounds=cfg.warmup_rounds)
+        rewind = getattr(source, "rewind", None)
+        if rewind is not None:
+            rewind()                # a replay's measured rounds start at its first row
         stats = engine.run(rounds=cfg.rounds, host_probe=HOST_PROBE_ROUNDS)
         if engine.capture_error:
             stats.notes.append(f"CUDA graph capture failed, eager stages: {engine.capture_error}")
@@ -242,7 +253,7 @@ def _load_costs(costs, required: bool = True):
 def full_run(model, *, device: str = "cuda", costs=None, policy=None, batch_sizes=(1, 4, 16, 64), replay=None,
              acceptance=None, policy_workload: str | None = None, out=None, context_len: int | None = None,
              rounds: int = 32, warmup_rounds: int = 4, seed: int = 0, dtype=None, progress=None,
-             deadline: float | None = None, extra=()) -> dict:
+             deadline: float | None = None, extra=(), sampling: str = "stratified", min_draws: int = 0) -> dict:
     """Run every (batch size, policy) and return {"rows", "notes", "config", "runs", "files"};
     ``model``: a registry name, a shape or a built model; ``progress(line)`` gets one line per
     run.  ``runs`` keeps every run's per-round measurements (:func:`runs_json` makes them JSON,
@@ -250,24 +261,31 @@ def full_run(model, *, device: str = "cuda", costs=None, policy=None, batch_size
     ``time.time()``): runs not started by then are skipped, each a row saying so.  With ``out``
     the summary files are rewritten after every batch size, so a session cut short keeps the
     batch sizes it finished.  ``extra``: (label, PolicySpec) runs measured at every batch size
-    besides plain and linear D=4 (e.g. the EAGLE shapes a plan made later may choose)."""
+    besides plain and linear D=4 (e.g. the EAGLE shapes a plan made later may choose).
+    ``sampling``: how an acceptance model's replay draws (``ModelReplay``: stratified or iid).
+    ``min_draws``: a batch of B sequences runs at least ceil(min_draws / B) measured rounds (a
+    replay's accepted depths over rounds x B draws: small batches take more rounds)."""
     say = progress or (lambda line: None)
     costs = _load_costs(costs, required=False)
-    source = _Source(replay, acceptance, device, seed)
-    cfg = RunConfig(context_len or source.default_context(), rounds, warmup_rounds, seed)
+    source = _Source(replay, acceptance, device, seed, sampling)
+    cfg = RunConfig(context_len or source.default_context(), rounds, warmup_rounds, seed, sampling, min_draws)
     if isinstance(model, str) or not hasattr(model, "verify"):
         shape = get_model(model) if isinstance(model, str) else model
         say(f"building {shape.name} on {device}")
         model = build_model(shape, device, dtype, seed)
     notes = [f"deployment: {model.deployment}"]
+    if acceptance is not None:
+        notes.append(f"replay sampling: {sampling} (acceptance model {source.name}; ModelReplay)")
     if costs is None:
-        notes.append("no cost bundle: measured only (predict the runs later: measure.repredict)")
+        notes.append("no cost bundle: measured only (summary.json keeps every round: "
+                     "simtree.runtime.full.measure.repredict predicts them from a bundle later)")
     workload = policy_workload or source.name
     runs = []
     pred_notes: list = []
     result = _result(runs, costs, source, cfg, workload, notes, replay, acceptance, None, pred_notes)
     for B in batch_sizes:
         measured = {}
+        cfg_b = cfg.for_batch(B)
         for label, spec in _policies(policy, workload, B, notes, extra):
             rs = round_shape(spec)
             run = {"label": label, "mode": spec.mode, "params": spec.to_dict(), "batch_size": B,
@@ -279,7 +297,7 @@ def full_run(model, *, device: str = "cuda", costs=None, policy=None, batch_size
             try:
                 if rs not in measured:
                     t0 = time.perf_counter()
-                    measured[rs] = measure_policy(model, rs, B, source.make(rs, B), cfg)
+                    measured[rs] = measure_policy(model, rs, B, source.make(rs, B, cfg_b.rounds), cfg_b)
                     say(f"batch {B} {label} {rs.name}: {measured[rs][0].tok_s:.1f} tok/s, round "
                         f"{measured[rs][0].round_ms:.2f} ms ({time.perf_counter() - t0:.1f} s)")
                 run["stats"], run["graphs"] = measured[rs]
@@ -331,8 +349,10 @@ def repredict(summary, costs, out=None) -> dict:
     if not isinstance(summary, dict):
         summary = json.loads(Path(summary).read_text())
     cfg_d = summary["config"]
-    cfg = RunConfig(cfg_d["context_len"], cfg_d["rounds"], cfg_d["warmup_rounds"], cfg_d["seed"])
-    source = _Source(cfg_d.get("replay"), cfg_d.get("acceptance"), "cpu", cfg.seed)
+    # sessions from before the stratified replay drew independently
+    cfg = RunConfig(cfg_d["context_len"], cfg_d["rounds"], cfg_d["warmup_rounds"], cfg_d["seed"],
+                    cfg_d.get("sampling", "iid"))
+    source = _Source(cfg_d.get("replay"), cfg_d.get("acceptance"), "cpu", cfg.seed, cfg.sampling)
     runs = []
     for run in summary["runs"]:
         run = dict(run)

@@ -63,6 +63,8 @@ class QwenModel:
 
     def __init__(self, shape: ModelShape, device="cuda", dtype=torch.bfloat16, seed: int = 0):
         self.shape, self.device, self.dtype = shape, torch.device(device), dtype
+        if self.device.type != "cuda":
+            self.deployment = f"1 {self.device.type.upper()}"
         self.d = L.QwenDims.of(shape)
         self.w = make_weights(param_specs(shape), self.device, dtype, seed)
         self.kinds = shape.layer_kinds

@@ -128,7 +128,10 @@ def _plot(rows: list[dict], path: Path) -> None:
     ax.set_ylabel("predicted tok/s")
     ax.set_title(f"{', '.join(dict.fromkeys(r['model'] for r in rows))}: predicted vs measured (dotted: +-5%)",
                  fontsize=9)
-    ax.legend(fontsize=8)
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=8)
+    else:   # nothing predicted (no cost bundle): say so on the plot
+        ax.text(0.5, 0.5, "no predictions (no cost bundle)", ha="center", va="center", transform=ax.transAxes)
     fig.tight_layout()
     write_atomic(path, lambda tmp: fig.savefig(tmp, format="png", dpi=120))
     plt.close(fig)

@@ -208,7 +208,8 @@ def session_report(sessions: list[Path], out: Path, untagged: dict | None = None
     write_text_atomic(out / "composed_vs_measured.csv", _csv(cvm, cvm_cols))
     write_text_atomic(out / "composed_vs_measured.md", _cvm_markdown(cvm))
     if lossless:
-        write_text_atomic(out / "lossless.csv", _csv(lossless, lossless[0].keys()))
+        # sessions before the verify-path probe have fewer columns: the union, blanks where absent
+        write_text_atomic(out / "lossless.csv", _csv(lossless, list(dict.fromkeys(k for r in lossless for k in r))))
     return {"rows": rows, "composed_vs_measured": cvm, "files": files}
 
 

@@ -26,7 +26,7 @@ from simtree.trees.tree import DraftTree
 __all__ = ["expected_accepted", "node_accept_probs_marginals", "node_accept_probs_positional",
            "expected_accepted_marginals", "expected_accepted_positional", "expected_accepted_ranked", "node_accept_probs_ranked",
            "rank_tokens",
-           "sibling_rank", "sample_accepted_length"]
+           "sibling_rank", "sample_accepted_length", "accepted_length_pmf"]
 
 
 def _path_products(tree: DraftTree, node_prob: np.ndarray) -> np.ndarray:
@@ -47,6 +47,21 @@ def expected_accepted(tree: DraftTree, node_accept_prob) -> float:
     if not np.all(np.isfinite(p[1:])) or np.any(p[1:] < 0) or np.any(p[1:] > 1 + 1e-9):
         raise SimtreeError("acceptance probs must be finite and in [0, 1] (found NaN, inf or out of range)")
     return float(_path_products(tree, p)[1:].sum())
+
+
+def accepted_length_pmf(tree: DraftTree, node_accept_prob) -> np.ndarray:
+    """float64 [max_depth + 1]: P(the round accepts exactly l draft tokens), l = 0..max_depth.
+
+    Siblings are disjoint outcomes (at most one child of an accepted node is accepted: a rank
+    or a token each), so the accepted path ends at node v with probability
+    path(v) * (1 - sum of its children's acceptance probabilities); the mean of the result is
+    :func:`expected_accepted`."""
+    p = np.asarray(node_accept_prob, np.float64).reshape(-1)
+    expected_accepted(tree, p)                                   # the same checks
+    path = _path_products(tree, p)
+    children = np.bincount(tree.parents[1:], weights=p[1:], minlength=tree.num_nodes)
+    end = path * np.clip(1.0 - children, 0.0, 1.0)
+    return np.bincount(tree.depth, weights=end, minlength=tree.max_depth + 1)
 
 
 def _marginal_table(marginal_tokens, marginal_probs) -> tuple[np.ndarray, np.ndarray]:

@@ -105,12 +105,23 @@ def _check_outputs(profile: Path, out: Path, png: Path | None) -> None:
         raise SimtreeError(f"--out and --png are the same file: {out}")
 
 
+def _default_out(profile: Path) -> Path:
+    """<stem>.costs.json beside the profile; a table shipped in the package (simtree/data) keeps
+    its folder clean: reports/fit/<stem>.costs.json under the working directory."""
+    import simtree
+    data = Path(simtree.__file__).resolve().parent / "data"
+    if data in profile.resolve().parents:
+        return Path("reports") / "fit" / (profile.stem + ".costs.json")
+    return profile.with_name(profile.stem + ".costs.json")
+
+
 def register(app: typer.Typer) -> None:
-    @app.command("fit", help=COMMANDS["fit"] + "\n\nExample: simtree fit reports/h200/profile.csv -o reports/h200/costs.json")
+    @app.command("fit", help=COMMANDS["fit"] + "\n\nExample: simtree fit my_gpu/profile.csv -o my_gpu/costs.json")
     def fit(
         profile: Path = typer.Argument(..., help="Profile table CSV (simtree profile output)."),
         out: Optional[Path] = typer.Option(None, "-o", "--out",
-                                           help="CostBundle JSON to write (default: PROFILE's folder, <stem>.costs.json)."),
+                                           help="CostBundle JSON to write (default: PROFILE's folder, <stem>.costs.json; "
+                                                "reports/fit/ for a table shipped in the package)."),
         stage: Optional[str] = typer.Option(None, help="Verify stage to fit (default model_verify_step)."),
         model: Optional[str] = typer.Option(None, help="Model name when the table holds several."),
         variant: Optional[str] = typer.Option(None, help="Verify implementation when several."),
@@ -123,6 +134,10 @@ def register(app: typer.Typer) -> None:
         form: str = typer.Option("auto", help="Model form: auto (best held-out of basis, grid, grid_lin and, "
                                  "for an MoE model, moe and moe_grid), basis, grid, grid_lin, moe, moe_grid."),
         folds: int = typer.Option(5, min=2, help="Folds for the held-out error."),
+        moe_routing: Optional[str] = typer.Option(
+            None, help="MoE models: how the profile's MoE layers routed, uniform (E(1-(1-k/E)^T) experts "
+                       "touched) or balanced (min(T k, E)); default the table's .meta.json (balanced for a "
+                       "sweep from before it was recorded, uniform without a sidecar)."),
         png: Optional[Path] = typer.Option(None, help="Plot path (default: OUT with .png)."),
         no_png: bool = typer.Option(False, "--no-png", help="Do not write the plot."),
         bench: bool = typer.Option(False, help="Also time predict() (us per scalar call)."),
@@ -161,7 +176,7 @@ def register(app: typer.Typer) -> None:
             measured_comm.save(comm_out)
             if not as_json:
                 _print_comm(measured_comm, comm_out, False)
-        out = out or profile.with_name(profile.stem + ".costs.json")
+        out = out or _default_out(profile)
         png = None if no_png else (png or out.with_suffix(".png"))
         _check_outputs(profile, out, png)
         if form not in ("auto", *AUTO_FORMS, *MOE_FORMS):
@@ -172,14 +187,16 @@ def register(app: typer.Typer) -> None:
         with_moe = model is None or moe_shape(model) is not None
         num_forms = 1 if forms else len(AUTO_FORMS) + len(MOE_FORMS) * with_moe
         console = Console(stderr=as_json)
+        # no bar where nothing redraws it (a pipe, a log): its exit would leave an empty line
         with Progress(TextColumn("fitting"), BarColumn(), TextColumn("{task.completed}/{task.total} solves"),
-                      TimeElapsedColumn(), console=console, transient=True) as progress:
+                      TimeElapsedColumn(), console=console, transient=True,
+                      disable=not console.is_terminal) as progress:
             task = progress.add_task("fit", total=2 * ((num_forms + len(reference)) * folds + 1 + len(reference)))
             report = fit_profile(profile, stage=stage, model=model, variant=variant, device=device, dtype=dtype,
                                  draft_variant=draft_variant, draft_from_verify=draft_from_verify,
                                  draft_fraction=draft_fraction, forms=forms, folds=folds,
                                  reference_forms=reference, deployment=deployment,
-                                 comm=comm if comm is not None else measured_comm,
+                                 comm=comm if comm is not None else measured_comm, moe_routing=moe_routing,
                                  on_fit=lambda: progress.advance(task),
                                  on_more_solves=lambda k: progress.update(
                                      task, total=progress.tasks[0].total + k))

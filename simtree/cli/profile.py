@@ -12,7 +12,7 @@ HELP = """Measure verify and draft latencies into a profile table (CSV + .meta.j
 
 Example:
 
-  simtree profile --sweep default_gpu.yaml --out reports/h200/profile.csv
+  simtree profile --sweep default_gpu.yaml --out my_gpu/profile.csv
 
 --sweep takes a YAML file or the name of a shipped sweep (default_gpu, quick_cpu, runtime_cpu,
 runtime_gpu: the last two time the runtime's own models; collectives_gpu, collectives_dryrun,
@@ -21,7 +21,7 @@ collectives_cpu: NCCL / gloo collectives, one process per rank).
 --deployment times each model's rank of a deployment (its shard shape: heads and MLP columns
 per tensor-parallel rank, local experts under expert parallelism) on this one GPU:
 
-  simtree profile --sweep default_gpu.yaml --model deepseek-v4-flash --deployment ep=8 --out reports/h200/ep8/profile.csv
+  simtree profile --sweep default_gpu.yaml --model deepseek-v4-flash --deployment ep=8 --out my_gpu/ep8/profile.csv
  Without --sweep it runs
 default_gpu.yaml when a CUDA GPU is visible, else quick_cpu.yaml (tiny shapes, torch
 references, device "cpu"). Rerunning resumes: measured points are kept.

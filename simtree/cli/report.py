@@ -6,6 +6,8 @@ import json
 
 import typer
 
+from simtree.errors import SimtreeError
+
 
 def register(app: typer.Typer) -> None:
     @app.command("report", help="Render a report (markdown + PNG) from a saved plan folder, or from every "
@@ -22,7 +24,9 @@ def register(app: typer.Typer) -> None:
         root: str = typer.Option(".", "--root", help="with --summary: the repository checkout to read"),
     ) -> None:
         """simtree report reports/plan"""
-        if summary or write:
+        if write and not summary:
+            raise SimtreeError("--write rewrites README.md's results table: give it with --summary")
+        if summary:
             from simtree.reporting.summary import headlines, summary_table, write_summary
 
             if write:

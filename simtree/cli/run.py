@@ -58,6 +58,9 @@ def register(app: typer.Typer) -> None:
         context_len: int = typer.Option(None, help="full scale: context tokens per sequence (default: the "
                                                    "workload's prompt length)"),
         rounds: int = typer.Option(32, help="full scale: measured rounds per run (after 4 warm-up rounds)"),
+        sampling: str = typer.Option("stratified", help="full scale, --acceptance: stratified (the run's accepted "
+                                                        "depths drawn one per stratum: its mean is the model's within "
+                                                        "about a token) | iid (independent draws each round)"),
         deployment: str = typer.Option(None, help="full scale: the deployment whose one rank to run (qwen: tp=N, "
                                                   "its heads and MLP columns per rank; deepseek-v4-flash: ep=8). "
                                                   "Collectives are not run; refused when the rank does not fit"),
@@ -65,8 +68,15 @@ def register(app: typer.Typer) -> None:
         if model is not None:
             torch_threads(threads)
             _full_scale(model, device, costs, policy, batch_size, replay, acceptance, policy_workload, out,
-                        context_len, rounds, json_out, deployment)
+                        context_len, rounds, json_out, deployment, sampling)
             return
+        full_only = {"--replay": replay is not None, "--acceptance": acceptance is not None,
+                     "--context-len": context_len is not None, "--rounds": rounds != 32,
+                     "--sampling": sampling != "stratified"}
+        given = [name for name, on in full_only.items() if on]
+        if given:
+            what = "a full-scale option: it needs" if len(given) == 1 else "full-scale options: they need"
+            raise SimtreeError(f"{', '.join(given)}: {what} --model (a registry model)")
         if deployment is not None and parse_deployment(deployment).gpus > 1:
             raise SimtreeError(f"--deployment {deployment}: the tiny runtime runs on one device (tp=1); a rank of a "
                                "deployment of several GPUs needs --model")
@@ -207,11 +217,14 @@ def _rank_model(name: str, deployment: str | None, device: str, sizes: list[int]
 
 
 def _full_scale(model, device, costs, policy, batch_sizes, replay, acceptance, policy_workload, out, context_len,
-                rounds, json_out, deployment=None) -> None:
+                rounds, json_out, deployment=None, sampling: str = "stratified") -> None:
     """``simtree run --model ...``: simtree.runtime.full.measure.full_run, one line per run."""
     import json
 
+    from simtree.runtime.full.build import require_device
     from simtree.runtime.full.measure import full_run
+
+    require_device(device)
 
     try:
         sizes = [int(b) for b in str(batch_sizes).split(",") if b.strip()]
@@ -221,7 +234,7 @@ def _full_scale(model, device, costs, policy, batch_sizes, replay, acceptance, p
     say = (lambda line: None) if json_out else (lambda line: typer.echo(line, err=True))
     result = full_run(model, device=device, costs=costs, policy=policy, batch_sizes=sizes, replay=replay,
                       acceptance=acceptance, policy_workload=policy_workload, out=out, context_len=context_len,
-                      rounds=rounds, progress=say)
+                      rounds=rounds, progress=say, sampling=sampling)
     if json_out:
         finite = lambda v: None if isinstance(v, float) and v != v else v  # noqa: E731  (NaN -> null)
         rows = [{k: finite(v) for k, v in r.items()} for r in result["rows"]]
@@ -229,8 +242,11 @@ def _full_scale(model, device, costs, policy, batch_sizes, replay, acceptance, p
         return
     for note in result["notes"] + result.get("prediction_notes", []):
         typer.echo(f"note: {note}", err=True)
+    def num(v, spec: str, width: int = 0) -> str:
+        return format(v, spec) if isinstance(v, (int, float)) and v == v else "-".rjust(width)
+
     for row in result["rows"]:
-        typer.echo(f"{row['policy']:>28} b{row['batch_size']:<3} measured {row['measured_tok_s']:9.1f} tok/s  "
-                   f"predicted {row['predicted_tok_s']:9.1f}  rel_err {row['rel_err']:+.1%}  "
-                   f"round {row['measured_round_ms']:.2f} ms (host {row['host_ms']:.2f})")
+        typer.echo(f"{row['policy']:>28} b{row['batch_size']:<3} measured {num(row['measured_tok_s'], '9.1f', 9)} tok/s  "
+                   f"predicted {num(row['predicted_tok_s'], '9.1f', 9)}  rel_err {num(row['rel_err'], '+.1%')}  "
+                   f"round {num(row['measured_round_ms'], '.2f')} ms (host {num(row['host_ms'], '.2f')})")
     typer.echo(f"summary: {result['files'].get('csv', '-')}")

@@ -56,7 +56,7 @@ def check_physical(surface, kind: str) -> None:
             low = float(BasisSurface.features(surface.kind, surface.knots, 1.0, 0.0, 1.0) @ np.asarray(surface.coef))
             if isinstance(surface, MoESurface):
                 low += surface.alpha * float(expert_feature("verify", surface.n_experts, surface.experts_per_token,
-                                                            1.0, 0.0, 1.0))
+                                                            1.0, 0.0, 1.0, surface.routing))
             if not low > 0:
                 raise SimtreeError(f"latency {low:g} us at one node, one sequence: a verify step must take > 0 us")
         return   # coef >= 0 (checked on construction): non-decreasing by construction

@@ -26,12 +26,15 @@ differs only in the prior that fills cells without data.
 ``MoESurface`` / ``MoEGridSurface`` (forms "moe" / "moe_grid", MoE models only): the basis /
 grid form plus a saturating expert term,
 
-    verify  f = basis + alpha min(T k_e, E) / E          draft  f = basis + alpha s min(t k_e, E) / E
+    verify  f = basis + alpha touched(T) / E          draft  f = basis + alpha s touched(t) / E
 
-(E routed experts, k_e picked per token: the profiler times min(T k_e, E) touched experts whose
-weights are read once; alpha >= 0). Non-decreasing in x, y, z but CONCAVE in x once the
-experts saturate, so these carry ``convex_in_x = False`` and ``nonconvex_reason``; every other
-form has ``convex_in_x = True``.
+(E routed experts, k_e picked per token, alpha >= 0; each touched expert's weights are read
+once).  ``touched`` follows the routing the profile timed: ``uniform`` (what fits write: each
+token's k_e experts a uniform draw, as the runtime's softmax gate over random weights routes and
+the profiler's MoE piece times) touches E (1 - (1 - k_e / E)^T) experts in expectation;
+``balanced`` (bundles fitted before the routing was recorded) min(T k_e, E).  Non-decreasing in
+x, y, z but CONCAVE in x as the experts saturate, so these carry ``convex_in_x = False`` and
+``nonconvex_reason``; every other form has ``convex_in_x = True``.
 """
 from __future__ import annotations
 
@@ -43,9 +46,14 @@ import numpy as np
 from simtree.errors import ExtrapolationWarning, SimtreeError, check_int
 
 __all__ = ["BasisSurface", "GridSurface", "MoESurface", "MoEGridSurface", "ScaledVerifyDraft",
-           "surface_from_dict", "expert_feature", "MOE_NONCONVEX_REASON", "MOE_FORMS"]
+           "surface_from_dict", "expert_feature", "touched_experts", "MOE_NONCONVEX_REASON", "MOE_FORMS",
+           "MOE_ROUTINGS"]
 
-MOE_NONCONVEX_REASON = "MoE expert saturation: min(T*k, E) experts touched"
+RANGE_TOLERANCE = 1e-9     # relative slack of the measured-range check (round-off is not extrapolation)
+MOE_ROUTINGS = ("uniform", "balanced")
+MOE_NONCONVEX_REASONS = {"uniform": "MoE expert saturation: E(1-(1-k/E)^T) experts touched (uniform routing)",
+                         "balanced": "MoE expert saturation: min(T*k, E) experts touched (balanced routing)"}
+MOE_NONCONVEX_REASON = MOE_NONCONVEX_REASONS["uniform"]
 MOE_FORMS = ("moe", "moe_grid")   # not convex in x: only for MoE models, reported when kept
 
 _SCALAR = (int, float, np.float64, np.int64)   # types that take the pure-Python fast path
@@ -70,11 +78,15 @@ class _RangeWarner:
         return axes
 
     def _range_bounds(self) -> tuple:
-        """(lo_x, hi_x, lo_y, hi_y, lo_z, hi_z), cached: both checks run on every predict."""
+        """(lo_x, hi_x, lo_y, hi_y, lo_z, hi_z), cached: both checks run on every predict.  Each
+        bound is widened by RANGE_TOLERANCE (relative): a query that misses it by float round-off
+        (1 - 1e-16 nodes from an average) is inside."""
         bounds = self.__dict__.get("_bounds")
         if bounds is None:
             r, names = self.valid_range, self.axis_names
-            bounds = self._bounds = tuple(float(v) for n in names for v in r.get(n, (-np.inf, np.inf)))
+            raw = [float(v) for n in names for v in r.get(n, (-np.inf, np.inf))]
+            bounds = self._bounds = tuple(v + (1 if i % 2 else -1) * RANGE_TOLERANCE * max(1.0, abs(v))
+                                          if np.isfinite(v) else v for i, v in enumerate(raw))
         return bounds
 
     def _check_range(self, x, y, z) -> None:
@@ -167,11 +179,21 @@ class BasisSurface(_RangeWarner):
                 "axis_names": list(self.axis_names), "valid_range": self.valid_range}
 
 
-def expert_feature(kind: str, n_experts: int, experts_per_token: int, x, y, z) -> np.ndarray:
-    """Fraction of the E experts touched, min(T k_e, E) / E (verify, T = x z), or s times it
+def touched_experts(tokens, n_experts: int, experts_per_token: int, routing: str = "uniform"):
+    """Experts T tokens touch: E (1 - (1 - k/E)^T) in expectation under uniform routing (each
+    token's k experts a uniform draw), min(T k, E) balanced (module docstring)."""
+    if routing == "uniform":
+        return n_experts * (1.0 - (1.0 - experts_per_token / n_experts) ** np.asarray(tokens, dtype=float))
+    if routing == "balanced":
+        return np.minimum(np.asarray(tokens, dtype=float) * experts_per_token, n_experts)
+    raise SimtreeError(f"MoE routing {routing!r} unknown: one of {', '.join(MOE_ROUTINGS)}")
+
+
+def expert_feature(kind: str, n_experts: int, experts_per_token: int, x, y, z, routing: str = "uniform") -> np.ndarray:
+    """Fraction of the E experts touched, touched(T) / E (verify, T = x z), or s times it
     (draft: y = s sequential steps of t = x z tokens each)."""
     x, y, z = np.broadcast_arrays(*(np.asarray(v, dtype=float) for v in (x, y, z)))
-    frac = np.minimum(x * z * experts_per_token, n_experts) / n_experts
+    frac = touched_experts(x * z, n_experts, experts_per_token, routing) / n_experts
     return frac if kind == "verify" else y * frac
 
 
@@ -181,7 +203,8 @@ class _ExpertTerm:
     convex_in_x = False
     nonconvex_reason = MOE_NONCONVEX_REASON
 
-    def _set_experts(self, kind: str, alpha: float, n_experts: int, experts_per_token: int) -> None:
+    def _set_experts(self, kind: str, alpha: float, n_experts: int, experts_per_token: int,
+                     routing: str = "uniform") -> None:
         n_experts = check_int(n_experts, f"{self.form} surface: n_experts")
         experts_per_token = check_int(experts_per_token, f"{self.form} surface: experts_per_token")
         if experts_per_token > n_experts:
@@ -191,24 +214,31 @@ class _ExpertTerm:
             raise SimtreeError(f"{self.form} surface: expert coefficient alpha must be finite and >= 0")
         self.expert_kind = kind
         self.n_experts, self.experts_per_token = n_experts, experts_per_token
+        if routing not in MOE_ROUTINGS:
+            raise SimtreeError(f"{self.form} surface: MoE routing {routing!r} unknown: one of {', '.join(MOE_ROUTINGS)}")
+        self.routing = routing
+        self.nonconvex_reason = MOE_NONCONVEX_REASONS[routing]
 
     def predict(self, x, y, z):
         if type(x) in _SCALAR and type(y) in _SCALAR and type(z) in _SCALAR:
             return self._predict_scalar(float(x), float(y), float(z))
         out = super().predict(x, y, z) + self.alpha * expert_feature(
-            self.expert_kind, self.n_experts, self.experts_per_token, x, y, z)
+            self.expert_kind, self.n_experts, self.experts_per_token, x, y, z, self.routing)
         return out if np.ndim(out) else float(out)
 
     def _predict_scalar(self, x: float, y: float, z: float) -> float:
-        e = x * z * self.experts_per_token
-        frac = (e if e < self.n_experts else self.n_experts) / self.n_experts
+        if self.routing == "uniform":
+            frac = 1.0 - (1.0 - self.experts_per_token / self.n_experts) ** (x * z)
+        else:
+            e = x * z * self.experts_per_token
+            frac = (e if e < self.n_experts else self.n_experts) / self.n_experts
         extra = self.alpha * (frac if self.expert_kind == "verify" else y * frac)
         return super()._predict_scalar(x, y, z) + extra
 
     def to_dict(self) -> dict:
         return {**super().to_dict(), "expert_kind": self.expert_kind, "alpha": self.alpha,
                 "n_experts": self.n_experts, "experts_per_token": self.experts_per_token,
-                "convex_in_x": False, "nonconvex_reason": self.nonconvex_reason}
+                "routing": self.routing, "convex_in_x": False, "nonconvex_reason": self.nonconvex_reason}
 
 
 class MoESurface(_ExpertTerm, BasisSurface):
@@ -217,9 +247,9 @@ class MoESurface(_ExpertTerm, BasisSurface):
     form = "moe"
 
     def __init__(self, kind: str, knots, coef, alpha: float, n_experts: int, experts_per_token: int,
-                 axis_names=("x", "y", "z"), valid_range=None):
+                 axis_names=("x", "y", "z"), valid_range=None, routing: str = "uniform"):
         super().__init__(kind, knots, coef, axis_names, valid_range)
-        self._set_experts(kind, alpha, n_experts, experts_per_token)
+        self._set_experts(kind, alpha, n_experts, experts_per_token, routing)
 
 
 def _locate(axis: np.ndarray, q: np.ndarray, extrapolate: bool):
@@ -325,11 +355,11 @@ class MoEGridSurface(_ExpertTerm, GridSurface):
     form = "moe_grid"
 
     def __init__(self, kind: str, xs, ys, zs, values, alpha: float, n_experts: int,
-                 experts_per_token: int, axis_names=("x", "y", "z"), valid_range=None):
+                 experts_per_token: int, axis_names=("x", "y", "z"), valid_range=None, routing: str = "uniform"):
         if kind not in ("verify", "draft"):
             raise SimtreeError(f"moe_grid surface kind must be verify or draft, got {kind!r}")
         super().__init__(xs, ys, zs, values, axis_names, valid_range)
-        self._set_experts(kind, alpha, n_experts, experts_per_token)
+        self._set_experts(kind, alpha, n_experts, experts_per_token, routing)
 
 
 class ScaledVerifyDraft:
@@ -415,11 +445,13 @@ def surface_from_dict(d: dict):
         if form == "basis":
             return BasisSurface(d["kind"], d["knots"], d["coef"], names, d.get("valid_range"))
         if form == "moe":
+            # bundles without a routing were fitted before it was recorded: balanced
             return MoESurface(d["kind"], d["knots"], d["coef"], d["alpha"], d["n_experts"],
-                              d["experts_per_token"], names, d.get("valid_range"))
+                              d["experts_per_token"], names, d.get("valid_range"), d.get("routing", "balanced"))
         if form == "moe_grid":
             return MoEGridSurface(d["expert_kind"], d["xs"], d["ys"], d["zs"], d["values"], d["alpha"],
-                                  d["n_experts"], d["experts_per_token"], names, d.get("valid_range"))
+                                  d["n_experts"], d["experts_per_token"], names, d.get("valid_range"),
+                                  d.get("routing", "balanced"))
         if form == "grid":
             return GridSurface(d["xs"], d["ys"], d["zs"], d["values"], names, d.get("valid_range"))
         if form == "decode_split":

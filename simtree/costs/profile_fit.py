@@ -31,7 +31,7 @@ import numpy as np
 import pandas as pd
 
 from simtree.costs.surface_fit import FitResult, fit_surface
-from simtree.costs.forms import ScaledVerifyDraft
+from simtree.costs.forms import MOE_ROUTINGS, ScaledVerifyDraft
 from simtree.costs.surface_fit import MOE_FORMS, error_stats
 from simtree.costs.forms import DecodeSplitSurface
 from simtree.costs.model import DRAFT_AXES, VERIFY_AXES, CostBundle, DraftCostModel, VerifyCostModel
@@ -49,6 +49,16 @@ AUTO_FORMS = ("basis", "grid", "grid_lin")   # + MOE_FORMS for an MoE model
 # stages whose cost includes the MLP, where an MoE model's experts are read (the attention
 # cores and projections have none)
 EXPERT_STAGES = (DEFAULT_VERIFY_STAGE, "stack_verify_step", "mlp_step")
+
+
+def profile_moe_routing(path) -> str:
+    """How a profile table's MoE layers routed: its sidecar's ``moe_routing``; ``balanced`` where a
+    sidecar predates the record (the profiler's MoE piece timed min(T k, E) experts then);
+    ``uniform`` without a sidecar (the full runtime's rank profiles: a softmax gate routes)."""
+    meta = read_meta(path)
+    if not meta:
+        return "uniform"
+    return str(meta.get("moe_routing", "balanced"))
 
 
 def moe_shape(model: str, deployment: str | None = None) -> tuple[int, int] | None:
@@ -157,7 +167,7 @@ def fit_profile(profile: str | os.PathLike, *, stage: str | None = None, model: 
                 draft_fraction: float = 0.05, forms=None, folds: int = 5,
                 reference_forms=("per_bin",), deployment: str | None = None, comm=None,
                 on_fit: Callable[[], None] | None = None,
-                on_more_solves: Callable[[int], None] | None = None) -> FitReport:
+                on_more_solves: Callable[[int], None] | None = None, moe_routing: str | None = None) -> FitReport:
     """Fit C_v and C_d to a profile table and return the bundle with its evaluation.
 
     ``forms``: None/"auto" (see the module doc) or a tuple of form names.  ``on_fit()`` runs
@@ -166,7 +176,10 @@ def fit_profile(profile: str | os.PathLike, *, stage: str | None = None, model: 
     (canonical or not: "ep=8"); ``comm``: the communication model (a
     :class:`simtree.deploy.comm.CommModel` or its JSON path) the bundle records for a
     deployment of several GPUs, default the machine's assumed one (``meta["communication"]``).
-    Raises SimtreeError
+    ``moe_routing``: how the profile's MoE layers routed (``simtree.costs.forms.touched_experts``);
+    default the table's ``.meta.json`` ``moe_routing``, ``balanced`` for a sweep's table from before
+    it was recorded, ``uniform`` for a table without one (the runtime's rank profiles: its gate
+    routes). Raises SimtreeError
     (one line) on a bad table, an ambiguous selection (several models, devices or variants with
     none chosen), an MoE form for a dense model, or data that cannot be fitted.
     """
@@ -187,6 +200,11 @@ def fit_profile(profile: str | os.PathLike, *, stage: str | None = None, model: 
     model_name, device_name = rows["model"].iloc[0], rows["device"].iloc[0]
     dep_name = rows["deployment"].iloc[0]
     moe = model_moe = moe_shape(model_name, dep_name)
+    if moe is not None:
+        routing = moe_routing or profile_moe_routing(path)
+        if routing not in MOE_ROUTINGS:
+            raise SimtreeError(f"MoE routing {routing!r} unknown: one of {', '.join(MOE_ROUTINGS)}")
+        moe = model_moe = (*moe, routing)
     draft_forms = _resolve_forms(forms, model_moe, model_name) if forms in (None, "auto") else None
     if moe is None and not _in_registry(model_name):
         notes.append(f"model {model_name!r} is not in the model registry: fitted as dense (no MoE "
@@ -253,7 +271,8 @@ def fit_profile(profile: str | os.PathLike, *, stage: str | None = None, model: 
 
     meta = {"model": model_name, "device": device_name, "synthetic": False, "deployment": dep_name,
             "communication": _communication(dep_name, device_name, comm, notes),
-            "moe": None if moe is None else {"n_experts": moe[0], "experts_per_token": moe[1]},
+            "moe": None if model_moe is None else {"n_experts": model_moe[0], "experts_per_token": model_moe[1],
+                                                   "routing": model_moe[2]},
             "source": {"profile": str(path), "sha256": digest, "verify_stage": vstage,
                        "draft_stage": DRAFT_STAGE if dres is not None else None},
             "profile_meta": read_meta(path)}
@@ -268,6 +287,8 @@ def _communication(deployment: str, device: str, comm, notes: list) -> dict | No
     from simtree.deploy.machines import machine_for_device
 
     if parse_deployment(deployment).gpus == 1:
+        if comm is not None:
+            raise SimtreeError(f"--comm: the rows are of {deployment}, one GPU: no collectives to model")
         return None
     if comm is not None:
         return (comm if isinstance(comm, CommModel) else load_comm(comm)).to_dict()

@@ -8,7 +8,8 @@ is the best convex, monotone approximation of the data, and where the data thems
 convex (a tile-size step) the largest residuals are reported, not hidden.
 
 The forms "moe" and "moe_grid" (MoE models only: ``moe=(n_experts, experts_per_token)``) add
-the fixed feature min(T k_e, E) / E with a coefficient >= 0 to the basis / grid form: still a
+the fixed feature touched(T) / E (the experts T tokens touch under uniform routing,
+``simtree.costs.forms.touched_experts``) with a coefficient >= 0 to the basis / grid form: still a
 convex program, but the surface is concave in x where the experts saturate. They compete on
 held-out error like the others; when one is kept the result says so (``convex_in_x`` False
 and a note), never silently.
@@ -105,13 +106,21 @@ def choose_knots(tokens: np.ndarray) -> list[float]:
     return [float(t) for t in inner]
 
 
+def _moe(moe) -> tuple[int, int, str]:
+    """(E, k_e, routing) of ``moe=(E, k_e)`` (uniform routing) or ``(E, k_e, routing)``."""
+    E, k, *rest = moe
+    return int(E), int(k), (rest[0] if rest else "uniform")
+
+
 def fit_basis(x, y, z, lat, kind: str, axis_names, valid_range, huber_rel: float,
-              moe: tuple[int, int] | None = None) -> BasisSurface:
-    """The basis form; with ``moe=(E, k_e)`` the moe form (one more column, the expert term)."""
+              moe: tuple | None = None) -> BasisSurface:
+    """The basis form; with ``moe=(E, k_e[, routing])`` the moe form (one more column, the
+    expert term)."""
     knots = choose_knots(x * z)
     phi = BasisSurface.features(kind, knots, x, y, z)
     if moe is not None:
-        phi = np.column_stack([phi, expert_feature(kind, *moe, x, y, z)])
+        E, k, routing = _moe(moe)
+        phi = np.column_stack([phi, expert_feature(kind, E, k, x, y, z, routing)])
     scale = np.max(np.abs(phi), axis=0)
     scale[scale == 0] = 1.0
     a = (phi / scale) / lat[:, None]          # r = a @ theta - 1
@@ -120,7 +129,7 @@ def fit_basis(x, y, z, lat, kind: str, axis_names, valid_range, huber_rel: float
     _solve(prob, f"{kind} {'moe' if moe else 'basis'} form")
     coef = np.maximum(np.asarray(theta.value, dtype=float), 0.0) / scale
     if moe is not None:
-        return MoESurface(kind, knots, coef[:-1], coef[-1], *moe, axis_names, valid_range)
+        return MoESurface(kind, knots, coef[:-1], coef[-1], E, k, axis_names, valid_range, routing)
     return BasisSurface(kind, knots, coef, axis_names, valid_range)
 
 
@@ -198,7 +207,8 @@ def fit_grid(x, y, z, lat, axis_names, valid_range, huber_rel: float,
     fitted = pick @ u
     if moe is not None:
         alpha = cp.Variable(nonneg=True)
-        fitted = fitted + alpha * (expert_feature(kind, *moe, x, y, z) * unit / lat)
+        E, k, routing = _moe(moe)
+        fitted = fitted + alpha * (expert_feature(kind, E, k, x, y, z, routing) * unit / lat)
     loss = cp.sum(cp.huber(fitted - 1.0, huber_rel)) / len(lat)
     _solve(cp.Problem(cp.Minimize(loss + reg), cons), "moe_grid form" if moe else "grid form")
     values = np.maximum(np.asarray(u.value, dtype=float), 0.0).reshape(nz, ny, nx) * unit
@@ -209,8 +219,8 @@ def fit_grid(x, y, z, lat, axis_names, valid_range, huber_rel: float,
     if coupled:
         values = _project_monotone(values)
     if moe is not None:
-        return MoEGridSurface(kind, xs, ys, zs, values, max(float(alpha.value), 0.0) * unit, *moe,
-                              axis_names, valid_range)
+        return MoEGridSurface(kind, xs, ys, zs, values, max(float(alpha.value), 0.0) * unit, E, k,
+                              axis_names, valid_range, routing)
     return GridSurface(xs, ys, zs, values, axis_names, valid_range)
 
 
@@ -280,6 +290,8 @@ def fit_surface(x, y, z, latency, kind: str, axis_names=("x", "y", "z"),
     k = int(min(folds, len(lat)))
     fold_of = np.random.default_rng(seed).permutation(len(lat)) % k
     heldout, notes, preds = {}, [], {}
+    if folds > len(lat):
+        notes.append(f"{folds} folds asked for {len(lat)} distinct points: {k} (leave-one-out)")
     for form in (*forms, *reference_forms):
         pred = np.empty_like(lat)
         try:

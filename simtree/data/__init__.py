@@ -4,7 +4,9 @@
     models/{target,draft}/       the runtime's tiny checkpoints (config.json + model.safetensors)
     costs/*.json                 fitted cost bundles the planner uses by default
     sweeps/*.yaml                profile sweeps (``simtree profile --sweep <name>.yaml``)
-    profiles/                    the measured profile the shipped bundles are fitted from
+    profiles/                    the measured profiles: one rank profile per default deployment
+                                 (what the shipped bundles are fitted from, deployments.yaml) and
+                                 the kernel-level profile of every stage (profile.csv)
 
 Every folder holds an ``__init__.py`` so that ``pip install .`` installs its files
 (``[tool.setuptools.package-data]`` in pyproject.toml); nothing here is imported.

@@ -74,4 +74,7 @@ def select_costs(cost_paths: Sequence[str] = (), model: str | None = None, deplo
         key = (str(b.meta.get("model")), bundle_deployment(b).name)
         if shipped and key not in listed:
             notes.append(f"{key[0]} at {key[1]}: a shipped bundle no default deployment lists")
+    if comm is not None and all(bundle_deployment(b).gpus == 1 for b in chosen):
+        raise SimtreeError(f"--comm: {', '.join(map(_label, chosen))} run(s) on one GPU and send no collectives; "
+                           "a communication model applies to deployments of several GPUs")
     return [deployment_costs(b, comm) for b in chosen], notes

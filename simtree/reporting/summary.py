@@ -200,8 +200,12 @@ def live_headline(folder: Path) -> str:
     policy per batch size, the host's share of a round, the composed step and the lossless check."""
     runs = _csv(folder / "summary.csv")
     err = runs["rel_err"].abs()
+    # the plan against every policy measured at its batch size: the reported runs and the other
+    # EAGLE shapes (alternatives.csv), as summary.md's plan check
+    others = folder / "alternatives.csv"
+    every = pd.concat([runs, _csv(others)]) if others.exists() else runs
     ok = total = 0
-    for _, group in runs.groupby(["model", "batch_size"]):
+    for _, group in every.groupby(["model", "batch_size"]):
         plan = group[group["policy"].str.startswith("plan:")]
         if len(plan):
             total += 1
@@ -229,7 +233,9 @@ FOLDERS: tuple[Folder, ...] = (
            "`python -m simtree.profiler.bench.bench_v4 --out reports/h200/v4` (H200), then "
            "`python -m simtree.profiler.bench.report_v4 reports/h200/v4`", v4_headline),
     Folder("simtree/data/profiles/h200", "Shipped H200 profile (package data)",
-           "the profile table the shipped cost bundles are fitted from, with its composition check",
+           "the rank profiles the shipped cost bundles are fitted from (profile_<model>_<tag>.csv, one per "
+           "default deployment, from the full-runtime sessions: reports/h200/live) and the kernel-level "
+           "profile of every stage (profile.csv), with its composition check",
            "`simtree profile --sweep default_gpu.yaml --out simtree/data/profiles/h200/profile.csv` (H200)",
            profile_headline),
     Folder("reports/h200/fit", "Cost-model fit (shipped bundles)",

@@ -1,0 +1,82 @@
+"""Inputs a user gets wrong at the command line: each is one `error:` line (exit 2) naming the
+problem, never a traceback or a silently ignored option; outputs stay out of the package."""
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _simtree(*args, cwd=None):
+    return subprocess.run([sys.executable, "-m", "simtree", *args], capture_output=True, text=True, timeout=600,
+                          cwd=cwd)
+
+
+def _one_line_error(proc, fragment: str) -> None:
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert proc.stderr.startswith("error: ") and proc.stderr.count("\n") == 1, proc.stderr[-2000:]
+    assert fragment in proc.stderr, proc.stderr
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message of a machine without a GPU")
+def test_full_scale_run_on_cuda_without_a_gpu(tmp_path):
+    _one_line_error(_simtree("run", "--model", "tiny-gdn", "--device", "cuda", "--acceptance", "gsm8k",
+                             "--out", str(tmp_path)), "device cuda is not available here")
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (["--replay", "t.jsonl"], "--replay: a full-scale option: it needs --model"),
+    (["--acceptance", "gsm8k", "--rounds", "5"], "--acceptance, --rounds: full-scale options: they need --model"),
+    (["--sampling", "iid"], "--sampling: a full-scale option"),
+])
+def test_full_scale_options_without_a_model_are_refused(tmp_path, args, fragment):
+    _one_line_error(_simtree("run", *args, "--out", str(tmp_path)), fragment)
+
+
+def test_full_scale_unknown_device_and_sampling(tmp_path):
+    _one_line_error(_simtree("run", "--model", "tiny-gdn", "--device", "tpu", "--acceptance", "gsm8k",
+                             "--out", str(tmp_path)), "unknown device 'tpu'")
+    _one_line_error(_simtree("run", "--model", "tiny-gdn", "--device", "cpu", "--acceptance", "gsm8k",
+                             "--sampling", "sobol", "--out", str(tmp_path)), "replay sampling 'sobol' unknown")
+
+
+def test_report_write_needs_summary():
+    _one_line_error(_simtree("report", "--write"), "--write rewrites README.md's results table")
+
+
+def test_a_communication_model_for_one_gpu_is_refused():
+    _one_line_error(_simtree("simulate", "--model", "qwen3.6-27b", "--comm", "x.comm.json"),
+                    "run(s) on one GPU and send no collectives")
+
+
+def test_profile_of_an_unknown_or_unswept_model(tmp_path):
+    _one_line_error(_simtree("profile", "--model", "nosuch", "--out", str(tmp_path / "p.csv")), "unknown model 'nosuch'")
+    _one_line_error(_simtree("profile", "--model", "qwen3.6-27b", "--out", str(tmp_path / "p.csv")),
+                    "no grid points for --model qwen3.6-27b (the sweep's models: tiny-gdn, tiny-v4")
+
+
+def test_fit_of_a_shipped_table_writes_under_reports_fit_not_the_package(tmp_path):
+    shipped = ROOT / "simtree" / "data" / "profiles" / "h200" / "profile_qwen3.6-27b_tp2.csv"
+    before = sorted(p.name for p in shipped.parent.iterdir())
+    proc = _simtree("fit", str(shipped), "--model", "qwen3.6-27b", "--deployment", "tp=2", "--draft-from-verify",
+                    "--form", "basis", "--folds", "2", "--no-png", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert (tmp_path / "reports" / "fit" / "profile_qwen3.6-27b_tp2.costs.json").exists()
+    assert sorted(p.name for p in shipped.parent.iterdir()) == before
+
+
+def test_a_query_at_the_range_edge_by_round_off_is_not_extrapolation():
+    from simtree.costs.model import load_costs
+    from simtree.errors import ExtrapolationWarning
+
+    costs = load_costs(ROOT / "simtree" / "data" / "costs" / "h200_qwen3.6-27b_tp1.json")
+    lo = costs.verify.surface.valid_range["nodes_per_seq"][0]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ExtrapolationWarning)
+        costs.verify.predict(lo * (1 - 1e-15), 1024.0, 8)
+    with pytest.warns(ExtrapolationWarning):
+        costs.verify.predict(lo * 0.5, 1024.0, 8)
