@@ -80,3 +80,9 @@ def test_a_query_at_the_range_edge_by_round_off_is_not_extrapolation():
         costs.verify.predict(lo * (1 - 1e-15), 1024.0, 8)
     with pytest.warns(ExtrapolationWarning):
         costs.verify.predict(lo * 0.5, 1024.0, 8)
+
+
+def test_a_policy_for_another_model_is_named_as_such():
+    policy = ROOT / "reports" / "h200" / "plan" / "deepseek-v4-flash_ep8_NVIDIA_H200" / "policy.json"
+    _one_line_error(_simtree("simulate", "--model", "qwen3.6-27b", "--policy", str(policy)),
+                    "is a plan for deepseek-v4-flash, not qwen3.6-27b")

@@ -117,6 +117,8 @@ def simulate_command_run(costs_path, workload_spec: str, batch_size: int, mode: 
         if note:
             warnings.warn(note, RuntimeWarning, stacklevel=2)
         spec = entry.params
+        if model and pol.model and model != pol.model:
+            raise SimtreeError(f"--policy {policy_path} is a plan for {pol.model}, not {model} (--model)")
         model = model or pol.model
         deployment = deployment or pol.deployment
     else:
