@@ -86,3 +86,15 @@ def test_a_policy_for_another_model_is_named_as_such():
     policy = ROOT / "reports" / "h200" / "plan" / "deepseek-v4-flash_ep8_NVIDIA_H200" / "policy.json"
     _one_line_error(_simtree("simulate", "--model", "qwen3.6-27b", "--policy", str(policy)),
                     "is a plan for deepseek-v4-flash, not qwen3.6-27b")
+
+
+def test_report_renders_every_good_plan_folder_and_names_the_broken_one(tmp_path):
+    import shutil
+
+    src = ROOT / "reports" / "h200" / "plan" / "qwen3.6-27b_NVIDIA_H200"
+    for name in ("good", "bad"):
+        shutil.copytree(src, tmp_path / name)
+    (tmp_path / "good" / "plan.md").unlink()
+    (tmp_path / "bad" / "policy.json").write_text("{bad")
+    _one_line_error(_simtree("report", str(tmp_path)), "1 of 2 plan folders not rendered")
+    assert (tmp_path / "good" / "plan.md").exists()

@@ -23,6 +23,7 @@ shape constraints as "grid" (convex, monotone), same GridSurface; it competes on
 """
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, field
 
 import cvxpy as cp
@@ -85,7 +86,9 @@ def _solve(problem: cp.Problem, what: str) -> None:
     last = None
     for solver in ("CLARABEL", "SCS"):
         try:
-            problem.solve(solver=solver)
+            with warnings.catch_warnings():   # an inaccurate solve is accepted below: no stray warning
+                warnings.filterwarnings("ignore", message="Solution may be inaccurate")
+                problem.solve(solver=solver)
         except (cp.error.SolverError, ValueError) as exc:
             last = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
             continue

@@ -293,13 +293,23 @@ def plan_folders(plan_dir: str | Path) -> list[Path]:
 def render_plan_dir(plan_dir: str | Path) -> list[dict[str, Path]]:
     """Re-render plan.md and the PNGs of every plan folder at or under ``plan_dir`` (its
     candidates.csv + policy.json, which must come from one plan: the policy's chosen rows are
-    checked against the table), e.g. after changing the plots.  One dict of paths per folder."""
-    outputs = []
-    for folder in plan_folders(plan_dir):
-        policy = Policy.load(folder / "policy.json")
-        cands = read_candidates(folder / "candidates.csv", policy)
-        result = PlanResult(policy.model, policy.device, policy.source, cands)
-        outputs.append(write_plan_report(result, folder, bands_from_policy(policy)))
+    checked against the table), e.g. after changing the plots.  One dict of paths per folder;
+    a folder that cannot be rendered does not stop the others: one error naming each after."""
+    outputs, failed = [], []
+    folders = plan_folders(plan_dir)
+    for folder in folders:
+        try:
+            policy = Policy.load(folder / "policy.json")
+            cands = read_candidates(folder / "candidates.csv", policy)
+            result = PlanResult(policy.model, policy.device, policy.source, cands)
+            outputs.append(write_plan_report(result, folder, bands_from_policy(policy)))
+        except SimtreeError as exc:
+            if len(folders) == 1:
+                raise
+            failed.append(f"{folder}: {exc}")
+    if failed:
+        raise SimtreeError(f"{len(failed)} of {len(folders)} plan folders not rendered (the others were): "
+                           + "; ".join(failed))
     return outputs
 
 
