@@ -270,3 +270,21 @@ def test_fit_refuses_outputs_over_its_inputs_and_bad_paths(tmp_path, args, match
     result = CliRunner().invoke(app, ["fit", str(prof), *[a.format(**fmt) for a in args]])
     assert result.exit_code != 0 and match in str(result.exception)
     assert prof.read_bytes() == before and not list(tmp_path.glob("*.costs.json"))
+
+
+@pytest.mark.parametrize("meta, mlp_variant, want", [
+    ({"moe_routing": "balanced"}, "layers", "balanced"),      # recorded: as recorded
+    (None, "torch", "uniform"),                               # no sidecar: a runtime rank profile
+    ({"sweep": "default_gpu"}, "torch", "balanced"),          # before the record, the profiler's piece
+    ({"sweep": "full_layers_gpu"}, "layers", "uniform"),      # before the record, the runtime's layers
+])
+def test_the_profile_says_how_its_moe_layers_routed(tmp_path, meta, mlp_variant, want):
+    from simtree.costs.profile_fit import profile_moe_routing
+    from simtree.costs.profile_table import write_meta
+
+    path = tmp_path / "profile.csv"
+    append_rows(path, [{**row("mlp_step", 1, 1024, 1, 10.0), "variant": mlp_variant},
+                       row("model_verify_step", 1, 1024, 1, 50.0)])
+    if meta is not None:
+        write_meta(path, meta)
+    assert profile_moe_routing(path) == want

@@ -136,8 +136,9 @@ def register(app: typer.Typer) -> None:
         folds: int = typer.Option(5, min=2, help="Folds for the held-out error."),
         moe_routing: Optional[str] = typer.Option(
             None, help="MoE models: how the profile's MoE layers routed, uniform (E(1-(1-k/E)^T) experts "
-                       "touched) or balanced (min(T k, E)); default the table's .meta.json (balanced for a "
-                       "sweep from before it was recorded, uniform without a sidecar)."),
+                       "touched) or balanced (min(T k, E)); default the table's .meta.json (balanced for the "
+                       "profiler's MoE piece swept before it was recorded, uniform for the runtime's layers "
+                       "and tables without a sidecar)."),
         png: Optional[Path] = typer.Option(None, help="Plot path (default: OUT with .png)."),
         no_png: bool = typer.Option(False, "--no-png", help="Do not write the plot."),
         bench: bool = typer.Option(False, help="Also time predict() (us per scalar call)."),

@@ -51,14 +51,20 @@ AUTO_FORMS = ("basis", "grid", "grid_lin")   # + MOE_FORMS for an MoE model
 EXPERT_STAGES = (DEFAULT_VERIFY_STAGE, "stack_verify_step", "mlp_step")
 
 
-def profile_moe_routing(path) -> str:
-    """How a profile table's MoE layers routed: its sidecar's ``moe_routing``; ``balanced`` where a
-    sidecar predates the record (the profiler's MoE piece timed min(T k, E) experts then);
-    ``uniform`` without a sidecar (the full runtime's rank profiles: a softmax gate routes)."""
+def profile_moe_routing(path, table: pd.DataFrame | None = None) -> str:
+    """How a profile table's MoE layers routed: its sidecar's ``moe_routing``; for a sidecar that
+    predates the record, ``balanced`` where the profiler's own MoE piece was timed (``mlp_step``
+    rows of another variant than ``layers``: it timed min(T k, E) experts then), else ``uniform``
+    (the full runtime's layers, ``layers`` rows, and its rank profiles, which have no sidecar:
+    a softmax gate routes)."""
     meta = read_meta(path)
+    if "moe_routing" in meta:
+        return str(meta["moe_routing"])
     if not meta:
         return "uniform"
-    return str(meta.get("moe_routing", "balanced"))
+    table = load_profile(path) if table is None else table
+    mlp = table.loc[table["stage"] == "mlp_step", "variant"]
+    return "balanced" if (mlp != "layers").any() else "uniform"
 
 
 def moe_shape(model: str, deployment: str | None = None) -> tuple[int, int] | None:
@@ -201,7 +207,7 @@ def fit_profile(profile: str | os.PathLike, *, stage: str | None = None, model: 
     dep_name = rows["deployment"].iloc[0]
     moe = model_moe = moe_shape(model_name, dep_name)
     if moe is not None:
-        routing = moe_routing or profile_moe_routing(path)
+        routing = moe_routing or profile_moe_routing(path, df)
         if routing not in MOE_ROUTINGS:
             raise SimtreeError(f"MoE routing {routing!r} unknown: one of {', '.join(MOE_ROUTINGS)}")
         moe = model_moe = (*moe, routing)
