@@ -301,8 +301,7 @@ def run_sweep(sweep: str | Path | None = None, out: str | Path = "reports/profil
     device = device or spec.get("device", "auto")
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
-    if device.startswith("cuda") and not torch.cuda.is_available():
-        raise SimtreeError("--device cuda asked for but torch sees no CUDA device")
+    metadata.require_device(device)
     dtype_name = spec.get("dtype", "bf16" if device.startswith("cuda") else "fp32")
     if dtype_name not in _DTYPES:
         raise SimtreeError(f"sweep dtype must be one of {', '.join(_DTYPES)}, got {dtype_name!r}")

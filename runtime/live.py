@@ -48,7 +48,7 @@ import torch
 from simtree.costs.model import Costs
 from simtree.errors import ExtrapolationWarning, SimtreeError, captured_warnings, check_int
 from simtree.fileio import write_text_atomic
-from simtree.machine.metadata import device_label
+from simtree.machine.metadata import device_label, require_device
 from simtree.planning.modes import ADAPTIVE_MODES, NoneParams, PolicySpec
 from simtree.runtime.data import prompts as load_prompts
 from simtree.runtime.engine import SpecEngine, check_spec, greedy_decode
@@ -84,10 +84,7 @@ def dumps(report: dict) -> str:
 
 def _device_name(device: str) -> str:
     """The device as profile tables and cost bundles name it (``device_label``)."""
-    if device not in ("cpu", "cuda"):
-        raise SimtreeError(f"unknown device {device!r}: use cpu or cuda")
-    if device == "cuda" and not torch.cuda.is_available():
-        raise SimtreeError("device cuda is not available here: torch sees no CUDA GPU (use --device cpu)")
+    require_device(device)
     return device_label(device)
 
 

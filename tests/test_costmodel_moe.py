@@ -179,6 +179,7 @@ def test_adaptive_decisions_are_the_global_optimum_for_a_nonconvex_model():
         assert got == pytest.approx(rate.max(), rel=1e-12)
         assert nodes.max() > 8   # past saturation: where a first-stop rule would not go
 
+
 def test_touched_experts_under_uniform_and_balanced_routing():
     """One token touches its k experts; T tokens touch the uniform expectation E(1-(1-k/E)^T),
     a Monte-Carlo mean of top-k draws, never more than min(T k, E) (balanced)."""
@@ -204,6 +205,10 @@ def test_a_bundle_without_a_routing_predicts_as_it_was_fitted_balanced():
     old = {k: v for k, v in d.items() if k != "routing"}
     legacy = surface_from_dict(old)
     assert legacy.routing == "balanced"
-    for n in (1, 3, 8, 30):
-        assert legacy.predict(n, 100.0, 2) == pytest.approx(50.0 + 400.0 * min(n * 2 * K, E) / E)
-        assert grid.predict(n, 100.0, 2) == pytest.approx(50.0 + 400.0 * float(touched_experts(n * 2, E, K)) / E)
+    ns = np.array([1, 3, 8, 30])
+    for n in ns:     # the scalar path ...
+        assert legacy.predict(int(n), 100.0, 2) == pytest.approx(50.0 + 400.0 * min(n * 2 * K, E) / E)
+        assert grid.predict(int(n), 100.0, 2) == pytest.approx(50.0 + 400.0 * float(touched_experts(n * 2, E, K)) / E)
+    # ... and the array path agree
+    assert np.allclose(legacy.predict(ns, 100.0, 2), [legacy.predict(int(n), 100.0, 2) for n in ns])
+    assert np.allclose(grid.predict(ns, 100.0, 2), [grid.predict(int(n), 100.0, 2) for n in ns])

@@ -7,6 +7,7 @@ from simtree.runtime.full.lossless import check_lossless
 
 from full_helpers import FAMILIES, PROMPTS, tiny_model
 
+BF16_ROUNDING = 4 * 2.0 ** -6      # four ulps of a bf16 logit below 4 in magnitude
 SPECS = [PolicySpec.from_dict("linear", {"budget": 4}), PolicySpec.from_dict("eagle", {"num_steps": 3, "topk": 2, "budget": 6})]
 
 
@@ -95,4 +96,6 @@ def test_bf16_speculative_output_equals_plain_up_to_near_ties(name, seed):
     prompts = [rng.integers(0, model.vocab, 12).tolist() for _ in range(3)]
     for r in check_lossless(model, prompts, SPECS, 24):
         assert 1.2 < r["accepted_tokens_per_round"] < 3.5, r
-        assert r["match"] or r["margin"] <= 2 * r["deviation"], r
+        # a near-tie, not a bug: a deviation of a few bf16 ulps at the tiny models' logits (|l| < 4:
+        # ulp 2^-6), within which the plain top-2 gap lies
+        assert r["match"] or r["margin"] <= 2 * r["deviation"] <= 2 * BF16_ROUNDING, r

@@ -7,7 +7,7 @@ import torch
 
 from simtree.acceptance.model import AcceptanceModel
 from simtree.planning.simulate import PolicySpec
-from simtree.runtime.full.acceptance import ModelReplay, TraceReplay
+from simtree.runtime.full.acceptance import ModelReplay, StratifiedReplay, TraceReplay
 from simtree.runtime.full.drafting import round_shape
 from simtree.runtime.full.engine import FullEngine
 
@@ -155,27 +155,47 @@ def test_stratified_replay_accepts_the_models_mean_within_a_token(name, spec):
     acc = get_workload("gsm8k").acceptance
     rs = round_shape(spec)
     rounds = 24
-    src = ModelReplay(acc, rs, "cpu", seed=3, sampling="stratified", batch_size=1, rows=rounds)
+    src = StratifiedReplay(acc, rs, "cpu", batch_size=1, rows=rounds, seed=3)
     engine = FullEngine(tiny_model(name), rs, 1, 256, src)
     engine.fill_context(8, seed=0)
     engine.run(rounds=3)                        # warm-up rounds read rows 0..2
     src.rewind()
     stats = engine.run(rounds=rounds)
-    assert np.array_equal(stats.accepted[:, 0], src.depths[:, 0].numpy())
+    assert np.array_equal(stats.accepted[:, 0], src.table[:, 0].numpy())
     sr = static_round(acc, spec)
     want = float(sr.weights @ sr.accepted)      # the simulator's accepted draft tokens per round
     joint = joint_depth_pmf(acc, rs)
     assert np.isclose(joint.sum(), 1.0) and np.isclose(joint.sum(1) @ np.arange(joint.shape[0]), want)
     assert abs(stats.accepted.mean() - want) <= rs.max_depth / rounds + 1e-9
     # the table's levels drafted the trees: the last round's tree is static_round's for its level
-    level = int(src.scores.fixed[0][rounds - 1, 0])
+    level = int(src.levels[rounds - 1, 0])
     assert engine.tree.parents[0][engine.tree.valid[0]].tolist() == sr.trees[level].parents.tolist()
 
 
-def test_replay_sampling_names_are_checked():
+def test_a_stratified_replay_needs_a_batch_and_a_round():
     from simtree.errors import SimtreeError
-    rs = round_shape(EAGLE)
-    with pytest.raises(SimtreeError, match="replay sampling 'sobol' unknown"):
-        ModelReplay(_model(0.5), rs, "cpu", sampling="sobol")
-    with pytest.raises(SimtreeError, match="needs the batch size"):
-        ModelReplay(_model(0.5), rs, "cpu", sampling="stratified")
+    with pytest.raises(SimtreeError, match="needs a batch and a round"):
+        StratifiedReplay(_model(0.5), round_shape(EAGLE), "cpu", batch_size=0, rows=4)
+
+
+def test_the_sampling_figures_docs_quote_are_the_models():
+    """docs/full_runtime.md's figures for gsm8k, linear D=4 and EAGLE s3 k2 D6: the accepted
+    depth's standard deviation, the iid standard error at N = 24 and 96 draws and the stratified
+    bound (deepest depth) / N, as shares of the accepted tokens per round."""
+    from simtree.acceptance.model import get_workload
+    from simtree.runtime.full.acceptance import joint_depth_pmf
+
+    acc = get_workload("gsm8k").acceptance
+    sd, se, bound = [], [], []
+    for spec in (PolicySpec.from_dict("linear", {"budget": 4}), EAGLE):
+        rs = round_shape(spec)
+        pmf = joint_depth_pmf(acc, rs).sum(1)
+        d = np.arange(pmf.size)
+        mean = pmf @ d
+        sd.append(np.sqrt(pmf @ (d - mean) ** 2))
+        se += [sd[-1] / np.sqrt(n) / (mean + 1) for n in (24, 96)]
+        bound += [rs.max_depth / n / (mean + 1) for n in (24, 96)]
+    assert 0.695 <= min(sd) and max(sd) <= 1.05                       # "about 0.7-1.0 / sqrt(N)"
+    assert 0.02 <= min(se) and max(se) <= 0.075                       # "2-7.5%"
+    assert 0.0355 <= min(bound[0::2]) and max(bound[0::2]) <= 0.0595   # "3.8-5.9% at N = 24"
+    assert 0.0095 <= min(bound[1::2]) and max(bound[1::2]) <= 0.0155   # "1.0-1.5% at N = 96"

@@ -12,11 +12,12 @@
   policy's rounds spread over the levels (``AcceptanceModel.round_weights`` of the tokens its
   trees gain at each level, as the simulator weighs them), then at each depth d one uniform u;
   the rank-r child of an accepted parent is accepted when u falls in
-  [sum_{r'<r} P(d, r'), sum_{r'<=r} P(d, r')) - disjoint ranks).  ``sampling="stratified"``
-  (what ``simtree run`` uses) draws the run's (level, accepted depth) pairs up front instead,
-  one per stratum of the unit interval (:func:`stratified_draws`) from their joint
-  distribution under the trees the simulator scores (``accepted_length_pmf``), ordered by
-  depth: the mean accepted depth of the ``N = rows x B`` draws is then the model's within
+  [sum_{r'<r} P(d, r'), sum_{r'<=r} P(d, r')) - disjoint ranks).
+* :class:`StratifiedReplay` - what ``simtree run`` uses (``--sampling iid``: ModelReplay): the
+  same model, the run's (level, accepted depth) pairs drawn up front, one per stratum of the
+  unit interval (:func:`stratified_draws`) from their joint distribution under the trees the
+  simulator scores (``accepted_length_pmf``), ordered by depth, read as TraceReplay reads its
+  depths: the mean accepted depth of the ``N = rows x B`` draws is then the model's within
   (deepest depth) / N, where independent draws err by (the depth's spread) / sqrt(N).
 
 ``accept(tree, target_next, rs)`` -> accepted node (LOCAL index, int64 [B]); no host sync.
@@ -42,7 +43,7 @@ from simtree.planning.simulate import static_round
 
 from .drafting import RoundShape, TreeBuffers
 
-__all__ = ["Live", "TraceReplay", "ModelReplay", "DraftScores", "level_weights", "deepest_on_chain", "node_at_depth",
+__all__ = ["Live", "TraceReplay", "ModelReplay", "StratifiedReplay", "DraftScores", "level_weights", "deepest_on_chain", "node_at_depth",
            "stratified_draws", "joint_depth_pmf", "SAMPLINGS"]
 
 SAMPLINGS = ("stratified", "iid")
@@ -155,9 +156,26 @@ class Live:
         return None
 
 
-class TraceReplay:
+class _DepthTable:
+    """A replay whose accepted depth per sequence per round sits in a [rows, B] table on the
+    device, read by a device counter (wrapping; :meth:`rewind` starts it again), on the
+    best-scored node at that depth (``node_at_depth``): no host work per round."""
     kind = "replay"
 
+    def _set_table(self, depths: np.ndarray, device) -> None:
+        self.table = torch.as_tensor(depths, device=device)
+        self.counter = torch.zeros(1, dtype=torch.int64, device=device)
+
+    def rewind(self) -> None:
+        self.counter.zero_()
+
+    def accept(self, tree: TreeBuffers, target_next: torch.Tensor, rs: RoundShape) -> torch.Tensor:
+        want = self.table.index_select(0, self.counter % self.table.shape[0])[0]
+        self.counter += 1
+        return node_at_depth(tree, want)
+
+
+class TraceReplay(_DepthTable):
     def __init__(self, path, batch_size: int, device, workload: str | None = None):
         self.records = read_traces(path, workload)
         depths = np.array([int(r.tree.depth[r.accepted_node]) for r in self.records], np.int64)
@@ -181,36 +199,37 @@ class TraceReplay:
         src.records, src.label, src.workload, src.scores = [], f"replay (depth {depth})", "fixed", None
         return src
 
-    def rewind(self) -> None:
-        """The trace from its first round again."""
-        self.counter.zero_()
-
-    def _set_table(self, depths: np.ndarray, device) -> None:
-        self.table = torch.as_tensor(depths, device=device)
-        self.counter = torch.zeros(1, dtype=torch.int64, device=device)
-
-    def accept(self, tree: TreeBuffers, target_next: torch.Tensor, rs: RoundShape) -> torch.Tensor:
-        want = self.table.index_select(0, self.counter % self.table.shape[0])[0]
-        self.counter += 1
-        return node_at_depth(tree, want)
-
     def prediction_model(self) -> AcceptanceModel:
         """The positional fit of the trace (the table as wide as its widest sibling set)."""
         width = max(int(r.tree.num_children.max()) for r in self.records)
         return fit_positional(self.records, self.workload, topk=max(width, 1))
 
 
+class StratifiedReplay(_DepthTable):
+    """``rows`` rounds of ``batch_size`` (level, accepted depth) draws made up front from an
+    acceptance model (module docstring): the levels shape the trees (``DraftScores`` reading
+    the same row), the depths are committed."""
+
+    def __init__(self, model: AcceptanceModel, rs: RoundShape, device, batch_size: int, rows: int, seed: int = 0):
+        if batch_size < 1 or rows < 1:
+            raise SimtreeError(f"stratified replay needs a batch and a round, got batch {batch_size}, {rows} rounds")
+        joint = joint_depth_pmf(model, rs)                                             # [depth + 1, L]
+        draw = stratified_draws(joint.reshape(-1), rows * batch_size, np.random.default_rng(seed))
+        depth, level = np.divmod(draw, joint.shape[1])
+        self._set_table(depth.reshape(rows, batch_size), device)
+        self.levels = torch.as_tensor(level.reshape(rows, batch_size), device=device)
+        self.scores = DraftScores(model, rs, device, fixed=(self.levels, self.counter))
+        self.model, self.label = model, f"replay (acceptance model {model.name}, stratified)"
+
+    def prediction_model(self) -> AcceptanceModel:
+        return self.model
+
+
 class ModelReplay:
     kind = "replay"
 
-    def __init__(self, model: AcceptanceModel, rs: RoundShape, device, seed: int = 0, sampling: str = "iid",
-                 batch_size: int | None = None, rows: int = 32):
-        """``sampling``: ``iid`` (a level and one uniform per depth each round) or
-        ``stratified`` (``rows`` rounds of ``batch_size`` (level, depth) draws made up front,
-        module docstring; the table wraps around, :meth:`rewind` starts it again)."""
-        if sampling not in SAMPLINGS:
-            raise SimtreeError(f"replay sampling {sampling!r} unknown: one of {', '.join(SAMPLINGS)}")
-        self.model, self.sampling = model, sampling
+    def __init__(self, model: AcceptanceModel, rs: RoundShape, device, seed: int = 0):
+        self.model = model
         tables = np.stack([model.table(lv, max(rs.max_depth, 1)) for lv in range(model.num_levels)])   # [L, P, K]
         cum = np.concatenate([np.zeros(tables.shape[:2] + (1,)), np.cumsum(tables, -1)], -1)
         self.cum = torch.as_tensor(cum, dtype=torch.float32, device=device)              # [L, P, K + 1]
@@ -219,32 +238,12 @@ class ModelReplay:
         self.gen = None if self.device.type == "cuda" else torch.Generator().manual_seed(seed)
         if self.gen is None:
             torch.cuda.manual_seed(seed)
-        fixed = None
-        if sampling == "stratified":
-            if batch_size is None or batch_size < 1 or rows < 1:
-                raise SimtreeError("stratified replay needs the batch size and at least one round")
-            joint = joint_depth_pmf(model, rs)                                         # [depth + 1, L]
-            draw = stratified_draws(joint.reshape(-1), rows * batch_size, np.random.default_rng(seed))
-            depth, level = np.divmod(draw, joint.shape[1])
-            self.depths = torch.as_tensor(depth.reshape(rows, batch_size), device=device)
-            self.counter = torch.zeros(1, dtype=torch.int64, device=device)
-            fixed = (torch.as_tensor(level.reshape(rows, batch_size), device=device), self.counter)
-        self.scores = DraftScores(model, rs, device, self.gen, fixed)
-        self.label = f"replay (acceptance model {model.name}, {sampling})"
-
-    def rewind(self) -> None:
-        """The stratified table from its first row (the measured rounds take whole rows)."""
-        if self.sampling == "stratified":
-            self.counter.zero_()
+        self.scores = DraftScores(model, rs, device, self.gen)
+        self.label = f"replay (acceptance model {model.name})"
 
     def accept(self, tree: TreeBuffers, target_next: torch.Tensor, rs: RoundShape) -> torch.Tensor:
-        """Stratified: the table's depth for the round, on the best-scored node there.  iid: rank
-        intervals of the level the round's drafting drew (the drafter knows its level); a level
-        of its own where the tree was not drafted (plain decoding never gets here)."""
-        if self.sampling == "stratified":
-            want = self.depths.index_select(0, self.counter % self.depths.shape[0])[0]
-            self.counter += 1
-            return node_at_depth(tree, want)
+        """Rank intervals of the level the round's drafting drew (the drafter knows its level);
+        a level of its own where the tree was not drafted (plain decoding never gets here)."""
         B = tree.tokens.shape[0]
         L, P, K1 = self.cum.shape
         u = torch.rand(B, P, device=self.device, generator=self.gen)

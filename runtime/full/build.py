@@ -14,12 +14,13 @@ import os
 import torch
 
 from simtree.errors import SimtreeError
+from simtree.machine.metadata import require_device
 from simtree.models import ModelShape, get_model
 
 from . import qwen, v4_rank
 from simtree.kernels.layers.weights import spec_bytes
 
-__all__ = ["build_model", "weight_bytes", "check_fits", "device_memory_bytes", "require_device", "DTYPES"]
+__all__ = ["build_model", "weight_bytes", "check_fits", "device_memory_bytes", "DTYPES"]
 
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32, "fp64": torch.float64}
 FIT_MARGIN = 0.08   # share of the device kept free for caches, activations and graph pools
@@ -40,22 +41,6 @@ def weight_bytes(shape: ModelShape, dtype: torch.dtype = torch.bfloat16) -> int:
     module = _family(shape)
     specs = module.param_specs(shape) if module is qwen else module.param_specs(shape, dtype=dtype)
     return spec_bytes(specs, dtype)
-
-
-def require_device(device) -> torch.device:
-    """The device, or a one-line error where it is not one (``cpu``, ``cuda``, ``cuda:N``) or
-    torch sees no such GPU here."""
-    try:
-        dev = torch.device(device)
-    except (RuntimeError, TypeError):
-        raise SimtreeError(f"unknown device {device!r}: use cpu or cuda") from None
-    if dev.type not in ("cpu", "cuda"):
-        raise SimtreeError(f"unknown device {device!r}: use cpu or cuda")
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise SimtreeError(f"device {device} is not available here: torch sees no CUDA GPU (use --device cpu)")
-    if dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count():
-        raise SimtreeError(f"device {device}: torch sees {torch.cuda.device_count()} CUDA GPU(s) here")
-    return dev
 
 
 def device_memory_bytes(device) -> int:

@@ -194,9 +194,13 @@ class FullEngine:
         self.model.reset(self.st, self.ds)
         for t in (self.out_len, self.log_at, self.roots):
             t.zero_()
-        counter = getattr(self.source, "counter", None)
-        if counter is not None:
-            counter.zero_()
+        self.rewind_source()
+
+    def rewind_source(self) -> None:
+        """A replay's table from its first row again (its ``rewind``; live decoding has none)."""
+        rewind = getattr(self.source, "rewind", None)
+        if rewind is not None:
+            rewind()
 
     @torch.no_grad()
     def capture(self, warmup: int = 2, shared_pool: bool = True) -> None:

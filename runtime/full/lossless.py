@@ -61,24 +61,19 @@ def _probe(model, prompt, output, at: int, nodes: int, max_len: int) -> dict:
     verify forward over a chain of ``nodes`` rows: the plain continuation, root leaves where it
     ends) and ``verify_token`` (the verify forward's argmax there)."""
     seq = list(prompt) + list(output[:at])
-    logits = []
-    for verify in (False, True):
-        engine = FullEngine(model, round_shape(PolicySpec.from_dict("none")), 1, max_len, graphs=False)
-        if len(seq) > 1:
-            engine.prefill([seq[:-1]])
-        if verify:
-            chain = [seq[-1]] + list(output[at:at + max(nodes, 1) - 1])
-            pad = max(nodes, 1) - len(chain)
-            tokens = torch.as_tensor([chain + [0] * pad], device=model.device)
-            parents = torch.as_tensor([list(range(-1, len(chain) - 1)) + [0] * pad], device=model.device)
-            hidden, _ = model.verify(engine.st, tokens, parents)
-            hidden = hidden[:1]
-        else:
-            hidden = model.decode(engine.st, torch.as_tensor([seq[-1]], device=model.device))
-        logits.append(model.logits(hidden)[0].float())
-    top = logits[0].topk(2).values
-    return {"margin": float(top[0] - top[1]), "deviation": float((logits[1] - logits[0]).abs().max()),
-            "verify_token": int(logits[1].argmax())}
+    engine = FullEngine(model, round_shape(PolicySpec.from_dict("none")), 1, max_len, graphs=False)
+    if len(seq) > 1:
+        engine.prefill([seq[:-1]])
+    # the verify forward writes no state: the decode step after it sees the same prefix
+    chain = [seq[-1]] + list(output[at:at + max(nodes, 1) - 1])
+    pad = max(nodes, 1) - len(chain)
+    tokens = torch.as_tensor([chain + [0] * pad], device=model.device)
+    parents = torch.as_tensor([list(range(-1, len(chain) - 1)) + [0] * pad], device=model.device)
+    verify = model.logits(model.verify(engine.st, tokens, parents)[0][:1])[0].float()
+    decode = model.logits(model.decode(engine.st, tokens[:, 0]))[0].float()
+    top = decode.topk(2).values
+    return {"margin": float(top[0] - top[1]), "deviation": float((verify - decode).abs().max()),
+            "verify_token": int(verify.argmax())}
 
 
 def check_lossless(model, prompts: list[list[int]], specs, max_new_tokens: int, max_len: int | None = None) -> list[dict]:
@@ -101,4 +96,3 @@ def check_lossless(model, prompts: list[list[int]], specs, max_new_tokens: int, 
             row.update(_probe(model, prompts[b], plain[b], i, round_shape(spec).nodes, max_len))
         rows.append(row)
     return rows
-

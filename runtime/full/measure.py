@@ -47,7 +47,7 @@ from simtree.fileio import write_text_atomic
 from simtree.models import get_model
 from simtree.planning.simulate import PolicySpec, simulate
 
-from .acceptance import SAMPLINGS, Live, ModelReplay, TraceReplay
+from .acceptance import SAMPLINGS, Live, ModelReplay, StratifiedReplay, TraceReplay
 from .build import build_model
 from .drafting import RUNTIME_MODES, RoundShape, round_shape
 from .engine import FullEngine
@@ -112,9 +112,11 @@ class _Source:
             return max(1, int(round(self.workload.mean_prompt_len)))
         return max(1, int(round(getattr(self, "context", None) or 512)))
 
-    def make(self, rs: RoundShape, batch_size: int, rounds: int = 32):
+    def make(self, rs: RoundShape, batch_size: int, rounds: int):
         if self.workload is not None:
-            return ModelReplay(self.workload.acceptance, rs, self.device, self.seed, self.sampling, batch_size, rounds)
+            if self.sampling == "stratified":
+                return StratifiedReplay(self.workload.acceptance, rs, self.device, batch_size, rounds, self.seed)
+            return ModelReplay(self.workload.acceptance, rs, self.device, self.seed)
         if self.replay is not None:
             return TraceReplay(self.replay, batch_size, self.device).score_trees(rs, self.device)
         return Live()
@@ -135,9 +137,7 @@ def measure_policy(model, rs: RoundShape, batch_size: int, source, cfg: RunConfi
         engine.fill_context(cfg.context_len, cfg.seed)
         if cfg.warmup_rounds:
             engine.run(rounds=cfg.warmup_rounds)
-        rewind = getattr(source, "rewind", None)
-        if rewind is not None:
-            rewind()                # a replay's measured rounds start at its first row
+        engine.rewind_source()      # a replay's measured rounds start at its first row
         stats = engine.run(rounds=cfg.rounds, host_probe=HOST_PROBE_ROUNDS)
         if engine.capture_error:
             stats.notes.append(f"CUDA graph capture failed, eager stages: {engine.capture_error}")

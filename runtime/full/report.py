@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 
 from simtree.fileio import write_atomic, write_text_atomic
+from simtree.reporting.summary import PLAN_TOLERANCE, plan_gap
 
 # summary.csv: the columns issue-level comparisons read, then the error split and context
 SUMMARY_COLUMNS = ("model", "deployment", "policy", "batch_size", "acceptance", "measured_tok_s", "predicted_tok_s",
@@ -55,8 +56,8 @@ def plan_check(rows: list[dict], others=()) -> list[str]:
         if not ran or plan is None:
             continue
         best = max(ran, key=lambda r: r["measured_tok_s"])
-        gap = 1 - plan["measured_tok_s"] / best["measured_tok_s"]
-        verdict = "best" if gap <= 0 else ("within 2%" if gap <= 0.02 else f"{gap:.1%} below")
+        gap = plan_gap(plan["measured_tok_s"], best["measured_tok_s"])
+        verdict = "best" if gap <= 0 else (f"within {PLAN_TOLERANCE:.0%}" if gap <= PLAN_TOLERANCE else f"{gap:.1%} below")
         lines.append(f"{model} batch {B}: plan {plan['policy']} {plan['measured_tok_s']:.1f} tok/s, best measured "
                      f"{best['policy']} {best['measured_tok_s']:.1f} tok/s: {verdict}")
     return lines

@@ -108,9 +108,9 @@ def _check_outputs(profile: Path, out: Path, png: Path | None) -> None:
 def _default_out(profile: Path) -> Path:
     """<stem>.costs.json beside the profile; a table shipped in the package (simtree/data) keeps
     its folder clean: reports/fit/<stem>.costs.json under the working directory."""
-    import simtree
-    data = Path(simtree.__file__).resolve().parent / "data"
-    if data in profile.resolve().parents:
+    from simtree.data import data_path
+
+    if data_path().resolve() in profile.resolve().parents:
         return Path("reports") / "fit" / (profile.stem + ".costs.json")
     return profile.with_name(profile.stem + ".costs.json")
 

@@ -57,10 +57,11 @@ def register(app: typer.Typer) -> None:
                                                   "acceptance model (gsm8k | mbpp | sharegpt | a trace file)"),
         context_len: int = typer.Option(None, help="full scale: context tokens per sequence (default: the "
                                                    "workload's prompt length)"),
-        rounds: int = typer.Option(32, help="full scale: measured rounds per run (after 4 warm-up rounds)"),
-        sampling: str = typer.Option("stratified", help="full scale, --acceptance: stratified (the run's accepted "
-                                                        "depths drawn one per stratum: its mean is the model's within "
-                                                        "about a token) | iid (independent draws each round)"),
+        rounds: int = typer.Option(None, help="full scale: measured rounds per run (after 4 warm-up rounds; "
+                                              "default 32)"),
+        sampling: str = typer.Option(None, help="full scale, --acceptance: stratified (the default: the run's "
+                                                "accepted depths drawn one per stratum, its mean the model's within "
+                                                "depth / draws) | iid (independent draws each round)"),
         deployment: str = typer.Option(None, help="full scale: the deployment whose one rank to run (qwen: tp=N, "
                                                   "its heads and MLP columns per rank; deepseek-v4-flash: ep=8). "
                                                   "Collectives are not run; refused when the rank does not fit"),
@@ -70,10 +71,9 @@ def register(app: typer.Typer) -> None:
             _full_scale(model, device, costs, policy, batch_size, replay, acceptance, policy_workload, out,
                         context_len, rounds, json_out, deployment, sampling)
             return
-        full_only = {"--replay": replay is not None, "--acceptance": acceptance is not None,
-                     "--context-len": context_len is not None, "--rounds": rounds != 32,
-                     "--sampling": sampling != "stratified"}
-        given = [name for name, on in full_only.items() if on]
+        full_only = {"--replay": replay, "--acceptance": acceptance, "--context-len": context_len,
+                     "--rounds": rounds, "--sampling": sampling}
+        given = [name for name, value in full_only.items() if value is not None]
         if given:
             what = "a full-scale option: it needs" if len(given) == 1 else "full-scale options: they need"
             raise SimtreeError(f"{', '.join(given)}: {what} --model (a registry model)")
@@ -217,11 +217,11 @@ def _rank_model(name: str, deployment: str | None, device: str, sizes: list[int]
 
 
 def _full_scale(model, device, costs, policy, batch_sizes, replay, acceptance, policy_workload, out, context_len,
-                rounds, json_out, deployment=None, sampling: str = "stratified") -> None:
+                rounds, json_out, deployment=None, sampling: str | None = None) -> None:
     """``simtree run --model ...``: simtree.runtime.full.measure.full_run, one line per run."""
     import json
 
-    from simtree.runtime.full.build import require_device
+    from simtree.machine.metadata import require_device
     from simtree.runtime.full.measure import full_run
 
     require_device(device)
@@ -234,7 +234,7 @@ def _full_scale(model, device, costs, policy, batch_sizes, replay, acceptance, p
     say = (lambda line: None) if json_out else (lambda line: typer.echo(line, err=True))
     result = full_run(model, device=device, costs=costs, policy=policy, batch_sizes=sizes, replay=replay,
                       acceptance=acceptance, policy_workload=policy_workload, out=out, context_len=context_len,
-                      rounds=rounds, progress=say, sampling=sampling)
+                      progress=say, **{k: v for k, v in (("rounds", rounds), ("sampling", sampling)) if v is not None})
     if json_out:
         finite = lambda v: None if isinstance(v, float) and v != v else v  # noqa: E731  (NaN -> null)
         rows = [{k: finite(v) for k, v in r.items()} for r in result["rows"]]

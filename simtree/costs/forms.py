@@ -227,6 +227,8 @@ class _ExpertTerm:
         return out if np.ndim(out) else float(out)
 
     def _predict_scalar(self, x: float, y: float, z: float) -> float:
+        # touched_experts / E in plain floats (the planner's inner loops call this per candidate);
+        # tests pin it to the array path
         if self.routing == "uniform":
             frac = 1.0 - (1.0 - self.experts_per_token / self.n_experts) ** (x * z)
         else:

@@ -31,6 +31,26 @@ def package_version(module: str) -> str:
             return ""
 
 
+def require_device(device):
+    """``torch.device(device)``, or a one-line error where it is not ``cpu`` / ``cuda`` /
+    ``cuda:N`` or torch sees no such GPU here."""
+    import torch
+
+    from simtree.errors import SimtreeError
+
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError):
+        dev = None
+    if dev is None or dev.type not in ("cpu", "cuda") or str(device) != str(device).lower():
+        raise SimtreeError(f"unknown device {device!r}: use cpu or cuda")
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise SimtreeError(f"device {device} is not available here: torch sees no CUDA GPU (use --device cpu)")
+    if dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count():
+        raise SimtreeError(f"device {device}: torch sees {torch.cuda.device_count()} CUDA GPU(s) here")
+    return dev
+
+
 def device_label(device: str) -> str:
     """What goes in the table's ``device`` column: the GPU's name, or "cpu"."""
     if not str(device).startswith("cuda"):
