@@ -4,7 +4,8 @@
 # the measured shapes, predict the measured runs again, and compare the composed steps with the
 # measured ones -> reports/h200/live/ (summary.csv/.md, predicted_vs_measured.png,
 # composed_vs_measured.csv/.md, costs_<model>.json, profile_<model>_<tag>.csv (the rank's profile
-# for scripts/ship_defaults.sh, docs/full_runtime.md), alternatives.csv, lossless.csv).
+# for scripts/ship_defaults.sh, docs/full_runtime.md), alternatives.csv, lossless.csv (with the
+# lossless_<model>_<dtype>.csv checks of scripts/lossless_fp32_gpu.sh found in DIR)).
 #   bash scripts/full_report.sh DIR [OUT]        (DIR: the fetched $OUT folders' files)
 set -euo pipefail
 DIR=${1:?usage: bash scripts/full_report.sh DIR [OUT]}
@@ -31,6 +32,11 @@ PY
   else sweep_only+=(--sweep-only "$WORK/$model"); fi   # a rank the runtime does not build: its profile only
 done
 [ $(( ${#sessions[@]} + ${#sweep_only[@]} )) -gt 0 ] || { echo "error: no full_<model>*.tgz in $DIR" >&2; exit 2; }
+# lossless_<model>_<dtype>.csv (scripts/lossless_fp32_gpu.sh): lossless checks run apart from the sessions
+checks=(); for f in "$DIR"/lossless_*.csv; do
+  [ -e "$f" ] || continue
+  m=$(basename "$f" .csv); m=${m#lossless_}; checks+=(--lossless "${m%_*}=$f")
+done
 # UNTAGGED="deepseek-v4-flash=ep=8 ...": the rank of sessions whose tables predate the deployment column
 untagged=(); for u in ${UNTAGGED:-}; do untagged+=(--untagged "$u"); done
-"$PY" -m simtree.runtime.full.session_report "${sessions[@]}" "${sweep_only[@]}" --out "$OUT" "${untagged[@]}"
+"$PY" -m simtree.runtime.full.session_report "${sessions[@]}" "${sweep_only[@]}" --out "$OUT" "${untagged[@]}" "${checks[@]}"

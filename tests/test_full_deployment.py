@@ -2,6 +2,7 @@
 model's rank of the session's deployment (its shard shapes) and tags its rows with it, and
 gpu_run builds only the runtime's own ranks, tags its whole steps and predicts from that
 deployment's shipped bundle (or measures only where none ships)."""
+import csv
 from pathlib import Path
 
 import pytest
@@ -12,6 +13,7 @@ from simtree.acceptance.model import get_workload
 from simtree.costs.profile_table import load_profile
 from simtree.errors import SimtreeError
 from simtree.fileio import read_yaml
+from simtree.models import get_model
 from simtree.profiler import pieces, sweep
 from simtree.runtime.full import gpu_run
 from simtree.runtime.full.build import build_model
@@ -57,6 +59,7 @@ def test_a_layer_sweep_times_and_tags_each_models_rank(tmp_path, monkeypatch):
 def test_gpu_run_builds_only_the_runtime_ranks():
     assert gpu_run.runtime_deployment("deepseek-v4-flash", None) == "ep=8"
     assert gpu_run.runtime_deployment("qwen3.6-27b", None) == "tp=1"
+    assert gpu_run.runtime_deployment("tiny-v4", None) == "ep=2"     # no shipped deployment: the runtime's rank
     with pytest.raises(SimtreeError, match="builds qwen3.6-27b only as tp=1"):
         gpu_run.runtime_deployment("qwen3.6-27b", "tp=2")
     with pytest.raises(SimtreeError, match="only as ep=8"):
@@ -65,6 +68,21 @@ def test_gpu_run_builds_only_the_runtime_ranks():
     assert gpu_run.default_costs("qwen3.6-27b", "tp=1").endswith("h200_qwen3.6-27b_tp1.json")
     assert gpu_run.default_costs("deepseek-v4-flash", "ep=8").endswith("h200_deepseek-v4-flash_ep8.json")
     assert gpu_run.default_costs("qwen3.6-27b", "tp=4") is None
+
+
+def test_gpu_run_cuts_a_model_for_the_lossless_check_only(tmp_path, capsys):
+    """--dtype / --layers build another model than the profile's: measured phases are refused in
+    one line; the lossless check runs on the cut model (every kind kept) and its rows say so."""
+    assert gpu_run.main(["--model", "tiny-v4", "--deployment", "ep=2", "--device", "cpu", "--out", str(tmp_path),
+                         "--layers", "3"]) == 2
+    assert "only --phases build,lossless" in capsys.readouterr().err
+    assert gpu_run.main(["--model", "tiny-v4", "--device", "cpu", "--out", str(tmp_path),
+                         "--dtype", "fp32", "--layers", "3", "--phases", "build,lossless"]) == 0
+    rows = list(csv.DictReader(open(tmp_path / "lossless.csv")))
+    assert len(rows) == 3 and {(r["dtype"], r["layers"]) for r in rows} == {("fp32", "3/5")}
+    assert all(r["match"] == "True" for r in rows)
+    kinds = get_model("tiny-v4").kinds()
+    assert set(get_model("tiny-v4").stack(3)) == set(kinds) and "3/5 layers, fp32" in (tmp_path / "log.txt").read_text()
 
 
 def test_gpu_run_steps_rows_carry_the_deployment(tmp_path, monkeypatch):

@@ -15,6 +15,7 @@ import pytest
 from simtree.costs import profile_table as pt
 from simtree.costs.model import load_costs
 from simtree.errors import SimtreeError
+from simtree.models import get_model
 from simtree.planning.simulate import PolicySpec
 from simtree.runtime.full.measure import full_run
 from simtree.runtime.full.session_report import choose_plan, rank_profile, session_report
@@ -124,6 +125,13 @@ def test_a_sweep_only_session_gives_its_composed_rank_profile(session, tmp_path)
     assert set(zip(rank.stage, rank.variant)) == {("model_verify_step", "composed")}
 
 
+def test_a_lossless_check_that_is_not_there_or_not_named_is_one_line(session, tmp_path):
+    from simtree.runtime.full.session_report import main
+    with pytest.raises(SimtreeError, match="no lossless check of"):
+        session_report([session], tmp_path / "live", lossless_checks=[(MODEL, tmp_path / "absent.csv")])
+    assert main([str(session), "--out", str(tmp_path / "o"), "--lossless", "nomodel.csv"]) == 2
+
+
 def test_the_plan_is_the_measured_run_predicted_fastest():
     rows = [{"model": "m", "batch_size": 1, "policy": p, "predicted_tok_s": t, "measured_tok_s": 1.0}
             for p, t in (("plain:none", 10.0), ("eagle:eagle_s3_k2_d6", 30.0), ("linear_d4:linear_d4", 20.0))]
@@ -141,6 +149,19 @@ def test_full_report_script_unpacks_sessions_and_writes_the_report(session, tmp_
     assert run.returncode == 0, run.stderr
     assert "composed vs measured step: median 2.0%" in run.stdout
     assert (tmp_path / "rep" / "summary.csv").exists()
+    # a lossless check run apart (lossless_<model>_<dtype>.csv) joins the session's, rows named by model
+    (fetched / f"lossless_{MODEL}_fp32.csv").write_text(
+        "dtype,layers,policy,batch_size,match,accepted_tokens_per_round\nfp64,2/4,linear_d4,2,True,1.5\n")
+    run = subprocess.run(["bash", str(ROOT / "scripts/full_report.sh"), str(fetched), str(tmp_path / "rep2")],
+                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr
+    lossless = pd.read_csv(tmp_path / "rep2" / "lossless.csv")
+    session_rows = pd.read_csv(session / "lossless.csv")
+    assert len(lossless) == len(session_rows) + 1 and set(lossless.model) == {MODEL}
+    # the session's own rows: its profile's dtype and the whole model; the extra row as it was written
+    layers = f"{get_model(MODEL).num_layers}/{get_model(MODEL).num_layers}"
+    assert lossless.iloc[:-1][["dtype", "layers"]].drop_duplicates().values.tolist() == [["fp32", layers]]
+    assert lossless.iloc[-1][["dtype", "layers", "policy"]].tolist() == ["fp64", "2/4", "linear_d4"]
     empty = subprocess.run(["bash", str(ROOT / "scripts/full_report.sh"), str(tmp_path / "rep")], cwd=ROOT, env=env,
                            capture_output=True, text=True, timeout=60)
     assert empty.returncode == 2 and "no full_<model>*.tgz" in empty.stderr

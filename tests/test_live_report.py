@@ -16,7 +16,7 @@ LIVE = ROOT / "reports" / "h200" / "live"
 @pytest.fixture(scope="module")
 def regenerated(tmp_path_factory):
     out = tmp_path_factory.mktemp("live")
-    env = {**os.environ, "PYTHON": sys.executable, "UNTAGGED": "deepseek-v4-flash=ep=8"}
+    env = {**os.environ, "PYTHON": sys.executable}
     run = subprocess.run(["bash", str(ROOT / "scripts/full_report.sh"), str(LIVE / "sessions"), str(out)],
                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
     assert run.returncode == 0, run.stderr

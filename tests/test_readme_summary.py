@@ -99,6 +99,17 @@ def test_lossless_headline_counts_differing_outputs(tmp_path):
         "2 of 24 outputs differ from plain greedy decoding (3 runs: 2 modes x batch 1, 4)"
 
 
+def test_live_lossless_is_counted_per_dtype_and_names_cut_models():
+    import pandas as pd
+    rows = pd.DataFrame({"model": ["qwen3.6-27b"] * 3 + ["deepseek-v4-flash"] * 2,
+                         "dtype": ["bf16", "bf16", "fp32", "fp32", "bf16"],
+                         "layers": ["64/64", "64/64", "64/64", "24/43", "43/43"],
+                         "match": [True, False, True, True, True], "margin": [None, 0.004, None, None, None]})
+    assert summary._lossless_by_dtype(rows) == (
+        "lossless in bf16 2 of 3 policy checks match plain greedy (largest plain top-2 gap where one differs "
+        "0.0040); lossless in fp32 2 of 2 policy checks match plain greedy (DeepSeek-V4-Flash 24/43 layers)")
+
+
 def test_write_refreshes_a_stale_copy_and_refuses_a_readme_without_markers(tmp_path):
     for name in ("reports", "simtree/data/profiles/h200"):
         shutil.copytree(ROOT / name, tmp_path / name)

@@ -19,18 +19,18 @@ __all__ = ["tree_attention_triton"]
 
 
 @triton.jit
-def _block(q, acc, m_i, l_i, K, V, rows, load_ok, seen, s_kr, s_vr, d, scale):
+def _block(q, acc, m_i, l_i, K, V, rows, load_ok, seen, s_kr, s_vr, d, scale, PREC: tl.constexpr):
     """One block of keys (row offsets ``rows`` [BLOCK_N] int64, loaded where ``load_ok``;
     ``seen`` [BLOCK_R, BLOCK_N] which query row sees which key) folded into the online softmax."""
     k = tl.load(K + rows[:, None] * s_kr + d[None, :], mask=load_ok[:, None], other=0.0)
-    s = tl.dot(q, tl.trans(k)) * scale
+    s = tl.dot(q, tl.trans(k), input_precision=PREC) * scale
     s = tl.where(seen, s, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(s, 1))
     alpha = tl.exp(m_i - m_new)
     p = tl.exp(s - m_new[:, None])
     l_i = l_i * alpha + tl.sum(p, 1)
     v = tl.load(V + rows[:, None] * s_vr + d[None, :], mask=load_ok[:, None], other=0.0)
-    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PREC)
     return acc, m_new, l_i
 
 
@@ -41,7 +41,7 @@ def _tree_attention_kernel(Q, KC, VC, KT, VT, LENS, QPOS, BITS, SINK, OUT,
                            NQ, T, scale,
                            G: tl.constexpr, D: tl.constexpr, W: tl.constexpr,
                            BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr,
-                           WINDOW: tl.constexpr, HAS_SINK: tl.constexpr):
+                           WINDOW: tl.constexpr, HAS_SINK: tl.constexpr, PREC: tl.constexpr):
     b = tl.program_id(0).to(tl.int64)
     kvh = tl.program_id(1)
     r = tl.program_id(2) * BLOCK_R + tl.arange(0, BLOCK_R)
@@ -65,7 +65,7 @@ def _tree_attention_kernel(Q, KC, VC, KT, VT, LENS, QPOS, BITS, SINK, OUT,
     for start in range((lo_min // BLOCK_N) * BLOCK_N, L, BLOCK_N):
         n = start + tl.arange(0, BLOCK_N).to(tl.int64)
         seen = (n[None, :] >= lo[:, None]) & (n[None, :] < L) & r_ok[:, None]
-        acc, m_i, l_i = _block(q, acc, m_i, l_i, kc, vc, n, n < L, seen, s_kcs, s_vcs, d, scale)
+        acc, m_i, l_i = _block(q, acc, m_i, l_i, kc, vc, n, n < L, seen, s_kcs, s_vcs, d, scale, PREC)
     kt = KT + b * s_ktb + kvh * s_kth
     vt = VT + b * s_vtb + kvh * s_vth
     for start in range(0, T, BLOCK_N):
@@ -74,7 +74,7 @@ def _tree_attention_kernel(Q, KC, VC, KT, VT, LENS, QPOS, BITS, SINK, OUT,
         word = tl.load(BITS + (b * NQ + qi)[:, None] * W + (t // 64)[None, :],
                        mask=r_ok[:, None] & inside[None, :], other=0)
         seen = ((word >> (t % 64)[None, :]) & 1) != 0
-        acc, m_i, l_i = _block(q, acc, m_i, l_i, kt, vt, t, inside, seen, s_ktt, s_vtt, d, scale)
+        acc, m_i, l_i = _block(q, acc, m_i, l_i, kt, vt, t, inside, seen, s_ktt, s_vtt, d, scale, PREC)
     if HAS_SINK:
         sk = tl.load(SINK + heads, mask=r_ok, other=0.0).to(tl.float32)
         m_new = tl.maximum(m_i, sk)
@@ -101,6 +101,8 @@ def tree_attention_triton(q, k_cache, v_cache, cache_lens, q_pos, k_tree, v_tree
     block_r = 16 if D >= 512 else 32 if D >= 256 else 64
     block_r = min(block_r, max(16, triton.next_power_of_2(Q * G)))
     block_n = 64 if D <= 256 else 32
+    if q.element_size() > 2:   # fp32 K/V tiles: half as many keys per tile fit the shared memory
+        block_n //= 2
     lens = cache_lens.to(torch.int64).contiguous()
     pos = q_pos.to(torch.int64).contiguous()
     bits = tree_bits.to(torch.int64).contiguous()
@@ -113,5 +115,5 @@ def tree_attention_triton(q, k_cache, v_cache, cache_lens, q_pos, k_tree, v_tree
         k_tree.stride(2), v_tree.stride(0), v_tree.stride(1), v_tree.stride(2),
         out.stride(0), out.stride(1), out.stride(2), Q, T, float(scale),
         G=G, D=D, W=bits.shape[-1], BLOCK_R=block_r, BLOCK_N=block_n, WINDOW=int(window),
-        HAS_SINK=sink is not None, num_warps=4 if D <= 128 else 8)
+        HAS_SINK=sink is not None, PREC="tf32" if q.element_size() <= 2 else "ieee", num_warps=4 if D <= 128 else 8)
     return out

@@ -28,6 +28,11 @@ next one runs; every phase checks the time left (``--max-seconds``) and stops ea
                 and draft + catch-up over the (b, s, k) grid of the measured policies ->
                 steps_profile.csv in the profile-table schema (variant ``full_runtime``).
 
+``--dtype fp32`` and ``--layers N`` (the first N layers of the pattern, every kind kept:
+``ModelShape.stack``) build another model than the one the profile and the bundles describe:
+only ``--phases build,lossless`` runs on it (the lossless check without bf16 rounding; the V4
+rank whole is 172 GB in fp32, more than one H200).
+
 The fit, the plan and the predictions from the session's own profile run at home
 (``python -m simtree.runtime.full.session_report``, scripts/full_report.sh).
 """
@@ -35,6 +40,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import dataclasses
 import io
 import os
 import sys
@@ -127,21 +133,22 @@ def _check_attention(s: Session, device) -> None:
         s.log(f"tree attention kernel FAILED ({type(exc).__name__}: {exc}); using the torch form")
 
 
-def _lossless(s: Session, model) -> None:
+def _lossless(s: Session, model, layers: str) -> None:
     from .lossless import check_lossless, make_predictable
     make_predictable(model, 0.3)
     rng = np.random.default_rng(7)
     prompts = [rng.integers(0, model.vocab, 24).tolist(), rng.integers(0, model.vocab, 17).tolist()]
     specs = [PolicySpec.from_dict("linear", {"budget": 4}), PolicySpec.from_dict("eagle", {"num_steps": 3, "topk": 2, "budget": 6}),
              PolicySpec.from_dict("eagle", {"num_steps": 4, "topk": 4, "budget": 16})]
-    rows = check_lossless(model, prompts, specs, 32)
+    dtype = {torch.bfloat16: "bf16", torch.float32: "fp32", torch.float64: "fp64"}[model.dtype]
+    rows = [{"dtype": dtype, "layers": layers, **r} for r in check_lossless(model, prompts, specs, 32)]
     buf = io.StringIO()
     w = csv.DictWriter(buf, fieldnames=list(rows[0]), lineterminator="\n")
     w.writeheader()
     w.writerows(rows)
     (s.out / "lossless.csv").write_text(buf.getvalue())
     for r in rows:
-        s.log(f"lossless {r['policy']} batch 2: {'MATCH' if r['match'] else 'DIFFERS'} (accepted/round "
+        s.log(f"lossless {r['policy']} batch 2 {dtype} {layers} layers: {'MATCH' if r['match'] else 'DIFFERS'} (accepted/round "
               f"{r['accepted_tokens_per_round']:.2f}" + (f", first diff {r['first_diff']}, plain top-2 gap "
                                                          f"{r['margin']:.4g}, verify-vs-decode logit deviation "
                                                          f"{r['deviation']:.4g}, verify picks {r['verify_token']} "
@@ -190,15 +197,17 @@ def _steps(s: Session, model, tree_model, context_len: int, deployment: str, res
 
 def runtime_deployment(model: str, deployment: str | None) -> str:
     """The canonical deployment of the rank gpu_run builds for ``model`` (default: the model's
-    shipped one); a one-line error for a rank the full runtime does not build."""
+    shipped one, else the rank the runtime builds); a one-line error for a rank the full runtime
+    does not build."""
     from simtree.deploy.deployment import parse_deployment
-    from simtree.deploy.shipped import default_deployment
+    from simtree.deploy.shipped import shipped_deployments
     from simtree.kernels.layers.v4 import default_ep_ranks
     from simtree.models import get_model
 
     shape = get_model(model)
-    dep = parse_deployment(deployment) if deployment else default_deployment(model)
     own = parse_deployment(f"ep={default_ep_ranks(shape)}" if shape.family == "v4" else "tp=1")
+    dep = (parse_deployment(deployment) if deployment
+           else next((d for m, d in shipped_deployments() if m == model), own))
     if dep != own:
         raise SimtreeError(f"--deployment {dep}: the full runtime builds {model} only as {own} (the layer sweep "
                            f"alone times other ranks: DEPLOYMENT={dep} bash scripts/full_gpu.sh {model})")
@@ -246,25 +255,41 @@ def main(argv=None) -> int:
     ap.add_argument("--measure-share", type=float, default=0.6,
                     help="share of the session after which no new measured run starts (the steps follow)")
     ap.add_argument("--phases", default=",".join(PHASES))
+    ap.add_argument("--dtype", default="bf16", choices=("bf16", "fp32"),
+                    help="the weights' dtype (fp32: lossless check only)")
+    ap.add_argument("--layers", type=int, default=None,
+                    help="build the first N layers of the pattern, every kind kept (lossless check only)")
     args = ap.parse_args(argv)
-    s = Session(args.out, args.max_seconds)
     phases = [p for p in args.phases.split(",") if p]
+    altered = args.dtype != "bf16" or args.layers is not None
+    if altered and set(phases) - {"build", "lossless"}:
+        print(f"error: --dtype {args.dtype} / --layers {args.layers} build another model than the profile's: "
+              "only --phases build,lossless runs on it", file=sys.stderr)
+        return 2
+    s = Session(args.out, args.max_seconds)
     sizes = [int(b) for b in args.batch_sizes.split(",")]
     failed = []
     gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
     s.log(f"session: {args.model} on {args.device} ({gpu}), torch {torch.__version__}, phases {phases}, "
           f"{args.max_seconds:.0f} s")
     from simtree.acceptance.model import get_workload
-    from .build import build_model, weight_bytes
+    from simtree.models import get_model
+    from .build import DTYPES, build_model, weight_bytes
     workload = get_workload(args.replay or args.acceptance)
     try:
         deployment = runtime_deployment(args.model, args.deployment)
         costs_path = args.costs or default_costs(args.model, deployment)
         s.log(f"deployment {deployment}; predictions from {costs_path or 'no bundle (none ships for it)'}")
-        model = build_model(args.model, args.device, seed=0)
+        shape = get_model(args.model)
+        if args.layers is not None:
+            if args.layers < 1:
+                raise SimtreeError(f"--layers {args.layers}: needs at least one layer")
+            shape = dataclasses.replace(shape, layer_kinds=shape.stack(args.layers))
+        layers = f"{shape.num_layers}/{get_model(args.model).num_layers}"
+        model = build_model(shape, args.device, dtype=DTYPES[args.dtype], seed=0)
         if torch.cuda.is_available():
             torch.cuda.synchronize()
-        s.log(f"build: {model.shape.name} ({model.deployment}), {weight_bytes(model.shape, model.dtype) / 1e9:.1f} GB "
+        s.log(f"build: {model.shape.name} ({model.deployment}; {layers} layers, {args.dtype}), {weight_bytes(model.shape, model.dtype) / 1e9:.1f} GB "
               f"of weights" + (f", {torch.cuda.memory_allocated() / 1e9:.1f} GB allocated" if torch.cuda.is_available()
                                else ""))
         if args.device.startswith("cuda"):
@@ -280,7 +305,7 @@ def main(argv=None) -> int:
         s.log(f"=== {phase}")
         try:
             if phase == "lossless":
-                _lossless(s, model)
+                _lossless(s, model, layers)
             elif phase == "measure":
                 from .measure import full_run
                 res = full_run(model, device=args.device, costs=costs_path, policy=args.policy, batch_sizes=sizes,

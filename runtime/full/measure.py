@@ -45,7 +45,7 @@ from simtree.acceptance.model import Workload, get_workload
 from simtree.errors import SimtreeError, captured_warnings
 from simtree.fileio import write_text_atomic
 from simtree.models import get_model
-from simtree.planning.simulate import PolicySpec, simulate
+from simtree.planning.simulate import PolicySpec, analytic_run
 
 from .acceptance import SAMPLINGS, Live, ModelReplay, StratifiedReplay, TraceReplay
 from .build import build_model
@@ -167,13 +167,14 @@ def predict(costs, acc_model, spec: PolicySpec, rs: RoundShape, batch_size: int,
                 "predicted_accepted": 1.0 if rs.plain else float("nan")}
     wl = Workload(workload, acc_model, np.array([int(round(stats.context_lens[0]))]),
                   max(1, int(round(stats.tokens / B))), "full runtime")
-    sim = simulate(costs, wl, B, spec)
-    # a measured run counts every token its rounds accept (a fixed number of rounds, no sequence
-    # ends inside it): the prediction of that is accepted tokens per round over the mean round,
-    # without the end-of-output term the simulator's throughput carries
-    return {"predicted_round_ms": round_ms,
-            "predicted_tok_s": B * float(sim.accepted_tokens_per_round) / float(sim.round_latency_us) * 1e6,
-            "predicted_accepted": float(sim.accepted_tokens_per_round)}
+    # the simulator's analytic run (simulate's, without its plain and linear comparisons, whose
+    # shapes the run does not measure).  A measured run counts every token its rounds accept (a
+    # fixed number of rounds, no sequence ends inside it): the prediction of that is accepted
+    # tokens per round over the mean round, without the end-of-output term of the throughput
+    a = analytic_run(wl, spec, costs, B)
+    round_us = a["total_us"] / a["rounds"]
+    return {"predicted_round_ms": round_ms, "predicted_tok_s": B * float(a["g"]) / float(round_us) * 1e6,
+            "predicted_accepted": float(a["g"])}
 
 
 def _policies(policy, workload: str, batch_size: int, notes: list, extra=()) -> list[tuple[str, PolicySpec]]:
@@ -250,6 +251,14 @@ def _load_costs(costs, required: bool = True):
     return costs
 
 
+SAMPLING_NOTE = "replay sampling: "
+
+
+def _sampling_note(sampling: str, workload: str) -> str:
+    kind = "StratifiedReplay" if sampling == "stratified" else "ModelReplay"
+    return f"{SAMPLING_NOTE}{sampling} (acceptance model {workload}; {kind})"
+
+
 def full_run(model, *, device: str = "cuda", costs=None, policy=None, batch_sizes=(1, 4, 16, 64), replay=None,
              acceptance=None, policy_workload: str | None = None, out=None, context_len: int | None = None,
              rounds: int = 32, warmup_rounds: int = 4, seed: int = 0, dtype=None, progress=None,
@@ -262,7 +271,8 @@ def full_run(model, *, device: str = "cuda", costs=None, policy=None, batch_size
     the summary files are rewritten after every batch size, so a session cut short keeps the
     batch sizes it finished.  ``extra``: (label, PolicySpec) runs measured at every batch size
     besides plain and linear D=4 (e.g. the EAGLE shapes a plan made later may choose).
-    ``sampling``: how an acceptance model's replay draws (``ModelReplay``: stratified or iid).
+    ``sampling``: how an acceptance model's replay draws (stratified: ``StratifiedReplay``; iid:
+    ``ModelReplay``).
     ``min_draws``: a batch of B sequences runs at least ceil(min_draws / B) measured rounds (a
     replay's accepted depths over rounds x B draws: small batches take more rounds)."""
     say = progress or (lambda line: None)
@@ -275,7 +285,7 @@ def full_run(model, *, device: str = "cuda", costs=None, policy=None, batch_size
         model = build_model(shape, device, dtype, seed)
     notes = [f"deployment: {model.deployment}"]
     if acceptance is not None:
-        notes.append(f"replay sampling: {sampling} (acceptance model {source.name}; ModelReplay)")
+        notes.append(_sampling_note(sampling, source.name))
     if costs is None:
         notes.append("no cost bundle: measured only (summary.json keeps every round: "
                      "simtree.runtime.full.measure.repredict predicts them from a bundle later)")
@@ -364,7 +374,10 @@ def repredict(summary, costs, out=None) -> dict:
         runs.append(run)
     pred_notes: list = []      # the session's own prediction notes belong to its bundle: replaced
     rows = _rows(runs, _load_costs(costs), source, cfg, cfg_d["workload"], pred_notes)
-    result = {"rows": rows, "notes": list(summary.get("notes", [])), "prediction_notes": list(dict.fromkeys(pred_notes)),
+    # the sampling note from the recorded config (sessions before StratifiedReplay named ModelReplay)
+    notes = [_sampling_note(cfg.sampling, source.name) if n.startswith(SAMPLING_NOTE) else n
+             for n in summary.get("notes", [])]
+    result = {"rows": rows, "notes": notes, "prediction_notes": list(dict.fromkeys(pred_notes)),
               "config": cfg_d, "runs": summary["runs"], "files": {}}
     if out is not None:
         result["files"] = write_summary(rows, result["notes"] + result["prediction_notes"], Path(out))

@@ -6,7 +6,8 @@ session's own profile of the runtime's layers, on the CPU, after the call.
 A session folder (one model; ``full_<model>.tgz`` unpacked) holds ``profile/profile.csv`` (the
 sweep of the runtime's layer calls, composed into ``model_verify_step`` rows),
 ``steps_profile.csv`` (the runtime's whole verify and draft steps), ``summary.json`` (every
-measured run's rounds), ``lossless.csv`` and ``log.txt``.  Per model:
+measured run's rounds), ``lossless.csv`` and ``log.txt``; lossless checks run apart
+(``--lossless MODEL=CSV``, e.g. in fp32) join the sessions' in lossless.csv.  Per model:
 
 1. fit: C_v from the composed rows of the layer profile, C_d from the whole draft steps ->
    ``costs_<model>.json``; both tables in one, tagged with the session's deployment (the
@@ -40,6 +41,7 @@ import pandas as pd
 from simtree.costs import profile_table as pt
 from simtree.deploy.deployment import parse_deployment
 from simtree.errors import SimtreeError
+from simtree.models import get_model
 from simtree.fileio import write_text_atomic
 
 from .measure import repredict
@@ -163,11 +165,14 @@ def _untagged(path: Path) -> bool:
         return "deployment" not in fh.readline().strip().split(",")
 
 
-def session_report(sessions: list[Path], out: Path, untagged: dict | None = None) -> dict:
+def session_report(sessions: list[Path], out: Path, untagged: dict | None = None,
+                   lossless_checks: list[tuple[str, Path]] = ()) -> dict:
     """Everything of the module docstring for the session folders; returns the summary rows,
     the composed-vs-measured rows and the files written.  ``untagged`` {model: deployment}:
     the rank a session measured whose tables have no deployment column (written before
-    profile rows carried it); a table that has the column keeps what it says."""
+    profile rows carried it); a table that has the column keeps what it says.
+    ``lossless_checks`` [(model, lossless.csv)]: lossless checks run apart from the sessions
+    (``gpu_run --dtype fp32 [--layers N] --phases build,lossless``), appended to lossless.csv."""
     from simtree.costs.profile_fit import fit_profile
 
     out.mkdir(parents=True, exist_ok=True)
@@ -200,7 +205,14 @@ def session_report(sessions: list[Path], out: Path, untagged: dict | None = None
         alternatives += [r for r in res["rows"] if r not in keep]
         cvm += composed_vs_measured(profile, steps)
         if (folder / "lossless.csv").exists():
-            lossless += [{"model": model, **r} for r in csv.DictReader(open(folder / "lossless.csv"))]
+            # the session's own check runs on the model it profiles: the profile's dtype, every layer
+            n = get_model(model).num_layers
+            whole = {"dtype": str(profile.dtype.iloc[0]), "layers": f"{n}/{n}"}
+            lossless += [{"model": model, **whole, **r} for r in csv.DictReader(open(folder / "lossless.csv"))]
+    for model, path in lossless_checks:
+        if not Path(path).exists():
+            raise SimtreeError(f"{path}: no lossless check of {model} there")
+        lossless += [{"model": model, **r} for r in csv.DictReader(open(path))]
     rows.sort(key=lambda r: (r["model"], r["batch_size"]))
     files = write_summary(rows, list(dict.fromkeys(notes)), out, alternatives)
     write_text_atomic(out / "alternatives.csv", _csv(alternatives, SUMMARY_COLUMNS + EXTRA_COLUMNS))
@@ -210,7 +222,24 @@ def session_report(sessions: list[Path], out: Path, untagged: dict | None = None
     if lossless:
         # sessions before the verify-path probe have fewer columns: the union, blanks where absent
         write_text_atomic(out / "lossless.csv", _csv(lossless, list(dict.fromkeys(k for r in lossless for k in r))))
+        md = out / "summary.md"
+        write_text_atomic(md, md.read_text() + _lossless_markdown(lossless))
     return {"rows": rows, "composed_vs_measured": cvm, "files": files}
+
+
+def _lossless_markdown(rows: list[dict]) -> str:
+    """summary.md's lossless section: one line per check (lossless.csv has every column)."""
+    lines = ["", "## Lossless (live, batch 2, 2 prompts, against plain greedy; lossless.csv)", ""]
+    for r in rows:
+        what = f"{r['model']} {r.get('dtype') or '?'} {r.get('layers') or ''} layers {r['policy']}"
+        if str(r["match"]) == "True":
+            lines.append(f"- {what}: match")
+        else:
+            probe = (f", verify-vs-decode logit deviation {float(r['deviation']):.3g}, verify picks "
+                     f"{r['verify_token']}" if r.get("deviation") not in (None, "") else "")
+            lines.append(f"- {what}: differs at {r['first_diff']} (plain {r.get('plain_token')}, speculative "
+                         f"{r.get('spec_token')}; plain top-2 gap {float(r['margin']):.3g}{probe})")
+    return "\n".join(lines) + "\n"
 
 
 def main(argv=None) -> int:
@@ -222,8 +251,18 @@ def main(argv=None) -> int:
     ap.add_argument("--untagged", action="append", default=[], metavar="MODEL=DEPLOYMENT",
                     help="the rank a session measured whose tables carry no deployment column, e.g. "
                          "deepseek-v4-flash=ep=8 (repeatable)")
+    ap.add_argument("--lossless", action="append", default=[], metavar="MODEL=CSV",
+                    help="a lossless check run apart from the sessions (gpu_run --dtype fp32 --phases "
+                         "build,lossless), appended to lossless.csv (repeatable)")
     args = ap.parse_args(argv)
     try:
+        checks = []
+        for item in args.lossless:
+            model, sep, path = item.partition("=")
+            if not sep or not path:
+                raise SimtreeError(f"--lossless {item!r}: expected MODEL=CSV, e.g. qwen3.6-27b=lossless.csv")
+            get_model(model)
+            checks.append((model, Path(path)))
         untagged = {}
         for item in args.untagged:
             model, sep, dep = item.partition("=")
@@ -234,7 +273,7 @@ def main(argv=None) -> int:
             print(f"rank profile (sweep only): {rank_profile(folder, args.out)}")
         if not args.sessions:
             return 0
-        res = session_report(args.sessions, args.out, untagged)
+        res = session_report(args.sessions, args.out, untagged, checks)
     except SimtreeError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -221,15 +221,31 @@ def live_headline(folder: Path) -> str:
             total += 1
             ok += bool(plan_gap(plan["measured_tok_s"].max(), group["measured_tok_s"].max()) <= PLAN_TOLERANCE)
     cvm = _csv(folder / "composed_vs_measured.csv")["rel_err"].abs()
-    lossless = _csv(folder / "lossless.csv")
-    match = lossless["match"].astype(str) == "True"
     models = ", ".join(_model(m) for m in sorted(runs["model"].unique()))
     return (f"{models}: predicted vs measured throughput median {_pct(err.median(), 1)} (worst "
             f"{_pct(err.max(), 1)}) over {len(runs)} runs; the plan's choice best or within 2% at {ok} of "
             f"{total} (model, batch) points; host {_pct(runs['host_share'].max(), 1)} of a round at most; "
-            f"composed vs measured step median {_pct(cvm.median(), 1)}; lossless {int(match.sum())} of "
-            f"{len(lossless)} policy checks match plain greedy (largest plain top-2 gap where one differs "
-            f"{lossless.loc[~match, 'margin'].max():.4f})")
+            f"composed vs measured step median {_pct(cvm.median(), 1)}; "
+            f"{_lossless_by_dtype(_csv(folder / 'lossless.csv'))}")
+
+
+def _lossless_by_dtype(lossless: pd.DataFrame) -> str:
+    """'lossless in bf16 3 of 6 policy checks match plain greedy (...)' per dtype; checks on a
+    model cut to fewer layers say so (sessions before the dtype column: bf16, whole models)."""
+    if "dtype" not in lossless:
+        lossless = lossless.assign(dtype="bf16")
+    parts = []
+    for dtype, group in lossless.groupby("dtype", sort=True):
+        match = group["match"].astype(str) == "True"
+        text = f"lossless in {dtype} {int(match.sum())} of {len(group)} policy checks match plain greedy"
+        if "layers" in group:
+            cut = sorted({f"{_model(m)} {ls} layers" for m, ls in zip(group["model"], group["layers"].astype(str))
+                          if ls.split("/")[0] != ls.split("/")[-1]})
+            text += f" ({', '.join(cut)})" if cut else ""
+        if (~match).any():
+            text += f" (largest plain top-2 gap where one differs {group.loc[~match, 'margin'].max():.4f})"
+        parts.append(text)
+    return "; ".join(parts)
 
 
 FOLDERS: tuple[Folder, ...] = (
@@ -263,8 +279,9 @@ FOLDERS: tuple[Folder, ...] = (
     Folder("reports/h200/live", "Full-scale runtime on the H200",
            "Qwen3.6-27B whole and one DeepSeek-V4-Flash ep=8 rank decoding under CUDA graphs: "
            "predicted vs measured per policy and batch, composed vs measured step, lossless check",
-           "`UNTAGGED=deepseek-v4-flash=ep=8 bash scripts/full_report.sh reports/h200/live/sessions` (the "
-           "sessions' archives from `bash scripts/full_gpu.sh MODEL` on the H200: docs/full_runtime.md)",
+           "`bash scripts/full_report.sh reports/h200/live/sessions` (the sessions' archives from "
+           "`bash scripts/full_gpu.sh MODEL` and `bash scripts/lossless_fp32_gpu.sh` on the H200: "
+           "docs/full_runtime.md)",
            live_headline),
     Folder("reports/h200/lossless", "Lossless check on the H200",
            "every speculative mode at batch 1 and 4 against plain greedy decoding",
