@@ -32,9 +32,15 @@ def test_full_scale_run_on_cuda_without_a_gpu(tmp_path):
     (["--replay", "t.jsonl"], "--replay: a full-scale option: it needs --model"),
     (["--acceptance", "gsm8k", "--rounds", "5"], "--acceptance, --rounds: full-scale options: they need --model"),
     (["--sampling", "iid"], "--sampling: a full-scale option"),
+    (["--min-draws", "8"], "--min-draws: a full-scale option"),
 ])
 def test_full_scale_options_without_a_model_are_refused(tmp_path, args, fragment):
     _one_line_error(_simtree("run", *args, "--out", str(tmp_path)), fragment)
+
+
+def test_plan_modes_outside_the_families_are_one_line(tmp_path):
+    _one_line_error(_simtree("plan", "--modes", "eagle,tree", "--out", str(tmp_path)),
+                    "plan modes tree: choose among none, linear, eagle")
 
 
 def test_full_scale_unknown_device_and_sampling(tmp_path):
@@ -42,6 +48,8 @@ def test_full_scale_unknown_device_and_sampling(tmp_path):
                              "--out", str(tmp_path)), "unknown device 'tpu'")
     _one_line_error(_simtree("run", "--model", "tiny-gdn", "--device", "cpu", "--acceptance", "gsm8k",
                              "--sampling", "sobol", "--out", str(tmp_path)), "replay sampling 'sobol' unknown")
+    _one_line_error(_simtree("run", "--model", "tiny-gdn", "--device", "cpu", "--acceptance", "gsm8k",
+                             "--min-draws", "-1", "--out", str(tmp_path)), "--min-draws must be an integer >= 0")
 
 
 def test_report_write_needs_summary():

@@ -45,6 +45,24 @@ def test_linear_search_finds_the_known_optimum():
     assert res.chosen.iloc[0]["policy"] == ("none" if truth == 1 else f"linear_d{truth}")
 
 
+def test_modes_restrict_the_search_to_what_a_runtime_builds():
+    """--modes linear,eagle (the full-scale runtime's families): only plain, linear and EAGLE
+    candidates, the same choice as the whole search where that is one of them, and a note."""
+    flat = RooflineVerifyCost(per_token_us=0.0, per_seq_us=0.0, kv_per_ctx_us=0.0, attn_per_pair_us=0.0)
+    costs = SyntheticCostBundle(flat, RooflineDraftCost(per_token_us=0.0))
+    space = SearchSpace(**{**SMALL.__dict__, "modes": ("linear", "eagle")})
+    res = plan(costs, [_wl(2.4)], [1, 8], space)
+    assert set(res.candidates["mode"]) == {"none", "linear", "eagle"}
+    assert res.chosen["mode"].eq("eagle").all()
+    whole = plan(costs, [_wl(2.4)], [1, 8], SMALL).candidates
+    eagle = whole[whole["mode"] == "eagle"]
+    assert res.candidates[res.candidates["mode"] == "eagle"]["tok_s"].tolist() == eagle["tok_s"].tolist()
+    assert res.source["modes"] == ["none", "linear", "eagle"] and any("--modes" in n for n in res.notes)
+    assert "modes" not in plan(costs, [_wl(2.4)], [1], SMALL).source
+    with pytest.raises(SimtreeError, match="plan modes dfs"):
+        SearchSpace(modes=("eagle", "dfs"))
+
+
 def test_flat_verify_cost_never_turns_trees_off():
     flat = RooflineVerifyCost(per_token_us=0.0, per_seq_us=0.0, kv_per_ctx_us=0.0, attn_per_pair_us=0.0)
     draft = RooflineDraftCost(per_token_us=0.0)  # memory-bound drafter: width is free too

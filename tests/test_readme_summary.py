@@ -110,6 +110,23 @@ def test_live_lossless_is_counted_per_dtype_and_names_cut_models():
         "0.0040); lossless in fp32 2 of 2 policy checks match plain greedy (DeepSeek-V4-Flash 24/43 layers)")
 
 
+def test_plan_live_headline_places_the_plan_among_the_measured_runs(tmp_path):
+    import pandas as pd
+    for name, dep, tok in (("a_tp1", "1 GPU", {1: (10, 20, 25), 4: (30, 50, 60)}),
+                           ("b_ep8", "ep=8 rank (all-to-all not run)", {1: (10, 20, 21), 4: (30, 50, 48)})):
+        (tmp_path / name).mkdir()
+        rows = [{"model": "deepseek-v4-flash" if "ep8" in name else "qwen3.6-27b", "deployment": dep,
+                 "policy": p, "batch_size": b, "measured_tok_s": t, "rel_err": e}
+                for b, ts in tok.items() for p, t, e in zip(("plain:none", "linear_d4:linear_d4", "plan:x"), ts,
+                                                             (0.01, -0.03, 0.02))]
+        pd.DataFrame(rows).to_csv(tmp_path / name / "summary.csv", index=False)
+    line = summary.plan_live_headline(tmp_path)
+    assert "predicted within a median 2.0% (worst 3.0%) over 12 runs" in line
+    assert "Qwen3.6-27B best at 2 of 2 batch sizes" in line
+    assert ("DeepSeek-V4-Flash ep=8 rank best at 1 of 2 batch sizes (worst 4.0% below the best; its plan counts "
+            "the all-to-all this rank does not run)") in line
+
+
 def test_write_refreshes_a_stale_copy_and_refuses_a_readme_without_markers(tmp_path):
     for name in ("reports", "simtree/data/profiles/h200"):
         shutil.copytree(ROOT / name, tmp_path / name)

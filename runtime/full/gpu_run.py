@@ -53,6 +53,7 @@ import torch
 
 from simtree.errors import SimtreeError
 from simtree.planning.simulate import PolicySpec
+from simtree.runtime.full.measure import MIN_DRAWS
 
 __all__ = ["main", "time_step", "EAGLE_SHAPES", "VERIFY_GRID", "DRAFT_GRID"]
 
@@ -249,7 +250,7 @@ def main(argv=None) -> int:
     ap.add_argument("--replay", default=None)
     ap.add_argument("--batch-sizes", default="1,4,16,64")
     ap.add_argument("--rounds", type=int, default=24)
-    ap.add_argument("--min-draws", type=int, default=96,
+    ap.add_argument("--min-draws", type=int, default=MIN_DRAWS,
                     help="a batch of B runs at least ceil(min_draws / B) rounds (replay draws per run)")
     ap.add_argument("--max-seconds", type=float, default=300.0)
     ap.add_argument("--measure-share", type=float, default=0.6,

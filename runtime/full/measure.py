@@ -60,6 +60,7 @@ __all__ = ["full_run", "repredict", "runs_json", "measure_policy", "predict", "R
 HOST_PROBE_ROUNDS = 5
 
 PLAIN, LINEAR_D4 = PolicySpec.from_dict("none"), PolicySpec.from_dict("linear", {"budget": 4})
+MIN_DRAWS = 96     # replay draws per run that `simtree run --model` and gpu_run ask for by default
 
 
 @dataclass(frozen=True)

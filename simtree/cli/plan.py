@@ -50,6 +50,10 @@ def register(app: typer.Typer) -> None:
                                             "deepseek-v4-flash)"),
         deployment: Optional[str] = typer.Option(None, "--deployment", help="plan this deployment only: tp=N, "
                                                  "ep=N (experts over N GPUs, attention data-parallel), ep=N,tp=T"),
+        modes: Optional[str] = typer.Option(None, "--modes", help="comma-separated families to search (plain "
+                                            "decoding always is), e.g. linear,eagle: what the full-scale runtime "
+                                            "builds (default: all of none, linear, eagle, best_first, cost_aware, "
+                                            "batch_alloc)"),
         comm: Optional[str] = typer.Option(None, "--comm", help="communication model (.comm.json from `simtree "
                                            "fit` of a collectives profile) instead of the bundles' own"),
     ) -> None:
@@ -58,7 +62,11 @@ def register(app: typer.Typer) -> None:
         from simtree.planning.modes import TREE_MODES
         from simtree.reporting.plan_report import plan_and_write
 
+        from simtree.planning.planner import SearchSpace
+
         sizes = parse_batch_sizes(batch_sizes)
+        space = SearchSpace() if modes is None else \
+            SearchSpace(modes=tuple(m.strip() for m in modes.split(",") if m.strip()))
         console = Console(stderr=as_json)
         # a progress bar on a terminal only: piped output gets no bar (nor the blank line it leaves)
         with Progress(console=console, transient=True, disable=not console.is_terminal) as bar, \
@@ -67,7 +75,7 @@ def register(app: typer.Typer) -> None:
             plan_notes: list = []
             outputs = plan_and_write(costs or (), workload or (), sizes, out, prompt_len, output_len,
                                      progress=lambda done, total: bar.update(task, completed=done, total=total),
-                                     model=model, deployment=deployment, comm=comm, notes=plan_notes,
+                                     model=model, deployment=deployment, comm=comm, notes=plan_notes, space=space,
                                      band_models=BAND_MODELS if band_models is None else band_models)
         print_notes(caught, console)   # the plan's own notes (extrapolated costs) follow its table
         print_notes(plan_notes, console)

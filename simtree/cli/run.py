@@ -8,7 +8,7 @@ import typer
 
 from simtree.cli.notes import captured_warnings, print_notes
 from simtree.deploy.deployment import parse_deployment
-from simtree.errors import SimtreeError
+from simtree.errors import SimtreeError, check_whole
 
 EXAMPLE = ("Example: simtree run --mode eagle --steps 3 --topk 2 --budget 6 --batch-size 4 "
            "--workload sharegpt --max-new-tokens 48\n\nFull scale (random weights): simtree run --model "
@@ -59,6 +59,9 @@ def register(app: typer.Typer) -> None:
                                                    "workload's prompt length)"),
         rounds: int = typer.Option(None, help="full scale: measured rounds per run (after 4 warm-up rounds; "
                                               "default 32)"),
+        min_draws: int = typer.Option(None, help="full scale: a batch of B runs at least ceil(min_draws / B) "
+                                                 "measured rounds (replayed accepted depths over rounds x B draws; "
+                                                 "default 96, as the H200 sessions)"),
         sampling: str = typer.Option(None, help="full scale, --acceptance: stratified (the default: the run's "
                                                 "accepted depths drawn one per stratum, its mean the model's within "
                                                 "depth / draws) | iid (independent draws each round)"),
@@ -69,10 +72,10 @@ def register(app: typer.Typer) -> None:
         if model is not None:
             torch_threads(threads)
             _full_scale(model, device, costs, policy, batch_size, replay, acceptance, policy_workload, out,
-                        context_len, rounds, json_out, deployment, sampling)
+                        context_len, rounds, json_out, deployment, sampling, min_draws)
             return
         full_only = {"--replay": replay, "--acceptance": acceptance, "--context-len": context_len,
-                     "--rounds": rounds, "--sampling": sampling}
+                     "--rounds": rounds, "--sampling": sampling, "--min-draws": min_draws}
         given = [name for name, value in full_only.items() if value is not None]
         if given:
             what = "a full-scale option: it needs" if len(given) == 1 else "full-scale options: they need"
@@ -217,12 +220,12 @@ def _rank_model(name: str, deployment: str | None, device: str, sizes: list[int]
 
 
 def _full_scale(model, device, costs, policy, batch_sizes, replay, acceptance, policy_workload, out, context_len,
-                rounds, json_out, deployment=None, sampling: str | None = None) -> None:
+                rounds, json_out, deployment=None, sampling: str | None = None, min_draws: int | None = None) -> None:
     """``simtree run --model ...``: simtree.runtime.full.measure.full_run, one line per run."""
     import json
 
     from simtree.machine.metadata import require_device
-    from simtree.runtime.full.measure import full_run
+    from simtree.runtime.full.measure import MIN_DRAWS, full_run
 
     require_device(device)
 
@@ -234,7 +237,8 @@ def _full_scale(model, device, costs, policy, batch_sizes, replay, acceptance, p
     say = (lambda line: None) if json_out else (lambda line: typer.echo(line, err=True))
     result = full_run(model, device=device, costs=costs, policy=policy, batch_sizes=sizes, replay=replay,
                       acceptance=acceptance, policy_workload=policy_workload, out=out, context_len=context_len,
-                      progress=say, **{k: v for k, v in (("rounds", rounds), ("sampling", sampling)) if v is not None})
+                      progress=say, min_draws=MIN_DRAWS if min_draws is None else check_whole(min_draws, "--min-draws", 0),
+                      **{k: v for k, v in (("rounds", rounds), ("sampling", sampling)) if v is not None})
     if json_out:
         finite = lambda v: None if isinstance(v, float) and v != v else v  # noqa: E731  (NaN -> null)
         rows = [{k: finite(v) for k, v in r.items()} for r in result["rows"]]

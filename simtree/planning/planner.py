@@ -61,6 +61,12 @@ class SearchSpace:
     draft_depths: tuple[int, ...] = tuple(range(1, _MAX_DEPTH + 1))
     adaptive_max_budget: int = _MAX_BUDGET
     adaptive: bool = True
+    modes: tuple[str, ...] = FAMILIES   # the families searched (plain decoding always is)
+
+    def __post_init__(self) -> None:
+        unknown = [m for m in self.modes if m not in FAMILIES]
+        if unknown or not self.modes:
+            raise SimtreeError(f"plan modes {', '.join(unknown) or '(none)'}: choose among {', '.join(FAMILIES)}")
 
 
 def candidate_specs(space: SearchSpace = SearchSpace()) -> tuple[list[PolicySpec], list[PolicySpec]]:
@@ -78,7 +84,8 @@ def candidate_specs(space: SearchSpace = SearchSpace()) -> tuple[list[PolicySpec
         m = space.adaptive_max_budget
         adaptive = [cls(m, p) for cls in (CostAwareParams, BatchAllocParams)
                     for p in space.draft_depths if p <= max(m - 1, 1)]
-    return fixed, adaptive
+    keep = set(space.modes) | {"none"}
+    return [f for f in fixed if f.mode in keep], [a for a in adaptive if a.mode in keep]
 
 
 @dataclass
@@ -259,6 +266,10 @@ def plan(costs: Costs, workloads: Sequence[Workload], batch_sizes: Sequence[int]
               "planner": "simtree.planner analytic search", "num_candidates": int(len(cands)),
               "verify_heldout_median_error": costs.verify.heldout_median_error,
               "notes": range_notes(ranges, spans)}
+    if set(space.modes) | {"none"} != set(FAMILIES):
+        searched = [m for m in FAMILIES if m in set(space.modes) | {"none"}]
+        source["modes"] = searched
+        source["notes"].append(f"searched the families {', '.join(searched)} only (--modes)")
     return PlanResult(str(meta.get("model", "unknown")), str(meta.get("device", "unknown")), source, cands)
 
 

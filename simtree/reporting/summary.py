@@ -204,6 +204,38 @@ def plan_gap(plan_tok_s: float, best_tok_s: float) -> float:
     return 1.0 - plan_tok_s / best_tok_s
 
 
+def plan_gaps(runs: pd.DataFrame) -> dict:
+    """{(model, batch_size): plan_gap} of the plan's run ("plan:" policies) against the best
+    measured run at that batch size."""
+    gaps = {}
+    for key, group in runs.groupby(["model", "batch_size"]):
+        plan = group[group["policy"].str.startswith("plan:")]
+        if len(plan):
+            gaps[key] = plan_gap(plan["measured_tok_s"].max(), group["measured_tok_s"].max())
+    return gaps
+
+
+def plan_live_headline(folder: Path) -> str:
+    """<model>/summary.csv of ``simtree run`` with the planner's policy: predicted vs measured,
+    and where the plan's choice stands among plain, linear D=4 and itself per batch size."""
+    runs = pd.concat([_csv(f / "summary.csv") for f in sorted(folder.iterdir()) if f.is_dir()], ignore_index=True)
+    err = runs["rel_err"].abs()
+    parts = []
+    for (model, dep), group in runs.groupby(["model", "deployment"], sort=True):
+        gaps = plan_gaps(group)
+        best = sum(g <= 0 for g in gaps.values())
+        worst = max(gaps.values())
+        rank, _, left_out = dep.partition(" (")
+        why = [f"worst {_pct(worst, 1)} below the best"] if worst > 0 else []
+        if left_out:   # a rank of several GPUs: the plan's objective counts collectives the run leaves out
+            why.append(f"its plan counts the {left_out.split(' not run')[0]} this rank does not run")
+        parts.append(f"{_model(model)}{'' if rank == '1 GPU' else ' ' + rank} best at {best} of {len(gaps)} "
+                     f"batch sizes" + (f" ({'; '.join(why)})" if why else ""))
+    return (f"the planner's choice among plain, linear and EAGLE (shipped bundles) decoded live beside plain and "
+            f"linear D=4: predicted within a median {_pct(err.median(), 1)} (worst {_pct(err.max(), 1)}) over "
+            f"{len(runs)} runs; " + "; ".join(parts))
+
+
 def live_headline(folder: Path) -> str:
     """summary.csv, composed_vs_measured.csv and lossless.csv of the full-scale runtime's H200
     sessions: predicted vs measured throughput, the plan's choice against the best measured
@@ -214,12 +246,8 @@ def live_headline(folder: Path) -> str:
     # EAGLE shapes (alternatives.csv), as summary.md's plan check
     others = folder / "alternatives.csv"
     every = pd.concat([runs, _csv(others)]) if others.exists() else runs
-    ok = total = 0
-    for _, group in every.groupby(["model", "batch_size"]):
-        plan = group[group["policy"].str.startswith("plan:")]
-        if len(plan):
-            total += 1
-            ok += bool(plan_gap(plan["measured_tok_s"].max(), group["measured_tok_s"].max()) <= PLAN_TOLERANCE)
+    gaps = plan_gaps(every)
+    ok, total = sum(g <= PLAN_TOLERANCE for g in gaps.values()), len(gaps)
     cvm = _csv(folder / "composed_vs_measured.csv")["rel_err"].abs()
     models = ", ".join(_model(m) for m in sorted(runs["model"].unique()))
     return (f"{models}: predicted vs measured throughput median {_pct(err.median(), 1)} (worst "
@@ -283,6 +311,10 @@ FOLDERS: tuple[Folder, ...] = (
            "`bash scripts/full_gpu.sh MODEL` and `bash scripts/lossless_fp32_gpu.sh` on the H200: "
            "docs/full_runtime.md)",
            live_headline),
+    Folder("reports/h200/plan_live", "The plan decoded live on the H200",
+           "`simtree plan --modes linear,eagle` on the shipped bundles, its policy decoded by `simtree run "
+           "--model` (Qwen3.6-27B whole, the DeepSeek-V4-Flash ep=8 rank) at batch 1, 4, 16, 64",
+           "`bash scripts/plan_live.sh plan`, then `run` on the H200, then `unpack DIR`", plan_live_headline),
     Folder("reports/h200/lossless", "Lossless check on the H200",
            "every speculative mode at batch 1 and 4 against plain greedy decoding",
            "`bash scripts/lossless_gpu.sh reports/h200/lossless` (H200)", lossless_headline),
