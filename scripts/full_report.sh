@@ -35,7 +35,11 @@ done
 # lossless_<model>_<dtype>.csv (scripts/lossless_fp32_gpu.sh): lossless checks run apart from the sessions
 checks=(); for f in "$DIR"/lossless_*.csv; do
   [ -e "$f" ] || continue
-  m=$(basename "$f" .csv); m=${m#lossless_}; checks+=(--lossless "${m%_*}=$f")
+  m=$(basename "$f" .csv); m=${m#lossless_}; dtype=${m##*_}
+  case "$dtype" in
+    bf16|fp32|fp64) checks+=(--lossless "${m%_*}=$f") ;;
+    *) echo "error: $f: name it lossless_<model>_<dtype>.csv (dtype bf16, fp32 or fp64)" >&2; exit 2 ;;
+  esac
 done
 # UNTAGGED="deepseek-v4-flash=ep=8 ...": the rank of sessions whose tables predate the deployment column
 untagged=(); for u in ${UNTAGGED:-}; do untagged+=(--untagged "$u"); done

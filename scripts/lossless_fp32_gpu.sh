@@ -4,7 +4,7 @@
 # batch 2, live, CUDA graphs, against plain greedy) on fp32 weights:
 #   Qwen3.6-27B whole (64 layers, 109 GB in fp32);
 #   the DeepSeek-V4-Flash ep=8 rank on its first 24 of 43 layers, every kind kept (99 GB; the
-#   whole rank is 172 GB in fp32, more than one H200 holds).
+#   whole rank is 171 GB in fp32, more than one H200 holds).
 # -> $OUT/lossless_<model>_fp32.csv and .log; at home they go beside the session archives and
 # scripts/full_report.sh DIR adds them to lossless.csv.
 #   bash scripts/lossless_fp32_gpu.sh

@@ -26,21 +26,33 @@ case "$STEP" in
     OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
     python3 -m pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1 || echo "editable install FAILED"
     export PYTHONUNBUFFERED=1
+    rc=0
     for r in "${RUNS[@]}"; do
       read -r model dep name <<< "$r"
       d=/tmp/plan_live/$name; mkdir -p "$d"
-      timeout 200 python3 -m simtree run --model "$model" --deployment "$dep" --device cuda \
-        --costs "simtree/data/costs/h200_$name.json" --policy "$REP/$name/policy.json" --batch-size 1,4,16,64 \
-        --acceptance gsm8k --out "$d" > "$d/log.txt" 2>&1 || echo "$model: simtree run failed (see its log.txt)"
+      if ! timeout 200 python3 -m simtree run --model "$model" --deployment "$dep" --device cuda \
+          --costs "simtree/data/costs/h200_$name.json" --policy "$REP/$name/policy.json" --batch-size 1,4,16,64 \
+          --acceptance gsm8k --out "$d" > "$d/log.txt" 2>&1; then
+        echo "$model: simtree run failed (its log.txt is in $OUT/$name.tgz)"; rc=1
+      fi
       tail -14 "$d/log.txt"
       tar czf "$OUT/$name.tgz" -C "$d" .
-    done ;;
+    done
+    exit $rc ;;
   unpack)
     DIR=${2:?usage: bash scripts/plan_live.sh unpack DIR}
+    tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
+    files=(summary.csv summary.md summary.json predicted_vs_measured.png)
+    for r in "${RUNS[@]}"; do    # every archive whole before any folder changes
+      read -r model dep name <<< "$r"
+      mkdir -p "$tmp/$name" && tar xzf "$DIR/$name.tgz" -C "$tmp/$name"
+      for f in "${files[@]}"; do
+        [ -f "$tmp/$name/$f" ] || { echo "error: $DIR/$name.tgz has no $f (did its run fail?)" >&2; exit 2; }
+      done
+    done
     for r in "${RUNS[@]}"; do
       read -r model dep name <<< "$r"
-      tmp=$(mktemp -d) && tar xzf "$DIR/$name.tgz" -C "$tmp"
-      cp "$tmp"/summary.{csv,md,json} "$tmp/predicted_vs_measured.png" "$REP/$name/" && rm -rf "$tmp"
+      for f in "${files[@]}"; do cp "$tmp/$name/$f" "$REP/$name/"; done
     done ;;
   *) echo "error: unknown step $STEP (plan, run, unpack DIR)" >&2; exit 2 ;;
 esac

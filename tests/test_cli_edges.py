@@ -38,6 +38,17 @@ def test_full_scale_options_without_a_model_are_refused(tmp_path, args, fragment
     _one_line_error(_simtree("run", *args, "--out", str(tmp_path)), fragment)
 
 
+def test_plan_modes_without_trees_plans_linear_only(tmp_path):
+    import pandas as pd
+    proc = _simtree("plan", "--modes", "linear", "--model", "qwen3.6-27b", "--deployment", "tp=1", "--workload",
+                    "gsm8k", "--batch-sizes", "1,64", "--band-models", "0", "--out", str(tmp_path))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    cands = pd.read_csv(tmp_path / "candidates.csv")
+    assert set(cands["mode"]) == {"none", "linear"}
+    assert pd.read_csv(tmp_path / "tree_vs_linear.csv").empty
+    assert "searched the families none, linear only (--modes)" in (tmp_path / "plan.md").read_text()
+
+
 def test_plan_modes_outside_the_families_are_one_line(tmp_path):
     _one_line_error(_simtree("plan", "--modes", "eagle,tree", "--out", str(tmp_path)),
                     "plan modes tree: choose among none, linear, eagle")

@@ -75,14 +75,27 @@ def test_gpu_run_cuts_a_model_for_the_lossless_check_only(tmp_path, capsys):
     one line; the lossless check runs on the cut model (every kind kept) and its rows say so."""
     assert gpu_run.main(["--model", "tiny-v4", "--deployment", "ep=2", "--device", "cpu", "--out", str(tmp_path),
                          "--layers", "3"]) == 2
-    assert "only --phases build,lossless" in capsys.readouterr().err
+    assert "--layers 3 builds another model" in capsys.readouterr().err
+    assert gpu_run.main(["--model", "tiny-v4", "--device", "cpu", "--out", str(tmp_path), "--layers", "2",
+                         "--phases", "build,lossless"]) == 2
+    assert "tiny-v4 has 3 layer kinds" in capsys.readouterr().err
     assert gpu_run.main(["--model", "tiny-v4", "--device", "cpu", "--out", str(tmp_path),
                          "--dtype", "fp32", "--layers", "3", "--phases", "build,lossless"]) == 0
     rows = list(csv.DictReader(open(tmp_path / "lossless.csv")))
-    assert len(rows) == 3 and {(r["dtype"], r["layers"]) for r in rows} == {("fp32", "3/5")}
+    assert len(rows) == 3 and {(r["model"], r["dtype"], r["layers"]) for r in rows} == {("tiny-v4", "fp32", "3/5")}
     assert all(r["match"] == "True" for r in rows)
-    kinds = get_model("tiny-v4").kinds()
-    assert set(get_model("tiny-v4").stack(3)) == set(kinds) and "3/5 layers, fp32" in (tmp_path / "log.txt").read_text()
+    assert "3/5 layers, fp32" in (tmp_path / "log.txt").read_text()
+
+
+def test_a_cut_model_keeps_every_layer_kind():
+    """What gpu_run --layers builds: the first layers of the pattern, one of each kind swapped in."""
+    import dataclasses
+    for name, n in (("tiny-v4", 3), ("deepseek-v4-flash", 24), ("qwen3.6-27b", 2)):
+        shape = get_model(name)
+        cut = dataclasses.replace(shape, layer_kinds=shape.stack(n))
+        assert cut.num_layers == n and set(cut.kinds()) == set(shape.kinds())
+    model = build_model(dataclasses.replace(get_model("tiny-v4"), layer_kinds=get_model("tiny-v4").stack(3)), "cpu")
+    assert model.shape.num_layers == 3 and len(model.layer_weights) == 3
 
 
 def test_gpu_run_steps_rows_carry_the_deployment(tmp_path, monkeypatch):

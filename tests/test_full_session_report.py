@@ -125,11 +125,20 @@ def test_a_sweep_only_session_gives_its_composed_rank_profile(session, tmp_path)
     assert set(zip(rank.stage, rank.variant)) == {("model_verify_step", "composed")}
 
 
-def test_a_lossless_check_that_is_not_there_or_not_named_is_one_line(session, tmp_path):
+def test_a_lossless_check_that_is_not_there_or_not_named_is_one_line(session, tmp_path, capsys):
     from simtree.runtime.full.session_report import main
     with pytest.raises(SimtreeError, match="no lossless check of"):
         session_report([session], tmp_path / "live", lossless_checks=[(MODEL, tmp_path / "absent.csv")])
     assert main([str(session), "--out", str(tmp_path / "o"), "--lossless", "nomodel.csv"]) == 2
+    assert "expected MODEL=CSV" in capsys.readouterr().err
+    bare = tmp_path / "bare.csv"
+    bare.write_text("policy,match\nlinear_d4,True\n")
+    assert main([str(session), "--out", str(tmp_path / "o"), "--lossless", f"{MODEL}={bare}"]) == 2
+    assert "needs the columns dtype, layers" in capsys.readouterr().err and not (tmp_path / "o").exists()
+    other = tmp_path / "other.csv"
+    other.write_text("model,dtype,layers,policy,match\ntiny-v4,fp32,5/5,linear_d4,True\n")
+    with pytest.raises(SimtreeError, match="its rows are of tiny-v4, not tiny-gdn"):
+        session_report([session], tmp_path / "live", lossless_checks=[(MODEL, other)])
 
 
 def test_the_plan_is_the_measured_run_predicted_fastest():
@@ -150,7 +159,7 @@ def test_full_report_script_unpacks_sessions_and_writes_the_report(session, tmp_
     assert "composed vs measured step: median 2.0%" in run.stdout
     assert (tmp_path / "rep" / "summary.csv").exists()
     # a lossless check run apart (lossless_<model>_<dtype>.csv) joins the session's, rows named by model
-    (fetched / f"lossless_{MODEL}_fp32.csv").write_text(
+    (fetched / f"lossless_{MODEL}_fp64.csv").write_text(
         "dtype,layers,policy,batch_size,match,accepted_tokens_per_round\nfp64,2/4,linear_d4,2,True,1.5\n")
     run = subprocess.run(["bash", str(ROOT / "scripts/full_report.sh"), str(fetched), str(tmp_path / "rep2")],
                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
@@ -162,6 +171,12 @@ def test_full_report_script_unpacks_sessions_and_writes_the_report(session, tmp_
     layers = f"{get_model(MODEL).num_layers}/{get_model(MODEL).num_layers}"
     assert lossless.iloc[:-1][["dtype", "layers"]].drop_duplicates().values.tolist() == [["fp32", layers]]
     assert lossless.iloc[-1][["dtype", "layers", "policy"]].tolist() == ["fp64", "2/4", "linear_d4"]
+    # a check file named without its dtype is refused in one line, before anything is fitted
+    (fetched / f"lossless_{MODEL}_fp64.csv").rename(fetched / f"lossless_{MODEL}.csv")
+    bad = subprocess.run(["bash", str(ROOT / "scripts/full_report.sh"), str(fetched), str(tmp_path / "rep3")],
+                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert bad.returncode == 2 and "name it lossless_<model>_<dtype>.csv" in bad.stderr
+    assert not (tmp_path / "rep3").exists()
     empty = subprocess.run(["bash", str(ROOT / "scripts/full_report.sh"), str(tmp_path / "rep")], cwd=ROOT, env=env,
                            capture_output=True, text=True, timeout=60)
     assert empty.returncode == 2 and "no full_<model>*.tgz" in empty.stderr

@@ -20,7 +20,8 @@ def test_plan_live_tables_are_their_rounds_predicted_by_the_shipped_bundle(folde
     got, committed = pd.read_csv(tmp_path / "summary.csv"), pd.read_csv(folder / "summary.csv")
     pd.testing.assert_frame_equal(got, committed, check_exact=False, rtol=1e-6)
     policy = Policy.load(folder / "policy.json")
-    for r in res["rows"]:
-        if r["policy"].startswith("plan:"):
-            entry, _ = policy.resolve("gsm8k", r["batch_size"])
-            assert r["policy"] == f"plan:{entry.params.name}"
+    plans = [r for r in res["rows"] if r["policy"].startswith("plan:")]
+    assert sorted(r["batch_size"] for r in plans) == [1, 4, 16, 64]
+    for r in plans:
+        entry, _ = policy.resolve("gsm8k", r["batch_size"])
+        assert r["policy"] == f"plan:{entry.params.name}"

@@ -125,6 +125,10 @@ def test_plan_live_headline_places_the_plan_among_the_measured_runs(tmp_path):
     assert "Qwen3.6-27B best at 2 of 2 batch sizes" in line
     assert ("DeepSeek-V4-Flash ep=8 rank best at 1 of 2 batch sizes (worst 4.0% below the best; its plan counts "
             "the all-to-all this rank does not run)") in line
+    frame = pd.read_csv(tmp_path / "a_tp1" / "summary.csv")
+    frame[~frame["policy"].str.startswith("plan:")].to_csv(tmp_path / "a_tp1" / "summary.csv", index=False)
+    with pytest.raises(SimtreeError, match="has no plan run"):
+        summary.plan_live_headline(tmp_path)
 
 
 def test_write_refreshes_a_stale_copy_and_refuses_a_readme_without_markers(tmp_path):

@@ -31,7 +31,7 @@ next one runs; every phase checks the time left (``--max-seconds``) and stops ea
 ``--dtype fp32`` and ``--layers N`` (the first N layers of the pattern, every kind kept:
 ``ModelShape.stack``) build another model than the one the profile and the bundles describe:
 only ``--phases build,lossless`` runs on it (the lossless check without bf16 rounding; the V4
-rank whole is 172 GB in fp32, more than one H200).
+rank whole is 171 GB in fp32, more than one H200).
 
 The fit, the plan and the predictions from the session's own profile run at home
 (``python -m simtree.runtime.full.session_report``, scripts/full_report.sh).
@@ -107,13 +107,15 @@ def time_step(step, reps: int = 10, warmup: int = 3) -> tuple[float, float, floa
     return tuple(float(np.percentile(times, q)) for q in (50, 10, 90))
 
 
-def _check_attention(s: Session, device) -> None:
+def _check_attention(s: Session, device, dtype=torch.bfloat16) -> None:
     """The tree attention kernel against its torch form at the two models' shapes (Qwen's GQA
-    24/4 x 256, V4's MTP latent 64/1 x 512 with window and sink), bf16."""
+    24/4 x 256, V4's MTP latent 64/1 x 512 with window and sink), in the model's dtype."""
     from simtree.kernels.layers.attention_kernel import tree_attention_triton
     from simtree.kernels.layers.attention import chain_bits, tree_attention_ref
     g = torch.Generator(device=device).manual_seed(0)
-    r = lambda *shape: torch.randn(*shape, generator=g, device=device).to(torch.bfloat16)  # noqa: E731
+    r = lambda *shape: torch.randn(*shape, generator=g, device=device).to(dtype)  # noqa: E731
+    name = {torch.bfloat16: "bf16", torch.float32: "fp32"}.get(dtype, str(dtype))
+    tol = 3e-2 if dtype == torch.bfloat16 else 1e-4
     B, Q, S, T = 4, 8, 700, 8
     lens = torch.tensor([1, 64, 300, 700], device=device)
     pos = lens[:, None] + torch.arange(Q, device=device)
@@ -125,10 +127,10 @@ def _check_attention(s: Session, device) -> None:
             got = tree_attention_triton(*args, scale=D ** -0.5, window=window, sink=sink).float()
             want = tree_attention_ref(*args, scale=D ** -0.5, window=window, sink=sink).float()
             err = float((got - want).abs().max())
-            if not err < 3e-2:
+            if not err < tol:
                 raise SimtreeError(f"tree attention kernel differs from its torch form by {err:.3g} "
                                    f"(Hq {Hq}, Hkv {Hkv}, D {D})")
-        s.log("tree attention kernel: matches its torch form (bf16, both models' shapes)")
+        s.log(f"tree attention kernel: matches its torch form ({name}, both models' shapes)")
     except Exception as exc:   # noqa: BLE001 - the session goes on with the torch form
         os.environ["SIMTREE_TREE_ATTENTION"] = "torch"
         s.log(f"tree attention kernel FAILED ({type(exc).__name__}: {exc}); using the torch form")
@@ -142,7 +144,8 @@ def _lossless(s: Session, model, layers: str) -> None:
     specs = [PolicySpec.from_dict("linear", {"budget": 4}), PolicySpec.from_dict("eagle", {"num_steps": 3, "topk": 2, "budget": 6}),
              PolicySpec.from_dict("eagle", {"num_steps": 4, "topk": 4, "budget": 16})]
     dtype = {torch.bfloat16: "bf16", torch.float32: "fp32", torch.float64: "fp64"}[model.dtype]
-    rows = [{"dtype": dtype, "layers": layers, **r} for r in check_lossless(model, prompts, specs, 32)]
+    rows = [{"model": model.shape.name, "dtype": dtype, "layers": layers, **r}
+            for r in check_lossless(model, prompts, specs, 32)]
     buf = io.StringIO()
     w = csv.DictWriter(buf, fieldnames=list(rows[0]), lineterminator="\n")
     w.writeheader()
@@ -201,14 +204,13 @@ def runtime_deployment(model: str, deployment: str | None) -> str:
     shipped one, else the rank the runtime builds); a one-line error for a rank the full runtime
     does not build."""
     from simtree.deploy.deployment import parse_deployment
-    from simtree.deploy.shipped import shipped_deployments
+    from simtree.deploy.shipped import default_deployment
     from simtree.kernels.layers.v4 import default_ep_ranks
     from simtree.models import get_model
 
     shape = get_model(model)
     own = parse_deployment(f"ep={default_ep_ranks(shape)}" if shape.family == "v4" else "tp=1")
-    dep = (parse_deployment(deployment) if deployment
-           else next((d for m, d in shipped_deployments() if m == model), own))
+    dep = parse_deployment(deployment) if deployment else default_deployment(model, fallback=own)
     if dep != own:
         raise SimtreeError(f"--deployment {dep}: the full runtime builds {model} only as {own} (the layer sweep "
                            f"alone times other ranks: DEPLOYMENT={dep} bash scripts/full_gpu.sh {model})")
@@ -262,11 +264,23 @@ def main(argv=None) -> int:
                     help="build the first N layers of the pattern, every kind kept (lossless check only)")
     args = ap.parse_args(argv)
     phases = [p for p in args.phases.split(",") if p]
-    altered = args.dtype != "bf16" or args.layers is not None
+    altered = [o for o, on in ((f"--dtype {args.dtype}", args.dtype != "bf16"),
+                               (f"--layers {args.layers}", args.layers is not None)) if on]
     if altered and set(phases) - {"build", "lossless"}:
-        print(f"error: --dtype {args.dtype} / --layers {args.layers} build another model than the profile's: "
-              "only --phases build,lossless runs on it", file=sys.stderr)
+        print(f"error: {' and '.join(altered)} build{'s' if len(altered) == 1 else ''} another model than the "
+              "profile's: only --phases build,lossless runs on it", file=sys.stderr)
         return 2
+    if args.layers is not None:
+        from simtree.models import get_model
+        try:
+            kinds = get_model(args.model).kinds()
+        except SimtreeError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+        if args.layers < len(kinds):
+            print(f"error: --layers {args.layers}: {args.model} has {len(kinds)} layer kinds ({', '.join(kinds)}), "
+                  f"a cut keeps each: at least {len(kinds)}", file=sys.stderr)
+            return 2
     s = Session(args.out, args.max_seconds)
     sizes = [int(b) for b in args.batch_sizes.split(",")]
     failed = []
@@ -283,8 +297,6 @@ def main(argv=None) -> int:
         s.log(f"deployment {deployment}; predictions from {costs_path or 'no bundle (none ships for it)'}")
         shape = get_model(args.model)
         if args.layers is not None:
-            if args.layers < 1:
-                raise SimtreeError(f"--layers {args.layers}: needs at least one layer")
             shape = dataclasses.replace(shape, layer_kinds=shape.stack(args.layers))
         layers = f"{shape.num_layers}/{get_model(args.model).num_layers}"
         model = build_model(shape, args.device, dtype=DTYPES[args.dtype], seed=0)
@@ -294,7 +306,7 @@ def main(argv=None) -> int:
               f"of weights" + (f", {torch.cuda.memory_allocated() / 1e9:.1f} GB allocated" if torch.cuda.is_available()
                                else ""))
         if args.device.startswith("cuda"):
-            _check_attention(s, model.device)
+            _check_attention(s, model.device, model.dtype)
     except Exception as exc:   # noqa: BLE001 - without a model nothing else can run
         s.log(f"build FAILED: {type(exc).__name__}: {exc}\n{traceback.format_exc()}")
         return 1

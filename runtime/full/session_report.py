@@ -208,11 +208,10 @@ def session_report(sessions: list[Path], out: Path, untagged: dict | None = None
             # the session's own check runs on the model it profiles: the profile's dtype, every layer
             n = get_model(model).num_layers
             whole = {"dtype": str(profile.dtype.iloc[0]), "layers": f"{n}/{n}"}
-            lossless += [{"model": model, **whole, **r} for r in csv.DictReader(open(folder / "lossless.csv"))]
+            lossless += [{"model": model, **whole, **{k: v for k, v in r.items() if k != "model"}}
+                         for r in csv.DictReader(open(folder / "lossless.csv"))]
     for model, path in lossless_checks:
-        if not Path(path).exists():
-            raise SimtreeError(f"{path}: no lossless check of {model} there")
-        lossless += [{"model": model, **r} for r in csv.DictReader(open(path))]
+        lossless += read_lossless_check(model, path)
     rows.sort(key=lambda r: (r["model"], r["batch_size"]))
     files = write_summary(rows, list(dict.fromkeys(notes)), out, alternatives)
     write_text_atomic(out / "alternatives.csv", _csv(alternatives, SUMMARY_COLUMNS + EXTRA_COLUMNS))
@@ -225,6 +224,24 @@ def session_report(sessions: list[Path], out: Path, untagged: dict | None = None
         md = out / "summary.md"
         write_text_atomic(md, md.read_text() + _lossless_markdown(lossless))
     return {"rows": rows, "composed_vs_measured": cvm, "files": files}
+
+
+def read_lossless_check(model: str, path) -> list[dict]:
+    """A lossless check run apart (gpu_run --dtype/--layers ... --phases build,lossless): its
+    rows, named ``model``; a one-line error for a missing file, a table without the dtype and
+    layers it ran at, or one that names another model."""
+    path = Path(path)
+    if not path.is_file():
+        raise SimtreeError(f"{path}: no lossless check of {model} there")
+    rows = list(csv.DictReader(open(path)))
+    missing = [c for c in ("dtype", "layers", "policy", "match") if not rows or c not in rows[0]]
+    if missing:
+        raise SimtreeError(f"{path}: a lossless check needs the columns {', '.join(missing)} "
+                           "(gpu_run's lossless.csv), with a row per policy")
+    other = sorted({r["model"] for r in rows if r.get("model") and r["model"] != model})
+    if other:
+        raise SimtreeError(f"{path}: its rows are of {', '.join(other)}, not {model}")
+    return [{"model": model, **{k: v for k, v in r.items() if k != "model"}} for r in rows]
 
 
 def _lossless_markdown(rows: list[dict]) -> str:
@@ -262,6 +279,7 @@ def main(argv=None) -> int:
             if not sep or not path:
                 raise SimtreeError(f"--lossless {item!r}: expected MODEL=CSV, e.g. qwen3.6-27b=lossless.csv")
             get_model(model)
+            read_lossless_check(model, path)          # before any session is fitted
             checks.append((model, Path(path)))
         untagged = {}
         for item in args.untagged:

@@ -58,7 +58,7 @@ def register(app: typer.Typer) -> None:
         context_len: int = typer.Option(None, help="full scale: context tokens per sequence (default: the "
                                                    "workload's prompt length)"),
         rounds: int = typer.Option(None, help="full scale: measured rounds per run (after 4 warm-up rounds; "
-                                              "default 32)"),
+                                              "default 32, more where --min-draws asks)"),
         min_draws: int = typer.Option(None, help="full scale: a batch of B runs at least ceil(min_draws / B) "
                                                  "measured rounds (replayed accepted depths over rounds x B draws; "
                                                  "default 96, as the H200 sessions)"),

@@ -43,10 +43,10 @@ def shipped_deployments(machine: str = DEFAULT_MACHINE) -> list[tuple[str, Deplo
     return [(m, d) for m, d, _ in _entries(machine)]
 
 
-def default_deployment(model: str, machine: str = DEFAULT_MACHINE) -> Deployment:
+def default_deployment(model: str, machine: str = DEFAULT_MACHINE, fallback: Deployment | None = None) -> Deployment:
     """The model's shipped default deployment: the first the machine's entry lists for it (its
-    runtime rank: DeepSeek-V4-Flash ep=8, Qwen3.6-27B tp=1), else one GPU."""
-    return next((d for m, d in shipped_deployments(machine) if m == model), parse_deployment("tp=1"))
+    runtime rank: DeepSeek-V4-Flash ep=8, Qwen3.6-27B tp=1), else ``fallback`` (one GPU)."""
+    return next((d for m, d in shipped_deployments(machine) if m == model), fallback or parse_deployment("tp=1"))
 
 
 def bundle_name(machine: str, model: str, deployment: Deployment) -> str:

@@ -56,6 +56,8 @@ def tree_vs_linear(candidates: pd.DataFrame) -> pd.DataFrame:
     lin = (df[df["mode"] == "linear"].assign(budget=lambda d: d["budget"].astype(int))
            .groupby(["workload", "batch_size", "budget"])["tok_s"].max().rename("linear_tok_s"))
     tree = df[df["mode"] == "eagle"].assign(budget=lambda d: d["budget"].astype(int))
+    if tree.empty or lin.empty:   # a plan searching no EAGLE or no linear shapes (--modes)
+        return pd.DataFrame(columns=list(TREE_VS_LINEAR_COLUMNS))
     out = tree.join(lin, on=["workload", "batch_size", "budget"], how="inner")
     out = out.rename(columns={"policy": "shape", "tok_s": "tree_tok_s"}).assign(
         gain=lambda d: d["tree_tok_s"] / d["linear_tok_s"])

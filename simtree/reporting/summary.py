@@ -218,11 +218,16 @@ def plan_gaps(runs: pd.DataFrame) -> dict:
 def plan_live_headline(folder: Path) -> str:
     """<model>/summary.csv of ``simtree run`` with the planner's policy: predicted vs measured,
     and where the plan's choice stands among plain, linear D=4 and itself per batch size."""
-    runs = pd.concat([_csv(f / "summary.csv") for f in sorted(folder.iterdir()) if f.is_dir()], ignore_index=True)
+    folders = [f for f in sorted(folder.iterdir()) if f.is_dir()]
+    if not folders:
+        raise SimtreeError(f"{folder}: no run folders (bash scripts/plan_live.sh: plan, run, unpack)")
+    runs = pd.concat([_csv(f / "summary.csv") for f in folders], ignore_index=True)
     err = runs["rel_err"].abs()
     parts = []
     for (model, dep), group in runs.groupby(["model", "deployment"], sort=True):
         gaps = plan_gaps(group)
+        if not gaps:
+            raise SimtreeError(f"{folder}: {model} at {dep} has no plan run (plan: rows) in its summary.csv")
         best = sum(g <= 0 for g in gaps.values())
         worst = max(gaps.values())
         rank, _, left_out = dep.partition(" (")
