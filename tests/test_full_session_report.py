@@ -18,7 +18,7 @@ from simtree.errors import SimtreeError
 from simtree.models import get_model
 from simtree.planning.simulate import PolicySpec
 from simtree.runtime.full.measure import full_run
-from simtree.runtime.full.session_report import choose_plan, rank_profile, session_report
+from simtree.runtime.full.session_report import choose_plan, rank_profile, read_lossless_check, session_report
 
 from full_helpers import tiny_model
 
@@ -128,7 +128,7 @@ def test_a_sweep_only_session_gives_its_composed_rank_profile(session, tmp_path)
 def test_a_lossless_check_that_is_not_there_or_not_named_is_one_line(session, tmp_path, capsys):
     from simtree.runtime.full.session_report import main
     with pytest.raises(SimtreeError, match="no lossless check of"):
-        session_report([session], tmp_path / "live", lossless_checks=[(MODEL, tmp_path / "absent.csv")])
+        read_lossless_check(MODEL, tmp_path / "absent.csv")
     assert main([str(session), "--out", str(tmp_path / "o"), "--lossless", "nomodel.csv"]) == 2
     assert "expected MODEL=CSV" in capsys.readouterr().err
     bare = tmp_path / "bare.csv"
@@ -138,7 +138,7 @@ def test_a_lossless_check_that_is_not_there_or_not_named_is_one_line(session, tm
     other = tmp_path / "other.csv"
     other.write_text("model,dtype,layers,policy,match\ntiny-v4,fp32,5/5,linear_d4,True\n")
     with pytest.raises(SimtreeError, match="its rows are of tiny-v4, not tiny-gdn"):
-        session_report([session], tmp_path / "live", lossless_checks=[(MODEL, other)])
+        read_lossless_check(MODEL, other)
 
 
 def test_the_plan_is_the_measured_run_predicted_fastest():

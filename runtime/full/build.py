@@ -20,9 +20,14 @@ from simtree.models import ModelShape, get_model
 from . import qwen, v4_rank
 from simtree.kernels.layers.weights import spec_bytes
 
-__all__ = ["build_model", "weight_bytes", "check_fits", "device_memory_bytes", "DTYPES"]
+__all__ = ["build_model", "weight_bytes", "check_fits", "device_memory_bytes", "DTYPES", "dtype_name"]
 
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32, "fp64": torch.float64}
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    """The name DTYPES gives ``dtype`` (bf16, fp32, fp64): profile rows and lossless checks."""
+    return next(name for name, d in DTYPES.items() if d == dtype)
 FIT_MARGIN = 0.08   # share of the device kept free for caches, activations and graph pools
 
 

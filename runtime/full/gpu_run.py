@@ -52,7 +52,9 @@ import numpy as np
 import torch
 
 from simtree.errors import SimtreeError
+from simtree.models import get_model
 from simtree.planning.simulate import PolicySpec
+from simtree.runtime.full.build import dtype_name
 from simtree.runtime.full.measure import MIN_DRAWS
 
 __all__ = ["main", "time_step", "EAGLE_SHAPES", "VERIFY_GRID", "DRAFT_GRID"]
@@ -114,7 +116,7 @@ def _check_attention(s: Session, device, dtype=torch.bfloat16) -> None:
     from simtree.kernels.layers.attention import chain_bits, tree_attention_ref
     g = torch.Generator(device=device).manual_seed(0)
     r = lambda *shape: torch.randn(*shape, generator=g, device=device).to(dtype)  # noqa: E731
-    name = {torch.bfloat16: "bf16", torch.float32: "fp32"}.get(dtype, str(dtype))
+    name = dtype_name(dtype)
     tol = 3e-2 if dtype == torch.bfloat16 else 1e-4
     B, Q, S, T = 4, 8, 700, 8
     lens = torch.tensor([1, 64, 300, 700], device=device)
@@ -143,7 +145,7 @@ def _lossless(s: Session, model, layers: str) -> None:
     prompts = [rng.integers(0, model.vocab, 24).tolist(), rng.integers(0, model.vocab, 17).tolist()]
     specs = [PolicySpec.from_dict("linear", {"budget": 4}), PolicySpec.from_dict("eagle", {"num_steps": 3, "topk": 2, "budget": 6}),
              PolicySpec.from_dict("eagle", {"num_steps": 4, "topk": 4, "budget": 16})]
-    dtype = {torch.bfloat16: "bf16", torch.float32: "fp32", torch.float64: "fp64"}[model.dtype]
+    dtype = dtype_name(model.dtype)
     rows = [{"model": model.shape.name, "dtype": dtype, "layers": layers, **r}
             for r in check_lossless(model, prompts, specs, 32)]
     buf = io.StringIO()
@@ -167,7 +169,7 @@ def _steps(s: Session, model, tree_model, context_len: int, deployment: str, res
     from simtree.machine.metadata import device_label
     from .steps import draft_step, verify_step
     dev = device_label(str(model.device))
-    dtype = {torch.bfloat16: "bf16", torch.float32: "fp32", torch.float64: "fp64"}[model.dtype]
+    dtype = dtype_name(model.dtype)
     path = s.out / "steps_profile.csv"
     verify = [("verify", p) for p in VERIFY_GRID]
     draft = [("draft", p) for p in DRAFT_GRID]
@@ -206,7 +208,6 @@ def runtime_deployment(model: str, deployment: str | None) -> str:
     from simtree.deploy.deployment import parse_deployment
     from simtree.deploy.shipped import default_deployment
     from simtree.kernels.layers.v4 import default_ep_ranks
-    from simtree.models import get_model
 
     shape = get_model(model)
     own = parse_deployment(f"ep={default_ep_ranks(shape)}" if shape.family == "v4" else "tp=1")
@@ -271,7 +272,6 @@ def main(argv=None) -> int:
               "profile's: only --phases build,lossless runs on it", file=sys.stderr)
         return 2
     if args.layers is not None:
-        from simtree.models import get_model
         try:
             kinds = get_model(args.model).kinds()
         except SimtreeError as exc:
@@ -288,17 +288,15 @@ def main(argv=None) -> int:
     s.log(f"session: {args.model} on {args.device} ({gpu}), torch {torch.__version__}, phases {phases}, "
           f"{args.max_seconds:.0f} s")
     from simtree.acceptance.model import get_workload
-    from simtree.models import get_model
     from .build import DTYPES, build_model, weight_bytes
     workload = get_workload(args.replay or args.acceptance)
     try:
         deployment = runtime_deployment(args.model, args.deployment)
         costs_path = args.costs or default_costs(args.model, deployment)
         s.log(f"deployment {deployment}; predictions from {costs_path or 'no bundle (none ships for it)'}")
-        shape = get_model(args.model)
-        if args.layers is not None:
-            shape = dataclasses.replace(shape, layer_kinds=shape.stack(args.layers))
-        layers = f"{shape.num_layers}/{get_model(args.model).num_layers}"
+        whole = get_model(args.model)
+        shape = whole if args.layers is None else dataclasses.replace(whole, layer_kinds=whole.stack(args.layers))
+        layers = f"{shape.num_layers}/{whole.num_layers}"
         model = build_model(shape, args.device, dtype=DTYPES[args.dtype], seed=0)
         if torch.cuda.is_available():
             torch.cuda.synchronize()

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 
 from simtree.fileio import write_atomic, write_text_atomic
-from simtree.reporting.summary import PLAN_TOLERANCE, plan_gap
+from simtree.reporting.summary import PLAN_TOLERANCE, plan_standing
 
 # summary.csv: the columns issue-level comparisons read, then the error split and context
 SUMMARY_COLUMNS = ("model", "deployment", "policy", "batch_size", "acceptance", "measured_tok_s", "predicted_tok_s",
@@ -49,14 +49,7 @@ def plan_check(rows: list[dict], others=()) -> list[str]:
     """Per model and batch size: the plan's choice against the best measured policy (among
     ``rows`` and ``others``, runs measured besides the reported ones)."""
     lines = []
-    every = list(rows) + list(others)
-    for model, B in sorted({(r["model"], r["batch_size"]) for r in rows}):
-        ran = [r for r in every if (r["model"], r["batch_size"]) == (model, B) and math.isfinite(r["measured_tok_s"])]
-        plan = next((r for r in ran if r["policy"].startswith("plan:")), None)
-        if not ran or plan is None:
-            continue
-        best = max(ran, key=lambda r: r["measured_tok_s"])
-        gap = plan_gap(plan["measured_tok_s"], best["measured_tok_s"])
+    for model, B, plan, best, gap in plan_standing(list(rows) + list(others)):
         verdict = "best" if gap <= 0 else (f"within {PLAN_TOLERANCE:.0%}" if gap <= PLAN_TOLERANCE else f"{gap:.1%} below")
         lines.append(f"{model} batch {B}: plan {plan['policy']} {plan['measured_tok_s']:.1f} tok/s, best measured "
                      f"{best['policy']} {best['measured_tok_s']:.1f} tok/s: {verdict}")

@@ -47,7 +47,7 @@ from simtree.fileio import write_text_atomic
 from .measure import repredict
 from .report import EXTRA_COLUMNS, SUMMARY_COLUMNS, error_stats, write_summary
 
-__all__ = ["session_report", "rank_profile", "session_deployment", "composed_vs_measured", "choose_plan", "main"]
+__all__ = ["session_report", "rank_profile", "session_deployment", "composed_vs_measured", "choose_plan", "read_lossless_check", "main"]
 
 COMPOSED = ("model_verify_step", "composed")
 WHOLE = "full_runtime"
@@ -166,13 +166,13 @@ def _untagged(path: Path) -> bool:
 
 
 def session_report(sessions: list[Path], out: Path, untagged: dict | None = None,
-                   lossless_checks: list[tuple[str, Path]] = ()) -> dict:
+                   lossless_checks: list[dict] = ()) -> dict:
     """Everything of the module docstring for the session folders; returns the summary rows,
     the composed-vs-measured rows and the files written.  ``untagged`` {model: deployment}:
     the rank a session measured whose tables have no deployment column (written before
     profile rows carried it); a table that has the column keeps what it says.
-    ``lossless_checks`` [(model, lossless.csv)]: lossless checks run apart from the sessions
-    (``gpu_run --dtype fp32 [--layers N] --phases build,lossless``), appended to lossless.csv."""
+    ``lossless_checks``: rows of lossless checks run apart from the sessions
+    (:func:`read_lossless_check`), appended to lossless.csv."""
     from simtree.costs.profile_fit import fit_profile
 
     out.mkdir(parents=True, exist_ok=True)
@@ -210,8 +210,7 @@ def session_report(sessions: list[Path], out: Path, untagged: dict | None = None
             whole = {"dtype": str(profile.dtype.iloc[0]), "layers": f"{n}/{n}"}
             lossless += [{"model": model, **whole, **{k: v for k, v in r.items() if k != "model"}}
                          for r in csv.DictReader(open(folder / "lossless.csv"))]
-    for model, path in lossless_checks:
-        lossless += read_lossless_check(model, path)
+    lossless += list(lossless_checks)
     rows.sort(key=lambda r: (r["model"], r["batch_size"]))
     files = write_summary(rows, list(dict.fromkeys(notes)), out, alternatives)
     write_text_atomic(out / "alternatives.csv", _csv(alternatives, SUMMARY_COLUMNS + EXTRA_COLUMNS))
@@ -279,8 +278,7 @@ def main(argv=None) -> int:
             if not sep or not path:
                 raise SimtreeError(f"--lossless {item!r}: expected MODEL=CSV, e.g. qwen3.6-27b=lossless.csv")
             get_model(model)
-            read_lossless_check(model, path)          # before any session is fitted
-            checks.append((model, Path(path)))
+            checks += read_lossless_check(model, path)          # before any session is fitted
         untagged = {}
         for item in args.untagged:
             model, sep, dep = item.partition("=")

@@ -60,9 +60,8 @@ def register(app: typer.Typer) -> None:
         """Plan on the embedded default:  simtree plan"""
         from simtree.planning.bands import BAND_MODELS
         from simtree.planning.modes import TREE_MODES
-        from simtree.reporting.plan_report import plan_and_write
-
         from simtree.planning.planner import SearchSpace
+        from simtree.reporting.plan_report import plan_and_write
 
         sizes = parse_batch_sizes(batch_sizes)
         space = SearchSpace() if modes is None else \

@@ -68,6 +68,11 @@ class SearchSpace:
         if unknown or not self.modes:
             raise SimtreeError(f"plan modes {', '.join(unknown) or '(none)'}: choose among {', '.join(FAMILIES)}")
 
+    @property
+    def searched(self) -> tuple[str, ...]:
+        """The families searched, in FAMILIES order: ``modes`` and plain decoding."""
+        return tuple(m for m in FAMILIES if m in self.modes or m == "none")
+
 
 def candidate_specs(space: SearchSpace = SearchSpace()) -> tuple[list[PolicySpec], list[PolicySpec]]:
     """(fixed-shape specs, adaptive specs) of the search space.  Depths (eagle steps s,
@@ -84,8 +89,7 @@ def candidate_specs(space: SearchSpace = SearchSpace()) -> tuple[list[PolicySpec
         m = space.adaptive_max_budget
         adaptive = [cls(m, p) for cls in (CostAwareParams, BatchAllocParams)
                     for p in space.draft_depths if p <= max(m - 1, 1)]
-    keep = set(space.modes) | {"none"}
-    return [f for f in fixed if f.mode in keep], [a for a in adaptive if a.mode in keep]
+    return [f for f in fixed if f.mode in space.searched], [a for a in adaptive if a.mode in space.searched]
 
 
 @dataclass
@@ -266,10 +270,9 @@ def plan(costs: Costs, workloads: Sequence[Workload], batch_sizes: Sequence[int]
               "planner": "simtree.planner analytic search", "num_candidates": int(len(cands)),
               "verify_heldout_median_error": costs.verify.heldout_median_error,
               "notes": range_notes(ranges, spans)}
-    if set(space.modes) | {"none"} != set(FAMILIES):
-        searched = [m for m in FAMILIES if m in set(space.modes) | {"none"}]
-        source["modes"] = searched
-        source["notes"].append(f"searched the families {', '.join(searched)} only (--modes)")
+    if space.searched != FAMILIES:
+        source["modes"] = list(space.searched)
+        source["notes"].append(f"searched the families {', '.join(space.searched)} only (--modes)")
     return PlanResult(str(meta.get("model", "unknown")), str(meta.get("device", "unknown")), source, cands)
 
 

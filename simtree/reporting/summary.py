@@ -15,6 +15,8 @@ folder's regenerating command writes, so the numbers here never come from markdo
 """
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -24,7 +26,7 @@ import pandas as pd
 from simtree.errors import SimtreeError
 from simtree.fileio import read_json, write_text_atomic
 
-__all__ = ["START", "END", "PLAN_TOLERANCE", "plan_gap", "Folder", "FOLDERS", "headlines", "summary_table", "reports_index",
+__all__ = ["START", "END", "PLAN_TOLERANCE", "plan_gap", "plan_standing", "plan_gaps", "Folder", "FOLDERS", "headlines", "summary_table", "reports_index",
            "replace_block", "write_summary", "gdn_headline", "v4_headline", "profile_headline",
            "fit_headline", "plan_headline", "acceptance_headline", "loop_headline", "lossless_headline", "cpu_host_headline",
            "live_headline"]
@@ -204,15 +206,27 @@ def plan_gap(plan_tok_s: float, best_tok_s: float) -> float:
     return 1.0 - plan_tok_s / best_tok_s
 
 
+def plan_standing(runs) -> list[tuple]:
+    """[(model, batch_size, plan run, best run, plan_gap)] for each (model, batch size) with a
+    plan run ("plan:" policy) among ``runs`` (dicts with model, batch_size, policy and
+    measured_tok_s; runs that did not measure are left out), sorted."""
+    groups: dict = {}
+    for r in runs:
+        if math.isfinite(float(r["measured_tok_s"])):
+            groups.setdefault((r["model"], int(r["batch_size"])), []).append(r)
+    out = []
+    for key in sorted(groups):
+        ran = groups[key]
+        plan = next((r for r in ran if str(r["policy"]).startswith("plan:")), None)
+        if plan is not None:
+            best = max(ran, key=lambda r: float(r["measured_tok_s"]))
+            out.append((*key, plan, best, plan_gap(float(plan["measured_tok_s"]), float(best["measured_tok_s"]))))
+    return out
+
+
 def plan_gaps(runs: pd.DataFrame) -> dict:
-    """{(model, batch_size): plan_gap} of the plan's run ("plan:" policies) against the best
-    measured run at that batch size."""
-    gaps = {}
-    for key, group in runs.groupby(["model", "batch_size"]):
-        plan = group[group["policy"].str.startswith("plan:")]
-        if len(plan):
-            gaps[key] = plan_gap(plan["measured_tok_s"].max(), group["measured_tok_s"].max())
-    return gaps
+    """{(model, batch_size): plan_gap} (:func:`plan_standing`) of a runs table."""
+    return {(m, b): gap for m, b, _, _, gap in plan_standing(runs.to_dict("records"))}
 
 
 def plan_live_headline(folder: Path) -> str:
