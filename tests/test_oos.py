@@ -1,0 +1,46 @@
+"""Throughput out of sample: the GPU-side run on a tiny model on the CPU, and the home-side table."""
+import csv
+
+import pytest
+
+from simtree.data import data_path
+from simtree.errors import SimtreeError
+from simtree.runtime.full import oos
+
+BUNDLE = data_path("costs", "h200_qwen3.6-27b_tp1.json")
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory):
+    out = tmp_path_factory.mktemp("oos")
+    rc = oos.run("tiny-gdn", str(BUNDLE), out, contexts=(32,), batch_sizes=(2,), device="cpu",
+                 max_seconds=120, min_draws=2, rounds=2)
+    assert rc == 0
+    return out
+
+
+def test_report_rows_name_the_frozen_bundle(run_dir, tmp_path):
+    stats = oos.report([run_dir], tmp_path, {oos.sha256(BUNDLE): str(BUNDLE)})
+    rows = list(csv.DictReader(open(tmp_path / "throughput_out_of_sample.csv")))
+    assert len(rows) == 2 + len(oos.POLICIES) == stats["runs"]
+    assert list(rows[0])[:9] == list(oos.COLUMNS)[:9]
+    assert {r["bundle_sha256"] for r in rows} == {oos.sha256(BUNDLE)}
+    # context 32 is off the bundle's profile grid (256, 1024, 4096)
+    assert {r["on_profile_grid"] for r in rows} == {"False"}
+    assert stats["points"] == 1 and stats["min_policies"] == len(rows)
+    assert (tmp_path / "summary.md").read_text().count("| tiny-gdn |") == 2
+    assert (tmp_path / "predicted_vs_measured.png").stat().st_size > 0
+
+
+def test_plan_check_counts_a_choice_within_two_percent():
+    rows = [{"model": "m", "batch_size": 1, "context_len": 1, "policy": p, "measured_tok_s": m, "predicted_tok_s": q}
+            for p, m, q in (("a", 100.0, 90.0), ("b", 98.5, 95.0), ("c", 80.0, 70.0))]
+    (check,) = oos.plan_check(rows)
+    assert check["chosen"] == "b" and check["best"] == "a" and check["ok"]
+    rows[1]["measured_tok_s"] = 97.0
+    assert not oos.plan_check(rows)[0]["ok"]
+
+
+def test_report_refuses_a_folder_without_runs(tmp_path):
+    with pytest.raises(SimtreeError, match="no meta.json"):
+        oos.report([tmp_path], tmp_path / "out")
