@@ -205,7 +205,7 @@ def runtime_deployment(model: str, deployment: str | None) -> str:
     """The canonical deployment of the rank gpu_run builds for ``model`` (default: the model's
     shipped one, else the rank the runtime builds); a one-line error for a rank the full runtime
     does not build."""
-    from simtree.deploy.deployment import parse_deployment
+    from simtree.parallel import parse_deployment
     from simtree.deploy.shipped import default_deployment
     from simtree.kernels.layers.v4 import default_ep_ranks
 
@@ -220,7 +220,7 @@ def runtime_deployment(model: str, deployment: str | None) -> str:
 
 def default_costs(model: str, deployment: str) -> str | None:
     """The shipped bundle of (model, deployment), or None where none ships yet."""
-    from simtree.deploy.deployment import parse_deployment
+    from simtree.parallel import parse_deployment
     from simtree.deploy.shipped import shipped_bundle
 
     path = shipped_bundle(model, parse_deployment(deployment))

@@ -318,7 +318,7 @@ def render_plan_dir(plan_dir: str | Path) -> list[dict[str, Path]]:
 def _folder_name(meta) -> str:
     """<model>_<device>, with the deployment's tag between them for several GPUs:
     deepseek-v4-flash_ep8_NVIDIA_H200."""
-    from simtree.deploy.deployment import parse_deployment
+    from simtree.parallel import parse_deployment
 
     dep = parse_deployment(str(meta.get("deployment") or "tp=1"))
     parts = [str(meta.get("model", "unknown"))] + ([dep.tag] if dep.gpus > 1 else []) + [str(meta.get("device", "unknown"))]
