@@ -307,6 +307,6 @@ def mtp_forward(w: dict, d: V4Dims, embed_table, sink, tokens, prev_hidden, cs, 
     lat = cache[:, :S, 0]
     with kernel_core("tree_attention"):
         o = tree_attention(inp.q.view(B, Q, d.H, d.D), lat, lat, lengths, pos, scratch[:, :, 0], scratch[:, :, 0],
-                           bits, scale=d.D ** -0.5, window=d.window, sink=sink)
+                           bits, window=d.window, sink=sink)
     x = attn_post(w, d, x, o.view(B * Q, d.H, d.D), cs)
     return moe(w, d, x).view(B, Q, -1)

@@ -42,7 +42,6 @@ import argparse
 import csv
 import dataclasses
 import io
-import os
 import sys
 import time
 import traceback
@@ -112,8 +111,9 @@ def time_step(step, reps: int = 10, warmup: int = 3) -> tuple[float, float, floa
 def _check_attention(s: Session, device, dtype=torch.bfloat16) -> None:
     """The tree attention kernel against its torch form at the two models' shapes (Qwen's GQA
     24/4 x 256, V4's MTP latent 64/1 x 512 with window and sink), in the model's dtype."""
-    from simtree.kernels.layers.attention_kernel import tree_attention_triton
+    from simtree.kernels.layers._attention_kernel import tree_attention_triton
     from simtree.kernels.layers.attention import chain_bits, tree_attention_ref
+    from simtree.kernels.layers.forms import set_forms
     g = torch.Generator(device=device).manual_seed(0)
     r = lambda *shape: torch.randn(*shape, generator=g, device=device).to(dtype)  # noqa: E731
     name = dtype_name(dtype)
@@ -134,7 +134,7 @@ def _check_attention(s: Session, device, dtype=torch.bfloat16) -> None:
                                    f"(Hq {Hq}, Hkv {Hkv}, D {D})")
         s.log(f"tree attention kernel: matches its torch form ({name}, both models' shapes)")
     except Exception as exc:   # noqa: BLE001 - the session goes on with the torch form
-        os.environ["SIMTREE_TREE_ATTENTION"] = "torch"
+        set_forms(tree_attention="torch")
         s.log(f"tree attention kernel FAILED ({type(exc).__name__}: {exc}); using the torch form")
 
 
