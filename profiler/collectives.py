@@ -17,7 +17,7 @@ A sweep entry (the sweep's ``models`` add their layers' message sizes)::
 
 Rows: stage ``comm_<op>``, model ``collective``, variant ``nccl_graph`` / ``nccl`` / ``gloo``,
 deployment ``tp=g`` (all-reduce, all-gather) or ``ep=g`` (all-to-all), ``message_bytes`` S as
-:mod:`simtree.deploy.comm` defines it (the reduced buffer, the gathered output, each rank's send
+:mod:`simtree.costs.comm` defines it (the reduced buffer, the gathered output, each rank's send
 buffer); latency of one call: the slowest rank's, per repetition.  ``simtree fit`` fits the
 alpha-beta model from them.  Resumable: points in the table are skipped.
 
@@ -36,7 +36,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from simtree.deploy.comm import COLLECTIVES, COMM_STAGES
+from simtree.costs.comm import COLLECTIVES, COMM_STAGES
 from simtree.errors import SimtreeError
 from simtree.models import DTYPE_BYTES, get_model
 
@@ -264,7 +264,7 @@ def _worker(spec_path: Path, rank: int, world: int) -> int:
     import torch.distributed as dist
 
     from simtree.costs.profile_table import append_rows
-    from simtree.deploy.deployment import parse_deployment
+    from simtree.parallel import parse_deployment
 
     cfg = json.loads(Path(spec_path).read_text())
     if cfg["cuda"]:

@@ -250,22 +250,18 @@ def layers_workload(ctx: Ctx, p: Point) -> Workload:
 
 
 def check_layers(ctx: Ctx, stage: str) -> str:
-    """The fused Triton ops of a layer call against their torch forms (SIMTREE_FUSED=torch) at a
+    """The fused Triton ops of a layer call against their torch forms (``forms(fused="torch")``) at a
     small point, where the step has fused ops and the device runs Triton."""
     if ctx.device.type != "cuda" or not stage.endswith(("_proj_step", "mlp_step", "lm_head_step")):
         return "no reference (timing only)"
-    import os
+    from simtree.kernels.layers.forms import forms
     n = 8 if stage == "lm_head_step" else 4
     kind = _kind_of(stage, ctx.model.kinds())
     make = layers_workload(ctx, Point(stage, LAYERS_VARIANT, ctx.model.name, 2, n, 64, "eagle")).make
     step, _ = make()
     got = step()
-    old = os.environ.get("SIMTREE_FUSED")
-    os.environ["SIMTREE_FUSED"] = "torch"
-    try:
+    with forms(fused="torch"):
         want = step()
-    finally:
-        os.environ.pop("SIMTREE_FUSED") if old is None else os.environ.__setitem__("SIMTREE_FUSED", old)
     if stage == "lm_head_step":
         agree = float((got == want).float().mean())
         assert agree >= 0.9, f"{stage}: greedy picks agree on {agree:.1%} of rows only"   # near-ties may flip

@@ -120,6 +120,7 @@ def _gdn_commit_workload(ctx: Ctx, p: Point) -> Workload:
     each tree's deepest node accepted (``TreeBatch.deepest_nodes``: the longest path to fold,
     the commit's most expensive case)."""
     from simtree.kernels import gdn as kg
+    from simtree.kernels.gdn import _launch as rule, _launched as kgl
     if p.variant not in ("triton_tree", "torch_ref"):
         raise Unavailable(f"unknown gdn_tree_commit variant {p.variant!r}")
     backend = "triton" if p.variant == "triton_tree" else "torch"
@@ -130,12 +131,12 @@ def _gdn_commit_workload(ctx: Ctx, p: Point) -> Workload:
         tb, meta, args = _gdn_inputs(ctx, p.batch_size, p.nodes_per_seq, p.tree_shape)
         tm = kg.tree_meta(meta["parents"], meta["cu_nodes"], max_nodes=tb.max_nodes,
                           validate=False, depth_first=tb.known_depth_first)
-        _, cache = kg.gdn_tree_verify(*args, meta["parents"], meta["cu_nodes"],
-                                      launch=kg.VerifyLaunch(backend=backend), meta=tm, check=False)
+        _, cache = kgl.launched_verify(*args, meta["parents"], meta["cu_nodes"],
+                                      launch=rule.VerifyLaunch(backend=backend), meta=tm, check=False)
         accepted = torch.as_tensor(tb.deepest_nodes, device=ctx.device)
         state, k = args[5], args[1]
-        launch = kg.CommitLaunch(backend=backend)
-        return (lambda: kg.gdn_tree_commit(state, k, cache, meta["parents"], meta["cu_nodes"],
+        launch = rule.CommitLaunch(backend=backend)
+        return (lambda: kgl.launched_commit(state, k, cache, meta["parents"], meta["cu_nodes"],
                                            accepted, launch=launch, check=False)), \
             nbytes(state, k, cache.u, cache.G)
     return Workload(make)
@@ -155,7 +156,7 @@ def _gdn_decode_workload(ctx: Ctx, p: Point) -> Workload:
     verify and then commit, reading the state twice).  ``triton_recurrent``: the per-node
     recurrent kernel on one-node trees, the new state written to a buffer of its own;
     ``torch_ref``: the runtime's torch step (CPU), state updated in place."""
-    from simtree.kernels import gdn as kg
+    from simtree.kernels.gdn import _launched as kgl
     if p.nodes_per_seq != 1:
         raise Unavailable(f"gdn_decode_step is one token per sequence, not {p.nodes_per_seq}")
     if p.variant not in ("triton_recurrent", "torch_ref"):
@@ -169,7 +170,7 @@ def _gdn_decode_workload(ctx: Ctx, p: Point) -> Workload:
             from simtree.kernels.gdn.ops import recurrent_step
             return (lambda: recurrent_step(q, k, v, gdec, beta, state)), nbytes(q, k, v, state)
         new = torch.empty_like(state)
-        return (lambda: kg.gdn_tree_verify_recurrent(q, k, v, gdec, beta, state, meta["parents"],
+        return (lambda: kgl.launched_recurrent(q, k, v, gdec, beta, state, meta["parents"],
                                                      meta["cu_nodes"], node_states=new,
                                                      check=False)), nbytes(q, k, v, state, new)
     return Workload(make)
@@ -191,6 +192,7 @@ def _gdn_inputs(ctx: Ctx, b: int, n: int, shape: str, salt: int = 0):
 def _gdn_workload(ctx: Ctx, p: Point) -> Workload:
     try:
         from simtree.kernels import gdn as kg
+        from simtree.kernels.gdn import _launch as rule, _launched as kgl
     except Exception as exc:  # kernel package missing or broken
         raise Unavailable(f"simtree.kernels.gdn not importable ({type(exc).__name__}: {exc})") from None
     b, n = p.batch_size, p.nodes_per_seq
@@ -203,8 +205,8 @@ def _gdn_workload(ctx: Ctx, p: Point) -> Workload:
             tb, meta, args = _gdn_inputs(ctx, b, n, p.tree_shape)
             tm = kg.tree_meta(meta["parents"], meta["cu_nodes"], max_nodes=tb.max_nodes,
                               validate=False, depth_first=tb.known_depth_first)
-            launch = kg.VerifyLaunch(backend=backend)
-            return (lambda: kg.gdn_tree_verify(*args, meta["parents"], meta["cu_nodes"], launch=launch,
+            launch = rule.VerifyLaunch(backend=backend)
+            return (lambda: kgl.launched_verify(*args, meta["parents"], meta["cu_nodes"], launch=launch,
                                                meta=tm, check=False)), nbytes(*args)
         return Workload(make)
     if p.variant == "recurrent_baseline":
@@ -216,7 +218,7 @@ def _gdn_workload(ctx: Ctx, p: Point) -> Workload:
             g = ctx.model.gdn
             states = torch.empty((tb.total_nodes, g["value_heads"], g["key_dim"], g["value_dim"]),
                                  dtype=torch.float32, device=ctx.device)
-            return (lambda: kg.gdn_tree_verify_recurrent(*args, meta["parents"], meta["cu_nodes"],
+            return (lambda: kgl.launched_recurrent(*args, meta["parents"], meta["cu_nodes"],
                                                          node_states=states, check=False)), nbytes(*args, states)
         return Workload(make)
     if p.variant in ("fla_chunk", "fla_recurrent"):
@@ -423,13 +425,14 @@ def check_variant(ctx: Ctx, stage: str, variant: str, builders: Mapping[str, Ste
         return f"ok (rel err {err:.1e} vs dense masked attention)"
     if stage == "gdn_tree_verify" and variant in ("triton_tree", "torch_ref", "recurrent_baseline"):
         from simtree.kernels import gdn as kg
+        from simtree.kernels.gdn import _launch as rule, _launched as kgl
         tb, meta, args = _gdn_inputs(ctx, 2, 8, "eagle", salt=5)
         if variant == "recurrent_baseline":
             out = kg.gdn_tree_verify_recurrent(*args, meta["parents"], meta["cu_nodes"])[0]
         else:
             backend = "triton" if variant == "triton_tree" else "torch"
-            out = kg.gdn_tree_verify(*args, meta["parents"], meta["cu_nodes"],
-                                     launch=kg.VerifyLaunch(backend=backend))[0]
+            out = kgl.launched_verify(*args, meta["parents"], meta["cu_nodes"],
+                                     launch=rule.VerifyLaunch(backend=backend))[0]
         ref = kg.gdn_tree_verify_ref(*[a.double() for a in args], meta["parents"], meta["cu_nodes"])
         ref = ref[0] if isinstance(ref, tuple) else ref
         err = float((out.double() - ref).abs().max() / ref.abs().max())
@@ -450,15 +453,16 @@ def check_variant(ctx: Ctx, stage: str, variant: str, builders: Mapping[str, Ste
         return f"ok (rel err {err:.1e} vs the runtime's torch step, float64)"
     if stage == "gdn_tree_commit" and variant == "triton_tree":
         from simtree.kernels import gdn as kg
+        from simtree.kernels.gdn import _launch as rule, _launched as kgl
         tb, meta, args = _gdn_inputs(ctx, 2, 8, "eagle", salt=6)
         accepted = torch.as_tensor(tb.deepest_nodes, device=ctx.device)
         states = []
         for backend in ("triton", "torch"):
-            _, cache = kg.gdn_tree_verify(*args, meta["parents"], meta["cu_nodes"],
-                                          launch=kg.VerifyLaunch(backend=backend))
+            _, cache = kgl.launched_verify(*args, meta["parents"], meta["cu_nodes"],
+                                          launch=rule.VerifyLaunch(backend=backend))
             state = args[5].clone()
-            kg.gdn_tree_commit(state, args[1], cache, meta["parents"], meta["cu_nodes"], accepted,
-                               launch=kg.CommitLaunch(backend=backend))
+            kgl.launched_commit(state, args[1], cache, meta["parents"], meta["cu_nodes"], accepted,
+                               launch=rule.CommitLaunch(backend=backend))
             states.append(state.double())
         err = float((states[0] - states[1]).abs().max() / states[1].abs().max())
         assert err < 3e-2, f"gdn commit (triton) differs from the torch commit: rel err {err:.2e}"

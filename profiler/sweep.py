@@ -47,7 +47,7 @@ from typing import Mapping
 from simtree.costs.profile_table import MIN_INT
 from simtree.costs.steps import TREE_SHAPES, Point, StepBuilder, Unavailable
 from simtree.data import data_path
-from simtree.deploy.deployment import DEFAULT_DEPLOYMENT, parse_deployment
+from simtree.parallel import DEFAULT_DEPLOYMENT, parse_deployment
 from simtree.errors import SimtreeError
 from simtree.fileio import read_yaml
 from simtree.machine.hostprobe import probe as host_probe

@@ -11,8 +11,9 @@ import argparse
 
 import torch
 
-from simtree.kernels.gdn import (CommitLaunch, VerifyLaunch, gdn_accepted_paths_ref, gdn_tree_commit,
-                                 gdn_tree_verify, tree_meta)
+from simtree.kernels.gdn import gdn_accepted_paths_ref, tree_meta
+from simtree.kernels.gdn._launch import CommitLaunch, VerifyLaunch
+from simtree.kernels.gdn._launched import launched_commit, launched_verify
 from simtree.profiler.bench.gdn_util import QWEN36, graph_time_us, shape_inputs, shape_trees
 
 KEYS = ("q", "k", "v", "g", "beta", "state", "parents", "cu_nodes")
@@ -43,14 +44,14 @@ def main() -> None:
         for ucache, dot16 in ((0, 0), (1, 0), (1, 1)):
             verify = VerifyLaunch(backend="triton", u_cache_bf16=ucache)
             commit = CommitLaunch(dot16=dot16)
-            caches = [gdn_tree_verify(*(c[k] for k in KEYS), launch=verify, meta=meta,
+            caches = [launched_verify(*(c[k] for k in KEYS), launch=verify, meta=meta,
                                       check=False)[1] for c in copies]
             S = copies[0]["state"].clone()
-            gdn_tree_commit(S, copies[0]["k"], caches[0], copies[0]["parents"],
+            launched_commit(S, copies[0]["k"], caches[0], copies[0]["parents"],
                             copies[0]["cu_nodes"], acc, check=False, launch=commit)
             err = float((S.double().cpu() - truth).abs().max() / truth.abs().max())
             states = [c["state"].clone() for c in copies]
-            t = graph_time_us([lambda c=c, ca=ca, s=s: gdn_tree_commit(
+            t = graph_time_us([lambda c=c, ca=ca, s=s: launched_commit(
                 s, c["k"], ca, c["parents"], c["cu_nodes"], acc, check=False, launch=commit)
                 for c, ca, s in zip(copies, caches, states)], replays=args.replays)
             print(f"b{b} n{n} u={'bf16' if ucache else 'fp32'} dot16={dot16} "

@@ -12,7 +12,9 @@ import argparse
 import torch
 import triton
 
-from simtree.kernels.gdn import VerifyLaunch, gdn_tree_verify, tree_verify
+from simtree.kernels.gdn import _tree_kernels as tree_verify
+from simtree.kernels.gdn._launch import VerifyLaunch
+from simtree.kernels.gdn._launched import launched_verify
 from simtree.profiler.bench.bench_gdn import parse_configs
 from simtree.profiler.bench.gdn_util import QWEN36, probe_inputs
 
@@ -61,7 +63,7 @@ def main() -> None:
         inp = probe_inputs(b, n, dims)
         for cfg in cfgs:
             calls.clear()
-            gdn_tree_verify(*(inp[k] for k in KEYS), launch=VerifyLaunch(backend="triton", **cfg))
+            launched_verify(*(inp[k] for k in KEYS), launch=VerifyLaunch(backend="triton", **cfg))
             torch.cuda.synchronize()
             total = 0.
             for nm, grid, a, kw, ck in list(calls):

@@ -15,7 +15,9 @@ import statistics
 import pandas as pd
 import torch
 
-from simtree.kernels.gdn import VerifyLaunch, gdn_tree_verify, tree_meta
+from simtree.kernels.gdn import tree_meta
+from simtree.kernels.gdn._launch import VerifyLaunch
+from simtree.kernels.gdn._launched import launched_verify
 from simtree.profiler.bench.bench_gdn import parse_configs
 from simtree.profiler.bench.gdn_util import QWEN36, TREE_ORDERS, shape_inputs
 
@@ -72,7 +74,7 @@ def main() -> None:
         meta = tree_meta(inp["parents"], inp["cu_nodes"], depth_first=inp["tb"].is_depth_first)
         for c in args.configs.split(","):
             launch = VerifyLaunch(backend="triton", **(parse_configs(c)[0] if c else {}))
-            kernels, spans = trace(lambda: gdn_tree_verify(
+            kernels, spans = trace(lambda: launched_verify(
                 *(inp[k] for k in KEYS), launch=launch, meta=meta, check=False), args.reps)
             base = dict(batch_size=b, nodes_per_seq=n, config=c or "rule")
             rows.append(dict(base, kernel="(span)", us=statistics.median(spans), stat="median"))

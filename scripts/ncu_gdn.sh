@@ -14,7 +14,7 @@
 set -uo pipefail
 out=$1; shapes=${2:-"1:128 16:64 16:128 64:128"}; kw=${3:-}
 mkdir -p "$out"
-names() { python3 -c "from simtree.kernels.gdn import tree_verify as t; print('|'.join(t.$1))"; }
+names() { python3 -c "from simtree.kernels.gdn import _tree_kernels as t; print('|'.join(t.$1))"; }
 KERNELS=$(names PROFILED_KERNELS) WALKS=$(names PROFILED_WALKS) || { echo "simtree not importable"; exit 2; }
 NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | tail -1)
 [ -n "$NCU" ] || { echo "no ncu on this machine"; exit 2; }

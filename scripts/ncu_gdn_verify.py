@@ -10,7 +10,8 @@ import sys
 
 import torch
 
-from simtree.kernels.gdn import VerifyLaunch, gdn_tree_verify
+from simtree.kernels.gdn._launch import VerifyLaunch
+from simtree.kernels.gdn._launched import launched_verify
 from simtree.profiler.bench.gdn_util import probe_inputs
 
 KEYS = ("q", "k", "v", "g", "beta", "state", "parents", "cu_nodes")
@@ -29,7 +30,7 @@ def main() -> None:
         if i == 2:
             torch.cuda.synchronize()
             torch.cuda.cudart().cudaProfilerStart()
-        gdn_tree_verify(*(inp[k] for k in KEYS), launch=launch)
+        launched_verify(*(inp[k] for k in KEYS), launch=launch)
     torch.cuda.synchronize()
     torch.cuda.cudart().cudaProfilerStop()
     print(f"b{b} n{n}: three verifies done ({kw or 'default launch'})")

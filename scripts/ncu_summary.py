@@ -11,7 +11,7 @@ import re
 import sys
 from pathlib import Path
 
-from simtree.kernels.gdn.tree_verify import PROFILED_WALKS
+from simtree.kernels.gdn._tree_kernels import PROFILED_WALKS
 
 DETAILS = ("Duration", "Grid Size", "Block Size", "Registers Per Thread", "Theoretical Occupancy", "Achieved Occupancy",
            "Issued Ipc Active", "Issue Slots Busy", "Warp Cycles Per Issued Instruction",

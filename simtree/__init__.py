@@ -3,17 +3,22 @@
 The core, in the order of the loop (each subpackage's docstring says more):
 
     simtree.trees        the draft tree, its builders, greedy acceptance
-    simtree.costs        profile table -> fitted cost models (C_v, C_d) and their protocols
+    simtree.costs        profile table -> fitted cost models (C_v, C_d), the collectives' model
     simtree.acceptance   acceptance models and a tree's expected accepted length
     simtree.planning     policies per mode, the throughput simulator, the planner, the policy file
-    simtree.reporting    plan and closed-loop reports
-    simtree.machine      facts about the machine a profile or run happened on
+    simtree.deploy       what a rank of a multi-GPU deployment holds, whether it fits, what it costs
+    simtree.reporting    plan and closed-loop reports, rendered from what planning and runs made
+    simtree.machine      the machine tables, facts about the machine a profile or run happened on
     simtree.data         package data (model shapes, checkpoints, cost bundles, sweeps)
 
-with ``errors``, ``fileio``, ``models`` (model shapes) and ``probs`` beside them.  Above the core:
-``simtree.kernels`` (Triton kernels), then ``simtree.runtime`` (models and the speculative
-engine) and ``simtree.profiler`` (timing sweeps), which never import each other, then
-``simtree.cli``.  tests/test_dependencies.py holds these rules.
+with modules beside them: simtree.models (model shapes, the registry), simtree.parallel (how a
+model is split over GPUs: tp, ep), simtree.errors, simtree.fileio and simtree.probs.  Above the
+core: simtree.kernels (kernels/: simtree.kernels.gdn and simtree.kernels.v4, the Triton and
+CUDA kernels; simtree.kernels.layers, the models' layers built from them), then
+simtree.runtime (runtime/: tiny models and the speculative engine; simtree.runtime.full, the
+full-size models on the kernel layers) and simtree.profiler (profiler/: timing sweeps;
+simtree.profiler.bench, kernel benchmarks and tuning), which never import each other, then
+simtree.cli, the command line.  tests/test_dependencies.py holds these rules.
 """
 from simtree.errors import SimtreeError, TreeError
 from simtree.trees.tree import DraftTree, TreeBatch

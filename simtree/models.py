@@ -21,7 +21,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from simtree.data import data_path
-from simtree.deploy.deployment import DEFAULT_DEPLOYMENT, Deployment, parse_deployment
+from simtree.parallel import DEFAULT_DEPLOYMENT, Deployment, parse_deployment
 from simtree.errors import SimtreeError, check_int
 from simtree.fileio import read_yaml
 

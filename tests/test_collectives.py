@@ -7,7 +7,7 @@ from typer.testing import CliRunner
 
 from simtree.cli import app
 from simtree.costs import profile_table as pt
-from simtree.deploy.comm import load_comm
+from simtree.costs.comm import load_comm
 from simtree.errors import SimtreeError
 from simtree.profiler import sweep as sw
 from simtree.profiler.collectives import collective_points

@@ -6,8 +6,12 @@
 
 The core imports none of the layers above it; kernels import only the core; runtime and
 profiler never import each other; nothing imports a private (underscore) name of another
-package; and no simtree modules import each other in a circle (function-level imports
-included: a circle is a tangle even where it happens not to deadlock at import time).
+package; no simtree modules import each other in a circle (function-level imports
+included: a circle is a tangle even where it happens not to deadlock at import time), nor do
+simtree's subpackages and top-level modules taken as wholes (``simtree.costs``,
+``simtree.deploy``, ``simtree.models``, ``simtree.kernels.gdn``, ...); reporting renders what
+planning made and never plans, planning never reports; and no file under kernels/ reads the
+environment (a caller passes the choice).
 """
 from __future__ import annotations
 
@@ -89,10 +93,11 @@ def violations(mods: dict[str, Path], pending=frozenset()) -> list[str]:
     return bad
 
 
-def cycles(mods: dict[str, Path], pending=frozenset()) -> list[list[str]]:
-    """Strongly connected groups of more than one module (Tarjan)."""
+def cycles(mods: dict[str, Path], pending=frozenset(), edges=None) -> list[list[str]]:
+    """Strongly connected groups of more than one module (Tarjan), over the import edges of
+    ``mods`` (or ``edges``, (importer, imported, name) triples)."""
     graph = {m: set() for m in mods}
-    for src, dst, _ in imports(mods):
+    for src, dst, _ in imports(mods) if edges is None else edges:
         if dst in mods and dst != src and (src, dst) not in pending:
             graph[src].add(dst)
     index, low, stack, on, found, counter = {}, {}, [], set(), [], [0]
@@ -134,6 +139,55 @@ def test_dependencies_point_one_way():
 
 def test_no_import_cycles():
     assert cycles(modules(), PENDING) == []
+
+
+def unit(module: str) -> str:
+    """The subpackage (or top-level module) a module belongs to: simtree.costs.model ->
+    simtree.costs, simtree.models -> simtree.models, simtree.kernels.gdn.verify ->
+    simtree.kernels.gdn (kernels/, runtime/ and profiler/ count one level deeper)."""
+    parts = module.split(".")
+    depth = 3 if len(parts) > 2 and parts[1] in ("kernels", "runtime", "profiler") else 2
+    return ".".join(parts[:depth])
+
+
+def package_cycles(mods: dict[str, Path]) -> list[list[str]]:
+    """Circles between subpackages: ``cycles`` over the graph of ``unit``s."""
+    units = {unit(m): Path(f"{unit(m)}.py") for m in mods}
+    collapsed = [(unit(src), unit(dst), None) for src, dst, _ in imports(mods)]
+    return cycles(units, edges=collapsed)
+
+
+def test_no_import_cycles_between_subpackages():
+    mods = modules()
+    assert {"simtree.costs", "simtree.deploy", "simtree.models", "simtree.kernels.gdn",
+            "simtree.runtime.full"} <= {unit(m) for m in mods}
+    assert package_cycles(mods) == []
+
+
+def test_reporting_renders_and_planning_plans():
+    # the planner's entries (plan, plan_bundles) are planning's to call: reporting imports
+    # none, and planning imports no report
+    mods = modules()
+    entries = {("simtree.planning.planner", "plan"), ("simtree.planning.bundles", "plan_bundles")}
+    bad = [f"{src} imports {dst}" + (f".{name}" if name else "") for src, dst, name in imports(mods)
+           if (src.startswith("simtree.reporting") and (dst, name) in entries)
+           or (src.startswith("simtree.planning") and dst.startswith("simtree.reporting"))]
+    assert bad == []
+
+
+def test_no_kernel_reads_the_environment():
+    # which form a kernel runs is an argument or a caller-set config (kernels/layers/forms.py);
+    # the interpreter is Triton's own state (kernels/_triton.py), the CUDA toolchain's folders
+    # simtree.machine.toolchain's
+    hits = []
+    for path in sorted((ROOT / "kernels").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.ImportFrom) and node.module == "os" and any(
+                    a.name in ("environ", "environb", "getenv") for a in node.names):
+                hits.append(f"{path.relative_to(ROOT)}:{node.lineno} from os import ...")
+            elif isinstance(node, ast.Attribute) and node.attr in ("environ", "environb", "getenv"):
+                hits.append(f"{path.relative_to(ROOT)}:{node.lineno} {ast.unparse(node)}")
+    assert hits == [], hits
 
 
 def test_runtime_and_profiler_share_nothing_but_the_layers_below():
@@ -182,3 +236,13 @@ def test_allowed_imports_pass_and_circles_are_found(fake_tree):
     tangled = fake_tree(simtree__core_a="from simtree.core_b import x\n",
                         simtree__core_b="def f():\n    from simtree import core_a\n")
     assert cycles(tangled) == [["simtree.core_a", "simtree.core_b"]]
+
+
+def test_circles_between_subpackages_are_found(fake_tree):
+    # no module circle, but costs -> deploy -> costs as packages
+    mods = fake_tree(simtree__costs__fit="from simtree.deploy.comm import x\n",
+                     simtree__costs__table="", simtree__costs____init__="",
+                     simtree__deploy____init__="", simtree__deploy__comm="x = 1\n",
+                     simtree__deploy__costs="from simtree.costs.table import y\n")
+    assert cycles(mods) == []
+    assert package_cycles(mods) == [["simtree.costs", "simtree.deploy"]]

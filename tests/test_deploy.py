@@ -7,9 +7,9 @@ import pytest
 
 from simtree.data import data_path
 from simtree.deploy import Deployment, parse_deployment
-from simtree.deploy.comm import (COLLECTIVES, AlphaBeta, CommModel, draft_collectives, fit_comm, load_comm,
+from simtree.costs.comm import (COLLECTIVES, AlphaBeta, CommModel, draft_collectives, fit_comm, load_comm,
                                  step_collectives, traffic_factor)
-from simtree.deploy.machines import MACHINES_ENV, get_machine, machine_for_device
+from simtree.machine.machines import MACHINES_ENV, get_machine, machine_for_device
 from simtree.deploy.memory import check_fits, rank_memory, smallest_fit
 from simtree.errors import SimtreeError
 from simtree.models import get_model

@@ -223,7 +223,7 @@ def test_check_compares_a_ranks_composed_and_live_steps(tmp_path):
 
 
 def test_a_plan_on_measured_collectives_stops_saying_assumed(tp2_bundle, tmp_path):
-    from simtree.deploy.comm import AlphaBeta, CommModel
+    from simtree.costs.comm import AlphaBeta, CommModel
 
     measured = CommModel({c: {2: AlphaBeta(7.0, 350.0)} for c in ("all_reduce", "all_gather")}, measured=True,
                          machine="h200", source={"profile": "comm.csv"})

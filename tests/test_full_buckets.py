@@ -94,7 +94,7 @@ def _attention_inputs(seed, B=2, Q=3, Hq=4, Hkv=2, D=16, S=40, T=5):
 
 @pytest.mark.parametrize("window, sink", [(0, False), (8, True)])
 def test_tree_attention_kernel_matches_the_reference(window, sink):
-    from simtree.kernels.layers.attention_kernel import tree_attention_triton
+    from simtree.kernels.layers._attention_kernel import tree_attention_triton
     args = _attention_inputs(0)
     s = torch.randn(4) if sink else None
     got = tree_attention_triton(*args, scale=0.25, window=window, sink=s)
@@ -105,7 +105,7 @@ def test_tree_attention_kernel_matches_the_reference(window, sink):
 def test_tree_attention_kernel_with_several_row_blocks_and_two_bit_words():
     """72 (query, head) rows of one KV head (two program blocks), 70 tree rows (two 64-bit words
     per query), per-query window starts and a sink."""
-    from simtree.kernels.layers.attention_kernel import tree_attention_triton
+    from simtree.kernels.layers._attention_kernel import tree_attention_triton
     g = torch.Generator().manual_seed(5)
     B, Q, Hq, Hkv, D, S, T = 2, 9, 8, 1, 16, 50, 70
     r = lambda *s: torch.randn(*s, generator=g)  # noqa: E731

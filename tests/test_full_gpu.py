@@ -24,7 +24,7 @@ def _model(name="tiny-gdn", dtype=torch.float32):
 def test_tree_attention_kernel_on_the_gpu(D, Hq, Hkv, window, dtype):
     """Both models' head shapes, in bf16 and in fp32 (the fp32 lossless check's tiles are smaller)."""
     from simtree.kernels.layers.attention import chain_bits, tree_attention_ref
-    from simtree.kernels.layers.attention_kernel import tree_attention_triton
+    from simtree.kernels.layers._attention_kernel import tree_attention_triton
     g = torch.Generator(device="cuda").manual_seed(0)
     r = lambda *s: torch.randn(*s, generator=g, device="cuda").to(dtype)  # noqa: E731
     B, Q, S = 3, 8, 300

@@ -74,7 +74,7 @@ def test_session_report_fits_plans_predicts_and_compares(session, tmp_path):
     assert "median 2.0%" in (out / "composed_vs_measured.md").read_text()
     assert json.loads((session / "summary.json").read_text())["runs"][0]["stats"]["rounds"] == 2
     # the rank's profile, tagged with its deployment: what scripts/ship_defaults.sh fits once shipped
-    from simtree.deploy.deployment import parse_deployment
+    from simtree.parallel import parse_deployment
     from simtree.deploy.shipped import profile_for
     rank = pt.load_profile(out / f"profile_{MODEL}_tp1.csv")
     assert set(rank.deployment) == {"tp=1"} and set(zip(rank.stage, rank.variant)) == {

@@ -1,5 +1,5 @@
-"""The GDN kernels' public surface: entry points that take the math and one typed launch
-config, the configs' own checks, and the launch rule's evidence file."""
+"""The GDN kernels' public surface: entry points that take the math only (the launch is the
+private rule's), the launch configs' own checks, and the launch rule's evidence file."""
 from __future__ import annotations
 
 import inspect
@@ -12,8 +12,9 @@ import pytest
 
 import simtree.kernels.gdn as kg
 from simtree.errors import SimtreeError
-from simtree.kernels.gdn import (CommitLaunch, VerifyLaunch, commit_launch_config, gdn_tree_commit,
-                                 gdn_tree_verify, gdn_tree_verify_recurrent, verify_launch_config)
+from simtree.kernels.gdn import gdn_tree_commit, gdn_tree_verify, gdn_tree_verify_recurrent
+from simtree.kernels.gdn._launch import (CommitLaunch, VerifyLaunch, commit_launch_config,
+                                         verify_launch_config)
 
 ROOT = Path(__file__).resolve().parents[1]
 MATH = ("q", "k", "v", "g", "beta", "state", "parents", "cu_nodes")
@@ -23,19 +24,17 @@ def _params(fn):
     return [(p.name, p.kind == p.KEYWORD_ONLY) for p in inspect.signature(fn).parameters.values()]
 
 
-def test_entry_points_take_the_math_and_one_launch_config():
-    # how a call is launched is one typed config, never more keyword switches: the signatures
-    # hold the math, the round's meta, the host-sync check and ``launch`` (None: the rule)
+def test_entry_points_take_the_math_only():
+    # how a call is launched is the rule's, chosen inside: the signatures hold the math and the
+    # round's meta (given: the inputs are taken as checked, no host sync), never a launch
     math = [(x, False) for x in MATH]
-    assert _params(gdn_tree_verify) == math + [(x, True) for x in ("scale", "qk_l2norm", "meta",
-                                                                   "check", "launch")]
+    assert _params(gdn_tree_verify) == math + [(x, True) for x in ("scale", "meta")]
     assert _params(gdn_tree_commit) == [(x, False) for x in ("state", "k", "cache", "parents",
                                                             "cu_nodes", "accepted")] + \
-        [("check", True), ("launch", True)]
+        [("check", True)]
     assert _params(gdn_tree_verify_recurrent) == math + [(x, True) for x in (
-        "scale", "qk_l2norm", "node_states", "check")]
-    for fn in (gdn_tree_verify, gdn_tree_commit):
-        assert inspect.signature(fn).parameters["launch"].default is None
+        "scale", "node_states")]
+    assert not {"VerifyLaunch", "CommitLaunch", "verify_launch_config"} & set(kg.__all__)
 
 
 def test_the_rule_sets_every_switch_a_config_leaves_open():
@@ -94,4 +93,4 @@ def test_the_launch_evidence_cites_files_that_exist():
         assert gone == []
     rows = [ln for ln in doc.splitlines() if ln.startswith("| verify |")]
     assert len(rows) > 20 and all("reports/" in ln for ln in rows)
-    assert "docs/kernels/gdn_launch.md" in (ROOT / "kernels" / "gdn" / "launch.py").read_text()
+    assert "docs/kernels/gdn_launch.md" in (ROOT / "kernels" / "gdn" / "_launch.py").read_text()

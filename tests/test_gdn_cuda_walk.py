@@ -10,10 +10,11 @@ import pytest
 import torch
 
 from simtree.errors import SimtreeError
-from simtree.kernels.gdn import (LaunchNotApplicable, VerifyLaunch, gdn_tree_verify,
-                                 gdn_tree_verify_dense_ref, tree_meta, verify_launch_config)
-from simtree.kernels.gdn import cuda_walk
-from simtree.kernels.gdn import launch as gdn_launch
+from simtree.kernels.gdn import gdn_tree_verify_dense_ref, tree_meta
+from simtree.kernels.gdn._launch import LaunchNotApplicable, VerifyLaunch, verify_launch_config
+from simtree.kernels.gdn._launched import launched_verify
+from simtree.kernels.gdn import _cuda_walk as cuda_walk
+from simtree.kernels.gdn import _launch as gdn_launch
 
 from test_gdn_verify import KEYS, make_inputs, random_tree, rel_err
 
@@ -89,7 +90,7 @@ def _small_verify_args(seed):
 def test_cpu_falls_back_to_the_triton_walk_and_refuses_an_explicit_cuda_walk(monkeypatch):
     args = _small_verify_args(3)
     base = VerifyLaunch(backend="triton", kside=1, prenorm=1)
-    run = lambda **switches: gdn_tree_verify(*args, launch=replace(base, **switches))  # noqa: E731
+    run = lambda **switches: launched_verify(*args, launch=replace(base, **switches))  # noqa: E731
     want, _ = run(cuda_walk=0)
     real = gdn_launch.verify_launch_config
     for ks, kcu in ((0, 0), (1, 0), (0, 1)):   # a rule that asks for the CUDA walk (with the
@@ -123,7 +124,7 @@ def test_the_rules_cuda_kside_kernel_gives_way_where_only_it_cannot_run(monkeypa
     # (mode 0) instead of failing; asked for explicitly, the K-side kernel is an error
     args = _small_verify_args(4)
     base = VerifyLaunch(backend="triton", kside=1, prenorm=1, block_v=32)
-    run = lambda **switches: gdn_tree_verify(*args, launch=replace(base, **switches))  # noqa: E731
+    run = lambda **switches: launched_verify(*args, launch=replace(base, **switches))  # noqa: E731
     real = gdn_launch.verify_launch_config
     monkeypatch.setattr(gdn_launch, "verify_launch_config", lambda *a, **k: replace(
         real(*a, **k), cuda_walk=2, kside_cuda=1, l2_prefetch=19))
@@ -153,7 +154,7 @@ def test_l2_prefetch_and_kside_warps_reach_the_kernels(monkeypatch):
     # CUDA walk) is refused; outside 0-31 a one-line error
     args = _small_verify_args(5)
     base = VerifyLaunch(backend="triton", kside=1, prenorm=1)
-    run = lambda **switches: gdn_tree_verify(*args, launch=replace(base, **switches))  # noqa: E731
+    run = lambda **switches: launched_verify(*args, launch=replace(base, **switches))  # noqa: E731
     monkeypatch.setattr(gdn_launch, "cuda_walk_blockers", lambda **k: [])
     monkeypatch.setattr(cuda_walk, "resident_rows", lambda dev, nc, bv, mt, mode, V: 100 + mode)
     calls = []
@@ -297,7 +298,7 @@ def test_cuda_walk_matches_the_triton_walk_on_the_gpu(bv, mt, ks, kcu, order, mo
         args = [inp[k] for k in KEYS] + [inp["parents"], inp["cu_nodes"]]
         base = VerifyLaunch(backend="triton", kside=1, prenorm=1, g_pass=1, solve_bf16=1,
                             u_bf16=1, u_cache_bf16=1, block_t=16, block_v=bv)
-        run = lambda args, **switches: gdn_tree_verify(  # noqa: E731
+        run = lambda args, **switches: launched_verify(  # noqa: E731
             *args, meta=meta, launch=replace(base, **switches))
         o_t, c_t = run(args, transposed=1, cuda_walk=0)
         o_c, c_c = run(args, cuda_walk=mt, walk_kside=ks, kside_cuda=kcu, l2_prefetch=0)
@@ -321,8 +322,8 @@ def test_cuda_walk_matches_the_triton_walk_on_the_gpu(bv, mt, ks, kcu, order, mo
                        k=torch.nn.functional.normalize(inp["k"].float(), dim=-1).to(inp["k"].dtype))
             args2 = [raw[k] for k in KEYS] + [raw["parents"], raw["cu_nodes"]]
             nk = dict(meta=meta, qk_l2norm=False, scale=0.05)
-            o_t2, _ = gdn_tree_verify(*args2, **nk, launch=replace(base, transposed=1, cuda_walk=0))
-            o_c2, _ = gdn_tree_verify(*args2, **nk,
+            o_t2, _ = launched_verify(*args2, **nk, launch=replace(base, transposed=1, cuda_walk=0))
+            o_c2, _ = launched_verify(*args2, **nk,
                                       launch=replace(base, cuda_walk=mt, kside_cuda=kcu))
             ref2 = gdn_tree_verify_dense_ref(*(raw[k].double() for k in KEYS), raw["parents"],
                                              raw["cu_nodes"], scale=0.05, qk_l2norm=False)

@@ -5,8 +5,9 @@ import numpy as np
 import pytest
 import torch
 
-from simtree.kernels.gdn import (CommitLaunch, VerifyLaunch, gdn_tree_verify,
-                                 gdn_tree_verify_dense_batched, gdn_tree_verify_dense_ref, tree_meta)
+from simtree.kernels.gdn import gdn_tree_verify_dense_batched, gdn_tree_verify_dense_ref, tree_meta
+from simtree.kernels.gdn._launch import CommitLaunch, VerifyLaunch
+from simtree.kernels.gdn._launched import launched_commit, launched_verify
 from simtree.trees.tree import DraftTree, TreeBatch
 from test_gdn_verify import random_tree
 
@@ -84,7 +85,7 @@ def test_torch_backend_uses_batched_solve():
     rng = np.random.default_rng(10)
     trees = [random_tree(int(n), rng) for n in (12, 40, 3)]
     x, tree = make(trees, 10, dtype=torch.float32)
-    out, cache = gdn_tree_verify(*x, *tree, launch=VerifyLaunch(backend="torch"))
+    out, cache = launched_verify(*x, *tree, launch=VerifyLaunch(backend="torch"))
     ref, aux = gdn_tree_verify_dense_ref(*[t.double() for t in x], *tree, return_aux=True)
     assert out.dtype == torch.float32 and cache.u.dtype == cache.G.dtype == torch.float32
     assert rel(out, ref) < 1e-5 and rel(cache.u, aux["u"]) < 1e-5 and rel(cache.G, aux["G"]) < 1e-5
@@ -107,15 +108,15 @@ def test_batched_is_differentiable_like_the_reference():
 @pytest.mark.parametrize("g_scale", [0.5, 60.0])
 def test_torch_commit_matches_sequential_decode(g_scale):
     # g = -30: off-path G differences are huge; only the accepted path may enter exp
-    from simtree.kernels.gdn import gdn_accepted_paths_ref, gdn_tree_commit
+    from simtree.kernels.gdn import gdn_accepted_paths_ref
     rng = np.random.default_rng(12)
     trees = [random_tree(int(n), rng) for n in (25, 1, 40)] + [DraftTree.chain(9)]
     x, tree = make(trees, 12, dtype=torch.float32, g_scale=g_scale)
-    _, cache = gdn_tree_verify(*x, *tree, launch=VerifyLaunch(backend="torch"))
+    _, cache = launched_verify(*x, *tree, launch=VerifyLaunch(backend="torch"))
     accepted = torch.tensor([int(rng.integers(0, t.num_nodes)) for t in trees])
     accepted[0], accepted[3] = trees[0].num_nodes - 1, 8
     S = x[5].clone()
-    gdn_tree_commit(S, x[1], cache, *tree, accepted, launch=CommitLaunch(backend="torch"))
+    launched_commit(S, x[1], cache, *tree, accepted, launch=CommitLaunch(backend="torch"))
     want = gdn_accepted_paths_ref(*(y.double() for y in x[:6]), trees, tree[1], accepted)
     assert torch.isfinite(S).all()
     assert rel(S, want) < 1e-5

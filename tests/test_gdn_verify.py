@@ -10,12 +10,14 @@ import triton
 import triton.language as tl
 
 from simtree.errors import SimtreeError
-from simtree.kernels.gdn import (CommitLaunch, LaunchNotApplicable, VerifyLaunch,
-                                 gdn_accepted_paths_ref, gdn_tree_commit, gdn_tree_verify,
+from simtree.kernels.gdn import (gdn_accepted_paths_ref, gdn_tree_commit, gdn_tree_verify,
                                  gdn_tree_verify_dense_ref, gdn_tree_verify_recurrent,
-                                 gdn_tree_verify_ref, tree_meta, verify_launch_config)
-from simtree.kernels.gdn import launch as gdn_launch
-from simtree.kernels.gdn.tree_verify import _popcount64, _select_bit64
+                                 gdn_tree_verify_ref, tree_meta)
+from simtree.kernels.gdn._launch import (CommitLaunch, LaunchNotApplicable, VerifyLaunch,
+                                         verify_launch_config)
+from simtree.kernels.gdn._launched import launched_commit, launched_verify
+from simtree.kernels.gdn import _launch as gdn_launch
+from simtree.kernels.gdn._tree_kernels import _popcount64, _select_bit64
 from simtree.trees.tree import DraftTree, TreeBatch
 
 H, HV, K, V = 2, 4, 16, 32
@@ -60,7 +62,7 @@ def test_triton_matches_both_references_fp32(seed):
     tree = (inp["parents"], inp["cu_nodes"])
     ref_a = gdn_tree_verify_ref(*f64(inp), *tree)
     ref_b = gdn_tree_verify_dense_ref(*f64(inp), *tree)
-    out, _ = gdn_tree_verify(*(inp[k] for k in KEYS), *tree, launch=on_triton())
+    out, _ = launched_verify(*(inp[k] for k in KEYS), *tree, launch=on_triton())
     assert rel_err(ref_b, ref_a) < 1e-12
     assert rel_err(out, ref_a) < 1e-4
 
@@ -73,7 +75,7 @@ def test_triton_bf16_inputs():
     # bugs.
     rng = np.random.default_rng(2)
     inp = make_inputs([random_tree(20, rng), random_tree(9, rng)], 2, dtype=torch.bfloat16)
-    out, _ = gdn_tree_verify(*(inp[k] for k in KEYS), inp["parents"], inp["cu_nodes"],
+    out, _ = launched_verify(*(inp[k] for k in KEYS), inp["parents"], inp["cu_nodes"],
                              launch=on_triton())
     assert out.dtype == torch.bfloat16
     assert rel_err(out, gdn_tree_verify_ref(*f64(inp), inp["parents"], inp["cu_nodes"])) < 2e-2
@@ -85,7 +87,7 @@ def test_trees_larger_than_one_chunk(block_t):
     rng = np.random.default_rng(3)
     inp = make_inputs([random_tree(150, rng, reach=8), DraftTree.chain(130)], 3)
     tree = (inp["parents"], inp["cu_nodes"])
-    out, _ = gdn_tree_verify(*(inp[k] for k in KEYS), *tree, launch=on_triton(block_t=block_t))
+    out, _ = launched_verify(*(inp[k] for k in KEYS), *tree, launch=on_triton(block_t=block_t))
     assert rel_err(out, gdn_tree_verify_dense_ref(*f64(inp), *tree)) < 1e-4
 
 
@@ -93,7 +95,7 @@ def test_verify_does_not_touch_state():
     rng = np.random.default_rng(4)
     inp = make_inputs([random_tree(12, rng)], 4)
     before = inp["state"].clone()
-    gdn_tree_verify(*(inp[k] for k in KEYS), inp["parents"], inp["cu_nodes"], launch=on_triton())
+    launched_verify(*(inp[k] for k in KEYS), inp["parents"], inp["cu_nodes"], launch=on_triton())
     assert torch.equal(inp["state"], before)
 
 
@@ -101,7 +103,7 @@ def test_torch_backend_matches_reference():
     rng = np.random.default_rng(5)
     inp = make_inputs([random_tree(17, rng), random_tree(3, rng)], 5)
     tree = (inp["parents"], inp["cu_nodes"])
-    out, _ = gdn_tree_verify(*(inp[k] for k in KEYS), *tree, launch=TORCH)
+    out, _ = launched_verify(*(inp[k] for k in KEYS), *tree, launch=TORCH)
     assert rel_err(out, gdn_tree_verify_ref(*f64(inp), *tree)) < 1e-4
 
 
@@ -120,12 +122,12 @@ def test_commit_equals_sequential_decode_of_accepted_path(backend, block_t, path
     trees = [random_tree(int(n), rng) for n in (25, 1, 70)] + [DraftTree(list(range(-1, 149)))]
     inp = make_inputs(trees, 6)
     tree = (inp["parents"], inp["cu_nodes"])
-    _, cache = gdn_tree_verify(*(inp[k] for k in KEYS), *tree, launch=VerifyLaunch(backend=backend))
+    _, cache = launched_verify(*(inp[k] for k in KEYS), *tree, launch=VerifyLaunch(backend=backend))
     accepted = torch.tensor([int(rng.integers(0, t.num_nodes)) for t in trees])
     accepted[2] = 69 if trees[2].depth[69] > 0 else accepted[2]   # a node in the second chunk
     accepted[3] = int(rng.integers(130, 150))                      # a path through three words
     S = inp["state"].clone()
-    gdn_tree_commit(S, inp["k"], cache, *tree, accepted, launch=CommitLaunch(
+    launched_commit(S, inp["k"], cache, *tree, accepted, launch=CommitLaunch(
         backend=backend, block_t=block_t, path=path, block_v=block_v))
     assert rel_err(S, sequential_commit(inp, trees, accepted)) < 1e-4
 
@@ -135,10 +137,10 @@ def test_root_only_commit_leaves_other_sequences_alone():
     trees = [random_tree(10, rng), random_tree(10, rng)]
     inp = make_inputs(trees, 7)
     tree = (inp["parents"], inp["cu_nodes"])
-    _, cache = gdn_tree_verify(*(inp[k] for k in KEYS), *tree, launch=on_triton())
+    _, cache = launched_verify(*(inp[k] for k in KEYS), *tree, launch=on_triton())
     accepted = torch.tensor([0, 7])
     S = inp["state"].clone()
-    gdn_tree_commit(S, inp["k"], cache, *tree, accepted, launch=COMMIT_TRITON)
+    launched_commit(S, inp["k"], cache, *tree, accepted, launch=COMMIT_TRITON)
     want = sequential_commit(inp, trees, accepted)
     assert rel_err(S[0], want[0]) < 1e-4                  # only the root token folded in
     assert rel_err(S[1], want[1]) < 1e-4                  # the other sequence: its own path
@@ -146,9 +148,9 @@ def test_root_only_commit_leaves_other_sequences_alone():
     for k in KEYS[:5]:
         solo[k] = inp[k][10:]
     solo["state"] = inp["state"][1:].clone()
-    _, c1 = gdn_tree_verify(*(solo[k] for k in KEYS), solo["parents"], solo["cu_nodes"],
+    _, c1 = launched_verify(*(solo[k] for k in KEYS), solo["parents"], solo["cu_nodes"],
                             launch=on_triton())
-    gdn_tree_commit(solo["state"], solo["k"], c1, solo["parents"], solo["cu_nodes"], accepted[1:],
+    launched_commit(solo["state"], solo["k"], c1, solo["parents"], solo["cu_nodes"], accepted[1:],
                     launch=COMMIT_TRITON)
     assert torch.allclose(solo["state"][0], S[1], rtol=0, atol=1e-6)
 
@@ -231,7 +233,7 @@ def test_host_round_meta_holds_the_default_launch_tables():
     cfg = verify_launch_config(3, HV, V, "cpu", tb.max_nodes)
     key = ("heavy_first",) if cfg.heavy_first else ("pairs", cfg.block_t)
     assert key in meta._derived
-    out, _ = gdn_tree_verify(*(inp[k] for k in KEYS), inp["parents"], inp["cu_nodes"],
+    out, _ = launched_verify(*(inp[k] for k in KEYS), inp["parents"], inp["cu_nodes"],
                              meta=meta, check=False, launch=on_triton())
     assert rel_err(out, gdn_tree_verify_dense_ref(*f64(inp), inp["parents"], inp["cu_nodes"])) < 1e-4
 
@@ -257,17 +259,17 @@ def test_bad_inputs_give_one_line_errors():
     g_nan = args[3].clone()
     g_nan[0, 0] = float("nan")
     assert "NaN" in _bad(lambda: gdn_tree_verify(*args[:3], g_nan, *args[4:], *tree))
-    _, cache = gdn_tree_verify(*args, *tree, launch=TORCH)
+    _, cache = launched_verify(*args, *tree, launch=TORCH)
     assert "accepted" in _bad(lambda: gdn_tree_commit(inp["state"], inp["k"], cache, *tree, torch.tensor([6])))
-    assert "block_t" in _bad(lambda: gdn_tree_commit(inp["state"], inp["k"], cache, *tree,
+    assert "block_t" in _bad(lambda: launched_commit(inp["state"], inp["k"], cache, *tree,
                                                      torch.tensor([5]),
                                                      launch=CommitLaunch(block_t=48)))
     # the K-side kernel's launch switches: warps and value heads per program
-    assert "kside" in _bad(lambda: gdn_tree_verify(*args, *tree, launch=on_triton(kside=3)))
-    assert "kside_heads" in _bad(lambda: gdn_tree_verify(*args, *tree,
+    assert "kside" in _bad(lambda: launched_verify(*args, *tree, launch=on_triton(kside=3)))
+    assert "kside_heads" in _bad(lambda: launched_verify(*args, *tree,
                                                          launch=on_triton(kside=1, kside_heads=3)))
     assert "backend" in _bad(lambda: VerifyLaunch(backend="cuda"))
-    assert "VerifyLaunch" in _bad(lambda: gdn_tree_verify(*args, *tree, launch=dict(kside=1)))
+    assert "VerifyLaunch" in _bad(lambda: launched_verify(*args, *tree, launch=dict(kside=1)))
 
 
 def test_strong_decay_does_not_overflow():
@@ -279,7 +281,7 @@ def test_strong_decay_does_not_overflow():
     tree = (inp["parents"], inp["cu_nodes"])
     ref = gdn_tree_verify_ref(*f64(inp), *tree)
     for backend in ("torch", "triton"):
-        out, _ = gdn_tree_verify(*(inp[k] for k in KEYS), *tree,
+        out, _ = launched_verify(*(inp[k] for k in KEYS), *tree,
                                  launch=VerifyLaunch(backend=backend))
         assert torch.isfinite(out).all()
         assert rel_err(out, ref) < 1e-4
@@ -319,11 +321,11 @@ def test_skipped_subchunk_pairs_match_dense_reference():
     assert sum(map(len, _needed_pairs(chain, 16))) == 10    # all 10
     inp = make_inputs([wide, chain], 13)
     tree = (inp["parents"], inp["cu_nodes"])
-    out, cache = gdn_tree_verify(*(inp[k] for k in KEYS), *tree, launch=on_triton())
+    out, cache = launched_verify(*(inp[k] for k in KEYS), *tree, launch=on_triton())
     assert rel_err(out, gdn_tree_verify_dense_ref(*f64(inp), *tree)) < 1e-4
     accepted = torch.tensor([95, 69])          # a leaf of the last sub-chunk; the chain's end
     S = inp["state"].clone()
-    gdn_tree_commit(S, inp["k"], cache, *tree, accepted, launch=COMMIT_TRITON)
+    launched_commit(S, inp["k"], cache, *tree, accepted, launch=COMMIT_TRITON)
     assert rel_err(S, sequential_commit(inp, [wide, chain], accepted)) < 1e-4
 
 
@@ -355,7 +357,7 @@ def test_every_default_launch_is_correct():
                 # kernels as it does wherever the CUDA ones cannot run
                 launch = replace(cfg, cuda_walk=None, walk_kside=None, kside_cuda=None,
                                  l2_prefetch=None)
-                out, _ = gdn_tree_verify(*(inp[k] for k in KEYS), *tree, meta=meta,
+                out, _ = launched_verify(*(inp[k] for k in KEYS), *tree, meta=meta,
                                          launch=launch)
                 assert rel_err(out, ref) < 1e-4, cfg
     assert len(seen) >= 6
@@ -426,7 +428,7 @@ def test_fp32_inputs_take_eight_warps_untransposed(monkeypatch):
                         lambda *a, **kw: seen.append(kw.get("ieee")) or real(*a, **kw))
     rng, sizes, trees, inp, tree = random_batch(130, 2)
     for dtype in (torch.float32, torch.bfloat16, torch.float64):
-        gdn_tree_verify(*(inp[k].to(dtype) if inp[k].is_floating_point() else inp[k] for k in KEYS),
+        launched_verify(*(inp[k].to(dtype) if inp[k].is_floating_point() else inp[k] for k in KEYS),
                         *tree, launch=on_triton())
     assert seen == [True, False, True]
 
@@ -442,7 +444,7 @@ def test_rule_transposed_walk_gives_way_to_explicit_switches(monkeypatch, spy_ke
     walks = []
     for name in ("_tree_verify_kernel", "_tree_verify_t_kernel"):
         spy_kernel(name, lambda grid, kw, name=name: walks.append(name))
-    run = lambda **kw: gdn_tree_verify(*(inp[k] for k in KEYS), *tree, launch=on_triton(**kw))  # noqa: E731
+    run = lambda **kw: launched_verify(*(inp[k] for k in KEYS), *tree, launch=on_triton(**kw))  # noqa: E731
     ref = gdn_tree_verify_dense_ref(*f64(inp), *tree)
     for off in (dict(prenorm=0), dict(kside=0), dict(g_prologue=0)):
         assert rel_err(run(**off)[0], ref) < 1e-4, off
@@ -457,7 +459,7 @@ def test_rule_transposed_walk_gives_way_to_explicit_switches(monkeypatch, spy_ke
 def spy_kernel(monkeypatch):
     """spy_kernel(name, on_launch): for the rest of the test every launch of the Triton kernel
     ``tree_verify.<name>`` first calls on_launch(grid, kwargs), which may edit the kwargs."""
-    from simtree.kernels.gdn import tree_verify
+    from simtree.kernels.gdn import _tree_kernels as tree_verify
 
     def spy(name, on_launch):
         kernel = getattr(tree_verify, name)
@@ -483,7 +485,7 @@ def test_kside_register_cap_reaches_only_the_kside_launch(monkeypatch, spy_kerne
     trees = [random_tree(n, rng, reach=4) for n in (40, 23)]
     inp = make_inputs(trees, 21)
     tree = (inp["parents"], inp["cu_nodes"])
-    out, _ = gdn_tree_verify(*(inp[k] for k in KEYS), *tree,
+    out, _ = launched_verify(*(inp[k] for k in KEYS), *tree,
                              launch=on_triton(kside=1, kside_registers=128, max_registers=200))
     assert caps == {"_tree_kside_kernel": 128, "_tree_verify_kernel": 200}
     assert rel_err(out, gdn_tree_verify_dense_ref(*f64(inp), *tree)) < 1e-4
@@ -516,13 +518,13 @@ def test_kernel_switches_keep_the_result(launched, g_prologue, prefetch, block_t
     # (kside, which needs every node's G first: off without the prologue, g_pass forced on
     # with it): the launch gets the path asked for, and every path gives the same outputs and the
     # same cache (stored order) for the commit
-    from simtree.kernels.gdn.launch import G_PROLOGUE_MAX_NODES
+    from simtree.kernels.gdn._launch import G_PROLOGUE_MAX_NODES
     rng = np.random.default_rng(16)
     sizes = (40, big, 1, 17)
     trees = [random_tree(n, rng, reach=6) for n in sizes]
     inp = make_inputs(trees, 16)
     tree = (inp["parents"], inp["cu_nodes"])
-    out, cache = gdn_tree_verify(*(inp[k] for k in KEYS), *tree, launch=on_triton(
+    out, cache = launched_verify(*(inp[k] for k in KEYS), *tree, launch=on_triton(
         block_t=block_t, g_prologue=g_prologue, prefetch=prefetch, heavy_first=heavy,
         prenorm=prenorm, g_pass=g_pass, kside=kside, kside_heads=kside % 2))
     prologue = bool(g_prologue) and big <= G_PROLOGUE_MAX_NODES
@@ -532,13 +534,13 @@ def test_kernel_switches_keep_the_result(launched, g_prologue, prefetch, block_t
     assert launched[0]["G_READY"] == (bool(g_pass or kside) and prologue)
     assert launched[0]["ORDER"] == bool(heavy)
     assert launched[0]["NT"] == ((128 if big <= 128 else 256) if prologue else 0)
-    _, ref_cache = gdn_tree_verify(*(inp[k] for k in KEYS), *tree, launch=TORCH)
+    _, ref_cache = launched_verify(*(inp[k] for k in KEYS), *tree, launch=TORCH)
     assert rel_err(out, gdn_tree_verify_dense_ref(*f64(inp), *tree)) < 1e-4
     assert rel_err(cache.G, ref_cache.G) < 1e-5
     assert rel_err(cache.u, ref_cache.u) < 1e-4
     accepted = torch.tensor([int(rng.integers(0, n)) for n in sizes])
     S = inp["state"].clone()
-    gdn_tree_commit(S, inp["k"], cache, *tree, accepted, launch=COMMIT_TRITON)
+    launched_commit(S, inp["k"], cache, *tree, accepted, launch=COMMIT_TRITON)
     assert rel_err(S, sequential_commit(inp, trees, accepted)) < 1e-4
 
 
@@ -550,10 +552,10 @@ def test_kside_tiles_serve_every_value_block(block_v, kside_heads):
     trees = [random_tree(int(n), rng, reach=int(rng.integers(2, 7))) for n in (50, 17, 33)]
     inp = make_inputs(trees, 40 + kside_heads)
     tree = (inp["parents"], inp["cu_nodes"])
-    out, cache = gdn_tree_verify(*(inp[k] for k in KEYS), *tree,
+    out, cache = launched_verify(*(inp[k] for k in KEYS), *tree,
                                  launch=on_triton(block_v=block_v, kside=1,
                                                kside_heads=kside_heads))
-    ref_out, ref_cache = gdn_tree_verify(*(inp[k] for k in KEYS), *tree,
+    ref_out, ref_cache = launched_verify(*(inp[k] for k in KEYS), *tree,
                                          launch=on_triton(block_v=block_v, kside=0))
     assert rel_err(out, gdn_tree_verify_dense_ref(*f64(inp), *tree)) < 1e-4
     assert rel_err(out, ref_out) < 1e-5 and rel_err(cache.u, ref_cache.u) < 1e-5
@@ -576,7 +578,7 @@ def test_early_diagonal_tiles_keep_the_result(launched, heavy):
     # default with kside) or after its pairs: the launch gets the flag only with the K-side
     # kernel, and both give the same outputs and u, equal to the reference
     rng, sizes, trees, inp, tree = random_batch(80 + heavy, 3)
-    run = lambda **kw: gdn_tree_verify(*(inp[k] for k in KEYS), *tree,  # noqa: E731
+    run = lambda **kw: launched_verify(*(inp[k] for k in KEYS), *tree,  # noqa: E731
                                        launch=on_triton(block_t=16, heavy_first=heavy, **kw))
     out, cache = run(kside=1, early=1)
     out0, cache0 = run(kside=1, early=0)
@@ -593,7 +595,7 @@ def test_transposed_walk_keeps_the_result(heavy, block_v, block_t, spy_kernel):
     # transposed): the same outputs and u as the untransposed walk, equal to the reference,
     # and a commit from its cache matches sequential decoding of the accepted paths
     rng, sizes, trees, inp, tree = random_batch(90 + heavy, 4)
-    run = lambda **kw: gdn_tree_verify(*(inp[k] for k in KEYS), *tree,  # noqa: E731
+    run = lambda **kw: launched_verify(*(inp[k] for k in KEYS), *tree,  # noqa: E731
                                        launch=on_triton(heavy_first=heavy, block_v=block_v,
                                                      block_t=block_t, **kw))
     calls = []
@@ -605,7 +607,7 @@ def test_transposed_walk_keeps_the_result(heavy, block_v, block_t, spy_kernel):
     assert rel_err(out, out0) < 1e-5 and rel_err(cache.u, cache0.u) < 1e-5
     accepted = torch.tensor([int(rng.integers(0, n)) for n in sizes])
     S = inp["state"].clone()
-    gdn_tree_commit(S, inp["k"], cache, *tree, accepted, launch=COMMIT_TRITON)
+    launched_commit(S, inp["k"], cache, *tree, accepted, launch=COMMIT_TRITON)
     assert rel_err(S, sequential_commit(inp, trees, accepted)) < 1e-4
 
 
@@ -693,7 +695,7 @@ def test_depth_first_walk_follows_the_effective_sub_chunk(launched):
                              (300, 16, False)):
         inp = make_inputs([random_tree(n, rng, reach=5), random_tree(9, rng)], 18)
         tree = (inp["parents"], inp["cu_nodes"])
-        out, _ = gdn_tree_verify(*(inp[k] for k in KEYS), *tree, launch=on_triton(block_t=block_t))
+        out, _ = launched_verify(*(inp[k] for k in KEYS), *tree, launch=on_triton(block_t=block_t))
         bt = launched[-1]["BT"]
         assert launched[-1]["ORDER"] == (want if want is not None else (bt == 16 and 64 < n <= 256)), \
             (n, block_t)
@@ -730,7 +732,7 @@ def test_scale_and_no_l2norm_in_both_qk_paths(prenorm):
     tree = (inp["parents"], inp["cu_nodes"])
     for kw in (dict(scale=0.3), dict(qk_l2norm=False)):
         ref = gdn_tree_verify_dense_ref(*f64(inp), *tree, **kw)
-        out, _ = gdn_tree_verify(*(inp[k] for k in KEYS), *tree, **kw,
+        out, _ = launched_verify(*(inp[k] for k in KEYS), *tree, **kw,
                                  launch=on_triton(prenorm=prenorm))
         assert rel_err(out, ref) < 1e-4, kw
 
@@ -763,7 +765,7 @@ def test_path_bit_selection_finds_every_set_bit_in_order():
 def test_commit_launch_rule_gathers_the_path_for_larger_trees():
     # fp32 products: the gathered path for larger trees at every batch; bf16 products (a bf16
     # u buffer): the stored-order walk except at one sequence of > 64 nodes
-    from simtree.kernels.gdn import commit_launch_config
+    from simtree.kernels.gdn._launch import commit_launch_config
     for B in (1, 4, 16, 64):
         small, large = (commit_launch_config(B, 48, 128, n) for n in (16, 128))
         assert small.path == 0 and large.path == 1
@@ -798,19 +800,19 @@ def test_u_cache_bf16_verify_and_commit(seed, kside):
     trees = [random_tree(n, rng, reach=5) for n in sizes]
     inp = make_inputs(trees, seed, dtype=torch.bfloat16)
     tree = (inp["parents"], inp["cu_nodes"])
-    out, cache = gdn_tree_verify(*(inp[k] for k in KEYS), *tree,
+    out, cache = launched_verify(*(inp[k] for k in KEYS), *tree,
                                  launch=on_triton(kside=kside, u_cache_bf16=1))
     assert cache.u.dtype == torch.bfloat16
     assert rel_err(out, gdn_tree_verify_dense_ref(*f64(inp), *tree)) < 2e-2
-    _, ref_cache = gdn_tree_verify(*(inp[k] for k in KEYS), *tree, launch=TORCH)
+    _, ref_cache = launched_verify(*(inp[k] for k in KEYS), *tree, launch=TORCH)
     assert rel_err(cache.u, ref_cache.u) < 2e-2
     accepted = torch.tensor([int(rng.integers(0, n)) for n in sizes])
     S = inp["state"].clone()
-    gdn_tree_commit(S, inp["k"], cache, *tree, accepted, launch=COMMIT_TRITON)
+    launched_commit(S, inp["k"], cache, *tree, accepted, launch=COMMIT_TRITON)
     assert rel_err(S, sequential_commit(inp, trees, accepted)) < 2e-2
     # fp32 inputs keep an fp32 u whatever the switch says
     inp32 = make_inputs(trees, seed)
-    _, cache32 = gdn_tree_verify(*(inp32[k] for k in KEYS), *tree, launch=on_triton(u_cache_bf16=1))
+    _, cache32 = launched_verify(*(inp32[k] for k in KEYS), *tree, launch=on_triton(u_cache_bf16=1))
     assert cache32.u.dtype == torch.float32
 
 
@@ -820,7 +822,7 @@ def test_no_dependent_launch_off_hopper(launched):
     rng = np.random.default_rng(70)
     inp = make_inputs([random_tree(40, rng), random_tree(9, rng)], 70)
     for pdl in (None, 1):
-        gdn_tree_verify(*(inp[k] for k in KEYS), inp["parents"], inp["cu_nodes"],
+        launched_verify(*(inp[k] for k in KEYS), inp["parents"], inp["cu_nodes"],
                         launch=on_triton(kside=1, pdl=pdl))
     assert not gdn_launch.pdl_ok("cpu") and len(launched) == 2
     assert all(kw["PDL"] == 0 and "launch_pdl" not in kw for kw in launched)

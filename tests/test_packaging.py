@@ -74,7 +74,7 @@ def test_the_install_is_a_copy_not_the_checkout(installed, tmp_path):
 def test_plan_from_another_folder_uses_the_shipped_bundles(installed, tmp_path):
     python, env = installed
     _run([Path(python).with_name("simtree"), "plan", "--batch-sizes", "1,8", "--out", "plan"], cwd=tmp_path, env=env)
-    from simtree.reporting.plan_report import plan_and_write   # the same plan from the checkout
+    from simtree.cli.plan import plan_and_write   # the same plan from the checkout
 
     from simtree.costs.model import shipped_cost_paths
 

@@ -12,7 +12,7 @@ from simtree.planning.compare import ADAPTIVE_VS_FIXED_COLUMNS, FIXED_MODES, ada
 from simtree.planning.modes import BestFirstParams, CostAwareParams, LinearParams
 from simtree.planning.planner import DEFAULT_BATCH_SIZES, SearchSpace, plan
 from simtree.planning.simulate import analytic_run
-from simtree.reporting.plan_report import plan_and_write
+from simtree.cli.plan import plan_and_write
 
 TOLERANCE = 0.005   # issue 31: matches or beats the best fixed budget within 0.5%
 

@@ -17,7 +17,8 @@ from simtree.planning.modes import ADAPTIVE_MODES, PolicySpec
 from simtree.planning.planner import SearchSpace, plan
 from simtree.planning.policy_file import Policy
 from simtree.planning.simulate import analytic_run
-from simtree.reporting.plan_report import plan_and_write, render_plan_dir
+from simtree.cli.plan import plan_and_write
+from simtree.reporting.plan_report import render_plan_dir
 
 V4 = "tests/data/costs/v4_flash_one_gpu.json"   # a measured MoE fit, one GPU (tests/data/costs/README.md)
 # plan_and_write refuses a deployment that does not fit its GPUs (V4-Flash on one): a shipped bundle

@@ -17,7 +17,8 @@ from simtree.planning.modes import TREE_MODES, BestFirstParams, CostAwareParams,
 from simtree.planning.planner import SearchSpace, candidate_specs, choose_policies, plan
 from simtree.planning.policy_file import Policy
 from simtree.planning.simulate import analytic_run, simulate, static_round
-from simtree.reporting.plan_report import plan_and_write, render_plan_dir
+from simtree.cli.plan import plan_and_write
+from simtree.reporting.plan_report import render_plan_dir
 
 DEEPSEEK = "tests/data/costs/v4_flash_one_gpu.json"   # a measured MoE fit, one GPU (tests/data/costs/README.md)
 QWEN = "simtree/data/costs/h200_qwen3.6-27b_tp1.json"

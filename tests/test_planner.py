@@ -13,7 +13,7 @@ from simtree.errors import SimtreeError
 from simtree.planning.modes import PolicySpec
 from simtree.planning.planner import SearchSpace, plan
 from simtree.planning.policy_file import Policy
-from simtree.reporting.plan_report import plan_and_write
+from simtree.cli.plan import plan_and_write
 
 SMALL = SearchSpace(budgets=(2, 3, 4, 6, 8), eagle_steps=(2, 3, 4), eagle_topk=(2, 3), draft_depths=(2, 3, 4),
                     adaptive_max_budget=8)

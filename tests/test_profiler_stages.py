@@ -136,13 +136,15 @@ def test_gdn_commit_stage_rewrites_the_state_like_sequential_decoding(monkeypatc
     # the timed step commits each tree's deepest node: one call must leave, per sequence, the
     # state of decoding that node's root path token by token (float64 reference)
     from simtree.kernels import gdn as kg
+    from simtree.kernels.gdn import _launched
     from simtree.profiler.stages import _gdn_inputs
     ctx = _ctx()
     p = Point("gdn_tree_commit", "torch_ref", "tiny-gdn", 3, 6, 0, "eagle")
     tb, meta, args = _gdn_inputs(ctx, p.batch_size, p.nodes_per_seq, p.tree_shape)  # same seed
     seen = []
-    real = kg.gdn_tree_commit
-    monkeypatch.setattr(kg, "gdn_tree_commit", lambda state, *a, **kw: seen.append(state) or real(state, *a, **kw))
+    real = _launched.launched_commit   # what the stage times: the commit on the variant's backend
+    monkeypatch.setattr(_launched, "launched_commit",
+                        lambda state, *a, **kw: seen.append(state) or real(state, *a, **kw))
     step, nb = build_workload(ctx, p).make()
     step()
     assert nb > 0 and len(seen) == 1
@@ -165,6 +167,7 @@ def test_gdn_round_meta_stage_builds_what_the_verify_launch_walks(b):
     # trees are in the runtime's order: depth-first where that pays (one tree of 70 nodes), as
     # built otherwise
     from simtree.kernels import gdn as kg
+    from simtree.kernels.gdn._launch import verify_launch_config
     from simtree.profiler.pieces import tree_batch
     ctx = _ctx()
     wl = build_workload(ctx, Point("gdn_round_meta", "torch", "tiny-gdn", b, 70, 0, "eagle"))
@@ -177,7 +180,7 @@ def test_gdn_round_meta_stage_builds_what_the_verify_launch_walks(b):
     tb = tb.depth_first() if dfs else tb
     md = tb.to_torch()
     g = ctx.model.gdn
-    cfg = kg.verify_launch_config(b, g["value_heads"], g["value_dim"], "cpu", tb.max_nodes, dfs)
+    cfg = verify_launch_config(b, g["value_heads"], g["value_dim"], "cpu", tb.max_nodes, dfs)
     walk = meta.heavy_first(md["cu_nodes"])[1] if cfg.heavy_first else meta
     cached = walk.subchunk_pairs(md["cu_nodes"], cfg.block_t)
     assert built == {("heavy_first",) if cfg.heavy_first else ("pairs", cfg.block_t)}

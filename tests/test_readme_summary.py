@@ -61,6 +61,26 @@ def test_layout_table_names_every_top_level_folder():
     assert rows <= top, f"layout table names folders that do not exist: {sorted(rows - top)}"
 
 
+def test_layout_table_and_package_docstring_name_every_sub_folder():
+    # each package folder's row names its sub-packages (``deploy/``, ``layers/``, ``full/``, ...),
+    # and simtree/__init__'s docstring names every one of them, as ``simtree.<name>``
+    import simtree
+    layout = README.read_text().split("## Layout", 1)[1]
+    rows = {line.split("|")[1].strip().strip("`").rstrip("/"): line for line in layout.splitlines()
+            if line.startswith("| `")}
+    missing = [f"{top}/{sub.name}/" for top in ("simtree", "kernels", "runtime", "profiler")
+               for sub in sorted((ROOT / top).iterdir()) if (sub / "__init__.py").is_file()
+               and f"`{sub.name}/`" not in rows[top]]
+    assert missing == [], f"README's layout table leaves out {missing}"
+    doc = simtree.__doc__
+    named = [f"simtree.{sub.name}" for sub in sorted((ROOT / "simtree").iterdir())
+             if (sub / "__init__.py").is_file() or sub.suffix == ".py" and not sub.name.startswith("_")]
+    named = [n.removesuffix(".py") for n in named]
+    named += [f"simtree.{top}.{sub.name}" for top in ("kernels", "runtime", "profiler")
+              for sub in sorted((ROOT / top).iterdir()) if (sub / "__init__.py").is_file()]
+    assert [n for n in named if n not in doc] == []
+
+
 def test_every_doc_the_readme_lists_exists_or_is_being_written():
     listed = [line.split("`")[1] for line in README.read_text().split("## Documentation", 1)[1]
               .split("## Layout", 1)[0].splitlines() if line.startswith("| `docs/")]

@@ -7,7 +7,7 @@ import pytest
 from simtree.errors import SimtreeError
 from simtree.planning.modes import CostAwareParams, EagleParams, LinearParams, NoneParams
 from simtree.planning.sglang import export, server_args
-from simtree.reporting.plan_report import plan_and_write
+from simtree.cli.plan import plan_and_write
 
 
 def _flag(args, name):

@@ -94,8 +94,8 @@ def test_kside_correctness_cases_launch_the_kside_kernel(monkeypatch):
     # the GPU correctness cases meant for the K-side launches must get them under the rule
     # (a rule change must not turn them into repeats of the small cases), the 16-sequence one
     # with the K-side register cap, the 64-sequence one walking breadth-first trees heavy-first
-    from simtree.kernels.gdn import launch as gdn_launch
-    from simtree.kernels.gdn import verify_launch_config
+    from simtree.kernels.gdn import _launch as gdn_launch
+    from simtree.kernels.gdn._launch import verify_launch_config
     from simtree.profiler.bench.bench_gdn import KSIDE_CASES
     monkeypatch.setattr(gdn_launch, "sm_count", lambda device: 132)   # the H200 the cases were set for
     for b, n in KSIDE_CASES:
@@ -128,8 +128,8 @@ def test_heads_option_and_gpu_cases_in_both_dtypes(monkeypatch, tmp_path):
     # one-line errors; on a GPU the K-side cases are checked in bf16 and fp32 (fp32 at the
     # rule's exact-fp32 launch: eight warps, untransposed), and at Qwen3-Next's heads those
     # cases still launch the K-side kernel in bf16, one of them the transposed walk
-    from simtree.kernels.gdn import launch as gdn_launch
-    from simtree.kernels.gdn import verify_launch_config
+    from simtree.kernels.gdn import _launch as gdn_launch
+    from simtree.kernels.gdn._launch import verify_launch_config
     from simtree.profiler.bench.bench_gdn import KSIDE_CASES
     from simtree.profiler.bench.tune_gdn import correctness_cases, parse_heads
     assert parse_heads("16,32") == dict(H=16, HV=32)

@@ -8,8 +8,8 @@ from simtree.kernels.v4 import V4AttnConfig, V4Cache, plan_verify, random_inputs
 from simtree.kernels.v4 import flashmla as fmla
 from simtree.kernels.v4.commit import apply_commit, plan_commit
 from simtree.kernels.v4.compressor import pool_window
-from simtree.kernels.v4.indexer import indexer_scores, indexer_scores_torch
-from simtree.kernels.v4.pool import pool_windows
+from simtree.kernels.v4._indexer_kernels import indexer_scores, indexer_scores_torch
+from simtree.kernels.v4._pool_kernel import pool_windows
 from simtree.kernels.v4.steps import make_tree
 from simtree.trees.tree import TreeBatch
 

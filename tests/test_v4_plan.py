@@ -15,7 +15,7 @@ from simtree.errors import SimtreeError
 from simtree.kernels.v4 import V4AttnConfig, V4Cache, plan_verify, random_layer_weights, random_tree
 from simtree.kernels.v4.commit import _refresh_buffers, plan_commit
 from simtree.kernels.v4.steps import deepest_paths
-from simtree.kernels.v4.tree_verify import VerifyPlan
+from simtree.kernels.v4.verify import VerifyPlan
 from simtree.trees.tree import DraftTree, TreeBatch
 
 KINDS = ("csa", "hca", "swa")
@@ -428,7 +428,7 @@ def test_capacity_error_unchanged():
 def test_accelerator_persist_rows_equal_host_rows():
     """The CSA persistent rows an accelerator builds from its copy of the block rows (run here
     on CPU tensors) equal the host form, for equal and mixed lengths and Emax 0."""
-    from simtree.kernels.v4.tree_verify import _entry_rows, _entry_rows_torch
+    from simtree.kernels.v4.verify import _entry_rows, _entry_rows_torch
     cfg = V4AttnConfig.tiny(page_size=3)
     w = random_layer_weights(cfg, "csa", 0)
     cache = V4Cache(cfg, w, 5, 90, dtype=torch.float32, seed=2)
@@ -472,7 +472,7 @@ def test_accepted_path_forms(form):
 def test_persist_rows_built_on_the_device_only_when_large(monkeypatch):
     """Accelerators build the CSA persistent rows themselves from DEVICE_PERSIST_MIN_ENTRIES
     [B, Emax] entries on (measured faster there, slower below); the CPU always uses numpy."""
-    tv = importlib.import_module("simtree.kernels.v4.tree_verify")  # the module, not the function
+    tv = importlib.import_module("simtree.kernels.v4.verify")  # the module, not the function
     gpu, cpu = torch.device("cuda"), torch.device("cpu")
     limit = tv.DEVICE_PERSIST_MIN_ENTRIES
     assert tv._persist_on_device(gpu, 64, -(-limit // 64))
@@ -491,7 +491,7 @@ def test_packed_upload_same_tensors(kind, monkeypatch):
     """The accelerator upload (small arrays of a dtype staged into one buffer, one copy per
     dtype), run on CPU tensors: every plan tensor equals the per-array upload, is contiguous,
     starts at a 128-byte offset of its buffer, and the tensors of a dtype share one buffer."""
-    tv = importlib.import_module("simtree.kernels.v4.tree_verify")  # the module, not the function
+    tv = importlib.import_module("simtree.kernels.v4.verify")  # the module, not the function
     for seed in range(6):
         w, cache, trees, rng = _case(kind, 50 + seed, V4AttnConfig.tiny())
         acc = [_accepted(rng, t) for t in trees.trees]
@@ -520,7 +520,7 @@ def test_packed_upload_same_tensors(kind, monkeypatch):
 def test_packed_upload_end_to_end(kind, attention, monkeypatch):
     """Verify and commit on packed plan tensors (views into shared buffers) still equal
     float64 sequential decoding."""
-    tv = importlib.import_module("simtree.kernels.v4.tree_verify")  # the module, not the function
+    tv = importlib.import_module("simtree.kernels.v4.verify")  # the module, not the function
     from simtree.kernels.v4.check import check_against_reference
     monkeypatch.setattr(tv, "PACK_UPLOADS", True)
     cfg = V4AttnConfig.tiny()

@@ -5,14 +5,16 @@
 
 Shapes: q, k [N, H, K]; v [N, HV, V]; g (log-decay <= 0), beta [N, HV] fp32;
 state [B, HV, K, V] fp32; parents int64 [N] local (-1 root, topological); cu_nodes [B+1].
-How a call is launched: ``VerifyLaunch`` / ``CommitLaunch`` (launch.py, the rule that picks
-them); layer-level ops for a model: ``simtree.kernels.gdn.ops``.
+The entries take the math only; how a call is launched is the rule's (``_launch.py``, private:
+``VerifyLaunch`` / ``CommitLaunch`` and the rule that picks them), and launches of one's own
+(benchmarks, tuning, tests) go through ``_launched.py``.  Layer-level ops for a model:
+``simtree.kernels.gdn.ops``.  Kernel bodies: ``_tree_kernels.py`` (Triton verify, K-side
+and commit), ``_recurrent_kernel.py`` (the per-branch baseline), ``_cuda_walk.py`` (CUDA).
 """
 from .cache import GDNTreeCache
 from .commit import gdn_tree_commit
 from .conv import conv_state_commit, tree_causal_conv
-from .launch import (CommitLaunch, LaunchNotApplicable, VerifyLaunch, commit_dot16,
-                     commit_launch_config, depth_first_pays, verify_launch_config)
+from ._launch import depth_first_pays
 from .meta import TreeMeta, tree_meta, tree_meta_host
 from .reference import (gdn_accepted_paths_ref, gdn_sequential_ref, gdn_tree_verify_dense_batched,
                         gdn_tree_verify_dense_ref, gdn_tree_verify_ref, tree_causal_conv_ref)
@@ -20,8 +22,7 @@ from .round_meta import verify_round_meta, verify_round_meta_host, walk_tables
 from .verify import gdn_tree_verify, gdn_tree_verify_recurrent
 
 __all__ = ["gdn_tree_verify", "gdn_tree_commit", "gdn_tree_verify_recurrent", "tree_causal_conv",
-           "conv_state_commit", "VerifyLaunch", "CommitLaunch", "LaunchNotApplicable",
-           "verify_launch_config", "commit_launch_config", "commit_dot16", "depth_first_pays",
+           "conv_state_commit", "depth_first_pays",
            "GDNTreeCache", "TreeMeta", "tree_meta", "tree_meta_host", "walk_tables",
            "verify_round_meta", "verify_round_meta_host", "gdn_tree_verify_ref",
            "gdn_tree_verify_dense_ref", "gdn_tree_verify_dense_batched", "gdn_sequential_ref",

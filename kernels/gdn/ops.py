@@ -25,10 +25,11 @@ import torch
 
 from .commit import gdn_tree_commit
 from .conv import conv_state_commit, tree_causal_conv
-from .launch import depth_first_pays
+from ._launch import depth_first_pays
 from .reference import delta_rule_step, gdn_tree_verify_dense_batched, prep_qk
 from .round_meta import verify_round_meta_host
-from .verify import gdn_tree_verify, gdn_tree_verify_recurrent
+from ._launched import launched_recurrent
+from .verify import gdn_tree_verify
 
 PREFILL_CHUNK = 64
 
@@ -57,8 +58,8 @@ def recurrent_step(q, k, v, g, beta, state, backend: str = "auto"):
     fused = state.dtype == torch.float32 and state.is_contiguous()   # written over in place
     if fused and (backend == "triton" or (backend == "auto" and v.is_cuda and v.dtype != torch.float64)):
         parents, cu = _one_node_trees(v.shape[0], v.device)
-        out, _ = gdn_tree_verify_recurrent(q, k, v, g.float(), beta.float(), state, parents, cu,
-                                           node_states=state, check=False)
+        out, _ = launched_recurrent(q, k, v, g.float(), beta.float(), state, parents, cu,
+                                    node_states=state, check=False)
         return out
     dt = torch.float64 if v.dtype == torch.float64 else torch.float32
     qh, kh = prep_qk(q, k, v.shape[-2], None, True, dt)
@@ -102,7 +103,7 @@ def tree_verify(q, k, v, g, beta, state, meta):
     if v.dtype != torch.float64:  # gates in fp32 (the kernels' contract); float64 models keep float64
         g, beta = g.float(), beta.float()
     out, cache = gdn_tree_verify(q, k, v, g, beta, state, meta["parents"], meta["cu_nodes"],
-                                 qk_l2norm=True, meta=meta["gdn"], check=False)
+                                 meta=meta["gdn"])
     return out.to(v.dtype), cache
 
 

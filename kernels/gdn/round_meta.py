@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from .launch import heavy_first_default, verify_launch_config
+from ._launch import heavy_first_default, verify_launch_config
 from .meta import TreeMeta, tree_meta, tree_meta_host
 
 __all__ = ["walk_tables", "verify_round_meta", "verify_round_meta_host"]

@@ -7,8 +7,9 @@ composed step is the sum of what the runtime runs.
     v4.py          V4 attention block on the kernels' device plans, the rank's MoE, MTP layer
     moe.py         routing and the grouped GEMMs of the routed experts
     head.py        embedding, final norm + float32 logits, greedy argmax, draft top-k
-    attention.py   tree attention over a KV cache plus ancestors (attention_kernel.py: Triton)
+    attention.py   tree attention over a KV cache plus ancestors (_attention_kernel.py: Triton)
     ops.py         the fused ops as custom ops (fused.py: Triton; reference.py: torch forms)
     rope.py        RoPE tables; weights.py: random weights from parameter specs
     opcount.py     the CPU proxy of a step's kernel launches
+    forms.py       which form the ops run in (fused Triton or torch), set by callers
 """

@@ -1,7 +1,7 @@
 """Tree attention over a KV cache plus each query's tree ancestors (GQA or one latent head).
 
     out = tree_attention(q, k_cache, v_cache, cache_lens, q_pos, k_tree, v_tree, tree_bits,
-                         scale=D ** -0.5, window=0, sink=None)
+                         window=0, sink=None)
 
 Shapes (Q queries per sequence, S cache rows, T tree rows, W = ceil(T / 64)):
 
@@ -17,7 +17,8 @@ Shapes (Q queries per sequence, S cache rows, T tree rows, W = ceil(T / 64)):
                                  ``bits`` layout)
     -> out      [B, Q, Hq, D]    in q's dtype
 
-Query head h reads KV head h // (Hq / Hkv).  ``window`` > 0 keeps only cache rows at positions
+Scores are scaled by D^-1/2 (both models' attention; the reference and the kernel take any
+``scale``).  Query head h reads KV head h // (Hq / Hkv).  ``window`` > 0 keeps only cache rows at positions
 > q_pos - window (sliding-window attention; tree rows are assumed inside the window).  ``sink``
 [Hq] adds a per-head logit that takes softmax mass and contributes no value.
 
@@ -28,11 +29,11 @@ plain torch form (float64-capable, the CPU path and the tests' reference).
 """
 from __future__ import annotations
 
-import os
-
 import torch
 
 from simtree.errors import SimtreeError
+
+from .forms import current
 
 __all__ = ["tree_attention", "tree_attention_ref", "chain_bits"]
 
@@ -95,20 +96,20 @@ def tree_attention_ref(q, k_cache, v_cache, cache_lens, q_pos, k_tree, v_tree, t
 
 
 def _use_triton(device: torch.device) -> bool:
-    """The Triton kernel on CUDA unless SIMTREE_TREE_ATTENTION=torch asks for the reference."""
-    choice = os.environ.get("SIMTREE_TREE_ATTENTION", "auto")
-    if choice not in ("auto", "triton", "torch"):
-        raise SimtreeError(f"SIMTREE_TREE_ATTENTION={choice!r}: use auto, triton or torch")
+    """The Triton kernel on CUDA unless the layer forms ask for the torch form
+    (``forms.set_forms(tree_attention="torch")``)."""
+    choice = current().tree_attention
     return choice == "triton" or (choice == "auto" and device.type == "cuda")
 
 
 def tree_attention(q, k_cache, v_cache, cache_lens, q_pos, k_tree, v_tree, tree_bits, *,
-                   scale: float, window: int = 0, sink: torch.Tensor | None = None) -> torch.Tensor:
+                   window: int = 0, sink: torch.Tensor | None = None) -> torch.Tensor:
     """See the module docstring: the Triton kernel on CUDA, the torch form elsewhere."""
     _check(q, k_cache, v_cache, cache_lens, q_pos, k_tree, v_tree, tree_bits)
+    scale = q.shape[-1] ** -0.5
     if not _use_triton(q.device):
         return tree_attention_ref(q, k_cache, v_cache, cache_lens, q_pos, k_tree, v_tree, tree_bits,
                                   scale=scale, window=window, sink=sink)
-    from .attention_kernel import tree_attention_triton
+    from ._attention_kernel import tree_attention_triton
     return tree_attention_triton(q, k_cache, v_cache, cache_lens, q_pos, k_tree, v_tree, tree_bits,
                                  scale=scale, window=window, sink=sink)

@@ -3,26 +3,21 @@ kernel (fused.py) on CUDA for 16/32-bit floats, the torch form (reference.py) el
 
 Being one op to the dispatcher, each counts as one kernel where ops are counted
 (:mod:`.opcount`, the CPU proxy of a step's launches), and replays as one node of a CUDA graph.
-Set ``SIMTREE_FUSED=torch`` to run the torch forms on CUDA too (debugging).
+``forms.set_forms(fused="torch")`` runs the torch forms on CUDA too (debugging).
 """
-import os
 from typing import Optional
 
 import torch
 
-from simtree.errors import SimtreeError
-
 from . import reference as ref
+from .forms import current
 
 __all__ = ["rms_norm", "gated_rms_norm", "silu_mul", "sigmoid_mul", "gdn_gates", "norm_rope", "norm_rope_into",
            "tree_conv", "gather_rows"]
 
 
 def _triton(*tensors: torch.Tensor) -> bool:
-    choice = os.environ.get("SIMTREE_FUSED", "auto")
-    if choice not in ("auto", "torch"):
-        raise SimtreeError(f"SIMTREE_FUSED={choice!r}: use auto or torch")
-    return choice == "auto" and all(t.dtype != torch.float64 for t in tensors)
+    return current().fused == "auto" and all(t.dtype != torch.float64 for t in tensors)
 
 
 def _fused():

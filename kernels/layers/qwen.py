@@ -296,7 +296,7 @@ def gdn_core_verify(d: QwenDims, pre: GdnPre, ssm: torch.Tensor, rm: QwenRound):
     """Every node's output along its root path (state untouched) -> (o [N, HV, V], cache)."""
     with kernel_core("gdn_tree_verify"):
         return gdn_tree_verify(pre.q, pre.k, pre.v, pre.g, pre.beta, ssm, rm.parents, rm.cu, scale=d.gK ** -0.5,
-                               meta=rm.gdn, check=False)
+                               meta=rm.gdn)
 
 
 def gdn_core_decode(d: QwenDims, pre: GdnPre, ssm: torch.Tensor, conv_state: torch.Tensor, rm: QwenRound):
@@ -340,7 +340,7 @@ def attn_core(d: QwenDims, q, kv, cache, lengths, pos, bits) -> torch.Tensor:
     kvt = kv.view(B, -1, 2, d.Hkv, d.D)
     with kernel_core("tree_attention"):
         o = tree_attention(q.view(B, Q, d.Hq, d.D), cache[:, :S, 0], cache[:, :S, 1], lengths, pos, kvt[:, :, 0],
-                           kvt[:, :, 1], bits, scale=d.D ** -0.5)
+                           kvt[:, :, 1], bits)
     return o.view(B * Q, d.Hq, d.D)
 
 
@@ -398,6 +398,6 @@ def mtp_forward(w: dict, d: QwenDims, embed_table, tokens, prev_hidden, cs, pos,
     S = cache.shape[1] - 1
     with kernel_core("tree_attention"):
         o = tree_attention(q.view(B, Q, d.Hq, d.D), cache[:, :S, 0], cache[:, :S, 1], lengths, pos, scratch[:, :, 0],
-                           scratch[:, :, 1], bits, scale=d.D ** -0.5)
+                           scratch[:, :, 1], bits)
     x = attn_post(w, d, x, o.view(B * Q, d.Hq, d.D), gate)
     return mlp(w, d, x).view(B, Q, -1)

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from simtree.deploy.deployment import DEFAULT_DEPLOYMENT, parse_deployment
+from simtree.parallel import DEFAULT_DEPLOYMENT, parse_deployment
 from simtree.errors import SimtreeError
 from simtree.kernels.v4 import (CompressorParams, V4AttnConfig, V4Cache, V4Inputs, V4LayerWeights, apply_commit,
                                 plan_commit_device, plan_verify_device, tree_verify)
@@ -307,6 +307,6 @@ def mtp_forward(w: dict, d: V4Dims, embed_table, sink, tokens, prev_hidden, cs, 
     lat = cache[:, :S, 0]
     with kernel_core("tree_attention"):
         o = tree_attention(inp.q.view(B, Q, d.H, d.D), lat, lat, lengths, pos, scratch[:, :, 0], scratch[:, :, 0],
-                           bits, scale=d.D ** -0.5, window=d.window, sink=sink)
+                           bits, window=d.window, sink=sink)
     x = attn_post(w, d, x, o.view(B * Q, d.H, d.D), cs)
     return moe(w, d, x).view(B, Q, -1)

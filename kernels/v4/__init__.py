@@ -11,8 +11,8 @@ Public API:
                                        the same plans built on the device (CUDA graphs)
     sparse_attention(_torch)           Triton gather attention with a per-head sink
     random_tree
-Fused kernels (private modules): pool.pool_windows, indexer.indexer_scores /
-selection_to_list, commit_kernel.fused_commit; flashmla.PackedRows (FP8 V4 layout).
+Fused kernels (private modules): _pool_kernel.pool_windows, _indexer_kernels.indexer_scores /
+selection_to_list, _commit_kernel.fused_commit; flashmla.PackedRows (FP8 V4 layout).
 """
 from .attention import sparse_attention, sparse_attention_torch
 from .cache import PagedPool, V4Cache
@@ -22,7 +22,7 @@ from .config import LAYER_KINDS, V4AttnConfig
 from .device_plan import PlanBounds, plan_commit_device, plan_verify_device, tree_tensors
 from .reference import (SeqState, V4Inputs, V4LayerWeights, decode_tokens, empty_state,
                         random_inputs, random_layer_weights)
-from .tree_verify import VerifyPlan, VerifyScratch, plan_verify, random_tree, tree_verify
+from .verify import VerifyPlan, VerifyScratch, plan_verify, random_tree, tree_verify
 
 __all__ = ["V4AttnConfig", "LAYER_KINDS", "V4LayerWeights", "V4Inputs", "SeqState",
            "random_layer_weights", "random_inputs", "empty_state", "decode_tokens", "V4Cache",

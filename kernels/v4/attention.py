@@ -18,12 +18,13 @@ merges the splits by their log-sum-exp and folds the sink in:  o = sum_s e^{lse_
 """
 from __future__ import annotations
 
-import os
 from typing import Sequence
 
 import torch
 import triton
 import triton.language as tl
+
+from simtree.kernels._triton import interpreting
 
 __all__ = ["sparse_attention", "sparse_attention_torch", "gather_rows"]
 
@@ -138,7 +139,7 @@ def _merge_splits_kernel(PART, LSE, SINK, OUT, H, NSPLIT, stride_on, stride_oh,
 
 
 def _interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+    return interpreting()
 
 
 def _num_splits(N: int, head_blocks: int, K: int, block_k: int, device) -> int:

@@ -22,7 +22,7 @@ from .commit import apply_commit, commit
 from .config import V4AttnConfig
 from .device_plan import plan_commit_device, plan_verify_device, tree_tensors
 from .reference import V4Inputs, decode_tokens, empty_state, random_inputs, random_layer_weights
-from .tree_verify import plan_verify, random_tree, tree_verify
+from .verify import plan_verify, random_tree, tree_verify
 
 __all__ = ["check_against_reference", "check_flashmla_path"]
 

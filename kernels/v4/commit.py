@@ -27,9 +27,9 @@ import torch
 from simtree.errors import SimtreeError
 
 from .cache import V4Cache
-from .commit_kernel import fused_commit
+from ._commit_kernel import fused_commit
 from .reference import V4LayerWeights
-from .tree_verify import VerifyPlan, VerifyScratch, upload
+from .verify import VerifyPlan, VerifyScratch, upload
 
 __all__ = ["CommitPlan", "plan_commit", "apply_commit", "commit"]
 

@@ -1,10 +1,10 @@
 """A round's V4 verify and commit metadata built on the device, in static shapes (CUDA graphs).
 
-:func:`plan_verify_device` builds the :class:`~.tree_verify.VerifyPlan` that
-:func:`~.tree_verify.plan_verify` builds on the host, and :func:`plan_commit_device` the
+:func:`plan_verify_device` builds the :class:`~.verify.VerifyPlan` that
+:func:`~.verify.plan_verify` builds on the host, and :func:`plan_commit_device` the
 :class:`~.commit.CommitPlan` of :func:`~.commit.plan_commit`: same fields, same meaning, from
 device tensors, with torch ops only (no host synchronisation, no upload), every shape fixed
-by a bucket (:class:`PlanBounds`).  Plan, :func:`~.tree_verify.tree_verify` and
+by a bucket (:class:`PlanBounds`).  Plan, :func:`~.verify.tree_verify` and
 :func:`~.commit.apply_commit` therefore replay in one CUDA graph with new trees, lengths and
 accepted nodes copied into its static inputs.
 
@@ -39,7 +39,7 @@ from simtree.trees.tree import TreeBatch
 from .cache import V4Cache
 from .commit import CommitPlan
 from .reference import V4LayerWeights
-from .tree_verify import VerifyPlan, _ancestors
+from .verify import VerifyPlan, _ancestors
 
 __all__ = ["PlanBounds", "plan_verify_device", "plan_commit_device", "tree_tensors"]
 
@@ -164,7 +164,7 @@ def _ancestor_table(pg: torch.Tensor, max_nodes: int) -> torch.Tensor:
 
 def _window_rows(ring_rows: torch.Tensor, seq, pos, anc, Pw: int, real) -> torch.Tensor:
     """[N, W] rows of [window pool | node latents] for positions p-W+1 .. p (as
-    tree_verify._window_rows): the ring row of q % W, the path node q - lens levels below
+    verify._window_rows): the ring row of q % W, the path node q - lens levels below
     the root (the k-th ancestor in column W-1-k) plus Pw, -1 before position 0 and on padding."""
     N, W = seq.shape[0], ring_rows.shape[1]
     q = pos[:, None] - (W - 1) + torch.arange(W, device=pos.device)[None, :]
@@ -177,7 +177,7 @@ def _window_rows(ring_rows: torch.Tensor, seq, pos, anc, Pw: int, real) -> torch
 
 def _slot_sources(lens, entry, seq, nodes, anc, depth, live, p, batch: int) -> torch.Tensor:
     """[M, S] virtual rows of the completing windows into [buffers B*S | node projections N]
-    (as tree_verify._slot_sources); -1 where a slot precedes position 0 and on padding rows."""
+    (as verify._slot_sources); -1 where a slot precedes position 0 and on padding rows."""
     r, S = p.ratio, p.num_slots
     q = (entry[:, None] - int(p.overlap)) * r + torch.arange(S, device=entry.device)[None, :]
     L = lens[seq][:, None]

@@ -25,7 +25,7 @@ from .cache import V4Cache
 from .commit import CommitPlan, apply_commit, plan_commit
 from .config import V4AttnConfig
 from .reference import V4Inputs, V4LayerWeights, random_inputs, random_layer_weights
-from .tree_verify import VerifyPlan, plan_verify, random_tree, tree_verify
+from .verify import VerifyPlan, plan_verify, random_tree, tree_verify
 
 __all__ = ["V4Step", "deepest_paths", "make_tree", "make_verify_step", "verify_bytes"]
 

@@ -38,11 +38,12 @@ from simtree.errors import SimtreeError
 from simtree.fileio import write_text_atomic
 from simtree.profiler.timing import measured_bandwidth
 from simtree.trees.tree import DraftTree
-from simtree.kernels.gdn import (CommitLaunch, LaunchNotApplicable, VerifyLaunch, commit_dot16,
-                                 commit_launch_config, gdn_accepted_paths_ref,
-                                 gdn_tree_commit, gdn_tree_verify, gdn_tree_verify_dense_ref,
+from simtree.kernels.gdn import (gdn_accepted_paths_ref, gdn_tree_commit, gdn_tree_verify_dense_ref,
                                  gdn_tree_verify_recurrent, gdn_tree_verify_ref, tree_meta,
-                                 verify_launch_config, verify_round_meta)
+                                 verify_round_meta)
+from simtree.kernels.gdn._launch import (CommitLaunch, LaunchNotApplicable, VerifyLaunch,
+                                         commit_dot16, commit_launch_config, verify_launch_config)
+from simtree.kernels.gdn._launched import launched_commit, launched_recurrent, launched_verify
 from simtree.profiler.bench.gdn_util import (QWEN36, TREE_ORDERS, env_info, fla_closure,
                                              fla_recurrent_worker, graph_time_us,
                                              memory_floor_bytes, random_gdn_inputs, shape_inputs,
@@ -155,14 +156,14 @@ def correctness(args, dims, log) -> list[dict]:
             cache = {}
 
             def tree_check():
-                out, cache["c"] = gdn_tree_verify(*(inp[key] for key in x), *tree, launch=TRITON)
+                out, cache["c"] = launched_verify(*(inp[key] for key in x), *tree, launch=TRITON)
                 return rel_err(out, ref)
 
             def commit_check(launch=None):
                 rng = np.random.default_rng(b * 31 + n)
                 acc = torch.tensor([int(rng.integers(0, t.num_nodes)) for t in trees], device=args.device)
                 S = inp["state"].clone()
-                gdn_tree_commit(S, inp["k"], cache["c"], *tree, acc, launch=launch)
+                launched_commit(S, inp["k"], cache["c"], *tree, acc, launch=launch)
                 # ground truth: the accepted paths decoded in fp64
                 return rel_err(S, gdn_accepted_paths_ref(*x.values(), trees, inp["cu_nodes"], acc))
 
@@ -170,7 +171,7 @@ def correctness(args, dims, log) -> list[dict]:
             if args.tree_order != "stored":   # the same trees as built (timed as triton_tree_bfs)
                 check("triton_tree_bfs", lambda: _bfs_check(args, dims, b, n, dtype))
             for cfg in args.tree_configs:   # every launch variant timed below is checked too
-                check("triton_tree_" + config_name(cfg), lambda cfg=cfg: rel_err(gdn_tree_verify(
+                check("triton_tree_" + config_name(cfg), lambda cfg=cfg: rel_err(launched_verify(
                     *(inp[key] for key in x), *tree, launch=VerifyLaunch(backend="triton", **cfg))[0],
                     ref))
             check("triton_commit", commit_check)
@@ -185,7 +186,7 @@ def correctness(args, dims, log) -> list[dict]:
         try:
             b, n = 4, 64
             inp = random_gdn_inputs([DraftTree.chain(n)] * b, **dims, seed=5)
-            out, _ = gdn_tree_verify(*(inp[key] for key in ("q", "k", "v", "g", "beta", "state")),
+            out, _ = launched_verify(*(inp[key] for key in ("q", "k", "v", "g", "beta", "state")),
                                      inp["parents"], inp["cu_nodes"], launch=TRITON)
             fo = fla_closure("fla_chunk", inp, n)()[0].reshape(out.shape)
             recs.append(dict(case="chain_b4_n64_bf16", variant="tree_vs_fla_chunk", rel_err=rel_err(out, fo), tol=2e-2))
@@ -203,7 +204,7 @@ def _bfs_check(args, dims, b, n, dtype) -> float:
     inp = random_gdn_inputs(trees, **dims, dtype=dtype, device=args.device, seed=b + n + 1)
     x = [inp[key] for key in ("q", "k", "v", "g", "beta", "state")]
     ref = gdn_tree_verify_dense_ref(*(t.double() for t in x), inp["parents"], inp["cu_nodes"])
-    return rel_err(gdn_tree_verify(*x, inp["parents"], inp["cu_nodes"], launch=TRITON)[0], ref)
+    return rel_err(launched_verify(*x, inp["parents"], inp["cu_nodes"], launch=TRITON)[0], ref)
 
 
 def time_shape(args, dims, b, n, bw, log) -> list[dict]:
@@ -237,7 +238,7 @@ def time_shape(args, dims, b, n, bw, log) -> list[dict]:
 
     default = verify_launch_config(b, dims["HV"], dims["V"], args.device, max_nodes=n,
                                    depth_first=meta.depth_first, H=dims["H"]).switches()
-    run("triton_tree", [lambda c=c: gdn_tree_verify(*(c[key] for key in keys), launch=TRITON,
+    run("triton_tree", [lambda c=c: launched_verify(*(c[key] for key in keys), launch=TRITON,
                                                     meta=meta, check=False) for c in copies],
         cfg=default)
     for cfg in args.tree_configs:   # launch-config variants of the same kernel (tuning data)
@@ -245,13 +246,13 @@ def time_shape(args, dims, b, n, bw, log) -> list[dict]:
             continue   # the default launch at this shape
         launch = VerifyLaunch(backend="triton", **cfg)
         run("triton_tree_" + config_name(cfg), [
-            lambda c=c, launch=launch: gdn_tree_verify(*(c[key] for key in keys), launch=launch,
+            lambda c=c, launch=launch: launched_verify(*(c[key] for key in keys), launch=launch,
                                                        meta=meta, check=False) for c in copies],
             cfg={**default, **cfg})
     if args.tree_order != "stored":   # the same trees as built (breadth-first), own default
         bfs = shape_inputs(b, n, args.seed, dims, device=args.device, max_copies=args.max_copies)
         bmeta = tree_meta(bfs[0]["parents"], bfs[0]["cu_nodes"], depth_first=False)
-        run("triton_tree_bfs", [lambda c=c: gdn_tree_verify(*(c[key] for key in keys),
+        run("triton_tree_bfs", [lambda c=c: launched_verify(*(c[key] for key in keys),
                                                             launch=TRITON, meta=bmeta,
                                                             check=False) for c in bfs],
             cfg=verify_launch_config(b, dims["HV"], dims["V"], args.device, max_nodes=n,
@@ -261,7 +262,7 @@ def time_shape(args, dims, b, n, bw, log) -> list[dict]:
     # kernel's node order where it walks breadth-first trees depth-first)
     run("round_meta", [lambda c=c: verify_round_meta(c["parents"], c["cu_nodes"], n, dims["HV"],
                                                      dims["V"], meta.depth_first) for c in copies])
-    caches = [gdn_tree_verify(*(c[key] for key in keys), launch=TRITON, meta=meta, check=False)[1]
+    caches = [launched_verify(*(c[key] for key in keys), launch=TRITON, meta=meta, check=False)[1]
               for c in copies]
     acc = torch.as_tensor(tb.deepest_nodes, device=args.device)
     commit_default = commit_launch_config(b, dims["HV"], dims["V"], n,
@@ -273,14 +274,14 @@ def time_shape(args, dims, b, n, bw, log) -> list[dict]:
         if {**commit_default, **cfg} == commit_default:
             continue   # the default launch at this shape
         launch = CommitLaunch(**cfg)
-        run(commit_name(cfg), [lambda c=c, ca=ca, launch=launch: gdn_tree_commit(
+        run(commit_name(cfg), [lambda c=c, ca=ca, launch=launch: launched_commit(
             c["state"], c["k"], ca, c["parents"], c["cu_nodes"], acc, check=False, launch=launch)
             for c, ca in zip(copies, caches)])
     del caches
     try:
         node_states = torch.empty((b * n, dims["HV"], dims["K"], dims["V"]), dtype=torch.float32,
                                   device=args.device)
-        run("recurrent_baseline", [lambda c=c, ns=node_states: gdn_tree_verify_recurrent(
+        run("recurrent_baseline", [lambda c=c, ns=node_states: launched_recurrent(
             *(c[key] for key in keys), node_states=ns, check=False) for c in copies])
         del node_states
     except Exception as exc:  # noqa: BLE001 - e.g. OOM for the node-state buffer

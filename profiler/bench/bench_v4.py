@@ -122,7 +122,7 @@ def run_correctness(device) -> list[dict]:
 
 def core_timings(step, use_graph: bool) -> dict:
     """The Triton attention core alone on the step's own index lists."""
-    from simtree.kernels.v4.tree_verify import attention_lists
+    from simtree.kernels.v4.verify import attention_lists
     idx, sources, _ = attention_lists(step.cache, step.weights, step.inputs, step.plan)
     q, sink = step.inputs.q, step.weights.sink
     return {"triton": time_us(lambda: sparse_attention(q, idx, sources, sink, step.cfg.scale), use_graph)}
@@ -132,8 +132,8 @@ def stage_timings(step, use_graph: bool) -> dict:
     """Pieces of a compressed layer's verify before the attention core (us): compressor GEMMs,
     pooling, and for CSA the indexer scan, torch.topk and the list kernel."""
     import importlib
-    tv = importlib.import_module("simtree.kernels.v4.tree_verify")  # the module, not the function
-    from simtree.kernels.v4.indexer import indexer_scores, selection_to_list
+    tv = importlib.import_module("simtree.kernels.v4.verify")  # the module, not the function
+    from simtree.kernels.v4._indexer_kernels import indexer_scores, selection_to_list
     cache, w, inp, plan = step.cache, step.weights, step.inputs, step.plan
     if not cache.ratio:
         return {}
@@ -355,12 +355,12 @@ PLAN_SWITCHES = ((False, False), (True, False), (False, True), (True, True))
 def plan_switch_timings(cfg, weights, device, contexts, batches, n, repeats=7, budget_s=60.0) -> list[dict]:
     """Host planning of one round (plan_verify + deepest accepted paths + plan_commit, until
     the uploads are done) with the CSA persistent rows built on the host or on the device
-    (kernels.v4.tree_verify.DEVICE_PERSIST_MIN_ENTRIES forced to never / always) and
+    (kernels.v4.verify.DEVICE_PERSIST_MIN_ENTRIES forced to never / always) and
     PACK_UPLOADS off / on; every setting's plan tensors must equal the plain setting's."""
     import importlib
 
     from simtree.kernels.v4.commit import plan_commit
-    tv = importlib.import_module("simtree.kernels.v4.tree_verify")   # the module, not the function
+    tv = importlib.import_module("simtree.kernels.v4.verify")   # the module, not the function
     from simtree.trees.tree import TreeBatch
     saved, rows, t0 = (tv.DEVICE_PERSIST_MIN_ENTRIES, tv.PACK_UPLOADS), [], time.time()
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)

@@ -111,7 +111,7 @@ def write_report(folder: Path) -> Path:
               markdown_table(table.round(2), with_index=True), "",
               "Targets (issue 5; tree/best_fla aims at 1):", "", *target_lines(table), "",
               "Columns: `triton_tree` the tree kernel at its default launch "
-              "(`kernels/gdn/launch.py::verify_launch_config`: a Triton pre-pass and K-side "
+              "(`kernels/gdn/_launch.py::verify_launch_config`: a Triton pre-pass and K-side "
               "kernel, then the walk in Triton; where the launch takes `cuda_walk`, the "
               "hand-written CUDA K-side kernel and CUDA walk of `kernels/gdn/cuda/walk.cu`, two "
               "kernels in all); `triton_tree_<config>` the same "

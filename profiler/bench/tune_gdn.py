@@ -30,7 +30,9 @@ import torch
 
 from simtree.errors import SimtreeError
 from simtree.fileio import write_text_atomic
-from simtree.kernels.gdn import VerifyLaunch, gdn_tree_verify, gdn_tree_verify_dense_ref, tree_meta
+from simtree.kernels.gdn import gdn_tree_verify_dense_ref, tree_meta
+from simtree.kernels.gdn._launch import VerifyLaunch
+from simtree.kernels.gdn._launched import launched_verify
 from simtree.profiler.bench.bench_gdn import (KSIDE_CASES, TINY, checked, config_name,
                                               parse_configs, rel_err)
 from simtree.profiler.bench.gdn_util import (QWEN36, TREE_ORDERS, env_info, graph_time_us,
@@ -65,7 +67,7 @@ def correctness(configs, dims, device, seed, order: str = "stored") -> list[dict
         case = f"b{b}_n{n}_{suffix}"
         for cfg in configs:
             recs.append(checked(
-                lambda cfg=cfg: rel_err(gdn_tree_verify(
+                lambda cfg=cfg: rel_err(launched_verify(
                     *(inp[key] for key in KEYS), launch=VerifyLaunch(backend="triton", **cfg))[0],
                     ref),
                 tol, config=config_name(cfg), case=case))
@@ -108,7 +110,7 @@ def checked_configs(configs, corr) -> list[dict]:
 def compiled_kernel_stats() -> list[dict]:
     """Registers, spills and shared memory of every compiled variant of the verify, pre-pass, K-side and commit kernels
     (from Triton's per-device kernel caches; empty where this Triton keeps them elsewhere)."""
-    from simtree.kernels.gdn import tree_verify
+    from simtree.kernels.gdn import _tree_kernels as tree_verify
     recs = []
     for name in tree_verify.VERIFY_KERNELS + ("_tree_commit_kernel",):
         fn = getattr(tree_verify, name)
@@ -333,7 +335,7 @@ def main() -> None:
                 break
             name = config_name(cfg)
             launch = VerifyLaunch(backend="triton", **cfg)
-            fns = [lambda c=c, launch=launch: gdn_tree_verify(*(c[key] for key in KEYS), launch=launch,
+            fns = [lambda c=c, launch=launch: launched_verify(*(c[key] for key in KEYS), launch=launch,
                                                meta=meta, check=False) for c in copies]
             try:
                 r = graph_time_us(fns, replays=args.replays)

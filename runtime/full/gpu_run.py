@@ -42,7 +42,6 @@ import argparse
 import csv
 import dataclasses
 import io
-import os
 import sys
 import time
 import traceback
@@ -112,8 +111,9 @@ def time_step(step, reps: int = 10, warmup: int = 3) -> tuple[float, float, floa
 def _check_attention(s: Session, device, dtype=torch.bfloat16) -> None:
     """The tree attention kernel against its torch form at the two models' shapes (Qwen's GQA
     24/4 x 256, V4's MTP latent 64/1 x 512 with window and sink), in the model's dtype."""
-    from simtree.kernels.layers.attention_kernel import tree_attention_triton
+    from simtree.kernels.layers._attention_kernel import tree_attention_triton
     from simtree.kernels.layers.attention import chain_bits, tree_attention_ref
+    from simtree.kernels.layers.forms import set_forms
     g = torch.Generator(device=device).manual_seed(0)
     r = lambda *shape: torch.randn(*shape, generator=g, device=device).to(dtype)  # noqa: E731
     name = dtype_name(dtype)
@@ -134,7 +134,7 @@ def _check_attention(s: Session, device, dtype=torch.bfloat16) -> None:
                                    f"(Hq {Hq}, Hkv {Hkv}, D {D})")
         s.log(f"tree attention kernel: matches its torch form ({name}, both models' shapes)")
     except Exception as exc:   # noqa: BLE001 - the session goes on with the torch form
-        os.environ["SIMTREE_TREE_ATTENTION"] = "torch"
+        set_forms(tree_attention="torch")
         s.log(f"tree attention kernel FAILED ({type(exc).__name__}: {exc}); using the torch form")
 
 
@@ -205,7 +205,7 @@ def runtime_deployment(model: str, deployment: str | None) -> str:
     """The canonical deployment of the rank gpu_run builds for ``model`` (default: the model's
     shipped one, else the rank the runtime builds); a one-line error for a rank the full runtime
     does not build."""
-    from simtree.deploy.deployment import parse_deployment
+    from simtree.parallel import parse_deployment
     from simtree.deploy.shipped import default_deployment
     from simtree.kernels.layers.v4 import default_ep_ranks
 
@@ -220,7 +220,7 @@ def runtime_deployment(model: str, deployment: str | None) -> str:
 
 def default_costs(model: str, deployment: str) -> str | None:
     """The shipped bundle of (model, deployment), or None where none ships yet."""
-    from simtree.deploy.deployment import parse_deployment
+    from simtree.parallel import parse_deployment
     from simtree.deploy.shipped import shipped_bundle
 
     path = shipped_bundle(model, parse_deployment(deployment))

@@ -39,7 +39,7 @@ import numpy as np
 import pandas as pd
 
 from simtree.costs import profile_table as pt
-from simtree.deploy.deployment import parse_deployment
+from simtree.parallel import parse_deployment
 from simtree.errors import SimtreeError
 from simtree.models import get_model
 from simtree.fileio import write_text_atomic

@@ -1,8 +1,7 @@
 """The ``simtree`` command line: thin typer commands over library functions.
 
 Each command lives in its own module ``simtree.cli.<name>`` that defines
-``register(app: typer.Typer)``.  A command whose module is missing is still listed and
-exits non-zero saying it is not built yet: it never prints made-up output.
+``register(app: typer.Typer)``; ``COMMANDS`` lists them with their one-line help.
 """
 from __future__ import annotations
 
@@ -28,24 +27,9 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_
                   help="simtree: does tree speculative decoding pay off on this GPU, model and load?")
 
 
-def _stub(name: str):
-    def command() -> None:
-        typer.echo(f"simtree {name}: not built yet in this version", err=True)
-        raise typer.Exit(1)
-    command.__doc__ = COMMANDS[name] + " (not built yet)"
-    return command
-
-
 def _register_all() -> None:
-    for name, help_line in COMMANDS.items():
-        try:
-            module = importlib.import_module(f"simtree.cli.{name}")
-        except ModuleNotFoundError as exc:
-            if exc.name != f"simtree.cli.{name}":
-                raise
-            app.command(name, help=help_line + " (not built yet)")(_stub(name))
-            continue
-        module.register(app)
+    for name in COMMANDS:
+        importlib.import_module(f"simtree.cli.{name}").register(app)
 
 
 _register_all()

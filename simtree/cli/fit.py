@@ -160,7 +160,7 @@ def register(app: typer.Typer) -> None:
         from simtree.errors import SimtreeError
         from simtree.costs.profile_fit import AUTO_FORMS, bench_predict, fit_profile, moe_shape, plot_fit
         from simtree.costs.profile_table import load_profile
-        from simtree.deploy.comm import COMM_STAGES, fit_comm_profile
+        from simtree.costs.comm import COMM_STAGES, fit_comm_profile
 
         stages = set(load_profile(profile)["stage"])
         measured_comm = None

@@ -27,6 +27,17 @@ def parse_batch_sizes(text: str) -> list[int]:
     return [check_batch_size(b, f"--batch-sizes entry {b}") for b in sizes]
 
 
+def plan_and_write(*args, **kwargs) -> list[dict]:
+    """What `simtree plan` does: plan every bundle and save its policy file
+    (:func:`simtree.planning.bundles.plan_bundles`, whose arguments these are), then render its
+    report (:func:`simtree.reporting.plan_report.write_plan_reports`).  One dict per bundle:
+    result, bands, policy, policy_data, folder, report."""
+    from simtree.planning.bundles import plan_bundles
+    from simtree.reporting.plan_report import write_plan_reports
+
+    return write_plan_reports(plan_bundles(*args, **kwargs))
+
+
 def register(app: typer.Typer) -> None:
     @app.command("plan", help="Choose tree on/off, shape and budget per batch size and workload; "
                               "write a policy and report.  Example: simtree plan --workload sharegpt "
@@ -61,7 +72,6 @@ def register(app: typer.Typer) -> None:
         from simtree.planning.bands import BAND_MODELS
         from simtree.planning.modes import TREE_MODES
         from simtree.planning.planner import SearchSpace
-        from simtree.reporting.plan_report import plan_and_write
 
         sizes = parse_batch_sizes(batch_sizes)
         space = SearchSpace() if modes is None else \

@@ -7,7 +7,7 @@ from pathlib import Path
 import typer
 
 from simtree.cli.notes import captured_warnings, print_notes
-from simtree.deploy.deployment import parse_deployment
+from simtree.parallel import parse_deployment
 from simtree.errors import SimtreeError, check_whole
 
 EXAMPLE = ("Example: simtree run --mode eagle --steps 3 --topk 2 --budget 6 --batch-size 4 "
@@ -197,7 +197,7 @@ def _rank_model(name: str, deployment: str | None, device: str, sizes: list[int]
     if str(device).startswith("cuda"):
         import torch
 
-        from simtree.deploy.machines import machine_for_device
+        from simtree.machine.machines import machine_for_device
         from simtree.deploy.memory import check_fits
         machine = machine_for_device(torch.cuda.get_device_name(torch.device(device)))
         if machine is not None:

@@ -35,7 +35,7 @@ from simtree.costs.forms import MOE_ROUTINGS, ScaledVerifyDraft
 from simtree.costs.surface_fit import MOE_FORMS, error_stats
 from simtree.costs.forms import DecodeSplitSurface
 from simtree.costs.model import DRAFT_AXES, VERIFY_AXES, CostBundle, DraftCostModel, VerifyCostModel
-from simtree.deploy.deployment import DEFAULT_DEPLOYMENT, parse_deployment
+from simtree.parallel import DEFAULT_DEPLOYMENT, parse_deployment
 from simtree.errors import SimtreeError
 from simtree.models import get_model
 from simtree.costs.profile_table import load_profile, profile_hash, read_meta
@@ -180,7 +180,7 @@ def fit_profile(profile: str | os.PathLike, *, stage: str | None = None, model: 
     after every solve; ``on_more_solves(k)`` before the k solves of the n = 1 split (see
     ``_decode_split``), so a progress bar can grow.  ``deployment``: the rows of that rank
     (canonical or not: "ep=8"); ``comm``: the communication model (a
-    :class:`simtree.deploy.comm.CommModel` or its JSON path) the bundle records for a
+    :class:`simtree.costs.comm.CommModel` or its JSON path) the bundle records for a
     deployment of several GPUs, default the machine's assumed one (``meta["communication"]``).
     ``moe_routing``: how the profile's MoE layers routed (``simtree.costs.forms.touched_experts``);
     default the table's ``.meta.json`` ``moe_routing``, ``balanced`` for a sweep's table from before
@@ -289,8 +289,8 @@ def _communication(deployment: str, device: str, comm, notes: list) -> dict | No
     """The communication model a bundle of a deployment of several GPUs records: ``comm`` (a
     CommModel or a path), else the default of the machine that measured the rows; None for one
     GPU, or a device no machine table describes (then the deployment's costs need one given)."""
-    from simtree.deploy.comm import CommModel, load_comm
-    from simtree.deploy.machines import machine_for_device
+    from simtree.costs.comm import CommModel, load_comm
+    from simtree.machine.machines import machine_for_device
 
     if parse_deployment(deployment).gpus == 1:
         if comm is not None:

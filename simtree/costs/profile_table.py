@@ -55,7 +55,7 @@ from typing import Iterable
 import numpy as np
 import pandas as pd
 
-from simtree.deploy.deployment import DEFAULT_DEPLOYMENT, parse_deployment
+from simtree.parallel import DEFAULT_DEPLOYMENT, parse_deployment
 from simtree.errors import SimtreeError
 from simtree.fileio import read_json, write_atomic, write_text_atomic
 

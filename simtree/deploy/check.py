@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from simtree.deploy.deployment import parse_deployment
+from simtree.parallel import parse_deployment
 from simtree.errors import SimtreeError
 
 __all__ = ["CheckResult", "compare_steps", "main", "TARGET_MEDIAN_ERROR"]

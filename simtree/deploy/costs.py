@@ -12,7 +12,7 @@ parallelism, ceil(b / dp) under data-parallel attention), so
     C_v(n, l, b) = C_rank(n, l, rank_batch(b)) + comm(verify collectives at rank_batch(b) * n tokens)
     C_d(s, k, b) = C_d,rank(s, k, rank_batch(b)) + s * comm(draft collectives at rank_batch(b) * k tokens)
 
-(:mod:`simtree.deploy.comm`).  Communication adds terms affine in n (k), so C_v stays
+(:mod:`simtree.costs.comm`).  Communication adds terms affine in n (k), so C_v stays
 non-decreasing and convex in n wherever the rank's model is.  A bundle of one GPU is returned
 as it is: nothing to add.
 """
@@ -24,9 +24,9 @@ from typing import Any, Mapping
 import numpy as np
 
 from simtree.costs.model import Costs, DraftCost, VerifyCost
-from simtree.deploy.comm import CommModel, draft_collectives, load_comm, step_collectives
-from simtree.deploy.deployment import DEFAULT_DEPLOYMENT, Deployment, parse_deployment
-from simtree.deploy.machines import machine_for_device
+from simtree.costs.comm import CommModel, draft_collectives, load_comm, step_collectives
+from simtree.parallel import DEFAULT_DEPLOYMENT, Deployment, parse_deployment
+from simtree.machine.machines import machine_for_device
 from simtree.errors import SimtreeError
 from simtree.models import ModelShape, get_model
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from simtree.deploy.deployment import Deployment, parse_deployment
-from simtree.deploy.machines import Machine, get_machine
+from simtree.parallel import Deployment, parse_deployment
+from simtree.machine.machines import Machine, get_machine
 from simtree.errors import SimtreeError
 from simtree.models import ModelShape, get_model
 

@@ -17,10 +17,10 @@ from typing import Sequence
 from simtree.costs import model as cost_model
 from simtree.costs.model import Costs, load_costs
 from simtree.costs.synthetic import synthetic_costs
-from simtree.deploy.comm import CommModel
+from simtree.costs.comm import CommModel
 from simtree.deploy.costs import bundle_deployment, deployment_costs
-from simtree.deploy.deployment import parse_deployment
-from simtree.deploy.machines import get_machine, machine_for_device
+from simtree.parallel import parse_deployment
+from simtree.machine.machines import get_machine, machine_for_device
 from simtree.deploy.memory import check_fits
 from simtree.deploy.shipped import DEFAULT_MACHINE, shipped_deployments, waiting
 from simtree.errors import SimtreeError

@@ -12,7 +12,7 @@ import os
 from pathlib import Path
 
 from simtree.data import data_path
-from simtree.deploy.deployment import Deployment, parse_deployment
+from simtree.parallel import Deployment, parse_deployment
 from simtree.errors import SimtreeError
 from simtree.fileio import read_yaml
 

@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
-from simtree.deploy.deployment import DEFAULT_DEPLOYMENT, parse_deployment
+from simtree.parallel import DEFAULT_DEPLOYMENT, parse_deployment
 from simtree.errors import SimtreeError, check_int
 from simtree.fileio import write_text_atomic
 from simtree.planning.modes import MODES, PolicySpec

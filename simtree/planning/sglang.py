@@ -19,7 +19,7 @@ import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
-from simtree.deploy.deployment import parse_deployment
+from simtree.parallel import parse_deployment
 from simtree.errors import SimtreeError
 from simtree.planning.modes import EagleParams, LinearParams, NoneParams, PolicySpec, check_batch_size
 from simtree.planning.planner import read_candidates

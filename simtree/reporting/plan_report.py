@@ -1,5 +1,7 @@
-"""Plan report: markdown + PNG figures from a :class:`simtree.planning.planner.PlanResult`, and
-:func:`plan_and_write`, what `simtree plan` calls: plan, then write the policy file and report.
+"""Plan report: markdown + PNG figures from a :class:`simtree.planning.planner.PlanResult`
+(:func:`write_plan_report`; :func:`write_plan_reports` for every bundle
+:func:`simtree.planning.bundles.plan_bundles` planned, as `simtree plan` does).  Rendering
+only: the planning is :mod:`simtree.planning`'s.
 
 - ``gain_heatmap.png``: per workload, predicted gain of the best tree (EAGLE or best-first)
   over linear speculation at the SAME budget D, over (batch size x budget);
@@ -15,7 +17,6 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Callable, Sequence
 
 import numpy as np
 import pandas as pd
@@ -23,14 +24,14 @@ import pandas as pd
 from simtree.costs.synthetic import SYNTHETIC_LABEL
 from simtree.errors import SimtreeError
 from simtree.models import DECODE_STAGE
-from simtree.planning.bands import BAND_MODELS, band_workloads, bands_from_policy, plan_bands, with_bands
+from simtree.planning.bands import bands_from_policy
+from simtree.planning.bundles import PlannedBundles
 from simtree.planning.compare import adaptive_vs_fixed
 from simtree.planning.modes import TREE_MODES
-from simtree.planning.planner import (DEFAULT_BATCH_SIZES, FAMILIES, PlanResult, SearchSpace, check_workload_names,
-                                      plan, read_candidates)
+from simtree.planning.planner import FAMILIES, PlanResult, read_candidates
 from simtree.planning.policy_file import Policy
 
-__all__ = ["gain_grid", "tree_vs_linear", "write_plan_report", "render_plan_dir", "plan_folders", "plan_and_write",
+__all__ = ["gain_grid", "tree_vs_linear", "write_plan_report", "render_plan_dir", "plan_folders", "write_plan_reports",
            "TREE_VS_LINEAR_COLUMNS"]
 
 TREE_VS_LINEAR_COLUMNS = ("workload", "batch_size", "budget", "shape", "linear_tok_s", "tree_tok_s", "gain")
@@ -315,69 +316,14 @@ def render_plan_dir(plan_dir: str | Path) -> list[dict[str, Path]]:
     return outputs
 
 
-def _folder_name(meta) -> str:
-    """<model>_<device>, with the deployment's tag between them for several GPUs:
-    deepseek-v4-flash_ep8_NVIDIA_H200."""
-    from simtree.deploy.deployment import parse_deployment
-
-    dep = parse_deployment(str(meta.get("deployment") or "tp=1"))
-    parts = [str(meta.get("model", "unknown"))] + ([dep.tag] if dep.gpus > 1 else []) + [str(meta.get("device", "unknown"))]
-    return "_".join(parts)
-
-
-def plan_and_write(cost_paths: Sequence[str] = (), workload_specs: Sequence[str] = (),
-                   batch_sizes: Sequence[int] = DEFAULT_BATCH_SIZES, out_dir: str = "reports/plan",
-                   prompt_len: float | None = None, output_len: int | None = None,
-                   progress: Callable[[int, int], None] | None = None,
-                   space: SearchSpace = SearchSpace(), model: str | None = None, deployment: str | None = None,
-                   comm=None, notes: list | None = None, band_models: int = BAND_MODELS) -> list[dict]:
-    """Plan every cost bundle (``cost_paths``, default the shipped ones; ``model`` /
-    ``deployment`` pick among them) x workloads (presets or traces, default every preset);
-    write policy.json + report per bundle, into a folder per (model, deployment, device) under
-    ``out_dir`` when there are several bundles.  A deployment whose weights and caches (largest
-    batch, longest mean context) do not fit its GPUs is refused (one line) before anything is
-    planned; ``comm`` replaces the bundles' communication model; ``notes`` (a list) receives
-    the plan-wide notes (which default deployments wait for a profile).  ``band_models``
-    bootstrap acceptance models per workload put a band on every choice
-    (:mod:`simtree.planning.bands`; 0: none).
-
-    Returns one dict per bundle: result (PlanResult), bands (DataFrame or None), policy (path),
-    policy_data (the Policy written), report (paths).
-    """
-    from simtree.acceptance.model import PRESETS, get_workload
-    from simtree.deploy.select import select_costs
-
-    workloads = [get_workload(w, prompt_len, output_len) for w in (workload_specs or PRESETS)]
-    check_workload_names(workloads, list(workload_specs or PRESETS))
-    context = max(w.mean_prompt_len + w.output_len for w in workloads)
-    bundles, found = select_costs(cost_paths, model, deployment, max(batch_sizes or [1]), context, comm)
-    if notes is not None:
-        notes.extend(found)
-    names = [_folder_name(b.meta) for b in bundles]
-    folders = [n.replace("/", "_").replace(" ", "_") for n in names]
-    where = list(cost_paths) or [f"bundle {i}" for i in range(len(bundles))]
-    for i, f in enumerate(folders):
-        if f in folders[:i]:
-            j = folders.index(f)
-            raise SimtreeError(f"two cost bundles for the same model and device ({where[j]} and {where[i]}: "
-                               f"{names[i]}, one deployment) would write the same folder {f}: plan them separately")
-    # the embedded default is a set of deployments: a folder each, even while only one ships
-    defaults = not cost_paths and model is None and deployment is None and not any(
-        b.meta.get("synthetic") for b in bundles)
-    specs = list(workload_specs or PRESETS)
-    band_sets = {w.name: band_workloads(spec, w, band_models) for spec, w in zip(specs, workloads)} if band_models else {}
-    outputs = []
-    for bundle, folder in zip(bundles, folders):
-        result = plan(bundle, workloads, batch_sizes, space, progress)
-        bands = plan_bands(result.chosen, result.candidates, bundle, band_sets) if band_sets else None
-        sub = Path(out_dir) / folder if len(bundles) > 1 or defaults else Path(out_dir)
-        policy = with_bands(result.to_policy(), bands)
-        policy_path = policy.save(sub / "policy.json")
-        outputs.append({"result": result, "bands": bands, "policy": policy_path, "policy_data": policy,
-                        "report": write_plan_report(result, sub, bands)})
-    if len(bundles) > 1 or defaults:
-        _write_index(Path(out_dir), outputs, found)
-    return outputs
+def write_plan_reports(planned: PlannedBundles) -> list[dict]:
+    """The report of every bundle ``plan_bundles`` planned, in the folder of its policy file,
+    and plans.md where it planned several; returns its outputs, each with ``report`` (paths)."""
+    for o in planned.outputs:
+        o["report"] = write_plan_report(o["result"], o["folder"], o["bands"])
+    if planned.index_dir is not None:
+        _write_index(planned.index_dir, planned.outputs, planned.notes)
+    return planned.outputs
 
 
 def _write_index(out: Path, outputs: list[dict], notes: list[str]) -> Path:

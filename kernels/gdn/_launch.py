@@ -1,4 +1,7 @@
 """How the GDN tree kernels are launched: the typed launch configs and the rule that picks them.
+Private to the package: the entries (``verify.py``, ``commit.py``) take the math only and run
+the rule's launch; benchmarks, tuning and tests run launches of their own through
+``_launched.py``.
 
     VerifyLaunch, CommitLaunch      frozen configs; a field left None is the rule's to pick
     verify_launch_config            the verify's rule (sub-chunk, V block, warps, kernel switches)
@@ -27,14 +30,14 @@ docs/kernels/gdn_launch.md holds the measurement behind every choice, one table.
 from __future__ import annotations
 
 import functools
-import os
 from dataclasses import dataclass, fields
 
 import torch
 
 from simtree.errors import SimtreeError
+from simtree.kernels._triton import interpreting
 
-from . import cuda_walk
+from . import _cuda_walk as cuda_walk
 from .meta import HEAVY_FIRST_MAX_NODES
 
 __all__ = ["VerifyLaunch", "CommitLaunch", "LaunchNotApplicable", "verify_launch_config",
@@ -49,9 +52,10 @@ G_TILE = 16
 # where the rule takes the CUDA walk: (sequence, value head) rows and tree sizes measured
 CUDA_WALK_MIN_ROWS, CUDA_WALK_NODES = 10 * 48, (64, 128)
 H200_SMS = 132   # streaming multiprocessors where no CUDA device is visible (the tuned GPU)
-# Triton's interpreter multiplies bf16 dot operands wrongly, so under TRITON_INTERPRET=1 the
-# bf16 paths keep fp32 dot operands; the GPU benchmark checks real bf16
-INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+# Triton's interpreter multiplies bf16 dot operands wrongly, so under it the bf16 paths keep
+# fp32 dot operands; the GPU benchmark checks real bf16.  Read once, as Triton decides per
+# kernel when it is decorated.
+INTERPRET = interpreting()
 
 
 class LaunchNotApplicable(SimtreeError):

@@ -16,11 +16,11 @@ at BLOCK_E = 128, compute-bound rather than L2-bound).
 """
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
+
+from simtree.kernels._triton import interpreting
 
 __all__ = ["indexer_scores", "indexer_scores_torch", "selection_to_list"]
 
@@ -136,7 +136,7 @@ def indexer_scores(iq: torch.Tensor, iw: torch.Tensor, pool: torch.Tensor, rows:
     smax = 0 if scratch_vis is None else scratch_vis.shape[1]
     if N == 0 or (E == 0 and smax == 0):
         return out
-    interp = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+    interp = interpreting()
     dot_t = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}.get(pool.dtype, tl.float32)
     dot_t = tl.float32 if interp else dot_t
     iq, iw, rows, pad = iq.contiguous(), iw.contiguous(), rows.contiguous(), pad_nodes.contiguous()

@@ -13,8 +13,6 @@ from __future__ import annotations
 import ctypes
 import functools
 import hashlib
-import os
-import shutil
 import subprocess
 import warnings
 from pathlib import Path
@@ -23,6 +21,8 @@ import torch
 
 from simtree.errors import SimtreeError
 from simtree.fileio import write_atomic
+from simtree.kernels._triton import interpreting
+from simtree.machine.toolchain import cuda_cache_dir, nvcc_path
 
 SOURCE = Path(__file__).with_name("cuda") / "walk.cu"
 # the (block_v, m-tiles per warp) instances walk.cu compiles (warps per program: block_v / 16 / mt)
@@ -35,17 +35,13 @@ RAW_INSTANCES = ((128, 2), (128, 1), (64, 2))
 
 
 def _cache_dir() -> Path:
-    root = os.environ.get("SIMTREE_CUDA_CACHE") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "simtree", "cuda")
-    return Path(root)
+    return cuda_cache_dir()
 
 
 def nvcc() -> str | None:
-    """The nvcc to build with: $CUDA_HOME/bin/nvcc, else the one on PATH."""
-    home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH")
-    if home and (Path(home) / "bin" / "nvcc").exists():
-        return str(Path(home) / "bin" / "nvcc")
-    return shutil.which("nvcc")
+    """The nvcc to build with (``simtree.machine.toolchain.nvcc_path``: $CUDA_HOME/bin/nvcc,
+    else the one on PATH)."""
+    return nvcc_path()
 
 
 def arch_flag(major: int, minor: int) -> str:
@@ -115,7 +111,7 @@ def available(device) -> bool:
 def _available(device: str) -> bool:
     dev = torch.device(device)
     if dev.type != "cuda" or not torch.cuda.is_available() \
-            or os.environ.get("TRITON_INTERPRET") == "1" or nvcc() is None:
+            or interpreting() or nvcc() is None:
         return False
     if torch.cuda.get_device_capability(dev)[0] < 9:
         return False

@@ -34,7 +34,7 @@ from typing import Iterable
 
 import numpy as np
 
-from simtree.deploy.deployment import Deployment, parse_deployment
+from simtree.parallel import Deployment, parse_deployment
 from simtree.errors import SimtreeError
 from simtree.fileio import read_json, write_text_atomic
 from simtree.models import DTYPE_BYTES, ModelShape
@@ -253,7 +253,7 @@ def fit_comm_profile(path: str | os.PathLike) -> CommModel:
     """:func:`fit_comm` of a profile table's collective rows, its source the table (path and
     sha256) and its machine the one the rows' device names (machine table)."""
     from simtree.costs.profile_table import load_profile, profile_hash
-    from simtree.deploy.machines import machine_for_device
+    from simtree.machine.machines import machine_for_device
 
     df = load_profile(path)
     rows = df[df["stage"].isin(COMM_STAGES.values())]

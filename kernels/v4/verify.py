@@ -37,8 +37,8 @@ from simtree.trees.tree import DraftTree, TreeBatch
 from .attention import gather_rows, sparse_attention, sparse_attention_torch
 from .cache import V4Cache
 from .compressor import CompressorParams, pool_window
-from .indexer import indexer_scores, indexer_scores_torch, selection_to_list
-from .pool import pool_windows
+from ._indexer_kernels import indexer_scores, indexer_scores_torch, selection_to_list
+from ._pool_kernel import pool_windows
 from .reference import V4Inputs, V4LayerWeights
 
 __all__ = ["VerifyPlan", "VerifyScratch", "plan_verify", "attention_lists", "tree_verify", "random_tree"]

@@ -1,0 +1,59 @@
+"""Which form the layers' ops run in, set by the callers that choose (never read from the
+environment): the profiler's check of the fused ops against their torch forms, a GPU session
+that falls back to the torch tree attention when the kernel fails its check.
+
+    fused           "auto": the fused Triton ops (``ops.py``) on CUDA for 16/32-bit floats;
+                    "torch": their torch forms everywhere (debugging, the profiler's check)
+    tree_attention  "auto": the Triton kernel on CUDA, the torch form elsewhere; "triton"
+                    (the interpreter on CPU) or "torch"
+
+    set_forms(tree_attention="torch")       # from here on
+    with forms(fused="torch"): ...          # inside the block only
+"""
+from __future__ import annotations
+
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
+
+from simtree.errors import SimtreeError
+
+__all__ = ["LayerForms", "current", "set_forms", "forms"]
+
+_CHOICES = {"fused": ("auto", "torch"), "tree_attention": ("auto", "triton", "torch")}
+
+
+@dataclass(frozen=True)
+class LayerForms:
+    fused: str = "auto"
+    tree_attention: str = "auto"
+
+    def __post_init__(self):
+        for name, allowed in _CHOICES.items():
+            if getattr(self, name) not in allowed:
+                raise SimtreeError(f"{name} form {getattr(self, name)!r}: use "
+                                   + ", ".join(allowed))
+
+
+_current = LayerForms()
+
+
+def current() -> LayerForms:
+    """The forms the ops run in now."""
+    return _current
+
+
+def set_forms(**changes: str) -> LayerForms:
+    """Set forms (``fused``, ``tree_attention``) from here on; returns the ones replaced."""
+    global _current
+    old, _current = _current, replace(_current, **changes)
+    return old
+
+
+@contextmanager
+def forms(**changes: str):
+    """The forms changed inside the block, restored after it."""
+    old = set_forms(**changes)
+    try:
+        yield _current
+    finally:
+        set_forms(fused=old.fused, tree_attention=old.tree_attention)
