@@ -88,3 +88,53 @@ def test_simulator_reads_the_presets_as_the_model_predicts(mode, params):
     acc = preset_model("mbpp")
     shape = static_round(acc, PolicySpec.from_dict(mode, params))
     assert 1.0 + acc.weights @ shape.accepted == pytest.approx(accepted_per_round(acc, mode, params), abs=1e-9)
+
+
+def test_published_holdout_table_is_its_fits_evaluated():
+    """reports/acceptance/published_holdout.csv: the fitted parameters in its JSON, evaluated again,
+    give the table; train rows are the linear column (and D = 5, 6 gains for the split)."""
+    import json
+    from pathlib import Path
+
+    import pandas as pd
+
+    from simtree.acceptance.holdout import SPLIT_TRAIN_BUDGETS, holdout_table, summarize
+    from simtree.acceptance.presets import PresetParams
+
+    folder = Path(__file__).resolve().parents[1] / "reports" / "acceptance"
+    data = json.loads((folder / "published_holdout.json").read_text())
+    fields = PresetParams.__dataclass_fields__
+    fits = {}
+    for name, by in data["fits"].items():
+        lin = PresetParams(**{k: by["linear_only"][k] for k in fields})
+        assert abs(lin.sibling_share - data["rank_prior"]["sibling_share"]) < 1e-3
+        fits[name] = {"linear_only": lin, "linear_only_ceiling": PresetParams(**{**{k: by["linear_only"][k] for k in fields},
+                                                                                "sibling_share": 1.0}),
+                      "split": PresetParams(**{k: by["split"][k] for k in fields})}
+    table = holdout_table(fits)
+    shipped = pd.read_csv(folder / "published_holdout.csv")
+    assert list(shipped.columns) == list(table.columns) and len(shipped) == len(table)
+    assert (shipped["predicted"] - table["predicted"]).abs().max() < 2e-3
+    tests = table[table["fitted_on"] == "test"]
+    assert set(tests["quantity"].str.contains("gain over linear")) == {True}
+    assert set(tests[tests["split"] == "split"]["budget"]) == {7, 8} and SPLIT_TRAIN_BUDGETS == (5, 6)
+    got = summarize(table)
+    assert got.keys() == data["summary"].keys()
+    for split, s in got.items():
+        assert s["tests"] == data["summary"][split]["tests"]
+        assert s["median_points"] == pytest.approx(data["summary"][split]["median_points"], abs=2e-3)
+
+
+def test_rank_catch_rate_counts_rank_two_where_rank_one_missed():
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    from simtree.acceptance.holdout import rank_catch_rate
+    rec = SimpleNamespace(num_accepted=1, topk_tokens=np.array([[5, 6], [7, 8], [1, 2]]),
+                          target_tokens=np.array([5, 8]))
+    assert rank_catch_rate([rec]) == (1.0, 1)
+    rec2 = SimpleNamespace(num_accepted=0, topk_tokens=np.array([[5, 6]]), target_tokens=np.array([9]))
+    assert rank_catch_rate([rec, rec2]) == (0.5, 2)
+    with pytest.raises(SimtreeError):
+        rank_catch_rate([SimpleNamespace(num_accepted=0, topk_tokens=None, target_tokens=None)])
