@@ -197,7 +197,7 @@ def acceptance_headline(folder: Path) -> str:
             f"{(gain.preset - gain.published).abs().max():.1f} points")
     holdout = folder / "published_holdout.json"
     if holdout.exists():
-        h = read_json(holdout)["summary"]
+        h = read_json(holdout, "acceptance hold-out")["summary"]
         lin_only, split = h["linear_only"], h["split"]
         text += (f"; out of sample, fitted on the table's linear column only, its tree gains are predicted within "
                  f"a median {lin_only['median_points']:.1f} points (worst {lin_only['worst_points']:.1f}: the linear "
