@@ -279,7 +279,8 @@ def live_headline(folder: Path) -> str:
     ok, total = sum(g <= PLAN_TOLERANCE for g in gaps.values()), len(gaps)
     cvm = _csv(folder / "composed_vs_measured.csv")["rel_err"].abs()
     models = ", ".join(_model(m) for m in sorted(runs["model"].unique()))
-    return (f"{models}: predicted vs measured throughput median {_pct(err.median(), 1)} (worst "
+    return (f"{models}: predicted vs measured throughput, in sample (each bundle fitted on the same session's "
+            f"profile, acceptance replayed from the predicting preset), median {_pct(err.median(), 1)} (worst "
             f"{_pct(err.max(), 1)}) over {len(runs)} runs; the plan's choice best or within 2% at {ok} of "
             f"{total} (model, batch) points; host {_pct(runs['host_share'].max(), 1)} of a round at most; "
             f"composed vs measured step median {_pct(cvm.median(), 1)}; "
