@@ -4,8 +4,9 @@
                       batch_sizes=[1, 4, 16, 64], acceptance="gsm8k", out="DIR")
 
 Per batch size: plain decoding, linear D=4 and the policy file's choice for (workload, batch)
-- a choice the runtime cannot build on the device (best_first, cost_aware, batch_alloc) is
-skipped with a one-line note.  Each run: a fresh engine (CUDA graphs captured per bucket), a
+- a choice the runtime cannot build on the device is skipped with a one-line note.  cost_aware
+and batch_alloc decide each round's budgets from the cost bundle (none given: their runs fail,
+each a row saying so); their bucket is the max budget, the nodes past a round's budget padding.  Each run: a fresh engine (CUDA graphs captured per bucket), a
 context of ``context_len`` tokens, ``warmup_rounds`` rounds, then ``rounds`` measured rounds.
 
 Acceptance (every row says which): ``replay`` from a trace file (``--replay``) or sampled on the
@@ -113,11 +114,14 @@ class _Source:
             return max(1, int(round(self.workload.mean_prompt_len)))
         return max(1, int(round(getattr(self, "context", None) or 512)))
 
-    def make(self, rs: RoundShape, batch_size: int, rounds: int):
+    def make(self, rs: RoundShape, batch_size: int, rounds: int, costs=None, context_len: float | None = None):
+        """The source of one run; ``costs``, ``context_len``: what cost_aware and batch_alloc decide with."""
         if self.workload is not None:
+            decide = {"costs": costs, "context_len": context_len}
             if self.sampling == "stratified":
-                return StratifiedReplay(self.workload.acceptance, rs, self.device, batch_size, rounds, self.seed)
-            return ModelReplay(self.workload.acceptance, rs, self.device, self.seed)
+                return StratifiedReplay(self.workload.acceptance, rs, self.device, batch_size, rounds, self.seed,
+                                        **decide)
+            return ModelReplay(self.workload.acceptance, rs, self.device, self.seed, batch_size, **decide)
         if self.replay is not None:
             return TraceReplay(self.replay, batch_size, self.device).score_trees(rs, self.device)
         return Live()
@@ -128,11 +132,12 @@ class _Source:
         return getattr(self, "model", None)
 
 
-def measure_policy(model, rs: RoundShape, batch_size: int, source, cfg: RunConfig):
+def measure_policy(model, rs: RoundShape, batch_size: int, source, cfg: RunConfig, costs=None):
     """(RunStats of ``cfg.rounds`` measured rounds, whether CUDA graphs ran); a capture that
-    fell back to eager stages leaves its reason in the stats' notes."""
+    fell back to eager stages leaves its reason in the stats' notes.  ``costs``: the bundle
+    cost_aware and batch_alloc decide with."""
     max_len = cfg.context_len + (cfg.warmup_rounds + cfg.rounds + 2) * rs.path_rows + 8
-    engine = FullEngine(model, rs, batch_size, max_len, source)
+    engine = FullEngine(model, rs, batch_size, max_len, source, costs=costs)
     try:
         engine.capture()
         engine.fill_context(cfg.context_len, cfg.seed)
@@ -159,7 +164,7 @@ def predict(costs, acc_model, spec: PolicySpec, rs: RoundShape, batch_size: int,
     if costs is None:
         return dict(NO_PREDICTION)
     B = batch_size
-    draft_us = 0.0 if rs.plain else float(costs.draft.predict(rs.num_steps, rs.topk, B))
+    draft_us = 0.0 if rs.plain else float(costs.draft.predict(*spec.draft_shape(), B))
     verify_us = float(np.mean([float(costs.verify.predict(rs.nodes, float(c), B)) for c in stats.context_lens]))
     round_ms = (draft_us + verify_us) / 1e3
     if acc_model is None or rs.plain:
@@ -179,9 +184,9 @@ def predict(costs, acc_model, spec: PolicySpec, rs: RoundShape, batch_size: int,
 
 
 def _policies(policy, workload: str, batch_size: int, notes: list, extra=()) -> list[tuple[str, PolicySpec]]:
-    out = [("plain", PLAIN), ("linear_d4", LINEAR_D4), *extra]
+    out = [("plain", PLAIN), ("linear_d4", LINEAR_D4)]
     if policy is None:
-        return out
+        return out + list(extra)
     from simtree.planning.policy_file import Policy
     entry, clamped = Policy.load(policy).resolve(workload, batch_size)
     if clamped:
@@ -189,8 +194,8 @@ def _policies(policy, workload: str, batch_size: int, notes: list, extra=()) -> 
     if entry.mode not in RUNTIME_MODES:
         notes.append(f"batch {batch_size}: the policy's {entry.mode} entry is not built on the device by the full "
                      f"runtime ({', '.join(RUNTIME_MODES)}): skipped")
-        return out
-    return out + [("plan", entry.params)]
+        return out + list(extra)
+    return out + [("plan", entry.params), *extra]     # the plan's choice before the shapes beside it
 
 
 def _row(run: dict, source_label: str, pred: dict, cfg: RunConfig) -> dict:
@@ -308,7 +313,8 @@ def full_run(model, *, device: str = "cuda", costs=None, policy=None, batch_size
             try:
                 if rs not in measured:
                     t0 = time.perf_counter()
-                    measured[rs] = measure_policy(model, rs, B, source.make(rs, B, cfg_b.rounds), cfg_b)
+                    src = source.make(rs, B, cfg_b.rounds, costs, cfg_b.context_len)
+                    measured[rs] = measure_policy(model, rs, B, src, cfg_b, costs)
                     say(f"batch {B} {label} {rs.name}: {measured[rs][0].tok_s:.1f} tok/s, round "
                         f"{measured[rs][0].round_ms:.2f} ms ({time.perf_counter() - t0:.1f} s)")
                 run["stats"], run["graphs"] = measured[rs]
