@@ -18,7 +18,8 @@ next one runs; every phase checks the time left (``--max-seconds``) and stops ea
                 failure or mismatch the rest of the session uses the torch form, logged).
 2. ``lossless`` ``make_predictable`` (the MTP layer agrees with the target often, so rounds
                 accept and reject; shapes unchanged, the later timings are unaffected), then 2
-                prompts x {linear D=4, EAGLE s3 k2 D6, EAGLE s4 k4 D16} at batch 2, live,
+                prompts x {linear D=4, EAGLE s3 k2 D6, EAGLE s4 k4 D16, best-first D8 p3, and with
+                a bundle cost_aware max 16 p3, batch_alloc max 16 p2} at batch 2, live,
                 against plain greedy -> lossless.csv (a mismatch with its top-2 logit gap).
 3. ``measure``  ``full_run``: per batch size plain, linear D=4, the shipped plan's choice for the
                 deployment (``--policy``, default the plan under reports/h200/plan/ of the model
@@ -145,16 +146,23 @@ def _check_attention(s: Session, device, dtype=torch.bfloat16) -> None:
         s.log(f"tree attention kernel FAILED ({type(exc).__name__}: {exc}); using the torch form")
 
 
-def _lossless(s: Session, model, layers: str) -> None:
+def _lossless(s: Session, model, layers: str, costs_path: str | None = None) -> None:
     from .lossless import check_lossless, make_predictable
     make_predictable(model, 0.3)
     rng = np.random.default_rng(7)
     prompts = [rng.integers(0, model.vocab, 24).tolist(), rng.integers(0, model.vocab, 17).tolist()]
     specs = [PolicySpec.from_dict("linear", {"budget": 4}), PolicySpec.from_dict("eagle", {"num_steps": 3, "topk": 2, "budget": 6}),
-             PolicySpec.from_dict("eagle", {"num_steps": 4, "topk": 4, "budget": 16})]
+             PolicySpec.from_dict("eagle", {"num_steps": 4, "topk": 4, "budget": 16}),
+             PolicySpec.from_dict("best_first", {"budget": 8, "draft_depth": 3})]
+    costs = None
+    if costs_path is not None:   # the adaptive modes decide with the deployment's bundle
+        from simtree.costs.model import load_costs
+        costs = load_costs(costs_path)
+        specs += [PolicySpec.from_dict("cost_aware", {"max_budget": 16, "draft_depth": 3}),
+                  PolicySpec.from_dict("batch_alloc", {"max_budget_per_seq": 16, "draft_depth": 2})]
     dtype = dtype_name(model.dtype)
     rows = [{"model": model.shape.name, "dtype": dtype, "layers": layers, **r}
-            for r in check_lossless(model, prompts, specs, 32)]
+            for r in check_lossless(model, prompts, specs, 32, costs=costs)]
     buf = io.StringIO()
     w = csv.DictWriter(buf, fieldnames=list(rows[0]), lineterminator="\n")
     w.writeheader()
@@ -357,7 +365,7 @@ def main(argv=None) -> int:
         s.log(f"=== {phase}")
         try:
             if phase == "lossless":
-                _lossless(s, model, layers)
+                _lossless(s, model, layers, costs_path)
             elif phase == "measure":
                 from .measure import full_run
                 res = full_run(model, device=args.device, costs=costs_path, policy=policy, batch_sizes=sizes,
