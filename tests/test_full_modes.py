@@ -153,3 +153,19 @@ def test_what_the_runtime_cannot_build_is_refused_in_one_line():
         FullEngine(tiny_model("tiny-gdn"), round_shape(SPECS[1]), 1, 64)
     with pytest.raises(SimtreeError, match="cost bundle"):
         StratifiedReplay(get_workload("gsm8k").acceptance, round_shape(SPECS[2]), "cpu", 2, 4)
+
+
+def test_an_adaptive_run_takes_the_bucket_of_its_decision(tmp_path):
+    """full_run verifies cost_aware's rounds in the bucket of the simulator's decision (not its
+    max budget); the bucket is kept in summary.json, so a later prediction prices the same shape."""
+    from simtree.runtime.full.acceptance import adaptive_bucket
+    from simtree.runtime.full.measure import full_run, repredict
+    spec = PolicySpec.from_dict("cost_aware", {"max_budget": 16, "draft_depth": 3})
+    res = full_run(tiny_model("tiny-v4"), device="cpu", costs=COSTLY, batch_sizes=[2], acceptance="gsm8k",
+                   context_len=16, rounds=2, warmup_rounds=0, extra=[("cost_aware", spec)], out=tmp_path)
+    row = res["rows"][-1]
+    bucket = adaptive_bucket(get_workload("gsm8k").acceptance, round_shape(spec), 2, COSTLY, 16)
+    assert row["policy"] == "cost_aware:cost_aware_max16_p3" and row["note"] == ""
+    assert row["nodes"] == bucket and 2 <= bucket < 16
+    again = repredict(tmp_path / "summary.json", COSTLY)["rows"][-1]
+    assert again["nodes"] == bucket and again["predicted_round_ms"] == pytest.approx(row["predicted_round_ms"])

@@ -47,7 +47,7 @@ from simtree.planning.simulate import static_round
 from .drafting import RoundShape, TreeBuffers
 
 __all__ = ["Live", "TraceReplay", "ModelReplay", "StratifiedReplay", "DraftScores", "level_weights", "deepest_on_chain", "node_at_depth",
-           "stratified_draws", "joint_depth_pmf", "replay_rounds", "SAMPLINGS"]
+           "stratified_draws", "joint_depth_pmf", "replay_rounds", "adaptive_bucket", "SAMPLINGS"]
 
 SAMPLINGS = ("stratified", "iid")
 
@@ -85,6 +85,16 @@ def replay_rounds(model: AcceptanceModel, rs: RoundShape, batch_size: int = 1, c
     ad = AdaptiveRounds(model, spec, costs, batch_size)
     nodes, weights = ad.decide(float(context_len))
     return tuple(ad.tree(lv, int(n)) for lv, n in enumerate(nodes)), ad.tables, weights
+
+
+def adaptive_bucket(model: AcceptanceModel, rs: RoundShape, batch_size: int, costs, context_len: float) -> int:
+    """The CUDA-graph bucket of a cost_aware / batch_alloc run: the most nodes the simulator's
+    analytic decision gives any acceptance level at ``context_len`` (at least 2).  Every round
+    verifies that many nodes per sequence, so a bucket of the max budget would pay C_v(max
+    budget) each round for trees the rule mostly keeps smaller; the bucket caps a round's
+    budgets where its real marginals ask for more."""
+    trees = replay_rounds(model, rs, batch_size, costs, context_len)[0]
+    return max(2, min(rs.budget, max(t.num_nodes for t in trees)))
 
 
 def level_weights(model: AcceptanceModel, rs: RoundShape, **decide) -> np.ndarray:

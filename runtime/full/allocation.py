@@ -37,7 +37,7 @@ class DeviceAllocation:
             raise SimtreeError(f"mode {rs.alloc} needs a cost model (--costs): it weighs tree size against verify cost")
         if rs.alloc not in ("cost_aware", "batch_alloc"):
             raise SimtreeError(f"round shape {rs.name} has no per-round allocation")
-        B, m = int(batch_size), max(min(rs.budget - 1, rs.candidates), 0)
+        B, m = int(batch_size), max(min(rs.tree_nodes - 1, rs.candidates), 0)
         self.B, self.m, self.priced = B, m, rs.alloc == "cost_aware"
         s, k = rs.spec.draft_shape()
         self.draft_us = float(costs.draft.predict(s, k, B))

@@ -55,10 +55,10 @@ def draft_marginals(model, ds, rs: RoundShape, first_logp, first_ids, first_hidd
 
 def marginal_candidates(lp: torch.Tensor, ids: torch.Tensor, rs: RoundShape) -> tuple:
     """(score, token, parent candidate (-1: the root), rank, depth), each [B, C]: the nodes a
-    best-first tree of ``rs.budget`` nodes can hold (module docstring)."""
+    best-first tree of ``rs.tree_nodes`` nodes can hold (module docstring)."""
     B, P, K = lp.shape
     dev = lp.device
-    keep = max(rs.budget - 1, 1)
+    keep = max(rs.tree_nodes - 1, 1)
     ranks = torch.arange(K, device=dev)
     score, tok = lp[:, 0].float(), ids[:, 0]
     out = [(score, tok, torch.full_like(tok, -1), ranks.expand(B, K), torch.ones_like(tok))]
@@ -76,7 +76,7 @@ def marginal_candidates(lp: torch.Tensor, ids: torch.Tensor, rs: RoundShape) -> 
 
 
 def best_first(cand: tuple, rs: RoundShape) -> torch.Tensor:
-    """int64 [B, m]: the candidates of the best-first tree in pop order, m = min(budget - 1, C)."""
+    """int64 [B, m]: the candidates of the best-first tree in pop order, m = min(tree_nodes - 1, C)."""
     score = cand[0]
-    m = min(rs.budget - 1, score.shape[1])
+    m = min(rs.tree_nodes - 1, score.shape[1])
     return torch.sort(score, dim=1, descending=True, stable=True).indices[:, :m]

@@ -65,12 +65,18 @@ class RoundShape:
         return 1 if self.marginal else self.topk
 
     @property
+    def tree_nodes(self) -> int:
+        """The most nodes a sequence's tree holds: the budget, or a smaller bucket that caps
+        cost_aware's / batch_alloc's per-round budgets."""
+        return min(self.budget, self.nodes)
+
+    @property
     def candidates(self) -> int:
         if not self.marginal:
             return self.topk + (self.num_steps - 1) * self.topk ** 2
-        total = width = self.topk                 # depth d keeps its best budget - 1 (module .best_first)
+        total = width = self.topk                 # depth d keeps its best tree_nodes - 1 (module .best_first)
         for _ in range(1, self.num_steps):
-            width = min(width, self.budget - 1) * self.topk
+            width = min(width, self.tree_nodes - 1) * self.topk
             total += width
         return total
 
@@ -112,7 +118,8 @@ class RoundShape:
 
 def round_shape(spec, nodes: int | None = None) -> RoundShape:
     """The static shape of a policy (a PolicySpec, or a policy entry: its ``params``);
-    ``nodes``: the bucket (default: the budget)."""
+    ``nodes``: the bucket (default: the budget; cost_aware and batch_alloc may take a smaller
+    one, which caps each round's budgets, e.g. :func:`.acceptance.adaptive_bucket`)."""
     spec = getattr(spec, "params", spec)
     mode, p = spec.mode, spec.to_dict()
     if mode == "none":
@@ -133,8 +140,9 @@ def round_shape(spec, nodes: int | None = None) -> RoundShape:
     if not rs.marginal and rs.budget > 1 and rs.budget - 1 > rs.candidates:
         raise SimtreeError(f"{rs.name}: budget {rs.budget} exceeds the {1 + rs.candidates} nodes its steps draft")
     if nodes is not None:
-        if nodes < rs.budget:
-            raise SimtreeError(f"bucket of {nodes} nodes is smaller than the budget {rs.budget}")
+        if nodes < (2 if rs.alloc != "fixed" else rs.budget):
+            raise SimtreeError(f"bucket of {nodes} nodes is smaller than the budget {rs.budget}"
+                               if rs.alloc == "fixed" else f"bucket of {nodes} nodes: {rs.name} needs at least 2")
         rs = RoundShape(rs.num_steps, rs.topk, rs.budget, int(nodes), rs.tree, rs.alloc)
     return rs
 

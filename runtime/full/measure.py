@@ -6,7 +6,9 @@
 Per batch size: plain decoding, linear D=4 and the policy file's choice for (workload, batch)
 - a choice the runtime cannot build on the device is skipped with a one-line note.  cost_aware
 and batch_alloc decide each round's budgets from the cost bundle (none given: their runs fail,
-each a row saying so); their bucket is the max budget, the nodes past a round's budget padding.  Each run: a fresh engine (CUDA graphs captured per bucket), a
+each a row saying so); their bucket (``nodes``) is the most nodes the simulator's decision
+gives any acceptance level (``acceptance.adaptive_bucket``; live: the max budget), the nodes
+past a round's budget padding.  Each run: a fresh engine (CUDA graphs captured per bucket), a
 context of ``context_len`` tokens, ``warmup_rounds`` rounds, then ``rounds`` measured rounds.
 
 Acceptance (every row says which): ``replay`` from a trace file (``--replay``) or sampled on the
@@ -32,10 +34,12 @@ one-line reason, and the next run goes on.
 """
 from __future__ import annotations
 
+import contextlib
 import gc
 import json
 import math
 import time
+import warnings
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -43,12 +47,12 @@ import numpy as np
 import torch
 
 from simtree.acceptance.model import Workload, get_workload
-from simtree.errors import SimtreeError, captured_warnings
+from simtree.errors import ExtrapolationWarning, SimtreeError, captured_warnings
 from simtree.fileio import write_text_atomic
 from simtree.models import get_model
 from simtree.planning.simulate import PolicySpec, analytic_run
 
-from .acceptance import SAMPLINGS, Live, ModelReplay, StratifiedReplay, TraceReplay
+from .acceptance import SAMPLINGS, Live, ModelReplay, StratifiedReplay, TraceReplay, adaptive_bucket
 from .build import build_model
 from .drafting import RUNTIME_MODES, RoundShape, round_shape
 from .engine import FullEngine
@@ -126,6 +130,16 @@ class _Source:
             return TraceReplay(self.replay, batch_size, self.device).score_trees(rs, self.device)
         return Live()
 
+    def round_shape(self, spec: PolicySpec, batch_size: int, costs, context_len: float) -> RoundShape:
+        """The run's static shape: cost_aware and batch_alloc take the bucket of their analytic
+        decision under the acceptance model (:func:`.acceptance.adaptive_bucket`) where there
+        are one and a cost bundle, else their max budget."""
+        rs = round_shape(spec)
+        model = self.prediction_model()
+        if rs.alloc == "fixed" or model is None or costs is None:
+            return rs
+        return round_shape(spec, adaptive_bucket(model, rs, batch_size, costs, context_len))
+
     def prediction_model(self):
         if self.workload is not None:
             return self.workload.acceptance
@@ -198,8 +212,13 @@ def _policies(policy, workload: str, batch_size: int, notes: list, extra=()) -> 
     return out + [("plan", entry.params), *extra]     # the plan's choice before the shapes beside it
 
 
+def _run_shape(run: dict) -> RoundShape:
+    """The shape a run measured (its bucket: ``nodes``, where it has one)."""
+    return round_shape(PolicySpec.from_dict(run["mode"], run["params"]), run.get("nodes"))
+
+
 def _row(run: dict, source_label: str, pred: dict, cfg: RunConfig) -> dict:
-    stats, rs = run["stats"], round_shape(PolicySpec.from_dict(run["mode"], run["params"]))
+    stats, rs = run["stats"], _run_shape(run)
     meas_acc = stats.accepted_tokens_per_round
     return {"model": run["model"], "deployment": run["deployment"], "policy": f"{run['label']}:{rs.name}",
             "batch_size": run["batch_size"], "acceptance": source_label, "measured_tok_s": stats.tok_s,
@@ -216,7 +235,7 @@ def _row(run: dict, source_label: str, pred: dict, cfg: RunConfig) -> dict:
 
 
 def _failed_row(run: dict, source_label: str, cfg: RunConfig) -> dict:
-    rs = round_shape(PolicySpec.from_dict(run["mode"], run["params"]))
+    rs = _run_shape(run)
     row = {c: float("nan") for c in SUMMARY_COLUMNS + EXTRA_COLUMNS}
     row.update(model=run["model"], deployment=run["deployment"], policy=f"{run['label']}:{rs.name}",
                batch_size=run["batch_size"], acceptance=source_label, nodes=rs.nodes, context_len=cfg.context_len,
@@ -233,7 +252,7 @@ def _rows(runs: list[dict], costs, source: "_Source", cfg: RunConfig, workload: 
             continue
         spec = PolicySpec.from_dict(run["mode"], run["params"])
         with captured_warnings() as caught:    # extrapolation of the cost models: notes
-            pred = predict(costs, source.prediction_model(), spec, round_shape(spec), run["batch_size"],
+            pred = predict(costs, source.prediction_model(), spec, _run_shape(run), run["batch_size"],
                            run["stats"], workload)
         notes += [" ".join(str(w.message).split()) for w in caught]
         rows.append(_row(run, source.label, pred, cfg))
@@ -303,9 +322,16 @@ def full_run(model, *, device: str = "cuda", costs=None, policy=None, batch_size
         measured = {}
         cfg_b = cfg.for_batch(B)
         for label, spec in _policies(policy, workload, B, notes, extra):
-            rs = round_shape(spec)
             run = {"label": label, "mode": spec.mode, "params": spec.to_dict(), "batch_size": B,
                    "model": model.shape.name, "deployment": model.deployment}
+            try:
+                with _decisions_quiet():
+                    rs = source.round_shape(spec, B, costs, cfg_b.context_len)
+            except Exception as exc:   # noqa: BLE001 - a failed run is a row
+                run["error"] = "failed: " + " ".join(f"{type(exc).__name__}: {exc}".split())[:300]
+                runs.append(run)
+                continue
+            run["nodes"] = rs.nodes
             if deadline is not None and rs not in measured and time.time() > deadline:
                 run["error"] = "skipped: the session's time was up"
                 runs.append(run)
@@ -313,8 +339,9 @@ def full_run(model, *, device: str = "cuda", costs=None, policy=None, batch_size
             try:
                 if rs not in measured:
                     t0 = time.perf_counter()
-                    src = source.make(rs, B, cfg_b.rounds, costs, cfg_b.context_len)
-                    measured[rs] = measure_policy(model, rs, B, src, cfg_b, costs)
+                    with _decisions_quiet():
+                        src = source.make(rs, B, cfg_b.rounds, costs, cfg_b.context_len)
+                        measured[rs] = measure_policy(model, rs, B, src, cfg_b, costs)
                     say(f"batch {B} {label} {rs.name}: {measured[rs][0].tok_s:.1f} tok/s, round "
                         f"{measured[rs][0].round_ms:.2f} ms ({time.perf_counter() - t0:.1f} s)")
                 run["stats"], run["graphs"] = measured[rs]
@@ -326,6 +353,15 @@ def full_run(model, *, device: str = "cuda", costs=None, policy=None, batch_size
             runs.append(run)
         result = _result(runs, costs, source, cfg, workload, notes, replay, acceptance, out, pred_notes)
     return result
+
+
+@contextlib.contextmanager
+def _decisions_quiet():
+    """The adaptive modes' decisions query C_v over contexts and node counts: their extrapolation
+    is no prediction (the predictions' own, which the rows' notes keep, are)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ExtrapolationWarning)
+        yield
 
 
 def _result(runs, costs, source, cfg, workload, notes, replay, acceptance, out, pred_notes: list) -> dict:
