@@ -2,7 +2,7 @@
 # One GPU session of the full runtime for one model, in one call of at most ~9 minutes:
 #   (a) the profile sweep of the runtime's own layer calls (simtree/data/sweeps/full_layers_gpu.yaml,
 #       variant layers; <= 3 min) -> profile/profile.csv with its composed model_verify_step rows;
-#   (b) lossless check (2 prompts x 6 policies, batch 2, live), (c) measured runs (replay, gsm8k)
+#   (b) lossless check (2 prompts x 5 policies, batch 2, live), (c) measured runs (replay, gsm8k)
 #       for batch 1,4,16,64 x {plain, linear D=4, the shipped plan's choice, best-first, cost_aware,
 #       batch_alloc, 2 EAGLE shapes} (every mode a plan may name), (d) the runtime's whole verify steps at a few (b, n, l) and its draft steps over the (b, s, k) grid
 #       (python -m simtree.runtime.full.gpu_run, bounded by RUNTIME_SECONDS).

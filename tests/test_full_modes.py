@@ -169,3 +169,24 @@ def test_an_adaptive_run_takes_the_bucket_of_its_decision(tmp_path):
     assert row["nodes"] == bucket and 2 <= bucket < 16
     again = repredict(tmp_path / "summary.json", COSTLY)["rows"][-1]
     assert again["nodes"] == bucket and again["predicted_round_ms"] == pytest.approx(row["predicted_round_ms"])
+
+
+def test_a_trace_replay_of_cost_aware_commits_its_depths(tmp_path):
+    """--replay: the trace's positional fit weighs the levels of cost_aware's decision."""
+    import json
+    from simtree.runtime.full.acceptance import TraceReplay
+    depths = [1, 3, 0, 2, 2, 1]
+    with open(tmp_path / "t.jsonl", "w") as fh:
+        for i, d in enumerate(depths):
+            fh.write(json.dumps({"workload": "w", "batch_size": 2, "round": i // 2, "seq": i % 2,
+                                 "parents": [-1, 0, 1, 2, 3, 0], "log_probs": [0.0, -0.2, -0.3, -0.4, -0.5, -1.5],
+                                 "accepted_node": d}) + "\n")
+    rs = round_shape(SPECS[1])
+    src = TraceReplay(tmp_path / "t.jsonl", 2, "cpu").score_trees(rs, "cpu", batch_size=2, costs=COSTLY,
+                                                                   context_len=16)
+    engine = FullEngine(tiny_model("tiny-gdn"), rs, 2, 128, src, costs=COSTLY)
+    engine.fill_context(16, seed=0)
+    for r in range(3):
+        got = engine.run(rounds=1).accepted[0]
+        deepest = torch.where(engine.tree.valid, engine.tree.depth, 0).amax(1).numpy()
+        assert got.tolist() == np.minimum(depths[2 * r:2 * r + 2], deepest).tolist()

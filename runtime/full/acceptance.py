@@ -208,9 +208,11 @@ class TraceReplay(_DepthTable):
         self.workload = self.records[0].workload
         self.scores = None
 
-    def score_trees(self, rs: RoundShape, device) -> "TraceReplay":
-        """Shape the trees of round shape ``rs`` by the trace's positional fit (``prediction_model``)."""
-        self.scores = DraftScores(self.prediction_model(), rs, device)
+    def score_trees(self, rs: RoundShape, device, **decide) -> "TraceReplay":
+        """Shape the trees of round shape ``rs`` by the trace's positional fit (``prediction_model``);
+        ``decide``: :func:`replay_rounds`' batch_size, costs, context_len (cost_aware, batch_alloc)."""
+        model = self.prediction_model()
+        self.scores = DraftScores(model, rs, device, weights=level_weights(model, rs, **decide))
         return self
 
     @classmethod

@@ -19,7 +19,7 @@ next one runs; every phase checks the time left (``--max-seconds``) and stops ea
 2. ``lossless`` ``make_predictable`` (the MTP layer agrees with the target often, so rounds
                 accept and reject; shapes unchanged, the later timings are unaffected), then 2
                 prompts x {linear D=4, EAGLE s3 k2 D6, EAGLE s4 k4 D16, best-first D8 p3, and with
-                a bundle cost_aware max 16 p3, batch_alloc max 16 p2} at batch 2, live,
+                a bundle cost_aware max 16 p3} at batch 2, live,
                 against plain greedy -> lossless.csv (a mismatch with its top-2 logit gap).
 3. ``measure``  ``full_run``: per batch size plain, linear D=4, the shipped plan's choice for the
                 deployment (``--policy``, default the plan under reports/h200/plan/ of the model
@@ -158,8 +158,7 @@ def _lossless(s: Session, model, layers: str, costs_path: str | None = None) -> 
     if costs_path is not None:   # the adaptive modes decide with the deployment's bundle
         from simtree.costs.model import load_costs
         costs = load_costs(costs_path)
-        specs += [PolicySpec.from_dict("cost_aware", {"max_budget": 16, "draft_depth": 3}),
-                  PolicySpec.from_dict("batch_alloc", {"max_budget_per_seq": 16, "draft_depth": 2})]
+        specs.append(PolicySpec.from_dict("cost_aware", {"max_budget": 16, "draft_depth": 3}))
     dtype = dtype_name(model.dtype)
     rows = [{"model": model.shape.name, "dtype": dtype, "layers": layers, **r}
             for r in check_lossless(model, prompts, specs, 32, costs=costs)]

@@ -127,7 +127,8 @@ class _Source:
                                         **decide)
             return ModelReplay(self.workload.acceptance, rs, self.device, self.seed, batch_size, **decide)
         if self.replay is not None:
-            return TraceReplay(self.replay, batch_size, self.device).score_trees(rs, self.device)
+            return TraceReplay(self.replay, batch_size, self.device).score_trees(
+                rs, self.device, batch_size=batch_size, costs=costs, context_len=context_len)
         return Live()
 
     def round_shape(self, spec: PolicySpec, batch_size: int, costs, context_len: float) -> RoundShape:
