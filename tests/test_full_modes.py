@@ -121,6 +121,22 @@ def test_the_budget_moves_from_round_to_round_in_a_run():
     assert min(counts) < rs.budget and max(counts) > 1 and len(set(counts)) > 1
 
 
+def test_a_smaller_bucket_caps_the_budgets_and_stays_lossless():
+    """cost_aware in a bucket of 4 nodes (below its max budget 10): trees of 4 rows, at most 4
+    of them valid, and the output still plain greedy decoding's."""
+    from simtree.runtime.full.lossless import _decode
+    model = tiny_model("tiny-v4", dtype=torch.float32)
+    rs = round_shape(SPECS[1], nodes=4)
+    engine = FullEngine(model, rs, 3, 128, costs=COSTLY)
+    engine.prefill(PROMPTS)
+    engine.run(max_new_tokens=12)
+    assert engine.tree.tokens.shape == (3, 4) and int(engine.tree.valid.sum(1).max()) <= 4
+    plain = _decode(model, PROMPTS, PolicySpec.from_dict("none"), 12, 128)[0]
+    assert [o[:12] for o in engine.outputs()] == plain
+    with pytest.raises(SimtreeError, match="bucket of 1 nodes"):
+        round_shape(SPECS[1], nodes=1)
+
+
 @pytest.mark.parametrize("mode, params", [("best_first", {"budget": 8, "draft_depth": 3}),
                                           ("cost_aware", {"max_budget": 16, "draft_depth": 3})])
 def test_stratified_replay_commits_its_table(mode, params):
