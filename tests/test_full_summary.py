@@ -77,7 +77,8 @@ def test_the_plans_cost_aware_choice_is_measured_and_predicted(tmp_path):
                    acceptance="gsm8k", context_len=8, rounds=2, warmup_rounds=0)
     assert [r["policy"] for r in res["rows"]] == ["plain:none", "linear_d4:linear_d4", "plan:cost_aware_max6_p3"]
     plan = res["rows"][2]
-    assert plan["note"] == "" and plan["measured_accepted"] >= 1.0 and plan["predicted_accepted"] > 1.0
+    assert "verifies its bucket" in plan["note"] and plan["measured_accepted"] >= 1.0
+    assert plan["predicted_accepted"] > 1.0
 
 
 def test_modes_the_runtime_cannot_build_are_noted_and_skipped(tmp_path, monkeypatch):
