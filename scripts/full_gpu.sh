@@ -2,9 +2,9 @@
 # One GPU session of the full runtime for one model, in one call of at most ~9 minutes:
 #   (a) the profile sweep of the runtime's own layer calls (simtree/data/sweeps/full_layers_gpu.yaml,
 #       variant layers; <= 3 min) -> profile/profile.csv with its composed model_verify_step rows;
-#   (b) lossless check (2 prompts x 3 policies, batch 2, live), (c) measured runs (replay, gsm8k)
-#       for batch 1,4,16,64 x {plain, linear D=4, EAGLE shapes a plan may choose}, (d) the runtime's
-#       whole verify steps at a few (b, n, l) and its draft steps over the (b, s, k) grid
+#   (b) lossless check (2 prompts x 5 policies, batch 2, live), (c) measured runs (replay, gsm8k)
+#       for batch 1,4,16,64 x {plain, linear D=4, the shipped plan's choice, best-first, cost_aware,
+#       batch_alloc, 2 EAGLE shapes} (every mode a plan may name), (d) the runtime's whole verify steps at a few (b, n, l) and its draft steps over the (b, s, k) grid
 #       (python -m simtree.runtime.full.gpu_run, bounded by RUNTIME_SECONDS).
 # A failed phase is logged and the next runs; progress lines carry timestamps.  Everything is in
 # $OUT/full_<model>.tgz, plus <model>_log.txt and <model>_summary.md (<= 8 files in $OUT).

@@ -82,7 +82,7 @@ def test_gpu_run_cuts_a_model_for_the_lossless_check_only(tmp_path, capsys):
     assert gpu_run.main(["--model", "tiny-v4", "--device", "cpu", "--out", str(tmp_path),
                          "--dtype", "fp32", "--layers", "3", "--phases", "build,lossless"]) == 0
     rows = list(csv.DictReader(open(tmp_path / "lossless.csv")))
-    assert len(rows) == 3 and {(r["model"], r["dtype"], r["layers"]) for r in rows} == {("tiny-v4", "fp32", "3/5")}
+    assert len(rows) == 4 and {(r["model"], r["dtype"], r["layers"]) for r in rows} == {("tiny-v4", "fp32", "3/5")}
     assert all(r["match"] == "True" for r in rows)
     assert "3/5 layers, fp32" in (tmp_path / "log.txt").read_text()
 

@@ -37,8 +37,19 @@ def test_tree_attention_kernel_on_the_gpu(D, Hq, Hkv, window, dtype):
     assert float((got - want).abs().max()) < (2e-2 if dtype == torch.bfloat16 else 1e-4)
 
 
+# nodes cost verify time: cost_aware's budgets move from round to round
+def _costs():
+    from simtree.costs.synthetic import synthetic_costs
+    return synthetic_costs(weights_us=0.0, per_token_us=10.0)
+
+
+EAGLE_S3 = PolicySpec.from_dict("eagle", {"num_steps": 3, "topk": 2, "budget": 6})
+COST_AWARE = PolicySpec.from_dict("cost_aware", {"max_budget": 10, "draft_depth": 3})
+
+
+@pytest.mark.parametrize("spec", [EAGLE_S3, COST_AWARE], ids=["eagle", "cost_aware"])
 @pytest.mark.parametrize("name", ["tiny-gdn", "tiny-v4"])
-def test_graph_rounds_equal_eager_rounds(name):
+def test_graph_rounds_equal_eager_rounds(name, spec):
     """Replayed rounds (the live rounds of test_lossless_on_the_gpu use graphs too): same
     accepted lengths, lengths and output tokens with and without CUDA graphs; the V4 rank's
     rounds (device plans) captured as the Qwen model's are."""
@@ -49,13 +60,13 @@ def test_graph_rounds_equal_eager_rounds(name):
     # the V4 rank in bf16: its fp32 routed experts take the host-looped reference path, which
     # cannot be captured (the engine then runs eagerly, as it says in capture_error)
     model = _model(name, torch.bfloat16 if name == "tiny-v4" else torch.float32)
-    rs = round_shape(PolicySpec.from_dict("eagle", {"num_steps": 3, "topk": 2, "budget": 6}))
+    rs = round_shape(spec)
     outs = []
     for graphs in (False, True):
         source = TraceReplay.fixed(2, 4, "cuda")
         # one level: the trees do not depend on the random level draws (graph and eager draw apart)
-        source.scores = DraftScores(calibrate_linear(2.6, 4, spread=0.0), rs, "cuda")
-        engine = FullEngine(model, rs, 4, 256, source, graphs=graphs)
+        source.scores = DraftScores(calibrate_linear(2.6, 4, spread=0.0), rs, "cuda", weights=[1.0])
+        engine = FullEngine(model, rs, 4, 256, source, graphs=graphs, costs=_costs())
         engine.capture()
         assert (engine.graphs is not None) == graphs, engine.capture_error
         engine.fill_context(40, seed=1)
@@ -68,8 +79,9 @@ def test_graph_rounds_equal_eager_rounds(name):
 def test_lossless_on_the_gpu(name):
     from simtree.runtime.full.lossless import check_lossless
     prompts = [[1, 2, 3, 4, 5, 6, 7, 8, 9], [9, 8, 7, 6, 5]]
-    specs = [PolicySpec.from_dict("linear", {"budget": 4}), PolicySpec.from_dict("eagle", {"num_steps": 3, "topk": 2, "budget": 6})]
-    for row in check_lossless(_model(name), prompts, specs, 24):
+    specs = [PolicySpec.from_dict("linear", {"budget": 4}), EAGLE_S3, COST_AWARE,
+             PolicySpec.from_dict("batch_alloc", {"max_budget_per_seq": 6, "draft_depth": 4})]
+    for row in check_lossless(_model(name), prompts, specs, 24, costs=_costs()):
         assert row["match"], row
 
 

@@ -69,7 +69,21 @@ def test_stratified_replay_measures_the_predicted_acceptance(tmp_path):
         full_run(tiny_model("tiny-gdn"), device="cpu", batch_sizes=[B], acceptance="gsm8k", sampling="halton")
 
 
-def test_modes_the_runtime_cannot_build_are_noted_and_skipped(tmp_path):
+def test_the_plans_cost_aware_choice_is_measured_and_predicted(tmp_path):
+    """The shipped plans choose cost_aware: the full runtime runs it (its budgets from the
+    bundle), after plain and linear, replayed and predicted by the simulator for the same mode."""
+    pol = _policy(tmp_path / "p.json", "cost_aware", {"max_budget": 6})
+    res = full_run(tiny_model("tiny-gdn"), device="cpu", costs=COSTS, policy=pol, batch_sizes=[1],
+                   acceptance="gsm8k", context_len=8, rounds=2, warmup_rounds=0)
+    assert [r["policy"] for r in res["rows"]] == ["plain:none", "linear_d4:linear_d4", "plan:cost_aware_max6_p3"]
+    plan = res["rows"][2]
+    assert "verifies its bucket" in plan["note"] and plan["measured_accepted"] >= 1.0
+    assert plan["predicted_accepted"] > 1.0
+
+
+def test_modes_the_runtime_cannot_build_are_noted_and_skipped(tmp_path, monkeypatch):
+    import simtree.runtime.full.measure as measure
+    monkeypatch.setattr(measure, "RUNTIME_MODES", ("none", "linear", "eagle"))
     pol = _policy(tmp_path / "p.json", "cost_aware", {"max_budget": 6})
     res = full_run(tiny_model("tiny-gdn"), device="cpu", costs=COSTS, policy=pol, batch_sizes=[1],
                    acceptance="gsm8k", context_len=8, rounds=1, warmup_rounds=0)

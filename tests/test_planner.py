@@ -63,6 +63,24 @@ def test_modes_restrict_the_search_to_what_a_runtime_builds():
         SearchSpace(modes=("eagle", "dfs"))
 
 
+def test_a_plan_names_only_what_simtree_run_builds(monkeypatch):
+    """Every candidate of the default search is a round the full runtime builds on the device
+    (round_shape refuses the rest); a mode it does not build is refused by name in one line."""
+    import simtree.planning.planner as planner
+    from simtree.planning.modes import RUNTIME_MODES
+    from simtree.runtime.full.drafting import round_shape
+
+    assert SearchSpace().searched == planner.FAMILIES == RUNTIME_MODES
+    fixed, adaptive = planner.candidate_specs(SearchSpace())
+    assert {s.mode for s in fixed + adaptive} == set(RUNTIME_MODES)
+    for spec in fixed + adaptive:
+        round_shape(spec)
+    monkeypatch.setattr(planner, "FAMILIES", ("none", "linear", "eagle"))
+    with pytest.raises(SimtreeError, match="plan mode cost_aware: simtree run does not build it.*runs none, "
+                                           "linear, eagle"):
+        planner.SearchSpace(modes=("linear", "cost_aware"))
+
+
 def test_flat_verify_cost_never_turns_trees_off():
     flat = RooflineVerifyCost(per_token_us=0.0, per_seq_us=0.0, kv_per_ctx_us=0.0, attn_per_pair_us=0.0)
     draft = RooflineDraftCost(per_token_us=0.0)  # memory-bound drafter: width is free too

@@ -27,8 +27,11 @@ and commits the chosen path, exactly a real round's work.  They also decide the 
 nearly flat, so its trees would be breadth-first whatever the policy; a replay scores the
 drafted candidates as the drafter of its acceptance model does (log of the drafter's
 probability of rank r at depth d in the round's level, ``AcceptanceModel.draft_table``: the
-numbers the simulator builds its positional EAGLE trees from), so a round builds the tree the
-simulator scores.
+numbers the simulator builds its positional EAGLE and best-first trees from), so a round builds
+the tree the simulator scores.  cost_aware and batch_alloc decide their trees per round from the
+cost bundle: their replays weigh the levels and draw the stratified depths under the trees the
+simulator's analytic decision (``AdaptiveRounds.decide``) gives at the run's context
+(:func:`replay_rounds`); the device's own allocation then builds each round's trees.
 """
 from __future__ import annotations
 
@@ -38,13 +41,13 @@ import torch
 from simtree.acceptance.model import AcceptanceModel, fit_positional, read_traces
 from simtree.acceptance.phi import accepted_length_pmf, node_accept_probs_ranked
 from simtree.errors import SimtreeError
-from simtree.planning.modes import PolicySpec
+from simtree.planning.adaptive import AdaptiveRounds
 from simtree.planning.simulate import static_round
 
 from .drafting import RoundShape, TreeBuffers
 
 __all__ = ["Live", "TraceReplay", "ModelReplay", "StratifiedReplay", "DraftScores", "level_weights", "deepest_on_chain", "node_at_depth",
-           "stratified_draws", "joint_depth_pmf", "SAMPLINGS"]
+           "stratified_draws", "joint_depth_pmf", "replay_rounds", "adaptive_bucket", "SAMPLINGS"]
 
 SAMPLINGS = ("stratified", "iid")
 
@@ -68,30 +71,48 @@ def node_at_depth(tree: TreeBuffers, want: torch.Tensor) -> torch.Tensor:
     return key.argmax(1)
 
 
-def _spec(rs: RoundShape) -> PolicySpec:
-    if rs.plain:
-        return PolicySpec.from_dict("none")
-    if rs.topk == 1:
-        return PolicySpec.from_dict("linear", {"budget": rs.budget})
-    return PolicySpec.from_dict("eagle", {"num_steps": rs.num_steps, "topk": rs.topk, "budget": rs.budget})
+def replay_rounds(model: AcceptanceModel, rs: RoundShape, batch_size: int = 1, costs=None,
+                  context_len: float | None = None) -> tuple:
+    """(trees [L], acceptance tables [L], the share of the policy's rounds at each level [L]) as
+    the simulator builds and weighs them: ``static_round`` for a fixed shape; for cost_aware and
+    batch_alloc the analytic decision at ``context_len`` for ``batch_size`` under ``costs``."""
+    spec = rs.spec
+    if rs.alloc == "fixed":
+        sr = static_round(model, spec)
+        return sr.trees, sr.tables, sr.weights
+    if costs is None or context_len is None:
+        raise SimtreeError(f"a replay of {spec.name} needs the cost bundle and context its rounds decide with")
+    ad = AdaptiveRounds(model, spec, costs, batch_size)
+    nodes, weights = ad.decide(float(context_len))
+    return tuple(ad.tree(lv, int(n)) for lv, n in enumerate(nodes)), ad.tables, weights
 
 
-def level_weights(model: AcceptanceModel, rs: RoundShape) -> np.ndarray:
+def adaptive_bucket(model: AcceptanceModel, rs: RoundShape, batch_size: int, costs, context_len: float) -> int:
+    """The CUDA-graph bucket of a cost_aware / batch_alloc run: the most nodes the simulator's
+    analytic decision gives any acceptance level at ``context_len`` (at least 2).  Every round
+    verifies that many nodes per sequence, so a bucket of the max budget would pay C_v(max
+    budget) each round for trees the rule mostly keeps smaller; the bucket caps a round's
+    budgets where its real marginals ask for more."""
+    trees = replay_rounds(model, rs, batch_size, costs, context_len)[0]
+    return max(2, min(rs.budget, max(t.num_nodes for t in trees)))
+
+
+def level_weights(model: AcceptanceModel, rs: RoundShape, **decide) -> np.ndarray:
     """[L]: the share of the policy's rounds at each level (``AcceptanceModel.round_weights`` of
-    the tokens per round its trees gain there, as ``simtree.planning.simulate.static_round``
-    builds and scores them)."""
-    return static_round(model, _spec(rs)).weights
+    the tokens per round its trees gain there, as the simulator builds and scores them;
+    ``decide``: :func:`replay_rounds`' batch_size, costs, context_len)."""
+    return replay_rounds(model, rs, **decide)[2]
 
 
-def joint_depth_pmf(model: AcceptanceModel, rs: RoundShape) -> np.ndarray:
+def joint_depth_pmf(model: AcceptanceModel, rs: RoundShape, **decide) -> np.ndarray:
     """[depth + 1, L]: P(a round is at level lv and accepts exactly d draft tokens), the trees
-    and level shares as ``static_round`` builds and weighs them (their mean depth is the
+    and level shares as :func:`replay_rounds` builds and weighs them (their mean depth is the
     simulator's accepted tokens per round, bonus excluded)."""
-    sr = static_round(model, _spec(rs))
-    pmfs = [accepted_length_pmf(t, node_accept_probs_ranked(t, tb)) for t, tb in zip(sr.trees, sr.tables)]
+    trees, tables, weights = replay_rounds(model, rs, **decide)
+    pmfs = [accepted_length_pmf(t, node_accept_probs_ranked(t, tb)) for t, tb in zip(trees, tables)]
     out = np.zeros((max(p.size for p in pmfs), len(pmfs)))
     for lv, p in enumerate(pmfs):
-        out[:p.size, lv] = sr.weights[lv] * p
+        out[:p.size, lv] = weights[lv] * p
     return out
 
 
@@ -115,15 +136,17 @@ class DraftScores:
     ``rs``), ``rescore(step, lp)`` replaces the MTP layer's log-probs of step ``step``'s
     children (lp [B, ..., k]) with that level's row."""
 
-    def __init__(self, model: AcceptanceModel, rs: RoundShape, device, gen=None, fixed=None):
+    def __init__(self, model: AcceptanceModel, rs: RoundShape, device, gen=None, fixed=None, weights=None):
         """``fixed``: (levels [rows, B] on the device, the round counter [1]): row ``counter %
-        rows`` is each round's levels instead of a draw (a stratified replay's table)."""
+        rows`` is each round's levels instead of a draw (a stratified replay's table);
+        ``weights``: the levels' shares (default :func:`level_weights` of a fixed shape)."""
         self.fixed = fixed
         P = max(rs.max_depth, 1)
         probs = np.stack([model.draft_table(lv, P) for lv in range(model.num_levels)])
         probs = np.concatenate([probs, np.zeros(probs.shape[:2] + (max(0, 32 - probs.shape[2]),))], -1)
         self.logp = torch.as_tensor(np.log(np.maximum(probs, 1e-300)), dtype=torch.float32, device=device)
-        self.level_cum = torch.as_tensor(np.cumsum(level_weights(model, rs))[:-1], dtype=torch.float32, device=device)
+        weights = level_weights(model, rs) if weights is None else weights
+        self.level_cum = torch.as_tensor(np.cumsum(weights)[:-1], dtype=torch.float32, device=device)
         self.device, self.gen, self.level = torch.device(device), gen, None
 
     def draw(self, B: int) -> torch.Tensor:
@@ -185,9 +208,11 @@ class TraceReplay(_DepthTable):
         self.workload = self.records[0].workload
         self.scores = None
 
-    def score_trees(self, rs: RoundShape, device) -> "TraceReplay":
-        """Shape the trees of round shape ``rs`` by the trace's positional fit (``prediction_model``)."""
-        self.scores = DraftScores(self.prediction_model(), rs, device)
+    def score_trees(self, rs: RoundShape, device, **decide) -> "TraceReplay":
+        """Shape the trees of round shape ``rs`` by the trace's positional fit (``prediction_model``);
+        ``decide``: :func:`replay_rounds`' batch_size, costs, context_len (cost_aware, batch_alloc)."""
+        model = self.prediction_model()
+        self.scores = DraftScores(model, rs, device, weights=level_weights(model, rs, **decide))
         return self
 
     @classmethod
@@ -210,15 +235,17 @@ class StratifiedReplay(_DepthTable):
     acceptance model (module docstring): the levels shape the trees (``DraftScores`` reading
     the same row), the depths are committed."""
 
-    def __init__(self, model: AcceptanceModel, rs: RoundShape, device, batch_size: int, rows: int, seed: int = 0):
+    def __init__(self, model: AcceptanceModel, rs: RoundShape, device, batch_size: int, rows: int, seed: int = 0,
+                 costs=None, context_len: float | None = None):
+        """``costs``, ``context_len``: what cost_aware and batch_alloc decide with (:func:`replay_rounds`)."""
         if batch_size < 1 or rows < 1:
             raise SimtreeError(f"stratified replay needs a batch and a round, got batch {batch_size}, {rows} rounds")
-        joint = joint_depth_pmf(model, rs)                                             # [depth + 1, L]
+        joint = joint_depth_pmf(model, rs, batch_size=batch_size, costs=costs, context_len=context_len)  # [depth+1, L]
         draw = stratified_draws(joint.reshape(-1), rows * batch_size, np.random.default_rng(seed))
         depth, level = np.divmod(draw, joint.shape[1])
         self._set_table(depth.reshape(rows, batch_size), device)
         self.levels = torch.as_tensor(level.reshape(rows, batch_size), device=device)
-        self.scores = DraftScores(model, rs, device, fixed=(self.levels, self.counter))
+        self.scores = DraftScores(model, rs, device, fixed=(self.levels, self.counter), weights=joint.sum(0))
         self.model, self.label = model, f"replay (acceptance model {model.name}, stratified)"
 
     def prediction_model(self) -> AcceptanceModel:
@@ -228,7 +255,9 @@ class StratifiedReplay(_DepthTable):
 class ModelReplay:
     kind = "replay"
 
-    def __init__(self, model: AcceptanceModel, rs: RoundShape, device, seed: int = 0):
+    def __init__(self, model: AcceptanceModel, rs: RoundShape, device, seed: int = 0, batch_size: int = 1, costs=None,
+                 context_len: float | None = None):
+        """``batch_size``, ``costs``, ``context_len``: what cost_aware and batch_alloc decide with."""
         self.model = model
         tables = np.stack([model.table(lv, max(rs.max_depth, 1)) for lv in range(model.num_levels)])   # [L, P, K]
         cum = np.concatenate([np.zeros(tables.shape[:2] + (1,)), np.cumsum(tables, -1)], -1)
@@ -238,7 +267,8 @@ class ModelReplay:
         self.gen = None if self.device.type == "cuda" else torch.Generator().manual_seed(seed)
         if self.gen is None:
             torch.cuda.manual_seed(seed)
-        self.scores = DraftScores(model, rs, device, self.gen)
+        weights = level_weights(model, rs, batch_size=batch_size, costs=costs, context_len=context_len)
+        self.scores = DraftScores(model, rs, device, self.gen, weights=weights)
         self.label = f"replay (acceptance model {model.name})"
 
     def accept(self, tree: TreeBuffers, target_next: torch.Tensor, rs: RoundShape) -> torch.Tensor:

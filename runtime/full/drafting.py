@@ -13,6 +13,8 @@ stable sort, so a child whose score ties its parent's comes after it: the select
 under parents, and sorting the selected candidates' indices (steps in order) gives the tree in
 topological order - the flat form of ``simtree.trees.tree`` (parents local, -1 at the root).
 Linear D is the same with k = 1 and s = D - 1 (a chain); plain decoding drafts nothing.
+The marginal modes (best_first, cost_aware, batch_alloc) draft a top-1 chain and keep each
+position's top-K as its marginal; their trees are best-first over those (:mod:`.best_first`).
 
 Nodes past the budget, up to the bucket's ``nodes``, are padding: leaves under the root that
 are never accepted (``valid`` False), so no real node sees them.
@@ -25,30 +27,58 @@ import torch
 
 from simtree.errors import SimtreeError
 from simtree.kernels.layers.head import topk_logp
+from simtree.planning.modes import RUNTIME_MODES, PolicySpec
 
 __all__ = ["RoundShape", "round_shape", "TreeBuffers", "topk_logp", "own_row_bits", "draft_tree",
-           "accepted_path", "RUNTIME_MODES"]
+           "accepted_path", "lay_out", "RUNTIME_MODES", "MARGINAL_TOPK"]
 
-RUNTIME_MODES = ("none", "linear", "eagle")   # the policy modes this runtime builds on the device
+MARGINAL_TOPK = 4   # candidates per drafted position of the marginal modes (the tiny runtime's too)
 
 
 @dataclass(frozen=True)
 class RoundShape:
-    """A round's static shape: EAGLE ``num_steps`` x top-``topk`` drafting, ``budget`` nodes
-    verified per sequence (the root included), padded to ``nodes`` (the CUDA-graph bucket)."""
+    """A round's static shape, ``budget`` nodes verified per sequence (the root included; the
+    most a round may choose where ``alloc`` decides per round), padded to ``nodes`` (the
+    CUDA-graph bucket).  ``tree`` "eagle": ``num_steps`` x top-``topk`` drafting (EAGLE, linear
+    at k = 1); "best_first": a top-1 chain of ``num_steps`` positions, top-``topk`` marginals at
+    each, the best-first tree over them.  ``alloc``: "fixed", or the per-round rule of
+    cost_aware / batch_alloc (:mod:`.allocation`)."""
 
     num_steps: int
     topk: int
     budget: int
     nodes: int
+    tree: str = "eagle"
+    alloc: str = "fixed"
 
     @property
     def plain(self) -> bool:
         return self.budget == 1
 
     @property
+    def marginal(self) -> bool:
+        return self.tree == "best_first"
+
+    @property
+    def frontier(self) -> int:
+        """Nodes the drafter runs on per step (the marginal chain: one)."""
+        return 1 if self.marginal else self.topk
+
+    @property
+    def tree_nodes(self) -> int:
+        """The most nodes a sequence's tree holds: the budget, or a smaller bucket that caps
+        cost_aware's / batch_alloc's per-round budgets."""
+        return min(self.budget, self.nodes)
+
+    @property
     def candidates(self) -> int:
-        return self.topk + (self.num_steps - 1) * self.topk ** 2
+        if not self.marginal:
+            return self.topk + (self.num_steps - 1) * self.topk ** 2
+        total = width = self.topk                 # depth d keeps its best tree_nodes - 1 (module .best_first)
+        for _ in range(1, self.num_steps):
+            width = min(width, self.tree_nodes - 1) * self.topk
+            total += width
+        return total
 
     @property
     def max_depth(self) -> int:
@@ -61,12 +91,26 @@ class RoundShape:
 
     @property
     def scratch_rows(self) -> int:
-        return max((self.num_steps - 1) * self.topk, self.path_rows, 1)
+        return max((self.num_steps - 1) * self.frontier, self.path_rows, 1)
+
+    @property
+    def spec(self) -> PolicySpec:
+        """The policy this shape runs."""
+        if self.plain:
+            return PolicySpec.from_dict("none")
+        if self.marginal:
+            size = "budget" if self.alloc == "fixed" else "max_budget" if self.alloc == "cost_aware" \
+                else "max_budget_per_seq"
+            mode = "best_first" if self.alloc == "fixed" else self.alloc
+            return PolicySpec.from_dict(mode, {size: self.budget, "draft_depth": self.num_steps})
+        if self.topk == 1 and self.num_steps == self.budget - 1:
+            return PolicySpec.from_dict("linear", {"budget": self.budget})
+        return PolicySpec.from_dict("eagle", {"num_steps": self.num_steps, "topk": self.topk, "budget": self.budget})
 
     @property
     def name(self) -> str:
-        if self.plain:
-            return "none"
+        if self.plain or self.marginal:
+            return self.spec.name
         if self.topk == 1 and self.num_steps == self.budget - 1:
             return f"linear_d{self.budget}"
         return f"eagle_s{self.num_steps}_k{self.topk}_d{self.budget}"
@@ -74,7 +118,8 @@ class RoundShape:
 
 def round_shape(spec, nodes: int | None = None) -> RoundShape:
     """The static shape of a policy (a PolicySpec, or a policy entry: its ``params``);
-    ``nodes``: the bucket (default: the budget)."""
+    ``nodes``: the bucket (default: the budget; cost_aware and batch_alloc may take a smaller
+    one, which caps each round's budgets, e.g. :func:`.acceptance.adaptive_bucket`)."""
     spec = getattr(spec, "params", spec)
     mode, p = spec.mode, spec.to_dict()
     if mode == "none":
@@ -83,14 +128,22 @@ def round_shape(spec, nodes: int | None = None) -> RoundShape:
         rs = RoundShape(p["budget"] - 1, 1, p["budget"], p["budget"])
     elif mode == "eagle":
         rs = RoundShape(p["num_steps"], p["topk"], p["budget"], p["budget"])
+    elif mode == "best_first":
+        if p["width"] != 1:
+            raise SimtreeError(f"{spec.name}: the full runtime builds best-first trees of width 1 (one pop per "
+                               f"step: the order every prefix of which is the best tree), not width {p['width']}")
+        rs = RoundShape(p["draft_depth"], MARGINAL_TOPK, p["budget"], p["budget"], "best_first")
+    elif mode in ("cost_aware", "batch_alloc"):
+        rs = RoundShape(p["draft_depth"], MARGINAL_TOPK, spec.max_nodes, spec.max_nodes, "best_first", mode)
     else:
-        raise SimtreeError(f"mode {mode}: the full runtime builds {', '.join(RUNTIME_MODES)} trees on the device")
-    if rs.budget > 1 and rs.budget - 1 > rs.candidates:
+        raise SimtreeError(f"mode {mode}: the full runtime builds {', '.join(RUNTIME_MODES)} on the device")
+    if not rs.marginal and rs.budget > 1 and rs.budget - 1 > rs.candidates:
         raise SimtreeError(f"{rs.name}: budget {rs.budget} exceeds the {1 + rs.candidates} nodes its steps draft")
     if nodes is not None:
-        if nodes < rs.budget:
-            raise SimtreeError(f"bucket of {nodes} nodes is smaller than the budget {rs.budget}")
-        rs = RoundShape(rs.num_steps, rs.topk, rs.budget, int(nodes))
+        if nodes < (2 if rs.alloc != "fixed" else rs.budget):
+            raise SimtreeError(f"bucket of {nodes} nodes is smaller than the budget {rs.budget}"
+                               if rs.alloc == "fixed" else f"bucket of {nodes} nodes: {rs.name} needs at least 2")
+        rs = RoundShape(rs.num_steps, rs.topk, rs.budget, int(nodes), rs.tree, rs.alloc)
     return rs
 
 
@@ -114,13 +167,13 @@ class TreeBuffers:
 
 
 def own_row_bits(rs: RoundShape, device) -> list[torch.Tensor]:
-    """Per draft step i = 1..s-1: int64 [k, W], the scratch-row bit of each frontier node."""
+    """Per draft step i = 1..s-1: int64 [frontier, W], the scratch-row bit of each frontier node."""
     W = (rs.scratch_rows + 63) // 64
     out = []
     for i in range(1, rs.num_steps):
-        bits = torch.zeros(rs.topk, W, dtype=torch.int64)
-        for j in range(rs.topk):
-            row = (i - 1) * rs.topk + j
+        bits = torch.zeros(rs.frontier, W, dtype=torch.int64)
+        for j in range(rs.frontier):
+            row = (i - 1) * rs.frontier + j
             bits[j, row // 64] = (1 << (row % 64)) if row % 64 < 63 else -(1 << 63)
         out.append(bits.to(device))
     return out
@@ -166,12 +219,24 @@ def draft_tree(model, ds, rs: RoundShape, roots, first_logp, first_ids, first_hi
         f_bits = bits.gather(1, par[..., None].expand(-1, -1, bits.shape[-1]))
         f_cand = offset + f
         offset += k * k
-    score, tok, par_c, rnk, dep = (torch.cat(x, 1) for x in (scores, toks, parent, rank, depth))
-    best = torch.sort(score, dim=1, descending=True, stable=True).indices[:, :D - 1]
-    idx = best.sort(dim=1).values                                            # topological order
-    local = torch.arange(1, D, device=dev).expand(B, D - 1)
+    cand = tuple(torch.cat(x, 1) for x in (scores, toks, parent, rank, depth))
+    best = torch.sort(cand[0], dim=1, descending=True, stable=True).indices[:, :D - 1]
+    lay_out(out, roots, cand, best, k)
+
+
+def lay_out(out: TreeBuffers, roots: torch.Tensor, cand: tuple, best: torch.Tensor, pad_rank: int,
+            valid: torch.Tensor | None = None) -> None:
+    """The tree of the candidates ``best`` [B, m] (any order closed under parents) into ``out``:
+    the root, the m nodes in topological order, padding leaves under the root up to the
+    bucket.  ``valid`` [B]: only the first valid[b] of ``best`` (its order) may be accepted."""
+    score, tok, par_c, rnk, dep = cand
+    B, m = best.shape
+    dev = best.device
+    idx, pos_in_best = best.sort(dim=1)                                      # topological order
+    local = torch.arange(1, m + 1, device=dev).expand(B, m)
     pos_of = torch.zeros_like(score, dtype=torch.int64).scatter_(1, idx, local)
     pc = par_c.gather(1, idx)
+    D = m + 1
     out.tokens[:, 0] = roots
     out.tokens[:, 1:D] = tok.gather(1, idx)
     out.parents[:, 0] = -1
@@ -182,12 +247,14 @@ def draft_tree(model, ds, rs: RoundShape, roots, first_logp, first_ids, first_hi
     out.rank[:, 1:D] = rnk.gather(1, idx)
     out.score[:, 0] = 0.0
     out.score[:, 1:D] = score.gather(1, idx)
-    out.valid[:, :D] = True
-    if rs.nodes > D:   # padding: leaves under the root, never accepted
+    out.valid[:, 0] = True
+    out.valid[:, 1:D] = True if valid is None else pos_in_best < valid[:, None]
+    n = out.tokens.shape[1]
+    if n > D:   # padding: leaves under the root, never accepted
         out.tokens[:, D:] = 0
         out.parents[:, D:] = 0
         out.depth[:, D:] = 1
-        out.rank[:, D:] = k
+        out.rank[:, D:] = pad_rank
         out.score[:, D:] = float("-inf")
         out.valid[:, D:] = False
 

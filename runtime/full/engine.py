@@ -8,7 +8,9 @@
 
 One round, every stage on the device with static shapes (B sequences, n nodes each):
 
-    draft    EAGLE-style tree from the MTP layer's top-k (:mod:`.drafting`)
+    draft    EAGLE-style tree from the MTP layer's top-k (:mod:`.drafting`), or the best-first
+             tree over its top-1 chain's marginals (:mod:`.best_first`), each sequence's budget
+             chosen on the device by cost_aware's or batch_alloc's rule (:mod:`.allocation`)
     verify   the target over all B trees -> argmax per node; the acceptance source picks each
              sequence's accepted node; its root path, the bonus token, the outputs
     catchup  the MTP layer over the accepted path with the target's hidden states (its cache
@@ -44,6 +46,8 @@ from simtree.errors import SimtreeError
 
 from .acceptance import Live
 from simtree.kernels.layers.attention import chain_bits
+from .allocation import DeviceAllocation
+from .best_first import best_first, draft_marginals, lay_out, marginal_candidates
 from .drafting import RoundShape, TreeBuffers, accepted_path, draft_tree, own_row_bits, topk_logp
 
 __all__ = ["FullEngine", "RunStats", "PREFILL_CHUNK", "OUT_CAP"]
@@ -90,8 +94,10 @@ class RunStats:
 
 class FullEngine:
     def __init__(self, model, rs: RoundShape, batch_size: int, max_len: int, source=None,
-                 graphs: bool | None = None):
+                 graphs: bool | None = None, costs=None):
+        """``costs``: the cost bundle whose C_d and C_v cost_aware and batch_alloc decide with."""
         self.model, self.rs, self.B = model, rs, int(batch_size)
+        self.alloc = None if rs.alloc == "fixed" else DeviceAllocation(costs, rs, batch_size, max_len, model.device)
         self.source = source or Live()
         dev = self.device = model.device
         self.st = model.new_state(self.B, max_len)
@@ -133,8 +139,20 @@ class FullEngine:
         scores = getattr(self.source, "scores", None)
         if scores is not None:
             scores.draw(self.B)        # the round's acceptance level, known to the drafter
-        draft_tree(self.model, self.ds, self.rs, self.roots, self.first_logp, self.first_ids, self.first_hidden,
-                   self.tree, self.own_bits, None if scores is None else scores.rescore)
+        rescore = None if scores is None else scores.rescore
+        if not self.rs.marginal:
+            draft_tree(self.model, self.ds, self.rs, self.roots, self.first_logp, self.first_ids, self.first_hidden,
+                       self.tree, self.own_bits, rescore)
+            return
+        lp, ids = draft_marginals(self.model, self.ds, self.rs, self.first_logp, self.first_ids, self.first_hidden,
+                                  self.own_bits, rescore)
+        cand = marginal_candidates(lp, ids, self.rs)
+        order = best_first(cand, self.rs)
+        extra = None
+        if self.alloc is not None:   # survival = prefix probabilities in best-first order
+            survival = cand[0].gather(1, order).double().exp()
+            extra = self.alloc.allocate(survival, self.st.lengths.double().mean())
+        lay_out(self.tree, self.roots, cand, order, self.rs.topk, extra)
 
     def _verify(self) -> None:
         t, m, B, n = self.tree, self.model, self.B, self.rs.nodes
@@ -152,6 +170,8 @@ class FullEngine:
         self._base_len = self.st.lengths.clone()
         self._record(self._next_tok, self._row_ok, acc_len)
         self.roots.copy_(bonus)
+        if self.alloc is not None:
+            self.alloc.update((acc_len + 1).sum())
 
     def _catchup(self) -> None:
         m, ds, B, P = self.model, self.ds, self.B, self.rs.path_rows
@@ -192,6 +212,8 @@ class FullEngine:
     # ---- set-up ------------------------------------------------------------------------------
     def reset(self) -> None:
         self.model.reset(self.st, self.ds)
+        if self.alloc is not None:
+            self.alloc.reset()
         for t in (self.out_len, self.log_at, self.roots):
             t.zero_()
         self.rewind_source()

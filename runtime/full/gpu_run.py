@@ -18,10 +18,14 @@ next one runs; every phase checks the time left (``--max-seconds``) and stops ea
                 failure or mismatch the rest of the session uses the torch form, logged).
 2. ``lossless`` ``make_predictable`` (the MTP layer agrees with the target often, so rounds
                 accept and reject; shapes unchanged, the later timings are unaffected), then 2
-                prompts x {linear D=4, EAGLE s3 k2 D6, EAGLE s4 k4 D16} at batch 2, live,
+                prompts x {linear D=4, EAGLE s3 k2 D6, EAGLE s4 k4 D16, best-first D8 p3, and with
+                a bundle cost_aware max 16 p3} at batch 2, live,
                 against plain greedy -> lossless.csv (a mismatch with its top-2 logit gap).
-3. ``measure``  ``full_run``: per batch size plain, linear D=4 and the EAGLE shapes a plan may
-                choose (``--eagle``), replay (--acceptance, default gsm8k, or --replay) ->
+3. ``measure``  ``full_run``: per batch size plain, linear D=4, the shipped plan's choice for the
+                deployment (``--policy``, default the plan under reports/h200/plan/ of the model
+                and deployment), one shape of every other runnable mode (``--modes``: best-first,
+                cost_aware, batch_alloc, whose budgets come from the bundle) and the EAGLE shapes a
+                plan may choose (``--eagle``), replay (--acceptance, default gsm8k, or --replay) ->
                 summary.json (every round's measurements, for ``measure.repredict`` at home)
                 and summary.csv / .md / .png predicted from the shipped bundle.
 4. ``steps``    the runtime's whole steps (:mod:`.steps`): verify + commit at a few (b, n, l)
@@ -56,12 +60,16 @@ from simtree.planning.simulate import PolicySpec
 from simtree.runtime.full.build import dtype_name
 from simtree.runtime.full.measure import MIN_DRAWS
 
-__all__ = ["main", "time_step", "EAGLE_SHAPES", "VERIFY_GRID", "DRAFT_GRID"]
+__all__ = ["main", "time_step", "EAGLE_SHAPES", "MODE_SHAPES", "VERIFY_GRID", "DRAFT_GRID", "shipped_plan"]
 
 PHASES = ("build", "lossless", "measure", "steps")
 # the EAGLE shapes (num_steps, topk, budget) measured at every batch size: the plan made at home
 # from the session's own profile chooses among them
 EAGLE_SHAPES = ((2, 2, 4), (3, 2, 6), (4, 2, 8), (5, 3, 12), (6, 4, 16))
+# one shape of every runnable mode besides plain, linear and EAGLE, measured at every batch size
+# before the EAGLE shapes (the shipped plans choose cost_aware at depth 2 and 3)
+MODE_SHAPES = "best_first:budget=8,draft_depth=3;cost_aware:max_budget=16,draft_depth=3;" \
+              "cost_aware:max_budget=16,draft_depth=2;batch_alloc:max_budget_per_seq=16,draft_depth=3"
 # whole steps for the composed-vs-measured check: (b, n, l), the measured runs' contexts first
 VERIFY_GRID = ([(b, n, 256) for n in (1, 8, 4, 16) for b in (1, 4, 16, 64)]
                + [(b, n, 2048) for n in (1, 8) for b in (1, 16)])
@@ -138,16 +146,22 @@ def _check_attention(s: Session, device, dtype=torch.bfloat16) -> None:
         s.log(f"tree attention kernel FAILED ({type(exc).__name__}: {exc}); using the torch form")
 
 
-def _lossless(s: Session, model, layers: str) -> None:
+def _lossless(s: Session, model, layers: str, costs_path: str | None = None) -> None:
     from .lossless import check_lossless, make_predictable
     make_predictable(model, 0.3)
     rng = np.random.default_rng(7)
     prompts = [rng.integers(0, model.vocab, 24).tolist(), rng.integers(0, model.vocab, 17).tolist()]
     specs = [PolicySpec.from_dict("linear", {"budget": 4}), PolicySpec.from_dict("eagle", {"num_steps": 3, "topk": 2, "budget": 6}),
-             PolicySpec.from_dict("eagle", {"num_steps": 4, "topk": 4, "budget": 16})]
+             PolicySpec.from_dict("eagle", {"num_steps": 4, "topk": 4, "budget": 16}),
+             PolicySpec.from_dict("best_first", {"budget": 8, "draft_depth": 3})]
+    costs = None
+    if costs_path is not None:   # the adaptive modes decide with the deployment's bundle
+        from simtree.costs.model import load_costs
+        costs = load_costs(costs_path)
+        specs.append(PolicySpec.from_dict("cost_aware", {"max_budget": 16, "draft_depth": 3}))
     dtype = dtype_name(model.dtype)
     rows = [{"model": model.shape.name, "dtype": dtype, "layers": layers, **r}
-            for r in check_lossless(model, prompts, specs, 32)]
+            for r in check_lossless(model, prompts, specs, 32, costs=costs)]
     buf = io.StringIO()
     w = csv.DictWriter(buf, fieldnames=list(rows[0]), lineterminator="\n")
     w.writeheader()
@@ -227,6 +241,33 @@ def default_costs(model: str, deployment: str) -> str | None:
     return str(path) if path.is_file() else None
 
 
+def shipped_plan(model: str, deployment: str, root: Path = Path("reports/h200/plan")) -> str | None:
+    """The policy file of the shipped plan for (model, deployment), or None where none is."""
+    import json
+    for path in sorted(root.glob("*/policy.json")):
+        try:
+            d = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        if d.get("model") == model and str(d.get("deployment", "tp=1")) == deployment:
+            return str(path)
+    return None
+
+
+def _modes(text: str) -> list[tuple[str, PolicySpec]]:
+    """"mode:key=v,key=v;mode:..." -> [(mode, PolicySpec), ...] (a one-line error for a mode the
+    runtime does not build)."""
+    from .drafting import round_shape
+    out = []
+    for part in filter(None, text.split(";")):
+        mode, _, params = part.partition(":")
+        spec = PolicySpec.from_dict(mode.strip(), {k.strip(): int(v) for k, v in
+                                                   (kv.split("=") for kv in filter(None, params.split(",")))})
+        round_shape(spec)
+        out.append((spec.mode, spec))
+    return out
+
+
 def _eagle(text: str) -> list[tuple[str, PolicySpec]]:
     """"s,k,D;s,k,D" -> [("eagle", PolicySpec), ...]."""
     out = []
@@ -246,9 +287,13 @@ def main(argv=None) -> int:
     ap.add_argument("--costs", default=None, help="cost bundle for the session's own predictions (default: the "
                                                  "deployment's shipped bundle, simtree/data/costs/h200_<model>_<tag>"
                                                  ".json; none ships: no predictions in the session)")
-    ap.add_argument("--policy", default=None, help="a policy file whose choice is measured too")
-    ap.add_argument("--eagle", default=";".join(",".join(map(str, e)) for e in EAGLE_SHAPES),
-                    help="EAGLE shapes measured at every batch size: 's,k,D;s,k,D'")
+    ap.add_argument("--policy", default=None, help="a policy file whose choice is measured too (default: the "
+                                                  "shipped plan of the model and deployment, reports/h200/plan/)")
+    ap.add_argument("--modes", default=MODE_SHAPES, help="shapes of the other runnable modes measured at every "
+                                                        "batch size: 'mode:key=v,key=v;...'")
+    ap.add_argument("--eagle", default=";".join(",".join(map(str, e)) for e in EAGLE_SHAPES[1::3]),
+                    help="EAGLE shapes measured at every batch size: 's,k,D;s,k,D' (default two of EAGLE_SHAPES; "
+                         "all: the shapes an EAGLE-only plan chooses among)")
     ap.add_argument("--acceptance", default="gsm8k")
     ap.add_argument("--replay", default=None)
     ap.add_argument("--batch-sizes", default="1,4,16,64")
@@ -294,6 +339,9 @@ def main(argv=None) -> int:
         deployment = runtime_deployment(args.model, args.deployment)
         costs_path = args.costs or default_costs(args.model, deployment)
         s.log(f"deployment {deployment}; predictions from {costs_path or 'no bundle (none ships for it)'}")
+        policy = args.policy or shipped_plan(args.model, deployment)
+        s.log(f"the plan's choice from {policy or 'no plan (none ships for it)'}")
+        extra = _modes(args.modes) + _eagle(args.eagle)
         whole = get_model(args.model)
         shape = whole if args.layers is None else dataclasses.replace(whole, layer_kinds=whole.stack(args.layers))
         layers = f"{shape.num_layers}/{whole.num_layers}"
@@ -316,13 +364,13 @@ def main(argv=None) -> int:
         s.log(f"=== {phase}")
         try:
             if phase == "lossless":
-                _lossless(s, model, layers)
+                _lossless(s, model, layers, costs_path)
             elif phase == "measure":
                 from .measure import full_run
-                res = full_run(model, device=args.device, costs=costs_path, policy=args.policy, batch_sizes=sizes,
+                res = full_run(model, device=args.device, costs=costs_path, policy=policy, batch_sizes=sizes,
                                replay=args.replay, acceptance=None if args.replay else args.acceptance,
                                out=s.out, rounds=args.rounds, min_draws=args.min_draws, warmup_rounds=3, progress=s.log,
-                               deadline=s.t0 + args.measure_share * s.limit, extra=_eagle(args.eagle))
+                               deadline=s.t0 + args.measure_share * s.limit, extra=extra)
                 for n in res["notes"] + res["prediction_notes"]:
                     s.log(f"note: {n}")
             elif phase == "steps":

@@ -46,8 +46,8 @@ def make_predictable(model, layer_gain: float = 0.3) -> None:
     fc[:, h:] *= layer_gain
 
 
-def _decode(model, prompts, spec, max_new_tokens: int, max_len: int):
-    engine = FullEngine(model, round_shape(spec), len(prompts), max_len)
+def _decode(model, prompts, spec, max_new_tokens: int, max_len: int, costs=None):
+    engine = FullEngine(model, round_shape(spec), len(prompts), max_len, costs=costs)
     engine.capture()
     engine.prefill(prompts)
     stats = engine.run(max_new_tokens=max_new_tokens)
@@ -76,15 +76,17 @@ def _probe(model, prompt, output, at: int, nodes: int, max_len: int) -> dict:
             "verify_token": int(verify.argmax())}
 
 
-def check_lossless(model, prompts: list[list[int]], specs, max_new_tokens: int, max_len: int | None = None) -> list[dict]:
+def check_lossless(model, prompts: list[list[int]], specs, max_new_tokens: int, max_len: int | None = None,
+                   costs=None) -> list[dict]:
     """One row per policy: {policy, batch_size, match, first_diff, plain_token, spec_token, margin,
     deviation, verify_token, accepted_tokens_per_round} (the diagnosis, module docstring, where
-    the outputs differ); the plain greedy outputs of the same prompts are the reference."""
+    the outputs differ); the plain greedy outputs of the same prompts are the reference.
+    ``costs``: the bundle cost_aware and batch_alloc decide with."""
     max_len = max_len or max(map(len, prompts)) + 16 * (max_new_tokens + 1) + 8
     plain, _ = _decode(model, prompts, PolicySpec.from_dict("none"), max_new_tokens, max_len)
     rows = []
     for spec in specs:
-        outs, stats = _decode(model, prompts, spec, max_new_tokens, max_len)
+        outs, stats = _decode(model, prompts, spec, max_new_tokens, max_len, costs)
         diff = [next((i for i, (a, b) in enumerate(zip(o, p)) if a != b), None) for o, p in zip(outs, plain)]
         bad = [(b, i) for b, i in enumerate(diff) if i is not None]
         row = {"policy": round_shape(spec).name, "batch_size": len(prompts), "match": not bad,

@@ -4,8 +4,11 @@
                       batch_sizes=[1, 4, 16, 64], acceptance="gsm8k", out="DIR")
 
 Per batch size: plain decoding, linear D=4 and the policy file's choice for (workload, batch)
-- a choice the runtime cannot build on the device (best_first, cost_aware, batch_alloc) is
-skipped with a one-line note.  Each run: a fresh engine (CUDA graphs captured per bucket), a
+- a choice the runtime cannot build on the device is skipped with a one-line note.  cost_aware
+and batch_alloc decide each round's budgets from the cost bundle (none given: their runs fail,
+each a row saying so); their bucket (``nodes``) is the most nodes the simulator's decision
+gives any acceptance level (``acceptance.adaptive_bucket``; live: the max budget), the nodes
+past a round's budget padding.  Each run: a fresh engine (CUDA graphs captured per bucket), a
 context of ``context_len`` tokens, ``warmup_rounds`` rounds, then ``rounds`` measured rounds.
 
 Acceptance (every row says which): ``replay`` from a trace file (``--replay``) or sampled on the
@@ -22,7 +25,9 @@ and the simulator:
   l, b), no draft).  ``cost_rel_err`` compares it with the measured round time: the cost error.
 * ``predicted_tok_s`` - ``simtree.planning.simulate`` with the acceptance model behind the
   replay (the trace's positional fit, or the model sampled), the run's context and output
-  length: cost x acceptance.  ``rel_err`` is its error; ``accept_rel_err`` compares the
+  length: cost x acceptance.  cost_aware and batch_alloc: the simulator's accepted tokens
+  over the bucket's round (what the device verifies), the simulator's own throughput for their
+  ragged trees (the plan's pricing) in the row's note.  ``rel_err`` is its error; ``accept_rel_err`` compares the
   accepted tokens per round (bonus included) it expects with the measured ones.  Live rows
   have no acceptance model: their prediction uses the measured acceptance (cost error only).
 
@@ -31,10 +36,12 @@ one-line reason, and the next run goes on.
 """
 from __future__ import annotations
 
+import contextlib
 import gc
 import json
 import math
 import time
+import warnings
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -42,12 +49,12 @@ import numpy as np
 import torch
 
 from simtree.acceptance.model import Workload, get_workload
-from simtree.errors import SimtreeError, captured_warnings
+from simtree.errors import ExtrapolationWarning, SimtreeError, captured_warnings
 from simtree.fileio import write_text_atomic
 from simtree.models import get_model
 from simtree.planning.simulate import PolicySpec, analytic_run
 
-from .acceptance import SAMPLINGS, Live, ModelReplay, StratifiedReplay, TraceReplay
+from .acceptance import SAMPLINGS, Live, ModelReplay, StratifiedReplay, TraceReplay, adaptive_bucket
 from .build import build_model
 from .drafting import RUNTIME_MODES, RoundShape, round_shape
 from .engine import FullEngine
@@ -113,14 +120,28 @@ class _Source:
             return max(1, int(round(self.workload.mean_prompt_len)))
         return max(1, int(round(getattr(self, "context", None) or 512)))
 
-    def make(self, rs: RoundShape, batch_size: int, rounds: int):
+    def make(self, rs: RoundShape, batch_size: int, rounds: int, costs=None, context_len: float | None = None):
+        """The source of one run; ``costs``, ``context_len``: what cost_aware and batch_alloc decide with."""
         if self.workload is not None:
+            decide = {"costs": costs, "context_len": context_len}
             if self.sampling == "stratified":
-                return StratifiedReplay(self.workload.acceptance, rs, self.device, batch_size, rounds, self.seed)
-            return ModelReplay(self.workload.acceptance, rs, self.device, self.seed)
+                return StratifiedReplay(self.workload.acceptance, rs, self.device, batch_size, rounds, self.seed,
+                                        **decide)
+            return ModelReplay(self.workload.acceptance, rs, self.device, self.seed, batch_size, **decide)
         if self.replay is not None:
-            return TraceReplay(self.replay, batch_size, self.device).score_trees(rs, self.device)
+            return TraceReplay(self.replay, batch_size, self.device).score_trees(
+                rs, self.device, batch_size=batch_size, costs=costs, context_len=context_len)
         return Live()
+
+    def round_shape(self, spec: PolicySpec, batch_size: int, costs, context_len: float) -> RoundShape:
+        """The run's static shape: cost_aware and batch_alloc take the bucket of their analytic
+        decision under the acceptance model (:func:`.acceptance.adaptive_bucket`) where there
+        are one and a cost bundle, else their max budget."""
+        rs = round_shape(spec)
+        model = self.prediction_model()
+        if rs.alloc == "fixed" or model is None or costs is None:
+            return rs
+        return round_shape(spec, adaptive_bucket(model, rs, batch_size, costs, context_len))
 
     def prediction_model(self):
         if self.workload is not None:
@@ -128,11 +149,12 @@ class _Source:
         return getattr(self, "model", None)
 
 
-def measure_policy(model, rs: RoundShape, batch_size: int, source, cfg: RunConfig):
+def measure_policy(model, rs: RoundShape, batch_size: int, source, cfg: RunConfig, costs=None):
     """(RunStats of ``cfg.rounds`` measured rounds, whether CUDA graphs ran); a capture that
-    fell back to eager stages leaves its reason in the stats' notes."""
+    fell back to eager stages leaves its reason in the stats' notes.  ``costs``: the bundle
+    cost_aware and batch_alloc decide with."""
     max_len = cfg.context_len + (cfg.warmup_rounds + cfg.rounds + 2) * rs.path_rows + 8
-    engine = FullEngine(model, rs, batch_size, max_len, source)
+    engine = FullEngine(model, rs, batch_size, max_len, source, costs=costs)
     try:
         engine.capture()
         engine.fill_context(cfg.context_len, cfg.seed)
@@ -159,7 +181,7 @@ def predict(costs, acc_model, spec: PolicySpec, rs: RoundShape, batch_size: int,
     if costs is None:
         return dict(NO_PREDICTION)
     B = batch_size
-    draft_us = 0.0 if rs.plain else float(costs.draft.predict(rs.num_steps, rs.topk, B))
+    draft_us = 0.0 if rs.plain else float(costs.draft.predict(*spec.draft_shape(), B))
     verify_us = float(np.mean([float(costs.verify.predict(rs.nodes, float(c), B)) for c in stats.context_lens]))
     round_ms = (draft_us + verify_us) / 1e3
     if acc_model is None or rs.plain:
@@ -174,14 +196,21 @@ def predict(costs, acc_model, spec: PolicySpec, rs: RoundShape, batch_size: int,
     # tokens per round over the mean round, without the end-of-output term of the throughput
     a = analytic_run(wl, spec, costs, B)
     round_us = a["total_us"] / a["rounds"]
-    return {"predicted_round_ms": round_ms, "predicted_tok_s": B * float(a["g"]) / float(round_us) * 1e6,
-            "predicted_accepted": float(a["g"])}
+    g, sim_tok_s = float(a["g"]), B * float(a["g"]) / float(round_us) * 1e6
+    if spec.fixed_budget is None:
+        # the device verifies the run's bucket every round, where the simulator prices the ragged
+        # trees the rule chooses: the simulator's accepted tokens over the bucket's round
+        return {"predicted_round_ms": round_ms, "predicted_tok_s": B * g / round_ms * 1e3, "predicted_accepted": g,
+                "note": f"{spec.mode} verifies its bucket of {rs.nodes} nodes per sequence every round, predicted "
+                        f"at that cost; at the {a['n']:.1f} nodes its rule chooses (ragged trees, the plan's "
+                        f"pricing) the simulator predicts {sim_tok_s:.1f} tok/s"}
+    return {"predicted_round_ms": round_ms, "predicted_tok_s": sim_tok_s, "predicted_accepted": g}
 
 
 def _policies(policy, workload: str, batch_size: int, notes: list, extra=()) -> list[tuple[str, PolicySpec]]:
-    out = [("plain", PLAIN), ("linear_d4", LINEAR_D4), *extra]
+    out = [("plain", PLAIN), ("linear_d4", LINEAR_D4)]
     if policy is None:
-        return out
+        return out + list(extra)
     from simtree.planning.policy_file import Policy
     entry, clamped = Policy.load(policy).resolve(workload, batch_size)
     if clamped:
@@ -189,12 +218,17 @@ def _policies(policy, workload: str, batch_size: int, notes: list, extra=()) -> 
     if entry.mode not in RUNTIME_MODES:
         notes.append(f"batch {batch_size}: the policy's {entry.mode} entry is not built on the device by the full "
                      f"runtime ({', '.join(RUNTIME_MODES)}): skipped")
-        return out
-    return out + [("plan", entry.params)]
+        return out + list(extra)
+    return out + [("plan", entry.params), *extra]     # the plan's choice before the shapes beside it
+
+
+def _run_shape(run: dict) -> RoundShape:
+    """The shape a run measured (its bucket: ``nodes``, where it has one)."""
+    return round_shape(PolicySpec.from_dict(run["mode"], run["params"]), run.get("nodes"))
 
 
 def _row(run: dict, source_label: str, pred: dict, cfg: RunConfig) -> dict:
-    stats, rs = run["stats"], round_shape(PolicySpec.from_dict(run["mode"], run["params"]))
+    stats, rs = run["stats"], _run_shape(run)
     meas_acc = stats.accepted_tokens_per_round
     return {"model": run["model"], "deployment": run["deployment"], "policy": f"{run['label']}:{rs.name}",
             "batch_size": run["batch_size"], "acceptance": source_label, "measured_tok_s": stats.tok_s,
@@ -207,11 +241,11 @@ def _row(run: dict, source_label: str, pred: dict, cfg: RunConfig) -> dict:
             "predicted_accepted": pred["predicted_accepted"], "speedup_vs_plain": float("nan"),
             "host_share": float(np.median(stats.host_ms)) / stats.round_ms, "nodes": rs.nodes,
             "context_len": cfg.context_len, "rounds": stats.rounds, "graphs": run["graphs"],
-            "note": "; ".join(stats.notes)}
+            "note": "; ".join(stats.notes + ([pred["note"]] if pred.get("note") else []))}
 
 
 def _failed_row(run: dict, source_label: str, cfg: RunConfig) -> dict:
-    rs = round_shape(PolicySpec.from_dict(run["mode"], run["params"]))
+    rs = _run_shape(run)
     row = {c: float("nan") for c in SUMMARY_COLUMNS + EXTRA_COLUMNS}
     row.update(model=run["model"], deployment=run["deployment"], policy=f"{run['label']}:{rs.name}",
                batch_size=run["batch_size"], acceptance=source_label, nodes=rs.nodes, context_len=cfg.context_len,
@@ -228,7 +262,7 @@ def _rows(runs: list[dict], costs, source: "_Source", cfg: RunConfig, workload: 
             continue
         spec = PolicySpec.from_dict(run["mode"], run["params"])
         with captured_warnings() as caught:    # extrapolation of the cost models: notes
-            pred = predict(costs, source.prediction_model(), spec, round_shape(spec), run["batch_size"],
+            pred = predict(costs, source.prediction_model(), spec, _run_shape(run), run["batch_size"],
                            run["stats"], workload)
         notes += [" ".join(str(w.message).split()) for w in caught]
         rows.append(_row(run, source.label, pred, cfg))
@@ -298,9 +332,16 @@ def full_run(model, *, device: str = "cuda", costs=None, policy=None, batch_size
         measured = {}
         cfg_b = cfg.for_batch(B)
         for label, spec in _policies(policy, workload, B, notes, extra):
-            rs = round_shape(spec)
             run = {"label": label, "mode": spec.mode, "params": spec.to_dict(), "batch_size": B,
                    "model": model.shape.name, "deployment": model.deployment}
+            try:
+                with _decisions_quiet():
+                    rs = source.round_shape(spec, B, costs, cfg_b.context_len)
+            except Exception as exc:   # noqa: BLE001 - a failed run is a row
+                run["error"] = "failed: " + " ".join(f"{type(exc).__name__}: {exc}".split())[:300]
+                runs.append(run)
+                continue
+            run["nodes"] = rs.nodes
             if deadline is not None and rs not in measured and time.time() > deadline:
                 run["error"] = "skipped: the session's time was up"
                 runs.append(run)
@@ -308,7 +349,9 @@ def full_run(model, *, device: str = "cuda", costs=None, policy=None, batch_size
             try:
                 if rs not in measured:
                     t0 = time.perf_counter()
-                    measured[rs] = measure_policy(model, rs, B, source.make(rs, B, cfg_b.rounds), cfg_b)
+                    with _decisions_quiet():
+                        src = source.make(rs, B, cfg_b.rounds, costs, cfg_b.context_len)
+                        measured[rs] = measure_policy(model, rs, B, src, cfg_b, costs)
                     say(f"batch {B} {label} {rs.name}: {measured[rs][0].tok_s:.1f} tok/s, round "
                         f"{measured[rs][0].round_ms:.2f} ms ({time.perf_counter() - t0:.1f} s)")
                 run["stats"], run["graphs"] = measured[rs]
@@ -320,6 +363,15 @@ def full_run(model, *, device: str = "cuda", costs=None, policy=None, batch_size
             runs.append(run)
         result = _result(runs, costs, source, cfg, workload, notes, replay, acceptance, out, pred_notes)
     return result
+
+
+@contextlib.contextmanager
+def _decisions_quiet():
+    """The adaptive modes' decisions query C_v over contexts and node counts: their extrapolation
+    is no prediction (the predictions' own, which the rows' notes keep, are)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ExtrapolationWarning)
+        yield
 
 
 def _result(runs, costs, source, cfg, workload, notes, replay, acceptance, out, pred_notes: list) -> dict:

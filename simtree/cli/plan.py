@@ -62,9 +62,9 @@ def register(app: typer.Typer) -> None:
         deployment: Optional[str] = typer.Option(None, "--deployment", help="plan this deployment only: tp=N, "
                                                  "ep=N (experts over N GPUs, attention data-parallel), ep=N,tp=T"),
         modes: Optional[str] = typer.Option(None, "--modes", help="comma-separated families to search (plain "
-                                            "decoding always is), e.g. linear,eagle: what the full-scale runtime "
-                                            "builds (default: all of none, linear, eagle, best_first, cost_aware, "
-                                            "batch_alloc)"),
+                                            "decoding always is), e.g. linear,eagle (default: every mode simtree "
+                                            "run builds: none, linear, eagle, best_first, cost_aware, batch_alloc; "
+                                            "no other may be named)"),
         comm: Optional[str] = typer.Option(None, "--comm", help="communication model (.comm.json from `simtree "
                                            "fit` of a collectives profile) instead of the bundles' own"),
     ) -> None:

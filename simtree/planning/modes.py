@@ -22,7 +22,7 @@ from typing import ClassVar, Mapping
 from simtree.errors import SimtreeError, check_whole
 from simtree.trees.builders import eagle_max_nodes
 
-__all__ = ["MODES", "TREE_MODES", "MARGINAL_MODES", "ADAPTIVE_MODES", "MAX_BATCH_SIZE", "DEFAULT_DRAFT_DEPTH",
+__all__ = ["MODES", "RUNTIME_MODES", "TREE_MODES", "MARGINAL_MODES", "ADAPTIVE_MODES", "MAX_BATCH_SIZE", "DEFAULT_DRAFT_DEPTH",
            "PolicySpec", "NoneParams", "LinearParams", "EagleParams", "BestFirstParams", "CostAwareParams",
            "BatchAllocParams", "default_draft_depth", "check_batch_size", "params_from_flags"]
 
@@ -30,6 +30,9 @@ MODES = ("none", "linear", "eagle", "best_first", "cost_aware", "batch_alloc")
 TREE_MODES = ("eagle", "best_first", "cost_aware", "batch_alloc")   # the rest verify a chain (or nothing)
 MARGINAL_MODES = ("best_first", "cost_aware", "batch_alloc")         # drafted as draft_depth positions
 ADAPTIVE_MODES = ("cost_aware", "batch_alloc")                       # a budget decided every round
+# the modes `simtree run` builds, the full-scale runtime on the device included (runtime/full/drafting.py):
+# a plan names no other
+RUNTIME_MODES = ("none", "linear", "eagle", "best_first", "cost_aware", "batch_alloc")
 DEFAULT_DRAFT_DEPTH = 3  # the public V4 MTP recipe drafts 3 steps
 # Largest batch size simulated or planned: far beyond any serving batch, small enough that token
 # counts stay exact in float64 / int64 arithmetic.

@@ -37,7 +37,7 @@ import pandas as pd
 from simtree.acceptance.model import Workload
 from simtree.costs.model import Costs
 from simtree.errors import ExtrapolationWarning, SimtreeError
-from simtree.planning.modes import (TREE_MODES, BatchAllocParams, BestFirstParams, CostAwareParams, EagleParams,
+from simtree.planning.modes import (MODES, RUNTIME_MODES, TREE_MODES, BatchAllocParams, BestFirstParams, CostAwareParams, EagleParams,
                                     LinearParams, NoneParams, PolicySpec, check_batch_size)
 from simtree.planning.policy_file import Policy, PolicyEntry
 from simtree.planning.ranges import extrapolated_axes, measured_ranges, queried_ranges, range_notes
@@ -48,7 +48,8 @@ __all__ = ["DEFAULT_BATCH_SIZES", "FAMILIES", "SearchSpace", "PlanResult", "cand
            "choose_policies", "check_workload_names", "read_candidates"]
 
 DEFAULT_BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64)
-FAMILIES = ("none", "linear", "eagle", "best_first", "cost_aware", "batch_alloc")
+# the families searched: every mode `simtree run` builds (a plan names no other), simplest first
+FAMILIES = tuple(m for m in MODES if m in RUNTIME_MODES)
 _MAX_BUDGET = 16
 _MAX_DEPTH = _MAX_BUDGET - 1   # linear's deepest chain: every family may draft as deep
 
@@ -64,9 +65,13 @@ class SearchSpace:
     modes: tuple[str, ...] = FAMILIES   # the families searched (plain decoding always is)
 
     def __post_init__(self) -> None:
-        unknown = [m for m in self.modes if m not in FAMILIES]
+        unknown = [m for m in self.modes if m not in MODES]
         if unknown or not self.modes:
             raise SimtreeError(f"plan modes {', '.join(unknown) or '(none)'}: choose among {', '.join(FAMILIES)}")
+        unbuilt = [m for m in self.modes if m not in FAMILIES]
+        if unbuilt:
+            raise SimtreeError(f"plan mode {unbuilt[0]}: simtree run does not build it, so a plan may not name it "
+                               f"(it runs {', '.join(FAMILIES)})")
 
     @property
     def searched(self) -> tuple[str, ...]:

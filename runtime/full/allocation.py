@@ -1,0 +1,88 @@
+"""cost_aware's and batch_alloc's per-round budgets on the device: the planner's rule
+(:mod:`simtree.planning.allocation`, which the simulator and the tiny runtime call) in torch,
+with no host sync, so a round stays one CUDA-graph replay.
+
+    alloc = DeviceAllocation(costs, rs, batch_size, max_len, device)
+    extra = alloc.allocate(survival, context_len)   # survival [B, m] float64, context [] -> int64 [B]
+    alloc.update(gained_tokens)                      # cost_aware: the run's price moves
+
+Each sequence brings its best-first nodes' survival (prefix) probabilities, non-increasing;
+the batch's lists merge by survival (a stable sort: each list keeps its order on ties, as
+``np.argsort(kind="stable")`` of their concatenation does) and a prefix of K nodes is
+verified, at C_v(1 + K/b, l, b).  batch_alloc keeps the prefix of the best round rate
+(b + gain) / (C_d + C_v); cost_aware the prefix maximising gain - price x C_v at the run's
+price (``RunningPrice``: tokens gained per us of predicted round time, exponential memory of
+``PRICE_MEMORY_ROUNDS``), its first round batch_alloc's.  C_v is tabulated from the cost
+bundle once, at every K of the bucket and a grid of contexts, and interpolated linearly in
+the context on the device; C_d(draft_depth, 1, b) is one number.
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from simtree.errors import SimtreeError
+from simtree.planning.allocation import PRICE_MEMORY_ROUNDS
+
+from .drafting import RoundShape
+
+__all__ = ["DeviceAllocation", "CONTEXT_GRID"]
+
+CONTEXT_GRID = 65   # contexts at which C_v is tabulated, 0 .. max_len evenly
+
+
+class DeviceAllocation:
+    def __init__(self, costs, rs: RoundShape, batch_size: int, max_len: int, device):
+        if costs is None:
+            raise SimtreeError(f"mode {rs.alloc} needs a cost model (--costs): it weighs tree size against verify cost")
+        if rs.alloc not in ("cost_aware", "batch_alloc"):
+            raise SimtreeError(f"round shape {rs.name} has no per-round allocation")
+        B, m = int(batch_size), max(min(rs.tree_nodes - 1, rs.candidates), 0)
+        self.B, self.m, self.priced = B, m, rs.alloc == "cost_aware"
+        s, k = rs.spec.draft_shape()
+        self.draft_us = float(costs.draft.predict(s, k, B))
+        nodes = 1.0 + np.arange(B * m + 1, dtype=np.float64) / B
+        self.ctx_step = max(float(max_len), 1.0) / (CONTEXT_GRID - 1)
+        ctx = np.arange(CONTEXT_GRID, dtype=np.float64) * self.ctx_step
+        table = np.asarray(costs.verify.predict(nodes[None, :], ctx[:, None], B), np.float64)
+        table = np.broadcast_to(table, (CONTEXT_GRID, nodes.size))
+        if not (table.min() > 0 and table.max() < np.inf):     # NaN fails both comparisons
+            raise SimtreeError("cost model returned a NaN, infinite or non-positive verify cost")
+        self.verify_us = torch.tensor(np.array(table), dtype=torch.float64, device=device)
+        self.price = torch.zeros(2, dtype=torch.float64, device=device)   # tokens, time_us (RunningPrice)
+        self.round_us = torch.zeros((), dtype=torch.float64, device=device)
+        self._steps = torch.arange(B * m, device=device)
+
+    def reset(self) -> None:
+        self.price.zero_()
+
+    def verify_cost(self, context_len: torch.Tensor) -> torch.Tensor:
+        """float64 [B m + 1]: C_v(1 + K/b, l, b) for K = 0..B m at the context ``l`` (a 0-d tensor)."""
+        x = (context_len.double() / self.ctx_step).clamp(0, CONTEXT_GRID - 1)
+        lo = x.floor().clamp(max=CONTEXT_GRID - 2).long()
+        frac = x - lo
+        return self.verify_us[lo] * (1 - frac) + self.verify_us[lo + 1] * frac
+
+    def allocate(self, survival: torch.Tensor, context_len: torch.Tensor) -> torch.Tensor:
+        """int64 [B]: extra nodes (after the root) each sequence verifies this round."""
+        probs = survival.double().reshape(-1)
+        order = torch.sort(probs, descending=True, stable=True).indices
+        owner = order // max(self.m, 1)
+        gain = torch.cat([probs.new_zeros(1), torch.cumsum(probs[order], 0)])
+        cost = self.verify_cost(context_len)
+        best = torch.argmax((self.B + gain) / (self.draft_us + cost))        # batch_alloc's rule
+        if self.priced:   # at the run's price, once it has one
+            tokens, time_us = self.price[0], self.price[1]
+            priced = torch.argmax(gain - tokens / time_us.clamp(min=1e-300) * cost)
+            best = torch.where(time_us > 0, priced, best)
+        self.round_us.copy_(self.draft_us + cost[best])
+        extra = torch.zeros(self.B, dtype=torch.int64, device=probs.device)
+        return extra.index_add_(0, owner, (self._steps < best).long())
+
+    def update(self, gained_tokens: torch.Tensor) -> None:
+        """cost_aware: the round's gained tokens (the batch's) and predicted time move the price."""
+        if self.priced:
+            keep = 1.0 - 1.0 / PRICE_MEMORY_ROUNDS
+            self.price.mul_(keep)
+            self.price[0] += gained_tokens.double()
+            self.price[1] += self.round_us
