@@ -22,6 +22,7 @@ import pandas as pd
 
 from simtree.costs.synthetic import SYNTHETIC_LABEL
 from simtree.errors import SimtreeError
+from simtree.fileio import write_text_atomic
 from simtree.models import DECODE_STAGE
 from simtree.planning.bands import BAND_MODELS, band_workloads, bands_from_policy, plan_bands, with_bands
 from simtree.planning.compare import adaptive_vs_fixed
@@ -330,7 +331,8 @@ def plan_and_write(cost_paths: Sequence[str] = (), workload_specs: Sequence[str]
                    prompt_len: float | None = None, output_len: int | None = None,
                    progress: Callable[[int, int], None] | None = None,
                    space: SearchSpace = SearchSpace(), model: str | None = None, deployment: str | None = None,
-                   comm=None, notes: list | None = None, band_models: int = BAND_MODELS) -> list[dict]:
+                   comm=None, notes: list | None = None, band_models: int = BAND_MODELS,
+                   started: Callable[[str, int, int], None] | None = None) -> list[dict]:
     """Plan every cost bundle (``cost_paths``, default the shipped ones; ``model`` /
     ``deployment`` pick among them) x workloads (presets or traces, default every preset);
     write policy.json + report per bundle, into a folder per (model, deployment, device) under
@@ -339,7 +341,10 @@ def plan_and_write(cost_paths: Sequence[str] = (), workload_specs: Sequence[str]
     planned; ``comm`` replaces the bundles' communication model; ``notes`` (a list) receives
     the plan-wide notes (which default deployments wait for a profile).  ``band_models``
     bootstrap acceptance models per workload put a band on every choice
-    (:mod:`simtree.planning.bands`; 0: none).
+    (:mod:`simtree.planning.bands`; 0: none).  ``started(folder, i, n)``: before planning the
+    i-th (from 0) of n bundles.  Interrupted (KeyboardInterrupt, which the CLI raises for SIGINT
+    and SIGTERM too), it writes PARTIAL.md in ``out_dir`` naming the folders finished and not
+    before the exception goes on; a finished plan removes that file.
 
     Returns one dict per bundle: result (PlanResult), bands (DataFrame or None), policy (path),
     policy_data (the Policy written), report (paths).
@@ -366,18 +371,40 @@ def plan_and_write(cost_paths: Sequence[str] = (), workload_specs: Sequence[str]
         b.meta.get("synthetic") for b in bundles)
     specs = list(workload_specs or PRESETS)
     band_sets = {w.name: band_workloads(spec, w, band_models) for spec, w in zip(specs, workloads)} if band_models else {}
-    outputs = []
-    for bundle, folder in zip(bundles, folders):
-        result = plan(bundle, workloads, batch_sizes, space, progress)
-        bands = plan_bands(result.chosen, result.candidates, bundle, band_sets) if band_sets else None
-        sub = Path(out_dir) / folder if len(bundles) > 1 or defaults else Path(out_dir)
-        policy = with_bands(result.to_policy(), bands)
-        policy_path = policy.save(sub / "policy.json")
-        outputs.append({"result": result, "bands": bands, "policy": policy_path, "policy_data": policy,
-                        "report": write_plan_report(result, sub, bands)})
-    if len(bundles) > 1 or defaults:
+    outputs, nested = [], len(bundles) > 1 or defaults
+    try:
+        for i, (bundle, folder) in enumerate(zip(bundles, folders)):
+            if started is not None:
+                started(folder, i, len(bundles))
+            result = plan(bundle, workloads, batch_sizes, space, progress)
+            bands = plan_bands(result.chosen, result.candidates, bundle, band_sets) if band_sets else None
+            sub = Path(out_dir) / folder if nested else Path(out_dir)
+            policy = with_bands(result.to_policy(), bands)
+            policy_path = policy.save(sub / "policy.json")
+            outputs.append({"result": result, "bands": bands, "policy": policy_path, "policy_data": policy,
+                            "report": write_plan_report(result, sub, bands)})
+    except KeyboardInterrupt:
+        _mark_partial(Path(out_dir), folders if nested else ["."], len(outputs))
+        if nested and outputs:
+            _write_index(Path(out_dir), outputs, found + [f"partial: interrupted, see {PARTIAL_MARKER}"])
+        raise
+    (Path(out_dir) / PARTIAL_MARKER).unlink(missing_ok=True)
+    if nested:
         _write_index(Path(out_dir), outputs, found)
     return outputs
+
+
+PARTIAL_MARKER = "PARTIAL.md"
+
+
+def _mark_partial(out: Path, folders: list[str], finished: int) -> Path:
+    """PARTIAL.md: which plan folders an interrupted `simtree plan` finished and which not."""
+    done = [f"- `{f}`: finished" for f in folders[:finished]]
+    left = [f"- `{f}`: not finished (its files are missing, stale or half-written)" for f in folders[finished:]]
+    text = "\n".join(["# Partial plan", "", f"`simtree plan` was interrupted after {finished} of {len(folders)} "
+                      "plan folders; rerun the same command to complete this folder (it removes this file).", "",
+                      *done, *left]) + "\n"
+    return write_text_atomic(out / PARTIAL_MARKER, text)
 
 
 def _write_index(out: Path, outputs: list[dict], notes: list[str]) -> Path:
