@@ -13,7 +13,9 @@ transient gradients.
 """
 from __future__ import annotations
 
+import json
 import os
+from dataclasses import asdict
 
 import torch
 
@@ -58,13 +60,21 @@ def saved_bytes_per_window(model: HybridLM, seq_len: int) -> float:
     return total
 
 
+_PER_WINDOW: dict = {}   # (config, seq_len) -> (weight bytes, saved bytes per window): measured once a process
+
+
 def training_bytes(config: ModelConfig, batch_size: int, seq_len: int) -> int:
     """Estimated peak bytes of one training step of a model of ``config`` on ``batch_size``
     windows of ``seq_len`` tokens (module docstring)."""
-    torch.manual_seed(0)
-    model = HybridLM(config)
-    weights = sum(p.numel() * p.element_size() for p in model.parameters())
-    return int(4 * weights + BACKWARD_MARGIN * batch_size * saved_bytes_per_window(model, seq_len))
+    key = (json.dumps(asdict(config), sort_keys=True), int(seq_len))
+    if key not in _PER_WINDOW:
+        rng = torch.random.get_rng_state()   # the probe's model leaves the caller's random stream as it was
+        model = HybridLM(config)
+        torch.random.set_rng_state(rng)
+        weights = sum(p.numel() * p.element_size() for p in model.parameters())
+        _PER_WINDOW[key] = weights, saved_bytes_per_window(model, seq_len)
+    weights, per_window = _PER_WINDOW[key]
+    return int(4 * weights + BACKWARD_MARGIN * batch_size * per_window)
 
 
 def available_bytes() -> int:

@@ -87,7 +87,6 @@ def register(app: typer.Typer) -> None:
                 lines.update(done, total, "(workload, batch size) entries searched" +
                              ("; then bootstrap bands and the report" if done == total else ""), folders["since"])
 
-            lines.say("reading cost bundles and workloads")
             try:
                 with stop_on_signals():
                     outputs = plan_and_write(costs or (), workload or (), sizes, out, prompt_len, output_len,
