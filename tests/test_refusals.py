@@ -127,7 +127,7 @@ def test_sglang_takes_a_plan_folder_with_one_policy(tmp_path):
     assert policy_file(str(one)) == str(one / "policy.json")
     shutil.copytree(one, tmp_path / "my_plan" / one.name)   # a plan folder holding one deployment's folder
     assert policy_file(str(tmp_path / "my_plan")) == str(tmp_path / "my_plan" / one.name / "policy.json")
-    with pytest.raises(SimtreeError, match=r"holds 3 policy files \(deepseek-v4-flash_ep8_NVIDIA_H200/policy.json, "
+    with pytest.raises(SimtreeError, match=r"holds \d+ policy files \(deepseek-v4-flash_ep8_NVIDIA_H200/policy.json, "
                                            r".*\): give one of them"):
         policy_file(str(PLANS))
     (tmp_path / "empty").mkdir()

@@ -16,7 +16,8 @@ from simtree.costs.synthetic import SYNTHETIC_LABEL
 def register(app: typer.Typer) -> None:
     @app.command("simulate", help="Predict decode throughput of one policy for a model, workload and batch "
                                   "size.  Example: simtree simulate --model qwen3.6-27b --workload sharegpt "
-                                  "--batch-size 8 --policy-mode eagle --steps 4 --topk 2 --budget 5 --monte-carlo 200.  "
+                                  "--batch-size 8 --policy-mode eagle --steps 4 --topk 2 --budget 5 "
+                                  "--monte-carlo 200.  "
                                   "Budgets up to 1024 nodes, steps / top-k / draft depth / width up to 64 "
                                   "(simtree.planning.simulate.MAX_TREE_NODES, MAX_DRAFT_STEPS)")
     def simulate_command(
