@@ -309,7 +309,9 @@ def run_sweep(sweep: str | Path | None = None, out: str | Path = "reports/profil
     max_s = 60 * float(max_minutes if max_minutes is not None else spec.get("max_minutes", 10))
     target_s = float(spec.get("target_s", 0.05))
     table = Path(out)
-    table.parent.mkdir(parents=True, exist_ok=True)
+    if deployment is not None:   # a model named with a deployment that cannot hold it: before its points
+        for name in models or ():
+            _check_holds(name, parse_deployment(deployment).name, metadata.device_label(device))
     points = expand_points(spec, device, only_stage, models)
     comm_entries = [e for e in spec["stages"] if e["stage"] == COLLECTIVES_STAGE
                     and (not only_stage or COLLECTIVES_STAGE in only_stage.split(","))]
@@ -326,10 +328,13 @@ def run_sweep(sweep: str | Path | None = None, out: str | Path = "reports/profil
     deployments = {name: deployment_of(spec, name, deployment) for name in {p.model for _, p in points}}
     for name, dep in sorted(deployments.items()):
         get_model(name).shard(dep)   # a split that does not divide the model: one line before any point
+        if deployment is not None or spec.get("deployment") is not None:
+            _check_holds(name, dep, label)
     _check_one_deployment(table, deployments)
     row_base = {"device": label, "dtype": dtype_name}
     keys = [pt.row_key({**row_base, "deployment": deployments[p.model], **_point_row(p)}) for _, p in points]
     selected = set(keys)
+    table.parent.mkdir(parents=True, exist_ok=True)   # after every check: a refused sweep writes nothing
     _clear_stale_temps(table)
     if remeasure:
         echo(f"remeasure: {pt.drop_rows(table, selected)} rows of the selected points dropped "
@@ -532,6 +537,17 @@ def run_sweep(sweep: str | Path | None = None, out: str | Path = "reports/profil
         echo(f"{res.not_run} points not run (a stage's budget_s or the sweep's time limit ran out): "
              f"run {again} to measure them; the table keeps what it has")
     return res
+
+
+def _check_holds(model: str, deployment: str, device_label: str) -> None:
+    """Refuse, as `simtree plan` does, a deployment whose GPUs cannot hold the model's weights
+    (the rank's, batch 1): this device's machine, else the default one (a CPU profiles ranks
+    of the default machine's deployments)."""
+    from simtree.deploy.machines import get_machine, machine_for_device
+    from simtree.deploy.memory import check_fits
+    from simtree.deploy.shipped import DEFAULT_MACHINE
+
+    check_fits(model, deployment, machine_for_device(device_label) or get_machine(DEFAULT_MACHINE), 1, 0)
 
 
 def deployment_of(spec: dict, model: str, override: str | None = None) -> str:

@@ -112,6 +112,9 @@ def _resolve_spec(policy, policy_workload, workload, batch_size, spec, warn, her
             hint = f" ({path / 'policy.json'})" if (path / "policy.json").is_file() else ""
             raise SimtreeError(f"--policy {path} is a folder: give the policy JSON file{hint}")
         pol = Policy.load(path)
+        if pol.model not in (None, "") and str(pol.model) != RUNTIME_MODEL:   # as `simtree simulate` refuses it
+            raise SimtreeError(f"--policy {path} is a plan for {pol.model}, not {RUNTIME_MODEL}, the model this run "
+                               "decodes: plan for it (scripts/loop_cpu.sh does) or give --mode and its parameters")
         name = policy_workload or workload
         entry, clamped = pol.resolve(name, batch_size)
         if clamped:
@@ -245,6 +248,10 @@ def _live_run(*, spec, policy, policy_workload, workload, batch_size, prompts, m
     if target.config.vocab_size < VOCAB_SIZE:
         raise SimtreeError(f"target vocab_size {target.config.vocab_size} is smaller than the byte tokenizer's "
                            f"{VOCAB_SIZE}: {models_dir / 'target'} is not a model of this runtime")
+    limit = target.config.max_position_embeddings
+    if max_new_tokens > limit:
+        raise SimtreeError(f"--max-new-tokens {max_new_tokens}: at most {limit}, the positions the target "
+                           f"model has (max_position_embeddings of {models_dir / 'target'})")
     engine = SpecEngine(target.to(device), draft.to(device), engine_costs)   # vocabularies must agree
     engine.check_fits(spec)
     count = prompts or batch_size

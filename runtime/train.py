@@ -45,6 +45,7 @@ from simtree.runtime.loading import (DEFAULT_MODELS_DIR, load_model, model_weigh
                                     save_model, saves_disagree)
 from simtree.runtime.model import HybridLM, ModelConfig
 from simtree.runtime.tokenizer import BOS
+from simtree.runtime.train_memory import check_training_memory
 
 __all__ = ["TrainConfig", "TrainingInterrupted", "train_models", "target_config", "draft_config",
            "token_stream", "checkpoint_path", "CHECKPOINT_SCHEMA"]
@@ -434,6 +435,9 @@ def train_models(out_dir, cfg: TrainConfig | None = None, progress=None, events=
     steps); ``events(line)``: one line per decision (skip, resume, stop).  Returns a summary
     dict; raises :class:`TrainingInterrupted` after checkpointing on SIGINT / SIGTERM."""
     cfg = (cfg or TrainConfig()).validate()
+    torch.set_num_threads(1)
+    # memory before the folder: a step that cannot fit is refused with nothing written
+    check_training_memory({name: MODELS[name][0]() for name in cfg.models}, cfg.batch_size, cfg.seq_len)
     out = _check_out(Path(out_dir), overwrite_shipped)
     if cfg.restart:
         for name in cfg.models:
@@ -442,7 +446,6 @@ def train_models(out_dir, cfg: TrainConfig | None = None, progress=None, events=
     for name in cfg.models:   # every decision (and error) before any training
         mcfg = MODELS[name][0]()
         plans[name] = {"action": "fresh"} if cfg.restart else _plan(cfg, out, name, mcfg)
-    torch.set_num_threads(1)
     summary = {"out": str(out), "train_config": asdict(cfg)}
     todo = [n for n in cfg.models if plans[n]["action"] != "skip"]
     for name in cfg.models:

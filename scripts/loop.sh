@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # Close the loop on one machine:  profile -> fit -> traces -> plan -> run, predicted vs measured.
 #
-#   DEVICE=cpu|cuda scripts/loop.sh [OUT_DIR]     (scripts/loop_cpu.sh = DEVICE=cpu, reports/cpu_loop)
+#   DEVICE=cpu|cuda scripts/loop.sh [OUT_DIR]     (scripts/loop_cpu.sh = DEVICE=cpu)
+#
+# OUT_DIR defaults to out/<device>_loop (git-ignored): a run never rewrites the committed results
+# unless its OUT_DIR names them (reports/cpu_loop: reports/README.md gives the command).
 #
 # PHASES (default "measure plan runs report") runs a subset, in order, on the files OUT_DIR
 # already holds: measure = profile sweep + acceptance traces, plan = fit + plan, runs = the
@@ -15,7 +18,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DEVICE=${DEVICE:-cpu}
-OUT=${1:-reports/${DEVICE}_loop}
+OUT=${1:-out/${DEVICE}_loop}
 PHASES=${PHASES:-measure plan runs report}
 BATCH_SIZES=${BATCH_SIZES:-1,2,4,8}
 NEW_TOKENS=${NEW_TOKENS:-48}

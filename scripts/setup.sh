@@ -20,4 +20,6 @@ if ! .venv/bin/python -c "import torch" 2>/dev/null; then
       --extra-index-url https://pypi.org/simple
   fi
 fi
-.venv/bin/python -m pip install -q -e ".[test,data]"
+# an editable install of this layout (root folders mapped into simtree) always gets setuptools'
+# informational "Editable installation." notice; nothing in it needs acting on
+PYTHONWARNINGS="ignore:Editable installation" .venv/bin/python -m pip install -q -e ".[test,data]"

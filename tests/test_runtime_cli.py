@@ -81,7 +81,7 @@ def test_run_follows_the_policy_entry_for_the_batch_size(tmp_path):
 
     entries = [PolicyEntry("code", 1, 1, NoneParams(), 1.0, 1.0, 1.0),
                PolicyEntry("code", 2, 64, LinearParams(3), 2.0, 1.0, 1.5)]
-    path = Policy("tiny", "cpu", entries).save(tmp_path / "policy.json")
+    path = Policy("runtime-tiny", "cpu", entries).save(tmp_path / "policy.json")
     report = live_run(policy=path, policy_workload="code", workload="humaneval", batch_size=2, max_new_tokens=4)
     assert report["mode"] == "linear" and report["params"]["budget"] == 3
     assert report["measured"]["mean_nodes_per_seq"] == 3

@@ -203,17 +203,17 @@ def test_max_new_tokens_1_is_strict_json_with_nulls(models, tmp_path):
     assert "NaN" not in out and json.loads(out[out.index("{"):])["measured"]["round_us_median"] is None
 
 
-def test_bundle_and_policy_of_another_model_or_device_warn(models, tmp_path):
+def test_bundle_of_another_model_and_policy_of_another_device_warn(models, tmp_path):
     from simtree.planning.policy_file import Policy, PolicyEntry
 
-    pol = Policy("qwen3.6-27b", "NVIDIA H200", [PolicyEntry("humaneval", 1, 8,
-                                                            EagleParams(num_steps=2, topk=2, budget=4),
-                                                            1153.9, 1.1, 1.5)]).save(tmp_path / "p.json")
+    pol = Policy("runtime-tiny", "NVIDIA H200", [PolicyEntry("humaneval", 1, 8,
+                                                             EagleParams(num_steps=2, topk=2, budget=4),
+                                                             1153.9, 1.1, 1.5)]).save(tmp_path / "p.json")
     report = live_run(**SMALL, models_dir=models, out=tmp_path / "o", policy=pol,
                       costs=Bundle("qwen3.6-27b", "NVIDIA H200"))
     assert len(report["warnings"]) == 2
-    assert all("qwen3.6-27b on device NVIDIA H200, not this run's runtime-tiny on cpu" in w
-               for w in report["warnings"])
+    assert "qwen3.6-27b on device NVIDIA H200, not this run's runtime-tiny on cpu" in report["warnings"][1]
+    assert "is for device NVIDIA H200, not this run's runtime-tiny on cpu" in report["warnings"][0]
     assert report["predicted"]["comparable"] is False and report["host"] is None
     assert report["policy_comparable"] is False
     result = CliRunner().invoke(app, ["run", "-b", "2", "--max-new-tokens", "4", "--models", str(models),

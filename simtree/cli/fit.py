@@ -13,6 +13,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from simtree.cli import COMMANDS
+from simtree.cli.notes import output_console
 from simtree.costs.forms import MOE_FORMS
 
 
@@ -82,7 +83,7 @@ def _print_comm(model, path: Path, as_json: bool) -> None:
             f = model.fit.get(coll, {}).get(str(g), {})
             table.add_row(coll, str(g), f"{p.alpha_us:.2f}", f"{p.busbw_gb_s:.1f}", str(f.get("points", "-")),
                           _pct(f.get("median_rel_err")), _pct(f.get("max_rel_err")))
-    console = Console()
+    console = output_console()
     console.print(table)
     console.print(f"wrote {path}")
 
@@ -187,7 +188,7 @@ def register(app: typer.Typer) -> None:
         # solves per fit (bar length); MoE forms counted unless --model names a dense model
         with_moe = model is None or moe_shape(model) is not None
         num_forms = 1 if forms else len(AUTO_FORMS) + len(MOE_FORMS) * with_moe
-        console = Console(stderr=as_json)
+        console = output_console(stderr=as_json)
         # no bar where nothing redraws it (a pipe, a log): its exit would leave an empty line
         with Progress(TextColumn("fitting"), BarColumn(), TextColumn("{task.completed}/{task.total} solves"),
                       TimeElapsedColumn(), console=console, transient=True,

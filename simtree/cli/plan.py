@@ -2,14 +2,16 @@
 from __future__ import annotations
 
 import json
+import time
+from pathlib import Path
 from typing import List, Optional
 
 import typer
-from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
-from simtree.cli.notes import captured_warnings, print_notes
+from simtree.cli.interrupt import Interrupted, exit_interrupted, stop_on_signals
+from simtree.cli.notes import ProgressLines, captured_warnings, output_console, print_notes
 from simtree.errors import SimtreeError
 from simtree.costs.synthetic import SYNTHETIC_LABEL
 
@@ -33,9 +35,9 @@ def plan_and_write(*args, **kwargs) -> list[dict]:
     report (:func:`simtree.reporting.plan_report.write_plan_reports`).  One dict per bundle:
     result, bands, policy, policy_data, folder, report."""
     from simtree.planning.bundles import plan_bundles
-    from simtree.reporting.plan_report import write_plan_reports
+    from simtree.reporting.plan_report import write_bundle_report, write_plan_reports
 
-    return write_plan_reports(plan_bundles(*args, **kwargs))
+    return write_plan_reports(plan_bundles(*args, finish=write_bundle_report, **kwargs))
 
 
 def register(app: typer.Typer) -> None:
@@ -72,20 +74,44 @@ def register(app: typer.Typer) -> None:
         from simtree.planning.bands import BAND_MODELS
         from simtree.planning.modes import TREE_MODES
         from simtree.planning.planner import SearchSpace
+        from simtree.planning.bundles import PARTIAL_MARKER
 
         sizes = parse_batch_sizes(batch_sizes)
         space = SearchSpace() if modes is None else \
             SearchSpace(modes=tuple(m.strip() for m in modes.split(",") if m.strip()))
-        console = Console(stderr=as_json)
-        # a progress bar on a terminal only: piped output gets no bar (nor the blank line it leaves)
+        console = output_console(stderr=as_json)
+        # a progress bar on a terminal; piped output gets progress lines on stderr instead
+        lines = ProgressLines("plan", enabled=not console.is_terminal and not as_json)
+        folders = {"count": 0, "finished": 0, "since": None}
+
+        def started(folder: str, index: int, count: int) -> None:
+            folders.update(count=count, finished=index, since=time.monotonic())
+            lines.say(f"planning {folder} ({index + 1} of {count})")
+
         with Progress(console=console, transient=True, disable=not console.is_terminal) as bar, \
                 captured_warnings() as caught:
             task = bar.add_task("planning", total=None)
             plan_notes: list = []
-            outputs = plan_and_write(costs or (), workload or (), sizes, out, prompt_len, output_len,
-                                     progress=lambda done, total: bar.update(task, completed=done, total=total),
-                                     model=model, deployment=deployment, comm=comm, notes=plan_notes, space=space,
-                                     band_models=BAND_MODELS if band_models is None else band_models)
+
+            def progress(done: int, total: int) -> None:
+                bar.update(task, completed=done, total=total)
+                lines.update(done, total, "(workload, batch size) entries searched" +
+                             ("; then bootstrap bands and the report" if done == total else ""), folders["since"])
+
+            try:
+                with stop_on_signals():
+                    outputs = plan_and_write(costs or (), workload or (), sizes, out, prompt_len, output_len,
+                                             progress=progress, model=model, deployment=deployment, comm=comm,
+                                             notes=plan_notes, space=space, started=started,
+                                             band_models=BAND_MODELS if band_models is None else band_models)
+            except Interrupted as exc:
+                bar.stop()
+                marker = Path(out) / PARTIAL_MARKER
+                done = f"{folders['finished']} of {folders['count']}"
+                exit_interrupted(exc, f"plan stopped with {done} plan folders finished; {out} is marked partial "
+                                      f"({marker} says which); rerun the same command to complete it"
+                                 if marker.is_file() else f"plan stopped before writing to {out}; rerun the same "
+                                                          "command to plan")
         print_notes(caught, console)   # the plan's own notes (extrapolated costs) follow its table
         print_notes(plan_notes, console)
         if as_json:
@@ -118,3 +144,4 @@ def register(app: typer.Typer) -> None:
             console.print(table)
             print_notes(res.notes, console)
             console.print(f"policy: {o['policy']}  report: {o['report']['markdown']}")
+

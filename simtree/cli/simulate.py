@@ -6,10 +6,9 @@ import warnings
 from typing import Optional
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
-from simtree.cli.notes import captured_warnings, print_notes
+from simtree.cli.notes import ProgressLines, captured_warnings, output_console, print_notes
 from simtree.errors import SimtreeError
 from simtree.costs.synthetic import SYNTHETIC_LABEL
 
@@ -17,7 +16,10 @@ from simtree.costs.synthetic import SYNTHETIC_LABEL
 def register(app: typer.Typer) -> None:
     @app.command("simulate", help="Predict decode throughput of one policy for a model, workload and batch "
                                   "size.  Example: simtree simulate --model qwen3.6-27b --workload sharegpt "
-                                  "--batch-size 8 --policy-mode eagle --steps 4 --topk 2 --budget 5 --monte-carlo 200")
+                                  "--batch-size 8 --policy-mode eagle --steps 4 --topk 2 --budget 5 "
+                                  "--monte-carlo 200.  "
+                                  "Budgets up to 1024 nodes, steps / top-k / draft depth / width up to 64 "
+                                  "(simtree.planning.simulate.MAX_TREE_NODES, MAX_DRAFT_STEPS)")
     def simulate_command(
         costs: Optional[str] = typer.Option(None, "--costs", help="CostBundle JSON (default: shipped, else SYNTHETIC)"),
         model: Optional[str] = typer.Option(None, "--model", help="which shipped bundle (e.g. qwen3.6-27b); "
@@ -46,20 +48,26 @@ def register(app: typer.Typer) -> None:
         """simtree simulate --workload gsm8k --batch-size 16 --policy-mode linear --budget 4"""
         from rich.progress import Progress
 
-        err = Console(stderr=True)
+        err = output_console(stderr=True)
+        lines = ProgressLines("monte-carlo", enabled=monte_carlo > 0 and not err.is_terminal, every_s=10.0)
+
+        def progress(done: int, total: int) -> None:
+            bar.update(task, completed=done)
+            lines.update(done, total, "replications")
+
         with Progress(console=err, transient=True, disable=monte_carlo == 0 or not err.is_terminal) as bar, \
                 captured_warnings() as caught:
             task = bar.add_task("monte-carlo", total=monte_carlo or None)
             result = simulate_command_run(costs, workload, batch_size, policy_mode, steps, topk, budget, width,
                                           draft_depth, policy, monte_carlo, prompt_len, output_len, seed,
-                                          progress=lambda done, total: bar.update(task, completed=done),
+                                          progress=progress,
                                           model=model, deployment=deployment, comm=comm)
         # warnings (out-of-range costs, a clamped policy) and the result's notes: one line each
         print_notes(list(caught) + list(result.notes), err)
         if as_json:
             typer.echo(json.dumps(result.to_dict(), indent=1))
             return
-        console = Console()
+        console = output_console()
         if result.synthetic:
             console.print(f"[bold red]SYNTHETIC COSTS[/]: {SYNTHETIC_LABEL}")
         if result.communication:

@@ -13,10 +13,13 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from simtree.errors import SimtreeError
+from simtree.fileio import write_text_atomic
 from simtree.planning.bands import BAND_MODELS, band_workloads, plan_bands, with_bands
 from simtree.planning.planner import DEFAULT_BATCH_SIZES, SearchSpace, check_workload_names, plan
 
-__all__ = ["PlannedBundles", "plan_bundles", "folder_name"]
+__all__ = ["PlannedBundles", "plan_bundles", "folder_name", "PARTIAL_MARKER", "mark_partial"]
+
+PARTIAL_MARKER = "PARTIAL.md"
 
 
 @dataclass
@@ -45,7 +48,9 @@ def plan_bundles(cost_paths: Sequence[str] = (), workload_specs: Sequence[str] =
                  prompt_len: float | None = None, output_len: int | None = None,
                  progress: Callable[[int, int], None] | None = None,
                  space: SearchSpace = SearchSpace(), model: str | None = None, deployment: str | None = None,
-                 comm=None, notes: list | None = None, band_models: int = BAND_MODELS) -> PlannedBundles:
+                 comm=None, notes: list | None = None, band_models: int = BAND_MODELS,
+                 started: Callable[[str, int, int], None] | None = None,
+                 finish: Callable[[dict], None] | None = None) -> PlannedBundles:
     """Plan every cost bundle (``cost_paths``, default the shipped ones; ``model`` /
     ``deployment`` pick among them) x workloads (presets or traces, default every preset);
     write policy.json per bundle, into a folder per (model, deployment, device) under
@@ -54,7 +59,11 @@ def plan_bundles(cost_paths: Sequence[str] = (), workload_specs: Sequence[str] =
     planned; ``comm`` replaces the bundles' communication model; ``notes`` (a list) receives
     the plan-wide notes (which default deployments wait for a profile).  ``band_models``
     bootstrap acceptance models per workload put a band on every choice
-    (:mod:`simtree.planning.bands`; 0: none).
+    (:mod:`simtree.planning.bands`; 0: none).  ``started(folder, i, n)``: before planning the
+    i-th (from 0) of n bundles; ``finish(output)``: after its policy file is saved (the caller's
+    report of it).  Interrupted (KeyboardInterrupt, which the CLI raises for SIGINT and SIGTERM
+    too), it writes PARTIAL.md in ``out_dir`` naming the folders finished and not before the
+    exception goes on; a finished plan removes that file.
     """
     from simtree.acceptance.model import PRESETS, get_workload
     from simtree.deploy.select import select_costs
@@ -78,13 +87,32 @@ def plan_bundles(cost_paths: Sequence[str] = (), workload_specs: Sequence[str] =
         b.meta.get("synthetic") for b in bundles)
     specs = list(workload_specs or PRESETS)
     band_sets = {w.name: band_workloads(spec, w, band_models) for spec, w in zip(specs, workloads)} if band_models else {}
-    outputs = []
-    for bundle, folder in zip(bundles, folders):
-        result = plan(bundle, workloads, batch_sizes, space, progress)
-        bands = plan_bands(result.chosen, result.candidates, bundle, band_sets) if band_sets else None
-        sub = Path(out_dir) / folder if len(bundles) > 1 or defaults else Path(out_dir)
-        policy = with_bands(result.to_policy(), bands)
-        policy_path = policy.save(sub / "policy.json")
-        outputs.append({"result": result, "bands": bands, "policy": policy_path, "policy_data": policy,
-                        "folder": sub})
-    return PlannedBundles(outputs, Path(out_dir) if len(bundles) > 1 or defaults else None, found)
+    outputs, nested = [], len(bundles) > 1 or defaults
+    try:
+        for i, (bundle, folder) in enumerate(zip(bundles, folders)):
+            if started is not None:
+                started(folder, i, len(bundles))
+            result = plan(bundle, workloads, batch_sizes, space, progress)
+            bands = plan_bands(result.chosen, result.candidates, bundle, band_sets) if band_sets else None
+            sub = Path(out_dir) / folder if nested else Path(out_dir)
+            policy = with_bands(result.to_policy(), bands)
+            policy_path = policy.save(sub / "policy.json")
+            output = {"result": result, "bands": bands, "policy": policy_path, "policy_data": policy, "folder": sub}
+            if finish is not None:
+                finish(output)
+            outputs.append(output)
+    except KeyboardInterrupt:
+        mark_partial(Path(out_dir), folders if nested else ["."], len(outputs))
+        raise
+    (Path(out_dir) / PARTIAL_MARKER).unlink(missing_ok=True)
+    return PlannedBundles(outputs, Path(out_dir) if nested else None, found)
+
+
+def mark_partial(out: Path, folders: list[str], finished: int) -> Path:
+    """PARTIAL.md: which plan folders an interrupted `simtree plan` finished and which not."""
+    done = [f"- `{f}`: finished" for f in folders[:finished]]
+    left = [f"- `{f}`: not finished (its files are missing, stale or half-written)" for f in folders[finished:]]
+    text = "\n".join(["# Partial plan", "", f"`simtree plan` was interrupted after {finished} of {len(folders)} "
+                      "plan folders; rerun the same command to complete this folder (it removes this file).", "",
+                      *done, *left]) + "\n"
+    return write_text_atomic(out / PARTIAL_MARKER, text)

@@ -40,7 +40,7 @@ from simtree.trees.builders import batched_best_first_tree, eagle_tree_positiona
 from simtree.trees.tree import DraftTree
 
 __all__ = ["RoundShape", "SimResult", "static_round", "simulate", "analytic_static", "analytic_run",
-           "batch_allocation"]
+           "batch_allocation", "check_simulable", "MAX_TREE_NODES", "MAX_DRAFT_STEPS"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -339,13 +339,34 @@ def _capped_budget_note(workload: Workload, spec: PolicySpec, nodes: float) -> s
             f"(at most {most}), and the linear comparison uses that many")
 
 
+MAX_TREE_NODES = 1024   # the largest budget simulated (nodes per sequence, root included)
+MAX_DRAFT_STEPS = 64    # the most draft steps, top-k, draft depth or heap width simulated
+_BUDGETS = ("budget", "max_budget", "max_budget_per_seq")
+
+
+def check_simulable(spec: PolicySpec) -> PolicySpec:
+    """``spec`` when its budget is at most MAX_TREE_NODES and its other counts (steps, top-k,
+    draft depth, width) at most MAX_DRAFT_STEPS, else a one-line SimtreeError naming the limit:
+    one policy at the limits takes the simulator a few seconds, beyond them minutes (budget
+    5000: ~30 s; steps and top-k 1024: > 2 min), and no verify profile reaches such trees."""
+    for name, value in spec.to_dict().items():
+        limit, what = (MAX_TREE_NODES, "MAX_TREE_NODES") if name in _BUDGETS else (MAX_DRAFT_STEPS, "MAX_DRAFT_STEPS")
+        if value > limit:
+            raise SimtreeError(f"{spec.mode} {name} {value}: the simulator takes at most {limit} "
+                               f"(simtree.planning.simulate.{what}: larger trees take it minutes and lie far "
+                               "outside any measured verify cost)")
+    return spec
+
+
 def simulate(costs: Costs, workload: Workload, batch_size: int, spec: PolicySpec, *, mc_runs: int = 0,
              seed: int = 0, progress=None) -> SimResult:
     """Simulate ``spec`` for ``workload`` at ``batch_size``; Monte-Carlo when mc_runs > 0
     (>= 2 replications: throughput and accepted tokens then come from the samples, with
     ``ci95``; ``progress(done, total)`` is called after each replication).  The linear
-    comparison is at the nodes per sequence the policy actually verifies."""
+    comparison is at the nodes per sequence the policy actually verifies.  A policy beyond
+    MAX_TREE_NODES is refused (:func:`check_simulable`)."""
     b = check_batch_size(batch_size)
+    check_simulable(spec)
     if check_whole(mc_runs, "Monte-Carlo runs", 0, 2 ** 31) == 1:
         raise SimtreeError(f"Monte-Carlo runs must be 0 (analytic) or >= 2 (for an interval), got {mc_runs}")
     check_whole(seed, "seed", 0, 2 ** 63 - 1)

@@ -31,7 +31,7 @@ from simtree.planning.modes import TREE_MODES
 from simtree.planning.planner import FAMILIES, PlanResult, read_candidates
 from simtree.planning.policy_file import Policy
 
-__all__ = ["gain_grid", "tree_vs_linear", "write_plan_report", "render_plan_dir", "plan_folders", "write_plan_reports",
+__all__ = ["gain_grid", "tree_vs_linear", "write_plan_report", "render_plan_dir", "plan_folders", "write_plan_reports", "write_bundle_report",
            "TREE_VS_LINEAR_COLUMNS"]
 
 TREE_VS_LINEAR_COLUMNS = ("workload", "batch_size", "budget", "shape", "linear_tok_s", "tree_tok_s", "gain")
@@ -316,11 +316,18 @@ def render_plan_dir(plan_dir: str | Path) -> list[dict[str, Path]]:
     return outputs
 
 
+def write_bundle_report(output: dict) -> dict:
+    """The report of one planned bundle (an output of ``plan_bundles``), in its folder."""
+    output["report"] = write_plan_report(output["result"], output["folder"], output["bands"])
+    return output["report"]
+
+
 def write_plan_reports(planned: PlannedBundles) -> list[dict]:
     """The report of every bundle ``plan_bundles`` planned, in the folder of its policy file,
     and plans.md where it planned several; returns its outputs, each with ``report`` (paths)."""
     for o in planned.outputs:
-        o["report"] = write_plan_report(o["result"], o["folder"], o["bands"])
+        if "report" not in o:   # rendered already as its bundle finished (simtree plan)
+            o["report"] = write_plan_report(o["result"], o["folder"], o["bands"])
     if planned.index_dir is not None:
         _write_index(planned.index_dir, planned.outputs, planned.notes)
     return planned.outputs

@@ -350,7 +350,8 @@ FOLDERS: tuple[Folder, ...] = (
            "`bash scripts/lossless_gpu.sh reports/h200/lossless` (H200)", lossless_headline),
     Folder("reports/cpu_loop", "Closed loop on a 2-core CPU",
            "the same loop on this repository's CPU machine, every run measured twice (repeat.md)",
-           "`PHASES=\"measure plan runs report repeat\" bash scripts/loop_cpu.sh`", loop_headline),
+           "`PHASES=\"measure plan runs report repeat\" bash scripts/loop_cpu.sh reports/cpu_loop` (without a "
+           "folder it writes out/cpu_loop)", loop_headline),
     Folder("reports/cpu_host", "Host costs on the CPU",
            "host time of depth-first tree renumbering; pieces timed alone vs inside a stack",
            "the two commands in its README (`tune_gdn --renumber-cost`, "

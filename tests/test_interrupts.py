@@ -1,0 +1,86 @@
+"""SIGINT / SIGTERM stop `simtree plan` and `simtree run` with one line each, the exit code
+128 + the signal, nothing half-written: a run's staged traces are removed, a plan's folder says
+it is partial (PARTIAL.md: which plan folders finished) until a finished plan removes it."""
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+PLAN = ["plan", "--batch-sizes", "1,2", "--band-models", "0", "--workload", "gsm8k"]
+
+
+def _start(*args) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "simtree", *map(str, args)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def _interrupted_line(stderr: str, sig: signal.Signals) -> str:
+    assert "Traceback" not in stderr, stderr
+    last = stderr.strip().splitlines()[-1]
+    assert last.startswith(f"interrupted ({sig.name}): "), stderr
+    return last
+
+
+def test_plan_stopped_between_deployments_marks_its_folder_partial(tmp_path):
+    out = tmp_path / "plan"
+    proc = _start(*PLAN, "--out", out)
+    lines = []
+    for line in proc.stderr:   # piped stderr: progress lines, one as each plan folder starts
+        lines.append(line)
+        if "(2 of " in line:
+            proc.send_signal(signal.SIGTERM)
+            break
+    else:
+        pytest.fail(f"no progress line for the second plan folder: {''.join(lines)}")
+    rest = proc.communicate(timeout=120)[1]
+    assert proc.returncode == 128 + signal.SIGTERM
+    last = _interrupted_line("".join(lines) + rest, signal.SIGTERM)
+    count = int(lines[-1].split("(2 of ")[1].split(")")[0])   # the shipped deployments
+    assert f"plan stopped with 1 of {count} plan folders finished" in last and "PARTIAL.md" in last, last
+    assert lines[0].startswith("plan: planning ") and lines[0].rstrip().endswith("s)") and f"(1 of {count})" in lines[0]
+    marker = (out / "PARTIAL.md").read_text()
+    assert marker.count(": finished") == 1 and marker.count("not finished") == count - 1, marker
+    finished = next(line.split("`")[1] for line in marker.splitlines() if line.endswith(": finished"))
+    assert (out / finished / "plan.md").is_file() and (out / finished / "policy.json").is_file()
+    assert "partial: interrupted" in (out / "plans.md").read_text()
+    assert not list(out.rglob("*.tmp"))
+
+
+def test_plan_interrupted_in_process_then_finished_clears_the_marker(tmp_path):
+    from simtree.reporting.plan_report import PARTIAL_MARKER, plan_and_write
+
+    def stop_at_second(folder, index, count):
+        if index == 1:
+            raise KeyboardInterrupt
+
+    kwargs = dict(workload_specs=["gsm8k"], batch_sizes=[1], out_dir=str(tmp_path), band_models=0,
+                  model="qwen3.6-27b")   # its two shipped deployments: two plan folders
+    with pytest.raises(KeyboardInterrupt):
+        plan_and_write(**kwargs, started=stop_at_second)
+    marker = (tmp_path / PARTIAL_MARKER).read_text()
+    assert "interrupted after 1 of 2 plan folders" in marker and marker.count("not finished") == 1
+    outputs = plan_and_write(**kwargs)
+    assert len(outputs) == 2 and not (tmp_path / PARTIAL_MARKER).exists()
+    assert "partial" not in (tmp_path / "plans.md").read_text()
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_run_stopped_leaves_no_staged_traces(tmp_path, sig):
+    out = tmp_path / "run"
+    proc = _start("run", "--mode", "linear", "--budget", "3", "--batch-size", "1", "--max-new-tokens", "2000",
+                  "--out", out)
+    deadline = time.monotonic() + 120
+    while not list(out.glob(".traces.jsonl.*.partial")):   # decoding has begun
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        time.sleep(0.05)
+    time.sleep(0.5)
+    proc.send_signal(sig)
+    stdout, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 128 + sig
+    last = _interrupted_line(stderr, sig)
+    assert "run stopped after" in last and "of 2000 tokens" in last and "rerun the same command" in last, last
+    assert not out.exists(), list(out.iterdir())   # the folder it made, left empty, is gone
+    assert stdout == ""
