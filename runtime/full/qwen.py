@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import torch
 
 from simtree.kernels.layers import head, ops, qwen as L
-from simtree.kernels.layers.weights import make_weights
+from simtree.kernels.layers.weights import make_weights, weights_from
 from simtree.models import ModelShape
 
 from .layers import DraftState
@@ -61,12 +61,20 @@ class QwenModel:
     deployment = "1 GPU"
     capturable = True
 
-    def __init__(self, shape: ModelShape, device="cuda", dtype=torch.bfloat16, seed: int = 0):
+    def __init__(self, shape: ModelShape, device="cuda", dtype=torch.bfloat16, seed: int = 0,
+                 weights: dict | None = None):
+        """Random weights (seeded), or ``weights`` {name: tensor} (a checkpoint's, see
+        simtree.checkpoints) with the parameters it lacks made at random: ``random_weights``
+        names them."""
         self.shape, self.device, self.dtype = shape, torch.device(device), dtype
         if self.device.type != "cuda":
             self.deployment = f"1 {self.device.type.upper()}"
         self.d = L.QwenDims.of(shape)
-        self.w = make_weights(param_specs(shape), self.device, dtype, seed)
+        specs = param_specs(shape)
+        given = weights_from(specs, weights or {}, self.device, dtype)
+        missing = [s for s in specs if s.name not in given]
+        self.random_weights = [s.name for s in missing]
+        self.w = {**make_weights(missing, self.device, dtype, seed), **given}
         self.kinds = shape.layer_kinds
         self.has_gdn = "gdn" in self.kinds
         self._layer_w = [L.prepare(self._sub(f"layers.{i}."), dtype) for i in range(len(self.kinds))]
@@ -166,11 +174,11 @@ class QwenModel:
 
     def greedy(self, hidden: torch.Tensor) -> torch.Tensor:
         """Argmax of the float32 logits of hidden [T, h] -> int64 [T]."""
-        return head.greedy(hidden, self.w["norm"], self.w["lm_head"], L.EPS)
+        return head.greedy(hidden, self.w["norm"], self.w["lm_head"], self.d.eps)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Float32 logits (the lossless check's top-2 gaps)."""
-        return head.logits_fp32(ops.rms_norm(hidden, self.w["norm"], L.EPS), self.w["lm_head"])
+        return head.logits_fp32(ops.rms_norm(hidden, self.w["norm"], self.d.eps), self.w["lm_head"])
 
     # ---- MTP draft layer ---------------------------------------------------------------------
     @torch.no_grad()
@@ -184,5 +192,5 @@ class QwenModel:
     def draft_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Float32 logits of the MTP layer's hidden rows [..., h]."""
         lead = hidden.shape[:-1]
-        x = ops.rms_norm(hidden.reshape(-1, hidden.shape[-1]), self.w["mtp.norm"], L.EPS)
+        x = ops.rms_norm(hidden.reshape(-1, hidden.shape[-1]), self.w["mtp.norm"], self.d.eps)
         return head.logits_fp32(x, self.w["lm_head"]).view(*lead, -1)

@@ -1,0 +1,145 @@
+"""A Qwen3.5 checkpoint written by transformers' own classes decodes in simtree as transformers
+runs it (CPU, float32): plain decode logits, every tree node's verify logits, and greedy
+generation token for token for plain decoding and every speculative mode the runtime builds.
+
+The model: a tiny random ``Qwen3_5ForCausalLM`` with odd sizes (hidden 36, vocab 101, 3 query
+heads over 1 KV head of dim 12 with half of it rotated, 2 GDN key heads of dim 8 under 4 value
+heads of dim 6), GDN and gated-attention layers, every weight random (norms far from their
+zero init, so the zero-centred ``1 + w`` matters), saved with ``save_pretrained``."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+
+from simtree.planning.simulate import PolicySpec  # noqa: E402
+from simtree.runtime.full.build import build_model  # noqa: E402
+from simtree.runtime.full.drafting import RUNTIME_MODES, round_shape  # noqa: E402
+from simtree.runtime.full.engine import FullEngine  # noqa: E402
+from simtree.runtime.full.lossless import make_predictable  # noqa: E402
+
+torch.set_num_threads(1)
+LAYER_TYPES = ["linear_attention", "full_attention", "linear_attention", "linear_attention", "full_attention"]
+PROMPTS = [[3, 14, 15, 92, 65, 35, 89, 79], [2, 71, 82], [50, 50, 1, 99, 7], [11]]
+POLICIES = {"none": {}, "linear": {"budget": 4}, "eagle": {"num_steps": 3, "topk": 2, "budget": 6}}
+
+
+def hf_config(**over):
+    from transformers import Qwen3_5TextConfig
+    kw = dict(vocab_size=101, hidden_size=36, intermediate_size=52, num_hidden_layers=len(LAYER_TYPES),
+              layer_types=LAYER_TYPES, num_attention_heads=3, num_key_value_heads=1, head_dim=12,
+              linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=8, linear_value_head_dim=6,
+              rms_norm_eps=1e-6, rope_parameters={"rope_type": "default", "rope_theta": 500.0,
+                                                  "partial_rotary_factor": 0.5, "mrope_section": [1, 1, 1],
+                                                  "mrope_interleaved": True})
+    kw.update(over)
+    return Qwen3_5TextConfig(**kw)
+
+
+@torch.no_grad()
+def randomise(model, seed: int = 0) -> None:
+    """Every weight random at a scale that keeps activations O(1): matrices std fan_in^-1/2,
+    norms N(0, 0.3) (their 1 + w matters), A_log log U(1, 16), dt_bias N(1, 0.3)."""
+    gen = torch.Generator().manual_seed(seed)
+    for name, p in model.named_parameters():
+        if name.endswith("A_log"):
+            p.copy_(torch.empty(p.shape).uniform_(1, 16, generator=gen).log())
+        elif name.endswith("dt_bias"):
+            p.copy_(1 + 0.3 * torch.randn(p.shape, generator=gen))
+        elif p.dim() == 1:
+            p.copy_(0.3 * torch.randn(p.shape, generator=gen))
+        elif "embed" in name:
+            p.copy_(torch.randn(p.shape, generator=gen))
+        else:
+            fan_in = p.shape[-1] if "conv1d" in name else p[0].numel()
+            p.copy_(torch.randn(p.shape, generator=gen) * fan_in ** -0.5)
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    from transformers import Qwen3_5ForCausalLM
+    torch.manual_seed(0)
+    hf = Qwen3_5ForCausalLM(hf_config()).eval()
+    randomise(hf)
+    path = tmp_path_factory.mktemp("ckpt") / "tiny-qwen3.5"
+    hf.save_pretrained(path)
+    return hf, path
+
+
+@pytest.fixture(scope="module")
+def model(checkpoint):
+    return build_model(str(checkpoint[1]), device="cpu", dtype=torch.float32)
+
+
+def hf_logits(hf, ids: list[int]) -> torch.Tensor:
+    with torch.no_grad():
+        return hf(torch.tensor([ids])).logits[0].float()
+
+
+def close(ours: torch.Tensor, ref: torch.Tensor) -> float:
+    """max |diff| relative to the logits' scale (their max magnitude)."""
+    return float((ours - ref).abs().max() / ref.abs().max())
+
+
+def test_the_checkpoint_loads_whole_and_says_its_mtp_layer_is_random(model):
+    assert model.d.theta == 500.0 and model.d.rope == 6
+    assert all(n.startswith("mtp.") for n in model.random_weights) and model.random_weights
+    assert len(model.load_notes) == 1 and "randomly initialised MTP layer" in model.load_notes[0]
+
+
+def test_plain_decode_logits_equal_transformers_forward(checkpoint, model):
+    hf, _ = checkpoint
+    B, T = 2, 9
+    ids = torch.randint(0, 101, (B, T), generator=torch.Generator().manual_seed(1))
+    st = model.new_state(B, 32)
+    ours = torch.stack([model.logits(model.decode(st, ids[:, t])) for t in range(T)], 1)
+    for b in range(B):
+        assert close(ours[b], hf_logits(hf, ids[b].tolist())) <= 1e-4
+
+
+def test_tree_verify_logits_equal_transformers_over_each_root_path(checkpoint, model):
+    hf, _ = checkpoint
+    gen = torch.Generator().manual_seed(2)
+    prefixes = [[5, 6, 7, 8, 9], [40, 41, 42, 43, 44]]
+    B, n = 2, 7
+    st = model.new_state(B, 32)
+    pre = torch.tensor(prefixes)
+    for t in range(pre.shape[1]):
+        model.decode(st, pre[:, t])
+    parents = torch.tensor([[-1, 0, 0, 1, 1, 2, 5], [-1, 0, 1, 2, 0, 4, 4]])
+    tokens = torch.randint(0, 101, (B, n), generator=gen)
+    hidden, _ = model.verify(st, tokens, parents)
+    logits = model.logits(hidden).view(B, n, -1)
+    for b in range(B):
+        for j in range(n):
+            path, k = [], j
+            while k >= 0:
+                path.append(int(tokens[b, k]))
+                k = int(parents[b, k])
+            ref = hf_logits(hf, prefixes[b] + path[::-1])[-1]
+            assert close(logits[b, j], ref) <= 1e-4, (b, j)
+
+
+def hf_generate(hf, prompt: list[int], n: int) -> list[int]:
+    out = hf.generate(torch.tensor([prompt]), max_new_tokens=n, min_new_tokens=n, do_sample=False,
+                      eos_token_id=None, pad_token_id=0)
+    return out[0, len(prompt):].tolist()
+
+
+@pytest.fixture(scope="module")
+def reference_outputs(checkpoint):
+    return [hf_generate(checkpoint[0], p, 64) for p in PROMPTS]
+
+
+@pytest.mark.parametrize("mode", RUNTIME_MODES)
+def test_greedy_generation_equals_transformers_for_every_mode(checkpoint, model, reference_outputs, mode):
+    # the random MTP layer made to agree with the target often, so rounds accept and reject
+    if mode != "none":
+        make_predictable(model, 1.0)
+    engine = FullEngine(model, round_shape(PolicySpec.from_dict(mode, POLICIES[mode])), len(PROMPTS), 160)
+    engine.prefill(PROMPTS)
+    stats = engine.run(max_new_tokens=64)
+    assert [o[:64] for o in engine.outputs()] == reference_outputs
+    if mode != "none":
+        assert stats.accepted.sum() > 0   # drafts were accepted: the rounds' commit paths ran
