@@ -16,6 +16,7 @@ Layer kinds: ``gdn`` (Gated DeltaNet), ``attn`` (full attention, GQA), ``swa`` /
 """
 from __future__ import annotations
 
+import json
 from collections import Counter
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -182,10 +183,23 @@ def shape_from_config(folder: str | Path, name: str | None = None) -> ModelShape
     return ModelShape(**fields, source=str(Path(folder) / "config.json"))
 
 
+def _shipped_configs() -> list[str]:
+    """Names of the shipped Hugging Face configs (``<name>/config.json`` of a model type
+    simtree.checkpoints reads; the tiny runtime's own checkpoints are not shapes)."""
+    from simtree.checkpoints import FAMILIES
+    out = []
+    for path in MODEL_DIR.glob("*/config.json"):
+        try:
+            if json.loads(path.read_text(encoding="utf-8")).get("model_type") in FAMILIES:
+                out.append(path.parent.name)
+        except (OSError, ValueError, AttributeError):
+            continue
+    return out
+
+
 def list_models() -> list[str]:
     """Names of the shipped model shapes (YAML files and Hugging Face configs)."""
-    configs = [p.parent.name for p in MODEL_DIR.glob("*/config.json")]
-    return sorted({p.stem for p in MODEL_DIR.glob("*.yaml")} | set(configs))
+    return sorted({p.stem for p in MODEL_DIR.glob("*.yaml")} | set(_shipped_configs()))
 
 
 def get_model(name: str) -> ModelShape:
@@ -193,15 +207,15 @@ def get_model(name: str) -> ModelShape:
     config.json: ``--model PATH``)."""
     if name.endswith((".yaml", ".yml")) and Path(name).exists():
         return load_model_file(name)
-    if "/" not in name and (MODEL_DIR / name / "config.json").is_file():
+    if "/" not in name and name in _shipped_configs():
         return shape_from_config(MODEL_DIR / name, name)
     path = MODEL_DIR / f"{name}.yaml"
     if path.exists():
         return load_model_file(path)
     if Path(name).expanduser().is_dir():
         return shape_from_config(name)
-    raise SimtreeError(f"unknown model {name!r} (not a shipped name, a model YAML or a checkpoint folder); "
-                       f"known: {', '.join(list_models())}")
+    raise SimtreeError(f"unknown model {name!r}; known: {', '.join(list_models())} (or a model YAML, or a "
+                       "checkpoint folder)")
 
 
 # ---- sharding and sizes --------------------------------------------------------------------------
