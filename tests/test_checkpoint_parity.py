@@ -143,3 +143,28 @@ def test_greedy_generation_equals_transformers_for_every_mode(checkpoint, model,
     assert [o[:64] for o in engine.outputs()] == reference_outputs
     if mode != "none":
         assert stats.accepted.sum() > 0   # drafts were accepted: the rounds' commit paths ran
+
+
+def test_the_run_contract_decodes_given_prompts_as_transformers_does(checkpoint, tmp_path):
+    """``simtree run --model PATH --prompt-ids ... --json``: outputs in the JSON and in run.json,
+    the same for plain and speculative modes, equal to transformers' greedy generate."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from simtree.cli import app
+    hf, path = checkpoint
+    prompts, n = [[4, 8, 15, 16], [23, 42]], 12
+    want = [hf_generate(hf, p, n) for p in prompts]
+    for mode in ("plain", "linear", "eagle"):
+        out = tmp_path / mode
+        args = ["run", "--model", str(path), "--device", "cpu", "--dtype", "float32", "--max-new-tokens", str(n),
+                "--mode", mode, "--budget", "4", "--steps", "2", "--topk", "2", "--out", str(out), "--json"]
+        for p in prompts:
+            args += ["--prompt-ids", ",".join(map(str, p))]
+        result = CliRunner().invoke(app, args)
+        assert result.exit_code == 0, result.output
+        report = json.loads(result.stdout)
+        assert report["outputs"] == want, mode
+        assert json.loads((out / "run.json").read_text())["outputs"] == want
+        assert bool(report["notes"]) == (mode != "plain")   # the random MTP layer said once, where it drafts
