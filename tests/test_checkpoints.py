@@ -156,3 +156,14 @@ def test_a_rank_shard_that_does_not_fit_says_how_much_is_missing(tmp_path):
     shape = get_model(str(write(tmp_path / "x")))
     with pytest.raises(SimtreeError, match=r"GB short"):
         check_fits(shape, "cpu", torch.float32, available_bytes=1000)
+
+
+def test_a_checkpoint_folder_stands_in_for_the_sweeps_models_of_its_family(tmp_path):
+    """simtree profile --model PATH: the sweep's grid at the checkpoint's shape."""
+    from simtree.profiler.sweep import default_sweep_path, expand_points, load_sweep
+    folder = tmp_path / "ckpt"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(CONFIG))
+    points = expand_points(load_sweep(default_sweep_path("cpu")), "cpu", None, [str(folder)])
+    assert points and {p.model for _, p in points} == {str(folder)}
+    assert {"gdn_tree_verify", "attn_tree_verify"} <= {p.stage for _, p in points}
