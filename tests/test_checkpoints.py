@@ -167,3 +167,16 @@ def test_a_checkpoint_folder_stands_in_for_the_sweeps_models_of_its_family(tmp_p
     points = expand_points(load_sweep(default_sweep_path("cpu")), "cpu", None, [str(folder)])
     assert points and {p.model for _, p in points} == {str(folder)}
     assert {"gdn_tree_verify", "attn_tree_verify"} <= {p.stage for _, p in points}
+
+
+def test_the_shipped_qwen_config_gives_the_published_shape():
+    """qwen3.6-27b is a shipped Hugging Face config; its shape is the public numbers, so its
+    sizes (and every shipped result built on them) are what they were as a YAML shape."""
+    from simtree.models import list_models
+    shape = get_model("qwen3.6-27b")
+    assert "qwen3.6-27b" in list_models() and shape.source.endswith("qwen3.6-27b/config.json")
+    assert shape.layer_kinds == ("gdn", "gdn", "gdn", "attn") * 16 and (shape.hidden, shape.vocab) == (5120, 248320)
+    assert shape.attn == dict(q_heads=24, kv_heads=4, head_dim=256, output_gate=True, rope_dim=64, rope_theta=1e7)
+    assert shape.gdn == dict(key_heads=16, value_heads=48, key_dim=128, value_dim=128, conv_kernel=4)
+    assert shape.mlp == dict(kind="dense", intermediate=17408) and shape.dtype == "bf16"
+    assert shape.draft == dict(attention="attn", mlp="model", fuse_proj=True)
