@@ -146,11 +146,11 @@ class QwenModel:
     @torch.no_grad()
     def verify(self, st: QwenState, tokens: torch.Tensor, parents: torch.Tensor):
         """tokens, parents int64 [B, n] (parents local, -1 at the root, topological) ->
-        (hidden [B*n, h] before the final norm, Pending).  Node j sits at position
+        (hidden [B*n, h] after the final norm, Pending).  Node j sits at position
         lengths[b] + depth_j and sees the cache plus its ancestors; the state is not written."""
         rm = L.round_meta(self.d, self.tables, st.lengths, parents, st.max_len + 1, self.has_gdn)
         x, layers = self._forward(st, tokens, rm)
-        return x, Pending(rm, layers)
+        return self._final_norm(x), Pending(rm, layers)
 
     @torch.no_grad()
     def commit(self, st: QwenState, pend: Pending, accepted: torch.Tensor) -> None:
@@ -166,31 +166,39 @@ class QwenModel:
 
     @torch.no_grad()
     def decode(self, st: QwenState, tokens: torch.Tensor) -> torch.Tensor:
-        """One plain step: tokens [B] at positions lengths -> hidden [B, h]; advances the state."""
+        """One plain step: tokens [B] at positions lengths -> hidden [B, h] (after the final
+        norm); advances the state."""
         rm = L.round_meta(self.d, self.tables, st.lengths, None, st.max_len + 1, self.has_gdn)
         x, _ = self._forward(st, tokens, rm)
         L.advance(st.lengths, rm.commit)
-        return x
+        return self._final_norm(x)
+
+    def _final_norm(self, x: torch.Tensor) -> torch.Tensor:
+        """The target's hidden rows as the LM head and the MTP layer read them: after the final
+        norm (SGLang's qwen3_5_mtp feeds the MTP layer the normed hidden state)."""
+        return ops.rms_norm(x, self.w["norm"], self.d.eps)
 
     def greedy(self, hidden: torch.Tensor) -> torch.Tensor:
-        """Argmax of the float32 logits of hidden [T, h] -> int64 [T]."""
-        return head.greedy(hidden, self.w["norm"], self.w["lm_head"], self.d.eps)
+        """Argmax of the float32 logits of (normed) hidden [T, h] -> int64 [T]."""
+        return self.logits(hidden).argmax(-1)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """Float32 logits (the lossless check's top-2 gaps)."""
-        return head.logits_fp32(ops.rms_norm(hidden, self.w["norm"], self.d.eps), self.w["lm_head"])
+        """Float32 logits of (normed) hidden rows (the lossless check's top-2 gaps)."""
+        return head.logits_fp32(hidden, self.w["lm_head"])
 
     # ---- MTP draft layer ---------------------------------------------------------------------
     @torch.no_grad()
     def draft_forward(self, ds: DraftState, tokens, prev_hidden, pos, rows, bits) -> torch.Tensor:
         """MTP rows: tokens [B, Q] at positions pos [B, Q] with the hidden state before them
         prev_hidden [B, Q, h]; each row's K/V go to scratch row ``rows`` [B, Q] and it attends
-        to the MTP cache plus the scratch rows in ``bits`` [B, Q, W].  -> hidden [B, Q, h]."""
-        return L.mtp_forward(self._mtp_w, self.d, self.w["embed"], tokens, prev_hidden, self.tables.rope.rows(pos),
-                             pos, rows, bits, ds.kv, ds.scratch, ds.lengths)
+        to the MTP cache plus the scratch rows in ``bits`` [B, Q, W].  -> hidden [B, Q, h] after
+        the MTP layer's own norm: what its logits and, as SGLang chains it, the next draft step
+        read."""
+        out = L.mtp_forward(self._mtp_w, self.d, self.w["embed"], tokens, prev_hidden, self.tables.rope.rows(pos),
+                            pos, rows, bits, ds.kv, ds.scratch, ds.lengths)
+        return ops.rms_norm(out.reshape(-1, out.shape[-1]), self.w["mtp.norm"], self.d.eps).view(out.shape)
 
     def draft_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """Float32 logits of the MTP layer's hidden rows [..., h]."""
+        """Float32 logits of the MTP layer's (normed) hidden rows [..., h]."""
         lead = hidden.shape[:-1]
-        x = ops.rms_norm(hidden.reshape(-1, hidden.shape[-1]), self.w["mtp.norm"], self.d.eps)
-        return head.logits_fp32(x, self.w["lm_head"]).view(*lead, -1)
+        return head.logits_fp32(hidden.reshape(-1, hidden.shape[-1]), self.w["lm_head"]).view(*lead, -1)
