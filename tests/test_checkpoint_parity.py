@@ -98,6 +98,24 @@ def test_plain_decode_logits_equal_transformers_forward(checkpoint, model):
         assert close(ours[b], hf_logits(hf, ids[b].tolist())) <= 1e-4
 
 
+def test_bf16_decode_logits_are_as_close_to_float32_as_transformers_own_bf16(checkpoint):
+    """bf16 within bf16 rounding: simtree's bf16 logits are no farther from the float32 forward
+    than transformers' own bf16 forward is (both measured relative to the logits' scale)."""
+    import copy
+    hf, path = checkpoint
+    ids = torch.randint(0, 101, (2, 10), generator=torch.Generator().manual_seed(3))
+    ref = torch.stack([hf_logits(hf, ids[b].tolist()) for b in range(2)])
+    hf_bf16 = copy.deepcopy(hf).to(torch.bfloat16)
+    theirs = torch.stack([hf_logits(hf_bf16, ids[b].tolist()) for b in range(2)])
+    model = build_model(str(path), device="cpu", dtype=torch.bfloat16)
+    st = model.new_state(2, 16)
+    ours = torch.stack([model.logits(model.decode(st, ids[:, t])) for t in range(ids.shape[1])], 1)
+    def mean_rel(x):   # bf16's error is rounding noise: its mean magnitude, relative to the logits'
+        return float((x - ref).abs().mean() / ref.abs().mean())
+    assert mean_rel(ours) <= 2 * mean_rel(theirs), (mean_rel(ours), mean_rel(theirs))
+    assert close(ours, ref) <= 3 * close(theirs, ref)
+
+
 def test_tree_verify_logits_equal_transformers_over_each_root_path(checkpoint, model):
     hf, _ = checkpoint
     gen = torch.Generator().manual_seed(2)
