@@ -22,6 +22,9 @@ from simtree.runtime.full.lossless import make_predictable  # noqa: E402
 torch.set_num_threads(1)
 LAYER_TYPES = ["linear_attention", "full_attention", "linear_attention", "linear_attention", "full_attention"]
 PROMPTS = [[3, 14, 15, 92, 65, 35, 89, 79], [2, 71, 82], [50, 50, 1, 99, 7], [11]]
+# CPU (the layers' torch forms), and CUDA where there is one (the Triton kernels, CUDA graphs)
+DEVICES = ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
+                                                                                  reason="needs a CUDA device")])]
 POLICIES = {"none": {}, "linear": {"budget": 4}, "eagle": {"num_steps": 3, "topk": 2, "budget": 6}}
 
 
@@ -67,9 +70,9 @@ def checkpoint(tmp_path_factory):
     return hf, path
 
 
-@pytest.fixture(scope="module")
-def model(checkpoint):
-    return build_model(str(checkpoint[1]), device="cpu", dtype=torch.float32)
+@pytest.fixture(scope="module", params=DEVICES)
+def model(checkpoint, request):
+    return build_model(str(checkpoint[1]), device=request.param, dtype=torch.float32)
 
 
 def hf_logits(hf, ids: list[int]) -> torch.Tensor:
@@ -93,7 +96,7 @@ def test_plain_decode_logits_equal_transformers_forward(checkpoint, model):
     B, T = 2, 9
     ids = torch.randint(0, 101, (B, T), generator=torch.Generator().manual_seed(1))
     st = model.new_state(B, 32)
-    ours = torch.stack([model.logits(model.decode(st, ids[:, t])) for t in range(T)], 1)
+    ours = torch.stack([model.logits(model.decode(st, ids[:, t].to(model.device))) for t in range(T)], 1).cpu()
     for b in range(B):
         assert close(ours[b], hf_logits(hf, ids[b].tolist())) <= 1e-4
 
@@ -122,13 +125,13 @@ def test_tree_verify_logits_equal_transformers_over_each_root_path(checkpoint, m
     prefixes = [[5, 6, 7, 8, 9], [40, 41, 42, 43, 44]]
     B, n = 2, 7
     st = model.new_state(B, 32)
-    pre = torch.tensor(prefixes)
+    pre = torch.tensor(prefixes, device=model.device)
     for t in range(pre.shape[1]):
         model.decode(st, pre[:, t])
     parents = torch.tensor([[-1, 0, 0, 1, 1, 2, 5], [-1, 0, 1, 2, 0, 4, 4]])
     tokens = torch.randint(0, 101, (B, n), generator=gen)
-    hidden, _ = model.verify(st, tokens, parents)
-    logits = model.logits(hidden).view(B, n, -1)
+    hidden, _ = model.verify(st, tokens.to(model.device), parents.to(model.device))
+    logits = model.logits(hidden).view(B, n, -1).cpu()
     for b in range(B):
         for j in range(n):
             path, k = [], j
@@ -156,6 +159,7 @@ def test_greedy_generation_equals_transformers_for_every_mode(checkpoint, model,
     if mode != "none":
         make_predictable(model, 1.0)
     engine = FullEngine(model, round_shape(PolicySpec.from_dict(mode, POLICIES[mode])), len(PROMPTS), 160)
+    engine.capture()   # CUDA graphs on a GPU; nothing on the CPU
     engine.prefill(PROMPTS)
     stats = engine.run(max_new_tokens=64)
     assert [o[:64] for o in engine.outputs()] == reference_outputs
