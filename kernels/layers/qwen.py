@@ -15,6 +15,11 @@ k and v into one [N, 2, Hkv, D] tensor (the KV cache's row layout, written by on
 ``index_copy_`` per layer); attention over the cache plus the node's ancestors; output gate
 sigmoid(g) * o.  MLP: RMSNorm, one gate|up GEMM, SiLU(gate) * up, down.
 
+Norm weights are the scale each RMSNorm multiplies by: Qwen3.5's zero-centred norms
+(``x * (1 + w)``: layer, q / k, final and MTP norms) hold their checkpoint's ``1 + w``
+(simtree.checkpoints.qwen3_5); the GDN output norm its ``w``.  RoPE theta, the rotated dims and
+the norm eps come from the shape (a checkpoint's config.json; defaults for YAML shapes).
+
 Everything a round shares - positions, RoPE rows, the ancestor bits, the GDN kernels' tree
 metadata, the conv taps, the commit's cache rows - is built once per round by
 :func:`round_meta` / :func:`commit_meta`; a layer issues no index arithmetic of its own.
