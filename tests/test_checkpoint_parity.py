@@ -156,6 +156,8 @@ def reference_outputs(checkpoint):
 @pytest.mark.parametrize("mode", RUNTIME_MODES)
 def test_greedy_generation_equals_transformers_for_every_mode(checkpoint, model, reference_outputs, mode):
     # the random MTP layer made to agree with the target often, so rounds accept and reject
+    if mode not in POLICIES:
+        pytest.fail(f"the runtime builds mode {mode!r}: add its parameters to POLICIES")
     if mode != "none":
         make_predictable(model, 1.0)
     engine = FullEngine(model, round_shape(PolicySpec.from_dict(mode, POLICIES[mode])), len(PROMPTS), 160)

@@ -180,3 +180,10 @@ def test_the_shipped_qwen_config_gives_the_published_shape():
     assert shape.gdn == dict(key_heads=16, value_heads=48, key_dim=128, value_dim=128, conv_kernel=4)
     assert shape.mlp == dict(kind="dense", intermediate=17408) and shape.dtype == "bf16"
     assert shape.draft == dict(attention="attn", mlp="model", fuse_proj=True)
+
+
+def test_a_known_model_type_without_its_reader_is_one_line(tmp_path, monkeypatch):
+    import simtree.checkpoints as ck
+    monkeypatch.setitem(ck.FAMILIES, "future_model", "no_such_family_module")
+    refused(write(tmp_path / "x", dict(CONFIG, model_type="future_model"), weights={}),
+            "no checkpoint reader for it yet")
