@@ -192,3 +192,22 @@ def test_the_run_contract_decodes_given_prompts_as_transformers_does(checkpoint,
         assert report["outputs"] == want, mode
         assert json.loads((out / "run.json").read_text())["outputs"] == want
         assert bool(report["notes"]) == (mode != "plain")   # the random MTP layer said once, where it drafts
+
+
+def test_the_vision_language_wrapper_decodes_as_its_text_model(tmp_path):
+    """model_type qwen3_5 (the published checkpoints' kind), saved by transformers'
+    Qwen3_5ForConditionalGeneration: simtree reads text_config and model.language_model.*, leaves
+    the vision tower, and decodes text as transformers' wrapper does."""
+    from transformers import Qwen3_5Config, Qwen3_5ForConditionalGeneration
+    vision = dict(depth=1, hidden_size=16, intermediate_size=24, num_heads=2, out_hidden_size=36, patch_size=4,
+                  temporal_patch_size=1, num_position_embeddings=16)
+    hf = Qwen3_5ForConditionalGeneration(Qwen3_5Config(text_config=hf_config().to_dict(), vision_config=vision)).eval()
+    randomise(hf, seed=4)
+    hf.save_pretrained(tmp_path / "vl")
+    model = build_model(str(tmp_path / "vl"), device="cpu", dtype=torch.float32)
+    ids = torch.tensor([[5, 9, 33, 2, 71, 100]])
+    st = model.new_state(1, 16)
+    ours = torch.stack([model.logits(model.decode(st, ids[:, t])) for t in range(ids.shape[1])], 1)[0]
+    with torch.no_grad():
+        ref = hf(input_ids=ids).logits[0].float()
+    assert close(ours, ref) <= 1e-4
