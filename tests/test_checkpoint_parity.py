@@ -211,3 +211,56 @@ def test_the_vision_language_wrapper_decodes_as_its_text_model(tmp_path):
     with torch.no_grad():
         ref = hf(input_ids=ids).logits[0].float()
     assert close(ours, ref) <= 1e-4
+
+
+def test_a_checkpoint_mtp_layer_runs_as_sglang_builds_it(checkpoint, tmp_path):
+    """With mtp.* tensors in the folder (as the published checkpoints ship them) the drafter is
+    that layer: fc over [pre_fc_norm_embedding(embed); pre_fc_norm_hidden(hidden)], one
+    full-attention decoder layer (transformers' own Qwen3_5DecoderLayer as the reference), then
+    mtp.norm - SGLang's qwen3_5_mtp.py structure, every norm zero-centred."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+    from transformers.models.qwen3_5.modeling_qwen3_5 import (Qwen3_5DecoderLayer, Qwen3_5RMSNorm,
+                                                              Qwen3_5TextRotaryEmbedding)
+
+    from simtree.checkpoints import open_checkpoint
+    from simtree.kernels.layers.attention import chain_bits
+    from simtree.models import get_model
+    hf, path = checkpoint
+    folder = tmp_path / "with-mtp"
+    shutil.copytree(path, folder)
+    tensors = load_file(str(folder / "model.safetensors"))
+    ckpt = open_checkpoint(folder)
+    plan = ckpt.family.tensor_plan(ckpt.config, get_model(str(folder)))
+    gen = torch.Generator().manual_seed(5)
+    mtp = {k: (0.3 * torch.randn(s, generator=gen) if len(s) == 1 else torch.randn(s, generator=gen) * s[-1] ** -0.5)
+           for k, s in plan.optional["MTP layer"].items()}
+    save_file({**tensors, **mtp}, str(folder / "model.safetensors"))
+    model = build_model(str(folder), device="cpu", dtype=torch.float32)
+    assert model.random_weights == [] and model.load_notes == []
+
+    T, h = 6, hf.config.hidden_size
+    tokens = torch.randint(0, 101, (1, T), generator=gen)
+    hidden = torch.randn(1, T, h, generator=gen)
+    st = model.new_state(1, 16)
+    ds = model.new_draft_state(st, T)
+    rows = torch.arange(T)[None]   # row t: position t, sees rows 0..t (a causal chain)
+    ours = model.draft_forward(ds, tokens, hidden, rows, rows, chain_bits(1, T, "cpu"))[0]
+
+    cfg = hf.config
+    def norm(key):
+        n = Qwen3_5RMSNorm(h, cfg.rms_norm_eps)
+        n.weight.data.copy_(mtp[key])
+        return n
+    layer = Qwen3_5DecoderLayer(cfg, LAYER_TYPES.index("full_attention")).eval()
+    layer.load_state_dict({k[len("mtp.layers.0."):]: v for k, v in mtp.items() if k.startswith("mtp.layers.0.")})
+    with torch.no_grad():
+        e = norm("mtp.pre_fc_norm_embedding.weight")(hf.model.embed_tokens(tokens))
+        x = torch.cat([e, norm("mtp.pre_fc_norm_hidden.weight")(hidden)], -1) @ mtp["mtp.fc.weight"].t()
+        pos = torch.arange(T)[None]
+        causal = torch.full((T, T), float("-inf")).triu(1)[None, None]
+        x = layer(x, position_embeddings=Qwen3_5TextRotaryEmbedding(cfg)(x, pos), attention_mask=causal,
+                  position_ids=pos)
+        ref = norm("mtp.norm.weight")(x)[0]
+    assert close(ours, ref) <= 1e-4
