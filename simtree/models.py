@@ -16,6 +16,7 @@ Layer kinds: ``gdn`` (Gated DeltaNet), ``attn`` (full attention, GQA), ``swa`` /
 """
 from __future__ import annotations
 
+import functools
 import json
 from collections import Counter
 from dataclasses import dataclass, field, replace
@@ -183,7 +184,8 @@ def shape_from_config(folder: str | Path, name: str | None = None) -> ModelShape
     return ModelShape(**fields, source=str(Path(folder) / "config.json"))
 
 
-def _shipped_configs() -> list[str]:
+@functools.lru_cache(maxsize=1)
+def _shipped_configs() -> tuple[str, ...]:
     """Names of the shipped Hugging Face configs (``<name>/config.json`` of a model type
     simtree.checkpoints reads; the tiny runtime's own checkpoints are not shapes)."""
     from simtree.checkpoints import FAMILIES
@@ -194,7 +196,7 @@ def _shipped_configs() -> list[str]:
                 out.append(path.parent.name)
         except (OSError, ValueError, AttributeError):
             continue
-    return out
+    return tuple(out)
 
 
 def list_models() -> list[str]:

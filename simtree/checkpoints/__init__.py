@@ -49,7 +49,7 @@ from typing import Callable
 
 from simtree.errors import SimtreeError
 
-from .files import TensorInfo, read_config, read_index, read_tensor
+from .files import TensorInfo, TensorReader, read_config, read_index
 
 __all__ = ["Checkpoint", "TensorPlan", "open_checkpoint", "read_shape_fields", "is_checkpoint", "missing_field", "FAMILIES",
            "FLOAT_DTYPES", "TensorInfo"]
@@ -155,11 +155,12 @@ class Checkpoint:
         """({runtime name: host tensor}, absent optional groups) for ``shape`` at ``dtype``,
         every check done before the first tensor is read."""
         present, notes = self.check(shape)
+        reader = TensorReader()
 
         def read(key: str):
             if key not in present:
                 raise KeyError(key)
-            return read_tensor(present[key])
+            return reader(present[key])
         return self.family.runtime_weights(self.config, shape, read, dtype), notes
 
 

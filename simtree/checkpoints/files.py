@@ -2,7 +2,7 @@
 
     config = read_config(folder)              # config.json as a dict
     index = read_index(folder)                # {key: TensorInfo} over model.safetensors or its shards
-    tensor = read_tensor(index["lm_head.weight"])
+    tensor = TensorReader()(index["lm_head.weight"])
 
 A safetensors file is an 8-byte little-endian header length, a JSON header ``{key: {dtype,
 shape, data_offsets: [begin, end]}, "__metadata__": {...}}`` and the data; every header is read
@@ -21,7 +21,7 @@ from pathlib import Path
 
 from simtree.errors import SimtreeError
 
-__all__ = ["TensorInfo", "read_config", "read_index", "read_tensor", "DTYPE_BYTES", "SINGLE", "INDEX"]
+__all__ = ["TensorInfo", "TensorReader", "read_config", "read_index", "DTYPE_BYTES", "SINGLE", "INDEX"]
 
 SINGLE = "model.safetensors"
 INDEX = "model.safetensors.index.json"
@@ -147,8 +147,15 @@ def read_index(folder: Path) -> dict[str, TensorInfo]:
     raise SimtreeError(f"{folder} has no weights: neither {SINGLE} nor {INDEX}")
 
 
-def read_tensor(info: TensorInfo):
-    """The tensor ``info`` describes, on the host (torch; memory-mapped by safetensors)."""
-    from safetensors import safe_open
-    with safe_open(str(info.file), framework="pt") as f:
+class TensorReader:
+    """Reads tensors on the host (torch), each file opened once (safetensors maps it)."""
+
+    def __init__(self):
+        self._open: dict[Path, object] = {}
+
+    def __call__(self, info: TensorInfo):
+        from safetensors import safe_open
+        f = self._open.get(info.file)
+        if f is None:
+            f = self._open[info.file] = safe_open(str(info.file), framework="pt")
         return f.get_tensor(info.key)
