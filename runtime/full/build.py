@@ -88,7 +88,7 @@ def build_model(model, device="cuda", dtype: torch.dtype | None = None, seed: in
         built = cls(shape, device=device, dtype=dtype, seed=seed)
         built.load_notes = []
         return built
-    weights, absent = open_checkpoint(model).load(shape, dtype)
+    weights, _ = open_checkpoint(model).load(shape, dtype, device)
     built = cls(shape, device=device, dtype=dtype, seed=seed, weights=weights)
     built.load_notes = [MTP_NOTE.format(name=shape.name)] if any(w.startswith("mtp.") for w in built.random_weights) \
         else []

@@ -3,7 +3,7 @@ its weights, under the names the full-scale runtime uses.
 
     ckpt = open_checkpoint("~/models/Qwen3.6-27B")    # config.json + every shard's header, checked
     fields = ckpt.shape_fields()                       # ModelShape's fields (simtree.models.get_model(path))
-    weights, notes = ckpt.load(shape, torch.bfloat16)  # {runtime name: tensor}, checked before read
+    weights, notes = ckpt.load(shape, torch.bfloat16, "cuda")  # {runtime name: tensor}, checked before read
 
 Model types: ``qwen3_5`` (the published Qwen3.5 / 3.6 vision-language wrapper: its
 ``text_config`` and ``model.language_model.*`` weights; the vision tower is left), ``qwen3_5_text``
@@ -33,7 +33,7 @@ dispatches on ``config["model_type"]`` through :data:`FAMILIES` and does the fil
     to skip (``ignore``: a vision tower, other ranks' experts).
 ``runtime_weights(config: dict, shape, read, dtype) -> dict[str, torch.Tensor]``
     the runtime's weights (names as ``simtree.runtime.full``'s ``param_specs(shape)``) from
-    ``read(key)`` (a checkpoint tensor, on the host, as stored); only planned keys are read;
+    ``read(key)`` (a checkpoint tensor, as stored, on the target device); only planned keys are read;
     an absent optional group is simply not read (its runtime weights left out: the runtime
     initialises them at random and says so).
 
@@ -151,16 +151,17 @@ class Checkpoint:
                                    f"{' or '.join(allowed)}")
         return present, notes
 
-    def load(self, shape, dtype) -> tuple[dict, list[str]]:
-        """({runtime name: host tensor}, absent optional groups) for ``shape`` at ``dtype``,
-        every check done before the first tensor is read."""
+    def load(self, shape, dtype, device="cpu") -> tuple[dict, list[str]]:
+        """({runtime name: tensor on ``device``}, absent optional groups) for ``shape`` at
+        ``dtype``, every check done before the first tensor is read.  Each checkpoint tensor
+        goes to ``device`` as it is read (the host holds one at a time, not the model)."""
         present, notes = self.check(shape)
         reader = TensorReader()
 
         def read(key: str):
             if key not in present:
                 raise KeyError(key)
-            return reader(present[key])
+            return reader(present[key]).to(device)
         return self.family.runtime_weights(self.config, shape, read, dtype), notes
 
 
