@@ -264,3 +264,15 @@ def test_a_checkpoint_mtp_layer_runs_as_sglang_builds_it(checkpoint, tmp_path):
                   position_ids=pos)
         ref = norm("mtp.norm.weight")(x)[0]
     assert close(ours, ref) <= 1e-4
+
+
+def test_a_sharded_save_loads_through_its_index(checkpoint, tmp_path):
+    """save_pretrained(max_shard_size=...) writes model.safetensors.index.json and shards."""
+    hf, _ = checkpoint
+    hf.save_pretrained(tmp_path / "sharded", max_shard_size="40KB")
+    assert (tmp_path / "sharded" / "model.safetensors.index.json").is_file()
+    model = build_model(str(tmp_path / "sharded"), device="cpu", dtype=torch.float32)
+    ids = torch.tensor([[7, 3, 99, 42]])
+    st = model.new_state(1, 8)
+    ours = torch.stack([model.logits(model.decode(st, ids[:, t])) for t in range(ids.shape[1])], 1)[0]
+    assert close(ours, hf_logits(hf, ids[0].tolist())) <= 1e-4
