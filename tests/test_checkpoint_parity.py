@@ -266,12 +266,18 @@ def test_a_checkpoint_mtp_layer_runs_as_sglang_builds_it(checkpoint, tmp_path):
     assert close(ours, ref) <= 1e-4
 
 
-def test_a_sharded_save_loads_through_its_index(checkpoint, tmp_path):
-    """save_pretrained(max_shard_size=...) writes model.safetensors.index.json and shards."""
-    hf, _ = checkpoint
-    hf.save_pretrained(tmp_path / "sharded", max_shard_size="40KB")
-    assert (tmp_path / "sharded" / "model.safetensors.index.json").is_file()
-    model = build_model(str(tmp_path / "sharded"), device="cpu", dtype=torch.float32)
+@pytest.mark.parametrize("variant", ["sharded", "tied"])
+def test_a_sharded_or_tied_save_loads(checkpoint, tmp_path, variant):
+    """save_pretrained(max_shard_size=...) writes model.safetensors.index.json and shards; a
+    model with tie_word_embeddings saves no lm_head.weight (the embedding is the LM head)."""
+    from transformers import Qwen3_5ForCausalLM
+    hf = checkpoint[0]
+    if variant == "tied":
+        hf = Qwen3_5ForCausalLM(hf_config(tie_word_embeddings=True)).eval()
+        randomise(hf, seed=6)
+    hf.save_pretrained(tmp_path / variant, **({"max_shard_size": "40KB"} if variant == "sharded" else {}))
+    assert (tmp_path / variant / "model.safetensors.index.json").is_file() == (variant == "sharded")
+    model = build_model(str(tmp_path / variant), device="cpu", dtype=torch.float32)
     ids = torch.tensor([[7, 3, 99, 42]])
     st = model.new_state(1, 8)
     ours = torch.stack([model.logits(model.decode(st, ids[:, t])) for t in range(ids.shape[1])], 1)[0]
