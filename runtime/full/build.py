@@ -88,8 +88,7 @@ def build_model(model, device="cuda", dtype: torch.dtype | None = None, seed: in
         built = cls(shape, device=device, dtype=dtype, seed=seed)
         built.load_notes = []
         return built
-    weights, _ = open_checkpoint(model).load(shape, dtype, device)
+    weights, absent = open_checkpoint(model).load(shape, dtype, device)   # absent: the MTP layer, if so
     built = cls(shape, device=device, dtype=dtype, seed=seed, weights=weights)
-    built.load_notes = [MTP_NOTE.format(name=shape.name)] if any(w.startswith("mtp.") for w in built.random_weights) \
-        else []
+    built.load_notes = [MTP_NOTE.format(name=shape.name)] if absent else []
     return built

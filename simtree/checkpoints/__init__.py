@@ -29,7 +29,8 @@ dispatches on ``config["model_type"]`` through :data:`FAMILIES` and does the fil
 ``tensor_plan(config: dict, shape) -> TensorPlan``
     every checkpoint key the runtime reads for ``shape`` (a ModelShape, possibly one rank of a
     deployment: an expert-parallel rank lists only its own experts), with its expected shape
-    and dtypes; groups of keys that may be absent together (``optional``: the MTP layer); keys
+    and dtypes; groups of keys that may be absent together (``optional``: the MTP layer, the
+    only group a checkpoint may lack: the runtime then drafts with a random one and says so); keys
     to skip (``ignore``: a vision tower, other ranks' experts).
 ``runtime_weights(config: dict, shape, read, dtype) -> dict[str, torch.Tensor]``
     the runtime's weights (names as ``simtree.runtime.full``'s ``param_specs(shape)``) from
@@ -51,7 +52,7 @@ from simtree.errors import SimtreeError
 
 from .files import TensorInfo, TensorReader, read_config, read_index
 
-__all__ = ["Checkpoint", "TensorPlan", "open_checkpoint", "read_shape_fields", "is_checkpoint", "missing_field", "FAMILIES",
+__all__ = ["Checkpoint", "TensorPlan", "open_checkpoint", "read_shape_fields", "missing_field", "FAMILIES",
            "FLOAT_DTYPES", "TensorInfo"]
 
 # model_type -> family module (simtree.checkpoints.<module>)
@@ -78,11 +79,6 @@ def missing_field(config: dict, key: str, where: str = "config.json"):
     if key not in config or config[key] is None:
         raise SimtreeError(f"{where} lacks {key!r}, which the model needs")
     return config[key]
-
-
-def is_checkpoint(path) -> bool:
-    """A folder (holding config.json or not: the error says what is missing)."""
-    return Path(path).expanduser().is_dir()
 
 
 def _family(model_type):
