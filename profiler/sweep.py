@@ -233,6 +233,19 @@ def _stage_names(alias: str, kinds: tuple[str, ...]) -> list[str]:
     return [alias]
 
 
+def _with_checkpoints(names: list[str], models: list[str] | None) -> list[str]:
+    """The sweep's model names with each checkpoint folder of ``models`` (``--model PATH``) in
+    the place of the sweep's models of its family: the sweep's grid at the checkpoint's shape."""
+    folders = [m for m in models or [] if Path(m).expanduser().is_dir()]
+    if not folders:
+        return list(names)
+    out = []
+    for name in names:
+        family = get_model(name).family
+        out += [f for f in folders if get_model(f).family == family] or [name]
+    return list(dict.fromkeys(out))
+
+
 def expand_points(spec: dict, device: str, only_stage: str | None = None,
                   models: list[str] | None = None) -> list[tuple[int, Point]]:
     """(entry index, Point) for every grid point of the sweep ``spec`` (as ``load_sweep``
@@ -245,7 +258,7 @@ def expand_points(spec: dict, device: str, only_stage: str | None = None,
         if entry["stage"] == COLLECTIVES_STAGE:
             continue   # timed by its own processes (profiler/collectives.py), not per model
         grid = {**base, **(entry.get("grid") or {})}
-        for name in entry.get("models") or spec["models"]:
+        for name in _with_checkpoints(entry.get("models") or spec["models"], models):
             if models and name not in models:
                 continue
             model = get_model(name)

@@ -16,6 +16,8 @@ Layer kinds: ``gdn`` (Gated DeltaNet), ``attn`` (full attention, GQA), ``swa`` /
 """
 from __future__ import annotations
 
+import functools
+import json
 from collections import Counter
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -70,6 +72,7 @@ class ModelShape:
     draft: dict = field(default_factory=dict)
     source: str = ""
     deployment: str = DEFAULT_DEPLOYMENT   # the deployment whose rank this shape is ("tp=1": whole model)
+    config: dict = field(default_factory=dict)   # the Hugging Face (text) config it was read from, if any
 
     @property
     def num_layers(self) -> int:
@@ -173,19 +176,48 @@ def load_model_file(path: str | Path) -> ModelShape:
                       draft=dict(data.get("draft") or {}), source=str(path))
 
 
+def shape_from_config(folder: str | Path, name: str | None = None) -> ModelShape:
+    """The shape a Hugging Face config.json describes (a checkpoint folder, or a shipped
+    config: ``simtree/data/models/<name>/config.json``); see ``simtree.checkpoints``."""
+    from simtree.checkpoints import read_shape_fields
+    fields = read_shape_fields(folder, name)
+    return ModelShape(**fields, source=str(Path(folder) / "config.json"))
+
+
+@functools.lru_cache(maxsize=1)
+def _shipped_configs() -> tuple[str, ...]:
+    """Names of the shipped Hugging Face configs (``<name>/config.json`` of a model type
+    simtree.checkpoints reads; the tiny runtime's own checkpoints are not shapes)."""
+    from simtree.checkpoints import FAMILIES
+    out = []
+    for path in MODEL_DIR.glob("*/config.json"):
+        try:
+            if json.loads(path.read_text(encoding="utf-8")).get("model_type") in FAMILIES:
+                out.append(path.parent.name)
+        except (OSError, ValueError, AttributeError):
+            continue
+    return tuple(out)
+
+
 def list_models() -> list[str]:
-    """Names of the shipped model shapes."""
-    return sorted(p.stem for p in MODEL_DIR.glob("*.yaml"))
+    """Names of the shipped model shapes (YAML files and Hugging Face configs)."""
+    return sorted({p.stem for p in MODEL_DIR.glob("*.yaml")} | set(_shipped_configs()))
 
 
 def get_model(name: str) -> ModelShape:
-    """The shipped shape called ``name`` (or a path to a model YAML)."""
+    """The shipped shape called ``name``, a path to a model YAML, or a checkpoint folder (its
+    config.json: ``--model PATH``)."""
     if name.endswith((".yaml", ".yml")) and Path(name).exists():
         return load_model_file(name)
+    if "/" not in name and name in _shipped_configs():
+        return shape_from_config(MODEL_DIR / name, name)
     path = MODEL_DIR / f"{name}.yaml"
-    if not path.exists():
-        raise SimtreeError(f"unknown model {name!r}; known: {', '.join(list_models())}")
-    return load_model_file(path)
+    if path.exists():
+        return load_model_file(path)
+    if Path(name).expanduser().is_dir():
+        return shape_from_config(name)
+    raise SimtreeError(f"unknown model {name!r}; known: {', '.join(list_models())} (or a model YAML, or a "
+                       "checkpoint folder)")
 
 
 # ---- sharding and sizes --------------------------------------------------------------------------

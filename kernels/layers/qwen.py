@@ -15,6 +15,11 @@ k and v into one [N, 2, Hkv, D] tensor (the KV cache's row layout, written by on
 ``index_copy_`` per layer); attention over the cache plus the node's ancestors; output gate
 sigmoid(g) * o.  MLP: RMSNorm, one gate|up GEMM, SiLU(gate) * up, down.
 
+Norm weights are the scale each RMSNorm multiplies by: Qwen3.5's zero-centred norms
+(``x * (1 + w)``: layer, q / k, final and MTP norms) hold their checkpoint's ``1 + w``
+(simtree.checkpoints.qwen3_5); the GDN output norm its ``w``.  RoPE theta, the rotated dims and
+the norm eps come from the shape (a checkpoint's config.json; defaults for YAML shapes).
+
 Everything a round shares - positions, RoPE rows, the ancestor bits, the GDN kernels' tree
 metadata, the conv taps, the commit's cache rows - is built once per round by
 :func:`round_meta` / :func:`commit_meta`; a layer issues no index arithmetic of its own.
@@ -48,9 +53,10 @@ __all__ = ["QwenDims", "ROPE_FRACTION", "ROPE_THETA", "layer_specs", "model_spec
            "gdn_post", "gdn_commit", "attn_pre", "attn_core", "attn_post", "attn_commit", "mlp", "gdn_layer",
            "attn_layer", "mtp_forward", "GdnPre", "new_cache"]
 
-ROPE_FRACTION = 0.25       # partial_rotary_factor of Qwen3-Next / Qwen3.6: RoPE on 64 of 256 dims
-ROPE_THETA = 10_000_000.0  # ASSUMPTION: Qwen3-Next's rope_theta as remembered; only angles change
-EPS = 1e-6
+# Defaults for shapes without a config.json (the YAML shapes); a checkpoint's config sets its own.
+ROPE_FRACTION = 0.25       # partial_rotary_factor of Qwen3.5 / 3.6: RoPE on 64 of 256 dims
+ROPE_THETA = 10_000_000.0  # rope_theta of Qwen3.5 / 3.6 (config.json rope_parameters)
+EPS = 1e-6                 # rms_norm_eps
 
 
 @dataclass(frozen=True)
@@ -70,6 +76,8 @@ class QwenDims:
     gK: int = 0
     gV: int = 0
     W: int = 4
+    theta: float = ROPE_THETA
+    eps: float = EPS
 
     @classmethod
     def of(cls, shape: ModelShape) -> "QwenDims":
@@ -82,8 +90,10 @@ class QwenDims:
                          gV=int(g["value_dim"]), W=int(g.get("conv_kernel", 4)))
             if not 2 <= extra["W"] <= 4:
                 raise SimtreeError(f"model {shape.name!r}: conv_kernel must be 2..4, got {extra['W']}")
+        cfg = shape.config or {}
         return cls(shape.hidden, shape.vocab, int(shape.mlp["intermediate"]), int(a["q_heads"]), int(a["kv_heads"]),
-                   D, bool(a.get("output_gate", False)), rope, **extra)
+                   D, bool(a.get("output_gate", False)), rope, **extra, theta=float(a.get("rope_theta", ROPE_THETA)),
+                   eps=float(cfg.get("rms_norm_eps", EPS)))
 
     @property
     def conv(self) -> int:
@@ -150,7 +160,7 @@ class RoundTables:
 
     def __init__(self, d: QwenDims, device, length: int = 0, dtype=torch.float32):
         self.d, self.device = d, torch.device(device)
-        self.rope = RopeTable(d.rope, ROPE_THETA, device, length, dtype)
+        self.rope = RopeTable(d.rope, d.theta, device, length, dtype)
 
     @functools.lru_cache(maxsize=32)
     def cu(self, B: int, n: int) -> torch.Tensor:
@@ -284,7 +294,7 @@ class GdnPre:
 
 def gdn_pre(w: dict, d: QwenDims, x: torch.Tensor, conv_state: torch.Tensor, rm: QwenRound) -> GdnPre:
     N, C, ZV, hk = x.shape[0], d.conv, d.gHV * d.gV, d.gH * d.gK
-    proj = F.linear(ops.rms_norm(x, w["ln1"], EPS), w["in_proj"])
+    proj = F.linear(ops.rms_norm(x, w["ln1"], d.eps), w["in_proj"])
     x_conv = proj[:, :C]
     qkv = ops.tree_conv(x_conv, conv_state, rm.conv_idx, w["conv"], [hk, 2 * hk], True)
     g, beta = ops.gdn_gates(proj[:, C + ZV:], w["neg_A"], w["dt_bias"])
@@ -308,7 +318,7 @@ def gdn_core_decode(d: QwenDims, pre: GdnPre, ssm: torch.Tensor, conv_state: tor
 
 
 def gdn_post(w: dict, d: QwenDims, x: torch.Tensor, o: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
-    return torch.addmm(x, ops.gated_rms_norm(o, z, w["gnorm"], EPS), w["out"].t())
+    return torch.addmm(x, ops.gated_rms_norm(o, z, w["gnorm"], d.eps), w["out"].t())
 
 
 def gdn_commit(d: QwenDims, ssm, conv_state, pending, rm: QwenRound, cm: QwenCommit) -> None:
@@ -323,11 +333,11 @@ def gdn_commit(d: QwenDims, ssm, conv_state, pending, rm: QwenRound, cm: QwenCom
 def attn_pre(w: dict, d: QwenDims, x: torch.Tensor, cs: torch.Tensor):
     """-> q [N, Hq, D], kv [N, 2, Hkv, D] (k normed and rotated, v), gate [N, Hq, D] or None."""
     N, D, kvd = x.shape[0], d.D, d.Hkv * d.D
-    proj = F.linear(ops.rms_norm(x, w["ln1"], EPS), w["qkv"])
+    proj = F.linear(ops.rms_norm(x, w["ln1"], d.eps), w["qkv"])
     qg = proj[:, :d.q_out].view(N, d.Hq, -1)                                    # per head q (| gate)
-    q = ops.norm_rope(qg[..., :D], w["q_norm"], cs, 0, False, EPS, True)
+    q = ops.norm_rope(qg[..., :D], w["q_norm"], cs, 0, False, d.eps, True)
     kv = torch.empty(N, 2, d.Hkv, D, dtype=x.dtype, device=x.device)
-    ops.norm_rope_into(proj[:, d.q_out:d.q_out + kvd].view(N, d.Hkv, D), w["k_norm"], cs, 0, False, EPS, True, kv[:, 0])
+    ops.norm_rope_into(proj[:, d.q_out:d.q_out + kvd].view(N, d.Hkv, D), w["k_norm"], cs, 0, False, d.eps, True, kv[:, 0])
     kv[:, 1].copy_(proj[:, d.q_out + kvd:].view(N, d.Hkv, D))
     return q, kv, (qg[..., D:] if d.gate else None)
 
@@ -355,7 +365,7 @@ def attn_commit(cache: torch.Tensor, kv: torch.Tensor, kv_rows: torch.Tensor) ->
 
 
 def mlp(w: dict, d: QwenDims, x: torch.Tensor) -> torch.Tensor:
-    h = F.linear(ops.rms_norm(x, w["ln2"], EPS), w["gate_up"])
+    h = F.linear(ops.rms_norm(x, w["ln2"], d.eps), w["gate_up"])
     return torch.addmm(x, ops.silu_mul(h), w["down"].t())
 
 
@@ -388,8 +398,8 @@ def mtp_forward(w: dict, d: QwenDims, embed_table, tokens, prev_hidden, cs, pos,
     visible in bits (the rows' own K/V written to scratch row ``rows`` [B, Q] first), the MLP
     -> hidden [B, Q, h] (before the final norm)."""
     B, Q = tokens.shape
-    e = ops.rms_norm(embed(embed_table, tokens), w["enorm"], EPS)
-    hn = ops.rms_norm(prev_hidden.reshape(B * Q, -1), w["hnorm"], EPS)
+    e = ops.rms_norm(embed(embed_table, tokens), w["enorm"], d.eps)
+    hn = ops.rms_norm(prev_hidden.reshape(B * Q, -1), w["hnorm"], d.eps)
     x = F.linear(torch.cat([e, hn], -1), w["fc"])
     q, kv, gate = attn_pre(w, d, x, cs)
     R = scratch.shape[1]

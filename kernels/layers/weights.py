@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["Spec", "linear", "make_weights", "spec_bytes", "dtype_bytes", "residual_gain", "ends_specs", "mtp_specs"]
+__all__ = ["Spec", "linear", "make_weights", "weights_from", "spec_bytes", "dtype_bytes", "residual_gain", "ends_specs", "mtp_specs"]
 
 
 @dataclass(frozen=True)
@@ -92,4 +92,22 @@ def make_weights(specs: list[Spec], device, dtype: torch.dtype, seed: int = 0) -
         else:
             raise ValueError(f"unknown init {s.init!r} of {s.name}")
         out[s.name] = t
+    return out
+
+
+@torch.no_grad()
+def weights_from(specs: list[Spec], given: dict, device, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    """``given`` {name: tensor} (loaded weights) checked against ``specs`` - every name known,
+    every shape the spec's - and moved to ``device`` at each spec's dtype (``dtype`` where the
+    spec has none).  One line on the first mismatch."""
+    from simtree.errors import SimtreeError
+    by_name = {s.name: s for s in specs}
+    out = {}
+    for name, t in given.items():
+        s = by_name.get(name)
+        if s is None:
+            raise SimtreeError(f"loaded weight {name!r} is not a parameter of this model")
+        if tuple(t.shape) != tuple(s.shape):
+            raise SimtreeError(f"loaded weight {name!r} has shape {list(t.shape)}, the model needs {list(s.shape)}")
+        out[name] = t.to(device=device, dtype=s.dtype or dtype).contiguous()
     return out

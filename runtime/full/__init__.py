@@ -1,6 +1,7 @@
 """simtree.runtime.full: the full-scale runtime (random weights, real sizes; docs/full_runtime.md).
 
-    build.py           build_model(name), weight_bytes(shape), check_fits: the registry's models
+    build.py           build_model(name or checkpoint folder), weight_bytes(shape), check_fits
+    decode.py          decode_prompts: given prompts decoded live (simtree run --prompt-ids)
     qwen.py            Qwen3.6-style GDN hybrid + MTP layer, composed of kernels.layers.qwen
     v4_rank.py         one DeepSeek-V4-Flash expert-parallel rank + MTP layer, of kernels.layers.v4
     layers.py          the MTP layer's draft state

@@ -10,9 +10,11 @@ planner asking whether a deployment fits and the runtime cannot disagree.
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import torch
 
+from simtree.checkpoints import open_checkpoint
 from simtree.errors import SimtreeError
 from simtree.machine.metadata import require_device
 from simtree.models import ModelShape, get_model
@@ -63,15 +65,30 @@ def check_fits(shape: ModelShape, device="cuda", dtype: torch.dtype = torch.bflo
     have = device_memory_bytes(device) if available_bytes is None else int(available_bytes)
     if need > have * (1 - FIT_MARGIN):
         raise SimtreeError(f"model {shape.name} needs {need / 1e9:.1f} GB of weights, more than the "
-                           f"{have * (1 - FIT_MARGIN) / 1e9:.1f} GB usable of {have / 1e9:.1f} GB on {device}")
+                           f"{have * (1 - FIT_MARGIN) / 1e9:.1f} GB usable of {have / 1e9:.1f} GB on {device}: "
+                           f"{(need - have * (1 - FIT_MARGIN)) / 1e9:.1f} GB short")
     return need
 
 
+MTP_NOTE = ("{name} has no MTP weights: the speculative modes draft with a randomly initialised MTP layer "
+            "(acceptance means nothing; the output stays lossless)")
+
+
 def build_model(model, device="cuda", dtype: torch.dtype | None = None, seed: int = 0):
-    """A QwenModel or V4Rank (random weights made on ``device``) for a registry name or shape;
-    dtype: bf16 on CUDA, fp32 elsewhere unless given."""
+    """A QwenModel or V4Rank for a registry name or shape (random weights made on ``device``),
+    or a checkpoint folder (its weights; see simtree.checkpoints); dtype: bf16 on CUDA, fp32
+    elsewhere unless given.  ``model.load_notes``: one line per thing worth saying (a
+    checkpoint without MTP weights)."""
     shape = get_model(model) if isinstance(model, str) else model
     dtype = dtype or (torch.bfloat16 if require_device(device).type == "cuda" else torch.float32)
     check_fits(shape, device, dtype)
     module = _family(shape)
-    return (qwen.QwenModel if module is qwen else v4_rank.V4Rank)(shape, device=device, dtype=dtype, seed=seed)
+    cls = qwen.QwenModel if module is qwen else v4_rank.V4Rank
+    if not (isinstance(model, str) and Path(shape.source) == Path(model).expanduser() / "config.json"):
+        built = cls(shape, device=device, dtype=dtype, seed=seed)
+        built.load_notes = []
+        return built
+    weights, absent = open_checkpoint(model).load(shape, dtype, device)   # absent: the MTP layer, if so
+    built = cls(shape, device=device, dtype=dtype, seed=seed, weights=weights)
+    built.load_notes = [MTP_NOTE.format(name=shape.name)] if absent else []
+    return built

@@ -317,8 +317,8 @@ def full_run(model, *, device: str = "cuda", costs=None, policy=None, batch_size
     if isinstance(model, str) or not hasattr(model, "verify"):
         shape = get_model(model) if isinstance(model, str) else model
         say(f"building {shape.name} on {device}")
-        model = build_model(shape, device, dtype, seed)
-    notes = [f"deployment: {model.deployment}"]
+        model = build_model(model if isinstance(model, str) else shape, device, dtype, seed)   # a folder: its weights
+    notes = [f"deployment: {model.deployment}", *getattr(model, "load_notes", [])]
     if acceptance is not None:
         notes.append(_sampling_note(sampling, source.name))
     if costs is None:

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import torch
 
 from simtree.kernels.layers import head, ops, qwen as L
-from simtree.kernels.layers.weights import make_weights
+from simtree.kernels.layers.weights import make_weights, weights_from
 from simtree.models import ModelShape
 
 from .layers import DraftState
@@ -61,12 +61,20 @@ class QwenModel:
     deployment = "1 GPU"
     capturable = True
 
-    def __init__(self, shape: ModelShape, device="cuda", dtype=torch.bfloat16, seed: int = 0):
+    def __init__(self, shape: ModelShape, device="cuda", dtype=torch.bfloat16, seed: int = 0,
+                 weights: dict | None = None):
+        """Random weights (seeded), or ``weights`` {name: tensor} (a checkpoint's, see
+        simtree.checkpoints) with the parameters it lacks made at random: ``random_weights``
+        names them."""
         self.shape, self.device, self.dtype = shape, torch.device(device), dtype
         if self.device.type != "cuda":
             self.deployment = f"1 {self.device.type.upper()}"
         self.d = L.QwenDims.of(shape)
-        self.w = make_weights(param_specs(shape), self.device, dtype, seed)
+        specs = param_specs(shape)
+        given = weights_from(specs, weights or {}, self.device, dtype)
+        missing = [s for s in specs if s.name not in given]
+        self.random_weights = [s.name for s in missing]
+        self.w = {**make_weights(missing, self.device, dtype, seed), **given}
         self.kinds = shape.layer_kinds
         self.has_gdn = "gdn" in self.kinds
         self._layer_w = [L.prepare(self._sub(f"layers.{i}."), dtype) for i in range(len(self.kinds))]
@@ -138,11 +146,11 @@ class QwenModel:
     @torch.no_grad()
     def verify(self, st: QwenState, tokens: torch.Tensor, parents: torch.Tensor):
         """tokens, parents int64 [B, n] (parents local, -1 at the root, topological) ->
-        (hidden [B*n, h] before the final norm, Pending).  Node j sits at position
+        (hidden [B*n, h] after the final norm, Pending).  Node j sits at position
         lengths[b] + depth_j and sees the cache plus its ancestors; the state is not written."""
         rm = L.round_meta(self.d, self.tables, st.lengths, parents, st.max_len + 1, self.has_gdn)
         x, layers = self._forward(st, tokens, rm)
-        return x, Pending(rm, layers)
+        return self._final_norm(x), Pending(rm, layers)
 
     @torch.no_grad()
     def commit(self, st: QwenState, pend: Pending, accepted: torch.Tensor) -> None:
@@ -158,31 +166,39 @@ class QwenModel:
 
     @torch.no_grad()
     def decode(self, st: QwenState, tokens: torch.Tensor) -> torch.Tensor:
-        """One plain step: tokens [B] at positions lengths -> hidden [B, h]; advances the state."""
+        """One plain step: tokens [B] at positions lengths -> hidden [B, h] (after the final
+        norm); advances the state."""
         rm = L.round_meta(self.d, self.tables, st.lengths, None, st.max_len + 1, self.has_gdn)
         x, _ = self._forward(st, tokens, rm)
         L.advance(st.lengths, rm.commit)
-        return x
+        return self._final_norm(x)
+
+    def _final_norm(self, x: torch.Tensor) -> torch.Tensor:
+        """The target's hidden rows as the LM head and the MTP layer read them: after the final
+        norm (SGLang's qwen3_5_mtp feeds the MTP layer the normed hidden state)."""
+        return ops.rms_norm(x, self.w["norm"], self.d.eps)
 
     def greedy(self, hidden: torch.Tensor) -> torch.Tensor:
-        """Argmax of the float32 logits of hidden [T, h] -> int64 [T]."""
-        return head.greedy(hidden, self.w["norm"], self.w["lm_head"], L.EPS)
+        """Argmax of the float32 logits of (normed) hidden [T, h] -> int64 [T]."""
+        return self.logits(hidden).argmax(-1)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """Float32 logits (the lossless check's top-2 gaps)."""
-        return head.logits_fp32(ops.rms_norm(hidden, self.w["norm"], L.EPS), self.w["lm_head"])
+        """Float32 logits of (normed) hidden rows (the lossless check's top-2 gaps)."""
+        return head.logits_fp32(hidden, self.w["lm_head"])
 
     # ---- MTP draft layer ---------------------------------------------------------------------
     @torch.no_grad()
     def draft_forward(self, ds: DraftState, tokens, prev_hidden, pos, rows, bits) -> torch.Tensor:
         """MTP rows: tokens [B, Q] at positions pos [B, Q] with the hidden state before them
         prev_hidden [B, Q, h]; each row's K/V go to scratch row ``rows`` [B, Q] and it attends
-        to the MTP cache plus the scratch rows in ``bits`` [B, Q, W].  -> hidden [B, Q, h]."""
-        return L.mtp_forward(self._mtp_w, self.d, self.w["embed"], tokens, prev_hidden, self.tables.rope.rows(pos),
-                             pos, rows, bits, ds.kv, ds.scratch, ds.lengths)
+        to the MTP cache plus the scratch rows in ``bits`` [B, Q, W].  -> hidden [B, Q, h] after
+        the MTP layer's own norm: what its logits and, as SGLang chains it, the next draft step
+        read."""
+        out = L.mtp_forward(self._mtp_w, self.d, self.w["embed"], tokens, prev_hidden, self.tables.rope.rows(pos),
+                            pos, rows, bits, ds.kv, ds.scratch, ds.lengths)
+        return ops.rms_norm(out.reshape(-1, out.shape[-1]), self.w["mtp.norm"], self.d.eps).view(out.shape)
 
     def draft_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """Float32 logits of the MTP layer's hidden rows [..., h]."""
+        """Float32 logits of the MTP layer's (normed) hidden rows [..., h]."""
         lead = hidden.shape[:-1]
-        x = ops.rms_norm(hidden.reshape(-1, hidden.shape[-1]), self.w["mtp.norm"], L.EPS)
-        return head.logits_fp32(x, self.w["lm_head"]).view(*lead, -1)
+        return head.logits_fp32(hidden.reshape(-1, hidden.shape[-1]), self.w["lm_head"]).view(*lead, -1)

@@ -14,7 +14,8 @@ from simtree.errors import SimtreeError, check_whole
 EXAMPLE = ("Example: simtree run --mode eagle --steps 3 --topk 2 --budget 6 --batch-size 4 "
            "--workload sharegpt --max-new-tokens 48\n\nFull scale (random weights): simtree run --model "
            "qwen3.6-27b --device cuda --costs B.json --policy P.json --batch-size 1,4,16,64 --acceptance gsm8k "
-           "--out DIR")
+           "--out DIR\n\nGiven prompts on a checkpoint: simtree run --model PATH --device cpu --dtype float32 "
+           "--prompt-ids 1,2,3 --prompt-ids 4,5 --max-new-tokens 16 --mode eagle --json")
 
 
 def register(app: typer.Typer) -> None:
@@ -30,7 +31,8 @@ def register(app: typer.Typer) -> None:
         policy: Path = typer.Option(None, help="policy JSON from `simtree plan`: its entry for (workload, "
                                                "batch size) replaces --mode and its parameters"),
         policy_workload: str = typer.Option(None, help="workload name to look up in the policy (default: --workload)"),
-        mode: str = typer.Option("eagle", help="none | linear | eagle | best_first | cost_aware | batch_alloc"),
+        mode: str = typer.Option("eagle", help="none (or plain) | linear | eagle | best_first | cost_aware | "
+                                               "batch_alloc"),
         steps: int = typer.Option(3, help="eagle: draft steps"),
         topk: int = typer.Option(2, help="eagle: top-k per step"),
         budget: int = typer.Option(6, help="verify budget D (nodes incl. root); max budget for adaptive modes"),
@@ -53,8 +55,14 @@ def register(app: typer.Typer) -> None:
         device: str = typer.Option("cpu", help="cpu | cuda"),
         json_out: bool = typer.Option(False, "--json", help="print the report as JSON"),
         model: str = typer.Option(None, help="full scale: a registry model (qwen3.6-27b, deepseek-v4-flash, "
-                                             "tiny-gdn, tiny-v4) with random weights; runs plain, linear D=4 "
+                                             "tiny-gdn, tiny-v4) with random weights, or a Hugging Face "
+                                             "checkpoint folder (its weights); runs plain, linear D=4 "
                                              "and the --policy choice per batch size and writes summary.csv"),
+        prompt_ids: list[str] = typer.Option(None, "--prompt-ids", help="full scale: decode this prompt (comma "
+                                             "token ids; repeat for more) live with --mode and write the "
+                                             "generated ids per prompt under 'outputs' in run.json"),
+        dtype: str = typer.Option(None, help="full scale: float32 | bfloat16 | float64 (default: bfloat16 on "
+                                             "CUDA, float32 elsewhere)"),
         replay: Path = typer.Option(None, help="full scale: accepted lengths replayed from this trace file"),
         acceptance: str = typer.Option(None, help="full scale: accepted lengths sampled on the device from this "
                                                   "acceptance model (gsm8k | mbpp | sharegpt | a trace file)"),
@@ -72,6 +80,14 @@ def register(app: typer.Typer) -> None:
                                                   "its heads and MLP columns per rank; deepseek-v4-flash: ep=8). "
                                                   "Collectives are not run; refused when the rank does not fit"),
     ) -> None:
+        mode = "none" if mode == "plain" else mode
+        if prompt_ids:
+            if model is None:
+                raise SimtreeError("--prompt-ids decodes on a full-scale model: it needs --model (a name or a "
+                                   "checkpoint folder)")
+            torch_threads(threads)
+            _given_prompts(model, prompt_ids, mode, steps, topk, budget, max_new_tokens, device, dtype, out, json_out)
+            return
         if model is not None:
             torch_threads(threads)
             try:
@@ -250,6 +266,29 @@ def _rank_model(name: str, deployment: str | None, device: str, sizes: list[int]
     model = build_model(shape.shard(dep), device)
     model.deployment = f"{dep} rank (all-reduce not run)"
     return model
+
+
+def _given_prompts(model, prompt_ids, mode, steps, topk, budget, max_new_tokens, device, dtype, out,
+                   json_out) -> None:
+    """``simtree run --model ... --prompt-ids ...``: simtree.runtime.full.decode.decode_prompts."""
+    import json
+
+    from simtree.machine.metadata import require_device
+    from simtree.planning.modes import params_from_flags
+    from simtree.runtime.full.decode import decode_prompts, parse_dtype
+
+    require_device(device)
+    spec = params_from_flags(mode, steps, topk, budget)
+    report = decode_prompts(model, prompt_ids, spec, max_new_tokens, device=device, dtype=parse_dtype(dtype),
+                            out=out, say=lambda line: typer.echo(f"note: {line}", err=True))
+    if json_out:
+        typer.echo(json.dumps(report))
+        return
+    for ids in report["outputs"]:
+        typer.echo(",".join(map(str, ids)))
+    typer.echo(f"{report['policy']}: {len(report['outputs'])} prompts x {report['max_new_tokens']} tokens in "
+               f"{report['rounds']} rounds ({report['accepted_tokens_per_round']:.2f} tokens per round); "
+               f"report {report['files']['report']}", err=True)
 
 
 def _full_scale(model, device, costs, policy, batch_sizes, replay, acceptance, policy_workload, out, context_len,

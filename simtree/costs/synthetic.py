@@ -13,7 +13,7 @@ Verify, with T = b * n tokens (convex and non-decreasing in n, non-decreasing in
           + per_seq * b                                  # recurrent state read + write
           + kv_per_ctx * b * l + attn_per_pair * b * n * l   # KV read, tree-query attention
 
-Default numbers come from the public Qwen3.6-27B shapes (simtree/data/models/qwen3.6-27b.yaml):
+Default numbers come from the public Qwen3.6-27B shapes (simtree/data/models/qwen3.6-27b/config.json):
 54 GB of bf16 weights over ~4.2 TB/s -> 13 ms; 2 * 27e9 FLOP per token at ~700 TFLOP/s -> 78 us; 48 GDN
 layers x 3 MiB state read + written -> ~70 us per sequence; 16 attention layers x 4 KV heads x
 256 dims x 2 (K, V) x 2 B = 64 KiB per context token.  Draft (one MTP-like layer + LM head
