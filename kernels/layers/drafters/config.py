@@ -29,6 +29,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from simtree.drafters import DRAFTER_FAMILIES, PUBLIC, TFM
 from simtree.errors import SimtreeError
 from simtree.models import ModelShape
 
@@ -37,12 +38,7 @@ from ..weights import Spec, linear, residual_gain
 
 __all__ = ["DRAFTER_FAMILIES", "DrafterConfig", "drafter_config", "drafter_specs", "drafter_dims", "MAX_BLOCK_LEN"]
 
-DRAFTER_FAMILIES = ("block", "tfm", "dspark")
-MAX_BLOCK_LEN = 64          # bits of one word of the attention's row mask per block row is plenty
-
-# DeepSpec config/dspark/dspark_qwen3_8b.py (and the 4b / 14b / gemma4 ones): the public sizes
-PUBLIC = dict(block_len=7, layers=5, target_layers=5, markov_rank=256)
-TFM = dict(cand_k=512, adapter_dim=256)      # ASSUMPTION (module docstring)
+MAX_BLOCK_LEN = 64          # rows of one forward the runtime supports (well past the public 7)
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from simtree.errors import SimtreeError
+from simtree.acceptance.confidence_head import check_threshold
 
 from ..head import logits_fp32, topk_logp
 
@@ -46,13 +46,6 @@ def dspark_draft(w: dict, hid: torch.Tensor, anchor: torch.Tensor, topk: int):
 def survival(conf: torch.Tensor) -> torch.Tensor:
     """Predicted probability that the first j + 1 positions are all accepted [B, L]."""
     return torch.cumprod(conf.float(), -1)
-
-
-def check_threshold(threshold: float) -> float:
-    t = float(threshold)
-    if not 0.0 <= t <= 1.0:
-        raise SimtreeError(f"confidence threshold {threshold!r} is outside [0, 1]")
-    return t
 
 
 def verify_prefix_len(conf: torch.Tensor, threshold: float) -> torch.Tensor:
