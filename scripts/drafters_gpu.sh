@@ -6,9 +6,10 @@
 #       draft_tfm; variant layers; bf16; every round captured in a CUDA graph and replayed), <= 3 min
 #       a model, into one profile table;
 #   (c) the fit of every drafter family per model (simtree.costs.drafter_fit, the convex programs of
-#       C_d) with its held-out error -> drafters_fit.json, summary.md.
-# Everything lands in $OUT: drafters_profile.csv (+ .meta.json, .points.jsonl), drafters_fit.json,
-# summary.md, log.txt.
+#       C_d) with its held-out error -> summary.md.
+# Everything lands in $OUT: drafters_profile.csv (+ .meta.json, .points.jsonl), summary.md, log.txt.
+# At home, `simtree fit` of a profile holding these rows beside the verify rows puts the drafters'
+# C_d in the bundle (key "drafters").
 #   OUT=/tmp/out bash scripts/drafters_gpu.sh        (env SWEEP_MINUTES=3 per model, MODELS="a b")
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
@@ -35,25 +36,5 @@ for M in $MODELS; do
   rc=$?; [ $rc -ne 0 ] && log "(b) sweep $M exited with $rc (its points so far are kept)"
 done
 log "(c) fit"
-python3 - "$OUT" >> "$LOG" 2>&1 <<'PY'
-import json, sys
-from pathlib import Path
-from simtree.costs.drafter_fit import fit_drafters
-from simtree.costs.profile_table import load_profile
-from simtree.fileio import write_text_atomic
-out = Path(sys.argv[1])
-df = load_profile(out / "drafters_profile.csv")
-fits, lines = {}, ["| model | drafter | form | points | held-out median | held-out p90 |", "|---|---|---|---|---|---|"]
-for (model, device, dtype, dep), _ in df.groupby(["model", "device", "dtype", "deployment"]):
-    models, notes = fit_drafters(df, model=model, device=device, dtype=dtype, deployment=dep,
-                                 source={"profile": "drafters_profile.csv"})
-    fits[model] = {fam: m.to_dict() for fam, m in models.items()}
-    for fam, m in models.items():
-        e = m.info["fit_error"]["heldout"][m.info["form"]]
-        lines.append(f"| {model} | {fam} | {m.info['form']} | {m.info['num_points']} | "
-                     f"{100 * e['median']:.2f}% | {100 * e['p90']:.2f}% |")
-write_text_atomic(out / "drafters_fit.json", json.dumps(fits, indent=1) + "\n")
-write_text_atomic(out / "summary.md", "\n".join(lines) + "\n")
-print("\n".join(lines))
-PY
+python3 -m simtree.costs.drafter_fit "$OUT/drafters_profile.csv" --out "$OUT/summary.md" >> "$LOG" 2>&1
 log "done"

@@ -250,19 +250,35 @@ def test_public_sizes_and_bad_sizes():
         drafter_config(get_model("tiny-gdn"), "medusa")
 
 
+def _capture(fn):
+    """fn's outputs from a CUDA-graph replay (warmed up on a side stream first)."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        fn()
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        out = fn()
+    g.replay()
+    torch.cuda.synchronize()
+    return out
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("model", ["qwen3.6-27b", "deepseek-v4-flash"])
-def test_gpu_backbone_matches_float64_and_graph_replays_the_round(model):
-    """On CUDA: the round at the public widths with 2 layers and a 4096-token vocabulary (bf16,
-    Triton attention and fused ops) against the float64 reference, and a CUDA-graph replay equal
-    to the eager round."""
+def test_gpu_backbone_matches_float64_and_graphs_replay_every_round(model):
+    """On CUDA: the backbone at the public widths with 2 layers and a 4096-token vocabulary
+    (bf16, Triton attention and fused ops) against the float64 reference; each family's whole
+    round replayed from a CUDA graph equals the eager round."""
     from dataclasses import replace
 
     from simtree.kernels.layers.drafters import drafter_dims
     dev = torch.device("cuda")
     shape = get_model(model)
-    cfg = drafter_config(shape, "dspark", layers=2, dims=replace(drafter_dims(shape), vocab=4096), mask_token=4095)
+    small = dict(layers=2, dims=replace(drafter_dims(shape), vocab=4096), mask_token=4095)
+    cfg = drafter_config(shape, "dspark", **small)
     w64 = prepare(make_weights(drafter_specs(cfg), "cpu", torch.float64, seed=0), cfg)
     w = prepare({k: v.to(dev, torch.bfloat16) for k, v in w64.items() if k != "layers"}, cfg)
     st = BackboneState.new(cfg, 2, 64, A, torch.bfloat16, dev)
@@ -276,19 +292,15 @@ def test_gpu_backbone_matches_float64_and_graph_replays_the_round(model):
     hid = backbone_forward(w, cfg, st, rope, *args, commit=False)
     err = float((hid.double().cpu() - ref).abs().max() / ref.abs().max())
     assert err < 3e-2, err
-
-    def round_():
-        return dspark_draft(w, backbone_forward(w, cfg, st, rope, *args, commit=False), args[2], 4)
-    eager = round_()
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        round_()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        out = round_()
-    g.replay()
-    torch.cuda.synchronize()
-    for a, b in zip(eager, out):
-        torch.testing.assert_close(a, b)
+    tfm_cfg = drafter_config(shape, "tfm", cand_k=64, **small)
+    tfm_w = prepare(make_weights(drafter_specs(tfm_cfg), dev, torch.bfloat16, seed=0), tfm_cfg)
+    rounds = {
+        "dspark": lambda: dspark_draft(w, backbone_forward(w, cfg, st, rope, *args, commit=False), args[2], 4),
+        "block": lambda: tree_from_marginals(*block_marginals(w, backbone_forward(w, cfg, st, rope, *args,
+                                                                                   commit=False), 4), args[2], 12),
+        "tfm": lambda: tfm_tree(tfm_w, backbone_forward(tfm_w, tfm_cfg, st, rope, *args, commit=False), args[2],
+                                64, 12, 3)}
+    for fam, fn in rounds.items():
+        eager = fn()
+        for a, b in zip(eager, _capture(fn)):
+            torch.testing.assert_close(a, b, msg=f"{model} {fam}: graph replay differs from the eager round")

@@ -64,3 +64,48 @@ def fit_drafters(df: pd.DataFrame, *, model: str, device: str, dtype: str, deplo
         notes.append(f"{fam} drafter: form {res.form}, held-out median error "
                      f"{'?' if med is None else f'{100 * med:.1f}%'} over {res.num_points} points")
     return out, notes
+
+
+def fit_table(profile) -> str:
+    """Markdown: every (model, drafter family) of a profile table fitted, with its held-out error."""
+    from simtree.costs.profile_table import load_profile
+
+    df = load_profile(profile)
+    lines = ["| model | device | drafter | form | points | held-out median | held-out p90 | spread p10-p90 (median) |",
+             "|---|---|---|---|---|---|---|---|"]
+    for (model, device, dtype, dep), _ in df.groupby(["model", "device", "dtype", "deployment"]):
+        models, _ = fit_drafters(df, model=model, device=device, dtype=dtype, deployment=dep,
+                                 source={"profile": str(profile)})
+        for fam, m in models.items():
+            e = m.info["fit_error"]["heldout"][m.info["form"]]
+            rows = drafter_rows(df, fam, model, device, dtype, dep)
+            spread = float(((rows["latency_us_p90"] - rows["latency_us_p10"]) / rows["latency_us_median"]).median())
+            lines.append(f"| {model} | {device} | {fam} | {m.info['form']} | {m.info['num_points']} | "
+                         f"{100 * e['median']:.1f}% | {100 * e['p90']:.1f}% | {100 * spread:.1f}% |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> int:
+    """``python -m simtree.costs.drafter_fit PROFILE [--out FIT.md]``: the drafter families' fits."""
+    import argparse
+    import sys
+
+    from simtree.fileio import write_text_atomic
+
+    ap = argparse.ArgumentParser(prog="python -m simtree.costs.drafter_fit", description=main.__doc__)
+    ap.add_argument("profile")
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args(argv)
+    try:
+        text = fit_table(args.profile)
+    except SimtreeError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if args.out:
+        write_text_atomic(args.out, text)
+    print(text, end="")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -54,7 +54,7 @@ def tree_from_marginals(lp: torch.Tensor, ids: torch.Tensor, anchor: torch.Tenso
     score = torch.zeros(B, N, dtype=torch.float32, device=dev)
     tokens[:, 0] = anchor
     parents[:, 0] = -1
-    neg = torch.tensor(float("-inf"), device=dev)
+    neg = torch.full((), float("-inf"), device=dev)     # a fill, not a host copy: capturable
     flat_lp, flat_ids = lp.reshape(B, L * K), ids.reshape(B, L * K)
     node = torch.arange(N, device=dev)
     for i in range(1, N):
