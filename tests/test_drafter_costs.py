@@ -114,3 +114,13 @@ def test_cpu_profile_stage_writes_rows_over_each_familys_axes(tmp_path):
         [(3, 1, 2), (3, 1, 2), (3, 2, 1), (3, 2, 1)]        # steps = ceil((n - 1) / w), per batch size
     assert set(df[df["stage"] == "draft_dspark"]["nodes_per_seq"]) == {1}
     assert (df["latency_us_median"] > 0).all() and len(df) == 8 + 8 + 8
+
+
+def test_a_family_with_too_few_points_is_left_out_with_a_note(tmp_path):
+    from simtree.costs.drafter_fit import fit_drafters
+
+    rows = [{**row("draft_dspark", 1, 64, 1, 100.0 + s, num_steps=s, topk=1), "variant": "layers"} for s in (2, 4)]
+    append_rows(tmp_path / "p.csv", rows)
+    models, notes = fit_drafters(load_profile(tmp_path / "p.csv"), model="toy", device="cpu", dtype="bf16",
+                                 deployment="tp=1", source={})
+    assert models == {} and any("dspark drafter not fitted" in n for n in notes)
