@@ -11,7 +11,8 @@ metadata all GDN layers of a round share, built once per round); ``<kind>_proj_s
 (the rest of that layer's attention block: projections, norms, conv, gates); ``mlp_step``
 (MLP / MoE + its norm); ``lm_head_step`` (final norm, vocab GEMM, greedy pick); ``draft_step``
 (``num_steps`` sequential steps of a one-layer draft head at b * topk tokens);
-``stack_verify_step`` (a measured stack of real layers, variant ``stack<L>``, to validate
+``draft_block``, ``draft_tfm``, ``draft_dspark`` (one round of a block drafter family over its
+own axes, variant ``layers``: profiler/drafter_pieces.py); ``stack_verify_step`` (a measured stack of real layers, variant ``stack<L>``, to validate
 the composition). Variants the profiler does not build itself come from the caller as
 ``builders`` ({variant: :class:`~simtree.costs.steps.StepBuilder`}): `simtree profile` hands
 in the runtime's ``runtime_tiny`` (``model_verify_step`` / ``draft_step`` of its shipped
@@ -30,6 +31,7 @@ from simtree.errors import SimtreeError
 from simtree.models import COMMIT_STAGE, DECODE_STAGE, MODEL_ROUND_STAGE, ROUND_STAGE, VERIFY_STAGE
 
 from . import pieces
+from .drafter_pieces import DRAFTER_STAGES, check_drafter, drafter_workload
 from .layer_pieces import LAYERS_VARIANT, check_layers, layers_workload
 from .pieces import Ctx, nbytes, tree_batch
 
@@ -65,7 +67,7 @@ def _no_builder(p: Point) -> Unavailable:
 def default_variants(stage: str, device: str) -> tuple[str, ...]:
     """The variants a sweep times for ``stage`` when its YAML does not list them."""
     cuda = str(device).startswith("cuda")
-    if stage in LAYERS_ONLY_STAGES:
+    if stage in LAYERS_ONLY_STAGES or stage in DRAFTER_STAGES:
         return (LAYERS_VARIANT,)
     if stage == "gdn_tree_verify":
         return ("triton_tree", "fla_chunk") if cuda else ("torch_ref",)
@@ -345,6 +347,10 @@ def build_workload(ctx: Ctx, p: Point, builders: Mapping[str, StepBuilder] = NO_
         raise SimtreeError(f"grid point needs batch_size and nodes_per_seq >= 1, got {p}")
     if p.variant in builders:
         return builders[p.variant].workload(ctx, p)
+    if p.stage in DRAFTER_STAGES:
+        if p.variant != LAYERS_VARIANT:
+            raise Unavailable(f"{p.stage} is timed by variant {LAYERS_VARIANT!r} only, not {p.variant!r}")
+        return drafter_workload(ctx, p)
     if p.variant == LAYERS_VARIANT:
         return layers_workload(ctx, p)
     if p.stage in LAYERS_ONLY_STAGES:
@@ -400,6 +406,8 @@ def check_variant(ctx: Ctx, stage: str, variant: str, builders: Mapping[str, Ste
     verdict ("ok ..." or "no reference"); raises AssertionError on a mismatch."""
     if variant in builders:
         return builders[variant].check(ctx, stage)
+    if stage in DRAFTER_STAGES:
+        return check_drafter(ctx, stage)
     if variant == LAYERS_VARIANT:
         return check_layers(ctx, stage)
     dev = ctx.device

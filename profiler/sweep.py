@@ -54,6 +54,7 @@ from simtree.machine.hostprobe import probe as host_probe
 from simtree.models import COMMIT_STAGE, DECODE_STAGE, MODEL_ROUND_STAGE, ROUND_STAGE, VERIFY_STAGE, get_model
 
 from .collectives import COLLECTIVES_STAGE, check_collectives_entry
+from .drafter_pieces import DRAFTER_STAGES, drafter_point_axes
 from .stages import NO_BUILDERS, build_workload, check_variant, default_variants
 from .sweep_io import (Deadline, advance, cuda_alive, hard_deadline, log_point, one_line, progress_bar,
                        read_log_skips)
@@ -211,7 +212,7 @@ def _check_grid(grid, where: str) -> None:
 def known_stages() -> set[str]:
     """Every stage name (and alias) a sweep entry may name."""
     names = {"attention", "proj", "mlp_step", "lm_head_step", "draft_step", "stack_verify_step",
-             "model_verify_step", MODEL_ROUND_STAGE, COLLECTIVES_STAGE}
+             "model_verify_step", MODEL_ROUND_STAGE, COLLECTIVES_STAGE, *DRAFTER_STAGES}
     for per_kind in (VERIFY_STAGE, COMMIT_STAGE, ROUND_STAGE, DECODE_STAGE):
         names |= set(per_kind.values())
     names |= {f"{k}_proj_step" for k in VERIFY_STAGE}
@@ -272,6 +273,8 @@ def expand_points(spec: dict, device: str, only_stage: str | None = None,
                         grid.get("num_steps", [0]), grid.get("topk", [0])):
                     if stage == "draft_step":
                         n = max(int(k), 1)   # a draft step feeds topk tokens per sequence
+                    elif stage in DRAFTER_STAGES:   # each family's axes (profiler/drafter_pieces.py)
+                        n, s, k = drafter_point_axes(stage, int(b), int(n), int(l), int(s), int(k))
                     out.append((i, Point(stage, str(variant), name, int(b), int(n), int(l), str(shape), int(s), int(k))))
     seen, unique = set(), []
     for i, p in out:  # the draft rewrite of n can create duplicates

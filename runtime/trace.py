@@ -23,6 +23,11 @@ Each line is a JSON object (docs/acceptance.md has the full table and an example
     topk_probs      [[float]] position 1..P of its greedy chain (linear and marginal modes), probs
                     sorted desc; with target_tokens they say which rank a wider tree would
                     have needed at every depth the chain reached
+    drafter         str   optional: the drafter family (mtp, block, tfm, dspark)
+    marginal_ranks  [int] optional, block drafters: the rank of the target's token in the marginal
+                    of position 1..m (m = positions whose target token is known; K: not in the top-K)
+    confidence      [float] optional, DSpark: the confidence head's prediction per block position
+    verified_len    int   optional, DSpark: the positions the round verified
 
 Version 1 records (``simtree.trace/1``: no tokens / ranks / target_tokens / topk, optional
 ``marginal_probs``) are still read by :func:`simtree.acceptance.traces.read_traces`.
@@ -34,7 +39,10 @@ import os
 import tempfile
 from pathlib import Path
 
+import numpy as np
+
 from simtree.acceptance.phi import sibling_rank
+from simtree.acceptance.traces import marginal_ranks_of
 from simtree.fileio import file_mode_for
 
 
@@ -64,9 +72,13 @@ class TraceWriter:
             self._fh = open(self.tmp_path, "w", encoding="utf-8")
 
     def write_round(self, batch, acc, *, workload: str, batch_size: int, round_index: int, mode: str,
-                    context_lens, topk=None) -> None:
+                    context_lens, topk=None, drafter: str | None = None, confidence=None,
+                    verified_len=None) -> None:
         """batch: TreeBatch; acc: simtree.trees.greedy.BatchAcceptResult of that batch;
-        topk: optional (token ids int [B, P, K], probs float [B, P, K]) of the drafter's chain."""
+        topk: optional (token ids int [B, P, K], probs float [B, P, K]) of the drafter's chain, or
+        of a block drafter's marginals (``drafter`` "block", "tfm" or "dspark": the record then
+        carries the target token's rank in each position's marginal); confidence: optional
+        float [B, P] of DSpark's confidence head, verified_len int [B] its verified prefix."""
         for b, tree in enumerate(batch.trees):
             res = acc.result(b)
             rec = {"schema": TRACE_SCHEMA, "workload": workload, "batch_size": int(batch_size),
@@ -79,6 +91,15 @@ class TraceWriter:
             if topk is not None:
                 rec["topk_tokens"] = topk[0][b].tolist()
                 rec["topk_probs"] = [[round(float(x), 6) for x in row] for row in topk[1][b]]
+            if drafter is not None:
+                rec["drafter"] = drafter
+                if topk is not None and drafter != "mtp":
+                    rec["marginal_ranks"] = marginal_ranks_of(np.asarray(topk[0][b]),
+                                                              np.asarray(rec["target_tokens"])).tolist()
+            if confidence is not None:
+                rec["confidence"] = [min(max(round(float(x), 6), 0.0), 1.0) for x in confidence[b]]
+            if verified_len is not None:
+                rec["verified_len"] = int(verified_len[b])
             self._fh.write(json.dumps(rec) + "\n")
 
     def close(self) -> None:

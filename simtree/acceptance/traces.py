@@ -27,9 +27,10 @@ from simtree.probs import check_prob_rows
 from simtree.trees.tree import DraftTree
 
 __all__ = ["TraceRecord", "Trials", "read_traces", "parse_record", "chain_trials", "tree_trials", "sequence_ids",
-           "MAX_CONTEXT_LEN", "SCHEMAS"]
+           "MAX_CONTEXT_LEN", "SCHEMAS", "DRAFTERS", "marginal_ranks_of"]
 
 SCHEMAS = ("simtree.trace/1", "simtree.trace/2")
+DRAFTERS = ("mtp", "block", "tfm", "dspark")   # who drafted a record's tree (optional field)
 # 1M tokens is beyond today's longest context windows; larger values are typing errors
 MAX_CONTEXT_LEN = 1 << 20
 
@@ -41,6 +42,11 @@ class TraceRecord:
     target_tokens int64 [num_accepted + 1] or None   the target's greedy token at each accepted node
     topk_tokens   int64 [P, K] or None               the drafter's top-K per drafted chain position
     topk_probs    float64 [P, K] or None             their draft probabilities (rows sorted desc)
+    drafter       str or None                        the drafter family (mtp, block, tfm, dspark)
+    marginal_ranks int64 [m] or None                 block drafters: the rank of the target's token in
+                                                     the marginal of position 1..m (K: not in its top-K)
+    confidence    float64 [P] or None                DSpark: the confidence head's prediction per position
+    verified_len  int or None                        DSpark: the positions the round verified
     """
 
     workload: str
@@ -56,6 +62,10 @@ class TraceRecord:
     target_tokens: np.ndarray | None = None
     topk_tokens: np.ndarray | None = None
     topk_probs: np.ndarray | None = None
+    drafter: str | None = None
+    marginal_ranks: np.ndarray | None = None
+    confidence: np.ndarray | None = None
+    verified_len: int | None = None
 
     @property
     def num_accepted(self) -> int:
@@ -115,7 +125,48 @@ def _v2_fields(obj: dict, tree: DraftTree, node: int, where: str) -> dict:
         if np.any(np.diff(probs, axis=1) > 1e-9):
             raise SimtreeError(f"{where}: topk_probs rows must be sorted in descending order (rank 0 first)")
         out["topk_tokens"], out["topk_probs"] = toks, probs
+    out.update(_drafter_fields(obj, out, where))
     return out
+
+
+def _drafter_fields(obj: dict, v2: dict, where: str) -> dict:
+    """The block drafters' additions (docs/acceptance.md), checked against the top-K they came from."""
+    out = {}
+    if "drafter" in obj:
+        if obj["drafter"] not in DRAFTERS:
+            raise SimtreeError(f"{where}: drafter {obj['drafter']!r} is not one of {', '.join(DRAFTERS)}")
+        out["drafter"] = obj["drafter"]
+    if "marginal_ranks" in obj:
+        ranks = _int_list(obj, "marginal_ranks", where, 0)
+        target, toks = v2.get("target_tokens"), v2.get("topk_tokens")
+        if target is not None and ranks.shape[0] > target.shape[0]:
+            raise SimtreeError(f"{where}: {ranks.shape[0]} marginal_ranks but the target's token is known at "
+                               f"{target.shape[0]} positions")
+        if toks is not None:
+            if ranks.shape[0] > toks.shape[0] or (ranks.size and ranks.max() > toks.shape[1]):
+                raise SimtreeError(f"{where}: marginal_ranks beyond the {toks.shape[0]} x top-{toks.shape[1]} marginals")
+            if target is not None and ranks.tolist() != marginal_ranks_of(toks, target)[:ranks.shape[0]].tolist():
+                raise SimtreeError(f"{where}: marginal_ranks disagree with topk_tokens and target_tokens")
+        out["marginal_ranks"] = ranks
+    if "confidence" in obj:
+        conf = obj["confidence"]
+        ok = isinstance(conf, list) and conf and all(
+            not isinstance(c, bool) and isinstance(c, (int, float)) and 0.0 <= c <= 1.0 for c in conf)
+        if not ok:
+            raise SimtreeError(f"{where}: confidence must be a non-empty list of numbers in [0, 1]")
+        out["confidence"] = np.asarray(conf, np.float64)
+    if "verified_len" in obj:
+        n = len(out.get("confidence", ())) or None
+        out["verified_len"] = check_whole(obj["verified_len"], f"{where}: verified_len", 0, n)
+    return out
+
+
+def marginal_ranks_of(topk_tokens: np.ndarray, target_tokens: np.ndarray) -> np.ndarray:
+    """int64 [m]: rank of the target's token in each position's top-K (K: not there), for the
+    m = min(P, len(target)) positions whose target token is known."""
+    m = min(topk_tokens.shape[0], target_tokens.shape[0])
+    hit = topk_tokens[:m] == target_tokens[:m, None]
+    return np.where(hit.any(1), hit.argmax(1), topk_tokens.shape[1]).astype(np.int64)
 
 
 def parse_record(obj, where: str) -> TraceRecord:
@@ -163,7 +214,8 @@ def parse_record(obj, where: str) -> TraceRecord:
     mode = obj.get("mode")
     return TraceRecord(obj["workload"], batch, tree, node, ctx, marg, rnd, int(schema.rsplit("/", 1)[1]),
                        mode if isinstance(mode, str) else None, seq, extra.get("target_tokens"),
-                       extra.get("topk_tokens"), extra.get("topk_probs"))
+                       extra.get("topk_tokens"), extra.get("topk_probs"), extra.get("drafter"),
+                       extra.get("marginal_ranks"), extra.get("confidence"), extra.get("verified_len"))
 
 
 def read_traces(path: str | Path, workload: str | None = None) -> list[TraceRecord]:
@@ -224,6 +276,8 @@ def chain_trials(records: Iterable[TraceRecord], topk: int) -> Trials:
     (always, for a linear run): the target's token there (``target_tokens[d - 1]``) is then
     compared with each of the drafter's first ``topk`` candidates at position d.  Depths past
     the first mismatch are unobserved (the target never saw the right prefix with them).
+    A block drafter's record with ``marginal_ranks`` is observed at every position they cover
+    (independent marginals: the rank of the target's token there is known whatever the path).
     """
     parts = []
     for i, rec in enumerate(records):
@@ -231,13 +285,19 @@ def chain_trials(records: Iterable[TraceRecord], topk: int) -> Trials:
             continue
         toks, probs, target = rec.topk_tokens, rec.topk_probs, rec.target_tokens
         P, K = toks.shape
-        # observed depths: 1..m+1 where the accepted path follows the chain's top-1 tokens
-        follows = np.cumprod(np.r_[True, target[:-1] == toks[:target.shape[0] - 1, 0]]).astype(bool)
-        depths = np.flatnonzero(follows[:P]) + 1
+        k = min(topk, K)
+        if rec.marginal_ranks is not None:
+            # a block drafter's marginals do not depend on the drafted prefix: every position
+            # whose target token is known is observed, whatever rank the path took before it
+            depths = np.arange(1, rec.marginal_ranks.shape[0] + 1)
+            hit = rec.marginal_ranks[:, None] == np.arange(k)
+        else:
+            # observed depths: 1..m+1 where the accepted path follows the chain's top-1 tokens
+            follows = np.cumprod(np.r_[True, target[:-1] == toks[:target.shape[0] - 1, 0]]).astype(bool)
+            depths = np.flatnonzero(follows[:P]) + 1
+            hit = toks[depths - 1, :k] == target[depths - 1, None]
         if depths.size == 0:
             continue
-        k = min(topk, K)
-        hit = toks[depths - 1, :k] == target[depths - 1, None]
         d = np.repeat(depths, k)
         parts.append((d, np.tile(np.arange(k), depths.size), probs[depths - 1, :k].reshape(-1),
                       hit.reshape(-1), np.full(d.shape[0], i)))

@@ -32,15 +32,26 @@ from typing import Any, Mapping, Protocol, Sequence, runtime_checkable
 
 from simtree.costs.checks import check_physical, set_range_label
 from simtree.costs.forms import surface_from_dict
+from simtree.drafters import DRAFTER_FAMILIES
 from simtree.errors import SimtreeError
 from simtree.fileio import read_json, write_text_atomic
 
-__all__ = ["VerifyCost", "DraftCost", "Costs", "VerifyCostModel", "DraftCostModel", "CostBundle", "load_costs",
-           "shipped_cost_paths", "resolve_costs", "VERIFY_AXES", "DRAFT_AXES", "COSTS_SCHEMA"]
+__all__ = ["VerifyCost", "DraftCost", "Costs", "VerifyCostModel", "DraftCostModel", "DrafterCostModel", "CostBundle",
+           "load_costs", "shipped_cost_paths", "resolve_costs", "VERIFY_AXES", "DRAFT_AXES", "COSTS_SCHEMA",
+           "DRAFTER_FAMILIES", "DRAFTER_STAGE", "DRAFTER_COLUMNS", "DRAFTER_AXES"]
 
 COSTS_SCHEMA = "simtree.costs/1"
 VERIFY_AXES = ("nodes_per_seq", "context_len", "batch_size")   # surface x, y, z
 DRAFT_AXES = ("topk", "num_steps", "batch_size")                # surface x, y, z
+# The block drafters' rounds (docs/drafters.md): per family its profile stage, the profile
+# table columns that hold its axes (surface x, y, z) and what those axes mean.
+DRAFTER_STAGE = {"block": "draft_block", "tfm": "draft_tfm", "dspark": "draft_dspark"}
+DRAFTER_COLUMNS = {"block": ("nodes_per_seq", "num_steps", "batch_size"),
+                   "tfm": ("nodes_per_seq", "num_steps", "batch_size"),
+                   "dspark": ("topk", "num_steps", "batch_size")}
+DRAFTER_AXES = {"block": ("tree_nodes", "block_len", "batch_size"),
+                "tfm": ("tree_nodes", "adapter_steps", "batch_size"),
+                "dspark": ("topk", "block_len", "batch_size")}
 
 
 @runtime_checkable
@@ -177,8 +188,47 @@ class DraftCostModel(_SurfaceModel):
 
 
 @dataclass
+class DrafterCostModel(_SurfaceModel):
+    """C_d of one block-drafter family's round in microseconds for the whole batch, over the
+    family's axes (:data:`DRAFTER_AXES`): block C(tree_nodes, block_len, b), tfm C(tree_nodes,
+    adapter_steps, b), dspark C(topk, block_len, b).  info adds ``family`` and ``block_len`` (the
+    drafter's own block: a policy may not ask for more)."""
+
+    family: str = "block"
+
+    def predict(self, x, y, batch_size):
+        return self.surface.predict(x, y, batch_size)
+
+    @property
+    def block_len(self) -> int | None:
+        v = self.info.get("block_len")
+        return int(v) if isinstance(v, int) and not isinstance(v, bool) else None
+
+    def check_block_len(self, block_len: int) -> int:
+        """``block_len`` if the drafter drafts that many positions, else a one-line error."""
+        own = self.block_len
+        if not isinstance(block_len, int) or block_len < 1 or (own is not None and block_len > own):
+            raise SimtreeError(f"block length {block_len!r} is beyond the {self.family} drafter's "
+                               f"{own if own is not None else '?'} positions")
+        return block_len
+
+    def to_dict(self) -> dict:
+        return {"family": self.family, **super().to_dict()}
+
+    @classmethod
+    def from_dict(cls, d: dict):
+        fam = d.get("family")
+        if fam not in DRAFTER_FAMILIES:
+            raise SimtreeError(f"unknown drafter family {fam!r} (known: {', '.join(DRAFTER_FAMILIES)})")
+        base = _SurfaceModel.from_dict(d)
+        return cls(base.surface, base.info, fam)
+
+
+@dataclass
 class CostBundle:
-    """Verify + draft cost models of one (model, device) with meta.
+    """Verify + draft cost models of one (model, device) with meta, and optionally ``drafters``:
+    {family: :class:`DrafterCostModel`} of the block-drafter families the profile timed (the key
+    is absent from bundles without them, which load as before).
 
     meta: {"model": str, "device": str, "source": str | dict, "synthetic": bool, ...}.
     """
@@ -186,6 +236,15 @@ class CostBundle:
     verify: VerifyCostModel
     draft: DraftCostModel
     meta: dict = field(default_factory=dict)
+    drafters: dict = field(default_factory=dict)
+
+    def drafter(self, family: str) -> DrafterCostModel:
+        """The cost of ``family``'s round, or a one-line error naming what the bundle has."""
+        if family not in self.drafters:
+            have = ", ".join(sorted(self.drafters)) or "none"
+            raise SimtreeError(f"the cost bundle of {self.meta.get('model', '?')} has no cost for drafter "
+                               f"{family!r} (drafters with costs: {have})")
+        return self.drafters[family]
 
     def decode_step_us(self, context_len, batch_size):
         """Plain (non-speculative) decode step: verify one token per sequence."""
@@ -195,8 +254,11 @@ class CostBundle:
         for name in ("verify", "draft"):
             if not hasattr(getattr(self, name), "to_dict"):
                 raise SimtreeError(f"cost bundle: the {name} model cannot be saved (no to_dict)")
-        return {"schema": COSTS_SCHEMA, "meta": self.meta, "verify": self.verify.to_dict(),
-                "draft": self.draft.to_dict()}
+        out = {"schema": COSTS_SCHEMA, "meta": self.meta, "verify": self.verify.to_dict(),
+               "draft": self.draft.to_dict()}
+        if self.drafters:
+            out["drafters"] = {f: m.to_dict() for f, m in sorted(self.drafters.items())}
+        return out
 
     def save(self, path: str | os.PathLike) -> Path:
         """Write the bundle as JSON (floats round-trip exactly: predictions are bit-identical)."""
@@ -224,7 +286,22 @@ class CostBundle:
             except SimtreeError as exc:
                 raise SimtreeError(f"{where}: {name} model: {exc}") from None
             set_range_label(models[name].surface, f"{meta.get('model', '?')} {name} cost model")
-        return cls(models["verify"], models["draft"], dict(meta))
+        drafters = d.get("drafters") or {}
+        if not isinstance(drafters, dict):
+            raise SimtreeError(f"{where}: drafters must be an object of drafter families")
+        out = {}
+        for fam, md in drafters.items():
+            try:
+                if not isinstance(md, dict) or md.get("family") != fam:
+                    raise SimtreeError(f"entry {fam!r} must be an object with family {fam!r}")
+                out[fam] = DrafterCostModel.from_dict(md)
+                check_physical(out[fam].surface, "draft")
+            except (KeyError, TypeError) as exc:
+                raise SimtreeError(f"{where}: drafter {fam!r}: missing or malformed field {exc}") from None
+            except SimtreeError as exc:
+                raise SimtreeError(f"{where}: drafter {fam!r}: {exc}") from None
+            set_range_label(out[fam].surface, f"{meta.get('model', '?')} {fam} drafter cost model")
+        return cls(models["verify"], models["draft"], dict(meta), out)
 
 
 def load_costs(path: str | os.PathLike) -> CostBundle:

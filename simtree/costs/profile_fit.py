@@ -34,7 +34,8 @@ from simtree.costs.surface_fit import FitResult, fit_surface
 from simtree.costs.forms import MOE_ROUTINGS, ScaledVerifyDraft
 from simtree.costs.surface_fit import MOE_FORMS, error_stats
 from simtree.costs.forms import DecodeSplitSurface
-from simtree.costs.model import DRAFT_AXES, VERIFY_AXES, CostBundle, DraftCostModel, VerifyCostModel
+from simtree.costs.model import DRAFT_AXES, DRAFTER_STAGE, VERIFY_AXES, CostBundle, DraftCostModel, VerifyCostModel
+from simtree.costs.drafter_fit import fit_drafters
 from simtree.parallel import DEFAULT_DEPLOYMENT, parse_deployment
 from simtree.errors import SimtreeError
 from simtree.models import get_model
@@ -94,6 +95,8 @@ class FitReport:
         out = {"meta": self.bundle.meta, "notes": self.notes}
         for name, model in (("verify", self.bundle.verify), ("draft", self.bundle.draft)):
             out[name] = {k: v for k, v in model.info.items() if k != "source"}
+        for fam, model in self.bundle.drafters.items():
+            out.setdefault("drafters", {})[fam] = {k: v for k, v in model.info.items() if k != "source"}
         return out
 
 
@@ -128,7 +131,7 @@ def _choose_verify_stage(df: pd.DataFrame, stage: str | None, notes: list) -> st
         return stage
     if DEFAULT_VERIFY_STAGE in stages:
         return DEFAULT_VERIFY_STAGE
-    others = [s for s in stages if s != DRAFT_STAGE]
+    others = [s for s in stages if s != DRAFT_STAGE and s not in DRAFTER_STAGE.values()]
     if len(others) == 1:
         notes.append(f"no {DEFAULT_VERIFY_STAGE} rows; fitting C_v to stage {others[0]}")
         return others[0]
@@ -275,6 +278,9 @@ def fit_profile(profile: str | os.PathLike, *, stage: str | None = None, model: 
         draft = DraftCostModel(dres.surface, _info(dres, dsource, dnotes, "convex_in_topk"))
         notes.extend(dnotes)
 
+    drafters, fam_notes = fit_drafters(df, model=model_name, device=device_name, dtype=rows["dtype"].iloc[0],
+                                       deployment=dep_name, source=base_source, folds=folds, on_fit=on_fit)
+    notes.extend(fam_notes)
     meta = {"model": model_name, "device": device_name, "synthetic": False, "deployment": dep_name,
             "communication": _communication(dep_name, device_name, comm, notes),
             "moe": None if model_moe is None else {"n_experts": model_moe[0], "experts_per_token": model_moe[1],
@@ -282,7 +288,7 @@ def fit_profile(profile: str | os.PathLike, *, stage: str | None = None, model: 
             "source": {"profile": str(path), "sha256": digest, "verify_stage": vstage,
                        "draft_stage": DRAFT_STAGE if dres is not None else None},
             "profile_meta": read_meta(path)}
-    return FitReport(CostBundle(verify, draft, meta), vres, dres, rows, drows, notes)
+    return FitReport(CostBundle(verify, draft, meta, drafters), vres, dres, rows, drows, notes)
 
 
 def _communication(deployment: str, device: str, comm, notes: list) -> dict | None:

@@ -1,0 +1,24 @@
+"""The block-drafter families and their public sizes: one source for the kernels that build
+them, the fit that prices them and the planner that may choose them (docs/drafters.md).
+
+    block    DFlash-style: one forward proposes a block of positions as independent marginals
+    tfm      DFlash-TfM-style: a light autoregressive adapter over the block's top-K candidates
+    dspark   DSpark-style: block backbone, sequential low-rank Markov head, confidence head
+
+PUBLIC: deepseek-ai/DeepSpec's configs (config/dflash/*, config/dspark/* for Qwen3 4B / 8B / 14B
+and Gemma-4 12B, all alike): block_size 7, 5 draft layers over 5 target layers' hidden states,
+Markov rank 256.  TFM: ASSUMPTION (no public code): top-512 candidates per position (the number
+the DFlash-TfM description gives), adapter width 256.
+"""
+from __future__ import annotations
+
+__all__ = ["DRAFTER_FAMILIES", "PUBLIC", "TFM", "own_block_len"]
+
+DRAFTER_FAMILIES = ("block", "tfm", "dspark")
+PUBLIC = dict(block_len=7, layers=5, target_layers=5, markov_rank=256)
+TFM = dict(cand_k=512, adapter_dim=256)
+
+
+def own_block_len(family: str) -> int:
+    """The positions a drafter of ``family`` drafts per forward (its trained block)."""
+    return int(PUBLIC["block_len"])

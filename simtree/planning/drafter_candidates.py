@@ -1,0 +1,105 @@
+"""Planner candidates of the block-drafter families, priced by their own C_d - behind an
+explicit opt-in, because the full runtime does not build their rounds yet (a plan names only
+modes ``simtree run`` builds).
+
+    rows = score_drafter_candidates(costs, acc, batch_size=16, context_len=1024, allow_unrunnable=True)
+
+Each candidate is scored as the analytic simulator scores the built-in modes: the tokens a
+sequence gains per round (bonus included, averaged over the acceptance model's levels as its
+rounds spread over them) times the batch, over the round's time C_v + C_d:
+
+- ``block`` {budget n, block_len L}: the best-first tree of n nodes from the drafter's marginals
+  over L positions (``best_first`` of the acceptance model, width 1); C_d = block(n, L, b).
+- ``tfm`` {budget n, width w}: the best-first tree over the adapter's conditionals, w expansions
+  a step (``best_first`` with width w over the drafter's block); C_d = tfm(n, ceil((n-1)/w), b).
+- ``dspark`` {block_len L, threshold}: a chain of L drafted by the Markov head; the batch
+  verifies the prefixes chosen by the confidence schedule (``confidence_verify_lens``: the m
+  positions most likely to survive, m maximising throughput; ``threshold`` None) or those whose
+  survival clears a fixed ``threshold`` in [0, 1]; the survival of a position is the level's
+  chain acceptance (a calibrated confidence head).  Sequences are spread over the levels by the
+  levels' weights.  C_v of B + m verified tokens is C_v(n = 1 + m / B, l, B); C_d = dspark(1, L, b).
+
+A family the bundle has no cost for, a block length beyond the drafter's, a threshold outside
+[0, 1]: one-line errors.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from simtree.acceptance.confidence_head import check_threshold, confidence_verify_lens
+from simtree.acceptance.mixture import AcceptanceModel
+from simtree.acceptance.predict import accepted_per_round
+from simtree.errors import SimtreeError
+
+__all__ = ["score_drafter_candidates", "default_drafter_grid", "RUNNABLE_NOTE"]
+
+RUNNABLE_NOTE = ("the full runtime does not build block-drafter rounds yet: their candidates are scored only "
+                 "with allow_unrunnable=True and never enter a policy file")
+
+
+def default_drafter_grid(block_len: int = 7) -> list[tuple[str, dict]]:
+    out = [("block", {"budget": n, "block_len": block_len}) for n in (4, 8, 16, 32)]
+    out += [("tfm", {"budget": n, "width": w}) for n in (8, 16, 32) for w in (1, 4)]
+    out += [("dspark", {"block_len": block_len, "threshold": t}) for t in (None, 0.3, 0.6)]
+    return out
+
+
+def _dspark_survival(acc: AcceptanceModel, L: int, B: int) -> np.ndarray:
+    """[B, L] survivals: each level's chain acceptance cumulated, sequences spread by level weight."""
+    surv = np.stack([np.cumprod(acc.table(i, L)[:, 0]) for i in range(acc.num_levels)])
+    counts = np.floor(acc.weights * B + 1e-9).astype(int)
+    rest = B - counts.sum()
+    counts[np.argsort(-(acc.weights * B - counts), kind="stable")[:rest]] += 1
+    return np.repeat(surv, counts, axis=0)
+
+
+def _score_one(costs, acc, fam: str, p: dict, b: int, l: int) -> dict:
+    model = costs.drafter(fam)
+    if fam == "block":
+        L = model.check_block_len(int(p["block_len"]))
+        n = int(p["budget"])
+        g = accepted_per_round(acc, "best_first", {"budget": n, "width": 1, "draft_depth": L})
+        draft, verify = model.predict(n, L, b), costs.verify.predict(n, l, b)
+    elif fam == "tfm":
+        n, w = int(p["budget"]), int(p["width"])
+        if n < 1 or w < 1:
+            raise SimtreeError(f"tfm candidate: budget and width must be >= 1, got {n}, {w}")
+        L = model.check_block_len(model.block_len or 7)
+        g = accepted_per_round(acc, "best_first", {"budget": n, "width": w, "draft_depth": L})
+        draft, verify = model.predict(n, max(1, math.ceil((n - 1) / w)), b), costs.verify.predict(n, l, b)
+    elif fam == "dspark":
+        L = model.check_block_len(int(p["block_len"]))
+        surv = _dspark_survival(acc, L, b)
+        thr = p.get("threshold")
+        if thr is None:
+            lens, thr_used = confidence_verify_lens(surv, lambda t: costs.verify.predict(t / b, l, b))
+        else:
+            thr_used = check_threshold(thr)
+            lens = (surv >= thr_used).sum(1)
+        chosen = np.arange(L)[None, :] < lens[:, None]
+        g = 1.0 + float((surv * chosen).sum()) / b
+        m = int(lens.sum())
+        draft, verify = model.predict(1, L, b), costs.verify.predict(1 + m / b, l, b)
+        p = {**p, "threshold_used": round(float(thr_used), 6), "verified_per_seq": round(m / b, 4)}
+    else:
+        raise SimtreeError(f"unknown drafter family {fam!r}")
+    step = float(verify) + float(draft)
+    return {"family": fam, "params": p, "batch_size": b, "context_len": l, "tokens_per_round": float(g),
+            "verify_us": float(verify), "draft_us": float(draft), "predicted_tok_s": b * float(g) / step * 1e6}
+
+
+def score_drafter_candidates(costs, acc: AcceptanceModel, *, batch_size: int, context_len: int,
+                             candidates: list[tuple[str, dict]] | None = None,
+                             allow_unrunnable: bool = False) -> list[dict]:
+    """One row per candidate (module docstring), best first; ``allow_unrunnable`` must be True
+    (the explicit opt-in) while the runtime does not build these rounds."""
+    if not allow_unrunnable:
+        raise SimtreeError(RUNNABLE_NOTE)
+    if batch_size < 1 or context_len < 0:
+        raise SimtreeError(f"batch_size must be >= 1 and context_len >= 0, got {batch_size}, {context_len}")
+    if candidates is None:   # the default grid of the families the bundle has costs for
+        candidates = [(f, p) for f, p in default_drafter_grid() if f in getattr(costs, "drafters", {})]
+    rows = [_score_one(costs, acc, fam, dict(p), int(batch_size), int(context_len)) for fam, p in candidates]
+    return sorted(rows, key=lambda r: -r["predicted_tok_s"])
