@@ -50,7 +50,8 @@ def test_plan_stopped_between_deployments_marks_its_folder_partial(tmp_path):
 
 
 def test_plan_interrupted_in_process_then_finished_clears_the_marker(tmp_path):
-    from simtree.reporting.plan_report import PARTIAL_MARKER, plan_and_write
+    from simtree.cli.plan import plan_and_write
+    from simtree.planning.bundles import PARTIAL_MARKER
 
     def stop_at_second(folder, index, count):
         if index == 1:

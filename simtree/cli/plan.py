@@ -34,10 +34,22 @@ def plan_and_write(*args, **kwargs) -> list[dict]:
     (:func:`simtree.planning.bundles.plan_bundles`, whose arguments these are), then render its
     report (:func:`simtree.reporting.plan_report.write_plan_reports`).  One dict per bundle:
     result, bands, policy, policy_data, folder, report."""
-    from simtree.planning.bundles import plan_bundles
-    from simtree.reporting.plan_report import write_bundle_report, write_plan_reports
+    from simtree.planning.bundles import PARTIAL_MARKER, plan_bundles
+    from simtree.reporting.plan_report import write_bundle_report, write_plan_index, write_plan_reports
 
-    return write_plan_reports(plan_bundles(*args, finish=write_bundle_report, **kwargs))
+    done: list[dict] = []
+
+    def finish(output: dict) -> None:
+        write_bundle_report(output)
+        done.append(output)
+
+    try:
+        return write_plan_reports(plan_bundles(*args, finish=finish, **kwargs))
+    except KeyboardInterrupt:   # the finished folders listed, the index marked partial (PARTIAL.md says which)
+        out_dir = Path(kwargs.get("out_dir", args[3] if len(args) > 3 else "reports/plan"))
+        if done and done[0]["folder"] != out_dir:   # a folder per bundle: their index
+            write_plan_index(out_dir, done, [f"partial: interrupted, see {PARTIAL_MARKER}"])
+        raise
 
 
 def register(app: typer.Typer) -> None:

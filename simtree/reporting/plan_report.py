@@ -31,7 +31,7 @@ from simtree.planning.modes import TREE_MODES
 from simtree.planning.planner import FAMILIES, PlanResult, read_candidates
 from simtree.planning.policy_file import Policy
 
-__all__ = ["gain_grid", "tree_vs_linear", "write_plan_report", "render_plan_dir", "plan_folders", "write_plan_reports", "write_bundle_report",
+__all__ = ["gain_grid", "tree_vs_linear", "write_plan_report", "render_plan_dir", "plan_folders", "write_plan_reports", "write_bundle_report", "write_plan_index",
            "TREE_VS_LINEAR_COLUMNS"]
 
 TREE_VS_LINEAR_COLUMNS = ("workload", "batch_size", "budget", "shape", "linear_tok_s", "tree_tok_s", "gain")
@@ -329,11 +329,11 @@ def write_plan_reports(planned: PlannedBundles) -> list[dict]:
         if "report" not in o:   # rendered already as its bundle finished (simtree plan)
             o["report"] = write_plan_report(o["result"], o["folder"], o["bands"])
     if planned.index_dir is not None:
-        _write_index(planned.index_dir, planned.outputs, planned.notes)
+        write_plan_index(planned.index_dir, planned.outputs, planned.notes)
     return planned.outputs
 
 
-def _write_index(out: Path, outputs: list[dict], notes: list[str]) -> Path:
+def write_plan_index(out: Path, outputs: list[dict], notes: list[str]) -> Path:
     """plans.md: one line per planned deployment (its folder, what its communication rests on)
     and the plan-wide notes (defaults waiting for a profile)."""
     lines = ["# simtree plans", "", "| model | deployment | device | communication | plan |", "|---|---|---|---|---|"]
