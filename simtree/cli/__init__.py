@@ -22,6 +22,9 @@ COMMANDS = {
     "report": "Render a report (markdown + PNG) from saved plans, fits or runs.",
     "train": "Train the small target and draft models that the runtime ships.",
     "sglang": "Print SGLang server arguments (static EAGLE tree) for a planned policy.",
+    "export": "Write a planned policy as what SGLang or vLLM takes (launch flags, adaptive config, SPS table).",
+    "import-metrics": "Read the acceptance a vLLM or SGLang server measured into an acceptance file for plan.",
+    "bench-serve": "Serve arrival traces in the simulator: none, static, threshold, SGLang's own policies, controller.",
 }
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
@@ -39,9 +42,9 @@ def _stub(name: str):
 def _register_all() -> None:
     for name, help_line in COMMANDS.items():
         try:
-            module = importlib.import_module(f"simtree.cli.{name}")
+            module = importlib.import_module(f"simtree.cli.{name.replace('-', '_')}")
         except ModuleNotFoundError as exc:
-            if exc.name != f"simtree.cli.{name}":
+            if exc.name != f"simtree.cli.{name.replace('-', '_')}":
                 raise
             app.command(name, help=help_line + " (not built yet)")(_stub(name))
             continue
