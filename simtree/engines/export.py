@@ -41,6 +41,7 @@ from simtree.planning.policy_file import Policy
 from simtree.planning.sglang import export as sglang_static
 
 __all__ = ["ENGINES", "NEAR_BEST", "TierRow", "export_policy", "linear_tiers", "sps_additive_table",
+           "adaptive_config", "vllm_per_batch_size",
            "parse_vllm_tiers", "policy_path"]
 
 ENGINES = ("sglang", "vllm")
@@ -94,6 +95,17 @@ def linear_tiers(policy: Policy, path: Path, workload: str) -> list[TierRow]:
     if rows[0].batch_min != 1:
         raise SimtreeError(f"{path}: the plan's batch ranges for {workload!r} start at {rows[0].batch_min}, not 1")
     return rows
+
+
+def adaptive_config(rows: list[TierRow]) -> dict:
+    """SGLang's ``--speculative-adaptive-config``: each planned range's first batch size ->
+    the linear draft steps near the best there (SGLang routes a batch to the largest key <= it)."""
+    return {str(r.batch_min): {"candidate_steps": list(r.candidate_steps)} for r in rows}
+
+
+def vllm_per_batch_size(rows: list[TierRow]) -> dict:
+    """vLLM's ``num_speculative_tokens_per_batch_size``: inclusive "lo-hi" -> best linear drafts."""
+    return {f"{r.batch_min}-{r.batch_max}": r.best_linear_steps for r in rows}
 
 
 def parse_vllm_tiers(mapping, where: str) -> list[tuple[int, int, int]]:
@@ -188,7 +200,7 @@ def export_policy(engine: str, policy: str | Path, out: str | Path, *, workload:
                            "loss": r.loss, "candidate_steps": list(r.candidate_steps)} for r in tiers]}
     files: dict[str, str] = {}
     if engine == "vllm":
-        per_bs = {f"{r.batch_min}-{r.batch_max}": r.best_linear_steps for r in tiers}
+        per_bs = vllm_per_batch_size(tiers)
         parse_vllm_tiers(per_bs, "export")
         spec = {"num_speculative_tokens": max(1, max(per_bs.values())), "num_speculative_tokens_per_batch_size": per_bs}
         files["speculative_config.json"] = json.dumps(spec, indent=1) + "\n"
@@ -199,7 +211,7 @@ def export_policy(engine: str, policy: str | Path, out: str | Path, *, workload:
         dep = " ".join(static.deployment_args)
         base = f"python -m sglang.launch_server --model-path {model}" + (f" {dep}" if dep else "")
         files["launch_static.txt"] = base + (" " + " ".join(static.args) if static.args else "") + "\n"
-        adaptive = {str(r.batch_min): {"candidate_steps": list(r.candidate_steps)} for r in tiers}
+        adaptive = adaptive_config(tiers)
         top = max(max(r.candidate_steps) for r in tiers)
         files["adaptive_config.json"] = json.dumps(adaptive, indent=1) + "\n"
         files["launch_adaptive.txt"] = (base + f" --speculative-algorithm EAGLE --speculative-num-steps {max(top, 1)} "
