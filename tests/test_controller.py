@@ -51,10 +51,15 @@ def test_running_acceptance_moves_the_choice(setup):
     grid, _, acc = setup
     ctl = Controller(grid, acc, min_dwell_steps=1)
     first = ctl.choose(16, [512.0] * 16)
-    for _ in range(200):   # the live text accepts nothing: speculation stops paying
+    modes = []
+    for _ in range(300):   # the live text accepts nothing: speculation stops paying
         tier = ctl.choose(16, [512.0] * 16)
         ctl.observe(tier, np.zeros(16))
-    assert first.spec.mode != "none" and ctl.current.spec.mode == "none" and ctl.ratio < 0.5
+        modes.append(tier.spec.mode)
+    assert first.spec.mode != "none" and ctl.ratio < 0.5
+    # mostly plain decoding, with the occasional probe as the evidence decays
+    assert modes[-200:].count("none") >= 0.5 * 200 and ctl.ratio < 0.2
+    assert ctl.switches <= ctl.max_switches
 
 
 def test_bad_settings(setup):

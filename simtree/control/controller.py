@@ -10,8 +10,10 @@ An engine's scheduler calls it once per step::
 ``choose`` predicts each tier's batch throughput at the live batch size and mean context,
 ``b * (1 + r * phi_t) / (C_d(t, b) + C_v(n_t, l, b))`` (phi_t the tier's expected accepted
 drafts under the acceptance model, r the running ratio of observed to predicted accepted
-drafts, an EMA; during plain decoding, which measures no acceptance, it drifts back toward 1 at
-a tenth of the EMA's rate so that speculation is tried again), and moves to the best tier only when it beats the current one by ``margin``
+drafts: both summed over the last ``memory`` sequence-rounds or so (exponential decay per
+sequence-round), plus a prior of ``prior`` predicted drafts at ratio 1; as plain decoding,
+which measures no acceptance, lets the evidence decay, the prior brings r back toward 1 and
+speculation is tried again), and moves to the best tier only when it beats the current one by ``margin``
 and the current tier has run ``min_dwell_steps`` steps.  Hence the bound: at most one switch
 per ``min_dwell_steps`` steps, i.e. switches <= steps / min_dwell_steps (+1 for the first
 choice, which is not counted as a switch).  Tiers are the fixed-shape policies an engine runs
@@ -34,8 +36,8 @@ __all__ = ["Tier", "Controller", "DEFAULT_TIERS", "tier_shape", "MARGIN", "MIN_D
 
 MARGIN = 0.02           # a tier must be predicted 2% faster than the current one to switch to it
 MIN_DWELL_STEPS = 16    # and the current one must have run this many steps
-EMA_ALPHA = 0.05        # weight of one step's observation in the running acceptance ratio
-RECOVERY_SHARE = 0.1    # per plain step, the ratio moves this share of EMA_ALPHA back toward 1
+MEMORY = 2000           # sequence-rounds the running acceptance ratio remembers (decay 1 - 1/MEMORY each)
+PRIOR = 50.0            # predicted drafts' worth of belief in the acceptance model (ratio 1)
 DEFAULT_TIERS: tuple[PolicySpec, ...] = (
     (NoneParams(),) + tuple(LinearParams(d) for d in range(2, 8))
     + tuple(EagleParams(s, k, d) for s, k, d in [(2, 2, 5), (2, 2, 7), (3, 2, 6), (3, 2, 8), (4, 2, 8)]))
@@ -93,10 +95,12 @@ class Controller:
     specs: Sequence[PolicySpec] = DEFAULT_TIERS
     margin: float = MARGIN
     min_dwell_steps: int = MIN_DWELL_STEPS
-    ema_alpha: float = EMA_ALPHA
+    memory: float = MEMORY
+    prior: float = PRIOR
     tiers: list[Tier] = field(init=False)
     current: Tier | None = field(init=False, default=None)
-    ratio: float = field(init=False, default=1.0)
+    _observed: float = field(init=False, default=0.0)
+    _predicted: float = field(init=False, default=0.0)
     steps: int = field(init=False, default=0)
     switches: int = field(init=False, default=0)
     _since_switch: int = field(init=False, default=0)
@@ -105,8 +109,9 @@ class Controller:
         if not self.specs:
             raise SimtreeError("the controller needs at least one tier")
         check_int(self.min_dwell_steps, "min_dwell_steps", 1)
-        if not (0 <= self.margin < 1 and 0 < self.ema_alpha <= 1):
-            raise SimtreeError(f"margin {self.margin} must be in [0, 1) and ema_alpha {self.ema_alpha} in (0, 1]")
+        if not (0 <= self.margin < 1 and self.memory >= 1 and self.prior > 0):
+            raise SimtreeError(f"margin {self.margin} must be in [0, 1), memory {self.memory} >= 1 and prior "
+                               f"{self.prior} > 0")
         self.tiers = [tier_shape(self.acceptance, s, i) for i, s in enumerate(self.specs)]
         self._nodes = np.array([t.nodes_per_seq for t in self.tiers])
         self._accepted = np.array([t.expected_accepted for t in self.tiers])
@@ -133,16 +138,20 @@ class Controller:
             self.switches += 1
         return self.current
 
+    @property
+    def ratio(self) -> float:
+        """Observed over predicted accepted drafts, recent sequence-rounds weighted most."""
+        return (self._observed + self.prior) / (self._predicted + self.prior)
+
     def observe(self, tier: Tier, accepted_drafts) -> None:
         """Accepted draft tokens (bonus excluded) per sequence of the step that ran ``tier``."""
         a = np.asarray(accepted_drafts, np.float64).reshape(-1)
-        if a.size == 0 or tier.expected_accepted <= 0:
-            # plain decoding measures no acceptance: the estimate drifts back toward the model's,
-            # so that a controller that stopped speculating on a hard stretch tries again
-            self.ratio += (1.0 - self.ratio) * self.ema_alpha * RECOVERY_SHARE
-            return
-        observed = float(a.mean()) / tier.expected_accepted
-        self.ratio = (1 - self.ema_alpha) * self.ratio + self.ema_alpha * min(max(observed, 0.0), 4.0)
+        decay = (1.0 - 1.0 / self.memory) ** a.size
+        self._observed *= decay
+        self._predicted *= decay
+        if tier.expected_accepted > 0:   # plain decoding measures no acceptance: the evidence only decays
+            self._observed += float(a.sum())
+            self._predicted += a.size * tier.expected_accepted
 
     @property
     def max_switches(self) -> int:

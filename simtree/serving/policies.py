@@ -1,9 +1,11 @@
 """Per-step speculation policies for the serving simulator.
 
-Each driver's ``step(b, ctx, levels, rng)`` decides the step for the ``b`` live sequences
-(contexts ``ctx``; ``levels`` the acceptance level each sequence drew this round), samples
-the accepted drafts per sequence from the acceptance model, and returns (step microseconds,
-accepted drafts [b], the label of what it ran).  Step time = C_d + C_v at the batch's mean
+Each driver's ``step(b, ctx, levels, u)`` decides the step for the ``b`` live sequences
+(contexts ``ctx``; ``levels`` the acceptance level each sequence drew this round, ``u`` one
+uniform number per sequence), draws the accepted drafts per sequence from the acceptance model
+by inverting their CDF at ``u``, and returns (step microseconds, accepted drafts [b], the label
+of what it ran).  The simulator hands every policy the same numbers for a request's n-th round
+(common random numbers), so two policies differ only by what they chose.  Step time = C_d + C_v at the batch's mean
 context and mean verified nodes, as the planner prices a round.
 
 SGLang's own classes run inside the loop: ``AdaptiveSpeculativeParams`` (its per-batch
@@ -23,9 +25,9 @@ __all__ = ["FixedDriver", "ControllerDriver", "ThresholdDriver", "SGLangAdaptive
            "sample_tier", "linear_tier"]
 
 
-def sample_tier(tier: Tier, levels: np.ndarray, rng: np.random.Generator) -> np.ndarray:
-    """Accepted drafts per sequence of one round of ``tier`` at each sequence's level."""
-    u = rng.random(levels.shape[0])
+def sample_tier(tier: Tier, levels: np.ndarray, u: np.ndarray) -> np.ndarray:
+    """Accepted drafts per sequence of one round of ``tier`` at each sequence's level: the
+    smallest count whose CDF reaches ``u``."""
     return (tier.cdf[levels] < u[:, None]).sum(1).astype(np.int64)
 
 
@@ -46,17 +48,17 @@ class FixedDriver:
     def __init__(self, costs, tier: Tier):
         self.costs, self.tier = costs, tier
 
-    def step(self, b, ctx, levels, rng):
-        return _step_us(self.costs, self.tier, levels, ctx), sample_tier(self.tier, levels, rng), self.tier.name
+    def step(self, b, ctx, levels, u):
+        return _step_us(self.costs, self.tier, levels, ctx), sample_tier(self.tier, levels, u), self.tier.name
 
 
 class ControllerDriver:
     def __init__(self, controller: Controller):
         self.ctl = controller
 
-    def step(self, b, ctx, levels, rng):
+    def step(self, b, ctx, levels, u):
         tier = self.ctl.choose(b, ctx)
-        accepted = sample_tier(tier, levels, rng)
+        accepted = sample_tier(tier, levels, u)
         self.ctl.observe(tier, accepted)
         return _step_us(self.ctl.costs, tier, levels, ctx), accepted, tier.name
 
@@ -75,9 +77,9 @@ class ThresholdDriver:
                 k = kk
         return k
 
-    def step(self, b, ctx, levels, rng):
+    def step(self, b, ctx, levels, u):
         tier = linear_tier(self.acc, self.drafts_for(b), self._cache)
-        return _step_us(self.costs, tier, levels, ctx), sample_tier(tier, levels, rng), tier.name
+        return _step_us(self.costs, tier, levels, ctx), sample_tier(tier, levels, u), tier.name
 
 
 class SGLangAdaptiveDriver:
@@ -86,10 +88,10 @@ class SGLangAdaptiveDriver:
     def __init__(self, costs, acc: AcceptanceModel, params):
         self.costs, self.acc, self.params, self._cache = costs, acc, params, {}
 
-    def step(self, b, ctx, levels, rng):
+    def step(self, b, ctx, levels, u):
         steps = int(self.params.get_steps_for_batch(b))
         tier = linear_tier(self.acc, steps, self._cache)
-        accepted = sample_tier(tier, levels, rng)
+        accepted = sample_tier(tier, levels, u)
         self.params.on_verify_complete([int(a) for a in accepted], b)
         return _step_us(self.costs, tier, levels, ctx), accepted, tier.name
 
@@ -103,17 +105,16 @@ class DSparkDriver:
         self.torch, self.costs, self.table, self.cfg, self.budget_fn = torch, costs, sps_table, cfg, budget_fn
         self.gamma = int(cfg.gamma)
         alpha = np.stack([acc.table(level, self.gamma)[:, 0] for level in range(acc.num_levels)])
-        self.alpha, self.survival = alpha, np.cumprod(alpha, axis=1)   # [L, gamma]
+        self.survival = np.cumprod(alpha, axis=1)   # [L, gamma]: P(the first j drafts accepted)
 
-    def step(self, b, ctx, levels, rng):
+    def step(self, b, ctx, levels, u):
         surv = self.survival[levels]
         decision = self.budget_fn(history_survival_probs=self.torch.from_numpy(surv), sps_table=self.table,
                                   cfg=self.cfg)
         budget = int(decision.budget)
         order = np.argsort(-surv, axis=None, kind="stable")[:budget]
         lengths = np.bincount(order // self.gamma, minlength=b)   # drafts verified per sequence
-        ok = rng.random((b, self.gamma)) < self.alpha[levels]
-        run = np.cumprod(ok, axis=1).sum(1)                       # leading accepted drafts
+        run = (self.survival[levels] > 1.0 - u[:, None]).sum(1)  # the chain's accepted drafts at u
         accepted = np.minimum(run, lengths)
         step_us = float(self.costs.draft.predict(self.gamma, 1, b)
                         + self.costs.verify.predict(1.0 + budget / b, float(ctx.mean()), b))

@@ -5,7 +5,8 @@ driver run one speculative round for every live sequence, and advances the clock
 round's predicted time.  A request's first token comes with its admission (prefill is not
 modelled: the benchmark compares decode policies); TPOT is (finish - first token) /
 (output tokens - 1).  Throughput is all output tokens over the time from the first arrival
-to the last completion.  A switch is a step whose policy label differs from the step before.
+to the last completion.  Randomness is per request and round (common random numbers): the
+n-th round of a request draws the same acceptance level and uniform under every policy.  A switch is a step whose policy label differs from the step before.
 """
 from __future__ import annotations
 
@@ -36,10 +37,13 @@ class ServeResult:
 
 
 def serve(trace: Trace, driver, weights: np.ndarray, *, max_batch: int = MAX_BATCH, seed: int = 0) -> ServeResult:
-    rng = np.random.default_rng(seed)
     cum = np.cumsum(weights)
     cum[-1] = 1.0
     R = trace.arrival_s.shape[0]
+    rounds_max = int(trace.output_len.max())
+    streams = np.random.default_rng(seed).random((2, R, rounds_max))   # [level | accept, request, round]
+    level_of = np.searchsorted(cum, streams[0], side="right")
+    rounds_done = np.zeros(R, np.int64)
     first = np.full(R, np.nan)
     finish = np.full(R, np.nan)
     ids = np.zeros(0, np.int64)
@@ -60,8 +64,10 @@ def serve(trace: Trace, driver, weights: np.ndarray, *, max_batch: int = MAX_BAT
             t = max(t, float(trace.arrival_s[nxt]))
             continue
         b = ids.size
-        levels = np.searchsorted(cum, rng.random(b), side="right")
-        step_us, accepted, what = driver.step(b, ctx, levels, rng)
+        n = rounds_done[ids]
+        levels = level_of[ids, n]
+        step_us, accepted, what = driver.step(b, ctx, levels, streams[1, ids, n])
+        rounds_done[ids] = n + 1
         steps, batch_sum = steps + 1, batch_sum + b
         switches += label is not None and what != label
         label = what
