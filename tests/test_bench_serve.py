@@ -28,7 +28,8 @@ def test_traces_keep_their_mean_rate(kind):
 def test_bench_small(tmp_path):
     pytest.importorskip("sglang.srt.speculative.adaptive_spec_params")
     from simtree.serving.bench import COLUMNS, POLICIES, run_bench
-    df = run_bench(tmp_path, models=[QWEN], loads=(0.4, 1.5), arrivals=("bursty",), num_requests=40)
+    df = run_bench(tmp_path, models=[QWEN], loads=(0.4, 1.5), arrivals=("bursty",), num_requests=24,
+                   keep_configs=True)
     assert list(df.columns) == COLUMNS and (tmp_path / "bench.png").stat().st_size > 0
     assert pd.read_csv(tmp_path / "bench.csv").shape == df.shape
     assert set(df.policy) == set(POLICIES) and len(df) == 2 * len(POLICIES)
@@ -39,3 +40,16 @@ def test_bench_small(tmp_path):
         assert ctl.switches <= ctl.steps // MIN_DWELL_STEPS
         assert np.isfinite(by.loc["sglang_dspark", "tok_s"]) and by.loc["sglang_dspark", "tok_s"] > 0
     assert (tmp_path / "configs" / "qwen3.6-27b" / "adaptive_config.json").is_file()
+    assert "switch bound" in (tmp_path / "README.md").read_text()
+
+
+def test_tier_table_not_covering_batch_1_is_one_line_and_writes_nothing(tmp_path):
+    from typer.testing import CliRunner
+
+    from simtree.cli import app
+    tiers = tmp_path / "spec.json"
+    tiers.write_text('{"num_speculative_tokens": 3, "num_speculative_tokens_per_batch_size": {"4-16": 3, "17-64": 0}}')
+    out = tmp_path / "out"
+    r = CliRunner().invoke(app, ["bench-serve", "--out", str(out), "--threshold-tiers", str(tiers)])
+    assert isinstance(r.exception, SimtreeError) and "does not cover batch 1" in str(r.exception)
+    assert "\n" not in str(r.exception) and not out.exists()

@@ -24,7 +24,14 @@ def register(app: typer.Typer) -> None:
         workload: str = typer.Option("sharegpt", "--workload", help="acceptance: preset, trace .jsonl or an "
                                      "engine acceptance file (simtree import-metrics)"),
         seed: int = typer.Option(0, "--seed"),
+        threshold_tiers: Optional[str] = typer.Option(None, "--threshold-tiers", help="a vLLM speculative_config "
+                                                      "JSON with num_speculative_tokens_per_batch_size for the "
+                                                      "threshold policy (default: simtree's export vllm tiers)"),
+        keep_configs: bool = typer.Option(False, "--keep-configs", help="also keep the SGLang / vLLM files the "
+                                          "engines' policies ran on (DIR/configs)"),
     ) -> None:
+        import shlex
+        import sys
         from simtree.cli.notes import captured_warnings, print_notes
         from simtree.errors import SimtreeError
         from simtree.serving.bench import run_bench, summary_lines
@@ -39,9 +46,10 @@ def register(app: typer.Typer) -> None:
         kinds = tuple(a.strip() for a in arrivals.split(",") if a.strip())
         with captured_warnings() as caught:
             df = run_bench(out, models=costs or None, loads=load_values, arrivals=kinds, num_requests=requests,
-                           workload=workload, seed=seed, progress=lambda s: typer.echo(f"  {s}", err=True))
+                           workload=workload, seed=seed, progress=lambda s: typer.echo(f"  {s}", err=True),
+                           keep_configs=keep_configs, threshold_tiers=threshold_tiers, command=shlex.join(["simtree", *sys.argv[1:]]))
         print_notes(caught)
         typer.echo(f"lengths: {LENGTHS_SOURCE['source']}")
         for line in summary_lines(df):
             typer.echo(line)
-        typer.echo(f"wrote {out}/bench.csv, {out}/bench.png")
+        typer.echo(f"wrote {out}/bench.csv, {out}/bench.png, {out}/README.md")

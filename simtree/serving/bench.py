@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import logging
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -22,9 +23,10 @@ import pandas as pd
 from simtree.acceptance.model import get_workload
 from simtree.control.controller import DEFAULT_TIERS, MIN_DWELL_STEPS, Controller, tier_shape
 from simtree.costs.model import load_costs, shipped_cost_paths
-from simtree.engines.export import NEAR_BEST, TierRow, adaptive_config, sps_additive_table, vllm_per_batch_size
+from simtree.engines.export import (NEAR_BEST, TierRow, adaptive_config, parse_vllm_tiers, sps_additive_table,
+                                    vllm_per_batch_size)
 from simtree.errors import SimtreeError
-from simtree.fileio import write_atomic, write_text_atomic
+from simtree.fileio import read_json, write_atomic, write_text_atomic
 from simtree.serving.costgrid import CostGrid
 from simtree.serving.policies import (ControllerDriver, DSparkDriver, FixedDriver, SGLangAdaptiveDriver,
                                       ThresholdDriver)
@@ -114,13 +116,42 @@ def _drivers(m: dict, sg) -> dict:
 
 
 def run_bench(out: str | Path, *, models=None, loads=LOADS, arrivals=ARRIVALS, num_requests: int = 300,
-              workload: str = "sharegpt", seed: int = 0, progress=None) -> pd.DataFrame:
+              workload: str = "sharegpt", seed: int = 0, progress=None, keep_configs: bool = False,
+              command: str = "", threshold_tiers: str | Path | None = None) -> pd.DataFrame:
+    """Every policy on every (model, arrivals, load); writes ``out/bench.csv``, ``bench.png`` and
+    ``README.md`` (the command, the setup, the controller against the rest), and with
+    ``keep_configs`` the SGLang / vLLM files the engines' policies ran on (``out/configs``).
+    ``threshold_tiers``: a vLLM ``speculative_config`` JSON (or its
+    ``num_speculative_tokens_per_batch_size`` object) for the threshold policy instead of simtree's."""
+    tiers = None if threshold_tiers is None else read_vllm_tiers(threshold_tiers)
     sg = _sglang()
     out = Path(out)
+    with tempfile.TemporaryDirectory(prefix="simtree-bench-") as scratch:
+        df = _run(out, Path(scratch) if not keep_configs else out, models, loads, arrivals, num_requests,
+                  workload, seed, progress, sg, tiers)
+    write_atomic(out / "bench.csv", lambda tmp: df.to_csv(tmp, index=False, float_format="%.6g"))
+    _plot(df, out / "bench.png")
+    write_text_atomic(out / "README.md", _readme(df, command or f"simtree bench-serve --out {out}", num_requests,
+                                                 workload))
+    return df
+
+
+def read_vllm_tiers(path: str | Path) -> list[tuple[int, int, int]]:
+    """A vLLM ``speculative_config`` JSON (or its per-batch-size object) as sorted tiers."""
+    data = read_json(path, "vLLM speculative config")
+    if isinstance(data, dict) and "num_speculative_tokens_per_batch_size" in data:
+        data = data["num_speculative_tokens_per_batch_size"]
+    return parse_vllm_tiers(data, str(path))
+
+
+def _run(out, cfg_root, models, loads, arrivals, num_requests, workload, seed, progress, sg,
+         tiers=None) -> pd.DataFrame:
     paths = [Path(p) for p in (models or default_models())]
     rows = []
     for path in paths:
-        m = _model_setup(path, out, workload, sg)
+        m = _model_setup(path, cfg_root, workload, sg)
+        if tiers is not None:
+            m["tiers"] = tiers
         statics = [tier_shape(m["acc"], s, i) for i, s in enumerate(DEFAULT_TIERS)]
         for kind in arrivals:
             for load in loads:
@@ -142,10 +173,24 @@ def run_bench(out: str | Path, *, models=None, loads=LOADS, arrivals=ARRIVALS, n
                                  "steps": r.steps, "mean_batch": r.mean_batch})
                 if progress:
                     progress(f"{m['model']} {kind} {load:g}x")
-    df = pd.DataFrame(rows, columns=COLUMNS)
-    write_atomic(out / "bench.csv", lambda tmp: df.to_csv(tmp, index=False, float_format="%.6g"))
-    _plot(df, out / "bench.png")
-    return df
+    return pd.DataFrame(rows, columns=COLUMNS)
+
+
+def _readme(df: pd.DataFrame, command: str, num_requests: int, workload: str) -> str:
+    ctl = df[df.policy == "controller"]
+    lines = ["# Serving benchmark (simulated on the shipped H200 costs)", "",
+             f"Regenerate: `{command}` (written by that command; docs/controller.md describes the model).", "",
+             f"{num_requests} requests per trace, ShareGPT lengths ({LENGTHS_SOURCE['source']}), acceptance: "
+             f"{workload}; up to {MAX_BATCH} live sequences; loads are multiples of the request rate that "
+             "saturates plain decoding at batch 64. `bench.csv` has one row per (model, arrivals, load, policy); "
+             "`detail` names the best static tier; `sglang_dspark` sets a verify budget every step by design, "
+             "so its switches are not counted.", "",
+             f"Controller switch bound: at most one switch per {MIN_DWELL_STEPS} steps; here at most "
+             f"{int(ctl.switches.max())} switches in a run (bound {int((ctl.steps // MIN_DWELL_STEPS).min())} for its "
+             f"shortest run), {ctl.switches_per_min.max():.1f} switches/min at most.", "",
+             "The controller against the best other policy at each point:", ""]
+    lines += [f"- {line}" for line in summary_lines(df)]
+    return "\n".join(lines) + "\n"
 
 
 def summary_lines(df: pd.DataFrame) -> list[str]:
@@ -176,13 +221,14 @@ def _plot(df: pd.DataFrame, path: Path) -> None:
     fig, axes = plt.subplots(2, len(groups), figsize=(4.2 * len(groups), 7), squeeze=False)
     for col, ((model, kind), g) in enumerate(groups):
         loads = list(dict.fromkeys(g["load"]))
+        none = g[g.policy == "none"].set_index("load").loc[loads, "tok_s"].to_numpy()
         for policy in POLICIES:
             h = g[g.policy == policy].set_index("load").loc[loads]
             style = dict(lw=2.5, color="k") if policy == "controller" else dict(lw=1, marker="o", ms=3)
-            axes[0, col].plot(loads, h["tok_s"], label=policy, **style)
+            axes[0, col].plot(loads, h["tok_s"].to_numpy() / none, label=policy, **style)
             axes[1, col].plot(loads, h["tpot_p99_ms"], label=policy, **style)
         axes[0, col].set_title(f"{model}, {kind}", fontsize=9)
-        axes[0, col].set_ylabel("tok/s")
+        axes[0, col].set_ylabel("tok/s over plain decoding's")
         axes[1, col].set_ylabel("TPOT p99 (ms)")
         axes[1, col].set_xlabel("load (x plain decoding's capacity at batch 64)")
     axes[0, 0].legend(fontsize=7)
