@@ -4,9 +4,12 @@ A fitted surface costs ~0.7 ms per call; a served trace asks it at every step.  
 the grid evaluates C_v once on nodes per sequence in steps of 1/8 and contexts in buckets of
 ``CTX_BUCKET`` tokens, and C_d on whole (steps, top-k); lookups take the nearest node step and
 interpolate linearly in context.  The same ``verify.predict`` / ``draft.predict`` signatures
-as a bundle, so the controller takes either.
+as a bundle, so the controller takes either.  The grid itself spans more than the measured
+range; a lookup outside it warns once per axis, as the bundle does.
 """
 from __future__ import annotations
+
+import warnings
 
 import numpy as np
 
@@ -43,15 +46,39 @@ class CostGrid:
         self._v: dict[int, np.ndarray] = {}
         self._d: dict[int, np.ndarray] = {}
         self.verify, self.draft = _Verify(self), _Draft(self)
+        self._warned: set = set()
+
+    def _check(self, model: str, axis: str, value) -> None:
+        if (model, axis) in self._warned:
+            return
+        lo, hi = (getattr(self.costs, model).valid_range or {}).get(axis, (None, None))
+        if lo is None:
+            return
+        if np.isscalar(value):
+            small = big = float(value)
+        else:
+            v = np.asarray(value, np.float64)
+            small, big = float(v.min()), float(v.max())
+        if small >= lo and big <= hi:
+            return
+        self._warned.add((model, axis))
+        warnings.warn(f"{self.meta.get('model', '?')} {model} cost model queried outside its measured range "
+                      f"({axis} in [{lo:g}, {hi:g}], asked {big if big > hi else small:g}); "
+                      "extrapolating conservatively (non-decreasing)", RuntimeWarning, stacklevel=3)
 
     def _vgrid(self, b: int) -> np.ndarray:
         if b not in self._v:
             N, L = np.meshgrid(self._n, self._l, indexing="ij")
-            self._v[b] = np.asarray(self.costs.verify.predict(N, L, b), np.float64)
+            with warnings.catch_warnings():   # the grid spans more than is queried: lookups warn
+                warnings.simplefilter("ignore")
+                self._v[b] = np.asarray(self.costs.verify.predict(N, L, b), np.float64)
+            self._check("verify", "batch_size", b)
         return self._v[b]
 
     def verify_us(self, nodes, context_len, b: int):
         g = self._vgrid(b)
+        self._check("verify", "nodes_per_seq", nodes)
+        self._check("verify", "context_len", context_len)
         if np.isscalar(nodes) and np.isscalar(context_len):   # the per-step call: no array overhead
             i = min(max(int(round((float(nodes) - 1.0) / NODE_STEP)), 0), g.shape[0] - 1)
             x = min(max(float(context_len) / CTX_BUCKET, 0.0), g.shape[1] - 1.000001)
@@ -65,7 +92,10 @@ class CostGrid:
 
     def draft_us(self, num_steps, topk, b: int):
         if b not in self._d:
-            self._d[b] = np.asarray(self.costs.draft.predict(self._s[:, None], self._k[None, :], b), np.float64)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                self._d[b] = np.asarray(self.costs.draft.predict(self._s[:, None], self._k[None, :], b), np.float64)
+        self._check("draft", "num_steps", num_steps)
         g = self._d[b]
         if np.isscalar(num_steps) and np.isscalar(topk):
             if num_steps <= 0:
