@@ -192,29 +192,37 @@ class SpecEngine:
 
     # ---- the decode loop -----------------------------------------------------------------
     def generate(self, prompts: list[list[int]], max_new_tokens: int, spec: PolicySpec, workload: str = "",
-                 trace=None, progress=None) -> GenerationResult:
+                 trace=None, progress=None, controller=None) -> GenerationResult:
         """Decode ``max_new_tokens`` greedy tokens for each prompt. ``trace``: an open
-        :class:`simtree.runtime.trace.TraceWriter`; ``progress(done_tokens)``: a callback."""
+        :class:`simtree.runtime.trace.TraceWriter`; ``progress(done_tokens)``: a callback.
+        ``controller`` (:class:`simtree.control.Controller`, or any object with its ``tiers``,
+        ``choose`` and ``observe``): each round runs the tier it chooses instead of ``spec``
+        (caches are sized for the widest of ``spec`` and its tiers)."""
         spec = check_spec(spec)
+        if controller is not None:
+            for tier in controller.tiers:
+                self.check_fits(tier.spec)
         if not prompts or any(len(p) == 0 for p in prompts):
             raise SimtreeError("every prompt needs at least one token")
         max_new_tokens = check_int(max_new_tokens, "max_new_tokens")
-        if not isinstance(spec, NoneParams) and self.draft is None:
+        specs = [spec] + ([] if controller is None else [t.spec for t in controller.tiers])
+        speculates = any(not isinstance(sp, NoneParams) for sp in specs)
+        if speculates and self.draft is None:
             raise SimtreeError(f"mode {spec.mode} needs a draft model")
         self.check_fits(spec)
         self._price = RunningPrice()
         B = len(prompts)
-        widest = spec.max_nodes
+        widest = max(sp.max_nodes for sp in specs)
         # a sequence keeps decoding until the slowest reaches max_new_tokens, gaining at most
         # `widest` tokens per round: size the cache for max_new_tokens rounds of that
         max_len = max(map(len, prompts)) + widest * (max_new_tokens + 1) + 2
         cache = self.target.new_cache(B, max_len)
         # the drafter's cache also holds the deepest drafted position of a round on top
-        draft_len = max_len + draft_extent(spec)[1] + 1
+        draft_len = max_len + max(draft_extent(sp)[1] for sp in specs) + 1
         t0 = time.perf_counter()
         outs = [[int(t)] for t in self.target.prefill(cache, prompts).argmax(-1)]
         drafter = None
-        if not isinstance(spec, NoneParams):
+        if speculates:
             drafter = Drafter(self.draft, B, draft_len)
             drafter.prefill(prompts)
         prefill_us = (time.perf_counter() - t0) * 1e6
@@ -225,7 +233,9 @@ class SpecEngine:
             ctx = float(np.mean(ctx_lens))
             t0 = time.perf_counter()
             self._topk = None
-            batch = TreeBatch(self._trees(spec, drafter, roots, ctx))
+            tier = None if controller is None else controller.choose(len(roots), ctx_lens)
+            spec_r = spec if tier is None else tier.spec
+            batch = TreeBatch(self._trees(spec_r, drafter, roots, ctx))
             if self.target.prefers_depth_first(batch):   # the GDN kernel's fastest order
                 batch = batch.depth_first()
             t1 = time.perf_counter()
@@ -237,6 +247,8 @@ class SpecEngine:
             target_next = logits.argmax(-1).cpu().numpy()  # the host copy synchronises
             t2 = time.perf_counter()
             acc = greedy_accept_batch(batch, target_next)
+            if tier is not None:
+                controller.observe(tier, acc.num_accepted)
             if not plain:
                 self.target.commit(cache, batch, pend, acc.last_node)
                 _sync(self.target)
@@ -250,14 +262,14 @@ class SpecEngine:
             for b in range(B):
                 outs[b] += paths[b][1:] + [int(acc.bonus_tokens[b])]
             produced += int(acc.num_accepted.sum()) + B
-            self._update_price(spec, batch, int(acc.num_accepted.sum()) + B, ctx)
+            self._update_price(spec_r, batch, int(acc.num_accepted.sum()) + B, ctx)
             stats = RoundStats((t1 - t0 + t4 - t3) * 1e6, (t2 - t1) * 1e6, (t3 - t2) * 1e6,
                                [t.num_nodes for t in batch.trees], acc.num_accepted.tolist(),
                                live=sum(n < max_new_tokens for n in before))
             rounds.append(stats)
             if trace is not None:
                 trace.write_round(batch, acc, workload=workload, batch_size=B, round_index=len(rounds) - 1,
-                                  mode=spec.mode, context_lens=ctx_lens, topk=self._topk)
+                                  mode=spec_r.mode, context_lens=ctx_lens, topk=self._topk)
             if progress is not None:
                 progress(min(sum(min(len(o), max_new_tokens) for o in outs), B * max_new_tokens))
         return GenerationResult([o[:max_new_tokens] for o in outs], rounds, prefill_us, produced)

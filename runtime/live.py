@@ -170,7 +170,8 @@ class _Warnings(list):
 def live_run(*, spec: PolicySpec | None = None, policy=None, policy_workload: str | None = None,
              workload: str = "sharegpt", batch_size: int = 4, prompts: int | None = None,
              max_new_tokens: int = 64, costs: str | Path | Costs | None = None, models_dir=None, out=None,
-             check_lossless: bool = False, threads: int = 1, device: str = "cpu", progress=None) -> dict:
+             check_lossless: bool = False, threads: int = 1, device: str = "cpu", progress=None,
+             controller: bool = False) -> dict:
     """Run live speculative decoding; returns the report dict (also written to ``out/run.json``
     with traces in ``out/traces.jsonl`` when ``out`` is given).
 
@@ -185,7 +186,9 @@ def live_run(*, spec: PolicySpec | None = None, policy=None, policy_workload: st
 
     The report's ``warnings`` (cost bundle / policy of another model or device, a batch size
     outside the policy's range) and ``notes`` (cost-model extrapolation, a run without decode
-    rounds) are one line each.
+    rounds) are one line each.  ``controller``: each round's tier is chosen online by
+    :class:`simtree.control.Controller` (on ``costs``, else the synthetic bundle, and the
+    workload's preset acceptance); the report's ``controller`` says what it ran.
     """
     trace = None   # _live_run discards its staged traces itself when it raises
     try:
@@ -194,7 +197,7 @@ def live_run(*, spec: PolicySpec | None = None, policy=None, policy_workload: st
                 spec=spec, policy=policy, policy_workload=policy_workload, workload=workload,
                 batch_size=batch_size, prompts=prompts, max_new_tokens=max_new_tokens, costs=costs,
                 models_dir=models_dir, out=out, check_lossless=check_lossless, threads=threads, device=device,
-                progress=progress)
+                progress=progress, controller=controller)
         notes = report.setdefault("notes", [])
         notes += [n for n in extrapolated if n not in notes]
         if out is not None:
@@ -213,7 +216,7 @@ def _discard_staged(trace) -> None:
 
 
 def _live_run(*, spec, policy, policy_workload, workload, batch_size, prompts, max_new_tokens, costs,
-              models_dir, out, check_lossless, threads, device, progress) -> tuple:
+              models_dir, out, check_lossless, threads, device, progress, controller=False) -> tuple:
     """-> (report, out, the staged traces ``_write`` commits there); (report, None, None)
     without ``out``."""
     batch_size = check_int(batch_size, "--batch-size")
@@ -254,6 +257,7 @@ def _live_run(*, spec, policy, policy_workload, workload, batch_size, prompts, m
                            f"model has (max_position_embeddings of {models_dir / 'target'})")
     engine = SpecEngine(target.to(device), draft.to(device), engine_costs)   # vocabularies must agree
     engine.check_fits(spec)
+    ctl = _controller(engine_costs, workload) if controller else None
     count = prompts or batch_size
     count = math.ceil(count / batch_size) * batch_size  # whole batches only: B stays constant
     texts = load_prompts(workload, count)
@@ -274,7 +278,8 @@ def _live_run(*, spec, policy, policy_workload, workload, batch_size, prompts, m
         for s in range(0, count, batch_size):
             chunk = ids[s:s + batch_size]
             cb = None if progress is None else (lambda n, base=done: progress(base + n, total))
-            res = engine.generate(chunk, max_new_tokens, spec, workload=workload, trace=trace, progress=cb)
+            res = engine.generate(chunk, max_new_tokens, spec, workload=workload, trace=trace, progress=cb,
+                                  controller=ctl)
             done += len(chunk) * max_new_tokens
             results.append(res)
             if check_lossless:
@@ -284,7 +289,10 @@ def _live_run(*, spec, policy, policy_workload, workload, batch_size, prompts, m
         rounds = [r for res in results for r in res.rounds]
         report = _report(results, rounds, spec, workload, batch_size, count, max_new_tokens, models_dir, here,
                          costs_label, policy_info, host, check_lossless, mismatches, tok)
-        if costs is not None and rounds:
+        if ctl is not None:
+            report["controller"] = {"steps": ctl.steps, "switches": ctl.switches, "bound": ctl.max_switches,
+                                    "tiers": [t.name for t in ctl.tiers], "acceptance_ratio": ctl.ratio}
+        if costs is not None and rounds and ctl is None:
             report["predicted"] = _predict(costs, trace.tmp_path, spec, batch_size, [len(p) for p in ids],
                                            max_new_tokens - 1, workload)
             report["predicted"]["comparable"] = comparable
@@ -300,6 +308,17 @@ def _live_run(*, spec, policy, policy_workload, workload, batch_size, prompts, m
         return report, None, None
     report["files"] = {"report": str(out / "run.json"), "traces": str(out / "traces.jsonl")}
     return report, out, trace
+
+
+def _controller(costs, workload: str):
+    """The online controller of ``simtree run --controller``: the workload's preset acceptance
+    (sharegpt for a workload without one) and the run's costs (else the synthetic bundle)."""
+    from simtree.acceptance.model import PRESETS, get_workload
+    from simtree.control import Controller
+    if costs is None:
+        from simtree.costs.synthetic import synthetic_costs
+        costs = synthetic_costs()
+    return Controller(costs, get_workload(workload if workload in PRESETS else "sharegpt").acceptance)
 
 
 def _write(report: dict, out: Path, trace) -> None:

@@ -22,4 +22,7 @@ if ! .venv/bin/python -c "import torch" 2>/dev/null; then
 fi
 # an editable install of this layout (root folders mapped into simtree) always gets setuptools'
 # informational "Editable installation." notice; nothing in it needs acting on
-PYTHONWARNINGS="ignore:Editable installation" .venv/bin/python -m pip install -q -e ".[test,data]"
+PYTHONWARNINGS="ignore:Editable installation" .venv/bin/python -m pip install -q -e ".[test,data,sglang]"
+# SGLang itself without its GPU dependencies (pyproject.toml, extra "sglang"): its loaders and
+# schedulers' pure-Python parts import on a CPU machine; tests skip where it is missing
+.venv/bin/python -c "import sglang" 2>/dev/null || .venv/bin/python -m pip install -q --no-deps "sglang==0.5.23"

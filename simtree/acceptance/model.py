@@ -91,12 +91,19 @@ _PRESET_LENGTHS = {"gsm8k": (256, 0.4, 256), "mbpp": (384, 0.4, 256), "sharegpt"
 
 
 def get_workload(spec: str, prompt_len: float | None = None, output_len: int | None = None) -> Workload:
-    """A preset name (gsm8k, mbpp, sharegpt) or a JSONL trace file, optionally
-    ``file.jsonl#workload`` to pick one workload of a mixed file."""
+    """A preset name (gsm8k, mbpp, sharegpt), a JSONL trace file, optionally
+    ``file.jsonl#workload`` to pick one workload of a mixed file, or an engine acceptance file
+    (``acceptance.json`` of ``simtree import-metrics``)."""
     spec = str(spec)
     if spec in PRESETS:
         mean, sigma, out = _PRESET_LENGTHS[spec]
         acc, note = preset_model(spec), "preset"
+    elif spec.endswith(".json") and Path(spec).is_file():   # measured by a serving engine
+        from simtree.acceptance.engine_file import engine_acceptance_model
+        from simtree.fileio import read_json
+        acc = engine_acceptance_model(read_json(spec, "engine acceptance"), spec)
+        mean, sigma, out = 512.0, 0.5, 256
+        note = f"measured by {acc.name.split('_')[0]} ({acc.meta.get('num_drafts') or 'an unknown number of'} drafts)"
     elif ".jsonl" in spec or Path(spec).is_file():
         path, _, only = spec.partition("#")  # "traces.jsonl#sharegpt" keeps one workload
         records = read_traces(path, only or None)

@@ -21,6 +21,9 @@ COMMANDS = {
     "report": "Render a report (markdown + PNG) from saved plans, fits or runs.",
     "train": "Train the small target and draft models that the runtime ships.",
     "sglang": "Print SGLang server arguments (static EAGLE tree) for a planned policy.",
+    "export": "Write a planned policy as what SGLang or vLLM takes (launch flags, adaptive config, SPS table).",
+    "import-metrics": "Read the acceptance a vLLM or SGLang server measured into an acceptance file for plan.",
+    "bench-serve": "Serve arrival traces in the simulator: none, static, threshold, SGLang's own policies, controller.",
 }
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
@@ -29,7 +32,7 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_
 
 def _register_all() -> None:
     for name in COMMANDS:
-        importlib.import_module(f"simtree.cli.{name}").register(app)
+        importlib.import_module(f"simtree.cli.{name.replace('-', '_')}").register(app)
 
 
 _register_all()

@@ -79,6 +79,8 @@ def register(app: typer.Typer) -> None:
         deployment: str = typer.Option(None, help="full scale: the deployment whose one rank to run (qwen: tp=N, "
                                                   "its heads and MLP columns per rank; deepseek-v4-flash: ep=8). "
                                                   "Collectives are not run; refused when the rank does not fit"),
+        controller: bool = typer.Option(False, "--controller", help="tiny runtime: each round's tier (none, "
+                                        "linear, EAGLE) chosen online by simtree.control (docs/controller.md)"),
     ) -> None:
         mode = "none" if mode == "plain" else mode
         if prompt_ids:
@@ -136,7 +138,8 @@ def register(app: typer.Typer) -> None:
                 report = live_run(spec=spec, policy=policy, policy_workload=policy_workload,
                                   workload=workload, batch_size=batch_size, prompts=prompts,
                                   max_new_tokens=max_new_tokens, costs=costs, models_dir=models, out=out,
-                                  check_lossless=check, threads=threads, device=device, progress=progress)
+                                  check_lossless=check, threads=threads, device=device, progress=progress,
+                                  controller=controller)
         except Interrupted as exc:   # live_run removed its staged traces; run.json is written last
             if task:
                 bar.stop()
@@ -182,6 +185,9 @@ def register(app: typer.Typer) -> None:
                       "-" if not p else f"{fmt(p.get('draft_us'), '{:.0f}')} / {fmt(p.get('verify_us'), '{:.0f}')} / -")
         console = output_console()
         console.print(table)
+        if report.get("controller"):
+            c = report["controller"]
+            typer.echo(f"controller: {c['switches']} tier switches in {c['steps']} rounds (bound {c['bound']})")
         if report["costs"] and "SYNTHETIC" in str(report["costs"]):
             console.print(f"[bold red]costs: {report['costs']}[/]")
         if report.get("policy"):

@@ -29,7 +29,7 @@ from simtree.fileio import read_json, write_text_atomic
 __all__ = ["START", "END", "PLAN_TOLERANCE", "plan_gap", "plan_standing", "plan_gaps", "Folder", "FOLDERS", "headlines", "summary_table", "reports_index",
            "replace_block", "write_summary", "gdn_headline", "v4_headline", "profile_headline",
            "fit_headline", "plan_headline", "acceptance_headline", "loop_headline", "lossless_headline", "cpu_host_headline",
-           "live_headline"]
+           "live_headline", "bench_serve_headline"]
 
 START, END = "<!-- summary:start -->", "<!-- summary:end -->"
 MODEL_NAMES = {"qwen3.6-27b": "Qwen3.6-27B", "deepseek-v4-flash": "DeepSeek-V4-Flash"}
@@ -287,6 +287,23 @@ def live_headline(folder: Path) -> str:
             f"{_lossless_by_dtype(_csv(folder / 'lossless.csv'))}")
 
 
+def bench_serve_headline(folder: Path) -> str:
+    """bench.csv of the serving benchmark: the controller against the best other policy (the
+    least margin over every model, arrival process and load) and its TPOT p99 against the best
+    static policy's."""
+    df = _csv(folder / "bench.csv")
+    margins, tpot = [], []
+    for _, g in df.groupby(["model", "arrivals", "load"]):
+        by = g.set_index("policy")
+        margins.append(by.loc["controller", "tok_s"] / by.drop(index="controller")["tok_s"].max() - 1)
+        tpot.append(by.loc["controller", "tpot_p99_ms"] / by.loc["best_static", "tpot_p99_ms"] - 1)
+    models = ", ".join(_model(m) for m in sorted(df["model"].unique()))
+    return (f"{models}: the controller's throughput vs the best other policy {100 * min(margins):+.1f}% at "
+            f"worst, {100 * max(margins):+.1f}% at best over {len(margins)} (arrivals, load) points; TPOT p99 vs "
+            f"the best static {100 * max(tpot):+.1f}% at worst; at most "
+            f"{df[df.policy == 'controller']['switches_per_min'].max():.0f} switches/min")
+
+
 def _lossless_by_dtype(lossless: pd.DataFrame) -> str:
     """'lossless in bf16 3 of 6 policy checks match plain greedy (...)' per dtype; checks on a
     model cut to fewer layers say so (sessions before the dtype column: bf16, whole models)."""
@@ -348,6 +365,10 @@ FOLDERS: tuple[Folder, ...] = (
     Folder("reports/h200/lossless", "Lossless check on the H200",
            "every speculative mode at batch 1 and 4 against plain greedy decoding",
            "`bash scripts/lossless_gpu.sh reports/h200/lossless` (H200)", lossless_headline),
+    Folder("reports/bench_serve", "Serving benchmark (simulated, shipped H200 costs)",
+           "Poisson and bursty ShareGPT traces through continuous batching: none, best static, vLLM-style "
+           "threshold, SGLang's own adaptive and DSpark planners, simtree's controller",
+           "`simtree bench-serve --out reports/bench_serve`", bench_serve_headline),
     Folder("reports/cpu_loop", "Closed loop on a 2-core CPU",
            "the same loop on this repository's CPU machine, every run measured twice (repeat.md)",
            "`PHASES=\"measure plan runs report repeat\" bash scripts/loop_cpu.sh reports/cpu_loop` (without a "

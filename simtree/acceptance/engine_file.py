@@ -1,0 +1,63 @@
+"""The acceptance a serving engine measured (``simtree import-metrics``; schema
+``simtree.engine_acceptance/1``) as an :class:`AcceptanceModel`.
+
+With per-position rates (vLLM), depth d accepts the drafter's top-1 with the measured
+conditional rate P(position d accepted | d-1 was); beyond the measured positions the deepest
+rate repeats.  With only a mean accepted length (SGLang), the geometric model of
+:func:`~simtree.acceptance.mixture.calibrate_linear` reproduces it at the engine's draft
+length.  Engines verify chains, so the rates of lower-ranked siblings are not measured: each
+takes ``SIBLING_SHARE`` of the mass the ranks above it leave (the assumption of
+``calibrate_linear``), and the file's note says so.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from simtree.acceptance.mixture import ALPHA_MAX, DEFAULT_DEPTH, DEFAULT_TOPK, AcceptanceModel, calibrate_linear
+from simtree.errors import SimtreeError
+
+__all__ = ["ENGINE_ACCEPTANCE_SCHEMA", "SIBLING_SHARE", "engine_acceptance_model"]
+
+ENGINE_ACCEPTANCE_SCHEMA = "simtree.engine_acceptance/1"
+SIBLING_SHARE = 0.35
+ASSUMED = "sibling ranks assumed (engines verify chains): each takes 0.35 of the mass left above it"
+
+
+def engine_acceptance_model(data: dict, where: str) -> AcceptanceModel:
+    if not isinstance(data, dict) or data.get("schema") != ENGINE_ACCEPTANCE_SCHEMA:
+        raise SimtreeError(f"{where}: not an engine acceptance file (schema {ENGINE_ACCEPTANCE_SCHEMA!r})")
+    name = f"{data.get('engine', 'engine')}_measured"
+    meta = {"num_drafts": data.get("num_drafts"), "mean_accepted_tokens": data.get("mean_accepted_tokens"),
+            "mean_accepted_tokens_se": data.get("mean_accepted_tokens_se"), "assumed": ASSUMED}
+    cond = data.get("conditional_accept_rate")
+    if cond:
+        alpha = np.asarray(cond, np.float64)
+        if alpha.ndim != 1 or not np.all(np.isfinite(alpha)) or np.any((alpha < 0) | (alpha > 1)):
+            raise SimtreeError(f"{where}: conditional_accept_rate must be probabilities, got {cond}")
+        alpha = np.minimum(alpha, ALPHA_MAX)
+        depth = max(DEFAULT_DEPTH, alpha.size)
+        alpha = np.concatenate([alpha, np.repeat(alpha[-1:], depth - alpha.size)])
+        cols, left = [alpha], 1.0 - alpha
+        for _ in range(1, DEFAULT_TOPK):
+            cols.append(np.minimum(left * SIBLING_SHARE, cols[-1]))
+            left = left - cols[-1]
+        return AcceptanceModel(name, np.stack(cols, 1)[None], np.ones(1), f"{where} (per-position rates)", meta)
+    mean, draft_len = data.get("mean_accepted_tokens"), data.get("draft_len")
+    if not isinstance(mean, (int, float)) or not math.isfinite(mean):
+        raise SimtreeError(f"{where}: mean_accepted_tokens must be a number, got {mean!r}")
+    if not isinstance(draft_len, int) or draft_len < 1:
+        raise SimtreeError(f"{where}: the draft length is unknown (draft_len {draft_len!r}): a mean accepted "
+                           "length alone cannot be turned into per-depth acceptance")
+    if mean <= 1.0:
+        raise SimtreeError(f"{where}: mean accepted tokens {mean:g} <= 1: the engine accepted no drafts")
+    mean = min(mean, 1.0 + 0.97 * draft_len)
+    for spread in (0.25, 0.0):   # three difficulty levels where the mean allows, else one
+        try:
+            acc = calibrate_linear(mean, draft_len + 1, name=name, source=f"{where} (mean accepted length)",
+                                   sibling_share=SIBLING_SHARE, spread=spread)
+        except SimtreeError:
+            continue
+        return AcceptanceModel(acc.name, acc.tables, acc.weights, acc.source, {**acc.meta, **meta})
+    raise SimtreeError(f"{where}: mean accepted tokens {mean:g} is out of reach for draft length {draft_len}")

