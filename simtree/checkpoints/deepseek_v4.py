@@ -201,7 +201,9 @@ def rope_perm(width: int, rope: int) -> torch.Tensor:
 
 def _rows(t: torch.Tensor, block: int, rope: int, dim: int = 0) -> torch.Tensor:
     """t's index ``dim`` read as blocks of ``block`` channels (each ending in a rope slice), permuted."""
-    n = t.shape[dim] // block
+    n, rest = divmod(t.shape[dim], block)
+    if rest or not n:                   # a misshapen tensor: left as is, for the shape check to name
+        return t
     idx = (rope_perm(block, rope)[None, :] + block * torch.arange(n)[:, None]).reshape(-1)
     return t.index_select(dim, idx)
 
