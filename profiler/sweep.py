@@ -51,7 +51,8 @@ from simtree.deploy.deployment import DEFAULT_DEPLOYMENT, parse_deployment
 from simtree.errors import SimtreeError
 from simtree.fileio import read_yaml
 from simtree.machine.hostprobe import probe as host_probe
-from simtree.models import COMMIT_STAGE, DECODE_STAGE, MODEL_ROUND_STAGE, ROUND_STAGE, VERIFY_STAGE, get_model
+from simtree.models import (COMMIT_STAGE, DECODE_STAGE, HASH_MLP_STAGE, MODEL_ROUND_STAGE, ROUND_STAGE, VERIFY_STAGE,
+                            get_model)
 
 from .collectives import COLLECTIVES_STAGE, check_collectives_entry
 from .stages import NO_BUILDERS, build_workload, check_variant, default_variants
@@ -211,7 +212,7 @@ def _check_grid(grid, where: str) -> None:
 def known_stages() -> set[str]:
     """Every stage name (and alias) a sweep entry may name."""
     names = {"attention", "proj", "mlp_step", "lm_head_step", "draft_step", "stack_verify_step",
-             "model_verify_step", MODEL_ROUND_STAGE, COLLECTIVES_STAGE}
+             "model_verify_step", MODEL_ROUND_STAGE, COLLECTIVES_STAGE, HASH_MLP_STAGE}
     for per_kind in (VERIFY_STAGE, COMMIT_STAGE, ROUND_STAGE, DECODE_STAGE):
         names |= set(per_kind.values())
     names |= {f"{k}_proj_step" for k in VERIFY_STAGE}

@@ -46,7 +46,7 @@ from simtree.deploy.deployment import DEFAULT_DEPLOYMENT, parse_deployment
 from simtree.errors import SimtreeError
 from simtree.kernels.v4 import (CompressorParams, V4AttnConfig, V4Cache, V4Inputs, V4LayerWeights, apply_commit,
                                 plan_commit_device, plan_verify_device, tree_verify)
-from simtree.models import ModelShape
+from simtree.models import ModelShape, hash_layers
 
 from . import ops
 from .attention import tree_attention
@@ -143,12 +143,7 @@ class V4Dims:
     def of(cls, shape: ModelShape, ep_ranks: int | None = None) -> "V4Dims":
         v, m = shape.v4, shape.mlp
         E, _ = rank_experts(shape, ep_ranks)
-        n = shape.num_layers
-        types = v.get("mlp_layer_types")
-        if types is None:
-            hashed = tuple(range(min(n, int(v.get("num_hash_layers", 3)))))
-        else:
-            hashed = tuple(i for i, t in enumerate(types) if t == "hash_moe")
+        hashed = hash_layers(shape)
         yarn = v.get("rope_scaling") or {}
         return cls(shape.hidden, shape.vocab, int(v["q_heads"]), int(v["head_dim"]), int(v["rope_dim"]),
                    int(v["q_lora_rank"]), int(v["o_groups"]), int(v["o_lora_rank"]), int(v["window"]),

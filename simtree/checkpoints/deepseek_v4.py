@@ -35,7 +35,7 @@ from types import SimpleNamespace
 import torch
 
 from simtree.errors import SimtreeError
-from simtree.models import ModelShape
+from simtree.models import ModelShape, hash_layers
 
 __all__ = ["MODEL_TYPE", "read_config", "shape_from_config", "load_weights", "rope_perm"]
 
@@ -279,13 +279,10 @@ _NAMES = {"ln1": "attn_norm.weight", "ln2": "ffn_norm.weight", "wq_a": "attn.wq_
 
 def _dims(shape: ModelShape) -> SimpleNamespace:
     v = shape.v4
-    types = v.get("mlp_layer_types")
-    if types is None:
-        types = ["hash_moe"] * int(v.get("num_hash_layers", 3))
     return SimpleNamespace(D=int(v["head_dim"]), rope=int(v["rope_dim"]), G=int(v["o_groups"]),
                            orank=int(v["o_lora_rank"]), Di=int(v["index_head_dim"]), csa=int(v["csa_ratio"]),
                            ratio=lambda k: {"swa": 0, "csa": int(v["csa_ratio"]), "hca": int(v["hca_ratio"])}[k],
-                           hash_layers={i for i, t in enumerate(types) if t == "hash_moe"})
+                           hash_layers=set(hash_layers(shape)))
 
 
 def load_weights(folder, shape: ModelShape, specs, device="cpu", dtype=torch.bfloat16, ep_rank: int = 0,
