@@ -21,29 +21,28 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from . import ops
+
 __all__ = ["hc_pre", "hc_post", "hc_head", "expand"]
+
+
+def _dt(x: torch.Tensor) -> torch.dtype:
+    """fp32, or float64 in a float64 model."""
+    return torch.float64 if x.dtype == torch.float64 else torch.float32
 
 
 def _mix(x: torch.Tensor, fn: torch.Tensor, eps: float) -> torch.Tensor:
     """Unweighted RMSNorm of the streams' concatenation [T, hc h] (fp32), times fn^T."""
-    flat = x.reshape(x.shape[0], -1).float()
+    flat = x.reshape(x.shape[0], -1).to(_dt(x))
     flat = flat * torch.rsqrt(flat.square().mean(-1, keepdim=True) + eps)
-    return F.linear(flat, fn.float())
+    return F.linear(flat, fn.to(flat.dtype))
 
 
 def hc_pre(x: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: torch.Tensor, iters: int,
            hc_eps: float, norm_eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Streams x [T, hc, h] -> (block input [T, h] in x's dtype, post [T, hc], comb [T, hc, hc] fp32)."""
-    hc = x.shape[1]
     m = _mix(x, fn, norm_eps)
-    base, scale = base.float(), scale.float()
-    pre = torch.sigmoid(m[:, :hc] * scale[0] + base[:hc]) + hc_eps
-    post = 2 * torch.sigmoid(m[:, hc:2 * hc] * scale[1] + base[hc:2 * hc])
-    comb = torch.softmax(m[:, 2 * hc:].view(-1, hc, hc) * scale[2] + base[2 * hc:].view(hc, hc), -1) + hc_eps
-    comb = comb / (comb.sum(-2, keepdim=True) + hc_eps)
-    for _ in range(iters - 1):
-        comb = comb / (comb.sum(-1, keepdim=True) + hc_eps)
-        comb = comb / (comb.sum(-2, keepdim=True) + hc_eps)
+    pre, post, comb = ops.hc_weights(m, base.to(m.dtype), scale.to(m.dtype), iters, hc_eps)
     collapsed = (pre.unsqueeze(-1) * x).sum(1).to(x.dtype)
     return collapsed, post, comb
 
@@ -57,7 +56,8 @@ def hc_post(x: torch.Tensor, out: torch.Tensor, post: torch.Tensor, comb: torch.
 def hc_head(x: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: torch.Tensor, hc_eps: float,
             norm_eps: float) -> torch.Tensor:
     """Streams x [T, hc, h] -> [T, h]: sum_j (sigmoid(scale * w_j + base_j) + eps) x_j."""
-    pre = torch.sigmoid(_mix(x, fn, norm_eps) * scale.float() + base.float()) + hc_eps
+    m = _mix(x, fn, norm_eps)
+    pre = torch.sigmoid(m * scale.to(m.dtype) + base.to(m.dtype)) + hc_eps
     return (pre.unsqueeze(-1) * x).sum(1).to(x.dtype)
 
 

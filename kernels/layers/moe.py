@@ -33,11 +33,12 @@ def route_v4(x: torch.Tensor, w_router: torch.Tensor, topk: int, scaling: float,
     """DeepSeek-V4 routing (fp32): scores sqrt(softplus(x W^T)); the experts are the top ``topk``
     of scores + ``bias`` (the bias picks, never weighs) or, on a hash layer, ``tid2eid[token_ids]``;
     their scores renormalised to sum 1, times ``scaling``: (ids [T, k], weights [T, k])."""
-    scores = F.softplus(F.linear(x, w_router).float()).sqrt()
+    dt = torch.float64 if x.dtype == torch.float64 else torch.float32
+    scores = F.softplus(F.linear(x, w_router).to(dt)).sqrt()
     if tid2eid is not None:
-        ids = tid2eid[token_ids.reshape(-1)].long()
+        ids = tid2eid[token_ids.reshape(-1)]
     else:
-        ids = (scores if bias is None else scores + bias.float()).topk(topk, -1, sorted=False).indices
+        ids = (scores if bias is None else scores + bias.to(dt)).topk(topk, -1, sorted=False).indices
     w = scores.gather(1, ids)
     return ids, w / (w.sum(-1, keepdim=True) + 1e-20) * scaling
 
@@ -45,10 +46,7 @@ def route_v4(x: torch.Tensor, w_router: torch.Tensor, topk: int, scaling: float,
 def swiglu(gu: torch.Tensor, limit: float | None = None) -> torch.Tensor:
     """silu(gate) * up of gu [T, 2I] = [gate | up]; ``limit``: gate clamped above at limit, up
     to [-limit, limit] first (V4's ``swiglu_limit``)."""
-    if limit:
-        I = gu.shape[-1] // 2
-        gu = torch.cat([gu[..., :I].clamp(max=limit), gu[..., I:].clamp(-limit, limit)], -1)
-    return ops.silu_mul(gu)
+    return ops.swiglu(gu, float(limit)) if limit else ops.silu_mul(gu)
 
 
 _GROUPED_MM = {"ok": hasattr(torch, "_grouped_mm")}   # off after the first failure on this device

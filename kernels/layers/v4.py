@@ -178,10 +178,10 @@ def _compressor_specs(p: str, dim: int, ratio: int, h: int, dt) -> list[Spec]:
             Spec(p + "ape", (ratio, c), "normal", 0.5, dt), Spec(p + "norm", (dim,), "const", 1.0, dt)]
 
 
-def _hc_specs(p: str, d: V4Dims) -> list[Spec]:
+def _hc_specs(p: str, d: V4Dims, dt) -> list[Spec]:
     n = (2 + d.hc) * d.hc
-    return [linear(p + "_fn", n, d.hc * d.h, dtype=torch.float32), Spec(p + "_base", (n,), "const", 0.0, torch.float32),
-            Spec(p + "_scale", (3,), "const", 1.0, torch.float32)]
+    return [linear(p + "_fn", n, d.hc * d.h, dtype=dt), Spec(p + "_base", (n,), "const", 0.0, dt),
+            Spec(p + "_scale", (3,), "const", 1.0, dt)]
 
 
 def layer_specs(p: str, kind: str, d: V4Dims, out_gain: float, comp_dt, hashed: bool = False) -> list[Spec]:
@@ -203,18 +203,22 @@ def layer_specs(p: str, kind: str, d: V4Dims, out_gain: float, comp_dt, hashed: 
               linear(p + "experts_gu", 2 * d.I, h, groups=d.E),
               linear(p + "experts_down", h, d.I, out_gain, groups=d.E)]
     specs.append(Spec(p + "tid2eid", (d.vocab, d.topk_e), "randint", d.E, torch.int64) if hashed
-                 else Spec(p + "router_bias", (d.E,), "const", 0.0, torch.float32))
+                 else Spec(p + "router_bias", (d.E,), "const", 0.0, comp_dt))
     if d.Is:
         specs += [linear(p + "shared_gu", 2 * d.Is, h), linear(p + "shared_down", h, d.Is, out_gain)]
-    return specs + _hc_specs(p + "hc_attn", d) + _hc_specs(p + "hc_ffn", d)
+    return specs + _hc_specs(p + "hc_attn", d, comp_dt) + _hc_specs(p + "hc_ffn", d, comp_dt)
 
 
-def ends_specs(d: V4Dims) -> list[Spec]:
+def _head_specs(p: str, d: V4Dims, dt) -> list[Spec]:
+    """A final hyper-connection collapse (hc_head): fn [hc, hc h], base [hc], scale [1]."""
+    return [linear(p + "hc_head_fn", d.hc, d.hc * d.h, dtype=dt), Spec(p + "hc_head_base", (d.hc,), "const", 0.0, dt),
+            Spec(p + "hc_head_scale", (1,), "const", 1.0, dt)]
+
+
+def ends_specs(d: V4Dims, comp_dt=torch.float32) -> list[Spec]:
     """Token embedding, LM head, final norm and the final hyper-connection collapse."""
     return [Spec("embed", (d.vocab, d.h)), linear("lm_head", d.vocab, d.h), Spec("norm", (d.h,), "const", 1.0),
-            linear("hc_head_fn", d.hc, d.hc * d.h, dtype=torch.float32),
-            Spec("hc_head_base", (d.hc,), "const", 0.0, torch.float32),
-            Spec("hc_head_scale", (1,), "const", 1.0, torch.float32)]
+            *_head_specs("", d, comp_dt)]
 
 
 def mtp_specs(d: V4Dims, gain: float, comp_dt) -> list[Spec]:
@@ -223,9 +227,7 @@ def mtp_specs(d: V4Dims, gain: float, comp_dt) -> list[Spec]:
     h = d.h
     return [Spec("mtp.enorm", (h,), "const", 1.0), Spec("mtp.hnorm", (h,), "const", 1.0),
             linear("mtp.e_proj", h, h), linear("mtp.h_proj", h, h), *layer_specs("mtp.", "swa", d, gain, comp_dt),
-            Spec("mtp.norm", (h,), "const", 1.0), linear("mtp.hc_head_fn", d.hc, d.hc * h, dtype=torch.float32),
-            Spec("mtp.hc_head_base", (d.hc,), "const", 0.0, torch.float32),
-            Spec("mtp.hc_head_scale", (1,), "const", 1.0, torch.float32)]
+            Spec("mtp.norm", (h,), "const", 1.0), *_head_specs("mtp.", d, comp_dt)]
 
 
 def model_specs(shape: ModelShape, ep_ranks: int | None = None, dtype=torch.bfloat16) -> list[Spec]:
@@ -241,7 +243,7 @@ def model_specs(shape: ModelShape, ep_ranks: int | None = None, dtype=torch.bflo
     d = V4Dims.of(shape, ep_ranks)
     comp_dt = torch.float64 if dtype == torch.float64 else torch.float32
     gain = residual_gain(shape.num_layers)
-    specs = ends_specs(d)
+    specs = ends_specs(d, comp_dt)
     for i, kind in enumerate(shape.layer_kinds):
         specs += layer_specs(f"layers.{i}.", kind, d, gain, comp_dt, i in d.hash_layers)
     return specs + mtp_specs(d, gain, comp_dt)

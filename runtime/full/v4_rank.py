@@ -106,9 +106,12 @@ class V4Rank:
         ``ep_rank``, its experts only).  Without MTP weights the drafter is random (``note`` says so)."""
         from simtree.checkpoints import deepseek_v4 as ckpt
         whole = ckpt.shape_from_config(ckpt.read_config(folder), source=str(folder))
-        shape = whole if ep_ranks <= 1 else dataclasses.replace(
-            whole, mlp={**whole.mlp, "n_experts": int(whole.mlp["n_experts"]) // ep_ranks, "ep_ranks": ep_ranks})
-        w, has_mtp = ckpt.load_weights(folder, whole, param_specs(shape, None, dtype), device, dtype, ep_rank, ep_ranks)
+        E = int(whole.mlp["n_experts"])
+        if ep_ranks < 1 or E % ep_ranks or not 0 <= ep_rank < ep_ranks:
+            raise SimtreeError(f"{folder}: {E} experts do not make rank {ep_rank} of {ep_ranks} expert-parallel ranks")
+        shape = whole if ep_ranks == 1 else dataclasses.replace(
+            whole, mlp={**whole.mlp, "n_experts": E // ep_ranks, "ep_ranks": ep_ranks, "ep_rank": ep_rank})
+        w, has_mtp = ckpt.load_weights(folder, shape, param_specs(shape, None, dtype), device, dtype)
         if not has_mtp:
             note(f"{folder}: no MTP weights (mtp.*): the speculative modes draft with a random MTP layer "
                  "(acceptance means nothing; the output stays lossless)")

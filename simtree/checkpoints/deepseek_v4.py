@@ -29,17 +29,22 @@ Layout changes made here, so that the kernels compute V4's semantics exactly:
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Callable
 
 import torch
 
 from simtree.errors import SimtreeError
+from simtree.deploy.deployment import parse_deployment
 from simtree.models import ModelShape, hash_layers
 
-__all__ = ["MODEL_TYPE", "read_config", "shape_from_config", "load_weights", "rope_perm"]
+__all__ = ["MODEL_TYPES", "text_config", "shape_fields", "tensor_plan", "runtime_weights", "read_config",
+           "shape_from_config", "load_weights", "rope_perm"]
 
 MODEL_TYPE = "deepseek_v4"
+MODEL_TYPES = (MODEL_TYPE,)
 _KIND = {"sliding_attention": "swa", "compressed_sparse_attention": "csa", "heavily_compressed_attention": "hca"}
 _REQUIRED = ("hidden_size", "vocab_size", "num_hidden_layers", "num_attention_heads", "head_dim", "q_lora_rank",
              "o_groups", "o_lora_rank", "n_routed_experts", "num_experts_per_tok", "moe_intermediate_size",
@@ -96,6 +101,19 @@ def _yarn(cfg: dict) -> dict | None:
     return {"rope_type": "yarn", **{k: comp[k] for k in keys if comp.get(k) is not None}}
 
 
+def text_config(config: dict) -> dict:
+    return config
+
+
+def shape_fields(config: dict, name: str) -> dict:
+    """ModelShape's fields from config.json (the package's family interface)."""
+    shape = shape_from_config(config, name)
+    out = {f.name: getattr(shape, f.name) for f in fields(ModelShape) if f.name not in ("source", "deployment")}
+    if "config" in out:
+        out["config"] = dict(config)
+    return out
+
+
 def shape_from_config(cfg: dict, name: str | None = None, source: str = "") -> ModelShape:
     """The model's shape, every size from the config (transformers' defaults where it is silent)."""
     if cfg.get("model_type") != MODEL_TYPE:
@@ -139,6 +157,210 @@ def shape_from_config(cfg: dict, name: str | None = None, source: str = "") -> M
 
 
 # ---- tensors ----------------------------------------------------------------------------------
+# the released checkpoint's names of one block's parts (the MTP layer's too)
+_NAMES = {"ln1": "attn_norm.weight", "ln2": "ffn_norm.weight", "wq_a": "attn.wq_a.weight",
+          "q_norm": "attn.q_norm.weight", "wq_b": "attn.wq_b.weight", "wkv": "attn.wkv.weight",
+          "kv_norm": "attn.kv_norm.weight", "wo_a": "attn.wo_a.weight", "wo_b": "attn.wo_b.weight",
+          "sink": "attn.attn_sink", "comp.wkv": "attn.compressor.wkv.weight",
+          "comp.wgate": "attn.compressor.wgate.weight", "comp.ape": "attn.compressor.ape",
+          "comp.norm": "attn.compressor.norm.weight", "idx.wkv": "attn.indexer.compressor.wkv.weight",
+          "idx.wgate": "attn.indexer.compressor.wgate.weight", "idx.ape": "attn.indexer.compressor.ape",
+          "idx.norm": "attn.indexer.compressor.norm.weight", "idx.wq_b": "attn.indexer.wq_b.weight",
+          "idx.weights": "attn.indexer.weights_proj.weight", "router": "ffn.gate.weight",
+          "router_bias": "ffn.gate.bias", "tid2eid": "ffn.gate.tid2eid",
+          "shared_gate": "ffn.shared_experts.w1.weight", "shared_up": "ffn.shared_experts.w3.weight",
+          "shared_down": "ffn.shared_experts.w2.weight",
+          **{f"{w}_{p}": f"{w}_{p}" for w in ("hc_attn", "hc_ffn") for p in ("fn", "base", "scale")}}
+_INT_DTYPES = ("I64", "I32")
+
+try:        # the package's plan type where the package reader is present
+    from simtree.checkpoints import TensorPlan
+except ImportError:
+    @dataclass
+    class TensorPlan:
+        """The checkpoint keys a runtime model reads (required, optional groups, dtypes, ignore)."""
+
+        required: dict
+        optional: dict = field(default_factory=dict)
+        dtypes: dict = field(default_factory=dict)
+        ignore: Callable = lambda key: False
+
+
+def _saved_by_transformers(config: dict) -> bool:
+    """transformers' save_pretrained writes ``layer_types`` into the config and the tensors under
+    ``model.`` (except ``head.weight``); the released checkpoint has neither."""
+    return config.get("layer_types") is not None
+
+
+def _dims(shape) -> SimpleNamespace:
+    """The sizes the key plan needs, and the rank's experts [lo, hi) of the whole model's E."""
+    v, m = shape.v4, shape.mlp
+    local = int(m["n_experts"])
+    ranks = int(m.get("ep_ranks", 0)) or (parse_deployment(shape.deployment).ep
+                                           if parse_deployment(shape.deployment).gpus > 1 else 1)
+    rank = int(m.get("ep_rank", 0))
+    if not 0 <= rank < ranks:
+        raise SimtreeError(f"{shape.name}: expert-parallel rank {rank} of {ranks}")
+    hc, h = int(v.get("hc_mult", 4)), shape.hidden
+    ratio = {"swa": 0, "csa": int(v["csa_ratio"]), "hca": int(v["hca_ratio"])}
+    return SimpleNamespace(h=h, V=shape.vocab, H=int(v["q_heads"]), D=int(v["head_dim"]), rope=int(v["rope_dim"]),
+                           qr=int(v["q_lora_rank"]), G=int(v["o_groups"]), orank=int(v["o_lora_rank"]),
+                           Hi=int(v["index_heads"]), Di=int(v["index_head_dim"]), ratio=ratio, hc=hc,
+                           E=local * ranks, lo=rank * local, hi=(rank + 1) * local, k=int(m["experts_per_token"]),
+                           I=int(m["expert_intermediate"]),
+                           Is=int(m.get("n_shared", 1)) * int(m.get("shared_intermediate", m["expert_intermediate"])),
+                           hashed=set(hash_layers(shape)))
+
+
+def _names(p: str, transformers_saved: bool) -> dict:
+    """Part -> key suffix; transformers writes the attention's kv norm back as ``attn.norm``."""
+    return {**_NAMES, "kv_norm": "attn.norm.weight"} if transformers_saved and p != "mtp.0." else _NAMES
+
+
+def _block_keys(p: str, kind: str, d, hashed: bool, n: dict = _NAMES) -> dict[str, tuple[int, ...]]:
+    """{checkpoint key: shape} of one block (prefix ``p``: '...layers.<i>.' or 'mtp.0.')."""
+    h, D = d.h, d.D
+    out = {n["ln1"]: (h,), n["ln2"]: (h,), n["wq_a"]: (d.qr, h), n["q_norm"]: (d.qr,), n["wq_b"]: (d.H * D, d.qr),
+           n["wkv"]: (D, h), n["kv_norm"]: (D,), n["wo_a"]: (d.G * d.orank, d.H * D // d.G),
+           n["wo_b"]: (h, d.G * d.orank), n["sink"]: (d.H,), n["router"]: (d.E, h),
+           n["shared_gate"]: (d.Is, h), n["shared_up"]: (d.Is, h), n["shared_down"]: (h, d.Is)}
+    out[n["tid2eid"] if hashed else n["router_bias"]] = (d.V, d.k) if hashed else (d.E,)
+    for which in ("hc_attn", "hc_ffn"):
+        nmix = (2 + d.hc) * d.hc
+        out.update({f"{which}_fn": (nmix, d.hc * h), f"{which}_base": (nmix,), f"{which}_scale": (3,)})
+    for pre, dim, ratio in (("comp.", D, d.ratio[kind]), ("idx.", d.Di, d.ratio["csa"])):
+        if (pre == "comp." and kind == "swa") or (pre == "idx." and kind != "csa"):
+            continue
+        c = (2 if ratio == 4 else 1) * dim
+        out.update({n[pre + "wkv"]: (c, h), n[pre + "wgate"]: (c, h), n[pre + "ape"]: (ratio, c),
+                    n[pre + "norm"]: (dim,)})
+    if kind == "csa":
+        out.update({n["idx.wq_b"]: (d.Hi * d.Di, d.qr), n["idx.weights"]: (d.Hi, h)})
+    for e in range(d.lo, d.hi):
+        q = f"ffn.experts.{e}."
+        out.update({q + "w1.weight": (d.I, h), q + "w3.weight": (d.I, h), q + "w2.weight": (h, d.I)})
+    return {p + k: v for k, v in out.items()}
+
+
+def _mtp_keys(d) -> dict[str, tuple[int, ...]]:
+    h, p = d.h, "mtp.0."
+    return {p + "enorm.weight": (h,), p + "hnorm.weight": (h,), p + "e_proj.weight": (h, h), p + "h_proj.weight": (h, h),
+            p + "norm.weight": (h,), p + "hc_head_fn": (d.hc, d.hc * h), p + "hc_head_base": (d.hc,),
+            p + "hc_head_scale": (1,), **_block_keys(p, "swa", d, False)}
+
+
+def _top_keys(config: dict, d) -> dict[str, str]:
+    """The model's own tensors: runtime name -> checkpoint key."""
+    if _saved_by_transformers(config):
+        out = {"embed": "model.embed_tokens.weight", "norm": "model.norm.weight",
+               **{f"hc_head_{k}": f"model.hc_head.hc_{k}" for k in ("fn", "base", "scale")}}
+    else:
+        out = {"embed": "embed.weight", "norm": "norm.weight", **{f"hc_head_{k}": f"hc_head_{k}"
+                                                                   for k in ("fn", "base", "scale")}}
+    if not config.get("tie_word_embeddings", False):
+        out["lm_head"] = "head.weight"
+    return out
+
+
+def _layers_prefix(config: dict) -> str:
+    return "model.layers." if _saved_by_transformers(config) else "layers."
+
+
+def tensor_plan(config: dict, shape) -> TensorPlan:
+    """Every key the rank reads (its own experts only), the MTP layer optional."""
+    d = _dims(shape)
+    shapes = {"embed": (d.V, d.h), "norm": (d.h,), "lm_head": (d.V, d.h), "hc_head_fn": (d.hc, d.hc * d.h),
+              "hc_head_base": (d.hc,), "hc_head_scale": (1,)}
+    required = {key: shapes[name] for name, key in _top_keys(config, d).items()}
+    lp = _layers_prefix(config)
+    for i, kind in enumerate(shape.layer_kinds):
+        required.update(_block_keys(f"{lp}{i}.", kind, d, i in d.hashed, _names(lp, _saved_by_transformers(config))))
+    dtypes = {k: _INT_DTYPES for k in required if k.endswith("tid2eid")}
+
+    def ignore(key: str) -> bool:   # other ranks' experts, rotary buffers
+        return ".ffn.experts." in key or key.endswith("inv_freq")
+    return TensorPlan(required, {"MTP layer": _mtp_keys(d)}, dtypes, ignore)
+
+
+def rope_perm(width: int, rope: int) -> torch.Tensor:
+    """Index over ``width`` channels ending in a rope slice: the slice's evens, then its odds."""
+    lo = width - rope
+    return torch.cat([torch.arange(lo), lo + torch.arange(0, rope, 2), lo + torch.arange(1, rope, 2)])
+
+
+def _rows(t: torch.Tensor, block: int, rope: int, dim: int = 0) -> torch.Tensor:
+    """t's index ``dim`` read as blocks of ``block`` channels (each ending in a rope slice), permuted."""
+    n = t.shape[dim] // block
+    idx = (rope_perm(block, rope)[None, :] + block * torch.arange(n)[:, None]).reshape(-1)
+    return t.index_select(dim, idx)
+
+
+def _block(read, p: str, kind: str, d, hashed: bool, names: dict = _NAMES) -> dict:
+    """One block's runtime weights (names of kernels.layers.v4.layer_specs) from ``read``."""
+    def g(part):
+        return read(p + names[part])
+    w = {"ln1": g("ln1"), "q_norm": g("q_norm"), "kv_norm": _rows(g("kv_norm"), d.D, d.rope),
+         "wq_b": _rows(g("wq_b"), d.D, d.rope), "sink": g("sink"), "wo_b": g("wo_b"), "ln2": g("ln2"),
+         "wo_a": _rows(g("wo_a"), d.D, d.rope, dim=1).reshape(d.G, d.orank, -1)}
+    w["wqkv_a"] = torch.cat([g("wq_a"), _rows(g("wkv"), d.D, d.rope)] + ([g("idx.weights")] if kind == "csa" else []))
+    for pre, dim in (("comp.", d.D), ("idx.", d.Di)):
+        if (pre == "comp." and kind == "swa") or (pre == "idx." and kind != "csa"):
+            continue
+        w[pre + "wkv"] = _rows(g(pre + "wkv"), dim, d.rope)
+        w[pre + "wgate"] = _rows(g(pre + "wgate"), dim, d.rope)
+        w[pre + "ape"] = _rows(g(pre + "ape"), dim, d.rope, dim=1)
+        w[pre + "norm"] = _rows(g(pre + "norm"), dim, d.rope)
+    if kind == "csa":
+        w["wq_idx"] = _rows(g("idx.wq_b"), d.Di, d.rope)
+    w["router"] = g("router")[d.lo:d.hi]
+    if hashed:
+        w["tid2eid"] = g("tid2eid").long() % (d.hi - d.lo)
+    else:
+        w["router_bias"] = g("router_bias")[d.lo:d.hi]
+    gu, down = [], []
+    for e in range(d.lo, d.hi):
+        q = f"{p}ffn.experts.{e}."
+        gu.append(torch.cat([read(q + "w1.weight"), read(q + "w3.weight")]))
+        down.append(read(q + "w2.weight"))
+    w["experts_gu"], w["experts_down"] = torch.stack(gu), torch.stack(down)
+    w["shared_gu"] = torch.cat([g("shared_gate"), g("shared_up")])
+    w["shared_down"] = g("shared_down")
+    for which in ("hc_attn", "hc_ffn"):
+        for part in ("fn", "base", "scale"):
+            w[f"{which}_{part}"] = g(f"{which}_{part}")
+    return w
+
+
+# weights the runtime keeps in fp32 whatever the model's dtype (kernels.layers.v4.model_specs)
+_FP32 = ("sink", "router_bias", "_fn", "_base", "_scale", "comp.wkv", "comp.wgate", "comp.ape", "comp.norm",
+         "idx.wkv", "idx.wgate", "idx.ape", "idx.norm")
+
+
+def runtime_weights(config: dict, shape, read, dtype) -> dict:
+    """The rank's runtime weights from checkpoint tensors (``read(key)``; the MTP layer where
+    present, else left out for the runtime to draw)."""
+    d = _dims(shape)
+    w = {name: read(key) for name, key in _top_keys(config, d).items()}
+    if "lm_head" not in w:
+        w["lm_head"] = w["embed"]
+    lp = _layers_prefix(config)
+    for i, kind in enumerate(shape.layer_kinds):
+        names = _names(lp, _saved_by_transformers(config))
+        w.update({f"layers.{i}.{k}": t for k, t in _block(read, f"{lp}{i}.", kind, d, i in d.hashed, names).items()})
+    try:
+        read("mtp.0.e_proj.weight")
+    except KeyError:
+        pass
+    else:
+        p = "mtp.0."
+        w.update({"mtp." + k: read(p + k + ".weight") for k in ("enorm", "hnorm", "e_proj", "h_proj", "norm")})
+        w.update({"mtp.hc_head_" + k: read(p + "hc_head_" + k) for k in ("fn", "base", "scale")})
+        w.update({"mtp." + k: t for k, t in _block(read, p, "swa", d, False).items()})
+    fp = torch.float64 if dtype == torch.float64 else torch.float32
+    return {k: t if not t.is_floating_point() else t.to(fp if k.endswith(_FP32) else dtype) for k, t in w.items()}
+
+
+# ---- a folder, without the package's reader -----------------------------------------------------
 class _Files:
     """The checkpoint's tensors by key: model.safetensors, or the shards of its index."""
 
@@ -153,8 +375,7 @@ class _Files:
                 raise SimtreeError(f"{index}: unreadable index ({exc})") from None
             files = sorted(set(wmap.values()))
         else:
-            files = sorted(p.name for p in folder.glob("*.safetensors"))
-            wmap = None
+            files, wmap = sorted(p.name for p in folder.glob("*.safetensors")), None
             if not files:
                 raise SimtreeError(f"{folder}: no *.safetensors files")
         self.handles, self.where = {}, {}
@@ -168,167 +389,55 @@ class _Files:
                 raise SimtreeError(f"{path}: not a readable safetensors file ({' '.join(str(exc).split())[:120]})") \
                     from None
             for k in self.handles[f].keys():
-                self.where[k.removeprefix("model.")] = (f, k)
+                self.where[k] = f
         if wmap is not None:
-            lost = sorted(k for k, f in wmap.items() if k.removeprefix("model.") not in self.where)
+            lost = sorted(k for k, f in wmap.items() if k not in self.where)
             if lost:
                 raise SimtreeError(f"{index}: {lost[0]} is not in its shard {wmap[lost[0]]}")
-        self.used: set[str] = set()
 
-    def __contains__(self, key: str) -> bool:
-        return key in self.where
+    def read(self, key: str) -> torch.Tensor:
+        if key not in self.where:
+            raise KeyError(key)
+        return self.handles[self.where[key]].get_tensor(key)
 
-    def get(self, key, rows: slice | None = None) -> torch.Tensor:
-        """The tensor of ``key`` (or of the first present of a tuple of names), rows ``rows``."""
-        keys = (key,) if isinstance(key, str) else tuple(key)
-        key = next((k for k in keys if k in self.where), None)
-        if key is None:
-            raise SimtreeError(f"checkpoint: missing tensor {keys[0]}")
-        self.used.add(key)
-        f, name = self.where[key]
-        h = self.handles[f]
-        try:
-            return h.get_slice(name)[rows] if rows is not None else h.get_tensor(name)
-        except Exception as exc:
-            raise SimtreeError(f"checkpoint: tensor {key} unreadable ({' '.join(str(exc).split())[:120]})") from None
+    def shape(self, key: str) -> tuple:
+        return tuple(self.handles[self.where[key]].get_slice(key).get_shape())
 
 
-def rope_perm(width: int, rope: int) -> torch.Tensor:
-    """Index over ``width`` channels ending in a rope slice: the slice's evens, then its odds."""
-    lo = width - rope
-    return torch.cat([torch.arange(lo), lo + torch.arange(0, rope, 2), lo + torch.arange(1, rope, 2)])
-
-
-def _rows(t: torch.Tensor, block: int, rope: int, dim: int = 0) -> torch.Tensor:
-    """t's index ``dim`` read as blocks of ``block`` channels (each ending in a rope slice), permuted."""
-    n, rest = divmod(t.shape[dim], block)
-    if rest or not n:                   # a misshapen tensor: left as is, for the shape check to name
-        return t
-    idx = (rope_perm(block, rope)[None, :] + block * torch.arange(n)[:, None]).reshape(-1)
-    return t.index_select(dim, idx)
-
-
-def _expect(t: torch.Tensor, key: str, shape: tuple) -> torch.Tensor:
-    if tuple(t.shape) != tuple(shape):
-        raise SimtreeError(f"checkpoint: tensor {key} has shape {tuple(t.shape)}, the config needs {tuple(shape)}")
-    if t.dtype.is_floating_point and t.element_size() == 1:
-        raise SimtreeError(f"checkpoint: tensor {key} is {t.dtype}; FP8 weights need the FP8 weight path")
-    return t
-
-
-def _layer(f: _Files, p: str, kind: str, d, hashed: bool, lo: int, hi: int, names: dict) -> dict:
-    """One block's weights in simtree's names; ``names``: the checkpoint's key of each part."""
-    def g(part):
-        n = names[part]
-        return f.get(p + n if isinstance(n, str) else tuple(p + x for x in n))
-    w = {"ln1": g("ln1"), "q_norm": g("q_norm"), "kv_norm": _rows(g("kv_norm"), d.D, d.rope),
-         "wq_b": _rows(g("wq_b"), d.D, d.rope), "sink": g("sink"), "wo_b": g("wo_b"), "ln2": g("ln2")}
-    a = [g("wq_a"), _rows(g("wkv"), d.D, d.rope)]
-    if kind == "csa":
-        a.append(g("idx.weights"))
-    w["wqkv_a"] = torch.cat(a, 0)
-    wo_a = g("wo_a")
-    w["wo_a"] = _rows(wo_a, d.D, d.rope, dim=1).reshape(d.G, d.orank, -1)
-    for pre, dim, ratio in (("comp.", d.D, d.ratio(kind)), ("idx.", d.Di, d.csa)):
-        if (pre == "comp." and kind == "swa") or (pre == "idx." and kind != "csa"):
-            continue
-        w[pre + "wkv"] = _rows(g(pre + "wkv"), dim, d.rope)
-        w[pre + "wgate"] = _rows(g(pre + "wgate"), dim, d.rope)
-        w[pre + "ape"] = _rows(g(pre + "ape"), dim, d.rope, dim=1)
-        w[pre + "norm"] = _rows(g(pre + "norm"), dim, d.rope)
-    if kind == "csa":
-        w["wq_idx"] = _rows(g("idx.wq_b"), d.Di, d.rope)
-    w["router"] = f.get(p + names["router"], slice(lo, hi))
-    if hashed:
-        w["tid2eid"] = g("tid2eid").long() % (hi - lo)
-    else:
-        w["router_bias"] = f.get(p + names["router_bias"], slice(lo, hi))
-    _experts(f, p, lo, hi, w)
-    w["shared_gu"] = torch.cat([g("shared_gate"), g("shared_up")], 0)
-    w["shared_down"] = g("shared_down")
-    for which in ("hc_attn", "hc_ffn"):
-        for part in ("fn", "base", "scale"):
-            w[f"{which}_{part}"] = g(f"{which}_{part}")
-    return w
-
-
-def _experts(f, p, lo, hi, w):
-    gu, down = [], []
-    for e in range(lo, hi):
-        q = f"{p}ffn.experts.{e}."
-        gu.append(torch.cat([f.get(q + "w1.weight"), f.get(q + "w3.weight")], 0))
-        down.append(f.get(q + "w2.weight"))
-    w["experts_gu"], w["experts_down"] = torch.stack(gu), torch.stack(down)
-
-
-# the released checkpoint's names (what transformers' save_pretrained writes back, "model." first)
-_NAMES = {"ln1": "attn_norm.weight", "ln2": "ffn_norm.weight", "wq_a": "attn.wq_a.weight",
-          "q_norm": "attn.q_norm.weight", "wq_b": "attn.wq_b.weight", "wkv": "attn.wkv.weight",
-          "kv_norm": ("attn.kv_norm.weight", "attn.norm.weight"), "wo_a": "attn.wo_a.weight",
-          "wo_b": "attn.wo_b.weight", "sink": "attn.attn_sink",
-          "comp.wkv": "attn.compressor.wkv.weight", "comp.wgate": "attn.compressor.wgate.weight",
-          "comp.ape": "attn.compressor.ape", "comp.norm": "attn.compressor.norm.weight",
-          "idx.wkv": "attn.indexer.compressor.wkv.weight", "idx.wgate": "attn.indexer.compressor.wgate.weight",
-          "idx.ape": "attn.indexer.compressor.ape", "idx.norm": "attn.indexer.compressor.norm.weight",
-          "idx.wq_b": "attn.indexer.wq_b.weight", "idx.weights": "attn.indexer.weights_proj.weight",
-          "router": "ffn.gate.weight", "router_bias": "ffn.gate.bias", "tid2eid": "ffn.gate.tid2eid",
-          "shared_gate": "ffn.shared_experts.w1.weight", "shared_up": "ffn.shared_experts.w3.weight",
-          "shared_down": "ffn.shared_experts.w2.weight",
-          **{f"{w}_{p}": f"{w}_{p}" for w in ("hc_attn", "hc_ffn") for p in ("fn", "base", "scale")}}
-
-
-def _dims(shape: ModelShape) -> SimpleNamespace:
-    v = shape.v4
-    return SimpleNamespace(D=int(v["head_dim"]), rope=int(v["rope_dim"]), G=int(v["o_groups"]),
-                           orank=int(v["o_lora_rank"]), Di=int(v["index_head_dim"]), csa=int(v["csa_ratio"]),
-                           ratio=lambda k: {"swa": 0, "csa": int(v["csa_ratio"]), "hca": int(v["hca_ratio"])}[k],
-                           hash_layers=set(hash_layers(shape)))
-
-
-def load_weights(folder, shape: ModelShape, specs, device="cpu", dtype=torch.bfloat16, ep_rank: int = 0,
-                 ep_ranks: int = 1) -> tuple[dict, bool]:
-    """(weights in the runtime's names on ``device``, whether the MTP layer was in the checkpoint).
-    ``specs``: the rank's parameters (name, shape, dtype; ``kernels.layers.v4.model_specs``), which
-    every tensor must match; floating weights take ``dtype`` where the spec has none (the
-    runtime keeps hyper-connections, sinks, router bias and compressors in fp32); every key of
-    the checkpoint must be used."""
-    d = _dims(shape)
-    E = int(shape.mlp["n_experts"])
-    local = E // ep_ranks
-    if not 0 <= ep_rank < ep_ranks or E % ep_ranks:
-        raise SimtreeError(f"expert-parallel rank {ep_rank} of {ep_ranks}: {E} experts do not split so")
-    lo, hi = ep_rank * local, (ep_rank + 1) * local
+def load_weights(folder, shape: ModelShape, specs, device="cpu", dtype=torch.bfloat16) -> tuple[dict, bool]:
+    """(the rank's weights in the runtime's names on ``device``, whether the MTP layer was in the
+    checkpoint), every key, shape and dtype checked (``tensor_plan``) before a tensor is read;
+    ``specs``: the rank's parameters (``kernels.layers.v4.model_specs``), which every weight must
+    match."""
+    config = read_config(folder)
     f = _Files(folder)
-    w = {"embed": f.get(("embed.weight", "embed_tokens.weight")), "norm": f.get("norm.weight"),
-         **{f"hc_head_{k}": f.get((f"hc_head_{k}", f"hc_head.hc_{k}")) for k in ("fn", "base", "scale")}}
-    heads = ("head.weight", "lm_head.weight")
-    w["lm_head"] = f.get(heads) if any(k in f for k in heads) else w["embed"]
-    for i, kind in enumerate(shape.layer_kinds):
-        for k, t in _layer(f, f"layers.{i}.", kind, d, i in d.hash_layers, lo, hi, _NAMES).items():
-            w[f"layers.{i}.{k}"] = t
-    has_mtp = "mtp.0.e_proj.weight" in f
-    if has_mtp:
-        p = "mtp.0."
-        for k in ("enorm", "hnorm", "e_proj", "h_proj", "norm"):
-            w["mtp." + k] = f.get(p + k + ".weight")
-        for k in ("fn", "base", "scale"):
-            w["mtp.hc_head_" + k] = f.get(p + "hc_head_" + k)
-        for k, t in _layer(f, p, "swa", d, False, lo, hi, _NAMES).items():
-            w["mtp." + k] = t
-    skipped = sorted(k for k in f.where if k not in f.used and not _other_rank_expert(k))
-    if skipped:
-        raise SimtreeError(f"checkpoint: unexpected tensor {skipped[0]}" +
-                           (f" (and {len(skipped) - 1} more)" if len(skipped) > 1 else ""))
+    plan = tensor_plan(config, shape)
+    planned = dict(plan.required)
+    for keys in plan.optional.values():
+        planned.update(keys)
+    for key in sorted(f.where):
+        if key not in planned and not plan.ignore(key):
+            raise SimtreeError(f"checkpoint: unexpected tensor {key}")
+    missing = sorted(k for k in plan.required if k not in f.where)
+    if missing:
+        raise SimtreeError(f"checkpoint: missing tensor {missing[0]}")
+    mtp = plan.optional["MTP layer"]
+    has_mtp = any(k in f.where for k in mtp)
+    lacking = sorted(k for k in mtp if k not in f.where)
+    if has_mtp and lacking:
+        raise SimtreeError(f"checkpoint: missing tensor {lacking[0]} of the MTP layer")
+    for key in plan.required | (mtp if has_mtp else {}):
+        got = f.shape(key)
+        if got != tuple(planned[key]):
+            raise SimtreeError(f"checkpoint: tensor {key} has shape {got}, the config needs {tuple(planned[key])}")
+    w = runtime_weights(config, shape, f.read, dtype)
     specs = {s.name: s for s in specs}
     out = {}
     for name, t in w.items():
         s = specs.get(name)
-        if s is None:
-            raise SimtreeError(f"checkpoint: no place for {name} in a {shape.name} rank")
-        out[name] = _expect(t, name, s.shape).to(device=device, dtype=s.dtype or dtype)
+        if s is None or tuple(t.shape) != tuple(s.shape):
+            raise SimtreeError(f"checkpoint: {name} does not fit a {shape.name} rank")
+        if t.is_floating_point() and t.element_size() == 1:
+            raise SimtreeError(f"checkpoint: tensor {name} is {t.dtype}; FP8 weights need the FP8 weight path")
+        out[name] = t.to(device=device, dtype=s.dtype or dtype)
     return out, has_mtp
-
-
-def _other_rank_expert(key: str) -> bool:
-    """An expert the rank does not hold (released layout: one key per expert)."""
-    return ".ffn.experts." in key
