@@ -178,3 +178,75 @@ def test_a_missing_extra_or_misshapen_tensor_is_named(ckpt, tmp_path):
     file.write_bytes(file.read_bytes()[:1000])
     with pytest.raises(SimtreeError, match="not a readable safetensors file"):
         _load(path)
+
+
+# ---- expert parallelism, the MTP layer ------------------------------------------------------------
+def test_an_expert_parallel_rank_reads_its_own_experts(ckpt):
+    from safetensors.torch import load_file
+    from simtree.runtime.full.v4_rank import V4Rank
+    path = ckpt[0]
+    raw = load_file(path / "model.safetensors")
+    rank = V4Rank.from_checkpoint(path, device="cpu", dtype=torch.float32, ep_rank=1, ep_ranks=2,
+                                  note=lambda s: None)
+    assert rank.d.E == 3 and rank.ep_ranks == 2
+    p = "model.layers.2.ffn."
+    torch.testing.assert_close(rank.w["layers.2.router"], raw[p + "gate.weight"][3:6])
+    torch.testing.assert_close(rank.w["layers.2.router_bias"], raw[p + "gate.bias"][3:6])
+    for j, e in enumerate(range(3, 6)):
+        q = f"{p}experts.{e}."
+        torch.testing.assert_close(rank.w["layers.2.experts_gu"][j], torch.cat([raw[q + "w1.weight"], raw[q + "w3.weight"]]))
+        torch.testing.assert_close(rank.w["layers.2.experts_down"][j], raw[q + "w2.weight"])
+    assert int(rank.w["layers.0.tid2eid"].max()) < 3            # hash ids of the rank's own experts
+    st = rank.new_state(1, 16)
+    assert rank.logits(rank.decode(st, torch.tensor([5]))).isfinite().all()
+    with pytest.raises(SimtreeError, match="do not make rank"):
+        V4Rank.from_checkpoint(path, device="cpu", dtype=torch.float32, ep_ranks=4, note=lambda s: None)
+
+
+def _mtp_tensors(rank) -> dict:
+    """The rank's MTP weights under the released checkpoint's ``mtp.0.*`` names (the loader's
+    mapping inverted: rope rows back to interleaved, fused projections split)."""
+    from simtree.checkpoints.deepseek_v4 import rope_perm
+    d, w = rank.d, {k[4:]: v for k, v in rank.w.items() if k.startswith("mtp.")}
+
+    def unperm(t, dim=0):
+        inv = torch.argsort(rope_perm(d.D, d.rope))
+        n = t.shape[dim] // d.D
+        return t.index_select(dim, (inv[None, :] + d.D * torch.arange(n)[:, None]).reshape(-1))
+    out = {f"{k}.weight": w[k] for k in ("enorm", "hnorm", "e_proj", "h_proj", "norm")}
+    out.update({f"hc_head_{k}": w[f"hc_head_{k}"] for k in ("fn", "base", "scale")})
+    out.update({"attn_norm.weight": w["ln1"], "ffn_norm.weight": w["ln2"], "attn.wq_a.weight": w["wqkv_a"][:d.qr],
+                "attn.wkv.weight": unperm(w["wqkv_a"][d.qr:]), "attn.q_norm.weight": w["q_norm"],
+                "attn.wq_b.weight": unperm(w["wq_b"]), "attn.kv_norm.weight": unperm(w["kv_norm"]),
+                "attn.wo_a.weight": unperm(w["wo_a"].reshape(d.G * d.orank, -1), 1), "attn.wo_b.weight": w["wo_b"],
+                "attn.attn_sink": w["sink"], "ffn.gate.weight": w["router"], "ffn.gate.bias": w["router_bias"],
+                "ffn.shared_experts.w1.weight": w["shared_gu"][:d.Is], "ffn.shared_experts.w3.weight": w["shared_gu"][d.Is:],
+                "ffn.shared_experts.w2.weight": w["shared_down"]})
+    for e in range(d.E):
+        out.update({f"ffn.experts.{e}.w1.weight": w["experts_gu"][e, :d.I],
+                    f"ffn.experts.{e}.w3.weight": w["experts_gu"][e, d.I:],
+                    f"ffn.experts.{e}.w2.weight": w["experts_down"][e]})
+    out.update({f"{which}_{k}": w[f"{which}_{k}"] for which in ("hc_attn", "hc_ffn") for k in ("fn", "base", "scale")})
+    return {"mtp.0." + k: v.contiguous() for k, v in out.items()}
+
+
+def test_mtp_weights_under_the_released_names_are_the_drafter(ckpt, tmp_path):
+    """A checkpoint with ``mtp.0.*`` tensors: they are the MTP layer (no note), mapped exactly
+    (the random drafter written out and read back drafts the same logits)."""
+    from safetensors.torch import load_file, save_file
+    from simtree.runtime.full.v4_rank import V4Rank
+    _, _, rank, _ = ckpt
+    path = _copy(ckpt, tmp_path)
+    file = path / "model.safetensors"
+    save_file({**load_file(file), **_mtp_tensors(rank)}, file)
+    notes = []
+    again = V4Rank.from_checkpoint(path, device="cpu", dtype=torch.float32, seed=7, note=notes.append)
+    assert notes == []
+    for k, v in rank.w.items():
+        if k.startswith("mtp."):
+            torch.testing.assert_close(again.w[k], v, rtol=0, atol=0)
+    bad = load_file(file)
+    bad.pop("mtp.0.h_proj.weight")
+    save_file(bad, file)
+    with pytest.raises(SimtreeError, match="mtp.0.h_proj.weight of the MTP layer"):
+        _load(path)
