@@ -250,3 +250,21 @@ def test_mtp_weights_under_the_released_names_are_the_drafter(ckpt, tmp_path):
     save_file(bad, file)
     with pytest.raises(SimtreeError, match="mtp.0.h_proj.weight of the MTP layer"):
         _load(path)
+
+
+def test_the_shipped_v4_flash_config_is_the_registry_shape():
+    """simtree/data/models/deepseek-v4-flash/config.json (the released config's fields) gives the
+    registry's DeepSeek-V4-Flash shape, plus the semantics' fields."""
+    from simtree.checkpoints.deepseek_v4 import read_config, shape_from_config
+    from simtree.data import data_path
+    from simtree.kernels.layers.v4 import V4Dims
+    from simtree.models import get_model, hash_layers
+    shape = shape_from_config(read_config(data_path("models") / "deepseek-v4-flash"), "deepseek-v4-flash")
+    reg = get_model("deepseek-v4-flash")
+    assert (shape.hidden, shape.vocab, shape.layer_kinds) == (reg.hidden, reg.vocab, reg.layer_kinds)
+    assert {k: shape.v4[k] for k in reg.v4} == reg.v4
+    assert {k: shape.mlp[k] for k in reg.mlp if k != "expert_dtype"} == \
+        {k: v for k, v in reg.mlp.items() if k != "expert_dtype"}
+    d = V4Dims.of(shape, 8)
+    assert (d.hc, d.hc_iters, d.theta, d.ctheta, d.limit, d.route_scale) == (4, 20, 1e4, 1.6e5, 10.0, 1.5)
+    assert dict(d.yarn)["factor"] == 16 and hash_layers(shape) == (0, 1, 2)

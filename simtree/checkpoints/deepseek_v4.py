@@ -149,6 +149,12 @@ def shape_from_config(cfg: dict, name: str | None = None, source: str = "") -> M
            "expert_intermediate": inter, "n_shared": int(cfg.get("n_shared_experts", 1)),
            "shared_intermediate": inter, "routed_scaling_factor": float(cfg.get("routed_scaling_factor", 1.5)),
            "swiglu_limit": float(cfg.get("swiglu_limit", 10.0) or 0.0)}
+    try:        # the experts' format where simtree reads it (FP8 / FP4 checkpoints run FP8 experts)
+        from simtree.quant import expert_dtype_from_hf
+    except ImportError:
+        pass
+    else:
+        mlp["expert_dtype"] = expert_dtype_from_hf(cfg)
     dtype = _DTYPES.get(str(cfg.get("torch_dtype") or cfg.get("dtype") or "bfloat16"), "bf16")
     return ModelShape(name=name or str(cfg.get("_name_or_path") or "deepseek-v4"), family="v4",
                       hidden=int(cfg["hidden_size"]), vocab=int(cfg["vocab_size"]), layer_kinds=tuple(kinds), mlp=mlp,
