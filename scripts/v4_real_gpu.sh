@@ -3,6 +3,8 @@
 # hash layers, V4 MTP) in bf16 on one GPU: builds the rank with random weights, captures CUDA
 # graphs, checks plain decode against a one-node verify + commit at the same state, and times a
 # verify step (B = 8, n = 16 EAGLE-shaped trees, context 4096).  Results: $OUT/v4_real_gpu.json.
+# The rank's weights are about 80.5 GiB in bf16 (ModelShape.weight_bytes): it needs an H200
+# (141 GB) until the FP8 experts land.
 #   OUT=/tmp/out bash scripts/v4_real_gpu.sh
 set -euo pipefail
 OUT=${OUT:-reports/v4_real_gpu}
