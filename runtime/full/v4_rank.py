@@ -43,6 +43,25 @@ def param_specs(shape: ModelShape, ep_ranks: int | None = None, dtype=torch.bflo
     return L.model_specs(shape, ep_ranks, dtype)
 
 
+def _checked(weights: dict, specs, device, dtype) -> dict:
+    """A checkpoint's weights on the device at the runtime's dtypes, each checked against the
+    rank's parameter list (every one present but the MTP layer's, no other, the spec's shape)."""
+    by_name = {s.name: s for s in specs}
+    extra = sorted(set(weights) - set(by_name))
+    if extra:
+        raise SimtreeError(f"checkpoint: weight {extra[0]} is not a parameter of this V4 rank")
+    absent = [n for n in by_name if n not in weights and not n.startswith("mtp.")]
+    if absent:
+        raise SimtreeError(f"checkpoint: missing weight {absent[0]}")
+    out = {}
+    for name, t in weights.items():
+        s = by_name[name]
+        if tuple(t.shape) != tuple(s.shape):
+            raise SimtreeError(f"checkpoint: weight {name} has shape {tuple(t.shape)}, the rank needs {tuple(s.shape)}")
+        out[name] = t.to(device=device, dtype=s.dtype or dtype)
+    return out
+
+
 @dataclass
 class V4State:
     """B sequences: one paged ``V4Cache`` per layer and the lengths on the device (int64 [B])
@@ -81,10 +100,8 @@ class V4Rank:
         if weights is None:
             self.w = make_weights(specs, self.device, dtype, seed)
         else:       # a checkpoint's: the MTP layer drawn at random where it had none
-            absent = [s for s in specs if s.name not in weights]
-            if any(not s.name.startswith("mtp.") for s in absent):
-                raise SimtreeError(f"checkpoint: missing tensor {next(s.name for s in absent)}")
-            self.w = {**weights, **make_weights(absent, self.device, dtype, seed)}
+            self.w = _checked(weights, specs, self.device, dtype)
+            self.w.update(make_weights([s for s in specs if s.name not in self.w], self.device, dtype, seed))
         self.kinds = shape.layer_kinds
         self.cfg = L.attn_config(self.d)
         self._layer_w = [self._sub(f"layers.{i}.") for i in range(len(self.kinds))]
