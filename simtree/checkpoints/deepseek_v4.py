@@ -283,8 +283,10 @@ def tensor_plan(config: dict, shape) -> TensorPlan:
         required.update(_block_keys(f"{lp}{i}.", kind, d, i in d.hashed, _names(lp, _saved_by_transformers(config))))
     dtypes = {k: _INT_DTYPES for k in required if k.endswith("tid2eid")}
 
-    def ignore(key: str) -> bool:   # other ranks' experts, rotary buffers
-        return ".ffn.experts." in key or key.endswith("inv_freq")
+    def ignore(key: str) -> bool:
+        """Other ranks' experts, rotary buffers, and the MTP layer's copies of the embedding and
+        LM head (SGLang's mtp.0.emb / mtp.0.head): the model's own serve it."""
+        return ".ffn.experts." in key or key.endswith("inv_freq") or key.startswith(("mtp.0.emb.", "mtp.0.head."))
     return TensorPlan(required, {"MTP layer": _mtp_keys(d)}, dtypes, ignore)
 
 
