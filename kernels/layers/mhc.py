@@ -50,7 +50,7 @@ def hc_pre(x: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: torch.T
 def hc_post(x: torch.Tensor, out: torch.Tensor, post: torch.Tensor, comb: torch.Tensor) -> torch.Tensor:
     """new x [T, hc, h]: post_k * out + sum_j comb[j, k] x_j (in x's dtype)."""
     dt = x.dtype
-    return post.to(dt).unsqueeze(-1) * out.unsqueeze(-2) + torch.bmm(comb.to(dt).transpose(1, 2), x)
+    return post.to(dt).unsqueeze(-1) * out.unsqueeze(-2) + comb.to(dt).transpose(1, 2) @ x
 
 
 def hc_head(x: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: torch.Tensor, hc_eps: float,
