@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
 # DeepSeek-V4-Flash ep=8 rank on the new layers (hyper-connections, per-kind RoPE, V4 routing,
-# hash layers, V4 MTP) in bf16 on one GPU: builds the rank with random weights, captures CUDA
-# graphs, checks plain decode against a one-node verify + commit at the same state, and times a
-# verify step (B = 8, n = 16 EAGLE-shaped trees, context 4096).  Results: $OUT/v4_real_gpu.json.
+# hash layers, V4 MTP) in bf16 on one GPU: builds the rank with random weights, checks plain
+# decode against a 4-token chain verify from the same state, captures the tree verify in a CUDA
+# graph (replay vs eager) and times it (B = 8, n = 16 nodes, context 4096).
+# Results: $OUT/v4_real_gpu.json.
 # The rank's weights are about 80.5 GiB in bf16 (ModelShape.weight_bytes): it needs an H200
 # (141 GB) until the FP8 experts land.
+# Pass: decode_vs_verify_max_abs small against decode_vs_verify_scale (bf16: about 1e-2 of it),
+# argmax agreement near 1, graph_vs_eager_max_abs 0.
 #   OUT=/tmp/out bash scripts/v4_real_gpu.sh
 set -euo pipefail
 OUT=${OUT:-reports/v4_real_gpu}
@@ -26,14 +29,15 @@ out["weights_gib"] = sum(t.numel() * t.element_size() for t in rank.w.values()) 
 B, n, ctx = 8, 16, 4096
 st = rank.new_state(B, ctx + 64)
 rank.fill_random(st, None, ctx, seed=0)
-tok = torch.randint(0, rank.vocab, (B,), device="cuda")
-# decode vs verify: the same tokens through a one-node verify (not committed) and a decode step
-hv, _ = rank.verify(st, tok[:, None], torch.full((B, 1), -1, dtype=torch.int64, device="cuda"))
-hd = rank.decode(st, tok)
-lv, ld = rank.logits(hv).float(), rank.logits(hd).float()
+# decode vs verify: a chain of 4 tokens verified at once (not committed), then decoded one by
+# one from the same state: each position's logits agree up to bf16 rounding of the two orders
+chain = torch.randint(0, rank.vocab, (B, 4), device="cuda")
+chain_parents = torch.tensor([[-1, 0, 1, 2]] * B, device="cuda")
+lv = rank.logits(rank.verify(st, chain, chain_parents)[0]).float().view(B, 4, -1)
+ld = torch.stack([rank.logits(rank.decode(st, chain[:, j])).float() for j in range(4)], 1)
 out["decode_vs_verify_max_abs"] = float((lv - ld).abs().max())
 out["decode_vs_verify_scale"] = float(ld.abs().max())
-out["decode_vs_verify_argmax_equal"] = bool((lv.argmax(-1) == ld.argmax(-1)).all())
+out["decode_vs_verify_argmax_agree"] = float((lv.argmax(-1) == ld.argmax(-1)).float().mean())
 # CUDA graph of a tree verify (parents: a chain of 4 under the root, then leaves)
 parents = torch.tensor([[-1] + [max(0, i - 1) if i < 5 else 0 for i in range(1, n)]] * B, device="cuda")
 tokens = torch.randint(0, rank.vocab, (B, n), device="cuda")
