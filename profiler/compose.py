@@ -31,7 +31,8 @@ import pandas as pd
 
 from simtree.errors import SimtreeError
 from simtree.fileio import write_text_atomic
-from simtree.models import COMMIT_STAGE, DECODE_STAGE, MODEL_ROUND_STAGE, ROUND_STAGE, VERIFY_STAGE, get_model
+from simtree.models import (COMMIT_STAGE, DECODE_STAGE, HASH_MLP_STAGE, MODEL_ROUND_STAGE, ROUND_STAGE, VERIFY_STAGE,
+                            get_model, hash_layers)
 
 from .stages import VARIANT_PREFERENCE, stack_core_variant
 
@@ -141,6 +142,7 @@ def compose_rows(df: pd.DataFrame, model_name: str, *, layers: tuple[str, ...] |
     for k in (layers or model.layer_kinds):
         counts[k] = counts.get(k, 0) + 1
     core_stages = {k: VERIFY_STAGE[k] for k in counts}
+    hashed = sum(1 for i in hash_layers(model) if i < sum(counts.values()))
     cores = sub[sub.stage.isin(core_stages.values())]
     pinned = {s: _main_variant(cores[cores.stage == s]) for s in core_stages.values()}
     pinned.update(core_variants or {})
@@ -158,6 +160,8 @@ def compose_rows(df: pd.DataFrame, model_name: str, *, layers: tuple[str, ...] |
     for b, n, shape in combos:
         b, n, shape = int(b), int(n), str(shape)
         parts = [_lookup_tokens(sub, "lm_head_step", b, n), _lookup_tokens(sub, "mlp_step", b, n)]
+        # V4's hash-routed layers: their own MoE stage where measured, else the routed one's
+        hmlp = _lookup_tokens(sub, HASH_MLP_STAGE, b, n) if hashed else None
         parts += [_lookup_tokens(sub, f"{k}_proj_step", b, n) for k in counts]
         if any(p is None for p in parts):
             continue
@@ -167,6 +171,9 @@ def compose_rows(df: pd.DataFrame, model_name: str, *, layers: tuple[str, ...] |
             continue
         for l in ls:
             total, reps, ok = lm[0].copy(), [lm[1], mlp[1]], True
+            if hmlp is not None:    # hash layers: their MoE in place of the routed one
+                total += hashed * (hmlp[0] - mlp[0])
+                reps.append(hmlp[1])
             if rnd is not None:   # the round's metadata for every kind, once, plain decoding too
                 total += rnd[0]
                 reps.append(rnd[1])

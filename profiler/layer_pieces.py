@@ -27,10 +27,9 @@ import torch
 
 from simtree.costs.steps import Point, Unavailable, Workload
 from simtree.kernels.layers import head, qwen as Q, v4 as V
-from simtree.kernels.layers.rope import RopeTable
 from simtree.kernels.layers.weights import make_weights
 from simtree.kernels.v4 import V4Cache
-from simtree.models import MODEL_ROUND_STAGE
+from simtree.models import HASH_MLP_STAGE, MODEL_ROUND_STAGE, hash_layers
 
 from .pieces import Ctx, nbytes, tree_batch
 
@@ -38,13 +37,16 @@ __all__ = ["LAYERS_VARIANT", "layers_workload", "layer_stages", "check_layers"]
 
 LAYERS_VARIANT = "layers"
 ROUND_STAGE = MODEL_ROUND_STAGE
-_V4_MOE = ("ln2", "router", "experts_gu", "experts_down", "shared_gu", "shared_down")
+_V4_MOE = ("ln2", "router", "router_bias", "experts_gu", "experts_down", "shared_gu", "shared_down", "hc_ffn_fn",
+           "hc_ffn_base", "hc_ffn_scale")
 
 
 def layer_stages(model) -> list[str]:
     """Every stage variant ``layers`` times for a model shape."""
     kinds = model.kinds()
     out = [ROUND_STAGE, "lm_head_step", "mlp_step"] + [f"{k}_proj_step" for k in kinds]
+    if hash_layers(model):
+        out.append(HASH_MLP_STAGE)
     if model.family == "gdn_hybrid":
         out += [s for k, s in (("gdn", "gdn_tree_verify"), ("gdn", "gdn_decode_step"), ("gdn", "gdn_tree_commit"),
                                ("attn", "attn_tree_verify"), ("attn", "attn_kv_commit")) if k in kinds]
@@ -70,8 +72,11 @@ class _Parts:
                 specs = V.layer_specs("", k, self.d, gain, comp_dt)
                 self.w[k] = make_weights([s for s in specs if s.name not in _V4_MOE], dev, dt, ctx.seed)
             self.moe = make_weights([s for s in specs if s.name in _V4_MOE], dev, dt, ctx.seed)
+            hashed = V.layer_specs("", "swa", self.d, gain, comp_dt, hashed=True)
+            self.hash_moe = make_weights([s for s in hashed if s.name in _V4_MOE + ("tid2eid",)
+                                          and s.name != "router_bias"], dev, dt, ctx.seed)
             self.lw = {k: V.layer_weights(self.w[k], k, self.d) for k in self.w}
-            self.rope = RopeTable(self.d.rope, V.ROPE_THETA, dev, dtype=dt)
+            self.ropes = V.rope_tables(self.d, dev, dt)
             self.cfg = V.attn_config(self.d)
             self.impl = "triton" if dev.type == "cuda" and dt != torch.float64 else "torch"
         else:
@@ -105,14 +110,18 @@ def _lengths(ctx: Ctx, b: int, l: int) -> torch.Tensor:
 
 
 # ---- Qwen --------------------------------------------------------------------------------------
-def _ends_step(ctx: Ctx, P: _Parts, x: torch.Tensor, eps: float):
-    """lm_head_step of either family: the token embedding of T tokens, then final norm + logits."""
+def _ends_step(ctx: Ctx, P: _Parts, x: torch.Tensor, eps: float, collapse=None):
+    """lm_head_step of either family: the token embedding of T tokens, then final norm + logits
+    (V4: the embedding into its streams, and ``collapse``, the streams' final hc_head, first)."""
     T, vocab = x.shape[0], P.ends["embed"].shape[0]
     tokens = torch.randint(0, vocab, (T,), device=ctx.device, generator=ctx.gen(T))
 
     def step():
-        head.embed(P.ends["embed"], tokens)
-        return head.greedy(x, P.ends["norm"], P.ends["lm_head"], eps)
+        if collapse is None:
+            head.embed(P.ends["embed"], tokens)
+            return head.greedy(x, P.ends["norm"], P.ends["lm_head"], eps)
+        V.embed_streams(P.d, P.ends["embed"], tokens)
+        return head.greedy(collapse(x), P.ends["norm"], P.ends["lm_head"], eps)
     return step, nbytes(x, tokens)
 
 
@@ -177,25 +186,29 @@ def _v4(ctx: Ctx, P: _Parts, p: Point, kind: str | None):
     b, n, l, d = p.batch_size, p.nodes_per_seq, p.context_len, P.d
     T = b * n
     max_len = l + 4 * n + 8                          # as the runtime's step engines size a state
-    P.rope.ensure(max_len + 2)
+    for table in P.ropes.values():
+        table.ensure(max_len + 2)
     lengths = _lengths(ctx, b, l)
     parents = (torch.full((b, 1), -1, dtype=torch.int64, device=ctx.device) if n == 1
                else _trees(ctx, b, n, p.tree_shape))
     acc = torch.zeros(b, dtype=torch.int64, device=ctx.device) if n == 1 else _deepest(ctx, b, n, p.tree_shape)
-    x = ctx.randn(T, d.h, salt=T)
+    x = ctx.randn(T, d.hc, d.h, salt=T)              # the hyper-connection streams
     stage = p.stage
-    if stage == "lm_head_step":
-        return _ends_step(ctx, P, x, V.EPS)
-    if stage == "mlp_step":
-        return (lambda: V.moe(P.moe, d, x)), nbytes(x)
+    if stage == "lm_head_step":                      # + the final collapse of the streams
+        return _ends_step(ctx, P, x, d.eps, lambda y: V.hc_collapse(P.ends, d, y))
+    if stage == "mlp_step":                          # routed (not hash) MoE with its hyper-connection
+        return (lambda: V.moe_block(P.moe, d, x)), nbytes(x)
+    if stage == HASH_MLP_STAGE:                      # a hash-routed layer's: the tokens pick the experts
+        ids = torch.randint(0, d.vocab, (T,), device=ctx.device, generator=ctx.gen(T + 5))
+        return (lambda: V.moe_block(P.hash_moe, d, x, ids)), nbytes(x, ids)
     if stage == f"{kind}_proj_step":                 # RoPE rows of the nodes' positions only
         depth = torch.as_tensor(tree_batch(b, n, p.tree_shape, ctx.seed).depth, device=ctx.device)
-        cs = P.rope.rows(l + depth)
+        cs = P.ropes["main" if kind == "swa" else "compress"].rows(l + depth)
         w, o = P.w[kind], ctx.randn(T, d.H, d.D, salt=T + 3)
 
         def step():
-            V.attn_pre(w, d, kind, x, cs)
-            return V.attn_post(w, d, x, o, cs)
+            _, hc = V.attn_block_pre(w, d, kind, x, cs)
+            return V.attn_block_post(w, d, x, o, cs, hc)
         return step, nbytes(x, o)
     sdt = torch.float64 if ctx.dtype == torch.float64 else torch.float32
     kinds = [kind] if kind else list(P.w)
@@ -203,17 +216,17 @@ def _v4(ctx: Ctx, P: _Parts, p: Point, kind: str | None):
                                 seed=ctx.seed) for k in kinds}
     held = nbytes(*(t for c in caches.values() for t in c.persistent_tensors().values()))
     both = {k: (caches[k], P.lw[k]) for k in kinds}
-    rm = V.round_meta(P.rope, both, lengths, parents, max_len - 1)
+    rm = V.round_meta(P.ropes, both, lengths, parents, max_len - 1)
     if stage == ROUND_STAGE:
         adv = lengths.clone()
 
         def step():
-            r = V.round_meta(P.rope, both, lengths, parents, max_len - 1)
+            r = V.round_meta(P.ropes, both, lengths, parents, max_len - 1)
             V.commit_plans(both, r, acc)
             V.advance(adv, r, acc)
         return step, held
     w, cache, lw = P.w[kind], caches[kind], P.lw[kind]
-    inp = V.attn_pre(w, d, kind, x, rm.cs)
+    inp, _ = V.attn_block_pre(w, d, kind, x, rm.rows(kind))
     if stage == f"v4_{kind}_verify":
         return (lambda: V.attn_core(kind, cache, lw, inp, rm.plans[kind], P.impl)), held
     _, scratch = V.attn_core(kind, cache, lw, inp, rm.plans[kind], P.impl)
@@ -222,6 +235,8 @@ def _v4(ctx: Ctx, P: _Parts, p: Point, kind: str | None):
 
 
 def _kind_of(stage: str, kinds) -> str | None:
+    if stage == HASH_MLP_STAGE:
+        return None
     for k in kinds:
         if stage in (f"{k}_proj_step", f"v4_{k}_verify", f"v4_{k}_commit"):
             return k

@@ -134,9 +134,10 @@ def proj_piece(ctx: Ctx, kind: str, T: int):
     elif kind == "hca":
         extra = [ctx.weight("hca_comp", h, 2 * D)]
     o = ctx.randn(T, H * D, salt=T + 3)
+    hc_in, hc_out = _v4_hyper(ctx, T)
 
     def step():
-        xn = _rms(x)
+        xn = _rms(hc_in())
         qa = _rms(xn @ w_qa)
         qa @ w_qb
         _rms(xn @ w_kv)
@@ -145,8 +146,29 @@ def proj_piece(ctx: Ctx, kind: str, T: int):
         if kind == "csa":
             qa @ w_iq
         og = torch.bmm(o.view(T, G, H // G * D).transpose(0, 1), w_oa)  # [G, T, o_rank]
-        return og.transpose(0, 1).reshape(T, -1) @ w_ob
+        return hc_out(og.transpose(0, 1).reshape(T, -1) @ w_ob)
     return step, nbytes(x, o)
+
+
+def _v4_hyper(ctx: Ctx, T: int):
+    """A V4 block's hyper-connection around it (kernels/layers/mhc.py): (collapse() -> the block's
+    input [T, h], expand(out) -> the new streams), over hc_mult random streams [T, hc, h]."""
+    from simtree.kernels.layers.mhc import hc_post, hc_pre
+    v, h = ctx.model.v4, ctx.model.hidden
+    hc, iters = int(v.get("hc_mult", 4)), int(v.get("hc_sinkhorn_iters", 20))
+    xs = ctx.randn(T, hc, h, salt=T + 6)
+    fn = ctx.weight("v4_hc_fn", (2 + hc) * hc, hc * h).to(torch.float64 if ctx.dtype == torch.float64 else torch.float32)
+    base = torch.zeros((2 + hc) * hc, device=ctx.device, dtype=torch.float32)
+    scale = torch.ones(3, device=ctx.device, dtype=torch.float32)
+    held = {}
+
+    def collapse():
+        held["x"], held["post"], held["comb"] = hc_pre(xs, fn, base, scale, iters, 1e-6, 1e-6)
+        return held["x"]
+
+    def expand(out):
+        return hc_post(xs, out, held["post"], held["comb"])
+    return collapse, expand
 
 
 def mlp_piece(ctx: Ctx, T: int):
@@ -179,9 +201,10 @@ def mlp_piece(ctx: Ctx, T: int):
     w_sgu = ctx.weight("moe_sgu", h, 2 * shared) if shared else None
     w_sd = ctx.weight("moe_sd", shared, h) if shared else None
     rows = torch.arange(e * per, device=ctx.device) % T   # which token fills each expert slot
+    hc_in, hc_out = _v4_hyper(ctx, T) if ctx.model.family == "v4" else (lambda: x, lambda y: y)
 
     def step():
-        xn = _rms(x)
+        xn = _rms(hc_in())
         scores = (xn @ w_r).float()
         weights, _ = torch.topk(scores, k, dim=-1)
         xe = xn.index_select(0, rows).view(e, per, h)
@@ -192,7 +215,7 @@ def mlp_piece(ctx: Ctx, T: int):
         if w_sgu is not None:
             sa, sb = (xn @ w_sgu).chunk(2, dim=-1)
             out = out + (F.silu(sa) * sb) @ w_sd
-        return out
+        return hc_out(out)
     return step, nbytes(x)
 
 
@@ -201,9 +224,17 @@ def lm_head_piece(ctx: Ctx, T: int, topk: int = 1):
     h, V = ctx.model.hidden, ctx.model.vocab
     x = ctx.randn(T, h, salt=T + 5)
     w = ctx.weight("lm_head", h, V)
+    head = lambda: x                                   # noqa: E731
+    if ctx.model.family == "v4":                       # the streams' final collapse first (hc_head)
+        from simtree.kernels.layers.mhc import hc_head
+        hc = int(ctx.model.v4.get("hc_mult", 4))
+        xs = ctx.randn(T, hc, h, salt=T + 7)
+        fn = ctx.weight("v4_hc_head", hc, hc * h).float()
+        base, scale = torch.zeros(hc, device=ctx.device), torch.ones(1, device=ctx.device)
+        head = lambda: hc_head(xs, fn, base, scale, 1e-6, 1e-6)   # noqa: E731
 
     def step():
-        logits = _rms(x) @ w
+        logits = _rms(head()) @ w
         if topk <= 1:
             return logits.argmax(dim=-1)
         return torch.topk(logits, topk, dim=-1)

@@ -50,7 +50,7 @@ VARIANT_PREFERENCE = ("layers", "triton_tree", "flashmla_tree", "torch_sdpa", "t
 def is_one_variant_stage(stage: str) -> bool:
     """Stages the profiler times with plain torch ops only (variant "torch"; a caller's
     builders may add variants, e.g. the runtime's draft step)."""
-    return stage in ("mlp_step", "lm_head_step", "draft_step") or stage.endswith("_proj_step")
+    return stage in ("mlp_step", "hash_mlp_step", "lm_head_step", "draft_step") or stage.endswith("_proj_step")
 
 
 # stages the profiler has no variant of its own for: only a caller's builders time them

@@ -51,7 +51,8 @@ from simtree.parallel import DEFAULT_DEPLOYMENT, parse_deployment
 from simtree.errors import SimtreeError
 from simtree.fileio import read_yaml
 from simtree.machine.hostprobe import probe as host_probe
-from simtree.models import COMMIT_STAGE, DECODE_STAGE, MODEL_ROUND_STAGE, ROUND_STAGE, VERIFY_STAGE, get_model
+from simtree.models import (COMMIT_STAGE, DECODE_STAGE, HASH_MLP_STAGE, MODEL_ROUND_STAGE, ROUND_STAGE, VERIFY_STAGE,
+                            get_model)
 
 from .collectives import COLLECTIVES_STAGE, check_collectives_entry
 from .drafter_pieces import DRAFTER_STAGES, drafter_point_axes
@@ -212,7 +213,7 @@ def _check_grid(grid, where: str) -> None:
 def known_stages() -> set[str]:
     """Every stage name (and alias) a sweep entry may name."""
     names = {"attention", "proj", "mlp_step", "lm_head_step", "draft_step", "stack_verify_step",
-             "model_verify_step", MODEL_ROUND_STAGE, COLLECTIVES_STAGE, *DRAFTER_STAGES}
+             "model_verify_step", MODEL_ROUND_STAGE, COLLECTIVES_STAGE, HASH_MLP_STAGE, *DRAFTER_STAGES}
     for per_kind in (VERIFY_STAGE, COMMIT_STAGE, ROUND_STAGE, DECODE_STAGE):
         names |= set(per_kind.values())
     names |= {f"{k}_proj_step" for k in VERIFY_STAGE}
@@ -559,7 +560,7 @@ def _check_holds(model: str, deployment: str, device_label: str) -> None:
     """Refuse, as `simtree plan` does, a deployment whose GPUs cannot hold the model's weights
     (the rank's, batch 1): this device's machine, else the default one (a CPU profiles ranks
     of the default machine's deployments)."""
-    from simtree.deploy.machines import get_machine, machine_for_device
+    from simtree.machine.machines import get_machine, machine_for_device
     from simtree.deploy.memory import check_fits
     from simtree.deploy.shipped import DEFAULT_MACHINE
 

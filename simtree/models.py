@@ -29,7 +29,7 @@ from simtree.fileio import read_yaml
 
 __all__ = ["ModelShape", "get_model", "list_models", "load_model_file", "MODEL_DIR", "DTYPE_BYTES",
            "LAYER_KINDS", "VERIFY_STAGE", "COMMIT_STAGE", "ROUND_STAGE", "DECODE_STAGE",
-           "MODEL_ROUND_STAGE"]
+           "MODEL_ROUND_STAGE", "HASH_MLP_STAGE", "hash_layers"]
 
 MODEL_DIR = data_path("models")
 LAYER_KINDS = ("gdn", "attn", "swa", "csa", "hca")
@@ -51,6 +51,9 @@ DECODE_STAGE = {"gdn": "gdn_decode_step"}
 # A round's metadata for every layer kind at once (positions, RoPE rows, tree tables, V4 device
 # plans, the commit's rows), built once per round, plain decoding included: one model-level stage.
 MODEL_ROUND_STAGE = "round_meta_step"
+# V4's hash-routed MoE layers (the expert ids a table lookup of the token), timed apart from
+# ``mlp_step`` (the routed MoE): one model-level stage, times the number of hash layers.
+HASH_MLP_STAGE = "hash_mlp_step"
 _SECTION_FOR_KIND = {"gdn": "gdn", "attn": "attn", "swa": "v4", "csa": "v4", "hca": "v4"}
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4, "fp64": 8, "fp8": 1}
 
@@ -325,7 +328,36 @@ def _params(shape: ModelShape) -> list[tuple[int, int]]:
     for kind, mlp in blocks:
         out.append((2 * h + _mlp_params(shape, mlp), dt))
         out += [(n, b or dt) for n, b in _mixer_params(shape, kind, fp32)]
+    if shape.family == "v4":
+        out += _v4_extra_params(shape, len(blocks) - shape.num_layers)
     return out
+
+
+def hash_layers(shape: ModelShape) -> tuple[int, ...]:
+    """Indices of a V4 shape's hash-routed MoE layers (``v4.mlp_layer_types`` "hash_moe"; without
+    it the first ``v4.num_hash_layers``, 3 by default as in transformers); () for other families."""
+    if shape.family != "v4":
+        return ()
+    v, n = shape.v4, shape.num_layers
+    types = v.get("mlp_layer_types")
+    if types is None:
+        return tuple(range(min(n, int(v.get("num_hash_layers", 3)))))
+    return tuple(i for i, t in enumerate(types[:n]) if t == "hash_moe")
+
+
+def _v4_extra_params(shape: ModelShape, draft_layers: int) -> list[tuple[int, int]]:
+    """DeepSeek-V4's weights beyond the blocks' GEMMs (runtime: kernels/layers/v4.py): two
+    hyper-connections a block and the final collapse (model and MTP layer), fp32; the router's
+    selection bias (fp32) or, on a hash-routed layer, the token-to-expert table (int64)."""
+    v, h, fp32 = shape.v4, shape.hidden, 4
+    hc, n = int(v.get("hc_mult", 4)), shape.num_layers
+    hashed = len(hash_layers(shape))
+    E = int(shape.mlp["n_experts"])
+    blocks = n + draft_layers
+    hc_block = 2 * ((2 + hc) * hc * hc * h + (2 + hc) * hc + 3)
+    head = hc * hc * h + hc + 1
+    return [(blocks * hc_block + (1 + draft_layers) * head, fp32),
+            ((blocks - hashed) * E, fp32), (hashed * shape.vocab * int(shape.mlp["experts_per_token"]), 8)]
 
 
 def _seq_state_bytes(shape: ModelShape, l: int) -> int:

@@ -13,7 +13,8 @@ I, F, BF = "i32", "fp32", "*bf16"
 CASES = {   # kernel: (argument types in order, constexprs)
     "_rms_norm_kernel": ([BF, BF, BF, I, I, I, F], {"HAS_W": True, "BLOCK": 8192}),
     "_gated_norm_kernel": ([BF, BF, BF, BF, I, I, I, F], {"BLOCK": 128}),
-    "_silu_mul_kernel": ([BF, BF, I, I], {"BLOCK": 2048}),
+    "_silu_mul_kernel": ([BF, BF, I, I, F], {"BLOCK": 2048, "CLAMP": True}),
+    "_hc_weights_kernel": (["*fp32"] * 6 + [I, I, F], {"HC": 4, "B": 16}),
     "_sigmoid_mul_kernel": ([BF, BF, BF, I, I, I, I, I, I], {"BLOCK": 256}),
     "_gdn_gates_kernel": ([BF, "*fp32", "*fp32", "*fp32", "*fp32", I, I], {"BLOCK": 64}),
     "_norm_rope_kernel": ([BF, BF, "*fp32", BF] + [I] * 9 + [F],

@@ -12,7 +12,7 @@ import triton
 import triton.language as tl
 
 __all__ = ["rms_norm", "gated_rms_norm", "silu_mul", "sigmoid_mul", "gdn_gates", "norm_rope", "tree_conv",
-           "gather_rows"]
+           "gather_rows", "hc_weights"]
 
 
 def _pow2(n: int) -> int:
@@ -71,22 +71,27 @@ def gated_rms_norm(o: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, eps: 
 
 
 @triton.jit
-def _silu_mul_kernel(GU, OUT, s_gu, I, BLOCK: tl.constexpr):
+def _silu_mul_kernel(GU, OUT, s_gu, I, limit, BLOCK: tl.constexpr, CLAMP: tl.constexpr):
     t = tl.program_id(0).to(tl.int64)
     c = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     m = c < I
     a = tl.load(GU + t * s_gu + c, mask=m, other=0.0).to(tl.float32)
     b = tl.load(GU + t * s_gu + I + c, mask=m, other=0.0).to(tl.float32)
+    if CLAMP:   # V4's swiglu_limit: gate clamped above, up both ways
+        a = tl.minimum(a, limit)
+        b = tl.minimum(tl.maximum(b, -limit), limit)
     tl.store(OUT + t * I + c, (a / (1.0 + tl.exp(-a)) * b).to(OUT.dtype.element_ty), mask=m)
 
 
-def silu_mul(gu: torch.Tensor) -> torch.Tensor:
+def silu_mul(gu: torch.Tensor, limit: float = 0.0) -> torch.Tensor:
+    """silu(gate) * up of gu [T, 2I] = [gate | up]; ``limit`` > 0: reference.swiglu's clamp."""
     T, I2 = gu.shape
     I = I2 // 2
     out = torch.empty((T, I), dtype=gu.dtype, device=gu.device)
     block = min(2048, _pow2(I))
     if T:
-        _silu_mul_kernel[(T, triton.cdiv(I, block))](gu, out, gu.stride(0), I, BLOCK=block, num_warps=4)
+        _silu_mul_kernel[(T, triton.cdiv(I, block))](gu, out, gu.stride(0), I, float(limit), BLOCK=block,
+                                                     CLAMP=limit > 0, num_warps=4)
     return out
 
 
@@ -248,3 +253,44 @@ def gather_rows(state: torch.Tensor, x: torch.Tensor, idx: torch.Tensor) -> None
     if B:
         _gather_rows_kernel[(B, triton.cdiv(C, block))](state, x, idx.contiguous(), x.stride(0), C, R=R, BLOCK=block,
                                                         num_warps=4)
+
+
+@triton.jit
+def _hc_weights_kernel(M, BASE, SCALE, PRE, POST, COMB, s_m, iters, eps, HC: tl.constexpr, B: tl.constexpr):
+    """One token: its pre / post [HC] and Sinkhorn-normalised comb [HC, HC] (padded to B)."""
+    t = tl.program_id(0).to(tl.int64)
+    i = tl.arange(0, B)
+    mi = i < HC
+    s0 = tl.load(SCALE)
+    s1 = tl.load(SCALE + 1)
+    s2 = tl.load(SCALE + 2)
+    pre = tl.sigmoid(tl.load(M + t * s_m + i, mask=mi, other=0.0) * s0 + tl.load(BASE + i, mask=mi, other=0.0)) + eps
+    post = 2 * tl.sigmoid(tl.load(M + t * s_m + HC + i, mask=mi, other=0.0) * s1
+                          + tl.load(BASE + HC + i, mask=mi, other=0.0))
+    tl.store(PRE + t * HC + i, pre, mask=mi)
+    tl.store(POST + t * HC + i, post, mask=mi)
+    r = i[:, None]
+    c = i[None, :]
+    mc = (r < HC) & (c < HC)
+    off = 2 * HC + r * HC + c
+    z = tl.load(M + t * s_m + off, mask=mc, other=0.0) * s2 + tl.load(BASE + off, mask=mc, other=0.0)
+    z = tl.where(mc, z, -1e30)
+    z = tl.exp(z - tl.max(z, 1)[:, None])
+    z = tl.where(mc, z / tl.sum(z, 1)[:, None] + eps, 0.0)
+    z = z / (tl.sum(z, 0)[None, :] + eps)
+    for _ in range(iters - 1):
+        z = z / (tl.sum(z, 1)[:, None] + eps)
+        z = z / (tl.sum(z, 0)[None, :] + eps)
+    tl.store(COMB + t * HC * HC + r * HC + c, z, mask=mc)
+
+
+def hc_weights(m: torch.Tensor, base: torch.Tensor, scale: torch.Tensor, iters: int, eps: float):
+    """reference.hc_weights in one launch (one program per token)."""
+    T, n = m.shape
+    hc = int(round((-2 + (4 + 4 * n) ** 0.5) / 2))
+    pre, post = m.new_empty(T, hc), m.new_empty(T, hc)
+    comb = m.new_empty(T, hc, hc)
+    if T:
+        _hc_weights_kernel[(T,)](m, base.contiguous(), scale.contiguous(), pre, post, comb, m.stride(0), iters, eps,
+                                 HC=hc, B=_pow2(hc), num_warps=1)
+    return pre, post, comb

@@ -13,7 +13,7 @@ from . import reference as ref
 from .forms import current
 
 __all__ = ["rms_norm", "gated_rms_norm", "silu_mul", "sigmoid_mul", "gdn_gates", "norm_rope", "norm_rope_into",
-           "tree_conv", "gather_rows"]
+           "tree_conv", "gather_rows", "hc_weights", "swiglu"]
 
 
 def _triton(*tensors: torch.Tensor) -> bool:
@@ -53,6 +53,16 @@ def silu_mul(gu: torch.Tensor) -> torch.Tensor:
 @silu_mul.register_kernel("cuda")
 def _silu_mul_cuda(gu):
     return _fused().silu_mul(gu) if _triton(gu) else ref.silu_mul(gu)
+
+
+@torch.library.custom_op("simtree::swiglu", mutates_args=())
+def swiglu(gu: torch.Tensor, limit: float) -> torch.Tensor:
+    return ref.swiglu(gu, limit)
+
+
+@swiglu.register_kernel("cuda")
+def _swiglu_cuda(gu, limit):
+    return _fused().silu_mul(gu, limit) if _triton(gu) else ref.swiglu(gu, limit)
 
 
 @torch.library.custom_op("simtree::sigmoid_mul", mutates_args=())
@@ -126,3 +136,23 @@ def _gather_rows_cuda(state, x, idx):
         _fused().gather_rows(state, x, idx)
     else:
         ref.gather_rows(state, x, idx)
+
+
+@torch.library.custom_op("simtree::hc_weights", mutates_args=())
+def hc_weights(m: torch.Tensor, base: torch.Tensor, scale: torch.Tensor, iters: int,
+               eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return tuple(t.contiguous() for t in ref.hc_weights(m, base, scale, iters, eps))
+
+
+@hc_weights.register_kernel("cuda")
+def _hc_weights_cuda(m, base, scale, iters, eps):
+    if _triton(m):
+        return _fused().hc_weights(m, base, scale, iters, eps)
+    return tuple(t.contiguous() for t in ref.hc_weights(m, base, scale, iters, eps))
+
+
+@hc_weights.register_fake
+def _hc_weights_fake(m, base, scale, iters, eps):
+    T, n = m.shape
+    hc = int(round((-2 + (4 + 4 * n) ** 0.5) / 2))
+    return m.new_empty(T, hc), m.new_empty(T, hc), m.new_empty(T, hc, hc)

@@ -51,6 +51,12 @@ def silu_mul(gu: torch.Tensor) -> torch.Tensor:
     return (F.silu(a) * b).to(gu.dtype)
 
 
+def swiglu(gu: torch.Tensor, limit: float) -> torch.Tensor:
+    """silu_mul with V4's ``swiglu_limit``: gate clamped above at limit, up to [-limit, limit]."""
+    a, b = gu.to(compute_dtype(gu)).chunk(2, -1)
+    return (F.silu(a.clamp(max=limit)) * b.clamp(-limit, limit)).to(gu.dtype)
+
+
 def sigmoid_mul(o: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
     dt = compute_dtype(o)
     return (o.to(dt) * torch.sigmoid(gate.to(dt))).reshape(o.shape[0], -1).to(o.dtype)
@@ -106,3 +112,19 @@ def gather_rows(state: torch.Tensor, x: torch.Tensor, idx: torch.Tensor) -> None
     """In place: state[b, s] <- source idx[b, s] (every source read before any row is written)."""
     new = conv_sources(x, state, idx)
     state.copy_(new.to(state.dtype).view(state.shape))
+
+
+def hc_weights(m: torch.Tensor, base: torch.Tensor, scale: torch.Tensor, iters: int, eps: float):
+    """DeepSeek-V4 hyper-connection weights from the mixes m [T, (2 + hc) hc] (kernels/layers/mhc.py):
+    pre = sigmoid(s0 m_pre + b) + eps, post = 2 sigmoid(s1 m_post + b), comb = Sinkhorn(row softmax
+    (s2 m_comb + b) + eps): columns once, then ``iters - 1`` rounds of rows and columns."""
+    T, n = m.shape
+    hc = int(round((-2 + (4 + 4 * n) ** 0.5) / 2))
+    pre = torch.sigmoid(m[:, :hc] * scale[0] + base[:hc]) + eps
+    post = 2 * torch.sigmoid(m[:, hc:2 * hc] * scale[1] + base[hc:2 * hc])
+    comb = torch.softmax(m[:, 2 * hc:].reshape(T, hc, hc) * scale[2] + base[2 * hc:].view(hc, hc), -1) + eps
+    comb = comb / (comb.sum(-2, keepdim=True) + eps)
+    for _ in range(iters - 1):
+        comb = comb / (comb.sum(-1, keepdim=True) + eps)
+        comb = comb / (comb.sum(-2, keepdim=True) + eps)
+    return pre, post, comb

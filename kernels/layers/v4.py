@@ -1,15 +1,28 @@
 """Layers of DeepSeek-V4 (one expert-parallel rank), built from the kernels: what the full
 runtime's rank composes and what the profiler times, layer kind by layer kind.
 
-A layer (hyper-connections and FP8/FP4 ignored, as the model YAML says):
+The residual stream is ``hc`` hyper-connection streams x [T, hc, h] (:mod:`.mhc`); a layer:
 
-    x += W_ob groups(W_oa o),  o = tree verify of the SWA / CSA / HCA attention (``kernels.v4``)
-    x += MoE(RMSNorm x)        routed experts (the rank's own) + the shared expert
+    a = hc_pre(x);  x = hc_post(x, W_ob groups(W_oa o), a),  o = tree verify of the SWA / CSA /
+                                                         HCA attention of RMSNorm(a's input)
+    m = hc_pre(x);  x = hc_post(x, MoE(RMSNorm(m's input)), m)
 
-with, from h = RMSNorm(x) and one fused GEMM h -> [q latent | kv latent (| indexer weights)]:
-q = RoPE(W_qb RMSNorm(q latent)), kv = RoPE(RMSNorm(kv latent)) (RoPE on the last ``rope_dim``
-channels; removed from o again since K == V), the compressors reading h, the CSA indexer's
-queries RoPE(W_iq q latent) and head weights (the fused GEMM's last Hi columns) / sqrt(Hi).
+with, from h = RMSNorm(input) and one fused GEMM h -> [q latent | kv latent (| indexer weights)]:
+q = RoPE(RMSNorm_per_head(W_qb RMSNorm(q latent))) (the per-head norm unweighted), kv =
+RoPE(RMSNorm(kv latent)) (RoPE on the last ``rope_dim`` channels; removed from o again since
+K == V), the compressors reading h, the CSA indexer's queries RoPE(W_iq q latent) and head
+weights (the fused GEMM's last Hi columns) / sqrt(Hi).  RoPE: base ``rope_theta`` on SWA
+layers, ``compress_rope_theta`` (YaRN where configured) on CSA / HCA layers, their
+compressors and the indexer.  V4 rotates interleaved channel pairs (2i, 2i + 1); simtree keeps
+each rope slice de-interleaved (evens, then odds: the kernels' half-split rotation), and the
+checkpoint loader permutes the rope rows of every projection that writes them
+(:mod:`simtree.checkpoints.deepseek_v4`), so the rotation is V4's exactly.
+
+MoE: ``sqrtsoftplus`` scores; the top-k of scores + ``e_score_correction_bias`` (selection
+only), or on a hash layer (``mlp_layer_types`` "hash_moe") the table ``tid2eid[token id]``;
+weights the chosen scores renormalised times ``routed_scaling_factor``; expert gate / up clamped
+by ``swiglu_limit``; plus the shared expert (clamped alike).  The model ends in ``hc_head``,
+the final RMSNorm and the LM head.
 
 The round's index lists are the kernels' device plans (``plan_verify_device`` /
 ``plan_commit_device``: static shapes, no host sync), one per layer kind per round, shared by
@@ -18,7 +31,8 @@ round's positions and RoPE rows, :func:`commit_plans` the commit's.
 
 The rank's experts are the shape's: a rank's shape (``ModelShape.shard("ep=8")``: 32 of
 DeepSeek-V4-Flash's 256, 6 of them per token) carries its own expert count; a whole-model shape
-(deployment "tp=1") is split over :func:`default_ep_ranks` ranks, to the same 32.
+(deployment "tp=1") is split over :func:`default_ep_ranks` ranks, to the same 32.  A rank routes
+over its own experts (router rows and hash table of the rank): the all-to-all is not run.
 """
 from __future__ import annotations
 
@@ -32,22 +46,24 @@ from simtree.parallel import DEFAULT_DEPLOYMENT, parse_deployment
 from simtree.errors import SimtreeError
 from simtree.kernels.v4 import (CompressorParams, V4AttnConfig, V4Cache, V4Inputs, V4LayerWeights, apply_commit,
                                 plan_commit_device, plan_verify_device, tree_verify)
-from simtree.models import ModelShape
+from simtree.models import ModelShape, hash_layers
 
 from . import ops
 from .attention import tree_attention
 from .head import embed
-from .moe import route_topk, routed_experts
+from .mhc import expand, hc_head, hc_post, hc_pre
+from .moe import route_v4, routed_experts, swiglu
 from .opcount import kernel_core
-from .rope import RopeTable
-from .weights import Spec, ends_specs, linear, mtp_specs, residual_gain
+from .rope import RopeTable, inv_freq
+from .weights import Spec, linear, residual_gain
 
 __all__ = ["V4Dims", "EP_RANKS", "ROPE_THETA", "default_ep_ranks", "rank_experts", "layer_specs", "model_specs",
-           "attn_config", "layer_weights", "V4Round", "round_meta", "commit_plans", "advance", "attn_pre", "attn_core",
-           "attn_post", "attn_commit", "moe", "layer", "mtp_forward", "EPS"]
+           "attn_config", "layer_weights", "rope_tables", "V4Round", "round_meta", "commit_plans", "advance",
+           "attn_pre", "attn_core", "attn_post", "attn_commit", "moe", "attn_block_pre", "attn_block_post",
+           "moe_block", "layer", "embed_streams", "hc_collapse", "final_hidden", "mtp_forward", "EPS"]
 
 EP_RANKS = 8
-ROPE_THETA = 10000.0      # the kernels' compressor RoPE (V4AttnConfig.rope_theta)
+ROPE_THETA = 10000.0      # rope_theta of V4-Flash (the SWA layers)
 EPS = 1e-6
 
 
@@ -112,16 +128,34 @@ class V4Dims:
     topk_e: int
     I: int
     Is: int
+    hc: int = 4                      # hyper-connection streams (hc_mult)
+    hc_iters: int = 20               # Sinkhorn iterations
+    hc_eps: float = 1e-6
+    eps: float = EPS                 # rms_norm_eps
+    limit: float = 10.0              # swiglu_limit (0: none)
+    route_scale: float = 1.5         # routed_scaling_factor
+    theta: float = 10000.0           # rope_theta (SWA layers)
+    ctheta: float = 160000.0         # compress_rope_theta (CSA / HCA layers, compressors, indexer)
+    yarn: tuple = ()                 # the compressed layers' YaRN parameters, (key, value) pairs
+    hash_layers: tuple = ()          # indices of the hash-routed MoE layers
 
     @classmethod
     def of(cls, shape: ModelShape, ep_ranks: int | None = None) -> "V4Dims":
         v, m = shape.v4, shape.mlp
         E, _ = rank_experts(shape, ep_ranks)
+        hashed = hash_layers(shape)
+        yarn = v.get("rope_scaling") or {}
         return cls(shape.hidden, shape.vocab, int(v["q_heads"]), int(v["head_dim"]), int(v["rope_dim"]),
                    int(v["q_lora_rank"]), int(v["o_groups"]), int(v["o_lora_rank"]), int(v["window"]),
                    int(v["csa_ratio"]), int(v["hca_ratio"]), int(v["index_topk"]), int(v["index_heads"]),
                    int(v["index_head_dim"]), E, int(m["experts_per_token"]), int(m["expert_intermediate"]),
-                   int(m.get("n_shared", 0)) * int(m.get("shared_intermediate", 0)))
+                   int(m.get("n_shared", 0)) * int(m.get("shared_intermediate", 0)),
+                   int(v.get("hc_mult", 4)), int(v.get("hc_sinkhorn_iters", 20)), float(v.get("hc_eps", 1e-6)),
+                   float(v.get("rms_norm_eps", EPS)), float(m.get("swiglu_limit", 10.0) or 0.0),
+                   float(m.get("routed_scaling_factor", 1.5)), float(v.get("rope_theta", 10000.0)),
+                   float(v.get("compress_rope_theta", 160000.0)),
+                   tuple(sorted(yarn.items())) if yarn.get("rope_type", yarn.get("type")) == "yarn" else (),
+                   hashed)
 
     def ratio(self, kind: str) -> int:
         return {"swa": 0, "csa": self.csa, "hca": self.hca}[kind]
@@ -129,6 +163,12 @@ class V4Dims:
     def a_out(self, kind: str) -> int:
         """Columns of the fused first projection: q latent | kv latent (| indexer weights)."""
         return self.qr + self.D + (self.Hi if kind == "csa" else 0)
+
+    def freqs(self, kind: str):
+        """Inverse RoPE frequencies of a layer kind (SWA: rope_theta; CSA / HCA: the compressed ones)."""
+        if kind == "swa":
+            return inv_freq(self.rope, self.theta)
+        return inv_freq(self.rope, self.ctheta, dict(self.yarn) or None)
 
 
 # ---- weights ----------------------------------------------------------------------------------
@@ -138,8 +178,15 @@ def _compressor_specs(p: str, dim: int, ratio: int, h: int, dt) -> list[Spec]:
             Spec(p + "ape", (ratio, c), "normal", 0.5, dt), Spec(p + "norm", (dim,), "const", 1.0, dt)]
 
 
-def layer_specs(p: str, kind: str, d: V4Dims, out_gain: float, comp_dt) -> list[Spec]:
-    """One block: attention of ``kind`` (swa / csa / hca) and the rank's MoE."""
+def _hc_specs(p: str, d: V4Dims, dt) -> list[Spec]:
+    n = (2 + d.hc) * d.hc
+    return [linear(p + "_fn", n, d.hc * d.h, dtype=dt), Spec(p + "_base", (n,), "const", 0.0, dt),
+            Spec(p + "_scale", (3,), "const", 1.0, dt)]
+
+
+def layer_specs(p: str, kind: str, d: V4Dims, out_gain: float, comp_dt, hashed: bool = False) -> list[Spec]:
+    """One block: attention of ``kind`` (swa / csa / hca), the rank's MoE (``hashed``: routed by
+    the token-id table) and the two hyper-connections."""
     if kind not in ("swa", "csa", "hca"):
         raise SimtreeError(f"a V4 layer is swa, csa or hca, not {kind!r}")
     h, H, D = d.h, d.H, d.D
@@ -155,14 +202,37 @@ def layer_specs(p: str, kind: str, d: V4Dims, out_gain: float, comp_dt) -> list[
     specs += [Spec(p + "ln2", (h,), "const", 1.0), linear(p + "router", d.E, h),
               linear(p + "experts_gu", 2 * d.I, h, groups=d.E),
               linear(p + "experts_down", h, d.I, out_gain, groups=d.E)]
+    specs.append(Spec(p + "tid2eid", (d.vocab, d.topk_e), "randint", d.E, torch.int64) if hashed
+                 else Spec(p + "router_bias", (d.E,), "const", 0.0, comp_dt))
     if d.Is:
         specs += [linear(p + "shared_gu", 2 * d.Is, h), linear(p + "shared_down", h, d.Is, out_gain)]
-    return specs
+    return specs + _hc_specs(p + "hc_attn", d, comp_dt) + _hc_specs(p + "hc_ffn", d, comp_dt)
+
+
+def _head_specs(p: str, d: V4Dims, dt) -> list[Spec]:
+    """A final hyper-connection collapse (hc_head): fn [hc, hc h], base [hc], scale [1]."""
+    return [linear(p + "hc_head_fn", d.hc, d.hc * d.h, dtype=dt), Spec(p + "hc_head_base", (d.hc,), "const", 0.0, dt),
+            Spec(p + "hc_head_scale", (1,), "const", 1.0, dt)]
+
+
+def ends_specs(d: V4Dims, comp_dt=torch.float32) -> list[Spec]:
+    """Token embedding, LM head, final norm and the final hyper-connection collapse."""
+    return [Spec("embed", (d.vocab, d.h)), linear("lm_head", d.vocab, d.h), Spec("norm", (d.h,), "const", 1.0),
+            *_head_specs("", d, comp_dt)]
+
+
+def mtp_specs(d: V4Dims, gain: float, comp_dt) -> list[Spec]:
+    """The MTP layer: token / hidden norms and projections (e_proj, h_proj: [h, h] each, the
+    hidden one applied to every stream), an SWA block with routed MoE, its own hc_head and norm."""
+    h = d.h
+    return [Spec("mtp.enorm", (h,), "const", 1.0), Spec("mtp.hnorm", (h,), "const", 1.0),
+            linear("mtp.e_proj", h, h), linear("mtp.h_proj", h, h), *layer_specs("mtp.", "swa", d, gain, comp_dt),
+            Spec("mtp.norm", (h,), "const", 1.0), *_head_specs("mtp.", d, comp_dt)]
 
 
 def model_specs(shape: ModelShape, ep_ranks: int | None = None, dtype=torch.bfloat16) -> list[Spec]:
     """Every weight of one rank and its MTP layer; the compressors in fp32 (float64 in a float64
-    model), as the kernels keep them."""
+    model), as the kernels keep them; the hyper-connections, sinks and router bias in fp32."""
     bad = sorted(set(shape.layer_kinds) - {"swa", "csa", "hca"})
     if bad or shape.mlp.get("kind") != "moe":
         raise SimtreeError(f"model {shape.name!r} is not a V4 model (layer kinds {bad}, mlp "
@@ -173,32 +243,41 @@ def model_specs(shape: ModelShape, ep_ranks: int | None = None, dtype=torch.bflo
     d = V4Dims.of(shape, ep_ranks)
     comp_dt = torch.float64 if dtype == torch.float64 else torch.float32
     gain = residual_gain(shape.num_layers)
-    specs = ends_specs(d.vocab, d.h)
+    specs = ends_specs(d, comp_dt)
     for i, kind in enumerate(shape.layer_kinds):
-        specs += layer_specs(f"layers.{i}.", kind, d, gain, comp_dt)
-    return specs + mtp_specs(d.h, layer_specs("mtp.", "swa", d, gain, comp_dt))
+        specs += layer_specs(f"layers.{i}.", kind, d, gain, comp_dt, i in d.hash_layers)
+    return specs + mtp_specs(d, gain, comp_dt)
 
 
 def attn_config(d: V4Dims) -> V4AttnConfig:
     return V4AttnConfig(num_heads=d.H, head_dim=d.D, rope_dim=d.rope, window=d.window, csa_ratio=d.csa,
                         hca_ratio=d.hca, topk=d.topk, indexer_heads=d.Hi, indexer_dim=d.Di, hidden=d.h,
-                        rope_theta=ROPE_THETA, page_size=256 if d.h >= 1024 else 16)
+                        norm_eps=d.eps, rope_theta=d.ctheta, page_size=256 if d.h >= 1024 else 16)
 
 
 def layer_weights(w: dict, kind: str, d: V4Dims) -> V4LayerWeights:
     """The kernels' view of a layer's attention weights (compressors, sink)."""
+    freqs = tuple(float(f) for f in d.freqs("csa"))
+
     def comp(p, dim, ratio):
         return CompressorParams(w[p + "wkv"], w[p + "wgate"], w[p + "ape"], w[p + "norm"], ratio, dim, d.rope,
-                                ratio == 4, theta=ROPE_THETA)
+                                ratio == 4, d.eps, d.ctheta, freqs)
     return V4LayerWeights(kind, comp("comp.", d.D, d.ratio(kind)) if kind != "swa" else None,
                           comp("idx.", d.Di, d.csa) if kind == "csa" else None, w["sink"])
+
+
+def rope_tables(d: V4Dims, device, dtype) -> dict:
+    """{"main": SWA layers' table, "compress": CSA / HCA layers'}."""
+    return {"main": RopeTable(d.rope, d.theta, device, dtype=dtype, freqs=d.freqs("swa")),
+            "compress": RopeTable(d.rope, d.ctheta, device, dtype=dtype, freqs=d.freqs("csa"))}
 
 
 # ---- per-round metadata ---------------------------------------------------------------------
 @dataclass
 class V4Round:
-    """One round's shared metadata: B sequences x n nodes; pos [N]; cs [N, R] RoPE rows; depth
-    [B, n]; plans {kind: VerifyPlan} (device plans, one per layer kind)."""
+    """One round's shared metadata: B sequences x n nodes; pos [N]; cs [N, R] RoPE rows of the
+    SWA layers, cs_c of the compressed ones; depth [B, n]; plans {kind: VerifyPlan} (device
+    plans, one per layer kind)."""
 
     B: int
     n: int
@@ -207,6 +286,10 @@ class V4Round:
     cs: torch.Tensor
     depth: torch.Tensor
     plans: dict
+    cs_c: torch.Tensor | None = None
+
+    def rows(self, kind: str) -> torch.Tensor:
+        return self.cs if kind == "swa" or self.cs_c is None else self.cs_c
 
 
 @functools.lru_cache(maxsize=32)
@@ -214,11 +297,11 @@ def _cu(B: int, n: int, device: torch.device) -> torch.Tensor:
     return torch.arange(0, B * n + 1, n, dtype=torch.int64, device=device)
 
 
-def round_meta(rope: RopeTable, kinds: dict, lengths: torch.Tensor, parents: torch.Tensor,
+def round_meta(ropes: dict, kinds: dict, lengths: torch.Tensor, parents: torch.Tensor,
                max_context: int) -> V4Round:
     """The round's device plans for trees ``parents`` [B, n] (local, -1 at the root; n = 1:
     plain decoding), one per layer kind (``kinds``: {kind: (cache, V4LayerWeights)} of a layer
-    of that kind), with its positions and RoPE rows.  ``max_context``: the plans' bound on a
+    of that kind), with its positions and RoPE rows (``ropes``: :func:`rope_tables`).  ``max_context``: the plans' bound on a
     sequence's cached tokens (their static sizes follow it)."""
     B, n = parents.shape
     flat, cu = parents.reshape(-1), _cu(B, n, parents.device)
@@ -226,7 +309,8 @@ def round_meta(rope: RopeTable, kinds: dict, lengths: torch.Tensor, parents: tor
              for kind, (cache, lw) in kinds.items()}
     first = next(iter(plans.values()))
     pos = lengths[first.node_seq] + first.depth
-    return V4Round(B, n, lengths, pos, rope.rows(pos), first.depth.view(B, n), plans)
+    return V4Round(B, n, lengths, pos, ropes["main"].rows(pos), first.depth.view(B, n), plans,
+                   ropes["compress"].rows(pos))
 
 
 def commit_plans(kinds: dict, rm: V4Round, accepted: torch.Tensor) -> dict:
@@ -241,16 +325,18 @@ def advance(lengths: torch.Tensor, rm: V4Round, accepted: torch.Tensor) -> None:
 
 # ---- attention block ------------------------------------------------------------------------------
 def attn_pre(w: dict, d: V4Dims, kind: str, x: torch.Tensor, cs: torch.Tensor) -> V4Inputs:
-    """x [N, h] -> the kernels' V4Inputs (q [N, H, D], kv [N, D], x = RMSNorm(x), iq, iw)."""
+    """x [N, h] (the block's input) -> the kernels' V4Inputs (q [N, H, D], kv [N, D],
+    x = RMSNorm(x), iq, iw); ``cs``: the kind's RoPE rows."""
     N = x.shape[0]
-    h = ops.rms_norm(x, w["ln1"], EPS)
+    h = ops.rms_norm(x, w["ln1"], d.eps)
     a = F.linear(h, w["wqkv_a"])
-    qr = ops.rms_norm(a[:, :d.qr], w["q_norm"], EPS)
-    q = ops.norm_rope(F.linear(qr, w["wq_b"]).view(N, d.H, d.D), None, cs, d.D - d.rope, False, EPS, False)
-    kv = ops.norm_rope(a[:, d.qr:d.qr + d.D].view(N, 1, d.D), w["kv_norm"], cs, d.D - d.rope, False, EPS, True)
+    qr = ops.rms_norm(a[:, :d.qr], w["q_norm"], d.eps)
+    q = ops.norm_rope(F.linear(qr, w["wq_b"]).view(N, d.H, d.D), None, cs, d.D - d.rope, False, d.eps, True)
+    kv = ops.norm_rope(a[:, d.qr:d.qr + d.D].view(N, 1, d.D), w["kv_norm"], cs, d.D - d.rope, False, d.eps, True)
     iq = iw = None
     if kind == "csa":
-        iq = ops.norm_rope(F.linear(qr, w["wq_idx"]).view(N, d.Hi, d.Di), None, cs, d.Di - d.rope, False, EPS, False)
+        iq = ops.norm_rope(F.linear(qr, w["wq_idx"]).view(N, d.Hi, d.Di), None, cs, d.Di - d.rope, False, d.eps,
+                           False)
         iw_dt = torch.float64 if x.dtype == torch.float64 else torch.float32
         iw = a[:, d.qr + d.D:].to(iw_dt) * d.Hi ** -0.5
     return V4Inputs(q, kv.view(N, d.D), h, iq, iw)
@@ -262,12 +348,12 @@ def attn_core(kind: str, cache: V4Cache, lw: V4LayerWeights, inp: V4Inputs, plan
         return tree_verify(cache, lw, inp, plan, attention=impl)
 
 
-def attn_post(w: dict, d: V4Dims, x: torch.Tensor, o: torch.Tensor, cs: torch.Tensor) -> torch.Tensor:
-    """o [N, H, D] -> x + W_ob groups(W_oa o), the RoPE taken out of o first (K == V)."""
+def attn_post(w: dict, d: V4Dims, o: torch.Tensor, cs: torch.Tensor) -> torch.Tensor:
+    """o [N, H, D] -> W_ob groups(W_oa o) [N, h], the RoPE taken out of o first (K == V)."""
     N = o.shape[0]
-    o = ops.norm_rope(o, None, cs, d.D - d.rope, True, EPS, False)
+    o = ops.norm_rope(o, None, cs, d.D - d.rope, True, d.eps, False)
     og = torch.bmm(o.view(N, d.G, -1).transpose(0, 1), w["wo_a"].transpose(1, 2))        # [G, N, o_rank]
-    return torch.addmm(x, og.transpose(0, 1).reshape(N, -1), w["wo_b"].t())
+    return F.linear(og.transpose(0, 1).reshape(N, -1), w["wo_b"])
 
 
 def attn_commit(kind: str, cache: V4Cache, scratch, cplan, impl: str) -> None:
@@ -275,32 +361,77 @@ def attn_commit(kind: str, cache: V4Cache, scratch, cplan, impl: str) -> None:
         apply_commit(cache, scratch, cplan, impl=impl)
 
 
-def moe(w: dict, d: V4Dims, x: torch.Tensor) -> torch.Tensor:
-    """x + routed experts (top-k of the rank's E) + the shared expert, of RMSNorm(x)."""
-    h = ops.rms_norm(x, w["ln2"], EPS)
-    ids, wts = route_topk(h, w["router"], d.topk_e)
-    y = routed_experts(h, ids, wts, w["experts_gu"], w["experts_down"])
+def _hc(w: dict, d: V4Dims, x: torch.Tensor, which: str):
+    return hc_pre(x, w[which + "_fn"], w[which + "_base"], w[which + "_scale"], d.hc_iters, d.hc_eps, d.eps)
+
+
+def attn_block_pre(w: dict, d: V4Dims, kind: str, x: torch.Tensor, cs: torch.Tensor):
+    """Streams x [N, hc, h] -> (V4Inputs, the hyper-connection's (post, comb))."""
+    a, post, comb = _hc(w, d, x, "hc_attn")
+    return attn_pre(w, d, kind, a, cs), (post, comb)
+
+
+def attn_block_post(w: dict, d: V4Dims, x: torch.Tensor, o: torch.Tensor, cs: torch.Tensor, hc) -> torch.Tensor:
+    """The attention output o [N, H, D] written back into the streams x [N, hc, h]."""
+    return hc_post(x, attn_post(w, d, o, cs), *hc)
+
+
+def moe(w: dict, d: V4Dims, x: torch.Tensor, token_ids: torch.Tensor | None = None) -> torch.Tensor:
+    """Routed experts (top-k of the rank's E, or the hash table's) + the shared expert, of
+    RMSNorm(x) [N, h] -> [N, h]; ``token_ids`` [N]: the tokens, for a hash layer."""
+    h = ops.rms_norm(x, w["ln2"], d.eps)
+    tid2eid = w.get("tid2eid")
+    if tid2eid is not None and token_ids is None:
+        raise SimtreeError("a hash-routed V4 MoE layer needs the token ids")
+    ids, wts = route_v4(h, w["router"], d.topk_e, d.route_scale, w.get("router_bias"), tid2eid, token_ids)
+    y = routed_experts(h, ids, wts, w["experts_gu"], w["experts_down"], d.limit)
     if d.Is:
-        y = torch.addmm(y, ops.silu_mul(F.linear(h, w["shared_gu"])), w["shared_down"].t())
-    return x + y
+        y = y + F.linear(swiglu(F.linear(h, w["shared_gu"]), d.limit), w["shared_down"])
+    return y
 
 
-def layer(w: dict, d: V4Dims, kind: str, x, cache: V4Cache, lw: V4LayerWeights, rm: V4Round, impl: str):
-    """One block -> (x, scratch for attn_commit)."""
-    inp = attn_pre(w, d, kind, x, rm.cs)
+def moe_block(w: dict, d: V4Dims, x: torch.Tensor, token_ids: torch.Tensor | None = None) -> torch.Tensor:
+    """Streams x [N, hc, h] -> x after the MoE and its hyper-connection."""
+    m, post, comb = _hc(w, d, x, "hc_ffn")
+    return hc_post(x, moe(w, d, m, token_ids), post, comb)
+
+
+def layer(w: dict, d: V4Dims, kind: str, x, cache: V4Cache, lw: V4LayerWeights, rm: V4Round, impl: str,
+          token_ids: torch.Tensor | None = None):
+    """One block over the streams x [N, hc, h] -> (x, scratch for attn_commit)."""
+    cs = rm.rows(kind)
+    inp, hc = attn_block_pre(w, d, kind, x, cs)
     o, scratch = attn_core(kind, cache, lw, inp, rm.plans[kind], impl)
-    return moe(w, d, attn_post(w, d, x, o, rm.cs)), scratch
+    return moe_block(w, d, attn_block_post(w, d, x, o, cs, hc), token_ids), scratch
+
+
+def embed_streams(d: V4Dims, table: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    """Tokens -> the streams [N, hc, h] (the embedding in every stream)."""
+    return expand(embed(table, tokens.reshape(-1)), d.hc)
+
+
+def hc_collapse(w: dict, d: V4Dims, x: torch.Tensor, prefix: str = "") -> torch.Tensor:
+    """Streams [..., hc * h] -> hc_head(streams) [N, h] (``prefix`` "mtp.": the MTP's own)."""
+    x = x.reshape(-1, d.hc, d.h)
+    return hc_head(x, w[prefix + "hc_head_fn"], w[prefix + "hc_head_base"], w[prefix + "hc_head_scale"], d.hc_eps,
+                   d.eps)
+
+
+def final_hidden(w: dict, d: V4Dims, x: torch.Tensor, prefix: str = "") -> torch.Tensor:
+    """Streams [..., hc * h] -> RMSNorm(hc_head(streams)) [N, h], what the LM head reads."""
+    return ops.rms_norm(hc_collapse(w, d, x, prefix), w[prefix + "norm"], d.eps)
 
 
 def mtp_forward(w: dict, d: V4Dims, embed_table, sink, tokens, prev_hidden, cs, pos, rows, bits, cache, scratch,
                 lengths) -> torch.Tensor:
     """The MTP layer (an SWA block, its own latent cache [B, S + 1, 1, 1, D] plus scratch rows
-    [B, R, 1, 1, D]; window and sink) over rows tokens [B, Q] -> hidden [B, Q, h]."""
+    [B, R, 1, 1, D]; window and sink) over rows tokens [B, Q] and the previous streams
+    prev_hidden [B, Q, hc * h] -> its streams [B, Q, hc * h] (before its hc_head)."""
     B, Q = tokens.shape
-    e = ops.rms_norm(embed(embed_table, tokens), w["enorm"], EPS)
-    hn = ops.rms_norm(prev_hidden.reshape(B * Q, -1), w["hnorm"], EPS)
-    x = F.linear(torch.cat([e, hn], -1), w["fc"])
-    inp = attn_pre(w, d, "swa", x, cs)
+    e = F.linear(ops.rms_norm(embed(embed_table, tokens.reshape(-1)), w["enorm"], d.eps), w["e_proj"])
+    hs = ops.rms_norm(prev_hidden.reshape(B * Q * d.hc, d.h), w["hnorm"], d.eps)
+    x = F.linear(hs, w["h_proj"]).view(B * Q, d.hc, d.h) + e[:, None]
+    inp, hc = attn_block_pre(w, d, "swa", x, cs)
     R, S = scratch.shape[1], cache.shape[1] - 1
     dest = (rows + (torch.arange(B, device=rows.device) * R)[:, None]).reshape(-1)
     scratch.view(B * R, d.D).index_copy_(0, dest, inp.kv)
@@ -308,5 +439,5 @@ def mtp_forward(w: dict, d: V4Dims, embed_table, sink, tokens, prev_hidden, cs, 
     with kernel_core("tree_attention"):
         o = tree_attention(inp.q.view(B, Q, d.H, d.D), lat, lat, lengths, pos, scratch[:, :, 0], scratch[:, :, 0],
                            bits, window=d.window, sink=sink)
-    x = attn_post(w, d, x, o.view(B * Q, d.H, d.D), cs)
-    return moe(w, d, x).view(B, Q, -1)
+    x = attn_block_post(w, d, x, o.view(B * Q, d.H, d.D), cs, hc)
+    return moe_block(w, d, x).view(B, Q, -1)

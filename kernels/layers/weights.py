@@ -22,8 +22,9 @@ __all__ = ["Spec", "linear", "make_weights", "weights_from", "spec_bytes", "dtyp
 
 @dataclass(frozen=True)
 class Spec:
-    """One parameter: ``init`` "normal" (std ``scale``), "const" (every entry ``scale``) or
-    "log_uniform" (log of U(1, ``scale``): GDN's A_log); ``dtype`` None: the model's dtype."""
+    """One parameter: ``init`` "normal" (std ``scale``), "const" (every entry ``scale``),
+    "log_uniform" (log of U(1, ``scale``): GDN's A_log) or "randint" (integers in [0, ``scale``):
+    V4's hash-routing table); ``dtype`` None: the model's dtype."""
 
     name: str
     shape: tuple
@@ -87,6 +88,8 @@ def make_weights(specs: list[Spec], device, dtype: torch.dtype, seed: int = 0) -
             t.normal_(0.0, s.scale, generator=_generator(device, seed, s.name))
         elif s.init == "const":
             t.fill_(s.scale)
+        elif s.init == "randint":
+            t.random_(0, int(s.scale), generator=_generator(device, seed, s.name))
         elif s.init == "log_uniform":
             t.uniform_(1.0, s.scale, generator=_generator(device, seed, s.name)).log_()
         else:

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 __all__ = ["CompressorParams", "random_compressor", "project", "pool_window", "online_step",
@@ -44,6 +45,13 @@ class CompressorParams:
     overlap: bool
     eps: float = 1e-6
     theta: float = 10000.0
+    freqs: tuple | None = None     # the model's inverse frequencies (YaRN); None: theta^(-2i / rope_dim)
+
+    def inv_freq(self) -> np.ndarray:
+        """rope_dim / 2 inverse frequencies (float64) of the entries' RoPE."""
+        if self.freqs is not None:
+            return np.asarray(self.freqs, dtype=np.float64)
+        return self.theta ** (-np.arange(self.rope_dim // 2, dtype=np.float64) * 2.0 / self.rope_dim)
 
     @property
     def coff(self) -> int:
@@ -61,7 +69,7 @@ class CompressorParams:
     def to(self, device=None, dtype=None) -> "CompressorParams":
         t = lambda v: v.to(device=device, dtype=dtype)  # noqa: E731
         return CompressorParams(t(self.wkv), t(self.wgate), t(self.ape), t(self.norm), self.ratio,
-                                self.dim, self.rope_dim, self.overlap, self.eps, self.theta)
+                                self.dim, self.rope_dim, self.overlap, self.eps, self.theta, self.freqs)
 
 
 def random_compressor(dim: int, ratio: int, hidden: int, rope_dim: int, overlap: bool,
@@ -74,10 +82,14 @@ def random_compressor(dim: int, ratio: int, hidden: int, rope_dim: int, overlap:
                             overlap, eps, theta)
 
 
-def apply_rope(x: torch.Tensor, pos: torch.Tensor, rope_dim: int, theta: float) -> torch.Tensor:
-    """Rotate the last ``rope_dim`` channels of x [..., d] by position pos [...] (half-split)."""
+def apply_rope(x: torch.Tensor, pos: torch.Tensor, rope_dim: int, theta: float, inv=None) -> torch.Tensor:
+    """Rotate the last ``rope_dim`` channels of x [..., d] by position pos [...] (half-split;
+    ``inv``: the inverse frequencies, else theta^(-2i / rope_dim))."""
     half = rope_dim // 2
-    freqs = theta ** (-torch.arange(half, dtype=torch.float64, device=x.device) * 2.0 / rope_dim)
+    if inv is None:
+        freqs = theta ** (-torch.arange(half, dtype=torch.float64, device=x.device) * 2.0 / rope_dim)
+    else:
+        freqs = torch.as_tensor(np.asarray(inv, dtype=np.float64), device=x.device)
     ang = pos.to(torch.float64).unsqueeze(-1) * freqs
     cos, sin = ang.cos().to(x.dtype), ang.sin().to(x.dtype)
     nope, r1, r2 = x[..., :-rope_dim], x[..., -rope_dim:-half], x[..., -half:]
@@ -101,7 +113,7 @@ def pool_window(p: CompressorParams, kv_slots: torch.Tensor, score_slots: torch.
         score_slots = torch.cat([score_slots[:, :r, :d], score_slots[:, r:, d:]], dim=1)
     pooled = (kv_slots * torch.softmax(score_slots, dim=1)).sum(dim=1)
     normed = pooled * torch.rsqrt(pooled.pow(2).mean(-1, keepdim=True) + p.eps) * p.norm
-    return apply_rope(normed, entry * p.ratio, p.rope_dim, p.theta)
+    return apply_rope(normed, entry * p.ratio, p.rope_dim, p.theta, p.inv_freq())
 
 
 def init_state(p: CompressorParams, batch: int | None = None, dtype=None, device=None):

@@ -191,8 +191,7 @@ def _slot_sources(lens, entry, seq, nodes, anc, depth, live, p, batch: int) -> t
 def _entry_rope(entry: torch.Tensor, p) -> tuple[torch.Tensor, torch.Tensor]:
     """cos, sin [M, rope_dim / 2] (float32, computed in float64 as the host plan does) of the
     entries at positions entry * ratio (padding rows: position 0)."""
-    half = p.rope_dim // 2
-    freqs = p.theta ** (-torch.arange(half, dtype=torch.float64, device=entry.device) * 2.0 / p.rope_dim)
+    freqs = torch.as_tensor(p.inv_freq(), device=entry.device)
     ang = (entry.clamp(min=0).to(torch.float64) * p.ratio)[:, None] * freqs
     return ang.cos().to(torch.float32), ang.sin().to(torch.float32)
 

@@ -290,8 +290,7 @@ def plan_verify(cache: V4Cache, batch: TreeBatch | DraftTree, w: V4LayerWeights,
     host.update(pos_mod=pos % r, comp_entry=comp_entry)
     host["comp_src"] = _slot_sources(lens, comp_entry, seq[comp_nodes], comp_nodes, anc, depth, r, w.comp.overlap, S,
                                      cache.batch * S).reshape(M, S)
-    half = w.comp.rope_dim // 2
-    freqs = w.comp.theta ** (-np.arange(half, dtype=np.float64) * 2.0 / w.comp.rope_dim)
+    freqs = w.comp.inv_freq()
     ang = (comp_entry.astype(np.float64) * r)[:, None] * freqs
     host["comp_cos"], host["comp_sin"] = np.cos(ang).astype(np.float32), np.sin(ang).astype(np.float32)
     m_of = np.full(N + 1, -1, np.int64)   # [N] = -1: above a root

@@ -41,9 +41,14 @@ def make_predictable(model, layer_gain: float = 0.3) -> None:
     for name, t in model.w.items():
         if name.endswith(OUT_PROJECTIONS):
             t.mul_(layer_gain)
-    fc = model.w["mtp.fc"]
-    fc[:, :h] = torch.eye(h, dtype=fc.dtype, device=fc.device)
-    fc[:, h:] *= layer_gain
+    if "mtp.fc" in model.w:
+        fc = model.w["mtp.fc"]
+        fc[:, :h] = torch.eye(h, dtype=fc.dtype, device=fc.device)
+        fc[:, h:] *= layer_gain
+    else:       # V4: the token projection the identity, the streams' projection scaled
+        e = model.w["mtp.e_proj"]
+        e.copy_(torch.eye(e.shape[0], dtype=e.dtype, device=e.device))
+        model.w["mtp.h_proj"].mul_(layer_gain)
 
 
 def _decode(model, prompts, spec, max_new_tokens: int, max_len: int, costs=None):

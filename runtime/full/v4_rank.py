@@ -1,11 +1,15 @@
 """One rank of DeepSeek-V4-Flash under expert parallelism (EP over 8 GPUs, attention data
-parallel), random weights, with its MTP draft layer, composed of ``simtree.kernels.layers.v4``.
+parallel), random weights or a checkpoint's (``weights``: :mod:`simtree.checkpoints.deepseek_v4`),
+with its MTP draft layer, composed of ``simtree.kernels.layers.v4``.
+
+The hidden state it hands the drafter (``hidden``, ``verify``'s rows) is the hyper-connection
+streams before the final collapse, [N, hc * h]: the MTP layer reads every stream.
 
 The rank holds every attention layer, the shared expert and its routed experts: 32 of 256 at
 full size, whether from ``ModelShape.shard("ep=8")`` (which already holds the rank's 32) or
 from the whole model split over ``ep_ranks`` (:func:`simtree.kernels.layers.v4.rank_experts`).
-Each token is routed to ``experts_per_token`` of the rank's experts by a softmax gate over
-them: under uniform routing a rank's experts process the same experts_per_token x T (token,
+Each token is routed to ``experts_per_token`` of the rank's experts (V4's routing over the
+rank's router rows, or its hash table): under uniform routing a rank's experts process the same experts_per_token x T (token,
 expert) pairs as in the real deployment.  The all-to-all dispatch and combine are NOT run
 (:data:`DEPLOYMENT` says so in every report row).
 
@@ -15,12 +19,13 @@ A round's index lists are the kernels' device plans, built in static shapes insi
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 import torch
 
-from simtree.kernels.layers import head, ops, v4 as L
-from simtree.kernels.layers.rope import RopeTable
+from simtree.errors import SimtreeError
+from simtree.kernels.layers import head, v4 as L
 from simtree.kernels.layers.weights import make_weights
 from simtree.kernels.v4 import V4Cache
 from simtree.models import ModelShape
@@ -36,6 +41,25 @@ default_ep_ranks = L.default_ep_ranks
 def param_specs(shape: ModelShape, ep_ranks: int | None = None, dtype=torch.bfloat16):
     """Every weight of one EP rank and its MTP layer (what :class:`V4Rank` allocates)."""
     return L.model_specs(shape, ep_ranks, dtype)
+
+
+def _checked(weights: dict, specs, device, dtype) -> dict:
+    """A checkpoint's weights on the device at the runtime's dtypes, each checked against the
+    rank's parameter list (every one present but the MTP layer's, no other, the spec's shape)."""
+    by_name = {s.name: s for s in specs}
+    extra = sorted(set(weights) - set(by_name))
+    if extra:
+        raise SimtreeError(f"checkpoint: weight {extra[0]} is not a parameter of this V4 rank")
+    absent = [n for n in by_name if n not in weights and not n.startswith("mtp.")]
+    if absent:
+        raise SimtreeError(f"checkpoint: missing weight {absent[0]}")
+    out = {}
+    for name, t in weights.items():
+        s = by_name[name]
+        if tuple(t.shape) != tuple(s.shape):
+            raise SimtreeError(f"checkpoint: weight {name} has shape {tuple(t.shape)}, the rank needs {tuple(s.shape)}")
+        out[name] = t.to(device=device, dtype=s.dtype or dtype)
+    return out
 
 
 @dataclass
@@ -67,12 +91,17 @@ class V4Rank:
     capturable = True
 
     def __init__(self, shape: ModelShape, device="cuda", dtype=torch.bfloat16, seed: int = 0,
-                 ep_ranks: int | None = None):
+                 ep_ranks: int | None = None, weights: dict | None = None):
         self.shape, self.device, self.dtype = shape, torch.device(device), dtype
         self.ep_ranks = L.rank_experts(shape, ep_ranks)[1]
         self.d = L.V4Dims.of(shape, ep_ranks)
         self.deployment = DEPLOYMENT.format(ep=self.ep_ranks)
-        self.w = make_weights(param_specs(shape, ep_ranks, dtype), self.device, dtype, seed)
+        specs = param_specs(shape, ep_ranks, dtype)
+        if weights is None:
+            self.w = make_weights(specs, self.device, dtype, seed)
+        else:       # a checkpoint's: the MTP layer drawn at random where it had none
+            self.w = _checked(weights, specs, self.device, dtype)
+            self.w.update(make_weights([s for s in specs if s.name not in self.w], self.device, dtype, seed))
         self.kinds = shape.layer_kinds
         self.cfg = L.attn_config(self.d)
         self._layer_w = [self._sub(f"layers.{i}.") for i in range(len(self.kinds))]
@@ -81,17 +110,37 @@ class V4Rank:
         self.first_of_kind = {}
         for i, kind in enumerate(self.kinds):
             self.first_of_kind.setdefault(kind, i)
-        self.rope = RopeTable(self.d.rope, L.ROPE_THETA, self.device, dtype=dtype)
+        self.ropes = L.rope_tables(self.d, self.device, dtype)
+        self.rope = self.ropes["main"]          # the MTP layer's (SWA)
         on_gpu = self.device.type == "cuda" and dtype != torch.float64
         self.impl = "triton" if on_gpu else "torch"
         self._const = {}
+
+    @classmethod
+    def from_checkpoint(cls, folder, device="cuda", dtype=torch.bfloat16, ep_rank: int = 0, ep_ranks: int = 1,
+                        seed: int = 0, note=print) -> "V4Rank":
+        """The rank of a DeepSeek-V4 checkpoint folder (``ep_ranks`` > 1: expert-parallel rank
+        ``ep_rank``, its experts only).  Without MTP weights the drafter is random (``note`` says so)."""
+        from simtree.checkpoints import deepseek_v4 as ckpt
+        whole = ckpt.shape_from_config(ckpt.read_config(folder), source=str(folder))
+        E = int(whole.mlp["n_experts"])
+        if ep_ranks < 1 or E % ep_ranks or not 0 <= ep_rank < ep_ranks:
+            raise SimtreeError(f"{folder}: {E} experts do not make rank {ep_rank} of {ep_ranks} expert-parallel ranks")
+        shape = whole if ep_ranks == 1 else dataclasses.replace(
+            whole, mlp={**whole.mlp, "n_experts": E // ep_ranks, "ep_ranks": ep_ranks, "ep_rank": ep_rank})
+        w, has_mtp = ckpt.load_weights(folder, shape, param_specs(shape, None, dtype), device, dtype)
+        if not has_mtp:
+            note(f"{folder}: no MTP weights (mtp.*): the speculative modes draft with a random MTP layer "
+                 "(acceptance means nothing; the output stays lossless)")
+        return cls(shape, device, dtype, seed, None, weights=w)
 
     def _sub(self, prefix: str) -> dict:
         return {k[len(prefix):]: v for k, v in self.w.items() if k.startswith(prefix)}
 
     @property
     def hidden(self) -> int:
-        return self.d.h
+        """Width of the hidden rows handed to the drafter: the hc streams, hc * h."""
+        return self.d.hc * self.d.h
 
     @property
     def vocab(self) -> int:
@@ -99,7 +148,8 @@ class V4Rank:
 
     # ---- state -----------------------------------------------------------------------------
     def new_state(self, batch: int, max_len: int) -> V4State:
-        self.rope.ensure(max_len + 2)
+        for table in self.ropes.values():
+            table.ensure(max_len + 2)
         st = V4State(torch.zeros(batch, dtype=torch.int64, device=self.device), max_len)
         sdt = torch.float64 if self.dtype == torch.float64 else torch.float32
         for i, lw in enumerate(self.layer_weights):
@@ -141,14 +191,16 @@ class V4Rank:
     # ---- target: verify / commit / decode ----------------------------------------------------
     @torch.no_grad()
     def verify(self, st: V4State, tokens: torch.Tensor, parents: torch.Tensor):
-        """As QwenModel.verify: (hidden [B*n, h], Pending); the caches are not written."""
-        rm = L.round_meta(self.rope, self._kinds(st), st.lengths, parents, st.max_context)
-        x = head.embed(self.w["embed"], tokens)
+        """As QwenModel.verify: (hidden [B*n, hc * h], the streams; Pending); the caches are not
+        written.  The tree's tokens reach the hash-routed layers."""
+        rm = L.round_meta(self.ropes, self._kinds(st), st.lengths, parents, st.max_context)
+        ids = tokens.reshape(-1)
+        x = L.embed_streams(self.d, self.w["embed"], ids)
         scratch = {}
         for i, kind in enumerate(self.kinds):
             x, scratch[i] = L.layer(self._layer_w[i], self.d, kind, x, st.caches[i], self.layer_weights[i], rm,
-                                    self.impl)
-        return x, Pending(rm, scratch)
+                                    self.impl, ids)
+        return x.reshape(x.shape[0], -1), Pending(rm, scratch)
 
     @torch.no_grad()
     def commit(self, st: V4State, pend: Pending, accepted: torch.Tensor) -> None:
@@ -178,10 +230,10 @@ class V4Rank:
         return self._const["zeros", B]
 
     def greedy(self, hidden: torch.Tensor) -> torch.Tensor:
-        return head.greedy(hidden, self.w["norm"], self.w["lm_head"], L.EPS)
+        return head.greedy(L.hc_collapse(self.w, self.d, hidden), self.w["norm"], self.w["lm_head"], self.d.eps)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return head.logits_fp32(ops.rms_norm(hidden, self.w["norm"], L.EPS), self.w["lm_head"])
+        return head.logits_fp32(L.final_hidden(self.w, self.d, hidden), self.w["lm_head"])
 
     # ---- MTP draft layer ---------------------------------------------------------------------
     @torch.no_grad()
@@ -192,5 +244,4 @@ class V4Rank:
 
     def draft_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         lead = hidden.shape[:-1]
-        x = ops.rms_norm(hidden.reshape(-1, hidden.shape[-1]), self.w["mtp.norm"], L.EPS)
-        return head.logits_fp32(x, self.w["lm_head"]).view(*lead, -1)
+        return head.logits_fp32(L.final_hidden(self.w, self.d, hidden, "mtp."), self.w["lm_head"]).view(*lead, -1)

@@ -32,7 +32,7 @@ import numpy as np
 
 from simtree.acceptance.model import get_workload
 from simtree.costs.model import load_costs
-from simtree.deploy.deployment import parse_deployment
+from simtree.parallel import parse_deployment
 from simtree.deploy.shipped import shipped_bundle
 from simtree.errors import SimtreeError
 from simtree.fileio import write_text_atomic

@@ -117,7 +117,7 @@ def backbone_forward(w: dict, cfg: DrafterConfig, st: BackboneState, rope, feats
         rows_kv = torch.cat([kv_ctx.view(B, A, 2, d.Hkv, d.D), kv_blk.view(B, L, 2, d.Hkv, d.D)], 1)
         with kernel_core("tree_attention"):
             o = tree_attention(q.view(B, L, d.Hq, d.D), cache[:, :S, 0], cache[:, :S, 1], st.lengths, blk_pos,
-                               rows_kv[:, :, 0], rows_kv[:, :, 1], bits, scale=d.D ** -0.5)
+                               rows_kv[:, :, 0], rows_kv[:, :, 1], bits)
         x = mlp(lw, d, attn_post(lw, d, x, o.view(B * L, d.Hq, d.D), None))
         if commit:
             cache.view(-1, 2, d.Hkv, d.D).index_copy_(0, kv_rows, kv_ctx)
