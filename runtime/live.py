@@ -412,7 +412,9 @@ def _predict(costs: Costs, trace_path: Path, spec: PolicySpec, batch_size: int, 
             width = max(int(r.tree.num_children.max()) for r in records)
             acc, fitted = fit_positional(records, workload, topk=max(width, 1)), "positional fit of this run's traces"
     wl = Workload(workload, acc, np.asarray(prompt_lens, np.int64), int(output_len), "this run")
-    sim = simulate(costs, wl, batch_size, spec)
+    # this engine verifies ragged trees (a TreeBatch of the rule's own trees): cost_aware and
+    # batch_alloc are priced at them, not at the full runtime's static bucket
+    sim = simulate(costs, wl, batch_size, spec, verify="ragged")
     return {"tokens_per_s": sim.throughput_tok_s, "accepted_tokens_per_round": sim.accepted_tokens_per_round,
             "round_us": sim.round_latency_us, "draft_us": sim.draft_us, "verify_us": sim.verify_us,
             "mean_nodes_per_seq": sim.mean_nodes_per_seq, "rounds": sim.rounds, "synthetic": sim.synthetic,

@@ -182,10 +182,8 @@ def test_an_adaptive_run_takes_the_bucket_of_its_decision(tmp_path):
                    context_len=16, rounds=2, warmup_rounds=0, extra=[("cost_aware", spec)], out=tmp_path)
     row = res["rows"][-1]
     bucket = adaptive_bucket(get_workload("gsm8k").acceptance, round_shape(spec), 2, COSTLY, 16)
-    assert row["policy"] == "cost_aware:cost_aware_max16_p3" and "ragged trees" in row["note"]
+    assert row["policy"] == "cost_aware:cost_aware_max16_p3" and f"bucket of {bucket} nodes" in row["note"]
     assert row["nodes"] == bucket and 2 <= bucket < 16
-    # predicted at the bucket's cost: the simulator's accepted tokens over the round the device runs
-    assert row["predicted_tok_s"] == pytest.approx(2 * row["predicted_accepted"] / row["predicted_round_ms"] * 1e3)
     again = repredict(tmp_path / "summary.json", COSTLY)["rows"][-1]
     assert again["nodes"] == bucket and again["predicted_round_ms"] == pytest.approx(row["predicted_round_ms"])
 

@@ -1,5 +1,6 @@
-"""The adaptive budget never loses: cost_aware against the best fixed budget (grid over budget
-and depth) in the planner, on the shipped bundles and on random models; adaptive_vs_fixed.csv
+"""The adaptive budget never loses where its own trees are verified: cost_aware priced at its
+ragged trees against the best fixed budget (grid over budget and depth) in the planner, on the
+shipped bundles and on random models; adaptive_vs_fixed.csv
 and the spread of the per-round budgets in plan.md."""
 import numpy as np
 import pandas as pd
@@ -24,8 +25,12 @@ V4_FIXTURE = "tests/data/costs/v4_flash_one_gpu.json"
 
 @pytest.fixture(scope="module")
 def shipped_plans():
+    """The shipped bundles planned with cost_aware's rule priced at its own ragged trees (an engine
+    that verifies them): the rule against every fixed budget.  The full runtime's static bucket
+    (the default pricing) costs the rule what tests/test_adaptive_pricing.py checks."""
     workloads = [get_workload(name) for name in PRESETS]
-    return [plan(costs, workloads, DEFAULT_BATCH_SIZES) for costs in [*resolve_costs(()), load_costs(V4_FIXTURE)]]
+    ragged = SearchSpace(adaptive_verify="ragged")
+    return [plan(costs, workloads, DEFAULT_BATCH_SIZES, ragged) for costs in [*resolve_costs(()), load_costs(V4_FIXTURE)]]
 
 
 def _steady(cands: pd.DataFrame, workload: str, b: int, policy: str) -> float:
@@ -82,7 +87,7 @@ def test_cost_aware_beats_every_fixed_budget_of_its_drafted_depth(seed):
     wl, costs, b = _random_case(seed)
     most = 12
     for depth in (1, 2, 3, 5):
-        got = analytic_run(wl, CostAwareParams(most, depth), costs, b)
+        got = analytic_run(wl, CostAwareParams(most, depth), costs, b, verify="ragged")
         fixed = [analytic_run(wl, BestFirstParams(d, depth), costs, b)["tok_s"] for d in range(depth + 1, most + 1)]
         fixed.append(analytic_run(wl, LinearParams(depth + 1), costs, b)["tok_s"])
         assert got["tok_s"] >= max(fixed) * (1 - got["g"] / wl.output_len - 1e-3), (depth, got["tok_s"], max(fixed))

@@ -42,6 +42,7 @@ from simtree.acceptance.model import AcceptanceModel, fit_positional, read_trace
 from simtree.acceptance.phi import accepted_length_pmf, node_accept_probs_ranked
 from simtree.errors import SimtreeError
 from simtree.planning.adaptive import AdaptiveRounds
+from simtree.planning.adaptive import adaptive_bucket as planned_bucket
 from simtree.planning.simulate import static_round
 
 from .drafting import RoundShape, TreeBuffers
@@ -88,13 +89,13 @@ def replay_rounds(model: AcceptanceModel, rs: RoundShape, batch_size: int = 1, c
 
 
 def adaptive_bucket(model: AcceptanceModel, rs: RoundShape, batch_size: int, costs, context_len: float) -> int:
-    """The CUDA-graph bucket of a cost_aware / batch_alloc run: the most nodes the simulator's
-    analytic decision gives any acceptance level at ``context_len`` (at least 2).  Every round
-    verifies that many nodes per sequence, so a bucket of the max budget would pay C_v(max
-    budget) each round for trees the rule mostly keeps smaller; the bucket caps a round's
-    budgets where its real marginals ask for more."""
-    trees = replay_rounds(model, rs, batch_size, costs, context_len)[0]
-    return max(2, min(rs.budget, max(t.num_nodes for t in trees)))
+    """The CUDA-graph bucket of a cost_aware / batch_alloc run of round shape ``rs``: the
+    planner's own (:func:`simtree.planning.adaptive.adaptive_bucket`, the bucket the simulator
+    prices).  Every round verifies that many nodes per sequence; it caps a round's budgets where
+    its real marginals ask for more."""
+    if costs is None:
+        raise SimtreeError(f"the bucket of {rs.spec.name} needs the cost bundle its rounds decide with")
+    return planned_bucket(model, rs.spec, costs, batch_size, context_len)
 
 
 def level_weights(model: AcceptanceModel, rs: RoundShape, **decide) -> np.ndarray:

@@ -25,9 +25,9 @@ and the simulator:
   l, b), no draft).  ``cost_rel_err`` compares it with the measured round time: the cost error.
 * ``predicted_tok_s`` - ``simtree.planning.simulate`` with the acceptance model behind the
   replay (the trace's positional fit, or the model sampled), the run's context and output
-  length: cost x acceptance.  cost_aware and batch_alloc: the simulator's accepted tokens
-  over the bucket's round (what the device verifies), the simulator's own throughput for their
-  ragged trees (the plan's pricing) in the row's note.  ``rel_err`` is its error; ``accept_rel_err`` compares the
+  length: cost x acceptance.  cost_aware and batch_alloc are priced as the plan prices them:
+  their rule's trees (capped at the bucket) accepted, the run's bucket verified every round
+  (``analytic_run(..., bucket=nodes)``).  ``rel_err`` is its error; ``accept_rel_err`` compares the
   accepted tokens per round (bonus included) it expects with the measured ones.  Live rows
   have no acceptance model: their prediction uses the measured acceptance (cost error only).
 
@@ -194,17 +194,16 @@ def predict(costs, acc_model, spec: PolicySpec, rs: RoundShape, batch_size: int,
     # shapes the run does not measure).  A measured run counts every token its rounds accept (a
     # fixed number of rounds, no sequence ends inside it): the prediction of that is accepted
     # tokens per round over the mean round, without the end-of-output term of the throughput
-    a = analytic_run(wl, spec, costs, B)
+    # cost_aware and batch_alloc: the device verifies the run's bucket every round, as the plan prices them
+    adaptive = spec.fixed_budget is None
+    a = analytic_run(wl, spec, costs, B, bucket=rs.nodes) if adaptive else analytic_run(wl, spec, costs, B)
     round_us = a["total_us"] / a["rounds"]
     g, sim_tok_s = float(a["g"]), B * float(a["g"]) / float(round_us) * 1e6
-    if spec.fixed_budget is None:
-        # the device verifies the run's bucket every round, where the simulator prices the ragged
-        # trees the rule chooses: the simulator's accepted tokens over the bucket's round
-        return {"predicted_round_ms": round_ms, "predicted_tok_s": B * g / round_ms * 1e3, "predicted_accepted": g,
-                "note": f"{spec.mode} verifies its bucket of {rs.nodes} nodes per sequence every round, predicted "
-                        f"at that cost; at the {a['n']:.1f} nodes its rule chooses (ragged trees, the plan's "
-                        f"pricing) the simulator predicts {sim_tok_s:.1f} tok/s"}
-    return {"predicted_round_ms": round_ms, "predicted_tok_s": sim_tok_s, "predicted_accepted": g}
+    out = {"predicted_round_ms": round_ms, "predicted_tok_s": sim_tok_s, "predicted_accepted": g}
+    if adaptive:
+        out["note"] = (f"{spec.mode} verifies its bucket of {rs.nodes} nodes per sequence every round (predicted at "
+                       f"that cost, as the plan prices it); its rule's trees hold {a['tree_nodes']:.1f} nodes")
+    return out
 
 
 def _policies(policy, workload: str, batch_size: int, notes: list, extra=()) -> list[tuple[str, PolicySpec]]:

@@ -32,7 +32,12 @@ from simtree.planning.modes import BatchAllocParams, CostAwareParams
 from simtree.trees.builders import BestFirstOrder, best_first_order
 from simtree.trees.tree import DraftTree
 
-__all__ = ["AdaptiveRounds", "scored_phi"]
+__all__ = ["AdaptiveRounds", "scored_phi", "adaptive_bucket", "ADAPTIVE_VERIFY"]
+
+# how a cost_aware / batch_alloc round's verify is priced: "bucket" (the default) - the static
+# bucket of :func:`adaptive_bucket` every round, as the full runtime's CUDA graphs verify it;
+# "ragged" - the mean size of the trees the rule chooses, for an engine that verifies ragged trees
+ADAPTIVE_VERIFY = ("bucket", "ragged")
 
 FIXED_POINT_STEPS = 16   # price / round-weight iterations of one analytic decision (2-4 suffice when not exact)
 
@@ -77,12 +82,18 @@ class AdaptiveRounds:
     """Round decisions of a cost_aware or batch_alloc ``spec`` for one acceptance model, cost
     models and batch size (see the module docstring)."""
 
-    def __init__(self, acc: AcceptanceModel, spec: CostAwareParams | BatchAllocParams, costs, batch_size: int):
+    def __init__(self, acc: AcceptanceModel, spec: CostAwareParams | BatchAllocParams, costs, batch_size: int,
+                 max_nodes: int | None = None):
+        """``max_nodes``: the most nodes a round's tree may have (a static bucket below the spec's
+        max budget caps every round's budgets, as the runtime's candidate lists are cut to it)."""
         self.acc, self.spec, self.costs, self.b = acc, spec, costs, int(batch_size)
         self.priced = isinstance(spec, CostAwareParams)
         s, k = spec.draft_shape()
         self.draft_us = float(costs.draft.predict(s, k, self.b))
-        self.orders, self.tables, self.phis, self.survival = _level_orders(acc, spec.draft_depth, spec.max_nodes)
+        self.orders, self.tables, self.phis, survival = _level_orders(acc, spec.draft_depth, spec.max_nodes)
+        cap = spec.max_nodes if max_nodes is None else max(1, min(int(max_nodes), spec.max_nodes))
+        self.max_nodes = cap
+        self.survival = tuple(sv[:cap - 1] for sv in survival)   # best-first: a prefix of a longer order
 
     def verify_cost(self, ctx: float):
         return lambda n: self.costs.verify.predict(n, ctx, self.b)
@@ -130,3 +141,16 @@ class AdaptiveRounds:
         if self.priced:
             return 1 + allocate_round(survival, cv, self.draft_us, self.b, price)
         return 1 + batch_allocation(survival, np.ones(len(survival)), cv, self.draft_us, self.b)
+
+
+def adaptive_bucket(acc: AcceptanceModel, spec: CostAwareParams | BatchAllocParams, costs, batch_size: int,
+                    context_len: float) -> int:
+    """The static bucket of a cost_aware / batch_alloc run: the most nodes the analytic decision
+    (:meth:`AdaptiveRounds.decide`) gives any acceptance level at ``context_len`` (at least 2, at
+    most the spec's max budget).  The full runtime captures its CUDA graphs at this many nodes
+    per sequence and verifies them every round (the nodes past a round's budget are padding),
+    its budgets capped at it; the simulator prices the mode at this bucket by default
+    (``ADAPTIVE_VERIFY``).  A bucket of the max budget would pay C_v(max budget) each round for
+    trees the rule mostly keeps smaller."""
+    nodes, _ = AdaptiveRounds(acc, spec, costs, batch_size).decide(float(context_len))
+    return max(2, min(spec.max_nodes, int(np.max(nodes))))

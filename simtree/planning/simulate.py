@@ -18,8 +18,15 @@ Draft cost per mode (the drafter cost model is C_d(s, k, b): s sequential steps 
 per sequence): none 0; linear D -> C_d(D-1, 1); eagle -> C_d(s, k); the marginal modes
 (best_first, cost_aware, batch_alloc) read top-K marginals at ``draft_depth`` positions, drafted
 as a top-1 chain of that many steps -> C_d(draft_depth, 1) (a block drafter would be cheaper:
-give the cost model its measured cost).  Verify cost assumes ragged trees (total tokens =
-sum of tree sizes), as TreeBatch packs them.
+give the cost model its measured cost).
+
+Verify cost: a fixed shape's C_v at its nodes per sequence (its mean over levels where their
+trees differ in size).  cost_aware and batch_alloc are priced as the full runtime runs them
+(``verify="bucket"``, the default): every round verifies the static bucket of
+:func:`simtree.planning.adaptive.adaptive_bucket` (decided at the run's starting context) at
+C_v(bucket, l, b), its trees - the rule's, capped at the bucket - accepted as the rule chooses
+them.  ``verify="ragged"`` prices them at the mean size of the rule's trees instead, for an
+engine that verifies ragged trees (total tokens = sum of tree sizes).
 """
 from __future__ import annotations
 
@@ -32,7 +39,7 @@ from simtree.acceptance.model import AcceptanceModel, Workload
 from simtree.acceptance.phi import expected_accepted_ranked, rank_tokens, sample_accepted_length
 from simtree.costs.model import Costs
 from simtree.errors import SimtreeError, check_whole
-from simtree.planning.adaptive import AdaptiveRounds
+from simtree.planning.adaptive import ADAPTIVE_VERIFY, AdaptiveRounds, adaptive_bucket
 from simtree.planning.allocation import RunningPrice, batch_allocation
 from simtree.planning.modes import (BatchAllocParams, BestFirstParams, CostAwareParams, EagleParams, LinearParams,
                                     NoneParams, PolicySpec, check_batch_size)
@@ -40,7 +47,7 @@ from simtree.trees.builders import batched_best_first_tree, eagle_tree_positiona
 from simtree.trees.tree import DraftTree
 
 __all__ = ["RoundShape", "SimResult", "static_round", "simulate", "analytic_static", "analytic_run",
-           "batch_allocation", "check_simulable", "MAX_TREE_NODES", "MAX_DRAFT_STEPS"]
+           "batch_allocation", "check_simulable", "MAX_TREE_NODES", "MAX_DRAFT_STEPS", "check_verify"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -213,15 +220,29 @@ CTX_QUANTUM = 32  # tokens; granularity of adaptive budget decisions in the anal
 MAX_DECISIONS = 64  # longer runs (N > 2048) decide per (output_len / 64)-token bucket instead
 
 
-def analytic_run(workload: Workload, spec: PolicySpec, costs: Costs, b: int) -> dict:
-    """Expected-value run: mean tokens per round g (incl. bonus), mean nodes n and their spread
-    ``nodes_std`` over the policy's rounds, rounds, total_us, mean verify_us and draft_us per
-    round, tok_s (batch throughput counting the N = output_len tokens each sequence outputs),
-    ``level_weights`` (the share of its rounds at each acceptance level); adaptive modes also
-    ``decision_ctx``, the [lo, hi] of the (bucketed) contexts their budget decisions query C_v
-    at (None for fixed shapes)."""
+def check_verify(verify: str) -> str:
+    if verify not in ADAPTIVE_VERIFY:
+        raise SimtreeError(f"adaptive verify pricing {verify!r} unknown: one of {', '.join(ADAPTIVE_VERIFY)}")
+    return verify
+
+
+def analytic_run(workload: Workload, spec: PolicySpec, costs: Costs, b: int, *, verify: str = "bucket",
+                 bucket: int | None = None) -> dict:
+    """Expected-value run: mean tokens per round g (incl. bonus), mean nodes verified per
+    sequence n and their spread ``nodes_std`` over the policy's rounds, rounds, total_us, mean
+    verify_us and draft_us per round, tok_s (batch throughput counting the N = output_len tokens
+    each sequence outputs), ``level_weights`` (the share of its rounds at each acceptance
+    level); adaptive modes also ``decision_ctx``, the [lo, hi] of the (bucketed) contexts their
+    budget decisions query C_v at (None for fixed shapes), ``tree_nodes`` (the mean size of the
+    rule's trees) and ``bucket`` (None under ``verify="ragged"``).
+
+    ``verify`` (adaptive modes; module docstring): "bucket" verifies ``bucket`` nodes per
+    sequence every round (default: :func:`adaptive_bucket` at the workload's mean prompt
+    length, as the runtime takes it) and n is the bucket; "ragged" the rule's trees, n their
+    mean size."""
     acc = workload.acceptance
     l0, N = workload.mean_prompt_len, workload.output_len
+    check_verify(verify)
     if not isinstance(spec, (CostAwareParams, BatchAllocParams)):
         shape = static_round(acc, spec)
         g, n, draft = shape.tokens_per_round, shape.nodes_per_seq, _draft_us(costs, spec, b)
@@ -229,7 +250,8 @@ def analytic_run(workload: Workload, spec: PolicySpec, costs: Costs, b: int) -> 
         return {"g": g, "n": n, "nodes_std": shape.nodes_std, "rounds": int(out["rounds"][0]),
                 "total_us": float(out["total_us"][0]), "verify_us": float(out["verify_us"][0]), "draft_us": draft,
                 "tok_s": float(out["throughput_tok_s"][0]), "level_weights": shape.weights, "decision_ctx": None}
-    ad = AdaptiveRounds(acc, spec, costs, b)
+    static = None if verify == "ragged" else adaptive_bucket(acc, spec, costs, b, l0) if bucket is None else int(bucket)
+    ad = AdaptiveRounds(acc, spec, costs, b, max_nodes=static)
     # The per-round budget decision depends on the context only through C_v, which moves
     # negligibly over a few tokens: decide once per quantum-token bucket of context (the
     # rounds' own costs below still use their exact contexts).
@@ -244,6 +266,7 @@ def analytic_run(workload: Workload, spec: PolicySpec, costs: Costs, b: int) -> 
         nodes, w = ad.decide(at)   # level l carries b * w_l requests
         g = 1.0 + float(sum(w[i] * ad.phi(i, int(nodes[i])) for i in range(acc.num_levels)))
         n = max(float(w @ nodes), 1.0)   # weights sum to 1 within rounding: never ask C_v below one node
+        verified = n if static is None else float(static)
         # every round left in this bucket at once: contexts ctx + g j while they round to it
         left = max(1, math.ceil((N - 1e-9 - produced) / g))
         span = max(1, math.ceil(((bucket + 0.5) * quantum - ctx) / g) + 1)
@@ -252,36 +275,38 @@ def analytic_run(workload: Workload, spec: PolicySpec, costs: Costs, b: int) -> 
         keep = (np.round(ctxs / quantum) == bucket) & (produced + g * j < N - 1e-9)
         keep[0] = True
         k = int(keep.size if keep.all() else np.argmin(keep))
-        v = float(np.sum(costs.verify.predict(np.full(k, n), ctxs[:k], b)))
+        v = float(np.sum(costs.verify.predict(np.full(k, verified), ctxs[:k], b)))
         total += v + k * ad.draft_us
         verify_sum, produced, ctx = verify_sum + v, produced + g * k, ctx + g * k
         rounds, gs = rounds + k, gs + g * k
         level_rounds += w * k
         buckets.append((k, n, float(w @ (nodes - n) ** 2)))
-        last = (g, n, float(ctxs[k - 1]))   # the run's last round, priced once after the loop
+        last = (g, verified, float(ctxs[k - 1]))   # the run's last round, priced once after the loop
     k, means, var = (np.array(v, np.float64) for v in zip(*buckets))
-    n = float(k @ means) / rounds
-    std = math.sqrt(float(k @ (var + (means - n) ** 2)) / rounds)   # within and between the decisions
+    tree_n = float(k @ means) / rounds
+    std = math.sqrt(float(k @ (var + (means - tree_n) ** 2)) / rounds)   # within and between the decisions
     last_g, last_n, last_ctx = last
     paid = _expected_rounds_time(total, float(costs.verify.predict(last_n, last_ctx, b)) + ad.draft_us, rounds,
                                  produced, N, last_g)
+    n, std = (tree_n, std) if static is None else (float(static), 0.0)
     return {"g": gs / rounds, "n": n, "nodes_std": std, "rounds": rounds,
             "total_us": total, "verify_us": verify_sum / rounds, "draft_us": ad.draft_us,
             "tok_s": b * float(N) / float(paid) * 1e6, "level_weights": level_rounds / rounds,
-            "decision_ctx": (float(decided[0]), float(decided[1]))}
+            "decision_ctx": (float(decided[0]), float(decided[1])), "tree_nodes": tree_n, "bucket": static}
 
 
 def _monte_carlo(workload: Workload, spec: PolicySpec, costs: Costs, b: int, rounds: int, runs: int,
-                 seed: int, level_weights: np.ndarray, progress=None) -> dict:
+                 seed: int, level_weights: np.ndarray, progress=None, bucket: int | None = None) -> dict:
     """``runs`` replications of ``rounds`` rounds.  A sequence outputs N = output_len tokens, then
     its slot takes a new request (continuous batching: a fresh prompt); what its last round
     accepted beyond N is not output, as in the analytic run.  Levels are drawn per sequence per
     round from ``level_weights`` (the policy's rounds, as the analytic run spreads them);
-    cost_aware prices each run's nodes at its own running rate, as the runtime does."""
+    cost_aware prices each run's nodes at its own running rate, as the runtime does; with a
+    ``bucket`` the adaptive modes' trees are capped at it and every round verifies it."""
     acc, N = workload.acceptance, workload.output_len
     rng = np.random.default_rng(seed)
     adaptive = isinstance(spec, (CostAwareParams, BatchAllocParams))
-    ad = AdaptiveRounds(acc, spec, costs, b) if adaptive else None
+    ad = AdaptiveRounds(acc, spec, costs, b, max_nodes=bucket) if adaptive else None
     shape = None if adaptive else static_round(acc, spec)
     draft = ad.draft_us if adaptive else _draft_us(costs, spec, b)
     p = np.asarray(level_weights, np.float64) / np.sum(level_weights)
@@ -305,7 +330,8 @@ def _monte_carlo(workload: Workload, spec: PolicySpec, costs: Costs, b: int, rou
                 tree, table = cache[key]
                 gained[idx] += sample_accepted_length(tree, rng, idx.size, marginal_tokens=rank_tokens(table),
                                                       marginal_probs=table)
-            round_us = draft + float(costs.verify.predict(float(nodes.mean()), float(ctx.mean()), b))
+            verified = float(nodes.mean()) if bucket is None or not adaptive else float(bucket)
+            round_us = draft + float(costs.verify.predict(verified, float(ctx.mean()), b))
             price.update(gained.sum(), round_us)
             time += round_us
             accepted += gained.sum()
@@ -358,29 +384,39 @@ def check_simulable(spec: PolicySpec) -> PolicySpec:
     return spec
 
 
+def _bucket_note(spec: PolicySpec, a: dict) -> str | None:
+    """What a bucket-priced adaptive run verifies against what its rule chooses."""
+    if a.get("bucket") is None:
+        return None
+    return (f"{spec.mode} verifies a static bucket of {a['bucket']} nodes per sequence every round (as the full "
+            f"runtime runs it); its rule's trees hold {a['tree_nodes']:.2f} nodes on average")
+
+
 def simulate(costs: Costs, workload: Workload, batch_size: int, spec: PolicySpec, *, mc_runs: int = 0,
-             seed: int = 0, progress=None) -> SimResult:
+             seed: int = 0, progress=None, verify: str = "bucket") -> SimResult:
     """Simulate ``spec`` for ``workload`` at ``batch_size``; Monte-Carlo when mc_runs > 0
     (>= 2 replications: throughput and accepted tokens then come from the samples, with
     ``ci95``; ``progress(done, total)`` is called after each replication).  The linear
-    comparison is at the nodes per sequence the policy actually verifies.  A policy beyond
-    MAX_TREE_NODES is refused (:func:`check_simulable`)."""
+    comparison is at the nodes per sequence the policy actually verifies.  ``verify``: how
+    cost_aware and batch_alloc rounds are priced (module docstring; "bucket" as the full
+    runtime verifies them, "ragged" for an engine that verifies ragged trees).  A policy
+    beyond MAX_TREE_NODES is refused (:func:`check_simulable`)."""
     b = check_batch_size(batch_size)
     check_simulable(spec)
     if check_whole(mc_runs, "Monte-Carlo runs", 0, 2 ** 31) == 1:
         raise SimtreeError(f"Monte-Carlo runs must be 0 (analytic) or >= 2 (for an interval), got {mc_runs}")
     check_whole(seed, "seed", 0, 2 ** 63 - 1)
-    a = analytic_run(workload, spec, costs, b)
+    a = analytic_run(workload, spec, costs, b, verify=verify)
     throughput = a["tok_s"]
     none_tput = analytic_run(workload, NoneParams(), costs, b)["tok_s"]
     lin_d = max(1, int(round(a["n"])))
     lin_tput = (analytic_run(workload, LinearParams(lin_d), costs, b)["tok_s"]
                 if lin_d >= 2 else none_tput)
-    notes = [n for n in (_capped_budget_note(workload, spec, a["n"]),) if n]
+    notes = [n for n in (_capped_budget_note(workload, spec, a["n"]), _bucket_note(spec, a)) if n]
     accepted, ci = a["g"], {}
     if mc_runs:
         mc = _monte_carlo(workload, spec, costs, b, a["rounds"], int(mc_runs), int(seed), a["level_weights"],
-                          progress)
+                          progress, a.get("bucket"))
         throughput, accepted, ci = mc["throughput_tok_s"], mc["accepted_tokens_per_round"], mc["ci95"]
     return SimResult(policy=spec.name, mode=spec.mode, params=spec.to_dict(), workload=workload.name,
                      batch_size=b, method=f"monte_carlo x{mc_runs}" if mc_runs else "analytic",

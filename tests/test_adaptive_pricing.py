@@ -1,0 +1,87 @@
+"""cost_aware and batch_alloc priced as the full runtime runs them: the rule's trees accepted,
+the static bucket (one function, shared by the planner and the runtime) verified every round;
+the planner's prediction for a run equals the runtime's."""
+import numpy as np
+import pytest
+
+from simtree.acceptance.model import Workload, get_workload
+from simtree.costs.synthetic import synthetic_costs
+from simtree.errors import SimtreeError
+from simtree.planning.adaptive import AdaptiveRounds, adaptive_bucket
+from simtree.planning.planner import SearchSpace, plan
+from simtree.planning.simulate import PolicySpec, analytic_run, simulate
+
+# nodes cost verify time (no weight-bound floor): the rule's trees stay below the max budget
+COSTLY = synthetic_costs(weights_us=0.0, per_token_us=10.0)
+CA = PolicySpec.from_dict("cost_aware", {"max_budget": 16, "draft_depth": 3})
+BA = PolicySpec.from_dict("batch_alloc", {"max_budget_per_seq": 16, "draft_depth": 3})
+
+
+def _workload(prompt: int, output: int) -> Workload:
+    return Workload("w", get_workload("gsm8k").acceptance, np.array([prompt]), output, "test")
+
+
+@pytest.mark.parametrize("spec", [CA, BA])
+def test_bucket_pricing_pays_the_bucket_every_round(spec):
+    wl = _workload(64, 96)
+    bucket = adaptive_bucket(wl.acceptance, spec, COSTLY, 4, 64)
+    nodes, _ = AdaptiveRounds(wl.acceptance, spec, COSTLY, 4).decide(64.0)
+    assert bucket == max(2, int(nodes.max())) and bucket < spec.max_nodes
+    a, r = analytic_run(wl, spec, COSTLY, 4), analytic_run(wl, spec, COSTLY, 4, verify="ragged")
+    assert a["bucket"] == bucket and a["n"] == bucket and a["nodes_std"] == 0.0 and r["bucket"] is None
+    # the rule's trees are the same (the bucket caps nothing at this context): same acceptance, the
+    # bucket's verify costs more than the ragged mean's, so bucket pricing predicts less
+    assert a["g"] == pytest.approx(r["g"]) and a["tree_nodes"] == pytest.approx(r["n"]) and r["n"] < bucket
+    assert a["verify_us"] == pytest.approx(float(COSTLY.verify.predict(bucket, 64 + a["g"] * (a["rounds"] - 1) / 2, 4)),
+                                           rel=1e-6)
+    assert a["tok_s"] < r["tok_s"]
+    # a smaller bucket caps the rule's trees: fewer accepted tokens per round
+    small = analytic_run(wl, spec, COSTLY, 4, bucket=2)
+    assert small["n"] == 2 and small["tree_nodes"] <= 2 + 1e-9 and small["g"] < a["g"]
+    sim = simulate(COSTLY, wl, 4, spec)
+    assert sim.throughput_tok_s == a["tok_s"] and any("static bucket" in n for n in sim.notes)
+    assert simulate(COSTLY, wl, 4, spec, verify="ragged").throughput_tok_s == r["tok_s"]
+    mc = simulate(COSTLY, wl, 4, spec, mc_runs=2, seed=1)
+    assert mc.ci95 and mc.throughput_tok_s < simulate(COSTLY, wl, 4, spec, mc_runs=2, seed=1,
+                                                      verify="ragged").throughput_tok_s * 1.05
+
+
+def test_unknown_verify_pricing_is_one_line():
+    with pytest.raises(SimtreeError, match="verify pricing 'tree'"):
+        analytic_run(_workload(64, 32), CA, COSTLY, 2, verify="tree")
+    with pytest.raises(SimtreeError, match="verify pricing"):
+        SearchSpace(adaptive_verify="flat")
+
+
+def test_ragged_planning_is_asked_for_and_noted():
+    wl = _workload(64, 32)
+    space = SearchSpace(budgets=(2, 4), eagle_steps=(1,), eagle_topk=(2,), draft_depths=(3,), adaptive_max_budget=8)
+    bucketed = plan(COSTLY, [wl], [4], space).candidates
+    ragged_space = SearchSpace(budgets=(2, 4), eagle_steps=(1,), eagle_topk=(2,), draft_depths=(3,),
+                               adaptive_max_budget=8, adaptive_verify="ragged")
+    ragged = plan(COSTLY, [wl], [4], ragged_space)
+    assert any("ragged" in n for n in ragged.source["notes"])
+    for mode in ("cost_aware", "batch_alloc"):
+        b_row = bucketed[bucketed["mode"] == mode].iloc[0]
+        r_row = ragged.candidates[ragged.candidates["mode"] == mode].iloc[0]
+        assert b_row["tok_s"] < r_row["tok_s"] and b_row["nodes_per_seq"] == int(b_row["nodes_per_seq"])
+
+
+def test_the_planner_predicts_what_full_run_predicts(tmp_path):
+    """A cost_aware run of the full runtime (tiny model, CPU) and the planner's candidate for the
+    same run (its context, its tokens per sequence): the same bucket, accepted tokens per round
+    and tok/s over the mean round."""
+    from full_helpers import tiny_model
+    from simtree.runtime.full.measure import full_run
+    B, ctx = 2, 24
+    res = full_run(tiny_model("tiny-v4"), device="cpu", costs=COSTLY, batch_sizes=[B], acceptance="gsm8k",
+                   context_len=ctx, rounds=3, warmup_rounds=0, extra=[("cost_aware", CA)])
+    row, run = res["rows"][-1], res["runs"][-1]
+    assert row["policy"] == "cost_aware:cost_aware_max16_p3"
+    N = max(1, int(round(run["stats"].tokens / B)))     # the run's tokens per sequence, as predict reads them
+    space = SearchSpace(budgets=(2,), eagle_steps=(1,), eagle_topk=(2,), draft_depths=(3,), modes=("cost_aware",))
+    cands = plan(COSTLY, [_workload(ctx, N)], [B], space).candidates
+    cand = cands[cands["policy"] == CA.name].iloc[0]
+    assert row["nodes"] == cand["nodes_per_seq"] == adaptive_bucket(get_workload("gsm8k").acceptance, CA, COSTLY, B, ctx)
+    assert row["predicted_accepted"] == pytest.approx(cand["tokens_per_round"], rel=1e-12)
+    assert row["predicted_tok_s"] == pytest.approx(B * cand["tokens_per_round"] / cand["round_us"] * 1e6, rel=1e-12)
