@@ -9,10 +9,15 @@ The core, in the order of the loop (each subpackage's docstring says more):
     simtree.deploy       what a rank of a multi-GPU deployment holds, whether it fits, what it costs
     simtree.reporting    plan and closed-loop reports, rendered from what planning and runs made
     simtree.machine      the machine tables, facts about the machine a profile or run happened on
+    simtree.checkpoints  Hugging Face checkpoint folders: config -> model shape, checked weights
+    simtree.engines      SGLang / vLLM in and out: metrics imported, policies exported
+    simtree.control      the online controller an engine's scheduler calls each step
+    simtree.serving      the load benchmark: arrival traces through continuous batching
     simtree.data         package data (model shapes, checkpoints, cost bundles, sweeps)
 
 with modules beside them: simtree.models (model shapes, the registry), simtree.parallel (how a
-model is split over GPUs: tp, ep), simtree.errors, simtree.fileio and simtree.probs.  Above the
+model is split over GPUs: tp, ep), simtree.quant (expert formats), simtree.drafters (drafter
+sizes), simtree.errors, simtree.fileio and simtree.probs.  Above the
 core: simtree.kernels (kernels/: simtree.kernels.gdn and simtree.kernels.v4, the Triton and
 CUDA kernels; simtree.kernels.layers, the models' layers built from them), then
 simtree.runtime (runtime/: tiny models and the speculative engine; simtree.runtime.full, the

@@ -122,10 +122,16 @@ def test_greedy_generation_equals_transformers_for_every_runtime_mode(ckpt_all_e
         # type does not always reproduce its forward (docs/models.md)
         ref = _hf_logits(hf, p + o)[len(p) - 1:-1].argmax(-1).tolist()
         assert o == ref
+    from simtree.costs.synthetic import synthetic_costs
     specs = {"linear": PolicySpec.from_dict("linear", {"budget": 4}),
-             "eagle": PolicySpec.from_dict("eagle", {"num_steps": 3, "topk": 2, "budget": 6})}
+             "eagle": PolicySpec.from_dict("eagle", {"num_steps": 3, "topk": 2, "budget": 6}),
+             "best_first": PolicySpec.from_dict("best_first", {"budget": 8, "draft_depth": 3}),
+             "cost_aware": PolicySpec.from_dict("cost_aware", {"max_budget": 10, "draft_depth": 3}),
+             "batch_alloc": PolicySpec.from_dict("batch_alloc", {"max_budget_per_seq": 6, "draft_depth": 4})}
     assert set(specs) == set(RUNTIME_MODES) - {"none"}
-    rows = check_lossless(rank, prompts, list(specs.values()), new, 128 + 16 * new)
+    # the adaptive modes' rule prices verify time: a synthetic bundle, costly per token so budgets vary
+    rows = check_lossless(rank, prompts, list(specs.values()), new, 128 + 16 * new,
+                          costs=synthetic_costs(weights_us=0.0, per_token_us=10.0))
     assert all(r["match"] for r in rows), rows
 
 
@@ -255,11 +261,10 @@ def test_mtp_weights_under_the_released_names_are_the_drafter(ckpt, tmp_path):
 def test_the_shipped_v4_flash_config_is_the_registry_shape():
     """simtree/data/models/deepseek-v4-flash/config.json (the released config's fields) gives the
     registry's DeepSeek-V4-Flash shape, plus the semantics' fields."""
-    from simtree.checkpoints.deepseek_v4 import read_config, shape_from_config
     from simtree.data import data_path
     from simtree.kernels.layers.v4 import V4Dims
-    from simtree.models import get_model, hash_layers
-    shape = shape_from_config(read_config(data_path("models") / "deepseek-v4-flash"), "deepseek-v4-flash")
+    from simtree.models import get_model, hash_layers, shape_from_config
+    shape = shape_from_config(data_path("models") / "deepseek-v4-flash", "deepseek-v4-flash")
     reg = get_model("deepseek-v4-flash")
     assert (shape.hidden, shape.vocab, shape.layer_kinds) == (reg.hidden, reg.vocab, reg.layer_kinds)
     assert {k: shape.v4[k] for k in reg.v4} == reg.v4

@@ -1,7 +1,7 @@
 """DeepSeek-V4 checkpoints (``model_type`` "deepseek_v4"): config.json -> ModelShape, and the
 safetensors weights -> the runtime's weight names (``simtree.kernels.layers.v4``).
 
-    shape = shape_from_config(read_config(folder))
+    shape = simtree.models.shape_from_config(folder)
     w = load_weights(folder, shape, device="cuda", dtype=torch.bfloat16, ep_rank=0, ep_ranks=8)
 
 Weights are read by the key names transformers reads and writes for this model type: the
@@ -29,7 +29,7 @@ Layout changes made here, so that the kernels compute V4's semantics exactly:
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Callable
@@ -38,10 +38,9 @@ import torch
 
 from simtree.errors import SimtreeError
 from simtree.parallel import parse_deployment
-from simtree.models import ModelShape, hash_layers
 
 __all__ = ["MODEL_TYPES", "text_config", "shape_fields", "tensor_plan", "runtime_weights", "read_config",
-           "shape_from_config", "load_weights", "rope_perm"]
+           "load_weights", "rope_perm"]
 
 MODEL_TYPE = "deepseek_v4"
 MODEL_TYPES = (MODEL_TYPE,)
@@ -105,17 +104,12 @@ def text_config(config: dict) -> dict:
     return config
 
 
-def shape_fields(config: dict, name: str) -> dict:
-    """ModelShape's fields from config.json (the package's family interface)."""
-    shape = shape_from_config(config, name)
-    out = {f.name: getattr(shape, f.name) for f in fields(ModelShape) if f.name not in ("source", "deployment")}
-    if "config" in out:
-        out["config"] = dict(config)
-    return out
-
-
-def shape_from_config(cfg: dict, name: str | None = None, source: str = "") -> ModelShape:
-    """The model's shape, every size from the config (transformers' defaults where it is silent)."""
+def shape_fields(config: dict, name: str | None = None) -> dict:
+    """ModelShape's fields (source and deployment left out) from config.json, every size from the
+    config (transformers' defaults where it is silent): the package's family interface.  A dict,
+    not a ModelShape: simtree.models reads checkpoints, never the reverse
+    (``simtree.models.shape_from_config(folder)`` makes the shape)."""
+    cfg = config
     if cfg.get("model_type") != MODEL_TYPE:
         raise SimtreeError(f"config.json: model_type {cfg.get('model_type')!r} is not {MODEL_TYPE!r}")
     missing = [k for k in _REQUIRED if cfg.get(k) is None]
@@ -156,10 +150,9 @@ def shape_from_config(cfg: dict, name: str | None = None, source: str = "") -> M
     else:
         mlp["expert_dtype"] = expert_dtype_from_hf(cfg)
     dtype = _DTYPES.get(str(cfg.get("torch_dtype") or cfg.get("dtype") or "bfloat16"), "bf16")
-    return ModelShape(name=name or str(cfg.get("_name_or_path") or "deepseek-v4"), family="v4",
-                      hidden=int(cfg["hidden_size"]), vocab=int(cfg["vocab_size"]), layer_kinds=tuple(kinds), mlp=mlp,
-                      dtype=dtype, v4=v4, draft={"attention": "swa", "mlp": "model", "fuse_proj": True},
-                      source=source)
+    return dict(name=name or str(cfg.get("_name_or_path") or "deepseek-v4"), family="v4",
+                hidden=int(cfg["hidden_size"]), vocab=int(cfg["vocab_size"]), layer_kinds=tuple(kinds), mlp=mlp,
+                dtype=dtype, v4=v4, draft={"attention": "swa", "mlp": "model", "fuse_proj": True}, config=dict(cfg))
 
 
 # ---- tensors ----------------------------------------------------------------------------------
@@ -215,7 +208,7 @@ def _dims(shape) -> SimpleNamespace:
                            E=local * ranks, lo=rank * local, hi=(rank + 1) * local, k=int(m["experts_per_token"]),
                            I=int(m["expert_intermediate"]),
                            Is=int(m.get("n_shared", 1)) * int(m.get("shared_intermediate", m["expert_intermediate"])),
-                           hashed=set(hash_layers(shape)))
+                           hashed=_hashed(shape))
 
 
 def _names(p: str, transformers_saved: bool) -> dict:
@@ -412,7 +405,13 @@ class _Files:
         return tuple(self.handles[self.where[key]].get_slice(key).get_shape())
 
 
-def load_weights(folder, shape: ModelShape, specs, device="cpu", dtype=torch.bfloat16) -> tuple[dict, bool]:
+def _hashed(shape) -> set[int]:
+    """The hash-routed layers of a shape read from a config (its ``v4.mlp_layer_types``, which
+    shape_fields always sets; simtree.models.hash_layers gives them for any shape)."""
+    return {i for i, t in enumerate(shape.v4["mlp_layer_types"][:shape.num_layers]) if t == "hash_moe"}
+
+
+def load_weights(folder, shape: "ModelShape", specs, device="cpu", dtype=torch.bfloat16) -> tuple[dict, bool]:
     """(the rank's weights in the runtime's names on ``device``, whether the MTP layer was in the
     checkpoint), every key, shape and dtype checked (``tensor_plan``) before a tensor is read;
     ``specs``: the rank's parameters (``kernels.layers.v4.model_specs``), which every weight must
