@@ -39,6 +39,7 @@ __all__ = ["LAYERS_VARIANT", "layers_workload", "layer_stages", "check_layers"]
 LAYERS_VARIANT = "layers"
 ROUND_STAGE = MODEL_ROUND_STAGE
 _V4_MOE = ("ln2", "router", "experts_gu", "experts_down", "shared_gu", "shared_down")
+_V4_MOE += tuple(n + "_scale_inv" for n in _V4_MOE[2:])     # the FP8 experts' block scales
 
 
 def layer_stages(model) -> list[str]:

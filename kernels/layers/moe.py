@@ -13,7 +13,7 @@ import warnings
 import torch
 import torch.nn.functional as F
 
-from . import ops
+from . import fp8, ops
 from .opcount import kernel_core
 
 __all__ = ["route_topk", "routed_experts", "grouped_mm_capturable"]
@@ -34,8 +34,11 @@ def grouped_mm_capturable(device: torch.device, dtype: torch.dtype) -> bool:
     return torch.device(device).type == "cuda" and dtype == torch.bfloat16 and _GROUPED_MM["ok"]
 
 
-def _grouped_linear(x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
-    """Rows offs[e-1]:offs[e] of x [M, in] times w[e] [out, in]^T -> [M, out]."""
+def _grouped_linear(x: torch.Tensor, w, offs: torch.Tensor) -> torch.Tensor:
+    """Rows offs[e-1]:offs[e] of x [M, in] times w[e] [out, in]^T -> [M, out] (an FP8 ``w``:
+    :func:`fp8.grouped_linear`)."""
+    if isinstance(w, fp8.Fp8Weight):
+        return fp8.grouped_linear(x, w, offs)
     if grouped_mm_capturable(x.device, x.dtype):
         try:
             return torch._grouped_mm(x, w.transpose(-2, -1), offs=offs)
@@ -62,7 +65,8 @@ def routed_experts(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, w_
     """sum_k weights[t, k] * expert_{ids[t, k]}(x[t]) for x [T, h]; experts' w_gate_up
     [E, 2I, h], w_down [E, h, I].  The T*k pairs are sorted by expert (stable), each expert's
     rows end at offs[e] (a search of the sorted ids), run as one grouped GEMM per projection
-    and put back in (token, slot) order before the weighted sum."""
+    and put back in (token, slot) order before the weighted sum.  Either weight may be an
+    :class:`fp8.Fp8Weight` (block-scaled FP8, the checkpoint's experts)."""
     T, k = ids.shape
     E = w_gate_up.shape[0]
     sorted_ids, order = torch.sort(ids.reshape(-1), stable=True)

@@ -1,7 +1,8 @@
 """Layers of DeepSeek-V4 (one expert-parallel rank), built from the kernels: what the full
 runtime's rank composes and what the profiler times, layer kind by layer kind.
 
-A layer (hyper-connections and FP8/FP4 ignored, as the model YAML says):
+A layer (hyper-connections ignored, as the model YAML says; the experts FP8 where the shape's
+``mlp.expert_dtype`` says so, :mod:`.fp8`):
 
     x += W_ob groups(W_oa o),  o = tree verify of the SWA / CSA / HCA attention (``kernels.v4``)
     x += MoE(RMSNorm x)        routed experts (the rank's own) + the shared expert
@@ -33,14 +34,15 @@ from simtree.errors import SimtreeError
 from simtree.kernels.v4 import (CompressorParams, V4AttnConfig, V4Cache, V4Inputs, V4LayerWeights, apply_commit,
                                 plan_commit_device, plan_verify_device, tree_verify)
 from simtree.models import ModelShape
+from simtree.quant import expert_dtype
 
-from . import ops
+from . import fp8, ops
 from .attention import tree_attention
 from .head import embed
 from .moe import route_topk, routed_experts
 from .opcount import kernel_core
 from .rope import RopeTable
-from .weights import Spec, ends_specs, linear, mtp_specs, residual_gain
+from .weights import Spec, ends_specs, expert_linear, linear, mtp_specs, residual_gain
 
 __all__ = ["V4Dims", "EP_RANKS", "ROPE_THETA", "default_ep_ranks", "rank_experts", "layer_specs", "model_specs",
            "attn_config", "layer_weights", "V4Round", "round_meta", "commit_plans", "advance", "attn_pre", "attn_core",
@@ -112,6 +114,7 @@ class V4Dims:
     topk_e: int
     I: int
     Is: int
+    experts: str = "bf16"     # the routed and shared experts' weights: bf16 or fp8 (block-scaled)
 
     @classmethod
     def of(cls, shape: ModelShape, ep_ranks: int | None = None) -> "V4Dims":
@@ -121,7 +124,7 @@ class V4Dims:
                    int(v["q_lora_rank"]), int(v["o_groups"]), int(v["o_lora_rank"]), int(v["window"]),
                    int(v["csa_ratio"]), int(v["hca_ratio"]), int(v["index_topk"]), int(v["index_heads"]),
                    int(v["index_head_dim"]), E, int(m["experts_per_token"]), int(m["expert_intermediate"]),
-                   int(m.get("n_shared", 0)) * int(m.get("shared_intermediate", 0)))
+                   int(m.get("n_shared", 0)) * int(m.get("shared_intermediate", 0)), expert_dtype(m))
 
     def ratio(self, kind: str) -> int:
         return {"swa": 0, "csa": self.csa, "hca": self.hca}[kind]
@@ -153,10 +156,11 @@ def layer_specs(p: str, kind: str, d: V4Dims, out_gain: float, comp_dt) -> list[
     if kind == "csa":
         specs += _compressor_specs(p + "idx.", d.Di, d.csa, h, comp_dt) + [linear(p + "wq_idx", d.Hi * d.Di, d.qr)]
     specs += [Spec(p + "ln2", (h,), "const", 1.0), linear(p + "router", d.E, h),
-              linear(p + "experts_gu", 2 * d.I, h, groups=d.E),
-              linear(p + "experts_down", h, d.I, out_gain, groups=d.E)]
+              *expert_linear(p + "experts_gu", 2 * d.I, h, d.experts, groups=d.E),
+              *expert_linear(p + "experts_down", h, d.I, d.experts, out_gain, groups=d.E)]
     if d.Is:
-        specs += [linear(p + "shared_gu", 2 * d.Is, h), linear(p + "shared_down", h, d.Is, out_gain)]
+        specs += [*expert_linear(p + "shared_gu", 2 * d.Is, h, d.experts),
+                  *expert_linear(p + "shared_down", h, d.Is, d.experts, out_gain)]
     return specs
 
 
@@ -279,9 +283,11 @@ def moe(w: dict, d: V4Dims, x: torch.Tensor) -> torch.Tensor:
     """x + routed experts (top-k of the rank's E) + the shared expert, of RMSNorm(x)."""
     h = ops.rms_norm(x, w["ln2"], EPS)
     ids, wts = route_topk(h, w["router"], d.topk_e)
-    y = routed_experts(h, ids, wts, w["experts_gu"], w["experts_down"])
+    y = routed_experts(h, ids, wts, fp8.weight(w, "experts_gu"), fp8.weight(w, "experts_down"))
     if d.Is:
-        y = torch.addmm(y, ops.silu_mul(F.linear(h, w["shared_gu"])), w["shared_down"].t())
+        act = ops.silu_mul(fp8.linear(h, fp8.weight(w, "shared_gu")))
+        down = fp8.weight(w, "shared_down")
+        y = fp8.linear(act, down) + y if isinstance(down, fp8.Fp8Weight) else torch.addmm(y, act, down.t())
     return x + y
 
 
