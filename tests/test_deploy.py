@@ -253,3 +253,21 @@ def test_a_measured_communication_model_replaces_the_assumed_one():
     assert costs.meta["communication"]["assumed"] is False and costs.comm.params("all_reduce", 2).alpha_us == 1.0
     with pytest.raises(SimtreeError, match="no communication model"):
         deployment_costs(_toy_bundle(device="cpu"))
+
+
+def test_the_ep_fit_table_in_the_docs_is_current_and_v4_flash_fits_four_h200s():
+    from pathlib import Path
+
+    from simtree.deploy.memory import largest_batch, write_fit_doc
+
+    doc = Path(__file__).resolve().parents[1] / "docs" / "deployments.md"
+    assert write_fit_doc(doc, write=False), "docs/deployments.md: run python -m simtree.deploy.memory docs/deployments.md"
+    # FP8 experts: ep=4 holds it, ep=2 does not; with bf16 experts ep=4 did not
+    v4 = get_model("deepseek-v4-flash")
+    assert largest_batch(v4, "ep=2", "h200", 4096) == 0 < largest_batch(v4, "ep=4", "h200", 4096)
+    assert largest_batch(v4, "ep=4", "h200", 32768) < largest_batch(v4, "ep=4", "h200", 4096)
+    import dataclasses
+    bf16 = dataclasses.replace(v4, mlp={**v4.mlp, "expert_dtype": "bf16"})
+    assert largest_batch(bf16, "ep=4", "h200", 4096) == 0 < largest_batch(bf16, "ep=8", "h200", 4096)
+    with pytest.raises(SimtreeError, match="mlp.expert_dtype 'fp4'"):
+        dataclasses.replace(v4, mlp={**v4.mlp, "expert_dtype": "fp4"}).weight_bytes()
