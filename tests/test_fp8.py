@@ -110,6 +110,17 @@ def test_a_malformed_fp8_weight_is_one_line():
         fp8.Fp8Weight(w.weight.float(), w.scale_inv)
 
 
+def test_checkpoint_scales_are_widened_to_float32_and_checked():
+    w = fp8.quantize_weight(_w((256, 256)), pow2=True)
+    ue8m0 = w.scale_inv.to(torch.float8_e8m0fnu)                  # power-of-two scales: exact
+    got = fp8.from_checkpoint("layers.0.mlp.experts.down_proj", w.weight, ue8m0)
+    assert got.scale_inv.dtype == torch.float32 and torch.equal(got.scale_inv, w.scale_inv)
+    with pytest.raises(SimtreeError, match=r"^layers.0.x: .*scales \(2, 1\): expected"):
+        fp8.from_checkpoint("layers.0.x", w.weight, w.scale_inv[:, :1])
+    with pytest.raises(SimtreeError, match="layers.0.x: block scales of dtype torch.int32"):
+        fp8.from_checkpoint("layers.0.x", w.weight, w.scale_inv.int())
+
+
 def test_checkpoint_configs_name_the_experts_format():
     block = {"quant_method": "fp8", "weight_block_size": [128, 128], "activation_scheme": "dynamic", "fmt": "e4m3"}
     assert expert_dtype_from_hf({}) == "bf16"

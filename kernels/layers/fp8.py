@@ -35,7 +35,7 @@ from simtree.quant import FP8_BLOCK
 
 from .opcount import kernel_core
 
-__all__ = ["FP8_DTYPE", "FP8_MAX", "SCALE_SUFFIX", "Fp8Weight", "weight", "quantize_weight", "dequantize_weight",
+__all__ = ["FP8_DTYPE", "FP8_MAX", "SCALE_SUFFIX", "Fp8Weight", "weight", "from_checkpoint", "quantize_weight", "dequantize_weight",
            "quantize_act", "linear_ref", "linear_emulated", "linear", "grouped_linear", "gpu_fp8", "gemm_choice"]
 
 FP8_DTYPE = torch.float8_e4m3fn
@@ -67,6 +67,18 @@ def weight(w: dict, name: str):
     """``w[name]``, as an :class:`Fp8Weight` where the dict holds its scales too."""
     s = w.get(name + SCALE_SUFFIX)
     return w[name] if s is None else Fp8Weight(w[name], s)
+
+
+def from_checkpoint(name: str, weight: torch.Tensor, scale: torch.Tensor) -> Fp8Weight:
+    """A checkpoint's FP8 weight and its block scales (``weight_scale_inv`` / ``scale``: float32,
+    bf16 or UE8M0 ``float8_e8m0fnu``, widened to float32 exactly); a wrong dtype or shape is one
+    line naming ``name``."""
+    if scale.dtype not in (torch.float32, torch.bfloat16, torch.float16, getattr(torch, "float8_e8m0fnu", None)):
+        raise SimtreeError(f"{name}: block scales of dtype {scale.dtype}: expected float32, bf16 or float8_e8m0fnu")
+    try:
+        return Fp8Weight(weight, scale.float().contiguous())
+    except SimtreeError as exc:
+        raise SimtreeError(f"{name}: {exc}") from None
 
 
 def _compute(dtype: torch.dtype) -> torch.dtype:

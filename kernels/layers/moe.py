@@ -65,8 +65,7 @@ def routed_experts(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, w_
     """sum_k weights[t, k] * expert_{ids[t, k]}(x[t]) for x [T, h]; experts' w_gate_up
     [E, 2I, h], w_down [E, h, I].  The T*k pairs are sorted by expert (stable), each expert's
     rows end at offs[e] (a search of the sorted ids), run as one grouped GEMM per projection
-    and put back in (token, slot) order before the weighted sum.  Either weight may be an
-    :class:`fp8.Fp8Weight` (block-scaled FP8, the checkpoint's experts)."""
+    and put back in (token, slot) order before the weighted sum."""
     T, k = ids.shape
     E = w_gate_up.shape[0]
     sorted_ids, order = torch.sort(ids.reshape(-1), stable=True)

@@ -124,7 +124,7 @@ class V4Dims:
                    int(v["q_lora_rank"]), int(v["o_groups"]), int(v["o_lora_rank"]), int(v["window"]),
                    int(v["csa_ratio"]), int(v["hca_ratio"]), int(v["index_topk"]), int(v["index_heads"]),
                    int(v["index_head_dim"]), E, int(m["experts_per_token"]), int(m["expert_intermediate"]),
-                   int(m.get("n_shared", 0)) * int(m.get("shared_intermediate", 0)), expert_dtype(m))
+                   int(m.get("n_shared", 0)) * int(m.get("shared_intermediate", 0)), experts=expert_dtype(m))
 
     def ratio(self, kind: str) -> int:
         return {"swa": 0, "csa": self.csa, "hca": self.hca}[kind]
