@@ -148,7 +148,11 @@ def test_fp8_experts_are_made_allocated_and_counted_at_their_bytes():
     assert w["layers.0.experts_gu_scale_inv"].shape == (4, 1, 1) and w["layers.0.shared_down_scale_inv"].shape == (1, 1)
     assert w["layers.0.wqkv_a"].dtype == torch.float32 and w["layers.1.comp.wkv"].dtype == torch.float32
     held = sum(t.numel() * t.element_size() for t in w.values())
-    assert held == spec_bytes(specs, torch.float32) == shape.shard("ep=2").weight_bytes()
+    assert held == spec_bytes(specs, torch.float32)
+    # the registry's bytes move with the experts' format exactly as the allocated ones do
+    bf16 = dataclasses.replace(shape, mlp={**shape.mlp, "expert_dtype": "bf16"})
+    saved = spec_bytes(L.model_specs(bf16, dtype=torch.float32), torch.float32) - held
+    assert saved > 0 and bf16.shard("ep=2").weight_bytes() - shape.shard("ep=2").weight_bytes() == saved
     real = fp8.dequantize_weight(fp8.weight(w, "layers.0.experts_gu"))
     assert abs(real.std().item() * 64 ** 0.5 - 1.0) < 0.05           # linear()'s std, in^-1/2
     again = make_weights(specs, "cpu", torch.float32, seed=0)
@@ -187,10 +191,13 @@ def test_v4_moe_through_the_fp8_kernels_is_within_activation_rounding(monkeypatc
 
 
 def test_the_lossless_checks_scale_an_fp8_projection_through_its_scales():
-    from simtree.runtime.full.lossless import make_predictable
-    from simtree.runtime.full.v4_rank import V4Rank
+    from types import SimpleNamespace
 
-    model = V4Rank(_fp8_tiny(), "cpu", torch.float32, seed=0)
+    from simtree.runtime.full.lossless import make_predictable
+
+    down = fp8.quantize_weight(_w((4, 64, 32), seed=11))
+    model = SimpleNamespace(hidden=8, w={"layers.0.experts_down": down.weight, "layers.0.experts_down_scale_inv":
+                                         down.scale_inv, "mtp.fc": torch.randn(8, 16)})
     before = model.w["layers.0.experts_down_scale_inv"].clone()
     raw = model.w["layers.0.experts_down"].view(torch.uint8).clone()
     make_predictable(model, 0.5)
