@@ -225,3 +225,12 @@ def test_gpu_fp8_gemms_are_the_fp8_gemm_math(monkeypatch, choice):
         parts.append(fp8.linear_emulated(x[start:end], fp8.Fp8Weight(w.weight[e], w.scale_inv[e])))
         start = end
     assert torch.allclose(y.float(), torch.cat(parts).float(), rtol=2.0 ** -7, atol=2e-2)
+
+
+def test_a_plan_says_which_expert_format_its_profile_timed():
+    from simtree.reporting.plan_report import _source_line
+
+    costs = {"model": "deepseek-v4-flash", "source": {"profile": "p.csv", "sha256": "sha256:0123456789abcdef"},
+             "profile_meta": {"collected": "2026-12-06", "expert_dtypes": {"deepseek-v4-flash": "fp8"}}}
+    assert "experts timed in fp8" in _source_line(costs)
+    assert "experts timed" not in _source_line({**costs, "profile_meta": {"collected": "2026-12-01"}})

@@ -7,9 +7,10 @@ scale = amax / 448), so a GEMM sums, per 128-channel step, the FP8 product times
 the block's scales:
 
     linear(x, Fp8Weight(w, s))              the dispatch: on a CUDA GPU with FP8 (sm89+) and a
-                                            16-bit x, torch._scaled_mm with 1x128 / 128x128 block
-                                            scales (cuBLAS), else the Triton kernel; elsewhere
-                                            linear_ref
+                                            16-bit x, the Triton kernel (one launch, x quantised
+                                            in it) or torch._scaled_mm with 1x128 / 128x128
+                                            block scales (cuBLAS; x quantised by torch ops first);
+                                            elsewhere linear_ref
     grouped_linear(x, Fp8Weight, offs)      the routed experts' grouped GEMM (Triton on the GPU,
                                             one linear_ref per expert elsewhere)
     linear_ref(x, w)                        the dequantised weight, x not quantised: what the CPU
@@ -17,8 +18,9 @@ the block's scales:
     linear_emulated(x, w)                   the FP8 GEMM's exact math in float32 (x quantised,
                                             both operands dequantised): the kernels' test oracle
 
-``SIMTREE_FP8_GEMM`` = auto | scaled_mm | triton | ref picks the GPU path (auto: scaled_mm
-where it runs, the Triton kernel otherwise).  A model keeps its weights as flat tensors,
+``SIMTREE_FP8_GEMM`` = auto | scaled_mm | triton | ref picks the GPU path (auto: the Triton
+kernel, whose one launch beats the quantising ops plus cuBLAS at decoding sizes;
+scripts/fp8_gpu.sh times both; scaled_mm falls back to Triton where cuBLAS lacks block scales).  A model keeps its weights as flat tensors,
 ``name`` and ``name_scale_inv``; :func:`weight` views them as one :class:`Fp8Weight`.
 """
 from __future__ import annotations
@@ -186,7 +188,7 @@ def linear(x: torch.Tensor, w) -> torch.Tensor:
             return linear_ref(x, w)
         x2 = x.reshape(-1, x.shape[-1])
         choice = gemm_choice()
-        if choice in ("auto", "scaled_mm") and _scaled_mm_fits(x2, w):
+        if choice == "scaled_mm" and _scaled_mm_fits(x2, w):
             try:
                 return _scaled_mm(x2, w).view(*x.shape[:-1], w.shape[0])
             except RuntimeError as exc:   # a build without block-scaled cuBLAS: the Triton kernel
