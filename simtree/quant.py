@@ -9,14 +9,15 @@ stays at the model's dtype.
 
     expert_dtype(shape.mlp)                               # "fp8"
     expert_params(2 * I, h, "fp8", groups=E)              # [(E*2I*h, 1), (E*16*32, 4)]
-    expert_dtype_from_hf(config)                          # from a checkpoint's config.json
+    expert_dtype_from_hf(config)                          # what simtree runs for a config.json
+    expert_format_from_hf(config)                         # what its files hold: bf16, fp8, fp4
 """
 from __future__ import annotations
 
 from simtree.errors import SimtreeError
 
 __all__ = ["FP8_BLOCK", "EXPERT_DTYPES", "SCALE_BYTES", "expert_dtype", "scale_blocks", "expert_params",
-           "expert_dtype_from_hf"]
+           "expert_dtype_from_hf", "expert_format_from_hf"]
 
 FP8_BLOCK = 128                 # the weights' block (both axes) and the activations' group
 EXPERT_DTYPES = ("bf16", "fp8")
@@ -47,9 +48,17 @@ def expert_params(out_features: int, in_features: int, dtype: str, groups: int =
 
 
 def expert_dtype_from_hf(config: dict) -> str:
-    """The experts' format a Hugging Face config declares: ``bf16`` without a quantization
-    config, ``fp8`` for DeepSeek's block-scaled FP8 (``quant_method`` fp8, 128 x 128 blocks,
-    ``expert_dtype`` fp8 or absent); anything else is refused in one line."""
+    """The experts' format simtree runs for a Hugging Face config: ``bf16`` without a
+    quantization config, else ``fp8`` (the checkpoint's FP4 experts converted on load, as
+    SGLang runs them on Hopper: :func:`expert_format_from_hf` says which the files hold)."""
+    return "bf16" if expert_format_from_hf(config) == "bf16" else "fp8"
+
+
+def expert_format_from_hf(config: dict) -> str:
+    """The experts' format a checkpoint's files hold: ``bf16`` without a quantization config,
+    ``fp8`` for DeepSeek's block-scaled FP8 (``quant_method`` fp8, 128 x 128 blocks, dynamic
+    activation scales), ``fp4`` where its ``expert_dtype`` says so (MXFP4: e2m1 pairs, a scale per
+    32 channels); anything else is refused in one line."""
     q = config.get("quantization_config")
     if not q:
         return "bf16"
@@ -66,7 +75,6 @@ def expert_dtype_from_hf(config: dict) -> str:
         raise SimtreeError(f"config.json: activation_scheme {q.get('activation_scheme')!r}: only dynamic "
                            "(per-token 1 x 128 groups) activation scales are supported")
     experts = str(q.get("expert_dtype") or config.get("expert_dtype") or "fp8")
-    if experts != "fp8":
-        raise SimtreeError(f"config.json: expert_dtype {experts!r}: simtree runs fp8 or bf16 experts "
-                           "(convert the experts to block-scaled fp8 first)")
-    return "fp8"
+    if experts not in ("fp8", "fp4"):
+        raise SimtreeError(f"config.json: expert_dtype {experts!r}: simtree reads fp8 or fp4 (MXFP4) experts")
+    return experts

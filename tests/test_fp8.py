@@ -13,7 +13,7 @@ from simtree.kernels.layers import v4 as L
 from simtree.kernels.layers.fp8_kernel import grouped_fp8_gemm
 from simtree.kernels.layers.weights import make_weights, spec_bytes
 from simtree.models import get_model
-from simtree.quant import expert_dtype_from_hf
+from simtree.quant import expert_dtype_from_hf, expert_format_from_hf
 
 torch.set_num_threads(1)
 E4M3_REL = 2.0 ** -4           # half a unit in the last place of a 3-bit mantissa
@@ -121,12 +121,35 @@ def test_checkpoint_scales_are_widened_to_float32_and_checked():
         fp8.from_checkpoint("layers.0.x", w.weight, w.scale_inv.int())
 
 
+def test_mxfp4_experts_become_fp8_exactly():
+    """FP4 values with per-32 power-of-two scales spanning 2^4 inside a block: the FP8 copy with
+    power-of-two block scales holds every value exactly."""
+    g = _gen(12)
+    N, K = 160, 256
+    nib = torch.randint(0, 16, (2, N, K), generator=g, dtype=torch.uint8)
+    packed = (nib[..., 0::2] | (nib[..., 1::2] << 4)).view(torch.int8)
+    exps = torch.randint(120, 125, (2, N, K // 32), generator=g, dtype=torch.uint8)     # 2^-7 .. 2^-3
+    lut = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0])
+    want = lut[nib.long()] * (exps.float() - 127).exp2().repeat_interleave(32, -1)
+    for scales in (exps, (exps.float() - 127).exp2().to(torch.float8_e8m0fnu)):
+        w = fp8.fp4_to_fp8("experts.w1", packed, scales)
+        assert w.weight.shape == (2, N, K) and w.scale_inv.shape == (2, 2, 2)
+        assert torch.equal(fp8.dequantize_weight(w), want)
+    with pytest.raises(SimtreeError, match=r"experts.w1: MXFP4 weight \(2, 160, 128\) with scales \(2, 160, 4\)"):
+        fp8.fp4_to_fp8("experts.w1", packed, exps[..., :4])
+    with pytest.raises(SimtreeError, match="experts.w1: MXFP4 weight of dtype torch.float32"):
+        fp8.fp4_to_fp8("experts.w1", packed.float(), exps)
+
+
 def test_checkpoint_configs_name_the_experts_format():
     block = {"quant_method": "fp8", "weight_block_size": [128, 128], "activation_scheme": "dynamic", "fmt": "e4m3"}
     assert expert_dtype_from_hf({}) == "bf16"
     assert expert_dtype_from_hf({"quantization_config": block}) == "fp8"
     assert expert_dtype_from_hf({"quantization_config": {**block, "expert_dtype": "fp8"}}) == "fp8"
-    for bad, what in (({**block, "expert_dtype": "fp4"}, "expert_dtype 'fp4'"),
+    fp4 = {"quantization_config": {**block, "expert_dtype": "fp4"}}
+    assert expert_format_from_hf(fp4) == "fp4" and expert_dtype_from_hf(fp4) == "fp8"   # converted on load
+    assert expert_format_from_hf({"expert_dtype": "fp4", "quantization_config": block}) == "fp4"
+    for bad, what in (({**block, "expert_dtype": "int4"}, "expert_dtype 'int4'"),
                       ({**block, "weight_block_size": [1, 128]}, "weight_block_size"),
                       ({**block, "quant_method": "awq"}, "quant_method 'awq'"),
                       ({**block, "activation_scheme": "static"}, "activation_scheme")):

@@ -37,7 +37,7 @@ from simtree.quant import FP8_BLOCK
 
 from .opcount import kernel_core
 
-__all__ = ["FP8_DTYPE", "FP8_MAX", "SCALE_SUFFIX", "Fp8Weight", "weight", "from_checkpoint", "quantize_weight", "dequantize_weight",
+__all__ = ["FP8_DTYPE", "FP8_MAX", "SCALE_SUFFIX", "Fp8Weight", "weight", "from_checkpoint", "fp4_to_fp8", "quantize_weight", "dequantize_weight",
            "quantize_act", "linear_ref", "linear_emulated", "linear", "grouped_linear", "gpu_fp8", "gemm_choice"]
 
 FP8_DTYPE = torch.float8_e4m3fn
@@ -81,6 +81,29 @@ def from_checkpoint(name: str, weight: torch.Tensor, scale: torch.Tensor) -> Fp8
         return Fp8Weight(weight, scale.float().contiguous())
     except SimtreeError as exc:
         raise SimtreeError(f"{name}: {exc}") from None
+
+
+_FP4_E2M1 = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)
+FP4_GROUP = 32
+
+
+def fp4_to_fp8(name: str, packed: torch.Tensor, scales: torch.Tensor) -> Fp8Weight:
+    """An MXFP4 checkpoint weight (``expert_dtype`` fp4: two e2m1 values per byte, the low nibble
+    first, [.., N, K/2]; one scale per row and 32 input channels, [.., N, K/32], UE8M0 or float)
+    as block-scaled FP8, the way SGLang runs FP4 experts on Hopper (dequantised, then FP8 with
+    power-of-two block scales: exact wherever a block's values fit e4m3's range).  A wrong
+    dtype or shape is one line naming ``name``."""
+    if packed.dtype not in (torch.int8, torch.uint8) and str(packed.dtype) != "torch.float4_e2m1fn_x2":
+        raise SimtreeError(f"{name}: MXFP4 weight of dtype {packed.dtype}: expected int8 / uint8 (two e2m1 per byte)")
+    *lead, N, half = packed.shape
+    if tuple(scales.shape) != (*lead, N, -(-2 * half // FP4_GROUP)):
+        raise SimtreeError(f"{name}: MXFP4 weight {tuple(packed.shape)} with scales {tuple(scales.shape)}: expected "
+                           f"scales {(*lead, N, -(-2 * half // FP4_GROUP))}")
+    u8 = packed.contiguous().view(torch.uint8)
+    lut = torch.tensor(_FP4_E2M1, dtype=torch.float32, device=packed.device)
+    vals = torch.stack([lut[(u8 & 0xF).long()], lut[(u8 >> 4).long()]], -1).reshape(*lead, N, 2 * half)
+    s = (scales.float() - 127.0).exp2() if scales.dtype == torch.uint8 else scales.float()
+    return quantize_weight(vals * s.repeat_interleave(FP4_GROUP, -1)[..., :2 * half], pow2=True)
 
 
 def _compute(dtype: torch.dtype) -> torch.dtype:
