@@ -190,10 +190,13 @@ _SCALED_MM = {"ok": hasattr(torch, "_scaled_mm")}    # off after its first failu
 
 
 def _scaled_mm(x2: torch.Tensor, w: Fp8Weight) -> torch.Tensor:
-    """cuBLAS block-scaled GEMM: activations 1 x 128 (scales outer-dim major), weight 128 x 128."""
-    q, s = quantize_act(x2)
-    return torch._scaled_mm(q, w.weight.t(), scale_a=s.t().contiguous().t(), scale_b=w.scale_inv.t(),
-                            out_dtype=x2.dtype)
+    """cuBLAS block-scaled GEMM: activations 1 x 128 (scales outer-dim major; rows padded to a
+    multiple of 4 with zeros, as cuBLAS's scale layout wants), weight 128 x 128."""
+    M = x2.shape[0]
+    q, s = quantize_act(F.pad(x2, (0, 0, 0, -M % 4)) if M % 4 else x2)
+    y = torch._scaled_mm(q, w.weight.t(), scale_a=s.t().contiguous().t(), scale_b=w.scale_inv.t(),
+                         out_dtype=x2.dtype)
+    return y[:M]
 
 
 def _scaled_mm_fits(x2: torch.Tensor, w: Fp8Weight) -> bool:
