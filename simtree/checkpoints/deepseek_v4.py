@@ -39,6 +39,7 @@ import torch
 from simtree.errors import SimtreeError
 from simtree.parallel import parse_deployment
 from simtree.models import ModelShape, hash_layers
+from simtree.quant import expert_dtype_from_hf
 
 __all__ = ["MODEL_TYPES", "text_config", "shape_fields", "tensor_plan", "runtime_weights", "read_config",
            "shape_from_config", "load_weights", "rope_perm"]
@@ -149,12 +150,7 @@ def shape_from_config(cfg: dict, name: str | None = None, source: str = "") -> M
            "expert_intermediate": inter, "n_shared": int(cfg.get("n_shared_experts", 1)),
            "shared_intermediate": inter, "routed_scaling_factor": float(cfg.get("routed_scaling_factor", 1.5)),
            "swiglu_limit": float(cfg.get("swiglu_limit", 10.0) or 0.0)}
-    try:        # the experts' format where simtree reads it (FP8 / FP4 checkpoints run FP8 experts)
-        from simtree.quant import expert_dtype_from_hf
-    except ImportError:
-        pass
-    else:
-        mlp["expert_dtype"] = expert_dtype_from_hf(cfg)
+    mlp["expert_dtype"] = expert_dtype_from_hf(cfg)     # FP8 / FP4 checkpoints run FP8 experts
     dtype = _DTYPES.get(str(cfg.get("torch_dtype") or cfg.get("dtype") or "bfloat16"), "bf16")
     return ModelShape(name=name or str(cfg.get("_name_or_path") or "deepseek-v4"), family="v4",
                       hidden=int(cfg["hidden_size"]), vocab=int(cfg["vocab_size"]), layer_kinds=tuple(kinds), mlp=mlp,
