@@ -10,7 +10,9 @@
 #       deepseek-v4-flash remeasures the whole rank at FP8)
 # Each phase is bounded by `timeout` and logged; a failing phase does not stop the next.  Results
 # in $OUT: fp8_meta.json (GPU, versions, shapes, phase status), fp8_check.csv, fp8_times.csv,
-# fp8_rank.csv, profile_mlp_fp8.csv (+ sidecars), fp8_log.txt, gpu_state.csv.
+# fp8_rank.csv, profile_mlp_fp8.csv (+ sidecars), fp8_log.txt, gpu_state.csv.  FP8_GEMM (auto,
+# scaled_mm, triton, ref; default auto) is the FP8 GEMM form of the rank phase, passed as
+# fp8_gpu.py --fp8-gemm (the layers take it from set_forms, never from the environment).
 #   OUT=/tmp/out bash scripts/fp8_gpu.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -35,7 +37,8 @@ log "(a) exit ${PIPESTATUS[0]}"
 B_SECONDS=$(( $(left) - 150 ))
 [ $B_SECONDS -gt 330 ] && B_SECONDS=330
 log "(b) check, time, rank: <= $B_SECONDS s"
-timeout -k 5 $(( B_SECONDS + 30 )) python3 scripts/fp8_gpu.py --out "$OUT" --max-seconds "$B_SECONDS" >> "$LOG" 2>&1
+timeout -k 5 $(( B_SECONDS + 30 )) python3 scripts/fp8_gpu.py --out "$OUT" --max-seconds "$B_SECONDS" \
+  --fp8-gemm "${FP8_GEMM:-auto}" >> "$LOG" 2>&1
 log "(b) exit $?"
 
 C_SECONDS=$(( $(left) - 20 ))

@@ -10,6 +10,7 @@ import torch.nn.functional as F
 from simtree.errors import SimtreeError
 from simtree.kernels.layers import fp8
 from simtree.kernels.layers import v4 as L
+from simtree.kernels.layers.forms import current, set_forms
 from simtree.kernels.layers.fp8_kernel import grouped_fp8_gemm
 from simtree.kernels.layers.weights import make_weights, spec_bytes
 from simtree.models import get_model
@@ -202,11 +203,28 @@ def test_v4_moe_on_fp8_experts_is_the_moe_on_their_dequantised_weights():
     assert torch.allclose(out, L.moe(dense, dataclasses.replace(d, experts="bf16"), x), rtol=1e-5, atol=1e-6)
 
 
-def test_v4_moe_through_the_fp8_kernels_is_within_activation_rounding(monkeypatch):
+@pytest.fixture
+def fp8_gemm():
+    """Sets the FP8 GEMM's form for one test (as a caller does), restored after it."""
+    old = current().fp8_gemm
+    yield lambda choice: set_forms(fp8_gemm=choice)
+    set_forms(fp8_gemm=old)
+
+
+def test_the_fp8_gemm_form_is_set_by_the_caller_and_checked(fp8_gemm):
+    assert fp8.gemm_choice() == "auto"
+    fp8_gemm("scaled_mm")
+    assert fp8.gemm_choice() == "scaled_mm"
+    with pytest.raises(SimtreeError, match="fp8_gemm form 'cublas'"):
+        fp8_gemm("cublas")
+    assert fp8.gemm_choice() == "scaled_mm"
+
+
+def test_v4_moe_through_the_fp8_kernels_is_within_activation_rounding(monkeypatch, fp8_gemm):
     """The GPU path (Triton grouped kernel for routed and shared experts), run by the interpreter."""
     d, w, dense, x = _moe_inputs()
     ref = L.moe(dense, dataclasses.replace(d, experts="bf16"), x)
-    monkeypatch.setenv("SIMTREE_FP8_GEMM", "triton")
+    fp8_gemm("triton")
     monkeypatch.setattr(fp8, "gpu_fp8", lambda t: True)
     out = L.moe(w, d, x)
     rel = ((out - x) - (ref - x)).norm() / (ref - x).norm()
@@ -231,10 +249,10 @@ def test_the_lossless_checks_scale_an_fp8_projection_through_its_scales():
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("choice", ["scaled_mm", "triton"])
-def test_gpu_fp8_gemms_are_the_fp8_gemm_math(monkeypatch, choice):
+def test_gpu_fp8_gemms_are_the_fp8_gemm_math(fp8_gemm, choice):
     if torch.cuda.get_device_capability() < (8, 9):
         pytest.skip("no FP8 tensor cores")
-    monkeypatch.setenv("SIMTREE_FP8_GEMM", choice)
+    fp8_gemm(choice)
     dev = torch.device("cuda")
     w = fp8.quantize_weight(_w((4, 512, 1024), seed=10).to(dev))
     x = torch.randn(40, 1024, device=dev).to(torch.bfloat16)

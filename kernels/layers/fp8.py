@@ -18,14 +18,13 @@ the block's scales:
     linear_emulated(x, w)                   the FP8 GEMM's exact math in float32 (x quantised,
                                             both operands dequantised): the kernels' test oracle
 
-``SIMTREE_FP8_GEMM`` = auto | scaled_mm | triton | ref picks the GPU path (auto: the Triton
-kernel, whose one launch beats the quantising ops plus cuBLAS at decoding sizes;
+The layer form ``fp8_gemm`` (:mod:`.forms`, set by the caller: ``set_forms(fp8_gemm=...)``) =
+auto | scaled_mm | triton | ref picks the GPU path (auto: the Triton kernel, whose one launch beats the quantising ops plus cuBLAS at decoding sizes;
 scripts/fp8_gpu.sh times both; scaled_mm falls back to Triton where cuBLAS lacks block scales).  A model keeps its weights as flat tensors,
 ``name`` and ``name_scale_inv``; :func:`weight` views them as one :class:`Fp8Weight`.
 """
 from __future__ import annotations
 
-import os
 import warnings
 from dataclasses import dataclass
 
@@ -35,6 +34,7 @@ import torch.nn.functional as F
 from simtree.errors import SimtreeError
 from simtree.quant import FP8_BLOCK
 
+from .forms import current
 from .opcount import kernel_core
 
 __all__ = ["FP8_DTYPE", "FP8_MAX", "SCALE_SUFFIX", "Fp8Weight", "weight", "from_checkpoint", "fp4_to_fp8", "quantize_weight", "dequantize_weight",
@@ -173,10 +173,8 @@ def linear_emulated(x: torch.Tensor, w: Fp8Weight, pow2: bool = False) -> torch.
 
 # ---- dispatch ---------------------------------------------------------------------------------
 def gemm_choice() -> str:
-    choice = os.environ.get("SIMTREE_FP8_GEMM", "auto")
-    if choice not in ("auto", "scaled_mm", "triton", "ref"):
-        raise SimtreeError(f"SIMTREE_FP8_GEMM={choice!r}: use auto, scaled_mm, triton or ref")
-    return choice
+    """The FP8 GEMM's form on the GPU (``forms.current().fp8_gemm``, checked where it is set)."""
+    return current().fp8_gemm
 
 
 def gpu_fp8(x: torch.Tensor) -> bool:

@@ -13,12 +13,11 @@ sync, a CUDA graph replays it for any routing.  A dense linear is the case E = 1
 """
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
 
+from simtree.kernels._triton import interpreting
 from simtree.quant import FP8_BLOCK
 
 __all__ = ["grouped_fp8_gemm", "block_m"]
@@ -102,6 +101,6 @@ def grouped_fp8_gemm(x: torch.Tensor, w: torch.Tensor, scale_inv: torch.Tensor, 
     _grouped_fp8_kernel[grid](x, w, scale_inv, offs, y, M, N, K, E, x.stride(0), w.stride(0), w.stride(1),
                               scale_inv.stride(0), scale_inv.stride(1), y.stride(0), BM=bm, BN=bn, BK=FP8_BLOCK,
                               E_POW2=max(2, triton.next_power_of_2(E)), POW2=bool(pow2),
-                              ROUND=os.environ.get("TRITON_INTERPRET") == "1", num_warps=4,
+                              ROUND=interpreting(), num_warps=4,
                               num_stages=3)
     return y
