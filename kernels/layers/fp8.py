@@ -26,119 +26,24 @@ scripts/fp8_gpu.sh times both; scaled_mm falls back to Triton where cuBLAS lacks
 from __future__ import annotations
 
 import warnings
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
-from simtree.errors import SimtreeError
+from simtree.checkpoints.quantized import (FP8_DTYPE, FP8_MAX, SCALE_EPS, SCALE_SUFFIX, Fp8Weight, dequantize_weight,
+                                           fp4_to_fp8, from_checkpoint, pow2_up, quantize_weight)
 from simtree.quant import FP8_BLOCK
 
 from .forms import current
 from .opcount import kernel_core
 
-__all__ = ["FP8_DTYPE", "FP8_MAX", "SCALE_SUFFIX", "Fp8Weight", "weight", "from_checkpoint", "fp4_to_fp8", "quantize_weight", "dequantize_weight",
-           "quantize_act", "linear_ref", "linear_emulated", "linear", "grouped_linear", "gpu_fp8", "gemm_choice"]
-
-FP8_DTYPE = torch.float8_e4m3fn
-FP8_MAX = 448.0
-SCALE_SUFFIX = "_scale_inv"
-_ACT_EPS = 1e-10
-
-
-@dataclass(frozen=True)
-class Fp8Weight:
-    """An FP8 weight [.., N, K] and its float32 block scales [.., ceil(N/128), ceil(K/128)]."""
-
-    weight: torch.Tensor
-    scale_inv: torch.Tensor
-
-    def __post_init__(self):
-        w, s = self.weight, self.scale_inv
-        want = (*w.shape[:-2], -(-w.shape[-2] // FP8_BLOCK), -(-w.shape[-1] // FP8_BLOCK))
-        if w.dtype != FP8_DTYPE or tuple(s.shape) != want:
-            raise SimtreeError(f"FP8 weight {tuple(w.shape)} {w.dtype} with scales {tuple(s.shape)}: expected "
-                               f"{FP8_DTYPE} and scales {want}")
-
-    @property
-    def shape(self) -> torch.Size:
-        return self.weight.shape
-
+__all__ = ["FP8_DTYPE", "FP8_MAX", "SCALE_SUFFIX", "Fp8Weight", "weight", "from_checkpoint", "fp4_to_fp8",
+           "quantize_weight", "dequantize_weight", "quantize_act", "linear_ref", "linear_emulated", "linear", "grouped_linear", "gpu_fp8", "gemm_choice"]
 
 def weight(w: dict, name: str):
     """``w[name]``, as an :class:`Fp8Weight` where the dict holds its scales too."""
     s = w.get(name + SCALE_SUFFIX)
     return w[name] if s is None else Fp8Weight(w[name], s)
-
-
-def from_checkpoint(name: str, weight: torch.Tensor, scale: torch.Tensor) -> Fp8Weight:
-    """A checkpoint's FP8 weight and its block scales (``weight_scale_inv`` / ``scale``: float32,
-    bf16 or UE8M0 ``float8_e8m0fnu``, widened to float32 exactly); a wrong dtype or shape is one
-    line naming ``name``."""
-    if scale.dtype not in (torch.float32, torch.bfloat16, torch.float16, getattr(torch, "float8_e8m0fnu", None)):
-        raise SimtreeError(f"{name}: block scales of dtype {scale.dtype}: expected float32, bf16 or float8_e8m0fnu")
-    try:
-        return Fp8Weight(weight, scale.float().contiguous())
-    except SimtreeError as exc:
-        raise SimtreeError(f"{name}: {exc}") from None
-
-
-_FP4_E2M1 = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)
-FP4_GROUP = 32
-
-
-def fp4_to_fp8(name: str, packed: torch.Tensor, scales: torch.Tensor) -> Fp8Weight:
-    """An MXFP4 checkpoint weight (``expert_dtype`` fp4: two e2m1 values per byte, the low nibble
-    first, [.., N, K/2]; one scale per row and 32 input channels, [.., N, K/32], UE8M0 or float)
-    as block-scaled FP8, the way SGLang runs FP4 experts on Hopper (dequantised, then FP8 with
-    power-of-two block scales: exact wherever a block's values fit e4m3's range).  A wrong
-    dtype or shape is one line naming ``name``."""
-    if packed.dtype not in (torch.int8, torch.uint8) and str(packed.dtype) != "torch.float4_e2m1fn_x2":
-        raise SimtreeError(f"{name}: MXFP4 weight of dtype {packed.dtype}: expected int8 / uint8 (two e2m1 per byte)")
-    *lead, N, half = packed.shape
-    if tuple(scales.shape) != (*lead, N, -(-2 * half // FP4_GROUP)):
-        raise SimtreeError(f"{name}: MXFP4 weight {tuple(packed.shape)} with scales {tuple(scales.shape)}: expected "
-                           f"scales {(*lead, N, -(-2 * half // FP4_GROUP))}")
-    u8 = packed.contiguous().view(torch.uint8)
-    lut = torch.tensor(_FP4_E2M1, dtype=torch.float32, device=packed.device)
-    vals = torch.stack([lut[(u8 & 0xF).long()], lut[(u8 >> 4).long()]], -1).reshape(*lead, N, 2 * half)
-    s = (scales.float() - 127.0).exp2() if scales.dtype == torch.uint8 else scales.float()
-    return quantize_weight(vals * s.repeat_interleave(FP4_GROUP, -1)[..., :2 * half], pow2=True)
-
-
-def _compute(dtype: torch.dtype) -> torch.dtype:
-    return torch.float64 if dtype == torch.float64 else torch.float32
-
-
-def _expand(s: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
-    """Block scales [.., nb, kb] -> one per element [.., rows, cols]."""
-    return s.repeat_interleave(FP8_BLOCK, -2)[..., :rows, :].repeat_interleave(FP8_BLOCK, -1)[..., :cols]
-
-
-def _pow2_up(s: torch.Tensor) -> torch.Tensor:
-    return torch.exp2(torch.ceil(torch.log2(s)))
-
-
-def quantize_weight(w: torch.Tensor, pow2: bool = False) -> Fp8Weight:
-    """A weight [.., N, K] in 128 x 128 blocks: scale = block amax / 448 (a power of two, rounded
-    up, when ``pow2``: UE8M0 scales), values w / scale in float8_e4m3fn."""
-    *lead, N, K = w.shape
-    nb, kb = -(-N // FP8_BLOCK), -(-K // FP8_BLOCK)
-    wf = F.pad(w.float(), (0, kb * FP8_BLOCK - K, 0, nb * FP8_BLOCK - N))
-    blocks = wf.view(*lead, nb, FP8_BLOCK, kb, FP8_BLOCK)
-    s = blocks.abs().amax(dim=(-3, -1)).clamp_min(_ACT_EPS) / FP8_MAX
-    if pow2:
-        s = _pow2_up(s)
-    q = (wf / _expand(s, nb * FP8_BLOCK, kb * FP8_BLOCK)).clamp(-FP8_MAX, FP8_MAX)
-    return Fp8Weight(q[..., :N, :K].to(FP8_DTYPE).contiguous(), s.contiguous())
-
-
-def dequantize_weight(w: Fp8Weight, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """The real weight [.., N, K]: FP8 values times their block's scale, computed in float32
-    (float64 for a float64 ``dtype``), returned as ``dtype``."""
-    N, K = w.weight.shape[-2:]
-    dt = _compute(dtype)
-    return (w.weight.to(dt) * _expand(w.scale_inv.to(dt), N, K)).to(dtype)
 
 
 def quantize_act(x: torch.Tensor, pow2: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
@@ -147,9 +52,9 @@ def quantize_act(x: torch.Tensor, pow2: bool = False) -> tuple[torch.Tensor, tor
     M, K = x.shape
     kb = -(-K // FP8_BLOCK)
     xf = F.pad(x.float(), (0, kb * FP8_BLOCK - K)).view(M, kb, FP8_BLOCK)
-    s = xf.abs().amax(-1).clamp_min(_ACT_EPS) / FP8_MAX
+    s = xf.abs().amax(-1).clamp_min(SCALE_EPS) / FP8_MAX
     if pow2:
-        s = _pow2_up(s)
+        s = pow2_up(s)
     q = (xf / s[..., None]).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)
     return q.view(M, kb * FP8_BLOCK)[:, :K].contiguous(), s.contiguous()
 

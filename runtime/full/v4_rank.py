@@ -28,7 +28,7 @@ from simtree.errors import SimtreeError
 from simtree.kernels.layers import head, v4 as L
 from simtree.kernels.layers.weights import make_weights
 from simtree.kernels.v4 import V4Cache
-from simtree.models import ModelShape
+from simtree.models import ModelShape, shape_from_config
 
 from .layers import DraftState
 
@@ -122,7 +122,7 @@ class V4Rank:
         """The rank of a DeepSeek-V4 checkpoint folder (``ep_ranks`` > 1: expert-parallel rank
         ``ep_rank``, its experts only).  Without MTP weights the drafter is random (``note`` says so)."""
         from simtree.checkpoints import deepseek_v4 as ckpt
-        whole = ckpt.shape_from_config(ckpt.read_config(folder), source=str(folder))
+        whole = shape_from_config(folder)
         E = int(whole.mlp["n_experts"])
         if ep_ranks < 1 or E % ep_ranks or not 0 <= ep_rank < ep_ranks:
             raise SimtreeError(f"{folder}: {E} experts do not make rank {ep_rank} of {ep_ranks} expert-parallel ranks")
