@@ -25,7 +25,9 @@ PROMPTS = [[3, 14, 15, 92, 65, 35, 89, 79], [2, 71, 82], [50, 50, 1, 99, 7], [11
 # CPU (the layers' torch forms), and CUDA where there is one (the Triton kernels, CUDA graphs)
 DEVICES = ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
                                                                                   reason="needs a CUDA device")])]
-POLICIES = {"none": {}, "linear": {"budget": 4}, "eagle": {"num_steps": 3, "topk": 2, "budget": 6}}
+POLICIES = {"none": {}, "linear": {"budget": 4}, "eagle": {"num_steps": 3, "topk": 2, "budget": 6},
+            "best_first": {"budget": 8, "draft_depth": 3}, "cost_aware": {"max_budget": 10, "draft_depth": 3},
+            "batch_alloc": {"max_budget_per_seq": 6, "draft_depth": 4}}
 
 
 def hf_config(**over):
@@ -160,7 +162,9 @@ def test_greedy_generation_equals_transformers_for_every_mode(checkpoint, model,
         pytest.fail(f"the runtime builds mode {mode!r}: add its parameters to POLICIES")
     if mode != "none":
         make_predictable(model, 1.0)
-    engine = FullEngine(model, round_shape(PolicySpec.from_dict(mode, POLICIES[mode])), len(PROMPTS), 160)
+    from simtree.costs.synthetic import synthetic_costs     # what cost_aware / batch_alloc decide with
+    engine = FullEngine(model, round_shape(PolicySpec.from_dict(mode, POLICIES[mode])), len(PROMPTS), 160,
+                        costs=synthetic_costs(weights_us=0.0, per_token_us=10.0))
     engine.capture()   # CUDA graphs on a GPU; nothing on the CPU
     engine.prefill(PROMPTS)
     stats = engine.run(max_new_tokens=64)

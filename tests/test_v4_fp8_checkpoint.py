@@ -1,6 +1,6 @@
 """DeepSeek-V4 checkpoints with quantised experts: a tiny float checkpoint (transformers'
 save_pretrained) whose routed and shared experts are re-saved block-scaled FP8 (``weight_scale_inv``
-companions, a ``quantization_config``), or the routed ones MXFP4 (``expert_dtype`` fp4: e2m1
+companions, a ``quantization_config``; two attention linears FP8 too), or the routed ones MXFP4 (``expert_dtype`` fp4: e2m1
 pairs and UE8M0 scales per 32 channels), loads as an FP8-expert rank and decodes as the float
 model whose experts are the dequantised values.  CPU, float32."""
 from __future__ import annotations
@@ -29,6 +29,11 @@ def _is_expert(key: str) -> bool:
     return (".ffn.experts." in key or ".shared_experts." in key) and key.endswith(".weight")
 
 
+def _fp8_elsewhere(key: str) -> bool:
+    """Linears outside the experts that the checkpoint stores FP8 as well (dequantised on load)."""
+    return key.endswith(("attn.wq_b.weight", "attn.wo_b.weight"))
+
+
 def _mxfp4(shape, g: torch.Generator):
     """Random MXFP4 weight [N, K]: (packed int8 [N, K/2], UE8M0 uint8 scales [N, ceil(K/32)], its real values)."""
     N, K = shape
@@ -44,7 +49,7 @@ def _quantised_pair(src, root, fmt: str):
     tensors = safetensors_torch.load_file(src / "model.safetensors")
     quant, real, g = {}, {}, torch.Generator().manual_seed(5)
     for key, t in tensors.items():
-        if not _is_expert(key):
+        if not _is_expert(key) and not _fp8_elsewhere(key):
             quant[key] = real[key] = t
         elif fmt == "fp4" and ".ffn.experts." in key:
             packed, scales, real[key] = _mxfp4(t.shape, g)
@@ -99,6 +104,10 @@ def test_a_quantised_checkpoint_decodes_as_its_dequantised_float_model(src, tmp_
     out, want = _decode_logits(rank, ids), _decode_logits(ref, ids)
     assert float((out - want).abs().max() / want.abs().max()) <= 1e-4
     assert torch.equal(out.argmax(-1), want.argmax(-1))
+    # the package's reader (simtree run --model PATH) loads the same weights
+    from simtree.runtime.full.build import build_model
+    built = build_model(str(qpath), device="cpu", dtype=torch.float32)
+    assert set(built.w) == set(rank.w) and all(torch.equal(built.w[k], rank.w[k]) for k in rank.w)
 
 
 @torch.no_grad()

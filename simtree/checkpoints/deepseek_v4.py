@@ -37,10 +37,8 @@ Layout changes made here, so that the kernels compute V4's semantics exactly:
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Callable
 
 import torch
 
@@ -48,6 +46,7 @@ from simtree.errors import SimtreeError
 from simtree.parallel import parse_deployment
 from simtree.quant import expert_dtype, expert_dtype_from_hf, expert_format_from_hf, scale_blocks
 
+from . import TensorPlan
 from .quantized import CHECKPOINT_SCALE_SUFFIXES, FP4_GROUP, SCALE_SUFFIX, as_format, cat_rows, quantised_reader, stack
 
 __all__ = ["MODEL_TYPES", "text_config", "shape_fields", "tensor_plan", "runtime_weights", "read_config",
@@ -174,19 +173,6 @@ _NAMES = {"ln1": "attn_norm.weight", "ln2": "ffn_norm.weight", "wq_a": "attn.wq_
           "shared_down": "ffn.shared_experts.w2.weight",
           **{f"{w}_{p}": f"{w}_{p}" for w in ("hc_attn", "hc_ffn") for p in ("fn", "base", "scale")}}
 _INT_DTYPES = ("I64", "I32")
-
-try:        # the package's plan type where the package reader is present
-    from simtree.checkpoints import TensorPlan
-except ImportError:
-    @dataclass
-    class TensorPlan:
-        """The checkpoint keys a runtime model reads (required, optional groups, dtypes, ignore)."""
-
-        required: dict
-        optional: dict = field(default_factory=dict)
-        dtypes: dict = field(default_factory=dict)
-        ignore: Callable = lambda key: False
-
 
 def _saved_by_transformers(config: dict) -> bool:
     """transformers' save_pretrained writes ``layer_types`` into the config and the tensors under
@@ -329,15 +315,21 @@ def tensor_plan(config: dict, shape) -> TensorPlan:
     dtypes.update(_quant_dtypes(mtp, d))
     planned = set(required) | set(mtp)
 
+    if d.fmt != "bf16":     # any other linear may be FP8 too (dequantised on load)
+        dtypes.update({k: ("F8_E4M3", "BF16", "F16", "F32") for k, v in {**required, **mtp}.items()
+                       if k not in dtypes and len(v) == 2 and k.endswith(".weight")})
+
+    def companions(key: str) -> bool:
+        """The block scales of a planned FP8 weight outside the experts."""
+        return any(key.endswith(s) and key[:-len(s)] + ".weight" in planned for s in CHECKPOINT_SCALE_SUFFIXES)
+
     def ignore(key: str) -> bool:
         """Other ranks' experts, rotary buffers, the MTP layer's copies of the embedding and LM
-        head (SGLang's mtp.0.emb / mtp.0.head): the model's own serve it; the block scales of
-        a planned FP8 weight outside the experts (dequantised on load)."""
-        for suffix in CHECKPOINT_SCALE_SUFFIXES:
-            if key.endswith(suffix) and key[:-len(suffix)] + ".weight" in planned:
-                return True
-        return ".ffn.experts." in key or key.endswith("inv_freq") or key.startswith(("mtp.0.emb.", "mtp.0.head."))
-    return TensorPlan(required, {"MTP layer": mtp}, dtypes, ignore)
+        head (SGLang's mtp.0.emb / mtp.0.head): the model's own serve it; block scales read as
+        companions."""
+        return ".ffn.experts." in key or key.endswith("inv_freq") or key.startswith(("mtp.0.emb.", "mtp.0.head.")) \
+            or companions(key)
+    return TensorPlan(required, {"MTP layer": mtp}, dtypes, ignore, companions)
 
 
 def rope_perm(width: int, rope: int) -> torch.Tensor:
