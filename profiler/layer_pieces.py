@@ -39,6 +39,7 @@ LAYERS_VARIANT = "layers"
 ROUND_STAGE = MODEL_ROUND_STAGE
 _V4_MOE = ("ln2", "router", "router_bias", "experts_gu", "experts_down", "shared_gu", "shared_down", "hc_ffn_fn",
            "hc_ffn_base", "hc_ffn_scale")
+_V4_MOE += tuple(n + "_scale_inv" for n in ("experts_gu", "experts_down", "shared_gu", "shared_down"))  # FP8 block scales
 
 
 def layer_stages(model) -> list[str]:

@@ -365,6 +365,8 @@ def run_sweep(sweep: str | Path | None = None, out: str | Path = "reports/profil
             "sweep_id": f"{spec['name']}-{time.strftime('%Y%m%dT%H%M%S')}", "deployments": deployments,
             # how the MoE pieces route (pieces.mlp_piece; simtree fit reads it: profile_moe_routing)
             "moe_routing": "uniform",
+            # the experts' weight format each model was timed with (bf16 or block-scaled fp8)
+            "expert_dtypes": {name: get_model(name).mlp.get("expert_dtype", "bf16") for name in sorted(deployments)},
             "sweep_spec": {k: v for k, v in spec.items() if not k.startswith("_")},
             "timing": {"target_s": target_s, "method": "CUDA graph of L2-rotated copies, event-timed per replay"
                        if device.startswith("cuda") else "perf_counter"}}

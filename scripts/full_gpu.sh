@@ -35,12 +35,8 @@ pack() {
 }
 trap pack EXIT
 log "session $MODEL: install"
-if ls .whl/*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site
-fi
-python3 -m pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1 || log "editable install FAILED"
-export PYTHONUNBUFFERED=1
+source "$(dirname "$0")/gpu_install.sh"
+gpu_install || log "editable install FAILED"
 DEPLOYMENT=${DEPLOYMENT:-$(python3 -m simtree.deploy.shipped --default-for "$MODEL")}
 RUNTIME_DEPLOYMENT=$(python3 - "$MODEL" "$DEPLOYMENT" <<'PY'
 import sys

@@ -16,12 +16,8 @@ set -uo pipefail
 OUT=${OUT:-/tmp/out}
 RES=/tmp/simtree_results   # many files; tarred into $OUT at the end ($OUT returns <= 8 files)
 mkdir -p "$OUT" "$RES"
-if ls .whl/*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site
-fi
-python3 -m pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1
-export PYTHONUNBUFFERED=1
+source "$(dirname "$0")/gpu_install.sh"
+gpu_install
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv > "$RES/gpu_state.csv"
 bench_gdn() {   # bench_gdn TIMEOUT MAX_SECONDS TREE_CONFIGS [args]: the GDN benchmark into $RES/gdn
   timeout "$1" python3 -m simtree.profiler.bench.bench_gdn --out "$RES/gdn" --max-seconds "$2" \

@@ -26,6 +26,7 @@ from simtree.data import data_path
 from simtree.parallel import DEFAULT_DEPLOYMENT, Deployment, parse_deployment
 from simtree.errors import SimtreeError, check_int
 from simtree.fileio import read_yaml
+from simtree.quant import expert_dtype, expert_params
 
 __all__ = ["ModelShape", "get_model", "list_models", "load_model_file", "MODEL_DIR", "DTYPE_BYTES",
            "LAYER_KINDS", "VERIFY_STAGE", "COMMIT_STAGE", "ROUND_STAGE", "DECODE_STAGE",
@@ -110,7 +111,8 @@ class ModelShape:
     def weight_bytes(self) -> int:
         """Bytes of the weights of this shape (target layers, embedding, LM head and the draft
         layer) at ``dtype``, with the parameters the runtime keeps in fp32 (GDN decay, V4
-        attention sink and compressors) at 4 bytes: what one rank allocates."""
+        attention sink and compressors) at 4 bytes and FP8 experts (``mlp.expert_dtype``) at 1
+        byte plus a float32 scale per 128 x 128 block: what one rank allocates."""
         return sum(n * b for n, b in _params(self))
 
     def cache_bytes(self, batch_size: int, context_len: int) -> int:
@@ -172,6 +174,10 @@ def load_model_file(path: str | Path) -> ModelShape:
     need = ("intermediate",) if mlp["kind"] == "dense" else ("n_experts", "experts_per_token", "expert_intermediate")
     for key in need:
         check_int(mlp.get(key), f"{where}: mlp.{key}")
+    try:
+        expert_dtype(mlp)
+    except SimtreeError as exc:
+        raise SimtreeError(f"{where}: {exc}") from None
     return ModelShape(name=str(data["name"]), family=str(data["family"]), hidden=data["hidden"],
                       vocab=data["vocab"], layer_kinds=kinds, mlp=dict(mlp),
                       dtype=str(data.get("dtype", "bf16")), attn=dict(data.get("attn") or {}),
@@ -306,13 +312,19 @@ def _mixer_params(shape: ModelShape, kind: str, fp32: int) -> list[tuple[int, in
     return out
 
 
-def _mlp_params(shape: ModelShape, mlp: dict) -> int:
+def _mlp_params(shape: ModelShape, mlp: dict) -> list[tuple[int, int]]:
+    """(numel, bytes per element; 0 = the model's dtype) of one MLP block: the router, the
+    routed and shared experts at ``mlp.expert_dtype`` (FP8: 1 byte and the block scales)."""
     h = shape.hidden
     if mlp["kind"] == "dense":
-        return 3 * h * int(mlp["intermediate"])
+        return [(3 * h * int(mlp["intermediate"]), 0)]
     E, I = int(mlp["n_experts"]), int(mlp["expert_intermediate"])
     shared = int(mlp.get("n_shared", 0)) * int(mlp.get("shared_intermediate", 0))
-    return E * h + 3 * E * h * I + 3 * h * shared
+    xdt = expert_dtype(mlp)
+    out = [(E * h, 0), *expert_params(2 * I, h, xdt, E), *expert_params(h, I, xdt, E)]
+    if shared:
+        out += [*expert_params(2 * shared, h, xdt), *expert_params(h, shared, xdt)]
+    return out
 
 
 def _params(shape: ModelShape) -> list[tuple[int, int]]:
@@ -326,8 +338,8 @@ def _params(shape: ModelShape) -> list[tuple[int, int]]:
         blocks += [(d["attention"], draft_mlp)] * int(d.get("layers", 1))
         out.append((2 * h + 2 * h * h + h if d.get("fuse_proj") else h, dt))
     for kind, mlp in blocks:
-        out.append((2 * h + _mlp_params(shape, mlp), dt))
-        out += [(n, b or dt) for n, b in _mixer_params(shape, kind, fp32)]
+        out.append((2 * h, dt))
+        out += [(n, b or dt) for n, b in _mlp_params(shape, mlp) + _mixer_params(shape, kind, fp32)]
     if shape.family == "v4":
         out += _v4_extra_params(shape, len(blocks) - shape.num_layers)
     return out

@@ -162,8 +162,7 @@ def test_greedy_generation_equals_transformers_for_every_mode(checkpoint, model,
         pytest.fail(f"the runtime builds mode {mode!r}: add its parameters to POLICIES")
     if mode != "none":
         make_predictable(model, 1.0)
-    from simtree.costs.synthetic import synthetic_costs
-    # the adaptive modes' rule prices verify time: a synthetic bundle, costly per token so budgets vary
+    from simtree.costs.synthetic import synthetic_costs     # what cost_aware / batch_alloc decide with
     engine = FullEngine(model, round_shape(PolicySpec.from_dict(mode, POLICIES[mode])), len(PROMPTS), 160,
                         costs=synthetic_costs(weights_us=0.0, per_token_us=10.0))
     engine.capture()   # CUDA graphs on a GPU; nothing on the CPU

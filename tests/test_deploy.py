@@ -117,9 +117,12 @@ def test_v4_flash_on_one_gpu_is_refused_naming_the_shortfall():
         check_fits("deepseek-v4-flash", "tp=1", "h200", 8, 4096)
     msg = str(err.value)
     assert "\n" not in msg and "does not fit tp=1 on NVIDIA H200" in msg
-    assert "582.6 GB of weights" in msg and "it needs 8 GPUs (ep=8), asked for 1" in msg
+    # FP8 experts: about 298 GB of weights in all, so four H200s hold it (ep=4: about 85 GB a rank)
+    whole = get_model("deepseek-v4-flash").weight_bytes()
+    assert 290e9 < whole < 310e9 and f"{whole / 1e9:.1f} GB of weights" in msg
+    assert "it needs 4 GPUs (ep=4), asked for 1" in msg
     ok = check_fits("deepseek-v4-flash", "ep=8", "h200", 64, 4096)
-    assert ok.fits and ok.rank_batch == 8 and 80e9 < ok.weight_bytes < 90e9
+    assert ok.fits and ok.rank_batch == 8 and 45e9 < ok.weight_bytes < 55e9
 
 
 def test_the_cache_can_be_what_does_not_fit():
@@ -128,7 +131,7 @@ def test_the_cache_can_be_what_does_not_fit():
                                            r"asked for 1"):
         check_fits("qwen3.6-27b", "tp=1", "h200", 64, 32768)
     big = smallest_fit("deepseek-v4-flash", "h200", 64, 4096, like=parse_deployment("ep=8,tp=2"))
-    assert big.deployment == parse_deployment("ep=8,tp=2")   # the asked-for kind first
+    assert big.deployment == parse_deployment("ep=4,tp=2")   # the asked-for kind (its tp) first
 
 
 def test_users_add_machines_through_the_environment(tmp_path, monkeypatch):
@@ -252,3 +255,21 @@ def test_a_measured_communication_model_replaces_the_assumed_one():
     assert costs.meta["communication"]["assumed"] is False and costs.comm.params("all_reduce", 2).alpha_us == 1.0
     with pytest.raises(SimtreeError, match="no communication model"):
         deployment_costs(_toy_bundle(device="cpu"))
+
+
+def test_the_ep_fit_table_in_the_docs_is_current_and_v4_flash_fits_four_h200s():
+    from pathlib import Path
+
+    from simtree.deploy.memory import largest_batch, write_fit_doc
+
+    doc = Path(__file__).resolve().parents[1] / "docs" / "deployments.md"
+    assert write_fit_doc(doc, write=False), "docs/deployments.md: run python -m simtree.deploy.memory docs/deployments.md"
+    # FP8 experts: ep=4 holds it, ep=2 does not; with bf16 experts ep=4 did not
+    v4 = get_model("deepseek-v4-flash")
+    assert largest_batch(v4, "ep=2", "h200", 4096) == 0 < largest_batch(v4, "ep=4", "h200", 4096)
+    assert largest_batch(v4, "ep=4", "h200", 32768) < largest_batch(v4, "ep=4", "h200", 4096)
+    import dataclasses
+    bf16 = dataclasses.replace(v4, mlp={**v4.mlp, "expert_dtype": "bf16"})
+    assert largest_batch(bf16, "ep=4", "h200", 4096) == 0 < largest_batch(bf16, "ep=8", "h200", 4096)
+    with pytest.raises(SimtreeError, match="mlp.expert_dtype 'fp4'"):
+        dataclasses.replace(v4, mlp={**v4.mlp, "expert_dtype": "fp4"}).weight_bytes()

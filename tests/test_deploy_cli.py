@@ -154,7 +154,7 @@ def test_plan_refuses_v4_flash_on_one_gpu_in_one_line():
     assert proc.returncode == 2 and proc.stdout == ""
     line, = proc.stderr.strip().splitlines()
     assert line.startswith("error: deepseek-v4-flash does not fit tp=1 on NVIDIA H200")
-    assert "it needs 8 GPUs (ep=8), asked for 1" in line
+    assert "it needs 4 GPUs (ep=4), asked for 1" in line
 
 
 def test_the_embedded_default_plans_every_shipped_deployment(tmp_path):

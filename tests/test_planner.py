@@ -334,6 +334,6 @@ def test_cli_simulate_picks_the_shipped_bundle_by_model_and_deployment():
         out = json.loads(res.stdout)
         assert (out["model"], out["deployment"], out["communication"]) == (model, dep, comm)
     res = CliRunner().invoke(app, ["simulate", "--model", "deepseek-v4-flash", "--deployment", "tp=1", "--json"])
-    assert "does not fit tp=1" in str(res.exception) and "it needs 8 GPUs (ep=8), asked for 1" in str(res.exception)
+    assert "does not fit tp=1" in str(res.exception) and "it needs 4 GPUs (ep=4), asked for 1" in str(res.exception)
     res = CliRunner().invoke(app, ["simulate", "--model", "nope", "--json"])
     assert "no cost bundle for nope" in str(res.exception)

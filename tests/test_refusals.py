@@ -112,7 +112,7 @@ def test_profile_refuses_a_deployment_that_cannot_hold_the_model(tmp_path):
     out = tmp_path / "prof"
     _one_line_error(_simtree("profile", "--model", "deepseek-v4-flash", "--deployment", "tp=1", "--device", "cpu",
                              "--out", out / "profile.csv"),
-                    "deepseek-v4-flash does not fit tp=1", "it needs 8 GPUs (ep=8)")
+                    "deepseek-v4-flash does not fit tp=1", "it needs 4 GPUs (ep=4)")
     assert not out.exists()
 
 

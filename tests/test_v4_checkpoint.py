@@ -106,6 +106,7 @@ def test_greedy_generation_equals_transformers_for_every_runtime_mode(ckpt_all_e
     from simtree.runtime.full.drafting import RUNTIME_MODES
     from simtree.runtime.full.lossless import check_lossless
     from simtree.runtime.full.drafting import round_shape
+    from simtree.costs.synthetic import synthetic_costs
     from simtree.runtime.full.engine import FullEngine
 
     _, hf, rank, _ = ckpt_all_entries
@@ -122,14 +123,12 @@ def test_greedy_generation_equals_transformers_for_every_runtime_mode(ckpt_all_e
         # type does not always reproduce its forward (docs/models.md)
         ref = _hf_logits(hf, p + o)[len(p) - 1:-1].argmax(-1).tolist()
         assert o == ref
-    from simtree.costs.synthetic import synthetic_costs
     specs = {"linear": PolicySpec.from_dict("linear", {"budget": 4}),
              "eagle": PolicySpec.from_dict("eagle", {"num_steps": 3, "topk": 2, "budget": 6}),
              "best_first": PolicySpec.from_dict("best_first", {"budget": 8, "draft_depth": 3}),
              "cost_aware": PolicySpec.from_dict("cost_aware", {"max_budget": 10, "draft_depth": 3}),
              "batch_alloc": PolicySpec.from_dict("batch_alloc", {"max_budget_per_seq": 6, "draft_depth": 4})}
     assert set(specs) == set(RUNTIME_MODES) - {"none"}
-    # the adaptive modes' rule prices verify time: a synthetic bundle, costly per token so budgets vary
     rows = check_lossless(rank, prompts, list(specs.values()), new, 128 + 16 * new,
                           costs=synthetic_costs(weights_us=0.0, per_token_us=10.0))
     assert all(r["match"] for r in rows), rows
@@ -259,17 +258,23 @@ def test_mtp_weights_under_the_released_names_are_the_drafter(ckpt, tmp_path):
 
 
 def test_the_shipped_v4_flash_config_is_the_registry_shape():
-    """simtree/data/models/deepseek-v4-flash/config.json (the released config's fields) gives the
-    registry's DeepSeek-V4-Flash shape, plus the semantics' fields."""
+    """simtree/data/models/deepseek-v4-flash/config.json (the released config's fields) is the
+    registry's DeepSeek-V4-Flash shape, with V4's semantics' fields and FP8 experts (its
+    quantization_config: FP4 experts converted to FP8 on load)."""
     from simtree.data import data_path
-    from simtree.kernels.layers.v4 import V4Dims
+    from simtree.kernels.layers.v4 import V4Dims, model_specs
     from simtree.models import get_model, hash_layers, shape_from_config
     shape = shape_from_config(data_path("models") / "deepseek-v4-flash", "deepseek-v4-flash")
     reg = get_model("deepseek-v4-flash")
-    assert (shape.hidden, shape.vocab, shape.layer_kinds) == (reg.hidden, reg.vocab, reg.layer_kinds)
-    assert {k: shape.v4[k] for k in reg.v4} == reg.v4
-    assert {k: shape.mlp[k] for k in reg.mlp if k != "expert_dtype"} == \
-        {k: v for k, v in reg.mlp.items() if k != "expert_dtype"}
+    assert reg.source.endswith("deepseek-v4-flash/config.json")
+    assert (shape.hidden, shape.vocab, shape.layer_kinds, shape.mlp, shape.v4) == \
+        (reg.hidden, reg.vocab, reg.layer_kinds, reg.mlp, reg.v4)
+    assert (shape.hidden, shape.vocab, shape.num_layers, shape.mlp["n_experts"]) == (4096, 129280, 43, 256)
+    assert reg.mlp["expert_dtype"] == "fp8"
     d = V4Dims.of(shape, 8)
+    assert d.experts == "fp8"
+    gu = {s.name: s for s in model_specs(shape.shard("ep=8"), None) if s.name.startswith("layers.3.experts_gu")}
+    assert gu["layers.3.experts_gu"].dtype == torch.float8_e4m3fn
+    assert gu["layers.3.experts_gu_scale_inv"].shape == (32, 2 * 2048 // 128, 4096 // 128)
     assert (d.hc, d.hc_iters, d.theta, d.ctheta, d.limit, d.route_scale) == (4, 20, 1e4, 1.6e5, 10.0, 1.5)
     assert dict(d.yarn)["factor"] == 16 and hash_layers(shape) == (0, 1, 2)

@@ -6,6 +6,7 @@ composed step is the sum of what the runtime runs.
     qwen.py        GDN mixer, gated attention, dense MLP, MTP layer; the round's metadata
     v4.py          V4 attention block on the kernels' device plans, the rank's MoE, MTP layer
     moe.py         routing and the grouped GEMMs of the routed experts
+    fp8.py         block-scaled FP8 weights and GEMMs (fp8_kernel.py: Triton), the FP8 experts
     head.py        embedding, final norm + float32 logits, greedy argmax, draft top-k
     attention.py   tree attention over a KV cache plus ancestors (_attention_kernel.py: Triton)
     ops.py         the fused ops as custom ops (fused.py: Triton; reference.py: torch forms)

@@ -6,8 +6,12 @@ that falls back to the torch tree attention when the kernel fails its check.
                     "torch": their torch forms everywhere (debugging, the profiler's check)
     tree_attention  "auto": the Triton kernel on CUDA, the torch form elsewhere; "triton"
                     (the interpreter on CPU) or "torch"
+    fp8_gemm        the FP8 experts' GEMM on an FP8 GPU (``fp8.py``): "auto" (the Triton kernel),
+                    "scaled_mm" (cuBLAS block-scaled, Triton where it cannot), "triton" or "ref"
+                    (the dequantised weight)
 
     set_forms(tree_attention="torch")       # from here on
+    set_forms(fp8_gemm="scaled_mm")
     with forms(fused="torch"): ...          # inside the block only
 """
 from __future__ import annotations
@@ -19,13 +23,15 @@ from simtree.errors import SimtreeError
 
 __all__ = ["LayerForms", "current", "set_forms", "forms"]
 
-_CHOICES = {"fused": ("auto", "torch"), "tree_attention": ("auto", "triton", "torch")}
+_CHOICES = {"fused": ("auto", "torch"), "tree_attention": ("auto", "triton", "torch"),
+            "fp8_gemm": ("auto", "scaled_mm", "triton", "ref")}
 
 
 @dataclass(frozen=True)
 class LayerForms:
     fused: str = "auto"
     tree_attention: str = "auto"
+    fp8_gemm: str = "auto"
 
     def __post_init__(self):
         for name, allowed in _CHOICES.items():
@@ -43,7 +49,7 @@ def current() -> LayerForms:
 
 
 def set_forms(**changes: str) -> LayerForms:
-    """Set forms (``fused``, ``tree_attention``) from here on; returns the ones replaced."""
+    """Set forms (``fused``, ``tree_attention``, ``fp8_gemm``) from here on; returns the ones replaced."""
     global _current
     old, _current = _current, replace(_current, **changes)
     return old
@@ -56,4 +62,4 @@ def forms(**changes: str):
     try:
         yield _current
     finally:
-        set_forms(fused=old.fused, tree_attention=old.tree_attention)
+        set_forms(fused=old.fused, tree_attention=old.tree_attention, fp8_gemm=old.fp8_gemm)

@@ -14,7 +14,7 @@ import warnings
 import torch
 import torch.nn.functional as F
 
-from . import ops
+from . import fp8, ops
 from .opcount import kernel_core
 
 __all__ = ["route_topk", "route_v4", "swiglu", "routed_experts", "grouped_mm_capturable"]
@@ -57,8 +57,11 @@ def grouped_mm_capturable(device: torch.device, dtype: torch.dtype) -> bool:
     return torch.device(device).type == "cuda" and dtype == torch.bfloat16 and _GROUPED_MM["ok"]
 
 
-def _grouped_linear(x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
-    """Rows offs[e-1]:offs[e] of x [M, in] times w[e] [out, in]^T -> [M, out]."""
+def _grouped_linear(x: torch.Tensor, w, offs: torch.Tensor) -> torch.Tensor:
+    """Rows offs[e-1]:offs[e] of x [M, in] times w[e] [out, in]^T -> [M, out] (an FP8 ``w``:
+    :func:`fp8.grouped_linear`)."""
+    if isinstance(w, fp8.Fp8Weight):
+        return fp8.grouped_linear(x, w, offs)
     if grouped_mm_capturable(x.device, x.dtype):
         try:
             return torch._grouped_mm(x, w.transpose(-2, -1), offs=offs)

@@ -1,7 +1,8 @@
 """Layers of DeepSeek-V4 (one expert-parallel rank), built from the kernels: what the full
 runtime's rank composes and what the profiler times, layer kind by layer kind.
 
-The residual stream is ``hc`` hyper-connection streams x [T, hc, h] (:mod:`.mhc`); a layer:
+The residual stream is ``hc`` hyper-connection streams x [T, hc, h] (:mod:`.mhc`; the experts FP8
+where the shape's expert format says so, :mod:`.fp8`); a layer:
 
     a = hc_pre(x);  x = hc_post(x, W_ob groups(W_oa o), a),  o = tree verify of the SWA / CSA /
                                                          HCA attention of RMSNorm(a's input)
@@ -47,15 +48,16 @@ from simtree.errors import SimtreeError
 from simtree.kernels.v4 import (CompressorParams, V4AttnConfig, V4Cache, V4Inputs, V4LayerWeights, apply_commit,
                                 plan_commit_device, plan_verify_device, tree_verify)
 from simtree.models import ModelShape, hash_layers
+from simtree.quant import expert_dtype
 
-from . import ops
+from . import fp8, ops
 from .attention import tree_attention
 from .head import embed
 from .mhc import expand, hc_head, hc_post, hc_pre
 from .moe import route_v4, routed_experts, swiglu
 from .opcount import kernel_core
 from .rope import RopeTable, inv_freq
-from .weights import Spec, linear, residual_gain
+from .weights import Spec, expert_linear, linear, residual_gain
 
 __all__ = ["V4Dims", "EP_RANKS", "ROPE_THETA", "default_ep_ranks", "rank_experts", "layer_specs", "model_specs",
            "attn_config", "layer_weights", "rope_tables", "V4Round", "round_meta", "commit_plans", "advance",
@@ -138,6 +140,7 @@ class V4Dims:
     ctheta: float = 160000.0         # compress_rope_theta (CSA / HCA layers, compressors, indexer)
     yarn: tuple = ()                 # the compressed layers' YaRN parameters, (key, value) pairs
     hash_layers: tuple = ()          # indices of the hash-routed MoE layers
+    experts: str = "bf16"            # the routed and shared experts' weights: bf16 or fp8 (block-scaled)
 
     @classmethod
     def of(cls, shape: ModelShape, ep_ranks: int | None = None) -> "V4Dims":
@@ -155,7 +158,7 @@ class V4Dims:
                    float(m.get("routed_scaling_factor", 1.5)), float(v.get("rope_theta", 10000.0)),
                    float(v.get("compress_rope_theta", 160000.0)),
                    tuple(sorted(yarn.items())) if yarn.get("rope_type", yarn.get("type")) == "yarn" else (),
-                   hashed)
+                   hashed, experts=expert_dtype(m))
 
     def ratio(self, kind: str) -> int:
         return {"swa": 0, "csa": self.csa, "hca": self.hca}[kind]
@@ -200,12 +203,13 @@ def layer_specs(p: str, kind: str, d: V4Dims, out_gain: float, comp_dt, hashed: 
     if kind == "csa":
         specs += _compressor_specs(p + "idx.", d.Di, d.csa, h, comp_dt) + [linear(p + "wq_idx", d.Hi * d.Di, d.qr)]
     specs += [Spec(p + "ln2", (h,), "const", 1.0), linear(p + "router", d.E, h),
-              linear(p + "experts_gu", 2 * d.I, h, groups=d.E),
-              linear(p + "experts_down", h, d.I, out_gain, groups=d.E)]
+              *expert_linear(p + "experts_gu", 2 * d.I, h, d.experts, groups=d.E),
+              *expert_linear(p + "experts_down", h, d.I, d.experts, out_gain, groups=d.E)]
     specs.append(Spec(p + "tid2eid", (d.vocab, d.topk_e), "randint", d.E, torch.int64) if hashed
                  else Spec(p + "router_bias", (d.E,), "const", 0.0, comp_dt))
     if d.Is:
-        specs += [linear(p + "shared_gu", 2 * d.Is, h), linear(p + "shared_down", h, d.Is, out_gain)]
+        specs += [*expert_linear(p + "shared_gu", 2 * d.Is, h, d.experts),
+                  *expert_linear(p + "shared_down", h, d.Is, d.experts, out_gain)]
     return specs + _hc_specs(p + "hc_attn", d, comp_dt) + _hc_specs(p + "hc_ffn", d, comp_dt)
 
 
@@ -384,9 +388,9 @@ def moe(w: dict, d: V4Dims, x: torch.Tensor, token_ids: torch.Tensor | None = No
     if tid2eid is not None and token_ids is None:
         raise SimtreeError("a hash-routed V4 MoE layer needs the token ids")
     ids, wts = route_v4(h, w["router"], d.topk_e, d.route_scale, w.get("router_bias"), tid2eid, token_ids)
-    y = routed_experts(h, ids, wts, w["experts_gu"], w["experts_down"], d.limit)
+    y = routed_experts(h, ids, wts, fp8.weight(w, "experts_gu"), fp8.weight(w, "experts_down"), d.limit)
     if d.Is:
-        y = y + F.linear(swiglu(F.linear(h, w["shared_gu"]), d.limit), w["shared_down"])
+        y = y + fp8.linear(swiglu(fp8.linear(h, fp8.weight(w, "shared_gu")), d.limit), fp8.weight(w, "shared_down"))
     return y
 
 

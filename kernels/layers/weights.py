@@ -7,7 +7,9 @@ the planner's weight bytes and what the runtime allocates cannot drift apart.
 
 Linear weights are stored [out, in] (``F.linear``) with std in^-1/2, so activations stay O(1);
 output projections that feed the residual stream get a further 1/sqrt(2 layers), so the
-stream's scale does not grow with depth.
+stream's scale does not grow with depth.  An FP8 weight (:func:`expert_linear` at ``fp8``) is
+N(0, 1) values in float8_e4m3fn with every 128 x 128 block scaled by that std: the same
+real weight's statistics, at the checkpoint's bytes.
 """
 from __future__ import annotations
 
@@ -17,7 +19,10 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["Spec", "linear", "make_weights", "weights_from", "spec_bytes", "dtype_bytes", "residual_gain", "ends_specs", "mtp_specs"]
+from simtree.quant import scale_blocks
+
+__all__ = ["Spec", "linear", "expert_linear", "make_weights", "weights_from", "spec_bytes", "dtype_bytes",
+           "residual_gain", "ends_specs", "mtp_specs"]
 
 
 @dataclass(frozen=True)
@@ -42,6 +47,18 @@ def linear(name: str, out_features: int, in_features: int, gain: float = 1.0, gr
     """A linear weight [out, in] (or [groups, out, in]) with std gain / sqrt(in)."""
     shape = (out_features, in_features) if groups is None else (groups, out_features, in_features)
     return Spec(name, shape, "normal", gain / math.sqrt(in_features), dtype)
+
+
+def expert_linear(name: str, out_features: int, in_features: int, dtype: str, gain: float = 1.0,
+                  groups: int | None = None) -> list[Spec]:
+    """An expert's weight as the model stores it (``dtype``: bf16 or fp8, :mod:`simtree.quant`):
+    :func:`linear`, or an FP8 weight and its float32 block scales ``name + "_scale_inv"``."""
+    if dtype == "bf16":
+        return [linear(name, out_features, in_features, gain, groups)]
+    lead = () if groups is None else (groups,)
+    std = gain / math.sqrt(in_features)
+    return [Spec(name, (*lead, out_features, in_features), "normal", 1.0, torch.float8_e4m3fn),
+            Spec(name + "_scale_inv", (*lead, *scale_blocks(out_features, in_features)), "const", std, torch.float32)]
 
 
 def residual_gain(num_layers: int) -> float:
@@ -71,6 +88,9 @@ def spec_bytes(specs: list[Spec], dtype: torch.dtype) -> int:
     return sum(s.numel * dtype_bytes(s.dtype or dtype) for s in specs)
 
 
+_FP8_CHUNK = 1 << 26
+
+
 def _generator(device: torch.device, seed: int, name: str) -> torch.Generator:
     gen = torch.Generator(device=device)
     gen.manual_seed((seed * 1_000_003 + zlib.crc32(name.encode())) % (1 << 62))
@@ -84,7 +104,12 @@ def make_weights(specs: list[Spec], device, dtype: torch.dtype, seed: int = 0) -
     out = {}
     for s in specs:
         t = torch.empty(s.shape, dtype=s.dtype or dtype, device=device)
-        if s.init == "normal":
+        if s.init == "normal" and t.dtype == torch.float8_e4m3fn:     # drawn in float32, a slice at a time
+            gen, flat = _generator(device, seed, s.name), t.view(-1)
+            for lo in range(0, flat.numel(), _FP8_CHUNK):
+                part = flat[lo:lo + _FP8_CHUNK]
+                part.copy_(torch.empty(part.shape, device=device).normal_(0.0, s.scale, generator=gen))
+        elif s.init == "normal":
             t.normal_(0.0, s.scale, generator=_generator(device, seed, s.name))
         elif s.init == "const":
             t.fill_(s.scale)

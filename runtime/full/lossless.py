@@ -39,8 +39,8 @@ def make_predictable(model, layer_gain: float = 0.3) -> None:
     half the identity, its hidden half scaled by ``layer_gain``."""
     h = model.hidden
     for name, t in model.w.items():
-        if name.endswith(OUT_PROJECTIONS):
-            t.mul_(layer_gain)
+        if name.endswith(OUT_PROJECTIONS):   # an FP8 weight through its block scales
+            (model.w[name + "_scale_inv"] if t.dtype == torch.float8_e4m3fn else t).mul_(layer_gain)
     if "mtp.fc" in model.w:
         fc = model.w["mtp.fc"]
         fc[:, :h] = torch.eye(h, dtype=fc.dtype, device=fc.device)

@@ -66,12 +66,14 @@ class TensorPlan:
     """The checkpoint keys a runtime model reads: ``required`` {key: shape}; ``optional``
     {group: {key: shape}} (a group is read whole or not at all); ``dtypes`` {key: allowed
     safetensors dtypes} where not FLOAT_DTYPES; ``ignore(key)`` True for keys that are in the
-    checkpoint but not read (anything else unplanned is an error)."""
+    checkpoint but not read (anything else unplanned is an error); ``companions(key)`` True for
+    unplanned keys read with a planned tensor where present (an FP8 weight's block scales)."""
 
     required: dict[str, tuple[int, ...]]
     optional: dict[str, dict[str, tuple[int, ...]]] = field(default_factory=dict)
     dtypes: dict[str, tuple[str, ...]] = field(default_factory=dict)
     ignore: Callable[[str], bool] = lambda key: False
+    companions: Callable[[str], bool] = lambda key: False
 
 
 def missing_field(config: dict, key: str, where: str = "config.json"):
@@ -137,7 +139,10 @@ class Checkpoint:
             if lacking:
                 raise SimtreeError(f"{self.name}: tensor {lacking[0]!r} of the {group} missing from the checkpoint")
             present.update({k: self.index[k] for k in keys})
+        present.update({k: info for k, info in self.index.items() if k not in planned and plan.companions(k)})
         for key, info in present.items():
+            if key not in planned:
+                continue
             if tuple(info.shape) != tuple(planned[key]):
                 raise SimtreeError(f"{self.name}: tensor {key!r} has shape {list(info.shape)}, the config "
                                    f"needs {list(planned[key])}")

@@ -1,7 +1,7 @@
 """DeepSeek-V4 checkpoints (``model_type`` "deepseek_v4"): config.json -> ModelShape, and the
 safetensors weights -> the runtime's weight names (``simtree.kernels.layers.v4``).
 
-    shape = simtree.models.shape_from_config(folder)
+    shape = simtree.models.shape_from_config(folder)   # through shape_fields below
     w = load_weights(folder, shape, device="cuda", dtype=torch.bfloat16, ep_rank=0, ep_ranks=8)
 
 Weights are read by the key names transformers reads and writes for this model type: the
@@ -22,6 +22,14 @@ Layout changes made here, so that the kernels compute V4's semantics exactly:
   products and RMS norms are unchanged by a shared permutation.
 - q_a_proj, kv_proj (and the indexer's weights_proj on CSA layers) are one fused GEMM.
 - The shared expert's gate and up projections are stacked [gate | up] like the experts'.
+- Quantised checkpoints (``quantization_config``: block-scaled FP8, the experts FP8 or MXFP4
+  ``expert_dtype`` fp4): a 1-byte weight ``X.weight`` comes with its scales ``X.scale`` (the
+  released checkpoint) or ``X.weight_scale_inv`` (transformers).  The routed and shared experts
+  stay FP8 (:mod:`.quantized`: ``from_checkpoint``; FP4 through ``fp4_to_fp8``), stored as
+  ``name`` and ``name_scale_inv``; every other FP8 weight is dequantised to the model's dtype.
+  Experts stored in one format and run in the other (a float checkpoint on an FP8 shape) are
+  converted; w1 and w3 stacked [gate | up] keep their blocks where I is a multiple of 128
+  (V4's 2048), else they are requantised together.
 - An expert-parallel rank reads only its experts (rows ``ep_rank * E / ep_ranks`` on), and routes
   over them: its router rows and bias, and the hash table's ids modulo its expert count (a
   stand-in for the dispatch the all-to-all does; exact where ``ep_ranks`` is 1).
@@ -29,15 +37,17 @@ Layout changes made here, so that the kernels compute V4's semantics exactly:
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Callable
 
 import torch
 
 from simtree.errors import SimtreeError
 from simtree.parallel import parse_deployment
+from simtree.quant import expert_dtype, expert_dtype_from_hf, expert_format_from_hf, scale_blocks
+
+from . import TensorPlan
+from .quantized import CHECKPOINT_SCALE_SUFFIXES, FP4_GROUP, SCALE_SUFFIX, as_format, cat_rows, quantised_reader, stack
 
 __all__ = ["MODEL_TYPES", "text_config", "shape_fields", "tensor_plan", "runtime_weights", "read_config",
            "load_weights", "rope_perm"]
@@ -104,12 +114,9 @@ def text_config(config: dict) -> dict:
     return config
 
 
-def shape_fields(config: dict, name: str | None = None) -> dict:
-    """ModelShape's fields (source and deployment left out) from config.json, every size from the
-    config (transformers' defaults where it is silent): the package's family interface.  A dict,
-    not a ModelShape: simtree.models reads checkpoints, never the reverse
-    (``simtree.models.shape_from_config(folder)`` makes the shape)."""
-    cfg = config
+def shape_fields(cfg: dict, name: str | None = None) -> dict:
+    """ModelShape's fields from config.json (the package's family interface), every size from
+    the config (transformers' defaults where it is silent)."""
     if cfg.get("model_type") != MODEL_TYPE:
         raise SimtreeError(f"config.json: model_type {cfg.get('model_type')!r} is not {MODEL_TYPE!r}")
     missing = [k for k in _REQUIRED if cfg.get(k) is None]
@@ -143,12 +150,7 @@ def shape_fields(config: dict, name: str | None = None) -> dict:
            "expert_intermediate": inter, "n_shared": int(cfg.get("n_shared_experts", 1)),
            "shared_intermediate": inter, "routed_scaling_factor": float(cfg.get("routed_scaling_factor", 1.5)),
            "swiglu_limit": float(cfg.get("swiglu_limit", 10.0) or 0.0)}
-    try:        # the experts' format where simtree reads it (FP8 / FP4 checkpoints run FP8 experts)
-        from simtree.quant import expert_dtype_from_hf
-    except ImportError:
-        pass
-    else:
-        mlp["expert_dtype"] = expert_dtype_from_hf(cfg)
+    mlp["expert_dtype"] = expert_dtype_from_hf(cfg)     # FP8 / FP4 checkpoints run FP8 experts
     dtype = _DTYPES.get(str(cfg.get("torch_dtype") or cfg.get("dtype") or "bfloat16"), "bf16")
     return dict(name=name or str(cfg.get("_name_or_path") or "deepseek-v4"), family="v4",
                 hidden=int(cfg["hidden_size"]), vocab=int(cfg["vocab_size"]), layer_kinds=tuple(kinds), mlp=mlp,
@@ -171,19 +173,6 @@ _NAMES = {"ln1": "attn_norm.weight", "ln2": "ffn_norm.weight", "wq_a": "attn.wq_
           "shared_down": "ffn.shared_experts.w2.weight",
           **{f"{w}_{p}": f"{w}_{p}" for w in ("hc_attn", "hc_ffn") for p in ("fn", "base", "scale")}}
 _INT_DTYPES = ("I64", "I32")
-
-try:        # the package's plan type where the package reader is present
-    from simtree.checkpoints import TensorPlan
-except ImportError:
-    @dataclass
-    class TensorPlan:
-        """The checkpoint keys a runtime model reads (required, optional groups, dtypes, ignore)."""
-
-        required: dict
-        optional: dict = field(default_factory=dict)
-        dtypes: dict = field(default_factory=dict)
-        ignore: Callable = lambda key: False
-
 
 def _saved_by_transformers(config: dict) -> bool:
     """transformers' save_pretrained writes ``layer_types`` into the config and the tensors under
@@ -208,7 +197,21 @@ def _dims(shape) -> SimpleNamespace:
                            E=local * ranks, lo=rank * local, hi=(rank + 1) * local, k=int(m["experts_per_token"]),
                            I=int(m["expert_intermediate"]),
                            Is=int(m.get("n_shared", 1)) * int(m.get("shared_intermediate", m["expert_intermediate"])),
-                           hashed=_hashed(shape))
+                           hashed=_hash_layers(shape), fmt="bf16", scale_suffix=".scale")
+
+
+def _hash_layers(shape) -> set[int]:
+    """The hash-routed layers (``mlp_layer_types``, which shape_fields always writes)."""
+    types = shape.v4.get("mlp_layer_types") or ["hash_moe"] * int(shape.v4.get("num_hash_layers", 3))
+    return {i for i, t in enumerate(types[:shape.num_layers]) if t == "hash_moe"}
+
+
+def _quant_dims(config: dict, shape) -> SimpleNamespace:
+    """_dims plus the checkpoint's expert format and its scale keys' suffix."""
+    d = _dims(shape)
+    d.fmt = expert_format_from_hf(config)
+    d.scale_suffix = ".weight_scale_inv" if _saved_by_transformers(config) else ".scale"
+    return d
 
 
 def _names(p: str, transformers_saved: bool) -> dict:
@@ -238,7 +241,38 @@ def _block_keys(p: str, kind: str, d, hashed: bool, n: dict = _NAMES) -> dict[st
     for e in range(d.lo, d.hi):
         q = f"ffn.experts.{e}."
         out.update({q + "w1.weight": (d.I, h), q + "w3.weight": (d.I, h), q + "w2.weight": (h, d.I)})
+    out.update(_scale_keys(out, d))
+    if d.fmt == "fp4":      # two e2m1 values a byte
+        out.update({k: (v[0], v[1] // 2) for k, v in out.items() if ".ffn.experts." in "." + k and k.endswith(".weight")})
     return {p + k: v for k, v in out.items()}
+
+
+def _scale_keys(keys: dict, d) -> dict:
+    """The experts' block-scale keys of a quantised checkpoint ({} for a float one): FP8
+    [ceil(N / 128), ceil(K / 128)], MXFP4 (routed experts of an fp4 checkpoint) [N, K / 32]."""
+    if d.fmt == "bf16":
+        return {}
+    out = {}
+    for k, shape in keys.items():
+        if k.startswith(("ffn.experts.", "ffn.shared_experts.")) and k.endswith(".weight"):
+            n, kk = shape
+            fp4 = d.fmt == "fp4" and k.startswith("ffn.experts.")
+            out[k[:-len(".weight")] + d.scale_suffix] = (n, -(-kk // FP4_GROUP)) if fp4 else scale_blocks(n, kk)
+    return out
+
+
+def _quant_dtypes(keys: dict, d) -> dict:
+    """Allowed safetensors dtypes of a quantised checkpoint's expert weights and scales."""
+    if d.fmt == "bf16":
+        return {}
+    out = {}
+    for k in keys:
+        if k.endswith(d.scale_suffix):
+            out[k] = ("F32", "BF16", "F8_E8M0", "U8")
+        elif ".ffn.experts." in "." + k or ".shared_experts." in k:
+            out[k] = ("F8_E4M3", "I8", "U8", "BF16", "F16", "F32") if ".ffn.experts." in "." + k else \
+                ("F8_E4M3", "BF16", "F16", "F32")
+    return out
 
 
 def _mtp_keys(d) -> dict[str, tuple[int, ...]]:
@@ -266,21 +300,36 @@ def _layers_prefix(config: dict) -> str:
 
 
 def tensor_plan(config: dict, shape) -> TensorPlan:
-    """Every key the rank reads (its own experts only), the MTP layer optional."""
-    d = _dims(shape)
+    """Every key the rank reads (its own experts only, with their block scales in a quantised
+    checkpoint), the MTP layer optional; the scales of other FP8 weights are read with them."""
+    d = _quant_dims(config, shape)
     shapes = {"embed": (d.V, d.h), "norm": (d.h,), "lm_head": (d.V, d.h), "hc_head_fn": (d.hc, d.hc * d.h),
               "hc_head_base": (d.hc,), "hc_head_scale": (1,)}
     required = {key: shapes[name] for name, key in _top_keys(config, d).items()}
     lp = _layers_prefix(config)
     for i, kind in enumerate(shape.layer_kinds):
         required.update(_block_keys(f"{lp}{i}.", kind, d, i in d.hashed, _names(lp, _saved_by_transformers(config))))
+    mtp = _mtp_keys(d)
     dtypes = {k: _INT_DTYPES for k in required if k.endswith("tid2eid")}
+    dtypes.update(_quant_dtypes(required, d))
+    dtypes.update(_quant_dtypes(mtp, d))
+    planned = set(required) | set(mtp)
+
+    if d.fmt != "bf16":     # any other linear may be FP8 too (dequantised on load)
+        dtypes.update({k: ("F8_E4M3", "BF16", "F16", "F32") for k, v in {**required, **mtp}.items()
+                       if k not in dtypes and len(v) == 2 and k.endswith(".weight")})
+
+    def companions(key: str) -> bool:
+        """The block scales of a planned FP8 weight outside the experts."""
+        return any(key.endswith(s) and key[:-len(s)] + ".weight" in planned for s in CHECKPOINT_SCALE_SUFFIXES)
 
     def ignore(key: str) -> bool:
-        """Other ranks' experts, rotary buffers, and the MTP layer's copies of the embedding and
-        LM head (SGLang's mtp.0.emb / mtp.0.head): the model's own serve it."""
-        return ".ffn.experts." in key or key.endswith("inv_freq") or key.startswith(("mtp.0.emb.", "mtp.0.head."))
-    return TensorPlan(required, {"MTP layer": _mtp_keys(d)}, dtypes, ignore)
+        """Other ranks' experts, rotary buffers, the MTP layer's copies of the embedding and LM
+        head (SGLang's mtp.0.emb / mtp.0.head): the model's own serve it; block scales read as
+        companions."""
+        return ".ffn.experts." in key or key.endswith("inv_freq") or key.startswith(("mtp.0.emb.", "mtp.0.head.")) \
+            or companions(key)
+    return TensorPlan(required, {"MTP layer": mtp}, dtypes, ignore, companions)
 
 
 def rope_perm(width: int, rope: int) -> torch.Tensor:
@@ -318,14 +367,15 @@ def _block(read, p: str, kind: str, d, hashed: bool, names: dict = _NAMES) -> di
         w["tid2eid"] = g("tid2eid").long() % (d.hi - d.lo)
     else:
         w["router_bias"] = g("router_bias")[d.lo:d.hi]
+    ex = getattr(read, "expert", read)     # the experts as stored (FP8 kept), the rest dequantised
     gu, down = [], []
     for e in range(d.lo, d.hi):
         q = f"{p}ffn.experts.{e}."
-        gu.append(torch.cat([read(q + "w1.weight"), read(q + "w3.weight")]))
-        down.append(read(q + "w2.weight"))
-    w["experts_gu"], w["experts_down"] = torch.stack(gu), torch.stack(down)
-    w["shared_gu"] = torch.cat([g("shared_gate"), g("shared_up")])
-    w["shared_down"] = g("shared_down")
+        gu.append(cat_rows([ex(q + "w1.weight"), ex(q + "w3.weight")]))
+        down.append(ex(q + "w2.weight"))
+    w["experts_gu"], w["experts_down"] = stack(gu), stack(down)
+    w["shared_gu"] = cat_rows([ex(p + names["shared_gate"]), ex(p + names["shared_up"])])
+    w["shared_down"] = ex(p + names["shared_down"])
     for which in ("hc_attn", "hc_ffn"):
         for part in ("fn", "base", "scale"):
             w[f"{which}_{part}"] = g(f"{which}_{part}")
@@ -337,10 +387,15 @@ _FP32 = ("sink", "router_bias", "_fn", "_base", "_scale", "comp.wkv", "comp.wgat
          "idx.wkv", "idx.wgate", "idx.ape", "idx.norm")
 
 
+_EXPERTS = ("experts_gu", "experts_down", "shared_gu", "shared_down")
+
+
 def runtime_weights(config: dict, shape, read, dtype) -> dict:
     """The rank's runtime weights from checkpoint tensors (``read(key)``; the MTP layer where
-    present, else left out for the runtime to draw)."""
+    present, else left out for the runtime to draw); the experts at the shape's format (FP8:
+    ``name`` float8_e4m3fn and ``name_scale_inv`` float32)."""
     d = _dims(shape)
+    read = quantised_reader(read)
     w = {name: read(key) for name, key in _top_keys(config, d).items()}
     if "lm_head" not in w:
         w["lm_head"] = w["embed"]
@@ -358,7 +413,11 @@ def runtime_weights(config: dict, shape, read, dtype) -> dict:
         w.update({"mtp.hc_head_" + k: read(p + "hc_head_" + k) for k in ("fn", "base", "scale")})
         w.update({"mtp." + k: t for k, t in _block(read, p, "swa", d, False).items()})
     fp = torch.float64 if dtype == torch.float64 else torch.float32
-    return {k: t if not t.is_floating_point() else t.to(fp if k.endswith(_FP32) else dtype) for k, t in w.items()}
+    want = expert_dtype(shape.mlp)
+    for k in [k for k in w if k.endswith(_EXPERTS)]:
+        w.update({k + suffix: t for suffix, t in as_format(w.pop(k), want, dtype).items()})
+    return {k: t if not t.is_floating_point() or t.element_size() == 1 or k.endswith(SCALE_SUFFIX)
+            else t.to(fp if k.endswith(_FP32) else dtype) for k, t in w.items()}
 
 
 # ---- a folder, without the package's reader -----------------------------------------------------
@@ -405,13 +464,7 @@ class _Files:
         return tuple(self.handles[self.where[key]].get_slice(key).get_shape())
 
 
-def _hashed(shape) -> set[int]:
-    """The hash-routed layers of a shape read from a config (its ``v4.mlp_layer_types``, which
-    shape_fields always sets; simtree.models.hash_layers gives them for any shape)."""
-    return {i for i, t in enumerate(shape.v4["mlp_layer_types"][:shape.num_layers]) if t == "hash_moe"}
-
-
-def load_weights(folder, shape: "ModelShape", specs, device="cpu", dtype=torch.bfloat16) -> tuple[dict, bool]:
+def load_weights(folder, shape, specs, device="cpu", dtype=torch.bfloat16) -> tuple[dict, bool]:
     """(the rank's weights in the runtime's names on ``device``, whether the MTP layer was in the
     checkpoint), every key, shape and dtype checked (``tensor_plan``) before a tensor is read;
     ``specs``: the rank's parameters (``kernels.layers.v4.model_specs``), which every weight must
@@ -444,7 +497,7 @@ def load_weights(folder, shape: "ModelShape", specs, device="cpu", dtype=torch.b
         s = specs.get(name)
         if s is None or tuple(t.shape) != tuple(s.shape):
             raise SimtreeError(f"checkpoint: {name} does not fit a {shape.name} rank")
-        if t.is_floating_point() and t.element_size() == 1:
-            raise SimtreeError(f"checkpoint: tensor {name} is {t.dtype}; FP8 weights need the FP8 weight path")
+        if t.dtype != (s.dtype or t.dtype) and (t.element_size() == 1 or (s.dtype and s.dtype.itemsize == 1)):
+            raise SimtreeError(f"checkpoint: tensor {name} is {t.dtype}, the rank runs it as {s.dtype}")
         out[name] = t.to(device=device, dtype=s.dtype or dtype)
     return out, has_mtp

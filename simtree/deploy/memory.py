@@ -9,14 +9,18 @@ of one GPU.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+import sys
+from dataclasses import dataclass, replace
+from pathlib import Path
 
 from simtree.parallel import Deployment, parse_deployment
 from simtree.machine.machines import Machine, get_machine
 from simtree.errors import SimtreeError
+from simtree.fileio import write_text_atomic
 from simtree.models import ModelShape, get_model
 
-__all__ = ["RankMemory", "rank_memory", "check_fits", "smallest_fit", "GPU_COUNTS"]
+__all__ = ["RankMemory", "rank_memory", "check_fits", "smallest_fit", "largest_batch", "ep_fit_table", "GPU_COUNTS",
+           "FIT_DOC_START", "FIT_DOC_END", "write_fit_doc"]
 
 GPU_COUNTS = (1, 2, 4, 8, 16, 32, 64)   # the group sizes searched for the smallest deployment that fits
 
@@ -111,3 +115,63 @@ def check_fits(model: str | ModelShape, deployment, machine: str | Machine, batc
         f"of weights + {gb(mem.cache_bytes)} of KV cache / state (batch {mem.batch_size}, context "
         f"{mem.context_len}) = {gb(mem.total_bytes)}, {gb(mem.total_bytes - mem.usable_bytes)} more than the "
         f"{gb(mem.usable_bytes)} usable of {mem.machine.memory_gb:g} GB; {need}, asked for {mem.deployment.gpus}")
+
+
+# ---- which expert-parallel degrees fit (docs/deployments.md's table) -----------------------------
+FIT_DOC_START, FIT_DOC_END = "<!-- ep-fit:start -->", "<!-- ep-fit:end -->"
+_FIT_DOC = dict(model="deepseek-v4-flash", machine="h200", context_lens=(4096, 32768), degrees=(1, 2, 4, 8, 16, 32))
+
+
+def largest_batch(model: str | ModelShape, deployment, machine: str | Machine, context_len: int,
+                  limit: int = 1 << 14) -> int:
+    """The largest batch (up to ``limit``) whose state fits beside the rank's weights; 0 if none."""
+    if not rank_memory(model, deployment, machine, 1, context_len).fits:
+        return 0
+    lo, hi = 1, int(limit)
+    while lo < hi:                      # the rank's bytes grow with the batch: bisect
+        mid = (lo + hi + 1) // 2
+        lo, hi = (mid, hi) if rank_memory(model, deployment, machine, mid, context_len).fits else (lo, mid - 1)
+    return lo
+
+
+def ep_fit_table(model: str | ModelShape, machine: str | Machine, context_lens=(4096, 32768),
+                 degrees=(1, 2, 4, 8, 16, 32)) -> str:
+    """Markdown: per expert-parallel degree, one rank's weights (at the shape's expert format and,
+    for comparison, with bf16 experts) and the largest batch that fits at each context."""
+    shape, m = _shape(model), _machine(machine)
+    bf16 = replace(shape, mlp={**shape.mlp, "expert_dtype": "bf16"})
+    gb = lambda x: f"{x / 1e9:.1f}"  # noqa: E731
+    head = ("| deployment | weights per GPU, GB | with bf16 experts, GB | "
+            + " | ".join(f"largest batch at context {c}" for c in context_lens) + " |")
+    lines = [head, "|" + "---|" * (3 + len(context_lens))]
+    for e in degrees:
+        dep = Deployment(ep=e) if e > 1 else Deployment()
+        try:
+            w = shape.shard(dep).weight_bytes()
+        except SimtreeError:
+            continue                    # the split does not divide the model
+        fits = [largest_batch(shape, dep, m, c) for c in context_lens]
+        cells = ["does not fit" if not b else f"{b}+" if b == 1 << 14 else str(b) for b in fits]
+        lines.append(f"| {dep} | {gb(w)} | {gb(bf16.shard(dep).weight_bytes())} | " + " | ".join(cells) + " |")
+    return (f"{shape.name} on {m.name} ({m.memory_gb:g} GB, {m.usable_fraction:g} usable; experts "
+            f"{shape.mlp.get('expert_dtype', 'bf16')}):\n\n" + "\n".join(lines) + "\n")
+
+
+def write_fit_doc(path: str | Path, write: bool = True) -> bool:
+    """Rewrite the table between FIT_DOC_START and FIT_DOC_END in ``path`` from :func:`ep_fit_table`;
+    True if it was current already."""
+    path = Path(path)
+    text = path.read_text()
+    if FIT_DOC_START not in text or FIT_DOC_END not in text:
+        raise SimtreeError(f"{path}: no {FIT_DOC_START} ... {FIT_DOC_END} block")
+    head, rest = text.split(FIT_DOC_START + "\n", 1)
+    old, tail = rest.split(FIT_DOC_END, 1)
+    new = ep_fit_table(**_FIT_DOC)
+    if write and old != new:
+        write_text_atomic(path, head + FIT_DOC_START + "\n" + new + FIT_DOC_END + tail)
+    return old == new
+
+
+if __name__ == "__main__":     # python -m simtree.deploy.memory [docs/deployments.md]: rewrite its table
+    doc = sys.argv[1] if len(sys.argv) > 1 else "docs/deployments.md"
+    print(f"{doc}: {'current' if write_fit_doc(doc) else 'table rewritten'}")

@@ -268,6 +268,9 @@ def _source_line(costs: dict) -> str:
     if meta:
         parts.append(f"measured {meta.get('collected', '?')} on {meta.get('gpu_name', meta.get('device', '?'))}, "
                      f"torch {meta.get('torch_version', '?')}, triton {meta.get('triton_version', '?')}")
+    experts = (meta.get("expert_dtypes") or {}).get(costs.get("model"))
+    if experts:     # the experts' weight format the profile timed (bf16 or block-scaled fp8)
+        parts.append(f"experts timed in {experts}")
     extras = ((meta.get("compose") or {}).get("round_extras") or {}).get(costs.get("model"))
     if extras:   # what the composed verify step adds each round (e.g. graph vs eager metadata)
         decode = [x for x in extras if x.split("/")[0] in DECODE_STAGE.values()]

@@ -1,0 +1,80 @@
+"""Weight formats of the experts: what a checkpoint ships and what it costs in bytes.
+
+DeepSeek's FP8 checkpoints store a linear weight [out, in] as ``float8_e4m3fn`` with one float32
+scale per 128 x 128 block (``weight_scale_inv`` [ceil(out / 128), ceil(in / 128)]; the weight is
+``fp8 * scale``); activations are quantised at run time per token and 128 input channels
+(1 x 128 groups).  A model shape names its experts' format in ``mlp.expert_dtype`` (``bf16``,
+the default, or ``fp8``); the routed experts and the shared expert follow it, every other weight
+stays at the model's dtype.
+
+    expert_dtype(shape.mlp)                               # "fp8"
+    expert_params(2 * I, h, "fp8", groups=E)              # [(E*2I*h, 1), (E*16*32, 4)]
+    expert_dtype_from_hf(config)                          # what simtree runs for a config.json
+    expert_format_from_hf(config)                         # what its files hold: bf16, fp8, fp4
+"""
+from __future__ import annotations
+
+from simtree.errors import SimtreeError
+
+__all__ = ["FP8_BLOCK", "EXPERT_DTYPES", "SCALE_BYTES", "expert_dtype", "scale_blocks", "expert_params",
+           "expert_dtype_from_hf", "expert_format_from_hf"]
+
+FP8_BLOCK = 128                 # the weights' block (both axes) and the activations' group
+EXPERT_DTYPES = ("bf16", "fp8")
+SCALE_BYTES = 4                 # one float32 scale per block (UE8M0 scales are widened on load)
+
+
+def expert_dtype(mlp: dict) -> str:
+    """The experts' format of an ``mlp`` section (``bf16`` unless it says otherwise)."""
+    value = str(mlp.get("expert_dtype", "bf16"))
+    if value not in EXPERT_DTYPES:
+        raise SimtreeError(f"mlp.expert_dtype {value!r}: use one of {', '.join(EXPERT_DTYPES)}")
+    return value
+
+
+def scale_blocks(out_features: int, in_features: int) -> tuple[int, int]:
+    """Shape of a weight's block-scale grid: [ceil(out / 128), ceil(in / 128)]."""
+    return -(-int(out_features) // FP8_BLOCK), -(-int(in_features) // FP8_BLOCK)
+
+
+def expert_params(out_features: int, in_features: int, dtype: str, groups: int = 1) -> list[tuple[int, int]]:
+    """(numel, bytes per element; 0 = the model's dtype) of ``groups`` expert weights [out, in]
+    stored as ``dtype``: the weight, and for FP8 its float32 block scales."""
+    n = int(groups) * int(out_features) * int(in_features)
+    if dtype == "bf16":
+        return [(n, 0)]
+    so, si = scale_blocks(out_features, in_features)
+    return [(n, 1), (int(groups) * so * si, SCALE_BYTES)]
+
+
+def expert_dtype_from_hf(config: dict) -> str:
+    """The experts' format simtree runs for a Hugging Face config: ``bf16`` without a
+    quantization config, else ``fp8`` (the checkpoint's FP4 experts converted on load, as
+    SGLang runs them on Hopper: :func:`expert_format_from_hf` says which the files hold)."""
+    return "bf16" if expert_format_from_hf(config) == "bf16" else "fp8"
+
+
+def expert_format_from_hf(config: dict) -> str:
+    """The experts' format a checkpoint's files hold: ``bf16`` without a quantization config,
+    ``fp8`` for DeepSeek's block-scaled FP8 (``quant_method`` fp8, 128 x 128 blocks, dynamic
+    activation scales), ``fp4`` where its ``expert_dtype`` says so (MXFP4: e2m1 pairs, a scale per
+    32 channels); anything else is refused in one line."""
+    q = config.get("quantization_config")
+    if not q:
+        return "bf16"
+    if not isinstance(q, dict):
+        raise SimtreeError("config.json: quantization_config must be a mapping")
+    method = str(q.get("quant_method", ""))
+    if method != "fp8":
+        raise SimtreeError(f"config.json: quant_method {method!r} is not supported (simtree runs block-scaled fp8)")
+    block = q.get("weight_block_size")
+    if list(block or []) != [FP8_BLOCK, FP8_BLOCK]:
+        raise SimtreeError(f"config.json: weight_block_size {block!r}: simtree's FP8 GEMMs take "
+                           f"[{FP8_BLOCK}, {FP8_BLOCK}] blocks")
+    if str(q.get("activation_scheme", "dynamic")) != "dynamic":
+        raise SimtreeError(f"config.json: activation_scheme {q.get('activation_scheme')!r}: only dynamic "
+                           "(per-token 1 x 128 groups) activation scales are supported")
+    experts = str(q.get("expert_dtype") or config.get("expert_dtype") or "fp8")
+    if experts not in ("fp8", "fp4"):
+        raise SimtreeError(f"config.json: expert_dtype {experts!r}: simtree reads fp8 or fp4 (MXFP4) experts")
+    return experts
