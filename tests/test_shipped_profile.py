@@ -75,4 +75,12 @@ def test_refitting_the_shipped_profile_gives_the_shipped_bundle(model, dep, tmp_
                              draft_from_verify=sweep_only)
     out = tmp_path / f"{model}.json"
     report.bundle.save(out)
-    assert _without_source_path(json.loads(out.read_text())) == _without_source_path(_bundle(model, dep))
+    # equal up to the solver's floating-point noise (about 1e-10 relative differs between BLAS builds)
+    refit = json.loads(out.read_text(), parse_float=_rounded)
+    shipped = json.loads(json.dumps(_bundle(model, dep)), parse_float=_rounded)
+    assert _without_source_path(refit) == _without_source_path(shipped)
+
+
+def _rounded(text: str) -> float:
+    """A JSON number to 7 significant digits."""
+    return float(f"{float(text):.7g}")

@@ -37,14 +37,17 @@ def output_console(stderr: bool = False) -> Console:
 class ProgressLines:
     """Progress as lines on stderr where no bar is drawn (output that is not a terminal):
     :meth:`say` one line now; :meth:`update` at most one line every ``every_s`` seconds (and
-    at the end), with the time left estimated from the rate so far."""
+    at the end, where a line came before: work done within ``every_s`` says nothing), with the
+    time left estimated from the rate so far."""
 
     def __init__(self, prefix: str, enabled: bool, every_s: float = 5.0):
         self.prefix, self.enabled, self.every_s = prefix, enabled, every_s
         self._t0 = self._last = time.monotonic()
+        self._said = False
 
     def say(self, line: str) -> None:
         self._last = time.monotonic()
+        self._said = True
         if self.enabled:
             typer.echo(f"{self.prefix}: {line} ({self._last - self._t0:.0f} s)", err=True)
 
@@ -52,7 +55,7 @@ class ProgressLines:
         """``done`` of ``total`` ``what``; the estimate counts from ``since`` (a time.monotonic()
         value; default: the start)."""
         now = time.monotonic()
-        if now - self._last < self.every_s and done < total:
+        if now - self._last < self.every_s and (done < total or not self._said):
             return
         start = self._t0 if since is None else since
         left = (now - start) / done * (total - done) if 0 < done < total else None
