@@ -33,7 +33,7 @@ POLICIES = {"none": {}, "linear": {"budget": 4}, "eagle": {"num_steps": 3, "topk
 def hf_config(**over):
     from transformers import Qwen3_5TextConfig
     kw = dict(vocab_size=101, hidden_size=36, intermediate_size=52, num_hidden_layers=len(LAYER_TYPES),
-              layer_types=LAYER_TYPES, num_attention_heads=3, num_key_value_heads=1, head_dim=12,
+              layer_types=LAYER_TYPES, num_attention_heads=3, num_key_value_heads=1, head_dim=16,   # the GPU tree-attention kernel: a power of two >= 16
               linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=8, linear_value_head_dim=6,
               rms_norm_eps=1e-6, rope_parameters={"rope_type": "default", "rope_theta": 500.0,
                                                   "partial_rotary_factor": 0.5, "mrope_section": [1, 1, 1],
@@ -88,7 +88,7 @@ def close(ours: torch.Tensor, ref: torch.Tensor) -> float:
 
 
 def test_the_checkpoint_loads_whole_and_says_its_mtp_layer_is_random(model):
-    assert model.d.theta == 500.0 and model.d.rope == 6
+    assert model.d.theta == 500.0 and model.d.rope == 8   # partial_rotary_factor 0.5 of head_dim 16
     assert all(n.startswith("mtp.") for n in model.random_weights) and model.random_weights
     assert len(model.load_notes) == 1 and "randomly initialised MTP layer" in model.load_notes[0]
 

@@ -22,7 +22,7 @@ from simtree.quant import FP8_BLOCK
 
 __all__ = ["grouped_fp8_gemm", "block_m"]
 
-FP8_MAX = 448.0
+FP8_MAX = tl.constexpr(448.0)   # a constexpr: Triton kernels read no other globals
 
 
 @triton.jit

@@ -72,13 +72,16 @@ def fit_drafters(df: pd.DataFrame, *, model: str, device: str, dtype: str, deplo
     return out, notes
 
 
-def fit_table(profile) -> str:
-    """Markdown: every (model, drafter family) of a profile table fitted, with its held-out error."""
+FIT_COLUMNS = ("model", "device", "drafter", "form", "points", "heldout_median", "heldout_p90", "spread_median")
+
+
+def fit_rows(profile) -> list[dict]:
+    """Every (model, drafter family) of a profile table fitted: its kept form, points, held-out
+    median and p90 relative error and the rows' own timing spread ((p90 - p10) / median)."""
     from simtree.costs.profile_table import load_profile
 
     df = load_profile(profile)
-    lines = ["| model | device | drafter | form | points | held-out median | held-out p90 | spread p10-p90 (median) |",
-             "|---|---|---|---|---|---|---|---|"]
+    out = []
     for (model, device, dtype, dep), _ in df.groupby(["model", "device", "dtype", "deployment"]):
         models, _ = fit_drafters(df, model=model, device=device, dtype=dtype, deployment=dep,
                                  source={"profile": str(profile)})
@@ -86,13 +89,23 @@ def fit_table(profile) -> str:
             e = m.info["fit_error"]["heldout"][m.info["form"]]
             rows = drafter_rows(df, fam, model, device, dtype, dep)
             spread = float(((rows["latency_us_p90"] - rows["latency_us_p10"]) / rows["latency_us_median"]).median())
-            lines.append(f"| {model} | {device} | {fam} | {m.info['form']} | {m.info['num_points']} | "
-                         f"{100 * e['median']:.1f}% | {100 * e['p90']:.1f}% | {100 * spread:.1f}% |")
+            out.append(dict(zip(FIT_COLUMNS, (model, device, fam, m.info["form"], m.info["num_points"],
+                                              float(e["median"]), float(e["p90"]), spread))))
+    return out
+
+
+def fit_table(profile) -> str:
+    """Markdown: every (model, drafter family) of a profile table fitted, with its held-out error."""
+    lines = ["| model | device | drafter | form | points | held-out median | held-out p90 | spread p10-p90 (median) |",
+             "|---|---|---|---|---|---|---|---|"]
+    for r in fit_rows(profile):
+        lines.append(f"| {r['model']} | {r['device']} | {r['drafter']} | {r['form']} | {r['points']} | "
+                     f"{100 * r['heldout_median']:.1f}% | {100 * r['heldout_p90']:.1f}% | {100 * r['spread_median']:.1f}% |")
     return "\n".join(lines) + "\n"
 
 
 def main(argv=None) -> int:
-    """``python -m simtree.costs.drafter_fit PROFILE [--out FIT.md]``: the drafter families' fits."""
+    """``python -m simtree.costs.drafter_fit PROFILE [--out FIT.md | FIT.csv]``: the drafter families' fits."""
     import argparse
     import sys
 
@@ -103,7 +116,11 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
     try:
-        text = fit_table(args.profile)
+        if args.out and args.out.endswith(".csv"):   # the same table as data
+            import pandas as pd
+            text = pd.DataFrame(fit_rows(args.profile), columns=FIT_COLUMNS).to_csv(index=False, float_format="%.6g")
+        else:
+            text = fit_table(args.profile)
     except SimtreeError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

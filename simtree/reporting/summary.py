@@ -265,6 +265,22 @@ def plan_live_headline(folder: Path) -> str:
             f"{len(runs)} runs; " + "; ".join(parts))
 
 
+def h100_headline(folder: Path) -> str:
+    """drafters_fit.csv (the drafter families' C_d fits of drafters_profile.csv) and fp8_times.csv
+    (FP8 against bf16 experts of the V4-Flash ep=8 rank under CUDA graphs)."""
+    fit = _csv(folder / "drafters_fit.csv")
+    parts = [f"{_model(m)} {', '.join(f'{r.drafter} {_pct(r.heldout_median, 1)}' for r in g.itertuples())}"
+             for m, g in fit.groupby("model", sort=True)]
+    t = _csv(folder / "fp8_times.csv")
+    t = t[t["op"] == "routed_experts"].pivot_table(index="tokens", columns="path", values="median_us")
+    ratio = t["bf16"] / t["fp8"]
+    faster = ratio[ratio > 1]
+    return (f"drafter C_d (block, TfM, DSpark) fitted with held-out median error {_pct(fit['heldout_median'].max(), 1)} "
+            f"at worst ({'; '.join(parts)}); V4-Flash rank's routed experts in FP8 {_span(faster.values, 2)} faster "
+            f"than bf16 at {int(faster.index.min())}-{int(faster.index.max())} tokens, "
+            f"{_span((1 / ratio[ratio <= 1]).values, 2)} slower beyond")
+
+
 def live_headline(folder: Path) -> str:
     """summary.csv, composed_vs_measured.csv and lossless.csv of the full-scale runtime's H200
     sessions: predicted vs measured throughput, the plan's choice against the best measured
@@ -358,6 +374,12 @@ FOLDERS: tuple[Folder, ...] = (
            "`bash scripts/full_gpu.sh MODEL` and `bash scripts/lossless_fp32_gpu.sh` on the H200: "
            "docs/full_runtime.md)",
            live_headline),
+    Folder("reports/h100", "Drafters and FP8 experts (H100)",
+           "the block, TfM and DSpark drafters' rounds profiled under CUDA graphs for both targets, their C_d "
+           "fits; FP8 against bf16 expert GEMMs of the V4-Flash ep=8 rank",
+           "`bash scripts/drafters_gpu.sh` then `python -m simtree.costs.drafter_fit "
+           "reports/h100/drafters_profile.csv --out reports/h100/drafters_fit.csv`; `bash scripts/fp8_gpu.sh` "
+           "(its fp8_times.csv)", h100_headline),
     Folder("reports/h200/plan_live", "The plan decoded live on the H200",
            "`simtree plan --modes linear,eagle` on the shipped bundles, its policy decoded by `simtree run "
            "--model` (Qwen3.6-27B whole, the DeepSeek-V4-Flash ep=8 rank) at batch 1, 4, 16, 64",
