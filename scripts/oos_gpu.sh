@@ -2,6 +2,8 @@
 # Throughput predicted out of sample, GPU side: one model per call against a bundle frozen (committed)
 # before the call; every (context, batch, policy) of simtree.runtime.full.oos measured with replayed
 # acceptance, predicted from the frozen bundle.  $OUT/oos_<model>.tgz holds the run folder.
+# Freeze first: copy the bundle under test to a committed path (e.g. reports/validation/frozen_<bundle>.json)
+# and commit it before the GPU call; then
 #   bash scripts/oos_gpu.sh qwen3.6-27b reports/validation/frozen_h200_qwen3.6-27b_tp1.json
 #   bash scripts/oos_gpu.sh deepseek-v4-flash reports/validation/frozen_h200_deepseek-v4-flash_ep8.json
 # (env OUT, MAX_SECONDS=300, CONTEXTS, BATCH_SIZES).  Home side:
