@@ -19,12 +19,8 @@ LOG="$OUT/log.txt"
 START=$(date +%s)
 log() { echo "[$(date +%T) +$(( $(date +%s) - START ))s] $*" | tee -a "$LOG"; }
 log "install"
-if ls .whl/*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site
-fi
-python3 -m pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1 || log "editable install FAILED"
-export PYTHONUNBUFFERED=1
+source scripts/gpu_install.sh
+gpu_install || log "editable install FAILED"
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv >> "$LOG" 2>&1
 log "(a) GPU tests of the drafters"
 timeout 45 python3 -m pytest -q -m gpu tests/test_drafters.py 2>&1 | tail -8 >> "$LOG"

@@ -10,8 +10,8 @@ LOG="$OUT/gpu_tests.log"
 START=$(date +%s)
 TOTAL=${TOTAL_SECONDS:-480}
 log() { echo "[$(date +%T) +$(( $(date +%s) - START ))s] $*" | tee -a "$LOG"; }
-python3 -m pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1 || log "editable install FAILED"
-export PYTHONUNBUFFERED=1
+source scripts/gpu_install.sh
+gpu_install || log "editable install FAILED"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv >> "$LOG" 2>&1
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" >> "$LOG" 2>&1
 for f in tests/test_full_gpu.py tests/test_checkpoint_parity.py tests/test_drafters.py tests/test_layers_fused.py \

@@ -11,8 +11,8 @@
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT" /tmp/simtree_lossless
-python3 -m pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1 || echo "editable install FAILED"
-export PYTHONUNBUFFERED=1
+source scripts/gpu_install.sh
+gpu_install || echo "editable install FAILED"
 rc=0
 for args in "qwen3.6-27b --deployment tp=1" "deepseek-v4-flash --deployment ep=8 --layers 24"; do
   model=${args%% *}

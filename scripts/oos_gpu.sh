@@ -15,8 +15,8 @@ OUT=${OUT:-/tmp/out}
 RES=/tmp/simtree_oos/$MODEL
 mkdir -p "$OUT" "$RES"
 trap 'tar czf "$OUT/oos_$MODEL.tgz" -C "$RES" .; cp "$RES/log.txt" "$OUT/oos_${MODEL}_log.txt" 2>/dev/null' EXIT
-python3 -m pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1 || echo "editable install FAILED"
-export PYTHONUNBUFFERED=1
+source scripts/gpu_install.sh
+gpu_install || echo "editable install FAILED"
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv > "$RES/gpu_state.csv" 2>&1
 timeout -k 5 $(( ${MAX_SECONDS:-300} + 60 )) python3 -m simtree.runtime.full.oos run --model "$MODEL" --costs "$BUNDLE" \
   --out "$RES" --max-seconds "${MAX_SECONDS:-300}" ${CONTEXTS:+--contexts $CONTEXTS} ${BATCH_SIZES:+--batch-sizes $BATCH_SIZES}

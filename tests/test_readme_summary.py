@@ -141,7 +141,7 @@ def test_plan_live_headline_places_the_plan_among_the_measured_runs(tmp_path):
                                                              (0.01, -0.03, 0.02))]
         pd.DataFrame(rows).to_csv(tmp_path / name / "summary.csv", index=False)
     line = summary.plan_live_headline(tmp_path)
-    assert "predicted within a median 2.0% (worst 3.0%) over 12 runs" in line
+    assert "acceptance replayed from the predicting preset) within a median 2.0% (worst 3.0%) over 12 runs" in line
     assert "Qwen3.6-27B best at 2 of 2 batch sizes" in line
     assert ("DeepSeek-V4-Flash ep=8 rank best at 1 of 2 batch sizes (worst 4.0% below the best; its plan counts "
             "the all-to-all this rank does not run)") in line

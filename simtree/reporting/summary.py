@@ -261,7 +261,8 @@ def plan_live_headline(folder: Path) -> str:
         parts.append(f"{_model(model)}{'' if rank == '1 GPU' else ' ' + rank} best at {best} of {len(gaps)} "
                      f"batch sizes" + (f" ({'; '.join(why)})" if why else ""))
     return (f"the planner's choice among plain, linear and EAGLE (shipped bundles) decoded live beside plain and "
-            f"linear D=4: predicted within a median {_pct(err.median(), 1)} (worst {_pct(err.max(), 1)}) over "
+            f"linear D=4: predicted (bundles fitted on an earlier session's profile; acceptance replayed from the "
+            f"predicting preset) within a median {_pct(err.median(), 1)} (worst {_pct(err.max(), 1)}) over "
             f"{len(runs)} runs; " + "; ".join(parts))
 
 
@@ -377,7 +378,8 @@ FOLDERS: tuple[Folder, ...] = (
     Folder("reports/h100", "Drafters and FP8 experts (H100)",
            "the block, TfM and DSpark drafters' rounds profiled under CUDA graphs for both targets, their C_d "
            "fits; FP8 against bf16 expert GEMMs of the V4-Flash ep=8 rank",
-           "`bash scripts/drafters_gpu.sh` then `python -m simtree.costs.drafter_fit "
+           "`bash scripts/drafters_gpu.sh` (both models into one OUT: the sweep appends to its table; here "
+           "two H100 calls, one model each) then `python -m simtree.costs.drafter_fit "
            "reports/h100/drafters_profile.csv --out reports/h100/drafters_fit.csv`; `bash scripts/fp8_gpu.sh` "
            "(its fp8_times.csv)", h100_headline),
     Folder("reports/h200/plan_live", "The plan decoded live on the H200",
