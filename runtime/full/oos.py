@@ -41,6 +41,7 @@ import numpy as np
 from simtree.errors import SimtreeError
 from simtree.fileio import write_text_atomic
 from simtree.planning.simulate import PolicySpec
+from simtree.reporting.summary import PLAN_TOLERANCE, plan_gap
 
 __all__ = ["POLICIES", "CONTEXTS", "BATCH_SIZES", "run", "report", "main"]
 
@@ -56,7 +57,7 @@ POLICIES = (("linear_d10", "linear", {"budget": 10}),
             ("eagle", "eagle", {"num_steps": 8, "topk": 2, "budget": 10}))
 COLUMNS = ("model", "deployment", "policy", "batch_size", "context_len", "measured_tok_s", "predicted_tok_s",
            "rel_err", "bundle_sha256", "cost_rel_err", "accept_rel_err", "nodes", "on_profile_grid", "gpu")
-WITHIN = 0.02   # the plan's choice counts as best within 2% of the measured best
+WITHIN = PLAN_TOLERANCE   # the plan's choice counts as best within 2% of the measured best
 
 
 def sha256(path) -> str:
@@ -192,7 +193,7 @@ def plan_check(rows: list[dict]) -> list[dict]:
     for (model, b, ctx), rs in sorted(points.items()):
         chosen = max(rs, key=lambda r: r["predicted_tok_s"])
         best = max(rs, key=lambda r: r["measured_tok_s"])
-        gap = 1.0 - chosen["measured_tok_s"] / best["measured_tok_s"]
+        gap = plan_gap(chosen["measured_tok_s"], best["measured_tok_s"])
         out.append({"model": model, "batch_size": b, "context_len": ctx, "policies": len(rs),
                     "chosen": chosen["policy"], "best": best["policy"], "gap": gap, "ok": gap <= WITHIN})
     return out
