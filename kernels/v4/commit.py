@@ -231,8 +231,9 @@ def _copy_rows(pool: torch.Tensor, dst: torch.Tensor, rows: torch.Tensor) -> Non
     keep = dst >= 0
     first = torch.argmax(keep.to(torch.int32))
     any_kept = keep.any()
-    fill_dst = torch.where(any_kept, dst[first], 0)
-    fill_row = torch.where(any_kept, rows[first], pool[0])
+    first = first.reshape(1)          # a 1-element index: a 0-d one is read on the host
+    fill_dst = torch.where(any_kept, dst.index_select(0, first)[0], 0)
+    fill_row = torch.where(any_kept, rows.index_select(0, first)[0], pool[0])
     pool.index_copy_(0, torch.where(keep, dst, fill_dst), torch.where(keep.unsqueeze(1), rows, fill_row))
 
 

@@ -82,6 +82,21 @@ def random_compressor(dim: int, ratio: int, hidden: int, rope_dim: int, overlap:
                             overlap, eps, theta)
 
 
+_FREQS: dict = {}
+
+
+def device_freqs(inv, device) -> torch.Tensor:
+    """float64 inverse frequencies ``inv`` on ``device``, copied from the host once per (values,
+    device): a round's CUDA graph may read them but cannot copy host data while it is captured
+    (the warm-up before capture fills this cache)."""
+    arr = np.ascontiguousarray(np.asarray(inv, dtype=np.float64))
+    key = (arr.tobytes(), str(torch.device(device)))
+    out = _FREQS.get(key)
+    if out is None:
+        out = _FREQS[key] = torch.as_tensor(arr, device=device)
+    return out
+
+
 def apply_rope(x: torch.Tensor, pos: torch.Tensor, rope_dim: int, theta: float, inv=None) -> torch.Tensor:
     """Rotate the last ``rope_dim`` channels of x [..., d] by position pos [...] (half-split;
     ``inv``: the inverse frequencies, else theta^(-2i / rope_dim))."""
@@ -89,7 +104,7 @@ def apply_rope(x: torch.Tensor, pos: torch.Tensor, rope_dim: int, theta: float, 
     if inv is None:
         freqs = theta ** (-torch.arange(half, dtype=torch.float64, device=x.device) * 2.0 / rope_dim)
     else:
-        freqs = torch.as_tensor(np.asarray(inv, dtype=np.float64), device=x.device)
+        freqs = device_freqs(inv, x.device)
     ang = pos.to(torch.float64).unsqueeze(-1) * freqs
     cos, sin = ang.cos().to(x.dtype), ang.sin().to(x.dtype)
     nope, r1, r2 = x[..., :-rope_dim], x[..., -rope_dim:-half], x[..., -half:]

@@ -38,6 +38,7 @@ from simtree.trees.tree import TreeBatch
 
 from .cache import V4Cache
 from .commit import CommitPlan
+from .compressor import device_freqs
 from .reference import V4LayerWeights
 from .verify import VerifyPlan, _ancestors
 
@@ -191,7 +192,7 @@ def _slot_sources(lens, entry, seq, nodes, anc, depth, live, p, batch: int) -> t
 def _entry_rope(entry: torch.Tensor, p) -> tuple[torch.Tensor, torch.Tensor]:
     """cos, sin [M, rope_dim / 2] (float32, computed in float64 as the host plan does) of the
     entries at positions entry * ratio (padding rows: position 0)."""
-    freqs = torch.as_tensor(p.inv_freq(), device=entry.device)
+    freqs = device_freqs(p.inv_freq(), entry.device)
     ang = (entry.clamp(min=0).to(torch.float64) * p.ratio)[:, None] * freqs
     return ang.cos().to(torch.float32), ang.sin().to(torch.float32)
 

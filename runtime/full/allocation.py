@@ -59,9 +59,12 @@ class DeviceAllocation:
     def verify_cost(self, context_len: torch.Tensor) -> torch.Tensor:
         """float64 [B m + 1]: C_v(1 + K/b, l, b) for K = 0..B m at the context ``l`` (a 0-d tensor)."""
         x = (context_len.double() / self.ctx_step).clamp(0, CONTEXT_GRID - 1)
-        lo = x.floor().clamp(max=CONTEXT_GRID - 2).long()
-        frac = x - lo
-        return self.verify_us[lo] * (1 - frac) + self.verify_us[lo + 1] * frac
+        lo = x.floor().clamp(max=CONTEXT_GRID - 2).long().reshape(1)
+        frac = x - lo[0]
+        # index_select, not verify_us[lo]: a 0-d index tensor is read on the host (a sync that
+        # CUDA-graph capture refuses)
+        rows = torch.index_select(self.verify_us, 0, torch.cat([lo, lo + 1]))
+        return rows[0] * (1 - frac) + rows[1] * frac
 
     def allocate(self, survival: torch.Tensor, context_len: torch.Tensor) -> torch.Tensor:
         """int64 [B]: extra nodes (after the root) each sequence verifies this round."""
@@ -75,7 +78,7 @@ class DeviceAllocation:
             tokens, time_us = self.price[0], self.price[1]
             priced = torch.argmax(gain - tokens / time_us.clamp(min=1e-300) * cost)
             best = torch.where(time_us > 0, priced, best)
-        self.round_us.copy_(self.draft_us + cost[best])
+        self.round_us.copy_(self.draft_us + cost.gather(0, best.reshape(1))[0])   # no host read of best
         extra = torch.zeros(self.B, dtype=torch.int64, device=probs.device)
         return extra.index_add_(0, owner, (self._steps < best).long())
 

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import math
 import time
+import traceback
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -120,6 +121,7 @@ class FullEngine:
             raise SimtreeError("CUDA graphs need a CUDA device and a capturable model")
         self.graphs = None
         self.capture_error = None   # why capture() fell back to eager stages, if it did
+        self.capture_traceback = None   # where, in full
 
     def _chain_bits(self, rows: int) -> torch.Tensor:
         """Causal-chain bits over the first ``rows`` scratch rows, as wide as the scratch."""
@@ -256,6 +258,7 @@ class FullEngine:
             self.graphs = graphs
         except Exception as exc:   # noqa: BLE001 - not capturable here: the same stages run eagerly
             self.capture_error = " ".join(f"{type(exc).__name__}: {exc}".split())[:200]
+            self.capture_traceback = traceback.format_exc()
         torch.cuda.synchronize()
         self.reset()
 

@@ -1,0 +1,97 @@
+"""A round captured in a CUDA graph may neither read the device on the host (``.item()``, a
+0-d tensor used as an index, ``nonzero``) nor copy host data to the device: capture refuses
+both (the GPU says "operation not permitted when stream is capturing").  On the CPU no graph is
+captured, so these tests run every stage of a round for each runtime mode and model family
+under a dispatch mode that records such operations: the GPU's capture failures are caught here
+first."""
+import traceback
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from simtree.acceptance.model import calibrate_linear
+from simtree.costs.synthetic import synthetic_costs
+from simtree.models import get_model
+from simtree.planning.modes import RUNTIME_MODES
+from simtree.planning.simulate import PolicySpec
+from simtree.runtime.full.acceptance import DraftScores, TraceReplay
+from simtree.runtime.full.drafting import round_shape
+from simtree.runtime.full.engine import FullEngine
+from simtree.runtime.full.lossless import make_predictable
+
+# host reads: _local_scalar_dense (item, bool, a 0-d index), the data-dependent shapes; host
+# data: lift_fresh of more than one element (torch.tensor / as_tensor of host values; a Python
+# scalar assigned into a tensor is a 0-d lift, which CUDA fills without a copy)
+HOST_READS = {"_local_scalar_dense", "nonzero", "masked_select", "_unique2", "unique_consecutive",
+              "unique_dim", "repeat_interleave"}
+
+SPECS = {"none": PolicySpec.from_dict("none", {}),
+         "linear": PolicySpec.from_dict("linear", {"budget": 4}),
+         "eagle": PolicySpec.from_dict("eagle", {"num_steps": 3, "topk": 2, "budget": 6}),
+         "best_first": PolicySpec.from_dict("best_first", {"budget": 6, "draft_depth": 3}),
+         "cost_aware": PolicySpec.from_dict("cost_aware", {"max_budget": 10, "draft_depth": 3}),
+         "batch_alloc": PolicySpec.from_dict("batch_alloc", {"max_budget_per_seq": 6, "draft_depth": 4})}
+
+
+# the CPU's own backends, which the GPU does not run: the GDN commit in torch (the GPU's is a
+# Triton kernel); a repeat_interleave given its output_size reads nothing on CUDA (CPU: nonzero)
+CPU_ONLY_FUNCTIONS = {"_commit_torch"}
+
+
+def _cpu_only(name: str, frames) -> bool:
+    if any(f.name in CPU_ONLY_FUNCTIONS for f in frames):
+        return True
+    return name in ("nonzero", "repeat_interleave") and bool(frames) and "output_size" in (frames[-1].line or "")
+
+
+class HostTraffic(TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.hits = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = func._schema.name.split("::")[-1]
+        if name in HOST_READS or (name == "lift_fresh" and args and args[0].numel() > 1):
+            frames = [f for f in traceback.extract_stack()[:-1] if "/torch/" not in f.filename]
+            if _cpu_only(name, frames):
+                return func(*args, **(kwargs or {}))
+            where = frames[-1] if frames else None
+            self.hits.append(f"{name} at {where.filename}:{where.lineno} ({where.line})" if where else name)
+        return func(*args, **(kwargs or {}))
+
+
+def _model(name):
+    from simtree.runtime.full.qwen import QwenModel
+    from simtree.runtime.full.v4_rank import V4Rank
+    shape = get_model(name)
+    model = (QwenModel if shape.family == "gdn_hybrid" else V4Rank)(shape, device="cpu", dtype=torch.float32, seed=1)
+    make_predictable(model, 0.3)
+    return model
+
+
+def test_every_runtime_mode_is_listed():
+    assert set(SPECS) == set(RUNTIME_MODES)
+
+
+@pytest.mark.parametrize("name", ["tiny-gdn", "tiny-v4"])
+def test_rounds_neither_read_nor_copy_host_data(name):
+    model = _model(name)
+    costs = synthetic_costs(weights_us=0.0, per_token_us=10.0)
+    found = {}
+    for label, spec in SPECS.items():
+        rs = round_shape(spec)
+        source = TraceReplay.fixed(2, 4, "cpu")
+        source.scores = DraftScores(calibrate_linear(2.6, 4, spread=0.0), rs, "cpu", weights=[1.0])
+        engine = FullEngine(model, rs, 4, 128, source, graphs=False, costs=costs)
+        engine.fill_context(24, seed=1)
+        with torch.no_grad():
+            for _, stage in engine._stages():      # warm-up, as capture() runs it: caches fill
+                stage()
+            guard = HostTraffic()
+            with guard:
+                for _, stage in engine._stages():
+                    stage()
+        if guard.hits:
+            found[label] = sorted(set(guard.hits))
+    assert not found, found
