@@ -130,25 +130,20 @@ def test_live_lossless_is_counted_per_dtype_and_names_cut_models():
         "0.0040); lossless in fp32 2 of 2 policy checks match plain greedy (DeepSeek-V4-Flash 24/43 layers)")
 
 
-def test_plan_live_headline_places_the_plan_among_the_measured_runs(tmp_path):
+def test_validation_headline_counts_the_frozen_bundles_choice_per_point(tmp_path):
     import pandas as pd
-    for name, dep, tok in (("a_tp1", "1 GPU", {1: (10, 20, 25), 4: (30, 50, 60)}),
-                           ("b_ep8", "ep=8 rank (all-to-all not run)", {1: (10, 20, 21), 4: (30, 50, 48)})):
-        (tmp_path / name).mkdir()
-        rows = [{"model": "deepseek-v4-flash" if "ep8" in name else "qwen3.6-27b", "deployment": dep,
-                 "policy": p, "batch_size": b, "measured_tok_s": t, "rel_err": e}
-                for b, ts in tok.items() for p, t, e in zip(("plain:none", "linear_d4:linear_d4", "plan:x"), ts,
-                                                             (0.01, -0.03, 0.02))]
-        pd.DataFrame(rows).to_csv(tmp_path / name / "summary.csv", index=False)
-    line = summary.plan_live_headline(tmp_path)
-    assert "acceptance replayed from the predicting preset) within a median 2.0% (worst 3.0%) over 12 runs" in line
-    assert "Qwen3.6-27B best at 2 of 2 batch sizes" in line
-    assert ("DeepSeek-V4-Flash ep=8 rank best at 1 of 2 batch sizes (worst 4.0% below the best; its plan counts "
-            "the all-to-all this rank does not run)") in line
-    frame = pd.read_csv(tmp_path / "a_tp1" / "summary.csv")
-    frame[~frame["policy"].str.startswith("plan:")].to_csv(tmp_path / "a_tp1" / "summary.csv", index=False)
-    with pytest.raises(SimtreeError, match="has no plan run"):
-        summary.plan_live_headline(tmp_path)
+    rows = []
+    for ctx, toks in ((1024, ((100, 110), (120, 118))), (4096, ((100, 95), (120, 130)))):
+        for policy, (measured, predicted) in zip(("a", "b"), toks):
+            rows.append({"model": "qwen3.6-27b", "deployment": "1 GPU", "policy": policy, "batch_size": 2,
+                         "context_len": ctx, "measured_tok_s": measured, "predicted_tok_s": predicted,
+                         "rel_err": predicted / measured - 1, "gpu": "NVIDIA H100 80GB HBM3"})
+    pd.DataFrame(rows).to_csv(tmp_path / "throughput_out_of_sample.csv", index=False)
+    line = summary.validation_headline(tmp_path)
+    # at 1024 the bundle picks b (118 predicted > 110) and b is the measured best; at 4096 it picks b too
+    assert "the frozen bundle's choice best or within 2% at 2 of 2 points" in line
+    assert "median 6.7%, worst 10.0% (Qwen3.6-27B batch 2 at context 1024" in line
+    assert "over 4 runs" in line and "H100" in line
 
 
 def test_write_refreshes_a_stale_copy_and_refuses_a_readme_without_markers(tmp_path):

@@ -129,15 +129,26 @@ def _grid(costs_path) -> dict:
     grid = {}
     for part, axes in (("verify", ("batch_size", "context_len", "nodes_per_seq")), ("draft", ("batch_size", "num_steps", "topk"))):
         src = (bundle[part].get("info") or {}).get("source") or {}
-        path = Path(src.get("profile", ""))
-        if not path.is_file() or "sha256:" + sha256(path) != src.get("sha256"):
-            raise SimtreeError(f"{costs_path}: its {part} profile {path} is not the one it was fitted on "
-                               "(report right after the run, before the profile is regenerated)")
+        path = _fitted_profile(costs_path, src)
+        if path is None:
+            raise SimtreeError(f"{costs_path}: its {part} profile {src.get('profile')} is not the one it was fitted on, "
+                               "and no profile beside the bundle or shipped in simtree/data/profiles has its sha256")
         table = pd.read_csv(path)
         if src.get("stage"):
             table = table[table["stage"] == src["stage"]]
         grid[part] = {a: sorted(float(x) for x in table[a].unique()) for a in axes}
     return grid
+
+
+def _fitted_profile(costs_path, src: dict) -> Path | None:
+    """The profile a bundle was fitted on: the path it records, else a table of the same sha256
+    beside the bundle or among the shipped profiles (the session's working copy is gone)."""
+    from simtree.data import data_path
+    want = src.get("sha256")
+    recorded = Path(src.get("profile", ""))
+    candidates = [recorded, *sorted(Path(costs_path).parent.glob("*.csv")),
+                  *sorted(data_path("profiles").glob(f"*/{recorded.name or '*.csv'}"))]
+    return next((c for c in candidates if c.is_file() and "sha256:" + sha256(c) == want), None)
 
 
 def _on_grid(row: dict, grid: dict) -> bool:

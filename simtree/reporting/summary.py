@@ -239,31 +239,34 @@ def plan_gaps(runs: pd.DataFrame) -> dict:
     return {(m, b): gap for m, b, _, _, gap in plan_standing(runs.to_dict("records"))}
 
 
-def plan_live_headline(folder: Path) -> str:
-    """<model>/summary.csv of ``simtree run`` with the planner's policy: predicted vs measured,
-    and where the plan's choice stands among plain, linear D=4 and itself per batch size."""
-    folders = [f for f in sorted(folder.iterdir()) if f.is_dir()]
-    if not folders:
-        raise SimtreeError(f"{folder}: no run folders (bash scripts/plan_live.sh: plan, run, unpack)")
-    runs = pd.concat([_csv(f / "summary.csv") for f in folders], ignore_index=True)
+def validation_headline(folder: Path) -> str:
+    """throughput_out_of_sample.csv (``python -m simtree.runtime.full.oos report``): frozen bundles
+    against a later GPU run at points off their profile, and where the frozen bundle's choice
+    stands; acceptance_out_of_sample.csv where present (drafter, policy, workload, split)."""
+    runs = _csv(folder / "throughput_out_of_sample.csv")
     err = runs["rel_err"].abs()
-    parts = []
-    for (model, dep), group in runs.groupby(["model", "deployment"], sort=True):
-        gaps = plan_gaps(group)
-        if not gaps:
-            raise SimtreeError(f"{folder}: {model} at {dep} has no plan run (plan: rows) in its summary.csv")
-        best = sum(g <= 0 for g in gaps.values())
-        worst = max(gaps.values())
-        rank, _, left_out = dep.partition(" (")
-        why = [f"worst {_pct(worst, 1)} below the best"] if worst > 0 else []
-        if left_out:   # a rank of several GPUs: the plan's objective counts collectives the run leaves out
-            why.append(f"its plan counts the {left_out.split(' not run')[0]} this rank does not run")
-        parts.append(f"{_model(model)}{'' if rank == '1 GPU' else ' ' + rank} best at {best} of {len(gaps)} "
-                     f"batch sizes" + (f" ({'; '.join(why)})" if why else ""))
-    return (f"the planner's choice among plain, linear and EAGLE (shipped bundles) decoded live beside plain and "
-            f"linear D=4: predicted (bundles fitted on an earlier session's profile; acceptance replayed from the "
-            f"predicting preset) within a median {_pct(err.median(), 1)} (worst {_pct(err.max(), 1)}) over "
-            f"{len(runs)} runs; " + "; ".join(parts))
+    models = ", ".join(_model(m) for m in sorted(runs["model"].unique()))
+    gpus = ", ".join(sorted(str(g).replace("NVIDIA ", "").split(" ")[0] for g in runs["gpu"].unique()))
+    within, points = 0, 0
+    for _, g in runs.groupby(["model", "batch_size", "context_len"], sort=True):
+        chosen = g.loc[g["predicted_tok_s"].idxmax()]
+        points += 1
+        within += plan_gap(float(chosen["measured_tok_s"]), float(g["measured_tok_s"].max())) <= PLAN_TOLERANCE
+    worst = runs.loc[err.idxmax()]
+    line = (f"throughput predicted by bundles frozen before a later {gpus} run ({models}; batch "
+            f"{int(runs['batch_size'].min())}-{int(runs['batch_size'].max())}, context "
+            f"{int(runs['context_len'].min())}-{int(runs['context_len'].max())}; acceptance replayed), out of sample: "
+            f"median {_pct(err.median(), 1)}, worst {_pct(err.max(), 1)} ({_model(worst['model'])} batch "
+            f"{int(worst['batch_size'])} at context {int(worst['context_len'])}"
+            f"{', off the profile grid' if str(worst.get('on_profile_grid')) == 'False' else ''}) over "
+            f"{len(runs)} runs; the frozen bundle's choice best or within 2% at {within} of {points} points")
+    acc_path = folder / "acceptance_out_of_sample.csv"
+    if acc_path.exists():
+        acc = _csv(acc_path)
+        aerr = acc["rel_err"].abs()
+        line += (f"; accepted tokens per round out of sample: median {_pct(aerr.median(), 1)}, worst "
+                 f"{_pct(aerr.max(), 1)} over {len(acc)} (drafter, policy, workload) rows")
+    return line
 
 
 def h100_headline(folder: Path) -> str:
@@ -375,6 +378,18 @@ FOLDERS: tuple[Folder, ...] = (
            "`bash scripts/full_gpu.sh MODEL` and `bash scripts/lossless_fp32_gpu.sh` on the H200: "
            "docs/full_runtime.md)",
            live_headline),
+    Folder("reports/validation", "Predictions out of sample",
+           "cost bundles frozen (committed) before the GPU run that tests them, measured at batch sizes, "
+           "contexts and budgets off their profile, every runnable EAGLE / linear / plain policy per point",
+           "`bash scripts/oos_gpu.sh MODEL reports/validation/frozen_<bundle>.json` on the GPU, then "
+           "`python -m simtree.runtime.full.oos report DIR ... --bundle B ... --out reports/validation` (the runs: "
+           "`tar xzf reports/validation/oos_runs.tgz`)", validation_headline),
+    Folder("reports/h100/live", "Full-scale runtime on the H100 (real-architecture layers, V4 at FP8)",
+           "Qwen3.6-27B whole and one DeepSeek-V4-Flash ep=8 rank (FP8 experts) decoding under CUDA graphs: "
+           "predicted vs measured per policy and batch, composed vs measured step, lossless check",
+           "`tar xzf reports/h100/live/sessions.tgz -C S && bash scripts/full_report.sh S reports/h100/live` (the "
+           "archives of `bash scripts/full_gpu.sh MODEL` on an H100; it also writes the profiles shipped in "
+           "simtree/data/profiles/h100 and the bundles frozen in reports/validation)", live_headline),
     Folder("reports/h100", "Drafters and FP8 experts (H100)",
            "the block, TfM and DSpark drafters' rounds profiled under CUDA graphs for both targets, their C_d "
            "fits; FP8 against bf16 expert GEMMs of the V4-Flash ep=8 rank",
@@ -382,10 +397,6 @@ FOLDERS: tuple[Folder, ...] = (
            "two H100 calls, one model each) then `python -m simtree.costs.drafter_fit "
            "reports/h100/drafters_profile.csv --out reports/h100/drafters_fit.csv`; `bash scripts/fp8_gpu.sh` "
            "(its fp8_times.csv)", h100_headline),
-    Folder("reports/h200/plan_live", "The plan decoded live on the H200",
-           "`simtree plan --modes linear,eagle` on the shipped bundles, its policy decoded by `simtree run "
-           "--model` (Qwen3.6-27B whole, the DeepSeek-V4-Flash ep=8 rank) at batch 1, 4, 16, 64",
-           "`bash scripts/plan_live.sh plan`, then `run` on the H200, then `unpack DIR`", plan_live_headline),
     Folder("reports/h200/lossless", "Lossless check on the H200",
            "every speculative mode at batch 1 and 4 against plain greedy decoding",
            "`bash scripts/lossless_gpu.sh reports/h200/lossless` (H200)", lossless_headline),
