@@ -7,8 +7,10 @@ import pytest
 import torch
 
 from simtree.errors import SimtreeError
-from simtree.kernels.gdn import (gdn_accepted_paths_ref, gdn_defer_commit, gdn_fold_pending,
-                                 gdn_fold_pending_ref, gdn_tree_verify_ref, new_pending)
+from simtree.kernels.gdn import (gdn_accepted_paths_ref, gdn_fold_pending, gdn_fold_pending_ref,
+                                 gdn_tree_verify_ref, new_pending)
+from simtree.kernels.gdn import _launched_deferred as deferred
+from simtree.kernels.gdn._launched_deferred import launched_defer_commit, launched_fold_pending
 from simtree.kernels.gdn._launch import VerifyLaunch
 from simtree.kernels.gdn._launched import launched_verify
 from simtree.trees.tree import DraftTree, TreeBatch
@@ -71,16 +73,19 @@ def two_rounds(backend, seed=0):
     state, pend = S0.clone(), new_pending(len(trees), H, HV, K, V, ROWS, "cpu")
     out1, cache = verify(r1, state, backend, pend)
     acc = deepest(trees)
-    gdn_defer_commit(state, pend, r1["k"], cache, r1["parents"], r1["cu_nodes"], acc,
+    launched_defer_commit(state, pend, r1["k"], cache, r1["parents"], r1["cu_nodes"], acc,
                      backend=backend)
     S1 = ref_commit(r1, trees, S0, acc)
     return dict(r1=r1, out1=out1, S0=S0, S1=S1, state=state, pend=pend, gen=gen, rng=rng,
                 trees=trees, acc=acc)
 
 
-@pytest.mark.parametrize("backend, switches", [("triton", {}), ("triton", TRANSPOSED),
-                                               ("torch", {})])
-def test_deferred_rounds_equal_the_sequential_reference(backend, switches):
+@pytest.mark.parametrize("backend, switches, registers", [
+    ("triton", {}, 64), ("triton", {}, 0), ("triton", TRANSPOSED, 64), ("triton", TRANSPOSED, 0),
+    ("torch", {}, 64)])
+def test_deferred_rounds_equal_the_sequential_reference(backend, switches, registers, monkeypatch):
+    """registers: the walk folds the tile in registers (64: these tiles fit) or in memory (0)."""
+    monkeypatch.setattr(deferred, "FOLD_REGISTERS", registers)
     t = two_rounds(backend)
     assert rel_err(t["out1"], ref_out(t["r1"], t["S0"])) < 1e-4
     long = torch.tensor([int(t["trees"][b].depth[a]) + 1 > ROWS for b, a in enumerate(t["acc"])])
@@ -93,12 +98,13 @@ def test_deferred_rounds_equal_the_sequential_reference(backend, switches):
     r2 = round_inputs(trees2, t["gen"])
     out2, cache2 = verify(r2, t["state"], backend, t["pend"], **switches)
     assert cache2.launch.get("transposed", 0) == switches.get("transposed", 0)
+    assert cache2.launch.get("fold", 0) == (0 if backend == "torch" else 2 if registers else 1)
     assert rel_err(out2, ref_out(r2, t["S1"])) < 1e-4
     assert rel_err(t["state"], t["S1"]) < 1e-5 and not t["pend"].any_on()
     acc2 = torch.tensor([3, 0, 16])
-    gdn_defer_commit(t["state"], t["pend"], r2["k"], cache2, r2["parents"], r2["cu_nodes"], acc2,
+    launched_defer_commit(t["state"], t["pend"], r2["k"], cache2, r2["parents"], r2["cu_nodes"], acc2,
                      backend=backend)
-    gdn_fold_pending(t["state"], t["pend"], backend=backend)          # the last round
+    launched_fold_pending(t["state"], t["pend"], backend=backend)          # the last round
     assert rel_err(t["state"], ref_commit(r2, trees2, t["S1"], acc2)) < 1e-5
 
 
@@ -111,7 +117,7 @@ def test_an_aborted_round_leaves_the_committed_state(backend):
     r2 = round_inputs(trees2, t["gen"])
     first, _ = verify(r2, t["state"], backend, t["pend"])     # aborted: no commit follows
     again, _ = verify(r2, t["state"], backend, t["pend"])
-    gdn_fold_pending(t["state"], t["pend"], backend=backend)
+    launched_fold_pending(t["state"], t["pend"], backend=backend)
     assert rel_err(first, ref_out(r2, t["S1"])) < 1e-4
     assert rel_err(again, first) < 1e-6
     assert rel_err(t["state"], t["S1"]) < 1e-5
@@ -124,12 +130,12 @@ def test_standalone_fold_of_chosen_sequences(backend):
     t = two_rounds(backend, seed=2)
     waiting = t["pend"].on.bool().any(dim=(1, 2))
     leaving = torch.tensor([True, False, False])
-    gdn_fold_pending(t["state"], t["pend"], leaving, backend=backend)
+    launched_fold_pending(t["state"], t["pend"], leaving, backend=backend)
     folded = leaving | ~waiting
     want = torch.where(folded[:, None, None, None], t["S1"], t["S0"].double())
     assert rel_err(t["state"], want) < 1e-5
     assert t["pend"].on.bool().any(dim=(1, 2)).tolist() == (waiting & ~leaving).tolist()
-    gdn_fold_pending(t["state"], t["pend"], backend=backend)
+    launched_fold_pending(t["state"], t["pend"], backend=backend)
     assert rel_err(t["state"], t["S1"]) < 1e-5
 
 
@@ -145,7 +151,7 @@ def test_fold_kernel_matches_its_reference():
     pend.on.fill_(1)
     state = torch.randn(B, HV, K, V, generator=gen)
     want = gdn_fold_pending_ref(state, pend)
-    gdn_fold_pending(state, pend, backend="triton")
+    launched_fold_pending(state, pend, backend="triton")
     assert rel_err(state, want) < 1e-5 and not pend.any_on()
 
 

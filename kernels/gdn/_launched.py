@@ -80,8 +80,8 @@ def launched_verify(q, k, v, g, beta, state, parents, cu_nodes, *, scale=None, q
         pending.check_state(state)
     if rule.pick_backend(ask.backend, q.device) == "torch":
         if pending is not None:
-            from .deferred import gdn_fold_pending
-            gdn_fold_pending(state, pending, backend="torch")
+            from ._launched_deferred import launched_fold_pending
+            launched_fold_pending(state, pending, backend="torch")
         out, aux = gdn_tree_verify_dense_batched(q, k, v, g, beta, state, parents, cu_nodes,
                                                  scale=scale, qk_l2norm=qk_l2norm,
                                                  return_aux=True, meta=meta)
@@ -215,12 +215,13 @@ def _verify_triton(q, k, v, g, beta, state, cu_nodes, meta: TreeMeta, scale: flo
         return out, GDNTreeCache(u, G, meta, qk_l2norm, ran)
     fold = {}
     if pending is not None:
-        from .deferred import FOLD_BLOCK_K, FOLD_BLOCK_P, fold_args, fold_dot16
+        from ._launched_deferred import FOLD_BLOCK_K, FOLD_BLOCK_P, fold_args, fold_dot16, fold_mode
         pk, pw, pu, pdec, pon, plen, P = fold_args(pending)
+        mode = fold_mode(K, BV, walk_launch["num_warps"])
         fold = dict(pk_ptr=pk, pw_ptr=pw, pu_ptr=pu, pdec_ptr=pdec, pon_ptr=pon, plen_ptr=plen,
-                    P=P, FOLD=True, FOLD_BK=min(K, FOLD_BLOCK_K), FOLD_BP=FOLD_BLOCK_P,
+                    P=P, FOLD=mode, FOLD_BK=min(K, FOLD_BLOCK_K), FOLD_BP=FOLD_BLOCK_P,
                     FOLD_DOT16=fold_dot16(pending))
-        ran["fold"] = 1
+        ran["fold"] = mode
     if walk_t:
         _tree_verify_t_kernel[(V // BV, B * HV)](
             qc, kc, vc, beta32, s0, order_t, cu, pairs, npairs, nc, out, u, G, diag, tiles,

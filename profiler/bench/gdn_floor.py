@@ -43,10 +43,10 @@ import pandas as pd
 import torch
 
 from simtree.fileio import write_text_atomic
-from simtree.kernels.gdn import (gdn_accepted_paths_ref, gdn_defer_commit, gdn_fold_pending,
-                                 new_pending, tree_meta)
+from simtree.kernels.gdn import gdn_accepted_paths_ref, new_pending, tree_meta
 from simtree.kernels.gdn._launch import CommitLaunch, VerifyLaunch
 from simtree.kernels.gdn._launched import launched_commit, launched_verify
+from simtree.kernels.gdn._launched_deferred import launched_defer_commit, launched_fold_pending
 from simtree.profiler.bench.gdn_util import (QWEN36, env_info, graph_time_us, shape_inputs,
                                              shape_trees)
 
@@ -108,11 +108,11 @@ class Round:
                         launch=None if self.device == "cuda" else CommitLaunch("triton"))
 
     def defer(self, c, state, p, cache):
-        gdn_defer_commit(state, p, c["k"], cache, c["parents"], c["cu_nodes"], self.acc,
+        launched_defer_commit(state, p, c["k"], cache, c["parents"], c["cu_nodes"], self.acc,
                          check=False, backend=self.backend)
 
     def fold(self, state, p):
-        gdn_fold_pending(state, p, backend=self.backend)
+        launched_fold_pending(state, p, backend=self.backend)
 
     @property
     def backend(self) -> str:
