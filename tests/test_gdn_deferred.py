@@ -161,3 +161,42 @@ def test_a_pending_path_of_another_shape_is_refused():
         gdn_fold_pending(torch.zeros(3, HV, K, V), pend)
     with pytest.raises(SimtreeError, match="fp32"):
         gdn_fold_pending(torch.zeros(2, HV, K, V, dtype=torch.float64), pend)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("walk", [dict(cuda_walk=2), dict(cuda_walk=1, block_v=64),
+                                  dict(cuda_walk=2, walk_kside=1), dict(cuda_walk=2, kside_cuda=2),
+                                  dict(transposed=1), dict()])
+def test_every_walk_folds_on_the_gpu(walk):
+    """bf16 inputs at K = V = 128 (the CUDA walk's): round 2's verify folds round 1's deferred
+    path - in the CUDA walk (fold 3) or a Triton walk - to the float64 sequential state, and
+    its outputs are those of a verify on today's committed state."""
+    from simtree.kernels.gdn import _cuda_walk as cuda_walk
+    from simtree.kernels.gdn import tree_meta
+    from simtree.profiler.bench.gdn_util import random_gdn_inputs
+    if walk.get("cuda_walk") and not cuda_walk.available("cuda"):
+        pytest.skip("the CUDA walk does not run on this GPU")
+    rng = np.random.default_rng(5)
+    trees = [t.depth_first() for t in random_trees(rng, rng.integers(65, 129, size=5), reach=5)]
+    r1, r2 = (random_gdn_inputs(trees, H=4, HV=12, K=128, V=128, seed=s) for s in (1, 2))
+    meta = tree_meta(r1["parents"], r1["cu_nodes"], depth_first=True)
+    launch = VerifyLaunch(backend="triton", kside=1, prenorm=1, g_pass=1, solve_bf16=1, u_bf16=1,
+                          u_cache_bf16=1, block_t=16, l2_prefetch=0, **walk)
+    acc = torch.as_tensor(r1["tb"].deepest_nodes, device="cuda")
+    pend = new_pending(5, 4, 12, 128, 128, 64, "cuda", torch.bfloat16)
+
+    def run(r, state, pending):
+        return launched_verify(*(r[k] for k in ("q", "k", "v", "g", "beta")), state, r["parents"],
+                               r["cu_nodes"], meta=meta, launch=launch, pending=pending)
+
+    state = r1["state"].clone()
+    _, cache = run(r1, state, pend)
+    launched_defer_commit(state, pend, r1["k"], cache, r1["parents"], r1["cu_nodes"], acc)
+    assert pend.any_on()
+    out2, cache2 = run(r2, state, pend)
+    assert cache2.launch["fold"] in ((3,) if walk.get("cuda_walk") else (1, 2))
+    truth = ref_commit(r1, trees, r1["state"], acc)
+    today, _ = run(r2, truth.float(), None)
+    assert rel_err(state, truth) < 1e-2 and not pend.any_on()
+    assert rel_err(out2, today) < 2e-2

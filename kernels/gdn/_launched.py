@@ -94,8 +94,8 @@ def _verify_triton(q, k, v, g, beta, state, cu_nodes, meta: TreeMeta, scale: flo
                    qk_l2norm: bool, ask: VerifyLaunch, pending=None):
     """The Triton (and, where the launch takes it, CUDA) kernels of one verify: the pre-pass,
     the K-side kernel and one of the walks, as ``ask`` over the rule's launch says; with
-    ``pending`` the Triton walks fold it first (FOLD; the CUDA walk does not fold, so it gives
-    way to them)."""
+    ``pending`` the walk folds it into its state tiles first (the Triton walks' FOLD, the CUDA
+    walk's flag 8, with bf16 pending u)."""
     import triton
     import triton.language as tl
 
@@ -152,8 +152,8 @@ def _verify_triton(q, k, v, g, beta, state, cu_nodes, meta: TreeMeta, scale: flo
     beta32, s0, vc = beta.float().contiguous(), state.float().contiguous(), v.contiguous()
 
     def blockers(mt, wks, kcu):
-        if pending is not None:
-            return ["no pending path to fold (the CUDA walk does not fold one)"]
+        if pending is not None and pending.u.dtype != torch.bfloat16:
+            return ["a pending path with bf16 u (the CUDA walk folds that one)"]
         return rule.cuda_walk_blockers(
             kside=kside, ready=ready, BT=BT, K=K, BV=BV, mt=mt, dtypes=(q.dtype, v.dtype),
             bf16_buffers=ucache16 and use_bf16 and sdt,
@@ -211,7 +211,9 @@ def _verify_triton(q, k, v, g, beta, state, cu_nodes, meta: TreeMeta, scale: flo
                        order, H=H, block_v=BV, mt=mt, pdl=use_pdl,
                        bits=walk.bits if wks else None, mults=mults,
                        pf=pf_rows if l2pf & 1 else 0, cs=bool(l2pf & 4), pfv=bool(l2pf & 8),
-                       pf_late=bool(l2pf & 16))
+                       pf_late=bool(l2pf & 16), pending=pending)
+        if pending is not None:
+            ran["fold"] = 3
         return out, GDNTreeCache(u, G, meta, qk_l2norm, ran)
     fold = {}
     if pending is not None:

@@ -315,7 +315,8 @@ def gdn_core_verify(d: QwenDims, pre: GdnPre, ssm: torch.Tensor, rm: QwenRound, 
 def gdn_core_decode(d: QwenDims, pre: GdnPre, ssm: torch.Tensor, conv_state: torch.Tensor, rm: QwenRound,
                     path=None):
     """One token per sequence: the state read, updated and written once; the conv state shifted
-    (a waiting deferred path in ``path`` folded in first, standalone)."""
+    (a waiting deferred path in ``path`` folded in first, standalone: with the deferred form a
+    decode step has one more short launch per GDN layer, a no-op where nothing waits)."""
     if path is not None:
         with kernel_core("gdn_fold_pending"):
             gdn_fold_pending(ssm, path)
