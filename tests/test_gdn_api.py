@@ -28,12 +28,15 @@ def test_entry_points_take_the_math_only():
     # how a call is launched is the rule's, chosen inside: the signatures hold the math and the
     # round's meta (given: the inputs are taken as checked, no host sync), never a launch
     math = [(x, False) for x in MATH]
-    assert _params(gdn_tree_verify) == math + [(x, True) for x in ("scale", "meta")]
+    assert _params(gdn_tree_verify) == math + [(x, True) for x in ("scale", "meta", "pending")]
     assert _params(gdn_tree_commit) == [(x, False) for x in ("state", "k", "cache", "parents",
                                                             "cu_nodes", "accepted")] + \
         [("check", True)]
     assert _params(gdn_tree_verify_recurrent) == math + [(x, True) for x in (
         "scale", "node_states")]
+    assert _params(kg.gdn_defer_commit) == [(x, False) for x in (
+        "state", "pending", "k", "cache", "parents", "cu_nodes", "accepted")] + [("check", True)]
+    assert _params(kg.gdn_fold_pending) == [(x, False) for x in ("state", "pending", "sequences")]
     assert not {"VerifyLaunch", "CommitLaunch", "verify_launch_config"} & set(kg.__all__)
 
 

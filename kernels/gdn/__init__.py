@@ -2,6 +2,9 @@
 
     out, cache = gdn_tree_verify(q, k, v, g, beta, state, parents, cu_nodes)
     gdn_tree_commit(state, k, cache, parents, cu_nodes, accepted)     # in place
+    # or deferred into the next verify (one state read + one write per round, ``deferred.py``):
+    gdn_defer_commit(state, pend, k, cache, parents, cu_nodes, accepted)
+    out, cache = gdn_tree_verify(..., pending=pend);  gdn_fold_pending(state, pend)
 
 Shapes: q, k [N, H, K]; v [N, HV, V]; g (log-decay <= 0), beta [N, HV] fp32;
 state [B, HV, K, V] fp32; parents int64 [N] local (-1 root, topological); cu_nodes [B+1].
@@ -14,15 +17,18 @@ and commit), ``_recurrent_kernel.py`` (the per-branch baseline), ``_cuda_walk.py
 from .cache import GDNTreeCache
 from .commit import gdn_tree_commit
 from .conv import conv_state_commit, tree_causal_conv
+from .deferred import GDNPendingPath, gdn_defer_commit, gdn_fold_pending, new_pending
 from ._launch import depth_first_pays
 from .meta import TreeMeta, tree_meta, tree_meta_host
-from .reference import (gdn_accepted_paths_ref, gdn_sequential_ref, gdn_tree_verify_dense_batched,
-                        gdn_tree_verify_dense_ref, gdn_tree_verify_ref, tree_causal_conv_ref)
+from .reference import (gdn_accepted_paths_ref, gdn_fold_pending_ref, gdn_sequential_ref,
+                        gdn_tree_verify_dense_batched, gdn_tree_verify_dense_ref, gdn_tree_verify_ref,
+                        tree_causal_conv_ref)
 from .round_meta import verify_round_meta, verify_round_meta_host, walk_tables
 from .verify import gdn_tree_verify, gdn_tree_verify_recurrent
 
 __all__ = ["gdn_tree_verify", "gdn_tree_commit", "gdn_tree_verify_recurrent", "tree_causal_conv",
-           "conv_state_commit", "depth_first_pays",
+           "conv_state_commit", "depth_first_pays", "GDNPendingPath", "new_pending",
+           "gdn_defer_commit", "gdn_fold_pending", "gdn_fold_pending_ref",
            "GDNTreeCache", "TreeMeta", "tree_meta", "tree_meta_host", "walk_tables",
            "verify_round_meta", "verify_round_meta_host", "gdn_tree_verify_ref",
            "gdn_tree_verify_dense_ref", "gdn_tree_verify_dense_batched", "gdn_sequential_ref",

@@ -165,7 +165,7 @@ def check_instance(block_v: int, mt: int, mode: int = 0) -> None:
 
 def walk(qn, kn, v, beta, s0, cu, pairs, npairs, NC: int, o, u, G, diag, tiles, order, *,
          H: int, block_v: int, mt: int, pdl: bool, bits=None, mults=None, pf: int = 0,
-         cs: bool = False, pfv: bool = False, pf_late: bool = False) -> None:
+         cs: bool = False, pfv: bool = False, pf_late: bool = False, pending=None) -> None:
     """Launch the CUDA walk: the arguments of ``_tree_verify_t_kernel`` (bf16 q/k/v/o/u/tiles,
     fp32 beta/S0/G, int64 cu, int32 pairs; ``order`` int32 [N], the flat row of each node in
     walk order, or None: the stored order), K = 128, 16-node sub-chunks; (block_v, mt) one
@@ -180,16 +180,21 @@ def walk(qn, kn, v, beta, s0, cu, pairs, npairs, NC: int, o, u, G, diag, tiles, 
     end rather than at its start; ``cs``: o and u stored streaming (evict-first); ``pfv``:
     each sub-chunk's v rows prefetched into L2 two sub-chunks ahead of their use (one ahead of
     their copy into shared memory).  ``cs`` and ``pfv`` gained nothing where measured; the
-    rule leaves them off (docs/kernels/gdn_launch.md)."""
+    rule leaves them off (docs/kernels/gdn_launch.md).  ``pending`` (a ``GDNPendingPath`` with
+    bf16 u): its waiting paths folded into each program's S0 tile first and written back to
+    ``s0`` (walk.cu's ``fold_pending``; the deferred commit)."""
     B, HV, V = cu.numel() - 1, v.shape[1], v.shape[2]
     ks = bits is not None
     mode = 1 if ks else 2 if mults is not None else 0
+    fold = ([pending.k, pending.w, pending.u, pending.decay, pending.on, pending.length]
+            if pending is not None else [beta] * 6)
     _call([qn, kn, v, beta, s0, cu, pairs, npairs, o, u, G, u if ks else diag,
            u if ks else tiles, npairs if order is None else order, bits if ks else npairs,
-           mults if mults is not None else beta],
+           mults if mults is not None else beta, *fold],
           B, NC, H, HV, V, block_v, mt, pdl, ordered=order is not None, mode=mode,
           words=int(bits.shape[1]) if ks else 0, pf=pf,
-          flags=int(cs) | int(pfv) << 1 | int(pf_late) << 2)
+          flags=int(cs) | int(pfv) << 1 | int(pf_late) << 2
+          | (8 | pending.rows << 8 if pending is not None else 0))
 
 
 def kside(q, k, g, beta, bits, cu, pairs, npairs, NC: int, G, mults, diag, tiles, order, *,
@@ -234,6 +239,6 @@ def blocks_per_sm(device, NC: int, block_v: int, mt: int, mode: int = 0) -> int:
     check_instance(block_v, mt, mode)
     x = torch.empty(16, device=torch.device(device))
     n = ctypes.c_int(0)
-    _call([x] * 16, 1, NC, 1, 1, 128, block_v, mt, False, mode=mode, words=(NC + 3) // 4,
+    _call([x] * 22, 1, NC, 1, 1, 128, block_v, mt, False, mode=mode, words=(NC + 3) // 4,
           blocks_per_sm=n)
     return n.value

@@ -54,7 +54,7 @@ def check_verify_inputs(q, k, v, g, beta, state, parents, cu_nodes) -> None:
 
 def launched_verify(q, k, v, g, beta, state, parents, cu_nodes, *, scale=None, qk_l2norm=True,
                     meta: TreeMeta | None = None, check: bool = True,
-                    launch: VerifyLaunch | None = None):
+                    launch: VerifyLaunch | None = None, pending=None):
     """Every node's output as if the recurrence ran along its own root path only.
 
     Args: q, k [N, H, K]; v [N, HV, V]; g, beta [N, HV]; state [B, HV, K, V] fp32 (not
@@ -62,6 +62,9 @@ def launched_verify(q, k, v, g, beta, state, parents, cu_nodes, *, scale=None, q
     ``qk_l2norm``: q and k L2-normalised first.  ``meta``: the round's ``TreeMeta`` (built
     here if None); with it and ``check=False`` the call is free of host syncs (CUDA graphs).
     ``launch``: a ``VerifyLaunch`` (None: the backend by device, every switch by the rule).
+    ``pending``: a ``GDNPendingPath`` (``deferred.py``): the paths waiting there are folded into
+    ``state`` first (the walk's programs fold their own state tiles, so the state is read and
+    written once) and the verify runs on the folded state.
 
     Returns (out [N, HV, V] in q's dtype, ``GDNTreeCache`` for ``gdn_tree_commit``).  The
     Triton path computes in fp32 (fp64 inputs too).
@@ -73,19 +76,26 @@ def launched_verify(q, k, v, g, beta, state, parents, cu_nodes, *, scale=None, q
         check_verify_inputs(q, k, v, g, beta, state, parents, cu_nodes)
     meta = meta or tree_meta(parents.to(q.device), cu_nodes.to(q.device))
     scale = q.shape[2] ** -0.5 if scale is None else float(scale)
+    if pending is not None:
+        pending.check_state(state)
     if rule.pick_backend(ask.backend, q.device) == "torch":
+        if pending is not None:
+            from ._launched_deferred import launched_fold_pending
+            launched_fold_pending(state, pending, backend="torch")
         out, aux = gdn_tree_verify_dense_batched(q, k, v, g, beta, state, parents, cu_nodes,
                                                  scale=scale, qk_l2norm=qk_l2norm,
                                                  return_aux=True, meta=meta)
         cache = GDNTreeCache(aux["u"].float(), aux["G"].float(), meta, qk_l2norm)
         return out.to(q.dtype), cache
-    return _verify_triton(q, k, v, g, beta, state, cu_nodes, meta, scale, qk_l2norm, ask)
+    return _verify_triton(q, k, v, g, beta, state, cu_nodes, meta, scale, qk_l2norm, ask, pending)
 
 
 def _verify_triton(q, k, v, g, beta, state, cu_nodes, meta: TreeMeta, scale: float,
-                   qk_l2norm: bool, ask: VerifyLaunch):
+                   qk_l2norm: bool, ask: VerifyLaunch, pending=None):
     """The Triton (and, where the launch takes it, CUDA) kernels of one verify: the pre-pass,
-    the K-side kernel and one of the walks, as ``ask`` over the rule's launch says."""
+    the K-side kernel and one of the walks, as ``ask`` over the rule's launch says; with
+    ``pending`` the walk folds it into its state tiles first (the Triton walks' FOLD, the CUDA
+    walk's flag 8, with bf16 pending u)."""
     import triton
     import triton.language as tl
 
@@ -142,6 +152,8 @@ def _verify_triton(q, k, v, g, beta, state, cu_nodes, meta: TreeMeta, scale: flo
     beta32, s0, vc = beta.float().contiguous(), state.float().contiguous(), v.contiguous()
 
     def blockers(mt, wks, kcu):
+        if pending is not None and pending.u.dtype != torch.bfloat16:
+            return ["a pending path with bf16 u (the CUDA walk folds that one)"]
         return rule.cuda_walk_blockers(
             kside=kside, ready=ready, BT=BT, K=K, BV=BV, mt=mt, dtypes=(q.dtype, v.dtype),
             bf16_buffers=ucache16 and use_bf16 and sdt,
@@ -199,14 +211,25 @@ def _verify_triton(q, k, v, g, beta, state, cu_nodes, meta: TreeMeta, scale: flo
                        order, H=H, block_v=BV, mt=mt, pdl=use_pdl,
                        bits=walk.bits if wks else None, mults=mults,
                        pf=pf_rows if l2pf & 1 else 0, cs=bool(l2pf & 4), pfv=bool(l2pf & 8),
-                       pf_late=bool(l2pf & 16))
+                       pf_late=bool(l2pf & 16), pending=pending)
+        if pending is not None:
+            ran["fold"] = 3
         return out, GDNTreeCache(u, G, meta, qk_l2norm, ran)
+    fold = {}
+    if pending is not None:
+        from ._launched_deferred import FOLD_BLOCK_K, FOLD_BLOCK_P, fold_args, fold_dot16, fold_mode
+        pk, pw, pu, pdec, pon, plen, P = fold_args(pending)
+        mode = fold_mode(K, BV, walk_launch["num_warps"])
+        fold = dict(pk_ptr=pk, pw_ptr=pw, pu_ptr=pu, pdec_ptr=pdec, pon_ptr=pon, plen_ptr=plen,
+                    P=P, FOLD=mode, FOLD_BK=min(K, FOLD_BLOCK_K), FOLD_BP=FOLD_BLOCK_P,
+                    FOLD_DOT16=fold_dot16(pending))
+        ran["fold"] = mode
     if walk_t:
         _tree_verify_t_kernel[(V // BV, B * HV)](
             qc, kc, vc, beta32, s0, order_t, cu, pairs, npairs, nc, out, u, G, diag, tiles,
             H=H, HV=HV, K=K, V=V, BT=BT, BV=BV, PREC=prec, DT=DT,
             UDT=tl.bfloat16 if use_bf16 else tl.float32, SDT=tl.bfloat16 if sdt else tl.float32,
-            ORDER=order is not None, PDL=2 if use_pdl else 0, **dep, **walk_launch)
+            ORDER=order is not None, PDL=2 if use_pdl else 0, **fold, **dep, **walk_launch)
         return out, GDNTreeCache(u, G, meta, qk_l2norm, ran)
     _tree_verify_kernel[(V // BV, B * HV)](
         qc, kc, vc, g32, beta32, s0, walk.bits, bits32, order_t, cu, pairs,
@@ -218,7 +241,7 @@ def _verify_triton(q, k, v, g, beta, state, cu_nodes, meta: TreeMeta, scale: flo
         diag_ptr=diag, pair_ptr=tiles, KSIDE=kside > 0,
         SDT=tl.bfloat16 if kside and sdt else tl.float32,
         PDL=(2 if ready or g_pass else 1) if use_pdl else 0,
-        EARLY=bool(ask.pick("early", cfg)) and kside > 0, **dep, **walk_launch)
+        EARLY=bool(ask.pick("early", cfg)) and kside > 0, **fold, **dep, **walk_launch)
     return out, GDNTreeCache(u, G, meta, qk_l2norm, ran)
 
 

@@ -30,6 +30,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from ._fold_kernel import _fold_state, _folded_tile
+
 # the kernels one verify call launches (pre-pass, K-side kernel, one of the walks), by the
 # names the profiling scripts (tune_gdn, gdn_kernel_times, ncu_gdn.sh, ncu_summary) pick them by;
 # the CUDA walk and K-side kernel (cuda/walk.cu, not Triton kernels) by the names inside their
@@ -285,7 +287,10 @@ def _tree_verify_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, s0_ptr, bits_ptr, 
                         QK_READY: tl.constexpr = False, G_READY: tl.constexpr = False,
                         diag_ptr=None, pair_ptr=None, KSIDE: tl.constexpr = False,
                         SDT: tl.constexpr = tl.float32, PDL: tl.constexpr = 0,
-                        EARLY: tl.constexpr = False):
+                        EARLY: tl.constexpr = False, pk_ptr=None, pw_ptr=None, pu_ptr=None,
+                        pdec_ptr=None, pon_ptr=None, plen_ptr=None, P=0,
+                        FOLD: tl.constexpr = 0, FOLD_BK: tl.constexpr = 32,
+                        FOLD_BP: tl.constexpr = 16, FOLD_DOT16: tl.constexpr = False):
     """One program per (sequence, value head, V block); sub-chunks of BT nodes in order.
 
     Per sub-chunk c (rows r): rhs = b (V - e^G K S0) and acc = e^G Q S0, minus/plus the
@@ -307,13 +312,25 @@ def _tree_verify_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, s0_ptr, bits_ptr, 
     else; 2 (the kernel before is the pre-pass or the K-side kernel, which were launched
     after everything that writes S0) loads its S0 tile first, then waits.  EARLY (with KSIDE):
     each sub-chunk's diagonal tiles are loaded at the top of its step, so their latency hides
-    behind the S0 products and the pairs, instead of after the pairs."""
+    behind the S0 products and the pairs, instead of after the pairs.  FOLD (the deferred
+    commit, ``deferred.py``): the pending path of the round before is folded into this
+    program's state tile first - 2: in registers, the folded tile is S0 (``_folded_tile``);
+    1: in memory, BK rows at a time, then read back as S0 (``_fold_state``)."""
     i_v, i_b, i_hv, i_h, bos, n = _verify_program(cu_ptr, H, HV, PDL)
     o_t = tl.arange(0, BT)
     o_v = i_v * BV + tl.arange(0, BV)
     o_k = tl.arange(0, K)
-    # int64: B*HV*K*V can pass 2^31; S0 [K, BV] is read once per program
-    s0 = tl.load(s0_ptr + (i_b * HV + i_hv).to(tl.int64) * K * V + o_k[:, None] * V + o_v[None, :]).to(DT)
+    if FOLD == 2:   # the folded tile stays in registers as S0
+        s0 = _folded_tile(s0_ptr, pk_ptr, pw_ptr, pu_ptr, pdec_ptr, pon_ptr, plen_ptr, P, i_b,
+                          i_hv, i_h, o_v, H, HV, K, V, FOLD_BP, FOLD_DOT16).to(DT)
+    else:
+        if FOLD == 1:
+            _fold_state(s0_ptr, pk_ptr, pw_ptr, pu_ptr, pdec_ptr, pon_ptr, plen_ptr, P, i_b, i_hv,
+                        i_h, o_v, H, HV, K, V, FOLD_BK, FOLD_BP, FOLD_DOT16)
+            tl.debug_barrier()   # the folded tile, stored by this program's threads, read as S0
+        # int64: B*HV*K*V can pass 2^31; S0 [K, BV] is read once per program
+        s0 = tl.load(s0_ptr + (i_b * HV + i_hv).to(tl.int64) * K * V + o_k[:, None] * V
+                     + o_v[None, :]).to(DT)
     if PDL == 2:   # everything below may read what the kernels before wrote
         tl.extra.cuda.gdc_wait()
     if NT > 0:   # every node's G up front (one round of loads), read back below
@@ -534,7 +551,23 @@ def _tree_commit_kernel(s_ptr, k_ptr, u_ptr, G_ptr, bits_ptr, cu_ptr, acc_ptr,
                         W: tl.constexpr, BT: tl.constexpr, BV: tl.constexpr,
                         L2NORM: tl.constexpr, PREC: tl.constexpr, PATH: tl.constexpr = False,
                         DOT16: tl.constexpr = False):
-    """S* = e^{G_a} S0 + sum_{m <= a} e^{G_a - G_m} k_m u_m^T, in place, per (seq, head, V block).
+    """S* = e^{G_a} S0 + sum_{m <= a} e^{G_a - G_m} k_m u_m^T, in place, per (seq, head, V block)
+    (``_commit_tile``)."""
+    i_v, i_bh = tl.program_id(0), tl.program_id(1)
+    i_b, i_hv = i_bh // HV, i_bh % HV
+    bos = tl.load(cu_ptr + i_b).to(tl.int64)
+    _commit_tile(s_ptr, k_ptr, u_ptr, G_ptr, bits_ptr, i_b, i_hv, bos,
+                 tl.load(acc_ptr + i_b).to(tl.int64), i_v * BV + tl.arange(0, BV), H, HV, K, V, W,
+                 BT, L2NORM, PREC, PATH, DOT16)
+
+
+@triton.jit
+def _commit_tile(s_ptr, k_ptr, u_ptr, G_ptr, bits_ptr, i_b, i_hv, bos, a, o_v,
+                 H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+                 W: tl.constexpr, BT: tl.constexpr, L2NORM: tl.constexpr, PREC: tl.constexpr,
+                 PATH: tl.constexpr, DOT16: tl.constexpr):
+    """The commit of one (sequence i_b, value head i_hv, V columns o_v) state tile, accepted
+    LOCAL node a of the tree starting at flat row bos.
 
     The sum runs over the accepted node a's root path (its ancestor bits), BT rows per
     product.  PATH = False: nodes 0..a in stored order, BT at a time, off-path rows masked
@@ -543,15 +576,10 @@ def _tree_commit_kernel(s_ptr, k_ptr, u_ptr, G_ptr, bits_ptr, cu_ptr, acc_ptr,
     ``_select_bit64``), so one product folds up to BT path nodes however far apart they are
     stored (a root path holds depth + 1 nodes).  DOT16: the products on bf16 operands
     (``_fold_rows``), for a u buffer in bf16."""
-    i_v, i_bh = tl.program_id(0), tl.program_id(1)
-    i_b, i_hv = i_bh // HV, i_bh % HV
     i_h = i_hv // (HV // H)
-    bos = tl.load(cu_ptr + i_b).to(tl.int64)
-    a = tl.load(acc_ptr + i_b).to(tl.int64)
     arow = bos + a
     o_t = tl.arange(0, BT)
     o_k = tl.arange(0, K)
-    o_v = i_v * BV + tl.arange(0, BV)
     sp = s_ptr + (i_b * HV + i_hv).to(tl.int64) * K * V + o_k[:, None] * V + o_v[None, :]
     Ga = tl.load(G_ptr + arow * HV + i_hv)
     S = tl.exp(Ga) * tl.load(sp)
@@ -582,7 +610,10 @@ def _tree_verify_t_kernel(q_ptr, k_ptr, v_ptr, beta_ptr, s0_ptr, order_ptr, cu_p
                           H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                           BT: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr,
                           DT: tl.constexpr, UDT: tl.constexpr, SDT: tl.constexpr,
-                          ORDER: tl.constexpr, PDL: tl.constexpr = 0):
+                          ORDER: tl.constexpr, PDL: tl.constexpr = 0, pk_ptr=None,
+                          pw_ptr=None, pu_ptr=None, pdec_ptr=None, pon_ptr=None, plen_ptr=None,
+                          P=0, FOLD: tl.constexpr = 0, FOLD_BK: tl.constexpr = 32,
+                          FOLD_BP: tl.constexpr = 16, FOLD_DOT16: tl.constexpr = False):
     """``_tree_verify_kernel``'s walk with the K-side tiles, transposed: the value dimension
     is the rows of every V-side tile (rhs^T, acc^T, u^T are [BV, BT]), so every product is
     [BV, *] x [*, BT] with M = BV (a warpgroup's wgmma on Hopper at 4 warps) instead of
@@ -593,13 +624,23 @@ def _tree_verify_t_kernel(q_ptr, k_ptr, v_ptr, beta_ptr, s0_ptr, order_ptr, cu_p
 
     q and k come normalised and scaled and G written (the pre-pass with its G pass); T_c,
     P_cc and the pair tiles from ``_tree_kside_kernel``, read transposed.  Same buffers as the
-    untransposed walk (u and o in stored rows)."""
+    untransposed walk (u and o in stored rows).  FOLD: the pending path folded in first, as in
+    ``_tree_verify_kernel`` (2: in registers, the tile transposed there)."""
     i_v, i_b, i_hv, i_h, bos, n = _verify_program(cu_ptr, H, HV, PDL)
     o_t = tl.arange(0, BT)
     o_v = i_v * BV + tl.arange(0, BV)
     o_k = tl.arange(0, K)
-    s0t = tl.load(s0_ptr + (i_b * HV + i_hv).to(tl.int64) * K * V + o_k[None, :] * V
-                  + o_v[:, None]).to(DT)                                     # [BV, K]
+    if FOLD == 2:
+        s0t = tl.trans(_folded_tile(s0_ptr, pk_ptr, pw_ptr, pu_ptr, pdec_ptr, pon_ptr, plen_ptr,
+                                    P, i_b, i_hv, i_h, o_v, H, HV, K, V, FOLD_BP,
+                                    FOLD_DOT16)).to(DT)                      # [BV, K]
+    else:
+        if FOLD == 1:
+            _fold_state(s0_ptr, pk_ptr, pw_ptr, pu_ptr, pdec_ptr, pon_ptr, plen_ptr, P, i_b, i_hv,
+                        i_h, o_v, H, HV, K, V, FOLD_BK, FOLD_BP, FOLD_DOT16)
+            tl.debug_barrier()
+        s0t = tl.load(s0_ptr + (i_b * HV + i_hv).to(tl.int64) * K * V + o_k[None, :] * V
+                      + o_v[:, None]).to(DT)                                 # [BV, K]
     if PDL == 2:
         tl.extra.cuda.gdc_wait()
     ttt = o_t[:, None] + o_t[None, :] * BT      # a stored [BT, BT] tile, read transposed

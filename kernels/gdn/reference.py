@@ -20,7 +20,8 @@ import torch
 from .meta import TreeMeta, tree_meta
 
 __all__ = ["gdn_sequential_ref", "gdn_accepted_paths_ref", "gdn_tree_verify_ref", "gdn_tree_verify_dense_ref",
-           "gdn_tree_verify_dense_batched", "tree_causal_conv_ref", "prep_qk", "delta_rule_step"]
+           "gdn_tree_verify_dense_batched", "tree_causal_conv_ref", "prep_qk", "delta_rule_step",
+           "gdn_fold_pending_ref"]
 
 
 def _work_dtype(*xs: torch.Tensor) -> torch.dtype:
@@ -305,4 +306,21 @@ def tree_causal_conv_ref(x, conv_state, weight, parents, cu_nodes, bias=None,
             if bias is not None:
                 y = y + bias.to(dt)
             out[j] = torch.nn.functional.silu(y) if activation == "silu" else y
+    return out
+
+
+def gdn_fold_pending_ref(state, pending):
+    """The deferred commit's fold for every sequence (waiting or not), in float64:
+
+        S* = d S + sum_{p < len} w_p k_p u_p^T      (``pending.GDNPendingPath``)
+
+    state [B, HV, K, V]; returns S* [B, HV, K, V] float64 (state is not modified)."""
+    B, HV = state.shape[:2]
+    H = pending.k.shape[2]
+    out = state.double() * pending.decay.double()[..., None, None]
+    for b in range(B):
+        n = int(pending.length[b])
+        kh = pending.k[b, :n].double().repeat_interleave(HV // H, dim=1)      # [n, HV, K]
+        out[b] += torch.einsum("ph,phk,phv->hkv", pending.w[b, :n].double(), kh,
+                               pending.u[b, :n].double())
     return out

@@ -17,7 +17,7 @@ __all__ = ["gdn_tree_verify", "gdn_tree_verify_recurrent", "check_verify_inputs"
 
 
 def gdn_tree_verify(q, k, v, g, beta, state, parents, cu_nodes, *, scale=None,
-                    meta: TreeMeta | None = None):
+                    meta: TreeMeta | None = None, pending=None):
     """Every node's output as if the recurrence ran along its own root path only.
 
     Args: q, k [N, H, K] (L2-normalised here, as Qwen3.5/3.6's GDN does); v [N, HV, V];
@@ -25,13 +25,15 @@ def gdn_tree_verify(q, k, v, g, beta, state, parents, cu_nodes, *, scale=None,
     trees.  ``scale`` (K^-1/2 if None) multiplies q.  ``meta``: the round's ``TreeMeta``,
     built by the caller from these trees; the inputs are then taken as checked and the call is
     free of host syncs (CUDA graphs).  Without it the inputs are checked (one-line
-    ``SimtreeError``) and the meta is built here.
+    ``SimtreeError``) and the meta is built here.  ``pending``: the ``GDNPendingPath`` of a
+    deferred commit (``deferred.py``): its waiting paths are folded into ``state`` first (the
+    state is then written, once), the verify runs on the folded state.
 
     Returns (out [N, HV, V] in q's dtype, ``GDNTreeCache`` for ``gdn_tree_commit``).  The
     Triton path computes in fp32 (fp64 inputs too).
     """
     return launched_verify(q, k, v, g, beta, state, parents, cu_nodes, scale=scale, meta=meta,
-                           check=meta is None)
+                           check=meta is None, pending=pending)
 
 
 def gdn_tree_verify_recurrent(q, k, v, g, beta, state, parents, cu_nodes, *, scale=None,

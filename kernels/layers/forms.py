@@ -13,6 +13,12 @@ that falls back to the torch tree attention when the kernel fails its check.
     set_forms(tree_attention="torch")       # from here on
     set_forms(fp8_gemm="scaled_mm")
     with forms(fused="torch"): ...          # inside the block only
+
+GDN commit (``gdn_commit``): "standalone" - each round's commit reads and writes the GDN state
+the verify read already (three passes over it); "deferred" - the commit keeps the accepted
+path's token rows and the next round's verify folds them into the state as it reads it (two
+passes; ``simtree.kernels.gdn.deferred``, docs/math/gdn_tree_solve.md).  The default stays
+"standalone" until ``profiler/bench/gdn_floor.py`` has measured both on the GPU.
 """
 from __future__ import annotations
 
@@ -25,6 +31,7 @@ __all__ = ["LayerForms", "current", "set_forms", "forms"]
 
 _CHOICES = {"fused": ("auto", "torch"), "tree_attention": ("auto", "triton", "torch"),
             "fp8_gemm": ("auto", "scaled_mm", "triton", "ref")}
+_CHOICES.update(gdn_commit=("standalone", "deferred"))
 
 
 @dataclass(frozen=True)
@@ -32,6 +39,7 @@ class LayerForms:
     fused: str = "auto"
     tree_attention: str = "auto"
     fp8_gemm: str = "auto"
+    gdn_commit: str = "standalone"
 
     def __post_init__(self):
         for name, allowed in _CHOICES.items():
@@ -62,4 +70,4 @@ def forms(**changes: str):
     try:
         yield _current
     finally:
-        set_forms(fused=old.fused, tree_attention=old.tree_attention, fp8_gemm=old.fp8_gemm)
+        set_forms(**{name: getattr(old, name) for name in _CHOICES})

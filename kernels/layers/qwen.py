@@ -36,7 +36,8 @@ import torch
 import torch.nn.functional as F
 
 from simtree.errors import SimtreeError
-from simtree.kernels.gdn import gdn_tree_commit, gdn_tree_verify, tree_meta, verify_round_meta
+from simtree.kernels.gdn import (gdn_defer_commit, gdn_fold_pending, gdn_tree_commit, gdn_tree_verify,
+                                 tree_meta, verify_round_meta)
 from simtree.kernels.gdn.ops import recurrent_step
 from simtree.models import ModelShape
 
@@ -302,15 +303,23 @@ def gdn_pre(w: dict, d: QwenDims, x: torch.Tensor, conv_state: torch.Tensor, rm:
                   qkv[2 * N * hk:].view(N, d.gHV, d.gV), g, beta, proj[:, C:C + ZV])
 
 
-def gdn_core_verify(d: QwenDims, pre: GdnPre, ssm: torch.Tensor, rm: QwenRound):
-    """Every node's output along its root path (state untouched) -> (o [N, HV, V], cache)."""
+def gdn_core_verify(d: QwenDims, pre: GdnPre, ssm: torch.Tensor, rm: QwenRound, path=None):
+    """Every node's output along its root path -> (o [N, HV, V], cache).  The state is untouched
+    unless ``path`` (a deferred commit's ``GDNPendingPath``) holds a waiting path: that is
+    folded in first, in the same kernel."""
     with kernel_core("gdn_tree_verify"):
         return gdn_tree_verify(pre.q, pre.k, pre.v, pre.g, pre.beta, ssm, rm.parents, rm.cu, scale=d.gK ** -0.5,
-                               meta=rm.gdn)
+                               meta=rm.gdn, pending=path)
 
 
-def gdn_core_decode(d: QwenDims, pre: GdnPre, ssm: torch.Tensor, conv_state: torch.Tensor, rm: QwenRound):
-    """One token per sequence: the state read, updated and written once; the conv state shifted."""
+def gdn_core_decode(d: QwenDims, pre: GdnPre, ssm: torch.Tensor, conv_state: torch.Tensor, rm: QwenRound,
+                    path=None):
+    """One token per sequence: the state read, updated and written once; the conv state shifted
+    (a waiting deferred path in ``path`` folded in first, standalone: with the deferred form a
+    decode step has one more short launch per GDN layer, a no-op where nothing waits)."""
+    if path is not None:
+        with kernel_core("gdn_fold_pending"):
+            gdn_fold_pending(ssm, path)
     with kernel_core("gdn_decode"):
         o = recurrent_step(pre.q, pre.k, pre.v, pre.g, pre.beta, ssm)
     ops.gather_rows(conv_state, pre.x_conv, rm.commit.conv_idx)
@@ -321,11 +330,17 @@ def gdn_post(w: dict, d: QwenDims, x: torch.Tensor, o: torch.Tensor, z: torch.Te
     return torch.addmm(x, ops.gated_rms_norm(o, z, w["gnorm"], d.eps), w["out"].t())
 
 
-def gdn_commit(d: QwenDims, ssm, conv_state, pending, rm: QwenRound, cm: QwenCommit) -> None:
-    """Fold the accepted path into the GDN state (kernels.gdn commit) and the conv state."""
+def gdn_commit(d: QwenDims, ssm, conv_state, pending, rm: QwenRound, cm: QwenCommit, path=None) -> None:
+    """Fold the accepted path into the GDN state (kernels.gdn commit) and the conv state; with
+    ``path`` (a ``GDNPendingPath``) the state's fold is deferred to the next verify (the path's
+    rows kept there; ``gdn_defer_commit``)."""
     x_conv, k, cache = pending
-    with kernel_core("gdn_tree_commit"):
-        gdn_tree_commit(ssm, k, cache, rm.parents, rm.cu, cm.accepted, check=False)
+    if path is not None:
+        with kernel_core("gdn_defer_commit"):
+            gdn_defer_commit(ssm, path, k, cache, rm.parents, rm.cu, cm.accepted, check=False)
+    else:
+        with kernel_core("gdn_tree_commit"):
+            gdn_tree_commit(ssm, k, cache, rm.parents, rm.cu, cm.accepted, check=False)
     ops.gather_rows(conv_state, x_conv, cm.conv_idx)
 
 
@@ -370,13 +385,14 @@ def mlp(w: dict, d: QwenDims, x: torch.Tensor) -> torch.Tensor:
 
 
 # ---- whole layers -------------------------------------------------------------------------------
-def gdn_layer(w: dict, d: QwenDims, x, ssm, conv_state, rm: QwenRound):
-    """One GDN block -> (x, pending for gdn_commit: (x_conv, k, cache); None after a decode)."""
+def gdn_layer(w: dict, d: QwenDims, x, ssm, conv_state, rm: QwenRound, path=None):
+    """One GDN block -> (x, pending for gdn_commit: (x_conv, k, cache); None after a decode).
+    ``path``: the layer's deferred-commit ``GDNPendingPath`` (its waiting path folded first)."""
     pre = gdn_pre(w, d, x, conv_state, rm)
     if rm.decode:
-        o, pending = gdn_core_decode(d, pre, ssm, conv_state, rm), None
+        o, pending = gdn_core_decode(d, pre, ssm, conv_state, rm, path), None
     else:
-        o, cache = gdn_core_verify(d, pre, ssm, rm)
+        o, cache = gdn_core_verify(d, pre, ssm, rm, path)
         pending = (pre.x_conv, pre.k, cache)
     return mlp(w, d, gdn_post(w, d, x, o, pre.z)), pending
 

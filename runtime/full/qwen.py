@@ -4,7 +4,9 @@
 Interface the engine drives (B sequences, n nodes per sequence, static shapes):
 ``verify(state, tokens, parents)`` -> (hidden [B*n, h], pending) leaves the state untouched;
 ``commit(state, pending, accepted)`` writes the accepted root paths (attention rows, GDN and
-conv state) and advances the lengths; ``decode(state, tokens)`` is one plain step;
+conv state) and advances the lengths (with the layer form ``gdn_commit="deferred"`` the GDN
+state's part waits for the next verify, which folds it in as it reads the state; ``settle``
+folds it standalone); ``decode(state, tokens)`` is one plain step;
 ``greedy(hidden)`` the float32-logit argmax; ``draft_forward`` runs the MTP layer over draft
 rows held in a scratch area until ``DraftState.commit`` moves them into its cache.
 """
@@ -14,7 +16,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from simtree.kernels.layers import head, ops, qwen as L
+from simtree.kernels.gdn import gdn_fold_pending, new_pending
+from simtree.kernels.layers import forms, head, ops, qwen as L
 from simtree.kernels.layers.weights import make_weights, weights_from
 from simtree.models import ModelShape
 
@@ -32,13 +35,15 @@ def param_specs(shape: ModelShape):
 class QwenState:
     """Persistent state of B sequences: attention caches [B, max_len + 1, 2, Hkv, D] per layer
     (row max_len: trash), GDN state [B, HV, K, V] fp32 and conv state [B, W-1, C] per GDN layer,
-    ``lengths`` int64 [B]."""
+    ``lengths`` int64 [B]; ``gdn_path``: per GDN layer, the accepted path a deferred commit keeps
+    for the next verify (``GDNPendingPath``, made at the first deferred commit)."""
 
     lengths: torch.Tensor
     max_len: int
     kv: dict = field(default_factory=dict)
     ssm: dict = field(default_factory=dict)
     conv: dict = field(default_factory=dict)
+    gdn_path: dict = field(default_factory=dict)
 
     @property
     def batch_size(self) -> int:
@@ -60,6 +65,9 @@ class QwenModel:
     family = "gdn_hybrid"
     deployment = "1 GPU"
     capturable = True
+    # path rows a deferred GDN commit keeps per sequence; a deeper accepted path is committed
+    # into the state at once (by the same kernel)
+    defer_path_rows = 16
 
     def __init__(self, shape: ModelShape, device="cuda", dtype=torch.bfloat16, seed: int = 0,
                  weights: dict | None = None):
@@ -116,6 +124,8 @@ class QwenModel:
         st.lengths.zero_()
         for t in [*st.ssm.values(), *st.conv.values()]:
             t.zero_()
+        for path in st.gdn_path.values():
+            path.clear()
         if ds is not None:
             ds.lengths.zero_()
 
@@ -128,6 +138,8 @@ class QwenModel:
             t.normal_(generator=gen)
         for t in st.ssm.values():
             t.normal_(0.0, 0.1, generator=gen)
+        for path in st.gdn_path.values():
+            path.clear()
         st.lengths.fill_(context_len)
 
     # ---- target: verify / commit / decode ----------------------------------------------------
@@ -138,7 +150,7 @@ class QwenModel:
         for i, kind in enumerate(self.kinds):
             w = self._layer_w[i]
             if kind == "gdn":
-                x, pending[i] = L.gdn_layer(w, d, x, st.ssm[i], st.conv[i], rm)
+                x, pending[i] = L.gdn_layer(w, d, x, st.ssm[i], st.conv[i], rm, st.gdn_path.get(i))
             else:
                 x, pending[i] = L.attn_layer(w, d, x, st.kv[i], rm)
         return x, pending
@@ -147,7 +159,8 @@ class QwenModel:
     def verify(self, st: QwenState, tokens: torch.Tensor, parents: torch.Tensor):
         """tokens, parents int64 [B, n] (parents local, -1 at the root, topological) ->
         (hidden [B*n, h] after the final norm, Pending).  Node j sits at position
-        lengths[b] + depth_j and sees the cache plus its ancestors; the state is not written."""
+        lengths[b] + depth_j and sees the cache plus its ancestors; the state is not written
+        (but for a deferred commit's waiting path, folded in)."""
         rm = L.round_meta(self.d, self.tables, st.lengths, parents, st.max_len + 1, self.has_gdn)
         x, layers = self._forward(st, tokens, rm)
         return self._final_norm(x), Pending(rm, layers)
@@ -157,12 +170,31 @@ class QwenModel:
         """Fold each tree's root path to ``accepted`` (LOCAL node index, int64 [B]) into the state."""
         rm = pend.round
         cm = L.commit_meta(self.d, self.tables, rm, accepted, st.max_len + 1, self.has_gdn)
+        defer = forms.current().gdn_commit == "deferred"
         for i, kind in enumerate(self.kinds):
             if kind == "gdn":
-                L.gdn_commit(self.d, st.ssm[i], st.conv[i], pend.layers[i], rm, cm)
+                path = self._gdn_path(st, i, pend.layers[i][2].u.dtype) if defer else None
+                L.gdn_commit(self.d, st.ssm[i], st.conv[i], pend.layers[i], rm, cm, path)
             else:
                 L.attn_commit(st.kv[i], pend.layers[i], cm.kv_rows)
         L.advance(st.lengths, cm)
+
+    def _gdn_path(self, st: QwenState, i: int, u_dtype):
+        """Layer i's deferred-commit buffers, made on first use (nothing waits in them here: the
+        verify before this commit folded it)."""
+        path = st.gdn_path.get(i)
+        if path is None or path.u.dtype != u_dtype:
+            d = self.d
+            path = st.gdn_path[i] = new_pending(st.batch_size, d.gH, d.gHV, d.gK, d.gV, self.defer_path_rows,
+                                                self.device, u_dtype)
+        return path
+
+    @torch.no_grad()
+    def settle(self, st: QwenState) -> None:
+        """Fold every waiting deferred GDN path into its state (the standalone commit): what a
+        reader of ``st.ssm`` needs after the last round; verify and decode fold for themselves."""
+        for i, path in st.gdn_path.items():
+            gdn_fold_pending(st.ssm[i], path)
 
     @torch.no_grad()
     def decode(self, st: QwenState, tokens: torch.Tensor) -> torch.Tensor:

@@ -20,6 +20,8 @@
 //   on a global load; one barrier per sub-chunk;
 // - S0 itself comes in by one round of 16-byte copies into the (still unused) shared memory,
 //   and u and o go out through stmatrix (transposed into node rows) and 16-byte stores.
+// - with a deferred commit's pending path (flags & 8), S0 is folded there, in shared memory,
+//   before it is packed (fold_pending), and written back to the state once.
 // Operands as in the Triton walk: bf16 S0, q, k, tiles, rhs and u; fp32 accumulation.
 // reports/h200/gdn/tuning runs 90-93 hold its versions' timings and Nsight pages.
 //
@@ -247,6 +249,56 @@ __device__ __forceinline__ void solve_column(__nv_bfloat16* out, const float* as
   for (int i = 0; i < BT; ++i) out[i * BT + m] = __float2bfloat16(col[i]);
 }
 
+// The deferred commit's fold (docs/math/gdn_tree_solve.md, "The commit deferred"), before the
+// walk packs S0: the staged tile s0s [K, BV] (rows SR apart) becomes S* = d S + sum_p w_p
+// k_p u_p^T where column j's path waits (pon), is written back to the state s0 and the
+// column's flag cleared.  Pending rows of sequence i_b: pk fp32 [P, H, K], pw fp32 [P, HV], pu
+// bf16 [P, HV, V], pdec fp32 [HV], plen [B].  THREADS is a multiple of BV: each thread keeps
+// one column j and its w_p u_p in registers, 16 path rows at a time, and walks its rows of K
+// (k_p[r] is one address across the warp: broadcast loads).  fp32 FMAs.
+template <int BV, int THREADS, int SR>
+__device__ __forceinline__ void fold_pending(float* s0s, float* __restrict__ s0, int64_t bhv,
+                                             int i_b, int i_hv, int i_h, int i_v, int H, int HV,
+                                             int V, int P, const float* __restrict__ pk,
+                                             const float* __restrict__ pw,
+                                             const __nv_bfloat16* __restrict__ pu,
+                                             const float* __restrict__ pdec,
+                                             int8_t* __restrict__ pon,
+                                             const int32_t* __restrict__ plen) {
+  static_assert(THREADS % BV == 0, "whole columns per thread group");
+  constexpr int RG = THREADS / BV;
+  const int tid = threadIdx.x, j = tid % BV, rg = tid / BV;
+  const int64_t col = static_cast<int64_t>(i_v) * BV + j;
+  int8_t* onp = pon + bhv * V + col;
+  const bool on = *onp != 0;
+  if (on) {
+    const int np = plen[i_b];
+    const float dec = pdec[bhv];
+    for (int r = rg; r < K; r += RG) s0s[r * SR + j] *= dec;
+    for (int p0 = 0; p0 < np; p0 += 16) {
+      float wu[16];
+#pragma unroll
+      for (int p = 0; p < 16; ++p) {
+        const int64_t row = static_cast<int64_t>(i_b) * P + p0 + p;
+        wu[p] = p0 + p < np ? pw[row * HV + i_hv] * __bfloat162float(pu[(row * HV + i_hv) * V + col]) : 0.f;
+      }
+      const float* kp = pk + ((static_cast<int64_t>(i_b) * P + p0) * H + i_h) * K;
+      const int pn = np - p0 < 16 ? np - p0 : 16;
+      for (int r = rg; r < K; r += RG) {
+        float acc = s0s[r * SR + j];
+#pragma unroll
+        for (int p = 0; p < 16; ++p)
+          if (p < pn) acc += wu[p] * kp[static_cast<int64_t>(p) * H * K + r];
+        s0s[r * SR + j] = acc;
+      }
+    }
+    float* sw = s0 + bhv * K * V + col;
+    for (int r = rg; r < K; r += RG) sw[static_cast<int64_t>(r) * V] = s0s[r * SR + j];
+  }
+  __syncthreads();   // every thread of the column read its flag; the packing reads s0s
+  if (on && rg == 0) *onp = 0;
+}
+
 // MODE 0: pre-normalised q / k and the K-side kernel's tiles; 1 (KS): the walk computes the
 // tiles itself; 2 (NRM): raw q / k rows and their multipliers (`mults` [N, H, 2]: scale / |q|,
 // 1 / |k|) with the CUDA K-side kernel's tiles, the S0 products scaled per node in fp32
@@ -254,13 +306,16 @@ template <int BV, int MT, bool ORD, int MODE>
 __global__ void __launch_bounds__(BV / (16 * MT) * 32)
 walk_kernel(const __nv_bfloat16* __restrict__ qn, const __nv_bfloat16* __restrict__ kn,
             const __nv_bfloat16* __restrict__ v, const float* __restrict__ beta,
-            const float* __restrict__ s0, const int64_t* __restrict__ cu,
+            float* __restrict__ s0, const int64_t* __restrict__ cu,
             const int32_t* __restrict__ pairs, const int32_t* __restrict__ npairs, int NC,
             __nv_bfloat16* __restrict__ o, __nv_bfloat16* __restrict__ u,
             const float* __restrict__ G, const __nv_bfloat16* __restrict__ diag,
             const __nv_bfloat16* __restrict__ ptiles, const int32_t* __restrict__ order,
             const int64_t* __restrict__ bits, const float* __restrict__ mults, int W, int H,
-            int HV, int V, int pdl, int pf, int flags) {
+            int HV, int V, int pdl, int pf, int flags, const float* __restrict__ pk,
+            const float* __restrict__ pw, const __nv_bfloat16* __restrict__ pu,
+            const float* __restrict__ pdec, int8_t* __restrict__ pon,
+            const int32_t* __restrict__ plen) {
   constexpr bool KS = MODE == 1, NRM = MODE == 2;
   constexpr int WARPS = BV / (16 * MT);
   static_assert(!NRM || WARPS * 32 >= 4 * BT, "threads 2 BT .. 4 BT copy the rows' multipliers");
@@ -305,6 +360,9 @@ walk_kernel(const __nv_bfloat16* __restrict__ qn, const __nv_bfloat16* __restric
     cp_commit();
     cp_wait<0>();
     __syncthreads();
+    if (flags & 8)
+      fold_pending<BV, THREADS, SR>(s0s, s0, bhv, i_b, i_hv, i_h, i_v, H, HV, V, flags >> 8, pk, pw,
+                                    pu, pdec, pon, plen);
     // pf > 0: the S0 of the program pf rows on (the one that takes this program's place when
     // a set of pf resident rows runs at a time) into L2 while this one walks, so its loads
     // come from L2 rather than from memory all at once (flags & 4: two sub-chunks before
@@ -858,13 +916,16 @@ int launch(void** a, int B, int NC, int H, int HV, int V, int W, int pdl, int pf
   err = cudaLaunchKernelEx(&cfg, kern, static_cast<const __nv_bfloat16*>(a[0]),
                            static_cast<const __nv_bfloat16*>(a[1]),
                            static_cast<const __nv_bfloat16*>(a[2]), static_cast<const float*>(a[3]),
-                           static_cast<const float*>(a[4]), static_cast<const int64_t*>(a[5]),
+                           static_cast<float*>(a[4]), static_cast<const int64_t*>(a[5]),
                            static_cast<const int32_t*>(a[6]), static_cast<const int32_t*>(a[7]), NC,
                            static_cast<__nv_bfloat16*>(a[8]), static_cast<__nv_bfloat16*>(a[9]),
                            static_cast<const float*>(a[10]), static_cast<const __nv_bfloat16*>(a[11]),
                            static_cast<const __nv_bfloat16*>(a[12]),
                            static_cast<const int32_t*>(a[13]), static_cast<const int64_t*>(a[14]),
-                           static_cast<const float*>(a[15]), W, H, HV, V, pdl, pf, flags);
+                           static_cast<const float*>(a[15]), W, H, HV, V, pdl, pf, flags,
+                           static_cast<const float*>(a[16]), static_cast<const float*>(a[17]),
+                           static_cast<const __nv_bfloat16*>(a[18]), static_cast<const float*>(a[19]),
+                           static_cast<int8_t*>(a[20]), static_cast<const int32_t*>(a[21]));
   return static_cast<int>(err);
 }
 
@@ -893,14 +954,16 @@ int dispatch(void** a, int B, int NC, int H, int HV, int V, int block_v, int mt,
 
 }  // namespace
 
-// a: qn, kn, v, beta, s0, cu, pairs, npairs, o, u, G, diag, pair tiles, order, bits, mults
-// (device pointers; order: int32 flat rows of the nodes in walk order, used when ordered != 0;
+// a: qn, kn, v, beta, s0, cu, pairs, npairs, o, u, G, diag, pair tiles, order, bits, mults,
+// then the pending path of a deferred commit (pk, pw, pu, pdec, pon, plen: read where flags & 8,
+// with P = flags >> 8 rows per sequence; fold_pending) (device pointers; order: int32 flat rows of the nodes in walk order, used when ordered != 0;
 // ks 1: the walk computes the K-side tiles itself from bits, int64 [N, W] ancestor bits in
 // walk order, and diag / pair tiles are not read; ks 2: qn / kn are the raw rows, mults
 // [N, H, 2] fp32 their multipliers).  pf > 0: each program prefetches into L2 the S0 of the
 // program pf rows of (sequence, value head) on; flags: 1 o and u stored streaming
 // (evict-first), 2 each sub-chunk's v rows prefetched into L2 two sub-chunks ahead, 4 the
-// pf prefetch issued two sub-chunks before the program's end rather than at its start.
+// pf prefetch issued two sub-chunks before the program's end rather than at its start, 8 the
+// pending path folded into S0 first (written back to s0).
 // blocks_per_sm non-null: only report the resident programs per SM (nothing launched).
 // Returns a cudaError_t (0: launched); 1000: no such (block_v, m-tiles per warp); 1001: the
 // sub-chunks need more shared memory than a program may hold; 1002: fewer bit words than

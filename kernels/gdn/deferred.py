@@ -1,0 +1,44 @@
+"""The commit deferred into the next round's verify: one state read and one state write per round
+(docs/math/gdn_tree_solve.md, "The commit deferred").
+
+    pend = new_pending(B, H, HV, K, V, rows, device)
+    out, cache = gdn_tree_verify(q, k, v, g, beta, state, parents, cu, pending=pend)  # folds first
+    gdn_defer_commit(state, pend, k, cache, parents, cu, accepted)   # token rows only
+    ...                                                              # next round's verify folds
+    gdn_fold_pending(state, pend)          # standalone: before a sequence leaves, the last round
+
+Every verify of a state with waiting paths must be given its ``pending`` (it folds them and
+clears their ``on`` flags in the same kernel); an aborted round (a verify whose round is not
+committed) leaves the state committed up to the round before and nothing waiting.  A path
+longer than ``pending.rows`` is committed into the state at once by the deferred commit.
+The backend goes by the device (Triton on CUDA, the torch form elsewhere).
+"""
+from __future__ import annotations
+
+import torch
+
+from ._launched_deferred import launched_defer_commit, launched_fold_pending
+from .cache import GDNTreeCache
+from .pending import GDNPendingPath, new_pending
+
+__all__ = ["GDNPendingPath", "new_pending", "gdn_defer_commit", "gdn_fold_pending"]
+
+
+def gdn_fold_pending(state: torch.Tensor, pending: GDNPendingPath,
+                     sequences: torch.Tensor | None = None) -> None:
+    """The standalone commit of the waiting paths, in place: state[b] <- d S + sum w k u^T
+    where sequence b's path waits (and ``sequences`` [B] bool selects it, None: all); their
+    ``on`` flags cleared.  A no-op where nothing waits.  state [B, HV, K, V] contiguous fp32."""
+    launched_fold_pending(state, pending, sequences)
+
+
+def gdn_defer_commit(state: torch.Tensor, pending: GDNPendingPath, k: torch.Tensor,
+                     cache: GDNTreeCache, parents, cu_nodes, accepted: torch.Tensor, *,
+                     check: bool = True) -> None:
+    """The commit stage deferred: each tree's root path to ``accepted`` (LOCAL index, int64 [B])
+    kept in ``pending`` for the next verify to fold (k normalised, w = e^{G_a - G_m}, the
+    verify's u, d = e^{G_a}); a path of more than ``pending.rows`` nodes is committed into
+    ``state`` now (the standalone commit's path walk).  ``state`` must hold nothing waiting
+    (the verify of ``cache`` folded it).  Args as ``gdn_tree_commit``; ``check``: accepted
+    nodes inside their trees (a host sync)."""
+    launched_defer_commit(state, pending, k, cache, parents, cu_nodes, accepted, check=check)

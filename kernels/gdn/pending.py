@@ -1,0 +1,76 @@
+"""What a deferred commit keeps for the next verify: each sequence's accepted path of the round
+before, as the fold needs it (docs/math/gdn_tree_solve.md, "The commit deferred").
+
+    S* = d S0 + sum_{p < len} w_p k_p u_p^T,   d = e^{G_a},  w_p = e^{G_a - G_m(p)}
+
+over the path rows p (root first) of the accepted node a.  Layouts (P path rows per sequence):
+
+    k       [B, P, H, K]  fp32   the path's keys, L2-normalised (as the verify used them)
+    w       [B, P, HV]    fp32   e^{G_a - G_m}
+    u       [B, P, HV, V]        the verify's solved u rows (fp32, or bf16 as the verify stored u)
+    decay   [B, HV]       fp32   e^{G_a}
+    length  [B]           int32  path rows held (<= P)
+    on      [B, HV, V]    int8   1 where the path is not folded yet: the program that folds
+                                 a state tile clears its own columns in the same kernel, so
+                                 no sequence of calls folds a path twice
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from simtree.errors import SimtreeError
+
+__all__ = ["GDNPendingPath", "new_pending"]
+
+
+@dataclass
+class GDNPendingPath:
+    k: torch.Tensor
+    w: torch.Tensor
+    u: torch.Tensor
+    decay: torch.Tensor
+    length: torch.Tensor
+    on: torch.Tensor
+
+    @property
+    def rows(self) -> int:
+        """P: the longest accepted path it holds; a longer one is committed at once instead."""
+        return int(self.k.shape[1])
+
+    def any_on(self) -> bool:
+        """Whether some path waits to be folded (a host sync)."""
+        return bool(self.on.any())
+
+    def clear(self, sequences: torch.Tensor | None = None) -> None:
+        """Drop the waiting paths (of ``sequences``, bool [B], or all): a slot given to a new
+        sequence must not fold its predecessor's path."""
+        if sequences is None:
+            self.on.zero_()
+        else:
+            self.on.masked_fill_(sequences.to(self.on.device)[:, None, None], 0)
+
+    def check_state(self, state: torch.Tensor) -> None:
+        B, HV, K, V = state.shape
+        if tuple(self.on.shape) != (B, HV, V) or self.k.shape[3] != K or self.u.shape[3] != V:
+            raise SimtreeError(f"pending path of {tuple(self.on.shape)} [B, HV, V] and K "
+                               f"{self.k.shape[3]} does not fit the state {tuple(state.shape)}")
+        if state.dtype != torch.float32 or not state.is_contiguous():
+            raise SimtreeError("a deferred commit needs a contiguous fp32 state (it is "
+                               "rewritten in place)")
+
+
+def new_pending(batch: int, key_heads: int, value_heads: int, key_dim: int, value_dim: int,
+                rows: int, device, u_dtype=torch.float32) -> GDNPendingPath:
+    """An empty pending path (nothing to fold) for ``rows`` path rows per sequence."""
+    if rows < 1:
+        raise SimtreeError(f"a pending path holds at least one row, got {rows}")
+    z = dict(device=device, dtype=torch.float32)
+    return GDNPendingPath(
+        k=torch.zeros(batch, rows, key_heads, key_dim, **z),
+        w=torch.zeros(batch, rows, value_heads, **z),
+        u=torch.zeros(batch, rows, value_heads, value_dim, device=device, dtype=u_dtype),
+        decay=torch.ones(batch, value_heads, **z),
+        length=torch.zeros(batch, dtype=torch.int32, device=device),
+        on=torch.zeros(batch, value_heads, value_dim, dtype=torch.int8, device=device))
