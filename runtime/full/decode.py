@@ -21,9 +21,10 @@ import torch
 from simtree.errors import SimtreeError, check_int
 from simtree.fileio import write_text_atomic
 
+from .block_engine import make_engine
 from .build import DTYPES, build_model, dtype_name
 from .drafting import round_shape
-from .engine import OUT_CAP, FullEngine
+from .engine import OUT_CAP
 
 __all__ = ["decode_prompts", "parse_prompt_ids", "parse_dtype"]
 
@@ -57,8 +58,9 @@ def parse_prompt_ids(texts: list[str], vocab: int) -> list[list[int]]:
 
 @torch.no_grad()
 def decode_prompts(model, prompt_ids: list[str] | list[list[int]], spec, max_new_tokens: int, device="cpu",
-                   dtype: torch.dtype | None = None, out: str | Path | None = None, say=None) -> dict:
-    """Decode the prompts live (see the module docstring) -> the report run.json holds."""
+                   dtype: torch.dtype | None = None, out: str | Path | None = None, say=None, costs=None) -> dict:
+    """Decode the prompts live (see the module docstring) -> the report run.json holds; ``costs``:
+    the bundle an adaptive mode (cost_aware, batch_alloc, DSpark's schedule) decides with."""
     max_new_tokens = check_int(max_new_tokens, "--max-new-tokens", 1, OUT_CAP)
     built = build_model(model, device=device, dtype=dtype) if isinstance(model, str) else model
     prompts = ([list(map(int, p)) for p in prompt_ids] if prompt_ids and not isinstance(prompt_ids[0], str)
@@ -69,7 +71,7 @@ def decode_prompts(model, prompt_ids: list[str] | list[list[int]], spec, max_new
         if say is not None:
             say(line)
     max_len = max(map(len, prompts)) + max_new_tokens + rs.budget + 2
-    engine = FullEngine(built, rs, len(prompts), max_len)
+    engine = make_engine(built, rs, len(prompts), max_len, costs=costs)
     engine.capture()
     engine.prefill(prompts)
     stats = engine.run(max_new_tokens=max_new_tokens)

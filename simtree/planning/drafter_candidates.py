@@ -1,8 +1,9 @@
-"""Planner candidates of the block-drafter families, priced by their own C_d - behind an
-explicit opt-in, because the full runtime does not build their rounds yet (a plan names only
-modes ``simtree run`` builds).
+"""Planner candidates of the block-drafter families, priced by their own C_d: offered where the
+cost bundle has the family's cost (the full runtime builds every one: ``runtime/full/block_engine.py``).
 
-    rows = score_drafter_candidates(costs, acc, batch_size=16, context_len=1024, allow_unrunnable=True)
+    rows = score_drafter_candidates(costs, acc, batch_size=16, context_len=1024)
+    specs = drafter_specs(costs)                  # the planner's grid (PolicySpecs) of the bundle's families
+    row = score_spec(costs, acc, spec, 16, 1024)  # one spec (the full runtime's prediction of a run)
 
 Each candidate is scored as the analytic simulator scores the built-in modes: the tokens a
 sequence gains per round (bonus included, averaged over the acceptance model's levels as its
@@ -20,7 +21,8 @@ rounds spread over them) times the batch, over the round's time C_v + C_d:
   levels' weights.  C_v of B + m verified tokens is C_v(n = 1 + m / B, l, B); C_d = dspark(1, L, b).
 
 A family the bundle has no cost for, a block length beyond the drafter's, a threshold outside
-[0, 1]: one-line errors.
+[0, 1]: one-line errors.  The replays of a full-runtime run shape and draw their trees from the
+built-in policy the simulator scores for them (:func:`stand_in`).
 """
 from __future__ import annotations
 
@@ -33,17 +35,67 @@ from simtree.acceptance.mixture import AcceptanceModel
 from simtree.acceptance.predict import accepted_per_round
 from simtree.errors import SimtreeError
 
-__all__ = ["score_drafter_candidates", "default_drafter_grid", "RUNNABLE_NOTE"]
-
-RUNNABLE_NOTE = ("the full runtime does not build block-drafter rounds yet: their candidates are scored only "
-                 "with allow_unrunnable=True and never enter a policy file")
+__all__ = ["score_drafter_candidates", "default_drafter_grid", "drafter_specs", "score_spec", "spec_candidate",
+           "stand_in"]
 
 
-def default_drafter_grid(block_len: int = 7) -> list[tuple[str, dict]]:
-    out = [("block", {"budget": n, "block_len": block_len}) for n in (4, 8, 16, 32)]
-    out += [("tfm", {"budget": n, "width": w}) for n in (8, 16, 32) for w in (1, 4)]
+def default_drafter_grid(block_len: int = 7, max_budget: int = 32) -> list[tuple[str, dict]]:
+    out = [("block", {"budget": n, "block_len": block_len}) for n in (4, 8, 16, 32) if n <= max_budget]
+    out += [("tfm", {"budget": n, "width": w}) for n in (8, 16, 32) for w in (1, 4) if n <= max_budget]
     out += [("dspark", {"block_len": block_len, "threshold": t}) for t in (None, 0.3, 0.6)]
     return out
+
+
+def spec_candidate(spec) -> tuple[str, dict]:
+    """(family, candidate params) of a block-drafter PolicySpec (block, tfm, dspark)."""
+    p = spec.to_dict()
+    if spec.mode == "dspark":
+        return "dspark", {"block_len": p["block_len"], "threshold": p.get("threshold")}
+    if spec.mode in ("block", "tfm"):
+        return spec.mode, p
+    raise SimtreeError(f"mode {spec.mode!r} is not drafted by a block drafter")
+
+
+def _candidate_spec(fam: str, p: dict, block_len: int):
+    from simtree.planning.modes import PolicySpec
+    if fam == "tfm":
+        return PolicySpec.from_dict("tfm", {"budget": p["budget"], "width": p["width"], "block_len": block_len})
+    if fam == "dspark" and p.get("threshold") is None:
+        return PolicySpec.from_dict("dspark", {"block_len": p["block_len"]})
+    return PolicySpec.from_dict(fam, p)
+
+
+def drafter_specs(costs, max_budget: int = 32) -> list:
+    """The default grid as PolicySpecs, for the families the bundle has a cost for (none: [])."""
+    drafters = getattr(costs, "drafters", None) or {}
+    out = []
+    for fam in sorted(drafters):
+        own = drafters[fam].block_len or 7
+        out += [_candidate_spec(f, p, own) for f, p in default_drafter_grid(own, max_budget) if f == fam]
+    return out
+
+
+def stand_in(spec):
+    """The built-in policy whose trees the simulator scores for a block-drafter spec (replays
+    shape and draw their trees by it): block - best-first over block_len positions; tfm - the
+    same, ``width`` pops a step; dspark - the chain of block_len drafts (the prefix verified is
+    the runtime's: a replay's acceptance on it is the chain's)."""
+    from simtree.planning.modes import BestFirstParams, LinearParams
+    if spec.mode == "block":
+        return BestFirstParams(spec.budget, spec.block_len)
+    if spec.mode == "tfm":
+        return BestFirstParams(spec.budget, spec.block_len, spec.width)
+    if spec.mode == "dspark":
+        return LinearParams(spec.block_len + 1)
+    return spec
+
+
+def score_spec(costs, acc: AcceptanceModel, spec, batch_size: int, context_len: float) -> dict:
+    """The row of :func:`score_drafter_candidates` of one block-drafter PolicySpec."""
+    fam, p = spec_candidate(spec)
+    if fam == "tfm":
+        costs.drafter("tfm").check_block_len(spec.block_len)
+    return _score_one(costs, acc, fam, p, int(batch_size), float(context_len))
 
 
 def _dspark_survival(acc: AcceptanceModel, L: int, B: int) -> np.ndarray:
@@ -66,7 +118,7 @@ def _score_one(costs, acc, fam: str, p: dict, b: int, l: int) -> dict:
         n, w = int(p["budget"]), int(p["width"])
         if n < 1 or w < 1:
             raise SimtreeError(f"tfm candidate: budget and width must be >= 1, got {n}, {w}")
-        L = model.check_block_len(model.block_len or 7)
+        L = model.check_block_len(int(p.get("block_len", model.block_len or 7)))
         g = accepted_per_round(acc, "best_first", {"budget": n, "width": w, "draft_depth": L})
         draft, verify = model.predict(n, max(1, math.ceil((n - 1) / w)), b), costs.verify.predict(n, l, b)
     elif fam == "dspark":
@@ -86,17 +138,15 @@ def _score_one(costs, acc, fam: str, p: dict, b: int, l: int) -> dict:
     else:
         raise SimtreeError(f"unknown drafter family {fam!r}")
     step = float(verify) + float(draft)
+    nodes = 1 + m / b if fam == "dspark" else n
     return {"family": fam, "params": p, "batch_size": b, "context_len": l, "tokens_per_round": float(g),
+            "nodes_per_seq": float(nodes),
             "verify_us": float(verify), "draft_us": float(draft), "predicted_tok_s": b * float(g) / step * 1e6}
 
 
 def score_drafter_candidates(costs, acc: AcceptanceModel, *, batch_size: int, context_len: int,
-                             candidates: list[tuple[str, dict]] | None = None,
-                             allow_unrunnable: bool = False) -> list[dict]:
-    """One row per candidate (module docstring), best first; ``allow_unrunnable`` must be True
-    (the explicit opt-in) while the runtime does not build these rounds."""
-    if not allow_unrunnable:
-        raise SimtreeError(RUNNABLE_NOTE)
+                             candidates: list[tuple[str, dict]] | None = None) -> list[dict]:
+    """One row per candidate (module docstring), best first."""
     if batch_size < 1 or context_len < 0:
         raise SimtreeError(f"batch_size must be >= 1 and context_len >= 0, got {batch_size}, {context_len}")
     if candidates is None:   # the default grid of the families the bundle has costs for
