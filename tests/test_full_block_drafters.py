@@ -2,14 +2,11 @@
 DFlash-style drafter's marginals, a TfM-style adapter's tree, DSpark's chain with its
 confidence-scheduled verify - lossless for both families, bad input refused in one line, their
 rounds' marginals and confidences in the traces."""
-from dataclasses import dataclass
-
 import numpy as np
 import pytest
 import torch
 
 from simtree.acceptance.traces import parse_record
-from simtree.costs.model import CostBundle, DrafterCostModel
 from simtree.costs.synthetic import synthetic_costs
 from simtree.errors import SimtreeError
 from simtree.planning.modes import PolicySpec
@@ -18,28 +15,13 @@ from simtree.runtime.full.drafting import round_shape
 from simtree.runtime.full.lossless import check_lossless
 from simtree.trees.builders import best_first_order
 
-from full_helpers import FAMILIES, PROMPTS, tiny_model
+from full_helpers import FAMILIES, PROMPTS, drafter_costs, tiny_model
 
 TINY = {"sizes": {"layers": 1, "cand_k": 32, "adapter_dim": 16, "markov_rank": 32}}
 SPECS = [PolicySpec.from_dict("block", {"budget": 8, "block_len": 7}),
          PolicySpec.from_dict("tfm", {"budget": 8, "width": 2, "block_len": 5}),
          PolicySpec.from_dict("dspark", {"block_len": 6, "threshold": 0.05}),
          PolicySpec.from_dict("dspark", {"block_len": 7})]
-
-
-@dataclass
-class _Surface:
-    per_unit_us: float
-
-    def predict(self, x, y, b):
-        return 100.0 + self.per_unit_us * (x + y) * b
-
-
-def drafter_costs(per_token_us: float = 10.0, families=("block", "tfm", "dspark")) -> CostBundle:
-    """Synthetic verify / draft costs (nodes cost verify time) with C_d for ``families``."""
-    base = synthetic_costs(weights_us=0.0, per_token_us=per_token_us)
-    return CostBundle(base.verify, base.draft, {"model": "tiny"},
-                      {f: DrafterCostModel(_Surface(0.5), {"block_len": 7}, f) for f in families})
 
 
 COSTS = drafter_costs()

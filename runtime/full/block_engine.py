@@ -46,7 +46,7 @@ from .block_drafters import DrafterRound
 from .drafting import MARGINAL_TOPK, RoundShape, lay_out, pad_tree
 from .engine import FullEngine
 
-__all__ = ["BlockEngine", "make_engine", "feature_layers", "round_records", "FAMILY_FIELDS"]
+__all__ = ["BlockEngine", "make_engine", "check_block_len", "feature_layers", "round_records", "FAMILY_FIELDS"]
 
 # drafter sizes of one family only (``sizes`` may name them for every family: the others' are dropped)
 FAMILY_FIELDS = {"tfm": ("cand_k", "adapter_dim"), "dspark": ("markov_rank",)}

@@ -52,10 +52,11 @@ from simtree.acceptance.model import Workload, get_workload
 from simtree.errors import ExtrapolationWarning, SimtreeError, captured_warnings
 from simtree.fileio import write_text_atomic
 from simtree.models import get_model
+from simtree.planning.modes import BLOCK_DRAFTER_MODES
 from simtree.planning.simulate import PolicySpec, analytic_run
 
 from .acceptance import SAMPLINGS, Live, ModelReplay, StratifiedReplay, TraceReplay, adaptive_bucket
-from .block_engine import make_engine
+from .block_engine import check_block_len, make_engine
 from .build import build_model
 from .drafting import RUNTIME_MODES, RoundShape, round_shape
 from .report import EXTRA_COLUMNS, SUMMARY_COLUMNS, write_summary
@@ -341,6 +342,10 @@ def full_run(model, *, device: str = "cuda", costs=None, policy=None, batch_size
         notes.append("no cost bundle: measured only (summary.json keeps every round: "
                      "simtree.runtime.full.measure.repredict predicts them from a bundle later)")
     workload = policy_workload or source.name
+    for B in batch_sizes:     # a block drafter the bundle cannot price, or too long a block: one line, first
+        for _, spec in _policies(policy, workload, B, [], extra):
+            if spec.mode in BLOCK_DRAFTER_MODES:
+                check_block_len(round_shape(spec), costs)
     runs = []
     pred_notes: list = []
     result = _result(runs, costs, source, cfg, workload, notes, replay, acceptance, None, pred_notes)
