@@ -90,3 +90,18 @@ def test_simulate_and_the_tiny_runtime_refuse_block_drafter_modes_in_one_line():
         simulate(synthetic_costs(), WL, 2, PolicySpec.from_dict("block", {"budget": 8}))
     _one_line_error(CliRunner().invoke(app, ["run", "--mode", "tfm", "--batch-size", "1", "--max-new-tokens", "4"]),
                     "run it with --model")
+
+
+def test_the_modes_table_ranks_every_mode_beside_the_plans_choice():
+    from simtree.runtime.full.modes_gpu import modes_table
+    nan = float("nan")
+    rows = [{"batch_size": b, "policy": p, "measured_tok_s": t, "predicted_tok_s": 1.0, "rel_err": 0.0,
+             "measured_accepted": 2.0, "measured_round_ms": 1.0}
+            for b, p, t in [(1, "plain:none", 10.0), (1, "plan:block_d8_p7", 30.0), (1, "eagle:eagle_s3_k2_d6", 40.0),
+                            (4, "plain:none", 20.0), (4, "plan:dspark_p7_sched", 90.0), (4, "tfm:tfm_d16_w4_p7", nan)]]
+    table = modes_table(rows, "m", "")
+    one = [r for r in table if r["batch_size"] == 1]
+    assert [r["measured_rank"] for r in one] == [3, 2, 1]
+    assert all(r["best_measured"] == "eagle:eagle_s3_k2_d6" and r["plan_over_best"] == 0.75 for r in one)
+    four = [r for r in table if r["batch_size"] == 4]
+    assert len(four) == 2 and four[1]["plan_choice"] and four[1]["plan_over_best"] == 1.0   # a failed run: no row

@@ -145,3 +145,22 @@ def test_bad_drafter_policies_are_refused_in_one_line():
         make_engine(model, round_shape(SPECS[3]), 1, 64, **TINY)
     with pytest.raises(SimtreeError, match="not drafted by a block drafter"):
         BlockEngine(model, round_shape(PolicySpec.from_dict("linear", {"budget": 3})), 1, 64)
+
+
+def test_a_given_prompts_run_writes_traces_the_acceptance_model_reads(tmp_path):
+    """simtree run --model --prompt-ids with a block drafter: traces.jsonl beside run.json, read
+    back by read_traces; chain_trials reads every marginal rank, calibrate_confidence the head."""
+    from simtree.acceptance.confidence_head import calibrate_confidence
+    from simtree.acceptance.traces import chain_trials, read_traces
+    from simtree.runtime.full.decode import decode_prompts
+    model = tiny_model("tiny-gdn", dtype=torch.float32)
+    spec = PolicySpec.from_dict("dspark", {"block_len": 5, "threshold": 0.02})
+    report = decode_prompts(model, PROMPTS[:2], spec, 12, device="cpu", out=tmp_path)
+    plain = decode_prompts(model, PROMPTS[:2], PolicySpec.from_dict("none"), 12, device="cpu")
+    assert report["outputs"] == plain["outputs"]
+    records = read_traces(report["files"]["traces"])
+    assert len(records) == 2 * report["rounds"] and all(r.drafter == "dspark" for r in records)
+    assert all(r.confidence.shape == (5,) and r.marginal_ranks is not None for r in records)
+    assert chain_trials(records, topk=4) is not None
+    cal = calibrate_confidence(records)
+    assert np.all(np.diff(cal.rate) >= 0)

@@ -46,7 +46,8 @@ from .block_drafters import DrafterRound
 from .drafting import MARGINAL_TOPK, RoundShape, lay_out, pad_tree
 from .engine import FullEngine
 
-__all__ = ["BlockEngine", "make_engine", "check_block_len", "feature_layers", "round_records", "FAMILY_FIELDS"]
+__all__ = ["BlockEngine", "make_engine", "check_block_len", "feature_layers", "round_records", "traced_rounds",
+           "FAMILY_FIELDS"]
 
 # drafter sizes of one family only (``sizes`` may name them for every family: the others' are dropped)
 FAMILY_FIELDS = {"tfm": ("cand_k", "adapter_dim"), "dspark": ("markov_rank",)}
@@ -273,3 +274,15 @@ def round_records(engine: BlockEngine, *, workload: str, round_index: int, conte
             rec["verified_len"] = int(verified[b])
         out.append(rec)
     return out
+
+
+def traced_rounds(engine: BlockEngine, max_new_tokens: int, workload: str) -> list[dict]:
+    """Live rounds until every sequence has ``max_new_tokens`` outputs, one round at a time (the
+    host reads each round's buffers after it): the trace records of every round."""
+    records, index = [], 0
+    while int(engine.out_len.min()) < max_new_tokens:
+        ctx = engine.st.lengths.tolist()
+        engine.run(rounds=1)
+        records += round_records(engine, workload=workload, round_index=index, context_lens=ctx)
+        index += 1
+    return records
