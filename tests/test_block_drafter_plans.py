@@ -14,6 +14,7 @@ from simtree.errors import SimtreeError
 from simtree.planning.modes import BLOCK_DRAFTER_MODES, PolicySpec
 from simtree.planning.planner import SearchSpace, plan
 from simtree.planning.policy_file import Policy
+from simtree.planning.sglang import export
 from simtree.runtime.full.block_engine import make_engine
 from simtree.runtime.full.drafting import round_shape
 from simtree.runtime.full.measure import full_run
@@ -45,6 +46,10 @@ def test_a_plan_that_chooses_a_block_drafter_runs_from_its_policy_file(tmp_path)
     path = res.to_policy().save(tmp_path / "policy.json")
     assert Policy.load(path).entries[0].params == PolicySpec.from_dict(res.chosen.iloc[0]["mode"],
                                                                       json.loads(res.chosen.iloc[0]["params"]))
+    res.candidates.to_csv(tmp_path / "candidates.csv", index=False)
+    static = export(path, "w", 4)          # SGLang runs one static tree: the best static candidate
+    assert static.exported_policy.startswith(("eagle", "linear", "none"))
+    assert static.planned_policy.startswith(res.chosen.iloc[-1]["mode"]) and static.loss_vs_planned >= 0
     out = full_run(tiny_model("tiny-gdn"), device="cpu", costs=CHEAP, policy=path, policy_workload="w",
                    batch_sizes=[4], acceptance="gsm8k", context_len=16, rounds=2, warmup_rounds=0)
     plan_row = next(r for r in out["rows"] if r["policy"].startswith("plan:"))
@@ -105,3 +110,14 @@ def test_the_modes_table_ranks_every_mode_beside_the_plans_choice():
     assert all(r["best_measured"] == "eagle:eagle_s3_k2_d6" and r["plan_over_best"] == 0.75 for r in one)
     four = [r for r in table if r["batch_size"] == 4]
     assert len(four) == 2 and four[1]["plan_choice"] and four[1]["plan_over_best"] == 1.0   # a failed run: no row
+
+
+def test_a_deployments_costs_keep_the_ranks_drafters():
+    """A bundle of one rank of several GPUs is planned composed with its collectives: the block
+    drafters' C_d stay the rank's (a dense drafter on each rank's own batch)."""
+    from simtree.deploy.costs import DeploymentCosts
+    rank = drafter_costs(families=("dspark",))
+    composed = DeploymentCosts(rank, None, None, rank.verify, rank.draft, rank.meta)
+    assert list(composed.drafters) == ["dspark"] and composed.drafter("dspark") is rank.drafters["dspark"]
+    with pytest.raises(SimtreeError, match="no cost for drafter 'block'"):
+        composed.drafter("block")

@@ -35,8 +35,8 @@ from simtree.acceptance.mixture import AcceptanceModel
 from simtree.acceptance.predict import accepted_per_round
 from simtree.errors import SimtreeError
 
-__all__ = ["score_drafter_candidates", "default_drafter_grid", "drafter_specs", "score_spec", "spec_candidate",
-           "stand_in"]
+__all__ = ["score_drafter_candidates", "default_drafter_grid", "drafter_specs", "score_spec", "score_run",
+           "spec_candidate", "stand_in"]
 
 
 def default_drafter_grid(block_len: int = 7, max_budget: int = 32) -> list[tuple[str, dict]]:
@@ -88,6 +88,17 @@ def stand_in(spec):
     if spec.mode == "dspark":
         return LinearParams(spec.block_len + 1)
     return spec
+
+
+def score_run(costs, workload, spec, batch_size: int) -> dict:
+    """A block-drafter spec over a workload's run, as the planner scores the fixed shapes: the
+    round (:func:`score_spec`) at the run's middle context, the run priced by ``analytic_static``;
+    the row plus ``tok_s`` and ``round_us``."""
+    from simtree.planning.simulate import analytic_static
+    lo, n = workload.mean_prompt_len, workload.output_len
+    r = score_spec(costs, workload.acceptance, spec, batch_size, lo + n / 2)
+    out = analytic_static(r["tokens_per_round"], r["nodes_per_seq"], r["draft_us"], costs, batch_size, lo, n)
+    return {**r, "tok_s": float(out["throughput_tok_s"][0]), "round_us": float(out["total_us"][0] / out["rounds"][0])}
 
 
 def score_spec(costs, acc: AcceptanceModel, spec, batch_size: int, context_len: float) -> dict:

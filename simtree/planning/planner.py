@@ -237,27 +237,19 @@ def _score(costs: Costs, workload: Workload, table: pd.DataFrame, adaptive: list
     return pd.concat([df, pd.DataFrame(rows)], ignore_index=True) if rows else df
 
 
-def _drafter_rows(costs: Costs, drafters, workload: Workload, specs: list[PolicySpec], b: int) -> pd.DataFrame:
+def _drafter_rows(costs: Costs, workload: Workload, specs: list[PolicySpec], b: int) -> pd.DataFrame:
     """The block-drafter candidates (:mod:`simtree.planning.drafter_candidates`) of one
-    (workload, batch size), as the fixed shapes are scored: the round's tokens, verified nodes
-    and C_d at the run's middle context, the run priced by ``analytic_static``.  ``drafters``:
-    the bundle whose ``drafter(family)`` gives C_d."""
-    from types import SimpleNamespace
-
-    from simtree.planning.drafter_candidates import score_spec
-    priced = SimpleNamespace(verify=costs.verify, drafter=drafters.drafter)
+    (workload, batch size), scored as the fixed shapes are (``score_run``)."""
+    from simtree.planning.drafter_candidates import score_run
     lo, hi = workload.mean_prompt_len, workload.mean_prompt_len + workload.output_len
     rows = []
     for spec in specs:
-        r = score_spec(priced, workload.acceptance, spec, b, (lo + hi) / 2)
-        out = analytic_static(r["tokens_per_round"], r["nodes_per_seq"], r["draft_us"], costs, b, lo,
-                              workload.output_len)
+        r = score_run(costs, workload, spec, b)
         rows.append({"policy": spec.name, "mode": spec.mode, "params": json.dumps(spec.to_dict(), sort_keys=True),
                      "budget": spec.fixed_budget, "tokens_per_round": r["tokens_per_round"],
                      "nodes_per_seq": r["nodes_per_seq"], "nodes_std": 0.0, "draft_steps": 0, "draft_topk": 0,
                      "min_nodes": 1.0, "max_nodes": float(spec.max_nodes), "workload": workload.name,
-                     "batch_size": b, "tok_s": float(out["throughput_tok_s"][0]),
-                     "round_us": float(out["total_us"][0] / out["rounds"][0]), "draft_us": r["draft_us"],
+                     "batch_size": b, "tok_s": r["tok_s"], "round_us": r["round_us"], "draft_us": r["draft_us"],
                      "ctx_lo": lo, "ctx_hi": hi})
     return pd.DataFrame(rows)
 
@@ -272,9 +264,8 @@ def plan(costs: Costs, workloads: Sequence[Workload], batch_sizes: Sequence[int]
     from simtree.planning.drafter_candidates import drafter_specs
 
     # the block drafters the bundle has C_d for (draft_steps 0: the MTP layer's C_d is not asked)
-    blocks = [sp for sp in drafter_specs(costs, max(space.budgets)) if sp.mode in space.searched]
-    drafters = costs
     costs = deployment_costs(costs)
+    blocks = [sp for sp in drafter_specs(costs, max(space.budgets)) if sp.mode in space.searched]
     if not batch_sizes:
         raise SimtreeError("plan needs at least one batch size")
     sizes = sorted({check_batch_size(b, "batch sizes") for b in batch_sizes})
@@ -293,7 +284,7 @@ def plan(costs: Costs, workloads: Sequence[Workload], batch_sizes: Sequence[int]
             for b in sizes:
                 df = _score(costs, workload, table, adaptive, b, space.adaptive_verify)
                 if blocks:
-                    df = pd.concat([df, _drafter_rows(costs, drafters, workload, blocks, b)], ignore_index=True)
+                    df = pd.concat([df, _drafter_rows(costs, workload, blocks, b)], ignore_index=True)
                 queries = queried_ranges(df)
                 drafted = df["draft_steps"].to_numpy() > 0
                 for key, (lo, hi) in queries.items():
