@@ -109,7 +109,11 @@ def _lossless(s: Session, model, specs, costs) -> None:
         if s.left() < 60:
             s.log(f"lossless {spec.name}: skipped, time")
             continue
-        r = check_lossless(model, prompts, [spec], 16, costs=costs)[0]
+        try:
+            r = check_lossless(model, prompts, [spec], 16, costs=costs)[0]
+        except Exception as exc:   # noqa: BLE001 - one mode's failure is logged, the next runs
+            s.log(f"lossless {spec.name} FAILED: {type(exc).__name__}: {exc}")
+            continue
         r["near_tie"] = bool(not r["match"] and r["margin"] is not None and r["margin"] <= 2 * r["deviation"])
         s.log(f"lossless {r['policy']}: {'MATCH' if r['match'] else 'near-tie' if r['near_tie'] else 'DIFFERS'} "
               f"(accepted/round {r['accepted_tokens_per_round']:.2f})")
