@@ -121,3 +121,19 @@ def test_a_deployments_costs_keep_the_ranks_drafters():
     assert list(composed.drafters) == ["dspark"] and composed.drafter("dspark") is rank.drafters["dspark"]
     with pytest.raises(SimtreeError, match="no cost for drafter 'block'"):
         composed.drafter("block")
+
+
+def test_given_prompts_decode_with_a_block_drafter_from_the_command_line(tmp_path):
+    """simtree run --model M --prompt-ids ... --mode block --draft-depth L: plain decoding's
+    tokens, and the round's traces beside run.json."""
+    base = ["run", "--model", "tiny-gdn", "--device", "cpu", "--dtype", "float32", "--prompt-ids", "5,6,7,8",
+            "--prompt-ids", "9,3", "--max-new-tokens", "6", "--json"]
+    plain = CliRunner().invoke(app, base + ["--mode", "none", "--out", str(tmp_path / "plain")])
+    got = CliRunner().invoke(app, base + ["--mode", "block", "--budget", "6", "--draft-depth", "5",
+                                          "--out", str(tmp_path / "block")])
+    assert plain.exit_code == 0 and got.exit_code == 0, got.output
+    report = json.loads(got.stdout)
+    assert report["policy"] == "block_d6_p5" and report["outputs"] == json.loads(plain.stdout)["outputs"]
+    assert (tmp_path / "block" / "traces.jsonl").is_file()
+    _one_line_error(CliRunner().invoke(app, base + ["--mode", "dspark", "--out", str(tmp_path / "d")]),
+                    "mode dspark needs a cost model")

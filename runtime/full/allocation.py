@@ -59,7 +59,8 @@ def draft_cost_us(costs, rs: RoundShape, batch_size: int) -> float:
 class DeviceAllocation:
     def __init__(self, costs, rs: RoundShape, batch_size: int, max_len: int, device):
         if costs is None:
-            raise SimtreeError(f"mode {rs.alloc} needs a cost model (--costs): it weighs tree size against verify cost")
+            raise SimtreeError(f"mode {rs.spec.mode} needs a cost model (--costs): it weighs tree size against verify "
+                               "cost")
         if rs.alloc not in ("cost_aware", "batch_alloc"):
             raise SimtreeError(f"round shape {rs.name} has no per-round allocation")
         B, m = int(batch_size), max(min(rs.tree_nodes - 1, rs.candidates), 0)
