@@ -50,11 +50,19 @@ def test_a_plan_that_chooses_a_block_drafter_runs_from_its_policy_file(tmp_path)
     static = export(path, "w", 4)          # SGLang runs one static tree: the best static candidate
     assert static.exported_policy.startswith(("eagle", "linear", "none"))
     assert static.planned_policy.startswith(res.chosen.iloc[-1]["mode"]) and static.loss_vs_planned >= 0
+    dspark = PolicySpec.from_dict("dspark", {"block_len": 7})
     out = full_run(tiny_model("tiny-gdn"), device="cpu", costs=CHEAP, policy=path, policy_workload="w",
-                   batch_sizes=[4], acceptance="gsm8k", context_len=16, rounds=2, warmup_rounds=0)
+                   batch_sizes=[4], acceptance="gsm8k", context_len=16, rounds=2, warmup_rounds=0,
+                   extra=[("dspark", dspark)])
     plan_row = next(r for r in out["rows"] if r["policy"].startswith("plan:"))
     assert plan_row["policy"] == f"plan:{res.chosen.iloc[-1]['policy']}"
     assert plan_row["measured_tok_s"] > 0 and np.isfinite(plan_row["predicted_round_ms"]), plan_row
+    # DSpark's schedule verifies the chain cut to its decision's longest prefix, every round
+    from simtree.acceptance.model import get_workload
+    from simtree.planning.drafter_candidates import score_spec
+    bucket = score_spec(CHEAP, get_workload("gsm8k").acceptance, dspark, 4, 16)["nodes_per_seq"]
+    row = next(r for r in out["rows"] if r["policy"] == f"dspark:{dspark.name}")
+    assert row["nodes"] == bucket and 2 <= bucket <= 8 and row["measured_tok_s"] > 0
 
 
 def _policy_file(tmp_path, mode, params) -> str:

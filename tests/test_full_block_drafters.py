@@ -97,6 +97,20 @@ def test_the_schedule_verifies_less_under_load():
     assert verified[0.001] == 3 * 7 and verified[400.0] < verified[0.001]
 
 
+def test_a_dspark_bucket_caps_the_chain_and_stays_lossless():
+    """A bucket of 3 nodes (the planner's cut under load): the chain holds 2 drafts, at most 2
+    verified, and the output is still plain greedy decoding's."""
+    from simtree.runtime.full.lossless import _decode
+    model = tiny_model("tiny-v4", dtype=torch.float32)
+    rs = round_shape(SPECS[3], nodes=3)
+    engine = make_engine(model, rs, 3, 256, costs=COSTS, **TINY)
+    engine.prefill(PROMPTS)
+    engine.run(max_new_tokens=12)
+    assert engine.tree.tokens.shape == (3, 3) and int(engine.verified_len.max()) <= 2
+    plain = _decode(model, PROMPTS, PolicySpec.from_dict("none"), 12, 256)[0]
+    assert [o[:12] for o in engine.outputs()] == plain
+
+
 def test_round_records_carry_marginal_ranks_and_confidence():
     for spec in (SPECS[0], SPECS[2]):
         engine = _engine("tiny-gdn", spec, batch=2)

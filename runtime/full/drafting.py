@@ -167,10 +167,11 @@ def round_shape(spec, nodes: int | None = None) -> RoundShape:
         raise SimtreeError(f"mode {mode}: the full runtime builds {', '.join(RUNTIME_MODES)} on the device")
     if not (rs.marginal or rs.block_drafter) and rs.budget > 1 and rs.budget - 1 > rs.candidates:
         raise SimtreeError(f"{rs.name}: budget {rs.budget} exceeds the {1 + rs.candidates} nodes its steps draft")
-    if nodes is not None:
-        if nodes < (2 if rs.alloc != "fixed" else rs.budget):
+    if nodes is not None:   # cost_aware, batch_alloc, dspark: a smaller bucket caps the round
+        if nodes < (2 if rs.alloc != "fixed" or rs.drafter == "dspark" else rs.budget):
             raise SimtreeError(f"bucket of {nodes} nodes is smaller than the budget {rs.budget}"
-                               if rs.alloc == "fixed" else f"bucket of {nodes} nodes: {rs.name} needs at least 2")
+                               if rs.alloc == "fixed" and rs.drafter != "dspark"
+                               else f"bucket of {nodes} nodes: {rs.name} needs at least 2")
         rs = dataclasses.replace(rs, nodes=int(nodes))
     return rs
 

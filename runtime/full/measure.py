@@ -140,8 +140,12 @@ class _Source:
         are one and a cost bundle, else their max budget."""
         rs = round_shape(spec)
         model = self.prediction_model()
-        if rs.alloc == "fixed" or rs.block_drafter or model is None or costs is None:
+        if model is None or costs is None or (rs.alloc == "fixed" and rs.drafter != "dspark") or \
+                rs.drafter in ("block", "tfm"):
             return rs
+        if rs.drafter == "dspark":   # the chain cut to the longest prefix the plan's decision verifies
+            from simtree.planning.drafter_candidates import score_spec
+            return round_shape(spec, int(score_spec(costs, model, spec, batch_size, context_len)["nodes_per_seq"]))
         return round_shape(spec, adaptive_bucket(model, rs, batch_size, costs, context_len))
 
     def prediction_model(self):
@@ -183,7 +187,7 @@ def predict(costs, acc_model, spec: PolicySpec, rs: RoundShape, batch_size: int,
         return dict(NO_PREDICTION)
     B = batch_size
     if rs.block_drafter:
-        return _predict_block_drafter(costs, acc_model, spec, B, stats)
+        return _predict_block_drafter(costs, acc_model, spec, rs.nodes, B, stats)
     draft_us = 0.0 if rs.plain else float(costs.draft.predict(*spec.draft_shape(), B))
     verify_us = float(np.mean([float(costs.verify.predict(rs.nodes, float(c), B)) for c in stats.context_lens]))
     round_ms = (draft_us + verify_us) / 1e3
@@ -209,15 +213,16 @@ def predict(costs, acc_model, spec: PolicySpec, rs: RoundShape, batch_size: int,
     return out
 
 
-def _predict_block_drafter(costs, acc_model, spec: PolicySpec, batch_size: int, stats) -> dict:
+def _predict_block_drafter(costs, acc_model, spec: PolicySpec, nodes: int, batch_size: int, stats) -> dict:
     """A block drafter's round as the planner scores it (:func:`simtree.planning.drafter_candidates.score_spec`)
-    at the run's mean context: its C_d, C_v of the nodes it verifies, the acceptance model's tokens
-    per round (without one: the measured, the prediction then only of the round time)."""
+    at the run's mean context: its C_d, C_v of the ``nodes`` its bucket verifies, the acceptance
+    model's tokens per round (without one: the measured, the prediction then only of the round time)."""
     from simtree.planning.drafter_candidates import score_spec
     ctx = float(np.mean(stats.context_lens))
-    live = acc_model is None     # the round time does not depend on the acceptance model: any one prices it
+    live = acc_model is None     # C_d does not depend on the acceptance model: any one prices it
     r = score_spec(costs, get_workload("gsm8k").acceptance if live else acc_model, spec, batch_size, ctx)
-    round_ms = (r["draft_us"] + r["verify_us"]) / 1e3
+    verify_us = float(np.mean([float(costs.verify.predict(nodes, float(c), batch_size)) for c in stats.context_lens]))
+    round_ms = (r["draft_us"] + verify_us) / 1e3
     g = stats.accepted_tokens_per_round if live else r["tokens_per_round"]
     return {"predicted_round_ms": round_ms, "predicted_tok_s": batch_size * g / round_ms * 1e3,
             "predicted_accepted": float("nan") if live else r["tokens_per_round"],

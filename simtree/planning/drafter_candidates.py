@@ -15,10 +15,12 @@ rounds spread over them) times the batch, over the round's time C_v + C_d:
   a step (``best_first`` with width w over the drafter's block); C_d = tfm(n, ceil((n-1)/w), b).
 - ``dspark`` {block_len L, threshold}: a chain of L drafted by the Markov head; the batch
   verifies the prefixes chosen by the confidence schedule (``confidence_verify_lens``: the m
-  positions most likely to survive, m maximising throughput; ``threshold`` None) or those whose
-  survival clears a fixed ``threshold`` in [0, 1]; the survival of a position is the level's
-  chain acceptance (a calibrated confidence head).  Sequences are spread over the levels by the
-  levels' weights.  C_v of B + m verified tokens is C_v(n = 1 + m / B, l, B); C_d = dspark(1, L, b).
+  positions most likely to survive, m maximising throughput - the schedule's belief prices
+  B + m tokens at C_v(1 + m / B, l, B); ``threshold`` None) or those whose survival clears a
+  fixed ``threshold`` in [0, 1]; the survival of a position is the level's chain acceptance (a
+  calibrated confidence head).  Sequences are spread over the levels by the levels' weights.
+  The full runtime verifies a static bucket: the chain cut to the longest prefix chosen
+  (:func:`dspark_bucket`), every round, priced C_v(bucket, l, b); C_d = dspark(1, L, b).
 
 A family the bundle has no cost for, a block length beyond the drafter's, a threshold outside
 [0, 1]: one-line errors.  The replays of a full-runtime run shape and draw their trees from the
@@ -36,7 +38,7 @@ from simtree.acceptance.predict import accepted_per_round
 from simtree.errors import SimtreeError
 
 __all__ = ["score_drafter_candidates", "default_drafter_grid", "drafter_specs", "score_spec", "score_run",
-           "spec_candidate", "stand_in"]
+           "spec_candidate", "stand_in", "dspark_bucket"]
 
 
 def default_drafter_grid(block_len: int = 7, max_budget: int = 32) -> list[tuple[str, dict]]:
@@ -118,6 +120,12 @@ def _dspark_survival(acc: AcceptanceModel, L: int, B: int) -> np.ndarray:
     return np.repeat(surv, counts, axis=0)
 
 
+def dspark_bucket(lens: np.ndarray) -> int:
+    """The static chain a DSpark run verifies every round: the root and the longest prefix the
+    schedule (or threshold) verifies, at least one drafted position."""
+    return 1 + max(int(np.max(lens)) if np.size(lens) else 0, 1)
+
+
 def _score_one(costs, acc, fam: str, p: dict, b: int, l: int) -> dict:
     model = costs.drafter(fam)
     if fam == "block":
@@ -144,14 +152,15 @@ def _score_one(costs, acc, fam: str, p: dict, b: int, l: int) -> dict:
         chosen = np.arange(L)[None, :] < lens[:, None]
         g = 1.0 + float((surv * chosen).sum()) / b
         m = int(lens.sum())
-        draft, verify = model.predict(1, L, b), costs.verify.predict(1 + m / b, l, b)
-        p = {**p, "threshold_used": round(float(thr_used), 6), "verified_per_seq": round(m / b, 4)}
+        # the full runtime verifies a static bucket every round: the chain cut to the longest prefix
+        n = dspark_bucket(lens)
+        draft, verify = model.predict(1, L, b), costs.verify.predict(n, l, b)
+        p = {**p, "threshold_used": round(float(thr_used), 6), "verified_per_seq": round(m / b, 4), "bucket": n}
     else:
         raise SimtreeError(f"unknown drafter family {fam!r}")
     step = float(verify) + float(draft)
-    nodes = 1 + m / b if fam == "dspark" else n
     return {"family": fam, "params": p, "batch_size": b, "context_len": l, "tokens_per_round": float(g),
-            "nodes_per_seq": float(nodes),
+            "nodes_per_seq": float(n),
             "verify_us": float(verify), "draft_us": float(draft), "predicted_tok_s": b * float(g) / step * 1e6}
 
 
