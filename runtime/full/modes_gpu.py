@@ -32,7 +32,7 @@ from pathlib import Path
 import pandas as pd
 
 from simtree.fileio import write_text_atomic
-from simtree.planning.modes import PolicySpec
+from simtree.planning.modes import BLOCK_DRAFTER_MODES, PolicySpec
 
 from .gpu_run import Session, default_costs, runtime_deployment
 
@@ -156,6 +156,11 @@ def main(argv=None) -> int:
                 s.log(f"plan batch {row.batch_size}: {row.policy} ({row.tok_s:.0f} tok/s predicted)")
     except Exception as exc:   # noqa: BLE001 - the runs go on without a plan
         s.log(f"costs FAILED: {type(exc).__name__}: {exc}\n{traceback.format_exc()}")
+    priced = set(getattr(costs, "drafters", None) or {})
+    unpriced = [sp.name for sp in specs if sp.mode in BLOCK_DRAFTER_MODES and sp.mode not in priced]
+    if unpriced:
+        s.log(f"no C_d for {', '.join(unpriced)}: not run")
+        specs = [sp for sp in specs if sp.name not in unpriced]
     from .build import build_model
     t0 = time.time()
     model = build_model(args.model, args.device)
