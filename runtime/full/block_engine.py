@@ -253,17 +253,19 @@ def round_records(engine: BlockEngine, *, workload: str, round_index: int, conte
     conf, verified = engine.confidence.cpu().numpy(), engine.verified_len.cpu().numpy()
     out = []
     for b in range(engine.B):
-        n = max(int(valid[b].sum()), 1)        # the verified tree: valid nodes come first
-        keep = np.arange(n)
-        par = parents[b, keep]
+        keep = np.flatnonzero(valid[b])         # the verified tree (the root is valid), in topological order
+        new_index = np.full(tokens.shape[1], -1)
+        new_index[keep] = np.arange(keep.size)
+        par = np.where(parents[b, keep] < 0, -1, new_index[np.maximum(parents[b, keep], 0)])
         own = score[b, keep]
-        cond = [0.0] + [float(own[j] - own[par[j]]) if par[j] > 0 else float(own[j]) for j in range(1, n)]
+        cond = [0.0] + [float(own[j] - own[par[j]]) if par[j] > 0 else float(own[j]) for j in range(1, keep.size)]
         a = int(acc_len[b])
         rec = {"schema": TRACE_SCHEMA, "workload": workload, "batch_size": engine.B, "round": int(round_index),
                "seq": b, "mode": rs.spec.mode, "context_len": int(context_lens[b]), "parents": par.tolist(),
                "tokens": tokens[b, keep].tolist(), "log_probs": [round(x, 6) for x in cond],
-               "ranks": ranks[b, keep].tolist(), "accepted_path": path[b, :a + 1].tolist(),
-               "accepted_node": int(path[b, a]), "num_accepted": a, "target_tokens": follow[b, :a + 1].tolist(),
+               "ranks": ranks[b, keep].tolist(), "accepted_path": new_index[path[b, :a + 1]].tolist(),
+               "accepted_node": int(new_index[path[b, a]]), "num_accepted": a,
+               "target_tokens": follow[b, :a + 1].tolist(),
                "drafter": rs.drafter}
         if rs.drafter != "tfm":
             rec["topk_tokens"] = ids[b].tolist()
