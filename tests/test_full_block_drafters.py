@@ -112,14 +112,15 @@ def test_a_dspark_bucket_caps_the_chain_and_stays_lossless():
 
 
 def test_round_records_carry_marginal_ranks_and_confidence():
-    for spec in (SPECS[0], SPECS[2]):
+    for spec in (SPECS[0], SPECS[1], SPECS[2]):
         engine = _engine("tiny-gdn", spec, batch=2)
         engine.prefill(PROMPTS[:2])
         ctx = engine.st.lengths.tolist()
         engine.run(rounds=1)
         for b, rec in enumerate(round_records(engine, workload="w", round_index=0, context_lens=ctx)):
             parsed = parse_record(rec, f"record {b}")
-            assert parsed.drafter == spec.mode and parsed.marginal_ranks is not None
+            assert parsed.drafter == spec.mode and (parsed.marginal_ranks is None) == (spec.mode == "tfm")
+            assert len(rec["parents"]) == int(engine.tree.valid[b].sum())
             assert rec["num_accepted"] == int(engine._acc_len[b])
             if spec.mode == "dspark":
                 assert parsed.confidence.shape == (6,) and parsed.verified_len == int(engine.verified_len[b])
