@@ -49,7 +49,7 @@ from simtree.costs.model import Costs
 from simtree.errors import ExtrapolationWarning, SimtreeError, captured_warnings, check_int
 from simtree.fileio import write_text_atomic
 from simtree.machine.metadata import device_label, require_device
-from simtree.planning.modes import ADAPTIVE_MODES, NoneParams, PolicySpec
+from simtree.planning.modes import ADAPTIVE_MODES, BLOCK_DRAFTER_MODES, NoneParams, PolicySpec
 from simtree.runtime.data import prompts as load_prompts
 from simtree.runtime.engine import SpecEngine, check_spec, greedy_decode
 from simtree.runtime.loading import DEFAULT_MODELS_DIR, load_model
@@ -228,6 +228,9 @@ def _live_run(*, spec, policy, policy_workload, workload, batch_size, prompts, m
     warn = _Warnings()
     torch.set_num_threads(threads)
     spec, policy_info = _resolve_spec(policy, policy_workload, workload, batch_size, spec, warn, here)
+    if spec.mode in BLOCK_DRAFTER_MODES:
+        raise SimtreeError(f"mode {spec.mode} drafts with a block drafter, which the full runtime builds: "
+                           "run it with --model (a registry model or checkpoint)")
     costs_label = None
     if isinstance(costs, (str, Path)):
         from simtree.costs.model import load_costs

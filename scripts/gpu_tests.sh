@@ -14,7 +14,7 @@ source scripts/gpu_install.sh
 gpu_install || log "editable install FAILED"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv >> "$LOG" 2>&1
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" >> "$LOG" 2>&1
-for f in tests/test_full_gpu.py tests/test_checkpoint_parity.py tests/test_drafters.py tests/test_layers_fused.py \
+for f in tests/test_full_gpu.py tests/test_block_drafters_gpu.py tests/test_checkpoint_parity.py tests/test_drafters.py tests/test_layers_fused.py \
          tests/test_fp8.py tests/test_v4_mhc.py; do
   [ -f "$f" ] || continue
   left=$(( TOTAL - ($(date +%s) - START) - 200 ))

@@ -3,8 +3,12 @@ MTP layer agrees with the target often (``make_predictable``), so rounds accept 
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
 
 import torch
+
+from simtree.costs.model import CostBundle, DrafterCostModel
+from simtree.costs.synthetic import synthetic_costs
 
 from simtree.models import get_model
 from simtree.runtime.full.lossless import make_predictable
@@ -26,3 +30,19 @@ def tiny_model(name: str, seed: int = 1, dtype=torch.float64):
     model = cls(shape, device="cpu", dtype=dtype, seed=seed)
     make_predictable(model, 0.3)
     return model
+
+
+@dataclass
+class _DrafterSurface:
+    per_unit_us: float
+
+    def predict(self, x, y, b):
+        return 100.0 + self.per_unit_us * (x + y) * b
+
+
+def drafter_costs(per_token_us: float = 10.0, families=("block", "tfm", "dspark"), drafter_us: float = 0.5):
+    """Synthetic verify / draft costs (nodes cost verify time) with a C_d for each of ``families``
+    (its own block of 7 positions)."""
+    base = synthetic_costs(weights_us=0.0, per_token_us=per_token_us)
+    return CostBundle(base.verify, base.draft, {"model": "tiny", "device": "cpu"},
+                      {f: DrafterCostModel(_DrafterSurface(drafter_us), {"block_len": 7}, f) for f in families})

@@ -16,7 +16,6 @@ transformers = pytest.importorskip("transformers")
 from simtree.planning.simulate import PolicySpec  # noqa: E402
 from simtree.runtime.full.build import build_model  # noqa: E402
 from simtree.runtime.full.drafting import RUNTIME_MODES, round_shape  # noqa: E402
-from simtree.runtime.full.engine import FullEngine  # noqa: E402
 from simtree.runtime.full.lossless import make_predictable  # noqa: E402
 
 torch.set_num_threads(1)
@@ -27,7 +26,10 @@ DEVICES = ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipi
                                                                                   reason="needs a CUDA device")])]
 POLICIES = {"none": {}, "linear": {"budget": 4}, "eagle": {"num_steps": 3, "topk": 2, "budget": 6},
             "best_first": {"budget": 8, "draft_depth": 3}, "cost_aware": {"max_budget": 10, "draft_depth": 3},
-            "batch_alloc": {"max_budget_per_seq": 6, "draft_depth": 4}}
+            "batch_alloc": {"max_budget_per_seq": 6, "draft_depth": 4}, "block": {"budget": 8, "block_len": 5},
+            "tfm": {"budget": 8, "width": 2, "block_len": 5}, "dspark": {"block_len": 5}}
+# the block drafters' sizes for a vocabulary of 101 (their public top-512 candidates would not fit)
+DRAFTER = {"sizes": {"layers": 1, "cand_k": 32, "adapter_dim": 16, "markov_rank": 32}}
 
 
 def hf_config(**over):
@@ -162,9 +164,10 @@ def test_greedy_generation_equals_transformers_for_every_mode(checkpoint, model,
         pytest.fail(f"the runtime builds mode {mode!r}: add its parameters to POLICIES")
     if mode != "none":
         make_predictable(model, 1.0)
-    from simtree.costs.synthetic import synthetic_costs     # what cost_aware / batch_alloc decide with
-    engine = FullEngine(model, round_shape(PolicySpec.from_dict(mode, POLICIES[mode])), len(PROMPTS), 160,
-                        costs=synthetic_costs(weights_us=0.0, per_token_us=10.0))
+    from full_helpers import drafter_costs    # what cost_aware / batch_alloc / DSpark's schedule decide with
+    from simtree.runtime.full.block_engine import make_engine
+    engine = make_engine(model, round_shape(PolicySpec.from_dict(mode, POLICIES[mode])), len(PROMPTS), 160,
+                         costs=drafter_costs(), **DRAFTER)
     engine.capture()   # CUDA graphs on a GPU; nothing on the CPU
     engine.prefill(PROMPTS)
     stats = engine.run(max_new_tokens=64)

@@ -1,5 +1,5 @@
 """Planner candidates of the block drafters (simtree/planning/drafter_candidates.py): priced by
-their own C_d, behind the explicit opt-in, bad input refused in one line."""
+their own C_d, bad input refused in one line."""
 from dataclasses import dataclass
 
 import pytest
@@ -41,10 +41,8 @@ class _Costs:
 ACC = drafter_preset("dspark", "gsm8k", topk=2)
 
 
-def test_candidates_need_the_opt_in_and_rank_by_throughput():
-    with pytest.raises(SimtreeError, match="does not build block-drafter rounds"):
-        score_drafter_candidates(_Costs(), ACC, batch_size=4, context_len=512)
-    rows = score_drafter_candidates(_Costs(), ACC, batch_size=4, context_len=512, allow_unrunnable=True)
+def test_candidates_rank_by_throughput():
+    rows = score_drafter_candidates(_Costs(), ACC, batch_size=4, context_len=512)
     assert {r["family"] for r in rows} == {"block", "tfm", "dspark"}
     tok = [r["predicted_tok_s"] for r in rows]
     assert tok == sorted(tok, reverse=True) and all(r["tokens_per_round"] >= 1.0 for r in rows)
@@ -54,11 +52,9 @@ def test_candidates_need_the_opt_in_and_rank_by_throughput():
 
 def test_the_schedule_verifies_less_under_load():
     light = score_drafter_candidates(_Costs(per_token=1.0), ACC, batch_size=64, context_len=512,
-                                     candidates=[("dspark", {"block_len": 7, "threshold": None})],
-                                     allow_unrunnable=True)[0]
+                                     candidates=[("dspark", {"block_len": 7, "threshold": None})])[0]
     heavy = score_drafter_candidates(_Costs(per_token=300.0), ACC, batch_size=64, context_len=512,
-                                     candidates=[("dspark", {"block_len": 7, "threshold": None})],
-                                     allow_unrunnable=True)[0]
+                                     candidates=[("dspark", {"block_len": 7, "threshold": None})])[0]
     assert heavy["params"]["verified_per_seq"] < light["params"]["verified_per_seq"]
     assert heavy["params"]["threshold_used"] > light["params"]["threshold_used"]
 
@@ -70,5 +66,5 @@ def test_the_schedule_verifies_less_under_load():
 ])
 def test_bad_candidates_are_one_line(cand, costs, fragment):
     with pytest.raises(SimtreeError) as err:
-        score_drafter_candidates(costs, ACC, batch_size=2, context_len=64, candidates=[cand], allow_unrunnable=True)
+        score_drafter_candidates(costs, ACC, batch_size=2, context_len=64, candidates=[cand])
     assert fragment in str(err.value) and "\n" not in str(err.value)

@@ -106,7 +106,8 @@ def test_greedy_generation_equals_transformers_for_every_runtime_mode(ckpt_all_e
     from simtree.runtime.full.drafting import RUNTIME_MODES
     from simtree.runtime.full.lossless import check_lossless
     from simtree.runtime.full.drafting import round_shape
-    from simtree.costs.synthetic import synthetic_costs
+    from full_helpers import drafter_costs
+    from simtree.planning.modes import BLOCK_DRAFTER_MODES
     from simtree.runtime.full.engine import FullEngine
 
     _, hf, rank, _ = ckpt_all_entries
@@ -127,10 +128,16 @@ def test_greedy_generation_equals_transformers_for_every_runtime_mode(ckpt_all_e
              "eagle": PolicySpec.from_dict("eagle", {"num_steps": 3, "topk": 2, "budget": 6}),
              "best_first": PolicySpec.from_dict("best_first", {"budget": 8, "draft_depth": 3}),
              "cost_aware": PolicySpec.from_dict("cost_aware", {"max_budget": 10, "draft_depth": 3}),
-             "batch_alloc": PolicySpec.from_dict("batch_alloc", {"max_budget_per_seq": 6, "draft_depth": 4})}
+             "batch_alloc": PolicySpec.from_dict("batch_alloc", {"max_budget_per_seq": 6, "draft_depth": 4}),
+             "block": PolicySpec.from_dict("block", {"budget": 8, "block_len": 5}),
+             "tfm": PolicySpec.from_dict("tfm", {"budget": 8, "width": 2, "block_len": 5}),
+             "dspark": PolicySpec.from_dict("dspark", {"block_len": 5})}
     assert set(specs) == set(RUNTIME_MODES) - {"none"}
-    rows = check_lossless(rank, prompts, list(specs.values()), new, 128 + 16 * new,
-                          costs=synthetic_costs(weights_us=0.0, per_token_us=10.0))
+    blocks = [specs.pop(m) for m in BLOCK_DRAFTER_MODES]
+    rows = check_lossless(rank, prompts, list(specs.values()), new, 128 + 16 * new, costs=drafter_costs())
+    # the block drafters (tiny drafters: their public top-512 would pass this vocabulary) over 24 tokens
+    rows += check_lossless(rank, prompts, blocks, 24, 128 + 16 * new, costs=drafter_costs(),
+                           drafter={"sizes": {"layers": 1, "cand_k": 32, "adapter_dim": 16, "markov_rank": 32}})
     assert all(r["match"] for r in rows), rows
 
 

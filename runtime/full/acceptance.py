@@ -42,6 +42,7 @@ from simtree.acceptance.model import AcceptanceModel, fit_positional, read_trace
 from simtree.acceptance.phi import accepted_length_pmf, node_accept_probs_ranked
 from simtree.errors import SimtreeError
 from simtree.planning.adaptive import AdaptiveRounds
+from simtree.planning.drafter_candidates import stand_in
 from simtree.planning.adaptive import adaptive_bucket as planned_bucket
 from simtree.planning.simulate import static_round
 
@@ -78,6 +79,9 @@ def replay_rounds(model: AcceptanceModel, rs: RoundShape, batch_size: int = 1, c
     the simulator builds and weighs them: ``static_round`` for a fixed shape; for cost_aware and
     batch_alloc the analytic decision at ``context_len`` for ``batch_size`` under ``costs``."""
     spec = rs.spec
+    if rs.block_drafter:     # the built-in policy whose trees the simulator scores for it
+        sr = static_round(model, stand_in(spec))
+        return sr.trees, sr.tables, sr.weights
     if rs.alloc == "fixed":
         sr = static_round(model, spec)
         return sr.trees, sr.tables, sr.weights

@@ -26,21 +26,46 @@ from simtree.planning.allocation import PRICE_MEMORY_ROUNDS
 
 from .drafting import RoundShape
 
-__all__ = ["DeviceAllocation", "CONTEXT_GRID"]
+__all__ = ["DeviceAllocation", "CONTEXT_GRID", "draft_cost_us", "drafter_cost"]
 
 CONTEXT_GRID = 65   # contexts at which C_v is tabulated, 0 .. max_len evenly
+
+
+def drafter_cost(costs, family: str):
+    """The bundle's C_d of a block-drafter ``family`` (:class:`simtree.costs.model.DrafterCostModel`),
+    or a one-line error where it has none."""
+    getter = getattr(costs, "drafter", None)
+    if getter is None:
+        raise SimtreeError(f"the cost bundle has no cost for drafter {family!r} (drafters with costs: none)")
+    return getter(family)
+
+
+def draft_cost_us(costs, rs: RoundShape, batch_size: int) -> float:
+    """C_d of one round of shape ``rs`` for the batch: the MTP layer's C_d(s, k, b), or the block
+    drafter's over its own axes (block: tree nodes, block length; tfm: tree nodes, adapter steps;
+    dspark: candidates kept, block length)."""
+    if not rs.block_drafter:
+        s, k = rs.spec.draft_shape()
+        return float(costs.draft.predict(s, k, batch_size))
+    model = drafter_cost(costs, rs.drafter)
+    L = model.check_block_len(rs.num_steps)
+    if rs.drafter == "block":
+        return float(model.predict(rs.budget, L, batch_size))
+    if rs.drafter == "tfm":
+        return float(model.predict(rs.budget, max(1, -(-(rs.budget - 1) // rs.width)), batch_size))
+    return float(model.predict(1, L, batch_size))
 
 
 class DeviceAllocation:
     def __init__(self, costs, rs: RoundShape, batch_size: int, max_len: int, device):
         if costs is None:
-            raise SimtreeError(f"mode {rs.alloc} needs a cost model (--costs): it weighs tree size against verify cost")
+            raise SimtreeError(f"mode {rs.spec.mode} needs a cost model (--costs): it weighs tree size against verify "
+                               "cost")
         if rs.alloc not in ("cost_aware", "batch_alloc"):
             raise SimtreeError(f"round shape {rs.name} has no per-round allocation")
         B, m = int(batch_size), max(min(rs.tree_nodes - 1, rs.candidates), 0)
         self.B, self.m, self.priced = B, m, rs.alloc == "cost_aware"
-        s, k = rs.spec.draft_shape()
-        self.draft_us = float(costs.draft.predict(s, k, B))
+        self.draft_us = draft_cost_us(costs, rs, B)
         nodes = 1.0 + np.arange(B * m + 1, dtype=np.float64) / B
         self.ctx_step = max(float(max_len), 1.0) / (CONTEXT_GRID - 1)
         ctx = np.arange(CONTEXT_GRID, dtype=np.float64) * self.ctx_step

@@ -62,8 +62,14 @@ class DrafterRound:
         self.use_graph = dev.type == "cuda" if graph is None else bool(graph)
         self._graph, self._out = None, None
 
+    def hidden(self) -> torch.Tensor:
+        """The backbone's block rows [B, L, h] from the static buffers (feats, n_new, anchor),
+        eagerly (inside a caller's CUDA graph, e.g. the engine's draft stage); commits the
+        context rows and advances the lengths."""
+        return backbone_forward(self.w, self.cfg, self.state, self.rope, self.feats, self.n_new, self.anchor)
+
     def _round(self) -> DrafterOutput:
-        hid = backbone_forward(self.w, self.cfg, self.state, self.rope, self.feats, self.n_new, self.anchor)
+        hid = self.hidden()
         if self.family == "block":
             lp, ids = block_marginals(self.w, hid, self.topk)
             return DrafterOutput(tree_from_marginals(lp, ids, self.anchor, self.budget), lp, ids)

@@ -9,24 +9,29 @@ plain|linear|eagle --json`` calls it.  The prompts form one batch; the engine's 
 every prompt has ``max_new_tokens`` outputs (greedy speculative decoding is lossless: every mode
 gives plain decoding's tokens).  ``run.json`` (written atomically under ``out``) holds the
 outputs, the mode, the accepted tokens per round and the load notes (a checkpoint without MTP
-weights drafts with a random MTP layer).
+weights drafts with a random MTP layer).  A block drafter's run (block, tfm, dspark) also writes
+``traces.jsonl`` (``simtree.trace/2``, workload ``prompts``): every round's tree and accepted
+path with its marginals' ranks, confidences and verified prefix (``block_engine.round_records``).
 """
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from simtree.errors import SimtreeError, check_int
 from simtree.fileio import write_text_atomic
 
+from .block_engine import make_engine, traced_rounds
 from .build import DTYPES, build_model, dtype_name
 from .drafting import round_shape
-from .engine import OUT_CAP, FullEngine
+from .engine import OUT_CAP
 
 __all__ = ["decode_prompts", "parse_prompt_ids", "parse_dtype"]
 
+TRACE_WORKLOAD = "prompts"   # the workload name of a given-prompts run's traces
 _DTYPE_NAMES = {"float32": "fp32", "bfloat16": "bf16", "float64": "fp64", **{k: k for k in DTYPES}}
 
 
@@ -57,8 +62,9 @@ def parse_prompt_ids(texts: list[str], vocab: int) -> list[list[int]]:
 
 @torch.no_grad()
 def decode_prompts(model, prompt_ids: list[str] | list[list[int]], spec, max_new_tokens: int, device="cpu",
-                   dtype: torch.dtype | None = None, out: str | Path | None = None, say=None) -> dict:
-    """Decode the prompts live (see the module docstring) -> the report run.json holds."""
+                   dtype: torch.dtype | None = None, out: str | Path | None = None, say=None, costs=None) -> dict:
+    """Decode the prompts live (see the module docstring) -> the report run.json holds; ``costs``:
+    the bundle an adaptive mode (cost_aware, batch_alloc, DSpark's schedule) decides with."""
     max_new_tokens = check_int(max_new_tokens, "--max-new-tokens", 1, OUT_CAP)
     built = build_model(model, device=device, dtype=dtype) if isinstance(model, str) else model
     prompts = ([list(map(int, p)) for p in prompt_ids] if prompt_ids and not isinstance(prompt_ids[0], str)
@@ -69,18 +75,29 @@ def decode_prompts(model, prompt_ids: list[str] | list[list[int]], spec, max_new
         if say is not None:
             say(line)
     max_len = max(map(len, prompts)) + max_new_tokens + rs.budget + 2
-    engine = FullEngine(built, rs, len(prompts), max_len)
+    engine = make_engine(built, rs, len(prompts), max_len, costs=costs)
     engine.capture()
     engine.prefill(prompts)
-    stats = engine.run(max_new_tokens=max_new_tokens)
+    traces = None
+    if rs.block_drafter and out is not None:   # their rounds' marginals and confidences, for the acceptance model
+        traces = traced_rounds(engine, max_new_tokens, TRACE_WORKLOAD)
+        rounds = len(traces) // len(prompts)
+        accepted = 1.0 + float(np.mean([r["num_accepted"] for r in traces])) if traces else float("nan")
+    else:
+        stats = engine.run(max_new_tokens=max_new_tokens)
+        rounds, accepted = stats.rounds, stats.accepted_tokens_per_round
     outputs = [o[:max_new_tokens] for o in engine.outputs()]
     report = {"model": built.shape.name, "source": built.shape.source, "mode": spec.mode, "params": spec.to_dict(),
               "policy": rs.name, "device": str(built.device), "dtype": dtype_name(built.dtype),
-              "prompts": prompts, "max_new_tokens": max_new_tokens, "outputs": outputs, "rounds": stats.rounds,
-              "accepted_tokens_per_round": stats.accepted_tokens_per_round, "notes": notes}
+              "prompts": prompts, "max_new_tokens": max_new_tokens, "outputs": outputs, "rounds": rounds,
+              "accepted_tokens_per_round": accepted, "notes": notes}
     if out is not None:
         path = Path(out) / "run.json"
         path.parent.mkdir(parents=True, exist_ok=True)
-        write_text_atomic(path, json.dumps(report, indent=1) + "\n")
         report["files"] = {"report": str(path)}
+        if traces is not None:
+            trace_path = Path(out) / "traces.jsonl"
+            write_text_atomic(trace_path, "".join(json.dumps(r) + "\n" for r in traces))
+            report["files"]["traces"] = str(trace_path)
+        write_text_atomic(path, json.dumps(report, indent=1) + "\n")
     return report

@@ -21,6 +21,7 @@ are never accepted (``valid`` False), so no real node sees them.
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -30,7 +31,7 @@ from simtree.kernels.layers.head import topk_logp
 from simtree.planning.modes import RUNTIME_MODES, PolicySpec
 
 __all__ = ["RoundShape", "round_shape", "TreeBuffers", "topk_logp", "own_row_bits", "draft_tree",
-           "accepted_path", "lay_out", "RUNTIME_MODES", "MARGINAL_TOPK"]
+           "accepted_path", "lay_out", "pad_tree", "RUNTIME_MODES", "MARGINAL_TOPK"]
 
 MARGINAL_TOPK = 4   # candidates per drafted position of the marginal modes (the tiny runtime's too)
 
@@ -42,7 +43,11 @@ class RoundShape:
     CUDA-graph bucket).  ``tree`` "eagle": ``num_steps`` x top-``topk`` drafting (EAGLE, linear
     at k = 1); "best_first": a top-1 chain of ``num_steps`` positions, top-``topk`` marginals at
     each, the best-first tree over them.  ``alloc``: "fixed", or the per-round rule of
-    cost_aware / batch_alloc (:mod:`.allocation`)."""
+    cost_aware / batch_alloc (:mod:`.allocation`).  ``drafter``: "mtp" (the MTP layer), or a
+    block drafter (:mod:`.block_engine`): "block" (best-first over its ``num_steps`` = block
+    length marginals), "tfm" (``tree`` "tfm": its adapter's tree, ``width`` expansions a step),
+    "dspark" (``tree`` "chain": the Markov head's chain, each sequence's verified prefix cut at
+    ``threshold``, or by batch_alloc's rule over the confidence head's survivals where None)."""
 
     num_steps: int
     topk: int
@@ -50,6 +55,13 @@ class RoundShape:
     nodes: int
     tree: str = "eagle"
     alloc: str = "fixed"
+    drafter: str = "mtp"
+    width: int = 1
+    threshold: float | None = None
+
+    @property
+    def block_drafter(self) -> bool:
+        return self.drafter != "mtp"
 
     @property
     def plain(self) -> bool:
@@ -72,6 +84,8 @@ class RoundShape:
 
     @property
     def candidates(self) -> int:
+        if self.tree in ("tfm", "chain"):          # the nodes the tree can hold past the root
+            return self.tree_nodes - 1
         if not self.marginal:
             return self.topk + (self.num_steps - 1) * self.topk ** 2
         total = width = self.topk                 # depth d keeps its best tree_nodes - 1 (module .best_first)
@@ -98,6 +112,12 @@ class RoundShape:
         """The policy this shape runs."""
         if self.plain:
             return PolicySpec.from_dict("none")
+        if self.drafter == "block":
+            return PolicySpec.from_dict("block", {"budget": self.budget, "block_len": self.num_steps})
+        if self.drafter == "tfm":
+            return PolicySpec.from_dict("tfm", {"budget": self.budget, "width": self.width, "block_len": self.num_steps})
+        if self.drafter == "dspark":
+            return PolicySpec.from_dict("dspark", {"block_len": self.num_steps, "threshold": self.threshold})
         if self.marginal:
             size = "budget" if self.alloc == "fixed" else "max_budget" if self.alloc == "cost_aware" \
                 else "max_budget_per_seq"
@@ -109,7 +129,7 @@ class RoundShape:
 
     @property
     def name(self) -> str:
-        if self.plain or self.marginal:
+        if self.plain or self.marginal or self.block_drafter:
             return self.spec.name
         if self.topk == 1 and self.num_steps == self.budget - 1:
             return f"linear_d{self.budget}"
@@ -135,15 +155,24 @@ def round_shape(spec, nodes: int | None = None) -> RoundShape:
         rs = RoundShape(p["draft_depth"], MARGINAL_TOPK, p["budget"], p["budget"], "best_first")
     elif mode in ("cost_aware", "batch_alloc"):
         rs = RoundShape(p["draft_depth"], MARGINAL_TOPK, spec.max_nodes, spec.max_nodes, "best_first", mode)
+    elif mode == "block":
+        rs = RoundShape(p["block_len"], MARGINAL_TOPK, p["budget"], p["budget"], "best_first", drafter="block")
+    elif mode == "tfm":
+        rs = RoundShape(p["block_len"], 1, p["budget"], p["budget"], "tfm", drafter="tfm", width=p["width"])
+    elif mode == "dspark":
+        L, thr = p["block_len"], p.get("threshold")
+        rs = RoundShape(L, 1, L + 1, L + 1, "chain", "fixed" if thr is not None else "batch_alloc",
+                        drafter="dspark", threshold=thr)
     else:
         raise SimtreeError(f"mode {mode}: the full runtime builds {', '.join(RUNTIME_MODES)} on the device")
-    if not rs.marginal and rs.budget > 1 and rs.budget - 1 > rs.candidates:
+    if not (rs.marginal or rs.block_drafter) and rs.budget > 1 and rs.budget - 1 > rs.candidates:
         raise SimtreeError(f"{rs.name}: budget {rs.budget} exceeds the {1 + rs.candidates} nodes its steps draft")
-    if nodes is not None:
-        if nodes < (2 if rs.alloc != "fixed" else rs.budget):
+    if nodes is not None:   # cost_aware, batch_alloc, dspark: a smaller bucket caps the round
+        if nodes < (2 if rs.alloc != "fixed" or rs.drafter == "dspark" else rs.budget):
             raise SimtreeError(f"bucket of {nodes} nodes is smaller than the budget {rs.budget}"
-                               if rs.alloc == "fixed" else f"bucket of {nodes} nodes: {rs.name} needs at least 2")
-        rs = RoundShape(rs.num_steps, rs.topk, rs.budget, int(nodes), rs.tree, rs.alloc)
+                               if rs.alloc == "fixed" and rs.drafter != "dspark"
+                               else f"bucket of {nodes} nodes: {rs.name} needs at least 2")
+        rs = dataclasses.replace(rs, nodes=int(nodes))
     return rs
 
 
@@ -249,8 +278,12 @@ def lay_out(out: TreeBuffers, roots: torch.Tensor, cand: tuple, best: torch.Tens
     out.score[:, 1:D] = score.gather(1, idx)
     out.valid[:, 0] = True
     out.valid[:, 1:D] = True if valid is None else pos_in_best < valid[:, None]
-    n = out.tokens.shape[1]
-    if n > D:   # padding: leaves under the root, never accepted
+    pad_tree(out, D, pad_rank)
+
+
+def pad_tree(out: TreeBuffers, D: int, pad_rank: int) -> None:
+    """Nodes D.. of the bucket: padding, leaves under the root that are never accepted."""
+    if out.tokens.shape[1] > D:
         out.tokens[:, D:] = 0
         out.parents[:, D:] = 0
         out.depth[:, D:] = 1

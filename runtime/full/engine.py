@@ -102,7 +102,10 @@ class FullEngine:
         self.source = source or Live()
         dev = self.device = model.device
         self.st = model.new_state(self.B, max_len)
-        self.ds = None if rs.plain else model.new_draft_state(self.st, max(rs.scratch_rows, PREFILL_CHUNK))
+        # block drafters (rs.block_drafter) keep their own state (:mod:`.block_engine`)
+        self.ds = None if rs.plain or rs.block_drafter else model.new_draft_state(self.st, max(rs.scratch_rows,
+                                                                                             PREFILL_CHUNK))
+        self.verify_kw = {}     # extra arguments of the target's verify (a block drafter's layer taps)
         B, n, k, P = self.B, rs.nodes, max(rs.topk, 1), rs.path_rows
         self.roots = torch.zeros(B, dtype=torch.int64, device=dev)
         self.first_logp = torch.zeros(B, k, dtype=torch.float32, device=dev)
@@ -158,7 +161,7 @@ class FullEngine:
 
     def _verify(self) -> None:
         t, m, B, n = self.tree, self.model, self.B, self.rs.nodes
-        hidden, self._pend = m.verify(self.st, t.tokens, t.parents)
+        hidden, self._pend = m.verify(self.st, t.tokens, t.parents, **self.verify_kw)
         self._hidden = hidden.view(B, n, -1)
         target_next = m.greedy(hidden).view(B, n)
         acc = self._accepted = self.source.accept(t, target_next, self.rs)
@@ -302,7 +305,8 @@ class FullEngine:
 
     def _prefill_target(self, part):
         tokens, parents, C = self._chain(part)
-        hidden, pend = self.model.verify(self.st, tokens, parents)
+        hidden, pend = self.model.verify(self.st, tokens, parents, **self.verify_kw)
+        self._pend = pend
         last = torch.as_tensor([len(x) - 1 for x in part], device=self.device)
         self.model.commit(self.st, pend, last)
         hidden = hidden.view(self.B, C, -1)

@@ -24,6 +24,7 @@ import torch
 
 from simtree.planning.modes import PolicySpec
 
+from .block_engine import make_engine
 from .drafting import round_shape
 from .engine import FullEngine
 
@@ -51,8 +52,8 @@ def make_predictable(model, layer_gain: float = 0.3) -> None:
         model.w["mtp.h_proj"].mul_(layer_gain)
 
 
-def _decode(model, prompts, spec, max_new_tokens: int, max_len: int, costs=None):
-    engine = FullEngine(model, round_shape(spec), len(prompts), max_len, costs=costs)
+def _decode(model, prompts, spec, max_new_tokens: int, max_len: int, costs=None, drafter=None):
+    engine = make_engine(model, round_shape(spec), len(prompts), max_len, costs=costs, **(drafter or {}))
     engine.capture()
     engine.prefill(prompts)
     stats = engine.run(max_new_tokens=max_new_tokens)
@@ -82,16 +83,17 @@ def _probe(model, prompt, output, at: int, nodes: int, max_len: int) -> dict:
 
 
 def check_lossless(model, prompts: list[list[int]], specs, max_new_tokens: int, max_len: int | None = None,
-                   costs=None) -> list[dict]:
+                   costs=None, drafter: dict | None = None) -> list[dict]:
     """One row per policy: {policy, batch_size, match, first_diff, plain_token, spec_token, margin,
     deviation, verify_token, accepted_tokens_per_round} (the diagnosis, module docstring, where
     the outputs differ); the plain greedy outputs of the same prompts are the reference.
-    ``costs``: the bundle cost_aware and batch_alloc decide with."""
+    ``costs``: the bundle cost_aware and batch_alloc decide with; ``drafter``: the block
+    drafters' engine arguments (``sizes``, ``seed``: :class:`.block_engine.BlockEngine`)."""
     max_len = max_len or max(map(len, prompts)) + 16 * (max_new_tokens + 1) + 8
     plain, _ = _decode(model, prompts, PolicySpec.from_dict("none"), max_new_tokens, max_len)
     rows = []
     for spec in specs:
-        outs, stats = _decode(model, prompts, spec, max_new_tokens, max_len, costs)
+        outs, stats = _decode(model, prompts, spec, max_new_tokens, max_len, costs, drafter)
         diff = [next((i for i, (a, b) in enumerate(zip(o, p)) if a != b), None) for o, p in zip(outs, plain)]
         bad = [(b, i) for b, i in enumerate(diff) if i is not None]
         row = {"policy": round_shape(spec).name, "batch_size": len(prompts), "match": not bad,

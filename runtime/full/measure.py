@@ -52,12 +52,13 @@ from simtree.acceptance.model import Workload, get_workload
 from simtree.errors import ExtrapolationWarning, SimtreeError, captured_warnings
 from simtree.fileio import write_text_atomic
 from simtree.models import get_model
+from simtree.planning.modes import BLOCK_DRAFTER_MODES
 from simtree.planning.simulate import PolicySpec, analytic_run
 
 from .acceptance import SAMPLINGS, Live, ModelReplay, StratifiedReplay, TraceReplay, adaptive_bucket
+from .block_engine import check_block_len, make_engine
 from .build import build_model
 from .drafting import RUNTIME_MODES, RoundShape, round_shape
-from .engine import FullEngine
 from .report import EXTRA_COLUMNS, SUMMARY_COLUMNS, write_summary
 
 __all__ = ["full_run", "repredict", "runs_json", "measure_policy", "predict", "RunConfig", "SUMMARY_COLUMNS", "EXTRA_COLUMNS",
@@ -139,8 +140,12 @@ class _Source:
         are one and a cost bundle, else their max budget."""
         rs = round_shape(spec)
         model = self.prediction_model()
-        if rs.alloc == "fixed" or model is None or costs is None:
+        if model is None or costs is None or (rs.alloc == "fixed" and rs.drafter != "dspark") or \
+                rs.drafter in ("block", "tfm"):
             return rs
+        if rs.drafter == "dspark":   # the chain cut to the longest prefix the plan's decision verifies
+            from simtree.planning.drafter_candidates import score_spec
+            return round_shape(spec, int(score_spec(costs, model, spec, batch_size, context_len)["nodes_per_seq"]))
         return round_shape(spec, adaptive_bucket(model, rs, batch_size, costs, context_len))
 
     def prediction_model(self):
@@ -154,7 +159,7 @@ def measure_policy(model, rs: RoundShape, batch_size: int, source, cfg: RunConfi
     fell back to eager stages leaves its reason in the stats' notes.  ``costs``: the bundle
     cost_aware and batch_alloc decide with."""
     max_len = cfg.context_len + (cfg.warmup_rounds + cfg.rounds + 2) * rs.path_rows + 8
-    engine = FullEngine(model, rs, batch_size, max_len, source, costs=costs)
+    engine = make_engine(model, rs, batch_size, max_len, source, costs=costs)
     try:
         engine.capture()
         engine.fill_context(cfg.context_len, cfg.seed)
@@ -181,6 +186,8 @@ def predict(costs, acc_model, spec: PolicySpec, rs: RoundShape, batch_size: int,
     if costs is None:
         return dict(NO_PREDICTION)
     B = batch_size
+    if rs.block_drafter:
+        return _predict_block_drafter(costs, acc_model, spec, rs.nodes, B, stats)
     draft_us = 0.0 if rs.plain else float(costs.draft.predict(*spec.draft_shape(), B))
     verify_us = float(np.mean([float(costs.verify.predict(rs.nodes, float(c), B)) for c in stats.context_lens]))
     round_ms = (draft_us + verify_us) / 1e3
@@ -204,6 +211,22 @@ def predict(costs, acc_model, spec: PolicySpec, rs: RoundShape, batch_size: int,
         out["note"] = (f"{spec.mode} verifies its bucket of {rs.nodes} nodes per sequence every round (predicted at "
                        f"that cost, as the plan prices it); its rule's trees hold {a['tree_nodes']:.1f} nodes")
     return out
+
+
+def _predict_block_drafter(costs, acc_model, spec: PolicySpec, nodes: int, batch_size: int, stats) -> dict:
+    """A block drafter's round as the planner scores it (:func:`simtree.planning.drafter_candidates.score_spec`)
+    at the run's mean context: its C_d, C_v of the ``nodes`` its bucket verifies, the acceptance
+    model's tokens per round (without one: the measured, the prediction then only of the round time)."""
+    from simtree.planning.drafter_candidates import score_spec
+    ctx = float(np.mean(stats.context_lens))
+    live = acc_model is None     # C_d does not depend on the acceptance model: any one prices it
+    r = score_spec(costs, get_workload("gsm8k").acceptance if live else acc_model, spec, batch_size, ctx)
+    verify_us = float(np.mean([float(costs.verify.predict(nodes, float(c), batch_size)) for c in stats.context_lens]))
+    round_ms = (r["draft_us"] + verify_us) / 1e3
+    g = stats.accepted_tokens_per_round if live else r["tokens_per_round"]
+    return {"predicted_round_ms": round_ms, "predicted_tok_s": batch_size * g / round_ms * 1e3,
+            "predicted_accepted": float("nan") if live else r["tokens_per_round"],
+            "note": f"{spec.mode}: the round priced by the drafter's own C_d"}
 
 
 def _policies(policy, workload: str, batch_size: int, notes: list, extra=()) -> list[tuple[str, PolicySpec]]:
@@ -324,6 +347,10 @@ def full_run(model, *, device: str = "cuda", costs=None, policy=None, batch_size
         notes.append("no cost bundle: measured only (summary.json keeps every round: "
                      "simtree.runtime.full.measure.repredict predicts them from a bundle later)")
     workload = policy_workload or source.name
+    for B in batch_sizes:     # a block drafter the bundle cannot price, or too long a block: one line, first
+        for _, spec in _policies(policy, workload, B, [], extra):
+            if spec.mode in BLOCK_DRAFTER_MODES:
+                check_block_len(round_shape(spec), costs)
     runs = []
     pred_notes: list = []
     result = _result(runs, costs, source, cfg, workload, notes, replay, acceptance, None, pred_notes)

@@ -59,6 +59,7 @@ class Pending:
 
     round: L.QwenRound
     layers: dict
+    features: torch.Tensor | None = None    # [T, len(taps) * h]: the tapped layers' outputs (block drafters)
 
 
 class QwenModel:
@@ -143,27 +144,31 @@ class QwenModel:
         st.lengths.fill_(context_len)
 
     # ---- target: verify / commit / decode ----------------------------------------------------
-    def _forward(self, st: QwenState, tokens: torch.Tensor, rm: L.QwenRound):
+    def _forward(self, st: QwenState, tokens: torch.Tensor, rm: L.QwenRound, taps=()):
         d = self.d
         x = head.embed(self.w["embed"], tokens)
-        pending = {}
+        pending, tapped = {}, []
         for i, kind in enumerate(self.kinds):
             w = self._layer_w[i]
             if kind == "gdn":
                 x, pending[i] = L.gdn_layer(w, d, x, st.ssm[i], st.conv[i], rm, st.gdn_path.get(i))
             else:
                 x, pending[i] = L.attn_layer(w, d, x, st.kv[i], rm)
-        return x, pending
+            if i in taps:
+                tapped.append(x)
+        return x, pending, (torch.cat(tapped, -1) if tapped else None)
 
     @torch.no_grad()
-    def verify(self, st: QwenState, tokens: torch.Tensor, parents: torch.Tensor):
+    def verify(self, st: QwenState, tokens: torch.Tensor, parents: torch.Tensor, taps=()):
         """tokens, parents int64 [B, n] (parents local, -1 at the root, topological) ->
         (hidden [B*n, h] after the final norm, Pending).  Node j sits at position
         lengths[b] + depth_j and sees the cache plus its ancestors; the state is not written
-        (but for a deferred commit's waiting path, folded in)."""
+        (but for a deferred commit's waiting path, folded in).  ``taps``: layers whose outputs
+        (the residual stream after them) ``Pending.features`` keeps, concatenated (a block
+        drafter's context)."""
         rm = L.round_meta(self.d, self.tables, st.lengths, parents, st.max_len + 1, self.has_gdn)
-        x, layers = self._forward(st, tokens, rm)
-        return self._final_norm(x), Pending(rm, layers)
+        x, layers, feats = self._forward(st, tokens, rm, taps)
+        return self._final_norm(x), Pending(rm, layers, feats)
 
     @torch.no_grad()
     def commit(self, st: QwenState, pend: Pending, accepted: torch.Tensor) -> None:
@@ -201,7 +206,7 @@ class QwenModel:
         """One plain step: tokens [B] at positions lengths -> hidden [B, h] (after the final
         norm); advances the state."""
         rm = L.round_meta(self.d, self.tables, st.lengths, None, st.max_len + 1, self.has_gdn)
-        x, _ = self._forward(st, tokens, rm)
+        x, _, _ = self._forward(st, tokens, rm)
         L.advance(st.lengths, rm.commit)
         return self._final_norm(x)
 

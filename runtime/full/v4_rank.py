@@ -84,6 +84,7 @@ class V4State:
 class Pending:
     round: L.V4Round
     scratch: dict             # layer -> VerifyScratch
+    features: torch.Tensor | None = None    # [T, len(taps) * h]: the tapped layers' streams, averaged
 
 
 class V4Rank:
@@ -190,17 +191,22 @@ class V4Rank:
 
     # ---- target: verify / commit / decode ----------------------------------------------------
     @torch.no_grad()
-    def verify(self, st: V4State, tokens: torch.Tensor, parents: torch.Tensor):
+    def verify(self, st: V4State, tokens: torch.Tensor, parents: torch.Tensor, taps=()):
         """As QwenModel.verify: (hidden [B*n, hc * h], the streams; Pending); the caches are not
-        written.  The tree's tokens reach the hash-routed layers."""
+        written.  The tree's tokens reach the hash-routed layers.  ``taps``: as QwenModel's, each
+        tapped layer's hc streams averaged to one h-wide row (ASSUMPTION: a V4 block drafter
+        reads one row per tapped layer, as it does for a one-stream target)."""
         rm = L.round_meta(self.ropes, self._kinds(st), st.lengths, parents, st.max_context)
         ids = tokens.reshape(-1)
         x = L.embed_streams(self.d, self.w["embed"], ids)
-        scratch = {}
+        scratch, tapped = {}, []
         for i, kind in enumerate(self.kinds):
             x, scratch[i] = L.layer(self._layer_w[i], self.d, kind, x, st.caches[i], self.layer_weights[i], rm,
                                     self.impl, ids)
-        return x.reshape(x.shape[0], -1), Pending(rm, scratch)
+            if i in taps:
+                tapped.append(x.mean(1))
+        feats = torch.cat(tapped, -1) if tapped else None
+        return x.reshape(x.shape[0], -1), Pending(rm, scratch, feats)
 
     @torch.no_grad()
     def commit(self, st: V4State, pend: Pending, accepted: torch.Tensor) -> None:

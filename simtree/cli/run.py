@@ -32,11 +32,12 @@ def register(app: typer.Typer) -> None:
                                                "batch size) replaces --mode and its parameters"),
         policy_workload: str = typer.Option(None, help="workload name to look up in the policy (default: --workload)"),
         mode: str = typer.Option("eagle", help="none (or plain) | linear | eagle | best_first | cost_aware | "
-                                               "batch_alloc"),
+                                               "batch_alloc | block | tfm | dspark (the block drafters: "
+                                               "with --model; --draft-depth is their block length)"),
         steps: int = typer.Option(3, help="eagle: draft steps"),
         topk: int = typer.Option(2, help="eagle: top-k per step"),
         budget: int = typer.Option(6, help="verify budget D (nodes incl. root); max budget for adaptive modes"),
-        width: int = typer.Option(1, help="best_first: heap pops per step"),
+        width: int = typer.Option(1, help="best_first: heap pops per step; tfm: expansions per step"),
         draft_depth: int = typer.Option(None, help="marginal modes: drafted positions (default min(3, D-1))"),
         batch_size: str = typer.Option("4", "--batch-size", "-b", help="sequences decoded together (with --model: "
                                                                      "a comma list, e.g. 1,4,16,64)"),
@@ -88,7 +89,8 @@ def register(app: typer.Typer) -> None:
                 raise SimtreeError("--prompt-ids decodes on a full-scale model: it needs --model (a name or a "
                                    "checkpoint folder)")
             torch_threads(threads)
-            _given_prompts(model, prompt_ids, mode, steps, topk, budget, max_new_tokens, device, dtype, out, json_out)
+            _given_prompts(model, prompt_ids, mode, steps, topk, budget, max_new_tokens, device, dtype, out, json_out,
+                           width, draft_depth, costs)
             return
         if model is not None:
             torch_threads(threads)
@@ -275,7 +277,7 @@ def _rank_model(name: str, deployment: str | None, device: str, sizes: list[int]
 
 
 def _given_prompts(model, prompt_ids, mode, steps, topk, budget, max_new_tokens, device, dtype, out,
-                   json_out) -> None:
+                   json_out, width=1, draft_depth=None, costs=None) -> None:
     """``simtree run --model ... --prompt-ids ...``: simtree.runtime.full.decode.decode_prompts."""
     import json
 
@@ -284,9 +286,12 @@ def _given_prompts(model, prompt_ids, mode, steps, topk, budget, max_new_tokens,
     from simtree.runtime.full.decode import decode_prompts, parse_dtype
 
     require_device(device)
-    spec = params_from_flags(mode, steps, topk, budget)
+    spec = params_from_flags(mode, steps, topk, budget, width, draft_depth)
+    if costs is not None:
+        from simtree.costs.model import load_costs
+        costs = load_costs(costs)
     report = decode_prompts(model, prompt_ids, spec, max_new_tokens, device=device, dtype=parse_dtype(dtype),
-                            out=out, say=lambda line: typer.echo(f"note: {line}", err=True))
+                            out=out, say=lambda line: typer.echo(f"note: {line}", err=True), costs=costs)
     if json_out:
         typer.echo(json.dumps(report))
         return

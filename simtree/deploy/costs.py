@@ -108,6 +108,20 @@ class DeploymentCosts:
     draft: DeploymentDraft
     meta: Mapping[str, Any]
 
+    @property
+    def drafters(self) -> dict:
+        """The block drafters' C_d: the rank's (a dense drafter runs on each rank's own batch, no
+        collectives)."""
+        return dict(getattr(self.rank, "drafters", None) or {})
+
+    def drafter(self, family: str):
+        """The rank's C_d of drafter ``family`` (one line where the bundle has none)."""
+        getter = getattr(self.rank, "drafter", None)
+        if getter is None:
+            raise SimtreeError(f"the cost bundle of {self.meta.get('model', '?')} has no cost for drafter {family!r} "
+                               "(drafters with costs: none)")
+        return getter(family)
+
 
 def communication_of(costs: Costs, comm: CommModel | str | None = None) -> CommModel:
     """The communication model for a bundle: ``comm`` (a model or a JSON path), else the one

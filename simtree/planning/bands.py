@@ -34,7 +34,7 @@ from simtree.acceptance.bootstrap import bootstrap_models
 from simtree.acceptance.model import PRESETS, AcceptanceModel, Workload
 from simtree.costs.model import Costs
 from simtree.errors import ExtrapolationWarning, SimtreeError, check_whole
-from simtree.planning.modes import ADAPTIVE_MODES, PolicySpec
+from simtree.planning.modes import ADAPTIVE_MODES, BLOCK_DRAFTER_MODES, PolicySpec
 from simtree.planning.policy_file import Policy
 from simtree.planning.simulate import analytic_run, analytic_static, static_round
 
@@ -81,6 +81,9 @@ class _Scores:
         self.costs, self.workloads, self.shapes = costs, list(workloads), {}
 
     def __call__(self, spec: PolicySpec, b: int) -> np.ndarray:
+        if spec.mode in BLOCK_DRAFTER_MODES:
+            from simtree.planning.drafter_candidates import score_run
+            return np.array([score_run(self.costs, w, spec, b)["tok_s"] for w in self.workloads])
         if spec.mode in ADAPTIVE_MODES:
             return np.array([analytic_run(w, spec, self.costs, b)["tok_s"] for w in self.workloads])
         if spec.name not in self.shapes:

@@ -1,8 +1,9 @@
-"""Planner candidates of the block-drafter families, priced by their own C_d - behind an
-explicit opt-in, because the full runtime does not build their rounds yet (a plan names only
-modes ``simtree run`` builds).
+"""Planner candidates of the block-drafter families, priced by their own C_d: offered where the
+cost bundle has the family's cost (the full runtime builds every one: ``runtime/full/block_engine.py``).
 
-    rows = score_drafter_candidates(costs, acc, batch_size=16, context_len=1024, allow_unrunnable=True)
+    rows = score_drafter_candidates(costs, acc, batch_size=16, context_len=1024)
+    specs = drafter_specs(costs)                  # the planner's grid (PolicySpecs) of the bundle's families
+    row = score_spec(costs, acc, spec, 16, 1024)  # one spec (the full runtime's prediction of a run)
 
 Each candidate is scored as the analytic simulator scores the built-in modes: the tokens a
 sequence gains per round (bonus included, averaged over the acceptance model's levels as its
@@ -14,13 +15,16 @@ rounds spread over them) times the batch, over the round's time C_v + C_d:
   a step (``best_first`` with width w over the drafter's block); C_d = tfm(n, ceil((n-1)/w), b).
 - ``dspark`` {block_len L, threshold}: a chain of L drafted by the Markov head; the batch
   verifies the prefixes chosen by the confidence schedule (``confidence_verify_lens``: the m
-  positions most likely to survive, m maximising throughput; ``threshold`` None) or those whose
-  survival clears a fixed ``threshold`` in [0, 1]; the survival of a position is the level's
-  chain acceptance (a calibrated confidence head).  Sequences are spread over the levels by the
-  levels' weights.  C_v of B + m verified tokens is C_v(n = 1 + m / B, l, B); C_d = dspark(1, L, b).
+  positions most likely to survive, m maximising throughput - the schedule's belief prices
+  B + m tokens at C_v(1 + m / B, l, B); ``threshold`` None) or those whose survival clears a
+  fixed ``threshold`` in [0, 1]; the survival of a position is the level's chain acceptance (a
+  calibrated confidence head).  Sequences are spread over the levels by the levels' weights.
+  The full runtime verifies a static bucket: the chain cut to the longest prefix chosen
+  (:func:`dspark_bucket`), every round, priced C_v(bucket, l, b); C_d = dspark(1, L, b).
 
 A family the bundle has no cost for, a block length beyond the drafter's, a threshold outside
-[0, 1]: one-line errors.
+[0, 1]: one-line errors.  The replays of a full-runtime run shape and draw their trees from the
+built-in policy the simulator scores for them (:func:`stand_in`).
 """
 from __future__ import annotations
 
@@ -33,17 +37,78 @@ from simtree.acceptance.mixture import AcceptanceModel
 from simtree.acceptance.predict import accepted_per_round
 from simtree.errors import SimtreeError
 
-__all__ = ["score_drafter_candidates", "default_drafter_grid", "RUNNABLE_NOTE"]
-
-RUNNABLE_NOTE = ("the full runtime does not build block-drafter rounds yet: their candidates are scored only "
-                 "with allow_unrunnable=True and never enter a policy file")
+__all__ = ["score_drafter_candidates", "default_drafter_grid", "drafter_specs", "score_spec", "score_run",
+           "spec_candidate", "stand_in", "dspark_bucket"]
 
 
-def default_drafter_grid(block_len: int = 7) -> list[tuple[str, dict]]:
-    out = [("block", {"budget": n, "block_len": block_len}) for n in (4, 8, 16, 32)]
-    out += [("tfm", {"budget": n, "width": w}) for n in (8, 16, 32) for w in (1, 4)]
+def default_drafter_grid(block_len: int = 7, max_budget: int = 32) -> list[tuple[str, dict]]:
+    out = [("block", {"budget": n, "block_len": block_len}) for n in (4, 8, 16, 32) if n <= max_budget]
+    out += [("tfm", {"budget": n, "width": w}) for n in (8, 16, 32) for w in (1, 4) if n <= max_budget]
     out += [("dspark", {"block_len": block_len, "threshold": t}) for t in (None, 0.3, 0.6)]
     return out
+
+
+def spec_candidate(spec) -> tuple[str, dict]:
+    """(family, candidate params) of a block-drafter PolicySpec (block, tfm, dspark)."""
+    p = spec.to_dict()
+    if spec.mode == "dspark":
+        return "dspark", {"block_len": p["block_len"], "threshold": p.get("threshold")}
+    if spec.mode in ("block", "tfm"):
+        return spec.mode, p
+    raise SimtreeError(f"mode {spec.mode!r} is not drafted by a block drafter")
+
+
+def _candidate_spec(fam: str, p: dict, block_len: int):
+    from simtree.planning.modes import PolicySpec
+    if fam == "tfm":
+        return PolicySpec.from_dict("tfm", {"budget": p["budget"], "width": p["width"], "block_len": block_len})
+    if fam == "dspark" and p.get("threshold") is None:
+        return PolicySpec.from_dict("dspark", {"block_len": p["block_len"]})
+    return PolicySpec.from_dict(fam, p)
+
+
+def drafter_specs(costs, max_budget: int = 32) -> list:
+    """The default grid as PolicySpecs, for the families the bundle has a cost for (none: [])."""
+    drafters = getattr(costs, "drafters", None) or {}
+    out = []
+    for fam in sorted(drafters):
+        own = drafters[fam].block_len or 7
+        out += [_candidate_spec(f, p, own) for f, p in default_drafter_grid(own, max_budget) if f == fam]
+    return out
+
+
+def stand_in(spec):
+    """The built-in policy whose trees the simulator scores for a block-drafter spec (replays
+    shape and draw their trees by it): block - best-first over block_len positions; tfm - the
+    same, ``width`` pops a step; dspark - the chain of block_len drafts (the prefix verified is
+    the runtime's: a replay's acceptance on it is the chain's)."""
+    from simtree.planning.modes import BestFirstParams, LinearParams
+    if spec.mode == "block":
+        return BestFirstParams(spec.budget, spec.block_len)
+    if spec.mode == "tfm":
+        return BestFirstParams(spec.budget, spec.block_len, spec.width)
+    if spec.mode == "dspark":
+        return LinearParams(spec.block_len + 1)
+    return spec
+
+
+def score_run(costs, workload, spec, batch_size: int) -> dict:
+    """A block-drafter spec over a workload's run, as the planner scores the fixed shapes: the
+    round (:func:`score_spec`) at the run's middle context, the run priced by ``analytic_static``;
+    the row plus ``tok_s`` and ``round_us``."""
+    from simtree.planning.simulate import analytic_static
+    lo, n = workload.mean_prompt_len, workload.output_len
+    r = score_spec(costs, workload.acceptance, spec, batch_size, lo + n / 2)
+    out = analytic_static(r["tokens_per_round"], r["nodes_per_seq"], r["draft_us"], costs, batch_size, lo, n)
+    return {**r, "tok_s": float(out["throughput_tok_s"][0]), "round_us": float(out["total_us"][0] / out["rounds"][0])}
+
+
+def score_spec(costs, acc: AcceptanceModel, spec, batch_size: int, context_len: float) -> dict:
+    """The row of :func:`score_drafter_candidates` of one block-drafter PolicySpec."""
+    fam, p = spec_candidate(spec)
+    if fam == "tfm":
+        costs.drafter("tfm").check_block_len(spec.block_len)
+    return _score_one(costs, acc, fam, p, int(batch_size), float(context_len))
 
 
 def _dspark_survival(acc: AcceptanceModel, L: int, B: int) -> np.ndarray:
@@ -53,6 +118,12 @@ def _dspark_survival(acc: AcceptanceModel, L: int, B: int) -> np.ndarray:
     rest = B - counts.sum()
     counts[np.argsort(-(acc.weights * B - counts), kind="stable")[:rest]] += 1
     return np.repeat(surv, counts, axis=0)
+
+
+def dspark_bucket(lens: np.ndarray) -> int:
+    """The static chain a DSpark run verifies every round: the root and the longest prefix the
+    schedule (or threshold) verifies, at least one drafted position."""
+    return 1 + max(int(np.max(lens)) if np.size(lens) else 0, 1)
 
 
 def _score_one(costs, acc, fam: str, p: dict, b: int, l: int) -> dict:
@@ -66,7 +137,7 @@ def _score_one(costs, acc, fam: str, p: dict, b: int, l: int) -> dict:
         n, w = int(p["budget"]), int(p["width"])
         if n < 1 or w < 1:
             raise SimtreeError(f"tfm candidate: budget and width must be >= 1, got {n}, {w}")
-        L = model.check_block_len(model.block_len or 7)
+        L = model.check_block_len(int(p.get("block_len", model.block_len or 7)))
         g = accepted_per_round(acc, "best_first", {"budget": n, "width": w, "draft_depth": L})
         draft, verify = model.predict(n, max(1, math.ceil((n - 1) / w)), b), costs.verify.predict(n, l, b)
     elif fam == "dspark":
@@ -81,22 +152,21 @@ def _score_one(costs, acc, fam: str, p: dict, b: int, l: int) -> dict:
         chosen = np.arange(L)[None, :] < lens[:, None]
         g = 1.0 + float((surv * chosen).sum()) / b
         m = int(lens.sum())
-        draft, verify = model.predict(1, L, b), costs.verify.predict(1 + m / b, l, b)
-        p = {**p, "threshold_used": round(float(thr_used), 6), "verified_per_seq": round(m / b, 4)}
+        # the full runtime verifies a static bucket every round: the chain cut to the longest prefix
+        n = dspark_bucket(lens)
+        draft, verify = model.predict(1, L, b), costs.verify.predict(n, l, b)
+        p = {**p, "threshold_used": round(float(thr_used), 6), "verified_per_seq": round(m / b, 4), "bucket": n}
     else:
         raise SimtreeError(f"unknown drafter family {fam!r}")
     step = float(verify) + float(draft)
     return {"family": fam, "params": p, "batch_size": b, "context_len": l, "tokens_per_round": float(g),
+            "nodes_per_seq": float(n),
             "verify_us": float(verify), "draft_us": float(draft), "predicted_tok_s": b * float(g) / step * 1e6}
 
 
 def score_drafter_candidates(costs, acc: AcceptanceModel, *, batch_size: int, context_len: int,
-                             candidates: list[tuple[str, dict]] | None = None,
-                             allow_unrunnable: bool = False) -> list[dict]:
-    """One row per candidate (module docstring), best first; ``allow_unrunnable`` must be True
-    (the explicit opt-in) while the runtime does not build these rounds."""
-    if not allow_unrunnable:
-        raise SimtreeError(RUNNABLE_NOTE)
+                             candidates: list[tuple[str, dict]] | None = None) -> list[dict]:
+    """One row per candidate (module docstring), best first."""
     if batch_size < 1 or context_len < 0:
         raise SimtreeError(f"batch_size must be >= 1 and context_len >= 0, got {batch_size}, {context_len}")
     if candidates is None:   # the default grid of the families the bundle has costs for

@@ -7,6 +7,9 @@ construction.  A :class:`PolicySpec` is what the simulator, the planner and the 
     BestFirstParams(budget, draft_depth, width=1)       best-first tree over draft_depth positions
     CostAwareParams(max_budget, draft_depth)            per-round budget: grow while throughput rises
     BatchAllocParams(max_budget_per_seq, draft_depth)   nodes allocated across the batch's requests
+    BlockParams(budget, block_len)                      best-first tree from a block drafter's marginals
+    TfmParams(budget, width, block_len)                 best-first tree over a TfM adapter's conditionals
+    DSparkParams(block_len, threshold=None)             DSpark chain, its confident prefix verified
 
 In the policy file (:mod:`simtree.planning.policy_file`) a policy is ``"mode"`` plus a
 ``"params"`` object with these field names (:meth:`PolicySpec.from_dict` /
@@ -22,17 +25,19 @@ from typing import ClassVar, Mapping
 from simtree.errors import SimtreeError, check_whole
 from simtree.trees.builders import eagle_max_nodes
 
-__all__ = ["MODES", "RUNTIME_MODES", "TREE_MODES", "MARGINAL_MODES", "ADAPTIVE_MODES", "MAX_BATCH_SIZE", "DEFAULT_DRAFT_DEPTH",
-           "PolicySpec", "NoneParams", "LinearParams", "EagleParams", "BestFirstParams", "CostAwareParams",
-           "BatchAllocParams", "default_draft_depth", "check_batch_size", "params_from_flags"]
+__all__ = ["MODES", "RUNTIME_MODES", "TREE_MODES", "MARGINAL_MODES", "ADAPTIVE_MODES", "BLOCK_DRAFTER_MODES",
+           "MAX_BATCH_SIZE", "DEFAULT_DRAFT_DEPTH", "PolicySpec", "NoneParams", "LinearParams", "EagleParams",
+           "BestFirstParams", "CostAwareParams", "BatchAllocParams", "BlockParams", "TfmParams", "DSparkParams",
+           "default_draft_depth", "check_batch_size", "params_from_flags"]
 
-MODES = ("none", "linear", "eagle", "best_first", "cost_aware", "batch_alloc")
-TREE_MODES = ("eagle", "best_first", "cost_aware", "batch_alloc")   # the rest verify a chain (or nothing)
+MODES = ("none", "linear", "eagle", "best_first", "cost_aware", "batch_alloc", "block", "tfm", "dspark")
+TREE_MODES = ("eagle", "best_first", "cost_aware", "batch_alloc", "block", "tfm")   # the rest verify a chain
+BLOCK_DRAFTER_MODES = ("block", "tfm", "dspark")   # drafted by a block drafter (simtree.drafters), not the MTP layer
 MARGINAL_MODES = ("best_first", "cost_aware", "batch_alloc")         # drafted as draft_depth positions
 ADAPTIVE_MODES = ("cost_aware", "batch_alloc")                       # a budget decided every round
 # the modes `simtree run` builds, the full-scale runtime on the device included (runtime/full/drafting.py):
 # a plan names no other
-RUNTIME_MODES = ("none", "linear", "eagle", "best_first", "cost_aware", "batch_alloc")
+RUNTIME_MODES = ("none", "linear", "eagle", "best_first", "cost_aware", "batch_alloc", "block", "tfm", "dspark")
 DEFAULT_DRAFT_DEPTH = 3  # the public V4 MTP recipe drafts 3 steps
 # Largest batch size simulated or planned: far beyond any serving batch, small enough that token
 # counts stay exact in float64 / int64 arithmetic.
@@ -61,7 +66,9 @@ class PolicySpec:
     def __post_init__(self) -> None:
         if type(self) is PolicySpec:
             raise SimtreeError("PolicySpec is abstract: use NoneParams, LinearParams, EagleParams, ...")
-        for f in dataclasses.fields(self):   # every parameter is a count >= 1
+        for f in dataclasses.fields(self):   # every parameter is a count >= 1 (but a confidence threshold)
+            if f.name == "threshold":
+                continue
             value = check_whole(getattr(self, f.name), f"parameter {f.name} of mode {self.mode!r}", 1)
             object.__setattr__(self, f.name, value)
 
@@ -123,6 +130,18 @@ class PolicySpec:
         return cls(**given)
 
 
+class _Budgeted:
+    """Modes that verify the same ``budget`` nodes every round."""
+
+    @property
+    def fixed_budget(self) -> int:
+        return self.budget
+
+    @property
+    def max_nodes(self) -> int:
+        return self.budget
+
+
 @dataclass(frozen=True)
 class NoneParams(PolicySpec):
     """Plain decoding: the root alone, nothing drafted."""
@@ -146,7 +165,7 @@ class NoneParams(PolicySpec):
 
 
 @dataclass(frozen=True)
-class LinearParams(PolicySpec):
+class LinearParams(_Budgeted, PolicySpec):
     """A chain of ``budget`` nodes (root included): budget - 1 drafted tokens, top-1."""
 
     mode: ClassVar[str] = "linear"
@@ -156,20 +175,12 @@ class LinearParams(PolicySpec):
     def name(self) -> str:
         return f"linear_d{self.budget}"
 
-    @property
-    def fixed_budget(self) -> int:
-        return self.budget
-
-    @property
-    def max_nodes(self) -> int:
-        return self.budget
-
     def draft_shape(self) -> tuple[int, int]:
         return self.budget - 1, 1
 
 
 @dataclass(frozen=True)
-class EagleParams(PolicySpec):
+class EagleParams(_Budgeted, PolicySpec):
     """EAGLE-style: ``num_steps`` draft steps of top-``topk``, expanded by cumulative draft
     score and pruned to the best ``budget`` nodes (root included)."""
 
@@ -189,20 +200,12 @@ class EagleParams(PolicySpec):
     def name(self) -> str:
         return f"eagle_s{self.num_steps}_k{self.topk}_d{self.budget}"
 
-    @property
-    def fixed_budget(self) -> int:
-        return self.budget
-
-    @property
-    def max_nodes(self) -> int:
-        return self.budget
-
     def draft_shape(self) -> tuple[int, int]:
         return self.num_steps, self.topk
 
 
 @dataclass(frozen=True)
-class BestFirstParams(PolicySpec):
+class BestFirstParams(_Budgeted, PolicySpec):
     """Best-first (DDTree) over the drafter's top-K marginals at ``draft_depth`` positions,
     ``budget`` nodes (root included), popping ``width`` nodes of the heap per step."""
 
@@ -214,14 +217,6 @@ class BestFirstParams(PolicySpec):
     @property
     def name(self) -> str:
         return f"best_first_d{self.budget}_w{self.width}_p{self.draft_depth}"
-
-    @property
-    def fixed_budget(self) -> int:
-        return self.budget
-
-    @property
-    def max_nodes(self) -> int:
-        return self.budget
 
     def draft_shape(self) -> tuple[int, int]:
         return self.draft_depth, 1
@@ -278,21 +273,105 @@ class BatchAllocParams(PolicySpec):
         return self.draft_depth, 1
 
 
+@dataclass(frozen=True)
+class BlockParams(_Budgeted, PolicySpec):
+    """A block drafter (DFlash-style): one forward proposes ``block_len`` positions as independent
+    marginals; the best-first tree of ``budget`` nodes (root included) over their top-K."""
+
+    mode: ClassVar[str] = "block"
+    budget: int
+    block_len: int = 7
+
+    @property
+    def name(self) -> str:
+        return f"block_d{self.budget}_p{self.block_len}"
+
+    def draft_shape(self) -> tuple[int, int]:
+        return self.block_len, 1
+
+
+@dataclass(frozen=True)
+class TfmParams(_Budgeted, PolicySpec):
+    """The block drafter plus a TfM-style adapter over each position's top candidates: the
+    best-first tree of ``budget`` nodes over its conditionals, ``width`` expansions a step."""
+
+    mode: ClassVar[str] = "tfm"
+    budget: int
+    width: int = 1
+    block_len: int = 7
+
+    @property
+    def name(self) -> str:
+        return f"tfm_d{self.budget}_w{self.width}_p{self.block_len}"
+
+    def draft_shape(self) -> tuple[int, int]:
+        return self.block_len, self.width
+
+
+@dataclass(frozen=True)
+class DSparkParams(PolicySpec):
+    """DSpark-style: a chain of ``block_len`` tokens from the block backbone and its Markov
+    head; each sequence verifies the prefix whose predicted survival (the confidence head's
+    cumulative product) clears ``threshold`` in [0, 1], or, without one, the batch's prefixes
+    the load schedule picks each round (the m most likely positions, m maximising the round's
+    rate: the threshold rises with the load)."""
+
+    mode: ClassVar[str] = "dspark"
+    block_len: int = 7
+    threshold: float | None = None
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.threshold is not None:
+            from simtree.acceptance.confidence_head import check_threshold
+            if isinstance(self.threshold, bool) or not isinstance(self.threshold, (int, float)):
+                raise SimtreeError(f"confidence threshold {self.threshold!r} is not a number in [0, 1]")
+            object.__setattr__(self, "threshold", check_threshold(self.threshold))
+
+    @property
+    def name(self) -> str:
+        tail = "sched" if self.threshold is None else f"t{self.threshold:g}"
+        return f"dspark_p{self.block_len}_{tail}"
+
+    @property
+    def fixed_budget(self) -> int | None:
+        return None
+
+    @property
+    def max_nodes(self) -> int:
+        return self.block_len + 1
+
+    def draft_shape(self) -> tuple[int, int]:
+        return self.block_len, 1
+
+    def to_dict(self) -> dict:
+        out = super().to_dict()
+        if self.threshold is None:
+            out.pop("threshold")
+        return out
+
+
 _BY_MODE = {cls.mode: cls for cls in (NoneParams, LinearParams, EagleParams, BestFirstParams, CostAwareParams,
-                                      BatchAllocParams)}
+                                      BatchAllocParams, BlockParams, TfmParams, DSparkParams)}
 
 
 def params_from_flags(mode: str, steps: int, topk: int, budget: int, width: int = 1,
                       draft_depth: int | None = None) -> PolicySpec:
     """The policy that the command-line flags of `simtree simulate` / `simtree run` select
-    (--budget is the max budget of the adaptive modes)."""
+    (--budget is the max budget of the adaptive modes; --draft-depth the block drafters' block
+    length; DSpark's fixed threshold comes from a policy file, the flags give its schedule)."""
     params = {"none": {}, "linear": {"budget": budget},
               "eagle": {"num_steps": steps, "topk": topk, "budget": budget},
               "best_first": {"budget": budget, "width": width},
-              "cost_aware": {"max_budget": budget}, "batch_alloc": {"max_budget_per_seq": budget}}
+              "cost_aware": {"max_budget": budget}, "batch_alloc": {"max_budget_per_seq": budget},
+              "block": {"budget": budget}, "tfm": {"budget": budget, "width": width}, "dspark": {}}
     if mode not in params:
         raise SimtreeError(f"unknown policy mode {mode!r}: use one of {', '.join(MODES)}")
     p = params[mode]
+    if mode in BLOCK_DRAFTER_MODES:      # --draft-depth: the block length (a threshold: a policy file)
+        if draft_depth is not None:
+            p["block_len"] = draft_depth
+        return PolicySpec.from_dict(mode, p)
     if draft_depth is not None:
         if mode not in MARGINAL_MODES:
             raise SimtreeError(f"--draft-depth applies to {', '.join(MARGINAL_MODES)}, not to mode {mode!r}"

@@ -9,7 +9,10 @@ decode throughput, searched over
 - best-first (DDTree) budget D x drafted depth p (1..15), heap width 1 (the cost model does not
   charge heap steps, so a wider pop can only lose accepted length);
 - cost-aware adaptive budget per round (CaDDTree), max budget 16, depth p (1..15);
-- batch-level allocation across the batch's requests (DSpark-style), max 16 per sequence.
+- batch-level allocation across the batch's requests (DSpark-style), max 16 per sequence;
+- where the cost bundle has a block drafter's C_d (its ``drafters`` key): that family's grid
+  (:func:`simtree.planning.drafter_candidates.drafter_specs`: block marginals' trees, TfM trees,
+  DSpark's confidence-scheduled or fixed-threshold prefix), priced by its own C_d.
 
 Every tree family reaches the same drafted depth as linear (15 at budget 16), bounded by the
 budget: a tree of D nodes is at most D - 1 deep, so drafting deeper than D - 1 (s or p) builds
@@ -234,6 +237,23 @@ def _score(costs: Costs, workload: Workload, table: pd.DataFrame, adaptive: list
     return pd.concat([df, pd.DataFrame(rows)], ignore_index=True) if rows else df
 
 
+def _drafter_rows(costs: Costs, workload: Workload, specs: list[PolicySpec], b: int) -> pd.DataFrame:
+    """The block-drafter candidates (:mod:`simtree.planning.drafter_candidates`) of one
+    (workload, batch size), scored as the fixed shapes are (``score_run``)."""
+    from simtree.planning.drafter_candidates import score_run
+    lo, hi = workload.mean_prompt_len, workload.mean_prompt_len + workload.output_len
+    rows = []
+    for spec in specs:
+        r = score_run(costs, workload, spec, b)
+        rows.append({"policy": spec.name, "mode": spec.mode, "params": json.dumps(spec.to_dict(), sort_keys=True),
+                     "budget": spec.fixed_budget, "tokens_per_round": r["tokens_per_round"],
+                     "nodes_per_seq": r["nodes_per_seq"], "nodes_std": 0.0, "draft_steps": 0, "draft_topk": 0,
+                     "min_nodes": 1.0, "max_nodes": float(spec.max_nodes), "workload": workload.name,
+                     "batch_size": b, "tok_s": r["tok_s"], "round_us": r["round_us"], "draft_us": r["draft_us"],
+                     "ctx_lo": lo, "ctx_hi": hi})
+    return pd.DataFrame(rows)
+
+
 def plan(costs: Costs, workloads: Sequence[Workload], batch_sizes: Sequence[int] = DEFAULT_BATCH_SIZES,
          space: SearchSpace = SearchSpace(), progress: Callable[[int, int], None] | None = None) -> PlanResult:
     """Search every candidate for every (workload, batch size); see the module docstring.  Costs
@@ -241,7 +261,11 @@ def plan(costs: Costs, workloads: Sequence[Workload], batch_sizes: Sequence[int]
     with their communication (:func:`simtree.deploy.costs.deployment_costs`)."""
     from simtree.deploy.costs import deployment_costs
 
+    from simtree.planning.drafter_candidates import drafter_specs
+
+    # the block drafters the bundle has C_d for (draft_steps 0: the MTP layer's C_d is not asked)
     costs = deployment_costs(costs)
+    blocks = [sp for sp in drafter_specs(costs, max(space.budgets)) if sp.mode in space.searched]
     if not batch_sizes:
         raise SimtreeError("plan needs at least one batch size")
     sizes = sorted({check_batch_size(b, "batch sizes") for b in batch_sizes})
@@ -259,6 +283,8 @@ def plan(costs: Costs, workloads: Sequence[Workload], batch_sizes: Sequence[int]
             table = _static_table(workload, fixed)
             for b in sizes:
                 df = _score(costs, workload, table, adaptive, b, space.adaptive_verify)
+                if blocks:
+                    df = pd.concat([df, _drafter_rows(costs, workload, blocks, b)], ignore_index=True)
                 queries = queried_ranges(df)
                 drafted = df["draft_steps"].to_numpy() > 0
                 for key, (lo, hi) in queries.items():

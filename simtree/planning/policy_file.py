@@ -6,7 +6,8 @@ JSON::
      "deployment": str,          # e.g. "tp=2", "ep=8" (an addition; absent: "tp=1", one GPU)
      "source": {...},            # cost bundle meta (synthetic flag, communication), planner settings
      "entries": [{"workload": str, "batch_min": int, "batch_max": int,
-                  "mode": "none"|"linear"|"eagle"|"best_first"|"cost_aware"|"batch_alloc",
+                  "mode": "none"|"linear"|"eagle"|"best_first"|"cost_aware"|"batch_alloc"|
+                          "block"|"tfm"|"dspark",
                   "params": {...}, "tree_on": bool, "predicted_tok_s": float,
                   "gain_vs_linear": float, "gain_vs_none": float,
                   "within_model_error": bool,     # optional (default false)
@@ -15,7 +16,8 @@ JSON::
                   "runner_up": {"policy": str, "advantage_band": [lo, hi]},
                   "within_band": bool}]}
 
-``tree_on`` is true exactly for the tree modes (eagle, best_first, cost_aware, batch_alloc).
+``tree_on`` is true exactly for the tree modes (eagle, best_first, cost_aware, batch_alloc,
+block, tfm).
 ``within_model_error`` (an addition) is true when a tree was chosen for a predicted gain over
 the best linear / plain alternative smaller than the verify cost model's held-out median error:
 the choice is a coin toss within what the fit can resolve.  Each entry is planned at its
@@ -29,9 +31,12 @@ of the models.  Readers that do not know them may ignore them.
 
 params: linear {"budget"}; eagle {"num_steps", "topk", "budget"}; best_first {"budget",
 "width", "draft_depth"}; cost_aware {"max_budget", "draft_depth"}; batch_alloc
-{"max_budget_per_seq", "draft_depth"}.  ``draft_depth`` (positions of top-K marginals the
-drafter produces) is an addition; readers that do not know it may ignore it.  In memory an
-entry's ``params`` is the typed :class:`~simtree.planning.modes.PolicySpec` of its mode.
+{"max_budget_per_seq", "draft_depth"}; block {"budget", "block_len"}; tfm {"budget", "width",
+"block_len"}; dspark {"block_len", "threshold" (optional, a number in [0, 1]; absent: the
+load schedule)}.  ``draft_depth`` (positions of top-K marginals the drafter produces) is an
+addition; readers that do not know it may ignore it.  The block-drafter modes are additions
+(docs/drafters.md).  In memory an entry's ``params`` is the typed
+:class:`~simtree.planning.modes.PolicySpec` of its mode.
 """
 from __future__ import annotations
 

@@ -381,6 +381,9 @@ def check_simulable(spec: PolicySpec) -> PolicySpec:
             raise SimtreeError(f"{spec.mode} {name} {value}: the simulator takes at most {limit} "
                                f"(simtree.planning.simulate.{what}: larger trees take it minutes and lie far "
                                "outside any measured verify cost)")
+    if spec.mode in ("block", "tfm", "dspark"):
+        raise SimtreeError(f"{spec.name}: the simulator does not run block-drafter rounds; `simtree plan` scores "
+                           "them where the cost bundle has the drafter's C_d, `simtree run --model` runs them")
     return spec
 
 

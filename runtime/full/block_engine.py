@@ -1,0 +1,290 @@
+"""Rounds drafted by a block drafter on the full runtime: DFlash-style block marginals, a
+TfM-style adapter's tree, DSpark's chain with its confidence-scheduled verify.
+
+    rs = round_shape(PolicySpec.from_dict("block", {"budget": 8, "block_len": 7}))
+    engine = make_engine(model, rs, batch_size=4, max_len=1024)     # a BlockEngine here
+    engine.prefill(prompts)
+    engine.run(max_new_tokens=64)
+
+One round, every stage on the device in static shapes (:class:`.engine.FullEngine`'s otherwise):
+
+    draft    the drafter's one backbone forward (:class:`.block_drafters.DrafterRound`): the
+             context rows the last round accepted - the target's outputs at the tapped layers
+             (:func:`feature_layers`) along its accepted path - are committed to the drafter's
+             caches, and the block (the root, then mask rows) gives per position
+               block   top-K marginals; the best-first tree over them (:mod:`.best_first`)
+               tfm     the adapter's best-first tree over its conditionals, ``width`` a step
+               dspark  the Markov head's chain and the confidence head; each sequence verifies
+                       the prefix whose predicted survival (the confidences' product) clears the
+                       policy's threshold, or, without one, the prefixes batch_alloc's rule
+                       takes over the batch's survivals (:mod:`.allocation`: the m most likely
+                       positions, m maximising the round's rate - the threshold rises with load);
+                       the rest of the chain stays in the tree, never accepted (``valid`` False)
+    verify   the target over the trees, its tapped features kept; the accepted path's rows
+             become the next draft's context (no catch-up stage: the next draft commits them)
+    commit   the target's accepted path
+
+The drafter shares the target's embedding and LM head.  Replays score the marginals (block,
+dspark) by the acceptance model (``DraftScores``); a dspark replay's survival is its level's
+probability of the chain's top-1 (a calibrated confidence head).  Each round's marginals and
+confidences stay on the device (``marginal_ids``, ``confidence``, ``verified_len``):
+:func:`round_records` turns a round into trace records after it.
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from simtree.drafters import PUBLIC, own_block_len
+from simtree.errors import SimtreeError
+from simtree.kernels.layers.drafters import (backbone_forward, block_marginals, dspark_draft, survival, tfm_tree)
+from simtree.kernels.layers.drafters.block import DeviceTree
+
+from .allocation import drafter_cost
+from .best_first import best_first, marginal_candidates
+from .block_drafters import DrafterRound
+from .drafting import MARGINAL_TOPK, RoundShape, lay_out, pad_tree
+from .engine import FullEngine
+
+__all__ = ["BlockEngine", "make_engine", "check_block_len", "feature_layers", "round_records", "traced_rounds",
+           "FAMILY_FIELDS"]
+
+# drafter sizes of one family only (``sizes`` may name them for every family: the others' are dropped)
+FAMILY_FIELDS = {"tfm": ("cand_k", "adapter_dim"), "dspark": ("markov_rank",)}
+
+
+def feature_layers(n_layers: int, count: int = PUBLIC["target_layers"]) -> tuple[int, ...]:
+    """The target layers a block drafter reads (DFlash's spread: ``count`` layers evenly from
+    layer 1 to layer n - 3; every layer where the model has no more than ``count``)."""
+    if n_layers <= count:
+        return tuple(range(n_layers))
+    if count == 1:
+        return (n_layers // 2,)
+    start, end = 1, max(n_layers - 3, count)
+    return tuple(sorted({round(start + i * (end - start) / (count - 1)) for i in range(count)}))
+
+
+def make_engine(model, rs: RoundShape, batch_size: int, max_len: int, source=None, graphs=None, costs=None,
+                **drafter):
+    """The engine of round shape ``rs``: a :class:`BlockEngine` for the block drafters, else a
+    FullEngine; ``drafter``: the BlockEngine's ``sizes`` / ``seed``."""
+    if rs.block_drafter:
+        return BlockEngine(model, rs, batch_size, max_len, source, graphs, costs, **drafter)
+    return FullEngine(model, rs, batch_size, max_len, source, graphs, costs)
+
+
+def check_block_len(rs: RoundShape, costs=None) -> None:
+    """A block length the drafter drafts (its own block at most), and a bundle with its cost
+    where one is given: else one line."""
+    own = own_block_len(rs.drafter)
+    if not 1 <= rs.num_steps <= own:
+        raise SimtreeError(f"block length {rs.num_steps} is beyond the {rs.drafter} drafter's {own} positions")
+    if costs is not None:
+        drafter_cost(costs, rs.drafter).check_block_len(rs.num_steps)
+
+
+class BlockEngine(FullEngine):
+    def __init__(self, model, rs: RoundShape, batch_size: int, max_len: int, source=None, graphs=None, costs=None,
+                 sizes: dict | None = None, seed: int = 0):
+        """``sizes``: drafter fields other than the public ones (tests: tiny drafters; another
+        family's fields are ignored)."""
+        if not rs.block_drafter:
+            raise SimtreeError(f"{rs.name} is not drafted by a block drafter")
+        check_block_len(rs, costs)
+        super().__init__(model, rs, batch_size, max_len, source, graphs, costs)
+        taps = feature_layers(len(model.kinds))
+        self.verify_kw = {"taps": taps}
+        others = {f for fam, fields in FAMILY_FIELDS.items() if fam != rs.drafter for f in fields}
+        sizes = {"target_layers": len(taps), **{k: v for k, v in (sizes or {}).items() if k not in others},
+                 "block_len": rs.num_steps}
+        B, L, dev = self.B, rs.num_steps, self.device
+        self.drafter = DrafterRound(model.shape, rs.drafter, batch=B, max_len=max_len, device=dev, dtype=model.dtype,
+                                    budget=rs.tree_nodes, topk=max(rs.topk, 1), width=rs.width, seed=seed,
+                                    ends={"embed": model.w["embed"], "lm_head": model.w["lm_head"]}, graph=False,
+                                    **sizes)
+        K = MARGINAL_TOPK
+        self.marginal_ids = torch.zeros(B, L, K, dtype=torch.int64, device=dev)
+        self.marginal_lp = torch.zeros(B, L, K, dtype=torch.float32, device=dev)
+        self.confidence = torch.zeros(B, L, dtype=torch.float32, device=dev)
+        self.verified_len = torch.zeros(B, dtype=torch.int64, device=dev)
+        self._cols = torch.arange(rs.nodes, device=dev)
+        self._prompt_feats = None
+        self._sync_lengths = False
+
+    # ---- stages ------------------------------------------------------------------------------
+    def _stages(self) -> list:
+        if self.rs.plain:
+            return super()._stages()
+        return [("draft", self._draft), ("verify", self._verify), ("commit", self._commit)]
+
+    def _draft(self) -> None:
+        rs, d = self.rs, self.drafter
+        scores = getattr(self.source, "scores", None)
+        if scores is not None:
+            scores.draw(self.B)
+        rescore = None if scores is None else scores.rescore
+        d.anchor.copy_(self.roots)
+        hid = d.hidden()
+        if rs.drafter == "tfm":
+            self._set_tree(tfm_tree(d.w, hid, self.roots, d.cfg.cand_k, rs.tree_nodes, rs.width))
+            self.verified_len.copy_(self.tree.valid.sum(1) - 1)
+            return
+        if rs.drafter == "block":
+            lp, ids = block_marginals(d.w, hid, MARGINAL_TOPK)
+        else:
+            lp, ids, conf = dspark_draft(d.w, hid, self.roots, MARGINAL_TOPK)
+            self.confidence.copy_(conf)
+        self.marginal_ids.copy_(ids)
+        self.marginal_lp.copy_(lp)
+        if rescore is not None:
+            lp = torch.stack([rescore(i, lp[:, i]) for i in range(lp.shape[1])], 1)
+        if rs.drafter == "block":
+            cand = marginal_candidates(lp, ids, rs)
+            lay_out(self.tree, self.roots, cand, best_first(cand, rs), rs.topk)
+            self.verified_len.copy_(self.tree.valid.sum(1) - 1)
+        else:
+            surv = survival(lp[..., 0].exp()) if rescore is not None else survival(self.confidence)
+            self._set_chain(lp[..., 0], ids[..., 0], surv)
+
+    def _set_chain(self, lp: torch.Tensor, tok: torch.Tensor, surv: torch.Tensor) -> None:
+        """The chain root -> tok[:, 0] -> ... (as many as the bucket holds); the prefix of each
+        sequence that clears the threshold (or the schedule) valid."""
+        rs, t = self.rs, self.tree
+        m = rs.tree_nodes - 1
+        surv = surv[:, :m]
+        if rs.threshold is not None:
+            keep = (surv >= rs.threshold).sum(1)
+        else:
+            keep = self.alloc.allocate(surv, self.st.lengths.double().mean())
+        cols = self._cols[:m + 1]
+        t.tokens[:, 0] = self.roots
+        t.tokens[:, 1:m + 1] = tok[:, :m]
+        t.parents[:, :m + 1] = cols - 1
+        t.depth[:, :m + 1] = cols
+        t.rank[:, :m + 1] = 0
+        t.score[:, 0] = 0.0
+        t.score[:, 1:m + 1] = torch.cumsum(lp[:, :m].float(), 1)
+        t.valid[:, :m + 1] = cols[None, :] <= keep[:, None]
+        pad_tree(t, m + 1, 1)
+        self.verified_len.copy_(keep)
+
+    def _set_tree(self, dt: DeviceTree) -> None:
+        t, N = self.tree, dt.tokens.shape[1]
+        for name in ("tokens", "parents", "depth", "rank", "score", "valid"):
+            getattr(t, name)[:, :N] = getattr(dt, name)
+        pad_tree(t, N, max(self.drafter.cfg.cand_k, 1))
+
+    def _verify(self) -> None:
+        super()._verify()
+        feats = self._pend.features
+        B, P = self.B, self.rs.path_rows
+        feats = feats.view(B, self.rs.nodes, -1)
+        self.drafter.feats.copy_(feats.gather(1, self._path[..., None].expand(B, P, feats.shape[-1])))
+        self.drafter.n_new.copy_(self._acc_len + 1)
+
+    # ---- set-up ------------------------------------------------------------------------------
+    def reset(self) -> None:
+        super().reset()
+        self.drafter.state.lengths.zero_()
+        self.drafter.n_new.zero_()
+
+    def fill_context(self, context_len: int, seed: int = 0) -> None:
+        """As FullEngine's; the drafter's context as long as the target's (its rows as they are:
+        the work does not depend on them)."""
+        self._sync_lengths = True
+        super().fill_context(context_len, seed)
+
+    @torch.no_grad()
+    def prefill(self, prompts: list[list[int]]) -> None:
+        """As FullEngine's; the prompt's tapped features become the drafter's context (all but
+        its last piece committed here, the last by the first round's draft)."""
+        if self._sync_lengths:
+            self.drafter.state.lengths.copy_(self.st.lengths)
+            self._sync_lengths = False
+        self._prompt_feats = [[] for _ in range(self.B)]
+        try:
+            super().prefill(prompts)
+            self._feed_context([torch.cat(f) for f in self._prompt_feats])
+        finally:
+            self._prompt_feats = None
+
+    def _prefill_target(self, part):
+        rows, last = super()._prefill_target(part)
+        feats = self._pend.features.view(self.B, max(len(x) for x in part), -1)
+        for b, x in enumerate(part):
+            self._prompt_feats[b].append(feats[b, :len(x)])
+        return rows, last
+
+    def _feed_context(self, feats: list[torch.Tensor]) -> None:
+        d, A, dev = self.drafter, self.rs.path_rows, self.device
+        T = [f.shape[0] for f in feats]
+        last = [(t - 1) % A + 1 for t in T]
+        full = [(t - r) // A for t, r in zip(T, last)]
+        width = feats[0].shape[-1]
+        for k in range(max(full)):
+            buf = torch.zeros(self.B, A, width, dtype=d.feats.dtype, device=dev)
+            n = torch.zeros(self.B, dtype=torch.int64, device=dev)
+            for b, f in enumerate(feats):
+                if k < full[b]:
+                    buf[b] = f[k * A:(k + 1) * A]
+                    n[b] = A
+            backbone_forward(d.w, d.cfg, d.state, d.rope, buf, n, self.roots)
+        d.feats.zero_()
+        for b, f in enumerate(feats):
+            d.feats[b, :last[b]] = f[T[b] - last[b]:]
+        d.n_new.copy_(torch.as_tensor(last, device=dev))
+
+
+def round_records(engine: BlockEngine, *, workload: str, round_index: int, context_lens) -> list[dict]:
+    """Trace records (``simtree.trace/2``, runtime/trace.py) of the round the engine ran last, one
+    per sequence, read from its device buffers after the round: the tree, the accepted path, the
+    target's tokens along it, and the drafter's inputs to the acceptance model - the top-K
+    marginals and the target token's rank in each (block, dspark), the confidence head's
+    predictions and the verified prefix (dspark)."""
+    from simtree.acceptance.traces import marginal_ranks_of
+    from simtree.runtime.trace import TRACE_SCHEMA
+
+    rs, t = engine.rs, engine.tree
+    tokens, parents, valid = t.tokens.cpu().numpy(), t.parents.cpu().numpy(), t.valid.cpu().numpy()
+    score, ranks = t.score.cpu().numpy(), t.rank.cpu().numpy()
+    acc_len, path = engine._acc_len.cpu().numpy(), engine._path.cpu().numpy()
+    follow = engine._next_tok.cpu().numpy()
+    ids, lp = engine.marginal_ids.cpu().numpy(), engine.marginal_lp.cpu().numpy()
+    conf, verified = engine.confidence.cpu().numpy(), engine.verified_len.cpu().numpy()
+    out = []
+    for b in range(engine.B):
+        keep = np.flatnonzero(valid[b])         # the verified tree (the root is valid), in topological order
+        new_index = np.full(tokens.shape[1], -1)
+        new_index[keep] = np.arange(keep.size)
+        par = np.where(parents[b, keep] < 0, -1, new_index[np.maximum(parents[b, keep], 0)])
+        own = score[b, keep]
+        cond = [0.0] + [float(own[j] - own[par[j]]) if par[j] > 0 else float(own[j]) for j in range(1, keep.size)]
+        a = int(acc_len[b])
+        rec = {"schema": TRACE_SCHEMA, "workload": workload, "batch_size": engine.B, "round": int(round_index),
+               "seq": b, "mode": rs.spec.mode, "context_len": int(context_lens[b]), "parents": par.tolist(),
+               "tokens": tokens[b, keep].tolist(), "log_probs": [round(x, 6) for x in cond],
+               "ranks": ranks[b, keep].tolist(), "accepted_path": new_index[path[b, :a + 1]].tolist(),
+               "accepted_node": int(new_index[path[b, a]]), "num_accepted": a,
+               "target_tokens": follow[b, :a + 1].tolist(),
+               "drafter": rs.drafter}
+        if rs.drafter != "tfm":
+            rec["topk_tokens"] = ids[b].tolist()
+            rec["topk_probs"] = [[round(float(x), 6) for x in row] for row in np.exp(lp[b])]
+            rec["marginal_ranks"] = marginal_ranks_of(ids[b], np.asarray(rec["target_tokens"])).tolist()
+        if rs.drafter == "dspark":
+            rec["confidence"] = [min(max(round(float(x), 6), 0.0), 1.0) for x in conf[b]]
+            rec["verified_len"] = int(verified[b])
+        out.append(rec)
+    return out
+
+
+def traced_rounds(engine: BlockEngine, max_new_tokens: int, workload: str) -> list[dict]:
+    """Live rounds until every sequence has ``max_new_tokens`` outputs, one round at a time (the
+    host reads each round's buffers after it): the trace records of every round."""
+    records, index = [], 0
+    while int(engine.out_len.min()) < max_new_tokens:
+        ctx = engine.st.lengths.tolist()
+        engine.run(rounds=1)
+        records += round_records(engine, workload=workload, round_index=index, context_lens=ctx)
+        index += 1
+    return records
