@@ -11,14 +11,15 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from simtree.acceptance.model import calibrate_linear
-from simtree.costs.synthetic import synthetic_costs
 from simtree.models import get_model
 from simtree.planning.modes import RUNTIME_MODES
 from simtree.planning.simulate import PolicySpec
 from simtree.runtime.full.acceptance import DraftScores, TraceReplay
 from simtree.runtime.full.drafting import round_shape
-from simtree.runtime.full.engine import FullEngine
+from simtree.runtime.full.block_engine import make_engine
 from simtree.runtime.full.lossless import make_predictable
+
+from full_helpers import drafter_costs
 
 # host reads: _local_scalar_dense (item, bool, a 0-d index), the data-dependent shapes; host
 # data: lift_fresh of more than one element (torch.tensor / as_tensor of host values; a Python
@@ -31,7 +32,11 @@ SPECS = {"none": PolicySpec.from_dict("none", {}),
          "eagle": PolicySpec.from_dict("eagle", {"num_steps": 3, "topk": 2, "budget": 6}),
          "best_first": PolicySpec.from_dict("best_first", {"budget": 6, "draft_depth": 3}),
          "cost_aware": PolicySpec.from_dict("cost_aware", {"max_budget": 10, "draft_depth": 3}),
-         "batch_alloc": PolicySpec.from_dict("batch_alloc", {"max_budget_per_seq": 6, "draft_depth": 4})}
+         "batch_alloc": PolicySpec.from_dict("batch_alloc", {"max_budget_per_seq": 6, "draft_depth": 4}),
+         "block": PolicySpec.from_dict("block", {"budget": 8, "block_len": 7}),
+         "tfm": PolicySpec.from_dict("tfm", {"budget": 8, "width": 2, "block_len": 5}),
+         "dspark": PolicySpec.from_dict("dspark", {"block_len": 7})}
+TINY_DRAFTER = {"sizes": {"layers": 1, "cand_k": 32, "adapter_dim": 16, "markov_rank": 32}}
 
 
 # the CPU's own backends, which the GPU does not run: the GDN commit in torch (the GPU's is a
@@ -77,13 +82,14 @@ def test_every_runtime_mode_is_listed():
 @pytest.mark.parametrize("name", ["tiny-gdn", "tiny-v4"])
 def test_rounds_neither_read_nor_copy_host_data(name):
     model = _model(name)
-    costs = synthetic_costs(weights_us=0.0, per_token_us=10.0)
+    costs = drafter_costs()
     found = {}
     for label, spec in SPECS.items():
         rs = round_shape(spec)
         source = TraceReplay.fixed(2, 4, "cpu")
         source.scores = DraftScores(calibrate_linear(2.6, 4, spread=0.0), rs, "cpu", weights=[1.0])
-        engine = FullEngine(model, rs, 4, 128, source, graphs=False, costs=costs)
+        engine = make_engine(model, rs, 4, 128, source, graphs=False, costs=costs,
+                             **(TINY_DRAFTER if rs.block_drafter else {}))
         engine.fill_context(24, seed=1)
         with torch.no_grad():
             for _, stage in engine._stages():      # warm-up, as capture() runs it: caches fill
