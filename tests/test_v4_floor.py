@@ -74,3 +74,10 @@ def test_bad_input_is_one_line(flash, args):
     kind, b, n, l, scope = args
     with pytest.raises(SimtreeError):
         verify_floor(flash, kind, b, n, l, scope)
+
+
+def test_core_reads_the_compressors_and_the_cache(flash):
+    c, a = verify_floor(flash, "csa", 2, 4, 4096, "core"), verify_floor(flash, "csa", 2, 4, 4096)
+    assert set(c.weights) == {n for n in a.weights if n.startswith(("comp.", "idx.", "sink"))}
+    assert c.cache == a.cache and c.total_bytes < a.total_bytes
+    assert c.activations == 8 * (2 * 64 * 512 + 512 + 4096 + 64 * 128 + 2 * 64) * 2

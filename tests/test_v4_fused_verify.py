@@ -12,7 +12,7 @@ from simtree.kernels.v4.check import check_against_reference
 from simtree.kernels.v4.verify import FUSIONS, tree_verify
 
 
-@pytest.mark.parametrize("kind,planner", [("csa", "device"), ("hca", "host")])
+@pytest.mark.parametrize("kind,planner", [("csa", "host"), ("hca", "device")])
 def test_fused_verify_equals_sequential_decoding(kind, planner, monkeypatch):
     tv = importlib.import_module("simtree.kernels.v4.verify")     # the module, not the function
     calls = []

@@ -17,7 +17,8 @@ layer's input and output streams once:
                   tree's nodes may pick different rows); HCA: all E = context // 128
     indexer_keys  CSA: all E indexer keys per sequence (the scan scores every one)
     compressor_state  the compressors' partial windows (kv and score) per sequence
-    activations   the streams in and out: T x hc x hidden, twice
+    activations   the streams in and out: T x hc x hidden, twice (scope "core": q, kv, x and
+                  the indexer's q and weights in, o out)
 
 Node latents, scratch entries, scores and index lists are intermediates: a fully fused
 verify keeps them on chip, so the floor counts none of them.
@@ -36,9 +37,10 @@ from simtree.errors import SimtreeError
 from .v4 import V4Dims, layer_specs
 from .weights import dtype_bytes
 
-__all__ = ["V4Floor", "verify_floor", "SCOPES", "MOE_WEIGHTS", "H200_COPY_GBPS"]
+__all__ = ["V4Floor", "verify_floor", "SCOPES", "MOE_WEIGHTS", "CORE_WEIGHTS", "H200_COPY_GBPS"]
 
-SCOPES = ("attention", "moe", "layer")
+SCOPES = ("core", "attention", "moe", "layer")
+CORE_WEIGHTS = ("comp.", "idx.", "sink")      # what the kernels' tree_verify reads of the weights
 H200_COPY_GBPS = 4250.0            # copy bandwidth measured on the H200 (reports/h200/v4)
 MOE_WEIGHTS = ("ln2", "router", "router_bias", "tid2eid", "experts_gu", "experts_down", "shared_gu", "shared_down",
                "hc_ffn_fn", "hc_ffn_base", "hc_ffn_scale")
@@ -87,7 +89,9 @@ def _weight_bytes(d: V4Dims, kind: str, scope: str, tokens: int, dtype: torch.dt
     out = {}
     for s in specs:
         moe = _base(s.name) in MOE_WEIGHTS
-        if (scope == "attention" and moe) or (scope == "moe" and not moe) or s.name == "tid2eid":
+        core = s.name.startswith(CORE_WEIGHTS)
+        if (scope == "attention" and moe) or (scope == "moe" and not moe) or (scope == "core" and not core) \
+                or s.name == "tid2eid":
             continue                    # tid2eid: one row per token, not the table
         b = s.numel * dtype_bytes(s.dtype or dtype)
         if _base(s.name) in _ROUTED:
@@ -121,7 +125,8 @@ def verify_floor(d: V4Dims, kind: str, batch: int, nodes: int, context: int, sco
                  state_dtype: torch.dtype = torch.float32) -> V4Floor:
     """The floor of one ``kind`` (swa / csa / hca) layer's verify of ``nodes`` nodes in each of
     ``batch`` sequences at ``context`` cached tokens; ``scope`` "attention" (the attention block
-    with its hyper-connection), "moe" (the MoE block with its) or "layer" (both).  ``dtype``:
+    with its hyper-connection), "moe" (the MoE block with its), "layer" (both) or "core" (the
+    kernels' tree_verify alone: from q, kv, x to o; the compressors' weights, the cache).  ``dtype``:
     the model's dtype (weights without one of their own, activations); ``cache_dtype``: the KV
     pools' (default ``dtype``); ``state_dtype``: the compressors' partial windows."""
     if kind not in ("swa", "csa", "hca"):
@@ -135,5 +140,9 @@ def verify_floor(d: V4Dims, kind: str, batch: int, nodes: int, context: int, sco
     weights = _weight_bytes(d, kind, scope, tokens, dtype)
     cache = ({} if scope == "moe" else
              _cache_bytes(d, kind, batch, context, cache_dtype or dtype, state_dtype))
-    act = 2 * tokens * d.hc * d.h * dtype_bytes(dtype) * (2 if scope == "layer" else 1)
+    if scope == "core":     # q, kv, x (and the indexer's q, fp32 weights) in; o out
+        width = 2 * d.H * d.D + d.D + d.h + (d.Hi * d.Di + 2 * d.Hi if kind == "csa" else 0)
+        act = tokens * width * dtype_bytes(dtype)
+    else:
+        act = 2 * tokens * d.hc * d.h * dtype_bytes(dtype) * (2 if scope == "layer" else 1)
     return V4Floor(kind, scope, weights, cache, act)

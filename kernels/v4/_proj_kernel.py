@@ -5,11 +5,12 @@ compressors (the KV one and the indexer's), kv and score, four fp32 GEMMs.
 
 At verify sizes (N <= a few dozen rows) these GEMMs are reads of the fp32 weights (42 MB for a
 V4-Flash CSA layer, 8 us at 4.8 TB/s) and little else; cuBLAS's SGEMM tiles them for large
-M and leaves most of the GPU idle at N = 4 (62 us measured for the four on the H200,
-reports/h200/v4/bench_v4.csv, proj_us).  Here every program owns BN output columns of one
-of the (up to) four weights and streams its [BN, hidden] slice once, all N rows at a time
-(fp32 products, float32 accumulation: the math of the torch form, summed in another order);
-the score's positional bias ape[pos % r] is added in the same program.
+M and leaves most of the GPU idle at N = 4 (62-172 us measured for the four on the H200 at
+N = 4-256, reports/h200/v4/bench_v4.csv, proj_us).  Here every program owns BN output
+columns of one of the (up to) four weights and streams its [BN, hidden] slice once, all N
+rows in one tile (fp32 products, float32 accumulation: the math of the torch form, summed in
+another order; 3xTF32 products past 32 rows); the score's positional bias ape[pos % r] is
+added in the same program.
 """
 from __future__ import annotations
 
@@ -17,15 +18,18 @@ import torch
 import triton
 import triton.language as tl
 
+from simtree.kernels._triton import interpreting
+
 from .compressor import CompressorParams
 
 __all__ = ["project_compressors", "project_compressors_torch", "fits", "MAX_ROWS"]
 
-MAX_ROWS = 64      # more rows than this: the GEMMs are no longer weight reads; cuBLAS takes them
+MAX_ROWS = 256     # every row in one tile; more rows than this: cuBLAS takes them
 
 
 @triton.jit
-def _mm(X, W, rows, rmask, cols, cmask, K, s_xn, BK: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr):
+def _mm(X, W, rows, rmask, cols, cmask, K, s_xn, BK: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+        PREC: tl.constexpr):
     kk = tl.arange(0, BK)
     acc = tl.zeros((BM, BN), tl.float32)
     for k0 in range(0, K, BK):
@@ -34,21 +38,21 @@ def _mm(X, W, rows, rmask, cols, cmask, K, s_xn, BK: tl.constexpr, BM: tl.conste
                     other=0.0).to(tl.float32)
         w = tl.load(W + cols.to(tl.int64)[None, :] * K + k0 + kk[:, None], mask=km[:, None] & cmask[None, :],
                     other=0.0).to(tl.float32)
-        acc += tl.dot(x, w, input_precision="ieee")
+        acc += tl.dot(x, w, input_precision=PREC)
     return acc
 
 
 @triton.jit
 def _one(X, WKV, WG, APE, POS, OUT, which, pid_n, pid_m, N, C, K, s_xn,
-         BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
+         BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, PREC: tl.constexpr):
     cols = pid_n * BN + tl.arange(0, BN)
     cmask = cols < C
     rows = pid_m * BM + tl.arange(0, BM)
     rmask = rows < N
     if which == 0:
-        acc = _mm(X, WKV, rows, rmask, cols, cmask, K, s_xn, BK, BM, BN)
+        acc = _mm(X, WKV, rows, rmask, cols, cmask, K, s_xn, BK, BM, BN, PREC)
     else:
-        acc = _mm(X, WG, rows, rmask, cols, cmask, K, s_xn, BK, BM, BN)
+        acc = _mm(X, WG, rows, rmask, cols, cmask, K, s_xn, BK, BM, BN, PREC)
         pm = tl.load(POS + rows, mask=rmask, other=0).to(tl.int64)
         acc += tl.load(APE + pm[:, None] * C + cols[None, :], mask=rmask[:, None] & cmask[None, :], other=0.0)
     tl.store(OUT + which * N * C + rows.to(tl.int64)[:, None] * C + cols[None, :], acc,
@@ -57,16 +61,16 @@ def _one(X, WKV, WG, APE, POS, OUT, which, pid_n, pid_m, N, C, K, s_xn,
 
 @triton.jit
 def _proj_kernel(X, WKV1, WG1, APE1, OUT1, C1, WKV2, WG2, APE2, OUT2, C2, POS, N, K, s_xn,
-                 BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
+                 BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, PREC: tl.constexpr):
     pid_n = tl.program_id(0)
     which = tl.program_id(1)
     pid_m = tl.program_id(2)
     if which < 2:
         if pid_n * BN < C1:
-            _one(X, WKV1, WG1, APE1, POS, OUT1, which, pid_n, pid_m, N, C1, K, s_xn, BM, BN, BK)
+            _one(X, WKV1, WG1, APE1, POS, OUT1, which, pid_n, pid_m, N, C1, K, s_xn, BM, BN, BK, PREC)
     else:
         if pid_n * BN < C2:
-            _one(X, WKV2, WG2, APE2, POS, OUT2, which - 2, pid_n, pid_m, N, C2, K, s_xn, BM, BN, BK)
+            _one(X, WKV2, WG2, APE2, POS, OUT2, which - 2, pid_n, pid_m, N, C2, K, s_xn, BM, BN, BK, PREC)
 
 
 def fits(comps: list[CompressorParams], rows: int) -> bool:
@@ -99,8 +103,12 @@ def project_compressors(comps: list[CompressorParams], x: torch.Tensor, pos_mod:
     a = comps[0]
     b, ob = (comps[1], outs[1]) if len(comps) == 2 else (a, outs[0])
     C1, C2 = a.wkv.shape[0], b.wkv.shape[0]
-    bm = max(16, triton.next_power_of_2(N)) if N <= 32 else 32
+    bm = max(16, triton.next_power_of_2(N))
+    # few rows: fp32 FMAs, the weights' stream is the cost; many: 3xTF32 on the tensor cores
+    # (fp32's accuracy, ~1e-6 relative), as the products outgrow the CUDA cores
+    prec = "ieee" if bm <= 32 or interpreting() else "tf32x3"
     grid = (triton.cdiv(max(C1, C2), block_n), 2 * len(comps), triton.cdiv(N, bm))
     _proj_kernel[grid](x, a.wkv, a.wgate, a.ape, outs[0], C1, b.wkv, b.wgate, b.ape, ob, C2, pos_mod, N, K,
-                       x.stride(0), BM=bm, BN=block_n, BK=128, num_warps=4, num_stages=4)
+                       x.stride(0), BM=bm, BN=block_n, BK=max(16, min(128, 4096 // bm)), PREC=prec,
+                       num_warps=4 if bm <= 32 else 8, num_stages=4 if bm <= 64 else 3)
     return outs

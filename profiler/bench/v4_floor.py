@@ -1,0 +1,363 @@
+"""A V4 layer's verify against its memory floor, current path vs fused variants, one GPU call:
+
+    python -m simtree.profiler.bench.v4_floor --out $OUT/floor_v4.csv
+
+1. correctness on the device, before any timing: every variant's tree verify + commit vs float64
+   sequential decoding on random trees (tiny shapes, each layer kind), and at V4-Flash shapes
+   the fused launches against their torch forms (the compressors' GEMMs vs float64, the top-k
+   list vs torch.topk's set) and each variant's attention block against the current one;
+2. the copy bandwidth (the floor's denominator);
+3. the sweep: layer kinds x batch 1/4/16 x nodes 1/4/16 x context 4K/16K at V4-Flash shapes
+   (simtree/data/models/deepseek-v4-flash), the attention block of a layer (hc_pre, norms,
+   projections, RoPE, the tree verify, the output projections, hc_post: what
+   kernels.layers.v4 runs, bf16, fp32 compressors) per variant on random trees and on a chain
+   of the same n (tree / linear), and the kernels' tree verify alone (scope "core") per
+   variant; CUDA-graph replays over fresh random inputs (copies rotated), warm-up first,
+   medians; floors from kernels.layers.v4_floor at the measured bandwidth.
+
+Writes the CSV at --out (kernel, layer_kind, batch_size, nodes_per_seq, context_len,
+measured_us, floor_us, ratio, tree_over_linear, ...) and a JSON summary beside it (the
+checks, the worst ratio per variant and kind, the targets, which form of each switch was
+faster).  Points run in priority order until --max-seconds; the files are rewritten as it goes.
+"""
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import csv
+import time
+import traceback
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from simtree.fileio import write_text_atomic
+from simtree.kernels.layers import v4 as V
+from simtree.kernels.layers.forms import forms
+from simtree.kernels.layers.v4_floor import MOE_WEIGHTS, verify_floor
+from simtree.kernels.layers.weights import make_weights
+from simtree.kernels.v4 import V4Cache
+from simtree.models import get_model
+from simtree.profiler.timing import measured_bandwidth, time_workload
+
+MODEL = "deepseek-v4-flash"
+# the forms each variant runs (kernels/layers/forms.py); "current" is the path before the fusions
+VARIANTS = {"current": dict(v4_comp_proj="cublas", v4_topk="sort"),
+            "fused": dict(v4_comp_proj="fused", v4_topk="fused"),
+            "fused_proj": dict(v4_comp_proj="fused", v4_topk="sort"),
+            "fused_topk": dict(v4_comp_proj="cublas", v4_topk="fused"),
+            "fused_flashmla": dict(v4_comp_proj="fused", v4_topk="fused")}
+ATTENTION = {"fused_flashmla": "flashmla"}  # the attention core of a variant (default: the Triton one)
+BLOCK_VARIANTS = ("current", "fused", "fused_flashmla")       # the attention block: tree and linear
+TARGET_RATIO, TARGET_TREE_OVER_LINEAR = 4.0, 1.05
+COLUMNS = ["kernel", "layer_kind", "batch_size", "nodes_per_seq", "context_len", "measured_us", "floor_us", "ratio",
+           "tree_over_linear", "linear_us", "p10_us", "p90_us", "scope", "variant", "tree_shape", "bandwidth_gbs"]
+
+
+def log(msg: str) -> None:
+    print(f"[v4_floor {time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def _base(name: str) -> str:
+    return name[:-len("_scale_inv")] if name.endswith("_scale_inv") else name
+
+
+class Layer:
+    """One attention block of a kind at V4-Flash shapes on the device, its caches per batch."""
+
+    def __init__(self, d: V.V4Dims, kind: str, device, dtype=torch.bfloat16, seed: int = 0):
+        self.d, self.kind, self.device, self.dtype = d, kind, device, dtype
+        specs = V.layer_specs("", kind, d, V.residual_gain(43), torch.float32)
+        self.w = make_weights([s for s in specs if _base(s.name) not in MOE_WEIGHTS + ("tid2eid",)], device, dtype,
+                              seed)
+        self.lw = V.layer_weights(self.w, kind, d)
+        self.cfg = V.attn_config(d)
+        self.ropes = V.rope_tables(d, device, dtype)
+
+    def round(self, b: int, n: int, ctx: int, shape: str, seed: int = 0):
+        """(cache, V4Round) of b sequences at ctx tokens, n-node trees of ``shape``."""
+        max_len = ctx + 4 * n + 8
+        for t in self.ropes.values():
+            t.ensure(max_len + 2)
+        cache = V4Cache.random(self.cfg, self.lw, b, ctx, max_len, dtype=self.dtype, device=self.device, seed=seed)
+        lengths = torch.full((b,), ctx, dtype=torch.int64, device=self.device)
+        return cache, self._meta(cache, lengths, b, n, shape, seed, max_len)
+
+    def _meta(self, cache, lengths, b, n, shape, seed, max_len):
+        from simtree.kernels.v4.steps import make_tree
+        from simtree.trees.tree import TreeBatch
+        rng = np.random.default_rng(seed + 17 * n)
+        tb = TreeBatch(tuple(make_tree(n, shape, rng) for _ in range(b)))
+        parents = torch.as_tensor(np.asarray(tb.parents), device=self.device).view(b, n)
+        return V.round_meta(self.ropes, {self.kind: (cache, self.lw)}, lengths, parents, max_len - 1)
+
+    def inputs(self, T: int, copies: int, seed: int):
+        g = torch.Generator(device=self.device).manual_seed(seed)
+        return [torch.randn(T, self.d.hc, self.d.h, generator=g, device=self.device).to(self.dtype)
+                for _ in range(copies)]
+
+    def block(self, x, cache, rm, impl="triton"):
+        """The attention block as kernels.layers.v4.layer runs it: streams in, streams out."""
+        d, kind, cs = self.d, self.kind, rm.rows(self.kind)
+        inp, hc = V.attn_block_pre(self.w, d, kind, x, cs)
+        o, _ = V.attn_core(kind, cache, self.lw, inp, rm.plans[kind], impl)
+        return V.attn_block_post(self.w, d, x, o, cs, hc)
+
+    def core_inputs(self, x, rm):
+        return V.attn_block_pre(self.w, self.d, self.kind, x, rm.rows(self.kind))[0]
+
+    def core(self, inp, cache, rm, impl="triton"):
+        return V.attn_core(self.kind, cache, self.lw, inp, rm.plans[self.kind], impl)[0]
+
+
+def variants(device) -> list[str]:
+    """The variants this device runs: fused_flashmla only where sgl-flash-mla works."""
+    from simtree.kernels.v4.flashmla import flashmla_available
+    ok = device == "cuda" and flashmla_available()[0]
+    return [v for v in VARIANTS if ok or ATTENTION.get(v) != "flashmla"]
+
+
+def timed(fns, device, variant: str) -> tuple[float, float, float]:
+    """(median, p10, p90) us per call of the rotated fns under the variant's forms (the CUDA
+    graph is captured inside, so the forms hold for the replays)."""
+    with forms(**VARIANTS[variant]):
+        # a CPU runs only --smoke: one call each (the code path, not a number)
+        kw = dict(use_graph=True, spin_ms=20.0) if device == "cuda" else dict(warmup=0, min_reps=1, max_reps=1)
+        st = time_workload(fns, device, **kw)
+    return st.median_us, st.p10_us, st.p90_us
+
+
+# ---- correctness ------------------------------------------------------------------------------
+def run_checks(device, d: V.V4Dims) -> list[dict]:
+    from simtree.kernels.v4 import V4AttnConfig
+    from simtree.kernels.v4.check import check_against_reference
+    from simtree.kernels.layers.forms import v4_fusions
+    out = []
+
+    def record(name, fn):
+        try:
+            r = fn()
+            out.append({"check": name, **r})
+        except Exception as exc:  # noqa: BLE001 - a failed check is a row, never the end of the run
+            out.append({"check": name, "ok": False, "error": f"{type(exc).__name__}: {str(exc)[:300]}"})
+            traceback.print_exc()
+        log(f"check {name}: {'OK' if out[-1].get('ok') else 'FAIL'} "
+            + ", ".join(f"{k}={v}" for k, v in out[-1].items() if k not in ("check", "ok")))
+
+    cfg = V4AttnConfig.tiny(num_heads=16, head_dim=64, rope_dim=16, indexer_dim=32, indexer_heads=8, hidden=48,
+                            window=16, hca_ratio=16, topk=6, page_size=8)
+    for variant in variants(device):
+        if ATTENTION.get(variant):
+            continue                    # the FP8 core: check_flashmla_path below
+        with forms(**VARIANTS[variant]):
+            fus = v4_fusions()
+        for kind in ("csa", "hca", "swa"):
+            def tiny(kind=kind, fus=fus):
+                r = check_against_reference(cfg, kind, [37, 52, 9], nodes=12, seed=1, device=device,
+                                            dtype=torch.float32, attention="triton", planner="device", fusions=fus)
+                r["ok"] = bool(r["verify_err"] < 2e-3 and r["commit_err"] < 2e-4 and not r["verify_wrote_cache"])
+                return r
+            record(f"tree_verify_{kind}_{variant}", tiny)
+    if "fused_flashmla" in variants(device):
+        from simtree.kernels.v4.check import check_flashmla_path
+        record("tree_verify_flashmla", lambda: {k: v for k, v in check_flashmla_path(device).items() if k != "check"})
+    record("comp_proj_flash", lambda: _check_proj(device, d))
+    record("topk_list_flash", lambda: _check_topk(device))
+    for kind in ("csa", "hca", "swa"):
+        record(f"block_{kind}_flash", lambda kind=kind: _check_block(device, d, kind))
+    return out
+
+
+def _check_proj(device, d):
+    from simtree.kernels.v4._proj_kernel import project_compressors, project_compressors_torch
+    lw = V.layer_weights(make_weights([s for s in V.layer_specs("", "csa", d, 1.0, torch.float32)
+                                       if s.name.startswith(("comp.", "idx.", "sink"))], device, torch.bfloat16, 3),
+                         "csa", d)
+    g = torch.Generator(device=device).manual_seed(3)
+    x = torch.randn(24, d.h, generator=g, device=device).to(torch.bfloat16)
+    pos = torch.randint(0, 4, (24,), generator=g, device=device)
+    comps = [lw.comp, lw.indexer]
+    got = project_compressors(comps, x, pos)
+    ref = project_compressors_torch([c.to(dtype=torch.float64) for c in comps], x.double(), pos)
+    err = max(float(((a.double() - b).abs() / (b.abs() + 1e-3)).max()) for a, b in zip(got, ref))
+    return {"ok": err < 1e-3, "max_rel_err": err}
+
+
+def _check_topk(device):
+    from simtree.kernels.v4._topk_kernel import topk_to_list, topk_to_list_torch
+    g = torch.Generator(device=device).manual_seed(4)
+    N, B, E, S = 64, 4, 4096, 4
+    scores = torch.randn(N, E + S, generator=g, device=device)
+    scores[:, -2:] = float("-inf")
+    persist = torch.randperm(B * E, generator=g, device=device).view(B, E)
+    vis = torch.randint(-1, 40, (N, S), generator=g, device=device)
+    seq = torch.randint(0, B, (N,), generator=g, device=device)
+    win = torch.randint(-1, 5000, (N, 128), generator=g, device=device)
+    got = topk_to_list(scores, 512, win, persist, vis, seq, 9999, 777)
+    ref = topk_to_list_torch(scores, 512, win, persist, vis, seq, 9999, 777)
+    same = bool(torch.equal(got.sort(1).values, ref.sort(1).values))
+    return {"ok": same, "same_set": same}
+
+
+def _check_block(device, d, kind):
+    L = Layer(d, kind, device, seed=5)
+    cache, rm = L.round(2, 8, 4096, "random", seed=5)
+    x = L.inputs(16, 1, 5)[0]
+    inp = L.core_inputs(x, rm)
+    blocks, cores = {}, {}
+    for variant in variants(device):
+        impl = ATTENTION.get(variant, "triton")
+        with forms(**VARIANTS[variant]):
+            blocks[variant] = L.block(x, cache, rm, impl).float()
+            cores[variant] = L.core(inp, cache, rm, impl).float()    # o, before the residual hides it
+    errs = {f"{scope}_{v}": float((o - outs["current"]).norm() / outs["current"].norm())
+            for scope, outs in (("block", blocks), ("core", cores)) for v, o in outs.items() if v != "current"}
+    # bf16 outputs agree to rounding; the FP8 attention core within its 6% (check_flashmla_path)
+    return {"ok": all(e < (6e-2 if "flashmla" in k else 2e-2) for k, e in errs.items()), "rel_err_vs_current": errs}
+
+
+# ---- sweep ------------------------------------------------------------------------------------
+def sweep_points(kinds, batches, ns, contexts) -> list[tuple]:
+    """(kind, batch, n, ctx): the issue's point (n = 4) first, then the rest, small first."""
+    pts = [(k, b, n, c) for n in ns for c in contexts for b in batches for k in kinds]
+    return sorted(pts, key=lambda p: (p[2] != 4, p[3], p[1], p[2]))
+
+
+def measure_point(layers, kind, b, n, ctx, bw, device, copies, names, dropped) -> list[dict]:
+    """Rows of one point, one per (scope, variant) timed on random trees; ``names``: the
+    variants still running (a failing one is removed and its error put in ``dropped``)."""
+    L, T = layers[kind], b * n
+    floors = {s: verify_floor(L.d, kind, b, n, ctx, s).us(bw) for s in ("attention", "core")}
+    xs = L.inputs(T, copies, seed=b * 1000 + n * 10 + ctx)
+    rows = []
+    shapes = ("random", "linear") if n > 1 else ("random",)
+    got = {}
+    for shape in shapes:
+        cache, rm = L.round(b, n, ctx, shape)
+        inps = [L.core_inputs(x, rm) for x in xs]
+        for scope in ("block", "core"):
+            for variant in list(names):
+                if (scope == "block" and variant not in BLOCK_VARIANTS) or (scope == "core" and shape != "random"):
+                    continue
+                impl = ATTENTION.get(variant, "triton")
+                fns = ([lambda x=x, a=impl: L.block(x, cache, rm, a) for x in xs] if scope == "block"
+                       else [lambda i=i, a=impl: L.core(i, cache, rm, a) for i in inps])
+                try:
+                    got[(scope, variant, shape)] = timed(fns, device, variant)
+                except Exception as exc:  # noqa: BLE001 - an optional core failing drops that variant only
+                    if variant == "current":
+                        raise
+                    names.remove(variant)
+                    dropped[variant] = f"{type(exc).__name__}: {str(exc)[:300]}"
+                    log(f"variant {variant} dropped: {dropped[variant]}")
+        del cache, rm
+    for (scope, variant, shape), t in got.items():
+        if shape != "random":
+            continue
+        lin = got.get((scope, variant, "linear"), t if n == 1 else None)   # n = 1: the chain is the tree
+        fl = floors["attention" if scope == "block" else "core"]
+        rows.append(dict(kernel=f"{scope}_{variant}", layer_kind=kind, batch_size=b, nodes_per_seq=n, context_len=ctx,
+                         measured_us=round(t[0], 2), floor_us=round(fl, 2), ratio=round(t[0] / fl, 2),
+                         tree_over_linear=round(t[0] / lin[0], 3) if lin else None,
+                         linear_us=round(lin[0], 2) if lin else None, p10_us=round(t[1], 2),
+                         p90_us=round(t[2], 2), scope="attention" if scope == "block" else "core", variant=variant,
+                         tree_shape="random", bandwidth_gbs=round(bw, 1)))
+    return rows
+
+
+def summarize(rows: list[dict]) -> dict:
+    out = {"worst_ratio": {}, "worst_tree_over_linear": {}, "faster_form": {}}
+    for kernel in sorted({r["kernel"] for r in rows}):
+        sub = [r for r in rows if r["kernel"] == kernel]
+        out["worst_ratio"][kernel] = {k: max(r["ratio"] for r in sub if r["layer_kind"] == k)
+                                      for k in sorted({r["layer_kind"] for r in sub})}
+        out["worst_tree_over_linear"][kernel] = max((r["tree_over_linear"] for r in sub if r["tree_over_linear"]),
+                                                    default=None)
+    for kernel in ("block_fused", "block_fused_flashmla"):
+        block = [r for r in rows if r["kernel"] == kernel]
+        if block:
+            out[f"targets_met_{kernel}"] = all(r["ratio"] <= TARGET_RATIO for r in block) and all(
+                (r["tree_over_linear"] or 0) <= TARGET_TREE_OVER_LINEAR for r in block)
+    core = {(r["variant"], r["layer_kind"], r["batch_size"], r["nodes_per_seq"], r["context_len"]): r["measured_us"]
+            for r in rows if r["scope"] == "core"}
+    for form, (on, off) in {"v4_comp_proj": ("fused_proj", "current"), "v4_topk": ("fused_topk", "current")}.items():
+        gains = [core[(off, *k[1:])] / v for k, v in core.items() if k[0] == on and (off, *k[1:]) in core]
+        if gains:
+            out["faster_form"][form] = {"median_speedup_fused": round(float(np.median(gains)), 3),
+                                        "min_speedup_fused": round(float(min(gains)), 3),
+                                        "faster": "fused" if np.median(gains) > 1.0 else "unfused"}
+    return out
+
+
+def write(out: Path, rows, summary) -> None:
+    buf = io.StringIO()
+    wr = csv.DictWriter(buf, fieldnames=COLUMNS)
+    wr.writeheader()
+    wr.writerows(rows)
+    write_text_atomic(out, buf.getvalue())
+    write_text_atomic(out.with_suffix(".json"), json.dumps({**summary, **summarize(rows)}, indent=1, default=str))
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", default="floor_v4.csv", help="the CSV (a JSON summary is written beside it)")
+    ap.add_argument("--max-seconds", type=float, default=300.0, help="stop starting points after this")
+    ap.add_argument("--kinds", default="csa,hca,swa")
+    ap.add_argument("--batches", default="1,4,16")
+    ap.add_argument("--ns", default="1,4,16")
+    ap.add_argument("--contexts", default="4096,16384")
+    ap.add_argument("--copies", type=int, default=4, help="input copies rotated through the timed replays")
+    ap.add_argument("--no-check", action="store_true")
+    ap.add_argument("--model", default=MODEL, help="a V4 model shape (tests: tiny-v4)")
+    ap.add_argument("--smoke", action="store_true", help="run the sweep on a CPU too (the code path, not numbers)")
+    args = ap.parse_args(argv)
+    t0 = time.time()
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    from .bench_v4 import env_info
+    d = V.V4Dims.of(get_model(args.model))
+    summary = {"env": env_info(), "model": args.model, "variants": VARIANTS, "args": vars(args),
+               "targets": {"ratio": TARGET_RATIO, "tree_over_linear": TARGET_TREE_OVER_LINEAR}}
+    summary["checks"] = [] if args.no_check else run_checks(device, d)
+    if device != "cuda" and not args.smoke:
+        log("no CUDA device: checks only")
+        write(out, [], summary)
+        return 0
+    bw = measured_bandwidth(device)["copy_GBps"] if device == "cuda" else 50.0
+    summary["copy_bandwidth_gbs"] = bw
+    log(f"copy bandwidth {bw:.0f} GB/s; checks {sum(bool(c.get('ok')) for c in summary['checks'])}"
+        f"/{len(summary['checks'])} OK")
+    kinds = args.kinds.split(",")
+    layers = {k: Layer(d, k, device) for k in kinds}
+    pts = sweep_points(kinds, [int(v) for v in args.batches.split(",")], [int(v) for v in args.ns.split(",")],
+                       [int(v) for v in args.contexts.split(",")])
+    names = variants(device)
+    summary["variants_run"], summary["variants_dropped"] = names, {}
+    rows, errors = [], []
+    for i, (kind, b, n, ctx) in enumerate(pts):
+        if time.time() - t0 > args.max_seconds:
+            summary["points_skipped"] = len(pts) - i
+            log(f"time budget spent after {i} of {len(pts)} points")
+            break
+        try:
+            new = measure_point(layers, kind, b, n, ctx, bw, device, args.copies, names, summary["variants_dropped"])
+            rows += new
+            log(f"{kind} b={b} n={n} ctx={ctx}: floor {new[0]['floor_us']:.1f} us; "
+                + ", ".join(f"{r['variant']} {r['measured_us']:.1f} us (x{r['ratio']:.1f}, tree/linear "
+                            f"{r['tree_over_linear']})" for r in new if r["scope"] == "attention"))
+        except Exception as exc:  # noqa: BLE001 - one failing point is a logged error, not the end
+            errors.append({"point": [kind, b, n, ctx], "error": f"{type(exc).__name__}: {str(exc)[:300]}"})
+            log(f"{kind} b={b} n={n} ctx={ctx}: FAILED {errors[-1]['error']}")
+            torch.cuda.empty_cache()
+        summary["errors"] = errors
+        write(out, rows, summary)
+    write(out, rows, summary)
+    log(f"done in {time.time() - t0:.0f} s: {len(rows)} rows in {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
