@@ -105,6 +105,14 @@ class Layer:
         o, _ = V.attn_core(kind, cache, self.lw, inp, rm.plans[kind], impl)
         return V.attn_block_post(self.w, d, x, o, cs, hc)
 
+    def pre(self, x, rm):
+        """The block before the core: hc_pre, norms, projections, RoPE."""
+        return V.attn_block_pre(self.w, self.d, self.kind, x, rm.rows(self.kind))
+
+    def post(self, x, o, hc, rm):
+        """The block after the core: RoPE out of o, the grouped output projections, hc_post."""
+        return V.attn_block_post(self.w, self.d, x, o, rm.rows(self.kind), hc)
+
     def core_inputs(self, x, rm):
         return V.attn_block_pre(self.w, self.d, self.kind, x, rm.rows(self.kind))[0]
 
@@ -225,11 +233,26 @@ def sweep_points(kinds, batches, ns, contexts) -> list[tuple]:
     return sorted(pts, key=lambda p: (p[2] != 4, p[3], p[1], p[2]))
 
 
+def _end_floors(d, kind, b, n, ctx, bw) -> dict:
+    """Floors of the block's two ends (us): their weights, the streams in and out (pre: x in,
+    q / kv / indexer rows out; post: o and x in, x out)."""
+    f = verify_floor(d, kind, b, n, ctx, "attention")
+    post_w = ("wo_a", "wo_b")
+    core_w = tuple(k for k in f.weights if k.startswith(("comp.", "idx.", "sink")))
+    wb = {"pre": sum(v for k, v in f.weights.items() if k not in post_w + core_w),
+          "post": sum(f.weights[k] for k in post_w)}
+    core = verify_floor(d, kind, b, n, ctx, "core")
+    T, el, streams = b * n, 2, f.activations // 2
+    return {"pre": (wb["pre"] + streams + core.activations - T * d.H * d.D * el) / (bw * 1e3),
+            "post": (wb["post"] + 2 * streams + T * d.H * d.D * el) / (bw * 1e3)}
+
+
 def measure_point(layers, kind, b, n, ctx, bw, device, copies, names, dropped) -> list[dict]:
     """Rows of one point, one per (scope, variant) timed on random trees; ``names``: the
     variants still running (a failing one is removed and its error put in ``dropped``)."""
     L, T = layers[kind], b * n
     floors = {s: verify_floor(L.d, kind, b, n, ctx, s).us(bw) for s in ("attention", "core")}
+    floors.update(_end_floors(L.d, kind, b, n, ctx, bw))
     xs = L.inputs(T, copies, seed=b * 1000 + n * 10 + ctx)
     rows = []
     shapes = ("random", "linear") if n > 1 else ("random",)
@@ -252,17 +275,23 @@ def measure_point(layers, kind, b, n, ctx, bw, device, copies, names, dropped) -
                     names.remove(variant)
                     dropped[variant] = f"{type(exc).__name__}: {str(exc)[:300]}"
                     log(f"variant {variant} dropped: {dropped[variant]}")
+        if shape == "random":           # where the block's time goes: its two ends
+            pres = [L.pre(x, rm) for x in xs]
+            o = torch.randn(T, L.d.H, L.d.D, device=xs[0].device).to(xs[0].dtype)
+            got[("pre", "current", shape)] = timed([lambda x=x: L.pre(x, rm) for x in xs], device, "current")
+            got[("post", "current", shape)] = timed([lambda x=x, p=p: L.post(x, o, p[1], rm) for x, p in zip(xs, pres)],
+                                                    device, "current")
         del cache, rm
     for (scope, variant, shape), t in got.items():
         if shape != "random":
             continue
         lin = got.get((scope, variant, "linear"), t if n == 1 else None)   # n = 1: the chain is the tree
-        fl = floors["attention" if scope == "block" else "core"]
+        fl = floors[{"block": "attention"}.get(scope, scope)]
         rows.append(dict(kernel=f"{scope}_{variant}", layer_kind=kind, batch_size=b, nodes_per_seq=n, context_len=ctx,
-                         measured_us=round(t[0], 2), floor_us=round(fl, 2), ratio=round(t[0] / fl, 2),
+                         measured_us=round(t[0], 2), floor_us=round(fl, 3), ratio=round(t[0] / fl, 2),
                          tree_over_linear=round(t[0] / lin[0], 3) if lin else None,
                          linear_us=round(lin[0], 2) if lin else None, p10_us=round(t[1], 2),
-                         p90_us=round(t[2], 2), scope="attention" if scope == "block" else "core", variant=variant,
+                         p90_us=round(t[2], 2), scope={"block": "attention"}.get(scope, scope), variant=variant,
                          tree_shape="random", bandwidth_gbs=round(bw, 1)))
     return rows
 
