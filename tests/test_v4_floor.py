@@ -81,3 +81,16 @@ def test_core_reads_the_compressors_and_the_cache(flash):
     assert set(c.weights) == {n for n in a.weights if n.startswith(("comp.", "idx.", "sink"))}
     assert c.cache == a.cache and c.total_bytes < a.total_bytes
     assert c.activations == 8 * (2 * 64 * 512 + 512 + 4096 + 64 * 128 + 2 * 64) * 2
+
+
+def test_compute_floor_by_hand(flash):
+    d = flash
+    c = verify_floor(d, "csa", 2, 4, 4096, "core")
+    comp = 2 * (1024 + 1024 + 256 + 256) * 4096                     # the compressors' four GEMMs
+    want = 8 * (comp + 4 * 64 * 512 * (128 + 512) + 2 * 64 * 128 * 1024)
+    assert c.flops == pytest.approx(want)
+    m = verify_floor(d, "swa", 1, 1, 4096, "moe")
+    routed = 2 * 6 * (2 * 2048 * 4096 + 4096 * 2048)                 # 6 of the rank's 32 experts
+    assert m.flops > routed and c.compute_us(1.0) == pytest.approx(c.flops / 1e6)
+    big = verify_floor(d, "csa", 16, 16, 16384)
+    assert big.compute_us() > big.us()                              # 256 tokens: compute-bound

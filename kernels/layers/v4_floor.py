@@ -25,6 +25,11 @@ verify keeps them on chip, so the floor counts none of them.
 
     f = verify_floor(V4Dims.of(shape), "csa", batch=1, nodes=4, context=4096)
     f.total_bytes, f.us(4250.0)       # bytes, and microseconds at 4250 GB/s
+    f.flops, f.compute_us(989.0)      # the matrix products, and their microseconds at 989 TFLOPs
+
+The compute floor (``flops``) counts the matrix products: 2 T x every multiplied weight (a
+token's k routed experts), the indexer's scan 2 T Hi Di E, attention 4 T H D rows.  Past a few
+dozen tokens the attention block is bound by it, not by the bytes.
 """
 from __future__ import annotations
 
@@ -37,11 +42,12 @@ from simtree.errors import SimtreeError
 from .v4 import V4Dims, layer_specs
 from .weights import dtype_bytes
 
-__all__ = ["V4Floor", "verify_floor", "SCOPES", "MOE_WEIGHTS", "CORE_WEIGHTS", "H200_COPY_GBPS"]
+__all__ = ["V4Floor", "verify_floor", "SCOPES", "MOE_WEIGHTS", "CORE_WEIGHTS", "H200_COPY_GBPS", "H200_BF16_TFLOPS"]
 
 SCOPES = ("core", "attention", "moe", "layer")
 CORE_WEIGHTS = ("comp.", "idx.", "sink")      # what the kernels' tree_verify reads of the weights
 H200_COPY_GBPS = 4250.0            # copy bandwidth measured on the H200 (reports/h200/v4)
+H200_BF16_TFLOPS = 989.0           # dense bf16 tensor-core peak of the H200 (NVIDIA's data sheet)
 MOE_WEIGHTS = ("ln2", "router", "router_bias", "tid2eid", "experts_gu", "experts_down", "shared_gu", "shared_down",
                "hc_ffn_fn", "hc_ffn_base", "hc_ffn_scale")
 _ROUTED = ("experts_gu", "experts_down")
@@ -61,6 +67,7 @@ class V4Floor:
     weights: dict
     cache: dict
     activations: int
+    flops: float = 0.0      # the matrix products' floating-point operations (the compute floor's)
 
     @property
     def weight_bytes(self) -> int:
@@ -77,6 +84,11 @@ class V4Floor:
     def us(self, bandwidth_gbs: float = H200_COPY_GBPS) -> float:
         """The floor in microseconds at ``bandwidth_gbs`` GB/s."""
         return self.total_bytes / (bandwidth_gbs * 1e3)
+
+    def compute_us(self, tflops: float = H200_BF16_TFLOPS) -> float:
+        """The matrix products at ``tflops`` (every one at the bf16 tensor-core peak: a lower
+        bound; the fp32 compressors run slower)."""
+        return self.flops / (tflops * 1e6)
 
 
 def _touched_experts(E: int, k: int, tokens: int) -> float:
@@ -98,6 +110,28 @@ def _weight_bytes(d: V4Dims, kind: str, scope: str, tokens: int, dtype: torch.dt
             b = round(b * _touched_experts(d.E, d.topk_e, tokens) / d.E)
         out[s.name] = b
     return out
+
+
+def _flops(d: V4Dims, kind: str, scope: str, tokens: int, context: int) -> float:
+    """2 x T x the multiplied weights (each token's k routed experts of the E), the indexer's
+    scan (2 T Hi Di E: every node scores its sequence's entries) and attention (4 T H D rows:
+    scores and the weighted sum over window + compressed rows)."""
+    total = 0.0
+    for s in layer_specs("", kind, d, 1.0, torch.float32):
+        moe = _base(s.name) in MOE_WEIGHTS
+        if len(s.shape) < 2 or s.name.endswith(("_scale_inv", "ape", "tid2eid")) or (scope == "attention" and moe) \
+                or (scope == "moe" and not moe) or (scope == "core" and not s.name.startswith(CORE_WEIGHTS)):
+            continue
+        total += 2.0 * tokens * s.numel * (d.topk_e / d.E if _base(s.name) in _ROUTED else 1.0)
+    if scope == "moe":
+        return total
+    r = d.ratio(kind)
+    entries = context // r if r else 0
+    rows = min(d.window, context + 1) + (min(d.topk, entries) if kind == "csa" else entries)
+    total += 4.0 * tokens * d.H * d.D * rows
+    if kind == "csa":
+        total += 2.0 * tokens * d.Hi * d.Di * entries
+    return total
 
 
 def _cache_bytes(d: V4Dims, kind: str, batch: int, context: int, cache_dtype: torch.dtype,
@@ -145,4 +179,4 @@ def verify_floor(d: V4Dims, kind: str, batch: int, nodes: int, context: int, sco
         act = tokens * width * dtype_bytes(dtype)
     else:
         act = 2 * tokens * d.hc * d.h * dtype_bytes(dtype) * (2 if scope == "layer" else 1)
-    return V4Floor(kind, scope, weights, cache, act)
+    return V4Floor(kind, scope, weights, cache, act, _flops(d, kind, scope, tokens, context))

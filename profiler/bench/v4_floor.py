@@ -16,7 +16,8 @@
    medians; floors from kernels.layers.v4_floor at the measured bandwidth.
 
 Writes the CSV at --out (kernel, layer_kind, batch_size, nodes_per_seq, context_len,
-measured_us, floor_us, ratio, tree_over_linear, ...) and a JSON summary beside it (the
+measured_us, floor_us, ratio, tree_over_linear, compute_floor_us: the matrix products at the
+H200's bf16 peak, ...) and a JSON summary beside it (the
 checks, the worst ratio per variant and kind, the targets, which form of each switch was
 faster).  Points run in priority order until --max-seconds; the files are rewritten as it goes.
 """
@@ -53,7 +54,8 @@ ATTENTION = {"fused_flashmla": "flashmla"}  # the attention core of a variant (d
 BLOCK_VARIANTS = ("current", "fused", "fused_flashmla")       # the attention block: tree and linear
 TARGET_RATIO, TARGET_TREE_OVER_LINEAR = 4.0, 1.05
 COLUMNS = ["kernel", "layer_kind", "batch_size", "nodes_per_seq", "context_len", "measured_us", "floor_us", "ratio",
-           "tree_over_linear", "linear_us", "p10_us", "p90_us", "scope", "variant", "tree_shape", "bandwidth_gbs"]
+           "tree_over_linear", "linear_us", "compute_floor_us", "p10_us", "p90_us", "scope", "variant", "tree_shape",
+           "bandwidth_gbs"]
 
 
 def log(msg: str) -> None:
@@ -252,6 +254,7 @@ def measure_point(layers, kind, b, n, ctx, bw, device, copies, names, dropped) -
     variants still running (a failing one is removed and its error put in ``dropped``)."""
     L, T = layers[kind], b * n
     floors = {s: verify_floor(L.d, kind, b, n, ctx, s).us(bw) for s in ("attention", "core")}
+    compute = {s: verify_floor(L.d, kind, b, n, ctx, s).compute_us() for s in ("attention", "core")}
     floors.update(_end_floors(L.d, kind, b, n, ctx, bw))
     xs = L.inputs(T, copies, seed=b * 1000 + n * 10 + ctx)
     rows = []
@@ -291,6 +294,8 @@ def measure_point(layers, kind, b, n, ctx, bw, device, copies, names, dropped) -
                          measured_us=round(t[0], 2), floor_us=round(fl, 3), ratio=round(t[0] / fl, 2),
                          tree_over_linear=round(t[0] / lin[0], 3) if lin else None,
                          linear_us=round(lin[0], 2) if lin else None, p10_us=round(t[1], 2),
+                         compute_floor_us=round(compute[{"block": "attention"}.get(scope, scope)], 3)
+                         if scope in ("block", "core") else None,
                          p90_us=round(t[2], 2), scope={"block": "attention"}.get(scope, scope), variant=variant,
                          tree_shape="random", bandwidth_gbs=round(bw, 1)))
     return rows
