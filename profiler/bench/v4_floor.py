@@ -52,6 +52,9 @@ VARIANTS = {"current": dict(v4_comp_proj="cublas", v4_topk="sort"),
             "fused_flashmla": dict(v4_comp_proj="fused", v4_topk="fused")}
 ATTENTION = {"fused_flashmla": "flashmla"}  # the attention core of a variant (default: the Triton one)
 BLOCK_VARIANTS = ("current", "fused", "fused_flashmla")       # the attention block: tree and linear
+# launches of the Triton attention core timed alone on the round's lists (block_k, block_h,
+# num_warps); the first is sparse_attention's default
+ATTN_LAUNCHES = ((32, 32, 8), (64, 32, 8), (16, 32, 4), (32, 16, 4), (64, 64, 8))
 TARGET_RATIO, TARGET_TREE_OVER_LINEAR = 4.0, 1.05
 COLUMNS = ["kernel", "layer_kind", "batch_size", "nodes_per_seq", "context_len", "measured_us", "floor_us", "ratio",
            "tree_over_linear", "linear_us", "compute_floor_us", "p10_us", "p90_us", "scope", "variant", "tree_shape",
@@ -235,6 +238,23 @@ def sweep_points(kinds, batches, ns, contexts) -> list[tuple]:
     return sorted(pts, key=lambda p: (p[2] != 4, p[3], p[1], p[2]))
 
 
+def _attention_launches(L, inp, cache, rm, device) -> dict:
+    """{("attn_bk{k}_bh{h}_w{w}", "current", "random"): times} of sparse_attention alone on the
+    round's lists, per launch of ATTN_LAUNCHES (a launch that fails to compile is skipped)."""
+    from simtree.kernels.v4 import sparse_attention
+    from simtree.kernels.v4.verify import attention_lists
+    idx, sources, _ = attention_lists(cache, L.lw, inp, rm.plans[L.kind])
+    out = {}
+    for bk, bh, w in ATTN_LAUNCHES:
+        try:
+            out[(f"attn_bk{bk}_bh{bh}_w{w}", "current", "random")] = timed(
+                [lambda: sparse_attention(inp.q, idx, sources, L.lw.sink, L.cfg.scale, block_k=bk, block_h=bh,
+                                          num_warps=w)], device, "current")
+        except Exception as exc:  # noqa: BLE001 - a launch the GPU refuses (registers, shared memory)
+            log(f"attention launch bk={bk} bh={bh} w={w}: {type(exc).__name__}: {str(exc)[:200]}")
+    return out
+
+
 def _end_floors(d, kind, b, n, ctx, bw) -> dict:
     """Floors of the block's two ends (us): their weights, the streams in and out (pre: x in,
     q / kv / indexer rows out; post: o and x in, x out)."""
@@ -245,8 +265,10 @@ def _end_floors(d, kind, b, n, ctx, bw) -> dict:
           "post": sum(f.weights[k] for k in post_w)}
     core = verify_floor(d, kind, b, n, ctx, "core")
     T, el, streams = b * n, 2, f.activations // 2
+    attn = core.cache.get("window", 0) + core.cache.get("compressed", 0) + 2 * T * d.H * d.D * el
     return {"pre": (wb["pre"] + streams + core.activations - T * d.H * d.D * el) / (bw * 1e3),
-            "post": (wb["post"] + 2 * streams + T * d.H * d.D * el) / (bw * 1e3)}
+            "post": (wb["post"] + 2 * streams + T * d.H * d.D * el) / (bw * 1e3),
+            "attn": attn / (bw * 1e3)}
 
 
 def measure_point(layers, kind, b, n, ctx, bw, device, copies, names, dropped) -> list[dict]:
@@ -278,6 +300,8 @@ def measure_point(layers, kind, b, n, ctx, bw, device, copies, names, dropped) -
                     names.remove(variant)
                     dropped[variant] = f"{type(exc).__name__}: {str(exc)[:300]}"
                     log(f"variant {variant} dropped: {dropped[variant]}")
+        if shape == "random" and n > 1:  # the attention core alone, launch by launch
+            got.update(_attention_launches(L, inps[0], cache, rm, device))
         if shape == "random":           # where the block's time goes: its two ends
             pres = [L.pre(x, rm) for x in xs]
             o = torch.randn(T, L.d.H, L.d.D, device=xs[0].device).to(xs[0].dtype)
@@ -289,14 +313,15 @@ def measure_point(layers, kind, b, n, ctx, bw, device, copies, names, dropped) -
         if shape != "random":
             continue
         lin = got.get((scope, variant, "linear"), t if n == 1 else None)   # n = 1: the chain is the tree
-        fl = floors[{"block": "attention"}.get(scope, scope)]
-        rows.append(dict(kernel=f"{scope}_{variant}", layer_kind=kind, batch_size=b, nodes_per_seq=n, context_len=ctx,
+        fl = floors[{"block": "attention"}.get(scope, "attn" if scope.startswith("attn_") else scope)]
+        rows.append(dict(kernel=scope if scope.startswith("attn_") else f"{scope}_{variant}", layer_kind=kind, batch_size=b, nodes_per_seq=n, context_len=ctx,
                          measured_us=round(t[0], 2), floor_us=round(fl, 3), ratio=round(t[0] / fl, 2),
                          tree_over_linear=round(t[0] / lin[0], 3) if lin else None,
                          linear_us=round(lin[0], 2) if lin else None, p10_us=round(t[1], 2),
                          compute_floor_us=round(compute[{"block": "attention"}.get(scope, scope)], 3)
                          if scope in ("block", "core") else None,
-                         p90_us=round(t[2], 2), scope={"block": "attention"}.get(scope, scope), variant=variant,
+                         p90_us=round(t[2], 2), scope={"block": "attention"}.get(scope, scope.split("_bk")[0]),
+                         variant=variant,
                          tree_shape="random", bandwidth_gbs=round(bw, 1)))
     return rows
 
