@@ -116,10 +116,12 @@ def _sparse_attn_kernel(Q, IDX, S0, S1, S2, S3, SINK, OUT, LSE, B1, B2, B3, K, H
 @triton.jit
 def _merge_splits_kernel(PART, LSE, SINK, OUT, H, NSPLIT, stride_on, stride_oh,
                          D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_H: tl.constexpr):
+    # a program per (query, head block, BLOCK_D channels): the partials ([splits, H, D] fp32
+    # per query, several times the rows' bytes at small batch) are read by many programs at once
     n = tl.program_id(0).to(tl.int64)
     hb = tl.program_id(1)
     offs_h = hb * BLOCK_H + tl.arange(0, BLOCK_H)
-    offs_d = tl.arange(0, BLOCK_D)
+    offs_d = tl.program_id(2) * BLOCK_D + tl.arange(0, BLOCK_D)
     mh = offs_h < H
     md = offs_d < D
     m = tl.load(SINK + offs_h, mask=mh, other=0.0).to(tl.float32)
@@ -204,6 +206,8 @@ def sparse_attention(q: torch.Tensor, idx: torch.Tensor, sources: Sequence[torch
         q, idx, srcs[0], srcs[1], srcs[2], srcs[3], sink32, part, lse, bounds[1], bounds[2], bounds[3],
         K, H, scale, chunk, q.stride(0), q.stride(1), idx.stride(0), part.stride(0), part.stride(1),
         part.stride(2), SPLIT=True, **common)
-    _merge_splits_kernel[(N, hblocks)](part, lse, sink32, out, H, nsplit, out.stride(0), out.stride(1),
-                                       D=D, BLOCK_D=block_d, BLOCK_H=block_h, num_warps=num_warps)
+    merge_d = min(block_d, 128)
+    _merge_splits_kernel[(N, hblocks, triton.cdiv(D, merge_d))](part, lse, sink32, out, H, nsplit, out.stride(0),
+                                                                out.stride(1), D=D, BLOCK_D=merge_d, BLOCK_H=block_h,
+                                                                num_warps=4)
     return out

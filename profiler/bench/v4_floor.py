@@ -53,8 +53,9 @@ VARIANTS = {"current": dict(v4_comp_proj="cublas", v4_topk="sort"),
 ATTENTION = {"fused_flashmla": "flashmla"}  # the attention core of a variant (default: the Triton one)
 BLOCK_VARIANTS = ("current", "fused", "fused_flashmla")       # the attention block: tree and linear
 # launches of the Triton attention core timed alone on the round's lists (block_k, block_h,
-# num_warps); the first is sparse_attention's default
-ATTN_LAUNCHES = ((32, 32, 8), (64, 32, 8), (16, 32, 4), (32, 16, 4), (64, 64, 8))
+# num_warps, num_splits; 0: its rule); the first is sparse_attention's default
+ATTN_LAUNCHES = ((32, 32, 8, 0), (32, 32, 8, 1), (32, 32, 8, 4), (64, 32, 8, 0), (16, 32, 4, 0), (32, 16, 4, 0),
+                 (64, 64, 8, 1))
 TARGET_RATIO, TARGET_TREE_OVER_LINEAR = 4.0, 1.05
 COLUMNS = ["kernel", "layer_kind", "batch_size", "nodes_per_seq", "context_len", "measured_us", "floor_us", "ratio",
            "tree_over_linear", "linear_us", "compute_floor_us", "p10_us", "p90_us", "scope", "variant", "tree_shape",
@@ -137,7 +138,7 @@ def timed(fns, device, variant: str) -> tuple[float, float, float]:
     graph is captured inside, so the forms hold for the replays)."""
     with forms(**VARIANTS[variant]):
         # a CPU runs only --smoke: one call each (the code path, not a number)
-        kw = dict(use_graph=True, spin_ms=20.0) if device == "cuda" else dict(warmup=0, min_reps=1, max_reps=1)
+        kw = dict(use_graph=True, spin_ms=10.0) if device == "cuda" else dict(warmup=0, min_reps=1, max_reps=1)
         st = time_workload(fns, device, **kw)
     return st.median_us, st.p10_us, st.p90_us
 
@@ -233,25 +234,26 @@ def _check_block(device, d, kind):
 
 # ---- sweep ------------------------------------------------------------------------------------
 def sweep_points(kinds, batches, ns, contexts) -> list[tuple]:
-    """(kind, batch, n, ctx): the issue's point (n = 4) first, then the rest, small first."""
+    """(kind, batch, n, ctx): trees before plain decoding (n = 1), n = 4 (the issue's points)
+    first, then by context and batch."""
     pts = [(k, b, n, c) for n in ns for c in contexts for b in batches for k in kinds]
-    return sorted(pts, key=lambda p: (p[2] != 4, p[3], p[1], p[2]))
+    return sorted(pts, key=lambda p: (p[2] == 1, p[2] != 4, p[3], p[1], p[2]))
 
 
 def _attention_launches(L, inp, cache, rm, device) -> dict:
-    """{("attn_bk{k}_bh{h}_w{w}", "current", "random"): times} of sparse_attention alone on the
+    """{("attn_bk{k}_bh{h}_w{w}_s{splits}", "current", "random"): times} of sparse_attention alone on the
     round's lists, per launch of ATTN_LAUNCHES (a launch that fails to compile is skipped)."""
     from simtree.kernels.v4 import sparse_attention
     from simtree.kernels.v4.verify import attention_lists
     idx, sources, _ = attention_lists(cache, L.lw, inp, rm.plans[L.kind])
     out = {}
-    for bk, bh, w in ATTN_LAUNCHES:
+    for bk, bh, w, sp in ATTN_LAUNCHES:
         try:
-            out[(f"attn_bk{bk}_bh{bh}_w{w}", "current", "random")] = timed(
+            out[(f"attn_bk{bk}_bh{bh}_w{w}_s{sp}", "current", "random")] = timed(
                 [lambda: sparse_attention(inp.q, idx, sources, L.lw.sink, L.cfg.scale, block_k=bk, block_h=bh,
-                                          num_warps=w)], device, "current")
+                                          num_warps=w, num_splits=sp or None)], device, "current")
         except Exception as exc:  # noqa: BLE001 - a launch the GPU refuses (registers, shared memory)
-            log(f"attention launch bk={bk} bh={bh} w={w}: {type(exc).__name__}: {str(exc)[:200]}")
+            log(f"attention launch bk={bk} bh={bh} w={w} splits={sp}: {type(exc).__name__}: {str(exc)[:200]}")
     return out
 
 
@@ -271,7 +273,7 @@ def _end_floors(d, kind, b, n, ctx, bw) -> dict:
             "attn": attn / (bw * 1e3)}
 
 
-def measure_point(layers, kind, b, n, ctx, bw, device, copies, names, dropped) -> list[dict]:
+def measure_point(layers, kind, b, n, ctx, bw, device, copies, names, dropped, contexts=(4096,)) -> list[dict]:
     """Rows of one point, one per (scope, variant) timed on random trees; ``names``: the
     variants still running (a failing one is removed and its error put in ``dropped``)."""
     L, T = layers[kind], b * n
@@ -300,7 +302,7 @@ def measure_point(layers, kind, b, n, ctx, bw, device, copies, names, dropped) -
                     names.remove(variant)
                     dropped[variant] = f"{type(exc).__name__}: {str(exc)[:300]}"
                     log(f"variant {variant} dropped: {dropped[variant]}")
-        if shape == "random" and n > 1:  # the attention core alone, launch by launch
+        if shape == "random" and n > 1 and ctx == min(contexts):  # the attention core alone, launch by launch
             got.update(_attention_launches(L, inps[0], cache, rm, device))
         if shape == "random":           # where the block's time goes: its two ends
             pres = [L.pre(x, rm) for x in xs]
@@ -391,8 +393,8 @@ def main(argv=None) -> int:
         f"/{len(summary['checks'])} OK")
     kinds = args.kinds.split(",")
     layers = {k: Layer(d, k, device) for k in kinds}
-    pts = sweep_points(kinds, [int(v) for v in args.batches.split(",")], [int(v) for v in args.ns.split(",")],
-                       [int(v) for v in args.contexts.split(",")])
+    contexts = [int(v) for v in args.contexts.split(",")]
+    pts = sweep_points(kinds, [int(v) for v in args.batches.split(",")], [int(v) for v in args.ns.split(",")], contexts)
     names = variants(device)
     summary["variants_run"], summary["variants_dropped"] = names, {}
     rows, errors = [], []
@@ -402,7 +404,8 @@ def main(argv=None) -> int:
             log(f"time budget spent after {i} of {len(pts)} points")
             break
         try:
-            new = measure_point(layers, kind, b, n, ctx, bw, device, args.copies, names, summary["variants_dropped"])
+            new = measure_point(layers, kind, b, n, ctx, bw, device, args.copies, names, summary["variants_dropped"],
+                                contexts)
             rows += new
             log(f"{kind} b={b} n={n} ctx={ctx}: floor {new[0]['floor_us']:.1f} us; "
                 + ", ".join(f"{r['variant']} {r['measured_us']:.1f} us (x{r['ratio']:.1f}, tree/linear "
