@@ -110,5 +110,5 @@ def project_compressors(comps: list[CompressorParams], x: torch.Tensor, pos_mod:
     grid = (triton.cdiv(max(C1, C2), block_n), 2 * len(comps), triton.cdiv(N, bm))
     _proj_kernel[grid](x, a.wkv, a.wgate, a.ape, outs[0], C1, b.wkv, b.wgate, b.ape, ob, C2, pos_mod, N, K,
                        x.stride(0), BM=bm, BN=block_n, BK=max(16, min(128, 4096 // bm)), PREC=prec,
-                       num_warps=4 if bm <= 32 else 8, num_stages=4 if bm <= 64 else 3)
+                       num_warps=4 if bm <= 16 else 8, num_stages=4 if bm <= 64 else 3)
     return outs

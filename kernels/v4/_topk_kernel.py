@@ -7,8 +7,7 @@
 
 One program per node holds its whole score row in registers (L <= MAX_ROW) and finds the k-th
 largest score by a radix search over its 32 bits: scores map to order-preserving integers u
-(the float's bits, the magnitude flipped for negatives, offset to [0, 2^32)), and the
-threshold t is built bit by bit, most significant first, keeping a bit wherever at least k
+(the float's bits, the magnitude flipped for negatives), and the threshold t is built bit by bit, most significant first, keeping a bit wherever at least k
 entries are >= the candidate.  The selection is every entry above t plus the lowest-numbered
 entries equal to t up to k; a prefix sum gives each its slot.  The k entries come out in
 column order, not by score: the attention that reads the list sums over them in any order.
@@ -30,10 +29,9 @@ MAX_ROW = 8192      # longest score row one program selects from (32K tokens of 
 
 @triton.jit
 def _ordered(s):
-    """fp32 -> int64 in [0, 2^32) with the floats' order (-inf above every padding 0)."""
+    """fp32 -> int32 with the floats' order (the magnitude bits flipped for negatives)."""
     bits = s.to(tl.int32, bitcast=True)
-    key = tl.where(bits < 0, bits ^ 0x7FFFFFFF, bits)
-    return key.to(tl.int64) + 2147483648
+    return tl.where(bits < 0, bits ^ 0x7FFFFFFF, bits)
 
 
 @triton.jit
@@ -45,13 +43,17 @@ def _topk_list_kernel(S, WIN, PROWS, VIS, SEQ, OUT, L, K, W, EMAX, PC, BASE,
     col = tl.arange(0, BLOCK_L)
     live = col < L
     s = tl.load(S + n * stride_s + col, mask=live, other=float("-inf"))
-    u = tl.where(live, _ordered(s), 0)
-    t = tl.zeros((), tl.int64)
+    u = tl.where(live, _ordered(s), -2147483648)     # padding below -inf
+    # the threshold's bits in unsigned space (t_u = t + 2^31, an int64 scalar; the keys stay
+    # int32): keep each bit, most significant first, where k entries still reach it
+    t_u = tl.zeros((), tl.int64)
     step = tl.full((), 2147483648, tl.int64)
-    for _ in range(32):                         # t's bits below step are still 0
-        cand = t + step
-        t = tl.where(tl.sum((u >= cand).to(tl.int32), 0) >= K, cand, t)
+    for _ in range(32):                         # t_u's bits below step are still 0
+        cand = t_u + step
+        thr = (cand - 2147483648).to(tl.int32)
+        t_u = tl.where(tl.sum((u >= thr).to(tl.int32), 0) >= K, cand, t_u)
         step = step // 2
+    t = (t_u - 2147483648).to(tl.int32)
     above = live & (u > t)
     tied = live & (u == t)
     room = K - tl.sum(above.to(tl.int32), 0)
@@ -100,5 +102,5 @@ def topk_to_list(scores: torch.Tensor, k: int, win_idx: torch.Tensor, persist_ro
                             scores.stride(0), win_idx.stride(0), pr.stride(0), vs.stride(0), out.stride(0),
                             BLOCK_L=max(16, triton.next_power_of_2(L)),
                             BLOCK_W=min(256, max(16, triton.next_power_of_2(max(W, 1)))),
-                            num_warps=8 if L > 2048 else 4)
+                            num_warps=4 if L <= 1024 else (8 if L <= 2048 else 16))
     return out
