@@ -3,7 +3,7 @@ has the issue's columns, every point a row per kernel, ratios against the floor.
 import csv
 import json
 
-from simtree.profiler.bench import v4_floor
+from simtree.profiler.bench import v4_floor, v4_variants
 
 
 def test_smoke_sweep_writes_the_floor_table(tmp_path, monkeypatch):
@@ -15,9 +15,9 @@ def test_smoke_sweep_writes_the_floor_table(tmp_path, monkeypatch):
     assert rows and list(rows[0])[:8] == ["kernel", "layer_kind", "batch_size", "nodes_per_seq", "context_len",
                                           "measured_us", "floor_us", "ratio"]
     kernels = {r["kernel"] for r in rows}
-    run = v4_floor.variants("cpu")
+    run = v4_variants.variants("cpu")
     assert "fused_flashmla" not in run           # the FP8 core needs a GPU with sgl-flash-mla
-    assert kernels == ({f"block_{v}" for v in run if v in v4_floor.BLOCK_VARIANTS} | {f"core_{v}" for v in run}
+    assert kernels == ({f"block_{v}" for v in run if v in v4_variants.BLOCK_VARIANTS} | {f"core_{v}" for v in run}
                        | {"pre_current", "post_current"} | {f"attn_bk{k}_bh{h}_w{w}_s{sp}" for k, h, w, sp in v4_floor.ATTN_LAUNCHES})
     assert len(rows) == len(kernels)
     for r in rows:
