@@ -17,4 +17,4 @@ source scripts/gpu_install.sh
 gpu_install || echo "editable install FAILED"
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv > "$OUT/gpu_state.csv" 2>&1
 timeout ${FLOOR_TIMEOUT:-350} python3 -m simtree.profiler.bench.v4_floor --out "$OUT/floor_v4.csv" \
-  --max-seconds ${FLOOR_SECONDS:-270} 2>&1 | tee "$OUT/floor_v4_log.txt" | tail -80
+  --max-seconds ${FLOOR_SECONDS:-290} 2>&1 | tee "$OUT/floor_v4_log.txt" | tail -80

@@ -18,7 +18,7 @@ def test_smoke_sweep_writes_the_floor_table(tmp_path, monkeypatch):
     run = v4_variants.variants("cpu")
     assert "fused_flashmla" not in run           # the FP8 core needs a GPU with sgl-flash-mla
     assert kernels == ({f"block_{v}" for v in run if v in v4_variants.BLOCK_VARIANTS} | {f"core_{v}" for v in run}
-                       | {"pre_current", "post_current"} | {f"attn_bk{k}_bh{h}_w{w}_s{sp}" for k, h, w, sp in v4_floor.ATTN_LAUNCHES})
+                       | {"pre_current", "post_current"} | {f"attn_bk{k}_bh{h}_w{w}_s{sp}_p{pf}" for k, h, w, sp, pf in v4_floor.ATTN_LAUNCHES})
     assert len(rows) == len(kernels)
     for r in rows:
         assert abs(float(r["ratio"]) / (float(r["measured_us"]) / float(r["floor_us"])) - 1) < 0.02

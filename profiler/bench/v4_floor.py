@@ -45,9 +45,9 @@ from simtree.profiler.timing import measured_bandwidth, time_workload
 from .v4_variants import ATTENTION, BLOCK_VARIANTS, MODEL, VARIANTS, Layer, log, run_checks, variants
 
 # launches of the Triton attention core timed alone on the round's lists (block_k, block_h,
-# num_warps, num_splits; 0: its rule); the first is sparse_attention's default
-ATTN_LAUNCHES = ((32, 32, 8, 0), (32, 32, 8, 1), (32, 32, 8, 4), (64, 32, 8, 0), (16, 32, 4, 0), (32, 16, 4, 0),
-                 (32, 16, 4, 1))
+# num_warps, num_splits (0: its rule), prefetch); the first is sparse_attention's default
+ATTN_LAUNCHES = ((32, 32, 8, 0, 0), (32, 32, 8, 0, 1), (16, 32, 8, 0, 1), (32, 32, 8, 1, 0), (32, 32, 8, 4, 0),
+                 (32, 16, 4, 0, 0))
 TARGET_RATIO, TARGET_TREE_OVER_LINEAR = 4.0, 1.05
 COLUMNS = ["kernel", "layer_kind", "batch_size", "nodes_per_seq", "context_len", "measured_us", "floor_us", "ratio",
            "tree_over_linear", "linear_us", "compute_floor_us", "p10_us", "p90_us", "scope", "variant", "tree_shape",
@@ -73,19 +73,21 @@ def sweep_points(kinds, batches, ns, contexts) -> list[tuple]:
 
 
 def _attention_launches(L, inp, cache, rm, device) -> dict:
-    """{("attn_bk{k}_bh{h}_w{w}_s{splits}", "current", "random"): times} of sparse_attention alone on the
-    round's lists, per launch of ATTN_LAUNCHES (a launch that fails to compile is skipped)."""
+    """{("attn_bk{k}_bh{h}_w{w}_s{splits}_p{prefetch}", "current", "random"): times} of
+    sparse_attention alone on the round's lists, per launch of ATTN_LAUNCHES (a launch that
+    fails to compile is skipped)."""
     from simtree.kernels.v4 import sparse_attention
     from simtree.kernels.v4.verify import attention_lists
     idx, sources, _ = attention_lists(cache, L.lw, inp, rm.plans[L.kind])
     out = {}
-    for bk, bh, w, sp in ATTN_LAUNCHES:
+    for bk, bh, w, sp, pf in ATTN_LAUNCHES:
         try:
-            out[(f"attn_bk{bk}_bh{bh}_w{w}_s{sp}", "current", "random")] = timed(
+            out[(f"attn_bk{bk}_bh{bh}_w{w}_s{sp}_p{pf}", "current", "random")] = timed(
                 [lambda: sparse_attention(inp.q, idx, sources, L.lw.sink, L.cfg.scale, block_k=bk, block_h=bh,
-                                          num_warps=w, num_splits=sp or None)], device, "current")
+                                          num_warps=w, num_splits=sp or None, prefetch=bool(pf))], device, "current")
         except Exception as exc:  # noqa: BLE001 - a launch the GPU refuses (registers, shared memory)
-            log(f"attention launch bk={bk} bh={bh} w={w} splits={sp}: {type(exc).__name__}: {str(exc)[:200]}")
+            log(f"attention launch bk={bk} bh={bh} w={w} splits={sp} prefetch={pf}: {type(exc).__name__}: "
+                f"{str(exc)[:200]}")
     return out
 
 
