@@ -42,12 +42,8 @@ from simtree.kernels.layers.v4_floor import verify_floor
 from simtree.models import get_model
 from simtree.profiler.timing import measured_bandwidth, time_workload
 
-from .v4_variants import ATTENTION, BLOCK_VARIANTS, MODEL, VARIANTS, Layer, log, run_checks, variants
+from .v4_variants import ATTENTION, ATTN_LAUNCHES, BLOCK_VARIANTS, MODEL, VARIANTS, Layer, log, run_checks, variants
 
-# launches of the Triton attention core timed alone on the round's lists (block_k, block_h,
-# num_warps, num_splits (0: its rule), prefetch); the first is sparse_attention's default
-ATTN_LAUNCHES = ((32, 32, 8, 0, 0), (32, 32, 8, 0, 1), (16, 32, 8, 0, 1), (32, 32, 8, 1, 0), (32, 32, 8, 4, 0),
-                 (32, 16, 4, 0, 0))
 TARGET_RATIO, TARGET_TREE_OVER_LINEAR = 4.0, 1.05
 COLUMNS = ["kernel", "layer_kind", "batch_size", "nodes_per_seq", "context_len", "measured_us", "floor_us", "ratio",
            "tree_over_linear", "linear_us", "compute_floor_us", "p10_us", "p90_us", "scope", "variant", "tree_shape",

@@ -19,7 +19,7 @@ from simtree.kernels.layers.v4_floor import MOE_WEIGHTS
 from simtree.kernels.layers.weights import make_weights
 from simtree.kernels.v4 import V4Cache
 
-__all__ = ["MODEL", "VARIANTS", "ATTENTION", "BLOCK_VARIANTS", "Layer", "variants", "run_checks", "log"]
+__all__ = ["MODEL", "VARIANTS", "ATTENTION", "BLOCK_VARIANTS", "ATTN_LAUNCHES", "Layer", "variants", "run_checks", "log"]
 
 MODEL = "deepseek-v4-flash"
 # the forms each variant runs (kernels/layers/forms.py); "current" is the path before the fusions
@@ -30,6 +30,10 @@ VARIANTS = {"current": dict(v4_comp_proj="cublas", v4_topk="sort"),
             "fused_flashmla": dict(v4_comp_proj="fused", v4_topk="fused")}
 ATTENTION = {"fused_flashmla": "flashmla"}  # the attention core of a variant (default: the Triton one)
 BLOCK_VARIANTS = ("current", "fused", "fused_flashmla")       # the attention block: tree and linear
+# launches of the Triton attention core timed alone on the round's lists (block_k, block_h,
+# num_warps, num_splits (0: its rule), prefetch); the first is sparse_attention's default
+ATTN_LAUNCHES = ((32, 32, 8, 0, 0), (32, 32, 8, 0, 1), (16, 32, 8, 0, 1), (32, 32, 8, 1, 0), (32, 32, 8, 4, 0),
+                 (32, 16, 4, 0, 0))
 
 
 def log(msg: str) -> None:
@@ -138,6 +142,7 @@ def run_checks(device, d: V.V4Dims) -> list[dict]:
         from simtree.kernels.v4.check import check_flashmla_path
         record("tree_verify_flashmla", lambda: {k: v for k, v in check_flashmla_path(device).items() if k != "check"})
     record("comp_proj_flash", lambda: _check_proj(device, d))
+    record("attention_launches_flash", lambda: _check_launches(device, d))
     record("topk_list_flash", lambda: _check_topk(device))
     for kind in ("csa", "hca", "swa"):
         record(f"block_{kind}_flash", lambda kind=kind: _check_block(device, d, kind))
@@ -157,6 +162,24 @@ def _check_proj(device, d):
     ref = project_compressors_torch([c.to(dtype=torch.float64) for c in comps], x.double(), pos)
     err = max(float(((a.double() - b).abs() / (b.abs() + 1e-3)).max()) for a, b in zip(got, ref))
     return {"ok": err < 1e-3, "max_rel_err": err}
+
+
+def _check_launches(device, d):
+    """Every launch of ATTN_LAUNCHES against the torch form (fp32) on bf16 rows at the model's
+    head shapes, 640-row lists with holes."""
+    from simtree.kernels.v4 import sparse_attention, sparse_attention_torch
+    g = torch.Generator(device=device).manual_seed(6)
+    srcs = [torch.randn(n, d.D, generator=g, device=device).to(torch.bfloat16) for n in (300, 24, 2000, 8)]
+    idx = torch.randint(-1, 2332, (12, 640), generator=g, device=device)
+    q = torch.randn(12, d.H, d.D, generator=g, device=device).to(torch.bfloat16)
+    sink = torch.randn(d.H, generator=g, device=device)
+    ref = sparse_attention_torch(q.float(), idx, [s.float() for s in srcs], sink, d.D ** -0.5)
+    errs = {}
+    for bk, bh, w, sp, pf in ATTN_LAUNCHES:
+        got = sparse_attention(q, idx, srcs, sink, d.D ** -0.5, block_k=bk, block_h=bh, num_warps=w,
+                               num_splits=sp or None, prefetch=bool(pf)).float()
+        errs[f"bk{bk}_bh{bh}_w{w}_s{sp}_p{pf}"] = float((got - ref).abs().max())
+    return {"ok": all(e < 3e-2 for e in errs.values()), "max_err": errs}
 
 
 def _check_topk(device):
