@@ -6,13 +6,15 @@
                            fewer than k entries are visible
 
 One program per node holds its whole score row in registers (L <= MAX_ROW) and finds the k-th
-largest score by a radix search over its 32 bits: scores map to order-preserving integers u
-(the float's bits, the magnitude flipped for negatives), and the threshold t is built bit by bit, most significant first, keeping a bit wherever at least k
-entries are >= the candidate.  The selection is every entry above t plus the lowest-numbered
-entries equal to t up to k; a prefix sum gives each its slot.  The k entries come out in
-column order, not by score: the attention that reads the list sums over them in any order.
-The rows are read once from L2 (the score row is N x L x 4 bytes, a sixty-fourth of the keys
-the scan reads at 64 heads x 128 dims, so the scan and the selection stay two launches).
+largest score by a radix search over its 32 bits: scores map to order-preserving integers
+(the float's bits, the magnitude flipped for negatives), and the threshold t is built bit by
+bit, most significant first, keeping a bit wherever at least k entries are >= the candidate.
+The selection is every entry above t plus the lowest-numbered entries equal to t up to k; a
+prefix sum gives each its slot.  The k entries come out in column order, not by score: the
+attention that reads the list sums over them in any order.  The score row is read once (4
+bytes per node and entry, against the 256 bytes per entry of keys the scan reads once per
+sequence: at n <= 16 nodes at most a quarter of the scan's bytes, so the scan and the
+selection stay two launches; docs/math/v4_compression.md).
 """
 from __future__ import annotations
 

@@ -21,7 +21,9 @@ Device side (graph-capturable): :func:`tree_verify`.  Its default "triton" path 
 of launches per layer: SWA 1-2 (attention [+ split merge]); HCA + the compressor GEMMs and
 one pooling kernel (the list is static, built by the plan); CSA + the indexer's GEMMs,
 pooling, one indexer-scan kernel (persistent and scratch keys), torch.topk and one
-list-building kernel.  "torch" is the plain float64-capable form the tests check against;
+list-building kernel (``fusions``: the compressors' GEMMs in one launch, _proj_kernel; the
+top-k and list in one, _topk_kernel).  "torch" is the plain float64-capable form the tests
+check against;
 "flashmla" swaps the attention core for FlashMLA's FP8 V4 sparse decode.
 """
 from __future__ import annotations
@@ -382,7 +384,7 @@ def _indexer_topk(cache: V4Cache, inp: V4Inputs, scratch_keys: torch.Tensor, pla
 def _csa_list_triton(cache: V4Cache, inp: V4Inputs, scratch_keys: torch.Tensor, plan: VerifyPlan,
                      topk: int, base: int, fused_topk: bool = False) -> torch.Tensor:
     """CSA selection + final index list: scores (persistent and scratch keys, fp32), then
-    torch.topk and the list kernel, or (``fused_topk``, rows of at most topk_kernel.MAX_ROW)
+    torch.topk and the list kernel, or (``fused_topk``, rows of at most _topk_kernel.MAX_ROW)
     the one-launch selection of _topk_kernel.  Returns int32 [N, window + k]."""
     N = inp.iq.shape[0]
     emax = plan.persist_idx_rows.shape[1]
