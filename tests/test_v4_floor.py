@@ -94,3 +94,11 @@ def test_compute_floor_by_hand(flash):
     assert m.flops > routed and c.compute_us(1.0) == pytest.approx(c.flops / 1e6)
     big = verify_floor(d, "csa", 16, 16, 16384)
     assert big.compute_us() > big.us()                              # 256 tokens: compute-bound
+
+
+def test_fp8_projections_halve_the_attention_linears(flash):
+    a, f = verify_floor(flash, "csa", 1, 4, 4096), verify_floor(flash, "csa", 1, 4, 4096, fp8_projections=True)
+    assert f.weights["wq_b"] == 64 * 512 * 1024 and f.weights["wq_b_scale_inv"] == 256 * 8 * 4
+    assert f.weights["wo_a_scale_inv"] == 8 * 8 * 32 * 4                    # [8 groups, 1024, 4096]
+    assert f.weights["comp.wkv"] == a.weights["comp.wkv"]                    # the compressors stay fp32
+    assert 0.5 < f.weight_bytes / a.weight_bytes < 0.65

@@ -19,7 +19,8 @@
 
 Writes the CSV at --out (kernel, layer_kind, batch_size, nodes_per_seq, context_len,
 measured_us, floor_us, ratio, tree_over_linear, compute_floor_us: the matrix products at the
-H200's bf16 peak, ...) and a JSON summary beside it (the
+H200's bf16 peak, floor_fp8_projections_us: the block's floor with the attention's linears in
+FP8 as the checkpoint stores them, ...) and a JSON summary beside it (the
 checks, the worst ratio per variant and kind, the targets, which form of each switch was
 faster).  Points run in priority order until --max-seconds; the files are rewritten as it goes.
 """
@@ -46,8 +47,8 @@ from .v4_variants import ATTENTION, ATTN_LAUNCHES, BLOCK_VARIANTS, MODEL, VARIAN
 
 TARGET_RATIO, TARGET_TREE_OVER_LINEAR = 4.0, 1.05
 COLUMNS = ["kernel", "layer_kind", "batch_size", "nodes_per_seq", "context_len", "measured_us", "floor_us", "ratio",
-           "tree_over_linear", "linear_us", "compute_floor_us", "p10_us", "p90_us", "scope", "variant", "tree_shape",
-           "bandwidth_gbs"]
+           "tree_over_linear", "linear_us", "compute_floor_us", "floor_fp8_projections_us", "p10_us", "p90_us", "scope",
+           "variant", "tree_shape", "bandwidth_gbs"]
 
 
 def timed(fns, device, variant: str) -> tuple[float, float, float]:
@@ -109,6 +110,7 @@ def measure_point(layers, kind, b, n, ctx, bw, device, copies, names, dropped, c
     L, T = layers[kind], b * n
     floors = {s: verify_floor(L.d, kind, b, n, ctx, s).us(bw) for s in ("attention", "core")}
     compute = {s: verify_floor(L.d, kind, b, n, ctx, s).compute_us() for s in ("attention", "core")}
+    fp8_floor = verify_floor(L.d, kind, b, n, ctx, fp8_projections=True).us(bw)   # the checkpoint's FP8 linears
     floors.update(_end_floors(L.d, kind, b, n, ctx, bw))
     xs = L.inputs(T, copies, seed=b * 1000 + n * 10 + ctx)
     rows = []
@@ -152,6 +154,7 @@ def measure_point(layers, kind, b, n, ctx, bw, device, copies, names, dropped, c
                          linear_us=round(lin[0], 2) if lin else None, p10_us=round(t[1], 2),
                          compute_floor_us=round(compute[{"block": "attention"}.get(scope, scope)], 3)
                          if scope in ("block", "core") else None,
+                         floor_fp8_projections_us=round(fp8_floor, 3) if scope == "block" else None,
                          p90_us=round(t[2], 2), scope={"block": "attention"}.get(scope, scope.split("_bk")[0]),
                          variant=variant,
                          tree_shape="random", bandwidth_gbs=round(bw, 1)))
