@@ -52,11 +52,20 @@ def test_sink_scales_output():
     torch.testing.assert_close(with_sink, no_sink * factor.unsqueeze(-1))
 
 
-@pytest.mark.parametrize("num_splits", [2, 3])
-def test_split_index_list_matches_torch(num_splits):
+@pytest.mark.parametrize("num_splits,D", [(2, 32), (3, 32), (2, 200)])   # D 200: the merge over channel blocks
+def test_split_index_list_matches_torch(num_splits, D):
     """Flash-decoding split of the index list (+ log-sum-exp merge with the sink) == unsplit."""
-    q, idx, srcs, sink = _case(6, 3, 20, 32, (40, 6, 30, 5), 100, torch.float32)
+    q, idx, srcs, sink = _case(6, 3, 20, D, (40, 6, 30, 5), 100, torch.float32)
     idx[0, :70] = -1  # a split with no live row (lse = -inf) must weigh nothing
     out = sparse_attention(q, idx, srcs, sink, 0.2, num_splits=num_splits)
+    ref = sparse_attention_torch(q.double(), idx, [s.double() for s in srcs], sink.double(), 0.2)
+    torch.testing.assert_close(out.double(), ref, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("num_splits", [1, 2])
+def test_prefetching_the_next_rows_changes_nothing(num_splits):
+    q, idx, srcs, sink = _case(7, 3, 20, 32, (40, 6, 30, 5), 90, torch.float32)
+    idx[1, 32:64] = -1                   # a block with no live row
+    out = sparse_attention(q, idx, srcs, sink, 0.2, num_splits=num_splits, prefetch=True)
     ref = sparse_attention_torch(q.double(), idx, [s.double() for s in srcs], sink.double(), 0.2)
     torch.testing.assert_close(out.double(), ref, rtol=1e-5, atol=1e-5)

@@ -14,9 +14,9 @@ from simtree.kernels.v4.steps import make_tree
 from simtree.trees.tree import TreeBatch
 
 
-@pytest.mark.parametrize("kind", ["csa", "hca"])
-def test_fused_pool_matches_pool_window(kind):
-    cfg = V4AttnConfig.tiny()
+@pytest.mark.parametrize("kind,hca_ratio", [("csa", 8), ("hca", 8), ("hca", 20)])   # 20: slots in blocks 8, 8, 4
+def test_fused_pool_matches_pool_window(kind, hca_ratio):
+    cfg = V4AttnConfig.tiny(hca_ratio=hca_ratio)
     w = random_layer_weights(cfg, kind, 3, torch.float32)
     p = w.comp
     g = torch.Generator().manual_seed(3)

@@ -10,6 +10,15 @@ that falls back to the torch tree attention when the kernel fails its check.
                     "scaled_mm" (cuBLAS block-scaled, Triton where it cannot), "triton" or "ref"
                     (the dequantised weight)
 
+V4 layer verify (a block of its own; kernels/v4/verify.py FUSIONS, docs/math/v4_compression.md):
+
+    v4_comp_proj    the compressors' projections: "fused" (one Triton launch for every
+                    compressor of the layer, up to _proj_kernel.MAX_ROWS nodes), "cublas"
+                    (two torch GEMMs each); "auto": V4_AUTO's choice
+    v4_topk         the CSA indexer's top-k + attention list: "fused" (one Triton launch,
+                    score rows up to _topk_kernel.MAX_ROW), "sort" (torch.topk + the list
+                    kernel); "auto": V4_AUTO's choice
+
     set_forms(tree_attention="torch")       # from here on
     set_forms(fp8_gemm="scaled_mm")
     with forms(fused="torch"): ...          # inside the block only
@@ -27,11 +36,18 @@ from dataclasses import dataclass, replace
 
 from simtree.errors import SimtreeError
 
-__all__ = ["LayerForms", "current", "set_forms", "forms"]
+__all__ = ["LayerForms", "current", "set_forms", "forms", "v4_fusions", "V4_AUTO"]
 
 _CHOICES = {"fused": ("auto", "torch"), "tree_attention": ("auto", "triton", "torch"),
             "fp8_gemm": ("auto", "scaled_mm", "triton", "ref")}
 _CHOICES.update(gdn_commit=("standalone", "deferred"))
+
+# ---- V4 layer verify fusions ----------------------------------------------------------------
+_CHOICES.update(v4_comp_proj=("auto", "fused", "cublas"), v4_topk=("auto", "fused", "sort"))
+# what "auto" runs: the unfused forms until profiler/bench/v4_floor.py has measured the fused
+# ones on the GPU (its summary names the faster form of each; docs/math/v4_compression.md)
+V4_AUTO = {"v4_comp_proj": "cublas", "v4_topk": "sort"}
+_V4_FUSION = {"v4_comp_proj": "comp_proj", "v4_topk": "topk"}   # form -> tree_verify's fusion name
 
 
 @dataclass(frozen=True)
@@ -40,6 +56,8 @@ class LayerForms:
     tree_attention: str = "auto"
     fp8_gemm: str = "auto"
     gdn_commit: str = "standalone"
+    v4_comp_proj: str = "auto"
+    v4_topk: str = "auto"
 
     def __post_init__(self):
         for name, allowed in _CHOICES.items():
@@ -57,7 +75,8 @@ def current() -> LayerForms:
 
 
 def set_forms(**changes: str) -> LayerForms:
-    """Set forms (``fused``, ``tree_attention``, ``fp8_gemm``) from here on; returns the ones replaced."""
+    """Set forms (``fused``, ``tree_attention``, ``fp8_gemm``, ``gdn_commit``, ``v4_comp_proj``, ``v4_topk``)
+    from here on; returns the ones replaced."""
     global _current
     old, _current = _current, replace(_current, **changes)
     return old
@@ -71,3 +90,10 @@ def forms(**changes: str):
         yield _current
     finally:
         set_forms(**{name: getattr(old, name) for name in _CHOICES})
+
+
+def v4_fusions(f: LayerForms | None = None) -> tuple[str, ...]:
+    """The fused launches a V4 layer's tree verify runs under forms ``f`` (default: now)."""
+    f = f or _current
+    return tuple(fusion for form, fusion in _V4_FUSION.items()
+                 if (getattr(f, form) if getattr(f, form) != "auto" else V4_AUTO[form]) == "fused")

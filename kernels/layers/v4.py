@@ -52,6 +52,7 @@ from simtree.quant import expert_dtype
 
 from . import fp8, ops
 from .attention import tree_attention
+from .forms import v4_fusions
 from .head import embed
 from .mhc import expand, hc_head, hc_post, hc_pre
 from .moe import route_v4, routed_experts, swiglu
@@ -349,7 +350,7 @@ def attn_pre(w: dict, d: V4Dims, kind: str, x: torch.Tensor, cs: torch.Tensor) -
 def attn_core(kind: str, cache: V4Cache, lw: V4LayerWeights, inp: V4Inputs, plan, impl: str):
     """The kernels' tree verify of one layer -> (o [N, H, D], scratch for the commit)."""
     with kernel_core(f"v4_{kind}_verify"):
-        return tree_verify(cache, lw, inp, plan, attention=impl)
+        return tree_verify(cache, lw, inp, plan, attention=impl, fusions=v4_fusions() if impl != "torch" else ())
 
 
 def attn_post(w: dict, d: V4Dims, o: torch.Tensor, cs: torch.Tensor) -> torch.Tensor:

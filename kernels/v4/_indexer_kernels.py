@@ -157,26 +157,39 @@ def indexer_scores(iq: torch.Tensor, iw: torch.Tensor, pool: torch.Tensor, rows:
 
 
 @triton.jit
-def _finalize_kernel(SEL, VAL, WIN, PROWS, VIS, SEQ, OUT, K, W, EMAX, PC, BASE,
-                     stride_sel, stride_win, stride_pr, stride_vis, stride_out,
-                     BLOCK_K: tl.constexpr, BLOCK_W: tl.constexpr):
-    n = tl.program_id(0).to(tl.int64)
+def copy_window(WIN, OUT, n, W, stride_win, stride_out, BLOCK_W: tl.constexpr):
+    """OUT[n, :W] = WIN[n, :W]: the list's window part."""
     ow = tl.arange(0, BLOCK_W)
     for w0 in range(0, W, BLOCK_W):
         m = w0 + ow < W
         tl.store(OUT + n * stride_out + w0 + ow, tl.load(WIN + n * stride_win + w0 + ow, mask=m).to(OUT.dtype.element_ty),
                  mask=m)
+
+
+@triton.jit
+def selected_rows(sel, val, mask, seq, n, PROWS, VIS, EMAX, PC, BASE, stride_pr, stride_vis):
+    """Selected columns sel of [persistent | scratch] -> base + (pool row, or PC + scratch id);
+    -1 where the score is -inf or nothing is there."""
+    from_p = sel < EMAX
+    prow = tl.load(PROWS + seq * stride_pr + sel, mask=mask & from_p, other=-1).to(tl.int64)
+    srow = tl.load(VIS + n * stride_vis + (sel - EMAX), mask=mask & (sel >= EMAX), other=-1).to(tl.int64)
+    row = tl.where(from_p, prow, tl.where(srow >= 0, srow + PC, -1))
+    return tl.where((val == float("-inf")) | (row < 0), -1, row + BASE)
+
+
+@triton.jit
+def _finalize_kernel(SEL, VAL, WIN, PROWS, VIS, SEQ, OUT, K, W, EMAX, PC, BASE,
+                     stride_sel, stride_win, stride_pr, stride_vis, stride_out,
+                     BLOCK_K: tl.constexpr, BLOCK_W: tl.constexpr):
+    n = tl.program_id(0).to(tl.int64)
+    copy_window(WIN, OUT, n, W, stride_win, stride_out, BLOCK_W)
     ok = tl.arange(0, BLOCK_K)
     seq = tl.load(SEQ + n + ok * 0).to(tl.int64)
     for k0 in range(0, K, BLOCK_K):
         mk = k0 + ok < K
         sel = tl.load(SEL + n * stride_sel + k0 + ok, mask=mk, other=0).to(tl.int64)
         val = tl.load(VAL + n * stride_sel + k0 + ok, mask=mk, other=float("-inf"))
-        from_p = sel < EMAX
-        prow = tl.load(PROWS + seq * stride_pr + sel, mask=mk & from_p, other=-1).to(tl.int64)
-        srow = tl.load(VIS + n * stride_vis + (sel - EMAX), mask=mk & (sel >= EMAX), other=-1).to(tl.int64)
-        row = tl.where(from_p, prow, tl.where(srow >= 0, srow + PC, -1))
-        row = tl.where((val == float("-inf")) | (row < 0), -1, row + BASE)
+        row = selected_rows(sel, val, mk, seq, n, PROWS, VIS, EMAX, PC, BASE, stride_pr, stride_vis)
         tl.store(OUT + n * stride_out + W + k0 + ok, row.to(OUT.dtype.element_ty), mask=mk)
 
 

@@ -10,7 +10,8 @@ slot straight from its source instead of gathering [M, S, C] copies first:
     cos, sin [M, rope_dim / 2]   RoPE of each entry (float64 on the host, then cast)
     out [M, dim]
 
-One program per window; the slot loop keeps an online (max, sum, acc) per channel, split in
+One program per window; the slot loop takes 8 slots a step (16 for C128 windows: 128 slots,
+once 128 dependent loads in a row) and keeps an online (max, sum, acc) per channel, split in
 three channel groups (NoPE | first rope half | second rope half) so the rotation needs no
 shuffles.
 """
@@ -39,16 +40,17 @@ def _load_slot(BUF_KV, BUF_S, PKV, PS, src, BS, C, ch, cm):
 
 @triton.jit
 def _online(m, l, acc, kv, s):
-    m_new = tl.maximum(m, s)
+    """Fold a block of slots (kv, s [SB, channels]) into the running (max, sum, acc) per channel."""
+    m_new = tl.maximum(m, tl.max(s, 0))
     alpha = tl.exp(m - m_new)
-    p = tl.exp(s - m_new)
-    return m_new, l * alpha + p, acc * alpha + p * kv
+    p = tl.exp(s - m_new[None, :])
+    return m_new, l * alpha + tl.sum(p, 0), acc * alpha + tl.sum(p * kv, 0)
 
 
 @triton.jit
 def _pool_kernel(BUF_KV, BUF_S, PKV, PS, SRC, COS, SIN, NORM, OUT, BS, C, S, R, eps,
                  DIM: tl.constexpr, NOPE: tl.constexpr, HALF: tl.constexpr,
-                 BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr, OVERLAP: tl.constexpr):
+                 BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr, OVERLAP: tl.constexpr, SB: tl.constexpr):
     m_id = tl.program_id(0).to(tl.int64)
     on = tl.arange(0, BLOCK_N)
     orr = tl.arange(0, BLOCK_R)
@@ -63,18 +65,21 @@ def _pool_kernel(BUF_KV, BUF_S, PKV, PS, SRC, COS, SIN, NORM, OUT, BS, C, S, R, 
     m2 = tl.full([BLOCK_R], -1e30, tl.float32)
     l2 = tl.zeros([BLOCK_R], tl.float32)
     a2 = tl.zeros([BLOCK_R], tl.float32)
-    for s in range(0, S):
-        # the slot's source row, broadcast per lane (scalar masks trip the interpreter)
-        src_n = tl.load(SRC + m_id * S + s + on * 0).to(tl.int64)
-        src_r = tl.load(SRC + m_id * S + s + orr * 0).to(tl.int64)
-        base = 0
+    osb = tl.arange(0, SB)
+    for s0 in range(0, S, SB):
+        # SB slots at a time: their source rows, then [SB, channels] tiles (one round of loads
+        # in flight per block instead of one per slot: C128 windows have 128 slots)
+        slot = s0 + osb
+        src = tl.load(SRC + m_id * S + slot, mask=slot < S, other=-1).to(tl.int64)[:, None]
+        base = tl.zeros([SB], tl.int32)
         if OVERLAP:
-            base = tl.where(s >= R, DIM, 0)
-        kv, sc = _load_slot(BUF_KV, BUF_S, PKV, PS, src_n, BS, C, base + on, mn)
+            base = tl.where(slot >= R, DIM, 0)
+        base = base[:, None]
+        kv, sc = _load_slot(BUF_KV, BUF_S, PKV, PS, src, BS, C, base + on[None, :], mn[None, :])
         m0, l0, a0 = _online(m0, l0, a0, kv, sc)
-        kv, sc = _load_slot(BUF_KV, BUF_S, PKV, PS, src_r, BS, C, base + NOPE + orr, mr)
+        kv, sc = _load_slot(BUF_KV, BUF_S, PKV, PS, src, BS, C, base + NOPE + orr[None, :], mr[None, :])
         m1, l1, a1 = _online(m1, l1, a1, kv, sc)
-        kv, sc = _load_slot(BUF_KV, BUF_S, PKV, PS, src_r, BS, C, base + NOPE + HALF + orr, mr)
+        kv, sc = _load_slot(BUF_KV, BUF_S, PKV, PS, src, BS, C, base + NOPE + HALF + orr[None, :], mr[None, :])
         m2, l2, a2 = _online(m2, l2, a2, kv, sc)
     x0 = tl.where(mn, a0 / tl.maximum(l0, 1e-30), 0.0)
     x1 = tl.where(mr, a1 / tl.maximum(l1, 1e-30), 0.0)
@@ -107,5 +112,5 @@ def pool_windows(p: CompressorParams, buf_kv: torch.Tensor, buf_score: torch.Ten
                        src.contiguous(), cos.contiguous(), sin.contiguous(), p.norm.contiguous(), out,
                        buf_kv.shape[0] * S, C, S, p.ratio, p.eps, DIM=p.dim, NOPE=nope, HALF=half,
                        BLOCK_N=triton.next_power_of_2(max(nope, 1)), BLOCK_R=triton.next_power_of_2(half),
-                       OVERLAP=p.overlap, num_warps=4)
+                       OVERLAP=p.overlap, SB=16 if S >= 64 else 8, num_warps=8)
     return out

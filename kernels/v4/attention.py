@@ -56,11 +56,46 @@ def sparse_attention_torch(q, idx, sources, sink, scale) -> torch.Tensor:
 
 
 @triton.jit
+def _gather(IDX, n, stride_in, k0, k_hi, S0, S1, S2, S3, B1, B2, B3, col, md, D: tl.constexpr,
+            BLOCK_K: tl.constexpr, DOT_T: tl.constexpr):
+    """Rows k0 .. k0 + BLOCK_K of query n's list -> (rows [BLOCK_K, D], valid [BLOCK_K])."""
+    offs_k = k0 + tl.arange(0, BLOCK_K)
+    idx = tl.load(IDX + n * stride_in + offs_k, mask=offs_k < k_hi, other=-1).to(tl.int64)
+    valid = idx >= 0
+    # one row pointer per index (select among the four sources), then a single gather:
+    # each row is read once for all BLOCK_H heads
+    row = tl.where(idx < B1, S0 + idx * D,
+                   tl.where(idx < B2, S1 + (idx - B1) * D,
+                            tl.where(idx < B3, S2 + (idx - B2) * D, S3 + (idx - B3) * D)))
+    kk = tl.load(row[:, None] + col, mask=valid[:, None] & md[None, :], other=0.0)
+    return kk.to(DOT_T), valid
+
+
+@triton.jit
+def _attend(q, kk, valid, m_i, l_i, acc, scale, DOT_T: tl.constexpr, IEEE: tl.constexpr):
+    """One block of rows into the online softmax (m, l) and the weighted sum acc."""
+    if IEEE:  # fp32 (interpreter / fp32 sources): exact products, not tf32
+        s = tl.dot(q, tl.trans(kk), input_precision="ieee") * scale
+    else:
+        s = tl.dot(q, tl.trans(kk)) * scale
+    s = tl.where(valid[None, :], s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    alpha = tl.exp(m_i - m_new)
+    p = tl.exp(s - m_new[:, None])
+    l_i = l_i * alpha + tl.sum(p, 1)
+    if IEEE:
+        acc = acc * alpha[:, None] + tl.dot(p.to(DOT_T), kk, input_precision="ieee")
+    else:
+        acc = acc * alpha[:, None] + tl.dot(p.to(DOT_T), kk)
+    return m_new, l_i, acc
+
+
+@triton.jit
 def _sparse_attn_kernel(Q, IDX, S0, S1, S2, S3, SINK, OUT, LSE, B1, B2, B3, K, H, scale, chunk,
                         stride_qn, stride_qh, stride_in, stride_on, stride_os, stride_oh,
                         D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_H: tl.constexpr,
                         BLOCK_K: tl.constexpr, DOT_T: tl.constexpr, IEEE: tl.constexpr,
-                        SPLIT: tl.constexpr):
+                        SPLIT: tl.constexpr, PREFETCH: tl.constexpr):
     n = tl.program_id(0).to(tl.int64)
     sp = tl.program_id(1)
     hb = tl.program_id(2)
@@ -80,31 +115,17 @@ def _sparse_attn_kernel(Q, IDX, S0, S1, S2, S3, SINK, OUT, LSE, B1, B2, B3, K, H
     col = offs_d[None, :]
     k_lo = sp * chunk
     k_hi = tl.minimum(k_lo + chunk, K)
-    for k0 in range(k_lo, k_hi, BLOCK_K):
-        offs_k = k0 + tl.arange(0, BLOCK_K)
-        idx = tl.load(IDX + n * stride_in + offs_k, mask=offs_k < k_hi, other=-1).to(tl.int64)
-        valid = idx >= 0
-        # one row pointer per index (select among the four sources), then a single gather:
-        # each row is read once for all BLOCK_H heads
-        row = tl.where(idx < B1, S0 + idx * D,
-                       tl.where(idx < B2, S1 + (idx - B1) * D,
-                                tl.where(idx < B3, S2 + (idx - B2) * D, S3 + (idx - B3) * D)))
-        kk = tl.load(row[:, None] + col, mask=valid[:, None] & md[None, :], other=0.0)
-        kk = kk.to(DOT_T)
-        if IEEE:  # fp32 (interpreter / fp32 sources): exact products, not tf32
-            s = tl.dot(q, tl.trans(kk), input_precision="ieee") * scale
-        else:
-            s = tl.dot(q, tl.trans(kk)) * scale
-        s = tl.where(valid[None, :], s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        alpha = tl.exp(m_i - m_new)
-        p = tl.exp(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        if IEEE:
-            acc = acc * alpha[:, None] + tl.dot(p.to(DOT_T), kk, input_precision="ieee")
-        else:
-            acc = acc * alpha[:, None] + tl.dot(p.to(DOT_T), kk)
-        m_i = m_new
+    if PREFETCH:  # the next block's rows are in flight while this block's products run
+        kk, valid = _gather(IDX, n, stride_in, k_lo, k_hi, S0, S1, S2, S3, B1, B2, B3, col, md, D, BLOCK_K, DOT_T)
+        for k0 in range(k_lo, k_hi, BLOCK_K):
+            kk_next, valid_next = _gather(IDX, n, stride_in, k0 + BLOCK_K, k_hi, S0, S1, S2, S3, B1, B2, B3, col,
+                                          md, D, BLOCK_K, DOT_T)
+            m_i, l_i, acc = _attend(q, kk, valid, m_i, l_i, acc, scale, DOT_T, IEEE)
+            kk, valid = kk_next, valid_next
+    else:
+        for k0 in range(k_lo, k_hi, BLOCK_K):
+            kk, valid = _gather(IDX, n, stride_in, k0, k_hi, S0, S1, S2, S3, B1, B2, B3, col, md, D, BLOCK_K, DOT_T)
+            m_i, l_i, acc = _attend(q, kk, valid, m_i, l_i, acc, scale, DOT_T, IEEE)
     out = acc / tl.maximum(l_i, 1e-30)[:, None]
     optr = OUT + n * stride_on + sp * stride_os + offs_h[:, None] * stride_oh + offs_d[None, :]
     tl.store(optr, out.to(OUT.dtype.element_ty), mask=mh[:, None] & md[None, :])
@@ -116,10 +137,12 @@ def _sparse_attn_kernel(Q, IDX, S0, S1, S2, S3, SINK, OUT, LSE, B1, B2, B3, K, H
 @triton.jit
 def _merge_splits_kernel(PART, LSE, SINK, OUT, H, NSPLIT, stride_on, stride_oh,
                          D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_H: tl.constexpr):
+    # a program per (query, head block, BLOCK_D channels): the partials ([splits, H, D] fp32
+    # per query, several times the rows' bytes at small batch) are read by many programs at once
     n = tl.program_id(0).to(tl.int64)
     hb = tl.program_id(1)
     offs_h = hb * BLOCK_H + tl.arange(0, BLOCK_H)
-    offs_d = tl.arange(0, BLOCK_D)
+    offs_d = tl.program_id(2) * BLOCK_D + tl.arange(0, BLOCK_D)
     mh = offs_h < H
     md = offs_d < D
     m = tl.load(SINK + offs_h, mask=mh, other=0.0).to(tl.float32)
@@ -153,11 +176,13 @@ def _num_splits(N: int, head_blocks: int, K: int, block_k: int, device) -> int:
 
 def sparse_attention(q: torch.Tensor, idx: torch.Tensor, sources: Sequence[torch.Tensor],
                      sink: torch.Tensor, scale: float, block_k: int = 32, block_h: int | None = None,
-                     num_warps: int = 8, num_splits: int | None = None) -> torch.Tensor:
+                     num_warps: int = 8, num_splits: int | None = None, prefetch: bool = False) -> torch.Tensor:
     """Triton sparse attention; shapes in the module docstring. Returns [N, H, D] in q's dtype.
 
     num_splits None: chosen from the grid size (1 off the GPU); block_h None: 32 heads on the
-    GPU (fits the [heads, 512] fp32 accumulator in registers), 16 under the interpreter."""
+    GPU (fits the [heads, 512] fp32 accumulator in registers), 16 under the interpreter;
+    prefetch: gather the next block of rows before this block's products (one more row tile
+    in registers, its loads in flight while the tensor cores run)."""
     N, H, D = q.shape
     if len(sources) > 4 or not sources:
         raise ValueError(f"sparse_attention takes 1 to 4 sources, got {len(sources)}")
@@ -191,7 +216,7 @@ def sparse_attention(q: torch.Tensor, idx: torch.Tensor, sources: Sequence[torch
     nsplit = triton.cdiv(max(K, 1), chunk)
     sink32 = sink.float().contiguous()
     common = dict(D=D, BLOCK_D=block_d, BLOCK_H=block_h, BLOCK_K=block_k, DOT_T=dot_t,
-                  IEEE=dot_t == tl.float32, num_warps=num_warps)
+                  IEEE=dot_t == tl.float32, PREFETCH=bool(prefetch), num_warps=num_warps)
     if nsplit == 1:
         _sparse_attn_kernel[(N, 1, hblocks)](
             q, idx, srcs[0], srcs[1], srcs[2], srcs[3], sink32, out, sink32, bounds[1], bounds[2],
@@ -204,6 +229,8 @@ def sparse_attention(q: torch.Tensor, idx: torch.Tensor, sources: Sequence[torch
         q, idx, srcs[0], srcs[1], srcs[2], srcs[3], sink32, part, lse, bounds[1], bounds[2], bounds[3],
         K, H, scale, chunk, q.stride(0), q.stride(1), idx.stride(0), part.stride(0), part.stride(1),
         part.stride(2), SPLIT=True, **common)
-    _merge_splits_kernel[(N, hblocks)](part, lse, sink32, out, H, nsplit, out.stride(0), out.stride(1),
-                                       D=D, BLOCK_D=block_d, BLOCK_H=block_h, num_warps=num_warps)
+    merge_d = min(block_d, 128)
+    _merge_splits_kernel[(N, hblocks, triton.cdiv(D, merge_d))](part, lse, sink32, out, H, nsplit, out.stride(0),
+                                                                out.stride(1), D=D, BLOCK_D=merge_d, BLOCK_H=block_h,
+                                                                num_warps=4)
     return out

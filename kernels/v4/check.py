@@ -43,7 +43,7 @@ def check_against_reference(cfg: V4AttnConfig, kind: str, history: Sequence[int]
                             trees: Sequence[DraftTree] | None = None, nodes: int = 8,
                             accepted: Sequence[Sequence[int]] | None = None, seed: int = 0,
                             device="cpu", dtype=torch.float64, attention: str = "torch",
-                            planner: str = "host") -> dict:
+                            planner: str = "host", fusions: tuple = ()) -> dict:
     """Returns {"verify_err", "commit_err", "verify_wrote_cache", "rejected_identical"}.
 
     history[b]: tokens already decoded in sequence b; trees default to random ones of
@@ -77,7 +77,7 @@ def check_against_reference(cfg: V4AttnConfig, kind: str, history: Sequence[int]
     else:
         plan, rows = plan_verify(cache, tb, w, device=device), inp
     before = cache.checksum()
-    out, scratch = tree_verify(cache, w, rows, plan, attention=attention)
+    out, scratch = tree_verify(cache, w, rows, plan, attention=attention, fusions=fusions)
     wrote = cache.checksum() != before
     verify_err = 0.0
     for b, (tree, start) in enumerate(zip(trees, tb.cu_nodes[:-1])):

@@ -21,7 +21,9 @@ Device side (graph-capturable): :func:`tree_verify`.  Its default "triton" path 
 of launches per layer: SWA 1-2 (attention [+ split merge]); HCA + the compressor GEMMs and
 one pooling kernel (the list is static, built by the plan); CSA + the indexer's GEMMs,
 pooling, one indexer-scan kernel (persistent and scratch keys), torch.topk and one
-list-building kernel.  "torch" is the plain float64-capable form the tests check against;
+list-building kernel (``fusions``: the compressors' GEMMs in one launch, _proj_kernel; the
+top-k and list in one, _topk_kernel).  "torch" is the plain float64-capable form the tests
+check against;
 "flashmla" swaps the attention core for FlashMLA's FP8 V4 sparse decode.
 """
 from __future__ import annotations
@@ -32,6 +34,7 @@ import numpy as np
 import torch
 
 from simtree.errors import SimtreeError
+from simtree.kernels._triton import interpreting
 from simtree.trees.tree import DraftTree, TreeBatch
 
 from .attention import gather_rows, sparse_attention, sparse_attention_torch
@@ -39,9 +42,13 @@ from .cache import V4Cache
 from .compressor import CompressorParams, pool_window
 from ._indexer_kernels import indexer_scores, indexer_scores_torch, selection_to_list
 from ._pool_kernel import pool_windows
+from ._proj_kernel import fits as proj_fits, project_compressors
+from ._topk_kernel import MAX_ROW as TOPK_MAX_ROW, topk_to_list
 from .reference import V4Inputs, V4LayerWeights
 
-__all__ = ["VerifyPlan", "VerifyScratch", "plan_verify", "attention_lists", "tree_verify", "random_tree"]
+__all__ = ["VerifyPlan", "VerifyScratch", "plan_verify", "attention_lists", "tree_verify", "random_tree", "FUSIONS"]
+
+FUSIONS = ("comp_proj", "topk")     # tree_verify's optional fused launches
 
 
 @dataclass
@@ -375,33 +382,51 @@ def _indexer_topk(cache: V4Cache, inp: V4Inputs, scratch_keys: torch.Tensor, pla
 
 
 def _csa_list_triton(cache: V4Cache, inp: V4Inputs, scratch_keys: torch.Tensor, plan: VerifyPlan,
-                     topk: int, base: int) -> torch.Tensor:
-    """CSA selection + final index list in three launches: scores (persistent and scratch keys,
-    fp32), torch.topk, and the list kernel.  Returns int32 [N, window + k]."""
+                     topk: int, base: int, fused_topk: bool = False) -> torch.Tensor:
+    """CSA selection + final index list: scores (persistent and scratch keys, fp32), then
+    torch.topk and the list kernel, or (``fused_topk``, rows of at most _topk_kernel.MAX_ROW)
+    the one-launch selection of _topk_kernel.  Returns int32 [N, window + k]."""
     N = inp.iq.shape[0]
     emax = plan.persist_idx_rows.shape[1]
     vis = plan.scratch_vis
     scores = torch.empty(N, emax + vis.shape[1], dtype=torch.float32, device=inp.iq.device)
     indexer_scores(inp.iq, inp.iw, cache.idx.pool, plan.persist_idx_rows, plan.pad_nodes, scores,
                    scratch_keys, vis)
-    val, sel = torch.topk(scores, min(topk, scores.shape[1]), dim=1)
+    k = min(topk, scores.shape[1])
+    if fused_topk and 0 < k and scores.shape[1] <= TOPK_MAX_ROW:
+        return topk_to_list(scores, k, plan.win_idx, plan.persist_comp_rows, vis, plan.node_seq,
+                            cache.comp.num_rows, base)
+    val, sel = torch.topk(scores, k, dim=1)
     return selection_to_list(sel, val, plan.win_idx, plan.persist_comp_rows, vis, plan.node_seq,
                              cache.comp.num_rows, base)
 
 
+def _projections(w: V4LayerWeights, inp: V4Inputs, plan: VerifyPlan, fused: bool) -> list[torch.Tensor]:
+    """[2, N, C] of every compressor of the layer (KV, then the indexer's): one Triton launch
+    for all of them where ``fused`` and _proj_kernel runs them, else two GEMMs each."""
+    comps = [p for p in (w.comp, w.indexer) if p is not None]
+    if fused and (inp.x.is_cuda or interpreting()) and proj_fits(comps, inp.x.shape[0]):
+        return project_compressors(comps, inp.x, plan.pos_mod)
+    x = inp.x.to(w.comp.wkv.dtype)
+    return [_project_stacked(p, x, plan.pos_mod) for p in comps]
+
+
 def attention_lists(cache: V4Cache, w: V4LayerWeights, inp: V4Inputs, plan: VerifyPlan,
-                    use_triton: bool = True) -> tuple[torch.Tensor, list[torch.Tensor], VerifyScratch]:
+                    use_triton: bool = True, fusions: tuple = ()) -> tuple[torch.Tensor, list[torch.Tensor],
+                                                                            VerifyScratch]:
     """Everything before the attention core: scratch compression, CSA top-k, and the final
     per-node index list idx [N, window + K] into sources [window pool | node latents
     (| compressed pool | scratch entries)].  use_triton: fused pooling / indexer / list
-    kernels (False: plain torch, any dtype — the float64 test path)."""
+    kernels (False: plain torch, any dtype — the float64 test path); ``fusions`` (Triton
+    path only): "comp_proj" the compressors' GEMMs in one launch, "topk" the CSA top-k and
+    list in one."""
     cfg = cache.cfg
     sc = VerifyScratch(node_kv=inp.kv.to(cache.window.pool.dtype))
     sources = [cache.window.pool, sc.node_kv]
     if not cache.ratio:
         return plan.attn_idx, sources, sc
-    x = inp.x.to(w.comp.wkv.dtype)
-    sc.comp_proj_stacked = _project_stacked(w.comp, x, plan.pos_mod)
+    projs = _projections(w, inp, plan, use_triton and "comp_proj" in fusions)
+    sc.comp_proj_stacked = projs[0]
     sc.comp_proj = (sc.comp_proj_stacked[0], sc.comp_proj_stacked[1])
     sc.comp_entries = _scratch_entries(w.comp, cache.comp_kv, cache.comp_score, sc.comp_proj, plan, use_triton,
                                        cache.comp.pool.dtype)
@@ -409,12 +434,13 @@ def attention_lists(cache: V4Cache, w: V4LayerWeights, inp: V4Inputs, plan: Veri
     base = cache.window.num_rows + sc.node_kv.shape[0]
     if w.indexer is None:  # HCA: the list is fixed by the plan
         return plan.attn_idx, sources, sc
-    sc.idx_proj_stacked = _project_stacked(w.indexer, x, plan.pos_mod)
+    sc.idx_proj_stacked = projs[1]
     sc.idx_proj = (sc.idx_proj_stacked[0], sc.idx_proj_stacked[1])
     sc.idx_entries = _scratch_entries(w.indexer, cache.idx_kv, cache.idx_score, sc.idx_proj, plan, use_triton,
                                       cache.idx.pool.dtype)
     if use_triton:
-        return _csa_list_triton(cache, inp, sc.idx_entries, plan, cfg.topk, base), sources, sc
+        return (_csa_list_triton(cache, inp, sc.idx_entries, plan, cfg.topk, base, "topk" in fusions),
+                sources, sc)
     comp_list = _indexer_topk(cache, inp, sc.idx_entries.to(cache.idx.pool.dtype), plan, cfg.topk)
     idx = torch.cat([plan.win_idx, torch.where(comp_list >= 0, comp_list + base, -1)], dim=1)
     return idx, sources, sc
@@ -475,7 +501,7 @@ def _flashmla_core(cache: V4Cache, w: V4LayerWeights, inp: V4Inputs, plan: Verif
 
 
 def tree_verify(cache: V4Cache, w: V4LayerWeights, inp: V4Inputs, plan: VerifyPlan,
-                attention: str = "triton") -> tuple[torch.Tensor, VerifyScratch]:
+                attention: str = "triton", fusions: tuple = ()) -> tuple[torch.Tensor, VerifyScratch]:
     """Verify every node of the round's trees against the persistent cache.
 
     inp: per-node inputs (N rows in flat tree order: plan.batch.total_nodes, or a device
@@ -483,10 +509,14 @@ def tree_verify(cache: V4Cache, w: V4LayerWeights, inp: V4Inputs, plan: VerifyPl
     Returns (o [N, H, D], scratch); never writes the persistent cache.
     attention: "triton" (fused Triton kernels, default), "torch" (plain torch, any dtype),
     "flashmla" (CUDA + sgl-flash-mla, head_dim 512: FP8 attention core, Triton elsewhere).
+    fusions: of FUSIONS, the fused launches to run where they apply (docs/math/v4_compression.md).
     """
     if attention not in ("triton", "torch", "flashmla"):
         raise SimtreeError(f"unknown attention {attention!r}; expected triton, torch or flashmla")
-    idx, sources, sc = attention_lists(cache, w, inp, plan, use_triton=attention != "torch")
+    bad = set(fusions) - set(FUSIONS)
+    if bad:
+        raise SimtreeError(f"unknown V4 verify fusion(s) {sorted(bad)}; expected of {', '.join(FUSIONS)}")
+    idx, sources, sc = attention_lists(cache, w, inp, plan, use_triton=attention != "torch", fusions=tuple(fusions))
     if attention == "flashmla":
         return _flashmla_core(cache, w, inp, plan, sc, idx), sc
     if attention == "triton":

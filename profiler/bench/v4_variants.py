@@ -1,0 +1,215 @@
+"""The V4 layer variants profiler/bench/v4_floor.py compares, the layer they run, and the checks
+it runs on the device before it times anything: every variant's tree verify + commit against
+float64 sequential decoding (tiny shapes, each layer kind), and at the model's shapes the fused
+launches against their torch forms and each variant's attention block (and its core's output,
+before the residual hides it) against the current path's.  Each check is a row {"check", "ok",
+...}; a check that raises is a failed row.
+"""
+from __future__ import annotations
+
+import time
+import traceback
+
+import numpy as np
+import torch
+
+from simtree.kernels.layers import v4 as V
+from simtree.kernels.layers.forms import forms
+from simtree.kernels.layers.v4_floor import MOE_WEIGHTS
+from simtree.kernels.layers.weights import make_weights
+from simtree.kernels.v4 import V4Cache
+
+__all__ = ["MODEL", "VARIANTS", "ATTENTION", "BLOCK_VARIANTS", "ATTN_LAUNCHES", "Layer", "variants", "run_checks", "log"]
+
+MODEL = "deepseek-v4-flash"
+# the forms each variant runs (kernels/layers/forms.py); "current" is the path before the fusions
+VARIANTS = {"current": dict(v4_comp_proj="cublas", v4_topk="sort"),
+            "fused": dict(v4_comp_proj="fused", v4_topk="fused"),
+            "fused_proj": dict(v4_comp_proj="fused", v4_topk="sort"),
+            "fused_topk": dict(v4_comp_proj="cublas", v4_topk="fused"),
+            "fused_flashmla": dict(v4_comp_proj="fused", v4_topk="fused")}
+ATTENTION = {"fused_flashmla": "flashmla"}  # the attention core of a variant (default: the Triton one)
+BLOCK_VARIANTS = ("current", "fused", "fused_flashmla")       # the attention block: tree and linear
+# launches of the Triton attention core timed alone on the round's lists (block_k, block_h,
+# num_warps, num_splits (0: its rule), prefetch); the first is sparse_attention's default
+ATTN_LAUNCHES = ((32, 32, 8, 0, 0), (32, 32, 8, 0, 1), (16, 32, 8, 0, 1), (32, 32, 8, 1, 0), (32, 32, 8, 4, 0),
+                 (32, 16, 4, 0, 0))
+
+
+def log(msg: str) -> None:
+    print(f"[v4_floor {time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def _base(name: str) -> str:
+    return name[:-len("_scale_inv")] if name.endswith("_scale_inv") else name
+
+
+class Layer:
+    """One attention block of a kind at V4-Flash shapes on the device, its caches per batch."""
+
+    def __init__(self, d: V.V4Dims, kind: str, device, dtype=torch.bfloat16, seed: int = 0):
+        self.d, self.kind, self.device, self.dtype = d, kind, device, dtype
+        specs = V.layer_specs("", kind, d, V.residual_gain(43), torch.float32)
+        self.w = make_weights([s for s in specs if _base(s.name) not in MOE_WEIGHTS + ("tid2eid",)], device, dtype,
+                              seed)
+        self.lw = V.layer_weights(self.w, kind, d)
+        self.cfg = V.attn_config(d)
+        self.ropes = V.rope_tables(d, device, dtype)
+
+    def round(self, b: int, n: int, ctx: int, shape: str, seed: int = 0):
+        """(cache, V4Round) of b sequences at ctx tokens, n-node trees of ``shape``."""
+        max_len = ctx + 4 * n + 8
+        for t in self.ropes.values():
+            t.ensure(max_len + 2)
+        cache = V4Cache.random(self.cfg, self.lw, b, ctx, max_len, dtype=self.dtype, device=self.device, seed=seed)
+        lengths = torch.full((b,), ctx, dtype=torch.int64, device=self.device)
+        return cache, self._meta(cache, lengths, b, n, shape, seed, max_len)
+
+    def _meta(self, cache, lengths, b, n, shape, seed, max_len):
+        from simtree.kernels.v4.steps import make_tree
+        from simtree.trees.tree import TreeBatch
+        rng = np.random.default_rng(seed + 17 * n)
+        tb = TreeBatch(tuple(make_tree(n, shape, rng) for _ in range(b)))
+        parents = torch.as_tensor(np.asarray(tb.parents), device=self.device).view(b, n)
+        return V.round_meta(self.ropes, {self.kind: (cache, self.lw)}, lengths, parents, max_len - 1)
+
+    def inputs(self, T: int, copies: int, seed: int):
+        g = torch.Generator(device=self.device).manual_seed(seed)
+        return [torch.randn(T, self.d.hc, self.d.h, generator=g, device=self.device).to(self.dtype)
+                for _ in range(copies)]
+
+    def block(self, x, cache, rm, impl="triton"):
+        """The attention block as kernels.layers.v4.layer runs it: streams in, streams out."""
+        d, kind, cs = self.d, self.kind, rm.rows(self.kind)
+        inp, hc = V.attn_block_pre(self.w, d, kind, x, cs)
+        o, _ = V.attn_core(kind, cache, self.lw, inp, rm.plans[kind], impl)
+        return V.attn_block_post(self.w, d, x, o, cs, hc)
+
+    def pre(self, x, rm):
+        """The block before the core: hc_pre, norms, projections, RoPE."""
+        return V.attn_block_pre(self.w, self.d, self.kind, x, rm.rows(self.kind))
+
+    def post(self, x, o, hc, rm):
+        """The block after the core: RoPE out of o, the grouped output projections, hc_post."""
+        return V.attn_block_post(self.w, self.d, x, o, rm.rows(self.kind), hc)
+
+    def core_inputs(self, x, rm):
+        return V.attn_block_pre(self.w, self.d, self.kind, x, rm.rows(self.kind))[0]
+
+    def core(self, inp, cache, rm, impl="triton"):
+        return V.attn_core(self.kind, cache, self.lw, inp, rm.plans[self.kind], impl)[0]
+
+
+def variants(device) -> list[str]:
+    """The variants this device runs: fused_flashmla only where sgl-flash-mla works."""
+    from simtree.kernels.v4.flashmla import flashmla_available
+    ok = device == "cuda" and flashmla_available()[0]
+    return [v for v in VARIANTS if ok or ATTENTION.get(v) != "flashmla"]
+
+
+def run_checks(device, d: V.V4Dims) -> list[dict]:
+    """Every check's row (module docstring)."""
+    from simtree.kernels.layers.forms import v4_fusions
+    from simtree.kernels.v4 import V4AttnConfig
+    from simtree.kernels.v4.check import check_against_reference
+    out = []
+
+    def record(name, fn):
+        try:
+            r = fn()
+            out.append({"check": name, **r})
+        except Exception as exc:  # noqa: BLE001 - a failed check is a row, never the end of the run
+            out.append({"check": name, "ok": False, "error": f"{type(exc).__name__}: {str(exc)[:300]}"})
+            traceback.print_exc()
+        log(f"check {name}: {'OK' if out[-1].get('ok') else 'FAIL'} "
+            + ", ".join(f"{k}={v}" for k, v in out[-1].items() if k not in ("check", "ok")))
+
+    cfg = V4AttnConfig.tiny(num_heads=16, head_dim=64, rope_dim=16, indexer_dim=32, indexer_heads=8, hidden=48,
+                            window=16, hca_ratio=16, topk=6, page_size=8)
+    for variant in variants(device):
+        if ATTENTION.get(variant):
+            continue                    # the FP8 core: check_flashmla_path below
+        with forms(**VARIANTS[variant]):
+            fus = v4_fusions()
+        for kind in ("csa", "hca", "swa"):
+            def tiny(kind=kind, fus=fus):
+                r = check_against_reference(cfg, kind, [37, 52, 9], nodes=12, seed=1, device=device,
+                                            dtype=torch.float32, attention="triton", planner="device", fusions=fus)
+                r["ok"] = bool(r["verify_err"] < 2e-3 and r["commit_err"] < 2e-4 and not r["verify_wrote_cache"])
+                return r
+            record(f"tree_verify_{kind}_{variant}", tiny)
+    if "fused_flashmla" in variants(device):
+        from simtree.kernels.v4.check import check_flashmla_path
+        record("tree_verify_flashmla", lambda: {k: v for k, v in check_flashmla_path(device).items() if k != "check"})
+    record("comp_proj_flash", lambda: _check_proj(device, d))
+    record("attention_launches_flash", lambda: _check_launches(device, d))
+    record("topk_list_flash", lambda: _check_topk(device))
+    for kind in ("csa", "hca", "swa"):
+        record(f"block_{kind}_flash", lambda kind=kind: _check_block(device, d, kind))
+    return out
+
+
+def _check_proj(device, d):
+    from simtree.kernels.v4._proj_kernel import project_compressors, project_compressors_torch
+    lw = V.layer_weights(make_weights([s for s in V.layer_specs("", "csa", d, 1.0, torch.float32)
+                                       if s.name.startswith(("comp.", "idx.", "sink"))], device, torch.bfloat16, 3),
+                         "csa", d)
+    g = torch.Generator(device=device).manual_seed(3)
+    x = torch.randn(24, d.h, generator=g, device=device).to(torch.bfloat16)
+    pos = torch.randint(0, 4, (24,), generator=g, device=device)
+    comps = [lw.comp, lw.indexer]
+    got = project_compressors(comps, x, pos)
+    ref = project_compressors_torch([c.to(dtype=torch.float64) for c in comps], x.double(), pos)
+    err = max(float(((a.double() - b).abs() / (b.abs() + 1e-3)).max()) for a, b in zip(got, ref))
+    return {"ok": err < 1e-3, "max_rel_err": err}
+
+
+def _check_launches(device, d):
+    """Every launch of ATTN_LAUNCHES against the torch form (fp32) on bf16 rows at the model's
+    head shapes, 640-row lists with holes."""
+    from simtree.kernels.v4 import sparse_attention, sparse_attention_torch
+    g = torch.Generator(device=device).manual_seed(6)
+    srcs = [torch.randn(n, d.D, generator=g, device=device).to(torch.bfloat16) for n in (300, 24, 2000, 8)]
+    idx = torch.randint(-1, 2332, (12, 640), generator=g, device=device)
+    q = torch.randn(12, d.H, d.D, generator=g, device=device).to(torch.bfloat16)
+    sink = torch.randn(d.H, generator=g, device=device)
+    ref = sparse_attention_torch(q.float(), idx, [s.float() for s in srcs], sink, d.D ** -0.5)
+    errs = {}
+    for bk, bh, w, sp, pf in ATTN_LAUNCHES:
+        got = sparse_attention(q, idx, srcs, sink, d.D ** -0.5, block_k=bk, block_h=bh, num_warps=w,
+                               num_splits=sp or None, prefetch=bool(pf)).float()
+        errs[f"bk{bk}_bh{bh}_w{w}_s{sp}_p{pf}"] = float((got - ref).abs().max())
+    return {"ok": all(e < 3e-2 for e in errs.values()), "max_err": errs}
+
+
+def _check_topk(device):
+    from simtree.kernels.v4._topk_kernel import topk_to_list, topk_to_list_torch
+    g = torch.Generator(device=device).manual_seed(4)
+    N, B, E, S = 64, 4, 4096, 4
+    scores = torch.randn(N, E + S, generator=g, device=device)
+    scores[:, -2:] = float("-inf")
+    persist = torch.randperm(B * E, generator=g, device=device).view(B, E)
+    vis = torch.randint(-1, 40, (N, S), generator=g, device=device)
+    seq = torch.randint(0, B, (N,), generator=g, device=device)
+    win = torch.randint(-1, 5000, (N, 128), generator=g, device=device)
+    got = topk_to_list(scores, 512, win, persist, vis, seq, 9999, 777)
+    ref = topk_to_list_torch(scores, 512, win, persist, vis, seq, 9999, 777)
+    same = bool(torch.equal(got.sort(1).values, ref.sort(1).values))
+    return {"ok": same, "same_set": same}
+
+
+def _check_block(device, d, kind):
+    L = Layer(d, kind, device, seed=5)
+    cache, rm = L.round(2, 8, 4096, "random", seed=5)
+    x = L.inputs(16, 1, 5)[0]
+    inp = L.core_inputs(x, rm)
+    blocks, cores = {}, {}
+    for variant in variants(device):
+        impl = ATTENTION.get(variant, "triton")
+        with forms(**VARIANTS[variant]):
+            blocks[variant] = L.block(x, cache, rm, impl).float()
+            cores[variant] = L.core(inp, cache, rm, impl).float()    # o, before the residual hides it
+    errs = {f"{scope}_{v}": float((o - outs["current"]).norm() / outs["current"].norm())
+            for scope, outs in (("block", blocks), ("core", cores)) for v, o in outs.items() if v != "current"}
+    # bf16 outputs agree to rounding; the FP8 attention core within its 6% (check_flashmla_path)
+    return {"ok": all(e < (6e-2 if "flashmla" in k else 2e-2) for k, e in errs.items()), "rel_err_vs_current": errs}

@@ -1,0 +1,31 @@
+"""The V4 floor benchmark's code path on a CPU (tiny model, Triton's interpreter): the CSV
+has the issue's columns, every point a row per kernel, ratios against the floor."""
+import csv
+import json
+
+from simtree.profiler.bench import v4_floor, v4_variants
+
+
+def test_smoke_sweep_writes_the_floor_table(tmp_path, monkeypatch):
+    monkeypatch.setattr(v4_floor, "ATTN_LAUNCHES", v4_floor.ATTN_LAUNCHES[:1])   # one launch: the path, quickly
+    out = tmp_path / "floor_v4.csv"
+    assert v4_floor.main(["--out", str(out), "--model", "tiny-v4", "--smoke", "--no-check", "--kinds", "csa",
+                          "--batches", "1", "--ns", "3", "--contexts", "40", "--copies", "1"]) == 0
+    rows = list(csv.DictReader(out.open()))
+    assert rows and list(rows[0])[:8] == ["kernel", "layer_kind", "batch_size", "nodes_per_seq", "context_len",
+                                          "measured_us", "floor_us", "ratio"]
+    kernels = {r["kernel"] for r in rows}
+    run = v4_variants.variants("cpu")
+    assert "fused_flashmla" not in run           # the FP8 core needs a GPU with sgl-flash-mla
+    assert kernels == ({f"block_{v}" for v in run if v in v4_variants.BLOCK_VARIANTS} | {f"core_{v}" for v in run}
+                       | {"pre_current", "post_current"} | {f"attn_bk{k}_bh{h}_w{w}_s{sp}_p{pf}" for k, h, w, sp, pf in v4_floor.ATTN_LAUNCHES})
+    assert len(rows) == len(kernels)
+    for r in rows:
+        assert abs(float(r["ratio"]) / (float(r["measured_us"]) / float(r["floor_us"])) - 1) < 0.02
+        assert float(r["floor_us"]) > 0
+        assert (float(r["tree_over_linear"]) > 0) if r["scope"] == "attention" else r["tree_over_linear"] == ""
+    ends = {r["kernel"]: float(r["floor_us"]) for r in rows}
+    assert ends["pre_current"] + ends["post_current"] < ends["block_current"]
+    summary = json.loads(out.with_suffix(".json").read_text())
+    assert set(summary["worst_ratio"]) == kernels and "v4_topk" in summary["faster_form"]
+    assert "targets_met_block_fused" in summary
