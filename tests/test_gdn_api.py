@@ -28,7 +28,10 @@ def test_entry_points_take_the_math_only():
     # how a call is launched is the rule's, chosen inside: the signatures hold the math and the
     # round's meta (given: the inputs are taken as checked, no host sync), never a launch
     math = [(x, False) for x in MATH]
-    assert _params(gdn_tree_verify) == math + [(x, True) for x in ("scale", "meta", "pending")]
+    assert _params(gdn_tree_verify) == math + [(x, True) for x in ("scale", "meta")]
+    folding = [(x, False) for x in MATH]
+    folding.insert(6, ("pending", False))
+    assert _params(kg.gdn_tree_verify_folding) == folding + [("meta", True)]
     assert _params(gdn_tree_commit) == [(x, False) for x in ("state", "k", "cache", "parents",
                                                             "cu_nodes", "accepted")] + \
         [("check", True)]

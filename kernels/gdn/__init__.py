@@ -4,7 +4,7 @@
     gdn_tree_commit(state, k, cache, parents, cu_nodes, accepted)     # in place
     # or deferred into the next verify (one state read + one write per round, ``deferred.py``):
     gdn_defer_commit(state, pend, k, cache, parents, cu_nodes, accepted)
-    out, cache = gdn_tree_verify(..., pending=pend);  gdn_fold_pending(state, pend)
+    out, cache = gdn_tree_verify_folding(q, k, v, g, beta, state, pend, parents, cu_nodes);  gdn_fold_pending(state, pend)
 
 Shapes: q, k [N, H, K]; v [N, HV, V]; g (log-decay <= 0), beta [N, HV] fp32;
 state [B, HV, K, V] fp32; parents int64 [N] local (-1 root, topological); cu_nodes [B+1].
@@ -24,9 +24,9 @@ from .reference import (gdn_accepted_paths_ref, gdn_fold_pending_ref, gdn_sequen
                         gdn_tree_verify_dense_batched, gdn_tree_verify_dense_ref, gdn_tree_verify_ref,
                         tree_causal_conv_ref)
 from .round_meta import verify_round_meta, verify_round_meta_host, walk_tables
-from .verify import gdn_tree_verify, gdn_tree_verify_recurrent
+from .verify import gdn_tree_verify, gdn_tree_verify_folding, gdn_tree_verify_recurrent
 
-__all__ = ["gdn_tree_verify", "gdn_tree_commit", "gdn_tree_verify_recurrent", "tree_causal_conv",
+__all__ = ["gdn_tree_verify", "gdn_tree_verify_folding", "gdn_tree_commit", "gdn_tree_verify_recurrent", "tree_causal_conv",
            "conv_state_commit", "depth_first_pays", "GDNPendingPath", "new_pending",
            "gdn_defer_commit", "gdn_fold_pending", "gdn_fold_pending_ref",
            "GDNTreeCache", "TreeMeta", "tree_meta", "tree_meta_host", "walk_tables",

@@ -19,9 +19,10 @@ from simtree.errors import SimtreeError
 from . import _cuda_walk as cuda_walk
 from . import _launch as rule
 from ._launch import G_PROLOGUE_MAX_NODES, G_TILE, CommitLaunch, LaunchNotApplicable, VerifyLaunch
+from ._commit_torch import _check_accepted, _commit_torch
 from .cache import GDNTreeCache
 from .meta import TreeMeta, tree_meta
-from .reference import _l2norm, gdn_tree_verify_dense_batched
+from .reference import gdn_tree_verify_dense_batched
 from .round_meta import walk_tables
 
 __all__ = ["launched_verify", "launched_recurrent", "launched_commit", "check_verify_inputs"]
@@ -311,18 +312,6 @@ def launched_recurrent(q, k, v, g, beta, state, parents, cu_nodes, *, scale=None
     return out, node_states
 
 
-def _check_accepted(accepted, cu_nodes, check):
-    B = cu_nodes.numel() - 1
-    if accepted.numel() != B:
-        raise SimtreeError(f"accepted must have one node per tree ({B}), got {accepted.numel()}")
-    if check:
-        counts = (cu_nodes[1:] - cu_nodes[:-1]).to(accepted.device)
-        bad = (accepted < 0) | (accepted >= counts)
-        if bool(bad.any()):
-            b = int(torch.nonzero(bad)[0])
-            raise SimtreeError(f"accepted node {int(accepted[b])} of tree {b} is outside [0, {int(counts[b]) - 1}]")
-
-
 def launched_commit(state, k, cache: GDNTreeCache, parents, cu_nodes, accepted, *,
                     check: bool = True, launch: CommitLaunch | None = None) -> None:
     """In place: state[b] <- S* = e^{G_a} S0 + sum_{m <= a} e^{G_a - G_m} k_m u_m^T.
@@ -359,33 +348,3 @@ def launched_commit(state, k, cache: GDNTreeCache, parents, cu_nodes, accepted, 
         L2NORM=cache.qk_l2norm, PREC="ieee", PATH=bool(cfg.path if ask.path is None else ask.path),
         DOT16=dot,
         num_warps=ask.num_warps or cfg.num_warps)
-
-
-def _commit_torch(state, k, cache: GDNTreeCache, cu_nodes, accepted) -> None:
-    """The commit in torch: only the accepted root paths fold in; their rows are gathered, tree
-    by tree (root first), into [B, L, ...] (L the longest path) and folded with one batched
-    product, in fp64."""
-    B, HV, K, V = state.shape
-    H = k.shape[1]
-    dev = state.device
-    cu = cu_nodes.to(dev, torch.int64)
-    meta = cache.meta
-    seq = meta.seq_ids.to(dev, torch.int64)
-    local = torch.arange(seq.numel(), device=dev) - cu[seq]
-    last = cu[:-1] + accepted.to(dev, torch.int64)                       # accepted row [B]
-    on_path = ((meta.bits[last[seq], local // 64] >> (local % 64)) & 1).bool()  # [N]
-    idx = torch.nonzero(on_path).squeeze(1)                             # path rows [P]
-    ps = seq[idx]
-    plen = meta.depth.to(dev, torch.int64)[last] + 1                    # path lengths [B]
-    pos = torch.arange(idx.numel(), device=dev) - (torch.cumsum(plen, 0) - plen)[ps]
-    L = int(plen.max())
-    G = cache.G.double()
-    w = torch.exp(G[last[ps]] - G[idx])                                 # e^{G_a - G_m} <= 1
-    kn = _l2norm(k[idx].double(), cache.qk_l2norm).repeat_interleave(HV // H, dim=1)
-    kw = torch.zeros((B, L, HV, K), dtype=torch.float64, device=dev)
-    kw[ps, pos] = kn * w[..., None]
-    up = torch.zeros((B, L, HV, V), dtype=torch.float64, device=dev)
-    up[ps, pos] = cache.u[idx].double()
-    fold = kw.permute(0, 2, 3, 1) @ up.transpose(1, 2)                  # [B, HV, K, V]
-    decay = torch.exp(G[last])                                          # [B, HV]
-    state.copy_((decay[:, :, None, None] * state.double() + fold).float())

@@ -12,6 +12,7 @@ import torch
 from simtree.errors import SimtreeError
 
 from . import _launch as rule
+from ._commit_torch import _check_accepted, _commit_torch
 from .cache import GDNTreeCache
 from .pending import GDNPendingPath
 from .reference import _l2norm, gdn_fold_pending_ref
@@ -72,7 +73,6 @@ def launched_defer_commit(state: torch.Tensor, pending: GDNPendingPath, k: torch
                           cache: GDNTreeCache, parents, cu_nodes, accepted: torch.Tensor, *,
                           check: bool = True, backend: str = "auto") -> None:
     """``gdn_defer_commit`` on a backend ("auto": Triton on CUDA, torch elsewhere)."""
-    from ._launched import _check_accepted, _commit_torch
     pending.check_state(state)
     _check_accepted(accepted, cu_nodes, check)
     B, HV, K, V = state.shape

@@ -2,7 +2,7 @@
 (docs/math/gdn_tree_solve.md, "The commit deferred").
 
     pend = new_pending(B, H, HV, K, V, rows, device)
-    out, cache = gdn_tree_verify(q, k, v, g, beta, state, parents, cu, pending=pend)  # folds first
+    out, cache = gdn_tree_verify_folding(q, k, v, g, beta, state, pend, parents, cu)  # folds first
     gdn_defer_commit(state, pend, k, cache, parents, cu, accepted)   # token rows only
     ...                                                              # next round's verify folds
     gdn_fold_pending(state, pend)          # standalone: before a sequence leaves, the last round

@@ -13,11 +13,11 @@ from __future__ import annotations
 from ._launched import check_verify_inputs, launched_recurrent, launched_verify
 from .meta import TreeMeta
 
-__all__ = ["gdn_tree_verify", "gdn_tree_verify_recurrent", "check_verify_inputs"]
+__all__ = ["gdn_tree_verify", "gdn_tree_verify_folding", "gdn_tree_verify_recurrent", "check_verify_inputs"]
 
 
 def gdn_tree_verify(q, k, v, g, beta, state, parents, cu_nodes, *, scale=None,
-                    meta: TreeMeta | None = None, pending=None):
+                    meta: TreeMeta | None = None):
     """Every node's output as if the recurrence ran along its own root path only.
 
     Args: q, k [N, H, K] (L2-normalised here, as Qwen3.5/3.6's GDN does); v [N, HV, V];
@@ -25,15 +25,24 @@ def gdn_tree_verify(q, k, v, g, beta, state, parents, cu_nodes, *, scale=None,
     trees.  ``scale`` (K^-1/2 if None) multiplies q.  ``meta``: the round's ``TreeMeta``,
     built by the caller from these trees; the inputs are then taken as checked and the call is
     free of host syncs (CUDA graphs).  Without it the inputs are checked (one-line
-    ``SimtreeError``) and the meta is built here.  ``pending``: the ``GDNPendingPath`` of a
-    deferred commit (``deferred.py``): its waiting paths are folded into ``state`` first (the
-    state is then written, once), the verify runs on the folded state.
+    ``SimtreeError``) and the meta is built here.  A deferred commit's verify:
+    :func:`gdn_tree_verify_folding`.
 
     Returns (out [N, HV, V] in q's dtype, ``GDNTreeCache`` for ``gdn_tree_commit``).  The
     Triton path computes in fp32 (fp64 inputs too).
     """
     return launched_verify(q, k, v, g, beta, state, parents, cu_nodes, scale=scale, meta=meta,
-                           check=meta is None, pending=pending)
+                           check=meta is None)
+
+
+def gdn_tree_verify_folding(q, k, v, g, beta, state, pending, parents, cu_nodes, *,
+                            meta: TreeMeta | None = None):
+    """:func:`gdn_tree_verify` after a deferred commit (``deferred.py``): ``pending``'s waiting
+    paths (a ``GDNPendingPath``) are folded into ``state`` first, in the same kernel (the state
+    is written once), and the trees are verified on the folded state.  q is scaled by K^-1/2
+    (Qwen3.5/3.6's GDN).  Returns (out, ``GDNTreeCache``) as :func:`gdn_tree_verify`."""
+    return launched_verify(q, k, v, g, beta, state, parents, cu_nodes, meta=meta, check=meta is None,
+                           pending=pending)
 
 
 def gdn_tree_verify_recurrent(q, k, v, g, beta, state, parents, cu_nodes, *, scale=None,

@@ -36,7 +36,7 @@ import torch
 import torch.nn.functional as F
 
 from simtree.errors import SimtreeError
-from simtree.kernels.gdn import (gdn_defer_commit, gdn_fold_pending, gdn_tree_commit, gdn_tree_verify,
+from simtree.kernels.gdn import (gdn_defer_commit, gdn_fold_pending, gdn_tree_commit, gdn_tree_verify, gdn_tree_verify_folding,
                                  tree_meta, verify_round_meta)
 from simtree.kernels.gdn.ops import recurrent_step
 from simtree.models import ModelShape
@@ -308,8 +308,11 @@ def gdn_core_verify(d: QwenDims, pre: GdnPre, ssm: torch.Tensor, rm: QwenRound, 
     unless ``path`` (a deferred commit's ``GDNPendingPath``) holds a waiting path: that is
     folded in first, in the same kernel."""
     with kernel_core("gdn_tree_verify"):
+        if path is not None:
+            return gdn_tree_verify_folding(pre.q, pre.k, pre.v, pre.g, pre.beta, ssm, path, rm.parents, rm.cu,
+                                           meta=rm.gdn)
         return gdn_tree_verify(pre.q, pre.k, pre.v, pre.g, pre.beta, ssm, rm.parents, rm.cu, scale=d.gK ** -0.5,
-                               meta=rm.gdn, pending=path)
+                               meta=rm.gdn)
 
 
 def gdn_core_decode(d: QwenDims, pre: GdnPre, ssm: torch.Tensor, conv_state: torch.Tensor, rm: QwenRound,
