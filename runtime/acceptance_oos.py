@@ -9,7 +9,8 @@ the drafter) and its tokenizer, live on the full runtime (:mod:`.target_trace`):
 1. the held-out ShareGPT prompts (:func:`simtree.runtime.data.prompts`: odd records, which the
    target never trained on) split in two: ``fit`` (the first half) and ``heldout``; HumanEval
    prompts 132+ (never trained on) are ``heldout`` too;
-2. every split decoded with every policy (linear, EAGLE and best-first trees) and traced;
+2. every split decoded with every policy (linear, EAGLE and best-first trees, cost_aware and
+   batch_alloc deciding with the shipped H200 Qwen3.6-27B bundle: ``COSTS``) and traced;
 3. the acceptance model fitted on ONE run: the linear chain (``FIT_POLICY``, the drafter's
    top-8 logged at each drafted position) on the ``fit`` prompts
    (:func:`simtree.acceptance.fit.fit_confidence`);
@@ -34,6 +35,7 @@ import torch
 
 from simtree.acceptance.fit import fit_confidence
 from simtree.acceptance.oos import oos_summary, oos_table, summary_markdown
+from simtree.costs.model import load_costs
 from simtree.data import data_path
 from simtree.errors import SimtreeError
 from simtree.fileio import write_text_atomic
@@ -43,7 +45,7 @@ from .data import prompts as load_prompts
 from .full.build import build_model
 from .target_trace import policy_name, trace_policies
 
-__all__ = ["run_oos", "DEFAULT_MODEL", "FIT_POLICY", "POLICIES"]
+__all__ = ["run_oos", "DEFAULT_MODEL", "FIT_POLICY", "POLICIES", "COSTS"]
 
 DEFAULT_MODEL = data_path("models", "qwen3.5-tiny-sharegpt")
 FIT_POLICY = ("linear", {"budget": 16})
@@ -53,9 +55,14 @@ POLICIES = [("linear", {"budget": 4}), ("linear", {"budget": 8}),
             ("best_first", {"budget": 4, "width": 1, "draft_depth": 3}),
             ("best_first", {"budget": 8, "width": 1, "draft_depth": 5}),
             ("best_first", {"budget": 12, "width": 1, "draft_depth": 6}),
-            ("best_first", {"budget": 16, "width": 1, "draft_depth": 8})]
+            ("best_first", {"budget": 16, "width": 1, "draft_depth": 8}),
+            ("cost_aware", {"max_budget": 16, "draft_depth": 6}),
+            ("batch_alloc", {"max_budget_per_seq": 8, "draft_depth": 6})]
+# the bundle cost_aware and batch_alloc weigh tree size against verify cost with (measured and
+# predicted alike): the shipped H200 Qwen3.6-27B one
+COSTS = data_path("costs", "h200_qwen3.6-27b_tp1.json")
 FULL = {"prompts": 24, "max_new_tokens": 96, "policies": POLICIES}
-QUICK = {"prompts": 3, "max_new_tokens": 16, "policies": [POLICIES[3], POLICIES[7]]}
+QUICK = {"prompts": 3, "max_new_tokens": 16, "policies": [POLICIES[3], POLICIES[7], POLICIES[10]]}
 
 
 def _splits(tok: BpeTokenizer, n: int) -> list[tuple[str, str, list[list[int]]]]:
@@ -71,13 +78,14 @@ def run_oos(model_dir, settings: dict, traces=None, say=print) -> dict:
     model_dir = Path(model_dir)
     model = build_model(str(model_dir), device="cpu", dtype=torch.float32)
     tok = BpeTokenizer.from_file(model_dir)
+    costs = load_costs(COSTS)
     fit_name = policy_name(*FIT_POLICY)
     runs, lossless, acc_model = [], {}, None
     for workload, split, ids in _splits(tok, settings["prompts"]):
         t0 = time.perf_counter()
         out = None if traces is None else Path(traces) / split
         done = trace_policies(model, ids, [("none", {}), FIT_POLICY, *settings["policies"]],
-                              settings["max_new_tokens"], workload, out=out, say=say)
+                              settings["max_new_tokens"], workload, out=out, say=say, costs=costs)
         plain = done.pop("none")["outputs"]
         lossless[f"{workload} {split}"] = {name: r["outputs"] == plain for name, r in done.items()}
         if split == "fit":
@@ -85,9 +93,11 @@ def run_oos(model_dir, settings: dict, traces=None, say=print) -> dict:
         for name, r in done.items():
             in_sample = split == "fit" and name == fit_name
             runs.append({"drafter": "mtp", "policy": name, "mode": r["mode"], "params": r["params"],
-                         "workload": workload, "split": "in_sample" if in_sample else split, "records": r["records"]})
-        say(f"{workload} {split}: {len(done)} policies, {time.perf_counter() - t0:.0f}s")
-    df = oos_table(acc_model, runs)
+                         "workload": workload, "split": "in_sample" if in_sample else split, "records": r["records"],
+                         "batch_size": len(ids), "context_len": r["context_len"]})
+        if say is not None:
+            say(f"{workload} {split}: {len(done)} policies, {time.perf_counter() - t0:.0f}s")
+    df = oos_table(acc_model, runs, costs)
     return {"table": df, "summary": oos_summary(df), "lossless": lossless}
 
 

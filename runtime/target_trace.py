@@ -48,6 +48,10 @@ def policy_name(mode: str, params: dict) -> str:
         return f"best_first_d{p['budget']}_p{p['draft_depth']}"
     if mode == "linear":
         return f"linear_d{p['budget']}"
+    if mode == "cost_aware":
+        return f"cost_aware_max{p['max_budget']}_p{p['draft_depth']}"
+    if mode == "batch_alloc":
+        return f"batch_alloc_max{p['max_budget_per_seq']}_p{p['draft_depth']}"
     return mode
 
 
@@ -131,9 +135,11 @@ def _records(rounds: list[dict], mode: str, workload: str, batch_size: int, max_
 
 @torch.no_grad()
 def trace_policies(model, prompt_ids: list[list[int]], policies: list[tuple[str, dict]], max_new_tokens: int,
-                   workload: str, out=None, say=None) -> dict:
-    """{policy name: {"records": [TraceRecord], "outputs": [[int]], "path": trace file or None}} for
-    each (mode, params); ``model``: a built full-runtime model (``build_model``)."""
+                   workload: str, out=None, say=None, costs=None) -> dict:
+    """{policy name: {"records": [TraceRecord], "outputs": [[int]], "path": trace file or None,
+    "context_len": mean context over the kept rounds}} for each (mode, params); ``model``: a
+    built full-runtime model (``build_model``); ``costs``: the bundle cost_aware and batch_alloc
+    decide their budgets with."""
     runs = {}
     for mode, params in policies:
         spec = PolicySpec.from_dict(mode, dict(params))
@@ -141,7 +147,7 @@ def trace_policies(model, prompt_ids: list[list[int]], policies: list[tuple[str,
         probe = _Observed(model, TOPK)
         source = _Recorder(probe, chain_topk=(mode == "linear"))
         max_len = max(map(len, prompt_ids)) + max_new_tokens + rs.budget + 2
-        engine = FullEngine(probe, rs, len(prompt_ids), max_len, source=source, graphs=False)
+        engine = FullEngine(probe, rs, len(prompt_ids), max_len, source=source, graphs=False, costs=costs)
         engine.prefill(prompt_ids)
         engine.run(max_new_tokens=max_new_tokens)
         name = policy_name(mode, params)
@@ -161,6 +167,7 @@ def trace_policies(model, prompt_ids: list[list[int]], policies: list[tuple[str,
             path.unlink()
             path = None
         runs[name] = {"mode": mode, "params": dict(params), "records": records, "path": path,
+                      "context_len": float(np.mean([r.context_len for r in records])) if records else 0.0,
                       "outputs": [o[:max_new_tokens] for o in engine.outputs()]}
         if say is not None:
             acc = np.mean([r.num_accepted + 1 for r in records]) if records else float("nan")

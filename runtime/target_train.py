@@ -6,7 +6,9 @@ One bounded call, from scratch: a BPE tokenizer (:mod:`.bpe`, or ``--tokenizer``
 over the training text, then :class:`.target_model.TargetWithMTP` trained on random windows of
 its token stream (next-token + MTP loss), AdamW with linear warm-up and cosine decay, gradient
 clipping 1.0.  Deterministic on CPU for a given seed and step count (one thread, seeded windows
-and initialisation).  ``max_seconds`` stops early and publishes what it has (the record says so).
+and initialisation).  ``max_seconds`` stops early and publishes what it has (the record says so);
+``steps`` 0 sets the step count from the pace of the first ``AUTO_PROBE`` steps so that the
+cosine schedule ends within 90% of ``max_seconds`` (a bounded GPU run).
 
 Text: the split of :mod:`simtree.runtime.data` (even-indexed ShareGPT conversations of the
 first ``conversations`` x 2 records, HumanEval problems 0..131 train), documents joined by the
@@ -40,6 +42,7 @@ from .target_model import PRESETS, TargetWithMTP, hf_config, save_folder
 __all__ = ["TargetTrainConfig", "train_target", "corpus", "training_docs"]
 
 EVAL_WINDOWS = 32
+AUTO_PROBE = 20     # steps timed before an automatic step count is set
 
 
 @dataclass
@@ -61,7 +64,7 @@ class TargetTrainConfig:
     def validate(self) -> "TargetTrainConfig":
         if self.size not in PRESETS:
             raise SimtreeError(f"--size {self.size!r}: expected one of {', '.join(PRESETS)}")
-        check_int(self.steps, "--target-steps", 1)
+        check_int(self.steps, "--target-steps", 0)
         check_int(self.batch_size, "--batch-size", 1, 4096)
         check_int(self.seq_len, "--seq-len", 8, 4096)
         check_int(self.conversations, "--conversations", 1)
@@ -86,13 +89,14 @@ def training_docs(conversations: int) -> tuple[list[str], list[str]]:
 def corpus(tok: BpeTokenizer, docs: list[str]) -> np.ndarray:
     """One int32 stream: each document after an ``<|endoftext|>``."""
     ids = []
-    for d in docs:
-        ids.extend(tok.encode(d, add_bos=True))
+    for enc in tok.tokenizer.encode_batch(docs, add_special_tokens=False):
+        ids.append(tok.bos_id)
+        ids.extend(enc.ids)
     return np.asarray(ids, np.int32)
 
 
-def _lr(cfg: TargetTrainConfig, step: int) -> float:
-    return cfg.lr * min(1.0, (step + 1) / cfg.warmup) * 0.5 * (1 + math.cos(math.pi * step / cfg.steps))
+def _lr(cfg: TargetTrainConfig, step: int, steps: int) -> float:
+    return cfg.lr * min(1.0, (step + 1) / cfg.warmup) * 0.5 * (1 + math.cos(math.pi * min(step / steps, 1.0)))
 
 
 def _windows(stream: np.ndarray, starts, seq_len: int, device) -> torch.Tensor:
@@ -145,9 +149,15 @@ def train_target(out, cfg: TargetTrainConfig | None = None, overwrite: bool = Fa
         return torch.autocast("cuda", dtype=torch.bfloat16) if cuda else torch.autocast("cpu", enabled=False)
 
     log = ["step,lr,lm_loss,mtp_loss,heldout_lm_loss,heldout_mtp_loss,seconds"]
+    # steps 0: as many as fit max_seconds at the pace of the first AUTO_PROBE steps (a GPU run)
+    steps = cfg.steps or 10 ** 9
     t0, step, tail, held_loss = time.perf_counter(), 0, [], None
-    while step < cfg.steps:
-        lr = _lr(cfg, step)
+    while step < steps:
+        if not cfg.steps and step == AUTO_PROBE:
+            pace = (time.perf_counter() - t0) / AUTO_PROBE
+            steps = max(AUTO_PROBE + 1, int(0.9 * cfg.max_seconds / pace))
+            say(f"{pace * 1e3:.0f} ms per step: {steps} steps fit {cfg.max_seconds:g} s")
+        lr = _lr(cfg, step, steps)
         for g in opt.param_groups:
             g["lr"] = lr
         win = _windows(stream, rng.integers(0, stream.size - cfg.seq_len - 1, cfg.batch_size), cfg.seq_len, cfg.device)
@@ -164,19 +174,19 @@ def train_target(out, cfg: TargetTrainConfig | None = None, overwrite: bool = Fa
         seconds = time.perf_counter() - t0
         stop = seconds > cfg.max_seconds
         row = [step, f"{lr:.6g}", f"{parts['lm']:.4f}", f"{parts['mtp']:.4f}", "", ""]
-        if step % cfg.eval_every == 0 or step == cfg.steps or stop:
+        if step % cfg.eval_every == 0 or step == steps or stop:
             held_loss = _heldout(model, eval_batches, autocast)
             row[4:6] = [f"{held_loss['lm']:.4f}", f"{held_loss['mtp']:.4f}"]
-            say(f"step {step}/{cfg.steps}: loss {parts['lm']:.3f} (mtp {parts['mtp']:.3f}), held-out "
+            say(f"step {step}/{steps}: loss {parts['lm']:.3f} (mtp {parts['mtp']:.3f}), held-out "
                 f"{held_loss['lm']:.3f} (mtp {held_loss['mtp']:.3f}), {seconds:.0f}s")
         log.append(",".join(map(str, row)) + f",{seconds:.1f}")
         if progress is not None:
             progress(step, parts["lm"])
-        if stop and step < cfg.steps:
-            say(f"stopped by max_seconds {cfg.max_seconds:g} at step {step}/{cfg.steps}")
+        if stop and step < steps:
+            say(f"stopped by max_seconds {cfg.max_seconds:g} at step {step}/{steps}")
             break
     record = {"schema": "simtree.target_training/1", "settings": asdict(cfg), "parameters": n_params,
-              "steps": step, "complete": step == cfg.steps, "tokens_in_corpus": int(stream.size),
+              "steps": step, "planned_steps": steps, "complete": step == steps, "tokens_in_corpus": int(stream.size),
               "heldout_tokens": int(held.size), "tokens_seen": step * cfg.batch_size * cfg.seq_len,
               "final_lm_loss": float(np.mean([p["lm"] for p in tail])),
               "final_mtp_loss": float(np.mean([p["mtp"] for p in tail])),

@@ -108,19 +108,26 @@ def test_traced_live_decoding_is_lossless_and_writes_valid_records(folder, tmp_p
     assert (tmp_path / "sharegpt_linear_d5.jsonl").exists()
 
 
-def test_cpu_training_writes_a_whole_folder_and_refuses_to_overwrite(tmp_path):
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
     from simtree.runtime.target_train import TargetTrainConfig, train_target
     cfg = TargetTrainConfig(size="test", steps=3, batch_size=2, seq_len=16, conversations=6, vocab_size=300,
                             eval_every=2, warmup=1)
-    rec = train_target(tmp_path / "m", cfg)
-    names = {p.name for p in (tmp_path / "m").iterdir()}
+    path = tmp_path_factory.mktemp("train") / "m"
+    return cfg, path, train_target(path, cfg)
+
+
+def test_cpu_training_writes_a_whole_folder_and_refuses_to_overwrite(trained, tmp_path):
+    from simtree.runtime.target_train import TargetTrainConfig, train_target
+    cfg, path, rec = trained
+    names = {p.name for p in path.iterdir()}
     assert names == {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", "training.json",
                      "training_log.csv"}
     assert rec["complete"] and np.isfinite(rec["heldout_lm_loss"]) and rec["steps"] == 3
-    assert len((tmp_path / "m" / "training_log.csv").read_text().splitlines()) == 4
-    assert build_model(str(tmp_path / "m"), device="cpu", dtype=torch.float32).random_weights == []
+    assert len((path / "training_log.csv").read_text().splitlines()) == 4
+    assert build_model(str(path), device="cpu", dtype=torch.float32).random_weights == []
     with pytest.raises(SimtreeError, match="already holds files"):
-        train_target(tmp_path / "m", cfg)
+        train_target(path, cfg)
     with pytest.raises(SimtreeError, match="--size"):
         train_target(tmp_path / "x", TargetTrainConfig(size="huge"))
 
@@ -139,3 +146,17 @@ def test_shipped_target_is_trained_and_its_mtp_layer_drafts_accepted_tokens():
     runs = trace_policies(built, ids, [("none", {}), ("linear", {"budget": 4})], 16, "sharegpt")
     assert runs["linear_d4"]["outputs"] == runs["none"]["outputs"]
     assert np.mean([r.num_accepted for r in runs["linear_d4"]["records"]]) > 0.3
+
+
+def test_acceptance_table_has_every_run_and_predicts_from_the_linear_fit_alone(trained):
+    from simtree.acceptance.oos import COLUMNS, oos_summary
+    from simtree.runtime.acceptance_oos import POLICIES, run_oos
+    _, path, _ = trained
+    res = run_oos(path, {"prompts": 2, "max_new_tokens": 6, "policies": [POLICIES[2], POLICIES[-1]]}, say=None)
+    df = res["table"]
+    assert list(df.columns) == COLUMNS and len(df) == 9
+    assert (df["split"] == "in_sample").sum() == 1 and set(df["workload"]) == {"sharegpt", "humaneval"}
+    assert np.allclose(df["rel_err"], df["predicted_accepted"] / df["measured_accepted"] - 1)
+    assert all(all(v.values()) for v in res["lossless"].values())
+    s = oos_summary(df)
+    assert s["out_of_sample"]["rows"] == 8 and "mtp batch_alloc" in s["by_drafter_shape"]

@@ -15,7 +15,7 @@ import pandas as pd
 
 from simtree.acceptance.predict import accepted_per_round
 
-__all__ = ["COLUMNS", "measured_accepted", "oos_table", "oos_summary", "summary_markdown", "TARGETS"]
+__all__ = ["COLUMNS", "measured_accepted", "predicted_accepted", "oos_table", "oos_summary", "summary_markdown", "TARGETS"]
 
 COLUMNS = ["drafter", "policy", "workload", "split", "measured_accepted", "predicted_accepted", "rel_err"]
 TARGETS = {"median_abs_rel_err": 0.03, "max_abs_rel_err": 0.08}
@@ -26,13 +26,30 @@ def measured_accepted(records) -> float:
     return float(np.mean([r.num_accepted + 1 for r in records])) if records else float("nan")
 
 
-def oos_table(model, runs: list[dict]) -> pd.DataFrame:
+def predicted_accepted(model, mode: str, params: dict, costs=None, batch_size: int = 1,
+                       context_len: float = 0.0) -> float:
+    """Accepted tokens per round (bonus included) the acceptance ``model`` predicts for a policy;
+    cost_aware and batch_alloc: the simulator's analytic decision at ``context_len`` for
+    ``batch_size`` under ``costs`` (each level's budget, the levels weighed as its rounds spread)."""
+    if mode not in ("cost_aware", "batch_alloc"):
+        return accepted_per_round(model, mode, params)
+    from simtree.planning.adaptive import AdaptiveRounds
+    from simtree.planning.modes import PolicySpec
+    ad = AdaptiveRounds(model, PolicySpec.from_dict(mode, dict(params)), costs, batch_size)
+    nodes, weights = ad.decide(float(context_len))
+    gain = 1.0 + np.array([ad.phi(lv, int(n)) for lv, n in enumerate(nodes)])
+    return float(np.asarray(weights) @ gain)
+
+
+def oos_table(model, runs: list[dict], costs=None) -> pd.DataFrame:
     """Rows of :data:`COLUMNS` for ``runs`` (dicts: drafter, policy, mode, params, workload, split,
-    records), each predicted by the acceptance ``model``."""
+    records, and for the adaptive modes batch_size and context_len), each predicted by the
+    acceptance ``model`` (:func:`predicted_accepted`; ``costs``: the adaptive modes' bundle)."""
     rows = []
     for run in runs:
         measured = measured_accepted(run["records"])
-        predicted = accepted_per_round(model, run["mode"], run["params"])
+        predicted = predicted_accepted(model, run["mode"], run["params"], costs, run.get("batch_size", 1),
+                                       run.get("context_len", 0.0))
         rows.append({"drafter": run["drafter"], "policy": run["policy"], "workload": run["workload"],
                      "split": run["split"], "measured_accepted": measured, "predicted_accepted": predicted,
                      "rel_err": predicted / measured - 1.0})
@@ -48,7 +65,7 @@ def oos_summary(df: pd.DataFrame) -> dict:
     """|rel_err| over the out-of-sample rows (every split but ``in_sample``), overall and per
     (drafter, policy family) and per (workload, split); whether the targets are met."""
     oos = df[df["split"] != "in_sample"]
-    family = oos["policy"].str.replace(r"_(s|d)\d.*$", "", regex=True)
+    family = oos["policy"].str.extract(r"^(best_first|cost_aware|batch_alloc|[a-z]+)", expand=False)
     out = {"out_of_sample": _stats(oos["rel_err"]), "targets": TARGETS,
            "by_drafter_shape": {f"{d} {f}": _stats(g["rel_err"]) for (d, f), g in oos.groupby([oos["drafter"], family])},
            "by_workload_split": {f"{w} {s}": _stats(g["rel_err"]) for (w, s), g in oos.groupby(["workload", "split"])},

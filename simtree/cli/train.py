@@ -131,5 +131,5 @@ def _train_target(out, size, steps, batch_size, seq_len, lr, seed, max_seconds, 
     if json_out:
         typer.echo(json.dumps(rec, indent=2, allow_nan=False))
         return
-    typer.echo(f"target ({rec['parameters']} parameters): {rec['steps']}/{steps} steps, held-out loss "
+    typer.echo(f"target ({rec['parameters']} parameters): {rec['steps']}/{rec['planned_steps']} steps, held-out loss "
                f"{rec['heldout_lm_loss']:.3f} (MTP {rec['heldout_mtp_loss']:.3f}), {rec['train_seconds']} s -> {out}")
