@@ -61,7 +61,7 @@ POLICIES = [("linear", {"budget": 4}), ("linear", {"budget": 8}),
 # the bundle cost_aware and batch_alloc weigh tree size against verify cost with (measured and
 # predicted alike): the shipped H200 Qwen3.6-27B one
 COSTS = data_path("costs", "h200_qwen3.6-27b_tp1.json")
-FULL = {"prompts": 24, "max_new_tokens": 96, "policies": POLICIES}
+FULL = {"prompts": 32, "max_new_tokens": 64, "policies": POLICIES}
 QUICK = {"prompts": 3, "max_new_tokens": 16, "policies": [POLICIES[3], POLICIES[7], POLICIES[10]]}
 
 

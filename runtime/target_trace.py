@@ -55,6 +55,11 @@ def policy_name(mode: str, params: dict) -> str:
     return mode
 
 
+def _np(t: torch.Tensor) -> np.ndarray:
+    """A copy on the host (the engine reuses its buffers every round; a CPU tensor's numpy() is a view)."""
+    return t.detach().cpu().numpy().copy()
+
+
 class _Observed:
     """The model, with its ``draft_logits`` and ``verify`` calls observed (everything else passes)."""
 
@@ -72,13 +77,13 @@ class _Observed:
         probs = torch.softmax(logits.float(), -1)
         p, i = probs.topk(min(self._k, probs.shape[-1]), -1)
         if hidden.dim() == 2:
-            self.first = (i.cpu().numpy(), p.cpu().numpy())
+            self.first = (_np(i), _np(p))
         else:   # [B, frontier, K]: the chain's (frontier 1) next position
-            self.steps.append((i[:, 0].cpu().numpy(), p[:, 0].cpu().numpy()))
+            self.steps.append((_np(i[:, 0]), _np(p[:, 0])))
         return logits
 
     def verify(self, st, tokens, parents):
-        self.context = st.lengths.cpu().numpy().copy()
+        self.context = _np(st.lengths)
         return self._model.verify(st, tokens, parents)
 
 
@@ -95,10 +100,9 @@ class _Recorder(Live):
             pos = [self.probe.first, *self.probe.steps]
             topk = (np.stack([t for t, _ in pos], 1), np.stack([p for _, p in pos], 1))   # [B, P, K]
         self.probe.steps = []
-        self.rounds.append({"tokens": tree.tokens.cpu().numpy(), "parents": tree.parents.cpu().numpy(),
-                            "score": tree.score.float().cpu().numpy(), "rank": tree.rank.cpu().numpy(),
-                            "valid": tree.valid.cpu().numpy(), "target": target_next.cpu().numpy(),
-                            "accepted": acc.cpu().numpy(), "context": self.probe.context, "topk": topk})
+        self.rounds.append({"tokens": _np(tree.tokens), "parents": _np(tree.parents), "score": _np(tree.score.float()),
+                            "rank": _np(tree.rank), "valid": _np(tree.valid), "target": _np(target_next),
+                            "accepted": _np(acc), "context": self.probe.context, "topk": topk})
         return acc
 
 
@@ -146,7 +150,9 @@ def trace_policies(model, prompt_ids: list[list[int]], policies: list[tuple[str,
         rs = round_shape(spec)
         probe = _Observed(model, TOPK)
         source = _Recorder(probe, chain_topk=(mode == "linear"))
-        max_len = max(map(len, prompt_ids)) + max_new_tokens + rs.budget + 2
+        # the static batch decodes until its slowest sequence has max_new_tokens: a faster one
+        # gains up to path_rows tokens in each of those (at most max_new_tokens) rounds
+        max_len = max(map(len, prompt_ids)) + max_new_tokens * max(rs.path_rows, 1) + rs.budget + 2
         engine = FullEngine(probe, rs, len(prompt_ids), max_len, source=source, graphs=False, costs=costs)
         engine.prefill(prompt_ids)
         engine.run(max_new_tokens=max_new_tokens)
