@@ -34,7 +34,7 @@ from pathlib import Path
 import torch
 
 from simtree.acceptance.fit import fit_confidence
-from simtree.acceptance.oos import oos_summary, oos_table, summary_markdown
+from simtree.acceptance.oos import COLUMNS, oos_summary, oos_table, summary_markdown
 from simtree.costs.model import load_costs
 from simtree.data import data_path
 from simtree.errors import SimtreeError
@@ -129,7 +129,7 @@ def main(argv=None) -> int:
               f"{info['fit_run']} ({settings['prompts']} prompts, {settings['max_new_tokens']} new tokens each); "
               "every other row is predicted from that fit.",
               f"Greedy decoding lossless in every run: {all(all(v.values()) for v in res['lossless'].values())}."]
-    write_text_atomic(out / "acceptance_out_of_sample.csv", df.to_csv(index=False, float_format="%.5f"))
+    write_text_atomic(out / "acceptance_out_of_sample.csv", df[COLUMNS].to_csv(index=False, float_format="%.5f"))
     write_text_atomic(out / "acceptance_out_of_sample.md", summary_markdown(df, s, header))
     write_text_atomic(out / "acceptance_out_of_sample.json", json.dumps(info, indent=1) + "\n")
     o = s["out_of_sample"]

@@ -154,9 +154,11 @@ def test_acceptance_table_has_every_run_and_predicts_from_the_linear_fit_alone(t
     _, path, _ = trained
     res = run_oos(path, {"prompts": 2, "max_new_tokens": 6, "policies": [POLICIES[2], POLICIES[-1]]}, say=None)
     df = res["table"]
-    assert list(df.columns) == COLUMNS and len(df) == 9
+    assert list(df.columns) == [*COLUMNS, "measured_se"] and len(df) == 9
     assert (df["split"] == "in_sample").sum() == 1 and set(df["workload"]) == {"sharegpt", "humaneval"}
     assert np.allclose(df["rel_err"], df["predicted_accepted"] / df["measured_accepted"] - 1)
     assert all(all(v.values()) for v in res["lossless"].values())
     s = oos_summary(df)
     assert s["out_of_sample"]["rows"] == 8 and "mtp batch_alloc" in s["by_drafter_shape"]
+    assert set(s["measured_se_rel"]) == {"sharegpt fit", "sharegpt heldout", "humaneval heldout"}
+    assert s["prompt_halves_gap"]["workload"] == "sharegpt" and s["prompt_halves_gap"]["max"] >= 0
