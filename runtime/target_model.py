@@ -42,7 +42,7 @@ PRESETS = {
                 linear_key_head_dim=32, linear_value_head_dim=32),
     "gpu": dict(hidden_size=384, intermediate_size=1024, num_hidden_layers=8, num_attention_heads=6,
                 num_key_value_heads=2, head_dim=64, linear_num_key_heads=4, linear_num_value_heads=8,
-                linear_key_head_dim=64, linear_value_head_dim=48),
+                linear_key_head_dim=64, linear_value_head_dim=64),
 }
 
 
