@@ -13,7 +13,10 @@ HELP = ("Train the small target and draft models that the runtime ships.\n\n"
         "counts; --restart starts over. The shipped models (simtree/data/models) are only replaced "
         "with --overwrite-shipped.\n\n"
         "Example: simtree train --target-steps 250 --draft-steps 600 --out simtree_models  "
-        "(then: simtree run --models simtree_models)")
+        "(then: simtree run --models simtree_models)\n\n"
+        "--arch qwen3_5_text trains a Qwen3.5-architecture target with its MTP layer and a BPE "
+        "tokenizer instead (one bounded call, a Hugging Face folder: simtree run --model OUT). "
+        "Example: simtree train --arch qwen3_5_text --size cpu --target-steps 2000 --out qwen-tiny")
 
 
 def register(app: typer.Typer) -> None:
@@ -40,6 +43,14 @@ def register(app: typer.Typer) -> None:
                                                            "(replaces the models `simtree run` uses by default)"),
         resume: bool = typer.Option(False, hidden=True),
         json_out: bool = typer.Option(False, "--json", help="print the summary as JSON"),
+        arch: str = typer.Option("byte", help="byte (the runtime's byte-level target and draft) or "
+                                              "qwen3_5_text (a Qwen3.5-architecture target + MTP layer)"),
+        size: str = typer.Option("cpu", help="qwen3_5_text: test | cpu | gpu (runtime/target_model.py PRESETS)"),
+        vocab_size: int = typer.Option(2048, help="qwen3_5_text: BPE vocabulary"),
+        tokenizer: Path = typer.Option(None, help="qwen3_5_text: reuse this tokenizer.json (else trained)"),
+        device: str = typer.Option("cpu", help="qwen3_5_text: cpu or cuda"),
+        conversations: int = typer.Option(2000, help="qwen3_5_text: ShareGPT records x 2 read (even ones train)"),
+        overwrite: bool = typer.Option(False, help="qwen3_5_text: replace a non-empty --out"),
     ) -> None:
         from rich.console import Console
         from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
@@ -47,6 +58,12 @@ def register(app: typer.Typer) -> None:
         from simtree.errors import SimtreeError
         from simtree.runtime.train import TrainConfig, TrainingInterrupted, train_models
 
+        if arch == "qwen3_5_text":
+            _train_target(out, size, target_steps, batch_size, seq_len, lr, seed, max_seconds, vocab_size,
+                          tokenizer, device, conversations, overwrite, json_out)
+            return
+        if arch != "byte":
+            raise SimtreeError(f"--arch must be 'byte' or 'qwen3_5_text', got {arch!r}")
         if resume:
             raise SimtreeError("--resume is gone: rerunning the same command continues an interrupted job; "
                                "--extend trains finished models on to more steps")
@@ -100,3 +117,19 @@ def register(app: typer.Typer) -> None:
         typer.echo(f"{', '.join(parts)} -> {out}")
         if any(summary[n]["status"] == "stopped" for n in cfg.models):
             typer.echo("stopped early by --max-seconds: rerun the same command to continue")
+
+
+def _train_target(out, size, steps, batch_size, seq_len, lr, seed, max_seconds, vocab_size, tokenizer, device,
+                  conversations, overwrite, json_out) -> None:
+    from simtree.runtime.target_train import TargetTrainConfig, train_target
+
+    cfg = TargetTrainConfig(size=size, steps=steps, batch_size=batch_size, seq_len=seq_len, lr=lr, seed=seed,
+                            max_seconds=max_seconds, vocab_size=vocab_size, device=device,
+                            conversations=conversations, tokenizer=None if tokenizer is None else str(tokenizer))
+    say = None if json_out else (lambda line: typer.echo(line, err=True))
+    rec = train_target(out, cfg, overwrite=overwrite, events=say)
+    if json_out:
+        typer.echo(json.dumps(rec, indent=2, allow_nan=False))
+        return
+    typer.echo(f"target ({rec['parameters']} parameters): {rec['steps']}/{rec['planned_steps']} steps, held-out loss "
+               f"{rec['heldout_lm_loss']:.3f} (MTP {rec['heldout_mtp_loss']:.3f}), {rec['train_seconds']} s -> {out}")

@@ -1,0 +1,145 @@
+"""Acceptance predicted out of sample on the trained Qwen3.5-architecture target (CPU).
+
+    python -m simtree.runtime.acceptance_oos --out reports/validation            # the shipped table
+    python -m simtree.runtime.acceptance_oos --quick --out /tmp/oos              # a small check
+
+With the checkpoint ``--model`` (default: the shipped ``qwen3.5-tiny-sharegpt``, its MTP layer
+the drafter) and its tokenizer, live on the full runtime (:mod:`.target_trace`):
+
+1. the held-out ShareGPT prompts (:func:`simtree.runtime.data.prompts`: odd records, which the
+   target never trained on) split in two: ``fit`` (the first half) and ``heldout``; HumanEval
+   prompts 132+ (never trained on) are ``heldout`` too;
+2. every split decoded with every policy (linear, EAGLE and best-first trees, cost_aware and
+   batch_alloc deciding with the shipped H200 Qwen3.6-27B bundle: ``COSTS``) and traced;
+3. the acceptance model fitted on ONE run: the linear chain (``FIT_POLICY``, the drafter's
+   top-8 logged at each drafted position) on the ``fit`` prompts
+   (:func:`simtree.acceptance.fit.fit_confidence`);
+4. every run's mean accepted tokens per round predicted from that fit and compared
+   (:mod:`simtree.acceptance.oos`): trees are out of sample in the policy, the ``heldout`` rows
+   in the prompts as well (HumanEval in the workload too); the fitted run is ``in_sample``.
+
+Writes ``acceptance_out_of_sample.csv``, ``acceptance_out_of_sample.md`` (a generated summary)
+and ``acceptance_out_of_sample.json`` (settings, summary, the decode's lossless check: every
+policy's outputs equal plain decoding's) atomically under ``--out``; ``--traces DIR`` keeps
+the traces.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from simtree.acceptance.fit import fit_confidence
+from simtree.acceptance.oos import COLUMNS, oos_summary, oos_table, summary_markdown
+from simtree.costs.model import load_costs
+from simtree.data import data_path
+from simtree.errors import SimtreeError
+from simtree.fileio import write_text_atomic
+
+from .bpe import BpeTokenizer
+from .data import prompts as load_prompts
+from .full.build import build_model
+from .target_trace import policy_name, trace_policies
+
+__all__ = ["run_oos", "DEFAULT_MODEL", "FIT_POLICY", "POLICIES", "COSTS"]
+
+DEFAULT_MODEL = data_path("models", "qwen3.5-tiny-sharegpt")
+FIT_POLICY = ("linear", {"budget": 16})
+POLICIES = [("linear", {"budget": 4}), ("linear", {"budget": 8}),
+            ("eagle", {"num_steps": 3, "topk": 2, "budget": 4}), ("eagle", {"num_steps": 4, "topk": 2, "budget": 8}),
+            ("eagle", {"num_steps": 4, "topk": 4, "budget": 12}), ("eagle", {"num_steps": 6, "topk": 3, "budget": 16}),
+            ("best_first", {"budget": 4, "width": 1, "draft_depth": 3}),
+            ("best_first", {"budget": 8, "width": 1, "draft_depth": 5}),
+            ("best_first", {"budget": 12, "width": 1, "draft_depth": 6}),
+            ("best_first", {"budget": 16, "width": 1, "draft_depth": 8}),
+            ("cost_aware", {"max_budget": 16, "draft_depth": 6}),
+            ("batch_alloc", {"max_budget_per_seq": 8, "draft_depth": 6})]
+# the bundle cost_aware and batch_alloc weigh tree size against verify cost with (measured and
+# predicted alike): the shipped H200 Qwen3.6-27B one
+COSTS = data_path("costs", "h200_qwen3.6-27b_tp1.json")
+FULL = {"prompts": 64, "max_new_tokens": 64, "policies": POLICIES}   # HumanEval holds 32 held-out prompts
+QUICK = {"prompts": 3, "max_new_tokens": 16, "policies": [POLICIES[3], POLICIES[7], POLICIES[10]]}
+
+
+def _splits(tok: BpeTokenizer, n: int) -> list[tuple[str, str, list[list[int]]]]:
+    share = [tok.encode(p) for p in load_prompts("sharegpt", 2 * n)]
+    if len(share) < 2 * n:
+        raise SimtreeError(f"only {len(share)} ShareGPT prompts in the packaged text, {2 * n} asked for")
+    code = [tok.encode(p) for p in load_prompts("humaneval", n)]
+    return [("sharegpt", "fit", share[:n]), ("sharegpt", "heldout", share[n:]), ("humaneval", "heldout", code)]
+
+
+def run_oos(model_dir, settings: dict, traces=None, say=print) -> dict:
+    torch.set_num_threads(1)
+    model_dir = Path(model_dir)
+    model = build_model(str(model_dir), device="cpu", dtype=torch.float32)
+    tok = BpeTokenizer.from_file(model_dir)
+    costs = load_costs(COSTS)
+    fit_name = policy_name(*FIT_POLICY)
+    runs, lossless, acc_model, counts = [], {}, None, {}
+    for workload, split, ids in _splits(tok, settings["prompts"]):
+        counts[f"{workload} {split}"] = len(ids)
+        t0 = time.perf_counter()
+        out = None if traces is None else Path(traces) / split
+        done = trace_policies(model, ids, [("none", {}), FIT_POLICY, *settings["policies"]],
+                              settings["max_new_tokens"], workload, out=out, say=say, costs=costs)
+        plain = done.pop("none")["outputs"]
+        lossless[f"{workload} {split}"] = {name: r["outputs"] == plain for name, r in done.items()}
+        if split == "fit":
+            acc_model = fit_confidence(done[fit_name]["records"], workload)
+        for name, r in done.items():
+            in_sample = split == "fit" and name == fit_name
+            runs.append({"drafter": "mtp", "policy": name, "mode": r["mode"], "params": r["params"],
+                         "workload": workload, "split": "in_sample" if in_sample else split, "records": r["records"],
+                         "batch_size": len(ids), "context_len": r["context_len"]})
+        if say is not None:
+            say(f"{workload} {split}: {len(done)} policies, {time.perf_counter() - t0:.0f}s")
+    df = oos_table(acc_model, runs, costs)
+    return {"table": df, "summary": oos_summary(df), "lossless": lossless, "prompts": counts}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default=str(DEFAULT_MODEL), help="qwen3_5_text folder with its tokenizer.json")
+    ap.add_argument("--out", default="reports/validation", help="folder for the table and its summary")
+    ap.add_argument("--traces", default=None, help="keep the traces in this folder")
+    ap.add_argument("--quick", action="store_true", help="3 prompts per split, two trees (a check, not a result)")
+    args = ap.parse_args(argv)
+    settings = dict(QUICK if args.quick else FULL)
+    t0 = time.perf_counter()
+    try:
+        res = run_oos(args.model, settings, args.traces)
+    except SimtreeError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    out, df, s = Path(args.out), res["table"], res["summary"]
+    cmd = "python -m simtree.runtime.acceptance_oos" + (" --quick" if args.quick else "") + f" --out {args.out}"
+    if args.model != str(DEFAULT_MODEL):
+        cmd += f" --model {args.model}"
+    info = {"command": cmd, "model": Path(args.model).name, "fit_run": f"{policy_name(*FIT_POLICY)} on sharegpt fit",
+            "settings": {**settings, "policies": [policy_name(*p) for p in settings["policies"]]},
+            "prompts": res["prompts"], "seconds": round(time.perf_counter() - t0, 1), "torch_threads": 1, "summary": s,
+            "lossless": res["lossless"]}
+    header = ["# Acceptance predicted out of sample", "",
+              f"Generated by `{cmd}` ({info['seconds']:.0f} s, CPU). Target: `{info['model']}` (Qwen3.5 architecture, "
+              "trained on the ShareGPT training split), drafter: its MTP layer. Fitted on one run: "
+              f"{info['fit_run']}; every other row is predicted from that fit. Prompts per split: "
+              + ", ".join(f"{k} {v}" for k, v in res["prompts"].items())
+              + f"; {settings['max_new_tokens']} new tokens each, one static batch per split and policy.",
+              f"Greedy decoding lossless in every run: {all(all(v.values()) for v in res['lossless'].values())}."]
+    write_text_atomic(out / "acceptance_out_of_sample.csv", df[COLUMNS].to_csv(index=False, float_format="%.5f"))
+    write_text_atomic(out / "acceptance_out_of_sample.md", summary_markdown(df, s, header))
+    write_text_atomic(out / "acceptance_out_of_sample.json", json.dumps(info, indent=1) + "\n")
+    o = s["out_of_sample"]
+    print(f"wrote {out / 'acceptance_out_of_sample.csv'}: {len(df)} rows; out of sample |rel_err| median "
+          f"{100 * o['median_abs_rel_err']:.2f}%, worst {100 * o['max_abs_rel_err']:.2f}% (targets 3% / 8%), "
+          f"{info['seconds']:.0f}s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

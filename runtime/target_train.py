@@ -1,0 +1,208 @@
+"""Train the Qwen3.5-architecture target and its MTP layer on the packaged text (CPU or GPU).
+
+    simtree train --arch qwen3_5_text --size cpu --target-steps 2000 --out DIR
+
+One bounded call, from scratch: a BPE tokenizer (:mod:`.bpe`, or ``--tokenizer`` to reuse one)
+over the training text, then :class:`.target_model.TargetWithMTP` trained on random windows of
+its token stream (next-token + MTP loss), AdamW with linear warm-up and cosine decay, gradient
+clipping 1.0.  Deterministic on CPU for a given seed and step count (one thread, seeded windows
+and initialisation).  ``max_seconds`` stops early and publishes what it has (the record says so);
+``steps`` 0 sets the step count from the pace of the first ``AUTO_PROBE`` steps so that the
+cosine schedule ends within 90% of ``max_seconds`` (a bounded GPU run).
+
+Text: the split of :mod:`simtree.runtime.data` (even-indexed ShareGPT conversations of the
+first ``conversations`` x 2 records, HumanEval problems 0..131 train), documents joined by the
+tokenizer's ``<|endoftext|>``.  Held-out loss: fixed windows of the odd-indexed ShareGPT
+conversations (the prompts' side of the split), every ``eval_every`` steps and at the end.
+
+The folder (written only when training ends; a folder already there is refused unless
+``overwrite``): ``config.json`` + ``model.safetensors`` (:func:`.target_model.save_folder`),
+``tokenizer.json`` + ``tokenizer_config.json``, ``training.json`` (settings, losses, seconds) and
+``training_log.csv`` (step, lr, lm_loss, mtp_loss, heldout_lm_loss, heldout_mtp_loss, seconds).
+"""
+from __future__ import annotations
+
+import json
+import math
+import shutil
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from simtree.errors import SimtreeError, check_int
+from simtree.fileio import write_text_atomic
+
+from .bpe import BpeTokenizer, train_tokenizer, write_tokenizer
+from .data import HUMANEVAL_TRAIN, humaneval_problems, sharegpt_records
+from .target_model import PRESETS, TargetWithMTP, hf_config, save_folder
+
+__all__ = ["TargetTrainConfig", "train_target", "corpus", "training_docs"]
+
+EVAL_WINDOWS = 32
+AUTO_PROBE = 20     # steps timed before an automatic step count is set
+
+
+@dataclass
+class TargetTrainConfig:
+    size: str = "cpu"
+    steps: int = 2000
+    batch_size: int = 16
+    seq_len: int = 128
+    lr: float = 2e-3
+    warmup: int = 50
+    seed: int = 0
+    vocab_size: int = 2048
+    conversations: int = 2000
+    max_seconds: float = 1200.0
+    eval_every: int = 250
+    device: str = "cpu"
+    tokenizer: str | None = None
+
+    def validate(self) -> "TargetTrainConfig":
+        if self.size not in PRESETS:
+            raise SimtreeError(f"--size {self.size!r}: expected one of {', '.join(PRESETS)}")
+        check_int(self.steps, "--target-steps", 0)
+        check_int(self.batch_size, "--batch-size", 1, 4096)
+        check_int(self.seq_len, "--seq-len", 8, 4096)
+        check_int(self.conversations, "--conversations", 1)
+        check_int(self.eval_every, "eval_every", 1)
+        if not (self.lr > 0 and math.isfinite(self.lr)):
+            raise SimtreeError(f"--lr must be a positive number, got {self.lr}")
+        if self.device.startswith("cuda") and not torch.cuda.is_available():
+            raise SimtreeError(f"--device {self.device}: no CUDA device here")
+        return self
+
+
+def training_docs(conversations: int) -> tuple[list[str], list[str]]:
+    """(training documents, held-out documents) - see the module docstring (the file's first
+    ``conversations`` x 16 KiB hold more than 2 x ``conversations`` records)."""
+    recs = sharegpt_records(2 * conversations, max_bytes=max(8 << 20, conversations << 14))
+    train = ["\n\n".join(c["value"] for c in conv) for conv in recs[::2]]
+    train += [p["prompt"] + p["canonical_solution"] for p in humaneval_problems()[:HUMANEVAL_TRAIN]]
+    held = ["\n\n".join(c["value"] for c in conv) for conv in recs[1::2][-200:]]
+    return [d for d in train if d.strip()], [d for d in held if d.strip()]
+
+
+def corpus(tok: BpeTokenizer, docs: list[str]) -> np.ndarray:
+    """One int32 stream: each document after an ``<|endoftext|>``."""
+    ids = []
+    for enc in tok.tokenizer.encode_batch(docs, add_special_tokens=False):
+        ids.append(tok.bos_id)
+        ids.extend(enc.ids)
+    return np.asarray(ids, np.int32)
+
+
+def _lr(cfg: TargetTrainConfig, step: int, steps: int) -> float:
+    return cfg.lr * min(1.0, (step + 1) / cfg.warmup) * 0.5 * (1 + math.cos(math.pi * min(step / steps, 1.0)))
+
+
+def _windows(stream: np.ndarray, starts, seq_len: int, device) -> torch.Tensor:
+    return torch.from_numpy(np.stack([stream[s:s + seq_len + 1] for s in starts]).astype(np.int64)).to(device)
+
+
+@torch.no_grad()
+def _heldout(model: TargetWithMTP, batches: list[torch.Tensor], autocast) -> dict:
+    model.eval()
+    parts = []
+    for win in batches:
+        with autocast():
+            parts.append(model.loss(win)[1])
+    model.train()
+    return {k: float(np.mean([p[k] for p in parts])) for k in ("lm", "mtp")}
+
+
+def train_target(out, cfg: TargetTrainConfig | None = None, overwrite: bool = False, progress=None,
+                 events=None) -> dict:
+    """Train (module docstring) and write the folder ``out``; returns training.json's dict."""
+    cfg = (cfg or TargetTrainConfig()).validate()
+    out = Path(out)
+    if out.exists() and (not out.is_dir() or any(out.iterdir())) and not overwrite:
+        raise SimtreeError(f"--out {out} already holds files: pass --overwrite to replace them, or choose another")
+    say = events or (lambda line: None)
+    t_start = time.perf_counter()
+    cuda = cfg.device.startswith("cuda")
+    if not cuda:
+        torch.set_num_threads(1)
+    train_docs, held_docs = training_docs(cfg.conversations)
+    tok = (BpeTokenizer.from_file(cfg.tokenizer) if cfg.tokenizer
+           else BpeTokenizer(train_tokenizer(train_docs, cfg.vocab_size)))
+    stream, held = corpus(tok, train_docs), corpus(tok, held_docs)
+    if min(stream.size, held.size) <= cfg.seq_len + 1:
+        raise SimtreeError(f"--seq-len {cfg.seq_len} is too long for the text ({stream.size} training tokens, "
+                           f"{held.size} held out)")
+    say(f"tokenizer: {tok.vocab_size} tokens; corpus {stream.size} training tokens, {held.size} held out "
+        f"({time.perf_counter() - t_start:.0f}s)")
+    torch.manual_seed(cfg.seed)
+    model = TargetWithMTP(hf_config(cfg.size, tok.vocab_size, max_positions=max(4096, 2 * cfg.seq_len))).to(cfg.device)
+    model.train()
+    n_params = sum(p.numel() for p in model.parameters())
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=0.01)
+    rng = np.random.default_rng(cfg.seed)
+    held_rng = np.random.default_rng(cfg.seed + 1)
+    eval_batches = [_windows(held, held_rng.integers(0, held.size - cfg.seq_len - 1, min(cfg.batch_size, 16)),
+                             cfg.seq_len, cfg.device) for _ in range(max(EVAL_WINDOWS // min(cfg.batch_size, 16), 1))]
+
+    def autocast():
+        return torch.autocast("cuda", dtype=torch.bfloat16) if cuda else torch.autocast("cpu", enabled=False)
+
+    log = ["step,lr,lm_loss,mtp_loss,heldout_lm_loss,heldout_mtp_loss,seconds"]
+    # steps 0: as many as fit max_seconds at the pace of the first AUTO_PROBE steps (a GPU run)
+    steps = cfg.steps or 10 ** 9
+    t0, step, tail, held_loss = time.perf_counter(), 0, [], None
+    while step < steps:
+        if not cfg.steps and step == AUTO_PROBE:
+            pace = (time.perf_counter() - t0) / AUTO_PROBE
+            steps = max(AUTO_PROBE + 1, int(0.9 * cfg.max_seconds / pace))
+            say(f"{pace * 1e3:.0f} ms per step: {steps} steps fit {cfg.max_seconds:g} s")
+        lr = _lr(cfg, step, steps)
+        for g in opt.param_groups:
+            g["lr"] = lr
+        win = _windows(stream, rng.integers(0, stream.size - cfg.seq_len - 1, cfg.batch_size), cfg.seq_len, cfg.device)
+        with autocast():
+            loss, parts = model.loss(win)
+        if not math.isfinite(parts["lm"]):
+            raise SimtreeError(f"training diverged at step {step} (loss {parts['lm']}): lower --lr")
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        step += 1
+        tail = (tail + [parts])[-20:]
+        seconds = time.perf_counter() - t0
+        stop = seconds > cfg.max_seconds
+        row = [step, f"{lr:.6g}", f"{parts['lm']:.4f}", f"{parts['mtp']:.4f}", "", ""]
+        if step % cfg.eval_every == 0 or step == steps or stop:
+            held_loss = _heldout(model, eval_batches, autocast)
+            row[4:6] = [f"{held_loss['lm']:.4f}", f"{held_loss['mtp']:.4f}"]
+            say(f"step {step}/{steps}: loss {parts['lm']:.3f} (mtp {parts['mtp']:.3f}), held-out "
+                f"{held_loss['lm']:.3f} (mtp {held_loss['mtp']:.3f}), {seconds:.0f}s")
+        log.append(",".join(map(str, row)) + f",{seconds:.1f}")
+        if progress is not None:
+            progress(step, parts["lm"])
+        if stop and step < steps:
+            say(f"stopped by max_seconds {cfg.max_seconds:g} at step {step}/{steps}")
+            break
+    record = {"schema": "simtree.target_training/1", "settings": asdict(cfg), "parameters": n_params,
+              "steps": step, "planned_steps": steps, "complete": step == steps, "tokens_in_corpus": int(stream.size),
+              "heldout_tokens": int(held.size), "tokens_seen": step * cfg.batch_size * cfg.seq_len,
+              "final_lm_loss": float(np.mean([p["lm"] for p in tail])),
+              "final_mtp_loss": float(np.mean([p["mtp"] for p in tail])),
+              "heldout_lm_loss": held_loss["lm"], "heldout_mtp_loss": held_loss["mtp"],
+              "train_seconds": round(time.perf_counter() - t0, 1),
+              "total_seconds": round(time.perf_counter() - t_start, 1), "torch": torch.__version__,
+              "device": torch.cuda.get_device_name() if cuda else "cpu"}
+    staging = out.with_name(f".{out.name}.partial")
+    shutil.rmtree(staging, ignore_errors=True)
+    write_tokenizer(tok.tokenizer, staging)
+    dtype = torch.bfloat16 if cuda else torch.float32
+    save_folder(model.float().cpu(), staging, dtype=dtype,
+                extra_files={"training.json": json.dumps(record, indent=1) + "\n",
+                             "training_log.csv": "\n".join(log) + "\n"})
+    if out.exists():
+        shutil.rmtree(out)
+    staging.rename(out)
+    record["out"] = str(out)
+    return record

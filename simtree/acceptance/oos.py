@@ -1,0 +1,134 @@
+"""Acceptance predicted out of sample: a model fitted on some traces, scored on others.
+
+The table (``reports/validation/acceptance_out_of_sample.csv``, written by
+``python -m simtree.runtime.acceptance_oos``): one row per (drafter, policy, workload, split)
+run, its measured mean accepted tokens per round (bonus included) beside the prediction of the
+acceptance model fitted on the fit run alone (:func:`simtree.acceptance.fit.fit_confidence` on a
+linear run's traces; :func:`simtree.acceptance.predict.accepted_per_round` for every policy).
+``split``: ``fit`` (the prompts the model was fitted on: out of sample in the policy unless the
+row is the fitted run itself, ``in_sample`` then) or ``heldout`` (prompts the fit never saw).
+"""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from simtree.acceptance.predict import accepted_per_round
+from simtree.acceptance.traces import sequence_ids
+
+__all__ = ["COLUMNS", "measured_accepted", "predicted_accepted", "oos_table", "oos_summary", "summary_markdown", "TARGETS"]
+
+COLUMNS = ["drafter", "policy", "workload", "split", "measured_accepted", "predicted_accepted", "rel_err"]
+TARGETS = {"median_abs_rel_err": 0.03, "max_abs_rel_err": 0.08}
+
+
+def measured_accepted(records) -> float:
+    """Mean tokens a sequence gains per round (accepted drafts + the bonus) over the records."""
+    return float(np.mean([r.num_accepted + 1 for r in records])) if records else float("nan")
+
+
+def measured_se(records, resamples: int = 400, seed: int = 0) -> float:
+    """One standard error of :func:`measured_accepted` from resampling whole sequences (a
+    sequence's rounds are correlated): how far another draw of as many prompts would land."""
+    if not records:
+        return float("nan")
+    seq = sequence_ids(records)
+    gained = np.array([r.num_accepted + 1 for r in records], np.float64)
+    sums, counts = np.bincount(seq, gained), np.bincount(seq).astype(np.float64)
+    pick = np.random.default_rng(seed).integers(0, sums.size, (resamples, sums.size))
+    return float(np.std(sums[pick].sum(1) / counts[pick].sum(1), ddof=1))
+
+
+def predicted_accepted(model, mode: str, params: dict, costs=None, batch_size: int = 1,
+                       context_len: float = 0.0) -> float:
+    """Accepted tokens per round (bonus included) the acceptance ``model`` predicts for a policy;
+    cost_aware and batch_alloc: the simulator's analytic decision at ``context_len`` for
+    ``batch_size`` under ``costs`` (each level's budget, the levels weighed as its rounds spread)."""
+    if mode not in ("cost_aware", "batch_alloc"):
+        return accepted_per_round(model, mode, params)
+    from simtree.planning.adaptive import AdaptiveRounds
+    from simtree.planning.modes import PolicySpec
+    ad = AdaptiveRounds(model, PolicySpec.from_dict(mode, dict(params)), costs, batch_size)
+    nodes, weights = ad.decide(float(context_len))
+    gain = 1.0 + np.array([ad.phi(lv, int(n)) for lv, n in enumerate(nodes)])
+    return float(np.asarray(weights) @ gain)
+
+
+def oos_table(model, runs: list[dict], costs=None) -> pd.DataFrame:
+    """Rows of :data:`COLUMNS` (and ``measured_se``, :func:`measured_se`) for ``runs`` (dicts:
+    drafter, policy, mode, params, workload, split, records, and for the adaptive modes
+    batch_size and context_len), each predicted by the acceptance ``model``
+    (:func:`predicted_accepted`; ``costs``: the adaptive modes' bundle)."""
+    rows = []
+    for run in runs:
+        measured = measured_accepted(run["records"])
+        predicted = predicted_accepted(model, run["mode"], run["params"], costs, run.get("batch_size", 1),
+                                       run.get("context_len", 0.0))
+        rows.append({"drafter": run["drafter"], "policy": run["policy"], "workload": run["workload"],
+                     "split": run["split"], "measured_accepted": measured, "predicted_accepted": predicted,
+                     "rel_err": predicted / measured - 1.0, "measured_se": measured_se(run["records"])})
+    return pd.DataFrame(rows, columns=[*COLUMNS, "measured_se"])
+
+
+def _stats(err: pd.Series) -> dict:
+    a = err.abs()
+    return {"rows": int(a.size), "median_abs_rel_err": float(a.median()), "max_abs_rel_err": float(a.max())}
+
+
+def oos_summary(df: pd.DataFrame) -> dict:
+    """|rel_err| over the out-of-sample rows (every split but ``in_sample``), overall and per
+    (drafter, policy family) and per (workload, split); whether the targets are met."""
+    oos = df[df["split"] != "in_sample"]
+    family = oos["policy"].str.extract(r"^(best_first|cost_aware|batch_alloc|[a-z]+)", expand=False)
+    out = {"out_of_sample": _stats(oos["rel_err"]), "targets": TARGETS,
+           "by_drafter_shape": {f"{d} {f}": _stats(g["rel_err"]) for (d, f), g in oos.groupby([oos["drafter"], family])},
+           "by_workload_split": {f"{w} {s}": _stats(g["rel_err"]) for (w, s), g in oos.groupby(["workload", "split"])},
+           "in_sample": _stats(df.loc[df["split"] == "in_sample", "rel_err"]) if (df["split"] == "in_sample").any()
+           else None}
+    rel_se = df["measured_se"] / df["measured_accepted"] if "measured_se" in df else None
+    if rel_se is not None:
+        out["measured_se_rel"] = {f"{w} {s}": float(g.median()) for (w, s), g in
+                                  rel_se.groupby([df["workload"], df["split"].replace("in_sample", "fit")])}
+    share = df[df["workload"] == df["workload"].iloc[0]] if len(df) else df
+    halves = share.assign(half=share["split"].replace("in_sample", "fit")).pivot_table(
+        index="policy", columns="half", values="measured_accepted")
+    if {"fit", "heldout"} <= set(halves.columns):
+        gap = (halves["heldout"] / halves["fit"] - 1.0).abs()
+        out["prompt_halves_gap"] = {"workload": str(df["workload"].iloc[0]), "median": float(gap.median()),
+                                    "max": float(gap.max())}
+    o = out["out_of_sample"]
+    out["meets_targets"] = bool(o["median_abs_rel_err"] <= TARGETS["median_abs_rel_err"]
+                                and o["max_abs_rel_err"] <= TARGETS["max_abs_rel_err"])
+    return out
+
+
+def summary_markdown(df: pd.DataFrame, summary: dict, header: list[str]) -> str:
+    """A short generated summary: the header lines, the overall and grouped errors, the worst rows."""
+    def pct(x):
+        return f"{100 * x:.2f}%"
+    o, t = summary["out_of_sample"], summary["targets"]
+    lines = [*header, "",
+             f"Out of sample ({o['rows']} rows): median |error| {pct(o['median_abs_rel_err'])}, worst "
+             f"{pct(o['max_abs_rel_err'])} (targets {pct(t['median_abs_rel_err'])} / {pct(t['max_abs_rel_err'])}: "
+             f"{'met' if summary['meets_targets'] else 'not met'}).", ""]
+    if summary["in_sample"]:
+        lines += [f"In sample (the fitted run itself): |error| {pct(summary['in_sample']['max_abs_rel_err'])}.", ""]
+    if summary.get("measured_se_rel"):
+        lines += ["Sampling error of the measured means (one standard error, whole sequences resampled), median: "
+                  + ", ".join(f"{k} {pct(v)}" for k, v in summary["measured_se_rel"].items()) + "."]
+    if summary.get("prompt_halves_gap"):
+        g = summary["prompt_halves_gap"]
+        lines += [f"The same policy measured on the two {g['workload']} prompt halves differs by a median "
+                  f"{pct(g['median'])} (at most {pct(g['max'])}): no fit on one half predicts the other closer "
+                  "than the halves agree."]
+    lines.append("")
+    for key, title in (("by_drafter_shape", "drafter x shape"), ("by_workload_split", "workload x split")):
+        lines += [f"| {title} | rows | median abs err | worst |", "|---|---|---|---|"]
+        lines += [f"| {k} | {v['rows']} | {pct(v['median_abs_rel_err'])} | {pct(v['max_abs_rel_err'])} |"
+                  for k, v in summary[key].items()]
+        lines.append("")
+    worst = df[df["split"] != "in_sample"].assign(a=lambda d: d["rel_err"].abs()).nlargest(5, "a")
+    lines += ["Worst rows:", "", "| policy | workload | split | measured | predicted | error |", "|---|---|---|---|---|---|"]
+    lines += [f"| {r.policy} | {r.workload} | {r.split} | {r.measured_accepted:.3f} | {r.predicted_accepted:.3f} | "
+              f"{100 * r.rel_err:+.2f}% |" for r in worst.itertuples()]
+    return "\n".join(lines) + "\n"

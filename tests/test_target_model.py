@@ -1,0 +1,164 @@
+"""The Qwen3.5-architecture target trained on text (runtime/bpe.py, target_model.py,
+target_train.py, target_trace.py): the BPE tokenizer is deterministic and lossless on text; a
+TargetWithMTP folder loads in transformers (same logits) and in simtree's full runtime with its
+MTP layer (same first draft distribution as the training module's MTP forward); live decoding is
+lossless and its traces are valid v2 records; the CPU training path writes a whole folder; the
+shipped checkpoint is a trained one that its table's command reads."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+pytest.importorskip("tokenizers")
+
+from simtree.errors import SimtreeError  # noqa: E402
+from simtree.planning.simulate import PolicySpec  # noqa: E402
+from simtree.runtime.bpe import BpeTokenizer, train_tokenizer  # noqa: E402
+from simtree.runtime.full.build import build_model  # noqa: E402
+from simtree.runtime.full.drafting import round_shape  # noqa: E402
+from simtree.runtime.full.engine import FullEngine  # noqa: E402
+from simtree.runtime.target_model import TargetWithMTP, hf_config, load_folder, save_folder  # noqa: E402
+
+torch.set_num_threads(1)
+TEXTS = ["def add(a, b):\n    return a + b\n", "Hello, how are you today? I am fine, thank you.",
+         "The quick brown fox jumps over the lazy dog. " * 3, "Σ unicode → ok ✓"]
+POLICIES = [("none", {}), ("linear", {"budget": 5}), ("eagle", {"num_steps": 3, "topk": 2, "budget": 6}),
+            ("best_first", {"budget": 6, "width": 1, "draft_depth": 4})]
+
+
+def test_bpe_is_deterministic_and_round_trips_any_text(tmp_path):
+    a, b = train_tokenizer(TEXTS * 5, 300), train_tokenizer(TEXTS * 5, 300)
+    assert a.to_str() == b.to_str()
+    tok = BpeTokenizer(a)
+    for text in [*TEXTS, "never seen: 日本語 \x00 tabs\t"]:
+        ids = tok.encode(text)
+        assert ids[0] == tok.bos_id == 0 and tok.decode(ids) == text
+    assert len(tok.encode(TEXTS[2], add_bos=False)) < len(TEXTS[2].encode()) / 2   # merges learned
+    (tmp_path / "tokenizer.json").write_text("{nope")
+    with pytest.raises(SimtreeError, match="not a readable tokenizer"):
+        BpeTokenizer.from_file(tmp_path)
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    torch.manual_seed(0)
+    model = TargetWithMTP(hf_config("test", vocab_size=120)).eval()
+    with torch.no_grad():   # norms away from their zero init, so the checkpoint's 1 + w matters
+        for name, p in model.named_parameters():
+            if p.dim() == 1 and "norm" in name:
+                p.normal_(0, 0.3)
+    return model, save_folder(model, tmp_path_factory.mktemp("ckpt") / "tiny-qwen")
+
+
+def test_folder_loads_in_transformers_with_the_same_logits(folder):
+    from transformers import Qwen3_5ForCausalLM
+    model, path = folder
+    hf = Qwen3_5ForCausalLM.from_pretrained(path).eval()
+    ids = torch.randint(0, 120, (2, 11), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        assert torch.equal(hf(ids).logits, model.lm(ids).logits)
+    again = load_folder(path)
+    with torch.no_grad():
+        assert again.loss(ids)[0] == model.loss(ids)[0]
+    cfg = json.loads((path / "config.json").read_text())
+    assert cfg["model_type"] == "qwen3_5_text" and cfg["layer_types"].count("full_attention") == 1
+
+
+def test_full_runtime_reads_the_mtp_layer_as_trained(folder):
+    model, path = folder
+    built = build_model(str(path), device="cpu", dtype=torch.float32)
+    assert built.random_weights == [] and built.load_notes == []
+    prompts = [[0, 5, 17, 33, 2, 9, 100], [0, 44, 45]]
+    eng = FullEngine(built, round_shape(PolicySpec.from_dict("eagle", {"num_steps": 3, "topk": 3, "budget": 6})),
+                     2, 64, graphs=False)
+    eng.prefill(prompts)
+    for b, p in enumerate(prompts):
+        with torch.no_grad():
+            h = model.hidden(torch.tensor([p]))
+            first = int(model.lm.lm_head(h[0, -1]).argmax())
+            mh = model.mtp_hidden(torch.tensor([p[1:] + [first]]), h)
+            lp = torch.log_softmax(model.lm.lm_head(mh[0, -1]), -1).topk(3)
+        assert int(eng.roots[b]) == first
+        assert eng.first_ids[b].tolist() == lp.indices.tolist()
+        assert torch.allclose(eng.first_logp[b], lp.values, atol=1e-4)
+
+
+def test_traced_live_decoding_is_lossless_and_writes_valid_records(folder, tmp_path):
+    from simtree.runtime.target_trace import trace_policies
+    _, path = folder
+    built = build_model(str(path), device="cpu", dtype=torch.float32)
+    ids = [[0, 3, 4, 5, 6], [0, 7, 8, 9, 10, 11, 12], [0, 50]]
+    runs = trace_policies(built, ids, POLICIES, 10, "sharegpt", out=tmp_path)
+    plain = runs["none"]["outputs"]
+    assert all(r["outputs"] == plain for r in runs.values())
+    lin = runs["linear_d5"]["records"]
+    assert lin and all(r.topk_tokens.shape == (4, 8) and r.drafter == "mtp" for r in lin)
+    tree = runs["eagle_s3_k2_d6"]["records"]
+    assert tree and all(r.tree.num_nodes == 6 and r.topk_tokens is None for r in tree)
+    # the kept rounds decode each sequence's first 10 tokens, no more: their tokens add up
+    for run in runs.values():
+        recs = run["records"]
+        for s in range(3):
+            made = [r.num_accepted + 1 for r in recs if r.seq == s]
+            assert not made or (sum(made[:-1]) + 1 < 10 <= sum(made) + 1)
+    assert (tmp_path / "sharegpt_linear_d5.jsonl").exists()
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    from simtree.runtime.target_train import TargetTrainConfig, train_target
+    cfg = TargetTrainConfig(size="test", steps=3, batch_size=2, seq_len=16, conversations=6, vocab_size=300,
+                            eval_every=2, warmup=1)
+    path = tmp_path_factory.mktemp("train") / "m"
+    return cfg, path, train_target(path, cfg)
+
+
+def test_cpu_training_writes_a_whole_folder_and_refuses_to_overwrite(trained, tmp_path):
+    from simtree.runtime.target_train import TargetTrainConfig, train_target
+    cfg, path, rec = trained
+    names = {p.name for p in path.iterdir()}
+    assert names == {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", "training.json",
+                     "training_log.csv"}
+    assert rec["complete"] and np.isfinite(rec["heldout_lm_loss"]) and rec["steps"] == 3
+    assert len((path / "training_log.csv").read_text().splitlines()) == 4
+    assert build_model(str(path), device="cpu", dtype=torch.float32).random_weights == []
+    with pytest.raises(SimtreeError, match="already holds files"):
+        train_target(path, cfg)
+    with pytest.raises(SimtreeError, match="--size"):
+        train_target(tmp_path / "x", TargetTrainConfig(size="huge"))
+
+
+def test_shipped_target_is_trained_and_its_mtp_layer_drafts_accepted_tokens():
+    from simtree.runtime.acceptance_oos import DEFAULT_MODEL
+    from simtree.runtime.target_trace import trace_policies
+    if not (DEFAULT_MODEL / "model.safetensors").exists():
+        pytest.skip("the trained target is not shipped in this checkout")
+    rec = json.loads((DEFAULT_MODEL / "training.json").read_text())
+    assert rec["complete"] and rec["heldout_lm_loss"] < 0.8 * np.log(rec.get("vocab_size", 2048))
+    built = build_model(str(DEFAULT_MODEL), device="cpu", dtype=torch.float32)
+    assert built.random_weights == []
+    tok = BpeTokenizer.from_file(DEFAULT_MODEL)
+    ids = [tok.encode("Write a short story about a cat."), tok.encode("def fibonacci(n):\n")]
+    runs = trace_policies(built, ids, [("none", {}), ("linear", {"budget": 4})], 16, "sharegpt")
+    assert runs["linear_d4"]["outputs"] == runs["none"]["outputs"]
+    assert np.mean([r.num_accepted for r in runs["linear_d4"]["records"]]) > 0.3
+
+
+def test_acceptance_table_has_every_run_and_predicts_from_the_linear_fit_alone(trained):
+    from simtree.acceptance.oos import COLUMNS, oos_summary
+    from simtree.runtime.acceptance_oos import POLICIES, run_oos
+    _, path, _ = trained
+    res = run_oos(path, {"prompts": 2, "max_new_tokens": 6, "policies": [POLICIES[2], POLICIES[-1]]}, say=None)
+    df = res["table"]
+    assert list(df.columns) == [*COLUMNS, "measured_se"] and len(df) == 9
+    assert (df["split"] == "in_sample").sum() == 1 and set(df["workload"]) == {"sharegpt", "humaneval"}
+    assert np.allclose(df["rel_err"], df["predicted_accepted"] / df["measured_accepted"] - 1)
+    assert all(all(v.values()) for v in res["lossless"].values())
+    s = oos_summary(df)
+    assert s["out_of_sample"]["rows"] == 8 and "mtp batch_alloc" in s["by_drafter_shape"]
+    assert set(s["measured_se_rel"]) == {"sharegpt fit", "sharegpt heldout", "humaneval heldout"}
+    assert s["prompt_halves_gap"]["workload"] == "sharegpt" and s["prompt_halves_gap"]["max"] >= 0
