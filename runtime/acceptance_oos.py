@@ -15,11 +15,11 @@ the drafter) and its tokenizer, live on the full runtime (:mod:`.target_trace`):
    top-8 logged at each drafted position) on the ``fit`` prompts
    (:func:`simtree.acceptance.fit.fit_confidence`);
 4. every run's mean accepted tokens per round predicted from that fit and compared
-   (:mod:`simtree.acceptance.oos`): trees are out of sample in the policy, the ``heldout`` rows
+   (:mod:`simtree.planning.acceptance_oos`): trees are out of sample in the policy, the ``heldout`` rows
    in the prompts as well (HumanEval in the workload too); the fitted run is ``in_sample``.
 
-Writes ``acceptance_out_of_sample.csv``, ``acceptance_out_of_sample.md`` (a generated summary)
-and ``acceptance_out_of_sample.json`` (settings, summary, the decode's lossless check: every
+Writes ``acceptance_out_of_sample.csv`` and ``acceptance_out_of_sample.md`` (a generated summary
+ending in the run's settings, summary and the decode's lossless check as a JSON block: every
 policy's outputs equal plain decoding's) atomically under ``--out``; ``--traces DIR`` keeps
 the traces.
 """
@@ -34,7 +34,7 @@ from pathlib import Path
 import torch
 
 from simtree.acceptance.fit import fit_confidence
-from simtree.acceptance.oos import COLUMNS, oos_summary, oos_table, summary_markdown
+from simtree.planning.acceptance_oos import COLUMNS, oos_summary, oos_table, summary_markdown
 from simtree.costs.model import load_costs
 from simtree.data import data_path
 from simtree.errors import SimtreeError
@@ -132,8 +132,9 @@ def main(argv=None) -> int:
               + f"; {settings['max_new_tokens']} new tokens each, one static batch per split and policy.",
               f"Greedy decoding lossless in every run: {all(all(v.values()) for v in res['lossless'].values())}."]
     write_text_atomic(out / "acceptance_out_of_sample.csv", df[COLUMNS].to_csv(index=False, float_format="%.5f"))
-    write_text_atomic(out / "acceptance_out_of_sample.md", summary_markdown(df, s, header))
-    write_text_atomic(out / "acceptance_out_of_sample.json", json.dumps(info, indent=1) + "\n")
+    settings_block = "\n## Settings\n\n```json\n" + json.dumps(info, indent=1) + "\n```\n"
+    write_text_atomic(out / "acceptance_out_of_sample.md", summary_markdown(df, s, header).rstrip("\n") + "\n"
+                      + settings_block)
     o = s["out_of_sample"]
     print(f"wrote {out / 'acceptance_out_of_sample.csv'}: {len(df)} rows; out of sample |rel_err| median "
           f"{100 * o['median_abs_rel_err']:.2f}%, worst {100 * o['max_abs_rel_err']:.2f}% (targets 3% / 8%), "

@@ -4,7 +4,7 @@
 
 writes ``DIR/tokenizer.json`` (Hugging Face's format: ``tokenizers.Tokenizer.from_file`` and
 ``transformers.PreTrainedTokenizerFast(tokenizer_file=...)`` read it).  Training text: the
-training split of :func:`simtree.runtime.target_train.training_docs` (even-indexed ShareGPT
+training split of :func:`simtree.runtime.data.training_docs` (even-indexed ShareGPT
 conversations and HumanEval problems 0..131), the documents in their fixed order; the trainer is deterministic (the same
 text and vocabulary size give byte-identical files: ``tests/test_target_model.py``).  Byte-level
 pre-tokenisation with every byte in the initial alphabet: any text encodes, nothing is unknown.
@@ -88,7 +88,7 @@ def write_tokenizer(tok, folder) -> Path:
 
 
 def main(argv=None) -> int:
-    from simtree.runtime.target_train import training_docs
+    from simtree.runtime.data import training_docs
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True, help="folder for tokenizer.json")

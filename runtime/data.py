@@ -14,7 +14,7 @@ from importlib import resources
 
 from simtree.errors import SimtreeError
 
-__all__ = ["sharegpt_records", "humaneval_problems", "training_text", "prompts", "WORKLOADS"]
+__all__ = ["sharegpt_records", "humaneval_problems", "training_text", "training_docs", "prompts", "WORKLOADS"]
 
 WORKLOADS = ("sharegpt", "humaneval")
 HUMANEVAL_TRAIN = 132
@@ -77,3 +77,13 @@ def prompts(workload: str, count: int, max_chars: int = 160) -> list[str]:
     if workload == "humaneval":
         return [p["prompt"][-max_chars:] for p in humaneval_problems()[HUMANEVAL_TRAIN:][:count]]
     raise SimtreeError(f"unknown workload {workload!r}: expected one of {', '.join(WORKLOADS)}")
+
+
+def training_docs(conversations: int) -> tuple[list[str], list[str]]:
+    """(training documents, held-out documents) - see simtree.runtime.target_train's docstring (the file's first
+    ``conversations`` x 16 KiB hold more than 2 x ``conversations`` records)."""
+    recs = sharegpt_records(2 * conversations, max_bytes=max(8 << 20, conversations << 14))
+    train = ["\n\n".join(c["value"] for c in conv) for conv in recs[::2]]
+    train += [p["prompt"] + p["canonical_solution"] for p in humaneval_problems()[:HUMANEVAL_TRAIN]]
+    held = ["\n\n".join(c["value"] for c in conv) for conv in recs[1::2][-200:]]
+    return [d for d in train if d.strip()], [d for d in held if d.strip()]

@@ -36,10 +36,10 @@ from simtree.errors import SimtreeError, check_int
 from simtree.fileio import write_text_atomic
 
 from .bpe import BpeTokenizer, train_tokenizer, write_tokenizer
-from .data import HUMANEVAL_TRAIN, humaneval_problems, sharegpt_records
+from .data import training_docs
 from .target_model import PRESETS, TargetWithMTP, hf_config, save_folder
 
-__all__ = ["TargetTrainConfig", "train_target", "corpus", "training_docs"]
+__all__ = ["TargetTrainConfig", "train_target", "corpus"]
 
 EVAL_WINDOWS = 32
 AUTO_PROBE = 20     # steps timed before an automatic step count is set
@@ -74,16 +74,6 @@ class TargetTrainConfig:
         if self.device.startswith("cuda") and not torch.cuda.is_available():
             raise SimtreeError(f"--device {self.device}: no CUDA device here")
         return self
-
-
-def training_docs(conversations: int) -> tuple[list[str], list[str]]:
-    """(training documents, held-out documents) - see the module docstring (the file's first
-    ``conversations`` x 16 KiB hold more than 2 x ``conversations`` records)."""
-    recs = sharegpt_records(2 * conversations, max_bytes=max(8 << 20, conversations << 14))
-    train = ["\n\n".join(c["value"] for c in conv) for conv in recs[::2]]
-    train += [p["prompt"] + p["canonical_solution"] for p in humaneval_problems()[:HUMANEVAL_TRAIN]]
-    held = ["\n\n".join(c["value"] for c in conv) for conv in recs[1::2][-200:]]
-    return [d for d in train if d.strip()], [d for d in held if d.strip()]
 
 
 def corpus(tok: BpeTokenizer, docs: list[str]) -> np.ndarray:

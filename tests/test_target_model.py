@@ -149,7 +149,7 @@ def test_shipped_target_is_trained_and_its_mtp_layer_drafts_accepted_tokens():
 
 
 def test_acceptance_table_has_every_run_and_predicts_from_the_linear_fit_alone(trained):
-    from simtree.acceptance.oos import COLUMNS, oos_summary
+    from simtree.planning.acceptance_oos import COLUMNS, oos_summary
     from simtree.runtime.acceptance_oos import POLICIES, run_oos
     _, path, _ = trained
     res = run_oos(path, {"prompts": 2, "max_new_tokens": 6, "policies": [POLICIES[2], POLICIES[-1]]}, say=None)

@@ -28,7 +28,7 @@ from simtree.fileio import read_json, write_text_atomic
 
 __all__ = ["START", "END", "PLAN_TOLERANCE", "plan_gap", "plan_standing", "plan_gaps", "Folder", "FOLDERS", "headlines", "summary_table", "reports_index",
            "replace_block", "write_summary", "gdn_headline", "v4_headline", "profile_headline",
-           "fit_headline", "plan_headline", "acceptance_headline", "loop_headline", "lossless_headline", "cpu_host_headline",
+           "fit_headline", "plan_headline", "acceptance_headline", "floor_headline", "validation_headline", "loop_headline", "lossless_headline", "cpu_host_headline",
            "live_headline", "bench_serve_headline"]
 
 START, END = "<!-- summary:start -->", "<!-- summary:end -->"
@@ -183,16 +183,12 @@ def cpu_host_headline(folder: Path) -> str:
 
 
 def acceptance_headline(folder: Path) -> str:
-    """validation.csv and preset_calibration.csv: the trace-fitted model against measured trees
-    (median and worst |rel_err|) and the presets against the published V4-Flash table."""
-    val = _csv(folder / "validation.csv")
-    err = val["rel_err"].abs()
+    """preset_calibration.csv (the presets against the published V4-Flash table, in sample) and
+    published_holdout.json (the table split: fitted on its linear column, its trees predicted)."""
     cal = _csv(folder / "preset_calibration.csv")
     lin = cal[cal["shape"].str.endswith("accepted tokens") & cal["shape"].str.contains("_k1_")]
     gain = cal[cal["shape"].str.contains("gain over linear")]
-    text = (f"linear-trace fit predicts {len(val)} tree runs within {_pct(err.median(), 1)} median / "
-            f"{_pct(err.max(), 1)} worst (the tiny runtime's 32 prompts, fit and test on the same prompts); "
-            f"presets, in sample (fitted to the whole published V4-Flash table): linear within "
+    text = (f"presets, in sample (fitted to the whole published V4-Flash table): linear within "
             f"{(lin.preset - lin.published).abs().max():.3f} tokens, tree gains within "
             f"{(gain.preset - gain.published).abs().max():.1f} points")
     holdout = folder / "published_holdout.json"
@@ -263,9 +259,12 @@ def validation_headline(folder: Path) -> str:
     acc_path = folder / "acceptance_out_of_sample.csv"
     if acc_path.exists():
         acc = _csv(acc_path)
+        acc = acc[acc["split"] != "in_sample"]          # the fitted run itself is not a prediction
         aerr = acc["rel_err"].abs()
-        line += (f"; accepted tokens per round out of sample: median {_pct(aerr.median(), 1)}, worst "
-                 f"{_pct(aerr.max(), 1)} over {len(acc)} (drafter, policy, workload) rows")
+        worst = acc.loc[aerr.idxmax()]
+        line += (f"; accepted tokens per round of a trained Qwen3.5-architecture target, fitted on one linear run "
+                 f"and predicted for other policies and held-out prompts: median {_pct(aerr.median(), 1)}, worst "
+                 f"{_pct(aerr.max(), 1)} ({worst['workload']} {worst['policy']}) over {len(acc)} rows")
     return line
 
 
@@ -279,10 +278,33 @@ def h100_headline(folder: Path) -> str:
     t = t[t["op"] == "routed_experts"].pivot_table(index="tokens", columns="path", values="median_us")
     ratio = t["bf16"] / t["fp8"]
     faster = ratio[ratio > 1]
-    return (f"drafter C_d (block, TfM, DSpark) fitted with held-out median error {_pct(fit['heldout_median'].max(), 1)} "
+    text = (f"drafter C_d (block, TfM, DSpark) fitted with held-out median error {_pct(fit['heldout_median'].max(), 1)} "
             f"at worst ({'; '.join(parts)}); V4-Flash rank's routed experts in FP8 {_span(faster.values, 2)} faster "
             f"than bf16 at {int(faster.index.min())}-{int(faster.index.max())} tokens, "
             f"{_span((1 / ratio[ratio <= 1]).values, 2)} slower beyond")
+    if (folder / "floor.csv").exists():
+        text += "; " + floor_headline(_csv(folder / "floor.csv"))
+    return text
+
+
+def floor_headline(t: pd.DataFrame) -> str:
+    """floor.csv (profiler/bench/floor_table.py): GDN verify + commit and the V4 layer's verify
+    against their memory floors, beside issue-stated targets (1.4x at batch >= 16, 6 us at batch
+    1 n <= 16; V4 4x at batch, n <= 16, tree / linear 1.05)."""
+    parts = []
+    for kernel, label in (("gdn_verify+commit", "GDN verify + commit"), ("gdn_verify_fold+defer", "deferred")):
+        k = t[t["kernel"] == kernel]
+        if len(k):
+            big = k[(k["batch"] >= 16) & (k["nodes"] <= 128)]["ratio"].max()
+            one = k[(k["batch"] == 1) & (k["nodes"] <= 16)]["measured_us"].max()
+            parts.append(f"{label} at most {big:.2f}x the two-pass floor at batch >= 16 (target 1.4x), "
+                         f"{one:.1f} us at batch 1, n <= 16 (target 6)")
+    v4 = t[(t["kernel"] == "block_current") & (t["batch"] <= 16) & (t["nodes"] <= 16)]
+    if len(v4):
+        worst = v4.groupby("layer_kind")["ratio"].max()
+        parts.append("V4 layer verify at most " + ", ".join(f"{kind.upper()} {r:.1f}x" for kind, r in worst.items())
+                     + f" its memory floor (target 4x), tree / linear at most {v4['tree_over_linear'].max():.3f}")
+    return "; ".join(parts)
 
 
 def live_headline(folder: Path) -> str:
@@ -367,10 +389,10 @@ FOLDERS: tuple[Folder, ...] = (
            "workloads, batch 1-64)",
            "`simtree plan --out reports/h200/plan`", plan_headline),
     Folder("reports/acceptance", "Acceptance models",
-           "presets calibrated to the published V4-Flash MTP table; a linear-trace fit validated on "
-           "measured trees of the runtime's models",
+           "presets calibrated to the published V4-Flash MTP table, and the table split (linear column "
+           "fitted, trees predicted)",
            "`python -m simtree.acceptance.calibrate --out reports/acceptance` and "
-           "`python scripts/validate_acceptance.py --out reports/acceptance`", acceptance_headline),
+           "`python -m simtree.acceptance.holdout --traces T --out reports/acceptance`", acceptance_headline),
     Folder("reports/h200/live", "Full-scale runtime on the H200",
            "Qwen3.6-27B whole and one DeepSeek-V4-Flash ep=8 rank decoding under CUDA graphs: "
            "predicted vs measured per policy and batch, composed vs measured step, lossless check",
@@ -390,9 +412,11 @@ FOLDERS: tuple[Folder, ...] = (
            "`tar xzf reports/h100/live/sessions.tgz -C S && bash scripts/full_report.sh S reports/h100/live` (the "
            "archives of `bash scripts/full_gpu.sh MODEL` on an H100; it also writes the profiles shipped in "
            "simtree/data/profiles/h100 and the bundles frozen in reports/validation)", live_headline),
-    Folder("reports/h100", "Drafters and FP8 experts (H100)",
+    Folder("reports/h100", "Drafters, FP8 experts and verify floors (H100)",
            "the block, TfM and DSpark drafters' rounds profiled under CUDA graphs for both targets, their C_d "
-           "fits; FP8 against bf16 expert GEMMs of the V4-Flash ep=8 rank",
+           "fits; FP8 against bf16 expert GEMMs of the V4-Flash ep=8 rank; GDN and V4 verify against their "
+           "memory floor (floor.csv: `bash scripts/gdn_floor_gpu.sh`, `bash scripts/v4_floor_gpu.sh`, then "
+           "`python -m simtree.profiler.bench.floor_table --gdn D1 --v4 D2 --out reports/h100/floor.csv`)",
            "`bash scripts/drafters_gpu.sh` (both models into one OUT: the sweep appends to its table; here "
            "two H100 calls, one model each) then `python -m simtree.costs.drafter_fit "
            "reports/h100/drafters_profile.csv --out reports/h100/drafters_fit.csv`; `bash scripts/fp8_gpu.sh` "

@@ -1,0 +1,67 @@
+"""One table of the verify steps against their memory floor: the GDN floor benchmark's rows
+(``gdn_floor.py``: floor.csv + floor.json) and the V4 layer's (``v4_floor.py``: floor_v4.csv +
+floor_v4.json), in the columns kernel, layer_kind, batch, nodes, context, measured_us,
+floor_us, ratio, then the V4 rows' extras (tree_over_linear, compute_floor_us, ...) and each
+run's GPU and versions.
+
+    python -m simtree.profiler.bench.floor_table --gdn DIR --v4 DIR --out reports/h100/floor.csv
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import pandas as pd
+
+from simtree.errors import SimtreeError
+from simtree.fileio import write_text_atomic
+
+COLUMNS = ["kernel", "layer_kind", "batch", "nodes", "context", "measured_us", "floor_us", "ratio"]
+V4_NAMES = {"batch_size": "batch", "nodes_per_seq": "nodes", "context_len": "context"}
+
+
+def _read(folder: Path, table: str, meta: str) -> tuple[pd.DataFrame, dict]:
+    csv, js = folder / table, folder / meta
+    if not csv.is_file() or not js.is_file():
+        raise SimtreeError(f"{folder}: needs {table} and {meta} (the benchmark's output folder)")
+    return pd.read_csv(csv), json.loads(js.read_text())["env"]
+
+
+def floor_table(gdn: Path | None, v4: Path | None) -> pd.DataFrame:
+    parts = []
+    if gdn is not None:
+        df, env = _read(Path(gdn), "floor.csv", "floor.json")
+        bw = json.loads((Path(gdn) / "floor.json").read_text())["bandwidth"]["copy_GBps"]
+        parts.append(df[df["layer_kind"] == "gdn"].assign(gpu=env["gpu"], torch=env["torch"], triton=env["triton"],
+                                                          bandwidth_gbs=round(float(bw), 1)))
+    if v4 is not None:
+        df, env = _read(Path(v4), "floor_v4.csv", "floor_v4.json")
+        parts.append(df.rename(columns=V4_NAMES).assign(gpu=env["gpu"], torch=env["torch_version"],
+                                                        triton=env["triton_version"]))
+    if not parts:
+        raise SimtreeError("give --gdn DIR and / or --v4 DIR")
+    out = pd.concat(parts, ignore_index=True)
+    return out[COLUMNS + [c for c in out.columns if c not in COLUMNS]]
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--gdn", type=Path)
+    ap.add_argument("--v4", type=Path)
+    ap.add_argument("--out", type=Path, required=True)
+    args = ap.parse_args(argv)
+    try:
+        table = floor_table(args.gdn, args.v4)
+    except SimtreeError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    write_text_atomic(args.out, table.to_csv(index=False))
+    print(f"{len(table)} rows -> {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
