@@ -77,8 +77,9 @@ def test_running_acceptance_moves_the_choice(setup):
         ctl.observe(tier, np.zeros(16))
         modes.append(tier.spec.mode)
     assert first.spec.mode != "none" and ctl.ratio < 0.5
-    # mostly plain decoding, with the occasional probe as the evidence decays
-    assert modes[-200:].count("none") >= 0.5 * 200 and ctl.ratio < 0.2
+    # mostly plain decoding, with the occasional probe as the evidence decays (a probe that accepts
+    # nothing keeps the ratio down)
+    assert 0.5 * 200 <= modes[-200:].count("none") < 200 and ctl.ratio < 0.3
     assert ctl.switches <= ctl.max_switches
 
 

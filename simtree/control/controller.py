@@ -15,7 +15,8 @@ sequence-round), plus a prior of ``prior`` predicted drafts at ratio 1; as plain
 which measures no acceptance, lets the evidence decay, the prior brings r back toward 1 and
 speculation is tried again), and ranks the tiers by ``rate_t / penalty_t``, the rate a reply of
 ``tail_rounds`` rounds sees: ``penalty_t = E[tokens of a round] * E[h / tokens of h rounds]``
-(h = ``tail_rounds``; >= 1 by Jensen, the more so the likelier a round accepts nothing), so a
+(h = ``tail_rounds``, default 1: each round's expected time per token; >= 1 by Jensen, the more
+so the likelier a round accepts nothing), so a
 tier that wins on the mean by drafting a chain whose rounds often accept nothing ranks below a
 tree that rarely does: a short reply's time per token, the one a TPOT p99 is made of, stays
 low.  ``tail_rounds=0`` ranks by the mean alone.  It moves to the best tier only when the best
@@ -43,7 +44,7 @@ MARGIN = 0.02           # a tier must be predicted 2% faster than the current on
 MIN_DWELL_STEPS = 16    # and the current one must have run this many steps
 MEMORY = 2000           # sequence-rounds the running acceptance ratio remembers (decay 1 - 1/MEMORY each)
 PRIOR = 50.0            # predicted drafts' worth of belief in the acceptance model (ratio 1)
-TAIL_ROUNDS = 4         # the reply length (rounds, ~10 tokens) whose time per token ranks the tiers
+TAIL_ROUNDS = 1         # rounds of the reply whose time per token ranks the tiers (1: each round's own)
 DEFAULT_TIERS: tuple[PolicySpec, ...] = (
     (NoneParams(),) + tuple(LinearParams(d) for d in range(2, 8))
     + tuple(EagleParams(s, k, d) for s, k, d in [(2, 2, 4), (2, 2, 5), (2, 2, 6), (2, 2, 7), (3, 2, 6), (3, 2, 8),
