@@ -39,8 +39,20 @@ def test_bench_small(tmp_path):
         ctl = by.loc["controller"]
         assert ctl.switches <= ctl.steps // MIN_DWELL_STEPS
         assert np.isfinite(by.loc["sglang_dspark", "tok_s"]) and by.loc["sglang_dspark", "tok_s"] > 0
-    assert (tmp_path / "configs" / "qwen3.6-27b" / "adaptive_config.json").is_file()
-    assert "switch bound" in (tmp_path / "README.md").read_text()
+    # the files SGLang's and vLLM's policies ran on, read back by SGLang's own loaders
+    from sglang.srt.speculative.adaptive_spec_params import AdaptiveStepSlot, _load_adaptive_config
+    from sglang.srt.speculative.dspark_components.dspark_sps import load_sps_table_from_path
+
+    from simtree.serving.bench import read_vllm_tiers
+    cfg_dir = tmp_path / "configs" / "qwen3.6-27b"
+    cfg, slots = _load_adaptive_config(str(cfg_dir / "adaptive_config.json"))
+    assert 1 in slots and all(AdaptiveStepSlot(3, {**cfg, **e}).candidate_steps for e in slots.values())
+    assert type(load_sps_table_from_path(str(cfg_dir / "sps_table.json"))).__name__ == "SpsAdditiveCostTable"
+    assert read_vllm_tiers(cfg_dir / "vllm_tiers.json")[0][0] == 1
+    text = (tmp_path / "README.md").read_text()
+    assert f"switches <= steps // {MIN_DWELL_STEPS}" in text and "every controller run within it: yes" in text
+    assert "Targets over 2 points" in text and (df.tpot_p99_lo_ms <= df.tpot_p99_ms).all()
+    assert (df.tpot_p99_ms <= df.tpot_p99_hi_ms).all()
 
 
 def test_tier_table_not_covering_batch_1_is_one_line_and_writes_nothing(tmp_path):
@@ -53,3 +65,26 @@ def test_tier_table_not_covering_batch_1_is_one_line_and_writes_nothing(tmp_path
     r = CliRunner().invoke(app, ["bench-serve", "--out", str(out), "--threshold-tiers", str(tiers)])
     assert isinstance(r.exception, SimtreeError) and "does not cover batch 1" in str(r.exception)
     assert "\n" not in str(r.exception) and not out.exists()
+
+
+def test_live_report_section_kept_by_the_benchmark(tmp_path):
+    from simtree.serving.live_report import COLUMNS, SECTION, existing_section, live_section, main, merge_section
+    rows = [{c: 0 for c in COLUMNS} | {"phase": i, "batch_size": b, "new_tokens": 96, "rounds": 40, "tiers": "eagle_s2_k2_d5:40",
+             "measured_tpot_ms": 1.0, "predicted_tpot_ms": p, "predicted_model_tpot_ms": 1.02, "device": "GPU",
+             "costs": "costs.json", "prompts": "sharegpt", "controller_steps": 80, "controller_switches": 2,
+             "switch_bound": 5} for i, (b, p) in enumerate([(1, 1.05), (8, 0.97)])]
+    csv = tmp_path / "live.csv"
+    pd.DataFrame(rows, columns=COLUMNS).to_csv(csv, index=False)
+    section = live_section(csv, "cmd")
+    assert "at every phase: yes (worst 5.0%)" in section and "| 1 | 8 | 40 |" in section
+    readme = tmp_path / "README.md"
+    readme.write_text("# Bench\n\ntext\n")
+    main([str(csv), "--readme", str(readme)])
+    once = readme.read_text()
+    assert once.count(SECTION) == 1 and once.startswith("# Bench")
+    assert existing_section(readme).startswith(SECTION)
+    assert merge_section(once, existing_section(readme)) == once   # a rerun replaces the section, nothing else
+    assert merge_section(once + "\n## Later\n", section).endswith("\n## Later\n")
+    pd.DataFrame(rows).drop(columns=["predicted_tpot_ms"]).to_csv(tmp_path / "bad.csv", index=False)
+    with pytest.raises(SimtreeError, match="missing predicted_tpot_ms"):
+        live_section(tmp_path / "bad.csv", "cmd")

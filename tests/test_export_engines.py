@@ -53,8 +53,30 @@ def test_sglang_files_load_with_sglangs_own_loaders(sglang_dir):
         if name == "launch_adaptive.txt":
             assert parsed.speculative_adaptive and parsed.speculative_eagle_topk == 1
             assert parsed.speculative_num_steps >= max(max(e["candidate_steps"]) for e in slots.values())
+        if name == "launch_adaptive.txt":   # SGLang's own gate and buffer sizing accept the launch
+            assert adaptive.adaptive_unsupported_reason(parsed) is None
+            steps = adaptive.resolve_candidate_steps_from_config(parsed.speculative_adaptive_config)
+            assert max(steps) <= parsed.speculative_num_steps
         if name == "launch_dspark.txt":
             assert Path(parsed.speculative_dspark_sps_table_path).is_file()
+            dspark = parsed
+    for bs, entry in slots.items():   # each slot as SGLang builds it, fed a verify's accepted drafts
+        slot = adaptive.AdaptiveStepSlot(3, {**cfg, **entry})
+        assert slot.candidate_steps == sorted(set(entry["candidate_steps"]))
+        for _ in range(slot.warmup_batches + slot.update_interval):
+            slot.update([slot.current_steps] * 4)
+        assert slot.current_steps in slot.candidate_steps
+
+    # DSpark's own budget planner over the exported table, at the launch's block size
+    torch = pytest.importorskip("torch")
+    from simtree.engines.sglang_dspark import load_dspark_planner
+    sched_cfg, budget_fn, _ = load_dspark_planner()
+    gamma = int(dspark.speculative_dspark_block_size)
+    loaded = sps_mod.load_sps_table_from_path(dspark.speculative_dspark_sps_table_path)
+    for b in (1, 8, 64):
+        surv = torch.cumprod(torch.full((b, gamma), 0.7, dtype=torch.float64), dim=1)
+        decision = budget_fn(history_survival_probs=surv, sps_table=loaded, cfg=sched_cfg(gamma=gamma))
+        assert 0 <= int(decision.budget) <= b * gamma
 
 
 def test_losses_are_predictions_of_the_plan(sglang_dir):
@@ -78,3 +100,18 @@ def test_vllm_tiers(tmp_path):
 def test_bad_policy_writes_nothing(tmp_path):
     r = runner.invoke(app, ["export", "sglang", str(tmp_path / "nowhere"), "--out", str(tmp_path / "o")])
     assert r.exit_code != 0 and not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("engine", ["sglang", "vllm"])
+def test_plan_not_covering_batch_1_is_one_line_and_writes_nothing(tmp_path, engine):
+    plan = tmp_path / "plan"
+    plan.mkdir()
+    (plan / "candidates.csv").write_text((QWEN / "candidates.csv").read_text())
+    policy = json.loads((QWEN / "policy.json").read_text())
+    policy["entries"] = [e for e in policy["entries"] if e["batch_min"] > 1]
+    (plan / "policy.json").write_text(json.dumps(policy))
+    out = tmp_path / "o"
+    r = runner.invoke(app, ["export", engine, str(plan), "--out", str(out)])
+    assert isinstance(r.exception, SimtreeError) and "\n" not in str(r.exception)
+    assert "not 1" in str(r.exception) or "batch 1" in str(r.exception)
+    assert not out.exists()

@@ -93,9 +93,9 @@ def _bad(tmp_path, *sources, engine="vllm"):
     with pytest.raises(SimtreeError) as exc:
         import_metrics([str(s) for s in sources], engine)
     r = _run("import-metrics", *[str(s) for s in sources], "--engine", engine, "--out", str(out))
-    assert r.exit_code != 0 and not out.exists()
+    assert isinstance(r.exception, SimtreeError) and not out.exists()   # the CLI prints it as one `error:` line
     msg = str(exc.value)
-    assert "\n" not in msg
+    assert "\n" not in msg and str(r.exception) == msg
     return msg
 
 
@@ -111,3 +111,15 @@ def test_bad_inputs_one_line_nothing_written(tmp_path):
     assert "gaps: positions [1] missing" in _bad(tmp_path, gaps)
     msg = _bad(tmp_path, "http://127.0.0.1:9/metrics")   # port 9 (discard): nothing listens
     assert msg.startswith("cannot read http://127.0.0.1:9/metrics")
+
+
+def test_sglang_counter_backwards_and_per_position_backwards(tmp_path):
+    later = tmp_path / "sglang_later.prom"
+    later.write_text((DATA / "sglang_metrics.prom").read_text().replace("} 5400.0", "} 9000.0"))
+    assert "sglang:spec_verify_calls_total went backwards" in _bad(tmp_path, later, DATA / "sglang_metrics.prom",
+                                                                   engine="sglang")
+    # the totals rise but one position's counter falls: refused, naming the position
+    early = tmp_path / "early.prom"
+    early.write_text("\n".join(line.rsplit(" ", 1)[0] + " 1e9" if 'position="2"' in line else line
+                               for line in (DATA / "vllm_metrics.prom").read_text().splitlines()))
+    assert "position=2} went backwards" in _bad(tmp_path, early, DATA / "vllm_metrics_later.prom")

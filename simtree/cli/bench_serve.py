@@ -34,7 +34,7 @@ def register(app: typer.Typer) -> None:
         import sys
         from simtree.cli.notes import captured_warnings, print_notes
         from simtree.errors import SimtreeError
-        from simtree.serving.bench import run_bench, summary_lines
+        from simtree.serving.bench import run_bench, summary_lines, target_lines
         from simtree.serving.traces import LENGTHS_SOURCE
 
         try:
@@ -50,6 +50,6 @@ def register(app: typer.Typer) -> None:
                            keep_configs=keep_configs, threshold_tiers=threshold_tiers, command=shlex.join(["simtree", *sys.argv[1:]]))
         print_notes(caught)
         typer.echo(f"lengths: {LENGTHS_SOURCE['source']}")
-        for line in summary_lines(df):
+        for line in summary_lines(df) + target_lines(df):
             typer.echo(line)
         typer.echo(f"wrote {out}/bench.csv, {out}/bench.png, {out}/README.md")

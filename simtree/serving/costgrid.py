@@ -59,7 +59,7 @@ class CostGrid:
         else:
             v = np.asarray(value, np.float64)
             small, big = float(v.min()), float(v.max())
-        if small >= lo and big <= hi:
+        if small >= lo - 1e-9 * max(1.0, abs(lo)) and big <= hi + 1e-9 * max(1.0, abs(hi)):   # float rounding is in range
             return
         self._warned.add((model, axis))
         warnings.warn(f"{self.meta.get('model', '?')} {model} cost model queried outside its measured range "

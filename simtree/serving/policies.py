@@ -22,7 +22,7 @@ from simtree.control.controller import Controller, Tier, tier_shape
 from simtree.planning.modes import LinearParams, NoneParams
 
 __all__ = ["FixedDriver", "ControllerDriver", "ThresholdDriver", "SGLangAdaptiveDriver", "DSparkDriver",
-           "sample_tier", "linear_tier"]
+           "sample_tier", "linear_tier", "step_us"]
 
 
 def sample_tier(tier: Tier, levels: np.ndarray, u: np.ndarray) -> np.ndarray:
@@ -31,10 +31,17 @@ def sample_tier(tier: Tier, levels: np.ndarray, u: np.ndarray) -> np.ndarray:
     return (tier.cdf[levels] < u[:, None]).sum(1).astype(np.int64)
 
 
+def step_us(costs, tier: Tier, nodes_per_seq: float, context_len: float, batch_size: int) -> float:
+    """The benchmark's price of one round: C_d of ``tier`` + C_v at the batch's mean verified
+    nodes and mean context (as the planner prices a round); the live run's prediction too."""
+    return float(tier.draft_us(costs, batch_size) + costs.verify.predict(float(nodes_per_seq), float(context_len),
+                                                                        batch_size))
+
+
 def _step_us(costs, tier: Tier, levels: np.ndarray, ctx: np.ndarray) -> float:
     b = levels.shape[0]
     nodes = tier.nodes[0] if tier.same_nodes else tier.nodes[levels].sum() / b
-    return float(tier.draft_us(costs, b) + costs.verify.predict(float(nodes), float(ctx.sum()) / b, b))
+    return step_us(costs, tier, nodes, float(ctx.sum()) / b, b)
 
 
 def linear_tier(acc: AcceptanceModel, drafts: int, cache: dict) -> Tier:

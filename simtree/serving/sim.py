@@ -16,9 +16,10 @@ import numpy as np
 
 from simtree.serving.traces import Trace
 
-__all__ = ["ServeResult", "serve", "MAX_BATCH"]
+__all__ = ["ServeResult", "serve", "MAX_BATCH", "p99_band"]
 
 MAX_BATCH = 64
+BOOTSTRAP = 1000
 
 
 @dataclass(frozen=True)
@@ -30,6 +31,7 @@ class ServeResult:
     steps: int
     makespan_s: float
     mean_batch: float
+    tpot_p99_band_ms: tuple = (float("nan"), float("nan"))   # 95% bootstrap band of the p99 over requests
 
     @property
     def switches_per_min(self) -> float:
@@ -86,4 +88,13 @@ def serve(trace: Trace, driver, weights: np.ndarray, *, max_batch: int = MAX_BAT
     makespan = float(np.max(finish) - trace.arrival_s[0])
     return ServeResult(float(out.sum() / makespan), float(np.percentile(tpot_ms, 50)),
                        float(np.percentile(tpot_ms, 99)), int(switches), steps, makespan,
-                       batch_sum / max(steps, 1))
+                       batch_sum / max(steps, 1), p99_band(tpot_ms))
+
+
+def p99_band(tpot_ms: np.ndarray, resamples: int = BOOTSTRAP, seed: int = 0) -> tuple[float, float]:
+    """The 2.5 and 97.5 percentiles of the p99 over ``resamples`` bootstrap resamples of the
+    requests: how far the p99 of a trace this long moves by which requests it drew."""
+    rng = np.random.default_rng(seed)
+    idx = rng.integers(0, tpot_ms.size, (resamples, tpot_ms.size))
+    p99 = np.percentile(tpot_ms[idx], 99, axis=1)
+    return float(np.percentile(p99, 2.5)), float(np.percentile(p99, 97.5))

@@ -1,0 +1,133 @@
+"""The online controller live in simtree's own (tiny) runtime, the batch changing from phase
+to phase; per phase, measured TPOT against the serving benchmark's prediction.
+
+One :class:`simtree.control.Controller` decides every round of every phase (it sees the batch
+go 1 -> 8 -> 2 -> 4 -> 8 -> 1 ...), on the cost bundle fitted to this runtime on this device
+(``scripts/serve_live_gpu.sh`` profiles and fits it first).  Per phase:
+
+- ``measured_tpot_ms``: the phase's decode wall time (every round's draft + verify + commit,
+  host work included, prefill excluded) over the tokens each sequence gained (accepted + bonus,
+  averaged over the batch, uncut);
+- ``predicted_tpot_ms``: the same rounds priced as ``simtree bench-serve`` prices a step
+  (:func:`simtree.serving.policies.step_us`: C_d of the tier the controller chose + C_v at the
+  round's batch, mean verified nodes and mean context) over the same tokens: the benchmark's
+  step model against the live steps, acceptance as it happened;
+- ``predicted_model_tpot_ms``: the same step prices over the tokens the controller expected
+  (1 + its running acceptance ratio x the tier's expected accepted drafts per round).
+
+    python scripts/serve_live.py --costs OUT/costs.json --out OUT/serve_live.csv --device cuda
+    python -m simtree.serving.live_report OUT/serve_live.csv --readme reports/bench_serve/README.md
+"""
+from __future__ import annotations
+
+import argparse
+import time
+from collections import Counter
+
+import numpy as np
+import pandas as pd
+import torch
+
+from simtree.acceptance.model import get_workload
+from simtree.control import DEFAULT_TIERS, Controller
+from simtree.costs.model import load_costs
+from simtree.fileio import write_atomic
+from simtree.planning.modes import NoneParams
+from simtree.runtime.engine import SpecEngine
+from simtree.runtime.loading import DEFAULT_MODELS_DIR, load_model
+from simtree.runtime.tokenizer import ByteTokenizer
+from simtree.serving.live_report import COLUMNS
+from simtree.serving.policies import step_us
+
+
+class Recording:
+    """The controller's interface, recording what each round chose (batch, mean context, tier)."""
+
+    def __init__(self, ctl: Controller):
+        self.ctl, self.tiers, self.log = ctl, ctl.tiers, []
+
+    def choose(self, batch_size, context_lens):
+        tier = self.ctl.choose(batch_size, context_lens)
+        self.log.append((tier, int(batch_size), float(np.mean(context_lens)), self.ctl.ratio))
+        return tier
+
+    def observe(self, tier, accepted):
+        self.ctl.observe(tier, accepted)
+
+
+def _prompts(count: int, workload: str) -> tuple[list[list[int]], str]:
+    tok = ByteTokenizer()
+    try:
+        from simtree.runtime.data import prompts
+        texts = prompts(workload, count)
+        if len(texts) == count:
+            return [tok.encode(t) for t in texts], workload
+    except Exception as exc:   # the data extra is missing: random byte prompts, said in the CSV
+        print(f"prompts: {workload} unavailable ({exc}); random byte prompts")
+    rng = np.random.default_rng(0)
+    return [rng.integers(32, 127, int(n)).tolist() for n in rng.integers(24, 160, count)], "random"
+
+
+def _sync(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--costs", required=True, help="cost bundle fitted to this runtime on this device")
+    ap.add_argument("--out", required=True, help="CSV to write")
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--phases", default="1,8,2,4,8,1,4,2", help="batch size of each phase, in order")
+    ap.add_argument("--new-tokens", type=int, default=96, help="tokens per sequence per phase")
+    ap.add_argument("--workload", default="sharegpt")
+    args = ap.parse_args()
+    phases = [int(b) for b in args.phases.split(",")]
+    costs = load_costs(args.costs)
+    target = load_model(DEFAULT_MODELS_DIR / "target").to(args.device)
+    draft = load_model(DEFAULT_MODELS_DIR / "draft").to(args.device)
+    engine = SpecEngine(target, draft, costs)
+    # the tiers whose drafting the profile measured (a chain of D nodes drafts D - 1 steps)
+    steps_hi = costs.draft.valid_range.get("num_steps", (1, 64))[1]
+    topk_hi = costs.draft.valid_range.get("topk", (1, 64))[1]
+    specs = [s for s in DEFAULT_TIERS if s.draft_shape()[0] <= steps_hi and s.draft_shape()[1] <= topk_hi]
+    ctl = Controller(costs, get_workload(args.workload).acceptance, specs=specs)
+    ids, source = _prompts(sum(phases), args.workload)
+    # warm-up, not counted: every tier at every phase's batch size (kernels compiled, caches sized)
+    for b in sorted(set(phases)):
+        for tier in ctl.tiers:
+            engine.generate(ids[:b], 4, tier.spec)
+    rows, start = [], 0
+    for i, b in enumerate(phases):
+        rec = Recording(ctl)
+        switches0 = ctl.switches
+        _sync(args.device)
+        t0 = time.perf_counter()
+        res = engine.generate(ids[start:start + b], args.new_tokens, NoneParams(), controller=rec)
+        _sync(args.device)
+        wall_s = time.perf_counter() - t0
+        start += b
+        decode_us = sum(r.round_us for r in res.rounds)
+        gained = sum(float(np.mean(r.accepted)) + 1.0 for r in res.rounds)   # tokens per sequence
+        priced = [step_us(costs, tier, float(np.mean(r.nodes)), ctx, bb)
+                  for (tier, bb, ctx, _), r in zip(rec.log, res.rounds)]
+        expected = sum(1.0 + ratio * tier.expected_accepted for tier, _, _, ratio in rec.log)
+        names = Counter(tier.name for tier, *_ in rec.log)
+        rows.append({"phase": i, "batch_size": b, "new_tokens": args.new_tokens, "rounds": len(res.rounds),
+                     "switches": ctl.switches - switches0, "tiers": ";".join(f"{n}:{c}" for n, c in names.most_common()),
+                     "measured_tpot_ms": decode_us / gained / 1e3, "predicted_tpot_ms": sum(priced) / gained / 1e3,
+                     "predicted_model_tpot_ms": sum(priced) / expected / 1e3,
+                     "tokens_per_round": gained / len(res.rounds), "wall_s": wall_s, "prefill_ms": res.prefill_us / 1e3,
+                     "device": torch.cuda.get_device_name() if args.device.startswith("cuda") else args.device,
+                     "costs": args.costs, "prompts": source, "controller_steps": ctl.steps,
+                     "controller_switches": ctl.switches, "switch_bound": ctl.max_switches})
+        r = rows[-1]
+        print(f"phase {i} b={b}: measured {r['measured_tpot_ms']:.3f} ms/token, predicted {r['predicted_tpot_ms']:.3f} "
+              f"({r['predicted_tpot_ms'] / r['measured_tpot_ms'] - 1:+.1%}); {r['tiers']}", flush=True)
+    df = pd.DataFrame(rows, columns=COLUMNS)
+    write_atomic(args.out, lambda tmp: df.to_csv(tmp, index=False, float_format="%.6g"))
+    print(f"wrote {args.out}; switches {ctl.switches} in {ctl.steps} steps (bound {ctl.max_switches})")
+
+
+if __name__ == "__main__":
+    main()

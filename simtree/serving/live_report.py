@@ -1,0 +1,105 @@
+"""The live run's report: measured TPOT per phase against the serving benchmark's prediction
+(``scripts/serve_live.py`` writes the CSV), as the ``## Live run`` section of the benchmark's
+README (``simtree bench-serve`` keeps that section when it rewrites the README).
+
+    python -m simtree.serving.live_report OUT/serve_live.csv --readme reports/bench_serve/README.md
+"""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import pandas as pd
+
+from simtree.errors import SimtreeError
+from simtree.fileio import write_text_atomic
+
+__all__ = ["COLUMNS", "TOLERANCE", "live_section", "merge_section", "existing_section", "SECTION"]
+
+COLUMNS = ["phase", "batch_size", "new_tokens", "rounds", "switches", "tiers", "measured_tpot_ms",
+           "predicted_tpot_ms", "predicted_model_tpot_ms", "tokens_per_round", "wall_s", "prefill_ms", "device",
+           "costs", "prompts", "controller_steps", "controller_switches", "switch_bound"]
+TOLERANCE = 0.10   # the target: measured TPOT within 10% of the benchmark's prediction
+SECTION = "## Live run"
+
+
+def _read(path: str | Path) -> pd.DataFrame:
+    try:
+        df = pd.read_csv(path)
+    except (OSError, pd.errors.ParserError, pd.errors.EmptyDataError) as exc:
+        raise SimtreeError(f"{path}: cannot read the live run's CSV ({type(exc).__name__})") from None
+    missing = [c for c in COLUMNS if c not in df.columns]
+    if missing or df.empty:
+        raise SimtreeError(f"{path}: not a live run's CSV (scripts/serve_live.py): "
+                           f"{'missing ' + ', '.join(missing) if missing else 'no rows'}")
+    return df
+
+
+def live_section(path: str | Path, command: str) -> str:
+    """The README section: one row per phase, the worst error, the controller's switches."""
+    df = _read(path)
+    err = df.predicted_tpot_ms / df.measured_tpot_ms - 1
+    model_err = df.predicted_model_tpot_ms / df.measured_tpot_ms - 1
+    last = df.iloc[-1]
+    ok = bool((err.abs() <= TOLERANCE).all())
+    lines = [SECTION, "",
+             f"The controller live in simtree's tiny runtime on {last.device}, the batch changing phase by phase "
+             f"({', '.join(str(b) for b in df.batch_size)}), {int(df.new_tokens.iloc[0])} tokens per sequence per "
+             f"phase, prompts: {last.prompts}; costs: the bundle fitted to this runtime on this device "
+             f"(`{last.costs}`). Report: `{command}`; run: `scripts/serve_live_gpu.sh`.", "",
+             f"Measured TPOT within {TOLERANCE:.0%} of the benchmark's step prediction at every phase: "
+             f"{'yes' if ok else 'NO'} (worst {err.abs().max():.1%}); with the controller's expected acceptance "
+             f"instead of the accepted tokens: worst {model_err.abs().max():.1%}. Switches: "
+             f"{int(last.controller_switches)} in {int(last.controller_steps)} steps (bound "
+             f"{int(last.switch_bound)}).", "",
+             "| phase | batch | rounds | tiers run | measured ms/token | predicted | error | predicted (expected acceptance) |",
+             "|---|---|---|---|---|---|---|---|"]
+    for (_, r), e, m in zip(df.iterrows(), err, model_err):
+        lines.append(f"| {int(r.phase)} | {int(r.batch_size)} | {int(r.rounds)} | {r.tiers} | "
+                     f"{r.measured_tpot_ms:.3f} | {r.predicted_tpot_ms:.3f} | {e:+.1%} | "
+                     f"{r.predicted_model_tpot_ms:.3f} ({m:+.1%}) |")
+    return "\n".join(lines) + "\n"
+
+
+def _split(text: str) -> tuple[str, str, str]:
+    """(before, the ``## Live run`` section up to the next ``## `` heading, after)."""
+    at = text.find(SECTION)
+    if at < 0:
+        return text, "", ""
+    after = text.find("\n## ", at + len(SECTION))
+    end = len(text) if after < 0 else after + 1
+    return text[:at], text[at:end], text[end:]
+
+
+def merge_section(readme: str, section: str) -> str:
+    """``readme`` with its ``## Live run`` section replaced by ``section``, or it appended."""
+    head, old, tail = _split(readme)
+    if not old:
+        return readme.rstrip("\n") + "\n\n" + section
+    return head + section + ("\n" + tail if tail else "")
+
+
+def existing_section(readme_path: Path) -> str:
+    """The ``## Live run`` section of an existing README ("" if none), for a rewrite to keep."""
+    return _split(readme_path.read_text())[1] if readme_path.is_file() else ""
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description="The live run's CSV as the benchmark README's live section")
+    ap.add_argument("csv")
+    ap.add_argument("--readme", default="reports/bench_serve/README.md")
+    args = ap.parse_args(argv)
+    command = f"python -m simtree.serving.live_report {args.csv} --readme {args.readme}"
+    section = live_section(args.csv, command)
+    path = Path(args.readme)
+    if not path.is_file():
+        raise SimtreeError(f"{path}: no README to add the live run to (run simtree bench-serve first)")
+    write_text_atomic(path, merge_section(path.read_text(), section))
+    print(section)
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    except SimtreeError as exc:
+        raise SystemExit(f"error: {exc}") from None
