@@ -43,9 +43,9 @@ from simtree.acceptance.traces import read_traces
 from simtree.fileio import write_text_atomic
 from simtree.planning.simulate import PolicySpec
 from simtree.runtime.data import prompts as load_prompts
-from simtree.runtime.engine import SpecEngine
+from simtree.runtime.full.build import build_model
+from simtree.runtime.full.generate import generate
 from simtree.runtime.live import RUNTIME_MODEL
-from simtree.runtime.loading import DEFAULT_MODELS_DIR, load_model
 from simtree.runtime.tokenizer import ByteTokenizer
 from simtree.runtime.trace import TraceWriter
 
@@ -74,11 +74,11 @@ def policy_name(mode: str, params: dict) -> str:
     return f"{mode}_d{params['budget']}"
 
 
-def decode(engine, ids, max_new_tokens, mode, params, workload, path: Path):
+def decode(model, ids, max_new_tokens, mode, params, workload, path: Path):
     """One static batch of all prompts; returns the records of the rounds that began while
     their sequence was still short of ``max_new_tokens`` (:func:`live_records`)."""
     with TraceWriter(path) as trace:
-        engine.generate(ids, max_new_tokens, PolicySpec.from_dict(mode, dict(params)), workload=workload, trace=trace)
+        generate(model, ids, max_new_tokens, PolicySpec.from_dict(mode, dict(params)), workload=workload, trace=trace)
     return live_records(read_traces(path), max_new_tokens)
 
 
@@ -110,15 +110,14 @@ def _resample(ids, values, pick):
 
 def validate(settings: dict, out: Path, progress=print) -> pd.DataFrame:
     torch.set_num_threads(1)
-    target, draft = load_model(DEFAULT_MODELS_DIR / "target"), load_model(DEFAULT_MODELS_DIR / "draft")
-    engine, tok = SpecEngine(target, draft), ByteTokenizer()
+    model, tok = build_model(RUNTIME_MODEL, device="cpu", dtype=torch.float32), ByteTokenizer()
     rng = np.random.default_rng(settings.get("seed", 0))
     rows = []
     with tempfile.TemporaryDirectory(prefix="simtree-validate-") as scratch:
         for workload in settings["workloads"]:
             ids = [tok.encode(t) for t in load_prompts(workload, settings["prompts"])]
             t0 = time.perf_counter()
-            linear = decode(engine, ids, settings["max_new_tokens"], *FIT_POLICY, workload,
+            linear = decode(model, ids, settings["max_new_tokens"], *FIT_POLICY, workload,
                             Path(scratch) / f"{workload}_linear.jsonl")
             model = fit_confidence(linear, workload)
             progress(f"{workload}: linear fit run, {len(linear)} rounds x sequences, {time.perf_counter() - t0:.0f}s")
@@ -129,7 +128,7 @@ def validate(settings: dict, out: Path, progress=print) -> pd.DataFrame:
                            for pick in boots]
             for mode, params in settings["policies"]:
                 t0 = time.perf_counter()
-                recs = decode(engine, ids, settings["max_new_tokens"], mode, params, workload,
+                recs = decode(model, ids, settings["max_new_tokens"], mode, params, workload,
                               Path(scratch) / f"{workload}_{policy_name(mode, params)}.jsonl")
                 seq, acc = _per_sequence(recs)
                 measured, predicted = float(acc.mean()), accepted_per_round(model, mode, params)

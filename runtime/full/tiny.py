@@ -43,9 +43,9 @@ TINY_CONFIG = dict(vocab_size=260, hidden_size=128, intermediate_size=384, num_h
 OUT_PROJECTIONS = ("o_proj.weight", "out_proj.weight", "down_proj.weight")
 
 
-def _random(shape, gen: torch.Generator, name: str) -> torch.Tensor:
+def _random(shape, gen: torch.Generator, name: str, gain: float) -> torch.Tensor:
     """A weight at a scale that keeps activations O(1): matrices std fan_in^-1/2 (output
-    projections times LAYER_GAIN), embeddings std 1, zero-centred norms 0 (scale 1), the GDN
+    projections times ``gain``), embeddings std 1, zero-centred norms 0 (scale 1), the GDN
     output norm 1, A_log log U(1, 16), dt_bias 1."""
     if name.endswith("A_log"):
         return torch.empty(shape).uniform_(1, 16, generator=gen).log()
@@ -57,28 +57,30 @@ def _random(shape, gen: torch.Generator, name: str) -> torch.Tensor:
         return torch.randn(shape, generator=gen)
     fan_in = shape[-1] if "conv1d" in name else int(torch.tensor(shape[1:]).prod())
     w = torch.randn(shape, generator=gen) * fan_in ** -0.5
-    return w * LAYER_GAIN if name.endswith(OUT_PROJECTIONS) else w
+    return w * gain if name.endswith(OUT_PROJECTIONS) else w
 
 
-def _mtp_tensors(cfg: dict, gen: torch.Generator) -> dict:
+def _mtp_tensors(cfg: dict, gen: torch.Generator, gain: float) -> dict:
     """The MTP layer under the published names: one gated-attention decoder layer, its norms,
-    and ``fc`` over [token embedding; hidden] = [I, LAYER_GAIN * random]."""
+    and ``fc`` over [token embedding; hidden] = [I, gain * random]."""
     from simtree.checkpoints.qwen3_5 import shape_fields
     from simtree.models import ModelShape
     from simtree.checkpoints.qwen3_5 import tensor_plan
     shape = ModelShape(**shape_fields({**cfg, "model_type": "qwen3_5_text"}, "tiny"), source="")
     keys = tensor_plan({**cfg, "model_type": "qwen3_5_text"}, shape).optional["MTP layer"]
-    out = {k: _random(s, gen, k) for k, s in sorted(keys.items())}
+    out = {k: _random(s, gen, k, gain) for k, s in sorted(keys.items())}
     h = cfg["hidden_size"]
     out["mtp.fc.weight"][:, :h] = torch.eye(h)
-    out["mtp.fc.weight"][:, h:] *= LAYER_GAIN
+    out["mtp.fc.weight"][:, h:] *= gain
     return out
 
 
 @torch.no_grad()
-def write_tiny_checkpoint(out) -> Path:
+def write_tiny_checkpoint(out, layer_gain: float = LAYER_GAIN, seed: int = SEED, **config) -> Path:
     """Write config.json and model.safetensors of the tiny default into ``out`` (each file
-    replaced atomically); the same bytes every time."""
+    replaced atomically); the same bytes every time.  ``layer_gain`` (0: every residual branch
+    silent, so the target is a bigram model of the token and the MTP layer drafts exactly its
+    tokens), ``seed`` and ``config`` (Qwen3_5TextConfig fields) make other tiny models (tests)."""
     try:
         from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig
     except ImportError:
@@ -88,18 +90,18 @@ def write_tiny_checkpoint(out) -> Path:
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    config = Qwen3_5TextConfig(**TINY_CONFIG)
-    torch.manual_seed(SEED)
+    config = Qwen3_5TextConfig(**{**TINY_CONFIG, **config})
+    torch.manual_seed(seed)
     model = Qwen3_5ForCausalLM(config).eval()
-    gen = torch.Generator().manual_seed(SEED)
+    gen = torch.Generator().manual_seed(seed)
     for name, p in sorted(model.named_parameters()):
-        p.copy_(_random(tuple(p.shape), gen, name))
+        p.copy_(_random(tuple(p.shape), gen, name, layer_gain))
     model = model.to(torch.bfloat16)
     with tempfile.TemporaryDirectory() as tmp:
         model.save_pretrained(tmp)
         tensors = load_file(str(Path(tmp) / "model.safetensors"))
         cfg = json.loads((Path(tmp) / "config.json").read_text(encoding="utf-8"))
-    tensors.update({k: v.to(torch.bfloat16) for k, v in _mtp_tensors(cfg, gen).items()})
+    tensors.update({k: v.to(torch.bfloat16) for k, v in _mtp_tensors(cfg, gen, layer_gain).items()})
     write_atomic(out / "model.safetensors",
                  lambda t: save_file(dict(sorted(tensors.items())), t, metadata={"format": "pt"}))
     cfg.pop("transformers_version", None)    # the file stays the same under another transformers
