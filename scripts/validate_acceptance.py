@@ -3,7 +3,7 @@
     python scripts/validate_acceptance.py --out reports/acceptance          # ~15 min on one core
     python scripts/validate_acceptance.py --quick --out /tmp/acceptance    # the CI version, < 1 min
 
-Per workload (packaged ShareGPT and HumanEval prompts, the shipped tiny target and draft):
+Per workload (packaged ShareGPT and HumanEval prompts, the shipped tiny default, its MTP layer drafting):
 
 1. decode the prompts with LINEAR speculation (budget 16: 15 drafted tokens, the drafter's
    top-8 logged at every drafted position, trace format v2) and fit
@@ -74,11 +74,11 @@ def policy_name(mode: str, params: dict) -> str:
     return f"{mode}_d{params['budget']}"
 
 
-def decode(model, ids, max_new_tokens, mode, params, workload, path: Path):
+def decode(target, ids, max_new_tokens, mode, params, workload, path: Path):
     """One static batch of all prompts; returns the records of the rounds that began while
     their sequence was still short of ``max_new_tokens`` (:func:`live_records`)."""
     with TraceWriter(path) as trace:
-        generate(model, ids, max_new_tokens, PolicySpec.from_dict(mode, dict(params)), workload=workload, trace=trace)
+        generate(target, ids, max_new_tokens, PolicySpec.from_dict(mode, dict(params)), workload=workload, trace=trace)
     return live_records(read_traces(path), max_new_tokens)
 
 
@@ -110,14 +110,14 @@ def _resample(ids, values, pick):
 
 def validate(settings: dict, out: Path, progress=print) -> pd.DataFrame:
     torch.set_num_threads(1)
-    model, tok = build_model(RUNTIME_MODEL, device="cpu", dtype=torch.float32), ByteTokenizer()
+    target, tok = build_model(RUNTIME_MODEL, device="cpu", dtype=torch.float32), ByteTokenizer()
     rng = np.random.default_rng(settings.get("seed", 0))
     rows = []
     with tempfile.TemporaryDirectory(prefix="simtree-validate-") as scratch:
         for workload in settings["workloads"]:
             ids = [tok.encode(t) for t in load_prompts(workload, settings["prompts"])]
             t0 = time.perf_counter()
-            linear = decode(model, ids, settings["max_new_tokens"], *FIT_POLICY, workload,
+            linear = decode(target, ids, settings["max_new_tokens"], *FIT_POLICY, workload,
                             Path(scratch) / f"{workload}_linear.jsonl")
             model = fit_confidence(linear, workload)
             progress(f"{workload}: linear fit run, {len(linear)} rounds x sequences, {time.perf_counter() - t0:.0f}s")
@@ -128,7 +128,7 @@ def validate(settings: dict, out: Path, progress=print) -> pd.DataFrame:
                            for pick in boots]
             for mode, params in settings["policies"]:
                 t0 = time.perf_counter()
-                recs = decode(model, ids, settings["max_new_tokens"], mode, params, workload,
+                recs = decode(target, ids, settings["max_new_tokens"], mode, params, workload,
                               Path(scratch) / f"{workload}_{policy_name(mode, params)}.jsonl")
                 seq, acc = _per_sequence(recs)
                 measured, predicted = float(acc.mean()), accepted_per_round(model, mode, params)

@@ -218,6 +218,7 @@ class FullEngine:
 
     def _plain(self) -> None:
         base = self.st.lengths.clone() if self.ds is not None else None
+        self._plain_root = self.roots.clone()
         hidden = self.model.decode(self.st, self.roots)
         nxt = self.model.greedy(hidden)
         ones = torch.ones(self.B, 1, dtype=torch.bool, device=self.device)
@@ -452,7 +453,7 @@ class FullEngine:
         ids [B, P, K] along the drafter's chain) for the marginal modes, else None.  Plain
         rounds: the root alone."""
         if self.rs.plain:
-            root = self.out_buf.gather(1, (self.out_len - 2).clamp(min=0)[:, None])
+            root = self._plain_root[:, None]
             z = torch.zeros_like(root)
             return {"tokens": root.cpu().numpy(), "parents": (z - 1).cpu().numpy(),
                     "score": z.float().cpu().numpy(), "valid": torch.ones_like(root, dtype=torch.bool).cpu().numpy(),
