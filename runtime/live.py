@@ -1,5 +1,10 @@
-"""``live_run``: decode live with a policy on the shipped (or given) models and report measured
-against predicted throughput.  What ``simtree run`` calls.
+"""``live_run``: decode live with a policy on the shipped tiny default (or a given checkpoint of a
+byte vocabulary) and report measured against predicted throughput.  What ``simtree run`` calls.
+
+The model is a Hugging Face checkpoint read by ``simtree.checkpoints`` (the shipped
+``runtime-tiny``: qwen3_5_text with its MTP layer, ``simtree.runtime.full.tiny``), decoded by the
+runtime's one engine (:class:`simtree.runtime.full.engine.FullEngine`, through
+:func:`simtree.runtime.full.generate.generate`), the MTP layer drafting.
 
 A static batch decodes all B sequences every round until the slowest has ``max_new_tokens``;
 sequences already done keep producing tokens that are cut from their outputs.  Measured over
@@ -51,13 +56,14 @@ from simtree.fileio import write_text_atomic
 from simtree.machine.metadata import device_label, require_device
 from simtree.planning.modes import ADAPTIVE_MODES, BLOCK_DRAFTER_MODES, NoneParams, PolicySpec
 from simtree.runtime.data import prompts as load_prompts
-from simtree.runtime.engine import SpecEngine, check_spec, greedy_decode
-from simtree.runtime.loading import DEFAULT_MODELS_DIR, load_model
+from simtree.runtime.full.build import build_model
+from simtree.runtime.full.drafting import round_shape
+from simtree.runtime.full.generate import check_fits, check_spec, generate, greedy_decode
 from simtree.runtime.tokenizer import VOCAB_SIZE, ByteTokenizer
 from simtree.runtime.trace import TraceWriter
 
 __all__ = ["live_run", "RUNTIME_MODEL", "dumps"]
-RUNTIME_MODEL = "runtime-tiny"   # the name `simtree profile` gives the runtime's models (runtime-tiny.yaml)
+RUNTIME_MODEL = "runtime-tiny"   # the shipped tiny default (simtree/data/models/runtime-tiny), as profiles name it
 COMPARISON = ("measured.tokens_per_s vs predicted.tokens_per_s: output tokens (max_new_tokens - 1 per "
               "prompt from the decode rounds) per second of round time counted while each sequence "
               "still decoded, as simtree.planning.simulate counts; delivered_tokens_per_s adds the rounds a "
@@ -189,6 +195,7 @@ def live_run(*, spec: PolicySpec | None = None, policy=None, policy_workload: st
     rounds) are one line each.  ``controller``: each round's tier is chosen online by
     :class:`simtree.control.Controller` (on ``costs``, else the synthetic bundle, and the
     workload's preset acceptance); the report's ``controller`` says what it ran.
+    ``models_dir``: a checkpoint folder (default: the shipped ``runtime-tiny``).
     """
     trace = None   # _live_run discards its staged traces itself when it raises
     try:
@@ -248,18 +255,17 @@ def _live_run(*, spec, policy, policy_workload, workload, batch_size, prompts, m
     if spec.mode in ADAPTIVE_MODES and costs is None:
         from simtree.costs.synthetic import SYNTHETIC_LABEL, synthetic_costs
         engine_costs, costs_label = synthetic_costs(), SYNTHETIC_LABEL
-    models_dir = Path(models_dir) if models_dir else DEFAULT_MODELS_DIR
-    target = load_model(models_dir / "target")
-    draft = load_model(models_dir / "draft")
-    if target.config.vocab_size < VOCAB_SIZE:
-        raise SimtreeError(f"target vocab_size {target.config.vocab_size} is smaller than the byte tokenizer's "
-                           f"{VOCAB_SIZE}: {models_dir / 'target'} is not a model of this runtime")
-    limit = target.config.max_position_embeddings
-    if max_new_tokens > limit:
-        raise SimtreeError(f"--max-new-tokens {max_new_tokens}: at most {limit}, the positions the target "
-                           f"model has (max_position_embeddings of {models_dir / 'target'})")
-    engine = SpecEngine(target.to(device), draft.to(device), engine_costs)   # vocabularies must agree
-    engine.check_fits(spec)
+    round_shape(spec)    # a policy the engine cannot build: one line before the model loads
+    models_dir = str(models_dir) if models_dir else RUNTIME_MODEL
+    model = build_model(models_dir, device=device, dtype=torch.float32)
+    if model.vocab < VOCAB_SIZE:
+        raise SimtreeError(f"vocab_size {model.vocab} is smaller than the byte tokenizer's {VOCAB_SIZE}: "
+                           f"{models_dir} is not a model of this runtime")
+    limit = int(model.shape.config.get("max_position_embeddings") or 0) if model.shape.config else 0
+    if limit and max_new_tokens > limit:
+        raise SimtreeError(f"--max-new-tokens {max_new_tokens}: at most {limit}, the positions the model has "
+                           f"(max_position_embeddings of {models_dir})")
+    check_fits(model, spec)
     ctl = _controller(engine_costs, workload) if controller else None
     count = prompts or batch_size
     count = math.ceil(count / batch_size) * batch_size  # whole batches only: B stays constant
@@ -281,12 +287,13 @@ def _live_run(*, spec, policy, policy_workload, workload, batch_size, prompts, m
         for s in range(0, count, batch_size):
             chunk = ids[s:s + batch_size]
             cb = None if progress is None else (lambda n, base=done: progress(base + n, total))
-            res = engine.generate(chunk, max_new_tokens, spec, workload=workload, trace=trace, progress=cb,
-                                  controller=ctl)
+            res = generate(model, chunk, max_new_tokens, spec, costs=engine_costs, workload=workload, trace=trace,
+                           progress=cb, controller=ctl)
             done += len(chunk) * max_new_tokens
             results.append(res)
             if check_lossless:
-                mismatches += sum(o != greedy_decode(target, p, max_new_tokens) for o, p in zip(res.outputs, chunk))
+                plain = greedy_decode(model, chunk, max_new_tokens)
+                mismatches += sum(o != p for o, p in zip(res.outputs, plain))
         if trace is not None:
             trace.close()
         rounds = [r for res in results for r in res.rounds]
@@ -336,14 +343,14 @@ def _write(report: dict, out: Path, trace) -> None:
 
 def _report(results, rounds, spec, workload, batch_size, count, max_new_tokens, models_dir, here,
             costs_label, policy_info, host, check_lossless, mismatches, tok) -> dict:
-    round_us = [r.round_us for r in rounds]
+    round_us = [r.round_ms * 1e3 for r in rounds]   # the engine's ms; run.json keeps its us fields
     decode_us = sum(round_us)
     produced = sum(res.tokens_produced for res in results)
     # tokens the outputs keep, and those of them the decode rounds made (the first is the prefill's)
     delivered = sum(len(o) for res in results for o in res.outputs)
     delivered_decode = delivered - count
     accepted = [a for r in rounds for a in r.accepted]
-    busy_us = sum(r.round_us * r.live / batch_size for r in rounds)   # round time while sequences decoded
+    busy_us = sum(r.round_ms * 1e3 * r.live / batch_size for r in rounds)   # round time while sequences decoded
     rate = lambda n, us: n / us * 1e6 if rounds and us > 0 else None  # noqa: E731
     measured = {
         "tokens_per_s": rate(delivered_decode, busy_us),
@@ -352,13 +359,13 @@ def _report(results, rounds, spec, workload, batch_size, count, max_new_tokens, 
         "accepted_tokens_per_round": 1.0 + float(np.mean(accepted)) if accepted else None,
         "mean_nodes_per_seq": float(np.mean([n for r in rounds for n in r.nodes])) if rounds else None,
         "round_us_median": _pct(round_us, 50), "round_us_p90": _pct(round_us, 90),
-        "draft_us_median": _pct([r.draft_us for r in rounds], 50),
-        "verify_us_median": _pct([r.verify_us for r in rounds], 50),
-        "commit_us_median": _pct([r.commit_us for r in rounds], 50),
+        "draft_us_median": _pct([r.draft_ms * 1e3 for r in rounds], 50),
+        "verify_us_median": _pct([r.verify_ms * 1e3 for r in rounds], 50),
+        "commit_us_median": _pct([r.commit_ms * 1e3 for r in rounds], 50),
         "rounds": len(rounds), "tokens_produced": produced, "tokens_delivered": delivered,
         "tokens_delivered_by_decode": delivered_decode,
         "overshoot": produced / delivered_decode - 1 if delivered_decode else None,
-        "decode_s": decode_us / 1e6, "busy_s": busy_us / 1e6, "prefill_s": sum(res.prefill_us for res in results) / 1e6,
+        "decode_s": decode_us / 1e6, "busy_s": busy_us / 1e6, "prefill_s": sum(res.prefill_ms for res in results) / 1e3,
     }
     notes = []
     if not rounds:
@@ -415,9 +422,10 @@ def _predict(costs: Costs, trace_path: Path, spec: PolicySpec, batch_size: int, 
             width = max(int(r.tree.num_children.max()) for r in records)
             acc, fitted = fit_positional(records, workload, topk=max(width, 1)), "positional fit of this run's traces"
     wl = Workload(workload, acc, np.asarray(prompt_lens, np.int64), int(output_len), "this run")
-    # this engine verifies ragged trees (a TreeBatch of the rule's own trees): cost_aware and
-    # batch_alloc are priced at them, not at the full runtime's static bucket
-    sim = simulate(costs, wl, batch_size, spec, verify="ragged")
+    # cost_aware and batch_alloc: priced as the engine runs them, the rule's trees verified in the
+    # bucket of the policy's max budget each round (generate's round shape)
+    bucket = spec.max_nodes if spec.mode in ADAPTIVE_MODES else None
+    sim = simulate(costs, wl, batch_size, spec, verify="bucket", bucket=bucket)
     return {"tokens_per_s": sim.throughput_tok_s, "accepted_tokens_per_round": sim.accepted_tokens_per_round,
             "round_us": sim.round_latency_us, "draft_us": sim.draft_us, "verify_us": sim.verify_us,
             "mean_nodes_per_seq": sim.mean_nodes_per_seq, "rounds": sim.rounds, "synthetic": sim.synthetic,

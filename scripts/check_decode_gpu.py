@@ -1,17 +1,13 @@
 """GPU check of the runtime's plain decoding step: the fused GDN decode (per-node kernel writing
 the new state over the old one) against the torch step in float64, and the engine's mode none
-against greedy decoding on CUDA.  Run from the repository root: python3 scripts/check_decode_gpu.py"""
-import sys
+(the shipped tiny default, float32 on CUDA) against the same on the CPU in float64.  Run from the repository root: python3 scripts/check_decode_gpu.py"""
 
 import numpy as np
 import torch
 
-from simtree.runtime.engine import SpecEngine, greedy_decode
 from simtree.kernels.gdn.ops import recurrent_step
-from simtree.planning.modes import NoneParams
-
-sys.path.insert(0, "tests")
-from runtime_helpers import random_prompts, tiny_model  # noqa: E402 - the tests' tiny models
+from simtree.runtime.full.build import build_model
+from simtree.runtime.full.generate import greedy_decode
 
 torch.manual_seed(0)
 B, H, HV, K, V = 5, 16, 48, 128, 128
@@ -27,9 +23,9 @@ eo = float((out.double() - want).abs().max() / want.abs().max())
 es = float((S.double() - Sw).abs().max() / Sw.abs().max())
 print(f"fused decode vs torch step (fp64): out {eo:.2e}, state {es:.2e}")
 assert eo < 2e-2 and es < 1e-4
-model = tiny_model(3).float().cuda()
-prompts = random_prompts(np.random.default_rng(1), [5, 9, 7])
-res = SpecEngine(model, None).generate(prompts, 10, NoneParams())
-ref = [greedy_decode(model, p, 10) for p in prompts]
-print("engine none == greedy_decode on CUDA:", res.outputs == ref)
-assert res.outputs == ref
+rng = np.random.default_rng(1)
+prompts = [rng.integers(0, 256, n).tolist() for n in (5, 9, 7)]
+outs = greedy_decode(build_model("runtime-tiny", device="cuda", dtype=torch.float32), prompts, 10)
+ref = greedy_decode(build_model("runtime-tiny", device="cpu", dtype=torch.float64), prompts, 10)
+print("engine none on CUDA == on the CPU in float64:", outs == ref)
+assert outs == ref

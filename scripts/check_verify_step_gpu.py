@@ -1,51 +1,17 @@
-"""Why the runtime profile's tree-verify point reads above what ``simtree run`` books for the
-same round (an earlier H200 loop, its data in tests/data/verify_step/: profile 15-21 ms at n >= 2, runs' verify +
-commit 9-16 ms): one process, the shipped tiny models, each variant timed the same ways.
+"""Why the runtime profile's tree-verify point read above what ``simtree run`` booked for the same
+round, when the tiny runtime had an engine of its own (an earlier H200 loop, its data in
+tests/data/verify_step/: profile 15-21 ms at n >= 2, runs' verify + commit 9-16 ms): the
+tables of those measurements.  Since the runtime has one engine, the profile's point is the
+engine's own verify + commit stages (``simtree.runtime.full.steps``): there is nothing left to
+compare, and the measuring mode is gone.
 
-Per (batch, nodes): ``profile`` = the sweep's workload (``simtree.runtime.profile_steps._verify_step``) timed
-as the sweep times it (``time_workload``, eager CUDA events) and by wall clock (perf_counter,
-synchronised after each call); ``engine`` = the round as ``SpecEngine.generate`` runs it (trees
-built before the clock, cache lengths passed in, verify, argmax copy, greedy acceptance,
-commit, sync), wall clock; and the engine's pieces alone; each at every torch CPU thread
-count asked for (``simtree run --threads`` sets 1; the sweep used to leave torch's default, one
-thread per host core, on a GPU).
-
-    python3 scripts/check_verify_step_gpu.py [--device cuda] [--shapes 1:4,4:4] [--threads 1,16] > out.tsv
     python3 scripts/check_verify_step_gpu.py --report DIR   # DIR/*.tsv -> DIR/README.md
     python3 scripts/check_verify_step_gpu.py --report-ab FILE.tsv   # -> its folder's table.md
 
-An A/B of two versions of the runtime appends columns ``code`` and ``rep`` to the output lines
+An A/B of two versions of that runtime appended columns ``code`` and ``rep`` to the output lines
 (one call, versions alternating); ``--report-ab`` tabulates the engine's round per version.
 """
 import argparse
-import statistics
-import time
-
-import torch
-
-from simtree.trees.greedy import greedy_accept_batch
-from simtree.models import get_model
-from simtree.costs.steps import Point
-from simtree.runtime import profile_steps as rs
-from simtree.profiler.pieces import Ctx
-from simtree.profiler.timing import time_workload
-from simtree.trees.tree import DraftTree, TreeBatch
-
-
-def wall(fn, reset, device, reps=40, warmup=5) -> float:
-    """Median microseconds of fn(), reset() before each call outside the clock, synced."""
-    out = []
-    for i in range(warmup + reps):
-        reset()
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        fn()
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        if i >= warmup:
-            out.append((time.perf_counter() - t0) * 1e6)
-    return statistics.median(out)
 
 
 def load_calls(folder):
@@ -112,10 +78,6 @@ def report_ab(path: str) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    ap.add_argument("--shapes", default="1:4,4:4,4:16,8:4")
-    ap.add_argument("--context", type=int, default=64)
-    ap.add_argument("--threads", default="1")
     ap.add_argument("--report", metavar="DIR")
     ap.add_argument("--report-ab", metavar="TSV")
     args = ap.parse_args()
@@ -123,47 +85,8 @@ def main() -> None:
         return report(args.report)
     if args.report_ab:
         return report_ab(args.report_ab)
-    dev = torch.device(args.device)
-    ctx = Ctx(get_model("runtime-tiny"), dev, torch.float32)
-    print("threads\tbatch\tnodes\tvariant\tus")
-    for threads, shape in ((int(t), s) for t in args.threads.split(",") for s in args.shapes.split(",")):
-        torch.set_num_threads(threads)
-        b, n = map(int, shape.split(":"))
-        l = args.context
-        p = Point("model_verify_step", rs.RUNTIME_VARIANT, "runtime-tiny", b, n, l, "eagle")
-        step, _ = rs._verify_step(ctx, p)
-        target, _ = rs._models(ctx)
-        cache = rs._target_cache(ctx, b, l)
-        base = cache.lengths.clone()
-        lens = base.tolist()
-        proto = rs._verify_trees(ctx, b, n, "eagle", target.config.vocab_size)
-        accepted = [rs._first_child_path_end(t) for t in proto]
-        state = {}
-
-        def reset():
-            cache.lengths.copy_(base)
-            state["batch"] = TreeBatch([DraftTree(t.parents, t.tokens) for t in proto])
-
-        def engine():
-            batch = state["batch"]
-            logits, pend = target.verify(batch, cache, lens)
-            nxt = logits.argmax(-1).cpu().numpy()
-            greedy_accept_batch(batch, nxt)
-            target.commit(cache, batch, pend, accepted)
-
-        def verify_only():
-            target.verify(state["batch"], cache, lens)
-
-        def verify_argmax():
-            state["nxt"] = target.verify(state["batch"], cache, lens)[0].argmax(-1).cpu().numpy()
-
-        rows = {"profile_events": time_workload([step], str(dev), target_s=0.3, use_graph=False).median_us,
-                "profile_wall": wall(step, lambda: None, dev),
-                "engine_wall": wall(engine, reset, dev),
-                "engine_verify_only": wall(verify_only, reset, dev),
-                "engine_verify_argmax": wall(verify_argmax, reset, dev)}
-        for k, v in rows.items():
-            print(f"{threads}\t{b}\t{n}\t{k}\t{v:.0f}", flush=True)
+    raise SystemExit("give --report DIR or --report-ab TSV (the measuring mode timed the tiny runtime's own "
+                     "engine, which is gone: the profile's point is the one engine's stages)")
 
 
 if __name__ == "__main__":

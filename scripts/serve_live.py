@@ -33,8 +33,8 @@ from simtree.control import DEFAULT_TIERS, Controller
 from simtree.costs.model import load_costs
 from simtree.fileio import write_atomic
 from simtree.planning.modes import NoneParams
-from simtree.runtime.engine import SpecEngine
-from simtree.runtime.loading import DEFAULT_MODELS_DIR, load_model
+from simtree.runtime.full.build import build_model
+from simtree.runtime.full.generate import generate
 from simtree.runtime.tokenizer import ByteTokenizer
 from simtree.serving.live_report import COLUMNS
 from simtree.serving.policies import step_us
@@ -84,9 +84,7 @@ def main() -> None:
     args = ap.parse_args()
     phases = [int(b) for b in args.phases.split(",")]
     costs = load_costs(args.costs)
-    target = load_model(DEFAULT_MODELS_DIR / "target").to(args.device)
-    draft = load_model(DEFAULT_MODELS_DIR / "draft").to(args.device)
-    engine = SpecEngine(target, draft, costs)
+    model = build_model("runtime-tiny", device=args.device, dtype=torch.float32)   # the shipped tiny default
     # the tiers whose drafting the profile measured (a chain of D nodes drafts D - 1 steps)
     steps_hi = costs.draft.valid_range.get("num_steps", (1, 64))[1]
     topk_hi = costs.draft.valid_range.get("topk", (1, 64))[1]
@@ -96,18 +94,18 @@ def main() -> None:
     # warm-up, not counted: every tier at every phase's batch size (kernels compiled, caches sized)
     for b in sorted(set(phases)):
         for tier in ctl.tiers:
-            engine.generate(ids[:b], 4, tier.spec)
+            generate(model, ids[:b], 4, tier.spec, costs=costs)
     rows, start = [], 0
     for i, b in enumerate(phases):
         rec = Recording(ctl)
         switches0 = ctl.switches
         _sync(args.device)
         t0 = time.perf_counter()
-        res = engine.generate(ids[start:start + b], args.new_tokens, NoneParams(), controller=rec)
+        res = generate(model, ids[start:start + b], args.new_tokens, NoneParams(), costs=costs, controller=rec)
         _sync(args.device)
         wall_s = time.perf_counter() - t0
         start += b
-        decode_us = sum(r.round_us for r in res.rounds)
+        decode_us = sum(r.round_ms for r in res.rounds) * 1e3
         gained = sum(float(np.mean(r.accepted)) + 1.0 for r in res.rounds)   # tokens per sequence
         priced = [step_us(costs, tier, float(np.mean(r.nodes)), ctx, bb)
                   for (tier, bb, ctx, _), r in zip(rec.log, res.rounds)]
@@ -117,7 +115,7 @@ def main() -> None:
                      "switches": ctl.switches - switches0, "tiers": ";".join(f"{n}:{c}" for n, c in names.most_common()),
                      "measured_tpot_ms": decode_us / gained / 1e3, "predicted_tpot_ms": sum(priced) / gained / 1e3,
                      "predicted_model_tpot_ms": sum(priced) / expected / 1e3,
-                     "tokens_per_round": gained / len(res.rounds), "wall_s": wall_s, "prefill_ms": res.prefill_us / 1e3,
+                     "tokens_per_round": gained / len(res.rounds), "wall_s": wall_s, "prefill_ms": res.prefill_ms,
                      "device": torch.cuda.get_device_name() if args.device.startswith("cuda") else args.device,
                      "costs": args.costs, "prompts": source, "controller_steps": ctl.steps,
                      "controller_switches": ctl.switches, "switch_bound": ctl.max_switches})

@@ -85,3 +85,15 @@ def test_the_planner_predicts_what_full_run_predicts(tmp_path):
     assert row["nodes"] == cand["nodes_per_seq"] == adaptive_bucket(get_workload("gsm8k").acceptance, CA, COSTLY, B, ctx)
     assert row["predicted_accepted"] == pytest.approx(cand["tokens_per_round"], rel=1e-12)
     assert row["predicted_tok_s"] == pytest.approx(B * cand["tokens_per_round"] / cand["round_us"] * 1e6, rel=1e-12)
+
+
+def test_simulate_prices_the_bucket_an_engine_verifies():
+    """``simulate(..., bucket=)``: the nodes an engine verifies per sequence every round (the tiny
+    default's live runs take the max budget), as analytic_run prices them."""
+    costs, wl = synthetic_costs(), get_workload("sharegpt")
+    spec = PolicySpec.from_dict("cost_aware", {"max_budget": 12, "draft_depth": 3})
+    for bucket in (4, 12):
+        sim = simulate(costs, wl, 4, spec, bucket=bucket)
+        run = analytic_run(wl, spec, costs, 4, bucket=bucket)
+        assert sim.mean_nodes_per_seq == bucket == run["n"]
+        assert sim.throughput_tok_s == pytest.approx(run["tok_s"]) and f"bucket of {bucket} nodes" in sim.notes[0]

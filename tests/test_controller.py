@@ -1,17 +1,15 @@
 """simtree.control: the online controller picks the fastest tier with hysteresis, its switches
-stay under the stated bound, and the runtime stays lossless while it switches every round."""
+stay under the stated bound, and `simtree run --controller` runs it (the engine stays lossless
+while it switches every round: test_runtime_engine.py)."""
 import numpy as np
 import pytest
 
-from runtime_helpers import perturbed, random_prompts, tiny_model
 from simtree.acceptance.model import get_workload
 from simtree.control import Controller, tier_shape
 from simtree.costs.model import load_costs
 from simtree.data import data_path
 from simtree.errors import SimtreeError
-from simtree.planning.modes import EagleParams, LinearParams, NoneParams
-from simtree.planning.simulate import simulate
-from simtree.runtime.engine import SpecEngine, greedy_decode
+from simtree.planning.modes import LinearParams
 from simtree.serving.costgrid import CostGrid
 
 
@@ -91,34 +89,6 @@ def test_bad_settings(setup):
         Controller(grid, acc, min_dwell_steps=0)
     with pytest.raises(SimtreeError):
         Controller(grid, acc, tail_rounds=-1)
-
-
-class Cycling:
-    """The controller's interface, switching tier every round (the hardest case for state)."""
-
-    def __init__(self, acc):
-        self.tiers = [tier_shape(acc, s) for s in (NoneParams(), LinearParams(4), EagleParams(2, 2, 5),
-                                                   EagleParams(3, 2, 6))]
-        self.i, self.seen = 0, []
-
-    def choose(self, batch_size, context_lens):
-        tier = self.tiers[self.i % len(self.tiers)]
-        self.i += 1
-        return tier
-
-    def observe(self, tier, accepted):
-        self.seen.append((tier.name, len(accepted)))
-
-
-def test_runtime_lossless_while_switching_every_round(setup):
-    _, _, acc = setup
-    target = tiny_model(10)
-    engine = SpecEngine(target, perturbed(target, 0.15))
-    prompts = random_prompts(np.random.default_rng(3), [5, 9, 7])
-    ctl = Cycling(acc)
-    res = engine.generate(prompts, 14, LinearParams(2), controller=ctl)
-    assert res.outputs == [greedy_decode(target, p, 14) for p in prompts]
-    assert {name for name, _ in ctl.seen} == {t.name for t in ctl.tiers}
 
 
 def test_simtree_run_controller_path():

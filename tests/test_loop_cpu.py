@@ -175,7 +175,7 @@ def test_runtime_variant_needs_the_runtimes_builders(stage):
     point = Point(stage, "runtime_tiny", "runtime-tiny", 1, 2, 16, "eagle", 1, 2)
     with pytest.raises(Unavailable, match="no step builder .*`simtree profile` adds the runtime's runtime_tiny"):
         build_workload(ctx, point)
-    assert "runtime_models" not in ctx.notes
+    assert "runtime_model" not in ctx.notes
     assert build_workload(ctx, point, step_builders()).eager
     assert check_variant(ctx, stage, "runtime_tiny", step_builders()).startswith("ok")
 
@@ -210,28 +210,28 @@ def test_lossless_report_lists_every_checked_run_and_refuses_unchecked(tmp_path)
 
 @pytest.mark.parametrize("b, n", [(1, 1), (3, 1), (2, 4)])
 def test_runtime_verify_point_times_what_the_engine_runs(monkeypatch, b, n):
-    # at n = 1 the engine runs one fused decode step (no tree, no verify, no commit), so the
-    # profile's point must time that step; trees of n > 1 go through verify and commit
+    # at n = 1 the engine runs one decode step (no tree, no verify, no commit), so the profile's
+    # point must time that step; trees of n > 1 go through verify and commit
     import torch
 
     from simtree.costs.steps import Point
     from simtree.models import get_model
     from simtree.profiler.pieces import Ctx
     from simtree.profiler.stages import build_workload
-    from simtree.runtime.model import HybridLM
+    from simtree.runtime.full.qwen import QwenModel
 
     calls = []
-    for name in ("step", "verify", "commit"):
-        orig = getattr(HybridLM, name)
-        monkeypatch.setattr(HybridLM, name, lambda self, *a, _o=orig, _n=name, **k:
+    for name in ("decode", "verify", "commit"):
+        orig = getattr(QwenModel, name)
+        monkeypatch.setattr(QwenModel, name, lambda self, *a, _o=orig, _n=name, **k:
                             (calls.append(_n), _o(self, *a, **k))[1])
     ctx = Ctx(get_model("runtime-tiny"), torch.device("cpu"), torch.float32)
     fn, _ = build_workload(ctx, Point("model_verify_step", "runtime_tiny", "runtime-tiny", b, n, 16),
                            step_builders()).make()
-    calls.clear()     # the cache prefill is not part of the timed step
+    calls.clear()     # the context's prefill is not part of the timed step
     fn()
     fn()
-    assert calls == (["step"] * 2 if n == 1 else ["verify", "commit"] * 2)
+    assert calls == (["decode"] * 2 if n == 1 else ["verify", "commit"] * 2)
 
 
 def _fake_run(folder, b, role, mode, params, tps):

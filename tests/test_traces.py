@@ -5,11 +5,13 @@ import json
 import numpy as np
 import pytest
 
-from runtime_helpers import perturbed, random_prompts, tiny_model
+import torch
+
 from simtree.acceptance.traces import chain_trials, read_traces, tree_trials
 from simtree.errors import SimtreeError
 from simtree.planning.simulate import PolicySpec
-from simtree.runtime.engine import TRACE_TOPK, SpecEngine
+from simtree.runtime.full.build import build_model
+from simtree.runtime.full.generate import TRACE_TOPK, generate
 from simtree.runtime.trace import TRACE_SCHEMA, TraceWriter
 
 NEW = 24
@@ -17,14 +19,19 @@ NEW = 24
 
 @pytest.fixture(scope="module")
 def models():
-    target = tiny_model(3)
-    return target, perturbed(target, 0.35, seed=4)
+    """The shipped tiny default (float64): its MTP layer drafts."""
+    torch.set_num_threads(1)
+    return build_model("runtime-tiny", device="cpu", dtype=torch.float64)
+
+
+def random_prompts(rng, lengths):
+    return [rng.integers(0, 256, n).tolist() for n in lengths]
 
 
 def _run(models, tmp_path, spec, prompts):
     path = tmp_path / f"{spec.mode}.jsonl"
     with TraceWriter(path) as trace:
-        res = SpecEngine(*models).generate(prompts, NEW, spec, workload="unit", trace=trace)
+        res = generate(models, prompts, NEW, spec, workload="unit", trace=trace)
     return res, read_traces(path), [json.loads(line) for line in path.read_text().splitlines()]
 
 

@@ -29,7 +29,7 @@ from simtree.kernels.layers.head import topk_logp
 
 from .drafting import RoundShape, lay_out
 
-__all__ = ["draft_marginals", "marginal_candidates", "best_first", "lay_out"]
+__all__ = ["draft_marginals", "marginal_candidates", "best_first", "lay_out", "lay_chain"]
 
 
 def draft_marginals(model, ds, rs: RoundShape, first_logp, first_ids, first_hidden, own_bits, rescore=None):
@@ -80,3 +80,18 @@ def best_first(cand: tuple, rs: RoundShape) -> torch.Tensor:
     score = cand[0]
     m = min(rs.tree_nodes - 1, score.shape[1])
     return torch.sort(score, dim=1, descending=True, stable=True).indices[:, :m]
+
+
+def lay_chain(out, roots: torch.Tensor, lp: torch.Tensor, ids: torch.Tensor) -> None:
+    """The drafter's top-1 chain of the marginals (lp, ids [B, P, K]) as the round's tree (linear
+    D = P + 1): the tree ``drafting.draft_tree`` drafts at k = 1, its top-K kept beside it."""
+    B, P = ids.shape[:2]
+    dev = roots.device
+    out.tokens[:, 0] = roots
+    out.tokens[:, 1:P + 1] = ids[:, :, 0]
+    out.parents.copy_(torch.arange(-1, P, device=dev).expand(B, P + 1))
+    out.depth.copy_(torch.arange(P + 1, device=dev).expand(B, P + 1))
+    out.rank.zero_()
+    out.valid.fill_(True)
+    out.score[:, 0] = 0.0
+    out.score[:, 1:P + 1] = lp[:, :, 0].float().cumsum(1)

@@ -74,9 +74,20 @@ MTP_NOTE = ("{name} has no MTP weights: the speculative modes draft with a rando
             "(acceptance means nothing; the output stays lossless)")
 
 
+def _checkpoint_folder(model, shape: ModelShape) -> Path | None:
+    """The checkpoint folder whose weights ``build_model`` reads: a folder given by path, or a
+    shipped one that holds weights (the tiny default, ``runtime-tiny``); None: random weights."""
+    if not isinstance(model, str) or not shape.source.endswith("config.json"):
+        return None
+    folder = Path(shape.source).parent
+    given = folder == Path(model).expanduser()
+    return folder if given or (folder / "model.safetensors").is_file() else None
+
+
 def build_model(model, device="cuda", dtype: torch.dtype | None = None, seed: int = 0):
     """A QwenModel or V4Rank for a registry name or shape (random weights made on ``device``),
-    or a checkpoint folder (its weights; see simtree.checkpoints); dtype: bf16 on CUDA, fp32
+    or a checkpoint folder or a shipped one with weights, e.g. ``runtime-tiny`` (its weights;
+    see simtree.checkpoints); dtype: bf16 on CUDA, fp32
     elsewhere unless given.  ``model.load_notes``: one line per thing worth saying (a
     checkpoint without MTP weights)."""
     shape = get_model(model) if isinstance(model, str) else model
@@ -84,11 +95,12 @@ def build_model(model, device="cuda", dtype: torch.dtype | None = None, seed: in
     check_fits(shape, device, dtype)
     module = _family(shape)
     cls = qwen.QwenModel if module is qwen else v4_rank.V4Rank
-    if not (isinstance(model, str) and Path(shape.source) == Path(model).expanduser() / "config.json"):
+    folder = _checkpoint_folder(model, shape)
+    if folder is None:
         built = cls(shape, device=device, dtype=dtype, seed=seed)
         built.load_notes = []
         return built
-    weights, absent = open_checkpoint(model).load(shape, dtype, device)   # absent: the MTP layer, if so
+    weights, absent = open_checkpoint(folder).load(shape, dtype, device)   # absent: the MTP layer, if so
     built = cls(shape, device=device, dtype=dtype, seed=seed, weights=weights)
     built.load_notes = [MTP_NOTE.format(name=shape.name)] if absent else []
     return built

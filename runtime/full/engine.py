@@ -1,4 +1,5 @@
-"""Speculative decoding rounds for a static batch on a full-scale model, as a serving engine runs them.
+"""Speculative decoding rounds for a static batch, as a serving engine runs them: the runtime's one
+engine, for the tiny default (``simtree run``, :mod:`.generate`) and full-scale ranks alike.
 
     engine = FullEngine(model, round_shape(spec), batch_size=4, max_len=1024, source=Live())
     engine.capture()                   # CUDA graphs per stage (CUDA + a capturable model)
@@ -21,7 +22,9 @@ Plain decoding (budget 1) is one stage: the target's decode step and its argmax.
 graphs each stage is one graph replay, captured per (batch, nodes) bucket; the graphs share
 one memory pool and replay in capture order.  The host reads nothing inside a round: live runs
 read the output lengths once a round (to stop), replays not even that (their accepted lengths
-go to a device log read after the run).  Without a GPU the same stages run eagerly.
+go to a device log read after the run).  Without a GPU the same stages run eagerly.  An engine
+built with more round ``shapes`` switches between them per round (``use``: an online
+controller's tiers; eager stages); its plain rounds then let the MTP layer catch up too.
 
 Timing, per round: ``draft_ms`` (draft + catchup), ``verify_ms``, ``commit_ms`` from CUDA
 events around the stages (perf counters on CPU); ``host_ms`` is the CPU time spent issuing the
@@ -47,9 +50,9 @@ from simtree.errors import SimtreeError
 
 from .acceptance import Live
 from simtree.kernels.layers.attention import chain_bits
-from .allocation import DeviceAllocation
-from .best_first import best_first, draft_marginals, lay_out, marginal_candidates
-from .drafting import RoundShape, TreeBuffers, accepted_path, draft_tree, own_row_bits, topk_logp
+from .best_first import best_first, draft_marginals, lay_chain, lay_out, marginal_candidates
+from .drafting import RoundShape, accepted_path, draft_tree, topk_logp
+from .layout import RoundLayout
 
 __all__ = ["FullEngine", "RunStats", "PREFILL_CHUNK", "OUT_CAP"]
 
@@ -95,36 +98,51 @@ class RunStats:
 
 class FullEngine:
     def __init__(self, model, rs: RoundShape, batch_size: int, max_len: int, source=None,
-                 graphs: bool | None = None, costs=None):
-        """``costs``: the cost bundle whose C_d and C_v cost_aware and batch_alloc decide with."""
-        self.model, self.rs, self.B = model, rs, int(batch_size)
-        self.alloc = None if rs.alloc == "fixed" else DeviceAllocation(costs, rs, batch_size, max_len, model.device)
+                 graphs: bool | None = None, costs=None, shapes=(), trace_topk: int = 0):
+        """``costs``: the cost bundle whose C_d and C_v cost_aware and batch_alloc decide with.
+        ``shapes``: more round shapes the rounds may switch to (:meth:`use`: an online
+        controller's tiers); with them the stages run eagerly.  ``trace_topk``: linear rounds
+        keep the drafter's top-``trace_topk`` at every drafted position (``last_round``: traces),
+        drafting the same chain."""
+        self.model, self.B, self.costs = model, int(batch_size), costs
         self.source = source or Live()
         dev = self.device = model.device
         self.st = model.new_state(self.B, max_len)
+        every = [rs, *shapes]
         # block drafters (rs.block_drafter) keep their own state (:mod:`.block_engine`)
-        self.ds = None if rs.plain or rs.block_drafter else model.new_draft_state(self.st, max(rs.scratch_rows,
-                                                                                             PREFILL_CHUNK))
+        speculative = [s for s in every if not s.plain and not s.block_drafter]
+        self.trace_topk = int(trace_topk)
+        rows = max([s.scratch_rows for s in speculative] + [PREFILL_CHUNK])
+        self.ds = model.new_draft_state(self.st, rows) if speculative else None
         self.verify_kw = {}     # extra arguments of the target's verify (a block drafter's layer taps)
-        B, n, k, P = self.B, rs.nodes, max(rs.topk, 1), rs.path_rows
+        B = self.B
+        self.first_k = max([max(s.topk, 1) for s in every] + [self.trace_topk])
         self.roots = torch.zeros(B, dtype=torch.int64, device=dev)
-        self.first_logp = torch.zeros(B, k, dtype=torch.float32, device=dev)
-        self.first_ids = torch.zeros(B, k, dtype=torch.int64, device=dev)
+        self.first_logp = torch.zeros(B, self.first_k, dtype=torch.float32, device=dev)
+        self.first_ids = torch.zeros(B, self.first_k, dtype=torch.int64, device=dev)
         self.first_hidden = torch.zeros(B, model.hidden, dtype=model.dtype, device=dev)
-        self.tree = TreeBuffers.empty(B, n, dev)
         self.out_buf = torch.zeros(B, OUT_CAP + 1, dtype=torch.int64, device=dev)
         self.out_len = torch.zeros(B, dtype=torch.int64, device=dev)
         self.acc_log = torch.zeros(LOG_CAP, B, dtype=torch.int32, device=dev)
         self.log_at = torch.zeros(1, dtype=torch.int64, device=dev)
-        self.own_bits = own_row_bits(rs, dev) if rs.num_steps > 1 else []
-        self.path_cols = torch.arange(P, device=dev)
-        self.chain = self._chain_bits(P)
-        self.use_graphs = (dev.type == "cuda" and model.capturable) if graphs is None else bool(graphs)
-        if self.use_graphs and not (dev.type == "cuda" and model.capturable):
-            raise SimtreeError("CUDA graphs need a CUDA device and a capturable model")
+        self._layouts = {s: RoundLayout.of(s, B, dev, self._chain_bits(s.path_rows), costs, max_len) for s in every}
+        self.one_row = self._chain_bits(1)
+        self.use(rs)
+        capturable = dev.type == "cuda" and model.capturable and not shapes
+        self.use_graphs = capturable if graphs is None else bool(graphs)
+        if self.use_graphs and not capturable:
+            raise SimtreeError("CUDA graphs need a CUDA device, a capturable model and one round shape")
         self.graphs = None
         self.capture_error = None   # why capture() fell back to eager stages, if it did
         self.capture_traceback = None   # where, in full
+
+    def use(self, rs: RoundShape) -> None:
+        """The round shape the next rounds run (one given to the constructor)."""
+        if rs not in self._layouts:
+            raise SimtreeError(f"{rs.name}: not a round shape this engine was built for")
+        lay = self._layouts[rs]
+        self.rs, self.tree, self.alloc, self.own_bits = lay.rs, lay.tree, lay.alloc, lay.own_bits
+        self.path_cols, self.chain = lay.path_cols, lay.chain
 
     def _chain_bits(self, rows: int) -> torch.Tensor:
         """Causal-chain bits over the first ``rows`` scratch rows, as wide as the scratch."""
@@ -145,12 +163,17 @@ class FullEngine:
         if scores is not None:
             scores.draw(self.B)        # the round's acceptance level, known to the drafter
         rescore = None if scores is None else scores.rescore
-        if not self.rs.marginal:
-            draft_tree(self.model, self.ds, self.rs, self.roots, self.first_logp, self.first_ids, self.first_hidden,
-                       self.tree, self.own_bits, rescore)
+        chain = self._keeps_chain_topk()
+        k = self.trace_topk if chain else self.rs.topk
+        first = (self.first_logp[:, :k], self.first_ids[:, :k], self.first_hidden)
+        if not (self.rs.marginal or chain):
+            draft_tree(self.model, self.ds, self.rs, self.roots, *first, self.tree, self.own_bits, rescore)
             return
-        lp, ids = draft_marginals(self.model, self.ds, self.rs, self.first_logp, self.first_ids, self.first_hidden,
-                                  self.own_bits, rescore)
+        lp, ids = draft_marginals(self.model, self.ds, self.rs, *first, self.own_bits, rescore)
+        self._marginals = (lp, ids)
+        if chain:
+            lay_chain(self.tree, self.roots, lp, ids)
+            return
         cand = marginal_candidates(lp, ids, self.rs)
         order = best_first(cand, self.rs)
         extra = None
@@ -163,7 +186,7 @@ class FullEngine:
         t, m, B, n = self.tree, self.model, self.B, self.rs.nodes
         hidden, self._pend = m.verify(self.st, t.tokens, t.parents, **self.verify_kw)
         self._hidden = hidden.view(B, n, -1)
-        target_next = m.greedy(hidden).view(B, n)
+        target_next = self._target_next = m.greedy(hidden).view(B, n)
         acc = self._accepted = self.source.accept(t, target_next, self.rs)
         acc_len = self._acc_len = t.depth.gather(1, acc[:, None])[:, 0]
         bonus = target_next.gather(1, acc[:, None])[:, 0]
@@ -192,14 +215,29 @@ class FullEngine:
     def _commit(self) -> None:
         self.model.commit(self.st, self._pend, self._accepted)
 
+    def _keeps_chain_topk(self) -> bool:
+        """A linear round (a chain of every drafted position) whose marginals are kept (traces)."""
+        rs = self.rs
+        return bool(self.trace_topk) and rs.topk == 1 and rs.num_steps == rs.budget - 1 and not rs.marginal
+
     def _plain(self) -> None:
-        nxt = self.model.greedy(self.model.decode(self.st, self.roots))
+        base = self.st.lengths.clone() if self.ds is not None else None
+        self._plain_root = self.roots.clone()
+        hidden = self.model.decode(self.st, self.roots)
+        nxt = self.model.greedy(hidden)
         ones = torch.ones(self.B, 1, dtype=torch.bool, device=self.device)
         self._record(nxt[:, None], ones, torch.zeros_like(nxt))
+        self._target_next = nxt[:, None]
         self.roots.copy_(nxt)
+        if self.ds is not None:   # other round shapes draft next: the MTP layer catches up on the row
+            pos, rows = base[:, None], torch.zeros(self.B, 1, dtype=torch.int64, device=self.device)
+            out = self.model.draft_forward(self.ds, nxt[:, None], hidden[:, None], pos, rows, self.one_row)
+            self.ds.commit(rows, pos)
+            self._set_first(out[:, 0])
+            self.ds.lengths += 1
 
     def _set_first(self, hidden: torch.Tensor) -> None:
-        lp, ids = topk_logp(self.model.draft_logits(hidden), max(self.rs.topk, 1))
+        lp, ids = topk_logp(self.model.draft_logits(hidden), self.first_k)
         self.first_logp.copy_(lp)
         self.first_ids.copy_(ids)
         self.first_hidden.copy_(hidden)
@@ -217,8 +255,9 @@ class FullEngine:
     # ---- set-up ------------------------------------------------------------------------------
     def reset(self) -> None:
         self.model.reset(self.st, self.ds)
-        if self.alloc is not None:
-            self.alloc.reset()
+        for lay in self._layouts.values():
+            if lay.alloc is not None:
+                lay.alloc.reset()
         for t in (self.out_len, self.log_at, self.roots):
             t.zero_()
         self.rewind_source()
@@ -412,6 +451,26 @@ class FullEngine:
             host = np.maximum(wall * 1e3 / rounds - spans.sum(1), 0.0) if rounds else host
         return RunStats(rounds, self.B, accepted, draft, col.get("verify", zero), col.get("commit", zero), host,
                         wall, ctx)
+
+    def last_round(self) -> dict:
+        """The last round on the host (one copy; live runs' traces): ``tokens``, ``parents``,
+        ``score`` (cumulative draft log-prob), ``valid`` [B, n]; ``accepted`` [B] (local node);
+        ``target_next`` [B, n] (the target's argmax at every node); ``marginals`` (log-probs,
+        ids [B, P, K] along the drafter's chain) for the marginal modes, else None.  Plain
+        rounds: the root alone."""
+        if self.rs.plain:
+            root = self._plain_root[:, None]
+            z = torch.zeros_like(root)
+            return {"tokens": root.cpu().numpy(), "parents": (z - 1).cpu().numpy(),
+                    "score": z.float().cpu().numpy(), "valid": torch.ones_like(root, dtype=torch.bool).cpu().numpy(),
+                    "accepted": z[:, 0].cpu().numpy(), "target_next": self._target_next.cpu().numpy(),
+                    "marginals": None}
+        t = self.tree
+        marg = getattr(self, "_marginals", None) if self.rs.marginal or self._keeps_chain_topk() else None
+        return {"tokens": t.tokens.cpu().numpy(), "parents": t.parents.cpu().numpy(), "score": t.score.cpu().numpy(),
+                "valid": t.valid.cpu().numpy(), "accepted": self._accepted.cpu().numpy(),
+                "target_next": self._target_next.cpu().numpy(),
+                "marginals": None if marg is None else (marg[0].cpu().numpy(), marg[1].cpu().numpy())}
 
     def outputs(self) -> list[list[int]]:
         """Live runs: each sequence's output tokens (the first from the prefill)."""

@@ -12,7 +12,7 @@ column (the top-2 tree's gain over linear at each D), out of sample.
 A chain never drafts a second candidate, so the linear column cannot say how often the
 runner-up is right (the preset's ``sibling_share``: the share of the mass the top-1 leaves that
 rank 2 takes).  That one number comes from outside the table: it is measured on the runtime's
-own trained drafter (``rank_catch_rate``: how often the target's token is the drafter's rank-2
+own drafter (``rank_catch_rate``: how often the target's token is the drafter's rank-2
 candidate where rank 1 missed, from linear traces with the drafter's top-K logged).  The
 prediction is only as good as that prior, so the table also shows the gains under
 ``sibling_share`` = 1 (every miss of rank 1 caught by rank 2 when the drafter leaves it the

@@ -1,4 +1,4 @@
-"""``simtree run``: live speculative decoding on the shipped tiny models, measured vs predicted."""
+"""``simtree run``: live speculative decoding on the shipped tiny default, measured vs predicted."""
 from __future__ import annotations
 
 import sys
@@ -48,7 +48,9 @@ def register(app: typer.Typer) -> None:
         costs: Path = typer.Option(None, help="CostBundle JSON: adds the simulator's prediction; used by "
                                               "cost_aware/batch_alloc. Only comparable for a bundle of "
                                               "runtime-tiny on this device (else a warning)"),
-        models: Path = typer.Option(None, help="folder with target/ and draft/ checkpoints (default: shipped)"),
+        models: Path = typer.Option(None, help="checkpoint folder to decode (a Qwen3.5 checkpoint of the byte "
+                                               "vocabulary, its MTP layer drafting; default: the shipped "
+                                               "runtime-tiny)"),
         out: Path = typer.Option(Path("reports/run"), help="folder for run.json and traces.jsonl"),
         check: bool = typer.Option(False, help="also decode plain greedy and count mismatching outputs "
                                                "(lossless check)"),

@@ -396,20 +396,21 @@ def _bucket_note(spec: PolicySpec, a: dict) -> str | None:
 
 
 def simulate(costs: Costs, workload: Workload, batch_size: int, spec: PolicySpec, *, mc_runs: int = 0,
-             seed: int = 0, progress=None, verify: str = "bucket") -> SimResult:
+             seed: int = 0, progress=None, verify: str = "bucket", bucket: int | None = None) -> SimResult:
     """Simulate ``spec`` for ``workload`` at ``batch_size``; Monte-Carlo when mc_runs > 0
     (>= 2 replications: throughput and accepted tokens then come from the samples, with
     ``ci95``; ``progress(done, total)`` is called after each replication).  The linear
     comparison is at the nodes per sequence the policy actually verifies.  ``verify``: how
     cost_aware and batch_alloc rounds are priced (module docstring; "bucket" as the full
-    runtime verifies them, "ragged" for an engine that verifies ragged trees).  A policy
-    beyond MAX_TREE_NODES is refused (:func:`check_simulable`)."""
+    runtime verifies them, "ragged" for an engine that verifies ragged trees); ``bucket``: the
+    nodes the engine verifies per sequence (default :func:`adaptive_bucket`).  A policy beyond
+    MAX_TREE_NODES is refused (:func:`check_simulable`)."""
     b = check_batch_size(batch_size)
     check_simulable(spec)
     if check_whole(mc_runs, "Monte-Carlo runs", 0, 2 ** 31) == 1:
         raise SimtreeError(f"Monte-Carlo runs must be 0 (analytic) or >= 2 (for an interval), got {mc_runs}")
     check_whole(seed, "seed", 0, 2 ** 63 - 1)
-    a = analytic_run(workload, spec, costs, b, verify=verify)
+    a = analytic_run(workload, spec, costs, b, verify=verify, bucket=bucket)
     throughput = a["tok_s"]
     none_tput = analytic_run(workload, NoneParams(), costs, b)["tok_s"]
     lin_d = max(1, int(round(a["n"])))

@@ -1,0 +1,177 @@
+"""Live decoding of given prompts round by round, with per-round statistics and traces: what
+``simtree run`` on the tiny default reads (:mod:`simtree.runtime.live`).
+
+    result = generate(model, prompts, max_new_tokens=48, spec=EagleParams(3, 2, 6), trace=writer)
+    result.outputs       # per prompt: max_new_tokens greedy tokens (the first from the prefill)
+    result.rounds        # RoundStats per decode round (ms)
+
+One :class:`~simtree.runtime.full.engine.FullEngine` decodes the batch: the same rounds, stages
+and timing as every other run of the runtime (milliseconds, as the engine reports them).  The
+batch is static: every sequence decodes every round until the slowest has ``max_new_tokens``;
+the tokens past it are cut from the outputs and counted in ``tokens_produced``.  Each round
+records how many sequences were still short of max_new_tokens when it began (``live``) and,
+with a trace writer, one record per sequence (``simtree.runtime.trace``): the round's tree as
+the engine drafted it (padding left out), the accepted node, the target's tokens along the
+accepted path and, for the marginal modes, the drafter's top-K along its chain.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from simtree.errors import SimtreeError, check_int
+from simtree.planning.modes import PolicySpec
+from simtree.trees.greedy import greedy_accept_batch
+from simtree.trees.tree import DraftTree, TreeBatch
+
+from .drafting import round_shape
+from .engine import OUT_CAP, FullEngine
+
+__all__ = ["RoundStats", "GenerationResult", "generate", "greedy_decode", "check_fits", "check_spec", "TRACE_TOPK"]
+
+TRACE_TOPK = 8     # traced linear rounds: candidates kept per drafted position (the chain is their top-1)
+
+
+@dataclass
+class RoundStats:
+    draft_ms: float
+    verify_ms: float
+    commit_ms: float
+    nodes: list          # tree size per sequence (root included; padding excluded)
+    accepted: list       # accepted draft tokens per sequence (bonus excluded)
+    live: int = 0        # sequences still short of max_new_tokens when the round began
+
+    @property
+    def round_ms(self) -> float:
+        return self.draft_ms + self.verify_ms + self.commit_ms
+
+
+@dataclass
+class GenerationResult:
+    outputs: list        # per prompt: the first max_new_tokens generated token ids
+    rounds: list         # RoundStats per decode round
+    prefill_ms: float
+    tokens_produced: int  # all tokens the decode rounds produced (before cutting)
+
+
+def _trees(rec: dict) -> list[DraftTree]:
+    """The round's trees without their padding (the valid nodes are closed under parents)."""
+    trees = []
+    for b in range(rec["tokens"].shape[0]):
+        keep = np.flatnonzero(rec["valid"][b])
+        new = np.full(rec["valid"].shape[1], -1, np.int64)
+        new[keep] = np.arange(keep.size)
+        par = rec["parents"][b, keep]
+        parents = np.where(par < 0, -1, new[np.maximum(par, 0)])
+        score = rec["score"][b, keep].astype(np.float64)
+        log_probs = score - np.where(par < 0, 0.0, rec["score"][b, np.maximum(par, 0)])
+        log_probs[0] = 0.0
+        trees.append(DraftTree(parents, rec["tokens"][b, keep], log_probs))
+    return trees
+
+
+def _write_trace(trace, rec: dict, workload: str, index: int, mode: str, ctx_lens) -> None:
+    """One trace record per sequence of the round (``rec``: ``FullEngine.last_round``)."""
+    batch = TreeBatch(_trees(rec))
+    keep = [np.flatnonzero(v) for v in rec["valid"]]
+    acc = greedy_accept_batch(batch, np.concatenate([rec["target_next"][b, k] for b, k in enumerate(keep)]))
+    engine_nodes = [int(np.searchsorted(k, a)) for k, a in zip(keep, rec["accepted"])]
+    if [int(x) for x in acc.last_node] != engine_nodes:    # the host's greedy acceptance is the engine's
+        raise SimtreeError(f"round {index}: the engine accepted nodes {engine_nodes}, greedy acceptance of its "
+                           f"trees gives {list(acc.last_node)}")
+    topk = None
+    if rec["marginals"] is not None:
+        lp, ids = rec["marginals"]
+        topk = (ids, np.exp(lp.astype(np.float64)))
+    trace.write_round(batch, acc, workload=workload, batch_size=len(keep), round_index=index, mode=mode,
+                      context_lens=ctx_lens, topk=topk, drafter="mtp")
+
+
+def _max_len(prompts, rs, max_new_tokens: int) -> int:
+    """Cache rows per sequence: a sequence keeps decoding until the slowest has its tokens,
+    gaining at most a round's accepted path each round."""
+    return max(map(len, prompts)) + rs.path_rows * (max_new_tokens + 1) + 2
+
+
+def _sync(device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def check_spec(spec) -> PolicySpec:
+    """``spec`` when it is a :class:`PolicySpec` (validated when it was built, so the engine
+    runs exactly the policy the planner predicted); a one-line SimtreeError otherwise."""
+    if not isinstance(spec, PolicySpec):
+        raise SimtreeError(f"a decoding policy is a PolicySpec (NoneParams, LinearParams, EagleParams, ...), "
+                           f"got {type(spec).__name__}")
+    return spec
+
+
+def check_fits(model, spec: PolicySpec):
+    """The round shape of ``spec`` (a one-line error for one the engine cannot build), refused
+    where its top-k exceeds the model's vocabulary."""
+    rs = round_shape(check_spec(spec))
+    if rs.topk > model.vocab:
+        raise SimtreeError(f"{spec.mode} topk {rs.topk} exceeds the model's vocabulary ({model.vocab} tokens): "
+                           f"use --topk <= {model.vocab}")
+    return rs
+
+
+@torch.no_grad()
+def generate(model, prompts: list[list[int]], max_new_tokens: int, spec: PolicySpec, costs=None,
+             workload: str = "", trace=None, progress=None, controller=None) -> GenerationResult:
+    """Decode ``max_new_tokens`` greedy tokens for each prompt (one batch) with ``spec``;
+    ``costs``: the bundle cost_aware and batch_alloc decide with; ``trace``: an open
+    :class:`simtree.runtime.trace.TraceWriter` (linear rounds then keep the drafter's top
+    TRACE_TOPK per position); ``progress(done_tokens)``: a callback.  ``controller``
+    (:class:`simtree.control.Controller`, or any object with its ``tiers``, ``choose`` and
+    ``observe``): each round runs the tier it chooses instead of ``spec``."""
+    if not prompts or any(len(p) == 0 for p in prompts):
+        raise SimtreeError("every prompt needs at least one token")
+    max_new_tokens = check_int(max_new_tokens, "max_new_tokens", 1, OUT_CAP)
+    bad = [t for p in prompts for t in p if not 0 <= int(t) < model.vocab]
+    if bad:
+        raise SimtreeError(f"token {bad[0]} outside the model's vocabulary [0, {model.vocab})")
+    rs = check_fits(model, spec)
+    tiers = {} if controller is None else {t.name: check_fits(model, t.spec) for t in controller.tiers}
+    B = len(prompts)
+    widest = max([rs, *tiers.values()], key=lambda s: s.path_rows)
+    topk = min(TRACE_TOPK, model.vocab) if trace is not None else 0
+    engine = FullEngine(model, rs, B, _max_len(prompts, widest, max_new_tokens), costs=costs,
+                        shapes=[s for s in tiers.values() if s != rs], trace_topk=topk)
+    engine.capture()
+    _sync(engine.device)
+    t0 = time.perf_counter()
+    engine.prefill(prompts)
+    _sync(engine.device)
+    prefill_ms = (time.perf_counter() - t0) * 1e3
+    lens = np.ones(B, np.int64)     # outputs per sequence (the prefill made the first)
+    rounds, produced = [], 0
+    while lens.min() < max_new_tokens:
+        ctx_lens = engine.st.lengths.tolist() if trace is not None or controller is not None else None
+        tier = None if controller is None else controller.choose(B, ctx_lens)
+        if tier is not None:
+            engine.use(tiers[tier.name])
+        stats = engine.run(rounds=1)
+        acc = stats.accepted[0]
+        rec = engine.last_round()
+        rounds.append(RoundStats(float(stats.draft_ms[0]), float(stats.verify_ms[0]), float(stats.commit_ms[0]),
+                                 rec["valid"].sum(1).tolist(), acc.tolist(), int((lens < max_new_tokens).sum())))
+        lens += acc + 1
+        produced += int(acc.sum()) + B
+        if tier is not None:
+            controller.observe(tier, acc)
+        if trace is not None:
+            _write_trace(trace, rec, workload, len(rounds) - 1, engine.rs.spec.mode, ctx_lens)
+        if progress is not None:
+            progress(int(np.minimum(lens, max_new_tokens).sum()))
+    outputs = [o[:max_new_tokens] for o in engine.outputs()]
+    return GenerationResult(outputs, rounds, prefill_ms, produced)
+
+
+def greedy_decode(model, prompts: list[list[int]], max_new_tokens: int) -> list[list[int]]:
+    """Plain greedy decoding of the prompts (one decode step per token): the lossless reference."""
+    return generate(model, prompts, max_new_tokens, PolicySpec.from_dict("none")).outputs
