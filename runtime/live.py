@@ -258,6 +258,9 @@ def _live_run(*, spec, policy, policy_workload, workload, batch_size, prompts, m
     round_shape(spec)    # a policy the engine cannot build: one line before the model loads
     models_dir = str(models_dir) if models_dir else RUNTIME_MODEL
     model = build_model(models_dir, device=device, dtype=torch.float32)
+    source = Path(getattr(getattr(model, "shape", None), "source", "") or "")
+    if source.name == "config.json":   # the report names the folder the weights came from
+        models_dir = str(source.parent)
     if model.vocab < VOCAB_SIZE:
         raise SimtreeError(f"vocab_size {model.vocab} is smaller than the byte tokenizer's {VOCAB_SIZE}: "
                            f"{models_dir} is not a model of this runtime")
@@ -283,6 +286,8 @@ def _live_run(*, spec, policy, policy_workload, workload, batch_size, prompts, m
     trace = TraceWriter(trace_dir / "traces.jsonl", staged=True) if trace_dir is not None else None
     results, mismatches, done = [], 0, 0
     total = count * max_new_tokens   # every output is cut to max_new_tokens
+    if progress is not None:
+        progress(0, total)   # decoding begins: a run stopped before its first round says "0 of N"
     try:
         for s in range(0, count, batch_size):
             chunk = ids[s:s + batch_size]

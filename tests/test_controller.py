@@ -9,7 +9,7 @@ from simtree.control import Controller, tier_shape
 from simtree.costs.model import load_costs
 from simtree.data import data_path
 from simtree.errors import SimtreeError
-from simtree.planning.modes import LinearParams
+from simtree.planning.modes import EagleParams, LinearParams
 from simtree.serving.costgrid import CostGrid
 
 
