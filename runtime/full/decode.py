@@ -28,6 +28,7 @@ from .block_engine import make_engine, traced_rounds
 from .build import DTYPES, build_model, dtype_name
 from .drafting import round_shape
 from .engine import OUT_CAP
+from .generate import state_rows
 
 __all__ = ["decode_prompts", "parse_prompt_ids", "parse_dtype"]
 
@@ -74,7 +75,7 @@ def decode_prompts(model, prompt_ids: list[str] | list[list[int]], spec, max_new
     for line in notes:
         if say is not None:
             say(line)
-    max_len = max(map(len, prompts)) + max_new_tokens + rs.budget + 2
+    max_len = state_rows(prompts, rs, max_new_tokens)   # a static batch: the fastest sequence runs on
     engine = make_engine(built, rs, len(prompts), max_len, costs=costs)
     engine.capture()
     engine.prefill(prompts)

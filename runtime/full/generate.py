@@ -30,7 +30,7 @@ from simtree.trees.tree import DraftTree, TreeBatch
 from .drafting import round_shape
 from .engine import OUT_CAP, FullEngine
 
-__all__ = ["RoundStats", "GenerationResult", "generate", "greedy_decode", "check_fits", "check_spec", "TRACE_TOPK"]
+__all__ = ["RoundStats", "GenerationResult", "generate", "greedy_decode", "check_fits", "check_spec", "state_rows", "TRACE_TOPK"]
 
 TRACE_TOPK = 8     # traced linear rounds: candidates kept per drafted position (the chain is their top-1)
 
@@ -90,7 +90,7 @@ def _write_trace(trace, rec: dict, workload: str, index: int, mode: str, ctx_len
                       context_lens=ctx_lens, topk=topk, drafter="mtp")
 
 
-def _max_len(prompts, rs, max_new_tokens: int) -> int:
+def state_rows(prompts, rs, max_new_tokens: int) -> int:
     """Cache rows per sequence: a sequence keeps decoding until the slowest has its tokens,
     gaining at most a round's accepted path each round."""
     return max(map(len, prompts)) + rs.path_rows * (max_new_tokens + 1) + 2
@@ -140,7 +140,7 @@ def generate(model, prompts: list[list[int]], max_new_tokens: int, spec: PolicyS
     B = len(prompts)
     widest = max([rs, *tiers.values()], key=lambda s: s.path_rows)
     topk = min(TRACE_TOPK, model.vocab) if trace is not None else 0
-    engine = FullEngine(model, rs, B, _max_len(prompts, widest, max_new_tokens), costs=costs,
+    engine = FullEngine(model, rs, B, state_rows(prompts, widest, max_new_tokens), costs=costs,
                         shapes=[s for s in tiers.values() if s != rs], trace_topk=topk)
     engine.capture()
     _sync(engine.device)
