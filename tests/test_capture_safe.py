@@ -11,15 +11,13 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from simtree.acceptance.model import calibrate_linear
-from simtree.models import get_model
 from simtree.planning.modes import RUNTIME_MODES
 from simtree.planning.simulate import PolicySpec
 from simtree.runtime.full.acceptance import DraftScores, TraceReplay
 from simtree.runtime.full.drafting import round_shape
 from simtree.runtime.full.block_engine import make_engine
-from simtree.runtime.full.lossless import make_predictable
 
-from full_helpers import drafter_costs
+from full_helpers import drafter_costs, tiny_model
 
 # host reads: _local_scalar_dense (item, bool, a 0-d index), the data-dependent shapes; host
 # data: lift_fresh of more than one element (torch.tensor / as_tensor of host values; a Python
@@ -66,22 +64,13 @@ class HostTraffic(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def _model(name):
-    from simtree.runtime.full.qwen import QwenModel
-    from simtree.runtime.full.v4_rank import V4Rank
-    shape = get_model(name)
-    model = (QwenModel if shape.family == "gdn_hybrid" else V4Rank)(shape, device="cpu", dtype=torch.float32, seed=1)
-    make_predictable(model, 0.3)
-    return model
-
-
 def test_every_runtime_mode_is_listed():
     assert set(SPECS) == set(RUNTIME_MODES)
 
 
 @pytest.mark.parametrize("name", ["tiny-gdn", "tiny-v4"])
 def test_rounds_neither_read_nor_copy_host_data(name):
-    model = _model(name)
+    model = tiny_model(name, dtype=torch.float32)
     costs = drafter_costs()
     found = {}
     for label, spec in SPECS.items():

@@ -9,7 +9,7 @@ import torch
 from simtree.errors import SimtreeError
 from simtree.kernels.v4 import V4AttnConfig
 from simtree.kernels.v4.check import check_against_reference
-from simtree.kernels.v4.verify import FUSIONS, tree_verify
+from simtree.kernels.v4._launched import FUSIONS, tree_verify_fused
 
 
 @pytest.mark.parametrize("kind,planner", [("csa", "host"), ("hca", "device")])
@@ -29,7 +29,7 @@ def test_fused_verify_equals_sequential_decoding(kind, planner, monkeypatch):
 
 def test_unknown_fusion_is_one_line():
     with pytest.raises(SimtreeError, match="fusion"):
-        tree_verify(None, None, None, None, fusions=("everything",))
+        tree_verify_fused(None, None, None, None, ("everything",))
 
 
 def test_forms_pick_the_fusions():

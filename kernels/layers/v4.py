@@ -45,6 +45,7 @@ import torch.nn.functional as F
 
 from simtree.parallel import DEFAULT_DEPLOYMENT, parse_deployment
 from simtree.errors import SimtreeError
+from simtree.kernels.v4._launched import tree_verify_fused
 from simtree.kernels.v4 import (CompressorParams, V4AttnConfig, V4Cache, V4Inputs, V4LayerWeights, apply_commit,
                                 plan_commit_device, plan_verify_device, tree_verify)
 from simtree.models import ModelShape, hash_layers
@@ -350,7 +351,10 @@ def attn_pre(w: dict, d: V4Dims, kind: str, x: torch.Tensor, cs: torch.Tensor) -
 def attn_core(kind: str, cache: V4Cache, lw: V4LayerWeights, inp: V4Inputs, plan, impl: str):
     """The kernels' tree verify of one layer -> (o [N, H, D], scratch for the commit)."""
     with kernel_core(f"v4_{kind}_verify"):
-        return tree_verify(cache, lw, inp, plan, attention=impl, fusions=v4_fusions() if impl != "torch" else ())
+        fusions = v4_fusions() if impl != "torch" else ()
+        if fusions:
+            return tree_verify_fused(cache, lw, inp, plan, fusions, attention=impl)
+        return tree_verify(cache, lw, inp, plan, attention=impl)
 
 
 def attn_post(w: dict, d: V4Dims, o: torch.Tensor, cs: torch.Tensor) -> torch.Tensor:

@@ -22,6 +22,7 @@ from .commit import apply_commit, commit
 from .config import V4AttnConfig
 from .device_plan import plan_commit_device, plan_verify_device, tree_tensors
 from .reference import V4Inputs, decode_tokens, empty_state, random_inputs, random_layer_weights
+from ._launched import tree_verify_fused
 from .verify import plan_verify, random_tree, tree_verify
 
 __all__ = ["check_against_reference", "check_flashmla_path"]
@@ -77,7 +78,7 @@ def check_against_reference(cfg: V4AttnConfig, kind: str, history: Sequence[int]
     else:
         plan, rows = plan_verify(cache, tb, w, device=device), inp
     before = cache.checksum()
-    out, scratch = tree_verify(cache, w, rows, plan, attention=attention, fusions=fusions)
+    out, scratch = tree_verify_fused(cache, w, rows, plan, fusions, attention=attention)
     wrote = cache.checksum() != before
     verify_err = 0.0
     for b, (tree, start) in enumerate(zip(trees, tb.cu_nodes[:-1])):

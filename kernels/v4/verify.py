@@ -501,7 +501,7 @@ def _flashmla_core(cache: V4Cache, w: V4LayerWeights, inp: V4Inputs, plan: Verif
 
 
 def tree_verify(cache: V4Cache, w: V4LayerWeights, inp: V4Inputs, plan: VerifyPlan,
-                attention: str = "triton", fusions: tuple = ()) -> tuple[torch.Tensor, VerifyScratch]:
+                attention: str = "triton") -> tuple[torch.Tensor, VerifyScratch]:
     """Verify every node of the round's trees against the persistent cache.
 
     inp: per-node inputs (N rows in flat tree order: plan.batch.total_nodes, or a device
@@ -509,8 +509,14 @@ def tree_verify(cache: V4Cache, w: V4LayerWeights, inp: V4Inputs, plan: VerifyPl
     Returns (o [N, H, D], scratch); never writes the persistent cache.
     attention: "triton" (fused Triton kernels, default), "torch" (plain torch, any dtype),
     "flashmla" (CUDA + sgl-flash-mla, head_dim 512: FP8 attention core, Triton elsewhere).
-    fusions: of FUSIONS, the fused launches to run where they apply (docs/math/v4_compression.md).
+    The optional fused launches (FUSIONS) are the layer forms' and the benchmark's to choose:
+    ``simtree.kernels.v4._launched.tree_verify_fused``.
     """
+    return _tree_verify(cache, w, inp, plan, attention, ())
+
+
+def _tree_verify(cache, w, inp, plan, attention: str, fusions: tuple):
+    """tree_verify with ``fusions`` (of FUSIONS) run where they apply (docs/math/v4_compression.md)."""
     if attention not in ("triton", "torch", "flashmla"):
         raise SimtreeError(f"unknown attention {attention!r}; expected triton, torch or flashmla")
     bad = set(fusions) - set(FUSIONS)

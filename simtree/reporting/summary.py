@@ -150,7 +150,8 @@ def loop_headline(folder: Path) -> str:
     err = runs["err_tok_s"].abs()
     best = runs.loc[runs.groupby("batch_size")["measured_tok_s"].idxmax()]
     chosen_best = int((best["role"] == "chosen").sum())
-    return (f"predicted vs measured throughput: median error {_pct(err.median())} "
+    return (f"predicted vs measured throughput, in sample (the bundle fitted on the same session's CPU profile): "
+            f"median error {_pct(err.median())} "
             f"(max {_pct(err.max())}) over {len(runs)} runs; the planner's choice measured "
             f"best at {chosen_best} of {len(best)} batch sizes")
 

@@ -1,0 +1,46 @@
+"""profiler/bench/floor_table.py: the GDN and V4 floor benchmarks' outputs in one table, the
+issue's columns first, each row with its run's GPU and versions; a folder without the
+benchmark's files is one line."""
+import json
+
+import pandas as pd
+import pytest
+
+from simtree.errors import SimtreeError
+from simtree.profiler.bench.floor_table import COLUMNS, floor_table, main
+
+
+def _bench(tmp_path):
+    gdn, v4 = tmp_path / "gdn", tmp_path / "v4"
+    gdn.mkdir(), v4.mkdir()
+    pd.DataFrame([{"kernel": "gdn_verify+commit", "layer_kind": "gdn", "batch": 16, "nodes": 4, "context": 0,
+                   "measured_us": 70.0, "floor_us": 35.0, "ratio": 2.0},
+                  {"kernel": "other", "layer_kind": "csa", "batch": 1, "nodes": 1, "context": 0,
+                   "measured_us": 1.0, "floor_us": 1.0, "ratio": 1.0}]).to_csv(gdn / "floor.csv", index=False)
+    (gdn / "floor.json").write_text(json.dumps({"env": {"gpu": "G1", "torch": "t1", "triton": "r1"},
+                                                "bandwidth": {"copy_GBps": 3000.04}}))
+    pd.DataFrame([{"kernel": "block_current", "layer_kind": "csa", "batch_size": 4, "nodes_per_seq": 16,
+                   "context_len": 4096, "measured_us": 300.0, "floor_us": 100.0, "ratio": 3.0,
+                   "tree_over_linear": 1.01}]).to_csv(v4 / "floor_v4.csv", index=False)
+    (v4 / "floor_v4.json").write_text(json.dumps({"env": {"gpu": "G2", "torch_version": "t2",
+                                                          "triton_version": "r2"}}))
+    return gdn, v4
+
+
+def test_one_table_with_the_issue_columns_first(tmp_path):
+    gdn, v4 = _bench(tmp_path)
+    t = floor_table(gdn, v4)
+    assert list(t.columns[:len(COLUMNS)]) == COLUMNS
+    assert t["kernel"].tolist() == ["gdn_verify+commit", "block_current"]   # the GDN file's own rows only
+    assert t.loc[1, ["batch", "nodes", "context"]].tolist() == [4, 16, 4096]
+    assert t["gpu"].tolist() == ["G1", "G2"] and t.loc[0, "bandwidth_gbs"] == 3000.0
+    out = tmp_path / "floor.csv"
+    assert main(["--gdn", str(gdn), "--v4", str(v4), "--out", str(out)]) == 0
+    assert len(pd.read_csv(out)) == 2
+
+
+def test_a_folder_without_the_benchmarks_files_is_one_line(tmp_path):
+    with pytest.raises(SimtreeError, match="floor.csv and floor.json"):
+        floor_table(tmp_path, None)
+    with pytest.raises(SimtreeError, match="--gdn"):
+        floor_table(None, None)
