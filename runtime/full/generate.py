@@ -157,9 +157,12 @@ def generate(model, prompts: list[list[int]], max_new_tokens: int, spec: PolicyS
             engine.use(tiers[tier.name])
         stats = engine.run(rounds=1)
         acc = stats.accepted[0]
-        rec = engine.last_round()
+        # the whole round on the host only for a trace; the stats need the tree sizes alone
+        rec = engine.last_round() if trace is not None else None
+        nodes = ([1] * B if engine.rs.plain else engine.tree.valid.sum(1).tolist()) if rec is None \
+            else rec["valid"].sum(1).tolist()
         rounds.append(RoundStats(float(stats.draft_ms[0]), float(stats.verify_ms[0]), float(stats.commit_ms[0]),
-                                 rec["valid"].sum(1).tolist(), acc.tolist(), int((lens < max_new_tokens).sum())))
+                                 nodes, acc.tolist(), int((lens < max_new_tokens).sum())))
         lens += acc + 1
         produced += int(acc.sum()) + B
         if tier is not None:
