@@ -21,8 +21,10 @@ go 1 -> 8 -> 2 -> 4 -> 8 -> 1 ...), on the cost bundle fitted to this runtime on
 from __future__ import annotations
 
 import argparse
+import json
 import time
 from collections import Counter
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -35,6 +37,7 @@ from simtree.fileio import write_atomic
 from simtree.planning.modes import NoneParams
 from simtree.runtime.full.build import build_model
 from simtree.runtime.full.generate import generate
+from simtree.runtime.bpe import BpeTokenizer
 from simtree.runtime.tokenizer import ByteTokenizer
 from simtree.serving.live_report import COLUMNS
 from simtree.serving.policies import step_us
@@ -55,8 +58,14 @@ class Recording:
         self.ctl.observe(tier, accepted)
 
 
-def _prompts(count: int, workload: str) -> tuple[list[list[int]], str]:
-    tok = ByteTokenizer()
+def _prompts(count: int, workload: str, model: str, prompts_file: str | None) -> tuple[list[list[int]], str]:
+    if prompts_file:   # token ids encoded where the data extra is installed (the GPU machine lacks it)
+        ids = json.loads(Path(prompts_file).read_text())
+        if len(ids) < count:
+            raise SystemExit(f"error: --prompts {prompts_file} holds {len(ids)} prompts, the phases need {count}")
+        return [list(map(int, x)) for x in ids[:count]], f"{workload} ({prompts_file})"
+    folder = Path(model)
+    tok = BpeTokenizer.from_file(folder) if (folder / "tokenizer.json").is_file() else ByteTokenizer()
     try:
         from simtree.runtime.data import prompts
         texts = prompts(workload, count)
@@ -81,16 +90,19 @@ def main() -> None:
     ap.add_argument("--phases", default="1,8,2,4,8,1,4,2", help="batch size of each phase, in order")
     ap.add_argument("--new-tokens", type=int, default=96, help="tokens per sequence per phase")
     ap.add_argument("--workload", default="sharegpt")
+    ap.add_argument("--model", default="runtime-tiny",
+                    help="checkpoint folder or shipped name (its tokenizer.json, if any, encodes the prompts)")
+    ap.add_argument("--prompts", default=None, help="JSON list of prompt token-id lists (instead of --workload's text)")
     args = ap.parse_args()
     phases = [int(b) for b in args.phases.split(",")]
     costs = load_costs(args.costs)
-    model = build_model("runtime-tiny", device=args.device, dtype=torch.float32)   # the shipped tiny default
+    model = build_model(args.model, device=args.device, dtype=torch.float32)
     # the tiers whose drafting the profile measured (a chain of D nodes drafts D - 1 steps)
     steps_hi = costs.draft.valid_range.get("num_steps", (1, 64))[1]
     topk_hi = costs.draft.valid_range.get("topk", (1, 64))[1]
     specs = [s for s in DEFAULT_TIERS if s.draft_shape()[0] <= steps_hi and s.draft_shape()[1] <= topk_hi]
     ctl = Controller(costs, get_workload(args.workload).acceptance, specs=specs)
-    ids, source = _prompts(sum(phases), args.workload)
+    ids, source = _prompts(sum(phases), args.workload, args.model, args.prompts)
     # warm-up, not counted: every tier at every phase's batch size (kernels compiled, caches sized)
     for b in sorted(set(phases)):
         for tier in ctl.tiers:

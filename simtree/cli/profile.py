@@ -8,6 +8,8 @@ from typing import Optional
 
 import typer
 
+from simtree.errors import SimtreeError
+
 HELP = """Measure verify and draft latencies into a profile table (CSV + .meta.json).
 
 Example:
@@ -50,9 +52,14 @@ def register(app: typer.Typer) -> None:
         from simtree.runtime.profile_steps import step_builders
 
         echo = (lambda s: None) if as_json else (lambda s: typer.echo(s, err=True))
+        # the runtime's own steps (variant runtime_tiny) time the checkpoint folder given, else the tiny default
+        folders = [m for m in model or [] if Path(m).expanduser().is_dir()]
+        if len(folders) > 1:
+            raise SimtreeError(f"--model: one checkpoint folder per sweep, got {len(folders)}: {', '.join(folders)}")
         res = run_sweep(sweep, out, device=device, max_minutes=max_minutes, only_stage=only_stage,
                         models=model or None, retry_failed=retry_failed, remeasure=remeasure,
-                        progress=not as_json, echo=echo, builders=step_builders(), deployment=deployment)
+                        progress=not as_json, echo=echo, builders=step_builders(folders[0] if folders else None),
+                        deployment=deployment)
         if as_json:
             typer.echo(json.dumps({"table": str(res.table), "measured": res.measured,
                                    "already_done": res.skipped_done,
