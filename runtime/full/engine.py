@@ -128,11 +128,12 @@ class FullEngine:
         self._layouts = {s: RoundLayout.of(s, B, dev, self._chain_bits(s.path_rows), costs, max_len) for s in every}
         self.one_row = self._chain_bits(1)
         self.use(rs)
-        capturable = dev.type == "cuda" and model.capturable and not shapes
+        capturable = dev.type == "cuda" and model.capturable
         self.use_graphs = capturable if graphs is None else bool(graphs)
         if self.use_graphs and not capturable:
-            raise SimtreeError("CUDA graphs need a CUDA device, a capturable model and one round shape")
-        self.graphs = None
+            raise SimtreeError("CUDA graphs need a CUDA device and a capturable model")
+        self.graphs = None        # the captured stages of the round shape in use
+        self._shape_graphs = {}   # every round shape's captured stages (capture())
         self.capture_error = None   # why capture() fell back to eager stages, if it did
         self.capture_traceback = None   # where, in full
 
@@ -143,6 +144,8 @@ class FullEngine:
         lay = self._layouts[rs]
         self.rs, self.tree, self.alloc, self.own_bits = lay.rs, lay.tree, lay.alloc, lay.own_bits
         self.path_cols, self.chain = lay.path_cols, lay.chain
+        if getattr(self, "_shape_graphs", None):
+            self.graphs = self._shape_graphs.get(rs)
 
     def _chain_bits(self, rows: int) -> torch.Tensor:
         """Causal-chain bits over the first ``rows`` scratch rows, as wide as the scratch."""
@@ -270,16 +273,35 @@ class FullEngine:
 
     @torch.no_grad()
     def capture(self, warmup: int = 2, shared_pool: bool = True) -> None:
-        """Capture one CUDA graph per stage (warm-up runs first: Triton compiles, cached tables);
-        the state is reset afterwards.  A no-op where graphs are off; where capture fails the
-        stages run eagerly and ``capture_error`` says why.
+        """Capture one CUDA graph per stage of every round shape the engine was built for (an
+        engine with several shapes, such as the controller's tiers, replays the graphs of the
+        shape :meth:`use` selects); warm-up runs first (Triton compiles, cached tables), and the
+        state is reset afterwards.  A no-op where graphs are off; where capture fails the stages
+        run eagerly and ``capture_error`` says why.
 
-        ``shared_pool``: the stages' graphs share one memory pool, so a stage's temporaries may
+        ``shared_pool``: a shape's stages share one memory pool, so a stage's temporaries may
         lie where an earlier-captured stage kept its own; right for whole rounds in stage order,
         wrong for replaying a subset (a profiled draft step replays draft and catch-up without
-        the verify whose outputs the catch-up reads): those take one pool per stage."""
+        the verify whose outputs the catch-up reads): those take one pool per stage.  Shapes
+        never share a pool (a round of one shape must not overwrite another's captured memory)."""
         if not self.use_graphs:
             return
+        current, captured = self.rs, {}
+        try:
+            for rs in self._layouts:
+                self.use(rs)
+                captured[rs] = self._capture_stages(warmup, shared_pool)
+        except Exception as exc:   # noqa: BLE001 - not capturable here: the same stages run eagerly
+            self.capture_error = " ".join(f"{type(exc).__name__}: {exc}".split())[:200]
+            self.capture_traceback = traceback.format_exc()
+            captured = {}
+        torch.cuda.synchronize()
+        self._shape_graphs = captured
+        self.use(current)
+        self.reset()
+
+    def _capture_stages(self, warmup: int, shared_pool: bool) -> list:
+        """[(stage name, CUDAGraph)] of the round shape in use."""
         stages = self._stages()
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
@@ -291,18 +313,12 @@ class FullEngine:
         torch.cuda.synchronize()
         pool = torch.cuda.graph_pool_handle()
         graphs = []
-        try:
-            for name, fn in stages:
-                g = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(g, pool=pool if shared_pool else torch.cuda.graph_pool_handle()):
-                    fn()
-                graphs.append((name, g))
-            self.graphs = graphs
-        except Exception as exc:   # noqa: BLE001 - not capturable here: the same stages run eagerly
-            self.capture_error = " ".join(f"{type(exc).__name__}: {exc}".split())[:200]
-            self.capture_traceback = traceback.format_exc()
-        torch.cuda.synchronize()
-        self.reset()
+        for name, fn in stages:
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g, pool=pool if shared_pool else torch.cuda.graph_pool_handle()):
+                fn()
+            graphs.append((name, g))
+        return graphs
 
     @torch.no_grad()
     def prefill(self, prompts: list[list[int]]) -> None:

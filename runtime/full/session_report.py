@@ -196,6 +196,10 @@ def session_report(sessions: list[Path], out: Path, untagged: dict | None = None
         costs_path = out / f"costs_{model}.json"
         fit.bundle.save(costs_path)
         notes += [f"{model} fit: {n}" for n in fit.notes]
+        cvm += composed_vs_measured(profile, steps)
+        if not (folder / "summary.json").exists():   # a session run without its measure phase
+            notes.append(f"{model}: no measured runs in {folder.name} (its profile and steps only)")
+            continue
         res = repredict(folder / "summary.json", fit.bundle)
         notes += [f"{model}: {n}" for n in res["notes"] + res["prediction_notes"]]
         ran = [r for r in res["rows"] if math.isfinite(r.get("measured_tok_s", float("nan")))]
@@ -203,7 +207,6 @@ def session_report(sessions: list[Path], out: Path, untagged: dict | None = None
         keep = [r for r in res["rows"] if r["policy"].split(":")[0] in ("plain", "linear_d4")]
         rows += keep + plans
         alternatives += [r for r in res["rows"] if r not in keep]
-        cvm += composed_vs_measured(profile, steps)
         if (folder / "lossless.csv").exists():
             # the session's own check runs on the model it profiles: the profile's dtype, every layer
             n = get_model(model).num_layers
