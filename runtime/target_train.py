@@ -233,16 +233,17 @@ def train_target(out, cfg: TargetTrainConfig | None = None, overwrite: bool = Fa
         save_checkpoint(path, model, opt, rng, state)
 
     t0, seconds0 = time.perf_counter(), state["seconds"]
-    step, steps, stopped = state["step"], state["steps"], False
+    start = step = state["step"]
+    steps, stopped = state["steps"], False
     with StopOnSignal() as stop:
         while step < steps:
             if stop.requested:
                 save()
                 raise TrainingInterrupted(f"interrupted ({stop.requested}): checkpoint saved at step {step}/{steps} "
                                           f"in {ckpt}; rerun with --resume to continue", step, steps, ckpt)
-            if not cfg.steps and step == AUTO_PROBE and steps == 10 ** 9:
+            if not cfg.steps and steps == 10 ** 9 and step - start == AUTO_PROBE:   # this run's first steps
                 pace = (time.perf_counter() - t0) / AUTO_PROBE
-                steps = state["steps"] = max(AUTO_PROBE + 1, int(0.9 * cfg.max_seconds / pace))
+                steps = state["steps"] = max(step + 1, int(0.9 * cfg.max_seconds / pace))
                 say(f"{pace * 1e3:.0f} ms per step: {steps} steps fit {cfg.max_seconds:g} s")
             lr = _lr(cfg, step, steps)
             for g in opt.param_groups:
