@@ -430,7 +430,7 @@ def _predict(costs: Costs, trace_path: Path, spec: PolicySpec, batch_size: int, 
     # cost_aware and batch_alloc: priced as the engine runs them, the rule's trees verified in the
     # bucket of the policy's max budget each round (generate's round shape)
     bucket = spec.max_nodes if spec.mode in ADAPTIVE_MODES else None
-    sim = simulate(costs, wl, batch_size, spec, verify="bucket", bucket=bucket)
+    sim = simulate(costs, wl, batch_size, spec, bucket=bucket)
     return {"tokens_per_s": sim.throughput_tok_s, "accepted_tokens_per_round": sim.accepted_tokens_per_round,
             "round_us": sim.round_latency_us, "draft_us": sim.draft_us, "verify_us": sim.verify_us,
             "mean_nodes_per_seq": sim.mean_nodes_per_seq, "rounds": sim.rounds, "synthetic": sim.synthetic,

@@ -1,24 +1,35 @@
 """Train the Qwen3.5-architecture target and its MTP layer on the packaged text (CPU or GPU).
 
-    simtree train --arch qwen3_5_text --size cpu --target-steps 2000 --out DIR
+    simtree train --size cpu --target-steps 2000 --out DIR
+    simtree train --size cpu --target-steps 2000 --out DIR --resume     (after an interruption)
 
-One bounded call, from scratch: a BPE tokenizer (:mod:`.bpe`, or ``--tokenizer`` to reuse one)
-over the training text, then :class:`.target_model.TargetWithMTP` trained on random windows of
-its token stream (next-token + MTP loss), AdamW with linear warm-up and cosine decay, gradient
-clipping 1.0.  Deterministic on CPU for a given seed and step count (one thread, seeded windows
-and initialisation).  ``max_seconds`` stops early and publishes what it has (the record says so);
+A BPE tokenizer (:mod:`.bpe`, or ``--tokenizer`` to reuse one) over the training text, then
+:class:`.target_model.TargetWithMTP` trained on random windows of its token stream (next-token +
+MTP loss), AdamW with linear warm-up and cosine decay, gradient clipping 1.0.  Deterministic on
+CPU for a given seed and step count (one thread, seeded windows and initialisation).
 ``steps`` 0 sets the step count from the pace of the first ``AUTO_PROBE`` steps so that the
-cosine schedule ends within 90% of ``max_seconds`` (a bounded GPU run).
+cosine schedule ends within 90% of ``max_seconds`` (a bounded GPU run).  Before any work the
+step's memory is checked (:mod:`.train_memory`).
 
 Text: the split of :mod:`simtree.runtime.data` (even-indexed ShareGPT conversations of the
 first ``conversations`` x 2 records, HumanEval problems 0..131 train), documents joined by the
 tokenizer's ``<|endoftext|>``.  Held-out loss: fixed windows of the odd-indexed ShareGPT
 conversations (the prompts' side of the split), every ``eval_every`` steps and at the end.
 
-The folder (written only when training ends; a folder already there is refused unless
-``overwrite``): ``config.json`` + ``model.safetensors`` (:func:`.target_model.save_folder`),
-``tokenizer.json`` + ``tokenizer_config.json``, ``training.json`` (settings, losses, seconds) and
-``training_log.csv`` (step, lr, lm_loss, mtp_loss, heldout_lm_loss, heldout_mtp_loss, seconds).
+An interruption loses at most ``checkpoint_every`` steps: the job's whole state (weights, AdamW
+state, step, RNG states, tokenizer, log; :mod:`.train_state`) is written atomically to
+``out/checkpoint.safetensors`` every ``checkpoint_every`` steps and on SIGINT / SIGTERM (the
+current step finishes, then :class:`TrainingInterrupted`).  ``resume`` continues it, refusing a
+checkpoint of other settings (``max_seconds`` and ``checkpoint_every`` may change); the result
+is bit-identical to an uninterrupted run's.  ``max_seconds`` stops early and publishes what it
+has (``complete`` false in the record) with the checkpoint inside, so ``resume`` continues that
+too.
+
+The folder (written beside ``out`` and moved over it when training ends; a folder already there
+is refused unless ``overwrite``): ``config.json`` + ``model.safetensors``
+(:func:`.target_model.save_folder`), ``tokenizer.json`` + ``tokenizer_config.json``,
+``training.json`` (settings, losses, seconds) and ``training_log.csv`` (step, lr, lm_loss,
+mtp_loss, heldout_lm_loss, heldout_mtp_loss, seconds).
 """
 from __future__ import annotations
 
@@ -33,13 +44,18 @@ import numpy as np
 import torch
 
 from simtree.errors import SimtreeError, check_int
-from simtree.fileio import write_text_atomic
 
 from .bpe import BpeTokenizer, train_tokenizer, write_tokenizer
 from .data import training_docs
 from .target_model import PRESETS, TargetWithMTP, hf_config, save_folder
+from .train_memory import check_training_memory
+from .train_state import StopOnSignal, TrainingInterrupted, read_checkpoint, restore, save_checkpoint
 
-__all__ = ["TargetTrainConfig", "train_target", "corpus"]
+__all__ = ["TargetTrainConfig", "TrainingInterrupted", "train_target", "corpus", "checkpoint_path", "CHECKPOINT_FILE"]
+
+CHECKPOINT_FILE = "checkpoint.safetensors"
+FREE_SETTINGS = ("max_seconds", "checkpoint_every")   # a resumed run may change these: the result does not
+LOG_HEADER = "step,lr,lm_loss,mtp_loss,heldout_lm_loss,heldout_mtp_loss,seconds"
 
 EVAL_WINDOWS = 32
 AUTO_PROBE = 20     # steps timed before an automatic step count is set
@@ -58,6 +74,7 @@ class TargetTrainConfig:
     conversations: int = 2000
     max_seconds: float = 1200.0
     eval_every: int = 250
+    checkpoint_every: int = 100
     device: str = "cpu"
     tokenizer: str | None = None
 
@@ -69,6 +86,7 @@ class TargetTrainConfig:
         check_int(self.seq_len, "--seq-len", 8, 4096)
         check_int(self.conversations, "--conversations", 1)
         check_int(self.eval_every, "eval_every", 1)
+        check_int(self.checkpoint_every, "--checkpoint-every", 1)
         if not (self.lr > 0 and math.isfinite(self.lr)):
             raise SimtreeError(f"--lr must be a positive number, got {self.lr}")
         if self.device.startswith("cuda") and not torch.cuda.is_available():
@@ -104,21 +122,85 @@ def _heldout(model: TargetWithMTP, batches: list[torch.Tensor], autocast) -> dic
     return {k: float(np.mean([p[k] for p in parts])) for k in ("lm", "mtp")}
 
 
+def checkpoint_path(out) -> Path:
+    return Path(out) / CHECKPOINT_FILE
+
+
+def _job(cfg: TargetTrainConfig) -> dict:
+    """The settings that make two runs the same job (the others do not change the result)."""
+    return {k: v for k, v in asdict(cfg).items() if k not in FREE_SETTINGS}
+
+
+def _flag(key: str) -> str:
+    return "--target-steps" if key == "steps" else f"--{key.replace('_', '-')}"
+
+
+def _begin(out: Path, cfg: TargetTrainConfig, overwrite: bool, resume: bool) -> dict | None:
+    """The state to continue from (``resume``), else None; every refusal before any work."""
+    ckpt = checkpoint_path(out)
+    if resume:
+        if overwrite:
+            raise SimtreeError("--resume and --overwrite exclude each other: --overwrite trains from scratch")
+        if not ckpt.is_file():
+            raise SimtreeError(f"--resume: {out} holds no training checkpoint ({CHECKPOINT_FILE}): "
+                               "start the job without --resume")
+        state, tensors, meta = read_checkpoint(ckpt)
+        for key, want in _job(cfg).items():
+            have = state["settings"].get(key)
+            if have != want:
+                raise SimtreeError(f"--resume: the checkpoint in {out} is from a run with {_flag(key)} {have!r} "
+                                   f"(this run asks for {want!r}): resume with that run's settings")
+        return {"state": state, "tensors": tensors, "meta": meta}
+    if out.exists() and (not out.is_dir() or any(out.iterdir())) and not overwrite:
+        unfinished = " (an unfinished run: pass --resume to continue it)" if ckpt.is_file() else ""
+        raise SimtreeError(f"--out {out} already holds files{unfinished}: pass --overwrite to replace them, "
+                           "or choose another")
+    return None
+
+
+def _publish(out: Path, model: TargetWithMTP, tok: BpeTokenizer, record: dict, log: list[str], cuda: bool,
+             checkpoint=None) -> None:
+    """Write the folder beside ``out`` and move it over ``out`` (``checkpoint(path)`` adds the
+    training state to an unfinished one)."""
+    staging = out.with_name(f".{out.name}.partial")
+    shutil.rmtree(staging, ignore_errors=True)
+    write_tokenizer(tok.tokenizer, staging)
+    if checkpoint is not None:
+        checkpoint(checkpoint_path(staging))
+    save_folder(model.float().cpu(), staging, dtype=torch.bfloat16 if cuda else torch.float32,
+                extra_files={"training.json": json.dumps(record, indent=1) + "\n",
+                             "training_log.csv": "\n".join([LOG_HEADER, *log]) + "\n"})
+    if out.exists():
+        shutil.rmtree(out)
+    staging.rename(out)
+
+
 def train_target(out, cfg: TargetTrainConfig | None = None, overwrite: bool = False, progress=None,
-                 events=None) -> dict:
-    """Train (module docstring) and write the folder ``out``; returns training.json's dict."""
+                 events=None, resume: bool = False) -> dict:
+    """Train (module docstring) and write the folder ``out``; returns training.json's dict.
+    ``resume`` continues the job whose checkpoint ``out`` holds; SIGINT / SIGTERM checkpoint
+    after the current step and raise :class:`TrainingInterrupted`."""
     cfg = (cfg or TargetTrainConfig()).validate()
     out = Path(out)
-    if out.exists() and (not out.is_dir() or any(out.iterdir())) and not overwrite:
-        raise SimtreeError(f"--out {out} already holds files: pass --overwrite to replace them, or choose another")
+    begun = _begin(out, cfg, overwrite, resume)
     say = events or (lambda line: None)
     t_start = time.perf_counter()
     cuda = cfg.device.startswith("cuda")
     if not cuda:
         torch.set_num_threads(1)
+    if begun is not None:
+        from tokenizers import Tokenizer
+        tok = BpeTokenizer(Tokenizer.from_str(begun["state"]["tokenizer"]))
+    elif cfg.tokenizer:
+        tok = BpeTokenizer.from_file(cfg.tokenizer)
+    else:
+        tok = None
+    config = hf_config(cfg.size, tok.vocab_size if tok else cfg.vocab_size, max_positions=max(4096, 2 * cfg.seq_len))
+    check_training_memory(config, cfg.batch_size, cfg.seq_len, device=cfg.device)   # before any work
     train_docs, held_docs = training_docs(cfg.conversations)
-    tok = (BpeTokenizer.from_file(cfg.tokenizer) if cfg.tokenizer
-           else BpeTokenizer(train_tokenizer(train_docs, cfg.vocab_size)))
+    if tok is None:
+        tok = BpeTokenizer(train_tokenizer(train_docs, cfg.vocab_size))
+        config = hf_config(cfg.size, tok.vocab_size, max_positions=max(4096, 2 * cfg.seq_len))
     stream, held = corpus(tok, train_docs), corpus(tok, held_docs)
     if min(stream.size, held.size) <= cfg.seq_len + 1:
         raise SimtreeError(f"--seq-len {cfg.seq_len} is too long for the text ({stream.size} training tokens, "
@@ -126,73 +208,86 @@ def train_target(out, cfg: TargetTrainConfig | None = None, overwrite: bool = Fa
     say(f"tokenizer: {tok.vocab_size} tokens; corpus {stream.size} training tokens, {held.size} held out "
         f"({time.perf_counter() - t_start:.0f}s)")
     torch.manual_seed(cfg.seed)
-    model = TargetWithMTP(hf_config(cfg.size, tok.vocab_size, max_positions=max(4096, 2 * cfg.seq_len))).to(cfg.device)
+    model = TargetWithMTP(config).to(cfg.device)
     model.train()
     n_params = sum(p.numel() for p in model.parameters())
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=0.01)
-    rng = np.random.default_rng(cfg.seed)
     held_rng = np.random.default_rng(cfg.seed + 1)
     eval_batches = [_windows(held, held_rng.integers(0, held.size - cfg.seq_len - 1, min(cfg.batch_size, 16)),
                              cfg.seq_len, cfg.device) for _ in range(max(EVAL_WINDOWS // min(cfg.batch_size, 16), 1))]
+    ckpt = checkpoint_path(out)
+    if begun is None:
+        rng = np.random.default_rng(cfg.seed)
+        # steps 0: as many as fit max_seconds at the pace of the first AUTO_PROBE steps (a GPU run)
+        state = {"settings": _job(cfg), "tokenizer": tok.to_json(), "step": 0, "steps": cfg.steps or 10 ** 9,
+                 "log": [], "tail": [], "held_loss": None, "seconds": 0.0}
+    else:
+        state = begun["state"]
+        rng = restore(begun["tensors"], begun["meta"], model, opt, ckpt)
+        say(f"resuming at step {state['step']}/{state['steps']} from {ckpt}")
 
     def autocast():
         return torch.autocast("cuda", dtype=torch.bfloat16) if cuda else torch.autocast("cpu", enabled=False)
 
-    log = ["step,lr,lm_loss,mtp_loss,heldout_lm_loss,heldout_mtp_loss,seconds"]
-    # steps 0: as many as fit max_seconds at the pace of the first AUTO_PROBE steps (a GPU run)
-    steps = cfg.steps or 10 ** 9
-    t0, step, tail, held_loss = time.perf_counter(), 0, [], None
-    while step < steps:
-        if not cfg.steps and step == AUTO_PROBE:
-            pace = (time.perf_counter() - t0) / AUTO_PROBE
-            steps = max(AUTO_PROBE + 1, int(0.9 * cfg.max_seconds / pace))
-            say(f"{pace * 1e3:.0f} ms per step: {steps} steps fit {cfg.max_seconds:g} s")
-        lr = _lr(cfg, step, steps)
-        for g in opt.param_groups:
-            g["lr"] = lr
-        win = _windows(stream, rng.integers(0, stream.size - cfg.seq_len - 1, cfg.batch_size), cfg.seq_len, cfg.device)
-        with autocast():
-            loss, parts = model.loss(win)
-        if not math.isfinite(parts["lm"]):
-            raise SimtreeError(f"training diverged at step {step} (loss {parts['lm']}): lower --lr")
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        step += 1
-        tail = (tail + [parts])[-20:]
-        seconds = time.perf_counter() - t0
-        stop = seconds > cfg.max_seconds
-        row = [step, f"{lr:.6g}", f"{parts['lm']:.4f}", f"{parts['mtp']:.4f}", "", ""]
-        if step % cfg.eval_every == 0 or step == steps or stop:
-            held_loss = _heldout(model, eval_batches, autocast)
-            row[4:6] = [f"{held_loss['lm']:.4f}", f"{held_loss['mtp']:.4f}"]
-            say(f"step {step}/{steps}: loss {parts['lm']:.3f} (mtp {parts['mtp']:.3f}), held-out "
-                f"{held_loss['lm']:.3f} (mtp {held_loss['mtp']:.3f}), {seconds:.0f}s")
-        log.append(",".join(map(str, row)) + f",{seconds:.1f}")
-        if progress is not None:
-            progress(step, parts["lm"])
-        if stop and step < steps:
-            say(f"stopped by max_seconds {cfg.max_seconds:g} at step {step}/{steps}")
-            break
+    def save(path=ckpt):
+        save_checkpoint(path, model, opt, rng, state)
+
+    t0, seconds0 = time.perf_counter(), state["seconds"]
+    start = step = state["step"]
+    steps, stopped = state["steps"], False
+    with StopOnSignal() as stop:
+        while step < steps:
+            if stop.requested:
+                save()
+                raise TrainingInterrupted(f"interrupted ({stop.requested}): checkpoint saved at step {step}/{steps} "
+                                          f"in {ckpt}; rerun with --resume to continue", step, steps, ckpt)
+            if not cfg.steps and steps == 10 ** 9 and step - start == AUTO_PROBE:   # this run's first steps
+                pace = (time.perf_counter() - t0) / AUTO_PROBE
+                steps = state["steps"] = max(step + 1, int(0.9 * cfg.max_seconds / pace))
+                say(f"{pace * 1e3:.0f} ms per step: {steps} steps fit {cfg.max_seconds:g} s")
+            lr = _lr(cfg, step, steps)
+            for g in opt.param_groups:
+                g["lr"] = lr
+            starts = rng.integers(0, stream.size - cfg.seq_len - 1, cfg.batch_size)
+            win = _windows(stream, starts, cfg.seq_len, cfg.device)
+            with autocast():
+                loss, parts = model.loss(win)
+            if not math.isfinite(parts["lm"]):
+                raise SimtreeError(f"training diverged at step {step} (loss {parts['lm']}): lower --lr")
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            step = state["step"] = step + 1
+            state["tail"] = (state["tail"] + [parts])[-20:]
+            state["seconds"] = seconds = seconds0 + time.perf_counter() - t0
+            stopped = time.perf_counter() - t0 > cfg.max_seconds and step < steps
+            row = [step, f"{lr:.6g}", f"{parts['lm']:.4f}", f"{parts['mtp']:.4f}", "", ""]
+            if step % cfg.eval_every == 0 or step == steps or stopped:
+                held_loss = state["held_loss"] = _heldout(model, eval_batches, autocast)
+                row[4:6] = [f"{held_loss['lm']:.4f}", f"{held_loss['mtp']:.4f}"]
+                say(f"step {step}/{steps}: loss {parts['lm']:.3f} (mtp {parts['mtp']:.3f}), held-out "
+                    f"{held_loss['lm']:.3f} (mtp {held_loss['mtp']:.3f}), {seconds:.0f}s")
+            state["log"].append(",".join(map(str, row)) + f",{seconds:.1f}")
+            if progress is not None:
+                progress(step, parts["lm"])
+            if stopped:
+                say(f"stopped by max_seconds {cfg.max_seconds:g} at step {step}/{steps}: published as is; "
+                    "rerun with --resume to continue")
+                break
+            if step < steps and step % cfg.checkpoint_every == 0:
+                save()
+    tail, held_loss = state["tail"], state["held_loss"]
     record = {"schema": "simtree.target_training/1", "settings": asdict(cfg), "parameters": n_params,
               "steps": step, "planned_steps": steps, "complete": step == steps, "tokens_in_corpus": int(stream.size),
               "heldout_tokens": int(held.size), "tokens_seen": step * cfg.batch_size * cfg.seq_len,
               "final_lm_loss": float(np.mean([p["lm"] for p in tail])),
               "final_mtp_loss": float(np.mean([p["mtp"] for p in tail])),
               "heldout_lm_loss": held_loss["lm"], "heldout_mtp_loss": held_loss["mtp"],
-              "train_seconds": round(time.perf_counter() - t0, 1),
+              "train_seconds": round(state["seconds"], 1),
               "total_seconds": round(time.perf_counter() - t_start, 1), "torch": torch.__version__,
               "device": torch.cuda.get_device_name() if cuda else "cpu"}
-    staging = out.with_name(f".{out.name}.partial")
-    shutil.rmtree(staging, ignore_errors=True)
-    write_tokenizer(tok.tokenizer, staging)
-    dtype = torch.bfloat16 if cuda else torch.float32
-    save_folder(model.float().cpu(), staging, dtype=dtype,
-                extra_files={"training.json": json.dumps(record, indent=1) + "\n",
-                             "training_log.csv": "\n".join(log) + "\n"})
-    if out.exists():
-        shutil.rmtree(out)
-    staging.rename(out)
+    # the training state goes on with an unfinished folder (--resume continues it)
+    _publish(out, model, tok, record, state["log"], cuda, checkpoint=save if stopped else None)
     record["out"] = str(out)
     return record

@@ -46,9 +46,43 @@ from simtree.acceptance.traces import marginal_ranks_of
 from simtree.fileio import file_mode_for
 
 
-__all__ = ["TraceWriter", "TRACE_SCHEMA"]
+__all__ = ["TraceWriter", "TRACE_SCHEMA", "round_records"]
 
 TRACE_SCHEMA = "simtree.trace/2"
+
+
+def round_records(batch, acc, *, workload: str, batch_size: int, round_index: int, mode: str, context_lens,
+                  topk=None, drafter: str | None = None, confidence=None, verified_len=None) -> list[dict]:
+    """One record per sequence of a round (module docstring).  batch: TreeBatch; acc:
+    simtree.trees.greedy.BatchAcceptResult of that batch; topk: optional (token ids int [B, P, K],
+    probs float [B, P, K]) of the drafter's chain, or of a block drafter's marginals (``drafter``
+    "block", "tfm" or "dspark": the record then carries the target token's rank in each
+    position's marginal); confidence: optional float [B, P] of DSpark's confidence head,
+    verified_len int [B] its verified prefix."""
+    out = []
+    for b, tree in enumerate(batch.trees):
+        res = acc.result(b)
+        rec = {"schema": TRACE_SCHEMA, "workload": workload, "batch_size": int(batch_size),
+               "round": int(round_index), "seq": b, "mode": mode, "context_len": int(context_lens[b]),
+               "parents": tree.parents.tolist(), "tokens": tree.tokens.tolist(),
+               "log_probs": [round(float(x), 6) for x in tree.log_probs],
+               "ranks": sibling_rank(tree).tolist(), "accepted_path": res.path.tolist(),
+               "accepted_node": int(acc.last_node[b]), "num_accepted": int(res.num_accepted),
+               "target_tokens": [*res.accepted_tokens.tolist(), int(res.bonus_token)]}
+        if topk is not None:
+            rec["topk_tokens"] = topk[0][b].tolist()
+            rec["topk_probs"] = [[round(float(x), 6) for x in row] for row in topk[1][b]]
+        if drafter is not None:
+            rec["drafter"] = drafter
+            if topk is not None and drafter != "mtp":
+                rec["marginal_ranks"] = marginal_ranks_of(np.asarray(topk[0][b]),
+                                                          np.asarray(rec["target_tokens"])).tolist()
+        if confidence is not None:
+            rec["confidence"] = [min(max(round(float(x), 6), 0.0), 1.0) for x in confidence[b]]
+        if verified_len is not None:
+            rec["verified_len"] = int(verified_len[b])
+        out.append(rec)
+    return out
 
 
 class TraceWriter:
@@ -71,35 +105,12 @@ class TraceWriter:
             self.tmp_path = self.path
             self._fh = open(self.tmp_path, "w", encoding="utf-8")
 
-    def write_round(self, batch, acc, *, workload: str, batch_size: int, round_index: int, mode: str,
-                    context_lens, topk=None, drafter: str | None = None, confidence=None,
-                    verified_len=None) -> None:
-        """batch: TreeBatch; acc: simtree.trees.greedy.BatchAcceptResult of that batch;
-        topk: optional (token ids int [B, P, K], probs float [B, P, K]) of the drafter's chain, or
-        of a block drafter's marginals (``drafter`` "block", "tfm" or "dspark": the record then
-        carries the target token's rank in each position's marginal); confidence: optional
-        float [B, P] of DSpark's confidence head, verified_len int [B] its verified prefix."""
-        for b, tree in enumerate(batch.trees):
-            res = acc.result(b)
-            rec = {"schema": TRACE_SCHEMA, "workload": workload, "batch_size": int(batch_size),
-                   "round": int(round_index), "seq": b, "mode": mode, "context_len": int(context_lens[b]),
-                   "parents": tree.parents.tolist(), "tokens": tree.tokens.tolist(),
-                   "log_probs": [round(float(x), 6) for x in tree.log_probs],
-                   "ranks": sibling_rank(tree).tolist(), "accepted_path": res.path.tolist(),
-                   "accepted_node": int(acc.last_node[b]), "num_accepted": int(res.num_accepted),
-                   "target_tokens": [*res.accepted_tokens.tolist(), int(res.bonus_token)]}
-            if topk is not None:
-                rec["topk_tokens"] = topk[0][b].tolist()
-                rec["topk_probs"] = [[round(float(x), 6) for x in row] for row in topk[1][b]]
-            if drafter is not None:
-                rec["drafter"] = drafter
-                if topk is not None and drafter != "mtp":
-                    rec["marginal_ranks"] = marginal_ranks_of(np.asarray(topk[0][b]),
-                                                              np.asarray(rec["target_tokens"])).tolist()
-            if confidence is not None:
-                rec["confidence"] = [min(max(round(float(x), 6), 0.0), 1.0) for x in confidence[b]]
-            if verified_len is not None:
-                rec["verified_len"] = int(verified_len[b])
+    def write_round(self, batch, acc, **fields) -> None:
+        """The round's records (:func:`round_records`, the same arguments) appended."""
+        self.write_records(round_records(batch, acc, **fields))
+
+    def write_records(self, records) -> None:
+        for rec in records:
             self._fh.write(json.dumps(rec) + "\n")
 
     def close(self) -> None:

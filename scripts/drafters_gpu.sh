@@ -16,10 +16,9 @@ set -uo pipefail
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 LOG="$OUT/log.txt"
-START=$(date +%s)
-log() { echo "[$(date +%T) +$(( $(date +%s) - START ))s] $*" | tee -a "$LOG"; }
-log "install"
 source scripts/gpu_install.sh
+gpu_log "$LOG"
+log "install"
 gpu_install || log "editable install FAILED"
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv >> "$LOG" 2>&1
 log "(a) GPU tests of the drafters"

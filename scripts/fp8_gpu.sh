@@ -19,12 +19,11 @@ cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 LOG="$OUT/fp8_log.txt"
-START=$(date +%s)
+source scripts/gpu_install.sh
+gpu_log "$LOG"
 TOTAL=${TOTAL_SECONDS:-540}
-log() { echo "[$(date +%T) +$(( $(date +%s) - START ))s] $*" | tee -a "$LOG"; }
 left() { echo $(( TOTAL - ($(date +%s) - START) )); }
 log "install"
-source scripts/gpu_install.sh
 gpu_install || log "editable install FAILED"
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv > "$OUT/gpu_state.csv" 2>&1
 python3 -c "import torch, triton; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__)" \

@@ -7,10 +7,9 @@ set -uo pipefail
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 LOG="$OUT/gpu_tests.log"
-START=$(date +%s)
-TOTAL=${TOTAL_SECONDS:-480}
-log() { echo "[$(date +%T) +$(( $(date +%s) - START ))s] $*" | tee -a "$LOG"; }
 source scripts/gpu_install.sh
+gpu_log "$LOG"
+TOTAL=${TOTAL_SECONDS:-480}
 gpu_install || log "editable install FAILED"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv >> "$LOG" 2>&1
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" >> "$LOG" 2>&1

@@ -17,10 +17,9 @@ set -uo pipefail
 MODEL=${1:?usage: bash scripts/modes_gpu.sh MODEL}
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT/$MODEL"
-START=$(date +%s)
-TOTAL=${TOTAL_SECONDS:-500}
-log() { echo "[$(date +%T) +$(( $(date +%s) - START ))s] $*" | tee -a "$OUT/$MODEL/log.txt"; }
 source scripts/gpu_install.sh
+gpu_log "$OUT/$MODEL/log.txt"
+TOTAL=${TOTAL_SECONDS:-500}
 gpu_install || log "editable install FAILED"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv >> "$OUT/$MODEL/log.txt" 2>&1
 log "(a) GPU tests of the block drafters' rounds"

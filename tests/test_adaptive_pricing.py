@@ -6,7 +6,6 @@ import pytest
 
 from simtree.acceptance.model import Workload, get_workload
 from simtree.costs.synthetic import synthetic_costs
-from simtree.errors import SimtreeError
 from simtree.planning.adaptive import AdaptiveRounds, adaptive_bucket
 from simtree.planning.planner import SearchSpace, plan
 from simtree.planning.simulate import PolicySpec, analytic_run, simulate
@@ -27,44 +26,19 @@ def test_bucket_pricing_pays_the_bucket_every_round(spec):
     bucket = adaptive_bucket(wl.acceptance, spec, COSTLY, 4, 64)
     nodes, _ = AdaptiveRounds(wl.acceptance, spec, COSTLY, 4).decide(64.0)
     assert bucket == max(2, int(nodes.max())) and bucket < spec.max_nodes
-    a, r = analytic_run(wl, spec, COSTLY, 4), analytic_run(wl, spec, COSTLY, 4, verify="ragged")
-    assert a["bucket"] == bucket and a["n"] == bucket and a["nodes_std"] == 0.0 and r["bucket"] is None
-    # the rule's trees are the same (the bucket caps nothing at this context): same acceptance, the
-    # bucket's verify costs more than the ragged mean's, so bucket pricing predicts less
-    assert a["g"] == pytest.approx(r["g"]) and a["tree_nodes"] == pytest.approx(r["n"]) and r["n"] < bucket
+    a = analytic_run(wl, spec, COSTLY, 4)
+    assert a["bucket"] == bucket and a["n"] == bucket and a["nodes_std"] == 0.0
+    # the rule's trees are mostly smaller than the bucket, whose verify every round pays
+    assert a["tree_nodes"] < bucket
     assert a["verify_us"] == pytest.approx(float(COSTLY.verify.predict(bucket, 64 + a["g"] * (a["rounds"] - 1) / 2, 4)),
                                            rel=1e-6)
-    assert a["tok_s"] < r["tok_s"]
     # a smaller bucket caps the rule's trees: fewer accepted tokens per round
     small = analytic_run(wl, spec, COSTLY, 4, bucket=2)
     assert small["n"] == 2 and small["tree_nodes"] <= 2 + 1e-9 and small["g"] < a["g"]
     sim = simulate(COSTLY, wl, 4, spec)
     assert sim.throughput_tok_s == a["tok_s"] and any("static bucket" in n for n in sim.notes)
-    assert simulate(COSTLY, wl, 4, spec, verify="ragged").throughput_tok_s == r["tok_s"]
     mc = simulate(COSTLY, wl, 4, spec, mc_runs=2, seed=1)
-    assert mc.ci95 and mc.throughput_tok_s < simulate(COSTLY, wl, 4, spec, mc_runs=2, seed=1,
-                                                      verify="ragged").throughput_tok_s * 1.05
-
-
-def test_unknown_verify_pricing_is_one_line():
-    with pytest.raises(SimtreeError, match="verify pricing 'tree'"):
-        analytic_run(_workload(64, 32), CA, COSTLY, 2, verify="tree")
-    with pytest.raises(SimtreeError, match="verify pricing"):
-        SearchSpace(adaptive_verify="flat")
-
-
-def test_ragged_planning_is_asked_for_and_noted():
-    wl = _workload(64, 32)
-    space = SearchSpace(budgets=(2, 4), eagle_steps=(1,), eagle_topk=(2,), draft_depths=(3,), adaptive_max_budget=8)
-    bucketed = plan(COSTLY, [wl], [4], space).candidates
-    ragged_space = SearchSpace(budgets=(2, 4), eagle_steps=(1,), eagle_topk=(2,), draft_depths=(3,),
-                               adaptive_max_budget=8, adaptive_verify="ragged")
-    ragged = plan(COSTLY, [wl], [4], ragged_space)
-    assert any("ragged" in n for n in ragged.source["notes"])
-    for mode in ("cost_aware", "batch_alloc"):
-        b_row = bucketed[bucketed["mode"] == mode].iloc[0]
-        r_row = ragged.candidates[ragged.candidates["mode"] == mode].iloc[0]
-        assert b_row["tok_s"] < r_row["tok_s"] and b_row["nodes_per_seq"] == int(b_row["nodes_per_seq"])
+    assert mc.ci95 and mc.mean_nodes_per_seq == bucket
 
 
 def test_the_planner_predicts_what_full_run_predicts(tmp_path):

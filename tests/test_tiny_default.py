@@ -37,3 +37,16 @@ def test_the_committed_command_writes_the_same_bytes(tmp_path):
     for name in ("config.json", "model.safetensors"):
         digest = [hashlib.sha256(p.read_bytes()).hexdigest() for p in (tmp_path / name, FOLDER / name)]
         assert digest[0] == digest[1], name
+
+
+def test_the_byte_tokenizer_round_trips_text():
+    from simtree.errors import SimtreeError
+    from simtree.runtime.tokenizer import ByteTokenizer
+
+    tok = ByteTokenizer()
+    text = "def f(x):\n    return x ** 2  # ünïcödé ✓"
+    ids = tok.encode(text)
+    assert ids[0] == tok.bos_id and max(ids[1:]) < 256
+    assert tok.decode(ids) == text
+    with pytest.raises(SimtreeError):
+        tok.decode([999])

@@ -12,9 +12,6 @@ that falls back to the torch tree attention when the kernel fails its check.
 
 V4 layer verify (a block of its own; kernels/v4/verify.py FUSIONS, docs/math/v4_compression.md):
 
-    v4_comp_proj    the compressors' projections: "fused" (one Triton launch for every
-                    compressor of the layer, up to _proj_kernel.MAX_ROWS nodes), "cublas"
-                    (two torch GEMMs each); "auto": V4_AUTO's choice
     v4_topk         the CSA indexer's top-k + attention list: "fused" (one Triton launch,
                     score rows up to _topk_kernel.MAX_ROW), "sort" (torch.topk + the list
                     kernel); "auto": V4_AUTO's choice
@@ -43,11 +40,11 @@ _CHOICES = {"fused": ("auto", "torch"), "tree_attention": ("auto", "triton", "to
 _CHOICES.update(gdn_commit=("standalone", "deferred"))
 
 # ---- V4 layer verify fusions ----------------------------------------------------------------
-_CHOICES.update(v4_comp_proj=("auto", "fused", "cublas"), v4_topk=("auto", "fused", "sort"))
+_CHOICES.update(v4_topk=("auto", "fused", "sort"))
 # what "auto" runs: the unfused forms until profiler/bench/v4_floor.py has measured the fused
 # ones on the GPU (its summary names the faster form of each; docs/math/v4_compression.md)
-V4_AUTO = {"v4_comp_proj": "cublas", "v4_topk": "sort"}
-_V4_FUSION = {"v4_comp_proj": "comp_proj", "v4_topk": "topk"}   # form -> tree_verify's fusion name
+V4_AUTO = {"v4_topk": "sort"}
+_V4_FUSION = {"v4_topk": "topk"}   # form -> tree_verify's fusion name
 
 
 @dataclass(frozen=True)
@@ -56,7 +53,6 @@ class LayerForms:
     tree_attention: str = "auto"
     fp8_gemm: str = "auto"
     gdn_commit: str = "standalone"
-    v4_comp_proj: str = "auto"
     v4_topk: str = "auto"
 
     def __post_init__(self):
@@ -75,7 +71,7 @@ def current() -> LayerForms:
 
 
 def set_forms(**changes: str) -> LayerForms:
-    """Set forms (``fused``, ``tree_attention``, ``fp8_gemm``, ``gdn_commit``, ``v4_comp_proj``, ``v4_topk``)
+    """Set forms (``fused``, ``tree_attention``, ``fp8_gemm``, ``gdn_commit``, ``v4_topk``)
     from here on; returns the ones replaced."""
     global _current
     old, _current = _current, replace(_current, **changes)

@@ -21,8 +21,7 @@ Device side (graph-capturable): :func:`tree_verify`.  Its default "triton" path 
 of launches per layer: SWA 1-2 (attention [+ split merge]); HCA + the compressor GEMMs and
 one pooling kernel (the list is static, built by the plan); CSA + the indexer's GEMMs,
 pooling, one indexer-scan kernel (persistent and scratch keys), torch.topk and one
-list-building kernel (``fusions``: the compressors' GEMMs in one launch, _proj_kernel; the
-top-k and list in one, _topk_kernel).  "torch" is the plain float64-capable form the tests
+list-building kernel (``fusions``: the top-k and list in one, _topk_kernel).  "torch" is the plain float64-capable form the tests
 check against;
 "flashmla" swaps the attention core for FlashMLA's FP8 V4 sparse decode.
 """
@@ -34,7 +33,6 @@ import numpy as np
 import torch
 
 from simtree.errors import SimtreeError
-from simtree.kernels._triton import interpreting
 from simtree.trees.tree import DraftTree, TreeBatch
 
 from .attention import gather_rows, sparse_attention, sparse_attention_torch
@@ -42,13 +40,12 @@ from .cache import V4Cache
 from .compressor import CompressorParams, pool_window
 from ._indexer_kernels import indexer_scores, indexer_scores_torch, selection_to_list
 from ._pool_kernel import pool_windows
-from ._proj_kernel import fits as proj_fits, project_compressors
 from ._topk_kernel import MAX_ROW as TOPK_MAX_ROW, topk_to_list
 from .reference import V4Inputs, V4LayerWeights
 
 __all__ = ["VerifyPlan", "VerifyScratch", "plan_verify", "attention_lists", "tree_verify", "random_tree", "FUSIONS"]
 
-FUSIONS = ("comp_proj", "topk")     # tree_verify's optional fused launches
+FUSIONS = ("topk",)     # tree_verify's optional fused launches
 
 
 @dataclass
@@ -401,12 +398,9 @@ def _csa_list_triton(cache: V4Cache, inp: V4Inputs, scratch_keys: torch.Tensor, 
                              cache.comp.num_rows, base)
 
 
-def _projections(w: V4LayerWeights, inp: V4Inputs, plan: VerifyPlan, fused: bool) -> list[torch.Tensor]:
-    """[2, N, C] of every compressor of the layer (KV, then the indexer's): one Triton launch
-    for all of them where ``fused`` and _proj_kernel runs them, else two GEMMs each."""
+def _projections(w: V4LayerWeights, inp: V4Inputs, plan: VerifyPlan) -> list[torch.Tensor]:
+    """[2, N, C] of every compressor of the layer (KV, then the indexer's): two GEMMs each."""
     comps = [p for p in (w.comp, w.indexer) if p is not None]
-    if fused and (inp.x.is_cuda or interpreting()) and proj_fits(comps, inp.x.shape[0]):
-        return project_compressors(comps, inp.x, plan.pos_mod)
     x = inp.x.to(w.comp.wkv.dtype)
     return [_project_stacked(p, x, plan.pos_mod) for p in comps]
 
@@ -418,14 +412,13 @@ def attention_lists(cache: V4Cache, w: V4LayerWeights, inp: V4Inputs, plan: Veri
     per-node index list idx [N, window + K] into sources [window pool | node latents
     (| compressed pool | scratch entries)].  use_triton: fused pooling / indexer / list
     kernels (False: plain torch, any dtype — the float64 test path); ``fusions`` (Triton
-    path only): "comp_proj" the compressors' GEMMs in one launch, "topk" the CSA top-k and
-    list in one."""
+    path only): "topk" the CSA top-k and list in one launch."""
     cfg = cache.cfg
     sc = VerifyScratch(node_kv=inp.kv.to(cache.window.pool.dtype))
     sources = [cache.window.pool, sc.node_kv]
     if not cache.ratio:
         return plan.attn_idx, sources, sc
-    projs = _projections(w, inp, plan, use_triton and "comp_proj" in fusions)
+    projs = _projections(w, inp, plan)
     sc.comp_proj_stacked = projs[0]
     sc.comp_proj = (sc.comp_proj_stacked[0], sc.comp_proj_stacked[1])
     sc.comp_entries = _scratch_entries(w.comp, cache.comp_kv, cache.comp_score, sc.comp_proj, plan, use_triton,

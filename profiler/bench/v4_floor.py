@@ -176,7 +176,7 @@ def summarize(rows: list[dict]) -> dict:
                 (r["tree_over_linear"] or 0) <= TARGET_TREE_OVER_LINEAR for r in block)
     core = {(r["variant"], r["layer_kind"], r["batch_size"], r["nodes_per_seq"], r["context_len"]): r["measured_us"]
             for r in rows if r["scope"] == "core"}
-    for form, (on, off) in {"v4_comp_proj": ("fused_proj", "current"), "v4_topk": ("fused_topk", "current")}.items():
+    for form, (on, off) in {"v4_topk": ("fused", "current")}.items():
         gains = [core[(off, *k[1:])] / v for k, v in core.items() if k[0] == on and (off, *k[1:]) in core]
         if gains:
             out["faster_form"][form] = {"median_speedup_fused": round(float(np.median(gains)), 3),

@@ -23,11 +23,9 @@ __all__ = ["MODEL", "VARIANTS", "ATTENTION", "BLOCK_VARIANTS", "ATTN_LAUNCHES", 
 
 MODEL = "deepseek-v4-flash"
 # the forms each variant runs (kernels/layers/forms.py); "current" is the path before the fusions
-VARIANTS = {"current": dict(v4_comp_proj="cublas", v4_topk="sort"),
-            "fused": dict(v4_comp_proj="fused", v4_topk="fused"),
-            "fused_proj": dict(v4_comp_proj="fused", v4_topk="sort"),
-            "fused_topk": dict(v4_comp_proj="cublas", v4_topk="fused"),
-            "fused_flashmla": dict(v4_comp_proj="fused", v4_topk="fused")}
+VARIANTS = {"current": dict(v4_topk="sort"),
+            "fused": dict(v4_topk="fused"),
+            "fused_flashmla": dict(v4_topk="fused")}
 ATTENTION = {"fused_flashmla": "flashmla"}  # the attention core of a variant (default: the Triton one)
 BLOCK_VARIANTS = ("current", "fused", "fused_flashmla")       # the attention block: tree and linear
 # launches of the Triton attention core timed alone on the round's lists (block_k, block_h,
@@ -141,27 +139,11 @@ def run_checks(device, d: V.V4Dims) -> list[dict]:
     if "fused_flashmla" in variants(device):
         from simtree.kernels.v4.check import check_flashmla_path
         record("tree_verify_flashmla", lambda: {k: v for k, v in check_flashmla_path(device).items() if k != "check"})
-    record("comp_proj_flash", lambda: _check_proj(device, d))
     record("attention_launches_flash", lambda: _check_launches(device, d))
     record("topk_list_flash", lambda: _check_topk(device))
     for kind in ("csa", "hca", "swa"):
         record(f"block_{kind}_flash", lambda kind=kind: _check_block(device, d, kind))
     return out
-
-
-def _check_proj(device, d):
-    from simtree.kernels.v4._proj_kernel import project_compressors, project_compressors_torch
-    lw = V.layer_weights(make_weights([s for s in V.layer_specs("", "csa", d, 1.0, torch.float32)
-                                       if s.name.startswith(("comp.", "idx.", "sink"))], device, torch.bfloat16, 3),
-                         "csa", d)
-    g = torch.Generator(device=device).manual_seed(3)
-    x = torch.randn(24, d.h, generator=g, device=device).to(torch.bfloat16)
-    pos = torch.randint(0, 4, (24,), generator=g, device=device)
-    comps = [lw.comp, lw.indexer]
-    got = project_compressors(comps, x, pos)
-    ref = project_compressors_torch([c.to(dtype=torch.float64) for c in comps], x.double(), pos)
-    err = max(float(((a.double() - b).abs() / (b.abs() + 1e-3)).max()) for a, b in zip(got, ref))
-    return {"ok": err < 1e-3, "max_rel_err": err}
 
 
 def _check_launches(device, d):

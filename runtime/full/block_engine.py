@@ -28,7 +28,8 @@ The drafter shares the target's embedding and LM head.  Replays score the margin
 dspark) by the acceptance model (``DraftScores``); a dspark replay's survival is its level's
 probability of the chain's top-1 (a calibrated confidence head).  Each round's marginals and
 confidences stay on the device (``marginal_ids``, ``confidence``, ``verified_len``):
-:func:`round_records` turns a round into trace records after it.
+``last_round`` brings them to the host with the tree, and :mod:`.round_trace` turns a round into
+trace records after it.
 """
 from __future__ import annotations
 
@@ -45,9 +46,9 @@ from .best_first import best_first, marginal_candidates
 from .block_drafters import DrafterRound
 from .drafting import MARGINAL_TOPK, RoundShape, lay_out, pad_tree
 from .engine import FullEngine
+from .round_trace import round_records
 
-__all__ = ["BlockEngine", "make_engine", "check_block_len", "feature_layers", "round_records", "traced_rounds",
-           "FAMILY_FIELDS"]
+__all__ = ["BlockEngine", "make_engine", "check_block_len", "feature_layers", "traced_rounds", "FAMILY_FIELDS"]
 
 # drafter sizes of one family only (``sizes`` may name them for every family: the others' are dropped)
 FAMILY_FIELDS = {"tfm": ("cand_k", "adapter_dim"), "dspark": ("markov_rank",)}
@@ -182,6 +183,20 @@ class BlockEngine(FullEngine):
         self.drafter.feats.copy_(feats.gather(1, self._path[..., None].expand(B, P, feats.shape[-1])))
         self.drafter.n_new.copy_(self._acc_len + 1)
 
+    def last_round(self) -> dict:
+        """FullEngine's, with the drafter's inputs to the acceptance model: ``marginals`` (the
+        top-K marginals' log-probs and ids [B, L, K]; block, dspark), ``confidence`` [B, L] and
+        ``verified_len`` [B] (dspark) and ``drafter`` the family."""
+        rec = super().last_round()
+        if self.rs.plain:
+            return rec
+        d = self.rs.drafter
+        rec["drafter"] = d
+        rec["marginals"] = None if d == "tfm" else (self.marginal_lp.cpu().numpy(), self.marginal_ids.cpu().numpy())
+        if d == "dspark":
+            rec["confidence"], rec["verified_len"] = self.confidence.cpu().numpy(), self.verified_len.cpu().numpy()
+        return rec
+
     # ---- set-up ------------------------------------------------------------------------------
     def reset(self) -> None:
         super().reset()
@@ -235,49 +250,6 @@ class BlockEngine(FullEngine):
         d.n_new.copy_(torch.as_tensor(last, device=dev))
 
 
-def round_records(engine: BlockEngine, *, workload: str, round_index: int, context_lens) -> list[dict]:
-    """Trace records (``simtree.trace/2``, runtime/trace.py) of the round the engine ran last, one
-    per sequence, read from its device buffers after the round: the tree, the accepted path, the
-    target's tokens along it, and the drafter's inputs to the acceptance model - the top-K
-    marginals and the target token's rank in each (block, dspark), the confidence head's
-    predictions and the verified prefix (dspark)."""
-    from simtree.acceptance.traces import marginal_ranks_of
-    from simtree.runtime.trace import TRACE_SCHEMA
-
-    rs, t = engine.rs, engine.tree
-    tokens, parents, valid = t.tokens.cpu().numpy(), t.parents.cpu().numpy(), t.valid.cpu().numpy()
-    score, ranks = t.score.cpu().numpy(), t.rank.cpu().numpy()
-    acc_len, path = engine._acc_len.cpu().numpy(), engine._path.cpu().numpy()
-    follow = engine._next_tok.cpu().numpy()
-    ids, lp = engine.marginal_ids.cpu().numpy(), engine.marginal_lp.cpu().numpy()
-    conf, verified = engine.confidence.cpu().numpy(), engine.verified_len.cpu().numpy()
-    out = []
-    for b in range(engine.B):
-        keep = np.flatnonzero(valid[b])         # the verified tree (the root is valid), in topological order
-        new_index = np.full(tokens.shape[1], -1)
-        new_index[keep] = np.arange(keep.size)
-        par = np.where(parents[b, keep] < 0, -1, new_index[np.maximum(parents[b, keep], 0)])
-        own = score[b, keep]
-        cond = [0.0] + [float(own[j] - own[par[j]]) if par[j] > 0 else float(own[j]) for j in range(1, keep.size)]
-        a = int(acc_len[b])
-        rec = {"schema": TRACE_SCHEMA, "workload": workload, "batch_size": engine.B, "round": int(round_index),
-               "seq": b, "mode": rs.spec.mode, "context_len": int(context_lens[b]), "parents": par.tolist(),
-               "tokens": tokens[b, keep].tolist(), "log_probs": [round(x, 6) for x in cond],
-               "ranks": ranks[b, keep].tolist(), "accepted_path": new_index[path[b, :a + 1]].tolist(),
-               "accepted_node": int(new_index[path[b, a]]), "num_accepted": a,
-               "target_tokens": follow[b, :a + 1].tolist(),
-               "drafter": rs.drafter}
-        if rs.drafter != "tfm":
-            rec["topk_tokens"] = ids[b].tolist()
-            rec["topk_probs"] = [[round(float(x), 6) for x in row] for row in np.exp(lp[b])]
-            rec["marginal_ranks"] = marginal_ranks_of(ids[b], np.asarray(rec["target_tokens"])).tolist()
-        if rs.drafter == "dspark":
-            rec["confidence"] = [min(max(round(float(x), 6), 0.0), 1.0) for x in conf[b]]
-            rec["verified_len"] = int(verified[b])
-        out.append(rec)
-    return out
-
-
 def traced_rounds(engine: BlockEngine, max_new_tokens: int, workload: str) -> list[dict]:
     """Live rounds until every sequence has ``max_new_tokens`` outputs, one round at a time (the
     host reads each round's buffers after it): the trace records of every round."""
@@ -285,6 +257,7 @@ def traced_rounds(engine: BlockEngine, max_new_tokens: int, workload: str) -> li
     while int(engine.out_len.min()) < max_new_tokens:
         ctx = engine.st.lengths.tolist()
         engine.run(rounds=1)
-        records += round_records(engine, workload=workload, round_index=index, context_lens=ctx)
+        records += round_records(engine.last_round(), workload=workload, round_index=index,
+                                 mode=engine.rs.spec.mode, context_lens=ctx)
         index += 1
     return records

@@ -11,7 +11,7 @@ gives plain decoding's tokens).  ``run.json`` (written atomically under ``out``)
 outputs, the mode, the accepted tokens per round and the load notes (a checkpoint without MTP
 weights drafts with a random MTP layer).  A block drafter's run (block, tfm, dspark) also writes
 ``traces.jsonl`` (``simtree.trace/2``, workload ``prompts``): every round's tree and accepted
-path with its marginals' ranks, confidences and verified prefix (``block_engine.round_records``).
+path with its marginals' ranks, confidences and verified prefix (``round_trace.round_records``).
 """
 from __future__ import annotations
 

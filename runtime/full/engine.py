@@ -472,21 +472,22 @@ class FullEngine:
         """The last round on the host (one copy; live runs' traces): ``tokens``, ``parents``,
         ``score`` (cumulative draft log-prob), ``valid`` [B, n]; ``accepted`` [B] (local node);
         ``target_next`` [B, n] (the target's argmax at every node); ``marginals`` (log-probs,
-        ids [B, P, K] along the drafter's chain) for the marginal modes, else None.  Plain
-        rounds: the root alone."""
+        ids [B, P, K] along the drafter's chain) for the marginal modes, else None; ``drafter``
+        "mtp".  Plain rounds: the root alone (:mod:`.round_trace` makes trace records of it)."""
         if self.rs.plain:
             root = self._plain_root[:, None]
             z = torch.zeros_like(root)
             return {"tokens": root.cpu().numpy(), "parents": (z - 1).cpu().numpy(),
                     "score": z.float().cpu().numpy(), "valid": torch.ones_like(root, dtype=torch.bool).cpu().numpy(),
                     "accepted": z[:, 0].cpu().numpy(), "target_next": self._target_next.cpu().numpy(),
-                    "marginals": None}
+                    "marginals": None, "drafter": "mtp"}
         t = self.tree
         marg = getattr(self, "_marginals", None) if self.rs.marginal or self._keeps_chain_topk() else None
         return {"tokens": t.tokens.cpu().numpy(), "parents": t.parents.cpu().numpy(), "score": t.score.cpu().numpy(),
                 "valid": t.valid.cpu().numpy(), "accepted": self._accepted.cpu().numpy(),
                 "target_next": self._target_next.cpu().numpy(),
-                "marginals": None if marg is None else (marg[0].cpu().numpy(), marg[1].cpu().numpy())}
+                "marginals": None if marg is None else (marg[0].cpu().numpy(), marg[1].cpu().numpy()),
+                "drafter": "mtp"}
 
     def outputs(self) -> list[list[int]]:
         """Live runs: each sequence's output tokens (the first from the prefill)."""

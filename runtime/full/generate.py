@@ -10,8 +10,8 @@ and timing as every other run of the runtime (milliseconds, as the engine report
 batch is static: every sequence decodes every round until the slowest has ``max_new_tokens``;
 the tokens past it are cut from the outputs and counted in ``tokens_produced``.  Each round
 records how many sequences were still short of max_new_tokens when it began (``live``) and,
-with a trace writer, one record per sequence (``simtree.runtime.trace``): the round's tree as
-the engine drafted it (padding left out), the accepted node, the target's tokens along the
+with a trace writer, one record per sequence (:mod:`.round_trace`): the round's tree as the
+engine drafted it (padding left out), the accepted node, the target's tokens along the
 accepted path and, for the marginal modes, the drafter's top-K along its chain.
 """
 from __future__ import annotations
@@ -24,11 +24,10 @@ import torch
 
 from simtree.errors import SimtreeError, check_int
 from simtree.planning.modes import PolicySpec
-from simtree.trees.greedy import greedy_accept_batch
-from simtree.trees.tree import DraftTree, TreeBatch
 
 from .drafting import round_shape
 from .engine import OUT_CAP, FullEngine
+from .round_trace import round_records
 
 __all__ = ["RoundStats", "GenerationResult", "generate", "greedy_decode", "check_fits", "check_spec", "state_rows", "TRACE_TOPK"]
 
@@ -55,39 +54,6 @@ class GenerationResult:
     rounds: list         # RoundStats per decode round
     prefill_ms: float
     tokens_produced: int  # all tokens the decode rounds produced (before cutting)
-
-
-def _trees(rec: dict) -> list[DraftTree]:
-    """The round's trees without their padding (the valid nodes are closed under parents)."""
-    trees = []
-    for b in range(rec["tokens"].shape[0]):
-        keep = np.flatnonzero(rec["valid"][b])
-        new = np.full(rec["valid"].shape[1], -1, np.int64)
-        new[keep] = np.arange(keep.size)
-        par = rec["parents"][b, keep]
-        parents = np.where(par < 0, -1, new[np.maximum(par, 0)])
-        score = rec["score"][b, keep].astype(np.float64)
-        log_probs = score - np.where(par < 0, 0.0, rec["score"][b, np.maximum(par, 0)])
-        log_probs[0] = 0.0
-        trees.append(DraftTree(parents, rec["tokens"][b, keep], log_probs))
-    return trees
-
-
-def _write_trace(trace, rec: dict, workload: str, index: int, mode: str, ctx_lens) -> None:
-    """One trace record per sequence of the round (``rec``: ``FullEngine.last_round``)."""
-    batch = TreeBatch(_trees(rec))
-    keep = [np.flatnonzero(v) for v in rec["valid"]]
-    acc = greedy_accept_batch(batch, np.concatenate([rec["target_next"][b, k] for b, k in enumerate(keep)]))
-    engine_nodes = [int(np.searchsorted(k, a)) for k, a in zip(keep, rec["accepted"])]
-    if [int(x) for x in acc.last_node] != engine_nodes:    # the host's greedy acceptance is the engine's
-        raise SimtreeError(f"round {index}: the engine accepted nodes {engine_nodes}, greedy acceptance of its "
-                           f"trees gives {list(acc.last_node)}")
-    topk = None
-    if rec["marginals"] is not None:
-        lp, ids = rec["marginals"]
-        topk = (ids, np.exp(lp.astype(np.float64)))
-    trace.write_round(batch, acc, workload=workload, batch_size=len(keep), round_index=index, mode=mode,
-                      context_lens=ctx_lens, topk=topk, drafter="mtp")
 
 
 def state_rows(prompts, rs, max_new_tokens: int) -> int:
@@ -168,7 +134,8 @@ def generate(model, prompts: list[list[int]], max_new_tokens: int, spec: PolicyS
         if tier is not None:
             controller.observe(tier, acc)
         if trace is not None:
-            _write_trace(trace, rec, workload, len(rounds) - 1, engine.rs.spec.mode, ctx_lens)
+            trace.write_records(round_records(rec, workload=workload, round_index=len(rounds) - 1,
+                                              mode=engine.rs.spec.mode, context_lens=ctx_lens))
         if progress is not None:
             progress(int(np.minimum(lens, max_new_tokens).sum()))
     outputs = [o[:max_new_tokens] for o in engine.outputs()]

@@ -32,12 +32,7 @@ from simtree.planning.modes import BatchAllocParams, CostAwareParams
 from simtree.trees.builders import BestFirstOrder, best_first_order
 from simtree.trees.tree import DraftTree
 
-__all__ = ["AdaptiveRounds", "scored_phi", "adaptive_bucket", "ADAPTIVE_VERIFY"]
-
-# how a cost_aware / batch_alloc round's verify is priced: "bucket" (the default) - the static
-# bucket of :func:`adaptive_bucket` every round, as the full runtime's CUDA graphs verify it;
-# "ragged" - the mean size of the trees the rule chooses, for an engine that verifies ragged trees
-ADAPTIVE_VERIFY = ("bucket", "ragged")
+__all__ = ["AdaptiveRounds", "scored_phi", "adaptive_bucket"]
 
 FIXED_POINT_STEPS = 16   # price / round-weight iterations of one analytic decision (2-4 suffice when not exact)
 
@@ -149,8 +144,7 @@ def adaptive_bucket(acc: AcceptanceModel, spec: CostAwareParams | BatchAllocPara
     (:meth:`AdaptiveRounds.decide`) gives any acceptance level at ``context_len`` (at least 2, at
     most the spec's max budget).  The full runtime captures its CUDA graphs at this many nodes
     per sequence and verifies them every round (the nodes past a round's budget are padding),
-    its budgets capped at it; the simulator prices the mode at this bucket by default
-    (``ADAPTIVE_VERIFY``).  A bucket of the max budget would pay C_v(max budget) each round for
+    its budgets capped at it; the simulator prices the mode at this bucket.  A bucket of the max budget would pay C_v(max budget) each round for
     trees the rule mostly keeps smaller."""
     nodes, _ = AdaptiveRounds(acc, spec, costs, batch_size).decide(float(context_len))
     return max(2, min(spec.max_nodes, int(np.max(nodes))))

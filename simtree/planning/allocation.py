@@ -5,8 +5,8 @@ Each sequence brings a candidate list: the survival probabilities (prefix probab
 its best-first nodes after the root, non-increasing, so any prefix is a tree.  The lists of
 the batch are merged by survival probability (each list keeps its own order on ties) and a
 prefix of K nodes is verified; the rule believes the round's verify costs C_v(1 + K/b) (mean
-nodes per sequence; ragged trees - what the full runtime, verifying a static bucket, actually
-pays is priced by the simulator, :mod:`simtree.planning.simulate`).  Two rules choose K:
+nodes per sequence; what the full runtime, verifying a static bucket, actually pays is priced
+by the simulator, :mod:`simtree.planning.simulate`).  Two rules choose K:
 
 - :func:`batch_allocation` (mode ``batch_alloc``, DSpark-style): the prefix maximising the
   round's own rate (b + sum of survival) / (C_d + C_v(1 + K/b));

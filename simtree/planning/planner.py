@@ -20,7 +20,7 @@ the same tree for more draft cost, and those candidates are left out.
 
 Every candidate is scored by :mod:`simtree.planning.simulate`'s analytic mode (fixed shapes
 vectorised over candidates); cost_aware and batch_alloc as the full runtime runs them, their
-rule's trees verified in a static bucket every round (``SearchSpace.adaptive_verify``).  Output: :class:`PlanResult` with all candidates (each with the
+rule's trees verified in a static bucket every round (:func:`simtree.planning.adaptive.adaptive_bucket`).  Output: :class:`PlanResult` with all candidates (each with the
 cost-model axes it queries outside their measured range, ``extrapolated``), the chosen
 policy per (workload, batch size) and :meth:`PlanResult.to_policy` (contract 3).  A tree
 chosen for a predicted gain over the best linear / plain policy below the verify fit's
@@ -45,7 +45,7 @@ from simtree.planning.modes import (MODES, RUNTIME_MODES, TREE_MODES, BatchAlloc
                                     LinearParams, NoneParams, PolicySpec, check_batch_size)
 from simtree.planning.policy_file import Policy, PolicyEntry
 from simtree.planning.ranges import extrapolated_axes, measured_ranges, queried_ranges, range_notes
-from simtree.planning.simulate import analytic_run, analytic_static, check_verify, static_round
+from simtree.planning.simulate import analytic_run, analytic_static, static_round
 from simtree.trees.builders import eagle_max_nodes
 
 __all__ = ["DEFAULT_BATCH_SIZES", "FAMILIES", "SearchSpace", "PlanResult", "candidate_specs", "plan",
@@ -67,12 +67,8 @@ class SearchSpace:
     adaptive_max_budget: int = _MAX_BUDGET
     adaptive: bool = True
     modes: tuple[str, ...] = FAMILIES   # the families searched (plain decoding always is)
-    # cost_aware / batch_alloc verify priced at the full runtime's static bucket, or "ragged"
-    # (the rule's own trees) for an engine that verifies ragged trees (simulate.analytic_run)
-    adaptive_verify: str = "bucket"
 
     def __post_init__(self) -> None:
-        check_verify(self.adaptive_verify)
         unknown = [m for m in self.modes if m not in MODES]
         if unknown or not self.modes:
             raise SimtreeError(f"plan modes {', '.join(unknown) or '(none)'}: choose among {', '.join(FAMILIES)}")
@@ -209,8 +205,7 @@ def check_workload_names(workloads, labels: Sequence[str] | None = None) -> None
                                "one (a trace's workload field names it)")
 
 
-def _score(costs: Costs, workload: Workload, table: pd.DataFrame, adaptive: list[PolicySpec], b: int,
-           verify: str = "bucket") -> pd.DataFrame:
+def _score(costs: Costs, workload: Workload, table: pd.DataFrame, adaptive: list[PolicySpec], b: int) -> pd.DataFrame:
     """Every candidate of one (workload, batch size): the fixed shapes of ``table`` (scored
     vectorised) and the ``adaptive`` specs, with their tok/s and round and draft latency, and
     the [ctx_lo, ctx_hi] of contexts each asks C_v at (the run's [l0, l0 + N], widened by an
@@ -227,7 +222,7 @@ def _score(costs: Costs, workload: Workload, table: pd.DataFrame, adaptive: list
                       round_us=out["total_us"] / out["rounds"], draft_us=draft, ctx_lo=lo, ctx_hi=hi)
     rows = []
     for spec in adaptive:
-        a = analytic_run(workload, spec, costs, b, verify=verify)
+        a = analytic_run(workload, spec, costs, b)
         rows.append({"policy": spec.name, "mode": spec.mode, "params": json.dumps(spec.to_dict(), sort_keys=True),
                      "budget": None, "tokens_per_round": a["g"], "nodes_per_seq": a["n"], "nodes_std": a["nodes_std"],
                      "draft_steps": spec.draft_depth, "draft_topk": 1, "min_nodes": 1.0,
@@ -282,7 +277,7 @@ def plan(costs: Costs, workloads: Sequence[Workload], batch_sizes: Sequence[int]
         for workload in workloads:
             table = _static_table(workload, fixed)
             for b in sizes:
-                df = _score(costs, workload, table, adaptive, b, space.adaptive_verify)
+                df = _score(costs, workload, table, adaptive, b)
                 if blocks:
                     df = pd.concat([df, _drafter_rows(costs, workload, blocks, b)], ignore_index=True)
                 queries = queried_ranges(df)
@@ -308,9 +303,6 @@ def plan(costs: Costs, workloads: Sequence[Workload], batch_sizes: Sequence[int]
               "planner": "simtree.planner analytic search", "num_candidates": int(len(cands)),
               "verify_heldout_median_error": costs.verify.heldout_median_error,
               "notes": range_notes(ranges, spans)}
-    if space.adaptive_verify != "bucket":
-        source["notes"].append(f"cost_aware and batch_alloc priced at {space.adaptive_verify} verify (an engine "
-                               "that verifies the rule's own trees), not the full runtime's static bucket")
     if space.searched != FAMILIES:
         source["modes"] = list(space.searched)
         source["notes"].append(f"searched the families {', '.join(space.searched)} only (--modes)")

@@ -22,11 +22,10 @@ give the cost model its measured cost).
 
 Verify cost: a fixed shape's C_v at its nodes per sequence (its mean over levels where their
 trees differ in size).  cost_aware and batch_alloc are priced as the full runtime runs them
-(``verify="bucket"``, the default): every round verifies the static bucket of
+every round verifies the static bucket of
 :func:`simtree.planning.adaptive.adaptive_bucket` (decided at the run's starting context) at
 C_v(bucket, l, b), its trees - the rule's, capped at the bucket - accepted as the rule chooses
-them.  ``verify="ragged"`` prices them at the mean size of the rule's trees instead, for an
-engine that verifies ragged trees (total tokens = sum of tree sizes).
+them.
 """
 from __future__ import annotations
 
@@ -39,7 +38,7 @@ from simtree.acceptance.model import AcceptanceModel, Workload
 from simtree.acceptance.phi import expected_accepted_ranked, rank_tokens, sample_accepted_length
 from simtree.costs.model import Costs
 from simtree.errors import SimtreeError, check_whole
-from simtree.planning.adaptive import ADAPTIVE_VERIFY, AdaptiveRounds, adaptive_bucket
+from simtree.planning.adaptive import AdaptiveRounds, adaptive_bucket
 from simtree.planning.allocation import RunningPrice, batch_allocation
 from simtree.planning.modes import (BatchAllocParams, BestFirstParams, CostAwareParams, EagleParams, LinearParams,
                                     NoneParams, PolicySpec, check_batch_size)
@@ -47,7 +46,7 @@ from simtree.trees.builders import batched_best_first_tree, eagle_tree_positiona
 from simtree.trees.tree import DraftTree
 
 __all__ = ["RoundShape", "SimResult", "static_round", "simulate", "analytic_static", "analytic_run",
-           "batch_allocation", "check_simulable", "MAX_TREE_NODES", "MAX_DRAFT_STEPS", "check_verify"]
+           "batch_allocation", "check_simulable", "MAX_TREE_NODES", "MAX_DRAFT_STEPS"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -220,29 +219,20 @@ CTX_QUANTUM = 32  # tokens; granularity of adaptive budget decisions in the anal
 MAX_DECISIONS = 64  # longer runs (N > 2048) decide per (output_len / 64)-token bucket instead
 
 
-def check_verify(verify: str) -> str:
-    if verify not in ADAPTIVE_VERIFY:
-        raise SimtreeError(f"adaptive verify pricing {verify!r} unknown: one of {', '.join(ADAPTIVE_VERIFY)}")
-    return verify
-
-
-def analytic_run(workload: Workload, spec: PolicySpec, costs: Costs, b: int, *, verify: str = "bucket",
-                 bucket: int | None = None) -> dict:
+def analytic_run(workload: Workload, spec: PolicySpec, costs: Costs, b: int, *, bucket: int | None = None) -> dict:
     """Expected-value run: mean tokens per round g (incl. bonus), mean nodes verified per
     sequence n and their spread ``nodes_std`` over the policy's rounds, rounds, total_us, mean
     verify_us and draft_us per round, tok_s (batch throughput counting the N = output_len tokens
     each sequence outputs), ``level_weights`` (the share of its rounds at each acceptance
     level); adaptive modes also ``decision_ctx``, the [lo, hi] of the (bucketed) contexts their
     budget decisions query C_v at (None for fixed shapes), ``tree_nodes`` (the mean size of the
-    rule's trees) and ``bucket`` (None under ``verify="ragged"``).
+    rule's trees) and ``bucket``.
 
-    ``verify`` (adaptive modes; module docstring): "bucket" verifies ``bucket`` nodes per
-    sequence every round (default: :func:`adaptive_bucket` at the workload's mean prompt
-    length, as the runtime takes it) and n is the bucket; "ragged" the rule's trees, n their
-    mean size."""
+    Adaptive modes (module docstring) verify ``bucket`` nodes per sequence every round (default:
+    :func:`adaptive_bucket` at the workload's mean prompt length, as the runtime takes it); n is
+    the bucket."""
     acc = workload.acceptance
     l0, N = workload.mean_prompt_len, workload.output_len
-    check_verify(verify)
     if not isinstance(spec, (CostAwareParams, BatchAllocParams)):
         shape = static_round(acc, spec)
         g, n, draft = shape.tokens_per_round, shape.nodes_per_seq, _draft_us(costs, spec, b)
@@ -250,14 +240,14 @@ def analytic_run(workload: Workload, spec: PolicySpec, costs: Costs, b: int, *, 
         return {"g": g, "n": n, "nodes_std": shape.nodes_std, "rounds": int(out["rounds"][0]),
                 "total_us": float(out["total_us"][0]), "verify_us": float(out["verify_us"][0]), "draft_us": draft,
                 "tok_s": float(out["throughput_tok_s"][0]), "level_weights": shape.weights, "decision_ctx": None}
-    static = None if verify == "ragged" else adaptive_bucket(acc, spec, costs, b, l0) if bucket is None else int(bucket)
+    static = adaptive_bucket(acc, spec, costs, b, l0) if bucket is None else int(bucket)
     ad = AdaptiveRounds(acc, spec, costs, b, max_nodes=static)
     # The per-round budget decision depends on the context only through C_v, which moves
     # negligibly over a few tokens: decide once per quantum-token bucket of context (the
     # rounds' own costs below still use their exact contexts).
     quantum = max(CTX_QUANTUM, math.ceil(N / MAX_DECISIONS))
     produced, ctx, total, verify_sum, rounds, gs = 0.0, l0, 0.0, 0.0, 0, 0.0
-    level_rounds, buckets = np.zeros(acc.num_levels), []   # buckets: (rounds, mean nodes, their variance)
+    level_rounds, tree_nodes = np.zeros(acc.num_levels), 0.0   # tree_nodes: the rule's nodes over every round
     decided = [math.inf, -math.inf]   # the contexts the decisions ask C_v at: up to quantum / 2 off ctx
     while produced < N - 1e-9:   # one decision per bucket: its rounds all go at once below
         bucket = int(round(ctx / quantum))
@@ -265,8 +255,6 @@ def analytic_run(workload: Workload, spec: PolicySpec, costs: Costs, b: int, *, 
         decided = [min(decided[0], at), max(decided[1], at)]
         nodes, w = ad.decide(at)   # level l carries b * w_l requests
         g = 1.0 + float(sum(w[i] * ad.phi(i, int(nodes[i])) for i in range(acc.num_levels)))
-        n = max(float(w @ nodes), 1.0)   # weights sum to 1 within rounding: never ask C_v below one node
-        verified = n if static is None else float(static)
         # every round left in this bucket at once: contexts ctx + g j while they round to it
         left = max(1, math.ceil((N - 1e-9 - produced) / g))
         span = max(1, math.ceil(((bucket + 0.5) * quantum - ctx) / g) + 1)
@@ -275,24 +263,21 @@ def analytic_run(workload: Workload, spec: PolicySpec, costs: Costs, b: int, *, 
         keep = (np.round(ctxs / quantum) == bucket) & (produced + g * j < N - 1e-9)
         keep[0] = True
         k = int(keep.size if keep.all() else np.argmin(keep))
-        v = float(np.sum(costs.verify.predict(np.full(k, verified), ctxs[:k], b)))
+        v = float(np.sum(costs.verify.predict(np.full(k, float(static)), ctxs[:k], b)))
         total += v + k * ad.draft_us
         verify_sum, produced, ctx = verify_sum + v, produced + g * k, ctx + g * k
         rounds, gs = rounds + k, gs + g * k
         level_rounds += w * k
-        buckets.append((k, n, float(w @ (nodes - n) ** 2)))
-        last = (g, verified, float(ctxs[k - 1]))   # the run's last round, priced once after the loop
-    k, means, var = (np.array(v, np.float64) for v in zip(*buckets))
-    tree_n = float(k @ means) / rounds
-    std = math.sqrt(float(k @ (var + (means - tree_n) ** 2)) / rounds)   # within and between the decisions
-    last_g, last_n, last_ctx = last
-    paid = _expected_rounds_time(total, float(costs.verify.predict(last_n, last_ctx, b)) + ad.draft_us, rounds,
-                                 produced, N, last_g)
-    n, std = (tree_n, std) if static is None else (float(static), 0.0)
-    return {"g": gs / rounds, "n": n, "nodes_std": std, "rounds": rounds,
+        tree_nodes += k * float(w @ nodes)
+        last = (g, float(ctxs[k - 1]))   # the run's last round, priced once after the loop
+    last_g, last_ctx = last
+    paid = _expected_rounds_time(total, float(costs.verify.predict(float(static), last_ctx, b)) + ad.draft_us,
+                                 rounds, produced, N, last_g)
+    return {"g": gs / rounds, "n": float(static), "nodes_std": 0.0, "rounds": rounds,
             "total_us": total, "verify_us": verify_sum / rounds, "draft_us": ad.draft_us,
             "tok_s": b * float(N) / float(paid) * 1e6, "level_weights": level_rounds / rounds,
-            "decision_ctx": (float(decided[0]), float(decided[1])), "tree_nodes": tree_n, "bucket": static}
+            "decision_ctx": (float(decided[0]), float(decided[1])), "tree_nodes": tree_nodes / rounds,
+            "bucket": static}
 
 
 def _monte_carlo(workload: Workload, spec: PolicySpec, costs: Costs, b: int, rounds: int, runs: int,
@@ -388,7 +373,7 @@ def check_simulable(spec: PolicySpec) -> PolicySpec:
 
 
 def _bucket_note(spec: PolicySpec, a: dict) -> str | None:
-    """What a bucket-priced adaptive run verifies against what its rule chooses."""
+    """What an adaptive run verifies against what its rule chooses."""
     if a.get("bucket") is None:
         return None
     return (f"{spec.mode} verifies a static bucket of {a['bucket']} nodes per sequence every round (as the full "
@@ -396,21 +381,20 @@ def _bucket_note(spec: PolicySpec, a: dict) -> str | None:
 
 
 def simulate(costs: Costs, workload: Workload, batch_size: int, spec: PolicySpec, *, mc_runs: int = 0,
-             seed: int = 0, progress=None, verify: str = "bucket", bucket: int | None = None) -> SimResult:
+             seed: int = 0, progress=None, bucket: int | None = None) -> SimResult:
     """Simulate ``spec`` for ``workload`` at ``batch_size``; Monte-Carlo when mc_runs > 0
     (>= 2 replications: throughput and accepted tokens then come from the samples, with
     ``ci95``; ``progress(done, total)`` is called after each replication).  The linear
-    comparison is at the nodes per sequence the policy actually verifies.  ``verify``: how
-    cost_aware and batch_alloc rounds are priced (module docstring; "bucket" as the full
-    runtime verifies them, "ragged" for an engine that verifies ragged trees); ``bucket``: the
-    nodes the engine verifies per sequence (default :func:`adaptive_bucket`).  A policy beyond
+    comparison is at the nodes per sequence the policy actually verifies.  ``bucket``: the
+    nodes cost_aware and batch_alloc verify per sequence every round (module docstring;
+    default :func:`adaptive_bucket`).  A policy beyond
     MAX_TREE_NODES is refused (:func:`check_simulable`)."""
     b = check_batch_size(batch_size)
     check_simulable(spec)
     if check_whole(mc_runs, "Monte-Carlo runs", 0, 2 ** 31) == 1:
         raise SimtreeError(f"Monte-Carlo runs must be 0 (analytic) or >= 2 (for an interval), got {mc_runs}")
     check_whole(seed, "seed", 0, 2 ** 63 - 1)
-    a = analytic_run(workload, spec, costs, b, verify=verify, bucket=bucket)
+    a = analytic_run(workload, spec, costs, b, bucket=bucket)
     throughput = a["tok_s"]
     none_tput = analytic_run(workload, NoneParams(), costs, b)["tok_s"]
     lin_d = max(1, int(round(a["n"])))

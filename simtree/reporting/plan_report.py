@@ -231,8 +231,7 @@ def _adaptive_lines(candidates: pd.DataFrame, versus: pd.DataFrame, csv_name: st
              "given the other sequences' trees, at the rate the policy runs at); the best fixed shape is searched "
              "over every budget and depth. `nodes/seq` is the mean and the spread (std over the policy's rounds) of "
              "the nodes one sequence verifies per round: priced as the full runtime runs it, every round verifies "
-             "its static bucket (no spread; the rule's trees within it are padded to it) unless the plan says it "
-             f"priced ragged trees. Table: `{csv_name}`.", "",
+             f"its static bucket (no spread; the rule's trees within it are padded to it). Table: `{csv_name}`.", "",
              "| workload | batch | best fixed | tok/s | cost-aware | tok/s | vs fixed | nodes/seq (mean ± std) |",
              "|---|---|---|---|---|---|---|---|"]
     for r in versus.itertuples():

@@ -1,0 +1,131 @@
+"""A training job's state in one file, and stopping on a signal after the current step.
+
+    save_checkpoint(path, model, opt, rng, state)      # one safetensors file, replaced atomically
+    state, tensors, meta = read_checkpoint(path)
+    rng = restore(tensors, meta, model, opt, path)     # weights, AdamW state, torch + numpy RNG
+
+A checkpoint holds everything a run needs to continue bit-exactly: the weights (each storage
+once: a tied head is its embedding), AdamW's state and parameter groups, torch's and the
+window sampler's RNG states, and ``state`` (JSON: the step, the settings that make two runs
+the same job, whatever the loop keeps).  It is written to a temp file and moved over the last
+one, so a checkpoint on disk is always whole.
+"""
+from __future__ import annotations
+
+import json
+import signal
+import threading
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from simtree.errors import SimtreeError
+from simtree.fileio import write_atomic
+
+__all__ = ["CHECKPOINT_SCHEMA", "StopOnSignal", "TrainingInterrupted", "save_checkpoint", "read_checkpoint",
+           "restore"]
+
+CHECKPOINT_SCHEMA = "simtree.train_checkpoint/2"
+
+
+class TrainingInterrupted(Exception):
+    """Training stopped on SIGINT / SIGTERM after writing a checkpoint; ``str()`` is one line
+    saying where and how to resume."""
+
+    def __init__(self, message: str, step: int, total: int, checkpoint: Path):
+        super().__init__(message)
+        self.step, self.total, self.checkpoint = step, total, checkpoint
+
+
+class StopOnSignal:
+    """SIGINT / SIGTERM set ``requested`` (the loop checkpoints after the current step); a
+    second one raises KeyboardInterrupt at once.  Only in the main thread (elsewhere signals
+    are not ours to take); previous handlers come back on exit."""
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+    def __init__(self):
+        self.requested, self._old = None, {}
+
+    def _handle(self, signum, frame):
+        if self.requested is not None:
+            raise KeyboardInterrupt
+        self.requested = signal.Signals(signum).name
+
+    def __enter__(self):
+        if threading.current_thread() is threading.main_thread():
+            for s in self.SIGNALS:
+                self._old[s] = signal.signal(s, self._handle)
+        return self
+
+    def __exit__(self, *exc):
+        for s, old in self._old.items():
+            signal.signal(s, old)
+
+
+def _weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """{name: tensor} of the state dict, each storage once (a tied head is left to its embedding)."""
+    seen, out = set(), {}
+    for name, t in model.state_dict().items():
+        key = (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape))
+        if key not in seen:
+            seen.add(key)
+            out[name] = t.detach().contiguous()
+    return out
+
+
+def save_checkpoint(path: Path, model: torch.nn.Module, opt, rng: np.random.Generator, state: dict) -> None:
+    """Everything needed to continue bit-exactly, in one safetensors file (atomic replace)."""
+    from safetensors.torch import save_file
+
+    tensors = {f"model.{k}": v.cpu() for k, v in _weights(model).items()}
+    sd = opt.state_dict()
+    for i, st in sd["state"].items():
+        for key, t in st.items():
+            tensors[f"optim.{i}.{key}"] = t.detach().cpu().contiguous()
+    tensors["rng.torch"] = torch.get_rng_state()
+    groups = [{k: (list(v) if isinstance(v, tuple) else v) for k, v in g.items()} for g in sd["param_groups"]]
+    meta = {"schema": CHECKPOINT_SCHEMA, "state": json.dumps(state),
+            "numpy_rng": json.dumps(rng.bit_generator.state), "param_groups": json.dumps(groups)}
+    write_atomic(path, lambda tmp: save_file(tensors, tmp, metadata=meta))
+
+
+def read_checkpoint(path: Path) -> tuple[dict, dict, dict]:
+    """-> (state, tensors, metadata); a one-line error for an unreadable file."""
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        with safe_open(str(path), "pt") as fh:
+            meta = fh.metadata() or {}
+            tensors = {k: fh.get_tensor(k) for k in fh.keys()}
+        if meta.get("schema") != CHECKPOINT_SCHEMA:
+            raise SimtreeError(f"schema {meta.get('schema')!r} is not {CHECKPOINT_SCHEMA!r}")
+        return json.loads(meta["state"]), tensors, meta
+    except (OSError, SafetensorError, KeyError, json.JSONDecodeError, SimtreeError) as exc:
+        raise SimtreeError(f"training checkpoint {path} is unreadable ({' '.join(str(exc).split())[:160]}): "
+                           "pass --overwrite to train from scratch") from None
+
+
+def restore(tensors: dict, meta: dict, model: torch.nn.Module, opt, path: Path) -> np.random.Generator:
+    """Load a checkpoint's weights, optimizer and torch RNG into ``model`` / ``opt``; returns
+    the window sampler's generator."""
+    weights = {k[6:]: v for k, v in tensors.items() if k.startswith("model.")}
+    missing, unexpected = model.load_state_dict(weights, strict=False)
+    if set(missing) - set(model.state_dict()).difference(_weights(model)) or unexpected:
+        raise SimtreeError(f"training checkpoint {path} does not match the model (missing {sorted(missing)[:3]}, "
+                           f"unexpected {sorted(unexpected)[:3]}): pass --overwrite to train from scratch")
+    groups = json.loads(meta["param_groups"])
+    for g in groups:
+        if isinstance(g.get("betas"), list):
+            g["betas"] = tuple(g["betas"])
+    opt_state: dict = {}
+    for key, t in tensors.items():
+        if key.startswith("optim."):
+            _, i, name = key.split(".", 2)
+            opt_state.setdefault(int(i), {})[name] = t
+    opt.load_state_dict({"state": opt_state, "param_groups": groups})
+    torch.set_rng_state(tensors["rng.torch"])
+    rng = np.random.default_rng()
+    rng.bit_generator.state = json.loads(meta["numpy_rng"])
+    return rng

@@ -1,1 +1,0 @@
-"""Shipped draft checkpoint (config.json + model.safetensors); a package so its files install as package data."""

@@ -1,1 +1,0 @@
-"""Shipped target checkpoint (config.json + model.safetensors); a package so its files install as package data."""
