@@ -45,7 +45,7 @@ import warnings
 
 import numpy as np
 
-from simtree.costs.tiles import TILE_NONCONVEX_REASON, tile_x, tile_x_scalar
+from simtree.costs.tiles import TILE_NONCONVEX_REASON, tile_weight, tile_x
 from simtree.errors import ExtrapolationWarning, SimtreeError, check_int
 
 __all__ = ["BasisSurface", "GridSurface", "MoESurface", "MoEGridSurface", "ScaledVerifyDraft",
@@ -333,12 +333,12 @@ class GridSurface(_RangeWarner):
         if self.valid_range and self._scalar_out_of_range(x, y, z):
             self._check_range(x, y, z)
         xs, ys, zs = self.xs, self.ys, self.zs
-        if self.tile_rows is not None:
-            x = tile_x_scalar(xs, x, z, self.tile_rows)
         ix = bisect.bisect_right(xs, x) - 1
         ix = 0 if ix < 0 else (len(xs) - 2 if ix > len(xs) - 2 else ix)
         wx = (x - xs[ix]) / (xs[ix + 1] - xs[ix])
         wx = 0.0 if wx < 0.0 else wx                       # above the range: last slope
+        if self.tile_rows is not None and 0.0 < wx <= 1.0:
+            wx = tile_weight(xs[ix], xs[ix + 1], x, z, self.tile_rows, wx)
         iy = bisect.bisect_right(ys, y) - 1
         iy = 0 if iy < 0 else (len(ys) - 2 if iy > len(ys) - 2 else iy)
         wy = (y - ys[iy]) / (ys[iy + 1] - ys[iy])

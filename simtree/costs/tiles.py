@@ -19,12 +19,11 @@ count at a time (:func:`simtree.costs.tile_fit.choose_tile_rows`).
 """
 from __future__ import annotations
 
-import bisect
 import math
 
 import numpy as np
 
-__all__ = ["TILE_CANDIDATES", "TILE_NONCONVEX_REASON", "tile_x", "tile_x_scalar"]
+__all__ = ["TILE_CANDIDATES", "TILE_NONCONVEX_REASON", "tile_weight", "tile_x"]
 
 TILE_CANDIDATES = (64, 128, 256)
 TILE_NONCONVEX_REASON = ("GEMM M-tiles: between measured node counts C_v steps with "
@@ -50,15 +49,12 @@ def tile_x(xs, x, z, tile: int) -> np.ndarray:
     return np.where((x >= xs[0]) & (x <= xs[-1]), out, x)
 
 
-def tile_x_scalar(xs: list, x: float, z: float, tile: int) -> float:
-    """:func:`tile_x` for one point in plain Python (the planner's inner loops)."""
-    if not xs[0] <= x <= xs[-1]:
-        return x
-    i = min(max(bisect.bisect_right(xs, x) - 1, 0), len(xs) - 2)
-    lo, hi = xs[i], xs[i + 1]
+def tile_weight(lo: float, hi: float, x: float, z: float, tile: int, w_line: float) -> float:
+    """The tile rule's weight of x in (lo, hi] at batch z for one point in plain Python (the
+    planner's inner loops); ``w_line``, the straight line's, when both ends fill the same tiles."""
     g_lo = math.ceil(lo * z / tile - _FUZZ)
     g_hi = math.ceil(hi * z / tile - _FUZZ)
     if g_hi <= g_lo:
-        return x
+        return w_line
     w = (math.ceil(x * z / tile - _FUZZ) - g_lo) / (g_hi - g_lo)
-    return lo + (0.0 if w < 0.0 else 1.0 if w > 1.0 else w) * (hi - lo)
+    return 0.0 if w < 0.0 else (1.0 if w > 1.0 else w)
