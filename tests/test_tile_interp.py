@@ -105,3 +105,19 @@ def test_a_basis_fit_is_not_checked():
     n, l, b, lat = _profile(True)
     res = fit_surface(n, l, b, lat, "verify", VERIFY_AXES, forms=("basis",), folds=2)
     assert choose_tile_rows(res, "verify", VERIFY_AXES) == (None, None)
+
+
+def test_an_moe_grid_keeps_its_expert_term_and_names_both_reasons():
+    from simtree.costs.forms import MoEGridSurface
+    rng = np.random.default_rng(4)
+    g = _grid(rng)
+    moe = MoEGridSurface("verify", g.xs, g.ys, g.zs, g.values, 400.0, 32, 8, VERIFY_AXES)
+    tiled = with_tile_rows(moe, 128)
+    assert isinstance(tiled, MoEGridSurface) and tiled.tile_rows == 128 and tiled.alpha == 400.0
+    assert "MoE" in tiled.nonconvex_reason and TILE_NONCONVEX_REASON in tiled.nonconvex_reason
+    back = surface_from_dict(json.loads(json.dumps(tiled.to_dict())))
+    assert back.to_dict() == tiled.to_dict()
+    # the expert term is read at the asked n; only the grid part steps
+    plain = with_tile_rows(tiled, None)
+    step = tiled.predict(10.0, 1024.0, 32.0) - plain.predict(10.0, 1024.0, 32.0)
+    assert step == pytest.approx(g.predict(12.0, 1024.0, 32.0) - g.predict(10.0, 1024.0, 32.0), rel=1e-9)
