@@ -22,6 +22,8 @@ the extrapolation (last slope in x; last increment per unit in y and z) stays so
 Below the smallest grid value of an axis the value is held constant (never decreasing).
 The fit form "grid_lin" (see :mod:`simtree.costs.surface_fit`) also gives a GridSurface; it
 differs only in the prior that fills cells without data.
+With ``tile_rows`` a GridSurface interpolates in x between its grid values by the M-tiles the
+x * z token rows fill (:mod:`simtree.costs.tiles`): monotone, NOT convex in x between grid values.
 
 ``MoESurface`` / ``MoEGridSurface`` (forms "moe" / "moe_grid", MoE models only): the basis /
 grid form plus a saturating expert term,
@@ -43,6 +45,7 @@ import warnings
 
 import numpy as np
 
+from simtree.costs.tiles import TILE_NONCONVEX_REASON, tile_weight, tile_x
 from simtree.errors import ExtrapolationWarning, SimtreeError, check_int
 
 __all__ = ["BasisSurface", "GridSurface", "MoESurface", "MoEGridSurface", "ScaledVerifyDraft",
@@ -262,12 +265,16 @@ def _locate(axis: np.ndarray, q: np.ndarray, extrapolate: bool):
 
 
 class GridSurface(_RangeWarner):
-    """Multilinear interpolation of V[z, y, x] on sorted axes (each with >= 2 values)."""
+    """Multilinear interpolation of V[z, y, x] on sorted axes (each with >= 2 values).
+
+    ``tile_rows``: interpolate in x between the grid's x values by the M-tiles the x * z token
+    rows fill (:mod:`simtree.costs.tiles`); then the surface is NOT convex in x."""
 
     form = "grid"
     convex_in_x = True
 
-    def __init__(self, xs, ys, zs, values, axis_names=("x", "y", "z"), valid_range=None):
+    def __init__(self, xs, ys, zs, values, axis_names=("x", "y", "z"), valid_range=None,
+                 tile_rows: int | None = None):
         self.xs, self.ys, self.zs = ([float(a) for a in ax] for ax in (xs, ys, zs))
         self.values = np.asarray(values, dtype=float)
         shape = (len(self.zs), len(self.ys), len(self.xs))
@@ -286,12 +293,21 @@ class GridSurface(_RangeWarner):
         self._dz = self.values[-1, :, :] - self.values[-2, :, :]   # [ny, nx] last z-increment
         self._vl = self.values.tolist()
         self._dyl, self._dzl = self._dy.tolist(), self._dz.tolist()
+        self.tile_rows = None
+        if tile_rows is not None:
+            self.tile_rows = check_int(tile_rows, "grid surface: tile_rows")
+            if self.tile_rows < 1:
+                raise SimtreeError(f"grid surface: tile_rows must be >= 1, got {tile_rows}")
+            self.convex_in_x = False
+            self.nonconvex_reason = TILE_NONCONVEX_REASON
 
     def predict(self, x, y, z):
         if type(x) in _SCALAR and type(y) in _SCALAR and type(z) in _SCALAR:
             return self._predict_scalar(float(x), float(y), float(z))
         self._check_range(x, y, z)
         x, y, z = np.broadcast_arrays(*(np.asarray(v, dtype=float) for v in (x, y, z)))
+        if self.tile_rows is not None:
+            x = tile_x(self._ax[0], x, z, self.tile_rows)
         (ix, wx), (iy, wy), (iz, wz) = (_locate(ax, q, e) for ax, q, e in
                                         zip(self._ax, (x, y, z), (True, False, False)))
         V = self.values
@@ -321,6 +337,8 @@ class GridSurface(_RangeWarner):
         ix = 0 if ix < 0 else (len(xs) - 2 if ix > len(xs) - 2 else ix)
         wx = (x - xs[ix]) / (xs[ix + 1] - xs[ix])
         wx = 0.0 if wx < 0.0 else wx                       # above the range: last slope
+        if self.tile_rows is not None and 0.0 < wx <= 1.0:
+            wx = tile_weight(xs[ix], xs[ix + 1], x, z, self.tile_rows, wx)
         iy = bisect.bisect_right(ys, y) - 1
         iy = 0 if iy < 0 else (len(ys) - 2 if iy > len(ys) - 2 else iy)
         wy = (y - ys[iy]) / (ys[iy + 1] - ys[iy])
@@ -345,9 +363,12 @@ class GridSurface(_RangeWarner):
         return out
 
     def to_dict(self) -> dict:
-        return {"form": self.form, "xs": self.xs, "ys": self.ys, "zs": self.zs,
-                "values": self.values.tolist(), "axis_names": list(self.axis_names),
-                "valid_range": self.valid_range}
+        out = {"form": self.form, "xs": self.xs, "ys": self.ys, "zs": self.zs,
+               "values": self.values.tolist(), "axis_names": list(self.axis_names),
+               "valid_range": self.valid_range}
+        if self.tile_rows is not None:
+            out.update(tile_rows=self.tile_rows, convex_in_x=False, nonconvex_reason=self.nonconvex_reason)
+        return out
 
 
 class MoEGridSurface(_ExpertTerm, GridSurface):
@@ -357,11 +378,14 @@ class MoEGridSurface(_ExpertTerm, GridSurface):
     form = "moe_grid"
 
     def __init__(self, kind: str, xs, ys, zs, values, alpha: float, n_experts: int,
-                 experts_per_token: int, axis_names=("x", "y", "z"), valid_range=None, routing: str = "uniform"):
+                 experts_per_token: int, axis_names=("x", "y", "z"), valid_range=None, routing: str = "uniform",
+                 tile_rows: int | None = None):
         if kind not in ("verify", "draft"):
             raise SimtreeError(f"moe_grid surface kind must be verify or draft, got {kind!r}")
-        super().__init__(xs, ys, zs, values, axis_names, valid_range)
+        super().__init__(xs, ys, zs, values, axis_names, valid_range, tile_rows)
         self._set_experts(kind, alpha, n_experts, experts_per_token, routing)
+        if self.tile_rows is not None:
+            self.nonconvex_reason = f"{self.nonconvex_reason}; {TILE_NONCONVEX_REASON}"
 
 
 class ScaledVerifyDraft:
@@ -453,9 +477,10 @@ def surface_from_dict(d: dict):
         if form == "moe_grid":
             return MoEGridSurface(d["expert_kind"], d["xs"], d["ys"], d["zs"], d["values"], d["alpha"],
                                   d["n_experts"], d["experts_per_token"], names, d.get("valid_range"),
-                                  d.get("routing", "balanced"))
+                                  d.get("routing", "balanced"), d.get("tile_rows"))
         if form == "grid":
-            return GridSurface(d["xs"], d["ys"], d["zs"], d["values"], names, d.get("valid_range"))
+            return GridSurface(d["xs"], d["ys"], d["zs"], d["values"], names, d.get("valid_range"),
+                               d.get("tile_rows"))
         if form == "decode_split":
             return DecodeSplitSurface(surface_from_dict(d["main"]), surface_from_dict(d["decode"]))
         if form == "scaled_verify":

@@ -31,6 +31,8 @@ import numpy as np
 import pandas as pd
 
 from simtree.costs.surface_fit import FitResult, fit_surface
+from simtree.costs.tile_fit import choose_tile_rows, with_tile_rows
+from simtree.costs.tiles import TILE_NONCONVEX_REASON
 from simtree.costs.forms import MOE_ROUTINGS, ScaledVerifyDraft
 from simtree.costs.surface_fit import MOE_FORMS, error_stats
 from simtree.costs.forms import DecodeSplitSurface
@@ -234,12 +236,18 @@ def fit_profile(profile: str | os.PathLike, *, stage: str | None = None, model: 
     split = _decode_split(rows, vres, forms, folds, what, on_fit, moe, notes, on_more_solves)
     if split is not None and split["kept"]:
         vres = split["main"]
+    tile, tile_record = _tile_interp(vres, moe, notes, on_fit, on_more_solves)
+    if split is not None and split["kept"]:
         vres.surface = DecodeSplitSurface(vres.surface, split["decode"].surface)
     vinfo = _info(vres, vsource, [], "convex_in_n")
     if split is not None:
         vinfo["decode_split"] = split["record"]
         if split["kept"]:
             vinfo["nonconvex_reason"] = vres.surface.nonconvex_reason
+    if tile_record is not None:
+        vinfo["tile_interp"] = tile_record
+        if tile is not None and split is not None and split["kept"]:
+            vinfo["nonconvex_reason"] += f"; {TILE_NONCONVEX_REASON}"
     verify = VerifyCostModel(vres.surface, vinfo)
 
     drows = df[(df["stage"] == DRAFT_STAGE) & (df["model"] == model_name) & (df["device"] == device_name)
@@ -319,6 +327,23 @@ def _communication(deployment: str, device: str, comm, notes: list) -> dict | No
 # plain decoding fitted on its own only when that cuts the held-out error (median + p90) of
 # C_v over all points by at least this fraction and one percentage point: a real jump, not noise
 DECODE_SPLIT_GAIN = 0.25
+
+
+def _tile_interp(vres: FitResult, moe, notes: list, on_fit, on_more_solves) -> tuple:
+    """Leave-one-node-count-out check of the tile-aware interpolation in n
+    (:mod:`simtree.costs.tile_fit`); a kept tile replaces ``vres.surface`` and is noted."""
+    if on_more_solves is not None and vres.points is not None:
+        on_more_solves(max(len(np.unique(vres.points[0])) - 2, 0))
+    tile, record = choose_tile_rows(vres, "verify", VERIFY_AXES, moe, on_fit=on_fit)
+    if tile is not None:
+        vres.surface = with_tile_rows(vres.surface, tile)
+        st = record["heldout_node"]
+        notes.append(f"C_v interpolates in n by {tile}-row M-tiles of n * b tokens: node counts "
+                     f"{', '.join(f'{n:g}' for n in record['held_out'])} left out one at a time, "
+                     f"mean |error| {100 * st[str(tile)]['mean']:.1f}% (worst {100 * st[str(tile)]['max']:.1f}%) "
+                     f"vs {100 * st['none']['mean']:.1f}% ({100 * st['none']['max']:.1f}%) on a straight line; "
+                     "not convex in n between the measured node counts, so budget searches take the global argmax")
+    return tile, record
 
 
 def _decode_split(rows: pd.DataFrame, joint, forms, folds, what, on_fit, moe, notes: list,
