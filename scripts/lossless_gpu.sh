@@ -2,7 +2,8 @@
 # Lossless check of every speculative mode on a GPU (simtree run --check: each prompt is also
 # decoded plain greedy and the token sequences compared), batch 4 then 1, into OUT_DIR, then
 # OUT_DIR/README.md (python -m simtree.reporting.loop lossless).  Bounded by LIMIT seconds (default
-# 280): the report lists the runs that finished.
+# 280): the report lists the runs that finished.  A quick check of `simtree run --check`; the shipped
+# full-scale lossless result of every mode is reports/h100/modes (python -m simtree.runtime.full.modes_gpu).
 #   bash scripts/lossless_gpu.sh OUT_DIR [COSTS.json]     (env DEVICE=cuda, SIMTREE, PY, LIMIT)
 set -uo pipefail
 read -r -a SIMTREE <<< "${SIMTREE:-$( [ -x .venv/bin/simtree ] && echo .venv/bin/simtree || echo simtree )}"

@@ -2,6 +2,7 @@
 (``scripts/modes_gpu.sh`` runs it, one model a call):
 
     python -m simtree.runtime.full.modes_gpu --model qwen3.6-27b --out DIR [--max-seconds 480]
+    python -m simtree.runtime.full.modes_gpu report DIR_OR_TGZ [...] --out reports/h100/modes   (modes_report.py)
 
 1. ``costs``    the deployment's shipped bundle with the block drafters' C_d fitted from a
                 drafter profile (``--drafter-profile``, default the committed H100 sweep
@@ -25,6 +26,7 @@ import argparse
 import csv
 import dataclasses
 import io
+import sys
 import time
 import traceback
 from pathlib import Path
@@ -68,7 +70,13 @@ def drafter_bundle(costs_path: str, profile: str, model: str):
     return dataclasses.replace(bundle, drafters=fitted), notes
 
 
-def modes_table(rows: list[dict], model: str, note: str) -> list[dict]:
+def _gpu_name(device: str) -> str:
+    import torch
+    return torch.cuda.get_device_name(device) if str(device).startswith("cuda") and torch.cuda.is_available() \
+        else str(device)
+
+
+def modes_table(rows: list[dict], model: str, note: str, gpu: str = "") -> list[dict]:
     """Per batch size, the plan's choice and every other mode measured (summary rows of
     ``full_run``): each row's measured rank and the choice's throughput over the best measured."""
     out = []
@@ -86,7 +94,7 @@ def modes_table(rows: list[dict], model: str, note: str) -> list[dict]:
                         "best_measured": best["policy"],
                         "plan_over_best": plan["measured_tok_s"] / best["measured_tok_s"] if plan else float("nan"),
                         "measured_accepted": r["measured_accepted"], "round_ms": r["measured_round_ms"],
-                        "note": note})
+                        "gpu": gpu, "note": note})
     return out
 
 
@@ -101,6 +109,7 @@ def _write_csv(path: Path, rows: list[dict]) -> None:
 
 
 def _lossless(s: Session, model, specs, costs) -> None:
+    from .build import dtype_name
     from .lossless import check_lossless, make_predictable
     make_predictable(model, 0.3)       # rounds accept and reject; shapes (and timings) unchanged
     prompts = [[1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12], [9, 8, 7, 6, 5, 4, 3]]
@@ -114,6 +123,7 @@ def _lossless(s: Session, model, specs, costs) -> None:
         except Exception as exc:   # noqa: BLE001 - one mode's failure is logged, the next runs
             s.log(f"lossless {spec.name} FAILED: {type(exc).__name__}: {exc}")
             continue
+        r["dtype"] = dtype_name(model.dtype)
         r["near_tie"] = bool(not r["match"] and r["margin"] is not None and r["margin"] <= 2 * r["deviation"])
         s.log(f"lossless {r['policy']}: {'MATCH' if r['match'] else 'near-tie' if r['near_tie'] else 'DIFFERS'} "
               f"(accepted/round {r['accepted_tokens_per_round']:.2f})")
@@ -122,6 +132,10 @@ def _lossless(s: Session, model, specs, costs) -> None:
 
 
 def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["report"]:       # home side: the report of run folders (modes_report.py)
+        from .modes_report import main as report_main
+        return report_main(argv[1:])
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", required=True)
     ap.add_argument("--out", type=Path, required=True)
@@ -165,6 +179,8 @@ def main(argv=None) -> int:
     t0 = time.time()
     model = build_model(args.model, args.device)
     s.log(f"built {args.model} ({deployment}) in {time.time() - t0:.0f} s")
+    gpu = _gpu_name(args.device)
+    s.log(f"gpu: {gpu}")
     if "lossless" in phases:
         try:
             _lossless(s, model, specs, costs)
@@ -178,7 +194,7 @@ def main(argv=None) -> int:
                            extra=[(sp.mode, sp) for sp in specs], deadline=s.t0 + args.max_seconds - 20,
                            progress=s.log)
             note = "; ".join(n for n in notes if "drafters' C_d" in n)
-            _write_csv(s.out / "modes.csv", modes_table(res["rows"], args.model, note))
+            _write_csv(s.out / "modes.csv", modes_table(res["rows"], args.model, note, gpu))
             s.log(f"modes.csv: {len(res['rows'])} runs")
         except Exception as exc:   # noqa: BLE001
             s.log(f"measure FAILED: {type(exc).__name__}: {exc}\n{traceback.format_exc()}")

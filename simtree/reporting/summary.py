@@ -28,7 +28,7 @@ from simtree.fileio import read_json, write_text_atomic
 
 __all__ = ["START", "END", "PLAN_TOLERANCE", "plan_gap", "plan_standing", "plan_gaps", "Folder", "FOLDERS", "headlines", "summary_table", "reports_index",
            "replace_block", "write_summary", "gdn_headline", "v4_headline", "profile_headline",
-           "fit_headline", "plan_headline", "acceptance_headline", "floor_headline", "validation_headline", "loop_headline", "lossless_headline", "cpu_host_headline",
+           "fit_headline", "plan_headline", "acceptance_headline", "floor_headline", "validation_headline", "loop_headline", "modes_headline", "cpu_host_headline",
            "live_headline", "bench_serve_headline"]
 
 START, END = "<!-- summary:start -->", "<!-- summary:end -->"
@@ -156,18 +156,26 @@ def loop_headline(folder: Path) -> str:
             f"best at {chosen_best} of {len(best)} batch sizes")
 
 
-def lossless_headline(folder: Path) -> str:
-    """*/run.json of `simtree run --check`: outputs that differ from plain greedy decoding."""
-    runs = [read_json(p, "run") for p in sorted(folder.glob("*/run.json"))]
-    if not runs:
-        raise SimtreeError(f"no run (*/run.json) in {folder}")
-    checked = [r for r in runs if r.get("lossless_checked")]
-    differ = sum(int(r["lossless_mismatches"]) for r in checked)
-    outputs = sum(int(r["prompts"]) for r in checked)
-    modes = sorted({r["mode"] for r in checked})
-    batches = sorted({int(r["batch_size"]) for r in checked})
-    return (f"{differ} of {outputs} outputs differ from plain greedy decoding "
-            f"({len(checked)} runs: {len(modes)} modes x batch {', '.join(map(str, batches))})")
+def modes_headline(folder: Path) -> str:
+    """modes.csv and lossless.csv (``python -m simtree.runtime.full.modes_gpu report``): the plan's
+    choice against every mode measured beside it, and every mode's live lossless check."""
+    runs, checks = _csv(folder / "modes.csv"), _csv(folder / "lossless.csv")
+    plans = runs[runs["plan_choice"].astype(str) == "True"]
+    ok = int((1 - plans["plan_over_best"] <= PLAN_TOLERANCE).sum())
+    modes = sorted(set(runs["mode"]) - {"none", "linear"})
+    match = checks["match"].astype(str) == "True"
+    tie = ~match & (checks["near_tie"].astype(str) == "True")
+    ties = "; ".join(f"top-2 gap {m:.4f} within twice the verify-vs-decode deviation {d:.4f}"
+                     for m, d in zip(checks.loc[tie, "margin"], checks.loc[tie, "deviation"]))
+    dtypes = "/".join(sorted(checks["dtype"].astype(str).unique()))
+    return (f"{len(modes)} modes ({', '.join(modes)}) beside plain and linear D=4, decoded at full scale under "
+            f"replayed acceptance on {', '.join(sorted(runs['gpu'].astype(str).unique()))} "
+            f"({', '.join(_model(m) for m in sorted(runs['model'].unique()))}; batch "
+            f"{', '.join(str(b) for b in sorted(runs['batch_size'].unique()))}): the plan's choice best or within "
+            f"2% at {ok} of {len(plans)} (model, batch) points (worst {plans['plan_over_best'].min():.3f} of the best "
+            f"measured); {dtypes} lossless: {int(match.sum())} of {len(checks)} mode checks match plain greedy, "
+            f"{int(tie.sum())} near-tie{'s' if int(tie.sum()) != 1 else ''}{f' ({ties})' if ties else ''}, "
+            f"{int((~match & ~tie).sum())} differ beyond one")
 
 
 def cpu_host_headline(folder: Path) -> str:
@@ -422,9 +430,15 @@ FOLDERS: tuple[Folder, ...] = (
            "two H100 calls, one model each) then `python -m simtree.costs.drafter_fit "
            "reports/h100/drafters_profile.csv --out reports/h100/drafters_fit.csv`; `bash scripts/fp8_gpu.sh` "
            "(its fp8_times.csv)", h100_headline),
-    Folder("reports/h200/lossless", "Lossless check on the H200",
-           "every speculative mode at batch 1 and 4 against plain greedy decoding",
-           "`bash scripts/lossless_gpu.sh reports/h200/lossless` (H200)", lossless_headline),
+    Folder("reports/h100/modes", "Every runnable mode at full scale beside the plan's choice (H100)",
+           "per model and batch, every mode the full runtime builds (plain, linear, EAGLE, best-first, "
+           "cost-aware, batch allocation, block, TfM, DSpark) measured under CUDA graphs with replayed "
+           "acceptance beside the plan's choice, and each mode's bf16 greedy output against plain greedy",
+           "`python -m simtree.runtime.full.modes_gpu report reports/h100/modes/runs.tgz --gpu \"NVIDIA H100 80GB "
+           "HBM3\" --out reports/h100/modes` (the runs in runs.tgz: `python -m simtree.runtime.full.modes_gpu --model M "
+           "--costs reports/validation/frozen_h100_<bundle>.json --batch-sizes 8,32 --out DIR` on the GPU, "
+           "one model a call)",
+           modes_headline),
     Folder("reports/bench_serve", "Serving benchmark (simulated, shipped H200 costs)",
            "Poisson and bursty ShareGPT traces through continuous batching: none, best static, vLLM-style "
            "threshold, SGLang's own adaptive and DSpark planners, simtree's controller",

@@ -1,0 +1,134 @@
+"""The modes report (``python -m simtree.runtime.full.modes_gpu report``): the plan's choice against
+every mode measured beside it, the lossless checks and what did not run, read from run folders or
+their archives and written whole or not at all; the shipped reports/h100/modes is what the
+command makes of its runs.tgz."""
+import random
+import tarfile
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from simtree.errors import SimtreeError
+from simtree.reporting import summary
+from simtree.runtime.full import modes_gpu
+from simtree.runtime.full.modes_report import report
+
+ROOT = Path(__file__).resolve().parents[1]
+SHIPPED = ROOT / "reports" / "h100" / "modes"
+
+
+def _run_folder(d: Path, model: str, plan_tok_s: dict, other_tok_s: dict) -> Path:
+    """A modes_gpu --out folder: per batch plain, the plan's choice and EAGLE (tok/s given), lossless
+    checks with one near-tie and one plain difference, a log that says TfM had no C_d."""
+    d.mkdir(parents=True)
+    rows = []
+    for b in plan_tok_s:
+        for policy, tok_s in [("plain:none", 100.0), ("plan:block_d8_p7", plan_tok_s[b]),
+                              ("eagle:eagle_s3_k2_d6", other_tok_s[b]), ("dspark:dspark_p7_sched", float("nan"))]:
+            rows.append({"model": model, "batch_size": b, "policy": policy, "plan_choice": policy.startswith("plan"),
+                         "measured_tok_s": tok_s, "predicted_tok_s": tok_s * random.uniform(0.9, 1.1),
+                         "rel_err": 0.0, "measured_rank": 0, "best_measured": "x", "plan_over_best": 1.0,
+                         "measured_accepted": 2.5, "round_ms": 10.0, "note": ""})
+    pd.DataFrame(rows).to_csv(d / "modes.csv", index=False)
+    pd.DataFrame([{"policy": "eagle_s3_k2_d6", "batch_size": 2, "match": True, "first_diff": None, "margin": None,
+                   "deviation": None, "accepted_tokens_per_round": 2.0, "near_tie": False},
+                  {"policy": "block_d8_p7", "batch_size": 2, "match": False, "first_diff": "sequence 0 token 3",
+                   "margin": 0.01, "deviation": 0.02, "accepted_tokens_per_round": 1.5, "near_tie": True},
+                  {"policy": "best_first_d8_w1_p3", "batch_size": 2, "match": False, "first_diff": "sequence 1 token 5",
+                   "margin": 0.5, "deviation": 0.01, "accepted_tokens_per_round": 1.0, "near_tie": False}]
+                 ).to_csv(d / "lossless.csv", index=False)
+    (d / "log.txt").write_text("[10:00:00 +   1.0s] no C_d for tfm_d16_w4_p7: not run\n"
+                               "[10:00:01 +   2.0s] lossless cost_aware_max16_p3 FAILED: SimtreeError: needs a bundle\n"
+                               "[10:00:02 +   3.0s] built m\n")
+    return d
+
+
+def _two_runs(tmp_path: Path) -> list[Path]:
+    return [_run_folder(tmp_path / "runs" / "qwen3.6-27b", "qwen3.6-27b", {8: 180.0, 32: 400.0}, {8: 200.0, 32: 396.0}),
+            _run_folder(tmp_path / "runs" / "deepseek-v4-flash", "deepseek-v4-flash", {8: 150.0}, {8: 147.5})]
+
+
+def test_the_report_ranks_every_mode_beside_the_plans_choice_and_lists_what_did_not_run(tmp_path):
+    out = tmp_path / "out"
+    stats = report(_two_runs(tmp_path), out, gpu="Test GPU")
+    assert sorted(p.name for p in out.iterdir()) == ["README.md", "lossless.csv", "modes.csv", "modes.png"]
+    table = pd.read_csv(out / "modes.csv")
+    assert len(table) == 9                                       # the failed dspark runs (nan) have no row
+    plan = table[table["plan_choice"]].set_index(["model", "batch_size"])["plan_over_best"]
+    assert plan[("qwen3.6-27b", 8)] == pytest.approx(0.9)        # 180 against EAGLE's 200
+    assert plan[("qwen3.6-27b", 32)] == pytest.approx(1.0)       # the plan's choice is the best
+    assert plan[("deepseek-v4-flash", 8)] == pytest.approx(1.0)
+    q8 = table[(table.model == "qwen3.6-27b") & (table.batch_size == 8)].set_index("policy")
+    assert list(q8.loc[["eagle:eagle_s3_k2_d6", "plan:block_d8_p7", "plain:none"], "measured_rank"]) == [1, 2, 3]
+    assert set(q8["best_measured"]) == {"eagle:eagle_s3_k2_d6"} and set(table["gpu"]) == {"Test GPU"}
+    assert list(q8.loc[["plain:none", "plan:block_d8_p7", "eagle:eagle_s3_k2_d6"], "mode"]) == ["none", "block", "eagle"]
+    assert stats == {"runs": 9, "points": 3, "plan_ok": 2, "checks": 6, "match": 2}
+
+    lossless = pd.read_csv(out / "lossless.csv")
+    assert len(lossless) == 6 and lossless["near_tie"].sum() == 2 and set(lossless["dtype"]) == {"bf16"}
+    text = (out / "README.md").read_text()
+    assert "at 2 of 3 (model, batch) points" in text
+    assert "| qwen3.6-27b | 8 | block_d8_p7 (block) | 180.0 |" in text and "| 0.900 |" in text
+    assert "2 of 6 checks match plain greedy token for token; 2 differ at a near-tie" in text
+    assert "2 differ beyond one" in text
+    # what did not run, with the log's reason; shapes without a word in the log say so
+    assert "| qwen3.6-27b | 8 | tfm:tfm_d16_w4_p7 | no C_d for tfm_d16_w4_p7: not run |" in text
+    assert "| deepseek-v4-flash | lossless | cost_aware_max16_p3 | lossless cost_aware_max16_p3 FAILED: " \
+           "SimtreeError: needs a bundle |" in text
+    assert "| qwen3.6-27b | 32 | dspark:dspark_p7_sched | no run in its files" in text
+    assert "Issue 42 asks for this measurement on the H200" in text
+
+
+def test_an_archive_of_the_run_folders_gives_the_same_report(tmp_path):
+    runs = _two_runs(tmp_path)
+    report(runs, tmp_path / "a")
+    with tarfile.open(tmp_path / "runs.tgz", "w:gz") as tar:
+        for d in runs:
+            tar.add(d, arcname=d.name)
+    report([tmp_path / "runs.tgz"], tmp_path / "b")
+    for name in ("modes.csv", "lossless.csv"):
+        assert (tmp_path / "a" / name).read_text() == (tmp_path / "b" / name).read_text()
+    assert set(pd.read_csv(tmp_path / "a" / "modes.csv")["gpu"]) == {"not recorded"}
+
+
+def test_a_folder_without_modes_csv_is_one_line_and_nothing_is_written(tmp_path, capsys):
+    runs = _two_runs(tmp_path)
+    out = tmp_path / "out"
+    report(runs, out)
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(SimtreeError, match="no modes.csv"):
+        report([runs[0], tmp_path / "empty"], out)
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before       # the earlier report stands whole
+    assert modes_gpu.main(["report", str(tmp_path / "empty"), "--out", str(tmp_path / "new")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and "no modes.csv" in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "new").exists()
+    with pytest.raises(SimtreeError, match="two runs of one model"):
+        report([runs[0], runs[0]], tmp_path / "dup")
+
+
+def test_the_shipped_report_is_what_the_command_makes_of_its_archive(tmp_path):
+    report([SHIPPED / "runs.tgz"], tmp_path / "out", gpu="NVIDIA H100 80GB HBM3")
+    tmp_path = tmp_path / "out"
+    for name in ("modes.csv", "lossless.csv"):
+        assert (tmp_path / name).read_text() == (SHIPPED / name).read_text(), f"{name}: regenerate reports/h100/modes"
+    command = "python -m simtree.runtime.full.modes_gpu report reports/h100/modes/runs.tgz"
+    assert command in (SHIPPED / "README.md").read_text()
+    made = (tmp_path / "README.md").read_text().replace(str(SHIPPED / "runs.tgz"), "reports/h100/modes/runs.tgz")
+    assert made.replace(str(tmp_path), "reports/h100/modes") == \
+        (SHIPPED / "README.md").read_text()
+
+
+def test_the_headline_reads_the_shipped_folder():
+    runs = pd.read_csv(SHIPPED / "modes.csv")
+    plans = runs[runs["plan_choice"]]
+    ok = int((plans["plan_over_best"] >= 1 - summary.PLAN_TOLERANCE).sum())
+    checks = pd.read_csv(SHIPPED / "lossless.csv")
+    line = summary.modes_headline(SHIPPED)
+    assert f"at {ok} of {len(plans)} (model, batch) points" in line
+    assert f"{int(checks['match'].sum())} of {len(checks)} mode checks match plain greedy" in line
+    assert f"worst {plans['plan_over_best'].min():.3f} of the best" in line
+    assert "reports/h100/modes" in {f.path for f in summary.FOLDERS}
+    assert "reports/h200/lossless" not in {f.path for f in summary.FOLDERS}
