@@ -90,6 +90,13 @@ def test_an_archive_of_the_run_folders_gives_the_same_report(tmp_path):
     for name in ("modes.csv", "lossless.csv"):
         assert (tmp_path / "a" / name).read_text() == (tmp_path / "b" / name).read_text()
     assert set(pd.read_csv(tmp_path / "a" / "modes.csv")["gpu"]) == {"not recorded"}
+    # a run that logged its GPU (modes_gpu's "gpu:" line) keeps it; --gpu names only the others
+    with open(runs[1] / "log.txt", "a") as fh:
+        fh.write("[10:00:03 +   4.0s] gpu: Logged GPU\n")
+    report(runs, tmp_path / "c", gpu="Given GPU")
+    gpus = pd.read_csv(tmp_path / "c" / "modes.csv").groupby("model")["gpu"].unique()
+    assert list(gpus["deepseek-v4-flash"]) == ["Logged GPU"] and list(gpus["qwen3.6-27b"]) == ["Given GPU"]
+    assert "Given GPU (named by --gpu: the run did not record its GPU)" in (tmp_path / "c" / "README.md").read_text()
 
 
 def test_a_folder_without_modes_csv_is_one_line_and_nothing_is_written(tmp_path, capsys):

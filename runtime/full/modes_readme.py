@@ -35,8 +35,9 @@ def _what_ran(runs: list[dict]) -> list[str]:
         meta = r["meta"]
         graphs = {True: "under CUDA graphs", False: "not all under CUDA graphs", None: ""}[meta["graphs"]]
         rounds = f", {meta['rounds']} timed rounds each" if meta["rounds"] else ""
-        note = f" {r['note'].rstrip('.')}." if r["note"] else ""
-        lines.append(f"- {MODEL_NAMES.get(r['model'], r['model'])} on {r['gpu']}: {len(rows)} runs at batch "
+        note = f" Costs: {r['note'].rstrip('.')}." if r["note"] else ""
+        named = " (named by --gpu: the run did not record its GPU)" if meta.get("gpu_named") else ""
+        lines.append(f"- {MODEL_NAMES.get(r['model'], r['model'])} on {r['gpu']}{named}: {len(rows)} runs at batch "
                      f"{', '.join(map(str, batches))} {graphs}, acceptance {meta['acceptance'] or 'not recorded'}"
                      f"{rounds}; {len(r['lossless'])} lossless checks.{note}")
     return lines

@@ -77,16 +77,17 @@ def run_dirs(inputs: list[Path], scratch: Path) -> list[Path]:
     return out
 
 
-def _gpu(d: Path, modes: pd.DataFrame, log: list[str], given: str | None) -> str:
+def _gpu(modes: pd.DataFrame, log: list[str], given: str | None) -> tuple[str, bool]:
+    """(the GPU the run used, whether ``given`` named it because the run did not record it)."""
     if "gpu" in modes and modes["gpu"].notna().any():
-        return str(modes["gpu"].dropna().iloc[0])
+        return str(modes["gpu"].dropna().iloc[0]), False
     for line in log:
         m = re.search(r"\] gpu: (.+)$", line)
         if m:
-            return m.group(1).strip()
+            return m.group(1).strip(), False
         if re.match(r"^(NVIDIA|AMD|Tesla)", line):       # nvidia-smi's csv row: name, driver, memory
-            return line.split(",")[0].strip()
-    return given or "not recorded"
+            return line.split(",")[0].strip(), False
+    return (given, True) if given else ("not recorded", False)
 
 
 def load(d: Path, gpu: str | None = None) -> dict:
@@ -99,7 +100,7 @@ def load(d: Path, gpu: str | None = None) -> dict:
     if missing_cols or modes.empty:
         raise SimtreeError(f"{d / 'modes.csv'}: no runs or no {', '.join(sorted(missing_cols))} column")
     log = (d / "log.txt").read_text().splitlines() if (d / "log.txt").is_file() else []
-    model, gpu_name = str(modes["model"].iloc[0]), _gpu(d, modes, log, gpu)
+    model, (gpu_name, gpu_named) = str(modes["model"].iloc[0]), _gpu(modes, log, gpu)
     parts = d / "measure" / "summary.csv"
     if parts.is_file():
         extra = pd.read_csv(parts)[["batch_size", "policy", "cost_rel_err", "accept_rel_err", "predicted_accepted"]]
@@ -151,6 +152,7 @@ def load(d: Path, gpu: str | None = None) -> dict:
     meta = {"acceptance": ", ".join(sorted(map(str, summary["acceptance"].unique()))) if "acceptance" in summary else "",
             "graphs": bool(summary["graphs"].astype(str).eq("True").all()) if "graphs" in summary else None,
             "rounds": int(summary["rounds"].max()) if "rounds" in summary else None}
+    meta["gpu_named"] = gpu_named
     return {"dir": d, "model": model, "gpu": gpu_name, "meta": meta, "rows": rows, "lossless": lossless, "problems": problems,
             "absent": absent, "note": next((line.split("] ", 1)[-1] for line in log if "drafters' C_d from" in line), "")}
 
