@@ -65,15 +65,21 @@ def test_kept_moe_form_is_reported_not_convex(moe_fit):
 def test_moe_forms_are_monotone_everywhere_but_concave_where_experts_saturate(form):
     n, l, b, y = moe_points(np.random.default_rng(1), noise=0.03)
     s = fit_surface(n, l, b, y, "verify", VERIFY_AXES, forms=(form,), folds=2, moe=(E, K)).surface
-    qn, ql = np.linspace(0.5, 128, 256), np.linspace(0, 262144, 17)
-    qb = np.array([1, 2.5, 3, 7, 16, 30, 64])
+    v = assert_monotone(s, np.linspace(0.5, 128, 256), np.linspace(0, 262144, 17),
+                        np.array([1, 2.5, 3, 7, 16, 30, 64]))
+    assert np.diff(v, n=2, axis=0).min() < -1.0   # the kink at saturation: truly not convex
+
+
+def assert_monotone(surface, qn, ql, qb) -> np.ndarray:
+    """Assert ``surface`` non-decreasing along n, l and b on the query grid (in range and beyond);
+    return its values there [n, l, b]."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
-        v = s.predict(qn[:, None, None], ql[None, :, None], qb[None, None, :])
+        v = surface.predict(qn[:, None, None], ql[None, :, None], qb[None, None, :])
     tol = 1e-9 * np.abs(v).max()
     for axis, name in enumerate(("n", "l", "b")):
         assert np.all(np.diff(v, axis=axis) >= -tol), f"decreasing in {name}"
-    assert np.diff(v, n=2, axis=0).min() < -1.0   # the kink at saturation: truly not convex
+    return v
 
 
 @pytest.mark.parametrize("form", MOE_FORMS)

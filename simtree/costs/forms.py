@@ -36,7 +36,9 @@ token's k_e experts a uniform draw, as the runtime's softmax gate over random we
 the profiler's MoE piece times) touches E (1 - (1 - k_e / E)^T) experts in expectation;
 ``balanced`` (bundles fitted before the routing was recorded) min(T k_e, E).  Non-decreasing in
 x, y, z but CONCAVE in x as the experts saturate, so these carry ``convex_in_x = False`` and
-``nonconvex_reason``; every other form has ``convex_in_x = True``.
+``nonconvex_reason``; every other form has ``convex_in_x = True``.  The fit form "moe_grid_free"
+also gives a MoEGridSurface, with ``grid_convex = False``: its grid values are monotone but not
+constrained convex in x (see :mod:`simtree.costs.surface_fit`).
 """
 from __future__ import annotations
 
@@ -50,6 +52,7 @@ from simtree.errors import ExtrapolationWarning, SimtreeError, check_int
 
 __all__ = ["BasisSurface", "GridSurface", "MoESurface", "MoEGridSurface", "ScaledVerifyDraft",
            "surface_from_dict", "expert_feature", "touched_experts", "MOE_NONCONVEX_REASON", "MOE_FORMS",
+           "GRID_FREE_REASON",
            "MOE_ROUTINGS"]
 
 RANGE_TOLERANCE = 1e-9     # relative slack of the measured-range check (round-off is not extrapolation)
@@ -57,7 +60,9 @@ MOE_ROUTINGS = ("uniform", "balanced")
 MOE_NONCONVEX_REASONS = {"uniform": "MoE expert saturation: E(1-(1-k/E)^T) experts touched (uniform routing)",
                          "balanced": "MoE expert saturation: min(T*k, E) experts touched (balanced routing)"}
 MOE_NONCONVEX_REASON = MOE_NONCONVEX_REASONS["uniform"]
-MOE_FORMS = ("moe", "moe_grid")   # not convex in x: only for MoE models, reported when kept
+MOE_FORMS = ("moe", "moe_grid", "moe_grid_free")   # not convex in x: only for MoE models, reported when kept
+GRID_FREE_REASON = ("grid values not constrained convex in n (moe_grid_free: GEMM tile steps and "
+                    "expert saturation make the measured C_v non-convex)")
 
 _SCALAR = (int, float, np.float64, np.int64)   # types that take the pure-Python fast path
 
@@ -373,19 +378,29 @@ class GridSurface(_RangeWarner):
 
 class MoEGridSurface(_ExpertTerm, GridSurface):
     """Form "moe_grid": grid form + alpha * expert_feature (kind: verify or draft, which sets
-    the expert term's shape). Monotone, NOT convex in x."""
+    the expert term's shape). Monotone, NOT convex in x.  ``grid_convex=False``: the grid values
+    were fitted monotone but not convex in x (form "moe_grid_free"), recorded in the reason."""
 
     form = "moe_grid"
 
     def __init__(self, kind: str, xs, ys, zs, values, alpha: float, n_experts: int,
                  experts_per_token: int, axis_names=("x", "y", "z"), valid_range=None, routing: str = "uniform",
-                 tile_rows: int | None = None):
+                 tile_rows: int | None = None, grid_convex: bool = True):
         if kind not in ("verify", "draft"):
             raise SimtreeError(f"moe_grid surface kind must be verify or draft, got {kind!r}")
         super().__init__(xs, ys, zs, values, axis_names, valid_range, tile_rows)
         self._set_experts(kind, alpha, n_experts, experts_per_token, routing)
+        self.grid_convex = bool(grid_convex)
+        if not self.grid_convex:
+            self.nonconvex_reason = f"{self.nonconvex_reason}; {GRID_FREE_REASON}"
         if self.tile_rows is not None:
             self.nonconvex_reason = f"{self.nonconvex_reason}; {TILE_NONCONVEX_REASON}"
+
+    def to_dict(self) -> dict:
+        out = super().to_dict()
+        if not self.grid_convex:
+            out["grid_convex"] = False
+        return out
 
 
 class ScaledVerifyDraft:
@@ -477,7 +492,7 @@ def surface_from_dict(d: dict):
         if form == "moe_grid":
             return MoEGridSurface(d["expert_kind"], d["xs"], d["ys"], d["zs"], d["values"], d["alpha"],
                                   d["n_experts"], d["experts_per_token"], names, d.get("valid_range"),
-                                  d.get("routing", "balanced"), d.get("tile_rows"))
+                                  d.get("routing", "balanced"), d.get("tile_rows"), d.get("grid_convex", True))
         if form == "grid":
             return GridSurface(d["xs"], d["ys"], d["zs"], d["values"], names, d.get("valid_range"),
                                d.get("tile_rows"))

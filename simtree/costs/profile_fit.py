@@ -5,7 +5,11 @@ only non-draft stage, else ``stage=`` must name one), one model, one deployment 
 rows timed: ``deployment=`` picks one when the table holds several), one device, one variant
 (``composed`` preferred for model_verify_step when several). Rows that differ only in
 tree_shape (linear vs tree at the same n) are merged by their median: the cost model is a
-function of (n, l, b) only.
+function of (n, l, b) only.  Composed rows that repeat, to the last digit of median, p10 and
+p90, the row of the same (b, n, tree shape) at a shorter context are not measurements at their
+context: the composition (``profiler/compose.py``) holds a piece measured at fewer context
+lengths at its longest one's value (clamped), so they are dropped before the fit, with a note
+(``_drop_context_copies``); the grid forms fill those cells from their neighbours.
 
 Draft rows: ``draft_step`` of the same model and device, axes (topk, num_steps, batch);
 their context lengths are merged by median (C_d takes no l). Without draft rows the fit
@@ -141,6 +145,31 @@ def _choose_verify_stage(df: pd.DataFrame, stage: str | None, notes: list) -> st
                        f"(have: {', '.join(stages) or 'none'})")
 
 
+COPY_KEY = ("latency_us_median", "latency_us_p10", "latency_us_p90")
+
+
+def _drop_context_copies(rows: pd.DataFrame, what: str, notes: list) -> pd.DataFrame:
+    """The composed rows without those that copy a shorter context's row of the same (b, n,
+    tree shape) in all of ``COPY_KEY`` (a clamped composition, see the module doc); other
+    variants are measured whole and kept as they are."""
+    composed = rows["variant"] == "composed"
+    if not composed.any():
+        return rows
+    ordered = rows[composed].sort_values("context_len", kind="stable")
+    copies = ordered.duplicated(subset=["batch_size", "nodes_per_seq", "tree_shape", *COPY_KEY])
+    if not copies.any():
+        return rows
+    dropped = ordered[copies]
+    cells = sorted({(int(r.context_len), int(r.nodes_per_seq)) for r in dropped.itertuples()})
+    by_l: dict[int, list[int]] = {}
+    for l, n in cells:
+        by_l.setdefault(l, []).append(n)
+    where = "; ".join(f"l={l}: n={','.join(map(str, ns))}" for l, ns in by_l.items())
+    notes.append(f"{what}: {len(dropped)} composed rows repeat a shorter context's row exactly (a piece "
+                 f"clamped beyond its measured contexts, not a measurement at l) and are left out ({where})")
+    return rows.drop(index=dropped.index)
+
+
 def _info(result: FitResult, source: dict, notes: list, convex_key: str) -> dict:
     info = {"form": result.form, "valid_range": result.surface.valid_range, "source": source,
             "num_points": result.num_points,
@@ -205,6 +234,7 @@ def fit_profile(profile: str | os.PathLike, *, stage: str | None = None, model: 
     rows = _pick(rows, "dtype", dtype, what)
     rows = _pick(rows, "variant", variant, what,
                  prefer="composed" if vstage == DEFAULT_VERIFY_STAGE else None, notes=notes)
+    rows = _drop_context_copies(rows, what, notes)
     if rows["tree_shape"].nunique() > 1:
         notes.append(f"{what}: tree shapes {', '.join(sorted(rows['tree_shape'].unique()))} merged "
                      "by median at equal (n, l, b)")
