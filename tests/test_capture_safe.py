@@ -107,4 +107,4 @@ def test_plain_rounds_of_a_multi_shape_engine_neither_read_nor_copy_host_data(na
         guard = HostTraffic()
         with guard:
             engine._plain()
-    assert engine._lag_at.tolist() == [0] and not guard.hits, guard.hits
+    assert engine.lag.at.tolist() == [0] and not guard.hits, guard.hits

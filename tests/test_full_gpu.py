@@ -132,10 +132,10 @@ def test_tiers_switching_with_graphs_are_lossless(name, monkeypatch):
     """An engine with several round shapes (the controller's tiers) captures each shape's graphs
     and replays the one in use: switching tiers every round, and after plain runs longer than
     the MTP layer's lag buffer (caught up between graph replays), decodes as plain greedy does."""
-    from simtree.runtime.full import engine as engine_mod
+    from simtree.runtime.full import lag as lag_mod
     from simtree.runtime.full.generate import generate, greedy_decode
     from full_helpers import TierRuns
-    monkeypatch.setattr(engine_mod, "LAG_ROWS", 3)
+    monkeypatch.setattr(lag_mod, "LAG_ROWS", 3)
     model = _model(name, torch.bfloat16 if name == "tiny-v4" else torch.float32)
     prompts = [[3, 17, 5, 9], [11, 2, 7, 1, 30, 4]]
     plain, linear = PolicySpec.from_dict("none"), PolicySpec.from_dict("linear", {"budget": 4})

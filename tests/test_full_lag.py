@@ -6,8 +6,9 @@ tiers (long plain runs included) stays lossless.  Float32, both families."""
 import pytest
 import torch
 
+from simtree.errors import SimtreeError
 from simtree.planning.modes import PolicySpec
-from simtree.runtime.full import engine as engine_mod
+from simtree.runtime.full import lag as lag_mod
 from simtree.runtime.full.drafting import round_shape
 from simtree.runtime.full.engine import FullEngine
 from simtree.runtime.full.generate import generate, greedy_decode
@@ -63,7 +64,7 @@ def test_deferred_catch_up_builds_the_per_round_draft_state(name, rounds, lag_ro
     model = tiny_model(name, dtype=torch.float32)
     counted = _Counting(model)
     deferred, eager = _engine(counted, lag_rows=lag_rows), _engine(model)
-    R = deferred.lag_rows
+    R = deferred.lag.rows
     flushes = (rounds - 1) // R
     waiting = rounds - R * flushes
     start = deferred.ds.lengths.clone()
@@ -71,9 +72,9 @@ def test_deferred_catch_up_builds_the_per_round_draft_state(name, rounds, lag_ro
     deferred.run(rounds=rounds)
     # the plain rounds ran no MTP row; a full buffer was caught up whole before the next plain round
     assert counted.calls == [R] * flushes
-    assert deferred.lagging == waiting and torch.equal(deferred.ds.lengths, start + R * flushes)
+    assert deferred.lag.waiting == waiting and torch.equal(deferred.ds.lengths, start + R * flushes)
     deferred.use(round_shape(EAGLE))        # drafting resumes: one catch-up over the waiting rows
-    assert counted.calls == [R] * flushes + [waiting] and deferred.lagging == 0
+    assert counted.calls == [R] * flushes + [waiting] and deferred.lag.waiting == 0
     _per_round_reference(eager, rounds)
     assert torch.equal(deferred.roots, eager.roots)
     assert torch.equal(deferred.ds.lengths, eager.ds.lengths) and torch.equal(deferred.ds.lengths, deferred.st.lengths)
@@ -88,7 +89,7 @@ def test_deferred_catch_up_builds_the_per_round_draft_state(name, rounds, lag_ro
 def test_switching_tiers_with_long_plain_runs_is_lossless(name, monkeypatch):
     """Plain runs longer than the buffer (flushes between plain rounds), single plain rounds,
     EAGLE and linear rounds after them: the outputs are plain greedy decoding's."""
-    monkeypatch.setattr(engine_mod, "LAG_ROWS", 3)
+    monkeypatch.setattr(lag_mod, "LAG_ROWS", 3)
     model = tiny_model(name, dtype=torch.float32)
     ctl = TierRuns([(PLAIN, 7), (EAGLE, 2), (PLAIN, 1), (LINEAR, 1), (PLAIN, 4), (EAGLE, 1)])
     got = generate(model, PROMPTS[:2], 40, LINEAR, controller=ctl).outputs
@@ -99,9 +100,12 @@ def test_switching_tiers_with_long_plain_runs_is_lossless(name, monkeypatch):
 def test_single_shape_engines_keep_no_lag_buffer():
     model = tiny_model("tiny-gdn", dtype=torch.float32)
     for spec in (PLAIN, EAGLE):
-        assert FullEngine(model, round_shape(spec), 2, 64).lag_rows == 0
-    assert _engine(model).lag_rows == engine_mod.LAG_ROWS
-    assert _engine(tiny_model("tiny-v4", dtype=torch.float32)).lag_rows == 8   # the MTP layer's window
+        assert FullEngine(model, round_shape(spec), 2, 64).lag is None
+    assert _engine(model).lag.rows == lag_mod.LAG_ROWS
+    v4 = tiny_model("tiny-v4", dtype=torch.float32)
+    assert _engine(v4).lag.rows == 8        # the MTP layer's window: a catch-up's rows see each other
+    with pytest.raises(SimtreeError, match=r"lag_rows must be in \[1, 8\]"):
+        _engine(v4, lag_rows=9)
 
 
 def test_the_catch_up_is_timed_in_the_round_that_resumes_drafting():

@@ -28,13 +28,10 @@ controller's tiers; each shape replays its own graphs).
 
 Plain rounds of such an engine let the MTP layer fall behind, as serving engines do while
 speculation is off: the round is the target's decode step alone (the single-shape plain
-engine's stage) plus two device copies that keep what the MTP layer will need - each row's
-target hidden state and the token after it, in a buffer of ``lag_rows`` rows per sequence,
-written at the row a device counter names (no host read inside the round).  The host counts
-those rounds; one batched catch-up (:meth:`catch_up`: the MTP layer over the waiting rows
-under a causal mask, as a speculative round's catch-up runs over its accepted path) runs
-eagerly, outside the graphs, when ``use`` switches to a speculative shape, before a prefill,
-and before a plain round that would overflow the buffer (every ``lag_rows`` plain rounds).
+engine's stage) plus two device copies of the rows the MTP layer will need (:mod:`.lag`).
+One batched catch-up (:meth:`catch_up`) runs eagerly, outside the graphs, when ``use``
+switches to a speculative shape, before a prefill, and before a plain round that would
+overflow the buffer (every ``lag_rows`` plain rounds); ``take_catchup_ms`` times it.
 
 Timing, per round: ``draft_ms`` (draft + catchup), ``verify_ms``, ``commit_ms`` from CUDA
 events around the stages (perf counters on CPU); ``host_ms`` is the CPU time spent issuing the
@@ -62,6 +59,7 @@ from .acceptance import Live
 from simtree.kernels.layers.attention import chain_bits
 from .best_first import best_first, draft_marginals, lay_chain, lay_out, marginal_candidates
 from .drafting import RoundShape, accepted_path, draft_tree, topk_logp
+from .lag import DraftLag
 from .layout import RoundLayout
 
 __all__ = ["FullEngine", "RunStats", "PREFILL_CHUNK", "OUT_CAP"]
@@ -69,7 +67,6 @@ __all__ = ["FullEngine", "RunStats", "PREFILL_CHUNK", "OUT_CAP"]
 PREFILL_CHUNK = 64      # prompt tokens per sequence per prefill verify (the GDN kernels' decode sizes)
 OUT_CAP = 4096          # output tokens kept per sequence (live runs)
 LOG_CAP = 1 << 14       # rounds whose accepted lengths the device log keeps
-LAG_ROWS = 64           # plain rounds the MTP layer may fall behind before a catch-up (multi-shape engines)
 
 
 @dataclass
@@ -116,8 +113,7 @@ class FullEngine:
         controller's tiers); with them the stages run eagerly.  ``trace_topk``: linear rounds
         keep the drafter's top-``trace_topk`` at every drafted position (``last_round``: traces),
         drafting the same chain.  ``lag_rows``: plain rounds the MTP layer may fall behind
-        (engines with a plain and a speculative shape; default LAG_ROWS, capped at its scratch
-        rows and its attention window: a catch-up's rows must see each other whole)."""
+        (engines with a plain and an MTP-drafted shape: :class:`.lag.DraftLag`)."""
         self.model, self.B, self.costs = model, int(batch_size), costs
         self.source = source or Live()
         dev = self.device = model.device
@@ -140,7 +136,10 @@ class FullEngine:
         self.acc_log = torch.zeros(LOG_CAP, B, dtype=torch.int32, device=dev)
         self.log_at = torch.zeros(1, dtype=torch.int64, device=dev)
         self._layouts = {s: RoundLayout.of(s, B, dev, self._chain_bits(s.path_rows), costs, max_len) for s in every}
-        self._init_lag(every, lag_rows)
+        # plain rounds leave the MTP layer's rows for a later catch-up (an MTP shape drafts after them)
+        self.lag = DraftLag(model, self.ds, B, lag_rows) if self.ds is not None and any(s.plain for s in every) \
+            else None
+        self._catchup_marks = []
         self.use(rs)
         capturable = dev.type == "cuda" and model.capturable
         self.use_graphs = capturable if graphs is None else bool(graphs)
@@ -156,53 +155,23 @@ class FullEngine:
         if rs not in self._layouts:
             raise SimtreeError(f"{rs.name}: not a round shape this engine was built for")
         lay = self._layouts[rs]
-        if not rs.plain and getattr(self, "lagging", 0):
+        if not rs.plain and getattr(self, "lag", None) is not None:
             self.catch_up()     # drafting resumes: the MTP layer first catches up on the plain rounds
         self.rs, self.tree, self.alloc, self.own_bits = lay.rs, lay.tree, lay.alloc, lay.own_bits
         self.path_cols, self.chain = lay.path_cols, lay.chain
         if getattr(self, "_shape_graphs", None):
             self.graphs = self._shape_graphs.get(rs)
 
-    def _init_lag(self, every: list, lag_rows: int | None) -> None:
-        """The buffer plain rounds leave the MTP layer's rows in (engines with a plain shape and
-        an MTP-drafted one; none otherwise)."""
-        self.lagging = 0      # plain rounds since the last catch-up (host count)
-        self._catchup_marks = []
-        self.lag_rows = 0
-        self._lag_tokens = self._lag_hidden = self._lag_at = None
-        if self.ds is None or not any(s.plain for s in every):
-            return
-        m, B, dev = self.model, self.B, self.device
-        scratch = self.ds.scratch.shape[1]
-        cap = min(scratch, m.draft_window or scratch)
-        R = min(LAG_ROWS, cap) if lag_rows is None else int(lag_rows)
-        if not 1 <= R <= cap:
-            raise SimtreeError(f"lag_rows must be in [1, {cap}] (the MTP layer's scratch rows and window), got {R}")
-        self.lag_rows = R
-        self._lag_tokens = torch.zeros(B, R, dtype=torch.int64, device=dev)
-        self._lag_hidden = torch.zeros(B, R, m.hidden, dtype=m.dtype, device=dev)
-        self._lag_at = torch.zeros(1, dtype=torch.int64, device=dev)
-
     @torch.no_grad()
     def catch_up(self) -> None:
-        """The MTP layer over the rows plain rounds left it (eager, outside the graphs): its
-        cache gains them, its lengths equal the target's again, the last row gives the next
-        draft's first top-k.  A no-op when it is not behind."""
-        n = self.lagging
-        if n == 0:
+        """The MTP layer over the rows plain rounds left it (:class:`.lag.DraftLag`), eagerly,
+        outside the graphs: its lengths equal the target's again and its last row gives the next
+        draft's first top-k.  Timed (:meth:`take_catchup_ms`); a no-op when it is not behind."""
+        if self.lag is None or not self.lag.waiting:
             return
-        m, ds, B = self.model, self.ds, self.B
         cuda = self.device.type == "cuda"
         start = self._mark(cuda)
-        cols = torch.arange(n, device=self.device)
-        pos = ds.lengths[:, None] + cols
-        rows = cols.expand(B, n)
-        out = m.draft_forward(ds, self._lag_tokens[:, :n].contiguous(), self._lag_hidden[:, :n].contiguous(),
-                              pos, rows, self._chain_bits(n))
-        ds.commit(rows, pos)
-        ds.lengths += n
-        self._set_first(out[:, n - 1])
-        self._drop_lag()
+        self._set_first(self.lag.catch_up(self.model, self.ds, self._chain_bits))
         self._catchup_marks.append((start, self._mark(cuda)))
 
     def take_catchup_ms(self) -> float:
@@ -214,18 +183,14 @@ class FullEngine:
             return float(sum(a.elapsed_time(b) for a, b in marks))
         return float(sum((b - a) * 1e3 for a, b in marks))
 
-    def _drop_lag(self) -> None:
-        self.lagging = 0
-        if self._lag_at is not None:
-            self._lag_at.zero_()
-
     def _take_lag_row(self) -> None:
         """Before a round: a plain round of a lagging engine takes a buffer row (a full buffer is
         caught up first)."""
-        if self.rs.plain and self._lag_at is not None:
-            if self.lagging >= self.lag_rows:
+        lag = self.lag
+        if self.rs.plain and lag is not None:
+            if lag.waiting >= lag.rows:
                 self.catch_up()
-            self.lagging += 1
+            lag.waiting += 1
 
     def _chain_bits(self, rows: int) -> torch.Tensor:
         """Causal-chain bits over the first ``rows`` scratch rows, as wide as the scratch."""
@@ -311,11 +276,8 @@ class FullEngine:
         self._record(nxt[:, None], ones, torch.zeros_like(nxt))
         self._target_next = nxt[:, None]
         self.roots.copy_(nxt)
-        if self._lag_at is not None:   # the MTP layer's row (hidden_q, token_q+1) waits for its catch-up
-            at = self._lag_at
-            self._lag_tokens.index_copy_(1, at, nxt[:, None])
-            self._lag_hidden.index_copy_(1, at, hidden[:, None])
-            at.add_(1).remainder_(self.lag_rows)   # the host catches up before it wraps (capture's warm-up may)
+        if self.lag is not None:   # the MTP layer's row (hidden_q, token_q+1) waits for its catch-up
+            self.lag.keep(nxt, hidden)
 
     def _set_first(self, hidden: torch.Tensor) -> None:
         lp, ids = topk_logp(self.model.draft_logits(hidden), self.first_k)
@@ -341,7 +303,8 @@ class FullEngine:
                 lay.alloc.reset()
         for t in (self.out_len, self.log_at, self.roots):
             t.zero_()
-        self._drop_lag()
+        if self.lag is not None:
+            self.lag.drop()
         self.rewind_source()
 
     def rewind_source(self) -> None:
@@ -475,7 +438,8 @@ class FullEngine:
         self.model.fill_random(self.st, self.ds, context_len - 1, seed)
         if self.ds is not None:
             self.ds.lengths.copy_(self.st.lengths)
-        self._drop_lag()        # the rows a catch-up waited for are no longer the context
+        if self.lag is not None:
+            self.lag.drop()     # the rows a catch-up waited for are no longer the context
         rng = np.random.default_rng(seed)
         self.prefill([[int(t)] for t in rng.integers(0, self.model.vocab, self.B)])
 
