@@ -6,7 +6,7 @@ go 1 -> 8 -> 2 -> 4 -> 8 -> 1 ...), on the cost bundle fitted to this runtime on
 (``scripts/serve_live_gpu.sh`` profiles and fits it first).  Per phase:
 
 - ``measured_tpot_ms``: the phase's decode wall time (every round's draft + verify + commit,
-  host work included, prefill excluded) over the tokens each sequence gained (accepted + bonus,
+  the MTP layer's catch-ups after plain rounds, host work included, prefill excluded) over the tokens each sequence gained (accepted + bonus,
   averaged over the batch, uncut);
 - ``predicted_tpot_ms``: the same rounds priced as ``simtree bench-serve`` prices a step
   (:func:`simtree.serving.policies.step_us`: C_d of the tier the controller chose + C_v at the

@@ -46,3 +46,22 @@ def drafter_costs(per_token_us: float = 10.0, families=("block", "tfm", "dspark"
     base = synthetic_costs(weights_us=0.0, per_token_us=per_token_us)
     return CostBundle(base.verify, base.draft, {"model": "tiny", "device": "cpu"},
                       {f: DrafterCostModel(_DrafterSurface(drafter_us), {"block_len": 7}, f) for f in families})
+
+
+class TierRuns:
+    """A controller (``simtree.control.Controller``'s interface) that runs its tiers in runs of
+    given lengths, in turn: ``plan`` [(PolicySpec, rounds)]."""
+
+    def __init__(self, plan):
+        from types import SimpleNamespace
+        self.tiers = [SimpleNamespace(name=s.name, spec=s) for s, _ in plan]
+        self._order = [t for t, (_, n) in zip(self.tiers, plan) for _ in range(n)]
+        self.chosen = []
+
+    def choose(self, batch_size, context_lens):
+        tier = self._order[len(self.chosen) % len(self._order)]
+        self.chosen.append(tier.name)
+        return tier
+
+    def observe(self, tier, accepted):
+        pass

@@ -16,6 +16,7 @@ from simtree.planning.simulate import PolicySpec
 from simtree.runtime.full.acceptance import DraftScores, TraceReplay
 from simtree.runtime.full.drafting import round_shape
 from simtree.runtime.full.block_engine import make_engine
+from simtree.runtime.full.engine import FullEngine
 
 from full_helpers import drafter_costs, tiny_model
 
@@ -90,3 +91,20 @@ def test_rounds_neither_read_nor_copy_host_data(name):
         if guard.hits:
             found[label] = sorted(set(guard.hits))
     assert not found, found
+
+
+@pytest.mark.parametrize("name", ["tiny-gdn", "tiny-v4"])
+def test_plain_rounds_of_a_multi_shape_engine_neither_read_nor_copy_host_data(name):
+    """The controller's plain tier keeps the MTP layer's rows in a buffer at a device-held row
+    index (its catch-up runs outside the graphs, when drafting resumes)."""
+    model = tiny_model(name, dtype=torch.float32)
+    engine = FullEngine(model, round_shape(SPECS["none"]), 4, 128, TraceReplay.fixed(2, 4, "cpu"), graphs=False,
+                        shapes=[round_shape(SPECS["eagle"]), round_shape(SPECS["linear"])], lag_rows=2)
+    engine.fill_context(24, seed=1)
+    with torch.no_grad():
+        for _ in range(3):                      # warm-up, as capture() runs it: past the buffer's end
+            engine._plain()
+        guard = HostTraffic()
+        with guard:
+            engine._plain()
+    assert engine.lag.at.tolist() == [0] and not guard.hits, guard.hits

@@ -127,31 +127,21 @@ def test_stratified_replay_under_graphs_commits_its_table(name):
     assert outs[0] == outs[1]
 
 
-class _Rotating:
-    """A controller that runs its tiers in turn, one round each (every switch exercised)."""
-
-    def __init__(self, specs):
-        from types import SimpleNamespace
-        self.tiers = [SimpleNamespace(name=s.name, spec=s) for s in specs]
-        self.i = -1
-
-    def choose(self, batch_size, context_lens):
-        self.i += 1
-        return self.tiers[self.i % len(self.tiers)]
-
-    def observe(self, tier, accepted):
-        pass
-
-
 @pytest.mark.parametrize("name", ["tiny-gdn", "tiny-v4"])
-def test_tiers_switching_with_graphs_are_lossless(name):
+def test_tiers_switching_with_graphs_are_lossless(name, monkeypatch):
     """An engine with several round shapes (the controller's tiers) captures each shape's graphs
-    and replays the one in use: switching tiers every round decodes as plain greedy does."""
+    and replays the one in use: switching tiers every round, and after plain runs longer than
+    the MTP layer's lag buffer (caught up between graph replays), decodes as plain greedy does."""
+    from simtree.runtime.full import lag as lag_mod
     from simtree.runtime.full.generate import generate, greedy_decode
+    from full_helpers import TierRuns
+    monkeypatch.setattr(lag_mod, "LAG_ROWS", 3)
     model = _model(name, torch.bfloat16 if name == "tiny-v4" else torch.float32)
     prompts = [[3, 17, 5, 9], [11, 2, 7, 1, 30, 4]]
-    specs = [PolicySpec.from_dict("none"), EAGLE_S3, PolicySpec.from_dict("linear", {"budget": 4})]
-    ctl = _Rotating(specs)
-    got = generate(model, prompts, 24, specs[0], controller=ctl).outputs
-    assert ctl.i >= 5
-    assert got == greedy_decode(model, prompts, 24)
+    plain, linear = PolicySpec.from_dict("none"), PolicySpec.from_dict("linear", {"budget": 4})
+    want = greedy_decode(model, prompts, 24)
+    for plan in ([(plain, 1), (EAGLE_S3, 1), (linear, 1)], [(plain, 7), (EAGLE_S3, 2), (plain, 4), (linear, 1)]):
+        ctl = TierRuns(plan)
+        got = generate(model, prompts, 24, plain, controller=ctl).outputs
+        assert len(ctl.chosen) >= 6
+        assert got == want

@@ -24,7 +24,14 @@ one memory pool and replay in capture order.  The host reads nothing inside a ro
 read the output lengths once a round (to stop), replays not even that (their accepted lengths
 go to a device log read after the run).  Without a GPU the same stages run eagerly.  An engine
 built with more round ``shapes`` switches between them per round (``use``: an online
-controller's tiers; eager stages); its plain rounds then let the MTP layer catch up too.
+controller's tiers; each shape replays its own graphs).
+
+Plain rounds of such an engine let the MTP layer fall behind, as serving engines do while
+speculation is off: the round is the target's decode step alone (the single-shape plain
+engine's stage) plus two device copies of the rows the MTP layer will need (:mod:`.lag`).
+One batched catch-up (:meth:`catch_up`) runs eagerly, outside the graphs, when ``use``
+switches to a speculative shape, before a prefill, and before a plain round that would
+overflow the buffer (every ``lag_rows`` plain rounds); ``take_catchup_ms`` times it.
 
 Timing, per round: ``draft_ms`` (draft + catchup), ``verify_ms``, ``commit_ms`` from CUDA
 events around the stages (perf counters on CPU); ``host_ms`` is the CPU time spent issuing the
@@ -52,6 +59,7 @@ from .acceptance import Live
 from simtree.kernels.layers.attention import chain_bits
 from .best_first import best_first, draft_marginals, lay_chain, lay_out, marginal_candidates
 from .drafting import RoundShape, accepted_path, draft_tree, topk_logp
+from .lag import DraftLag
 from .layout import RoundLayout
 
 __all__ = ["FullEngine", "RunStats", "PREFILL_CHUNK", "OUT_CAP"]
@@ -98,12 +106,14 @@ class RunStats:
 
 class FullEngine:
     def __init__(self, model, rs: RoundShape, batch_size: int, max_len: int, source=None,
-                 graphs: bool | None = None, costs=None, shapes=(), trace_topk: int = 0):
+                 graphs: bool | None = None, costs=None, shapes=(), trace_topk: int = 0,
+                 lag_rows: int | None = None):
         """``costs``: the cost bundle whose C_d and C_v cost_aware and batch_alloc decide with.
         ``shapes``: more round shapes the rounds may switch to (:meth:`use`: an online
         controller's tiers); with them the stages run eagerly.  ``trace_topk``: linear rounds
         keep the drafter's top-``trace_topk`` at every drafted position (``last_round``: traces),
-        drafting the same chain."""
+        drafting the same chain.  ``lag_rows``: plain rounds the MTP layer may fall behind
+        (engines with a plain and an MTP-drafted shape: :class:`.lag.DraftLag`)."""
         self.model, self.B, self.costs = model, int(batch_size), costs
         self.source = source or Live()
         dev = self.device = model.device
@@ -126,7 +136,10 @@ class FullEngine:
         self.acc_log = torch.zeros(LOG_CAP, B, dtype=torch.int32, device=dev)
         self.log_at = torch.zeros(1, dtype=torch.int64, device=dev)
         self._layouts = {s: RoundLayout.of(s, B, dev, self._chain_bits(s.path_rows), costs, max_len) for s in every}
-        self.one_row = self._chain_bits(1)
+        # plain rounds leave the MTP layer's rows for a later catch-up (an MTP shape drafts after them)
+        self.lag = DraftLag(model, self.ds, B, lag_rows) if self.ds is not None and any(s.plain for s in every) \
+            else None
+        self._catchup_marks = []
         self.use(rs)
         capturable = dev.type == "cuda" and model.capturable
         self.use_graphs = capturable if graphs is None else bool(graphs)
@@ -142,10 +155,42 @@ class FullEngine:
         if rs not in self._layouts:
             raise SimtreeError(f"{rs.name}: not a round shape this engine was built for")
         lay = self._layouts[rs]
+        if not rs.plain and getattr(self, "lag", None) is not None:
+            self.catch_up()     # drafting resumes: the MTP layer first catches up on the plain rounds
         self.rs, self.tree, self.alloc, self.own_bits = lay.rs, lay.tree, lay.alloc, lay.own_bits
         self.path_cols, self.chain = lay.path_cols, lay.chain
         if getattr(self, "_shape_graphs", None):
             self.graphs = self._shape_graphs.get(rs)
+
+    @torch.no_grad()
+    def catch_up(self) -> None:
+        """The MTP layer over the rows plain rounds left it (:class:`.lag.DraftLag`), eagerly,
+        outside the graphs: its lengths equal the target's again and its last row gives the next
+        draft's first top-k.  Timed (:meth:`take_catchup_ms`); a no-op when it is not behind."""
+        if self.lag is None or not self.lag.waiting:
+            return
+        cuda = self.device.type == "cuda"
+        start = self._mark(cuda)
+        self._set_first(self.lag.catch_up(self.model, self.ds, self._chain_bits))
+        self._catchup_marks.append((start, self._mark(cuda)))
+
+    def take_catchup_ms(self) -> float:
+        """Milliseconds the catch-ups since the last call took (CUDA events; perf counters on
+        CPU): the one-off a switch to a speculative shape adds, outside the rounds' stages."""
+        marks, self._catchup_marks = self._catchup_marks, []
+        if marks and self.device.type == "cuda":
+            marks[-1][1].synchronize()
+            return float(sum(a.elapsed_time(b) for a, b in marks))
+        return float(sum((b - a) * 1e3 for a, b in marks))
+
+    def _take_lag_row(self) -> None:
+        """Before a round: a plain round of a lagging engine takes a buffer row (a full buffer is
+        caught up first)."""
+        lag = self.lag
+        if self.rs.plain and lag is not None:
+            if lag.waiting >= lag.rows:
+                self.catch_up()
+            lag.waiting += 1
 
     def _chain_bits(self, rows: int) -> torch.Tensor:
         """Causal-chain bits over the first ``rows`` scratch rows, as wide as the scratch."""
@@ -224,7 +269,6 @@ class FullEngine:
         return bool(self.trace_topk) and rs.topk == 1 and rs.num_steps == rs.budget - 1 and not rs.marginal
 
     def _plain(self) -> None:
-        base = self.st.lengths.clone() if self.ds is not None else None
         self._plain_root = self.roots.clone()
         hidden = self.model.decode(self.st, self.roots)
         nxt = self.model.greedy(hidden)
@@ -232,12 +276,8 @@ class FullEngine:
         self._record(nxt[:, None], ones, torch.zeros_like(nxt))
         self._target_next = nxt[:, None]
         self.roots.copy_(nxt)
-        if self.ds is not None:   # other round shapes draft next: the MTP layer catches up on the row
-            pos, rows = base[:, None], torch.zeros(self.B, 1, dtype=torch.int64, device=self.device)
-            out = self.model.draft_forward(self.ds, nxt[:, None], hidden[:, None], pos, rows, self.one_row)
-            self.ds.commit(rows, pos)
-            self._set_first(out[:, 0])
-            self.ds.lengths += 1
+        if self.lag is not None:   # the MTP layer's row (hidden_q, token_q+1) waits for its catch-up
+            self.lag.keep(nxt, hidden)
 
     def _set_first(self, hidden: torch.Tensor) -> None:
         lp, ids = topk_logp(self.model.draft_logits(hidden), self.first_k)
@@ -263,6 +303,8 @@ class FullEngine:
                 lay.alloc.reset()
         for t in (self.out_len, self.log_at, self.roots):
             t.zero_()
+        if self.lag is not None:
+            self.lag.drop()
         self.rewind_source()
 
     def rewind_source(self) -> None:
@@ -327,6 +369,7 @@ class FullEngine:
         Chains of at most PREFILL_CHUNK tokens per sequence per verify, eagerly."""
         if len(prompts) != self.B or any(len(p) == 0 for p in prompts):
             raise SimtreeError(f"prefill needs {self.B} non-empty prompts, got {len(prompts)}")
+        self.catch_up()
         chunks = max(math.ceil(len(p) / PREFILL_CHUNK) for p in prompts)
         if min(map(len, prompts)) < chunks:
             raise SimtreeError(f"prompts of {min(map(len, prompts))} to {max(map(len, prompts))} tokens: each "
@@ -395,6 +438,8 @@ class FullEngine:
         self.model.fill_random(self.st, self.ds, context_len - 1, seed)
         if self.ds is not None:
             self.ds.lengths.copy_(self.st.lengths)
+        if self.lag is not None:
+            self.lag.drop()     # the rows a catch-up waited for are no longer the context
         rng = np.random.default_rng(seed)
         self.prefill([[int(t)] for t in rng.integers(0, self.model.vocab, self.B)])
 
@@ -418,6 +463,7 @@ class FullEngine:
             torch.cuda.synchronize()
         t_start = time.perf_counter()
         for _ in range(limit):
+            self._take_lag_row()
             t0 = time.perf_counter()
             stamps = [self._mark(cuda)]
             for _, fn in stages:
@@ -435,6 +481,7 @@ class FullEngine:
         if cuda and host_probe > 0 and n_done:
             probe = []
             for _ in range(host_probe):
+                self._take_lag_row()
                 torch.cuda.synchronize()
                 t0 = time.perf_counter()
                 for _, fn in stages:

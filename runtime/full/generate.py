@@ -13,6 +13,9 @@ records how many sequences were still short of max_new_tokens when it began (``l
 with a trace writer, one record per sequence (:mod:`.round_trace`): the round's tree as the
 engine drafted it (padding left out), the accepted node, the target's tokens along the
 accepted path and, for the marginal modes, the drafter's top-K along its chain.
+With a controller, plain rounds let the MTP layer fall behind (:mod:`.engine`); the round that
+resumes drafting, or the plain round that found its buffer full, records the catch-up's time
+(``catchup_ms``, part of its ``round_ms``).
 """
 from __future__ import annotations
 
@@ -42,10 +45,11 @@ class RoundStats:
     nodes: list          # tree size per sequence (root included; padding excluded)
     accepted: list       # accepted draft tokens per sequence (bonus excluded)
     live: int = 0        # sequences still short of max_new_tokens when the round began
+    catchup_ms: float = 0.0   # the MTP layer catching up on earlier plain rounds before this one (engine.catch_up)
 
     @property
     def round_ms(self) -> float:
-        return self.draft_ms + self.verify_ms + self.commit_ms
+        return self.draft_ms + self.verify_ms + self.commit_ms + self.catchup_ms
 
 
 @dataclass
@@ -128,7 +132,7 @@ def generate(model, prompts: list[list[int]], max_new_tokens: int, spec: PolicyS
         nodes = ([1] * B if engine.rs.plain else engine.tree.valid.sum(1).tolist()) if rec is None \
             else rec["valid"].sum(1).tolist()
         rounds.append(RoundStats(float(stats.draft_ms[0]), float(stats.verify_ms[0]), float(stats.commit_ms[0]),
-                                 nodes, acc.tolist(), int((lens < max_new_tokens).sum())))
+                                 nodes, acc.tolist(), int((lens < max_new_tokens).sum()), engine.take_catchup_ms()))
         lens += acc + 1
         produced += int(acc.sum()) + B
         if tier is not None:

@@ -98,6 +98,11 @@ class QwenModel:
         return self.d.h
 
     @property
+    def draft_window(self) -> int:
+        """The MTP layer's attention window in positions (0: it sees its whole cache)."""
+        return 0
+
+    @property
     def vocab(self) -> int:
         return self.d.vocab
 

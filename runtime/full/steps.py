@@ -11,7 +11,12 @@
   acceptance, the outputs' book-keeping) and its ``commit`` stage (the accepted path's state).
   The trees are the model's own MTP drafts - an EAGLE top-2 tree of n nodes, or a chain of n
   with ``tree="linear"`` - drafted once (shaped by ``tree_model``'s scores where given, as the
-  replayed runs shape theirs); every repetition commits a path of depth min(2, the tree's depth).  n = 1 is the plain decode step (the engine's only stage there).
+  replayed runs shape theirs); every repetition commits a path of depth min(2, the tree's depth).
+  n = 1 is the plain decode step (the engine's only stage there): also what a plain round of an
+  engine with several round shapes (the controller's tiers) costs, the target's decode step plus
+  two row copies, since its MTP layer falls behind during plain rounds and catches up in one
+  batch when drafting resumes (``FullEngine.catch_up``, a one-off per switch that C_v(1) does
+  not price: docs/controller.md).
 * :func:`draft_step` (b, s, k, l) is what C_d(s, k, b) predicts: the engine's ``draft`` stage
   (s - 1 MTP forwards of k rows per sequence, the top-k expansion and the tree build, budget
   1 + s k capped at the nodes drafted) and its ``catchup`` stage (the MTP layer over the

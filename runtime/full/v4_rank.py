@@ -144,6 +144,11 @@ class V4Rank:
         return self.d.hc * self.d.h
 
     @property
+    def draft_window(self) -> int:
+        """The MTP layer's sliding window in positions (its SWA block)."""
+        return int(self.d.window)
+
+    @property
     def vocab(self) -> int:
         return self.d.vocab
 
