@@ -15,7 +15,8 @@ built). Where a stage has rows of several variants the preferred one is taken
 runtime's layers composes the runtime's step: lm_head_step is then its two ends (embedding,
 final norm + logits + argmax) and mlp_step its MLP or MoE. A
 core stage measured at one context length only is taken as independent of l (GDN state,
-sliding window); otherwise l is interpolated linearly between measured lengths (clamped).
+sliding window); otherwise l is interpolated linearly between measured lengths, and a point
+outside them is not composed (a value copied from the nearest measured length is no measurement).
 The percentiles are composed the same way (sum of p10s, of p90s: a bound, not a quantile).
 
 Validation: ``stack_verify_step`` rows (a measured stack of L real layers in the model's
@@ -84,6 +85,8 @@ def _lookup_core(df: pd.DataFrame, stage: str, b: int, n: int, l: int, shape: st
     ls = rows.context_len.to_numpy(float)
     if len(ls) == 1:
         return rows[list(_LAT)].iloc[0].to_numpy(float), int(rows.repeats.iloc[0]), variant
+    if not ls[0] <= l <= ls[-1]:   # never a value copied from the nearest measured context
+        return None
     vals = np.array([np.interp(l, ls, rows[c].to_numpy(float)) for c in _LAT])
     return vals, int(rows.repeats.min()), variant
 

@@ -60,6 +60,16 @@ def test_context_is_interpolated_between_measured_lengths():
         assert r["latency_us_median"] == pytest.approx(_expected(f, r["batch_size"], r["nodes_per_seq"], 200))
 
 
+def test_a_context_past_a_cores_measured_lengths_is_not_composed():
+    """Where one (b, n) had its core timed at fewer contexts (a coarser grid at long contexts),
+    no row is made there from the nearest measured length's value."""
+    df, f = _table(np.random.default_rng(2))
+    extra = [_row("attn_tree_verify", b, 4, 900, "eagle", f["attn_tree_verify"](b, 4, 900), "torch_sdpa") for b in (1, 2)]
+    rows = compose_rows(pd.concat([df, pd.DataFrame(extra)], ignore_index=True), MODEL)
+    at = {(r["nodes_per_seq"], r["context_len"]) for r in rows}
+    assert (4, 900) in at and (1, 900) not in at and {(1, 100), (1, 300), (4, 100), (4, 300)} <= at
+
+
 def test_missing_part_leaves_no_composed_row():
     df, _ = _table(np.random.default_rng(2))
     df = df[~((df.stage == "mlp_step") & (df.batch_size == 2))]
