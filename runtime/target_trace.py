@@ -34,7 +34,7 @@ from .full.acceptance import Live
 from .full.drafting import round_shape
 from .full.engine import FullEngine
 
-__all__ = ["trace_policies", "policy_name", "TOPK", "TRACE_SCHEMA"]
+__all__ = ["trace_policies", "draft_confidences", "policy_name", "TOPK", "TRACE_SCHEMA"]
 
 TRACE_SCHEMA = "simtree.trace/2"
 TOPK = 8    # drafter candidates logged per drafted chain position
@@ -104,6 +104,21 @@ class _Recorder(Live):
                             "rank": _np(tree.rank), "valid": _np(tree.valid), "target": _np(target_next),
                             "accepted": _np(acc), "context": self.probe.context, "topk": topk})
         return acc
+
+
+class _DraftsOnly(Live):
+    """Accepts no draft: every round gains exactly the target's greedy token, so the drafter
+    drafts its chain from every position of the greedy text in turn.  Keeps the drafter's top-K
+    probabilities of each chain and nothing of the target's verdict on them."""
+
+    def __init__(self, probe: _Observed):
+        self.probe, self.rounds = probe, []
+
+    def accept(self, tree, target_next, rs):
+        pos = [self.probe.first, *self.probe.steps]
+        self.probe.steps = []
+        self.rounds.append({"probs": np.stack([p for _, p in pos], 1), "context": self.probe.context})   # [B, P, K]
+        return torch.zeros(tree.tokens.shape[0], dtype=torch.int64, device=tree.tokens.device)
 
 
 def _records(rounds: list[dict], mode: str, workload: str, batch_size: int, max_new_tokens: int) -> list[dict]:
@@ -179,3 +194,35 @@ def trace_policies(model, prompt_ids: list[list[int]], policies: list[tuple[str,
             acc = np.mean([r.num_accepted + 1 for r in records]) if records else float("nan")
             say(f"{workload} {name}: {len(records)} rounds x sequences, {acc:.3f} tokens per round")
     return runs
+
+
+@torch.no_grad()
+def draft_confidences(model, prompt_ids: list[list[int]], depth: int, max_new_tokens: int, workload: str,
+                      out=None) -> dict:
+    """The drafter's confidences on a workload, without any acceptance outcome:
+    {"records": [dict] (``simtree.drafts/1``, :mod:`simtree.acceptance.transfer`), "outputs",
+    "path"}.  The prompts decode as plain greedy (one token per round: no draft is ever
+    accepted), and at each generated position the MTP layer drafts a greedy chain of ``depth``
+    positions; a record keeps that chain's top-``TOPK`` probabilities per position, the
+    sequence, the position and the context length: only what the drafter computed.  Positions
+    up to ``max_new_tokens`` - 1 (those a traced round can begin at)."""
+    from simtree.acceptance.transfer import DRAFTS_SCHEMA
+    spec = PolicySpec.from_dict("linear", {"budget": depth + 1})
+    rs = round_shape(spec)
+    probe = _Observed(model, TOPK)
+    source = _DraftsOnly(probe)
+    max_len = max(map(len, prompt_ids)) + max_new_tokens + rs.budget + 2
+    engine = FullEngine(probe, rs, len(prompt_ids), max_len, source=source, graphs=False)
+    engine.prefill(prompt_ids)
+    engine.run(max_new_tokens=max_new_tokens)
+    recs = []
+    for r, rd in enumerate(source.rounds[:max_new_tokens - 1]):
+        for b in range(len(prompt_ids)):
+            recs.append({"schema": DRAFTS_SCHEMA, "workload": workload, "seq": b, "position": r,
+                         "context_len": int(rd["context"][b]), "drafter": "mtp",
+                         "topk_probs": [[round(float(x), 6) for x in row] for row in rd["probs"][b]]})
+    path = None
+    if out is not None:
+        path = write_text_atomic(Path(out) / f"{workload}_drafts_p{depth}.jsonl",
+                                 "".join(json.dumps(r) + "\n" for r in recs))
+    return {"records": recs, "outputs": [o[:max_new_tokens] for o in engine.outputs()], "path": path}

@@ -148,20 +148,35 @@ def test_shipped_target_is_trained_and_its_mtp_layer_drafts_accepted_tokens():
     assert np.mean([r.num_accepted for r in runs["linear_d4"]["records"]]) > 0.3
 
 
-def test_acceptance_table_has_every_run_and_predicts_from_the_linear_fit_alone(trained):
+def test_acceptance_table_has_every_run_and_predicts_from_the_linear_fit_alone(trained, monkeypatch):
+    """The table has every run; the only acceptance outcomes any prediction reads are the fit
+    run's (the calibration); each split's model comes from that split's drafting pass, which
+    holds the drafter's probabilities alone and decodes the same text as plain decoding."""
+    import simtree.runtime.acceptance_oos as oos
     from simtree.planning.acceptance_oos import COLUMNS, oos_summary
-    from simtree.runtime.acceptance_oos import POLICIES, run_oos
     _, path, _ = trained
-    res = run_oos(path, {"prompts": 2, "max_new_tokens": 6, "policies": [POLICIES[2], POLICIES[-1]]}, say=None)
+    calibrated, transferred = [], []
+    real_cal, real_transfer = oos.fit_calibration, oos.transfer_model
+    monkeypatch.setattr(oos, "fit_calibration", lambda recs, **kw: calibrated.append(list(recs)) or real_cal(recs, **kw))
+    monkeypatch.setattr(oos, "transfer_model", lambda cal, d, *a, **kw: transferred.append(d) or real_transfer(cal, d, *a, **kw))
+    res = oos.run_oos(path, {"prompts": 2, "max_new_tokens": 6, "policies": [oos.POLICIES[2], oos.POLICIES[-1]]},
+                      say=None)
     df = res["table"]
-    assert list(df.columns) == [*COLUMNS, "measured_se"] and len(df) == 9
+    assert list(df.columns) == [*COLUMNS, "measured_se", "baseline_predicted", "baseline_rel_err"] and len(df) == 9
     assert (df["split"] == "in_sample").sum() == 1 and set(df["workload"]) == {"sharegpt", "humaneval"}
     assert np.allclose(df["rel_err"], df["predicted_accepted"] / df["measured_accepted"] - 1)
     assert all(all(v.values()) for v in res["lossless"].values())
+    assert all(v["drafting_pass"] for v in res["lossless"].values())
+    # one calibration, on the fit split's linear run alone
+    assert len(calibrated) == 1 and {(r.workload, r.mode) for r in calibrated[0]} == {("sharegpt", "linear")}
+    assert {r.tree.num_nodes for r in calibrated[0]} == {oos.FIT_POLICY[1]["budget"]}
+    assert len(transferred) == 3 and {d.workload for d in transferred} == {"sharegpt", "humaneval"}
+    assert all(d.probs.shape[1:] == (oos.FIT_POLICY[1]["budget"] - 1, 8) for d in transferred)
     s = oos_summary(df)
     assert s["out_of_sample"]["rows"] == 8 and "mtp batch_alloc" in s["by_drafter_shape"]
     assert set(s["measured_se_rel"]) == {"sharegpt fit", "sharegpt heldout", "humaneval heldout"}
     assert s["prompt_halves_gap"]["workload"] == "sharegpt" and s["prompt_halves_gap"]["max"] >= 0
+    assert s["baseline"]["out_of_sample"]["rows"] == 8
 
 
 def test_a_static_batch_decodes_past_its_fastest_sequence():

@@ -22,8 +22,8 @@ from simtree.acceptance.phi import sibling_rank
 from simtree.acceptance.traces import TraceRecord, Trials, chain_trials, sequence_ids
 from simtree.errors import SimtreeError
 
-__all__ = ["fit_confidence", "fit_positional", "fit_marginals", "has_topk", "CONFIDENCE_EDGES",
-           "isotonic_increasing", "ease_groups"]
+__all__ = ["fit_confidence", "fit_positional", "fit_marginals", "fit_calibration", "has_topk", "CONFIDENCE_EDGES",
+           "isotonic_increasing", "ease_groups", "ChainCalibration"]
 
 # Bins of the drafter's probability of a candidate (its confidence).  Narrow near 0, where
 # lower ranks live, and near 1, where the top-1 of easy tokens lives.
@@ -78,8 +78,10 @@ def _offset(base_logit: np.ndarray, hits: float) -> float:
     return 0.5 * (lo + hi)
 
 
-class _Calibrated:
-    """a(d, r, q) = expit(logit f_g(bin(q)) + delta_g[d]) for rank group g = min(r, 2)."""
+class ChainCalibration:
+    """a(d, r, q) = expit(logit f_g(bin(q)) + delta_g[d]) for rank group g = min(r, 2): the
+    acceptance of a drafted candidate of draft probability q and rank r at depth d, given its
+    parent was accepted (:func:`fit_confidence`, step 3)."""
 
     def __init__(self, trials: Trials, depth: int, prior_trials: float):
         groups = np.minimum(trials.rank, _RANK_GROUPS - 1)
@@ -103,6 +105,21 @@ class _Calibrated:
         g = np.minimum(np.arange(q.shape[1]), _RANK_GROUPS - 1)
         d = np.minimum(depth, self.offsets.shape[1]) - 1
         return expit(logit(self.curves[g[None, :], _bin(q)]) + self.offsets[g[None, :], d[:, None]])
+
+
+def fit_calibration(records: Iterable[TraceRecord], *, topk: int = DEFAULT_TOPK, depth: int = DEFAULT_DEPTH,
+                    prior_trials: float = 20.0) -> ChainCalibration:
+    """One :class:`ChainCalibration` pooled over every record that logs the drafter's top-K and
+    the target's tokens (linear runs, version 2): how often the target takes a candidate the
+    drafter gave probability q, by depth and rank."""
+    records = [r for r in records if r.topk_tokens is not None and r.target_tokens is not None]
+    if not records:
+        raise SimtreeError("traces carry no drafter top-K with the target's tokens (version 2 linear runs): "
+                           "nothing to calibrate the drafter's confidence on")
+    trials = chain_trials(records, topk)
+    if trials.size == 0:
+        raise SimtreeError("traces hold no drafted position under an accepted node: nothing to calibrate")
+    return ChainCalibration(trials, depth, prior_trials)
 
 
 def _rows(trials: Trials, topk: int) -> tuple[np.ndarray, np.ndarray]:
@@ -152,7 +169,7 @@ def _state_levels(records: list[TraceRecord], topk: int, depth: int, bins: int, 
                   prior_trials: float, min_rows: int) -> tuple:
     """Levels of one text state: (acceptance [L, P, K], draft probs [L, P, K], weights [L], curve)."""
     trials = chain_trials(records, topk)
-    curve = _Calibrated(trials, depth, prior_trials)
+    curve = ChainCalibration(trials, depth, prior_trials)
     row_depth, q = _rows(trials, topk)
     accept = curve(row_depth, q)
     per_depth, last = [], None

@@ -54,20 +54,29 @@ def predicted_accepted(model, mode: str, params: dict, costs=None, batch_size: i
     return float(np.asarray(weights) @ gain)
 
 
-def oos_table(model, runs: list[dict], costs=None) -> pd.DataFrame:
+def oos_table(model, runs: list[dict], costs=None, baseline=None) -> pd.DataFrame:
     """Rows of :data:`COLUMNS` (and ``measured_se``, :func:`measured_se`) for ``runs`` (dicts:
     drafter, policy, mode, params, workload, split, records, and for the adaptive modes
     batch_size and context_len), each predicted by the acceptance ``model``
-    (:func:`predicted_accepted`; ``costs``: the adaptive modes' bundle)."""
+    (:func:`predicted_accepted`; ``costs``: the adaptive modes' bundle).  ``model``: one model
+    for every run, or {key: model} picked by each run's ``drafts`` key (a model per split, from
+    that split's drafter confidences).  ``baseline``: a second model whose prediction goes in
+    ``baseline_predicted`` / ``baseline_rel_err``."""
     rows = []
     for run in runs:
         measured = measured_accepted(run["records"])
-        predicted = predicted_accepted(model, run["mode"], run["params"], costs, run.get("batch_size", 1),
-                                       run.get("context_len", 0.0))
-        rows.append({"drafter": run["drafter"], "policy": run["policy"], "workload": run["workload"],
-                     "split": run["split"], "measured_accepted": measured, "predicted_accepted": predicted,
-                     "rel_err": predicted / measured - 1.0, "measured_se": measured_se(run["records"])})
-    return pd.DataFrame(rows, columns=[*COLUMNS, "measured_se"])
+        args = (run["mode"], run["params"], costs, run.get("batch_size", 1), run.get("context_len", 0.0))
+        acc = model[run["drafts"]] if isinstance(model, dict) else model
+        predicted = predicted_accepted(acc, *args)
+        row = {"drafter": run["drafter"], "policy": run["policy"], "workload": run["workload"],
+               "split": run["split"], "measured_accepted": measured, "predicted_accepted": predicted,
+               "rel_err": predicted / measured - 1.0, "measured_se": measured_se(run["records"])}
+        if baseline is not None:
+            row["baseline_predicted"] = predicted_accepted(baseline, *args)
+            row["baseline_rel_err"] = row["baseline_predicted"] / measured - 1.0
+        rows.append(row)
+    extra = ["baseline_predicted", "baseline_rel_err"] if baseline is not None else []
+    return pd.DataFrame(rows, columns=[*COLUMNS, "measured_se", *extra])
 
 
 def _stats(err: pd.Series) -> dict:
@@ -96,6 +105,10 @@ def oos_summary(df: pd.DataFrame) -> dict:
         gap = (halves["heldout"] / halves["fit"] - 1.0).abs()
         out["prompt_halves_gap"] = {"workload": str(df["workload"].iloc[0]), "median": float(gap.median()),
                                     "max": float(gap.max())}
+    if "baseline_rel_err" in df:
+        out["baseline"] = {"out_of_sample": _stats(oos["baseline_rel_err"]),
+                           "by_workload_split": {f"{w} {s}": _stats(g["baseline_rel_err"])
+                                                 for (w, s), g in oos.groupby(["workload", "split"])}}
     o = out["out_of_sample"]
     out["meets_targets"] = bool(o["median_abs_rel_err"] <= TARGETS["median_abs_rel_err"]
                                 and o["max_abs_rel_err"] <= TARGETS["max_abs_rel_err"])
@@ -122,13 +135,25 @@ def summary_markdown(df: pd.DataFrame, summary: dict, header: list[str]) -> str:
                   f"{pct(g['median'])} (at most {pct(g['max'])}): no fit on one half predicts the other closer "
                   "than the halves agree."]
     lines.append("")
+    base = summary.get("baseline")
     for key, title in (("by_drafter_shape", "drafter x shape"), ("by_workload_split", "workload x split")):
-        lines += [f"| {title} | rows | median abs err | worst |", "|---|---|---|---|"]
+        extra = base is not None and key in base
+        lines += [f"| {title} | rows | median abs err | worst |" + (" baseline median | baseline worst |" if extra else ""),
+                  "|---|---|---|---|" + ("---|---|" if extra else "")]
         lines += [f"| {k} | {v['rows']} | {pct(v['median_abs_rel_err'])} | {pct(v['max_abs_rel_err'])} |"
-                  for k, v in summary[key].items()]
+                  + (f" {pct(base[key][k]['median_abs_rel_err'])} | {pct(base[key][k]['max_abs_rel_err'])} |"
+                     if extra else "") for k, v in summary[key].items()]
+        if extra:
+            b = base["out_of_sample"]
+            lines += [f"| all out of sample | {b['rows']} | {pct(summary['out_of_sample']['median_abs_rel_err'])} | "
+                      f"{pct(summary['out_of_sample']['max_abs_rel_err'])} | {pct(b['median_abs_rel_err'])} | "
+                      f"{pct(b['max_abs_rel_err'])} |"]
         lines.append("")
     worst = df[df["split"] != "in_sample"].assign(a=lambda d: d["rel_err"].abs()).nlargest(5, "a")
-    lines += ["Worst rows:", "", "| policy | workload | split | measured | predicted | error |", "|---|---|---|---|---|---|"]
+    has_base = "baseline_predicted" in df
+    lines += ["Worst rows:", "", "| policy | workload | split | measured | predicted | error |"
+              + (" baseline | baseline error |" if has_base else ""), "|---|---|---|---|---|---|" + ("---|---|" if has_base else "")]
     lines += [f"| {r.policy} | {r.workload} | {r.split} | {r.measured_accepted:.3f} | {r.predicted_accepted:.3f} | "
-              f"{100 * r.rel_err:+.2f}% |" for r in worst.itertuples()]
+              f"{100 * r.rel_err:+.2f}% |" + (f" {r.baseline_predicted:.3f} | {100 * r.baseline_rel_err:+.2f}% |"
+                                              if has_base else "") for r in worst.itertuples()]
     return "\n".join(lines) + "\n"
