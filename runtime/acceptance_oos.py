@@ -115,10 +115,12 @@ def run_oos(model_dir, settings: dict, traces=None, say=print) -> dict:
         if say is not None:
             say(f"{key}: {len(done)} policies and the drafting pass, {time.perf_counter() - t0:.0f}s")
     # outcomes of the fit run only: the calibration (and the old, outcome-fitted model beside it)
-    calibration = fit_calibration(fit_records)
+    calibration = fit_calibration(fit_records)                     # by confidence and the context lookup
+    plain_cal = fit_calibration(fit_records, context=False)        # by confidence alone
     models = {key: transfer_model(calibration, d, key.split()[0]) for key, d in drafts.items()}
+    confidence_only = {key: transfer_model(plain_cal, d, key.split()[0]) for key, d in drafts.items()}
     fitted = fit_confidence(fit_records, "sharegpt")
-    df = oos_table(models, runs, costs, baseline=fitted)
+    df = oos_table(models, runs, costs, extras={"confidence_only": confidence_only, "baseline": fitted})
     return {"table": df, "summary": oos_summary(df), "lossless": lossless, "prompts": counts,
             "models": {k: m.meta for k, m in models.items()}}
 
@@ -155,20 +157,24 @@ def main(argv=None) -> int:
               "What each prediction used (`predicted_accepted`; simtree.acceptance.transfer):", "",
               f"- acceptance outcomes: one run only, {info['fit_run']} (the `in_sample` row): the drafter's "
               "calibration, P(target takes a candidate | its draft probability, depth, rank);",
-              "- sharegpt fit: that calibration and the drafter's confidences of the drafting pass on the fit prompts;",
-              "- sharegpt heldout: that calibration and the drafter's confidences of the drafting pass on the "
-              "held-out ShareGPT prompts; no accept/reject outcome of these prompts;",
-              "- humaneval heldout: that calibration and the drafter's confidences of the drafting pass on the "
-              "HumanEval prompts; no accept/reject outcome of HumanEval.",
+              "- sharegpt fit: that calibration and the drafting pass on the fit prompts;",
+              "- sharegpt heldout: that calibration and the drafting pass on the held-out ShareGPT prompts; no "
+              "accept/reject outcome of these prompts;",
+              "- humaneval heldout: that calibration and the drafting pass on the HumanEval prompts; no accept/reject "
+              "outcome of HumanEval.",
               "", "A drafting pass decodes the split's prompts as plain greedy decoding (the text every policy "
               "reproduces token for token) and at each generated position keeps the MTP layer's top-8 "
-              f"probabilities along its {FIT_POLICY[1]['budget'] - 1}-position greedy chain: what the drafter "
-              "computes before any verification. `baseline_predicted`: the previous predictor, the model fitted on "
+              f"probabilities along its {FIT_POLICY[1]['budget'] - 1}-position greedy chain and, at each chain "
+              "position, the rank among them of the token a lookup of the context proposes (the token that followed "
+              "the latest earlier occurrence of the last 3 tokens of the prompt, the text before the position and "
+              "the chain's own top-1 tokens): what the drafter and the engine hold before any verification, no "
+              "token of the target's after the position. `baseline_predicted`: the previous predictor, the model fitted on "
               "the same run's outcomes (its text states and confidence distribution are the fit prompts'), one model "
               "for every split.", "",
-              "Settings of the transferred model (states, levels, window: simtree.acceptance.transfer defaults) were "
-              "fixed from the fit split; the held-out and HumanEval rows were seen in development runs of this "
-              "command and no setting was changed after them."]
+              "The transferred model's settings (states, levels, window, the lookup's 3-grams: "
+              "simtree.acceptance.transfer defaults) were fixed on the fit split; the held-out and HumanEval rows "
+              "of earlier development runs of this command were seen (docs/acceptance.md, section 5, says which and "
+              "what changed after them). `confidence_only_*`: the same calibration without the context lookup."]
     write_text_atomic(out / "acceptance_out_of_sample.csv", df.to_csv(index=False, float_format="%.5f"))
     settings_block = "\n## Settings\n\n```json\n" + json.dumps(info, indent=1) + "\n```\n"
     write_text_atomic(out / "acceptance_out_of_sample.md", summary_markdown(df, s, header).rstrip("\n") + "\n"

@@ -27,6 +27,7 @@ import numpy as np
 import torch
 
 from simtree.acceptance.traces import read_traces
+from simtree.acceptance.transfer import DRAFTS_SCHEMA, context_match
 from simtree.fileio import write_text_atomic
 from simtree.planning.simulate import PolicySpec
 
@@ -106,6 +107,20 @@ class _Recorder(Live):
         return acc
 
 
+def _add_context_match(recs: list[dict], prompt_ids: list[list[int]], outputs: list[list[int]]) -> None:
+    """Each record with the drafter's chain top-K gets ``context_match``: the rank of the context
+    lookup's token at each chain position (:func:`simtree.acceptance.transfer.context_match`),
+    the context being the prompt and the tokens generated before the round."""
+    made = {}
+    for rec in recs:   # a sequence's records in round order
+        b = rec["seq"]
+        start = made.get(b, 1)     # the prefill made the first token
+        if "topk_tokens" in rec:
+            rec["context_match"] = context_match([*prompt_ids[b], *outputs[b][:start]],
+                                                 np.asarray(rec["topk_tokens"])).tolist()
+        made[b] = start + rec["num_accepted"] + 1
+
+
 class _DraftsOnly(Live):
     """Accepts no draft: every round gains exactly the target's greedy token, so the drafter
     drafts its chain from every position of the greedy text in turn.  Keeps the drafter's top-K
@@ -117,7 +132,8 @@ class _DraftsOnly(Live):
     def accept(self, tree, target_next, rs):
         pos = [self.probe.first, *self.probe.steps]
         self.probe.steps = []
-        self.rounds.append({"probs": np.stack([p for _, p in pos], 1), "context": self.probe.context})   # [B, P, K]
+        self.rounds.append({"probs": np.stack([p for _, p in pos], 1), "ids": np.stack([t for t, _ in pos], 1),
+                            "context": self.probe.context})   # [B, P, K]
         return torch.zeros(tree.tokens.shape[0], dtype=torch.int64, device=tree.tokens.device)
 
 
@@ -173,6 +189,7 @@ def trace_policies(model, prompt_ids: list[list[int]], policies: list[tuple[str,
         engine.run(max_new_tokens=max_new_tokens)
         name = policy_name(mode, params)
         recs = _records(source.rounds, mode, workload, len(prompt_ids), max_new_tokens)
+        _add_context_match(recs, prompt_ids, engine.outputs())
         text = "".join(json.dumps(r) + "\n" for r in recs)
         path = None
         if out is not None:
@@ -206,7 +223,6 @@ def draft_confidences(model, prompt_ids: list[list[int]], depth: int, max_new_to
     positions; a record keeps that chain's top-``TOPK`` probabilities per position, the
     sequence, the position and the context length: only what the drafter computed.  Positions
     up to ``max_new_tokens`` - 1 (those a traced round can begin at)."""
-    from simtree.acceptance.transfer import DRAFTS_SCHEMA
     spec = PolicySpec.from_dict("linear", {"budget": depth + 1})
     rs = round_shape(spec)
     probe = _Observed(model, TOPK)
@@ -215,12 +231,13 @@ def draft_confidences(model, prompt_ids: list[list[int]], depth: int, max_new_to
     engine = FullEngine(probe, rs, len(prompt_ids), max_len, source=source, graphs=False)
     engine.prefill(prompt_ids)
     engine.run(max_new_tokens=max_new_tokens)
-    recs = []
+    recs, outputs = [], engine.outputs()
     for r, rd in enumerate(source.rounds[:max_new_tokens - 1]):
         for b in range(len(prompt_ids)):
             recs.append({"schema": DRAFTS_SCHEMA, "workload": workload, "seq": b, "position": r,
                          "context_len": int(rd["context"][b]), "drafter": "mtp",
-                         "topk_probs": [[round(float(x), 6) for x in row] for row in rd["probs"][b]]})
+                         "topk_probs": (np.floor(rd["probs"][b].astype(np.float64) * 1e6) / 1e6).tolist(),
+                         "context_match": context_match([*prompt_ids[b], *outputs[b][:r + 1]], rd["ids"][b]).tolist()})
     path = None
     if out is not None:
         path = write_text_atomic(Path(out) / f"{workload}_drafts_p{depth}.jsonl",

@@ -2,7 +2,9 @@
 a calibration fitted on one workload's linear traces, applied to another's drafts (no outcome),
 predicts that workload's chain within its sampling error where the fit of the first workload
 alone does not; the round-start weights are the renewal process's; a drafts record that holds
-an outcome is refused; the planner's workload spec DRAFTS.jsonl@TRACES.jsonl reads it.
+an outcome is refused; the planner's workload spec DRAFTS.jsonl@TRACES.jsonl reads it; the
+context lookup proposes what followed the latest occurrence of the text's end, and a calibration
+by it separates the candidates it proposes.
 
 Synthetic drafter: at each position the drafter's top-K probabilities q come from a Dirichlet
 (its concentration sets how confident the drafter is on the workload); the target takes rank r
@@ -19,7 +21,8 @@ from simtree.acceptance.fit import fit_calibration, fit_confidence
 from simtree.acceptance.model import get_workload
 from simtree.acceptance.predict import accepted_per_round
 from simtree.acceptance.traces import parse_record
-from simtree.acceptance.transfer import (DRAFTS_SCHEMA, parse_drafts, read_drafts, round_starts, transfer_model)
+from simtree.acceptance.transfer import (DRAFTS_SCHEMA, context_match, parse_drafts, read_drafts, round_starts,
+                                         transfer_model)
 from simtree.errors import SimtreeError
 
 P, K = 7, 4
@@ -177,3 +180,41 @@ def test_plan_reads_drafts_calibrated_on_another_workloads_traces(workloads, tmp
     from simtree.acceptance.bootstrap import bootstrap_models
     boot = bootstrap_models(f"{drafts}@{traces}", 2, seed=1)
     assert len(boot) == 2 and boot[0].name == "code#b0"
+
+
+def test_context_lookup_proposes_what_followed_the_latest_occurrence():
+    rng = np.random.default_rng(np.random.SeedSequence().entropy)
+    text = rng.integers(10, 60, 40).tolist()
+    context = text + [1, 2, 3] + text[:5] + [4, 5]                   # the text, then a repeat of its start
+    repeat = np.array(text[5:9])                                     # what the repeat goes on with
+    top = np.stack([rng.permutation(np.r_[t, rng.integers(100, 200, 3)]) for t in repeat])   # [4, 4]
+    ranks = context_match(context[:-2], top)                         # the text ends with text[:5]
+    expected = np.array([int(np.flatnonzero(row == t)[0]) for row, t in zip(top, repeat)])
+    # depth 1 looks up the text; deeper positions extend it with the chain's own top-1 tokens
+    assert ranks[0] == expected[0]
+    copied = top.copy()
+    copied[:, 0], copied[np.arange(4), expected] = repeat, top[:, 0]  # the drafter's top-1 copies the text
+    assert context_match(context[:-2], copied).tolist() == [0, 0, 0, 0]
+    assert context_match([1, 2], copied).tolist() == [4, 4, 4, 4]     # nothing to look up
+
+
+def test_the_calibration_separates_candidates_the_context_proposes():
+    rng = np.random.default_rng(np.random.SeedSequence().entropy)
+    q, rank = _text(rng, 16, 30, 0.5)
+    proposed = rng.random(q.shape[:3]) < 0.3                         # the lookup proposes the top-1 here
+    u = rng.random(q.shape[:3])
+    rank = np.where(proposed & (u < 0.9), 0, np.where(proposed, np.maximum(rank, 1), rank))
+    records = _linear_records(q, rank)
+    with_match = []
+    for rec in records:
+        s, t = rec.seq, rec.context_len - 50
+        cm = np.where(proposed[s, t], 0, K)
+        with_match.append(type(rec)(**{**rec.__dict__, "context_match": cm}))
+    cal = fit_calibration(with_match)
+    assert cal.matched and cal.curves.shape[1] == 2
+    a_match = cal(np.ones(1, np.int64), np.array([[0.35, 0.1, 0.05, 0.0]]), np.array([[True, False, False, False]]))
+    a_plain = cal(np.ones(1, np.int64), np.array([[0.35, 0.1, 0.05, 0.0]]), np.array([[False] * 4]))
+    assert a_match[0, 0] > a_plain[0, 0] + 0.15
+    assert not fit_calibration(with_match, context=False).matched
+    with pytest.raises(SimtreeError, match="context_match"):
+        transfer_model(cal, parse_drafts(_drafts(q[:2])))

@@ -162,21 +162,23 @@ def test_acceptance_table_has_every_run_and_predicts_from_the_linear_fit_alone(t
     res = oos.run_oos(path, {"prompts": 2, "max_new_tokens": 6, "policies": [oos.POLICIES[2], oos.POLICIES[-1]]},
                       say=None)
     df = res["table"]
-    assert list(df.columns) == [*COLUMNS, "measured_se", "baseline_predicted", "baseline_rel_err"] and len(df) == 9
+    assert list(df.columns) == [*COLUMNS, "measured_se", "confidence_only_predicted", "confidence_only_rel_err",
+                                "baseline_predicted", "baseline_rel_err"] and len(df) == 9
     assert (df["split"] == "in_sample").sum() == 1 and set(df["workload"]) == {"sharegpt", "humaneval"}
     assert np.allclose(df["rel_err"], df["predicted_accepted"] / df["measured_accepted"] - 1)
     assert all(all(v.values()) for v in res["lossless"].values())
     assert all(v["drafting_pass"] for v in res["lossless"].values())
     # one calibration, on the fit split's linear run alone
-    assert len(calibrated) == 1 and {(r.workload, r.mode) for r in calibrated[0]} == {("sharegpt", "linear")}
-    assert {r.tree.num_nodes for r in calibrated[0]} == {oos.FIT_POLICY[1]["budget"]}
-    assert len(transferred) == 3 and {d.workload for d in transferred} == {"sharegpt", "humaneval"}
+    assert len(calibrated) == 2 and all({(r.workload, r.mode) for r in c} == {("sharegpt", "linear")} for c in calibrated)
+    assert {r.tree.num_nodes for c in calibrated for r in c} == {oos.FIT_POLICY[1]["budget"]}
+    assert all(r.context_match is not None for r in calibrated[0])
+    assert len(transferred) == 6 and {d.workload for d in transferred} == {"sharegpt", "humaneval"}
     assert all(d.probs.shape[1:] == (oos.FIT_POLICY[1]["budget"] - 1, 8) for d in transferred)
     s = oos_summary(df)
     assert s["out_of_sample"]["rows"] == 8 and "mtp batch_alloc" in s["by_drafter_shape"]
     assert set(s["measured_se_rel"]) == {"sharegpt fit", "sharegpt heldout", "humaneval heldout"}
     assert s["prompt_halves_gap"]["workload"] == "sharegpt" and s["prompt_halves_gap"]["max"] >= 0
-    assert s["baseline"]["out_of_sample"]["rows"] == 8
+    assert s["extras"]["baseline"]["out_of_sample"]["rows"] == 8
 
 
 def test_a_static_batch_decodes_past_its_fastest_sequence():

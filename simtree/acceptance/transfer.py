@@ -23,6 +23,8 @@ text (the target's greedy output, which a speculative run reproduces token for t
                  position 1..P of its greedy chain drafted from there
     context_len  int   optional: the context at that position
     drafter      str   optional: the drafter family
+    context_match [int] optional [P]: the rank among the chain's top-K of the token a lookup of
+                 the context proposes at each position (K: none; :func:`context_match`)
 
 It never holds the target's tokens nor which candidate was accepted; a record with such a
 field (``target_tokens``, ``accepted_node``, ``num_accepted``) is refused.
@@ -53,7 +55,7 @@ from simtree.errors import SimtreeError, check_whole
 from simtree.probs import check_prob_rows
 
 __all__ = ["DRAFTS_SCHEMA", "DrafterConfidences", "parse_drafts", "read_drafts", "is_drafts_file",
-           "transfer_model", "round_starts", "split_spec", "transfer_from_spec", "transfer_bootstrap",
+           "transfer_model", "round_starts", "context_match", "split_spec", "transfer_from_spec", "transfer_bootstrap",
            "OUTCOME_FIELDS"]
 
 DRAFTS_SCHEMA = "simtree.drafts/1"
@@ -64,13 +66,15 @@ OUTCOME_FIELDS = ("target_tokens", "accepted_node", "accepted_path", "num_accept
 class DrafterConfidences:
     """The drafter's confidences on one workload, one row per generated position:
     seq int64 [N], position int64 [N], probs float64 [N, P, K] (its chain's top-K per depth),
-    context_len int64 [N] (0 where unknown)."""
+    context_len int64 [N] (0 where unknown), context_match int64 [N, P] or None (the rank of the
+    context lookup's token among the chain's top-K per depth, K: none; :func:`context_match`)."""
 
     workload: str
     seq: np.ndarray
     position: np.ndarray
     probs: np.ndarray
     context_len: np.ndarray
+    context_match: np.ndarray | None = None
 
     @property
     def size(self) -> int:
@@ -79,7 +83,7 @@ class DrafterConfidences:
 
 def parse_drafts(objs: Iterable[dict], where: str = "drafts", workload: str | None = None) -> DrafterConfidences:
     """Drafts records (dicts, the module docstring's format) checked; ``workload`` keeps one."""
-    seq, pos, probs, ctx, names = [], [], [], [], set()
+    seq, pos, probs, ctx, names, match = [], [], [], [], set(), []
     for i, obj in enumerate(objs, 1):
         at = f"{where}:{i}"
         if not isinstance(obj, dict) or obj.get("schema") != DRAFTS_SCHEMA:
@@ -111,12 +115,20 @@ def parse_drafts(objs: Iterable[dict], where: str = "drafts", workload: str | No
         c = obj.get("context_len")
         ctx.append(0 if c is None else check_whole(c, f"{at}: context_len", 1))
         probs.append(p)
+        cm = obj.get("context_match")
+        if cm is not None:
+            if not isinstance(cm, list) or len(cm) != p.shape[0] or any(
+                    isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= p.shape[1] for v in cm):
+                raise SimtreeError(f"{at}: context_match must hold one rank in 0..{p.shape[1]} per chain position")
+            match.append(cm)
     if not probs:
         raise SimtreeError(f"{where}: no drafts records" + (f" for workload {workload!r}" if workload else ""))
     if len(names) > 1:
         raise SimtreeError(f"{where} holds workloads {', '.join(sorted(names))}: pick one")
+    if match and len(match) != len(probs):
+        raise SimtreeError(f"{where}: context_match on some records only")
     return DrafterConfidences(names.pop(), np.array(seq, np.int64), np.array(pos, np.int64), np.stack(probs),
-                              np.array(ctx, np.int64))
+                              np.array(ctx, np.int64), np.array(match, np.int64) if match else None)
 
 
 def _lines(path: Path) -> list[str]:
@@ -156,14 +168,47 @@ def read_drafts(path, workload: str | None = None) -> DrafterConfidences:
     return parse_drafts(objs, str(path), workload)
 
 
-def _acceptance_rows(calibration: ChainCalibration, probs: np.ndarray, topk: int) -> tuple[np.ndarray, np.ndarray]:
-    """(calibrated acceptance [N, P, topk], draft probs [N, P, topk]) of the chains ``probs``."""
-    q = probs[:, :, :topk]
+def context_match(context, chain_topk: np.ndarray, ngrams: tuple[int, ...] = (3,)) -> np.ndarray:
+    """int64 [P]: at each position d of a drafted chain, the rank among its candidates
+    ``chain_topk [P, K]`` (token ids) of the token a lookup of the context proposes (K: none).
+    The context at d is ``context`` (the text before the round: prompt and generated tokens)
+    then the chain's own top-1 tokens before d - what the engine holds before verifying; the
+    lookup finds the latest earlier occurrence of the context's last n tokens (the first n of
+    ``ngrams`` that occurs) and proposes the token that followed it (prompt-lookup decoding).
+    A target that repeats itself - code, quoted text - is accepted where this agrees."""
+    toks = np.asarray(chain_topk, np.int64)
+    ctx = np.concatenate([np.asarray(context, np.int64).reshape(-1), toks[:-1, 0]])
+    base = len(ctx) - toks.shape[0] + 1
+    out = np.full(toks.shape[0], toks.shape[1], np.int64)
+    for d in range(toks.shape[0]):
+        seen = ctx[:base + d]
+        for n in ngrams:
+            if seen.size <= n:
+                continue
+            win = np.lib.stride_tricks.sliding_window_view(seen[:-1], n)   # windows followed by a token
+            hit = np.flatnonzero((win == seen[-n:]).all(1))
+            if hit.size:
+                r = np.flatnonzero(toks[d] == seen[hit[-1] + n])
+                out[d] = r[0] if r.size else toks.shape[1]
+                break
+    return out
+
+
+def _acceptance_rows(calibration: ChainCalibration, drafts: DrafterConfidences, topk: int
+                     ) -> tuple[np.ndarray, np.ndarray]:
+    """(calibrated acceptance [N, P, topk], draft probs [N, P, topk]) of the drafts' chains."""
+    q = drafts.probs[:, :, :topk]
     if q.shape[2] < topk:
         q = np.concatenate([q, np.zeros((*q.shape[:2], topk - q.shape[2]))], 2)
     n, p, k = q.shape
     depth = np.tile(np.arange(1, p + 1), n)
-    a = calibration(depth, q.reshape(n * p, k)).reshape(n, p, k)
+    match = None
+    if calibration.matched:
+        if drafts.context_match is None:
+            raise SimtreeError(f"the calibration depends on the context lookup; the drafts of {drafts.workload} "
+                               "carry no context_match")
+        match = (drafts.context_match[:, :, None] == np.arange(k)).reshape(n * p, k)
+    a = calibration(depth, q.reshape(n * p, k), match).reshape(n, p, k)
     a = np.where(q > 0, a, 0.0)        # a candidate the drafter never proposed is never accepted
     # ranks are disjoint events: each rank takes at most what the ranks above it leave (the
     # top-1, whose calibration rests on the most trials and alone decides a chain, keeps its own)
@@ -207,7 +252,7 @@ def transfer_model(calibration: ChainCalibration, drafts: DrafterConfidences, na
     workload: ``drafts`` holds none."""
     if window < 1 or states < 1 or levels < 1:
         raise SimtreeError(f"window {window}, states {states} and levels {levels} must be >= 1")
-    a, q = _acceptance_rows(calibration, drafts.probs, topk)
+    a, q = _acceptance_rows(calibration, drafts, topk)
     survive = np.cumprod(a[:, :, 0], 1)
     reach = np.concatenate([np.ones((a.shape[0], 1)), survive[:, :-1]], 1)    # P(depth d's parent accepted)
     gain = 1.0 + survive.sum(1)                                                # chain tokens per round
@@ -298,7 +343,8 @@ def transfer_bootstrap(spec: str, n: int, rng: np.random.Generator) -> list[Acce
         rows = np.concatenate([np.flatnonzero(drafts.seq == s) for s in chosen])
         new_seq = np.repeat(np.arange(chosen.size), [int((drafts.seq == s).sum()) for s in chosen])
         sample = DrafterConfidences(drafts.workload, new_seq, drafts.position[rows], drafts.probs[rows],
-                                    drafts.context_len[rows])
+                                    drafts.context_len[rows],
+                                    None if drafts.context_match is None else drafts.context_match[rows])
         acc = transfer_model(cal, sample)
         out.append(AcceptanceModel(f"{drafts.workload}#b{k}", acc.tables, acc.weights, acc.source + " (bootstrap)",
                                    {**acc.meta, "bootstrap": k}, acc.draft_probs, acc.state, acc.state_share))
