@@ -209,11 +209,16 @@ def _acceptance_rows(calibration: ChainCalibration, drafts: DrafterConfidences, 
                                "carry no context_match")
         match = (drafts.context_match[:, :, None] == np.arange(k)).reshape(n * p, k)
     a = calibration(depth, q.reshape(n * p, k), match).reshape(n, p, k)
-    a = np.where(q > 0, a, 0.0)        # a candidate the drafter never proposed is never accepted
-    # ranks are disjoint events: each rank takes at most what the ranks above it leave (the
-    # top-1, whose calibration rests on the most trials and alone decides a chain, keeps its own)
-    above = np.concatenate([np.zeros((n, p, 1)), np.cumsum(a, 2)[:, :, :-1]], 2)
-    return np.minimum(a, np.maximum(1.0 - np.minimum(above, 1.0), 0.0)), q
+    return np.where(q > 0, a, 0.0), q      # a candidate the drafter never proposed is never accepted
+
+
+def _disjoint(rows: np.ndarray) -> np.ndarray:
+    """Rows [..., K] made disjoint events: each rank takes at most what the ranks above it leave
+    (the top-1, whose calibration rests on the most trials and alone decides a chain, keeps its
+    own).  Applied to a level's averaged rows, not to each position's: a calibrated value is a
+    mean over positions like it, and capping each position's would bias the lower ranks low."""
+    above = np.concatenate([np.zeros((*rows.shape[:-1], 1)), np.cumsum(rows, -1)[..., :-1]], -1)
+    return np.minimum(rows, np.maximum(1.0 - np.minimum(above, 1.0), 0.0))
 
 
 def round_starts(drafts: DrafterConfidences, survive: np.ndarray) -> np.ndarray:
@@ -253,7 +258,7 @@ def transfer_model(calibration: ChainCalibration, drafts: DrafterConfidences, na
     if window < 1 or states < 1 or levels < 1:
         raise SimtreeError(f"window {window}, states {states} and levels {levels} must be >= 1")
     a, q = _acceptance_rows(calibration, drafts, topk)
-    survive = np.cumprod(a[:, :, 0], 1)
+    survive = np.cumprod(np.minimum(a[:, :, 0], 1.0), 1)
     reach = np.concatenate([np.ones((a.shape[0], 1)), survive[:, :-1]], 1)    # P(depth d's parent accepted)
     gain = 1.0 + survive.sum(1)                                                # chain tokens per round
     start = round_starts(drafts, survive)
@@ -270,7 +275,7 @@ def transfer_model(calibration: ChainCalibration, drafts: DrafterConfidences, na
         parts = [p for p in np.array_split(order, min(levels, order.size)) if p.size]
         for part in parts:
             w = (start[part, None] * reach[part])[:, :, None]
-            tables.append((w * a[part]).sum(0) / np.maximum(w.sum(0), 1e-300))
+            tables.append(_disjoint((w * a[part]).sum(0) / np.maximum(w.sum(0), 1e-300)))
             draft.append(np.tensordot(start[part], q[part], 1) / max(start[part].sum(), 1e-300))
             weights.append(share_of * start[part].sum() / max(start[at].sum(), 1e-300))
             state.append(s)
