@@ -2,11 +2,14 @@
 
 The table (``reports/validation/acceptance_out_of_sample.csv``, written by
 ``python -m simtree.runtime.acceptance_oos``): one row per (drafter, policy, workload, split)
-run, its measured mean accepted tokens per round (bonus included) beside the prediction of the
-acceptance model fitted on the fit run alone (:func:`simtree.acceptance.fit.fit_confidence` on a
-linear run's traces; :func:`simtree.acceptance.predict.accepted_per_round` for every policy).
-``split``: ``fit`` (the prompts the model was fitted on: out of sample in the policy unless the
-row is the fitted run itself, ``in_sample`` then) or ``heldout`` (prompts the fit never saw).
+run, its measured mean accepted tokens per round (bonus included) beside the prediction of an
+acceptance model (:func:`simtree.acceptance.predict.accepted_per_round` for every policy; the
+adaptive modes' analytic decision): there, each split's model is the drafter's calibration,
+fitted on one linear run's outcomes, applied to that split's own drafter confidences
+(:mod:`simtree.acceptance.transfer`); other predictors go in further columns (``extras``).
+``split``: ``fit`` (the prompts the calibration was fitted on: out of sample in the policy
+unless the row is the fitted run itself, ``in_sample`` then) or ``heldout`` (prompts whose
+acceptance outcomes no prediction read).
 """
 from __future__ import annotations
 
