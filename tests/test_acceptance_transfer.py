@@ -132,6 +132,9 @@ def test_the_model_reads_drafter_confidences_alone(workloads):
     bad = {"schema": DRAFTS_SCHEMA, "workload": "w", "seq": 0, "position": 0, "topk_probs": [[0.1, 0.5]]}
     with pytest.raises(SimtreeError, match="descending"):
         parse_drafts([bad])
+    twice = _drafts(qx[:1, :2])
+    with pytest.raises(SimtreeError, match="appears twice"):
+        parse_drafts([*twice, twice[0]])
 
 
 def test_round_starts_are_the_renewal_process_of_the_chain():

@@ -5,12 +5,13 @@
     model = transfer_model(calibration, drafts)                         # what plan / simulate read
 
 A fit on one workload's acceptance cannot know that another workload's text is easier (code
-that repeats itself) or harder.  The drafter can: its own probabilities rise where the text is
-predictable, and every engine has them at no verification cost.  So the outcome-bearing part
-is the *calibration* - P(the target takes a candidate | its draft probability q, depth, rank),
+that repeats itself) or harder.  What an engine holds before it verifies can: the drafter's
+own probabilities, and whether its candidates continue an earlier stretch of the context
+(:func:`context_match`).  So the outcome-bearing part is the *calibration* - P(the target takes
+a candidate | its draft probability q, depth, rank, the lookup's agreement),
 :class:`~simtree.acceptance.fit.ChainCalibration`, fitted on linear traces of any workload -
-and the workload's own part is the *distribution of the drafter's confidences*, measured on its
-prompts by a drafting pass that records what the drafter computed and nothing else.
+and the workload's own part is the *distribution of those quantities*, measured on its prompts
+by a drafting pass that records what the drafter computed and nothing else.
 
 Drafts file (JSONL, schema ``simtree.drafts/1``), one record per position of the generated
 text (the target's greedy output, which a speculative run reproduces token for token):
@@ -31,14 +32,15 @@ field (``target_tokens``, ``accepted_node``, ``num_accepted``) is refused.
 
 The model (:func:`transfer_model`): every position's chain is a candidate round start; the
 calibration turns its top-K probabilities into acceptance rows a[d, r] (rank r at depth d,
-given its parent); the text is cut into windows of ``window`` positions per sequence, grouped
+given its parent); a round begins at a position with the probability of the chain's renewal
+process (:func:`round_starts`); the text is cut into windows of ``window`` positions per sequence, grouped
 into ``states`` by the predicted tokens per round of their chains (a stretch of copied code, a
 hard chat turn; :func:`~simtree.acceptance.fit.ease_groups`), each state's share of the text
 its positions; within a state the positions are split into ``levels`` equal groups by their
 chain's predicted gain, and a group's acceptance row at depth d is its positions' rows
 weighted by the predicted chance of reaching depth d (so a chain's expected accepted length
-in the group is exactly its positions' mean).  Trees are built from the group's mean draft
-probabilities, as the drafter builds them.
+in the group is exactly its positions' mean; the ranks are then made disjoint events).  Trees
+are built from the group's mean draft probabilities, as the drafter builds them.
 """
 from __future__ import annotations
 
@@ -125,6 +127,8 @@ def parse_drafts(objs: Iterable[dict], where: str = "drafts", workload: str | No
         raise SimtreeError(f"{where}: no drafts records" + (f" for workload {workload!r}" if workload else ""))
     if len(names) > 1:
         raise SimtreeError(f"{where} holds workloads {', '.join(sorted(names))}: pick one")
+    if len(set(zip(seq, pos))) != len(seq):
+        raise SimtreeError(f"{where}: a (seq, position) appears twice: one record per generated position")
     if match and len(match) != len(probs):
         raise SimtreeError(f"{where}: context_match on some records only")
     return DrafterConfidences(names.pop(), np.array(seq, np.int64), np.array(pos, np.int64), np.stack(probs),
