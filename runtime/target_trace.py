@@ -1,5 +1,11 @@
 """Live decoding of text prompts on a Hugging Face checkpoint with the full runtime, traced.
 
+    python -m simtree.runtime.target_trace --model DIR --workload humaneval --prompts 32 --out DIR
+
+writes DIR/<workload>_drafts_p15.jsonl (the drafter's confidences, no outcome) and, with
+``--calibrate``, DIR/<workload>_linear_d16.jsonl (the linear run whose outcomes calibrate the
+drafter): ``simtree plan --workload DIR/humaneval_drafts_p15.jsonl@DIR/sharegpt_linear_d16.jsonl``.
+
     runs = trace_policies("simtree/data/models/qwen3.5-tiny-sharegpt", ["Hello", ...], policies,
                           max_new_tokens=64, workload="sharegpt", out="traces/")
     runs["linear_d16"]["records"], runs["linear_d16"]["outputs"]
@@ -243,3 +249,44 @@ def draft_confidences(model, prompt_ids: list[list[int]], depth: int, max_new_to
         path = write_text_atomic(Path(out) / f"{workload}_drafts_p{depth}.jsonl",
                                  "".join(json.dumps(r) + "\n" for r in recs))
     return {"records": recs, "outputs": [o[:max_new_tokens] for o in engine.outputs()], "path": path}
+
+
+def main(argv=None) -> int:
+    import argparse
+    import sys
+
+    from simtree.errors import SimtreeError
+    ap = argparse.ArgumentParser(description="The drafter's confidences on a workload's prompts (simtree.drafts/1), "
+                                             "and the linear run that calibrates them")
+    ap.add_argument("--model", required=True, help="qwen3_5_text folder with its tokenizer.json (its MTP layer drafts)")
+    ap.add_argument("--workload", default="sharegpt", choices=("sharegpt", "humaneval"))
+    ap.add_argument("--prompts", type=int, default=32, help="held-out prompts of the workload")
+    ap.add_argument("--max-new-tokens", type=int, default=64)
+    ap.add_argument("--depth", type=int, default=15, help="chain positions drafted from each position")
+    ap.add_argument("--calibrate", action="store_true", help="also trace the linear run of budget depth + 1")
+    ap.add_argument("--out", required=True, help="folder for the files")
+    args = ap.parse_args(argv)
+    try:
+        from .bpe import BpeTokenizer
+        from .data import prompts
+        from .full.build import build_model
+        if not 1 <= args.prompts <= 4096 or not 2 <= args.max_new_tokens <= 4096 or not 1 <= args.depth <= 64:
+            raise SimtreeError("--prompts in 1..4096, --max-new-tokens in 2..4096 and --depth in 1..64")
+        torch.set_num_threads(1)
+        model = build_model(args.model, device="cpu", dtype=torch.float32)
+        tok = BpeTokenizer.from_file(Path(args.model))
+        ids = [tok.encode(p) for p in prompts(args.workload, args.prompts)]
+        done = draft_confidences(model, ids, args.depth, args.max_new_tokens, args.workload, out=args.out)
+        print(f"wrote {done['path']}: {len(done['records'])} positions")
+        if args.calibrate:
+            runs = trace_policies(model, ids, [("linear", {"budget": args.depth + 1})], args.max_new_tokens,
+                                  args.workload, out=args.out)
+            print(f"wrote {next(iter(runs.values()))['path']}")
+    except SimtreeError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

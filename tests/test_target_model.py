@@ -181,6 +181,22 @@ def test_acceptance_table_has_every_run_and_predicts_from_the_linear_fit_alone(t
     assert s["extras"]["baseline"]["out_of_sample"]["rows"] == 8
 
 
+def test_drafting_pass_command_writes_what_plan_reads(trained, tmp_path):
+    """python -m simtree.runtime.target_trace: a drafts file (no outcome) and the linear run that
+    calibrates it, which `simtree plan --workload DRAFTS@TRACES` reads."""
+    from simtree.acceptance.model import get_workload
+    from simtree.runtime.target_trace import main
+    _, path, _ = trained
+    assert main(["--model", str(path), "--prompts", "2", "--max-new-tokens", "5", "--calibrate", "--out",
+                 str(tmp_path)]) == 0
+    drafts, traces = tmp_path / "sharegpt_drafts_p15.jsonl", tmp_path / "sharegpt_linear_d16.jsonl"
+    first = json.loads(drafts.read_text().splitlines()[0])
+    assert "target_tokens" not in first and len(first["context_match"]) == len(first["topk_probs"]) == 15
+    w = get_workload(f"{drafts}@{traces}")
+    assert w.acceptance.meta["positions"] == 2 * 4 and w.acceptance.meta["calibrated_on"]["workload"] == "sharegpt"
+    assert main(["--model", str(path), "--prompts", "0", "--out", str(tmp_path)]) == 2
+
+
 def test_a_static_batch_decodes_past_its_fastest_sequence():
     """decode_prompts (simtree run --prompt-ids) keeps every sequence of a static batch decoding
     until the slowest has its tokens: the state holds what the fastest gains meanwhile (sized
