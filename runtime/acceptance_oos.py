@@ -11,12 +11,21 @@ the drafter) and its tokenizer, live on the full runtime (:mod:`.target_trace`):
    prompts 132+ (never trained on) are ``heldout`` too;
 2. every split decoded with every policy (linear, EAGLE and best-first trees, cost_aware and
    batch_alloc deciding with the shipped H200 Qwen3.6-27B bundle: ``COSTS``) and traced;
-3. the acceptance model fitted on ONE run: the linear chain (``FIT_POLICY``, the drafter's
+3. every split's prompts decoded once more as a drafting pass (:func:`.target_trace.draft_confidences`):
+   plain greedy decoding, the MTP layer drafting its 15-position chain at every generated
+   position, its top-8 probabilities kept and nothing of the target's verdict on them;
+4. the drafter calibrated on ONE run's outcomes: the linear chain (``FIT_POLICY``, the drafter's
    top-8 logged at each drafted position) on the ``fit`` prompts
-   (:func:`simtree.acceptance.fit.fit_confidence`);
-4. every run's mean accepted tokens per round predicted from that fit and compared
-   (:mod:`simtree.planning.acceptance_oos`): trees are out of sample in the policy, the ``heldout`` rows
-   in the prompts as well (HumanEval in the workload too); the fitted run is ``in_sample``.
+   (:func:`simtree.acceptance.fit.fit_calibration`: P(target takes a candidate | its draft
+   probability, depth, rank));
+5. each split's acceptance model: that calibration applied to the split's own drafting pass
+   (:func:`simtree.acceptance.transfer.transfer_model`), and every run's mean accepted tokens
+   per round predicted from it and compared (:mod:`simtree.planning.acceptance_oos`): trees
+   are out of sample in the policy, the ``heldout`` rows in the prompts as well (HumanEval in
+   the workload too); the calibrating run is ``in_sample``.  No acceptance outcome of a
+   ``heldout`` split enters any prediction.  Beside it (``baseline_*``): the outcome-fitted
+   model of the calibrating run alone (:func:`simtree.acceptance.fit.fit_confidence`), the same
+   for every split.
 
 Writes ``acceptance_out_of_sample.csv`` and ``acceptance_out_of_sample.md`` (a generated summary
 ending in the run's settings, summary and the decode's lossless check as a JSON block: every
@@ -33,8 +42,9 @@ from pathlib import Path
 
 import torch
 
-from simtree.acceptance.fit import fit_confidence
-from simtree.planning.acceptance_oos import COLUMNS, oos_summary, oos_table, summary_markdown
+from simtree.acceptance.fit import fit_calibration, fit_confidence
+from simtree.acceptance.transfer import parse_drafts, transfer_model
+from simtree.planning.acceptance_oos import oos_summary, oos_table, summary_markdown
 from simtree.costs.model import load_costs
 from simtree.data import data_path
 from simtree.errors import SimtreeError
@@ -43,7 +53,7 @@ from simtree.fileio import write_text_atomic
 from .bpe import BpeTokenizer
 from .data import prompts as load_prompts
 from .full.build import build_model
-from .target_trace import policy_name, trace_policies
+from .target_trace import draft_confidences, policy_name, trace_policies
 
 __all__ = ["run_oos", "DEFAULT_MODEL", "FIT_POLICY", "POLICIES", "COSTS"]
 
@@ -80,26 +90,39 @@ def run_oos(model_dir, settings: dict, traces=None, say=print) -> dict:
     tok = BpeTokenizer.from_file(model_dir)
     costs = load_costs(COSTS)
     fit_name = policy_name(*FIT_POLICY)
-    runs, lossless, acc_model, counts = [], {}, None, {}
+    chain = FIT_POLICY[1]["budget"] - 1
+    runs, lossless, counts, drafts, fit_records = [], {}, {}, {}, None
     for workload, split, ids in _splits(tok, settings["prompts"]):
-        counts[f"{workload} {split}"] = len(ids)
+        key = f"{workload} {split}"
+        counts[key] = len(ids)
         t0 = time.perf_counter()
         out = None if traces is None else Path(traces) / split
         done = trace_policies(model, ids, [("none", {}), FIT_POLICY, *settings["policies"]],
                               settings["max_new_tokens"], workload, out=out, say=say, costs=costs)
         plain = done.pop("none")["outputs"]
-        lossless[f"{workload} {split}"] = {name: r["outputs"] == plain for name, r in done.items()}
+        # the drafter alone on the split's prompts: its confidences, no acceptance outcome
+        pass_ = draft_confidences(model, ids, chain, settings["max_new_tokens"], workload, out=out)
+        lossless[key] = {name: r["outputs"] == plain for name, r in done.items()}
+        lossless[key]["drafting_pass"] = pass_["outputs"] == plain
+        drafts[key] = parse_drafts(pass_["records"], f"{key} drafting pass")
         if split == "fit":
-            acc_model = fit_confidence(done[fit_name]["records"], workload)
+            fit_records = done[fit_name]["records"]
         for name, r in done.items():
             in_sample = split == "fit" and name == fit_name
             runs.append({"drafter": "mtp", "policy": name, "mode": r["mode"], "params": r["params"],
                          "workload": workload, "split": "in_sample" if in_sample else split, "records": r["records"],
-                         "batch_size": len(ids), "context_len": r["context_len"]})
+                         "batch_size": len(ids), "context_len": r["context_len"], "drafts": key})
         if say is not None:
-            say(f"{workload} {split}: {len(done)} policies, {time.perf_counter() - t0:.0f}s")
-    df = oos_table(acc_model, runs, costs)
-    return {"table": df, "summary": oos_summary(df), "lossless": lossless, "prompts": counts}
+            say(f"{key}: {len(done)} policies and the drafting pass, {time.perf_counter() - t0:.0f}s")
+    # outcomes of the fit run only: the calibration (and the old, outcome-fitted model beside it)
+    calibration = fit_calibration(fit_records)                     # by confidence and the context lookup
+    plain_cal = fit_calibration(fit_records, context=False)        # by confidence alone
+    models = {key: transfer_model(calibration, d, key.split()[0]) for key, d in drafts.items()}
+    confidence_only = {key: transfer_model(plain_cal, d, key.split()[0]) for key, d in drafts.items()}
+    fitted = fit_confidence(fit_records, "sharegpt")
+    df = oos_table(models, runs, costs, extras={"confidence_only": confidence_only, "baseline": fitted})
+    return {"table": df, "summary": oos_summary(df), "lossless": lossless, "prompts": counts,
+            "models": {k: m.meta for k, m in models.items()}}
 
 
 def main(argv=None) -> int:
@@ -123,15 +146,36 @@ def main(argv=None) -> int:
     info = {"command": cmd, "model": Path(args.model).name, "fit_run": f"{policy_name(*FIT_POLICY)} on sharegpt fit",
             "settings": {**settings, "policies": [policy_name(*p) for p in settings["policies"]]},
             "prompts": res["prompts"], "seconds": round(time.perf_counter() - t0, 1), "torch_threads": 1, "summary": s,
-            "lossless": res["lossless"]}
+            "lossless": res["lossless"], "models": res["models"]}
     header = ["# Acceptance predicted out of sample", "",
               f"Generated by `{cmd}` ({info['seconds']:.0f} s, CPU). Target: `{info['model']}` (Qwen3.5 architecture, "
-              "trained on the ShareGPT training split), drafter: its MTP layer. Fitted on one run: "
-              f"{info['fit_run']}; every other row is predicted from that fit. Prompts per split: "
+              "trained on the ShareGPT training split), drafter: its MTP layer. Prompts per split: "
               + ", ".join(f"{k} {v}" for k, v in res["prompts"].items())
               + f"; {settings['max_new_tokens']} new tokens each, one static batch per split and policy.",
-              f"Greedy decoding lossless in every run: {all(all(v.values()) for v in res['lossless'].values())}."]
-    write_text_atomic(out / "acceptance_out_of_sample.csv", df[COLUMNS].to_csv(index=False, float_format="%.5f"))
+              f"Greedy decoding lossless in every run and drafting pass: "
+              f"{all(all(v.values()) for v in res['lossless'].values())}.", "",
+              "What each prediction used (`predicted_accepted`; simtree.acceptance.transfer):", "",
+              f"- acceptance outcomes: one run only, {info['fit_run']} (the `in_sample` row): the drafter's "
+              "calibration, P(target takes a candidate | its draft probability, depth, rank);",
+              "- sharegpt fit: that calibration and the drafting pass on the fit prompts;",
+              "- sharegpt heldout: that calibration and the drafting pass on the held-out ShareGPT prompts; no "
+              "accept/reject outcome of these prompts;",
+              "- humaneval heldout: that calibration and the drafting pass on the HumanEval prompts; no accept/reject "
+              "outcome of HumanEval.",
+              "", "A drafting pass decodes the split's prompts as plain greedy decoding (the text every policy "
+              "reproduces token for token) and at each generated position keeps the MTP layer's top-8 "
+              f"probabilities along its {FIT_POLICY[1]['budget'] - 1}-position greedy chain and, at each chain "
+              "position, the rank among them of the token a lookup of the context proposes (the token that followed "
+              "the latest earlier occurrence of the last 3 tokens of the prompt, the text before the position and "
+              "the chain's own top-1 tokens): what the drafter and the engine hold before any verification, no "
+              "token of the target's after the position. `baseline_predicted`: the previous predictor, the model fitted on "
+              "the same run's outcomes (its text states and confidence distribution are the fit prompts'), one model "
+              "for every split.", "",
+              "The transferred model's settings (states, levels, window, the lookup's 3-grams: "
+              "simtree.acceptance.transfer defaults) were fixed on the fit split; the held-out and HumanEval rows "
+              "of earlier development runs of this command were seen (docs/acceptance.md, section 5, says which and "
+              "what changed after them). `confidence_only_*`: the same calibration without the context lookup."]
+    write_text_atomic(out / "acceptance_out_of_sample.csv", df.to_csv(index=False, float_format="%.5f"))
     settings_block = "\n## Settings\n\n```json\n" + json.dumps(info, indent=1) + "\n```\n"
     write_text_atomic(out / "acceptance_out_of_sample.md", summary_markdown(df, s, header).rstrip("\n") + "\n"
                       + settings_block)

@@ -1,5 +1,11 @@
 """Live decoding of text prompts on a Hugging Face checkpoint with the full runtime, traced.
 
+    python -m simtree.runtime.target_trace --model DIR --workload humaneval --prompts 32 --out DIR
+
+writes DIR/<workload>_drafts_p15.jsonl (the drafter's confidences, no outcome) and, with
+``--calibrate``, DIR/<workload>_linear_d16.jsonl (the linear run whose outcomes calibrate the
+drafter): ``simtree plan --workload DIR/humaneval_drafts_p15.jsonl@DIR/sharegpt_linear_d16.jsonl``.
+
     runs = trace_policies("simtree/data/models/qwen3.5-tiny-sharegpt", ["Hello", ...], policies,
                           max_new_tokens=64, workload="sharegpt", out="traces/")
     runs["linear_d16"]["records"], runs["linear_d16"]["outputs"]
@@ -27,6 +33,7 @@ import numpy as np
 import torch
 
 from simtree.acceptance.traces import read_traces
+from simtree.acceptance.transfer import DRAFTS_SCHEMA, context_match
 from simtree.fileio import write_text_atomic
 from simtree.planning.simulate import PolicySpec
 
@@ -34,7 +41,7 @@ from .full.acceptance import Live
 from .full.drafting import round_shape
 from .full.engine import FullEngine
 
-__all__ = ["trace_policies", "policy_name", "TOPK", "TRACE_SCHEMA"]
+__all__ = ["trace_policies", "draft_confidences", "policy_name", "TOPK", "TRACE_SCHEMA"]
 
 TRACE_SCHEMA = "simtree.trace/2"
 TOPK = 8    # drafter candidates logged per drafted chain position
@@ -106,6 +113,36 @@ class _Recorder(Live):
         return acc
 
 
+def _add_context_match(recs: list[dict], prompt_ids: list[list[int]], outputs: list[list[int]]) -> None:
+    """Each record with the drafter's chain top-K gets ``context_match``: the rank of the context
+    lookup's token at each chain position (:func:`simtree.acceptance.transfer.context_match`),
+    the context being the prompt and the tokens generated before the round."""
+    made = {}
+    for rec in recs:   # a sequence's records in round order
+        b = rec["seq"]
+        start = made.get(b, 1)     # the prefill made the first token
+        if "topk_tokens" in rec:
+            rec["context_match"] = context_match([*prompt_ids[b], *outputs[b][:start]],
+                                                 np.asarray(rec["topk_tokens"])).tolist()
+        made[b] = start + rec["num_accepted"] + 1
+
+
+class _DraftsOnly(Live):
+    """Accepts no draft: every round gains exactly the target's greedy token, so the drafter
+    drafts its chain from every position of the greedy text in turn.  Keeps the drafter's top-K
+    probabilities of each chain and nothing of the target's verdict on them."""
+
+    def __init__(self, probe: _Observed):
+        self.probe, self.rounds = probe, []
+
+    def accept(self, tree, target_next, rs):
+        pos = [self.probe.first, *self.probe.steps]
+        self.probe.steps = []
+        self.rounds.append({"probs": np.stack([p for _, p in pos], 1), "ids": np.stack([t for t, _ in pos], 1),
+                            "context": self.probe.context})   # [B, P, K]
+        return torch.zeros(tree.tokens.shape[0], dtype=torch.int64, device=tree.tokens.device)
+
+
 def _records(rounds: list[dict], mode: str, workload: str, batch_size: int, max_new_tokens: int) -> list[dict]:
     """Trace records (format v2) of the kept rounds (module docstring)."""
     made = np.ones(batch_size, np.int64)    # the prefill made each sequence's first token
@@ -158,6 +195,7 @@ def trace_policies(model, prompt_ids: list[list[int]], policies: list[tuple[str,
         engine.run(max_new_tokens=max_new_tokens)
         name = policy_name(mode, params)
         recs = _records(source.rounds, mode, workload, len(prompt_ids), max_new_tokens)
+        _add_context_match(recs, prompt_ids, engine.outputs())
         text = "".join(json.dumps(r) + "\n" for r in recs)
         path = None
         if out is not None:
@@ -179,3 +217,76 @@ def trace_policies(model, prompt_ids: list[list[int]], policies: list[tuple[str,
             acc = np.mean([r.num_accepted + 1 for r in records]) if records else float("nan")
             say(f"{workload} {name}: {len(records)} rounds x sequences, {acc:.3f} tokens per round")
     return runs
+
+
+@torch.no_grad()
+def draft_confidences(model, prompt_ids: list[list[int]], depth: int, max_new_tokens: int, workload: str,
+                      out=None) -> dict:
+    """The drafter's confidences on a workload, without any acceptance outcome:
+    {"records": [dict] (``simtree.drafts/1``, :mod:`simtree.acceptance.transfer`), "outputs",
+    "path"}.  The prompts decode as plain greedy (one token per round: no draft is ever
+    accepted), and at each generated position the MTP layer drafts a greedy chain of ``depth``
+    positions; a record keeps that chain's top-``TOPK`` probabilities per position, the
+    sequence, the position and the context length: only what the drafter computed.  Positions
+    up to ``max_new_tokens`` - 1 (those a traced round can begin at)."""
+    spec = PolicySpec.from_dict("linear", {"budget": depth + 1})
+    rs = round_shape(spec)
+    probe = _Observed(model, TOPK)
+    source = _DraftsOnly(probe)
+    max_len = max(map(len, prompt_ids)) + max_new_tokens + rs.budget + 2
+    engine = FullEngine(probe, rs, len(prompt_ids), max_len, source=source, graphs=False)
+    engine.prefill(prompt_ids)
+    engine.run(max_new_tokens=max_new_tokens)
+    recs, outputs = [], engine.outputs()
+    for r, rd in enumerate(source.rounds[:max_new_tokens - 1]):
+        for b in range(len(prompt_ids)):
+            recs.append({"schema": DRAFTS_SCHEMA, "workload": workload, "seq": b, "position": r,
+                         "context_len": int(rd["context"][b]), "drafter": "mtp",
+                         "topk_probs": (np.floor(rd["probs"][b].astype(np.float64) * 1e6) / 1e6).tolist(),
+                         "context_match": context_match([*prompt_ids[b], *outputs[b][:r + 1]], rd["ids"][b]).tolist()})
+    path = None
+    if out is not None:
+        path = write_text_atomic(Path(out) / f"{workload}_drafts_p{depth}.jsonl",
+                                 "".join(json.dumps(r) + "\n" for r in recs))
+    return {"records": recs, "outputs": [o[:max_new_tokens] for o in engine.outputs()], "path": path}
+
+
+def main(argv=None) -> int:
+    import argparse
+    import sys
+
+    from simtree.errors import SimtreeError
+    ap = argparse.ArgumentParser(description="The drafter's confidences on a workload's prompts (simtree.drafts/1), "
+                                             "and the linear run that calibrates them")
+    ap.add_argument("--model", required=True, help="qwen3_5_text folder with its tokenizer.json (its MTP layer drafts)")
+    ap.add_argument("--workload", default="sharegpt", choices=("sharegpt", "humaneval"))
+    ap.add_argument("--prompts", type=int, default=32, help="held-out prompts of the workload")
+    ap.add_argument("--max-new-tokens", type=int, default=64)
+    ap.add_argument("--depth", type=int, default=15, help="chain positions drafted from each position")
+    ap.add_argument("--calibrate", action="store_true", help="also trace the linear run of budget depth + 1")
+    ap.add_argument("--out", required=True, help="folder for the files")
+    args = ap.parse_args(argv)
+    try:
+        from .bpe import BpeTokenizer
+        from .data import prompts
+        from .full.build import build_model
+        if not 1 <= args.prompts <= 4096 or not 2 <= args.max_new_tokens <= 4096 or not 1 <= args.depth <= 64:
+            raise SimtreeError("--prompts in 1..4096, --max-new-tokens in 2..4096 and --depth in 1..64")
+        torch.set_num_threads(1)
+        model = build_model(args.model, device="cpu", dtype=torch.float32)
+        tok = BpeTokenizer.from_file(Path(args.model))
+        ids = [tok.encode(p) for p in prompts(args.workload, args.prompts)]
+        done = draft_confidences(model, ids, args.depth, args.max_new_tokens, args.workload, out=args.out)
+        print(f"wrote {done['path']}: {len(done['records'])} positions")
+        if args.calibrate:
+            runs = trace_policies(model, ids, [("linear", {"budget": args.depth + 1})], args.max_new_tokens,
+                                  args.workload, out=args.out)
+            print(f"wrote {next(iter(runs.values()))['path']}")
+    except SimtreeError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -148,20 +148,53 @@ def test_shipped_target_is_trained_and_its_mtp_layer_drafts_accepted_tokens():
     assert np.mean([r.num_accepted for r in runs["linear_d4"]["records"]]) > 0.3
 
 
-def test_acceptance_table_has_every_run_and_predicts_from_the_linear_fit_alone(trained):
+def test_acceptance_table_has_every_run_and_predicts_from_the_linear_fit_alone(trained, monkeypatch):
+    """The table has every run; the only acceptance outcomes any prediction reads are the fit
+    run's (the calibration); each split's model comes from that split's drafting pass, which
+    holds the drafter's probabilities alone and decodes the same text as plain decoding."""
+    import simtree.runtime.acceptance_oos as oos
     from simtree.planning.acceptance_oos import COLUMNS, oos_summary
-    from simtree.runtime.acceptance_oos import POLICIES, run_oos
     _, path, _ = trained
-    res = run_oos(path, {"prompts": 2, "max_new_tokens": 6, "policies": [POLICIES[2], POLICIES[-1]]}, say=None)
+    calibrated, transferred = [], []
+    real_cal, real_transfer = oos.fit_calibration, oos.transfer_model
+    monkeypatch.setattr(oos, "fit_calibration", lambda recs, **kw: calibrated.append(list(recs)) or real_cal(recs, **kw))
+    monkeypatch.setattr(oos, "transfer_model", lambda cal, d, *a, **kw: transferred.append(d) or real_transfer(cal, d, *a, **kw))
+    res = oos.run_oos(path, {"prompts": 2, "max_new_tokens": 6, "policies": [oos.POLICIES[2], oos.POLICIES[-1]]},
+                      say=None)
     df = res["table"]
-    assert list(df.columns) == [*COLUMNS, "measured_se"] and len(df) == 9
+    assert list(df.columns) == [*COLUMNS, "measured_se", "confidence_only_predicted", "confidence_only_rel_err",
+                                "baseline_predicted", "baseline_rel_err"] and len(df) == 9
     assert (df["split"] == "in_sample").sum() == 1 and set(df["workload"]) == {"sharegpt", "humaneval"}
     assert np.allclose(df["rel_err"], df["predicted_accepted"] / df["measured_accepted"] - 1)
     assert all(all(v.values()) for v in res["lossless"].values())
+    assert all(v["drafting_pass"] for v in res["lossless"].values())
+    # one calibration, on the fit split's linear run alone
+    assert len(calibrated) == 2 and all({(r.workload, r.mode) for r in c} == {("sharegpt", "linear")} for c in calibrated)
+    assert {r.tree.num_nodes for c in calibrated for r in c} == {oos.FIT_POLICY[1]["budget"]}
+    assert all(r.context_match is not None for r in calibrated[0])
+    assert len(transferred) == 6 and {d.workload for d in transferred} == {"sharegpt", "humaneval"}
+    assert all(d.probs.shape[1:] == (oos.FIT_POLICY[1]["budget"] - 1, 8) for d in transferred)
     s = oos_summary(df)
     assert s["out_of_sample"]["rows"] == 8 and "mtp batch_alloc" in s["by_drafter_shape"]
     assert set(s["measured_se_rel"]) == {"sharegpt fit", "sharegpt heldout", "humaneval heldout"}
     assert s["prompt_halves_gap"]["workload"] == "sharegpt" and s["prompt_halves_gap"]["max"] >= 0
+    assert s["extras"]["baseline"]["out_of_sample"]["rows"] == 8
+
+
+def test_drafting_pass_command_writes_what_plan_reads(trained, tmp_path):
+    """python -m simtree.runtime.target_trace: a drafts file (no outcome) and the linear run that
+    calibrates it, which `simtree plan --workload DRAFTS@TRACES` reads."""
+    from simtree.acceptance.model import get_workload
+    from simtree.runtime.target_trace import main
+    _, path, _ = trained
+    assert main(["--model", str(path), "--prompts", "2", "--max-new-tokens", "5", "--calibrate", "--out",
+                 str(tmp_path)]) == 0
+    drafts, traces = tmp_path / "sharegpt_drafts_p15.jsonl", tmp_path / "sharegpt_linear_d16.jsonl"
+    first = json.loads(drafts.read_text().splitlines()[0])
+    assert "target_tokens" not in first and len(first["context_match"]) == len(first["topk_probs"]) == 15
+    w = get_workload(f"{drafts}@{traces}")
+    assert w.acceptance.meta["positions"] == 2 * 4 and w.acceptance.meta["calibrated_on"]["workload"] == "sharegpt"
+    assert main(["--model", str(path), "--prompts", "0", "--out", str(tmp_path)]) == 2
 
 
 def test_a_static_batch_decodes_past_its_fastest_sequence():

@@ -22,8 +22,8 @@ from simtree.acceptance.phi import sibling_rank
 from simtree.acceptance.traces import TraceRecord, Trials, chain_trials, sequence_ids
 from simtree.errors import SimtreeError
 
-__all__ = ["fit_confidence", "fit_positional", "fit_marginals", "has_topk", "CONFIDENCE_EDGES",
-           "isotonic_increasing", "ease_groups"]
+__all__ = ["fit_confidence", "fit_positional", "fit_marginals", "fit_calibration", "has_topk", "CONFIDENCE_EDGES",
+           "isotonic_increasing", "ease_groups", "ChainCalibration"]
 
 # Bins of the drafter's probability of a candidate (its confidence).  Narrow near 0, where
 # lower ranks live, and near 1, where the top-1 of easy tokens lives.
@@ -78,31 +78,66 @@ def _offset(base_logit: np.ndarray, hits: float) -> float:
     return 0.5 * (lo + hi)
 
 
-class _Calibrated:
-    """a(d, r, q) = expit(logit f_g(bin(q)) + delta_g[d]) for rank group g = min(r, 2)."""
+class ChainCalibration:
+    """a(d, r, q) = expit(logit f_g(bin(q)) + delta_g[d]) for rank group g = min(r, 2): the
+    acceptance of a drafted candidate of draft probability q and rank r at depth d, given its
+    parent was accepted (:func:`fit_confidence`, step 3).  With ``match`` (bool per trial: a
+    lookup of the context proposes this candidate), a curve per group and match value:
+    f_{g,m}(q), the depth effects shared."""
 
-    def __init__(self, trials: Trials, depth: int, prior_trials: float):
+    def __init__(self, trials: Trials, depth: int, prior_trials: float, match: np.ndarray | None = None):
         groups = np.minimum(trials.rank, _RANK_GROUPS - 1)
-        self.curves = np.zeros((_RANK_GROUPS, CONFIDENCE_EDGES.size - 1))
+        m = np.zeros(trials.size, np.int64) if match is None else np.asarray(match, np.int64)
+        self.matched = match is not None
+        self.curves = np.zeros((_RANK_GROUPS, 2 if self.matched else 1, CONFIDENCE_EDGES.size - 1))
         self.offsets = np.zeros((_RANK_GROUPS, depth))
         for g in range(_RANK_GROUPS):
             sel = groups == g
-            self.curves[g] = _calibration(trials.draft_prob[sel], trials.hit[sel])
+            for v in range(self.curves.shape[1]):
+                self.curves[g, v] = _calibration(trials.draft_prob[sel & (m == v)], trials.hit[sel & (m == v)])
             prev = 0.0
             for d in range(depth):   # the depth effect, shrunk towards the shallower depth where thin
                 at = sel & (trials.depth == d + 1)
                 n = int(at.sum())
                 if n:   # half a trial short of all / none: a finite sample never shows certainty
                     hits = min(max(float(trials.hit[at].sum()), 0.5), n - 0.5)
-                    fitted = _offset(logit(self.curves[g][_bin(trials.draft_prob[at])]), hits)
+                    fitted = _offset(logit(self.curves[g, m[at], _bin(trials.draft_prob[at])]), hits)
                     prev = (n * fitted + prior_trials * prev) / (n + prior_trials)
                 self.offsets[g, d] = prev
 
-    def __call__(self, depth: np.ndarray, q: np.ndarray) -> np.ndarray:
-        """[R, K] acceptance of rows ``q [R, K]`` at depths ``depth [R]`` (1-based)."""
+    def __call__(self, depth: np.ndarray, q: np.ndarray, match: np.ndarray | None = None) -> np.ndarray:
+        """[R, K] acceptance of rows ``q [R, K]`` at depths ``depth [R]`` (1-based); ``match``
+        [R, K] bool (a calibration with match curves needs it)."""
+        if self.matched and match is None:
+            raise SimtreeError("this calibration depends on the context lookup: the drafts carry no context_match")
         g = np.minimum(np.arange(q.shape[1]), _RANK_GROUPS - 1)
+        v = np.zeros(q.shape, np.int64) if not self.matched else np.asarray(match, np.int64)
         d = np.minimum(depth, self.offsets.shape[1]) - 1
-        return expit(logit(self.curves[g[None, :], _bin(q)]) + self.offsets[g[None, :], d[:, None]])
+        return expit(logit(self.curves[g[None, :], v, _bin(q)]) + self.offsets[g[None, :], d[:, None]])
+
+
+def fit_calibration(records: Iterable[TraceRecord], *, topk: int = DEFAULT_TOPK, depth: int = DEFAULT_DEPTH,
+                    prior_trials: float = 20.0, context: bool | None = None) -> ChainCalibration:
+    """One :class:`ChainCalibration` pooled over every record that logs the drafter's top-K and
+    the target's tokens (linear runs, version 2): how often the target takes a candidate the
+    drafter gave probability q, by depth and rank; and by whether a lookup of the context
+    proposes it (``context_match``) when ``context`` (default: every record carries it)."""
+    records = [r for r in records if r.topk_tokens is not None and r.target_tokens is not None]
+    if not records:
+        raise SimtreeError("traces carry no drafter top-K with the target's tokens (version 2 linear runs): "
+                           "nothing to calibrate the drafter's confidence on")
+    if context is None:
+        context = all(r.context_match is not None for r in records)
+    if context and any(r.context_match is None for r in records):
+        raise SimtreeError("some trace records carry no context_match: the context calibration needs it on every one")
+    trials = chain_trials(records, topk)
+    if trials.size == 0:
+        raise SimtreeError("traces hold no drafted position under an accepted node: nothing to calibrate")
+    match = None
+    if context:
+        ranks = [records[i].context_match for i in range(len(records))]
+        match = np.array([ranks[i][d - 1] == r for i, d, r in zip(trials.round_id, trials.depth, trials.rank)])
+    return ChainCalibration(trials, depth, prior_trials, match)
 
 
 def _rows(trials: Trials, topk: int) -> tuple[np.ndarray, np.ndarray]:
@@ -152,7 +187,7 @@ def _state_levels(records: list[TraceRecord], topk: int, depth: int, bins: int, 
                   prior_trials: float, min_rows: int) -> tuple:
     """Levels of one text state: (acceptance [L, P, K], draft probs [L, P, K], weights [L], curve)."""
     trials = chain_trials(records, topk)
-    curve = _Calibrated(trials, depth, prior_trials)
+    curve = ChainCalibration(trials, depth, prior_trials)
     row_depth, q = _rows(trials, topk)
     accept = curve(row_depth, q)
     per_depth, last = [], None
@@ -243,7 +278,7 @@ def fit_confidence(records: Iterable[TraceRecord], name: str | None = None, *, t
         meta_states.append({"sequences": int(group.size), "round_share": round(rows.size / len(records), 4),
                             "tokens_per_round": round(float(tokens[rows].mean()), 4),
                             "calibration": {f"rank{g}" + ("+" if g == _RANK_GROUPS - 1 else ""):
-                                            [round(float(v), 4) for v in c] for g, c in enumerate(curve.curves)}})
+                                            [round(float(v), 4) for v in c[0]] for g, c in enumerate(curve.curves)}})
     share = np.array(text) / np.sum(text)
     for m, sh in zip(meta_states, share):
         m["text_share"] = round(float(sh), 4)

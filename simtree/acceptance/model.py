@@ -10,6 +10,8 @@ beside it.  Where one comes from:
   published DeepSeek-V4-Flash MTP table;
 - a trace file: :func:`~simtree.acceptance.fit.fit_confidence` when its records log the
   drafter's top-K (version 2 linear runs), else :func:`~simtree.acceptance.fit.fit_positional`;
+- ``DRAFTS.jsonl@TRACES.jsonl``: :func:`~simtree.acceptance.transfer.transfer_model`, the
+  drafter's confidences on the workload through the calibration fitted on the traces;
 - :func:`calibrate_linear` / :func:`from_marginals` for synthetic models.
 
 "Accepted tokens" (published figures, ``mean_accepted_tokens``) count the bonus token: a chain
@@ -29,6 +31,7 @@ from simtree.acceptance.fit import fit_confidence, fit_marginals, fit_positional
 from simtree.acceptance.mixture import ALPHA_MAX, AcceptanceModel, calibrate_linear, from_marginals
 from simtree.acceptance.presets import PRESETS, PUBLISHED_V4_FLASH_MTP, preset_model
 from simtree.acceptance.traces import MAX_CONTEXT_LEN, TraceRecord, read_traces
+from simtree.acceptance.transfer import is_drafts_file, split_spec, transfer_from_spec
 from simtree.errors import SimtreeError, check_whole
 
 __all__ = ["AcceptanceModel", "Workload", "PRESETS", "PUBLISHED_V4_FLASH_MTP", "calibrate_linear",
@@ -92,8 +95,10 @@ _PRESET_LENGTHS = {"gsm8k": (256, 0.4, 256), "mbpp": (384, 0.4, 256), "sharegpt"
 
 def get_workload(spec: str, prompt_len: float | None = None, output_len: int | None = None) -> Workload:
     """A preset name (gsm8k, mbpp, sharegpt), a JSONL trace file, optionally
-    ``file.jsonl#workload`` to pick one workload of a mixed file, or an engine acceptance file
-    (``acceptance.json`` of ``simtree import-metrics``)."""
+    ``file.jsonl#workload`` to pick one workload of a mixed file, an engine acceptance file
+    (``acceptance.json`` of ``simtree import-metrics``), or ``DRAFTS.jsonl@TRACES.jsonl``: the
+    drafter's confidences on a workload (no outcome) calibrated on another's linear traces
+    (:mod:`simtree.acceptance.transfer`)."""
     spec = str(spec)
     if spec in PRESETS:
         mean, sigma, out = _PRESET_LENGTHS[spec]
@@ -104,8 +109,17 @@ def get_workload(spec: str, prompt_len: float | None = None, output_len: int | N
         acc = engine_acceptance_model(read_json(spec, "engine acceptance"), spec)
         mean, sigma, out = 512.0, 0.5, 256
         note = f"measured by {acc.name.split('_')[0]} ({acc.meta.get('num_drafts') or 'an unknown number of'} drafts)"
+    elif split_spec(spec) is not None:   # the drafter's confidences on it, calibrated on another's traces
+        acc, drafts = transfer_from_spec(spec)
+        first = drafts.context_len[(drafts.position == drafts.position.min()) & (drafts.context_len > 0)]
+        mean, sigma, out = (float(np.mean(first)) if first.size else 512.0), 0.5, 256
+        note = (f"drafter confidences at {drafts.size} positions, calibrated on "
+                f"{acc.meta['calibrated_on']['records']} trace records of {acc.meta['calibrated_on']['workload']}")
     elif ".jsonl" in spec or Path(spec).is_file():
         path, _, only = spec.partition("#")  # "traces.jsonl#sharegpt" keeps one workload
+        if is_drafts_file(path):
+            raise SimtreeError(f"{path} holds drafter confidences without outcomes: give the traces that calibrate "
+                               f"them as {path}@TRACES.jsonl")
         records = read_traces(path, only or None)
         names = sorted({r.workload for r in records})
         if len(names) > 1:

@@ -47,6 +47,9 @@ class TraceRecord:
                                                      the marginal of position 1..m (K: not in its top-K)
     confidence    float64 [P] or None                DSpark: the confidence head's prediction per position
     verified_len  int or None                        DSpark: the positions the round verified
+    context_match int64 [P] or None                  the rank among topk_tokens of the token a lookup
+                                                     of the context proposes at each chain position
+                                                     (K: none; :func:`simtree.acceptance.transfer.context_match`)
     """
 
     workload: str
@@ -66,6 +69,7 @@ class TraceRecord:
     marginal_ranks: np.ndarray | None = None
     confidence: np.ndarray | None = None
     verified_len: int | None = None
+    context_match: np.ndarray | None = None
 
     @property
     def num_accepted(self) -> int:
@@ -158,6 +162,12 @@ def _drafter_fields(obj: dict, v2: dict, where: str) -> dict:
     if "verified_len" in obj:
         n = len(out.get("confidence", ())) or None
         out["verified_len"] = check_whole(obj["verified_len"], f"{where}: verified_len", 0, n)
+    if "context_match" in obj:
+        ranks = _int_list(obj, "context_match", where, 0)
+        toks = v2.get("topk_tokens")
+        if toks is None or ranks.shape[0] != toks.shape[0] or (ranks.size and ranks.max() > toks.shape[1]):
+            raise SimtreeError(f"{where}: context_match needs topk_tokens and one rank (0..K) per chain position")
+        out["context_match"] = ranks
     return out
 
 
@@ -215,7 +225,8 @@ def parse_record(obj, where: str) -> TraceRecord:
     return TraceRecord(obj["workload"], batch, tree, node, ctx, marg, rnd, int(schema.rsplit("/", 1)[1]),
                        mode if isinstance(mode, str) else None, seq, extra.get("target_tokens"),
                        extra.get("topk_tokens"), extra.get("topk_probs"), extra.get("drafter"),
-                       extra.get("marginal_ranks"), extra.get("confidence"), extra.get("verified_len"))
+                       extra.get("marginal_ranks"), extra.get("confidence"), extra.get("verified_len"),
+                       extra.get("context_match"))
 
 
 def read_traces(path: str | Path, workload: str | None = None) -> list[TraceRecord]:

@@ -62,7 +62,9 @@ def register(app: typer.Typer) -> None:
         costs: Optional[List[str]] = typer.Option(None, "--costs", help="CostBundle JSON (repeatable); "
                                                   "default: shipped simtree/data/costs/*.json, else SYNTHETIC"),
         workload: Optional[List[str]] = typer.Option(None, "--workload", help="preset (gsm8k, mbpp, sharegpt) "
-                                                     "or acceptance trace .jsonl (repeatable); default: all presets"),
+                                                     "or acceptance trace .jsonl or DRAFTS.jsonl@TRACES.jsonl (a workload's "
+                                                     "drafter confidences calibrated on another's traces) (repeatable); "
+                                                     "default: all presets"),
         batch_sizes: str = typer.Option("1,2,4,8,16,32,64", "--batch-sizes", help="comma-separated"),
         out: str = typer.Option("reports/plan", "--out", help="output folder (policy.json, plan.md, PNGs)"),
         prompt_len: Optional[float] = typer.Option(None, "--prompt-len", help="override mean prompt length"),

@@ -2,11 +2,14 @@
 
 The table (``reports/validation/acceptance_out_of_sample.csv``, written by
 ``python -m simtree.runtime.acceptance_oos``): one row per (drafter, policy, workload, split)
-run, its measured mean accepted tokens per round (bonus included) beside the prediction of the
-acceptance model fitted on the fit run alone (:func:`simtree.acceptance.fit.fit_confidence` on a
-linear run's traces; :func:`simtree.acceptance.predict.accepted_per_round` for every policy).
-``split``: ``fit`` (the prompts the model was fitted on: out of sample in the policy unless the
-row is the fitted run itself, ``in_sample`` then) or ``heldout`` (prompts the fit never saw).
+run, its measured mean accepted tokens per round (bonus included) beside the prediction of an
+acceptance model (:func:`simtree.acceptance.predict.accepted_per_round` for every policy; the
+adaptive modes' analytic decision): there, each split's model is the drafter's calibration,
+fitted on one linear run's outcomes, applied to that split's own drafter confidences
+(:mod:`simtree.acceptance.transfer`); other predictors go in further columns (``extras``).
+``split``: ``fit`` (the prompts the calibration was fitted on: out of sample in the policy
+unless the row is the fitted run itself, ``in_sample`` then) or ``heldout`` (prompts whose
+acceptance outcomes no prediction read).
 """
 from __future__ import annotations
 
@@ -54,20 +57,33 @@ def predicted_accepted(model, mode: str, params: dict, costs=None, batch_size: i
     return float(np.asarray(weights) @ gain)
 
 
-def oos_table(model, runs: list[dict], costs=None) -> pd.DataFrame:
+def oos_table(model, runs: list[dict], costs=None, extras: dict | None = None) -> pd.DataFrame:
     """Rows of :data:`COLUMNS` (and ``measured_se``, :func:`measured_se`) for ``runs`` (dicts:
     drafter, policy, mode, params, workload, split, records, and for the adaptive modes
     batch_size and context_len), each predicted by the acceptance ``model``
-    (:func:`predicted_accepted`; ``costs``: the adaptive modes' bundle)."""
+    (:func:`predicted_accepted`; ``costs``: the adaptive modes' bundle).  ``model``: one model
+    for every run, or {key: model} picked by each run's ``drafts`` key (a model per split, from
+    that split's drafter confidences).  ``extras``: {name: model or {key: model}}, other
+    predictors whose predictions go in ``<name>_predicted`` / ``<name>_rel_err``."""
+    extras = extras or {}
+
+    def pick(acc, run):
+        return acc[run["drafts"]] if isinstance(acc, dict) else acc
+
     rows = []
     for run in runs:
         measured = measured_accepted(run["records"])
-        predicted = predicted_accepted(model, run["mode"], run["params"], costs, run.get("batch_size", 1),
-                                       run.get("context_len", 0.0))
-        rows.append({"drafter": run["drafter"], "policy": run["policy"], "workload": run["workload"],
-                     "split": run["split"], "measured_accepted": measured, "predicted_accepted": predicted,
-                     "rel_err": predicted / measured - 1.0, "measured_se": measured_se(run["records"])})
-    return pd.DataFrame(rows, columns=[*COLUMNS, "measured_se"])
+        args = (run["mode"], run["params"], costs, run.get("batch_size", 1), run.get("context_len", 0.0))
+        predicted = predicted_accepted(pick(model, run), *args)
+        row = {"drafter": run["drafter"], "policy": run["policy"], "workload": run["workload"],
+               "split": run["split"], "measured_accepted": measured, "predicted_accepted": predicted,
+               "rel_err": predicted / measured - 1.0, "measured_se": measured_se(run["records"])}
+        for name, acc in extras.items():
+            row[f"{name}_predicted"] = predicted_accepted(pick(acc, run), *args)
+            row[f"{name}_rel_err"] = row[f"{name}_predicted"] / measured - 1.0
+        rows.append(row)
+    return pd.DataFrame(rows, columns=[*COLUMNS, "measured_se", *[f"{n}_{c}" for n in extras
+                                                                   for c in ("predicted", "rel_err")]])
 
 
 def _stats(err: pd.Series) -> dict:
@@ -96,6 +112,10 @@ def oos_summary(df: pd.DataFrame) -> dict:
         gap = (halves["heldout"] / halves["fit"] - 1.0).abs()
         out["prompt_halves_gap"] = {"workload": str(df["workload"].iloc[0]), "median": float(gap.median()),
                                     "max": float(gap.max())}
+    out["extras"] = {c[:-len("_rel_err")]: {"out_of_sample": _stats(oos[c]),
+                                            "by_workload_split": {f"{w} {s}": _stats(g[c])
+                                                                  for (w, s), g in oos.groupby(["workload", "split"])}}
+                     for c in df.columns if c.endswith("_rel_err")}
     o = out["out_of_sample"]
     out["meets_targets"] = bool(o["median_abs_rel_err"] <= TARGETS["median_abs_rel_err"]
                                 and o["max_abs_rel_err"] <= TARGETS["max_abs_rel_err"])
@@ -122,13 +142,25 @@ def summary_markdown(df: pd.DataFrame, summary: dict, header: list[str]) -> str:
                   f"{pct(g['median'])} (at most {pct(g['max'])}): no fit on one half predicts the other closer "
                   "than the halves agree."]
     lines.append("")
+    extras = summary.get("extras") or {}
     for key, title in (("by_drafter_shape", "drafter x shape"), ("by_workload_split", "workload x split")):
-        lines += [f"| {title} | rows | median abs err | worst |", "|---|---|---|---|"]
+        more = [n for n, e in extras.items() if key in e]
+        lines += [f"| {title} | rows | median abs err | worst |" + "".join(f" {n} median | {n} worst |" for n in more),
+                  "|---|---|---|---|" + "---|---|" * len(more)]
         lines += [f"| {k} | {v['rows']} | {pct(v['median_abs_rel_err'])} | {pct(v['max_abs_rel_err'])} |"
-                  for k, v in summary[key].items()]
+                  + "".join(f" {pct(extras[n][key][k]['median_abs_rel_err'])} | {pct(extras[n][key][k]['max_abs_rel_err'])} |"
+                            for n in more) for k, v in summary[key].items()]
+        if more:
+            o = summary["out_of_sample"]
+            lines += [f"| all out of sample | {o['rows']} | {pct(o['median_abs_rel_err'])} | {pct(o['max_abs_rel_err'])} |"
+                      + "".join(f" {pct(extras[n]['out_of_sample']['median_abs_rel_err'])} | "
+                                f"{pct(extras[n]['out_of_sample']['max_abs_rel_err'])} |" for n in more)]
         lines.append("")
     worst = df[df["split"] != "in_sample"].assign(a=lambda d: d["rel_err"].abs()).nlargest(5, "a")
-    lines += ["Worst rows:", "", "| policy | workload | split | measured | predicted | error |", "|---|---|---|---|---|---|"]
-    lines += [f"| {r.policy} | {r.workload} | {r.split} | {r.measured_accepted:.3f} | {r.predicted_accepted:.3f} | "
-              f"{100 * r.rel_err:+.2f}% |" for r in worst.itertuples()]
+    lines += ["Worst rows:", "", "| policy | workload | split | measured | predicted | error |"
+              + "".join(f" {n} | {n} error |" for n in extras), "|---|---|---|---|---|---|" + "---|---|" * len(extras)]
+    lines += [f"| {r['policy']} | {r['workload']} | {r['split']} | {r['measured_accepted']:.3f} | "
+              f"{r['predicted_accepted']:.3f} | {100 * r['rel_err']:+.2f}% |"
+              + "".join(f" {r[n + '_predicted']:.3f} | {100 * r[n + '_rel_err']:+.2f}% |" for n in extras)
+              for _, r in worst.iterrows()]
     return "\n".join(lines) + "\n"

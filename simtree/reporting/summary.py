@@ -271,8 +271,9 @@ def validation_headline(folder: Path) -> str:
         acc = acc[acc["split"] != "in_sample"]          # the fitted run itself is not a prediction
         aerr = acc["rel_err"].abs()
         worst = acc.loc[aerr.idxmax()]
-        line += (f"; accepted tokens per round of a trained Qwen3.5-architecture target, fitted on one linear run "
-                 f"and predicted for other policies and held-out prompts: median {_pct(aerr.median(), 1)}, worst "
+        line += (f"; accepted tokens per round of a trained Qwen3.5-architecture target, its drafter calibrated on "
+                 f"one linear run and every other policy, held-out prompt and workload predicted from the drafter's "
+                 f"confidences there: median {_pct(aerr.median(), 1)}, worst "
                  f"{_pct(aerr.max(), 1)} ({worst['workload']} {worst['policy']}) over {len(acc)} rows")
     return line
 

@@ -1,0 +1,223 @@
+"""Acceptance on a workload from the drafter's confidences there (simtree/acceptance/transfer.py):
+a calibration fitted on one workload's linear traces, applied to another's drafts (no outcome),
+predicts that workload's chain within its sampling error where the fit of the first workload
+alone does not; the round-start weights are the renewal process's; a drafts record that holds
+an outcome is refused; the planner's workload spec DRAFTS.jsonl@TRACES.jsonl reads it; the
+context lookup proposes what followed the latest occurrence of the text's end, and a calibration
+by it separates the candidates it proposes.
+
+Synthetic drafter: at each position the drafter's top-K probabilities q come from a Dirichlet
+(its concentration sets how confident the drafter is on the workload); the target takes rank r
+with probability cal(q_r) (a fixed calibration the drafter does not know, the same on every
+workload), else a token outside the top-K."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from simtree.acceptance.fit import fit_calibration, fit_confidence
+from simtree.acceptance.model import get_workload
+from simtree.acceptance.predict import accepted_per_round
+from simtree.acceptance.traces import parse_record
+from simtree.acceptance.transfer import (DRAFTS_SCHEMA, context_match, parse_drafts, read_drafts, round_starts,
+                                         transfer_model)
+from simtree.errors import SimtreeError
+
+P, K = 7, 4
+
+
+def _cal(q):
+    """The target's acceptance of a candidate of draft probability q (the drafter is underconfident)."""
+    return np.minimum(0.15 + 1.3 * q, 0.97) * (q > 0)
+
+
+def _text(rng, seqs: int, positions: int, concentration: float):
+    """[seqs, positions, P, K] sorted draft probs and the target's rank at each (K: none of them);
+    chains from neighbouring positions see the same text (the rank of the target at depth d from
+    position t is the rank at depth d - 1 from t + 1)."""
+    raw = rng.dirichlet(np.full(K + 1, concentration), (seqs, positions + P))[..., :K]
+    q = -np.sort(-raw, -1)
+    acc = _cal(q)
+    u = rng.random((seqs, positions + P))[..., None]
+    cum = np.cumsum(acc, -1)
+    rank = np.where(u[..., 0] < cum[..., -1], (u >= cum).sum(-1), K)
+    idx = np.arange(positions)[:, None] + np.arange(P)[None, :]
+    return q[:, idx], rank[:, idx]                          # [S, T, P, K], [S, T, P]
+
+
+def _linear_records(q, rank, workload="chat"):
+    """Linear runs (budget P + 1) over the text, as the runtime traces them: a round from position
+    t accepts while the target takes the top-1, the next begins after the bonus token."""
+    out = []
+    for s in range(q.shape[0]):
+        t, r = 0, 0
+        while t < q.shape[1]:
+            hits = rank[s, t] == 0
+            n_acc = int(np.argmin(hits)) if not hits.all() else P
+            top = 1000 * np.arange(1, P + 1)[:, None] + np.arange(K)[None, :]    # token ids, [P, K]
+            tokens = [0] + top[:, 0].tolist()
+            miss = rank[s, t, n_acc] if n_acc < P else 0
+            bonus = 7 if n_acc == P else (int(top[n_acc, miss]) if miss < K else 999)
+            target = [*top[:n_acc, 0].tolist(), bonus]
+            out.append(parse_record({
+                "schema": "simtree.trace/2", "workload": workload, "batch_size": q.shape[0], "round": r, "seq": s,
+                "mode": "linear", "context_len": 50 + t, "parents": list(range(-1, P)), "tokens": tokens,
+                "log_probs": [0.0] + np.log(q[s, t, :, 0]).tolist(), "accepted_node": n_acc, "target_tokens": target,
+                "topk_tokens": top.tolist(), "topk_probs": q[s, t].tolist()}, "synthetic"))
+            t, r = t + n_acc + 1, r + 1
+    return out
+
+
+def _drafts(q, workload="code", with_outcome=False):
+    recs = []
+    for s in range(q.shape[0]):
+        for t in range(q.shape[1]):
+            rec = {"schema": DRAFTS_SCHEMA, "workload": workload, "seq": s, "position": t, "context_len": 50 + t,
+                   "topk_probs": (np.floor(q[s, t] * 1e6) / 1e6).tolist()}
+            if with_outcome:
+                rec["num_accepted"] = 1
+            recs.append(rec)
+    return recs
+
+
+def _measured(records):
+    return float(np.mean([r.num_accepted + 1 for r in records]))
+
+
+@pytest.fixture(scope="module")
+def workloads():
+    rng = np.random.default_rng(np.random.SeedSequence().entropy)
+    chat = _text(rng, 32, 48, 0.5)       # an unsure drafter
+    code = _text(rng, 32, 48, 0.12)      # a confident one: peaked probabilities
+    return chat, code
+
+
+def test_the_drafters_confidence_carries_the_acceptance_to_another_workload(workloads):
+    (qc, rc), (qx, rx) = workloads
+    chat, code = _linear_records(qc, rc), _linear_records(qx, rx, "code")
+    assert _measured(code) > 1.15 * _measured(chat)          # the workloads differ
+    cal = fit_calibration(chat)
+    model = transfer_model(cal, parse_drafts(_drafts(qx)))
+    predicted = accepted_per_round(model, "linear", {"budget": P + 1})
+    fitted_on_chat = accepted_per_round(fit_confidence(chat), "linear", {"budget": P + 1})
+    # within a few sampling errors of the code workload's own measurement; the chat fit is not
+    assert abs(predicted / _measured(code) - 1) < 0.1
+    assert abs(fitted_on_chat / _measured(code) - 1) > abs(predicted / _measured(code) - 1)
+    # the same calibration on the chat workload's own drafts reproduces chat
+    own = transfer_model(cal, parse_drafts(_drafts(qc, "chat")))
+    assert abs(accepted_per_round(own, "linear", {"budget": P + 1}) / _measured(chat) - 1) < 0.1
+    assert model.meta["positions"] == qx.shape[0] * qx.shape[1] and model.num_states > 1
+
+
+def test_the_model_reads_drafter_confidences_alone(workloads):
+    """Two draws of the target's verdicts on the same drafter confidences: the measured runs
+    differ, the model the calibration makes of the drafts is one (it is given no verdict); a
+    drafts record that holds an outcome is refused."""
+    (qc, rc), (qx, _) = workloads
+    cal = fit_calibration(_linear_records(qc, rc))
+    rng = np.random.default_rng(np.random.SeedSequence().entropy)
+    seen = {}
+    for draw in range(2):
+        acc = _cal(qx)
+        cum = np.cumsum(acc, -1)
+        u = rng.random(qx.shape[:3])[..., None]
+        rank = np.where(u[..., 0] < cum[..., -1], (u >= cum).sum(-1), K)
+        seen[draw] = (_measured(_linear_records(qx, rank, "code")),
+                      accepted_per_round(transfer_model(cal, parse_drafts(_drafts(qx))), "linear", {"budget": P + 1}))
+    assert seen[0][0] != seen[1][0] and seen[0][1] == seen[1][1]
+    with pytest.raises(SimtreeError, match="holds no acceptance outcome, found num_accepted"):
+        parse_drafts(_drafts(qx[:1, :2], with_outcome=True))
+    bad = {"schema": DRAFTS_SCHEMA, "workload": "w", "seq": 0, "position": 0, "topk_probs": [[0.1, 0.5]]}
+    with pytest.raises(SimtreeError, match="descending"):
+        parse_drafts([bad])
+    twice = _drafts(qx[:1, :2])
+    with pytest.raises(SimtreeError, match="appears twice"):
+        parse_drafts([*twice, twice[0]])
+
+
+def test_round_starts_are_the_renewal_process_of_the_chain():
+    rng = np.random.default_rng(np.random.SeedSequence().entropy)
+    n_seq, T, p = 3, 12, 4
+    a = rng.uniform(0.2, 0.95, (n_seq * T, p))
+    survive = np.cumprod(a, 1)
+    drafts = parse_drafts([{"schema": DRAFTS_SCHEMA, "workload": "w", "seq": s, "position": t,
+                            "topk_probs": [[0.5]] * p} for s in range(n_seq) for t in range(T)])
+    v = round_starts(drafts, survive).reshape(n_seq, T)
+    sims = np.zeros((n_seq, T))
+    runs = 4000
+    for s in range(n_seq):
+        for _ in range(runs):
+            t = 0
+            while t < T:
+                sims[s, t] += 1
+                u = rng.random(p)
+                k = int(np.argmin(u < a[s * T + t])) if not (u < a[s * T + t]).all() else p
+                t += k + 1
+    assert np.allclose(v, sims / runs, atol=4 * np.sqrt(0.25 / runs))
+    assert np.allclose(v[:, 0], 1.0)
+
+
+def test_plan_reads_drafts_calibrated_on_another_workloads_traces(workloads, tmp_path):
+    (qc, rc), (qx, _) = workloads
+    traces, drafts = tmp_path / "chat.jsonl", tmp_path / "code_drafts.jsonl"
+    chat = _linear_records(qc[:6], rc[:6])
+    lines = []
+    for r in chat:   # written back as the runtime writes them
+        lines.append(json.dumps({"schema": "simtree.trace/2", "workload": "chat", "batch_size": r.batch_size,
+                                 "round": r.round_index, "seq": r.seq, "mode": "linear", "context_len": r.context_len,
+                                 "parents": r.tree.parents.tolist(), "tokens": r.tree.tokens.tolist(),
+                                 "log_probs": r.tree.log_probs.tolist(), "accepted_node": r.accepted_node,
+                                 "target_tokens": r.target_tokens.tolist(), "topk_tokens": r.topk_tokens.tolist(),
+                                 "topk_probs": r.topk_probs.tolist()}))
+    traces.write_text("\n".join(lines) + "\n")
+    drafts.write_text("".join(json.dumps(d) + "\n" for d in _drafts(qx[:6])))
+    w = get_workload(f"{drafts}@{traces}")
+    assert w.name == "code" and w.acceptance.meta["calibrated_on"]["workload"] == "chat"
+    assert w.mean_prompt_len == pytest.approx(50.0, rel=0.05)
+    assert 1.0 < accepted_per_round(w.acceptance, "eagle", {"num_steps": 3, "topk": 2, "budget": 6}) < 6.0
+    assert read_drafts(drafts).size == 6 * qx.shape[1]
+    with pytest.raises(SimtreeError, match="without outcomes"):
+        get_workload(str(drafts))
+    from simtree.acceptance.bootstrap import bootstrap_models
+    boot = bootstrap_models(f"{drafts}@{traces}", 2, seed=1)
+    assert len(boot) == 2 and boot[0].name == "code#b0"
+
+
+def test_context_lookup_proposes_what_followed_the_latest_occurrence():
+    rng = np.random.default_rng(np.random.SeedSequence().entropy)
+    text = rng.integers(10, 60, 40).tolist()
+    context = text + [1, 2, 3] + text[:5] + [4, 5]                   # the text, then a repeat of its start
+    repeat = np.array(text[5:9])                                     # what the repeat goes on with
+    top = np.stack([rng.permutation(np.r_[t, rng.integers(100, 200, 3)]) for t in repeat])   # [4, 4]
+    ranks = context_match(context[:-2], top)                         # the text ends with text[:5]
+    expected = np.array([int(np.flatnonzero(row == t)[0]) for row, t in zip(top, repeat)])
+    # depth 1 looks up the text; deeper positions extend it with the chain's own top-1 tokens
+    assert ranks[0] == expected[0]
+    copied = top.copy()
+    copied[:, 0], copied[np.arange(4), expected] = repeat, top[:, 0]  # the drafter's top-1 copies the text
+    assert context_match(context[:-2], copied).tolist() == [0, 0, 0, 0]
+    assert context_match([1, 2], copied).tolist() == [4, 4, 4, 4]     # nothing to look up
+
+
+def test_the_calibration_separates_candidates_the_context_proposes():
+    rng = np.random.default_rng(np.random.SeedSequence().entropy)
+    q, rank = _text(rng, 16, 30, 0.5)
+    proposed = rng.random(q.shape[:3]) < 0.3                         # the lookup proposes the top-1 here
+    u = rng.random(q.shape[:3])
+    rank = np.where(proposed & (u < 0.9), 0, np.where(proposed, np.maximum(rank, 1), rank))
+    records = _linear_records(q, rank)
+    with_match = []
+    for rec in records:
+        s, t = rec.seq, rec.context_len - 50
+        cm = np.where(proposed[s, t], 0, K)
+        with_match.append(type(rec)(**{**rec.__dict__, "context_match": cm}))
+    cal = fit_calibration(with_match)
+    assert cal.matched and cal.curves.shape[1] == 2
+    a_match = cal(np.ones(1, np.int64), np.array([[0.35, 0.1, 0.05, 0.0]]), np.array([[True, False, False, False]]))
+    a_plain = cal(np.ones(1, np.int64), np.array([[0.35, 0.1, 0.05, 0.0]]), np.array([[False] * 4]))
+    assert a_match[0, 0] > a_plain[0, 0] + 0.15
+    assert not fit_calibration(with_match, context=False).matched
+    with pytest.raises(SimtreeError, match="context_match"):
+        transfer_model(cal, parse_drafts(_drafts(q[:2])))
