@@ -115,3 +115,17 @@ def test_the_shipped_machines_and_their_device_names():
     assert shipped_machine_for("NVIDIA H100 80GB HBM3") == "h100"
     assert shipped_machine_for("NVIDIA H200") == "h200"
     assert shipped_machine_for("cpu") == DEFAULT_MACHINE and shipped_machine_for(None) == DEFAULT_MACHINE
+
+
+def test_a_gpu_session_predicts_from_its_own_machines_defaults(monkeypatch):
+    from simtree.runtime.full import gpu_run
+
+    monkeypatch.setattr(gpu_run.torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(gpu_run.torch.cuda, "get_device_name", lambda *a: "NVIDIA H100 80GB HBM3")
+    assert gpu_run.this_machine() == "h100"
+    assert gpu_run.default_costs("deepseek-v4-flash", "ep=8").endswith("h100_deepseek-v4-flash_ep8.json")
+    assert gpu_run.default_costs("qwen3.6-27b", "tp=2") is None       # no H100 default at tp=2
+    assert gpu_run.default_costs("qwen3.6-27b", "tp=2", "h200").endswith("h200_qwen3.6-27b_tp2.json")
+    assert "/h100/plan/" in gpu_run.shipped_plan("qwen3.6-27b", "tp=1")
+    monkeypatch.setattr(gpu_run.torch.cuda, "get_device_name", lambda *a: "NVIDIA H200")
+    assert "/h200/plan/" in gpu_run.shipped_plan("qwen3.6-27b", "tp=1")
