@@ -129,3 +129,11 @@ def test_a_gpu_session_predicts_from_its_own_machines_defaults(monkeypatch):
     assert "/h100/plan/" in gpu_run.shipped_plan("qwen3.6-27b", "tp=1")
     monkeypatch.setattr(gpu_run.torch.cuda, "get_device_name", lambda *a: "NVIDIA H200")
     assert "/h200/plan/" in gpu_run.shipped_plan("qwen3.6-27b", "tp=1")
+
+
+def test_the_serving_benchmark_takes_the_default_machines_bundles():
+    from simtree.serving.bench import default_models
+
+    paths = default_models()
+    assert paths and all(p.name.startswith(f"{DEFAULT_MACHINE}_") for p in paths)
+    assert len({load_costs(p).meta["model"] for p in paths}) == len(paths)   # one bundle per model
