@@ -9,7 +9,8 @@
 # PHASES (default "measure plan runs report") runs a subset, in order, on the files OUT_DIR
 # already holds: measure = profile sweep + acceptance traces, plan = fit + plan, runs = the
 # chosen / second / best linear / none policies per batch size, report = README.md + PNG,
-# repeat (not in the default) = the runs once more into runs_repeat/ + repeat.md (spread).
+# repeat (not in the default) = the runs once more into runs_repeat/ + repeat.md (spread), then
+# runs/ and runs_repeat/ packed into runs.tgz (read in their place by the reports).
 # Env knobs: BATCH_SIZES (1,2,4,8), NEW_TOKENS (48 per prompt), PROMPTS (8 per run),
 # WORKLOAD (sharegpt), SWEEP (scenarios/sweeps/runtime_cpu.yaml or runtime_gpu.yaml),
 # SIMTREE (the simtree command, words allowed), PY.
@@ -49,7 +50,7 @@ for phase in $PHASES; do
   case "$phase" in
     measure)
       rm -rf "$OUT/profile.csv" "$OUT/profile.meta.json" "$OUT/profile.points.jsonl" "$OUT/costs.json" \
-             "$OUT/costs.png" "$OUT/traces" "$OUT/traces.jsonl" "$OUT/plan" "$OUT/runs" "$OUT/timing.tsv" \
+             "$OUT/costs.png" "$OUT/traces" "$OUT/traces.jsonl" "$OUT/plan" "$OUT/runs" "$OUT/runs.tgz" "$OUT/timing.tsv" \
              "$OUT/host_probe.tsv" \
              "$OUT/logs"/*
       # the runtime's own models on this device -> profile table
@@ -84,7 +85,11 @@ for phase in $PHASES; do
       done
       if [ "$phase" = repeat ]; then
           "$PY" -m simtree.reporting.loop repeat "$OUT" runs_repeat
-          rm -f "$OUT/runs_repeat/"*/traces.jsonl
+          rm -f "$OUT/runs_repeat/"*/traces.jsonl "$OUT/runs/"*/traces.jsonl
+          # one file in place of a folder per run (the reports read runs.tgz), and the report again
+          # so that it names the archive
+          "$PY" -m simtree.reporting.loop pack "$OUT"
+          "$PY" -m simtree.reporting.loop report "$OUT"
       fi
       ;;
     report)

@@ -1,47 +1,68 @@
 #!/usr/bin/env bash
-# Refit the shipped default cost bundles from the shipped H200 profiles and re-plan.
+# Refit the shipped default cost bundles of every machine from its shipped profiles and re-plan.
 #
-#   simtree/data/deployments.yaml lists the default deployments (model + deployment);
-#   for each one a table in simtree/data/profiles/h200/*.csv holding that rank's rows
+#   simtree/data/deployments.yaml lists each machine's default deployments (model + deployment);
+#   for each one a table in simtree/data/profiles/<machine>/*.csv holding that rank's rows
 #   (deployment column) is fitted:
-#     -> simtree/data/costs/h200_<model>_<tag>.json           (the embedded default)
-#     -> reports/h200/fit/<model>_<tag>.{json,png,txt}
+#     -> simtree/data/costs/<machine>_<model>_<tag>.json       (the embedded default)
+#     -> reports/<machine>/fit/<model>_<tag>.{json,txt} (+ .png for the machines in PNG_MACHINES)
 #   a default without such a table is reported as waiting for its profile; then
-#     -> reports/h200/plan/ (policy + report per planned deployment, tree_vs_linear.csv each)
+#     -> reports/<machine>/plan/ (`simtree plan --machine <machine>`: a folder per planned deployment)
 #
-#   bash scripts/ship_defaults.sh
+#   bash scripts/ship_defaults.sh                 # every machine with a profiles folder
+#   MACHINE=h100 bash scripts/ship_defaults.sh    # one machine
 #
+# `simtree plan` with no --costs plans the default machine's bundles (h200); `--machine h100` another's.
 # A newly measured rank profile: a full-runtime GPU session's (scripts/full_gpu.sh, then
-# scripts/full_report.sh -> reports/h200/live/profile_<model>_<tag>.csv, docs/full_runtime.md) or
+# scripts/full_report.sh -> reports/<machine>/live/profile_<model>_<tag>.csv, docs/full_runtime.md) or
 # `simtree profile --model deepseek-v4-flash --deployment ep=8 --out X/profile_ep8.csv` (with its
-# .meta.json and .compose.json): copy it into simtree/data/profiles/h200/ under its own name (one
+# .meta.json and .compose.json): copy it into simtree/data/profiles/<machine>/ under its own name (one
 # table per model and deployment), then run this script.  A collectives profile's fit
 # (COMM=path/to/x.comm.json) replaces the assumed communication model in the bundles.
 set -euo pipefail
 export COLUMNS=${COLUMNS:-150}   # rich wraps tables at 80 columns when piped to tee
 cd "$(dirname "$0")/.."
 PY=.venv/bin/python
+# machines whose fit folders keep a plot per bundle (reports/ tracks at most 150 files)
+PNG_MACHINES=${PNG_MACHINES:-h200}
 COMM_ARGS=()
 if [[ -n "${COMM:-}" ]]; then COMM_ARGS=(--comm "$COMM"); fi
-mkdir -p simtree/data/costs reports/h200/fit reports/h200/plan
-# bundles of defaults that no table holds any more must not linger
-waiting=0
-while read -r verdict model deployment tag table; do
-  if [[ "$verdict" == WAIT ]]; then
-    echo "waits for a profile: $model at $deployment (no table in simtree/data/profiles/h200/ holds its rows)"
-    waiting=$((waiting + 1))
-    continue
-  fi
-  name="${model}_${tag}"
-  DRAFT_ARGS=()
-  if ! grep -q "^draft_step," "$table"; then   # a sweep-only rank profile (no whole draft steps measured)
-    DRAFT_ARGS=(--draft-from-verify)
-    echo "$table has no draft_step rows: $model at $deployment fits its draft cost from the verify model (assumed)"
-  fi
-  .venv/bin/simtree fit "$table" --model "$model" --deployment "$deployment" "${COMM_ARGS[@]}" "${DRAFT_ARGS[@]}" \
-      -o "reports/h200/fit/$name.json" --png "reports/h200/fit/$name.png" | tee "reports/h200/fit/$name.txt"
-  cp "reports/h200/fit/$name.json" "simtree/data/costs/h200_$name.json"
-done < <($PY -m simtree.deploy.shipped --machine h200)
-rm -rf reports/h200/plan/*/
-.venv/bin/simtree plan --out reports/h200/plan
-echo "$waiting default deployment(s) wait for a measured profile"
+if [[ -n "${MACHINE:-}" ]]; then
+  machines=("$MACHINE")
+else
+  machines=()
+  while read -r m; do
+    if [[ -d "simtree/data/profiles/$m" ]]; then machines+=("$m"); fi
+  done < <($PY -m simtree.deploy.shipped --machines)
+fi
+
+ship_machine() {
+  local machine=$1 waiting=0 verdict model deployment tag table name
+  local list fit=reports/$machine/fit plan=reports/$machine/plan
+  list=$($PY -m simtree.deploy.shipped --machine "$machine")   # fails (one line) for an unknown machine
+  mkdir -p simtree/data/costs "$fit" "$plan"
+  while read -r verdict model deployment tag table; do
+    if [[ "$verdict" == WAIT ]]; then
+      echo "waits for a profile: $model at $deployment (no table in simtree/data/profiles/$machine/ holds its rows)"
+      waiting=$((waiting + 1))
+      continue
+    fi
+    name="${model}_${tag}"
+    local DRAFT_ARGS=() PNG_ARGS=(--no-png)
+    if ! grep -q "^draft_step," "$table"; then   # a sweep-only rank profile (no whole draft steps measured)
+      DRAFT_ARGS=(--draft-from-verify)
+      echo "$table has no draft_step rows: $model at $deployment fits its draft cost from the verify model (assumed)"
+    fi
+    if [[ " $PNG_MACHINES " == *" $machine "* ]]; then PNG_ARGS=(--png "$fit/$name.png"); fi
+    .venv/bin/simtree fit "$table" --model "$model" --deployment "$deployment" "${COMM_ARGS[@]}" "${DRAFT_ARGS[@]}" \
+        -o "$fit/$name.json" "${PNG_ARGS[@]}" | tee "$fit/$name.txt"
+    cp "$fit/$name.json" "simtree/data/costs/${machine}_$name.json"
+  done <<< "$list"
+  rm -rf "${plan:?}"/*/
+  .venv/bin/simtree plan --machine "$machine" --out "$plan"
+  echo "$machine: $waiting default deployment(s) wait for a measured profile"
+}
+
+for machine in "${machines[@]}"; do
+  ship_machine "$machine"
+done

@@ -295,6 +295,40 @@ def test_repeat_report_pairs_the_two_repetitions(tmp_path):
     assert main(["repeat", str(tmp_path), "elsewhere"]) == 2
 
 
+def test_packed_runs_read_as_the_folders_did(tmp_path):
+    # runs/ and runs_repeat/ packed into runs.tgz (one file): the reports read the same runs
+    import pandas as pd
+    from simtree.reporting.loop import RUNS_ARCHIVE, collect_runs, main, pack_runs, write_repeat_report
+    from simtree.errors import SimtreeError
+
+    pols = {"chosen": ("none", {}), "linear": ("linear", {"budget": 3})}
+    cands = []
+    for b in (1, 4):
+        for i, (role, (mode, params)) in enumerate(pols.items()):
+            cands.append(dict(batch_size=b, policy=PolicySpec.from_dict(mode, params).name, workload="w",
+                              tok_s=500.0 + i, tokens_per_round=1.5, nodes_per_seq=2.0))
+            _fake_run(tmp_path / "runs", b, role, mode, params, 300.0 + 10 * b + i)
+            _fake_run(tmp_path / "runs_repeat", b, role, mode, params, 310.0 + 10 * b + i)
+    (tmp_path / "plan").mkdir()
+    pd.DataFrame(cands).to_csv(tmp_path / "plan" / "candidates.csv", index=False)
+    before = [collect_runs(tmp_path, r) for r in ("runs", "runs_repeat")]
+    repeat_before = pd.read_csv(write_repeat_report(tmp_path)["csv"])
+    assert main(["pack", str(tmp_path)]) == 0
+    assert (tmp_path / RUNS_ARCHIVE).is_file() and not (tmp_path / "runs").exists()
+    assert not (tmp_path / "runs_repeat").exists()
+    for r, df in zip(("runs", "runs_repeat"), before):
+        pd.testing.assert_frame_equal(collect_runs(tmp_path, r), df)
+    pd.testing.assert_frame_equal(pd.read_csv(write_repeat_report(tmp_path)["csv"]), repeat_before)
+    first = (tmp_path / RUNS_ARCHIVE).read_bytes()
+    pack_runs(tmp_path)                    # packed again from the archive: the same bytes
+    assert (tmp_path / RUNS_ARCHIVE).read_bytes() == first
+    # a folder run again is read in place of its packed copy
+    _fake_run(tmp_path / "runs", 1, "chosen", "none", {}, 999.0)
+    assert collect_runs(tmp_path)["measured_tok_s"].tolist() == [999.0]
+    with pytest.raises(SimtreeError, match="no runs"):
+        pack_runs(tmp_path / "plan")
+
+
 def test_host_probe_measures_and_the_report_sets_each_run_against_the_profile(tmp_path):
     # the probe times Python, a torch op and (CUDA only) launches; the loop report divides the
     # probe before each run by the probe before the profile (geometric mean over the metrics

@@ -22,7 +22,7 @@ next one runs; every phase checks the time left (``--max-seconds``) and stops ea
                 a bundle cost_aware max 16 p3} at batch 2, live,
                 against plain greedy -> lossless.csv (a mismatch with its top-2 logit gap).
 3. ``measure``  ``full_run``: per batch size plain, linear D=4, the shipped plan's choice for the
-                deployment (``--policy``, default the plan under reports/h200/plan/ of the model
+                deployment (``--policy``, default the plan under reports/<machine>/plan/ of the model
                 and deployment), one shape of every other runnable mode (``--modes``: best-first,
                 cost_aware, batch_alloc, whose budgets come from the bundle) and the EAGLE shapes a
                 plan may choose (``--eagle``), replay (--acceptance, default gsm8k, or --replay) ->
@@ -232,18 +232,29 @@ def runtime_deployment(model: str, deployment: str | None) -> str:
     return dep.name
 
 
-def default_costs(model: str, deployment: str) -> str | None:
-    """The shipped bundle of (model, deployment), or None where none ships yet."""
+def this_machine() -> str:
+    """The machine whose shipped defaults a session on this process's GPU uses (h100 on an H100;
+    the default machine on a GPU no shipped section names, or without one)."""
+    from simtree.deploy.shipped import shipped_machine_for
+
+    return shipped_machine_for(torch.cuda.get_device_name() if torch.cuda.is_available() else None)
+
+
+def default_costs(model: str, deployment: str, machine: str | None = None) -> str | None:
+    """The shipped bundle of (model, deployment) on ``machine`` (default: this GPU's,
+    :func:`this_machine`), or None where none ships yet."""
     from simtree.parallel import parse_deployment
     from simtree.deploy.shipped import shipped_bundle
 
-    path = shipped_bundle(model, parse_deployment(deployment))
+    path = shipped_bundle(model, parse_deployment(deployment), machine or this_machine())
     return str(path) if path.is_file() else None
 
 
-def shipped_plan(model: str, deployment: str, root: Path = Path("reports/h200/plan")) -> str | None:
-    """The policy file of the shipped plan for (model, deployment), or None where none is."""
+def shipped_plan(model: str, deployment: str, root: Path | None = None) -> str | None:
+    """The policy file of the shipped plan for (model, deployment) under ``root`` (default
+    reports/<this GPU's machine>/plan), or None where none is."""
     import json
+    root = Path(root) if root is not None else Path("reports") / this_machine() / "plan"
     for path in sorted(root.glob("*/policy.json")):
         try:
             d = json.loads(path.read_text())
@@ -285,10 +296,10 @@ def main(argv=None) -> int:
     ap.add_argument("--deployment", default=None, help="the rank built and tagged: qwen tp=1, deepseek-v4-flash "
                                                       "ep=8 (default: the model's shipped deployment)")
     ap.add_argument("--costs", default=None, help="cost bundle for the session's own predictions (default: the "
-                                                 "deployment's shipped bundle, simtree/data/costs/h200_<model>_<tag>"
-                                                 ".json; none ships: no predictions in the session)")
+                                                 "deployment's shipped bundle of this GPU's machine, simtree/data/"
+                                                 "costs/<machine>_<model>_<tag>.json; none ships: no predictions)")
     ap.add_argument("--policy", default=None, help="a policy file whose choice is measured too (default: the "
-                                                  "shipped plan of the model and deployment, reports/h200/plan/)")
+                                                  "shipped plan of the model and deployment, reports/<machine>/plan/)")
     ap.add_argument("--modes", default=MODE_SHAPES, help="shapes of the other runnable modes measured at every "
                                                         "batch size: 'mode:key=v,key=v;...'")
     ap.add_argument("--eagle", default=";".join(",".join(map(str, e)) for e in EAGLE_SHAPES[1::3]),

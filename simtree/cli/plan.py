@@ -57,10 +57,14 @@ def register(app: typer.Typer) -> None:
                               "write a policy and report.  Example: simtree plan --workload sharegpt "
                               "--batch-sizes 1,8,64 --out reports/plan.  A shipped model at one "
                               "deployment: simtree plan --model qwen3.6-27b --deployment tp=2 (a deployment "
-                              "whose weights and caches do not fit its GPUs is refused, naming the shortfall)")
+                              "whose weights and caches do not fit its GPUs is refused, naming the shortfall).  Another "
+                              "machine's defaults: simtree plan --machine h100")
     def plan_command(
         costs: Optional[List[str]] = typer.Option(None, "--costs", help="CostBundle JSON (repeatable); "
-                                                  "default: shipped simtree/data/costs/*.json, else SYNTHETIC"),
+                                                  "default: the shipped bundles of --machine, else SYNTHETIC"),
+        machine: Optional[str] = typer.Option(None, "--machine", help="plan this machine's shipped default "
+                                              "bundles (simtree/data/costs/<machine>_*.json; a machine of "
+                                              "simtree/data/deployments.yaml, default h200)"),
         workload: Optional[List[str]] = typer.Option(None, "--workload", help="preset (gsm8k, mbpp, sharegpt) "
                                                      "or acceptance trace .jsonl or DRAFTS.jsonl@TRACES.jsonl (a workload's "
                                                      "drafter confidences calibrated on another's traces) (repeatable); "
@@ -116,7 +120,7 @@ def register(app: typer.Typer) -> None:
                 with stop_on_signals():
                     outputs = plan_and_write(costs or (), workload or (), sizes, out, prompt_len, output_len,
                                              progress=progress, model=model, deployment=deployment, comm=comm,
-                                             notes=plan_notes, space=space, started=started,
+                                             notes=plan_notes, space=space, started=started, machine=machine,
                                              band_models=BAND_MODELS if band_models is None else band_models)
             except Interrupted as exc:
                 bar.stop()

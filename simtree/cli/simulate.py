@@ -44,6 +44,8 @@ def register(app: typer.Typer) -> None:
                                                  "ep=8); refused when its weights and caches do not fit"),
         comm: Optional[str] = typer.Option(None, "--comm", help="communication model (.comm.json) instead of "
                                            "the bundle's own"),
+        machine: Optional[str] = typer.Option(None, "--machine", help="whose shipped bundles (h200, h100; default "
+                                              "the --policy's GPU, else h200)"),
     ) -> None:
         """simtree simulate --workload gsm8k --batch-size 16 --policy-mode linear --budget 4"""
         from rich.progress import Progress
@@ -61,7 +63,7 @@ def register(app: typer.Typer) -> None:
             result = simulate_command_run(costs, workload, batch_size, policy_mode, steps, topk, budget, width,
                                           draft_depth, policy, monte_carlo, prompt_len, output_len, seed,
                                           progress=progress,
-                                          model=model, deployment=deployment, comm=comm)
+                                          model=model, deployment=deployment, comm=comm, machine=machine)
         # warnings (out-of-range costs, a clamped policy) and the result's notes: one line each
         print_notes(list(caught) + list(result.notes), err)
         if as_json:
@@ -106,9 +108,11 @@ def pick_bundle(bundles: list, source: str):
 def simulate_command_run(costs_path, workload_spec: str, batch_size: int, mode: str, steps: int, topk: int,
                          budget: int, width: int = 1, draft_depth: int | None = None, policy_path=None,
                          mc_runs: int = 0, prompt_len=None, output_len=None, seed: int = 0,
-                         progress=None, model: str | None = None, deployment: str | None = None, comm=None):
+                         progress=None, model: str | None = None, deployment: str | None = None, comm=None,
+                         machine: str | None = None):
     """`simtree simulate`: resolve costs (path / the shipped bundle of ``model`` at
-    ``deployment`` / SYNTHETIC; a deployment that cannot hold the batch's weights and caches is
+    ``deployment`` on ``machine`` - default the policy file's GPU, else the default machine - /
+    SYNTHETIC; a deployment that cannot hold the batch's weights and caches is
     refused), the workload and the policy (flags, or the policy file's entry for this workload
     and batch size), simulate.  The result's ``communication`` says what the collectives rest on."""
     from simtree.acceptance.model import get_workload
@@ -129,12 +133,15 @@ def simulate_command_run(costs_path, workload_spec: str, batch_size: int, mode: 
             raise SimtreeError(f"--policy {policy_path} is a plan for {pol.model}, not {model} (--model)")
         model = model or pol.model
         deployment = deployment or pol.deployment
+        if not costs_path and machine is None:   # a plan of the H100 defaults simulates on them
+            from simtree.deploy.shipped import shipped_machine_for
+            machine = shipped_machine_for(pol.device)
     else:
         spec = params_from_flags(mode, steps, topk, budget, width, draft_depth)
     if model and not deployment and not costs_path:   # a shipped model named alone: its default deployment
-        from simtree.deploy.shipped import default_deployment
-        deployment = default_deployment(model).name
+        from simtree.deploy.shipped import DEFAULT_MACHINE, default_deployment
+        deployment = default_deployment(model, machine or DEFAULT_MACHINE).name
     bundles, _ = select_costs([costs_path] if costs_path else [], model, deployment, batch_size,
-                              workload.mean_prompt_len + workload.output_len, comm)
+                              workload.mean_prompt_len + workload.output_len, comm, machine)
     costs = pick_bundle(bundles, costs_path or "simtree/data/costs")
     return simulate(costs, workload, batch_size, spec, mc_runs=mc_runs, seed=seed, progress=progress)

@@ -310,16 +310,20 @@ def load_costs(path: str | os.PathLike) -> CostBundle:
     return CostBundle.from_dict(read_json(path, "cost model"), f"cost bundle {path}")
 
 
-def shipped_cost_paths() -> list[Path]:
-    """The cost bundles that ship with simtree (``simtree/data/costs/*.json``), by file name."""
+def shipped_cost_paths(machine: str | None = None) -> list[Path]:
+    """The cost bundles that ship with simtree for one machine (``simtree/data/costs/<machine>_*.json``,
+    default the default machine's: bundles of several machines are never mixed), by file name; a
+    machine with no shipped defaults is a one-line error."""
     from simtree.data import data_path
+    from simtree.deploy.shipped import DEFAULT_MACHINE, check_machine
 
-    return sorted(data_path("costs").glob("*.json"), key=str)
+    machine = check_machine(machine or DEFAULT_MACHINE)
+    return sorted(data_path("costs").glob(f"{machine}_*.json"), key=str)
 
 
 def resolve_costs(paths: Sequence[str | os.PathLike] = ()) -> list[Costs]:
-    """Cost bundles from ``paths``; none given -> the shipped bundles, and when none ship, the
-    SYNTHETIC roofline (its meta["synthetic"] is True)."""
+    """Cost bundles from ``paths``; none given -> the default machine's shipped bundles, and when
+    none ship, the SYNTHETIC roofline (its meta["synthetic"] is True)."""
     from simtree.costs.synthetic import synthetic_costs
 
     files = [str(p) for p in paths] or [str(p) for p in shipped_cost_paths()]

@@ -5,6 +5,9 @@ cost bundles (``simtree/data/costs/<machine>_<model>_<tag>.json``).
     bundle_name("h200", "qwen3.6-27b", parse_deployment("tp=2"))   # "h200_qwen3.6-27b_tp2.json"
     waiting()                          # the listed deployments that have no bundle yet
     default_deployment("deepseek-v4-flash")   # ep=8: the model's first listed deployment
+    shipped_machines()                 # ["h100", "h200"]: the machines deployments.yaml lists
+    check_machine("h100")              # "h100"; a machine with no section is a one-line error
+    shipped_machine_for("NVIDIA H100 80GB HBM3")   # "h100": whose defaults a plan of that GPU used
 """
 from __future__ import annotations
 
@@ -16,17 +19,46 @@ from simtree.parallel import Deployment, parse_deployment
 from simtree.errors import SimtreeError
 from simtree.fileio import read_yaml
 
-__all__ = ["DEFAULT_MACHINE", "shipped_deployments", "default_deployment", "bundle_name", "shipped_bundle", "waiting",
+__all__ = ["DEFAULT_MACHINE", "shipped_machines", "check_machine", "shipped_machine_for", "shipped_deployments", "default_deployment", "bundle_name", "shipped_bundle", "waiting",
            "profile_for"]
 
 DEFAULT_MACHINE = "h200"
 
 
+def _table() -> dict:
+    path = data_path("deployments.yaml")
+    table = read_yaml(path, "deployments table") or {}
+    if not isinstance(table, dict):
+        raise SimtreeError(f"{path.name}: must map each machine to its {{model, deployment}} entries")
+    return table
+
+
+def shipped_machines() -> list[str]:
+    """The machines simtree ships default deployments for (the sections of deployments.yaml)."""
+    return sorted(str(k) for k in _table())
+
+
+def check_machine(machine: str) -> str:
+    """``machine`` if deployments.yaml has a section for it, else a one-line error naming those it has."""
+    if machine not in _table():
+        raise SimtreeError(f"no shipped defaults for machine {machine!r}: simtree ships them for "
+                           f"{', '.join(shipped_machines())} (simtree/data/deployments.yaml)")
+    return machine
+
+
+def shipped_machine_for(device: str | None, default: str = DEFAULT_MACHINE) -> str:
+    """The machine with shipped defaults whose GPU ``device`` is (a profile's or a plan's device
+    name, e.g. "NVIDIA H100 80GB HBM3" -> "h100"); ``default`` for an unknown or missing device."""
+    from simtree.machine.machines import machine_for_device
+
+    found = machine_for_device(device) if device else None
+    return found.key if found is not None and found.key in _table() else default
+
+
 def _entries(machine: str) -> list[tuple[str, Deployment, str | None]]:
     """(model, deployment, the profile table it names or None) of every entry of the machine."""
     path = data_path("deployments.yaml")
-    table = read_yaml(path, "deployments table") or {}
-    entries = table.get(machine, []) if isinstance(table, dict) else None
+    entries = _table().get(check_machine(machine))
     if not isinstance(entries, list):
         raise SimtreeError(f"{path.name}: {machine} must list {{model, deployment}} entries")
     out = []
@@ -101,7 +133,11 @@ def main(argv=None) -> int:
     ap.add_argument("--machine", default=DEFAULT_MACHINE)
     ap.add_argument("--profiles", type=Path, default=None, help="default: simtree/data/profiles/<machine>")
     ap.add_argument("--default-for", default=None, metavar="MODEL", help="print MODEL's default deployment")
+    ap.add_argument("--machines", action="store_true", help="print the machines with shipped defaults, one a line")
     args = ap.parse_args(argv)
+    if args.machines:
+        print("\n".join(shipped_machines()))
+        return 0
     if args.default_for:
         print(default_deployment(args.default_for, args.machine).name)
         return 0
@@ -115,4 +151,8 @@ def main(argv=None) -> int:
 if __name__ == "__main__":
     import sys
 
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except SimtreeError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        sys.exit(2)

@@ -33,7 +33,7 @@ import numpy as np
 from simtree.acceptance.model import get_workload
 from simtree.costs.model import load_costs
 from simtree.parallel import parse_deployment
-from simtree.deploy.shipped import shipped_bundle
+from simtree.deploy.shipped import shipped_bundle, shipped_machine_for
 from simtree.errors import SimtreeError
 from simtree.fileio import write_text_atomic
 from simtree.planning.planner import read_candidates
@@ -169,7 +169,7 @@ def sps_additive_table(costs, context_len: float, gamma: int, max_batch: int) ->
 def _costs_for(policy: Policy, costs_path: str | None):
     if costs_path:
         return load_costs(costs_path), costs_path
-    path = shipped_bundle(policy.model, parse_deployment(policy.deployment))
+    path = shipped_bundle(policy.model, parse_deployment(policy.deployment), shipped_machine_for(policy.device))
     if not Path(path).is_file():
         raise SimtreeError(f"no shipped cost bundle for {policy.model} at {policy.deployment}: give --costs")
     return load_costs(path), str(path)

@@ -50,7 +50,7 @@ def plan_bundles(cost_paths: Sequence[str] = (), workload_specs: Sequence[str] =
                  space: SearchSpace = SearchSpace(), model: str | None = None, deployment: str | None = None,
                  comm=None, notes: list | None = None, band_models: int = BAND_MODELS,
                  started: Callable[[str, int, int], None] | None = None,
-                 finish: Callable[[dict], None] | None = None) -> PlannedBundles:
+                 finish: Callable[[dict], None] | None = None, machine: str | None = None) -> PlannedBundles:
     """Plan every cost bundle (``cost_paths``, default the shipped ones; ``model`` /
     ``deployment`` pick among them) x workloads (presets or traces, default every preset);
     write policy.json per bundle, into a folder per (model, deployment, device) under
@@ -63,7 +63,8 @@ def plan_bundles(cost_paths: Sequence[str] = (), workload_specs: Sequence[str] =
     i-th (from 0) of n bundles; ``finish(output)``: after its policy file is saved (the caller's
     report of it).  Interrupted (KeyboardInterrupt, which the CLI raises for SIGINT and SIGTERM
     too), it writes PARTIAL.md in ``out_dir`` naming the folders finished and not before the
-    exception goes on; a finished plan removes that file.
+    exception goes on; a finished plan removes that file.  ``machine`` (h100, h200; default the
+    default machine) picks whose shipped bundles are planned when ``cost_paths`` is empty.
     """
     from simtree.acceptance.model import PRESETS, get_workload
     from simtree.deploy.select import select_costs
@@ -71,7 +72,7 @@ def plan_bundles(cost_paths: Sequence[str] = (), workload_specs: Sequence[str] =
     workloads = [get_workload(w, prompt_len, output_len) for w in (workload_specs or PRESETS)]
     check_workload_names(workloads, list(workload_specs or PRESETS))
     context = max(w.mean_prompt_len + w.output_len for w in workloads)
-    bundles, found = select_costs(cost_paths, model, deployment, max(batch_sizes or [1]), context, comm)
+    bundles, found = select_costs(cost_paths, model, deployment, max(batch_sizes or [1]), context, comm, machine)
     if notes is not None:
         notes.extend(found)
     names = [folder_name(b.meta) for b in bundles]

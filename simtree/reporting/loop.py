@@ -18,6 +18,8 @@ Layout of a loop folder (every number in the report is read from these files)::
     runs/b<B>_<role>/run.json    simtree run, role = chosen | second | linear | none
     runs_repeat/...              (optional) the same runs again, same plan (PHASES="runs report"
                                  on a copy of the folder), for ``write_repeat_report``
+    runs.tgz                     runs/ and runs_repeat/ packed (``pack_runs``, loop.sh's repeat
+                                 phase): read in their place where the folders are gone
     timing.tsv                   step, seconds, 1-minute load average after it (the script)
     host_probe.tsv               step, python_us, torch_us, launch_us: the host's speed right
                                  before each step (``simtree.machine.hostprobe``; optional)
@@ -29,22 +31,29 @@ fitted from that run's traces) - the cost model alone.
 """
 from __future__ import annotations
 
+import gzip
+import io
 import json
+import shutil
 import sys
+import tarfile
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
 from simtree.errors import SimtreeError
+from simtree.fileio import write_atomic
 from simtree.machine.hostprobe import METRICS as HOST_METRICS
 from simtree.planning.modes import MARGINAL_MODES, BestFirstParams, EagleParams, NoneParams, PolicySpec
 from simtree.machine.hostprobe import ratio as _probe_ratio
 
 __all__ = ["ROLES", "run_flags", "contrast_runs", "collect_runs", "write_loop_report", "host_probe",
-           "host_ratio", "write_repeat_report", "write_lossless_report", "main"]
+           "host_ratio", "write_repeat_report", "write_lossless_report", "pack_runs", "RUNS_ARCHIVE", "main"]
 
 ROLES = ("chosen", "second", "linear", "none")
+RUNS_ARCHIVE = "runs.tgz"   # the run folders packed (one file in place of a folder per run)
+RUN_FOLDERS = ("runs", "runs_repeat")
 SPIKE = 1.1  # mean / median round latency above which a run is flagged as hit by a load burst
 
 
@@ -94,14 +103,45 @@ def contrast_runs(plan_dir, workload: str, batch_size: int) -> list[tuple[str, s
     return out
 
 
+def _run_files(loop_dir: Path, runs: str) -> list[tuple[str, bytes]]:
+    """(path relative to ``loop_dir``, bytes) of every ``runs``/*/run.json: from the folder, else
+    from its copy in runs.tgz (:func:`pack_runs`)."""
+    folder, archive = loop_dir / runs, loop_dir / RUNS_ARCHIVE
+    if folder.is_dir() or not archive.is_file():
+        return [(str(p.relative_to(loop_dir)), p.read_bytes()) for p in sorted(folder.glob("*/run.json"))]
+    with tarfile.open(archive) as tar:
+        names = sorted(m.name for m in tar.getmembers() if m.isfile() and len(Path(m.name).parts) == 3
+                       and Path(m.name).parts[0] == runs and Path(m.name).name == "run.json")
+        return [(name, tar.extractfile(name).read()) for name in names]
+
+
+def pack_runs(loop_dir) -> Path:
+    """Pack runs/ and runs_repeat/ of ``loop_dir`` (their run.json files) into runs.tgz and remove
+    the folders; a folder already packed and gone keeps its copy in the archive."""
+    loop_dir = Path(loop_dir)
+    files = [f for folder in RUN_FOLDERS for f in _run_files(loop_dir, folder)]
+    if not files:
+        raise SimtreeError(f"no runs/*/run.json under {loop_dir} to pack")
+    buf = io.BytesIO()
+    with gzip.GzipFile(fileobj=buf, mode="wb", mtime=0) as gz, tarfile.open(fileobj=gz, mode="w") as tar:
+        for name, data in files:    # fixed order and metadata: the same runs give the same bytes
+            info = tarfile.TarInfo(name)
+            info.size, info.mtime, info.mode = len(data), 0, 0o644
+            tar.addfile(info, io.BytesIO(data))
+    out = write_atomic(loop_dir / RUNS_ARCHIVE, lambda tmp: Path(tmp).write_bytes(buf.getvalue()))
+    for folder in RUN_FOLDERS:
+        shutil.rmtree(loop_dir / folder, ignore_errors=True)
+    return out
+
+
 def collect_runs(loop_dir, runs: str = "runs") -> pd.DataFrame:
-    """One row per ``runs``/*/run.json (a folder of ``loop_dir``) with the planner's and the
-    run's own predictions."""
+    """One row per ``runs``/*/run.json (a folder of ``loop_dir``, or its copy in runs.tgz) with
+    the planner's and the run's own predictions."""
     loop_dir = Path(loop_dir)
     cands = pd.read_csv(loop_dir / "plan" / "candidates.csv")
     rows = []
-    for path in sorted((loop_dir / runs).glob("*/run.json")):
-        run = json.loads(path.read_text())
+    for rel, data in _run_files(loop_dir, runs):
+        path, run = loop_dir / rel, json.loads(data)
         role = path.parent.name.split("_", 1)[1] if "_" in path.parent.name else "?"
         b, name = int(run["batch_size"]), PolicySpec.from_dict(run["mode"], run["params"]).name
         plan_row = cands[(cands["batch_size"] == b) & (cands["policy"] == name)
@@ -119,7 +159,7 @@ def collect_runs(loop_dir, runs: str = "runs") -> pd.DataFrame:
             # under a load with a long tail, mean > median shows up as optimistic predictions
             "round_mean_over_median": m["decode_s"] * 1e6 / max(m["rounds"], 1) / m["round_us_median"],
             "rounds": m["rounds"], "prompts": run["prompts"], "max_new_tokens": run["max_new_tokens"],
-            "run_json": str(path.relative_to(loop_dir))})
+            "run_json": rel})
     if not rows:
         raise SimtreeError(f"no {runs}/*/run.json under {loop_dir}")
     df = pd.DataFrame(rows)
@@ -324,8 +364,9 @@ def write_loop_report(loop_dir) -> dict[str, Path]:
         lines += [f"| {st} | {_num(r.python_us, 0)} | {_num(r.torch_us)} | {_num(r.launch_us)} | "
                   f"{_num(host_ratio(probe, st))} |" for st, r in probe.iterrows()]
         lines.append("")
-    lines += [f"Files: `profile.csv`, `costs.json` (+ `costs.png`), `traces.jsonl`, `plan/`, `runs/*/run.json`, "
-              f"`{csv.name}`.", ""]
+    packed = "" if (loop_dir / "runs").is_dir() else f" (packed in `{RUNS_ARCHIVE}`)"
+    lines += [f"Files: `profile.csv`, `costs.json` (+ `costs.png`), `traces.jsonl`, `plan/`, `runs/*/run.json`"
+              f"{packed}, `{csv.name}`.", ""]
     md = loop_dir / "README.md"
     md.write_text("\n".join(lines))
     return {"markdown": md, "png": png, "csv": csv}
@@ -467,6 +508,7 @@ def main(argv: list[str] | None = None) -> int:
     """``python -m simtree.reporting.loop contrast PLAN_DIR WORKLOAD BATCH`` (tab-separated role, policy,
     flags per line) | ``python -m simtree.reporting.loop report LOOP_DIR`` |
     ``python -m simtree.reporting.loop repeat LOOP_DIR [RUNS_FOLDER]`` (default runs_repeat) |
+    ``python -m simtree.reporting.loop pack LOOP_DIR`` (runs/ and runs_repeat/ -> runs.tgz) |
     ``python -m simtree.reporting.loop lossless RUNS_DIR``."""
     argv = sys.argv[1:] if argv is None else argv
     try:
@@ -481,6 +523,9 @@ def main(argv: list[str] | None = None) -> int:
         if len(argv) in (2, 3) and argv[0] == "repeat":
             paths = write_repeat_report(*argv[1:])
             print(f"wrote {paths['markdown']} and {paths['png']}")
+            return 0
+        if len(argv) == 2 and argv[0] == "pack":
+            print(f"wrote {pack_runs(argv[1])}")
             return 0
         if len(argv) == 2 and argv[0] == "lossless":
             print(f"wrote {write_lossless_report(argv[1])}")

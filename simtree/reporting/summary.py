@@ -422,6 +422,14 @@ FOLDERS: tuple[Folder, ...] = (
            "`tar xzf reports/h100/live/sessions.tgz -C S && bash scripts/full_report.sh S reports/h100/live` (the "
            "archives of `bash scripts/full_gpu.sh MODEL` on an H100; it also writes the profiles shipped in "
            "simtree/data/profiles/h100 and the bundles frozen in reports/validation)", live_headline),
+    Folder("reports/h100/fit", "Cost-model fit (shipped H100 bundles, real-architecture layers)",
+           "C_v / C_d fits of the shipped H100 rank profiles (simtree/data/profiles/h100: V4-Flash ep=8 with FP8 "
+           "experts, Qwen3.6-27B tp=1): the bundles and every form's held-out error",
+           "`MACHINE=h100 bash scripts/ship_defaults.sh`", fit_headline),
+    Folder("reports/h100/plan", "Plans on the H100 defaults",
+           "policy, plan report, every candidate's prediction and tree vs linear per deployment (three "
+           "workloads, batch 1-64)",
+           "`simtree plan --machine h100 --out reports/h100/plan`", plan_headline),
     Folder("reports/h100", "Drafters, FP8 experts and verify floors (H100)",
            "the block, TfM and DSpark drafters' rounds profiled under CUDA graphs for both targets, their C_d "
            "fits; FP8 against bf16 expert GEMMs of the V4-Flash ep=8 rank; GDN and V4 verify against their "
