@@ -56,6 +56,7 @@ ship_machine() {
     if [[ " $PNG_MACHINES " == *" $machine "* ]]; then PNG_ARGS=(--png "$fit/$name.png"); fi
     .venv/bin/simtree fit "$table" --model "$model" --deployment "$deployment" "${COMM_ARGS[@]}" "${DRAFT_ARGS[@]}" \
         -o "$fit/$name.json" "${PNG_ARGS[@]}" | tee "$fit/$name.txt"
+    $PY -m simtree.deploy.shipped --machine "$machine" --stamp "$fit/$name.json"   # the entry's caveat, if any
     cp "$fit/$name.json" "simtree/data/costs/${machine}_$name.json"
   done <<< "$list"
   rm -rf "${plan:?}"/*/

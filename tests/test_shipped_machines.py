@@ -137,3 +137,27 @@ def test_the_serving_benchmark_takes_the_default_machines_bundles():
     paths = default_models()
     assert paths and all(p.name.startswith(f"{DEFAULT_MACHINE}_") for p in paths)
     assert len({load_costs(p).meta["model"] for p in paths}) == len(paths)   # one bundle per model
+
+
+def test_a_shipped_bundles_caveat_is_stamped_into_its_meta_and_carried_by_its_plan(tmp_path):
+    """deployments.yaml's caveat (the H200 bundles: profiled on the earlier layers) is in the shipped
+    bundle's meta and leads its plan's notes; an entry without one (the H100's) ships none."""
+    from simtree.deploy.shipped import caveat_for, stamp_caveat
+    from simtree.parallel import parse_deployment
+    from simtree.planning.planner import plan
+    from simtree.acceptance.model import get_workload
+
+    dep = parse_deployment("ep=8")
+    text = caveat_for("deepseek-v4-flash", dep, "h200")
+    assert text and "look-alike" in text and caveat_for("deepseek-v4-flash", dep, "h100") is None
+    shipped = load_costs(shipped_bundle("deepseek-v4-flash", dep, "h200"))
+    assert shipped.meta.get("caveat") == text
+    assert "caveat" not in load_costs(shipped_bundle("deepseek-v4-flash", dep, "h100")).meta
+    copy = tmp_path / "b.json"
+    copy.write_text(shipped_bundle("deepseek-v4-flash", dep, "h200").read_text())
+    bundle = json.loads(copy.read_text())
+    bundle["meta"].pop("caveat")
+    copy.write_text(json.dumps(bundle))
+    assert stamp_caveat(copy, "h200") == text and load_costs(copy).meta["caveat"] == text
+    notes = plan(load_costs(copy), [get_workload("gsm8k")], [1]).notes
+    assert notes[0] == f"caveat of this cost bundle: {text}"

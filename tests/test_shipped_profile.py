@@ -75,6 +75,7 @@ def test_each_shipped_bundle_names_its_profile_by_its_hash(machine, model, dep):
 def test_refitting_the_shipped_profile_gives_the_shipped_bundle(machine, model, dep, tmp_path):
     # what scripts/ship_defaults.sh does (simtree fit, form auto with the per-bin reference)
     from simtree.costs.profile_fit import fit_profile
+    from simtree.deploy.shipped import stamp_caveat
 
     with resources.as_file(_folder(machine)) as folder:
         table = profile_for(model, dep, folder, machine)
@@ -84,6 +85,7 @@ def test_refitting_the_shipped_profile_gives_the_shipped_bundle(machine, model, 
                              draft_from_verify=sweep_only)
     out = tmp_path / f"{model}.json"
     report.bundle.save(out)
+    stamp_caveat(out, machine)   # ship_defaults.sh stamps the deployments.yaml entry's caveat
     # equal up to the solver's floating-point noise (about 1e-10 relative differs between BLAS builds)
     refit = json.loads(out.read_text(), parse_float=_rounded)
     shipped = json.loads(json.dumps(_bundle(machine, model, dep)), parse_float=_rounded)

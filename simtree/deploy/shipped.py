@@ -19,7 +19,7 @@ from simtree.parallel import Deployment, parse_deployment
 from simtree.errors import SimtreeError
 from simtree.fileio import read_yaml
 
-__all__ = ["DEFAULT_MACHINE", "shipped_machines", "check_machine", "shipped_machine_for", "shipped_deployments", "default_deployment", "bundle_name", "shipped_bundle", "waiting",
+__all__ = ["caveat_for", "stamp_caveat", "DEFAULT_MACHINE", "shipped_machines", "check_machine", "shipped_machine_for", "shipped_deployments", "default_deployment", "bundle_name", "shipped_bundle", "waiting",
            "profile_for"]
 
 DEFAULT_MACHINE = "h200"
@@ -68,6 +68,33 @@ def _entries(machine: str) -> list[tuple[str, Deployment, str | None]]:
         out.append((e["model"], parse_deployment(str(e["deployment"])), None if e.get("profile") is None
                     else str(e["profile"])))
     return out
+
+
+def caveat_for(model: str, deployment: Deployment, machine: str = DEFAULT_MACHINE) -> str | None:
+    """The ``caveat`` its deployments.yaml entry states for (model, deployment) on ``machine``:
+    what a plan from that shipped bundle must say about where its profile came from."""
+    entries = _table().get(check_machine(machine)) or []
+    for e in entries:
+        if isinstance(e, dict) and e.get("model") == model and \
+                parse_deployment(str(e.get("deployment"))).name == deployment.name:
+            text = e.get("caveat")
+            return " ".join(str(text).split()) if text else None
+    return None
+
+
+def stamp_caveat(bundle_path: Path, machine: str) -> str | None:
+    """Write the entry's caveat into the bundle's meta (``meta.caveat``; removed where the entry
+    has none): ship_defaults.sh stamps each bundle it ships, and plans of it carry the caveat."""
+    from simtree.costs.model import load_costs
+    from simtree.deploy.costs import bundle_deployment
+
+    bundle = load_costs(bundle_path)
+    text = caveat_for(str(bundle.meta.get("model")), bundle_deployment(bundle), machine)
+    bundle.meta.pop("caveat", None)
+    if text:
+        bundle.meta["caveat"] = text
+    bundle.save(bundle_path)
+    return text
 
 
 def shipped_deployments(machine: str = DEFAULT_MACHINE) -> list[tuple[str, Deployment]]:
@@ -134,7 +161,13 @@ def main(argv=None) -> int:
     ap.add_argument("--profiles", type=Path, default=None, help="default: simtree/data/profiles/<machine>")
     ap.add_argument("--default-for", default=None, metavar="MODEL", help="print MODEL's default deployment")
     ap.add_argument("--machines", action="store_true", help="print the machines with shipped defaults, one a line")
+    ap.add_argument("--stamp", type=Path, default=None, metavar="BUNDLE",
+                    help="write the --machine entry's caveat into BUNDLE's meta (ship_defaults.sh)")
     args = ap.parse_args(argv)
+    if args.stamp is not None:
+        text = stamp_caveat(args.stamp, args.machine)
+        print(f"{args.stamp}: caveat {text!r}" if text else f"{args.stamp}: no caveat")
+        return 0
     if args.machines:
         print("\n".join(shipped_machines()))
         return 0

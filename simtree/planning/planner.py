@@ -303,6 +303,8 @@ def plan(costs: Costs, workloads: Sequence[Workload], batch_sizes: Sequence[int]
               "planner": "simtree.planner analytic search", "num_candidates": int(len(cands)),
               "verify_heldout_median_error": costs.verify.heldout_median_error,
               "notes": range_notes(ranges, spans)}
+    if meta.get("caveat"):   # the shipped bundle's deployments.yaml caveat (simtree/deploy/shipped.py)
+        source["notes"].insert(0, f"caveat of this cost bundle: {meta['caveat']}")
     if space.searched != FAMILIES:
         source["modes"] = list(space.searched)
         source["notes"].append(f"searched the families {', '.join(space.searched)} only (--modes)")
