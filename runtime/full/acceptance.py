@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 
 from simtree.acceptance.model import AcceptanceModel, fit_positional, read_traces
 from simtree.acceptance.phi import accepted_length_pmf, node_accept_probs_ranked
@@ -52,6 +53,8 @@ __all__ = ["Live", "TraceReplay", "ModelReplay", "StratifiedReplay", "DraftScore
            "stratified_draws", "joint_depth_pmf", "replay_rounds", "adaptive_bucket", "SAMPLINGS"]
 
 SAMPLINGS = ("stratified", "iid")
+PROB_FLOOR = 1e-300                  # a draft probability of 0, as a finite log-prob
+LOG_ZERO = float(np.log(PROB_FLOOR))
 
 
 def deepest_on_chain(ok: torch.Tensor, tree: TreeBuffers, max_depth: int) -> torch.Tensor:
@@ -139,7 +142,8 @@ class DraftScores:
     depth d per level (``AcceptanceModel.draft_table``), [L, P, K] on the device; ``draw(B)``
     picks each sequence's level for the round (by :func:`level_weights` of the round shape
     ``rs``), ``rescore(step, lp)`` replaces the MTP layer's log-probs of step ``step``'s
-    children (lp [B, ..., k]) with that level's row."""
+    children (lp [B, ..., k]) with that level's row; ``rescore_at(depth, lp)`` those of the
+    children of nodes at their own depths (a TfM adapter's tree: depth [B, n], lp [B, n, k])."""
 
     def __init__(self, model: AcceptanceModel, rs: RoundShape, device, gen=None, fixed=None, weights=None):
         """``fixed``: (levels [rows, B] on the device, the round counter [1]): row ``counter %
@@ -149,7 +153,7 @@ class DraftScores:
         P = max(rs.max_depth, 1)
         probs = np.stack([model.draft_table(lv, P) for lv in range(model.num_levels)])
         probs = np.concatenate([probs, np.zeros(probs.shape[:2] + (max(0, 32 - probs.shape[2]),))], -1)
-        self.logp = torch.as_tensor(np.log(np.maximum(probs, 1e-300)), dtype=torch.float32, device=device)
+        self.logp = torch.as_tensor(np.log(np.maximum(probs, PROB_FLOOR)), dtype=torch.float32, device=device)
         weights = level_weights(model, rs) if weights is None else weights
         self.level_cum = torch.as_tensor(np.cumsum(weights)[:-1], dtype=torch.float32, device=device)
         self.device, self.gen, self.level = torch.device(device), gen, None
@@ -170,6 +174,13 @@ class DraftScores:
         k = lp.shape[-1]
         row = self.logp[self.level, min(step, self.logp.shape[1] - 1), :k]         # [B, k]
         return row.view(row.shape[0], *([1] * (lp.dim() - 2)), k).expand_as(lp)
+
+    def rescore_at(self, depth: torch.Tensor, lp: torch.Tensor) -> torch.Tensor:
+        """lp [B, n, k] of the children (by rank) of nodes at ``depth`` [B, n] -> row ``depth``
+        of each sequence's level (ranks past the table: probability 0); no host read."""
+        k, (P, K) = lp.shape[-1], self.logp.shape[1:]
+        logp = self.logp if k <= K else F.pad(self.logp, (0, k - K), value=LOG_ZERO)
+        return logp[self.level[:, None], depth.clamp(0, P - 1), :k]
 
 
 class Live:

@@ -25,8 +25,10 @@ One round, every stage on the device in static shapes (:class:`.engine.FullEngin
     commit   the target's accepted path
 
 The drafter shares the target's embedding and LM head.  Replays score the marginals (block,
-dspark) by the acceptance model (``DraftScores``); a dspark replay's survival is its level's
-probability of the chain's top-1 (a calibrated confidence head).  Each round's marginals and
+dspark) and the adapter's ranked children (tfm: ``DraftScores.rescore_at``, the tree then the
+planner's best-first over the level's draft table) by the acceptance model (``DraftScores``);
+a dspark replay's survival is its level's probability of the chain's top-1 (a calibrated
+confidence head).  Each round's marginals and
 confidences stay on the device (``marginal_ids``, ``confidence``, ``verified_len``):
 ``last_round`` brings them to the host with the tree, and :mod:`.round_trace` turns a round into
 trace records after it.
@@ -127,7 +129,8 @@ class BlockEngine(FullEngine):
         d.anchor.copy_(self.roots)
         hid = d.hidden()
         if rs.drafter == "tfm":
-            self._set_tree(tfm_tree(d.w, hid, self.roots, d.cfg.cand_k, rs.tree_nodes, rs.width))
+            self._set_tree(tfm_tree(d.w, hid, self.roots, d.cfg.cand_k, rs.tree_nodes, rs.width,
+                                    None if scores is None else scores.rescore_at))
             self.verified_len.copy_(self.tree.valid.sum(1) - 1)
             return
         if rs.drafter == "block":

@@ -14,6 +14,12 @@ next nodes (node indices 1 + step * width + j: static) and expands them - their 
 conditionals, their top-m children into the pool (m = min(cand_k, budget - 1): no node can
 have more children).  The last step expands nothing.  Ties: the lower pool slot (earlier
 parent, better rank).  Padding as in :mod:`.block`.
+
+``rescore`` (a replay's, ``DraftScores.rescore_at``): the children's log-probs of nodes at
+depth d [B, n], by rank r [B, n, m], replaced by the acceptance model's (its round's level, row
+d, column r) before they enter the pool - the adapter still picks each rank's token and does
+all its work, the tree's shape is the model's best-first tree.  None (live decoding): the
+adapter's own conditionals.
 """
 from __future__ import annotations
 
@@ -55,8 +61,10 @@ def _expand(w, s_par, tok, q_in, cand_emb, cand_lp, depth, L):
     return s, cond
 
 
-def tfm_tree(w: dict, hid: torch.Tensor, anchor: torch.Tensor, cand_k: int, budget: int, width: int) -> DeviceTree:
-    """The adapter's best-first tree of ``budget`` nodes (module docstring)."""
+def tfm_tree(w: dict, hid: torch.Tensor, anchor: torch.Tensor, cand_k: int, budget: int, width: int,
+             rescore=None) -> DeviceTree:
+    """The adapter's best-first tree of ``budget`` nodes (module docstring; ``rescore``: a
+    replay's scores of the children by depth and rank)."""
     B, L, h = hid.shape
     N, W, dev = int(budget), int(width), hid.device
     cand_lp, cand_ids = tfm_candidates(w, hid, cand_k)
@@ -80,6 +88,8 @@ def tfm_tree(w: dict, hid: torch.Tensor, anchor: torch.Tensor, cand_k: int, budg
         """Nodes first..first+n-1 (states s, conditionals cond [B, n, Kc]) -> their top-m children."""
         states[:, first:first + n] = s
         c_lp, c_at = cond.topk(m, -1)                                         # [B, n, m]
+        if rescore is not None:
+            c_lp = rescore(dep, c_lp)
         d = dep.clamp(max=L - 1)
         c_tok = cand_ids.gather(1, d[..., None].expand(B, n, Kc)).gather(2, c_at)
         ok = (dep < L)[..., None]
