@@ -90,9 +90,10 @@ def readme(table: pd.DataFrame, lossless: pd.DataFrame, runs: list[dict], comman
                          f"{_pct(r.accept_rel_err, sign=True)}: {r.measured_accepted:.2f} tokens a round replayed, "
                          f"{r.predicted_accepted:.2f} predicted; round {r.round_ms:.1f} ms)")
         if ((large["mode"] == "tfm") & (large["accept_rel_err"].abs() > LARGE_ERROR)).any():
-            lines += ["", "A TfM replay's tree is the adapter's own (random weights) shape, not rescored by the "
-                      "acceptance model as the block marginals and DSpark's chain are (docs/drafters.md, Not done): "
-                      "its acceptance part is the replay's, not a prediction the model could have matched."]
+            lines += ["", "A TfM row off in its acceptance comes from a run made before a TfM replay shaped its "
+                      "tree by the acceptance model as the block marginals and DSpark's chain do (docs/drafters.md, "
+                      "Replays): the adapter's own (random weights) tree was replayed, not the one the model "
+                      "predicts; rerun scripts/modes_gpu.sh to measure the replay as it is now."]
         lines.append("")
     lines += ["| model | batch | run | mode | measured tok/s | predicted tok/s | error | cost part | acceptance part "
               "| accepted / round | round ms | rank |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
