@@ -76,7 +76,7 @@ def test_plan_from_another_folder_uses_the_shipped_bundles(installed, tmp_path):
     _run([Path(python).with_name("simtree"), "plan", "--batch-sizes", "1,8", "--out", "plan"], cwd=tmp_path, env=env)
     from simtree.cli.plan import plan_and_write   # the same plan from the checkout
 
-    from simtree.costs.model import shipped_cost_paths
+    from simtree.deploy.shipped import shipped_cost_paths
 
     here = plan_and_write(batch_sizes=[1, 8], out_dir=str(tmp_path / "checkout"))
     assert len(here) == len(shipped_cost_paths()) >= 1   # the shipped bundles, not the SYNTHETIC fallback

@@ -7,7 +7,7 @@ from typer.testing import CliRunner
 
 from simtree.acceptance.model import AcceptanceModel, Workload, calibrate_linear
 from simtree.cli import app
-from simtree.costs import model as cost_model
+from simtree.deploy import shipped
 from simtree.costs.synthetic import RooflineDraftCost, RooflineVerifyCost, SyntheticCostBundle
 from simtree.errors import SimtreeError
 from simtree.planning.modes import PolicySpec
@@ -115,7 +115,7 @@ def test_plan_policy_covers_every_batch_size_and_round_trips(tmp_path):
 
 
 def test_cli_plan_default_is_loudly_synthetic(tmp_path, monkeypatch):
-    monkeypatch.setattr(cost_model, "shipped_cost_paths", lambda machine=None: [])
+    monkeypatch.setattr(shipped, "shipped_cost_paths", lambda machine=None: [])
     out = tmp_path / "plan"
     res = CliRunner().invoke(app, ["plan", "--workload", "gsm8k", "--batch-sizes", "1,64", "--out", str(out)])
     assert res.exit_code == 0, res.output
@@ -127,7 +127,7 @@ def test_cli_plan_default_is_loudly_synthetic(tmp_path, monkeypatch):
 
 
 def test_cli_simulate_json(tmp_path, monkeypatch):
-    monkeypatch.setattr(cost_model, "shipped_cost_paths", lambda machine=None: [])
+    monkeypatch.setattr(shipped, "shipped_cost_paths", lambda machine=None: [])
     res = CliRunner().invoke(app, ["simulate", "--workload", "mbpp", "--batch-size", "2", "--policy-mode", "eagle",
                                    "--steps", "3", "--topk", "2", "--budget", "5", "--output-len", "32", "--json"])
     assert res.exit_code == 0, res.output

@@ -9,10 +9,10 @@ import pytest
 from typer.testing import CliRunner
 
 from simtree.cli import app
-from simtree.costs.model import load_costs, shipped_cost_paths
+from simtree.costs.model import load_costs
 from simtree.deploy.memory import check_fits, rank_memory
 from simtree.deploy.select import select_costs
-from simtree.deploy.shipped import (DEFAULT_MACHINE, shipped_bundle, shipped_deployments, shipped_machine_for,
+from simtree.deploy.shipped import (DEFAULT_MACHINE, shipped_bundle, shipped_cost_paths, shipped_deployments, shipped_machine_for,
                                     shipped_machines)
 from simtree.errors import SimtreeError
 from simtree.machine.machines import get_machine

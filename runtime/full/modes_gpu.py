@@ -37,19 +37,10 @@ from simtree.fileio import write_text_atomic
 from simtree.planning.modes import BLOCK_DRAFTER_MODES, PolicySpec
 
 from .gpu_run import Session, default_costs, runtime_deployment
+from .modes_report import MODE_SHAPES
 
 __all__ = ["MODE_SHAPES", "drafter_bundle", "modes_table", "main"]
 
-# one shape of every mode the full runtime builds (plain and linear D=4 run anyway)
-MODE_SHAPES = [("eagle", {"num_steps": 3, "topk": 2, "budget": 6}),
-               ("best_first", {"budget": 8, "draft_depth": 3}),
-               ("cost_aware", {"max_budget": 16, "draft_depth": 3}),
-               ("batch_alloc", {"max_budget_per_seq": 16, "draft_depth": 3}),
-               ("block", {"budget": 8, "block_len": 7}),
-               ("block", {"budget": 16, "block_len": 7}),
-               ("tfm", {"budget": 16, "width": 4, "block_len": 7}),
-               ("dspark", {"block_len": 7}),
-               ("dspark", {"block_len": 7, "threshold": 0.3})]
 DRAFTER_PROFILE = "reports/h100/drafters_profile.csv"
 
 

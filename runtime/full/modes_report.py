@@ -36,7 +36,7 @@ from simtree.errors import SimtreeError
 from simtree.fileio import write_text_atomic
 from simtree.reporting.summary import PLAN_TOLERANCE, plan_standing
 
-__all__ = ["COLUMNS", "LOSSLESS_COLUMNS", "run_dirs", "load", "report", "main"]
+__all__ = ["MODE_SHAPES", "COLUMNS", "LOSSLESS_COLUMNS", "run_dirs", "load", "report", "main"]
 
 COLUMNS = ("model", "batch_size", "policy", "mode", "plan_choice", "measured_tok_s", "predicted_tok_s", "rel_err",
            "cost_rel_err", "accept_rel_err", "measured_rank", "best_measured", "plan_over_best",
@@ -46,6 +46,17 @@ LOSSLESS_COLUMNS = ("model", "policy", "mode", "batch_size", "dtype", "match", "
 # longest first: a shape's name starts with its mode's ("best_first_d8_w1_p3", "none", "linear_d4")
 MODE_PREFIXES = ("batch_alloc", "best_first", "cost_aware", "dspark", "block", "eagle", "linear", "tfm", "none")
 PROBLEM = re.compile(r"FAILED|skipped|not run|exited with|no C_d|no drafter rows")
+
+# one shape of every mode the full runtime builds (plain and linear D=4 run anyway)
+MODE_SHAPES = [("eagle", {"num_steps": 3, "topk": 2, "budget": 6}),
+               ("best_first", {"budget": 8, "draft_depth": 3}),
+               ("cost_aware", {"max_budget": 16, "draft_depth": 3}),
+               ("batch_alloc", {"max_budget_per_seq": 16, "draft_depth": 3}),
+               ("block", {"budget": 8, "block_len": 7}),
+               ("block", {"budget": 16, "block_len": 7}),
+               ("tfm", {"budget": 16, "width": 4, "block_len": 7}),
+               ("dspark", {"block_len": 7}),
+               ("dspark", {"block_len": 7, "threshold": 0.3})]
 
 
 def mode_of(policy: str) -> str:
@@ -92,7 +103,6 @@ def _gpu(modes: pd.DataFrame, log: list[str], given: str | None) -> tuple[str, b
 
 def load(d: Path, gpu: str | None = None) -> dict:
     """One run folder: its measured runs (COLUMNS), lossless checks, and what did not run and why."""
-    from .modes_gpu import MODE_SHAPES
     from simtree.planning.modes import PolicySpec
 
     modes = pd.read_csv(d / "modes.csv")

@@ -10,10 +10,10 @@ Re-exported here: the numpy-only names; the fit (cvxpy, matplotlib) and the prof
 (pandas) are imported from their modules.
 """
 from simtree.costs.model import (COSTS_SCHEMA, CostBundle, Costs, DraftCost, DraftCostModel, VerifyCost, VerifyCostModel,
-                                 load_costs, resolve_costs, shipped_cost_paths)
+                                 load_costs)
 from simtree.costs.steps import Point, StepBuilder, Unavailable, Workload
 from simtree.costs.synthetic import SYNTHETIC_LABEL, synthetic_costs
 
 __all__ = ["VerifyCost", "DraftCost", "Costs", "VerifyCostModel", "DraftCostModel", "CostBundle", "COSTS_SCHEMA",
-           "load_costs", "resolve_costs", "shipped_cost_paths", "synthetic_costs", "SYNTHETIC_LABEL", "Point",
+           "load_costs", "synthetic_costs", "SYNTHETIC_LABEL", "Point",
            "Workload", "Unavailable", "StepBuilder"]

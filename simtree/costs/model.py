@@ -37,7 +37,7 @@ from simtree.errors import SimtreeError
 from simtree.fileio import read_json, write_text_atomic
 
 __all__ = ["VerifyCost", "DraftCost", "Costs", "VerifyCostModel", "DraftCostModel", "DrafterCostModel", "CostBundle",
-           "load_costs", "shipped_cost_paths", "resolve_costs", "VERIFY_AXES", "DRAFT_AXES", "COSTS_SCHEMA",
+           "load_costs", "VERIFY_AXES", "DRAFT_AXES", "COSTS_SCHEMA",
            "DRAFTER_FAMILIES", "DRAFTER_STAGE", "DRAFTER_COLUMNS", "DRAFTER_AXES"]
 
 COSTS_SCHEMA = "simtree.costs/1"
@@ -308,23 +308,3 @@ def load_costs(path: str | os.PathLike) -> CostBundle:
     """Read a CostBundle JSON written by :meth:`CostBundle.save` (or ``simtree fit``); a
     bundle with physically impossible values is a one-line error naming the file."""
     return CostBundle.from_dict(read_json(path, "cost model"), f"cost bundle {path}")
-
-
-def shipped_cost_paths(machine: str | None = None) -> list[Path]:
-    """The cost bundles that ship with simtree for one machine (``simtree/data/costs/<machine>_*.json``,
-    default the default machine's: bundles of several machines are never mixed), by file name; a
-    machine with no shipped defaults is a one-line error."""
-    from simtree.data import data_path
-    from simtree.deploy.shipped import DEFAULT_MACHINE, check_machine
-
-    machine = check_machine(machine or DEFAULT_MACHINE)
-    return sorted(data_path("costs").glob(f"{machine}_*.json"), key=str)
-
-
-def resolve_costs(paths: Sequence[str | os.PathLike] = ()) -> list[Costs]:
-    """Cost bundles from ``paths``; none given -> the default machine's shipped bundles, and when
-    none ship, the SYNTHETIC roofline (its meta["synthetic"] is True)."""
-    from simtree.costs.synthetic import synthetic_costs
-
-    files = [str(p) for p in paths] or [str(p) for p in shipped_cost_paths()]
-    return [load_costs(p) for p in files] if files else [synthetic_costs()]

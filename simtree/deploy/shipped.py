@@ -19,7 +19,7 @@ from simtree.parallel import Deployment, parse_deployment
 from simtree.errors import SimtreeError
 from simtree.fileio import read_yaml
 
-__all__ = ["caveat_for", "stamp_caveat", "DEFAULT_MACHINE", "shipped_machines", "check_machine", "shipped_machine_for", "shipped_deployments", "default_deployment", "bundle_name", "shipped_bundle", "waiting",
+__all__ = ["shipped_cost_paths", "caveat_for", "stamp_caveat", "DEFAULT_MACHINE", "shipped_machines", "check_machine", "shipped_machine_for", "shipped_deployments", "default_deployment", "bundle_name", "shipped_bundle", "waiting",
            "profile_for"]
 
 DEFAULT_MACHINE = "h200"
@@ -36,6 +36,14 @@ def _table() -> dict:
 def shipped_machines() -> list[str]:
     """The machines simtree ships default deployments for (the sections of deployments.yaml)."""
     return sorted(str(k) for k in _table())
+
+
+def shipped_cost_paths(machine: str | None = None) -> list[Path]:
+    """The cost bundles that ship with simtree for one machine (``simtree/data/costs/<machine>_*.json``,
+    default the default machine's: bundles of several machines are never mixed), by file name; a
+    machine with no shipped defaults is a one-line error."""
+    machine = check_machine(machine or DEFAULT_MACHINE)
+    return sorted(data_path("costs").glob(f"{machine}_*.json"), key=str)
 
 
 def check_machine(machine: str) -> str:

@@ -22,7 +22,8 @@ import pandas as pd
 
 from simtree.acceptance.model import get_workload
 from simtree.control.controller import DEFAULT_TIERS, MIN_DWELL_STEPS, Controller, tier_shape
-from simtree.costs.model import load_costs, shipped_cost_paths
+from simtree.costs.model import load_costs
+from simtree.deploy.shipped import shipped_cost_paths
 from simtree.engines.export import (NEAR_BEST, TierRow, adaptive_config, parse_vllm_tiers, sps_additive_table,
                                     vllm_per_batch_size)
 from simtree.errors import SimtreeError
