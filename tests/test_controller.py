@@ -51,6 +51,9 @@ def test_short_reply_penalty_is_jensens_gap_checked_by_sampling(setup):
         tokens = 1 + rng.choice(pmf.size, size=(200_000, 4), p=pmf)   # 4 rounds' tokens
         sampled = tokens.mean() * np.mean(4 / tokens.sum(1))
         assert t.short_reply_penalty(4) == pytest.approx(sampled, rel=3e-3)
+        rms = tokens.mean() * np.sqrt(np.mean((4 / tokens.sum(1)) ** 2))   # the power-2 mean counts the spread
+        assert t.short_reply_penalty(4, power=2.0) == pytest.approx(rms, rel=3e-3)
+        assert t.short_reply_penalty(1, power=2.0) > t.short_reply_penalty(1) > 1.0
         assert t.short_reply_penalty(1) > t.short_reply_penalty(4) > 1.0
 
 
@@ -65,6 +68,30 @@ def test_hysteresis_bounds_switches_under_oscillating_load(setup):
         assert ctl.switches <= ctl.steps // 8   # at every step, not only at the end
     assert ctl.switches > 0
     assert ctl.switches <= ctl.max_switches == 400 // 8
+
+
+def test_switch_credit_lets_a_new_reply_be_protected_at_once_within_the_bound(setup):
+    """One switch's credit per min_dwell_steps steps, at most switch_burst held: a load change
+    is answered at the next step (and answered back), never more than the credit allows."""
+    grid, _, acc = setup
+    ctl = Controller(grid, acc, min_dwell_steps=4, switch_burst=2)
+    ctx, old, new = [512.0] * 64, [300] * 64, [300] * 63 + [0]
+    names = [ctl.choose(64, ctx, rounds_done=old).name for _ in range(8)]   # 2 credits earned, none spent
+    assert set(names) == {"linear_d3"} and ctl.switches == 0
+    assert ctl.choose(64, ctx, rounds_done=new).name == "eagle_s2_k2_d4"      # step 9: a new reply, at once
+    assert ctl.choose(64, ctx, rounds_done=old).name == "linear_d3"           # step 10: it was the last credit
+    assert ctl.choose(64, ctx, rounds_done=new).name == "linear_d3"           # step 11: no credit left
+    assert ctl.choose(64, ctx, rounds_done=new).name == "eagle_s2_k2_d4"      # step 12 earns one
+    assert ctl.switches == 3 <= ctl.max_switches == 12 // 4
+    # in any window of W steps at most switch_burst + W // min_dwell_steps switches
+    ctl, rng, history = Controller(grid, acc, min_dwell_steps=4, switch_burst=2), np.random.default_rng(1), []
+    for _ in range(300):
+        ctl.choose(64, ctx, rounds_done=new if rng.random() < 0.5 else old)
+        history.append(ctl.switches)
+    assert ctl.switches > 20
+    h = np.array([0] + history)
+    for w in (1, 4, 10, 40):
+        assert (h[w:] - h[:-w]).max() <= 2 + w // 4
 
 
 def test_the_youngest_live_reply_sets_how_tail_averse_a_step_is(setup):
@@ -164,6 +191,10 @@ def test_bad_settings(setup):
         Controller(grid, acc, tail_rounds=-1)
     with pytest.raises(SimtreeError):
         Controller(grid, acc, switch_cost_us=-1.0)
+    with pytest.raises(SimtreeError):
+        Controller(grid, acc, tail_power=0.5)
+    with pytest.raises(SimtreeError):
+        Controller(grid, acc, switch_burst=0)
 
 
 def test_simtree_run_controller_path():

@@ -14,24 +14,27 @@ drafts: both summed over the last ``memory`` sequence-rounds or so (exponential 
 sequence-round), plus a prior of ``prior`` predicted drafts at ratio 1; as plain decoding,
 which measures no acceptance, lets the evidence decay, the prior brings r back toward 1 and
 speculation is tried again), and ranks the tiers by ``rate_t / penalty_t(h)``, the rate a reply
-of ``h`` rounds sees: ``penalty_t(h) = E[tokens of a round] * E[h / tokens of h rounds]`` (>= 1 by
-Jensen, the more so the likelier a round accepts nothing, falling as 1 / h), with ``h =
-tail_rounds`` (default 1) past the rounds the youngest live sequence has run (``rounds_done``;
-0 when not given).  While a new reply is live, a tier that wins on the mean by drafting a chain
-whose rounds often accept nothing ranks below a tree that rarely does, so a short reply's time per
-token, the one a TPOT p99 is made of, stays low; once every live reply has run many rounds, one
-more round barely moves any reply's time per token and the mean rate (throughput) decides.
-``tail_rounds=0`` ranks by the mean alone.
+of ``h`` rounds sees: ``penalty_t(h) = E[tokens of a round] * E[(h / tokens of h rounds) ** p] **
+(1 / p)`` (p = ``tail_power``, default 2: the root mean square, so the spread of the reply's time
+per token counts beside its mean; >= 1 by Jensen, the more so the likelier a round accepts
+nothing, falling as 1 / h), with ``h = tail_rounds`` (default 1) past the rounds the youngest live
+sequence has run (``rounds_done``; 0 when not given).  While a new reply is live, a tier that
+wins on the mean by drafting a chain whose rounds often accept nothing ranks below a tree that
+rarely does, so a short reply's time per token, the one a TPOT p99 is made of, stays low; once
+every live reply has run many rounds, one more round barely moves any reply's time per token and
+the mean rate (throughput) decides.  ``tail_rounds=0`` ranks by the mean alone.
 
 The first step runs the best tier for its batch under the prior (r = 1: the planner's choice).
-Later it moves to the best tier only when the current one has run ``min_dwell_steps`` steps and
-the best's predicted gain clears ``margin`` (default 0) plus ``confidence_z`` standard errors of
-the gain as r is uncertain (tiers with equal expected drafts: none) plus the switch's cost
-(``switch_cost_us``, default 0: an engine that captured every tier's graph rebuilds nothing)
-spread over the ``min_dwell_steps`` steps the new tier runs at least.  Hence the bound: at most one
-switch per ``min_dwell_steps`` steps, i.e. switches <= steps // min_dwell_steps (the first choice
-is not a switch).  Tiers are the fixed-shape policies an engine runs per step: plain decoding,
-chains (linear D) and EAGLE trees (s, k, D).
+Later it moves to the best tier only when it holds a switch's credit (one earned every
+``min_dwell_steps`` steps, at most ``switch_burst`` held, so a load change is answered at the next
+step and answered back) and the best's predicted gain clears ``margin`` (default 0) plus
+``confidence_z`` standard errors of the gain as r is uncertain (tiers with equal expected drafts:
+none) plus the switch's cost (``switch_cost_us``, default 0: an engine that captured every tier's
+graph rebuilds nothing) spread over the ``min_dwell_steps`` steps a credit stands for.  Hence the
+bound: switches <= steps // min_dwell_steps after any number of steps (the first choice is not a
+switch), and at most ``switch_burst + W // min_dwell_steps`` in any W consecutive steps.  Tiers are
+the fixed-shape policies an engine runs per step: plain decoding, chains (linear D) and EAGLE
+trees (s, k, D).
 """
 from __future__ import annotations
 
@@ -46,17 +49,19 @@ from simtree.errors import SimtreeError, check_int
 from simtree.planning.modes import EagleParams, LinearParams, NoneParams, PolicySpec
 from simtree.planning.simulate import static_round
 
-__all__ = ["Tier", "Controller", "DEFAULT_TIERS", "tier_shape", "MARGIN", "MIN_DWELL_STEPS", "TAIL_ROUNDS",
-           "SWITCH_COST_US", "CONFIDENCE_Z"]
+__all__ = ["Tier", "Controller", "DEFAULT_TIERS", "tier_shape", "MARGIN", "MIN_DWELL_STEPS", "SWITCH_BURST",
+           "TAIL_ROUNDS", "TAIL_POWER", "SWITCH_COST_US", "CONFIDENCE_Z"]
 
 MARGIN = 0.0            # a relative gain every switch must clear besides its uncertainty and cost
 SWITCH_COST_US = 0.0    # what one switch costs the engine (tiers' graphs captured: nothing to rebuild)
 CONFIDENCE_Z = 2.0      # standard errors of the acceptance estimate a switch's predicted gain must clear
 PENALTY_ROUNDS = 128    # reply lengths (rounds) whose short-reply penalty is tabulated exactly
-MIN_DWELL_STEPS = 16    # and the current one must have run this many steps
+MIN_DWELL_STEPS = 16    # one switch's credit is earned per this many steps ...
+SWITCH_BURST = 4        # ... and at most this many held: two load changes, each a switch and the switch back
 MEMORY = 2000           # sequence-rounds the running acceptance ratio remembers (decay 1 - 1/MEMORY each)
 PRIOR = 50.0            # predicted drafts' worth of belief in the acceptance model (ratio 1)
 TAIL_ROUNDS = 1         # rounds of the reply whose time per token ranks the tiers (1: each round's own)
+TAIL_POWER = 2.0        # its time per token averaged in this power mean (1: the mean; 2: root mean square)
 DEFAULT_TIERS: tuple[PolicySpec, ...] = (
     (NoneParams(),) + tuple(LinearParams(d) for d in range(2, 8))
     + tuple(EagleParams(s, k, d) for s, k, d in [(2, 2, 4), (2, 2, 5), (2, 2, 6), (2, 2, 7), (3, 2, 6), (3, 2, 8),
@@ -89,12 +94,13 @@ class Tier:
     def nodes_per_seq(self) -> float:
         return float(self.weights @ self.nodes)
 
-    def short_reply_penalty(self, rounds: int) -> float:
-        """E[tokens of a round] * E[rounds / tokens of ``rounds`` rounds] (>= 1): how much slower
-        per token a reply of ``rounds`` rounds runs than the mean says; 1 for ``rounds`` 0."""
-        return 1.0 if rounds <= 0 else float(self.short_reply_penalties(rounds)[rounds - 1])
+    def short_reply_penalty(self, rounds: int, power: float = 1.0) -> float:
+        """E[tokens of a round] * E[(rounds / tokens of ``rounds`` rounds) ** power] ** (1 / power)
+        (>= 1): how much slower per token a reply of ``rounds`` rounds runs than the mean says,
+        power 1 on average, power 2 in root mean square (its spread counted); 1 for ``rounds`` 0."""
+        return 1.0 if rounds <= 0 else float(self.short_reply_penalties(rounds, power)[rounds - 1])
 
-    def short_reply_penalties(self, max_rounds: int) -> np.ndarray:
+    def short_reply_penalties(self, max_rounds: int, power: float = 1.0) -> np.ndarray:
         """[max_rounds] :meth:`short_reply_penalty` of 1, 2, ... ``max_rounds`` rounds, in one pass."""
         pmf = self.weights @ np.diff(self.cdf, axis=1, prepend=0.0)   # accepted drafts per round
         tokens = np.concatenate([[0.0], pmf])                            # P(tokens = j), j >= 1
@@ -102,7 +108,7 @@ class Tier:
         total, out = np.array([1.0]), np.empty(max_rounds)
         for h in range(1, max_rounds + 1):
             total = np.convolve(total, tokens)
-            out[h - 1] = mean * (total[1:] @ (h / np.arange(1, total.size)))
+            out[h - 1] = mean * (total[1:] @ (h / np.arange(1, total.size)) ** power) ** (1.0 / power)
         return out
 
     @property
@@ -138,9 +144,11 @@ class Controller:
     specs: Sequence[PolicySpec] = DEFAULT_TIERS
     margin: float = MARGIN
     min_dwell_steps: int = MIN_DWELL_STEPS
+    switch_burst: int = SWITCH_BURST
     memory: float = MEMORY
     prior: float = PRIOR
     tail_rounds: int = TAIL_ROUNDS
+    tail_power: float = TAIL_POWER
     switch_cost_us: float = SWITCH_COST_US
     confidence_z: float = CONFIDENCE_Z
     tiers: list[Tier] = field(init=False)
@@ -150,23 +158,25 @@ class Controller:
     _variance: float = field(init=False, default=0.0)
     steps: int = field(init=False, default=0)
     switches: int = field(init=False, default=0)
-    _since_switch: int = field(init=False, default=0)
+    _credit: int = field(init=False, default=0)
 
     def __post_init__(self) -> None:
         if not self.specs:
             raise SimtreeError("the controller needs at least one tier")
         check_int(self.min_dwell_steps, "min_dwell_steps", 1)
+        check_int(self.switch_burst, "switch_burst", 1)
         check_int(self.tail_rounds, "tail_rounds", 0)
         if not (0 <= self.margin < 1 and self.memory >= 1 and self.prior > 0 and self.switch_cost_us >= 0
-                and self.confidence_z >= 0):
+                and self.confidence_z >= 0 and self.tail_power >= 1):
             raise SimtreeError(f"margin {self.margin} must be in [0, 1), memory {self.memory} >= 1, prior "
                                f"{self.prior} > 0, switch_cost_us {self.switch_cost_us} and confidence_z "
-                               f"{self.confidence_z} >= 0")
+                               f"{self.confidence_z} >= 0, tail_power {self.tail_power} >= 1")
         self.tiers = [tier_shape(self.acceptance, s, i) for i, s in enumerate(self.specs)]
         self._nodes = np.array([t.nodes_per_seq for t in self.tiers])
         self._accepted = np.array([t.expected_accepted for t in self.tiers])
         self._accepted_var = np.array([t.accepted_var for t in self.tiers])
-        self._penalties = np.stack([t.short_reply_penalties(PENALTY_ROUNDS) for t in self.tiers])   # [T, H]
+        self._penalties = np.stack([t.short_reply_penalties(PENALTY_ROUNDS, self.tail_power)
+                                    for t in self.tiers])   # [T, H]
         self._penalty = self.penalty(self.tail_rounds)
 
     def penalty(self, rounds: int) -> np.ndarray:
@@ -201,7 +211,7 @@ class Controller:
     def switch_threshold(self, frm: Tier, to: Tier, batch_size: int, rate_to: float) -> float:
         """The relative gain of ``to`` over ``frm`` a switch needs: ``margin``, plus
         ``confidence_z`` standard errors of the gain as the running acceptance ratio is uncertain,
-        plus the switch's cost spread over the ``min_dwell_steps`` steps the new tier runs at least."""
+        plus the switch's cost spread over the ``min_dwell_steps`` steps one switch's credit stands for."""
         r = self.ratio
         slope = abs(self._accepted[to.index] / (1.0 + r * self._accepted[to.index])
                     - self._accepted[frm.index] / (1.0 + r * self._accepted[frm.index]))   # d log(rate) / d r
@@ -217,14 +227,16 @@ class Controller:
         score = rate / self.penalty(self.horizon_rounds(rounds_done))
         best = self.tiers[int(np.argmax(score))]
         self.steps += 1
-        self._since_switch += 1
+        if self.steps % self.min_dwell_steps == 0:   # one credit per min_dwell_steps steps, switch_burst held
+            self._credit = min(self._credit + 1, self.switch_burst)
         if self.current is None:   # the prior's best tier for this batch
-            self.current, self._since_switch = best, 0
-        elif best is not self.current and self._since_switch >= self.min_dwell_steps:
+            self.current = best
+        elif best is not self.current and self._credit > 0:
             cur = self.current
             if score[best.index] > (1.0 + self.switch_threshold(cur, best, batch_size, rate[best.index])) \
                     * score[cur.index]:
-                self.current, self._since_switch = best, 0
+                self.current = best
+                self._credit -= 1
                 self.switches += 1
         return self.current
 
@@ -253,5 +265,6 @@ class Controller:
 
     @property
     def max_switches(self) -> int:
-        """The bound on :attr:`switches` after :attr:`steps` steps."""
+        """The bound on :attr:`switches` after :attr:`steps` steps (and in any window of W steps at
+        most ``switch_burst + W // min_dwell_steps``)."""
         return self.steps // self.min_dwell_steps
