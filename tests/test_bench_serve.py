@@ -29,7 +29,7 @@ def test_bench_small(tmp_path):
     pytest.importorskip("sglang.srt.speculative.adaptive_spec_params")
     from simtree.serving.bench import COLUMNS, POLICIES, run_bench
     df = run_bench(tmp_path, models=[QWEN], loads=(0.4, 1.5), arrivals=("bursty",), num_requests=24,
-                   keep_configs=True)
+                   keep_configs=True, replicas=2)
     assert list(df.columns) == COLUMNS and (tmp_path / "bench.png").stat().st_size > 0
     assert pd.read_csv(tmp_path / "bench.csv").shape == df.shape
     assert set(df.policy) == set(POLICIES) and len(df) == 2 * len(POLICIES)
@@ -39,6 +39,10 @@ def test_bench_small(tmp_path):
         ctl = by.loc["controller"]
         assert ctl.switches <= ctl.steps // MIN_DWELL_STEPS
         assert np.isfinite(by.loc["sglang_dspark", "tok_s"]) and by.loc["sglang_dspark", "tok_s"] > 0
+        # every policy served under the same 2 acceptance seeds: tok/s is their mean
+        runs = by.tok_s_runs.map(lambda x: np.array(str(x).split(), float))
+        assert (by.replicas == 2).all() and all(r.size == 2 for r in runs)
+        assert np.allclose([r.mean() for r in runs], by.tok_s, rtol=1e-5)
     # the files SGLang's and vLLM's policies ran on, read back by SGLang's own loaders
     from sglang.srt.speculative.adaptive_spec_params import AdaptiveStepSlot, _load_adaptive_config
     from sglang.srt.speculative.dspark_components.dspark_sps import load_sps_table_from_path
@@ -51,7 +55,8 @@ def test_bench_small(tmp_path):
     assert read_vllm_tiers(cfg_dir / "vllm_tiers.json")[0][0] == 1
     text = (tmp_path / "README.md").read_text()
     assert f"switches <= steps // {MIN_DWELL_STEPS}" in text and "every controller run within it: yes" in text
-    assert "Targets over 2 points" in text and (df.tpot_p99_lo_ms <= df.tpot_p99_ms).all()
+    assert "Targets over 2 points" in text and "served under 2 acceptance seed(s)" in text and "of 4 runs" in text
+    assert (df.tpot_p99_lo_ms <= df.tpot_p99_ms).all()
     assert (df.tpot_p99_ms <= df.tpot_p99_hi_ms).all()
 
 

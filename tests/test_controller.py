@@ -6,6 +6,7 @@ import pytest
 
 from simtree.acceptance.model import get_workload
 from simtree.control import Controller, tier_shape
+from simtree.control.controller import PENALTY_ROUNDS
 from simtree.costs.model import load_costs
 from simtree.data import data_path
 from simtree.errors import SimtreeError
@@ -50,6 +51,9 @@ def test_short_reply_penalty_is_jensens_gap_checked_by_sampling(setup):
         tokens = 1 + rng.choice(pmf.size, size=(200_000, 4), p=pmf)   # 4 rounds' tokens
         sampled = tokens.mean() * np.mean(4 / tokens.sum(1))
         assert t.short_reply_penalty(4) == pytest.approx(sampled, rel=3e-3)
+        rms = tokens.mean() * np.sqrt(np.mean((4 / tokens.sum(1)) ** 2))   # the power-2 mean counts the spread
+        assert t.short_reply_penalty(4, power=2.0) == pytest.approx(rms, rel=3e-3)
+        assert t.short_reply_penalty(1, power=2.0) > t.short_reply_penalty(1) > 1.0
         assert t.short_reply_penalty(1) > t.short_reply_penalty(4) > 1.0
 
 
@@ -59,10 +63,106 @@ def test_hysteresis_bounds_switches_under_oscillating_load(setup):
     rng = np.random.default_rng(0)
     for step in range(400):   # the batch flips between 1 and 64 every 3 steps: the worst case
         b = 1 if (step // 3) % 2 == 0 else 64
-        tier = ctl.choose(b, rng.integers(100, 2000, b))
+        tier = ctl.choose(b, rng.integers(100, 2000, b), rounds_done=rng.integers(0, 40, b))
         ctl.observe(tier, rng.integers(0, 3, b))
+        assert ctl.switches <= ctl.steps // 8   # at every step, not only at the end
     assert ctl.switches > 0
     assert ctl.switches <= ctl.max_switches == 400 // 8
+
+
+def test_switch_credit_lets_a_new_reply_be_protected_at_once_within_the_bound(setup):
+    """One switch's credit per min_dwell_steps steps, at most switch_burst held: a load change
+    is answered at the next step (and answered back), never more than the credit allows."""
+    grid, _, acc = setup
+    ctl = Controller(grid, acc, min_dwell_steps=4, switch_burst=2)
+    ctx, old, new = [512.0] * 64, [300] * 64, [300] * 63 + [0]
+    names = [ctl.choose(64, ctx, rounds_done=old).name for _ in range(8)]   # 2 credits earned, none spent
+    assert set(names) == {"linear_d3"} and ctl.switches == 0
+    assert ctl.choose(64, ctx, rounds_done=new).name == "eagle_s2_k2_d4"      # step 9: a new reply, at once
+    assert ctl.choose(64, ctx, rounds_done=old).name == "linear_d3"           # step 10: it was the last credit
+    assert ctl.choose(64, ctx, rounds_done=new).name == "linear_d3"           # step 11: no credit left
+    assert ctl.choose(64, ctx, rounds_done=new).name == "eagle_s2_k2_d4"      # step 12 earns one
+    assert ctl.switches == 3 <= ctl.max_switches == 12 // 4
+    # in any window of W steps at most switch_burst + W // min_dwell_steps switches
+    ctl, rng, history = Controller(grid, acc, min_dwell_steps=4, switch_burst=2), np.random.default_rng(1), []
+    for _ in range(300):
+        ctl.choose(64, ctx, rounds_done=new if rng.random() < 0.5 else old)
+        history.append(ctl.switches)
+    assert ctl.switches > 20
+    h = np.array([0] + history)
+    for w in (1, 4, 10, 40):
+        assert (h[w:] - h[:-w]).max() <= 2 + w // 4
+
+
+def test_the_youngest_live_reply_sets_how_tail_averse_a_step_is(setup):
+    grid, _, acc = setup
+    ctx = [512.0] * 64
+    mean_best = Controller(grid, acc, tail_rounds=0).choose(64, ctx).name
+    young = Controller(grid, acc).choose(64, ctx).name
+    assert (mean_best, young) == ("linear_d3", "eagle_s2_k2_d4")
+    # rounds not given: every sequence counts as new (the rule before rounds were passed)
+    assert Controller(grid, acc).choose(64, ctx, rounds_done=[0] * 64).name == young
+    # every reply has run 300 rounds: one more round barely moves a reply's time per token, the mean decides
+    assert Controller(grid, acc).choose(64, ctx, rounds_done=[300] * 64).name == mean_best
+    # one new reply among them: the step protects it
+    assert Controller(grid, acc).choose(64, ctx, rounds_done=[300] * 63 + [0]).name == young
+    ctl = Controller(grid, acc)
+    assert ctl.horizon_rounds([7, 3, 9]) == 4 and ctl.horizon_rounds(None) == 1
+    # the penalty falls toward 1 with the reply's rounds, past the exact table as 1 / rounds
+    pen = np.stack([ctl.penalty(h) for h in range(1, 2 * PENALTY_ROUNDS)])
+    assert np.all(np.diff(pen, axis=0) <= 1e-12) and np.all(pen >= 1.0 - 1e-12)
+    assert np.allclose(ctl.penalty(PENALTY_ROUNDS + 1), ctl.penalty(PENALTY_ROUNDS), atol=2e-5)
+    assert np.all(ctl.penalty(0) == 1.0)
+    t = ctl.tiers[2]
+    assert t.short_reply_penalties(5)[4] == pytest.approx(t.short_reply_penalty(5))
+
+
+def test_start_tier_is_the_priors_best_and_switches_need_gain_beyond_uncertainty_and_cost(setup):
+    grid, _, acc = setup
+    for b in (1, 8, 64):   # before any evidence the ratio is exactly 1: the planner's best tier for this batch
+        ctl = Controller(grid, acc)
+        assert ctl.ratio == 1.0 and ctl.ratio_stderr == 0.0
+        assert ctl.choose(b, [512.0] * b) is ctl.tiers[int(np.argmax(ctl.objective(b, 512.0)))]
+    ctl = Controller(grid, acc)
+    lo, hi = ctl.tiers[7], ctl.tiers[12]   # eagle_s2_k2_d4, eagle_s3_k2_d8: different expected drafts
+    rate = ctl.predicted_tok_s(8, 512.0)
+    assert ctl.switch_threshold(lo, hi, 8, rate[hi.index]) == 0.0   # no evidence, no cost, margin 0
+    rng = np.random.default_rng(3)
+    tier = ctl.tiers[9]
+    for _ in range(50):   # rounds drawn from the model itself: the ratio stays within its error of 1
+        ctl.observe(tier, _draw(tier, rng, 16))
+    se = ctl.ratio_stderr
+    assert 0 < se < 0.05 and abs(ctl.ratio - 1.0) < 4 * se
+    assert ctl.switch_threshold(lo, hi, 8, rate[hi.index]) > 0.0
+    assert ctl.switch_threshold(lo, lo, 8, rate[lo.index]) == 0.0   # same expected drafts: the ratio cancels
+    costly = Controller(grid, acc, switch_cost_us=1e9)   # a switch costing more than any gain: never switches
+    first = costly.choose(1, [512.0])
+    for step in range(200):
+        b = 1 if (step // 20) % 2 == 0 else 64
+        assert costly.choose(b, [512.0] * b) is first
+    assert costly.switches == 0
+
+
+def _draw(tier, rng, n):
+    """Accepted drafts of ``n`` sequence-rounds of ``tier`` drawn from the acceptance model."""
+    levels = rng.choice(tier.weights.size, size=n, p=tier.weights)
+    return (tier.cdf[levels] < rng.random(n)[:, None]).sum(1)
+
+
+def test_a_controller_that_picks_one_tier_ties_that_static_tier_exactly(setup):
+    """Common random numbers: a controller whose choice is the static tier's serves the trace
+    exactly as that tier does (a tie is exact, not noise)."""
+    from simtree.serving.policies import ControllerDriver, FixedDriver
+    from simtree.serving.sim import serve, serve_replicas
+    from simtree.serving.traces import make_trace
+    grid, _, acc = setup
+    trace = make_trace("bursty", 4.0, 24, seed=2)
+    spec = EagleParams(2, 2, 6)
+    fixed = serve_replicas(trace, lambda: FixedDriver(grid, tier_shape(acc, spec)), acc.weights, [0, 1])
+    ctl = serve_replicas(trace, lambda: ControllerDriver(Controller(grid, acc, specs=[spec])), acc.weights, [0, 1])
+    assert (ctl.tok_s, ctl.tpot_p99_ms, ctl.steps, ctl.switches) == (fixed.tok_s, fixed.tpot_p99_ms, fixed.steps, 0)
+    assert ctl.tok_s == pytest.approx(np.mean(ctl.tok_s_runs)) and len(set(ctl.tok_s_runs)) == 2
+    assert serve(trace, FixedDriver(grid, tier_shape(acc, spec)), acc.weights, seed=1).tok_s == fixed.tok_s_runs[1]
 
 
 def test_running_acceptance_moves_the_choice(setup):
@@ -89,6 +189,12 @@ def test_bad_settings(setup):
         Controller(grid, acc, min_dwell_steps=0)
     with pytest.raises(SimtreeError):
         Controller(grid, acc, tail_rounds=-1)
+    with pytest.raises(SimtreeError):
+        Controller(grid, acc, switch_cost_us=-1.0)
+    with pytest.raises(SimtreeError):
+        Controller(grid, acc, tail_power=0.5)
+    with pytest.raises(SimtreeError):
+        Controller(grid, acc, switch_burst=0)
 
 
 def test_simtree_run_controller_path():

@@ -23,7 +23,9 @@ def register(app: typer.Typer) -> None:
         requests: int = typer.Option(300, "--requests", min=1, help="requests per trace"),
         workload: str = typer.Option("sharegpt", "--workload", help="acceptance: preset, trace .jsonl or an "
                                      "engine acceptance file (simtree import-metrics)"),
-        seed: int = typer.Option(0, "--seed"),
+        seed: int = typer.Option(0, "--seed", help="arrivals' seed; acceptance seeds seed .. seed + replicas - 1"),
+        replicas: int = typer.Option(4, "--replicas", min=1, help="acceptance seeds every policy serves each "
+                                     "trace under (the same for all: tok/s is their mean, TPOT pools them)"),
         threshold_tiers: Optional[str] = typer.Option(None, "--threshold-tiers", help="a vLLM speculative_config "
                                                       "JSON with num_speculative_tokens_per_batch_size for the "
                                                       "threshold policy (default: simtree's export vllm tiers)"),
@@ -47,7 +49,7 @@ def register(app: typer.Typer) -> None:
         with captured_warnings() as caught:
             df = run_bench(out, models=costs or None, loads=load_values, arrivals=kinds, num_requests=requests,
                            workload=workload, seed=seed, progress=lambda s: typer.echo(f"  {s}", err=True),
-                           keep_configs=keep_configs, threshold_tiers=threshold_tiers, command=shlex.join(["simtree", *sys.argv[1:]]))
+                           keep_configs=keep_configs, threshold_tiers=threshold_tiers, replicas=replicas, command=shlex.join(["simtree", *sys.argv[1:]]))
         print_notes(caught)
         typer.echo(f"lengths: {LENGTHS_SOURCE['source']}")
         for line in summary_lines(df) + target_lines(df):

@@ -4,8 +4,8 @@ An engine's scheduler calls it once per step::
 
     ctl = Controller(costs, acceptance)            # a cost bundle and an acceptance model
     tier = ctl.choose(batch_size, context_lens)     # before the step: tier.spec is the policy
-    ...draft and verify with tier.spec...
-    ctl.observe(tier, accepted_drafts)              # after verify: accepted drafts per sequence
+    ...draft and verify with tier.spec...           # (choose(..., rounds_done=...) where the engine
+    ctl.observe(tier, accepted_drafts)              #  counts each sequence's rounds so far)
 
 ``choose`` predicts each tier's batch throughput at the live batch size and mean context,
 ``rate_t = b * (1 + r * phi_t) / (C_d(t, b) + C_v(n_t, l, b))`` (phi_t the tier's expected accepted
@@ -13,17 +13,28 @@ drafts under the acceptance model, r the running ratio of observed to predicted 
 drafts: both summed over the last ``memory`` sequence-rounds or so (exponential decay per
 sequence-round), plus a prior of ``prior`` predicted drafts at ratio 1; as plain decoding,
 which measures no acceptance, lets the evidence decay, the prior brings r back toward 1 and
-speculation is tried again), and ranks the tiers by ``rate_t / penalty_t``, the rate a reply of
-``tail_rounds`` rounds sees: ``penalty_t = E[tokens of a round] * E[h / tokens of h rounds]``
-(h = ``tail_rounds``, default 1: each round's expected time per token; >= 1 by Jensen, the more
-so the likelier a round accepts nothing), so a
-tier that wins on the mean by drafting a chain whose rounds often accept nothing ranks below a
-tree that rarely does: a short reply's time per token, the one a TPOT p99 is made of, stays
-low.  ``tail_rounds=0`` ranks by the mean alone.  It moves to the best tier only when the best
-beats the current one by ``margin`` and the current tier has run ``min_dwell_steps`` steps.
-Hence the bound: at most one switch per ``min_dwell_steps`` steps, i.e. switches <= steps //
-min_dwell_steps (the first choice is not a switch).  Tiers are the fixed-shape policies an
-engine runs per step: plain decoding, chains (linear D) and EAGLE trees (s, k, D).
+speculation is tried again), and ranks the tiers by ``rate_t / penalty_t(h)``, the rate a reply
+of ``h`` rounds sees: ``penalty_t(h) = E[tokens of a round] * E[(h / tokens of h rounds) ** p] **
+(1 / p)`` (p = ``tail_power``, default 2: the root mean square, so the spread of the reply's time
+per token counts beside its mean; >= 1 by Jensen, the more so the likelier a round accepts
+nothing, falling as 1 / h), with ``h = tail_rounds`` (default 1) past the rounds the youngest live
+sequence has run (``rounds_done``; 0 when not given).  While a new reply is live, a tier that
+wins on the mean by drafting a chain whose rounds often accept nothing ranks below a tree that
+rarely does, so a short reply's time per token, the one a TPOT p99 is made of, stays low; once
+every live reply has run many rounds, one more round barely moves any reply's time per token and
+the mean rate (throughput) decides.  ``tail_rounds=0`` ranks by the mean alone.
+
+The first step runs the best tier for its batch under the prior (r = 1: the planner's choice).
+Later it moves to the best tier only when it holds a switch's credit (one earned every
+``min_dwell_steps`` steps, at most ``switch_burst`` held, so a load change is answered at the next
+step and answered back) and the best's predicted gain clears ``margin`` (default 0) plus
+``confidence_z`` standard errors of the gain as r is uncertain (tiers with equal expected drafts:
+none) plus the switch's cost (``switch_cost_us``, default 0: an engine that captured every tier's
+graph rebuilds nothing) spread over the ``min_dwell_steps`` steps a credit stands for.  Hence the
+bound: switches <= steps // min_dwell_steps after any number of steps (the first choice is not a
+switch), and at most ``switch_burst + W // min_dwell_steps`` in any W consecutive steps.  Tiers are
+the fixed-shape policies an engine runs per step: plain decoding, chains (linear D) and EAGLE
+trees (s, k, D).
 """
 from __future__ import annotations
 
@@ -38,13 +49,19 @@ from simtree.errors import SimtreeError, check_int
 from simtree.planning.modes import EagleParams, LinearParams, NoneParams, PolicySpec
 from simtree.planning.simulate import static_round
 
-__all__ = ["Tier", "Controller", "DEFAULT_TIERS", "tier_shape", "MARGIN", "MIN_DWELL_STEPS", "TAIL_ROUNDS"]
+__all__ = ["Tier", "Controller", "DEFAULT_TIERS", "tier_shape", "MARGIN", "MIN_DWELL_STEPS", "SWITCH_BURST",
+           "TAIL_ROUNDS", "TAIL_POWER", "SWITCH_COST_US", "CONFIDENCE_Z"]
 
-MARGIN = 0.02           # a tier must be predicted 2% faster than the current one to switch to it
-MIN_DWELL_STEPS = 16    # and the current one must have run this many steps
+MARGIN = 0.0            # a relative gain every switch must clear besides its uncertainty and cost
+SWITCH_COST_US = 0.0    # what one switch costs the engine (tiers' graphs captured: nothing to rebuild)
+CONFIDENCE_Z = 2.0      # standard errors of the acceptance estimate a switch's predicted gain must clear
+PENALTY_ROUNDS = 128    # reply lengths (rounds) whose short-reply penalty is tabulated exactly
+MIN_DWELL_STEPS = 16    # one switch's credit is earned per this many steps ...
+SWITCH_BURST = 4        # ... and at most this many held: two load changes, each a switch and the switch back
 MEMORY = 2000           # sequence-rounds the running acceptance ratio remembers (decay 1 - 1/MEMORY each)
 PRIOR = 50.0            # predicted drafts' worth of belief in the acceptance model (ratio 1)
 TAIL_ROUNDS = 1         # rounds of the reply whose time per token ranks the tiers (1: each round's own)
+TAIL_POWER = 2.0        # its time per token averaged in this power mean (1: the mean; 2: root mean square)
 DEFAULT_TIERS: tuple[PolicySpec, ...] = (
     (NoneParams(),) + tuple(LinearParams(d) for d in range(2, 8))
     + tuple(EagleParams(s, k, d) for s, k, d in [(2, 2, 4), (2, 2, 5), (2, 2, 6), (2, 2, 7), (3, 2, 6), (3, 2, 8),
@@ -77,18 +94,29 @@ class Tier:
     def nodes_per_seq(self) -> float:
         return float(self.weights @ self.nodes)
 
-    def short_reply_penalty(self, rounds: int) -> float:
-        """E[tokens of a round] * E[rounds / tokens of ``rounds`` rounds] (>= 1): how much slower
-        per token a reply of ``rounds`` rounds runs than the mean says; 1 for ``rounds`` 0."""
-        if rounds <= 0:
-            return 1.0
+    def short_reply_penalty(self, rounds: int, power: float = 1.0) -> float:
+        """E[tokens of a round] * E[(rounds / tokens of ``rounds`` rounds) ** power] ** (1 / power)
+        (>= 1): how much slower per token a reply of ``rounds`` rounds runs than the mean says,
+        power 1 on average, power 2 in root mean square (its spread counted); 1 for ``rounds`` 0."""
+        return 1.0 if rounds <= 0 else float(self.short_reply_penalties(rounds, power)[rounds - 1])
+
+    def short_reply_penalties(self, max_rounds: int, power: float = 1.0) -> np.ndarray:
+        """[max_rounds] :meth:`short_reply_penalty` of 1, 2, ... ``max_rounds`` rounds, in one pass."""
         pmf = self.weights @ np.diff(self.cdf, axis=1, prepend=0.0)   # accepted drafts per round
         tokens = np.concatenate([[0.0], pmf])                            # P(tokens = j), j >= 1
-        total = np.array([1.0])
-        for _ in range(rounds):
+        mean = float(tokens @ np.arange(tokens.size))
+        total, out = np.array([1.0]), np.empty(max_rounds)
+        for h in range(1, max_rounds + 1):
             total = np.convolve(total, tokens)
-        j = np.arange(1, total.size)
-        return float((tokens @ np.arange(tokens.size)) * (total[1:] @ (rounds / j)))
+            out[h - 1] = mean * (total[1:] @ (h / np.arange(1, total.size)) ** power) ** (1.0 / power)
+        return out
+
+    @property
+    def accepted_var(self) -> float:
+        """Variance of one sequence-round's accepted drafts under the acceptance model."""
+        pmf = self.weights @ np.diff(self.cdf, axis=1, prepend=0.0)
+        j = np.arange(pmf.size)
+        return float(pmf @ j ** 2 - (pmf @ j) ** 2)
 
     def draft_us(self, costs, batch_size: int) -> float:
         s, k = self.spec.draft_shape()
@@ -116,29 +144,49 @@ class Controller:
     specs: Sequence[PolicySpec] = DEFAULT_TIERS
     margin: float = MARGIN
     min_dwell_steps: int = MIN_DWELL_STEPS
+    switch_burst: int = SWITCH_BURST
     memory: float = MEMORY
     prior: float = PRIOR
     tail_rounds: int = TAIL_ROUNDS
+    tail_power: float = TAIL_POWER
+    switch_cost_us: float = SWITCH_COST_US
+    confidence_z: float = CONFIDENCE_Z
     tiers: list[Tier] = field(init=False)
     current: Tier | None = field(init=False, default=None)
     _observed: float = field(init=False, default=0.0)
     _predicted: float = field(init=False, default=0.0)
+    _variance: float = field(init=False, default=0.0)
     steps: int = field(init=False, default=0)
     switches: int = field(init=False, default=0)
-    _since_switch: int = field(init=False, default=0)
+    _credit: int = field(init=False, default=0)
 
     def __post_init__(self) -> None:
         if not self.specs:
             raise SimtreeError("the controller needs at least one tier")
         check_int(self.min_dwell_steps, "min_dwell_steps", 1)
+        check_int(self.switch_burst, "switch_burst", 1)
         check_int(self.tail_rounds, "tail_rounds", 0)
-        if not (0 <= self.margin < 1 and self.memory >= 1 and self.prior > 0):
-            raise SimtreeError(f"margin {self.margin} must be in [0, 1), memory {self.memory} >= 1 and prior "
-                               f"{self.prior} > 0")
+        if not (0 <= self.margin < 1 and self.memory >= 1 and self.prior > 0 and self.switch_cost_us >= 0
+                and self.confidence_z >= 0 and self.tail_power >= 1):
+            raise SimtreeError(f"margin {self.margin} must be in [0, 1), memory {self.memory} >= 1, prior "
+                               f"{self.prior} > 0, switch_cost_us {self.switch_cost_us} and confidence_z "
+                               f"{self.confidence_z} >= 0, tail_power {self.tail_power} >= 1")
         self.tiers = [tier_shape(self.acceptance, s, i) for i, s in enumerate(self.specs)]
         self._nodes = np.array([t.nodes_per_seq for t in self.tiers])
         self._accepted = np.array([t.expected_accepted for t in self.tiers])
-        self._penalty = np.array([t.short_reply_penalty(self.tail_rounds) for t in self.tiers])
+        self._accepted_var = np.array([t.accepted_var for t in self.tiers])
+        self._penalties = np.stack([t.short_reply_penalties(PENALTY_ROUNDS, self.tail_power)
+                                    for t in self.tiers])   # [T, H]
+        self._penalty = self.penalty(self.tail_rounds)
+
+    def penalty(self, rounds: int) -> np.ndarray:
+        """[T] every tier's short-reply penalty for a reply of ``rounds`` rounds (1 for 0); past
+        ``PENALTY_ROUNDS`` it falls as 1 / rounds, as Jensen's gap of a mean of i.i.d. rounds does."""
+        if rounds <= 0:
+            return np.ones(len(self.tiers))
+        if rounds <= PENALTY_ROUNDS:
+            return self._penalties[:, rounds - 1]
+        return 1.0 + (self._penalties[:, -1] - 1.0) * PENALTY_ROUNDS / rounds
 
     def predicted_tok_s(self, batch_size: int, context_len: float) -> np.ndarray:
         """[T] predicted batch tokens per second of every tier at this batch and mean context."""
@@ -147,23 +195,49 @@ class Controller:
         draft = np.array([t.draft_us(self.costs, b) for t in self.tiers])
         return b * (1.0 + self.ratio * self._accepted) / (draft + verify) * 1e6
 
-    def objective(self, batch_size: int, context_len: float) -> np.ndarray:
-        """[T] what ``choose`` ranks: the predicted rate a reply of ``tail_rounds`` rounds sees."""
-        return self.predicted_tok_s(batch_size, context_len) / self._penalty
+    def horizon_rounds(self, rounds_done=None) -> int:
+        """The reply length (rounds) whose time per token ranks the tiers: ``tail_rounds`` past the
+        rounds the youngest live sequence has run (0: the mean alone)."""
+        if self.tail_rounds == 0:
+            return 0
+        done = np.asarray([] if rounds_done is None else rounds_done).reshape(-1)
+        return self.tail_rounds + (int(done.min()) if done.size else 0)
 
-    def choose(self, batch_size: int, context_lens) -> Tier:
-        """The tier the next step runs, for ``batch_size`` live sequences of ``context_lens``."""
+    def objective(self, batch_size: int, context_len: float, rounds_done=None) -> np.ndarray:
+        """[T] what ``choose`` ranks: the predicted rate the youngest live reply sees if it ends
+        after ``tail_rounds`` more rounds (every sequence new when ``rounds_done`` is not given)."""
+        return self.predicted_tok_s(batch_size, context_len) / self.penalty(self.horizon_rounds(rounds_done))
+
+    def switch_threshold(self, frm: Tier, to: Tier, batch_size: int, rate_to: float) -> float:
+        """The relative gain of ``to`` over ``frm`` a switch needs: ``margin``, plus
+        ``confidence_z`` standard errors of the gain as the running acceptance ratio is uncertain,
+        plus the switch's cost spread over the ``min_dwell_steps`` steps one switch's credit stands for."""
+        r = self.ratio
+        slope = abs(self._accepted[to.index] / (1.0 + r * self._accepted[to.index])
+                    - self._accepted[frm.index] / (1.0 + r * self._accepted[frm.index]))   # d log(rate) / d r
+        step_us = batch_size * (1.0 + r * self._accepted[to.index]) / rate_to * 1e6
+        return (self.margin + self.confidence_z * slope * self.ratio_stderr
+                + self.switch_cost_us / (self.min_dwell_steps * step_us))
+
+    def choose(self, batch_size: int, context_lens, rounds_done=None) -> Tier:
+        """The tier the next step runs, for ``batch_size`` live sequences of ``context_lens``;
+        ``rounds_done`` (optional): the rounds each live sequence has decoded so far."""
         ctx = np.asarray(context_lens, np.float64).reshape(-1)
-        rate = self.objective(batch_size, float(ctx.mean()) if ctx.size else 1.0)
-        best = self.tiers[int(np.argmax(rate))]
+        rate = self.predicted_tok_s(batch_size, float(ctx.mean()) if ctx.size else 1.0)
+        score = rate / self.penalty(self.horizon_rounds(rounds_done))
+        best = self.tiers[int(np.argmax(score))]
         self.steps += 1
-        self._since_switch += 1
-        if self.current is None:
-            self.current, self._since_switch = best, 0
-        elif (best is not self.current and self._since_switch >= self.min_dwell_steps
-              and rate[best.index] > (1.0 + self.margin) * rate[self.current.index]):
-            self.current, self._since_switch = best, 0
-            self.switches += 1
+        if self.steps % self.min_dwell_steps == 0:   # one credit per min_dwell_steps steps, switch_burst held
+            self._credit = min(self._credit + 1, self.switch_burst)
+        if self.current is None:   # the prior's best tier for this batch
+            self.current = best
+        elif best is not self.current and self._credit > 0:
+            cur = self.current
+            if score[best.index] > (1.0 + self.switch_threshold(cur, best, batch_size, rate[best.index])) \
+                    * score[cur.index]:
+                self.current = best
+                self._credit -= 1
+                self.switches += 1
         return self.current
 
     @property
@@ -171,17 +245,26 @@ class Controller:
         """Observed over predicted accepted drafts, recent sequence-rounds weighted most."""
         return (self._observed + self.prior) / (self._predicted + self.prior)
 
+    @property
+    def ratio_stderr(self) -> float:
+        """Standard error of :attr:`ratio`: the weighted rounds' variance under the acceptance
+        model over the predicted drafts (0 before any evidence: the model is the prior)."""
+        return float(np.sqrt(self._variance)) / (self._predicted + self.prior)
+
     def observe(self, tier: Tier, accepted_drafts) -> None:
         """Accepted draft tokens (bonus excluded) per sequence of the step that ran ``tier``."""
         a = np.asarray(accepted_drafts, np.float64).reshape(-1)
         decay = (1.0 - 1.0 / self.memory) ** a.size
         self._observed *= decay
         self._predicted *= decay
+        self._variance *= decay * decay
         if tier.expected_accepted > 0:   # plain decoding measures no acceptance: the evidence only decays
             self._observed += float(a.sum())
             self._predicted += a.size * tier.expected_accepted
+            self._variance += a.size * self._accepted_var[tier.index]
 
     @property
     def max_switches(self) -> int:
-        """The bound on :attr:`switches` after :attr:`steps` steps."""
+        """The bound on :attr:`switches` after :attr:`steps` steps (and in any window of W steps at
+        most ``switch_burst + W // min_dwell_steps``)."""
         return self.steps // self.min_dwell_steps

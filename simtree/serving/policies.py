@@ -1,8 +1,8 @@
 """Per-step speculation policies for the serving simulator.
 
-Each driver's ``step(b, ctx, levels, u)`` decides the step for the ``b`` live sequences
+Each driver's ``step(b, ctx, levels, u, rounds)`` decides the step for the ``b`` live sequences
 (contexts ``ctx``; ``levels`` the acceptance level each sequence drew this round, ``u`` one
-uniform number per sequence), draws the accepted drafts per sequence from the acceptance model
+uniform number per sequence, ``rounds`` the rounds each has decoded so far), draws the accepted drafts per sequence from the acceptance model
 by inverting their CDF at ``u``, and returns (step microseconds, accepted drafts [b], the label
 of what it ran).  The simulator hands every policy the same numbers for a request's n-th round
 (common random numbers), so two policies differ only by what they chose.  Step time = C_d + C_v at the batch's mean
@@ -55,7 +55,7 @@ class FixedDriver:
     def __init__(self, costs, tier: Tier):
         self.costs, self.tier = costs, tier
 
-    def step(self, b, ctx, levels, u):
+    def step(self, b, ctx, levels, u, rounds=None):
         return _step_us(self.costs, self.tier, levels, ctx), sample_tier(self.tier, levels, u), self.tier.name
 
 
@@ -63,8 +63,8 @@ class ControllerDriver:
     def __init__(self, controller: Controller):
         self.ctl = controller
 
-    def step(self, b, ctx, levels, u):
-        tier = self.ctl.choose(b, ctx)
+    def step(self, b, ctx, levels, u, rounds=None):
+        tier = self.ctl.choose(b, ctx, rounds)
         accepted = sample_tier(tier, levels, u)
         self.ctl.observe(tier, accepted)
         return _step_us(self.ctl.costs, tier, levels, ctx), accepted, tier.name
@@ -84,7 +84,7 @@ class ThresholdDriver:
                 k = kk
         return k
 
-    def step(self, b, ctx, levels, u):
+    def step(self, b, ctx, levels, u, rounds=None):
         tier = linear_tier(self.acc, self.drafts_for(b), self._cache)
         return _step_us(self.costs, tier, levels, ctx), sample_tier(tier, levels, u), tier.name
 
@@ -95,7 +95,7 @@ class SGLangAdaptiveDriver:
     def __init__(self, costs, acc: AcceptanceModel, params):
         self.costs, self.acc, self.params, self._cache = costs, acc, params, {}
 
-    def step(self, b, ctx, levels, u):
+    def step(self, b, ctx, levels, u, rounds=None):
         steps = int(self.params.get_steps_for_batch(b))
         tier = linear_tier(self.acc, steps, self._cache)
         accepted = sample_tier(tier, levels, u)
@@ -114,7 +114,7 @@ class DSparkDriver:
         alpha = np.stack([acc.table(level, self.gamma)[:, 0] for level in range(acc.num_levels)])
         self.survival = np.cumprod(alpha, axis=1)   # [L, gamma]: P(the first j drafts accepted)
 
-    def step(self, b, ctx, levels, u):
+    def step(self, b, ctx, levels, u, rounds=None):
         surv = self.survival[levels]
         decision = self.budget_fn(history_survival_probs=self.torch.from_numpy(surv), sps_table=self.table,
                                   cfg=self.cfg)

@@ -6,17 +6,19 @@ round's predicted time.  A request's first token comes with its admission (prefi
 modelled: the benchmark compares decode policies); TPOT is (finish - first token) /
 (output tokens - 1).  Throughput is all output tokens over the time from the first arrival
 to the last completion.  Randomness is per request and round (common random numbers): the
-n-th round of a request draws the same acceptance level and uniform under every policy.  A switch is a step whose policy label differs from the step before.
+n-th round of a request draws the same acceptance level and uniform under every policy.
+A switch is a step whose policy label differs from the step before.  :func:`serve_replicas`
+serves one trace under several acceptance seeds (the same seeds for every policy).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from simtree.serving.traces import Trace
 
-__all__ = ["ServeResult", "serve", "MAX_BATCH", "p99_band"]
+__all__ = ["ServeResult", "serve", "serve_replicas", "MAX_BATCH", "p99_band"]
 
 MAX_BATCH = 64
 BOOTSTRAP = 1000
@@ -32,6 +34,8 @@ class ServeResult:
     makespan_s: float
     mean_batch: float
     tpot_p99_band_ms: tuple = (float("nan"), float("nan"))   # 95% bootstrap band of the p99 over requests
+    tpot_ms: np.ndarray | None = field(default=None, repr=False, compare=False)   # per request (output > 1)
+    tok_s_runs: tuple = ()   # each replica's tok/s (serve_replicas)
 
     @property
     def switches_per_min(self) -> float:
@@ -68,7 +72,7 @@ def serve(trace: Trace, driver, weights: np.ndarray, *, max_batch: int = MAX_BAT
         b = ids.size
         n = rounds_done[ids]
         levels = level_of[ids, n]
-        step_us, accepted, what = driver.step(b, ctx, levels, streams[1, ids, n])
+        step_us, accepted, what = driver.step(b, ctx, levels, streams[1, ids, n], n)
         rounds_done[ids] = n + 1
         steps, batch_sum = steps + 1, batch_sum + b
         switches += label is not None and what != label
@@ -88,7 +92,21 @@ def serve(trace: Trace, driver, weights: np.ndarray, *, max_batch: int = MAX_BAT
     makespan = float(np.max(finish) - trace.arrival_s[0])
     return ServeResult(float(out.sum() / makespan), float(np.percentile(tpot_ms, 50)),
                        float(np.percentile(tpot_ms, 99)), int(switches), steps, makespan,
-                       batch_sum / max(steps, 1), p99_band(tpot_ms))
+                       batch_sum / max(steps, 1), p99_band(tpot_ms), tpot_ms, (float(out.sum() / makespan),))
+
+
+def serve_replicas(trace: Trace, make_driver, weights: np.ndarray, seeds, *,
+                   max_batch: int = MAX_BATCH) -> ServeResult:
+    """The same arrival trace served once per acceptance seed in ``seeds`` (a fresh driver each):
+    tok/s is the replicas' mean (each in ``tok_s_runs``), the TPOT percentiles and their band are
+    over every replica's requests pooled, switches and steps are summed."""
+    runs = [serve(trace, make_driver(), weights, max_batch=max_batch, seed=int(s)) for s in seeds]
+    tpot = np.concatenate([r.tpot_ms for r in runs])
+    steps = sum(r.steps for r in runs)
+    return ServeResult(float(np.mean([r.tok_s for r in runs])), float(np.percentile(tpot, 50)),
+                       float(np.percentile(tpot, 99)), sum(r.switches for r in runs), steps,
+                       sum(r.makespan_s for r in runs), sum(r.mean_batch * r.steps for r in runs) / max(steps, 1),
+                       p99_band(tpot), tpot, tuple(r.tok_s for r in runs))
 
 
 def p99_band(tpot_ms: np.ndarray, resamples: int = BOOTSTRAP, seed: int = 0) -> tuple[float, float]:
