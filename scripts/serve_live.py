@@ -49,8 +49,8 @@ class Recording:
     def __init__(self, ctl: Controller):
         self.ctl, self.tiers, self.log = ctl, ctl.tiers, []
 
-    def choose(self, batch_size, context_lens):
-        tier = self.ctl.choose(batch_size, context_lens)
+    def choose(self, batch_size, context_lens, rounds_done=None):
+        tier = self.ctl.choose(batch_size, context_lens, rounds_done)
         self.log.append((tier, int(batch_size), float(np.mean(context_lens)), self.ctl.ratio))
         return tier
 

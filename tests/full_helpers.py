@@ -58,7 +58,7 @@ class TierRuns:
         self._order = [t for t, (_, n) in zip(self.tiers, plan) for _ in range(n)]
         self.chosen = []
 
-    def choose(self, batch_size, context_lens):
+    def choose(self, batch_size, context_lens, rounds_done=None):
         tier = self._order[len(self.chosen) % len(self._order)]
         self.chosen.append(tier.name)
         return tier

@@ -140,7 +140,7 @@ class Cycling:
         self.tiers = Controller(synthetic_costs(), get_workload("sharegpt").acceptance).tiers
         self.i, self.seen = 0, []
 
-    def choose(self, batch_size, context_lens):
+    def choose(self, batch_size, context_lens, rounds_done=None):
         tier = self.tiers[self.i % len(self.tiers)]
         self.i += 1
         return tier

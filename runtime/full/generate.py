@@ -122,7 +122,8 @@ def generate(model, prompts: list[list[int]], max_new_tokens: int, spec: PolicyS
     rounds, produced = [], 0
     while lens.min() < max_new_tokens:
         ctx_lens = engine.st.lengths.tolist() if trace is not None or controller is not None else None
-        tier = None if controller is None else controller.choose(B, ctx_lens)
+        # a static batch: every sequence has decoded as many rounds (the controller weighs the youngest's tail)
+        tier = None if controller is None else controller.choose(B, ctx_lens, rounds_done=[len(rounds)] * B)
         if tier is not None:
             engine.use(tiers[tier.name])
         stats = engine.run(rounds=1)
