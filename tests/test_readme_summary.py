@@ -138,17 +138,20 @@ def test_live_lossless_is_counted_per_dtype_and_names_cut_models():
 def test_validation_headline_counts_the_frozen_bundles_choice_per_point(tmp_path):
     import pandas as pd
     rows = []
-    for ctx, toks in ((1024, ((100, 110), (120, 118))), (4096, ((100, 95), (120, 130)))):
-        for policy, (measured, predicted) in zip(("a", "b"), toks):
+    # six policies per point: a and b as written, four slower fillers predicted and measured alike
+    fill = tuple((50 + i, 50 + i) for i in range(summary.MIN_POLICIES - 2))
+    for ctx, toks in ((1024, ((100, 110), (120, 118)) + fill), (4096, ((100, 95), (120, 130)) + fill),
+                      (16384, ((100, 92), (120, 130)))):   # too few policies: listed, not counted
+        for policy, (measured, predicted) in zip("abcdef", toks):
             rows.append({"model": "qwen3.6-27b", "deployment": "1 GPU", "policy": policy, "batch_size": 2,
                          "context_len": ctx, "measured_tok_s": measured, "predicted_tok_s": predicted,
                          "rel_err": predicted / measured - 1, "gpu": "NVIDIA H100 80GB HBM3"})
     pd.DataFrame(rows).to_csv(tmp_path / "throughput_out_of_sample.csv", index=False)
     line = summary.validation_headline(tmp_path)
     # at 1024 the bundle picks b (118 predicted > 110) and b is the measured best; at 4096 it picks b too
-    assert "the frozen bundle's choice best or within 2% at 2 of 2 points" in line
-    assert "median 6.7%, worst 10.0% (Qwen3.6-27B batch 2 at context 1024" in line
-    assert "over 4 runs" in line and "H100" in line
+    assert "the frozen bundle's choice best or within 2% at 2 of 2 points with at least 6 policies" in line
+    assert "worst 10.0% (Qwen3.6-27B batch 2 at context 1024" in line
+    assert f"over {len(rows)} runs" in line and "H100" in line
 
 
 def test_write_refreshes_a_stale_copy_and_refuses_a_readme_without_markers(tmp_path):

@@ -41,7 +41,7 @@ import numpy as np
 from simtree.errors import SimtreeError
 from simtree.fileio import write_text_atomic
 from simtree.planning.simulate import PolicySpec
-from simtree.reporting.summary import PLAN_TOLERANCE, plan_gap
+from simtree.reporting.summary import MIN_POLICIES, PLAN_TOLERANCE, plan_points
 
 __all__ = ["POLICIES", "CONTEXTS", "BATCH_SIZES", "run", "report", "main"]
 
@@ -200,20 +200,7 @@ def _load_dir(d: Path, missed: list | None = None) -> list[dict]:
     return rows
 
 
-def plan_check(rows: list[dict]) -> list[dict]:
-    """Per (model, batch, context): the frozen bundle's fastest predicted policy among those
-    measured, and where it stands against the measured best."""
-    points: dict = {}
-    for r in rows:
-        points.setdefault((r["model"], r["batch_size"], r["context_len"]), []).append(r)
-    out = []
-    for (model, b, ctx), rs in sorted(points.items()):
-        chosen = max(rs, key=lambda r: r["predicted_tok_s"])
-        best = max(rs, key=lambda r: r["measured_tok_s"])
-        gap = plan_gap(chosen["measured_tok_s"], best["measured_tok_s"])
-        out.append({"model": model, "batch_size": b, "context_len": ctx, "policies": len(rs),
-                    "chosen": chosen["policy"], "best": best["policy"], "gap": gap, "ok": gap <= WITHIN})
-    return out
+plan_check = plan_points   # per (model, batch, context): the frozen bundle's choice against the measured best
 
 
 def report(dirs: list[Path], out: Path, bundles: dict | None = None) -> dict:
@@ -252,8 +239,9 @@ def summarize(table, checks: list[dict]) -> dict:
             "off_grid_worst": float(off.max()) if len(off) else float("nan"),
             "cost_median": float(table["cost_rel_err"].abs().median()),
             "accept_median": float(table["accept_rel_err"].abs().median()),
-            "points": len(checks), "plan_ok": sum(c["ok"] for c in checks),
-            "min_policies": min((c["policies"] for c in checks), default=0), "per_model": per_model,
+            "points": sum(c["counted"] for c in checks), "plan_ok": sum(c["ok"] and c["counted"] for c in checks),
+            "thin_points": sum(not c["counted"] for c in checks),
+            "min_policies": min((c["policies"] for c in checks if c["counted"]), default=0), "per_model": per_model,
             "gpus": sorted(table["gpu"].unique()), "batch_sizes": sorted(int(b) for b in table["batch_size"].unique()),
             "contexts": sorted(int(c) for c in table["context_len"].unique())}
 
@@ -275,12 +263,15 @@ def _markdown(s: dict, checks: list[dict], missed: list | None = None) -> str:
     lines += ["", f"Cost part of the error: median {pct(s['cost_median'])}; acceptance part: median "
               f"{pct(s['accept_median'])} (replayed).", "",
               f"Plan's choice (the frozen bundle's fastest predicted policy among those measured) best or within "
-              f"{pct(WITHIN)} of the measured best at {s['plan_ok']} of {s['points']} points "
-              f"(at least {s['min_policies']} policies measured per point).", "",
+              f"{pct(WITHIN)} of the measured best at {s['plan_ok']} of {s['points']} points with at least "
+              f"{MIN_POLICIES} policies measured (at least {s['min_policies']} at each of them)"
+              + (f"; {s['thin_points']} point(s) with fewer (the runs not measured are listed below) are listed "
+                 "but not counted" if s['thin_points'] else "") + ".", "",
               "| model | batch | context | policies | chosen | measured best | gap |", "|---|---|---|---|---|---|---|"]
     for c in checks:
-        lines.append(f"| {c['model']} | {c['batch_size']} | {c['context_len']} | {c['policies']} | {c['chosen']} | "
-                     f"{c['best']} | {pct(c['gap'])} |")
+        counted = "" if c["counted"] else " (not counted)"
+        lines.append(f"| {c['model']} | {c['batch_size']} | {c['context_len']} | {c['policies']}{counted} | "
+                     f"{c['chosen']} | {c['best']} | {pct(c['gap'])} |")
     if missed:   # runs asked for and not measured: per point, how many and why
         groups: dict = {}
         for m in missed:

@@ -26,7 +26,7 @@ import pandas as pd
 from simtree.errors import SimtreeError
 from simtree.fileio import read_json, write_text_atomic
 
-__all__ = ["START", "END", "PLAN_TOLERANCE", "plan_gap", "plan_standing", "plan_gaps", "Folder", "FOLDERS", "headlines", "summary_table", "reports_index",
+__all__ = ["START", "END", "PLAN_TOLERANCE", "MIN_POLICIES", "plan_points", "plan_gap", "plan_standing", "plan_gaps", "Folder", "FOLDERS", "headlines", "summary_table", "reports_index",
            "replace_block", "write_summary", "gdn_headline", "v4_headline", "profile_headline",
            "fit_headline", "plan_headline", "acceptance_headline", "floor_headline", "validation_headline", "loop_headline", "modes_headline", "cpu_host_headline",
            "live_headline", "bench_serve_headline"]
@@ -221,6 +221,28 @@ def plan_gap(plan_tok_s: float, best_tok_s: float) -> float:
     return 1.0 - plan_tok_s / best_tok_s
 
 
+MIN_POLICIES = 6   # an out-of-sample point counts for the plan's choice with this many policies measured
+
+
+def plan_points(rows) -> list[dict]:
+    """Per (model, batch_size, context_len) of out-of-sample runs (dicts with predicted_tok_s,
+    measured_tok_s, policy): the frozen bundle's fastest predicted policy among those measured,
+    where it stands against the measured best (``ok``: within PLAN_TOLERANCE), and whether the
+    point counts (``counted``: at least MIN_POLICIES policies measured there)."""
+    points: dict = {}
+    for r in rows:
+        points.setdefault((r["model"], int(r["batch_size"]), int(r["context_len"])), []).append(r)
+    out = []
+    for (model, b, ctx), rs in sorted(points.items()):
+        chosen = max(rs, key=lambda r: float(r["predicted_tok_s"]))
+        best = max(rs, key=lambda r: float(r["measured_tok_s"]))
+        gap = plan_gap(float(chosen["measured_tok_s"]), float(best["measured_tok_s"]))
+        out.append({"model": model, "batch_size": b, "context_len": ctx, "policies": len(rs),
+                    "chosen": chosen["policy"], "best": best["policy"], "gap": gap, "ok": gap <= PLAN_TOLERANCE,
+                    "counted": len(rs) >= MIN_POLICIES})
+    return out
+
+
 def plan_standing(runs) -> list[tuple]:
     """[(model, batch_size, plan run, best run, plan_gap)] for each (model, batch size) with a
     plan run ("plan:" policy) among ``runs`` (dicts with model, batch_size, policy and
@@ -252,11 +274,8 @@ def validation_headline(folder: Path) -> str:
     err = runs["rel_err"].abs()
     models = ", ".join(_model(m) for m in sorted(runs["model"].unique()))
     gpus = ", ".join(sorted(str(g).replace("NVIDIA ", "").split(" ")[0] for g in runs["gpu"].unique()))
-    within, points = 0, 0
-    for _, g in runs.groupby(["model", "batch_size", "context_len"], sort=True):
-        chosen = g.loc[g["predicted_tok_s"].idxmax()]
-        points += 1
-        within += plan_gap(float(chosen["measured_tok_s"]), float(g["measured_tok_s"].max())) <= PLAN_TOLERANCE
+    checks = [c for c in plan_points(runs.to_dict("records")) if c["counted"]]
+    within, points = sum(c["ok"] for c in checks), len(checks)
     worst = runs.loc[err.idxmax()]
     line = (f"throughput predicted by bundles frozen before a later {gpus} run ({models}; batch "
             f"{int(runs['batch_size'].min())}-{int(runs['batch_size'].max())}, context "
@@ -264,7 +283,8 @@ def validation_headline(folder: Path) -> str:
             f"median {_pct(err.median(), 1)}, worst {_pct(err.max(), 1)} ({_model(worst['model'])} batch "
             f"{int(worst['batch_size'])} at context {int(worst['context_len'])}"
             f"{', off the profile grid' if str(worst.get('on_profile_grid')) == 'False' else ''}) over "
-            f"{len(runs)} runs; the frozen bundle's choice best or within 2% at {within} of {points} points")
+            f"{len(runs)} runs; the frozen bundle's choice best or within 2% at {within} of {points} points with at "
+            f"least {MIN_POLICIES} policies measured")
     acc_path = folder / "acceptance_out_of_sample.csv"
     if acc_path.exists():
         acc = _csv(acc_path)
