@@ -88,7 +88,7 @@ def _measured(records):
 
 @pytest.fixture(scope="module")
 def workloads():
-    rng = np.random.default_rng(np.random.SeedSequence().entropy)
+    rng = np.random.default_rng(11)   # fixed: statistical tolerances, a failure reproduces
     chat = _text(rng, 32, 48, 0.5)       # an unsure drafter
     code = _text(rng, 32, 48, 0.12)      # a confident one: peaked probabilities
     return chat, code
@@ -117,7 +117,7 @@ def test_the_model_reads_drafter_confidences_alone(workloads):
     drafts record that holds an outcome is refused."""
     (qc, rc), (qx, _) = workloads
     cal = fit_calibration(_linear_records(qc, rc))
-    rng = np.random.default_rng(np.random.SeedSequence().entropy)
+    rng = np.random.default_rng(12)   # fixed: statistical tolerances, a failure reproduces
     seen = {}
     for draw in range(2):
         acc = _cal(qx)
@@ -138,7 +138,7 @@ def test_the_model_reads_drafter_confidences_alone(workloads):
 
 
 def test_round_starts_are_the_renewal_process_of_the_chain():
-    rng = np.random.default_rng(np.random.SeedSequence().entropy)
+    rng = np.random.default_rng(13)   # fixed: statistical tolerances, a failure reproduces
     n_seq, T, p = 3, 12, 4
     a = rng.uniform(0.2, 0.95, (n_seq * T, p))
     survive = np.cumprod(a, 1)
@@ -186,7 +186,7 @@ def test_plan_reads_drafts_calibrated_on_another_workloads_traces(workloads, tmp
 
 
 def test_context_lookup_proposes_what_followed_the_latest_occurrence():
-    rng = np.random.default_rng(np.random.SeedSequence().entropy)
+    rng = np.random.default_rng(14)   # fixed: statistical tolerances, a failure reproduces
     text = rng.integers(10, 60, 40).tolist()
     context = text + [1, 2, 3] + text[:5] + [4, 5]                   # the text, then a repeat of its start
     repeat = np.array(text[5:9])                                     # what the repeat goes on with
@@ -202,7 +202,7 @@ def test_context_lookup_proposes_what_followed_the_latest_occurrence():
 
 
 def test_the_calibration_separates_candidates_the_context_proposes():
-    rng = np.random.default_rng(np.random.SeedSequence().entropy)
+    rng = np.random.default_rng(15)   # fixed: statistical tolerances, a failure reproduces
     q, rank = _text(rng, 16, 30, 0.5)
     proposed = rng.random(q.shape[:3]) < 0.3                         # the lookup proposes the top-1 here
     u = rng.random(q.shape[:3])

@@ -178,6 +178,10 @@ def test_a_given_prompts_run_writes_traces_the_acceptance_model_reads(tmp_path):
     records = read_traces(report["files"]["traces"])
     assert len(records) == 2 * report["rounds"] and all(r.drafter == "dspark" for r in records)
     assert all(r.confidence.shape == (5,) and r.marginal_ranks is not None for r in records)
-    assert chain_trials(records, topk=4) is not None
+    trials = chain_trials(records, topk=4)
+    read = [r for r in records if r.topk_tokens is not None and r.target_tokens is not None]
+    # every marginal position is one trial per rank, whatever the path took before it
+    assert read and len(trials.depth) == sum(r.marginal_ranks.shape[0] * min(4, r.topk_tokens.shape[1]) for r in read)
+    assert trials.hit.sum() == sum(int(((r.marginal_ranks >= 0) & (r.marginal_ranks < 4)).sum()) for r in read)
     cal = calibrate_confidence(records)
     assert np.all(np.diff(cal.rate) >= 0)

@@ -5,6 +5,7 @@ import pytest
 
 from simtree.data import data_path
 from simtree.errors import SimtreeError
+from simtree.reporting.summary import plan_points
 from simtree.runtime.full import oos
 
 BUNDLE = data_path("costs", "h200_qwen3.6-27b_tp1.json")
@@ -35,10 +36,10 @@ def test_report_rows_name_the_frozen_bundle(run_dir, tmp_path):
 def test_plan_check_counts_a_choice_within_two_percent():
     rows = [{"model": "m", "batch_size": 1, "context_len": 1, "policy": p, "measured_tok_s": m, "predicted_tok_s": q}
             for p, m, q in (("a", 100.0, 90.0), ("b", 98.5, 95.0), ("c", 80.0, 70.0))]
-    (check,) = oos.plan_check(rows)
+    (check,) = plan_points(rows)
     assert check["chosen"] == "b" and check["best"] == "a" and check["ok"]
     rows[1]["measured_tok_s"] = 97.0
-    assert not oos.plan_check(rows)[0]["ok"]
+    assert not plan_points(rows)[0]["ok"]
 
 
 def test_report_refuses_a_folder_without_runs(tmp_path):

@@ -10,7 +10,7 @@ Shapes: q, k [N, H, K]; v [N, HV, V]; g (log-decay <= 0), beta [N, HV] fp32;
 state [B, HV, K, V] fp32; parents int64 [N] local (-1 root, topological); cu_nodes [B+1].
 The entries take the math only; how a call is launched is the rule's (``_launch.py``, private:
 ``VerifyLaunch`` / ``CommitLaunch`` and the rule that picks them), and launches of one's own
-(benchmarks, tuning, tests) go through ``_launched.py``.  Layer-level ops for a model:
+(benchmarks, tuning, tests) go through ``_launched.py``.  The recurrent decode step of a model:
 ``simtree.kernels.gdn.ops``.  Kernel bodies: ``_tree_kernels.py`` (Triton verify, K-side
 and commit), ``_recurrent_kernel.py`` (the per-branch baseline), ``_cuda_walk.py`` (CUDA).
 """

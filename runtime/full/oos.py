@@ -200,9 +200,6 @@ def _load_dir(d: Path, missed: list | None = None) -> list[dict]:
     return rows
 
 
-plan_check = plan_points   # per (model, batch, context): the frozen bundle's choice against the measured best
-
-
 def report(dirs: list[Path], out: Path, bundles: dict | None = None) -> dict:
     """Rows of every folder -> out/throughput_out_of_sample.csv, summary.md, predicted_vs_measured.png.
     ``bundles``: {sha256: path of the frozen bundle beside the table} (for the grid check)."""
@@ -222,7 +219,7 @@ def report(dirs: list[Path], out: Path, bundles: dict | None = None) -> dict:
     table = pd.DataFrame(rows)[list(COLUMNS)]
     out.mkdir(parents=True, exist_ok=True)
     write_text_atomic(out / "throughput_out_of_sample.csv", table.to_csv(index=False, float_format="%.6g"))
-    checks = plan_check(rows)
+    checks = plan_points(rows)
     stats = summarize(table, checks)
     write_text_atomic(out / "summary.md", _markdown(stats, checks, missed))
     _plot(table, out / "predicted_vs_measured.png")

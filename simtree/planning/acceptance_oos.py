@@ -92,13 +92,18 @@ def _stats(err: pd.Series) -> dict:
 
 
 def oos_summary(df: pd.DataFrame) -> dict:
-    """|rel_err| over the out-of-sample rows (every split but ``in_sample``), overall and per
-    (drafter, policy family) and per (workload, split); whether the targets are met."""
-    oos = df[df["split"] != "in_sample"]
+    """|rel_err| over the out-of-sample rows (split ``heldout``: prompts and workloads the
+    calibration never saw), overall and per (drafter, policy family), and per (workload, split)
+    for every predicted split (``fit``: the calibration's own prompts under other policies, not
+    out of sample); whether the targets are met (on the held-out rows)."""
+    predicted = df[df["split"] != "in_sample"]
+    oos = df[df["split"] == "heldout"]
     family = oos["policy"].str.extract(r"^(best_first|cost_aware|batch_alloc|[a-z]+)", expand=False)
     out = {"out_of_sample": _stats(oos["rel_err"]), "targets": TARGETS,
            "by_drafter_shape": {f"{d} {f}": _stats(g["rel_err"]) for (d, f), g in oos.groupby([oos["drafter"], family])},
-           "by_workload_split": {f"{w} {s}": _stats(g["rel_err"]) for (w, s), g in oos.groupby(["workload", "split"])},
+           "by_workload_split": {f"{w} {s}": _stats(g["rel_err"])
+                                 for (w, s), g in predicted.groupby(["workload", "split"])},
+           "same_prompts": _stats(df.loc[df["split"] == "fit", "rel_err"]) if (df["split"] == "fit").any() else None,
            "in_sample": _stats(df.loc[df["split"] == "in_sample", "rel_err"]) if (df["split"] == "in_sample").any()
            else None}
     rel_se = df["measured_se"] / df["measured_accepted"] if "measured_se" in df else None
@@ -114,7 +119,7 @@ def oos_summary(df: pd.DataFrame) -> dict:
                                     "max": float(gap.max())}
     out["extras"] = {c[:-len("_rel_err")]: {"out_of_sample": _stats(oos[c]),
                                             "by_workload_split": {f"{w} {s}": _stats(g[c])
-                                                                  for (w, s), g in oos.groupby(["workload", "split"])}}
+                                                                  for (w, s), g in predicted.groupby(["workload", "split"])}}
                      for c in df.columns if c.endswith("_rel_err")}
     o = out["out_of_sample"]
     out["meets_targets"] = bool(o["median_abs_rel_err"] <= TARGETS["median_abs_rel_err"]
@@ -130,7 +135,12 @@ def summary_markdown(df: pd.DataFrame, summary: dict, header: list[str]) -> str:
     lines = [*header, "",
              f"Out of sample ({o['rows']} rows): median |error| {pct(o['median_abs_rel_err'])}, worst "
              f"{pct(o['max_abs_rel_err'])} (targets {pct(t['median_abs_rel_err'])} / {pct(t['max_abs_rel_err'])}: "
-             f"{'met' if summary['meets_targets'] else 'not met'}).", ""]
+             f"{'met' if summary['meets_targets'] else 'not met'})."]
+    if summary.get("same_prompts"):
+        f = summary["same_prompts"]
+        lines += [f"The calibration's own prompts under other policies ({f['rows']} rows; not out of sample): median "
+                  f"|error| {pct(f['median_abs_rel_err'])}, worst {pct(f['max_abs_rel_err'])}."]
+    lines += [""]
     if summary["in_sample"]:
         lines += [f"In sample (the fitted run itself): |error| {pct(summary['in_sample']['max_abs_rel_err'])}.", ""]
     if summary.get("measured_se_rel"):

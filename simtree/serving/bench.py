@@ -193,7 +193,9 @@ def _readme(df: pd.DataFrame, command: str, num_requests: int, workload: str, re
     within = "yes" if bool((ctl.switches <= ctl.steps // MIN_DWELL_STEPS).all()) else "NO"
     used = float((ctl.switches / bound).max())
     lines = ["# Serving benchmark (simulated on the shipped H200 costs)", "",
-             f"Regenerate: `{command}` (written by that command; docs/controller.md describes the model).", "",
+             f"Regenerate: `{command}` (written by that command; docs/controller.md describes the model). In sample: "
+             "the controller's settings (switch credits, margin, tail ranking) were chosen on these traces and "
+             "acceptance seeds; a new `--seed` tests them on others.", "",
              f"{num_requests} requests per trace, ShareGPT lengths ({LENGTHS_SOURCE['source']}), acceptance: "
              f"{workload}; up to {MAX_BATCH} live sequences; loads are multiples of the request rate that "
              "saturates plain decoding at batch 64. `bench.csv` has one row per (model, arrivals, load, policy); "

@@ -43,10 +43,11 @@ def live_section(path: str | Path, command: str) -> str:
     last = df.iloc[-1]
     ok = bool((err.abs() <= TOLERANCE).all())
     lines = [SECTION, "",
-             f"The controller live in simtree's tiny runtime on {last.device}, the batch changing phase by phase "
+             f"The controller live in simtree's runtime (a tiny model) on {last.device}, the batch changing phase by phase "
              f"({', '.join(str(b) for b in df.batch_size)}), {int(df.new_tokens.iloc[0])} tokens per sequence per "
              f"phase, prompts: {last.prompts}; costs: the bundle fitted to this runtime on this device "
-             f"(`{last.costs}`). Report: `{command}`; run: `scripts/serve_live_gpu.sh`.", "",
+             f"(`{last.costs}`): in sample, the costs are fitted on this session's own profile. Report: `{command}`; run: "
+             "`scripts/serve_live_gpu.sh`.", "",
              f"Measured TPOT within {TOLERANCE:.0%} of the benchmark's step prediction at every phase: "
              f"{'yes' if ok else 'NO'} (worst {err.abs().max():.1%}); with the controller's expected acceptance "
              f"instead of the accepted tokens: worst {model_err.abs().max():.1%}. Switches: "
