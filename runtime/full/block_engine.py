@@ -125,13 +125,11 @@ class BlockEngine(FullEngine):
         scores = getattr(self.source, "scores", None)
         if scores is not None:
             scores.draw(self.B)
-        rescore = None if scores is None else scores.rescore
         d.anchor.copy_(self.roots)
         hid = d.hidden()
         if rs.drafter == "tfm":
             self._set_tree(tfm_tree(d.w, hid, self.roots, d.cfg.cand_k, rs.tree_nodes, rs.width,
                                     None if scores is None else scores.rescore_at))
-            self.verified_len.copy_(self.tree.valid.sum(1) - 1)
             return
         if rs.drafter == "block":
             lp, ids = block_marginals(d.w, hid, MARGINAL_TOPK)
@@ -140,14 +138,13 @@ class BlockEngine(FullEngine):
             self.confidence.copy_(conf)
         self.marginal_ids.copy_(ids)
         self.marginal_lp.copy_(lp)
-        if rescore is not None:
-            lp = torch.stack([rescore(i, lp[:, i]) for i in range(lp.shape[1])], 1)
+        if scores is not None:   # every position's row of the round's level at once
+            lp = scores.rescore_at(torch.arange(lp.shape[1], device=lp.device).expand(self.B, -1), lp)
         if rs.drafter == "block":
             cand = marginal_candidates(lp, ids, rs)
             lay_out(self.tree, self.roots, cand, best_first(cand, rs), rs.topk)
-            self.verified_len.copy_(self.tree.valid.sum(1) - 1)
         else:
-            surv = survival(lp[..., 0].exp()) if rescore is not None else survival(self.confidence)
+            surv = survival(lp[..., 0].exp()) if scores is not None else survival(self.confidence)
             self._set_chain(lp[..., 0], ids[..., 0], surv)
 
     def _set_chain(self, lp: torch.Tensor, tok: torch.Tensor, surv: torch.Tensor) -> None:

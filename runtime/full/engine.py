@@ -110,7 +110,7 @@ class FullEngine:
                  lag_rows: int | None = None):
         """``costs``: the cost bundle whose C_d and C_v cost_aware and batch_alloc decide with.
         ``shapes``: more round shapes the rounds may switch to (:meth:`use`: an online
-        controller's tiers); with them the stages run eagerly.  ``trace_topk``: linear rounds
+        controller's tiers); each shape's stages are captured (:meth:`capture`).  ``trace_topk``: linear rounds
         keep the drafter's top-``trace_topk`` at every drafted position (``last_round``: traces),
         drafting the same chain.  ``lag_rows``: plain rounds the MTP layer may fall behind
         (engines with a plain and an MTP-drafted shape: :class:`.lag.DraftLag`)."""
@@ -147,6 +147,7 @@ class FullEngine:
             raise SimtreeError("CUDA graphs need a CUDA device and a capturable model")
         self.graphs = None        # the captured stages of the round shape in use
         self._shape_graphs = {}   # every round shape's captured stages (capture())
+        self._shape_outputs = {}  # every round shape's stage outputs the host reads (capture(), use())
         self.capture_error = None   # why capture() fell back to eager stages, if it did
         self.capture_traceback = None   # where, in full
 
@@ -161,6 +162,8 @@ class FullEngine:
         self.path_cols, self.chain = lay.path_cols, lay.chain
         if getattr(self, "_shape_graphs", None):
             self.graphs = self._shape_graphs.get(rs)
+            for name, value in self._shape_outputs.get(rs, {}).items():
+                setattr(self, name, value)   # what the host reads after a replay (last_round): this shape's
 
     @torch.no_grad()
     def catch_up(self) -> None:
@@ -328,17 +331,23 @@ class FullEngine:
         never share a pool (a round of one shape must not overwrite another's captured memory)."""
         if not self.use_graphs:
             return
-        current, captured = self.rs, {}
+        current, captured, outputs = self.rs, {}, {}
         try:
             for rs in self._layouts:
                 self.use(rs)
+                before = dict(vars(self))
                 captured[rs] = self._capture_stages(warmup, shared_pool)
+                # the tensors this shape's captured stages left on the engine (its accepted nodes,
+                # marginals, ...): a replay refills them, but only the last-captured shape's stay
+                # bound; use() binds each shape's own again
+                outputs[rs] = {k: v for k, v in vars(self).items() if k.startswith("_") and
+                               isinstance(v, (torch.Tensor, tuple)) and before.get(k) is not v}
         except Exception as exc:   # noqa: BLE001 - not capturable here: the same stages run eagerly
             self.capture_error = " ".join(f"{type(exc).__name__}: {exc}".split())[:200]
             self.capture_traceback = traceback.format_exc()
-            captured = {}
+            captured, outputs = {}, {}
         torch.cuda.synchronize()
-        self._shape_graphs = captured
+        self._shape_graphs, self._shape_outputs = captured, outputs
         self.use(current)
         self.reset()
 

@@ -37,7 +37,7 @@ def register(app: typer.Typer) -> None:
         steps: int = typer.Option(3, help="eagle: draft steps"),
         topk: int = typer.Option(2, help="eagle: top-k per step"),
         budget: int = typer.Option(6, help="verify budget D (nodes incl. root); max budget for adaptive modes"),
-        width: int = typer.Option(1, help="best_first: heap pops per step; tfm: expansions per step"),
+        width: int = typer.Option(1, help="tfm: expansions per step (best_first: the runtime builds width 1 only)"),
         draft_depth: int = typer.Option(None, help="marginal modes: drafted positions (default min(3, D-1))"),
         batch_size: str = typer.Option("4", "--batch-size", "-b", help="sequences decoded together (with --model: "
                                                                      "a comma list, e.g. 1,4,16,64)"),

@@ -36,8 +36,8 @@ BLOCK_DRAFTER_MODES = ("block", "tfm", "dspark")   # drafted by a block drafter 
 MARGINAL_MODES = ("best_first", "cost_aware", "batch_alloc")         # drafted as draft_depth positions
 ADAPTIVE_MODES = ("cost_aware", "batch_alloc")                       # a budget decided every round
 # the modes `simtree run` builds, the full-scale runtime on the device included (runtime/full/drafting.py):
-# a plan names no other
-RUNTIME_MODES = ("none", "linear", "eagle", "best_first", "cost_aware", "batch_alloc", "block", "tfm", "dspark")
+# every mode a plan may name (tests/test_capture_safe.py runs a round of each)
+RUNTIME_MODES = MODES
 DEFAULT_DRAFT_DEPTH = 3  # the public V4 MTP recipe drafts 3 steps
 # Largest batch size simulated or planned: far beyond any serving batch, small enough that token
 # counts stay exact in float64 / int64 arithmetic.
