@@ -35,6 +35,27 @@ def read_json(path: str | Path, what: str):
     return _read(path, what, "JSON", json.loads)
 
 
+def read_jsonl(path: str | Path, what: str) -> list[tuple[int, object]]:
+    """[(line number, parsed object)] of a JSON-lines file's non-blank lines; a missing file, a
+    file that is not UTF-8 and a line that is not JSON are one-line errors naming ``what``."""
+    path = Path(path)
+    if not path.is_file():
+        raise SimtreeError(f"{what} {path} does not exist")
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except UnicodeDecodeError as exc:
+        raise SimtreeError(f"{path}: not a UTF-8 text file (byte {exc.start}: {exc.reason}); "
+                           f"a {what} is JSON lines") from None
+    out = []
+    for i, line in enumerate(lines, 1):
+        if line.strip():
+            try:
+                out.append((i, json.loads(line)))
+            except (json.JSONDecodeError, RecursionError) as exc:
+                raise SimtreeError(f"{path}:{i}: not valid JSON ({getattr(exc, 'msg', 'nested too deeply')})") from None
+    return out
+
+
 def file_mode_for(path: Path) -> int:
     """The permission bits a file written to ``path`` through a temp file should get: an
     existing file's own; for a new file the usual 0o666 & ~umask (mkstemp alone would leave

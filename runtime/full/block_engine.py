@@ -35,7 +35,6 @@ trace records after it.
 """
 from __future__ import annotations
 
-import numpy as np
 import torch
 
 from simtree.drafters import PUBLIC, own_block_len

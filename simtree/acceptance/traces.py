@@ -14,7 +14,6 @@ Unknown keys are ignored; a malformed record raises a one-line SimtreeError nami
 """
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Sequence
@@ -23,6 +22,7 @@ import numpy as np
 
 from simtree.acceptance.phi import sibling_rank
 from simtree.errors import SimtreeError, TreeError, check_whole
+from simtree.fileio import read_jsonl
 from simtree.probs import check_prob_rows
 from simtree.trees.tree import DraftTree
 
@@ -232,23 +232,11 @@ def parse_record(obj, where: str) -> TraceRecord:
 def read_traces(path: str | Path, workload: str | None = None) -> list[TraceRecord]:
     """Parse and validate a JSONL trace file, versions 1 and 2 (optionally keep one workload)."""
     path = Path(path)
-    if not path.is_file():
-        raise SimtreeError(f"trace file {path} does not exist")
     records = []
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except UnicodeDecodeError as exc:
-        raise SimtreeError(f"{path}: not a UTF-8 text file (byte {exc.start}: {exc.reason}); "
-                           "traces are JSON lines") from None
-    for i, line in enumerate(lines, 1):
-        if line.strip():
-            try:
-                obj = json.loads(line)
-            except (json.JSONDecodeError, RecursionError) as exc:
-                raise SimtreeError(f"{path}:{i}: not valid JSON ({getattr(exc, 'msg', 'nested too deeply')})") from None
-            rec = parse_record(obj, f"{path}:{i}")
-            if workload is None or rec.workload == workload:
-                records.append(rec)
+    for i, obj in read_jsonl(path, "trace file"):
+        rec = parse_record(obj, f"{path}:{i}")
+        if workload is None or rec.workload == workload:
+            records.append(rec)
     if not records:
         raise SimtreeError(f"{path}: no trace records" + (f" for workload {workload!r}" if workload else ""))
     return records

@@ -54,6 +54,7 @@ import numpy as np
 from simtree.acceptance.fit import ChainCalibration, ease_groups
 from simtree.acceptance.mixture import DEFAULT_TOPK, AcceptanceModel
 from simtree.errors import SimtreeError, check_whole
+from simtree.fileio import read_jsonl
 from simtree.probs import check_prob_rows
 
 __all__ = ["DRAFTS_SCHEMA", "DrafterConfidences", "parse_drafts", "read_drafts", "is_drafts_file",
@@ -135,15 +136,6 @@ def parse_drafts(objs: Iterable[dict], where: str = "drafts", workload: str | No
                               np.array(ctx, np.int64), np.array(match, np.int64) if match else None)
 
 
-def _lines(path: Path) -> list[str]:
-    if not path.is_file():
-        raise SimtreeError(f"drafts file {path} does not exist")
-    try:
-        return path.read_text(encoding="utf-8").splitlines()
-    except UnicodeDecodeError as exc:
-        raise SimtreeError(f"{path}: not a UTF-8 text file (byte {exc.start}: {exc.reason})") from None
-
-
 def is_drafts_file(path) -> bool:
     """True when the first record of the JSONL file ``path`` is a drafts record."""
     path = Path(path)
@@ -162,14 +154,7 @@ def is_drafts_file(path) -> bool:
 def read_drafts(path, workload: str | None = None) -> DrafterConfidences:
     """A drafts JSONL file (module docstring), checked."""
     path = Path(path)
-    objs = []
-    for i, line in enumerate(_lines(path), 1):
-        if line.strip():
-            try:
-                objs.append(json.loads(line))
-            except (json.JSONDecodeError, RecursionError) as exc:
-                raise SimtreeError(f"{path}:{i}: not valid JSON ({getattr(exc, 'msg', 'nested too deeply')})") from None
-    return parse_drafts(objs, str(path), workload)
+    return parse_drafts([obj for _, obj in read_jsonl(path, "drafts file")], str(path), workload)
 
 
 def context_match(context, chain_topk: np.ndarray, ngrams: tuple[int, ...] = (3,)) -> np.ndarray:
