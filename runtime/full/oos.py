@@ -36,7 +36,6 @@ import sys
 import time
 from pathlib import Path
 
-
 from simtree.errors import SimtreeError
 from simtree.fileio import write_text_atomic
 from simtree.planning.simulate import PolicySpec
