@@ -406,13 +406,17 @@ def _projections(w: V4LayerWeights, inp: V4Inputs, plan: VerifyPlan) -> list[tor
 
 
 def attention_lists(cache: V4Cache, w: V4LayerWeights, inp: V4Inputs, plan: VerifyPlan,
-                    use_triton: bool = True, fusions: tuple = ()) -> tuple[torch.Tensor, list[torch.Tensor],
-                                                                            VerifyScratch]:
+                    use_triton: bool = True) -> tuple[torch.Tensor, list[torch.Tensor], VerifyScratch]:
     """Everything before the attention core: scratch compression, CSA top-k, and the final
     per-node index list idx [N, window + K] into sources [window pool | node latents
     (| compressed pool | scratch entries)].  use_triton: fused pooling / indexer / list
-    kernels (False: plain torch, any dtype — the float64 test path); ``fusions`` (Triton
-    path only): "topk" the CSA top-k and list in one launch."""
+    kernels (False: plain torch, any dtype — the float64 test path)."""
+    return _attention_lists(cache, w, inp, plan, use_triton, ())
+
+
+def _attention_lists(cache, w, inp, plan, use_triton: bool, fusions: tuple):
+    """attention_lists with ``fusions`` (Triton path only: "topk" the CSA top-k and list in one
+    launch), which only ``_tree_verify`` (the private fused entry, kernels/v4/_launched.py) passes."""
     cfg = cache.cfg
     sc = VerifyScratch(node_kv=inp.kv.to(cache.window.pool.dtype))
     sources = [cache.window.pool, sc.node_kv]
@@ -515,7 +519,7 @@ def _tree_verify(cache, w, inp, plan, attention: str, fusions: tuple):
     bad = set(fusions) - set(FUSIONS)
     if bad:
         raise SimtreeError(f"unknown V4 verify fusion(s) {sorted(bad)}; expected of {', '.join(FUSIONS)}")
-    idx, sources, sc = attention_lists(cache, w, inp, plan, use_triton=attention != "torch", fusions=tuple(fusions))
+    idx, sources, sc = _attention_lists(cache, w, inp, plan, attention != "torch", tuple(fusions))
     if attention == "flashmla":
         return _flashmla_core(cache, w, inp, plan, sc, idx), sc
     if attention == "triton":
