@@ -21,12 +21,12 @@
 set -uo pipefail
 MODEL=${1:?usage: bash scripts/full_gpu.sh MODEL}
 OUT=${OUT:-/tmp/out}
-RES=/tmp/simtree_full/$MODEL     # many files; tarred into $OUT at the end
+NAME=$MODEL${DEPLOYMENT:+_${DEPLOYMENT//[^a-z0-9]/}}   # a deployment asked for by name: in the files' names
+RES=/tmp/simtree_full/$NAME      # many files; tarred into $OUT at the end (one folder per session, so two in a call stay apart)
 mkdir -p "$OUT" "$RES/profile"
 LOG="$RES/log.txt"
 START=$(date +%s)
 log() { echo "[$(date +%T) +$(( $(date +%s) - START ))s] $*" | tee -a "$LOG"; }
-NAME=$MODEL${DEPLOYMENT:+_${DEPLOYMENT//[^a-z0-9]/}}   # a deployment asked for by name: in the files' names
 pack() {
   tar czf "$OUT/full_$NAME.tgz" -C "$RES" .
   cp "$LOG" "$OUT/${NAME}_log.txt" 2>/dev/null
