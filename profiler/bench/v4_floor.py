@@ -14,7 +14,7 @@
    of the same n (tree / linear), the kernels' tree verify alone (scope "core") per variant,
    the block's two ends (pre, post) and the Triton attention core alone per launch (attn_*);
    CUDA-graph replays over fresh random inputs (copies rotated), warm-up first, medians;
-   floors from kernels.layers.v4_floor at the measured bandwidth.  The variants, the layer
+   floors from v4_floor_model at the measured bandwidth.  The variants, the layer
    they run and the checks live in v4_variants.py.
 
 Writes the CSV at --out (kernel, layer_kind, batch_size, nodes_per_seq, context_len,
@@ -39,10 +39,10 @@ import torch
 from simtree.fileio import write_text_atomic
 from simtree.kernels.layers import v4 as V
 from simtree.kernels.layers.forms import forms
-from simtree.kernels.layers.v4_floor import verify_floor
 from simtree.models import get_model
 from simtree.profiler.timing import measured_bandwidth, time_workload
 
+from .v4_floor_model import verify_floor
 from .v4_variants import ATTENTION, ATTN_LAUNCHES, BLOCK_VARIANTS, MODEL, VARIANTS, Layer, log, run_checks, variants
 
 TARGET_RATIO, TARGET_TREE_OVER_LINEAR = 4.0, 1.05

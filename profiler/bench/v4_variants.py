@@ -15,9 +15,9 @@ import torch
 
 from simtree.kernels.layers import v4 as V
 from simtree.kernels.layers.forms import forms
-from simtree.kernels.layers.v4_floor import MOE_WEIGHTS
 from simtree.kernels.layers.weights import make_weights
 from simtree.kernels.v4 import V4Cache
+from simtree.profiler.bench.v4_floor_model import MOE_WEIGHTS
 
 __all__ = ["MODEL", "VARIANTS", "ATTENTION", "BLOCK_VARIANTS", "ATTN_LAUNCHES", "Layer", "variants", "run_checks", "log"]
 
