@@ -3,6 +3,7 @@ import pytest
 import torch
 
 from simtree.kernels.v4 import sparse_attention, sparse_attention_torch
+from simtree.kernels.v4._launched import sparse_attention_launched
 
 
 def _case(seed, N, H, D, sizes, K, dtype):
@@ -66,6 +67,6 @@ def test_split_index_list_matches_torch(num_splits, D):
 def test_prefetching_the_next_rows_changes_nothing(num_splits):
     q, idx, srcs, sink = _case(7, 3, 20, 32, (40, 6, 30, 5), 90, torch.float32)
     idx[1, 32:64] = -1                   # a block with no live row
-    out = sparse_attention(q, idx, srcs, sink, 0.2, num_splits=num_splits, prefetch=True)
+    out = sparse_attention_launched(q, idx, srcs, sink, 0.2, num_splits=num_splits, prefetch=True)
     ref = sparse_attention_torch(q.double(), idx, [s.double() for s in srcs], sink.double(), 0.2)
     torch.testing.assert_close(out.double(), ref, rtol=1e-5, atol=1e-5)

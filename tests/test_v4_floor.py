@@ -1,10 +1,10 @@
-"""The V4 layer verify's memory floor (kernels/layers/v4_floor.py): its bytes by hand."""
+"""The V4 layer verify's memory floor (profiler/bench/v4_floor_model.py): its bytes by hand."""
 import pytest
 import torch
 
 from simtree.errors import SimtreeError
 from simtree.kernels.layers.v4 import V4Dims, layer_specs
-from simtree.kernels.layers.v4_floor import MOE_WEIGHTS, verify_floor
+from simtree.profiler.bench.v4_floor_model import MOE_WEIGHTS, verify_floor
 from simtree.models import get_model
 
 

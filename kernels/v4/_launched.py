@@ -1,14 +1,25 @@
-"""The V4 tree verify with its optional fused launches (``FUSIONS``: the compressors'
-projections in one launch, the CSA top-k with its attention list): chosen by the layer forms
-(``simtree.kernels.layers.forms.v4_fusions``) and timed by the benchmark
-(``profiler/bench/v4_floor.py``); the public entry ``verify.tree_verify`` runs none of them."""
+"""Launches the public V4 entries do not take.  The tree verify with its optional fused
+launches (``FUSIONS``: the compressors' projections in one launch, the CSA top-k with its
+attention list): chosen by the layer forms (``simtree.kernels.layers.forms.v4_fusions``) and
+timed by the benchmark (``profiler/bench/v4_floor.py``); the public entry
+``verify.tree_verify`` runs none of them.  The sparse attention core with every launch switch
+the benchmark times, ``prefetch`` among them; the public ``attention.sparse_attention`` runs
+it without."""
 from __future__ import annotations
 
+from .attention import _sparse_attention
 from .verify import FUSIONS, _tree_verify
 
-__all__ = ["tree_verify_fused", "FUSIONS"]
+__all__ = ["tree_verify_fused", "sparse_attention_launched", "FUSIONS"]
 
 
 def tree_verify_fused(cache, w, inp, plan, fusions: tuple, attention: str = "triton"):
     """``verify.tree_verify`` running ``fusions`` (of FUSIONS) where they apply."""
     return _tree_verify(cache, w, inp, plan, attention, tuple(fusions))
+
+
+def sparse_attention_launched(q, idx, sources, sink, scale: float, block_k: int = 32, block_h: int | None = None,
+                              num_warps: int = 8, num_splits: int | None = None, prefetch: bool = False):
+    """``attention.sparse_attention`` under the launch (block_k, block_h, num_warps, num_splits)
+    and with ``prefetch``: the next block of rows gathered before this block's products."""
+    return _sparse_attention(q, idx, sources, sink, scale, block_k, block_h, num_warps, num_splits, prefetch)

@@ -176,13 +176,20 @@ def _num_splits(N: int, head_blocks: int, K: int, block_k: int, device) -> int:
 
 def sparse_attention(q: torch.Tensor, idx: torch.Tensor, sources: Sequence[torch.Tensor],
                      sink: torch.Tensor, scale: float, block_k: int = 32, block_h: int | None = None,
-                     num_warps: int = 8, num_splits: int | None = None, prefetch: bool = False) -> torch.Tensor:
+                     num_warps: int = 8, num_splits: int | None = None) -> torch.Tensor:
     """Triton sparse attention; shapes in the module docstring. Returns [N, H, D] in q's dtype.
 
     num_splits None: chosen from the grid size (1 off the GPU); block_h None: 32 heads on the
-    GPU (fits the [heads, 512] fp32 accumulator in registers), 16 under the interpreter;
-    prefetch: gather the next block of rows before this block's products (one more row tile
-    in registers, its loads in flight while the tensor cores run)."""
+    GPU (fits the [heads, 512] fp32 accumulator in registers), 16 under the interpreter."""
+    return _sparse_attention(q, idx, sources, sink, scale, block_k, block_h, num_warps, num_splits, False)
+
+
+def _sparse_attention(q, idx, sources, sink, scale: float, block_k: int, block_h: int | None, num_warps: int,
+                      num_splits: int | None, prefetch: bool) -> torch.Tensor:
+    """:func:`sparse_attention` with the launch switches the benchmark times
+    (``_launched.sparse_attention_launched``): prefetch gathers the next block of rows before
+    this block's products (one more row tile in registers, its loads in flight while the
+    tensor cores run)."""
     N, H, D = q.shape
     if len(sources) > 4 or not sources:
         raise ValueError(f"sparse_attention takes 1 to 4 sources, got {len(sources)}")

@@ -14,7 +14,7 @@
    of the same n (tree / linear), the kernels' tree verify alone (scope "core") per variant,
    the block's two ends (pre, post) and the Triton attention core alone per launch (attn_*);
    CUDA-graph replays over fresh random inputs (copies rotated), warm-up first, medians;
-   floors from kernels.layers.v4_floor at the measured bandwidth.  The variants, the layer
+   floors from v4_floor_model at the measured bandwidth.  The variants, the layer
    they run and the checks live in v4_variants.py.
 
 Writes the CSV at --out (kernel, layer_kind, batch_size, nodes_per_seq, context_len,
@@ -39,10 +39,10 @@ import torch
 from simtree.fileio import write_text_atomic
 from simtree.kernels.layers import v4 as V
 from simtree.kernels.layers.forms import forms
-from simtree.kernels.layers.v4_floor import verify_floor
 from simtree.models import get_model
 from simtree.profiler.timing import measured_bandwidth, time_workload
 
+from .v4_floor_model import verify_floor
 from .v4_variants import ATTENTION, ATTN_LAUNCHES, BLOCK_VARIANTS, MODEL, VARIANTS, Layer, log, run_checks, variants
 
 TARGET_RATIO, TARGET_TREE_OVER_LINEAR = 4.0, 1.05
@@ -73,15 +73,16 @@ def _attention_launches(L, inp, cache, rm, device) -> dict:
     """{("attn_bk{k}_bh{h}_w{w}_s{splits}_p{prefetch}", "current", "random"): times} of
     sparse_attention alone on the round's lists, per launch of ATTN_LAUNCHES (a launch that
     fails to compile is skipped)."""
-    from simtree.kernels.v4 import sparse_attention
+    from simtree.kernels.v4._launched import sparse_attention_launched
     from simtree.kernels.v4.verify import attention_lists
     idx, sources, _ = attention_lists(cache, L.lw, inp, rm.plans[L.kind])
     out = {}
     for bk, bh, w, sp, pf in ATTN_LAUNCHES:
         try:
             out[(f"attn_bk{bk}_bh{bh}_w{w}_s{sp}_p{pf}", "current", "random")] = timed(
-                [lambda: sparse_attention(inp.q, idx, sources, L.lw.sink, L.cfg.scale, block_k=bk, block_h=bh,
-                                          num_warps=w, num_splits=sp or None, prefetch=bool(pf))], device, "current")
+                [lambda: sparse_attention_launched(inp.q, idx, sources, L.lw.sink, L.cfg.scale, block_k=bk,
+                                                   block_h=bh, num_warps=w, num_splits=sp or None,
+                                                   prefetch=bool(pf))], device, "current")
         except Exception as exc:  # noqa: BLE001 - a launch the GPU refuses (registers, shared memory)
             log(f"attention launch bk={bk} bh={bh} w={w} splits={sp} prefetch={pf}: {type(exc).__name__}: "
                 f"{str(exc)[:200]}")

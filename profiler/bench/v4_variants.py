@@ -15,9 +15,9 @@ import torch
 
 from simtree.kernels.layers import v4 as V
 from simtree.kernels.layers.forms import forms
-from simtree.kernels.layers.v4_floor import MOE_WEIGHTS
 from simtree.kernels.layers.weights import make_weights
 from simtree.kernels.v4 import V4Cache
+from simtree.profiler.bench.v4_floor_model import MOE_WEIGHTS
 
 __all__ = ["MODEL", "VARIANTS", "ATTENTION", "BLOCK_VARIANTS", "ATTN_LAUNCHES", "Layer", "variants", "run_checks", "log"]
 
@@ -149,7 +149,8 @@ def run_checks(device, d: V.V4Dims) -> list[dict]:
 def _check_launches(device, d):
     """Every launch of ATTN_LAUNCHES against the torch form (fp32) on bf16 rows at the model's
     head shapes, 640-row lists with holes."""
-    from simtree.kernels.v4 import sparse_attention, sparse_attention_torch
+    from simtree.kernels.v4 import sparse_attention_torch
+    from simtree.kernels.v4._launched import sparse_attention_launched
     g = torch.Generator(device=device).manual_seed(6)
     srcs = [torch.randn(n, d.D, generator=g, device=device).to(torch.bfloat16) for n in (300, 24, 2000, 8)]
     idx = torch.randint(-1, 2332, (12, 640), generator=g, device=device)
@@ -158,8 +159,8 @@ def _check_launches(device, d):
     ref = sparse_attention_torch(q.float(), idx, [s.float() for s in srcs], sink, d.D ** -0.5)
     errs = {}
     for bk, bh, w, sp, pf in ATTN_LAUNCHES:
-        got = sparse_attention(q, idx, srcs, sink, d.D ** -0.5, block_k=bk, block_h=bh, num_warps=w,
-                               num_splits=sp or None, prefetch=bool(pf)).float()
+        got = sparse_attention_launched(q, idx, srcs, sink, d.D ** -0.5, block_k=bk, block_h=bh, num_warps=w,
+                                        num_splits=sp or None, prefetch=bool(pf)).float()
         errs[f"bk{bk}_bh{bh}_w{w}_s{sp}_p{pf}"] = float((got - ref).abs().max())
     return {"ok": all(e < 3e-2 for e in errs.values()), "max_err": errs}
 

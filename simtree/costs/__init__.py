@@ -2,7 +2,8 @@
 
 The profile table (:mod:`.profile_table`: one row per timed grid point, :mod:`.steps`: the
 point and the step the profiler times) is fitted (:mod:`.profile_fit`, one convex program per
-surface in :mod:`.surface_fit`, forms in :mod:`.forms`) into a cost bundle (:mod:`.model`):
+surface in :mod:`.surface_fit`, forms in :mod:`.forms`: basis and grid in :mod:`.base_forms`,
+MoE in :mod:`.moe_forms`) into a cost bundle (:mod:`.model`):
 verify C_v(n, l, b) and draft C_d(s, k, b) in microseconds, which the simulator, planner and
 runtime take through the protocols :class:`VerifyCost`, :class:`DraftCost` and
 :class:`Costs`.  :mod:`.synthetic` is an analytic roofline for tests and the no-data default.

@@ -10,8 +10,8 @@ import warnings
 
 import numpy as np
 
-from simtree.costs.forms import (BasisSurface, DecodeSplitSurface, GridSurface, MoESurface, ScaledVerifyDraft,
-                                   _RangeWarner, expert_feature)
+from simtree.costs.forms import (BasisSurface, DecodeSplitSurface, GridSurface, MoESurface, RangeWarner,
+                                  ScaledVerifyDraft, expert_feature)
 from simtree.errors import SimtreeError
 
 __all__ = ["check_physical", "set_range_label"]
@@ -91,7 +91,7 @@ def check_physical(surface, kind: str) -> None:
 
 def set_range_label(surface, label: str) -> None:
     """Name the model in the surface's (and its parts') out-of-range warnings."""
-    if isinstance(surface, _RangeWarner):
+    if isinstance(surface, RangeWarner):
         surface.range_label = label
     for part in ("main", "decode", "verify"):
         if hasattr(surface, part):

@@ -222,18 +222,16 @@ class BestFirstParams(_Budgeted, PolicySpec):
         return self.draft_depth, 1
 
 
-@dataclass(frozen=True)
-class CostAwareParams(PolicySpec):
-    """Cost-aware stop (CaDDTree): each round, grow best-first while predicted throughput
-    rises, up to ``max_budget`` nodes; marginals at ``draft_depth`` positions."""
+class _Adaptive:
+    """Modes whose budget is decided every round (ADAPTIVE_MODES), up to ``max_nodes`` a sequence
+    (the field ``max_field``, named in the policy file as each mode's rule reads it), over the
+    drafter's marginals at ``draft_depth`` positions."""
 
-    mode: ClassVar[str] = "cost_aware"
-    max_budget: int
-    draft_depth: int
+    max_field: ClassVar[str]
 
     @property
     def name(self) -> str:
-        return f"cost_aware_max{self.max_budget}_p{self.draft_depth}"
+        return f"{self.mode}_max{self.max_nodes}_p{self.draft_depth}"
 
     @property
     def fixed_budget(self) -> None:
@@ -241,36 +239,33 @@ class CostAwareParams(PolicySpec):
 
     @property
     def max_nodes(self) -> int:
-        return self.max_budget
+        return getattr(self, self.max_field)
 
     def draft_shape(self) -> tuple[int, int]:
         return self.draft_depth, 1
 
 
 @dataclass(frozen=True)
-class BatchAllocParams(PolicySpec):
+class CostAwareParams(_Adaptive, PolicySpec):
+    """Cost-aware stop (CaDDTree): each round, grow best-first while predicted throughput
+    rises, up to ``max_budget`` nodes; marginals at ``draft_depth`` positions."""
+
+    mode: ClassVar[str] = "cost_aware"
+    max_field: ClassVar[str] = "max_budget"
+    max_budget: int
+    draft_depth: int
+
+
+@dataclass(frozen=True)
+class BatchAllocParams(_Adaptive, PolicySpec):
     """Batch-level allocation (DSpark-style): each round, the batch's candidate nodes by
     survival probability while throughput rises, up to ``max_budget_per_seq`` per sequence;
     marginals at ``draft_depth`` positions."""
 
     mode: ClassVar[str] = "batch_alloc"
+    max_field: ClassVar[str] = "max_budget_per_seq"
     max_budget_per_seq: int
     draft_depth: int
-
-    @property
-    def name(self) -> str:
-        return f"batch_alloc_max{self.max_budget_per_seq}_p{self.draft_depth}"
-
-    @property
-    def fixed_budget(self) -> None:
-        return None
-
-    @property
-    def max_nodes(self) -> int:
-        return self.max_budget_per_seq
-
-    def draft_shape(self) -> tuple[int, int]:
-        return self.draft_depth, 1
 
 
 @dataclass(frozen=True)

@@ -39,8 +39,8 @@ import torch
 
 from simtree.errors import SimtreeError
 
-from .v4 import V4Dims, layer_specs
-from .weights import dtype_bytes
+from simtree.kernels.layers.v4 import V4Dims, layer_specs
+from simtree.kernels.layers.weights import dtype_bytes
 
 __all__ = ["V4Floor", "verify_floor", "SCOPES", "MOE_WEIGHTS", "CORE_WEIGHTS", "PROJECTIONS", "H200_COPY_GBPS",
            "H200_BF16_TFLOPS"]
