@@ -21,17 +21,19 @@ One round, every stage on the device with static shapes (B sequences, n nodes ea
 Plain decoding (budget 1) is one stage: the target's decode step and its argmax.  With CUDA
 graphs each stage is one graph replay, captured per (batch, nodes) bucket; the graphs share
 one memory pool and replay in capture order.  The host reads nothing inside a round: live runs
-read the output lengths once a round (to stop), replays not even that (their accepted lengths
-go to a device log read after the run).  Without a GPU the same stages run eagerly.  An engine
-built with more round ``shapes`` switches between them per round (``use``: an online
-controller's tiers; each shape replays its own graphs).
+read the output lengths once a round (to stop), replays not even that.  Each round's accepted
+lengths and tree sizes go to a device log; the host counts the rounds and reads the log once,
+after them (``run``, or ``begin``, ``step`` per round and ``stats`` for a caller's own loop).
+Without a GPU the same stages run eagerly.  An engine built with more round ``shapes`` switches
+between them per round (``use``: an online controller's tiers; each shape replays its own graphs).
 
 Plain rounds of such an engine let the MTP layer fall behind, as serving engines do while
 speculation is off: the round is the target's decode step alone (the single-shape plain
 engine's stage) plus two device copies of the rows the MTP layer will need (:mod:`.lag`).
 One batched catch-up (:meth:`catch_up`) runs eagerly, outside the graphs, when ``use``
 switches to a speculative shape, before a prefill, and before a plain round that would
-overflow the buffer (every ``lag_rows`` plain rounds); ``take_catchup_ms`` times it.
+overflow the buffer (every ``lag_rows`` plain rounds); ``RunStats.catchup_ms`` times it (with the
+round it precedes).
 
 Timing, per round: ``draft_ms`` (draft + catchup), ``verify_ms``, ``commit_ms`` from CUDA
 events around the stages (perf counters on CPU); ``host_ms`` is the CPU time spent issuing the
@@ -73,7 +75,9 @@ LOG_CAP = 1 << 14       # rounds whose accepted lengths the device log keeps
 class RunStats:
     """Per round (arrays of ``rounds``): accepted draft tokens per sequence [R, B], stage times
     (ms) and host issue time (ms); ``wall_s`` over all rounds; ``context_lens`` [R] the mean
-    context at each round's start."""
+    context at each round's start; ``nodes`` [R, B] the tree size per sequence (root included,
+    padding excluded); ``catchup_ms`` [R] the MTP layer's catch-ups issued with each round
+    (:meth:`FullEngine.catch_up`)."""
 
     rounds: int
     batch_size: int
@@ -85,6 +89,8 @@ class RunStats:
     wall_s: float
     context_lens: np.ndarray
     notes: list = field(default_factory=list)
+    nodes: np.ndarray | None = None
+    catchup_ms: np.ndarray | None = None
 
     @property
     def tokens(self) -> int:
@@ -110,9 +116,10 @@ class FullEngine:
                  lag_rows: int | None = None):
         """``costs``: the cost bundle whose C_d and C_v cost_aware and batch_alloc decide with.
         ``shapes``: more round shapes the rounds may switch to (:meth:`use`: an online
-        controller's tiers); each shape's stages are captured (:meth:`capture`).  ``trace_topk``: linear rounds
-        keep the drafter's top-``trace_topk`` at every drafted position (``last_round``: traces),
-        drafting the same chain.  ``lag_rows``: plain rounds the MTP layer may fall behind
+        controller's tiers); each shape's stages are captured (:meth:`capture`).  ``trace_topk`` > 0: a
+        traced engine, whose rounds keep what :meth:`last_round` reads (a plain round's root, a
+        block drafter's marginals); its linear rounds keep the drafter's top-``trace_topk`` at
+        every drafted position, drafting the same chain.  ``lag_rows``: plain rounds the MTP layer may fall behind
         (engines with a plain and an MTP-drafted shape: :class:`.lag.DraftLag`)."""
         self.model, self.B, self.costs = model, int(batch_size), costs
         self.source = source or Live()
@@ -122,6 +129,7 @@ class FullEngine:
         # block drafters (rs.block_drafter) keep their own state (:mod:`.block_engine`)
         speculative = [s for s in every if not s.plain and not s.block_drafter]
         self.trace_topk = int(trace_topk)
+        self.traced = self.trace_topk > 0
         rows = max([s.scratch_rows for s in speculative] + [PREFILL_CHUNK])
         self.ds = model.new_draft_state(self.st, rows) if speculative else None
         self.verify_kw = {}     # extra arguments of the target's verify (a block drafter's layer taps)
@@ -134,7 +142,12 @@ class FullEngine:
         self.out_buf = torch.zeros(B, OUT_CAP + 1, dtype=torch.int64, device=dev)
         self.out_len = torch.zeros(B, dtype=torch.int64, device=dev)
         self.acc_log = torch.zeros(LOG_CAP, B, dtype=torch.int32, device=dev)
-        self.log_at = torch.zeros(1, dtype=torch.int64, device=dev)
+        self.node_log = torch.zeros(LOG_CAP, B, dtype=torch.int32, device=dev)    # tree sizes, beside
+        self.log_at = torch.zeros(1, dtype=torch.int64, device=dev)    # the next log row (in the graphs)
+        self.rounds_logged = 0      # rounds the log holds since the last reset: log_at, counted on the host
+        self._ctx0 = torch.zeros(B, dtype=torch.int64, device=dev)   # the context at begin()
+        self._issued = []           # the rounds since begin(): (stage names, marks, host ms, catch-up marks)
+        self._log_first = 0         # the log row of begin()'s first round
         self._layouts = {s: RoundLayout.of(s, B, dev, self._chain_bits(s.path_rows), costs, max_len) for s in every}
         # plain rounds leave the MTP layer's rows for a later catch-up (an MTP shape drafts after them)
         self.lag = DraftLag(model, self.ds, B, lag_rows) if self.ds is not None and any(s.plain for s in every) \
@@ -169,22 +182,14 @@ class FullEngine:
     def catch_up(self) -> None:
         """The MTP layer over the rows plain rounds left it (:class:`.lag.DraftLag`), eagerly,
         outside the graphs: its lengths equal the target's again and its last row gives the next
-        draft's first top-k.  Timed (:meth:`take_catchup_ms`); a no-op when it is not behind."""
+        draft's first top-k.  Timed (``RunStats.catchup_ms``: the one-off a switch to a speculative
+        shape adds, outside the rounds' stages); a no-op when it is not behind."""
         if self.lag is None or not self.lag.waiting:
             return
         cuda = self.device.type == "cuda"
         start = self._mark(cuda)
         self._set_first(self.lag.catch_up(self.model, self.ds, self._chain_bits))
         self._catchup_marks.append((start, self._mark(cuda)))
-
-    def take_catchup_ms(self) -> float:
-        """Milliseconds the catch-ups since the last call took (CUDA events; perf counters on
-        CPU): the one-off a switch to a speculative shape adds, outside the rounds' stages."""
-        marks, self._catchup_marks = self._catchup_marks, []
-        if marks and self.device.type == "cuda":
-            marks[-1][1].synchronize()
-            return float(sum(a.elapsed_time(b) for a, b in marks))
-        return float(sum((b - a) * 1e3 for a, b in marks))
 
     def _take_lag_row(self) -> None:
         """Before a round: a plain round of a lagging engine takes a buffer row (a full buffer is
@@ -223,7 +228,7 @@ class FullEngine:
         lp, ids = draft_marginals(self.model, self.ds, self.rs, *first, self.own_bits, rescore)
         self._marginals = (lp, ids)
         if chain:
-            lay_chain(self.tree, self.roots, lp, ids)
+            lay_chain(self.tree, self.roots, lp[..., 0], ids[..., 0])
             return
         cand = marginal_candidates(lp, ids, self.rs)
         order = best_first(cand, self.rs)
@@ -247,7 +252,7 @@ class FullEngine:
         self._next_tok = torch.where(self.path_cols == acc_len[:, None], bonus[:, None], follow)
         self._row_ok = self.path_cols[None, :] <= acc_len[:, None]
         self._base_len = self.st.lengths.clone()
-        self._record(self._next_tok, self._row_ok, acc_len)
+        self._record(self._next_tok, self._row_ok, acc_len, t.valid.sum(1))
         self.roots.copy_(bonus)
         if self.alloc is not None:
             self.alloc.update((acc_len + 1).sum())
@@ -272,11 +277,12 @@ class FullEngine:
         return bool(self.trace_topk) and rs.topk == 1 and rs.num_steps == rs.budget - 1 and not rs.marginal
 
     def _plain(self) -> None:
-        self._plain_root = self.roots.clone()
+        if self.traced:     # the round's tree, the root alone, for last_round
+            self._plain_root = self.roots.clone()
         hidden = self.model.decode(self.st, self.roots)
         nxt = self.model.greedy(hidden)
         ones = torch.ones(self.B, 1, dtype=torch.bool, device=self.device)
-        self._record(nxt[:, None], ones, torch.zeros_like(nxt))
+        self._record(nxt[:, None], ones, torch.zeros_like(nxt), ones[:, 0])
         self._target_next = nxt[:, None]
         self.roots.copy_(nxt)
         if self.lag is not None:   # the MTP layer's row (hidden_q, token_q+1) waits for its catch-up
@@ -288,14 +294,16 @@ class FullEngine:
         self.first_ids.copy_(ids)
         self.first_hidden.copy_(hidden)
 
-    def _record(self, tokens, ok, acc_len) -> None:
+    def _record(self, tokens, ok, acc_len, nodes) -> None:
         """Tokens a round produced ([B, P], ``ok`` marks them) into the outputs; its accepted
-        lengths into the device log."""
+        lengths and tree sizes ([B]) into the device log."""
         pos = self.out_len[:, None] + torch.arange(tokens.shape[1], device=self.device)
         dest = torch.where(ok & (pos < OUT_CAP), pos, OUT_CAP)
         self.out_buf.scatter_(1, dest, tokens)
         self.out_len += ok.sum(1)
-        self.acc_log.index_copy_(0, self.log_at % LOG_CAP, acc_len.to(torch.int32)[None])
+        row = self.log_at % LOG_CAP
+        self.acc_log.index_copy_(0, row, acc_len.to(torch.int32)[None])
+        self.node_log.index_copy_(0, row, nodes.to(torch.int32)[None])
         self.log_at += 1
 
     # ---- set-up ------------------------------------------------------------------------------
@@ -306,6 +314,7 @@ class FullEngine:
                 lay.alloc.reset()
         for t in (self.out_len, self.log_at, self.roots):
             t.zero_()
+        self.rounds_logged = 0
         if self.lag is not None:
             self.lag.drop()
         self.rewind_source()
@@ -464,41 +473,60 @@ class FullEngine:
         if limit > LOG_CAP or (max_new_tokens is not None and max_new_tokens > OUT_CAP):
             raise SimtreeError(f"at most {LOG_CAP} rounds and {OUT_CAP} output tokens per run")
         cuda = self.device.type == "cuda"
-        stages = [(name, g.replay) for name, g in self.graphs] if self.graphs else self._stages()
-        log0 = int(self.log_at.item())
-        ctx0 = self.st.lengths.float().mean().item()
-        marks, host, n_done = [], [], 0
-        if cuda:
-            torch.cuda.synchronize()
+        self.begin()
         t_start = time.perf_counter()
         for _ in range(limit):
-            self._take_lag_row()
-            t0 = time.perf_counter()
-            stamps = [self._mark(cuda)]
-            for _, fn in stages:
-                fn()
-                stamps.append(self._mark(cuda))
-            t1 = time.perf_counter()
-            host.append((t1 - t0) * 1e3)
-            marks.append(stamps)
-            n_done += 1
+            self.step()
             if max_new_tokens is not None and int(self.out_len.min()) >= max_new_tokens:
                 break
         if cuda:
             torch.cuda.synchronize()
         wall = time.perf_counter() - t_start
-        if cuda and host_probe > 0 and n_done:
-            probe = []
+        probe = None
+        if cuda and host_probe > 0 and self._issued:
+            times = []
             for _ in range(host_probe):
-                self._take_lag_row()
-                torch.cuda.synchronize()
-                t0 = time.perf_counter()
-                for _, fn in stages:
-                    fn()
-                probe.append((time.perf_counter() - t0) * 1e3)
+                times.append(self._issue(self._live_stages(), cuda, idle=True)[1])
             torch.cuda.synchronize()
-            host = [float(np.median(probe))] * n_done
-        return self._stats([name for name, _ in stages], marks, host, n_done, wall, log0, ctx0, cuda)
+            probe = float(np.median(times))
+        return self.stats(wall, probe)
+
+    def begin(self) -> None:
+        """Start counting rounds for :meth:`stats` (the context now: a device copy, read there)."""
+        self._issued, self._catchup_marks, self._log_first = [], [], self.rounds_logged
+        self._ctx0.copy_(self.st.lengths)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()
+
+    def step(self) -> None:
+        """One round of the shape in use, issued with no host read; what :meth:`stats` reports
+        of it (stage marks, issue time, the catch-ups issued since the last round) is kept."""
+        stages = self._live_stages()
+        cuda = self.device.type == "cuda"
+        stamps, host_ms = self._issue(stages, cuda)
+        marks, self._catchup_marks = self._catchup_marks, []
+        self._issued.append(([name for name, _ in stages], stamps, host_ms, marks))
+
+    def _live_stages(self) -> list:
+        return [(name, g.replay) for name, g in self.graphs] if self.graphs else self._stages()
+
+    def _issue(self, stages, cuda: bool, idle: bool = False):
+        """(stage marks, host issue ms) of one round of ``stages`` (``idle``: onto an idle device)."""
+        self._take_lag_row()
+        if idle:
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        stamps = [self._mark(cuda)]
+        for _, fn in stages:
+            fn()
+            stamps.append(self._mark(cuda))
+        host_ms = (time.perf_counter() - t0) * 1e3
+        self.rounds_logged += 1
+        return stamps, host_ms
+
+    def last_accepted(self) -> np.ndarray:
+        """int64 [B]: the last round's accepted draft tokens per sequence (one read)."""
+        return self.acc_log[(self.rounds_logged - 1) % LOG_CAP].cpu().numpy().astype(np.int64)
 
     @staticmethod
     def _mark(cuda: bool):
@@ -508,28 +536,51 @@ class FullEngine:
         ev.record()
         return ev
 
-    def _stats(self, names, marks, host, rounds, wall, log0, ctx0, cuda) -> RunStats:
-        spans = np.array([[(a.elapsed_time(b) if cuda else (b - a) * 1e3) for a, b in zip(m[:-1], m[1:])]
-                          for m in marks]).reshape(rounds, len(names))
-        col = {name: spans[:, i] for i, name in enumerate(names)}
+    def _elapsed_ms(self, a, b) -> float:
+        return a.elapsed_time(b) if self.device.type == "cuda" else (b - a) * 1e3
+
+    def stats(self, wall_s: float, host_ms: float | None = None) -> RunStats:
+        """The rounds since :meth:`begin`, read from the device once (after they finish);
+        ``wall_s``: their wall time; ``host_ms``: every round's issue time (a probe's) instead of
+        the measured one."""
+        cuda = self.device.type == "cuda"
+        if cuda:
+            torch.cuda.synchronize()
+        issued, rounds = self._issued, len(self._issued)
+        if rounds > LOG_CAP:
+            raise SimtreeError(f"at most {LOG_CAP} rounds between begin() and stats()")
         zero = np.zeros(rounds)
-        draft = col.get("draft", zero) + col.get("catchup", zero)
-        idx = (log0 + np.arange(rounds)) % LOG_CAP
-        accepted = self.acc_log[torch.as_tensor(idx, device=self.device)].cpu().numpy().astype(np.int64)
+        col = {name: zero.copy() for name in ("draft", "catchup", "verify", "commit")}
+        spans, catchup = np.zeros(rounds), np.zeros(rounds)
+        for i, (names, stamps, _, marks) in enumerate(issued):
+            for name, a, b in zip(names, stamps[:-1], stamps[1:]):
+                col[name][i] = self._elapsed_ms(a, b)
+                spans[i] += col[name][i]
+            catchup[i] = sum(self._elapsed_ms(a, b) for a, b in marks)
+        idx = torch.as_tensor((self._log_first + np.arange(rounds)) % LOG_CAP, device=self.device)
+        accepted = self.acc_log[idx].cpu().numpy().astype(np.int64)
+        nodes = self.node_log[idx].cpu().numpy().astype(np.int64)
         gained = (accepted + 1).mean(1)
+        ctx0 = float(self._ctx0.double().mean())
         ctx = ctx0 + np.concatenate([[0.0], np.cumsum(gained)[:-1]])
-        host = np.asarray(host)
-        if not cuda:    # host and device are one: the host's share is the time outside the stages
-            host = np.maximum(wall * 1e3 / rounds - spans.sum(1), 0.0) if rounds else host
-        return RunStats(rounds, self.B, accepted, draft, col.get("verify", zero), col.get("commit", zero), host,
-                        wall, ctx)
+        if host_ms is not None:
+            host = np.full(rounds, host_ms)
+        elif cuda:
+            host = np.array([h for _, _, h, _ in issued])
+        else:    # host and device are one: the host's share is the time outside the stages
+            host = np.maximum(wall_s * 1e3 / rounds - spans, 0.0) if rounds else zero
+        return RunStats(rounds, self.B, accepted, col["draft"] + col["catchup"], col["verify"], col["commit"], host,
+                        wall_s, ctx, nodes=nodes, catchup_ms=catchup)
 
     def last_round(self) -> dict:
         """The last round on the host (one copy; live runs' traces): ``tokens``, ``parents``,
         ``score`` (cumulative draft log-prob), ``valid`` [B, n]; ``accepted`` [B] (local node);
         ``target_next`` [B, n] (the target's argmax at every node); ``marginals`` (log-probs,
         ids [B, P, K] along the drafter's chain) for the marginal modes, else None; ``drafter``
-        "mtp".  Plain rounds: the root alone (:mod:`.round_trace` makes trace records of it)."""
+        "mtp".  Plain rounds: the root alone (:mod:`.round_trace` makes trace records of it).  A
+        traced engine's (``trace_topk`` > 0)."""
+        if not self.traced:
+            raise SimtreeError("last_round reads a traced engine's rounds (built with trace_topk > 0)")
         if self.rs.plain:
             root = self._plain_root[:, None]
             z = torch.zeros_like(root)
