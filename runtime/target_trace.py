@@ -10,8 +10,9 @@ drafter): ``simtree plan --workload DIR/humaneval_drafts_p15.jsonl@DIR/sharegpt_
                           max_new_tokens=64, workload="sharegpt", out="traces/")
     runs["linear_d16"]["records"], runs["linear_d16"]["outputs"]
 
-Each policy runs the prompts as one static batch through :class:`simtree.runtime.full.FullEngine`
-(live acceptance: greedy, lossless) and leaves one acceptance trace (``simtree.trace/2``,
+Each policy runs the prompts as one static batch through the full runtime's traced decoding
+(:func:`simtree.runtime.full.generate.generate` with a trace: live acceptance, greedy, lossless;
+:mod:`simtree.runtime.full.round_trace` makes the records) and leaves one acceptance trace (``simtree.trace/2``,
 docs/acceptance.md) per round per sequence: the drafted tree (tokens, parents, draft log-probs,
 sibling ranks), the accepted path and the target's greedy tokens along it; linear runs also
 carry the MTP layer's top-``TOPK`` at every drafted position of the chain (``topk_tokens`` /
@@ -20,9 +21,9 @@ rounds that begin while their sequence is short of ``max_new_tokens`` are kept (
 decodes on until the slowest sequence is done; the kept rounds decode the same text under every
 policy).
 
-The engine is observed, not changed: the acceptance source is :class:`Live` wrapped to copy each
-round's tree and target tokens, and the model is wrapped to copy the MTP layer's
-probabilities (``draft_logits``) and the context length at each verify.
+The drafting pass (:func:`draft_confidences`) runs linear rounds that accept no draft, on an
+engine that keeps the chain's top-K (``trace_topk``), and reads them once a round
+(``FullEngine.last_round``).
 """
 from __future__ import annotations
 
@@ -40,11 +41,13 @@ from simtree.planning.simulate import PolicySpec
 from .full.acceptance import Live
 from .full.drafting import round_shape
 from .full.engine import FullEngine
+from .full.generate import TRACE_TOPK, generate, state_rows
+from .full.round_trace import RecordList
+from .trace import TRACE_SCHEMA
 
 __all__ = ["trace_policies", "draft_confidences", "policy_name", "TOPK", "TRACE_SCHEMA"]
 
-TRACE_SCHEMA = "simtree.trace/2"
-TOPK = 8    # drafter candidates logged per drafted chain position
+TOPK = TRACE_TOPK    # drafter candidates logged per drafted chain position
 
 
 def policy_name(mode: str, params: dict) -> str:
@@ -62,57 +65,6 @@ def policy_name(mode: str, params: dict) -> str:
     return mode
 
 
-def _np(t: torch.Tensor) -> np.ndarray:
-    """A copy on the host (the engine reuses its buffers every round; a CPU tensor's numpy() is a view)."""
-    return t.detach().cpu().numpy().copy()
-
-
-class _Observed:
-    """The model, with its ``draft_logits`` and ``verify`` calls observed (everything else passes)."""
-
-    def __init__(self, model, topk: int):
-        self._model, self._k = model, topk
-        self.first = None       # top-K of the latest one-row-per-sequence draft call (a round's first position)
-        self.steps = []         # top-K of this round's chain steps
-        self.context = None
-
-    def __getattr__(self, name):
-        return getattr(self._model, name)
-
-    def draft_logits(self, hidden):
-        logits = self._model.draft_logits(hidden)
-        probs = torch.softmax(logits.float(), -1)
-        p, i = probs.topk(min(self._k, probs.shape[-1]), -1)
-        if hidden.dim() == 2:
-            self.first = (_np(i), _np(p))
-        else:   # [B, frontier, K]: the chain's (frontier 1) next position
-            self.steps.append((_np(i[:, 0]), _np(p[:, 0])))
-        return logits
-
-    def verify(self, st, tokens, parents):
-        self.context = _np(st.lengths)
-        return self._model.verify(st, tokens, parents)
-
-
-class _Recorder(Live):
-    """Live acceptance that keeps each round's trees, target tokens and accepted nodes."""
-
-    def __init__(self, probe: _Observed, chain_topk: bool):
-        self.probe, self.chain_topk, self.rounds = probe, chain_topk, []
-
-    def accept(self, tree, target_next, rs):
-        acc = super().accept(tree, target_next, rs)
-        topk = None
-        if self.chain_topk and self.probe.first is not None:
-            pos = [self.probe.first, *self.probe.steps]
-            topk = (np.stack([t for t, _ in pos], 1), np.stack([p for _, p in pos], 1))   # [B, P, K]
-        self.probe.steps = []
-        self.rounds.append({"tokens": _np(tree.tokens), "parents": _np(tree.parents), "score": _np(tree.score.float()),
-                            "rank": _np(tree.rank), "valid": _np(tree.valid), "target": _np(target_next),
-                            "accepted": _np(acc), "context": self.probe.context, "topk": topk})
-        return acc
-
-
 def _add_context_match(recs: list[dict], prompt_ids: list[list[int]], outputs: list[list[int]]) -> None:
     """Each record with the drafter's chain top-K gets ``context_match``: the rank of the context
     lookup's token at each chain position (:func:`simtree.acceptance.transfer.context_match`),
@@ -127,50 +79,27 @@ def _add_context_match(recs: list[dict], prompt_ids: list[list[int]], outputs: l
         made[b] = start + rec["num_accepted"] + 1
 
 
-class _DraftsOnly(Live):
+class _NoneAccepted(Live):
     """Accepts no draft: every round gains exactly the target's greedy token, so the drafter
-    drafts its chain from every position of the greedy text in turn.  Keeps the drafter's top-K
-    probabilities of each chain and nothing of the target's verdict on them."""
-
-    def __init__(self, probe: _Observed):
-        self.probe, self.rounds = probe, []
+    drafts its chain from every position of the greedy text in turn."""
 
     def accept(self, tree, target_next, rs):
-        pos = [self.probe.first, *self.probe.steps]
-        self.probe.steps = []
-        self.rounds.append({"probs": np.stack([p for _, p in pos], 1), "ids": np.stack([t for t, _ in pos], 1),
-                            "context": self.probe.context})   # [B, P, K]
         return torch.zeros(tree.tokens.shape[0], dtype=torch.int64, device=tree.tokens.device)
 
 
-def _records(rounds: list[dict], mode: str, workload: str, batch_size: int, max_new_tokens: int) -> list[dict]:
-    """Trace records (format v2) of the kept rounds (module docstring)."""
+def _kept(records: list[dict], mode: str, batch_size: int, max_new_tokens: int) -> list[dict]:
+    """The records (round order) of the rounds that begin while their sequence is short of
+    ``max_new_tokens`` (module docstring); the drafter's top-K kept in linear runs' alone."""
     made = np.ones(batch_size, np.int64)    # the prefill made each sequence's first token
     out = []
-    for r, rd in enumerate(rounds):
-        for b in range(batch_size):
-            keep = np.flatnonzero(rd["valid"][b])       # valid nodes: closed under parents, root first
-            local = {int(j): i for i, j in enumerate(keep)}
-            par = [-1] + [local[int(rd["parents"][b, j])] for j in keep[1:]]
-            score = rd["score"][b, keep]
-            lp = [0.0] + [round(float(score[i] - (score[par[i]] if par[i] > 0 else 0.0)), 6) for i in range(1, len(keep))]
-            acc = local[int(rd["accepted"][b])]
-            path = [acc]
-            while par[path[-1]] >= 0:
-                path.append(par[path[-1]])
-            path = path[::-1]
-            rec = {"schema": TRACE_SCHEMA, "workload": workload, "batch_size": batch_size, "round": r, "seq": b,
-                   "mode": mode, "context_len": int(rd["context"][b]), "parents": par,
-                   "tokens": rd["tokens"][b, keep].tolist(), "log_probs": lp,
-                   "ranks": rd["rank"][b, keep].tolist(), "accepted_path": path, "accepted_node": acc,
-                   "num_accepted": len(path) - 1, "target_tokens": rd["target"][b, keep[path]].tolist(),
-                   "drafter": "mtp"}
-            if rd["topk"] is not None:
-                rec["topk_tokens"] = rd["topk"][0][b].tolist()
-                rec["topk_probs"] = [[round(float(x), 6) for x in row] for row in rd["topk"][1][b]]
-            if made[b] < max_new_tokens:
-                out.append(rec)
-            made[b] += len(path)
+    for rec in records:
+        b = rec["seq"]
+        if made[b] < max_new_tokens:
+            if mode != "linear":
+                rec.pop("topk_tokens", None)
+                rec.pop("topk_probs", None)
+            out.append(rec)
+        made[b] += rec["num_accepted"] + 1
     return out
 
 
@@ -184,18 +113,11 @@ def trace_policies(model, prompt_ids: list[list[int]], policies: list[tuple[str,
     runs = {}
     for mode, params in policies:
         spec = PolicySpec.from_dict(mode, dict(params))
-        rs = round_shape(spec)
-        probe = _Observed(model, TOPK)
-        source = _Recorder(probe, chain_topk=(mode == "linear"))
-        # the static batch decodes until its slowest sequence has max_new_tokens: a faster one
-        # gains up to path_rows tokens in each of those (at most max_new_tokens) rounds
-        max_len = max(map(len, prompt_ids)) + max_new_tokens * max(rs.path_rows, 1) + rs.budget + 2
-        engine = FullEngine(probe, rs, len(prompt_ids), max_len, source=source, graphs=False, costs=costs)
-        engine.prefill(prompt_ids)
-        engine.run(max_new_tokens=max_new_tokens)
+        traced = RecordList() if spec.mode != "none" else None     # plain decoding drafts nothing: no records
+        res = generate(model, prompt_ids, max_new_tokens, spec, costs=costs, workload=workload, trace=traced)
         name = policy_name(mode, params)
-        recs = _records(source.rounds, mode, workload, len(prompt_ids), max_new_tokens)
-        _add_context_match(recs, prompt_ids, engine.outputs())
+        recs = _kept(traced or [], mode, len(prompt_ids), max_new_tokens)
+        _add_context_match(recs, prompt_ids, res.outputs)
         text = "".join(json.dumps(r) + "\n" for r in recs)
         path = None
         if out is not None:
@@ -212,7 +134,7 @@ def trace_policies(model, prompt_ids: list[list[int]], policies: list[tuple[str,
             path = None
         runs[name] = {"mode": mode, "params": dict(params), "records": records, "path": path,
                       "context_len": float(np.mean([r.context_len for r in records])) if records else 0.0,
-                      "outputs": [o[:max_new_tokens] for o in engine.outputs()]}
+                      "outputs": res.outputs}
         if say is not None:
             acc = np.mean([r.num_accepted + 1 for r in records]) if records else float("nan")
             say(f"{workload} {name}: {len(records)} rounds x sequences, {acc:.3f} tokens per round")
@@ -229,21 +151,24 @@ def draft_confidences(model, prompt_ids: list[list[int]], depth: int, max_new_to
     positions; a record keeps that chain's top-``TOPK`` probabilities per position, the
     sequence, the position and the context length: only what the drafter computed.  Positions
     up to ``max_new_tokens`` - 1 (those a traced round can begin at)."""
-    spec = PolicySpec.from_dict("linear", {"budget": depth + 1})
-    rs = round_shape(spec)
-    probe = _Observed(model, TOPK)
-    source = _DraftsOnly(probe)
-    max_len = max(map(len, prompt_ids)) + max_new_tokens + rs.budget + 2
-    engine = FullEngine(probe, rs, len(prompt_ids), max_len, source=source, graphs=False)
+    rs = round_shape(PolicySpec.from_dict("linear", {"budget": depth + 1}))
+    engine = FullEngine(model, rs, len(prompt_ids), state_rows(prompt_ids, rs, max_new_tokens),
+                        source=_NoneAccepted(), graphs=False, trace_topk=min(TOPK, model.vocab))
     engine.prefill(prompt_ids)
-    engine.run(max_new_tokens=max_new_tokens)
+    engine.begin()
+    rounds = []
+    for _ in range(max_new_tokens - 1):    # one token a round: the rounds that begin short of max_new_tokens
+        context = engine.st.lengths.tolist()
+        engine.step()
+        lp, ids = engine.last_round()["marginals"]      # [B, P, K]
+        rounds.append((context, np.exp(lp.astype(np.float64)), ids))
     recs, outputs = [], engine.outputs()
-    for r, rd in enumerate(source.rounds[:max_new_tokens - 1]):
+    for r, (context, probs, ids) in enumerate(rounds):
         for b in range(len(prompt_ids)):
             recs.append({"schema": DRAFTS_SCHEMA, "workload": workload, "seq": b, "position": r,
-                         "context_len": int(rd["context"][b]), "drafter": "mtp",
-                         "topk_probs": (np.floor(rd["probs"][b].astype(np.float64) * 1e6) / 1e6).tolist(),
-                         "context_match": context_match([*prompt_ids[b], *outputs[b][:r + 1]], rd["ids"][b]).tolist()})
+                         "context_len": int(context[b]), "drafter": "mtp",
+                         "topk_probs": (np.floor(probs[b] * 1e6) / 1e6).tolist(),
+                         "context_match": context_match([*prompt_ids[b], *outputs[b][:r + 1]], ids[b]).tolist()})
     path = None
     if out is not None:
         path = write_text_atomic(Path(out) / f"{workload}_drafts_p{depth}.jsonl",

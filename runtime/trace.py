@@ -105,10 +105,6 @@ class TraceWriter:
             self.tmp_path = self.path
             self._fh = open(self.tmp_path, "w", encoding="utf-8")
 
-    def write_round(self, batch, acc, **fields) -> None:
-        """The round's records (:func:`round_records`, the same arguments) appended."""
-        self.write_records(round_records(batch, acc, **fields))
-
     def write_records(self, records) -> None:
         for rec in records:
             self._fh.write(json.dumps(rec) + "\n")

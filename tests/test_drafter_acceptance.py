@@ -13,7 +13,7 @@ from simtree.acceptance.drafter_presets import PUBLISHED_BLOCK_TAU, chain_accept
 from simtree.acceptance.predict import accepted_per_round
 from simtree.acceptance.traces import chain_trials, read_traces
 from simtree.errors import SimtreeError
-from simtree.runtime.trace import TraceWriter
+from simtree.runtime.trace import TraceWriter, round_records
 from simtree.trees.greedy import greedy_accept_batch
 from simtree.trees.tree import DraftTree, TreeBatch
 
@@ -30,8 +30,9 @@ def test_writer_records_marginal_ranks_and_confidence(tmp_path):
                                                                     [0.9, 0.05, 0.01]]]))
     path = tmp_path / "t.jsonl"
     with TraceWriter(path) as w:
-        w.write_round(batch, acc, workload="w", batch_size=1, round_index=0, mode="best_first", context_lens=[5],
-                      topk=topk, drafter="dspark", confidence=np.array([[0.9, 0.7, 0.4]]), verified_len=[3])
+        w.write_records(round_records(batch, acc, workload="w", batch_size=1, round_index=0, mode="best_first",
+                                      context_lens=[5], topk=topk, drafter="dspark",
+                                      confidence=np.array([[0.9, 0.7, 0.4]]), verified_len=[3]))
     rec = json.loads(path.read_text())
     assert rec["target_tokens"] == [1, 6, 3] and rec["marginal_ranks"] == [1, 0, 3]   # 3 = not in the top-3
     r = read_traces(path)[0]

@@ -28,8 +28,9 @@ SPECS = [PolicySpec.from_dict("block", {"budget": 8, "block_len": 7}),
 COSTS = drafter_costs()
 
 
-def _engine(name, spec, batch=3, costs=COSTS, dtype=torch.float64):
-    return make_engine(tiny_model(name, dtype=dtype), round_shape(spec), batch, 256, costs=costs, **TINY)
+def _engine(name, spec, batch=3, costs=COSTS, dtype=torch.float64, trace_topk=0):
+    return make_engine(tiny_model(name, dtype=dtype), round_shape(spec), batch, 256, costs=costs,
+                       trace_topk=trace_topk, **TINY)
 
 
 @pytest.mark.parametrize("name", FAMILIES)
@@ -48,7 +49,7 @@ def test_block_drafter_modes_output_equals_plain_greedy(name):
 def test_the_block_tree_is_best_first_over_the_drafters_marginals():
     """After a round each tree holds the planner's best-first tree over the round's marginals
     (the same rank paths), each node scored with its path's summed marginal log-probs."""
-    engine = _engine("tiny-gdn", SPECS[0])
+    engine = _engine("tiny-gdn", SPECS[0], trace_topk=8)     # traced: the round's marginals kept
     engine.prefill(PROMPTS)
     engine.run(rounds=2)
     t, lp = engine.tree, engine.marginal_lp.double()
@@ -114,7 +115,7 @@ def test_a_dspark_bucket_caps_the_chain_and_stays_lossless():
 
 def test_round_records_carry_marginal_ranks_and_confidence():
     for spec in (SPECS[0], SPECS[1], SPECS[2]):
-        engine = _engine("tiny-gdn", spec, batch=2)
+        engine = _engine("tiny-gdn", spec, batch=2, trace_topk=8)
         engine.prefill(PROMPTS[:2])
         ctx = engine.st.lengths.tolist()
         engine.run(rounds=1)
@@ -185,3 +186,17 @@ def test_a_given_prompts_run_writes_traces_the_acceptance_model_reads(tmp_path):
     assert trials.hit.sum() == sum(int(((r.marginal_ranks >= 0) & (r.marginal_ranks < 4)).sum()) for r in read)
     cal = calibrate_confidence(records)
     assert np.all(np.diff(cal.rate) >= 0)
+
+
+def test_only_a_traced_block_engine_copies_its_marginals():
+    """The marginals' copies last_round reads are made in traced engines alone; a block
+    drafter's engine takes no other round shapes (one line)."""
+    untraced, traced = (_engine("tiny-gdn", SPECS[0], batch=2, trace_topk=k) for k in (0, 8))
+    for engine in (untraced, traced):
+        engine.prefill(PROMPTS[:2])
+        engine.run(rounds=1)
+    assert not untraced.marginal_lp.any() and traced.marginal_lp.any()
+    assert traced.last_round()["marginals"][0].shape == tuple(traced.marginal_lp.shape)
+    plain = round_shape(PolicySpec.from_dict("none"))
+    with pytest.raises(SimtreeError, match="runs its own round shape alone"):
+        make_engine(tiny_model("tiny-gdn"), round_shape(SPECS[0]), 1, 64, shapes=[plain], **TINY)

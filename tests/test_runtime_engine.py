@@ -191,14 +191,22 @@ def test_prompts_are_checked(model):
 
 def _engine_classes() -> list[str]:
     """Classes under runtime/ that run decode rounds: a ``run`` or ``generate`` method beside a
-    ``prefill`` (what an engine is: prompts in, rounds of draft / verify / commit out)."""
-    found = []
+    ``prefill`` (what an engine is: prompts in, rounds of draft / verify / commit out); the round
+    loop may come from a base class that has no ``prefill`` of its own (a mixin such as
+    runtime/full/rounds.py's)."""
+    classes, by_name = [], {}
     for path in sorted((ROOT / "runtime").rglob("*.py")):
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             if isinstance(node, ast.ClassDef):
                 methods = {n.name for n in node.body if isinstance(n, ast.FunctionDef)}
-                if "prefill" in methods and methods & {"run", "generate"}:
-                    found.append(f"{path.relative_to(ROOT)}:{node.name}")
+                bases = [b.id for b in node.bases if isinstance(b, ast.Name)]
+                classes.append((f"{path.relative_to(ROOT)}:{node.name}", methods, bases))
+                by_name.setdefault(node.name, []).append(methods)
+    found = []
+    for where, methods, bases in classes:
+        mixed = set().union(*[m for b in bases for m in by_name.get(b, []) if "prefill" not in m])
+        if "prefill" in methods and (methods | mixed) & {"run", "generate"}:
+            found.append(where)
     return found
 
 

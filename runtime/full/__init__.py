@@ -11,6 +11,7 @@ scale (random weights or a checkpoint's; docs/full_runtime.md).
     drafting.py        EAGLE-style trees built on the device; the accepted path
     acceptance.py      live, trace replay and acceptance-model replay
     engine.py          FullEngine: rounds of draft / verify / catch-up / commit, CUDA graphs, timing
+    rounds.py          the rounds driven from the host: run (begin, step, stats), RunStats, reads back
     layout.py          the buffers of one round shape (an engine switches between several per round)
     measure.py         full_run: measured against predicted (simtree run --model); repredict
     report.py          summary.csv / summary.md / predicted_vs_measured.png

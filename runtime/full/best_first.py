@@ -4,6 +4,7 @@
     cand = marginal_candidates(lp, ids, rs)             # every node a best-first tree can hold
     best = best_first(cand, rs)                         # [B, m] best-first order (pop order)
     lay_out(out, roots, cand, best, rs.topk, valid=None)
+    lay_chain(out, roots, lp[..., 0], ids[..., 0])      # a linear round's chain, its marginals kept (traces)
 
 The marginal modes draft a top-1 chain: step 1's distribution comes from the MTP layer's
 catch-up, step i = 2..P runs the MTP layer on the chain's top-1 token of step i - 1; the top-K
@@ -27,7 +28,7 @@ import torch
 
 from simtree.kernels.layers.head import topk_logp
 
-from .drafting import RoundShape, lay_out
+from .drafting import RoundShape, lay_out, pad_tree
 
 __all__ = ["draft_marginals", "marginal_candidates", "best_first", "lay_out", "lay_chain"]
 
@@ -82,16 +83,20 @@ def best_first(cand: tuple, rs: RoundShape) -> torch.Tensor:
     return torch.sort(score, dim=1, descending=True, stable=True).indices[:, :m]
 
 
-def lay_chain(out, roots: torch.Tensor, lp: torch.Tensor, ids: torch.Tensor) -> None:
-    """The drafter's top-1 chain of the marginals (lp, ids [B, P, K]) as the round's tree (linear
-    D = P + 1): the tree ``drafting.draft_tree`` drafts at k = 1, its top-K kept beside it."""
-    B, P = ids.shape[:2]
-    dev = roots.device
+def lay_chain(out, roots: torch.Tensor, lp: torch.Tensor, tok: torch.Tensor, keep: torch.Tensor | None = None) -> None:
+    """The chain root -> tok[:, 0] -> ... -> tok[:, m - 1] (``lp``, ``tok`` [B, m]: the chain's
+    log-probabilities and tokens) as the round's tree, each node scored by its prefix's summed
+    log-probabilities; the bucket's nodes past it padding.  ``keep`` [B]: each sequence's chain
+    is valid up to depth keep[b] (DSpark's verified prefix; the rest stays in the tree, never
+    accepted); None: all of it (a linear round's chain, ``drafting.draft_tree``'s at k = 1)."""
+    m = tok.shape[1]
+    cols = torch.arange(m + 1, device=roots.device)
     out.tokens[:, 0] = roots
-    out.tokens[:, 1:P + 1] = ids[:, :, 0]
-    out.parents.copy_(torch.arange(-1, P, device=dev).expand(B, P + 1))
-    out.depth.copy_(torch.arange(P + 1, device=dev).expand(B, P + 1))
-    out.rank.zero_()
-    out.valid.fill_(True)
+    out.tokens[:, 1:m + 1] = tok
+    out.parents[:, :m + 1] = cols - 1
+    out.depth[:, :m + 1] = cols
+    out.rank[:, :m + 1] = 0
     out.score[:, 0] = 0.0
-    out.score[:, 1:P + 1] = lp[:, :, 0].float().cumsum(1)
+    out.score[:, 1:m + 1] = torch.cumsum(lp.float(), 1)
+    out.valid[:, :m + 1] = True if keep is None else cols[None, :] <= keep[:, None]
+    pad_tree(out, m + 1, 1)

@@ -28,10 +28,10 @@ The drafter shares the target's embedding and LM head.  Replays score the margin
 dspark) and the adapter's ranked children (tfm: ``DraftScores.rescore_at``, the tree then the
 planner's best-first over the level's draft table) by the acceptance model (``DraftScores``);
 a dspark replay's survival is its level's probability of the chain's top-1 (a calibrated
-confidence head).  Each round's marginals and
-confidences stay on the device (``marginal_ids``, ``confidence``, ``verified_len``):
-``last_round`` brings them to the host with the tree, and :mod:`.round_trace` turns a round into
-trace records after it.
+confidence head).  Each round's confidences and verified prefix stay on the device
+(``confidence``, ``verified_len``), and a traced engine's (``trace_topk`` > 0) marginals too
+(``marginal_lp``, ``marginal_ids``): ``last_round`` brings them to the host with the tree, and
+:mod:`.round_trace` turns a round into trace records after it (``generate(..., trace=)``).
 """
 from __future__ import annotations
 
@@ -43,13 +43,12 @@ from simtree.kernels.layers.drafters import (backbone_forward, block_marginals, 
 from simtree.kernels.layers.drafters.block import DeviceTree
 
 from .allocation import drafter_cost
-from .best_first import best_first, marginal_candidates
+from .best_first import best_first, lay_chain, marginal_candidates
 from .block_drafters import DrafterRound
 from .drafting import MARGINAL_TOPK, RoundShape, lay_out, pad_tree
 from .engine import FullEngine
-from .round_trace import round_records
 
-__all__ = ["BlockEngine", "make_engine", "check_block_len", "feature_layers", "traced_rounds", "FAMILY_FIELDS"]
+__all__ = ["BlockEngine", "make_engine", "check_block_len", "feature_layers", "FAMILY_FIELDS"]
 
 # drafter sizes of one family only (``sizes`` may name them for every family: the others' are dropped)
 FAMILY_FIELDS = {"tfm": ("cand_k", "adapter_dim"), "dspark": ("markov_rank",)}
@@ -67,12 +66,14 @@ def feature_layers(n_layers: int, count: int = PUBLIC["target_layers"]) -> tuple
 
 
 def make_engine(model, rs: RoundShape, batch_size: int, max_len: int, source=None, graphs=None, costs=None,
-                **drafter):
+                shapes=(), trace_topk: int = 0, **drafter):
     """The engine of round shape ``rs``: a :class:`BlockEngine` for the block drafters, else a
-    FullEngine; ``drafter``: the BlockEngine's ``sizes`` / ``seed``."""
+    FullEngine (``shapes``, ``trace_topk``: its); ``drafter``: the BlockEngine's ``sizes`` / ``seed``."""
     if rs.block_drafter:
-        return BlockEngine(model, rs, batch_size, max_len, source, graphs, costs, **drafter)
-    return FullEngine(model, rs, batch_size, max_len, source, graphs, costs)
+        if any(s != rs for s in shapes):
+            raise SimtreeError(f"{rs.name}: a block drafter's engine runs its own round shape alone")
+        return BlockEngine(model, rs, batch_size, max_len, source, graphs, costs, trace_topk=trace_topk, **drafter)
+    return FullEngine(model, rs, batch_size, max_len, source, graphs, costs, shapes=shapes, trace_topk=trace_topk)
 
 
 def check_block_len(rs: RoundShape, costs=None) -> None:
@@ -87,13 +88,14 @@ def check_block_len(rs: RoundShape, costs=None) -> None:
 
 class BlockEngine(FullEngine):
     def __init__(self, model, rs: RoundShape, batch_size: int, max_len: int, source=None, graphs=None, costs=None,
-                 sizes: dict | None = None, seed: int = 0):
+                 sizes: dict | None = None, seed: int = 0, trace_topk: int = 0):
         """``sizes``: drafter fields other than the public ones (tests: tiny drafters; another
-        family's fields are ignored)."""
+        family's fields are ignored); ``trace_topk`` > 0: a traced engine (FullEngine's), whose
+        rounds keep their marginals for ``last_round``."""
         if not rs.block_drafter:
             raise SimtreeError(f"{rs.name} is not drafted by a block drafter")
         check_block_len(rs, costs)
-        super().__init__(model, rs, batch_size, max_len, source, graphs, costs)
+        super().__init__(model, rs, batch_size, max_len, source, graphs, costs, trace_topk=trace_topk)
         taps = feature_layers(len(model.kinds))
         self.verify_kw = {"taps": taps}
         others = {f for fam, fields in FAMILY_FIELDS.items() if fam != rs.drafter for f in fields}
@@ -109,7 +111,6 @@ class BlockEngine(FullEngine):
         self.marginal_lp = torch.zeros(B, L, K, dtype=torch.float32, device=dev)
         self.confidence = torch.zeros(B, L, dtype=torch.float32, device=dev)
         self.verified_len = torch.zeros(B, dtype=torch.int64, device=dev)
-        self._cols = torch.arange(rs.nodes, device=dev)
         self._prompt_feats = None
         self._sync_lengths = False
 
@@ -135,8 +136,9 @@ class BlockEngine(FullEngine):
         else:
             lp, ids, conf = dspark_draft(d.w, hid, self.roots, MARGINAL_TOPK)
             self.confidence.copy_(conf)
-        self.marginal_ids.copy_(ids)
-        self.marginal_lp.copy_(lp)
+        if self.traced:     # for last_round
+            self.marginal_ids.copy_(ids)
+            self.marginal_lp.copy_(lp)
         if scores is not None:   # every position's row of the round's level at once
             lp = scores.rescore_at(torch.arange(lp.shape[1], device=lp.device).expand(self.B, -1), lp)
         if rs.drafter == "block":
@@ -144,29 +146,14 @@ class BlockEngine(FullEngine):
             lay_out(self.tree, self.roots, cand, best_first(cand, rs), rs.topk)
         else:
             surv = survival(lp[..., 0].exp()) if scores is not None else survival(self.confidence)
-            self._set_chain(lp[..., 0], ids[..., 0], surv)
-
-    def _set_chain(self, lp: torch.Tensor, tok: torch.Tensor, surv: torch.Tensor) -> None:
-        """The chain root -> tok[:, 0] -> ... (as many as the bucket holds); the prefix of each
-        sequence that clears the threshold (or the schedule) valid."""
-        rs, t = self.rs, self.tree
-        m = rs.tree_nodes - 1
-        surv = surv[:, :m]
-        if rs.threshold is not None:
-            keep = (surv >= rs.threshold).sum(1)
-        else:
-            keep = self.alloc.allocate(surv, self.st.lengths.double().mean())
-        cols = self._cols[:m + 1]
-        t.tokens[:, 0] = self.roots
-        t.tokens[:, 1:m + 1] = tok[:, :m]
-        t.parents[:, :m + 1] = cols - 1
-        t.depth[:, :m + 1] = cols
-        t.rank[:, :m + 1] = 0
-        t.score[:, 0] = 0.0
-        t.score[:, 1:m + 1] = torch.cumsum(lp[:, :m].float(), 1)
-        t.valid[:, :m + 1] = cols[None, :] <= keep[:, None]
-        pad_tree(t, m + 1, 1)
-        self.verified_len.copy_(keep)
+            m = rs.tree_nodes - 1     # the chain's drafts the bucket holds
+            surv = surv[:, :m]
+            if rs.threshold is not None:    # the prefix that clears the threshold, or the schedule's
+                keep = (surv >= rs.threshold).sum(1)
+            else:
+                keep = self.alloc.allocate(surv, self.st.lengths.double().mean())
+            lay_chain(self.tree, self.roots, lp[:, :m, 0], ids[:, :m, 0], keep)
+            self.verified_len.copy_(keep)
 
     def _set_tree(self, dt: DeviceTree) -> None:
         t, N = self.tree, dt.tokens.shape[1]
@@ -248,15 +235,3 @@ class BlockEngine(FullEngine):
             d.feats[b, :last[b]] = f[T[b] - last[b]:]
         d.n_new.copy_(torch.as_tensor(last, device=dev))
 
-
-def traced_rounds(engine: BlockEngine, max_new_tokens: int, workload: str) -> list[dict]:
-    """Live rounds until every sequence has ``max_new_tokens`` outputs, one round at a time (the
-    host reads each round's buffers after it): the trace records of every round."""
-    records, index = [], 0
-    while int(engine.out_len.min()) < max_new_tokens:
-        ctx = engine.st.lengths.tolist()
-        engine.run(rounds=1)
-        records += round_records(engine.last_round(), workload=workload, round_index=index,
-                                 mode=engine.rs.spec.mode, context_lens=ctx)
-        index += 1
-    return records

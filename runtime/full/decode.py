@@ -24,11 +24,11 @@ import torch
 from simtree.errors import SimtreeError, check_int
 from simtree.fileio import write_text_atomic
 
-from .block_engine import make_engine, traced_rounds
 from .build import DTYPES, build_model, dtype_name
 from .drafting import round_shape
 from .engine import OUT_CAP
-from .generate import state_rows
+from .generate import generate
+from .round_trace import RecordList
 
 __all__ = ["decode_prompts", "parse_prompt_ids", "parse_dtype"]
 
@@ -75,19 +75,11 @@ def decode_prompts(model, prompt_ids: list[str] | list[list[int]], spec, max_new
     for line in notes:
         if say is not None:
             say(line)
-    max_len = state_rows(prompts, rs, max_new_tokens)   # a static batch: the fastest sequence runs on
-    engine = make_engine(built, rs, len(prompts), max_len, costs=costs)
-    engine.capture()
-    engine.prefill(prompts)
-    traces = None
-    if rs.block_drafter and out is not None:   # their rounds' marginals and confidences, for the acceptance model
-        traces = traced_rounds(engine, max_new_tokens, TRACE_WORKLOAD)
-        rounds = len(traces) // len(prompts)
-        accepted = 1.0 + float(np.mean([r["num_accepted"] for r in traces])) if traces else float("nan")
-    else:
-        stats = engine.run(max_new_tokens=max_new_tokens)
-        rounds, accepted = stats.rounds, stats.accepted_tokens_per_round
-    outputs = [o[:max_new_tokens] for o in engine.outputs()]
+    # a block drafter's rounds' marginals and confidences, for the acceptance model
+    traces = RecordList() if rs.block_drafter and out is not None else None
+    res = generate(built, prompts, max_new_tokens, spec, costs=costs, workload=TRACE_WORKLOAD, trace=traces)
+    rounds, outputs = len(res.rounds), res.outputs
+    accepted = 1.0 + float(np.mean([r.accepted for r in res.rounds])) if res.rounds else float("nan")
     report = {"model": built.shape.name, "source": built.shape.source, "mode": spec.mode, "params": spec.to_dict(),
               "policy": rs.name, "device": str(built.device), "dtype": dtype_name(built.dtype),
               "prompts": prompts, "max_new_tokens": max_new_tokens, "outputs": outputs, "rounds": rounds,

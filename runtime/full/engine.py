@@ -21,17 +21,19 @@ One round, every stage on the device with static shapes (B sequences, n nodes ea
 Plain decoding (budget 1) is one stage: the target's decode step and its argmax.  With CUDA
 graphs each stage is one graph replay, captured per (batch, nodes) bucket; the graphs share
 one memory pool and replay in capture order.  The host reads nothing inside a round: live runs
-read the output lengths once a round (to stop), replays not even that (their accepted lengths
-go to a device log read after the run).  Without a GPU the same stages run eagerly.  An engine
-built with more round ``shapes`` switches between them per round (``use``: an online
-controller's tiers; each shape replays its own graphs).
+read the output lengths once a round (to stop), replays not even that.  Each round's accepted
+lengths and tree sizes go to a device log; the host counts the rounds and reads the log once,
+after them (``run``, or ``begin``, ``step`` per round and ``stats`` for a caller's own loop).
+Without a GPU the same stages run eagerly.  An engine built with more round ``shapes`` switches
+between them per round (``use``: an online controller's tiers; each shape replays its own graphs).
 
 Plain rounds of such an engine let the MTP layer fall behind, as serving engines do while
 speculation is off: the round is the target's decode step alone (the single-shape plain
 engine's stage) plus two device copies of the rows the MTP layer will need (:mod:`.lag`).
 One batched catch-up (:meth:`catch_up`) runs eagerly, outside the graphs, when ``use``
 switches to a speculative shape, before a prefill, and before a plain round that would
-overflow the buffer (every ``lag_rows`` plain rounds); ``take_catchup_ms`` times it.
+overflow the buffer (every ``lag_rows`` plain rounds); ``RunStats.catchup_ms`` times it (with the
+round it precedes).
 
 Timing, per round: ``draft_ms`` (draft + catchup), ``verify_ms``, ``commit_ms`` from CUDA
 events around the stages (perf counters on CPU); ``host_ms`` is the CPU time spent issuing the
@@ -41,14 +43,13 @@ Inside a run of back-to-back rounds a launch can wait for the device (the queue 
 that issue time would count device time as host work: ``run(host_probe=N)`` times the issue
 of N more rounds, each launched onto an idle device, and reports those.  On CPU, where host and device
 are the same, ``host_ms`` is the round's wall time outside its stages.  The run's wall time
-over all rounds gives the measured round time and throughput.
+over all rounds gives the measured round time and throughput.  The round loop, its statistics
+and what the host reads back are :mod:`.rounds`'s (:class:`.rounds.EngineRounds`).
 """
 from __future__ import annotations
 
 import math
-import time
 import traceback
-from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -61,58 +62,23 @@ from .best_first import best_first, draft_marginals, lay_chain, lay_out, margina
 from .drafting import RoundShape, accepted_path, draft_tree, topk_logp
 from .lag import DraftLag
 from .layout import RoundLayout
+from .rounds import LOG_CAP, OUT_CAP, EngineRounds, RunStats
 
 __all__ = ["FullEngine", "RunStats", "PREFILL_CHUNK", "OUT_CAP"]
 
 PREFILL_CHUNK = 64      # prompt tokens per sequence per prefill verify (the GDN kernels' decode sizes)
-OUT_CAP = 4096          # output tokens kept per sequence (live runs)
-LOG_CAP = 1 << 14       # rounds whose accepted lengths the device log keeps
 
 
-@dataclass
-class RunStats:
-    """Per round (arrays of ``rounds``): accepted draft tokens per sequence [R, B], stage times
-    (ms) and host issue time (ms); ``wall_s`` over all rounds; ``context_lens`` [R] the mean
-    context at each round's start."""
-
-    rounds: int
-    batch_size: int
-    accepted: np.ndarray
-    draft_ms: np.ndarray
-    verify_ms: np.ndarray
-    commit_ms: np.ndarray
-    host_ms: np.ndarray
-    wall_s: float
-    context_lens: np.ndarray
-    notes: list = field(default_factory=list)
-
-    @property
-    def tokens(self) -> int:
-        return int(self.accepted.sum()) + self.rounds * self.batch_size
-
-    @property
-    def round_ms(self) -> float:
-        return self.wall_s * 1e3 / max(self.rounds, 1)
-
-    @property
-    def tok_s(self) -> float:
-        return self.tokens / self.wall_s if self.wall_s > 0 else float("nan")
-
-    @property
-    def accepted_tokens_per_round(self) -> float:
-        """Tokens a sequence gains per round, the bonus included."""
-        return 1.0 + float(self.accepted.mean()) if self.rounds else float("nan")
-
-
-class FullEngine:
+class FullEngine(EngineRounds):
     def __init__(self, model, rs: RoundShape, batch_size: int, max_len: int, source=None,
                  graphs: bool | None = None, costs=None, shapes=(), trace_topk: int = 0,
                  lag_rows: int | None = None):
         """``costs``: the cost bundle whose C_d and C_v cost_aware and batch_alloc decide with.
         ``shapes``: more round shapes the rounds may switch to (:meth:`use`: an online
-        controller's tiers); each shape's stages are captured (:meth:`capture`).  ``trace_topk``: linear rounds
-        keep the drafter's top-``trace_topk`` at every drafted position (``last_round``: traces),
-        drafting the same chain.  ``lag_rows``: plain rounds the MTP layer may fall behind
+        controller's tiers); each shape's stages are captured (:meth:`capture`).  ``trace_topk`` > 0: a
+        traced engine, whose rounds keep what :meth:`last_round` reads (a plain round's root, a
+        block drafter's marginals); its linear rounds keep the drafter's top-``trace_topk`` at
+        every drafted position, drafting the same chain.  ``lag_rows``: plain rounds the MTP layer may fall behind
         (engines with a plain and an MTP-drafted shape: :class:`.lag.DraftLag`)."""
         self.model, self.B, self.costs = model, int(batch_size), costs
         self.source = source or Live()
@@ -122,6 +88,7 @@ class FullEngine:
         # block drafters (rs.block_drafter) keep their own state (:mod:`.block_engine`)
         speculative = [s for s in every if not s.plain and not s.block_drafter]
         self.trace_topk = int(trace_topk)
+        self.traced = self.trace_topk > 0
         rows = max([s.scratch_rows for s in speculative] + [PREFILL_CHUNK])
         self.ds = model.new_draft_state(self.st, rows) if speculative else None
         self.verify_kw = {}     # extra arguments of the target's verify (a block drafter's layer taps)
@@ -134,7 +101,12 @@ class FullEngine:
         self.out_buf = torch.zeros(B, OUT_CAP + 1, dtype=torch.int64, device=dev)
         self.out_len = torch.zeros(B, dtype=torch.int64, device=dev)
         self.acc_log = torch.zeros(LOG_CAP, B, dtype=torch.int32, device=dev)
-        self.log_at = torch.zeros(1, dtype=torch.int64, device=dev)
+        self.node_log = torch.zeros(LOG_CAP, B, dtype=torch.int32, device=dev)    # tree sizes, beside
+        self.log_at = torch.zeros(1, dtype=torch.int64, device=dev)    # the next log row (in the graphs)
+        self.rounds_logged = 0      # rounds the log holds since the last reset: log_at, counted on the host
+        self._ctx0 = torch.zeros(B, dtype=torch.int64, device=dev)   # the context at begin()
+        self._issued = []           # the rounds since begin(): (stage names, marks, host ms, catch-up marks)
+        self._log_first = 0         # the log row of begin()'s first round
         self._layouts = {s: RoundLayout.of(s, B, dev, self._chain_bits(s.path_rows), costs, max_len) for s in every}
         # plain rounds leave the MTP layer's rows for a later catch-up (an MTP shape drafts after them)
         self.lag = DraftLag(model, self.ds, B, lag_rows) if self.ds is not None and any(s.plain for s in every) \
@@ -169,22 +141,14 @@ class FullEngine:
     def catch_up(self) -> None:
         """The MTP layer over the rows plain rounds left it (:class:`.lag.DraftLag`), eagerly,
         outside the graphs: its lengths equal the target's again and its last row gives the next
-        draft's first top-k.  Timed (:meth:`take_catchup_ms`); a no-op when it is not behind."""
+        draft's first top-k.  Timed (``RunStats.catchup_ms``: the one-off a switch to a speculative
+        shape adds, outside the rounds' stages); a no-op when it is not behind."""
         if self.lag is None or not self.lag.waiting:
             return
         cuda = self.device.type == "cuda"
         start = self._mark(cuda)
         self._set_first(self.lag.catch_up(self.model, self.ds, self._chain_bits))
         self._catchup_marks.append((start, self._mark(cuda)))
-
-    def take_catchup_ms(self) -> float:
-        """Milliseconds the catch-ups since the last call took (CUDA events; perf counters on
-        CPU): the one-off a switch to a speculative shape adds, outside the rounds' stages."""
-        marks, self._catchup_marks = self._catchup_marks, []
-        if marks and self.device.type == "cuda":
-            marks[-1][1].synchronize()
-            return float(sum(a.elapsed_time(b) for a, b in marks))
-        return float(sum((b - a) * 1e3 for a, b in marks))
 
     def _take_lag_row(self) -> None:
         """Before a round: a plain round of a lagging engine takes a buffer row (a full buffer is
@@ -223,7 +187,7 @@ class FullEngine:
         lp, ids = draft_marginals(self.model, self.ds, self.rs, *first, self.own_bits, rescore)
         self._marginals = (lp, ids)
         if chain:
-            lay_chain(self.tree, self.roots, lp, ids)
+            lay_chain(self.tree, self.roots, lp[..., 0], ids[..., 0])
             return
         cand = marginal_candidates(lp, ids, self.rs)
         order = best_first(cand, self.rs)
@@ -247,7 +211,7 @@ class FullEngine:
         self._next_tok = torch.where(self.path_cols == acc_len[:, None], bonus[:, None], follow)
         self._row_ok = self.path_cols[None, :] <= acc_len[:, None]
         self._base_len = self.st.lengths.clone()
-        self._record(self._next_tok, self._row_ok, acc_len)
+        self._record(self._next_tok, self._row_ok, acc_len, t.valid.sum(1))
         self.roots.copy_(bonus)
         if self.alloc is not None:
             self.alloc.update((acc_len + 1).sum())
@@ -272,11 +236,12 @@ class FullEngine:
         return bool(self.trace_topk) and rs.topk == 1 and rs.num_steps == rs.budget - 1 and not rs.marginal
 
     def _plain(self) -> None:
-        self._plain_root = self.roots.clone()
+        if self.traced:     # the round's tree, the root alone, for last_round
+            self._plain_root = self.roots.clone()
         hidden = self.model.decode(self.st, self.roots)
         nxt = self.model.greedy(hidden)
         ones = torch.ones(self.B, 1, dtype=torch.bool, device=self.device)
-        self._record(nxt[:, None], ones, torch.zeros_like(nxt))
+        self._record(nxt[:, None], ones, torch.zeros_like(nxt), ones[:, 0])
         self._target_next = nxt[:, None]
         self.roots.copy_(nxt)
         if self.lag is not None:   # the MTP layer's row (hidden_q, token_q+1) waits for its catch-up
@@ -288,14 +253,16 @@ class FullEngine:
         self.first_ids.copy_(ids)
         self.first_hidden.copy_(hidden)
 
-    def _record(self, tokens, ok, acc_len) -> None:
+    def _record(self, tokens, ok, acc_len, nodes) -> None:
         """Tokens a round produced ([B, P], ``ok`` marks them) into the outputs; its accepted
-        lengths into the device log."""
+        lengths and tree sizes ([B]) into the device log."""
         pos = self.out_len[:, None] + torch.arange(tokens.shape[1], device=self.device)
         dest = torch.where(ok & (pos < OUT_CAP), pos, OUT_CAP)
         self.out_buf.scatter_(1, dest, tokens)
         self.out_len += ok.sum(1)
-        self.acc_log.index_copy_(0, self.log_at % LOG_CAP, acc_len.to(torch.int32)[None])
+        row = self.log_at % LOG_CAP
+        self.acc_log.index_copy_(0, row, acc_len.to(torch.int32)[None])
+        self.node_log.index_copy_(0, row, nodes.to(torch.int32)[None])
         self.log_at += 1
 
     # ---- set-up ------------------------------------------------------------------------------
@@ -306,6 +273,7 @@ class FullEngine:
                 lay.alloc.reset()
         for t in (self.out_len, self.log_at, self.roots):
             t.zero_()
+        self.rounds_logged = 0
         if self.lag is not None:
             self.lag.drop()
         self.rewind_source()
@@ -451,102 +419,3 @@ class FullEngine:
             self.lag.drop()     # the rows a catch-up waited for are no longer the context
         rng = np.random.default_rng(seed)
         self.prefill([[int(t)] for t in rng.integers(0, self.model.vocab, self.B)])
-
-    # ---- rounds ------------------------------------------------------------------------------
-    @torch.no_grad()
-    def run(self, rounds: int | None = None, max_new_tokens: int | None = None, host_probe: int = 0) -> RunStats:
-        """``rounds`` rounds, or (live) until every sequence has ``max_new_tokens`` outputs;
-        ``host_probe`` more rounds on CUDA, each issued onto an idle device, give ``host_ms``
-        (module docstring); they come after the timed rounds and are not in the statistics."""
-        if (rounds is None) == (max_new_tokens is None):
-            raise SimtreeError("run needs rounds or max_new_tokens (one of them)")
-        limit = rounds if rounds is not None else max_new_tokens
-        if limit > LOG_CAP or (max_new_tokens is not None and max_new_tokens > OUT_CAP):
-            raise SimtreeError(f"at most {LOG_CAP} rounds and {OUT_CAP} output tokens per run")
-        cuda = self.device.type == "cuda"
-        stages = [(name, g.replay) for name, g in self.graphs] if self.graphs else self._stages()
-        log0 = int(self.log_at.item())
-        ctx0 = self.st.lengths.float().mean().item()
-        marks, host, n_done = [], [], 0
-        if cuda:
-            torch.cuda.synchronize()
-        t_start = time.perf_counter()
-        for _ in range(limit):
-            self._take_lag_row()
-            t0 = time.perf_counter()
-            stamps = [self._mark(cuda)]
-            for _, fn in stages:
-                fn()
-                stamps.append(self._mark(cuda))
-            t1 = time.perf_counter()
-            host.append((t1 - t0) * 1e3)
-            marks.append(stamps)
-            n_done += 1
-            if max_new_tokens is not None and int(self.out_len.min()) >= max_new_tokens:
-                break
-        if cuda:
-            torch.cuda.synchronize()
-        wall = time.perf_counter() - t_start
-        if cuda and host_probe > 0 and n_done:
-            probe = []
-            for _ in range(host_probe):
-                self._take_lag_row()
-                torch.cuda.synchronize()
-                t0 = time.perf_counter()
-                for _, fn in stages:
-                    fn()
-                probe.append((time.perf_counter() - t0) * 1e3)
-            torch.cuda.synchronize()
-            host = [float(np.median(probe))] * n_done
-        return self._stats([name for name, _ in stages], marks, host, n_done, wall, log0, ctx0, cuda)
-
-    @staticmethod
-    def _mark(cuda: bool):
-        if not cuda:
-            return time.perf_counter()
-        ev = torch.cuda.Event(enable_timing=True)
-        ev.record()
-        return ev
-
-    def _stats(self, names, marks, host, rounds, wall, log0, ctx0, cuda) -> RunStats:
-        spans = np.array([[(a.elapsed_time(b) if cuda else (b - a) * 1e3) for a, b in zip(m[:-1], m[1:])]
-                          for m in marks]).reshape(rounds, len(names))
-        col = {name: spans[:, i] for i, name in enumerate(names)}
-        zero = np.zeros(rounds)
-        draft = col.get("draft", zero) + col.get("catchup", zero)
-        idx = (log0 + np.arange(rounds)) % LOG_CAP
-        accepted = self.acc_log[torch.as_tensor(idx, device=self.device)].cpu().numpy().astype(np.int64)
-        gained = (accepted + 1).mean(1)
-        ctx = ctx0 + np.concatenate([[0.0], np.cumsum(gained)[:-1]])
-        host = np.asarray(host)
-        if not cuda:    # host and device are one: the host's share is the time outside the stages
-            host = np.maximum(wall * 1e3 / rounds - spans.sum(1), 0.0) if rounds else host
-        return RunStats(rounds, self.B, accepted, draft, col.get("verify", zero), col.get("commit", zero), host,
-                        wall, ctx)
-
-    def last_round(self) -> dict:
-        """The last round on the host (one copy; live runs' traces): ``tokens``, ``parents``,
-        ``score`` (cumulative draft log-prob), ``valid`` [B, n]; ``accepted`` [B] (local node);
-        ``target_next`` [B, n] (the target's argmax at every node); ``marginals`` (log-probs,
-        ids [B, P, K] along the drafter's chain) for the marginal modes, else None; ``drafter``
-        "mtp".  Plain rounds: the root alone (:mod:`.round_trace` makes trace records of it)."""
-        if self.rs.plain:
-            root = self._plain_root[:, None]
-            z = torch.zeros_like(root)
-            return {"tokens": root.cpu().numpy(), "parents": (z - 1).cpu().numpy(),
-                    "score": z.float().cpu().numpy(), "valid": torch.ones_like(root, dtype=torch.bool).cpu().numpy(),
-                    "accepted": z[:, 0].cpu().numpy(), "target_next": self._target_next.cpu().numpy(),
-                    "marginals": None, "drafter": "mtp"}
-        t = self.tree
-        marg = getattr(self, "_marginals", None) if self.rs.marginal or self._keeps_chain_topk() else None
-        return {"tokens": t.tokens.cpu().numpy(), "parents": t.parents.cpu().numpy(), "score": t.score.cpu().numpy(),
-                "valid": t.valid.cpu().numpy(), "accepted": self._accepted.cpu().numpy(),
-                "target_next": self._target_next.cpu().numpy(),
-                "marginals": None if marg is None else (marg[0].cpu().numpy(), marg[1].cpu().numpy()),
-                "drafter": "mtp"}
-
-    def outputs(self) -> list[list[int]]:
-        """Live runs: each sequence's output tokens (the first from the prefill)."""
-        lens = self.out_len.clamp(max=OUT_CAP).tolist()
-        buf = self.out_buf.cpu().numpy()
-        return [buf[b, :n].tolist() for b, n in enumerate(lens)]

@@ -5,8 +5,12 @@
     result.outputs       # per prompt: max_new_tokens greedy tokens (the first from the prefill)
     result.rounds        # RoundStats per decode round (ms)
 
-One :class:`~simtree.runtime.full.engine.FullEngine` decodes the batch: the same rounds, stages
+One engine decodes the batch (:func:`.block_engine.make_engine`: a
+:class:`~simtree.runtime.full.engine.FullEngine`, or a block drafter's): the same rounds, stages
 and timing as every other run of the runtime (milliseconds, as the engine reports them).  The
+host reads the output lengths once a round (to stop; ``progress``), the round's statistics once
+after the last (``FullEngine.stats``); a controller's choice (the context lengths, the accepted
+lengths it observes) and a trace (the round's buffers) read more, each round.  The
 batch is static: every sequence decodes every round until the slowest has ``max_new_tokens``;
 the tokens past it are cut from the outputs and counted in ``tokens_produced``.  Each round
 records how many sequences were still short of max_new_tokens when it began (``live``) and,
@@ -28,8 +32,9 @@ import torch
 from simtree.errors import SimtreeError, check_int
 from simtree.planning.modes import PolicySpec
 
+from .block_engine import make_engine
 from .drafting import round_shape
-from .engine import OUT_CAP, FullEngine
+from .engine import OUT_CAP
 from .round_trace import round_records
 
 __all__ = ["RoundStats", "GenerationResult", "generate", "greedy_decode", "check_fits", "check_spec", "state_rows", "TRACE_TOPK"]
@@ -95,8 +100,9 @@ def generate(model, prompts: list[list[int]], max_new_tokens: int, spec: PolicyS
              workload: str = "", trace=None, progress=None, controller=None) -> GenerationResult:
     """Decode ``max_new_tokens`` greedy tokens for each prompt (one batch) with ``spec``;
     ``costs``: the bundle cost_aware and batch_alloc decide with; ``trace``: an open
-    :class:`simtree.runtime.trace.TraceWriter` (linear rounds then keep the drafter's top
-    TRACE_TOPK per position); ``progress(done_tokens)``: a callback.  ``controller``
+    :class:`simtree.runtime.trace.TraceWriter`, or any object with its ``write_records``
+    (:class:`.round_trace.RecordList`) (linear rounds then keep the drafter's top TRACE_TOPK per
+    position); ``progress(done_tokens)``: a callback.  ``controller``
     (:class:`simtree.control.Controller`, or any object with its ``tiers``, ``choose`` and
     ``observe``): each round runs the tier it chooses instead of ``spec``."""
     if not prompts or any(len(p) == 0 for p in prompts):
@@ -110,8 +116,8 @@ def generate(model, prompts: list[list[int]], max_new_tokens: int, spec: PolicyS
     B = len(prompts)
     widest = max([rs, *tiers.values()], key=lambda s: s.path_rows)
     topk = min(TRACE_TOPK, model.vocab) if trace is not None else 0
-    engine = FullEngine(model, rs, B, state_rows(prompts, widest, max_new_tokens), costs=costs,
-                        shapes=[s for s in tiers.values() if s != rs], trace_topk=topk)
+    engine = make_engine(model, rs, B, state_rows(prompts, widest, max_new_tokens), costs=costs,
+                         shapes=[s for s in tiers.values() if s != rs], trace_topk=topk)
     engine.capture()
     _sync(engine.device)
     t0 = time.perf_counter()
@@ -119,30 +125,30 @@ def generate(model, prompts: list[list[int]], max_new_tokens: int, spec: PolicyS
     _sync(engine.device)
     prefill_ms = (time.perf_counter() - t0) * 1e3
     lens = np.ones(B, np.int64)     # outputs per sequence (the prefill made the first)
-    rounds, produced = [], 0
+    engine.begin()
+    t0, done = time.perf_counter(), 0
     while lens.min() < max_new_tokens:
         ctx_lens = engine.st.lengths.tolist() if trace is not None or controller is not None else None
         # a static batch: every sequence has decoded as many rounds (the controller weighs the youngest's tail)
-        tier = None if controller is None else controller.choose(B, ctx_lens, rounds_done=[len(rounds)] * B)
+        tier = None if controller is None else controller.choose(B, ctx_lens, rounds_done=[done] * B)
         if tier is not None:
             engine.use(tiers[tier.name])
-        stats = engine.run(rounds=1)
-        acc = stats.accepted[0]
-        # the whole round on the host only for a trace; the stats need the tree sizes alone
-        rec = engine.last_round() if trace is not None else None
-        nodes = ([1] * B if engine.rs.plain else engine.tree.valid.sum(1).tolist()) if rec is None \
-            else rec["valid"].sum(1).tolist()
-        rounds.append(RoundStats(float(stats.draft_ms[0]), float(stats.verify_ms[0]), float(stats.commit_ms[0]),
-                                 nodes, acc.tolist(), int((lens < max_new_tokens).sum()), engine.take_catchup_ms()))
-        lens += acc + 1
-        produced += int(acc.sum()) + B
+        engine.step()
         if tier is not None:
-            controller.observe(tier, acc)
+            controller.observe(tier, engine.last_accepted())
         if trace is not None:
-            trace.write_records(round_records(rec, workload=workload, round_index=len(rounds) - 1,
+            trace.write_records(round_records(engine.last_round(), workload=workload, round_index=done,
                                               mode=engine.rs.spec.mode, context_lens=ctx_lens))
+        done += 1
+        lens = np.asarray(engine.out_len.tolist())      # the round's one read (to stop)
         if progress is not None:
             progress(int(np.minimum(lens, max_new_tokens).sum()))
+    stats = engine.stats(time.perf_counter() - t0)
+    before = 1 + np.concatenate([np.zeros((1, B), np.int64), np.cumsum(stats.accepted + 1, 0)[:-1]])
+    rounds = [RoundStats(float(stats.draft_ms[r]), float(stats.verify_ms[r]), float(stats.commit_ms[r]),
+                         stats.nodes[r].tolist(), stats.accepted[r].tolist(), int((before[r] < max_new_tokens).sum()),
+                         float(stats.catchup_ms[r])) for r in range(stats.rounds)]
+    produced = int(stats.accepted.sum()) + stats.rounds * B
     outputs = [o[:max_new_tokens] for o in engine.outputs()]
     return GenerationResult(outputs, rounds, prefill_ms, produced)
 

@@ -5,8 +5,8 @@ Interface the engine drives (B sequences, n nodes per sequence, static shapes):
 ``verify(state, tokens, parents)`` -> (hidden [B*n, h], pending) leaves the state untouched;
 ``commit(state, pending, accepted)`` writes the accepted root paths (attention rows, GDN and
 conv state) and advances the lengths (with the layer form ``gdn_commit="deferred"`` the GDN
-state's part waits for the next verify, which folds it in as it reads the state; ``settle``
-folds it standalone); ``decode(state, tokens)`` is one plain step;
+state's part waits for the next verify or decode, which folds it in as it reads the state);
+``decode(state, tokens)`` is one plain step;
 ``greedy(hidden)`` the float32-logit argmax; ``draft_forward`` runs the MTP layer over draft
 rows held in a scratch area until ``DraftState.commit`` moves them into its cache.
 """
@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from simtree.kernels.gdn import gdn_fold_pending, new_pending
+from simtree.kernels.gdn import new_pending
 from simtree.kernels.layers import forms, head, ops, qwen as L
 from simtree.kernels.layers.weights import make_weights, weights_from
 from simtree.models import ModelShape
@@ -198,13 +198,6 @@ class QwenModel:
             path = st.gdn_path[i] = new_pending(st.batch_size, d.gH, d.gHV, d.gK, d.gV, self.defer_path_rows,
                                                 self.device, u_dtype)
         return path
-
-    @torch.no_grad()
-    def settle(self, st: QwenState) -> None:
-        """Fold every waiting deferred GDN path into its state (the standalone commit): what a
-        reader of ``st.ssm`` needs after the last round; verify and decode fold for themselves."""
-        for i, path in st.gdn_path.items():
-            gdn_fold_pending(st.ssm[i], path)
 
     @torch.no_grad()
     def decode(self, st: QwenState, tokens: torch.Tensor) -> torch.Tensor:

@@ -3,6 +3,9 @@
     rec = engine.last_round()        # FullEngine or BlockEngine: the round's buffers on the host
     records = round_records(rec, workload="sharegpt", round_index=i, mode="eagle", context_lens=ctx)
 
+``generate(..., trace=)`` writes every round's records to a ``TraceWriter``, or keeps them in a
+:class:`RecordList`.
+
 The round's trees lose their padding (and a DSpark chain the positions it did not verify: the
 valid nodes are closed under parents); the host's greedy acceptance of those trees must give
 the engine's accepted nodes, and the records (``simtree.trace/2``, :func:`simtree.runtime.trace.round_records`)
@@ -18,7 +21,15 @@ from simtree.runtime.trace import round_records as trace_records
 from simtree.trees.greedy import greedy_accept_batch
 from simtree.trees.tree import DraftTree, TreeBatch
 
-__all__ = ["round_trees", "round_records"]
+__all__ = ["round_trees", "round_records", "RecordList"]
+
+
+class RecordList(list):
+    """Trace records kept in memory: a trace sink for ``generate(..., trace=)`` (a TraceWriter's
+    ``write_records``)."""
+
+    def write_records(self, records) -> None:
+        self.extend(records)
 
 
 def round_trees(rec: dict) -> list[DraftTree]:

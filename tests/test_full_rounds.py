@@ -1,0 +1,80 @@
+"""The engine's round bookkeeping (runtime/full/engine.py): each round's accepted lengths and
+tree sizes go to a device log that the host counts and reads once, after the rounds (``run``,
+or ``begin`` / ``step`` / ``stats``); only a traced engine keeps the copies ``last_round``
+reads; the chain layout (``best_first.lay_chain``) is one tree for linear and DSpark rounds."""
+import numpy as np
+import pytest
+import torch
+
+from simtree.costs.synthetic import synthetic_costs
+from simtree.errors import SimtreeError
+from simtree.planning.simulate import PolicySpec
+from simtree.runtime.full.best_first import lay_chain
+from simtree.runtime.full.drafting import TreeBuffers, round_shape
+from simtree.runtime.full.engine import FullEngine
+
+from full_helpers import PROMPTS, tiny_model
+
+COSTLY = synthetic_costs(weights_us=0.0, per_token_us=10.0)
+
+
+def test_the_round_log_holds_tree_sizes_and_is_counted_on_the_host():
+    """cost_aware's per-round budgets: the log's tree sizes are each round's valid nodes and the
+    context each round began at; a second run reads on from the host's count (the accepted paths
+    of every round add up to the outputs)."""
+    engine = FullEngine(tiny_model("tiny-gdn"), round_shape(PolicySpec.from_dict(
+        "cost_aware", {"max_budget": 10, "draft_depth": 3})), 2, 128, costs=COSTLY)
+    engine.prefill(PROMPTS[:2])
+    sizes, ctx = [], []
+    engine.begin()
+    for _ in range(4):
+        ctx.append(float(engine.st.lengths.double().mean()))
+        engine.step()
+        sizes.append(engine.tree.valid.sum(1).tolist())
+    first = engine.stats(wall_s=1.0)
+    assert first.rounds == 4 and first.nodes.tolist() == sizes and np.allclose(first.context_lens, ctx)
+    assert first.catchup_ms.tolist() == [0.0] * 4 and (first.verify_ms > 0).all()
+    more = engine.run(rounds=3)
+    assert more.rounds == 3 and engine.rounds_logged == 7
+    gained = (first.accepted + 1).sum(0) + (more.accepted + 1).sum(0)
+    assert (1 + gained).tolist() == engine.out_len.tolist()
+    end = float(engine.st.lengths.double().mean())
+    assert more.context_lens[0] == pytest.approx(end - (more.accepted + 1).sum() / 2)
+
+
+@pytest.mark.parametrize("trace_topk", [0, 4])
+def test_only_a_traced_engine_keeps_what_last_round_reads(trace_topk):
+    """A plain round clones its root for last_round only when traced; an untraced engine's
+    last_round is refused in one line."""
+    engine = FullEngine(tiny_model("tiny-gdn"), round_shape(PolicySpec.from_dict("none")), 2, 64,
+                        trace_topk=trace_topk)
+    engine.prefill(PROMPTS[:2])
+    root = engine.roots.tolist()
+    stats = engine.run(rounds=1)
+    assert stats.nodes.tolist() == [[1, 1]] and stats.accepted.tolist() == [[0, 0]]
+    assert hasattr(engine, "_plain_root") == bool(trace_topk)
+    if trace_topk:
+        rec = engine.last_round()
+        assert rec["tokens"][:, 0].tolist() == root and rec["valid"].all()
+    else:
+        with pytest.raises(SimtreeError, match="traced engine") as err:
+            engine.last_round()
+        assert "\n" not in str(err.value)
+
+
+def test_a_chain_is_laid_with_its_valid_prefix_and_padding():
+    """lay_chain: root -> tokens, scores the prefix sums, ``keep`` marks each sequence's valid
+    prefix; the bucket past the chain is padding (never accepted)."""
+    B, m, N = 2, 3, 6
+    out = TreeBuffers.empty(B, N, "cpu")
+    roots = torch.tensor([7, 8])
+    tok = torch.tensor([[1, 2, 3], [4, 5, 6]])
+    lp = torch.log(torch.tensor([[0.5, 0.5, 0.5], [0.9, 0.8, 0.7]]))
+    lay_chain(out, roots, lp, tok, keep=torch.tensor([1, 3]))
+    assert out.tokens[:, :m + 1].tolist() == [[7, 1, 2, 3], [8, 4, 5, 6]]
+    assert out.parents[0, :m + 1].tolist() == [-1, 0, 1, 2] and out.depth[1, :m + 1].tolist() == [0, 1, 2, 3]
+    assert out.valid.tolist() == [[True, True, False, False, False, False], [True, True, True, True, False, False]]
+    assert torch.allclose(out.score[:, 1:m + 1].exp(), torch.tensor([[0.5, 0.25, 0.125], [0.9, 0.72, 0.504]]))
+    assert torch.isinf(out.score[:, m + 1:]).all() and (out.parents[:, m + 1:] == 0).all()
+    lay_chain(out, roots, lp, tok)
+    assert out.valid[:, :m + 1].all()
