@@ -11,7 +11,8 @@ split in two halves:
 1. the ``calibration`` half decoded with the linear policies (``LINEAR``): the only acceptance
    outcomes any prediction reads - the drafter's calibration on that workload
    (:func:`simtree.acceptance.fit.fit_calibration`: P(target takes a candidate | its draft
-   probability, depth, rank, the context lookup's agreement)), what an engine's linear
+   probability, depth, rank), and the context lookup's agreement where it calibrates another
+   workload (:func:`simtree.acceptance.transfer.uses_lookup`)), what an engine's linear
    acceptance metrics give a user;
 2. the ``test`` half decoded with the linear policies and every tree policy (``TREES``: EAGLE
    and best-first trees, cost_aware and batch_alloc deciding with the shipped H200 Qwen3.6-27B
@@ -27,8 +28,8 @@ split in two halves:
    calibration: new prompts), ``workload`` (HumanEval's test half, every policy, calibrated on
    ShareGPT's linear runs: new prompts of another workload), ``in_sample`` (the calibrating runs).
    No acceptance outcome of a test half enters any prediction.  Beside it
-   (``confidence_only_*``: the calibration without the lookup; ``baseline_*``: the
-   outcome-fitted model of the calibrating workload's linear D = 16 run,
+   (``confidence_only_*`` / ``lookup_*``: the calibration without / with the lookup everywhere;
+   ``baseline_*``: the outcome-fitted model of the calibrating workload's linear D = 16 run,
    :func:`simtree.acceptance.fit.fit_confidence`).
 
 Writes ``acceptance_out_of_sample.csv`` and ``acceptance_out_of_sample.md`` (a generated summary
@@ -47,7 +48,7 @@ from pathlib import Path
 import torch
 
 from simtree.acceptance.fit import fit_calibration, fit_confidence
-from simtree.acceptance.transfer import parse_drafts, transfer_model
+from simtree.acceptance.transfer import parse_drafts, transfer_model, uses_lookup
 from simtree.costs.model import load_costs
 from simtree.data import data_path
 from simtree.errors import SimtreeError
@@ -142,8 +143,6 @@ def run_oos(model_dir, settings: dict, traces=None, say=print) -> dict:
     # outcomes of the calibration halves' linear runs only
     records = {w: [rec for r in halves[w, "calibration"]["runs"].values() for rec in r["records"]]
                for w in ("sharegpt", "humaneval")}
-    calibration = {w: fit_calibration(recs) for w, recs in records.items()}
-    plain_cal = {w: fit_calibration(recs, context=False) for w, recs in records.items()}
     fitted = {w: fit_confidence(halves[w, "calibration"]["runs"][policy_name(*LINEAR[-1])]["records"], w)
               for w in records}
     runs, keys = [], set()
@@ -158,12 +157,20 @@ def run_oos(model_dir, settings: dict, traces=None, say=print) -> dict:
             runs += [_run_row(r, name, workload, "workload", key, h["prompts"]) for name, r in h["runs"].items()]
             keys.add(key)
 
-    def per_key(cal):
-        return {k: transfer_model(cal[k.split("@")[1]], halves[tuple(k.split("@")[0].split())]["drafts"],
-                                  k.split("@")[0].split()[0]) for k in sorted(keys)}
-    models = per_key(calibration)
+    def per_key(context):
+        out = {}
+        for k in sorted(keys):
+            drafts = halves[tuple(k.split("@")[0].split())]["drafts"]
+            recs = records[k.split("@")[1]]
+            use = uses_lookup(recs, drafts) if context is None else context
+            out[k] = transfer_model(fit_calibration(recs, context=use), drafts, drafts.workload)
+        return out
+    # the lookup where calibration and drafts are of different workloads (uses_lookup); beside
+    # it, each key without and with the lookup
+    models = per_key(None)
     baseline = {k: fitted[k.split("@")[1]] for k in keys}
-    df = oos_table(models, runs, costs, extras={"confidence_only": per_key(plain_cal), "baseline": baseline})
+    df = oos_table(models, runs, costs, extras={"confidence_only": per_key(False), "lookup": per_key(True),
+                                                "baseline": baseline})
     return {"table": df, "summary": oos_summary(df), "lossless": lossless, "prompts": counts,
             "models": {k: m.meta for k, m in models.items()}}
 
@@ -182,7 +189,8 @@ def _header(cmd: str, info: dict, res: dict, settings: dict) -> list[str]:
             "What each prediction used (`predicted_accepted`; simtree.acceptance.transfer), by `split`:", "",
             "- acceptance outcomes: only the linear runs (" + ", ".join(policy_name(*p) for p in LINEAR)
             + ") of a workload's calibration half (`calibrated_on`): the drafter's calibration, P(target takes a "
-            "candidate | its draft probability, depth, rank, the context lookup's agreement);",
+            "candidate | its draft probability, depth, rank), and the context lookup's agreement where it calibrates "
+            "another workload (`workload` rows);",
             "- `policies`: every tree policy on the test half, calibrated on the same workload's calibration half "
             "(new policies on new prompts: what a user's linear acceptance metrics predict about trees);",
             "- `prompts`: the linear policies on the test half, same calibration (new prompts);",
@@ -194,7 +202,8 @@ def _header(cmd: str, info: dict, res: dict, settings: dict) -> list[str]:
             f"probabilities along its {CHAIN}-position greedy chain and, at each chain position, the rank among them "
             "of the token a lookup of the context proposes (the token that followed the latest earlier occurrence "
             "of the last 3 tokens): what the drafter and the engine hold before any verification. "
-            "`confidence_only_*`: the same calibration without the lookup; `baseline_*`: the model fitted on the "
+            "`confidence_only_*` / `lookup_*`: the same calibration without / with the lookup on every row; "
+            "`baseline_*`: the model fitted on the "
             "calibrating workload's linear D = 16 run (its text states and confidences), one per calibration.",
             "", "Every modelling setting was fixed on development runs (other prompts) before these prompts were "
             "decoded (docs/acceptance.md, section 5)."]

@@ -165,7 +165,8 @@ def test_acceptance_table_predicts_each_split_from_linear_calibration_runs_alone
     res = oos.run_oos(path, {"prompts": 2, "max_new_tokens": 6, "trees": trees}, say=None)
     df = res["table"]
     assert list(df.columns) == [*COLUMNS, "calibrated_on", "measured_se", "confidence_only_predicted",
-                                "confidence_only_rel_err", "baseline_predicted", "baseline_rel_err"]
+                                "confidence_only_rel_err", "lookup_predicted", "lookup_rel_err", "baseline_predicted",
+                                "baseline_rel_err"]
     n_lin, n_tree = len(oos.LINEAR), len(trees)
     counts = df.groupby(["split", "workload"]).size().to_dict()
     assert counts == {("in_sample", "sharegpt"): n_lin, ("in_sample", "humaneval"): n_lin,
@@ -176,8 +177,12 @@ def test_acceptance_table_predicts_each_split_from_linear_calibration_runs_alone
     assert (df.loc[df["split"] != "workload", "calibrated_on"] == df.loc[df["split"] != "workload", "workload"]).all()
     assert np.allclose(df["rel_err"], df["predicted_accepted"] / df["measured_accepted"] - 1)
     assert all(all(v.values()) for v in res["lossless"].values()) and len(res["lossless"]) == 4
-    # four calibrations (two workloads, with and without the lookup), each on one calibration half's linear runs
-    assert len(calibrated) == 4
+    # the lookup only where the calibration is another workload's
+    same = df["split"] != "workload"
+    assert np.allclose(df.loc[same, "predicted_accepted"], df.loc[same, "confidence_only_predicted"])
+    assert np.allclose(df.loc[~same, "predicted_accepted"], df.loc[~same, "lookup_predicted"])
+    # every calibration on one calibration half's linear runs
+    assert len(calibrated) == 3 * 5
     for recs in calibrated:
         assert len({r.workload for r in recs}) == 1 and {r.mode for r in recs} == {"linear"}
         assert {r.tree.num_nodes for r in recs} == {p["budget"] for _, p in oos.LINEAR}
