@@ -79,7 +79,7 @@ def _offset(base_logit: np.ndarray, hits: float) -> float:
 
 
 class ChainCalibration:
-    """a(d, r, q) = expit(logit f_g(bin(q)) + delta_g[d]) for rank group g = min(r, 2): the
+    """a(d, r, q) = expit(logit f_g(bin(q)) + delta_g[d]) for rank group g = min(r, rank_groups - 1): the
     acceptance of a drafted candidate of draft probability q and rank r at depth d, given its
     parent was accepted (:func:`fit_confidence`, step 3).  With ``match`` (bool per trial: a
     lookup of the context proposes this candidate), a curve per group and match value:
@@ -123,8 +123,9 @@ def fit_calibration(records: Iterable[TraceRecord], *, topk: int = DEFAULT_TOPK,
     """One :class:`ChainCalibration` pooled over every record that logs the drafter's top-K and
     the target's tokens (linear runs, version 2): how often the target takes a candidate the
     drafter gave probability q, by depth and rank (a curve and depth effects per rank below
-    ``rank_groups``, the rest pooled: every rank of the top-8 its own by default - a tree's
-    rank-2 node is taken more often than the rank-7 one of the same probability); and by whether
+    ``rank_groups``, the rest pooled: by default every rank of a model's top-K its own, the
+    ranks past it with the last - a tree's rank-2 node is taken more often than a rank-5 one
+    of the same probability); and by whether
     a lookup of the context proposes it (``context_match``) when ``context`` (default: every
     record carries it)."""
     records = [r for r in records if r.topk_tokens is not None and r.target_tokens is not None]
