@@ -191,7 +191,11 @@ def test_acceptance_table_predicts_each_split_from_linear_calibration_runs_alone
         a, b = oos.fresh_prompts(w, 2)
         assert len(a) == len(b) == 2 and not set(a) & set(b)
     from simtree.runtime.data import prompts
-    assert not set(sum(oos.fresh_prompts("sharegpt", 2), [])) & set(prompts("sharegpt", oos.SEEN_SHAREGPT))
+    seen = set(prompts("sharegpt", oos.SEEN_SHAREGPT))
+    assert not set(sum(oos.fresh_prompts("sharegpt", 2), [])) & seen
+    dev = oos.development_prompts("sharegpt", 2)      # the development halves: the seen prompts
+    assert set(sum(dev, [])) <= seen and not set(dev[0]) & set(dev[1])
+    assert set(sum(oos.development_prompts("humaneval", 2), [])) <= set(prompts("humaneval", 32))
     assert all(d.probs.shape[1:] == (oos.CHAIN, 8) for d in transferred)
     s = oos_summary(df)
     assert set(s["families"]) == {"policies sharegpt", "policies humaneval", "prompts sharegpt", "prompts humaneval",
