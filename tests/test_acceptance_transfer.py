@@ -250,6 +250,17 @@ def test_a_chain_drafters_marginal_mode_never_accepts_below_an_off_chain_node(wo
                          ("eagle", {"num_steps": 4, "topk": 2, "budget": 8})):
         shape = static_round(model, PolicySpec.from_dict(mode, dict(params)))
         assert shape.tokens_per_round == pytest.approx(accepted_per_round(model, mode, params))
+    from simtree.control.controller import tier_shape
+    from simtree.runtime.full.acceptance import joint_depth_pmf
+    from simtree.runtime.full.drafting import round_shape
+    bf_spec = PolicySpec.from_dict("best_first", {"budget": 12, "width": 1, "draft_depth": 5})
+    shape = static_round(model, bf_spec)
+    tier = tier_shape(model, bf_spec)          # the controller's accepted-length distribution
+    mean = (1.0 - tier.cdf[:, :-1]).sum(1)
+    assert np.allclose(mean, shape.accepted)
+    joint = joint_depth_pmf(model, round_shape(bf_spec))      # the runtime's replay of the same rounds
+    assert joint.sum() == pytest.approx(1.0)
+    assert np.arange(joint.shape[0]) @ joint.sum(1) == pytest.approx(float(shape.weights @ shape.accepted))
     unchained = type(model)(model.name, model.tables, model.weights, draft_probs=model.draft_probs, state=model.state,
                             state_share=model.state_share)
     bf = {"budget": 12, "width": 1, "draft_depth": 5}
