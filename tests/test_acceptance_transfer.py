@@ -221,3 +221,66 @@ def test_the_calibration_separates_candidates_the_context_proposes():
     assert not fit_calibration(with_match, context=False).matched
     with pytest.raises(SimtreeError, match="context_match"):
         transfer_model(cal, parse_drafts(_drafts(q[:2])))
+
+
+def test_a_chain_drafters_marginal_mode_never_accepts_below_an_off_chain_node(workloads):
+    """The marginal modes of a chain drafter (the MTP drafting pass) read every position's
+    candidates along the drafter's top-1 chain: a node below a rank >= 1 node was drafted after
+    the chain's token, and the model never accepts it - in predict, the simulator's analytic
+    and Monte-Carlo rounds and the adaptive rounds alike; EAGLE trees are scored as before."""
+    from simtree.acceptance.phi import expected_accepted_ranked, node_accept_probs_ranked, off_chain, \
+        sample_accepted_length
+    from simtree.planning.simulate import static_round
+    from simtree.planning.modes import PolicySpec
+    from simtree.trees.tree import DraftTree
+    # root - a(r0) - b(r0); root - c(r1) - d(r0); a - e(r1)
+    tree = DraftTree(np.array([-1, 0, 1, 0, 3, 1]), np.array([0, 0, 0, 1, 0, 1]), np.zeros(6))
+    assert off_chain(tree.parents, tree.tokens).tolist() == [False, False, False, True, True, True]
+    table = np.full((3, 2), 0.4)
+    free, chained = node_accept_probs_ranked(tree, table), node_accept_probs_ranked(tree, table, True)
+    assert chained.tolist() == [1.0, 0.4, 0.4, 0.4, 0.0, 0.4] and free[4] == 0.4
+    assert expected_accepted_ranked(tree, table, True) == pytest.approx(0.4 + 0.16 + 0.4 + 0.16)
+    lengths = sample_accepted_length(tree, np.random.default_rng(0), 4000, marginal_tokens=np.tile([0, 1], (3, 1)),
+                                     marginal_probs=table, chain_marginals=True)
+    assert lengths.max() == 2 and lengths.mean() == pytest.approx(expected_accepted_ranked(tree, table, True), abs=0.03)
+    (qc, rc), (qx, _) = workloads
+    model = transfer_model(fit_calibration(_linear_records(qc, rc)), parse_drafts(_drafts(qx)))
+    assert model.chain_marginals
+    for mode, params in (("best_first", {"budget": 12, "width": 1, "draft_depth": 5}),
+                         ("eagle", {"num_steps": 4, "topk": 2, "budget": 8})):
+        shape = static_round(model, PolicySpec.from_dict(mode, dict(params)))
+        assert shape.tokens_per_round == pytest.approx(accepted_per_round(model, mode, params))
+    from simtree.control.controller import tier_shape
+    from simtree.runtime.full.acceptance import joint_depth_pmf
+    from simtree.runtime.full.drafting import round_shape
+    bf_spec = PolicySpec.from_dict("best_first", {"budget": 12, "width": 1, "draft_depth": 5})
+    shape = static_round(model, bf_spec)
+    tier = tier_shape(model, bf_spec)          # the controller's accepted-length distribution
+    mean = (1.0 - tier.cdf[:, :-1]).sum(1)
+    assert np.allclose(mean, shape.accepted)
+    joint = joint_depth_pmf(model, round_shape(bf_spec))      # the runtime's replay of the same rounds
+    assert joint.sum() == pytest.approx(1.0)
+    assert np.arange(joint.shape[0]) @ joint.sum(1) == pytest.approx(float(shape.weights @ shape.accepted))
+    unchained = type(model)(model.name, model.tables, model.weights, draft_probs=model.draft_probs, state=model.state,
+                            state_share=model.state_share)
+    bf = {"budget": 12, "width": 1, "draft_depth": 5}
+    assert accepted_per_round(model, "best_first", bf) < accepted_per_round(unchained, "best_first", bf)
+    eagle = {"num_steps": 4, "topk": 2, "budget": 8}
+    assert accepted_per_round(model, "eagle", eagle) == pytest.approx(accepted_per_round(unchained, "eagle", eagle))
+
+
+def test_the_lookup_calibrates_across_workloads_only_and_every_rank_has_its_curve(workloads):
+    from simtree.acceptance.transfer import uses_lookup
+    (qc, rc), (qx, _) = workloads
+    chat = _linear_records(qc[:4], rc[:4])
+    drafts = parse_drafts(_drafts(qx[:4]))
+    assert fit_calibration(chat).curves.shape[0] == K and fit_calibration(chat, rank_groups=3).curves.shape[0] == 3
+    with_match = [r for r in chat]
+    assert not uses_lookup(with_match, drafts)          # the synthetic records carry no lookup
+    object.__setattr__(drafts, "context_match", np.zeros(drafts.probs.shape[:2], np.int64))
+    for r in with_match:
+        object.__setattr__(r, "context_match", np.zeros(r.topk_tokens.shape[0], np.int64))
+    assert uses_lookup(with_match, drafts)               # chat traces calibrating code drafts
+    same = parse_drafts([{**d, "workload": "chat"} for d in _drafts(qx[:4])])
+    object.__setattr__(same, "context_match", np.zeros(same.probs.shape[:2], np.int64))
+    assert not uses_lookup(with_match, same)

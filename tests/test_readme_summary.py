@@ -181,3 +181,14 @@ def test_a_report_file_missing_its_fields_is_one_error_naming_the_folder(tmp_pat
     (tmp_path / "reports/h200/v4/summary_v4.json").write_text(json.dumps({"by_attention": {}}))
     with pytest.raises(SimtreeError, match="reports/h200/v4: .*KeyError"):
         summary.summary_table(tmp_path)
+
+
+def test_acceptance_line_reports_each_split_family_alone():
+    import pandas as pd
+    rows = [("policies", "sharegpt", 0.01), ("policies", "sharegpt", -0.05), ("policies", "humaneval", 0.02),
+            ("prompts", "sharegpt", 0.0), ("workload", "humaneval", -0.20), ("in_sample", "sharegpt", 0.5)]
+    acc = pd.DataFrame([{"split": s, "workload": w, "rel_err": e} for s, w, e in rows])
+    line = summary.acceptance_oos_line(acc)
+    assert "chat linear -> chat trees median 3.0%, worst 5.0% (2 rows)" in line
+    assert "chat linear -> code median 20.0%, worst 20.0% (1 rows)" in line
+    assert "code linear -> code linear" not in line and "50.0%" not in line    # absent family; in sample apart

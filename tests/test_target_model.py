@@ -148,10 +148,12 @@ def test_shipped_target_is_trained_and_its_mtp_layer_drafts_accepted_tokens():
     assert np.mean([r.num_accepted for r in runs["linear_d4"]["records"]]) > 0.3
 
 
-def test_acceptance_table_has_every_run_and_predicts_from_the_linear_fit_alone(trained, monkeypatch):
-    """The table has every run; the only acceptance outcomes any prediction reads are the fit
-    run's (the calibration); each split's model comes from that split's drafting pass, which
-    holds the drafter's probabilities alone and decodes the same text as plain decoding."""
+def test_acceptance_table_predicts_each_split_from_linear_calibration_runs_alone(trained, monkeypatch):
+    """Every run is in the table; the only acceptance outcomes any prediction reads are the linear
+    runs of a calibration half (one calibration per workload, with and without the lookup);
+    each run's model comes from the drafting pass of its own prompts (no outcome), which decodes
+    the same text as plain decoding; test-half trees are calibrated on the same workload
+    (``policies``) and HumanEval's test half on ShareGPT too (``workload``)."""
     import simtree.runtime.acceptance_oos as oos
     from simtree.planning.acceptance_oos import COLUMNS, oos_summary
     _, path, _ = trained
@@ -159,32 +161,50 @@ def test_acceptance_table_has_every_run_and_predicts_from_the_linear_fit_alone(t
     real_cal, real_transfer = oos.fit_calibration, oos.transfer_model
     monkeypatch.setattr(oos, "fit_calibration", lambda recs, **kw: calibrated.append(list(recs)) or real_cal(recs, **kw))
     monkeypatch.setattr(oos, "transfer_model", lambda cal, d, *a, **kw: transferred.append(d) or real_transfer(cal, d, *a, **kw))
-    res = oos.run_oos(path, {"prompts": 2, "max_new_tokens": 6, "policies": [oos.POLICIES[2], oos.POLICIES[-1]]},
-                      say=None)
+    trees = [oos.TREES[1], oos.TREES[-1]]
+    res = oos.run_oos(path, {"prompts": 2, "max_new_tokens": 6, "trees": trees}, say=None)
     df = res["table"]
-    assert list(df.columns) == [*COLUMNS, "measured_se", "confidence_only_predicted", "confidence_only_rel_err",
-                                "baseline_predicted", "baseline_rel_err"] and len(df) == 9
-    assert (df["split"] == "in_sample").sum() == 1 and set(df["workload"]) == {"sharegpt", "humaneval"}
+    assert list(df.columns) == [*COLUMNS, "calibrated_on", "measured_se", "confidence_only_predicted",
+                                "confidence_only_rel_err", "lookup_predicted", "lookup_rel_err", "baseline_predicted",
+                                "baseline_rel_err"]
+    n_lin, n_tree = len(oos.LINEAR), len(trees)
+    counts = df.groupby(["split", "workload"]).size().to_dict()
+    assert counts == {("in_sample", "sharegpt"): n_lin, ("in_sample", "humaneval"): n_lin,
+                      ("prompts", "sharegpt"): n_lin, ("prompts", "humaneval"): n_lin,
+                      ("policies", "sharegpt"): n_tree, ("policies", "humaneval"): n_tree,
+                      ("workload", "humaneval"): n_lin + n_tree}
+    assert set(df.loc[df["split"] == "workload", "calibrated_on"]) == {"sharegpt"}
+    assert (df.loc[df["split"] != "workload", "calibrated_on"] == df.loc[df["split"] != "workload", "workload"]).all()
     assert np.allclose(df["rel_err"], df["predicted_accepted"] / df["measured_accepted"] - 1)
-    assert all(all(v.values()) for v in res["lossless"].values())
-    assert all(v["drafting_pass"] for v in res["lossless"].values())
-    # one calibration, on the fit split's linear run alone
-    assert len(calibrated) == 2 and all({(r.workload, r.mode) for r in c} == {("sharegpt", "linear")} for c in calibrated)
-    assert {r.tree.num_nodes for c in calibrated for r in c} == {oos.FIT_POLICY[1]["budget"]}
-    assert all(r.context_match is not None for r in calibrated[0])
-    assert len(transferred) == 6 and {d.workload for d in transferred} == {"sharegpt", "humaneval"}
-    assert all(d.probs.shape[1:] == (oos.FIT_POLICY[1]["budget"] - 1, 8) for d in transferred)
+    assert all(all(v.values()) for v in res["lossless"].values()) and len(res["lossless"]) == 4
+    # the lookup only where the calibration is another workload's
+    same = df["split"] != "workload"
+    assert np.allclose(df.loc[same, "predicted_accepted"], df.loc[same, "confidence_only_predicted"])
+    assert np.allclose(df.loc[~same, "predicted_accepted"], df.loc[~same, "lookup_predicted"])
+    # every calibration on one calibration half's linear runs
+    assert len(calibrated) == 3 * 5
+    for recs in calibrated:
+        assert len({r.workload for r in recs}) == 1 and {r.mode for r in recs} == {"linear"}
+        assert {r.tree.num_nodes for r in recs} == {p["budget"] for _, p in oos.LINEAR}
+    # the workloads' prompts: fresh, disjoint halves
+    for w in ("sharegpt", "humaneval"):
+        a, b = oos.fresh_prompts(w, 2)
+        assert len(a) == len(b) == 2 and not set(a) & set(b)
+    from simtree.runtime.data import prompts
+    seen = set(prompts("sharegpt", oos.SEEN_SHAREGPT))
+    assert not set(sum(oos.fresh_prompts("sharegpt", 2), [])) & seen
+    dev = oos.development_prompts("sharegpt", 2)      # the development halves: the seen prompts
+    assert set(sum(dev, [])) <= seen and not set(dev[0]) & set(dev[1])
+    assert set(sum(oos.development_prompts("humaneval", 2), [])) <= set(prompts("humaneval", 32))
+    assert all(d.probs.shape[1:] == (oos.CHAIN, 8) for d in transferred)
     s = oos_summary(df)
-    held = int((df["split"] == "heldout").sum())
-    assert s["out_of_sample"]["rows"] == held < 8 and s["same_prompts"]["rows"] == 8 - held
-    assert "mtp batch_alloc" in s["by_drafter_shape"]
-    assert set(s["measured_se_rel"]) == {"sharegpt fit", "sharegpt heldout", "humaneval heldout"}
-    share = df[df["workload"] == "sharegpt"].assign(half=lambda d: d["split"].replace("in_sample", "fit"))
-    halves = share.pivot_table(index="policy", columns="half", values="measured_accepted")
-    gap = (halves["heldout"] / halves["fit"] - 1).abs()
-    assert s["prompt_halves_gap"] == {"workload": "sharegpt", "median": pytest.approx(float(gap.median())),
-                                      "max": pytest.approx(float(gap.max()))} and len(gap) >= 2
-    assert s["extras"]["baseline"]["out_of_sample"]["rows"] == held
+    assert set(s["families"]) == {"policies sharegpt", "policies humaneval", "prompts sharegpt", "prompts humaneval",
+                                  "workload humaneval"}
+    assert s["families"]["workload humaneval"]["rows"] == n_lin + n_tree
+    assert s["meets_targets"] == all(f["meets_targets"] for f in s["families"].values())
+    assert set(s["measured_se_rel"]) == {f"{w} {h}" for w in ("sharegpt", "humaneval") for h in ("calibration", "test")}
+    assert set(s["prompt_halves_gap"]) == {"sharegpt", "humaneval"}
+    assert s["extras"]["baseline"]["families"]["policies sharegpt"]["rows"] == n_tree
 
 
 def test_drafting_pass_command_writes_what_plan_reads(trained, tmp_path):

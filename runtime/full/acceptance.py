@@ -117,7 +117,9 @@ def joint_depth_pmf(model: AcceptanceModel, rs: RoundShape, **decide) -> np.ndar
     and level shares as :func:`replay_rounds` builds and weighs them (their mean depth is the
     simulator's accepted tokens per round, bonus excluded)."""
     trees, tables, weights = replay_rounds(model, rs, **decide)
-    pmfs = [accepted_length_pmf(t, node_accept_probs_ranked(t, tb)) for t, tb in zip(trees, tables)]
+    built = stand_in(rs.spec) if rs.block_drafter else rs.spec     # the policy replay_rounds built them for
+    chain = model.chain_marginals and built.mode in ("best_first", "cost_aware", "batch_alloc")
+    pmfs = [accepted_length_pmf(t, node_accept_probs_ranked(t, tb, chain)) for t, tb in zip(trees, tables)]
     out = np.zeros((max(p.size for p in pmfs), len(pmfs)))
     for lv, p in enumerate(pmfs):
         out[:p.size, lv] = weights[lv] * p

@@ -20,7 +20,7 @@ from scipy.special import expit, logit
 from simtree.acceptance.mixture import ALPHA_MAX, DEFAULT_DEPTH, DEFAULT_TOPK, AcceptanceModel, from_marginals
 from simtree.acceptance.phi import sibling_rank
 from simtree.acceptance.traces import TraceRecord, Trials, chain_trials, sequence_ids
-from simtree.errors import SimtreeError
+from simtree.errors import SimtreeError, check_whole
 
 __all__ = ["fit_confidence", "fit_positional", "fit_marginals", "fit_calibration", "has_topk", "CONFIDENCE_EDGES",
            "isotonic_increasing", "ease_groups", "ChainCalibration"]
@@ -79,19 +79,20 @@ def _offset(base_logit: np.ndarray, hits: float) -> float:
 
 
 class ChainCalibration:
-    """a(d, r, q) = expit(logit f_g(bin(q)) + delta_g[d]) for rank group g = min(r, 2): the
+    """a(d, r, q) = expit(logit f_g(bin(q)) + delta_g[d]) for rank group g = min(r, rank_groups - 1): the
     acceptance of a drafted candidate of draft probability q and rank r at depth d, given its
     parent was accepted (:func:`fit_confidence`, step 3).  With ``match`` (bool per trial: a
     lookup of the context proposes this candidate), a curve per group and match value:
     f_{g,m}(q), the depth effects shared."""
 
-    def __init__(self, trials: Trials, depth: int, prior_trials: float, match: np.ndarray | None = None):
-        groups = np.minimum(trials.rank, _RANK_GROUPS - 1)
+    def __init__(self, trials: Trials, depth: int, prior_trials: float, match: np.ndarray | None = None,
+                 rank_groups: int = _RANK_GROUPS):
+        groups = np.minimum(trials.rank, rank_groups - 1)
         m = np.zeros(trials.size, np.int64) if match is None else np.asarray(match, np.int64)
         self.matched = match is not None
-        self.curves = np.zeros((_RANK_GROUPS, 2 if self.matched else 1, CONFIDENCE_EDGES.size - 1))
-        self.offsets = np.zeros((_RANK_GROUPS, depth))
-        for g in range(_RANK_GROUPS):
+        self.curves = np.zeros((rank_groups, 2 if self.matched else 1, CONFIDENCE_EDGES.size - 1))
+        self.offsets = np.zeros((rank_groups, depth))
+        for g in range(rank_groups):
             sel = groups == g
             for v in range(self.curves.shape[1]):
                 self.curves[g, v] = _calibration(trials.draft_prob[sel & (m == v)], trials.hit[sel & (m == v)])
@@ -110,18 +111,23 @@ class ChainCalibration:
         [R, K] bool (a calibration with match curves needs it)."""
         if self.matched and match is None:
             raise SimtreeError("this calibration depends on the context lookup: the drafts carry no context_match")
-        g = np.minimum(np.arange(q.shape[1]), _RANK_GROUPS - 1)
+        g = np.minimum(np.arange(q.shape[1]), self.curves.shape[0] - 1)
         v = np.zeros(q.shape, np.int64) if not self.matched else np.asarray(match, np.int64)
         d = np.minimum(depth, self.offsets.shape[1]) - 1
         return expit(logit(self.curves[g[None, :], v, _bin(q)]) + self.offsets[g[None, :], d[:, None]])
 
 
 def fit_calibration(records: Iterable[TraceRecord], *, topk: int = DEFAULT_TOPK, depth: int = DEFAULT_DEPTH,
-                    prior_trials: float = 20.0, context: bool | None = None) -> ChainCalibration:
+                    prior_trials: float = 20.0, context: bool | None = None, rank_groups: int = DEFAULT_TOPK
+                    ) -> ChainCalibration:
     """One :class:`ChainCalibration` pooled over every record that logs the drafter's top-K and
     the target's tokens (linear runs, version 2): how often the target takes a candidate the
-    drafter gave probability q, by depth and rank; and by whether a lookup of the context
-    proposes it (``context_match``) when ``context`` (default: every record carries it)."""
+    drafter gave probability q, by depth and rank (a curve and depth effects per rank below
+    ``rank_groups``, the rest pooled: by default every rank of a model's top-K its own, the
+    ranks past it with the last - a tree's rank-2 node is taken more often than a rank-5 one
+    of the same probability); and by whether
+    a lookup of the context proposes it (``context_match``) when ``context`` (default: every
+    record carries it)."""
     records = [r for r in records if r.topk_tokens is not None and r.target_tokens is not None]
     if not records:
         raise SimtreeError("traces carry no drafter top-K with the target's tokens (version 2 linear runs): "
@@ -137,7 +143,7 @@ def fit_calibration(records: Iterable[TraceRecord], *, topk: int = DEFAULT_TOPK,
     if context:
         ranks = [records[i].context_match for i in range(len(records))]
         match = np.array([ranks[i][d - 1] == r for i, d, r in zip(trials.round_id, trials.depth, trials.rank)])
-    return ChainCalibration(trials, depth, prior_trials, match)
+    return ChainCalibration(trials, depth, prior_trials, match, check_whole(rank_groups, "rank_groups", 1))
 
 
 def _rows(trials: Trials, topk: int) -> tuple[np.ndarray, np.ndarray]:

@@ -57,6 +57,9 @@ class AcceptanceModel:
                                    lasts over many rounds (an easy stretch of code, a hard
                                    one); levels are drawn per round within their state
     state_share float64 [S]        the share of the text (tokens) in each state
+    chain_marginals bool           the drafter reads its marginals along its own top-1 chain
+                                   (MTP): in the marginal modes a node below an off-chain node
+                                   is never accepted (``phi.node_accept_probs_ranked``)
 
     With several states, a policy that gains more tokens per round in a state spends fewer
     rounds there: its rounds are spread as :meth:`round_weights` says, not as ``weights``.
@@ -70,6 +73,7 @@ class AcceptanceModel:
     draft_probs: np.ndarray | None = None
     state: np.ndarray | None = None
     state_share: np.ndarray | None = None
+    chain_marginals: bool = False
 
     def __post_init__(self) -> None:
         tables = _frozen_tables(self.tables, self.name, "table")

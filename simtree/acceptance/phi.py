@@ -25,7 +25,7 @@ from simtree.trees.tree import DraftTree
 
 __all__ = ["expected_accepted", "node_accept_probs_marginals", "node_accept_probs_positional",
            "expected_accepted_marginals", "expected_accepted_positional", "expected_accepted_ranked", "node_accept_probs_ranked",
-           "rank_tokens",
+           "rank_tokens", "off_chain",
            "sibling_rank", "sample_accepted_length", "accepted_length_pmf"]
 
 
@@ -125,9 +125,21 @@ def rank_tokens(accept_table) -> np.ndarray:
     return np.tile(np.arange(table.shape[-1], dtype=np.int64), (table.shape[0], 1))
 
 
-def node_accept_probs_ranked(tree: DraftTree, accept_table) -> np.ndarray:
+def off_chain(parents, tokens) -> np.ndarray:
+    """bool [n]: nodes of a rank-id tree (topological ``parents``, ``tokens`` = rank ids) that
+    leave the drafter's chain - the node or an ancestor (not the root) is not rank 0."""
+    parents, tokens = np.asarray(parents), np.asarray(tokens)
+    out = np.zeros(parents.shape[0], bool)
+    for i in range(1, parents.shape[0]):
+        out[i] = tokens[i] != 0 or out[parents[i]]
+    return out
+
+
+def node_accept_probs_ranked(tree: DraftTree, accept_table, chain_marginals: bool = False) -> np.ndarray:
     """float64 [n]: ``accept_table[depth-1, token]`` of a tree whose tokens are rank ids, 0
-    beyond the table."""
+    beyond the table.  ``chain_marginals``: the tree was built from marginals a drafter read
+    along its own top-1 chain (the marginal modes of a chain drafter: MTP), so a node below an
+    off-chain node was drafted after the chain's token, not its parent's: never accepted."""
     table = _check_accept_table(accept_table)
     D, R = table.shape
     d, r = tree.depth - 1, tree.tokens
@@ -135,16 +147,19 @@ def node_accept_probs_ranked(tree: DraftTree, accept_table) -> np.ndarray:
     p = np.zeros(tree.num_nodes)
     p[ok] = table[d[ok], r[ok]]
     p[0] = 1.0
+    if chain_marginals:
+        p[1:][off_chain(tree.parents, tree.tokens)[tree.parents[1:]]] = 0.0
     return p
 
 
-def expected_accepted_ranked(tree: DraftTree, accept_table) -> float:
+def expected_accepted_ranked(tree: DraftTree, accept_table, chain_marginals: bool = False) -> float:
     """Phi(T) of a tree whose tokens are rank ids (the trees built from an acceptance model's
     numbers): a node with token r at depth d is accepted with ``accept_table[d - 1, r]`` given
-    its parent.  Equal to :func:`expected_accepted_positional` where sibling order is rank order
-    (EAGLE and chains); a best-first tree built from draft probabilities that are not in rank
-    order keeps each candidate's own entry."""
-    return expected_accepted(tree, node_accept_probs_ranked(tree, accept_table))
+    its parent (``chain_marginals``: :func:`node_accept_probs_ranked`).  Equal to
+    :func:`expected_accepted_positional` where sibling order is rank order (EAGLE and chains);
+    a best-first tree built from draft probabilities that are not in rank order keeps each
+    candidate's own entry."""
+    return expected_accepted(tree, node_accept_probs_ranked(tree, accept_table, chain_marginals))
 
 
 def sibling_rank(tree: DraftTree) -> np.ndarray:
@@ -186,8 +201,11 @@ def expected_accepted_positional(tree: DraftTree, accept_table) -> float:
 
 
 def sample_accepted_length(tree: DraftTree, rng: np.random.Generator, n: int, *,
-                           marginal_tokens=None, marginal_probs=None, accept_table=None) -> np.ndarray:
-    """int64 [n] accepted lengths drawn from ONE model: marginals or ``accept_table``.
+                           marginal_tokens=None, marginal_probs=None, accept_table=None,
+                           chain_marginals: bool = False) -> np.ndarray:
+    """int64 [n] accepted lengths drawn from ONE model: marginals or ``accept_table``
+    (``chain_marginals``: a rank-id tree whose nodes below an off-chain node are never accepted,
+    :func:`node_accept_probs_ranked`).
 
     Each level draws one outcome per sample: a column of the depth's marginal row (K = a token
     outside the list) or a sibling rank (R = none accepted); ``step[node, outcome]`` maps it to
@@ -209,6 +227,8 @@ def sample_accepted_length(tree: DraftTree, rng: np.random.Generator, n: int, *,
     child = np.flatnonzero(first & (col < width))
     child = child[child > 0]
     step[tree.parents[child], col[child]] = child
+    if chain_marginals:
+        step[off_chain(tree.parents, tree.tokens)] = -1
     cur = np.zeros(int(n), np.int64)
     length = np.zeros(int(n), np.int64)
     for d in range(min(rows, tree.max_depth)):

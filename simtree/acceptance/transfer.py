@@ -58,7 +58,7 @@ from simtree.fileio import read_jsonl
 from simtree.probs import check_prob_rows
 
 __all__ = ["DRAFTS_SCHEMA", "DrafterConfidences", "parse_drafts", "read_drafts", "is_drafts_file",
-           "transfer_model", "round_starts", "context_match", "split_spec", "transfer_from_spec", "transfer_bootstrap",
+           "transfer_model", "round_starts", "context_match", "uses_lookup", "split_spec", "transfer_from_spec", "transfer_bootstrap",
            "OUTCOME_FIELDS"]
 
 DRAFTS_SCHEMA = "simtree.drafts/1"
@@ -276,7 +276,17 @@ def transfer_model(calibration: ChainCalibration, drafts: DrafterConfidences, na
             "predicted_chain_tokens_per_round": round(float(gain.mean()), 4)}
     return AcceptanceModel(name or drafts.workload, np.array(tables), np.array(weights),
                            f"transfer_model(calibrated drafter confidences on {drafts.workload})", meta,
-                           np.array(draft), np.array(state), np.array(share))
+                           np.array(draft), np.array(state), np.array(share), chain_marginals=True)
+
+
+def uses_lookup(records, drafts: DrafterConfidences) -> bool:
+    """Whether the calibration of ``drafts`` from ``records`` reads the context lookup: only
+    across workloads (the calibrating traces' workload is not the drafts'), where it carries
+    what the drafter's probability does not (a target that repeats its context more often than
+    the calibrating text did); within a workload the drafter's probability alone is calibrated
+    (docs/acceptance.md, section 2.3)."""
+    return (drafts.context_match is not None and any(r.workload != drafts.workload for r in records)
+            and all(r.context_match is not None for r in records))
 
 
 def split_spec(spec: str) -> tuple[str, str] | None:
@@ -310,7 +320,7 @@ def transfer_from_spec(spec: str) -> tuple[AcceptanceModel, DrafterConfidences]:
     path, _, only = drafts_path.partition("#")
     drafts = read_drafts(path, only or None)
     records = _calibration_records(calibration)
-    model = transfer_model(fit_calibration(records), drafts)
+    model = transfer_model(fit_calibration(records, context=uses_lookup(records, drafts)), drafts)
     model.meta["calibrated_on"] = {"traces": calibration, "workload": records[0].workload, "records": len(records)}
     return model, drafts
 
@@ -332,7 +342,7 @@ def transfer_bootstrap(spec: str, n: int, rng: np.random.Generator) -> list[Acce
     out = []
     for k in range(n):
         pick = rng.integers(0, len(rec_groups), len(rec_groups))
-        cal = fit_calibration([records[i] for g in pick for i in rec_groups[g]])
+        cal = fit_calibration([records[i] for g in pick for i in rec_groups[g]], context=uses_lookup(records, drafts))
         chosen = rng.choice(seqs, seqs.size)
         rows = np.concatenate([np.flatnonzero(drafts.seq == s) for s in chosen])
         new_seq = np.repeat(np.arange(chosen.size), [int((drafts.seq == s).sum()) for s in chosen])
@@ -341,5 +351,6 @@ def transfer_bootstrap(spec: str, n: int, rng: np.random.Generator) -> list[Acce
                                     None if drafts.context_match is None else drafts.context_match[rows])
         acc = transfer_model(cal, sample)
         out.append(AcceptanceModel(f"{drafts.workload}#b{k}", acc.tables, acc.weights, acc.source + " (bootstrap)",
-                                   {**acc.meta, "bootstrap": k}, acc.draft_probs, acc.state, acc.state_share))
+                                   {**acc.meta, "bootstrap": k}, acc.draft_probs, acc.state, acc.state_share,
+                                   acc.chain_marginals))
     return out

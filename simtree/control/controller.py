@@ -127,8 +127,9 @@ def tier_shape(acc: AcceptanceModel, spec: PolicySpec, index: int = 0) -> Tier:
     shape = static_round(acc, spec)
     depth = max(t.max_depth for t in shape.trees)
     cdf = np.ones((acc.num_levels, depth + 1))
+    chain = acc.chain_marginals and spec.mode == "best_first"     # as static_round scores them
     for level, (tree, table) in enumerate(zip(shape.trees, shape.tables)):
-        pmf = accepted_length_pmf(tree, node_accept_probs_ranked(tree, table))
+        pmf = accepted_length_pmf(tree, node_accept_probs_ranked(tree, table, chain))
         cdf[level, :pmf.size] = np.cumsum(pmf)
     cdf[:, -1] = 1.0
     return Tier(spec, shape.nodes, shape.accepted, cdf, np.asarray(acc.weights), index,

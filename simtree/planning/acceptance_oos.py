@@ -4,12 +4,12 @@ The table (``reports/validation/acceptance_out_of_sample.csv``, written by
 ``python -m simtree.runtime.acceptance_oos``): one row per (drafter, policy, workload, split)
 run, its measured mean accepted tokens per round (bonus included) beside the prediction of an
 acceptance model (:func:`simtree.acceptance.predict.accepted_per_round` for every policy; the
-adaptive modes' analytic decision): there, each split's model is the drafter's calibration,
-fitted on one linear run's outcomes, applied to that split's own drafter confidences
-(:mod:`simtree.acceptance.transfer`); other predictors go in further columns (``extras``).
-``split``: ``fit`` (the prompts the calibration was fitted on: out of sample in the policy
-unless the row is the fitted run itself, ``in_sample`` then) or ``heldout`` (prompts whose
-acceptance outcomes no prediction read).
+adaptive modes' analytic decision): each run's model is a drafter calibration, fitted on linear
+runs' outcomes (``calibrated_on``), applied to the drafter's confidences on the run's own
+prompts (:mod:`simtree.acceptance.transfer`); other predictors go in further columns (``extras``).
+``split`` (:data:`SPLITS`): ``policies`` (trees on prompts the calibration never saw, calibrated
+on the same workload's linear runs), ``prompts`` (linear runs on such prompts), ``workload``
+(another workload's prompts, every policy) or ``in_sample`` (the calibrating runs).
 """
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ import pandas as pd
 from simtree.acceptance.predict import accepted_per_round
 from simtree.acceptance.traces import sequence_ids
 
-__all__ = ["COLUMNS", "measured_accepted", "predicted_accepted", "oos_table", "oos_summary", "summary_markdown", "TARGETS"]
+__all__ = ["COLUMNS", "SPLITS", "measured_accepted", "predicted_accepted", "oos_table", "oos_summary", "summary_markdown", "TARGETS"]
 
 COLUMNS = ["drafter", "policy", "workload", "split", "measured_accepted", "predicted_accepted", "rel_err"]
 TARGETS = {"median_abs_rel_err": 0.03, "max_abs_rel_err": 0.08}
@@ -77,100 +77,105 @@ def oos_table(model, runs: list[dict], costs=None, extras: dict | None = None) -
         predicted = predicted_accepted(pick(model, run), *args)
         row = {"drafter": run["drafter"], "policy": run["policy"], "workload": run["workload"],
                "split": run["split"], "measured_accepted": measured, "predicted_accepted": predicted,
-               "rel_err": predicted / measured - 1.0, "measured_se": measured_se(run["records"])}
+               "rel_err": predicted / measured - 1.0, "calibrated_on": run.get("calibrated_on", ""),
+               "measured_se": measured_se(run["records"])}
         for name, acc in extras.items():
             row[f"{name}_predicted"] = predicted_accepted(pick(acc, run), *args)
             row[f"{name}_rel_err"] = row[f"{name}_predicted"] / measured - 1.0
         rows.append(row)
-    return pd.DataFrame(rows, columns=[*COLUMNS, "measured_se", *[f"{n}_{c}" for n in extras
+    return pd.DataFrame(rows, columns=[*COLUMNS, "calibrated_on", "measured_se", *[f"{n}_{c}" for n in extras
                                                                    for c in ("predicted", "rel_err")]])
 
 
 def _stats(err: pd.Series) -> dict:
     a = err.abs()
-    return {"rows": int(a.size), "median_abs_rel_err": float(a.median()), "max_abs_rel_err": float(a.max())}
+    out = {"rows": int(a.size), "median_abs_rel_err": float(a.median()), "max_abs_rel_err": float(a.max())}
+    out["meets_targets"] = bool(out["median_abs_rel_err"] <= TARGETS["median_abs_rel_err"]
+                                and out["max_abs_rel_err"] <= TARGETS["max_abs_rel_err"])
+    return out
+
+
+# the out-of-sample split families, each reported alone (never pooled into one figure)
+SPLITS = {"policies": "linear -> trees, fresh prompts", "prompts": "linear -> linear, fresh prompts",
+          "workload": "chat linear -> code, every policy"}
+
+
+def _family(df: pd.DataFrame) -> pd.Series:
+    return df["split"] + " " + df["workload"]
 
 
 def oos_summary(df: pd.DataFrame) -> dict:
-    """|rel_err| over the out-of-sample rows (split ``heldout``: prompts and workloads the
-    calibration never saw), overall and per (drafter, policy family), and per (workload, split)
-    for every predicted split (``fit``: the calibration's own prompts under other policies, not
-    out of sample); whether the targets are met (on the held-out rows)."""
-    predicted = df[df["split"] != "in_sample"]
-    oos = df[df["split"] == "heldout"]
-    family = oos["policy"].str.extract(r"^(best_first|cost_aware|batch_alloc|[a-z]+)", expand=False)
-    out = {"out_of_sample": _stats(oos["rel_err"]), "targets": TARGETS,
-           "by_drafter_shape": {f"{d} {f}": _stats(g["rel_err"]) for (d, f), g in oos.groupby([oos["drafter"], family])},
-           "by_workload_split": {f"{w} {s}": _stats(g["rel_err"])
-                                 for (w, s), g in predicted.groupby(["workload", "split"])},
-           "same_prompts": _stats(df.loc[df["split"] == "fit", "rel_err"]) if (df["split"] == "fit").any() else None,
+    """|rel_err| per out-of-sample family (``split`` x ``workload``: :data:`SPLITS`) and per
+    family x (drafter, policy family), each against the targets; the calibrating runs
+    (``in_sample``) apart; the sampling error of the measured means; how far the same linear
+    policy measured on a workload's two prompt halves lands apart."""
+    oos = df[df["split"].isin(list(SPLITS))]
+    fam = _family(oos)
+    shape = oos["policy"].str.extract(r"^(best_first|cost_aware|batch_alloc|[a-z]+)", expand=False)
+    out = {"targets": TARGETS,
+           "families": {k: {**_stats(g["rel_err"]), "what": SPLITS[k.split()[0]]} for k, g in oos.groupby(fam)},
+           "by_drafter_shape": {f"{k} {d} {f}": _stats(g["rel_err"])
+                                for (k, d, f), g in oos.groupby([fam, oos["drafter"], shape])},
            "in_sample": _stats(df.loc[df["split"] == "in_sample", "rel_err"]) if (df["split"] == "in_sample").any()
            else None}
-    rel_se = df["measured_se"] / df["measured_accepted"] if "measured_se" in df else None
-    if rel_se is not None:
-        out["measured_se_rel"] = {f"{w} {s}": float(g.median()) for (w, s), g in
-                                  rel_se.groupby([df["workload"], df["split"].replace("in_sample", "fit")])}
-    share = df[df["workload"] == df["workload"].iloc[0]] if len(df) else df
-    halves = share.assign(half=share["split"].replace("in_sample", "fit")).pivot_table(
-        index="policy", columns="half", values="measured_accepted")
-    if {"fit", "heldout"} <= set(halves.columns):
-        gap = (halves["heldout"] / halves["fit"] - 1.0).abs()
-        out["prompt_halves_gap"] = {"workload": str(df["workload"].iloc[0]), "median": float(gap.median()),
-                                    "max": float(gap.max())}
-    out["extras"] = {c[:-len("_rel_err")]: {"out_of_sample": _stats(oos[c]),
-                                            "by_workload_split": {f"{w} {s}": _stats(g[c])
-                                                                  for (w, s), g in predicted.groupby(["workload", "split"])}}
-                     for c in df.columns if c.endswith("_rel_err")}
-    o = out["out_of_sample"]
-    out["meets_targets"] = bool(o["median_abs_rel_err"] <= TARGETS["median_abs_rel_err"]
-                                and o["max_abs_rel_err"] <= TARGETS["max_abs_rel_err"])
+    if "measured_se" in df:
+        half = df["split"].map(lambda s: "calibration" if s == "in_sample" else "test")
+        rel_se = df["measured_se"] / df["measured_accepted"]
+        out["measured_se_rel"] = {f"{w} {h}": float(g.median()) for (w, h), g in rel_se.groupby([df["workload"], half])}
+    gaps = {}
+    for w, g in df[df["split"].isin(["in_sample", "prompts"])].groupby("workload"):
+        halves = g.pivot_table(index="policy", columns="split", values="measured_accepted")
+        if {"in_sample", "prompts"} <= set(halves.columns):
+            gap = (halves["prompts"] / halves["in_sample"] - 1.0).abs().dropna()
+            gaps[w] = {"median": float(gap.median()), "max": float(gap.max()), "policies": int(gap.size)}
+    out["prompt_halves_gap"] = gaps
+    out["extras"] = {c[:-len("_rel_err")]: {"families": {k: _stats(g[c]) for k, g in oos.groupby(fam)}}
+                     for c in df.columns if c.endswith("_rel_err") and c != "rel_err"}
+    out["meets_targets"] = bool(out["families"]) and all(f["meets_targets"] for f in out["families"].values())
     return out
 
 
 def summary_markdown(df: pd.DataFrame, summary: dict, header: list[str]) -> str:
-    """A short generated summary: the header lines, the overall and grouped errors, the worst rows."""
+    """A short generated summary: the header lines, each family's errors against the targets,
+    the shapes within each family, the worst rows."""
     def pct(x):
         return f"{100 * x:.2f}%"
-    o, t = summary["out_of_sample"], summary["targets"]
-    lines = [*header, "",
-             f"Out of sample ({o['rows']} rows): median |error| {pct(o['median_abs_rel_err'])}, worst "
-             f"{pct(o['max_abs_rel_err'])} (targets {pct(t['median_abs_rel_err'])} / {pct(t['max_abs_rel_err'])}: "
-             f"{'met' if summary['meets_targets'] else 'not met'})."]
-    if summary.get("same_prompts"):
-        f = summary["same_prompts"]
-        lines += [f"The calibration's own prompts under other policies ({f['rows']} rows; not out of sample): median "
-                  f"|error| {pct(f['median_abs_rel_err'])}, worst {pct(f['max_abs_rel_err'])}."]
-    lines += [""]
+    t, extras = summary["targets"], summary.get("extras") or {}
+    fams = summary["families"]
+    lines = [*header, "", f"Out of sample, each family against the targets (median {pct(t['median_abs_rel_err'])}, "
+             f"worst {pct(t['max_abs_rel_err'])}): "
+             + "; ".join(f"{k} ({v['what']}): median {pct(v['median_abs_rel_err'])}, worst {pct(v['max_abs_rel_err'])} "
+                         f"over {v['rows']} rows, {'met' if v['meets_targets'] else 'not met'}" for k, v in fams.items())
+             + "."]
     if summary["in_sample"]:
-        lines += [f"In sample (the fitted run itself): |error| {pct(summary['in_sample']['max_abs_rel_err'])}.", ""]
+        i = summary["in_sample"]
+        lines += [f"In sample (the calibrating linear runs, {i['rows']} rows): median |error| "
+                  f"{pct(i['median_abs_rel_err'])}, worst {pct(i['max_abs_rel_err'])}."]
+    lines.append("")
     if summary.get("measured_se_rel"):
         lines += ["Sampling error of the measured means (one standard error, whole sequences resampled), median: "
                   + ", ".join(f"{k} {pct(v)}" for k, v in summary["measured_se_rel"].items()) + "."]
-    if summary.get("prompt_halves_gap"):
-        g = summary["prompt_halves_gap"]
-        lines += [f"The same policy measured on the two {g['workload']} prompt halves differs by a median "
-                  f"{pct(g['median'])} (at most {pct(g['max'])}): no fit on one half predicts the other closer "
-                  "than the halves agree."]
+    for w, g in (summary.get("prompt_halves_gap") or {}).items():
+        lines += [f"The same linear policy measured on the two {w} prompt halves differs by a median {pct(g['median'])} "
+                  f"(at most {pct(g['max'])}, {g['policies']} policies): no calibration on one half predicts the other "
+                  "closer than the halves agree."]
     lines.append("")
-    extras = summary.get("extras") or {}
-    for key, title in (("by_drafter_shape", "drafter x shape"), ("by_workload_split", "workload x split")):
-        more = [n for n, e in extras.items() if key in e]
-        lines += [f"| {title} | rows | median abs err | worst |" + "".join(f" {n} median | {n} worst |" for n in more),
-                  "|---|---|---|---|" + "---|---|" * len(more)]
-        lines += [f"| {k} | {v['rows']} | {pct(v['median_abs_rel_err'])} | {pct(v['max_abs_rel_err'])} |"
-                  + "".join(f" {pct(extras[n][key][k]['median_abs_rel_err'])} | {pct(extras[n][key][k]['max_abs_rel_err'])} |"
-                            for n in more) for k, v in summary[key].items()]
-        if more:
-            o = summary["out_of_sample"]
-            lines += [f"| all out of sample | {o['rows']} | {pct(o['median_abs_rel_err'])} | {pct(o['max_abs_rel_err'])} |"
-                      + "".join(f" {pct(extras[n]['out_of_sample']['median_abs_rel_err'])} | "
-                                f"{pct(extras[n]['out_of_sample']['max_abs_rel_err'])} |" for n in more)]
-        lines.append("")
-    worst = df[df["split"] != "in_sample"].assign(a=lambda d: d["rel_err"].abs()).nlargest(5, "a")
-    lines += ["Worst rows:", "", "| policy | workload | split | measured | predicted | error |"
-              + "".join(f" {n} | {n} error |" for n in extras), "|---|---|---|---|---|---|" + "---|---|" * len(extras)]
-    lines += [f"| {r['policy']} | {r['workload']} | {r['split']} | {r['measured_accepted']:.3f} | "
-              f"{r['predicted_accepted']:.3f} | {100 * r['rel_err']:+.2f}% |"
-              + "".join(f" {r[n + '_predicted']:.3f} | {100 * r[n + '_rel_err']:+.2f}% |" for n in extras)
+    more = list(extras)
+    lines += ["| split family | what | rows | median abs err | worst | targets |"
+              + "".join(f" {n} median | {n} worst |" for n in more), "|---|---|---|---|---|---|" + "---|---|" * len(more)]
+    lines += [f"| {k} | {v['what']} | {v['rows']} | {pct(v['median_abs_rel_err'])} | {pct(v['max_abs_rel_err'])} | "
+              f"{'met' if v['meets_targets'] else 'not met'} |"
+              + "".join(f" {pct(extras[n]['families'][k]['median_abs_rel_err'])} | "
+                        f"{pct(extras[n]['families'][k]['max_abs_rel_err'])} |" for n in more) for k, v in fams.items()]
+    lines += ["", "| split family x drafter x shape | rows | median abs err | worst |", "|---|---|---|---|"]
+    lines += [f"| {k} | {v['rows']} | {pct(v['median_abs_rel_err'])} | {pct(v['max_abs_rel_err'])} |"
+              for k, v in summary["by_drafter_shape"].items()]
+    lines.append("")
+    worst = df[df["split"].isin(list(SPLITS))].assign(a=lambda d: d["rel_err"].abs()).nlargest(8, "a")
+    lines += ["Worst rows:", "", "| policy | workload | split | calibrated on | measured | predicted | error |"
+              + "".join(f" {n} | {n} error |" for n in more), "|---|---|---|---|---|---|---|" + "---|---|" * len(more)]
+    lines += [f"| {r['policy']} | {r['workload']} | {r['split']} | {r.get('calibrated_on', '')} | "
+              f"{r['measured_accepted']:.3f} | {r['predicted_accepted']:.3f} | {100 * r['rel_err']:+.2f}% |"
+              + "".join(f" {r[n + '_predicted']:.3f} | {100 * r[n + '_rel_err']:+.2f}% |" for n in more)
               for _, r in worst.iterrows()]
     return "\n".join(lines) + "\n"

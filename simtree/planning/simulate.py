@@ -97,7 +97,8 @@ def static_round(acc: AcceptanceModel, spec: PolicySpec) -> RoundShape:
         trees.append(tree)
         tables.append(table)
     nodes = np.array([t.num_nodes for t in trees], np.float64)
-    accepted = np.array([expected_accepted_ranked(t, tb) for t, tb in zip(trees, tables)])
+    chain = acc.chain_marginals and isinstance(spec, BestFirstParams)
+    accepted = np.array([expected_accepted_ranked(t, tb, chain) for t, tb in zip(trees, tables)])
     return RoundShape(tuple(trees), tuple(tables), nodes, accepted, acc.round_weights(1.0 + accepted))
 
 
@@ -295,6 +296,7 @@ def _monte_carlo(workload: Workload, spec: PolicySpec, costs: Costs, b: int, rou
     shape = None if adaptive else static_round(acc, spec)
     draft = ad.draft_us if adaptive else _draft_us(costs, spec, b)
     p = np.asarray(level_weights, np.float64) / np.sum(level_weights)
+    chain = acc.chain_marginals and (adaptive or isinstance(spec, BestFirstParams))
     tput, acc_per_round, cache = np.zeros(runs), np.zeros(runs), {}
     for run in range(runs):
         ctx = rng.choice(workload.prompt_lens, b).astype(np.float64)
@@ -314,7 +316,7 @@ def _monte_carlo(workload: Workload, spec: PolicySpec, costs: Costs, b: int, rou
                                   else (shape.trees[key[0]], shape.tables[key[0]]))
                 tree, table = cache[key]
                 gained[idx] += sample_accepted_length(tree, rng, idx.size, marginal_tokens=rank_tokens(table),
-                                                      marginal_probs=table)
+                                                      marginal_probs=table, chain_marginals=chain)
             verified = float(nodes.mean()) if bucket is None or not adaptive else float(bucket)
             round_us = draft + float(costs.verify.predict(verified, float(ctx.mean()), b))
             price.update(gained.sum(), round_us)
