@@ -13,7 +13,8 @@ rows of one catch-up see each other whole, so ``rows`` is at most the MTP layer'
 **Buckets.**  A catch-up runs over a few fixed row counts, not over however many rows waited (a
 new row count would compile its kernels afresh on the GPU, in the middle of serving): ``n``
 waiting rows run as the smallest bucket (1, 2, 4, ... powers of two, and ``rows``) that holds
-them, :func:`bucket_rows`.  Row i sees rows <= i only (the causal chain), so the n waiting rows
+them (:func:`simtree.control.catchup.bucket_rows`, whose module prices it for the serving
+benchmark).  Row i sees rows <= i only (the causal chain), so the n waiting rows
 come out as they would alone; the rows past them hold what earlier rounds left (stale, never
 read by a waiting row), their positions are the last waiting row's (inside the rope table and
 the window), they only touch scratch rows, and their commit goes to the cache's trash row: the
@@ -30,30 +31,12 @@ import contextlib
 
 import torch
 
+from simtree.control.catchup import LAG_ROWS, bucket_rows, catch_up_buckets
 from simtree.errors import SimtreeError
 
 __all__ = ["DraftLag", "LAG_ROWS", "bucket_rows", "catch_up_buckets"]
 
-LAG_ROWS = 64           # plain rounds the MTP layer may fall behind before a catch-up
-
-
 _nothing = contextlib.nullcontext
-
-
-def catch_up_buckets(rows: int) -> tuple[int, ...]:
-    """The row counts a catch-up runs at: powers of two below ``rows``, and ``rows``."""
-    out, b = [], 1
-    while b < rows:
-        out.append(b)
-        b *= 2
-    return (*out, int(rows))
-
-
-def bucket_rows(n: int, rows: int) -> int:
-    """The bucket ``n`` waiting rows run as (the smallest of :func:`catch_up_buckets` >= n)."""
-    if not 1 <= n <= rows:
-        raise SimtreeError(f"a catch-up holds 1 to {rows} rows, got {n}")
-    return next(b for b in catch_up_buckets(rows) if b >= n)
 
 
 class DraftLag:

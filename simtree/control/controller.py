@@ -8,7 +8,9 @@ An engine's scheduler calls it once per step::
     ctl.observe(tier, accepted_drafts)              #  counts each sequence's rounds so far)
 
 ``choose`` predicts each tier's batch throughput at the live batch size and mean context,
-``rate_t = b * (1 + r * phi_t) / (C_d(t, b) + C_v(n_t, l, b))`` (phi_t the tier's expected accepted
+``rate_t = b * (1 + r * phi_t) / (C_d(t, b) + C_v(n_t, l, b))`` (C_d of plain decoding: its share
+of the drafter's catch-up, one ``LAG_ROWS``-row catch-up per ``LAG_ROWS`` plain steps,
+:mod:`simtree.control.catchup`; phi_t the tier's expected accepted
 drafts under the acceptance model, r the running ratio of observed to predicted accepted
 drafts: both summed over the last ``memory`` sequence-rounds or so (exponential decay per
 sequence-round), plus a prior of ``prior`` predicted drafts at ratio 1; as plain decoding,
@@ -45,6 +47,7 @@ import numpy as np
 
 from simtree.acceptance.mixture import AcceptanceModel
 from simtree.acceptance.phi import accepted_length_pmf, node_accept_probs_ranked
+from simtree.control.catchup import LAG_ROWS, catch_up_us
 from simtree.errors import SimtreeError, check_int
 from simtree.planning.modes import EagleParams, LinearParams, NoneParams, PolicySpec
 from simtree.planning.simulate import static_round
@@ -178,6 +181,9 @@ class Controller:
         self._penalties = np.stack([t.short_reply_penalties(PENALTY_ROUNDS, self.tail_power)
                                     for t in self.tiers])   # [T, H]
         self._penalty = self.penalty(self.tail_rounds)
+        self._plain = np.array([t.spec.mode == "none" for t in self.tiers])
+        self._lags = bool(self._plain.any() and not self._plain.all())   # plain and drafted tiers: the drafter lags
+        self._lag_us = {}   # batch -> a plain step's share of the catch-up (microseconds)
 
     def penalty(self, rounds: int) -> np.ndarray:
         """[T] every tier's short-reply penalty for a reply of ``rounds`` rounds (1 for 0); past
@@ -193,6 +199,10 @@ class Controller:
         b = check_int(batch_size, "batch size", 1)
         verify = np.asarray(self.costs.verify.predict(self._nodes, float(context_len), b), np.float64)
         draft = np.array([t.draft_us(self.costs, b) for t in self.tiers])
+        if self._lags:      # a plain step's share of the MTP layer's catch-up (simtree.control.catchup)
+            if b not in self._lag_us:
+                self._lag_us[b] = catch_up_us(self.costs, LAG_ROWS, b) / LAG_ROWS
+            draft[self._plain] += self._lag_us[b]
         return b * (1.0 + self.ratio * self._accepted) / (draft + verify) * 1e6
 
     def horizon_rounds(self, rounds_done=None) -> int:

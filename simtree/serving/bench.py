@@ -43,7 +43,7 @@ LOADS = (0.1, 0.4, 0.8, 1.5)
 BUCKETS = ((1, 1), (2, 2), (3, 4), (5, 8), (9, 16), (17, 32), (33, 64))
 COLUMNS = ["model", "load", "policy", "tok_s", "tpot_p50_ms", "tpot_p99_ms", "switches_per_min", "arrivals",
            "rate_req_s", "detail", "switches", "steps", "mean_batch", "tpot_p99_lo_ms", "tpot_p99_hi_ms",
-           "replicas", "tok_s_runs"]
+           "replicas", "tok_s_runs", "catch_ups", "catch_up_s"]
 SGLANG_LAUNCH_STEPS = 3
 REPLICAS = 4   # acceptance seeds every policy serves each trace under (the same seeds for all)
 
@@ -181,7 +181,8 @@ def _run(out, cfg_root, models, loads, arrivals, num_requests, workload, seed, p
                                  "arrivals": kind, "rate_req_s": rate, "detail": detail, "switches": r.switches,
                                  "steps": r.steps, "mean_batch": r.mean_batch,
                                  "tpot_p99_lo_ms": r.tpot_p99_band_ms[0], "tpot_p99_hi_ms": r.tpot_p99_band_ms[1],
-                                 "replicas": replicas, "tok_s_runs": " ".join(f"{x:.6g}" for x in r.tok_s_runs)})
+                                 "replicas": replicas, "tok_s_runs": " ".join(f"{x:.6g}" for x in r.tok_s_runs),
+                                 "catch_ups": r.catch_ups, "catch_up_s": r.catch_up_s})
                 if progress:
                     progress(f"{m['model']} {kind} {load:g}x")
     return pd.DataFrame(rows, columns=COLUMNS)
