@@ -103,7 +103,8 @@ def _model_setup(path: Path, out: Path, workload: str, sg) -> dict:
     sps_path = write_text_atomic(cfg_dir / "sps_table.json", json.dumps(sps, indent=1))
     tiers = [(int(k.split("-")[0]), int(k.split("-")[1]), v) for k, v in vllm_per_batch_size(rows).items()]
     write_text_atomic(cfg_dir / "vllm_tiers.json", json.dumps(vllm_per_batch_size(rows), indent=1))
-    none_rate = float(ctl.predicted_tok_s(MAX_BATCH, ctx)[0])
+    # plain decoding's capacity: a plain engine (no drafter to catch up)
+    none_rate = MAX_BATCH / float(grid.verify.predict(1.0, ctx, MAX_BATCH)) * 1e6
     return {"model": model, "grid": grid, "acc": acc, "rows": rows, "tiers": tiers, "adaptive": str(adaptive_path),
             "sps": sg[3](str(sps_path)), "gamma": gamma, "none_rate": none_rate}
 
@@ -195,8 +196,8 @@ def _readme(df: pd.DataFrame, command: str, num_requests: int, workload: str, re
     used = float((ctl.switches / bound).max())
     lines = ["# Serving benchmark (simulated on the shipped H200 costs)", "",
              f"Regenerate: `{command}` (written by that command; docs/controller.md describes the model). In sample: "
-             "the controller's settings (switch credits, margin, tail ranking) were chosen on these traces and "
-             "acceptance seeds; a new `--seed` tests them on others.", "",
+             "the controller's settings (switch credits, margin, tail ranking and hold) were chosen on these "
+             "traces and acceptance seeds; a new `--seed` tests them on others (docs/controller.md reports one).", "",
              f"{num_requests} requests per trace, ShareGPT lengths ({LENGTHS_SOURCE['source']}), acceptance: "
              f"{workload}; up to {MAX_BATCH} live sequences; loads are multiples of the request rate that "
              "saturates plain decoding at batch 64. `bench.csv` has one row per (model, arrivals, load, policy); "
@@ -206,7 +207,9 @@ def _readme(df: pd.DataFrame, command: str, num_requests: int, workload: str, re
              "policy): `tok_s` is the replicas' mean (each in `tok_s_runs`), `best_static` is the fixed tier "
              "fastest on that mean, the TPOT percentiles pool the replicas' requests, so a p99 over "
              f"{replicas * num_requests} requests is set by its {max(1, -(-replicas * num_requests // 100))} "
-             "slowest.", "",
+             "slowest. A policy that runs plain and drafted steps (threshold, SGLang's adaptive steps, the "
+             "controller) pays the drafter's catch-up in the drafted step after plain ones (`catch_ups`, "
+             "`catch_up_s`; docs/controller.md).", "",
              f"Controller switch bound: one switch's credit per {MIN_DWELL_STEPS} steps, at most {SWITCH_BURST} "
              f"held (switches <= steps // {MIN_DWELL_STEPS} after any step; at most {SWITCH_BURST} + W // "
              f"{MIN_DWELL_STEPS} in any W steps); every controller run within it: {within}; the most of its bound "
