@@ -351,7 +351,7 @@ class FullEngine:
                 # bound; use() binds each shape's own again
                 outputs[rs] = {k: v for k, v in vars(self).items() if k.startswith("_") and
                                isinstance(v, (torch.Tensor, tuple)) and before.get(k) is not v}
-            if self.lag is not None:    # the catch-up's buckets: graphs of their own pool
+            if self.lag is not None:    # the catch-up's buckets: graphs of their own pools
                 self._prepare_lag(graphs=True)
         except Exception as exc:   # noqa: BLE001 - not capturable here: the same stages run eagerly
             self.capture_error = " ".join(f"{type(exc).__name__}: {exc}".split())[:200]

@@ -22,7 +22,7 @@ cache gains the n waiting rows and the lengths advance by n.  The waiting count 
 device scalar, so one bucket's work is the same kernels whatever ``n`` it holds.
 
 :meth:`DraftLag.prepare` runs every bucket once (the draft state put back; a CUDA engine calls
-it when it is built) and, with graphs, captures one CUDA graph per bucket in a pool of its own:
+it when it is built) and, with graphs, captures one CUDA graph per bucket, each in a pool of its own:
 a live catch-up then compiles nothing and, captured, replays one graph.
 """
 from __future__ import annotations
@@ -108,7 +108,7 @@ class DraftLag:
         ``kept``: the tensors ``set_first`` writes; the one cache row they wrote lies at the lengths,
         past what any round reads, and the next catch-up overwrites it):
         the first live catch-up of any bucket compiles nothing.  ``graphs``: also one CUDA graph
-        per bucket (one pool of their own), replayed by :meth:`catch_up`."""
+        per bucket (each its own memory pool), replayed by :meth:`catch_up`."""
         saved = [t.clone() for t in (ds.lengths, *kept)]
         self.count.fill_(1)
         side = torch.cuda.Stream() if graphs else None     # graphs: warm up off the capture's stream
@@ -121,11 +121,10 @@ class DraftLag:
         if side is not None:
             torch.cuda.current_stream().wait_stream(side)
             torch.cuda.synchronize()
-            pool = torch.cuda.graph_pool_handle()
             captured = {}
-            for b in self.buckets:
+            for b in self.buckets:      # a pool each: buckets replay in any order
                 g = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(g, pool=pool):
+                with torch.cuda.graph(g):
                     self._run(model, ds, chain_bits, set_first, b)
                 captured[b] = g
             torch.cuda.synchronize()
