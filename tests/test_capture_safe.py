@@ -108,3 +108,24 @@ def test_plain_rounds_of_a_multi_shape_engine_neither_read_nor_copy_host_data(na
         with guard:
             engine._plain()
     assert engine.lag.at.tolist() == [0] and not guard.hits, guard.hits
+
+
+@pytest.mark.parametrize("name", ["tiny-gdn", "tiny-v4"])
+def test_every_catch_up_bucket_neither_reads_nor_copies_host_data(name):
+    """The drafter's catch-up is captured per row bucket (runtime/full/lag.py): its body, with the
+    waiting count on the device, is capturable at every bucket."""
+    model = tiny_model(name, dtype=torch.float32)
+    engine = FullEngine(model, round_shape(SPECS["none"]), 2, 128, graphs=False,
+                        shapes=[round_shape(SPECS["eagle"])])
+    engine.fill_context(24, seed=1)
+    lag, found = engine.lag, {}
+    lag.count.fill_(1)
+    with torch.no_grad():
+        for b in lag.buckets:
+            lag._run(model, engine.ds, engine._chain_bits, engine._set_first, b)   # bits built, as prepare's warm-up
+            guard = HostTraffic()
+            with guard:
+                lag._run(model, engine.ds, engine._chain_bits, engine._set_first, b)
+            if guard.hits:
+                found[b] = sorted(set(guard.hits))
+    assert not found, found

@@ -107,7 +107,12 @@ def test_the_youngest_live_reply_sets_how_tail_averse_a_step_is(setup):
     # one new reply among them: the step protects it
     assert Controller(grid, acc).choose(64, ctx, rounds_done=[300] * 63 + [0]).name == young
     ctl = Controller(grid, acc)
-    assert ctl.horizon_rounds([7, 3, 9]) == 4 and ctl.horizon_rounds(None) == 1
+    # a new reply's first tail_hold (2) rounds are ranked as its first
+    assert ctl.horizon_rounds([7, 3, 9]) == 2 and ctl.horizon_rounds([7, 2, 9]) == 1 and ctl.horizon_rounds(None) == 1
+    assert Controller(grid, acc, tail_hold=0).horizon_rounds([7, 3, 9]) == 4
+    # a reply 7 rounds in: the chain once its first rounds count toward h, the tree while they are held
+    assert Controller(grid, acc).choose(64, ctx, rounds_done=[300] * 63 + [7]).name == young
+    assert Controller(grid, acc, tail_hold=0).choose(64, ctx, rounds_done=[300] * 63 + [7]).name == mean_best
     # the penalty falls toward 1 with the reply's rounds, past the exact table as 1 / rounds
     pen = np.stack([ctl.penalty(h) for h in range(1, 2 * PENALTY_ROUNDS)])
     assert np.all(np.diff(pen, axis=0) <= 1e-12) and np.all(pen >= 1.0 - 1e-12)
@@ -189,6 +194,8 @@ def test_bad_settings(setup):
         Controller(grid, acc, min_dwell_steps=0)
     with pytest.raises(SimtreeError):
         Controller(grid, acc, tail_rounds=-1)
+    with pytest.raises(SimtreeError):
+        Controller(grid, acc, tail_hold=-1)
     with pytest.raises(SimtreeError):
         Controller(grid, acc, switch_cost_us=-1.0)
     with pytest.raises(SimtreeError):

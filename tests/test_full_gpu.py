@@ -147,6 +147,38 @@ def test_tiers_switching_with_graphs_are_lossless(name, monkeypatch):
         assert got == want
 
 
+@pytest.mark.parametrize("name", ["tiny-gdn", "tiny-v4"])
+def test_captured_catch_up_buckets_build_the_eager_state(name):
+    """An engine with a plain and an EAGLE shape captures one graph per catch-up bucket; after plain
+    runs of 1, 2, 3, R - 1 and R rounds, the replayed catch-up leaves the draft state the eager
+    one (graphs off) leaves."""
+    from simtree.runtime.full.drafting import round_shape
+    from simtree.runtime.full.engine import FullEngine
+    model = _model(name, torch.bfloat16 if name == "tiny-v4" else torch.float32)
+    plain, eagle = round_shape(PolicySpec.from_dict("none")), round_shape(EAGLE_S3)
+    prompts = [[3, 17, 5, 9], [11, 2, 7, 1, 30, 4]]
+    engines = []
+    for graphs in (True, False):
+        engine = FullEngine(model, plain, 2, 256, shapes=[eagle], graphs=graphs)
+        engine.capture()
+        assert sorted(engine.lag._graphs) == (sorted(engine.lag.buckets) if graphs else []), engine.capture_error
+        engine.prefill(prompts)
+        engines.append(engine)
+    R = engines[0].lag.rows
+    tol = dict(rtol=2e-2, atol=2e-2) if name == "tiny-v4" else dict(rtol=1e-4, atol=1e-5)
+    for n in sorted({1, 2, 3, R - 1, R}):
+        for engine in engines:
+            engine.use(plain)
+            engine.run(rounds=n)
+            engine.use(eagle)       # the catch-up: a graph replay / eager
+        a, b = engines
+        assert a.lag.last_bucket == b.lag.last_bucket and torch.equal(a.ds.lengths, b.ds.lengths)
+        S = a.ds.max_len
+        torch.testing.assert_close(a.ds.kv[:, :S].float(), b.ds.kv[:, :S].float(), **tol)
+        torch.testing.assert_close(a.first_hidden.float(), b.first_hidden.float(), **tol)
+        assert torch.equal(a.roots, b.roots)
+
+
 def test_a_traced_controller_run_reads_each_shapes_own_outputs(tmp_path):
     """A traced run switching tiers under graphs: every round's record is read from the outputs of
     the shape that ran it (the host-side check in round_records refuses another shape's), and the

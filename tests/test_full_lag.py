@@ -1,8 +1,10 @@
 """Plain rounds of an engine with several round shapes (an online controller's tiers) let the
 MTP layer fall behind and catch it up in one batch when drafting resumes (or every lag_rows
 plain rounds): the plain round runs no MTP work, the draft state after the batched catch-up
-equals the one a catch-up after every plain round builds, and greedy decoding that switches
-tiers (long plain runs included) stays lossless.  Float32, both families."""
+equals the one a catch-up after every plain round builds, a catch-up runs over a power-of-two
+bucket of rows and leaves the state the waiting rows alone build (stale rows past them), the
+preparation that runs every bucket changes nothing a round reads, and greedy decoding that
+switches tiers (long plain runs included) stays lossless.  Float32, both families."""
 import pytest
 import torch
 
@@ -11,6 +13,7 @@ from simtree.planning.modes import PolicySpec
 from simtree.runtime.full import lag as lag_mod
 from simtree.runtime.full.drafting import round_shape
 from simtree.runtime.full.engine import FullEngine
+from simtree.runtime.full.lag import bucket_rows, catch_up_buckets
 from simtree.runtime.full.generate import generate, greedy_decode
 
 from full_helpers import FAMILIES, PROMPTS, TierRuns, tiny_model
@@ -34,8 +37,8 @@ class _Counting:
         return self._model.draft_forward(ds, tokens, *args)
 
 
-def _engine(model, **kw) -> FullEngine:
-    engine = FullEngine(model, round_shape(PLAIN), 2, 96, shapes=[round_shape(EAGLE)], **kw)
+def _engine(model, max_len: int = 96, **kw) -> FullEngine:
+    engine = FullEngine(model, round_shape(PLAIN), 2, max_len, shapes=[round_shape(EAGLE)], **kw)
     engine.prefill(PROMPTS[:2])
     return engine
 
@@ -74,24 +77,113 @@ def test_deferred_catch_up_builds_the_per_round_draft_state(name, rounds, lag_ro
     assert counted.calls == [R] * flushes
     assert deferred.lag.waiting == waiting and torch.equal(deferred.ds.lengths, start + R * flushes)
     deferred.use(round_shape(EAGLE))        # drafting resumes: one catch-up over the waiting rows
-    assert counted.calls == [R] * flushes + [waiting] and deferred.lag.waiting == 0
+    assert counted.calls == [R] * flushes + [bucket_rows(waiting, R)] and deferred.lag.waiting == 0
     _per_round_reference(eager, rounds)
     assert torch.equal(deferred.roots, eager.roots)
     assert torch.equal(deferred.ds.lengths, eager.ds.lengths) and torch.equal(deferred.ds.lengths, deferred.st.lengths)
     tol = dict(rtol=1e-4, atol=1e-5)
-    torch.testing.assert_close(deferred.ds.kv, eager.ds.kv, **tol)
+    S = eager.ds.max_len    # row max_len: the trash row, written by a bucket's rows past the waiting ones
+    torch.testing.assert_close(deferred.ds.kv[:, :S], eager.ds.kv[:, :S], **tol)
     torch.testing.assert_close(deferred.first_hidden, eager.first_hidden, **tol)
     torch.testing.assert_close(deferred.first_logp, eager.first_logp, **tol)
     assert torch.equal(deferred.first_ids, eager.first_ids)
+
+
+def test_catch_up_buckets_are_powers_of_two_up_to_the_buffer():
+    assert catch_up_buckets(64) == (1, 2, 4, 8, 16, 32, 64)
+    assert catch_up_buckets(5) == (1, 2, 4, 5) and catch_up_buckets(1) == (1,)
+    assert [bucket_rows(n, 64) for n in (1, 2, 3, 5, 33, 63, 64)] == [1, 2, 4, 8, 64, 64, 64]
+    assert [bucket_rows(n, 5) for n in (3, 4, 5)] == [4, 4, 5]
+    with pytest.raises(SimtreeError, match=r"1 to 5 rows, got 6"):
+        bucket_rows(6, 5)
+
+
+def _stale_buffer(engine: FullEngine, seed: int) -> None:
+    """Random rows in the whole lag buffer and scratch: the waiting rows and stale ones past them."""
+    g = torch.Generator().manual_seed(seed)
+    lag = engine.lag
+    lag.tokens.copy_(torch.randint(0, engine.model.vocab, lag.tokens.shape, generator=g))
+    lag.hidden.copy_(torch.randn(lag.hidden.shape, generator=g, dtype=lag.hidden.dtype))
+    engine.ds.scratch.copy_(torch.randn(engine.ds.scratch.shape, generator=g, dtype=engine.ds.scratch.dtype))
+
+
+@torch.no_grad()
+def _unpadded_catch_up(engine: FullEngine, n: int) -> None:
+    """The MTP layer over the first n buffer rows alone (n rows, their own shape)."""
+    m, ds, lag, B = engine.model, engine.ds, engine.lag, engine.B
+    cols = torch.arange(n)
+    pos, rows = ds.lengths[:, None] + cols, cols.expand(B, n)
+    out = m.draft_forward(ds, lag.tokens[:, :n].contiguous(), lag.hidden[:, :n].contiguous(), pos, rows,
+                          engine._chain_bits(n))
+    ds.commit(rows, pos)
+    ds.lengths += n
+    engine._set_first(out[:, n - 1])
+
+
+def _assert_same_draft_state(a: FullEngine, b: FullEngine) -> None:
+    S = a.ds.max_len      # row max_len: the trash row, written by the padded rows
+    tol = dict(rtol=1e-5, atol=1e-6)
+    assert torch.equal(a.ds.lengths, b.ds.lengths)
+    torch.testing.assert_close(a.ds.kv[:, :S], b.ds.kv[:, :S], **tol)
+    torch.testing.assert_close(a.first_hidden, b.first_hidden, **tol)
+    torch.testing.assert_close(a.first_logp, b.first_logp, **tol)
+    assert torch.equal(a.first_ids, b.first_ids)
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_a_bucketed_catch_up_builds_the_waiting_rows_state(name):
+    """n = 1, 2, 3, R - 1, R waiting rows, stale random rows past them: the catch-up runs the MTP
+    layer over the bucket's rows (one call), and the cache, lengths and first top-k are those of
+    the n rows alone."""
+    model = tiny_model(name, dtype=torch.float32)
+    counted = _Counting(model)
+    padded, alone = _engine(counted, max_len=192), _engine(model, max_len=192)
+    R = padded.lag.rows
+    for seed, n in enumerate(sorted({1, 2, 3, R - 1, R})):
+        _stale_buffer(padded, seed)
+        alone.lag.tokens.copy_(padded.lag.tokens)
+        alone.lag.hidden.copy_(padded.lag.hidden)
+        counted.calls.clear()
+        padded.lag.waiting = n
+        padded.catch_up()
+        assert counted.calls == [bucket_rows(n, R)] and padded.lag.last_bucket == bucket_rows(n, R)
+        assert padded.lag.waiting == 0
+        _unpadded_catch_up(alone, n)
+        _assert_same_draft_state(padded, alone)
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_preparing_every_bucket_leaves_the_draft_state(name):
+    """The preparation a CUDA engine runs when built (every bucket once) changes nothing a later
+    round reads."""
+    model = tiny_model(name, dtype=torch.float32)
+    counted = _Counting(model)
+    warmed, cold = _engine(counted), _engine(model)
+    counted.calls.clear()
+    warmed._prepare_lag(graphs=False)
+    assert counted.calls == list(catch_up_buckets(warmed.lag.rows))
+    assert warmed.lag.waiting == 0 and int(warmed.lag.at) == 0 and not warmed._catchup_marks
+    assert torch.equal(warmed.ds.lengths, cold.ds.lengths)
+    L = int(cold.ds.lengths.min())      # the rows the preparation wrote lie past the lengths
+    assert torch.equal(warmed.ds.kv[:, :L], cold.ds.kv[:, :L])
+    for a, b in ((warmed.first_hidden, cold.first_hidden), (warmed.first_logp, cold.first_logp),
+                 (warmed.first_ids, cold.first_ids)):
+        assert torch.equal(a, b)
+    warmed.run(rounds=3)
+    cold.run(rounds=3)
+    warmed.use(round_shape(EAGLE))
+    cold.use(round_shape(EAGLE))
+    _assert_same_draft_state(warmed, cold)
+    assert torch.equal(warmed.roots, cold.roots)
 
 
 @pytest.mark.parametrize("name", FAMILIES)
 def test_switching_tiers_with_long_plain_runs_is_lossless(name, monkeypatch):
     """Plain runs longer than the buffer (flushes between plain rounds), single plain rounds,
     EAGLE and linear rounds after them: the outputs are plain greedy decoding's."""
-    monkeypatch.setattr(lag_mod, "LAG_ROWS", 3)
+    monkeypatch.setattr(lag_mod, "LAG_ROWS", 5)     # buckets 1, 2, 4, 5: 3 waiting rows run padded to 4
     model = tiny_model(name, dtype=torch.float32)
-    ctl = TierRuns([(PLAIN, 7), (EAGLE, 2), (PLAIN, 1), (LINEAR, 1), (PLAIN, 4), (EAGLE, 1)])
+    ctl = TierRuns([(PLAIN, 7), (EAGLE, 2), (PLAIN, 3), (LINEAR, 1), (PLAIN, 1), (EAGLE, 1), (PLAIN, 4), (EAGLE, 1)])
     got = generate(model, PROMPTS[:2], 40, LINEAR, controller=ctl).outputs
     assert len(ctl.chosen) > 16         # the whole plan ran at least once
     assert got == greedy_decode(model, PROMPTS[:2], 40)

@@ -30,10 +30,10 @@ between them per round (``use``: an online controller's tiers; each shape replay
 Plain rounds of such an engine let the MTP layer fall behind, as serving engines do while
 speculation is off: the round is the target's decode step alone (the single-shape plain
 engine's stage) plus two device copies of the rows the MTP layer will need (:mod:`.lag`).
-One batched catch-up (:meth:`catch_up`) runs eagerly, outside the graphs, when ``use``
-switches to a speculative shape, before a prefill, and before a plain round that would
-overflow the buffer (every ``lag_rows`` plain rounds); ``RunStats.catchup_ms`` times it (with the
-round it precedes).
+One batched catch-up (:meth:`catch_up`) runs between rounds when ``use`` switches to a
+speculative shape, before a prefill, and before a plain round that would overflow the buffer
+(every ``lag_rows`` plain rounds), over a power-of-two bucket of rows prepared (and captured)
+beforehand; ``RunStats.catchup_ms`` times it (with the round it precedes).
 
 Timing, per round: ``draft_ms`` (draft + catchup), ``verify_ms``, ``commit_ms`` from CUDA
 events around the stages (perf counters on CPU); ``host_ms`` is the CPU time spent issuing the
@@ -112,6 +112,8 @@ class FullEngine(EngineRounds):
         self.lag = DraftLag(model, self.ds, B, lag_rows) if self.ds is not None and any(s.plain for s in every) \
             else None
         self._catchup_marks = []
+        if self.lag is not None and dev.type == "cuda":
+            self._prepare_lag(graphs=False)     # every catch-up bucket's kernels compiled before serving
         self.use(rs)
         capturable = dev.type == "cuda" and model.capturable
         self.use_graphs = capturable if graphs is None else bool(graphs)
@@ -147,8 +149,14 @@ class FullEngine(EngineRounds):
             return
         cuda = self.device.type == "cuda"
         start = self._mark(cuda)
-        self._set_first(self.lag.catch_up(self.model, self.ds, self._chain_bits))
+        self.lag.catch_up(self.model, self.ds, self._chain_bits, self._set_first)
         self._catchup_marks.append((start, self._mark(cuda)))
+
+    def _prepare_lag(self, graphs: bool) -> None:
+        """Every catch-up bucket run once, the draft state put back (:meth:`.lag.DraftLag.prepare`);
+        ``graphs``: each bucket captured too."""
+        self.lag.prepare(self.model, self.ds, self._chain_bits, self._set_first,
+                         (self.first_logp, self.first_ids, self.first_hidden), graphs)
 
     def _take_lag_row(self) -> None:
         """Before a round: a plain round of a lagging engine takes a buffer row (a full buffer is
@@ -310,6 +318,8 @@ class FullEngine(EngineRounds):
                 # bound; use() binds each shape's own again
                 outputs[rs] = {k: v for k, v in vars(self).items() if k.startswith("_") and
                                isinstance(v, (torch.Tensor, tuple)) and before.get(k) is not v}
+            if self.lag is not None:    # the catch-up's buckets: graphs of their own pools
+                self._prepare_lag(graphs=True)
         except Exception as exc:   # noqa: BLE001 - not capturable here: the same stages run eagerly
             self.capture_error = " ".join(f"{type(exc).__name__}: {exc}".split())[:200]
             self.capture_traceback = traceback.format_exc()

@@ -8,7 +8,9 @@ An engine's scheduler calls it once per step::
     ctl.observe(tier, accepted_drafts)              #  counts each sequence's rounds so far)
 
 ``choose`` predicts each tier's batch throughput at the live batch size and mean context,
-``rate_t = b * (1 + r * phi_t) / (C_d(t, b) + C_v(n_t, l, b))`` (phi_t the tier's expected accepted
+``rate_t = b * (1 + r * phi_t) / (C_d(t, b) + C_v(n_t, l, b))`` (C_d of plain decoding: its share
+of the drafter's catch-up, one ``LAG_ROWS``-row catch-up per ``LAG_ROWS`` plain steps,
+:mod:`simtree.control.catchup`; phi_t the tier's expected accepted
 drafts under the acceptance model, r the running ratio of observed to predicted accepted
 drafts: both summed over the last ``memory`` sequence-rounds or so (exponential decay per
 sequence-round), plus a prior of ``prior`` predicted drafts at ratio 1; as plain decoding,
@@ -18,9 +20,12 @@ of ``h`` rounds sees: ``penalty_t(h) = E[tokens of a round] * E[(h / tokens of h
 (1 / p)`` (p = ``tail_power``, default 2: the root mean square, so the spread of the reply's time
 per token counts beside its mean; >= 1 by Jensen, the more so the likelier a round accepts
 nothing, falling as 1 / h), with ``h = tail_rounds`` (default 1) past the rounds the youngest live
-sequence has run (``rounds_done``; 0 when not given).  While a new reply is live, a tier that
-wins on the mean by drafting a chain whose rounds often accept nothing ranks below a tree that
-rarely does, so a short reply's time per token, the one a TPOT p99 is made of, stays low; once
+sequence has run beyond its first ``tail_hold`` (default 2; ``rounds_done``, 0 when not given):
+a reply's first rounds are all ranked as its first, since the replies in a TPOT tail are the
+short ones whose first rounds went badly, and the rounds they have run do not average out the
+risk of the next one as ``penalty(h)`` assumes of a reply drawn afresh.  While a new reply is
+live, a tier that wins on the mean by drafting a chain whose rounds often accept nothing ranks
+below a tree that rarely does, so a short reply's time per token, the one a TPOT p99 is made of, stays low; once
 every live reply has run many rounds, one more round barely moves any reply's time per token and
 the mean rate (throughput) decides.  ``tail_rounds=0`` ranks by the mean alone.
 
@@ -45,12 +50,13 @@ import numpy as np
 
 from simtree.acceptance.mixture import AcceptanceModel
 from simtree.acceptance.phi import accepted_length_pmf, node_accept_probs_ranked
+from simtree.control.catchup import LAG_ROWS, catch_up_us
 from simtree.errors import SimtreeError, check_int
 from simtree.planning.modes import EagleParams, LinearParams, NoneParams, PolicySpec
 from simtree.planning.simulate import static_round
 
 __all__ = ["Tier", "Controller", "DEFAULT_TIERS", "tier_shape", "MARGIN", "MIN_DWELL_STEPS", "SWITCH_BURST",
-           "TAIL_ROUNDS", "TAIL_POWER", "SWITCH_COST_US", "CONFIDENCE_Z"]
+           "TAIL_ROUNDS", "TAIL_POWER", "TAIL_HOLD", "SWITCH_COST_US", "CONFIDENCE_Z"]
 
 MARGIN = 0.0            # a relative gain every switch must clear besides its uncertainty and cost
 SWITCH_COST_US = 0.0    # what one switch costs the engine (tiers' graphs captured: nothing to rebuild)
@@ -61,6 +67,7 @@ SWITCH_BURST = 4        # ... and at most this many held: two load changes, each
 MEMORY = 2000           # sequence-rounds the running acceptance ratio remembers (decay 1 - 1/MEMORY each)
 PRIOR = 50.0            # predicted drafts' worth of belief in the acceptance model (ratio 1)
 TAIL_ROUNDS = 1         # rounds of the reply whose time per token ranks the tiers (1: each round's own)
+TAIL_HOLD = 2           # rounds a new reply is ranked for as on its first (h = tail_rounds until it has run more)
 TAIL_POWER = 2.0        # its time per token averaged in this power mean (1: the mean; 2: root mean square)
 DEFAULT_TIERS: tuple[PolicySpec, ...] = (
     (NoneParams(),) + tuple(LinearParams(d) for d in range(2, 8))
@@ -150,6 +157,7 @@ class Controller:
     prior: float = PRIOR
     tail_rounds: int = TAIL_ROUNDS
     tail_power: float = TAIL_POWER
+    tail_hold: int = TAIL_HOLD
     switch_cost_us: float = SWITCH_COST_US
     confidence_z: float = CONFIDENCE_Z
     tiers: list[Tier] = field(init=False)
@@ -167,6 +175,7 @@ class Controller:
         check_int(self.min_dwell_steps, "min_dwell_steps", 1)
         check_int(self.switch_burst, "switch_burst", 1)
         check_int(self.tail_rounds, "tail_rounds", 0)
+        check_int(self.tail_hold, "tail_hold", 0)
         if not (0 <= self.margin < 1 and self.memory >= 1 and self.prior > 0 and self.switch_cost_us >= 0
                 and self.confidence_z >= 0 and self.tail_power >= 1):
             raise SimtreeError(f"margin {self.margin} must be in [0, 1), memory {self.memory} >= 1, prior "
@@ -179,6 +188,9 @@ class Controller:
         self._penalties = np.stack([t.short_reply_penalties(PENALTY_ROUNDS, self.tail_power)
                                     for t in self.tiers])   # [T, H]
         self._penalty = self.penalty(self.tail_rounds)
+        self._plain = np.array([t.spec.mode == "none" for t in self.tiers])
+        self._lags = bool(self._plain.any() and not self._plain.all())   # plain and drafted tiers: the drafter lags
+        self._lag_us = {}   # batch -> a plain step's share of the catch-up (microseconds)
 
     def penalty(self, rounds: int) -> np.ndarray:
         """[T] every tier's short-reply penalty for a reply of ``rounds`` rounds (1 for 0); past
@@ -194,15 +206,19 @@ class Controller:
         b = check_int(batch_size, "batch size", 1)
         verify = np.asarray(self.costs.verify.predict(self._nodes, float(context_len), b), np.float64)
         draft = np.array([t.draft_us(self.costs, b) for t in self.tiers])
+        if self._lags:      # a plain step's share of the MTP layer's catch-up (simtree.control.catchup)
+            if b not in self._lag_us:
+                self._lag_us[b] = catch_up_us(self.costs, LAG_ROWS, b) / LAG_ROWS
+            draft[self._plain] += self._lag_us[b]
         return b * (1.0 + self.ratio * self._accepted) / (draft + verify) * 1e6
 
     def horizon_rounds(self, rounds_done=None) -> int:
         """The reply length (rounds) whose time per token ranks the tiers: ``tail_rounds`` past the
-        rounds the youngest live sequence has run (0: the mean alone)."""
+        rounds the youngest live sequence has run beyond its first ``tail_hold`` (0: the mean alone)."""
         if self.tail_rounds == 0:
             return 0
         done = np.asarray([] if rounds_done is None else rounds_done).reshape(-1)
-        return self.tail_rounds + (int(done.min()) if done.size else 0)
+        return self.tail_rounds + (max(int(done.min()) - self.tail_hold, 0) if done.size else 0)
 
     def objective(self, batch_size: int, context_len: float, rounds_done=None) -> np.ndarray:
         """[T] what ``choose`` ranks: the predicted rate the youngest live reply sees if it ends

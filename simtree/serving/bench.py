@@ -43,7 +43,7 @@ LOADS = (0.1, 0.4, 0.8, 1.5)
 BUCKETS = ((1, 1), (2, 2), (3, 4), (5, 8), (9, 16), (17, 32), (33, 64))
 COLUMNS = ["model", "load", "policy", "tok_s", "tpot_p50_ms", "tpot_p99_ms", "switches_per_min", "arrivals",
            "rate_req_s", "detail", "switches", "steps", "mean_batch", "tpot_p99_lo_ms", "tpot_p99_hi_ms",
-           "replicas", "tok_s_runs"]
+           "replicas", "tok_s_runs", "catch_ups", "catch_up_s"]
 SGLANG_LAUNCH_STEPS = 3
 REPLICAS = 4   # acceptance seeds every policy serves each trace under (the same seeds for all)
 
@@ -103,7 +103,8 @@ def _model_setup(path: Path, out: Path, workload: str, sg) -> dict:
     sps_path = write_text_atomic(cfg_dir / "sps_table.json", json.dumps(sps, indent=1))
     tiers = [(int(k.split("-")[0]), int(k.split("-")[1]), v) for k, v in vllm_per_batch_size(rows).items()]
     write_text_atomic(cfg_dir / "vllm_tiers.json", json.dumps(vllm_per_batch_size(rows), indent=1))
-    none_rate = float(ctl.predicted_tok_s(MAX_BATCH, ctx)[0])
+    # plain decoding's capacity: a plain engine (no drafter to catch up)
+    none_rate = MAX_BATCH / float(grid.verify.predict(1.0, ctx, MAX_BATCH)) * 1e6
     return {"model": model, "grid": grid, "acc": acc, "rows": rows, "tiers": tiers, "adaptive": str(adaptive_path),
             "sps": sg[3](str(sps_path)), "gamma": gamma, "none_rate": none_rate}
 
@@ -181,7 +182,8 @@ def _run(out, cfg_root, models, loads, arrivals, num_requests, workload, seed, p
                                  "arrivals": kind, "rate_req_s": rate, "detail": detail, "switches": r.switches,
                                  "steps": r.steps, "mean_batch": r.mean_batch,
                                  "tpot_p99_lo_ms": r.tpot_p99_band_ms[0], "tpot_p99_hi_ms": r.tpot_p99_band_ms[1],
-                                 "replicas": replicas, "tok_s_runs": " ".join(f"{x:.6g}" for x in r.tok_s_runs)})
+                                 "replicas": replicas, "tok_s_runs": " ".join(f"{x:.6g}" for x in r.tok_s_runs),
+                                 "catch_ups": r.catch_ups, "catch_up_s": r.catch_up_s})
                 if progress:
                     progress(f"{m['model']} {kind} {load:g}x")
     return pd.DataFrame(rows, columns=COLUMNS)
@@ -194,8 +196,8 @@ def _readme(df: pd.DataFrame, command: str, num_requests: int, workload: str, re
     used = float((ctl.switches / bound).max())
     lines = ["# Serving benchmark (simulated on the shipped H200 costs)", "",
              f"Regenerate: `{command}` (written by that command; docs/controller.md describes the model). In sample: "
-             "the controller's settings (switch credits, margin, tail ranking) were chosen on these traces and "
-             "acceptance seeds; a new `--seed` tests them on others.", "",
+             "the controller's settings (switch credits, margin, tail ranking and hold) were chosen on these "
+             "traces and acceptance seeds; a new `--seed` tests them on others (docs/controller.md reports one).", "",
              f"{num_requests} requests per trace, ShareGPT lengths ({LENGTHS_SOURCE['source']}), acceptance: "
              f"{workload}; up to {MAX_BATCH} live sequences; loads are multiples of the request rate that "
              "saturates plain decoding at batch 64. `bench.csv` has one row per (model, arrivals, load, policy); "
@@ -205,7 +207,9 @@ def _readme(df: pd.DataFrame, command: str, num_requests: int, workload: str, re
              "policy): `tok_s` is the replicas' mean (each in `tok_s_runs`), `best_static` is the fixed tier "
              "fastest on that mean, the TPOT percentiles pool the replicas' requests, so a p99 over "
              f"{replicas * num_requests} requests is set by its {max(1, -(-replicas * num_requests // 100))} "
-             "slowest.", "",
+             "slowest. A policy that runs plain and drafted steps (threshold, SGLang's adaptive steps, the "
+             "controller) pays the drafter's catch-up in the drafted step after plain ones (`catch_ups`, "
+             "`catch_up_s`; docs/controller.md).", "",
              f"Controller switch bound: one switch's credit per {MIN_DWELL_STEPS} steps, at most {SWITCH_BURST} "
              f"held (switches <= steps // {MIN_DWELL_STEPS} after any step; at most {SWITCH_BURST} + W // "
              f"{MIN_DWELL_STEPS} in any W steps); every controller run within it: {within}; the most of its bound "

@@ -14,11 +14,12 @@ import pandas as pd
 from simtree.errors import SimtreeError
 from simtree.fileio import write_text_atomic
 
-__all__ = ["COLUMNS", "TOLERANCE", "live_section", "merge_section", "existing_section", "SECTION"]
+__all__ = ["COLUMNS", "CATCH_UP_COLUMNS", "TOLERANCE", "live_section", "merge_section", "existing_section", "SECTION"]
 
 COLUMNS = ["phase", "batch_size", "new_tokens", "rounds", "switches", "tiers", "measured_tpot_ms",
            "predicted_tpot_ms", "predicted_model_tpot_ms", "tokens_per_round", "wall_s", "prefill_ms", "device",
            "costs", "prompts", "controller_steps", "controller_switches", "switch_bound"]
+CATCH_UP_COLUMNS = ["catch_ups", "measured_catchup_ms", "predicted_catchup_ms"]   # absent from earlier runs' CSVs
 TOLERANCE = 0.10   # the target: measured TPOT within 10% of the benchmark's prediction
 SECTION = "## Live run"
 
@@ -42,6 +43,7 @@ def live_section(path: str | Path, command: str) -> str:
     model_err = df.predicted_model_tpot_ms / df.measured_tpot_ms - 1
     last = df.iloc[-1]
     ok = bool((err.abs() <= TOLERANCE).all())
+    caught = all(c in df.columns for c in CATCH_UP_COLUMNS)
     lines = [SECTION, "",
              f"The controller live in simtree's runtime (a tiny model) on {last.device}, the batch changing phase by phase "
              f"({', '.join(str(b) for b in df.batch_size)}), {int(df.new_tokens.iloc[0])} tokens per sequence per "
@@ -53,12 +55,15 @@ def live_section(path: str | Path, command: str) -> str:
              f"instead of the accepted tokens: worst {model_err.abs().max():.1%}. Switches: "
              f"{int(last.controller_switches)} in {int(last.controller_steps)} steps (bound "
              f"{int(last.switch_bound)}).", "",
-             "| phase | batch | rounds | tiers run | measured ms/token | predicted | error | predicted (expected acceptance) |",
-             "|---|---|---|---|---|---|---|---|"]
+             "| phase | batch | rounds | tiers run | measured ms/token | predicted | error | predicted (expected acceptance) |"
+             + (" catch-ups | measured catch-up ms | predicted |" if caught else ""),
+             "|---|---|---|---|---|---|---|---|" + ("---|---|---|" if caught else "")]
     for (_, r), e, m in zip(df.iterrows(), err, model_err):
         lines.append(f"| {int(r.phase)} | {int(r.batch_size)} | {int(r.rounds)} | {r.tiers} | "
                      f"{r.measured_tpot_ms:.3f} | {r.predicted_tpot_ms:.3f} | {e:+.1%} | "
-                     f"{r.predicted_model_tpot_ms:.3f} ({m:+.1%}) |")
+                     f"{r.predicted_model_tpot_ms:.3f} ({m:+.1%}) |"
+                     + (f" {int(r.catch_ups)} | {r.measured_catchup_ms:.3f} | {r.predicted_catchup_ms:.3f} |"
+                        if caught else ""))
     return "\n".join(lines) + "\n"
 
 

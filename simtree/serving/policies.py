@@ -12,6 +12,11 @@ SGLang's own classes run inside the loop: ``AdaptiveSpeculativeParams`` (its per
 ``AdaptiveStepSlot``: EMA of accepted drafts, warm-up, update interval, hysteresis) and
 DSpark's ``compute_verify_token_budget`` over an SPS table.  DSpark's survival probabilities
 are each sequence's chain acceptance at the level it drew (the drafter's confidence, exact).
+
+A driver that runs plain and drafted steps (``lags``: threshold tiers, SGLang's adaptive steps,
+the controller) is an engine whose MTP layer falls behind during plain steps and catches up
+when drafting resumes: the simulator adds that catch-up's price to the step that pays it
+(:class:`simtree.control.catchup.CatchUpClock`).  A plain step itself is C_v(1) alone.
 """
 from __future__ import annotations
 
@@ -52,6 +57,8 @@ def linear_tier(acc: AcceptanceModel, drafts: int, cache: dict) -> Tier:
 
 
 class FixedDriver:
+    lags = False    # one shape: a plain engine keeps no drafter, a drafting one never falls behind
+
     def __init__(self, costs, tier: Tier):
         self.costs, self.tier = costs, tier
 
@@ -60,8 +67,11 @@ class FixedDriver:
 
 
 class ControllerDriver:
+    lags = True
+
     def __init__(self, controller: Controller):
         self.ctl = controller
+        self.costs = controller.costs
 
     def step(self, b, ctx, levels, u, rounds=None):
         tier = self.ctl.choose(b, ctx, rounds)
@@ -73,6 +83,8 @@ class ControllerDriver:
 class ThresholdDriver:
     """vLLM's Dynamic SD: inclusive batch ranges -> draft tokens; a batch between ranges keeps
     the previous range's length, one above the last keeps the last's."""
+
+    lags = True
 
     def __init__(self, costs, acc: AcceptanceModel, tiers: list[tuple[int, int, int]]):
         self.costs, self.acc, self.tiers, self._cache = costs, acc, sorted(tiers), {}
@@ -92,6 +104,8 @@ class ThresholdDriver:
 class SGLangAdaptiveDriver:
     """SGLang's ``AdaptiveSpeculativeParams`` picks the steps (top-k 1 chains) per batch."""
 
+    lags = True
+
     def __init__(self, costs, acc: AcceptanceModel, params):
         self.costs, self.acc, self.params, self._cache = costs, acc, params, {}
 
@@ -106,6 +120,8 @@ class SGLangAdaptiveDriver:
 class DSparkDriver:
     """DSpark: a block of ``gamma`` drafts per sequence, then SGLang's
     ``compute_verify_token_budget`` picks how many of the batch's drafted tokens to verify."""
+
+    lags = False    # drafts every step
 
     def __init__(self, costs, acc: AcceptanceModel, sps_table, cfg, budget_fn):
         import torch   # SGLang's planner takes tensors

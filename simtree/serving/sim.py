@@ -7,7 +7,10 @@ modelled: the benchmark compares decode policies); TPOT is (finish - first token
 (output tokens - 1).  Throughput is all output tokens over the time from the first arrival
 to the last completion.  Randomness is per request and round (common random numbers): the
 n-th round of a request draws the same acceptance level and uniform under every policy.
-A switch is a step whose policy label differs from the step before.  :func:`serve_replicas`
+A switch is a step whose policy label differs from the step before.  A driver whose engine
+lags (``driver.lags``: it runs plain and drafted steps) pays the MTP layer's catch-up in the
+drafted step after plain ones, and every ``LAG_ROWS`` plain steps
+(:class:`simtree.control.catchup.CatchUpClock`).  :func:`serve_replicas`
 serves one trace under several acceptance seeds (the same seeds for every policy).
 """
 from __future__ import annotations
@@ -16,11 +19,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from simtree.control.catchup import CatchUpClock
 from simtree.serving.traces import Trace
 
-__all__ = ["ServeResult", "serve", "serve_replicas", "MAX_BATCH", "p99_band"]
+__all__ = ["ServeResult", "serve", "serve_replicas", "MAX_BATCH", "p99_band", "PLAIN"]
 
 MAX_BATCH = 64
+PLAIN = "none"      # the label of a plain step
 BOOTSTRAP = 1000
 
 
@@ -36,6 +41,8 @@ class ServeResult:
     tpot_p99_band_ms: tuple = (float("nan"), float("nan"))   # 95% bootstrap band of the p99 over requests
     tpot_ms: np.ndarray | None = field(default=None, repr=False, compare=False)   # per request (output > 1)
     tok_s_runs: tuple = ()   # each replica's tok/s (serve_replicas)
+    catch_ups: int = 0       # the drafter's catch-ups after plain steps (engines that lag)
+    catch_up_s: float = 0.0  # their time
 
     @property
     def switches_per_min(self) -> float:
@@ -56,6 +63,7 @@ def serve(trace: Trace, driver, weights: np.ndarray, *, max_batch: int = MAX_BAT
     ctx = np.zeros(0, np.float64)
     left = np.zeros(0, np.int64)
     t, nxt, done, steps, switches, label, batch_sum = float(trace.arrival_s[0]), 0, 0, 0, 0, None, 0
+    lag = CatchUpClock(driver.costs) if getattr(driver, "lags", False) else None
     while done < R:
         while nxt < R and trace.arrival_s[nxt] <= t and ids.size < max_batch:
             first[nxt] = t
@@ -73,6 +81,8 @@ def serve(trace: Trace, driver, weights: np.ndarray, *, max_batch: int = MAX_BAT
         n = rounds_done[ids]
         levels = level_of[ids, n]
         step_us, accepted, what = driver.step(b, ctx, levels, streams[1, ids, n], n)
+        if lag is not None:
+            step_us += lag.step_us(what == PLAIN, b)
         rounds_done[ids] = n + 1
         steps, batch_sum = steps + 1, batch_sum + b
         switches += label is not None and what != label
@@ -92,7 +102,8 @@ def serve(trace: Trace, driver, weights: np.ndarray, *, max_batch: int = MAX_BAT
     makespan = float(np.max(finish) - trace.arrival_s[0])
     return ServeResult(float(out.sum() / makespan), float(np.percentile(tpot_ms, 50)),
                        float(np.percentile(tpot_ms, 99)), int(switches), steps, makespan,
-                       batch_sum / max(steps, 1), p99_band(tpot_ms), tpot_ms, (float(out.sum() / makespan),))
+                       batch_sum / max(steps, 1), p99_band(tpot_ms), tpot_ms, (float(out.sum() / makespan),),
+                       0 if lag is None else lag.count, 0.0 if lag is None else lag.total_us * 1e-6)
 
 
 def serve_replicas(trace: Trace, make_driver, weights: np.ndarray, seeds, *,
@@ -106,7 +117,8 @@ def serve_replicas(trace: Trace, make_driver, weights: np.ndarray, seeds, *,
     return ServeResult(float(np.mean([r.tok_s for r in runs])), float(np.percentile(tpot, 50)),
                        float(np.percentile(tpot, 99)), sum(r.switches for r in runs), steps,
                        sum(r.makespan_s for r in runs), sum(r.mean_batch * r.steps for r in runs) / max(steps, 1),
-                       p99_band(tpot), tpot, tuple(r.tok_s for r in runs))
+                       p99_band(tpot), tpot, tuple(r.tok_s for r in runs), sum(r.catch_ups for r in runs),
+                       sum(r.catch_up_s for r in runs))
 
 
 def p99_band(tpot_ms: np.ndarray, resamples: int = BOOTSTRAP, seed: int = 0) -> tuple[float, float]:
