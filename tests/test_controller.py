@@ -107,12 +107,13 @@ def test_the_youngest_live_reply_sets_how_tail_averse_a_step_is(setup):
     # one new reply among them: the step protects it
     assert Controller(grid, acc).choose(64, ctx, rounds_done=[300] * 63 + [0]).name == young
     ctl = Controller(grid, acc)
-    # a new reply's first tail_hold (2) rounds are ranked as its first
-    assert ctl.horizon_rounds([7, 3, 9]) == 2 and ctl.horizon_rounds([7, 2, 9]) == 1 and ctl.horizon_rounds(None) == 1
-    assert Controller(grid, acc, tail_hold=0).horizon_rounds([7, 3, 9]) == 4
+    assert ctl.horizon_rounds([7, 3, 9]) == 4 and ctl.horizon_rounds(None) == 1
+    # tail_hold: a new reply's first tail_hold rounds are ranked as its first
+    held = Controller(grid, acc, tail_hold=2)
+    assert held.horizon_rounds([7, 3, 9]) == 2 and held.horizon_rounds([7, 2, 9]) == 1
     # a reply 7 rounds in: the chain once its first rounds count toward h, the tree while they are held
-    assert Controller(grid, acc).choose(64, ctx, rounds_done=[300] * 63 + [7]).name == young
-    assert Controller(grid, acc, tail_hold=0).choose(64, ctx, rounds_done=[300] * 63 + [7]).name == mean_best
+    assert Controller(grid, acc, tail_hold=2).choose(64, ctx, rounds_done=[300] * 63 + [7]).name == young
+    assert Controller(grid, acc).choose(64, ctx, rounds_done=[300] * 63 + [7]).name == mean_best
     # the penalty falls toward 1 with the reply's rounds, past the exact table as 1 / rounds
     pen = np.stack([ctl.penalty(h) for h in range(1, 2 * PENALTY_ROUNDS)])
     assert np.all(np.diff(pen, axis=0) <= 1e-12) and np.all(pen >= 1.0 - 1e-12)

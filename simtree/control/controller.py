@@ -20,14 +20,14 @@ of ``h`` rounds sees: ``penalty_t(h) = E[tokens of a round] * E[(h / tokens of h
 (1 / p)`` (p = ``tail_power``, default 2: the root mean square, so the spread of the reply's time
 per token counts beside its mean; >= 1 by Jensen, the more so the likelier a round accepts
 nothing, falling as 1 / h), with ``h = tail_rounds`` (default 1) past the rounds the youngest live
-sequence has run beyond its first ``tail_hold`` (default 2; ``rounds_done``, 0 when not given):
-a reply's first rounds are all ranked as its first, since the replies in a TPOT tail are the
-short ones whose first rounds went badly, and the rounds they have run do not average out the
-risk of the next one as ``penalty(h)`` assumes of a reply drawn afresh.  While a new reply is
-live, a tier that wins on the mean by drafting a chain whose rounds often accept nothing ranks
-below a tree that rarely does, so a short reply's time per token, the one a TPOT p99 is made of, stays low; once
-every live reply has run many rounds, one more round barely moves any reply's time per token and
-the mean rate (throughput) decides.  ``tail_rounds=0`` ranks by the mean alone.
+sequence has run (``rounds_done``; 0 when not given) beyond its first ``tail_hold`` (default 0;
+with it, a reply's first rounds are all ranked as its first: a setting that raised the serving
+benchmark's TPOT p99 on its own seeds and not on fresh ones, docs/controller.md).  While a new
+reply is live, a tier that wins on the mean by drafting a chain whose rounds often accept
+nothing ranks below a tree that rarely does, so a short reply's time per token, the one a TPOT
+p99 is made of, stays low; once every live reply has run many rounds, one more round barely
+moves any reply's time per token and the mean rate (throughput) decides.  ``tail_rounds=0``
+ranks by the mean alone.
 
 The first step runs the best tier for its batch under the prior (r = 1: the planner's choice).
 Later it moves to the best tier only when it holds a switch's credit (one earned every
@@ -67,7 +67,7 @@ SWITCH_BURST = 4        # ... and at most this many held: two load changes, each
 MEMORY = 2000           # sequence-rounds the running acceptance ratio remembers (decay 1 - 1/MEMORY each)
 PRIOR = 50.0            # predicted drafts' worth of belief in the acceptance model (ratio 1)
 TAIL_ROUNDS = 1         # rounds of the reply whose time per token ranks the tiers (1: each round's own)
-TAIL_HOLD = 2           # rounds a new reply is ranked for as on its first (h = tail_rounds until it has run more)
+TAIL_HOLD = 0           # rounds a new reply is ranked for as on its first (tried at 2: docs/controller.md)
 TAIL_POWER = 2.0        # its time per token averaged in this power mean (1: the mean; 2: root mean square)
 DEFAULT_TIERS: tuple[PolicySpec, ...] = (
     (NoneParams(),) + tuple(LinearParams(d) for d in range(2, 8))
