@@ -288,3 +288,39 @@ def test_the_profile_says_how_its_moe_layers_routed(tmp_path, meta, mlp_variant,
     if meta is not None:
         write_meta(path, meta)
     assert profile_moe_routing(path) == want
+
+
+def test_a_form_that_misses_its_own_profile_is_warned_about(tmp_path):
+    # a staircase no monotone surface convex in n follows: flat at 400 us up to 4 tokens a step, 1000 us
+    # beyond (a kernel switch); the fit keeps a form anyway and says, with its worst point, how far off it is
+    rng = np.random.default_rng(3)
+    rows = []
+    for b in (1, 2, 4, 8):
+        for l in (64, 256):
+            for n in (1, 2, 4, 8, 16):
+                lat = (400 if n * b <= 4 else 1000) * (1 + 0.01 * rng.standard_normal())
+                rows.append(row("model_verify_step", n, l, b, lat))
+        for s in (1, 2, 4):
+            for k in (1, 2, 4):
+                rows.append({**row("draft_step", k, 64, b, (10 + s * (8 + 0.1 * b * k)) * (1 + 0.01 * rng.standard_normal()),
+                                   num_steps=s, topk=k), "variant": "torch_ref", "tree_shape": "eagle"})
+    prof = tmp_path / "stairs.csv"
+    append_rows(prof, rows)
+    report = fit_profile(prof, folds=2)
+    warned = report.misfit_warnings()
+    assert len(warned) == 1 and warned[0].startswith("C_v (")
+    p90 = report.verify.in_sample["p90"]
+    assert p90 > 0.10 and f"in-sample p90 {100 * p90:.0f}%" in warned[0]
+    worst = report.verify.worst[0]
+    assert f"measured {worst['measured_us']:.0f} us" in warned[0] and "batch_size=" in warned[0]
+    result = CliRunner().invoke(app, ["fit", str(prof), "-o", str(tmp_path / "c.json"), "--no-png", "--folds", "2"])
+    assert result.exit_code == 0, result.output
+    assert "misses its own profile" in " ".join(result.output.split())
+    data = json.loads(CliRunner().invoke(app, ["fit", str(prof), "-o", str(tmp_path / "c.json"), "--no-png",
+                                               "--folds", "2", "--json"]).stdout)
+    assert data["warnings"] == warned
+
+
+def test_a_smooth_profile_gets_no_misfit_warning(tmp_path):
+    report = fit_profile(make_profile(tmp_path / "profile.csv", np.random.default_rng(0)), folds=2)
+    assert report.verify.in_sample["p90"] < 0.10 and report.misfit_warnings() == []

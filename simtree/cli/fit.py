@@ -68,6 +68,8 @@ def _print_report(report, console: Console) -> None:
             console.print(f"[bold yellow]warning:[/] {name} is NOT convex in {axis} ({key}: false): "
                           f"{m.info.get('nonconvex_reason', 'see notes')}; {consequence[name]}",
                           highlight=False)
+    for line in report.misfit_warnings():
+        console.print(f"[bold yellow]warning:[/] {line}", highlight=False)
 
 
 def _print_comm(model, path: Path, as_json: bool) -> None:

@@ -87,6 +87,9 @@ def moe_shape(model: str, deployment: str | None = None) -> tuple[int, int] | No
     return int(mlp["n_experts"]), int(mlp["experts_per_token"])
 
 
+MISFIT_P90 = 0.10   # a kept form whose in-sample p90 relative error exceeds this is reported as missing its profile
+
+
 @dataclass
 class FitReport:
     bundle: CostBundle
@@ -96,9 +99,28 @@ class FitReport:
     draft_rows: pd.DataFrame | None
     notes: list = field(default_factory=list)
 
+    def misfit_warnings(self) -> list[str]:
+        """One line per cost model whose kept form misses its own profile: in-sample p90 error
+        above :data:`MISFIT_P90` (the measured cost is not convex / monotone where the form must
+        be, e.g. a staircase of kernel choices), with its worst point; every prediction near
+        such points carries that error."""
+        out = []
+        for name, res in (("C_v", self.verify), ("C_d", self.draft)):
+            if res is None or res.in_sample["p90"] <= MISFIT_P90:
+                continue
+            line = (f"{name} ({res.form}) misses its own profile: in-sample p90 {100 * res.in_sample['p90']:.0f}%, "
+                    f"max {100 * res.in_sample['max']:.0f}% over {res.num_points} points")
+            if res.worst:
+                w = res.worst[0]
+                at = ", ".join(f"{k}={v:g}" for k, v in w.items() if k not in ("measured_us", "fitted_us", "rel_err"))
+                line += f"; worst at {at}: fitted {w['fitted_us']:.0f} us, measured {w['measured_us']:.0f} us"
+            out.append(line + "; predictions near those points are off by as much (time more points there, "
+                              "or read them as rough)")
+        return out
+
     def summary(self) -> dict:
         """JSON-able evaluation (what ``simtree fit --json`` prints)."""
-        out = {"meta": self.bundle.meta, "notes": self.notes}
+        out = {"meta": self.bundle.meta, "notes": self.notes, "warnings": self.misfit_warnings()}
         for name, model in (("verify", self.bundle.verify), ("draft", self.bundle.draft)):
             out[name] = {k: v for k, v in model.info.items() if k != "source"}
         for fam, model in self.bundle.drafters.items():
