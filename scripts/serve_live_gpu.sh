@@ -15,6 +15,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+# the call's files go to RES and come back as $OUT/live_run.tgz (the archive reports/bench_serve keeps)
+# beside $OUT/serve_live.csv: a device call returns at most 8 files from $OUT
+RES=${RES:-/tmp/serve_live}; rm -rf "$RES"; mkdir -p "$RES"
+trap 'tar czf "$OUT/live_run.tgz" -C "$RES" . && cp "$RES/serve_live.csv" "$OUT/" 2>/dev/null; true' EXIT
 MODEL=${MODEL:-simtree/data/models/qwen3.5-tiny-sharegpt}
 # shellcheck source=scripts/gpu_install.sh
 source scripts/gpu_install.sh
@@ -24,13 +28,13 @@ gpu_install || echo "editable install FAILED"
 # GPU_TESTS_S bounds them, default 300 s)
 if python3 -c "import pytest" 2>/dev/null; then
   timeout "${GPU_TESTS_S:-300}" python3 -m pytest -q -p no:cacheprovider tests/test_full_gpu.py \
-      -k "catch_up_buckets or tiers_switching" > "$OUT/gpu_tests.log" 2>&1 \
-      && echo "gpu tests: $(tail -1 "$OUT/gpu_tests.log")" || { echo "gpu tests FAILED"; tail -20 "$OUT/gpu_tests.log"; }
+      -k "catch_up_buckets or tiers_switching" > "$RES/gpu_tests.log" 2>&1 \
+      && echo "gpu tests: $(tail -1 "$RES/gpu_tests.log")" || { echo "gpu tests FAILED"; tail -20 "$RES/gpu_tests.log"; }
 fi
-timeout 200 python3 -m simtree profile --sweep scenarios/sweeps/runtime_gpu.yaml --model "$MODEL" --out "$OUT/profile.csv" --json \
-    > "$OUT/profile.log" 2>&1 || { echo "profile failed"; tail -5 "$OUT/profile.log"; exit 1; }
-python3 -m simtree fit "$OUT/profile.csv" -o "$OUT/costs.json" --json > "$OUT/fit.log" 2>&1 \
-    || { echo "fit failed"; tail -5 "$OUT/fit.log"; exit 1; }
-timeout 180 python3 scripts/serve_live.py --costs "$OUT/costs.json" --out "$OUT/serve_live.csv" --device cuda \
+timeout 200 python3 -m simtree profile --sweep scenarios/sweeps/runtime_gpu.yaml --model "$MODEL" --out "$RES/profile.csv" --json \
+    > "$RES/profile.log" 2>&1 || { echo "profile failed"; tail -5 "$RES/profile.log"; exit 1; }
+python3 -m simtree fit "$RES/profile.csv" -o "$RES/costs.json" --json > "$RES/fit.log" 2>&1 \
+    || { echo "fit failed"; tail -5 "$RES/fit.log"; exit 1; }
+timeout 180 python3 scripts/serve_live.py --costs "$RES/costs.json" --out "$RES/serve_live.csv" --device cuda \
     --model "$MODEL" ${PROMPTS:+--prompts "$PROMPTS"} \
-    2>&1 | tee "$OUT/serve_live.log"
+    2>&1 | tee "$RES/serve_live.log"
