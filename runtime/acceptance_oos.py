@@ -56,7 +56,7 @@ from simtree.fileio import write_text_atomic
 from simtree.planning.acceptance_oos import oos_summary, oos_table, summary_markdown
 
 from .bpe import BpeTokenizer
-from .data import humaneval_problems, prompts as load_prompts
+from .data import HUMANEVAL_TRAIN, PROMPT_CHARS, humaneval_problems, prompts as load_prompts
 from .full.build import build_model
 from .target_trace import draft_confidences, policy_name, trace_policies
 
@@ -96,11 +96,11 @@ def fresh_prompts(workload: str, n: int) -> tuple[list[str], list[str]]:
                 out.append(p)
             seen.add(p)
     elif workload == "humaneval":
-        out = [p["prompt"][-160:] for p in humaneval_problems()[:2 * n]]
+        out = [p["prompt"][-PROMPT_CHARS:] for p in humaneval_problems()[:2 * n]]
     else:
         raise SimtreeError(f"unknown workload {workload!r}")
-    if len(out) < 2 * n or (workload == "humaneval" and 2 * n > 132):
-        raise SimtreeError(f"only {min(len(out), 132)} fresh {workload} prompts, {2 * n} asked for")
+    if len(out) < 2 * n or (workload == "humaneval" and 2 * n > HUMANEVAL_TRAIN):
+        raise SimtreeError(f"only {min(len(out), HUMANEVAL_TRAIN)} fresh {workload} prompts, {2 * n} asked for")
     return out[:n], out[n:2 * n]
 
 

@@ -18,6 +18,7 @@ __all__ = ["sharegpt_records", "humaneval_problems", "training_docs", "prompts",
 
 WORKLOADS = ("sharegpt", "humaneval")
 HUMANEVAL_TRAIN = 132
+PROMPT_CHARS = 160   # a prompt is cut to its last (code) or first (chat) this many characters
 
 
 def _data_file(package: str, *parts: str):
@@ -51,7 +52,7 @@ def humaneval_problems() -> list[dict]:
         return [json.loads(line) for line in gzip.decompress(fh.read()).decode("utf-8").splitlines() if line]
 
 
-def prompts(workload: str, count: int, max_chars: int = 160) -> list[str]:
+def prompts(workload: str, count: int, max_chars: int = PROMPT_CHARS) -> list[str]:
     """Held-out prompts: ShareGPT human turns (odd records) or HumanEval problems 132+
     (the last ``max_chars`` characters, so the code prompt ends where a body starts)."""
     if workload == "sharegpt":

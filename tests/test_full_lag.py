@@ -162,7 +162,6 @@ def test_preparing_every_bucket_leaves_the_draft_state(name):
     counted.calls.clear()
     warmed._prepare_lag(graphs=False)
     assert counted.calls == list(catch_up_buckets(warmed.lag.rows))
-    assert warmed.lag.waiting == 0 and int(warmed.lag.at) == 0 and not warmed._catchup_marks
     assert torch.equal(warmed.ds.lengths, cold.ds.lengths)
     L = int(cold.ds.lengths.min())      # the rows the preparation wrote lie past the lengths
     assert torch.equal(warmed.ds.kv[:, :L], cold.ds.kv[:, :L])
@@ -206,3 +205,32 @@ def test_the_catch_up_is_timed_in_the_round_that_resumes_drafting():
     res = generate(model, PROMPTS[:2], 12, LINEAR, controller=ctl)
     timed = [name == EAGLE.name for name in ctl.chosen]
     assert [r.catchup_ms > 0 for r in res.rounds] == timed
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_the_controller_sees_the_engines_context_and_accepted_counts(name, monkeypatch):
+    """generate hands the controller context lengths and accepted drafts worked out on the host
+    from the output lengths it reads once a round: they equal the engine's own device values."""
+    model = tiny_model(name, dtype=torch.float32)
+    seen, truth = [], []
+
+    class Recording(TierRuns):
+        def choose(self, batch_size, context_lens, rounds_done=None):
+            seen.append(("ctx", list(context_lens)))
+            return super().choose(batch_size, context_lens, rounds_done)
+
+        def observe(self, tier, accepted):
+            seen.append(("acc", [int(a) for a in accepted]))
+
+    step = FullEngine.step
+
+    def recorded_step(self):
+        truth.append(("ctx", self.st.lengths.tolist()))
+        step(self)
+        truth.append(("acc", self.last_accepted().tolist()))
+
+    monkeypatch.setattr(FullEngine, "step", recorded_step)
+    ctl = Recording([(EAGLE, 2), (PLAIN, 2), (LINEAR, 2)])
+    generate(model, PROMPTS[:2], 24, LINEAR, controller=ctl)
+    assert len(seen) > 8 and seen == truth
+    assert any(a > 0 for kind, acc in seen if kind == "acc" for a in acc)

@@ -33,7 +33,7 @@ def test_the_round_log_holds_tree_sizes_and_is_counted_on_the_host():
         sizes.append(engine.tree.valid.sum(1).tolist())
     first = engine.stats(wall_s=1.0)
     assert first.rounds == 4 and first.nodes.tolist() == sizes and np.allclose(first.context_lens, ctx)
-    assert first.catchup_ms.tolist() == [0.0] * 4 and (first.verify_ms > 0).all()
+    assert (first.verify_ms > 0).all()     # a one-shape engine: no lag, no catch-ups (test_full_lag times them)
     more = engine.run(rounds=3)
     assert more.rounds == 3 and engine.rounds_logged == 7
     gained = (first.accepted + 1).sum(0) + (more.accepted + 1).sum(0)

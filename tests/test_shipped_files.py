@@ -40,10 +40,6 @@ def test_a_shipped_bundle_is_its_report_fit(bundle):
         f"{bundle.relative_to(ROOT)} differs from {fit.relative_to(ROOT)}: refit both with scripts/ship_defaults.sh"
 
 
-def test_fit_of_names_the_report_copy():
-    assert fit_of(ROOT / "simtree/data/costs/h100_qwen3.6-27b_tp1.json") == ROOT / "reports/h100/fit/qwen3.6-27b_tp1.json"
-
-
 @pytest.mark.parametrize("path", PLANS, ids=lambda p: str(p.parent.relative_to(ROOT)))
 def test_a_committed_policy_file_loads_as_written(path):
     written = json.loads(path.read_text())["entries"]

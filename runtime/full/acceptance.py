@@ -118,7 +118,7 @@ def joint_depth_pmf(model: AcceptanceModel, rs: RoundShape, **decide) -> np.ndar
     simulator's accepted tokens per round, bonus excluded)."""
     trees, tables, weights = replay_rounds(model, rs, **decide)
     built = stand_in(rs.spec) if rs.block_drafter else rs.spec     # the policy replay_rounds built them for
-    chain = model.chain_marginals and built.mode in ("best_first", "cost_aware", "batch_alloc")
+    chain = model.scores_chain(built.mode)
     pmfs = [accepted_length_pmf(t, node_accept_probs_ranked(t, tb, chain)) for t, tb in zip(trees, tables)]
     out = np.zeros((max(p.size for p in pmfs), len(pmfs)))
     for lv, p in enumerate(pmfs):

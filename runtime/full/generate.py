@@ -125,22 +125,25 @@ def generate(model, prompts: list[list[int]], max_new_tokens: int, spec: PolicyS
     _sync(engine.device)
     prefill_ms = (time.perf_counter() - t0) * 1e3
     lens = np.ones(B, np.int64)     # outputs per sequence (the prefill made the first)
+    prompt_lens = np.array([len(p) for p in prompts], np.int64)
     engine.begin()
     t0, done = time.perf_counter(), 0
     while lens.min() < max_new_tokens:
-        ctx_lens = engine.st.lengths.tolist() if trace is not None or controller is not None else None
+        # the target's context: the prompt and every output but the newest (whose KV the next round writes)
+        ctx_lens = (prompt_lens + lens - 1).tolist() if trace is not None or controller is not None else None
         # a static batch: every sequence has decoded as many rounds (the controller weighs the youngest's tail)
         tier = None if controller is None else controller.choose(B, ctx_lens, rounds_done=[done] * B)
         if tier is not None:
             engine.use(tiers[tier.name])
         engine.step()
+        new_lens = np.asarray(engine.out_len.tolist(), np.int64)   # the round's one read
         if tier is not None:
-            controller.observe(tier, engine.last_accepted())
+            controller.observe(tier, new_lens - lens - 1)            # accepted drafts: the gain less the bonus
         if trace is not None:
             trace.write_records(round_records(engine.last_round(), workload=workload, round_index=done,
                                               mode=engine.rs.spec.mode, context_lens=ctx_lens))
         done += 1
-        lens = np.asarray(engine.out_len.tolist())      # the round's one read (to stop)
+        lens = new_lens
         if progress is not None:
             progress(int(np.minimum(lens, max_new_tokens).sum()))
     stats = engine.stats(time.perf_counter() - t0)

@@ -26,7 +26,10 @@ from simtree.errors import SimtreeError
 from simtree.probs import check_prob_rows
 from simtree.trees.tree import DraftTree
 
-__all__ = ["AcceptanceModel", "calibrate_linear", "from_marginals", "ALPHA_MAX", "DEFAULT_DEPTH", "DEFAULT_TOPK"]
+# the policies whose trees are built from a drafter's per-position marginals (draft_depth positions)
+MARGINAL_MODES = ("best_first", "cost_aware", "batch_alloc")
+
+__all__ = ["AcceptanceModel", "MARGINAL_MODES", "calibrate_linear", "from_marginals", "ALPHA_MAX", "DEFAULT_DEPTH", "DEFAULT_TOPK"]
 
 DEFAULT_DEPTH, DEFAULT_TOPK = 16, 4
 ALPHA_MAX = 0.98    # no depth accepts more surely than this (a finite sample never shows certainty)
@@ -74,6 +77,11 @@ class AcceptanceModel:
     state: np.ndarray | None = None
     state_share: np.ndarray | None = None
     chain_marginals: bool = False
+
+    def scores_chain(self, mode: str) -> bool:
+        """Whether a tree of a ``mode`` policy scores 0 below an off-chain node: a chain drafter's
+        marginals (``chain_marginals``) under a marginal mode (:data:`MARGINAL_MODES`)."""
+        return self.chain_marginals and mode in MARGINAL_MODES
 
     def __post_init__(self) -> None:
         tables = _frozen_tables(self.tables, self.name, "table")

@@ -43,7 +43,7 @@ def level_trees(acc: AcceptanceModel, mode: str, params: dict) -> list[DraftTree
 def accepted_per_round(acc: AcceptanceModel, mode: str, params: dict | None = None) -> float:
     """Mean tokens a sequence gains per round (accepted drafts + the bonus token)."""
     trees = level_trees(acc, mode, params or {})
-    chain = acc.chain_marginals and mode == "best_first"
+    chain = acc.scores_chain(mode)
     g = 1.0 + np.array([expected_accepted_ranked(t, acc.table(i, max(t.max_depth, 1)), chain)
                         for i, t in enumerate(trees)])
     return float(acc.round_weights(g) @ g)

@@ -134,7 +134,7 @@ def tier_shape(acc: AcceptanceModel, spec: PolicySpec, index: int = 0) -> Tier:
     shape = static_round(acc, spec)
     depth = max(t.max_depth for t in shape.trees)
     cdf = np.ones((acc.num_levels, depth + 1))
-    chain = acc.chain_marginals and spec.mode == "best_first"     # as static_round scores them
+    chain = acc.scores_chain(spec.mode)     # as static_round scores them
     for level, (tree, table) in enumerate(zip(shape.trees, shape.tables)):
         pmf = accepted_length_pmf(tree, node_accept_probs_ranked(tree, table, chain))
         cdf[level, :pmf.size] = np.cumsum(pmf)
@@ -187,7 +187,6 @@ class Controller:
         self._accepted_var = np.array([t.accepted_var for t in self.tiers])
         self._penalties = np.stack([t.short_reply_penalties(PENALTY_ROUNDS, self.tail_power)
                                     for t in self.tiers])   # [T, H]
-        self._penalty = self.penalty(self.tail_rounds)
         self._plain = np.array([t.spec.mode == "none" for t in self.tiers])
         self._lags = bool(self._plain.any() and not self._plain.all())   # plain and drafted tiers: the drafter lags
         self._lag_us = {}   # batch -> a plain step's share of the catch-up (microseconds)

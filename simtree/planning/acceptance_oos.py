@@ -130,7 +130,7 @@ def oos_summary(df: pd.DataFrame) -> dict:
             gaps[w] = {"median": float(gap.median()), "max": float(gap.max()), "policies": int(gap.size)}
     out["prompt_halves_gap"] = gaps
     out["extras"] = {c[:-len("_rel_err")]: {"families": {k: _stats(g[c]) for k, g in oos.groupby(fam)}}
-                     for c in df.columns if c.endswith("_rel_err") and c != "rel_err"}
+                     for c in df.columns if c.endswith("_rel_err")}
     out["meets_targets"] = bool(out["families"]) and all(f["meets_targets"] for f in out["families"].values())
     return out
 

@@ -22,6 +22,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import ClassVar, Mapping
 
+from simtree.acceptance.mixture import MARGINAL_MODES   # drafted as draft_depth positions
 from simtree.errors import SimtreeError, check_whole
 from simtree.trees.builders import eagle_max_nodes
 
@@ -33,7 +34,6 @@ __all__ = ["MODES", "RUNTIME_MODES", "TREE_MODES", "MARGINAL_MODES", "ADAPTIVE_M
 MODES = ("none", "linear", "eagle", "best_first", "cost_aware", "batch_alloc", "block", "tfm", "dspark")
 TREE_MODES = ("eagle", "best_first", "cost_aware", "batch_alloc", "block", "tfm")   # the rest verify a chain
 BLOCK_DRAFTER_MODES = ("block", "tfm", "dspark")   # drafted by a block drafter (simtree.drafters), not the MTP layer
-MARGINAL_MODES = ("best_first", "cost_aware", "batch_alloc")         # drafted as draft_depth positions
 ADAPTIVE_MODES = ("cost_aware", "batch_alloc")                       # a budget decided every round
 # the modes `simtree run` builds, the full-scale runtime on the device included (runtime/full/drafting.py):
 # every mode a plan may name (tests/test_capture_safe.py runs a round of each)

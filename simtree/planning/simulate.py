@@ -97,7 +97,7 @@ def static_round(acc: AcceptanceModel, spec: PolicySpec) -> RoundShape:
         trees.append(tree)
         tables.append(table)
     nodes = np.array([t.num_nodes for t in trees], np.float64)
-    chain = acc.chain_marginals and isinstance(spec, BestFirstParams)
+    chain = acc.scores_chain(spec.mode)
     accepted = np.array([expected_accepted_ranked(t, tb, chain) for t, tb in zip(trees, tables)])
     return RoundShape(tuple(trees), tuple(tables), nodes, accepted, acc.round_weights(1.0 + accepted))
 
@@ -296,7 +296,7 @@ def _monte_carlo(workload: Workload, spec: PolicySpec, costs: Costs, b: int, rou
     shape = None if adaptive else static_round(acc, spec)
     draft = ad.draft_us if adaptive else _draft_us(costs, spec, b)
     p = np.asarray(level_weights, np.float64) / np.sum(level_weights)
-    chain = acc.chain_marginals and (adaptive or isinstance(spec, BestFirstParams))
+    chain = acc.scores_chain(spec.mode)
     tput, acc_per_round, cache = np.zeros(runs), np.zeros(runs), {}
     for run in range(runs):
         ctx = rng.choice(workload.prompt_lens, b).astype(np.float64)
