@@ -9,6 +9,10 @@
 # is installed, with the model's tokenizer).  About 5 minutes on an H100; the timeouts bound the steps to 8.5 minutes (install aside).
 # The multi-tier engine of every phase prepares and captures the drafter's catch-up per row bucket
 # (runtime/full/lag.py); the CSV reports each phase's catch-ups, measured and priced.
+# The prompts file of the committed run (40 ShareGPT prompts, the shipped target's tokenizer) is what
+# serve_live.py itself encodes where the data extra is installed:
+#   .venv/bin/python -c "import json, sys; sys.path.insert(0, 'scripts'); import serve_live as s; \
+#     json.dump(s._prompts(40, 'sharegpt', 'simtree/data/models/qwen3.5-tiny-sharegpt', None)[0], open('.gpu/serve_prompts.json', 'w'))"
 #   OUT=/tmp/out PROMPTS=.gpu/serve_prompts.json bash scripts/serve_live_gpu.sh
 # then, at home, the report (the ## Live run section of reports/bench_serve/README.md):
 #   .venv/bin/python -m simtree.serving.live_report OUT/serve_live.csv --readme reports/bench_serve/README.md
