@@ -22,7 +22,8 @@ from simtree.deploy.costs import bundle_deployment, deployment_costs
 from simtree.parallel import parse_deployment
 from simtree.machine.machines import get_machine, machine_for_device
 from simtree.deploy.memory import check_fits
-from simtree.deploy.shipped import DEFAULT_MACHINE, check_machine, shipped_cost_paths, shipped_deployments, waiting
+from simtree.deploy import shipped as shipped_defaults   # read through the module: tests stand in for its shipped_cost_paths
+from simtree.deploy.shipped import DEFAULT_MACHINE, check_machine, shipped_deployments, waiting
 from simtree.errors import SimtreeError
 from simtree.models import list_models
 
@@ -44,7 +45,7 @@ def select_costs(cost_paths: Sequence[str] = (), model: str | None = None, deplo
         raise SimtreeError(f"--machine {machine} picks that machine's shipped bundles; --costs names its own: "
                            "give one of them")
     named_machine, machine = machine is not None, check_machine(machine or DEFAULT_MACHINE)
-    paths = [str(p) for p in cost_paths] or [str(p) for p in shipped_cost_paths(machine)]
+    paths = [str(p) for p in cost_paths] or [str(p) for p in shipped_defaults.shipped_cost_paths(machine)]
     bundles = [load_costs(p) for p in paths]
     where = ", ".join(paths) if not shipped else f"the shipped {machine} bundles"
     registry = set(list_models())
