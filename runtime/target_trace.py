@@ -156,12 +156,12 @@ def draft_confidences(model, prompt_ids: list[list[int]], depth: int, max_new_to
                         source=_NoneAccepted(), graphs=False, trace_topk=min(TOPK, model.vocab))
     engine.prefill(prompt_ids)
     engine.begin()
-    rounds = []
-    for _ in range(max_new_tokens - 1):    # one token a round: the rounds that begin short of max_new_tokens
-        context = engine.st.lengths.tolist()
+    rounds, prompt_lens = [], np.array([len(p) for p in prompt_ids], np.int64)
+    for r in range(max_new_tokens - 1):    # one token a round: the rounds that begin short of max_new_tokens
         engine.step()
         lp, ids = engine.last_round()["marginals"]      # [B, P, K]
-        rounds.append((context, np.exp(lp.astype(np.float64)), ids))
+        # the round's context: the prompt and every output but the newest (r + 1 outputs: no draft is accepted)
+        rounds.append((prompt_lens + r, np.exp(lp.astype(np.float64)), ids))
     recs, outputs = [], engine.outputs()
     for r, (context, probs, ids) in enumerate(rounds):
         for b in range(len(prompt_ids)):

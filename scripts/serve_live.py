@@ -35,12 +35,15 @@ import torch
 
 from simtree.acceptance.model import get_workload
 from simtree.control import DEFAULT_TIERS, Controller
-from simtree.control.catchup import LAG_ROWS, CatchUpClock
+from simtree.control.catchup import CatchUpClock
 from simtree.costs.model import load_costs
 from simtree.fileio import write_atomic
 from simtree.planning.modes import NoneParams
 from simtree.runtime.full.build import build_model
+from simtree.runtime.full.drafting import round_shape
+from simtree.runtime.full.engine import draft_scratch_rows
 from simtree.runtime.full.generate import generate
+from simtree.runtime.full.lag import lag_rows
 from simtree.runtime.bpe import BpeTokenizer
 from simtree.runtime.tokenizer import ByteTokenizer
 from simtree.serving.live_report import CATCH_UP_COLUMNS, COLUMNS
@@ -106,7 +109,9 @@ def main() -> None:
     topk_hi = costs.draft.valid_range.get("topk", (1, 64))[1]
     specs = [s for s in DEFAULT_TIERS if s.draft_shape()[0] <= steps_hi and s.draft_shape()[1] <= topk_hi]
     ctl = Controller(costs, get_workload(args.workload).acceptance, specs=specs)
-    lag_rows = min(LAG_ROWS, model.draft_window or LAG_ROWS)     # the engine's lag buffer (runtime/full/lag.py)
+    # the lag buffer of the engine generate builds for the controller's tiers (runtime/full/lag.py)
+    shapes = [round_shape(NoneParams()), *(round_shape(t.spec) for t in ctl.tiers)]
+    buffer_rows = lag_rows(model, draft_scratch_rows(shapes))
     ids, source = _prompts(sum(phases), args.workload, args.model, args.prompts)
     # warm-up, not counted: every tier at every phase's batch size (kernels compiled, caches sized)
     for b in sorted(set(phases)):
@@ -124,7 +129,7 @@ def main() -> None:
         start += b
         decode_us = sum(r.round_ms for r in res.rounds) * 1e3
         gained = sum(float(np.mean(r.accepted)) + 1.0 for r in res.rounds)   # tokens per sequence
-        lag = CatchUpClock(costs, lag_rows)     # each phase's engine is new: nothing waits at its start
+        lag = CatchUpClock(costs, buffer_rows)     # each phase's engine is new: nothing waits at its start
         priced = [step_us(costs, tier, float(np.mean(r.nodes)), ctx, bb) + lag.step_us(tier.spec.mode == "none", bb)
                   for (tier, bb, ctx, _), r in zip(rec.log, res.rounds)]
         expected = sum(1.0 + ratio * tier.expected_accepted for tier, _, _, ratio in rec.log)

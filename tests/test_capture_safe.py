@@ -129,3 +129,27 @@ def test_every_catch_up_bucket_neither_reads_nor_copies_host_data(name):
             if guard.hits:
                 found[b] = sorted(set(guard.hits))
     assert not found, found
+
+
+def test_every_tensor_a_round_leaves_on_the_engine_is_a_listed_stage_output():
+    """capture() binds each round shape's stage outputs again after its replays, from the list
+    FullEngine.STAGE_OUTPUTS: a tensor a stage leaves on the engine that the list misses would be
+    read from another shape's graphs; a listed name no stage writes is stale."""
+    model = tiny_model("tiny-gdn", dtype=torch.float32)
+    costs = drafter_costs()
+    unlisted, left = {}, set()
+    for label, spec in SPECS.items():
+        rs = round_shape(spec)
+        engine = make_engine(model, rs, 4, 64, TraceReplay.fixed(2, 4, "cpu"), graphs=False, costs=costs,
+                             trace_topk=4, **(TINY_DRAFTER if rs.block_drafter else {}))
+        engine.fill_context(8, seed=1)
+        before = dict(vars(engine))
+        with torch.no_grad():
+            for _, stage in engine._stages():
+                stage()
+        new = {k for k, v in vars(engine).items() if isinstance(v, (torch.Tensor, tuple)) and before.get(k) is not v}
+        if new - set(FullEngine.STAGE_OUTPUTS):
+            unlisted[label] = sorted(new - set(FullEngine.STAGE_OUTPUTS))
+        left |= new
+    assert not unlisted, unlisted
+    assert left == set(FullEngine.STAGE_OUTPUTS)

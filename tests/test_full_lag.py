@@ -12,8 +12,8 @@ from simtree.errors import SimtreeError
 from simtree.planning.modes import PolicySpec
 from simtree.runtime.full import lag as lag_mod
 from simtree.runtime.full.drafting import round_shape
-from simtree.runtime.full.engine import FullEngine
-from simtree.runtime.full.lag import bucket_rows, catch_up_buckets
+from simtree.runtime.full.engine import FullEngine, draft_scratch_rows
+from simtree.runtime.full.lag import bucket_rows, catch_up_buckets, lag_rows
 from simtree.runtime.full.generate import generate, greedy_decode
 
 from full_helpers import FAMILIES, PROMPTS, TierRuns, tiny_model
@@ -197,6 +197,18 @@ def test_single_shape_engines_keep_no_lag_buffer():
     assert _engine(v4).lag.rows == 8        # the MTP layer's window: a catch-up's rows see each other
     with pytest.raises(SimtreeError, match=r"lag_rows must be in \[1, 8\]"):
         _engine(v4, lag_rows=9)
+
+
+def test_one_rule_sizes_the_lag_buffer():
+    """lag_rows: LAG_ROWS, capped at the draft state's scratch rows and the MTP layer's window;
+    an engine's buffer is that rule over its shapes' scratch (what scripts/serve_live.py prices)."""
+    gdn, v4 = tiny_model("tiny-gdn", dtype=torch.float32), tiny_model("tiny-v4", dtype=torch.float32)
+    assert lag_rows(gdn, 1000) == lag_mod.LAG_ROWS and lag_rows(gdn, 5) == 5 and lag_rows(v4, 1000) == 8
+    assert lag_rows(gdn, 5, rows=3) == 3
+    shapes = [round_shape(PLAIN), round_shape(EAGLE), round_shape(LINEAR)]
+    engine = FullEngine(gdn, shapes[0], 2, 64, shapes=shapes[1:])
+    assert engine.ds.scratch.shape[1] == draft_scratch_rows(shapes)
+    assert engine.lag.rows == lag_rows(gdn, draft_scratch_rows(shapes))
 
 
 def test_the_catch_up_is_timed_in_the_round_that_resumes_drafting():

@@ -1,7 +1,8 @@
 """The engine's round bookkeeping (runtime/full/engine.py): each round's accepted lengths and
 tree sizes go to a device log that the host counts and reads once, after the rounds (``run``,
 or ``begin`` / ``step`` / ``stats``); only a traced engine keeps the copies ``last_round``
-reads; the chain layout (``best_first.lay_chain``) is one tree for linear and DSpark rounds."""
+reads, and it reads them in one copy; the chain layout (``best_first.lay_chain``) is one tree
+for linear and DSpark rounds; the drafting pass's contexts are the engine's."""
 import numpy as np
 import pytest
 import torch
@@ -11,9 +12,11 @@ from simtree.errors import SimtreeError
 from simtree.planning.simulate import PolicySpec
 from simtree.runtime.full.best_first import lay_chain
 from simtree.runtime.full.drafting import TreeBuffers, round_shape
+from simtree.runtime.full.block_engine import make_engine
 from simtree.runtime.full.engine import FullEngine
 
-from full_helpers import PROMPTS, tiny_model
+from full_helpers import PROMPTS, drafter_costs, tiny_model
+from test_capture_safe import SPECS, TINY_DRAFTER
 
 COSTLY = synthetic_costs(weights_us=0.0, per_token_us=10.0)
 
@@ -78,3 +81,67 @@ def test_a_chain_is_laid_with_its_valid_prefix_and_padding():
     assert torch.isinf(out.score[:, m + 1:]).all() and (out.parents[:, m + 1:] == 0).all()
     lay_chain(out, roots, lp, tok)
     assert out.valid[:, :m + 1].all()
+
+
+def _round_on_device(engine) -> dict:
+    """What last_round must return, read from the engine's device tensors one by one."""
+    host = lambda t: t.cpu().numpy()  # noqa: E731
+    if engine.rs.plain:
+        root = host(engine._plain_root)[:, None]
+        return {"tokens": root, "parents": np.full_like(root, -1), "score": np.zeros(root.shape, np.float32),
+                "valid": np.ones(root.shape, bool), "accepted": np.zeros(len(root), np.int64),
+                "target_next": host(engine._target_next), "marginals": None, "drafter": "mtp"}
+    t, d = engine.tree, getattr(engine.rs, "drafter", "mtp")
+    want = {name: host(getattr(t, name)) for name in ("tokens", "parents", "score", "valid")}
+    want.update(accepted=host(engine._accepted), target_next=host(engine._target_next), marginals=None,
+                drafter=d if engine.rs.block_drafter else "mtp")
+    if d in ("block", "dspark"):
+        want["marginals"] = (host(engine.marginal_lp), host(engine.marginal_ids))
+    elif not engine.rs.block_drafter and (engine.rs.marginal or engine._keeps_chain_topk()):
+        want["marginals"] = tuple(host(x) for x in engine._marginals)
+    if d == "dspark":
+        want.update(confidence=host(engine.confidence), verified_len=host(engine.verified_len))
+    return want
+
+
+@pytest.mark.parametrize("label", ["none", "linear", "eagle", "best_first", "block", "tfm", "dspark"])
+def test_last_round_reads_the_round_in_one_copy(label, monkeypatch):
+    """A traced round's trees, accepted nodes, target tokens and the drafter's marginals (and
+    DSpark's confidences) come to the host in one device -> host copy, each value as it is."""
+    rs = round_shape(SPECS[label])
+    engine = make_engine(tiny_model("tiny-gdn"), rs, 2, 96, costs=drafter_costs(), trace_topk=4,
+                         **(TINY_DRAFTER if rs.block_drafter else {}))
+    engine.prefill(PROMPTS[:2])
+    engine.run(rounds=2)
+    want = _round_on_device(engine)
+    reads, cpu, tolist = [], torch.Tensor.cpu, torch.Tensor.tolist
+    monkeypatch.setattr(torch.Tensor, "cpu", lambda t, *a, **k: reads.append("cpu") or cpu(t, *a, **k))
+    monkeypatch.setattr(torch.Tensor, "tolist", lambda t: reads.append("tolist") or tolist(t))
+    rec = engine.last_round()
+    monkeypatch.undo()
+    assert reads == ["cpu"]
+    assert rec.keys() == want.keys()
+    for key, value in want.items():
+        if isinstance(value, np.ndarray):
+            assert rec[key].dtype == value.dtype and np.array_equal(rec[key], value), key
+        elif isinstance(value, tuple):
+            assert all(a.dtype == b.dtype and np.array_equal(a, b) for a, b in zip(rec[key], value)), key
+        else:
+            assert rec[key] == value, key
+
+
+def test_the_drafting_pass_records_the_context_each_round_began_at(monkeypatch):
+    """draft_confidences works each round's context out on the host (one token a round): it is
+    the target's length on the device when the round began."""
+    from simtree.runtime.target_trace import draft_confidences
+    model = tiny_model("tiny-gdn")
+    seen, step = [], FullEngine.step
+
+    def recorded_step(self):
+        seen.append(self.st.lengths.tolist())
+        step(self)
+
+    monkeypatch.setattr(FullEngine, "step", recorded_step)
+    recs = draft_confidences(model, PROMPTS[:2], depth=3, max_new_tokens=5, workload="w")["records"]
+    assert len(seen) == 4 and len(recs) == 8
+    assert [[r["context_len"] for r in recs if r["position"] == i] for i in range(4)] == seen

@@ -39,7 +39,8 @@ import torch
 
 from simtree.drafters import PUBLIC, own_block_len
 from simtree.errors import SimtreeError
-from simtree.kernels.layers.drafters import (backbone_forward, block_marginals, dspark_draft, survival, tfm_tree)
+from simtree.kernels.layers.drafters import (backbone_forward, block_marginals, dspark_draft, survival, tfm_tree,
+                                             tfm_tree_rescored)
 from simtree.kernels.layers.drafters.block import DeviceTree
 
 from .allocation import drafter_cost
@@ -128,8 +129,8 @@ class BlockEngine(FullEngine):
         d.anchor.copy_(self.roots)
         hid = d.hidden()
         if rs.drafter == "tfm":
-            self._set_tree(tfm_tree(d.w, hid, self.roots, d.cfg.cand_k, rs.tree_nodes, rs.width,
-                                    None if scores is None else scores.rescore_at))
+            tree = (d.w, hid, self.roots, d.cfg.cand_k, rs.tree_nodes, rs.width)
+            self._set_tree(tfm_tree(*tree) if scores is None else tfm_tree_rescored(*tree, scores.rescore_at))
             return
         if rs.drafter == "block":
             lp, ids = block_marginals(d.w, hid, MARGINAL_TOPK)
@@ -169,19 +170,17 @@ class BlockEngine(FullEngine):
         self.drafter.feats.copy_(feats.gather(1, self._path[..., None].expand(B, P, feats.shape[-1])))
         self.drafter.n_new.copy_(self._acc_len + 1)
 
-    def last_round(self) -> dict:
-        """FullEngine's, with the drafter's inputs to the acceptance model: ``marginals`` (the
-        top-K marginals' log-probs and ids [B, L, K]; block, dspark), ``confidence`` [B, L] and
-        ``verified_len`` [B] (dspark) and ``drafter`` the family."""
-        rec = super().last_round()
-        if self.rs.plain:
-            return rec
+    def _round_tensors(self) -> dict:
+        """FullEngine's, with the drafter's inputs to the acceptance model that ``last_round``
+        reads: the top-K marginals' log-probs and ids [B, L, K] (block, dspark: its
+        ``marginals``), ``confidence`` [B, L] and ``verified_len`` [B] (dspark)."""
+        out = super()._round_tensors()
         d = self.rs.drafter
-        rec["drafter"] = d
-        rec["marginals"] = None if d == "tfm" else (self.marginal_lp.cpu().numpy(), self.marginal_ids.cpu().numpy())
+        if d in ("block", "dspark"):
+            out["marginal_lp"], out["marginal_ids"] = self.marginal_lp, self.marginal_ids
         if d == "dspark":
-            rec["confidence"], rec["verified_len"] = self.confidence.cpu().numpy(), self.verified_len.cpu().numpy()
-        return rec
+            out["confidence"], out["verified_len"] = self.confidence, self.verified_len
+        return out
 
     # ---- set-up ------------------------------------------------------------------------------
     def reset(self) -> None:

@@ -64,12 +64,25 @@ from .lag import DraftLag
 from .layout import RoundLayout
 from .rounds import LOG_CAP, OUT_CAP, EngineRounds, RunStats
 
-__all__ = ["FullEngine", "RunStats", "PREFILL_CHUNK", "OUT_CAP"]
+__all__ = ["FullEngine", "RunStats", "PREFILL_CHUNK", "OUT_CAP", "draft_scratch_rows"]
 
 PREFILL_CHUNK = 64      # prompt tokens per sequence per prefill verify (the GDN kernels' decode sizes)
 
 
+def draft_scratch_rows(shapes) -> int:
+    """The scratch rows of the MTP layer's draft state in an engine of round ``shapes``: its
+    widest MTP-drafted round's, or a prefill chunk's (an engine's lag buffer is at most this:
+    :func:`.lag.lag_rows`)."""
+    return max([s.scratch_rows for s in shapes if not s.plain and not s.block_drafter] + [PREFILL_CHUNK])
+
+
 class FullEngine(EngineRounds):
+    # the tensors a round's stages leave on the engine (the accepted nodes, the marginals, ...),
+    # read after it (last_round, tests) or by a later stage: a captured shape's replays refill
+    # its own, which use() binds again (capture)
+    STAGE_OUTPUTS = ("_marginals", "_hidden", "_target_next", "_accepted", "_acc_len", "_path", "_next_tok",
+                     "_row_ok", "_base_len", "_plain_root")
+
     def __init__(self, model, rs: RoundShape, batch_size: int, max_len: int, source=None,
                  graphs: bool | None = None, costs=None, shapes=(), trace_topk: int = 0,
                  lag_rows: int | None = None):
@@ -89,8 +102,7 @@ class FullEngine(EngineRounds):
         speculative = [s for s in every if not s.plain and not s.block_drafter]
         self.trace_topk = int(trace_topk)
         self.traced = self.trace_topk > 0
-        rows = max([s.scratch_rows for s in speculative] + [PREFILL_CHUNK])
-        self.ds = model.new_draft_state(self.st, rows) if speculative else None
+        self.ds = model.new_draft_state(self.st, draft_scratch_rows(every)) if speculative else None
         self.verify_kw = {}     # extra arguments of the target's verify (a block drafter's layer taps)
         B = self.B
         self.first_k = max([max(s.topk, 1) for s in every] + [self.trace_topk])
@@ -311,13 +323,10 @@ class FullEngine(EngineRounds):
         try:
             for rs in self._layouts:
                 self.use(rs)
-                before = dict(vars(self))
+                for name in self.STAGE_OUTPUTS:     # what this shape's stages leave, and nothing else
+                    self.__dict__.pop(name, None)
                 captured[rs] = self._capture_stages(warmup, shared_pool)
-                # the tensors this shape's captured stages left on the engine (its accepted nodes,
-                # marginals, ...): a replay refills them, but only the last-captured shape's stay
-                # bound; use() binds each shape's own again
-                outputs[rs] = {k: v for k, v in vars(self).items() if k.startswith("_") and
-                               isinstance(v, (torch.Tensor, tuple)) and before.get(k) is not v}
+                outputs[rs] = {k: vars(self)[k] for k in self.STAGE_OUTPUTS if k in vars(self)}
             if self.lag is not None:    # the catch-up's buckets: graphs of their own pools
                 self._prepare_lag(graphs=True)
         except Exception as exc:   # noqa: BLE001 - not capturable here: the same stages run eagerly

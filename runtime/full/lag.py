@@ -34,22 +34,27 @@ import torch
 from simtree.control.catchup import LAG_ROWS, bucket_rows, catch_up_buckets
 from simtree.errors import SimtreeError
 
-__all__ = ["DraftLag", "LAG_ROWS", "bucket_rows", "catch_up_buckets"]
+__all__ = ["DraftLag", "lag_rows", "LAG_ROWS", "bucket_rows", "catch_up_buckets"]
 
 _nothing = contextlib.nullcontext
 
 
+def lag_rows(model, scratch_rows: int, rows: int | None = None) -> int:
+    """The lag buffer's rows per sequence: ``rows``, by default LAG_ROWS, capped at the draft
+    state's ``scratch_rows`` and the MTP layer's window (the rows of one catch-up see each other
+    whole); ``rows`` beyond that cap is a one-line error."""
+    cap = min(scratch_rows, model.draft_window or scratch_rows)
+    R = min(LAG_ROWS, cap) if rows is None else int(rows)
+    if not 1 <= R <= cap:
+        raise SimtreeError(f"lag_rows must be in [1, {cap}] (the MTP layer's scratch rows and window), got {R}")
+    return R
+
+
 class DraftLag:
     def __init__(self, model, ds, batch_size: int, rows: int | None = None):
-        """``rows``: the buffer's rows per sequence (default LAG_ROWS, capped at the draft state's
-        scratch rows and the MTP layer's window)."""
-        scratch = ds.scratch.shape[1]
-        cap = min(scratch, model.draft_window or scratch)
-        R = min(LAG_ROWS, cap) if rows is None else int(rows)
-        if not 1 <= R <= cap:
-            raise SimtreeError(f"lag_rows must be in [1, {cap}] (the MTP layer's scratch rows and window), got {R}")
+        """``rows``: the buffer's rows per sequence (:func:`lag_rows`)."""
+        R = self.rows = lag_rows(model, ds.scratch.shape[1], rows)
         dev = ds.lengths.device
-        self.rows = R
         self.buckets = catch_up_buckets(R)
         self.waiting = 0      # plain rounds since the last catch-up (host count)
         self.tokens = torch.zeros(batch_size, R, dtype=torch.int64, device=dev)
@@ -83,14 +88,14 @@ class DraftLag:
         ds.lengths += n
         set_first(out.index_select(1, n - 1)[:, 0])
 
-    def catch_up(self, model, ds, chain_bits, set_first) -> int:
+    def catch_up(self, model, ds, chain_bits, set_first) -> None:
         """The MTP layer over the waiting rows (``chain_bits(b)``: the causal mask over b scratch
         rows; ``set_first(hidden [B, h])``: the next draft's first top-k from the last waiting
-        row): its cache gains them and its lengths advance.  -> the bucket it ran (0: nothing
-        waited)."""
+        row): its cache gains them and its lengths advance; ``last_bucket`` says the bucket it
+        ran.  A no-op when nothing waits."""
         n = self.waiting
         if n == 0:
-            return 0
+            return
         b = bucket_rows(n, self.rows)
         self.count.fill_(n)
         graph = self._graphs.get(b)
@@ -100,7 +105,6 @@ class DraftLag:
             self._run(model, ds, chain_bits, set_first, b)
         self.last_bucket = b
         self.drop()
-        return b
 
     @torch.no_grad()
     def prepare(self, model, ds, chain_bits, set_first, kept, graphs: bool = False) -> None:

@@ -18,10 +18,23 @@ import torch
 
 from simtree.errors import SimtreeError
 
-__all__ = ["EngineRounds", "RunStats", "OUT_CAP", "LOG_CAP"]
+__all__ = ["EngineRounds", "RunStats", "OUT_CAP", "LOG_CAP", "to_host"]
 
 OUT_CAP = 4096          # output tokens kept per sequence (live runs)
 LOG_CAP = 1 << 14       # rounds whose accepted lengths the device log keeps
+
+
+def to_host(tensors: dict) -> dict:
+    """{name: numpy array} of the device ``tensors`` in one device -> host copy: their bytes
+    packed into one buffer, each read back at its own dtype and shape (the values unchanged)."""
+    flat = [t.contiguous().view(-1).view(torch.uint8) for t in tensors.values()]
+    buf = torch.cat(flat).cpu().numpy() if flat else np.zeros(0, np.uint8)
+    out, at = {}, 0
+    for (name, t), f in zip(tensors.items(), flat):
+        dtype = torch.empty(0, dtype=t.dtype).numpy().dtype
+        out[name] = buf[at:at + f.numel()].view(dtype).reshape(tuple(t.shape)).copy()    # copy: aligned
+        at += f.numel()
+    return out
 
 
 @dataclass
@@ -183,24 +196,31 @@ class EngineRounds:
         ``score`` (cumulative draft log-prob), ``valid`` [B, n]; ``accepted`` [B] (local node);
         ``target_next`` [B, n] (the target's argmax at every node); ``marginals`` (log-probs,
         ids [B, P, K] along the drafter's chain) for the marginal modes, else None; ``drafter``
-        "mtp".  Plain rounds: the root alone (:mod:`.round_trace` makes trace records of it).  A
-        traced engine's (``trace_topk`` > 0)."""
+        the round shape's ("mtp", or a block drafter's family, whose rounds add what its
+        ``_round_tensors`` names).  Plain rounds: the root alone (:mod:`.round_trace` makes trace
+        records of it).  A traced engine's (``trace_topk`` > 0)."""
         if not self.traced:
             raise SimtreeError("last_round reads a traced engine's rounds (built with trace_topk > 0)")
+        rec = to_host(self._round_tensors())
+        if self.rs.plain:   # a tree of the root alone
+            root = rec["tokens"]
+            rec.update(parents=np.full_like(root, -1), score=np.zeros(root.shape, np.float32),
+                       valid=np.ones(root.shape, bool), accepted=np.zeros(root.shape[0], np.int64))
+        marginals = (rec.pop("marginal_lp"), rec.pop("marginal_ids")) if "marginal_lp" in rec else None
+        return {**rec, "marginals": marginals, "drafter": self.rs.drafter}
+
+    def _round_tensors(self) -> dict:
+        """The device tensors of the last round that :meth:`last_round` reads, by its names
+        (``marginal_lp``, ``marginal_ids``: its ``marginals``)."""
         if self.rs.plain:
-            root = self._plain_root[:, None]
-            z = torch.zeros_like(root)
-            return {"tokens": root.cpu().numpy(), "parents": (z - 1).cpu().numpy(),
-                    "score": z.float().cpu().numpy(), "valid": torch.ones_like(root, dtype=torch.bool).cpu().numpy(),
-                    "accepted": z[:, 0].cpu().numpy(), "target_next": self._target_next.cpu().numpy(),
-                    "marginals": None, "drafter": "mtp"}
+            return {"tokens": self._plain_root[:, None], "target_next": self._target_next}
         t = self.tree
+        out = {"tokens": t.tokens, "parents": t.parents, "score": t.score, "valid": t.valid,
+               "accepted": self._accepted, "target_next": self._target_next}
         marg = getattr(self, "_marginals", None) if self.rs.marginal or self._keeps_chain_topk() else None
-        return {"tokens": t.tokens.cpu().numpy(), "parents": t.parents.cpu().numpy(), "score": t.score.cpu().numpy(),
-                "valid": t.valid.cpu().numpy(), "accepted": self._accepted.cpu().numpy(),
-                "target_next": self._target_next.cpu().numpy(),
-                "marginals": None if marg is None else (marg[0].cpu().numpy(), marg[1].cpu().numpy()),
-                "drafter": "mtp"}
+        if marg is not None:
+            out["marginal_lp"], out["marginal_ids"] = marg
+        return out
 
     def outputs(self) -> list[list[int]]:
         """Live runs: each sequence's output tokens (the first from the prefill)."""

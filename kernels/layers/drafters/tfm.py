@@ -2,6 +2,7 @@
 built best-first over its conditionals, ``width`` expansions at a time.
 
     tree = tfm_tree(w, hid, anchor, cand_k, budget, width)     # DeviceTree [B, budget]
+    tree = tfm_tree_rescored(w, hid, anchor, cand_k, budget, width, rescore)    # a replay's
 
 The backbone's block logits give each row d its top-``cand_k`` candidates (ids and log-probs).
 The adapter keeps a state of width a per tree node: s_u = tanh(W_cell [s_parent ; E[t_u]])
@@ -15,11 +16,11 @@ conditionals, their top-m children into the pool (m = min(cand_k, budget - 1): n
 have more children).  The last step expands nothing.  Ties: the lower pool slot (earlier
 parent, better rank).  Padding as in :mod:`.block`.
 
-``rescore`` (a replay's, ``DraftScores.rescore_at``): the children's log-probs of nodes at
-depth d [B, n], by rank r [B, n, m], replaced by the acceptance model's (its round's level, row
-d, column r) before they enter the pool - the adapter still picks each rank's token and does
-all its work, the tree's shape is the model's best-first tree.  None (live decoding): the
-adapter's own conditionals.
+:func:`tfm_tree_rescored` (a replay's: ``rescore`` is ``DraftScores.rescore_at``): the
+children's log-probs of nodes at depth d [B, n], by rank r [B, n, m], replaced by the
+acceptance model's (its round's level, row d, column r) before they enter the pool - the
+adapter still picks each rank's token and does all its work, the tree's shape is the model's
+best-first tree.  :func:`tfm_tree` (live decoding): the adapter's own conditionals.
 """
 from __future__ import annotations
 
@@ -29,7 +30,7 @@ import torch.nn.functional as F
 from ..head import logits_fp32
 from .block import DeviceTree, finish_tree
 
-__all__ = ["tfm_candidates", "tfm_tree", "tfm_steps"]
+__all__ = ["tfm_candidates", "tfm_tree", "tfm_tree_rescored", "tfm_steps"]
 
 
 def tfm_steps(budget: int, width: int) -> int:
@@ -61,10 +62,21 @@ def _expand(w, s_par, tok, q_in, cand_emb, cand_lp, depth, L):
     return s, cond
 
 
-def tfm_tree(w: dict, hid: torch.Tensor, anchor: torch.Tensor, cand_k: int, budget: int, width: int,
-             rescore=None) -> DeviceTree:
-    """The adapter's best-first tree of ``budget`` nodes (module docstring; ``rescore``: a
-    replay's scores of the children by depth and rank)."""
+def tfm_tree(w: dict, hid: torch.Tensor, anchor: torch.Tensor, cand_k: int, budget: int,
+             width: int) -> DeviceTree:
+    """The adapter's best-first tree of ``budget`` nodes over its own conditionals (module
+    docstring): hid [B, L, h] the block's backbone rows, anchor [B] the root tokens."""
+    return _best_first(w, hid, anchor, cand_k, budget, width, lambda depth, lp: lp)
+
+
+def tfm_tree_rescored(w: dict, hid: torch.Tensor, anchor: torch.Tensor, cand_k: int, budget: int, width: int,
+                      rescore) -> DeviceTree:
+    """:func:`tfm_tree` with the children's log-probs replaced by ``rescore(depth [B, n], lp
+    [B, n, m])`` (a replay's acceptance model, by depth and rank) before they enter the pool."""
+    return _best_first(w, hid, anchor, cand_k, budget, width, rescore)
+
+
+def _best_first(w, hid, anchor, cand_k: int, budget: int, width: int, rescore) -> DeviceTree:
     B, L, h = hid.shape
     N, W, dev = int(budget), int(width), hid.device
     cand_lp, cand_ids = tfm_candidates(w, hid, cand_k)
@@ -88,8 +100,7 @@ def tfm_tree(w: dict, hid: torch.Tensor, anchor: torch.Tensor, cand_k: int, budg
         """Nodes first..first+n-1 (states s, conditionals cond [B, n, Kc]) -> their top-m children."""
         states[:, first:first + n] = s
         c_lp, c_at = cond.topk(m, -1)                                         # [B, n, m]
-        if rescore is not None:
-            c_lp = rescore(dep, c_lp)
+        c_lp = rescore(dep, c_lp)
         d = dep.clamp(max=L - 1)
         c_tok = cand_ids.gather(1, d[..., None].expand(B, n, Kc)).gather(2, c_at)
         ok = (dep < L)[..., None]
