@@ -16,7 +16,6 @@ and commit), ``_recurrent_kernel.py`` (the per-branch baseline), ``_cuda_walk.py
 """
 from .cache import GDNTreeCache
 from .commit import gdn_tree_commit
-from .conv import conv_state_commit, tree_causal_conv
 from .deferred import GDNPendingPath, gdn_defer_commit, gdn_fold_pending, new_pending
 from ._launch import depth_first_pays
 from .meta import TreeMeta, tree_meta, tree_meta_host
@@ -26,8 +25,8 @@ from .reference import (gdn_accepted_paths_ref, gdn_fold_pending_ref, gdn_sequen
 from .round_meta import verify_round_meta, verify_round_meta_host, walk_tables
 from .verify import gdn_tree_verify, gdn_tree_verify_folding, gdn_tree_verify_recurrent
 
-__all__ = ["gdn_tree_verify", "gdn_tree_verify_folding", "gdn_tree_commit", "gdn_tree_verify_recurrent", "tree_causal_conv",
-           "conv_state_commit", "depth_first_pays", "GDNPendingPath", "new_pending",
+__all__ = ["gdn_tree_verify", "gdn_tree_verify_folding", "gdn_tree_commit", "gdn_tree_verify_recurrent",
+           "depth_first_pays", "GDNPendingPath", "new_pending",
            "gdn_defer_commit", "gdn_fold_pending", "gdn_fold_pending_ref",
            "GDNTreeCache", "TreeMeta", "tree_meta", "tree_meta_host", "walk_tables",
            "verify_round_meta", "verify_round_meta_host", "gdn_tree_verify_ref",
