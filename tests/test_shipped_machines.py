@@ -146,6 +146,7 @@ def test_a_shipped_bundles_caveat_is_stamped_into_its_meta_and_carried_by_its_pl
     from simtree.parallel import parse_deployment
     from simtree.planning.planner import plan
     from simtree.acceptance.model import get_workload
+    from simtree.reporting.plan_report import write_plan_report
 
     dep = parse_deployment("ep=8")
     text = caveat_for("deepseek-v4-flash", dep, "h200")
@@ -159,5 +160,8 @@ def test_a_shipped_bundles_caveat_is_stamped_into_its_meta_and_carried_by_its_pl
     bundle["meta"].pop("caveat")
     copy.write_text(json.dumps(bundle))
     assert stamp_caveat(copy, "h200") == text and load_costs(copy).meta["caveat"] == text
-    notes = plan(load_costs(copy), [get_workload("gsm8k")], [1]).notes
-    assert notes[0] == f"caveat of this cost bundle: {text}"
+    result = plan(load_costs(copy), [get_workload("gsm8k")], [1])
+    assert result.notes[0] == f"caveat of this cost bundle: {text}"
+    # plan.md: the caveat heads the report with the banners on its costs, not among the extrapolated axes
+    md = write_plan_report(result, tmp_path / "plan")["markdown"].read_text()
+    assert md.count(text) == 1 and md.index(text) < md.index("## Chosen policy")

@@ -37,6 +37,7 @@ from dataclasses import dataclass
 
 import torch
 
+from simtree.costs.moe_forms import touched_experts
 from simtree.errors import SimtreeError
 
 from simtree.kernels.layers.v4 import V4Dims, layer_specs
@@ -92,11 +93,6 @@ class V4Floor:
         return self.flops / (tflops * 1e6)
 
 
-def _touched_experts(E: int, k: int, tokens: int) -> float:
-    """Expected distinct experts of E that T tokens, each picking k uniformly, touch."""
-    return E * (1.0 - (1.0 - k / E) ** tokens)
-
-
 PROJECTIONS = ("wqkv_a", "wq_b", "wq_idx", "wo_a", "wo_b")   # the attention's linears (FP8 in the checkpoint)
 
 
@@ -117,7 +113,7 @@ def _weight_bytes(d: V4Dims, kind: str, scope: str, tokens: int, dtype: torch.dt
             continue                    # tid2eid: one row per token, not the table
         b = s.numel * dtype_bytes(s.dtype or dtype)
         if _base(s.name) in _ROUTED:
-            b = round(b * _touched_experts(d.E, d.topk_e, tokens) / d.E)
+            b = round(b * touched_experts(tokens, d.E, d.topk_e) / d.E)    # uniform routing
         out[s.name] = b
     return out
 

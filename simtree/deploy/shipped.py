@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import NamedTuple
 
 from simtree.data import data_path
 from simtree.parallel import Deployment, parse_deployment
@@ -63,8 +64,15 @@ def shipped_machine_for(device: str | None, default: str = DEFAULT_MACHINE) -> s
     return found.key if found is not None and found.key in _table() else default
 
 
-def _entries(machine: str) -> list[tuple[str, Deployment, str | None]]:
-    """(model, deployment, the profile table it names or None) of every entry of the machine."""
+class _Entry(NamedTuple):
+    model: str
+    deployment: Deployment
+    profile: str | None     # the profile table it names
+    caveat: str | None      # what a plan from its bundle must say about where its profile came from
+
+
+def _entries(machine: str) -> list[_Entry]:
+    """Every entry of the machine, in its order."""
     path = data_path("deployments.yaml")
     entries = _table().get(check_machine(machine))
     if not isinstance(entries, list):
@@ -73,21 +81,22 @@ def _entries(machine: str) -> list[tuple[str, Deployment, str | None]]:
     for i, e in enumerate(entries):
         if not isinstance(e, dict) or not isinstance(e.get("model"), str) or "deployment" not in e:
             raise SimtreeError(f"{path.name}: {machine} entry {i} needs a model and a deployment")
-        out.append((e["model"], parse_deployment(str(e["deployment"])), None if e.get("profile") is None
-                    else str(e["profile"])))
+        out.append(_Entry(e["model"], parse_deployment(str(e["deployment"])),
+                          None if e.get("profile") is None else str(e["profile"]),
+                          " ".join(str(e["caveat"]).split()) if e.get("caveat") else None))
     return out
+
+
+def _entry(model: str, deployment: Deployment, machine: str) -> _Entry | None:
+    """The machine's entry of (model, deployment), if it lists one."""
+    return next((e for e in _entries(machine) if e.model == model and e.deployment.name == deployment.name), None)
 
 
 def caveat_for(model: str, deployment: Deployment, machine: str = DEFAULT_MACHINE) -> str | None:
     """The ``caveat`` its deployments.yaml entry states for (model, deployment) on ``machine``:
     what a plan from that shipped bundle must say about where its profile came from."""
-    entries = _table().get(check_machine(machine)) or []
-    for e in entries:
-        if isinstance(e, dict) and e.get("model") == model and \
-                parse_deployment(str(e.get("deployment"))).name == deployment.name:
-            text = e.get("caveat")
-            return " ".join(str(text).split()) if text else None
-    return None
+    entry = _entry(model, deployment, machine)
+    return None if entry is None else entry.caveat
 
 
 def stamp_caveat(bundle_path: Path, machine: str) -> str | None:
@@ -107,7 +116,7 @@ def stamp_caveat(bundle_path: Path, machine: str) -> str | None:
 
 def shipped_deployments(machine: str = DEFAULT_MACHINE) -> list[tuple[str, Deployment]]:
     """(model, deployment) of every default the machine's entry lists, in its order."""
-    return [(m, d) for m, d, _ in _entries(machine)]
+    return [(e.model, e.deployment) for e in _entries(machine)]
 
 
 def default_deployment(model: str, machine: str = DEFAULT_MACHINE, fallback: Deployment | None = None) -> Deployment:
@@ -136,7 +145,8 @@ def profile_for(model: str, deployment: Deployment, folder: Path, machine: str =
     holds them; None if none does; two such tables and no name are a one-line error."""
     from simtree.costs.profile_table import load_profile
 
-    named = next((t for m, d, t in _entries(machine) if m == model and d.name == deployment.name), None)
+    entry = _entry(model, deployment, machine)
+    named = None if entry is None else entry.profile
     if named is not None:
         path = Path(folder) / named
         if not path.is_file():

@@ -49,9 +49,10 @@ from simtree.planning.simulate import analytic_run, analytic_static, static_roun
 from simtree.trees.builders import eagle_max_nodes
 
 __all__ = ["DEFAULT_BATCH_SIZES", "FAMILIES", "SearchSpace", "PlanResult", "candidate_specs", "plan",
-           "choose_policies", "check_workload_names", "read_candidates"]
+           "choose_policies", "check_workload_names", "read_candidates", "CAVEAT_NOTE"]
 
 DEFAULT_BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64)
+CAVEAT_NOTE = "caveat of this cost bundle: "    # the note that leads a plan of a bundle with a caveat
 # the families searched: every mode `simtree run` builds (a plan names no other), simplest first
 FAMILIES = tuple(m for m in MODES if m in RUNTIME_MODES)
 _MAX_BUDGET = 16
@@ -142,9 +143,16 @@ class PlanResult:
 
     @property
     def notes(self) -> list[str]:
-        """One-line caveats for the report: cost-model axes queried outside the measured
-        range, with both ranges (``source["notes"]``)."""
+        """One-line caveats for the report: the cost bundle's :attr:`caveat` first (where it has
+        one), cost-model axes queried outside the measured range, with both ranges
+        (``source["notes"]``)."""
         return [str(n) for n in self.source.get("notes", []) or []]
+
+    @property
+    def caveat(self) -> str | None:
+        """What a plan of this cost bundle must say about where its profile came from (a shipped
+        bundle's deployments.yaml caveat, simtree/deploy/shipped.py), or None."""
+        return (self.source.get("costs") or {}).get("caveat") or None
 
     @property
     def model_error(self) -> float | None:
@@ -304,7 +312,7 @@ def plan(costs: Costs, workloads: Sequence[Workload], batch_sizes: Sequence[int]
               "verify_heldout_median_error": costs.verify.heldout_median_error,
               "notes": range_notes(ranges, spans)}
     if meta.get("caveat"):   # the shipped bundle's deployments.yaml caveat (simtree/deploy/shipped.py)
-        source["notes"].insert(0, f"caveat of this cost bundle: {meta['caveat']}")
+        source["notes"].insert(0, CAVEAT_NOTE + meta["caveat"])
     if space.searched != FAMILIES:
         source["modes"] = list(space.searched)
         source["notes"].append(f"searched the families {', '.join(space.searched)} only (--modes)")

@@ -8,8 +8,9 @@ only: the planning is :mod:`simtree.planning`'s.
 - ``throughput_vs_batch.png``: best predicted throughput of each policy family vs batch size;
 - ``plan.md``: the chosen policy table, with a loud SYNTHETIC banner when the costs are not
   measured, "communication assumed" when the deployment's collectives come from the default
-  alpha-beta model rather than measurements, and the adaptive budget against the best fixed
-  one (with the spread of its per-round budgets);
+  alpha-beta model rather than measurements, a shipped bundle's caveat (where its profile came
+  from) beside them, and the adaptive budget against the best fixed one (with the spread of its
+  per-round budgets);
 - ``adaptive_vs_fixed.csv``: that comparison as a table (:func:`simtree.planning.compare.adaptive_vs_fixed`);
 - ``tree_vs_linear.csv``: per workload, batch size, budget D and EAGLE tree shape, the
   predicted tree and linear throughput at the same D and their ratio (``gain``).
@@ -28,7 +29,7 @@ from simtree.planning.bands import bands_from_policy
 from simtree.planning.bundles import PlannedBundles
 from simtree.planning.compare import adaptive_vs_fixed
 from simtree.planning.modes import TREE_MODES
-from simtree.planning.planner import FAMILIES, PlanResult, read_candidates
+from simtree.planning.planner import CAVEAT_NOTE, FAMILIES, PlanResult, read_candidates
 from simtree.planning.policy_file import Policy
 
 __all__ = ["gain_grid", "tree_vs_linear", "write_plan_report", "render_plan_dir", "plan_folders", "write_plan_reports", "write_bundle_report", "write_plan_index",
@@ -147,6 +148,9 @@ def write_plan_report(result: PlanResult, out_dir: str | Path, bands: pd.DataFra
     banner = _comm_banner(result)
     if banner:
         lines += [banner, ""]
+    caveat_note = CAVEAT_NOTE + result.caveat if result.caveat else None
+    if caveat_note:     # where the bundle's profile came from: beside the banners on the costs, not among the ranges
+        lines += [f"> **caveat of this cost bundle** - {result.caveat}\n", ""]
     lines += ["Predicted by simtree's analytic simulator (expected accepted length per round, context "
               "growing as it decodes). Acceptance models:", ""]
     for name, info in result.source.get("workloads", {}).items():
@@ -173,7 +177,7 @@ def write_plan_report(result: PlanResult, out_dir: str | Path, bands: pd.DataFra
                      f"{r.best_linear} | {extra} |")
     lines += _band_lines(result, bands)
     lines += _adaptive_lines(result.candidates, versus, versus_csv.name)
-    notes = result.notes
+    notes = [n for n in result.notes if n != caveat_note]
     if notes:
         lines += ["", "## Extrapolated costs", "",
                   "`extrapolated` names the cost-model axes a chosen policy queries outside the measured "
