@@ -46,7 +46,11 @@ def test_plan_modes_without_trees_plans_linear_only(tmp_path):
     cands = pd.read_csv(tmp_path / "candidates.csv")
     assert set(cands["mode"]) == {"none", "linear"}
     assert pd.read_csv(tmp_path / "tree_vs_linear.csv").empty
-    assert "searched the families none, linear only (--modes)" in (tmp_path / "plan.md").read_text()
+    md = (tmp_path / "plan.md").read_text()
+    note = md.index("searched the families none, linear only (--modes)")
+    assert md.index("## Chosen policy") < note                 # beside the choice it limits,
+    assert "## Extrapolated costs" not in md or note < md.index("## Extrapolated costs")   # not among the ranges
+    assert md.count("searched the families") == 1
 
 
 def test_plan_modes_outside_the_families_are_one_line(tmp_path):

@@ -53,6 +53,7 @@ __all__ = ["DEFAULT_BATCH_SIZES", "FAMILIES", "SearchSpace", "PlanResult", "cand
 
 DEFAULT_BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64)
 CAVEAT_NOTE = "caveat of this cost bundle: "    # the note that leads a plan of a bundle with a caveat
+MODES_NOTE = "searched the families {} only (--modes)"   # a plan restricted to some families
 # the families searched: every mode `simtree run` builds (a plan names no other), simplest first
 FAMILIES = tuple(m for m in MODES if m in RUNTIME_MODES)
 _MAX_BUDGET = 16
@@ -315,7 +316,7 @@ def plan(costs: Costs, workloads: Sequence[Workload], batch_sizes: Sequence[int]
         source["notes"].insert(0, CAVEAT_NOTE + meta["caveat"])
     if space.searched != FAMILIES:
         source["modes"] = list(space.searched)
-        source["notes"].append(f"searched the families {', '.join(space.searched)} only (--modes)")
+        source["notes"].append(MODES_NOTE.format(", ".join(space.searched)))
     return PlanResult(str(meta.get("model", "unknown")), str(meta.get("device", "unknown")), source, cands)
 
 

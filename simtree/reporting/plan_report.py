@@ -29,7 +29,7 @@ from simtree.planning.bands import bands_from_policy
 from simtree.planning.bundles import PlannedBundles
 from simtree.planning.compare import adaptive_vs_fixed
 from simtree.planning.modes import TREE_MODES
-from simtree.planning.planner import CAVEAT_NOTE, FAMILIES, PlanResult, read_candidates
+from simtree.planning.planner import CAVEAT_NOTE, FAMILIES, MODES_NOTE, PlanResult, read_candidates
 from simtree.planning.policy_file import Policy
 
 __all__ = ["gain_grid", "tree_vs_linear", "write_plan_report", "render_plan_dir", "plan_folders", "write_plan_reports", "write_bundle_report", "write_plan_index",
@@ -159,6 +159,9 @@ def write_plan_report(result: PlanResult, out_dir: str | Path, bands: pd.DataFra
                      f"prompt ~{info.get('mean_prompt_len', 0):.0f}, output {info.get('output_len', 0)} tokens")
     error = result.model_error
     lines += ["", "## Chosen policy", ""]
+    modes_note = MODES_NOTE.format(", ".join(result.source["modes"])) if result.source.get("modes") else None
+    if modes_note:      # what the search left out, beside what it chose
+        lines += [f"Only some policy families were searched: {modes_note}.", ""]
     if error is not None:
         lines += [f"A tree marked *within model error* gains less over the best linear / plain policy (`vs "
                   f"linear`) than the verify cost model's held-out median error ({100 * error:.1f}%): the "
@@ -177,7 +180,7 @@ def write_plan_report(result: PlanResult, out_dir: str | Path, bands: pd.DataFra
                      f"{r.best_linear} | {extra} |")
     lines += _band_lines(result, bands)
     lines += _adaptive_lines(result.candidates, versus, versus_csv.name)
-    notes = [n for n in result.notes if n != caveat_note]
+    notes = [n for n in result.notes if n not in (caveat_note, modes_note)]
     if notes:
         lines += ["", "## Extrapolated costs", "",
                   "`extrapolated` names the cost-model axes a chosen policy queries outside the measured "
