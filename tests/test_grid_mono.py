@@ -146,3 +146,12 @@ def test_fit_keeps_grid_mono_for_plain_decoding_and_stays_convex_in_n_beyond(tmp
     assert data["verify"]["decode_split"]["decode_form"] == "grid_mono" and isinstance(data["warnings"], list)
     again = load_costs(out).verify
     assert again.predict(1, 160, 2) == pytest.approx(verify.predict(1, 160, 2))
+
+
+def test_a_convex_decode_curve_that_misses_the_staircase_is_warned_about(tmp_path):
+    prof = stair_profile(tmp_path / "stairs.csv", np.random.default_rng(4))
+    convex = fit_profile(prof, forms=("basis", "grid", "grid_lin"))   # no grid_mono: the old choice
+    assert convex.bundle.verify.info["decode_split"]["kept"]
+    assert any(w.startswith("C_v of plain decoding (n = 1, ") for w in convex.misfit_warnings())
+    assert not any("plain decoding" in w for w in fit_profile(prof).misfit_warnings())
+

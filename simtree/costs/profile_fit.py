@@ -121,6 +121,11 @@ class FitReport:
                 line += f"; worst at {at}: fitted {w['fitted_us']:.0f} us, measured {w['measured_us']:.0f} us"
             out.append(line + "; predictions near those points are off by as much (time more points there, "
                               "or read them as rough)")
+        split = self.bundle.verify.info.get("decode_split") or {}
+        decode = (split.get("decode_fit_error") or {}).get("in_sample") if split.get("kept") else None
+        if decode is not None and decode["p90"] > MISFIT_P90:
+            out.append(f"C_v of plain decoding (n = 1, {split['decode_form']}) misses its own profile: in-sample p90 "
+                       f"{100 * decode['p90']:.0f}%, max {100 * decode['max']:.0f}%; plain steps are priced off by as much")
         return out
 
     def summary(self) -> dict:
