@@ -453,7 +453,7 @@ def _decode_split(rows: pd.DataFrame, joint, forms, folds, what, on_fit, moe, no
         if not decode.convex_in_x:
             record["decode_convex_in_batch"] = False
             notes.append(f"plain decoding's curve kept form {decode.form}: monotone, NOT convex in batch (the "
-                         "measured decode step steps between profiled batch sizes); held-out median+p90 "
+                         "measured decode step jumps between profiled batch sizes); held-out median+p90 "
                          + ", ".join(f"{f} {100 * score(e):.1f}%" for f, e in decode.heldout.items()))
     return {"kept": kept, "main": main, "decode": decode, "record": record}
 
