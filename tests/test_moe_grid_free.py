@@ -77,7 +77,7 @@ def test_round_trip_and_tile_copy_keep_the_free_grid(staircase_fit):
 
 def test_a_dense_grid_is_never_fitted_without_convexity():
     n, l, b, y = staircase_points()
-    with pytest.raises(SimtreeError, match="MoE form only"):
+    with pytest.raises(SimtreeError, match="dense grid not convex in x is fitted only over x = batch_size"):
         fit_grid(n, l, b, y, VERIFY_AXES, {}, 0.05, convex_x=False)
 
 

@@ -135,7 +135,8 @@ def register(app: typer.Typer) -> None:
             False, help="Without draft_step rows, assume C_d(s,k,b) = fraction * s * C_v(k, l_median, b)."),
         draft_fraction: float = typer.Option(0.05, help="Draft step cost as a fraction of a verify step."),
         form: str = typer.Option("auto", help="Model form: auto (best held-out of basis, grid, grid_lin and, "
-                                 "for an MoE model, moe, moe_grid and moe_grid_free), basis, grid, grid_lin, moe, moe_grid, "
+                                 "for an MoE model, moe, moe_grid and moe_grid_free; plain decoding's own curve over "
+                                 "batch also grid_mono, not convex in batch), basis, grid, grid_lin, moe, moe_grid, "
                                  "moe_grid_free."),
         folds: int = typer.Option(5, min=2, help="Folds for the held-out error."),
         moe_routing: Optional[str] = typer.Option(

@@ -24,6 +24,9 @@ The fit form "grid_lin" (see :mod:`simtree.costs.surface_fit`) also gives a Grid
 differs only in the prior that fills cells without data.
 With ``tile_rows`` a GridSurface interpolates in x between its grid values by the M-tiles the
 x * z token rows fill (:mod:`simtree.costs.tiles`): monotone, NOT convex in x between grid values.
+With ``grid_convex=False`` (fit form "grid_mono": plain decoding's cost over x = batch size) the
+values are monotone in every axis but not convex in x: a staircase of kernel choices between the
+profiled batch sizes is followed, linear between them and with the last slope beyond.
 
 Both warn once per axis when queried outside the measured range (:class:`RangeWarner`).  The MoE
 forms add an expert term to them (:mod:`simtree.costs.moe_forms`); :mod:`simtree.costs.forms`
@@ -39,7 +42,10 @@ import numpy as np
 from simtree.costs.tiles import TILE_NONCONVEX_REASON, tile_weight, tile_x
 from simtree.errors import ExtrapolationWarning, SimtreeError, check_int
 
-__all__ = ["BasisSurface", "GridSurface", "RangeWarner", "SCALAR_TYPES", "RANGE_TOLERANCE"]
+__all__ = ["BasisSurface", "GridSurface", "RangeWarner", "SCALAR_TYPES", "RANGE_TOLERANCE", "GRID_MONO_REASON"]
+
+GRID_MONO_REASON = ("grid values monotone but not constrained convex in x (grid_mono: the measured cost "
+                    "steps between profiled batch sizes, e.g. kernel choices)")
 
 RANGE_TOLERANCE = 1e-9     # relative slack of the measured-range check (round-off is not extrapolation)
 SCALAR_TYPES = (int, float, np.float64, np.int64)   # types that take the pure-Python fast path
@@ -176,13 +182,14 @@ class GridSurface(RangeWarner):
     """Multilinear interpolation of V[z, y, x] on sorted axes (each with >= 2 values).
 
     ``tile_rows``: interpolate in x between the grid's x values by the M-tiles the x * z token
-    rows fill (:mod:`simtree.costs.tiles`); then the surface is NOT convex in x."""
+    rows fill (:mod:`simtree.costs.tiles`); then the surface is NOT convex in x.
+    ``grid_convex=False``: the values were fitted monotone, not convex, in x (form grid_mono)."""
 
     form = "grid"
     convex_in_x = True
 
     def __init__(self, xs, ys, zs, values, axis_names=("x", "y", "z"), valid_range=None,
-                 tile_rows: int | None = None):
+                 tile_rows: int | None = None, grid_convex: bool = True):
         self.xs, self.ys, self.zs = ([float(a) for a in ax] for ax in (xs, ys, zs))
         self.values = np.asarray(values, dtype=float)
         shape = (len(self.zs), len(self.ys), len(self.xs))
@@ -208,6 +215,10 @@ class GridSurface(RangeWarner):
                 raise SimtreeError(f"grid surface: tile_rows must be >= 1, got {tile_rows}")
             self.convex_in_x = False
             self.nonconvex_reason = TILE_NONCONVEX_REASON
+        self.grid_convex = bool(grid_convex)   # (MoEGridSurface sets and words its own)
+        if not self.grid_convex:
+            self.convex_in_x = False
+            self.nonconvex_reason = "; ".join(r for r in (GRID_MONO_REASON, getattr(self, "nonconvex_reason", None)) if r)
 
     def predict(self, x, y, z):
         if type(x) in SCALAR_TYPES and type(y) in SCALAR_TYPES and type(z) in SCALAR_TYPES:
@@ -276,4 +287,6 @@ class GridSurface(RangeWarner):
                "valid_range": self.valid_range}
         if self.tile_rows is not None:
             out.update(tile_rows=self.tile_rows, convex_in_x=False, nonconvex_reason=self.nonconvex_reason)
+        if not self.grid_convex and self.form == "grid":   # the MoE grid records its own
+            out.update(grid_convex=False, convex_in_x=False, nonconvex_reason=self.nonconvex_reason)
         return out

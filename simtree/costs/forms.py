@@ -114,7 +114,7 @@ def surface_from_dict(d: dict):
                                   d.get("routing", "balanced"), d.get("tile_rows"), d.get("grid_convex", True))
         if form == "grid":
             return GridSurface(d["xs"], d["ys"], d["zs"], d["values"], names, d.get("valid_range"),
-                               d.get("tile_rows"))
+                               d.get("tile_rows"), d.get("grid_convex", True))
         if form == "decode_split":
             return DecodeSplitSurface(surface_from_dict(d["main"]), surface_from_dict(d["decode"]))
         if form == "scaled_verify":

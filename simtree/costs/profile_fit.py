@@ -21,7 +21,11 @@ piecewise-linear-in-l prior for cells without data), plus moe and moe_grid when 
 an MoE in the registry (:func:`simtree.models.get_model`; the n_experts, experts_per_token of
 the rank's shape: 32 of 256 experts at ep=8).
 Those two are monotone but not convex in n (expert saturation); when one wins held-out the
-model info says ``convex_in_n: false`` with the reason, and a note says so.
+model info says ``convex_in_n: false`` with the reason, and a note says so.  Plain decoding's own
+curve (the decode split: n = 1 over x = batch size) also tries ``DECODE_FORMS`` under "auto":
+grid_mono, monotone but not convex in batch (a runtime whose decode step changes kernels between
+batch sizes is a staircase in batch), kept only where it predicts held-out points better
+(:data:`simtree.costs.surface_fit.RELAXES`); the decode record and a note name it when kept.
 """
 from __future__ import annotations
 
@@ -38,7 +42,7 @@ from simtree.costs.surface_fit import FitResult, fit_surface
 from simtree.costs.tile_fit import choose_tile_rows, with_tile_rows
 from simtree.costs.tiles import TILE_NONCONVEX_REASON
 from simtree.costs.forms import MOE_ROUTINGS, ScaledVerifyDraft
-from simtree.costs.surface_fit import MOE_FORMS, error_stats
+from simtree.costs.surface_fit import BATCH_X_FORMS, MOE_FORMS, error_stats
 from simtree.costs.forms import DecodeSplitSurface
 from simtree.costs.model import DRAFT_AXES, DRAFTER_STAGE, VERIFY_AXES, CostBundle, DraftCostModel, VerifyCostModel
 from simtree.costs.drafter_fit import fit_drafters
@@ -48,11 +52,12 @@ from simtree.models import get_model
 from simtree.costs.profile_table import load_profile, profile_hash, read_meta
 
 __all__ = ["FitReport", "fit_profile", "plot_fit", "bench_predict", "moe_shape", "DRAFT_STAGE",
-           "DEFAULT_VERIFY_STAGE", "AUTO_FORMS"]
+           "DEFAULT_VERIFY_STAGE", "AUTO_FORMS", "DECODE_FORMS"]
 
 DRAFT_STAGE = "draft_step"
 DEFAULT_VERIFY_STAGE = "model_verify_step"
 AUTO_FORMS = ("basis", "grid", "grid_lin")   # + MOE_FORMS for an MoE model
+DECODE_FORMS = BATCH_X_FORMS   # + these for plain decoding's curve over batch (the decode split)
 # stages whose cost includes the MLP, where an MoE model's experts are read (the attention
 # cores and projections have none)
 EXPERT_STAGES = (DEFAULT_VERIFY_STAGE, "stack_verify_step", "mlp_step")
@@ -116,6 +121,11 @@ class FitReport:
                 line += f"; worst at {at}: fitted {w['fitted_us']:.0f} us, measured {w['measured_us']:.0f} us"
             out.append(line + "; predictions near those points are off by as much (time more points there, "
                               "or read them as rough)")
+        split = self.bundle.verify.info.get("decode_split") or {}
+        decode = (split.get("decode_fit_error") or {}).get("in_sample") if split.get("kept") else None
+        if decode is not None and decode["p90"] > MISFIT_P90:
+            out.append(f"C_v of plain decoding (n = 1, {split['decode_form']}) misses its own profile: in-sample p90 "
+                       f"{100 * decode['p90']:.0f}%, max {100 * decode['max']:.0f}%; plain steps are priced off by as much")
         return out
 
     def summary(self) -> dict:
@@ -277,7 +287,9 @@ def fit_profile(profile: str | os.PathLike, *, stage: str | None = None, model: 
         if forms not in (None, "auto") and set(forms) & set(MOE_FORMS):
             raise SimtreeError(f"forms {', '.join(MOE_FORMS)} model expert saturation; stage {vstage} "
                                f"reads no experts (MoE stages: {', '.join(EXPERT_STAGES)})")
+    auto = forms in (None, "auto")
     forms = _resolve_forms(forms, moe, model_name)
+    decode_forms = forms + DECODE_FORMS if auto else forms
     draft_forms = draft_forms or forms   # the draft step runs an MLP: an MoE model's forms
     digest = profile_hash(path)
     base_source = {"profile": str(path), "sha256": digest, "model": model_name, "device": device_name}
@@ -285,7 +297,7 @@ def fit_profile(profile: str | os.PathLike, *, stage: str | None = None, model: 
                        rows["latency_us_median"], "verify", VERIFY_AXES, forms=forms, folds=folds,
                        what=f"C_v from {what}", on_fit=on_fit, reference_forms=reference_forms, moe=moe)
     vsource = {**base_source, "stage": vstage, "variant": rows["variant"].iloc[0]}
-    split = _decode_split(rows, vres, forms, folds, what, on_fit, moe, notes, on_more_solves)
+    split = _decode_split(rows, vres, forms, folds, what, on_fit, moe, notes, on_more_solves, decode_forms)
     if split is not None and split["kept"]:
         vres = split["main"]
     tile, tile_record = _tile_interp(vres, moe, notes, on_fit, on_more_solves)
@@ -399,23 +411,25 @@ def _tile_interp(vres: FitResult, moe, notes: list, on_fit, on_more_solves) -> t
 
 
 def _decode_split(rows: pd.DataFrame, joint, forms, folds, what, on_fit, moe, notes: list,
-                  on_more_solves=None) -> dict | None:
+                  on_more_solves=None, decode_forms=None) -> dict | None:
     """C_v with n = 1 (plain decoding) on its own curve (``DecodeSplitSurface``) against the
     joint fit ``joint``, compared on the same points' k-fold held-out predictions; None when
-    the table has no n = 1 points or too few to fit the two parts."""
+    the table has no n = 1 points or too few to fit the two parts.  ``decode_forms`` (default
+    ``forms``): the forms the n = 1 curve over batch tries."""
+    decode_forms = forms if decode_forms is None else decode_forms
     n = rows["nodes_per_seq"]
     one, rest = rows[n == 1], rows[n >= 2]
     if one.empty or rest.empty:
         return None
     lat = "latency_us_median"
     if on_more_solves is not None:   # two fits of every form: k folds and the refit each
-        on_more_solves(2 * len(forms) * (folds + 1))
+        on_more_solves((len(forms) + len(decode_forms)) * (folds + 1))
     try:
         main = fit_surface(rest["nodes_per_seq"], rest["context_len"], rest["batch_size"], rest[lat],
                            "verify", VERIFY_AXES, forms=forms, folds=folds, what=f"C_v(n >= 2) from {what}",
                            on_fit=on_fit, reference_forms=(), moe=moe)
         decode = fit_surface(one["batch_size"], one["context_len"], one["nodes_per_seq"], one[lat],
-                             "verify", ("batch_size", "context_len", "nodes_per_seq"), forms=forms,
+                             "verify", ("batch_size", "context_len", "nodes_per_seq"), forms=decode_forms,
                              folds=folds, what=f"C_v(n = 1) from {what}", on_fit=on_fit,
                              reference_forms=(), moe=moe)
     except SimtreeError as exc:
@@ -430,11 +444,17 @@ def _decode_split(rows: pd.DataFrame, joint, forms, folds, what, on_fit, moe, no
               "heldout_joint": {k: v for k, v in one_fit.items() if k != "folds"},
               "main_form": main.form, "decode_form": decode.form,
               "decode_valid_range": decode.surface.valid_range,
-              "decode_fit_error": {"heldout": decode.heldout[decode.form], "in_sample": decode.in_sample}}
+              "decode_fit_error": {"heldout": decode.heldout[decode.form], "in_sample": decode.in_sample},
+              "decode_heldout_forms": {f: {k: e[k] for k in ("median", "p90")} for f, e in decode.heldout.items()}}
     if kept:
         notes.append(f"plain decoding (n = 1) fitted on its own: held-out median+p90 "
                      f"{100 * score(both):.1f}% vs {100 * score(one_fit):.1f}% for one surface over "
                      f"all n; C_v jumps from n = 1 to 2, so budget searches take the global argmax")
+        if not decode.convex_in_x:
+            record["decode_convex_in_batch"] = False
+            notes.append(f"plain decoding's curve kept form {decode.form}: monotone, NOT convex in batch (the "
+                         "measured decode step jumps between profiled batch sizes); held-out median+p90 "
+                         + ", ".join(f"{f} {100 * score(e):.1f}%" for f, e in decode.heldout.items()))
     return {"kept": kept, "main": main, "decode": decode, "record": record}
 
 

@@ -31,6 +31,16 @@ percent at its own measured points, a free one passes within timing noise.  Its 
 ``grid_convex = False`` and says so in ``nonconvex_reason``; it competes on held-out error, and
 is kept only where its held-out median + p90 is ``RELAX_MIN_GAIN`` below moe_grid's (a form with
 fewer constraints must earn them: on a tie the constrained, convex-cell grid stays).
+
+The form "grid_mono" is the same relaxation for a dense surface whose x axis is the batch size
+(plain decoding's curve, n = 1, over x = batch, y = context: ``profile_fit``'s decode split): the
+grid values non-decreasing in every axis, not convex in batch, the L1 least-|curvature| prior of
+moe_grid_free for cells without data, so a measured staircase in batch (kernel choices: a step
+from batch 4 to 8 after a flat 2 -> 4) is followed instead of being averaged by a convex curve.
+Between profiled batch sizes the surface is linear, beyond the largest it continues with the last
+slope, below the smallest it holds (monotone everywhere).  It is refused where x is anything else
+(n and top-k stay convex), and kept only where its held-out median + p90 is ``RELAX_MIN_GAIN``
+below the better of grid's and grid_lin's.
 """
 from __future__ import annotations
 
@@ -44,18 +54,21 @@ import scipy.sparse as sp
 from simtree.costs.forms import MOE_FORMS, BasisSurface, GridSurface, MoEGridSurface, MoESurface, expert_feature
 from simtree.errors import SimtreeError
 
-__all__ = ["FitResult", "fit_surface", "aggregate_points", "error_stats", "MOE_FORMS", "GRID_FORMS"]
+__all__ = ["FitResult", "fit_surface", "aggregate_points", "error_stats", "MOE_FORMS", "GRID_FORMS", "BATCH_X_FORMS"]
 
 MAX_KNOTS = 10
-GRID_FORMS = ("grid", "grid_lin", "per_bin", "moe_grid", "moe_grid_free")
+GRID_FORMS = ("grid", "grid_lin", "per_bin", "moe_grid", "moe_grid_free", "grid_mono")
+# forms not convex in x that only a surface over x = batch size takes (convex in n and top-k stays)
+BATCH_X_FORMS = ("grid_mono",)
+BATCH_AXIS = "batch_size"
 # Regularisation of the grid forms (u = values / median latency): "grid", "per_bin" and
 # "moe_grid" use the x-curvature weight only; "grid_lin" the pair below (y-linearity 10x the
 # x-curvature, both small beside the data term; see the module doc); "moe_grid_free" the
 # grid_lin x-curvature weight, as an L1 prior (its values are not constrained convex in x).
 GRID_CURVATURE_WEIGHT = 1e-3
-# a form that drops a constraint of another (form -> the constrained one) is kept only when its
-# held-out median + p90 is this fraction below the constrained form's
-RELAXES = {"moe_grid_free": "moe_grid"}
+# a form that drops a constraint of others (form -> the constrained ones) is kept only when its
+# held-out median + p90 is this fraction below the best of the constrained forms'
+RELAXES = {"moe_grid_free": ("moe_grid",), "grid_mono": ("grid", "grid_lin")}
 RELAX_MIN_GAIN = 0.10
 GRID_LIN_CURVATURE_WEIGHT = 1e-4
 GRID_LIN_Y_LINEAR_WEIGHT = 1e-3
@@ -184,10 +197,11 @@ def fit_grid(x, y, z, lat, axis_names, valid_range, huber_rel: float,
     moe_grid form, one more variable alpha >= 0 on the fixed expert feature of ``kind``.
     ``y_linear_weight`` > 0 (form grid_lin): also penalise |curvature in y| (L1), so cells
     without data follow the piecewise-linear continuation in y of their (x, z) column.
-    ``convex_x=False`` (form moe_grid_free, MoE only): the values are not constrained convex in
-    x, only monotone; the curvature penalty becomes L1 (|curvature|), the prior of empty cells."""
-    if not convex_x and moe is None:
-        raise SimtreeError("a grid not convex in x is an MoE form only (moe_grid_free)")
+    ``convex_x=False`` (forms moe_grid_free and grid_mono): the values are not constrained convex
+    in x, only monotone; the curvature penalty becomes L1 (|curvature|), the prior of empty cells."""
+    if not convex_x and moe is None and axis_names[0] != BATCH_AXIS:
+        raise SimtreeError(f"a dense grid not convex in x is fitted only over x = {BATCH_AXIS} (grid_mono): "
+                           f"{axis_names[0]} must stay convex")
     xs = np.unique(x)
     (ys, flat_y), (zs, flat_z) = _pad_axis(np.unique(y)), _pad_axis(np.unique(z))
     nx, ny, nz = len(xs), len(ys), len(zs)
@@ -247,10 +261,12 @@ def fit_grid(x, y, z, lat, axis_names, valid_range, huber_rel: float,
         values[1] = values[0]
     if coupled:
         values = _project_monotone(values)
+    if not convex_x and moe is None:   # grid_mono: exact monotonicity along x too (solver round-off)
+        values = np.maximum.accumulate(values, axis=2)
     if moe is not None:
         return MoEGridSurface(kind, xs, ys, zs, values, max(float(alpha.value), 0.0) * unit, E, k,
                               axis_names, valid_range, routing, grid_convex=convex_x)
-    return GridSurface(xs, ys, zs, values, axis_names, valid_range)
+    return GridSurface(xs, ys, zs, values, axis_names, valid_range, grid_convex=convex_x)
 
 
 def _project_monotone(v: np.ndarray) -> np.ndarray:
@@ -274,14 +290,14 @@ def _fit_form(form, x, y, z, lat, kind, axis_names, valid_range, huber_rel, moe=
         return fit_grid(x, y, z, lat, axis_names, valid_range, huber_rel,
                         curvature_weight=GRID_LIN_CURVATURE_WEIGHT,
                         y_linear_weight=GRID_LIN_Y_LINEAR_WEIGHT, kind=kind)
-    if form == "moe_grid_free":
-        return fit_grid(x, y, z, lat, axis_names, valid_range, huber_rel,
-                        curvature_weight=GRID_LIN_CURVATURE_WEIGHT, moe=moe, kind=kind, convex_x=False)
+    if form in ("moe_grid_free", "grid_mono"):
+        return fit_grid(x, y, z, lat, axis_names, valid_range, huber_rel, curvature_weight=GRID_LIN_CURVATURE_WEIGHT,
+                        moe=moe if form == "moe_grid_free" else None, kind=kind, convex_x=False)
     if form in GRID_FORMS:
         return fit_grid(x, y, z, lat, axis_names, valid_range, huber_rel, coupled=form != "per_bin",
                         moe=moe if form == "moe_grid" else None, kind=kind)
-    raise SimtreeError(f"unknown model form {form!r} (basis, grid, grid_lin, moe, moe_grid, moe_grid_free "
-                       "or per_bin)")
+    raise SimtreeError(f"unknown model form {form!r} (basis, grid, grid_lin, grid_mono, moe, moe_grid, "
+                       "moe_grid_free or per_bin)")
 
 
 def monotone_violations(surface, valid_range: dict, axis_names) -> float:
@@ -306,11 +322,15 @@ def fit_surface(x, y, z, latency, kind: str, axis_names=("x", "y", "z"),
     after every solve ((len(forms) + len(reference_forms)) * (folds + 1) at most) to drive a
     progress bar. ``reference_forms`` (e.g. "per_bin") are scored and reported, never kept.
     ``moe=(n_experts, experts_per_token)`` of an MoE model enables the forms "moe" and
-    "moe_grid"; asking for them without it is refused (a dense model never gets a non-convex form).
+    "moe_grid"; asking for them without it is refused (a dense model never gets a form not convex in
+    n).  The forms :data:`BATCH_X_FORMS` (grid_mono) are refused unless x is the batch size.
     """
     if moe is None and set(forms) & set(MOE_FORMS):
         raise SimtreeError(f"{what}: forms {', '.join(MOE_FORMS)} need an MoE model's "
                            "(n_experts, experts_per_token)")
+    if axis_names[0] != BATCH_AXIS and set(forms) & set(BATCH_X_FORMS):
+        raise SimtreeError(f"{what}: form {', '.join(BATCH_X_FORMS)} is not convex in x; only a surface over "
+                           f"x = {BATCH_AXIS} takes it ({axis_names[0]} must stay convex)")
     x, y, z, lat, _ = aggregate_points(x, y, z, latency)
     if not (np.all(np.isfinite(lat)) and np.all(lat > 0)):
         raise SimtreeError(f"{what}: latencies must be finite and > 0")
@@ -355,18 +375,20 @@ def fit_surface(x, y, z, latency, kind: str, axis_names=("x", "y", "z"),
     # relaxes another's constraints must beat it by RELAX_MIN_GAIN (a tie keeps the constrained one).
     score = lambda f: heldout[f]["median"] + heldout[f]["p90"]  # noqa: E731
     best = min(candidates, key=score)
-    strict = RELAXES.get(best)
-    if strict in heldout and score(best) > (1 - RELAX_MIN_GAIN) * score(strict):
-        notes.append(f"form {best} not kept: held-out median+p90 {_score(heldout[best])} is not "
-                     f"{RELAX_MIN_GAIN:.0%} below {strict}'s {_score(heldout[strict])}, whose constraints it relaxes")
-        best = min((f for f in candidates if f != best), key=score)
+    strict = [f for f in RELAXES.get(best, ()) if f in heldout]
+    if strict:
+        ref = min(strict, key=score)
+        if score(best) > (1 - RELAX_MIN_GAIN) * score(ref):
+            notes.append(f"form {best} not kept: held-out median+p90 {_score(heldout[best])} is not "
+                         f"{RELAX_MIN_GAIN:.0%} below {ref}'s {_score(heldout[ref])}, whose constraints it relaxes")
+            best = min((f for f in candidates if f != best), key=score)
     surface = _fit_form(best, x, y, z, lat, kind, axis_names, valid_range, huber_rel, moe)
     if not getattr(surface, "convex_in_x", True):
         others = ", ".join(f"{f} {_score(heldout[f])}" for f in candidates if f != best)
         vs = f" (held-out median+p90 {_score(heldout[best])} vs {others})" if others else ""
-        notes.append(f"kept form {best}: NOT convex in {name_x} ({surface.nonconvex_reason}, "
-                     f"E={moe[0]}, k={moe[1]}){vs}; a search over {name_x} must take the global argmax, "
-                     "not the first stop")
+        experts = f", E={moe[0]}, k={moe[1]}" if moe is not None else ""
+        notes.append(f"kept form {best}: NOT convex in {name_x} ({surface.nonconvex_reason}{experts}){vs}; "
+                     f"a search over {name_x} must take the global argmax, not the first stop")
     if on_fit is not None:
         on_fit()
     fitted = np.asarray(surface.predict(x, y, z), dtype=float)

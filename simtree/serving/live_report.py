@@ -3,6 +3,10 @@
 README (``simtree bench-serve`` keeps that section when it rewrites the README).
 
     python -m simtree.serving.live_report OUT/serve_live.csv --readme reports/bench_serve/README.md
+
+A CSV that ``scripts/serve_live_reprice.py`` priced again on a bundle refitted from the run's own
+profile (CPU replay, the measured columns as measured) carries the run's own prediction
+(``REPRICE_COLUMNS``); the section then gives both.
 """
 from __future__ import annotations
 
@@ -14,12 +18,14 @@ import pandas as pd
 from simtree.errors import SimtreeError
 from simtree.fileio import write_text_atomic
 
-__all__ = ["COLUMNS", "CATCH_UP_COLUMNS", "TOLERANCE", "live_section", "merge_section", "existing_section", "SECTION"]
+__all__ = ["COLUMNS", "CATCH_UP_COLUMNS", "REPRICE_COLUMNS", "TOLERANCE", "live_section", "merge_section", "existing_section", "SECTION"]
 
 COLUMNS = ["phase", "batch_size", "new_tokens", "rounds", "switches", "tiers", "measured_tpot_ms",
            "predicted_tpot_ms", "predicted_model_tpot_ms", "tokens_per_round", "wall_s", "prefill_ms", "device",
            "costs", "prompts", "controller_steps", "controller_switches", "switch_bound"]
 CATCH_UP_COLUMNS = ["catch_ups", "measured_catchup_ms", "predicted_catchup_ms"]   # absent from earlier runs' CSVs
+REPRICE_COLUMNS = ["run_predicted_tpot_ms", "run_costs"]   # a re-priced run's own prediction and bundle
+REPRICE_SCRIPT = "scripts/serve_live_reprice.py"
 TOLERANCE = 0.10   # the target: measured TPOT within 10% of the benchmark's prediction
 SECTION = "## Live run"
 
@@ -44,24 +50,36 @@ def live_section(path: str | Path, command: str) -> str:
     last = df.iloc[-1]
     ok = bool((err.abs() <= TOLERANCE).all())
     caught = all(c in df.columns for c in CATCH_UP_COLUMNS)
+    repriced = all(c in df.columns for c in REPRICE_COLUMNS)
+    if repriced:
+        run_err = df.run_predicted_tpot_ms / df.measured_tpot_ms - 1
+        costs = (f"`{last.costs}` (this checkout's `simtree fit` of the run's own profile, replayed on CPU and priced "
+                 f"by `{REPRICE_SCRIPT}`; the run itself predicted with `{last.run_costs}`, the archive's costs.json, "
+                 f"worst {run_err.abs().max():.1%}, column run_predicted_tpot_ms): in sample, both fitted on this "
+                 "session's own profile")
+    else:
+        costs = f"the bundle fitted to this runtime on this device (`{last.costs}`): in sample, the costs are " \
+                "fitted on this session's own profile"
     lines = [SECTION, "",
              f"The controller live in simtree's runtime (a tiny model) on {last.device}, the batch changing phase by phase "
              f"({', '.join(str(b) for b in df.batch_size)}), {int(df.new_tokens.iloc[0])} tokens per sequence per "
-             f"phase, prompts: {last.prompts}; costs: the bundle fitted to this runtime on this device "
-             f"(`{last.costs}`): in sample, the costs are fitted on this session's own profile. Report: `{command}`; run: "
-             "`scripts/serve_live_gpu.sh`.", "",
+             f"phase, prompts: {last.prompts}; costs: {costs}. Report: `{command}`; run: "
+             "`scripts/serve_live_gpu.sh`" + (f", then `{REPRICE_SCRIPT}`" if repriced else "") + ".", "",
              f"Measured TPOT within {TOLERANCE:.0%} of the benchmark's step prediction at every phase: "
              f"{'yes' if ok else 'NO'} (worst {err.abs().max():.1%}); with the controller's expected acceptance "
              f"instead of the accepted tokens: worst {model_err.abs().max():.1%}. Switches: "
              f"{int(last.controller_switches)} in {int(last.controller_steps)} steps (bound "
              f"{int(last.switch_bound)}).", "",
              "| phase | batch | rounds | tiers run | measured ms/token | predicted | error | predicted (expected acceptance) |"
+             + (" run's own prediction (error) |" if repriced else "")
              + (" catch-ups | measured catch-up ms | predicted |" if caught else ""),
-             "|---|---|---|---|---|---|---|---|" + ("---|---|---|" if caught else "")]
+             "|---|---|---|---|---|---|---|---|" + ("---|" if repriced else "") + ("---|---|---|" if caught else "")]
     for (_, r), e, m in zip(df.iterrows(), err, model_err):
         lines.append(f"| {int(r.phase)} | {int(r.batch_size)} | {int(r.rounds)} | {r.tiers} | "
                      f"{r.measured_tpot_ms:.3f} | {r.predicted_tpot_ms:.3f} | {e:+.1%} | "
                      f"{r.predicted_model_tpot_ms:.3f} ({m:+.1%}) |"
+                     + (f" {r.run_predicted_tpot_ms:.3f} ({r.run_predicted_tpot_ms / r.measured_tpot_ms - 1:+.1%}) |"
+                        if repriced else "")
                      + (f" {int(r.catch_ups)} | {r.measured_catchup_ms:.3f} | {r.predicted_catchup_ms:.3f} |"
                         if caught else ""))
     return "\n".join(lines) + "\n"

@@ -1,0 +1,39 @@
+"""The live run re-priced on a bundle refitted from its own profile (scripts/serve_live_reprice.py):
+the committed CSV keeps the run's measurements and its own prediction, and the report shows both."""
+import tarfile
+from pathlib import Path
+
+import pandas as pd
+
+from simtree.serving.live_report import CATCH_UP_COLUMNS, COLUMNS, REPRICE_COLUMNS, live_section
+
+ROOT = Path(__file__).resolve().parents[1]
+BENCH = ROOT / "reports" / "bench_serve"
+MEASURED = ["phase", "batch_size", "new_tokens", "rounds", "switches", "tiers", "measured_tpot_ms", "tokens_per_round",
+            "wall_s", "prefill_ms", "device", "prompts", "catch_ups", "measured_catchup_ms"]
+
+
+def test_the_committed_csv_keeps_the_runs_measurements_and_its_own_prediction():
+    with tarfile.open(BENCH / "live_run.tgz") as tar:
+        member = next(m for m in tar.getmembers() if Path(m.name).name == "serve_live.csv")
+        run = pd.read_csv(tar.extractfile(member))
+    committed = pd.read_csv(BENCH / "serve_live.csv")
+    pd.testing.assert_frame_equal(committed[MEASURED], run[MEASURED])
+    assert list(committed.run_predicted_tpot_ms) == list(run.predicted_tpot_ms)
+    assert set(committed.run_costs) == set(run.costs) and committed.costs.str.contains("refitted").all()
+
+
+def test_the_report_of_a_repriced_run_gives_both_predictions(tmp_path):
+    row = {c: 0 for c in COLUMNS} | {"phase": 0, "batch_size": 2, "new_tokens": 96, "rounds": 95, "tiers": "none:95",
+                                     "measured_tpot_ms": 0.244, "predicted_tpot_ms": 0.233, "predicted_model_tpot_ms": 0.233,
+                                     "device": "GPU", "costs": "live_run.tgz:profile.csv refitted", "prompts": "sharegpt",
+                                     "catch_ups": 1, "measured_catchup_ms": 0.28, "predicted_catchup_ms": 0.39,
+                                     "run_predicted_tpot_ms": 0.196, "run_costs": "live_costs.json"}
+    csv = tmp_path / "live.csv"
+    pd.DataFrame([row], columns=COLUMNS + CATCH_UP_COLUMNS + REPRICE_COLUMNS).to_csv(csv, index=False)
+    section = live_section(csv, "cmd")
+    assert "| 0.244 | 0.233 | -4.5% |" in section and "| 0.196 (-19.7%) |" in section
+    assert "worst 19.7%, column run_predicted_tpot_ms" in section and "in sample" in section
+    assert "scripts/serve_live_reprice.py" in section
+    pd.DataFrame([row], columns=COLUMNS + CATCH_UP_COLUMNS).to_csv(csv, index=False)   # a run as measured
+    assert "run's own prediction" not in live_section(csv, "cmd")
