@@ -89,6 +89,19 @@ def _sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
+def price(costs, log, rounds, buffer_rows: int) -> dict:
+    """A phase's predictions from the rounds it ran (``log``: the controller's (tier, batch,
+    context, ratio) per round): each step priced as ``simtree bench-serve`` prices it, with the
+    drafter's catch-up after plain rounds (a lag buffer of ``buffer_rows``)."""
+    lag = CatchUpClock(costs, buffer_rows)
+    priced = [step_us(costs, tier, float(np.mean(r.nodes)), ctx, bb) + lag.step_us(tier.spec.mode == "none", bb)
+              for (tier, bb, ctx, _), r in zip(log, rounds)]
+    gained = sum(float(np.mean(r.accepted)) + 1.0 for r in rounds)        # tokens per sequence
+    expected = sum(1.0 + ratio * tier.expected_accepted for tier, _, _, ratio in log)
+    return {"predicted_tpot_ms": sum(priced) / gained / 1e3, "predicted_model_tpot_ms": sum(priced) / expected / 1e3,
+            "predicted_catchup_ms": lag.total_us / 1e3}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--costs", required=True, help="cost bundle fitted to this runtime on this device")
@@ -129,22 +142,17 @@ def main() -> None:
         start += b
         decode_us = sum(r.round_ms for r in res.rounds) * 1e3
         gained = sum(float(np.mean(r.accepted)) + 1.0 for r in res.rounds)   # tokens per sequence
-        lag = CatchUpClock(costs, buffer_rows)     # each phase's engine is new: nothing waits at its start
-        priced = [step_us(costs, tier, float(np.mean(r.nodes)), ctx, bb) + lag.step_us(tier.spec.mode == "none", bb)
-                  for (tier, bb, ctx, _), r in zip(rec.log, res.rounds)]
-        expected = sum(1.0 + ratio * tier.expected_accepted for tier, _, _, ratio in rec.log)
+        predicted = price(costs, rec.log, res.rounds, buffer_rows)   # each phase's engine is new: no lag at its start
         names = Counter(tier.name for tier, *_ in rec.log)
         rows.append({"phase": i, "batch_size": b, "new_tokens": args.new_tokens, "rounds": len(res.rounds),
                      "switches": ctl.switches - switches0, "tiers": ";".join(f"{n}:{c}" for n, c in names.most_common()),
-                     "measured_tpot_ms": decode_us / gained / 1e3, "predicted_tpot_ms": sum(priced) / gained / 1e3,
-                     "predicted_model_tpot_ms": sum(priced) / expected / 1e3,
+                     "measured_tpot_ms": decode_us / gained / 1e3, **predicted,
                      "tokens_per_round": gained / len(res.rounds), "wall_s": wall_s, "prefill_ms": res.prefill_ms,
                      "device": torch.cuda.get_device_name() if args.device.startswith("cuda") else args.device,
                      "costs": args.costs, "prompts": source, "controller_steps": ctl.steps,
                      "controller_switches": ctl.switches, "switch_bound": ctl.max_switches,
                      "catch_ups": sum(r.catchup_ms > 0 for r in res.rounds),
-                     "measured_catchup_ms": sum(r.catchup_ms for r in res.rounds),
-                     "predicted_catchup_ms": lag.total_us / 1e3})
+                     "measured_catchup_ms": sum(r.catchup_ms for r in res.rounds)})
         r = rows[-1]
         print(f"phase {i} b={b}: measured {r['measured_tpot_ms']:.3f} ms/token, predicted {r['predicted_tpot_ms']:.3f} "
               f"({r['predicted_tpot_ms'] / r['measured_tpot_ms'] - 1:+.1%}); {r['tiers']}", flush=True)

@@ -35,11 +35,11 @@ import pandas as pd
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from serve_live import Recording, _prompts  # noqa: E402
+from serve_live import Recording, _prompts, price  # noqa: E402
 
 from simtree.acceptance.model import get_workload  # noqa: E402
 from simtree.control import DEFAULT_TIERS, Controller  # noqa: E402
-from simtree.control.catchup import LAG_ROWS, CatchUpClock  # noqa: E402
+from simtree.control.catchup import LAG_ROWS  # noqa: E402
 from simtree.costs.model import load_costs  # noqa: E402
 from simtree.costs.profile_fit import fit_profile  # noqa: E402
 from simtree.errors import SimtreeError  # noqa: E402
@@ -48,7 +48,6 @@ from simtree.planning.modes import NoneParams  # noqa: E402
 from simtree.runtime.full.build import build_model  # noqa: E402
 from simtree.runtime.full.generate import generate  # noqa: E402
 from simtree.serving.live_report import CATCH_UP_COLUMNS, COLUMNS, REPRICE_COLUMNS  # noqa: E402
-from simtree.serving.policies import step_us  # noqa: E402
 
 ARCHIVE_FILES = ("profile.csv", "costs.json", "serve_live.csv")
 MATCH_REL = 1e-4   # the CSV keeps 6 significant digits
@@ -65,17 +64,6 @@ class Forced(Recording):
     def choose(self, batch_size, context_lens, rounds_done=None):
         self.log.append((self.tier, int(batch_size), float(np.mean(context_lens)), self.ctl.ratio))
         return self.tier
-
-
-def price(costs, log, rounds, lag_rows: int) -> dict:
-    """A phase's predictions from its rounds, as scripts/serve_live.py prices them."""
-    lag = CatchUpClock(costs, lag_rows)
-    priced = [step_us(costs, tier, float(np.mean(r.nodes)), ctx, bb) + lag.step_us(tier.spec.mode == "none", bb)
-              for (tier, bb, ctx, _), r in zip(log, rounds)]
-    gained = sum(float(np.mean(r.accepted)) + 1.0 for r in rounds)
-    expected = sum(1.0 + ratio * tier.expected_accepted for tier, _, _, ratio in log)
-    return {"predicted_tpot_ms": sum(priced) / gained / 1e3, "predicted_model_tpot_ms": sum(priced) / expected / 1e3,
-            "predicted_catchup_ms": lag.total_us / 1e3}
 
 
 def _unpack(archive: Path, into: Path) -> dict:
