@@ -100,7 +100,8 @@ def _joint_rel_se(df: pd.DataFrame) -> pd.Series:
     mean's alone where the table has no calibrating rows."""
     rel = df["measured_se"] / df["measured_accepted"]
     cal = rel[df["split"] == "in_sample"].groupby(df["workload"]).median()
-    return np.sqrt(rel ** 2 + df["calibrated_on"].map(cal).fillna(0.0).astype(float) ** 2)
+    joint = np.sqrt(rel ** 2 + df["calibrated_on"].map(cal).fillna(0.0).astype(float) ** 2)
+    return joint.where(joint > 0)         # no spread measured on either side: no error in its units
 
 
 def _stats(err: pd.Series) -> dict:
