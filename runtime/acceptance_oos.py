@@ -86,7 +86,9 @@ CHAIN = 15                # positions of the drafting pass's chain (linear D = 1
 COSTS = data_path("costs", "h200_qwen3.6-27b_tp1.json")
 # held-out ShareGPT prompts (:func:`.data.prompts` order) earlier versions of the model read: 0..127
 # (development) and 128..262 (the first out-of-sample table's 128, repeats skipped), all development
-# data since (docs/acceptance.md, section 5).  The table's prompts begin at SHAREGPT_START, past them.
+# data since (docs/acceptance.md, section 5).  The table's prompts begin at SHAREGPT_START, past them
+# (the committed table's 128, 384..513, were first decoded for it: a later version that develops on
+# them raises SEEN_SHAREGPT and takes a range past 513; 263..383 have not been decoded).
 # Every HumanEval problem has been read: 0..131 are in the target's training text, 132..163 were
 # development, 0..127 the first table's test: HumanEval rows are labelled "seen", never "fresh".
 SEEN_SHAREGPT = 263
