@@ -308,7 +308,7 @@ def _looked_up_text(rng, seqs: int, positions: int, informative: bool):
 def test_the_calibrating_runs_folds_say_whether_the_lookup_helps():
     """lookup_folds: folds of the calibrating sequences, predicted from the others, are predicted
     closer with the lookup where it carries the target's verdicts, and not where it carries none."""
-    from simtree.acceptance.lookup_folds import lookup_cv, lookup_helps
+    from simtree.acceptance.lookup_folds import lookup_cv
     rng = np.random.default_rng(21)   # fixed: statistical tolerances, a failure reproduces
     seen = {}
     for informative in (True, False):
@@ -321,6 +321,6 @@ def test_the_calibrating_runs_folds_say_whether_the_lookup_helps():
         object.__setattr__(drafts, "context_match", match.reshape(-1, P).astype(np.int64))
         errs = lookup_cv(recs, drafts)
         assert len(errs[True]) == len(errs[False]) == 4        # 4 folds x one linear budget
-        seen[informative] = (np.mean(errs[True]), np.mean(errs[False]), lookup_helps(recs, drafts))
-    assert seen[True][2] and seen[True][0] < 0.7 * seen[True][1]
-    assert not seen[False][2] and abs(seen[False][0] - seen[False][1]) < 0.5 * seen[True][1]
+        seen[informative] = (np.mean(errs[True]), np.mean(errs[False]))
+    assert seen[True][0] < 0.7 * seen[True][1]                  # the lookup predicts the folds closer
+    assert seen[False][0] >= seen[False][1] and seen[False][0] - seen[False][1] < 0.5 * seen[True][1]

@@ -21,7 +21,7 @@ from simtree.acceptance.traces import TraceRecord
 from simtree.acceptance.transfer import DrafterConfidences, transfer_model
 from simtree.errors import SimtreeError
 
-__all__ = ["lookup_cv", "lookup_helps", "FOLDS"]
+__all__ = ["lookup_cv", "FOLDS"]
 
 FOLDS = 4
 
@@ -59,9 +59,3 @@ def lookup_cv(records: Sequence[TraceRecord], drafts: DrafterConfidences, folds:
                     errs[context].append(abs(float(np.log(pred / np.mean(got)))))
     return errs
 
-
-def lookup_helps(records: Sequence[TraceRecord], drafts: DrafterConfidences, folds: int = FOLDS) -> bool:
-    """True when the calibration with the lookup predicts the held-out folds of the calibrating
-    runs closer (mean |log error| of :func:`lookup_cv`) than the one without."""
-    errs = lookup_cv(records, drafts, folds)
-    return float(np.mean(errs[True])) < float(np.mean(errs[False]))
