@@ -269,12 +269,13 @@ def test_a_chain_drafters_marginal_mode_never_accepts_below_an_off_chain_node(wo
     assert accepted_per_round(model, "eagle", eagle) == pytest.approx(accepted_per_round(unchained, "eagle", eagle))
 
 
-def test_the_lookup_calibrates_across_workloads_only_and_every_rank_has_its_curve(workloads):
+def test_the_lookup_calibrates_wherever_logged_and_every_rank_has_its_curve(workloads):
     from simtree.acceptance.transfer import uses_lookup
     (qc, rc), (qx, _) = workloads
     chat = _linear_records(qc[:4], rc[:4])
     drafts = parse_drafts(_drafts(qx[:4]))
     assert fit_calibration(chat).curves.shape[0] == K and fit_calibration(chat, rank_groups=3).curves.shape[0] == 3
+    assert fit_calibration(chat, topk=2).curves.shape[0] == 2          # the call's top-K, each rank its own
     with_match = [r for r in chat]
     assert not uses_lookup(with_match, drafts)          # the synthetic records carry no lookup
     object.__setattr__(drafts, "context_match", np.zeros(drafts.probs.shape[:2], np.int64))
@@ -283,4 +284,43 @@ def test_the_lookup_calibrates_across_workloads_only_and_every_rank_has_its_curv
     assert uses_lookup(with_match, drafts)               # chat traces calibrating code drafts
     same = parse_drafts([{**d, "workload": "chat"} for d in _drafts(qx[:4])])
     object.__setattr__(same, "context_match", np.zeros(same.probs.shape[:2], np.int64))
-    assert not uses_lookup(with_match, same)
+    assert uses_lookup(with_match, same)                 # and chat drafts: wherever both carry it
+
+
+def _looked_up_text(rng, seqs: int, positions: int, informative: bool):
+    """As :func:`_text`, and a lookup that proposes the top-1 at a third of the positions
+    (``context_match`` [S, T, P]: 0 there, K elsewhere); ``informative``: the target takes a
+    proposed top-1 almost always and an unproposed one half as often as the drafter's calibration
+    says (a target that repeats its context), else the lookup says nothing of the target."""
+    raw = rng.dirichlet(np.full(K + 1, 0.5), (seqs, positions + P))[..., :K]
+    q = -np.sort(-raw, -1)
+    looked = rng.random((seqs, positions + P)) < 1 / 3
+    acc = _cal(q)
+    if informative:
+        acc[..., 0] = np.where(looked, 0.95, 0.5 * acc[..., 0])
+    u = rng.random((seqs, positions + P))[..., None]
+    cum = np.cumsum(acc, -1)
+    rank = np.where(u[..., 0] < cum[..., -1], (u >= cum).sum(-1), K)
+    idx = np.arange(positions)[:, None] + np.arange(P)[None, :]
+    return q[:, idx], rank[:, idx], np.where(looked, 0, K)[:, idx]
+
+
+def test_the_calibrating_runs_folds_say_whether_the_lookup_helps():
+    """lookup_folds: folds of the calibrating sequences, predicted from the others, are predicted
+    closer with the lookup where it carries the target's verdicts, and not where it carries none."""
+    from simtree.acceptance.lookup_folds import lookup_cv
+    rng = np.random.default_rng(21)   # fixed: statistical tolerances, a failure reproduces
+    seen = {}
+    for informative in (True, False):
+        q, rank, match = _looked_up_text(rng, 24, 40, informative)
+        recs = _linear_records(q, rank, "chat")
+        for r in recs:
+            t = r.context_len - 50
+            object.__setattr__(r, "context_match", match[r.seq, t].astype(np.int64))
+        drafts = parse_drafts(_drafts(q, "chat"))
+        object.__setattr__(drafts, "context_match", match.reshape(-1, P).astype(np.int64))
+        errs = lookup_cv(recs, drafts)
+        assert len(errs[True]) == len(errs[False]) == 4        # 4 folds x one linear budget
+        seen[informative] = (np.mean(errs[True]), np.mean(errs[False]))
+    assert seen[True][0] < 0.7 * seen[True][1]                  # the lookup predicts the folds closer
+    assert seen[False][0] >= seen[False][1] and seen[False][0] - seen[False][1] < 0.5 * seen[True][1]

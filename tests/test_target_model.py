@@ -148,24 +148,27 @@ def test_shipped_target_is_trained_and_its_mtp_layer_drafts_accepted_tokens():
     assert np.mean([r.num_accepted for r in runs["linear_d4"]["records"]]) > 0.3
 
 
-def test_acceptance_table_predicts_each_split_from_linear_calibration_runs_alone(trained, monkeypatch):
+def test_acceptance_table_predicts_each_split_from_linear_calibration_runs_alone(trained, monkeypatch, tmp_path):
     """Every run is in the table; the only acceptance outcomes any prediction reads are the linear
-    runs of a calibration half (one calibration per workload, with and without the lookup);
-    each run's model comes from the drafting pass of its own prompts (no outcome), which decodes
-    the same text as plain decoding; test-half trees are calibrated on the same workload
-    (``policies``) and HumanEval's test half on ShareGPT too (``workload``)."""
+    runs of a calibration half (one fit per calibration workload, with and without the lookup,
+    shared by every run it predicts); each run's model comes from the drafting pass of its own
+    prompts (no outcome), which decodes the same text as plain decoding; test-half trees are
+    calibrated on the same workload (``policies``) and HumanEval's test half on ShareGPT too
+    (``workload``); the kept traces give the same table again."""
     import simtree.runtime.acceptance_oos as oos
-    from simtree.planning.acceptance_oos import COLUMNS, oos_summary
+    from simtree.planning.acceptance_oos import COLUMNS, FAMILIES, oos_summary
     _, path, _ = trained
     calibrated, transferred = [], []
     real_cal, real_transfer = oos.fit_calibration, oos.transfer_model
-    monkeypatch.setattr(oos, "fit_calibration", lambda recs, **kw: calibrated.append(list(recs)) or real_cal(recs, **kw))
+    monkeypatch.setattr(oos, "fit_calibration",
+                        lambda recs, **kw: calibrated.append((list(recs), kw["context"])) or real_cal(recs, **kw))
     monkeypatch.setattr(oos, "transfer_model", lambda cal, d, *a, **kw: transferred.append(d) or real_transfer(cal, d, *a, **kw))
     trees = [oos.TREES[1], oos.TREES[-1]]
-    res = oos.run_oos(path, {"prompts": 2, "max_new_tokens": 6, "trees": trees}, say=None)
+    settings = {"prompts": 2, "max_new_tokens": 6, "trees": trees}
+    res = oos.run_oos(path, settings, traces=tmp_path, say=None)
     df = res["table"]
-    assert list(df.columns) == [*COLUMNS, "calibrated_on", "measured_se", "confidence_only_predicted",
-                                "confidence_only_rel_err", "lookup_predicted", "lookup_rel_err", "baseline_predicted",
+    assert list(df.columns) == [*COLUMNS, "calibrated_on", "prompts", "measured_se", "err_in_se", "err_in_joint_se",
+                                "confidence_only_predicted", "confidence_only_rel_err", "baseline_predicted",
                                 "baseline_rel_err"]
     n_lin, n_tree = len(oos.LINEAR), len(trees)
     counts = df.groupby(["split", "workload"]).size().to_dict()
@@ -176,31 +179,41 @@ def test_acceptance_table_predicts_each_split_from_linear_calibration_runs_alone
     assert set(df.loc[df["split"] == "workload", "calibrated_on"]) == {"sharegpt"}
     assert (df.loc[df["split"] != "workload", "calibrated_on"] == df.loc[df["split"] != "workload", "workload"]).all()
     assert np.allclose(df["rel_err"], df["predicted_accepted"] / df["measured_accepted"] - 1)
+    se = df["measured_se"].where(df["measured_se"] > 0)       # no spread measured: no error in its units
+    assert np.allclose(df["err_in_se"], (df["predicted_accepted"] - df["measured_accepted"]) / se, equal_nan=True)
+    # the default ShareGPT range is past every prompt earlier versions read; no HumanEval problem is fresh
+    assert dict(df.groupby("workload")["prompts"].unique().apply(list)) == {"humaneval": ["seen"], "sharegpt": ["fresh"]}
     assert all(all(v.values()) for v in res["lossless"].values()) and len(res["lossless"]) == 4
-    # the lookup only where the calibration is another workload's
-    same = df["split"] != "workload"
-    assert np.allclose(df.loc[same, "predicted_accepted"], df.loc[same, "confidence_only_predicted"])
-    assert np.allclose(df.loc[~same, "predicted_accepted"], df.loc[~same, "lookup_predicted"])
-    # every calibration on one calibration half's linear runs
-    assert len(calibrated) == 3 * 5
-    for recs in calibrated:
+    # one fit per (calibration half, lookup or not), each on one calibration half's linear runs; the
+    # prediction reads the lookup (the runs log it), confidence_only does not
+    assert sorted((recs[0].workload, ctx) for recs, ctx in calibrated) == [
+        ("humaneval", False), ("humaneval", True), ("sharegpt", False), ("sharegpt", True)]
+    assert set(res["calibration_folds"]) == {"sharegpt", "humaneval"}
+    for recs, _ in calibrated:
         assert len({r.workload for r in recs}) == 1 and {r.mode for r in recs} == {"linear"}
         assert {r.tree.num_nodes for r in recs} == {p["budget"] for _, p in oos.LINEAR}
-    # the workloads' prompts: fresh, disjoint halves
+    again = oos.analyse(oos.load_halves(tmp_path, settings), {"sharegpt": "fresh", "humaneval": "seen"})
+    assert np.allclose(again["table"]["predicted_accepted"], df["predicted_accepted"])
+    assert again["lossless"] == res["lossless"]
+    # the workloads' prompts: disjoint halves; the fresh ShareGPT range past the seen one
     for w in ("sharegpt", "humaneval"):
-        a, b = oos.fresh_prompts(w, 2)
+        a, b = oos.held_out_prompts(w, 2, 0)
         assert len(a) == len(b) == 2 and not set(a) & set(b)
     from simtree.runtime.data import prompts
     seen = set(prompts("sharegpt", oos.SEEN_SHAREGPT))
-    assert not set(sum(oos.fresh_prompts("sharegpt", 2), [])) & seen
+    assert oos.SHAREGPT_START >= oos.SEEN_SHAREGPT
+    assert not set(sum(oos.held_out_prompts("sharegpt", 2, oos.SHAREGPT_START), [])) & seen
+    assert oos.prompt_status("sharegpt", oos.SEEN_SHAREGPT - 1) == "seen" == oos.prompt_status("humaneval", 0)
+    with pytest.raises(SimtreeError, match="humaneval prompts from index 160"):
+        oos.held_out_prompts("humaneval", 4, 160)
     dev = oos.development_prompts("sharegpt", 2)      # the development halves: the seen prompts
     assert set(sum(dev, [])) <= seen and not set(dev[0]) & set(dev[1])
     assert set(sum(oos.development_prompts("humaneval", 2), [])) <= set(prompts("humaneval", 32))
     assert all(d.probs.shape[1:] == (oos.CHAIN, 8) for d in transferred)
     s = oos_summary(df)
-    assert set(s["families"]) == {"policies sharegpt", "policies humaneval", "prompts sharegpt", "prompts humaneval",
-                                  "workload humaneval"}
+    assert set(s["families"]) == {" ".join(k) for k in FAMILIES}
     assert s["families"]["workload humaneval"]["rows"] == n_lin + n_tree
+    assert s["families"]["policies sharegpt"]["prompts"] == "fresh"
     assert s["meets_targets"] == all(f["meets_targets"] for f in s["families"].values())
     assert set(s["measured_se_rel"]) == {f"{w} {h}" for w in ("sharegpt", "humaneval") for h in ("calibration", "test")}
     assert set(s["prompt_halves_gap"]) == {"sharegpt", "humaneval"}

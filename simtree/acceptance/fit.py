@@ -118,14 +118,14 @@ class ChainCalibration:
 
 
 def fit_calibration(records: Iterable[TraceRecord], *, topk: int = DEFAULT_TOPK, depth: int = DEFAULT_DEPTH,
-                    prior_trials: float = 20.0, context: bool | None = None, rank_groups: int = DEFAULT_TOPK
+                    prior_trials: float = 20.0, context: bool | None = None, rank_groups: int | None = None
                     ) -> ChainCalibration:
     """One :class:`ChainCalibration` pooled over every record that logs the drafter's top-K and
     the target's tokens (linear runs, version 2): how often the target takes a candidate the
     drafter gave probability q, by depth and rank (a curve and depth effects per rank below
-    ``rank_groups``, the rest pooled: by default every rank of a model's top-K its own, the
-    ranks past it with the last - a tree's rank-2 node is taken more often than a rank-5 one
-    of the same probability); and by whether
+    ``rank_groups``, the rest pooled: by default (None) every rank of the call's ``topk`` its
+    own, the ranks past it with the last - a tree's rank-2 node is taken more often than a
+    rank-5 one of the same probability); and by whether
     a lookup of the context proposes it (``context_match``) when ``context`` (default: every
     record carries it)."""
     records = [r for r in records if r.topk_tokens is not None and r.target_tokens is not None]
@@ -143,7 +143,8 @@ def fit_calibration(records: Iterable[TraceRecord], *, topk: int = DEFAULT_TOPK,
     if context:
         ranks = [records[i].context_match for i in range(len(records))]
         match = np.array([ranks[i][d - 1] == r for i, d, r in zip(trials.round_id, trials.depth, trials.rank)])
-    return ChainCalibration(trials, depth, prior_trials, match, check_whole(rank_groups, "rank_groups", 1))
+    groups = topk if rank_groups is None else check_whole(rank_groups, "rank_groups", 1)
+    return ChainCalibration(trials, depth, prior_trials, match, groups)
 
 
 def _rows(trials: Trials, topk: int) -> tuple[np.ndarray, np.ndarray]:

@@ -37,7 +37,7 @@ process (:func:`round_starts`); the text is cut into windows of ``window`` posit
 into ``states`` by the predicted tokens per round of their chains (a stretch of copied code, a
 hard chat turn; :func:`~simtree.acceptance.fit.ease_groups`), each state's share of the text
 its positions; within a state the positions are split into ``levels`` equal groups by their
-chain's predicted gain, and a group's acceptance row at depth d is its positions' rows
+chain's gain under the drafter's own probabilities (what a round's decision reads), and a group's acceptance row at depth d is its positions' rows
 weighted by the predicted chance of reaching depth d (so a chain's expected accepted length
 in the group is exactly its positions' mean; the ranks are then made disjoint events).  Trees
 are built from the group's mean draft probabilities, as the drafter builds them.
@@ -250,6 +250,11 @@ def transfer_model(calibration: ChainCalibration, drafts: DrafterConfidences, na
     survive = np.cumprod(np.minimum(a[:, :, 0], 1.0), 1)
     reach = np.concatenate([np.ones((a.shape[0], 1)), survive[:, :-1]], 1)    # P(depth d's parent accepted)
     gain = 1.0 + survive.sum(1)                                                # chain tokens per round
+    # levels split a state by the drafter's own chain confidence - what a round's decision reads
+    # (the adaptive modes give nodes where the drafter is sure) - not by the calibrated gain: with
+    # the lookup in the calibration, levels by gain would pair the decision's nodes with acceptance
+    # the drafter never saw (docs/acceptance.md, section 5)
+    drafter_gain = 1.0 + np.cumprod(q[:, :, 0], 1).sum(1)
     start = round_starts(drafts, survive)
     _, unit = np.unique(np.stack([drafts.seq, drafts.position // window], 1), axis=0, return_inverse=True)
     unit = unit.reshape(-1)
@@ -259,7 +264,7 @@ def transfer_model(calibration: ChainCalibration, drafts: DrafterConfidences, na
     tables, draft, weights, state, share, meta_states = [], [], [], [], [], []
     for s, g in enumerate(groups):
         at = np.flatnonzero(np.isin(unit, g))
-        order = at[np.argsort(gain[at], kind="stable")]
+        order = at[np.argsort(drafter_gain[at], kind="stable")]
         share_of = at.size / drafts.size
         parts = [p for p in np.array_split(order, min(levels, order.size)) if p.size]
         for part in parts:
@@ -280,13 +285,11 @@ def transfer_model(calibration: ChainCalibration, drafts: DrafterConfidences, na
 
 
 def uses_lookup(records, drafts: DrafterConfidences) -> bool:
-    """Whether the calibration of ``drafts`` from ``records`` reads the context lookup: only
-    across workloads (the calibrating traces' workload is not the drafts'), where it carries
-    what the drafter's probability does not (a target that repeats its context more often than
-    the calibrating text did); within a workload the drafter's probability alone is calibrated
-    (docs/acceptance.md, section 2.3)."""
-    return (drafts.context_match is not None and any(r.workload != drafts.workload for r in records)
-            and all(r.context_match is not None for r in records))
+    """Whether the calibration of ``drafts`` from ``records`` reads the context lookup: wherever
+    both carry its ranks (``context_match``), within a workload as across workloads.  It carries
+    what the drafter's probability does not - a target that repeats its context, more on some
+    prompts than on others (docs/acceptance.md, sections 2.3 and 5)."""
+    return drafts.context_match is not None and all(r.context_match is not None for r in records)
 
 
 def split_spec(spec: str) -> tuple[str, str] | None:

@@ -9,7 +9,9 @@ runs' outcomes (``calibrated_on``), applied to the drafter's confidences on the 
 prompts (:mod:`simtree.acceptance.transfer`); other predictors go in further columns (``extras``).
 ``split`` (:data:`SPLITS`): ``policies`` (trees on prompts the calibration never saw, calibrated
 on the same workload's linear runs), ``prompts`` (linear runs on such prompts), ``workload``
-(another workload's prompts, every policy) or ``in_sample`` (the calibrating runs).
+(another workload's prompts, every policy) or ``in_sample`` (the calibrating runs); the families
+reported (:data:`FAMILIES`) are split x workload.  ``prompts``: whether the run's prompts are
+``fresh`` (no version of the model was developed on them) or ``seen``.
 """
 from __future__ import annotations
 
@@ -19,7 +21,7 @@ import pandas as pd
 from simtree.acceptance.predict import accepted_per_round
 from simtree.acceptance.traces import sequence_ids
 
-__all__ = ["COLUMNS", "SPLITS", "measured_accepted", "predicted_accepted", "oos_table", "oos_summary", "summary_markdown", "TARGETS"]
+__all__ = ["COLUMNS", "SPLITS", "FAMILIES", "measured_accepted", "predicted_accepted", "oos_table", "oos_summary", "summary_markdown", "TARGETS"]
 
 COLUMNS = ["drafter", "policy", "workload", "split", "measured_accepted", "predicted_accepted", "rel_err"]
 TARGETS = {"median_abs_rel_err": 0.03, "max_abs_rel_err": 0.08}
@@ -75,16 +77,31 @@ def oos_table(model, runs: list[dict], costs=None, extras: dict | None = None) -
         measured = measured_accepted(run["records"])
         args = (run["mode"], run["params"], costs, run.get("batch_size", 1), run.get("context_len", 0.0))
         predicted = predicted_accepted(pick(model, run), *args)
+        se = measured_se(run["records"])
         row = {"drafter": run["drafter"], "policy": run["policy"], "workload": run["workload"],
                "split": run["split"], "measured_accepted": measured, "predicted_accepted": predicted,
                "rel_err": predicted / measured - 1.0, "calibrated_on": run.get("calibrated_on", ""),
-               "measured_se": measured_se(run["records"])}
+               "prompts": run.get("prompts", ""), "measured_se": se,
+               "err_in_se": (predicted - measured) / se if se > 0 else float("nan")}
         for name, acc in extras.items():
             row[f"{name}_predicted"] = predicted_accepted(pick(acc, run), *args)
             row[f"{name}_rel_err"] = row[f"{name}_predicted"] / measured - 1.0
         rows.append(row)
-    return pd.DataFrame(rows, columns=[*COLUMNS, "calibrated_on", "measured_se", *[f"{n}_{c}" for n in extras
-                                                                   for c in ("predicted", "rel_err")]])
+    df = pd.DataFrame(rows, columns=[*COLUMNS, "calibrated_on", "prompts", "measured_se", "err_in_se", "err_in_joint_se",
+                                     *[f"{n}_{c}" for n in extras for c in ("predicted", "rel_err")]])
+    df["err_in_joint_se"] = df["rel_err"] / _joint_rel_se(df)
+    return df
+
+
+def _joint_rel_se(df: pd.DataFrame) -> pd.Series:
+    """Per row: the relative standard error of measured against predicted when both are means of
+    sampled prompts - the measured mean's and the calibrating runs' (the median relative s.e. of
+    the ``in_sample`` rows of the ``calibrated_on`` workload), added in quadrature; the measured
+    mean's alone where the table has no calibrating rows."""
+    rel = df["measured_se"] / df["measured_accepted"]
+    cal = rel[df["split"] == "in_sample"].groupby(df["workload"]).median()
+    joint = np.sqrt(rel ** 2 + df["calibrated_on"].map(cal).fillna(0.0).astype(float) ** 2)
+    return joint.where(joint > 0)         # no spread measured on either side: no error in its units
 
 
 def _stats(err: pd.Series) -> dict:
@@ -95,9 +112,18 @@ def _stats(err: pd.Series) -> dict:
     return out
 
 
-# the out-of-sample split families, each reported alone (never pooled into one figure)
-SPLITS = {"policies": "linear -> trees, fresh prompts", "prompts": "linear -> linear, fresh prompts",
-          "workload": "chat linear -> code, every policy"}
+# the out-of-sample families (split, workload), each reported alone (never pooled into one figure),
+# in words; SPLITS: the out-of-sample values of ``split``
+FAMILIES = {("policies", "sharegpt"): "chat linear -> chat trees", ("policies", "humaneval"): "code linear -> code trees",
+            ("prompts", "sharegpt"): "chat linear -> chat linear", ("prompts", "humaneval"): "code linear -> code linear",
+            ("workload", "humaneval"): "chat linear -> code, every policy"}
+SPLITS = tuple(dict.fromkeys(s for s, _ in FAMILIES))
+
+
+def _prompt_status(g: pd.DataFrame) -> str:
+    """The family's prompts: fresh, seen, or mixed (a row without the column: unlabelled)."""
+    vals = sorted(set(g["prompts"].fillna("").astype(str))) if "prompts" in g else [""]
+    return vals[0] if len(vals) == 1 else "mixed"
 
 
 def _family(df: pd.DataFrame) -> pd.Series:
@@ -111,9 +137,17 @@ def oos_summary(df: pd.DataFrame) -> dict:
     policy measured on a workload's two prompt halves lands apart."""
     oos = df[df["split"].isin(list(SPLITS))]
     fam = _family(oos)
+    z = oos["err_in_se"].abs() if "err_in_se" in oos else None
+    zj = oos["err_in_joint_se"].abs() if "err_in_joint_se" in oos else None
     shape = oos["policy"].str.extract(r"^(best_first|cost_aware|batch_alloc|[a-z]+)", expand=False)
     out = {"targets": TARGETS,
-           "families": {k: {**_stats(g["rel_err"]), "what": SPLITS[k.split()[0]]} for k, g in oos.groupby(fam)},
+           "families": {k: {**_stats(g["rel_err"]), "what": FAMILIES.get(tuple(k.split()), k),
+                            "prompts": _prompt_status(g),
+                            **({} if z is None else {"median_abs_err_in_se": float(z[g.index].median()),
+                                                     "max_abs_err_in_se": float(z[g.index].max())}),
+                            **({} if zj is None else {"median_abs_err_in_joint_se": float(zj[g.index].median()),
+                                                      "max_abs_err_in_joint_se": float(zj[g.index].max())})}
+                        for k, g in oos.groupby(fam)},
            "by_drafter_shape": {f"{k} {d} {f}": _stats(g["rel_err"])
                                 for (k, d, f), g in oos.groupby([fam, oos["drafter"], shape])},
            "in_sample": _stats(df.loc[df["split"] == "in_sample", "rel_err"]) if (df["split"] == "in_sample").any()
@@ -144,7 +178,8 @@ def summary_markdown(df: pd.DataFrame, summary: dict, header: list[str]) -> str:
     fams = summary["families"]
     lines = [*header, "", f"Out of sample, each family against the targets (median {pct(t['median_abs_rel_err'])}, "
              f"worst {pct(t['max_abs_rel_err'])}): "
-             + "; ".join(f"{k} ({v['what']}): median {pct(v['median_abs_rel_err'])}, worst {pct(v['max_abs_rel_err'])} "
+             + "; ".join(f"{k} ({v['what']}, {v.get('prompts') or 'unlabelled'} prompts): median "
+                         f"{pct(v['median_abs_rel_err'])}, worst {pct(v['max_abs_rel_err'])} "
                          f"over {v['rows']} rows, {'met' if v['meets_targets'] else 'not met'}" for k, v in fams.items())
              + "."]
     if summary["in_sample"]:
@@ -161,10 +196,16 @@ def summary_markdown(df: pd.DataFrame, summary: dict, header: list[str]) -> str:
                   "closer than the halves agree."]
     lines.append("")
     more = list(extras)
-    lines += ["| split family | what | rows | median abs err | worst | targets |"
-              + "".join(f" {n} median | {n} worst |" for n in more), "|---|---|---|---|---|---|" + "---|---|" * len(more)]
-    lines += [f"| {k} | {v['what']} | {v['rows']} | {pct(v['median_abs_rel_err'])} | {pct(v['max_abs_rel_err'])} | "
-              f"{'met' if v['meets_targets'] else 'not met'} |"
+
+    def in_se(v, what):
+        return (f"{v[f'median_abs_err_in_{what}']:.2f} / {v[f'max_abs_err_in_{what}']:.2f}"
+                if f"median_abs_err_in_{what}" in v else "-")
+    lines += ["| split family | what | prompts | rows | median abs err | worst | targets | median / worst abs err "
+              "in measured s.e. | in joint s.e. |" + "".join(f" {n} median | {n} worst |" for n in more),
+              "|---|---|---|---|---|---|---|---|---|" + "---|---|" * len(more)]
+    lines += [f"| {k} | {v['what']} | {v.get('prompts', '')} | {v['rows']} | {pct(v['median_abs_rel_err'])} | "
+              f"{pct(v['max_abs_rel_err'])} | {'met' if v['meets_targets'] else 'not met'} | {in_se(v, 'se')} | "
+              f"{in_se(v, 'joint_se')} |"
               + "".join(f" {pct(extras[n]['families'][k]['median_abs_rel_err'])} | "
                         f"{pct(extras[n]['families'][k]['max_abs_rel_err'])} |" for n in more) for k, v in fams.items()]
     lines += ["", "| split family x drafter x shape | rows | median abs err | worst |", "|---|---|---|---|"]
@@ -172,9 +213,9 @@ def summary_markdown(df: pd.DataFrame, summary: dict, header: list[str]) -> str:
               for k, v in summary["by_drafter_shape"].items()]
     lines.append("")
     worst = df[df["split"].isin(list(SPLITS))].assign(a=lambda d: d["rel_err"].abs()).nlargest(8, "a")
-    lines += ["Worst rows:", "", "| policy | workload | split | calibrated on | measured | predicted | error |"
-              + "".join(f" {n} | {n} error |" for n in more), "|---|---|---|---|---|---|---|" + "---|---|" * len(more)]
-    lines += [f"| {r['policy']} | {r['workload']} | {r['split']} | {r.get('calibrated_on', '')} | "
+    lines += ["Worst rows:", "", "| policy | workload | split | prompts | calibrated on | measured | predicted | error |"
+              + "".join(f" {n} | {n} error |" for n in more), "|---|---|---|---|---|---|---|---|" + "---|---|" * len(more)]
+    lines += [f"| {r['policy']} | {r['workload']} | {r['split']} | {r.get('prompts', '')} | {r.get('calibrated_on', '')} | "
               f"{r['measured_accepted']:.3f} | {r['predicted_accepted']:.3f} | {100 * r['rel_err']:+.2f}% |"
               + "".join(f" {r[n + '_predicted']:.3f} | {100 * r[n + '_rel_err']:+.2f}% |" for n in more)
               for _, r in worst.iterrows()]

@@ -25,6 +25,7 @@ import pandas as pd
 
 from simtree.errors import SimtreeError
 from simtree.fileio import read_json, write_text_atomic
+from simtree.planning.acceptance_oos import FAMILIES
 
 __all__ = ["START", "END", "PLAN_TOLERANCE", "MIN_POLICIES", "plan_points", "plan_gap", "plan_standing", "plan_gaps", "Folder", "FOLDERS", "headlines", "summary_table", "reports_index",
            "replace_block", "write_summary", "gdn_headline", "v4_headline", "profile_headline",
@@ -266,25 +267,20 @@ def plan_gaps(runs: pd.DataFrame) -> dict:
     return {(m, b): gap for m, b, _, _, gap in plan_standing(runs.to_dict("records"))}
 
 
-# the acceptance table's out-of-sample split families (simtree.planning.acceptance_oos.SPLITS), in
-# the words of the headline
-_ACCEPTANCE_SPLITS = (("policies", "sharegpt", "chat linear -> chat trees"),
-                      ("policies", "humaneval", "code linear -> code trees"),
-                      ("prompts", "sharegpt", "chat linear -> chat linear"),
-                      ("prompts", "humaneval", "code linear -> code linear"),
-                      ("workload", "humaneval", "chat linear -> code"))
-
-
 def acceptance_oos_line(acc: pd.DataFrame) -> str:
-    """acceptance_out_of_sample.csv in one clause: each out-of-sample split family's median and
-    worst |rel_err| (prompts no calibration read), none pooled with another."""
+    """acceptance_out_of_sample.csv in one clause: each out-of-sample family's
+    (:data:`simtree.planning.acceptance_oos.FAMILIES`) median and worst |rel_err| (prompts no
+    calibration read), none pooled with another, with whether its prompts are fresh or seen."""
     parts = []
-    for split, workload, words in _ACCEPTANCE_SPLITS:
-        err = acc.loc[(acc["split"] == split) & (acc["workload"] == workload), "rel_err"].abs()
+    for (split, workload), words in FAMILIES.items():
+        rows = acc[(acc["split"] == split) & (acc["workload"] == workload)]
+        err = rows["rel_err"].abs()
         if len(err):
-            parts.append(f"{words} median {_pct(err.median(), 1)}, worst {_pct(err.max(), 1)} ({len(err)} rows)")
+            seen = sorted(set(rows["prompts"].astype(str))) if "prompts" in rows else []
+            label = f" ({seen[0]} prompts)" if len(seen) == 1 else ""
+            parts.append(f"{words}{label} median {_pct(err.median(), 1)}, worst {_pct(err.max(), 1)} ({len(err)} rows)")
     return ("accepted tokens per round of a trained Qwen3.5-architecture target, its drafter calibrated on a "
-            "workload's linear runs and each run predicted from the drafter's confidences on its own fresh prompts: "
+            "workload's linear runs and each run predicted from the drafter's confidences on its own held-out prompts: "
             + "; ".join(parts))
 
 
