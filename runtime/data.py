@@ -54,10 +54,12 @@ def humaneval_problems() -> list[dict]:
 
 def prompts(workload: str, count: int, max_chars: int = PROMPT_CHARS) -> list[str]:
     """Held-out prompts: ShareGPT human turns (odd records) or HumanEval problems 132+
-    (the last ``max_chars`` characters, so the code prompt ends where a body starts)."""
+    (the last ``max_chars`` characters, so the code prompt ends where a body starts).  ShareGPT
+    reads the file's first 8 MB (572 prompts), 24 KiB a prompt past that: a longer list
+    extends a shorter one, never changes it."""
     if workload == "sharegpt":
         out = []
-        for conv in sharegpt_records(8 * count + 8)[1::2]:
+        for conv in sharegpt_records(8 * count + 8, max_bytes=max(8 << 20, count * (24 << 10)))[1::2]:
             human = next((c["value"] for c in conv if c.get("from") == "human" and c["value"].strip()), None)
             if human:
                 out.append(human.strip()[:max_chars])

@@ -202,22 +202,31 @@ def test_context_lookup_proposes_what_followed_the_latest_occurrence():
 
 
 def test_the_calibration_separates_candidates_the_context_proposes():
+    """Three lookup states, each its own curve: the lookup proposes this candidate, another of
+    the drafter's candidates (evidence against this one), or none of them.  Pooling the last two
+    mixed text whose share differs between where rounds begin and elsewhere (docs/acceptance.md,
+    section 5)."""
+    from simtree.acceptance.fit import LOOKUP_NONE, LOOKUP_OTHER, LOOKUP_THIS, lookup_states
+    assert lookup_states([0, 2, 4, 3], 0, 4).tolist() == [LOOKUP_THIS, LOOKUP_OTHER, LOOKUP_NONE, LOOKUP_OTHER]
+    assert lookup_states(np.array([[1], [4]]), np.arange(3), 4).tolist() == [
+        [LOOKUP_OTHER, LOOKUP_THIS, LOOKUP_OTHER], [LOOKUP_NONE] * 3]
     rng = np.random.default_rng(15)   # fixed: statistical tolerances, a failure reproduces
     q, rank = _text(rng, 16, 30, 0.5)
-    proposed = rng.random(q.shape[:3]) < 0.3                         # the lookup proposes the top-1 here
     u = rng.random(q.shape[:3])
-    rank = np.where(proposed & (u < 0.9), 0, np.where(proposed, np.maximum(rank, 1), rank))
+    proposed = np.where(u < 0.3, 0, np.where(u < 0.6, 1, K))       # the lookup's rank: top-1, rank 1, none
+    v = rng.random(q.shape[:3])
+    rank = np.where(proposed == 0, np.where(v < 0.9, 0, np.maximum(rank, 1)),
+                    np.where(proposed == 1, np.where(v < 0.6, 1, np.where(v < 0.65, 0, K)), rank))
     records = _linear_records(q, rank)
     with_match = []
     for rec in records:
         s, t = rec.seq, rec.context_len - 50
-        cm = np.where(proposed[s, t], 0, K)
-        with_match.append(type(rec)(**{**rec.__dict__, "context_match": cm}))
+        with_match.append(type(rec)(**{**rec.__dict__, "context_match": proposed[s, t]}))
     cal = fit_calibration(with_match)
-    assert cal.matched and cal.curves.shape[1] == 2
-    a_match = cal(np.ones(1, np.int64), np.array([[0.35, 0.1, 0.05, 0.0]]), np.array([[True, False, False, False]]))
-    a_plain = cal(np.ones(1, np.int64), np.array([[0.35, 0.1, 0.05, 0.0]]), np.array([[False] * 4]))
-    assert a_match[0, 0] > a_plain[0, 0] + 0.15
+    assert cal.matched and cal.curves.shape[1] == 3
+    row, one = np.array([[0.35, 0.1, 0.05, 0.0]]), np.ones(1, np.int64)
+    a_this, a_other, a_none = (cal(one, row, lookup_states(np.array([[m]]), np.arange(K), K))[0, 0] for m in (0, 1, K))
+    assert a_this > a_none + 0.15 and a_other < a_none - 0.1       # the drafter's 0.35 means three things
     assert not fit_calibration(with_match, context=False).matched
     with pytest.raises(SimtreeError, match="context_match"):
         transfer_model(cal, parse_drafts(_drafts(q[:2])))

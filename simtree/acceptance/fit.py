@@ -23,7 +23,8 @@ from simtree.acceptance.traces import TraceRecord, Trials, chain_trials, sequenc
 from simtree.errors import SimtreeError, check_whole
 
 __all__ = ["fit_confidence", "fit_positional", "fit_marginals", "fit_calibration", "has_topk", "CONFIDENCE_EDGES",
-           "isotonic_increasing", "ease_groups", "ChainCalibration"]
+           "isotonic_increasing", "ease_groups", "ChainCalibration", "lookup_states", "LOOKUP_NONE", "LOOKUP_THIS",
+           "LOOKUP_OTHER"]
 
 # Bins of the drafter's probability of a candidate (its confidence).  Narrow near 0, where
 # lower ranks live, and near 1, where the top-1 of easy tokens lives.
@@ -31,6 +32,8 @@ CONFIDENCE_EDGES = np.array([0.0, 0.01, 0.02, 0.05, 0.1, 0.15, 0.2, 0.3, 0.4, 0.
                              0.95, 1.0 + 1e-9])
 _RANK_GROUPS = 3            # ranks 0, 1 and 2+ get calibration curves and depth offsets of their own
 _CLIP = 1e-4                # calibrated probabilities stay in [_CLIP, 1 - _CLIP] (finite logits)
+# what the context lookup says of a candidate (:func:`lookup_states`)
+LOOKUP_NONE, LOOKUP_THIS, LOOKUP_OTHER = 0, 1, 2
 
 
 def has_topk(records: Sequence[TraceRecord]) -> bool:
@@ -50,6 +53,18 @@ def isotonic_increasing(y: np.ndarray, w: np.ndarray) -> np.ndarray:
             del vals[-1], wts[-1], sizes[-1]
             vals[-1], wts[-1], sizes[-1] = v, w2, size
     return np.repeat(vals, sizes)
+
+
+def lookup_states(match_rank, rank, width: int) -> np.ndarray:
+    """int64, the shape of ``match_rank`` and ``rank`` broadcast: what the context lookup says of
+    the drafter's rank-``rank`` candidate, given ``match_rank`` (the rank among the drafter's
+    ``width`` candidates of the lookup's token, ``width``: none of them; ``context_match``):
+    ``LOOKUP_THIS`` (it proposes this candidate), ``LOOKUP_OTHER`` (it proposes another of the
+    drafter's candidates: evidence against this one) or ``LOOKUP_NONE`` (no lookup token among
+    them).  The last two are distinct text: pooled, their mix differs between the positions where
+    rounds begin and the rest (docs/acceptance.md, section 5)."""
+    match_rank, rank = np.asarray(match_rank, np.int64), np.asarray(rank, np.int64)
+    return np.where(match_rank == rank, LOOKUP_THIS, np.where(match_rank < width, LOOKUP_OTHER, LOOKUP_NONE))
 
 
 def _bin(q: np.ndarray) -> np.ndarray:
@@ -81,16 +96,17 @@ def _offset(base_logit: np.ndarray, hits: float) -> float:
 class ChainCalibration:
     """a(d, r, q) = expit(logit f_g(bin(q)) + delta_g[d]) for rank group g = min(r, rank_groups - 1): the
     acceptance of a drafted candidate of draft probability q and rank r at depth d, given its
-    parent was accepted (:func:`fit_confidence`, step 3).  With ``match`` (bool per trial: a
-    lookup of the context proposes this candidate), a curve per group and match value:
-    f_{g,m}(q), the depth effects shared."""
+    parent was accepted (:func:`fit_confidence`, step 3).  With ``match`` (per trial, what a
+    lookup of the context says of the candidate: :func:`lookup_states`; a bool is read as
+    this candidate / none), a curve per group and lookup state: f_{g,m}(q), the depth effects
+    shared."""
 
     def __init__(self, trials: Trials, depth: int, prior_trials: float, match: np.ndarray | None = None,
                  rank_groups: int = _RANK_GROUPS):
         groups = np.minimum(trials.rank, rank_groups - 1)
         m = np.zeros(trials.size, np.int64) if match is None else np.asarray(match, np.int64)
         self.matched = match is not None
-        self.curves = np.zeros((rank_groups, 2 if self.matched else 1, CONFIDENCE_EDGES.size - 1))
+        self.curves = np.zeros((rank_groups, 3 if self.matched else 1, CONFIDENCE_EDGES.size - 1))
         self.offsets = np.zeros((rank_groups, depth))
         for g in range(rank_groups):
             sel = groups == g
@@ -108,7 +124,7 @@ class ChainCalibration:
 
     def __call__(self, depth: np.ndarray, q: np.ndarray, match: np.ndarray | None = None) -> np.ndarray:
         """[R, K] acceptance of rows ``q [R, K]`` at depths ``depth [R]`` (1-based); ``match``
-        [R, K] bool (a calibration with match curves needs it)."""
+        [R, K] lookup states (:func:`lookup_states`; a calibration with lookup curves needs it)."""
         if self.matched and match is None:
             raise SimtreeError("this calibration depends on the context lookup: the drafts carry no context_match")
         g = np.minimum(np.arange(q.shape[1]), self.curves.shape[0] - 1)
@@ -125,9 +141,9 @@ def fit_calibration(records: Iterable[TraceRecord], *, topk: int = DEFAULT_TOPK,
     drafter gave probability q, by depth and rank (a curve and depth effects per rank below
     ``rank_groups``, the rest pooled: by default (None) every rank of the call's ``topk`` its
     own, the ranks past it with the last - a tree's rank-2 node is taken more often than a
-    rank-5 one of the same probability); and by whether
-    a lookup of the context proposes it (``context_match``) when ``context`` (default: every
-    record carries it)."""
+    rank-5 one of the same probability); and by what a lookup of the context says of it
+    (``context_match``: this candidate, another of the drafter's, none; :func:`lookup_states`)
+    when ``context`` (default: every record carries it)."""
     records = [r for r in records if r.topk_tokens is not None and r.target_tokens is not None]
     if not records:
         raise SimtreeError("traces carry no drafter top-K with the target's tokens (version 2 linear runs): "
@@ -141,8 +157,8 @@ def fit_calibration(records: Iterable[TraceRecord], *, topk: int = DEFAULT_TOPK,
         raise SimtreeError("traces hold no drafted position under an accepted node: nothing to calibrate")
     match = None
     if context:
-        ranks = [records[i].context_match for i in range(len(records))]
-        match = np.array([ranks[i][d - 1] == r for i, d, r in zip(trials.round_id, trials.depth, trials.rank)])
+        match = lookup_states([records[i].context_match[d - 1] for i, d in zip(trials.round_id, trials.depth)],
+                              trials.rank, [records[i].topk_tokens.shape[1] for i in trials.round_id])
     groups = topk if rank_groups is None else check_whole(rank_groups, "rank_groups", 1)
     return ChainCalibration(trials, depth, prior_trials, match, groups)
 

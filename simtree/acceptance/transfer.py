@@ -51,7 +51,7 @@ from typing import Iterable
 
 import numpy as np
 
-from simtree.acceptance.fit import ChainCalibration, ease_groups
+from simtree.acceptance.fit import ChainCalibration, ease_groups, lookup_states
 from simtree.acceptance.mixture import DEFAULT_TOPK, AcceptanceModel
 from simtree.errors import SimtreeError, check_whole
 from simtree.fileio import read_jsonl
@@ -196,7 +196,7 @@ def _acceptance_rows(calibration: ChainCalibration, drafts: DrafterConfidences, 
         if drafts.context_match is None:
             raise SimtreeError(f"the calibration depends on the context lookup; the drafts of {drafts.workload} "
                                "carry no context_match")
-        match = (drafts.context_match[:, :, None] == np.arange(k)).reshape(n * p, k)
+        match = lookup_states(drafts.context_match[:, :, None], np.arange(k), drafts.probs.shape[2]).reshape(n * p, k)
     a = calibration(depth, q.reshape(n * p, k), match).reshape(n, p, k)
     return np.where(q > 0, a, 0.0), q      # a candidate the drafter never proposed is never accepted
 
