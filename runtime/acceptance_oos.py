@@ -13,7 +13,7 @@ on; no HumanEval problem is unseen, :func:`prompt_status`), split in two halves:
 1. the ``calibration`` half decoded with the linear policies (``LINEAR``): the only acceptance
    outcomes any prediction reads - the drafter's calibration on that workload
    (:func:`simtree.acceptance.fit.fit_calibration`: P(target takes a candidate | its draft
-   probability, depth, rank, and the context lookup's agreement:
+   probability, depth, rank, and what the context lookup proposes (:func:`simtree.acceptance.fit.lookup_states`):
    :func:`simtree.acceptance.transfer.uses_lookup`), what an engine's linear
    acceptance metrics give a user;
 2. the ``test`` half decoded with the linear policies and every tree policy (``TREES``: EAGLE

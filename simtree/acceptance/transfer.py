@@ -8,8 +8,9 @@ A fit on one workload's acceptance cannot know that another workload's text is e
 that repeats itself) or harder.  What an engine holds before it verifies can: the drafter's
 own probabilities, and whether its candidates continue an earlier stretch of the context
 (:func:`context_match`).  So the outcome-bearing part is the *calibration* - P(the target takes
-a candidate | its draft probability q, depth, rank, the lookup's agreement),
-:class:`~simtree.acceptance.fit.ChainCalibration`, fitted on linear traces of any workload -
+a candidate | its draft probability q, depth, rank, what the lookup proposes: this candidate,
+another of the drafter's, none), :class:`~simtree.acceptance.fit.ChainCalibration`, fitted on
+linear traces of any workload -
 and the workload's own part is the *distribution of those quantities*, measured on its prompts
 by a drafting pass that records what the drafter computed and nothing else.
 
