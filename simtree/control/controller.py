@@ -101,14 +101,10 @@ class Tier:
     def nodes_per_seq(self) -> float:
         return float(self.weights @ self.nodes)
 
-    def short_reply_penalty(self, rounds: int, power: float = 1.0) -> float:
-        """E[tokens of a round] * E[(rounds / tokens of ``rounds`` rounds) ** power] ** (1 / power)
-        (>= 1): how much slower per token a reply of ``rounds`` rounds runs than the mean says,
-        power 1 on average, power 2 in root mean square (its spread counted); 1 for ``rounds`` 0."""
-        return 1.0 if rounds <= 0 else float(self.short_reply_penalties(rounds, power)[rounds - 1])
-
     def short_reply_penalties(self, max_rounds: int, power: float = 1.0) -> np.ndarray:
-        """[max_rounds] :meth:`short_reply_penalty` of 1, 2, ... ``max_rounds`` rounds, in one pass."""
+        """[max_rounds] how much slower per token a reply of 1, 2, ... ``max_rounds`` rounds runs than
+        the mean says (>= 1; 1 for 0 rounds): E[tokens of a round] * E[(h / tokens of h rounds) ** power]
+        ** (1 / power) for h rounds, power 1 on average, power 2 in root mean square (its spread counted)."""
         pmf = self.weights @ np.diff(self.cdf, axis=1, prepend=0.0)   # accepted drafts per round
         tokens = np.concatenate([[0.0], pmf])                            # P(tokens = j), j >= 1
         mean = float(tokens @ np.arange(tokens.size))
@@ -222,7 +218,11 @@ class Controller:
     def objective(self, batch_size: int, context_len: float, rounds_done=None) -> np.ndarray:
         """[T] what ``choose`` ranks: the predicted rate the youngest live reply sees if it ends
         after ``tail_rounds`` more rounds (every sequence new when ``rounds_done`` is not given)."""
-        return self.predicted_tok_s(batch_size, context_len) / self.penalty(self.horizon_rounds(rounds_done))
+        return self._rate_and_objective(batch_size, context_len, rounds_done)[1]
+
+    def _rate_and_objective(self, batch_size: int, context_len: float, rounds_done) -> tuple[np.ndarray, np.ndarray]:
+        rate = self.predicted_tok_s(batch_size, context_len)
+        return rate, rate / self.penalty(self.horizon_rounds(rounds_done))
 
     def switch_threshold(self, frm: Tier, to: Tier, batch_size: int, rate_to: float) -> float:
         """The relative gain of ``to`` over ``frm`` a switch needs: ``margin``, plus
@@ -239,8 +239,7 @@ class Controller:
         """The tier the next step runs, for ``batch_size`` live sequences of ``context_lens``;
         ``rounds_done`` (optional): the rounds each live sequence has decoded so far."""
         ctx = np.asarray(context_lens, np.float64).reshape(-1)
-        rate = self.predicted_tok_s(batch_size, float(ctx.mean()) if ctx.size else 1.0)
-        score = rate / self.penalty(self.horizon_rounds(rounds_done))
+        rate, score = self._rate_and_objective(batch_size, float(ctx.mean()) if ctx.size else 1.0, rounds_done)
         best = self.tiers[int(np.argmax(score))]
         self.steps += 1
         if self.steps % self.min_dwell_steps == 0:   # one credit per min_dwell_steps steps, switch_burst held
