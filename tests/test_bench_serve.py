@@ -29,15 +29,19 @@ def test_bench_small(tmp_path):
     pytest.importorskip("sglang.srt.speculative.adaptive_spec_params")
     from simtree.serving.bench import COLUMNS, POLICIES, run_bench
     df = run_bench(tmp_path, models=[QWEN], loads=(0.4, 1.5), arrivals=("bursty",), num_requests=24,
-                   keep_configs=True, replicas=2)
+                   keep_configs=True, replicas=2, out_of_sample=(7,))
     assert list(df.columns) == COLUMNS and (tmp_path / "bench.png").stat().st_size > 0
+    oos = pd.read_csv(tmp_path / "bench_seed7.csv")   # another arrivals seed, served the same way
+    assert list(oos.columns) == COLUMNS and not np.allclose(oos.rate_req_s, df.rate_req_s)
     assert pd.read_csv(tmp_path / "bench.csv").shape == df.shape
     assert set(df.policy) == set(POLICIES) and len(df) == 2 * len(POLICIES)
     for _, g in df.groupby("load"):
         by = g.set_index("policy")
         assert by.loc["none", "tok_s"] < by.loc["best_static", "tok_s"]
-        ctl = by.loc["controller"]
-        assert ctl.switches <= ctl.steps // MIN_DWELL_STEPS
+        ctl = by.loc["controller"]   # the bound holds run by run, not only summed over the replicas
+        switches, steps = (np.array(str(ctl[c]).split(), int) for c in ("switches_runs", "steps_runs"))
+        assert switches.size == steps.size == 2 and switches.sum() == ctl.switches and steps.sum() == ctl.steps
+        assert np.all(switches <= steps // MIN_DWELL_STEPS)
         assert np.isfinite(by.loc["sglang_dspark", "tok_s"]) and by.loc["sglang_dspark", "tok_s"] > 0
         # every policy served under the same 2 acceptance seeds: tok/s is their mean
         runs = by.tok_s_runs.map(lambda x: np.array(str(x).split(), float))
@@ -56,8 +60,40 @@ def test_bench_small(tmp_path):
     text = (tmp_path / "README.md").read_text()
     assert f"switches <= steps // {MIN_DWELL_STEPS}" in text and "every controller run within it: yes" in text
     assert "Targets over 2 points" in text and "served under 2 acceptance seed(s)" in text and "of 4 runs" in text
+    assert "Out of sample, arrivals seed 7, acceptance seeds 7 .. 8" in text
     assert (df.tpot_p99_lo_ms <= df.tpot_p99_ms).all()
     assert (df.tpot_p99_ms <= df.tpot_p99_hi_ms).all()
+
+
+def test_switch_bound_is_checked_replica_by_replica():
+    """A run over its bound is caught even where the replicas' totals stay within it."""
+    from simtree.serving.bench_report import switch_bound_use
+    row = {"policy": "controller", "switches_runs": f"{3 * 16} 0", "steps_runs": f"{2 * 16 * 16} {16 * 16 * 16}"}
+    df = pd.DataFrame([row])
+    assert 3 * 16 <= (2 * 16 * 16 + 16 * 16 * 16) // MIN_DWELL_STEPS   # the sums are within the bound
+    within, used = switch_bound_use(df)
+    assert not within and used == pytest.approx(3 * 16 / (2 * 16 * 16 // MIN_DWELL_STEPS))
+    assert switch_bound_use(df.assign(switches_runs="32 0"))[0]
+
+
+def test_statics_cache_key_changes_with_what_changes_the_result():
+    from simtree.control.controller import tier_shape
+    from simtree.planning.modes import EagleParams, NoneParams
+    from simtree.acceptance.model import get_workload
+    from simtree.serving.bench import statics_key
+    acc = get_workload("sharegpt").acceptance
+    statics = [tier_shape(acc, NoneParams(), 0), tier_shape(acc, EagleParams(2, 2, 5), 1)]
+    m, trace = {"path": QWEN}, make_trace("poisson", 2.0, 10, seed=0)
+    key = statics_key(m, statics, trace, range(0, 2))
+    assert key == statics_key(m, statics, trace, range(0, 2))
+    assert key != statics_key(m, statics, trace, range(1, 3))                            # acceptance seeds
+    assert key != statics_key(m, statics, make_trace("poisson", 2.0, 10, seed=1), range(0, 2))   # trace
+    assert key != statics_key(m, statics[:1], trace, range(0, 2))                         # tiers
+    other = get_workload("gsm8k").acceptance
+    assert key != statics_key(m, [tier_shape(other, NoneParams(), 0), tier_shape(other, EagleParams(2, 2, 5), 1)],
+                              trace, range(0, 2))                                         # acceptance model
+    assert key != statics_key({"path": data_path("costs", "h200_deepseek-v4-flash_ep8.json")}, statics, trace,
+                              range(0, 2))                                                # cost bundle
 
 
 def test_tier_table_not_covering_batch_1_is_one_line_and_writes_nothing(tmp_path):

@@ -46,15 +46,19 @@ def test_short_reply_penalty_is_jensens_gap_checked_by_sampling(setup):
     rng = np.random.default_rng(1)
     for spec in (LinearParams(3), EagleParams(2, 2, 5)):
         t = tier_shape(acc, spec)
-        assert t.short_reply_penalty(0) == 1.0
+        mean, rms = t.short_reply_penalties(4), t.short_reply_penalties(4, power=2.0)
         pmf = t.weights @ np.diff(t.cdf, axis=1, prepend=0.0)
         tokens = 1 + rng.choice(pmf.size, size=(200_000, 4), p=pmf)   # 4 rounds' tokens
-        sampled = tokens.mean() * np.mean(4 / tokens.sum(1))
-        assert t.short_reply_penalty(4) == pytest.approx(sampled, rel=3e-3)
-        rms = tokens.mean() * np.sqrt(np.mean((4 / tokens.sum(1)) ** 2))   # the power-2 mean counts the spread
-        assert t.short_reply_penalty(4, power=2.0) == pytest.approx(rms, rel=3e-3)
-        assert t.short_reply_penalty(1, power=2.0) > t.short_reply_penalty(1) > 1.0
-        assert t.short_reply_penalty(1) > t.short_reply_penalty(4) > 1.0
+        for h in (1, 4):
+            sampled = tokens.mean() * np.mean(h / tokens[:, :h].sum(1))
+            assert mean[h - 1] == pytest.approx(sampled, rel=3e-3)
+            sampled = tokens.mean() * np.sqrt(np.mean((h / tokens[:, :h].sum(1)) ** 2))   # the spread counts
+            assert rms[h - 1] == pytest.approx(sampled, rel=3e-3)
+        assert rms[0] > mean[0] > mean[3] > 1.0
+        # tail_share: the mean over the worst share of outcomes (CVaR), ties at its edge split
+        cvar = t.short_reply_penalties(4, share=0.25)
+        x = np.sort(4 / tokens.sum(1))[::-1][:50_000]   # the worst quarter of 200,000 sampled replies
+        assert cvar[3] == pytest.approx(tokens.mean() * x.mean(), rel=5e-3) and cvar[3] > rms[3]
 
 
 def test_hysteresis_bounds_switches_under_oscillating_load(setup):
@@ -74,7 +78,7 @@ def test_switch_credit_lets_a_new_reply_be_protected_at_once_within_the_bound(se
     """One switch's credit per min_dwell_steps steps, at most switch_burst held: a load change
     is answered at the next step (and answered back), never more than the credit allows."""
     grid, _, acc = setup
-    ctl = Controller(grid, acc, min_dwell_steps=4, switch_burst=2)
+    ctl = Controller(grid, acc, min_dwell_steps=4, switch_burst=2, tail_reserve=0)
     ctx, old, new = [512.0] * 64, [300] * 64, [300] * 63 + [0]
     names = [ctl.choose(64, ctx, rounds_done=old).name for _ in range(8)]   # 2 credits earned, none spent
     assert set(names) == {"linear_d3"} and ctl.switches == 0
@@ -92,6 +96,21 @@ def test_switch_credit_lets_a_new_reply_be_protected_at_once_within_the_bound(se
     h = np.array([0] + history)
     for w in (1, 4, 10, 40):
         assert (h[w:] - h[:-w]).max() <= 2 + w // 4
+
+
+def test_a_credit_is_kept_for_a_new_reply(setup):
+    """tail_reserve 1: a switch back to the mean's tier waits while one credit is held; a switch
+    that protects a new reply takes it."""
+    grid, _, acc = setup
+    ctx, old, new = [512.0] * 64, [300] * 64, [300] * 63 + [0]
+    ctl = Controller(grid, acc, min_dwell_steps=4, switch_burst=2, tail_reserve=1)
+    assert {ctl.choose(64, ctx, rounds_done=old).name for _ in range(8)} == {"linear_d3"}   # 2 credits held
+    assert ctl.choose(64, ctx, rounds_done=new).name == "eagle_s2_k2_d4"   # step 9: the new reply's, 1 credit left
+    assert ctl.choose(64, ctx, rounds_done=old).name == "eagle_s2_k2_d4"   # step 10: the mean's switch waits
+    assert ctl.choose(64, ctx, rounds_done=old).name == "eagle_s2_k2_d4"   # step 11
+    assert ctl.choose(64, ctx, rounds_done=old).name == "linear_d3"        # step 12 earns a second credit
+    assert ctl.choose(64, ctx, rounds_done=new).name == "eagle_s2_k2_d4"   # the reserve protects the next reply
+    assert ctl.switches == 3 and ctl._credit == 0
 
 
 def test_the_youngest_live_reply_sets_how_tail_averse_a_step_is(setup):
@@ -119,8 +138,6 @@ def test_the_youngest_live_reply_sets_how_tail_averse_a_step_is(setup):
     assert np.all(np.diff(pen, axis=0) <= 1e-12) and np.all(pen >= 1.0 - 1e-12)
     assert np.allclose(ctl.penalty(PENALTY_ROUNDS + 1), ctl.penalty(PENALTY_ROUNDS), atol=2e-5)
     assert np.all(ctl.penalty(0) == 1.0)
-    t = ctl.tiers[2]
-    assert t.short_reply_penalties(5)[4] == pytest.approx(t.short_reply_penalty(5))
 
 
 def test_start_tier_is_the_priors_best_and_switches_need_gain_beyond_uncertainty_and_cost(setup):

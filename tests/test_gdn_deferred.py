@@ -100,7 +100,7 @@ def test_deferred_rounds_equal_the_sequential_reference(backend, switches, regis
     assert cache2.launch.get("transposed", 0) == switches.get("transposed", 0)
     assert cache2.launch.get("fold", 0) == (0 if backend == "torch" else 2 if registers else 1)
     assert rel_err(out2, ref_out(r2, t["S1"])) < 1e-4
-    assert rel_err(t["state"], t["S1"]) < 1e-5 and not t["pend"].any_on()
+    assert rel_err(t["state"], t["S1"]) < 1e-5 and not t["pend"].on.any()
     acc2 = torch.tensor([3, 0, 16])
     launched_defer_commit(t["state"], t["pend"], r2["k"], cache2, r2["parents"], r2["cu_nodes"], acc2,
                      backend=backend)
@@ -152,7 +152,7 @@ def test_fold_kernel_matches_its_reference():
     state = torch.randn(B, HV, K, V, generator=gen)
     want = gdn_fold_pending_ref(state, pend)
     launched_fold_pending(state, pend, backend="triton")
-    assert rel_err(state, want) < 1e-5 and not pend.any_on()
+    assert rel_err(state, want) < 1e-5 and not pend.on.any()
 
 
 def test_a_pending_path_of_another_shape_is_refused():
@@ -193,10 +193,10 @@ def test_every_walk_folds_on_the_gpu(walk):
     state = r1["state"].clone()
     _, cache = run(r1, state, pend)
     launched_defer_commit(state, pend, r1["k"], cache, r1["parents"], r1["cu_nodes"], acc)
-    assert pend.any_on()
+    assert pend.on.any()
     out2, cache2 = run(r2, state, pend)
     assert cache2.launch["fold"] in ((3,) if walk.get("cuda_walk") else (1, 2))
     truth = ref_commit(r1, trees, r1["state"], acc)
     today, _ = run(r2, truth.float(), None)
-    assert rel_err(state, truth) < 1e-2 and not pend.any_on()
+    assert rel_err(state, truth) < 1e-2 and not pend.on.any()
     assert rel_err(out2, today) < 2e-2

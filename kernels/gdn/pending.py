@@ -39,10 +39,6 @@ class GDNPendingPath:
         """P: the longest accepted path it holds; a longer one is committed at once instead."""
         return int(self.k.shape[1])
 
-    def any_on(self) -> bool:
-        """Whether some path waits to be folded (a host sync)."""
-        return bool(self.on.any())
-
     def clear(self, sequences: torch.Tensor | None = None) -> None:
         """Drop the waiting paths (of ``sequences``, bool [B], or all): a slot given to a new
         sequence must not fold its predecessor's path."""

@@ -25,7 +25,7 @@ from simtree.trees.tree import DraftTree
 
 __all__ = ["expected_accepted", "node_accept_probs_marginals", "node_accept_probs_positional",
            "expected_accepted_marginals", "expected_accepted_positional", "expected_accepted_ranked", "node_accept_probs_ranked",
-           "rank_tokens", "off_chain",
+           "rank_tokens", "off_chain", "below_off_chain",
            "sibling_rank", "sample_accepted_length", "accepted_length_pmf"]
 
 
@@ -135,6 +135,16 @@ def off_chain(parents, tokens) -> np.ndarray:
     return out
 
 
+def below_off_chain(parents, tokens) -> np.ndarray:
+    """bool [n]: nodes whose parent is :func:`off_chain` (the root never): under a chain drafter's
+    marginals (MTP) such a node was drafted after the chain's token, not its parent's, and is
+    never accepted."""
+    parents = np.asarray(parents)
+    out = np.zeros(parents.shape[0], bool)
+    out[1:] = off_chain(parents, tokens)[parents[1:]]
+    return out
+
+
 def node_accept_probs_ranked(tree: DraftTree, accept_table, chain_marginals: bool = False) -> np.ndarray:
     """float64 [n]: ``accept_table[depth-1, token]`` of a tree whose tokens are rank ids, 0
     beyond the table.  ``chain_marginals``: the tree was built from marginals a drafter read
@@ -148,7 +158,7 @@ def node_accept_probs_ranked(tree: DraftTree, accept_table, chain_marginals: boo
     p[ok] = table[d[ok], r[ok]]
     p[0] = 1.0
     if chain_marginals:
-        p[1:][off_chain(tree.parents, tree.tokens)[tree.parents[1:]]] = 0.0
+        p[below_off_chain(tree.parents, tree.tokens)] = 0.0
     return p
 
 

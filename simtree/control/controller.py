@@ -22,7 +22,9 @@ per token counts beside its mean; >= 1 by Jensen, the more so the likelier a rou
 nothing, falling as 1 / h), with ``h = tail_rounds`` (default 1) past the rounds the youngest live
 sequence has run (``rounds_done``; 0 when not given) beyond its first ``tail_hold`` (default 0;
 with it, a reply's first rounds are all ranked as its first: a setting that raised the serving
-benchmark's TPOT p99 on its own seeds and not on fresh ones, docs/controller.md).  While a new
+benchmark's TPOT p99 on its own seeds and not on fresh ones, docs/controller.md; ``tail_share`` > 0
+takes the mean over the reply's worst ``tail_share`` of outcomes (CVaR) instead of the power mean:
+tried and not adopted, docs/controller.md).  While a new
 reply is live, a tier that wins on the mean by drafting a chain whose rounds often accept
 nothing ranks below a tree that rarely does, so a short reply's time per token, the one a TPOT
 p99 is made of, stays low; once every live reply has run many rounds, one more round barely
@@ -35,7 +37,12 @@ Later it moves to the best tier only when it holds a switch's credit (one earned
 step and answered back) and the best's predicted gain clears ``margin`` (default 0) plus
 ``confidence_z`` standard errors of the gain as r is uncertain (tiers with equal expected drafts:
 none) plus the switch's cost (``switch_cost_us``, default 0: an engine that captured every tier's
-graph rebuilds nothing) spread over the ``min_dwell_steps`` steps a credit stands for.  Hence the
+graph rebuilds nothing) spread over the ``min_dwell_steps`` steps a credit stands for.  A switch
+that gains on the mean rate (back to the tier for old replies once the youngest has run a few
+rounds) is not urgent: it waits while only ``tail_reserve`` credits are held, so that under a
+stream of arrivals the credits are not spent going back and forth and a new reply's first rounds
+find one (a switch that protects a new reply takes any credit; default 0, none kept: tried and not
+adopted, docs/controller.md).  Hence the
 bound: switches <= steps // min_dwell_steps after any number of steps (the first choice is not a
 switch), and at most ``switch_burst + W // min_dwell_steps`` in any W consecutive steps.  Tiers are
 the fixed-shape policies an engine runs per step: plain decoding, chains (linear D) and EAGLE
@@ -56,7 +63,7 @@ from simtree.planning.modes import EagleParams, LinearParams, NoneParams, Policy
 from simtree.planning.simulate import static_round
 
 __all__ = ["Tier", "Controller", "DEFAULT_TIERS", "tier_shape", "MARGIN", "MIN_DWELL_STEPS", "SWITCH_BURST",
-           "TAIL_ROUNDS", "TAIL_POWER", "TAIL_HOLD", "SWITCH_COST_US", "CONFIDENCE_Z"]
+           "TAIL_ROUNDS", "TAIL_POWER", "TAIL_HOLD", "TAIL_SHARE", "TAIL_RESERVE", "SWITCH_COST_US", "CONFIDENCE_Z"]
 
 MARGIN = 0.0            # a relative gain every switch must clear besides its uncertainty and cost
 SWITCH_COST_US = 0.0    # what one switch costs the engine (tiers' graphs captured: nothing to rebuild)
@@ -69,6 +76,8 @@ PRIOR = 50.0            # predicted drafts' worth of belief in the acceptance mo
 TAIL_ROUNDS = 1         # rounds of the reply whose time per token ranks the tiers (1: each round's own)
 TAIL_HOLD = 0           # rounds a new reply is ranked for as on its first (tried at 2: docs/controller.md)
 TAIL_POWER = 2.0        # its time per token averaged in this power mean (1: the mean; 2: root mean square)
+TAIL_SHARE = 0.0        # > 0: averaged over the worst share of outcomes instead (CVaR; tried: docs/controller.md)
+TAIL_RESERVE = 0        # credits a switch gaining on the mean leaves for new replies (tried at 1: docs/controller.md)
 DEFAULT_TIERS: tuple[PolicySpec, ...] = (
     (NoneParams(),) + tuple(LinearParams(d) for d in range(2, 8))
     + tuple(EagleParams(s, k, d) for s, k, d in [(2, 2, 4), (2, 2, 5), (2, 2, 6), (2, 2, 7), (3, 2, 6), (3, 2, 8),
@@ -101,21 +110,24 @@ class Tier:
     def nodes_per_seq(self) -> float:
         return float(self.weights @ self.nodes)
 
-    def short_reply_penalty(self, rounds: int, power: float = 1.0) -> float:
-        """E[tokens of a round] * E[(rounds / tokens of ``rounds`` rounds) ** power] ** (1 / power)
-        (>= 1): how much slower per token a reply of ``rounds`` rounds runs than the mean says,
-        power 1 on average, power 2 in root mean square (its spread counted); 1 for ``rounds`` 0."""
-        return 1.0 if rounds <= 0 else float(self.short_reply_penalties(rounds, power)[rounds - 1])
-
-    def short_reply_penalties(self, max_rounds: int, power: float = 1.0) -> np.ndarray:
-        """[max_rounds] :meth:`short_reply_penalty` of 1, 2, ... ``max_rounds`` rounds, in one pass."""
+    def short_reply_penalties(self, max_rounds: int, power: float = 1.0, share: float = 0.0) -> np.ndarray:
+        """[max_rounds] how much slower per token a reply of 1, 2, ... ``max_rounds`` rounds runs than
+        the mean says (>= 1): E[tokens of a round] * M[h / tokens of h rounds] for h rounds, M the power
+        mean E[x ** power] ** (1 / power) (power 1 the average, 2 the root mean square: its spread
+        counted), or with ``share`` in (0, 1) the mean of x over the reply's worst ``share`` of outcomes
+        (the tail's conditional mean, CVaR)."""
         pmf = self.weights @ np.diff(self.cdf, axis=1, prepend=0.0)   # accepted drafts per round
         tokens = np.concatenate([[0.0], pmf])                            # P(tokens = j), j >= 1
         mean = float(tokens @ np.arange(tokens.size))
         total, out = np.array([1.0]), np.empty(max_rounds)
         for h in range(1, max_rounds + 1):
             total = np.convolve(total, tokens)
-            out[h - 1] = mean * (total[1:] @ (h / np.arange(1, total.size)) ** power) ** (1.0 / power)
+            x = h / np.arange(1, total.size)          # rounds a token: the fewest tokens are the worst outcomes
+            if share > 0:
+                taken = np.diff(np.minimum(np.cumsum(total[1:]), share), prepend=0.0)
+                out[h - 1] = mean * float(taken @ x) / share
+            else:
+                out[h - 1] = mean * (total[1:] @ x ** power) ** (1.0 / power)
         return out
 
     @property
@@ -158,6 +170,8 @@ class Controller:
     tail_rounds: int = TAIL_ROUNDS
     tail_power: float = TAIL_POWER
     tail_hold: int = TAIL_HOLD
+    tail_share: float = TAIL_SHARE
+    tail_reserve: int = TAIL_RESERVE
     switch_cost_us: float = SWITCH_COST_US
     confidence_z: float = CONFIDENCE_Z
     tiers: list[Tier] = field(init=False)
@@ -176,16 +190,18 @@ class Controller:
         check_int(self.switch_burst, "switch_burst", 1)
         check_int(self.tail_rounds, "tail_rounds", 0)
         check_int(self.tail_hold, "tail_hold", 0)
+        check_int(self.tail_reserve, "tail_reserve", 0)
         if not (0 <= self.margin < 1 and self.memory >= 1 and self.prior > 0 and self.switch_cost_us >= 0
-                and self.confidence_z >= 0 and self.tail_power >= 1):
+                and self.confidence_z >= 0 and self.tail_power >= 1 and 0 <= self.tail_share < 1):
             raise SimtreeError(f"margin {self.margin} must be in [0, 1), memory {self.memory} >= 1, prior "
                                f"{self.prior} > 0, switch_cost_us {self.switch_cost_us} and confidence_z "
-                               f"{self.confidence_z} >= 0, tail_power {self.tail_power} >= 1")
+                               f"{self.confidence_z} >= 0, tail_power {self.tail_power} >= 1, tail_share "
+                               f"{self.tail_share} in [0, 1)")
         self.tiers = [tier_shape(self.acceptance, s, i) for i, s in enumerate(self.specs)]
         self._nodes = np.array([t.nodes_per_seq for t in self.tiers])
         self._accepted = np.array([t.expected_accepted for t in self.tiers])
         self._accepted_var = np.array([t.accepted_var for t in self.tiers])
-        self._penalties = np.stack([t.short_reply_penalties(PENALTY_ROUNDS, self.tail_power)
+        self._penalties = np.stack([t.short_reply_penalties(PENALTY_ROUNDS, self.tail_power, self.tail_share)
                                     for t in self.tiers])   # [T, H]
         self._plain = np.array([t.spec.mode == "none" for t in self.tiers])
         self._lags = bool(self._plain.any() and not self._plain.all())   # plain and drafted tiers: the drafter lags
@@ -198,7 +214,8 @@ class Controller:
             return np.ones(len(self.tiers))
         if rounds <= PENALTY_ROUNDS:
             return self._penalties[:, rounds - 1]
-        return 1.0 + (self._penalties[:, -1] - 1.0) * PENALTY_ROUNDS / rounds
+        decay = 0.5 if self.tail_share > 0 else 1.0   # a tail mean's excess falls as 1 / sqrt(rounds)
+        return 1.0 + (self._penalties[:, -1] - 1.0) * (PENALTY_ROUNDS / rounds) ** decay
 
     def predicted_tok_s(self, batch_size: int, context_len: float) -> np.ndarray:
         """[T] predicted batch tokens per second of every tier at this batch and mean context."""
@@ -222,7 +239,11 @@ class Controller:
     def objective(self, batch_size: int, context_len: float, rounds_done=None) -> np.ndarray:
         """[T] what ``choose`` ranks: the predicted rate the youngest live reply sees if it ends
         after ``tail_rounds`` more rounds (every sequence new when ``rounds_done`` is not given)."""
-        return self.predicted_tok_s(batch_size, context_len) / self.penalty(self.horizon_rounds(rounds_done))
+        return self._rate_and_objective(batch_size, context_len, rounds_done)[1]
+
+    def _rate_and_objective(self, batch_size: int, context_len: float, rounds_done) -> tuple[np.ndarray, np.ndarray]:
+        rate = self.predicted_tok_s(batch_size, context_len)
+        return rate, rate / self.penalty(self.horizon_rounds(rounds_done))
 
     def switch_threshold(self, frm: Tier, to: Tier, batch_size: int, rate_to: float) -> float:
         """The relative gain of ``to`` over ``frm`` a switch needs: ``margin``, plus
@@ -239,8 +260,7 @@ class Controller:
         """The tier the next step runs, for ``batch_size`` live sequences of ``context_lens``;
         ``rounds_done`` (optional): the rounds each live sequence has decoded so far."""
         ctx = np.asarray(context_lens, np.float64).reshape(-1)
-        rate = self.predicted_tok_s(batch_size, float(ctx.mean()) if ctx.size else 1.0)
-        score = rate / self.penalty(self.horizon_rounds(rounds_done))
+        rate, score = self._rate_and_objective(batch_size, float(ctx.mean()) if ctx.size else 1.0, rounds_done)
         best = self.tiers[int(np.argmax(score))]
         self.steps += 1
         if self.steps % self.min_dwell_steps == 0:   # one credit per min_dwell_steps steps, switch_burst held
@@ -249,8 +269,11 @@ class Controller:
             self.current = best
         elif best is not self.current and self._credit > 0:
             cur = self.current
-            if score[best.index] > (1.0 + self.switch_threshold(cur, best, batch_size, rate[best.index])) \
-                    * score[cur.index]:
+            # a switch that gains on the mean rate (the tail's tier left for the mean's) is not urgent:
+            # it waits while only ``tail_reserve`` credits are held, kept for a new reply's first rounds
+            mean_gain = rate[best.index] > rate[cur.index]
+            if (self._credit > self.tail_reserve or not mean_gain) and score[best.index] > \
+                    (1.0 + self.switch_threshold(cur, best, batch_size, rate[best.index])) * score[cur.index]:
                 self.current = best
                 self._credit -= 1
                 self.switches += 1

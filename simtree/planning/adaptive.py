@@ -26,7 +26,7 @@ import weakref
 import numpy as np
 
 from simtree.acceptance.mixture import AcceptanceModel
-from simtree.acceptance.phi import off_chain
+from simtree.acceptance.phi import below_off_chain
 from simtree.planning.allocation import (RunningPrice, allocate_round, batch_allocation, priced_allocation,
                                          ratio_allocation)
 from simtree.planning.modes import BatchAllocParams, CostAwareParams
@@ -50,7 +50,7 @@ def scored_phi(order: BestFirstOrder, table: np.ndarray, chain_marginals: bool =
     p[d > 0] = 0.0
     p[inside] = table[np.minimum(d[inside] - 1, P - 1), r[inside]]
     if chain_marginals:
-        p[1:][off_chain(order.parents, r)[order.parents[1:]]] = 0.0
+        p[below_off_chain(order.parents, r)] = 0.0
     reach = p.copy()
     for i in range(1, order.num_nodes):   # best-first pops a parent before its children
         reach[i] *= reach[order.parents[i]]

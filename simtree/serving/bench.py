@@ -12,16 +12,19 @@ request rate that saturates plain decoding at the largest batch.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
+import pickle
 import tempfile
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
 from simtree.acceptance.model import get_workload
-from simtree.control.controller import DEFAULT_TIERS, MIN_DWELL_STEPS, SWITCH_BURST, Controller, tier_shape
+from simtree.control.controller import DEFAULT_TIERS, Controller, tier_shape
 from simtree.costs.model import load_costs
 from simtree.deploy.shipped import shipped_cost_paths
 from simtree.engines.export import (NEAR_BEST, TierRow, adaptive_config, parse_vllm_tiers, sps_additive_table,
@@ -29,13 +32,16 @@ from simtree.engines.export import (NEAR_BEST, TierRow, adaptive_config, parse_v
 from simtree.errors import SimtreeError, check_int
 from simtree.fileio import read_json, write_atomic, write_text_atomic
 from simtree.serving.costgrid import CostGrid
+from simtree.serving.bench_report import plot as _plot
+from simtree.serving.bench_report import readme as _readme
 from simtree.serving.live_report import existing_section
 from simtree.serving.policies import (ControllerDriver, DSparkDriver, FixedDriver, SGLangAdaptiveDriver,
                                       ThresholdDriver)
 from simtree.serving.sim import MAX_BATCH, serve_replicas
-from simtree.serving.traces import ARRIVALS, LENGTHS_SOURCE, make_trace
+from simtree.serving.traces import ARRIVALS, LENGTHS_SOURCE, make_trace, sharegpt_lengths
 
-__all__ = ["POLICIES", "LOADS", "COLUMNS", "run_bench", "BUCKETS", "default_models", "REPLICAS"]
+__all__ = ["POLICIES", "LOADS", "COLUMNS", "run_bench", "serve_points", "statics_key", "BUCKETS", "default_models",
+           "REPLICAS"]
 
 POLICIES = ("none", "best_static", "threshold", "sglang_adaptive", "sglang_adaptive_simtree", "sglang_dspark",
             "controller")
@@ -43,7 +49,7 @@ LOADS = (0.1, 0.4, 0.8, 1.5)
 BUCKETS = ((1, 1), (2, 2), (3, 4), (5, 8), (9, 16), (17, 32), (33, 64))
 COLUMNS = ["model", "load", "policy", "tok_s", "tpot_p50_ms", "tpot_p99_ms", "switches_per_min", "arrivals",
            "rate_req_s", "detail", "switches", "steps", "mean_batch", "tpot_p99_lo_ms", "tpot_p99_hi_ms",
-           "replicas", "tok_s_runs", "catch_ups", "catch_up_s"]
+           "replicas", "tok_s_runs", "catch_ups", "catch_up_s", "switches_runs", "steps_runs"]
 SGLANG_LAUNCH_STEPS = 3
 REPLICAS = 4   # acceptance seeds every policy serves each trace under (the same seeds for all)
 
@@ -88,7 +94,7 @@ def _sglang():
     return AdaptiveSpeculativeParams, DSparkScheduleConfig, compute_verify_token_budget, load_sps_table_from_path
 
 
-def _model_setup(path: Path, out: Path, workload: str, sg) -> dict:
+def _model_setup(path: Path, out: Path, workload: str, sg=None) -> dict:
     costs = load_costs(path)
     grid = CostGrid(costs)
     acc = get_workload(workload).acceptance
@@ -105,12 +111,14 @@ def _model_setup(path: Path, out: Path, workload: str, sg) -> dict:
     write_text_atomic(cfg_dir / "vllm_tiers.json", json.dumps(vllm_per_batch_size(rows), indent=1))
     # plain decoding's capacity: a plain engine (no drafter to catch up)
     none_rate = MAX_BATCH / float(grid.verify.predict(1.0, ctx, MAX_BATCH)) * 1e6
-    return {"model": model, "grid": grid, "acc": acc, "rows": rows, "tiers": tiers, "adaptive": str(adaptive_path),
-            "sps": sg[3](str(sps_path)), "gamma": gamma, "none_rate": none_rate}
+    return {"model": model, "path": path, "grid": grid, "acc": acc, "rows": rows, "tiers": tiers,
+            "adaptive": str(adaptive_path), "sps": None if sg is None else sg[3](str(sps_path)), "gamma": gamma,
+            "none_rate": none_rate}
 
 
 def _drivers(m: dict, sg) -> dict:
-    params, sched_cfg, budget_fn = sg[0], sg[1], sg[2]
+    """Driver factories of the policies besides the fixed tiers (SGLang's only with ``sg``)."""
+    params, sched_cfg, budget_fn = sg[:3] if sg is not None else (None, None, None)
     grid, acc = m["grid"], m["acc"]
     return {"threshold": lambda: ThresholdDriver(grid, acc, m["tiers"]),
             "sglang_adaptive": lambda: SGLangAdaptiveDriver(grid, acc, params(SGLANG_LAUNCH_STEPS, None)),
@@ -122,26 +130,46 @@ def _drivers(m: dict, sg) -> dict:
 
 def run_bench(out: str | Path, *, models=None, loads=LOADS, arrivals=ARRIVALS, num_requests: int = 300,
               workload: str = "sharegpt", seed: int = 0, progress=None, keep_configs: bool = False,
-              command: str = "", threshold_tiers: str | Path | None = None, replicas: int = REPLICAS) -> pd.DataFrame:
+              command: str = "", threshold_tiers: str | Path | None = None, replicas: int = REPLICAS,
+              out_of_sample=()) -> pd.DataFrame:
     """Every policy on every (model, arrivals, load); writes ``out/bench.csv``, ``bench.png`` and
     ``README.md`` (the command, the setup, the controller against the rest), and with
     ``keep_configs`` the SGLang / vLLM files the engines' policies ran on (``out/configs``).
     ``threshold_tiers``: a vLLM ``speculative_config`` JSON (or its
     ``num_speculative_tokens_per_batch_size`` object) for the threshold policy instead of simtree's.
     Every trace (arrivals from ``seed``) is served under acceptance seeds ``seed .. seed + replicas - 1``,
-    the same for every policy (:func:`simtree.serving.sim.serve_replicas`)."""
+    the same for every policy (:func:`simtree.serving.sim.serve_replicas`).  ``out_of_sample``: more
+    arrivals seeds served the same way (the controller's settings were not chosen on them), each
+    into ``out/bench_seed{S}.csv``, their target counts in the README beside the in-sample ones."""
     check_int(replicas, "replicas", 1)
     tiers = None if threshold_tiers is None else read_vllm_tiers(threshold_tiers)
-    sg = _sglang()
+    _sglang()
     out = Path(out)
-    with tempfile.TemporaryDirectory(prefix="simtree-bench-") as scratch:
-        df = _run(out, Path(scratch) if not keep_configs else out, models, loads, arrivals, num_requests,
-                  workload, seed, progress, sg, tiers, replicas)
-    write_atomic(out / "bench.csv", lambda tmp: df.to_csv(tmp, index=False, float_format="%.6g"))
+    seeds = [int(seed), *(int(s) for s in out_of_sample)]
+    if len(set(seeds)) != len(seeds):
+        raise SimtreeError(f"out-of-sample seeds {list(out_of_sample)} must differ from each other and from --seed {seed}")
+    args = [(models, loads, arrivals, num_requests, workload, s, replicas) for s in seeds]
+    kw = dict(threshold_tiers=tiers)
+    frames = {seed: serve_points(*args[0], cfg_root=out if keep_configs else None, progress=progress, **kw)} \
+        if len(seeds) == 1 else {}
+    if not frames:   # the seeds side by side, one process each (the configs kept are the in-sample seed's)
+        with ProcessPoolExecutor(max_workers=len(seeds)) as pool:
+            futures = {s: pool.submit(serve_points, *a, cfg_root=out if keep_configs and s == seed else None, **kw)
+                       for s, a in zip(seeds, args)}
+            for s, fut in futures.items():
+                frames[s] = fut.result()
+                if progress:
+                    progress(f"seed {s} served")
+    for s in seeds:
+        name = "bench.csv" if s == seed else f"bench_seed{s}.csv"
+        write_atomic(out / name, lambda tmp, s=s: frames[s].to_csv(tmp, index=False, float_format="%.6g"))
+    df = frames[seed]
+    LENGTHS_SOURCE["source"] = sharegpt_lengths(1, np.random.default_rng(seed))[2]   # as the worker processes read
     _plot(df, out / "bench.png")
     live = existing_section(out / "README.md")   # the live run's section (simtree.serving.live_report) stays
+    oos = {s: frames[s] for s in seeds[1:]}
     write_text_atomic(out / "README.md", _readme(df, command or f"simtree bench-serve --out {out}", num_requests,
-                                                 workload, replicas) + ("\n" + live if live else ""))
+                                                 workload, replicas, oos) + ("\n" + live if live else ""))
     return df
 
 
@@ -153,28 +181,45 @@ def read_vllm_tiers(path: str | Path) -> list[tuple[int, int, int]]:
     return parse_vllm_tiers(data, str(path))
 
 
-def _run(out, cfg_root, models, loads, arrivals, num_requests, workload, seed, progress, sg,
-         tiers=None, replicas: int = 1) -> pd.DataFrame:
-    paths = [Path(p) for p in (models or default_models())]
+def serve_points(models=None, loads=LOADS, arrivals=ARRIVALS, num_requests: int = 300, workload: str = "sharegpt",
+                 seed: int = 0, replicas: int = REPLICAS, *, policies=POLICIES, extra=None, cfg_root=None,
+                 threshold_tiers=None, statics_cache=None, progress=None) -> pd.DataFrame:
+    """The benchmark's rows (``COLUMNS``) of ``policies`` at every (model, arrivals, load) point, and
+    of every ``extra`` policy: ``{name: make(m)}`` where ``make`` takes the model's setup (``grid``,
+    ``acc``, ...) and returns a driver factory.  ``statics_cache``: a folder where the fixed tiers'
+    results are kept, keyed on everything they depend on (:func:`statics_key`).  The SGLang / vLLM
+    files the engines' policies run on go under ``cfg_root`` (a scratch folder when not given)."""
+    with tempfile.TemporaryDirectory(prefix="simtree-bench-") as scratch:
+        return _serve_points(models, loads, arrivals, num_requests, workload, seed, replicas, tuple(policies),
+                             dict(extra or {}), Path(cfg_root or scratch), threshold_tiers, statics_cache, progress)
+
+
+def _serve_points(models, loads, arrivals, num_requests, workload, seed, replicas, policies, extra, cfg_root,
+                  threshold_tiers, statics_cache, progress) -> pd.DataFrame:
+    check_int(replicas, "replicas", 1)
+    engines = [p for p in policies if p not in ("none", "best_static")]
+    sg = _sglang() if any(p.startswith("sglang") for p in engines) else None
     rows = []
-    for path in paths:
+    for path in [Path(p) for p in (models or default_models())]:
         m = _model_setup(path, cfg_root, workload, sg)
-        if tiers is not None:
-            m["tiers"] = tiers
+        if threshold_tiers is not None:
+            m["tiers"] = threshold_tiers
         statics = [tier_shape(m["acc"], s, i) for i, s in enumerate(DEFAULT_TIERS)]
+        drivers = _drivers(m, sg)
         for kind in arrivals:
             for load in loads:
                 base = make_trace(kind, 1.0, num_requests, seed)
                 rate = load * m["none_rate"] / float(base.output_len.mean())
                 trace = make_trace(kind, rate, num_requests, seed)
                 w, seeds = m["acc"].weights, range(seed, seed + replicas)
-                res = {t.name: serve_replicas(trace, lambda t=t: FixedDriver(m["grid"], t), w, seeds)
-                       for t in statics}
+                res = _serve_statics(m, statics, trace, seeds, statics_cache)
                 best = max(res, key=lambda k: res[k].tok_s)   # the fastest fixed tier over the replicas
                 results = {"none": (res["none"], "none"), "best_static": (res[best], best)}
-                for name, make in _drivers(m, sg).items():
-                    results[name] = (serve_replicas(trace, make, w, seeds), "")
-                for policy in POLICIES:
+                for name in engines:
+                    results[name] = (serve_replicas(trace, drivers[name], w, seeds), "")
+                for name, make in extra.items():
+                    results[name] = (serve_replicas(trace, make(m), w, seeds), "")
+                for policy in (*policies, *extra):
                     r, detail = results[policy]
                     rows.append({"model": m["model"], "load": f"{load:g}x", "policy": policy, "tok_s": r.tok_s,
                                  "tpot_p50_ms": r.tpot_p50_ms, "tpot_p99_ms": r.tpot_p99_ms,
@@ -182,109 +227,48 @@ def _run(out, cfg_root, models, loads, arrivals, num_requests, workload, seed, p
                                  "arrivals": kind, "rate_req_s": rate, "detail": detail, "switches": r.switches,
                                  "steps": r.steps, "mean_batch": r.mean_batch,
                                  "tpot_p99_lo_ms": r.tpot_p99_band_ms[0], "tpot_p99_hi_ms": r.tpot_p99_band_ms[1],
-                                 "replicas": replicas, "tok_s_runs": " ".join(f"{x:.6g}" for x in r.tok_s_runs),
-                                 "catch_ups": r.catch_ups, "catch_up_s": r.catch_up_s})
+                                 "replicas": replicas, "tok_s_runs": _runs(r.tok_s_runs),
+                                 "catch_ups": r.catch_ups, "catch_up_s": r.catch_up_s,
+                                 "switches_runs": _runs(r.switches_runs), "steps_runs": _runs(r.steps_runs)})
                 if progress:
                     progress(f"{m['model']} {kind} {load:g}x")
     return pd.DataFrame(rows, columns=COLUMNS)
 
 
-def _readme(df: pd.DataFrame, command: str, num_requests: int, workload: str, replicas: int = 1) -> str:
-    ctl = df[df.policy == "controller"]
-    bound = (ctl.steps // MIN_DWELL_STEPS).clip(lower=1)
-    within = "yes" if bool((ctl.switches <= ctl.steps // MIN_DWELL_STEPS).all()) else "NO"
-    used = float((ctl.switches / bound).max())
-    lines = ["# Serving benchmark (simulated on the shipped H200 costs)", "",
-             f"Regenerate: `{command}` (written by that command; docs/controller.md describes the model). In sample: "
-             "the controller's settings (switch credits, margin, tail ranking and hold) were chosen on these "
-             "traces and acceptance seeds; a new `--seed` tests them on others (docs/controller.md reports one).", "",
-             f"{num_requests} requests per trace, ShareGPT lengths ({LENGTHS_SOURCE['source']}), acceptance: "
-             f"{workload}; up to {MAX_BATCH} live sequences; loads are multiples of the request rate that "
-             "saturates plain decoding at batch 64. `bench.csv` has one row per (model, arrivals, load, policy); "
-             "`detail` names the best static tier; `sglang_dspark` sets a verify budget every step by design, "
-             f"so its switches are not counted. Every trace is served under {replicas} acceptance seed(s), the same "
-             "for every policy (common random numbers: a request's n-th round draws the same numbers under every "
-             "policy): `tok_s` is the replicas' mean (each in `tok_s_runs`), `best_static` is the fixed tier "
-             "fastest on that mean, the TPOT percentiles pool the replicas' requests, so a p99 over "
-             f"{replicas * num_requests} requests is set by its {max(1, -(-replicas * num_requests // 100))} "
-             "slowest. A policy that runs plain and drafted steps (threshold, SGLang's adaptive steps, the "
-             "controller) pays the drafter's catch-up in the drafted step after plain ones (`catch_ups`, "
-             "`catch_up_s`; docs/controller.md).", "",
-             f"Controller switch bound: one switch's credit per {MIN_DWELL_STEPS} steps, at most {SWITCH_BURST} "
-             f"held (switches <= steps // {MIN_DWELL_STEPS} after any step; at most {SWITCH_BURST} + W // "
-             f"{MIN_DWELL_STEPS} in any W steps); every controller run within it: {within}; the most of its bound "
-             "a run used: "
-             f"{used:.0%}; {ctl.switches_per_min.max():.1f} switches/min at most.", "",
-             *target_lines(df), "",
-             "The controller against the best other policy at each point (TPOT p99 of best_static with its 95% "
-             "bootstrap band over requests):", ""]
-    lines += [f"- {line}" for line in summary_lines(df)]
-    return "\n".join(lines) + "\n"
+def _runs(values) -> str:
+    return " ".join(f"{x:.6g}" for x in values)
 
 
-def _points(df: pd.DataFrame):
-    for (model, kind, load), h in df.groupby(["model", "arrivals", "load"], sort=False):
-        by = h.set_index("policy")
-        others = by.drop(index="controller")
-        yield model, kind, load, by.loc["controller"], others.loc[others.tok_s.idxmax()], by.loc["best_static"]
+def statics_key(m: dict, statics, trace, seeds) -> str:
+    """A digest of everything the fixed tiers' results at one point depend on: the cost bundle's
+    file, every tier's numbers under the acceptance model (its shape, verified nodes and accepted
+    drafts' distribution per level, the levels' weights), the trace, the acceptance seeds, the
+    batch limit and the simulator's own code (:mod:`simtree.serving.sim`, ``policies``, ``costgrid``,
+    ``traces``, :mod:`simtree.control.catchup`)."""
+    from simtree.control import catchup
+    from simtree.serving import costgrid, policies, sim, traces
+    h = hashlib.sha256()
+    h.update(Path(m["path"]).read_bytes())
+    for t in statics:
+        h.update(t.name.encode())
+        for a in (t.nodes, t.accepted, t.cdf, t.weights):
+            h.update(np.ascontiguousarray(a, np.float64).tobytes())
+    for a in (trace.arrival_s, trace.prompt_len, trace.output_len):
+        h.update(np.ascontiguousarray(a).tobytes())
+    h.update(repr((list(seeds), MAX_BATCH)).encode())
+    for mod in (sim, policies, costgrid, traces, catchup):
+        h.update(Path(mod.__file__).read_bytes())
+    return h.hexdigest()
 
 
-def target_lines(df: pd.DataFrame) -> list[str]:
-    """The issue's targets, counted over the points: throughput >= every other policy; TPOT p99
-    <= the best static's (a miss inside the best static's bootstrap band named as such)."""
-    pts = list(_points(df))
-    tok_miss = [f"{m} {k} {ld} ({c.tok_s / o.tok_s - 1:+.3%} vs {o.name})" for m, k, ld, c, o, _ in pts
-                if c.tok_s < o.tok_s]
-    wins = [_replica_wins(c, o) for *_, c, o, _ in pts]
-    p99_miss = [(m, k, ld, c, b) for m, k, ld, c, _, b in pts if c.tpot_p99_ms > b.tpot_p99_ms]
-    inside = sum(c.tpot_p99_ms <= b.tpot_p99_hi_ms for *_, c, b in p99_miss)
-    hair = sum(c.tpot_p99_ms <= 1.001 * b.tpot_p99_ms for *_, c, b in p99_miss)
-    return [f"Targets over {len(pts)} points: controller throughput >= every other policy at "
-            f"{len(pts) - len(tok_miss)}" + (f" (short: {'; '.join(tok_miss)})" if tok_miss else "") +
-            f"; TPOT p99 <= best_static's at {len(pts) - len(p99_miss)}" +
-            (f" (above at {len(p99_miss)}, by at most "
-             f"{max(c.tpot_p99_ms / b.tpot_p99_ms - 1 for *_, c, b in p99_miss):.1%}; {hair} of them by under 0.1%; "
-             f"{inside} inside best_static's own 95% bootstrap band)" if p99_miss else "") + ". Replica by replica (the same "
-            f"seeds), the controller's tok/s >= the best other policy's in {sum(w for w, _ in wins)} of "
-            f"{sum(n for _, n in wins)} runs."]
-
-
-def _replica_wins(c, o) -> tuple[int, int]:
-    """(replicas where the controller's tok/s >= ``o``'s on the same seed, replicas)."""
-    cr, orr = (np.array(str(x.tok_s_runs).split(), float) for x in (c, o))
-    return int((cr >= orr).sum()), int(cr.size)
-
-
-def summary_lines(df: pd.DataFrame) -> list[str]:
-    """Per model and arrivals: the controller against the best other policy at each load."""
-    return [f"{model} {kind} {load}: controller {c.tok_s:.0f} tok/s vs best other {o.name} {o.tok_s:.0f} "
-            f"({c.tok_s / o.tok_s - 1:+.3%}; >= in {'/'.join(map(str, _replica_wins(c, o)))} replicas); "
-            f"TPOT p99 {c.tpot_p99_ms:.2f} ms vs best_static {b.tpot_p99_ms:.2f} "
-            f"[{b.tpot_p99_lo_ms:.2f}, {b.tpot_p99_hi_ms:.2f}] ({c.tpot_p99_ms / b.tpot_p99_ms - 1:+.1%}); p50 "
-            f"{c.tpot_p50_ms:.2f} vs {b.tpot_p50_ms:.2f}; {c.switches_per_min:.1f} switches/min"
-            for model, kind, load, c, o, b in _points(df)]
-
-
-def _plot(df: pd.DataFrame, path: Path) -> None:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    groups = list(df.groupby(["model", "arrivals"], sort=False))
-    fig, axes = plt.subplots(2, len(groups), figsize=(4.2 * len(groups), 7), squeeze=False)
-    for col, ((model, kind), g) in enumerate(groups):
-        loads = list(dict.fromkeys(g["load"]))
-        none = g[g.policy == "none"].set_index("load").loc[loads, "tok_s"].to_numpy()
-        for policy in POLICIES:
-            h = g[g.policy == policy].set_index("load").loc[loads]
-            style = dict(lw=2.5, color="k") if policy == "controller" else dict(lw=1, marker="o", ms=3)
-            axes[0, col].plot(loads, h["tok_s"].to_numpy() / none, label=policy, **style)
-            axes[1, col].plot(loads, h["tpot_p99_ms"], label=policy, **style)
-        axes[0, col].set_title(f"{model}, {kind}", fontsize=9)
-        axes[0, col].set_ylabel("tok/s over plain decoding's")
-        axes[1, col].set_ylabel("TPOT p99 (ms)")
-        axes[1, col].set_xlabel("load (x plain decoding's capacity at batch 64)")
-    axes[0, 0].legend(fontsize=7)
-    fig.tight_layout()
-    write_atomic(path, lambda tmp: fig.savefig(tmp, format="png", dpi=90))
-    plt.close(fig)
+def _serve_statics(m: dict, statics, trace, seeds, cache) -> dict:
+    """Every fixed tier served on ``trace`` under ``seeds`` (from ``cache`` when it holds them)."""
+    path = None if cache is None else Path(cache) / f"statics_{statics_key(m, statics, trace, seeds)}.pkl"
+    if path is not None and path.is_file():
+        return pickle.loads(path.read_bytes())
+    res = {t.name: serve_replicas(trace, lambda t=t: FixedDriver(m["grid"], t), m["acc"].weights, seeds)
+           for t in statics}
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(path, lambda tmp: Path(tmp).write_bytes(pickle.dumps(res)))
+    return res

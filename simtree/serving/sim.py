@@ -43,6 +43,8 @@ class ServeResult:
     tok_s_runs: tuple = ()   # each replica's tok/s (serve_replicas)
     catch_ups: int = 0       # the drafter's catch-ups after plain steps (engines that lag)
     catch_up_s: float = 0.0  # their time
+    switches_runs: tuple = ()   # each replica's switches and steps (serve_replicas)
+    steps_runs: tuple = ()
 
     @property
     def switches_per_min(self) -> float:
@@ -110,7 +112,8 @@ def serve_replicas(trace: Trace, make_driver, weights: np.ndarray, seeds, *,
                    max_batch: int = MAX_BATCH) -> ServeResult:
     """The same arrival trace served once per acceptance seed in ``seeds`` (a fresh driver each):
     tok/s is the replicas' mean (each in ``tok_s_runs``), the TPOT percentiles and their band are
-    over every replica's requests pooled, switches and steps are summed."""
+    over every replica's requests pooled, switches and steps are summed (each replica's in
+    ``switches_runs`` and ``steps_runs``)."""
     runs = [serve(trace, make_driver(), weights, max_batch=max_batch, seed=int(s)) for s in seeds]
     tpot = np.concatenate([r.tpot_ms for r in runs])
     steps = sum(r.steps for r in runs)
@@ -118,7 +121,7 @@ def serve_replicas(trace: Trace, make_driver, weights: np.ndarray, seeds, *,
                        float(np.percentile(tpot, 99)), sum(r.switches for r in runs), steps,
                        sum(r.makespan_s for r in runs), sum(r.mean_batch * r.steps for r in runs) / max(steps, 1),
                        p99_band(tpot), tpot, tuple(r.tok_s for r in runs), sum(r.catch_ups for r in runs),
-                       sum(r.catch_up_s for r in runs))
+                       sum(r.catch_up_s for r in runs), tuple(r.switches for r in runs), tuple(r.steps for r in runs))
 
 
 def p99_band(tpot_ms: np.ndarray, resamples: int = BOOTSTRAP, seed: int = 0) -> tuple[float, float]:
