@@ -37,3 +37,23 @@ def test_the_report_of_a_repriced_run_gives_both_predictions(tmp_path):
     assert "scripts/serve_live_reprice.py" in section
     pd.DataFrame([row], columns=COLUMNS + CATCH_UP_COLUMNS).to_csv(csv, index=False)   # a run as measured
     assert "run's own prediction" not in live_section(csv, "cmd")
+
+
+def test_the_later_run_was_predicted_by_the_refit_of_the_first_runs_profile(tmp_path):
+    """The out-of-sample live run (serve_live_oos.csv) names a bundle that this checkout's fit of
+    the first run's archived profile reproduces: its costs came from no measurement of its own."""
+    import numpy as np
+
+    from simtree.costs.model import load_costs
+    from simtree.costs.profile_fit import fit_profile
+    for name, into in (("live_run.tgz", "first"), ("live_oos_run.tgz", "later")):
+        with tarfile.open(BENCH / name) as tar:
+            tar.extractall(tmp_path / into, filter="data")
+    used = load_costs(tmp_path / "later" / "refit_costs.json")
+    refit = fit_profile(tmp_path / "first" / "profile.csv").bundle
+    for b in (1, 2, 3, 4, 8):
+        for n in (1, 4, 8):
+            assert np.isclose(refit.verify.predict(n, 100, b), used.verify.predict(n, 100, b), rtol=1e-6)
+    later = pd.read_csv(BENCH / "serve_live_oos.csv")
+    assert (later.predicted_tpot_ms / later.measured_tpot_ms - 1).abs().max() < 0.10   # as the README reports
+    assert later.device.str.contains("H100").all() and later.costs.str.endswith("refit_costs.json").all()

@@ -42,35 +42,12 @@ def _read(path: str | Path) -> pd.DataFrame:
     return df
 
 
-def live_section(path: str | Path, command: str) -> str:
-    """The README section: one row per phase, the worst error, the controller's switches."""
-    df = _read(path)
+def _table(df: pd.DataFrame, repriced: bool) -> tuple[list[str], pd.Series, pd.Series]:
+    """The phase table's lines, and the errors of the prediction and of the expected-acceptance one."""
     err = df.predicted_tpot_ms / df.measured_tpot_ms - 1
     model_err = df.predicted_model_tpot_ms / df.measured_tpot_ms - 1
-    last = df.iloc[-1]
-    ok = bool((err.abs() <= TOLERANCE).all())
     caught = all(c in df.columns for c in CATCH_UP_COLUMNS)
-    repriced = all(c in df.columns for c in REPRICE_COLUMNS)
-    if repriced:
-        run_err = df.run_predicted_tpot_ms / df.measured_tpot_ms - 1
-        costs = (f"`{last.costs}` (this checkout's `simtree fit` of the run's own profile, replayed on CPU and priced "
-                 f"by `{REPRICE_SCRIPT}`; the run itself predicted with `{last.run_costs}`, the archive's costs.json, "
-                 f"worst {run_err.abs().max():.1%}, column run_predicted_tpot_ms): in sample, both fitted on this "
-                 "session's own profile")
-    else:
-        costs = f"the bundle fitted to this runtime on this device (`{last.costs}`): in sample, the costs are " \
-                "fitted on this session's own profile"
-    lines = [SECTION, "",
-             f"The controller live in simtree's runtime (a tiny model) on {last.device}, the batch changing phase by phase "
-             f"({', '.join(str(b) for b in df.batch_size)}), {int(df.new_tokens.iloc[0])} tokens per sequence per "
-             f"phase, prompts: {last.prompts}; costs: {costs}. Report: `{command}`; run: "
-             "`scripts/serve_live_gpu.sh`" + (f", then `{REPRICE_SCRIPT}`" if repriced else "") + ".", "",
-             f"Measured TPOT within {TOLERANCE:.0%} of the benchmark's step prediction at every phase: "
-             f"{'yes' if ok else 'NO'} (worst {err.abs().max():.1%}); with the controller's expected acceptance "
-             f"instead of the accepted tokens: worst {model_err.abs().max():.1%}. Switches: "
-             f"{int(last.controller_switches)} in {int(last.controller_steps)} steps (bound "
-             f"{int(last.switch_bound)}).", "",
-             "| phase | batch | rounds | tiers run | measured ms/token | predicted | error | predicted (expected acceptance) |"
+    lines = ["| phase | batch | rounds | tiers run | measured ms/token | predicted | error | predicted (expected acceptance) |"
              + (" run's own prediction (error) |" if repriced else "")
              + (" catch-ups | measured catch-up ms | predicted |" if caught else ""),
              "|---|---|---|---|---|---|---|---|" + ("---|" if repriced else "") + ("---|---|---|" if caught else "")]
@@ -82,6 +59,54 @@ def live_section(path: str | Path, command: str) -> str:
                         if repriced else "")
                      + (f" {int(r.catch_ups)} | {r.measured_catchup_ms:.3f} | {r.predicted_catchup_ms:.3f} |"
                         if caught else ""))
+    return lines, err, model_err
+
+
+def _verdict(df: pd.DataFrame, err: pd.Series, model_err: pd.Series) -> str:
+    last = df.iloc[-1]
+    ok = bool((err.abs() <= TOLERANCE).all())
+    return (f"Measured TPOT within {TOLERANCE:.0%} of the benchmark's step prediction at every phase: "
+            f"{'yes' if ok else 'NO'} ({int((err.abs() <= TOLERANCE).sum())} of {len(err)} phases; worst "
+            f"{err.abs().max():.1%}); with the controller's expected acceptance instead of the accepted tokens: worst "
+            f"{model_err.abs().max():.1%}. Switches: {int(last.controller_switches)} in {int(last.controller_steps)} "
+            f"steps (bound {int(last.switch_bound)}).")
+
+
+def live_section(path: str | Path, command: str, later: str | Path | None = None,
+                 later_costs: str | None = None) -> str:
+    """The README section: one row per phase, the worst error, the controller's switches; with
+    ``later``, a later session's run predicted by ``later_costs`` (a bundle fitted on the first
+    run's profile, committed before the later run): out of sample."""
+    df = _read(path)
+    last = df.iloc[-1]
+    repriced = all(c in df.columns for c in REPRICE_COLUMNS)
+    if repriced:
+        run_err = df.run_predicted_tpot_ms / df.measured_tpot_ms - 1
+        costs = (f"`{last.costs}` (this checkout's `simtree fit` of the run's own profile, replayed on CPU and priced "
+                 f"by `{REPRICE_SCRIPT}`; the run itself predicted with `{last.run_costs}`, the archive's costs.json, "
+                 f"worst {run_err.abs().max():.1%}, column run_predicted_tpot_ms): in sample, both fitted on this "
+                 "session's own profile")
+    else:
+        costs = f"the bundle fitted to this runtime on this device (`{last.costs}`): in sample, the costs are " \
+                "fitted on this session's own profile"
+    table, err, model_err = _table(df, repriced)
+    lines = [SECTION, "",
+             f"The controller live in simtree's runtime (a tiny model) on {last.device}, the batch changing phase by phase "
+             f"({', '.join(str(b) for b in df.batch_size)}), {int(df.new_tokens.iloc[0])} tokens per sequence per "
+             f"phase, prompts: {last.prompts}; costs: {costs}. Report: `{command}`; run: "
+             "`scripts/serve_live_gpu.sh`" + (f", then `{REPRICE_SCRIPT}`" if repriced else "") + ".", "",
+             _verdict(df, err, model_err), "", *table]
+    if later is not None:
+        ldf = _read(later)
+        llast = ldf.iloc[-1]
+        ltable, lerr, lmodel = _table(ldf, False)
+        lines += ["", "### A later run, out of sample", "",
+                  f"The same phases and prompts served again in a later session on {llast.device}, predicted with "
+                  f"`{later_costs or llast.costs}`: `simtree fit` of the run above's profile (its archive's "
+                  "profile.csv), fitted by committed code from that committed profile before the phases ran (this "
+                  "checkout refits it to the same bundle). Out of sample: no measurement of this run went into the costs. (The form kept for plain decoding's curve, "
+                  "grid_mono, was added after the run above's batch-2 phases were seen to miss.)", "",
+                  _verdict(ldf, lerr, lmodel), "", *ltable]
     return "\n".join(lines) + "\n"
 
 
@@ -112,9 +137,12 @@ def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description="The live run's CSV as the benchmark README's live section")
     ap.add_argument("csv")
     ap.add_argument("--readme", default="reports/bench_serve/README.md")
+    ap.add_argument("--later", default=None, help="a later session's run (serve_live.py CSV), predicted out of sample")
+    ap.add_argument("--later-costs", default=None, help="the committed copy of the bundle that later run predicted with")
     args = ap.parse_args(argv)
-    command = f"python -m simtree.serving.live_report {args.csv} --readme {args.readme}"
-    section = live_section(args.csv, command)
+    command = f"python -m simtree.serving.live_report {args.csv} --readme {args.readme}" + (
+        f" --later {args.later}" + (f" --later-costs {args.later_costs}" if args.later_costs else "") if args.later else "")
+    section = live_section(args.csv, command, args.later, args.later_costs)
     path = Path(args.readme)
     if not path.is_file():
         raise SimtreeError(f"{path}: no README to add the live run to (run simtree bench-serve first)")
