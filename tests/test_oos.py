@@ -45,3 +45,15 @@ def test_plan_check_counts_a_choice_within_two_percent():
 def test_report_refuses_a_folder_without_runs(tmp_path):
     with pytest.raises(SimtreeError, match="no meta.json"):
         oos.report([tmp_path], tmp_path / "out")
+
+
+def test_a_later_folder_fills_an_earlier_ones_misses():
+    def row(policy, tok_s):
+        return {"model": "m", "batch_size": 2, "context_len": 4096, "policy": policy, "measured_tok_s": tok_s}
+    first = [row("linear_d4", 10.0), row("eagle", 20.0)]
+    missed = [{"model": "m", "batch_size": 2, "context_len": 4096, "policy": p, "why": "skipped"}
+              for p in ("block", "tfm")]
+    later = [row("linear_d4", 11.0), row("block", 30.0)]
+    rows, still = oos._latest(first + later, missed)
+    assert sorted((r["policy"], r["measured_tok_s"]) for r in rows) == [("block", 30.0), ("eagle", 20.0), ("linear_d4", 11.0)]
+    assert [m["policy"] for m in still] == ["tfm"]

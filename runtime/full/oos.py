@@ -198,6 +198,18 @@ def _load_dir(d: Path, missed: list | None = None) -> list[dict]:
     return rows
 
 
+def _run_key(r: dict) -> tuple:
+    return r["model"], int(r["batch_size"]), int(r["context_len"]), r["policy"]
+
+
+def _latest(rows: list[dict], missed: list[dict]) -> tuple[list[dict], list[dict]]:
+    """A later folder (later in ``dirs``) measuring a run again or one an earlier folder missed:
+    its measurement stands alone (one row per run), and the miss it fills is no longer listed."""
+    last = {_run_key(r): r for r in rows}
+    kept = [r for r in rows if last[_run_key(r)] is r]
+    return kept, [m for m in missed if _run_key(m) not in last]
+
+
 def report(dirs: list[Path], out: Path, bundles: dict | None = None) -> dict:
     """Rows of every folder -> out/throughput_out_of_sample.csv, summary.md, predicted_vs_measured.png.
     ``bundles``: {sha256: path of the frozen bundle beside the table} (for the grid check)."""
@@ -205,6 +217,7 @@ def report(dirs: list[Path], out: Path, bundles: dict | None = None) -> dict:
 
     missed: list = []
     rows = [r for d in dirs for r in _load_dir(Path(d), missed)]
+    rows, missed = _latest(rows, missed)
     grids = {}
     for r in rows:
         key = r["bundle_sha256"]
