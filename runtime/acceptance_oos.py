@@ -293,11 +293,14 @@ def _header(cmd: str, info: dict, res: dict, settings: dict, prompts_line: str) 
             + f"; {settings['max_new_tokens']} new tokens each, one static batch per half and policy. " + prompts_line
             + " Each row's `prompts` column says `fresh` or `seen`.",
             f"Greedy decoding lossless in every run and drafting pass: "
-            f"{all(all(v.values()) for v in res['lossless'].values()) if all(res['lossless'].values()) else 'not rechecked (kept traces)'}.", "",
+            f"{all(all(v.values()) for v in res['lossless'].values()) if all(res['lossless'].values()) else 'not rechecked (kept traces)'}"
+            + (" (as checked when the kept traces were decoded, not rechecked here)" if info.get("reused_traces") else "")
+            + ".", "",
             "What each prediction used (`predicted_accepted`; simtree.acceptance.transfer), by `split`:", "",
             "- acceptance outcomes: only the linear runs (" + ", ".join(policy_name(*p) for p in LINEAR)
             + ") of a workload's calibration half (`calibrated_on`): the drafter's calibration, P(target takes a "
-            "candidate | its draft probability, depth, rank, and whether the context lookup proposes it);",
+            "candidate | its draft probability, depth, rank, and what the context lookup proposes: this candidate, "
+            "another of the drafter's, or none of them);",
             "- `policies`: every tree policy on the test half, calibrated on the same workload's calibration half "
             "(new policies on new prompts: what a user's linear acceptance metrics predict about trees);",
             "- `prompts`: the linear policies on the test half, same calibration (new prompts);",

@@ -91,6 +91,14 @@ def summary(csv: Path, gpu: str | None = None) -> str:
     worse = [(int(r.batch_size), int(r.nodes_per_seq), int(q.nodes_per_seq), r.verify_us_median / q.verify_us_median - 1)
              for b, g in chain.groupby("batch_size") for (_, r) in g.iterrows()
              for (_, q) in g[g.nodes_per_seq > r.nodes_per_seq].iterrows() if r.verify_us_median > q.verify_us_median]
+    padded = df[df.valid_nodes < df.nodes_per_seq].groupby("shape").valid_nodes.agg(["min", "max"])
+    lines += ["", "Shapes with padded (invalid) nodes, their valid nodes per sequence: " + (
+        "; ".join(f"{s} {r['min']:g}-{r['max']:g}" for s, r in padded.iterrows()) if len(padded) else "none")
+        + ". A shape whose trees are the root alone (valid 1) times the padded bucket, not a grown tree; the "
+        "spread above is over every shape, padded ones included."]
+    if "torch" not in df.columns:
+        lines += ["", "This CSV predates the script's device-name column (its `device` reads "
+                  f"`{df.device.iloc[0]}`): the GPU named in the title was given with `--gpu`, from the call's log."]
     lines += ["", "Times in ms. Not monotone in the node count (a smaller tree slower than a larger one at the same "
               "batch; chain): " + ("; ".join(f"batch {b}, {n} nodes {e:+.1%} over {m} nodes" for b, n, m, e in worse)
                                    if worse else "none") + "."]

@@ -121,7 +121,7 @@ def test_live_report_section_kept_by_the_benchmark(tmp_path):
     later = tmp_path / "later.csv"       # a later session's run, predicted by a bundle fixed before it
     pd.DataFrame([r | {"predicted_tpot_ms": 1.2 - 0.1 * r["phase"]} for r in rows], columns=COLUMNS).to_csv(later, index=False)
     both = live_section(csv, "cmd", later, "frozen.json")
-    assert both.startswith(section.rstrip("\n")) and "### A later run, out of sample" in both
+    assert both.startswith(section.rstrip("\n")) and "### The same schedule again in a later session" in both
     assert "`frozen.json`" in both and "at every phase: NO (1 of 2 phases; worst 20.0%)" in both
     readme = tmp_path / "README.md"
     readme.write_text("# Bench\n\ntext\n")

@@ -54,6 +54,8 @@ def test_the_later_run_was_predicted_by_the_refit_of_the_first_runs_profile(tmp_
     for b in (1, 2, 3, 4, 8):
         for n in (1, 4, 8):
             assert np.isclose(refit.verify.predict(n, 100, b), used.verify.predict(n, 100, b), rtol=1e-6)
+        for steps, k in ((1, 1), (2, 2), (4, 2)):      # the eagle phases price drafting too
+            assert np.isclose(refit.draft.predict(steps, k, b), used.draft.predict(steps, k, b), rtol=1e-6)
     later = pd.read_csv(BENCH / "serve_live_oos.csv")
     assert (later.predicted_tpot_ms / later.measured_tpot_ms - 1).abs().max() < 0.10   # as the README reports
     assert later.device.str.contains("H100").all() and later.costs.str.endswith("refit_costs.json").all()

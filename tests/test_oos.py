@@ -54,6 +54,9 @@ def test_a_later_folder_fills_an_earlier_ones_misses():
     missed = [{"model": "m", "batch_size": 2, "context_len": 4096, "policy": p, "why": "skipped"}
               for p in ("block", "tfm")]
     later = [row("linear_d4", 11.0), row("block", 30.0)]
-    rows, still = oos._latest(first + later, missed)
-    assert sorted((r["policy"], r["measured_tok_s"]) for r in rows) == [("block", 30.0), ("eagle", 20.0), ("linear_d4", 11.0)]
+    other = [row("linear_d4", 12.0) | {"deployment": "tp=2"}]       # another deployment: another run
+    rows, still, replaced = oos._latest(first + later + other, missed)
+    assert sorted((r["policy"], r["measured_tok_s"]) for r in rows) == [
+        ("block", 30.0), ("eagle", 20.0), ("linear_d4", 11.0), ("linear_d4", 12.0)]
     assert [m["policy"] for m in still] == ["tfm"]
+    assert [(r["policy"], r["measured_tok_s"], r["later_tok_s"]) for r in replaced] == [("linear_d4", 10.0, 11.0)]

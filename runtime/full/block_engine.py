@@ -175,6 +175,8 @@ class BlockEngine(FullEngine):
         reads: the top-K marginals' log-probs and ids [B, L, K] (block, dspark: its
         ``marginals``), ``confidence`` [B, L] and ``verified_len`` [B] (dspark)."""
         out = super()._round_tensors()
+        if self.rs.plain:     # a plain round: the root alone, no drafter inputs
+            return out
         d = self.rs.drafter
         if d in ("block", "dspark"):
             out["marginal_lp"], out["marginal_ids"] = self.marginal_lp, self.marginal_ids

@@ -244,8 +244,9 @@ def statics_key(m: dict, statics, trace, seeds) -> str:
     file, every tier's numbers under the acceptance model (its shape, verified nodes and accepted
     drafts' distribution per level, the levels' weights), the trace, the acceptance seeds, the
     batch limit and the simulator's own code (:mod:`simtree.serving.sim`, ``policies``, ``costgrid``,
-    ``traces``, :mod:`simtree.control.catchup`)."""
-    from simtree.control import catchup
+    ``traces``, :mod:`simtree.control.catchup`, and the cost forms that turn the bundle into times)."""
+    from simtree.control import catchup, controller
+    from simtree.costs import base_forms, forms, model, moe_forms, surface_fit
     from simtree.serving import costgrid, policies, sim, traces
     h = hashlib.sha256()
     h.update(Path(m["path"]).read_bytes())
@@ -256,7 +257,7 @@ def statics_key(m: dict, statics, trace, seeds) -> str:
     for a in (trace.arrival_s, trace.prompt_len, trace.output_len):
         h.update(np.ascontiguousarray(a).tobytes())
     h.update(repr((list(seeds), MAX_BATCH)).encode())
-    for mod in (sim, policies, costgrid, traces, catchup):
+    for mod in (sim, policies, costgrid, traces, catchup, controller, base_forms, forms, model, moe_forms, surface_fit):
         h.update(Path(mod.__file__).read_bytes())
     return h.hexdigest()
 

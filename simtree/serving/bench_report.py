@@ -39,7 +39,8 @@ def readme(df: pd.DataFrame, command: str, num_requests: int, workload: str, rep
              f"Regenerate: `{command}` (written by that command; docs/controller.md describes the model). In sample: "
              "the controller's settings (switch credits, margin, tail ranking) were chosen on these traces and "
              "acceptance seeds (`bench.csv`); `--out-of-sample S,...` serves the same points on other seeds, "
-             "where nothing was chosen (`bench_seed{S}.csv`, their counts below).", "",
+             "where no adopted setting was chosen (the rejected `tail_hold` option was compared on seeds 100 and 200 once: "
+             "they are not untouched; docs/controller.md) (`bench_seed{S}.csv`, their counts below).", "",
              f"{num_requests} requests per trace, ShareGPT lengths ({LENGTHS_SOURCE['source']}), acceptance: "
              f"{workload}; up to {MAX_BATCH} live sequences; loads are multiples of the request rate that "
              "saturates plain decoding at batch 64. `bench.csv` has one row per (model, arrivals, load, policy); "

@@ -100,13 +100,18 @@ def live_section(path: str | Path, command: str, later: str | Path | None = None
         ldf = _read(later)
         llast = ldf.iloc[-1]
         ltable, lerr, lmodel = _table(ldf, False)
-        lines += ["", "### A later run, out of sample", "",
+        bias = lerr[ldf.tiers.str.startswith("none")]
+        lines += ["", "### The same schedule again in a later session", "",
                   f"The same phases and prompts served again in a later session on {llast.device}, predicted with "
                   f"`{later_costs or llast.costs}`: `simtree fit` of the run above's profile (its archive's "
                   "profile.csv), fitted by committed code from that committed profile before the phases ran (this "
-                  "checkout refits it to the same bundle). Out of sample: no measurement of this run went into the costs. (The form kept for plain decoding's curve, "
-                  "grid_mono, was added after the run above's batch-2 phases were seen to miss.)", "",
-                  _verdict(ldf, lerr, lmodel), "", *ltable]
+                  "checkout refits it to the same bundle). No measurement of this run went into the costs, but it "
+                  "repeats the schedule above (the same tiers and rounds, so the same predictions) and the form kept "
+                  "for plain decoding's curve, grid_mono, was added after the run above's batch-2 phases were seen "
+                  "to miss: a new measurement of the same schedule, not a test of the fit on new points."
+                  + (f" Its plain phases are predicted {bias.min():+.1%} to {bias.max():+.1%} (too fast), as the run "
+                     "above's are." if len(bias) and (bias < 0).all() else ""),
+                  "", _verdict(ldf, lerr, lmodel), "", *ltable]
     return "\n".join(lines) + "\n"
 
 
