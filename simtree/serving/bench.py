@@ -143,7 +143,7 @@ def run_bench(out: str | Path, *, models=None, loads=LOADS, arrivals=ARRIVALS, n
     into ``out/bench_seed{S}.csv``, their target counts in the README beside the in-sample ones."""
     check_int(replicas, "replicas", 1)
     tiers = None if threshold_tiers is None else read_vllm_tiers(threshold_tiers)
-    _sglang()
+    _sglang()     # fail before any work, in one line, where SGLang's policies cannot be loaded
     out = Path(out)
     seeds = [int(seed), *(int(s) for s in out_of_sample)]
     if len(set(seeds)) != len(seeds):
