@@ -1,14 +1,13 @@
 """Acceptance predicted out of sample on the trained Qwen3.5-architecture target (CPU).
 
-    python -m simtree.runtime.acceptance_oos --sharegpt-start 640 --humaneval-start 0 --out reports/validation
+    python -m simtree.runtime.acceptance_oos --sharegpt-start 772 --code-start 2000 --humaneval-start 0 --out reports/validation
     python -m simtree.runtime.acceptance_oos --quick --out /tmp/oos              # a small check
     python -m simtree.runtime.acceptance_oos --reuse-traces T --out DIR          # analyse kept traces again
 
 With the checkpoint ``--model`` (default: the shipped ``qwen3.5-tiny-sharegpt``, its MTP layer
 the drafter) and its tokenizer, live on the full runtime (:mod:`.target_trace`), per workload
-(ShareGPT chat, HumanEval code) on held-out prompts from a given index on (:func:`held_out_prompts`;
-ShareGPT's from ``SHAREGPT_START``, past every prompt earlier versions of the model were developed
-on; no HumanEval problem is unseen, :func:`prompt_status`), split in two halves:
+(ShareGPT chat, ShareGPT code, HumanEval code; :mod:`.acceptance_oos_prompts` says which prompts
+and which are fresh) split in two halves:
 
 1. the ``calibration`` half decoded with the linear policies (``LINEAR``): the only acceptance
    outcomes any prediction reads - the drafter's calibration on that workload
@@ -24,12 +23,15 @@ on; no HumanEval problem is unseen, :func:`prompt_status`), split in two halves:
    position, its top-8 probabilities and the lookup's rank kept, nothing of the target's verdict;
 4. every run's mean accepted tokens per round predicted from a calibration and the drafting
    pass of the run's own prompts (:func:`simtree.acceptance.transfer.transfer_model`) and
-   compared (:mod:`simtree.planning.acceptance_oos`).  ``split`` says what is out of sample:
+   compared (:mod:`simtree.acceptance.out_of_sample`).  ``split`` says what is out of sample:
    ``policies`` (the test half's trees, calibrated on the same workload's linear runs of the
    other half: new policies on new prompts), ``prompts`` (the test half's linear runs, same
-   calibration: new prompts), ``workload`` (HumanEval's test half, every policy, calibrated on
-   ShareGPT's linear runs: new prompts of another workload), ``in_sample`` (the calibrating runs).
-   No acceptance outcome of a test half enters any prediction.  Beside it
+   calibration: new prompts), ``workload`` (a code workload's test half, every policy,
+   calibrated on ShareGPT chat's linear runs: new prompts of another workload),
+   ``workload_shift`` (the same, the chat calibration moved per rank by a seeded random
+   1/``SHIFT_SHARE`` of the code workload's calibration rounds:
+   :mod:`simtree.acceptance.workload_shift`), ``in_sample`` (the calibrating runs, prompts
+   ``seen``).  No acceptance outcome of a test half enters any prediction.  Beside it
    (``confidence_only_*``: the calibration without the lookup;
    ``baseline_*``: the outcome-fitted model of the calibrating workload's linear D = 16 run,
    :func:`simtree.acceptance.fit.fit_confidence`).
@@ -37,7 +39,8 @@ on; no HumanEval problem is unseen, :func:`prompt_status`), split in two halves:
 Writes ``acceptance_out_of_sample.csv`` and ``acceptance_out_of_sample.md`` (a generated summary
 ending in the run's settings, summary and the decode's lossless check as a JSON block: every
 policy's outputs equal plain decoding's) atomically under ``--out``; ``--traces DIR`` keeps
-the traces, which ``--reuse-traces DIR`` analyses again without decoding.
+the traces, which ``--reuse-traces DIR`` analyses again without decoding (the workloads the
+folder holds: earlier tables kept ShareGPT chat and HumanEval only).
 """
 from __future__ import annotations
 
@@ -53,22 +56,27 @@ import numpy as np
 
 from simtree.acceptance.fit import fit_calibration, fit_confidence
 from simtree.acceptance.lookup_folds import lookup_cv
+from simtree.acceptance.out_of_sample import oos_summary, oos_table, summary_markdown
+from simtree.acceptance.predict import accepted_per_round
 from simtree.acceptance.traces import read_traces
 from simtree.acceptance.transfer import parse_drafts, read_drafts, transfer_model, uses_lookup
+from simtree.acceptance.workload_shift import fit_workload_shift, sample_rounds, shifted_calibration
 from simtree.costs.model import load_costs
 from simtree.data import data_path
-from simtree.errors import SimtreeError, check_whole
+from simtree.errors import SimtreeError
 from simtree.fileio import read_json, write_text_atomic
-from simtree.planning.acceptance_oos import oos_summary, oos_table, summary_markdown
 
+from .acceptance_oos_prompts import (CODE_START, CODE_WORKLOADS, HUMANEVAL_START, OOS_WORKLOADS, SEEN_CODE,
+                                     SEEN_SHAREGPT, SHAREGPT_START, code_prompts, development_prompts,
+                                     held_out_prompts, prompt_status, training_overlap)
 from .bpe import BpeTokenizer
-from .data import PROMPT_CHARS, WORKLOADS, humaneval_problems, prompts as load_prompts
+from .data import PROMPT_CHARS
 from .full.build import build_model
 from .target_trace import draft_confidences, policy_name, trace_policies
 
 __all__ = ["run_oos", "analyse", "decode_halves", "load_halves", "held_out_prompts", "development_prompts",
-           "prompt_status", "DEFAULT_MODEL", "LINEAR", "TREES", "COSTS", "SEEN_SHAREGPT", "SHAREGPT_START",
-           "HUMANEVAL_START", "CHAIN"]
+           "prompt_status", "predicted_accepted", "DEFAULT_MODEL", "LINEAR", "TREES", "COSTS", "SEEN_SHAREGPT",
+           "SHAREGPT_START", "CODE_START", "HUMANEVAL_START", "CHAIN", "SHIFT_SHARE", "SHIFT_SEED", "code_prompts"]
 
 DEFAULT_MODEL = data_path("models", "qwen3.5-tiny-sharegpt")
 LINEAR = [("linear", {"budget": 4}), ("linear", {"budget": 8}), ("linear", {"budget": 16})]
@@ -84,58 +92,13 @@ CHAIN = 15                # positions of the drafting pass's chain (linear D = 1
 # the bundle cost_aware and batch_alloc weigh tree size against verify cost with (measured and
 # predicted alike): the shipped H200 Qwen3.6-27B one
 COSTS = data_path("costs", "h200_qwen3.6-27b_tp1.json")
-# held-out ShareGPT prompts (:func:`.data.prompts` order) earlier versions of the model read: 0..127
-# (development), 128..262 (the first out-of-sample table's 128, repeats skipped) and 384..513 (the
-# second table's, first decoded for it, then read to find why the lookup calibration missed its own
-# runs), all development data since (docs/acceptance.md, section 5).  The table's prompts begin at
-# SHAREGPT_START, past them (a later version that develops on them raises SEEN_SHAREGPT and takes a
-# range past the table's; 263..383 and 514..639 have not been decoded).
-# Every HumanEval problem has been read: 0..131 are in the target's training text, 132..163 were
-# development, 0..127 the first table's test: HumanEval rows are labelled "seen", never "fresh".
-SEEN_SHAREGPT = 514
-SHAREGPT_START = 640
-HUMANEVAL_START = 0
+# chat -> code with a workload shift (docs/acceptance.md, section 5, decision 9): the chat calibration
+# moved per rank by a seeded random 1/SHIFT_SHARE of the code calibration half's linear rounds
+SHIFT_SHARE = 8
+SHIFT_SEED = 0
+SHIFT_CELLS = "rank"
 FULL = {"prompts": 64, "max_new_tokens": 64, "trees": TREES}     # prompts per half
 QUICK = {"prompts": 3, "max_new_tokens": 16, "trees": [TREES[1], TREES[5], TREES[8]]}
-
-
-def held_out_prompts(workload: str, n: int, start: int) -> tuple[list[str], list[str]]:
-    """(calibration half, test half) of ``n`` prompts each: ShareGPT held-out prompts from index
-    ``start`` on (:func:`.data.prompts` order; a prompt repeating an earlier prompt's text is
-    skipped), HumanEval problems ``start``..``start`` + 2n - 1 (the last 160 characters of the
-    prompt, as :func:`.data.prompts` cuts them)."""
-    start = check_whole(start, f"{workload} start", 0)
-    if workload == "sharegpt":
-        every = load_prompts("sharegpt", start + 4 * n)
-        seen, out = set(every[:start]), []
-        for p in every[start:]:
-            if p not in seen:
-                out.append(p)
-            seen.add(p)
-    elif workload == "humaneval":
-        out = [p["prompt"][-PROMPT_CHARS:] for p in humaneval_problems()[start:start + 2 * n]]
-    else:
-        raise SimtreeError(f"unknown workload {workload!r}")
-    if len(out) < 2 * n:
-        raise SimtreeError(f"only {len(out)} {workload} prompts from index {start} on, {2 * n} asked for")
-    return out[:n], out[n:2 * n]
-
-
-def prompt_status(workload: str, start: int | None) -> str:
-    """"fresh" for ShareGPT prompts from past the seen ones (``SEEN_SHAREGPT``), else "seen"
-    (every HumanEval problem; ``start`` None: the development prompts)."""
-    return "fresh" if workload == "sharegpt" and start is not None and start >= SEEN_SHAREGPT else "seen"
-
-
-def development_prompts(workload: str, n: int) -> tuple[list[str], list[str]]:
-    """(calibration half, test half) of the prompts the model was first developed on: the first
-    128 held-out ShareGPT prompts (up to 64 a half) and HumanEval 132..163 (up to 16 a half)."""
-    if workload == "sharegpt":
-        every = load_prompts("sharegpt", 128)
-        half = min(n, 64)
-        return every[:half], every[64:64 + half]
-    every, half = load_prompts("humaneval", 32), min(n, 16)
-    return every[:half], every[16:16 + half]
 
 
 def _half_dir(traces, workload: str, half: str):
@@ -161,7 +124,23 @@ def _half_policies(settings: dict, half: str) -> list:
     return LINEAR if half == "calibration" else [*LINEAR, *settings["trees"]]
 
 
-def decode_halves(model_dir, settings: dict, prompts, traces=None, say=print) -> dict:
+def predicted_accepted(model, run: dict, costs=None) -> float:
+    """Accepted tokens per round (bonus included) the acceptance ``model`` predicts for a run
+    (its mode and params); cost_aware and batch_alloc: the simulator's analytic decision at the
+    run's ``context_len`` for its ``batch_size`` under ``costs`` (each level's budget, the levels
+    weighed as its rounds spread)."""
+    mode, params = run["mode"], run["params"]
+    if mode not in ("cost_aware", "batch_alloc"):
+        return accepted_per_round(model, mode, params)
+    from simtree.planning.adaptive import AdaptiveRounds
+    from simtree.planning.modes import PolicySpec
+    ad = AdaptiveRounds(model, PolicySpec.from_dict(mode, dict(params)), costs, run.get("batch_size", 1))
+    nodes, weights = ad.decide(float(run.get("context_len", 0.0)))
+    gain = 1.0 + np.array([ad.phi(lv, int(n)) for lv, n in enumerate(nodes)])
+    return float(np.asarray(weights) @ gain)
+
+
+def decode_halves(model_dir, settings: dict, prompts, traces=None, say=print, workloads=OOS_WORKLOADS) -> dict:
     """{(workload, half): {"runs", "drafts", "lossless", "prompts"}}: each workload's two halves
     (``prompts(workload, n)``) decoded live, the calibration half with ``LINEAR``, the test half
     with ``LINEAR`` and the trees, each once more as a drafting pass; ``traces``: keep the traces
@@ -172,7 +151,7 @@ def decode_halves(model_dir, settings: dict, prompts, traces=None, say=print) ->
     tok = BpeTokenizer.from_file(model_dir)
     costs = load_costs(COSTS)
     halves = {}
-    for workload in WORKLOADS:
+    for workload in workloads:
         cal_text, test_text = prompts(workload, settings["prompts"])
         for half, text in (("calibration", cal_text), ("test", test_text)):
             ids = [tok.encode(p) for p in text]
@@ -186,11 +165,13 @@ def decode_halves(model_dir, settings: dict, prompts, traces=None, say=print) ->
 
 def load_halves(traces, settings: dict) -> dict:
     """The halves of :func:`decode_halves` read back from the traces it kept (no decoding): to
-    analyse a run again."""
+    analyse a run again; every workload whose two halves the folder holds."""
     traces = Path(traces)
     kept = read_json(traces / "lossless.json", "kept run") if (traces / "lossless.json").is_file() else {}
     halves = {}
-    for workload in WORKLOADS:
+    for workload in OOS_WORKLOADS:
+        if not all(_half_dir(traces, workload, h).is_dir() for h in ("calibration", "test")):
+            continue
         for half in ("calibration", "test"):
             folder, runs = _half_dir(traces, workload, half), {}
             for mode, params in _half_policies(settings, half):
@@ -202,6 +183,8 @@ def load_halves(traces, settings: dict) -> dict:
             info = kept.get(f"{workload} {half}", {})
             halves[workload, half] = {"runs": runs, "drafts": drafts, "lossless": info.get("lossless", {}),
                                       "prompts": info.get("prompts", int(np.unique(drafts.seq).size))}
+    if not halves:
+        raise SimtreeError(f"{traces} holds no kept halves (<workload>_calibration and <workload>_test folders)")
     return halves
 
 
@@ -211,87 +194,123 @@ def _run_row(r: dict, name: str, workload: str, split: str, key: str, batch: int
             "drafts": key, "calibrated_on": key.split("@")[1], "prompts": status}
 
 
+def _rows(halves: dict, status: dict) -> tuple[list[dict], set]:
+    """The table's runs and the (drafts @ calibration) keys they are predicted under: each half's
+    runs on its own workload's calibration (the calibration half: in sample, its prompts ``seen``
+    whatever their status, the outcomes were fitted); a code workload's test half also from chat
+    (``workload``) and from chat shifted on a few of its own calibration rounds (``workload_shift``,
+    calibrated on ``sharegpt+<workload>``)."""
+    linear = {policy_name(*p) for p in LINEAR}
+    runs, keys = [], set()
+    for (workload, half), h in halves.items():
+        key, fresh = f"{workload} {half}@{workload}", status.get(workload, "seen")
+        for name, r in h["runs"].items():
+            split = "in_sample" if half == "calibration" else ("prompts" if name in linear else "policies")
+            runs.append(_run_row(r, name, workload, split, key, h["prompts"], "seen" if split == "in_sample" else fresh))
+        keys.add(key)
+        if workload in CODE_WORKLOADS and half == "test" and ("sharegpt", "calibration") in halves:
+            for split, cal in (("workload", "sharegpt"), ("workload_shift", f"sharegpt+{workload}")):
+                key = f"{workload} {half}@{cal}"
+                runs += [_run_row(r, name, workload, split, key, h["prompts"], fresh) for name, r in h["runs"].items()]
+                keys.add(key)
+    return runs, keys
+
+
 def analyse(halves: dict, status: dict | None = None) -> dict:
     """The table and its summary from decoded (or kept) halves: every run predicted from its
     half's drafting pass under a calibration on a calibration half's linear runs (the module
-    docstring); ``status``: {workload: "fresh" | "seen"}, each row's ``prompts``."""
+    docstring); ``status``: {workload: "fresh" | "seen"}, each out-of-sample row's ``prompts``."""
     status = status or {}
     costs = load_costs(COSTS)
-    linear = {policy_name(*p) for p in LINEAR}
+    workloads = list(dict.fromkeys(w for w, _ in halves))
     # outcomes of the calibration halves' linear runs only
-    records = {w: [rec for r in halves[w, "calibration"]["runs"].values() for rec in r["records"]] for w in WORKLOADS}
+    records = {w: [rec for r in halves[w, "calibration"]["runs"].values() for rec in r["records"]] for w in workloads}
     fitted = {w: fit_confidence(halves[w, "calibration"]["runs"][policy_name(*LINEAR[-1])]["records"], w)
               for w in records}
-    runs, keys = [], set()
-    for (workload, half), h in halves.items():
-        key, seen = f"{workload} {half}@{workload}", status.get(workload, "seen")
-        for name, r in h["runs"].items():
-            split = "in_sample" if half == "calibration" else ("prompts" if name in linear else "policies")
-            runs.append(_run_row(r, name, workload, split, key, h["prompts"], seen))
-        keys.add(key)
-        if workload == "humaneval" and half == "test":      # chat -> code: every policy
-            key = f"{workload} {half}@sharegpt"
-            runs += [_run_row(r, name, workload, "workload", key, h["prompts"], seen) for name, r in h["runs"].items()]
-            keys.add(key)
-    calibrations = {}
+    runs, keys = _rows(halves, status)
+    calibrations, shifts = {}, {}
 
-    def calibration(workload: str, context: bool):
-        if (workload, context) not in calibrations:      # one fit per calibration, shared by its keys
-            calibrations[workload, context] = fit_calibration(records[workload], context=context)
-        return calibrations[workload, context]
+    def calibration(spec: str, context: bool):
+        """One fit per calibration, shared by its keys; ``a+b``: a's, shifted on a few rounds of b's."""
+        if (spec, context) not in calibrations:
+            source, _, target = spec.partition("+")
+            cal = calibration(source, context) if target else fit_calibration(records[source], context=context)
+            if target:
+                few = sample_rounds(records[target], SHIFT_SHARE, SHIFT_SEED)
+                shift = fit_workload_shift(cal, few, cells=SHIFT_CELLS)
+                shifts[spec, context] = {**shift.as_dict(), "rounds": len(few), "of_rounds": len(records[target])}
+                cal = shifted_calibration(cal, shift)
+            calibrations[spec, context] = cal
+        return calibrations[spec, context]
 
     def per_key(context):
         out = {}
         for k in sorted(keys):
             drafts = halves[tuple(k.split("@")[0].split())]["drafts"]
             cal = k.split("@")[1]
-            use = uses_lookup(records[cal], drafts) if context is None else context
+            use = uses_lookup(records[cal.partition("+")[0]], drafts) if context is None else context
             out[k] = transfer_model(calibration(cal, use), drafts, drafts.workload)
         return out
     # the lookup wherever the traces and the drafts carry it (uses_lookup); beside it, each key
     # without it; and whether the calibrating half's own folds say the lookup helps (lookup_cv)
     models = per_key(None)
     folds = {w: {("lookup" if c else "confidence_only"): float(np.mean(e)) for c, e in
-                 lookup_cv(records[w], halves[w, "calibration"]["drafts"]).items()} for w in WORKLOADS}
-    baseline = {k: fitted[k.split("@")[1]] for k in keys}
-    df = oos_table(models, runs, costs, extras={"confidence_only": per_key(False), "baseline": baseline})
+                 lookup_cv(records[w], halves[w, "calibration"]["drafts"]).items()} for w in workloads}
+    baseline = {k: fitted[k.split("@")[1].partition("+")[0]] for k in keys}
+    df = oos_table(models, runs, lambda m, run: predicted_accepted(m, run, costs),
+                   extras={"confidence_only": per_key(False), "baseline": baseline})
     return {"table": df, "summary": oos_summary(df), "lossless": {f"{w} {h}": v["lossless"] for (w, h), v in halves.items()},
             "prompts": {f"{w} {h}": v["prompts"] for (w, h), v in halves.items()},
-            "models": {k: m.meta for k, m in models.items()}, "calibration_folds": folds}
+            "models": {k: m.meta for k, m in models.items()}, "calibration_folds": folds,
+            "shifts": {f"{spec} {'lookup' if ctx else 'confidence_only'}": v for (spec, ctx), v in shifts.items()}}
 
 
-def run_oos(model_dir, settings: dict, traces=None, say=print, prompts=None, status: dict | None = None) -> dict:
+def run_oos(model_dir, settings: dict, traces=None, say=print, prompts=None, status: dict | None = None,
+            workloads=OOS_WORKLOADS) -> dict:
     """:func:`decode_halves` then :func:`analyse`; ``prompts`` (default: ShareGPT from
-    ``SHAREGPT_START``, HumanEval from ``HUMANEVAL_START``)."""
+    ``SHAREGPT_START``, ShareGPT code from ``CODE_START``, HumanEval from ``HUMANEVAL_START``)."""
     if prompts is None:
-        starts = {"sharegpt": SHAREGPT_START, "humaneval": HUMANEVAL_START}
+        starts = {"sharegpt": SHAREGPT_START, "sharegpt_code": CODE_START, "humaneval": HUMANEVAL_START}
         prompts = lambda w, n: held_out_prompts(w, n, starts[w])     # noqa: E731
         status = status or {w: prompt_status(w, s) for w, s in starts.items()}
-    return analyse(decode_halves(model_dir, settings, prompts, traces, say), status)
+    return analyse(decode_halves(model_dir, settings, prompts, traces, say, workloads), status)
 
 
-def _prompts_line(args, settings: dict, status: dict) -> str:
+def _prompts_line(args, settings: dict, status: dict, overlap: dict, with_code: bool) -> str:
     n = settings["prompts"]
     if args.development:
         return ("DEVELOPMENT prompts (the first 128 held-out ShareGPT prompts, HumanEval 132..163), which the model "
                 "was developed on: not out of sample.")
-    she = args.sharegpt_start
-    return (f"ShareGPT: the first {2 * n} distinct held-out prompts from index {she} on, "
+    she, code = args.sharegpt_start, args.code_start
+
+    def trained(w):
+        return f" ({overlap[w]} of {2 * n} occur verbatim in the target's training text)" if w in overlap else ""
+    code_line = "" if not with_code else (
+        f". ShareGPT code: the opening {PROMPT_CHARS} characters (from the fence) of the first fenced code block "
+        f"of at least {2 * PROMPT_CHARS} characters on 4 lines in an assistant turn of held-out conversations {code}.."
+        f"{code_prompts(2 * n, code)[1]} ({2 * n} distinct), "
+        + ("FRESH (past the target's training records; no earlier table read ShareGPT code)"
+           if status["sharegpt_code"] == "fresh" else "SEEN") + trained("sharegpt_code"))
+    return (f"ShareGPT chat: the first {2 * n} distinct held-out prompts from index {she} on, "
             + ("FRESH (past the first " + str(SEEN_SHAREGPT) + " that earlier versions of the model were developed on; "
                "none of them decoded before this table)" if status["sharegpt"] == "fresh" else
                "SEEN (earlier versions of the model were developed on prompts up to " + str(SEEN_SHAREGPT - 1) + ")")
+            + trained("sharegpt") + code_line
             + f". HumanEval: problems {args.humaneval_start}..{args.humaneval_start + 2 * n - 1}, SEEN: no HumanEval "
-            "problem is unseen (0..131 are in the target's training text, 132..163 were development, 0..127 the "
-            "first table's test), so its rows are labelled `seen` and are not fresh out-of-sample evidence.")
+            "problem is unseen (0..131 are in the target's training text, 132..163 were development, 0..127 earlier "
+            "tables' test), so its rows are labelled `seen` and are not fresh out-of-sample evidence.")
 
 
 def _header(cmd: str, info: dict, res: dict, settings: dict, prompts_line: str) -> list[str]:
+    shifts = "; ".join(f"{k}: {v['rounds']} of {v['of_rounds']} rounds, logit shift per rank "
+                       + " / ".join(f"{d[0]:+.2f}" for d in v["logit_shift"]) for k, v in res.get("shifts", {}).items())
     return ["# Acceptance predicted out of sample", "",
             f"Generated by `{cmd}` ({info['seconds']:.0f} s, CPU). Target: `{info['model']}` (Qwen3.5 architecture, "
             "trained on the ShareGPT training split and HumanEval 0..131), drafter: its MTP layer. Prompts per half: "
             + ", ".join(f"{k} {v}" for k, v in res["prompts"].items())
             + f"; {settings['max_new_tokens']} new tokens each, one static batch per half and policy. " + prompts_line
-            + " Each row's `prompts` column says `fresh` or `seen`.",
+            + " Each row's `prompts` column says `fresh` or `seen` (the calibrating runs: `seen`, their outcomes "
+            "were fitted).",
             f"Greedy decoding lossless in every run and drafting pass: "
             f"{all(all(v.values()) for v in res['lossless'].values()) if all(res['lossless'].values()) else 'not rechecked (kept traces)'}"
             + (" (as checked when the kept traces were decoded, not rechecked here)" if info.get("reused_traces") else "")
@@ -304,8 +323,14 @@ def _header(cmd: str, info: dict, res: dict, settings: dict, prompts_line: str) 
             "- `policies`: every tree policy on the test half, calibrated on the same workload's calibration half "
             "(new policies on new prompts: what a user's linear acceptance metrics predict about trees);",
             "- `prompts`: the linear policies on the test half, same calibration (new prompts);",
-            "- `workload`: every policy on HumanEval's test half, calibrated on ShareGPT's calibration half "
-            "(chat -> code); ShareGPT's `policies` and `prompts` rows are chat -> held-out chat;",
+            "- `workload`: every policy on a code workload's test half, calibrated on ShareGPT chat's calibration half "
+            "alone (chat -> code, no code outcome); ShareGPT chat's `policies` and `prompts` rows are chat -> "
+            "held-out chat;",
+            f"- `workload_shift` (`calibrated_on` sharegpt+<code workload>): the same chat calibration moved by one "
+            f"logit shift per rank, fitted on a seeded random 1/{SHIFT_SHARE} of the code workload's calibration "
+            "rounds (its calibration half's linear runs, simtree.acceptance.workload_shift): chat plus a few code "
+            "rounds -> code, labelled so because it read code outcomes (those rounds only, never the test half's)"
+            + (f" ({shifts})" if shifts else "") + ";",
             "- `in_sample`: the calibrating runs themselves, not out of sample.",
             "", "Each run is predicted from the drafting pass of its own prompts: plain greedy decoding (the text "
             "every policy reproduces token for token) with, at each generated position, the MTP layer's top-8 "
@@ -336,40 +361,50 @@ def main(argv=None) -> int:
     ap.add_argument("--quick", action="store_true", help="3 prompts per half, three trees (a check, not a result)")
     ap.add_argument("--sharegpt-start", type=int, default=SHAREGPT_START,
                     help=f"first held-out ShareGPT prompt index (fresh from {SEEN_SHAREGPT})")
+    ap.add_argument("--code-start", type=int, default=CODE_START,
+                    help=f"first held-out ShareGPT conversation searched for code (fresh from {SEEN_CODE})")
     ap.add_argument("--humaneval-start", type=int, default=HUMANEVAL_START, help="first HumanEval problem")
     ap.add_argument("--development", action="store_true",
                     help="the prompts the model was first developed on (ShareGPT 0..127, HumanEval 132..163)")
     args = ap.parse_args(argv)
     settings = dict(QUICK if args.quick else FULL)
     t0 = time.perf_counter()
-    starts = {"sharegpt": args.sharegpt_start, "humaneval": args.humaneval_start}
+    starts = {"sharegpt": args.sharegpt_start, "sharegpt_code": args.code_start, "humaneval": args.humaneval_start}
     status = {w: "seen" if args.development else prompt_status(w, s) for w, s in starts.items()}
     try:
+        overlap = {}
         if args.reuse_traces:
             halves = load_halves(args.reuse_traces, settings)
         else:
-            prompts = development_prompts if args.development else (lambda w, n: held_out_prompts(w, n, starts[w]))
-            halves = decode_halves(args.model, settings, prompts, args.traces)
+            if args.development:
+                prompts, workloads = development_prompts, ("sharegpt", "humaneval")
+            else:
+                prompts, workloads = (lambda w, n: held_out_prompts(w, n, starts[w])), OOS_WORKLOADS
+                overlap = {w: training_overlap(sum(prompts(w, settings["prompts"]), [])) for w in ("sharegpt", "sharegpt_code")}
+            halves = decode_halves(args.model, settings, prompts, args.traces, workloads=workloads)
         res = analyse(halves, status)
+        line = _prompts_line(args, settings, status, overlap, ("sharegpt_code", "test") in halves)
     except SimtreeError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     out, df, s = Path(args.out), res["table"], res["summary"]
     cmd = ("python -m simtree.runtime.acceptance_oos" + (" --quick" if args.quick else "")
            + (" --development" if args.development else
-              f" --sharegpt-start {args.sharegpt_start} --humaneval-start {args.humaneval_start}") + f" --out {args.out}")
+              f" --sharegpt-start {args.sharegpt_start} --code-start {args.code_start} "
+              f"--humaneval-start {args.humaneval_start}") + f" --out {args.out}")
     if args.model != str(DEFAULT_MODEL):
         cmd += f" --model {args.model}"
     info = {"command": cmd, "model": Path(args.model).name, "calibration": [policy_name(*p) for p in LINEAR],
             "settings": {**settings, "trees": [policy_name(*p) for p in settings["trees"]]},
             "prompts": res["prompts"], "prompt_status": status, "prompt_starts": None if args.development else starts,
-            "seconds": round(time.perf_counter() - t0, 1), "torch_threads": 1, "summary": s,
-            "lossless": res["lossless"], "calibration_folds": res["calibration_folds"], "models": res["models"]}
+            "training_overlap": overlap, "seconds": round(time.perf_counter() - t0, 1), "torch_threads": 1,
+            "summary": s, "lossless": res["lossless"], "calibration_folds": res["calibration_folds"],
+            "workload_shifts": res["shifts"], "models": res["models"]}
     if args.reuse_traces:
         info["reused_traces"] = True
     write_text_atomic(out / "acceptance_out_of_sample.csv", df.to_csv(index=False, float_format="%.5f"))
     settings_block = "\n## Settings\n\n```json\n" + json.dumps(info, indent=1) + "\n```\n"
-    head = _header(cmd, info, res, settings, _prompts_line(args, settings, status))
+    head = _header(cmd, info, res, settings, line)
     write_text_atomic(out / "acceptance_out_of_sample.md", summary_markdown(df, s, head).rstrip("\n") + "\n" + settings_block)
     print(f"wrote {out / 'acceptance_out_of_sample.csv'}: {len(df)} rows, {info['seconds']:.0f}s")
     for name, f in s["families"].items():

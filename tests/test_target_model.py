@@ -153,10 +153,12 @@ def test_acceptance_table_predicts_each_split_from_linear_calibration_runs_alone
     runs of a calibration half (one fit per calibration workload, with and without the lookup,
     shared by every run it predicts); each run's model comes from the drafting pass of its own
     prompts (no outcome), which decodes the same text as plain decoding; test-half trees are
-    calibrated on the same workload (``policies``) and HumanEval's test half on ShareGPT too
-    (``workload``); the kept traces give the same table again."""
+    calibrated on the same workload (``policies``) and each code workload's test half on ShareGPT
+    chat too (``workload``) and on chat shifted by a few of its own calibration rounds
+    (``workload_shift``); the calibrating runs' prompts are ``seen``; the kept traces give the same
+    table again."""
     import simtree.runtime.acceptance_oos as oos
-    from simtree.planning.acceptance_oos import COLUMNS, FAMILIES, oos_summary
+    from simtree.acceptance.out_of_sample import COLUMNS, FAMILIES, oos_summary
     _, path, _ = trained
     calibrated, transferred = [], []
     real_cal, real_transfer = oos.fit_calibration, oos.transfer_model
@@ -172,31 +174,45 @@ def test_acceptance_table_predicts_each_split_from_linear_calibration_runs_alone
                                 "baseline_rel_err"]
     n_lin, n_tree = len(oos.LINEAR), len(trees)
     counts = df.groupby(["split", "workload"]).size().to_dict()
-    assert counts == {("in_sample", "sharegpt"): n_lin, ("in_sample", "humaneval"): n_lin,
-                      ("prompts", "sharegpt"): n_lin, ("prompts", "humaneval"): n_lin,
-                      ("policies", "sharegpt"): n_tree, ("policies", "humaneval"): n_tree,
-                      ("workload", "humaneval"): n_lin + n_tree}
+    code = ("sharegpt_code", "humaneval")
+    assert counts == {**{(s, w): n_lin for s in ("in_sample", "prompts") for w in oos.OOS_WORKLOADS},
+                      **{("policies", w): n_tree for w in oos.OOS_WORKLOADS},
+                      **{(s, w): n_lin + n_tree for s in ("workload", "workload_shift") for w in code}}
     assert set(df.loc[df["split"] == "workload", "calibrated_on"]) == {"sharegpt"}
-    assert (df.loc[df["split"] != "workload", "calibrated_on"] == df.loc[df["split"] != "workload", "workload"]).all()
+    shifted = df[df["split"] == "workload_shift"]
+    assert (shifted["calibrated_on"] == "sharegpt+" + shifted["workload"]).all()
+    own = ~df["split"].isin(["workload", "workload_shift"])
+    assert (df.loc[own, "calibrated_on"] == df.loc[own, "workload"]).all()
     assert np.allclose(df["rel_err"], df["predicted_accepted"] / df["measured_accepted"] - 1)
     se = df["measured_se"].where(df["measured_se"] > 0)       # no spread measured: no error in its units
     assert np.allclose(df["err_in_se"], (df["predicted_accepted"] - df["measured_accepted"]) / se, equal_nan=True)
     # the default ShareGPT range is past every prompt earlier versions read; no HumanEval problem is fresh
-    assert dict(df.groupby("workload")["prompts"].unique().apply(list)) == {"humaneval": ["seen"], "sharegpt": ["fresh"]}
-    assert all(all(v.values()) for v in res["lossless"].values()) and len(res["lossless"]) == 4
+    # (ShareGPT code past the training records); the calibrating runs were fitted on: seen
+    out = df[df["split"] != "in_sample"]
+    assert dict(out.groupby("workload")["prompts"].unique().apply(list)) == {
+        "humaneval": ["seen"], "sharegpt": ["fresh"], "sharegpt_code": ["fresh"]}
+    assert set(df.loc[df["split"] == "in_sample", "prompts"]) == {"seen"}
+    assert all(all(v.values()) for v in res["lossless"].values()) and len(res["lossless"]) == 6
     # one fit per (calibration half, lookup or not), each on one calibration half's linear runs; the
     # prediction reads the lookup (the runs log it), confidence_only does not
     assert sorted((recs[0].workload, ctx) for recs, ctx in calibrated) == [
-        ("humaneval", False), ("humaneval", True), ("sharegpt", False), ("sharegpt", True)]
-    assert set(res["calibration_folds"]) == {"sharegpt", "humaneval"}
+        (w, c) for w in sorted(oos.OOS_WORKLOADS) for c in (False, True)]
+    assert set(res["calibration_folds"]) == set(oos.OOS_WORKLOADS)
+
     for recs, _ in calibrated:
         assert len({r.workload for r in recs}) == 1 and {r.mode for r in recs} == {"linear"}
         assert {r.tree.num_nodes for r in recs} == {p["budget"] for _, p in oos.LINEAR}
-    again = oos.analyse(oos.load_halves(tmp_path, settings), {"sharegpt": "fresh", "humaneval": "seen"})
+    kept = oos.load_halves(tmp_path, settings)
+    again = oos.analyse(kept, {"sharegpt": "fresh", "sharegpt_code": "fresh", "humaneval": "seen"})
+    # the shift read a share of the code calibration half's linear rounds, nothing of a test half
+    for w in code:
+        shift = res["shifts"][f"sharegpt+{w} lookup"]
+        assert shift["of_rounds"] == sum(len(r["records"]) for r in kept[w, "calibration"]["runs"].values())
+        assert 0 <= shift["rounds"] <= shift["of_rounds"]
     assert np.allclose(again["table"]["predicted_accepted"], df["predicted_accepted"])
     assert again["lossless"] == res["lossless"]
     # the workloads' prompts: disjoint halves; the fresh ShareGPT range past the seen one
-    for w in ("sharegpt", "humaneval"):
+    for w in oos.OOS_WORKLOADS:
         a, b = oos.held_out_prompts(w, 2, 0)
         assert len(a) == len(b) == 2 and not set(a) & set(b)
     from simtree.runtime.data import prompts
@@ -213,10 +229,11 @@ def test_acceptance_table_predicts_each_split_from_linear_calibration_runs_alone
     s = oos_summary(df)
     assert set(s["families"]) == {" ".join(k) for k in FAMILIES}
     assert s["families"]["workload humaneval"]["rows"] == n_lin + n_tree
+    assert s["families"]["workload_shift sharegpt_code"]["prompts"] == "fresh"
     assert s["families"]["policies sharegpt"]["prompts"] == "fresh"
     assert s["meets_targets"] == all(f["meets_targets"] for f in s["families"].values())
-    assert set(s["measured_se_rel"]) == {f"{w} {h}" for w in ("sharegpt", "humaneval") for h in ("calibration", "test")}
-    assert set(s["prompt_halves_gap"]) == {"sharegpt", "humaneval"}
+    assert set(s["measured_se_rel"]) == {f"{w} {h}" for w in oos.OOS_WORKLOADS for h in ("calibration", "test")}
+    assert set(s["prompt_halves_gap"]) == set(oos.OOS_WORKLOADS)
     assert s["extras"]["baseline"]["families"]["policies sharegpt"]["rows"] == n_tree
 
 

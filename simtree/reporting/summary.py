@@ -25,7 +25,7 @@ import pandas as pd
 
 from simtree.errors import SimtreeError
 from simtree.fileio import read_json, write_text_atomic
-from simtree.planning.acceptance_oos import FAMILIES
+from simtree.acceptance.out_of_sample import FAMILIES
 
 __all__ = ["START", "END", "PLAN_TOLERANCE", "MIN_POLICIES", "plan_points", "plan_gap", "plan_standing", "plan_gaps", "Folder", "FOLDERS", "headlines", "summary_table", "reports_index",
            "replace_block", "write_summary", "gdn_headline", "v4_headline", "profile_headline",
@@ -269,7 +269,7 @@ def plan_gaps(runs: pd.DataFrame) -> dict:
 
 def acceptance_oos_line(acc: pd.DataFrame) -> str:
     """acceptance_out_of_sample.csv in one clause: each out-of-sample family's
-    (:data:`simtree.planning.acceptance_oos.FAMILIES`) median and worst |rel_err| (prompts no
+    (:data:`simtree.acceptance.out_of_sample.FAMILIES`) median and worst |rel_err| (prompts no
     calibration read), none pooled with another, with whether its prompts are fresh or seen."""
     parts = []
     for (split, workload), words in FAMILIES.items():

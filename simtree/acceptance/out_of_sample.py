@@ -3,15 +3,17 @@
 The table (``reports/validation/acceptance_out_of_sample.csv``, written by
 ``python -m simtree.runtime.acceptance_oos``): one row per (drafter, policy, workload, split)
 run, its measured mean accepted tokens per round (bonus included) beside the prediction of an
-acceptance model (:func:`simtree.acceptance.predict.accepted_per_round` for every policy; the
-adaptive modes' analytic decision): each run's model is a drafter calibration, fitted on linear
+acceptance model (:func:`simtree.acceptance.predict.accepted_per_round`, or the predictor the
+caller passes: the runtime's adds the adaptive modes' analytic decision): each run's model is a drafter calibration, fitted on linear
 runs' outcomes (``calibrated_on``), applied to the drafter's confidences on the run's own
 prompts (:mod:`simtree.acceptance.transfer`); other predictors go in further columns (``extras``).
 ``split`` (:data:`SPLITS`): ``policies`` (trees on prompts the calibration never saw, calibrated
 on the same workload's linear runs), ``prompts`` (linear runs on such prompts), ``workload``
-(another workload's prompts, every policy) or ``in_sample`` (the calibrating runs); the families
-reported (:data:`FAMILIES`) are split x workload.  ``prompts``: whether the run's prompts are
-``fresh`` (no version of the model was developed on them) or ``seen``.
+(another workload's prompts, every policy), ``workload_shift`` (the same, the calibration moved
+by a few of the new workload's own rounds: :mod:`simtree.acceptance.workload_shift`) or
+``in_sample`` (the calibrating runs); the families reported (:data:`FAMILIES`) are split x
+workload.  ``prompts``: whether the run's prompts are ``fresh`` (no version of the model was
+developed on them) or ``seen`` (the calibrating runs always: their outcomes were fitted).
 """
 from __future__ import annotations
 
@@ -21,7 +23,8 @@ import pandas as pd
 from simtree.acceptance.predict import accepted_per_round
 from simtree.acceptance.traces import sequence_ids
 
-__all__ = ["COLUMNS", "SPLITS", "FAMILIES", "measured_accepted", "predicted_accepted", "oos_table", "oos_summary", "summary_markdown", "TARGETS"]
+__all__ = ["COLUMNS", "SPLITS", "FAMILIES", "measured_accepted", "measured_se", "oos_table", "oos_summary",
+           "summary_markdown", "TARGETS"]
 
 COLUMNS = ["drafter", "policy", "workload", "split", "measured_accepted", "predicted_accepted", "rel_err"]
 TARGETS = {"median_abs_rel_err": 0.03, "max_abs_rel_err": 0.08}
@@ -44,26 +47,17 @@ def measured_se(records, resamples: int = 400, seed: int = 0) -> float:
     return float(np.std(sums[pick].sum(1) / counts[pick].sum(1), ddof=1))
 
 
-def predicted_accepted(model, mode: str, params: dict, costs=None, batch_size: int = 1,
-                       context_len: float = 0.0) -> float:
-    """Accepted tokens per round (bonus included) the acceptance ``model`` predicts for a policy;
-    cost_aware and batch_alloc: the simulator's analytic decision at ``context_len`` for
-    ``batch_size`` under ``costs`` (each level's budget, the levels weighed as its rounds spread)."""
-    if mode not in ("cost_aware", "batch_alloc"):
-        return accepted_per_round(model, mode, params)
-    from simtree.planning.adaptive import AdaptiveRounds
-    from simtree.planning.modes import PolicySpec
-    ad = AdaptiveRounds(model, PolicySpec.from_dict(mode, dict(params)), costs, batch_size)
-    nodes, weights = ad.decide(float(context_len))
-    gain = 1.0 + np.array([ad.phi(lv, int(n)) for lv, n in enumerate(nodes)])
-    return float(np.asarray(weights) @ gain)
+def _fixed_shape(model, run: dict) -> float:
+    return accepted_per_round(model, run["mode"], run["params"])
 
 
-def oos_table(model, runs: list[dict], costs=None, extras: dict | None = None) -> pd.DataFrame:
+def oos_table(model, runs: list[dict], predict=_fixed_shape, extras: dict | None = None) -> pd.DataFrame:
     """Rows of :data:`COLUMNS` (and ``measured_se``, :func:`measured_se`) for ``runs`` (dicts:
-    drafter, policy, mode, params, workload, split, records, and for the adaptive modes
-    batch_size and context_len), each predicted by the acceptance ``model``
-    (:func:`predicted_accepted`; ``costs``: the adaptive modes' bundle).  ``model``: one model
+    drafter, policy, mode, params, workload, split, records, and whatever ``predict`` reads),
+    each predicted by the acceptance ``model``: ``predict(model, run)``, accepted tokens per round
+    with the bonus (default :func:`simtree.acceptance.predict.accepted_per_round` of the run's
+    mode and params; the adaptive modes' analytic decision needs the planner's, which the
+    caller passes).  ``model``: one model
     for every run, or {key: model} picked by each run's ``drafts`` key (a model per split, from
     that split's drafter confidences).  ``extras``: {name: model or {key: model}}, other
     predictors whose predictions go in ``<name>_predicted`` / ``<name>_rel_err``."""
@@ -75,8 +69,7 @@ def oos_table(model, runs: list[dict], costs=None, extras: dict | None = None) -
     rows = []
     for run in runs:
         measured = measured_accepted(run["records"])
-        args = (run["mode"], run["params"], costs, run.get("batch_size", 1), run.get("context_len", 0.0))
-        predicted = predicted_accepted(pick(model, run), *args)
+        predicted = predict(pick(model, run), run)
         se = measured_se(run["records"])
         row = {"drafter": run["drafter"], "policy": run["policy"], "workload": run["workload"],
                "split": run["split"], "measured_accepted": measured, "predicted_accepted": predicted,
@@ -84,7 +77,7 @@ def oos_table(model, runs: list[dict], costs=None, extras: dict | None = None) -
                "prompts": run.get("prompts", ""), "measured_se": se,
                "err_in_se": (predicted - measured) / se if se > 0 else float("nan")}
         for name, acc in extras.items():
-            row[f"{name}_predicted"] = predicted_accepted(pick(acc, run), *args)
+            row[f"{name}_predicted"] = predict(pick(acc, run), run)
             row[f"{name}_rel_err"] = row[f"{name}_predicted"] / measured - 1.0
         rows.append(row)
     df = pd.DataFrame(rows, columns=[*COLUMNS, "calibrated_on", "prompts", "measured_se", "err_in_se", "err_in_joint_se",
@@ -100,7 +93,8 @@ def _joint_rel_se(df: pd.DataFrame) -> pd.Series:
     mean's alone where the table has no calibrating rows."""
     rel = df["measured_se"] / df["measured_accepted"]
     cal = rel[df["split"] == "in_sample"].groupby(df["workload"]).median()
-    joint = np.sqrt(rel ** 2 + df["calibrated_on"].map(cal).fillna(0.0).astype(float) ** 2)
+    source = df["calibrated_on"].astype(str).str.partition("+")[0]      # a shifted calibration: its source's
+    joint = np.sqrt(rel ** 2 + source.map(cal).fillna(0.0).astype(float) ** 2)
     return joint.where(joint > 0)         # no spread measured on either side: no error in its units
 
 
@@ -114,9 +108,15 @@ def _stats(err: pd.Series) -> dict:
 
 # the out-of-sample families (split, workload), each reported alone (never pooled into one figure),
 # in words; SPLITS: the out-of-sample values of ``split``
-FAMILIES = {("policies", "sharegpt"): "chat linear -> chat trees", ("policies", "humaneval"): "code linear -> code trees",
-            ("prompts", "sharegpt"): "chat linear -> chat linear", ("prompts", "humaneval"): "code linear -> code linear",
-            ("workload", "humaneval"): "chat linear -> code, every policy"}
+FAMILIES = {("policies", "sharegpt"): "chat linear -> chat trees", ("prompts", "sharegpt"): "chat linear -> chat linear",
+            ("policies", "sharegpt_code"): "code linear -> code trees (ShareGPT code)",
+            ("prompts", "sharegpt_code"): "code linear -> code linear (ShareGPT code)",
+            ("workload", "sharegpt_code"): "chat linear -> code, every policy (ShareGPT code)",
+            ("workload_shift", "sharegpt_code"): "chat linear + a few code rounds -> code, every policy (ShareGPT code)",
+            ("policies", "humaneval"): "code linear -> code trees (HumanEval)",
+            ("prompts", "humaneval"): "code linear -> code linear (HumanEval)",
+            ("workload", "humaneval"): "chat linear -> code, every policy (HumanEval)",
+            ("workload_shift", "humaneval"): "chat linear + a few code rounds -> code, every policy (HumanEval)"}
 SPLITS = tuple(dict.fromkeys(s for s, _ in FAMILIES))
 
 
