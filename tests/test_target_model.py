@@ -220,6 +220,10 @@ def test_acceptance_table_predicts_each_split_from_linear_calibration_runs_alone
     assert oos.SHAREGPT_START >= oos.SEEN_SHAREGPT
     assert not set(sum(oos.held_out_prompts("sharegpt", 2, oos.SHAREGPT_START), [])) & seen
     assert oos.prompt_status("sharegpt", oos.SEEN_SHAREGPT - 1) == "seen" == oos.prompt_status("humaneval", 0)
+    # ShareGPT code: fenced blocks of held-out conversations past the training records, fresh from CODE_START
+    code, last = oos.code_prompts(4, oos.CODE_START)
+    assert len(set(code)) == 4 and all(p.startswith("```") and len(p) == 160 for p in code) and last >= oos.CODE_START
+    assert oos.prompt_status("sharegpt_code", oos.CODE_START) == "fresh" != oos.prompt_status("sharegpt_code", 0)
     with pytest.raises(SimtreeError, match="humaneval prompts from index 160"):
         oos.held_out_prompts("humaneval", 4, 160)
     dev = oos.development_prompts("sharegpt", 2)      # the development halves: the seen prompts
