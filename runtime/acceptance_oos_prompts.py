@@ -33,11 +33,13 @@ CODE_WORKLOADS = ("sharegpt_code", "humaneval")        # predicted from chat too
 # first out-of-sample table's 128, repeats skipped), 384..513 (the second table's, then read to find
 # why the lookup calibration missed its own runs) and 640..771 (the third table's, read once it was
 # written); all development data since (docs/acceptance.md, section 5).  263..383 and 514..639 have
-# never been decoded.  A version that develops on a later range raises SEEN_SHAREGPT past it.
+# never been decoded.  772..911 are the fourth table's (fresh when decoded for it; a version that
+# develops on them raises SEEN_SHAREGPT past them and takes a range past the table's).
 SEEN_SHAREGPT = 772
 SHAREGPT_START = 772
 # ShareGPT code: held-out conversations from CODE_START on (past the training records, below);
-# none read by any earlier version (SEEN_CODE: the first index a table may call fresh)
+# none read by any earlier version (SEEN_CODE: the first index a table may call fresh); the fourth
+# table's are 2000..2472
 CODE_START = 2000
 SEEN_CODE = 2000
 TRAINING_CONVERSATIONS = 2000     # target_train's default: the first 2 x 2000 ShareGPT records
