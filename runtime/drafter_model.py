@@ -44,7 +44,7 @@ __all__ = ["BlockDrafterModule", "target_features", "save_drafter", "read_drafte
 
 DRAFTER_SCHEMA = "simtree.block_drafter/1"
 SIZE_FIELDS = ("block_len", "layers", "target_layers", "markov_rank", "cand_k", "adapter_dim", "mask_token")
-TRAINABLE = ("block", "dspark")     # the families simtree trains (tfm: random weights only)
+TRAINABLE = ("block", "dspark", "tfm")
 ROPE_THETA = 1e6                    # the runtime's (runtime/full/block_drafters.py)
 
 
@@ -68,10 +68,17 @@ class BlockDrafterModule(nn.Module):
         """{runtime name: float32 tensor} (``DrafterRound(weights=...)``)."""
         return {k: self.w(k).detach().float().contiguous() for k in self.names}
 
-    def load_tensors(self, tensors: dict[str, torch.Tensor]) -> None:
+    def load_backbone(self, tensors: dict[str, torch.Tensor], source) -> None:
+        """The backbone's weights from a trained drafter's ``tensors`` (a tfm adapter's base), frozen."""
+        names = [k for k in self.names if not k.startswith(("tfm.", "markov.", "conf."))]
+        bad = [k for k in names if k not in tensors or tuple(tensors[k].shape) != tuple(self.w(k).shape)]
+        if bad:
+            raise SimtreeError(f"{source}: its backbone does not fit this drafter ({bad[0]!r} missing or of another "
+                               "shape): train it with the same --layers and --block-len")
         with torch.no_grad():
-            for k in self.names:
+            for k in names:
                 self.w(k).copy_(tensors[k])
+                self.w(k).requires_grad_(False)
 
     def _heads(self, x: torch.Tensor, name: str, pos: torch.Tensor, heads: int) -> torch.Tensor:
         """x [..., heads * D] -> RMSNorm(``name``) + RoPE at positions ``pos`` [...] -> [..., heads, D]."""
@@ -82,9 +89,41 @@ class BlockDrafterModule(nn.Module):
 
     def forward(self, feats: torch.Tensor, ids: torch.Tensor, anchors: torch.Tensor, labels: torch.Tensor | None = None):
         """feats [B, T, F*h] (tapped target states of ids' positions), ids [B, T], anchors [B, N]
-        (block positions p: rows at p .. p + L - 1, context rows < p); ``labels`` [B, N, L] (dspark:
-        the teacher-forced previous tokens).  -> (logits float32 [B, N, L, V], confidence logits
-        [B, N, L] for dspark else None)."""
+        (block positions p: rows at p .. p + L - 1, context rows < p); ``labels`` [B, N, L] (dspark,
+        tfm: the teacher-forced previous tokens).  -> block: (logits float32 [B, N, L, V], None);
+        dspark: (logits with the Markov head's, confidence logits [B, N, L]); tfm: (the adapter's
+        conditional log-probs over each row's candidates [B, N, L, cand_k], the candidates' ids)."""
+        hid, toks = self.hidden(feats, ids, anchors)
+        logits = F.linear(hid, self.lm_head).float()
+        if self.cfg.family == "tfm":
+            return self._tfm(hid, logits, toks[..., 0], labels)
+        if self.cfg.family != "dspark":
+            return logits, None
+        prev = torch.cat([toks[..., :1], labels[..., :-1]], -1)                          # teacher-forced chain
+        e = F.embedding(prev, self.w("markov.w1"))
+        logits = logits + F.linear(e, self.w("markov.w2")).float()
+        conf = F.linear(torch.cat([hid.detach(), e.detach()], -1), self.w("conf.w"), self.w("conf.b"))[..., 0]
+        return logits, conf
+
+    def _tfm(self, hid, logits, anchor, labels):
+        """The adapter along the target's path (``kernels.layers.drafters.tfm``'s ``_expand``, teacher-forced):
+        the node at depth d holds the target's token at depth d (the anchor at 0), its state
+        s_d = tanh(W_cell [s_{d-1}; E t_d]), its conditional over row d's top-cand_k candidates."""
+        top, cand = logits.topk(self.cfg.cand_k, -1)
+        base = top - torch.logsumexp(logits, -1, keepdim=True)
+        q_in = F.linear(hid, self.w("tfm.in"))
+        emb = self.w("tfm.emb")
+        toks = torch.cat([anchor[..., None], labels[..., :-1]], -1)
+        s = torch.zeros(*toks.shape[:2], emb.shape[1])
+        conds = []
+        for j in range(toks.shape[-1]):
+            s = torch.tanh(F.linear(torch.cat([s, F.embedding(toks[..., j], emb)], -1), self.w("tfm.cell")))
+            score = torch.einsum("bna,bnka->bnk", s + q_in[:, :, j], F.embedding(cand[:, :, j], emb))
+            conds.append(torch.log_softmax(base[:, :, j] + score.float(), -1))
+        return torch.stack(conds, 2), cand
+
+    def hidden(self, feats: torch.Tensor, ids: torch.Tensor, anchors: torch.Tensor):
+        """The blocks' final-normed rows [B, N, L, h] and their input tokens [B, N, L]."""
         cfg, d = self.cfg, self.cfg.dims
         B, T = ids.shape
         N, L = anchors.shape[1], cfg.block_len
@@ -116,15 +155,7 @@ class BlockDrafterModule(nn.Module):
             x = x + F.linear(o.reshape(B, N, L, d.Hq * d.D), self.w(pre + "o"))
             x = x + F.linear(ref.silu_mul(F.linear(ref.rms_norm(x, self.w(pre + "ln2"), EPS), self.w(pre + "gate_up"))),
                              self.w(pre + "down"))
-        hid = ref.rms_norm(x, self.w("norm"), EPS)
-        logits = F.linear(hid, self.lm_head).float()
-        if cfg.family != "dspark":
-            return logits, None
-        prev = torch.cat([toks[..., :1], labels[..., :-1]], -1)                          # teacher-forced chain
-        e = F.embedding(prev, self.w("markov.w1"))
-        logits = logits + F.linear(e, self.w("markov.w2")).float()
-        conf = F.linear(torch.cat([hid.detach(), e.detach()], -1), self.w("conf.w"), self.w("conf.b"))[..., 0]
-        return logits, conf
+        return ref.rms_norm(x, self.w("norm"), EPS), toks
 
 
 @torch.no_grad()

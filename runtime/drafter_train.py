@@ -38,7 +38,7 @@ import torch.nn.functional as F
 from simtree.errors import SimtreeError, check_int
 
 from .data import training_docs
-from .drafter_model import TRAINABLE, BlockDrafterModule, save_drafter, target_features
+from .drafter_model import TRAINABLE, BlockDrafterModule, read_drafter, save_drafter, target_features
 from .train_state import (CHECKPOINT_FILE, StopOnSignal, TrainingInterrupted, begin_job, publish_folder, restore,
                           save_checkpoint)
 
@@ -60,6 +60,9 @@ class DrafterTrainConfig:
     block_len: int = 7
     layers: int = 2
     markov_rank: int = 64
+    cand_k: int = 64
+    adapter_dim: int = 64
+    init_from: str | None = None      # tfm: the trained block drafter whose backbone it adapts (default: MODEL's)
     lr: float = 2e-3
     warmup: int = 20
     depth_decay: float = 0.8
@@ -79,6 +82,8 @@ class DrafterTrainConfig:
         check_int(self.anchors, "--anchors", 1, 4096)
         check_int(self.layers, "--layers", 1, 64)
         check_int(self.markov_rank, "--markov-rank", 1, 4096)
+        check_int(self.cand_k, "--cand-k", 1, 1 << 20)
+        check_int(self.adapter_dim, "--adapter-dim", 1, 4096)
         check_int(self.conversations, "--conversations", 1)
         check_int(self.checkpoint_every, "--checkpoint-every", 1)
         if not (self.lr > 0 and math.isfinite(self.lr)):
@@ -137,16 +142,24 @@ def _losses(drafter: BlockDrafterModule, blocks: _Blocks, cfg: DrafterTrainConfi
     logits, conf = drafter(blocks.feats, blocks.ids, blocks.anchors, blocks.labels)
     L = cfg.block_len
     valid = blocks.valid.float()
-    ce = F.cross_entropy(logits.flatten(0, 2), blocks.labels.flatten(), reduction="none").view(blocks.labels.shape)
+    labels = blocks.labels
+    if cfg.family == "tfm":     # the adapter's conditional over the row's candidates; the target's token among them
+        match = conf == labels[..., None]
+        labels, conf = match.float().argmax(-1), None
+        valid = valid[..., None] * match.any(-1).float()
+    else:
+        valid = valid[..., None].expand(-1, -1, L)
+    ce = F.cross_entropy(logits.flatten(0, 2), labels.flatten(), reduction="none").view(labels.shape)
     wdepth = cfg.depth_decay ** torch.arange(L, dtype=torch.float32)
-    n = valid.sum().clamp(min=1.0)
-    loss = (ce * wdepth * valid[..., None]).sum() / (n * wdepth.sum())
-    hit = (logits.argmax(-1) == blocks.labels).float()
+    blocks_ok = blocks.valid.float()
+    n = blocks_ok.sum().clamp(min=1.0)
+    loss = (ce * wdepth * valid).sum() / (n * wdepth.sum())
+    hit = (logits.argmax(-1) == labels).float() * valid
     lead = hit.cumprod(-1)                                      # every position up to j accepted
-    stats = {"top1_depth1": float((hit[..., 0] * valid).sum() / n),
-             "chain_accept": float((lead.sum(-1) * valid).sum() / n), "conf_loss": 0.0}
+    stats = {"top1_depth1": float((hit[..., 0] * blocks_ok).sum() / n),
+             "chain_accept": float((lead.sum(-1) * blocks_ok).sum() / n), "conf_loss": 0.0}
     if conf is not None:    # position j's acceptance given that the ones before it were
-        before = torch.cat([torch.ones_like(lead[..., :1]), lead[..., :-1]], -1) * valid[..., None]
+        before = torch.cat([torch.ones_like(lead[..., :1]), lead[..., :-1]], -1) * valid
         bce = F.binary_cross_entropy_with_logits(conf, hit, reduction="none")
         conf_loss = (bce * before).sum() / before.sum().clamp(min=1.0)
         loss = loss + conf_loss
@@ -171,14 +184,23 @@ def train_drafter(model_dir, cfg: DrafterTrainConfig | None = None, out=None, ov
     target, tok, shape, taps = _load_target(model_dir)
     from simtree.kernels.layers.drafters import drafter_config
 
+    extra = {"dspark": {"markov_rank": cfg.markov_rank}, "tfm": {"cand_k": cfg.cand_k, "adapter_dim": cfg.adapter_dim},
+             "block": {}}[cfg.family]
     dcfg = drafter_config(shape, cfg.family, block_len=cfg.block_len, layers=cfg.layers, target_layers=len(taps),
-                          **({"markov_rank": cfg.markov_rank} if cfg.family == "dspark" else {}))
+                          **extra)
     train_docs, held_docs = training_docs(cfg.conversations)
     stream, held = corpus(tok, train_docs), corpus(tok, held_docs)
     torch.manual_seed(cfg.seed)
     emb = target.lm.model.embed_tokens.weight
     drafter = BlockDrafterModule(dcfg, emb, target.lm.lm_head.weight, seed=cfg.seed)
-    opt = torch.optim.AdamW(drafter.parameters(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=0.01)
+    if cfg.family == "tfm":     # the adapter over a trained block drafter, whose backbone stays as it is
+        base = Path(cfg.init_from) if cfg.init_from else drafter_dir(model_dir, "block")
+        if not (base / "config.json").is_file():
+            raise SimtreeError(f"--drafter tfm adapts a trained block drafter: {base} holds none (train "
+                               "--drafter block first, or pass --init-from)")
+        drafter.load_backbone(read_drafter(base, "block")[1], base)
+    opt = torch.optim.AdamW([p for p in drafter.parameters() if p.requires_grad], lr=cfg.lr, betas=(0.9, 0.95),
+                            weight_decay=0.01)
     ckpt = out / CHECKPOINT_FILE
     if begun is None:
         rng = np.random.default_rng(cfg.seed)
@@ -230,6 +252,7 @@ def train_drafter(model_dir, cfg: DrafterTrainConfig | None = None, out=None, ov
     heldout = _heldout(drafter, target, taps, held, cfg)
     tail = state["tail"]
     record = {"schema": "simtree.drafter_training/1", "family": cfg.family, "target": str(model_dir),
+              "trainable_parameters": sum(p.numel() for p in drafter.parameters() if p.requires_grad),
               "settings": asdict(cfg), "parameters": n_params, "taps": list(taps), "steps": step,
               "complete": step == cfg.steps, "final_loss": float(np.mean([t["loss"] for t in tail])),
               "final_chain_accept": float(np.mean([t["chain_accept"] for t in tail])), **heldout,

@@ -15,6 +15,7 @@ pytest.importorskip("tokenizers")
 
 from simtree.errors import SimtreeError  # noqa: E402
 from simtree.kernels.layers.drafters import BackboneState, backbone_forward, drafter_config, dspark_draft  # noqa: E402
+from simtree.kernels.layers.drafters.tfm import _expand, tfm_candidates  # noqa: E402
 from simtree.kernels.layers.head import logits_fp32  # noqa: E402
 from simtree.models import get_model  # noqa: E402
 from simtree.planning.simulate import PolicySpec  # noqa: E402
@@ -43,10 +44,11 @@ def target_dir(tmp_path_factory):
     return folder
 
 
-@pytest.mark.parametrize("family", ["block", "dspark"])
+@pytest.mark.parametrize("family", ["block", "dspark", "tfm"])
 def test_training_module_is_the_runtime_forward(target_dir, family):
     shape = get_model(str(target_dir))
-    sizes = dict(block_len=5, layers=2, target_layers=4, **({"markov_rank": 8} if family == "dspark" else {}))
+    sizes = dict(block_len=5, layers=2, target_layers=4, **{"dspark": {"markov_rank": 8}, "block": {},
+                                                            "tfm": {"cand_k": 6, "adapter_dim": 8}}[family])
     cfg = drafter_config(shape, family, **sizes)
     emb = torch.randn(cfg.vocab, cfg.h) * 0.1
     module = BlockDrafterModule(cfg, emb, emb, seed=3)
@@ -64,6 +66,15 @@ def test_training_module_is_the_runtime_forward(target_dir, family):
         logits, c = module(feats, ids, torch.full((B, 1), p), top[None, :, :, 0].transpose(0, 1))
         torch.testing.assert_close(torch.sigmoid(c[:, 0]), conf, rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(torch.log_softmax(logits[:, 0], -1).gather(-1, top), lp, rtol=1e-4, atol=1e-4)
+    elif family == "tfm":     # the root's conditional over row 0's candidates, then the target path's next node
+        path = torch.randint(0, cfg.vocab - 1, (B, 1, cfg.block_len))
+        cond, cand = module(feats, ids, torch.full((B, 1), p), path)
+        lp, cids = tfm_candidates(rnd.w, hid, 6)
+        assert torch.equal(cand[:, 0], cids)
+        q_in, cemb = torch.nn.functional.linear(hid, rnd.w["tfm.in"]), torch.nn.functional.embedding(cids, rnd.w["tfm.emb"])
+        s0, c0 = _expand(rnd.w, torch.zeros(B, 1, 8), ids[:, p:p + 1], q_in, cemb, lp, torch.zeros(B, 1, dtype=torch.int64), 5)
+        _, c1 = _expand(rnd.w, s0, path[:, 0, :1], q_in, cemb, lp, torch.ones(B, 1, dtype=torch.int64), 5)
+        torch.testing.assert_close(cond[:, 0, :2], torch.cat([c0, c1], 1), rtol=1e-4, atol=1e-4)
     else:
         logits, c = module(feats, ids, torch.full((B, 1), p))
         assert c is None
@@ -111,13 +122,24 @@ def test_train_resume_load_and_lossless(target_dir, tmp_path):
     assert spark["outputs"] == plain and spark["notes"] == []
     blk = decode_prompts(model, PROMPTS, PolicySpec.from_dict("block", {"budget": 5, "block_len": 4}), 12)
     assert blk["outputs"] == plain and "no trained block drafter" in blk["notes"][0]
+    with pytest.raises(SimtreeError, match="adapts a trained block drafter"):
+        train_drafter(target_dir, DrafterTrainConfig(family="tfm", **TINY))
+    train_drafter(target_dir, DrafterTrainConfig(family="block", **TINY))
+    tfm = train_drafter(target_dir, DrafterTrainConfig(family="tfm", **TINY, cand_k=5, adapter_dim=4))
+    assert tfm["trainable_parameters"] < tfm["parameters"]          # the block backbone kept
+    base, adapter = _weights(target_dir / "drafters" / "block"), _weights(target_dir / "drafters" / "tfm")
+    assert all(torch.equal(base[k], adapter[k]) for k in base)
+    model = build_model(str(target_dir), device="cpu", dtype=torch.float32)
+    for mode, params in [("block", {"budget": 5, "block_len": 4}), ("tfm", {"budget": 5, "width": 2, "block_len": 4})]:
+        run = decode_prompts(model, PROMPTS, PolicySpec.from_dict(mode, params), 12)
+        assert run["outputs"] == plain and run["notes"] == []
     with pytest.raises(SimtreeError, match="drafts 4 positions"):     # the trained block is 4 long
         decode_prompts(model, PROMPTS, PolicySpec.from_dict("dspark", {"block_len": 6, "threshold": 0.0}), 4)
 
 
 def test_bad_input_is_one_line(target_dir, tmp_path):
-    with pytest.raises(SimtreeError, match="--drafter 'tfm'"):
-        DrafterTrainConfig(family="tfm").validate()
+    with pytest.raises(SimtreeError, match="--drafter 'eagle'"):
+        DrafterTrainConfig(family="eagle").validate()
     with pytest.raises(SimtreeError, match="not a trained target folder"):
         train_drafter(tmp_path, DrafterTrainConfig(**TINY), out=tmp_path / "o")
     with pytest.raises(SimtreeError, match="unreadable"):

@@ -7,7 +7,7 @@ from pathlib import Path
 import typer
 
 HELP = ("Train a block drafter (block: DFlash-style parallel marginals; dspark: DSpark with its Markov and "
-        "confidence heads) for a target folder written by `simtree train`, the target frozen, on the target's "
+        "confidence heads; tfm: a TfM adapter over a trained block drafter, its backbone kept) for a target folder written by `simtree train`, the target frozen, on the target's "
         "own greedy continuations of the training text (docs/drafters.md \"Trained drafters\").  Written to "
         "MODEL/drafters/FAMILY, which `simtree run --model MODEL --mode FAMILY` loads.\n\n"
         "Checkpointed every --checkpoint-every steps and on Ctrl-C; --resume continues it (the same weights "
@@ -19,7 +19,7 @@ def register(app: typer.Typer) -> None:
     @app.command("train-drafter", help=HELP)
     def train_drafter_cmd(
         model: Path = typer.Option(..., help="the target folder (simtree train's output)"),
-        drafter: str = typer.Option("block", help="block | dspark"),
+        drafter: str = typer.Option("block", help="block | dspark | tfm"),
         out: Path = typer.Option(None, help="output folder (default MODEL/drafters/DRAFTER)"),
         steps: int = typer.Option(300, help="optimizer steps"),
         batch_size: int = typer.Option(16, help="greedy sequences per step"),
@@ -29,6 +29,10 @@ def register(app: typer.Typer) -> None:
         block_len: int = typer.Option(7, help="rows of one drafter forward (depths drafted)"),
         layers: int = typer.Option(2, help="draft layers"),
         markov_rank: int = typer.Option(64, help="DSpark's Markov head rank"),
+        cand_k: int = typer.Option(64, help="TfM: candidates per position the adapter scores"),
+        adapter_dim: int = typer.Option(64, help="TfM: the adapter's width"),
+        init_from: Path = typer.Option(None, help="TfM: the trained block drafter it adapts (default "
+                                                  "MODEL/drafters/block)"),
         lr: float = typer.Option(2e-3, help="peak learning rate"),
         seed: int = typer.Option(0, help="random seed (deterministic for a given seed and step count)"),
         max_seconds: float = typer.Option(1200.0, help="stop early after this many seconds and publish as is "
@@ -44,7 +48,8 @@ def register(app: typer.Typer) -> None:
 
         cfg = DrafterTrainConfig(family=drafter, steps=steps, batch_size=batch_size, prefix_len=prefix_len,
                                  gen_len=gen_len, anchors=anchors, block_len=block_len, layers=layers,
-                                 markov_rank=markov_rank, lr=lr, seed=seed, max_seconds=max_seconds,
+                                 markov_rank=markov_rank, cand_k=cand_k, adapter_dim=adapter_dim,
+                                 init_from=None if init_from is None else str(init_from), lr=lr, seed=seed, max_seconds=max_seconds,
                                  checkpoint_every=checkpoint_every, conversations=conversations)
         say = None if json_out else (lambda line: typer.echo(line, err=True))
         try:
