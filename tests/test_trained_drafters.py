@@ -167,3 +167,18 @@ def test_shipped_drafters_accept_and_stay_lossless(mode, params):
     run = decode_prompts(model, ids, PolicySpec.from_dict(mode, params), 24)
     assert run["outputs"] == plain and run["notes"] == []
     assert run["accepted_tokens_per_round"] > 1.5      # random weights accept ~1.0
+
+
+def test_acceptance_table_replaces_its_block_only(tmp_path):
+    from simtree.runtime.drafter_acceptance import BEGIN, END, POLICIES, table_markdown, write_docs
+    rows = [{"drafter": d, "shape": s, "accepted_per_round": 2.5, "verified_drafts_per_round": 3.0, "lossless": True}
+            for d, s, _, _ in POLICIES]
+    doc = tmp_path / "d.md"
+    doc.write_text(f"# head\n{BEGIN}\nold\n{END}\ntail\n")
+    write_docs(doc, table_markdown(rows, 900, 32, 64, "abc1234"))
+    text = doc.read_text()
+    assert text.startswith("# head\n") and text.endswith(f"{END}\ntail\n") and "old" not in text
+    assert text.count("| 2.50 | 3.0 | yes |") == len(POLICIES) and "abc1234" in text
+    doc.write_text("no markers")
+    with pytest.raises(SimtreeError, match="markers"):
+        write_docs(doc, "x")
