@@ -1,5 +1,5 @@
 """Live acceptance of every drafter of the shipped trained target: MTP chain and trees, and the
-trained block drafters (``block``, ``dspark``), on held-out ShareGPT prompts.
+trained block drafters (``block``, ``tfm``, ``dspark``), on held-out ShareGPT prompts.
 
     python -m simtree.runtime.drafter_acceptance --out out/drafter_acceptance --docs docs/drafters.md
 
@@ -53,6 +53,8 @@ POLICIES = [
     ("block", "best-first from marginals, 4 nodes", "block", {"budget": 4}),
     ("block", "best-first from marginals, 8 nodes", "block", {"budget": 8}),
     ("block", "best-first from marginals, 16 nodes", "block", {"budget": 16}),
+    ("tfm", "adapter best-first, 8 nodes, 1 a step", "tfm", {"budget": 8, "width": 1}),
+    ("tfm", "adapter best-first, 16 nodes, 4 a step", "tfm", {"budget": 16, "width": 4}),
     ("dspark", "chain of 3 (block 3), all verified", "dspark", {"block_len": 3, "threshold": 0.0}),
     ("dspark", "chain of 7, all verified", "dspark", {"threshold": 0.0}),
     ("dspark", "chain of 7, survival >= 0.3 verified", "dspark", {"threshold": 0.3}),

@@ -156,7 +156,8 @@ def test_bad_input_is_one_line(target_dir, tmp_path):
                      ends={"embed": emb, "lm_head": emb}, weights={"fc": torch.zeros(32, 32 * 5)})
 
 
-@pytest.mark.parametrize("mode,params", [("block", {"budget": 8}), ("dspark", {"threshold": 0.0})])
+@pytest.mark.parametrize("mode,params", [("block", {"budget": 8}), ("dspark", {"threshold": 0.0}),
+                                         ("tfm", {"budget": 8, "width": 2})])
 def test_shipped_drafters_accept_and_stay_lossless(mode, params):
     from simtree.runtime.bpe import BpeTokenizer
     from simtree.runtime.data import prompts
@@ -182,3 +183,12 @@ def test_acceptance_table_replaces_its_block_only(tmp_path):
     doc.write_text("no markers")
     with pytest.raises(SimtreeError, match="markers"):
         write_docs(doc, "x")
+
+
+def test_cli_bad_input_is_one_line(tmp_path):
+    from typer.testing import CliRunner
+
+    from simtree.cli import app
+    for args, want in [(["--drafter", "eagle"], "--drafter 'eagle'"), (["--drafter", "block"], "not a trained target")]:
+        result = CliRunner().invoke(app, ["train-drafter", "--model", str(tmp_path), *args])
+        assert isinstance(result.exception, SimtreeError) and want in str(result.exception)   # main: one line, exit 2
