@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import json
 import math
-import shutil
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -49,11 +48,11 @@ from .bpe import BpeTokenizer, train_tokenizer, write_tokenizer
 from .data import training_docs
 from .target_model import PRESETS, TargetWithMTP, hf_config, save_folder
 from .train_memory import check_training_memory
-from .train_state import StopOnSignal, TrainingInterrupted, read_checkpoint, restore, save_checkpoint
+from .train_state import (CHECKPOINT_FILE, StopOnSignal, TrainingInterrupted, begin_job, publish_folder, restore,
+                          save_checkpoint)
 
 __all__ = ["TargetTrainConfig", "TrainingInterrupted", "train_target", "corpus", "checkpoint_path", "CHECKPOINT_FILE"]
 
-CHECKPOINT_FILE = "checkpoint.safetensors"
 FREE_SETTINGS = ("max_seconds", "checkpoint_every")   # a resumed run may change these: the result does not
 LOG_HEADER = "step,lr,lm_loss,mtp_loss,heldout_lm_loss,heldout_mtp_loss,seconds"
 
@@ -135,44 +134,16 @@ def _flag(key: str) -> str:
     return "--target-steps" if key == "steps" else f"--{key.replace('_', '-')}"
 
 
-def _begin(out: Path, cfg: TargetTrainConfig, overwrite: bool, resume: bool) -> dict | None:
-    """The state to continue from (``resume``), else None; every refusal before any work."""
-    ckpt = checkpoint_path(out)
-    if resume:
-        if overwrite:
-            raise SimtreeError("--resume and --overwrite exclude each other: --overwrite trains from scratch")
-        if not ckpt.is_file():
-            raise SimtreeError(f"--resume: {out} holds no training checkpoint ({CHECKPOINT_FILE}): "
-                               "start the job without --resume")
-        state, tensors, meta = read_checkpoint(ckpt)
-        for key, want in _job(cfg).items():
-            have = state["settings"].get(key)
-            if have != want:
-                raise SimtreeError(f"--resume: the checkpoint in {out} is from a run with {_flag(key)} {have!r} "
-                                   f"(this run asks for {want!r}): resume with that run's settings")
-        return {"state": state, "tensors": tensors, "meta": meta}
-    if out.exists() and (not out.is_dir() or any(out.iterdir())) and not overwrite:
-        unfinished = " (an unfinished run: pass --resume to continue it)" if ckpt.is_file() else ""
-        raise SimtreeError(f"--out {out} already holds files{unfinished}: pass --overwrite to replace them, "
-                           "or choose another")
-    return None
-
-
 def _publish(out: Path, model: TargetWithMTP, tok: BpeTokenizer, record: dict, log: list[str], cuda: bool,
              checkpoint=None) -> None:
     """Write the folder beside ``out`` and move it over ``out`` (``checkpoint(path)`` adds the
     training state to an unfinished one)."""
-    staging = out.with_name(f".{out.name}.partial")
-    shutil.rmtree(staging, ignore_errors=True)
-    write_tokenizer(tok.tokenizer, staging)
-    if checkpoint is not None:
-        checkpoint(checkpoint_path(staging))
-    save_folder(model.float().cpu(), staging, dtype=torch.bfloat16 if cuda else torch.float32,
-                extra_files={"training.json": json.dumps(record, indent=1) + "\n",
-                             "training_log.csv": "\n".join([LOG_HEADER, *log]) + "\n"})
-    if out.exists():
-        shutil.rmtree(out)
-    staging.rename(out)
+    def write(staging: Path) -> None:
+        write_tokenizer(tok.tokenizer, staging)
+        save_folder(model.float().cpu(), staging, dtype=torch.bfloat16 if cuda else torch.float32,
+                    extra_files={"training.json": json.dumps(record, indent=1) + "\n",
+                                 "training_log.csv": "\n".join([LOG_HEADER, *log]) + "\n"})
+    publish_folder(out, write, checkpoint)
 
 
 def train_target(out, cfg: TargetTrainConfig | None = None, overwrite: bool = False, progress=None,
@@ -182,7 +153,8 @@ def train_target(out, cfg: TargetTrainConfig | None = None, overwrite: bool = Fa
     after the current step and raise :class:`TrainingInterrupted`."""
     cfg = (cfg or TargetTrainConfig()).validate()
     out = Path(out)
-    begun = _begin(out, cfg, overwrite, resume)
+    begun = begin_job(out, _job(cfg), overwrite, resume, _flag)
+    begun = None if begun is None else dict(zip(("state", "tensors", "meta"), begun))
     say = events or (lambda line: None)
     t_start = time.perf_counter()
     cuda = cfg.device.startswith("cuda")

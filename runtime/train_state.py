@@ -24,7 +24,9 @@ from simtree.errors import SimtreeError
 from simtree.fileio import write_atomic
 
 __all__ = ["CHECKPOINT_SCHEMA", "StopOnSignal", "TrainingInterrupted", "save_checkpoint", "read_checkpoint",
-           "restore"]
+           "restore", "begin_job", "publish_folder", "CHECKPOINT_FILE"]
+
+CHECKPOINT_FILE = "checkpoint.safetensors"    # inside a job's output folder
 
 CHECKPOINT_SCHEMA = "simtree.train_checkpoint/2"
 
@@ -62,6 +64,48 @@ class StopOnSignal:
     def __exit__(self, *exc):
         for s, old in self._old.items():
             signal.signal(s, old)
+
+
+def begin_job(out: Path, job: dict, overwrite: bool, resume: bool, flag=str) -> tuple | None:
+    """The checkpoint (state, tensors, meta) of ``out`` to continue (``resume``), else None;
+    every refusal before any work: --resume with --overwrite, no checkpoint, a checkpoint of
+    another job (``job``: the settings that make two runs the same; ``flag(key)``: its option),
+    a non-empty ``out`` without --overwrite."""
+    ckpt = Path(out) / CHECKPOINT_FILE
+    if resume:
+        if overwrite:
+            raise SimtreeError("--resume and --overwrite exclude each other: --overwrite trains from scratch")
+        if not ckpt.is_file():
+            raise SimtreeError(f"--resume: {out} holds no training checkpoint ({CHECKPOINT_FILE}): "
+                               "start the job without --resume")
+        state, tensors, meta = read_checkpoint(ckpt)
+        for key, want in job.items():
+            have = state["settings"].get(key)
+            if have != want:
+                raise SimtreeError(f"--resume: the checkpoint in {out} is from a run with {flag(key)} {have!r} "
+                                   f"(this run asks for {want!r}): resume with that run's settings")
+        return state, tensors, meta
+    if out.exists() and (not out.is_dir() or any(out.iterdir())) and not overwrite:
+        unfinished = " (an unfinished run: pass --resume to continue it)" if ckpt.is_file() else ""
+        raise SimtreeError(f"--out {out} already holds files{unfinished}: pass --overwrite to replace them, "
+                           "or choose another")
+    return None
+
+
+def publish_folder(out: Path, write, checkpoint=None) -> None:
+    """``write(folder)`` fills a folder beside ``out`` (with ``checkpoint(path)``'s training state
+    inside: an unfinished job), which then replaces ``out``."""
+    import shutil
+
+    staging = out.with_name(f".{out.name}.partial")
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    if checkpoint is not None:
+        checkpoint(staging / CHECKPOINT_FILE)
+    write(staging)
+    if out.exists():
+        shutil.rmtree(out)
+    staging.rename(out)
 
 
 def _weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:

@@ -12,6 +12,7 @@ CPU): the runtime's interface to ``simtree.kernels.layers.drafters``.
 A = block_len + 1 rows a round can accept, the first ``n_new`` [B] real; ``anchor`` [B]: the
 target's next token.  The round commits the real context rows to the drafter's caches and
 advances its lengths; the outputs are views of static buffers, overwritten by the next round.
+``weights``: trained weights {name: tensor} (the runtime's names; else random, drawn from ``seed``).
 """
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ from simtree.kernels.layers.drafters import (BackboneState, DeviceTree, backbone
                                              drafter_config, drafter_specs, dspark_draft, prepare, tfm_tree,
                                              tree_from_marginals)
 from simtree.kernels.layers.rope import RopeTable
-from simtree.kernels.layers.weights import make_weights
+from simtree.kernels.layers.weights import make_weights, weights_from
 
 __all__ = ["DrafterRound", "DrafterOutput"]
 
@@ -42,13 +43,20 @@ class DrafterOutput:
 class DrafterRound:
     def __init__(self, shape, family: str, *, batch: int, max_len: int, device, dtype, budget: int = 8,
                  topk: int = 4, width: int = 4, seed: int = 0, ends: dict | None = None, graph: bool | None = None,
-                 **sizes):
+                 weights: dict | None = None, **sizes):
         self.cfg = cfg = drafter_config(shape, family, **sizes)
         if budget < 1 or topk < 1 or width < 1:
             raise SimtreeError(f"drafter round: budget, topk and width must be >= 1, got {budget}, {topk}, {width}")
         self.family, self.budget, self.topk, self.width = family, int(budget), int(topk), int(width)
         dev = torch.device(device)
-        w = make_weights(drafter_specs(cfg, with_ends=ends is None), dev, dtype, seed)
+        specs = drafter_specs(cfg, with_ends=ends is None)
+        if weights is None:
+            w = make_weights(specs, dev, dtype, seed)
+        else:       # trained weights (runtime/drafter_model.py read_drafter): every one the drafter needs
+            w = weights_from(specs, weights, dev, dtype)
+            missing = [s.name for s in specs if s.name not in w]
+            if missing:
+                raise SimtreeError(f"{family} drafter weights lack {len(missing)} tensor(s), e.g. {missing[0]!r}")
         if ends is not None:
             w.update(embed=ends["embed"], lm_head=ends["lm_head"])
         self.w = prepare(w, cfg)

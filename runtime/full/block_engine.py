@@ -35,6 +35,8 @@ confidence head).  Each round's confidences and verified prefix stay on the devi
 """
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 
 from simtree.drafters import PUBLIC, own_block_len
@@ -49,7 +51,8 @@ from .block_drafters import DrafterRound
 from .drafting import MARGINAL_TOPK, RoundShape, lay_out, pad_tree
 from .engine import FullEngine
 
-__all__ = ["BlockEngine", "make_engine", "check_block_len", "feature_layers", "FAMILY_FIELDS"]
+__all__ = ["BlockEngine", "make_engine", "check_block_len", "feature_layers", "FAMILY_FIELDS", "trained_drafter",
+           "drafter_note"]
 
 # drafter sizes of one family only (``sizes`` may name them for every family: the others' are dropped)
 FAMILY_FIELDS = {"tfm": ("cand_k", "adapter_dim"), "dspark": ("markov_rank",)}
@@ -64,6 +67,25 @@ def feature_layers(n_layers: int, count: int = PUBLIC["target_layers"]) -> tuple
         return (n_layers // 2,)
     start, end = 1, max(n_layers - 3, count)
     return tuple(sorted({round(start + i * (end - start) / (count - 1)) for i in range(count)}))
+
+
+def trained_drafter(model, family: str):
+    """(sizes, weights) of the trained ``family`` drafter in the model's checkpoint folder
+    (``MODEL/drafters/<family>``, runtime/drafter_model.py), or None where there is none."""
+    root = getattr(model, "drafters_dir", None)
+    if root is None or not (Path(root) / family / "config.json").is_file():
+        return None
+    from simtree.runtime.drafter_model import read_drafter
+    return read_drafter(Path(root) / family, family)
+
+
+def drafter_note(model, family: str) -> str | None:
+    """One line where a checkpoint's block drafter is drawn at random (no trained one beside it)."""
+    root = getattr(model, "drafters_dir", None)
+    if root is None or (Path(root) / family / "config.json").is_file():
+        return None
+    return (f"{model.shape.name} has no trained {family} drafter ({Path(root) / family}): it drafts with random "
+            "weights (acceptance means nothing; the output stays lossless)")
 
 
 def make_engine(model, rs: RoundShape, batch_size: int, max_len: int, source=None, graphs=None, costs=None,
@@ -91,8 +113,9 @@ class BlockEngine(FullEngine):
     def __init__(self, model, rs: RoundShape, batch_size: int, max_len: int, source=None, graphs=None, costs=None,
                  sizes: dict | None = None, seed: int = 0, trace_topk: int = 0):
         """``sizes``: drafter fields other than the public ones (tests: tiny drafters; another
-        family's fields are ignored); ``trace_topk`` > 0: a traced engine (FullEngine's), whose
-        rounds keep their marginals for ``last_round``."""
+        family's fields are ignored); without them a checkpoint's trained drafter
+        (:func:`trained_drafter`) is loaded where there is one; ``trace_topk`` > 0: a traced engine
+        (FullEngine's), whose rounds keep their marginals for ``last_round``."""
         if not rs.block_drafter:
             raise SimtreeError(f"{rs.name} is not drafted by a block drafter")
         check_block_len(rs, costs)
@@ -100,13 +123,21 @@ class BlockEngine(FullEngine):
         taps = feature_layers(len(model.kinds))
         self.verify_kw = {"taps": taps}
         others = {f for fam, fields in FAMILY_FIELDS.items() if fam != rs.drafter for f in fields}
+        trained = trained_drafter(model, rs.drafter) if sizes is None else None
+        weights = None
+        if trained is not None:
+            sizes, weights = trained
+            if sizes.get("target_layers") != len(taps) or rs.num_steps > sizes.get("block_len", 0):
+                raise SimtreeError(f"the trained {rs.drafter} drafter reads {sizes.get('target_layers')} target layers "
+                                   f"and drafts {sizes.get('block_len')} positions; this run needs {len(taps)} layers "
+                                   f"and {rs.num_steps} positions")
         sizes = {"target_layers": len(taps), **{k: v for k, v in (sizes or {}).items() if k not in others},
                  "block_len": rs.num_steps}
         B, L, dev = self.B, rs.num_steps, self.device
         self.drafter = DrafterRound(model.shape, rs.drafter, batch=B, max_len=max_len, device=dev, dtype=model.dtype,
                                     budget=rs.tree_nodes, topk=max(rs.topk, 1), width=rs.width, seed=seed,
                                     ends={"embed": model.w["embed"], "lm_head": model.w["lm_head"]}, graph=False,
-                                    **sizes)
+                                    weights=weights, **sizes)
         K = MARGINAL_TOPK
         self.marginal_ids = torch.zeros(B, L, K, dtype=torch.int64, device=dev)
         self.marginal_lp = torch.zeros(B, L, K, dtype=torch.float32, device=dev)

@@ -24,6 +24,7 @@ import torch
 from simtree.errors import SimtreeError, check_int
 from simtree.fileio import write_text_atomic
 
+from .block_engine import drafter_note
 from .build import DTYPES, build_model, dtype_name
 from .drafting import round_shape
 from .engine import OUT_CAP
@@ -72,6 +73,8 @@ def decode_prompts(model, prompt_ids: list[str] | list[list[int]], spec, max_new
                else parse_prompt_ids(list(prompt_ids), built.vocab))
     rs = round_shape(spec)
     notes = [] if rs.plain else list(getattr(built, "load_notes", []))
+    if rs.block_drafter:    # a block drafter: the MTP layer's note is not about it, a missing trained drafter is
+        notes = [n for n in [drafter_note(built, rs.drafter)] if n]
     for line in notes:
         if say is not None:
             say(line)

@@ -20,6 +20,7 @@ COMMANDS = {
     "run": "Decode live with a policy and report measured against predicted throughput.",
     "report": "Render a report (markdown + PNG) from saved plans, fits or runs.",
     "train": "Train the small target and draft models that the runtime ships.",
+    "train-drafter": "Train a block drafter (DFlash-style block, DSpark) for a trained target folder, the target frozen.",
     "sglang": "Print SGLang server arguments (static EAGLE tree) for a planned policy.",
     "export": "Write a planned policy as what SGLang or vLLM takes (launch flags, adaptive config, SPS table).",
     "import-metrics": "Read the acceptance a vLLM or SGLang server measured into an acceptance file for plan.",
