@@ -1,0 +1,116 @@
+"""The round before folded straight from its own buffers (docs/math/gdn_tree_solve.md, "The
+commit deferred", the launch-free form): device functions the verify walks (FOLD 3 / 4) and
+the standalone ``_round_fold_kernel`` call.
+
+Where ``GDNPendingPath`` holds copies of the accepted path's rows (written by the deferred
+commit's launch), ``GDNPendingRound`` keeps references to the round before's k, u, G and
+ancestor bits and its accepted nodes; the fold gathers the path from the ancestor bits (as
+the standalone commit's gathered path walk does) and runs
+
+    S* = e^{G_a} S + sum_{m on a's root path} e^{G_a - G_m} k_m u_m^T
+
+on the state tile as it loads it.  A round then takes one GDN launch (the walk) and a memset
+(the ``on`` flags armed after acceptance) instead of walk + commit kernel.
+
+    _round_folded_tile  the whole [K, BV] tile folded in registers and returned (the walk's S0)
+    _round_fold_state   the tile folded in memory, BK state rows at a time (any tile size)
+
+Both fold only where the tile's ``on`` columns say the round waits and clear them in the same
+program, so no sequence of calls folds a round twice (abort-safe as the pending path is).
+"""
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from ._bits import _popcount64, _select_bit64
+from ._fold_kernel import _tile_and_flags
+
+
+@triton.jit
+def _round_path_sum(S, k_ptr, u_ptr, G_ptr, bits_ptr, bos, a, Ga, i_h, i_hv, o_k, o_v,
+                    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+                    W: tl.constexpr, BT: tl.constexpr, L2NORM: tl.constexpr,
+                    PREC: tl.constexpr, DOT16: tl.constexpr):
+    """S + sum over local node a's root path (tree at flat row bos) of e^{G_a - G_m}
+    k_m[o_k] u_m[o_v]^T, BT path nodes per [len(o_k), BT] x [BT, BV] product, gathered from
+    a's ancestor bits (slot s = the word's s-th set bit).  k rows are L2-normalised over all
+    K (L2NORM) as the verify used them, whatever rows o_k keeps; DOT16: bf16 operands with
+    fp32 accumulation (a bf16 u buffer), else fp32 at PREC - the standalone commit's sums."""
+    arow = bos + a
+    o_t = tl.arange(0, BT)
+    o_kf = tl.arange(0, K)
+    for w in range(0, a // 64 + 1):
+        word = tl.load(bits_ptr + arow * W + w).to(tl.uint64, bitcast=True)
+        cnt = _popcount64(word).to(tl.int64)   # ancestors-or-self of a: none lies past a
+        for s0 in range(0, cnt, BT):
+            slot = s0 + o_t
+            on = slot < cnt
+            gcol = tl.where(on, bos + w * 64
+                            + _select_bit64(word + tl.zeros([BT], dtype=tl.uint64), slot), bos)
+            Gm = tl.load(G_ptr + gcol * HV + i_hv, mask=on, other=0.)
+            wgt = tl.where(on, tl.exp(tl.where(on, Ga - Gm, 0.)), 0.)
+            krow = k_ptr + (gcol * H + i_h)[:, None] * K
+            kp = tl.load(krow + o_k[None, :], mask=on[:, None], other=0.).to(tl.float32)
+            if L2NORM:
+                kf = tl.load(krow + o_kf[None, :], mask=on[:, None], other=0.).to(tl.float32)
+                kp = kp * (1. / tl.maximum(tl.sqrt(tl.sum(kf * kf, axis=1)), 1e-6))[:, None]
+            uc = tl.load(u_ptr + (gcol * HV + i_hv)[:, None] * V + o_v[None, :],
+                         mask=on[:, None], other=0.)
+            kw = tl.trans(kp * wgt[:, None])
+            if DOT16:
+                S = tl.dot(kw.to(tl.bfloat16), uc.to(tl.bfloat16), acc=S)
+            else:
+                S += tl.dot(kw, uc.to(tl.float32), input_precision=PREC)
+    return S
+
+
+@triton.jit
+def _round_at(rcu_ptr, racc_ptr, rG_ptr, i_b, i_hv, HV: tl.constexpr):
+    """(first flat row, accepted local node, G_a) of sequence i_b in the round before."""
+    bos = tl.load(rcu_ptr + i_b).to(tl.int64)
+    a = tl.load(racc_ptr + i_b).to(tl.int64)
+    return bos, a, tl.load(rG_ptr + (bos + a) * HV + i_hv)
+
+
+@triton.jit
+def _round_folded_tile(s_ptr, rk_ptr, ru_ptr, rG_ptr, rbits_ptr, rcu_ptr, racc_ptr, pon_ptr,
+                       i_b, i_hv, i_h, o_v, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr,
+                       V: tl.constexpr, W: tl.constexpr, BT: tl.constexpr,
+                       L2NORM: tl.constexpr, PREC: tl.constexpr, DOT16: tl.constexpr):
+    """The state tile [K, BV] fp32 of (i_b, i_hv, o_v) with the round before folded in
+    (stored back, its ``on`` columns cleared) or as stored where none waits: one read, at
+    most one write, the tile kept in registers by the caller."""
+    o_k = tl.arange(0, K)
+    sp, S, pon, on = _tile_and_flags(s_ptr, pon_ptr, i_b, i_hv, o_v, HV, K, V)
+    if tl.max(on.to(tl.int32), axis=0) > 0:
+        bos, a, Ga = _round_at(rcu_ptr, racc_ptr, rG_ptr, i_b, i_hv, HV)
+        S = tl.where(on[None, :], _round_path_sum(tl.exp(Ga) * S, rk_ptr, ru_ptr, rG_ptr,
+                                                  rbits_ptr, bos, a, Ga, i_h, i_hv, o_k, o_v,
+                                                  H, HV, K, V, W, BT, L2NORM, PREC, DOT16), S)
+        tl.store(sp, S)
+        tl.store(pon, tl.zeros(on.shape, dtype=tl.int8))
+    return S
+
+
+@triton.jit
+def _round_fold_state(s_ptr, rk_ptr, ru_ptr, rG_ptr, rbits_ptr, rcu_ptr, racc_ptr, pon_ptr,
+                      i_b, i_hv, i_h, o_v, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr,
+                      V: tl.constexpr, W: tl.constexpr, BK: tl.constexpr, BT: tl.constexpr,
+                      L2NORM: tl.constexpr, PREC: tl.constexpr, DOT16: tl.constexpr):
+    """The round before folded into the state tile of (i_b, i_hv, o_v) in memory, BK state
+    rows at a time (a [BK, BV] fp32 piece in registers), where its ``on`` columns wait."""
+    pon = pon_ptr + (i_b * HV + i_hv).to(tl.int64) * V + o_v
+    on = tl.load(pon) != 0
+    if tl.max(on.to(tl.int32), axis=0) > 0:
+        bos, a, Ga = _round_at(rcu_ptr, racc_ptr, rG_ptr, i_b, i_hv, HV)
+        sbase = s_ptr + (i_b * HV + i_hv).to(tl.int64) * K * V
+        for k0 in tl.static_range(0, K, BK):
+            o_k = k0 + tl.arange(0, BK)
+            sp = sbase + o_k[:, None] * V + o_v[None, :]
+            s_old = tl.load(sp)
+            S = _round_path_sum(tl.exp(Ga) * s_old, rk_ptr, ru_ptr, rG_ptr, rbits_ptr, bos, a,
+                                Ga, i_h, i_hv, o_k, o_v, H, HV, K, V, W, BT, L2NORM, PREC,
+                                DOT16)
+            tl.store(sp, tl.where(on[None, :], S, s_old))
+        tl.store(pon, tl.zeros(on.shape, dtype=tl.int8))

@@ -1,0 +1,71 @@
+"""The GDN commit deferred with no commit launch (``GDNPendingRound``): the next verify folds the
+round before straight from that round's buffers.  Two rounds on random trees against the
+float64 sequential references (Triton through the interpreter, and the torch form)."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from simtree.kernels.gdn import gdn_fold_pending, new_pending_round
+from simtree.kernels.gdn import _launched_deferred as deferred
+from test_gdn_deferred import (H, HV, K, TRANSPOSED, V, deepest, random_trees, ref_commit,
+                               ref_out, rel_err, round_inputs, verify)
+
+
+def armed_round(backend, seed=0):
+    """Round 1 verified (nothing waiting) and armed with each tree's deepest node."""
+    import numpy as np
+    rng, gen = np.random.default_rng(seed), torch.Generator().manual_seed(seed)
+    trees = random_trees(rng, [9, 20, 1])
+    r1 = round_inputs(trees, gen)
+    S0 = torch.randn(len(trees), HV, K, V, generator=gen) * 0.3
+    state, pend = S0.clone(), new_pending_round(len(trees), HV, V, "cpu")
+    out1, cache = verify(r1, state, backend, pend)      # never armed: folds nothing
+    acc = deepest(trees)
+    pend.arm(r1["k"], cache, r1["cu_nodes"], acc)
+    return dict(r1=r1, out1=out1, S0=S0, S1=ref_commit(r1, trees, S0, acc), state=state,
+                pend=pend, gen=gen, rng=rng)
+
+
+@pytest.mark.parametrize("backend, switches, registers, mode", [
+    ("triton", {}, 64, 3), ("triton", {}, 0, 4), ("triton", TRANSPOSED, 64, 3),
+    ("triton", dict(block_v=16), 0, 4), ("torch", {}, 64, 0)])
+def test_round_fold_equals_the_sequential_reference(backend, switches, registers, mode,
+                                                    monkeypatch):
+    """registers: the walk folds the tile in registers (FOLD 3) or in 8-row pieces through
+    memory (FOLD 4); every path, however long, folds (no row limit)."""
+    monkeypatch.setattr(deferred, "FOLD_REGISTERS", registers)
+    monkeypatch.setattr(deferred, "FOLD_BLOCK_K", 8)
+    t = armed_round(backend)
+    assert rel_err(t["out1"], ref_out(t["r1"], t["S0"])) < 1e-4
+    assert torch.equal(t["state"], t["S0"]) and t["pend"].on.all()
+    trees2 = random_trees(t["rng"], [5, 12, 17])
+    r2 = round_inputs(trees2, t["gen"])
+    out2, cache2 = verify(r2, t["state"], backend, t["pend"], **switches)
+    assert cache2.launch.get("fold", 0) == mode
+    assert rel_err(out2, ref_out(r2, t["S1"])) < 1e-4
+    assert rel_err(t["state"], t["S1"]) < 1e-5 and not t["pend"].on.any()
+    acc2 = torch.tensor([3, 0, 16])
+    t["pend"].arm(r2["k"], cache2, r2["cu_nodes"], acc2)
+    gdn_fold_pending(t["state"], t["pend"]) if backend == "torch" else \
+        deferred.launched_fold_round(t["state"], t["pend"], backend=backend, block_k=8)
+    assert rel_err(t["state"], ref_commit(r2, trees2, t["S1"], acc2)) < 1e-5
+    assert not t["pend"].on.any()
+
+
+@pytest.mark.parametrize("backend", ["triton", "torch"])
+def test_an_aborted_round_and_a_leaving_sequence(backend):
+    """A verify whose round is never armed folds the round before once (verifying again sees
+    the same state); a standalone fold of one leaving sequence folds only that one."""
+    t = armed_round(backend, seed=1)
+    leaving = torch.tensor([False, True, False])
+    deferred.launched_fold_round(t["state"], t["pend"], leaving, backend=backend)
+    want = torch.where(leaving[:, None, None, None], t["S1"], t["S0"].double())
+    assert rel_err(t["state"], want) < 1e-5
+    assert t["pend"].on.bool().any(dim=(1, 2)).tolist() == [True, False, True]
+    r2 = round_inputs(random_trees(t["rng"], [6, 6, 6]), t["gen"])
+    first, _ = verify(r2, t["state"], backend, t["pend"])      # aborted: never armed
+    again, _ = verify(r2, t["state"], backend, t["pend"])
+    deferred.launched_fold_round(t["state"], t["pend"], backend=backend)
+    assert rel_err(first, ref_out(r2, t["S1"])) < 1e-4 and rel_err(again, first) < 1e-6
+    assert rel_err(t["state"], t["S1"]) < 1e-5
