@@ -66,11 +66,11 @@ def _round_path_sum(S, k_ptr, u_ptr, G_ptr, bits_ptr, bos, a, Ga, i_h, i_hv, o_k
 
 
 @triton.jit
-def _round_at(rcu_ptr, racc_ptr, rG_ptr, i_b, i_hv, HV: tl.constexpr):
-    """(first flat row, accepted local node, G_a) of sequence i_b in the round before."""
-    bos = tl.load(rcu_ptr + i_b).to(tl.int64)
-    a = tl.load(racc_ptr + i_b).to(tl.int64)
-    return bos, a, tl.load(rG_ptr + (bos + a) * HV + i_hv)
+def _round_at(rcu_ptr, racc_ptr, i_b):
+    """(first flat row, accepted local node) of sequence i_b in the round before: loaded
+    beside the state tile and the flags, before the branch on the flags (in bounds whatever
+    they hold), so the fold's chain of dependent loads is one step shorter."""
+    return tl.load(rcu_ptr + i_b).to(tl.int64), tl.load(racc_ptr + i_b).to(tl.int64)
 
 
 @triton.jit
@@ -83,8 +83,9 @@ def _round_folded_tile(s_ptr, rk_ptr, ru_ptr, rG_ptr, rbits_ptr, rcu_ptr, racc_p
     most one write, the tile kept in registers by the caller."""
     o_k = tl.arange(0, K)
     sp, S, pon, on = _tile_and_flags(s_ptr, pon_ptr, i_b, i_hv, o_v, HV, K, V)
+    bos, a = _round_at(rcu_ptr, racc_ptr, i_b)
     if tl.max(on.to(tl.int32), axis=0) > 0:
-        bos, a, Ga = _round_at(rcu_ptr, racc_ptr, rG_ptr, i_b, i_hv, HV)
+        Ga = tl.load(rG_ptr + (bos + a) * HV + i_hv)
         S = tl.where(on[None, :], _round_path_sum(tl.exp(Ga) * S, rk_ptr, ru_ptr, rG_ptr,
                                                   rbits_ptr, bos, a, Ga, i_h, i_hv, o_k, o_v,
                                                   H, HV, K, V, W, BT, L2NORM, PREC, DOT16), S)
@@ -102,8 +103,9 @@ def _round_fold_state(s_ptr, rk_ptr, ru_ptr, rG_ptr, rbits_ptr, rcu_ptr, racc_pt
     rows at a time (a [BK, BV] fp32 piece in registers), where its ``on`` columns wait."""
     pon = pon_ptr + (i_b * HV + i_hv).to(tl.int64) * V + o_v
     on = tl.load(pon) != 0
+    bos, a = _round_at(rcu_ptr, racc_ptr, i_b)
     if tl.max(on.to(tl.int32), axis=0) > 0:
-        bos, a, Ga = _round_at(rcu_ptr, racc_ptr, rG_ptr, i_b, i_hv, HV)
+        Ga = tl.load(rG_ptr + (bos + a) * HV + i_hv)
         sbase = s_ptr + (i_b * HV + i_hv).to(tl.int64) * K * V
         for k0 in tl.static_range(0, K, BK):
             o_k = k0 + tl.arange(0, BK)
