@@ -24,7 +24,7 @@ def armed_round(backend, seed=0):
     acc = deepest(trees)
     pend.arm(r1["k"], cache, r1["cu_nodes"], acc)
     return dict(r1=r1, out1=out1, S0=S0, S1=ref_commit(r1, trees, S0, acc), state=state,
-                pend=pend, gen=gen, rng=rng)
+                pend=pend, gen=gen, rng=rng, trees=trees)
 
 
 @pytest.mark.parametrize("backend, switches, registers, mode", [
@@ -69,3 +69,38 @@ def test_an_aborted_round_and_a_leaving_sequence(backend):
     deferred.launched_fold_round(t["state"], t["pend"], backend=backend)
     assert rel_err(first, ref_out(r2, t["S1"])) < 1e-4 and rel_err(again, first) < 1e-6
     assert rel_err(t["state"], t["S1"]) < 1e-5
+
+
+def test_the_standalone_folds_and_the_deferred_commit_at_other_launches():
+    """The launch knobs the floor benchmark's variants time (V block, state rows per piece)
+    change no result: the path fold against its reference, the round fold against the
+    commit's, the deferred commit's kept rows against the default launch's."""
+    from simtree.kernels.gdn import gdn_fold_pending_ref, new_pending
+    gen = torch.Generator().manual_seed(4)
+    pend = new_pending(2, H, HV, K, V, 6, "cpu")
+    for t in (pend.k, pend.u):
+        t.normal_(generator=gen)
+    pend.w.uniform_(generator=gen)
+    pend.decay.uniform_(0.2, 1.0, generator=gen)
+    pend.length.copy_(torch.tensor([6, 3], dtype=torch.int32))
+    pend.on.fill_(1)
+    state = torch.randn(2, HV, K, V, generator=gen)
+    want = gdn_fold_pending_ref(state, pend)
+    deferred.launched_fold_pending(state, pend, backend="triton", block_v=16, block_k=8,
+                                   num_warps=2)
+    assert rel_err(state, want) < 1e-5 and not pend.on.any()
+    t = armed_round("triton", seed=2)
+    deferred.launched_fold_round(t["state"], t["pend"], backend="triton", block_v=16,
+                                 block_k=K, num_warps=2)
+    assert rel_err(t["state"], t["S1"]) < 1e-5
+    r1 = t["r1"]
+    _, cache = verify(r1, t["S0"].clone(), "triton", None)
+    kept = []
+    for bv in (None, V):
+        p = new_pending(3, H, HV, K, V, 32, "cpu")
+        deferred.launched_defer_commit(t["S0"].clone(), p, r1["k"], cache, r1["parents"],
+                                       r1["cu_nodes"], deepest(t["trees"]), backend="triton",
+                                       block_v=bv)
+        kept.append(p)
+    assert all(torch.equal(getattr(kept[0], f), getattr(kept[1], f))
+               for f in ("k", "w", "u", "decay", "length", "on"))

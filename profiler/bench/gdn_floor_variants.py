@@ -8,7 +8,8 @@ the switches it changes, the rows (kernels) it times and the shapes it is timed 
     bv64/32/16   the value dimension split over 2 / 4 / 8 programs per (sequence, value head)
                  where the rule runs one or two (batch <= 4: 48-192 programs on 132 SMs;
                  at 16-64 sequences of <= 32 nodes the rule's 2-warp programs each hold a
-                 whole [128, 128] state tile); bv64_w4 the same at 4 warps
+                 whole [128, 128] state tile); bv64_w4 the same at 4 warps, bv32_w2 and
+                 bv16_w2 at 2 warps (batch 1: the shortest chain of loads per program)
     triton_walk  the Triton walk where the rule takes the CUDA walk (does the CUDA walk's
                  fold cost the deferred pair its gain?)
     fold_*       the standalone fold's launch: V block, state rows per piece, warps
@@ -61,6 +62,12 @@ VARIANTS = (
             batches=(1, 4), nodes=SMALL_N, node_rows={"gdn_commit": (1,)}),
     Variant("bv16", PAIRS, verify=dict(block_v=16), commit=dict(block_v=16), batches=(1, 4),
             nodes=SMALL_N),
+    Variant("bv32_w2", ("gdn_verify+commit", "gdn_verify_fold+arm"),
+            verify=dict(block_v=32, num_warps=2), commit=dict(block_v=32, num_warps=2),
+            batches=(1,), nodes=(1, 4, 16)),
+    Variant("bv16_w2", ("gdn_verify+commit", "gdn_verify_fold+arm"),
+            verify=dict(block_v=16, num_warps=2), commit=dict(block_v=16, num_warps=2),
+            batches=(1,), nodes=(1, 4, 16)),
     Variant("bv64", ("gdn_verify+commit", "gdn_verify_fold+arm"), verify=dict(block_v=64),
             batches=(4, 16, 64), nodes=(1, 4, 16, 32)),
     Variant("bv64_w4", ("gdn_verify+commit", "gdn_verify_fold+arm"),
