@@ -3,6 +3,8 @@ round before straight from that round's buffers.  Two rounds on random trees aga
 float64 sequential references (Triton through the interpreter, and the torch form)."""
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -27,15 +29,20 @@ def armed_round(backend, seed=0):
                 pend=pend, gen=gen, rng=rng, trees=trees)
 
 
-@pytest.mark.parametrize("backend, switches, registers, mode", [
-    ("triton", {}, 64, 3), ("triton", {}, 0, 4), ("triton", TRANSPOSED, 64, 3),
-    ("triton", dict(block_v=16), 0, 4), ("torch", {}, 64, 0)])
-def test_round_fold_equals_the_sequential_reference(backend, switches, registers, mode,
+@pytest.mark.parametrize("backend, switches, registers, mode, path", [
+    ("triton", {}, 64, 3, 0), ("triton", {}, 0, 4, 1), ("triton", TRANSPOSED, 64, 3, 1),
+    ("triton", dict(block_v=16), 0, 4, 0), ("torch", {}, 64, 0, 0)])
+def test_round_fold_equals_the_sequential_reference(backend, switches, registers, mode, path,
                                                     monkeypatch):
     """registers: the walk folds the tile in registers (FOLD 3) or in 8-row pieces through
-    memory (FOLD 4); every path, however long, folds (no row limit)."""
+    memory (FOLD 4); path: the accepted path gathered from its ancestor bits or nodes 0..a
+    walked in stored order (the commit rule's choice, forced); every path, however long,
+    folds (no row limit)."""
     monkeypatch.setattr(deferred, "FOLD_REGISTERS", registers)
     monkeypatch.setattr(deferred, "FOLD_BLOCK_K", 8)
+    rule_commit = deferred.rule.commit_launch_config
+    monkeypatch.setattr(deferred.rule, "commit_launch_config", lambda *a, **k: dataclasses.replace(
+        rule_commit(*a, **k), path=path))
     t = armed_round(backend)
     assert rel_err(t["out1"], ref_out(t["r1"], t["S0"])) < 1e-4
     assert torch.equal(t["state"], t["S0"]) and t["pend"].on.all()

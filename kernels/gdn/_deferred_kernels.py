@@ -112,11 +112,11 @@ def _round_fold_kernel(s_ptr, rk_ptr, ru_ptr, rG_ptr, rbits_ptr, rcu_ptr, racc_p
                        sel_ptr, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr,
                        V: tl.constexpr, W: tl.constexpr, BV: tl.constexpr, BK: tl.constexpr,
                        BT: tl.constexpr, L2NORM: tl.constexpr, DOT16: tl.constexpr,
-                       SELECT: tl.constexpr):
+                       SELECT: tl.constexpr, PATH: tl.constexpr):
     """The standalone fold of a waiting round (``GDNPendingRound``), one program per (V block,
     sequence * value head); SELECT: only the sequences whose ``sel`` entry is non-zero."""
     i_v, i_b, i_hv, go = _fold_program(sel_ptr, HV, SELECT)
     if go:
         _round_fold_state(s_ptr, rk_ptr, ru_ptr, rG_ptr, rbits_ptr, rcu_ptr, racc_ptr, pon_ptr,
                           i_b, i_hv, i_hv // (HV // H), i_v * BV + tl.arange(0, BV), H, HV, K, V,
-                          W, BK, BT, L2NORM, "ieee", DOT16)
+                          W, BK, BT, L2NORM, "ieee", DOT16, PATH)

@@ -225,11 +225,11 @@ def _verify_triton(q, k, v, g, beta, state, cu_nodes, meta: TreeMeta, scale: flo
         return out, GDNTreeCache(u, G, meta, qk_l2norm, ran)
     fold = {}
     if isinstance(pending, GDNPendingRound):   # FOLD 3 / 4: from the round before's buffers
-        from ._launched_deferred import FOLD_BLOCK_K, FOLD_BLOCK_P, fold_mode, round_fold_args
+        from ._launched_deferred import (FOLD_BLOCK_K, FOLD_BLOCK_P, fold_mode, round_dot16,
+                                         round_fold_args)
         mode = 3 if fold_mode(K, BV, walk_launch["num_warps"]) == 2 else 4
         fold = dict(round_fold_args(pending), FOLD=mode, FOLD_BK=min(K, FOLD_BLOCK_K),
-                    FOLD_BP=FOLD_BLOCK_P, FOLD_DOT16=pending.cache.u.dtype == torch.bfloat16
-                    and not rule.INTERPRET)
+                    FOLD_BP=FOLD_BLOCK_P, FOLD_DOT16=round_dot16(pending))
         ran["fold"] = mode
     elif pending is not None:
         from ._launched_deferred import FOLD_BLOCK_K, FOLD_BLOCK_P, fold_args, fold_dot16, fold_mode

@@ -20,8 +20,8 @@ from .pending import GDNPendingPath, GDNPendingRound
 from .reference import _l2norm, gdn_fold_pending_ref
 
 __all__ = ["launched_fold_pending", "launched_defer_commit", "launched_fold_round", "fold_mode",
-           "fold_args", "round_fold_args", "fold_dot16", "FOLD_BLOCK_K", "FOLD_BLOCK_P",
-           "FOLD_REGISTERS"]
+           "fold_args", "round_fold_args", "round_dot16", "fold_dot16", "FOLD_BLOCK_K",
+           "FOLD_BLOCK_P", "FOLD_REGISTERS"]
 
 # the fold's products: K rows of the state tile (in memory) and path rows per step (docs/math)
 FOLD_BLOCK_K, FOLD_BLOCK_P = 32, 16
@@ -87,9 +87,16 @@ def _fold_torch(state, pending, sequences, folded) -> None:
 def round_fold_args(pending: GDNPendingRound) -> dict:
     """A ``GDNPendingRound`` as the verify walks and ``_round_fold_kernel`` take it."""
     c = pending.cache
+    B, HV, V = pending.on.shape
+    path = rule.commit_launch_config(B, HV, V, c.meta.max_nodes, round_dot16(pending)).path
     return dict(rk_ptr=pending.k, ru_ptr=c.u, rG_ptr=c.G, rbits_ptr=c.meta.bits,
                 rcu_ptr=pending.cu_nodes, racc_ptr=pending.accepted, pon_ptr=pending.on,
-                RW=pending.words, RL2NORM=c.qk_l2norm)
+                RW=pending.words, RL2NORM=c.qk_l2norm, RPATH=bool(path))
+
+
+def round_dot16(pending: GDNPendingRound) -> bool:
+    """bf16 fold products where the round's u is bf16 (as the commit's ``commit_dot16``)."""
+    return pending.cache.u.dtype == torch.bfloat16 and not rule.INTERPRET
 
 
 def launched_fold_round(state: torch.Tensor, pending: GDNPendingRound,
@@ -120,8 +127,8 @@ def launched_fold_round(state: torch.Tensor, pending: GDNPendingRound,
                                    "racc_ptr", "pon_ptr")), sel,
         H=pending.k.shape[1], HV=HV, K=K, V=V, W=args["RW"], BV=BV,
         BK=min(K, block_k or FOLD_BLOCK_K), BT=FOLD_BLOCK_P, L2NORM=args["RL2NORM"],
-        DOT16=pending.cache.u.dtype == torch.bfloat16 and not rule.INTERPRET,
-        SELECT=sequences is not None, num_warps=num_warps)
+        DOT16=round_dot16(pending), SELECT=sequences is not None, PATH=args["RPATH"],
+        num_warps=num_warps)
 
 
 def launched_defer_commit(state: torch.Tensor, pending: GDNPendingPath, k: torch.Tensor,

@@ -28,40 +28,63 @@ from ._fold_kernel import _tile_and_flags
 
 
 @triton.jit
-def _round_path_sum(S, k_ptr, u_ptr, G_ptr, bits_ptr, bos, a, Ga, i_h, i_hv, o_k, o_v,
+def _round_rows(S, k_ptr, u_ptr, G_ptr, gcol, on, Ga, i_h, i_hv, o_k, o_v, col_on,
+                H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+                L2NORM: tl.constexpr, PREC: tl.constexpr, DOT16: tl.constexpr,
+                FULL: tl.constexpr):
+    """S + sum over the rows ``gcol`` that are ``on`` of e^{G_a - G_m} k_m[o_k] u_m[o_v]^T: one
+    [len(o_k), BT] x [BT, BV] product; only the columns ``col_on`` take their u (the others
+    add exact zeros).  k rows L2-normalised over all K (L2NORM) as the verify used them -
+    FULL: o_k is all K rows (one load), else a piece of them.  DOT16: bf16 operands with
+    fp32 accumulation (a bf16 u buffer), else fp32 at PREC - the standalone commit's sums."""
+    Gm = tl.load(G_ptr + gcol * HV + i_hv, mask=on, other=0.)
+    wgt = tl.where(on, tl.exp(tl.where(on, Ga - Gm, 0.)), 0.)
+    krow = k_ptr + (gcol * H + i_h)[:, None] * K
+    kp = tl.load(krow + o_k[None, :], mask=on[:, None], other=0.).to(tl.float32)
+    if L2NORM:
+        kf = kp
+        if not FULL:
+            kf = tl.load(krow + tl.arange(0, K)[None, :], mask=on[:, None],
+                         other=0.).to(tl.float32)
+        kp = kp * (1. / tl.maximum(tl.sqrt(tl.sum(kf * kf, axis=1)), 1e-6))[:, None]
+    uc = tl.load(u_ptr + (gcol * HV + i_hv)[:, None] * V + o_v[None, :],
+                 mask=on[:, None] & col_on[None, :], other=0.)
+    kw = tl.trans(kp * wgt[:, None])
+    if DOT16:
+        return tl.dot(kw.to(tl.bfloat16), uc.to(tl.bfloat16), acc=S)
+    return S + tl.dot(kw, uc.to(tl.float32), input_precision=PREC)
+
+
+@triton.jit
+def _round_path_sum(S, k_ptr, u_ptr, G_ptr, bits_ptr, bos, a, Ga, i_h, i_hv, o_k, o_v, col_on,
                     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                     W: tl.constexpr, BT: tl.constexpr, L2NORM: tl.constexpr,
-                    PREC: tl.constexpr, DOT16: tl.constexpr):
-    """S + sum over local node a's root path (tree at flat row bos) of e^{G_a - G_m}
-    k_m[o_k] u_m[o_v]^T, BT path nodes per [len(o_k), BT] x [BT, BV] product, gathered from
-    a's ancestor bits (slot s = the word's s-th set bit).  k rows are L2-normalised over all
-    K (L2NORM) as the verify used them, whatever rows o_k keeps; DOT16: bf16 operands with
-    fp32 accumulation (a bf16 u buffer), else fp32 at PREC - the standalone commit's sums."""
+                    PREC: tl.constexpr, DOT16: tl.constexpr, FULL: tl.constexpr,
+                    PATH: tl.constexpr):
+    """S + the sum over local node a's root path (tree at flat row bos), BT rows per
+    ``_round_rows`` product, as the standalone commit walks it (``_commit_tile``): PATH: the
+    path's nodes gathered from a's ancestor bits (slot s = the word's s-th set bit); else
+    nodes 0..a in stored order, the off-path ones masked."""
     arow = bos + a
     o_t = tl.arange(0, BT)
-    o_kf = tl.arange(0, K)
-    for w in range(0, a // 64 + 1):
-        word = tl.load(bits_ptr + arow * W + w).to(tl.uint64, bitcast=True)
-        cnt = _popcount64(word).to(tl.int64)   # ancestors-or-self of a: none lies past a
-        for s0 in range(0, cnt, BT):
-            slot = s0 + o_t
-            on = slot < cnt
-            gcol = tl.where(on, bos + w * 64
-                            + _select_bit64(word + tl.zeros([BT], dtype=tl.uint64), slot), bos)
-            Gm = tl.load(G_ptr + gcol * HV + i_hv, mask=on, other=0.)
-            wgt = tl.where(on, tl.exp(tl.where(on, Ga - Gm, 0.)), 0.)
-            krow = k_ptr + (gcol * H + i_h)[:, None] * K
-            kp = tl.load(krow + o_k[None, :], mask=on[:, None], other=0.).to(tl.float32)
-            if L2NORM:
-                kf = tl.load(krow + o_kf[None, :], mask=on[:, None], other=0.).to(tl.float32)
-                kp = kp * (1. / tl.maximum(tl.sqrt(tl.sum(kf * kf, axis=1)), 1e-6))[:, None]
-            uc = tl.load(u_ptr + (gcol * HV + i_hv)[:, None] * V + o_v[None, :],
-                         mask=on[:, None], other=0.)
-            kw = tl.trans(kp * wgt[:, None])
-            if DOT16:
-                S = tl.dot(kw.to(tl.bfloat16), uc.to(tl.bfloat16), acc=S)
-            else:
-                S += tl.dot(kw, uc.to(tl.float32), input_precision=PREC)
+    if PATH:
+        for w in range(0, a // 64 + 1):
+            word = tl.load(bits_ptr + arow * W + w).to(tl.uint64, bitcast=True)
+            cnt = _popcount64(word).to(tl.int64)   # ancestors-or-self of a: none past a
+            for s0 in range(0, cnt, BT):
+                slot = s0 + o_t
+                on = slot < cnt
+                gcol = tl.where(on, bos + w * 64 + _select_bit64(
+                    word + tl.zeros([BT], dtype=tl.uint64), slot), bos)
+                S = _round_rows(S, k_ptr, u_ptr, G_ptr, gcol, on, Ga, i_h, i_hv, o_k, o_v,
+                                col_on, H, HV, K, V, L2NORM, PREC, DOT16, FULL)
+    else:
+        for c in range(0, a // BT + 1):
+            cols = c * BT + o_t
+            word = tl.load(bits_ptr + arow * W + (c * BT) // 64)
+            on = (((word >> ((c * BT) % 64 + o_t).to(tl.int64)) & 1) != 0) & (cols <= a)
+            S = _round_rows(S, k_ptr, u_ptr, G_ptr, bos + cols, on, Ga, i_h, i_hv, o_k, o_v,
+                            col_on, H, HV, K, V, L2NORM, PREC, DOT16, FULL)
     return S
 
 
@@ -77,7 +100,8 @@ def _round_at(rcu_ptr, racc_ptr, i_b):
 def _round_folded_tile(s_ptr, rk_ptr, ru_ptr, rG_ptr, rbits_ptr, rcu_ptr, racc_ptr, pon_ptr,
                        i_b, i_hv, i_h, o_v, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr,
                        V: tl.constexpr, W: tl.constexpr, BT: tl.constexpr,
-                       L2NORM: tl.constexpr, PREC: tl.constexpr, DOT16: tl.constexpr):
+                       L2NORM: tl.constexpr, PREC: tl.constexpr, DOT16: tl.constexpr,
+                       PATH: tl.constexpr):
     """The state tile [K, BV] fp32 of (i_b, i_hv, o_v) with the round before folded in
     (stored back, its ``on`` columns cleared) or as stored where none waits: one read, at
     most one write, the tile kept in registers by the caller."""
@@ -86,10 +110,12 @@ def _round_folded_tile(s_ptr, rk_ptr, ru_ptr, rG_ptr, rbits_ptr, rcu_ptr, racc_p
     bos, a = _round_at(rcu_ptr, racc_ptr, i_b)
     if tl.max(on.to(tl.int32), axis=0) > 0:
         Ga = tl.load(rG_ptr + (bos + a) * HV + i_hv)
-        S = tl.where(on[None, :], _round_path_sum(tl.exp(Ga) * S, rk_ptr, ru_ptr, rG_ptr,
-                                                  rbits_ptr, bos, a, Ga, i_h, i_hv, o_k, o_v,
-                                                  H, HV, K, V, W, BT, L2NORM, PREC, DOT16), S)
-        tl.store(sp, S)
+        # the waiting columns scaled by e^{G_a} and given their path sum, the others times 1
+        # plus exact zeros: no second copy of the tile stays live
+        S = _round_path_sum(S * tl.where(on, tl.exp(Ga), 1.)[None, :], rk_ptr, ru_ptr, rG_ptr,
+                            rbits_ptr, bos, a, Ga, i_h, i_hv, o_k, o_v, on, H, HV, K, V, W, BT,
+                            L2NORM, PREC, DOT16, True, PATH)
+        tl.store(sp, S, mask=on[None, :])
         tl.store(pon, tl.zeros(on.shape, dtype=tl.int8))
     return S
 
@@ -98,21 +124,23 @@ def _round_folded_tile(s_ptr, rk_ptr, ru_ptr, rG_ptr, rbits_ptr, rcu_ptr, racc_p
 def _round_fold_state(s_ptr, rk_ptr, ru_ptr, rG_ptr, rbits_ptr, rcu_ptr, racc_ptr, pon_ptr,
                       i_b, i_hv, i_h, o_v, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr,
                       V: tl.constexpr, W: tl.constexpr, BK: tl.constexpr, BT: tl.constexpr,
-                      L2NORM: tl.constexpr, PREC: tl.constexpr, DOT16: tl.constexpr):
+                      L2NORM: tl.constexpr, PREC: tl.constexpr, DOT16: tl.constexpr,
+                      PATH: tl.constexpr):
     """The round before folded into the state tile of (i_b, i_hv, o_v) in memory, BK state
-    rows at a time (a [BK, BV] fp32 piece in registers), where its ``on`` columns wait."""
+    rows at a time (a [BK, BV] fp32 piece in registers), where its ``on`` columns wait.
+    PATH: the path walk of ``_round_path_sum`` (the commit rule's, ``round_fold_args``)."""
     pon = pon_ptr + (i_b * HV + i_hv).to(tl.int64) * V + o_v
     on = tl.load(pon) != 0
     bos, a = _round_at(rcu_ptr, racc_ptr, i_b)
     if tl.max(on.to(tl.int32), axis=0) > 0:
         Ga = tl.load(rG_ptr + (bos + a) * HV + i_hv)
         sbase = s_ptr + (i_b * HV + i_hv).to(tl.int64) * K * V
-        for k0 in tl.static_range(0, K, BK):
+        eGa = tl.exp(Ga)
+        for k0 in range(0, K, BK):   # a loop, not unrolled: one piece's path work live at once
             o_k = k0 + tl.arange(0, BK)
             sp = sbase + o_k[:, None] * V + o_v[None, :]
-            s_old = tl.load(sp)
-            S = _round_path_sum(tl.exp(Ga) * s_old, rk_ptr, ru_ptr, rG_ptr, rbits_ptr, bos, a,
-                                Ga, i_h, i_hv, o_k, o_v, H, HV, K, V, W, BT, L2NORM, PREC,
-                                DOT16)
-            tl.store(sp, tl.where(on[None, :], S, s_old))
+            S = _round_path_sum(eGa * tl.load(sp), rk_ptr, ru_ptr, rG_ptr, rbits_ptr, bos, a,
+                                Ga, i_h, i_hv, o_k, o_v, on, H, HV, K, V, W, BT, L2NORM, PREC,
+                                DOT16, BK == K, PATH)
+            tl.store(sp, S, mask=on[None, :])
         tl.store(pon, tl.zeros(on.shape, dtype=tl.int8))

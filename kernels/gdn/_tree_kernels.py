@@ -294,7 +294,8 @@ def _tree_verify_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, s0_ptr, bits_ptr, 
                         FOLD: tl.constexpr = 0, FOLD_BK: tl.constexpr = 32,
                         FOLD_BP: tl.constexpr = 16, FOLD_DOT16: tl.constexpr = False,
                         rk_ptr=None, ru_ptr=None, rG_ptr=None, rbits_ptr=None, rcu_ptr=None,
-                        racc_ptr=None, RW: tl.constexpr = 1, RL2NORM: tl.constexpr = True):
+                        racc_ptr=None, RW: tl.constexpr = 1, RL2NORM: tl.constexpr = True,
+                        RPATH: tl.constexpr = False):
     """One program per (sequence, value head, V block); sub-chunks of BT nodes in order.
 
     Per sub-chunk c (rows r): rhs = b (V - e^G K S0) and acc = e^G Q S0, minus/plus the
@@ -321,7 +322,7 @@ def _tree_verify_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, s0_ptr, bits_ptr, 
     program's state tile first - 2: in registers, the folded tile is S0 (``_folded_tile``);
     1: in memory, BK rows at a time, then read back as S0 (``_fold_state``); 3 and 4 the
     same from the round before's own buffers (``GDNPendingRound``, ``_round_fold.py``: r*
-    pointers, RW its ancestor-bit words)."""
+    pointers, RW its ancestor-bit words, RPATH its path walk)."""
     i_v, i_b, i_hv, i_h, bos, n = _verify_program(cu_ptr, H, HV, PDL)
     o_t = tl.arange(0, BT)
     o_v = i_v * BV + tl.arange(0, BV)
@@ -332,7 +333,7 @@ def _tree_verify_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, s0_ptr, bits_ptr, 
     elif FOLD == 3:
         s0 = _round_folded_tile(s0_ptr, rk_ptr, ru_ptr, rG_ptr, rbits_ptr, rcu_ptr, racc_ptr,
                                 pon_ptr, i_b, i_hv, i_h, o_v, H, HV, K, V, RW, FOLD_BP, RL2NORM,
-                                "ieee", FOLD_DOT16).to(DT)
+                                "ieee", FOLD_DOT16, RPATH).to(DT)
     else:
         if FOLD == 1:
             _fold_state(s0_ptr, pk_ptr, pw_ptr, pu_ptr, pdec_ptr, pon_ptr, plen_ptr, P, i_b, i_hv,
@@ -341,7 +342,7 @@ def _tree_verify_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, s0_ptr, bits_ptr, 
         if FOLD == 4:
             _round_fold_state(s0_ptr, rk_ptr, ru_ptr, rG_ptr, rbits_ptr, rcu_ptr, racc_ptr,
                               pon_ptr, i_b, i_hv, i_h, o_v, H, HV, K, V, RW, FOLD_BK, FOLD_BP,
-                              RL2NORM, "ieee", FOLD_DOT16)
+                              RL2NORM, "ieee", FOLD_DOT16, RPATH)
             tl.debug_barrier()
         # int64: B*HV*K*V can pass 2^31; S0 [K, BV] is read once per program
         s0 = tl.load(s0_ptr + (i_b * HV + i_hv).to(tl.int64) * K * V + o_k[:, None] * V
@@ -596,7 +597,8 @@ def _tree_verify_t_kernel(q_ptr, k_ptr, v_ptr, beta_ptr, s0_ptr, order_ptr, cu_p
                           P=0, FOLD: tl.constexpr = 0, FOLD_BK: tl.constexpr = 32,
                           FOLD_BP: tl.constexpr = 16, FOLD_DOT16: tl.constexpr = False,
                           rk_ptr=None, ru_ptr=None, rG_ptr=None, rbits_ptr=None, rcu_ptr=None,
-                          racc_ptr=None, RW: tl.constexpr = 1, RL2NORM: tl.constexpr = True):
+                          racc_ptr=None, RW: tl.constexpr = 1, RL2NORM: tl.constexpr = True,
+                        RPATH: tl.constexpr = False):
     """``_tree_verify_kernel``'s walk with the K-side tiles, transposed: the value dimension
     is the rows of every V-side tile (rhs^T, acc^T, u^T are [BV, BT]), so every product is
     [BV, *] x [*, BT] with M = BV (a warpgroup's wgmma on Hopper at 4 warps) instead of
@@ -620,7 +622,8 @@ def _tree_verify_t_kernel(q_ptr, k_ptr, v_ptr, beta_ptr, s0_ptr, order_ptr, cu_p
     elif FOLD == 3:
         s0t = tl.trans(_round_folded_tile(s0_ptr, rk_ptr, ru_ptr, rG_ptr, rbits_ptr, rcu_ptr,
                                           racc_ptr, pon_ptr, i_b, i_hv, i_h, o_v, H, HV, K, V,
-                                          RW, FOLD_BP, RL2NORM, "ieee", FOLD_DOT16)).to(DT)
+                                          RW, FOLD_BP, RL2NORM, "ieee", FOLD_DOT16,
+                                          RPATH)).to(DT)
     else:
         if FOLD == 1:
             _fold_state(s0_ptr, pk_ptr, pw_ptr, pu_ptr, pdec_ptr, pon_ptr, plen_ptr, P, i_b, i_hv,
@@ -629,7 +632,7 @@ def _tree_verify_t_kernel(q_ptr, k_ptr, v_ptr, beta_ptr, s0_ptr, order_ptr, cu_p
         if FOLD == 4:
             _round_fold_state(s0_ptr, rk_ptr, ru_ptr, rG_ptr, rbits_ptr, rcu_ptr, racc_ptr,
                               pon_ptr, i_b, i_hv, i_h, o_v, H, HV, K, V, RW, FOLD_BK, FOLD_BP,
-                              RL2NORM, "ieee", FOLD_DOT16)
+                              RL2NORM, "ieee", FOLD_DOT16, RPATH)
             tl.debug_barrier()
         s0t = tl.load(s0_ptr + (i_b * HV + i_hv).to(tl.int64) * K * V + o_k[None, :] * V
                       + o_v[:, None]).to(DT)                                 # [BV, K]

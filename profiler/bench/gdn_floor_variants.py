@@ -13,7 +13,6 @@ the switches it changes, the rows (kernels) it times and the shapes it is timed 
     triton_walk  the Triton walk where the rule takes the CUDA walk (does the CUDA walk's
                  fold cost the deferred pair its gain?)
     fold_*       the standalone fold's launch: V block, state rows per piece, warps
-    defer_bv128  the deferred commit at one program per (sequence, value head)
 
 A variant is timed only where it changes the launch, at the nodes it names (the standalone
 folds do not depend on the round's nodes); every timed variant is checked on the GPU first.
@@ -78,8 +77,6 @@ VARIANTS = (
     Variant("fold_bk32", ("gdn_fold_pending",), fold=dict(block_k=32), nodes=(1,)),
     Variant("fold_bv128_bk32", ("gdn_fold_pending",), fold=dict(block_v=128, block_k=32),
             nodes=(1,)),
-    Variant("defer_bv128", ("gdn_defer_commit",), defer=dict(block_v=128), batches=(1, 4),
-            nodes=(1, 16)),
 )
 
 
