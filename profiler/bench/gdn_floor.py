@@ -288,7 +288,7 @@ def summary(rows: list[dict]) -> dict:
     the pair <= 6 us at batch 1, n <= 16 - for each pair and variant timed (key "kernel
     variant"), and for the best pair of each shape (key "best")."""
     df = pd.DataFrame(rows, columns=COLUMNS)
-    df = df[df["kernel"].isin(PAIRS)]
+    df = df[df["kernel"].isin(PAIRS)].dropna(subset=["measured_us"])   # NaN: a failed timing
     out = {}
 
     def verdict(k):
