@@ -357,10 +357,11 @@ def main(argv=None) -> int:
     side = out.with_suffix(".json")
     info["checks"] = run_checks(d, device, chosen, [(1, 4)] if args.tiny else CHECKS)
     rows: list[dict] = []
-    # two passes over the shapes: the rule's launches and the launch-free round first, so a
-    # run cut by --max-seconds loses the other variants' rows before those
+    # passes over the shapes: the rule's launches and the launch-free round first, then each
+    # other variant in VARIANTS' order (most promising first), so a run cut by --max-seconds
+    # loses the least promising variants' rows first
     first = tuple(v for v in chosen if v.name in FIRST_PASS)
-    passes = [p for p in (first, tuple(v for v in chosen if v not in first)) if p]
+    passes = [p for p in [first] + [(v,) for v in chosen if v not in first] if p]
     for part, b, n in ((p, b, n) for p in passes for b in map(int, args.batches.split(","))
                        for n in map(int, args.nodes.split(","))):
         todo = todo_at(part, b, n, d, device)
