@@ -37,11 +37,14 @@ def test_the_csv_keeps_other_layer_kinds_and_replaces_gdn_rows(tmp_path):
 
 
 def test_the_summary_reads_the_targets_per_variant_and_for_the_best_pair():
-    rows = [row("gdn_verify_fold+defer", 16, 128, 140.0, 1.3), row("gdn_verify_fold+defer", 1, 16, 5.5, 2.0),
-            row("gdn_verify+commit", 16, 128, 200.0, 1.9), row("gdn_verify+commit", 1, 16, 9.0, 4.0),
+    rows = [row("gdn_verify_fold+defer", 16, 128, 140.0, 1.3),
+            row("gdn_verify_fold+defer", 1, 16, 5.5, 2.0),
+            row("gdn_verify+commit", 16, 128, 200.0, 1.9),
+            row("gdn_verify+commit", 1, 16, 9.0, 4.0),
             row("gdn_verify_fold+arm", 1, 16, 4.0, 1.5, "bv32"), row("gdn_verify", 1, 16, 1.0, 1.0)]
     s = summary(rows)
-    assert s["gdn_verify_fold+defer default"]["meets"] and not s["gdn_verify+commit default"]["meets"]
+    assert s["gdn_verify_fold+defer default"]["meets"]
+    assert not s["gdn_verify+commit default"]["meets"]
     assert s["gdn_verify+commit default"]["max_ratio_batch_ge16"] == 1.9
     assert not s["gdn_verify_fold+arm bv32"]["meets"]        # no batch >= 16 row
     best = s["best"]     # the verify alone is no pair: the best b1 n16 pair is bv32's 4.0 us
@@ -63,8 +66,8 @@ def test_variants_time_where_they_change_the_launch():
 
 def test_each_way_is_checked_against_today_and_float64():
     """The GPU run's checks, on tiny heads through the interpreter: the pair and the round at a
-    split value dimension, the deferred pair and the launch-free round agree with today's pair and the
-    float64 sequential state (bf16 inputs: as close as today's pair)."""
+    split value dimension, the deferred pair and the launch-free round agree with today's pair
+    and the float64 sequential state (bf16 inputs: as close as today's pair)."""
     from simtree.profiler.bench.gdn_floor import TINY, check_base, check_shape
     base = check_base(1, 6, TINY, "cpu")
     by = {v.name: v for v in VARIANTS}

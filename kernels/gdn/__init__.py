@@ -5,7 +5,8 @@
     # or deferred into the next verify (one state read + one write per round, ``deferred.py``):
     gdn_defer_commit(state, pend, k, cache, parents, cu_nodes, accepted)
     out, cache = gdn_tree_verify_folding(q, k, v, g, beta, state, pend, parents, cu_nodes);  gdn_fold_pending(state, pend)
-    # or with no commit launch: pend = new_pending_round(...); after acceptance pend.arm(k, cache, cu_nodes, accepted)
+    # no commit launch: pend = new_pending_round(...); after acceptance
+    # pend.arm(k, cache, cu_nodes, accepted)
 
 Shapes: q, k [N, H, K]; v [N, HV, V]; g (log-decay <= 0), beta [N, HV] fp32;
 state [B, HV, K, V] fp32; parents int64 [N] local (-1 root, topological); cu_nodes [B+1].
@@ -28,7 +29,8 @@ from .round_meta import verify_round_meta, verify_round_meta_host, walk_tables
 from .verify import gdn_tree_verify, gdn_tree_verify_folding, gdn_tree_verify_recurrent
 
 __all__ = ["gdn_tree_verify", "gdn_tree_verify_folding", "gdn_tree_commit", "gdn_tree_verify_recurrent",
-           "depth_first_pays", "GDNPendingPath", "new_pending", "GDNPendingRound", "new_pending_round",
+           "depth_first_pays", "GDNPendingPath", "new_pending", "GDNPendingRound",
+           "new_pending_round",
            "gdn_defer_commit", "gdn_fold_pending", "gdn_fold_pending_ref",
            "GDNTreeCache", "TreeMeta", "tree_meta", "tree_meta_host", "walk_tables",
            "verify_round_meta", "verify_round_meta_host", "gdn_tree_verify_ref",

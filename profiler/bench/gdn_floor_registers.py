@@ -7,7 +7,8 @@ compiles before the GPU run.  The CUDA walk is not covered (the rule's Triton wa
     python -m simtree.profiler.bench.gdn_floor_registers --shapes 1x1,16x1 [--variants round]
 
 Prints one line per launch (the shape and variant that first made it, kernel, FOLD, block_v,
-warps, stages, register cap, registers, spill bytes) and ``--out`` writes them as CSV.  Programmatic dependent launches are compiled as on Hopper.
+warps, stages, register cap, registers, spill bytes) and ``--out`` writes them as CSV.
+Programmatic dependent launches are compiled as on Hopper.
 """
 from __future__ import annotations
 
@@ -34,7 +35,8 @@ def ptxas_path() -> str:
     import triton
     bundled = sorted(glob.glob(os.path.join(os.path.dirname(triton.__file__),
                                             "backends/nvidia/bin/ptxas*")), reverse=True)
-    for p in ([os.environ["TRITON_PTXAS_PATH"]] if "TRITON_PTXAS_PATH" in os.environ else []) + bundled:
+    asked = [os.environ["TRITON_PTXAS_PATH"]] if "TRITON_PTXAS_PATH" in os.environ else []
+    for p in asked + bundled:
         if os.access(p, os.X_OK):
             return p
     raise SystemExit("error: no ptxas found (set TRITON_PTXAS_PATH)")
@@ -83,7 +85,8 @@ class Recorder:
         rep = subprocess.run([self.ptxas, "-arch=sm_90a", "-v", f.name, "-o", os.devnull] + cap,
                              capture_output=True, text=True).stderr
         os.unlink(f.name)
-        regs, spill = re.findall(r"Used (\d+) registers", rep), re.findall(r"(\d+) bytes spill stores", rep)
+        regs = re.findall(r"Used (\d+) registers", rep)
+        spill = re.findall(r"(\d+) bytes spill stores", rep)
         self.rows.append(dict(**self.where, kernel=self.fn.__name__, fold=const.get("FOLD", ""),
                               block_v=const.get("BV", ""), warps=opts.get("num_warps"),
                               stages=opts.get("num_stages", ""), cap=opts.get("maxnreg", 0),
@@ -103,7 +106,8 @@ def record(shapes, chosen) -> list[dict]:
     rows, seen, ptxas, where = [], set(), ptxas_path(), {}
     mods = {_tree_kernels: ("_qk_prenorm_kernel", "_tree_kside_kernel", "_tree_verify_kernel",
                             "_tree_verify_t_kernel", "_tree_commit_kernel"),
-            _deferred_kernels: ("_fold_pending_kernel", "_round_fold_kernel", "_defer_commit_kernel")}
+            _deferred_kernels: ("_fold_pending_kernel", "_round_fold_kernel",
+                                "_defer_commit_kernel")}
     saved = {(m, n): getattr(m, n) for m, names in mods.items() for n in names}
     pdl_ok = _launch.pdl_ok
     try:
@@ -119,8 +123,9 @@ def record(shapes, chosen) -> list[dict]:
             cache = GDNTreeCache(torch.zeros(N, d["HV"], d["V"], dtype=torch.bfloat16),
                                  torch.zeros(N, d["HV"]), meta, True)
             acc = torch.as_tensor(c["tb"].deepest_nodes)
-            cw = _launch.verify_launch_config(b, d["HV"], d["V"], "cpu", n, True, d["H"]).cuda_walk > 0
-            x = [c[k] for k in ("q", "k", "v", "g", "beta")] + [c["state"], c["parents"], c["cu_nodes"]]
+            cw = _launch.verify_launch_config(b, d["HV"], d["V"], "cpu", n, True,
+                                              d["H"]).cuda_walk > 0
+            x = [c[k] for k in ("q", "k", "v", "g", "beta", "state", "parents", "cu_nodes")]
             for v in chosen:
                 ks = set(v.kernels_at(b, n, cw))
                 if not ks:
