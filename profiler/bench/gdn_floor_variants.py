@@ -9,7 +9,9 @@ the switches it changes, the rows (kernels) it times and the shapes it is timed 
                  where the rule runs one or two (batch <= 4: 48-192 programs on 132 SMs;
                  at 16-64 sequences of <= 32 nodes the rule's 2-warp programs each hold a
                  whole [128, 128] state tile); bv64_w4 the same at 4 warps, bv32_w2 and
-                 bv16_w2 at 2 warps (batch 1: the shortest chain of loads per program)
+                 bv16_w2 at 2 warps (batch 1: the shortest chain of loads per program); no
+                 register cap (the rule's 168 at 16 sequences of 17-32 nodes spills a fold
+                 held in registers: gdn_floor_registers.py)
     triton_walk  the Triton walk where the rule takes the CUDA walk (does the CUDA walk's
                  fold cost the deferred pair its gain?)
     fold_*       the standalone fold's launch: V block, state rows per piece, warps
@@ -59,14 +61,15 @@ VARIANTS = (
             node_rows={"gdn_fold_pending": (1, 16, 128)}),
     Variant("round", ("gdn_verify_fold+arm", "gdn_fold_round"), node_rows={"gdn_fold_round": (1,)}),
     Variant("bv64_w4", ("gdn_verify+commit", "gdn_verify_fold+arm"),
-            verify=dict(block_v=64, num_warps=4), batches=(16, 64), nodes=(1, 4, 16)),
+            verify=dict(block_v=64, num_warps=4, max_registers=0), batches=(16, 64),
+            nodes=(1, 4, 16)),
     Variant("bv32", ("gdn_verify+commit", "gdn_verify_fold+arm", "gdn_commit"),
             verify=dict(block_v=32), commit=dict(block_v=32), batches=(1, 4), nodes=SMALL_N,
             node_rows={"gdn_commit": (1,)}),
     Variant("bv16", ("gdn_verify+commit", "gdn_verify_fold+arm"), verify=dict(block_v=16),
             commit=dict(block_v=16), batches=(1, 4), nodes=SMALL_N),
-    Variant("bv64", ("gdn_verify+commit", "gdn_verify_fold+arm"), verify=dict(block_v=64),
-            batches=(4, 16, 64), nodes=(1, 4, 16, 32)),
+    Variant("bv64", ("gdn_verify+commit", "gdn_verify_fold+arm"),
+            verify=dict(block_v=64, max_registers=0), batches=(4, 16, 64), nodes=(1, 4, 16, 32)),
     Variant("triton_walk", ("gdn_verify", "gdn_verify_fold+defer"),
             verify=dict(cuda_walk=0, kside_cuda=0, l2_prefetch=0), cuda_walk_only=True),
     Variant("bv32_w2", ("gdn_verify+commit", "gdn_verify_fold+arm"),
