@@ -16,6 +16,7 @@ def test_the_pair_floor_is_two_state_passes_plus_the_token_rows():
     assert floor_bytes("gdn_verify", 16, 128, 0, D) == S + rows
     assert floor_bytes("gdn_commit", 16, 128, 0, D) == 2 * S
     assert floor_bytes("gdn_fold_round", 16, 128, 0, D) == 2 * S
+    assert floor_bytes("gdn_arm", 16, 128, 0, D) == 16 * 48 * 128     # one int8 flag a column
     # token rows only: 100 path rows (about 6 per sequence) move a thirteenth of the state
     assert 0 < floor_bytes("gdn_defer_commit", 16, 128, 100, D) < S / 10
 

@@ -26,6 +26,9 @@ real path every replay.  Rows (``kernel``, with ``variant`` and ``gpu``):
     gdn_fold_pending         the standalone fold (sequence leaving, last round;
                              its graph also resets the waiting flags)          floor: 2 S
     gdn_fold_round           the same for a waiting round                      floor: 2 S
+    gdn_arm                  the round form's commit stage alone (the flags'
+                             memset; a runtime can fold it into its acceptance
+                             step's own kernel)                                floor: flags
 
 S = the fp32 state's bytes, rows = the round's token rows (q, k, v read, o written, g, beta).
 floor_us = bytes / the copy bandwidth measured in the same run (bytes read + written, 1 GiB
@@ -88,7 +91,7 @@ def floor_bytes(kernel: str, b: int, n: int, path_rows: int, d: dict) -> int:
     S, rows = state_bytes(b, d), row_bytes(b * n, d)
     return {"gdn_verify+commit": 2 * S + rows, "gdn_verify_fold+defer": 2 * S + rows,
             "gdn_verify_fold+arm": 2 * S + rows, "gdn_verify": S + rows, "gdn_commit": 2 * S,
-            "gdn_fold_pending": 2 * S, "gdn_fold_round": 2 * S,
+            "gdn_fold_pending": 2 * S, "gdn_fold_round": 2 * S, "gdn_arm": b * d["HV"] * d["V"],
             "gdn_defer_commit": path_bytes(path_rows, d)}[kernel]
 
 
@@ -158,6 +161,7 @@ class Round:
             "gdn_defer_commit": lambda c, p, ca, pr: self.defer(c, c["state"], p, ca, DK),
             "gdn_fold_pending": lambda c, p, ca, pr: (p.on.fill_(1), self.fold(c["state"], p, FK)),
             "gdn_fold_round": lambda c, p, ca, pr: (pr.on.fill_(1), self.fold(c["state"], pr, FK)),
+            "gdn_arm": lambda c, p, ca, pr: pr.on.fill_(1),
         }
         return {k: [lambda f=fns[k], a=a: f(*a) for a in zip(cs, ps, caches, rs)]
                 for k in kernels}
