@@ -5,6 +5,7 @@
     _defer_commit_kernel the commit stage when deferred: the accepted path's token rows (k, w, u)
                          gathered into the pending buffers (no state traffic); a path longer
                          than the buffers hold is committed into the state at once instead.
+    _round_fold_kernel   the standalone fold of a waiting ``GDNPendingRound`` (``_round_fold``).
 """
 from __future__ import annotations
 
@@ -12,7 +13,20 @@ import triton
 import triton.language as tl
 
 from ._fold_kernel import _fold_state
+from ._round_fold import _round_fold_state
 from ._tree_kernels import _commit_tile, _popcount64, _rows_normed, _select_bit64
+
+
+@triton.jit
+def _fold_program(sel_ptr, HV: tl.constexpr, SELECT: tl.constexpr):
+    """(V block, sequence, value head, whether to fold) of a standalone fold's program (grid:
+    V blocks x sequences * value heads); SELECT: only where ``sel`` [B] is non-zero."""
+    i_v, i_bh = tl.program_id(0), tl.program_id(1)
+    i_b = i_bh // HV
+    go = True
+    if SELECT:
+        go = tl.load(sel_ptr + i_b) != 0
+    return i_v, i_b, i_bh % HV, go
 
 
 @triton.jit
@@ -22,11 +36,7 @@ def _fold_pending_kernel(s_ptr, pk_ptr, pw_ptr, pu_ptr, pdec_ptr, pon_ptr, plen_
                          DOT16: tl.constexpr, SELECT: tl.constexpr):
     """The standalone fold, one program per (V block, sequence * value head); SELECT: only the
     sequences whose ``sel`` entry is non-zero."""
-    i_v, i_bh = tl.program_id(0), tl.program_id(1)
-    i_b, i_hv = i_bh // HV, i_bh % HV
-    go = True
-    if SELECT:
-        go = tl.load(sel_ptr + i_b) != 0
+    i_v, i_b, i_hv, go = _fold_program(sel_ptr, HV, SELECT)
     if go:
         _fold_state(s_ptr, pk_ptr, pw_ptr, pu_ptr, pdec_ptr, pon_ptr, plen_ptr, P, i_b, i_hv,
                     i_hv // (HV // H), i_v * BV + tl.arange(0, BV), H, HV, K, V, BK, BP, DOT16)
@@ -95,3 +105,18 @@ def _defer_commit_kernel(s_ptr, k_ptr, u_ptr, G_ptr, bits_ptr, cu_ptr, acc_ptr,
         _commit_tile(s_ptr, k_ptr, u_ptr, G_ptr, bits_ptr, i_b, i_hv, bos, a, o_v, H, HV, K, V,
                      W, BT, L2NORM, PREC, True, DOT16)
         tl.store(pon, tl.zeros(o_v.shape, dtype=tl.int8))
+
+
+@triton.jit
+def _round_fold_kernel(s_ptr, rk_ptr, ru_ptr, rG_ptr, rbits_ptr, rcu_ptr, racc_ptr, pon_ptr,
+                       sel_ptr, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr,
+                       V: tl.constexpr, W: tl.constexpr, BV: tl.constexpr, BK: tl.constexpr,
+                       BT: tl.constexpr, L2NORM: tl.constexpr, DOT16: tl.constexpr,
+                       SELECT: tl.constexpr, PATH: tl.constexpr):
+    """The standalone fold of a waiting round (``GDNPendingRound``), one program per (V block,
+    sequence * value head); SELECT: only the sequences whose ``sel`` entry is non-zero."""
+    i_v, i_b, i_hv, go = _fold_program(sel_ptr, HV, SELECT)
+    if go:
+        _round_fold_state(s_ptr, rk_ptr, ru_ptr, rG_ptr, rbits_ptr, rcu_ptr, racc_ptr, pon_ptr,
+                          i_b, i_hv, i_hv // (HV // H), i_v * BV + tl.arange(0, BV), H, HV, K, V,
+                          W, BK, BT, L2NORM, "ieee", DOT16, PATH)

@@ -7,6 +7,7 @@ fold (``_deferred_kernels.py``) call; their own module, so both import it and ne
     _folded_tile  the whole [K, BV] tile folded in registers and returned: the walk's S0 with
                   no read-back (where the fp32 tile fits the registers:
                   ``_launched_deferred.fold_mode``)
+    _tile_and_flags  a whole state tile and its ``on`` flags (``_round_fold`` too)
 
 Both fold only where the tile's ``on`` columns say a path waits, and clear them in the same
 program, so no sequence of calls folds a path twice.
@@ -64,6 +65,17 @@ def _fold_state(s_ptr, pk_ptr, pw_ptr, pu_ptr, pdec_ptr, pon_ptr, plen_ptr, P, i
 
 
 @triton.jit
+def _tile_and_flags(s_ptr, pon_ptr, i_b, i_hv, o_v, HV: tl.constexpr, K: tl.constexpr,
+                    V: tl.constexpr):
+    """The whole [K, BV] state tile of (i_b, i_hv, o_v): its pointers and fp32 values, and its
+    ``on`` flags' pointers and values (bool: a path waits for the column)."""
+    o_k = tl.arange(0, K)
+    sp = s_ptr + (i_b * HV + i_hv).to(tl.int64) * K * V + o_k[:, None] * V + o_v[None, :]
+    pon = pon_ptr + (i_b * HV + i_hv).to(tl.int64) * V + o_v
+    return sp, tl.load(sp), pon, tl.load(pon) != 0
+
+
+@triton.jit
 def _folded_tile(s_ptr, pk_ptr, pw_ptr, pu_ptr, pdec_ptr, pon_ptr, plen_ptr, P, i_b, i_hv, i_h,
                  o_v, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                  BP: tl.constexpr, DOT16: tl.constexpr):
@@ -71,10 +83,7 @@ def _folded_tile(s_ptr, pk_ptr, pw_ptr, pu_ptr, pdec_ptr, pon_ptr, plen_ptr, P, 
     back, its ``on`` columns cleared) or as stored where none waits: one read, at most one
     write, and the caller keeps the tile in registers."""
     o_k = tl.arange(0, K)
-    sp = s_ptr + (i_b * HV + i_hv).to(tl.int64) * K * V + o_k[:, None] * V + o_v[None, :]
-    S = tl.load(sp)
-    pon = pon_ptr + (i_b * HV + i_hv).to(tl.int64) * V + o_v
-    on = tl.load(pon) != 0
+    sp, S, pon, on = _tile_and_flags(s_ptr, pon_ptr, i_b, i_hv, o_v, HV, K, V)
     if tl.max(on.to(tl.int32), axis=0) > 0:
         n = tl.load(plen_ptr + i_b)
         dec = tl.load(pdec_ptr + i_b * HV + i_hv)

@@ -22,6 +22,7 @@ from ._launch import G_PROLOGUE_MAX_NODES, G_TILE, CommitLaunch, LaunchNotApplic
 from ._commit_torch import _check_accepted, _commit_torch
 from .cache import GDNTreeCache
 from .meta import TreeMeta, tree_meta
+from .pending import GDNPendingRound
 from .reference import gdn_tree_verify_dense_batched
 from .round_meta import walk_tables
 
@@ -65,7 +66,8 @@ def launched_verify(q, k, v, g, beta, state, parents, cu_nodes, *, scale=None, q
     ``launch``: a ``VerifyLaunch`` (None: the backend by device, every switch by the rule).
     ``pending``: a ``GDNPendingPath`` (``deferred.py``): the paths waiting there are folded into
     ``state`` first (the walk's programs fold their own state tiles, so the state is read and
-    written once) and the verify runs on the folded state.
+    written once) and the verify runs on the folded state; or a ``GDNPendingRound``: the same
+    from the round before's own buffers (the Triton walks only).
 
     Returns (out [N, HV, V] in q's dtype, ``GDNTreeCache`` for ``gdn_tree_commit``).  The
     Triton path computes in fp32 (fp64 inputs too).
@@ -152,7 +154,12 @@ def _verify_triton(q, k, v, g, beta, state, cu_nodes, meta: TreeMeta, scale: flo
     g32, bits32 = g.float().contiguous(), walk.bits.view(torch.int32)
     beta32, s0, vc = beta.float().contiguous(), state.float().contiguous(), v.contiguous()
 
+    if isinstance(pending, GDNPendingRound) and not pending.armed:
+        pending = None   # nothing was ever armed: nothing can wait
+
     def blockers(mt, wks, kcu):
+        if isinstance(pending, GDNPendingRound):
+            return ["a pending round (the Triton walks fold it from its own buffers)"]
         if pending is not None and pending.u.dtype != torch.bfloat16:
             return ["a pending path with bf16 u (the CUDA walk folds that one)"]
         return rule.cuda_walk_blockers(
@@ -217,7 +224,14 @@ def _verify_triton(q, k, v, g, beta, state, cu_nodes, meta: TreeMeta, scale: flo
             ran["fold"] = 3
         return out, GDNTreeCache(u, G, meta, qk_l2norm, ran)
     fold = {}
-    if pending is not None:
+    if isinstance(pending, GDNPendingRound):   # FOLD 3 / 4: from the round before's buffers
+        from ._launched_deferred import (FOLD_BLOCK_K, FOLD_BLOCK_P, fold_mode, round_dot16,
+                                         round_fold_args)
+        mode = 3 if fold_mode(K, BV, walk_launch["num_warps"]) == 2 else 4
+        fold = dict(round_fold_args(pending), FOLD=mode, FOLD_BK=min(K, FOLD_BLOCK_K),
+                    FOLD_BP=FOLD_BLOCK_P, FOLD_DOT16=round_dot16(pending))
+        ran["fold"] = mode
+    elif pending is not None:
         from ._launched_deferred import FOLD_BLOCK_K, FOLD_BLOCK_P, fold_args, fold_dot16, fold_mode
         pk, pw, pu, pdec, pon, plen, P = fold_args(pending)
         mode = fold_mode(K, BV, walk_launch["num_warps"])

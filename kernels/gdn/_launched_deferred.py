@@ -3,6 +3,8 @@ entries call with the device's backend, and what tests and benchmarks call with 
 
     launched_fold_pending   the standalone fold (Triton ``_fold_pending_kernel`` or torch)
     launched_defer_commit   the accepted path kept (Triton ``_defer_commit_kernel`` or torch)
+    launched_fold_round     the standalone fold of a ``GDNPendingRound`` (``_round_fold_kernel``)
+    round_fold_args         a ``GDNPendingRound`` as the verify walks take it (FOLD 3 / 4)
     fold_mode / fold_args / fold_dot16   how a verify walk folds (``_launched.py`` passes them)
 """
 from __future__ import annotations
@@ -14,11 +16,12 @@ from simtree.errors import SimtreeError
 from . import _launch as rule
 from ._commit_torch import _check_accepted, _commit_torch
 from .cache import GDNTreeCache
-from .pending import GDNPendingPath
+from .pending import GDNPendingPath, GDNPendingRound
 from .reference import _l2norm, gdn_fold_pending_ref
 
-__all__ = ["launched_fold_pending", "launched_defer_commit", "fold_mode", "fold_args",
-           "fold_dot16", "FOLD_BLOCK_K", "FOLD_BLOCK_P", "FOLD_REGISTERS"]
+__all__ = ["launched_fold_pending", "launched_defer_commit", "launched_fold_round", "fold_mode",
+           "fold_args", "round_fold_args", "round_dot16", "fold_dot16", "FOLD_BLOCK_K",
+           "FOLD_BLOCK_P", "FOLD_REGISTERS"]
 
 # the fold's products: K rows of the state tile (in memory) and path rows per step (docs/math)
 FOLD_BLOCK_K, FOLD_BLOCK_P = 32, 16
@@ -46,33 +49,94 @@ def fold_args(pending: GDNPendingPath) -> tuple:
             pending.rows)
 
 
-def launched_fold_pending(state: torch.Tensor, pending: GDNPendingPath,
-                          sequences: torch.Tensor | None = None, *, backend: str = "auto") -> None:
-    """``gdn_fold_pending`` on a backend ("auto": Triton on CUDA, torch elsewhere)."""
+def launched_fold_pending(state: torch.Tensor, pending, sequences: torch.Tensor | None = None, *,
+                          backend: str = "auto", block_v: int | None = None,
+                          block_k: int | None = None, num_warps: int = 4) -> None:
+    """``gdn_fold_pending`` on a backend ("auto": Triton on CUDA, torch elsewhere); a
+    ``GDNPendingRound`` goes to ``launched_fold_round``.  block_v (64 where None), block_k
+    (state rows per piece, K where None) and num_warps: the Triton launch."""
+    if isinstance(pending, GDNPendingRound):
+        launched_fold_round(state, pending, sequences, backend=backend, block_v=block_v,
+                            block_k=block_k, num_warps=num_warps)
+        return
     pending.check_state(state)
     B, HV, K, V = state.shape
     if rule.pick_backend(backend, state.device) == "torch":
-        on = pending.on.bool()
-        if sequences is not None:
-            on &= sequences.to(on.device).bool()[:, None, None]
-        if bool(on.any()):
-            state.copy_(torch.where(on[:, :, None, :], gdn_fold_pending_ref(state, pending).float(),
-                                    state))
-            pending.on.masked_fill_(on, 0)
+        _fold_torch(state, pending, sequences, lambda: gdn_fold_pending_ref(state, pending).float())
         return
     from ._deferred_kernels import _fold_pending_kernel
-    BV = min(V, 64)
+    BV = min(V, block_v or 64)
     sel = pending.length if sequences is None else sequences.to(state.device, torch.int8)
     _fold_pending_kernel[(V // BV, B * HV)](
         state, *fold_args(pending)[:6], sel, pending.rows, H=pending.k.shape[2], HV=HV, K=K,
-        V=V, BV=BV, BK=K, BP=FOLD_BLOCK_P, DOT16=fold_dot16(pending),
-        SELECT=sequences is not None, num_warps=4)
+        V=V, BV=BV, BK=min(K, block_k or K), BP=FOLD_BLOCK_P, DOT16=fold_dot16(pending),
+        SELECT=sequences is not None, num_warps=num_warps)
+
+
+def _fold_torch(state, pending, sequences, folded) -> None:
+    """The torch backend's standalone fold: ``folded()`` (the whole state with every waiting
+    path folded) taken where the ``on`` flags (and ``sequences``) say, those flags cleared."""
+    on = pending.on.bool()
+    if sequences is not None:
+        on &= sequences.to(on.device).bool()[:, None, None]
+    if bool(on.any()):
+        state.copy_(torch.where(on[:, :, None, :], folded(), state))
+        pending.on.masked_fill_(on, 0)
+
+
+def round_fold_args(pending: GDNPendingRound) -> dict:
+    """A ``GDNPendingRound`` as the verify walks and ``_round_fold_kernel`` take it."""
+    c = pending.cache
+    B, HV, V = pending.on.shape
+    path = rule.commit_launch_config(B, HV, V, c.meta.max_nodes, round_dot16(pending)).path
+    return dict(rk_ptr=pending.k, ru_ptr=c.u, rG_ptr=c.G, rbits_ptr=c.meta.bits,
+                rcu_ptr=pending.cu_nodes, racc_ptr=pending.accepted, pon_ptr=pending.on,
+                RW=pending.words, RL2NORM=c.qk_l2norm, RPATH=bool(path))
+
+
+def round_dot16(pending: GDNPendingRound) -> bool:
+    """bf16 fold products where the round's u is bf16 (as the commit's ``commit_dot16``)."""
+    return pending.cache.u.dtype == torch.bfloat16 and not rule.INTERPRET
+
+
+def launched_fold_round(state: torch.Tensor, pending: GDNPendingRound,
+                        sequences: torch.Tensor | None = None, *, backend: str = "auto",
+                        block_v: int | None = None, block_k: int | None = None,
+                        num_warps: int = 4) -> None:
+    """The standalone fold of a waiting round, in place (``gdn_fold_pending`` for a
+    ``GDNPendingRound``): where its ``on`` flags (and ``sequences``) say so, the round
+    before's accepted path committed into the state, the flags cleared.  block_v (64 where
+    None), block_k (32 where None: [32, BV] fp32 pieces) and num_warps: the Triton launch."""
+    pending.check_state(state)
+    if not pending.armed:
+        return
+    B, HV, K, V = state.shape
+    if rule.pick_backend(backend, state.device) == "torch":
+        def committed():
+            now = state.clone()
+            _commit_torch(now, pending.k, pending.cache, pending.cu_nodes, pending.accepted)
+            return now
+        _fold_torch(state, pending, sequences, committed)
+        return
+    from ._deferred_kernels import _round_fold_kernel
+    BV = min(V, block_v or 64)
+    args = round_fold_args(pending)
+    sel = pending.accepted if sequences is None else sequences.to(state.device, torch.int8)
+    _round_fold_kernel[(V // BV, B * HV)](
+        state, *(args[n] for n in ("rk_ptr", "ru_ptr", "rG_ptr", "rbits_ptr", "rcu_ptr",
+                                   "racc_ptr", "pon_ptr")), sel,
+        H=pending.k.shape[1], HV=HV, K=K, V=V, W=args["RW"], BV=BV,
+        BK=min(K, block_k or FOLD_BLOCK_K), BT=FOLD_BLOCK_P, L2NORM=args["RL2NORM"],
+        DOT16=round_dot16(pending), SELECT=sequences is not None, PATH=args["RPATH"],
+        num_warps=num_warps)
 
 
 def launched_defer_commit(state: torch.Tensor, pending: GDNPendingPath, k: torch.Tensor,
                           cache: GDNTreeCache, parents, cu_nodes, accepted: torch.Tensor, *,
-                          check: bool = True, backend: str = "auto") -> None:
-    """``gdn_defer_commit`` on a backend ("auto": Triton on CUDA, torch elsewhere)."""
+                          check: bool = True, backend: str = "auto", block_v: int | None = None,
+                          num_warps: int = 4) -> None:
+    """``gdn_defer_commit`` on a backend ("auto": Triton on CUDA, torch elsewhere); block_v
+    (64 where None) and num_warps: the Triton launch."""
     pending.check_state(state)
     _check_accepted(accepted, cu_nodes, check)
     B, HV, K, V = state.shape
@@ -84,13 +148,13 @@ def launched_defer_commit(state: torch.Tensor, pending: GDNPendingPath, k: torch
         return
     from ._deferred_kernels import _defer_commit_kernel
     dot = rule.commit_dot16(cache)
-    BV = min(V, 64)
+    BV = min(V, block_v or 64)
     _defer_commit_kernel[(V // BV, B * HV)](
         state, k.contiguous().float() if k.dtype == torch.float64 else k.contiguous(), cache.u,
         cache.G, cache.meta.bits, cu_nodes.to(state.device, torch.int64),
         accepted.to(state.device, torch.int64), pending.k, pending.w, pending.u, pending.decay,
         pending.on, pending.length, pending.rows, H=H, HV=HV, K=K, V=V, W=cache.meta.words,
-        BT=16, BV=BV, L2NORM=cache.qk_l2norm, PREC="ieee", DOT16=dot, num_warps=4)
+        BT=16, BV=BV, L2NORM=cache.qk_l2norm, PREC="ieee", DOT16=dot, num_warps=num_warps)
 
 
 def _defer_torch(state, pending: GDNPendingPath, k, cache: GDNTreeCache, cu_nodes, accepted,

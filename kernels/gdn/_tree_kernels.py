@@ -30,7 +30,9 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from ._bits import _popcount64, _select_bit64  # noqa: F401 - re-exported (tests, deferred)
 from ._fold_kernel import _fold_state, _folded_tile
+from ._round_fold import _round_fold_state, _round_folded_tile
 
 # the kernels one verify call launches (pre-pass, K-side kernel, one of the walks), by the
 # names the profiling scripts (tune_gdn, gdn_kernel_times, ncu_gdn.sh, ncu_summary) pick them by;
@@ -290,7 +292,10 @@ def _tree_verify_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, s0_ptr, bits_ptr, 
                         EARLY: tl.constexpr = False, pk_ptr=None, pw_ptr=None, pu_ptr=None,
                         pdec_ptr=None, pon_ptr=None, plen_ptr=None, P=0,
                         FOLD: tl.constexpr = 0, FOLD_BK: tl.constexpr = 32,
-                        FOLD_BP: tl.constexpr = 16, FOLD_DOT16: tl.constexpr = False):
+                        FOLD_BP: tl.constexpr = 16, FOLD_DOT16: tl.constexpr = False,
+                        rk_ptr=None, ru_ptr=None, rG_ptr=None, rbits_ptr=None, rcu_ptr=None,
+                        racc_ptr=None, RW: tl.constexpr = 1, RL2NORM: tl.constexpr = True,
+                        RPATH: tl.constexpr = False):
     """One program per (sequence, value head, V block); sub-chunks of BT nodes in order.
 
     Per sub-chunk c (rows r): rhs = b (V - e^G K S0) and acc = e^G Q S0, minus/plus the
@@ -315,7 +320,9 @@ def _tree_verify_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, s0_ptr, bits_ptr, 
     behind the S0 products and the pairs, instead of after the pairs.  FOLD (the deferred
     commit, ``deferred.py``): the pending path of the round before is folded into this
     program's state tile first - 2: in registers, the folded tile is S0 (``_folded_tile``);
-    1: in memory, BK rows at a time, then read back as S0 (``_fold_state``)."""
+    1: in memory, BK rows at a time, then read back as S0 (``_fold_state``); 3 and 4 the
+    same from the round before's own buffers (``GDNPendingRound``, ``_round_fold.py``: r*
+    pointers, RW its ancestor-bit words, RPATH its path walk)."""
     i_v, i_b, i_hv, i_h, bos, n = _verify_program(cu_ptr, H, HV, PDL)
     o_t = tl.arange(0, BT)
     o_v = i_v * BV + tl.arange(0, BV)
@@ -323,11 +330,20 @@ def _tree_verify_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, s0_ptr, bits_ptr, 
     if FOLD == 2:   # the folded tile stays in registers as S0
         s0 = _folded_tile(s0_ptr, pk_ptr, pw_ptr, pu_ptr, pdec_ptr, pon_ptr, plen_ptr, P, i_b,
                           i_hv, i_h, o_v, H, HV, K, V, FOLD_BP, FOLD_DOT16).to(DT)
+    elif FOLD == 3:
+        s0 = _round_folded_tile(s0_ptr, rk_ptr, ru_ptr, rG_ptr, rbits_ptr, rcu_ptr, racc_ptr,
+                                pon_ptr, i_b, i_hv, i_h, o_v, H, HV, K, V, RW, FOLD_BP, RL2NORM,
+                                "ieee", FOLD_DOT16, RPATH).to(DT)
     else:
         if FOLD == 1:
             _fold_state(s0_ptr, pk_ptr, pw_ptr, pu_ptr, pdec_ptr, pon_ptr, plen_ptr, P, i_b, i_hv,
                         i_h, o_v, H, HV, K, V, FOLD_BK, FOLD_BP, FOLD_DOT16)
             tl.debug_barrier()   # the folded tile, stored by this program's threads, read as S0
+        if FOLD == 4:
+            _round_fold_state(s0_ptr, rk_ptr, ru_ptr, rG_ptr, rbits_ptr, rcu_ptr, racc_ptr,
+                              pon_ptr, i_b, i_hv, i_h, o_v, H, HV, K, V, RW, FOLD_BK, FOLD_BP,
+                              RL2NORM, "ieee", FOLD_DOT16, RPATH)
+            tl.debug_barrier()
         # int64: B*HV*K*V can pass 2^31; S0 [K, BV] is read once per program
         s0 = tl.load(s0_ptr + (i_b * HV + i_hv).to(tl.int64) * K * V + o_k[:, None] * V
                      + o_v[None, :]).to(DT)
@@ -494,40 +510,6 @@ def _tree_kside_kernel(q_ptr, k_ptr, beta_ptr, bits_ptr, order_ptr, cu_ptr, pair
 
 
 @triton.jit
-def _popcount64(x):
-    """Set bits of each uint64 (SWAR: pair, nibble and byte sums, then one multiply)."""
-    x = x - ((x >> 1) & 0x5555555555555555)
-    x = (x & 0x3333333333333333) + ((x >> 2) & 0x3333333333333333)
-    x = (x + (x >> 4)) & 0x0F0F0F0F0F0F0F0F
-    return (x * 0x0101010101010101) >> 56
-
-
-@triton.jit
-def _select_half(w, s, pos, HALF: tl.constexpr, MASK: tl.constexpr):
-    """One halving step of ``_select_bit64``: keep the half of w [2 HALF bits] holding the
-    s-th set bit."""
-    low = w & MASK
-    c = _popcount64(low).to(tl.int64)
-    up = c <= s                           # the s-th set bit lies in the upper half
-    return tl.where(up, w >> HALF, low), tl.where(up, s - c, s), tl.where(up, pos + HALF, pos)
-
-
-@triton.jit
-def _select_bit64(w, s):
-    """Position of the s-th (0-based) set bit of the uint64 words w, elementwise, by halving:
-    in registers, no exchange between threads (s beyond the count gives a position >= the
-    highest set bit; callers mask those slots)."""
-    pos = tl.zeros(s.shape, dtype=tl.int64)
-    w, s, pos = _select_half(w, s, pos, 32, 0xFFFFFFFF)
-    w, s, pos = _select_half(w, s, pos, 16, 0xFFFF)
-    w, s, pos = _select_half(w, s, pos, 8, 0xFF)
-    w, s, pos = _select_half(w, s, pos, 4, 0xF)
-    w, s, pos = _select_half(w, s, pos, 2, 0x3)
-    w, s, pos = _select_half(w, s, pos, 1, 0x1)
-    return pos
-
-
-@triton.jit
 def _fold_rows(S, k_ptr, u_ptr, G_ptr, gcol, on, Ga, i_h, i_hv, o_v, H: tl.constexpr,
                HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, L2NORM: tl.constexpr,
                PREC: tl.constexpr, DOT16: tl.constexpr = False):
@@ -613,7 +595,10 @@ def _tree_verify_t_kernel(q_ptr, k_ptr, v_ptr, beta_ptr, s0_ptr, order_ptr, cu_p
                           ORDER: tl.constexpr, PDL: tl.constexpr = 0, pk_ptr=None,
                           pw_ptr=None, pu_ptr=None, pdec_ptr=None, pon_ptr=None, plen_ptr=None,
                           P=0, FOLD: tl.constexpr = 0, FOLD_BK: tl.constexpr = 32,
-                          FOLD_BP: tl.constexpr = 16, FOLD_DOT16: tl.constexpr = False):
+                          FOLD_BP: tl.constexpr = 16, FOLD_DOT16: tl.constexpr = False,
+                          rk_ptr=None, ru_ptr=None, rG_ptr=None, rbits_ptr=None, rcu_ptr=None,
+                          racc_ptr=None, RW: tl.constexpr = 1, RL2NORM: tl.constexpr = True,
+                        RPATH: tl.constexpr = False):
     """``_tree_verify_kernel``'s walk with the K-side tiles, transposed: the value dimension
     is the rows of every V-side tile (rhs^T, acc^T, u^T are [BV, BT]), so every product is
     [BV, *] x [*, BT] with M = BV (a warpgroup's wgmma on Hopper at 4 warps) instead of
@@ -625,7 +610,7 @@ def _tree_verify_t_kernel(q_ptr, k_ptr, v_ptr, beta_ptr, s0_ptr, order_ptr, cu_p
     q and k come normalised and scaled and G written (the pre-pass with its G pass); T_c,
     P_cc and the pair tiles from ``_tree_kside_kernel``, read transposed.  Same buffers as the
     untransposed walk (u and o in stored rows).  FOLD: the pending path folded in first, as in
-    ``_tree_verify_kernel`` (2: in registers, the tile transposed there)."""
+    ``_tree_verify_kernel`` (2 and 3: in registers, the tile transposed there)."""
     i_v, i_b, i_hv, i_h, bos, n = _verify_program(cu_ptr, H, HV, PDL)
     o_t = tl.arange(0, BT)
     o_v = i_v * BV + tl.arange(0, BV)
@@ -634,10 +619,20 @@ def _tree_verify_t_kernel(q_ptr, k_ptr, v_ptr, beta_ptr, s0_ptr, order_ptr, cu_p
         s0t = tl.trans(_folded_tile(s0_ptr, pk_ptr, pw_ptr, pu_ptr, pdec_ptr, pon_ptr, plen_ptr,
                                     P, i_b, i_hv, i_h, o_v, H, HV, K, V, FOLD_BP,
                                     FOLD_DOT16)).to(DT)                      # [BV, K]
+    elif FOLD == 3:
+        s0t = tl.trans(_round_folded_tile(s0_ptr, rk_ptr, ru_ptr, rG_ptr, rbits_ptr, rcu_ptr,
+                                          racc_ptr, pon_ptr, i_b, i_hv, i_h, o_v, H, HV, K, V,
+                                          RW, FOLD_BP, RL2NORM, "ieee", FOLD_DOT16,
+                                          RPATH)).to(DT)
     else:
         if FOLD == 1:
             _fold_state(s0_ptr, pk_ptr, pw_ptr, pu_ptr, pdec_ptr, pon_ptr, plen_ptr, P, i_b, i_hv,
                         i_h, o_v, H, HV, K, V, FOLD_BK, FOLD_BP, FOLD_DOT16)
+            tl.debug_barrier()
+        if FOLD == 4:
+            _round_fold_state(s0_ptr, rk_ptr, ru_ptr, rG_ptr, rbits_ptr, rcu_ptr, racc_ptr,
+                              pon_ptr, i_b, i_hv, i_h, o_v, H, HV, K, V, RW, FOLD_BK, FOLD_BP,
+                              RL2NORM, "ieee", FOLD_DOT16, RPATH)
             tl.debug_barrier()
         s0t = tl.load(s0_ptr + (i_b * HV + i_hv).to(tl.int64) * K * V + o_k[None, :] * V
                       + o_v[:, None]).to(DT)                                 # [BV, K]

@@ -12,6 +12,14 @@ clears their ``on`` flags in the same kernel); an aborted round (a verify whose 
 committed) leaves the state committed up to the round before and nothing waiting.  A path
 longer than ``pending.rows`` is committed into the state at once by the deferred commit.
 The backend goes by the device (Triton on CUDA, the torch form elsewhere).
+
+The launch-free form keeps the round before by reference instead of copying its path rows:
+
+    pr = new_pending_round(B, HV, V, device)
+    out, cache = gdn_tree_verify_folding(q, k, v, g, beta, state, pr, parents, cu)  # folds first
+    pr.arm(k, cache, cu, accepted)      # the commit stage: references and a memset of the flags
+    ...                                 # next verify folds from these buffers (keep them alive)
+    gdn_fold_pending(state, pr)         # standalone, as above
 """
 from __future__ import annotations
 
@@ -19,12 +27,13 @@ import torch
 
 from ._launched_deferred import launched_defer_commit, launched_fold_pending
 from .cache import GDNTreeCache
-from .pending import GDNPendingPath, new_pending
+from .pending import GDNPendingPath, GDNPendingRound, new_pending, new_pending_round
 
-__all__ = ["GDNPendingPath", "new_pending", "gdn_defer_commit", "gdn_fold_pending"]
+__all__ = ["GDNPendingPath", "new_pending", "GDNPendingRound", "new_pending_round",
+           "gdn_defer_commit", "gdn_fold_pending"]
 
 
-def gdn_fold_pending(state: torch.Tensor, pending: GDNPendingPath,
+def gdn_fold_pending(state: torch.Tensor, pending: GDNPendingPath | GDNPendingRound,
                      sequences: torch.Tensor | None = None) -> None:
     """The standalone commit of the waiting paths, in place: state[b] <- d S + sum w k u^T
     where sequence b's path waits (and ``sequences`` [B] bool selects it, None: all); their

@@ -22,7 +22,7 @@ import torch
 
 from simtree.errors import SimtreeError
 
-__all__ = ["GDNPendingPath", "new_pending"]
+__all__ = ["GDNPendingPath", "new_pending", "GDNPendingRound", "new_pending_round"]
 
 
 @dataclass
@@ -70,3 +70,64 @@ def new_pending(batch: int, key_heads: int, value_heads: int, key_dim: int, valu
         decay=torch.ones(batch, value_heads, **z),
         length=torch.zeros(batch, dtype=torch.int32, device=device),
         on=torch.zeros(batch, value_heads, value_dim, dtype=torch.int8, device=device))
+
+
+@dataclass
+class GDNPendingRound:
+    """The round before kept by reference, for the fold with no deferred-commit launch
+    (``_round_fold.py``): that round's keys k [N, H, K] (as its verify took them), its
+    ``GDNTreeCache`` (u, G, the ancestor bits of its ``TreeMeta``), cu_nodes [B+1] and the
+    accepted LOCAL nodes [B] (int64), and ``on`` [B, HV, V] int8 as ``GDNPendingPath``'s.
+    Those buffers must stay as they are until the next verify (or the standalone fold) has
+    folded them: the caller keeps two rounds' buffers (double-buffered).  ``arm`` after
+    acceptance is the whole commit stage: the references and a memset of ``on``."""
+    on: torch.Tensor
+    k: torch.Tensor | None = None
+    cache: object = None
+    cu_nodes: torch.Tensor | None = None
+    accepted: torch.Tensor | None = None
+
+    @property
+    def armed(self) -> bool:
+        """Whether a round was ever armed (else nothing can wait)."""
+        return self.cache is not None
+
+    @property
+    def words(self) -> int:
+        """Ancestor-bit words per node of the round before."""
+        return int(self.cache.meta.bits.shape[1])
+
+    def arm(self, k: torch.Tensor, cache, cu_nodes: torch.Tensor, accepted: torch.Tensor,
+            sequences: torch.Tensor | None = None) -> None:
+        """The round just verified (its keys, ``GDNTreeCache`` and accepted nodes) waits for
+        the next verify (for ``sequences``, bool [B], or all; every other sequence must have
+        nothing waiting - the verify of this round folded it)."""
+        dev = self.on.device
+        self.k = k.float() if k.dtype == torch.float64 else k
+        self.cache = cache
+        self.cu_nodes = cu_nodes.to(dev, torch.int64)
+        self.accepted = accepted.to(dev, torch.int64)
+        if sequences is None:
+            self.on.fill_(1)
+        else:
+            self.on.masked_fill_(sequences.to(dev)[:, None, None], 1)
+
+    def clear(self, sequences: torch.Tensor | None = None) -> None:
+        """Drop the waiting round (of ``sequences``, bool [B], or all)."""
+        GDNPendingPath.clear(self, sequences)
+
+    def check_state(self, state: torch.Tensor) -> None:
+        B, HV, K, V = state.shape
+        if tuple(self.on.shape) != (B, HV, V) or (self.armed and (
+                tuple(self.cache.u.shape[1:]) != (HV, V) or self.k.shape[2] != K)):
+            raise SimtreeError(f"pending round of {tuple(self.on.shape)} [B, HV, V] does not "
+                               f"fit the state {tuple(state.shape)}")
+        if state.dtype != torch.float32 or not state.is_contiguous():
+            raise SimtreeError("a deferred commit needs a contiguous fp32 state (it is "
+                               "rewritten in place)")
+
+
+def new_pending_round(batch: int, value_heads: int, value_dim: int, device) -> GDNPendingRound:
+    """An empty pending round (nothing to fold)."""
+    return GDNPendingRound(on=torch.zeros(batch, value_heads, value_dim, dtype=torch.int8,
+                                          device=device))

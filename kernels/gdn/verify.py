@@ -38,8 +38,9 @@ def gdn_tree_verify(q, k, v, g, beta, state, parents, cu_nodes, *, scale=None,
 def gdn_tree_verify_folding(q, k, v, g, beta, state, pending, parents, cu_nodes, *,
                             meta: TreeMeta | None = None):
     """:func:`gdn_tree_verify` after a deferred commit (``deferred.py``): ``pending``'s waiting
-    paths (a ``GDNPendingPath``) are folded into ``state`` first, in the same kernel (the state
-    is written once), and the trees are verified on the folded state.  q is scaled by K^-1/2
+    paths (a ``GDNPendingPath``, or the round a ``GDNPendingRound`` holds) are folded into
+    ``state`` first, in the same kernel (the state is written once), and the trees are
+    verified on the folded state.  q is scaled by K^-1/2
     (Qwen3.5/3.6's GDN).  Returns (out, ``GDNTreeCache``) as :func:`gdn_tree_verify`."""
     return launched_verify(q, k, v, g, beta, state, parents, cu_nodes, meta=meta, check=meta is None,
                            pending=pending)
