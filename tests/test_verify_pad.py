@@ -156,3 +156,18 @@ def test_padded_buckets_are_lossless_and_padding_is_never_accepted(spec):
     assert stats.accepted.tolist() == ref_stats.accepted.tolist()
     assert 1.2 < stats.accepted_tokens_per_round          # drafts were accepted, not only rejected
     assert accepted and max(int(a.max()) for a in accepted) < rs.nodes   # no padding node accepted
+
+
+def test_the_committed_bucket_table_pads_the_measured_spikes():
+    """The H100 bucket profile (simtree/data/profiles/h100/buckets_qwen3.6-27b_tp1.csv): its pad map
+    and the generated summary name the spikes and the piece behind them."""
+    from simtree.costs.pad_report import bucket_summary
+    from simtree.costs.profile_table import load_profile
+    from simtree.data import data_path
+
+    table = data_path("profiles") / "h100" / "buckets_qwen3.6-27b_tp1.csv"
+    rows = load_profile(table)
+    rec = pad_map(rows[rows["stage"] == "model_verify_step"])
+    assert rec["by_batch"] == {"16": {"20": 24}, "32": {"10": 11, "14": 16}, "64": {"13": 14}}
+    text = bucket_summary(table)
+    assert "Pad map: 10 -> 11, 14 -> 16." in text and "slowest piece mlp_step" in text
