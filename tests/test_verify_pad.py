@@ -171,3 +171,22 @@ def test_the_committed_bucket_table_pads_the_measured_spikes():
     assert rec["by_batch"] == {"16": {"20": 24}, "32": {"10": 11, "14": 16}, "64": {"13": 14}}
     text = bucket_summary(table)
     assert "Pad map: 10 -> 11, 14 -> 16." in text and "slowest piece mlp_step" in text
+
+
+def test_simtree_fit_pads_unless_told_not_to(tmp_path):
+    from typer.testing import CliRunner
+
+    from simtree.cli import app
+
+    table = tmp_path / "p.csv"
+    _table(table)
+    args = ["fit", str(table), "--draft-from-verify", "--form", "grid", "--folds", "2", "--no-png"]
+    ok = CliRunner().invoke(app, [*args, "-o", str(tmp_path / "a.json")])
+    assert ok.exit_code == 0, ok.output
+    assert load_costs(tmp_path / "a.json").verify.padded_nodes(14, 32) == 16
+    off = CliRunner().invoke(app, [*args, "--no-verify-pad", "-o", str(tmp_path / "b.json")])
+    assert off.exit_code == 0 and load_costs(tmp_path / "b.json").verify.padded_nodes(14, 32) == 14
+    bad = CliRunner().invoke(app, [*args, "--pad-min-saving", "1.5", "-o", str(tmp_path / "c.json")])
+    # one line (the CLI's entry prints a SimtreeError as `error: ...`, exit 2), nothing written
+    assert isinstance(bad.exception, SimtreeError) and "minimum saving" in str(bad.exception)
+    assert not (tmp_path / "c.json").exists()
