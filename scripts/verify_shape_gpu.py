@@ -114,7 +114,11 @@ def summary(csv: Path, gpu: str | None = None, buckets: Path | None = None) -> s
                   f"`python -m simtree.profiler.sweep --sweep buckets_qwen_gpu.yaml --model qwen3.6-27b --deployment "
                   f"tp=1 --out buckets.csv --max-minutes 3.5`, {meta.get('elapsed_s', '?')} s on "
                   f"{meta.get('gpu_name', '?')}); the runtime's layer pieces composed.  The shipped grid "
-                  "(full_layers_gpu.yaml) now times node counts 9-11 and 13-15 at batch >= 16 too.", "",
+                  "(full_layers_gpu.yaml) now times node counts 9-11 and 13-15 at batch >= 16 too; the shipped H100 "
+                  "Qwen rank profile took this table's composed rows inside its node range (n <= 16, `python -m "
+                  "simtree.costs.pad_report " + str(buckets) + " --merge-into "
+                  "simtree/data/profiles/h100/profile_qwen3.6-27b_tp1.csv`), so its bundle carries the pad map "
+                  "of batches 32 and 64 below.", "",
                   bucket_summary(buckets)]
     return "\n".join(lines) + "\n"
 

@@ -190,3 +190,29 @@ def test_simtree_fit_pads_unless_told_not_to(tmp_path):
     # one line (the CLI's entry prints a SimtreeError as `error: ...`, exit 2), nothing written
     assert isinstance(bad.exception, SimtreeError) and "minimum saving" in str(bad.exception)
     assert not (tmp_path / "c.json").exists()
+
+
+def test_the_shipped_h100_qwen_bundle_pads_the_measured_spikes():
+    """The shipped H100 Qwen3.6-27B bundle (its rank profile took the bucket rows inside its node
+    range): batch 32's 14-node round, measured 61.8 ms against 49.8 at 16 nodes, pads to 16 and is
+    priced near the 16-node cost, not the slow kernel's."""
+    from simtree.data import data_path
+
+    bundle = load_costs(data_path("costs") / "h100_qwen3.6-27b_tp1.json")
+    assert bundle.verify.padded_nodes(14, 32) == 16 and bundle.verify.padded_nodes(13, 64) == 14
+    assert bundle.verify.padded_nodes(12, 32) == 12 and bundle.verify.padded_nodes(14, 8) == 14
+    assert bundle.verify.predict(14, 256, 32) < 0.9 * 61849.34
+
+
+def test_merging_bucket_rows_fills_only_the_cells_a_rank_profile_lacks(tmp_path):
+    from simtree.costs.pad_report import merge_verify_rows
+    from simtree.costs.profile_table import load_profile
+
+    full = _table(tmp_path / "buckets.csv")
+    dst = tmp_path / "rank.csv"
+    full[~full["nodes_per_seq"].isin([10, 14, 16])].to_csv(dst, index=False)   # its node range ends at 12
+    assert merge_verify_rows(tmp_path / "buckets.csv", dst) == 2 * 2 * 1       # n = 10 at 2 batches x 2 contexts
+    merged = load_profile(dst)
+    assert sorted(merged["nodes_per_seq"].unique()) == [1, 2, 4, 8, 10, 12]
+    with pytest.raises(SimtreeError, match="lacks"):
+        merge_verify_rows(tmp_path / "buckets.csv", dst)

@@ -9,6 +9,15 @@ once); at a spike n -> n' the slowest piece is the one whose share at n most exc
 n' (a piece normally costs less at fewer nodes).
 
     python -m simtree.costs.pad_report simtree/data/profiles/h100/buckets_qwen3.6-27b_tp1.csv
+
+``--merge-into DST`` appends the table's composed verify rows at the node counts the rank profile
+DST lacks inside its node range (per batch and context, at DST's contexts; same model, deployment
+and device) to DST,
+atomically (``profile_table.append_rows``: a repeated key is refused): the shipped H100 Qwen profile
+took the bucket rows this way,
+
+    python -m simtree.costs.pad_report simtree/data/profiles/h100/buckets_qwen3.6-27b_tp1.csv \\
+        --merge-into simtree/data/profiles/h100/profile_qwen3.6-27b_tp1.csv
 """
 from __future__ import annotations
 
@@ -22,7 +31,7 @@ from simtree.costs.verify_pad import PAD_MIN_SAVING, pad_map
 from simtree.errors import SimtreeError
 from simtree.models import get_model
 
-__all__ = ["bucket_summary"]
+__all__ = ["bucket_summary", "merge_verify_rows"]
 
 VERIFY = "model_verify_step"
 ONCE = ("lm_head_step", "round_meta_step")
@@ -96,12 +105,40 @@ def bucket_summary(path, min_saving: float = PAD_MIN_SAVING) -> str:
     return "\n".join(lines)
 
 
+def merge_verify_rows(src, dst) -> int:
+    """Append ``src``'s composed verify rows at (batch, context, nodes) cells ``dst`` lacks, at the
+    contexts ``dst`` times, to ``dst`` (module doc); the rows added."""
+    from simtree.costs.profile_table import append_rows
+
+    new, old = load_profile(src), load_profile(dst)
+    ov = old[old["stage"] == VERIFY]
+    if ov.empty:
+        raise SimtreeError(f"{dst}: no {VERIFY} rows to merge into")
+    keys = ("model", "deployment", "device", "dtype", "variant")
+    want = {k: ov[k].iloc[0] for k in keys}
+    rows = new[(new["stage"] == VERIFY) & (new["context_len"].isin(set(ov["context_len"])))]
+    for k, val in want.items():
+        rows = rows[rows[k] == val]
+    rows = rows[rows["nodes_per_seq"] <= ov["nodes_per_seq"].max()]   # inside its node range: no extrapolation moved
+    have = set(zip(ov["batch_size"], ov["context_len"], ov["nodes_per_seq"]))
+    rows = rows[[(b, l, n) not in have for b, l, n in zip(rows["batch_size"], rows["context_len"], rows["nodes_per_seq"])]]
+    if rows.empty:
+        raise SimtreeError(f"{src}: no {VERIFY} rows of {want['model']} ({want['deployment']}, {want['device']}) "
+                           f"at cells {dst} lacks")
+    append_rows(dst, rows.to_dict("records"))
+    return len(rows)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description="Markdown summary of a bucket profile (envelope, pad map, spikes).")
     ap.add_argument("table")
     ap.add_argument("--min-saving", type=float, default=PAD_MIN_SAVING)
+    ap.add_argument("--merge-into", default=None, help="a rank profile: append the table's verify rows at its missing cells")
     args = ap.parse_args(argv)
     try:
+        if args.merge_into:
+            print(f"{merge_verify_rows(args.table, args.merge_into)} rows added to {args.merge_into}")
+            return 0
         sys.stdout.write(bucket_summary(args.table, args.min_saving) + "\n")
     except SimtreeError as exc:
         print(f"error: {exc}", file=sys.stderr)
