@@ -123,6 +123,8 @@ def test_a_sweep_of_the_layer_pieces_composes_both_models(tmp_path):
             grid["nodes_per_seq"] = [n for n in (1, 3) if n in grid["nodes_per_seq"]]
         if "context_len" in grid:
             grid["context_len"] = [16, 48]
+    # the dense node counts at batch >= 16 (the GEMMs' buckets) are the same pieces at more points
+    spec["stages"] = [e for e in spec["stages"] if (e.get("grid") or {}).get("nodes_per_seq") != []]
     path = tmp_path / "layers_cpu.yaml"
     import yaml
     path.write_text(yaml.safe_dump(spec))

@@ -31,7 +31,7 @@ from simtree.kernels.layers.head import topk_logp
 from simtree.planning.modes import RUNTIME_MODES, PolicySpec
 
 __all__ = ["RoundShape", "round_shape", "TreeBuffers", "topk_logp", "own_row_bits", "draft_tree",
-           "accepted_path", "lay_out", "pad_tree", "RUNTIME_MODES", "MARGINAL_TOPK"]
+           "accepted_path", "lay_out", "pad_tree", "pad_round", "RUNTIME_MODES", "MARGINAL_TOPK"]
 
 MARGINAL_TOPK = 4   # candidates per drafted position of the marginal modes (the tiny runtime's too)
 
@@ -47,7 +47,9 @@ class RoundShape:
     block drafter (:mod:`.block_engine`): "block" (best-first over its ``num_steps`` = block
     length marginals), "tfm" (``tree`` "tfm": its adapter's tree, ``width`` expansions a step),
     "dspark" (``tree`` "chain": the Markov head's chain, each sequence's verified prefix cut at
-    ``threshold``, or by batch_alloc's rule over the confidence head's survivals where None)."""
+    ``threshold``, or by batch_alloc's rule over the confidence head's survivals where None).
+    ``padded_from``: the bucket before :func:`pad_round` padded it to a cheaper verify bucket
+    (0: not padded); the trees stay capped by it."""
 
     num_steps: int
     topk: int
@@ -58,6 +60,7 @@ class RoundShape:
     drafter: str = "mtp"
     width: int = 1
     threshold: float | None = None
+    padded_from: int = 0
 
     @property
     def block_drafter(self) -> bool:
@@ -79,8 +82,8 @@ class RoundShape:
     @property
     def tree_nodes(self) -> int:
         """The most nodes a sequence's tree holds: the budget, or a smaller bucket that caps
-        cost_aware's / batch_alloc's per-round budgets."""
-        return min(self.budget, self.nodes)
+        cost_aware's / batch_alloc's per-round budgets (the bucket before padding, where padded)."""
+        return min(self.budget, self.padded_from or self.nodes)
 
     @property
     def candidates(self) -> int:
@@ -174,6 +177,20 @@ def round_shape(spec, nodes: int | None = None) -> RoundShape:
                                else f"bucket of {nodes} nodes: {rs.name} needs at least 2")
         rs = dataclasses.replace(rs, nodes=int(nodes))
     return rs
+
+
+def pad_round(rs: RoundShape, batch_size: int, costs) -> RoundShape:
+    """``rs`` verified in the cost bundle's cheaper bucket at ``batch_size``: where the bundle's pad
+    map (:mod:`simtree.costs.verify_pad`, ``costs.verify.padded_nodes``) sends the round's
+    ``nodes`` to n' > nodes, the bucket is n' (``padded_from`` keeps the old one, which still caps
+    the trees: the extra nodes are padding leaves, never accepted).  The MTP layer's rounds only
+    (fixed shapes and the adaptive modes' buckets); plain decoding, the block drafters' rounds and
+    a bundle without a pad map (or no bundle) keep ``rs``."""
+    pad = getattr(getattr(costs, "verify", None), "padded_nodes", None)
+    if pad is None or rs.plain or rs.block_drafter or rs.padded_from:
+        return rs
+    nodes = int(pad(rs.nodes, batch_size))
+    return rs if nodes <= rs.nodes else dataclasses.replace(rs, nodes=nodes, padded_from=rs.nodes)
 
 
 @dataclass

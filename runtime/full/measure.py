@@ -58,7 +58,7 @@ from simtree.planning.simulate import PolicySpec, analytic_run
 from .acceptance import SAMPLINGS, Live, ModelReplay, StratifiedReplay, TraceReplay, adaptive_bucket
 from .block_engine import check_block_len, make_engine
 from .build import build_model
-from .drafting import RUNTIME_MODES, RoundShape, round_shape
+from .drafting import RUNTIME_MODES, RoundShape, pad_round, round_shape
 from .report import EXTRA_COLUMNS, SUMMARY_COLUMNS, write_summary
 
 __all__ = ["full_run", "repredict", "runs_json", "measure_policy", "predict", "RunConfig", "SUMMARY_COLUMNS", "EXTRA_COLUMNS",
@@ -142,11 +142,11 @@ class _Source:
         model = self.prediction_model()
         if model is None or costs is None or (rs.alloc == "fixed" and rs.drafter != "dspark") or \
                 rs.drafter in ("block", "tfm"):
-            return rs
+            return pad_round(rs, batch_size, costs)
         if rs.drafter == "dspark":   # the chain cut to the longest prefix the plan's decision verifies
             from simtree.planning.drafter_candidates import score_spec
             return round_shape(spec, int(score_spec(costs, model, spec, batch_size, context_len)["nodes_per_seq"]))
-        return round_shape(spec, adaptive_bucket(model, rs, batch_size, costs, context_len))
+        return pad_round(round_shape(spec, adaptive_bucket(model, rs, batch_size, costs, context_len)), batch_size, costs)
 
     def prediction_model(self):
         if self.workload is not None:
@@ -245,7 +245,11 @@ def _policies(policy, workload: str, batch_size: int, notes: list, extra=()) -> 
 
 
 def _run_shape(run: dict) -> RoundShape:
-    """The shape a run measured (its bucket: ``nodes``, where it has one)."""
+    """The shape a run measured (its bucket: ``nodes``, where it has one; ``padded_from``: the
+    bucket before the bundle's pad map padded it)."""
+    if run.get("padded_from"):
+        rs = round_shape(PolicySpec.from_dict(run["mode"], run["params"]), run["padded_from"])
+        return replace(rs, nodes=int(run["nodes"]), padded_from=int(run["padded_from"]))
     return round_shape(PolicySpec.from_dict(run["mode"], run["params"]), run.get("nodes"))
 
 
@@ -262,8 +266,16 @@ def _row(run: dict, source_label: str, pred: dict, cfg: RunConfig) -> dict:
             "accept_rel_err": _rel(pred["predicted_accepted"], meas_acc), "measured_accepted": meas_acc,
             "predicted_accepted": pred["predicted_accepted"], "speedup_vs_plain": float("nan"),
             "host_share": float(np.median(stats.host_ms)) / stats.round_ms, "nodes": rs.nodes,
+            "padded_from": rs.padded_from,
             "context_len": cfg.context_len, "rounds": stats.rounds, "graphs": run["graphs"],
-            "note": "; ".join(stats.notes + ([pred["note"]] if pred.get("note") else []))}
+            "note": "; ".join(stats.notes + ([pred["note"]] if pred.get("note") else []) + _pad_note(rs))}
+
+
+def _pad_note(rs: RoundShape) -> list[str]:
+    if not rs.padded_from:
+        return []
+    return [f"verified in a bucket of {rs.nodes} nodes padded from {rs.padded_from} (the bundle's pad map: "
+            "a cheaper verify at this batch, simtree.costs.verify_pad)"]
 
 
 def _failed_row(run: dict, source_label: str, cfg: RunConfig) -> dict:
@@ -368,6 +380,8 @@ def full_run(model, *, device: str = "cuda", costs=None, policy=None, batch_size
                 runs.append(run)
                 continue
             run["nodes"] = rs.nodes
+            if rs.padded_from:   # verified in the bundle's cheaper bucket (simtree.costs.verify_pad)
+                run["padded_from"] = rs.padded_from
             if deadline is not None and rs not in measured and time.time() > deadline:
                 run["error"] = "skipped: the session's time was up"
                 runs.append(run)

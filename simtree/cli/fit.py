@@ -153,6 +153,11 @@ def register(app: typer.Typer) -> None:
         comm: Optional[Path] = typer.Option(None, "--comm", help="Communication model (.comm.json) the bundle "
                                             "records for a deployment of several GPUs (default: fitted from the "
                                             "table's collective rows, else the machine's assumed one)."),
+        verify_pad: bool = typer.Option(True, "--verify-pad/--no-verify-pad",
+                                        help="Fit C_v on the lower envelope in n and keep the pad map (a round of n "
+                                             "nodes verified at a larger measured n' that is cheaper at its batch; "
+                                             "simtree.costs.verify_pad), or fit the rows as measured."),
+        pad_min_saving: float = typer.Option(0.02, help="The least relative saving that pads a round (0 <= s < 1)."),
     ) -> None:
         """Fit monotone C_v(n, l, batch) and C_d(s, k, batch) to a profile table: convex in n,
         except an MoE model's expert-saturation forms, which are reported when kept.
@@ -203,6 +208,7 @@ def register(app: typer.Typer) -> None:
                                  draft_fraction=draft_fraction, forms=forms, folds=folds,
                                  reference_forms=reference, deployment=deployment,
                                  comm=comm if comm is not None else measured_comm, moe_routing=moe_routing,
+                                 verify_pad=verify_pad, pad_min_saving=pad_min_saving,
                                  on_fit=lambda: progress.advance(task),
                                  on_more_solves=lambda k: progress.update(
                                      task, total=progress.tasks[0].total + k))

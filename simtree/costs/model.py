@@ -32,6 +32,7 @@ from typing import Any, Mapping, Protocol, Sequence, runtime_checkable
 
 from simtree.costs.checks import check_physical, set_range_label
 from simtree.costs.forms import surface_from_dict
+from simtree.costs.verify_pad import PAD_KEY, check_pad_record, padded_nodes
 from simtree.drafters import DRAFTER_FAMILIES
 from simtree.errors import SimtreeError
 from simtree.fileio import read_json, write_text_atomic
@@ -174,6 +175,11 @@ class VerifyCostModel(_SurfaceModel):
     def predict(self, nodes_per_seq, context_len, batch_size):
         return self.surface.predict(nodes_per_seq, context_len, batch_size)
 
+    def padded_nodes(self, nodes: int, batch_size: int) -> int:
+        """The node count a round of ``nodes`` per sequence at ``batch_size`` is verified at: the
+        fit's pad map (``info["verify_pad"]``, :mod:`simtree.costs.verify_pad`), else ``nodes``."""
+        return padded_nodes(self.info.get(PAD_KEY), nodes, batch_size)
+
 
 @dataclass
 class DraftCostModel(_SurfaceModel):
@@ -281,6 +287,8 @@ class CostBundle:
             try:
                 models[name] = model_cls.from_dict(d[name])
                 check_physical(models[name].surface, name)
+                if PAD_KEY in models[name].info:
+                    check_pad_record(models[name].info[PAD_KEY], name + " model")
             except (KeyError, TypeError) as exc:
                 raise SimtreeError(f"{where}: {name} model: missing or malformed field {exc}") from None
             except SimtreeError as exc:

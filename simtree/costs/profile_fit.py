@@ -10,6 +10,11 @@ p90, the row of the same (b, n, tree shape) at a shorter context are not measure
 context: the composition (``profiler/compose.py``) holds a piece measured at fewer context
 lengths at its longest one's value (clamped), so they are dropped before the fit, with a note
 (``_drop_context_copies``); the grid forms fill those cells from their neighbours.
+C_v is fitted on the lower envelope in n (:mod:`simtree.costs.verify_pad`): a (b, n) whose
+measured verify is more than ``pad_min_saving`` dearer than a larger measured n' at the same
+batch takes the latency of n', since the runtime pads such a round to n' nodes; the pad map is kept
+in the bundle as ``verify.info["verify_pad"]`` (absent where nothing pads; ``verify_pad=False``
+fits the rows as measured).
 
 Draft rows: ``draft_step`` of the same model and device, axes (topk, num_steps, batch);
 their context lengths are merged by median (C_d takes no l). Without draft rows the fit
@@ -46,6 +51,7 @@ from simtree.costs.surface_fit import BATCH_X_FORMS, MOE_FORMS, error_stats
 from simtree.costs.forms import DecodeSplitSurface
 from simtree.costs.model import DRAFT_AXES, DRAFTER_STAGE, VERIFY_AXES, CostBundle, DraftCostModel, VerifyCostModel
 from simtree.costs.drafter_fit import fit_drafters
+from simtree.costs.verify_pad import PAD_KEY, PAD_MIN_SAVING, envelope_rows, pad_map
 from simtree.parallel import DEFAULT_DEPLOYMENT, parse_deployment
 from simtree.errors import SimtreeError
 from simtree.models import get_model
@@ -239,7 +245,8 @@ def fit_profile(profile: str | os.PathLike, *, stage: str | None = None, model: 
                 draft_fraction: float = 0.05, forms=None, folds: int = 5,
                 reference_forms=("per_bin",), deployment: str | None = None, comm=None,
                 on_fit: Callable[[], None] | None = None,
-                on_more_solves: Callable[[int], None] | None = None, moe_routing: str | None = None) -> FitReport:
+                on_more_solves: Callable[[int], None] | None = None, moe_routing: str | None = None,
+                verify_pad: bool = True, pad_min_saving: float = PAD_MIN_SAVING) -> FitReport:
     """Fit C_v and C_d to a profile table and return the bundle with its evaluation.
 
     ``forms``: None/"auto" (see the module doc) or a tuple of form names.  ``on_fit()`` runs
@@ -267,6 +274,13 @@ def fit_profile(profile: str | os.PathLike, *, stage: str | None = None, model: 
     rows = _pick(rows, "variant", variant, what,
                  prefer="composed" if vstage == DEFAULT_VERIFY_STAGE else None, notes=notes)
     rows = _drop_context_copies(rows, what, notes)
+    pad = pad_map(rows, pad_min_saving) if verify_pad else {"by_batch": {}}
+    if pad["by_batch"]:
+        rows = envelope_rows(rows, pad)
+        notes.append(f"{what}: C_v fitted on the lower envelope in n (a round padded to a cheaper measured "
+                     f"bucket, saving > {100 * pad_min_saving:g}%): " + "; ".join(
+                         f"batch {b}: " + ", ".join(f"{n} -> {m}" for n, m in sorted(ns.items(), key=lambda x: int(x[0])))
+                         for b, ns in sorted(pad["by_batch"].items(), key=lambda x: int(x[0]))))
     if rows["tree_shape"].nunique() > 1:
         notes.append(f"{what}: tree shapes {', '.join(sorted(rows['tree_shape'].unique()))} merged "
                      "by median at equal (n, l, b)")
@@ -304,6 +318,8 @@ def fit_profile(profile: str | os.PathLike, *, stage: str | None = None, model: 
     if split is not None and split["kept"]:
         vres.surface = DecodeSplitSurface(vres.surface, split["decode"].surface)
     vinfo = _info(vres, vsource, [], "convex_in_n")
+    if pad["by_batch"]:
+        vinfo[PAD_KEY] = pad
     if split is not None:
         vinfo["decode_split"] = split["record"]
         if split["kept"]:

@@ -1,0 +1,218 @@
+"""Padding a verify round to a cheaper measured bucket (simtree.costs.verify_pad): the pad map and
+envelope from a profile table, the fit on the envelope with the map kept in the bundle, and the
+full runtime verifying in the padded bucket, losslessly (float32, the tiny runtime)."""
+import json
+from types import SimpleNamespace
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from simtree.costs.model import load_costs
+from simtree.costs.profile_fit import fit_profile
+from simtree.costs.verify_pad import PAD_KEY, envelope_rows, pad_map, padded_nodes
+from simtree.errors import SimtreeError
+from simtree.planning.simulate import PolicySpec
+from simtree.runtime.full.drafting import pad_round, round_shape
+
+from full_helpers import PROMPTS, tiny_model
+
+NODES = (1, 2, 4, 8, 10, 12, 14, 16)
+
+
+def _cost_us(b: int, n: int) -> float:
+    """A smooth verify cost with a slow kernel at batch 32 x 14 nodes (+30%); 8 x 10 costs 1% over 8 x 12."""
+    if (b, n) == (8, 10):
+        return 1.01 * _cost_us(8, 12)
+    us = 20000 + 40 * b * n + 300 * n
+    return 1.3 * us if (b, n) == (32, 14) else us
+
+
+def _table(path=None) -> pd.DataFrame:
+    rows = []
+    for b in (8, 32):
+        for n in NODES:
+            for l in (256, 2048):
+                us = _cost_us(b, n) + 0.5 * l * b
+                rows.append({"stage": "model_verify_step", "model": "qwen3.6-27b", "device": "NVIDIA H100 80GB HBM3",
+                             "dtype": "bf16", "variant": "composed", "batch_size": b, "nodes_per_seq": n,
+                             "total_tokens": b * n, "context_len": l, "tree_shape": "eagle", "num_steps": 0,
+                             "topk": 0, "latency_us_median": us, "latency_us_p10": us * 0.99,
+                             "latency_us_p90": us * 1.01, "repeats": 8, "torch_version": "x", "triton_version": "x",
+                             "timestamp": "2026-01-01T00:00:00+00:00", "deployment": "tp=1", "message_bytes": 0})
+    df = pd.DataFrame(rows)
+    if path is not None:
+        df.to_csv(path, index=False)
+    return df
+
+
+def test_the_pad_map_takes_only_clear_savings_at_every_context():
+    rec = pad_map(_table())
+    # 32 x 14 costs 30% over 16 at both contexts; 8 x 10's 1% bump is noise (below 2%); n = 1 never pads
+    assert rec["by_batch"] == {"32": {"14": 16}}
+    assert 0.02 < rec["saving"]["32"]["14"] < 0.3
+    assert padded_nodes(rec, 14, 32) == 16 and padded_nodes(rec, 14, 8) == 14 and padded_nodes(rec, 13, 32) == 13
+    assert padded_nodes(None, 14, 32) == 14
+    assert pad_map(_table(), min_saving=0.005)["by_batch"] == {"8": {"10": 12}, "32": {"14": 16}}
+    with pytest.raises(SimtreeError):
+        pad_map(_table(), min_saving=1.5)
+
+
+def test_the_envelope_prices_a_padded_row_at_its_target():
+    df = _table()
+    env = envelope_rows(df, pad_map(df))
+    key = (env["batch_size"] == 32) & (env["context_len"] == 256)
+    at = lambda n: float(env.loc[key & (env["nodes_per_seq"] == n), "latency_us_median"].iloc[0])  # noqa: E731
+    assert at(14) == at(16)
+    assert at(12) == pytest.approx(_cost_us(32, 12) + 0.5 * 256 * 32)
+    unchanged = env["nodes_per_seq"] != 14
+    assert np.array_equal(env.loc[unchanged, "latency_us_median"], df.loc[unchanged, "latency_us_median"])
+
+
+def test_fit_on_the_envelope_keeps_the_pad_map_in_the_bundle(tmp_path):
+    table = tmp_path / "p.csv"
+    _table(table)
+    report = fit_profile(table, forms=("grid",), folds=2, reference_forms=(), draft_from_verify=True)
+    info = report.bundle.verify.info
+    assert info[PAD_KEY]["by_batch"] == {"32": {"14": 16}}
+    assert any("lower envelope" in n for n in report.notes)
+    measured_14 = _cost_us(32, 14) + 0.5 * 256 * 32
+    # the budget of 14 nodes is priced at the padded bucket's cost, not the slow kernel's
+    assert report.bundle.verify.predict(14, 256, 32) < 0.9 * measured_14
+    assert report.bundle.verify.predict(14, 256, 32) <= report.bundle.verify.predict(16, 256, 32) + 1e-6
+    out = report.bundle.save(tmp_path / "b.json")
+    loaded = load_costs(out)
+    assert loaded.verify.padded_nodes(14, 32) == 16 and loaded.verify.padded_nodes(12, 32) == 12
+    # without padding: fitted as measured, no key, no padding
+    plain = fit_profile(table, forms=("grid",), folds=2, reference_forms=(), draft_from_verify=True, verify_pad=False)
+    assert PAD_KEY not in plain.bundle.verify.info and plain.bundle.verify.padded_nodes(14, 32) == 14
+    # a malformed map is one line
+    d = json.loads(out.read_text())
+    d["verify"]["info"][PAD_KEY]["by_batch"]["32"]["14"] = 12
+    (tmp_path / "bad.json").write_text(json.dumps(d))
+    with pytest.raises(SimtreeError, match=PAD_KEY):
+        load_costs(tmp_path / "bad.json")
+
+
+def _costs(by_batch: dict):
+    rec = {"by_batch": by_batch}
+    return SimpleNamespace(verify=SimpleNamespace(padded_nodes=lambda n, b: padded_nodes(rec, n, b)))
+
+
+EAGLE = PolicySpec.from_dict("eagle", {"num_steps": 3, "topk": 2, "budget": 6})
+BEST_FIRST = PolicySpec.from_dict("best_first", {"budget": 5, "width": 1, "draft_depth": 4})
+
+
+def test_pad_round_pads_the_bucket_and_keeps_the_trees():
+    costs = _costs({"2": {"6": 9, "5": 8}, "8": {"4": 6}})
+    rs = pad_round(round_shape(EAGLE), 2, costs)
+    assert (rs.nodes, rs.padded_from, rs.tree_nodes, rs.name) == (9, 6, 6, round_shape(EAGLE).name)
+    assert pad_round(round_shape(EAGLE), 4, costs) == round_shape(EAGLE)         # no map at this batch
+    assert pad_round(round_shape(EAGLE), 2, None) == round_shape(EAGLE)
+    assert pad_round(round_shape(PolicySpec.from_dict("none")), 2, costs).nodes == 1
+    adaptive = round_shape(PolicySpec.from_dict("cost_aware", {"max_budget": 8, "draft_depth": 4}), 4)
+    padded = pad_round(adaptive, 8, costs)
+    assert (padded.nodes, padded.tree_nodes, padded.spec) == (6, 4, adaptive.spec)   # the rule's cap stays 4
+    block = round_shape(PolicySpec.from_dict("block", {"budget": 6, "block_len": 7}))
+    assert pad_round(block, 2, costs) == block
+    # the full runtime's runs take the padded bucket (measure's round shape, no acceptance model)
+    from simtree.runtime.full.measure import _Source, _run_shape
+    shape = _Source(None, None, "cpu", 0).round_shape(EAGLE, 2, costs, 256.0)
+    assert (shape.nodes, shape.padded_from) == (9, 6)
+    run = {"mode": "eagle", "params": EAGLE.to_dict(), "nodes": 9, "padded_from": 6}
+    assert _run_shape(run) == shape
+
+
+@pytest.mark.parametrize("spec", [EAGLE, BEST_FIRST], ids=lambda s: s.mode)
+def test_padded_buckets_are_lossless_and_padding_is_never_accepted(spec):
+    from simtree.runtime.full.engine import FullEngine
+
+    model = tiny_model("tiny-gdn", dtype=torch.float32)
+    prompts = PROMPTS[:2]
+
+    def decode(rs):
+        engine = FullEngine(model, rs, len(prompts), 160)
+        accepted = []
+        if not rs.plain:
+            accept = engine.source.accept
+
+            def recording(t, target_next, shape):
+                acc = accept(t, target_next, shape)
+                accepted.append(acc.clone())
+                return acc
+            engine.source.accept = recording
+        engine.prefill(prompts)
+        stats = engine.run(max_new_tokens=20)
+        return [o[:20] for o in engine.outputs()], stats, accepted
+
+    plain, _, _ = decode(round_shape(PolicySpec.from_dict("none")))
+    rs = round_shape(spec)
+    padded = pad_round(rs, 2, _costs({"2": {str(rs.nodes): rs.nodes + 5}}))
+    assert padded.nodes == rs.nodes + 5
+    outs, stats, accepted = decode(padded)
+    ref, ref_stats, _ = decode(rs)
+    assert outs == plain == ref
+    assert stats.accepted.tolist() == ref_stats.accepted.tolist()
+    assert 1.2 < stats.accepted_tokens_per_round          # drafts were accepted, not only rejected
+    assert accepted and max(int(a.max()) for a in accepted) < rs.nodes   # no padding node accepted
+
+
+def test_the_committed_bucket_table_pads_the_measured_spikes():
+    """The H100 bucket profile (simtree/data/profiles/h100/buckets_qwen3.6-27b_tp1.csv): its pad map
+    and the generated summary name the spikes and the piece behind them."""
+    from simtree.costs.pad_report import bucket_summary
+    from simtree.costs.profile_table import load_profile
+    from simtree.data import data_path
+
+    table = data_path("profiles") / "h100" / "buckets_qwen3.6-27b_tp1.csv"
+    rows = load_profile(table)
+    rec = pad_map(rows[rows["stage"] == "model_verify_step"])
+    assert rec["by_batch"] == {"16": {"20": 24}, "32": {"10": 11, "14": 16}, "64": {"13": 14}}
+    text = bucket_summary(table)
+    assert "Pad map: 10 -> 11, 14 -> 16." in text and "slowest piece mlp_step" in text
+
+
+def test_simtree_fit_pads_unless_told_not_to(tmp_path):
+    from typer.testing import CliRunner
+
+    from simtree.cli import app
+
+    table = tmp_path / "p.csv"
+    _table(table)
+    args = ["fit", str(table), "--draft-from-verify", "--form", "grid", "--folds", "2", "--no-png"]
+    ok = CliRunner().invoke(app, [*args, "-o", str(tmp_path / "a.json")])
+    assert ok.exit_code == 0, ok.output
+    assert load_costs(tmp_path / "a.json").verify.padded_nodes(14, 32) == 16
+    off = CliRunner().invoke(app, [*args, "--no-verify-pad", "-o", str(tmp_path / "b.json")])
+    assert off.exit_code == 0 and load_costs(tmp_path / "b.json").verify.padded_nodes(14, 32) == 14
+    bad = CliRunner().invoke(app, [*args, "--pad-min-saving", "1.5", "-o", str(tmp_path / "c.json")])
+    # one line (the CLI's entry prints a SimtreeError as `error: ...`, exit 2), nothing written
+    assert isinstance(bad.exception, SimtreeError) and "minimum saving" in str(bad.exception)
+    assert not (tmp_path / "c.json").exists()
+
+
+def test_the_shipped_h100_qwen_bundle_pads_the_measured_spikes():
+    """The shipped H100 Qwen3.6-27B bundle (its rank profile took the bucket rows inside its node
+    range): batch 32's 14-node round, measured 61.8 ms against 49.8 at 16 nodes, pads to 16 and is
+    priced near the 16-node cost, not the slow kernel's."""
+    from simtree.data import data_path
+
+    bundle = load_costs(data_path("costs") / "h100_qwen3.6-27b_tp1.json")
+    assert bundle.verify.padded_nodes(14, 32) == 16 and bundle.verify.padded_nodes(13, 64) == 14
+    assert bundle.verify.padded_nodes(12, 32) == 12 and bundle.verify.padded_nodes(14, 8) == 14
+    assert bundle.verify.predict(14, 256, 32) < 0.9 * 61849.34
+
+
+def test_merging_bucket_rows_fills_only_the_cells_a_rank_profile_lacks(tmp_path):
+    from simtree.costs.pad_report import merge_verify_rows
+    from simtree.costs.profile_table import load_profile
+
+    full = _table(tmp_path / "buckets.csv")
+    dst = tmp_path / "rank.csv"
+    full[~full["nodes_per_seq"].isin([10, 14, 16])].to_csv(dst, index=False)   # its node range ends at 12
+    assert merge_verify_rows(tmp_path / "buckets.csv", dst) == 2 * 2 * 1       # n = 10 at 2 batches x 2 contexts
+    merged = load_profile(dst)
+    assert sorted(merged["nodes_per_seq"].unique()) == [1, 2, 4, 8, 10, 12]
+    with pytest.raises(SimtreeError, match="lacks"):
+        merge_verify_rows(tmp_path / "buckets.csv", dst)
