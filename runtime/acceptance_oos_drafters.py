@@ -12,7 +12,9 @@ on the full runtime (CPU, float32, one batch per run; :func:`.full.decode.decode
 2. the test runs (``TESTS``: trees from marginals at 4, 8 and 16 nodes; DSpark's chain of 3 and
    of 7, with and without a survival threshold) on fresh prompts (from ``--drafter-start``);
 3. every run predicted round by round from what the drafter held before verifying (its tree and
-   marginals) under that calibration (:mod:`simtree.acceptance.drafted_rounds`).
+   marginals) under that calibration and its depth shift, fitted on the calibrating run
+   (:mod:`simtree.acceptance.drafted_rounds`); ``baseline_*``: the calibration without the shift
+   (the first test's model, docs/acceptance.md section 5).
 
 ``split``: ``prompts`` (the calibrating shape on fresh prompts), ``policies`` (other shapes on
 fresh prompts), ``in_sample`` (the calibrating run).  TfM is left out: its traces carry no
@@ -27,7 +29,7 @@ from pathlib import Path
 
 import torch
 
-from simtree.acceptance.drafted_rounds import drafted_accepted_per_round
+from simtree.acceptance.drafted_rounds import drafted_accepted_per_round, fit_depth_shift
 from simtree.acceptance.fit import fit_calibration
 from simtree.acceptance.out_of_sample import oos_table
 from simtree.acceptance.traces import read_traces
@@ -115,7 +117,9 @@ def drafter_table(decoded: dict, status: str = "fresh"):
     tables = []
     for drafter in dict.fromkeys(d for d, *_ in decoded["runs"]):
         runs = [r for r in decoded["runs"] if r[0] == drafter]
-        cal = fit_calibration([rec for d, h, m, p, recs in runs if h == "calibration" for rec in recs], context=False)
+        fitted = [rec for d, h, m, p, recs in runs if h == "calibration" for rec in recs]
+        cal = fit_calibration(fitted, context=False)
+        model = (cal, fit_depth_shift(cal, fitted))
         rows = []
         for d, half, mode, params, recs in runs:
             split = ("in_sample" if half == "calibration" else
@@ -124,5 +128,6 @@ def drafter_table(decoded: dict, status: str = "fresh"):
                          "workload": WORKLOAD, "split": split, "records": recs, "calibrated_on": WORKLOAD,
                          "prompts": "seen" if split == "in_sample" else status})
         # one table per drafter: the joint s.e. reads that drafter's calibrating run
-        tables.append(oos_table(cal, rows, lambda c, run: drafted_accepted_per_round(c, run["records"])))
+        tables.append(oos_table(model, rows, lambda m, run: drafted_accepted_per_round(m[0], run["records"], m[1]),
+                                extras={"baseline": (cal, None)}))
     return pd.concat(tables, ignore_index=True)
