@@ -98,5 +98,6 @@ def drafters_line(args, decoded: dict) -> str:
             f"{args.drafter_start} (recorded in docs/acceptance.md section 5 before they were decoded): "
             + ", ".join(policy_label(m, p) for d in drafters for m, p in TESTS[d])
             + f", {decoded['max_new_tokens']} new tokens each; each round predicted from its drafted tree and marginals "
-            "(simtree.acceptance.drafted_rounds), split `prompts` for the calibrating shape, `policies` for the others; "
+            "under the calibration, its logits past the first depth moved by one shift fitted on the calibrating run "
+            "(simtree.acceptance.drafted_rounds; `baseline_*`: without the shift), split `prompts` for the calibrating shape, `policies` for the others; "
             f"lossless in every run: {all(decoded['lossless'].values())}.")
