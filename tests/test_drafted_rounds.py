@@ -78,3 +78,20 @@ def test_the_command_refuses_a_drafter_without_marginal_ranks(capsys):
     from simtree.runtime.acceptance_oos import main
     assert main(["--drafters", "mtp,tfm", "--reuse-traces", "/nonexistent"]) == 2
     assert "TfM traces carry no marginal ranks" in capsys.readouterr().err
+
+
+def test_the_depth_shift_makes_the_calibrating_run_gain_what_it_measured():
+    from simtree.acceptance.drafted_rounds import fit_depth_shift
+    # chains of 2: both positions accepted together (depth 2 only when depth 1), at a rate the
+    # per-position calibration under-counts
+    recs = []
+    for i in range(200):
+        m = (2, 0, 2, 1)[i % 4]
+        target = [10] * m + ([11] if m < 2 else [10])
+        recs.append(_record([-1, 0, 1], [0, 10, 10], [[10, 11]] * 3, [[0.6, 0.3]] * 3, target[:m + 1],
+                            list(range(m + 1)), marginal_ranks=[0 if t == 10 else 1 for t in target[:m + 1]]))
+    cal = fit_calibration(recs, context=False, topk=2)
+    shift = fit_depth_shift(cal, recs)
+    assert shift[0] == 0.0 and shift.shape == (2,)      # one entry per drafted depth
+    measured = np.mean([r.num_accepted + 1 for r in recs])
+    assert drafted_accepted_per_round(cal, recs, shift) == pytest.approx(measured, rel=1e-6)

@@ -121,6 +121,8 @@ def fit_depth_shift(calibration: ChainCalibration, records: Sequence[TraceRecord
     outcomes only."""
     rounds = _Rounds(calibration, records)
     D = int(rounds.depth.max(initial=0))
+    if D < 2:                                     # no depth past the first drafted: nothing to shift
+        return np.zeros(D)
     target = float(np.mean([r.num_accepted for r in records]))
     lo, hi = -8.0, 8.0
     for _ in range(iters):
