@@ -3,6 +3,7 @@
     python -m simtree.runtime.acceptance_oos --sharegpt-start 772 --code-start 2000 --humaneval-start 0 --out reports/validation
     python -m simtree.runtime.acceptance_oos --quick --out /tmp/oos              # a small check
     python -m simtree.runtime.acceptance_oos --reuse-traces T --out DIR          # analyse kept traces again
+    ... --drafters mtp,block,dspark    # with the trained block drafters' rows (:mod:`.acceptance_oos_drafters`)
 
 With the checkpoint ``--model`` (default: the shipped ``qwen3.5-tiny-sharegpt``, its MTP layer
 the drafter) and its tokenizer, live on the full runtime (:mod:`.target_trace`), per workload
@@ -40,19 +41,22 @@ Writes ``acceptance_out_of_sample.csv`` and ``acceptance_out_of_sample.md`` (a g
 ending in the run's settings, summary and the decode's lossless check as a JSON block: every
 policy's outputs equal plain decoding's) atomically under ``--out``; ``--traces DIR`` keeps
 the traces, which ``--reuse-traces DIR`` analyses again without decoding (the workloads the
-folder holds: earlier tables kept ShareGPT chat and HumanEval only).
+folder holds: earlier tables kept ShareGPT chat and HumanEval only).  ``--drafters`` adds the
+trained block drafters' rows (:mod:`.acceptance_oos_drafters`: calibrated on one shape's run on
+development prompts, predicting other shapes on fresh ones), their traces under ``DIR/drafters``.
 """
 from __future__ import annotations
 
 import argparse
 import json
 import sys
+import tempfile
 import time
 from pathlib import Path
 
-import torch
-
 import numpy as np
+import pandas as pd
+import torch
 
 from simtree.acceptance.fit import fit_calibration, fit_confidence
 from simtree.acceptance.lookup_folds import lookup_cv
@@ -69,8 +73,10 @@ from simtree.fileio import read_json, write_text_atomic
 from .acceptance_oos_prompts import (CODE_START, CODE_WORKLOADS, HUMANEVAL_START, OOS_WORKLOADS, SEEN_CODE,
                                      SEEN_SHAREGPT, SHAREGPT_START, code_prompts, development_prompts,
                                      held_out_prompts, prompt_status, training_overlap)
-from .acceptance_oos_report import header, prompts_line
+from .acceptance_oos_drafters import decode_drafters, drafter_table, load_drafters
+from .acceptance_oos_report import drafters_line, header, prompts_line
 from .bpe import BpeTokenizer
+from .drafter_acceptance import held_out_prompts as drafter_prompts
 from .full.build import build_model
 from .target_trace import draft_confidences, policy_name, trace_policies
 
@@ -99,6 +105,9 @@ SHIFT_SEED = 0
 SHIFT_CELLS = "rank"
 FULL = {"prompts": 64, "max_new_tokens": 64, "trees": TREES}     # prompts per half
 QUICK = {"prompts": 3, "max_new_tokens": 16, "trees": [TREES[1], TREES[5], TREES[8]]}
+# the block drafters' rows: prompts per half (calibration from DRAFTER_CALIBRATION_START, test from
+# DRAFTER_START: docs/acceptance.md, section 5), 64 new tokens
+DRAFTER_START, DRAFTER_CALIBRATION_START, DRAFTER_PROMPTS = 1000, 0, 48
 
 
 def _half_dir(traces, workload: str, half: str):
@@ -276,6 +285,18 @@ def run_oos(model_dir, settings: dict, traces=None, say=print, prompts=None, sta
     return analyse(decode_halves(model_dir, settings, prompts, traces, say, workloads), status)
 
 
+def _drafter_runs(args, drafters, settings) -> dict:
+    """The block drafters' runs: read back from ``--reuse-traces``/drafters where it holds them,
+    else decoded (their traces kept under ``--traces``/drafters, else in a scratch folder)."""
+    if args.reuse_traces and (Path(args.reuse_traces) / "drafters" / "drafters.json").is_file():
+        return load_drafters(Path(args.reuse_traces) / "drafters", drafters)
+    n, tokens = (2, 16) if args.quick else (args.drafter_prompts, settings["max_new_tokens"])
+    prompts = {"calibration": drafter_prompts(args.drafter_calibration_start, n),
+               "test": drafter_prompts(args.drafter_start, n)}
+    where = Path(args.traces) / "drafters" if args.traces else Path(tempfile.mkdtemp(prefix="drafters_"))
+    return decode_drafters(args.model, drafters, prompts, tokens, where)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default=str(DEFAULT_MODEL), help="qwen3_5_text folder with its tokenizer.json")
@@ -289,14 +310,25 @@ def main(argv=None) -> int:
     ap.add_argument("--code-start", type=int, default=CODE_START,
                     help=f"first held-out ShareGPT conversation searched for code (fresh from {SEEN_CODE})")
     ap.add_argument("--humaneval-start", type=int, default=HUMANEVAL_START, help="first HumanEval problem")
+    ap.add_argument("--drafters", default="mtp",
+                    help="drafters whose rows the table holds: mtp (always), block, dspark (comma-separated)")
+    ap.add_argument("--drafter-start", type=int, default=DRAFTER_START,
+                    help="first fresh ShareGPT prompt of the block drafters' test runs")
+    ap.add_argument("--drafter-calibration-start", type=int, default=DRAFTER_CALIBRATION_START,
+                    help="first ShareGPT prompt of the block drafters' calibration runs (development prompts)")
+    ap.add_argument("--drafter-prompts", type=int, default=DRAFTER_PROMPTS, help="prompts per half, block drafters")
     ap.add_argument("--development", action="store_true",
                     help="the prompts the model was first developed on (ShareGPT 0..127, HumanEval 132..163)")
     args = ap.parse_args(argv)
     settings = dict(QUICK if args.quick else FULL)
+    block_drafters = tuple(d for d in args.drafters.split(",") if d and d != "mtp")
     t0 = time.perf_counter()
     starts = {"sharegpt": args.sharegpt_start, "sharegpt_code": args.code_start, "humaneval": args.humaneval_start}
     status = {w: "seen" if args.development else prompt_status(w, s) for w, s in starts.items()}
     try:
+        if "mtp" not in args.drafters.split(",") or set(block_drafters) - {"block", "dspark"}:
+            raise SimtreeError(f"--drafters {args.drafters!r}: expected mtp and any of block, dspark (TfM traces carry "
+                               "no marginal ranks)")
         if args.development:
             prompts, workloads = development_prompts, ("sharegpt", "humaneval")
         else:
@@ -310,6 +342,11 @@ def main(argv=None) -> int:
             if (w, "test") in halves}
         res = analyse(halves, status)
         line = prompts_line(args, settings["prompts"], status, overlap, ("sharegpt_code", "test") in halves)
+        if block_drafters:
+            res["drafters"] = _drafter_runs(args, block_drafters, settings)
+            res["table"] = pd.concat([res["table"], drafter_table(res["drafters"])], ignore_index=True)
+            res["summary"] = oos_summary(res["table"])
+            line += " " + drafters_line(args, res["drafters"])
     except SimtreeError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -317,7 +354,10 @@ def main(argv=None) -> int:
     cmd = ("python -m simtree.runtime.acceptance_oos" + (" --quick" if args.quick else "")
            + (" --development" if args.development else
               f" --sharegpt-start {args.sharegpt_start} --code-start {args.code_start} "
-              f"--humaneval-start {args.humaneval_start}") + f" --out {args.out}")
+              f"--humaneval-start {args.humaneval_start}")
+           + (f" --drafters {args.drafters} --drafter-start {args.drafter_start} --drafter-calibration-start "
+              f"{args.drafter_calibration_start} --drafter-prompts {args.drafter_prompts}" if block_drafters else "")
+           + f" --out {args.out}")
     if args.model != str(DEFAULT_MODEL):
         cmd += f" --model {args.model}"
     info = {"command": cmd, "model": Path(args.model).name, "calibration": [policy_name(*p) for p in LINEAR],
@@ -328,6 +368,11 @@ def main(argv=None) -> int:
             "workload_shifts": res["shifts"], "models": res["models"]}
     if args.reuse_traces:
         info["reused_traces"] = True
+    if block_drafters:
+        d = res["drafters"]
+        info["block_drafters"] = {"drafters": list(block_drafters), "prompts": d["prompts"], "lossless": d["lossless"],
+                                  "max_new_tokens": d["max_new_tokens"], "calibration_start": args.drafter_calibration_start,
+                                  "test_start": args.drafter_start}
     write_text_atomic(out / "acceptance_out_of_sample.csv", df.to_csv(index=False, float_format="%.5f"))
     settings_block = "\n## Settings\n\n```json\n" + json.dumps(info, indent=1) + "\n```\n"
     head = header(cmd, info, res, settings, line, [policy_name(*p) for p in LINEAR], CHAIN, SHIFT_SHARE)

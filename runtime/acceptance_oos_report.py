@@ -83,3 +83,21 @@ def header(cmd: str, info: dict, res: dict, settings: dict, prompts_line: str, l
                         for w, v in res["calibration_folds"].items()) + ".",
             "", "Every modelling setting was fixed on development runs (other prompts) before the fresh prompts were "
             "decoded (docs/acceptance.md, section 5)."]
+
+
+def drafters_line(args, decoded: dict) -> str:
+    """The block drafters' rows in words: which prompts, which runs, what each prediction read."""
+    from .acceptance_oos_drafters import CALIBRATION, TESTS, policy_label
+    drafters = list(dict.fromkeys(d for d, *_ in decoded["runs"]))
+    n = decoded["prompts"]
+    return (f"Block drafters ({', '.join(drafters)}; the target's trained drafters, TfM left out: its traces carry no "
+            f"marginal ranks): calibrated on one run each ("
+            + ", ".join(f"{d} {policy_label(*CALIBRATION[d])}" for d in drafters)
+            + f") on {n['calibration']} development ShareGPT prompts from index {args.drafter_calibration_start} "
+            f"(seen), its outcomes the only ones read; tested on {n['test']} FRESH prompts from index "
+            f"{args.drafter_start} (recorded in docs/acceptance.md section 5 before they were decoded): "
+            + ", ".join(policy_label(m, p) for d in drafters for m, p in TESTS[d])
+            + f", {decoded['max_new_tokens']} new tokens each; each round predicted from its drafted tree and marginals "
+            "under the calibration, its logits past the first depth moved by one shift fitted on the calibrating run "
+            "(simtree.acceptance.drafted_rounds; `baseline_*`: without the shift), split `prompts` for the calibrating shape, `policies` for the others; "
+            f"lossless in every run: {all(decoded['lossless'].values())}.")

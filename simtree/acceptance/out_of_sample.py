@@ -116,8 +116,12 @@ FAMILIES = {("policies", "sharegpt"): "chat linear -> chat trees", ("prompts", "
             ("policies", "humaneval"): "code linear -> code trees (HumanEval)",
             ("prompts", "humaneval"): "code linear -> code linear (HumanEval)",
             ("workload", "humaneval"): "chat linear -> code, every policy (HumanEval)",
-            ("workload_shift", "humaneval"): "chat linear + a few code rounds -> code, every policy (HumanEval)"}
-SPLITS = tuple(dict.fromkeys(s for s, _ in FAMILIES))
+            ("workload_shift", "humaneval"): "chat linear + a few code rounds -> code, every policy (HumanEval)",
+            ("policies", "sharegpt", "block"): "block tree of 8 -> block trees of 4 / 16 (chat)",
+            ("prompts", "sharegpt", "block"): "block tree of 8 -> block tree of 8 (chat)",
+            ("policies", "sharegpt", "dspark"): "DSpark chain of 7 -> chain of 3, survival thresholds (chat)",
+            ("prompts", "sharegpt", "dspark"): "DSpark chain of 7 -> chain of 7 (chat)"}
+SPLITS = tuple(dict.fromkeys(s for s, *_ in FAMILIES))
 
 
 def _prompt_status(g: pd.DataFrame) -> str:
@@ -126,8 +130,15 @@ def _prompt_status(g: pd.DataFrame) -> str:
     return vals[0] if len(vals) == 1 else "mixed"
 
 
+def _who(df: pd.DataFrame) -> pd.Series:
+    """The workload, with the drafter where it is not the MTP layer (``sharegpt block``): a block
+    drafter's rows are never pooled with the MTP drafter's."""
+    drafter = df["drafter"].astype(str)
+    return df["workload"] + drafter.where(drafter == "mtp", " " + drafter).where(drafter != "mtp", "")
+
+
 def _family(df: pd.DataFrame) -> pd.Series:
-    return df["split"] + " " + df["workload"]
+    return df["split"] + " " + _who(df)
 
 
 def oos_summary(df: pd.DataFrame) -> dict:
@@ -137,9 +148,11 @@ def oos_summary(df: pd.DataFrame) -> dict:
     policy measured on a workload's two prompt halves lands apart."""
     oos = df[df["split"].isin(list(SPLITS))]
     fam = _family(oos)
+    cal, mtp = df["split"] == "in_sample", df["drafter"] == "mtp"
     z = oos["err_in_se"].abs() if "err_in_se" in oos else None
     zj = oos["err_in_joint_se"].abs() if "err_in_joint_se" in oos else None
     shape = oos["policy"].str.extract(r"^(best_first|cost_aware|batch_alloc|[a-z]+)", expand=False)
+    shape = shape.where(oos["drafter"] == "mtp", oos["policy"])     # a block drafter's shapes: each its own
     out = {"targets": TARGETS,
            "families": {k: {**_stats(g["rel_err"]), "what": FAMILIES.get(tuple(k.split()), k),
                             "prompts": _prompt_status(g),
@@ -148,16 +161,17 @@ def oos_summary(df: pd.DataFrame) -> dict:
                             **({} if zj is None else {"median_abs_err_in_joint_se": float(zj[g.index].median()),
                                                       "max_abs_err_in_joint_se": float(zj[g.index].max())})}
                         for k, g in oos.groupby(fam)},
-           "by_drafter_shape": {f"{k} {d} {f}": _stats(g["rel_err"])
+           "by_drafter_shape": {f"{k} {f}" if d != "mtp" else f"{k} {d} {f}": _stats(g["rel_err"])
                                 for (k, d, f), g in oos.groupby([fam, oos["drafter"], shape])},
-           "in_sample": _stats(df.loc[df["split"] == "in_sample", "rel_err"]) if (df["split"] == "in_sample").any()
-           else None}
+           "in_sample": _stats(df.loc[cal & mtp, "rel_err"]) if (cal & mtp).any() else None,
+           "in_sample_block_drafters": {d: _stats(g["rel_err"]) for d, g in df[cal & ~mtp].groupby("drafter")}}
     if "measured_se" in df:
         half = df["split"].map(lambda s: "calibration" if s == "in_sample" else "test")
         rel_se = df["measured_se"] / df["measured_accepted"]
-        out["measured_se_rel"] = {f"{w} {h}": float(g.median()) for (w, h), g in rel_se.groupby([df["workload"], half])}
+        out["measured_se_rel"] = {f"{w} {h}": float(g.median()) for (w, h), g in rel_se.groupby([_who(df), half])}
     gaps = {}
-    for w, g in df[df["split"].isin(["in_sample", "prompts"])].groupby("workload"):
+    pairs = df[df["split"].isin(["in_sample", "prompts"])]
+    for w, g in pairs.groupby(_who(pairs)):
         halves = g.pivot_table(index="policy", columns="split", values="measured_accepted")
         if {"in_sample", "prompts"} <= set(halves.columns):
             gap = (halves["prompts"] / halves["in_sample"] - 1.0).abs().dropna()
@@ -173,7 +187,7 @@ def summary_markdown(df: pd.DataFrame, summary: dict, header: list[str]) -> str:
     """A short generated summary: the header lines, each family's errors against the targets,
     the shapes within each family, the worst rows."""
     def pct(x):
-        return f"{100 * x:.2f}%"
+        return "-" if x != x else f"{100 * x:.2f}%"      # NaN: a predictor the row's drafter has not
     t, extras = summary["targets"], summary.get("extras") or {}
     fams = summary["families"]
     lines = [*header, "", f"Out of sample, each family against the targets (median {pct(t['median_abs_rel_err'])}, "
@@ -186,6 +200,8 @@ def summary_markdown(df: pd.DataFrame, summary: dict, header: list[str]) -> str:
         i = summary["in_sample"]
         lines += [f"In sample (the calibrating linear runs, {i['rows']} rows): median |error| "
                   f"{pct(i['median_abs_rel_err'])}, worst {pct(i['max_abs_rel_err'])}."]
+    for d, i in (summary.get("in_sample_block_drafters") or {}).items():
+        lines += [f"In sample, {d} (its calibrating run, {i['rows']} row): error {pct(i['median_abs_rel_err'])}."]
     lines.append("")
     if summary.get("measured_se_rel"):
         lines += ["Sampling error of the measured means (one standard error, whole sequences resampled), median: "
@@ -212,11 +228,19 @@ def summary_markdown(df: pd.DataFrame, summary: dict, header: list[str]) -> str:
     lines += [f"| {k} | {v['rows']} | {pct(v['median_abs_rel_err'])} | {pct(v['max_abs_rel_err'])} |"
               for k, v in summary["by_drafter_shape"].items()]
     lines.append("")
-    worst = df[df["split"].isin(list(SPLITS))].assign(a=lambda d: d["rel_err"].abs()).nlargest(8, "a")
+    worst = df[df["split"].isin(list(SPLITS)) & (df["drafter"] == "mtp")].assign(a=lambda d: d["rel_err"].abs()).nlargest(8, "a")
     lines += ["Worst rows:", "", "| policy | workload | split | prompts | calibrated on | measured | predicted | error |"
               + "".join(f" {n} | {n} error |" for n in more), "|---|---|---|---|---|---|---|---|" + "---|---|" * len(more)]
     lines += [f"| {r['policy']} | {r['workload']} | {r['split']} | {r.get('prompts', '')} | {r.get('calibrated_on', '')} | "
               f"{r['measured_accepted']:.3f} | {r['predicted_accepted']:.3f} | {100 * r['rel_err']:+.2f}% |"
               + "".join(f" {r[n + '_predicted']:.3f} | {100 * r[n + '_rel_err']:+.2f}% |" for n in more)
               for _, r in worst.iterrows()]
+    blocks = df[df["drafter"] != "mtp"]
+    if len(blocks):
+        lines += ["", "Block drafters' rows (each calibrated on its own calibrating run, `in_sample`):", "",
+                  "| drafter | policy | split | prompts | measured | predicted | error | in measured s.e. |",
+                  "|---|---|---|---|---|---|---|---|"]
+        lines += [f"| {r['drafter']} | {r['policy']} | {r['split']} | {r.get('prompts', '')} | {r['measured_accepted']:.3f} | "
+                  f"{r['predicted_accepted']:.3f} | {100 * r['rel_err']:+.2f}% | {r['err_in_se']:+.2f} |"
+                  for _, r in blocks.iterrows()]
     return "\n".join(lines) + "\n"

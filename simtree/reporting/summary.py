@@ -272,8 +272,9 @@ def acceptance_oos_line(acc: pd.DataFrame) -> str:
     (:data:`simtree.acceptance.out_of_sample.FAMILIES`) median and worst |rel_err| (prompts no
     calibration read), none pooled with another, with whether its prompts are fresh or seen."""
     parts = []
-    for (split, workload), words in FAMILIES.items():
-        rows = acc[(acc["split"] == split) & (acc["workload"] == workload)]
+    drafter = acc["drafter"].astype(str) if "drafter" in acc else pd.Series("mtp", index=acc.index)
+    for (split, workload, *who), words in FAMILIES.items():     # who: a block drafter's family
+        rows = acc[(acc["split"] == split) & (acc["workload"] == workload) & (drafter == (who or ["mtp"])[0])]
         err = rows["rel_err"].abs()
         if len(err):
             seen = sorted(set(rows["prompts"].astype(str))) if "prompts" in rows else []

@@ -1,0 +1,97 @@
+"""The block drafters' out-of-sample rows: a round's expected accepted drafts from its tree and
+marginals, the families keyed by drafter, the command's refusal of a drafter it cannot score."""
+import numpy as np
+import pandas as pd
+import pytest
+
+from simtree.acceptance.drafted_rounds import drafted_accepted_per_round, round_expected_accepted
+from simtree.acceptance.fit import fit_calibration
+from simtree.acceptance.out_of_sample import oos_summary
+from simtree.acceptance.traces import parse_record
+from simtree.errors import SimtreeError
+
+
+def _record(parents, tokens, topk_tokens, topk_probs, target, accepted_path, **extra):
+    return parse_record({"schema": "simtree.trace/2", "workload": "w", "batch_size": 1, "parents": parents,
+                         "tokens": tokens, "log_probs": [0.0] * len(tokens), "accepted_path": accepted_path,
+                         "accepted_node": accepted_path[-1], "num_accepted": len(accepted_path) - 1,
+                         "target_tokens": target, "topk_tokens": topk_tokens, "topk_probs": topk_probs,
+                         "drafter": "block", **extra}, "test")
+
+
+class _Rows:
+    """A calibration stub: a(d, r) from a fixed table, whatever q."""
+    def __init__(self, table):
+        self.table = np.asarray(table, np.float64)
+
+    def __call__(self, depth, q, match=None):
+        return self.table[np.asarray(depth) - 1][:, :q.shape[1]]
+
+
+def test_a_rounds_tree_is_scored_along_its_paths_siblings_disjoint():
+    # root 9; depth 1: tokens 5 (rank 0) and 6 (rank 1); depth 2 under 5: token 7 (rank 0); 8: not in the top-2
+    rec = _record([-1, 0, 0, 1, 1], [9, 5, 6, 7, 8], [[5, 6], [7, 3]], [[0.5, 0.3], [0.6, 0.2]], [6, 1], [0, 2])
+    cal = _Rows([[0.7, 0.5], [0.4, 0.2]])
+    # rank 1 at depth 1 takes only what rank 0 leaves (0.3); token 8 is outside the marginal: never accepted
+    assert round_expected_accepted(cal, rec) == pytest.approx(0.7 + 0.3 + 0.7 * 0.4)
+    assert drafted_accepted_per_round(cal, [rec, rec]) == pytest.approx(1.0 + 0.7 + 0.3 + 0.28)
+
+
+def test_an_independent_calibrated_drafter_is_predicted_from_a_fit_on_its_own_rounds():
+    """Positions accepted independently with the drafter's own top-1 probability: the fit on the
+    rounds' marginal ranks predicts chains of 2 and 4 within sampling error."""
+    rng = np.random.default_rng(0)
+
+    def rounds(length, n):
+        out = []
+        for _ in range(n):
+            p = rng.uniform(0.5, 0.95, 4)
+            probs = [[pi, (1 - pi) * 0.6] for pi in p]
+            hit = rng.random(4) < p
+            m = int(np.argmin(hit)) if not hit.all() else 4
+            m = min(m, length)
+            target = [10] * m + ([11] if m < 4 else [10])
+            ranks = [0] * m + ([1] if m < 4 else [])
+            out.append(_record(list(range(-1, length)), [0] + [10] * length, [[10, 11]] * 4, probs,
+                               target[:m + 1], list(range(m + 1)), marginal_ranks=ranks[:m + 1]))
+        return out
+    cal = fit_calibration(rounds(4, 1500), context=False, topk=2)
+    for length in (2, 4):
+        test = rounds(length, 1500)
+        measured = np.mean([r.num_accepted + 1 for r in test])
+        assert drafted_accepted_per_round(cal, test) == pytest.approx(measured, rel=0.03)
+
+
+def test_block_drafters_rows_are_families_of_their_own():
+    rows = [("mtp", "policies", -0.02), ("mtp", "policies", 0.04), ("block", "policies", 0.2),
+            ("block", "in_sample", 0.1), ("mtp", "in_sample", 0.01)]
+    df = pd.DataFrame([{"drafter": d, "policy": f"{d}_{i}", "workload": "sharegpt", "split": s,
+                        "measured_accepted": 2.0, "predicted_accepted": 2.0 * (1 + e), "rel_err": e,
+                        "prompts": "fresh"} for i, (d, s, e) in enumerate(rows)])
+    s = oos_summary(df)
+    assert s["families"]["policies sharegpt"]["max_abs_rel_err"] == pytest.approx(0.04)
+    assert s["families"]["policies sharegpt block"]["max_abs_rel_err"] == pytest.approx(0.2)
+    assert s["in_sample"]["rows"] == 1 and s["in_sample_block_drafters"]["block"]["rows"] == 1
+
+
+def test_the_command_refuses_a_drafter_without_marginal_ranks(capsys):
+    from simtree.runtime.acceptance_oos import main
+    assert main(["--drafters", "mtp,tfm", "--reuse-traces", "/nonexistent"]) == 2
+    assert "TfM traces carry no marginal ranks" in capsys.readouterr().err
+
+
+def test_the_depth_shift_makes_the_calibrating_run_gain_what_it_measured():
+    from simtree.acceptance.drafted_rounds import fit_depth_shift
+    # chains of 2: both positions accepted together (depth 2 only when depth 1), at a rate the
+    # per-position calibration under-counts
+    recs = []
+    for i in range(200):
+        m = (2, 0, 2, 1)[i % 4]
+        target = [10] * m + ([11] if m < 2 else [10])
+        recs.append(_record([-1, 0, 1], [0, 10, 10], [[10, 11]] * 3, [[0.6, 0.3]] * 3, target[:m + 1],
+                            list(range(m + 1)), marginal_ranks=[0 if t == 10 else 1 for t in target[:m + 1]]))
+    cal = fit_calibration(recs, context=False, topk=2)
+    shift = fit_depth_shift(cal, recs)
+    assert shift[0] == 0.0 and shift.shape == (2,)      # one entry per drafted depth
+    measured = np.mean([r.num_accepted + 1 for r in recs])
+    assert drafted_accepted_per_round(cal, recs, shift) == pytest.approx(measured, rel=1e-6)
