@@ -44,3 +44,20 @@ def test_a_folder_without_the_benchmarks_files_is_one_line(tmp_path):
         floor_table(tmp_path, None)
     with pytest.raises(SimtreeError, match="--gdn"):
         floor_table(None, None)
+
+
+def test_a_gdn_run_replaces_only_the_gdn_rows_of_an_earlier_table(tmp_path):
+    gdn, v4 = _bench(tmp_path)
+    out = tmp_path / "floor.csv"
+    assert main(["--gdn", str(gdn), "--v4", str(v4), "--out", str(out)]) == 0
+    new = pd.read_csv(gdn / "floor.csv")
+    new.loc[0, "measured_us"] = 60.0
+    new.to_csv(gdn / "floor.csv", index=False)
+    assert main(["--gdn", str(gdn), "--v4-from", str(out), "--out", str(out)]) == 0   # in place
+    t = pd.read_csv(out)
+    assert t["kernel"].tolist() == ["gdn_verify+commit", "block_current"]
+    assert t["measured_us"].tolist() == [60.0, 300.0] and t["gpu"].tolist() == ["G1", "G2"]
+    with pytest.raises(SimtreeError, match="not both"):
+        floor_table(gdn, v4, out)
+    with pytest.raises(SimtreeError, match="no such table"):
+        floor_table(gdn, None, tmp_path / "missing.csv")

@@ -5,6 +5,10 @@ floor_us, ratio, then the V4 rows' extras (tree_over_linear, compute_floor_us, .
 run's GPU and versions.
 
     python -m simtree.profiler.bench.floor_table --gdn DIR --v4 DIR --out reports/h100/floor.csv
+    python -m simtree.profiler.bench.floor_table --gdn DIR --v4-from reports/h100/floor.csv --out reports/h100/floor.csv
+
+``--v4-from TABLE`` keeps an earlier table's V4 rows as they are (a GDN run that replaces only the
+GDN rows; each row keeps its own GPU and versions).
 """
 from __future__ import annotations
 
@@ -29,8 +33,10 @@ def _read(folder: Path, table: str, meta: str) -> tuple[pd.DataFrame, dict]:
     return pd.read_csv(csv), json.loads(js.read_text())["env"]
 
 
-def floor_table(gdn: Path | None, v4: Path | None) -> pd.DataFrame:
+def floor_table(gdn: Path | None, v4: Path | None, v4_from: Path | None = None) -> pd.DataFrame:
     parts = []
+    if v4 is not None and v4_from is not None:
+        raise SimtreeError("give --v4 DIR or --v4-from TABLE, not both")
     if gdn is not None:
         df, env = _read(Path(gdn), "floor.csv", "floor.json")
         bw = json.loads((Path(gdn) / "floor.json").read_text())["bandwidth"]["copy_GBps"]
@@ -40,8 +46,15 @@ def floor_table(gdn: Path | None, v4: Path | None) -> pd.DataFrame:
         df, env = _read(Path(v4), "floor_v4.csv", "floor_v4.json")
         parts.append(df.rename(columns=V4_NAMES).assign(gpu=env["gpu"], torch=env["torch_version"],
                                                         triton=env["triton_version"]))
+    if v4_from is not None:
+        if not Path(v4_from).is_file():
+            raise SimtreeError(f"{v4_from}: no such table (--v4-from)")
+        old = pd.read_csv(v4_from)
+        if "layer_kind" not in old.columns:
+            raise SimtreeError(f"{v4_from}: not a floor table (no layer_kind column)")
+        parts.append(old[old["layer_kind"] != "gdn"])
     if not parts:
-        raise SimtreeError("give --gdn DIR and / or --v4 DIR")
+        raise SimtreeError("give --gdn DIR and / or --v4 DIR (or --v4-from TABLE)")
     out = pd.concat(parts, ignore_index=True)
     return out[COLUMNS + [c for c in out.columns if c not in COLUMNS]]
 
@@ -50,15 +63,16 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--gdn", type=Path)
     ap.add_argument("--v4", type=Path)
+    ap.add_argument("--v4-from", type=Path, help="keep this earlier floor table's V4 rows")
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args(argv)
     try:
-        table = floor_table(args.gdn, args.v4)
+        table = floor_table(args.gdn, args.v4, args.v4_from)
     except SimtreeError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    write_text_atomic(args.out, table.to_csv(index=False))
+    write_text_atomic(args.out, table.to_csv(index=False))   # read before written: --v4-from may be --out
     print(f"{len(table)} rows -> {args.out}")
     return 0
 
