@@ -1,5 +1,6 @@
 """The GDN floor benchmark's book-keeping (the GPU run itself: scripts/gdn_floor_gpu.sh)."""
 import pandas as pd
+import torch
 import pytest
 
 from simtree.profiler.bench.gdn_floor import COLUMNS, QWEN36, floor_bytes, summary, write_csv
@@ -79,3 +80,11 @@ def test_each_way_is_checked_against_today_and_float64():
         for way in ways:
             assert out[f"{way}_state_vs_float64"] <= 1.01 * out["today_state_vs_float64"]
             assert out[f"{way}_state_vs_today"] < 1e-5 and out[f"{way}_out2_vs_today"] < 1e-5
+
+
+def test_a_two_round_check_gets_two_input_copies_however_large_one_is():
+    from simtree.profiler.bench.gdn_util import shape_inputs
+    d = {"H": 2, "HV": 2, "K": 16, "V": 16}
+    assert len(shape_inputs(2, 4, 0, d, dtype=torch.float32, device="cpu", l2_bytes=1)) == 1
+    two = shape_inputs(2, 4, 0, d, dtype=torch.float32, device="cpu", l2_bytes=1, min_copies=2)
+    assert len(two) == 2 and not torch.equal(two[0]["k"], two[1]["k"])   # two rounds, fresh inputs each

@@ -99,11 +99,12 @@ class Round:
     """One shape's inputs: rotated copies, the trees' meta, the accepted nodes, per-copy states,
     pending paths and pending rounds; the closures of every timed row of a variant."""
 
-    def __init__(self, b: int, n: int, d: dict, device: str, seed: int = 0, max_copies: int = 8):
+    def __init__(self, b: int, n: int, d: dict, device: str, seed: int = 0, max_copies: int = 8,
+                 min_copies: int = 1):
         trees, _, _ = shape_trees(b, n, seed, "dfs")
         self.trees = trees
         self.copies = shape_inputs(b, n, seed, d, order="dfs", trees=trees, max_copies=max_copies,
-                                   device=device)
+                                   device=device, min_copies=min_copies)
         c0 = self.copies[0]
         self.meta = tree_meta(c0["parents"], c0["cu_nodes"], depth_first=True)
         self.acc = torch.as_tensor(c0["tb"].deepest_nodes, device=device)
@@ -175,7 +176,7 @@ def check_base(b: int, n: int, d: dict, device: str) -> dict:
     """A check shape's inputs (two rounds from one state), the float64 sequential state after
     round 1 and today's pair at the rule's launches (state after round 1, round 2's outputs,
     state after round 2): built once per shape, shared by every variant's check."""
-    r = Round(b, n, d, device, seed=11, max_copies=2)
+    r = Round(b, n, d, device, seed=11, max_copies=2, min_copies=2)   # two rounds: two copies however large
     c1 = r.copies[0]
     S0 = c1["state"].clone()
     truth = gdn_accepted_paths_ref(*(c1[k].double() for k in KEYS), S0.double(), r.trees,

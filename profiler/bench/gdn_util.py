@@ -103,13 +103,14 @@ def probe_inputs(b: int, n: int, shapes: dict = QWEN36, device="cuda") -> dict:
 
 def shape_inputs(b: int, n: int, seed: int, shapes: dict, dtype=torch.bfloat16, device="cuda",
                  l2_bytes: int = 256 << 20, max_copies: int = 32,
-                 order: str = "stored", trees=None) -> list[dict]:
-    """Input copies for shape (b, n), enough that one graph replay streams > l2_bytes;
+                 order: str = "stored", trees=None, min_copies: int = 1) -> list[dict]:
+    """Input copies for shape (b, n), enough that one graph replay streams > l2_bytes, and at
+    least ``min_copies`` (a two-round check needs two however large one copy is);
     ``trees``: the shape's trees when the caller built them already (``shape_trees``)."""
     if trees is None:
         trees, _, _ = shape_trees(b, n, seed, order)
     per_copy = memory_floor_bytes(b, b * n, **shapes)
-    copies = max(1, min(max_copies, -(-l2_bytes // per_copy)))
+    copies = max(1, min_copies, min(max_copies, -(-l2_bytes // per_copy)))
     return [random_gdn_inputs(trees, **shapes, dtype=dtype, device=device,
                               seed=seed + 1000 * b + n + 100003 * c) for c in range(copies)]
 
