@@ -24,7 +24,8 @@ import numpy as np
 import pandas as pd
 
 from simtree.acceptance.model import get_workload
-from simtree.control.controller import DEFAULT_TIERS, Controller, tier_shape
+from simtree.control.controller import Controller
+from simtree.control.tiers import DEFAULT_TIERS, tier_shape
 from simtree.costs.model import load_costs
 from simtree.deploy.shipped import shipped_cost_paths
 from simtree.engines.export import (NEAR_BEST, TierRow, adaptive_config, parse_vllm_tiers, sps_additive_table,
@@ -244,8 +245,9 @@ def statics_key(m: dict, statics, trace, seeds) -> str:
     file, every tier's numbers under the acceptance model (its shape, verified nodes and accepted
     drafts' distribution per level, the levels' weights), the trace, the acceptance seeds, the
     batch limit and the simulator's own code (:mod:`simtree.serving.sim`, ``policies``, ``costgrid``,
-    ``traces``, :mod:`simtree.control.catchup`, and the cost forms that turn the bundle into times)."""
-    from simtree.control import catchup, controller
+    ``traces``, :mod:`simtree.control.catchup` and ``tiers``, and the cost forms that turn the bundle
+    into times; not the controller's own code, which no fixed tier runs)."""
+    from simtree.control import catchup, tiers
     from simtree.costs import base_forms, forms, model, moe_forms, surface_fit
     from simtree.serving import costgrid, policies, sim, traces
     h = hashlib.sha256()
@@ -257,7 +259,7 @@ def statics_key(m: dict, statics, trace, seeds) -> str:
     for a in (trace.arrival_s, trace.prompt_len, trace.output_len):
         h.update(np.ascontiguousarray(a).tobytes())
     h.update(repr((list(seeds), MAX_BATCH)).encode())
-    for mod in (sim, policies, costgrid, traces, catchup, controller, base_forms, forms, model, moe_forms, surface_fit):
+    for mod in (sim, policies, costgrid, traces, catchup, tiers, base_forms, forms, model, moe_forms, surface_fit):
         h.update(Path(mod.__file__).read_bytes())
     return h.hexdigest()
 
