@@ -54,18 +54,20 @@ def main() -> None:
     if args.csv:
         write_atomic(args.csv, lambda tmp: df.to_csv(tmp, index=False, float_format="%.6g"))
     for name in variants:
-        tok, p99 = [], []
+        tok, p99, above = [], [], 0
         for (model, kind, load), g in df.groupby(["model", "arrivals", "load"], sort=False):
             by = g.set_index("policy")
             c, b = by.loc[name], by.loc["best_static"]
             tok.append(c.tok_s / b.tok_s - 1)
             p99.append(c.tpot_p99_ms / b.tpot_p99_ms - 1)
+            above += c.tpot_p99_diff_lo_ms > 0
             print(f"{name} {model} {kind} {load}: tok/s {tok[-1]:+.4%}, TPOT p99 {c.tpot_p99_ms:.4f} vs "
-                  f"{b.detail} {b.tpot_p99_ms:.4f} ({p99[-1]:+.4%})")
+                  f"{b.detail} {b.tpot_p99_ms:.4f} ({p99[-1]:+.4%}; paired difference "
+                  f"[{c.tpot_p99_diff_lo_ms:+.3f}, {c.tpot_p99_diff_hi_ms:+.3f}] ms)")
         tok, p99 = np.array(tok), np.array(p99)
         print(f"{name} seed {args.seed}: tok/s >= best static at {int((tok >= 0).sum())}/{tok.size} "
               f"(lowest {tok.min():+.4%}); TPOT p99 <= best static at {int((p99 <= 0).sum())}/{p99.size} "
-              f"(highest {p99.max():+.4%}, mean {p99.mean():+.2%})")
+              f"(highest {p99.max():+.4%}, mean {p99.mean():+.2%}); paired band above 0 at {above}")
 
 
 if __name__ == "__main__":
