@@ -83,7 +83,6 @@ class Controller:
     tail_power: float = TAIL_POWER
     switch_cost_us: float = SWITCH_COST_US
     confidence_z: float = CONFIDENCE_Z
-    anchor_margin: float | None = None
     tiers: list[Tier] = field(init=False)
     current: Tier | None = field(init=False, default=None)
     _observed: float = field(init=False, default=0.0)
@@ -167,15 +166,7 @@ class Controller:
         ``rounds_done`` (optional): the rounds each live sequence has decoded so far."""
         ctx = np.asarray(context_lens, np.float64).reshape(-1)
         rate, score = self._rate_and_objective(batch_size, float(ctx.mean()) if ctx.size else 1.0, rounds_done)
-        target = int(np.argmax(score))
-        if self.anchor_margin is not None:
-            anchor = int(np.argmax(rate))
-            r = self.ratio
-            slope = abs(self._accepted[target] / (1.0 + r * self._accepted[target])
-                        - self._accepted[anchor] / (1.0 + r * self._accepted[anchor]))
-            if score[target] <= (1.0 + self.anchor_margin + self.confidence_z * slope * self.ratio_stderr) * score[anchor]:
-                target = anchor
-        best = self.tiers[target]
+        best = self.tiers[int(np.argmax(score))]
         self.steps += 1
         if self.steps % self.min_dwell_steps == 0:   # one credit per min_dwell_steps steps, switch_burst held
             self._credit = min(self._credit + 1, self.switch_burst)
