@@ -49,7 +49,7 @@ def main() -> None:
     warnings.simplefilter("ignore")
     variants = {json.dumps(v): v for v in (_variant(v) for v in args.set or [""])}
     df = serve_points(num_requests=args.requests, seed=args.seed, policies=("best_static",),
-                      extra={name: _controller(v) for name, v in variants.items()}, statics_cache=args.cache, paired=True,
+                      extra={name: _controller(v) for name, v in variants.items()}, statics_cache=args.cache,
                       progress=lambda s: print(s, flush=True))
     if args.csv:
         write_atomic(args.csv, lambda tmp: df.to_csv(tmp, index=False, float_format="%.6g"))

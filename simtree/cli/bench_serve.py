@@ -30,7 +30,7 @@ def register(app: typer.Typer) -> None:
                                                       "JSON with num_speculative_tokens_per_batch_size for the "
                                                       "threshold policy (default: simtree's export vllm tiers)"),
         out_of_sample: str = typer.Option("", "--out-of-sample", help="more arrivals seeds (comma-separated), "
-                                          "served the same way into DIR/bench_seed{S}.csv: the controller's "
+                                          "served the same way into DIR/bench_oos.csv (column seed): the controller's "
                                           "settings were chosen on --seed, the README counts the targets on each"),
         keep_configs: bool = typer.Option(False, "--keep-configs", help="also keep the SGLang / vLLM files the "
                                           "engines' policies ran on (DIR/configs)"),
@@ -63,4 +63,4 @@ def register(app: typer.Typer) -> None:
         for line in summary_lines(df) + target_lines(df):
             typer.echo(line)
         typer.echo(f"wrote {out}/bench.csv, {out}/bench.png, {out}/README.md"
-                   + "".join(f", {out}/bench_seed{s}.csv" for s in oos))
+                   + (f", {out}/bench_oos.csv" if oos else ""))

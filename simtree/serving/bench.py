@@ -42,16 +42,17 @@ from simtree.serving.sim import BOOTSTRAP, MAX_BATCH, serve_replicas
 from simtree.serving.traces import ARRIVALS, make_trace, sharegpt_lengths
 
 __all__ = ["POLICIES", "LOADS", "COLUMNS", "run_bench", "serve_points", "statics_key", "BUCKETS", "default_models",
-           "REPLICAS", "PAIRED_COLUMNS", "paired_p99_diff_band"]
+           "REPLICAS", "OOS_CSV", "paired_p99_diff_band", "write_report"]
 
 POLICIES = ("none", "best_static", "threshold", "sglang_adaptive", "sglang_adaptive_simtree", "sglang_dspark",
             "controller")
 LOADS = (0.1, 0.4, 0.8, 1.5)
 BUCKETS = ((1, 1), (2, 2), (3, 4), (5, 8), (9, 16), (17, 32), (33, 64))
 COLUMNS = ["model", "load", "policy", "tok_s", "tpot_p50_ms", "tpot_p99_ms", "switches_per_min", "arrivals",
-           "rate_req_s", "detail", "switches", "steps", "mean_batch", "tpot_p99_lo_ms", "tpot_p99_hi_ms",
-           "replicas", "tok_s_runs", "catch_ups", "catch_up_s", "switches_runs", "steps_runs"]
-PAIRED_COLUMNS = ["tpot_p99_diff_lo_ms", "tpot_p99_diff_hi_ms"]   # serve_points(..., paired=True)
+           "rate_req_s", "detail", "mean_batch", "tpot_p99_lo_ms", "tpot_p99_hi_ms", "tpot_p99_diff_lo_ms",
+           "tpot_p99_diff_hi_ms", "seed", "replicas", "tok_s_runs", "catch_ups", "catch_up_s", "switches_runs",
+           "steps_runs"]
+OOS_CSV = "bench_oos.csv"   # every out-of-sample seed's rows, its arrivals seed in ``seed``
 SGLANG_LAUNCH_STEPS = 3
 REPLICAS = 4   # acceptance seeds every policy serves each trace under (the same seeds for all)
 
@@ -142,7 +143,7 @@ def run_bench(out: str | Path, *, models=None, loads=LOADS, arrivals=ARRIVALS, n
     Every trace (arrivals from ``seed``) is served under acceptance seeds ``seed .. seed + replicas - 1``,
     the same for every policy (:func:`simtree.serving.sim.serve_replicas`).  ``out_of_sample``: more
     arrivals seeds served the same way (the controller's settings were not chosen on them), each
-    into ``out/bench_seed{S}.csv``, their target counts in the README beside the in-sample ones.
+    into ``out/bench_oos.csv`` (column ``seed``), their target counts in the README beside the in-sample ones.
     Returns the in-sample rows and the line naming where the traces' lengths came from."""
     check_int(replicas, "replicas", 1)
     tiers = None if threshold_tiers is None else read_vllm_tiers(threshold_tiers)
@@ -163,17 +164,29 @@ def run_bench(out: str | Path, *, models=None, loads=LOADS, arrivals=ARRIVALS, n
                 frames[s] = fut.result()
                 if progress:
                     progress(f"seed {s} served")
-    for s in seeds:
-        name = "bench.csv" if s == seed else f"bench_seed{s}.csv"
-        write_atomic(out / name, lambda tmp, s=s: frames[s].to_csv(tmp, index=False, float_format="%.6g"))
-    df = frames[seed]
+    write_atomic(out / "bench.csv", lambda tmp: frames[seed].to_csv(tmp, index=False, float_format="%.6g"))
+    if len(seeds) > 1:
+        stacked = pd.concat([frames[s] for s in seeds[1:]], ignore_index=True)
+        write_atomic(out / OOS_CSV, lambda tmp: stacked.to_csv(tmp, index=False, float_format="%.6g"))
     lengths = sharegpt_lengths(1, np.random.default_rng(seed))[2]   # as the worker processes read them
+    write_report(out, command or f"simtree bench-serve --out {out}", num_requests, workload, lengths, replicas,
+                 seeds[1:])
+    return frames[seed], lengths
+
+
+def write_report(out: str | Path, command: str, num_requests: int, workload: str, lengths_source: str,
+                 replicas: int = REPLICAS, out_of_sample=()) -> None:
+    """``out/bench.png`` and ``out/README.md`` from the CSVs in ``out`` (``bench.csv``; the
+    ``out_of_sample`` seeds' rows of ``bench_oos.csv``), so the report is a function of the files it
+    reports on; the README's live run section (:mod:`simtree.serving.live_report`) stays."""
+    out = Path(out)
+    df = pd.read_csv(out / "bench.csv")
+    stacked = pd.read_csv(out / OOS_CSV) if out_of_sample else None
+    oos = {int(s): stacked[stacked.seed == int(s)].reset_index(drop=True) for s in out_of_sample}
     _plot(df, out / "bench.png")
-    live = existing_section(out / "README.md")   # the live run's section (simtree.serving.live_report) stays
-    oos = {s: frames[s] for s in seeds[1:]}
-    write_text_atomic(out / "README.md", _readme(df, command or f"simtree bench-serve --out {out}", num_requests,
-                                                 workload, lengths, replicas, oos) + ("\n" + live if live else ""))
-    return df, lengths
+    live = existing_section(out / "README.md")
+    write_text_atomic(out / "README.md", _readme(df, command, num_requests, workload, lengths_source, replicas, oos)
+                      + ("\n" + live if live else ""))
 
 
 def paired_p99_diff_band(tpot_ms: np.ndarray, base_ms: np.ndarray, resamples: int = BOOTSTRAP,
@@ -200,22 +213,19 @@ def read_vllm_tiers(path: str | Path) -> list[tuple[int, int, int]]:
 
 def serve_points(models=None, loads=LOADS, arrivals=ARRIVALS, num_requests: int = 300, workload: str = "sharegpt",
                  seed: int = 0, replicas: int = REPLICAS, *, policies=POLICIES, extra=None, cfg_root=None,
-                 threshold_tiers=None, statics_cache=None, progress=None, paired: bool = False) -> pd.DataFrame:
+                 threshold_tiers=None, statics_cache=None, progress=None) -> pd.DataFrame:
     """The benchmark's rows (``COLUMNS``) of ``policies`` at every (model, arrivals, load) point, and
     of every ``extra`` policy: ``{name: make(m)}`` where ``make`` takes the model's setup (``grid``,
     ``acc``, ...) and returns a driver factory.  ``statics_cache``: a folder where the fixed tiers'
     results are kept, keyed on everything they depend on (:func:`statics_key`).  The SGLang / vLLM
-    files the engines' policies run on go under ``cfg_root`` (a scratch folder when not given).
-    ``paired``: also ``PAIRED_COLUMNS``, each policy's TPOT p99 minus best_static's as a 95% paired
-    bootstrap band (:func:`paired_p99_diff_band`)."""
+    files the engines' policies run on go under ``cfg_root`` (a scratch folder when not given)."""
     with tempfile.TemporaryDirectory(prefix="simtree-bench-") as scratch:
         return _serve_points(models, loads, arrivals, num_requests, workload, seed, replicas, tuple(policies),
-                             dict(extra or {}), Path(cfg_root or scratch), threshold_tiers, statics_cache, progress,
-                             paired)
+                             dict(extra or {}), Path(cfg_root or scratch), threshold_tiers, statics_cache, progress)
 
 
 def _serve_points(models, loads, arrivals, num_requests, workload, seed, replicas, policies, extra, cfg_root,
-                  threshold_tiers, statics_cache, progress, paired=False) -> pd.DataFrame:
+                  threshold_tiers, statics_cache, progress) -> pd.DataFrame:
     check_int(replicas, "replicas", 1)
     engines = [p for p in policies if p not in ("none", "best_static")]
     sg = _sglang() if any(p.startswith("sglang") for p in engines) else None
@@ -239,23 +249,22 @@ def _serve_points(models, loads, arrivals, num_requests, workload, seed, replica
                     results[name] = (serve_replicas(trace, drivers[name], w, seeds), "")
                 for name, make in extra.items():
                     results[name] = (serve_replicas(trace, make(m), w, seeds), "")
+                static_ms = results["best_static"][0].tpot_ms
                 for policy in (*policies, *extra):
                     r, detail = results[policy]
+                    diff = paired_p99_diff_band(r.tpot_ms, static_ms)   # the same requests, both policies
                     rows.append({"model": m["model"], "load": f"{load:g}x", "policy": policy, "tok_s": r.tok_s,
                                  "tpot_p50_ms": r.tpot_p50_ms, "tpot_p99_ms": r.tpot_p99_ms,
                                  "switches_per_min": np.nan if policy == "sglang_dspark" else r.switches_per_min,
-                                 "arrivals": kind, "rate_req_s": rate, "detail": detail, "switches": r.switches,
-                                 "steps": r.steps, "mean_batch": r.mean_batch,
+                                 "arrivals": kind, "rate_req_s": rate, "detail": detail, "mean_batch": r.mean_batch,
                                  "tpot_p99_lo_ms": r.tpot_p99_band_ms[0], "tpot_p99_hi_ms": r.tpot_p99_band_ms[1],
+                                 "tpot_p99_diff_lo_ms": diff[0], "tpot_p99_diff_hi_ms": diff[1], "seed": seed,
                                  "replicas": replicas, "tok_s_runs": _runs(r.tok_s_runs),
                                  "catch_ups": r.catch_ups, "catch_up_s": r.catch_up_s,
                                  "switches_runs": _runs(r.switches_runs), "steps_runs": _runs(r.steps_runs)})
-                    if paired:   # the same requests on the same draws under both policies
-                        rows[-1].update(zip(PAIRED_COLUMNS, paired_p99_diff_band(
-                            r.tpot_ms, results["best_static"][0].tpot_ms)))
                 if progress:
                     progress(f"{m['model']} {kind} {load:g}x")
-    return pd.DataFrame(rows, columns=COLUMNS + (PAIRED_COLUMNS if paired else []))
+    return pd.DataFrame(rows, columns=COLUMNS)
 
 
 def _runs(values) -> str:
