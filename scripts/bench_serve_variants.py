@@ -10,7 +10,7 @@ point it prints the controller's tok/s and TPOT p99 against the best static tier
 line per variant.
 
     python scripts/bench_serve_variants.py --seed 0 --set tail_power=2 --set tail_power=3
-    python scripts/bench_serve_variants.py --seed 400 --set tail_power=3      # a fresh seed
+    python scripts/bench_serve_variants.py --seed 400 --set tail_power=3      # once, on a seed never used
 """
 from __future__ import annotations
 
