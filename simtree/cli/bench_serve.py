@@ -30,7 +30,7 @@ def register(app: typer.Typer) -> None:
                                                       "JSON with num_speculative_tokens_per_batch_size for the "
                                                       "threshold policy (default: simtree's export vllm tiers)"),
         out_of_sample: str = typer.Option("", "--out-of-sample", help="more arrivals seeds (comma-separated), "
-                                          "served the same way into DIR/bench_seed{S}.csv: the controller's "
+                                          "served the same way into DIR/bench_oos.csv (column seed): the controller's "
                                           "settings were chosen on --seed, the README counts the targets on each"),
         keep_configs: bool = typer.Option(False, "--keep-configs", help="also keep the SGLang / vLLM files the "
                                           "engines' policies ran on (DIR/configs)"),
@@ -41,7 +41,6 @@ def register(app: typer.Typer) -> None:
         from simtree.errors import SimtreeError
         from simtree.serving.bench import run_bench
         from simtree.serving.bench_report import summary_lines, target_lines
-        from simtree.serving.traces import LENGTHS_SOURCE
 
         try:
             load_values = tuple(float(x) for x in loads.split(",") if x.strip())
@@ -55,13 +54,13 @@ def register(app: typer.Typer) -> None:
         except ValueError:
             raise SimtreeError(f"--out-of-sample {out_of_sample!r}: give comma-separated integer seeds") from None
         with captured_warnings() as caught:
-            df = run_bench(out, models=costs or None, loads=load_values, arrivals=kinds, num_requests=requests,
+            df, lengths = run_bench(out, models=costs or None, loads=load_values, arrivals=kinds, num_requests=requests,
                            workload=workload, seed=seed, progress=lambda s: typer.echo(f"  {s}", err=True),
                            keep_configs=keep_configs, threshold_tiers=threshold_tiers, replicas=replicas, out_of_sample=oos,
                            command=shlex.join(["simtree", *sys.argv[1:]]))
         print_notes(caught)
-        typer.echo(f"lengths: {LENGTHS_SOURCE['source']}")
+        typer.echo(f"lengths: {lengths}")
         for line in summary_lines(df) + target_lines(df):
             typer.echo(line)
         typer.echo(f"wrote {out}/bench.csv, {out}/bench.png, {out}/README.md"
-                   + "".join(f", {out}/bench_seed{s}.csv" for s in oos))
+                   + (f", {out}/bench_oos.csv" if oos else ""))

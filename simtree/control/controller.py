@@ -20,11 +20,7 @@ of ``h`` rounds sees: ``penalty_t(h) = E[tokens of a round] * E[(h / tokens of h
 (1 / p)`` (p = ``tail_power``, default 2: the root mean square, so the spread of the reply's time
 per token counts beside its mean; >= 1 by Jensen, the more so the likelier a round accepts
 nothing, falling as 1 / h), with ``h = tail_rounds`` (default 1) past the rounds the youngest live
-sequence has run (``rounds_done``; 0 when not given) beyond its first ``tail_hold`` (default 0;
-with it, a reply's first rounds are all ranked as its first: a setting that raised the serving
-benchmark's TPOT p99 on its own seeds and not on fresh ones, docs/controller.md; ``tail_share`` > 0
-takes the mean over the reply's worst ``tail_share`` of outcomes (CVaR) instead of the power mean:
-tried and not adopted, docs/controller.md).  While a new
+sequence has run (``rounds_done``; 0 when not given).  While a new
 reply is live, a tier that wins on the mean by drafting a chain whose rounds often accept
 nothing ranks below a tree that rarely does, so a short reply's time per token, the one a TPOT
 p99 is made of, stays low; once every live reply has run many rounds, one more round barely
@@ -37,12 +33,7 @@ Later it moves to the best tier only when it holds a switch's credit (one earned
 step and answered back) and the best's predicted gain clears ``margin`` (default 0) plus
 ``confidence_z`` standard errors of the gain as r is uncertain (tiers with equal expected drafts:
 none) plus the switch's cost (``switch_cost_us``, default 0: an engine that captured every tier's
-graph rebuilds nothing) spread over the ``min_dwell_steps`` steps a credit stands for.  A switch
-that gains on the mean rate (back to the tier for old replies once the youngest has run a few
-rounds) is not urgent: it waits while only ``tail_reserve`` credits are held, so that under a
-stream of arrivals the credits are not spent going back and forth and a new reply's first rounds
-find one (a switch that protects a new reply takes any credit; default 0, none kept: tried and not
-adopted, docs/controller.md).  Hence the
+graph rebuilds nothing) spread over the ``min_dwell_steps`` steps a credit stands for.  Hence the
 bound: switches <= steps // min_dwell_steps after any number of steps (the first choice is not a
 switch), and at most ``switch_burst + W // min_dwell_steps`` in any W consecutive steps.  Tiers are
 the fixed-shape policies an engine runs per step: plain decoding, chains (linear D) and EAGLE
@@ -56,14 +47,13 @@ from typing import Sequence
 import numpy as np
 
 from simtree.acceptance.mixture import AcceptanceModel
-from simtree.acceptance.phi import accepted_length_pmf, node_accept_probs_ranked
 from simtree.control.catchup import LAG_ROWS, catch_up_us
+from simtree.control.tiers import DEFAULT_TIERS, Tier, tier_shape
 from simtree.errors import SimtreeError, check_int
-from simtree.planning.modes import EagleParams, LinearParams, NoneParams, PolicySpec
-from simtree.planning.simulate import static_round
+from simtree.planning.modes import PolicySpec
 
 __all__ = ["Tier", "Controller", "DEFAULT_TIERS", "tier_shape", "MARGIN", "MIN_DWELL_STEPS", "SWITCH_BURST",
-           "TAIL_ROUNDS", "TAIL_POWER", "TAIL_HOLD", "TAIL_SHARE", "TAIL_RESERVE", "SWITCH_COST_US", "CONFIDENCE_Z"]
+           "TAIL_ROUNDS", "TAIL_POWER", "SWITCH_COST_US", "CONFIDENCE_Z"]
 
 MARGIN = 0.0            # a relative gain every switch must clear besides its uncertainty and cost
 SWITCH_COST_US = 0.0    # what one switch costs the engine (tiers' graphs captured: nothing to rebuild)
@@ -74,85 +64,7 @@ SWITCH_BURST = 4        # ... and at most this many held: two load changes, each
 MEMORY = 2000           # sequence-rounds the running acceptance ratio remembers (decay 1 - 1/MEMORY each)
 PRIOR = 50.0            # predicted drafts' worth of belief in the acceptance model (ratio 1)
 TAIL_ROUNDS = 1         # rounds of the reply whose time per token ranks the tiers (1: each round's own)
-TAIL_HOLD = 0           # rounds a new reply is ranked for as on its first (tried at 2: docs/controller.md)
 TAIL_POWER = 2.0        # its time per token averaged in this power mean (1: the mean; 2: root mean square)
-TAIL_SHARE = 0.0        # > 0: averaged over the worst share of outcomes instead (CVaR; tried: docs/controller.md)
-TAIL_RESERVE = 0        # credits a switch gaining on the mean leaves for new replies (tried at 1: docs/controller.md)
-DEFAULT_TIERS: tuple[PolicySpec, ...] = (
-    (NoneParams(),) + tuple(LinearParams(d) for d in range(2, 8))
-    + tuple(EagleParams(s, k, d) for s, k, d in [(2, 2, 4), (2, 2, 5), (2, 2, 6), (2, 2, 7), (3, 2, 6), (3, 2, 8),
-                                                  (4, 2, 8)]))
-
-
-@dataclass(frozen=True, eq=False)
-class Tier:
-    """A fixed-shape policy with its numbers under one acceptance model: nodes verified per
-    sequence [L], expected accepted drafts [L] and the CDF of accepted drafts [L, depth + 1],
-    per acceptance level; ``weights`` [L] the share of rounds at each level."""
-
-    spec: PolicySpec
-    nodes: np.ndarray
-    accepted: np.ndarray
-    cdf: np.ndarray
-    weights: np.ndarray
-    index: int = 0
-    same_nodes: bool = False   # every level verifies as many nodes (chains, full EAGLE trees)
-
-    @property
-    def name(self) -> str:
-        return self.spec.name
-
-    @property
-    def expected_accepted(self) -> float:
-        return float(self.weights @ self.accepted)
-
-    @property
-    def nodes_per_seq(self) -> float:
-        return float(self.weights @ self.nodes)
-
-    def short_reply_penalties(self, max_rounds: int, power: float = 1.0, share: float = 0.0) -> np.ndarray:
-        """[max_rounds] how much slower per token a reply of 1, 2, ... ``max_rounds`` rounds runs than
-        the mean says (>= 1): E[tokens of a round] * M[h / tokens of h rounds] for h rounds, M the power
-        mean E[x ** power] ** (1 / power) (power 1 the average, 2 the root mean square: its spread
-        counted), or with ``share`` in (0, 1) the mean of x over the reply's worst ``share`` of outcomes
-        (the tail's conditional mean, CVaR)."""
-        pmf = self.weights @ np.diff(self.cdf, axis=1, prepend=0.0)   # accepted drafts per round
-        tokens = np.concatenate([[0.0], pmf])                            # P(tokens = j), j >= 1
-        mean = float(tokens @ np.arange(tokens.size))
-        total, out = np.array([1.0]), np.empty(max_rounds)
-        for h in range(1, max_rounds + 1):
-            total = np.convolve(total, tokens)
-            x = h / np.arange(1, total.size)          # rounds a token: the fewest tokens are the worst outcomes
-            if share > 0:
-                taken = np.diff(np.minimum(np.cumsum(total[1:]), share), prepend=0.0)
-                out[h - 1] = mean * float(taken @ x) / share
-            else:
-                out[h - 1] = mean * (total[1:] @ x ** power) ** (1.0 / power)
-        return out
-
-    @property
-    def accepted_var(self) -> float:
-        """Variance of one sequence-round's accepted drafts under the acceptance model."""
-        pmf = self.weights @ np.diff(self.cdf, axis=1, prepend=0.0)
-        j = np.arange(pmf.size)
-        return float(pmf @ j ** 2 - (pmf @ j) ** 2)
-
-    def draft_us(self, costs, batch_size: int) -> float:
-        s, k = self.spec.draft_shape()
-        return 0.0 if s == 0 else float(costs.draft.predict(s, k, batch_size))
-
-
-def tier_shape(acc: AcceptanceModel, spec: PolicySpec, index: int = 0) -> Tier:
-    shape = static_round(acc, spec)
-    depth = max(t.max_depth for t in shape.trees)
-    cdf = np.ones((acc.num_levels, depth + 1))
-    chain = acc.scores_chain(spec.mode)     # as static_round scores them
-    for level, (tree, table) in enumerate(zip(shape.trees, shape.tables)):
-        pmf = accepted_length_pmf(tree, node_accept_probs_ranked(tree, table, chain))
-        cdf[level, :pmf.size] = np.cumsum(pmf)
-    cdf[:, -1] = 1.0
-    return Tier(spec, shape.nodes, shape.accepted, cdf, np.asarray(acc.weights), index,
-                bool(np.all(shape.nodes == shape.nodes[0])))
 
 
 @dataclass
@@ -169,9 +81,6 @@ class Controller:
     prior: float = PRIOR
     tail_rounds: int = TAIL_ROUNDS
     tail_power: float = TAIL_POWER
-    tail_hold: int = TAIL_HOLD
-    tail_share: float = TAIL_SHARE
-    tail_reserve: int = TAIL_RESERVE
     switch_cost_us: float = SWITCH_COST_US
     confidence_z: float = CONFIDENCE_Z
     tiers: list[Tier] = field(init=False)
@@ -189,19 +98,16 @@ class Controller:
         check_int(self.min_dwell_steps, "min_dwell_steps", 1)
         check_int(self.switch_burst, "switch_burst", 1)
         check_int(self.tail_rounds, "tail_rounds", 0)
-        check_int(self.tail_hold, "tail_hold", 0)
-        check_int(self.tail_reserve, "tail_reserve", 0)
         if not (0 <= self.margin < 1 and self.memory >= 1 and self.prior > 0 and self.switch_cost_us >= 0
-                and self.confidence_z >= 0 and self.tail_power >= 1 and 0 <= self.tail_share < 1):
+                and self.confidence_z >= 0 and self.tail_power >= 1):
             raise SimtreeError(f"margin {self.margin} must be in [0, 1), memory {self.memory} >= 1, prior "
                                f"{self.prior} > 0, switch_cost_us {self.switch_cost_us} and confidence_z "
-                               f"{self.confidence_z} >= 0, tail_power {self.tail_power} >= 1, tail_share "
-                               f"{self.tail_share} in [0, 1)")
+                               f"{self.confidence_z} >= 0, tail_power {self.tail_power} >= 1")
         self.tiers = [tier_shape(self.acceptance, s, i) for i, s in enumerate(self.specs)]
         self._nodes = np.array([t.nodes_per_seq for t in self.tiers])
         self._accepted = np.array([t.expected_accepted for t in self.tiers])
         self._accepted_var = np.array([t.accepted_var for t in self.tiers])
-        self._penalties = np.stack([t.short_reply_penalties(PENALTY_ROUNDS, self.tail_power, self.tail_share)
+        self._penalties = np.stack([t.short_reply_penalties(PENALTY_ROUNDS, self.tail_power)
                                     for t in self.tiers])   # [T, H]
         self._plain = np.array([t.spec.mode == "none" for t in self.tiers])
         self._lags = bool(self._plain.any() and not self._plain.all())   # plain and drafted tiers: the drafter lags
@@ -214,8 +120,7 @@ class Controller:
             return np.ones(len(self.tiers))
         if rounds <= PENALTY_ROUNDS:
             return self._penalties[:, rounds - 1]
-        decay = 0.5 if self.tail_share > 0 else 1.0   # a tail mean's excess falls as 1 / sqrt(rounds)
-        return 1.0 + (self._penalties[:, -1] - 1.0) * (PENALTY_ROUNDS / rounds) ** decay
+        return 1.0 + (self._penalties[:, -1] - 1.0) * (PENALTY_ROUNDS / rounds)
 
     def predicted_tok_s(self, batch_size: int, context_len: float) -> np.ndarray:
         """[T] predicted batch tokens per second of every tier at this batch and mean context."""
@@ -230,11 +135,11 @@ class Controller:
 
     def horizon_rounds(self, rounds_done=None) -> int:
         """The reply length (rounds) whose time per token ranks the tiers: ``tail_rounds`` past the
-        rounds the youngest live sequence has run beyond its first ``tail_hold`` (0: the mean alone)."""
+        rounds the youngest live sequence has run (0: the mean alone)."""
         if self.tail_rounds == 0:
             return 0
         done = np.asarray([] if rounds_done is None else rounds_done).reshape(-1)
-        return self.tail_rounds + (max(int(done.min()) - self.tail_hold, 0) if done.size else 0)
+        return self.tail_rounds + (int(done.min()) if done.size else 0)
 
     def objective(self, batch_size: int, context_len: float, rounds_done=None) -> np.ndarray:
         """[T] what ``choose`` ranks: the predicted rate the youngest live reply sees if it ends
@@ -269,11 +174,7 @@ class Controller:
             self.current = best
         elif best is not self.current and self._credit > 0:
             cur = self.current
-            # a switch that gains on the mean rate (the tail's tier left for the mean's) is not urgent:
-            # it waits while only ``tail_reserve`` credits are held, kept for a new reply's first rounds
-            mean_gain = rate[best.index] > rate[cur.index]
-            if (self._credit > self.tail_reserve or not mean_gain) and score[best.index] > \
-                    (1.0 + self.switch_threshold(cur, best, batch_size, rate[best.index])) * score[cur.index]:
+            if score[best.index] > (1.0 + self.switch_threshold(cur, best, batch_size, rate[best.index])) * score[cur.index]:
                 self.current = best
                 self._credit -= 1
                 self.switches += 1

@@ -24,7 +24,8 @@ import numpy as np
 import pandas as pd
 
 from simtree.acceptance.model import get_workload
-from simtree.control.controller import DEFAULT_TIERS, Controller, tier_shape
+from simtree.control.controller import Controller
+from simtree.control.tiers import DEFAULT_TIERS, tier_shape
 from simtree.costs.model import load_costs
 from simtree.deploy.shipped import shipped_cost_paths
 from simtree.engines.export import (NEAR_BEST, TierRow, adaptive_config, parse_vllm_tiers, sps_additive_table,
@@ -37,19 +38,21 @@ from simtree.serving.bench_report import readme as _readme
 from simtree.serving.live_report import existing_section
 from simtree.serving.policies import (ControllerDriver, DSparkDriver, FixedDriver, SGLangAdaptiveDriver,
                                       ThresholdDriver)
-from simtree.serving.sim import MAX_BATCH, serve_replicas
-from simtree.serving.traces import ARRIVALS, LENGTHS_SOURCE, make_trace, sharegpt_lengths
+from simtree.serving.sim import BOOTSTRAP, MAX_BATCH, serve_replicas
+from simtree.serving.traces import ARRIVALS, make_trace, sharegpt_lengths
 
 __all__ = ["POLICIES", "LOADS", "COLUMNS", "run_bench", "serve_points", "statics_key", "BUCKETS", "default_models",
-           "REPLICAS"]
+           "REPLICAS", "OOS_CSV", "paired_p99_diff_band", "write_report"]
 
 POLICIES = ("none", "best_static", "threshold", "sglang_adaptive", "sglang_adaptive_simtree", "sglang_dspark",
             "controller")
 LOADS = (0.1, 0.4, 0.8, 1.5)
 BUCKETS = ((1, 1), (2, 2), (3, 4), (5, 8), (9, 16), (17, 32), (33, 64))
 COLUMNS = ["model", "load", "policy", "tok_s", "tpot_p50_ms", "tpot_p99_ms", "switches_per_min", "arrivals",
-           "rate_req_s", "detail", "switches", "steps", "mean_batch", "tpot_p99_lo_ms", "tpot_p99_hi_ms",
-           "replicas", "tok_s_runs", "catch_ups", "catch_up_s", "switches_runs", "steps_runs"]
+           "rate_req_s", "detail", "mean_batch", "tpot_p99_lo_ms", "tpot_p99_hi_ms", "tpot_p99_diff_lo_ms",
+           "tpot_p99_diff_hi_ms", "seed", "replicas", "tok_s_runs", "catch_ups", "catch_up_s", "switches_runs",
+           "steps_runs"]
+OOS_CSV = "bench_oos.csv"   # every out-of-sample seed's rows, its arrivals seed in ``seed``
 SGLANG_LAUNCH_STEPS = 3
 REPLICAS = 4   # acceptance seeds every policy serves each trace under (the same seeds for all)
 
@@ -131,7 +134,7 @@ def _drivers(m: dict, sg) -> dict:
 def run_bench(out: str | Path, *, models=None, loads=LOADS, arrivals=ARRIVALS, num_requests: int = 300,
               workload: str = "sharegpt", seed: int = 0, progress=None, keep_configs: bool = False,
               command: str = "", threshold_tiers: str | Path | None = None, replicas: int = REPLICAS,
-              out_of_sample=()) -> pd.DataFrame:
+              out_of_sample=()) -> tuple[pd.DataFrame, str]:
     """Every policy on every (model, arrivals, load); writes ``out/bench.csv``, ``bench.png`` and
     ``README.md`` (the command, the setup, the controller against the rest), and with
     ``keep_configs`` the SGLang / vLLM files the engines' policies ran on (``out/configs``).
@@ -140,7 +143,8 @@ def run_bench(out: str | Path, *, models=None, loads=LOADS, arrivals=ARRIVALS, n
     Every trace (arrivals from ``seed``) is served under acceptance seeds ``seed .. seed + replicas - 1``,
     the same for every policy (:func:`simtree.serving.sim.serve_replicas`).  ``out_of_sample``: more
     arrivals seeds served the same way (the controller's settings were not chosen on them), each
-    into ``out/bench_seed{S}.csv``, their target counts in the README beside the in-sample ones."""
+    into ``out/bench_oos.csv`` (column ``seed``), their target counts in the README beside the in-sample ones.
+    Returns the in-sample rows and the line naming where the traces' lengths came from."""
     check_int(replicas, "replicas", 1)
     tiers = None if threshold_tiers is None else read_vllm_tiers(threshold_tiers)
     _sglang()     # fail before any work, in one line, where SGLang's policies cannot be loaded
@@ -160,17 +164,43 @@ def run_bench(out: str | Path, *, models=None, loads=LOADS, arrivals=ARRIVALS, n
                 frames[s] = fut.result()
                 if progress:
                     progress(f"seed {s} served")
-    for s in seeds:
-        name = "bench.csv" if s == seed else f"bench_seed{s}.csv"
-        write_atomic(out / name, lambda tmp, s=s: frames[s].to_csv(tmp, index=False, float_format="%.6g"))
-    df = frames[seed]
-    LENGTHS_SOURCE["source"] = sharegpt_lengths(1, np.random.default_rng(seed))[2]   # as the worker processes read
+    write_atomic(out / "bench.csv", lambda tmp: frames[seed].to_csv(tmp, index=False, float_format="%.6g"))
+    if len(seeds) > 1:
+        stacked = pd.concat([frames[s] for s in seeds[1:]], ignore_index=True)
+        write_atomic(out / OOS_CSV, lambda tmp: stacked.to_csv(tmp, index=False, float_format="%.6g"))
+    lengths = sharegpt_lengths(1, np.random.default_rng(seed))[2]   # as the worker processes read them
+    write_report(out, command or f"simtree bench-serve --out {out}", num_requests, workload, lengths, replicas,
+                 seeds[1:])
+    return frames[seed], lengths
+
+
+def write_report(out: str | Path, command: str, num_requests: int, workload: str, lengths_source: str,
+                 replicas: int = REPLICAS, out_of_sample=()) -> None:
+    """``out/bench.png`` and ``out/README.md`` from the CSVs in ``out`` (``bench.csv``; the
+    ``out_of_sample`` seeds' rows of ``bench_oos.csv``), so the report is a function of the files it
+    reports on; the README's live run section (:mod:`simtree.serving.live_report`) stays."""
+    out = Path(out)
+    df = pd.read_csv(out / "bench.csv")
+    stacked = pd.read_csv(out / OOS_CSV) if out_of_sample else None
+    oos = {int(s): stacked[stacked.seed == int(s)].reset_index(drop=True) for s in out_of_sample}
     _plot(df, out / "bench.png")
-    live = existing_section(out / "README.md")   # the live run's section (simtree.serving.live_report) stays
-    oos = {s: frames[s] for s in seeds[1:]}
-    write_text_atomic(out / "README.md", _readme(df, command or f"simtree bench-serve --out {out}", num_requests,
-                                                 workload, replicas, oos) + ("\n" + live if live else ""))
-    return df
+    live = existing_section(out / "README.md")
+    write_text_atomic(out / "README.md", _readme(df, command, num_requests, workload, lengths_source, replicas, oos)
+                      + ("\n" + live if live else ""))
+
+
+def paired_p99_diff_band(tpot_ms: np.ndarray, base_ms: np.ndarray, resamples: int = BOOTSTRAP,
+                         seed: int = 0) -> tuple[float, float]:
+    """The 2.5 and 97.5 percentiles of p99(``tpot_ms``) - p99(``base_ms``) over ``resamples`` bootstrap
+    resamples of the requests, the same requests drawn for both: two policies served on the same
+    arrivals and acceptance draws (the same request at each index) compared pairwise, so what the
+    requests drawn move in both cancels and what is left is the policies' own difference."""
+    if tpot_ms.shape != base_ms.shape:
+        raise SimtreeError(f"paired samples differ in size: {tpot_ms.shape} vs {base_ms.shape}")
+    rng = np.random.default_rng(seed)
+    idx = rng.integers(0, tpot_ms.size, (resamples, tpot_ms.size))
+    diff = np.percentile(tpot_ms[idx], 99, axis=1) - np.percentile(base_ms[idx], 99, axis=1)
+    return float(np.percentile(diff, 2.5)), float(np.percentile(diff, 97.5))
 
 
 def read_vllm_tiers(path: str | Path) -> list[tuple[int, int, int]]:
@@ -219,14 +249,16 @@ def _serve_points(models, loads, arrivals, num_requests, workload, seed, replica
                     results[name] = (serve_replicas(trace, drivers[name], w, seeds), "")
                 for name, make in extra.items():
                     results[name] = (serve_replicas(trace, make(m), w, seeds), "")
+                static_ms = results["best_static"][0].tpot_ms
                 for policy in (*policies, *extra):
                     r, detail = results[policy]
+                    diff = paired_p99_diff_band(r.tpot_ms, static_ms)   # the same requests, both policies
                     rows.append({"model": m["model"], "load": f"{load:g}x", "policy": policy, "tok_s": r.tok_s,
                                  "tpot_p50_ms": r.tpot_p50_ms, "tpot_p99_ms": r.tpot_p99_ms,
                                  "switches_per_min": np.nan if policy == "sglang_dspark" else r.switches_per_min,
-                                 "arrivals": kind, "rate_req_s": rate, "detail": detail, "switches": r.switches,
-                                 "steps": r.steps, "mean_batch": r.mean_batch,
+                                 "arrivals": kind, "rate_req_s": rate, "detail": detail, "mean_batch": r.mean_batch,
                                  "tpot_p99_lo_ms": r.tpot_p99_band_ms[0], "tpot_p99_hi_ms": r.tpot_p99_band_ms[1],
+                                 "tpot_p99_diff_lo_ms": diff[0], "tpot_p99_diff_hi_ms": diff[1], "seed": seed,
                                  "replicas": replicas, "tok_s_runs": _runs(r.tok_s_runs),
                                  "catch_ups": r.catch_ups, "catch_up_s": r.catch_up_s,
                                  "switches_runs": _runs(r.switches_runs), "steps_runs": _runs(r.steps_runs)})
@@ -244,8 +276,9 @@ def statics_key(m: dict, statics, trace, seeds) -> str:
     file, every tier's numbers under the acceptance model (its shape, verified nodes and accepted
     drafts' distribution per level, the levels' weights), the trace, the acceptance seeds, the
     batch limit and the simulator's own code (:mod:`simtree.serving.sim`, ``policies``, ``costgrid``,
-    ``traces``, :mod:`simtree.control.catchup`, and the cost forms that turn the bundle into times)."""
-    from simtree.control import catchup, controller
+    ``traces``, :mod:`simtree.control.catchup` and ``tiers``, and the cost forms that turn the bundle
+    into times; not the controller's own code, which no fixed tier runs)."""
+    from simtree.control import catchup, tiers
     from simtree.costs import base_forms, forms, model, moe_forms, surface_fit
     from simtree.serving import costgrid, policies, sim, traces
     h = hashlib.sha256()
@@ -257,7 +290,7 @@ def statics_key(m: dict, statics, trace, seeds) -> str:
     for a in (trace.arrival_s, trace.prompt_len, trace.output_len):
         h.update(np.ascontiguousarray(a).tobytes())
     h.update(repr((list(seeds), MAX_BATCH)).encode())
-    for mod in (sim, policies, costgrid, traces, catchup, controller, base_forms, forms, model, moe_forms, surface_fit):
+    for mod in (sim, policies, costgrid, traces, catchup, tiers, base_forms, forms, model, moe_forms, surface_fit):
         h.update(Path(mod.__file__).read_bytes())
     return h.hexdigest()
 

@@ -10,9 +10,8 @@ import pandas as pd
 from simtree.control.controller import MIN_DWELL_STEPS, SWITCH_BURST
 from simtree.fileio import write_atomic
 from simtree.serving.sim import MAX_BATCH
-from simtree.serving.traces import LENGTHS_SOURCE
 
-__all__ = ["readme", "plot", "target_lines", "summary_lines", "switch_bound_use"]
+__all__ = ["readme", "plot", "target_lines", "summary_lines", "switch_bound_use", "paired_line"]
 
 
 def _run_values(column: pd.Series) -> list[np.ndarray]:
@@ -29,8 +28,10 @@ def switch_bound_use(df: pd.DataFrame) -> tuple[bool, float]:
     return bool(np.all(sw <= bound)), float(np.max(sw / np.maximum(bound, 1))) if sw.size else 0.0
 
 
-def readme(df: pd.DataFrame, command: str, num_requests: int, workload: str, replicas: int = 1, out_of_sample=None) -> str:
-    """The README of ``df`` (bench.csv): the command, the setup, the switch bound checked run by run,
+def readme(df: pd.DataFrame, command: str, num_requests: int, workload: str, lengths_source: str, replicas: int = 1,
+           out_of_sample=None) -> str:
+    """The README of ``df`` (bench.csv): the command, the setup (``lengths_source``: where the traces' lengths
+    came from), the switch bound checked run by run,
     the targets in sample and on each ``out_of_sample`` seed's frame, the controller at each point."""
     ctl = df[df.policy == "controller"]
     within, used = switch_bound_use(df)
@@ -40,8 +41,8 @@ def readme(df: pd.DataFrame, command: str, num_requests: int, workload: str, rep
              "the controller's settings (switch credits, margin, tail ranking) were chosen on these traces and "
              "acceptance seeds (`bench.csv`); `--out-of-sample S,...` serves the same points on other seeds, "
              "where no adopted setting was chosen (the rejected `tail_hold` option was compared on seeds 100 and 200 once: "
-             "they are not untouched; docs/controller.md) (`bench_seed{S}.csv`, their counts below).", "",
-             f"{num_requests} requests per trace, ShareGPT lengths ({LENGTHS_SOURCE['source']}), acceptance: "
+             "they are not untouched; docs/controller.md) (`bench_oos.csv`, column `seed`; their counts below).", "",
+             f"{num_requests} requests per trace, ShareGPT lengths ({lengths_source}), acceptance: "
              f"{workload}; up to {MAX_BATCH} live sequences; loads are multiples of the request rate that "
              "saturates plain decoding at batch 64. `bench.csv` has one row per (model, arrivals, load, policy); "
              "`detail` names the best static tier; `sglang_dspark` sets a verify budget every step by design, "
@@ -52,19 +53,22 @@ def readme(df: pd.DataFrame, command: str, num_requests: int, workload: str, rep
              f"{replicas * num_requests} requests is set by its {max(1, -(-replicas * num_requests // 100))} "
              "slowest. A policy that runs plain and drafted steps (threshold, SGLang's adaptive steps, the "
              "controller) pays the drafter's catch-up in the drafted step after plain ones (`catch_ups`, "
-             "`catch_up_s`; docs/controller.md). `switches_runs` and `steps_runs` give each replica's.", "",
+             "`catch_up_s`; docs/controller.md). `switches_runs` and `steps_runs` give each replica's (their sums are "
+             "the totals). `tpot_p99_diff_lo_ms` and `tpot_p99_diff_hi_ms`: the 95% paired bootstrap band of the "
+             "policy's TPOT p99 minus best_static's (every policy serves the same requests on the same draws: "
+             "the requests are resampled together for both).", "",
              f"Controller switch bound: one switch's credit per {MIN_DWELL_STEPS} steps, at most {SWITCH_BURST} "
              f"held (switches <= steps // {MIN_DWELL_STEPS} after any step; at most {SWITCH_BURST} + W // "
              f"{MIN_DWELL_STEPS} in any W steps), checked in every run (each acceptance seed's); every controller "
              f"run within it: {'yes' if within else 'NO'}; the most of its bound a run used: "
              f"{used:.0%}; {ctl.switches_per_min.max():.1f} switches/min at most.", "",
              "In sample (the seeds the controller's settings were chosen on): " + " ".join(target_lines(df)), "",
-             *[f"Out of sample, arrivals seed {s}, acceptance seeds {s} .. {s + replicas - 1} (`bench_seed{s}.csv`; "
+             *[f"Out of sample, arrivals seed {s}, acceptance seeds {s} .. {s + replicas - 1} (`bench_oos.csv`, seed {s}; "
                f"frozen settings, reported as they came; switch bound held in every run: "
                f"{'yes' if switch_bound_use(o)[0] else 'NO'}): " + " ".join(target_lines(o)) + "\n"
                for s, o in oos.items()],
              "The controller against the best other policy at each point (TPOT p99 of best_static with its 95% "
-             "bootstrap band over requests):", ""]
+             "bootstrap band over requests; the paired band of the difference):", ""]
     lines += [f"- {line}" for line in summary_lines(df)]
     return "\n".join(lines) + "\n"
 
@@ -93,7 +97,17 @@ def target_lines(df: pd.DataFrame) -> list[str]:
              f"{max(c.tpot_p99_ms / b.tpot_p99_ms - 1 for *_, c, b in p99_miss):.1%}; {hair} of them by under 0.1%; "
              f"{inside} inside best_static's own 95% bootstrap band)" if p99_miss else "") + ". Replica by replica (the same "
             f"seeds), the controller's tok/s >= the best other policy's in {sum(w for w, _ in wins)} of "
-            f"{sum(n for _, n in wins)} runs."]
+            f"{sum(n for _, n in wins)} runs. " + paired_line(pts)]
+
+
+def paired_line(pts) -> str:
+    """The controller's TPOT p99 minus best_static's, paired (the same requests resampled for both):
+    at how many points its 95% band lies above 0, contains 0, lies below 0 (beside the strict count)."""
+    lo = np.array([c.tpot_p99_diff_lo_ms for *_, c, _, _ in pts])
+    hi = np.array([c.tpot_p99_diff_hi_ms for *_, c, _, _ in pts])
+    return (f"Paired with best_static (the same requests resampled for both), the 95% band of the controller's "
+            f"TPOT p99 minus best_static's lies above 0 at {int((lo > 0).sum())} points, contains 0 at "
+            f"{int(((lo <= 0) & (hi >= 0)).sum())}, lies below 0 at {int((hi < 0).sum())}.")
 
 
 def _replica_wins(c, o) -> tuple[int, int]:
@@ -107,7 +121,8 @@ def summary_lines(df: pd.DataFrame) -> list[str]:
     return [f"{model} {kind} {load}: controller {c.tok_s:.0f} tok/s vs best other {o.name} {o.tok_s:.0f} "
             f"({c.tok_s / o.tok_s - 1:+.3%}; >= in {'/'.join(map(str, _replica_wins(c, o)))} replicas); "
             f"TPOT p99 {c.tpot_p99_ms:.2f} ms vs best_static {b.tpot_p99_ms:.2f} "
-            f"[{b.tpot_p99_lo_ms:.2f}, {b.tpot_p99_hi_ms:.2f}] ({c.tpot_p99_ms / b.tpot_p99_ms - 1:+.1%}); p50 "
+            f"[{b.tpot_p99_lo_ms:.2f}, {b.tpot_p99_hi_ms:.2f}] ({c.tpot_p99_ms / b.tpot_p99_ms - 1:+.1%}; paired "
+            f"difference [{c.tpot_p99_diff_lo_ms:+.2f}, {c.tpot_p99_diff_hi_ms:+.2f}] ms); p50 "
             f"{c.tpot_p50_ms:.2f} vs {b.tpot_p50_ms:.2f}; {c.switches_per_min:.1f} switches/min"
             for model, kind, load, c, o, b in _points(df)]
 

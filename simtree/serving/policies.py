@@ -23,7 +23,8 @@ from __future__ import annotations
 import numpy as np
 
 from simtree.acceptance.mixture import AcceptanceModel
-from simtree.control.controller import Controller, Tier, tier_shape
+from simtree.control.controller import Controller
+from simtree.control.tiers import Tier, tier_shape
 from simtree.planning.modes import LinearParams, NoneParams
 
 __all__ = ["FixedDriver", "ControllerDriver", "ThresholdDriver", "SGLangAdaptiveDriver", "DSparkDriver",

@@ -22,14 +22,13 @@ import numpy as np
 
 from simtree.errors import SimtreeError
 
-__all__ = ["Trace", "sharegpt_lengths", "make_trace", "ARRIVALS", "CHARS_PER_TOKEN", "LENGTHS_SOURCE"]
+__all__ = ["Trace", "sharegpt_lengths", "make_trace", "ARRIVALS", "CHARS_PER_TOKEN"]
 
 ARRIVALS = ("poisson", "bursty")
 CHARS_PER_TOKEN = 4.0
 MIN_LEN, MAX_PROMPT, MAX_OUTPUT = 4, 4096, 1024
 FALLBACK = (640.0, 384.0, 0.9)   # mean prompt, mean output, sigma (simtree's sharegpt preset lengths)
 BURST_PERIOD_S, BURST_SHARE, BURST_FACTOR = 20.0, 0.25, 6.0
-LENGTHS_SOURCE = {"source": ""}
 
 
 @dataclass(frozen=True)
@@ -90,8 +89,7 @@ def make_trace(kind: str, rate_req_s: float, num_requests: int, seed: int = 0) -
     if not (rate_req_s > 0 and num_requests >= 1):
         raise SimtreeError(f"rate {rate_req_s} must be > 0 requests/s and requests {num_requests} >= 1")
     rng = np.random.default_rng(seed)
-    prompt, out, src = sharegpt_lengths(num_requests, rng)
-    LENGTHS_SOURCE["source"] = src
+    prompt, out, _ = sharegpt_lengths(num_requests, rng)
     if kind == "poisson":
         arrivals = np.cumsum(rng.exponential(1.0 / rate_req_s, num_requests))
     else:   # piecewise-constant rate, the same mean: thinning of a Poisson process at the peak rate
