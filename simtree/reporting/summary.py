@@ -495,7 +495,7 @@ FOLDERS: tuple[Folder, ...] = (
     Folder("reports/bench_serve", "Serving benchmark (simulated, shipped H200 costs)",
            "Poisson and bursty ShareGPT traces through continuous batching: none, best static, vLLM-style "
            "threshold, SGLang's own adaptive and DSpark planners, simtree's controller",
-           "`simtree bench-serve --out reports/bench_serve`", bench_serve_headline),
+           "`simtree bench-serve --out reports/bench_serve --out-of-sample 100,200,300`", bench_serve_headline),
     Folder("reports/cpu_loop", "Closed loop on a 2-core CPU",
            "the same loop on this repository's CPU machine, every run measured twice (repeat.md)",
            "`PHASES=\"measure plan runs report repeat\" bash scripts/loop_cpu.sh reports/cpu_loop` (without a "
