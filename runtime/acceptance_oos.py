@@ -71,8 +71,8 @@ from simtree.errors import SimtreeError
 from simtree.fileio import read_json, write_text_atomic
 
 from .acceptance_oos_prompts import (CODE_START, CODE_WORKLOADS, HUMANEVAL_START, OOS_WORKLOADS, SEEN_CODE,
-                                     SEEN_SHAREGPT, SHAREGPT_START, code_prompts, development_prompts,
-                                     held_out_prompts, prompt_status, training_overlap)
+                                     SEEN_DRAFTER, SEEN_SHAREGPT, SHAREGPT_START, code_prompts, development_prompts,
+                                     drafter_status, held_out_prompts, prompt_status, training_overlap)
 from .acceptance_oos_drafters import decode_drafters, drafter_table, load_drafters
 from .acceptance_oos_report import drafters_line, header, prompts_line
 from .bpe import BpeTokenizer
@@ -107,7 +107,7 @@ FULL = {"prompts": 64, "max_new_tokens": 64, "trees": TREES}     # prompts per h
 QUICK = {"prompts": 3, "max_new_tokens": 16, "trees": [TREES[1], TREES[5], TREES[8]]}
 # the block drafters' rows: prompts per half (calibration from DRAFTER_CALIBRATION_START, test from
 # DRAFTER_START: docs/acceptance.md, section 5), 64 new tokens
-DRAFTER_START, DRAFTER_CALIBRATION_START, DRAFTER_PROMPTS = 1000, 0, 48
+DRAFTER_START, DRAFTER_CALIBRATION_START, DRAFTER_PROMPTS = SEEN_DRAFTER, 0, 48
 
 
 def _half_dir(traces, workload: str, half: str):
@@ -291,6 +291,7 @@ def _drafter_runs(args, drafters, settings) -> dict:
     if args.reuse_traces and (Path(args.reuse_traces) / "drafters" / "drafters.json").is_file():
         return load_drafters(Path(args.reuse_traces) / "drafters", drafters)
     n, tokens = (2, 16) if args.quick else (args.drafter_prompts, settings["max_new_tokens"])
+    drafter_status(args.drafter_start, args.drafter_calibration_start, n)   # overlapping halves: one line
     prompts = {"calibration": drafter_prompts(args.drafter_calibration_start, n),
                "test": drafter_prompts(args.drafter_start, n)}
     where = Path(args.traces) / "drafters" if args.traces else Path(tempfile.mkdtemp(prefix="drafters_"))
@@ -344,7 +345,9 @@ def main(argv=None) -> int:
         line = prompts_line(args, settings["prompts"], status, overlap, ("sharegpt_code", "test") in halves)
         if block_drafters:
             res["drafters"] = _drafter_runs(args, block_drafters, settings)
-            res["table"] = pd.concat([res["table"], drafter_table(res["drafters"])], ignore_index=True)
+            d_status = drafter_status(args.drafter_start, args.drafter_calibration_start,
+                                      int(res["drafters"]["prompts"]["test"]))
+            res["table"] = pd.concat([res["table"], drafter_table(res["drafters"], d_status)], ignore_index=True)
             res["summary"] = oos_summary(res["table"])
             line += " " + drafters_line(args, res["drafters"])
     except SimtreeError as exc:

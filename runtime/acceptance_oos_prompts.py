@@ -24,7 +24,7 @@ from simtree.errors import SimtreeError, check_whole
 from .data import PROMPT_CHARS, humaneval_problems, prompts as load_prompts, sharegpt_records, training_docs
 
 __all__ = ["OOS_WORKLOADS", "CODE_WORKLOADS", "held_out_prompts", "code_prompts", "development_prompts",
-           "prompt_status", "training_overlap", "SEEN_SHAREGPT", "SHAREGPT_START", "CODE_START", "SEEN_CODE",
+           "prompt_status", "drafter_status", "training_overlap", "SEEN_SHAREGPT", "SEEN_DRAFTER", "SHAREGPT_START", "CODE_START", "SEEN_CODE",
            "HUMANEVAL_START", "TRAINING_CONVERSATIONS"]
 
 OOS_WORKLOADS = ("sharegpt", "sharegpt_code", "humaneval")
@@ -42,6 +42,10 @@ SHAREGPT_START = 772
 # table's are 2000..2472
 CODE_START = 2000
 SEEN_CODE = 2000
+# the block drafters' rows (runtime/acceptance_oos_drafters.py): calibration on ShareGPT prompts from 0
+# (development), test prompts from index SEEN_DRAFTER on; their first test read 1000..1047 (seen since),
+# the table's test 1200..1247 (fresh when decoded for it; docs/drafters.md's live table read 900..931)
+SEEN_DRAFTER = 1200
 TRAINING_CONVERSATIONS = 2000     # target_train's default: the first 2 x 2000 ShareGPT records
 HUMANEVAL_START = 0
 _FENCE = re.compile(r"```[^\n`]*\n(.*?)```", re.S)
@@ -114,6 +118,16 @@ def held_out_prompts(workload: str, n: int, start: int) -> tuple[list[str], list
     if len(out) < 2 * n:
         raise SimtreeError(f"only {len(out)} {workload} prompts from index {start} on, {2 * n} asked for")
     return out[:n], out[n:2 * n]
+
+
+def drafter_status(test_start: int, calibration_start: int, prompts: int) -> str:
+    """"fresh" for the block drafters' test prompts from ``SEEN_DRAFTER`` on, else "seen"; test
+    prompts that overlap the calibration prompts stop the table (one line)."""
+    if test_start < calibration_start + prompts and calibration_start < test_start + prompts:
+        raise SimtreeError(f"the block drafters' test prompts {test_start}..{test_start + prompts - 1} overlap their "
+                           f"calibration prompts {calibration_start}..{calibration_start + prompts - 1}: "
+                           f"give --drafter-start past them")
+    return "fresh" if test_start >= SEEN_DRAFTER else "seen"
 
 
 def prompt_status(workload: str, start: int | None) -> str:

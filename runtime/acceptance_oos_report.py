@@ -1,7 +1,7 @@
 """The generated summary's words for :mod:`.acceptance_oos`: which prompts, what each split read."""
 from __future__ import annotations
 
-from .acceptance_oos_prompts import SEEN_SHAREGPT, code_prompts
+from .acceptance_oos_prompts import SEEN_SHAREGPT, code_prompts, drafter_status
 from .data import PROMPT_CHARS
 
 __all__ = ["prompts_line", "header"]
@@ -94,7 +94,8 @@ def drafters_line(args, decoded: dict) -> str:
             f"marginal ranks): calibrated on one run each ("
             + ", ".join(f"{d} {policy_label(*CALIBRATION[d])}" for d in drafters)
             + f") on {n['calibration']} development ShareGPT prompts from index {args.drafter_calibration_start} "
-            f"(seen), its outcomes the only ones read; tested on {n['test']} FRESH prompts from index "
+            f"(seen), its outcomes the only ones read; tested on {n['test']} "
+            f"{drafter_status(args.drafter_start, args.drafter_calibration_start, n['test']).upper()} prompts from index "
             f"{args.drafter_start} (recorded in docs/acceptance.md section 5 before they were decoded): "
             + ", ".join(policy_label(m, p) for d in drafters for m, p in TESTS[d])
             + f", {decoded['max_new_tokens']} new tokens each; each round predicted from its drafted tree and marginals "

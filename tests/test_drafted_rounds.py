@@ -95,3 +95,12 @@ def test_the_depth_shift_makes_the_calibrating_run_gain_what_it_measured():
     assert shift[0] == 0.0 and shift.shape == (2,)      # one entry per drafted depth
     measured = np.mean([r.num_accepted + 1 for r in recs])
     assert drafted_accepted_per_round(cal, recs, shift) == pytest.approx(measured, rel=1e-6)
+
+
+def test_the_block_drafters_test_prompts_are_labelled_by_range_and_never_overlap_calibration():
+    from simtree.errors import SimtreeError
+    from simtree.runtime.acceptance_oos_prompts import SEEN_DRAFTER, drafter_status
+    assert drafter_status(SEEN_DRAFTER, 0, 48) == "fresh"
+    assert drafter_status(1000, 0, 48) == "seen"                 # the first test's range, read since
+    with pytest.raises(SimtreeError, match="overlap their calibration prompts 0..47"):
+        drafter_status(40, 0, 48)

@@ -61,3 +61,11 @@ def test_a_gdn_run_replaces_only_the_gdn_rows_of_an_earlier_table(tmp_path):
         floor_table(gdn, v4, out)
     with pytest.raises(SimtreeError, match="no such table"):
         floor_table(gdn, None, tmp_path / "missing.csv")
+
+
+def test_an_unreadable_earlier_table_is_one_line(tmp_path):
+    gdn, _ = _bench(tmp_path)
+    empty = tmp_path / "empty.csv"
+    empty.write_text("")
+    with pytest.raises(SimtreeError, match="not a readable floor table"):
+        floor_table(gdn, None, empty)

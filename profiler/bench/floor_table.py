@@ -49,7 +49,10 @@ def floor_table(gdn: Path | None, v4: Path | None, v4_from: Path | None = None) 
     if v4_from is not None:
         if not Path(v4_from).is_file():
             raise SimtreeError(f"{v4_from}: no such table (--v4-from)")
-        old = pd.read_csv(v4_from)
+        try:
+            old = pd.read_csv(v4_from)
+        except (pd.errors.EmptyDataError, pd.errors.ParserError, UnicodeDecodeError) as exc:
+            raise SimtreeError(f"{v4_from}: not a readable floor table ({type(exc).__name__})") from None
         if "layer_kind" not in old.columns:
             raise SimtreeError(f"{v4_from}: not a floor table (no layer_kind column)")
         parts.append(old[old["layer_kind"] != "gdn"])

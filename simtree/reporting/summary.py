@@ -337,7 +337,7 @@ def floor_headline(t: pd.DataFrame) -> str:
     variant = t["variant"].fillna("default") if "variant" in t.columns else pd.Series("default", index=t.index)
     gdn = t[t["layer_kind"] == "gdn"].assign(variant=variant)
 
-    def worst(k: pd.DataFrame) -> str:
+    def gdn_worst(k: pd.DataFrame) -> str:
         big = k[(k["batch"] >= 16) & (k["nodes"] <= 128)]["ratio"].max()
         one = k[(k["batch"] == 1) & (k["nodes"] <= 16)]["measured_us"].max()
         return (f"at most {big:.2f}x the two-pass floor at batch >= 16 (target 1.4x), "
@@ -347,11 +347,11 @@ def floor_headline(t: pd.DataFrame) -> str:
                           ("gdn_verify_fold+arm", "one launch a round")):
         k = gdn[(gdn["kernel"] == kernel) & (gdn["variant"].isin(["default", "round"]))]
         if len(k):
-            parts.append(f"{label} {worst(k)}")
+            parts.append(f"{label} {gdn_worst(k)}")
     pairs = gdn[gdn["kernel"].isin(["gdn_verify+commit", "gdn_verify_fold+defer", "gdn_verify_fold+arm"])]
     if pairs["variant"].nunique() > 2:   # launch variants timed: the fastest pair at each shape
         best = pairs.loc[pairs.groupby(["batch", "nodes"])["measured_us"].idxmin()]
-        parts.append(f"the fastest of {pairs['variant'].nunique()} launch variants at each shape {worst(best)}")
+        parts.append(f"the fastest of {pairs['variant'].nunique()} launch variants at each shape {gdn_worst(best)}")
     v4 = t[(t["kernel"] == "block_current") & (t["batch"] <= 16) & (t["nodes"] <= 16)]
     if len(v4):
         worst = v4.groupby("layer_kind")["ratio"].max()
