@@ -1,6 +1,7 @@
 """Padding a verify round to a cheaper measured bucket (simtree.costs.verify_pad): the pad map and
 envelope from a profile table, the fit on the envelope with the map kept in the bundle, and the
 full runtime verifying in the padded bucket, losslessly (float32, the tiny runtime)."""
+import dataclasses
 import json
 from types import SimpleNamespace
 
@@ -57,6 +58,25 @@ def test_the_pad_map_takes_only_clear_savings_at_every_context():
     assert pad_map(_table(), min_saving=0.005)["by_batch"] == {"8": {"10": 12}, "32": {"14": 16}}
     with pytest.raises(SimtreeError):
         pad_map(_table(), min_saving=1.5)
+    with pytest.raises(SimtreeError):      # a zero saving would pad at equal cost
+        pad_map(_table(), min_saving=0)
+
+
+def test_a_target_timed_at_fewer_contexts_pads_nothing_and_the_envelope_keeps_the_rows():
+    """The map takes no context and the runtime pads at any: 32 x 14 pads to 16 only where 16 was
+    timed at every context 14 was (here 16 only at 256), and the envelope then changes no row."""
+    df = _table()
+    df = df[~((df["batch_size"] == 32) & (df["nodes_per_seq"] == 16) & (df["context_len"] == 2048))]
+    rec = pad_map(df)
+    assert rec["by_batch"] == {} and padded_nodes(rec, 14, 32) == 14
+    assert envelope_rows(df, rec)["latency_us_median"].tolist() == df["latency_us_median"].tolist()
+    # n timed at fewer contexts than n' still pads: n' is measured wherever n is
+    less = _table()
+    less = less[~((less["batch_size"] == 32) & (less["nodes_per_seq"] == 14) & (less["context_len"] == 2048))]
+    assert pad_map(less)["by_batch"] == {"32": {"14": 16}}
+    # a record that pads a cell whose target was not timed there is one line, not a silent mix
+    with pytest.raises(SimtreeError, match="not timed"):
+        envelope_rows(df, {"by_batch": {"32": {"14": 16}}})
 
 
 def test_the_envelope_prices_a_padded_row_at_its_target():
@@ -115,7 +135,8 @@ def test_pad_round_pads_the_bucket_and_keeps_the_trees():
     padded = pad_round(adaptive, 8, costs)
     assert (padded.nodes, padded.tree_nodes, padded.spec) == (6, 4, adaptive.spec)   # the rule's cap stays 4
     block = round_shape(PolicySpec.from_dict("block", {"budget": 6, "block_len": 7}))
-    assert pad_round(block, 2, costs) == block
+    padded_block = pad_round(block, 2, costs)      # priced on the envelope, so padded like the rest
+    assert (padded_block.nodes, padded_block.tree_nodes, padded_block.spec) == (9, 6, block.spec)
     # the full runtime's runs take the padded bucket (measure's round shape, no acceptance model)
     from simtree.runtime.full.measure import _Source, _run_shape
     shape = _Source(None, None, "cpu", 0).round_shape(EAGLE, 2, costs, 256.0)
@@ -124,28 +145,28 @@ def test_pad_round_pads_the_bucket_and_keeps_the_trees():
     assert _run_shape(run) == shape
 
 
+def _decode(engine, max_new_tokens: int):
+    """(the outputs of PROMPTS[:2], the run's stats, each round's accepted path lengths)."""
+    accepted = []
+    if not engine.rs.plain:
+        accept = engine.source.accept
+
+        def recording(t, target_next, shape):
+            acc = accept(t, target_next, shape)
+            accepted.append(acc.clone())
+            return acc
+        engine.source.accept = recording
+    engine.prefill(PROMPTS[:2])
+    stats = engine.run(max_new_tokens=max_new_tokens)
+    return [o[:max_new_tokens] for o in engine.outputs()], stats, accepted
+
+
 @pytest.mark.parametrize("spec", [EAGLE, BEST_FIRST], ids=lambda s: s.mode)
 def test_padded_buckets_are_lossless_and_padding_is_never_accepted(spec):
     from simtree.runtime.full.engine import FullEngine
 
     model = tiny_model("tiny-gdn", dtype=torch.float32)
-    prompts = PROMPTS[:2]
-
-    def decode(rs):
-        engine = FullEngine(model, rs, len(prompts), 160)
-        accepted = []
-        if not rs.plain:
-            accept = engine.source.accept
-
-            def recording(t, target_next, shape):
-                acc = accept(t, target_next, shape)
-                accepted.append(acc.clone())
-                return acc
-            engine.source.accept = recording
-        engine.prefill(prompts)
-        stats = engine.run(max_new_tokens=20)
-        return [o[:20] for o in engine.outputs()], stats, accepted
-
+    decode = lambda rs: _decode(FullEngine(model, rs, 2, 160), 20)  # noqa: E731
     plain, _, _ = decode(round_shape(PolicySpec.from_dict("none")))
     rs = round_shape(spec)
     padded = pad_round(rs, 2, _costs({"2": {str(rs.nodes): rs.nodes + 5}}))
@@ -216,3 +237,53 @@ def test_merging_bucket_rows_fills_only_the_cells_a_rank_profile_lacks(tmp_path)
     assert sorted(merged["nodes_per_seq"].unique()) == [1, 2, 4, 8, 10, 12]
     with pytest.raises(SimtreeError, match="lacks"):
         merge_verify_rows(tmp_path / "buckets.csv", dst)
+
+
+BLOCK_SPECS = [PolicySpec.from_dict("block", {"budget": 6, "block_len": 7}),
+               PolicySpec.from_dict("tfm", {"budget": 6, "width": 2, "block_len": 5}),
+               PolicySpec.from_dict("dspark", {"block_len": 5, "threshold": 0.05})]
+
+
+@pytest.mark.parametrize("spec", BLOCK_SPECS, ids=lambda s: s.mode)
+def test_padded_block_drafter_rounds_are_lossless(spec):
+    """The block drafters' rounds in a padded bucket (float32, tiny drafters): plain greedy's
+    tokens, the unpadded round's acceptance, no padding node accepted."""
+    from simtree.runtime.full.block_engine import make_engine
+
+    from full_helpers import drafter_costs
+
+    model = tiny_model("tiny-gdn", dtype=torch.float32)
+    tiny = {"sizes": {"layers": 1, "cand_k": 32, "adapter_dim": 16, "markov_rank": 32}}
+    decode = lambda rs: _decode(make_engine(model, rs, 2, 200, costs=drafter_costs(), **tiny), 16)  # noqa: E731
+    plain, _, _ = decode(round_shape(PolicySpec.from_dict("none")))
+    rs = round_shape(spec)
+    padded = pad_round(rs, 2, _costs({"2": {str(rs.nodes): rs.nodes + 3}}))
+    assert (padded.nodes, padded.padded_from, padded.tree_nodes) == (rs.nodes + 3, rs.nodes, rs.tree_nodes)
+    outs, stats, paths = decode(padded)
+    ref, ref_stats, _ = decode(rs)
+    assert outs == plain == ref
+    assert stats.accepted.tolist() == ref_stats.accepted.tolist() and stats.accepted_tokens_per_round > 1.1
+    assert paths and max(int(a.max()) for a in paths) < rs.nodes
+
+
+def test_an_adaptive_run_in_a_padded_bucket_is_predicted_with_the_unpadded_cap():
+    """cost_aware in a bucket of 4 padded to 6: its trees are the rule's capped at 4 (as the runtime
+    caps them at ``padded_from``), every round priced at C_v of 6 nodes."""
+    from simtree.acceptance.model import Workload, get_workload
+    from simtree.costs.synthetic import synthetic_costs
+    from simtree.planning.simulate import analytic_run
+    from simtree.runtime.full.measure import predict
+
+    costs = synthetic_costs(weights_us=0.0, per_token_us=10.0)
+    spec = PolicySpec.from_dict("cost_aware", {"max_budget": 8, "draft_depth": 4})
+    acc = get_workload("gsm8k").acceptance
+    rs = dataclasses.replace(round_shape(spec, 4), nodes=6, padded_from=4)
+    stats = SimpleNamespace(context_lens=[64.0], tokens=2 * 40, accepted_tokens_per_round=2.0)
+    out = predict(costs, acc, spec, rs, 2, stats, "gsm8k")
+    wl = Workload("gsm8k", acc, np.array([64]), 40, "full runtime")
+    capped, wide = analytic_run(wl, spec, costs, 2, bucket=4), analytic_run(wl, spec, costs, 2, bucket=6)
+    padded = analytic_run(wl, spec, costs, 2, bucket=6, tree_cap=4)
+    assert padded["g"] == capped["g"] != wide["g"] and padded["tree_nodes"] <= 4 + 1e-9
+    assert out["predicted_accepted"] == padded["g"]
+    assert padded["verify_us"] == pytest.approx(wide["verify_us"], rel=0.02)    # C_v of the 6 nodes verified
+    assert padded["verify_us"] > capped["verify_us"]

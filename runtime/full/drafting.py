@@ -183,11 +183,13 @@ def pad_round(rs: RoundShape, batch_size: int, costs) -> RoundShape:
     """``rs`` verified in the cost bundle's cheaper bucket at ``batch_size``: where the bundle's pad
     map (:mod:`simtree.costs.verify_pad`, ``costs.verify.padded_nodes``) sends the round's
     ``nodes`` to n' > nodes, the bucket is n' (``padded_from`` keeps the old one, which still caps
-    the trees: the extra nodes are padding leaves, never accepted).  The MTP layer's rounds only
-    (fixed shapes and the adaptive modes' buckets); plain decoding, the block drafters' rounds and
-    a bundle without a pad map (or no bundle) keep ``rs``."""
+    the trees: the extra nodes are padding leaves, never accepted).  Every drafter's rounds (the
+    MTP layer's fixed shapes and adaptive buckets, the block drafters' trees and chains, whose
+    engine lays its trees in ``tree_nodes`` and pads the rest: C_v is fitted on the padded
+    envelope for all of them); plain decoding and a bundle without a pad map (or no bundle)
+    keep ``rs``."""
     pad = getattr(getattr(costs, "verify", None), "padded_nodes", None)
-    if pad is None or rs.plain or rs.block_drafter or rs.padded_from:
+    if pad is None or rs.plain or rs.padded_from:
         return rs
     nodes = int(pad(rs.nodes, batch_size))
     return rs if nodes <= rs.nodes else dataclasses.replace(rs, nodes=nodes, padded_from=rs.nodes)

@@ -145,7 +145,8 @@ class _Source:
             return pad_round(rs, batch_size, costs)
         if rs.drafter == "dspark":   # the chain cut to the longest prefix the plan's decision verifies
             from simtree.planning.drafter_candidates import score_spec
-            return round_shape(spec, int(score_spec(costs, model, spec, batch_size, context_len)["nodes_per_seq"]))
+            nodes = int(score_spec(costs, model, spec, batch_size, context_len)["nodes_per_seq"])
+            return pad_round(round_shape(spec, nodes), batch_size, costs)
         return pad_round(round_shape(spec, adaptive_bucket(model, rs, batch_size, costs, context_len)), batch_size, costs)
 
     def prediction_model(self):
@@ -203,7 +204,9 @@ def predict(costs, acc_model, spec: PolicySpec, rs: RoundShape, batch_size: int,
     # tokens per round over the mean round, without the end-of-output term of the throughput
     # cost_aware and batch_alloc: the device verifies the run's bucket every round, as the plan prices them
     adaptive = spec.fixed_budget is None
-    a = analytic_run(wl, spec, costs, B, bucket=rs.nodes) if adaptive else analytic_run(wl, spec, costs, B)
+    # (a padded bucket: priced at its nodes, the rule's trees capped at the bucket before padding)
+    a = analytic_run(wl, spec, costs, B, bucket=rs.nodes, tree_cap=rs.padded_from or rs.nodes) if adaptive \
+        else analytic_run(wl, spec, costs, B)
     round_us = a["total_us"] / a["rounds"]
     g, sim_tok_s = float(a["g"]), B * float(a["g"]) / float(round_us) * 1e6
     out = {"predicted_round_ms": round_ms, "predicted_tok_s": sim_tok_s, "predicted_accepted": g}

@@ -157,7 +157,7 @@ def register(app: typer.Typer) -> None:
                                         help="Fit C_v on the lower envelope in n and keep the pad map (a round of n "
                                              "nodes verified at a larger measured n' that is cheaper at its batch; "
                                              "simtree.costs.verify_pad), or fit the rows as measured."),
-        pad_min_saving: float = typer.Option(0.02, help="The least relative saving that pads a round (0 <= s < 1)."),
+        pad_min_saving: float = typer.Option(0.02, help="The least relative saving that pads a round (0 < s < 1)."),
     ) -> None:
         """Fit monotone C_v(n, l, batch) and C_d(s, k, batch) to a profile table: convex in n,
         except an MoE model's expert-saturation forms, which are reported when kept.

@@ -11,8 +11,9 @@ context: the composition (``profiler/compose.py``) holds a piece measured at few
 lengths at its longest one's value (clamped), so they are dropped before the fit, with a note
 (``_drop_context_copies``); the grid forms fill those cells from their neighbours.
 C_v is fitted on the lower envelope in n (:mod:`simtree.costs.verify_pad`): a (b, n) whose
-measured verify is more than ``pad_min_saving`` dearer than a larger measured n' at the same
-batch takes the latency of n', since the runtime pads such a round to n' nodes; the pad map is kept
+measured verify costs at least ``pad_min_saving`` more than a larger n' at every context it was
+timed at (n' timed at each) takes the latency of n', since the runtime pads such a round to n'
+nodes at any context; the pad map is kept
 in the bundle as ``verify.info["verify_pad"]`` (absent where nothing pads; ``verify_pad=False``
 fits the rows as measured).
 
@@ -278,7 +279,7 @@ def fit_profile(profile: str | os.PathLike, *, stage: str | None = None, model: 
     if pad["by_batch"]:
         rows = envelope_rows(rows, pad)
         notes.append(f"{what}: C_v fitted on the lower envelope in n (a round padded to a cheaper measured "
-                     f"bucket, saving > {100 * pad_min_saving:g}%): " + "; ".join(
+                     f"bucket, saving >= {100 * pad_min_saving:g}%): " + "; ".join(
                          f"batch {b}: " + ", ".join(f"{n} -> {m}" for n, m in sorted(ns.items(), key=lambda x: int(x[0])))
                          for b, ns in sorted(pad["by_batch"].items(), key=lambda x: int(x[0]))))
     if rows["tree_shape"].nunique() > 1:

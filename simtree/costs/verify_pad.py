@@ -9,14 +9,19 @@ is the lower envelope min_{n' >= n} C(b, n').
 
 :func:`pad_map` reads a profile table's verify rows (one model, deployment, device: the rows
 ``simtree fit`` picked) and gives, per batch size, the pad map n -> n': n is padded to the
-measured n' > n of least cost where that saves more than ``min_saving`` (default 2%, above the
-profiler's repeat-to-repeat noise) at every context both were measured at; the saving's
-smallest ratio over those contexts decides between candidates (ties: the smaller n').
-Plain decoding (n = 1) is its own step and is never padded, nor padded into.  A batch size is
-padded only at the node counts measured at that batch: the kernel choice depends on M exactly,
-so no map is carried to batch sizes or node counts the table did not time.
+measured n' > n of least cost where that saves at least ``min_saving`` (default 2%, above the
+profiler's repeat-to-repeat noise; it must be > 0, so equal costs never pad) at every context n
+was measured at - n' must have been timed at each of them, since the map takes no context and
+the runtime pads at any; the saving's smallest ratio over those contexts decides between
+candidates (ties: the smaller n').  Plain decoding (n = 1) is its own step and is never
+padded, nor padded into.  A batch size is padded only at the node counts measured at that
+batch: the kernel choice depends on M exactly, so no map is carried to batch sizes or node
+counts the table did not time.  The fitted C_v surface between measured batch sizes (and
+node counts) interpolates envelope rows, so there it is optimistic where the runtime, which
+pads only at the measured (b, n), does not pad.
 
-:func:`envelope_rows` replaces each padded row's latency with its target's at the same context:
+:func:`envelope_rows` replaces the latency of each row the map pads with its target's at the same
+context (no other row changes, so the fit and the runtime pad the same cells):
 the rows ``simtree fit`` fits C_v on, so the planner and simulator price a budget n at what the
 padded runtime pays.  The map is stored in the bundle as ``verify.info["verify_pad"]``
 (:data:`PAD_KEY`): ``{"min_saving": s, "by_batch": {"32": {"14": 16, ...}}, "saving": {...}}``
@@ -47,8 +52,8 @@ def _cells(rows: pd.DataFrame) -> dict:
 
 def pad_map(rows: pd.DataFrame, min_saving: float = PAD_MIN_SAVING) -> dict:
     """The pad record (module doc) of verify ``rows``; ``by_batch`` empty where nothing pays."""
-    if not 0 <= min_saving < 1:
-        raise SimtreeError(f"verify padding: the minimum saving must be in [0, 1), got {min_saving}")
+    if not 0 < min_saving < 1:
+        raise SimtreeError(f"verify padding: the minimum saving must be in (0, 1), got {min_saving}")
     by_batch: dict = {}
     saving: dict = {}
     for b, by_l in sorted(_cells(rows).items()):
@@ -56,8 +61,9 @@ def pad_map(rows: pd.DataFrame, min_saving: float = PAD_MIN_SAVING) -> dict:
         for n in nodes:
             best = None
             for m in (m for m in nodes if m > n):
-                ratios = [cell[m] / cell[n] for cell in by_l.values() if n in cell and m in cell]
-                if not ratios or max(ratios) > 1 - min_saving:
+                # the map is context-free: n' must be timed wherever n is, and save at every one
+                ratios = [cell[m] / cell[n] if m in cell else float("inf") for cell in by_l.values() if n in cell]
+                if max(ratios) > 1 - min_saving:
                     continue
                 if best is None or max(ratios) < best[1]:
                     best = (m, max(ratios))
@@ -68,8 +74,9 @@ def pad_map(rows: pd.DataFrame, min_saving: float = PAD_MIN_SAVING) -> dict:
 
 
 def envelope_rows(rows: pd.DataFrame, record: dict) -> pd.DataFrame:
-    """``rows`` with every padded (b, n, l) row's latency (median, p10, p90) set to its target
-    n' at the same context (rows whose target was not timed at that context stay as measured)."""
+    """``rows`` with every row the pad map pads (its (b, n) in ``by_batch``) priced at its target
+    n' at the same context: latency median, p10, p90 (the map pads n only where n' was timed at
+    every context n was, so every padded row has its target; no other row changes)."""
     by_batch = record.get("by_batch") or {}
     if not by_batch:
         return rows
@@ -78,9 +85,13 @@ def envelope_rows(rows: pd.DataFrame, record: dict) -> pd.DataFrame:
     target = out.groupby(["batch_size", "context_len", "nodes_per_seq"])[cols].median()
     for i, r in out.iterrows():
         m = by_batch.get(str(int(r["batch_size"])), {}).get(str(int(r["nodes_per_seq"])))
+        if m is None:
+            continue
         key = (r["batch_size"], r["context_len"], m)
-        if m is not None and key in target.index:
-            out.loc[i, cols] = target.loc[key].values
+        if key not in target.index:
+            raise SimtreeError(f"verify padding: the pad map sends {int(r['nodes_per_seq'])} nodes to {m} at batch "
+                               f"{int(r['batch_size'])}, which was not timed at context {r['context_len']:g}")
+        out.loc[i, cols] = target.loc[key].values
     return out
 
 

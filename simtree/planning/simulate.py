@@ -220,7 +220,8 @@ CTX_QUANTUM = 32  # tokens; granularity of adaptive budget decisions in the anal
 MAX_DECISIONS = 64  # longer runs (N > 2048) decide per (output_len / 64)-token bucket instead
 
 
-def analytic_run(workload: Workload, spec: PolicySpec, costs: Costs, b: int, *, bucket: int | None = None) -> dict:
+def analytic_run(workload: Workload, spec: PolicySpec, costs: Costs, b: int, *, bucket: int | None = None,
+                 tree_cap: int | None = None) -> dict:
     """Expected-value run: mean tokens per round g (incl. bonus), mean nodes verified per
     sequence n and their spread ``nodes_std`` over the policy's rounds, rounds, total_us, mean
     verify_us and draft_us per round, tok_s (batch throughput counting the N = output_len tokens
@@ -231,7 +232,8 @@ def analytic_run(workload: Workload, spec: PolicySpec, costs: Costs, b: int, *, 
 
     Adaptive modes (module docstring) verify ``bucket`` nodes per sequence every round (default:
     :func:`adaptive_bucket` at the workload's mean prompt length, as the runtime takes it); n is
-    the bucket."""
+    the bucket.  ``tree_cap``: the most nodes the rule's trees may hold (default: the bucket; a
+    runtime that pads the bucket to a cheaper verify keeps the trees capped at the unpadded one)."""
     acc = workload.acceptance
     l0, N = workload.mean_prompt_len, workload.output_len
     if not isinstance(spec, (CostAwareParams, BatchAllocParams)):
@@ -242,7 +244,7 @@ def analytic_run(workload: Workload, spec: PolicySpec, costs: Costs, b: int, *, 
                 "total_us": float(out["total_us"][0]), "verify_us": float(out["verify_us"][0]), "draft_us": draft,
                 "tok_s": float(out["throughput_tok_s"][0]), "level_weights": shape.weights, "decision_ctx": None}
     static = adaptive_bucket(acc, spec, costs, b, l0) if bucket is None else int(bucket)
-    ad = AdaptiveRounds(acc, spec, costs, b, max_nodes=static)
+    ad = AdaptiveRounds(acc, spec, costs, b, max_nodes=static if tree_cap is None else int(tree_cap))
     # The per-round budget decision depends on the context only through C_v, which moves
     # negligibly over a few tokens: decide once per quantum-token bucket of context (the
     # rounds' own costs below still use their exact contexts).
