@@ -39,8 +39,8 @@ from simtree.errors import SimtreeError, check_int
 
 from .data import training_docs
 from .drafter_model import TRAINABLE, BlockDrafterModule, read_drafter, save_drafter, target_features
-from .train_state import (CHECKPOINT_FILE, StopOnSignal, TrainingInterrupted, begin_job, publish_folder, restore,
-                          save_checkpoint)
+from .train_state import (CHECKPOINT_FILE, StopOnSignal, TrainingInterrupted, begin_job, optimizer_step,
+                          publish_folder, restore, save_checkpoint, warmup_cosine_lr)
 
 __all__ = ["DrafterTrainConfig", "train_drafter", "drafter_dir"]
 
@@ -224,16 +224,11 @@ def train_drafter(model_dir, cfg: DrafterTrainConfig | None = None, out=None, ov
                 save()
                 raise TrainingInterrupted(f"interrupted ({stop.requested}): checkpoint saved at step {step}/{cfg.steps} "
                                           f"in {ckpt}; rerun with --resume to continue", step, cfg.steps, ckpt)
-            lr = cfg.lr * min(1.0, (step + 1) / cfg.warmup) * 0.5 * (1 + math.cos(math.pi * step / cfg.steps))
-            for g in opt.param_groups:
-                g["lr"] = lr
+            lr = warmup_cosine_lr(cfg.lr, cfg.warmup, step, cfg.steps)
             loss, stats = _losses(drafter, _Blocks(target, taps, stream, cfg, rng), cfg)
             if not math.isfinite(stats["loss"]):
                 raise SimtreeError(f"drafter training diverged at step {step} (loss {stats['loss']}): lower --lr")
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(drafter.parameters(), 1.0)
-            opt.step()
+            optimizer_step(opt, drafter.parameters(), loss, lr)
             step = state["step"] = step + 1
             state["tail"] = (state["tail"] + [stats])[-20:]
             state["seconds"] = seconds = seconds0 + time.perf_counter() - t0

@@ -48,8 +48,8 @@ from .bpe import BpeTokenizer, train_tokenizer, write_tokenizer
 from .data import training_docs
 from .target_model import PRESETS, TargetWithMTP, hf_config, save_folder
 from .train_memory import check_training_memory
-from .train_state import (CHECKPOINT_FILE, StopOnSignal, TrainingInterrupted, begin_job, publish_folder, restore,
-                          save_checkpoint)
+from .train_state import (CHECKPOINT_FILE, StopOnSignal, TrainingInterrupted, begin_job, optimizer_step,
+                          publish_folder, restore, save_checkpoint, warmup_cosine_lr)
 
 __all__ = ["TargetTrainConfig", "TrainingInterrupted", "train_target", "corpus", "checkpoint_path", "CHECKPOINT_FILE"]
 
@@ -100,10 +100,6 @@ def corpus(tok: BpeTokenizer, docs: list[str]) -> np.ndarray:
         ids.append(tok.bos_id)
         ids.extend(enc.ids)
     return np.asarray(ids, np.int32)
-
-
-def _lr(cfg: TargetTrainConfig, step: int, steps: int) -> float:
-    return cfg.lr * min(1.0, (step + 1) / cfg.warmup) * 0.5 * (1 + math.cos(math.pi * min(step / steps, 1.0)))
 
 
 def _windows(stream: np.ndarray, starts, seq_len: int, device) -> torch.Tensor:
@@ -217,19 +213,14 @@ def train_target(out, cfg: TargetTrainConfig | None = None, overwrite: bool = Fa
                 pace = (time.perf_counter() - t0) / AUTO_PROBE
                 steps = state["steps"] = max(step + 1, int(0.9 * cfg.max_seconds / pace))
                 say(f"{pace * 1e3:.0f} ms per step: {steps} steps fit {cfg.max_seconds:g} s")
-            lr = _lr(cfg, step, steps)
-            for g in opt.param_groups:
-                g["lr"] = lr
+            lr = warmup_cosine_lr(cfg.lr, cfg.warmup, step, steps)
             starts = rng.integers(0, stream.size - cfg.seq_len - 1, cfg.batch_size)
             win = _windows(stream, starts, cfg.seq_len, cfg.device)
             with autocast():
                 loss, parts = model.loss(win)
             if not math.isfinite(parts["lm"]):
                 raise SimtreeError(f"training diverged at step {step} (loss {parts['lm']}): lower --lr")
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            opt.step()
+            optimizer_step(opt, model.parameters(), loss, lr)
             step = state["step"] = step + 1
             state["tail"] = (state["tail"] + [parts])[-20:]
             state["seconds"] = seconds = seconds0 + time.perf_counter() - t0

@@ -13,6 +13,7 @@ one, so a checkpoint on disk is always whole.
 from __future__ import annotations
 
 import json
+import math
 import signal
 import threading
 from pathlib import Path
@@ -24,11 +25,26 @@ from simtree.errors import SimtreeError
 from simtree.fileio import write_atomic
 
 __all__ = ["CHECKPOINT_SCHEMA", "StopOnSignal", "TrainingInterrupted", "save_checkpoint", "read_checkpoint",
-           "restore", "begin_job", "publish_folder", "CHECKPOINT_FILE"]
+           "restore", "begin_job", "publish_folder", "CHECKPOINT_FILE", "warmup_cosine_lr", "optimizer_step"]
 
 CHECKPOINT_FILE = "checkpoint.safetensors"    # inside a job's output folder
 
 CHECKPOINT_SCHEMA = "simtree.train_checkpoint/2"
+
+
+def warmup_cosine_lr(lr: float, warmup: int, step: int, steps: int) -> float:
+    """Linear warm-up over ``warmup`` steps, then cosine decay to 0 at ``steps``."""
+    return lr * min(1.0, (step + 1) / warmup) * 0.5 * (1 + math.cos(math.pi * min(step / steps, 1.0)))
+
+
+def optimizer_step(opt, params, loss: torch.Tensor, lr: float) -> None:
+    """One step of ``opt`` at ``lr`` on ``loss``, gradients clipped to norm 1 over ``params``."""
+    for g in opt.param_groups:
+        g["lr"] = lr
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(params, 1.0)
+    opt.step()
 
 
 class TrainingInterrupted(Exception):
