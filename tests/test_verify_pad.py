@@ -287,3 +287,19 @@ def test_an_adaptive_run_in_a_padded_bucket_is_predicted_with_the_unpadded_cap()
     assert out["predicted_accepted"] == padded["g"]
     assert padded["verify_us"] == pytest.approx(wide["verify_us"], rel=0.02)    # C_v of the 6 nodes verified
     assert padded["verify_us"] > capped["verify_us"]
+
+
+def test_generate_decodes_in_the_padded_bucket_the_plan_priced(monkeypatch):
+    """`simtree run` / the live runtime (generate) pad as the measured runs do: a bundle that pads
+    the policy's bucket at the batch decodes there, and the output stays plain greedy's."""
+    from simtree.runtime.full import generate as gen
+
+    model = tiny_model("tiny-gdn", dtype=torch.float32)
+    built = []
+    real = gen.make_engine
+    monkeypatch.setattr(gen, "make_engine", lambda m, rs, *a, **k: built.append(rs) or real(m, rs, *a, **k))
+    rs = round_shape(EAGLE)
+    padded = gen.generate(model, PROMPTS[:2], 12, EAGLE, costs=_costs({"2": {str(rs.nodes): rs.nodes + 3}}))
+    plain = gen.generate(model, PROMPTS[:2], 12, PolicySpec.from_dict("none"))
+    assert (built[0].nodes, built[0].padded_from) == (rs.nodes + 3, rs.nodes)
+    assert padded.outputs == plain.outputs

@@ -33,7 +33,7 @@ from simtree.errors import SimtreeError, check_int
 from simtree.planning.modes import PolicySpec
 
 from .block_engine import make_engine
-from .drafting import round_shape
+from .drafting import pad_round, round_shape
 from .engine import OUT_CAP
 from .round_trace import round_records
 
@@ -111,9 +111,11 @@ def generate(model, prompts: list[list[int]], max_new_tokens: int, spec: PolicyS
     bad = [t for p in prompts for t in p if not 0 <= int(t) < model.vocab]
     if bad:
         raise SimtreeError(f"token {bad[0]} outside the model's vocabulary [0, {model.vocab})")
-    rs = check_fits(model, spec)
-    tiers = {} if controller is None else {t.name: check_fits(model, t.spec) for t in controller.tiers}
     B = len(prompts)
+    # the bundle's cheaper bucket at this batch where it pads (C_v was fitted on that envelope)
+    rs = pad_round(check_fits(model, spec), B, costs)
+    tiers = {} if controller is None else {t.name: pad_round(check_fits(model, t.spec), B, costs)
+                                           for t in controller.tiers}
     widest = max([rs, *tiers.values()], key=lambda s: s.path_rows)
     topk = min(TRACE_TOPK, model.vocab) if trace is not None else 0
     engine = make_engine(model, rs, B, state_rows(prompts, widest, max_new_tokens), costs=costs,
