@@ -56,9 +56,9 @@ def test_the_pad_map_takes_only_clear_savings_at_every_context():
     assert padded_nodes(rec, 14, 32) == 16 and padded_nodes(rec, 14, 8) == 14 and padded_nodes(rec, 13, 32) == 13
     assert padded_nodes(None, 14, 32) == 14
     assert pad_map(_table(), min_saving=0.005)["by_batch"] == {"8": {"10": 12}, "32": {"14": 16}}
-    with pytest.raises(SimtreeError):
+    with pytest.raises(SimtreeError, match="minimum saving"):
         pad_map(_table(), min_saving=1.5)
-    with pytest.raises(SimtreeError):      # a zero saving would pad at equal cost
+    with pytest.raises(SimtreeError, match="minimum saving"):      # a zero saving would pad at equal cost
         pad_map(_table(), min_saving=0)
 
 

@@ -60,7 +60,7 @@ def readme(table: pd.DataFrame, lossless: pd.DataFrame, runs: list[dict], comman
               "the prediction), so the throughput error is mostly the cost model's; the weights are random (the "
               "targets' and drafters' shapes at full scale): the times are real, the acceptance is not.",
               "- The drafters' C_d are fitted from the drafter sweep named above, an earlier GPU session than these "
-              "runs: out of sample for C_d; the verify and MTP costs come from the frozen bundle named there.",
+              "runs: out of sample for C_d; the verify and MTP costs come from the bundle named there, committed before the run.",
               f"- GPU: {', '.join(gpus)}."
               + ("" if all("H200" in g for g in gpus) else " Issue 42 asks for this measurement on the H200; it has "
                  "not run there."), "",

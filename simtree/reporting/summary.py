@@ -478,7 +478,7 @@ FOLDERS: tuple[Folder, ...] = (
            "the block, TfM and DSpark drafters' rounds profiled under CUDA graphs for both targets, their C_d "
            "fits; FP8 against bf16 expert GEMMs of the V4-Flash ep=8 rank; GDN and V4 verify against their "
            "memory floor (floor.csv: `bash scripts/gdn_floor_gpu.sh`, `bash scripts/v4_floor_gpu.sh`, then "
-           "`python -m simtree.profiler.bench.floor_table --gdn D1 --v4 D2 --out reports/h100/floor.csv`)",
+           "`python -m simtree.profiler.bench.floor_table --gdn D1 --v4 D2 --out reports/h100/floor.csv`; the committed GDN rows: `python -m simtree.profiler.bench.floor_table --gdn D1 --v4-from reports/h100/floor.csv --out reports/h100/floor.csv`)",
            "`bash scripts/drafters_gpu.sh` (both models into one OUT: the sweep appends to its table; here "
            "two H100 calls, one model each) then `python -m simtree.costs.drafter_fit "
            "reports/h100/drafters_profile.csv --out reports/h100/drafters_fit.csv`; `bash scripts/fp8_gpu.sh` "
@@ -489,8 +489,8 @@ FOLDERS: tuple[Folder, ...] = (
            "acceptance beside the plan's choice, and each mode's bf16 greedy output against plain greedy",
            "`python -m simtree.runtime.full.modes_gpu report reports/h100/modes/runs.tgz --gpu \"NVIDIA H100 80GB "
            "HBM3\" --out reports/h100/modes` (the runs in runs.tgz: `python -m simtree.runtime.full.modes_gpu --model M "
-           "--costs reports/validation/frozen_h100_<bundle>.json --batch-sizes 8,32 --out DIR` on the GPU, "
-           "one model a call)",
+           "--costs simtree/data/costs/h100_<bundle>.json --batch-sizes 8,32 --out DIR` on the GPU, "
+           "one model a call); verify_pad.csv: `python scripts/verify_pad_gpu.py --out DIR` on the GPU",
            modes_headline),
     Folder("reports/bench_serve", "Serving benchmark (simulated, shipped H200 costs)",
            "Poisson and bursty ShareGPT traces through continuous batching: none, best static, vLLM-style "
