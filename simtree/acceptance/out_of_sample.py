@@ -201,13 +201,14 @@ def summary_markdown(df: pd.DataFrame, summary: dict, header: list[str]) -> str:
         lines += [f"In sample (the calibrating linear runs, {i['rows']} rows): median |error| "
                   f"{pct(i['median_abs_rel_err'])}, worst {pct(i['max_abs_rel_err'])}."]
     for d, i in (summary.get("in_sample_block_drafters") or {}).items():
-        lines += [f"In sample, {d} (its calibrating run, {i['rows']} row): error {pct(i['median_abs_rel_err'])}."]
+        lines += [f"In sample, {d} (its calibrating run, {i['rows']} row): error {pct(i['median_abs_rel_err'])} "
+                  "(zero by construction: the depth shift is fitted to make this run's prediction its measurement)."]
     lines.append("")
     if summary.get("measured_se_rel"):
         lines += ["Sampling error of the measured means (one standard error, whole sequences resampled), median: "
                   + ", ".join(f"{k} {pct(v)}" for k, v in summary["measured_se_rel"].items()) + "."]
     for w, g in (summary.get("prompt_halves_gap") or {}).items():
-        lines += [f"The same linear policy measured on the two {w} prompt halves differs by a median {pct(g['median'])} "
+        lines += [f"The same calibrating policy measured on the two {w} prompt halves differs by a median {pct(g['median'])} "
                   f"(at most {pct(g['max'])}, {g['policies']} policies): no calibration on one half predicts the other "
                   "closer than the halves agree."]
     lines.append("")
