@@ -82,8 +82,8 @@ def test_the_command_refuses_a_drafter_without_marginal_ranks(capsys):
 
 def test_the_depth_shift_makes_the_calibrating_run_gain_what_it_measured():
     from simtree.acceptance.drafted_rounds import fit_depth_shift
-    # chains of 2: both positions accepted together (depth 2 only when depth 1), at a rate the
-    # per-position calibration under-counts
+    # chains of 2: depth 2 accepted only with depth 1, at a rate the per-position calibration
+    # does not reproduce
     recs = []
     for i in range(200):
         m = (2, 0, 2, 1)[i % 4]
@@ -95,6 +95,10 @@ def test_the_depth_shift_makes_the_calibrating_run_gain_what_it_measured():
     assert shift[0] == 0.0 and shift.shape == (2,)      # one entry per drafted depth
     measured = np.mean([r.num_accepted + 1 for r in recs])
     assert drafted_accepted_per_round(cal, recs, shift) == pytest.approx(measured, rel=1e-6)
+    # without the shift the per-position product misses the run's gain, and the shift moves depth 2
+    # the way that closes the gap
+    unshifted = drafted_accepted_per_round(cal, recs, np.zeros(2))
+    assert abs(unshifted - measured) > 0.005 and np.sign(shift[1]) == np.sign(measured - unshifted)
 
 
 def test_the_block_drafters_test_prompts_are_labelled_by_range_and_never_overlap_calibration():
