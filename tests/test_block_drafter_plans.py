@@ -120,13 +120,16 @@ def test_the_modes_table_ranks_every_mode_beside_the_plans_choice():
     assert len(four) == 2 and four[1]["plan_choice"] and four[1]["plan_over_best"] == 1.0   # a failed run: no row
 
 
-def test_a_deployments_costs_keep_the_ranks_drafters():
+def test_a_deployments_costs_keep_the_ranks_drafters_at_the_ranks_batch():
     """A bundle of one rank of several GPUs is planned composed with its collectives: the block
-    drafters' C_d stay the rank's (a dense drafter on each rank's own batch)."""
+    drafters' C_d are the rank's, asked at the rank's own batch (a dense drafter on each rank's
+    own sequences; tests/test_deploy.py prices a plan's candidate with it)."""
     from simtree.deploy.costs import DeploymentCosts
-    rank = drafter_costs(families=("dspark",))
-    composed = DeploymentCosts(rank, None, None, rank.verify, rank.draft, rank.meta)
-    assert list(composed.drafters) == ["dspark"] and composed.drafter("dspark") is rank.drafters["dspark"]
+    from simtree.parallel import parse_deployment
+    rank, dep = drafter_costs(families=("dspark",)), parse_deployment("ep=8")
+    composed = DeploymentCosts(rank, dep, None, rank.verify, rank.draft, rank.meta)
+    assert list(composed.drafters) == ["dspark"] and composed.drafter("dspark").rank is rank.drafters["dspark"]
+    assert composed.drafter("dspark").predict(1, 7, 64) == rank.drafters["dspark"].predict(1, 7, 8)
     with pytest.raises(SimtreeError, match="no cost for drafter 'block'"):
         composed.drafter("block")
 

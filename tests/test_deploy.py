@@ -273,3 +273,34 @@ def test_the_ep_fit_table_in_the_docs_is_current_and_v4_flash_fits_four_h200s():
     assert largest_batch(bf16, "ep=4", "h200", 4096) == 0 < largest_batch(bf16, "ep=8", "h200", 4096)
     with pytest.raises(SimtreeError, match="mlp.expert_dtype 'fp4'"):
         dataclasses.replace(v4, mlp={**v4.mlp, "expert_dtype": "fp4"}).weight_bytes()
+
+
+@pytest.mark.filterwarnings("ignore::simtree.errors.ExtrapolationWarning")
+def test_a_block_drafters_round_is_priced_at_the_ranks_batch_as_the_verify_is():
+    """Under data-parallel attention each rank drafts for its own ceil(b / dp) sequences: the
+    deployment's C_d of a (dense) block drafter is the rank's at that batch, no collectives, and
+    the planner's candidate carries it (it was asked at the deployment's b: 8x too many at ep=8)."""
+    import dataclasses
+
+    from simtree.acceptance.model import get_workload
+    from simtree.costs.forms import BasisSurface
+    from simtree.costs.model import DrafterCostModel
+    from simtree.deploy.costs import deployment_costs
+    from simtree.planning.drafter_candidates import score_spec
+    from simtree.planning.modes import PolicySpec
+
+    surf = BasisSurface("draft", [64.0], [2000.0, 1.0, 50.0, 30.0, 0.01, 0.5], ("nodes_per_seq", "num_steps", "batch_size"),
+                        {"nodes_per_seq": [4, 32], "num_steps": [4, 10], "batch_size": [1, 64]})
+    rank = dataclasses.replace(_toy_bundle("deepseek-v4-flash", "ep=8"),
+                               drafters={"block": DrafterCostModel(surf, {"block_len": 7}, "block")})
+    costs, d = deployment_costs(rank), parse_deployment("ep=8")
+    for b in (1, 8, 9, 32, 64):
+        want = float(rank.drafters["block"].predict(8, 7, d.rank_batch(b)))
+        assert costs.drafter("block").predict(8, 7, b) == pytest.approx(want, rel=1e-12)
+        assert costs.drafters["block"].predict(8, 7, b) == pytest.approx(want, rel=1e-12)
+    assert costs.drafter("block").predict(8, 7, 64) < rank.drafters["block"].predict(8, 7, 64)
+    assert costs.drafter("block").block_len == 7 and costs.drafters["block"].valid_range["batch_size"] == (1.0, 512.0)
+    spec = PolicySpec.from_dict("block", {"budget": 8, "block_len": 7})
+    row = score_spec(costs, get_workload("gsm8k").acceptance, spec, 64, 512)
+    assert row["draft_us"] == pytest.approx(float(rank.drafters["block"].predict(8, 7, 8)), rel=1e-12)
+    assert row["verify_us"] == pytest.approx(float(costs.verify.predict(8, 512, 64)), rel=1e-12)

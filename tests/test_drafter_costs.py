@@ -58,7 +58,8 @@ def test_fit_carries_every_family_with_small_heldout_error(fitted):
         med = m.info["fit_error"]["heldout"][m.info["form"]]["median"]
         assert med < 0.03, (fam, med)
         assert m.block_len == 7 and m.info["source"]["stage"] == DRAFTER_STAGE[fam]
-    assert b.drafter("block").predict(16, 7, 4) == pytest.approx(_truth("block", 16, 7, 4), rel=0.03)
+    # the block round without the stage's per-node builder steps: the truth's n - 1 = 0 value
+    assert b.drafter("block").predict(16, 7, 4) == pytest.approx(_truth("block", 1, 7, 4), rel=0.03)
     assert b.drafter("tfm").predict(32, 8, 8) > b.drafter("tfm").predict(32, 4, 8)
     assert "drafters" in rep.summary()
 
@@ -124,3 +125,34 @@ def test_a_family_with_too_few_points_is_left_out_with_a_note(tmp_path):
     models, notes = fit_drafters(load_profile(tmp_path / "p.csv"), model="toy", device="cpu", dtype="bf16",
                                  deployment="tp=1", source={})
     assert models == {} and any("dspark drafter not fitted" in n for n in notes)
+
+
+def test_the_block_round_is_priced_without_the_profile_stages_tree_builder_steps(tmp_path):
+    """The draft_block stage builds its tree in n - 1 sequential steps (kernels' tree_from_marginals);
+    the runtime's block round does not run them (a sort-based builder): C_d of the block drafter is
+    the stage's backbone + marginals, the same for every tree size, and the note names the step."""
+    from simtree.costs.drafter_fit import fit_drafters, loop_free_block_rows
+
+    def backbone(L, b):
+        return 2000.0 + 12.0 * L * (1 + 0.05 * b)
+
+    rows = [{**row(DRAFTER_STAGE["block"], n, 1024, b, backbone(L, b) + 43.0 * (n - 1), num_steps=L, topk=8),
+             "variant": "layers", "tree_shape": "any"}
+            for b in (1, 2, 4, 8, 16, 32) for L in (4, 7, 10) for n in (4, 8, 16, 32)]
+    path = tmp_path / "p.csv"
+    append_rows(path, rows)
+    df = load_profile(path)
+    free, note = loop_free_block_rows(df)
+    want = np.array([backbone(L, b) for L, b in zip(free["num_steps"], free["batch_size"])])
+    assert np.allclose(free["latency_us_median"], want, rtol=1e-9) and "43.0 us a node" in note
+    models, notes = fit_drafters(df, model=df["model"].iloc[0], device=df["device"].iloc[0], dtype=df["dtype"].iloc[0],
+                                 deployment=df["deployment"].iloc[0], source={}, folds=4)
+    m = models["block"]
+    for L, b in ((7, 8), (4, 32), (10, 2)):
+        got = [float(m.predict(n, L, b)) for n in (4, 8, 16, 32)]
+        assert got == pytest.approx([backbone(L, b)] * 4, rel=0.01), (L, b, got)
+    assert any("tree-builder steps taken out" in n for n in notes + m.info["notes"])
+    # one tree size only: nothing to split, kept as timed and said so
+    one = df[df["nodes_per_seq"] == 8]
+    kept, note1 = loop_free_block_rows(one)
+    assert np.array_equal(kept["latency_us_median"], one["latency_us_median"]) and "builder steps kept in" in note1

@@ -11,9 +11,18 @@ context lengths are merged by median (the drafter's context adds little and C_d 
 and so are a block drafter's rows at several top-K (the marginals' top-K is one top-k op).
 The drafter's own block length (``drafter_config``) goes into the info: a policy asking for a
 longer block is refused (:meth:`DrafterCostModel.check_block_len`).
+
+The block family's C_d is the stage's round without its tree builder (:func:`loop_free_block_rows`):
+the ``draft_block`` stage builds the tree with ``kernels.layers.drafters.tree_from_marginals``,
+n - 1 sequential steps of identical static-shape work, while the runtime's block round builds it
+sort-based in a few steps whatever n (``runtime/full/best_first.py``, as the MTP layer's
+best-first rounds do: about 20 us over a linear chain's in the H100 modes runs).  Priced with the
+steps, C_d grew about 43 us a node on the H100 at batch 8 that no round runs (block_d8: 0.3 ms,
+block_d16: 0.65 ms of a 2.3 ms round; docs/validation.md).
 """
 from __future__ import annotations
 
+import numpy as np
 import pandas as pd
 
 from simtree.costs.model import DRAFTER_AXES, DRAFTER_COLUMNS, DRAFTER_FAMILIES, DRAFTER_STAGE, DrafterCostModel
@@ -21,7 +30,7 @@ from simtree.costs.surface_fit import fit_surface
 from simtree.drafters import own_block_len
 from simtree.errors import SimtreeError
 
-__all__ = ["fit_drafters", "drafter_rows", "DRAFTER_FORMS"]
+__all__ = ["fit_drafters", "drafter_rows", "loop_free_block_rows", "DRAFTER_FORMS"]
 
 DRAFTER_FORMS = ("basis", "grid", "grid_lin")   # dense: the drafter's layers have no experts here
 
@@ -31,6 +40,36 @@ def drafter_rows(df: pd.DataFrame, family: str, model: str, device: str, dtype: 
     """The table's rows of ``family``'s stage for one (model, device, dtype, deployment)."""
     return df[(df["stage"] == DRAFTER_STAGE[family]) & (df["model"] == model) & (df["device"] == device)
               & (df["dtype"] == dtype) & (df["deployment"] == deployment)]
+
+
+def loop_free_block_rows(rows: pd.DataFrame) -> tuple[pd.DataFrame, str | None]:
+    """(``draft_block`` rows, each latency less the stage's tree-builder steps, a note): the rows
+    of one (block length, batch, top-K, context) lie on a line in n - 1 (the builder's steps,
+    module docstring) whose slope is one step's time; a row less (n - 1) steps keeps its own
+    timing noise, so the fit's held-out error still measures the rows.  What remains is the
+    backbone and the marginals.  A group timed at one n only (n > 1) cannot be split and is kept
+    as timed (the note says how many)."""
+    out = rows.copy()
+    keys = ["num_steps", "batch_size", "topk", "context_len"]
+    steps_us, kept = [], 0
+    for _, g in out.groupby(keys):
+        steps = g["nodes_per_seq"].to_numpy(np.float64) - 1
+        lat = g["latency_us_median"].to_numpy(np.float64)
+        if np.unique(steps).size < 2:     # one n: timed at n = 1 it has no builder steps
+            kept += int((steps > 0).any())
+            continue
+        slope = max(float(np.polyfit(steps, lat, 1)[0]), 0.0)
+        out.loc[g.index, "latency_us_median"] = np.maximum(lat - slope * steps, 1e-3)   # each row its own noise
+        steps_us.append(slope)
+    notes = []
+    if steps_us:
+        notes.append(f"block drafter: the stage's tree-builder steps taken out (the runtime builds its tree "
+                     f"sort-based): {np.median(steps_us):.1f} us a node (median over {len(steps_us)} "
+                     "(block length, batch) lines)")
+    if kept:
+        notes.append(f"block drafter: {kept} (block length, batch) group(s) timed at one n > 1 only, their "
+                     "builder steps kept in")
+    return out, "; ".join(notes) or None
 
 
 def fit_drafters(df: pd.DataFrame, *, model: str, device: str, dtype: str, deployment: str, source: dict,
@@ -50,6 +89,9 @@ def fit_drafters(df: pd.DataFrame, *, model: str, device: str, dtype: str, deplo
         for col in ("context_len", "topk") if fam == "block" else ("context_len",):
             if rows[col].nunique() > 1:
                 fnotes.append(f"{fam} drafter rows at several {col} merged by median")
+        if fam == "block":
+            rows, note = loop_free_block_rows(rows)
+            fnotes += [note] if note else []
         xc, yc, zc = DRAFTER_COLUMNS[fam]
         try:
             res = fit_surface(rows[xc], rows[yc], rows[zc], rows["latency_us_median"], "draft", DRAFTER_AXES[fam],

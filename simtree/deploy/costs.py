@@ -30,7 +30,7 @@ from simtree.machine.machines import machine_for_device
 from simtree.errors import SimtreeError
 from simtree.models import ModelShape, get_model
 
-__all__ = ["DeploymentCosts", "DeploymentVerify", "DeploymentDraft", "deployment_costs", "bundle_deployment",
+__all__ = ["DeploymentCosts", "DeploymentVerify", "DeploymentDraft", "DeploymentDrafter", "deployment_costs", "bundle_deployment",
            "communication_of"]
 
 
@@ -96,6 +96,39 @@ class DeploymentDraft:
 
 
 @dataclass(frozen=True)
+class DeploymentDrafter:
+    """A block drafter's C_d in a deployment: the rank's model (:class:`~simtree.costs.model.DrafterCostModel`)
+    asked at ``rank_batch(b)``, the sequences one rank drafts for (under data-parallel attention
+    ceil(b / dp) of the deployment's b), as C_v and the MTP layer's C_d are; the drafter is dense,
+    so no collectives."""
+
+    rank: Any
+    deployment: Deployment
+
+    def predict(self, x, y, batch_size):
+        return self.rank.predict(x, y, self.deployment.rank_batch(batch_size))
+
+    @property
+    def family(self) -> str:
+        return self.rank.family
+
+    @property
+    def info(self) -> Mapping:
+        return self.rank.info
+
+    @property
+    def block_len(self):
+        return self.rank.block_len
+
+    def check_block_len(self, block_len: int) -> int:
+        return self.rank.check_block_len(block_len)
+
+    @property
+    def valid_range(self) -> Mapping:
+        return _batch_range(self.rank.valid_range, self.deployment)
+
+
+@dataclass(frozen=True)
 class DeploymentCosts:
     """The :class:`~simtree.costs.model.Costs` of a deployment: ``rank`` (the bundle of one
     rank) with its collectives.  ``meta``: the rank's, with "deployment" and "communication"
@@ -110,17 +143,17 @@ class DeploymentCosts:
 
     @property
     def drafters(self) -> dict:
-        """The block drafters' C_d: the rank's (a dense drafter runs on each rank's own batch, no
-        collectives)."""
-        return dict(getattr(self.rank, "drafters", None) or {})
+        """The block drafters' C_d of the deployment: the rank's at the rank's batch (a dense
+        drafter runs on each rank's own sequences, no collectives)."""
+        return {fam: DeploymentDrafter(m, self.deployment) for fam, m in (getattr(self.rank, "drafters", None) or {}).items()}
 
     def drafter(self, family: str):
-        """The rank's C_d of drafter ``family`` (one line where the bundle has none)."""
+        """The deployment's C_d of drafter ``family`` (one line where the bundle has none)."""
         getter = getattr(self.rank, "drafter", None)
         if getter is None:
             raise SimtreeError(f"the cost bundle of {self.meta.get('model', '?')} has no cost for drafter {family!r} "
                                "(drafters with costs: none)")
-        return getter(family)
+        return DeploymentDrafter(getter(family), self.deployment)
 
 
 def communication_of(costs: Costs, comm: CommModel | str | None = None) -> CommModel:
