@@ -304,3 +304,20 @@ def test_a_block_drafters_round_is_priced_at_the_ranks_batch_as_the_verify_is():
     row = score_spec(costs, get_workload("gsm8k").acceptance, spec, 64, 512)
     assert row["draft_us"] == pytest.approx(float(rank.drafters["block"].predict(8, 7, 8)), rel=1e-12)
     assert row["verify_us"] == pytest.approx(float(costs.verify.predict(8, 512, 64)), rel=1e-12)
+
+
+@pytest.mark.filterwarnings("ignore::simtree.errors.ExtrapolationWarning")
+def test_one_rank_plans_the_b_sequences_a_rank_run_measures():
+    """A run of one rank (the full runtime's V4 rank: no all-to-all) measures b sequences on the
+    rank: one_rank prices them so, where deployment_costs prices a deployment batch b as
+    ceil(b / dp) on a rank plus the collectives."""
+    from simtree.deploy.costs import deployment_costs, one_rank
+
+    rank = _toy_bundle("deepseek-v4-flash", "ep=8")
+    alone = one_rank(rank)
+    assert alone.meta["rank_of"] == "ep=8" and deployment_costs(alone) is alone
+    assert alone.verify.predict(8, 512, 8) == rank.verify.predict(8, 512, 8)
+    assert one_rank(deployment_costs(rank)).verify.predict(8, 512, 8) == rank.verify.predict(8, 512, 8)
+    assert deployment_costs(rank).verify.predict(8, 512, 8) != rank.verify.predict(8, 512, 8)
+    single = _toy_bundle(deployment="tp=1")
+    assert one_rank(single) is single

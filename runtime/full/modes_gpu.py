@@ -8,7 +8,10 @@
                 drafter profile (``--drafter-profile``, default the committed H100 sweep
                 reports/h100/drafters_profile.csv: ASSUMPTION where the session's GPU is another,
                 said in every file) -> the plan over the batch sizes (every runnable family,
-                the block drafters included) -> DIR/plan/policy.json, candidates.csv.
+                the block drafters included) of what the runs measure: one rank with b
+                sequences, no collectives (``simtree.deploy.costs.one_rank``; a deployment's
+                plan of batch b would put ceil(b / dp) sequences on a rank and add the
+                all-to-all the rank runs here do not) -> DIR/plan/policy.json, candidates.csv.
 2. ``lossless`` live greedy, 2 prompts at batch 2, every mode's shape in :data:`MODE_SHAPES`
                 against plain decoding (bf16: a difference is a near-tie where the plain top-2
                 gap is within twice the verify-vs-decode deviation there) -> DIR/lossless.csv.
@@ -147,13 +150,14 @@ def main(argv=None) -> int:
     costs, policy, notes = None, None, []
     try:
         from simtree.acceptance.model import get_workload
+        from simtree.deploy.costs import one_rank
         from simtree.planning.planner import plan
         costs, notes = drafter_bundle(args.costs or default_costs(args.model, deployment),
                                       args.drafter_profile, args.model)
         for n in notes:
             s.log(n)
         if "costs" in phases:
-            res = plan(costs, [get_workload(args.acceptance)], sizes)
+            res = plan(one_rank(costs), [get_workload(args.acceptance)], sizes)
             (s.out / "plan").mkdir(parents=True, exist_ok=True)
             policy = res.to_policy().save(s.out / "plan" / "policy.json")
             res.candidates.to_csv(s.out / "plan" / "candidates.csv", index=False)

@@ -18,6 +18,7 @@ as it is: nothing to add.
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any, Mapping
 
@@ -31,7 +32,7 @@ from simtree.errors import SimtreeError
 from simtree.models import ModelShape, get_model
 
 __all__ = ["DeploymentCosts", "DeploymentVerify", "DeploymentDraft", "DeploymentDrafter", "deployment_costs", "bundle_deployment",
-           "communication_of"]
+           "communication_of", "one_rank"]
 
 
 def bundle_deployment(costs: Costs) -> Deployment:
@@ -194,3 +195,15 @@ def deployment_costs(costs: Costs, comm: CommModel | str | None = None) -> Costs
                               "source": model.source, "model": model.to_dict()}}
     return DeploymentCosts(costs, dep, comm_model, DeploymentVerify(costs.verify, dep, shape, model),
                            DeploymentDraft(costs.draft, dep, shape, model), meta)
+
+
+def one_rank(costs: Costs) -> Costs:
+    """A rank's bundle planned as the rank alone: batch b is the b sequences on the rank, no
+    collectives - what a run of one rank measures (the full runtime's V4 rank: the all-to-all is
+    not run), where :func:`deployment_costs` plans the deployment's batch (ceil(b / dp) a rank, plus
+    the communication).  ``meta["rank_of"]`` keeps the deployment; a one-GPU bundle is returned as it is."""
+    rank = costs.rank if isinstance(costs, DeploymentCosts) else costs
+    dep = bundle_deployment(rank)
+    if dep.gpus == 1:
+        return rank
+    return dataclasses.replace(rank, meta={**dict(rank.meta), "deployment": DEFAULT_DEPLOYMENT, "rank_of": dep.name})
