@@ -16,7 +16,7 @@ The block family's C_d is the stage's round without its tree builder (:func:`loo
 the ``draft_block`` stage builds the tree with ``kernels.layers.drafters.tree_from_marginals``,
 n - 1 sequential steps of identical static-shape work, while the runtime's block round builds it
 sort-based in a few steps whatever n (``runtime/full/best_first.py``, as the MTP layer's
-best-first rounds do: about 20 us over a linear chain's in the H100 modes runs).  Priced with the
+best-first rounds do: 10-25 us over a linear chain's in the H100 modes runs).  Priced with the
 steps, C_d grew about 43 us a node on the H100 at batch 8 that no round runs (block_d8: 0.3 ms,
 block_d16: 0.65 ms of a 2.3 ms round; docs/validation.md).
 """
