@@ -92,8 +92,7 @@ def run_table(folder: Path, profile: str):
                     "pred_after_ms": float(after["predicted_round_ms"]),
                     "cost_err_before": float(before["predicted_round_ms"]) / meas - 1,
                     "cost_err_after": float(after["predicted_round_ms"]) / meas - 1,
-                    "tok_s_measured": float(before["measured_tok_s"]), "tok_s_pred_before": float(before["predicted_tok_s"]),
-                    "tok_s_pred_after": float(after["predicted_tok_s"]), "block_drafter": rs.block_drafter})
+                    "tok_s_measured": float(before["measured_tok_s"]), "block_drafter": rs.block_drafter})
     df = pd.DataFrame(out)
     df["mtp_verify_same_nodes_ms"] = [verify_of.get((SAME_NODES.get(n), b), np.nan) if blk else np.nan
                                       for n, b, blk in zip(df["nodes"], df["batch"], df["block_drafter"])]
@@ -121,8 +120,8 @@ def plan_table(folder: Path, costs, old_costs, sizes: list[int], runs: pd.DataFr
         mtp = r[~r["mode"].isin(BLOCK_DRAFTER_MODES)].sort_values("tok_s", ascending=False).iloc[0]
         out.append({"model": runs["model"].iloc[0], "batch": B, "plan_before": pick(was)["policy"],
                     "plan_after": pick(now)["policy"], "rank_plan_before": pick(rank_was)["policy"],
-                    "rank_plan_after": pick(rank)["policy"],
-                    "rank_tok_s": float(pick(rank)["tok_s"]), "rank_mtp": mtp["policy"], "rank_mtp_tok_s": float(mtp["tok_s"]),
+                    "rank_plan_after": pick(rank)["policy"], "rank_tok_s": float(pick(rank)["tok_s"]),
+                    "rank_mtp": mtp["policy"], "rank_mtp_tok_s": float(mtp["tok_s"]),
                     "best_measured": meas["run"], "best_measured_tok_s": float(meas["tok_s_measured"])})
     return out
 
@@ -133,7 +132,8 @@ def render(tables: list[pd.DataFrame], plans: list[dict]) -> str:
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for df in tables:
         for r in df.itertuples():
-            same = "-" if r.mtp_verify_same_nodes_ms != r.mtp_verify_same_nodes_ms else f"{r.mtp_verify_same_nodes_ms:.2f}"
+            same = r.mtp_verify_same_nodes_ms
+            same = "-" if same != same else f"{same:.2f}"
             lines.append(f"| {r.model} | {r.batch} | {r.run} | {r.nodes} | {r.draft_ms:.2f} | {r.verify_ms:.2f} "
                          f"({r.verify_sd_ms:.2f}) | {same} | {r.commit_ms:.2f} | {r.round_ms:.2f} | "
                          f"{r.C_d_before_ms:.2f} -> {r.C_d_after_ms:.2f} | {r.C_v_ms:.2f} | {r.pred_before_ms:.2f} -> "

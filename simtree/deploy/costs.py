@@ -31,8 +31,8 @@ from simtree.machine.machines import machine_for_device
 from simtree.errors import SimtreeError
 from simtree.models import ModelShape, get_model
 
-__all__ = ["DeploymentCosts", "DeploymentVerify", "DeploymentDraft", "DeploymentDrafter", "deployment_costs", "bundle_deployment",
-           "communication_of", "one_rank"]
+__all__ = ["DeploymentCosts", "DeploymentVerify", "DeploymentDraft", "DeploymentDrafter", "deployment_costs",
+           "bundle_deployment", "communication_of", "one_rank"]
 
 
 def bundle_deployment(costs: Costs) -> Deployment:
@@ -146,7 +146,8 @@ class DeploymentCosts:
     def drafters(self) -> dict:
         """The block drafters' C_d of the deployment: the rank's at the rank's batch (a dense
         drafter runs on each rank's own sequences, no collectives)."""
-        return {fam: DeploymentDrafter(m, self.deployment) for fam, m in (getattr(self.rank, "drafters", None) or {}).items()}
+        rank = getattr(self.rank, "drafters", None) or {}
+        return {fam: DeploymentDrafter(m, self.deployment) for fam, m in rank.items()}
 
     def drafter(self, family: str):
         """The deployment's C_d of drafter ``family`` (one line where the bundle has none)."""
