@@ -149,3 +149,21 @@ def test_the_deferred_commit_takes_no_state_piece():
                                        t["r1"]["k"], cache, t["r1"]["parents"],
                                        t["r1"]["cu_nodes"], deepest(t["trees"]),
                                        launch=FoldLaunch("triton", block_k=32))
+
+
+def test_arming_some_sequences_needs_the_others_folded():
+    """``arm(sequences=...)`` replaces the whole batch's references: where another sequence
+    still waits on the round before it is refused in one line naming it, nothing changed;
+    once all are folded, only the chosen sequences wait."""
+    t = armed_round("torch", seed=5)
+    pend, r1 = t["pend"], t["r1"]
+    before = (pend.k, pend.cache, pend.on.clone())
+    first = torch.tensor([True, False, False])
+    with pytest.raises(SimtreeError, match=r"sequences \[1, 2\] still wait") as err:
+        pend.arm(r1["k"].clone(), pend.cache, r1["cu_nodes"], deepest(t["trees"]), first)
+    assert "\n" not in str(err.value)
+    assert pend.k is before[0] and pend.cache is before[1] and torch.equal(pend.on, before[2])
+    gdn_fold_round(t["state"], pend)          # as the next verify of the batch folds them
+    assert not pend.on.any()
+    pend.arm(r1["k"], pend.cache, r1["cu_nodes"], deepest(t["trees"]), first)
+    assert pend.on.bool().any(dim=(1, 2)).tolist() == [True, False, False]
