@@ -192,9 +192,10 @@ def save_drafter(folder, module: BlockDrafterModule, taps, extra_files: dict | N
     return folder
 
 
-def read_drafter(folder, family: str | None = None) -> tuple[dict, dict[str, torch.Tensor]]:
+def read_drafter(folder, family: str | None = None, taps=None) -> tuple[dict, dict[str, torch.Tensor]]:
     """(sizes {field: int} for ``drafter_config``, {runtime name: tensor}) of a drafter folder;
-    one line for a missing or unreadable one, or one of another family."""
+    one line for a missing or unreadable one, one of another family, or (``taps``: the target
+    layers this target feeds it, ``block_engine.feature_layers``) one trained on other layers."""
     from safetensors import SafetensorError
     from safetensors.torch import load_file
 
@@ -208,4 +209,7 @@ def read_drafter(folder, family: str | None = None) -> tuple[dict, dict[str, tor
         raise SimtreeError(f"drafter folder {folder}: config.json is not a {DRAFTER_SCHEMA} config")
     if family is not None and config.get("family") != family:
         raise SimtreeError(f"drafter folder {folder} holds a {config.get('family')!r} drafter, not {family!r}")
+    if taps is not None and config.get("taps") != list(taps):
+        raise SimtreeError(f"drafter folder {folder} was trained on target layers {config.get('taps')} (config.json "
+                           f"'taps'), but this target feeds layers {list(taps)}: retrain it (simtree train-drafter)")
     return {k: int(config[k]) for k in SIZE_FIELDS if k in config}, tensors

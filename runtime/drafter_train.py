@@ -198,7 +198,7 @@ def train_drafter(model_dir, cfg: DrafterTrainConfig | None = None, out=None, ov
         if not (base / "config.json").is_file():
             raise SimtreeError(f"--drafter tfm adapts a trained block drafter: {base} holds none (train "
                                "--drafter block first, or pass --init-from)")
-        drafter.load_backbone(read_drafter(base, "block")[1], base)
+        drafter.load_backbone(read_drafter(base, "block", taps=taps)[1], base)
     opt = torch.optim.AdamW([p for p in drafter.parameters() if p.requires_grad], lr=cfg.lr, betas=(0.9, 0.95),
                             weight_decay=0.01)
     ckpt = out / CHECKPOINT_FILE

@@ -13,8 +13,8 @@ import pytest
 import simtree.kernels.gdn as kg
 from simtree.errors import SimtreeError
 from simtree.kernels.gdn import gdn_tree_commit, gdn_tree_verify, gdn_tree_verify_recurrent
-from simtree.kernels.gdn._launch import (CommitLaunch, VerifyLaunch, commit_launch_config,
-                                         verify_launch_config)
+from simtree.kernels.gdn._launch import (CommitLaunch, FoldLaunch, VerifyLaunch,
+                                         commit_launch_config, verify_launch_config)
 
 ROOT = Path(__file__).resolve().parents[1]
 MATH = ("q", "k", "v", "g", "beta", "state", "parents", "cu_nodes")
@@ -32,6 +32,7 @@ def test_entry_points_take_the_math_only():
     folding = [(x, False) for x in MATH]
     folding.insert(6, ("pending", False))
     assert _params(kg.gdn_tree_verify_folding) == folding + [("meta", True)]
+    assert _params(kg.gdn_tree_verify_folding_round) == folding + [("meta", True)]
     assert _params(gdn_tree_commit) == [(x, False) for x in ("state", "k", "cache", "parents",
                                                             "cu_nodes", "accepted")] + \
         [("check", True)]
@@ -39,12 +40,14 @@ def test_entry_points_take_the_math_only():
         "scale", "node_states")]
     assert _params(kg.gdn_defer_commit) == [(x, False) for x in (
         "state", "pending", "k", "cache", "parents", "cu_nodes", "accepted")] + [("check", True)]
-    assert _params(kg.gdn_fold_pending) == [(x, False) for x in ("state", "pending", "sequences")]
-    assert not {"VerifyLaunch", "CommitLaunch", "verify_launch_config"} & set(kg.__all__)
+    for fold in (kg.gdn_fold_pending, kg.gdn_fold_round):
+        assert _params(fold) == [(x, False) for x in ("state", "pending", "sequences")]
+    assert not {"VerifyLaunch", "CommitLaunch", "FoldLaunch", "verify_launch_config"} & set(kg.__all__)
 
 
 def test_the_rule_sets_every_switch_a_config_leaves_open():
     assert VerifyLaunch().switches() == {} and CommitLaunch().switches() == {}
+    assert FoldLaunch().switches() == {} and FoldLaunch(block_k=32).switches() == {"block_k": 32}
     for B, n, depth_first in ((1, 8, False), (4, 100, False), (16, 128, True), (64, 72, False)):
         rule = verify_launch_config(B, 48, 128, "cuda", n, depth_first, 16)
         assert rule.backend == "triton"
@@ -60,7 +63,10 @@ def test_the_rule_sets_every_switch_a_config_leaves_open():
     (lambda: VerifyLaunch(kside_cuda=3), "kside_cuda is 0"),
     (lambda: VerifyLaunch(l2_prefetch=32), "l2_prefetch is a sum of the bits"),
     (lambda: CommitLaunch(block_t=48), "commit block_t must be 16, 32 or 64"),
-    (lambda: CommitLaunch(backend="gpu"), "unknown backend")])
+    (lambda: CommitLaunch(backend="gpu"), "unknown backend"),
+    (lambda: FoldLaunch(block_v=48), "fold block_v must be a power of two"),
+    (lambda: FoldLaunch(num_warps=0), "fold num_warps must be a power of two"),
+    (lambda: FoldLaunch(backend="cuda"), "unknown backend")])
 def test_a_config_refuses_values_no_launch_takes(make, text):
     with pytest.raises(SimtreeError, match=text) as err:
         make()

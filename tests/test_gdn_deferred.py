@@ -11,7 +11,7 @@ from simtree.kernels.gdn import (gdn_accepted_paths_ref, gdn_fold_pending, gdn_f
                                  gdn_tree_verify_ref, new_pending)
 from simtree.kernels.gdn import _launched_deferred as deferred
 from simtree.kernels.gdn._launched_deferred import launched_defer_commit, launched_fold_pending
-from simtree.kernels.gdn._launch import VerifyLaunch
+from simtree.kernels.gdn._launch import FoldLaunch, VerifyLaunch
 from simtree.kernels.gdn._launched import launched_verify
 from simtree.trees.tree import DraftTree, TreeBatch
 
@@ -43,10 +43,11 @@ def deepest(trees):
 TRANSPOSED = dict(kside=1, prenorm=1, g_prologue=1, transposed=1)
 
 
-def verify(r, state, backend, pending, **switches):
+def verify(r, state, backend, pending, fold="pending", **switches):
+    """The verify folding ``pending`` (``fold``: "pending" a path, "pending_round" a round)."""
     return launched_verify(r["q"], r["k"], r["v"], r["g"], r["beta"], state, r["parents"],
                            r["cu_nodes"], launch=VerifyLaunch(backend=backend, **switches),
-                           pending=pending)
+                           **{fold: pending})
 
 
 def ref_out(r, state):
@@ -74,7 +75,7 @@ def two_rounds(backend, seed=0):
     out1, cache = verify(r1, state, backend, pend)
     acc = deepest(trees)
     launched_defer_commit(state, pend, r1["k"], cache, r1["parents"], r1["cu_nodes"], acc,
-                     backend=backend)
+                          launch=FoldLaunch(backend))
     S1 = ref_commit(r1, trees, S0, acc)
     return dict(r1=r1, out1=out1, S0=S0, S1=S1, state=state, pend=pend, gen=gen, rng=rng,
                 trees=trees, acc=acc)
@@ -103,8 +104,8 @@ def test_deferred_rounds_equal_the_sequential_reference(backend, switches, regis
     assert rel_err(t["state"], t["S1"]) < 1e-5 and not t["pend"].on.any()
     acc2 = torch.tensor([3, 0, 16])
     launched_defer_commit(t["state"], t["pend"], r2["k"], cache2, r2["parents"], r2["cu_nodes"], acc2,
-                     backend=backend)
-    launched_fold_pending(t["state"], t["pend"], backend=backend)          # the last round
+                          launch=FoldLaunch(backend))
+    launched_fold_pending(t["state"], t["pend"], launch=FoldLaunch(backend))          # the last round
     assert rel_err(t["state"], ref_commit(r2, trees2, t["S1"], acc2)) < 1e-5
 
 
@@ -117,7 +118,7 @@ def test_an_aborted_round_leaves_the_committed_state(backend):
     r2 = round_inputs(trees2, t["gen"])
     first, _ = verify(r2, t["state"], backend, t["pend"])     # aborted: no commit follows
     again, _ = verify(r2, t["state"], backend, t["pend"])
-    launched_fold_pending(t["state"], t["pend"], backend=backend)
+    launched_fold_pending(t["state"], t["pend"], launch=FoldLaunch(backend))
     assert rel_err(first, ref_out(r2, t["S1"])) < 1e-4
     assert rel_err(again, first) < 1e-6
     assert rel_err(t["state"], t["S1"]) < 1e-5
@@ -130,12 +131,12 @@ def test_standalone_fold_of_chosen_sequences(backend):
     t = two_rounds(backend, seed=2)
     waiting = t["pend"].on.bool().any(dim=(1, 2))
     leaving = torch.tensor([True, False, False])
-    launched_fold_pending(t["state"], t["pend"], leaving, backend=backend)
+    launched_fold_pending(t["state"], t["pend"], leaving, launch=FoldLaunch(backend))
     folded = leaving | ~waiting
     want = torch.where(folded[:, None, None, None], t["S1"], t["S0"].double())
     assert rel_err(t["state"], want) < 1e-5
     assert t["pend"].on.bool().any(dim=(1, 2)).tolist() == (waiting & ~leaving).tolist()
-    launched_fold_pending(t["state"], t["pend"], backend=backend)
+    launched_fold_pending(t["state"], t["pend"], launch=FoldLaunch(backend))
     assert rel_err(t["state"], t["S1"]) < 1e-5
 
 
@@ -151,7 +152,7 @@ def test_fold_kernel_matches_its_reference():
     pend.on.fill_(1)
     state = torch.randn(B, HV, K, V, generator=gen)
     want = gdn_fold_pending_ref(state, pend)
-    launched_fold_pending(state, pend, backend="triton")
+    launched_fold_pending(state, pend, launch=FoldLaunch("triton"))
     assert rel_err(state, want) < 1e-5 and not pend.on.any()
 
 

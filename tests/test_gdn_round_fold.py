@@ -8,10 +8,18 @@ import dataclasses
 import pytest
 import torch
 
-from simtree.kernels.gdn import gdn_fold_pending, new_pending_round
+from simtree.errors import SimtreeError
+from simtree.kernels.gdn import (gdn_fold_pending, gdn_fold_round, gdn_tree_verify_folding,
+                                 gdn_tree_verify_folding_round, new_pending, new_pending_round)
 from simtree.kernels.gdn import _launched_deferred as deferred
+from simtree.kernels.gdn._launch import FoldLaunch, LaunchNotApplicable
 from test_gdn_deferred import (H, HV, K, TRANSPOSED, V, deepest, random_trees, ref_commit,
-                               ref_out, rel_err, round_inputs, verify)
+                               ref_out, rel_err, round_inputs)
+from test_gdn_deferred import verify as verify_folding
+
+
+def verify(r, state, backend, pend, **switches):
+    return verify_folding(r, state, backend, pend, fold="pending_round", **switches)
 
 
 def armed_round(backend, seed=0):
@@ -54,8 +62,8 @@ def test_round_fold_equals_the_sequential_reference(backend, switches, registers
     assert rel_err(t["state"], t["S1"]) < 1e-5 and not t["pend"].on.any()
     acc2 = torch.tensor([3, 0, 16])
     t["pend"].arm(r2["k"], cache2, r2["cu_nodes"], acc2)
-    gdn_fold_pending(t["state"], t["pend"]) if backend == "torch" else \
-        deferred.launched_fold_round(t["state"], t["pend"], backend=backend, block_k=8)
+    gdn_fold_round(t["state"], t["pend"]) if backend == "torch" else \
+        deferred.launched_fold_round(t["state"], t["pend"], launch=FoldLaunch(backend, block_k=8))
     assert rel_err(t["state"], ref_commit(r2, trees2, t["S1"], acc2)) < 1e-5
     assert not t["pend"].on.any()
 
@@ -66,14 +74,14 @@ def test_an_aborted_round_and_a_leaving_sequence(backend):
     the same state); a standalone fold of one leaving sequence folds only that one."""
     t = armed_round(backend, seed=1)
     leaving = torch.tensor([False, True, False])
-    deferred.launched_fold_round(t["state"], t["pend"], leaving, backend=backend)
+    deferred.launched_fold_round(t["state"], t["pend"], leaving, launch=FoldLaunch(backend))
     want = torch.where(leaving[:, None, None, None], t["S1"], t["S0"].double())
     assert rel_err(t["state"], want) < 1e-5
     assert t["pend"].on.bool().any(dim=(1, 2)).tolist() == [True, False, True]
     r2 = round_inputs(random_trees(t["rng"], [6, 6, 6]), t["gen"])
     first, _ = verify(r2, t["state"], backend, t["pend"])      # aborted: never armed
     again, _ = verify(r2, t["state"], backend, t["pend"])
-    deferred.launched_fold_round(t["state"], t["pend"], backend=backend)
+    deferred.launched_fold_round(t["state"], t["pend"], launch=FoldLaunch(backend))
     assert rel_err(first, ref_out(r2, t["S1"])) < 1e-4 and rel_err(again, first) < 1e-6
     assert rel_err(t["state"], t["S1"]) < 1e-5
 
@@ -93,12 +101,12 @@ def test_the_standalone_folds_and_the_deferred_commit_at_other_launches():
     pend.on.fill_(1)
     state = torch.randn(2, HV, K, V, generator=gen)
     want = gdn_fold_pending_ref(state, pend)
-    deferred.launched_fold_pending(state, pend, backend="triton", block_v=16, block_k=8,
-                                   num_warps=2)
+    deferred.launched_fold_pending(state, pend, launch=FoldLaunch("triton", block_v=16, block_k=8,
+                                                                  num_warps=2))
     assert rel_err(state, want) < 1e-5 and not pend.on.any()
     t = armed_round("triton", seed=2)
-    deferred.launched_fold_round(t["state"], t["pend"], backend="triton", block_v=16,
-                                 block_k=K, num_warps=2)
+    deferred.launched_fold_round(t["state"], t["pend"],
+                                 launch=FoldLaunch("triton", block_v=16, block_k=K, num_warps=2))
     assert rel_err(t["state"], t["S1"]) < 1e-5
     r1 = t["r1"]
     _, cache = verify(r1, t["S0"].clone(), "triton", None)
@@ -106,8 +114,56 @@ def test_the_standalone_folds_and_the_deferred_commit_at_other_launches():
     for bv in (None, V):
         p = new_pending(3, H, HV, K, V, 32, "cpu")
         deferred.launched_defer_commit(t["S0"].clone(), p, r1["k"], cache, r1["parents"],
-                                       r1["cu_nodes"], deepest(t["trees"]), backend="triton",
-                                       block_v=bv)
+                                       r1["cu_nodes"], deepest(t["trees"]),
+                                       launch=FoldLaunch("triton", block_v=bv))
         kept.append(p)
     assert all(torch.equal(getattr(kept[0], f), getattr(kept[1], f))
                for f in ("k", "w", "u", "decay", "length", "on"))
+
+
+def test_each_form_goes_through_its_own_entries():
+    """The default entries take a pending path only, the round form's a pending round only:
+    the other form is refused in one line naming the right entries, before anything runs."""
+    t = armed_round("torch", seed=3)
+    path = new_pending(3, H, HV, K, V, 4, "cpu")
+    r = t["r1"]
+    math = [r[x] for x in ("q", "k", "v", "g", "beta")]
+    calls = [(lambda: gdn_fold_pending(t["state"], t["pend"]), "gdn_fold_round"),
+             (lambda: gdn_tree_verify_folding(*math, t["state"], t["pend"], r["parents"],
+                                              r["cu_nodes"]), "gdn_tree_verify_folding_round"),
+             (lambda: gdn_fold_round(t["state"], path), "gdn_fold_pending"),
+             (lambda: gdn_tree_verify_folding_round(*math, t["state"], path, r["parents"],
+                                                    r["cu_nodes"]), "gdn_tree_verify_folding,")]
+    for call, entries in calls:
+        with pytest.raises(SimtreeError, match=entries) as err:
+            call()
+        assert "\n" not in str(err.value)
+    assert torch.equal(t["state"], t["S0"]) and t["pend"].on.all() and not path.on.any()
+
+
+def test_the_deferred_commit_takes_no_state_piece():
+    t = armed_round("torch", seed=4)
+    _, cache = verify(t["r1"], t["S0"].clone(), "torch", None)
+    with pytest.raises(LaunchNotApplicable, match="block_k is the standalone folds'"):
+        deferred.launched_defer_commit(t["S0"].clone(), new_pending(3, H, HV, K, V, 4, "cpu"),
+                                       t["r1"]["k"], cache, t["r1"]["parents"],
+                                       t["r1"]["cu_nodes"], deepest(t["trees"]),
+                                       launch=FoldLaunch("triton", block_k=32))
+
+
+def test_arming_some_sequences_needs_the_others_folded():
+    """``arm(sequences=...)`` replaces the whole batch's references: where another sequence
+    still waits on the round before it is refused in one line naming it, nothing changed;
+    once all are folded, only the chosen sequences wait."""
+    t = armed_round("torch", seed=5)
+    pend, r1 = t["pend"], t["r1"]
+    before = (pend.k, pend.cache, pend.on.clone())
+    first = torch.tensor([True, False, False])
+    with pytest.raises(SimtreeError, match=r"sequences \[1, 2\] still wait") as err:
+        pend.arm(r1["k"].clone(), pend.cache, r1["cu_nodes"], deepest(t["trees"]), first)
+    assert "\n" not in str(err.value)
+    assert pend.k is before[0] and pend.cache is before[1] and torch.equal(pend.on, before[2])
+    gdn_fold_round(t["state"], pend)          # as the next verify of the batch folds them
+    assert not pend.on.any()
+    pend.arm(r1["k"], pend.cache, r1["cu_nodes"], deepest(t["trees"]), first)
+    assert pend.on.bool().any(dim=(1, 2)).tolist() == [True, False, False]

@@ -17,7 +17,7 @@ from simtree.kernels.gdn._launch import (CommitLaunch, LaunchNotApplicable, Veri
                                          verify_launch_config)
 from simtree.kernels.gdn._launched import launched_commit, launched_verify
 from simtree.kernels.gdn import _launch as gdn_launch
-from simtree.kernels.gdn._tree_kernels import _popcount64, _select_bit64
+from simtree.kernels.gdn._bits import _popcount64, _select_bit64
 from simtree.trees.tree import DraftTree, TreeBatch
 
 H, HV, K, V = 2, 4, 16, 32

@@ -170,6 +170,26 @@ def test_shipped_drafters_accept_and_stay_lossless(mode, params):
     assert run["accepted_tokens_per_round"] > 1.5      # random weights accept ~1.0
 
 
+def test_a_drafter_trained_on_other_target_layers_is_refused(tmp_path):
+    """The shipped drafters load (their recorded taps are the target's); a copy whose config
+    names the same number of layers in another order (features concatenated otherwise) is
+    refused in one line naming both lists."""
+    from simtree.runtime.full.block_engine import trained_drafter
+    model = build_model(SHIPPED, device="cpu", dtype=torch.float32)
+    for family in ("block", "dspark", "tfm"):
+        assert trained_drafter(model, family) is not None
+    copy = shutil.copytree(SHIPPED, tmp_path / "tgt")
+    path = copy / "drafters" / "block" / "config.json"
+    config = json.loads(path.read_text())
+    assert config["taps"] == [0, 1, 2, 3]
+    path.write_text(json.dumps({**config, "taps": [3, 2, 1, 0]}))
+    rs = round_shape(PolicySpec.from_dict("block", {"budget": 4, "block_len": 4}))
+    with pytest.raises(SimtreeError, match="trained on target layers") as err:
+        make_engine(build_model(str(copy), device="cpu", dtype=torch.float32), rs, 1, 64)
+    assert "[3, 2, 1, 0]" in str(err.value) and "[0, 1, 2, 3]" in str(err.value)
+    assert "\n" not in str(err.value)
+
+
 def test_acceptance_table_replaces_its_block_only(tmp_path):
     from simtree.runtime.drafter_acceptance import BEGIN, END, POLICIES, table_markdown, write_docs
     rows = [{"drafter": d, "shape": s, "accepted_per_round": 2.5, "verified_drafts_per_round": 3.0, "lossless": True}

@@ -12,9 +12,10 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from ._bits import _popcount64, _select_bit64
 from ._fold_kernel import _fold_state
 from ._round_fold import _round_fold_state
-from ._tree_kernels import _commit_tile, _popcount64, _rows_normed, _select_bit64
+from ._tree_kernels import _commit_tile, _rows_normed
 
 
 @triton.jit

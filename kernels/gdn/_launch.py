@@ -4,6 +4,7 @@ the rule's launch; benchmarks, tuning and tests run launches of their own throug
 ``_launched.py``.
 
     VerifyLaunch, CommitLaunch      frozen configs; a field left None is the rule's to pick
+    FoldLaunch                      the deferred commit's launches (its defaults are constants)
     verify_launch_config            the verify's rule (sub-chunk, V block, warps, kernel switches)
     commit_launch_config            the commit's rule (path walk, V block, warps)
     depth_first_pays                whether a round's trees are worth renumbering on the host
@@ -40,7 +41,7 @@ from simtree.kernels._triton import interpreting
 from . import _cuda_walk as cuda_walk
 from .meta import HEAVY_FIRST_MAX_NODES
 
-__all__ = ["VerifyLaunch", "CommitLaunch", "LaunchNotApplicable", "verify_launch_config",
+__all__ = ["VerifyLaunch", "CommitLaunch", "FoldLaunch", "LaunchNotApplicable", "verify_launch_config",
            "commit_launch_config", "commit_dot16", "depth_first_pays", "heavy_first_default",
            "cuda_walk_blockers", "pick_backend", "G_PROLOGUE_MAX_NODES", "G_TILE", "H200_SMS"]
 
@@ -63,8 +64,17 @@ class LaunchNotApplicable(SimtreeError):
     transposed walk without the K-side kernel or the pre-normalised q/k)."""
 
 
+class _Switches:
+    """What the launch configs share: the switches a config sets."""
+
+    def switches(self) -> dict:
+        """The launch switches set here (not None), in field order, without the backend."""
+        return {f.name: getattr(self, f.name) for f in fields(self)
+                if f.name != "backend" and getattr(self, f.name) is not None}
+
+
 @dataclass(frozen=True)
-class VerifyLaunch:
+class VerifyLaunch(_Switches):
     """How ``gdn_tree_verify`` runs; every switch left None is ``verify_launch_config``'s.
 
     backend: "auto" (Triton on CUDA, torch elsewhere), "triton" (the interpreter on CPU) or
@@ -143,11 +153,6 @@ class VerifyLaunch:
             raise SimtreeError(f"l2_prefetch is a sum of the bits 1, 2, 4, 8 and 16 (0-31), "
                                f"got {self.l2_prefetch}")
 
-    def switches(self) -> dict:
-        """The launch switches set here (not None), in field order, without the backend."""
-        return {f.name: getattr(self, f.name) for f in fields(self)
-                if f.name != "backend" and getattr(self, f.name) is not None}
-
     def pick(self, name: str, rule: VerifyLaunch):
         """This config's ``name`` where set, else the rule's."""
         value = getattr(self, name)
@@ -155,7 +160,7 @@ class VerifyLaunch:
 
 
 @dataclass(frozen=True)
-class CommitLaunch:
+class CommitLaunch(_Switches):
     """How ``gdn_tree_commit`` runs; every field left None is ``commit_launch_config``'s.
 
     backend: as ``VerifyLaunch.backend``.  block_t (16, 32 or 64): nodes per step of the
@@ -177,10 +182,28 @@ class CommitLaunch:
         if self.block_t is not None and self.block_t not in (16, 32, 64):
             raise SimtreeError(f"commit block_t must be 16, 32 or 64, got {self.block_t}")
 
-    def switches(self) -> dict:
-        """The launch switches set here (not None), in field order, without the backend."""
-        return {f.name: getattr(self, f.name) for f in fields(self)
-                if f.name != "backend" and getattr(self, f.name) is not None}
+
+@dataclass(frozen=True)
+class FoldLaunch(_Switches):
+    """How the deferred commit's own launches run (``gdn_defer_commit``, ``gdn_fold_pending``,
+    ``gdn_fold_round``; the folds inside a verify take the verify's launch).
+
+    backend: as ``VerifyLaunch.backend``.  block_v: V columns per program (None: 64, or V
+    where smaller).  block_k: state rows per [block_k, block_v] piece of a standalone fold
+    (None: all K rows for a pending path, 32 for a pending round; the deferred commit reads
+    no state in pieces and takes none).  num_warps (None: 4).
+    """
+    backend: str = "auto"
+    block_v: int | None = None
+    block_k: int | None = None
+    num_warps: int | None = None
+
+    def __post_init__(self):
+        _check_backend(self.backend)
+        for name in ("block_v", "block_k", "num_warps"):
+            value = getattr(self, name)
+            if value is not None and (value < 1 or value & (value - 1)):
+                raise SimtreeError(f"fold {name} must be a power of two, got {value}")
 
 
 def _check_backend(backend: str) -> None:

@@ -18,11 +18,13 @@ from simtree.errors import SimtreeError
 
 from . import _cuda_walk as cuda_walk
 from . import _launch as rule
-from ._launch import G_PROLOGUE_MAX_NODES, G_TILE, CommitLaunch, LaunchNotApplicable, VerifyLaunch
+from ._launch import (G_PROLOGUE_MAX_NODES, G_TILE, CommitLaunch, FoldLaunch, LaunchNotApplicable,
+                      VerifyLaunch)
 from ._commit_torch import _check_accepted, _commit_torch
+from ._launched_deferred import check_pending, launched_fold_pending, launched_fold_round
 from .cache import GDNTreeCache
 from .meta import TreeMeta, tree_meta
-from .pending import GDNPendingRound
+from .pending import GDNPendingPath, GDNPendingRound
 from .reference import gdn_tree_verify_dense_batched
 from .round_meta import walk_tables
 
@@ -56,7 +58,8 @@ def check_verify_inputs(q, k, v, g, beta, state, parents, cu_nodes) -> None:
 
 def launched_verify(q, k, v, g, beta, state, parents, cu_nodes, *, scale=None, qk_l2norm=True,
                     meta: TreeMeta | None = None, check: bool = True,
-                    launch: VerifyLaunch | None = None, pending=None):
+                    launch: VerifyLaunch | None = None, pending: GDNPendingPath | None = None,
+                    pending_round: GDNPendingRound | None = None):
     """Every node's output as if the recurrence ran along its own root path only.
 
     Args: q, k [N, H, K]; v [N, HV, V]; g, beta [N, HV]; state [B, HV, K, V] fp32 (not
@@ -66,8 +69,8 @@ def launched_verify(q, k, v, g, beta, state, parents, cu_nodes, *, scale=None, q
     ``launch``: a ``VerifyLaunch`` (None: the backend by device, every switch by the rule).
     ``pending``: a ``GDNPendingPath`` (``deferred.py``): the paths waiting there are folded into
     ``state`` first (the walk's programs fold their own state tiles, so the state is read and
-    written once) and the verify runs on the folded state; or a ``GDNPendingRound``: the same
-    from the round before's own buffers (the Triton walks only).
+    written once) and the verify runs on the folded state.  ``pending_round``, instead: a
+    ``GDNPendingRound``, the same from the round before's own buffers (the Triton walks only).
 
     Returns (out [N, HV, V] in q's dtype, ``GDNTreeCache`` for ``gdn_tree_commit``).  The
     Triton path computes in fp32 (fp64 inputs too).
@@ -79,26 +82,35 @@ def launched_verify(q, k, v, g, beta, state, parents, cu_nodes, *, scale=None, q
         check_verify_inputs(q, k, v, g, beta, state, parents, cu_nodes)
     meta = meta or tree_meta(parents.to(q.device), cu_nodes.to(q.device))
     scale = q.shape[2] ** -0.5 if scale is None else float(scale)
+    if pending is not None and pending_round is not None:
+        raise SimtreeError("a verify folds a pending path or a pending round, not both")
     if pending is not None:
+        check_pending(pending, GDNPendingPath)
         pending.check_state(state)
+    if pending_round is not None:
+        check_pending(pending_round, GDNPendingRound)
+        pending_round.check_state(state)
     if rule.pick_backend(ask.backend, q.device) == "torch":
         if pending is not None:
-            from ._launched_deferred import launched_fold_pending
-            launched_fold_pending(state, pending, backend="torch")
+            launched_fold_pending(state, pending, launch=FoldLaunch("torch"))
+        if pending_round is not None:
+            launched_fold_round(state, pending_round, launch=FoldLaunch("torch"))
         out, aux = gdn_tree_verify_dense_batched(q, k, v, g, beta, state, parents, cu_nodes,
                                                  scale=scale, qk_l2norm=qk_l2norm,
                                                  return_aux=True, meta=meta)
         cache = GDNTreeCache(aux["u"].float(), aux["G"].float(), meta, qk_l2norm)
         return out.to(q.dtype), cache
-    return _verify_triton(q, k, v, g, beta, state, cu_nodes, meta, scale, qk_l2norm, ask, pending)
+    return _verify_triton(q, k, v, g, beta, state, cu_nodes, meta, scale, qk_l2norm, ask, pending,
+                          pending_round)
 
 
 def _verify_triton(q, k, v, g, beta, state, cu_nodes, meta: TreeMeta, scale: float,
-                   qk_l2norm: bool, ask: VerifyLaunch, pending=None):
+                   qk_l2norm: bool, ask: VerifyLaunch, pending=None, pending_round=None):
     """The Triton (and, where the launch takes it, CUDA) kernels of one verify: the pre-pass,
     the K-side kernel and one of the walks, as ``ask`` over the rule's launch says; with
-    ``pending`` the walk folds it into its state tiles first (the Triton walks' FOLD, the CUDA
-    walk's flag 8, with bf16 pending u)."""
+    ``pending`` the walk folds it into its state tiles first (the Triton walks' FOLD 1 / 2, the
+    CUDA walk's flag 8, with bf16 pending u), with ``pending_round`` the round before (the
+    Triton walks' FOLD 3 / 4)."""
     import triton
     import triton.language as tl
 
@@ -154,11 +166,11 @@ def _verify_triton(q, k, v, g, beta, state, cu_nodes, meta: TreeMeta, scale: flo
     g32, bits32 = g.float().contiguous(), walk.bits.view(torch.int32)
     beta32, s0, vc = beta.float().contiguous(), state.float().contiguous(), v.contiguous()
 
-    if isinstance(pending, GDNPendingRound) and not pending.armed:
-        pending = None   # nothing was ever armed: nothing can wait
+    if pending_round is not None and not pending_round.armed:
+        pending_round = None   # nothing was ever armed: nothing can wait
 
     def blockers(mt, wks, kcu):
-        if isinstance(pending, GDNPendingRound):
+        if pending_round is not None:
             return ["a pending round (the Triton walks fold it from its own buffers)"]
         if pending is not None and pending.u.dtype != torch.bfloat16:
             return ["a pending path with bf16 u (the CUDA walk folds that one)"]
@@ -224,12 +236,12 @@ def _verify_triton(q, k, v, g, beta, state, cu_nodes, meta: TreeMeta, scale: flo
             ran["fold"] = 3
         return out, GDNTreeCache(u, G, meta, qk_l2norm, ran)
     fold = {}
-    if isinstance(pending, GDNPendingRound):   # FOLD 3 / 4: from the round before's buffers
+    if pending_round is not None:   # FOLD 3 / 4: from the round before's buffers
         from ._launched_deferred import (FOLD_BLOCK_K, FOLD_BLOCK_P, fold_mode, round_dot16,
                                          round_fold_args)
         mode = 3 if fold_mode(K, BV, walk_launch["num_warps"]) == 2 else 4
-        fold = dict(round_fold_args(pending), FOLD=mode, FOLD_BK=min(K, FOLD_BLOCK_K),
-                    FOLD_BP=FOLD_BLOCK_P, FOLD_DOT16=round_dot16(pending))
+        fold = dict(round_fold_args(pending_round), FOLD=mode, FOLD_BK=min(K, FOLD_BLOCK_K),
+                    FOLD_BP=FOLD_BLOCK_P, FOLD_DOT16=round_dot16(pending_round))
         ran["fold"] = mode
     elif pending is not None:
         from ._launched_deferred import FOLD_BLOCK_K, FOLD_BLOCK_P, fold_args, fold_dot16, fold_mode

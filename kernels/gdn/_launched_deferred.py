@@ -1,9 +1,12 @@
 """The deferred commit's launches (``deferred.py`` holds the entries and the math): what the
-entries call with the device's backend, and what tests and benchmarks call with one of their own.
+entries call with the device's backend, and what tests and benchmarks call with a
+``FoldLaunch`` of their own (``_launch.py``).
 
-    launched_fold_pending   the standalone fold (Triton ``_fold_pending_kernel`` or torch)
+    launched_fold_pending   the standalone fold of a ``GDNPendingPath`` (``_fold_pending_kernel``
+                            or torch)
     launched_defer_commit   the accepted path kept (Triton ``_defer_commit_kernel`` or torch)
-    launched_fold_round     the standalone fold of a ``GDNPendingRound`` (``_round_fold_kernel``)
+    launched_fold_round     the standalone fold of a ``GDNPendingRound`` (``_round_fold_kernel``
+                            or torch)
     round_fold_args         a ``GDNPendingRound`` as the verify walks take it (FOLD 3 / 4)
     fold_mode / fold_args / fold_dot16   how a verify walk folds (``_launched.py`` passes them)
 """
@@ -14,12 +17,14 @@ import torch
 from simtree.errors import SimtreeError
 
 from . import _launch as rule
+from ._launch import FoldLaunch, LaunchNotApplicable
 from ._commit_torch import _check_accepted, _commit_torch
 from .cache import GDNTreeCache
 from .pending import GDNPendingPath, GDNPendingRound
 from .reference import _l2norm, gdn_fold_pending_ref
 
-__all__ = ["launched_fold_pending", "launched_defer_commit", "launched_fold_round", "fold_mode",
+__all__ = ["launched_fold_pending", "launched_defer_commit", "launched_fold_round",
+           "check_pending", "fold_mode",
            "fold_args", "round_fold_args", "round_dot16", "fold_dot16", "FOLD_BLOCK_K",
            "FOLD_BLOCK_P", "FOLD_REGISTERS"]
 
@@ -49,28 +54,44 @@ def fold_args(pending: GDNPendingPath) -> tuple:
             pending.rows)
 
 
-def launched_fold_pending(state: torch.Tensor, pending, sequences: torch.Tensor | None = None, *,
-                          backend: str = "auto", block_v: int | None = None,
-                          block_k: int | None = None, num_warps: int = 4) -> None:
-    """``gdn_fold_pending`` on a backend ("auto": Triton on CUDA, torch elsewhere); a
-    ``GDNPendingRound`` goes to ``launched_fold_round``.  block_v (64 where None), block_k
-    (state rows per piece, K where None) and num_warps: the Triton launch."""
-    if isinstance(pending, GDNPendingRound):
-        launched_fold_round(state, pending, sequences, backend=backend, block_v=block_v,
-                            block_k=block_k, num_warps=num_warps)
-        return
+def _fold_ask(launch: FoldLaunch | None) -> FoldLaunch:
+    if launch is not None and not isinstance(launch, FoldLaunch):
+        raise SimtreeError(f"launch must be a FoldLaunch, got {type(launch).__name__}")
+    return launch or FoldLaunch()
+
+
+ENTRIES = {GDNPendingPath: "gdn_tree_verify_folding, gdn_defer_commit, gdn_fold_pending",
+           GDNPendingRound: "gdn_tree_verify_folding_round, GDNPendingRound.arm, gdn_fold_round"}
+
+
+def check_pending(pending, form: type) -> None:
+    """One-line error where ``pending`` is not of ``form`` (``GDNPendingPath`` or
+    ``GDNPendingRound``: each form has entries of its own)."""
+    if not isinstance(pending, form):
+        other = type(pending)
+        raise SimtreeError(f"pending must be a {form.__name__} here, got a {other.__name__}"
+                           + (f" (its entries: {ENTRIES[other]})" if other in ENTRIES else ""))
+
+
+def launched_fold_pending(state: torch.Tensor, pending: GDNPendingPath,
+                          sequences: torch.Tensor | None = None, *,
+                          launch: FoldLaunch | None = None) -> None:
+    """``gdn_fold_pending`` as ``launch`` asks (None: the backend by device, Triton on CUDA
+    and torch elsewhere; block_v 64, block_k K, 4 warps)."""
+    ask = _fold_ask(launch)
+    check_pending(pending, GDNPendingPath)
     pending.check_state(state)
     B, HV, K, V = state.shape
-    if rule.pick_backend(backend, state.device) == "torch":
+    if rule.pick_backend(ask.backend, state.device) == "torch":
         _fold_torch(state, pending, sequences, lambda: gdn_fold_pending_ref(state, pending).float())
         return
     from ._deferred_kernels import _fold_pending_kernel
-    BV = min(V, block_v or 64)
+    BV = min(V, ask.block_v or 64)
     sel = pending.length if sequences is None else sequences.to(state.device, torch.int8)
     _fold_pending_kernel[(V // BV, B * HV)](
         state, *fold_args(pending)[:6], sel, pending.rows, H=pending.k.shape[2], HV=HV, K=K,
-        V=V, BV=BV, BK=min(K, block_k or K), BP=FOLD_BLOCK_P, DOT16=fold_dot16(pending),
-        SELECT=sequences is not None, num_warps=num_warps)
+        V=V, BV=BV, BK=min(K, ask.block_k or K), BP=FOLD_BLOCK_P, DOT16=fold_dot16(pending),
+        SELECT=sequences is not None, num_warps=ask.num_warps or 4)
 
 
 def _fold_torch(state, pending, sequences, folded) -> None:
@@ -100,18 +121,17 @@ def round_dot16(pending: GDNPendingRound) -> bool:
 
 
 def launched_fold_round(state: torch.Tensor, pending: GDNPendingRound,
-                        sequences: torch.Tensor | None = None, *, backend: str = "auto",
-                        block_v: int | None = None, block_k: int | None = None,
-                        num_warps: int = 4) -> None:
-    """The standalone fold of a waiting round, in place (``gdn_fold_pending`` for a
-    ``GDNPendingRound``): where its ``on`` flags (and ``sequences``) say so, the round
-    before's accepted path committed into the state, the flags cleared.  block_v (64 where
-    None), block_k (32 where None: [32, BV] fp32 pieces) and num_warps: the Triton launch."""
+                        sequences: torch.Tensor | None = None, *,
+                        launch: FoldLaunch | None = None) -> None:
+    """``gdn_fold_round`` as ``launch`` asks (None: the backend by device; block_v 64,
+    block_k 32, i.e. [32, BV] fp32 pieces, 4 warps)."""
+    ask = _fold_ask(launch)
+    check_pending(pending, GDNPendingRound)
     pending.check_state(state)
     if not pending.armed:
         return
     B, HV, K, V = state.shape
-    if rule.pick_backend(backend, state.device) == "torch":
+    if rule.pick_backend(ask.backend, state.device) == "torch":
         def committed():
             now = state.clone()
             _commit_torch(now, pending.k, pending.cache, pending.cu_nodes, pending.accepted)
@@ -119,42 +139,47 @@ def launched_fold_round(state: torch.Tensor, pending: GDNPendingRound,
         _fold_torch(state, pending, sequences, committed)
         return
     from ._deferred_kernels import _round_fold_kernel
-    BV = min(V, block_v or 64)
+    BV = min(V, ask.block_v or 64)
     args = round_fold_args(pending)
     sel = pending.accepted if sequences is None else sequences.to(state.device, torch.int8)
     _round_fold_kernel[(V // BV, B * HV)](
         state, *(args[n] for n in ("rk_ptr", "ru_ptr", "rG_ptr", "rbits_ptr", "rcu_ptr",
                                    "racc_ptr", "pon_ptr")), sel,
         H=pending.k.shape[1], HV=HV, K=K, V=V, W=args["RW"], BV=BV,
-        BK=min(K, block_k or FOLD_BLOCK_K), BT=FOLD_BLOCK_P, L2NORM=args["RL2NORM"],
+        BK=min(K, ask.block_k or FOLD_BLOCK_K), BT=FOLD_BLOCK_P, L2NORM=args["RL2NORM"],
         DOT16=round_dot16(pending), SELECT=sequences is not None, PATH=args["RPATH"],
-        num_warps=num_warps)
+        num_warps=ask.num_warps or 4)
 
 
 def launched_defer_commit(state: torch.Tensor, pending: GDNPendingPath, k: torch.Tensor,
                           cache: GDNTreeCache, parents, cu_nodes, accepted: torch.Tensor, *,
-                          check: bool = True, backend: str = "auto", block_v: int | None = None,
-                          num_warps: int = 4) -> None:
-    """``gdn_defer_commit`` on a backend ("auto": Triton on CUDA, torch elsewhere); block_v
-    (64 where None) and num_warps: the Triton launch."""
+                          check: bool = True, launch: FoldLaunch | None = None) -> None:
+    """``gdn_defer_commit`` as ``launch`` asks (None: the backend by device; block_v 64,
+    4 warps; a block_k raises ``LaunchNotApplicable``)."""
+    ask = _fold_ask(launch)
+    if ask.block_k is not None:
+        raise LaunchNotApplicable("block_k is the standalone folds' (state rows per piece): the "
+                                  "deferred commit reads no state in pieces")
+    check_pending(pending, GDNPendingPath)
     pending.check_state(state)
     _check_accepted(accepted, cu_nodes, check)
     B, HV, K, V = state.shape
     H = k.shape[1]
     if pending.u.dtype != cache.u.dtype and pending.u.dtype != torch.float32:
         raise SimtreeError(f"pending u is {pending.u.dtype}, the verify's u {cache.u.dtype}")
-    if rule.pick_backend(backend, state.device) == "torch":
+    if rule.pick_backend(ask.backend, state.device) == "torch":
         _defer_torch(state, pending, k, cache, cu_nodes, accepted, _commit_torch)
         return
     from ._deferred_kernels import _defer_commit_kernel
     dot = rule.commit_dot16(cache)
-    BV = min(V, block_v or 64)
+    BV = min(V, ask.block_v or 64)
     _defer_commit_kernel[(V // BV, B * HV)](
         state, k.contiguous().float() if k.dtype == torch.float64 else k.contiguous(), cache.u,
         cache.G, cache.meta.bits, cu_nodes.to(state.device, torch.int64),
         accepted.to(state.device, torch.int64), pending.k, pending.w, pending.u, pending.decay,
         pending.on, pending.length, pending.rows, H=H, HV=HV, K=K, V=V, W=cache.meta.words,
-        BT=16, BV=BV, L2NORM=cache.qk_l2norm, PREC="ieee", DOT16=dot, num_warps=num_warps)
+        BT=16, BV=BV, L2NORM=cache.qk_l2norm, PREC="ieee", DOT16=dot,
+        num_warps=ask.num_warps or 4)
 
 
 def _defer_torch(state, pending: GDNPendingPath, k, cache: GDNTreeCache, cu_nodes, accepted,

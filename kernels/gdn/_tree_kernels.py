@@ -30,7 +30,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ._bits import _popcount64, _select_bit64  # noqa: F401 - re-exported (tests, deferred)
+from ._bits import _popcount64, _select_bit64
 from ._fold_kernel import _fold_state, _folded_tile
 from ._round_fold import _round_fold_state, _round_folded_tile
 
@@ -598,7 +598,7 @@ def _tree_verify_t_kernel(q_ptr, k_ptr, v_ptr, beta_ptr, s0_ptr, order_ptr, cu_p
                           FOLD_BP: tl.constexpr = 16, FOLD_DOT16: tl.constexpr = False,
                           rk_ptr=None, ru_ptr=None, rG_ptr=None, rbits_ptr=None, rcu_ptr=None,
                           racc_ptr=None, RW: tl.constexpr = 1, RL2NORM: tl.constexpr = True,
-                        RPATH: tl.constexpr = False):
+                          RPATH: tl.constexpr = False):
     """``_tree_verify_kernel``'s walk with the K-side tiles, transposed: the value dimension
     is the rows of every V-side tile (rhs^T, acc^T, u^T are [BV, BT]), so every product is
     [BV, *] x [*, BT] with M = BV (a warpgroup's wgmma on Hopper at 4 warps) instead of

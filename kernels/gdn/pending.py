@@ -98,11 +98,20 @@ class GDNPendingRound:
         return int(self.cache.meta.bits.shape[1])
 
     def arm(self, k: torch.Tensor, cache, cu_nodes: torch.Tensor, accepted: torch.Tensor,
-            sequences: torch.Tensor | None = None) -> None:
+            sequences: torch.Tensor | None = None, *, check: bool = True) -> None:
         """The round just verified (its keys, ``GDNTreeCache`` and accepted nodes) waits for
-        the next verify (for ``sequences``, bool [B], or all; every other sequence must have
-        nothing waiting - the verify of this round folded it)."""
+        the next verify (for ``sequences``, bool [B], or all).  Every other sequence must have
+        nothing waiting (the verify of this round folded it): the references are the whole
+        batch's, so a round still waiting there would be folded from this round's buffers.
+        ``check`` (with ``sequences``; a host sync): refuse, changing nothing, where one does."""
         dev = self.on.device
+        if sequences is not None and check:
+            waiting = self.on.bool().any(dim=(1, 2)) & ~sequences.to(dev, torch.bool)
+            if bool(waiting.any()):
+                raise SimtreeError(
+                    f"cannot arm a round for some sequences while sequences "
+                    f"{torch.nonzero(waiting).flatten().tolist()} still wait on the round before "
+                    f"(fold them first: gdn_fold_round, or a verify folding the round)")
         self.k = k.float() if k.dtype == torch.float64 else k
         self.cache = cache
         self.cu_nodes = cu_nodes.to(dev, torch.int64)

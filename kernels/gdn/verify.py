@@ -13,7 +13,8 @@ from __future__ import annotations
 from ._launched import check_verify_inputs, launched_recurrent, launched_verify
 from .meta import TreeMeta
 
-__all__ = ["gdn_tree_verify", "gdn_tree_verify_folding", "gdn_tree_verify_recurrent", "check_verify_inputs"]
+__all__ = ["gdn_tree_verify", "gdn_tree_verify_folding", "gdn_tree_verify_folding_round",
+           "gdn_tree_verify_recurrent", "check_verify_inputs"]
 
 
 def gdn_tree_verify(q, k, v, g, beta, state, parents, cu_nodes, *, scale=None,
@@ -38,12 +39,20 @@ def gdn_tree_verify(q, k, v, g, beta, state, parents, cu_nodes, *, scale=None,
 def gdn_tree_verify_folding(q, k, v, g, beta, state, pending, parents, cu_nodes, *,
                             meta: TreeMeta | None = None):
     """:func:`gdn_tree_verify` after a deferred commit (``deferred.py``): ``pending``'s waiting
-    paths (a ``GDNPendingPath``, or the round a ``GDNPendingRound`` holds) are folded into
-    ``state`` first, in the same kernel (the state is written once), and the trees are
-    verified on the folded state.  q is scaled by K^-1/2
+    paths (a ``GDNPendingPath``) are folded into ``state`` first, in the same kernel (the state
+    is written once), and the trees are verified on the folded state.  q is scaled by K^-1/2
     (Qwen3.5/3.6's GDN).  Returns (out, ``GDNTreeCache``) as :func:`gdn_tree_verify`."""
     return launched_verify(q, k, v, g, beta, state, parents, cu_nodes, meta=meta, check=meta is None,
                            pending=pending)
+
+
+def gdn_tree_verify_folding_round(q, k, v, g, beta, state, pending, parents, cu_nodes, *,
+                                  meta: TreeMeta | None = None):
+    """:func:`gdn_tree_verify_folding` for the launch-free form: the round a ``GDNPendingRound``
+    holds (``pending``, armed after the round before's acceptance) is folded from that round's
+    own buffers (the Triton walks only; the rule's CUDA walk gives way to them)."""
+    return launched_verify(q, k, v, g, beta, state, parents, cu_nodes, meta=meta, check=meta is None,
+                           pending_round=pending)
 
 
 def gdn_tree_verify_recurrent(q, k, v, g, beta, state, parents, cu_nodes, *, scale=None,

@@ -55,9 +55,10 @@ import torch
 from simtree.fileio import write_text_atomic
 from simtree.kernels.gdn import gdn_accepted_paths_ref, new_pending, new_pending_round, tree_meta
 from simtree.kernels.gdn import _launch as rule
-from simtree.kernels.gdn._launch import CommitLaunch, VerifyLaunch
+from simtree.kernels.gdn._launch import CommitLaunch, FoldLaunch, VerifyLaunch
 from simtree.kernels.gdn._launched import launched_commit, launched_verify
-from simtree.kernels.gdn._launched_deferred import launched_defer_commit, launched_fold_pending
+from simtree.kernels.gdn._launched_deferred import (launched_defer_commit, launched_fold_pending,
+                                                    launched_fold_round)
 from simtree.profiler.bench.gdn_util import (QWEN36, env_info, graph_time_us, shape_inputs,
                                              shape_trees)
 from simtree.profiler.bench.gdn_floor_variants import PAIRS, Variant, variants
@@ -115,11 +116,12 @@ class Round:
                      for _ in self.copies]
         self.rounds = [new_pending_round(b, d["HV"], d["V"], device) for _ in self.copies]
 
-    def verify(self, c, state, pending=None, launch: dict | None = None):
+    def verify(self, c, state, pending=None, launch: dict | None = None, pending_round=None):
         la = VerifyLaunch(**(launch or {})) if self.device == "cuda" else \
             VerifyLaunch("triton", **(launch or {}))
         return launched_verify(*(c[k] for k in KEYS), state, c["parents"], c["cu_nodes"],
-                               meta=self.meta, check=False, pending=pending, launch=la)
+                               meta=self.meta, check=False, pending=pending,
+                               pending_round=pending_round, launch=la)
 
     def commit(self, c, state, cache, launch: dict | None = None):
         la = CommitLaunch(**(launch or {})) if self.device == "cuda" else \
@@ -129,17 +131,21 @@ class Round:
 
     def defer(self, c, state, p, cache, knobs: dict | None = None):
         launched_defer_commit(state, p, c["k"], cache, c["parents"], c["cu_nodes"], self.acc,
-                              check=False, backend=self.backend, **(knobs or {}))
+                              check=False, launch=self.fold_launch(knobs))
 
     def fold(self, state, p, knobs: dict | None = None):
-        launched_fold_pending(state, p, backend=self.backend, **(knobs or {}))
+        launched_fold_pending(state, p, launch=self.fold_launch(knobs))
+
+    def fold_round(self, state, pr, knobs: dict | None = None):
+        launched_fold_round(state, pr, launch=self.fold_launch(knobs))
 
     def arm(self, pr, c, cache):
         pr.arm(c["k"], cache, c["cu_nodes"], self.acc)
 
-    @property
-    def backend(self) -> str:
-        return "auto" if self.device == "cuda" else "triton"
+    def fold_launch(self, knobs: dict | None) -> FoldLaunch:
+        """A variant's fold / defer knobs as a ``FoldLaunch`` (Triton through the interpreter
+        on a CPU)."""
+        return FoldLaunch("auto" if self.device == "cuda" else "triton", **(knobs or {}))
 
     def closures(self, v: Variant, kernels: tuple) -> dict:
         """The closures (one per input copy) of ``kernels``, at variant ``v``'s launches."""
@@ -156,12 +162,13 @@ class Round:
             "gdn_verify_fold+defer": lambda c, p, ca, pr: self.defer(
                 c, c["state"], p, self.verify(c, c["state"], p, L)[1], DK),
             "gdn_verify_fold+arm": lambda c, p, ca, pr: (
-                self.verify(c, c["state"], pr, L), pr.on.fill_(1)),
+                self.verify(c, c["state"], launch=L, pending_round=pr), pr.on.fill_(1)),
             "gdn_verify": lambda c, p, ca, pr: self.verify(c, c["state"], launch=L),
             "gdn_commit": lambda c, p, ca, pr: self.commit(c, c["state"], ca, CL),
             "gdn_defer_commit": lambda c, p, ca, pr: self.defer(c, c["state"], p, ca, DK),
             "gdn_fold_pending": lambda c, p, ca, pr: (p.on.fill_(1), self.fold(c["state"], p, FK)),
-            "gdn_fold_round": lambda c, p, ca, pr: (pr.on.fill_(1), self.fold(c["state"], pr, FK)),
+            "gdn_fold_round": lambda c, p, ca, pr: (pr.on.fill_(1),
+                                                    self.fold_round(c["state"], pr, FK)),
             "gdn_arm": lambda c, p, ca, pr: pr.on.fill_(1),
         }
         return {k: [lambda f=fns[k], a=a: f(*a) for a in zip(cs, ps, caches, rs)]
@@ -219,11 +226,11 @@ def check_shape(base: dict, v: Variant, kernels: tuple) -> dict:
 
     def rounds(L, FK):
         s, pr = S0.clone(), new_pending_round(b, d["HV"], d["V"], device)
-        r.arm(pr, c1, r.verify(c1, s, pr, L)[1])
-        o2, cache2 = r.verify(c2, s, pr, L)
+        r.arm(pr, c1, r.verify(c1, s, launch=L, pending_round=pr)[1])
+        o2, cache2 = r.verify(c2, s, launch=L, pending_round=pr)
         s1 = s.clone()
         r.arm(pr, c2, cache2)
-        r.fold(s, pr, FK)
+        r.fold_round(s, pr, FK)
         return s1, o2, s
 
     out = dict(variant=v.name, batch=b, nodes=n,

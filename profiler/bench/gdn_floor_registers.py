@@ -100,7 +100,7 @@ def record(shapes, chosen) -> list[dict]:
     from simtree.kernels.gdn import (GDNTreeCache, _deferred_kernels, _launch, _tree_kernels,
                                      new_pending, new_pending_round, tree_meta)
     from simtree.kernels.gdn import _launched_deferred as ld
-    from simtree.kernels.gdn._launch import CommitLaunch, VerifyLaunch
+    from simtree.kernels.gdn._launch import CommitLaunch, FoldLaunch, VerifyLaunch
     from simtree.kernels.gdn._launched import launched_commit, launched_verify
     from simtree.profiler.bench.gdn_util import QWEN36, random_gdn_inputs, shape_trees
     rows, seen, ptxas, where = [], set(), ptxas_path(), {}
@@ -135,21 +135,22 @@ def record(shapes, chosen) -> list[dict]:
                 pend = new_pending(b, d["H"], d["HV"], d["K"], d["V"], 16, "cpu", torch.bfloat16)
                 pr = new_pending_round(b, d["HV"], d["V"], "cpu")
                 pr.arm(c["k"], cache, c["cu_nodes"], acc)
-                for kern, pending in (("gdn_verify", None), ("gdn_verify_fold+defer", pend),
-                                      ("gdn_verify_fold+arm", pr)):
+                for kern, fold in (("gdn_verify", {}), ("gdn_verify_fold+defer", dict(pending=pend)),
+                                   ("gdn_verify_fold+arm", dict(pending_round=pr))):
                     if kern in ks or (kern == "gdn_verify" and "gdn_verify+commit" in ks):
-                        launched_verify(*x, meta=meta, check=False, launch=L, pending=pending)
+                        launched_verify(*x, meta=meta, check=False, launch=L, **fold)
                 if ks & {"gdn_verify+commit", "gdn_commit"}:
                     launched_commit(c["state"], c["k"], cache, c["parents"], c["cu_nodes"], acc,
                                     check=False, launch=CommitLaunch("triton", **v.commit))
                 if ks & {"gdn_defer_commit", "gdn_verify_fold+defer"}:
                     ld.launched_defer_commit(c["state"], pend, c["k"], cache, c["parents"],
-                                             c["cu_nodes"], acc, check=False, backend="triton",
-                                             **v.defer)
+                                             c["cu_nodes"], acc, check=False,
+                                             launch=FoldLaunch("triton", **v.defer))
                 if "gdn_fold_pending" in ks:
-                    ld.launched_fold_pending(c["state"], pend, backend="triton", **v.fold)
+                    ld.launched_fold_pending(c["state"], pend,
+                                             launch=FoldLaunch("triton", **v.fold))
                 if "gdn_fold_round" in ks:
-                    ld.launched_fold_round(c["state"], pr, backend="triton", **v.fold)
+                    ld.launched_fold_round(c["state"], pr, launch=FoldLaunch("triton", **v.fold))
     finally:
         for (m, n), fn in saved.items():
             setattr(m, n, fn)

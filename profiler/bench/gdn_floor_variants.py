@@ -30,9 +30,9 @@ PAIRS = ("gdn_verify+commit", "gdn_verify_fold+defer", "gdn_verify_fold+arm")
 @dataclass(frozen=True)
 class Variant:
     """verify / commit: ``VerifyLaunch`` / ``CommitLaunch`` switches over the rule's; fold /
-    defer: ``launched_fold_pending`` / ``launched_defer_commit`` knobs.  kernels: the rows it
-    times; batches / nodes: where (empty: everywhere); cuda_walk_only: only where the rule
-    takes the CUDA walk."""
+    defer: ``FoldLaunch`` switches of the standalone folds / the deferred commit.  kernels: the
+    rows it times; batches / nodes: where (empty: everywhere); cuda_walk_only: only where the
+    rule takes the CUDA walk."""
     name: str
     kernels: tuple
     verify: dict = field(default_factory=dict)

@@ -71,12 +71,13 @@ def feature_layers(n_layers: int, count: int = PUBLIC["target_layers"]) -> tuple
 
 def trained_drafter(model, family: str):
     """(sizes, weights) of the trained ``family`` drafter in the model's checkpoint folder
-    (``MODEL/drafters/<family>``, runtime/drafter_model.py), or None where there is none."""
+    (``MODEL/drafters/<family>``, runtime/drafter_model.py), or None where there is none; one
+    line for one trained on other target layers than the model's :func:`feature_layers`."""
     root = getattr(model, "drafters_dir", None)
     if root is None or not (Path(root) / family / "config.json").is_file():
         return None
     from simtree.runtime.drafter_model import read_drafter
-    return read_drafter(Path(root) / family, family)
+    return read_drafter(Path(root) / family, family, taps=feature_layers(len(model.kinds)))
 
 
 def drafter_note(model, family: str) -> str | None:
