@@ -79,9 +79,9 @@ class DraftedRoundModel:
     shift: np.ndarray | None = None
 
     def logits(self, depth, rank, q, parent_off, x) -> np.ndarray:
-        """[n] calibrated logits of drafted positions (depth >= 1; rank in the marginal, K: outside
-        its top-K, never accepted; q its draft probability; parent_off: the parent is not the
-        drafter's top-1; x [n, F] features), the shift not applied."""
+        """[n] logits of drafted positions inside their marginal's top-K (depth >= 1; rank in the
+        marginal; q its draft probability; parent_off: the parent is not the drafter's top-1 at
+        its position; x [n, F]: the ``features``), the shift not applied."""
         K = int(rank.max(initial=0)) + 1
         Q = np.repeat(q[:, None], K, 1)
         match = np.repeat(parent_off.astype(np.int64)[:, None], K, 1) if self.parent_states else None
@@ -114,6 +114,7 @@ def _features(names, probs: np.ndarray, depth: np.ndarray, rank: np.ndarray, con
 
 
 def _confidences(records, rows) -> np.ndarray | None:
+    """[len(rows), P]: DSpark's confidence head of each row's record; None where one carries none."""
     if any(records[i].confidence is None for i in np.unique(rows)):
         return None
     return np.stack([records[i].confidence for i in rows]) if len(rows) else np.zeros((0, 1))
