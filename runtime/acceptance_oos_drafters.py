@@ -11,10 +11,11 @@ on the full runtime (CPU, float32, one batch per run; :func:`.full.decode.decode
    records observed at every position their ``marginal_ranks`` cover);
 2. the test runs (``TESTS``: trees from marginals at 4, 8 and 16 nodes; DSpark's chain of 3 and
    of 7, with and without a survival threshold) on fresh prompts (from ``--drafter-start``);
-3. every run predicted round by round from what the drafter held before verifying (its tree and
-   marginals) under that calibration and its depth shift, fitted on the calibrating run
-   (:mod:`simtree.acceptance.drafted_rounds`); ``baseline_*``: the calibration without the shift
-   (the first test's model, docs/acceptance.md section 5).
+3. every run predicted round by round from what the drafter held before verifying (its tree,
+   marginals and, for DSpark, confidence head) under the model fitted on the calibrating run
+   (:func:`simtree.acceptance.drafted_rounds.fit_drafted_model`: a calibration curve per parent
+   state, the margin and confidence features, the depth shift); ``baseline_*``: the second
+   test's model (the calibration and its depth shift alone; docs/acceptance.md section 5).
 
 ``split``: ``prompts`` (the calibrating shape on fresh prompts), ``policies`` (other shapes on
 fresh prompts), ``in_sample`` (the calibrating run).  TfM is left out: its traces carry no
@@ -29,8 +30,7 @@ from pathlib import Path
 
 import torch
 
-from simtree.acceptance.drafted_rounds import drafted_accepted_per_round, fit_depth_shift
-from simtree.acceptance.fit import fit_calibration
+from simtree.acceptance.drafted_rounds import drafted_accepted_per_round, fit_drafted_model
 from simtree.acceptance.out_of_sample import oos_table
 from simtree.acceptance.traces import read_traces
 from simtree.errors import SimtreeError
@@ -111,15 +111,15 @@ def load_drafters(traces, drafters) -> dict:
 
 def drafter_table(decoded: dict, status: str = "fresh"):
     """The rows of :data:`simtree.acceptance.out_of_sample.COLUMNS` (and the table's other
-    columns) for the block drafters' runs: each drafter calibrated on its calibration run's
+    columns) for the block drafters' runs: each drafter's model fitted on its calibration run's
     outcomes alone, every run predicted round by round (module docstring)."""
     import pandas as pd
     tables = []
     for drafter in dict.fromkeys(d for d, *_ in decoded["runs"]):
         runs = [r for r in decoded["runs"] if r[0] == drafter]
         fitted = [rec for d, h, m, p, recs in runs if h == "calibration" for rec in recs]
-        cal = fit_calibration(fitted, context=False)
-        model = (cal, fit_depth_shift(cal, fitted))
+        model = fit_drafted_model(fitted)
+        baseline = fit_drafted_model(fitted, parent_states=False, features=())
         rows = []
         for d, half, mode, params, recs in runs:
             split = ("in_sample" if half == "calibration" else
@@ -128,6 +128,6 @@ def drafter_table(decoded: dict, status: str = "fresh"):
                          "workload": WORKLOAD, "split": split, "records": recs, "calibrated_on": WORKLOAD,
                          "prompts": "seen" if split == "in_sample" else status})
         # one table per drafter: the joint s.e. reads that drafter's calibrating run
-        tables.append(oos_table(model, rows, lambda m, run: drafted_accepted_per_round(m[0], run["records"], m[1]),
-                                extras={"baseline": (cal, None)}))
+        tables.append(oos_table(model, rows, lambda m, run: drafted_accepted_per_round(m, run["records"]),
+                                extras={"baseline": baseline}))
     return pd.concat(tables, ignore_index=True)

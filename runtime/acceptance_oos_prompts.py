@@ -43,9 +43,11 @@ SHAREGPT_START = 772
 CODE_START = 2000
 SEEN_CODE = 2000
 # the block drafters' rows (runtime/acceptance_oos_drafters.py): calibration on ShareGPT prompts from 0
-# (development), test prompts from index SEEN_DRAFTER on; their first test read 1000..1047 (seen since),
-# the table's test 1200..1247 (fresh when decoded for it; docs/drafters.md's live table read 900..931)
-SEEN_DRAFTER = 1200
+# (development), test prompts from index SEEN_DRAFTER on.  Their first test read 1000..1049 and the
+# second 1200..1250 (48 distinct prompts each, repeats skipped; seen since: the third test's model was
+# chosen on them); the third test's are the first 48 distinct from 1251 (1251..1301), recorded here
+# before they were decoded (docs/drafters.md's live table read 900..931)
+SEEN_DRAFTER = 1251
 TRAINING_CONVERSATIONS = 2000     # target_train's default: the first 2 x 2000 ShareGPT records
 HUMANEVAL_START = 0
 _FENCE = re.compile(r"```[^\n`]*\n(.*?)```", re.S)

@@ -99,6 +99,9 @@ def drafters_line(args, decoded: dict) -> str:
             f"{args.drafter_start} (recorded in docs/acceptance.md section 5 before they were decoded): "
             + ", ".join(policy_label(m, p) for d in drafters for m, p in TESTS[d])
             + f", {decoded['max_new_tokens']} new tokens each; each round predicted from its drafted tree and marginals "
-            "under the calibration, its logits past the first depth moved by one shift fitted on the calibrating run "
-            "(simtree.acceptance.drafted_rounds; `baseline_*`: without the shift), split `prompts` for the calibrating shape, `policies` for the others; "
+            "(and DSpark's confidence head) under the model fitted on the calibrating run: a calibration curve per parent "
+            "state (the parent the drafter's top-1 or not), the margin to the runner-up and the confidence head as logit "
+            "features, one logit shift past the first depth (simtree.acceptance.drafted_rounds.fit_drafted_model; "
+            "`baseline_*`: the previous test's model, the calibration and its shift alone), split `prompts` for the "
+            "calibrating shape, `policies` for the others; "
             f"lossless in every run: {all(decoded['lossless'].values())}.")

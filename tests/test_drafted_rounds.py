@@ -106,5 +106,67 @@ def test_the_block_drafters_test_prompts_are_labelled_by_range_and_never_overlap
     from simtree.runtime.acceptance_oos_prompts import SEEN_DRAFTER, drafter_status
     assert drafter_status(SEEN_DRAFTER, 0, 48) == "fresh"
     assert drafter_status(1000, 0, 48) == "seen"                 # the first test's range, read since
+    assert drafter_status(1200, 0, 48) == "seen"                 # the second test's (1200..1250), read since
     with pytest.raises(SimtreeError, match="overlap their calibration prompts 0..47"):
         drafter_status(40, 0, 48)
+
+
+def _chain_round(probs, accept, length, rng, conf=None):
+    """A block drafter's round: marginals ``probs`` [P, 2] over tokens 10 (rank 0) and 11, its tree
+    the chain of ``length`` top-1 tokens; each position's target token is 10 with chance
+    ``accept`` (else 12, outside the marginal) until the first miss."""
+    P = len(probs)
+    hit = rng.random(P) < accept
+    m = min(int(np.argmin(hit)) if not hit.all() else P, length)
+    target = ([10] * m + [12])[:m + 1] if m < P else [10] * P + [10]
+    extra = {} if conf is None else {"confidence": conf}
+    return _record(list(range(-1, length)), [0] + [10] * length, [[10, 11]] * P, probs, target,
+                   list(range(m + 1)), marginal_ranks=[0 if t == 10 else 2 for t in target[:min(m + 1, P)]], **extra)
+
+
+def test_the_margin_carries_a_two_difficulty_mixture_the_product_of_marginals_misses():
+    """Rounds of two kinds with the same top-1 probability 0.6: easy ones (runner-up 0.05) take the
+    top-1 at every position with chance 0.95, hard ones (runner-up 0.35) with 0.25.  Calibrated on
+    chains of 3, a policy that drafts the chain of 3 only in easy rounds (1 in hard ones) gains
+    1 + (0.95 + 0.95^2 + 0.95^3 + 0.25) / 2; per-position acceptances by draft probability and
+    depth (the rounds' kind unseen, the survivors of a depth the easy kind) miss it far, the model
+    with the margin feature recovers it."""
+    from simtree.acceptance.drafted_rounds import fit_drafted_model
+    rng = np.random.default_rng(1)
+    easy, hard = [[0.6, 0.05]] * 3, [[0.6, 0.35]] * 3
+    calib = [_chain_round(*(easy, 0.95) if i % 2 else (hard, 0.25), 3, rng) for i in range(3000)]
+    test = [_chain_round(easy, 0.95, 3, rng) if i % 2 else _chain_round(hard, 0.25, 1, rng) for i in range(400)]
+    truth = 1 + (0.95 + 0.95 ** 2 + 0.95 ** 3 + 0.25) / 2
+    model = fit_drafted_model(calib)
+    assert model.features == ("margin",)                          # no confidence head in these records
+    assert drafted_accepted_per_round(model, test) == pytest.approx(truth, rel=0.03)
+    assert drafted_accepted_per_round(model, calib) == pytest.approx(np.mean([r.num_accepted + 1 for r in calib]),
+                                                                     rel=1e-4)    # the shift's in-sample equation
+    product = fit_drafted_model(calib, parent_states=False, features=())
+    assert drafted_accepted_per_round(product, test) < truth * 0.85
+
+
+def test_a_node_under_a_runner_up_parent_has_a_calibration_of_its_own():
+    """The target takes the next position's top-1 with chance 0.8 after the drafter's top-1 and
+    never after its runner-up (the marginal's top-1 continues the likelier text).  Calibrated on a
+    tree holding both branches, the chain of top-1 tokens gains 1 + 0.55 + 0.55 * 0.8 with the
+    parent state's curve; pooled over parents, depth 2 takes the mixed rate."""
+    from simtree.acceptance.drafted_rounds import fit_drafted_model
+    rng = np.random.default_rng(2)
+
+    def round_(parents, tokens):
+        first = 10 if rng.random() < 0.55 else 11 if rng.random() < 0.8 else 12
+        second = 10 if first == 10 and rng.random() < 0.8 else 13
+        path = [0] + [i for i in range(1, len(tokens)) if parents[i] == 0 and tokens[i] == first][:1]
+        if len(path) == 2 and second == 10:
+            path += [i for i in range(1, len(tokens)) if parents[i] == path[1] and tokens[i] == 10][:1]
+        target = [first, second, 99][:len(path)]
+        return _record(parents, tokens, [[10, 11]] * 2, [[0.5, 0.4], [0.7, 0.2]], target, path,
+                       marginal_ranks=[{10: 0, 11: 1}.get(t, 2) for t in target[:2]])
+    calib = [round_([-1, 0, 0, 1, 2], [0, 10, 11, 10, 10]) for _ in range(3000)]   # a top-1 child under each
+    chain = [round_([-1, 0, 1], [0, 10, 10]) for _ in range(50)]
+    truth = 1 + 0.55 + 0.55 * 0.8
+    model = fit_drafted_model(calib, features=(), shift=False)
+    pooled = fit_drafted_model(calib, parent_states=False, features=(), shift=False)
+    assert drafted_accepted_per_round(model, chain) == pytest.approx(truth, rel=0.02)
+    assert drafted_accepted_per_round(pooled, chain) < truth * 0.95
