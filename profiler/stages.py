@@ -12,7 +12,7 @@ metadata all GDN layers of a round share, built once per round); ``<kind>_proj_s
 (MLP / MoE + its norm); ``lm_head_step`` (final norm, vocab GEMM, greedy pick); ``draft_step``
 (``num_steps`` sequential steps of a one-layer draft head at b * topk tokens);
 ``draft_block``, ``draft_tfm``, ``draft_dspark`` (one round of a block drafter family over its
-own axes, variant ``layers``: profiler/drafter_pieces.py); ``stack_verify_step`` (a measured stack of real layers, variant ``stack<L>``, to validate
+own axes, variant ``round``: the runtime's round code, profiler/drafter_pieces.py); ``stack_verify_step`` (a measured stack of real layers, variant ``stack<L>``, to validate
 the composition). Variants the profiler does not build itself come from the caller as
 ``builders`` ({variant: :class:`~simtree.costs.steps.StepBuilder`}): `simtree profile` hands
 in the runtime's ``runtime_tiny`` (``model_verify_step`` / ``draft_step`` of its shipped
@@ -31,7 +31,7 @@ from simtree.errors import SimtreeError
 from simtree.models import COMMIT_STAGE, DECODE_STAGE, MODEL_ROUND_STAGE, ROUND_STAGE, VERIFY_STAGE
 
 from . import pieces
-from .drafter_pieces import DRAFTER_STAGES, check_drafter, drafter_workload
+from .drafter_pieces import DRAFTER_STAGES, ROUND_VARIANT, check_drafter, drafter_workload
 from .layer_pieces import LAYERS_VARIANT, check_layers, layers_workload
 from .pieces import Ctx, nbytes, tree_batch
 
@@ -67,7 +67,9 @@ def _no_builder(p: Point) -> Unavailable:
 def default_variants(stage: str, device: str) -> tuple[str, ...]:
     """The variants a sweep times for ``stage`` when its YAML does not list them."""
     cuda = str(device).startswith("cuda")
-    if stage in LAYERS_ONLY_STAGES or stage in DRAFTER_STAGES:
+    if stage in DRAFTER_STAGES:
+        return (ROUND_VARIANT,)
+    if stage in LAYERS_ONLY_STAGES:
         return (LAYERS_VARIANT,)
     if stage == "gdn_tree_verify":
         return ("triton_tree", "fla_chunk") if cuda else ("torch_ref",)
@@ -348,8 +350,6 @@ def build_workload(ctx: Ctx, p: Point, builders: Mapping[str, StepBuilder] = NO_
     if p.variant in builders:
         return builders[p.variant].workload(ctx, p)
     if p.stage in DRAFTER_STAGES:
-        if p.variant != LAYERS_VARIANT:
-            raise Unavailable(f"{p.stage} is timed by variant {LAYERS_VARIANT!r} only, not {p.variant!r}")
         return drafter_workload(ctx, p)
     if p.variant == LAYERS_VARIANT:
         return layers_workload(ctx, p)

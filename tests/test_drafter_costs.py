@@ -109,7 +109,7 @@ def test_cpu_profile_stage_writes_rows_over_each_familys_axes(tmp_path):
     res = run_sweep(tmp_path / "s.yaml", tmp_path / "prof.csv", progress=False, echo=lambda s: None)
     assert res.exit_code == 0
     df = load_profile(tmp_path / "prof.csv")
-    assert set(df["stage"]) == set(DRAFTER_STAGE.values()) and set(df["variant"]) == {"layers"}
+    assert set(df["stage"]) == set(DRAFTER_STAGE.values()) and set(df["variant"]) == {"round"}
     tfm = df[df["stage"] == "draft_tfm"]
     assert sorted(zip(tfm["nodes_per_seq"], tfm["topk"], tfm["num_steps"]))[:4] == \
         [(3, 1, 2), (3, 1, 2), (3, 2, 1), (3, 2, 1)]        # steps = ceil((n - 1) / w), per batch size

@@ -20,15 +20,19 @@ best-first order - every prefix of it is a tree, the one the planner's builder p
 tree laid out is its first m = min(D - 1, candidates) nodes in candidate order (topological:
 a depth's candidates come after its parents'); ``valid`` [B] keeps each sequence's first
 ``valid[b]`` of them in best-first order (cost_aware, batch_alloc: :mod:`.allocation`), the
-rest stay in the tree, never accepted (``valid`` False), as padding nodes do.
+rest stay in the tree, never accepted (``valid`` False), as padding nodes do.  The build and
+the layout are ``simtree.kernels.layers.device_trees``' (the block drafters' rounds and the
+profiler's stages that time them run the same code); here they take the round's shape.
 """
 from __future__ import annotations
 
 import torch
 
+from simtree.kernels.layers import device_trees
+from simtree.kernels.layers.device_trees import lay_chain, lay_out
 from simtree.kernels.layers.head import topk_logp
 
-from .drafting import RoundShape, lay_out, pad_tree
+from .drafting import RoundShape
 
 __all__ = ["draft_marginals", "marginal_candidates", "best_first", "lay_out", "lay_chain"]
 
@@ -57,46 +61,9 @@ def draft_marginals(model, ds, rs: RoundShape, first_logp, first_ids, first_hidd
 def marginal_candidates(lp: torch.Tensor, ids: torch.Tensor, rs: RoundShape) -> tuple:
     """(score, token, parent candidate (-1: the root), rank, depth), each [B, C]: the nodes a
     best-first tree of ``rs.tree_nodes`` nodes can hold (module docstring)."""
-    B, P, K = lp.shape
-    dev = lp.device
-    keep = max(rs.tree_nodes - 1, 1)
-    ranks = torch.arange(K, device=dev)
-    score, tok = lp[:, 0].float(), ids[:, 0]
-    out = [(score, tok, torch.full_like(tok, -1), ranks.expand(B, K), torch.ones_like(tok))]
-    offset = 0
-    for d in range(1, P):
-        w = min(score.shape[1], keep)
-        f = torch.sort(score, dim=1, descending=True, stable=True).indices[:, :w]
-        cum = (score.gather(1, f)[:, :, None] + lp[:, d, None, :].float()).reshape(B, w * K)
-        child_tok = ids[:, d, None, :].expand(B, w, K).reshape(B, w * K)
-        parent = (offset + f).repeat_interleave(K, dim=1)
-        offset += score.shape[1]
-        score, tok = cum, child_tok
-        out.append((cum, child_tok, parent, ranks.repeat(w).expand(B, w * K), torch.full_like(child_tok, d + 1)))
-    return tuple(torch.cat(x, 1) for x in zip(*out))
+    return device_trees.marginal_candidates(lp, ids, rs.tree_nodes)
 
 
 def best_first(cand: tuple, rs: RoundShape) -> torch.Tensor:
     """int64 [B, m]: the candidates of the best-first tree in pop order, m = min(tree_nodes - 1, C)."""
-    score = cand[0]
-    m = min(rs.tree_nodes - 1, score.shape[1])
-    return torch.sort(score, dim=1, descending=True, stable=True).indices[:, :m]
-
-
-def lay_chain(out, roots: torch.Tensor, lp: torch.Tensor, tok: torch.Tensor, keep: torch.Tensor | None = None) -> None:
-    """The chain root -> tok[:, 0] -> ... -> tok[:, m - 1] (``lp``, ``tok`` [B, m]: the chain's
-    log-probabilities and tokens) as the round's tree, each node scored by its prefix's summed
-    log-probabilities; the bucket's nodes past it padding.  ``keep`` [B]: each sequence's chain
-    is valid up to depth keep[b] (DSpark's verified prefix; the rest stays in the tree, never
-    accepted); None: all of it (a linear round's chain, ``drafting.draft_tree``'s at k = 1)."""
-    m = tok.shape[1]
-    cols = torch.arange(m + 1, device=roots.device)
-    out.tokens[:, 0] = roots
-    out.tokens[:, 1:m + 1] = tok
-    out.parents[:, :m + 1] = cols - 1
-    out.depth[:, :m + 1] = cols
-    out.rank[:, :m + 1] = 0
-    out.score[:, 0] = 0.0
-    out.score[:, 1:m + 1] = torch.cumsum(lp.float(), 1)
-    out.valid[:, :m + 1] = True if keep is None else cols[None, :] <= keep[:, None]
-    pad_tree(out, m + 1, 1)
+    return device_trees.best_first(cand, rs.tree_nodes)

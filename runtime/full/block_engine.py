@@ -12,7 +12,7 @@ One round, every stage on the device in static shapes (:class:`.engine.FullEngin
              context rows the last round accepted - the target's outputs at the tapped layers
              (:func:`feature_layers`) along its accepted path - are committed to the drafter's
              caches, and the block (the root, then mask rows) gives per position
-               block   top-K marginals; the best-first tree over them (:mod:`.best_first`)
+               block   top-K marginals; the best-first tree over them, built sort-based
                tfm     the adapter's best-first tree over its conditionals, ``width`` a step
                dspark  the Markov head's chain and the confidence head; each sequence verifies
                        the prefix whose predicted survival (the confidences' product) clears the
@@ -20,6 +20,8 @@ One round, every stage on the device in static shapes (:class:`.engine.FullEngin
                        takes over the batch's survivals (:mod:`.allocation`: the m most likely
                        positions, m maximising the round's rate - the threshold rises with load);
                        the rest of the chain stays in the tree, never accepted (``valid`` False)
+             - everything after the backbone is ``kernels.layers.drafters.draft_round``, the
+             function the profiler's drafter stages time
     verify   the target over the trees, its tapped features kept; the accepted path's rows
              become the next draft's context (no catch-up stage: the next draft commits them)
     commit   the target's accepted path
@@ -41,14 +43,11 @@ import torch
 
 from simtree.drafters import PUBLIC, own_block_len
 from simtree.errors import SimtreeError
-from simtree.kernels.layers.drafters import (backbone_forward, block_marginals, dspark_draft, survival, tfm_tree,
-                                             tfm_tree_rescored)
-from simtree.kernels.layers.drafters.block import DeviceTree
+from simtree.kernels.layers.drafters import backbone_forward, draft_round
 
 from .allocation import drafter_cost
-from .best_first import best_first, lay_chain, marginal_candidates
 from .block_drafters import DrafterRound
-from .drafting import MARGINAL_TOPK, RoundShape, lay_out, pad_tree
+from .drafting import MARGINAL_TOPK, RoundShape
 from .engine import FullEngine
 
 __all__ = ["BlockEngine", "make_engine", "check_block_len", "feature_layers", "FAMILY_FIELDS", "trained_drafter",
@@ -159,40 +158,19 @@ class BlockEngine(FullEngine):
         if scores is not None:
             scores.draw(self.B)
         d.anchor.copy_(self.roots)
-        hid = d.hidden()
-        if rs.drafter == "tfm":
-            tree = (d.w, hid, self.roots, d.cfg.cand_k, rs.tree_nodes, rs.width)
-            self._set_tree(tfm_tree(*tree) if scores is None else tfm_tree_rescored(*tree, scores.rescore_at))
-            return
-        if rs.drafter == "block":
-            lp, ids = block_marginals(d.w, hid, MARGINAL_TOPK)
-        else:
-            lp, ids, conf = dspark_draft(d.w, hid, self.roots, MARGINAL_TOPK)
-            self.confidence.copy_(conf)
-        if self.traced:     # for last_round
-            self.marginal_ids.copy_(ids)
-            self.marginal_lp.copy_(lp)
-        if scores is not None:   # every position's row of the round's level at once
-            lp = scores.rescore_at(torch.arange(lp.shape[1], device=lp.device).expand(self.B, -1), lp)
-        if rs.drafter == "block":
-            cand = marginal_candidates(lp, ids, rs)
-            lay_out(self.tree, self.roots, cand, best_first(cand, rs), rs.topk)
-        else:
-            surv = survival(lp[..., 0].exp()) if scores is not None else survival(self.confidence)
-            m = rs.tree_nodes - 1     # the chain's drafts the bucket holds
-            surv = surv[:, :m]
-            if rs.threshold is not None:    # the prefix that clears the threshold, or the schedule's
-                keep = (surv >= rs.threshold).sum(1)
-            else:
-                keep = self.alloc.allocate(surv, self.st.lengths.double().mean())
-            lay_chain(self.tree, self.roots, lp[:, :m, 0], ids[:, :m, 0], keep)
-            self.verified_len.copy_(keep)
-
-    def _set_tree(self, dt: DeviceTree) -> None:
-        t, N = self.tree, dt.tokens.shape[1]
-        for name in ("tokens", "parents", "depth", "rank", "score", "valid"):
-            getattr(t, name)[:, :N] = getattr(dt, name)
-        pad_tree(t, N, max(self.drafter.cfg.cand_k, 1))
+        keep = None
+        if rs.drafter == "dspark":   # the prefix that clears the threshold, or the schedule's
+            keep = rs.threshold if rs.threshold is not None else \
+                (lambda surv: self.alloc.allocate(surv, self.st.lengths.double().mean()))
+        out = draft_round(rs.drafter, d.w, d.cfg, d.hidden(), self.roots, self.tree, tree_nodes=rs.tree_nodes,
+                          width=rs.width, topk=MARGINAL_TOPK, keep=keep,
+                          rescore=None if scores is None else scores.rescore_at)
+        if out.confidence is not None:
+            self.confidence.copy_(out.confidence)
+            self.verified_len.copy_(out.verified_len)
+        if self.traced and out.lp is not None:     # for last_round
+            self.marginal_ids.copy_(out.ids)
+            self.marginal_lp.copy_(out.lp)
 
     def _verify(self) -> None:
         super()._verify()

@@ -17,7 +17,9 @@ The marginal modes (best_first, cost_aware, batch_alloc) draft a top-1 chain and
 position's top-K as its marginal; their trees are best-first over those (:mod:`.best_first`).
 
 Nodes past the budget, up to the bucket's ``nodes``, are padding: leaves under the root that
-are never accepted (``valid`` False), so no real node sees them.
+are never accepted (``valid`` False), so no real node sees them.  The tree buffers and their
+layout (``TreeBuffers``, ``lay_out``, ``pad_tree``) are ``simtree.kernels.layers.device_trees``,
+which the profiler's drafter stages time too.
 """
 from __future__ import annotations
 
@@ -27,13 +29,13 @@ from dataclasses import dataclass
 import torch
 
 from simtree.errors import SimtreeError
+from simtree.kernels.layers.device_trees import TreeBuffers, lay_out, pad_tree
+from simtree.kernels.layers.drafters.round import MARGINAL_TOPK
 from simtree.kernels.layers.head import topk_logp
 from simtree.planning.modes import RUNTIME_MODES, PolicySpec
 
 __all__ = ["RoundShape", "round_shape", "TreeBuffers", "topk_logp", "own_row_bits", "draft_tree",
            "accepted_path", "lay_out", "pad_tree", "pad_round", "RUNTIME_MODES", "MARGINAL_TOPK"]
-
-MARGINAL_TOPK = 4   # candidates per drafted position of the marginal modes (the tiny runtime's too)
 
 
 @dataclass(frozen=True)
@@ -195,25 +197,6 @@ def pad_round(rs: RoundShape, batch_size: int, costs) -> RoundShape:
     return rs if nodes <= rs.nodes else dataclasses.replace(rs, nodes=nodes, padded_from=rs.nodes)
 
 
-@dataclass
-class TreeBuffers:
-    """The round's trees, int64 [B, n] (score float32): tokens, parents (local, -1 root), depth,
-    sibling rank (0 = the drafter's best child), valid (False: padding), cumulative draft score."""
-
-    tokens: torch.Tensor
-    parents: torch.Tensor
-    depth: torch.Tensor
-    rank: torch.Tensor
-    valid: torch.Tensor
-    score: torch.Tensor
-
-    @classmethod
-    def empty(cls, B: int, n: int, device) -> "TreeBuffers":
-        z = lambda: torch.zeros(B, n, dtype=torch.int64, device=device)  # noqa: E731
-        return cls(z(), z(), z(), z(), torch.zeros(B, n, dtype=torch.bool, device=device),
-                   torch.zeros(B, n, dtype=torch.float32, device=device))
-
-
 def own_row_bits(rs: RoundShape, device) -> list[torch.Tensor]:
     """Per draft step i = 1..s-1: int64 [frontier, W], the scratch-row bit of each frontier node."""
     W = (rs.scratch_rows + 63) // 64
@@ -270,45 +253,6 @@ def draft_tree(model, ds, rs: RoundShape, roots, first_logp, first_ids, first_hi
     cand = tuple(torch.cat(x, 1) for x in (scores, toks, parent, rank, depth))
     best = torch.sort(cand[0], dim=1, descending=True, stable=True).indices[:, :D - 1]
     lay_out(out, roots, cand, best, k)
-
-
-def lay_out(out: TreeBuffers, roots: torch.Tensor, cand: tuple, best: torch.Tensor, pad_rank: int,
-            valid: torch.Tensor | None = None) -> None:
-    """The tree of the candidates ``best`` [B, m] (any order closed under parents) into ``out``:
-    the root, the m nodes in topological order, padding leaves under the root up to the
-    bucket.  ``valid`` [B]: only the first valid[b] of ``best`` (its order) may be accepted."""
-    score, tok, par_c, rnk, dep = cand
-    B, m = best.shape
-    dev = best.device
-    idx, pos_in_best = best.sort(dim=1)                                      # topological order
-    local = torch.arange(1, m + 1, device=dev).expand(B, m)
-    pos_of = torch.zeros_like(score, dtype=torch.int64).scatter_(1, idx, local)
-    pc = par_c.gather(1, idx)
-    D = m + 1
-    out.tokens[:, 0] = roots
-    out.tokens[:, 1:D] = tok.gather(1, idx)
-    out.parents[:, 0] = -1
-    out.parents[:, 1:D] = torch.where(pc < 0, 0, pos_of.gather(1, pc.clamp(min=0)))
-    out.depth[:, 0] = 0
-    out.depth[:, 1:D] = dep.gather(1, idx)
-    out.rank[:, 0] = 0
-    out.rank[:, 1:D] = rnk.gather(1, idx)
-    out.score[:, 0] = 0.0
-    out.score[:, 1:D] = score.gather(1, idx)
-    out.valid[:, 0] = True
-    out.valid[:, 1:D] = True if valid is None else pos_in_best < valid[:, None]
-    pad_tree(out, D, pad_rank)
-
-
-def pad_tree(out: TreeBuffers, D: int, pad_rank: int) -> None:
-    """Nodes D.. of the bucket: padding, leaves under the root that are never accepted."""
-    if out.tokens.shape[1] > D:
-        out.tokens[:, D:] = 0
-        out.parents[:, D:] = 0
-        out.depth[:, D:] = 1
-        out.rank[:, D:] = pad_rank
-        out.score[:, D:] = float("-inf")
-        out.valid[:, D:] = False
 
 
 def accepted_path(parents: torch.Tensor, depth: torch.Tensor, accepted: torch.Tensor, rows: int) -> torch.Tensor:

@@ -6,19 +6,27 @@ Per family with rows (``draft_block``, ``draft_tfm``, ``draft_dspark`` of the sa
 device, dtype and deployment as the verify rows): the surface over the family's axes
 (:data:`~simtree.costs.model.DRAFTER_COLUMNS`: x, y, batch) with the same convex programs as
 C_d (forms basis, grid, grid_lin; monotone in every axis, convex in x), the form with the
-lowest k-fold held-out median relative error kept and that error reported.  Rows at several
-context lengths are merged by median (the drafter's context adds little and C_d takes no l),
-and so are a block drafter's rows at several top-K (the marginals' top-K is one top-k op).
+lowest k-fold held-out median relative error kept and that error reported.  A block drafter's
+rows at several top-K are merged by median (the marginals' top-K is one top-k op).
 The drafter's own block length (``drafter_config``) goes into the info: a policy asking for a
 longer block is refused (:meth:`DrafterCostModel.check_block_len`).
 
-The block family's C_d is the stage's round without its tree builder (:func:`loop_free_block_rows`):
-the ``draft_block`` stage builds the tree with ``kernels.layers.drafters.tree_from_marginals``,
-n - 1 sequential steps of identical static-shape work, while the runtime's block round builds it
-sort-based in a few steps whatever n (``runtime/full/best_first.py``, as the MTP layer's
-best-first rounds do: 10-25 us over a linear chain's in the H100 modes runs).  Priced with the
-steps, C_d grew about 43 us a node on the H100 at batch 8 that no round runs (block_d8: 0.3 ms,
-block_d16: 0.65 ms of a 2.3 ms round; docs/validation.md).
+Context is an axis where the rows hold several: the drafter's layers attend to its cached
+context, work that grows with b x l (at batch 32 the rounds timed at context 1024 priced V4's
+runs at ~260 7-10% high), so one surface is fitted per context timed and C_d at context l is
+interpolated linearly between them (clamped to the timed range; the model's own surface, asked
+without l, is the largest context's: :class:`~simtree.costs.model.DrafterCostModel`).
+
+How a row was timed is its ``variant`` (``simtree.drafters``): ``round`` rows time the runtime's
+own draft code (``kernels.layers.drafters.draft_round``) and are fitted as timed.  Older tables'
+``layers`` rows of ``draft_block`` built the tree with ``kernels.layers.drafters.tree_from_marginals``,
+n - 1 sequential steps of identical static-shape work, which the runtime's block round does not
+run (it builds the tree sort-based in a few steps whatever n, ``kernels.layers.device_trees``,
+as the MTP layer's best-first rounds do: 10-25 us over a linear chain's in the H100 modes runs);
+priced with the steps, C_d grew about 43 us a node on the H100 at batch 8 that no round runs
+(block_d8: 0.3 ms, block_d16: 0.65 ms of a 2.3 ms round; docs/validation.md).  Those rows get
+the steps taken out (:func:`loop_free_block_rows`); ``round`` rows never do.  A table holding
+both keeps the ``round`` rows of a family and says so.
 """
 from __future__ import annotations
 
@@ -27,10 +35,10 @@ import pandas as pd
 
 from simtree.costs.model import DRAFTER_AXES, DRAFTER_COLUMNS, DRAFTER_FAMILIES, DRAFTER_STAGE, DrafterCostModel
 from simtree.costs.surface_fit import fit_surface
-from simtree.drafters import own_block_len
+from simtree.drafters import LOOP_BUILDER_VARIANT, ROUND_VARIANT, own_block_len
 from simtree.errors import SimtreeError
 
-__all__ = ["fit_drafters", "drafter_rows", "loop_free_block_rows", "DRAFTER_FORMS"]
+__all__ = ["fit_drafters", "drafter_rows", "loop_free_block_rows", "timed_rows", "DRAFTER_FORMS"]
 
 DRAFTER_FORMS = ("basis", "grid", "grid_lin")   # dense: the drafter's layers have no experts here
 
@@ -72,54 +80,94 @@ def loop_free_block_rows(rows: pd.DataFrame) -> tuple[pd.DataFrame, str | None]:
     return out, "; ".join(notes) or None
 
 
+def timed_rows(rows: pd.DataFrame, family: str) -> tuple[pd.DataFrame, list[str]]:
+    """(rows of one family as the runtime's round runs, notes): ``round`` rows as timed where the
+    table has them (older ``layers`` rows of the same family dropped, the note says how many);
+    else the ``layers`` rows, a block drafter's less its stage's tree-builder steps
+    (:func:`loop_free_block_rows`).  Any other variant, or none known: one line."""
+    variants = set(rows["variant"].unique())
+    unknown = variants - {ROUND_VARIANT, LOOP_BUILDER_VARIANT}
+    what = f"C_d of the {family} drafter from stage {DRAFTER_STAGE[family]}"
+    if unknown:
+        raise SimtreeError(f"{what}: unknown variant(s) {', '.join(sorted(unknown))} (known: {ROUND_VARIANT}, "
+                           f"{LOOP_BUILDER_VARIANT})")
+    if ROUND_VARIANT in variants:
+        old = int((rows["variant"] != ROUND_VARIANT).sum())
+        note = [f"{family} drafter: {old} older {LOOP_BUILDER_VARIANT!r} row(s) dropped beside the "
+                f"{ROUND_VARIANT!r} rows (the runtime's round)"] if old else []
+        return rows[rows["variant"] == ROUND_VARIANT], note
+    if family != "block":
+        return rows, []
+    rows, note = loop_free_block_rows(rows)
+    return rows, [note] if note else []
+
+
 def fit_drafters(df: pd.DataFrame, *, model: str, device: str, dtype: str, deployment: str, source: dict,
                  folds: int = 5, on_fit=None) -> tuple[dict, list[str]]:
     """({family: DrafterCostModel}, notes) for every family the table has rows of; a family
     whose rows cannot be fitted (too few points, one x value) is left out with a note, so a
-    cut-short drafter sweep never stops the fit of C_v and C_d."""
+    cut-short drafter sweep never stops the fit of C_v and C_d.  Rows at several contexts: one
+    surface per context (module docstring); a context whose rows cannot be fitted is left out
+    with a note."""
     out, notes = {}, []
     for fam in DRAFTER_FAMILIES:
         rows = drafter_rows(df, fam, model, device, dtype, deployment)
         if rows.empty:
             continue
-        what = f"C_d of the {fam} drafter from stage {DRAFTER_STAGE[fam]}"
-        if rows["variant"].nunique() > 1:
-            raise SimtreeError(f"{what}: several variants ({', '.join(sorted(rows['variant'].unique()))})")
-        fnotes = []
-        for col in ("context_len", "topk") if fam == "block" else ("context_len",):
-            if rows[col].nunique() > 1:
-                fnotes.append(f"{fam} drafter rows at several {col} merged by median")
-        if fam == "block":
-            rows, note = loop_free_block_rows(rows)
-            fnotes += [note] if note else []
-        xc, yc, zc = DRAFTER_COLUMNS[fam]
-        try:
-            res = fit_surface(rows[xc], rows[yc], rows[zc], rows["latency_us_median"], "draft", DRAFTER_AXES[fam],
-                              forms=DRAFTER_FORMS, folds=folds, what=what, on_fit=on_fit)
-        except SimtreeError as exc:   # too few points (a sweep cut short): the bundle goes without it
-            notes.append(f"{fam} drafter not fitted: {exc}")
+        rows, fnotes = timed_rows(rows, fam)
+        if fam == "block" and rows["topk"].nunique() > 1:
+            fnotes.append(f"{fam} drafter rows at several topk merged by median")
+        per_context = {}
+        for ctx in sorted(rows["context_len"].unique()):
+            sub = rows[rows["context_len"] == ctx]
+            what = f"C_d of the {fam} drafter from stage {DRAFTER_STAGE[fam]}" + \
+                (f" at context {int(ctx)}" if rows["context_len"].nunique() > 1 else "")
+            try:
+                per_context[int(ctx)] = _fit_one(sub, fam, what, source, folds, on_fit, fnotes)
+            except SimtreeError as exc:   # too few points (a sweep cut short): the bundle goes without it
+                notes.append(f"{fam} drafter not fitted: {exc}")
+        if not per_context:
             continue
-        info = {"form": res.form, "valid_range": res.surface.valid_range,
-                "source": {**source, "stage": DRAFTER_STAGE[fam], "variant": rows["variant"].iloc[0]},
-                "num_points": res.num_points, "columns": list(DRAFTER_COLUMNS[fam]),
-                "fit_error": {"heldout": res.heldout, "in_sample": res.in_sample, "kept": res.form},
-                "worst_residuals": res.worst, "worst_heldout_residuals": res.worst_heldout,
-                "notes": list(res.notes) + fnotes, "convex_in_x": res.convex_in_x,
-                "block_len": own_block_len(fam)}
-        out[fam] = DrafterCostModel(res.surface, info, fam)
-        med = (res.heldout.get(res.form) or {}).get("median")
+        top = per_context[max(per_context)]
+        if len(per_context) > 1:
+            top.info["by_context"] = sorted(per_context)
+            top.by_context = tuple(sorted(per_context.items()))
+            fnotes.append(f"{fam} drafter: C_d fitted at contexts {', '.join(map(str, sorted(per_context)))}, "
+                          "interpolated linearly in l between them")
+        top.info["notes"] = list(top.info["notes"]) + [n for n in fnotes if n not in top.info["notes"]]
+        out[fam] = top
         notes.extend(fnotes)
-        notes.append(f"{fam} drafter: form {res.form}, held-out median error "
-                     f"{'?' if med is None else f'{100 * med:.1f}%'} over {res.num_points} points")
+        for ctx, m in sorted(per_context.items()):
+            med = (m.info["fit_error"]["heldout"].get(m.info["form"]) or {}).get("median")
+            at = f" at context {ctx}" if len(per_context) > 1 else ""
+            notes.append(f"{fam} drafter{at}: form {m.info['form']}, held-out median error "
+                         f"{'?' if med is None else f'{100 * med:.1f}%'} over {m.info['num_points']} points")
     return out, notes
 
 
-FIT_COLUMNS = ("model", "device", "drafter", "form", "points", "heldout_median", "heldout_p90", "spread_median")
+def _fit_one(rows: pd.DataFrame, fam: str, what: str, source: dict, folds: int, on_fit, fnotes) -> DrafterCostModel:
+    xc, yc, zc = DRAFTER_COLUMNS[fam]
+    res = fit_surface(rows[xc], rows[yc], rows[zc], rows["latency_us_median"], "draft", DRAFTER_AXES[fam],
+                      forms=DRAFTER_FORMS, folds=folds, what=what, on_fit=on_fit)
+    info = {"form": res.form, "valid_range": res.surface.valid_range,
+            "source": {**source, "stage": DRAFTER_STAGE[fam], "variant": rows["variant"].iloc[0],
+                       "context_len": int(rows["context_len"].iloc[0])},
+            "num_points": res.num_points, "columns": list(DRAFTER_COLUMNS[fam]),
+            "fit_error": {"heldout": res.heldout, "in_sample": res.in_sample, "kept": res.form},
+            "worst_residuals": res.worst, "worst_heldout_residuals": res.worst_heldout,
+            "notes": list(res.notes) + list(fnotes), "convex_in_x": res.convex_in_x,
+            "block_len": own_block_len(fam)}
+    return DrafterCostModel(res.surface, info, fam)
+
+
+FIT_COLUMNS = ("model", "device", "drafter", "context_len", "form", "points", "heldout_median", "heldout_p90",
+               "spread_median")
 
 
 def fit_rows(profile) -> list[dict]:
-    """Every (model, drafter family) of a profile table fitted: its kept form, points, held-out
-    median and p90 relative error and the rows' own timing spread ((p90 - p10) / median)."""
+    """Every (model, drafter family, context fitted) of a profile table: its kept form, points,
+    held-out median and p90 relative error and the fitted rows' own timing spread
+    ((p90 - p10) / median)."""
     from simtree.costs.profile_table import load_profile
 
     df = load_profile(profile)
@@ -128,21 +176,25 @@ def fit_rows(profile) -> list[dict]:
         models, _ = fit_drafters(df, model=model, device=device, dtype=dtype, deployment=dep,
                                  source={"profile": str(profile)})
         for fam, m in models.items():
-            e = m.info["fit_error"]["heldout"][m.info["form"]]
-            rows = drafter_rows(df, fam, model, device, dtype, dep)
-            spread = float(((rows["latency_us_p90"] - rows["latency_us_p10"]) / rows["latency_us_median"]).median())
-            out.append(dict(zip(FIT_COLUMNS, (model, device, fam, m.info["form"], m.info["num_points"],
-                                              float(e["median"]), float(e["p90"]), spread))))
+            rows = drafter_rows(df, fam, model, device, dtype, dep)        # as timed: their own spread
+            rows = rows[rows["variant"] == m.info["source"]["variant"]]
+            for ctx, mc in (m.by_context or ((int(m.info["source"]["context_len"]), m),)):
+                e = mc.info["fit_error"]["heldout"][mc.info["form"]]
+                r = rows[rows["context_len"] == ctx] if m.by_context else rows
+                spread = float(((r["latency_us_p90"] - r["latency_us_p10"]) / r["latency_us_median"]).median())
+                out.append(dict(zip(FIT_COLUMNS, (model, device, fam, int(ctx), mc.info["form"], mc.info["num_points"],
+                                                  float(e["median"]), float(e["p90"]), spread))))
     return out
 
 
 def fit_table(profile) -> str:
-    """Markdown: every (model, drafter family) of a profile table fitted, with its held-out error."""
-    lines = ["| model | device | drafter | form | points | held-out median | held-out p90 | spread p10-p90 (median) |",
-             "|---|---|---|---|---|---|---|---|"]
+    """Markdown: every (model, drafter family, context) of a profile table fitted, with its held-out error."""
+    lines = ["| model | device | drafter | context | form | points | held-out median | held-out p90 | "
+             "spread p10-p90 (median) |", "|---|---|---|---|---|---|---|---|---|"]
     for r in fit_rows(profile):
-        lines.append(f"| {r['model']} | {r['device']} | {r['drafter']} | {r['form']} | {r['points']} | "
-                     f"{100 * r['heldout_median']:.1f}% | {100 * r['heldout_p90']:.1f}% | {100 * r['spread_median']:.1f}% |")
+        lines.append(f"| {r['model']} | {r['device']} | {r['drafter']} | {r['context_len']} | {r['form']} | "
+                     f"{r['points']} | {100 * r['heldout_median']:.1f}% | {100 * r['heldout_p90']:.1f}% | "
+                     f"{100 * r['spread_median']:.1f}% |")
     return "\n".join(lines) + "\n"
 
 

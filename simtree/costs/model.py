@@ -30,6 +30,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Protocol, Sequence, runtime_checkable
 
+import numpy as np
+
 from simtree.costs.checks import check_physical, set_range_label
 from simtree.costs.forms import surface_from_dict
 from simtree.costs.verify_pad import PAD_KEY, check_pad_record, padded_nodes
@@ -198,12 +200,36 @@ class DrafterCostModel(_SurfaceModel):
     """C_d of one block-drafter family's round in microseconds for the whole batch, over the
     family's axes (:data:`DRAFTER_AXES`): block C(tree_nodes, block_len, b), tfm C(tree_nodes,
     adapter_steps, b), dspark C(topk, block_len, b).  info adds ``family`` and ``block_len`` (the
-    drafter's own block: a policy may not ask for more)."""
+    drafter's own block: a policy may not ask for more).
+
+    ``by_context``: ((context_len, DrafterCostModel), ...) ascending where the rounds were timed
+    at several contexts (the drafter attends to its cached context): ``predict(..., context_len=l)``
+    interpolates linearly between the two nearest, clamped to the timed contexts and made
+    non-decreasing in l; without l, or with one context timed, the model's own surface (the
+    largest context's)."""
 
     family: str = "block"
+    by_context: tuple = ()
 
-    def predict(self, x, y, batch_size):
-        return self.surface.predict(x, y, batch_size)
+    def predict(self, x, y, batch_size, context_len=None):
+        if context_len is None or len(self.by_context) < 2:
+            return self.surface.predict(x, y, batch_size)
+        ls = [float(c) for c, _ in self.by_context]
+        preds = [m.surface.predict(x, y, batch_size) for _, m in self.by_context]
+        scalar = all(isinstance(v, (int, float)) for v in (x, y, batch_size, context_len))
+        out = prev = preds[0]
+        for i in range(1, len(ls)):      # clamped piecewise-linear in l, each context's at least the last's
+            cur = max(preds[i], prev) if scalar else np.maximum(preds[i], prev)
+            t = (min(max((context_len - ls[i - 1]) / (ls[i] - ls[i - 1]), 0.0), 1.0) if scalar
+                 else np.clip((np.asarray(context_len, np.float64) - ls[i - 1]) / (ls[i] - ls[i - 1]), 0.0, 1.0))
+            out = out + t * (cur - prev)
+            prev = cur
+        return float(out) if scalar else out
+
+    @property
+    def contexts(self) -> list[int]:
+        """The contexts C_d was fitted at (one: []), ascending."""
+        return [int(c) for c, _ in self.by_context]
 
     @property
     def block_len(self) -> int | None:
@@ -219,7 +245,10 @@ class DrafterCostModel(_SurfaceModel):
         return block_len
 
     def to_dict(self) -> dict:
-        return {"family": self.family, **super().to_dict()}
+        out = {"family": self.family, **super().to_dict()}
+        if self.by_context:
+            out["by_context"] = [{"context_len": int(c), **_SurfaceModel.to_dict(m)} for c, m in self.by_context]
+        return out
 
     @classmethod
     def from_dict(cls, d: dict):
@@ -227,7 +256,20 @@ class DrafterCostModel(_SurfaceModel):
         if fam not in DRAFTER_FAMILIES:
             raise SimtreeError(f"unknown drafter family {fam!r} (known: {', '.join(DRAFTER_FAMILIES)})")
         base = _SurfaceModel.from_dict(d)
-        return cls(base.surface, base.info, fam)
+        per = d.get("by_context") or []
+        if not isinstance(per, list):
+            raise SimtreeError("by_context must be a list of {context_len, surface, info}")
+        by = []
+        for e in per:
+            c = e.get("context_len") if isinstance(e, dict) else None
+            if not isinstance(c, int) or isinstance(c, bool) or c < 0:
+                raise SimtreeError(f"by_context: context_len must be an integer >= 0, got {c!r}")
+            m = _SurfaceModel.from_dict(e)
+            check_physical(m.surface, "draft")
+            by.append((c, cls(m.surface, m.info, fam)))
+        if [c for c, _ in by] != sorted({c for c, _ in by}):
+            raise SimtreeError("by_context: contexts must be distinct and ascending")
+        return cls(base.surface, base.info, fam, tuple(by))
 
 
 @dataclass

@@ -106,8 +106,8 @@ class DeploymentDrafter:
     rank: Any
     deployment: Deployment
 
-    def predict(self, x, y, batch_size):
-        return self.rank.predict(x, y, self.deployment.rank_batch(batch_size))
+    def predict(self, x, y, batch_size, context_len=None):
+        return self.rank.predict(x, y, self.deployment.rank_batch(batch_size), context_len)
 
     @property
     def family(self) -> str:

@@ -132,14 +132,14 @@ def _score_one(costs, acc, fam: str, p: dict, b: int, l: int) -> dict:
         L = model.check_block_len(int(p["block_len"]))
         n = int(p["budget"])
         g = accepted_per_round(acc, "best_first", {"budget": n, "width": 1, "draft_depth": L})
-        draft, verify = model.predict(n, L, b), costs.verify.predict(n, l, b)
+        draft, verify = model.predict(n, L, b, l), costs.verify.predict(n, l, b)
     elif fam == "tfm":
         n, w = int(p["budget"]), int(p["width"])
         if n < 1 or w < 1:
             raise SimtreeError(f"tfm candidate: budget and width must be >= 1, got {n}, {w}")
         L = model.check_block_len(int(p.get("block_len", model.block_len or 7)))
         g = accepted_per_round(acc, "best_first", {"budget": n, "width": w, "draft_depth": L})
-        draft, verify = model.predict(n, max(1, math.ceil((n - 1) / w)), b), costs.verify.predict(n, l, b)
+        draft, verify = model.predict(n, max(1, math.ceil((n - 1) / w)), b, l), costs.verify.predict(n, l, b)
     elif fam == "dspark":
         L = model.check_block_len(int(p["block_len"]))
         surv = _dspark_survival(acc, L, b)
@@ -154,7 +154,7 @@ def _score_one(costs, acc, fam: str, p: dict, b: int, l: int) -> dict:
         m = int(lens.sum())
         # the full runtime verifies a static bucket every round: the chain cut to the longest prefix
         n = dspark_bucket(lens)
-        draft, verify = model.predict(1, L, b), costs.verify.predict(n, l, b)
+        draft, verify = model.predict(1, L, b, l), costs.verify.predict(n, l, b)
         p = {**p, "threshold_used": round(float(thr_used), 6), "verified_per_seq": round(m / b, 4), "bucket": n}
     else:
         raise SimtreeError(f"unknown drafter family {fam!r}")
