@@ -21,6 +21,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from simtree.drafters import MARGINAL_TOPK
 from simtree.errors import SimtreeError
 from simtree.planning.allocation import PRICE_MEMORY_ROUNDS
 
@@ -53,7 +54,7 @@ def draft_cost_us(costs, rs: RoundShape, batch_size: int) -> float:
         return float(model.predict(rs.budget, L, batch_size))
     if rs.drafter == "tfm":
         return float(model.predict(rs.budget, max(1, -(-(rs.budget - 1) // rs.width)), batch_size))
-    return float(model.predict(1, L, batch_size))
+    return float(model.predict(MARGINAL_TOPK, L, batch_size))    # DSpark drafts its top-K per position
 
 
 class DeviceAllocation:

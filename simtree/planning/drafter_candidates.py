@@ -20,7 +20,7 @@ rounds spread over them) times the batch, over the round's time C_v + C_d:
   fixed ``threshold`` in [0, 1]; the survival of a position is the level's chain acceptance (a
   calibrated confidence head).  Sequences are spread over the levels by the levels' weights.
   The full runtime verifies a static bucket: the chain cut to the longest prefix chosen
-  (:func:`dspark_bucket`), every round, priced C_v(bucket, l, b); C_d = dspark(1, L, b).
+  (:func:`dspark_bucket`), every round, priced C_v(bucket, l, b); C_d = dspark(MARGINAL_TOPK, L, b, l).
 
 A family the bundle has no cost for, a block length beyond the drafter's, a threshold outside
 [0, 1]: one-line errors.  The replays of a full-runtime run shape and draw their trees from the
@@ -35,6 +35,7 @@ import numpy as np
 from simtree.acceptance.confidence_head import check_threshold, confidence_verify_lens
 from simtree.acceptance.mixture import AcceptanceModel
 from simtree.acceptance.predict import accepted_per_round
+from simtree.drafters import MARGINAL_TOPK
 from simtree.errors import SimtreeError
 
 __all__ = ["score_drafter_candidates", "default_drafter_grid", "drafter_specs", "score_spec", "score_run",
@@ -154,7 +155,7 @@ def _score_one(costs, acc, fam: str, p: dict, b: int, l: int) -> dict:
         m = int(lens.sum())
         # the full runtime verifies a static bucket every round: the chain cut to the longest prefix
         n = dspark_bucket(lens)
-        draft, verify = model.predict(1, L, b, l), costs.verify.predict(n, l, b)
+        draft, verify = model.predict(MARGINAL_TOPK, L, b, l), costs.verify.predict(n, l, b)   # its top-K drafted
         p = {**p, "threshold_used": round(float(thr_used), 6), "verified_per_seq": round(m / b, 4), "bucket": n}
     else:
         raise SimtreeError(f"unknown drafter family {fam!r}")

@@ -25,14 +25,14 @@ from typing import Callable, NamedTuple
 
 import torch
 
+from simtree.drafters import MARGINAL_TOPK
+
 from ..device_trees import TreeBuffers, best_first, lay_chain, lay_out, marginal_candidates, pad_tree
 from .block import DeviceTree, block_marginals
 from .dspark import dspark_draft, survival
 from .tfm import tfm_tree, tfm_tree_rescored
 
 __all__ = ["DraftedRound", "draft_round", "MARGINAL_TOPK", "set_tree"]
-
-MARGINAL_TOPK = 4   # candidates per drafted position of the marginal rounds (MTP best-first, block, dspark)
 
 
 class DraftedRound(NamedTuple):
