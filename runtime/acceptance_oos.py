@@ -240,12 +240,14 @@ def _rows(halves: dict, status: dict) -> tuple[list[dict], set]:
     return runs, keys
 
 
-def analyse(halves: dict, status: dict | None = None, words=None) -> dict:
+def analyse(halves: dict, status: dict | None = None, words=None, earlier: bool = False) -> dict:
     """The table and its summary from decoded (or kept) halves: every run predicted from its
     half's drafting pass under a calibration on a calibration half's linear runs (the module
     docstring); ``status``: {workload: "fresh" | "seen"}, each out-of-sample row's ``prompts``;
     ``words`` (the tokenizer's word tokens, :func:`prompt_token_ids`; every half holding its
-    ``prompt_ids``): the calibration reads the context's text state (decision 11)."""
+    ``prompt_ids``): the calibration reads the context's text state (decision 11); ``earlier``:
+    the model of decisions 1-9 instead (no text state, nodes below an off-chain node never
+    accepted), to compare on the same traces."""
     status = status or {}
     costs = load_costs(COSTS)
     workloads = list(dict.fromkeys(w for w, _ in halves))
@@ -254,7 +256,7 @@ def analyse(halves: dict, status: dict | None = None, words=None) -> dict:
     fitted = {w: fit_confidence(halves[w, "calibration"]["runs"][policy_name(*LINEAR[-1])]["records"], w)
               for w in records}
     # the text state of every round and drafted position, from the context alone (no outcome)
-    use_text = words is not None and all("prompt_ids" in h for h in halves.values())
+    use_text = words is not None and not earlier and all("prompt_ids" in h for h in halves.values())
     text = {k: text_features(h, h["prompt_ids"], words, policy_name(*LINEAR[-1])) for k, h in halves.items()} \
         if use_text else {}
     runs, keys = _rows(halves, status)
@@ -275,7 +277,7 @@ def analyse(halves: dict, status: dict | None = None, words=None) -> dict:
                 shifts[spec, context] = {**shift.as_dict(), "rounds": len(few), "of_rounds": len(records[target])}
                 cal = shifted_calibration(cal, shift)
             else:   # below an off-chain node (decision 10), from the same linear runs
-                scales[key] = fit_off_chain_scale(cal, records[source], text=feature)
+                scales[key] = fit_off_chain_scale(cal, [] if earlier else records[source], text=feature)
             calibrations[key] = cal
         return calibrations[key]
 
@@ -355,6 +357,8 @@ def main(argv=None) -> int:
     ap.add_argument("--drafter-calibration-start", type=int, default=DRAFTER_CALIBRATION_START,
                     help="first ShareGPT prompt of the block drafters' calibration runs (development prompts)")
     ap.add_argument("--drafter-prompts", type=int, default=DRAFTER_PROMPTS, help="prompts per half, block drafters")
+    ap.add_argument("--earlier-model", action="store_true",
+                    help="the model of decisions 1-9 (no text state, no off-chain share): a comparison on the same traces")
     ap.add_argument("--development", action="store_true",
                     help="the prompts the model was first developed on (ShareGPT 0..127, HumanEval 132..163)")
     args = ap.parse_args(argv)
@@ -379,7 +383,7 @@ def main(argv=None) -> int:
         overlap = {} if args.development else {      # ShareGPT repeats conversations: held-out text in training
             w: training_overlap(sum(prompts(w, settings["prompts"]), [])) for w in ("sharegpt", "sharegpt_code")
             if (w, "test") in halves}
-        res = analyse(halves, status, words)
+        res = analyse(halves, status, words, args.earlier_model)
         line = prompts_line(args, settings["prompts"], status, overlap, ("sharegpt_code", "test") in halves)
         if block_drafters:
             res["drafters"] = _drafter_runs(args, block_drafters, settings)
@@ -401,6 +405,8 @@ def main(argv=None) -> int:
            + f" --out {args.out}")
     if args.model != str(DEFAULT_MODEL):
         cmd += f" --model {args.model}"
+    if args.earlier_model:
+        cmd += " --earlier-model"
     info = {"command": cmd, "model": Path(args.model).name, "calibration": [policy_name(*p) for p in LINEAR],
             "settings": {**settings, "trees": [policy_name(*p) for p in settings["trees"]]},
             "prompts": res["prompts"], "prompt_status": status, "prompt_starts": None if args.development else starts,
