@@ -14,8 +14,11 @@ and which are fresh) split in two halves:
    outcomes any prediction reads - the drafter's calibration on that workload
    (:func:`simtree.acceptance.fit.fit_calibration`: P(target takes a candidate | its draft
    probability, depth, rank, and what the context lookup proposes (:func:`simtree.acceptance.fit.lookup_states`):
-   :func:`simtree.acceptance.transfer.uses_lookup`), what an engine's linear
-   acceptance metrics give a user;
+   :func:`simtree.acceptance.transfer.uses_lookup`; and the context's text state,
+   :mod:`simtree.acceptance.text_state`, read from the prompts and the decoded text:
+   :mod:`.acceptance_oos_text`), what an engine's linear acceptance metrics give a user; from
+   the same runs, how often a marginal tree's node below an off-chain node is accepted
+   (:mod:`simtree.acceptance.off_chain`);
 2. the ``test`` half decoded with the linear policies and every tree policy (``TREES``: EAGLE
    and best-first trees, cost_aware and batch_alloc deciding with the shipped H200 Qwen3.6-27B
    bundle ``COSTS``) and traced;
