@@ -1,6 +1,6 @@
 """Acceptance predicted out of sample on the trained Qwen3.5-architecture target (CPU).
 
-    python -m simtree.runtime.acceptance_oos --sharegpt-start 772 --code-start 2000 --humaneval-start 0 --out reports/validation
+    python -m simtree.runtime.acceptance_oos --sharegpt-start 1400 --code-start 2473 --humaneval-start 0 --out reports/validation
     python -m simtree.runtime.acceptance_oos --quick --out /tmp/oos              # a small check
     python -m simtree.runtime.acceptance_oos --reuse-traces T --out DIR          # analyse kept traces again
     ... --drafters mtp,block,dspark    # with the trained block drafters' rows (:mod:`.acceptance_oos_drafters`)
@@ -14,8 +14,11 @@ and which are fresh) split in two halves:
    outcomes any prediction reads - the drafter's calibration on that workload
    (:func:`simtree.acceptance.fit.fit_calibration`: P(target takes a candidate | its draft
    probability, depth, rank, and what the context lookup proposes (:func:`simtree.acceptance.fit.lookup_states`):
-   :func:`simtree.acceptance.transfer.uses_lookup`), what an engine's linear
-   acceptance metrics give a user;
+   :func:`simtree.acceptance.transfer.uses_lookup`; and the context's text state,
+   :mod:`simtree.acceptance.text_state`, read from the prompts and the decoded text:
+   :mod:`.acceptance_oos_text`), what an engine's linear acceptance metrics give a user; from
+   the same runs, how often a marginal tree's node below an off-chain node is accepted
+   (:mod:`simtree.acceptance.off_chain`);
 2. the ``test`` half decoded with the linear policies and every tree policy (``TREES``: EAGLE
    and best-first trees, cost_aware and batch_alloc deciding with the shipped H200 Qwen3.6-27B
    bundle ``COSTS``) and traced;
@@ -60,6 +63,7 @@ import torch
 
 from simtree.acceptance.fit import fit_calibration, fit_confidence
 from simtree.acceptance.lookup_folds import lookup_cv
+from simtree.acceptance.off_chain import fit_off_chain_scale
 from simtree.acceptance.out_of_sample import oos_summary, oos_table, summary_markdown
 from simtree.acceptance.predict import accepted_per_round
 from simtree.acceptance.traces import read_traces
@@ -75,6 +79,7 @@ from .acceptance_oos_prompts import (CODE_START, CODE_WORKLOADS, HUMANEVAL_START
                                      drafter_status, held_out_prompts, prompt_status, training_overlap)
 from .acceptance_oos_drafters import decode_drafters, drafter_table, load_drafters
 from .acceptance_oos_report import drafters_line, header, prompts_line
+from .acceptance_oos_text import text_features, tokenizer_words
 from .bpe import BpeTokenizer
 from .drafter_acceptance import held_out_prompts as drafter_prompts
 from .full.build import build_model
@@ -126,7 +131,7 @@ def _decode_half(model, ids, policies, settings, workload, half, traces, costs, 
     if say is not None:
         say(f"{workload} {half}: {len(done)} policies and the drafting pass, {time.perf_counter() - t0:.0f}s")
     return {"runs": done, "drafts": parse_drafts(pass_["records"], f"{workload} {half} drafting pass"),
-            "lossless": lossless, "prompts": len(ids)}
+            "lossless": lossless, "prompts": len(ids), "prompt_ids": ids}
 
 
 def _half_policies(settings: dict, half: str) -> list:
@@ -172,9 +177,11 @@ def decode_halves(model_dir, settings: dict, prompts, traces=None, say=print, wo
     return halves
 
 
-def load_halves(traces, settings: dict) -> dict:
+def load_halves(traces, settings: dict, prompt_ids=None) -> dict:
     """The halves of :func:`decode_halves` read back from the traces it kept (no decoding): to
-    analyse a run again; every workload whose two halves the folder holds."""
+    analyse a run again; every workload whose two halves the folder holds; ``prompt_ids(workload,
+    n)``: the token ids of its (calibration, test) prompts, kept with each half (the text state
+    reads them; :func:`prompt_token_ids`)."""
     traces = Path(traces)
     kept = read_json(traces / "lossless.json", "kept run") if (traces / "lossless.json").is_file() else {}
     halves = {}
@@ -192,9 +199,20 @@ def load_halves(traces, settings: dict) -> dict:
             info = kept.get(f"{workload} {half}", {})
             halves[workload, half] = {"runs": runs, "drafts": drafts, "lossless": info.get("lossless", {}),
                                       "prompts": info.get("prompts", int(np.unique(drafts.seq).size))}
+            if prompt_ids is not None:
+                ids = prompt_ids(workload, settings["prompts"])[0 if half == "calibration" else 1]
+                halves[workload, half]["prompt_ids"] = ids[:halves[workload, half]["prompts"]]
     if not halves:
         raise SimtreeError(f"{traces} holds no kept halves (<workload>_calibration and <workload>_test folders)")
     return halves
+
+
+def prompt_token_ids(model_dir, prompts):
+    """(``prompt_ids(workload, n)``: each half's prompts (``prompts(workload, n)``) as the
+    checkpoint's tokenizer encodes them for decoding, its word tokens): what :func:`load_halves`
+    and :func:`analyse` need for the text state."""
+    tok = BpeTokenizer.from_file(Path(model_dir))
+    return (lambda w, n: tuple([tok.encode(p) for p in half] for half in prompts(w, n))), tokenizer_words(tok)
 
 
 def _run_row(r: dict, name: str, workload: str, split: str, key: str, batch: int, status: str) -> dict:
@@ -225,10 +243,14 @@ def _rows(halves: dict, status: dict) -> tuple[list[dict], set]:
     return runs, keys
 
 
-def analyse(halves: dict, status: dict | None = None) -> dict:
+def analyse(halves: dict, status: dict | None = None, words=None, earlier: bool = False) -> dict:
     """The table and its summary from decoded (or kept) halves: every run predicted from its
     half's drafting pass under a calibration on a calibration half's linear runs (the module
-    docstring); ``status``: {workload: "fresh" | "seen"}, each out-of-sample row's ``prompts``."""
+    docstring); ``status``: {workload: "fresh" | "seen"}, each out-of-sample row's ``prompts``;
+    ``words`` (the tokenizer's word tokens, :func:`prompt_token_ids`; every half holding its
+    ``prompt_ids``): the calibration reads the context's text state (decision 11); ``earlier``:
+    the model of decisions 1-9 instead (no text state, nodes below an off-chain node never
+    accepted), to compare on the same traces."""
     status = status or {}
     costs = load_costs(COSTS)
     workloads = list(dict.fromkeys(w for w, _ in halves))
@@ -236,29 +258,44 @@ def analyse(halves: dict, status: dict | None = None) -> dict:
     records = {w: [rec for r in halves[w, "calibration"]["runs"].values() for rec in r["records"]] for w in workloads}
     fitted = {w: fit_confidence(halves[w, "calibration"]["runs"][policy_name(*LINEAR[-1])]["records"], w)
               for w in records}
+    # the text state of every round and drafted position, from the context alone (no outcome)
+    use_text = words is not None and not earlier and all("prompt_ids" in h for h in halves.values())
+    text = {k: text_features(h, h["prompt_ids"], words, policy_name(*LINEAR[-1])) for k, h in halves.items()} \
+        if use_text else {}
     runs, keys = _rows(halves, status)
-    calibrations, shifts = {}, {}
+    calibrations, shifts, scales = {}, {}, {}
 
-    def calibration(spec: str, context: bool):
-        """One fit per calibration, shared by its keys; ``a+b``: a's, shifted on a few rounds of b's."""
-        if (spec, context) not in calibrations:
+    def calibration(spec: str, context: bool, with_text: bool):
+        """One fit per calibration, shared by its keys; ``a+b``: a's, shifted on a few rounds of b's
+        (decision 9, on the calibration without the text state, as it was decided)."""
+        key = (spec, context, with_text)
+        if key not in calibrations:
             source, _, target = spec.partition("+")
-            cal = calibration(source, context) if target else fit_calibration(records[source], context=context)
+            feature = text[source, "calibration"][0] if with_text else None
+            cal = calibration(source, context, False) if target else \
+                fit_calibration(records[source], context=context, text=feature)
             if target:
                 few = sample_rounds(records[target], SHIFT_SHARE, SHIFT_SEED)
                 shift = fit_workload_shift(cal, few, cells=SHIFT_CELLS)
                 shifts[spec, context] = {**shift.as_dict(), "rounds": len(few), "of_rounds": len(records[target])}
                 cal = shifted_calibration(cal, shift)
-            calibrations[spec, context] = cal
-        return calibrations[spec, context]
+            else:   # below an off-chain node (decision 10), from the same linear runs
+                scales[key] = fit_off_chain_scale(cal, [] if earlier else records[source], text=feature)
+            calibrations[key] = cal
+        return calibrations[key]
 
     def per_key(context):
         out = {}
         for k in sorted(keys):
-            drafts = halves[tuple(k.split("@")[0].split())]["drafts"]
+            half = tuple(k.split("@")[0].split())
             cal = k.split("@")[1]
-            use = uses_lookup(records[cal.partition("+")[0]], drafts) if context is None else context
-            out[k] = transfer_model(calibration(cal, use), drafts, drafts.workload)
+            source, _, target = cal.partition("+")
+            with_text = use_text and not target
+            drafts = text[half][1] if with_text else halves[half]["drafts"]
+            use = uses_lookup(records[source], drafts) if context is None else context
+            calibration(source, use, with_text)     # the off-chain share: the source's linear runs
+            out[k] = transfer_model(calibration(cal, use, with_text), drafts, drafts.workload,
+                                    off_chain_scale=scales[source, use, with_text].scale)
         return out
     # the lookup wherever the traces and the drafts carry it (uses_lookup); beside it, each key
     # without it; and whether the calibrating half's own folds say the lookup helps (lookup_cv)
@@ -271,7 +308,11 @@ def analyse(halves: dict, status: dict | None = None) -> dict:
     return {"table": df, "summary": oos_summary(df), "lossless": {f"{w} {h}": v["lossless"] for (w, h), v in halves.items()},
             "prompts": {f"{w} {h}": v["prompts"] for (w, h), v in halves.items()},
             "models": {k: m.meta for k, m in models.items()}, "calibration_folds": folds,
-            "shifts": {f"{spec} {'lookup' if ctx else 'confidence_only'}": v for (spec, ctx), v in shifts.items()}}
+            "shifts": {f"{spec} {'lookup' if ctx else 'confidence_only'}": v for (spec, ctx), v in shifts.items()},
+            "off_chain": {f"{spec} {'lookup' if ctx else 'confidence_only'}{' text' if t else ''}": v.as_dict()
+                          for (spec, ctx, t), v in scales.items()},
+            "text_terms": {f"{spec} {'lookup' if ctx else 'confidence_only'}": np.round(c.text_terms, 4).tolist()
+                           for (spec, ctx, t), c in calibrations.items() if t and c.text_terms is not None}}
 
 
 def run_oos(model_dir, settings: dict, traces=None, say=print, prompts=None, status: dict | None = None,
@@ -282,7 +323,8 @@ def run_oos(model_dir, settings: dict, traces=None, say=print, prompts=None, sta
         starts = {"sharegpt": SHAREGPT_START, "sharegpt_code": CODE_START, "humaneval": HUMANEVAL_START}
         prompts = lambda w, n: held_out_prompts(w, n, starts[w])     # noqa: E731
         status = status or {w: prompt_status(w, s) for w, s in starts.items()}
-    return analyse(decode_halves(model_dir, settings, prompts, traces, say, workloads), status)
+    return analyse(decode_halves(model_dir, settings, prompts, traces, say, workloads), status,
+                   prompt_token_ids(model_dir, prompts)[1])
 
 
 def _drafter_runs(args, drafters, settings) -> dict:
@@ -318,6 +360,8 @@ def main(argv=None) -> int:
     ap.add_argument("--drafter-calibration-start", type=int, default=DRAFTER_CALIBRATION_START,
                     help="first ShareGPT prompt of the block drafters' calibration runs (development prompts)")
     ap.add_argument("--drafter-prompts", type=int, default=DRAFTER_PROMPTS, help="prompts per half, block drafters")
+    ap.add_argument("--earlier-model", action="store_true",
+                    help="the model of decisions 1-9 (no text state, no off-chain share): a comparison on the same traces")
     ap.add_argument("--development", action="store_true",
                     help="the prompts the model was first developed on (ShareGPT 0..127, HumanEval 132..163)")
     args = ap.parse_args(argv)
@@ -334,14 +378,15 @@ def main(argv=None) -> int:
             prompts, workloads = development_prompts, ("sharegpt", "humaneval")
         else:
             prompts, workloads = (lambda w, n: held_out_prompts(w, n, starts[w])), OOS_WORKLOADS
+        prompt_ids, words = prompt_token_ids(args.model, prompts)
         if args.reuse_traces:
-            halves = load_halves(args.reuse_traces, settings)
+            halves = load_halves(args.reuse_traces, settings, prompt_ids)
         else:
             halves = decode_halves(args.model, settings, prompts, args.traces, workloads=workloads)
         overlap = {} if args.development else {      # ShareGPT repeats conversations: held-out text in training
             w: training_overlap(sum(prompts(w, settings["prompts"]), [])) for w in ("sharegpt", "sharegpt_code")
             if (w, "test") in halves}
-        res = analyse(halves, status)
+        res = analyse(halves, status, words, args.earlier_model)
         line = prompts_line(args, settings["prompts"], status, overlap, ("sharegpt_code", "test") in halves)
         if block_drafters:
             res["drafters"] = _drafter_runs(args, block_drafters, settings)
@@ -363,12 +408,15 @@ def main(argv=None) -> int:
            + f" --out {args.out}")
     if args.model != str(DEFAULT_MODEL):
         cmd += f" --model {args.model}"
+    if args.earlier_model:
+        cmd += " --earlier-model"
     info = {"command": cmd, "model": Path(args.model).name, "calibration": [policy_name(*p) for p in LINEAR],
             "settings": {**settings, "trees": [policy_name(*p) for p in settings["trees"]]},
             "prompts": res["prompts"], "prompt_status": status, "prompt_starts": None if args.development else starts,
             "training_overlap": overlap, "seconds": round(time.perf_counter() - t0, 1), "torch_threads": 1,
             "summary": s, "lossless": res["lossless"], "calibration_folds": res["calibration_folds"],
-            "workload_shifts": res["shifts"], "models": res["models"]}
+            "workload_shifts": res["shifts"], "off_chain_scales": res["off_chain"], "text_terms": res["text_terms"],
+            "models": res["models"]}
     if args.reuse_traces:
         info["reused_traces"] = True
     if block_drafters:

@@ -33,15 +33,18 @@ CODE_WORKLOADS = ("sharegpt_code", "humaneval")        # predicted from chat too
 # first out-of-sample table's 128, repeats skipped), 384..513 (the second table's, then read to find
 # why the lookup calibration missed its own runs) and 640..771 (the third table's, read once it was
 # written); all development data since (docs/acceptance.md, section 5).  263..383 and 514..639 have
-# never been decoded.  772..911 are the fourth table's (fresh when decoded for it; a version that
-# develops on them raises SEEN_SHAREGPT past them and takes a range past the table's).
-SEEN_SHAREGPT = 772
-SHAREGPT_START = 772
+# never been decoded.  772..911 are the fourth table's (fresh when decoded for it, development data
+# since: decisions 10 and 11 were chosen on them among others).  The block drafters' tests read
+# 1000.. and 1200.. (below), the live drafter table 900..931; the fifth table's are the first 128
+# distinct from 1400 (fresh when decoded for it; a version that develops on them raises
+# SEEN_SHAREGPT past them and takes a range past the table's).
+SEEN_SHAREGPT = 1400
+SHAREGPT_START = 1400
 # ShareGPT code: held-out conversations from CODE_START on (past the training records, below);
 # none read by any earlier version (SEEN_CODE: the first index a table may call fresh); the fourth
-# table's are 2000..2472
-CODE_START = 2000
-SEEN_CODE = 2000
+# table's are 2000..2472 (development data since), the fifth table's from 2473 (to 2881)
+CODE_START = 2473
+SEEN_CODE = 2473
 # the block drafters' rows (runtime/acceptance_oos_drafters.py): calibration on ShareGPT prompts from 0
 # (development), test prompts from index SEEN_DRAFTER on.  Their first test read 1000..1049 and the
 # second 1200..1250 (48 distinct prompts each, repeats skipped; seen since: the third test's model was

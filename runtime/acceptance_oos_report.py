@@ -1,7 +1,7 @@
 """The generated summary's words for :mod:`.acceptance_oos`: which prompts, what each split read."""
 from __future__ import annotations
 
-from .acceptance_oos_prompts import SEEN_SHAREGPT, code_prompts, drafter_status
+from .acceptance_oos_prompts import SEEN_CODE, SEEN_SHAREGPT, code_prompts, drafter_status
 from .data import PROMPT_CHARS
 
 __all__ = ["prompts_line", "header"]
@@ -21,11 +21,12 @@ def prompts_line(args, n: int, status: dict, overlap: dict, with_code: bool) -> 
         f". ShareGPT code: the opening {PROMPT_CHARS} characters (from the fence) of the first fenced code block "
         f"of at least {2 * PROMPT_CHARS} characters on 4 lines in an assistant turn of held-out conversations {code}.."
         f"{code_prompts(2 * n, code)[1]} ({2 * n} distinct), "
-        + ("FRESH (past the target's training records; no earlier table read ShareGPT code)"
+        + (f"FRESH (past the target's training records and the conversations before {SEEN_CODE}, which earlier "
+           "tables read; none of them decoded before this table)"
            if status["sharegpt_code"] == "fresh" else "SEEN") + trained("sharegpt_code"))
     return (f"ShareGPT chat: the first {2 * n} distinct held-out prompts from index {she} on, "
-            + ("FRESH (past the first " + str(SEEN_SHAREGPT) + " that earlier versions of the model were developed on; "
-               "none of them decoded before this table)" if status["sharegpt"] == "fresh" else
+            + ("FRESH (past the first " + str(SEEN_SHAREGPT) + ", which earlier versions of the model were developed "
+               "on or other tests read; none of them decoded before this table)" if status["sharegpt"] == "fresh" else
                "SEEN (earlier versions of the model were developed on prompts up to " + str(SEEN_SHAREGPT - 1) + ")")
             + trained("sharegpt") + code_line
             + f". HumanEval: problems {args.humaneval_start}..{args.humaneval_start + 2 * n - 1}, SEEN: no HumanEval "
@@ -52,15 +53,18 @@ def header(cmd: str, info: dict, res: dict, settings: dict, prompts_line: str, l
             "What each prediction used (`predicted_accepted`; simtree.acceptance.transfer), by `split`:", "",
             "- acceptance outcomes: only the linear runs (" + ", ".join(linear)
             + ") of a workload's calibration half (`calibrated_on`): the drafter's calibration, P(target takes a "
-            "candidate | its draft probability, depth, rank, and what the context lookup proposes: this candidate, "
-            "another of the drafter's, or none of them);",
+            "candidate | its draft probability, depth, rank, what the context lookup proposes: this candidate, "
+            "another of the drafter's, or none of them, and the context's text state: the share of its last 32 "
+            "tokens that are not words, simtree.acceptance.text_state), and how often a marginal tree's node below "
+            "an off-chain node is accepted (the token after an off-chain bonus, simtree.acceptance.off_chain);",
             "- `policies`: every tree policy on the test half, calibrated on the same workload's calibration half "
             "(new policies on new prompts: what a user's linear acceptance metrics predict about trees);",
             "- `prompts`: the linear policies on the test half, same calibration (new prompts);",
             "- `workload`: every policy on a code workload's test half, calibrated on ShareGPT chat's calibration half "
             "alone (chat -> code, no code outcome); ShareGPT chat's `policies` and `prompts` rows are chat -> "
             "held-out chat;",
-            f"- `workload_shift` (`calibrated_on` sharegpt+<code workload>): the same chat calibration moved by one "
+            f"- `workload_shift` (`calibrated_on` sharegpt+<code workload>): the chat calibration without the text "
+            "state (as decision 9 was taken) moved by one "
             f"logit shift per rank, fitted on a seeded random 1/{shift_share} of the code workload's calibration "
             "rounds (its calibration half's linear runs, simtree.acceptance.workload_shift): chat plus a few code "
             "rounds -> code, labelled so because it read code outcomes (those rounds only, never the test half's)"
@@ -70,7 +74,8 @@ def header(cmd: str, info: dict, res: dict, settings: dict, prompts_line: str, l
             "every policy reproduces token for token) with, at each generated position, the MTP layer's top-8 "
             f"probabilities along its {chain}-position greedy chain and, at each chain position, the rank among them "
             "of the token a lookup of the context proposes (the token that followed the latest earlier occurrence "
-            "of the last 3 tokens): what the drafter and the engine hold before any verification. "
+            "of the last 3 tokens), and the text state of its context: what the drafter and the engine hold before "
+            "any verification. "
             "`confidence_only_*`: the same calibration without the lookup; "
             "`baseline_*`: the model fitted on the "
             "calibrating workload's linear D = 16 run (its text states and confidences), one per calibration. "

@@ -162,8 +162,8 @@ def test_acceptance_table_predicts_each_split_from_linear_calibration_runs_alone
     _, path, _ = trained
     calibrated, transferred = [], []
     real_cal, real_transfer = oos.fit_calibration, oos.transfer_model
-    monkeypatch.setattr(oos, "fit_calibration",
-                        lambda recs, **kw: calibrated.append((list(recs), kw["context"])) or real_cal(recs, **kw))
+    monkeypatch.setattr(oos, "fit_calibration", lambda recs, **kw: calibrated.append(
+        (list(recs), kw["context"], kw.get("text") is not None)) or real_cal(recs, **kw))
     monkeypatch.setattr(oos, "transfer_model", lambda cal, d, *a, **kw: transferred.append(d) or real_transfer(cal, d, *a, **kw))
     trees = [oos.TREES[1], oos.TREES[-1]]
     settings = {"prompts": 2, "max_new_tokens": 6, "trees": trees}
@@ -193,17 +193,23 @@ def test_acceptance_table_predicts_each_split_from_linear_calibration_runs_alone
         "humaneval": ["seen"], "sharegpt": ["fresh"], "sharegpt_code": ["fresh"]}
     assert set(df.loc[df["split"] == "in_sample", "prompts"]) == {"seen"}
     assert all(all(v.values()) for v in res["lossless"].values()) and len(res["lossless"]) == 6
-    # one fit per (calibration half, lookup or not), each on one calibration half's linear runs; the
-    # prediction reads the lookup (the runs log it), confidence_only does not
-    assert sorted((recs[0].workload, ctx) for recs, ctx in calibrated) == [
-        (w, c) for w in sorted(oos.OOS_WORKLOADS) for c in (False, True)]
+    # one fit per (calibration half, lookup or not), each on one calibration half's linear runs, with
+    # the context's text state (decision 11); chat's without it too, which the shift moves (decision 9);
+    # the prediction reads the lookup (the runs log it), confidence_only does not
+    assert sorted((recs[0].workload, ctx, t) for recs, ctx, t in calibrated) == sorted(
+        [(w, c, True) for w in oos.OOS_WORKLOADS for c in (False, True)] + [("sharegpt", c, False) for c in (False, True)])
     assert set(res["calibration_folds"]) == set(oos.OOS_WORKLOADS)
+    assert set(res["off_chain"]) == {f"{w} {c}{t}" for w in oos.OOS_WORKLOADS for c in ("lookup", "confidence_only")
+                                     for t in (" text", "")} - {f"{w} {c}" for w in code for c in ("lookup", "confidence_only")}
+    assert all(0 <= v <= 1 for s in res["off_chain"].values() for v in s["scale"])
 
-    for recs, _ in calibrated:
+    for recs, _, _ in calibrated:
         assert len({r.workload for r in recs}) == 1 and {r.mode for r in recs} == {"linear"}
         assert {r.tree.num_nodes for r in recs} == {p["budget"] for _, p in oos.LINEAR}
-    kept = oos.load_halves(tmp_path, settings)
-    again = oos.analyse(kept, {"sharegpt": "fresh", "sharegpt_code": "fresh", "humaneval": "seen"})
+    starts = {"sharegpt": oos.SHAREGPT_START, "sharegpt_code": oos.CODE_START, "humaneval": oos.HUMANEVAL_START}
+    prompt_ids, words = oos.prompt_token_ids(path, lambda w, n: oos.held_out_prompts(w, n, starts[w]))
+    kept = oos.load_halves(tmp_path, settings, prompt_ids)
+    again = oos.analyse(kept, {"sharegpt": "fresh", "sharegpt_code": "fresh", "humaneval": "seen"}, words)
     # the shift read a share of the code calibration half's linear rounds, nothing of a test half
     for w in code:
         shift = res["shifts"][f"sharegpt+{w} lookup"]

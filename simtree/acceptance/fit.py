@@ -12,13 +12,14 @@
 from __future__ import annotations
 
 import itertools
-from typing import Iterable, Sequence
+from typing import Callable, Iterable, Sequence
 
 import numpy as np
 from scipy.special import expit, logit
 
 from simtree.acceptance.mixture import ALPHA_MAX, DEFAULT_DEPTH, DEFAULT_TOPK, AcceptanceModel, from_marginals
 from simtree.acceptance.phi import sibling_rank
+from simtree.acceptance.text_state import fit_text_terms
 from simtree.acceptance.traces import TraceRecord, Trials, chain_trials, sequence_ids
 from simtree.errors import SimtreeError, check_whole
 
@@ -122,20 +123,36 @@ class ChainCalibration:
                     prev = (n * fitted + prior_trials * prev) / (n + prior_trials)
                 self.offsets[g, d] = prev
 
-    def __call__(self, depth: np.ndarray, q: np.ndarray, match: np.ndarray | None = None) -> np.ndarray:
-        """[R, K] acceptance of rows ``q [R, K]`` at depths ``depth [R]`` (1-based); ``match``
-        [R, K] lookup states (:func:`lookup_states`; a calibration with lookup curves needs it)."""
+    text_terms: np.ndarray | None = None   # [rank groups, 2]: logit + b0 + b1 * text feature (fit_calibration)
+
+    def logits(self, depth: np.ndarray, q: np.ndarray, match: np.ndarray | None = None,
+               text: np.ndarray | None = None) -> np.ndarray:
+        """[R, K] the logit of :meth:`__call__`."""
         if self.matched and match is None:
             raise SimtreeError("this calibration depends on the context lookup: the drafts carry no context_match")
+        if self.text_terms is not None and text is None:
+            raise SimtreeError("this calibration reads the context's text state: give each row's feature (text=)")
         g = np.minimum(np.arange(q.shape[1]), self.curves.shape[0] - 1)
         v = np.zeros(q.shape, np.int64) if not self.matched else np.asarray(match, np.int64)
         d = np.minimum(depth, self.offsets.shape[1]) - 1
-        return expit(logit(self.curves[g[None, :], v, _bin(q)]) + self.offsets[g[None, :], d[:, None]])
+        z = logit(self.curves[g[None, :], v, _bin(q)]) + self.offsets[g[None, :], d[:, None]]
+        if self.text_terms is not None:
+            t = np.asarray(text, np.float64).reshape(-1, 1)
+            z = z + self.text_terms[g, 0][None, :] + self.text_terms[g, 1][None, :] * t
+        return z
+
+    def __call__(self, depth: np.ndarray, q: np.ndarray, match: np.ndarray | None = None,
+                 text: np.ndarray | None = None) -> np.ndarray:
+        """[R, K] acceptance of rows ``q [R, K]`` at depths ``depth [R]`` (1-based); ``match``
+        [R, K] lookup states (:func:`lookup_states`; a calibration with lookup curves needs it);
+        ``text`` [R] each row's text feature (a calibration with ``text_terms`` needs it,
+        :mod:`simtree.acceptance.text_state`; others ignore it)."""
+        return expit(self.logits(depth, q, match, text))
 
 
 def fit_calibration(records: Iterable[TraceRecord], *, topk: int = DEFAULT_TOPK, depth: int = DEFAULT_DEPTH,
-                    prior_trials: float = 20.0, context: bool | None = None, rank_groups: int | None = None
-                    ) -> ChainCalibration:
+                    prior_trials: float = 20.0, context: bool | None = None, rank_groups: int | None = None,
+                    text: Callable[[TraceRecord], float] | None = None) -> ChainCalibration:
     """One :class:`ChainCalibration` pooled over every record that logs the drafter's top-K and
     the target's tokens (linear runs, version 2): how often the target takes a candidate the
     drafter gave probability q, by depth and rank (a curve and depth effects per rank below
@@ -143,7 +160,10 @@ def fit_calibration(records: Iterable[TraceRecord], *, topk: int = DEFAULT_TOPK,
     own, the ranks past it with the last - a tree's rank-2 node is taken more often than a
     rank-5 one of the same probability); and by what a lookup of the context says of it
     (``context_match``: this candidate, another of the drafter's, none; :func:`lookup_states`)
-    when ``context`` (default: every record carries it)."""
+    when ``context`` (default: every record carries it).  ``text``: each record's text feature
+    at its round's start (:mod:`simtree.acceptance.text_state`); the calibration then moves its
+    logit with it, an intercept and slope per rank group fitted on the same trials
+    (``text_terms``)."""
     records = [r for r in records if r.topk_tokens is not None and r.target_tokens is not None]
     if not records:
         raise SimtreeError("traces carry no drafter top-K with the target's tokens (version 2 linear runs): "
@@ -160,7 +180,16 @@ def fit_calibration(records: Iterable[TraceRecord], *, topk: int = DEFAULT_TOPK,
         match = lookup_states([records[i].context_match[d - 1] for i, d in zip(trials.round_id, trials.depth)],
                               trials.rank, [records[i].topk_tokens.shape[1] for i in trials.round_id])
     groups = topk if rank_groups is None else check_whole(rank_groups, "rank_groups", 1)
-    return ChainCalibration(trials, depth, prior_trials, match, groups)
+    cal = ChainCalibration(trials, depth, prior_trials, match, groups)
+    if text is not None:
+        feature = np.array([float(text(r)) for r in records])[trials.round_id]
+        g = np.minimum(trials.rank, groups - 1)
+        m = None if match is None else np.asarray(match, np.int64)[:, None]
+        curves = cal.curves[g, 0 if m is None else m[:, 0], _bin(trials.draft_prob)]
+        d = np.minimum(trials.depth, depth) - 1
+        base = logit(curves) + cal.offsets[g, d]
+        cal.text_terms = fit_text_terms(base, trials.hit, g, feature, groups)
+    return cal
 
 
 def _rows(trials: Trials, topk: int) -> tuple[np.ndarray, np.ndarray]:

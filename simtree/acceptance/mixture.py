@@ -63,6 +63,9 @@ class AcceptanceModel:
     chain_marginals bool           the drafter reads its marginals along its own top-1 chain
                                    (MTP): in the marginal modes a node below an off-chain node
                                    is never accepted (``phi.node_accept_probs_ranked``)
+    off_chain_scale float64 [K]    with ``chain_marginals``: such a node is accepted with this
+                                   share of its table entry per rank instead (None: never;
+                                   :func:`simtree.acceptance.off_chain.fit_off_chain_scale`)
 
     With several states, a policy that gains more tokens per round in a state spends fewer
     rounds there: its rounds are spread as :meth:`round_weights` says, not as ``weights``.
@@ -77,11 +80,21 @@ class AcceptanceModel:
     state: np.ndarray | None = None
     state_share: np.ndarray | None = None
     chain_marginals: bool = False
+    off_chain_scale: np.ndarray | None = None
 
-    def scores_chain(self, mode: str) -> bool:
-        """Whether a tree of a ``mode`` policy scores 0 below an off-chain node: a chain drafter's
-        marginals (``chain_marginals``) under a marginal mode (:data:`MARGINAL_MODES`)."""
-        return self.chain_marginals and mode in MARGINAL_MODES
+    @property
+    def chain_scoring(self):
+        """How a chain drafter's marginal tree is scored below an off-chain node (the
+        ``chain_marginals`` argument of :func:`simtree.acceptance.phi.node_accept_probs_ranked`):
+        False (not a chain drafter), True (never accepted) or the share per rank."""
+        if not self.chain_marginals:
+            return False
+        return True if self.off_chain_scale is None else self.off_chain_scale
+
+    def scores_chain(self, mode: str):
+        """:attr:`chain_scoring` for a ``mode`` policy: a chain drafter's marginals
+        (``chain_marginals``) under a marginal mode (:data:`MARGINAL_MODES`), else False."""
+        return self.chain_scoring if mode in MARGINAL_MODES else False
 
     def __post_init__(self) -> None:
         tables = _frozen_tables(self.tables, self.name, "table")
@@ -106,6 +119,12 @@ class AcceptanceModel:
         check_prob_rows(share, f"acceptance model {self.name!r}: state shares")
         if abs(share.sum() - 1) > 1e-6 or np.bincount(state, minlength=share.shape[0]).min() == 0:
             raise SimtreeError(f"acceptance model {self.name!r}: state shares must sum to 1, every state with a level")
+        if self.off_chain_scale is not None:
+            scale = np.asarray(self.off_chain_scale, np.float64).reshape(-1)
+            if scale.size == 0 or not np.all((scale >= 0) & (scale <= 1)):
+                raise SimtreeError(f"acceptance model {self.name!r}: off_chain_scale must hold shares in [0, 1]")
+            scale.setflags(write=False)
+            object.__setattr__(self, "off_chain_scale", scale)
         for name, value in (("tables", tables), ("weights", weights), ("draft_probs", draft), ("state", state),
                             ("state_share", share)):
             value.setflags(write=False)

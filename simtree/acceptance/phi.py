@@ -25,7 +25,7 @@ from simtree.trees.tree import DraftTree
 
 __all__ = ["expected_accepted", "node_accept_probs_marginals", "node_accept_probs_positional",
            "expected_accepted_marginals", "expected_accepted_positional", "expected_accepted_ranked", "node_accept_probs_ranked",
-           "rank_tokens", "off_chain", "below_off_chain",
+           "rank_tokens", "off_chain", "below_off_chain", "below_scale",
            "sibling_rank", "sample_accepted_length", "accepted_length_pmf"]
 
 
@@ -145,11 +145,27 @@ def below_off_chain(parents, tokens) -> np.ndarray:
     return out
 
 
-def node_accept_probs_ranked(tree: DraftTree, accept_table, chain_marginals: bool = False) -> np.ndarray:
+def below_scale(chain_marginals, width: int) -> np.ndarray | None:
+    """float64 [width] or None: what a chain drafter's node below an off-chain node keeps of its
+    table entry, per rank id (``chain_marginals``: False / None - not a chain drafter's tree;
+    True - nothing, never accepted; an array per rank - that share, fitted from linear runs:
+    :func:`simtree.acceptance.off_chain.fit_off_chain_scale`; ranks past it take its last)."""
+    if chain_marginals is None or chain_marginals is False:
+        return None
+    if chain_marginals is True:
+        return np.zeros(width)
+    scale = np.clip(np.asarray(chain_marginals, np.float64).reshape(-1), 0.0, 1.0)
+    if scale.size == 0:
+        return np.zeros(width)
+    return scale[np.minimum(np.arange(width), scale.size - 1)]
+
+
+def node_accept_probs_ranked(tree: DraftTree, accept_table, chain_marginals=False) -> np.ndarray:
     """float64 [n]: ``accept_table[depth-1, token]`` of a tree whose tokens are rank ids, 0
     beyond the table.  ``chain_marginals``: the tree was built from marginals a drafter read
     along its own top-1 chain (the marginal modes of a chain drafter: MTP), so a node below an
-    off-chain node was drafted after the chain's token, not its parent's: never accepted."""
+    off-chain node was drafted after the chain's token, not its parent's: never accepted
+    (True), or accepted with a share of its entry per rank (an array, :func:`below_scale`)."""
     table = _check_accept_table(accept_table)
     D, R = table.shape
     d, r = tree.depth - 1, tree.tokens
@@ -157,12 +173,14 @@ def node_accept_probs_ranked(tree: DraftTree, accept_table, chain_marginals: boo
     p = np.zeros(tree.num_nodes)
     p[ok] = table[d[ok], r[ok]]
     p[0] = 1.0
-    if chain_marginals:
-        p[below_off_chain(tree.parents, tree.tokens)] = 0.0
+    scale = below_scale(chain_marginals, R)
+    if scale is not None:
+        below = below_off_chain(tree.parents, tree.tokens) & ok
+        p[below] *= scale[r[below]]
     return p
 
 
-def expected_accepted_ranked(tree: DraftTree, accept_table, chain_marginals: bool = False) -> float:
+def expected_accepted_ranked(tree: DraftTree, accept_table, chain_marginals=False) -> float:
     """Phi(T) of a tree whose tokens are rank ids (the trees built from an acceptance model's
     numbers): a node with token r at depth d is accepted with ``accept_table[d - 1, r]`` given
     its parent (``chain_marginals``: :func:`node_accept_probs_ranked`).  Equal to
@@ -212,10 +230,10 @@ def expected_accepted_positional(tree: DraftTree, accept_table) -> float:
 
 def sample_accepted_length(tree: DraftTree, rng: np.random.Generator, n: int, *,
                            marginal_tokens=None, marginal_probs=None, accept_table=None,
-                           chain_marginals: bool = False) -> np.ndarray:
+                           chain_marginals=False) -> np.ndarray:
     """int64 [n] accepted lengths drawn from ONE model: marginals or ``accept_table``
     (``chain_marginals``: a rank-id tree whose nodes below an off-chain node are never accepted,
-    :func:`node_accept_probs_ranked`).
+    or accepted with a share of their entry per rank: :func:`node_accept_probs_ranked`).
 
     Each level draws one outcome per sample: a column of the depth's marginal row (K = a token
     outside the list) or a sibling rank (R = none accepted); ``step[node, outcome]`` maps it to
@@ -237,13 +255,17 @@ def sample_accepted_length(tree: DraftTree, rng: np.random.Generator, n: int, *,
     child = np.flatnonzero(first & (col < width))
     child = child[child > 0]
     step[tree.parents[child], col[child]] = child
-    if chain_marginals:
-        step[off_chain(tree.parents, tree.tokens)] = -1
+    scale = below_scale(chain_marginals, width)
+    off = off_chain(tree.parents, tree.tokens) if scale is not None else np.zeros(tree.num_nodes, bool)
     cur = np.zeros(int(n), np.int64)
     length = np.zeros(int(n), np.int64)
     for d in range(min(rows, tree.max_depth)):
         cdf = np.cumsum(probs[d])
-        outcome = np.searchsorted(cdf, rng.random(cur.shape[0]), side="right")  # width = none
+        u = rng.random(cur.shape[0])
+        outcome = np.searchsorted(cdf, u, side="right")  # width = none
+        if scale is not None:   # below an off-chain node: each rank keeps its share of the row
+            below = off[np.maximum(cur, 0)] & (cur >= 0)
+            outcome[below] = np.searchsorted(np.cumsum(probs[d] * scale), u[below], side="right")
         nxt = np.where(cur >= 0, step[np.maximum(cur, 0), np.minimum(outcome, width)], -1)
         length += nxt >= 0
         cur = nxt

@@ -71,7 +71,9 @@ class DrafterConfidences:
     """The drafter's confidences on one workload, one row per generated position:
     seq int64 [N], position int64 [N], probs float64 [N, P, K] (its chain's top-K per depth),
     context_len int64 [N] (0 where unknown), context_match int64 [N, P] or None (the rank of the
-    context lookup's token among the chain's top-K per depth, K: none; :func:`context_match`)."""
+    context lookup's token among the chain's top-K per depth, K: none; :func:`context_match`),
+    text float64 [N] or None (the context's text state at each position, read before any
+    verification: :func:`simtree.acceptance.text_state.context_nonword_share`)."""
 
     workload: str
     seq: np.ndarray
@@ -79,6 +81,7 @@ class DrafterConfidences:
     probs: np.ndarray
     context_len: np.ndarray
     context_match: np.ndarray | None = None
+    text: np.ndarray | None = None
 
     @property
     def size(self) -> int:
@@ -198,7 +201,13 @@ def _acceptance_rows(calibration: ChainCalibration, drafts: DrafterConfidences, 
             raise SimtreeError(f"the calibration depends on the context lookup; the drafts of {drafts.workload} "
                                "carry no context_match")
         match = lookup_states(drafts.context_match[:, :, None], np.arange(k), drafts.probs.shape[2]).reshape(n * p, k)
-    a = calibration(depth, q.reshape(n * p, k), match).reshape(n, p, k)
+    text = None
+    if calibration.text_terms is not None:
+        if drafts.text is None:
+            raise SimtreeError(f"the calibration reads the context's text state; the drafts of {drafts.workload} "
+                               "carry none")
+        text = np.repeat(drafts.text, p)
+    a = calibration(depth, q.reshape(n * p, k), match, text).reshape(n, p, k)
     return np.where(q > 0, a, 0.0), q      # a candidate the drafter never proposed is never accepted
 
 
@@ -241,10 +250,12 @@ def round_starts(drafts: DrafterConfidences, survive: np.ndarray) -> np.ndarray:
 
 def transfer_model(calibration: ChainCalibration, drafts: DrafterConfidences, name: str | None = None, *,
                    topk: int = DEFAULT_TOPK, states: int = 4, levels: int = 8, window: int = 16,
-                   min_state_units: int = 4) -> AcceptanceModel:
+                   min_state_units: int = 4, off_chain_scale: np.ndarray | None = None) -> AcceptanceModel:
     """The acceptance model of ``drafts``' workload: ``calibration`` (fitted elsewhere) applied to
     the drafter's confidences there (module docstring).  Reads no acceptance outcome of the
-    workload: ``drafts`` holds none."""
+    workload: ``drafts`` holds none.  ``off_chain_scale`` [K]: the share of its row a marginal
+    tree's node below an off-chain node keeps (None: never accepted;
+    :func:`simtree.acceptance.off_chain.fit_off_chain_scale`, from the calibrating linear runs)."""
     if window < 1 or states < 1 or levels < 1:
         raise SimtreeError(f"window {window}, states {states} and levels {levels} must be >= 1")
     a, q = _acceptance_rows(calibration, drafts, topk)
@@ -282,7 +293,8 @@ def transfer_model(calibration: ChainCalibration, drafts: DrafterConfidences, na
             "predicted_chain_tokens_per_round": round(float(gain.mean()), 4)}
     return AcceptanceModel(name or drafts.workload, np.array(tables), np.array(weights),
                            f"transfer_model(calibrated drafter confidences on {drafts.workload})", meta,
-                           np.array(draft), np.array(state), np.array(share), chain_marginals=True)
+                           np.array(draft), np.array(state), np.array(share), chain_marginals=True,
+                           off_chain_scale=off_chain_scale)
 
 
 def uses_lookup(records, drafts: DrafterConfidences) -> bool:
@@ -324,7 +336,9 @@ def transfer_from_spec(spec: str) -> tuple[AcceptanceModel, DrafterConfidences]:
     path, _, only = drafts_path.partition("#")
     drafts = read_drafts(path, only or None)
     records = _calibration_records(calibration)
-    model = transfer_model(fit_calibration(records, context=uses_lookup(records, drafts)), drafts)
+    from simtree.acceptance.off_chain import fit_off_chain_scale
+    cal = fit_calibration(records, context=uses_lookup(records, drafts))
+    model = transfer_model(cal, drafts, off_chain_scale=fit_off_chain_scale(cal, records).scale)
     model.meta["calibrated_on"] = {"traces": calibration, "workload": records[0].workload, "records": len(records)}
     return model, drafts
 
@@ -333,6 +347,7 @@ def transfer_bootstrap(spec: str, n: int, rng: np.random.Generator) -> list[Acce
     """``n`` models of a ``DRAFTS.jsonl@TRACES.jsonl`` spec, each from a resample of the
     calibration traces' sequences and of the drafts' sequences (whole sequences)."""
     from simtree.acceptance.fit import fit_calibration
+    from simtree.acceptance.off_chain import fit_off_chain_scale
     from simtree.acceptance.traces import sequence_ids
     drafts_path, calibration = split_spec(spec) or (None, None)
     if drafts_path is None:
@@ -346,15 +361,18 @@ def transfer_bootstrap(spec: str, n: int, rng: np.random.Generator) -> list[Acce
     out = []
     for k in range(n):
         pick = rng.integers(0, len(rec_groups), len(rec_groups))
-        cal = fit_calibration([records[i] for g in pick for i in rec_groups[g]], context=uses_lookup(records, drafts))
+        sample_records = [records[i] for g in pick for i in rec_groups[g]]
+        cal = fit_calibration(sample_records, context=uses_lookup(records, drafts))
         chosen = rng.choice(seqs, seqs.size)
         rows = np.concatenate([np.flatnonzero(drafts.seq == s) for s in chosen])
         new_seq = np.repeat(np.arange(chosen.size), [int((drafts.seq == s).sum()) for s in chosen])
         sample = DrafterConfidences(drafts.workload, new_seq, drafts.position[rows], drafts.probs[rows],
                                     drafts.context_len[rows],
-                                    None if drafts.context_match is None else drafts.context_match[rows])
-        acc = transfer_model(cal, sample)
+                                    None if drafts.context_match is None else drafts.context_match[rows],
+                                    None if drafts.text is None else drafts.text[rows])
+        # the share from every calibrating round (a resample repeats sequences, whose rounds repeat)
+        acc = transfer_model(cal, sample, off_chain_scale=fit_off_chain_scale(cal, records).scale)
         out.append(AcceptanceModel(f"{drafts.workload}#b{k}", acc.tables, acc.weights, acc.source + " (bootstrap)",
                                    {**acc.meta, "bootstrap": k}, acc.draft_probs, acc.state, acc.state_share,
-                                   acc.chain_marginals))
+                                   acc.chain_marginals, acc.off_chain_scale))
     return out

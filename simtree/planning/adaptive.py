@@ -26,7 +26,7 @@ import weakref
 import numpy as np
 
 from simtree.acceptance.mixture import AcceptanceModel
-from simtree.acceptance.phi import below_off_chain
+from simtree.acceptance.phi import below_off_chain, below_scale
 from simtree.planning.allocation import (RunningPrice, allocate_round, batch_allocation, priced_allocation,
                                          ratio_allocation)
 from simtree.planning.modes import BatchAllocParams, CostAwareParams
@@ -38,19 +38,21 @@ __all__ = ["AdaptiveRounds", "scored_phi", "adaptive_bucket"]
 FIXED_POINT_STEPS = 16   # price / round-weight iterations of one analytic decision (2-4 suffice when not exact)
 
 
-def scored_phi(order: BestFirstOrder, table: np.ndarray, chain_marginals: bool = False) -> np.ndarray:
+def scored_phi(order: BestFirstOrder, table: np.ndarray, chain_marginals=False) -> np.ndarray:
     """float64 [n]: Phi of every prefix of ``order`` (the budget-(i+1) tree) under the positional
     acceptance ``table [P, K]``: a node of depth d whose token is rank id r is accepted with
-    table[d-1, r] given its parent (0 beyond the table's ranks; 0 below an off-chain node with
-    ``chain_marginals``: :func:`simtree.acceptance.phi.node_accept_probs_ranked`)."""
+    table[d-1, r] given its parent (0 beyond the table's ranks; below an off-chain node with
+    ``chain_marginals``, 0 or a share per rank: :func:`simtree.acceptance.phi.node_accept_probs_ranked`)."""
     P, K = table.shape
     d, r = order.depth, order.tokens
     inside = (d > 0) & (r < K)
     p = np.ones(order.num_nodes)
     p[d > 0] = 0.0
     p[inside] = table[np.minimum(d[inside] - 1, P - 1), r[inside]]
-    if chain_marginals:
-        p[below_off_chain(order.parents, r)] = 0.0
+    scale = below_scale(chain_marginals, K)
+    if scale is not None:
+        below = below_off_chain(order.parents, r) & inside
+        p[below] *= scale[r[below]]
     reach = p.copy()
     for i in range(1, order.num_nodes):   # best-first pops a parent before its children
         reach[i] *= reach[order.parents[i]]
@@ -71,7 +73,7 @@ def _level_orders(acc: AcceptanceModel, draft_depth: int, max_budget: int) -> tu
             toks, probs = acc.draft_marginals(level, draft_depth)
             orders.append(best_first_order(toks, probs, max_budget))
             tables.append(acc.table(level, draft_depth))
-            phis.append(scored_phi(orders[-1], tables[-1], acc.chain_marginals))
+            phis.append(scored_phi(orders[-1], tables[-1], acc.chain_scoring))
         survival = [o.prefix_probs[1:max_budget] for o in orders]
         cached[key] = (tuple(orders), tuple(tables), tuple(phis), tuple(survival))
     return cached[key]
