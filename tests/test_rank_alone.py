@@ -1,0 +1,71 @@
+"""One rank of a deployment planned alone (simtree.deploy.costs.one_rank): what the full runtime's
+V4 rank measures (b sequences on the rank, no all-to-all) is labelled so in the policy file, and
+nothing that serves a deployment takes it for one."""
+import json
+import warnings
+
+import pytest
+from typer.testing import CliRunner
+
+from simtree.acceptance.model import get_workload
+from simtree.cli import app
+from simtree.costs.model import load_costs
+from simtree.data import data_path
+from simtree.deploy.costs import one_rank
+from simtree.errors import SimtreeError
+from simtree.planning.planner import plan
+from simtree.planning.policy_file import Policy, deployment_label
+
+V4_EP8 = data_path("costs", "h200_deepseek-v4-flash_ep8.json")
+
+
+@pytest.fixture(scope="module")
+def rank_plan(tmp_path_factory):
+    """(policy.json of the V4 ep=8 rank planned alone, the deployment's plan) at batch 4."""
+    out = tmp_path_factory.mktemp("rank")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        bundle = load_costs(V4_EP8)
+        alone = plan(one_rank(bundle), [get_workload("gsm8k")], [4])
+        deployed = plan(bundle, [get_workload("gsm8k")], [4])
+    alone.candidates.to_csv(out / "candidates.csv", index=False)
+    return alone.to_policy().save(out / "policy.json"), deployed
+
+
+def test_a_rank_planned_alone_is_labelled_the_rank_of_its_deployment(rank_plan):
+    path, deployed = rank_plan
+    d = json.loads(path.read_text())
+    assert d["deployment"] == "ep=8 rank" and d["source"]["costs"]["rank_of"] == "ep=8"
+    pol = Policy.load(path)
+    assert pol.deployment == "ep=8 rank" and pol.rank_of == "ep=8"
+    assert deployed.deployment == "ep=8" and deployed.to_policy().rank_of is None
+    assert deployed.communication is not None     # the deployment's collectives; the rank alone prices none
+    # a file written before the label said rank ("tp=1", the bundle's rank_of in its source) reads as the rank
+    (path.parent / "old.json").write_text(json.dumps({**d, "deployment": "tp=1"}))
+    assert Policy.load(path.parent / "old.json").deployment == "ep=8 rank"
+
+
+@pytest.mark.parametrize("text, want", [("ep=8 rank", "ep=8 rank"), ("ep = 8 rank", "ep=8 rank"),
+                                        ("tp=1 rank", "tp=1"), ("ep=8", "ep=8"), ("", "tp=1"), (None, "tp=1")])
+def test_deployment_labels(text, want):
+    assert deployment_label(text) == want
+
+
+def test_a_bad_rank_label_is_one_line(tmp_path, rank_plan):
+    d = json.loads(rank_plan[0].read_text())
+    (tmp_path / "p.json").write_text(json.dumps({**d, "deployment": "ep=x rank"}))
+    with pytest.raises(SimtreeError, match="ep must be a whole number") as err:
+        Policy.load(tmp_path / "p.json")
+    assert "\n" not in str(err.value)
+
+
+def test_serving_refuses_a_rank_planned_alone(rank_plan, tmp_path):
+    path, _ = rank_plan
+    for args in (["sglang", str(path), "--workload", "gsm8k", "--batch-size", "4"],
+                 ["export", "vllm", str(path), "--out", str(tmp_path / "x")],
+                 ["simulate", "--policy", str(path), "--workload", "gsm8k", "--batch-size", "4"]):
+        res = CliRunner().invoke(app, args)
+        assert res.exit_code != 0 and isinstance(res.exception, SimtreeError), (args, res.output)
+        line = str(res.exception)
+        assert "\n" not in line and "plans one rank of ep=8 alone" in line and "--deployment ep=8" in line
+    assert not (tmp_path / "x").exists()
