@@ -69,3 +69,50 @@ def test_serving_refuses_a_rank_planned_alone(rank_plan, tmp_path):
         line = str(res.exception)
         assert "\n" not in line and "plans one rank of ep=8 alone" in line and "--deployment ep=8" in line
     assert not (tmp_path / "x").exists()
+
+
+# ---- what the full runtime measures: the rank's own plan --------------------------------------
+DEPLOYMENT_PLAN = "reports/h200/plan/deepseek-v4-flash_ep8_NVIDIA_H200/policy.json"   # the ep=8 deployment's
+
+
+def test_which_ranks_are_planned_alone():
+    from simtree.runtime.full.rank_plan import plans_rank_alone
+    assert plans_rank_alone("ep=8") and plans_rank_alone("ep=2")
+    assert not plans_rank_alone("tp=1") and not plans_rank_alone("tp=2")    # a tp rank's batch is the deployment's
+
+
+def test_the_runtime_refuses_a_plan_of_the_deployments_batch(tmp_path, capsys, rank_plan):
+    """gpu_run and full_run: a policy of the ep=8 deployment (batch b = ceil(b / 8) a
+    rank plus the all-to-all) is one line before anything is built; the rank's own plan passes."""
+    from simtree.runtime.full import gpu_run
+    from simtree.runtime.full.measure import full_run
+
+    assert Policy.load(DEPLOYMENT_PLAN).deployment == "ep=8"
+    assert gpu_run.main(["--model", "tiny-v4", "--device", "cpu", "--out", str(tmp_path / "s"),
+                         "--policy", DEPLOYMENT_PLAN]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "plans the ep=8 deployment's batch" in err and "ceil(b / 8) a rank" in err
+    assert not (tmp_path / "s").exists()
+    with pytest.raises(SimtreeError, match="runs one rank with b sequences and no collectives"):
+        full_run("tiny-v4", device="cpu", policy=DEPLOYMENT_PLAN, batch_sizes=(1,), acceptance="gsm8k")
+    Policy.load(rank_plan[0]).check_rank_run("the rank's plan")     # passes
+
+
+def test_gpu_run_measures_the_rank_planned_alone_by_default(tmp_path):
+    """No --policy on a rank of ep=N: the session plans the rank alone from its bundle over its batch
+    sizes (DIR/plan/) and measures that plan's choice beside plain and linear."""
+    import pandas as pd
+
+    from simtree.runtime.full import gpu_run
+
+    out = tmp_path / "s"
+    assert gpu_run.main(["--model", "tiny-v4", "--device", "cpu", "--out", str(out), "--costs", str(V4_EP8),
+                         "--phases", "build,measure", "--batch-sizes", "1", "--rounds", "2", "--min-draws", "0",
+                         "--modes", "", "--eagle", ""]) == 0
+    pol = Policy.load(out / "plan" / "policy.json")
+    assert pol.deployment == "ep=8 rank" and (out / "plan" / "candidates.csv").exists()
+    rows = pd.read_csv(out / "summary.csv")
+    chosen = pol.lookup("gsm8k", 1).params.name
+    assert f"plan:{chosen}" in set(rows["policy"]) and len(rows) == 3
+    log = (out / "log.txt").read_text()
+    assert "planned the rank alone (ep=8 rank" in log and f"the plan's choice from {out / 'plan' / 'policy.json'}" in log

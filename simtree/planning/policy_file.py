@@ -210,6 +210,18 @@ class Policy:
                                f"no collectives), not the {self.rank_of} deployment: to {what}, plan the deployment "
                                f"(simtree plan --deployment {self.rank_of})")
 
+    def check_rank_run(self, where: str) -> None:
+        """One-line error where a plan of a deployment's batch would be measured on one rank with
+        the same batch (the full runtime runs one rank on one GPU: b sequences on the rank, no
+        collectives): a deployment with data-parallel attention (dp > 1) plans ceil(b / dp) sequences
+        a rank plus its collectives at batch b.  A rank planned alone ("ep=8 rank") passes."""
+        dep = parse_deployment(self.rank_of or self.deployment)
+        if self.rank_of is None and dep.dp > 1:
+            raise SimtreeError(f"{where} plans the {dep} deployment's batch (b sequences over {dep.dp} ranks, "
+                               f"ceil(b / {dep.dp}) a rank, plus its collectives), but the full runtime runs one "
+                               "rank with b sequences and no collectives: measure a plan of the rank alone "
+                               "(simtree.deploy.costs.one_rank; without --policy the run plans it from the bundle)")
+
     @property
     def workloads(self) -> list[str]:
         return sorted({e.workload for e in self.entries})
