@@ -82,7 +82,7 @@ def test_which_ranks_are_planned_alone():
 
 
 def test_the_runtime_refuses_a_plan_of_the_deployments_batch(tmp_path, capsys, rank_plan):
-    """gpu_run and full_run: a policy of the ep=8 deployment (batch b = ceil(b / 8) a
+    """gpu_run, full_run and simtree run: a policy of the ep=8 deployment (batch b = ceil(b / 8) a
     rank plus the all-to-all) is one line before anything is built; the rank's own plan passes."""
     from simtree.runtime.full import gpu_run
     from simtree.runtime.full.measure import full_run
@@ -95,6 +95,9 @@ def test_the_runtime_refuses_a_plan_of_the_deployments_batch(tmp_path, capsys, r
     assert not (tmp_path / "s").exists()
     with pytest.raises(SimtreeError, match="runs one rank with b sequences and no collectives"):
         full_run("tiny-v4", device="cpu", policy=DEPLOYMENT_PLAN, batch_sizes=(1,), acceptance="gsm8k")
+    res = CliRunner().invoke(app, ["run", "--model", "deepseek-v4-flash", "--deployment", "ep=8", "--device", "cpu",
+                                   "--policy", DEPLOYMENT_PLAN, "--acceptance", "gsm8k"])
+    assert res.exit_code != 0 and "plans the ep=8 deployment's batch" in str(res.exception)
     Policy.load(rank_plan[0]).check_rank_run("the rank's plan")     # passes
 
 
@@ -116,3 +119,35 @@ def test_gpu_run_measures_the_rank_planned_alone_by_default(tmp_path):
     assert f"plan:{chosen}" in set(rows["policy"]) and len(rows) == 3
     log = (out / "log.txt").read_text()
     assert "planned the rank alone (ep=8 rank" in log and f"the plan's choice from {out / 'plan' / 'policy.json'}" in log
+
+
+def test_simtree_run_plans_the_rank_alone_without_a_policy(tmp_path):
+    from simtree.cli.run import _rank_plan
+
+    said = []
+    path = _rank_plan("tiny-v4", None, str(V4_EP8), "gsm8k", [1, 4], tmp_path, said.append)
+    assert Policy.load(path).deployment == "ep=8 rank" and "batch 4" in said[0]
+    assert _rank_plan("tiny-gdn", None, str(V4_EP8), "gsm8k", [1], tmp_path / "q", said.append) is None
+    assert _rank_plan("tiny-gdn", "tp=2", str(V4_EP8), "gsm8k", [1], tmp_path / "q", said.append) is None
+    assert not (tmp_path / "q").exists()
+
+
+def test_the_rank_run_alone_holds_every_sequence_of_its_batch(monkeypatch):
+    """simtree run --deployment ep=8 runs the rank alone with b sequences: batch 512 at 32k fits the
+    deployment (64 sequences a rank) but not the rank holding all 512 - one line, nothing built."""
+    from simtree.deploy.memory import check_fits, check_rank_fits, largest_batch
+    from simtree.machine.machines import get_machine
+    import simtree.cli.run as cli_run
+    import simtree.machine.metadata as metadata
+
+    assert check_fits("deepseek-v4-flash", "ep=8", "h200", 512, 32768).rank_batch == 64
+    most = largest_batch("deepseek-v4-flash", "ep=8", "h200", 32768, rank_alone=True)
+    assert 64 <= most < 512
+    assert check_rank_fits("deepseek-v4-flash", "ep=8", "h200", most, 32768).rank_batch == most
+    monkeypatch.setattr(cli_run, "_gpu_machine", lambda device: get_machine("h200"))
+    monkeypatch.setattr(metadata, "require_device", lambda device: None)
+    res = CliRunner().invoke(app, ["run", "--model", "deepseek-v4-flash", "--deployment", "ep=8", "--device", "cuda",
+                                   "--batch-size", "1,512", "--context-len", "32768", "--acceptance", "gsm8k"])
+    assert isinstance(res.exception, SimtreeError), res.output
+    line = str(res.exception)
+    assert "\n" not in line and "does not fit NVIDIA H200 at batch 512" in line and f"at most batch {most} fits" in line
