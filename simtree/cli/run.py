@@ -81,7 +81,9 @@ def register(app: typer.Typer) -> None:
                                                 "depth / draws) | iid (independent draws each round)"),
         deployment: str = typer.Option(None, help="full scale: the deployment whose one rank to run (qwen: tp=N, "
                                                   "its heads and MLP columns per rank; deepseek-v4-flash: ep=8). "
-                                                  "Collectives are not run; refused when the rank does not fit"),
+                                                  "Collectives are not run and the rank holds all of the batch's sequences; "
+                                                  "refused when they do not fit. A rank of ep=N without --policy "
+                                                  "measures the rank planned alone from --costs (OUT/plan)"),
         controller: bool = typer.Option(False, "--controller", help="tiny runtime: each round's tier (none, "
                                         "linear, EAGLE) chosen online by simtree.control (docs/controller.md)"),
     ) -> None:
