@@ -151,3 +151,36 @@ def test_the_rank_run_alone_holds_every_sequence_of_its_batch(monkeypatch):
     assert isinstance(res.exception, SimtreeError), res.output
     line = str(res.exception)
     assert "\n" not in line and "does not fit NVIDIA H200 at batch 512" in line and f"at most batch {most} fits" in line
+
+
+@pytest.mark.filterwarnings("ignore::simtree.errors.ExtrapolationWarning")
+def test_dspark_schedules_the_sequences_of_one_rank():
+    """Under data-parallel attention a rank schedules its own ceil(b / dp) sequences: DSpark's
+    verified prefixes, levels' spread and bucket at the ep=8 deployment's batch 64 are the rank's
+    8 sequences' - the rank planned alone at batch 8 chooses the same chain."""
+    import dataclasses
+
+    import numpy as np
+
+    from simtree.acceptance.confidence_head import confidence_verify_lens
+    from simtree.costs.forms import BasisSurface
+    from simtree.costs.model import DrafterCostModel
+    from simtree.deploy.costs import deployment_costs, rank_batch_of
+    from simtree.planning.drafter_candidates import _dspark_survival, dspark_bucket, score_spec
+    from simtree.planning.modes import PolicySpec
+
+    surf = BasisSurface("draft", [64.0], [2000.0, 1.0, 50.0, 30.0, 0.01, 0.5], ("nodes_per_seq", "num_steps", "batch_size"),
+                        {"nodes_per_seq": [1, 32], "num_steps": [4, 10], "batch_size": [1, 64]})
+    rank = dataclasses.replace(load_costs(V4_EP8), drafters={"dspark": DrafterCostModel(surf, {"block_len": 7}, "dspark")})
+    costs, acc = deployment_costs(rank), get_workload("gsm8k").acceptance
+    assert rank_batch_of(costs, 64) == 8 and rank_batch_of(rank, 64) == 64 and rank_batch_of(one_rank(rank), 9) == 9
+    for params in ({"block_len": 7}, {"block_len": 7, "threshold": 0.3}):
+        row = score_spec(costs, acc, PolicySpec.from_dict("dspark", params), 64, 1024)
+        surv = _dspark_survival(acc, 7, 8)
+        lens = (confidence_verify_lens(surv, lambda t: costs.verify.predict(t / 8, 1024, 64))[0]
+                if "threshold" not in params else (surv >= 0.3).sum(1))
+        assert row["nodes_per_seq"] == dspark_bucket(lens) and row["params"]["verified_per_seq"] == round(lens.sum() / 8, 4)
+        want = 1 + float((surv * (np.arange(7)[None, :] < lens[:, None])).sum()) / 8
+        assert row["tokens_per_round"] == pytest.approx(want, rel=1e-12)
+    alone = score_spec(one_rank(rank), acc, PolicySpec.from_dict("dspark", params), 8, 1024)
+    assert alone["tokens_per_round"] == row["tokens_per_round"] and alone["nodes_per_seq"] == row["nodes_per_seq"]
