@@ -118,7 +118,7 @@ def test_gpu_run_measures_the_rank_planned_alone_by_default(tmp_path):
     chosen = pol.lookup("gsm8k", 1).params.name
     assert f"plan:{chosen}" in set(rows["policy"]) and len(rows) == 3
     log = (out / "log.txt").read_text()
-    assert "planned the rank alone (ep=8 rank" in log and f"the plan's choice from {out / 'plan' / 'policy.json'}" in log
+    assert "planned the rank alone (ep=8 rank: b sequences on the rank, no collectives)" in log and f"the plan's choice from {out / 'plan' / 'policy.json'}" in log
 
 
 def test_simtree_run_plans_the_rank_alone_without_a_policy(tmp_path):
@@ -126,7 +126,7 @@ def test_simtree_run_plans_the_rank_alone_without_a_policy(tmp_path):
 
     said = []
     path = _rank_plan("tiny-v4", None, str(V4_EP8), "gsm8k", [1, 4], tmp_path, said.append)
-    assert Policy.load(path).deployment == "ep=8 rank" and "batch 4" in said[0]
+    assert Policy.load(path).deployment == "ep=8 rank" and "ep=8 rank" in said[0] and "plan batch 4" in said[2]
     assert _rank_plan("tiny-gdn", None, str(V4_EP8), "gsm8k", [1], tmp_path / "q", said.append) is None
     assert _rank_plan("tiny-gdn", "tp=2", str(V4_EP8), "gsm8k", [1], tmp_path / "q", said.append) is None
     assert not (tmp_path / "q").exists()

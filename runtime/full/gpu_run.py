@@ -272,17 +272,11 @@ def shipped_plan(model: str, deployment: str, root: Path | None = None) -> str |
 def _rank_plan(s: Session, costs_path: str | None, workload, sizes: list[int]) -> str | None:
     """The rank planned alone from the session's bundle (:mod:`.rank_plan`) -> DIR/plan/; None,
     logged, without a bundle or where planning fails (the runs go on without the plan's choice)."""
-    if costs_path is None:
-        return None
     try:
-        path, res = plan_rank(costs_path, workload, sizes, s.out / "plan")
+        return None if costs_path is None else str(plan_rank(costs_path, workload, sizes, s.out / "plan", s.log)[0])
     except Exception as exc:   # noqa: BLE001 - the measured runs go on without a plan
         s.log(f"plan of the rank FAILED: {type(exc).__name__}: {exc}")
         return None
-    s.log(f"planned the rank alone ({res.deployment}: b sequences on the rank, no all-to-all) from {costs_path}")
-    for row in res.chosen.itertuples():
-        s.log(f"plan batch {row.batch_size}: {row.policy} ({row.tok_s:.0f} tok/s predicted)")
-    return str(path)
 
 
 def _modes(text: str) -> list[tuple[str, PolicySpec]]:

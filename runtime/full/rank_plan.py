@@ -26,10 +26,10 @@ def plans_rank_alone(deployment) -> bool:
     return parse_deployment(deployment).dp > 1
 
 
-def plan_rank(costs, workload, batch_sizes, out: Path):
+def plan_rank(costs, workload, batch_sizes, out: Path, say=None):
     """(policy.json path, PlanResult): ``costs`` (a bundle or its path) planned as the rank alone
     over ``batch_sizes`` for ``workload`` (a :class:`~simtree.acceptance.model.Workload`), written
-    under ``out`` (policy.json, candidates.csv)."""
+    under ``out`` (policy.json, candidates.csv); ``say(line)`` gets what was planned."""
     from simtree.costs.model import load_costs
     from simtree.deploy.costs import one_rank
     from simtree.planning.planner import plan
@@ -40,4 +40,10 @@ def plan_rank(costs, workload, batch_sizes, out: Path):
     out.mkdir(parents=True, exist_ok=True)
     path = res.to_policy().save(out / "policy.json")
     write_text_atomic(out / "candidates.csv", res.candidates.to_csv(index=False))
+    if say is not None:
+        source = costs if isinstance(costs, (str, Path)) else "the bundle"
+        say(f"planned the rank alone ({res.deployment}: b sequences on the rank, no collectives) from {source} "
+            f"-> {path}")
+        for row in res.chosen.itertuples():
+            say(f"plan batch {row.batch_size}: {row.policy} ({row.tok_s:.0f} tok/s predicted)")
     return path, res

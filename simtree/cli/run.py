@@ -302,10 +302,7 @@ def _rank_plan(name: str, deployment: str | None, costs, workload, sizes: list[i
         return None
     if not plans_rank_alone(rank):
         return None
-    path, res = plan_rank(costs, get_workload(str(workload)), sizes, Path(out) / "plan")
-    say(f"planned the {res.deployment} alone (b sequences on the rank, no all-to-all) -> {path}: "
-        + ", ".join(f"batch {r.batch_size} {r.policy}" for r in res.chosen.itertuples()))
-    return str(path)
+    return str(plan_rank(costs, get_workload(str(workload)), sizes, Path(out) / "plan", say)[0])
 
 
 def _given_prompts(model, prompt_ids, mode, steps, topk, budget, max_new_tokens, device, dtype, out,
