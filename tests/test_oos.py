@@ -1,5 +1,6 @@
 """Throughput out of sample: the GPU-side run on a tiny model on the CPU, and the home-side table."""
 import csv
+from pathlib import Path
 
 import pytest
 
@@ -60,3 +61,14 @@ def test_a_later_folder_fills_an_earlier_ones_misses():
         ("block", 30.0), ("eagle", 20.0), ("linear_d4", 11.0), ("linear_d4", 12.0)]
     assert [m["policy"] for m in still] == ["tfm"]
     assert [(r["policy"], r["measured_tok_s"], r["later_tok_s"]) for r in replaced] == [("linear_d4", 10.0, 11.0)]
+
+
+def test_a_rank_run_alone_is_labelled_the_rank():
+    """A V4 ep=8 rank runs b sequences on its own (the all-to-all not run): its rows say so, where a
+    one-GPU deployment keeps its name."""
+    assert oos._deployment_label("ep=8", "ep=8 rank (all-to-all not run)") == "ep=8 rank (all-to-all not run)"
+    assert oos._deployment_label("ep=8", None) == "ep=8 rank (collectives not run)"
+    assert oos._deployment_label("tp=1", "1 GPU") == "tp=1"
+    table = Path(__file__).resolve().parents[1] / "reports" / "validation" / "throughput_out_of_sample.csv"
+    rows = list(csv.DictReader(open(table)))
+    assert {r["deployment"] for r in rows if r["model"] == "deepseek-v4-flash"} == {"ep=8 rank (all-to-all not run)"}

@@ -21,9 +21,12 @@ next one runs; every phase checks the time left (``--max-seconds``) and stops ea
                 prompts x {linear D=4, EAGLE s3 k2 D6, EAGLE s4 k4 D16, best-first D8 p3, and with
                 a bundle cost_aware max 16 p3} at batch 2, live,
                 against plain greedy -> lossless.csv (a mismatch with its top-2 logit gap).
-3. ``measure``  ``full_run``: per batch size plain, linear D=4, the shipped plan's choice for the
-                deployment (``--policy``, default the plan under reports/<machine>/plan/ of the model
-                and deployment), one shape of every other runnable mode (``--modes``: best-first,
+3. ``measure``  ``full_run``: per batch size plain, linear D=4, the plan's choice (``--policy``;
+                default for a one-GPU deployment the shipped plan under reports/<machine>/plan/ of
+                the model and deployment, for the V4 ep=8 rank the rank planned alone from the
+                session's bundle over its batch sizes - b sequences on the rank, no all-to-all, as
+                it runs: :mod:`.rank_plan` -> DIR/plan/policy.json, candidates.csv; a policy of the
+                ep=8 deployment's batch is refused before the build), one shape of every other runnable mode (``--modes``: best-first,
                 cost_aware, batch_alloc, whose budgets come from the bundle) and the EAGLE shapes a
                 plan may choose (``--eagle``), replay (--acceptance, default gsm8k, or --replay) ->
                 summary.json (every round's measurements, for ``measure.repredict`` at home)
@@ -59,6 +62,7 @@ from simtree.models import get_model
 from simtree.planning.simulate import PolicySpec
 from simtree.runtime.full.build import dtype_name
 from simtree.runtime.full.measure import MIN_DRAWS
+from simtree.runtime.full.rank_plan import plan_rank, plans_rank_alone
 
 __all__ = ["main", "time_step", "EAGLE_SHAPES", "MODE_SHAPES", "VERIFY_GRID", "DRAFT_GRID", "shipped_plan"]
 
@@ -265,6 +269,16 @@ def shipped_plan(model: str, deployment: str, root: Path | None = None) -> str |
     return None
 
 
+def _rank_plan(s: Session, costs_path: str | None, workload, sizes: list[int]) -> str | None:
+    """The rank planned alone from the session's bundle (:mod:`.rank_plan`) -> DIR/plan/; None,
+    logged, without a bundle or where planning fails (the runs go on without the plan's choice)."""
+    try:
+        return None if costs_path is None else str(plan_rank(costs_path, workload, sizes, s.out / "plan", s.log)[0])
+    except Exception as exc:   # noqa: BLE001 - the measured runs go on without a plan
+        s.log(f"plan of the rank FAILED: {type(exc).__name__}: {exc}")
+        return None
+
+
 def _modes(text: str) -> list[tuple[str, PolicySpec]]:
     """"mode:key=v,key=v;mode:..." -> [(mode, PolicySpec), ...] (a one-line error for a mode the
     runtime does not build)."""
@@ -299,7 +313,8 @@ def main(argv=None) -> int:
                                                  "deployment's shipped bundle of this GPU's machine, simtree/data/"
                                                  "costs/<machine>_<model>_<tag>.json; none ships: no predictions)")
     ap.add_argument("--policy", default=None, help="a policy file whose choice is measured too (default: the "
-                                                  "shipped plan of the model and deployment, reports/<machine>/plan/)")
+                                                  "shipped plan of the model and deployment, reports/<machine>/plan/; "
+                                                  "a rank of several GPUs: the rank planned alone in the session)")
     ap.add_argument("--modes", default=MODE_SHAPES, help="shapes of the other runnable modes measured at every "
                                                         "batch size: 'mode:key=v,key=v;...'")
     ap.add_argument("--eagle", default=";".join(",".join(map(str, e)) for e in EAGLE_SHAPES[1::3]),
@@ -337,6 +352,13 @@ def main(argv=None) -> int:
             print(f"error: --layers {args.layers}: {args.model} has {len(kinds)} layer kinds ({', '.join(kinds)}), "
                   f"a cut keeps each: at least {len(kinds)}", file=sys.stderr)
             return 2
+    if args.policy is not None and "measure" in phases:
+        from simtree.planning.policy_file import Policy
+        try:   # the rank runs b sequences: a plan of a deployment's batch b is not its plan
+            Policy.load(args.policy).check_rank_run(f"--policy {args.policy}")
+        except SimtreeError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
     s = Session(args.out, args.max_seconds)
     sizes = [int(b) for b in args.batch_sizes.split(",")]
     failed = []
@@ -350,7 +372,10 @@ def main(argv=None) -> int:
         deployment = runtime_deployment(args.model, args.deployment)
         costs_path = args.costs or default_costs(args.model, deployment)
         s.log(f"deployment {deployment}; predictions from {costs_path or 'no bundle (none ships for it)'}")
-        policy = args.policy or shipped_plan(args.model, deployment)
+        policy = args.policy
+        if policy is None and "measure" in phases:
+            policy = (_rank_plan(s, costs_path, workload, sizes) if plans_rank_alone(deployment)
+                      else shipped_plan(args.model, deployment))
         s.log(f"the plan's choice from {policy or 'no plan (none ships for it)'}")
         extra = _modes(args.modes) + _eagle(args.eagle)
         whole = get_model(args.model)

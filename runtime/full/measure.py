@@ -346,8 +346,14 @@ def full_run(model, *, device: str = "cuda", costs=None, policy=None, batch_size
     ``sampling``: how an acceptance model's replay draws (stratified: ``StratifiedReplay``; iid:
     ``ModelReplay``).
     ``min_draws``: a batch of B sequences runs at least ceil(min_draws / B) measured rounds (a
-    replay's accepted depths over rounds x B draws: small batches take more rounds)."""
+    replay's accepted depths over rounds x B draws: small batches take more rounds).
+    ``policy`` planning a deployment's batch under data-parallel attention (dp > 1) is refused in
+    one line before anything runs: the rank runs B sequences, not ceil(B / dp) (plan the rank
+    alone: :mod:`.rank_plan`)."""
     say = progress or (lambda line: None)
+    if policy is not None:   # the runtime runs one rank with b sequences: not a deployment's batch b
+        from simtree.planning.policy_file import Policy
+        Policy.load(policy).check_rank_run(f"policy {policy}")
     costs = _load_costs(costs, required=False)
     source = _Source(replay, acceptance, device, seed, sampling)
     cfg = RunConfig(context_len or source.default_context(), rounds, warmup_rounds, seed, sampling, min_draws)

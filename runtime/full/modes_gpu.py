@@ -150,17 +150,13 @@ def main(argv=None) -> int:
     costs, policy, notes = None, None, []
     try:
         from simtree.acceptance.model import get_workload
-        from simtree.deploy.costs import one_rank
-        from simtree.planning.planner import plan
+        from .rank_plan import plan_rank
         costs, notes = drafter_bundle(args.costs or default_costs(args.model, deployment),
                                       args.drafter_profile, args.model)
         for n in notes:
             s.log(n)
         if "costs" in phases:
-            res = plan(one_rank(costs), [get_workload(args.acceptance)], sizes)
-            (s.out / "plan").mkdir(parents=True, exist_ok=True)
-            policy = res.to_policy().save(s.out / "plan" / "policy.json")
-            res.candidates.to_csv(s.out / "plan" / "candidates.csv", index=False)
+            policy, res = plan_rank(costs, get_workload(args.acceptance), sizes, s.out / "plan")
             for row in res.chosen.itertuples():
                 s.log(f"plan batch {row.batch_size}: {row.policy} ({row.tok_s:.0f} tok/s predicted)")
     except Exception as exc:   # noqa: BLE001 - the runs go on without a plan

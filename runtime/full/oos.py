@@ -24,7 +24,9 @@ in every row) and the points (contexts, batch sizes and budgets the profile did 
 marked ``on_profile_grid`` False).  What is not: the acceptance is replayed from the same preset
 the prediction uses (``accept_rel_err`` is small by construction), so the error is the cost
 model's.  The rank runs the batch the bundle prices (a V4 ``ep=8`` rank at batch b is priced at
-rank batch b, without the all-to-all it does not run).
+rank batch b, without the all-to-all it does not run): a row of a rank run alone says so in its
+deployment ("ep=8 rank (all-to-all not run)": batch_size is the rank's b sequences, not the ep=8
+deployment's batch, of which a rank would hold ceil(b / 8)).
 """
 from __future__ import annotations
 
@@ -186,7 +188,8 @@ def _load_dir(d: Path, missed: list | None = None) -> list[dict]:
                                    "context_len": int(r["context_len"]), "policy": r["policy"], "why": why})
                 continue
             params = run.get("params") or {}
-            rows.append({"model": r["model"], "deployment": meta["deployment"], "policy": r["policy"],
+            rows.append({"model": r["model"], "deployment": _deployment_label(meta["deployment"], r.get("deployment")),
+                         "policy": r["policy"],
                          "batch_size": int(r["batch_size"]), "context_len": int(r["context_len"]),
                          "measured_tok_s": float(r["measured_tok_s"]), "predicted_tok_s": float(r["predicted_tok_s"]),
                          "rel_err": float(r["rel_err"]), "bundle_sha256": meta["bundle_sha256"],
@@ -196,6 +199,17 @@ def _load_dir(d: Path, missed: list | None = None) -> list[dict]:
     if not rows:
         raise SimtreeError(f"{d}: no measured runs")
     return rows
+
+
+def _deployment_label(deployment: str, measured: str | None) -> str:
+    """What a row measured: the deployment where the run was all of it (one GPU), else the rank run
+    alone, as the run's own rows name it ("ep=8 rank (all-to-all not run)")."""
+    from simtree.parallel import parse_deployment
+    dep = parse_deployment(deployment)
+    if dep.gpus == 1:
+        return dep.name
+    measured = str(measured or "")
+    return measured if measured.startswith(f"{dep.name} rank") else f"{dep.name} rank (collectives not run)"
 
 
 def _run_key(r: dict) -> tuple:
@@ -255,6 +269,7 @@ def summarize(table, checks: list[dict]) -> dict:
             "points": sum(c["counted"] for c in checks), "plan_ok": sum(c["ok"] and c["counted"] for c in checks),
             "thin_points": sum(not c["counted"] for c in checks),
             "min_policies": min((c["policies"] for c in checks if c["counted"]), default=0), "per_model": per_model,
+            "ranks": {d: sorted(g["model"].unique()) for d, g in table.groupby("deployment") if " rank" in str(d)},
             "gpus": sorted(table["gpu"].unique()), "batch_sizes": sorted(int(b) for b in table["batch_size"].unique()),
             "contexts": sorted(int(c) for c in table["context_len"].unique())}
 
@@ -267,6 +282,9 @@ def _markdown(s: dict, checks: list[dict], missed: list | None = None, replaced:
              "in every row of `throughput_out_of_sample.csv`). Acceptance is replayed from the preset the "
              "prediction uses (in sample by construction): the errors below are the cost models', out of sample.", "",
              f"GPU: {', '.join(s['gpus'])}; batch sizes {s['batch_sizes']}; contexts {s['contexts']}.", "",
+             *[f"{', '.join(models)}: {dep}, one rank run alone on one GPU - the batch is the b sequences on that "
+               "rank, as the bundle prices it, not the deployment's batch (of which a rank holds ceil(b / dp)).\n"
+               for dep, models in s.get("ranks", {}).items()],
              "| | runs | median abs error | worst |", "|---|---|---|---|",
              f"| all runs (out of sample) | {s['runs']} | {pct(s['median'])} | {pct(s['worst'])} |",
              f"| points off the profile grid | {s['off_grid_runs']} | {pct(s['off_grid_median'])} | "

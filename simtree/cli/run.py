@@ -81,7 +81,9 @@ def register(app: typer.Typer) -> None:
                                                 "depth / draws) | iid (independent draws each round)"),
         deployment: str = typer.Option(None, help="full scale: the deployment whose one rank to run (qwen: tp=N, "
                                                   "its heads and MLP columns per rank; deepseek-v4-flash: ep=8). "
-                                                  "Collectives are not run; refused when the rank does not fit"),
+                                                  "Collectives are not run and the rank holds all of the batch's sequences; "
+                                                  "refused when they do not fit. A rank of ep=N without --policy "
+                                                  "measures the rank planned alone from --costs (OUT/plan)"),
         controller: bool = typer.Option(False, "--controller", help="tiny runtime: each round's tier (none, "
                                         "linear, EAGLE) chosen online by simtree.control (docs/controller.md)"),
     ) -> None:
@@ -243,24 +245,31 @@ def _one_batch_size(text: str) -> int:
         raise SimtreeError(f"--batch-size {text!r}: one integer here (a comma list needs --model)") from None
 
 
+def _gpu_machine(device: str):
+    """The machine table of ``device``'s GPU (None on a CPU or a GPU no table describes)."""
+    if not str(device).startswith("cuda"):
+        return None
+    import torch
+
+    from simtree.machine.machines import machine_for_device
+    return machine_for_device(torch.cuda.get_device_name(torch.device(device)))
+
+
 def _rank_model(name: str, deployment: str | None, device: str, sizes: list[int], context_len: int | None):
     """What ``full_run`` builds for one rank of ``deployment``: the model name (the runtime's own
     rank), or a built model of the rank's shard shape; refused, one line, when the rank does
-    not fit the GPU (weights + caches of the largest batch) or the runtime has no such rank."""
+    not fit the GPU (weights + caches of the largest batch, all of its sequences on the rank: the
+    runtime runs the rank alone) or the runtime has no such rank."""
     from simtree.models import get_model
 
     shape = get_model(name)
     if deployment is None:
         return name
     dep = parse_deployment(deployment)
-    if str(device).startswith("cuda"):
-        import torch
-
-        from simtree.machine.machines import machine_for_device
-        from simtree.deploy.memory import check_fits
-        machine = machine_for_device(torch.cuda.get_device_name(torch.device(device)))
-        if machine is not None:
-            check_fits(shape, dep, machine, max(sizes), int(context_len or 0))
+    machine = _gpu_machine(device)
+    if machine is not None:
+        from simtree.deploy.memory import check_rank_fits
+        check_rank_fits(shape, dep, machine, max(sizes), int(context_len or 0))
     if shape.family == "v4":
         from simtree.runtime.full.v4_rank import default_ep_ranks
         ep = default_ep_ranks(shape)
@@ -276,6 +285,24 @@ def _rank_model(name: str, deployment: str | None, device: str, sizes: list[int]
     model = build_model(shape.shard(dep), device)
     model.deployment = f"{dep} rank (all-reduce not run)"
     return model
+
+
+def _rank_plan(name: str, deployment: str | None, costs, workload, sizes: list[int], out: Path, say) -> str | None:
+    """A rank of a deployment with data-parallel attention (the V4 ep=8 rank) runs its own b
+    sequences, no all-to-all: without --policy the run measures the rank planned alone from
+    ``costs`` over its batch sizes (simtree.runtime.full.rank_plan -> OUT/plan/policy.json);
+    None for any other rank (nothing planned)."""
+    from simtree.acceptance.model import get_workload
+    from simtree.runtime.full.gpu_run import runtime_deployment
+    from simtree.runtime.full.rank_plan import plan_rank, plans_rank_alone
+
+    try:
+        rank = deployment or runtime_deployment(name, None)
+    except SimtreeError:     # a checkpoint folder or a model the runtime builds whole
+        return None
+    if not plans_rank_alone(rank):
+        return None
+    return str(plan_rank(costs, get_workload(str(workload)), sizes, Path(out) / "plan", say)[0])
 
 
 def _given_prompts(model, prompt_ids, mode, steps, topk, budget, max_new_tokens, device, dtype, out,
@@ -314,17 +341,21 @@ def _full_scale(model, device, costs, policy, batch_sizes, replay, acceptance, p
 
     if policy is not None:   # as `simtree simulate` refuses it
         from simtree.planning.policy_file import Policy
-        planned = Policy.load(policy).model
-        if planned and planned != model:
-            raise SimtreeError(f"--policy {policy} is a plan for {planned}, not {model} (--model)")
+        planned = Policy.load(policy)
+        if planned.model and planned.model != model:
+            raise SimtreeError(f"--policy {policy} is a plan for {planned.model}, not {model} (--model)")
+        planned.check_rank_run(f"--policy {policy}")   # the rank runs b sequences, not a deployment's share
     require_device(device)
 
     try:
         sizes = [int(b) for b in str(batch_sizes).split(",") if b.strip()]
     except ValueError:
         raise SimtreeError(f"--batch-size {batch_sizes!r}: a comma list of integers, e.g. 1,4,16,64") from None
+    name = model
     model = _rank_model(model, deployment, device, sizes, context_len)
     say = (lambda line: None) if json_out else (lambda line: typer.echo(line, err=True))
+    if policy is None and policy_workload is None and costs is not None and (acceptance or replay) is not None:
+        policy = _rank_plan(name, deployment, costs, acceptance or replay, sizes, out, say)
     result = full_run(model, device=device, costs=costs, policy=policy, batch_sizes=sizes, replay=replay,
                       acceptance=acceptance, policy_workload=policy_workload, out=out, context_len=context_len,
                       progress=say, min_draws=MIN_DRAWS if min_draws is None else check_whole(min_draws, "--min-draws", 0),

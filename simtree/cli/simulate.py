@@ -125,6 +125,7 @@ def simulate_command_run(costs_path, workload_spec: str, batch_size: int, mode: 
     if policy_path:   # its model picks the shipped bundle unless --model says otherwise
         from simtree.planning.policy_file import Policy
         pol = Policy.load(policy_path)
+        pol.check_served(f"--policy {policy_path}", "simulate it at its deployment")
         entry, note = pol.resolve(workload.name, batch_size)
         if note:
             warnings.warn(note, RuntimeWarning, stacklevel=2)

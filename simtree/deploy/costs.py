@@ -32,7 +32,7 @@ from simtree.errors import SimtreeError
 from simtree.models import ModelShape, get_model
 
 __all__ = ["DeploymentCosts", "DeploymentVerify", "DeploymentDraft", "DeploymentDrafter", "deployment_costs",
-           "bundle_deployment", "communication_of", "one_rank"]
+           "bundle_deployment", "communication_of", "one_rank", "rank_batch_of"]
 
 
 def bundle_deployment(costs: Costs) -> Deployment:
@@ -208,3 +208,11 @@ def one_rank(costs: Costs) -> Costs:
     if dep.gpus == 1:
         return rank
     return dataclasses.replace(rank, meta={**dict(rank.meta), "deployment": DEFAULT_DEPLOYMENT, "rank_of": dep.name})
+
+
+def rank_batch_of(costs: Costs, batch_size: int) -> int:
+    """The sequences one rank runs of a batch of ``batch_size`` priced by ``costs``: ceil(b / dp)
+    for a deployment's costs under data-parallel attention (:class:`DeploymentCosts`), else b
+    (a bundle of one GPU, or a rank planned alone)."""
+    dep = costs.deployment if isinstance(costs, DeploymentCosts) else None
+    return int(dep.rank_batch(int(batch_size))) if dep is not None else int(batch_size)

@@ -19,7 +19,7 @@ from simtree.errors import SimtreeError
 from simtree.fileio import write_text_atomic
 from simtree.models import ModelShape, get_model
 
-__all__ = ["RankMemory", "rank_memory", "check_fits", "smallest_fit", "largest_batch", "ep_fit_table", "GPU_COUNTS",
+__all__ = ["RankMemory", "rank_memory", "check_fits", "check_rank_fits", "smallest_fit", "largest_batch", "ep_fit_table", "GPU_COUNTS",
            "FIT_DOC_START", "FIT_DOC_END", "write_fit_doc"]
 
 GPU_COUNTS = (1, 2, 4, 8, 16, 32, 64)   # the group sizes searched for the smallest deployment that fits
@@ -65,12 +65,14 @@ def _machine(machine: str | Machine) -> Machine:
 
 
 def rank_memory(model: str | ModelShape, deployment, machine: str | Machine, batch_size: int,
-                context_len: int) -> RankMemory:
+                context_len: int, rank_alone: bool = False) -> RankMemory:
     """Memory one rank needs for ``batch_size`` sequences of the deployment at ``context_len``
-    (a shard that does not divide the model is a one-line SimtreeError)."""
+    (a shard that does not divide the model is a one-line SimtreeError); ``rank_alone``: the rank
+    run by itself holds all ``batch_size`` sequences (the full runtime's V4 rank, no data-parallel
+    split), not its ceil(b / dp) share of the deployment's batch."""
     shape, dep, m = _shape(model), parse_deployment(deployment), _machine(machine)
     rank = shape.shard(dep)
-    rb = int(dep.rank_batch(int(batch_size)))
+    rb = int(batch_size) if rank_alone else int(dep.rank_batch(int(batch_size)))
     return RankMemory(shape.name, dep, m, int(batch_size), int(context_len), rb, rank.weight_bytes(),
                       rank.cache_bytes(rb, context_len))
 
@@ -117,20 +119,40 @@ def check_fits(model: str | ModelShape, deployment, machine: str | Machine, batc
         f"{gb(mem.usable_bytes)} usable of {mem.machine.memory_gb:g} GB; {need}, asked for {mem.deployment.gpus}")
 
 
+def check_rank_fits(model: str | ModelShape, deployment, machine: str | Machine, batch_size: int,
+                    context_len: int) -> RankMemory:
+    """One rank of ``deployment`` run alone on one GPU with ``batch_size`` sequences (what the full
+    runtime runs: the batch is the rank's, :func:`rank_memory` with ``rank_alone``), or a one-line
+    SimtreeError naming the shortfall and the largest batch that fits the rank."""
+    mem = rank_memory(model, deployment, machine, batch_size, context_len, rank_alone=True)
+    if mem.fits:
+        return mem
+    gb = lambda x: f"{x / 1e9:.1f} GB"  # noqa: E731
+    most = largest_batch(model, deployment, machine, context_len, limit=int(batch_size), rank_alone=True)
+    raise SimtreeError(
+        f"one {mem.deployment} rank of {mem.model} run alone does not fit {mem.machine.name} at batch {mem.batch_size}: "
+        f"the rank holds all {mem.rank_batch} sequences (not ceil(b / {mem.deployment.dp}) as in the deployment), "
+        f"{gb(mem.weight_bytes)} of weights + {gb(mem.cache_bytes)} of KV cache / state at context {mem.context_len} "
+        f"= {gb(mem.total_bytes)}, {gb(mem.total_bytes - mem.usable_bytes)} more than the {gb(mem.usable_bytes)} usable "
+        f"of {mem.machine.memory_gb:g} GB; " + (f"at most batch {most} fits" if most else "no batch fits"))
+
+
 # ---- which expert-parallel degrees fit (docs/deployments.md's table) -----------------------------
 FIT_DOC_START, FIT_DOC_END = "<!-- ep-fit:start -->", "<!-- ep-fit:end -->"
 _FIT_DOC = dict(model="deepseek-v4-flash", machine="h200", context_lens=(4096, 32768), degrees=(1, 2, 4, 8, 16, 32))
 
 
 def largest_batch(model: str | ModelShape, deployment, machine: str | Machine, context_len: int,
-                  limit: int = 1 << 14) -> int:
-    """The largest batch (up to ``limit``) whose state fits beside the rank's weights; 0 if none."""
-    if not rank_memory(model, deployment, machine, 1, context_len).fits:
+                  limit: int = 1 << 14, rank_alone: bool = False) -> int:
+    """The largest batch (up to ``limit``) whose state fits beside the rank's weights; 0 if none
+    (``rank_alone``: as :func:`rank_memory`)."""
+    fits = lambda b: rank_memory(model, deployment, machine, b, context_len, rank_alone).fits  # noqa: E731
+    if not fits(1):
         return 0
     lo, hi = 1, int(limit)
     while lo < hi:                      # the rank's bytes grow with the batch: bisect
         mid = (lo + hi + 1) // 2
-        lo, hi = (mid, hi) if rank_memory(model, deployment, machine, mid, context_len).fits else (lo, mid - 1)
+        lo, hi = (mid, hi) if fits(mid) else (lo, mid - 1)
     return lo
 
 

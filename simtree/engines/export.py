@@ -189,6 +189,7 @@ def export_policy(engine: str, policy: str | Path, out: str | Path, *, workload:
         raise SimtreeError(f"unknown engine {engine!r}: use one of {', '.join(ENGINES)}")
     path = policy_path(policy)
     pol = Policy.load(path)
+    pol.check_served(str(path), f"export it to {engine}")
     workload = workload or ("sharegpt" if "sharegpt" in pol.workloads else pol.workloads[0])
     tiers = linear_tiers(pol, path, workload)
     model = model_path or pol.model

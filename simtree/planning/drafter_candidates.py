@@ -20,7 +20,9 @@ rounds spread over them) times the batch, over the round's time C_v + C_d:
   fixed ``threshold`` in [0, 1]; the survival of a position is the level's chain acceptance (a
   calibrated confidence head).  Sequences are spread over the levels by the levels' weights.
   The full runtime verifies a static bucket: the chain cut to the longest prefix chosen
-  (:func:`dspark_bucket`), every round, priced C_v(bucket, l, b); C_d = dspark(MARGINAL_TOPK, L, b, l).
+  (:func:`dspark_bucket`), every round, priced C_v(bucket, l, b); C_d = dspark(MARGINAL_TOPK, L, b, l).  In a
+  deployment under data-parallel attention each rank schedules its own ceil(b / dp) sequences:
+  the schedule, the levels' spread and the bucket are a rank's (B above is the rank's batch).
 
 A family the bundle has no cost for, a block length beyond the drafter's, a threshold outside
 [0, 1]: one-line errors.  The replays of a full-runtime run shape and draw their trees from the
@@ -142,21 +144,23 @@ def _score_one(costs, acc, fam: str, p: dict, b: int, l: int) -> dict:
         g = accepted_per_round(acc, "best_first", {"budget": n, "width": w, "draft_depth": L})
         draft, verify = model.predict(n, max(1, math.ceil((n - 1) / w)), b, l), costs.verify.predict(n, l, b)
     elif fam == "dspark":
+        from simtree.deploy.costs import rank_batch_of
         L = model.check_block_len(int(p["block_len"]))
-        surv = _dspark_survival(acc, L, b)
+        rb = rank_batch_of(costs, b)   # a rank schedules its own sequences (ceil(b / dp) of a deployment's b)
+        surv = _dspark_survival(acc, L, rb)
         thr = p.get("threshold")
-        if thr is None:
-            lens, thr_used = confidence_verify_lens(surv, lambda t: costs.verify.predict(t / b, l, b))
+        if thr is None:   # t tokens on the rank: t / rb nodes a sequence of the batch of b
+            lens, thr_used = confidence_verify_lens(surv, lambda t: costs.verify.predict(t / rb, l, b))
         else:
             thr_used = check_threshold(thr)
             lens = (surv >= thr_used).sum(1)
         chosen = np.arange(L)[None, :] < lens[:, None]
-        g = 1.0 + float((surv * chosen).sum()) / b
+        g = 1.0 + float((surv * chosen).sum()) / rb
         m = int(lens.sum())
         # the full runtime verifies a static bucket every round: the chain cut to the longest prefix
         n = dspark_bucket(lens)
         draft, verify = model.predict(MARGINAL_TOPK, L, b, l), costs.verify.predict(n, l, b)   # its top-K drafted
-        p = {**p, "threshold_used": round(float(thr_used), 6), "verified_per_seq": round(m / b, 4), "bucket": n}
+        p = {**p, "threshold_used": round(float(thr_used), 6), "verified_per_seq": round(m / rb, 4), "bucket": n}
     else:
         raise SimtreeError(f"unknown drafter family {fam!r}")
     step = float(verify) + float(draft)

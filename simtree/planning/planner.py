@@ -43,7 +43,7 @@ from simtree.costs.model import Costs
 from simtree.errors import ExtrapolationWarning, SimtreeError
 from simtree.planning.modes import (MODES, RUNTIME_MODES, TREE_MODES, BatchAllocParams, BestFirstParams, CostAwareParams, EagleParams,
                                     LinearParams, NoneParams, PolicySpec, check_batch_size)
-from simtree.planning.policy_file import Policy, PolicyEntry
+from simtree.planning.policy_file import RANK_SUFFIX, Policy, PolicyEntry, deployment_label
 from simtree.planning.ranges import extrapolated_axes, measured_ranges, queried_ranges, range_notes
 from simtree.planning.simulate import analytic_run, analytic_static, static_round
 from simtree.trees.builders import eagle_max_nodes
@@ -128,13 +128,22 @@ class PlanResult:
 
     @property
     def deployment(self) -> str:
-        """The deployment planned ("tp=1" for one GPU), from the cost models' meta."""
-        return str((self.source.get("costs") or {}).get("deployment") or "tp=1")
+        """The deployment planned ("tp=1" for one GPU), from the cost models' meta; "ep=8 rank"
+        for one rank of ep=8 planned alone (``simtree.deploy.costs.one_rank``: batch b is the b
+        sequences on the rank, no collectives; ``meta["rank_of"]``)."""
+        meta = self.source.get("costs") or {}
+        if meta.get("rank_of"):
+            return deployment_label(f"{meta['rank_of']}{RANK_SUFFIX}")
+        return str(meta.get("deployment") or "tp=1")
 
     @property
     def communication(self) -> dict | None:
-        """{"assumed": bool, "label": ...} of the collectives the costs rest on; None for one GPU."""
-        comm = (self.source.get("costs") or {}).get("communication")
+        """{"assumed": bool, "label": ...} of the collectives the costs rest on; None for one GPU
+        and for one rank planned alone (no collectives priced)."""
+        meta = self.source.get("costs") or {}
+        if meta.get("rank_of"):
+            return None
+        comm = meta.get("communication")
         return comm if isinstance(comm, dict) and "assumed" in comm else None
 
     @property

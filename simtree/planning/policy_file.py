@@ -3,7 +3,8 @@
 JSON::
 
     {"schema": "simtree.policy/1", "model": str, "device": str, "created": iso-time,
-     "deployment": str,          # e.g. "tp=2", "ep=8" (an addition; absent: "tp=1", one GPU)
+     "deployment": str,          # e.g. "tp=2", "ep=8" (an addition; absent: "tp=1", one GPU), or
+                                 # "ep=8 rank": one rank of ep=8 planned alone (below)
      "source": {...},            # cost bundle meta (synthetic flag, communication), planner settings
      "entries": [{"workload": str, "batch_min": int, "batch_max": int,
                   "mode": "none"|"linear"|"eagle"|"best_first"|"cost_aware"|"batch_alloc"|
@@ -15,6 +16,12 @@ JSON::
                   "predicted_tok_s_band": [lo, hi], "band_models": int,
                   "runner_up": {"policy": str, "advantage_band": [lo, hi]},
                   "within_band": bool}]}
+
+A deployment ending in " rank" (e.g. "ep=8 rank", an addition) marks a plan of one rank of that
+deployment alone (``simtree.deploy.costs.one_rank``): batch b is the b sequences on the rank and no
+collectives are priced - what a run of the rank on one GPU measures, not the deployment's batch b
+(ceil(b / dp) sequences a rank under data-parallel attention, plus the collectives).  Such a plan is
+refused where a deployment is served (``simtree sglang``, ``simtree export``, ``simtree simulate``).
 
 ``tree_on`` is true exactly for the tree modes (eagle, best_first, cost_aware, batch_alloc,
 block, tfm).
@@ -51,9 +58,10 @@ from simtree.errors import SimtreeError, check_int
 from simtree.fileio import write_text_atomic
 from simtree.planning.modes import MODES, PolicySpec
 
-__all__ = ["SCHEMA", "PolicyEntry", "Policy"]
+__all__ = ["SCHEMA", "PolicyEntry", "Policy", "RANK_SUFFIX", "deployment_label"]
 
 SCHEMA = "simtree.policy/1"
+RANK_SUFFIX = " rank"     # "ep=8 rank": one rank of ep=8 planned alone (module docstring)
 _ENTRY_FIELDS = ("workload", "batch_min", "batch_max", "mode", "params", "tree_on", "predicted_tok_s",
                  "gain_vs_linear", "gain_vs_none")
 
@@ -159,6 +167,17 @@ def _band_fields(obj: dict, where: str) -> dict:
     return {"tok_s_band": band, "runner_up": runner, "within_band": within, "band_models": models}
 
 
+def deployment_label(text) -> str:
+    """The canonical deployment of a policy: a deployment's name ("ep=8"), or "<deployment> rank"
+    for one rank of a deployment of several GPUs planned alone; a one-line error otherwise."""
+    text = str(text or DEFAULT_DEPLOYMENT).strip()
+    head, _, tail = text.rpartition(" ")
+    if tail != RANK_SUFFIX.strip() or not head.strip():
+        return parse_deployment(text).name
+    dep = parse_deployment(head)
+    return dep.name if dep.gpus == 1 else dep.name + RANK_SUFFIX    # one GPU: the rank is the deployment
+
+
 @dataclass
 class Policy:
     model: str
@@ -169,7 +188,7 @@ class Policy:
     deployment: str = DEFAULT_DEPLOYMENT
 
     def __post_init__(self) -> None:
-        self.deployment = parse_deployment(self.deployment).name
+        self.deployment = deployment_label(self.deployment)
         seen: dict[str, list[tuple[int, int]]] = {}
         for e in self.entries:
             for lo, hi in seen.get(e.workload, []):
@@ -177,6 +196,31 @@ class Policy:
                     raise SimtreeError(f"policy: workload {e.workload!r} has overlapping batch ranges "
                                        f"[{lo}, {hi}] and [{e.batch_min}, {e.batch_max}]")
             seen.setdefault(e.workload, []).append((e.batch_min, e.batch_max))
+
+    @property
+    def rank_of(self) -> str | None:
+        """The deployment whose one rank was planned alone ("ep=8" of "ep=8 rank"), else None."""
+        return self.deployment[: -len(RANK_SUFFIX)] if self.deployment.endswith(RANK_SUFFIX) else None
+
+    def check_served(self, where: str, what: str = "serve it") -> None:
+        """One-line error where a plan of one rank alone would be taken for its deployment's
+        (``where``: the file, ``what``: what the caller does with it)."""
+        if self.rank_of is not None:
+            raise SimtreeError(f"{where} plans one rank of {self.rank_of} alone (batch b = b sequences on the rank, "
+                               f"no collectives), not the {self.rank_of} deployment: to {what}, plan the deployment "
+                               f"(simtree plan --deployment {self.rank_of})")
+
+    def check_rank_run(self, where: str) -> None:
+        """One-line error where a plan of a deployment's batch would be measured on one rank with
+        the same batch (the full runtime runs one rank on one GPU: b sequences on the rank, no
+        collectives): a deployment with data-parallel attention (dp > 1) plans ceil(b / dp) sequences
+        a rank plus its collectives at batch b.  A rank planned alone ("ep=8 rank") passes."""
+        dep = parse_deployment(self.rank_of or self.deployment)
+        if self.rank_of is None and dep.dp > 1:
+            raise SimtreeError(f"{where} plans the {dep} deployment's batch (b sequences over {dep.dp} ranks, "
+                               f"ceil(b / {dep.dp}) a rank, plus its collectives), but the full runtime runs one "
+                               "rank with b sequences and no collectives: measure a plan of the rank alone "
+                               "(simtree.deploy.costs.one_rank; without --policy the run plans it from the bundle)")
 
     @property
     def workloads(self) -> list[str]:
@@ -233,7 +277,11 @@ class Policy:
             raise SimtreeError(f"policy file {path}: 'entries' must be a non-empty list")
         entries = [PolicyEntry.from_dict(e, f"policy file {path}: entry {i}") for i, e in enumerate(obj["entries"])]
         try:
-            deployment = parse_deployment(str(obj.get("deployment") or DEFAULT_DEPLOYMENT)).name
+            deployment = deployment_label(obj.get("deployment"))
+            meta = obj["source"].get("costs") if isinstance(obj.get("source"), dict) else None
+            rank_of = meta.get("rank_of") if isinstance(meta, dict) else None
+            if rank_of and deployment == DEFAULT_DEPLOYMENT:   # written as "tp=1" before the label said rank
+                deployment = deployment_label(f"{rank_of}{RANK_SUFFIX}")
         except SimtreeError as exc:
             raise SimtreeError(f"policy file {path}: {exc}") from None
         return cls(str(obj["model"]), str(obj["device"]), entries, obj.get("source", {}) or {},

@@ -71,6 +71,7 @@ def export(policy_path: str | Path, workload: str, batch_size: int, deployment: 
     must be the one the policy was planned for (its costs are that deployment's)."""
     check_batch_size(batch_size)
     policy = Policy.load(policy_path)
+    policy.check_served(str(policy_path), "serve it with SGLang")
     if deployment is not None and parse_deployment(deployment).name != policy.deployment:
         raise SimtreeError(f"{policy_path} was planned for {policy.model} at {policy.deployment}, not at "
                            f"{parse_deployment(deployment).name}: plan that deployment (simtree plan --deployment)")
