@@ -72,3 +72,37 @@ def test_a_rank_run_alone_is_labelled_the_rank():
     table = Path(__file__).resolve().parents[1] / "reports" / "validation" / "throughput_out_of_sample.csv"
     rows = list(csv.DictReader(open(table)))
     assert {r["deployment"] for r in rows if r["model"] == "deepseek-v4-flash"} == {"ep=8 rank (all-to-all not run)"}
+
+
+VALIDATION = Path(__file__).resolve().parents[1] / "reports" / "validation"
+
+
+@pytest.mark.parametrize("bundle", sorted(VALIDATION.glob("frozen_*.json")), ids=lambda p: p.stem)
+def test_each_frozen_bundle_finds_the_profile_it_was_fitted_on(bundle):
+    """The committed report command works from the tree: each frozen bundle's fitted profile (by the
+    sha256 it records) is shipped or committed beside it, even after the shipped one gained rows."""
+    grid = oos._grid(bundle)
+    assert grid["verify"]["batch_size"] and grid["draft"]["num_steps"]
+
+
+def test_a_bundle_finds_its_profile_by_sha256_among_those_given(tmp_path):
+    """A bundle whose recorded profile has changed or is gone: refused in one line, unless the
+    profile of its sha256 is given (--profile) or lies beside it."""
+    import json
+    shipped = data_path("profiles", "h200", "profile_qwen3.6-27b_tp1.csv")
+    lines = shipped.read_text().splitlines(keepends=True)
+    fitted = tmp_path / "elsewhere" / "fitted.csv"
+    fitted.parent.mkdir()
+    fitted.write_text("".join(lines[:-1]))     # the table as it was, one row short of the shipped one
+    frozen = json.loads(BUNDLE.read_text())
+    for part in ("verify", "draft"):
+        frozen[part]["info"]["source"]["sha256"] = "sha256:" + oos.sha256(fitted)
+    bundle = tmp_path / "bundles" / "frozen.json"
+    bundle.parent.mkdir()
+    bundle.write_text(json.dumps(frozen))
+    with pytest.raises(SimtreeError, match="is not the one it was fitted on"):
+        oos._grid(bundle)
+    assert oos._grid(bundle, [fitted]) == oos._grid(bundle, [shipped, fitted])
+    (bundle.parent / "frozen.profile.csv").write_text(fitted.read_text())
+    assert oos._grid(bundle) == oos._grid(bundle, [fitted])
+    assert oos.main(["report", str(tmp_path), "--bundle", str(bundle), "--profile", str(tmp_path / "no.csv")]) == 2

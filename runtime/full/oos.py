@@ -10,7 +10,7 @@ from ``FROZEN.json`` - a bundle fitted before this run, on another GPU session's
 
 Home side:
 
-    python -m simtree.runtime.full.oos report DIR [DIR ...] --out reports/validation
+    python -m simtree.runtime.full.oos report DIR [DIR ...] --bundle FROZEN.json [--profile P.csv] --out reports/validation
 
 writes ``throughput_out_of_sample.csv`` (one row per measured run: model, deployment, policy,
 batch_size, context_len, measured_tok_s, predicted_tok_s, rel_err, bundle_sha256, then the
@@ -121,18 +121,19 @@ def run(model: str, costs: str, out: Path, *, contexts=CONTEXTS, batch_sizes=BAT
     return 1 if failed else 0
 
 
-def _grid(costs_path) -> dict:
+def _grid(costs_path, profiles=()) -> dict:
     """The values of each axis in the profile the bundle was fitted on (its verify and draft
-    sources, checked against the sha256 the bundle records)."""
+    sources, checked against the sha256 the bundle records); ``profiles``: more tables to look in."""
     import pandas as pd
     bundle = json.loads(Path(costs_path).read_text())
     grid = {}
     for part, axes in (("verify", ("batch_size", "context_len", "nodes_per_seq")), ("draft", ("batch_size", "num_steps", "topk"))):
         src = (bundle[part].get("info") or {}).get("source") or {}
-        path = _fitted_profile(costs_path, src)
+        path = _fitted_profile(costs_path, src, profiles)
         if path is None:
             raise SimtreeError(f"{costs_path}: its {part} profile {src.get('profile')} is not the one it was fitted on, "
-                               "and no profile beside the bundle or shipped in simtree/data/profiles has its sha256")
+                               "and no profile given (--profile), beside the bundle or shipped in "
+                               "simtree/data/profiles has its sha256 (commit the fitted one beside the bundle)")
         table = pd.read_csv(path)
         if src.get("stage"):
             table = table[table["stage"] == src["stage"]]
@@ -140,13 +141,14 @@ def _grid(costs_path) -> dict:
     return grid
 
 
-def _fitted_profile(costs_path, src: dict) -> Path | None:
+def _fitted_profile(costs_path, src: dict, profiles=()) -> Path | None:
     """The profile a bundle was fitted on: the path it records, else a table of the same sha256
-    beside the bundle or among the shipped profiles (the session's working copy is gone)."""
+    among ``profiles``, beside the bundle (``frozen_X.profile.csv`` where a shipped profile has
+    changed since) or among the shipped profiles (the session's working copy is gone)."""
     from simtree.data import data_path
     want = src.get("sha256")
     recorded = Path(src.get("profile", ""))
-    candidates = [recorded, *sorted(Path(costs_path).parent.glob("*.csv")),
+    candidates = [recorded, *map(Path, profiles), *sorted(Path(costs_path).parent.glob("*.csv")),
                   *sorted(data_path("profiles").glob(f"*/{recorded.name or '*.csv'}"))]
     return next((c for c in candidates if c.is_file() and "sha256:" + sha256(c) == want), None)
 
@@ -229,9 +231,10 @@ def _latest(rows: list[dict], missed: list[dict]) -> tuple[list[dict], list[dict
     return kept, [m for m in missed if _run_key(m) not in measured], replaced
 
 
-def report(dirs: list[Path], out: Path, bundles: dict | None = None) -> dict:
+def report(dirs: list[Path], out: Path, bundles: dict | None = None, profiles=()) -> dict:
     """Rows of every folder -> out/throughput_out_of_sample.csv, summary.md, predicted_vs_measured.png.
-    ``bundles``: {sha256: path of the frozen bundle beside the table} (for the grid check)."""
+    ``bundles``: {sha256: path of the frozen bundle beside the table}; ``profiles``: tables to find a
+    bundle's fitted profile among (by the sha256 it records), besides those beside it (the grid check)."""
     import pandas as pd
 
     missed: list = []
@@ -244,7 +247,7 @@ def report(dirs: list[Path], out: Path, bundles: dict | None = None) -> dict:
             path = (bundles or {}).get(key) or r["_costs"]
             if not Path(path).exists() or sha256(path) != key:
                 raise SimtreeError(f"frozen bundle {key[:12]} not found (give --bundle PATH of the bundle the run used)")
-            grids[key] = _grid(path)
+            grids[key] = _grid(path, profiles)
         r["on_profile_grid"] = _on_grid(r, grids[key])
     table = pd.DataFrame(rows)[list(COLUMNS)]
     out.mkdir(parents=True, exist_ok=True)
@@ -361,6 +364,9 @@ def main(argv=None) -> int:
     p.add_argument("dirs", nargs="+", type=Path)
     p.add_argument("--out", type=Path, default=Path("reports/validation"))
     p.add_argument("--bundle", action="append", default=[], help="a frozen bundle the runs used (repeatable)")
+    p.add_argument("--profile", action="append", default=[], type=Path,
+                   help="a profile a bundle was fitted on, found by the sha256 the bundle records (repeatable; "
+                        "a profile beside the bundle or shipped is found without it)")
     args = ap.parse_args(argv)
     try:
         if args.cmd == "run":
@@ -368,7 +374,10 @@ def main(argv=None) -> int:
             return run(args.model, args.costs, args.out, contexts=ints(args.contexts),
                        batch_sizes=ints(args.batch_sizes), device=args.device, deployment=args.deployment,
                        max_seconds=args.max_seconds, min_draws=args.min_draws)
-        stats = report(args.dirs, args.out, {sha256(b): b for b in args.bundle})
+        for path in (*args.bundle, *args.profile):
+            if not Path(path).is_file():
+                raise SimtreeError(f"{path}: no such file")
+        stats = report(args.dirs, args.out, {sha256(b): b for b in args.bundle}, args.profile)
         print(f"{stats['runs']} runs: median {100 * stats['median']:.1f}%, worst {100 * stats['worst']:.1f}%; "
               f"plan's choice best or within 2% at {stats['plan_ok']} of {stats['points']} points -> {args.out}")
         return 0

@@ -458,9 +458,12 @@ FOLDERS: tuple[Folder, ...] = (
     Folder("reports/validation", "Predictions out of sample",
            "cost bundles frozen (committed) before the GPU run that tests them, measured at batch sizes, "
            "contexts and budgets off their profile, every runnable EAGLE / linear / plain policy per point",
-           "`bash scripts/oos_gpu.sh MODEL reports/validation/frozen_<bundle>.json` on the GPU, then "
-           "`python -m simtree.runtime.full.oos report DIR ... --bundle B ... --out reports/validation` (the runs: "
-           "`tar xzf reports/validation/oos_runs.tgz`)", validation_headline),
+           "`bash scripts/oos_gpu.sh MODEL reports/validation/frozen_<bundle>.json` on the GPU; from its runs "
+           "(`tar xzf reports/validation/oos_runs.tgz -C R`): `python -m simtree.runtime.full.oos report "
+           "R/qwen3.6-27b R/deepseek-v4-flash R/deepseek-v4-flash_later R/qwen3.6-27b_b1b64 R/deepseek-v4-flash_b1b64 "
+           "--bundle reports/validation/frozen_h100_qwen3.6-27b_tp1.json --bundle "
+           "reports/validation/frozen_h100_deepseek-v4-flash_ep8_v2.json --out reports/validation` (each bundle's "
+           "fitted profile, by its sha256: beside it or shipped)", validation_headline),
     Folder("reports/h100/live", "Full-scale runtime on the H100 (real-architecture layers, V4 at FP8)",
            "Qwen3.6-27B whole and one DeepSeek-V4-Flash ep=8 rank (FP8 experts) decoding under CUDA graphs: "
            "predicted vs measured per policy and batch, composed vs measured step, lossless check",
