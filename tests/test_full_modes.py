@@ -110,6 +110,39 @@ def test_device_allocation_is_the_planners_rule(mode):
     assert len(seen) > 2                            # the budgets moved
 
 
+def test_a_block_drafters_allocation_prices_its_draft_at_the_rounds_context():
+    """A block drafter's C_d grows with the context it attends to: the device rule (DSpark's
+    schedule, batch_alloc's) prices each round's draft at that round's context, as the planner's
+    score does - not at the largest context timed - and keeps batch_allocation's budgets."""
+    from simtree.costs.model import CostBundle, DrafterCostModel
+    from simtree.drafters import MARGINAL_TOPK
+    from simtree.planning.drafter_candidates import score_spec
+    from simtree.runtime.full.allocation import draft_cost_us
+
+    from full_helpers import _DrafterSurface
+    B, L, max_len = 3, 7, 1024
+    by = tuple((c, DrafterCostModel(_DrafterSurface(us), {"block_len": L}, "dspark")) for c, us in ((256, 0.5), (1024, 200.0)))
+    costs = CostBundle(COSTLY.verify, COSTLY.draft, {"model": "tiny", "device": "cpu"},
+                       {"dspark": DrafterCostModel(by[-1][1].surface, {"block_len": L}, "dspark", by)})
+    spec = PolicySpec.from_dict("dspark", {"block_len": L})
+    rs = round_shape(spec)
+    alloc = DeviceAllocation(costs, rs, B, max_len, "cpu")
+    rng, acc, picked = np.random.default_rng(1), get_workload("gsm8k").acceptance, set()
+    for ctx in (100.0, 256.0, 500.0, 640.0, 1024.0):
+        want_cd = float(costs.drafter("dspark").predict(MARGINAL_TOPK, L, B, ctx))
+        assert draft_cost_us(costs, rs, B, ctx) == pytest.approx(score_spec(costs, acc, spec, B, ctx)["draft_us"])
+        assert draft_cost_us(costs, rs, B, ctx) == pytest.approx(want_cd, rel=1e-12)
+        got_cd = float(alloc.draft_cost(torch.tensor(ctx, dtype=torch.float64)))
+        assert got_cd == pytest.approx(want_cd, rel=1e-9)
+        survival = np.cumprod(rng.uniform(0.3, 0.95, (B, L)), axis=1)
+        want = batch_allocation(list(survival), np.ones(B), lambda n: COSTLY.verify.predict(n, ctx, B), want_cd, B)
+        got = alloc.allocate(torch.as_tensor(survival), torch.tensor(ctx, dtype=torch.float64))
+        assert got.tolist() == want.tolist()
+        picked.add(int(want.sum()))
+    cheap, dear = (float(alloc.draft_cost(torch.tensor(c, dtype=torch.float64))) for c in (256.0, 1024.0))
+    assert dear > 10 * cheap and len(picked) > 1          # the context moves the price and the budget
+
+
 def test_the_budget_moves_from_round_to_round_in_a_run():
     rs = round_shape(SPECS[1])
     engine = FullEngine(tiny_model("tiny-gdn"), rs, 3, 128, costs=COSTLY)
