@@ -1,38 +1,75 @@
 """The runtime's block-drafter round (runtime/full/block_drafters.py): static buffers, eager on
-the CPU, the same outputs as the kernels' calls, the context committed round after round."""
+the CPU, the same outputs as the kernels' calls (the backbone, then ``draft_round``: the block
+engine's and the profiler's draft code), the context committed round after round."""
 import pytest
 import torch
 
 from simtree.errors import SimtreeError
-from simtree.kernels.layers.drafters import backbone_forward, block_marginals, dspark_draft, tree_from_marginals
+from simtree.kernels.layers.device_trees import TreeBuffers
+from simtree.kernels.layers.drafters import backbone_forward, draft_round, survival, tree_from_marginals
 from simtree.models import get_model
 from simtree.runtime.full.block_drafters import DrafterRound
 
 SIZES = {"block": {}, "tfm": dict(cand_k=16, adapter_dim=8), "dspark": dict(markov_rank=8)}
+TREE = ("tokens", "parents", "depth", "rank", "score", "valid")
+
+
+def _round(family, device="cpu", dtype=torch.float64, **kw):
+    return DrafterRound(get_model("tiny-gdn"), family, batch=2, max_len=32, device=device, dtype=dtype,
+                        budget=6, topk=3, width=2, keep=0.3, layers=2, target_layers=2, block_len=4,
+                        **SIZES[family], **kw)
+
+
+def _inputs(d, device="cpu"):
+    g = torch.Generator().manual_seed(0)
+    feats = torch.randn(2, 5, 2 * d.cfg.h, generator=g, dtype=torch.float64).to(device, d.feats.dtype)
+    return feats, torch.tensor([1, 3], device=device), torch.tensor([7, 8], device=device)
 
 
 @pytest.mark.parametrize("family", ["block", "tfm", "dspark"])
 def test_round_matches_the_kernels_and_commits_the_context(family):
-    d = DrafterRound(get_model("tiny-gdn"), family, batch=2, max_len=32, device="cpu", dtype=torch.float64,
-                     budget=6, topk=3, width=2, layers=2, target_layers=2, block_len=4, **SIZES[family])
-    g = torch.Generator().manual_seed(0)
-    feats = torch.randn(2, 5, 2 * d.cfg.h, generator=g, dtype=torch.float64)
-    n_new, anchor = torch.tensor([1, 3]), torch.tensor([7, 8])
+    d = _round(family)
+    feats, n_new, anchor = _inputs(d)
     out = d.run(feats, n_new, anchor)
     assert d.state.lengths.tolist() == [1, 3]
     d.state.lengths.zero_()
     hid = backbone_forward(d.w, d.cfg, d.state, d.rope, feats, n_new, anchor)
+    tree = TreeBuffers.empty(2, 6, "cpu")
+    want = draft_round(family, d.w, d.cfg, hid, anchor, tree, tree_nodes=6, width=2, topk=3,
+                       keep=0.3 if family == "dspark" else None)
+    for name in TREE:
+        assert torch.equal(getattr(out.tree, name), getattr(tree, name)), name
+    for got, ref in zip((out.lp, out.ids, out.confidence, out.verified_len), want):
+        assert (got is None and ref is None) or torch.equal(got, ref)
+    t = out.tree
     if family == "block":
-        lp, ids = block_marginals(d.w, hid, 3)
-        want = tree_from_marginals(lp, ids, anchor, 6)
-        assert all(torch.equal(a, b) for a, b in zip(out.tree, want)) and out.lp.shape == (2, 4, 3)
+        assert out.lp.shape == (2, 4, 3) and bool(t.valid.all())
+        # the sort-based builder's tree holds the step-by-step best-first tree's path scores
+        ref = tree_from_marginals(out.lp, out.ids, anchor, 6)
+        assert torch.allclose(t.score.sort(1).values, ref.score.sort(1).values, atol=1e-6)
     elif family == "dspark":
-        lp, ids, conf = dspark_draft(d.w, hid, anchor, 3)
-        assert torch.equal(out.ids, ids) and torch.equal(out.confidence, conf)
+        n = (survival(out.confidence) >= 0.3).sum(1)
+        assert torch.equal(out.verified_len, n) and torch.equal(t.valid[:, :5].sum(1), n + 1)
+        assert torch.equal(t.tokens[:, 1:5], out.ids[..., 0])
+        assert torch.equal(t.parents[:, 1:5], torch.arange(4).expand(2, 4))
     else:
-        assert out.tree.tokens.shape == (2, 6) and bool(out.tree.valid.all())
+        assert out.lp is None and t.tokens.shape == (2, 6) and bool(t.valid.all())
     d.run(feats, n_new, anchor)
     assert d.state.lengths.tolist() == [2, 6]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("family", ["block", "tfm", "dspark"])
+def test_graph_replay_equals_the_eager_round(family):
+    outs = []
+    for graph in (False, True):
+        d = _round(family, device="cuda", dtype=torch.float32, graph=graph)
+        feats, n_new, anchor = _inputs(d, "cuda")
+        for _ in range(2):
+            out = d.run(feats, n_new, anchor)
+        outs.append([getattr(out.tree, name).clone() for name in TREE] + [d.state.lengths.clone()])
+    assert all(torch.equal(a, b) for a, b in zip(*outs))
 
 
 def test_round_refuses_bad_sizes():

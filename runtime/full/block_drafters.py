@@ -4,14 +4,18 @@ CPU): the runtime's interface to ``simtree.kernels.layers.drafters``.
     d = DrafterRound(get_model("qwen3.6-27b"), "dspark", batch=8, max_len=4096, device="cuda",
                      dtype=torch.bfloat16, ends=target_weights)      # shares the target's embed / LM head
     out = d.run(feats, n_new, anchor)
-    #   block:  out.tree (DeviceTree [B, budget], best-first from the marginals), out.lp, out.ids [B, L, topk]
+    #   block:  out.tree (TreeBuffers [B, budget], best-first from the marginals), out.lp, out.ids [B, L, topk]
     #   tfm:    out.tree (the adapter's best-first tree, ``width`` expansions a step)
-    #   dspark: out.lp, out.ids [B, L, topk], out.confidence [B, L]
+    #   dspark: out.tree (the chain, valid up to out.verified_len [B]: the prefix whose survival
+    #           clears ``keep``), out.lp, out.ids [B, L, topk], out.confidence [B, L]
 
 ``feats`` [B, A, F*h]: the target's hidden states (``target_layers`` of them concatenated) of the
 A = block_len + 1 rows a round can accept, the first ``n_new`` [B] real; ``anchor`` [B]: the
 target's next token.  The round commits the real context rows to the drafter's caches and
 advances its lengths; the outputs are views of static buffers, overwritten by the next round.
+After the backbone a round is ``kernels.layers.drafters.draft_round``, the draft code the block
+engine (``runtime/full/block_engine.py``, which runs :meth:`DrafterRound.hidden` inside its own
+round) and the profiler's drafter stages run.
 ``weights``: trained weights {name: tensor} (the runtime's names; else random, drawn from ``seed``).
 """
 from __future__ import annotations
@@ -21,9 +25,9 @@ from dataclasses import dataclass
 import torch
 
 from simtree.errors import SimtreeError
-from simtree.kernels.layers.drafters import (BackboneState, DeviceTree, backbone_forward, block_marginals,
-                                             drafter_config, drafter_specs, dspark_draft, prepare, tfm_tree,
-                                             tree_from_marginals)
+from simtree.kernels.layers.device_trees import TreeBuffers
+from simtree.kernels.layers.drafters import (BackboneState, backbone_forward, draft_round, drafter_config,
+                                             drafter_specs, prepare)
 from simtree.kernels.layers.rope import RopeTable
 from simtree.kernels.layers.weights import make_weights, weights_from
 
@@ -34,20 +38,26 @@ ROPE_THETA = 1e6   # the drafter's own RoPE (DeepSpec's drafters take the target
 
 @dataclass
 class DrafterOutput:
-    tree: DeviceTree | None = None
+    """The round's tree [B, budget] and what ``draft_round`` returns besides (None where the
+    family has none)."""
+    tree: TreeBuffers
     lp: torch.Tensor | None = None
     ids: torch.Tensor | None = None
     confidence: torch.Tensor | None = None
+    verified_len: torch.Tensor | None = None
 
 
 class DrafterRound:
     def __init__(self, shape, family: str, *, batch: int, max_len: int, device, dtype, budget: int = 8,
-                 topk: int = 4, width: int = 4, seed: int = 0, ends: dict | None = None, graph: bool | None = None,
-                 weights: dict | None = None, **sizes):
+                 topk: int = 4, width: int = 4, keep: float = 0.0, seed: int = 0, ends: dict | None = None,
+                 graph: bool | None = None, weights: dict | None = None, **sizes):
+        """``budget``: the tree's nodes (root included; dspark: the chain's bucket); ``keep``
+        (dspark): the survival a chain's prefix must clear to be verified (0: the whole chain)."""
         self.cfg = cfg = drafter_config(shape, family, **sizes)
         if budget < 1 or topk < 1 or width < 1:
             raise SimtreeError(f"drafter round: budget, topk and width must be >= 1, got {budget}, {topk}, {width}")
         self.family, self.budget, self.topk, self.width = family, int(budget), int(topk), int(width)
+        self.keep = float(keep)
         dev = torch.device(device)
         specs = drafter_specs(cfg, with_ends=ends is None)
         if weights is None:
@@ -67,6 +77,7 @@ class DrafterRound:
         self.feats = torch.zeros(batch, A, cfg.target_layers * cfg.h, dtype=dtype, device=dev)
         self.n_new = torch.zeros(batch, dtype=torch.int64, device=dev)
         self.anchor = torch.zeros(batch, dtype=torch.int64, device=dev)
+        self.tree = TreeBuffers.empty(batch, self.budget, dev)
         self.use_graph = dev.type == "cuda" if graph is None else bool(graph)
         self._graph, self._out = None, None
 
@@ -77,14 +88,10 @@ class DrafterRound:
         return backbone_forward(self.w, self.cfg, self.state, self.rope, self.feats, self.n_new, self.anchor)
 
     def _round(self) -> DrafterOutput:
-        hid = self.hidden()
-        if self.family == "block":
-            lp, ids = block_marginals(self.w, hid, self.topk)
-            return DrafterOutput(tree_from_marginals(lp, ids, self.anchor, self.budget), lp, ids)
-        if self.family == "tfm":
-            return DrafterOutput(tfm_tree(self.w, hid, self.anchor, self.cfg.cand_k, self.budget, self.width))
-        lp, ids, conf = dspark_draft(self.w, hid, self.anchor, self.topk)
-        return DrafterOutput(None, lp, ids, conf)
+        out = draft_round(self.family, self.w, self.cfg, self.hidden(), self.anchor, self.tree,
+                          tree_nodes=self.budget, width=self.width, topk=self.topk,
+                          keep=self.keep if self.family == "dspark" else None)
+        return DrafterOutput(self.tree, *out)
 
     def _capture(self) -> None:
         saved = self.state.lengths.clone()
