@@ -121,7 +121,8 @@ def test_a_block_drafters_allocation_prices_its_draft_at_the_rounds_context():
 
     from full_helpers import _DrafterSurface
     B, L, max_len = 3, 7, 1024
-    by = tuple((c, DrafterCostModel(_DrafterSurface(us), {"block_len": L}, "dspark")) for c, us in ((256, 0.5), (1024, 200.0)))
+    by = tuple((c, DrafterCostModel(_DrafterSurface(us), {"block_len": L}, "dspark"))
+               for c, us in ((256, 0.5), (1024, 200.0)))     # C_d per unit 400x dearer at context 1024
     costs = CostBundle(COSTLY.verify, COSTLY.draft, {"model": "tiny", "device": "cpu"},
                        {"dspark": DrafterCostModel(by[-1][1].surface, {"block_len": L}, "dspark", by)})
     spec = PolicySpec.from_dict("dspark", {"block_len": L})

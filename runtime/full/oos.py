@@ -10,7 +10,7 @@ from ``FROZEN.json`` - a bundle fitted before this run, on another GPU session's
 
 Home side:
 
-    python -m simtree.runtime.full.oos report DIR [DIR ...] --bundle FROZEN.json [--profile P.csv] --out reports/validation
+    python -m simtree.runtime.full.oos report DIR [DIR ...] --bundle FROZEN.json [--profile P.csv] --out OUT
 
 writes ``throughput_out_of_sample.csv`` (one row per measured run: model, deployment, policy,
 batch_size, context_len, measured_tok_s, predicted_tok_s, rel_err, bundle_sha256, then the
