@@ -405,6 +405,7 @@ def main(argv=None) -> int:
               f"--humaneval-start {args.humaneval_start}")
            + (f" --drafters {args.drafters} --drafter-start {args.drafter_start} --drafter-calibration-start "
               f"{args.drafter_calibration_start} --drafter-prompts {args.drafter_prompts}" if block_drafters else "")
+           + (f" --reuse-traces {args.reuse_traces}" if args.reuse_traces else "")
            + f" --out {args.out}")
     if args.model != str(DEFAULT_MODEL):
         cmd += f" --model {args.model}"
