@@ -159,3 +159,19 @@ def test_the_summary_reads_the_shipped_folder():
     assert "reports/h100/modes" in {f.path for f in summary.FOLDERS}
     assert "reports/h200/lossless" not in {f.path for f in summary.FOLDERS}
     assert "the plan's choice best or within 2% at" in summary.modes_headline(SHIPPED)   # it renders
+
+
+def test_a_plan_of_the_deployments_batch_is_named_and_a_rank_plan_is_not(tmp_path):
+    """A run whose plan priced the ep=8 deployment (ceil(b/8) sequences a rank) while it measured b
+    sequences on one rank gets a line saying so; a plan of the rank alone and a one-GPU plan do not."""
+    runs = _two_runs(tmp_path)
+    for d, dep in zip(runs, ["tp=1", "ep=8"]):
+        (d / "plan").mkdir()
+        (d / "plan" / "policy.json").write_text('{"deployment": "%s"}' % dep)
+    report(runs, tmp_path / "out", gpu="Test GPU")
+    text = (tmp_path / "out" / "README.md").read_text()
+    assert "DeepSeek-V4-Flash: the plan priced the ep=8 deployment's batch" in text
+    assert "Qwen3.6-27B: the plan priced" not in text
+    (runs[1] / "plan" / "policy.json").write_text('{"deployment": "ep=8 rank"}')
+    report(runs, tmp_path / "out2", gpu="Test GPU")
+    assert "the plan priced" not in (tmp_path / "out2" / "README.md").read_text()

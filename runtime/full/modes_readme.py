@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from simtree.errors import SimtreeError
 from simtree.reporting.summary import MODEL_NAMES, PLAN_TOLERANCE
 
 __all__ = ["readme", "plot_modes", "lossless_result"]
@@ -43,6 +44,28 @@ def _what_ran(runs: list[dict]) -> list[str]:
     return lines
 
 
+def _deployment_plan_notes(runs: list[dict]) -> list[str]:
+    """A line for each run whose plan priced a multi-GPU deployment's batch while the run measured one rank
+    with b sequences (before the session planned the rank alone: runtime/full/rank_plan.py)."""
+    from simtree.parallel import parse_deployment
+
+    out = []
+    for r in runs:
+        dep = r["meta"].get("plan_deployment")
+        if not dep or "rank" in dep:
+            continue
+        try:
+            gpus = parse_deployment(dep).gpus
+        except SimtreeError:   # an unreadable label is reported as a deployment
+            gpus = 2
+        if gpus > 1:
+            out.append(f"- {MODEL_NAMES.get(r['model'], r['model'])}: the plan priced the {dep} deployment's batch b "
+                       "(ceil(b / dp) sequences a rank plus the all-to-all) while the runs measured b sequences on one "
+                       "rank, so its choice here is not the plan of what ran (docs/validation.md section 3; the "
+                       "session now plans the rank it measures: runtime/full/rank_plan.py).")
+    return out
+
+
 def readme(table: pd.DataFrame, lossless: pd.DataFrame, runs: list[dict], command: str) -> str:
     gpus = sorted(table["gpu"].unique())
     models = ", ".join(MODEL_NAMES.get(m, m) for m in sorted(table["model"].unique()))
@@ -61,6 +84,7 @@ def readme(table: pd.DataFrame, lossless: pd.DataFrame, runs: list[dict], comman
               "targets' and drafters' shapes at full scale): the times are real, the acceptance is not.",
               "- The drafters' C_d are fitted from the drafter sweep named above, an earlier GPU session than these "
               "runs: out of sample for C_d; the verify and MTP costs come from the bundle named there, committed before the run.",
+              *_deployment_plan_notes(runs),
               f"- GPU: {', '.join(gpus)}."
               + ("" if all("H200" in g for g in gpus) else " Issue 42 asks for this measurement on the H200; it has "
                  "not run there."), "",

@@ -23,6 +23,7 @@ nvidia-smi line ``scripts/modes_gpu.sh`` logs); ``--gpu`` names it for runs with
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import re
 import sys
@@ -163,8 +164,19 @@ def load(d: Path, gpu: str | None = None) -> dict:
             "graphs": bool(summary["graphs"].astype(str).eq("True").all()) if "graphs" in summary else None,
             "rounds": int(summary["rounds"].max()) if "rounds" in summary else None}
     meta["gpu_named"] = gpu_named
+    meta["plan_deployment"] = _plan_deployment(d / "plan" / "policy.json")
     return {"dir": d, "model": model, "gpu": gpu_name, "meta": meta, "rows": rows, "lossless": lossless, "problems": problems,
             "absent": absent, "note": next((line.split("] ", 1)[-1] for line in log if "drafters' C_d from" in line), "")}
+
+
+def _plan_deployment(path: Path) -> str | None:
+    """The deployment the run's plan priced (``plan/policy.json``'s ``deployment``), None where absent."""
+    if not path.is_file():
+        return None
+    try:
+        return str(json.loads(path.read_text()).get("deployment") or "") or None
+    except (ValueError, OSError):
+        return None
 
 
 def _why(name: str, log: list[str]) -> str:
