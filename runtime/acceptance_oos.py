@@ -322,7 +322,7 @@ def run_oos(model_dir, settings: dict, traces=None, say=print, prompts=None, sta
     if prompts is None:
         starts = {"sharegpt": SHAREGPT_START, "sharegpt_code": CODE_START, "humaneval": HUMANEVAL_START}
         prompts = lambda w, n: held_out_prompts(w, n, starts[w])     # noqa: E731
-        status = status or {w: prompt_status(w, s) for w, s in starts.items()}
+        status = status or {w: prompt_status(w, s, settings["prompts"]) for w, s in starts.items()}
     return analyse(decode_halves(model_dir, settings, prompts, traces, say, workloads), status,
                    prompt_token_ids(model_dir, prompts)[1])
 
@@ -369,8 +369,8 @@ def main(argv=None) -> int:
     block_drafters = tuple(d for d in args.drafters.split(",") if d and d != "mtp")
     t0 = time.perf_counter()
     starts = {"sharegpt": args.sharegpt_start, "sharegpt_code": args.code_start, "humaneval": args.humaneval_start}
-    status = {w: "seen" if args.development else prompt_status(w, s) for w, s in starts.items()}
     try:
+        status = {w: "seen" if args.development else prompt_status(w, s, settings["prompts"]) for w, s in starts.items()}
         if "mtp" not in args.drafters.split(",") or set(block_drafters) - {"block", "dspark"}:
             raise SimtreeError(f"--drafters {args.drafters!r}: expected mtp and any of block, dspark (TfM traces carry "
                                "no marginal ranks)")

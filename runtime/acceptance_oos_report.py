@@ -23,11 +23,13 @@ def prompts_line(args, n: int, status: dict, overlap: dict, with_code: bool) -> 
         f"{code_prompts(2 * n, code)[1]} ({2 * n} distinct), "
         + (f"FRESH (past the target's training records and the conversations before {SEEN_CODE}, which earlier "
            "tables read; none of them decoded before this table)"
-           if status["sharegpt_code"] == "fresh" else "SEEN") + trained("sharegpt_code"))
+           if status["sharegpt_code"] == "fresh" else "SEEN (they overlap conversations a committed table or the "
+           "target's training read)") + trained("sharegpt_code"))
     return (f"ShareGPT chat: the first {2 * n} distinct held-out prompts from index {she} on, "
             + ("FRESH (past the first " + str(SEEN_SHAREGPT) + ", which earlier versions of the model were developed "
                "on or other tests read; none of them decoded before this table)" if status["sharegpt"] == "fresh" else
-               "SEEN (earlier versions of the model were developed on prompts up to " + str(SEEN_SHAREGPT - 1) + ")")
+               "SEEN (they overlap prompts a committed table decoded: runtime/acceptance_oos_prompts.py, DECODED and "
+               "CURRENT)")
             + trained("sharegpt") + code_line
             + f". HumanEval: problems {args.humaneval_start}..{args.humaneval_start + 2 * n - 1}, SEEN: no HumanEval "
             "problem is unseen (0..131 are in the target's training text, 132..163 were development, 0..127 earlier "

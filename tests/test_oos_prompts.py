@@ -1,0 +1,41 @@
+"""Which prompts the acceptance out-of-sample table calls fresh: a run is "seen" when its prompts
+overlap a range a committed table decoded (runtime/acceptance_oos_prompts.py)."""
+from __future__ import annotations
+
+import pytest
+
+from simtree.errors import SimtreeError
+from simtree.runtime.acceptance_oos_prompts import (CODE_START, CURRENT, DECODED, SEEN_DRAFTER, SHAREGPT_START,
+                                                    TRAINING_CONVERSATIONS, chat_span, code_span, drafter_status,
+                                                    prompt_status)
+
+
+def test_the_recorded_ranges_are_the_spans_of_the_runs_that_decoded_them():
+    # (start, prompts) of each committed run, its range by the same selection rule (repeats skipped)
+    chat = [(0, 128), (128, 128), (384, 128), (640, 128), (772, 128), (900, 32), (1000, 48), (1200, 48)]
+    assert DECODED["sharegpt"] == tuple(chat_span(s, n) for s, n in chat)
+    assert CURRENT["sharegpt"] == (chat_span(SHAREGPT_START, 128), chat_span(SEEN_DRAFTER, 48))
+    assert DECODED["sharegpt_code"] == ((0, TRAINING_CONVERSATIONS - 1), code_span(TRAINING_CONVERSATIONS, 128))
+    assert CURRENT["sharegpt_code"] == (code_span(CODE_START, 128),)
+
+
+def test_a_run_overlapping_a_decoded_range_is_seen():
+    # the committed table's own runs, exactly: fresh
+    assert prompt_status("sharegpt", SHAREGPT_START, 64) == "fresh"
+    assert prompt_status("sharegpt_code", CODE_START, 64) == "fresh"
+    assert drafter_status(SEEN_DRAFTER, 0, 48) == "fresh"
+    # inside, straddling or a part of a decoded range: seen
+    assert prompt_status("sharegpt", 1450, 64) == "seen"                 # inside the fifth table's 1400..1551
+    assert prompt_status("sharegpt", SHAREGPT_START, 3) == "seen"       # a part of it (a quick run)
+    assert prompt_status("sharegpt", 1390, 8) == "seen"                 # straddling its first index
+    assert prompt_status("sharegpt", 1290, 8) == "seen"                 # the block drafters' third test's end
+    assert prompt_status("sharegpt", 930, 2) == "seen"                  # the live drafter table's end (932)
+    assert prompt_status("sharegpt_code", 2500, 64) == "seen"
+    assert prompt_status("sharegpt_code", 1990, 4) == "seen"            # training records
+    assert drafter_status(1260, 0, 48) == "seen" == drafter_status(1500, 0, 48)
+    # ranges no table decoded: fresh; HumanEval and the development prompts: seen
+    assert prompt_status("sharegpt", 263, 4) == "fresh" == prompt_status("sharegpt", 1552, 4)
+    assert prompt_status("sharegpt_code", 2882, 2) == "fresh"
+    assert prompt_status("humaneval", 0, 64) == "seen" == prompt_status("sharegpt", None, 64)
+    with pytest.raises(SimtreeError, match="overlap their calibration prompts 0..47"):
+        drafter_status(47, 0, 48)                                       # one shared prompt
