@@ -8,7 +8,8 @@
   loss), the first fenced block (```) of an assistant turn whose body holds at least
   ``2 * PROMPT_CHARS`` characters on at least 4 lines; the prompt is the block's first
   ``PROMPT_CHARS`` characters from its opening fence (the fence line names the language), a
-  prompt repeating an earlier one's text skipped.  No earlier version of the model read these.
+  prompt repeating an earlier one's text (from conversation ``TRAINING_CONVERSATIONS`` on, where the
+  code tables read) skipped.  No earlier version of the model read these.
 - ``humaneval`` (code): HumanEval problems from an index on; every one is seen (0..131 are in
   the target's training text, 132..163 were development, 0..127 earlier tables' test).
 
@@ -87,12 +88,15 @@ def _code_block(conv: list[dict]) -> str | None:
 
 def code_prompts(count: int, start: int) -> tuple[list[str], int]:
     """(the first ``count`` distinct code prompts of held-out conversations ``start`` on, the index
-    of the last conversation taken); the module docstring's rule."""
+    of the last conversation taken); the module docstring's rule, a prompt repeating the code
+    prompt of an earlier conversation from ``TRAINING_CONVERSATIONS`` on (where the code tables
+    read) skipped as well, as the chat prompts skip any earlier prompt's text."""
     start = check_whole(start, "code start", 0)
-    out, seen, scan = [], set(), start + 4 * count
+    scan = start + 4 * count
     while True:
         convs = _held_out_conversations(scan)
-        last = None
+        out, last = [], None
+        seen = {p for p in map(_code_block, convs[min(TRAINING_CONVERSATIONS, start):start]) if p is not None}
         for i in range(start, len(convs)):
             p = _code_block(convs[i])
             if p is not None and p not in seen:
@@ -104,7 +108,7 @@ def code_prompts(count: int, start: int) -> tuple[list[str], int]:
         if len(convs) < scan:
             raise SimtreeError(f"only {len(out)} ShareGPT code prompts from held-out conversation {start} on, "
                                f"{count} asked for")
-        out, seen, scan = [], set(), 2 * scan
+        scan *= 2
 
 
 def held_out_prompts(workload: str, n: int, start: int) -> tuple[list[str], list[str]]:

@@ -6,7 +6,8 @@ import pytest
 
 from simtree.errors import SimtreeError
 from simtree.runtime.acceptance_oos_prompts import (CODE_START, CURRENT, DECODED, SEEN_DRAFTER, SHAREGPT_START,
-                                                    TRAINING_CONVERSATIONS, chat_span, code_span, drafter_status,
+                                                    TRAINING_CONVERSATIONS, _code_block, _held_out_conversations,
+                                                    chat_span, code_prompts, code_span, drafter_status,
                                                     prompt_status)
 
 
@@ -39,3 +40,19 @@ def test_a_run_overlapping_a_decoded_range_is_seen():
     assert prompt_status("humaneval", 0, 64) == "seen" == prompt_status("sharegpt", None, 64)
     with pytest.raises(SimtreeError, match="overlap their calibration prompts 0..47"):
         drafter_status(47, 0, 48)                                       # one shared prompt
+
+
+def test_code_prompts_skip_a_repeat_of_an_earlier_conversations_prompt():
+    """As a chat prompt repeating any earlier one is skipped, a code prompt repeating the code prompt
+    of an earlier conversation from TRAINING_CONVERSATIONS on is, though that conversation lies
+    before ``start``."""
+    convs = _held_out_conversations(CODE_START)
+    blocks = [_code_block(c) for c in convs]
+    repeats = [i for i in range(TRAINING_CONVERSATIONS, CODE_START)
+               if blocks[i] is not None and blocks[i] in blocks[TRAINING_CONVERSATIONS:i]]
+    assert repeats                                     # ShareGPT repeats conversations
+    i = repeats[0]
+    taken, last = code_prompts(1, i)
+    assert taken[0] != blocks[i] and last > i and taken[0] == blocks[last]
+    # the committed ranges keep their prompts: none of the fifth table's repeats an earlier one
+    assert not set(code_prompts(128, CODE_START)[0]) & set(blocks[TRAINING_CONVERSATIONS:])
