@@ -280,7 +280,8 @@ def analyse(halves: dict, status: dict | None = None, words=None, earlier: bool 
                 shifts[spec, context] = {**shift.as_dict(), "rounds": len(few), "of_rounds": len(records[target])}
                 cal = shifted_calibration(cal, shift)
             else:   # below an off-chain node (decision 10), from the same linear runs
-                scales[key] = fit_off_chain_scale(cal, [] if earlier else records[source], text=feature)
+                scales[key] = fit_off_chain_scale(cal, {} if earlier else {   # each linear run apart
+                    name: r["records"] for name, r in halves[source, "calibration"]["runs"].items()}, text=feature)
             calibrations[key] = cal
         return calibrations[key]
 

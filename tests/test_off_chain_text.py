@@ -156,3 +156,15 @@ def test_the_share_of_non_words_is_read_over_the_last_tokens():
     is_word = np.array([True, True, False])           # token 2 is not a word; ids past the mask are not either
     share = context_nonword_share([0, 1, 2, 2, 5, 0], is_word, np.arange(7), window=2)
     assert share == pytest.approx([0.0, 0.0, 0.0, 0.5, 1.0, 1.0, 0.5])
+
+
+def test_two_linear_runs_of_one_chain_length_are_each_read_by_their_name():
+    """Runs given by name are grouped per run: two runs of the same chain length (one seq each)
+    both count, where one file's records of both repeat a round and were dropped."""
+    a, b = _off_chain_runs(np.random.default_rng(7), rho=0.4), _off_chain_runs(np.random.default_rng(8), rho=0.4)
+    one, two = off_chain_trials({"a": a}, 2)[1], off_chain_trials({"b": b}, 2)[1]
+    both = off_chain_trials({"a": a, "b": b}, 2)[1]
+    assert len(both) == len(one) + len(two) > 0
+    assert len(off_chain_trials([*a, *b], 2)[1]) == 0          # one file: the repeated rounds dropped
+    with pytest.raises(SimtreeError, match="repeats a round of sequence 0"):
+        off_chain_trials({"ab": [*a, *b]}, 2)
