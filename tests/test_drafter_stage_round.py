@@ -2,6 +2,8 @@
 ...) equal what the block engine's draft builds from the same drafter, state and inputs; rows are
 marked by how they were timed, and only older rows (the step-by-step tree builder) get the
 builder's steps taken out; C_d fitted at several contexts is interpolated in the context."""
+from dataclasses import replace
+
 import numpy as np
 import pytest
 import torch
@@ -131,6 +133,13 @@ def test_c_d_at_several_contexts_is_interpolated_in_the_context(tmp_path):
     assert np.allclose(grid, [at[256], at[640]])
     again = type(m).from_dict(m.to_dict())
     assert again.contexts == [256, 1024] and float(again.predict(8, 7, 32, 640)) == at[640]
+    # surfaces not monotone in l (the smaller context timed slower): without l, C_d at the largest
+    # context through the same path, the running maximum, not the largest context's raw surface
+    (lo, m_lo), (hi, m_hi) = m.by_context
+    flipped = replace(m, surface=m_lo.surface, by_context=((lo, m_hi), (hi, m_lo)))
+    assert float(flipped.predict(8, 7, 32, hi)) == pytest.approx(at[1024]) != pytest.approx(at[256])
+    assert float(flipped.predict(8, 7, 32)) == float(flipped.predict(8, 7, 32, hi)) == float(flipped.predict(8, 7, 32, 4096))
+    assert np.allclose(flipped.predict(np.array([8]), np.array([7]), np.array([32])), at[1024])
     bad = m.to_dict()
     bad["by_context"][0]["context_len"] = 2048
     with pytest.raises(SimtreeError, match="ascending"):
