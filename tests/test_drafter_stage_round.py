@@ -102,6 +102,15 @@ def test_only_rows_timed_with_the_step_builder_get_its_steps_taken_out(tmp_path)
     got = [float(old["block"].predict(n, 7, 8)) for n in (4, 32)]
     assert got == pytest.approx([backbone(7, 8, 1024)] * 2, rel=0.01)
     assert any("tree-builder steps taken out" in n for n in notes)
+    # builder_steps="keep": the older rows as timed (the C_d runs priced before), steps and all
+    df = load_profile(tmp_path / "old.csv")
+    kept, notes = fit_drafters(df, model=df["model"].iloc[0], device=df["device"].iloc[0], dtype=df["dtype"].iloc[0],
+                               deployment=df["deployment"].iloc[0], source={}, folds=4, builder_steps="keep")
+    got = [float(kept["block"].predict(n, 7, 8)) for n in (4, 32)]
+    assert got == pytest.approx([backbone(7, 8, 1024) + 43.0 * (n - 1) for n in (4, 32)], rel=0.01)
+    assert not any("tree-builder" in n for n in notes)
+    with pytest.raises(SimtreeError, match="builder_steps 'drop': expected one of remove, keep"):
+        timed_rows(df, "block", builder_steps="drop")
     new_rows = [{**r, "variant": ROUND_VARIANT} for r in rows]
     new, notes = _fit(tmp_path / "new.csv", new_rows)
     got = [float(new["block"].predict(n, 7, 8)) for n in (4, 32)]
