@@ -56,3 +56,14 @@ def test_code_prompts_skip_a_repeat_of_an_earlier_conversations_prompt():
     assert taken[0] != blocks[i] and last > i and taken[0] == blocks[last]
     # the committed ranges keep their prompts: none of the fifth table's repeats an earlier one
     assert not set(code_prompts(128, CODE_START)[0]) & set(blocks[TRAINING_CONVERSATIONS:])
+
+
+def test_the_module_runs_its_command_line():
+    """python -m simtree.runtime.acceptance_oos runs acceptance_oos_cli.main (same flags): a bad
+    --drafters stops in one line, exit 2."""
+    import subprocess
+    import sys
+    proc = subprocess.run([sys.executable, "-m", "simtree.runtime.acceptance_oos", "--drafters", "mtp,tfm",
+                           "--reuse-traces", "/nonexistent"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and proc.stderr.strip().count("\n") == 0
+    assert proc.stderr.startswith("error: --drafters 'mtp,tfm'")
