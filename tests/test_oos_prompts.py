@@ -67,3 +67,12 @@ def test_the_module_runs_its_command_line():
                            "--reuse-traces", "/nonexistent"], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and proc.stderr.strip().count("\n") == 0
     assert proc.stderr.startswith("error: --drafters 'mtp,tfm'")
+
+
+def test_the_summary_names_the_target():
+    from simtree.runtime.acceptance_oos_report import header
+    res = {"prompts": {"sharegpt test": 2}, "lossless": {"sharegpt test": {"linear_d4": True}},
+           "calibration_folds": {"sharegpt": {"confidence_only": 0.01, "lookup": 0.02}}}
+    lines = header("cmd", {"model": "qwen3.5-tiny-sharegpt", "seconds": 1.0}, res, {"max_new_tokens": 4}, "P.",
+                   ["linear_d4"], 15, 8)
+    assert "Target: `qwen3.5-tiny-sharegpt`" in lines[2] and "{" not in lines[2]
