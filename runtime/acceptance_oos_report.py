@@ -26,8 +26,10 @@ def prompts_line(args, n: int, status: dict, overlap: dict, with_code: bool) -> 
            if status["sharegpt_code"] == "fresh" else "SEEN (they overlap conversations a committed table or the "
            "target's training read)") + trained("sharegpt_code"))
     return (f"ShareGPT chat: the first {2 * n} distinct held-out prompts from index {she} on, "
-            + ("FRESH (past the first " + str(SEEN_SHAREGPT) + ", which earlier versions of the model were developed "
-               "on or other tests read; none of them decoded before this table)" if status["sharegpt"] == "fresh" else
+            + (("FRESH (past the first " + str(SEEN_SHAREGPT) + ", which earlier versions of the model were developed "
+                "on or other tests read" if she >= SEEN_SHAREGPT else "FRESH (in no range a committed table decoded: "
+                "runtime/acceptance_oos_prompts.py, DECODED") + "; none of them decoded before this table)"
+               if status["sharegpt"] == "fresh" else
                "SEEN (they overlap prompts a committed table decoded: runtime/acceptance_oos_prompts.py, DECODED and "
                "CURRENT)")
             + trained("sharegpt") + code_line

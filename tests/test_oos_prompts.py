@@ -76,3 +76,16 @@ def test_the_summary_names_the_target():
     lines = header("cmd", {"model": "qwen3.5-tiny-sharegpt", "seconds": 1.0}, res, {"max_new_tokens": 4}, "P.",
                    ["linear_d4"], 15, 8)
     assert "Target: `qwen3.5-tiny-sharegpt`" in lines[2] and "{" not in lines[2]
+
+
+def test_the_summary_says_why_chat_prompts_are_fresh_or_seen():
+    from types import SimpleNamespace
+
+    from simtree.runtime.acceptance_oos_report import prompts_line
+
+    def line(start, status):
+        args = SimpleNamespace(development=False, sharegpt_start=start, code_start=CODE_START, humaneval_start=0)
+        return prompts_line(args, 2, {"sharegpt": status, "sharegpt_code": status}, {}, False)
+    assert "FRESH (past the first 1400" in line(SHAREGPT_START, "fresh")
+    assert "FRESH (in no range a committed table decoded" in line(263, "fresh")     # a range below, never decoded
+    assert "SEEN (they overlap prompts a committed table decoded" in line(1450, "seen")
