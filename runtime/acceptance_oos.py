@@ -43,8 +43,9 @@ and which are fresh) split in two halves:
 The command line (:mod:`.acceptance_oos_cli`) writes ``acceptance_out_of_sample.csv`` and
 ``acceptance_out_of_sample.md`` (a generated summary ending in the run's settings, summary and
 the decode's lossless check as a JSON block: every policy's outputs equal plain decoding's)
-atomically under ``--out``; ``--traces DIR`` keeps the traces, which ``--reuse-traces DIR`` analyses again without decoding (the workloads the
-folder holds: earlier tables kept ShareGPT chat and HumanEval only).  ``--drafters`` adds the
+atomically under ``--out``; ``--traces DIR`` keeps the traces, which ``--reuse-traces DIR``
+analyses again without decoding (the workloads the folder holds: earlier tables kept ShareGPT
+chat and HumanEval only).  ``--drafters`` adds the
 trained block drafters' rows (:mod:`.acceptance_oos_drafters`: calibrated on one shape's run on
 development prompts, predicting other shapes on fresh ones), their traces under ``DIR/drafters``.
 """

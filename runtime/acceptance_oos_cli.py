@@ -17,8 +17,8 @@ from simtree.errors import SimtreeError
 from simtree.fileio import write_text_atomic
 
 from . import acceptance_oos as oos
-from .acceptance_oos import (CHAIN, DEFAULT_MODEL, FULL, LINEAR, QUICK, SHIFT_SHARE, analyse, decode_halves, load_halves,
-                             prompt_token_ids)
+from .acceptance_oos import (CHAIN, DEFAULT_MODEL, FULL, LINEAR, QUICK, SHIFT_SHARE, analyse, decode_halves,
+                             load_halves, prompt_token_ids)
 from .acceptance_oos_drafters import decode_drafters, drafter_table, load_drafters
 from .acceptance_oos_prompts import (CODE_START, HUMANEVAL_START, OOS_WORKLOADS, SEEN_CODE, SEEN_DRAFTER, SEEN_SHAREGPT,
                                      SHAREGPT_START, development_prompts, drafter_status, held_out_prompts,
@@ -80,7 +80,8 @@ def main(argv=None) -> int:
         if "mtp" not in args.drafters.split(",") or set(block_drafters) - {"block", "dspark"}:
             raise SimtreeError(f"--drafters {args.drafters!r}: expected mtp and any of block, dspark (TfM traces carry "
                                "no marginal ranks)")
-        status = {w: "seen" if args.development else prompt_status(w, s, settings["prompts"]) for w, s in starts.items()}
+        status = {w: "seen" if args.development else prompt_status(w, s, settings["prompts"])
+                  for w, s in starts.items()}
         if args.development:
             prompts, workloads = development_prompts, ("sharegpt", "humaneval")
         else:
