@@ -8,12 +8,13 @@
   loss), the first fenced block (```) of an assistant turn whose body holds at least
   ``2 * PROMPT_CHARS`` characters on at least 4 lines; the prompt is the block's first
   ``PROMPT_CHARS`` characters from its opening fence (the fence line names the language), a
-  prompt repeating an earlier one's text skipped.  No earlier version of the model read these.
+  prompt repeating an earlier one's text (from conversation ``TRAINING_CONVERSATIONS`` on, where the
+  code tables read) skipped.  No earlier version of the model read these.
 - ``humaneval`` (code): HumanEval problems from an index on; every one is seen (0..131 are in
   the target's training text, 132..163 were development, 0..127 earlier tables' test).
 
 Which ranges earlier tables read, and when each became development data: docs/acceptance.md,
-section 5.
+section 5; a run overlapping one is labelled "seen" (``DECODED``, ``CURRENT``, :func:`prompt_status`).
 """
 from __future__ import annotations
 
@@ -24,33 +25,40 @@ from simtree.errors import SimtreeError, check_whole
 from .data import PROMPT_CHARS, humaneval_problems, prompts as load_prompts, sharegpt_records, training_docs
 
 __all__ = ["OOS_WORKLOADS", "CODE_WORKLOADS", "held_out_prompts", "code_prompts", "development_prompts",
-           "prompt_status", "drafter_status", "training_overlap", "SEEN_SHAREGPT", "SEEN_DRAFTER", "SHAREGPT_START", "CODE_START", "SEEN_CODE",
+           "prompt_status", "drafter_status", "training_overlap", "SEEN_SHAREGPT", "SEEN_DRAFTER", "DECODED",
+           "CURRENT", "chat_span", "code_span", "SHAREGPT_START", "CODE_START", "SEEN_CODE",
            "HUMANEVAL_START", "TRAINING_CONVERSATIONS"]
 
 OOS_WORKLOADS = ("sharegpt", "sharegpt_code", "humaneval")
 CODE_WORKLOADS = ("sharegpt_code", "humaneval")        # predicted from chat too (the transfer rows)
-# held-out ShareGPT prompts earlier versions of the model read: 0..127 (development), 128..262 (the
-# first out-of-sample table's 128, repeats skipped), 384..513 (the second table's, then read to find
-# why the lookup calibration missed its own runs) and 640..771 (the third table's, read once it was
-# written); all development data since (docs/acceptance.md, section 5).  263..383 and 514..639 have
-# never been decoded.  772..911 are the fourth table's (fresh when decoded for it, development data
-# since: decisions 10 and 11 were chosen on them among others).  The block drafters' tests read
-# 1000.. and 1200.. (below), the live drafter table 900..931; the fifth table's are the first 128
-# distinct from 1400 (fresh when decoded for it; a version that develops on them raises
-# SEEN_SHAREGPT past them and takes a range past the table's).
+# Where the current table's prompts start (docs/acceptance.md, section 5, says which ranges each
+# earlier table read and when each became development data): ShareGPT chat, the first 128 distinct
+# held-out prompts from SHAREGPT_START (every chat range decoded before lies below SEEN_SHAREGPT);
+# ShareGPT code, the first 128 from held-out conversation CODE_START (past the training records and
+# the fourth table's 2000..2472: SEEN_CODE); the block drafters' test, the first 48 distinct from
+# SEEN_DRAFTER (their calibration: development prompts from 0).  Which runs are fresh: DECODED and
+# CURRENT below.
 SEEN_SHAREGPT = 1400
 SHAREGPT_START = 1400
-# ShareGPT code: held-out conversations from CODE_START on (past the training records, below);
-# none read by any earlier version (SEEN_CODE: the first index a table may call fresh); the fourth
-# table's are 2000..2472 (development data since), the fifth table's from 2473 (to 2881)
 CODE_START = 2473
 SEEN_CODE = 2473
-# the block drafters' rows (runtime/acceptance_oos_drafters.py): calibration on ShareGPT prompts from 0
-# (development), test prompts from index SEEN_DRAFTER on.  Their first test read 1000..1049 and the
-# second 1200..1250 (48 distinct prompts each, repeats skipped; seen since: the third test's model was
-# chosen on them); the third test's are the first 48 distinct from 1251 (1251..1301), recorded here
-# before they were decoded (docs/drafters.md's live table read 900..931)
 SEEN_DRAFTER = 1251
+# The ranges a committed table decoded, (first, last) index per workload (a run's range:
+# :func:`chat_span`, :func:`code_span`): a run overlapping one is "seen" (:func:`prompt_status`).
+# ShareGPT chat (held-out prompts; the MTP tables' 2 x 64, the block drafters' 48 a half, the live
+# drafter table's 32): the development prompts 0..127 (the block drafters' calibration 0..47
+# among them), the first four out-of-sample tables', the live drafter table's (docs/drafters.md,
+# 32 from 900), the block drafters' first and second tests' (48 from 1000, 48 from 1200).
+# ShareGPT code (held-out conversations): those among the records the target's training read
+# (0..1999), the fourth table's (128 from 2000).
+DECODED = {"sharegpt": ((0, 127), (128, 262), (384, 513), (640, 771), (772, 911), (900, 932), (1000, 1049),
+                        (1200, 1250)),
+           "sharegpt_code": ((0, 1999), (2000, 2472))}
+# The current table's ranges (reports/validation/acceptance_out_of_sample.csv), recorded before they
+# were decoded and read by that table alone: fresh for a run of exactly that range, seen for any
+# other run overlapping it.  Chat: the fifth table's (128 from SHAREGPT_START) and the block
+# drafters' third test (48 from SEEN_DRAFTER); code: the fifth table's (128 from CODE_START).
+CURRENT = {"sharegpt": ((1400, 1551), (1251, 1301)), "sharegpt_code": ((2473, 2881),)}
 TRAINING_CONVERSATIONS = 2000     # target_train's default: the first 2 x 2000 ShareGPT records
 HUMANEVAL_START = 0
 _FENCE = re.compile(r"```[^\n`]*\n(.*?)```", re.S)
@@ -80,12 +88,15 @@ def _code_block(conv: list[dict]) -> str | None:
 
 def code_prompts(count: int, start: int) -> tuple[list[str], int]:
     """(the first ``count`` distinct code prompts of held-out conversations ``start`` on, the index
-    of the last conversation taken); the module docstring's rule."""
+    of the last conversation taken); the module docstring's rule, a prompt repeating the code
+    prompt of an earlier conversation from ``TRAINING_CONVERSATIONS`` on (where the code tables
+    read) skipped as well, as the chat prompts skip any earlier prompt's text."""
     start = check_whole(start, "code start", 0)
-    out, seen, scan = [], set(), start + 4 * count
+    scan = start + 4 * count
     while True:
         convs = _held_out_conversations(scan)
-        last = None
+        out, last = [], None
+        seen = {p for p in map(_code_block, convs[min(TRAINING_CONVERSATIONS, start):start]) if p is not None}
         for i in range(start, len(convs)):
             p = _code_block(convs[i])
             if p is not None and p not in seen:
@@ -97,7 +108,7 @@ def code_prompts(count: int, start: int) -> tuple[list[str], int]:
         if len(convs) < scan:
             raise SimtreeError(f"only {len(out)} ShareGPT code prompts from held-out conversation {start} on, "
                                f"{count} asked for")
-        out, seen, scan = [], set(), 2 * scan
+        scan *= 2
 
 
 def held_out_prompts(workload: str, n: int, start: int) -> tuple[list[str], list[str]]:
@@ -125,26 +136,58 @@ def held_out_prompts(workload: str, n: int, start: int) -> tuple[list[str], list
     return out[:n], out[n:2 * n]
 
 
+def chat_span(start: int, count: int) -> tuple[int, int]:
+    """(first, last) held-out ShareGPT prompt index of the first ``count`` distinct prompts from
+    ``start`` on (:func:`held_out_prompts`' rule, :func:`.drafter_acceptance.held_out_prompts`' too)."""
+    every = load_prompts("sharegpt", start + 2 * count)
+    seen, taken = set(every[:start]), 0
+    for i in range(start, len(every)):
+        if every[i] not in seen:
+            taken += 1
+            if taken == count:
+                return start, i
+        seen.add(every[i])
+    raise SimtreeError(f"only {taken} ShareGPT prompts from index {start} on, {count} asked for")
+
+
+def code_span(start: int, count: int) -> tuple[int, int]:
+    """(first, last) held-out conversation of the first ``count`` code prompts from ``start`` on."""
+    return start, code_prompts(count, start)[1]
+
+
+_SPAN = {"sharegpt": chat_span, "sharegpt_code": code_span}
+
+
+def _status(workload: str, span: tuple[int, int]) -> str:
+    """"fresh" when ``span`` overlaps no range a committed table decoded (``DECODED``) and, of the
+    current tables' ranges (``CURRENT``), at most its own exactly; else "seen"."""
+    first, last = span
+    for ranges, fresh_if_equal in ((DECODED[workload], False), (CURRENT[workload], True)):
+        for lo, hi in ranges:
+            if lo <= last and first <= hi and not (fresh_if_equal and (lo, hi) == span):
+                return "seen"
+    return "fresh"
+
+
 def drafter_status(test_start: int, calibration_start: int, prompts: int) -> str:
-    """"fresh" for the block drafters' test prompts from ``SEEN_DRAFTER`` on, else "seen"; test
-    prompts that overlap the calibration prompts stop the table (one line)."""
-    if test_start < calibration_start + prompts and calibration_start < test_start + prompts:
-        raise SimtreeError(f"the block drafters' test prompts {test_start}..{test_start + prompts - 1} overlap their "
-                           f"calibration prompts {calibration_start}..{calibration_start + prompts - 1}: "
-                           f"give --drafter-start past them")
-    return "fresh" if test_start >= SEEN_DRAFTER else "seen"
+    """"fresh" for the block drafters' ``prompts`` test prompts from ``test_start`` when they
+    overlap no ShareGPT chat range a committed table decoded (:func:`prompt_status`), else
+    "seen"; test prompts that overlap the calibration prompts stop the table (one line)."""
+    test, cal = chat_span(test_start, prompts), chat_span(calibration_start, prompts)
+    if test[0] <= cal[1] and cal[0] <= test[1]:
+        raise SimtreeError(f"the block drafters' test prompts {test[0]}..{test[1]} overlap their "
+                           f"calibration prompts {cal[0]}..{cal[1]}: give --drafter-start past them")
+    return _status("sharegpt", test)
 
 
-def prompt_status(workload: str, start: int | None) -> str:
-    """"fresh" for ShareGPT prompts past the seen ones (``SEEN_SHAREGPT``) and ShareGPT code past
-    ``SEEN_CODE``, else "seen" (every HumanEval problem; ``start`` None: the development prompts)."""
-    if start is None:
+def prompt_status(workload: str, start: int | None, n: int) -> str:
+    """"fresh" for the ``2 n`` ShareGPT chat prompts (or ShareGPT code prompts) from ``start`` when
+    they overlap no range a committed table decoded (``DECODED``; a current table's range,
+    ``CURRENT``, only when they are exactly it), else "seen" (every HumanEval problem; ``start``
+    None: the development prompts)."""
+    if start is None or workload not in _SPAN:
         return "seen"
-    if workload == "sharegpt":
-        return "fresh" if start >= SEEN_SHAREGPT else "seen"
-    if workload == "sharegpt_code":
-        return "fresh" if start >= SEEN_CODE else "seen"
-    return "seen"
+    return _status(workload, _SPAN[workload](check_whole(start, f"{workload} start", 0), 2 * n))
 
 
 def development_prompts(workload: str, n: int) -> tuple[list[str], list[str]]:

@@ -46,7 +46,14 @@ def half_contexts(prompt_ids: list[list[int]], records) -> dict[int, np.ndarray]
 def text_features(half: dict, prompt_ids: list[list[int]], is_word: np.ndarray, linear_name: str, window: int = WINDOW):
     """(record -> feature, drafts with ``text``): the half's text feature at every calibrating
     round (by its seq and context length) and at every drafting-pass position: over the tokens
-    in the cache and the round's root (the newest output, which the drafter drafts from)."""
+    in the cache and the round's root (the newest output, which the drafter drafts from).  The
+    contexts are the linear run's tokens, which are the drafting pass's when both equal plain
+    decoding (the half's ``lossless`` check; else one line)."""
+    lossless = half.get("lossless", {})
+    if not (lossless.get(linear_name) and lossless.get("drafting_pass")):
+        raise SimtreeError(f"the text state reads {linear_name}'s tokens for the drafting pass's: both must equal "
+                           f"plain decoding, the half's lossless check says {linear_name} {lossless.get(linear_name)}, "
+                           f"drafting pass {lossless.get('drafting_pass')}")
     ctx = half_contexts(prompt_ids, half["runs"][linear_name]["records"])
     share = {s: context_nonword_share(c, is_word, np.arange(c.size + 1), window) for s, c in ctx.items()}
 

@@ -26,9 +26,7 @@ import argparse
 import json
 import sys
 import tempfile
-import warnings
 from pathlib import Path
-from unittest import mock
 
 import numpy as np
 import pandas as pd
@@ -40,7 +38,7 @@ from simtree.fileio import write_text_atomic
 from simtree.planning.drafter_candidates import score_spec
 from simtree.planning.modes import BLOCK_DRAFTER_MODES, PolicySpec
 from simtree.planning.planner import plan
-from simtree.runtime.full.measure import _run_shape, repredict
+from simtree.runtime.full.measure import repredict, run_shape
 from simtree.runtime.full.modes_gpu import DRAFTER_PROFILE, drafter_bundle
 from simtree.runtime.full.modes_report import run_dirs
 
@@ -57,7 +55,7 @@ def _bundle_of(log: str) -> str:
 def _terms(costs, run: dict) -> tuple[float, float]:
     """(C_d, C_v) in ms of one run as the measure module prices it."""
     stats, B = run["stats"], run["batch_size"]
-    spec, rs = PolicySpec.from_dict(run["mode"], run["params"]), _run_shape(run)
+    spec, rs = PolicySpec.from_dict(run["mode"], run["params"]), run_shape(run)
     cv = float(np.mean([costs.verify.predict(rs.nodes, float(c), B) for c in stats["context_lens"]])) / 1e3
     if rs.plain:
         return 0.0, cv
@@ -78,7 +76,7 @@ def run_table(folder: Path, profile: str):
     verify_of = {}
     out = []
     for run in summary["runs"]:
-        rs, st, B = _run_shape(run), run["stats"], run["batch_size"]
+        rs, st, B = run_shape(run), run["stats"], run["batch_size"]
         key = (f"{run['label']}:{rs.name}", B)
         verify_of[key] = float(np.mean(st["verify_ms"]))
         cd, cv = _terms(costs, run)
@@ -101,9 +99,8 @@ def run_table(folder: Path, profile: str):
 
 def _fitted_with_builder_steps(bundle: str, profile: str, model: str):
     """The bundle as the runs had it: the block drafter's C_d with the profile stage's tree-builder
-    steps left in (this checkout's fit with :func:`loop_free_block_rows` made the identity)."""
-    with mock.patch("simtree.costs.drafter_fit.loop_free_block_rows", lambda rows: (rows, None)):
-        return drafter_bundle(bundle, profile, model)[0]
+    steps kept in (``builder_steps="keep"``)."""
+    return drafter_bundle(bundle, profile, model, builder_steps="keep")[0]
 
 
 def plan_table(folder: Path, costs, old_costs, sizes: list[int], runs: pd.DataFrame) -> list[dict]:
@@ -154,7 +151,6 @@ def main(argv=None) -> int:
     ap.add_argument("--drafter-profile", default=DRAFTER_PROFILE)
     ap.add_argument("--out", default=None, help="write the tables here (markdown) as well")
     args = ap.parse_args(argv)
-    warnings.simplefilter("ignore")
     try:
         with tempfile.TemporaryDirectory() as scratch:
             tables, plans = [], []

@@ -187,7 +187,8 @@ def test_run_takes_one_rank_of_a_tensor_parallel_deployment(tmp_path):
                                    "--json"])
     assert res.exit_code == 0, res.output
     rows = pd.read_csv(out / "summary.csv")
-    assert set(rows["deployment"]) == {"tp=2 rank (all-reduce not run)"}
+    assert set(rows["deployment"]) == {"tp=2 rank"}           # policy files' label; the title says the rest
+    assert (out / "summary.md").read_text().startswith("# simtree run: tiny-gdn (tp=2 rank, the all-reduce not run)")
     res = CliRunner().invoke(app, ["run", "--model", "tiny-v4", "--device", "cpu", "--deployment", "ep=4",
                                    "--costs", "x.json"])
     assert "runs tiny-v4 as one rank of ep=2" in str(res.exception)

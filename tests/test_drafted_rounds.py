@@ -107,6 +107,9 @@ def test_the_block_drafters_test_prompts_are_labelled_by_range_and_never_overlap
     assert drafter_status(SEEN_DRAFTER, 0, 48) == "fresh"
     assert drafter_status(1000, 0, 48) == "seen"                 # the first test's range, read since
     assert drafter_status(1200, 0, 48) == "seen"                 # the second test's (1200..1250), read since
+    assert drafter_status(1260, 0, 48) == "seen"                 # inside the third test's, not the same run
+    assert drafter_status(1400, 0, 48) == "seen"                 # the fifth MTP table's chat prompts
+    assert drafter_status(1302, 0, 48) == "fresh"                # never decoded (1302..1399)
     with pytest.raises(SimtreeError, match="overlap their calibration prompts 0..47"):
         drafter_status(40, 0, 48)
 

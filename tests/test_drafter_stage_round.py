@@ -2,6 +2,8 @@
 ...) equal what the block engine's draft builds from the same drafter, state and inputs; rows are
 marked by how they were timed, and only older rows (the step-by-step tree builder) get the
 builder's steps taken out; C_d fitted at several contexts is interpolated in the context."""
+from dataclasses import replace
+
 import numpy as np
 import pytest
 import torch
@@ -100,6 +102,15 @@ def test_only_rows_timed_with_the_step_builder_get_its_steps_taken_out(tmp_path)
     got = [float(old["block"].predict(n, 7, 8)) for n in (4, 32)]
     assert got == pytest.approx([backbone(7, 8, 1024)] * 2, rel=0.01)
     assert any("tree-builder steps taken out" in n for n in notes)
+    # builder_steps="keep": the older rows as timed (the C_d runs priced before), steps and all
+    df = load_profile(tmp_path / "old.csv")
+    kept, notes = fit_drafters(df, model=df["model"].iloc[0], device=df["device"].iloc[0], dtype=df["dtype"].iloc[0],
+                               deployment=df["deployment"].iloc[0], source={}, folds=4, builder_steps="keep")
+    got = [float(kept["block"].predict(n, 7, 8)) for n in (4, 32)]
+    assert got == pytest.approx([backbone(7, 8, 1024) + 43.0 * (n - 1) for n in (4, 32)], rel=0.01)
+    assert not any("tree-builder" in n for n in notes)
+    with pytest.raises(SimtreeError, match="builder_steps 'drop': expected one of remove, keep"):
+        timed_rows(df, "block", builder_steps="drop")
     new_rows = [{**r, "variant": ROUND_VARIANT} for r in rows]
     new, notes = _fit(tmp_path / "new.csv", new_rows)
     got = [float(new["block"].predict(n, 7, 8)) for n in (4, 32)]
@@ -131,6 +142,14 @@ def test_c_d_at_several_contexts_is_interpolated_in_the_context(tmp_path):
     assert np.allclose(grid, [at[256], at[640]])
     again = type(m).from_dict(m.to_dict())
     assert again.contexts == [256, 1024] and float(again.predict(8, 7, 32, 640)) == at[640]
+    # surfaces not monotone in l (the smaller context timed slower): without l, C_d at the largest
+    # context through the same path, the running maximum, not the largest context's raw surface
+    (lo, m_lo), (hi, m_hi) = m.by_context
+    flipped = replace(m, surface=m_lo.surface, by_context=((lo, m_hi), (hi, m_lo)))
+    assert float(flipped.predict(8, 7, 32, hi)) == pytest.approx(at[1024]) != pytest.approx(at[256])
+    no_context = float(flipped.predict(8, 7, 32))
+    assert no_context == float(flipped.predict(8, 7, 32, hi)) == float(flipped.predict(8, 7, 32, 4096))
+    assert np.allclose(flipped.predict(np.array([8]), np.array([7]), np.array([32])), at[1024])
     bad = m.to_dict()
     bad["by_context"][0]["context_len"] = 2048
     with pytest.raises(SimtreeError, match="ascending"):

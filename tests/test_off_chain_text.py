@@ -156,3 +156,41 @@ def test_the_share_of_non_words_is_read_over_the_last_tokens():
     is_word = np.array([True, True, False])           # token 2 is not a word; ids past the mask are not either
     share = context_nonword_share([0, 1, 2, 2, 5, 0], is_word, np.arange(7), window=2)
     assert share == pytest.approx([0.0, 0.0, 0.0, 0.5, 1.0, 1.0, 0.5])
+
+
+def test_two_linear_runs_of_one_chain_length_are_each_read_by_their_name():
+    """Runs given by name are grouped per run: two runs of the same chain length (one seq each)
+    both count, where one file's records of both repeat a round and were dropped."""
+    a, b = _off_chain_runs(np.random.default_rng(7), rho=0.4), _off_chain_runs(np.random.default_rng(8), rho=0.4)
+    one, two = off_chain_trials({"a": a}, 2)[1], off_chain_trials({"b": b}, 2)[1]
+    both = off_chain_trials({"a": a, "b": b}, 2)[1]
+    assert len(both) == len(one) + len(two) > 0
+    assert len(off_chain_trials([*a, *b], 2)[1]) == 0          # one file: the repeated rounds dropped
+    with pytest.raises(SimtreeError, match="repeats a round of sequence 0"):
+        off_chain_trials({"ab": [*a, *b]}, 2)
+
+
+def test_the_text_state_reads_the_linear_runs_tokens_only_when_they_are_the_drafting_passs():
+    """acceptance_oos_text.text_features rebuilds each context from the linear run's tokens: with
+    the half's lossless check (linear run and drafting pass equal to plain decoding) it gives every
+    drafted position's text state; without it, one line."""
+    from types import SimpleNamespace
+
+    from simtree.acceptance.transfer import DrafterConfidences
+    from simtree.runtime.acceptance_oos_text import text_features
+    is_word = np.array([True, False] * 4)            # odd tokens are not words
+    # one sequence, prompt [0, 0]; rounds at context 2 and 4: roots 1 then 3, each round's targets
+    recs = [SimpleNamespace(seq=0, round_index=0, context_len=2, tree=SimpleNamespace(tokens=np.array([1])),
+                            target_tokens=np.array([2, 3])),
+            SimpleNamespace(seq=0, round_index=1, context_len=4, tree=SimpleNamespace(tokens=np.array([3])),
+                            target_tokens=np.array([5]))]
+    drafts = DrafterConfidences("w", np.array([0, 0]), np.array([0, 2]), np.zeros((2, 1, 1)), np.array([2, 4]))
+    half = {"runs": {"linear_d16": {"records": recs}}, "drafts": drafts,
+            "lossless": {"linear_d16": True, "drafting_pass": True}}
+    at, with_text = text_features(half, [[0, 0]], is_word, "linear_d16", window=4)
+    # context [0, 0, 1, 2, 3, 5]: the cache's tokens and the root, the last 4 of them
+    assert with_text.text.tolist() == [pytest.approx(1 / 3), pytest.approx(2 / 4)]
+    assert at(recs[1]) == with_text.text[1]
+    half["lossless"]["drafting_pass"] = False
+    with pytest.raises(SimtreeError, match="both must equal plain decoding"):
+        text_features(half, [[0, 0]], is_word, "linear_d16")

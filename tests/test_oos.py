@@ -64,14 +64,17 @@ def test_a_later_folder_fills_an_earlier_ones_misses():
 
 
 def test_a_rank_run_alone_is_labelled_the_rank():
-    """A V4 ep=8 rank runs b sequences on its own (the all-to-all not run): its rows say so, where a
-    one-GPU deployment keeps its name."""
-    assert oos._deployment_label("ep=8", "ep=8 rank (all-to-all not run)") == "ep=8 rank (all-to-all not run)"
-    assert oos._deployment_label("ep=8", None) == "ep=8 rank (collectives not run)"
-    assert oos._deployment_label("tp=1", "1 GPU") == "tp=1"
+    """A V4 ep=8 rank runs b sequences on its own (the all-to-all not run): its rows say "ep=8 rank",
+    the label policy files use, where a one-GPU deployment keeps its name; the summary's words
+    say what the rank left out."""
+    from simtree.planning.policy_file import deployment_label, rank_collectives
+    assert oos._deployment_label("ep=8") == "ep=8 rank" == deployment_label("ep=8 rank")
+    assert oos._deployment_label("tp=1") == "tp=1"
+    assert rank_collectives("ep=8 rank") == "all-to-all" and rank_collectives("tp=2 rank") == "all-reduce"
+    assert rank_collectives("ep=8") is None
     table = Path(__file__).resolve().parents[1] / "reports" / "validation" / "throughput_out_of_sample.csv"
     rows = list(csv.DictReader(open(table)))
-    assert {r["deployment"] for r in rows if r["model"] == "deepseek-v4-flash"} == {"ep=8 rank (all-to-all not run)"}
+    assert {r["deployment"] for r in rows if r["model"] == "deepseek-v4-flash"} == {"ep=8 rank"}
 
 
 VALIDATION = Path(__file__).resolve().parents[1] / "reports" / "validation"

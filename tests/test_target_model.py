@@ -167,7 +167,13 @@ def test_acceptance_table_predicts_each_split_from_linear_calibration_runs_alone
     monkeypatch.setattr(oos, "transfer_model", lambda cal, d, *a, **kw: transferred.append(d) or real_transfer(cal, d, *a, **kw))
     trees = [oos.TREES[1], oos.TREES[-1]]
     settings = {"prompts": 2, "max_new_tokens": 6, "trees": trees}
-    res = oos.run_oos(path, settings, traces=tmp_path, say=None)
+    # 2 prompts a half of the current table's ranges are not that table's run (seen, test_oos_prompts):
+    # the rows take the status given
+    fresh = {"sharegpt": "fresh", "sharegpt_code": "fresh", "humaneval": "seen"}
+    assert {w: oos.prompt_status(w, 0 if w == "humaneval" else s, 2) for w, s in
+            (("sharegpt", oos.SHAREGPT_START), ("sharegpt_code", oos.CODE_START), ("humaneval", 0))} == {
+        w: "seen" for w in fresh}
+    res = oos.run_oos(path, settings, traces=tmp_path, say=None, status=fresh)
     df = res["table"]
     assert list(df.columns) == [*COLUMNS, "calibrated_on", "prompts", "measured_se", "err_in_se", "err_in_joint_se",
                                 "confidence_only_predicted", "confidence_only_rel_err", "baseline_predicted",
@@ -186,8 +192,7 @@ def test_acceptance_table_predicts_each_split_from_linear_calibration_runs_alone
     assert np.allclose(df["rel_err"], df["predicted_accepted"] / df["measured_accepted"] - 1)
     se = df["measured_se"].where(df["measured_se"] > 0)       # no spread measured: no error in its units
     assert np.allclose(df["err_in_se"], (df["predicted_accepted"] - df["measured_accepted"]) / se, equal_nan=True)
-    # the default ShareGPT range is past every prompt earlier versions read; no HumanEval problem is fresh
-    # (ShareGPT code past the training records); the calibrating runs were fitted on: seen
+    # out-of-sample rows labelled by their workload's status; the calibrating runs were fitted on: seen
     out = df[df["split"] != "in_sample"]
     assert dict(out.groupby("workload")["prompts"].unique().apply(list)) == {
         "humaneval": ["seen"], "sharegpt": ["fresh"], "sharegpt_code": ["fresh"]}
@@ -209,7 +214,7 @@ def test_acceptance_table_predicts_each_split_from_linear_calibration_runs_alone
     starts = {"sharegpt": oos.SHAREGPT_START, "sharegpt_code": oos.CODE_START, "humaneval": oos.HUMANEVAL_START}
     prompt_ids, words = oos.prompt_token_ids(path, lambda w, n: oos.held_out_prompts(w, n, starts[w]))
     kept = oos.load_halves(tmp_path, settings, prompt_ids)
-    again = oos.analyse(kept, {"sharegpt": "fresh", "sharegpt_code": "fresh", "humaneval": "seen"}, words)
+    again = oos.analyse(kept, fresh, words)
     # the shift read a share of the code calibration half's linear rounds, nothing of a test half
     for w in code:
         shift = res["shifts"][f"sharegpt+{w} lookup"]
@@ -225,11 +230,11 @@ def test_acceptance_table_predicts_each_split_from_linear_calibration_runs_alone
     seen = set(prompts("sharegpt", oos.SEEN_SHAREGPT))
     assert oos.SHAREGPT_START >= oos.SEEN_SHAREGPT
     assert not set(sum(oos.held_out_prompts("sharegpt", 2, oos.SHAREGPT_START), [])) & seen
-    assert oos.prompt_status("sharegpt", oos.SEEN_SHAREGPT - 1) == "seen" == oos.prompt_status("humaneval", 0)
+    assert oos.prompt_status("sharegpt", oos.SEEN_SHAREGPT - 1, 2) == "seen" == oos.prompt_status("humaneval", 0, 2)
     # ShareGPT code: fenced blocks of held-out conversations past the training records, fresh from CODE_START
     code, last = oos.code_prompts(4, oos.CODE_START)
     assert len(set(code)) == 4 and all(p.startswith("```") and len(p) == 160 for p in code) and last >= oos.CODE_START
-    assert oos.prompt_status("sharegpt_code", oos.CODE_START) == "fresh" != oos.prompt_status("sharegpt_code", 0)
+    assert oos.prompt_status("sharegpt_code", oos.CODE_START, 64) == "fresh" != oos.prompt_status("sharegpt_code", 0, 2)
     with pytest.raises(SimtreeError, match="humaneval prompts from index 160"):
         oos.held_out_prompts("humaneval", 4, 160)
     dev = oos.development_prompts("sharegpt", 2)      # the development halves: the seen prompts

@@ -138,11 +138,11 @@ def test_pad_round_pads_the_bucket_and_keeps_the_trees():
     padded_block = pad_round(block, 2, costs)      # priced on the envelope, so padded like the rest
     assert (padded_block.nodes, padded_block.tree_nodes, padded_block.spec) == (9, 6, block.spec)
     # the full runtime's runs take the padded bucket (measure's round shape, no acceptance model)
-    from simtree.runtime.full.measure import _Source, _run_shape
+    from simtree.runtime.full.measure import _Source, run_shape
     shape = _Source(None, None, "cpu", 0).round_shape(EAGLE, 2, costs, 256.0)
     assert (shape.nodes, shape.padded_from) == (9, 6)
     run = {"mode": "eagle", "params": EAGLE.to_dict(), "nodes": 9, "padded_from": 6}
-    assert _run_shape(run) == shape
+    assert run_shape(run) == shape
 
 
 def _decode(engine, max_new_tokens: int):

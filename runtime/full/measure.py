@@ -61,8 +61,8 @@ from .build import build_model
 from .drafting import RUNTIME_MODES, RoundShape, pad_round, round_shape
 from .report import EXTRA_COLUMNS, SUMMARY_COLUMNS, write_summary
 
-__all__ = ["full_run", "repredict", "runs_json", "measure_policy", "predict", "RunConfig", "SUMMARY_COLUMNS", "EXTRA_COLUMNS",
-           "PLAIN", "LINEAR_D4"]
+__all__ = ["full_run", "repredict", "run_shape", "runs_json", "measure_policy", "predict", "RunConfig",
+           "SUMMARY_COLUMNS", "EXTRA_COLUMNS", "PLAIN", "LINEAR_D4"]
 
 # rounds issued onto an idle device after each timed run: their issue time is the host_ms reported
 HOST_PROBE_ROUNDS = 5
@@ -247,7 +247,7 @@ def _policies(policy, workload: str, batch_size: int, notes: list, extra=()) -> 
     return out + [("plan", entry.params), *extra]     # the plan's choice before the shapes beside it
 
 
-def _run_shape(run: dict) -> RoundShape:
+def run_shape(run: dict) -> RoundShape:
     """The shape a run measured (its bucket: ``nodes``, where it has one; ``padded_from``: the
     bucket before the bundle's pad map padded it)."""
     if run.get("padded_from"):
@@ -257,7 +257,7 @@ def _run_shape(run: dict) -> RoundShape:
 
 
 def _row(run: dict, source_label: str, pred: dict, cfg: RunConfig) -> dict:
-    stats, rs = run["stats"], _run_shape(run)
+    stats, rs = run["stats"], run_shape(run)
     meas_acc = stats.accepted_tokens_per_round
     return {"model": run["model"], "deployment": run["deployment"], "policy": f"{run['label']}:{rs.name}",
             "batch_size": run["batch_size"], "acceptance": source_label, "measured_tok_s": stats.tok_s,
@@ -282,7 +282,7 @@ def _pad_note(rs: RoundShape) -> list[str]:
 
 
 def _failed_row(run: dict, source_label: str, cfg: RunConfig) -> dict:
-    rs = _run_shape(run)
+    rs = run_shape(run)
     row = {c: float("nan") for c in SUMMARY_COLUMNS + EXTRA_COLUMNS}
     row.update(model=run["model"], deployment=run["deployment"], policy=f"{run['label']}:{rs.name}",
                batch_size=run["batch_size"], acceptance=source_label, nodes=rs.nodes, context_len=cfg.context_len,
@@ -299,7 +299,7 @@ def _rows(runs: list[dict], costs, source: "_Source", cfg: RunConfig, workload: 
             continue
         spec = PolicySpec.from_dict(run["mode"], run["params"])
         with captured_warnings() as caught:    # extrapolation of the cost models: notes
-            pred = predict(costs, source.prediction_model(), spec, _run_shape(run), run["batch_size"],
+            pred = predict(costs, source.prediction_model(), spec, run_shape(run), run["batch_size"],
                            run["stats"], workload)
         notes += [" ".join(str(w.message).split()) for w in caught]
         rows.append(_row(run, source.label, pred, cfg))

@@ -47,8 +47,9 @@ __all__ = ["MODE_SHAPES", "drafter_bundle", "modes_table", "main"]
 DRAFTER_PROFILE = "reports/h100/drafters_profile.csv"
 
 
-def drafter_bundle(costs_path: str, profile: str, model: str):
-    """(the bundle with the drafters' C_d fitted from ``profile``'s rows of ``model``, notes)."""
+def drafter_bundle(costs_path: str, profile: str, model: str, builder_steps: str = "remove"):
+    """(the bundle with the drafters' C_d fitted from ``profile``'s rows of ``model``, notes);
+    ``builder_steps``: :func:`simtree.costs.drafter_fit.fit_drafters`'."""
     from simtree.costs.drafter_fit import fit_drafters
     from simtree.costs.model import load_costs
 
@@ -59,7 +60,8 @@ def drafter_bundle(costs_path: str, profile: str, model: str):
         return bundle, [f"{profile} has no drafter rows of {model}: no block-drafter candidates"]
     first = rows.iloc[0]
     fitted, notes = fit_drafters(rows, model=model, device=str(first["device"]), dtype=str(first["dtype"]),
-                                 deployment=str(first["deployment"]), source={"profile": profile})
+                                 deployment=str(first["deployment"]), source={"profile": profile},
+                                 builder_steps=builder_steps)
     notes.append(f"drafters' C_d from {profile} ({first['device']}); verify and MTP costs from {costs_path}")
     return dataclasses.replace(bundle, drafters=fitted), notes
 

@@ -25,8 +25,9 @@ marked ``on_profile_grid`` False).  What is not: the acceptance is replayed from
 the prediction uses (``accept_rel_err`` is small by construction), so the error is the cost
 model's.  The rank runs the batch the bundle prices (a V4 ``ep=8`` rank at batch b is priced at
 rank batch b, without the all-to-all it does not run): a row of a rank run alone says so in its
-deployment ("ep=8 rank (all-to-all not run)": batch_size is the rank's b sequences, not the ep=8
-deployment's batch, of which a rank would hold ceil(b / 8)).
+deployment ("ep=8 rank", the label policy files use; the summary says the all-to-all was not run):
+batch_size is the rank's b sequences, not the ep=8 deployment's batch, of which a rank would hold
+ceil(b / 8)).
 """
 from __future__ import annotations
 
@@ -40,6 +41,7 @@ from pathlib import Path
 
 from simtree.errors import SimtreeError
 from simtree.fileio import write_text_atomic
+from simtree.planning.policy_file import RANK_SUFFIX, deployment_label, rank_collectives
 from simtree.planning.simulate import PolicySpec
 from simtree.reporting.summary import MIN_POLICIES, PLAN_TOLERANCE, plan_points
 
@@ -190,7 +192,7 @@ def _load_dir(d: Path, missed: list | None = None) -> list[dict]:
                                    "context_len": int(r["context_len"]), "policy": r["policy"], "why": why})
                 continue
             params = run.get("params") or {}
-            rows.append({"model": r["model"], "deployment": _deployment_label(meta["deployment"], r.get("deployment")),
+            rows.append({"model": r["model"], "deployment": _deployment_label(meta["deployment"]),
                          "policy": r["policy"],
                          "batch_size": int(r["batch_size"]), "context_len": int(r["context_len"]),
                          "measured_tok_s": float(r["measured_tok_s"]), "predicted_tok_s": float(r["predicted_tok_s"]),
@@ -203,15 +205,13 @@ def _load_dir(d: Path, missed: list | None = None) -> list[dict]:
     return rows
 
 
-def _deployment_label(deployment: str, measured: str | None) -> str:
+def _deployment_label(deployment: str) -> str:
     """What a row measured: the deployment where the run was all of it (one GPU), else the rank run
-    alone, as the run's own rows name it ("ep=8 rank (all-to-all not run)")."""
+    alone, "<deployment> rank" as policy files name it (:func:`deployment_label`; runs kept before
+    wrote "ep=8 rank (all-to-all not run)" in their own rows)."""
     from simtree.parallel import parse_deployment
     dep = parse_deployment(deployment)
-    if dep.gpus == 1:
-        return dep.name
-    measured = str(measured or "")
-    return measured if measured.startswith(f"{dep.name} rank") else f"{dep.name} rank (collectives not run)"
+    return dep.name if dep.gpus == 1 else deployment_label(dep.name + RANK_SUFFIX)
 
 
 def _run_key(r: dict) -> tuple:
@@ -285,8 +285,9 @@ def _markdown(s: dict, checks: list[dict], missed: list | None = None, replaced:
              "in every row of `throughput_out_of_sample.csv`). Acceptance is replayed from the preset the "
              "prediction uses (in sample by construction): the errors below are the cost models', out of sample.", "",
              f"GPU: {', '.join(s['gpus'])}; batch sizes {s['batch_sizes']}; contexts {s['contexts']}.", "",
-             *[f"{', '.join(models)}: {dep}, one rank run alone on one GPU - the batch is the b sequences on that "
-               "rank, as the bundle prices it, not the deployment's batch (of which a rank holds ceil(b / dp)).\n"
+             *[f"{', '.join(models)}: {dep}, one rank run alone on one GPU (the {rank_collectives(dep)} not run) - "
+               "the batch is the b sequences on that rank, as the bundle prices it, not the deployment's batch (of "
+               "which a rank holds ceil(b / dp)).\n"
                for dep, models in s.get("ranks", {}).items()],
              "| | runs | median abs error | worst |", "|---|---|---|---|",
              f"| all runs (out of sample) | {s['runs']} | {pct(s['median'])} | {pct(s['worst'])} |",

@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 
 from simtree.fileio import write_atomic, write_text_atomic
+from simtree.planning.policy_file import RANK_SUFFIX, rank_collectives
 from simtree.reporting.summary import PLAN_TOLERANCE, plan_standing
 
 # summary.csv: the columns issue-level comparisons read, then the error split and context
@@ -63,7 +64,8 @@ def _markdown(rows: list[dict], notes: list[str], others=()) -> str:
     models = list(dict.fromkeys((r["model"], r["deployment"]) for r in rows)) or [("?", "?")]
     if len(models) > 1:   # several models in one report: say which row is which
         cols = ("model",) + cols
-    title = ", ".join(f"{m} ({dep})" for m, dep in models)
+    title = ", ".join(f"{m} ({dep}" + (f", the {rank_collectives(dep)} not run)" if str(dep).endswith(RANK_SUFFIX)
+                                       else ")") for m, dep in models)     # a rank run alone: what it left out
     out = [f"# simtree run: {title}", "", "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     for r in rows:
         cells = []

@@ -11,7 +11,8 @@ from the whole model split over ``ep_ranks`` (:func:`simtree.kernels.layers.v4.r
 Each token is routed to ``experts_per_token`` of the rank's experts (V4's routing over the
 rank's router rows, or its hash table): under uniform routing a rank's experts process the same experts_per_token x T (token,
 expert) pairs as in the real deployment.  The all-to-all dispatch and combine are NOT run
-(:data:`DEPLOYMENT` says so in every report row).
+(every report row's deployment is :data:`DEPLOYMENT`, "ep=8 rank", which the reports' words say
+means the all-to-all not run).
 
 A round's index lists are the kernels' device plans, built in static shapes inside the round
 (no host sync): the rank is CUDA-graph captured like the Qwen model.  Their context bound
@@ -34,7 +35,7 @@ from .layers import DraftState
 
 __all__ = ["V4Rank", "V4State", "param_specs", "default_ep_ranks", "DEPLOYMENT"]
 
-DEPLOYMENT = "ep={ep} rank (all-to-all not run)"
+DEPLOYMENT = "ep={ep} rank"      # one rank run alone: the all-to-all not run (the reports say so beside it)
 default_ep_ranks = L.default_ep_ranks
 
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Mapping
 
 import numpy as np
 
@@ -46,23 +46,32 @@ class OffChainScale:
                 "expected": np.round(self.expected, 2).tolist(), "trials": self.trials}
 
 
-def _runs(records: Iterable[TraceRecord]) -> list[list[TraceRecord]]:
-    """A linear file's records as sequences of consecutive rounds: one per (chain length, seq),
-    sorted by round; a group with a repeated round (two runs alike in one file) is dropped."""
+def _runs(records) -> list[list[TraceRecord]]:
+    """Linear runs' records as sequences of consecutive rounds, sorted by round.  ``records``:
+    {run name: its records} (one group per run and seq; a run repeating a round of a sequence
+    stops the fit, one line), or one file's records (one group per (workload, chain length, seq);
+    a group with a repeated round, two runs alike in one file, is dropped)."""
+    named = isinstance(records, Mapping)
     groups = defaultdict(list)
-    for r in records:
-        if r.topk_tokens is None or r.target_tokens is None or r.seq is None or r.round_index is None:
-            continue
-        groups[r.workload, r.topk_tokens.shape[0], r.seq].append(r)
+    for name, recs in (records.items() if named else [(None, records)]):
+        for r in recs:
+            if r.topk_tokens is None or r.target_tokens is None or r.seq is None or r.round_index is None:
+                continue
+            groups[(name, r.seq) if named else (r.workload, r.topk_tokens.shape[0], r.seq)].append(r)
     out = []
-    for g in groups.values():
+    for key, g in groups.items():
         g.sort(key=lambda r: r.round_index)
         if len({r.round_index for r in g}) == len(g):
             out.append(g)
+        elif named:
+            raise SimtreeError(f"linear run {key[0]!r} repeats a round of sequence {key[1]}: two runs under one name")
     return out
 
 
-def off_chain_trials(records: Iterable[TraceRecord], topk: int) -> tuple[list, np.ndarray]:
+Runs = Iterable[TraceRecord] | Mapping[str, Iterable[TraceRecord]]   # one file's records, or {run name: records}
+
+
+def off_chain_trials(records: Runs, topk: int) -> tuple[list, np.ndarray]:
     """([(record, depth)], hits bool [T, topk]): for each round whose bonus token was the
     drafter's rank 1..topk-1 candidate at depth n + 1 and whose chain drafted depth n + 2, the
     chain's candidates at depth n + 2 against the token that followed the bonus (the next round's
@@ -86,9 +95,9 @@ def off_chain_trials(records: Iterable[TraceRecord], topk: int) -> tuple[list, n
     return where, np.array(hits, bool).reshape(-1, topk)
 
 
-def fit_off_chain_scale(calibration: ChainCalibration, records: Iterable[TraceRecord], topk: int = 4,
+def fit_off_chain_scale(calibration: ChainCalibration, records: Runs, topk: int = 4,
                         text: Callable[[TraceRecord], float] | None = None) -> OffChainScale:
-    """The share per rank (:class:`OffChainScale`) from linear ``records`` (with the drafter's
+    """The share per rank (:class:`OffChainScale`) from linear ``records`` (:func:`_runs`; with the drafter's
     top-K, the target's tokens, ``seq`` and ``round``): hits below an off-chain node over what
     ``calibration`` expects of the same candidates on the chain (their draft probability,
     depth and lookup state; ``text``: each round's text feature where the calibration reads

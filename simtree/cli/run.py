@@ -283,7 +283,7 @@ def _rank_model(name: str, deployment: str | None, device: str, sizes: list[int]
         return name
     from simtree.runtime.full.build import build_model
     model = build_model(shape.shard(dep), device)
-    model.deployment = f"{dep} rank (all-reduce not run)"
+    model.deployment = f"{dep.name} rank"     # one rank run alone: the all-reduce not run (the report says so)
     return model
 
 

@@ -38,7 +38,7 @@ from simtree.costs.surface_fit import fit_surface
 from simtree.drafters import LOOP_BUILDER_VARIANT, ROUND_VARIANT, own_block_len
 from simtree.errors import SimtreeError
 
-__all__ = ["fit_drafters", "drafter_rows", "loop_free_block_rows", "timed_rows", "DRAFTER_FORMS"]
+__all__ = ["fit_drafters", "drafter_rows", "loop_free_block_rows", "timed_rows", "DRAFTER_FORMS", "BUILDER_STEPS"]
 
 DRAFTER_FORMS = ("basis", "grid", "grid_lin")   # dense: the drafter's layers have no experts here
 
@@ -80,11 +80,17 @@ def loop_free_block_rows(rows: pd.DataFrame) -> tuple[pd.DataFrame, str | None]:
     return out, "; ".join(notes) or None
 
 
-def timed_rows(rows: pd.DataFrame, family: str) -> tuple[pd.DataFrame, list[str]]:
+BUILDER_STEPS = ("remove", "keep")     # fit_drafters: an older block row's tree-builder steps taken out, or kept
+
+
+def timed_rows(rows: pd.DataFrame, family: str, builder_steps: str = "remove") -> tuple[pd.DataFrame, list[str]]:
     """(rows of one family as the runtime's round runs, notes): ``round`` rows as timed where the
     table has them (older ``layers`` rows of the same family dropped, the note says how many);
     else the ``layers`` rows, a block drafter's less its stage's tree-builder steps
-    (:func:`loop_free_block_rows`).  Any other variant, or none known: one line."""
+    (:func:`loop_free_block_rows`; ``builder_steps="keep"``: as timed, the C_d the runs priced before
+    the runtime built its tree sort-based).  Any other variant, or none known: one line."""
+    if builder_steps not in BUILDER_STEPS:
+        raise SimtreeError(f"builder_steps {builder_steps!r}: expected one of {', '.join(BUILDER_STEPS)}")
     variants = set(rows["variant"].unique())
     unknown = variants - {ROUND_VARIANT, LOOP_BUILDER_VARIANT}
     what = f"C_d of the {family} drafter from stage {DRAFTER_STAGE[family]}"
@@ -96,25 +102,26 @@ def timed_rows(rows: pd.DataFrame, family: str) -> tuple[pd.DataFrame, list[str]
         note = [f"{family} drafter: {old} older {LOOP_BUILDER_VARIANT!r} row(s) dropped beside the "
                 f"{ROUND_VARIANT!r} rows (the runtime's round)"] if old else []
         return rows[rows["variant"] == ROUND_VARIANT], note
-    if family != "block":
+    if family != "block" or builder_steps == "keep":
         return rows, []
     rows, note = loop_free_block_rows(rows)
     return rows, [note] if note else []
 
 
 def fit_drafters(df: pd.DataFrame, *, model: str, device: str, dtype: str, deployment: str, source: dict,
-                 folds: int = 5, on_fit=None) -> tuple[dict, list[str]]:
+                 folds: int = 5, on_fit=None, builder_steps: str = "remove") -> tuple[dict, list[str]]:
     """({family: DrafterCostModel}, notes) for every family the table has rows of; a family
     whose rows cannot be fitted (too few points, one x value) is left out with a note, so a
     cut-short drafter sweep never stops the fit of C_v and C_d.  Rows at several contexts: one
     surface per context (module docstring); a context whose rows cannot be fitted is left out
-    with a note."""
+    with a note.  ``builder_steps``: an older block row's tree-builder steps "remove"d (the
+    runtime's round has none) or "keep"t (:func:`timed_rows`)."""
     out, notes = {}, []
     for fam in DRAFTER_FAMILIES:
         rows = drafter_rows(df, fam, model, device, dtype, deployment)
         if rows.empty:
             continue
-        rows, fnotes = timed_rows(rows, fam)
+        rows, fnotes = timed_rows(rows, fam, builder_steps)
         if fam == "block" and rows["topk"].nunique() > 1:
             fnotes.append(f"{fam} drafter rows at several topk merged by median")
         per_context = {}

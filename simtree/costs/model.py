@@ -205,16 +205,18 @@ class DrafterCostModel(_SurfaceModel):
     ``by_context``: ((context_len, DrafterCostModel), ...) ascending where the rounds were timed
     at several contexts (the drafter attends to its cached context): ``predict(..., context_len=l)``
     interpolates linearly between the two nearest, clamped to the timed contexts and made
-    non-decreasing in l; without l, or with one context timed, the model's own surface (the
-    largest context's)."""
+    non-decreasing in l; without l, C_d at the largest context (the same path: at least every
+    smaller context's); with one context timed, the model's own surface."""
 
     family: str = "block"
     by_context: tuple = ()
 
     def predict(self, x, y, batch_size, context_len=None):
-        if context_len is None or len(self.by_context) < 2:
+        if len(self.by_context) < 2:
             return self.surface.predict(x, y, batch_size)
         ls = [float(c) for c, _ in self.by_context]
+        if context_len is None:      # the largest context's, through the same path (its running maximum)
+            context_len = ls[-1]
         preds = [m.surface.predict(x, y, batch_size) for _, m in self.by_context]
         scalar = all(isinstance(v, (int, float)) for v in (x, y, batch_size, context_len))
         out = prev = preds[0]

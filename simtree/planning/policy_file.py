@@ -58,7 +58,7 @@ from simtree.errors import SimtreeError, check_int
 from simtree.fileio import write_text_atomic
 from simtree.planning.modes import MODES, PolicySpec
 
-__all__ = ["SCHEMA", "PolicyEntry", "Policy", "RANK_SUFFIX", "deployment_label"]
+__all__ = ["SCHEMA", "PolicyEntry", "Policy", "RANK_SUFFIX", "deployment_label", "rank_collectives"]
 
 SCHEMA = "simtree.policy/1"
 RANK_SUFFIX = " rank"     # "ep=8 rank": one rank of ep=8 planned alone (module docstring)
@@ -176,6 +176,16 @@ def deployment_label(text) -> str:
         return parse_deployment(text).name
     dep = parse_deployment(head)
     return dep.name if dep.gpus == 1 else dep.name + RANK_SUFFIX    # one GPU: the rank is the deployment
+
+
+def rank_collectives(label) -> str | None:
+    """What a "<deployment> rank" run alone leaves out, for the words beside the label (the label
+    itself stays :func:`deployment_label`'s): "all-to-all" (expert-parallel), "all-reduce"
+    (tensor-parallel); None for a label that is not a rank."""
+    text = deployment_label(label)
+    if not text.endswith(RANK_SUFFIX):
+        return None
+    return "all-to-all" if parse_deployment(text[: -len(RANK_SUFFIX)]).ep > 1 else "all-reduce"
 
 
 @dataclass

@@ -1,0 +1,148 @@
+"""The command line of :mod:`.acceptance_oos` (``python -m simtree.runtime.acceptance_oos``, whose
+docstring lists its uses): the arguments, the prompts' labels, the block drafters' runs, the
+table and its generated summary written atomically under ``--out``."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pandas as pd
+
+from simtree.acceptance.out_of_sample import oos_summary, summary_markdown
+from simtree.errors import SimtreeError
+from simtree.fileio import write_text_atomic
+
+from . import acceptance_oos as oos
+from .acceptance_oos import (CHAIN, DEFAULT_MODEL, FULL, LINEAR, QUICK, SHIFT_SHARE, analyse, decode_halves,
+                             load_halves, prompt_token_ids)
+from .acceptance_oos_drafters import decode_drafters, drafter_table, load_drafters
+from .acceptance_oos_prompts import (CODE_START, HUMANEVAL_START, OOS_WORKLOADS, SEEN_CODE, SEEN_DRAFTER, SEEN_SHAREGPT,
+                                     SHAREGPT_START, development_prompts, drafter_status, held_out_prompts,
+                                     prompt_status, training_overlap)
+from .acceptance_oos_report import drafters_line, header, prompts_line
+from .drafter_acceptance import held_out_prompts as drafter_prompts
+from .target_trace import policy_name
+
+__all__ = ["main", "DRAFTER_START", "DRAFTER_CALIBRATION_START", "DRAFTER_PROMPTS"]
+
+# the block drafters' rows: prompts per half (calibration from DRAFTER_CALIBRATION_START, test from
+# DRAFTER_START: docs/acceptance.md, section 5), 64 new tokens
+DRAFTER_START, DRAFTER_CALIBRATION_START, DRAFTER_PROMPTS = SEEN_DRAFTER, 0, 48
+
+
+def _drafter_runs(args, drafters, settings) -> dict:
+    """The block drafters' runs: read back from ``--reuse-traces``/drafters where it holds them,
+    else decoded (their traces kept under ``--traces``/drafters, else in a scratch folder)."""
+    if args.reuse_traces and (Path(args.reuse_traces) / "drafters" / "drafters.json").is_file():
+        return load_drafters(Path(args.reuse_traces) / "drafters", drafters)
+    n, tokens = (2, 16) if args.quick else (args.drafter_prompts, settings["max_new_tokens"])
+    drafter_status(args.drafter_start, args.drafter_calibration_start, n)   # overlapping halves: one line
+    prompts = {"calibration": drafter_prompts(args.drafter_calibration_start, n),
+               "test": drafter_prompts(args.drafter_start, n)}
+    where = Path(args.traces) / "drafters" if args.traces else Path(tempfile.mkdtemp(prefix="drafters_"))
+    return decode_drafters(args.model, drafters, prompts, tokens, where)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=oos.__doc__.splitlines()[0])
+    ap.add_argument("--model", default=str(DEFAULT_MODEL), help="qwen3_5_text folder with its tokenizer.json")
+    ap.add_argument("--out", default="reports/validation", help="folder for the table and its summary")
+    ap.add_argument("--traces", default=None, help="keep the traces in this folder")
+    ap.add_argument("--reuse-traces", default=None,
+                    help="analyse the traces an earlier run kept (--traces) instead of decoding (same settings)")
+    ap.add_argument("--quick", action="store_true", help="3 prompts per half, three trees (a check, not a result)")
+    ap.add_argument("--sharegpt-start", type=int, default=SHAREGPT_START,
+                    help=f"first held-out ShareGPT prompt index (fresh from {SEEN_SHAREGPT})")
+    ap.add_argument("--code-start", type=int, default=CODE_START,
+                    help=f"first held-out ShareGPT conversation searched for code (fresh from {SEEN_CODE})")
+    ap.add_argument("--humaneval-start", type=int, default=HUMANEVAL_START, help="first HumanEval problem")
+    ap.add_argument("--drafters", default="mtp",
+                    help="drafters whose rows the table holds: mtp (always), block, dspark (comma-separated)")
+    ap.add_argument("--drafter-start", type=int, default=DRAFTER_START,
+                    help="first fresh ShareGPT prompt of the block drafters' test runs")
+    ap.add_argument("--drafter-calibration-start", type=int, default=DRAFTER_CALIBRATION_START,
+                    help="first ShareGPT prompt of the block drafters' calibration runs (development prompts)")
+    ap.add_argument("--drafter-prompts", type=int, default=DRAFTER_PROMPTS, help="prompts per half, block drafters")
+    ap.add_argument("--earlier-model", action="store_true",
+                    help="the model of decisions 1-9 (no text state, no off-chain share): a comparison on the same traces")
+    ap.add_argument("--development", action="store_true",
+                    help="the prompts the model was first developed on (ShareGPT 0..127, HumanEval 132..163)")
+    args = ap.parse_args(argv)
+    settings = dict(QUICK if args.quick else FULL)
+    block_drafters = tuple(d for d in args.drafters.split(",") if d and d != "mtp")
+    t0 = time.perf_counter()
+    starts = {"sharegpt": args.sharegpt_start, "sharegpt_code": args.code_start, "humaneval": args.humaneval_start}
+    try:
+        if "mtp" not in args.drafters.split(",") or set(block_drafters) - {"block", "dspark"}:
+            raise SimtreeError(f"--drafters {args.drafters!r}: expected mtp and any of block, dspark (TfM traces carry "
+                               "no marginal ranks)")
+        status = {w: "seen" if args.development else prompt_status(w, s, settings["prompts"])
+                  for w, s in starts.items()}
+        if args.development:
+            prompts, workloads = development_prompts, ("sharegpt", "humaneval")
+        else:
+            prompts, workloads = (lambda w, n: held_out_prompts(w, n, starts[w])), OOS_WORKLOADS
+        prompt_ids, words = prompt_token_ids(args.model, prompts)
+        if args.reuse_traces:
+            halves = load_halves(args.reuse_traces, settings, prompt_ids)
+        else:
+            halves = decode_halves(args.model, settings, prompts, args.traces, workloads=workloads)
+        overlap = {} if args.development else {      # ShareGPT repeats conversations: held-out text in training
+            w: training_overlap(sum(prompts(w, settings["prompts"]), [])) for w in ("sharegpt", "sharegpt_code")
+            if (w, "test") in halves}
+        res = analyse(halves, status, words, args.earlier_model)
+        line = prompts_line(args, settings["prompts"], status, overlap, ("sharegpt_code", "test") in halves)
+        if block_drafters:
+            res["drafters"] = _drafter_runs(args, block_drafters, settings)
+            d_status = drafter_status(args.drafter_start, args.drafter_calibration_start,
+                                      int(res["drafters"]["prompts"]["test"]))
+            res["table"] = pd.concat([res["table"], drafter_table(res["drafters"], d_status)], ignore_index=True)
+            res["summary"] = oos_summary(res["table"])
+            line += " " + drafters_line(args, res["drafters"])
+    except SimtreeError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    out, df, s = Path(args.out), res["table"], res["summary"]
+    cmd = ("python -m simtree.runtime.acceptance_oos" + (" --quick" if args.quick else "")
+           + (" --development" if args.development else
+              f" --sharegpt-start {args.sharegpt_start} --code-start {args.code_start} "
+              f"--humaneval-start {args.humaneval_start}")
+           + (f" --drafters {args.drafters} --drafter-start {args.drafter_start} --drafter-calibration-start "
+              f"{args.drafter_calibration_start} --drafter-prompts {args.drafter_prompts}" if block_drafters else "")
+           + (f" --reuse-traces {args.reuse_traces}" if args.reuse_traces else "")
+           + f" --out {args.out}")
+    if args.model != str(DEFAULT_MODEL):
+        cmd += f" --model {args.model}"
+    if args.earlier_model:
+        cmd += " --earlier-model"
+    info = {"command": cmd, "model": Path(args.model).name, "calibration": [policy_name(*p) for p in LINEAR],
+            "settings": {**settings, "trees": [policy_name(*p) for p in settings["trees"]]},
+            "prompts": res["prompts"], "prompt_status": status, "prompt_starts": None if args.development else starts,
+            "training_overlap": overlap, "seconds": round(time.perf_counter() - t0, 1), "torch_threads": 1,
+            "summary": s, "lossless": res["lossless"], "calibration_folds": res["calibration_folds"],
+            "workload_shifts": res["shifts"], "off_chain_scales": res["off_chain"], "text_terms": res["text_terms"],
+            "models": res["models"]}
+    if args.reuse_traces:
+        info["reused_traces"] = True
+    if block_drafters:
+        d = res["drafters"]
+        info["block_drafters"] = {"drafters": list(block_drafters), "prompts": d["prompts"], "lossless": d["lossless"],
+                                  "max_new_tokens": d["max_new_tokens"], "calibration_start": args.drafter_calibration_start,
+                                  "test_start": args.drafter_start}
+    write_text_atomic(out / "acceptance_out_of_sample.csv", df.to_csv(index=False, float_format="%.5f"))
+    settings_block = "\n## Settings\n\n```json\n" + json.dumps(info, indent=1) + "\n```\n"
+    head = header(cmd, info, res, settings, line, [policy_name(*p) for p in LINEAR], CHAIN, SHIFT_SHARE)
+    write_text_atomic(out / "acceptance_out_of_sample.md", summary_markdown(df, s, head).rstrip("\n") + "\n" + settings_block)
+    print(f"wrote {out / 'acceptance_out_of_sample.csv'}: {len(df)} rows, {info['seconds']:.0f}s")
+    for name, f in s["families"].items():
+        print(f"  {name} ({f['prompts']} prompts): {f['rows']} rows, median {100 * f['median_abs_rel_err']:.2f}%, worst "
+              f"{100 * f['max_abs_rel_err']:.2f}% (targets 3% / 8%: {'met' if f['meets_targets'] else 'not met'})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
