@@ -51,14 +51,19 @@ SEEN_DRAFTER = 1251
 # 32 from 900), the block drafters' first and second tests' (48 from 1000, 48 from 1200).
 # ShareGPT code (held-out conversations): those among the records the target's training read
 # (0..1999), the fourth table's (128 from 2000).
+# Chat also counts 1800..1999: about the held-out conversations whose text the target's training read for
+# its held-out loss (runtime/data.py training_docs: the last 200 odd records of the first 2 x 2000).
 DECODED = {"sharegpt": ((0, 127), (128, 262), (384, 513), (640, 771), (772, 911), (900, 932), (1000, 1049),
-                        (1200, 1250)),
+                        (1200, 1250), (1800, 1999)),
            "sharegpt_code": ((0, 1999), (2000, 2472))}
 # The current table's ranges (reports/validation/acceptance_out_of_sample.csv), recorded before they
 # were decoded and read by that table alone: fresh for a run of exactly that range, seen for any
 # other run overlapping it.  Chat: the fifth table's (128 from SHAREGPT_START) and the block
 # drafters' third test (48 from SEEN_DRAFTER); code: the fifth table's (128 from CODE_START).
-CURRENT = {"sharegpt": ((1400, 1551), (1251, 1301)), "sharegpt_code": ((2473, 2881),)}
+# Keyed by the run that read it: only a run of that kind and exactly that range is fresh there (a
+# block-drafter test on the MTP table's chat prompts is seen).
+CURRENT = {"mtp_chat": ((1400, 1551),), "drafter_test": ((1251, 1301),), "mtp_code": ((2473, 2881),)}
+_RUN_WORKLOAD = {"mtp_chat": "sharegpt", "drafter_test": "sharegpt", "mtp_code": "sharegpt_code"}
 TRAINING_CONVERSATIONS = 2000     # target_train's default: the first 2 x 2000 ShareGPT records
 HUMANEVAL_START = 0
 _FENCE = re.compile(r"```[^\n`]*\n(.*?)```", re.S)
@@ -158,13 +163,20 @@ def code_span(start: int, count: int) -> tuple[int, int]:
 _SPAN = {"sharegpt": chat_span, "sharegpt_code": code_span}
 
 
-def _status(workload: str, span: tuple[int, int]) -> str:
-    """"fresh" when ``span`` overlaps no range a committed table decoded (``DECODED``) and, of the
-    current tables' ranges (``CURRENT``), at most its own exactly; else "seen"."""
+def _status(run: str, span: tuple[int, int]) -> str:
+    """"fresh" when ``span`` (held-out conversation indices: chat prompt i opens conversation i, whose
+    code blocks the code prompts take) overlaps no range a committed table decoded (``DECODED``: its
+    own workload's; the code tables' conversations past the training records for chat) and, of the
+    current tables' ranges (``CURRENT``), at most its own kind's exactly; else "seen"."""
     first, last = span
-    for ranges, fresh_if_equal in ((DECODED[workload], False), (CURRENT[workload], True)):
+    workload = _RUN_WORKLOAD[run]
+    decoded = list(DECODED[workload])
+    if workload == "sharegpt":       # a chat prompt opens the conversation a code table took its code from
+        decoded += [r for r in DECODED["sharegpt_code"] if r[0] >= TRAINING_CONVERSATIONS]
+    checks = [(decoded, None)] + [(ranges, kind) for kind, ranges in CURRENT.items()]
+    for ranges, kind in checks:
         for lo, hi in ranges:
-            if lo <= last and first <= hi and not (fresh_if_equal and (lo, hi) == span):
+            if lo <= last and first <= hi and not (kind == run and (lo, hi) == span):
                 return "seen"
     return "fresh"
 
@@ -177,7 +189,7 @@ def drafter_status(test_start: int, calibration_start: int, prompts: int) -> str
     if test[0] <= cal[1] and cal[0] <= test[1]:
         raise SimtreeError(f"the block drafters' test prompts {test[0]}..{test[1]} overlap their "
                            f"calibration prompts {cal[0]}..{cal[1]}: give --drafter-start past them")
-    return _status("sharegpt", test)
+    return _status("drafter_test", test)
 
 
 def prompt_status(workload: str, start: int | None, n: int) -> str:
@@ -187,7 +199,8 @@ def prompt_status(workload: str, start: int | None, n: int) -> str:
     None: the development prompts)."""
     if start is None or workload not in _SPAN:
         return "seen"
-    return _status(workload, _SPAN[workload](check_whole(start, f"{workload} start", 0), 2 * n))
+    run = "mtp_chat" if workload == "sharegpt" else "mtp_code"
+    return _status(run, _SPAN[workload](check_whole(start, f"{workload} start", 0), 2 * n))
 
 
 def development_prompts(workload: str, n: int) -> tuple[list[str], list[str]]:

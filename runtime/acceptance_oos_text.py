@@ -53,7 +53,8 @@ def text_features(half: dict, prompt_ids: list[list[int]], is_word: np.ndarray, 
     if not (lossless.get(linear_name) and lossless.get("drafting_pass")):
         raise SimtreeError(f"the text state reads {linear_name}'s tokens for the drafting pass's: both must equal "
                            f"plain decoding, the half's lossless check says {linear_name} {lossless.get(linear_name)}, "
-                           f"drafting pass {lossless.get('drafting_pass')}")
+                           f"drafting pass {lossless.get('drafting_pass')} (kept traces without lossless.json: "
+                           "decode them again, or --earlier-model, which reads no text state)")
     ctx = half_contexts(prompt_ids, half["runs"][linear_name]["records"])
     share = {s: context_nonword_share(c, is_word, np.arange(c.size + 1), window) for s, c in ctx.items()}
 

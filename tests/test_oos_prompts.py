@@ -14,10 +14,12 @@ from simtree.runtime.acceptance_oos_prompts import (CODE_START, CURRENT, DECODED
 def test_the_recorded_ranges_are_the_spans_of_the_runs_that_decoded_them():
     # (start, prompts) of each committed run, its range by the same selection rule (repeats skipped)
     chat = [(0, 128), (128, 128), (384, 128), (640, 128), (772, 128), (900, 32), (1000, 48), (1200, 48)]
-    assert DECODED["sharegpt"] == tuple(chat_span(s, n) for s, n in chat)
-    assert CURRENT["sharegpt"] == (chat_span(SHAREGPT_START, 128), chat_span(SEEN_DRAFTER, 48))
+    held_out_loss = (TRAINING_CONVERSATIONS - 200, TRAINING_CONVERSATIONS - 1)   # training_docs' held-out text
+    assert DECODED["sharegpt"] == tuple(chat_span(s, n) for s, n in chat) + (held_out_loss,)
+    assert CURRENT["mtp_chat"] == (chat_span(SHAREGPT_START, 128),)
+    assert CURRENT["drafter_test"] == (chat_span(SEEN_DRAFTER, 48),)
     assert DECODED["sharegpt_code"] == ((0, TRAINING_CONVERSATIONS - 1), code_span(TRAINING_CONVERSATIONS, 128))
-    assert CURRENT["sharegpt_code"] == (code_span(CODE_START, 128),)
+    assert CURRENT["mtp_code"] == (code_span(CODE_START, 128),)
 
 
 def test_a_run_overlapping_a_decoded_range_is_seen():
@@ -34,6 +36,14 @@ def test_a_run_overlapping_a_decoded_range_is_seen():
     assert prompt_status("sharegpt_code", 2500, 64) == "seen"
     assert prompt_status("sharegpt_code", 1990, 4) == "seen"            # training records
     assert drafter_status(1260, 0, 48) == "seen" == drafter_status(1500, 0, 48)
+    # a current range is fresh only for the kind of run that read it: a drafter test on the MTP
+    # table's chat prompts is seen
+    assert drafter_status(SHAREGPT_START, 0, 128) == "seen"
+    # chat prompts open the conversations the code tables took their code from, and 1800..1999 are
+    # the target's held-out-loss text: seen for chat too
+    assert prompt_status("sharegpt", TRAINING_CONVERSATIONS, 32) == "seen"
+    assert prompt_status("sharegpt", CODE_START, 32) == "seen" == drafter_status(CODE_START, 0, 48)
+    assert prompt_status("sharegpt", 1850, 8) == "seen"
     # ranges no table decoded: fresh; HumanEval and the development prompts: seen
     assert prompt_status("sharegpt", 263, 4) == "fresh" == prompt_status("sharegpt", 1552, 4)
     assert prompt_status("sharegpt_code", 2882, 2) == "fresh"

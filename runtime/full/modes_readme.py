@@ -45,21 +45,22 @@ def _what_ran(runs: list[dict]) -> list[str]:
 
 
 def _deployment_plan_notes(runs: list[dict]) -> list[str]:
-    """A line for each run whose plan priced a multi-GPU deployment's batch while the run measured one rank
-    with b sequences (before the session planned the rank alone: runtime/full/rank_plan.py)."""
+    """A line for each model whose plan priced the batch of a deployment with data-parallel attention
+    (dp > 1) while the run measured one rank with b sequences (before the session planned the rank alone: runtime/full/rank_plan.py)."""
     from simtree.parallel import parse_deployment
 
-    out = []
+    out, said = [], set()
     for r in runs:
         dep = r["meta"].get("plan_deployment")
-        if not dep or "rank" in dep:
+        if not dep or r["model"] in said:
             continue
         try:
-            gpus = parse_deployment(dep).gpus
-        except SimtreeError:   # an unreadable label is reported as a deployment
-            gpus = 2
-        if gpus > 1:
-            out.append(f"- {MODEL_NAMES.get(r['model'], r['model'])}: the plan priced the {dep} deployment's batch b "
+            d = parse_deployment(dep)
+        except SimtreeError:   # a rank plan's label ("ep=8 rank") or an unreadable one: not a deployment's batch
+            continue
+        if d.dp > 1:
+            said.add(r["model"])
+            out.append(f"- {MODEL_NAMES.get(r['model'], r['model'])}: the plan priced the {d.name} deployment's batch b "
                        "(ceil(b / dp) sequences a rank plus the all-to-all) while the runs measured b sequences on one "
                        "rank, so its choice here is not the plan of what ran (docs/validation.md section 3; the "
                        "session now plans the rank it measures: runtime/full/rank_plan.py).")

@@ -175,7 +175,7 @@ def _plan_deployment(path: Path) -> str | None:
         return None
     try:
         return str(json.loads(path.read_text()).get("deployment") or "") or None
-    except (ValueError, OSError):
+    except (ValueError, OSError, AttributeError):   # not JSON, unreadable, or not an object
         return None
 
 

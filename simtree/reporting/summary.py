@@ -459,7 +459,7 @@ FOLDERS: tuple[Folder, ...] = (
            "cost bundles frozen (committed) before the GPU run that tests them, measured at batch sizes, "
            "contexts and budgets off their profile, every runnable EAGLE / linear / plain policy per point",
            "`bash scripts/oos_gpu.sh MODEL reports/validation/frozen_<bundle>.json` on the GPU; from its runs "
-           "(`tar xzf reports/validation/oos_runs.tgz -C R`): `python -m simtree.runtime.full.oos report "
+           "(`mkdir -p R; tar xzf reports/validation/oos_runs.tgz -C R`): `python -m simtree.runtime.full.oos report "
            "R/qwen3.6-27b R/deepseek-v4-flash R/deepseek-v4-flash_later R/qwen3.6-27b_b1b64 R/deepseek-v4-flash_b1b64 "
            "--bundle reports/validation/frozen_h100_qwen3.6-27b_tp1.json --bundle "
            "reports/validation/frozen_h100_deepseek-v4-flash_ep8_v2.json --out reports/validation` (each bundle's "
