@@ -74,6 +74,7 @@ from simtree.fileio import read_json, write_text_atomic
 
 from .acceptance_oos_prompts import (CODE_START, CODE_WORKLOADS, HUMANEVAL_START, OOS_WORKLOADS, SEEN_SHAREGPT,
                                      SHAREGPT_START, code_prompts, development_prompts, held_out_prompts, prompt_status)
+from .acceptance_oos_record import half_records
 from .acceptance_oos_text import text_features, tokenizer_words
 from .bpe import BpeTokenizer
 from .full.build import build_model
@@ -145,11 +146,14 @@ def predicted_accepted(model, run: dict, costs=None) -> float:
     return float(np.asarray(weights) @ gain)
 
 
-def decode_halves(model_dir, settings: dict, prompts, traces=None, say=print, workloads=OOS_WORKLOADS) -> dict:
+def decode_halves(model_dir, settings: dict, prompts, traces=None, say=print, workloads=OOS_WORKLOADS,
+                  starts: dict | None = None) -> dict:
     """{(workload, half): {"runs", "drafts", "lossless", "prompts"}}: each workload's two halves
     (``prompts(workload, n)``) decoded live, the calibration half with ``LINEAR``, the test half
     with ``LINEAR`` and the trees, each once more as a drafting pass; ``traces``: keep the traces
-    there (with ``lossless.json``, which :func:`load_halves` reads back)."""
+    there (with ``lossless.json``, which :func:`load_halves` reads back, and each half's record of
+    what it decoded: ``starts`` {workload: first index, None for the development prompts},
+    :mod:`.acceptance_oos_record`)."""
     torch.set_num_threads(1)
     model_dir = Path(model_dir)
     model = build_model(str(model_dir), device="cpu", dtype=torch.float32)
@@ -158,13 +162,17 @@ def decode_halves(model_dir, settings: dict, prompts, traces=None, say=print, wo
     halves = {}
     for workload in workloads:
         cal_text, test_text = prompts(workload, settings["prompts"])
+        records = half_records(workload, starts[workload], settings["prompts"]) if starts is not None else {}
         for half, text in (("calibration", cal_text), ("test", test_text)):
             ids = [tok.encode(p) for p in text]
             halves[workload, half] = _decode_half(model, ids, _half_policies(settings, half), settings, workload, half,
                                                   traces, costs, say)
+            if half in records:
+                halves[workload, half]["decoded"] = {**records[half], "prompts": len(ids)}
     if traces is not None:
         write_text_atomic(Path(traces) / "lossless.json", json.dumps(
-            {f"{w} {h}": {"lossless": v["lossless"], "prompts": v["prompts"]} for (w, h), v in halves.items()}))
+            {f"{w} {h}": {"lossless": v["lossless"], "prompts": v["prompts"],
+                          **({"decoded": v["decoded"]} if "decoded" in v else {})} for (w, h), v in halves.items()}))
     return halves
 
 
@@ -315,7 +323,10 @@ def run_oos(model_dir, settings: dict, traces=None, say=print, prompts=None, sta
         starts = {"sharegpt": SHAREGPT_START, "sharegpt_code": CODE_START, "humaneval": HUMANEVAL_START}
         prompts = lambda w, n: held_out_prompts(w, n, starts[w])     # noqa: E731
         status = status or {w: prompt_status(w, s, settings["prompts"]) for w, s in starts.items()}
-    return analyse(decode_halves(model_dir, settings, prompts, traces, say, workloads), status,
+        record = starts
+    else:
+        record = None
+    return analyse(decode_halves(model_dir, settings, prompts, traces, say, workloads, record), status,
                    prompt_token_ids(model_dir, prompts)[1])
 
 

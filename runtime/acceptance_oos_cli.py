@@ -20,6 +20,7 @@ from . import acceptance_oos as oos
 from .acceptance_oos import (CHAIN, DEFAULT_MODEL, FULL, LINEAR, QUICK, SHIFT_SHARE, analyse, decode_halves,
                              load_halves, prompt_token_ids)
 from .acceptance_oos_drafters import decode_drafters, drafter_table, load_drafters
+from .acceptance_oos_record import check_reuse
 from .acceptance_oos_prompts import (CODE_START, HUMANEVAL_START, OOS_WORKLOADS, SEEN_CODE, SEEN_DRAFTER, SEEN_SHAREGPT,
                                      SHAREGPT_START, development_prompts, drafter_status, held_out_prompts,
                                      prompt_status, training_overlap)
@@ -40,11 +41,12 @@ def _drafter_runs(args, drafters, settings) -> dict:
     if args.reuse_traces and (Path(args.reuse_traces) / "drafters" / "drafters.json").is_file():
         return load_drafters(Path(args.reuse_traces) / "drafters", drafters)
     n, tokens = (2, 16) if args.quick else (args.drafter_prompts, settings["max_new_tokens"])
+    starts = {"calibration": args.drafter_calibration_start, "test": args.drafter_start}
     drafter_status(args.drafter_start, args.drafter_calibration_start, n)   # overlapping halves: one line
     prompts = {"calibration": drafter_prompts(args.drafter_calibration_start, n),
                "test": drafter_prompts(args.drafter_start, n)}
     where = Path(args.traces) / "drafters" if args.traces else Path(tempfile.mkdtemp(prefix="drafters_"))
-    return decode_drafters(args.model, drafters, prompts, tokens, where)
+    return decode_drafters(args.model, drafters, prompts, tokens, where, starts=starts)
 
 
 def main(argv=None) -> int:
@@ -80,6 +82,12 @@ def main(argv=None) -> int:
         if "mtp" not in args.drafters.split(",") or set(block_drafters) - {"block", "dspark"}:
             raise SimtreeError(f"--drafters {args.drafters!r}: expected mtp and any of block, dspark (TfM traces carry "
                                "no marginal ranks)")
+        kept_starts = {w: None if args.development else s for w, s in starts.items()}
+        # a kept folder decoded from other prompts stops here; one that records none: the command's starts
+        unrecorded = [] if not args.reuse_traces else check_reuse(
+            args.reuse_traces, kept_starts, settings["prompts"],
+            ({"calibration": args.drafter_calibration_start, "test": args.drafter_start},
+             2 if args.quick else args.drafter_prompts) if block_drafters else None)
         status = {w: "seen" if args.development else prompt_status(w, s, settings["prompts"])
                   for w, s in starts.items()}
         if args.development:
@@ -90,7 +98,7 @@ def main(argv=None) -> int:
         if args.reuse_traces:
             halves = load_halves(args.reuse_traces, settings, prompt_ids)
         else:
-            halves = decode_halves(args.model, settings, prompts, args.traces, workloads=workloads)
+            halves = decode_halves(args.model, settings, prompts, args.traces, workloads=workloads, starts=kept_starts)
         overlap = {} if args.development else {      # ShareGPT repeats conversations: held-out text in training
             w: training_overlap(sum(prompts(w, settings["prompts"]), [])) for w in ("sharegpt", "sharegpt_code")
             if (w, "test") in halves}
@@ -103,10 +111,25 @@ def main(argv=None) -> int:
             res["table"] = pd.concat([res["table"], drafter_table(res["drafters"], d_status)], ignore_index=True)
             res["summary"] = oos_summary(res["table"])
             line += " " + drafters_line(args, res["drafters"])
+        out, df, s = Path(args.out), res["table"], res["summary"]
+        csv_text, md_text, info = _report(args, res, settings, status, starts, overlap, unrecorded, line,
+                                          block_drafters, t0)
     except SimtreeError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    out, df, s = Path(args.out), res["table"], res["summary"]
+    # both built before either is written: a failure leaves the previous pair as it was
+    write_text_atomic(out / "acceptance_out_of_sample.csv", csv_text)
+    write_text_atomic(out / "acceptance_out_of_sample.md", md_text)
+    print(f"wrote {out / 'acceptance_out_of_sample.csv'}: {len(df)} rows, {info['seconds']:.0f}s")
+    for name, f in s["families"].items():
+        print(f"  {name} ({f['prompts']} prompts): {f['rows']} rows, median {100 * f['median_abs_rel_err']:.2f}%, "
+              f"worst {100 * f['max_abs_rel_err']:.2f}% (targets 3% / 8%: {'met' if f['meets_targets'] else 'not met'})")
+    return 0
+
+
+def _report(args, res, settings, status, starts, overlap, unrecorded, line, block_drafters, t0):
+    """(the CSV's text, the summary's text, the settings) of the table, nothing written."""
+    df, s = res["table"], res["summary"]
     cmd = ("python -m simtree.runtime.acceptance_oos" + (" --quick" if args.quick else "")
            + (" --development" if args.development else
               f" --sharegpt-start {args.sharegpt_start} --code-start {args.code_start} "
@@ -128,20 +151,16 @@ def main(argv=None) -> int:
             "models": res["models"]}
     if args.reuse_traces:
         info["reused_traces"] = True
+        info["prompt_starts_from"] = {"command": unrecorded} if unrecorded else "traces"
     if block_drafters:
         d = res["drafters"]
         info["block_drafters"] = {"drafters": list(block_drafters), "prompts": d["prompts"], "lossless": d["lossless"],
                                   "max_new_tokens": d["max_new_tokens"], "calibration_start": args.drafter_calibration_start,
                                   "test_start": args.drafter_start}
-    write_text_atomic(out / "acceptance_out_of_sample.csv", df.to_csv(index=False, float_format="%.5f"))
     settings_block = "\n## Settings\n\n```json\n" + json.dumps(info, indent=1) + "\n```\n"
     head = header(cmd, info, res, settings, line, [policy_name(*p) for p in LINEAR], CHAIN, SHIFT_SHARE)
-    write_text_atomic(out / "acceptance_out_of_sample.md", summary_markdown(df, s, head).rstrip("\n") + "\n" + settings_block)
-    print(f"wrote {out / 'acceptance_out_of_sample.csv'}: {len(df)} rows, {info['seconds']:.0f}s")
-    for name, f in s["families"].items():
-        print(f"  {name} ({f['prompts']} prompts): {f['rows']} rows, median {100 * f['median_abs_rel_err']:.2f}%, worst "
-              f"{100 * f['max_abs_rel_err']:.2f}% (targets 3% / 8%: {'met' if f['meets_targets'] else 'not met'})")
-    return 0
+    return (df.to_csv(index=False, float_format="%.5f"),
+            summary_markdown(df, s, head).rstrip("\n") + "\n" + settings_block, info)
 
 
 if __name__ == "__main__":

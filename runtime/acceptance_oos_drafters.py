@@ -64,10 +64,13 @@ def _runs(drafters) -> list[tuple[str, str, str, dict]]:
     return out
 
 
-def decode_drafters(model_dir, drafters, prompts: dict, new_tokens: int, traces, say=print) -> dict:
-    """Decode every run of ``drafters`` (``prompts``: {half: [text]}); each run's traces under
-    ``traces/<half>/<label>/`` and ``traces/drafters.json`` (the lossless check, the prompt
-    counts), which :func:`load_drafters` reads back."""
+def decode_drafters(model_dir, drafters, prompts: dict, new_tokens: int, traces, say=print,
+                    starts: dict | None = None) -> dict:
+    """Decode every run of ``drafters`` (``prompts``: {half: [text]}, the distinct ShareGPT prompts
+    from ``starts``: {half: first index}); each run's traces under ``traces/<half>/<label>/`` and
+    ``traces/drafters.json`` (the lossless check, the prompt counts and, given ``starts``, what each
+    half decoded: :mod:`.acceptance_oos_record`), which :func:`load_drafters` reads back."""
+    from .acceptance_oos_record import drafter_records
     from .bpe import BpeTokenizer
     from .full.build import build_model
     from .full.decode import decode_prompts
@@ -76,6 +79,7 @@ def decode_drafters(model_dir, drafters, prompts: dict, new_tokens: int, traces,
     model = build_model(str(model_dir), device="cpu", dtype=torch.float32)
     tok = BpeTokenizer.from_file(model_dir)
     ids = {h: [tok.encode(p) for p in text] for h, text in prompts.items()}
+    decoded = {} if starts is None else {"decoded": drafter_records(starts, {h: len(v) for h, v in ids.items()})}
     traces, plain, lossless = Path(traces), {}, {}
     for drafter, half, mode, params in _runs(drafters):
         t0 = time.perf_counter()
@@ -92,7 +96,8 @@ def decode_drafters(model_dir, drafters, prompts: dict, new_tokens: int, traces,
             say(f"drafters {half} {label}: {rep['accepted_tokens_per_round']:.3f} tokens/round, "
                 f"{time.perf_counter() - t0:.0f}s")
     write_text_atomic(traces / "drafters.json", json.dumps(
-        {"lossless": lossless, "prompts": {h: len(v) for h, v in ids.items()}, "max_new_tokens": new_tokens}))
+        {"lossless": lossless, "prompts": {h: len(v) for h, v in ids.items()}, "max_new_tokens": new_tokens,
+         **decoded}))
     return load_drafters(traces, drafters)
 
 

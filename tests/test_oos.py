@@ -34,6 +34,22 @@ def test_report_rows_name_the_frozen_bundle(run_dir, tmp_path):
     assert (tmp_path / "predicted_vs_measured.png").stat().st_size > 0
 
 
+def test_a_failing_report_leaves_the_previous_one_intact(run_dir, tmp_path, monkeypatch):
+    bundles = {oos.sha256(BUNDLE): str(BUNDLE)}
+    oos.report([run_dir], tmp_path, bundles)
+    names = ("throughput_out_of_sample.csv", "summary.md", "predicted_vs_measured.png")
+    before = {n: (tmp_path / n).read_bytes() for n in names}
+
+    def fail(table):
+        raise RuntimeError("plot failed")
+    monkeypatch.setattr(oos, "_plot_png", fail)
+    (tmp_path / "throughput_out_of_sample.csv").write_bytes(b"older table\n")   # an earlier report's
+    before["throughput_out_of_sample.csv"] = b"older table\n"
+    with pytest.raises(RuntimeError):
+        oos.report([run_dir], tmp_path, bundles)
+    assert {n: (tmp_path / n).read_bytes() for n in names} == before
+
+
 def test_plan_check_counts_a_choice_within_two_percent():
     rows = [{"model": "m", "batch_size": 1, "context_len": 1, "policy": p, "measured_tok_s": m, "predicted_tok_s": q}
             for p, m, q in (("a", 100.0, 90.0), ("b", 98.5, 95.0), ("c", 80.0, 70.0))]

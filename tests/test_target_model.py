@@ -215,6 +215,13 @@ def test_acceptance_table_predicts_each_split_from_linear_calibration_runs_alone
     prompt_ids, words = oos.prompt_token_ids(path, lambda w, n: oos.held_out_prompts(w, n, starts[w]))
     kept = oos.load_halves(tmp_path, settings, prompt_ids)
     again = oos.analyse(kept, fresh, words)
+    # the folder records what each half decoded (acceptance_oos_record): a reuse with the same starts
+    # goes on, one with others stops
+    from simtree.runtime.acceptance_oos_record import check_reuse
+    assert oos.read_json(tmp_path / "lossless.json", "kept")["sharegpt test"]["decoded"]["start"] == oos.SHAREGPT_START
+    assert check_reuse(tmp_path, starts, 2, None) == []
+    with pytest.raises(SimtreeError, match="the command asks for sharegpt from 1500"):
+        check_reuse(tmp_path, {**starts, "sharegpt": 1500}, 2, None)
     # the shift read a share of the code calibration half's linear rounds, nothing of a test half
     for w in code:
         shift = res["shifts"][f"sharegpt+{w} lookup"]

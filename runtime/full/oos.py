@@ -40,7 +40,7 @@ import time
 from pathlib import Path
 
 from simtree.errors import SimtreeError
-from simtree.fileio import write_text_atomic
+from simtree.fileio import write_atomic, write_text_atomic
 from simtree.planning.policy_file import RANK_SUFFIX, deployment_label, rank_collectives
 from simtree.planning.simulate import PolicySpec
 from simtree.reporting.summary import MIN_POLICIES, PLAN_TOLERANCE, plan_points
@@ -250,12 +250,15 @@ def report(dirs: list[Path], out: Path, bundles: dict | None = None, profiles=()
             grids[key] = _grid(path, profiles)
         r["on_profile_grid"] = _on_grid(r, grids[key])
     table = pd.DataFrame(rows)[list(COLUMNS)]
-    out.mkdir(parents=True, exist_ok=True)
-    write_text_atomic(out / "throughput_out_of_sample.csv", table.to_csv(index=False, float_format="%.6g"))
     checks = plan_points(rows)
     stats = summarize(table, checks)
-    write_text_atomic(out / "summary.md", _markdown(stats, checks, missed, replaced))
-    _plot(table, out / "predicted_vs_measured.png")
+    # all three built before any is written: a failure leaves the previous report as it was
+    csv_text, md_text, png = (table.to_csv(index=False, float_format="%.6g"),
+                              _markdown(stats, checks, missed, replaced), _plot_png(table))
+    out.mkdir(parents=True, exist_ok=True)
+    write_text_atomic(out / "throughput_out_of_sample.csv", csv_text)
+    write_text_atomic(out / "summary.md", md_text)
+    write_atomic(out / "predicted_vs_measured.png", lambda tmp: Path(tmp).write_bytes(png))
     return stats
 
 
@@ -323,7 +326,10 @@ def _markdown(s: dict, checks: list[dict], missed: list | None = None, replaced:
     return "\n".join(lines) + "\n"
 
 
-def _plot(table, path: Path) -> None:
+def _plot_png(table) -> bytes:
+    """The predicted-against-measured scatter as PNG bytes (nothing written)."""
+    import io
+
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -342,10 +348,10 @@ def _plot(table, path: Path) -> None:
     ax.set_title("Throughput, out of sample")
     ax.legend(fontsize=7)
     fig.tight_layout()
-    tmp = path.with_suffix(".tmp.png")
-    fig.savefig(tmp, dpi=110)
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110)
     plt.close(fig)
-    tmp.replace(path)
+    return buf.getvalue()
 
 
 def main(argv=None) -> int:

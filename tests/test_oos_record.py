@@ -1,0 +1,133 @@
+"""A kept trace folder of the acceptance table records which prompts it decoded; a reuse with other
+flags stops in one line, and one kept before the record says its starts come from the command."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from simtree.errors import SimtreeError
+from simtree.runtime import acceptance_oos as oos
+from simtree.runtime.acceptance_oos_cli import main
+from simtree.runtime.acceptance_oos_record import check_reuse, half_records
+from simtree.runtime.acceptance_oos_report import _starts_note
+from simtree.runtime.acceptance_oos_prompts import held_out_prompts
+from simtree.runtime.data import prompts as load_prompts
+
+STARTS = {"sharegpt": 1400, "sharegpt_code": 2473, "humaneval": 0}
+
+
+def _folder(tmp_path, records: dict | None, drafters: dict | None = None):
+    """A kept folder's records alone (lossless.json, drafters/drafters.json): what the check reads."""
+    keys = [f"{w} {h}" for w in STARTS for h in ("calibration", "test")]
+    kept = {k: {"lossless": {"linear_d4": True}, "prompts": 64} for k in keys}
+    for k, rec in (records or {}).items():
+        kept[k]["decoded"] = rec
+    (tmp_path / "drafters").mkdir(parents=True)
+    (tmp_path / "lossless.json").write_text(json.dumps(kept))
+    d = {"lossless": {}, "prompts": {"calibration": 48, "test": 48}, "max_new_tokens": 64}
+    if drafters:
+        d["decoded"] = drafters
+    (tmp_path / "drafters" / "drafters.json").write_text(json.dumps(d))
+    return tmp_path
+
+
+def _rec(workload, start, n=64):
+    return {"workload": workload, "start": start, "prompts": n, "span": [start, start + n]}
+
+
+def test_a_record_that_differs_from_the_command_stops_in_one_line(tmp_path):
+    folder = _folder(tmp_path, {"sharegpt test": _rec("sharegpt", 1000)})
+    with pytest.raises(SimtreeError) as exc:
+        check_reuse(folder, STARTS, 64, None)
+    msg = str(exc.value)
+    assert "\n" not in msg and "sharegpt test" in msg and "from 1000" in msg and "from 1400" in msg
+    with pytest.raises(SimtreeError, match="32 prompts"):          # the count differs
+        check_reuse(_folder(tmp_path / "n", {"humaneval test": _rec("humaneval", 0)}), STARTS, 32, None)
+    # the block drafters' record is checked too
+    drafted = {"calibration": _rec("sharegpt", 0, 48), "test": _rec("sharegpt", 1200, 48)}
+    folder = _folder(tmp_path / "d", {}, drafted)
+    with pytest.raises(SimtreeError, match="block drafters' test runs was decoded from sharegpt from 1200"):
+        check_reuse(folder, STARTS, 64, ({"calibration": 0, "test": 1251}, 48))
+
+
+def test_the_command_line_refuses_before_writing(tmp_path, capsys):
+    folder = _folder(tmp_path / "kept", {"sharegpt calibration": _rec("sharegpt", 900)})
+    out = tmp_path / "out"
+    assert main(["--reuse-traces", str(folder), "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and err.strip().count("\n") == 0 and "from 900" in err
+    assert not out.exists()
+
+
+def test_matching_records_pass_and_an_older_folder_is_named_in_the_header(tmp_path):
+    recs = {f"{w} {h}": _rec(w, s) for w, s in STARTS.items() for h in ("calibration", "test")}
+    drafted = {"calibration": _rec("sharegpt", 0, 48), "test": _rec("sharegpt", 1251, 48)}
+    assert check_reuse(_folder(tmp_path / "a", recs, drafted), STARTS, 64, ({"calibration": 0, "test": 1251}, 48)) == []
+    assert "match the command's" in _starts_note({"prompt_starts_from": "traces"})
+    # a folder kept before the record (as the committed table's): every half named, the table goes on
+    unrecorded = check_reuse(_folder(tmp_path / "b", None), STARTS, 64, ({"calibration": 0, "test": 1251}, 48))
+    assert unrecorded == [f"{w} {h}" for w in STARTS for h in ("calibration", "test")] + \
+        ["block drafters calibration", "block drafters test"]
+    note = _starts_note({"prompt_starts_from": {"command": unrecorded}})
+    assert "record no prompt starts" in note and "come from this command's flags, not from the traces" in note
+    assert check_reuse(tmp_path / "missing", STARTS, 64, None) == ["the MTP halves"]
+
+
+def test_the_records_span_the_prompts_each_half_decoded():
+    cal, test = held_out_prompts("sharegpt", 4, 263)
+    rec = half_records("sharegpt", 263, 4)
+    every = load_prompts("sharegpt", 300)
+    assert every[rec["calibration"]["span"][0]] == cal[0] and every[rec["calibration"]["span"][1]] == cal[-1]
+    assert every[rec["test"]["span"][0]] == test[0] and every[rec["test"]["span"][1]] == test[-1]
+    assert half_records("humaneval", 10, 4)["test"]["span"] == [14, 17]
+    assert half_records("sharegpt", None, 4)["test"] == {"workload": "sharegpt", "start": None, "prompts": 4,
+                                                         "span": None}
+
+
+def test_decoding_records_the_starts_the_reuse_check_reads(tmp_path, monkeypatch):
+    """decode_halves writes each half's record into lossless.json (the decode itself stubbed)."""
+    class Tok:
+        def encode(self, text):
+            return [1, 2]
+    monkeypatch.setattr(oos, "build_model", lambda *a, **k: None)
+    monkeypatch.setattr(oos.BpeTokenizer, "from_file", staticmethod(lambda *a: Tok()))
+    monkeypatch.setattr(oos, "load_costs", lambda *a: None)
+    monkeypatch.setattr(oos, "_decode_half", lambda model, ids, *a: {"lossless": {"linear_d4": True},
+                                                                      "prompts": len(ids)})
+    prompts = lambda w, n: (["a"] * n, ["b"] * n)    # noqa: E731
+    oos.decode_halves("m", {"prompts": 3, "trees": []}, prompts, tmp_path, say=None, workloads=("humaneval",),
+                      starts={"humaneval": 5})
+    kept = json.loads((tmp_path / "lossless.json").read_text())
+    assert kept["humaneval test"]["decoded"] == {"workload": "humaneval", "start": 5, "prompts": 3, "span": [8, 10]}
+    assert check_reuse(tmp_path, {"humaneval": 5}, 3, None) == []
+    with pytest.raises(SimtreeError, match="from 5, 3 prompts"):
+        check_reuse(tmp_path, {"humaneval": 0}, 3, None)
+
+
+def test_the_block_drafters_decode_records_its_starts(tmp_path, monkeypatch):
+    """decode_drafters writes each half's record into drafters.json (the decode itself stubbed)."""
+    import simtree.runtime.bpe as bpe
+    import simtree.runtime.full.build as build
+    import simtree.runtime.full.decode as decode
+    from simtree.runtime import acceptance_oos_drafters as drafters
+    from simtree.runtime.acceptance_oos_prompts import chat_span
+
+    class Tok:
+        def encode(self, text):
+            return [1, 2]
+    monkeypatch.setattr(bpe.BpeTokenizer, "from_file", staticmethod(lambda *a: Tok()))
+    monkeypatch.setattr(build, "build_model", lambda *a, **k: None)
+    monkeypatch.setattr(decode, "decode_prompts", lambda model, ids, *a, **k: {
+        "notes": [], "outputs": [[3]] * len(ids), "accepted_tokens_per_round": 1.0})
+    monkeypatch.setattr(drafters, "load_drafters", lambda traces, d: None)
+    drafters.decode_drafters("m", ("block",), {"calibration": ["a", "b"], "test": ["c", "d"]}, 4, tmp_path, say=None,
+                             starts={"calibration": 0, "test": 1251})
+    kept = json.loads((tmp_path / "drafters.json").read_text())
+    assert kept["decoded"]["test"] == {"workload": "sharegpt", "start": 1251, "prompts": 2,
+                                       "span": list(chat_span(1251, 2))}
+    (tmp_path / "drafters").mkdir()
+    (tmp_path / "drafters.json").rename(tmp_path / "drafters" / "drafters.json")
+    assert check_reuse(tmp_path, STARTS, 64, ({"calibration": 0, "test": 1251}, 2)) == ["the MTP halves"]
+    with pytest.raises(SimtreeError, match="the command asks for sharegpt from 1300, 2 prompts"):
+        check_reuse(tmp_path, STARTS, 64, ({"calibration": 0, "test": 1300}, 2))
