@@ -131,3 +131,36 @@ def test_the_block_drafters_decode_records_its_starts(tmp_path, monkeypatch):
     assert check_reuse(tmp_path, STARTS, 64, ({"calibration": 0, "test": 1251}, 2)) == ["the MTP halves"]
     with pytest.raises(SimtreeError, match="the command asks for sharegpt from 1300, 2 prompts"):
         check_reuse(tmp_path, STARTS, 64, ({"calibration": 0, "test": 1300}, 2))
+
+
+def test_a_table_that_fails_to_build_leaves_the_previous_pair(tmp_path, monkeypatch):
+    """The CSV and the summary are both built before either is written (the analysis stubbed, the
+    summary's header failing)."""
+    import pandas as pd
+
+    from simtree.runtime import acceptance_oos_cli as cli
+    folder = _folder(tmp_path / "kept", None)
+    res = {"table": pd.DataFrame({"a": [1.0]}), "summary": {"families": {}}, "prompts": {}, "lossless": {},
+           "calibration_folds": {}, "shifts": {}, "off_chain": {}, "text_terms": {}, "models": {}}
+    monkeypatch.setattr(cli, "prompt_token_ids", lambda *a: (None, None))
+    monkeypatch.setattr(cli, "load_halves", lambda *a: {})
+    monkeypatch.setattr(cli, "prompt_status", lambda *a: "fresh")
+    monkeypatch.setattr(cli, "analyse", lambda *a: res)
+    monkeypatch.setattr(cli, "prompts_line", lambda *a: "P.")
+
+    def fail(*a):
+        raise RuntimeError("header failed")
+    monkeypatch.setattr(cli, "header", fail)
+    out = tmp_path / "out"
+    out.mkdir()
+    for name in ("acceptance_out_of_sample.csv", "acceptance_out_of_sample.md"):
+        (out / name).write_text("older\n")
+    with pytest.raises(RuntimeError, match="header failed"):
+        cli.main(["--development", "--reuse-traces", str(folder), "--out", str(out)])
+    assert [p.read_text() for p in sorted(out.iterdir())] == ["older\n", "older\n"]
+    monkeypatch.setattr(cli, "header", lambda *a: ["# T"])           # the same run, built: both written
+    monkeypatch.setattr(cli, "summary_markdown", lambda df, s, head: "\n".join(head))
+    assert cli.main(["--development", "--reuse-traces", str(folder), "--out", str(out)]) == 0
+    assert (out / "acceptance_out_of_sample.csv").read_text() == "a\n1.00000\n"
+    settings = json.loads((out / "acceptance_out_of_sample.md").read_text().split("```json\n")[1].split("```")[0])
+    assert settings["prompt_starts_from"]["command"][0] == "sharegpt calibration"    # the folder records none
