@@ -36,9 +36,9 @@ import torch
 from simtree.costs.steps import Point, Unavailable, Workload
 from simtree.drafters import ROUND_VARIANT
 from simtree.kernels.layers.device_trees import TreeBuffers
-from simtree.kernels.layers.drafters import (BackboneState, DraftedRound, DrafterConfig, backbone_forward,
-                                             draft_round, drafter_config, drafter_specs, prepare, tfm_steps,
-                                             tree_from_marginals)
+from simtree.kernels.layers.drafters import (BackboneState, DraftedRound, DrafterConfig, DraftShape,
+                                             backbone_forward, draft_round, drafter_config, drafter_specs, prepare,
+                                             tfm_steps, tree_from_marginals)
 from simtree.kernels.layers.drafters.config import MAX_BLOCK_LEN
 from simtree.kernels.layers.rope import RopeTable
 from simtree.kernels.layers.weights import make_weights
@@ -128,8 +128,8 @@ def run_round(x: DraftInputs) -> DraftedRound:
     """One round: the lengths reset, the backbone forward, the runtime's draft part into ``x.tree``."""
     x.state.lengths.copy_(x.lengths0)
     hid = backbone_forward(x.w, x.cfg, x.state, x.rope, x.feats, x.n_new, x.anchor)
-    return draft_round(x.family, x.w, x.cfg, hid, x.anchor, x.tree, tree_nodes=x.tree_nodes, width=x.width,
-                       topk=x.topk, keep=DSPARK_THRESHOLD)
+    return draft_round(x.family, x.w, x.cfg, hid, x.anchor, x.tree, DraftShape(x.tree_nodes, x.width, x.topk),
+                       keep=DSPARK_THRESHOLD)
 
 
 def drafter_workload(ctx: Ctx, p: Point) -> Workload:

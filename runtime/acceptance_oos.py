@@ -52,7 +52,6 @@ development prompts, predicting other shapes on fresh ones), their traces under 
 from __future__ import annotations
 
 import json
-import sys
 import time
 from pathlib import Path
 
@@ -330,11 +329,8 @@ def run_oos(model_dir, settings: dict, traces=None, say=print, prompts=None, sta
                    prompt_token_ids(model_dir, prompts)[1])
 
 
-def main(argv=None) -> int:
-    """The command line (:mod:`.acceptance_oos_cli`)."""
-    from .acceptance_oos_cli import main as cli_main
-    return cli_main(argv)
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    # ``python -m simtree.runtime.acceptance_oos``: the command line lives in :mod:`.acceptance_oos_cli`,
+    # which imports this module; run as a script, this module hands over to it (no import of it here).
+    import runpy
+    runpy.run_module("simtree.runtime.acceptance_oos_cli", run_name="__main__", alter_sys=True)

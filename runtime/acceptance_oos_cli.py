@@ -50,7 +50,8 @@ def _drafter_runs(args, drafters, settings) -> dict:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=oos.__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m simtree.runtime.acceptance_oos",
+                                 description=oos.__doc__.splitlines()[0])
     ap.add_argument("--model", default=str(DEFAULT_MODEL), help="qwen3_5_text folder with its tokenizer.json")
     ap.add_argument("--out", default="reports/validation", help="folder for the table and its summary")
     ap.add_argument("--traces", default=None, help="keep the traces in this folder")

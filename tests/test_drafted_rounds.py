@@ -75,7 +75,7 @@ def test_block_drafters_rows_are_families_of_their_own():
 
 
 def test_the_command_refuses_a_drafter_without_marginal_ranks(capsys):
-    from simtree.runtime.acceptance_oos import main
+    from simtree.runtime.acceptance_oos_cli import main
     assert main(["--drafters", "mtp,tfm", "--reuse-traces", "/nonexistent"]) == 2
     assert "TfM traces carry no marginal ranks" in capsys.readouterr().err
 

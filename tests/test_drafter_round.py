@@ -6,7 +6,7 @@ import torch
 
 from simtree.errors import SimtreeError
 from simtree.kernels.layers.device_trees import TreeBuffers
-from simtree.kernels.layers.drafters import backbone_forward, draft_round, survival, tree_from_marginals
+from simtree.kernels.layers.drafters import DraftShape, backbone_forward, draft_round, survival, tree_from_marginals
 from simtree.models import get_model
 from simtree.runtime.full.block_drafters import DrafterRound
 
@@ -35,7 +35,7 @@ def test_round_matches_the_kernels_and_commits_the_context(family):
     d.state.lengths.zero_()
     hid = backbone_forward(d.w, d.cfg, d.state, d.rope, feats, n_new, anchor)
     tree = TreeBuffers.empty(2, 6, "cpu")
-    want = draft_round(family, d.w, d.cfg, hid, anchor, tree, tree_nodes=6, width=2, topk=3,
+    want = draft_round(family, d.w, d.cfg, hid, anchor, tree, DraftShape(6, 2, 3),
                        keep=0.3 if family == "dspark" else None)
     for name in TREE:
         assert torch.equal(getattr(out.tree, name), getattr(tree, name)), name

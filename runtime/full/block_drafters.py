@@ -26,7 +26,7 @@ import torch
 
 from simtree.errors import SimtreeError
 from simtree.kernels.layers.device_trees import TreeBuffers
-from simtree.kernels.layers.drafters import (BackboneState, backbone_forward, draft_round, drafter_config,
+from simtree.kernels.layers.drafters import (BackboneState, DraftShape, backbone_forward, draft_round, drafter_config,
                                              drafter_specs, prepare)
 from simtree.kernels.layers.rope import RopeTable
 from simtree.kernels.layers.weights import make_weights, weights_from
@@ -89,7 +89,7 @@ class DrafterRound:
 
     def _round(self) -> DrafterOutput:
         out = draft_round(self.family, self.w, self.cfg, self.hidden(), self.anchor, self.tree,
-                          tree_nodes=self.budget, width=self.width, topk=self.topk,
+                          DraftShape(self.budget, self.width, self.topk),
                           keep=self.keep if self.family == "dspark" else None)
         return DrafterOutput(self.tree, *out)
 

@@ -3,8 +3,8 @@ runtime's block round (``runtime/full/block_engine.py``) runs and the profiler's
 (``profiler/drafter_pieces.py``) time.
 
     hid = backbone_forward(w, cfg, state, rope, feats, n_new, anchor)
-    out = draft_round("block", w, cfg, hid, roots, tree, tree_nodes=8)           # tree laid in ``tree``
-    out = draft_round("dspark", w, cfg, hid, roots, tree, tree_nodes=L + 1, keep=0.3)
+    out = draft_round("block", w, cfg, hid, roots, tree, DraftShape(8))                # tree laid in ``tree``
+    out = draft_round("dspark", w, cfg, hid, roots, tree, DraftShape(L + 1), keep=0.3)
 
     block   top-``topk`` marginals per position (one LM-head GEMM), the best-first tree over them
             built sort-based (:mod:`..device_trees`: a fixed number of sorts whatever the budget)
@@ -32,7 +32,17 @@ from .block import DeviceTree, block_marginals
 from .dspark import dspark_draft, survival
 from .tfm import tfm_tree, tfm_tree_rescored
 
-__all__ = ["DraftedRound", "draft_round", "MARGINAL_TOPK", "set_tree"]
+__all__ = ["DraftedRound", "DraftShape", "draft_round", "MARGINAL_TOPK", "set_tree"]
+
+
+class DraftShape(NamedTuple):
+    """A round's static draft shape: ``tree_nodes`` the most nodes a tree holds (root included;
+    dspark: the chain's bucket, its first tree_nodes - 1 positions), ``width`` tfm's expansions a
+    step, ``topk`` the marginals kept per position."""
+
+    tree_nodes: int
+    width: int = 1
+    topk: int = MARGINAL_TOPK
 
 
 class DraftedRound(NamedTuple):
@@ -54,15 +64,14 @@ def set_tree(tree: TreeBuffers, dt: DeviceTree, pad_rank: int) -> None:
     pad_tree(tree, N, pad_rank)
 
 
-def draft_round(family: str, w: dict, cfg, hid: torch.Tensor, roots: torch.Tensor, tree: TreeBuffers, *,
-                tree_nodes: int, width: int = 1, topk: int = MARGINAL_TOPK, rescore=None,
+def draft_round(family: str, w: dict, cfg, hid: torch.Tensor, roots: torch.Tensor, tree: TreeBuffers,
+                shape: DraftShape, *, rescore=None,
                 keep: float | Callable[[torch.Tensor], torch.Tensor] | None = None) -> DraftedRound:
     """Draft one round's trees from the backbone's block rows ``hid`` [B, L, h] into ``tree``
-    (module docstring).  ``roots`` [B]: the anchors (the target's next tokens); ``tree_nodes``:
-    the most nodes a tree holds (root included; dspark: the chain's bucket, its first
-    tree_nodes - 1 positions); ``width``: tfm's expansions a step; ``topk``: marginals kept per
-    position; ``keep`` (dspark): a threshold on the prefix survival, or survivals [B, m] ->
-    int64 [B] prefix lengths."""
+    (module docstring).  ``roots`` [B]: the anchors (the target's next tokens); ``shape``: the
+    round's :class:`DraftShape`; ``keep`` (dspark): a threshold on the prefix survival, or
+    survivals [B, m] -> int64 [B] prefix lengths."""
+    tree_nodes, width, topk = shape
     if family == "tfm":
         args = (w, hid, roots, cfg.cand_k, tree_nodes, width)
         set_tree(tree, tfm_tree(*args) if rescore is None else tfm_tree_rescored(*args, rescore), max(cfg.cand_k, 1))
