@@ -7,7 +7,7 @@ preset, CUDA graphs) at batch 32 with each bundle: plain, linear D=4, best-first
 and 14 nodes and cost_aware up to 16 nodes.  With the padded bundle the 10- and 14-node rounds
 are captured at 11 and 16 nodes (summary.json: ``padded_from``; the rows' notes say so).
 Writes $OUT/verify_pad.csv (bundle, policy, nodes verified, padded from, verify / round ms,
-tok/s, predicted tok/s) and prints one line per padded policy: its verify ms padded against
+tok/s) and prints one line per padded policy: its verify ms padded against
 not, PASS where padding is faster.  Needs one H100 (the bucket profile's GPU) and ~3 minutes.
 
     python scripts/verify_pad_gpu.py --out $OUT

@@ -150,7 +150,8 @@ def test_the_headline_of_a_hand_built_folder(tmp_path):
     line = summary.modes_headline(_headline_folder(tmp_path / "modes"))
     assert line == ("3 modes (block, cost_aware, eagle) beside plain and linear D=4, decoded at full scale under "
                     "replayed acceptance on Test GPU (DeepSeek-V4-Flash, Qwen3.6-27B; batch 8, 32): the plan's "
-                    "choice best or within 2% at 2 of 3 (model, batch) points (worst 0.970 of the best measured); "
+                    "choice best or within 2% at 2 of 3 (model, batch) points whose plan priced what ran (worst 0.970 of the "
+                    "best measured); "
                     "bf16 lossless: 2 of 4 mode checks match plain greedy, 1 near-tie (top-2 gap 0.0123 within "
                     "twice the verify-vs-decode deviation 0.0456), 1 differ beyond one")
 
@@ -172,6 +173,13 @@ def test_a_plan_of_the_deployments_batch_is_named_and_a_rank_plan_is_not(tmp_pat
     text = (tmp_path / "out" / "README.md").read_text()
     assert "DeepSeek-V4-Flash: the plan priced the ep=8 deployment's batch" in text
     assert "Qwen3.6-27B: the plan priced" not in text
+    # the V4 point is shown but not counted: Qwen's two (0.9 and 1.0 of the best) are
+    assert "at 1 of 2 (model, batch) points whose plan priced what ran; 1 more" in text
+    table = pd.read_csv(tmp_path / "out" / "modes.csv")
+    assert set(table.loc[table.model == "deepseek-v4-flash", "plan_of_run"]) == {False}
+    assert set(table.loc[table.model == "qwen3.6-27b", "plan_of_run"]) == {True}
+    assert "whose plan priced what ran (worst 0.900" in summary.modes_headline(tmp_path / "out")
+    assert "1 more planned another batch, not counted" in summary.modes_headline(tmp_path / "out")
     (runs[1] / "plan" / "policy.json").write_text('{"deployment": "ep=8 rank"}')
     report(runs, tmp_path / "out2", gpu="Test GPU")
     assert "the plan priced" not in (tmp_path / "out2" / "README.md").read_text()

@@ -35,13 +35,15 @@ import pandas as pd
 
 from simtree.errors import SimtreeError
 from simtree.fileio import write_text_atomic
-from simtree.reporting.summary import PLAN_TOLERANCE, plan_standing
+from simtree.reporting.summary import PLAN_TOLERANCE, plan_standing, plans_counted
+
+from .modes_readme import plans_other_batch
 
 __all__ = ["MODE_SHAPES", "COLUMNS", "LOSSLESS_COLUMNS", "run_dirs", "load", "report", "main"]
 
 COLUMNS = ("model", "batch_size", "policy", "mode", "plan_choice", "measured_tok_s", "predicted_tok_s", "rel_err",
            "cost_rel_err", "accept_rel_err", "measured_rank", "best_measured", "plan_over_best",
-           "measured_accepted", "predicted_accepted", "round_ms", "gpu")
+           "measured_accepted", "predicted_accepted", "round_ms", "gpu", "plan_of_run")
 LOSSLESS_COLUMNS = ("model", "policy", "mode", "batch_size", "dtype", "match", "near_tie", "margin", "deviation",
                     "first_diff", "plain_token", "spec_token", "accepted_tokens_per_round")
 # longest first: a shape's name starts with its mode's ("best_first_d8_w1_p3", "none", "linear_d4")
@@ -118,6 +120,7 @@ def load(d: Path, gpu: str | None = None) -> dict:
         modes = modes.drop(columns=[c for c in extra.columns[2:] if c in modes]).merge(
             extra, on=["batch_size", "policy"], how="left")
     runs = [r for r in modes.to_dict("records") if math.isfinite(float(r["measured_tok_s"]))]
+    plan_of_run = not plans_other_batch(_plan_deployment(d / "plan" / "policy.json"))
     standing = {(m, b): (plan, best) for m, b, plan, best, _ in plan_standing(runs)}
     rows = []
     for b in sorted({int(r["batch_size"]) for r in runs}):
@@ -134,7 +137,7 @@ def load(d: Path, gpu: str | None = None) -> dict:
                          "plan_over_best": plan["measured_tok_s"] / best["measured_tok_s"] if plan else float("nan"),
                          "measured_accepted": r.get("measured_accepted", float("nan")),
                          "predicted_accepted": r.get("predicted_accepted", float("nan")),
-                         "round_ms": r.get("round_ms", float("nan")), "gpu": gpu_name})
+                         "round_ms": r.get("round_ms", float("nan")), "gpu": gpu_name, "plan_of_run": plan_of_run})
     problems = [line for line in log if PROBLEM.search(line)]
     shapes = [PolicySpec.from_dict(m, p) for m, p in MODE_SHAPES]
     wanted = ["plain:none", "linear_d4:linear_d4"] + [f"{s.mode}:{s.name}" for s in shapes]
@@ -206,7 +209,7 @@ def report(inputs: list[Path], out: Path, gpu: str | None = None, command: str |
     write_text_atomic(out / "lossless.csv", lossless.to_csv(index=False, float_format="%.6g"))
     plot_modes(table, out / "modes.png")
     write_text_atomic(out / "README.md", text)
-    points = table[table["plan_choice"]]
+    points, _ = plans_counted(table)
     return {"runs": len(table), "points": len(points),
             "plan_ok": int((1 - points["plan_over_best"] <= PLAN_TOLERANCE).sum()),
             "checks": len(lossless), "match": int((lossless["match"].astype(str) == "True").sum())}

@@ -161,7 +161,7 @@ def modes_headline(folder: Path) -> str:
     """modes.csv and lossless.csv (``python -m simtree.runtime.full.modes_gpu report``): the plan's
     choice against every mode measured beside it, and every mode's live lossless check."""
     runs, checks = _csv(folder / "modes.csv"), _csv(folder / "lossless.csv")
-    plans = runs[runs["plan_choice"].astype(str) == "True"]
+    plans, other = plans_counted(runs)
     ok = int((1 - plans["plan_over_best"] <= PLAN_TOLERANCE).sum())
     modes = sorted(set(runs["mode"]) - {"none", "linear"})
     match = checks["match"].astype(str) == "True"
@@ -173,8 +173,10 @@ def modes_headline(folder: Path) -> str:
             f"replayed acceptance on {', '.join(sorted(runs['gpu'].astype(str).unique()))} "
             f"({', '.join(_model(m) for m in sorted(runs['model'].unique()))}; batch "
             f"{', '.join(str(b) for b in sorted(runs['batch_size'].unique()))}): the plan's choice best or within "
-            f"2% at {ok} of {len(plans)} (model, batch) points (worst {plans['plan_over_best'].min():.3f} of the best "
-            f"measured); {dtypes} lossless: {int(match.sum())} of {len(checks)} mode checks match plain greedy, "
+            f"2% at {ok} of {len(plans)} (model, batch) points whose plan priced what ran (worst "
+            f"{plans['plan_over_best'].min():.3f} of the best measured"
+            + (f"; {other} more planned another batch, not counted" if other else "") + "); "
+            f"{dtypes} lossless: {int(match.sum())} of {len(checks)} mode checks match plain greedy, "
             f"{int(tie.sum())} near-tie{'s' if int(tie.sum()) != 1 else ''}{f' ({ties})' if ties else ''}, "
             f"{int((~match & ~tie).sum())} differ beyond one")
 
@@ -242,6 +244,17 @@ def plan_points(rows) -> list[dict]:
                     "chosen": chosen["policy"], "best": best["policy"], "gap": gap, "ok": gap <= PLAN_TOLERANCE,
                     "counted": len(rs) >= MIN_POLICIES})
     return out
+
+
+def plans_counted(runs: pd.DataFrame) -> tuple[pd.DataFrame, int]:
+    """(the plan's choices of a modes table whose plan priced what ran, how many others were left out):
+    a row with ``plan_of_run`` False (its plan priced a deployment's batch while the run measured one
+    rank) is not counted; a table without the column counts every choice."""
+    plans = runs[runs["plan_choice"].astype(str) == "True"]
+    if "plan_of_run" not in plans:
+        return plans, 0
+    kept = plans["plan_of_run"].astype(str) == "True"
+    return plans[kept], int((~kept).sum())
 
 
 def plan_standing(runs) -> list[tuple]:
