@@ -34,7 +34,7 @@ from dataclasses import dataclass
 import torch
 
 from simtree.costs.steps import Point, Unavailable, Workload
-from simtree.drafters import ROUND_VARIANT
+from simtree.drafters import DRAFTER_ROPE_THETA, ROUND_VARIANT
 from simtree.kernels.layers.device_trees import TreeBuffers
 from simtree.kernels.layers.drafters import (BackboneState, DraftedRound, DrafterConfig, DraftShape,
                                              backbone_forward, draft_round, drafter_config, drafter_specs, prepare,
@@ -46,12 +46,11 @@ from simtree.kernels.layers.weights import make_weights
 from .pieces import Ctx, nbytes
 
 __all__ = ["DRAFTER_STAGES", "drafter_workload", "check_drafter", "drafter_point_axes", "DraftInputs",
-           "drafter_inputs", "run_round", "ROUND_VARIANT", "DSPARK_THRESHOLD", "ROPE_THETA"]
+           "drafter_inputs", "run_round", "ROUND_VARIANT", "DSPARK_THRESHOLD"]
 
 DRAFTER_STAGES = {"draft_block": "block", "draft_tfm": "tfm", "draft_dspark": "dspark"}
 TFM_BLOCK_LEN = 7      # the TfM adapter drafts over the public block (its tree's depth bound)
 DSPARK_THRESHOLD = 0.3  # the stage's verify threshold (the work does not depend on its value)
-ROPE_THETA = 1e6       # the drafter's own RoPE, as the runtime's (angles only)
 
 
 def drafter_point_axes(stage: str, b: int, n: int, l: int, s: int, k: int) -> tuple[int, int, int]:
@@ -113,7 +112,7 @@ def drafter_inputs(ctx: Ctx, p: Point) -> DraftInputs:
     A = L + 1                                  # the runtime's context rows a round
     st = BackboneState.new(cfg, b, l + A, A, dt, dev)
     st.lengths.fill_(l)
-    rope = RopeTable(cfg.dims.rope, ROPE_THETA, dev, st.max_len + A + L + 1, dtype=dt)
+    rope = RopeTable(cfg.dims.rope, DRAFTER_ROPE_THETA, dev, st.max_len + A + L + 1, dtype=dt)
     feats = ctx.randn(b, A, cfg.target_layers * cfg.h, salt=41)
     n_new = torch.full((b,), A, dtype=torch.int64, device=dev)
     anchor = torch.randint(0, cfg.vocab, (b,), device=dev, generator=ctx.gen(43))

@@ -31,6 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from simtree.drafters import DRAFTER_ROPE_THETA
 from simtree.errors import SimtreeError
 from simtree.fileio import write_atomic, write_text_atomic
 from simtree.kernels.layers import reference as ref
@@ -45,7 +46,6 @@ __all__ = ["BlockDrafterModule", "target_features", "save_drafter", "read_drafte
 DRAFTER_SCHEMA = "simtree.block_drafter/1"
 SIZE_FIELDS = ("block_len", "layers", "target_layers", "markov_rank", "cand_k", "adapter_dim", "mask_token")
 TRAINABLE = ("block", "dspark", "tfm")
-ROPE_THETA = 1e6                    # the runtime's (runtime/full/block_drafters.py)
 
 
 class BlockDrafterModule(nn.Module):
@@ -59,7 +59,7 @@ class BlockDrafterModule(nn.Module):
         self.p = nn.ParameterDict({k.replace(".", "__"): nn.Parameter(v) for k, v in init.items()})
         self.register_buffer("embed", embed.detach().float(), persistent=False)
         self.register_buffer("lm_head", lm_head.detach().float(), persistent=False)
-        self.rope = RopeTable(cfg.dims.rope, ROPE_THETA, "cpu", 4096)
+        self.rope = RopeTable(cfg.dims.rope, DRAFTER_ROPE_THETA, "cpu", 4096)
 
     def w(self, name: str) -> torch.Tensor:
         return self.p[name.replace(".", "__")]

@@ -13,7 +13,7 @@ the DFlash-TfM description gives), adapter width 256.
 from __future__ import annotations
 
 __all__ = ["DRAFTER_FAMILIES", "PUBLIC", "TFM", "own_block_len", "ROUND_VARIANT", "LOOP_BUILDER_VARIANT",
-           "MARGINAL_TOPK"]
+           "MARGINAL_TOPK", "DRAFTER_ROPE_THETA"]
 
 DRAFTER_FAMILIES = ("block", "tfm", "dspark")
 PUBLIC = dict(block_len=7, layers=5, target_layers=5, markov_rank=256)
@@ -21,6 +21,9 @@ TFM = dict(cand_k=512, adapter_dim=256)
 # Candidates the runtime keeps per drafted position (the MTP layer's marginal modes, block, DSpark):
 # what a block round's C_d is priced at (DSpark's x axis) and what the profile stage of block times.
 MARGINAL_TOPK = 4
+# The block drafters' own RoPE base (DeepSpec's drafters take the target's config; angles only): the
+# runtime's rounds, the profiler's stages and the CPU trainer build their tables with it.
+DRAFTER_ROPE_THETA = 1e6
 # How a drafter stage's row was timed (the profile table's ``variant``): ROUND_VARIANT rows time the
 # runtime's own draft part (``kernels.layers.drafters.draft_round``: the block tree built
 # sort-based); LOOP_BUILDER_VARIANT rows are older tables' (``draft_block`` built its tree with

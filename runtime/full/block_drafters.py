@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 import torch
 
+from simtree.drafters import DRAFTER_ROPE_THETA
 from simtree.errors import SimtreeError
 from simtree.kernels.layers.device_trees import TreeBuffers
 from simtree.kernels.layers.drafters import (BackboneState, DraftShape, backbone_forward, draft_round, drafter_config,
@@ -33,7 +34,6 @@ from simtree.kernels.layers.weights import make_weights, weights_from
 
 __all__ = ["DrafterRound", "DrafterOutput"]
 
-ROPE_THETA = 1e6   # the drafter's own RoPE (DeepSpec's drafters take the target's config; angles only)
 
 
 @dataclass
@@ -72,12 +72,12 @@ class DrafterRound:
         self.w = prepare(w, cfg)
         A = cfg.block_len + 1
         self.state = BackboneState.new(cfg, batch, max_len, A, dtype, dev)
-        self.rope = RopeTable(cfg.dims.rope, ROPE_THETA, dev, max_len + A + cfg.block_len + 1,
+        self.rope = RopeTable(cfg.dims.rope, DRAFTER_ROPE_THETA, dev, max_len + A + cfg.block_len + 1,
                               dtype=torch.float64 if dtype == torch.float64 else torch.float32)
         self.feats = torch.zeros(batch, A, cfg.target_layers * cfg.h, dtype=dtype, device=dev)
         self.n_new = torch.zeros(batch, dtype=torch.int64, device=dev)
         self.anchor = torch.zeros(batch, dtype=torch.int64, device=dev)
-        self.tree = TreeBuffers.empty(batch, self.budget, dev)
+        self.tree = None      # laid on the first run(): the block engine drafts into its own round's tree
         self.use_graph = dev.type == "cuda" if graph is None else bool(graph)
         self._graph, self._out = None, None
 
@@ -88,6 +88,8 @@ class DrafterRound:
         return backbone_forward(self.w, self.cfg, self.state, self.rope, self.feats, self.n_new, self.anchor)
 
     def _round(self) -> DrafterOutput:
+        if self.tree is None:
+            self.tree = TreeBuffers.empty(self.anchor.shape[0], self.budget, self.anchor.device)
         out = draft_round(self.family, self.w, self.cfg, self.hidden(), self.anchor, self.tree,
                           DraftShape(self.budget, self.width, self.topk),
                           keep=self.keep if self.family == "dspark" else None)

@@ -137,7 +137,6 @@ def fit_drafters(df: pd.DataFrame, *, model: str, device: str, dtype: str, deplo
             continue
         top = per_context[max(per_context)]
         if len(per_context) > 1:
-            top.info["by_context"] = sorted(per_context)
             top.by_context = tuple(sorted(per_context.items()))
             fnotes.append(f"{fam} drafter: C_d fitted at contexts {', '.join(map(str, sorted(per_context)))}, "
                           "interpolated linearly in l between them")
