@@ -24,7 +24,7 @@ from simtree.errors import SimtreeError, check_whole
 
 from .data import PROMPT_CHARS, humaneval_problems, prompts as load_prompts, sharegpt_records, training_docs
 
-__all__ = ["OOS_WORKLOADS", "CODE_WORKLOADS", "held_out_prompts", "code_prompts", "development_prompts",
+__all__ = ["OOS_WORKLOADS", "CODE_WORKLOADS", "held_out_prompts", "distinct_chat_prompts", "code_prompts", "development_prompts",
            "prompt_status", "drafter_status", "training_overlap", "SEEN_SHAREGPT", "SEEN_DRAFTER", "DECODED",
            "CURRENT", "chat_span", "code_span", "SHAREGPT_START", "CODE_START", "SEEN_CODE",
            "HUMANEVAL_START", "TRAINING_CONVERSATIONS"]
@@ -124,12 +124,7 @@ def held_out_prompts(workload: str, n: int, start: int) -> tuple[list[str], list
     :func:`.data.prompts` cuts them)."""
     start = check_whole(start, f"{workload} start", 0)
     if workload == "sharegpt":
-        every = load_prompts("sharegpt", start + 4 * n)
-        seen, out = set(every[:start]), []
-        for p in every[start:]:
-            if p not in seen:
-                out.append(p)
-            seen.add(p)
+        out = distinct_chat_prompts(start, 2 * n)[0]
     elif workload == "sharegpt_code":
         out = code_prompts(2 * n, start)[0]
     elif workload == "humaneval":
@@ -141,18 +136,25 @@ def held_out_prompts(workload: str, n: int, start: int) -> tuple[list[str], list
     return out[:n], out[n:2 * n]
 
 
-def chat_span(start: int, count: int) -> tuple[int, int]:
-    """(first, last) held-out ShareGPT prompt index of the first ``count`` distinct prompts from
-    ``start`` on (:func:`held_out_prompts`' rule, :func:`.drafter_acceptance.held_out_prompts`' too)."""
+def distinct_chat_prompts(start: int, count: int) -> tuple[list[str], int]:
+    """(the first ``count`` distinct held-out ShareGPT prompts from index ``start`` on, the index of
+    the last): a prompt repeating an earlier one's text, before ``start`` too, is skipped.  The one
+    rule of the out-of-sample halves, the drafters' tables and :func:`chat_span`."""
     every = load_prompts("sharegpt", start + 2 * count)
-    seen, taken = set(every[:start]), 0
+    seen, out = set(every[:start]), []
     for i in range(start, len(every)):
         if every[i] not in seen:
-            taken += 1
-            if taken == count:
-                return start, i
+            out.append(every[i])
+            if len(out) == count:
+                return out, i
         seen.add(every[i])
-    raise SimtreeError(f"only {taken} ShareGPT prompts from index {start} on, {count} asked for")
+    raise SimtreeError(f"only {len(out)} ShareGPT prompts from index {start} on, {count} asked for")
+
+
+def chat_span(start: int, count: int) -> tuple[int, int]:
+    """(first, last) held-out ShareGPT prompt index of the first ``count`` distinct prompts from
+    ``start`` on (:func:`distinct_chat_prompts`)."""
+    return start, distinct_chat_prompts(start, count)[1]
 
 
 def code_span(start: int, count: int) -> tuple[int, int]:

@@ -28,12 +28,13 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from simtree.acceptance.traces import read_traces
 from simtree.errors import SimtreeError
 from simtree.fileio import write_text_atomic
 from simtree.planning.simulate import PolicySpec
 
 from .bpe import BpeTokenizer
-from .data import prompts as load_prompts
+from .acceptance_oos_prompts import distinct_chat_prompts
 from .full.build import build_model
 from .full.decode import decode_prompts
 
@@ -63,14 +64,8 @@ POLICIES = [
 
 
 def held_out_prompts(start: int, count: int) -> list[str]:
-    every, seen, out = load_prompts("sharegpt", start + 2 * count), set(), []
-    for i, p in enumerate(every):
-        if i >= start and p not in seen:
-            out.append(p)
-        seen.add(p)
-    if len(out) < count:
-        raise SimtreeError(f"only {len(out)} ShareGPT prompts from index {start} on, {count} asked for")
-    return out[:count]
+    """The first ``count`` distinct held-out ShareGPT prompts from ``start`` (the out-of-sample rule)."""
+    return distinct_chat_prompts(start, count)[0]
 
 
 def _verified(run_dir: Path, report: dict) -> float:
@@ -78,8 +73,7 @@ def _verified(run_dir: Path, report: dict) -> float:
     round's tree size less its root (static shapes)."""
     trace = run_dir / "traces.jsonl"
     if report["mode"] == "dspark" and trace.is_file():
-        recs = [json.loads(line) for line in trace.read_text().splitlines() if line.strip()]
-        return float(np.mean([r["verified_len"] for r in recs]))
+        return float(np.mean([r.verified_len for r in read_traces(trace)]))
     p = report["params"]
     return float(p.get("budget", p.get("block_len", 7) + 1) - 1)
 

@@ -46,6 +46,7 @@ import numpy as np
 
 from simtree.acceptance.fit import ChainCalibration, fit_calibration
 from simtree.acceptance.mixture import DEFAULT_DEPTH, DEFAULT_TOPK
+from simtree.acceptance.text_state import offset_logistic
 from simtree.acceptance.traces import TraceRecord, chain_trials
 from simtree.errors import SimtreeError
 
@@ -233,20 +234,6 @@ def fit_depth_shift(model, records: Sequence[TraceRecord], iters: int = 50) -> n
     return np.r_[0.0, np.full(D - 1, 0.5 * (lo + hi))]
 
 
-def _regression(offset: np.ndarray, hit: np.ndarray, X: np.ndarray, iters: int = 50) -> np.ndarray:
-    """Coefficients of a logistic regression of ``hit`` on ``X`` with a fixed ``offset`` logit
-    (Newton steps, L2 ``_RIDGE``)."""
-    b = np.zeros(X.shape[1])
-    for _ in range(iters):
-        p = 1.0 / (1.0 + np.exp(-(offset + X @ b)))
-        H = X.T @ (X * (p * (1 - p))[:, None]) + _RIDGE * np.eye(X.shape[1])
-        step = np.linalg.solve(H, X.T @ (hit - p) - _RIDGE * b)
-        b += step
-        if np.abs(step).max() < 1e-9:
-            break
-    return b
-
-
 def fit_drafted_model(records: Sequence[TraceRecord], *, parent_states: bool = True, features=FEATURES,
                       shift: bool = True, topk: int = DEFAULT_TOPK) -> DraftedRoundModel:
     """The model of the module docstring from one calibrating run's ``records`` (a block drafter's,
@@ -282,7 +269,7 @@ def fit_drafted_model(records: Sequence[TraceRecord], *, parent_states: bool = T
         X = np.concatenate([(x - mean) * (g == k)[:, None] for k in range(_GROUPS)]
                            + [((g == k)[:, None] & (trials.depth[:, None] - 1 == np.arange(D))).astype(np.float64)
                               for k in range(_GROUPS)], 1)
-        b = _regression(base, trials.hit.astype(np.float64), X)
+        b = offset_logistic(base, trials.hit.astype(np.float64), X, _RIDGE)
         F = len(features)
         model = DraftedRoundModel(model.calibration, model.parent_states, features, mean,
                                   b[:_GROUPS * F].reshape(_GROUPS, F), b[_GROUPS * F:].reshape(_GROUPS, D))

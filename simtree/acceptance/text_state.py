@@ -22,7 +22,7 @@ from typing import Callable, Sequence
 import numpy as np
 from scipy.special import expit
 
-__all__ = ["WINDOW", "RIDGE", "word_tokens", "context_nonword_share", "fit_text_terms"]
+__all__ = ["WINDOW", "RIDGE", "word_tokens", "context_nonword_share", "fit_text_terms", "offset_logistic"]
 
 WINDOW = 32        # context tokens the share is read over (16, 64, 128 tried on development data: docs/acceptance.md)
 RIDGE = 1.0        # L2 penalty on each rank group's intercept and slope (logit units)
@@ -48,6 +48,23 @@ def context_nonword_share(tokens: Sequence[int], is_word: np.ndarray, context_le
     return (csum[end] - csum[start]) / np.maximum(end - start, 1)
 
 
+def offset_logistic(offset: np.ndarray, hit: np.ndarray, X: np.ndarray, ridge: float = RIDGE,
+                    iters: int = 50) -> np.ndarray:
+    """float64 [k]: the coefficients b of a logistic regression of ``hit`` on ``X`` [n, k] with a
+    fixed ``offset`` logit, expit(offset + X b) (Newton steps, an L2 ``ridge`` on b, until a step
+    is below 1e-9 or ``iters``)."""
+    b = np.zeros(X.shape[1])
+    for _ in range(iters):
+        p = expit(offset + X @ b)
+        grad = X.T @ (hit - p) - ridge * b
+        hess = (X * (p * (1 - p))[:, None]).T @ X + ridge * np.eye(X.shape[1])
+        step = np.linalg.solve(hess, grad)
+        b += step
+        if np.abs(step).max() < 1e-9:
+            break
+    return b
+
+
 def fit_text_terms(base_logit: np.ndarray, hit: np.ndarray, group: np.ndarray, feature: np.ndarray, groups: int,
                    ridge: float = RIDGE, iters: int = 25) -> np.ndarray:
     """float64 [groups, 2]: per rank group, the intercept and slope (b0, b1) maximising the
@@ -61,15 +78,6 @@ def fit_text_terms(base_logit: np.ndarray, hit: np.ndarray, group: np.ndarray, f
         if not at.any():
             continue
         x = np.stack([np.ones(int(at.sum())), feature[at]], 1)
-        y, z0 = hit[at].astype(np.float64), base_logit[at]
-        b = np.zeros(2)
-        for _ in range(iters):
-            p = expit(z0 + x @ b)
-            grad = x.T @ (y - p) - ridge * b
-            hess = (x * (p * (1 - p))[:, None]).T @ x + ridge * np.eye(2)
-            step = np.linalg.solve(hess, grad)
-            b += step
-            if np.abs(step).max() < 1e-9:
-                break
+        b = offset_logistic(base_logit[at], hit[at].astype(np.float64), x, ridge, iters)
         terms[g] = b
     return terms
