@@ -25,7 +25,7 @@ from simtree.errors import SimtreeError, check_whole
 
 __all__ = ["fit_confidence", "fit_positional", "fit_marginals", "fit_calibration", "has_topk", "CONFIDENCE_EDGES",
            "isotonic_increasing", "ease_groups", "ChainCalibration", "lookup_states", "LOOKUP_NONE", "LOOKUP_THIS",
-           "LOOKUP_OTHER"]
+           "LOOKUP_OTHER", "trial_states", "trial_logits"]
 
 # Bins of the drafter's probability of a candidate (its confidence).  Narrow near 0, where
 # lower ranks live, and near 1, where the top-1 of easy tokens lives.
@@ -175,21 +175,31 @@ def fit_calibration(records: Iterable[TraceRecord], *, topk: int = DEFAULT_TOPK,
     trials = chain_trials(records, topk)
     if trials.size == 0:
         raise SimtreeError("traces hold no drafted position under an accepted node: nothing to calibrate")
-    match = None
-    if context:
-        match = lookup_states([records[i].context_match[d - 1] for i, d in zip(trials.round_id, trials.depth)],
-                              trials.rank, [records[i].topk_tokens.shape[1] for i in trials.round_id])
+    match = trial_states(records, trials) if context else None
     groups = topk if rank_groups is None else check_whole(rank_groups, "rank_groups", 1)
     cal = ChainCalibration(trials, depth, prior_trials, match, groups)
     if text is not None:
         feature = np.array([float(text(r)) for r in records])[trials.round_id]
-        g = np.minimum(trials.rank, groups - 1)
-        m = None if match is None else np.asarray(match, np.int64)[:, None]
-        curves = cal.curves[g, 0 if m is None else m[:, 0], _bin(trials.draft_prob)]
-        d = np.minimum(trials.depth, depth) - 1
-        base = logit(curves) + cal.offsets[g, d]
+        g, base = trial_logits(cal, trials, match)
         cal.text_terms = fit_text_terms(base, trials.hit, g, feature, groups)
     return cal
+
+
+def trial_states(records: Sequence[TraceRecord], trials: Trials) -> np.ndarray:
+    """The context lookup's state (:func:`lookup_states`) at each of ``trials`` (``chain_trials`` of
+    ``records``, every one carrying ``context_match``)."""
+    return lookup_states([records[i].context_match[d - 1] for i, d in zip(trials.round_id, trials.depth)],
+                         trials.rank, [records[i].topk_tokens.shape[1] for i in trials.round_id])
+
+
+def trial_logits(cal: ChainCalibration, trials: Trials, states=None) -> tuple[np.ndarray, np.ndarray]:
+    """(rank groups, the calibration's logit) at each of ``trials``: its rank group's curve at its
+    lookup state (``states``; None: the calibration's one state) and its draft probability's bin,
+    plus the group's depth offset."""
+    g = np.minimum(trials.rank, cal.curves.shape[0] - 1)
+    s = 0 if states is None else np.asarray(states, np.int64)
+    d = np.minimum(trials.depth, cal.offsets.shape[1]) - 1
+    return g, logit(cal.curves[g, s, _bin(trials.draft_prob)]) + cal.offsets[g, d]
 
 
 def _rows(trials: Trials, topk: int) -> tuple[np.ndarray, np.ndarray]:

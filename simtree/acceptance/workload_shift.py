@@ -24,7 +24,7 @@ from typing import Iterable
 import numpy as np
 from scipy.special import expit, logit
 
-from simtree.acceptance.fit import _CLIP, ChainCalibration, _bin, _offset, lookup_states
+from simtree.acceptance.fit import _CLIP, ChainCalibration, _offset, trial_logits, trial_states
 from simtree.acceptance.traces import TraceRecord, chain_trials
 from simtree.errors import SimtreeError, check_whole
 
@@ -51,17 +51,13 @@ class WorkloadShift:
 
 def _base_logits(calibration: ChainCalibration, records: list[TraceRecord]):
     """(trials, their rank groups, lookup states, the calibration's logits) of ``records``."""
-    topk = calibration.curves.shape[0]
-    trials = chain_trials(records, topk)
-    groups = np.minimum(trials.rank, topk - 1)
+    trials = chain_trials(records, calibration.curves.shape[0])
     states = np.zeros(trials.size, np.int64)
     if calibration.matched:
         if any(r.context_match is None for r in records):
             raise SimtreeError("the calibration reads the context lookup: every calibration round needs context_match")
-        states = lookup_states([records[i].context_match[d - 1] for i, d in zip(trials.round_id, trials.depth)],
-                               trials.rank, [records[i].topk_tokens.shape[1] for i in trials.round_id])
-    depth = np.minimum(trials.depth, calibration.offsets.shape[1]) - 1
-    base = logit(calibration.curves[groups, states, _bin(trials.draft_prob)]) + calibration.offsets[groups, depth]
+        states = trial_states(records, trials)
+    groups, base = trial_logits(calibration, trials, states)
     return trials, groups, states, base
 
 
