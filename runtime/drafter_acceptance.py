@@ -32,6 +32,7 @@ from simtree.acceptance.traces import read_traces
 from simtree.errors import SimtreeError
 from simtree.fileio import write_text_atomic
 from simtree.planning.simulate import PolicySpec
+from simtree.reporting.summary import replace_block
 
 from .bpe import BpeTokenizer
 from .acceptance_oos_prompts import distinct_chat_prompts
@@ -113,7 +114,7 @@ def _commit() -> str:
 
 
 def table_markdown(rows: list[dict], start: int, count: int, new_tokens: int, commit: str) -> str:
-    lines = [BEGIN, f"Measured live by `python -m simtree.runtime.drafter_acceptance --docs docs/drafters.md` at commit "
+    lines = [f"Measured live by `python -m simtree.runtime.drafter_acceptance --docs docs/drafters.md` at commit "
              f"{commit}: {MODEL} on the CPU (float32, one batch), {count} held-out ShareGPT prompts "
              f"(`data.prompts` indices from {start}, repeats skipped; never trained on), {new_tokens} new tokens "
              "each.  Accepted tokens per round include the bonus token; drafts verified: the tree's nodes less "
@@ -121,15 +122,12 @@ def table_markdown(rows: list[dict], start: int, count: int, new_tokens: int, co
              "| drafter | shape | accepted tokens / round | drafts verified / round | lossless |", "|---|---|---|---|---|"]
     lines += [f"| {r['drafter']} | {r['shape']} | {r['accepted_per_round']:.2f} | {r['verified_drafts_per_round']:.1f} | "
               f"{'yes' if r['lossless'] else 'NO'} |" for r in rows]
-    return "\n".join([*lines, END])
+    return "\n".join(lines) + "\n"
 
 
 def write_docs(path: Path, block: str) -> None:
-    text = path.read_text()
-    if BEGIN not in text or END not in text:
-        raise SimtreeError(f"{path} has no {BEGIN} ... {END} markers for the table")
-    head, rest = text.split(BEGIN, 1)
-    write_text_atomic(path, head + block + rest.split(END, 1)[1])
+    """The table between ``path``'s BEGIN and END markers (one of each, in order; else one line)."""
+    write_text_atomic(path, replace_block(path.read_text(), block, str(path), BEGIN, END))
 
 
 def main(argv=None) -> int:

@@ -201,7 +201,7 @@ def test_acceptance_table_replaces_its_block_only(tmp_path):
     assert text.startswith("# head\n") and text.endswith(f"{END}\ntail\n") and "old" not in text
     assert text.count("| 2.50 | 3.0 | yes |") == len(POLICIES) and "abc1234" in text
     doc.write_text("no markers")
-    with pytest.raises(SimtreeError, match="markers"):
+    with pytest.raises(SimtreeError, match="needs one"):
         write_docs(doc, "x")
 
 

@@ -572,13 +572,13 @@ def reports_index(root: str | Path = ".") -> str:
     return "\n".join(lines) + "\n"
 
 
-def replace_block(text: str, block: str, where: str = "README.md") -> str:
-    """``text`` with everything between START and END replaced by ``block``."""
-    if text.count(START) != 1 or text.count(END) != 1 or text.index(START) > text.index(END):
-        raise SimtreeError(f"{where}: needs one '{START}' line followed by one '{END}' line")
-    head, rest = text.split(START, 1)
-    _, tail = rest.split(END, 1)
-    return f"{head}{START}\n{block}{END}{tail}"
+def replace_block(text: str, block: str, where: str = "README.md", start: str = START, end: str = END) -> str:
+    """``text`` with everything between the ``start`` and ``end`` markers replaced by ``block``."""
+    if text.count(start) != 1 or text.count(end) != 1 or text.index(start) > text.index(end):
+        raise SimtreeError(f"{where}: needs one '{start}' line followed by one '{end}' line")
+    head, rest = text.split(start, 1)
+    _, tail = rest.split(end, 1)
+    return f"{head}{start}\n{block}{end}{tail}"
 
 
 def write_summary(root: str | Path = ".", readme: str = "README.md") -> list[Path]:
