@@ -31,6 +31,7 @@ import io
 import os
 import sys
 import time
+import traceback
 from pathlib import Path
 
 import numpy as np
@@ -160,6 +161,7 @@ def main(argv=None) -> int:
             try:
                 rows.append(one_shape(model, costs, mode, params, B, args.rounds, args.context, 0))
             except Exception as exc:   # noqa: BLE001 - one failed shape is a row; the next goes on
+                traceback.print_exc()
                 rows.append({"batch": B, "run": mode, "note": f"FAILED: {type(exc).__name__}: {exc}"[:300]})
             print(rows[-1], flush=True)
     cols = ["batch", "run", "nodes", "distinct_tokens_per_round", "tokens_per_round", "engine_verify_ms",

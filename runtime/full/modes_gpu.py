@@ -62,8 +62,17 @@ def drafter_bundle(costs_path: str, profile: str, model: str, builder_steps: str
     fitted, notes = fit_drafters(rows, model=model, device=str(first["device"]), dtype=str(first["dtype"]),
                                  deployment=str(first["deployment"]), source={"profile": profile},
                                  builder_steps=builder_steps)
-    notes.append(f"drafters' C_d from {profile} ({first['device']}); verify and MTP costs from {costs_path}")
+    notes.append(f"drafters' C_d from {profile} ({first['device']}); verify and MTP costs from {_relative(costs_path)}")
     return dataclasses.replace(bundle, drafters=fitted), notes
+
+
+def _relative(path: str) -> str:
+    """``path`` relative to the working directory where it lies under it (notes name repository files)."""
+    p = Path(path).resolve()
+    try:
+        return str(p.relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(path)
 
 
 def _gpu_name(device: str) -> str:

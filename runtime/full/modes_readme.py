@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+import re
 from pathlib import Path
 
 import pandas as pd
@@ -29,6 +30,12 @@ def lossless_result(row) -> str:
     return "near-tie" if str(row["near_tie"]) == "True" else "DIFFERS"
 
 
+def _in_repo(text: str) -> str:
+    """``text`` with the absolute checkout prefix of a run's paths dropped (``/x/y/simtree/data/..``
+    -> ``simtree/data/..``): where the run's machine kept the repository says nothing."""
+    return re.sub(r"/\S*?/(simtree/data/|reports/)", r"\1", text)
+
+
 def _what_ran(runs: list[dict]) -> list[str]:
     lines = []
     for r in runs:
@@ -37,7 +44,7 @@ def _what_ran(runs: list[dict]) -> list[str]:
         meta = r["meta"]
         graphs = {True: "under CUDA graphs", False: "not all under CUDA graphs", None: ""}[meta["graphs"]]
         rounds = f", {meta['rounds']} timed rounds each" if meta["rounds"] else ""
-        note = f" Costs: {r['note'].rstrip('.')}." if r["note"] else ""
+        note = f" Costs: {_in_repo(r['note']).rstrip('.')}." if r["note"] else ""
         named = " (named by --gpu: the run did not record its GPU)" if meta.get("gpu_named") else ""
         lines.append(f"- {MODEL_NAMES.get(r['model'], r['model'])} on {r['gpu']}{named}: {len(rows)} runs at batch "
                      f"{', '.join(map(str, batches))} {graphs}, acceptance {meta['acceptance'] or 'not recorded'}"
