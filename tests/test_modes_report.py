@@ -183,3 +183,34 @@ def test_a_plan_of_the_deployments_batch_is_named_and_a_rank_plan_is_not(tmp_pat
     (runs[1] / "plan" / "policy.json").write_text('{"deployment": "ep=8 rank"}')
     report(runs, tmp_path / "out2", gpu="Test GPU")
     assert "the plan priced" not in (tmp_path / "out2" / "README.md").read_text()
+
+
+def test_the_costs_line_names_the_drafter_sweep_the_run_used(tmp_path):
+    """A run's note names the drafters' profile by path; where it names no sweep (variant,
+    contexts, days: runs before the note did) the README adds when the run planned, so a later
+    table at that path is not taken for the one the run priced with; a note naming the sweep
+    stands as written, and modes.csv's note column comes before the log's line."""
+    runs = _two_runs(tmp_path)
+    old = ("drafters' C_d from reports/h100/drafters_profile.csv (Test GPU); verify and MTP costs from "
+           "simtree/data/costs/h100_qwen3.6-27b_tp1.json")
+    new = ("drafters' C_d from reports/h100/drafters_profile.csv (Test GPU; variant round, contexts 256 and 1024, "
+           "timed 2026-12-07); verify and MTP costs from simtree/data/costs/h100_deepseek-v4-flash_ep8.json")
+    with open(runs[0] / "log.txt", "a") as f:
+        f.write(f"[10:00:03 +   4.0s] {old}\n")
+    (runs[0] / "plan").mkdir()
+    (runs[0] / "plan" / "policy.json").write_text('{"deployment": "tp=1", "created": "2026-12-06T20:52:45+00:00"}')
+    modes = pd.read_csv(runs[1] / "modes.csv")
+    modes["note"] = new
+    modes.to_csv(runs[1] / "modes.csv", index=False)
+    with open(runs[1] / "log.txt", "a") as f:
+        f.write("[10:00:03 +   4.0s] drafters' C_d from elsewhere.csv (Other GPU); verify and MTP costs from x.json\n")
+    report(runs, tmp_path / "out", gpu="Test GPU")
+    text = (tmp_path / "out" / "README.md").read_text()
+    assert ("Costs: drafters' C_d from reports/h100/drafters_profile.csv (Test GPU; the sweep at that path when the "
+            "run planned, 2026-12-06 20:52 UTC); verify and MTP costs from "
+            "simtree/data/costs/h100_qwen3.6-27b_tp1.json.") in text
+    assert f"Costs: {new}." in text and "elsewhere.csv" not in text
+    (runs[0] / "plan" / "policy.json").unlink()
+    report(runs, tmp_path / "out2", gpu="Test GPU")
+    assert "(Test GPU; the sweep at that path when the run planned, a date the run did not record)" in \
+        (tmp_path / "out2" / "README.md").read_text()

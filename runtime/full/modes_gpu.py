@@ -49,8 +49,10 @@ DRAFTER_PROFILE = "reports/h100/drafters_profile.csv"
 
 def drafter_bundle(costs_path: str, profile: str, model: str, builder_steps: str = "remove"):
     """(the bundle with the drafters' C_d fitted from ``profile``'s rows of ``model``, notes);
-    ``builder_steps``: :func:`simtree.costs.drafter_fit.fit_drafters`'."""
-    from simtree.costs.drafter_fit import fit_drafters
+    ``builder_steps``: :func:`simtree.costs.drafter_fit.fit_drafters`'.  The note that names the
+    profile names the sweep too (its rows' variant, contexts and days: a path's table may be
+    replaced after the run)."""
+    from simtree.costs.drafter_fit import fit_drafters, fitted_rows, sweep_label
     from simtree.costs.model import load_costs
 
     bundle = load_costs(costs_path)
@@ -62,7 +64,8 @@ def drafter_bundle(costs_path: str, profile: str, model: str, builder_steps: str
     fitted, notes = fit_drafters(rows, model=model, device=str(first["device"]), dtype=str(first["dtype"]),
                                  deployment=str(first["deployment"]), source={"profile": profile},
                                  builder_steps=builder_steps)
-    notes.append(f"drafters' C_d from {profile} ({first['device']}); verify and MTP costs from {_relative(costs_path)}")
+    notes.append(f"drafters' C_d from {profile} ({first['device']}; {sweep_label(fitted_rows(rows, fitted))}); "
+                 f"verify and MTP costs from {_relative(costs_path)}")
     return dataclasses.replace(bundle, drafters=fitted), notes
 
 

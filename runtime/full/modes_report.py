@@ -169,17 +169,39 @@ def load(d: Path, gpu: str | None = None) -> dict:
     meta["gpu_named"] = gpu_named
     meta["plan_deployment"] = _plan_deployment(d / "plan" / "policy.json")
     return {"dir": d, "model": model, "gpu": gpu_name, "meta": meta, "rows": rows, "lossless": lossless, "problems": problems,
-            "absent": absent, "note": next((line.split("] ", 1)[-1] for line in log if "drafters' C_d from" in line), "")}
+            "absent": absent, "note": costs_note(modes, log, _policy_field(d / "plan" / "policy.json", "created"))}
+
+
+def costs_note(modes: pd.DataFrame, log: list[str], created: str | None) -> str:
+    """What the run priced with: its note (modes.csv's ``note`` column, else the log line naming
+    the drafters' profile).  A note that names the drafters' profile by its path alone (runs
+    before the note named the sweep's variant, contexts and days) gets the time the run planned
+    (``plan/policy.json``'s ``created``): the table at that path then, not the one there now."""
+    notes = [str(n) for n in modes["note"].dropna()] if "note" in modes else []
+    note = next((n for n in notes if "drafters' C_d from" in n), "") or \
+        next((line.split("] ", 1)[-1] for line in log if "drafters' C_d from" in line), "")
+    m = re.match(r"(drafters' C_d from \S+)( \(([^)]*)\))?", note)
+    if not m or "variant" in note:
+        return note
+    when = (f"the sweep at that path when the run planned, {created[:16].replace('T', ' ')} UTC" if created
+            else "the sweep at that path when the run planned, a date the run did not record")
+    inside = f"{m.group(3)}; " if m.group(3) else ""
+    return f"{m.group(1)} ({inside}{when}){note[m.end():]}"
+
+
+def _policy_field(path: Path, key: str) -> str | None:
+    """``key`` of the run's ``plan/policy.json`` as a string, None where absent or unreadable."""
+    if not path.is_file():
+        return None
+    try:
+        return str(json.loads(path.read_text()).get(key) or "") or None
+    except (ValueError, OSError, AttributeError):   # not JSON, unreadable, or not an object
+        return None
 
 
 def _plan_deployment(path: Path) -> str | None:
     """The deployment the run's plan priced (``plan/policy.json``'s ``deployment``), None where absent."""
-    if not path.is_file():
-        return None
-    try:
-        return str(json.loads(path.read_text()).get("deployment") or "") or None
-    except (ValueError, OSError, AttributeError):   # not JSON, unreadable, or not an object
-        return None
+    return _policy_field(path, "deployment")
 
 
 def _why(name: str, log: list[str]) -> str:

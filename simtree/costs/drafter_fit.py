@@ -38,7 +38,8 @@ from simtree.costs.surface_fit import fit_surface
 from simtree.drafters import LOOP_BUILDER_VARIANT, ROUND_VARIANT, own_block_len
 from simtree.errors import SimtreeError
 
-__all__ = ["fit_drafters", "drafter_rows", "loop_free_block_rows", "timed_rows", "DRAFTER_FORMS", "BUILDER_STEPS"]
+__all__ = ["fit_drafters", "drafter_rows", "loop_free_block_rows", "timed_rows", "fitted_rows", "sweep_label",
+           "DRAFTER_FORMS", "BUILDER_STEPS"]
 
 DRAFTER_FORMS = ("basis", "grid", "grid_lin")   # dense: the drafter's layers have no experts here
 
@@ -164,6 +165,32 @@ def _fit_one(rows: pd.DataFrame, fam: str, what: str, source: dict, folds: int, 
             "notes": list(res.notes) + list(fnotes), "convex_in_x": res.convex_in_x,
             "block_len": own_block_len(fam)}
     return DrafterCostModel(res.surface, info, fam)
+
+
+def fitted_rows(df: pd.DataFrame, models: dict) -> pd.DataFrame:
+    """The rows of ``df`` (one model, device, dtype and deployment) that ``models`` ({family:
+    DrafterCostModel}, :func:`fit_drafters`) were fitted from: each family's stage at the variant
+    its fit kept (:func:`timed_rows`)."""
+    keep = pd.Series(False, index=df.index)
+    for fam, m in models.items():
+        keep |= (df["stage"] == DRAFTER_STAGE[fam]) & (df["variant"] == m.info["source"]["variant"])
+    return df[keep]
+
+
+def sweep_label(rows: pd.DataFrame) -> str:
+    """What names a drafter sweep beside its path: how its rows were timed, at which contexts and
+    on which days (UTC, their timestamps), e.g. "variant round, contexts 256 and 1024, timed
+    2026-12-07"."""
+    if rows.empty:
+        return "no rows"
+    variants = sorted({str(v) for v in rows["variant"]})
+    ctx = [str(c) for c in sorted({int(c) for c in rows["context_len"]})]
+    days = sorted({str(t)[:10] for t in rows["timestamp"].dropna()}) if "timestamp" in rows else []
+    text = (f"variant{'s' if len(variants) > 1 else ''} {', '.join(variants)}, "
+            f"context{'s' if len(ctx) > 1 else ''} {', '.join(ctx[:-1]) + ' and ' if len(ctx) > 1 else ''}{ctx[-1]}")
+    if days:
+        text += f", timed {days[0]}" + (f" to {days[-1]}" if len(days) > 1 else "")
+    return text
 
 
 FIT_COLUMNS = ("model", "device", "drafter", "context_len", "form", "points", "heldout_median", "heldout_p90",

@@ -324,18 +324,23 @@ def validation_headline(folder: Path) -> str:
 
 
 def h100_headline(folder: Path) -> str:
-    """drafters_fit.csv (the drafter families' C_d fits of drafters_profile.csv) and fp8_times.csv
-    (FP8 against bf16 experts of the V4-Flash ep=8 rank under CUDA graphs)."""
+    """drafters_fit.csv (the drafter families' C_d fits of drafters_profile.csv, one per context
+    timed; the profile's rows say how they were timed: variant ``round``, the runtime's own round)
+    and fp8_times.csv (FP8 against bf16 experts of the V4-Flash ep=8 rank under CUDA graphs)."""
+    from simtree.costs.drafter_fit import sweep_label
+
     fit = _csv(folder / "drafters_fit.csv")
     worst = {m: g.groupby("drafter", sort=False)["heldout_median"].max()     # over the contexts fitted
              for m, g in fit.groupby("model", sort=True)}
+    timed = sweep_label(_csv(folder / "drafters_profile.csv"))
     parts = [f"{_model(m)} {', '.join(f'{d} {_pct(e, 1)}' for d, e in w.items())}" for m, w in worst.items()]
     t = _csv(folder / "fp8_times.csv")
     t = t[t["op"] == "routed_experts"].pivot_table(index="tokens", columns="path", values="median_us")
     ratio = t["bf16"] / t["fp8"]
     faster = ratio[ratio > 1]
-    text = (f"drafter C_d (block, TfM, DSpark) fitted with held-out median error {_pct(fit['heldout_median'].max(), 1)} "
-            f"at worst ({'; '.join(parts)}); V4-Flash rank's routed experts in FP8 {_span(faster.values, 2)} faster "
+    text = (f"drafter C_d (block, TfM, DSpark; {timed}) fitted per context with held-out median error "
+            f"{_pct(fit['heldout_median'].max(), 1)} at worst over the contexts ({'; '.join(parts)}); "
+            f"V4-Flash rank's routed experts in FP8 {_span(faster.values, 2)} faster "
             f"than bf16 at {int(faster.index.min())}-{int(faster.index.max())} tokens, "
             f"{_span((1 / ratio[ratio <= 1]).values, 2)} slower beyond")
     if (folder / "floor.csv").exists():
@@ -492,12 +497,13 @@ FOLDERS: tuple[Folder, ...] = (
            "workloads, batch 1-64)",
            "`simtree plan --machine h100 --out reports/h100/plan`", plan_headline),
     Folder("reports/h100", "Drafters, FP8 experts and verify floors (H100)",
-           "the block, TfM and DSpark drafters' rounds profiled under CUDA graphs for both targets, their C_d "
-           "fits; FP8 against bf16 expert GEMMs of the V4-Flash ep=8 rank; GDN and V4 verify against their "
+           "the block, TfM and DSpark drafters' rounds (the runtime's own draft code) profiled under CUDA graphs "
+           "for both targets at two contexts, their C_d fits per context; FP8 against bf16 expert GEMMs of the "
+           "V4-Flash ep=8 rank; GDN and V4 verify against their "
            "memory floor (floor.csv: `bash scripts/gdn_floor_gpu.sh`, `bash scripts/v4_floor_gpu.sh`, then "
            "`python -m simtree.profiler.bench.floor_table --gdn D1 --v4 D2 --out reports/h100/floor.csv`; the committed GDN rows: `python -m simtree.profiler.bench.floor_table --gdn D1 --v4-from reports/h100/floor.csv --out reports/h100/floor.csv`)",
-           "`bash scripts/drafters_gpu.sh` (both models into one OUT: the sweep appends to its table; here "
-           "two H100 calls, one model each) then `python -m simtree.costs.drafter_fit "
+           "`OUT=DIR bash scripts/drafters_gpu.sh` (one H100 call, both models into one table), its "
+           "drafters_profile.csv copied here, then `python -m simtree.costs.drafter_fit "
            "reports/h100/drafters_profile.csv --out reports/h100/drafters_fit.csv`; `bash scripts/fp8_gpu.sh` "
            "(its fp8_times.csv)", h100_headline),
     Folder("reports/h100/modes", "Every runnable mode at full scale beside the plan's choice (H100)",
