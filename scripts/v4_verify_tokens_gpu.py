@@ -109,6 +109,7 @@ def one_shape(model, costs, mode: str, params: dict, B: int, rounds: int, ctx: i
     engine.capture()
     engine.fill_context(ctx, seed)
     engine.run(rounds=2)
+    engine.rewind_source()      # the capture's and warm-up's rounds drew rows: the timed rounds start at row 0
     engine.begin()
     trees = []
     for _ in range(rounds):
