@@ -39,7 +39,7 @@ from simtree.errors import SimtreeError, check_int
 
 from .data import training_docs
 from .drafter_model import TRAINABLE, BlockDrafterModule, read_drafter, save_drafter, target_features
-from .train_state import (CHECKPOINT_FILE, StopOnSignal, TrainingInterrupted, begin_job, optimizer_step,
+from .train_state import (StopOnSignal, TrainingInterrupted, begin_job, checkpoint_path, optimizer_step,
                           publish_folder, restore, save_checkpoint, warmup_cosine_lr)
 
 __all__ = ["DrafterTrainConfig", "train_drafter", "drafter_dir"]
@@ -201,7 +201,7 @@ def train_drafter(model_dir, cfg: DrafterTrainConfig | None = None, out=None, ov
         drafter.load_backbone(read_drafter(base, "block", taps=taps)[1], base)
     opt = torch.optim.AdamW([p for p in drafter.parameters() if p.requires_grad], lr=cfg.lr, betas=(0.9, 0.95),
                             weight_decay=0.01)
-    ckpt = out / CHECKPOINT_FILE
+    ckpt = checkpoint_path(out)
     if begun is None:
         rng = np.random.default_rng(cfg.seed)
         state = {"settings": job, "step": 0, "log": [], "tail": [], "seconds": 0.0}

@@ -48,10 +48,10 @@ from .bpe import BpeTokenizer, train_tokenizer, write_tokenizer
 from .data import training_docs
 from .target_model import PRESETS, TargetWithMTP, hf_config, save_folder
 from .train_memory import check_training_memory
-from .train_state import (CHECKPOINT_FILE, StopOnSignal, TrainingInterrupted, begin_job, optimizer_step,
+from .train_state import (StopOnSignal, TrainingInterrupted, begin_job, checkpoint_path, optimizer_step,
                           publish_folder, restore, save_checkpoint, warmup_cosine_lr)
 
-__all__ = ["TargetTrainConfig", "TrainingInterrupted", "train_target", "corpus", "checkpoint_path", "CHECKPOINT_FILE"]
+__all__ = ["TargetTrainConfig", "TrainingInterrupted", "train_target", "corpus"]
 
 FREE_SETTINGS = ("max_seconds", "checkpoint_every")   # a resumed run may change these: the result does not
 LOG_HEADER = "step,lr,lm_loss,mtp_loss,heldout_lm_loss,heldout_mtp_loss,seconds"
@@ -115,10 +115,6 @@ def _heldout(model: TargetWithMTP, batches: list[torch.Tensor], autocast) -> dic
             parts.append(model.loss(win)[1])
     model.train()
     return {k: float(np.mean([p[k] for p in parts])) for k in ("lm", "mtp")}
-
-
-def checkpoint_path(out) -> Path:
-    return Path(out) / CHECKPOINT_FILE
 
 
 def _job(cfg: TargetTrainConfig) -> dict:

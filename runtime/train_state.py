@@ -25,11 +25,17 @@ from simtree.errors import SimtreeError
 from simtree.fileio import write_atomic
 
 __all__ = ["CHECKPOINT_SCHEMA", "StopOnSignal", "TrainingInterrupted", "save_checkpoint", "read_checkpoint",
-           "restore", "begin_job", "publish_folder", "CHECKPOINT_FILE", "warmup_cosine_lr", "optimizer_step"]
+           "restore", "begin_job", "publish_folder", "CHECKPOINT_FILE", "checkpoint_path", "warmup_cosine_lr",
+           "optimizer_step"]
 
 CHECKPOINT_FILE = "checkpoint.safetensors"    # inside a job's output folder
 
 CHECKPOINT_SCHEMA = "simtree.train_checkpoint/2"
+
+
+def checkpoint_path(folder) -> Path:
+    """The training checkpoint's file in a job's output (or staging) folder."""
+    return Path(folder) / CHECKPOINT_FILE
 
 
 def warmup_cosine_lr(lr: float, warmup: int, step: int, steps: int) -> float:
@@ -87,7 +93,7 @@ def begin_job(out: Path, job: dict, overwrite: bool, resume: bool, flag=str) -> 
     every refusal before any work: --resume with --overwrite, no checkpoint, a checkpoint of
     another job (``job``: the settings that make two runs the same; ``flag(key)``: its option),
     a non-empty ``out`` without --overwrite."""
-    ckpt = Path(out) / CHECKPOINT_FILE
+    ckpt = checkpoint_path(out)
     if resume:
         if overwrite:
             raise SimtreeError("--resume and --overwrite exclude each other: --overwrite trains from scratch")
@@ -117,7 +123,7 @@ def publish_folder(out: Path, write, checkpoint=None) -> None:
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)
     if checkpoint is not None:
-        checkpoint(staging / CHECKPOINT_FILE)
+        checkpoint(checkpoint_path(staging))
     write(staging)
     if out.exists():
         shutil.rmtree(out)
