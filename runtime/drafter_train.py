@@ -18,10 +18,10 @@ accepted given that the ones before it were (binary cross-entropy over those pos
 
 The job writes ``out`` (default ``MODEL/drafters/<family>``) as :mod:`simtree.runtime.target_train`
 does (:class:`.train_state.TrainingJob`): a checkpoint every ``checkpoint_every`` steps and on
-SIGINT / SIGTERM (``resume`` continues it bit-exactly), ``max_seconds`` stops early and publishes the folder with the checkpoint inside;
-the folder is written beside ``out`` and moved over it.  ``training.json`` records the settings,
-the held-out chain acceptance (mean leading top-1 matches of a block on held-out text) and the
-seconds; ``training_log.csv`` every step.
+SIGINT / SIGTERM (``resume`` continues it bit-exactly), ``max_seconds`` stops early and publishes
+the folder with the checkpoint inside; the folder is written beside ``out`` and moved over it.
+``training.json`` records the settings, the held-out chain acceptance (mean leading top-1 matches
+of a block on held-out text) and the seconds; ``training_log.csv`` every step.
 """
 from __future__ import annotations
 
