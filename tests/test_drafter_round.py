@@ -6,7 +6,8 @@ import torch
 
 from simtree.errors import SimtreeError
 from simtree.kernels.layers.device_trees import TreeBuffers
-from simtree.kernels.layers.drafters import DraftShape, backbone_forward, draft_round, survival, tree_from_marginals
+from simtree.kernels.layers.drafters import (DraftShape, backbone_forward, draft_round, survival, threshold_keep,
+                                             tree_from_marginals)
 from simtree.models import get_model
 from simtree.runtime.full.block_drafters import DrafterRound
 
@@ -36,7 +37,7 @@ def test_round_matches_the_kernels_and_commits_the_context(family):
     hid = backbone_forward(d.w, d.cfg, d.state, d.rope, feats, n_new, anchor)
     tree = TreeBuffers.empty(2, 6, "cpu")
     want = draft_round(family, d.w, d.cfg, hid, anchor, tree, DraftShape(6, 2, 3),
-                       keep=0.3 if family == "dspark" else None)
+                       keep=threshold_keep(0.3) if family == "dspark" else None)
     for name in TREE:
         assert torch.equal(getattr(out.tree, name), getattr(tree, name)), name
     for got, ref in zip((out.lp, out.ids, out.confidence, out.verified_len), want):

@@ -28,7 +28,7 @@ from simtree.drafters import DRAFTER_ROPE_THETA
 from simtree.errors import SimtreeError
 from simtree.kernels.layers.device_trees import TreeBuffers
 from simtree.kernels.layers.drafters import (BackboneState, DraftShape, backbone_forward, draft_round, drafter_config,
-                                             drafter_specs, prepare)
+                                             drafter_specs, prepare, threshold_keep)
 from simtree.kernels.layers.rope import RopeTable
 from simtree.kernels.layers.weights import make_weights, weights_from
 
@@ -57,7 +57,7 @@ class DrafterRound:
         if budget < 1 or topk < 1 or width < 1:
             raise SimtreeError(f"drafter round: budget, topk and width must be >= 1, got {budget}, {topk}, {width}")
         self.family, self.budget, self.topk, self.width = family, int(budget), int(topk), int(width)
-        self.keep = float(keep)
+        self.keep = threshold_keep(keep)
         dev = torch.device(device)
         specs = drafter_specs(cfg, with_ends=ends is None)
         if weights is None:
