@@ -135,8 +135,7 @@ class BlockEngine(FullEngine):
                  "block_len": rs.num_steps}
         B, L, dev = self.B, rs.num_steps, self.device
         self.drafter = DrafterRound(model.shape, rs.drafter, batch=B, max_len=max_len, device=dev, dtype=model.dtype,
-                                    budget=rs.tree_nodes, topk=max(rs.topk, 1), width=rs.width, seed=seed,
-                                    ends={"embed": model.w["embed"], "lm_head": model.w["lm_head"]}, graph=False,
+                                    seed=seed, ends={"embed": model.w["embed"], "lm_head": model.w["lm_head"]},
                                     weights=weights, **sizes)
         K = MARGINAL_TOPK
         self.marginal_ids = torch.zeros(B, L, K, dtype=torch.int64, device=dev)
