@@ -38,7 +38,7 @@ from simtree.drafters import DRAFTER_ROPE_THETA, ROUND_VARIANT
 from simtree.kernels.layers.device_trees import TreeBuffers
 from simtree.kernels.layers.drafters import (BackboneState, DraftedRound, DrafterConfig, DraftShape,
                                              backbone_forward, draft_round, drafter_config, drafter_specs, prepare,
-                                             tfm_steps, tree_from_marginals)
+                                             tfm_steps, threshold_keep, tree_from_marginals)
 from simtree.kernels.layers.drafters.config import MAX_BLOCK_LEN
 from simtree.kernels.layers.rope import RopeTable
 from simtree.kernels.layers.weights import make_weights
@@ -51,6 +51,7 @@ __all__ = ["DRAFTER_STAGES", "drafter_workload", "check_drafter", "drafter_point
 DRAFTER_STAGES = {"draft_block": "block", "draft_tfm": "tfm", "draft_dspark": "dspark"}
 TFM_BLOCK_LEN = 7      # the TfM adapter drafts over the public block (its tree's depth bound)
 DSPARK_THRESHOLD = 0.3  # the stage's verify threshold (the work does not depend on its value)
+DSPARK_KEEP = threshold_keep(DSPARK_THRESHOLD)
 
 
 def drafter_point_axes(stage: str, b: int, n: int, l: int, s: int, k: int) -> tuple[int, int, int]:
@@ -128,7 +129,7 @@ def run_round(x: DraftInputs) -> DraftedRound:
     x.state.lengths.copy_(x.lengths0)
     hid = backbone_forward(x.w, x.cfg, x.state, x.rope, x.feats, x.n_new, x.anchor)
     return draft_round(x.family, x.w, x.cfg, hid, x.anchor, x.tree, DraftShape(x.tree_nodes, x.width, x.topk),
-                       keep=DSPARK_THRESHOLD)
+                       keep=DSPARK_KEEP)
 
 
 def drafter_workload(ctx: Ctx, p: Point) -> Workload:

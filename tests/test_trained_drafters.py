@@ -27,6 +27,7 @@ from simtree.runtime.full.build import build_model  # noqa: E402
 from simtree.runtime.full.decode import decode_prompts  # noqa: E402
 from simtree.runtime.full.drafting import round_shape  # noqa: E402
 from simtree.runtime.target_model import TargetWithMTP, hf_config, save_folder  # noqa: E402
+from simtree.runtime.train_state import checkpoint_path  # noqa: E402
 
 torch.set_num_threads(1)
 SHIPPED = "simtree/data/models/qwen3.5-tiny-sharegpt"
@@ -108,11 +109,11 @@ def test_train_resume_load_and_lossless(target_dir, tmp_path):
     # stopped after one step (published with its checkpoint), then resumed: the same weights
     part = train_drafter(target_dir, DrafterTrainConfig(family="dspark", **{**TINY, "max_seconds": 0.0}),
                          out=target_dir / "drafters" / "dspark")
-    assert not part["complete"] and (target_dir / "drafters" / "dspark" / "checkpoint.safetensors").is_file()
+    assert not part["complete"] and checkpoint_path(target_dir / "drafters" / "dspark").is_file()
     with pytest.raises(SimtreeError, match="--resume"):
         train_drafter(target_dir, DrafterTrainConfig(family="dspark", **TINY))
     done = train_drafter(target_dir, DrafterTrainConfig(family="dspark", **TINY), resume=True)
-    assert done["complete"] and not (target_dir / "drafters" / "dspark" / "checkpoint.safetensors").exists()
+    assert done["complete"] and not checkpoint_path(target_dir / "drafters" / "dspark").exists()
     a, b = _weights(tmp_path / "whole"), _weights(target_dir / "drafters" / "dspark")
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     # the runtime loads it (no note) and stays lossless; block has no trained drafter here: a note

@@ -192,6 +192,7 @@ def test_the_committed_bucket_table_pads_the_measured_spikes():
     assert rec["by_batch"] == {"16": {"20": 24}, "32": {"10": 11, "14": 16}, "64": {"13": 14}}
     text = bucket_summary(table)
     assert "Pad map: 10 -> 11, 14 -> 16." in text and "slowest piece mlp_step" in text
+    assert f"| 16 | {100 * rec['saving']['32']['14']:.1f}% |" in text     # the record's saving, as stored
 
 
 def test_simtree_fit_pads_unless_told_not_to(tmp_path):

@@ -43,7 +43,7 @@ import torch
 
 from simtree.drafters import PUBLIC, own_block_len
 from simtree.errors import SimtreeError
-from simtree.kernels.layers.drafters import DraftShape, backbone_forward, draft_round
+from simtree.kernels.layers.drafters import DraftShape, backbone_forward, draft_round, threshold_keep
 
 from .allocation import drafter_cost
 from .block_drafters import DrafterRound
@@ -135,8 +135,7 @@ class BlockEngine(FullEngine):
                  "block_len": rs.num_steps}
         B, L, dev = self.B, rs.num_steps, self.device
         self.drafter = DrafterRound(model.shape, rs.drafter, batch=B, max_len=max_len, device=dev, dtype=model.dtype,
-                                    budget=rs.tree_nodes, topk=max(rs.topk, 1), width=rs.width, seed=seed,
-                                    ends={"embed": model.w["embed"], "lm_head": model.w["lm_head"]}, graph=False,
+                                    seed=seed, ends={"embed": model.w["embed"], "lm_head": model.w["lm_head"]},
                                     weights=weights, **sizes)
         K = MARGINAL_TOPK
         self.marginal_ids = torch.zeros(B, L, K, dtype=torch.int64, device=dev)
@@ -160,7 +159,7 @@ class BlockEngine(FullEngine):
         d.anchor.copy_(self.roots)
         keep = None
         if rs.drafter == "dspark":   # the prefix that clears the threshold, or the schedule's
-            keep = rs.threshold if rs.threshold is not None else \
+            keep = threshold_keep(rs.threshold) if rs.threshold is not None else \
                 (lambda surv: self.alloc.allocate(surv, self.st.lengths.double().mean()))
         out = draft_round(rs.drafter, d.w, d.cfg, d.hidden(), self.roots, self.tree,
                           DraftShape(rs.tree_nodes, rs.width, MARGINAL_TOPK), keep=keep,

@@ -13,6 +13,26 @@ HELP = ("Train a Qwen3.5-architecture target with its MTP layer and a BPE tokeni
         "publishes an unfinished folder that --resume also continues.\n\n"
         "Example: simtree train --size cpu --target-steps 2000 --out qwen-tiny")
 
+
+def run_job(train, json_out: bool, summary) -> None:
+    """A training command's job: ``train(events)`` -> its record, progress lines on stderr (none
+    with --json); an interruption's one line (where the checkpoint is, how to resume) and exit
+    130; then the record as JSON, or ``summary(record, done)``'s line (``done``: the note of a
+    job stopped early)."""
+    from simtree.runtime.train_state import TrainingInterrupted
+
+    say = None if json_out else (lambda line: typer.echo(line, err=True))
+    try:
+        rec = train(say)
+    except TrainingInterrupted as exc:
+        typer.echo(str(exc), err=True)
+        raise typer.Exit(130) from None
+    if json_out:
+        typer.echo(json.dumps(rec, indent=2, allow_nan=False))
+        return
+    typer.echo(summary(rec, "" if rec["complete"] else " (stopped early: --resume continues)"))
+
+
 def register(app: typer.Typer) -> None:
     @app.command("train", help=HELP)
     def train(
@@ -37,7 +57,7 @@ def register(app: typer.Typer) -> None:
         conversations: int = typer.Option(2000, help="ShareGPT records x 2 read (even ones train)"),
     ) -> None:
         from simtree.errors import SimtreeError
-        from simtree.runtime.target_train import TargetTrainConfig, TrainingInterrupted, train_target
+        from simtree.runtime.target_train import TargetTrainConfig, train_target
 
         if arch != "qwen3_5_text":
             raise SimtreeError(f"--arch must be 'qwen3_5_text', got {arch!r}")
@@ -45,16 +65,7 @@ def register(app: typer.Typer) -> None:
                                 seed=seed, max_seconds=max_seconds, checkpoint_every=checkpoint_every,
                                 vocab_size=vocab_size, device=device, conversations=conversations,
                                 tokenizer=None if tokenizer is None else str(tokenizer))
-        say = None if json_out else (lambda line: typer.echo(line, err=True))
-        try:
-            rec = train_target(out, cfg, overwrite=overwrite, events=say, resume=resume)
-        except TrainingInterrupted as exc:
-            typer.echo(str(exc), err=True)
-            raise typer.Exit(130) from None
-        if json_out:
-            typer.echo(json.dumps(rec, indent=2, allow_nan=False))
-            return
-        done = "" if rec["complete"] else " (stopped early: --resume continues)"
-        typer.echo(f"target ({rec['parameters']} parameters): {rec['steps']}/{rec['planned_steps']} steps{done}, "
-                   f"held-out loss {rec['heldout_lm_loss']:.3f} (MTP {rec['heldout_mtp_loss']:.3f}), "
-                   f"{rec['train_seconds']} s -> {out}")
+        run_job(lambda say: train_target(out, cfg, overwrite=overwrite, events=say, resume=resume), json_out,
+                lambda rec, done: f"target ({rec['parameters']} parameters): {rec['steps']}/{rec['planned_steps']} "
+                                  f"steps{done}, held-out loss {rec['heldout_lm_loss']:.3f} (MTP "
+                                  f"{rec['heldout_mtp_loss']:.3f}), {rec['train_seconds']} s -> {out}")

@@ -1,7 +1,6 @@
 """``simtree train-drafter``: train a block drafter for a trained target folder (resumable)."""
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import typer
@@ -44,23 +43,17 @@ def register(app: typer.Typer) -> None:
         json_out: bool = typer.Option(False, "--json", help="print the record as JSON"),
     ) -> None:
         from simtree.runtime.drafter_train import DrafterTrainConfig, train_drafter
-        from simtree.runtime.train_state import TrainingInterrupted
+
+        from simtree.cli.train import run_job
 
         cfg = DrafterTrainConfig(family=drafter, steps=steps, batch_size=batch_size, prefix_len=prefix_len,
                                  gen_len=gen_len, anchors=anchors, block_len=block_len, layers=layers,
                                  markov_rank=markov_rank, cand_k=cand_k, adapter_dim=adapter_dim,
                                  init_from=None if init_from is None else str(init_from), lr=lr, seed=seed, max_seconds=max_seconds,
                                  checkpoint_every=checkpoint_every, conversations=conversations)
-        say = None if json_out else (lambda line: typer.echo(line, err=True))
-        try:
-            rec = train_drafter(model, cfg, out=out, overwrite=overwrite, resume=resume, events=say)
-        except TrainingInterrupted as exc:
-            typer.echo(str(exc), err=True)
-            raise typer.Exit(130) from None
-        if json_out:
-            typer.echo(json.dumps(rec, indent=2, allow_nan=False))
-            return
-        done = "" if rec["complete"] else " (stopped early: --resume continues)"
-        typer.echo(f"{rec['family']} drafter ({rec['parameters']} parameters): {rec['steps']} steps{done}, held-out "
-                   f"depth-1 top-1 {rec['heldout_top1_depth1']:.3f}, chain {rec['heldout_chain_accept']:.2f} "
-                   f"accepted a block, {rec['train_seconds']} s -> {rec['out']}")
+        run_job(lambda say: train_drafter(model, cfg, out=out, overwrite=overwrite, resume=resume, events=say),
+                json_out,
+                lambda rec, done: f"{rec['family']} drafter ({rec['parameters']} parameters): {rec['steps']} "
+                                  f"steps{done}, held-out depth-1 top-1 {rec['heldout_top1_depth1']:.3f}, chain "
+                                  f"{rec['heldout_chain_accept']:.2f} accepted a block, {rec['train_seconds']} s -> "
+                                  f"{rec['out']}")

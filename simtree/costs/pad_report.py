@@ -80,15 +80,15 @@ def bucket_summary(path, min_saving: float = PAD_MIN_SAVING) -> str:
     for b, sub in v.groupby("batch_size"):
         sub = sub.sort_values("nodes_per_seq")
         pads = rec["by_batch"].get(str(int(b)), {})
+        saving = rec["saving"].get(str(int(b)), {})
         ns = [int(n) for n in sub["nodes_per_seq"]]
         ms = dict(zip(ns, sub["latency_us_median"].astype(float) / 1000))
-        env = {n: ms[int(pads.get(str(n), n))] for n in ns}
         lines += [f"### batch {int(b)}", "",
                   "| n | tokens | measured | envelope | padded to | saving |", "|---|---|---|---|---|---|"]
         for n in ns:
             m = pads.get(str(n))
-            lines.append(f"| {n} | {n * int(b)} | {ms[n]:.2f} | {env[n]:.2f} | {m if m else '-'} | "
-                         f"{f'{100 * (1 - env[n] / ms[n]):.1f}%' if m else '-'} |")
+            lines.append(f"| {n} | {n * int(b)} | {ms[n]:.2f} | {ms[m] if m else ms[n]:.2f} | {m if m else '-'} | "
+                         f"{f'{100 * saving[str(n)]:.1f}%' if m else '-'} |")
         lines.append("")
         if not pads:
             lines += ["Pad map: none (no larger measured node count is clearly cheaper).", ""]

@@ -11,11 +11,12 @@ a TfM-style adapter over the block's top-K and a DSpark-style semi-autoregressiv
 from .backbone import BackboneState, backbone_forward, prepare
 from .block import DeviceTree, block_marginals, tree_from_marginals
 from .config import DRAFTER_FAMILIES, MAX_BLOCK_LEN, DrafterConfig, drafter_config, drafter_dims, drafter_specs
-from .dspark import check_threshold, dspark_draft, survival, verify_prefix_len
+from .dspark import check_threshold, dspark_draft, survival, threshold_keep, verify_prefix_len
 from .round import MARGINAL_TOPK, DraftedRound, DraftShape, draft_round, set_tree
 from .tfm import tfm_candidates, tfm_steps, tfm_tree, tfm_tree_rescored
 
 __all__ = ["BackboneState", "backbone_forward", "prepare", "DeviceTree", "block_marginals", "tree_from_marginals",
            "DRAFTER_FAMILIES", "MAX_BLOCK_LEN", "DrafterConfig", "drafter_config", "drafter_dims", "drafter_specs",
-           "check_threshold", "dspark_draft", "survival", "verify_prefix_len", "tfm_candidates", "tfm_steps",
-           "tfm_tree", "tfm_tree_rescored", "MARGINAL_TOPK", "DraftedRound", "DraftShape", "draft_round", "set_tree"]
+           "check_threshold", "dspark_draft", "survival", "threshold_keep", "verify_prefix_len", "tfm_candidates",
+           "tfm_steps", "tfm_tree", "tfm_tree_rescored", "MARGINAL_TOPK", "DraftedRound", "DraftShape", "draft_round",
+           "set_tree"]

@@ -3,6 +3,7 @@ Markov head and a confidence head.
 
     lp, ids, conf = dspark_draft(w, hid, anchor, topk)   # [B, L, k], [B, L, k], [B, L]
     n = verify_prefix_len(conf, threshold)                # [B]: positions to verify
+    keep = threshold_keep(threshold)                      # the same rule on survivals, draft_round's keep
 
 The backbone's block logits are computed once for all L rows (one LM-head GEMM); then, row by
 row, the Markov head adds W2 W1[previous token] (rank r, DeepSpec's "vanilla" head) to the row's
@@ -21,7 +22,7 @@ from simtree.acceptance.confidence_head import check_threshold
 
 from ..head import logits_fp32, topk_logp
 
-__all__ = ["dspark_draft", "survival", "verify_prefix_len", "check_threshold"]
+__all__ = ["dspark_draft", "survival", "verify_prefix_len", "threshold_keep", "check_threshold"]
 
 
 def dspark_draft(w: dict, hid: torch.Tensor, anchor: torch.Tensor, topk: int):
@@ -51,5 +52,11 @@ def survival(conf: torch.Tensor) -> torch.Tensor:
 def verify_prefix_len(conf: torch.Tensor, threshold: float) -> torch.Tensor:
     """int64 [B]: the length of the longest prefix whose predicted survival is >= ``threshold``
     (survival falls with length, so it is the count of positions that clear it)."""
+    return threshold_keep(threshold)(survival(conf))
+
+
+def threshold_keep(threshold: float):
+    """The prefix rule of a fixed ``threshold``: survivals [B, m] -> int64 [B], the count of
+    positions whose survival is >= ``threshold`` (``draft_round``'s ``keep``)."""
     t = check_threshold(threshold)
-    return (survival(conf) >= t).sum(-1)
+    return lambda surv: (surv >= t).sum(-1)

@@ -4,15 +4,16 @@ runtime's block round (``runtime/full/block_engine.py``) runs and the profiler's
 
     hid = backbone_forward(w, cfg, state, rope, feats, n_new, anchor)
     out = draft_round("block", w, cfg, hid, roots, tree, DraftShape(8))                # tree laid in ``tree``
-    out = draft_round("dspark", w, cfg, hid, roots, tree, DraftShape(L + 1), keep=0.3)
+    out = draft_round("dspark", w, cfg, hid, roots, tree, DraftShape(L + 1), keep=threshold_keep(0.3))
 
     block   top-``topk`` marginals per position (one LM-head GEMM), the best-first tree over them
             built sort-based (:mod:`..device_trees`: a fixed number of sorts whatever the budget)
     tfm     the adapter's best-first tree over its conditionals, ``width`` expansions a step
             (:mod:`.tfm`), copied into ``tree`` and padded
     dspark  the Markov head's chain and the confidence head (:mod:`.dspark`); each sequence keeps
-            the chain's prefix ``keep`` decides from the survivals (a threshold, or a rule such as
-            batch_alloc's), the rest stays in the tree, never accepted (``valid`` False)
+            the chain's prefix ``keep`` decides from the survivals (:func:`.dspark.threshold_keep`
+            of a threshold, or a rule such as batch_alloc's), the rest stays in the tree, never
+            accepted (``valid`` False)
 
 ``rescore(depth [B, n], lp [B, n, m])`` (a replay's acceptance model, ``DraftScores.rescore_at``):
 the marginals' (block, dspark) or the adapter's children's (tfm) log-probs replaced before the
@@ -66,11 +67,12 @@ def set_tree(tree: TreeBuffers, dt: DeviceTree, pad_rank: int) -> None:
 
 def draft_round(family: str, w: dict, cfg, hid: torch.Tensor, roots: torch.Tensor, tree: TreeBuffers,
                 shape: DraftShape, *, rescore=None,
-                keep: float | Callable[[torch.Tensor], torch.Tensor] | None = None) -> DraftedRound:
+                keep: Callable[[torch.Tensor], torch.Tensor] | None = None) -> DraftedRound:
     """Draft one round's trees from the backbone's block rows ``hid`` [B, L, h] into ``tree``
     (module docstring).  ``roots`` [B]: the anchors (the target's next tokens); ``shape``: the
-    round's :class:`DraftShape`; ``keep`` (dspark): a threshold on the prefix survival, or
-    survivals [B, m] -> int64 [B] prefix lengths."""
+    round's :class:`DraftShape`; ``keep`` (dspark): survivals [B, m] -> int64 [B] prefix lengths
+    (:func:`.dspark.threshold_keep` for a fixed threshold); called while a CUDA graph is captured,
+    so it must make no host sync (Python scalars are captured as constants)."""
     tree_nodes, width, topk = shape
     if family == "tfm":
         args = (w, hid, roots, cfg.cand_k, tree_nodes, width)
@@ -92,9 +94,9 @@ def draft_round(family: str, w: dict, cfg, hid: torch.Tensor, roots: torch.Tenso
         lay_out(tree, roots, cand, best_first(cand, tree_nodes), topk)
         return DraftedRound(*drafted)
     if keep is None:
-        raise ValueError("a dspark round needs keep: a threshold or a prefix rule")
+        raise ValueError("a dspark round needs keep: a prefix rule (threshold_keep for a threshold)")
     m = tree_nodes - 1     # the chain's drafts the bucket holds
     surv = (survival(lp[..., 0].exp()) if rescore is not None else survival(conf))[:, :m]
-    n = (surv >= keep).sum(1) if not callable(keep) else keep(surv)
+    n = keep(surv)
     lay_chain(tree, roots, lp[:, :m, 0], ids[:, :m, 0], n)
     return DraftedRound(*drafted, conf, n)
