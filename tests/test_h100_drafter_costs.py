@@ -48,16 +48,22 @@ def test_the_h100_c_d_is_fitted_from_the_runtimes_round_per_context(model):
 
 
 def test_the_sweep_label_and_the_rows_a_fit_took():
-    rows = pd.DataFrame({"stage": ["draft_block"] * 3 + ["draft_tfm"],
-                         "variant": [LOOP_BUILDER_VARIANT, ROUND_VARIANT, ROUND_VARIANT, ROUND_VARIANT],
-                         "context_len": [1024, 256, 1024, 512],
+    rows = pd.DataFrame({"stage": ["draft_block"] * 5 + ["draft_tfm"],
+                         "variant": [LOOP_BUILDER_VARIANT, ROUND_VARIANT, ROUND_VARIANT, ROUND_VARIANT,
+                                     ROUND_VARIANT, ROUND_VARIANT],
+                         "context_len": [1024, 256, 1024, 4096, 256, 512],
                          "timestamp": ["2026-12-06T06:00:00+00:00", "2026-12-07T01:22:00+00:00",
-                                       "2026-12-08T01:23:00+00:00", "2026-12-07T02:00:00+00:00"]})
-    fitted = {"block": SimpleNamespace(info={"source": {"variant": ROUND_VARIANT}})}
-    took = fitted_rows(rows, fitted)
-    assert list(took.index) == [1, 2]          # the block round rows; not the layers row, nor tfm's
+                                       "2026-12-08T01:23:00+00:00", "2026-12-09T01:00:00+00:00",
+                                       "2026-12-09T02:00:00+00:00", "2026-12-07T02:00:00+00:00"],
+                         "model": ["m"] * 6, "device": ["gpu"] * 4 + ["other"] + ["gpu"],
+                         "dtype": ["bf16"] * 6, "deployment": ["tp=1"] * 6})
+    # the fit kept the round rows at 256 and 1024 (not 4096: not fitted there) of one device
+    fitted = {"block": SimpleNamespace(info={"source": {"variant": ROUND_VARIANT, "context_len": 1024}},
+                                       contexts=[256, 1024])}
+    took = fitted_rows(rows, fitted, model="m", device="gpu", dtype="bf16", deployment="tp=1")
+    assert list(took.index) == [1, 2]   # not the layers row, the unfitted context, the other device, nor tfm's
     assert sweep_label(took) == "variant round, contexts 256 and 1024, timed 2026-12-07 to 2026-12-08"
     assert sweep_label(rows.iloc[:1]) == "variant layers, context 1024, timed 2026-12-06"
-    assert sweep_label(rows) == ("variants layers, round, contexts 256, 512 and 1024, timed 2026-12-06 to "
-                                 "2026-12-08")
+    assert sweep_label(rows.iloc[[0, 1, 2, 5]]) == ("variants layers, round, contexts 256, 512 and 1024, "
+                                                    "timed 2026-12-06 to 2026-12-08")
     assert sweep_label(rows.iloc[:0]) == "no rows"

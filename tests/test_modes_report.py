@@ -214,3 +214,19 @@ def test_the_costs_line_names_the_drafter_sweep_the_run_used(tmp_path):
     report(runs, tmp_path / "out2", gpu="Test GPU")
     assert "(Test GPU; the sweep at that path when the run planned, a date the run did not record)" in \
         (tmp_path / "out2" / "README.md").read_text()
+
+
+def test_a_note_loses_only_an_absolute_checkout_prefix():
+    from simtree.runtime.full.modes_readme import _in_repo
+    from simtree.runtime.full.modes_report import costs_note
+
+    assert _in_repo("costs from /work/main/simtree/data/costs/h.json.") == "costs from simtree/data/costs/h.json."
+    for kept in ("see https://github.com/o/simtree/blob/main/reports/h100/x.csv", "from out/h100/reports/p.csv",
+                 "from work/main/simtree/data/costs/a.json", "reports/h100/d.csv (x)"):
+        assert _in_repo(kept) == kept
+    assert _in_repo("a /tmp/x;/home/u/reports/y") == "a /tmp/x;reports/y"
+    # a path that happens to hold "variant" is still dated; a note naming its sweep is not
+    old = pd.DataFrame({"note": ["drafters' C_d from runs/variant_a/p.csv (H100); verify from c.json"]})
+    assert "when the run planned, 2026-12-07 01:19 UTC" in costs_note(old, [], "2026-12-07T01:19:00+00:00")
+    named = pd.DataFrame({"note": ["drafters' C_d from p.csv (H100; variant round, context 256); verify from c"]})
+    assert costs_note(named, [], "2026-12-07T01:19:00+00:00") == named["note"][0]

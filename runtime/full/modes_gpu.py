@@ -61,10 +61,10 @@ def drafter_bundle(costs_path: str, profile: str, model: str, builder_steps: str
     if rows.empty:
         return bundle, [f"{profile} has no drafter rows of {model}: no block-drafter candidates"]
     first = rows.iloc[0]
-    fitted, notes = fit_drafters(rows, model=model, device=str(first["device"]), dtype=str(first["dtype"]),
-                                 deployment=str(first["deployment"]), source={"profile": profile},
-                                 builder_steps=builder_steps)
-    notes.append(f"drafters' C_d from {profile} ({first['device']}; {sweep_label(fitted_rows(rows, fitted))}); "
+    key = {"model": model, "device": str(first["device"]), "dtype": str(first["dtype"]),
+           "deployment": str(first["deployment"])}
+    fitted, notes = fit_drafters(rows, **key, source={"profile": profile}, builder_steps=builder_steps)
+    notes.append(f"drafters' C_d from {profile} ({first['device']}; {sweep_label(fitted_rows(rows, fitted, **key))}); "
                  f"verify and MTP costs from {_relative(costs_path)}")
     return dataclasses.replace(bundle, drafters=fitted), notes
 

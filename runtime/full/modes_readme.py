@@ -33,7 +33,7 @@ def lossless_result(row) -> str:
 def _in_repo(text: str) -> str:
     """``text`` with the absolute checkout prefix of a run's paths dropped (``/x/y/simtree/data/..``
     -> ``simtree/data/..``): where the run's machine kept the repository says nothing."""
-    return re.sub(r"/\S*?/(simtree/data/|reports/)", r"\1", text)
+    return re.sub(r"(?<![\w:/.-])/[^\s;,()]*?/(simtree/data/|reports/)", r"\1", text)
 
 
 def _what_ran(runs: list[dict]) -> list[str]:

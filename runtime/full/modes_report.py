@@ -181,7 +181,7 @@ def costs_note(modes: pd.DataFrame, log: list[str], created: str | None) -> str:
     note = next((n for n in notes if "drafters' C_d from" in n), "") or \
         next((line.split("] ", 1)[-1] for line in log if "drafters' C_d from" in line), "")
     m = re.match(r"(drafters' C_d from \S+)( \(([^)]*)\))?", note)
-    if not m or "variant" in note:
+    if not m or "variant" in (m.group(3) or ""):
         return note
     when = (f"the sweep at that path when the run planned, {created[:16].replace('T', ' ')} UTC" if created
             else "the sweep at that path when the run planned, a date the run did not record")

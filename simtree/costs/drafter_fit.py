@@ -167,14 +167,17 @@ def _fit_one(rows: pd.DataFrame, fam: str, what: str, source: dict, folds: int, 
     return DrafterCostModel(res.surface, info, fam)
 
 
-def fitted_rows(df: pd.DataFrame, models: dict) -> pd.DataFrame:
-    """The rows of ``df`` (one model, device, dtype and deployment) that ``models`` ({family:
-    DrafterCostModel}, :func:`fit_drafters`) were fitted from: each family's stage at the variant
-    its fit kept (:func:`timed_rows`)."""
-    keep = pd.Series(False, index=df.index)
+def fitted_rows(df: pd.DataFrame, models: dict, *, model: str, device: str, dtype: str,
+                deployment: str) -> pd.DataFrame:
+    """The rows of ``df`` that ``models`` ({family: DrafterCostModel}, :func:`fit_drafters` with
+    the same model, device, dtype and deployment) were fitted from: each family's stage at the
+    variant its fit kept (:func:`timed_rows`) and the contexts it was fitted at."""
+    parts = []
     for fam, m in models.items():
-        keep |= (df["stage"] == DRAFTER_STAGE[fam]) & (df["variant"] == m.info["source"]["variant"])
-    return df[keep]
+        rows = drafter_rows(df, fam, model, device, dtype, deployment)
+        contexts = m.contexts or [int(m.info["source"]["context_len"])]
+        parts.append(rows[(rows["variant"] == m.info["source"]["variant"]) & rows["context_len"].isin(contexts)])
+    return pd.concat(parts) if parts else df.iloc[:0]
 
 
 def sweep_label(rows: pd.DataFrame) -> str:

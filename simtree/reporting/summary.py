@@ -328,11 +328,15 @@ def h100_headline(folder: Path) -> str:
     timed; the profile's rows say how they were timed: variant ``round``, the runtime's own round)
     and fp8_times.csv (FP8 against bf16 experts of the V4-Flash ep=8 rank under CUDA graphs)."""
     from simtree.costs.drafter_fit import sweep_label
+    from simtree.drafters import ROUND_VARIANT
 
     fit = _csv(folder / "drafters_fit.csv")
     worst = {m: g.groupby("drafter", sort=False)["heldout_median"].max()     # over the contexts fitted
              for m, g in fit.groupby("model", sort=True)}
-    timed = sweep_label(_csv(folder / "drafters_profile.csv"))
+    prof = _csv(folder / "drafters_profile.csv")
+    if (prof["variant"] == ROUND_VARIANT).any():    # the fit takes the round rows where a table has them
+        prof = prof[prof["variant"] == ROUND_VARIANT]
+    timed = sweep_label(prof)
     parts = [f"{_model(m)} {', '.join(f'{d} {_pct(e, 1)}' for d, e in w.items())}" for m, w in worst.items()]
     t = _csv(folder / "fp8_times.csv")
     t = t[t["op"] == "routed_experts"].pivot_table(index="tokens", columns="path", values="median_us")

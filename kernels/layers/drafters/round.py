@@ -93,7 +93,7 @@ def draft_round(family: str, w: dict, cfg, hid: torch.Tensor, roots: torch.Tenso
         cand = marginal_candidates(lp, ids, tree_nodes)
         lay_out(tree, roots, cand, best_first(cand, tree_nodes), topk)
         return DraftedRound(*drafted)
-    if keep is None:
+    if not callable(keep):
         raise ValueError("a dspark round needs keep: a prefix rule (threshold_keep for a threshold)")
     m = tree_nodes - 1     # the chain's drafts the bucket holds
     surv = (survival(lp[..., 0].exp()) if rescore is not None else survival(conf))[:, :m]
