@@ -304,3 +304,50 @@ def test_generate_decodes_in_the_padded_bucket_the_plan_priced(monkeypatch):
     plain = gen.generate(model, PROMPTS[:2], 12, PolicySpec.from_dict("none"))
     assert (built[0].nodes, built[0].padded_from) == (rs.nodes + 3, rs.nodes)
     assert padded.outputs == plain.outputs
+
+
+class _PaddingCosts:
+    """A cost bundle whose verify model also pads: ``costs`` with the pad map ``by_batch``."""
+
+    def __init__(self, costs, by_batch: dict):
+        self._costs, self._rec = costs, {"by_batch": by_batch}
+        self.verify = SimpleNamespace(predict=costs.verify.predict,
+                                      padded_nodes=lambda n, b: padded_nodes(self._rec, n, b))
+
+    def __getattr__(self, name):
+        return getattr(self._costs, name)
+
+
+ADAPTIVE = [PolicySpec.from_dict("cost_aware", {"max_budget": 16, "draft_depth": 3}),
+            PolicySpec.from_dict("batch_alloc", {"max_budget_per_seq": 16, "draft_depth": 3})]
+
+
+@pytest.mark.parametrize("name", ["tiny-gdn", "tiny-v4"])
+@pytest.mark.parametrize("spec", ADAPTIVE, ids=lambda s: s.mode)
+def test_padded_adaptive_rounds_are_lossless(spec, name):
+    """cost_aware / batch_alloc as the measured runs shape them (float32, batch 2): the bucket of
+    the analytic decision (sharegpt, 12 of the max 16 nodes), padded by the bundle's map to 15;
+    each round's budgets still the rule's under the decision's cap, the output plain greedy's."""
+    from simtree.costs.synthetic import synthetic_costs
+    from simtree.runtime.full.engine import FullEngine
+    from simtree.runtime.full.measure import _Source
+
+    costly = synthetic_costs(weights_us=0.0, per_token_us=10.0)     # nodes cost: the budgets move
+    source = _Source(None, "sharegpt", "cpu", 0)
+    decision = source.round_shape(spec, 2, costly, 16.0)
+    assert decision.padded_from == 0 and 2 < decision.nodes < decision.budget   # the rule's bucket, not the max
+    costs = _PaddingCosts(costly, {"2": {str(decision.nodes): decision.nodes + 3}})
+    padded = source.round_shape(spec, 2, costs, 16.0)
+    assert (padded.nodes, padded.padded_from, padded.tree_nodes) == (decision.nodes + 3, decision.nodes,
+                                                                      decision.nodes)
+    model = tiny_model(name, dtype=torch.float32)
+    decode = lambda rs: _decode(FullEngine(model, rs, 2, 160, costs=costs), 20)  # noqa: E731
+    plain, _, _ = decode(round_shape(PolicySpec.from_dict("none")))
+    outs, stats, accepted = decode(padded)
+    ref, ref_stats, _ = decode(decision)
+    assert outs == plain == ref
+    # the same budgets (the cap is the decision's, not the padded bucket's), the same acceptance
+    assert stats.nodes.tolist() == ref_stats.nodes.tolist()
+    assert stats.accepted.tolist() == ref_stats.accepted.tolist() and stats.accepted_tokens_per_round > 1.2
+    assert 1 < int(stats.nodes.max()) <= decision.nodes
+    assert accepted and max(int(a.max()) for a in accepted) < decision.nodes   # no padding node accepted
