@@ -2,7 +2,8 @@
 CPU: its backbone and then ``draft_round`` (the block engine's and the profiler's draft code) give
 the kernels' own outputs, the context committed round after round; on CUDA the same round
 captured in a graph replays as the eager round (gpu).  The round around the drafter's buffers is
-this file's ``_Round``: the block engine runs the drafter's backbone inside its own round."""
+this file's ``_Round``: the block engine runs the drafter's backbone inside its own round, whose
+captured stages (its draft stage among them) decode as its eager rounds and plain greedy (gpu)."""
 from typing import NamedTuple
 
 import pytest
@@ -13,6 +14,7 @@ from simtree.kernels.layers.device_trees import TreeBuffers
 from simtree.kernels.layers.drafters import (DraftShape, backbone_forward, draft_round, survival, threshold_keep,
                                              tree_from_marginals)
 from simtree.models import get_model
+from simtree.planning.modes import PolicySpec
 from simtree.runtime.full.block_drafters import DrafterRound
 
 SIZES = {"block": {}, "tfm": dict(cand_k=16, adapter_dim=8), "dspark": dict(markov_rank=8)}
@@ -127,6 +129,52 @@ def test_graph_replay_equals_the_eager_round(family):
         outs.append([getattr(out.tree, name).clone() for name in TREE] + [r.d.state.lengths.clone()])
     assert all(torch.equal(a, b) for a, b in zip(*outs))
 
+
+
+ENGINE_SPECS = [PolicySpec.from_dict("block", {"budget": 6, "block_len": 7}),
+                PolicySpec.from_dict("dspark", {"block_len": 5, "threshold": 0.05}),
+                PolicySpec.from_dict("dspark", {"block_len": 5})]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("spec", ENGINE_SPECS, ids=lambda s: s.name)
+def test_the_block_engines_captured_rounds_decode_as_eager_and_plain(spec):
+    """The runtime's path (not ``_Round``): a BlockEngine on CUDA (tiny-gdn, float32) captures its
+    stages, its draft stage among them, and replays them - the eager draft is never called - with
+    the eager engine's accepted lengths, DSpark prefixes and outputs, which are plain greedy's."""
+    from simtree.runtime.full.block_engine import make_engine
+    from simtree.runtime.full.drafting import round_shape
+    from simtree.runtime.full.lossless import make_predictable
+    from simtree.runtime.full.qwen import QwenModel
+
+    from full_helpers import PROMPTS, drafter_costs
+
+    model = QwenModel(get_model("tiny-gdn"), device="cuda", dtype=torch.float32, seed=1)
+    make_predictable(model, 0.3)
+    tiny = {"sizes": {"layers": 1, "markov_rank": 32}}
+    prompts, new_tokens = PROMPTS[:2], 16
+
+    def decode(rs, graphs):
+        engine = make_engine(model, rs, 2, 200, graphs=graphs, costs=drafter_costs(), **tiny)
+        engine.capture()
+        if graphs:
+            assert [name for name, _ in engine.graphs or []] == ["draft", "verify", "commit"], engine.capture_error
+
+            def eager_draft():
+                raise AssertionError("the draft stage ran eagerly, not from its graph")
+            engine._draft = eager_draft
+        engine.prefill(prompts)
+        stats = engine.run(max_new_tokens=new_tokens)
+        torch.cuda.synchronize()
+        return ([o[:new_tokens] for o in engine.outputs()], stats.accepted.tolist(),
+                getattr(engine, "verified_len", torch.zeros(0)).tolist())
+
+    plain = decode(round_shape(PolicySpec.from_dict("none")), False)[0]
+    eager, graphed = decode(round_shape(spec), False), decode(round_shape(spec), True)
+    assert graphed == eager
+    assert graphed[0] == plain
+    assert sum(map(sum, graphed[1])) > 0          # drafts were accepted, not only rejected
 
 def test_round_refuses_bad_sizes():
     with pytest.raises(SimtreeError, match="block_len 99"):
