@@ -167,8 +167,9 @@ def _losses(drafter: BlockDrafterModule, blocks: _Blocks, cfg: DrafterTrainConfi
 
 
 def train_drafter(model_dir, cfg: DrafterTrainConfig | None = None, out=None, overwrite: bool = False,
-                  resume: bool = False, events=None) -> dict:
-    """Train (module docstring) and write the drafter folder; returns training.json's dict."""
+                  resume: bool = False, events=None, progress=None) -> dict:
+    """Train (module docstring) and write the drafter folder; returns training.json's dict.
+    ``progress(step, loss)`` after every step (as :func:`.target_train.train_target`'s)."""
     from .target_train import corpus
 
     cfg = (cfg or DrafterTrainConfig()).validate()
@@ -215,6 +216,8 @@ def train_drafter(model_dir, cfg: DrafterTrainConfig | None = None, out=None, ov
         if step % 10 == 0 or step == steps:
             say(f"step {step}/{steps}: loss {stats['loss']:.3f}, depth-1 top-1 {stats['top1_depth1']:.3f}, "
                 f"chain {stats['chain_accept']:.2f}, {seconds:.0f}s")
+        if progress is not None:
+            progress(step, stats["loss"])
         return [f"{stats[k]:.4f}" for k in ("loss", "top1_depth1", "chain_accept", "conf_loss")]
 
     stopped = job.run(one_step, log_row, lr=cfg.lr, warmup=cfg.warmup, max_seconds=cfg.max_seconds,

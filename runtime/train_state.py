@@ -5,6 +5,8 @@
     stopped = job.run(one_step, log_row, lr=..., warmup=..., max_seconds=..., checkpoint_every=...)
     job.publish(record, LOG_HEADER, write, stopped)    # the folder beside out, moved over it
 
+Underneath (the job's own steps, not exported):
+
     save_checkpoint(path, model, opt, rng, state)      # one safetensors file, replaced atomically
     state, tensors, meta = read_checkpoint(path)
     rng = restore(tensors, meta, model, opt, path)     # weights, AdamW state, torch + numpy RNG
@@ -30,9 +32,7 @@ import torch
 from simtree.errors import SimtreeError
 from simtree.fileio import write_atomic
 
-__all__ = ["CHECKPOINT_SCHEMA", "StopOnSignal", "TrainingInterrupted", "save_checkpoint", "read_checkpoint",
-           "restore", "begin_job", "publish_folder", "CHECKPOINT_FILE", "checkpoint_path", "warmup_cosine_lr",
-           "optimizer_step", "TrainingJob"]
+__all__ = ["TrainingJob", "TrainingInterrupted", "checkpoint_path"]
 
 CHECKPOINT_FILE = "checkpoint.safetensors"    # inside a job's output folder
 

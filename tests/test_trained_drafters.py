@@ -1,7 +1,8 @@
 """Trained block drafters (runtime/drafter_model.py, drafter_train.py): the training module is the
 runtime's block forward; the target features it learns from are the runtime's taps; a short
-training run writes a whole folder, resumes bit-exactly and loads in the runtime, whose greedy
-output stays plain greedy decoding's; bad input is one line; the shipped drafters accept."""
+training run writes a whole folder, resumes bit-exactly (after --max-seconds, a kill past its
+periodic checkpoint, or SIGINT) and loads in the runtime, whose greedy output stays plain greedy
+decoding's; bad input is one line; the shipped drafters accept."""
 from __future__ import annotations
 
 import json
@@ -27,7 +28,7 @@ from simtree.runtime.full.build import build_model  # noqa: E402
 from simtree.runtime.full.decode import decode_prompts  # noqa: E402
 from simtree.runtime.full.drafting import round_shape  # noqa: E402
 from simtree.runtime.target_model import TargetWithMTP, hf_config, save_folder  # noqa: E402
-from simtree.runtime.train_state import checkpoint_path  # noqa: E402
+from simtree.runtime.train_state import TrainingInterrupted, checkpoint_path  # noqa: E402
 
 torch.set_num_threads(1)
 SHIPPED = "simtree/data/models/qwen3.5-tiny-sharegpt"
@@ -100,12 +101,70 @@ def _weights(folder):
     return read_drafter(folder)[1]
 
 
-def test_train_resume_load_and_lossless(target_dir, tmp_path):
-    whole = train_drafter(target_dir, DrafterTrainConfig(family="dspark", **TINY), out=tmp_path / "whole")
-    assert whole["complete"] and whole["steps"] == 3 and 0 <= whole["heldout_chain_accept"] <= TINY["block_len"]
-    rec = json.loads((tmp_path / "whole" / "training.json").read_text())
+def _same_job(a, b):
+    """The same weights and, step by step, the same losses (the log without its seconds)."""
+    wa, wb = _weights(a), _weights(b)
+    assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
+    rows = lambda f: [r.rsplit(",", 1)[0] for r in (f / "training_log.csv").read_text().splitlines()]  # noqa: E731
+    assert rows(a) == rows(b)
+
+
+@pytest.fixture(scope="module")
+def whole(target_dir, tmp_path_factory):
+    """The uninterrupted dspark run of TINY: (its record, its folder)."""
+    out = tmp_path_factory.mktemp("whole") / "dspark"
+    return train_drafter(target_dir, DrafterTrainConfig(family="dspark", **TINY), out=out), out
+
+
+class Killed(Exception):
+    """Stands for kill -9: the process dies mid-job, nothing is saved at that moment."""
+
+
+def test_a_killed_drafter_job_resumes_from_its_periodic_checkpoint(target_dir, whole, tmp_path):
+    out, cfg = tmp_path / "d", DrafterTrainConfig(family="dspark", **{**TINY, "checkpoint_every": 2})
+
+    def die_at_step_3(step, loss):
+        if step == 3:
+            raise Killed
+
+    with pytest.raises(Killed):
+        train_drafter(target_dir, cfg, out=out, progress=die_at_step_3)
+    assert {p.name for p in out.iterdir()} == {"checkpoint.safetensors"}    # written at step 2, not published
+    with pytest.raises(SimtreeError, match="unfinished run: pass --resume"):
+        train_drafter(target_dir, cfg, out=out)
+    steps = []
+    done = train_drafter(target_dir, cfg, out=out, resume=True, progress=lambda s, l: steps.append(s))
+    assert steps == [3] and done["complete"] and not checkpoint_path(out).exists()
+    _same_job(out, whole[1])
+
+
+def test_sigint_checkpoints_a_drafter_job_and_resume_finishes_it(target_dir, whole, tmp_path):
+    import os
+    import signal
+
+    out, cfg = tmp_path / "d", DrafterTrainConfig(family="dspark", **{**TINY, "checkpoint_every": 5})
+
+    def ctrl_c_at_step_1(step, loss):
+        if step == 1:
+            os.kill(os.getpid(), signal.SIGINT)    # handled: the loop checkpoints before the next step
+
+    handler = signal.getsignal(signal.SIGINT)
+    with pytest.raises(TrainingInterrupted, match=r"checkpoint saved at step 1/3 .*--resume") as exc:
+        train_drafter(target_dir, cfg, out=out, progress=ctrl_c_at_step_1)
+    assert exc.value.step == 1 and exc.value.checkpoint == checkpoint_path(out) and exc.value.checkpoint.is_file()
+    assert signal.getsignal(signal.SIGINT) is handler      # the previous handler is back
+    steps = []
+    done = train_drafter(target_dir, cfg, out=out, resume=True, progress=lambda s, l: steps.append(s))
+    assert steps == [2, 3] and done["complete"] and not checkpoint_path(out).exists()
+    _same_job(out, whole[1])
+
+
+def test_train_resume_load_and_lossless(target_dir, whole, tmp_path):
+    rec, folder = whole
+    assert rec["complete"] and rec["steps"] == 3 and 0 <= rec["heldout_chain_accept"] <= TINY["block_len"]
+    rec = json.loads((folder / "training.json").read_text())
     assert rec["family"] == "dspark" and rec["taps"] == [0, 1, 2, 3]
-    assert len((tmp_path / "whole" / "training_log.csv").read_text().splitlines()) == 4
+    assert len((folder / "training_log.csv").read_text().splitlines()) == 4
     # stopped after one step (published with its checkpoint), then resumed: the same weights
     part = train_drafter(target_dir, DrafterTrainConfig(family="dspark", **{**TINY, "max_seconds": 0.0}),
                          out=target_dir / "drafters" / "dspark")
@@ -114,8 +173,7 @@ def test_train_resume_load_and_lossless(target_dir, tmp_path):
         train_drafter(target_dir, DrafterTrainConfig(family="dspark", **TINY))
     done = train_drafter(target_dir, DrafterTrainConfig(family="dspark", **TINY), resume=True)
     assert done["complete"] and not checkpoint_path(target_dir / "drafters" / "dspark").exists()
-    a, b = _weights(tmp_path / "whole"), _weights(target_dir / "drafters" / "dspark")
-    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    _same_job(folder, target_dir / "drafters" / "dspark")
     # the runtime loads it (no note) and stays lossless; block has no trained drafter here: a note
     model = build_model(str(target_dir), device="cpu", dtype=torch.float32)
     plain = decode_prompts(model, PROMPTS, PolicySpec.from_dict("none", {}), 12)["outputs"]
