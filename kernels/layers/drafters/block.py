@@ -4,6 +4,11 @@ independent marginals, and a tree is built best-first from them on the device.
     lp, ids = block_marginals(w, hid, topk)                 # [B, L, K] each; row j: depth j + 1
     tree = tree_from_marginals(lp, ids, anchor, budget)     # DeviceTree [B, budget], root first
 
+The round (``round.draft_round``) builds the tree with the sort-based ``device_trees.best_first``;
+``tree_from_marginals`` is its step-by-step reference (``budget - 1`` sequential steps), which the
+profiler's check of the ``draft_block`` stage (``profiler/drafter_pieces.check_drafter``) and the
+tests compare the round's tree with.
+
 Best-first over independent marginals: a path's score is the sum of its nodes' marginal
 log-probabilities; each of the ``budget - 1`` iterations adds the best child not yet in the
 tree - for node u at depth d its next unused rank at row d - over all nodes (ties: the lowest
