@@ -326,7 +326,7 @@ ADAPTIVE = [PolicySpec.from_dict("cost_aware", {"max_budget": 16, "draft_depth":
 @pytest.mark.parametrize("spec", ADAPTIVE, ids=lambda s: s.mode)
 def test_padded_adaptive_rounds_are_lossless(spec, name):
     """cost_aware / batch_alloc as the measured runs shape them (float32, batch 2): the bucket of
-    the analytic decision (sharegpt, 12 of the max 16 nodes), padded by the bundle's map to 15;
+    the analytic decision (sharegpt: fewer than the max 16 nodes), padded by the bundle's map by 3;
     each round's budgets still the rule's under the decision's cap, the output plain greedy's."""
     from simtree.costs.synthetic import synthetic_costs
     from simtree.runtime.full.engine import FullEngine
