@@ -68,7 +68,9 @@ def _time_ms(fn, cuda: bool, reps: int = 10) -> float:
 
 
 def _verify_replayer(model, st, tokens: torch.Tensor, parents: torch.Tensor, cuda: bool):
-    """(tokens buffer, replay(), argmax of the last replay): the target's verify over a fixed tree."""
+    """(tokens buffer, replay(), argmax of the last replay): the target's verify over a fixed tree,
+    one CUDA graph where ``cuda`` (else eager: launches overlap the device's work, so a step of
+    tens of ms times about as its graph does)."""
     buf = tokens.clone()
     par = parents.clone()
     out = {}
@@ -98,7 +100,8 @@ def token_sets(tokens: torch.Tensor, vocab: int, gen: torch.Generator) -> dict:
             "one_token": torch.full_like(tokens, int(tokens[0, 0]))}
 
 
-def one_shape(model, costs, mode: str, params: dict, B: int, rounds: int, ctx: int, seed: int) -> dict:
+def one_shape(model, costs, mode: str, params: dict, B: int, rounds: int, ctx: int, seed: int,
+              graphs: bool = True) -> dict:
     cuda = model.device.type == "cuda"
     spec = PolicySpec.from_dict(mode, params)
     source = _Source(None, "gsm8k", str(model.device), seed, "stratified")
@@ -121,7 +124,7 @@ def one_shape(model, costs, mode: str, params: dict, B: int, rounds: int, ctx: i
     distinct, notes = [], []
     for tokens, parents in trees:
         distinct.append(int(torch.unique(tokens).numel()))
-        buf, replay, out = _verify_replayer(model, engine.st, tokens, parents, cuda)
+        buf, replay, out = _verify_replayer(model, engine.st, tokens, parents, cuda and graphs)
         for name, toks in token_sets(tokens, model.vocab, gen).items():
             buf.copy_(toks)
             times[name].append(_time_ms(replay, cuda))
@@ -148,9 +151,11 @@ def main(argv=None) -> int:
     ap.add_argument("--model", default="deepseek-v4-flash")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--batch-sizes", default="8,32")
+    ap.add_argument("--shapes", default=",".join(m for m, _ in SHAPES), help="which run shapes (modes)")
     ap.add_argument("--rounds", type=int, default=6)
     ap.add_argument("--context", type=int, default=256)
     ap.add_argument("--drafter-profile", default=DRAFTER_PROFILE)
+    ap.add_argument("--no-graphs", action="store_true", help="time the replayed verify eagerly (the engine keeps its graphs)")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     args = ap.parse_args(argv)
     deployment = runtime_deployment(args.model, None)
@@ -158,9 +163,10 @@ def main(argv=None) -> int:
     model = build_model(args.model, args.device)
     rows = []
     for B in (int(b) for b in args.batch_sizes.split(",")):
-        for mode, params in SHAPES:
+        for mode, params in (x for x in SHAPES if x[0] in args.shapes.split(",")):
             try:
-                rows.append(one_shape(model, costs, mode, params, B, args.rounds, args.context, 0))
+                rows.append(one_shape(model, costs, mode, params, B, args.rounds, args.context, 0,
+                                      graphs=not args.no_graphs))
             except Exception as exc:   # noqa: BLE001 - one failed shape is a row; the next goes on
                 traceback.print_exc()
                 rows.append({"batch": B, "run": mode, "note": f"FAILED: {type(exc).__name__}: {exc}"[:300]})
