@@ -95,7 +95,7 @@ def test_decoding_records_the_starts_the_reuse_check_reads(tmp_path, monkeypatch
     monkeypatch.setattr(oos, "load_costs", lambda *a: None)
     monkeypatch.setattr(oos, "_decode_half", lambda model, ids, *a: {"lossless": {"linear_d4": True},
                                                                       "prompts": len(ids)})
-    prompts = lambda w, n: (["a"] * n, ["b"] * n)    # noqa: E731
+    prompts = lambda w, n, n_test: (["a"] * n, ["b"] * n_test)    # noqa: E731
     oos.decode_halves("m", {"prompts": 3, "trees": []}, prompts, tmp_path, say=None, workloads=("humaneval",),
                       starts={"humaneval": 5})
     kept = json.loads((tmp_path / "lossless.json").read_text())
@@ -103,6 +103,16 @@ def test_decoding_records_the_starts_the_reuse_check_reads(tmp_path, monkeypatch
     assert check_reuse(tmp_path, {"humaneval": 5}, 3, None) == []
     with pytest.raises(SimtreeError, match="from 5, 3 prompts"):
         check_reuse(tmp_path, {"humaneval": 0}, 3, None)
+    # halves of their own sizes (``halves``: 4 calibration prompts, 2 test): each recorded, each checked
+    oos.decode_halves("m", {"prompts": 3, "halves": {"humaneval": (4, 2)}, "trees": []}, prompts, tmp_path,
+                      say=None, workloads=("humaneval",), starts={"humaneval": 5})
+    kept = json.loads((tmp_path / "lossless.json").read_text())
+    assert kept["humaneval calibration"]["decoded"] == {"workload": "humaneval", "start": 5, "prompts": 4,
+                                                        "span": [5, 8]}
+    assert kept["humaneval test"]["decoded"] == {"workload": "humaneval", "start": 5, "prompts": 2, "span": [9, 10]}
+    assert check_reuse(tmp_path, {"humaneval": 5}, {"humaneval": (4, 2)}, None) == []
+    with pytest.raises(SimtreeError, match="the kept humaneval test half was decoded from humaneval from 5, 2 prompts"):
+        check_reuse(tmp_path, {"humaneval": 5}, {"humaneval": (4, 3)}, None)
 
 
 def test_the_block_drafters_decode_records_its_starts(tmp_path, monkeypatch):
