@@ -1,6 +1,7 @@
 """Acceptance predicted out of sample on the trained Qwen3.5-architecture target (CPU).
 
-    python -m simtree.runtime.acceptance_oos --sharegpt-start 1400 --code-start 2473 --humaneval-start 0 --out reports/validation
+    python -m simtree.runtime.acceptance_oos --sharegpt-start 1400 --code-start 2000 --humaneval-start 0 --out reports/validation
+    ... --prompts sharegpt=128:128 --prompts sharegpt_code=256:128   # a workload's calibration:test prompts
     python -m simtree.runtime.acceptance_oos --quick --out /tmp/oos              # a small check
     python -m simtree.runtime.acceptance_oos --reuse-traces T --out DIR          # analyse kept traces again
     ... --drafters mtp,block,dspark    # with the trained block drafters' rows (:mod:`.acceptance_oos_drafters`)
