@@ -1,6 +1,7 @@
 """Acceptance predicted out of sample on the trained Qwen3.5-architecture target (CPU).
 
-    python -m simtree.runtime.acceptance_oos --sharegpt-start 1400 --code-start 2473 --humaneval-start 0 --out reports/validation
+    python -m simtree.runtime.acceptance_oos --sharegpt-start 1400 --code-start 2000 --humaneval-start 0 --out reports/validation
+    ... --prompts sharegpt=128:128 --prompts sharegpt_code=256:128   # a workload's calibration:test prompts
     python -m simtree.runtime.acceptance_oos --quick --out /tmp/oos              # a small check
     python -m simtree.runtime.acceptance_oos --reuse-traces T --out DIR          # analyse kept traces again
     ... --drafters mtp,block,dspark    # with the trained block drafters' rows (:mod:`.acceptance_oos_drafters`)
@@ -71,7 +72,7 @@ from simtree.data import data_path
 from simtree.errors import SimtreeError
 from simtree.fileio import read_json, write_text_atomic
 
-from .acceptance_oos_prompts import (CODE_START, CODE_WORKLOADS, HUMANEVAL_START, OOS_WORKLOADS, SEEN_SHAREGPT,
+from .acceptance_oos_prompts import (CODE_START, CODE_WORKLOADS, HALVES, HUMANEVAL_START, OOS_WORKLOADS, SEEN_SHAREGPT,
                                      SHAREGPT_START, code_prompts, development_prompts, held_out_prompts, prompt_status)
 from .acceptance_oos_record import half_records
 from .acceptance_oos_text import text_features, tokenizer_words
@@ -81,7 +82,8 @@ from .target_trace import draft_confidences, policy_name, trace_policies
 
 __all__ = ["run_oos", "analyse", "decode_halves", "load_halves", "held_out_prompts", "development_prompts",
            "prompt_status", "predicted_accepted", "DEFAULT_MODEL", "LINEAR", "TREES", "COSTS", "SEEN_SHAREGPT",
-           "SHAREGPT_START", "CODE_START", "HUMANEVAL_START", "CHAIN", "SHIFT_SHARE", "SHIFT_SEED", "code_prompts"]
+           "SHAREGPT_START", "CODE_START", "HUMANEVAL_START", "CHAIN", "SHIFT_SHARE", "SHIFT_SEED", "code_prompts",
+           "half_sizes", "HALVES"]
 
 DEFAULT_MODEL = data_path("models", "qwen3.5-tiny-sharegpt")
 LINEAR = [("linear", {"budget": 4}), ("linear", {"budget": 8}), ("linear", {"budget": 16})]
@@ -102,8 +104,14 @@ COSTS = data_path("costs", "h200_qwen3.6-27b_tp1.json")
 SHIFT_SHARE = 8
 SHIFT_SEED = 0
 SHIFT_CELLS = "rank"
-FULL = {"prompts": 64, "max_new_tokens": 64, "trees": TREES}     # prompts per half
+# prompts per half (``halves``: {workload: (calibration, test)}, the others ``prompts`` each)
+FULL = {"prompts": 64, "halves": HALVES, "max_new_tokens": 64, "trees": TREES}
 QUICK = {"prompts": 3, "max_new_tokens": 16, "trees": [TREES[1], TREES[5], TREES[8]]}
+
+
+def half_sizes(settings: dict, workload: str) -> tuple[int, int]:
+    """(calibration prompts, test prompts) of a workload's halves under ``settings``."""
+    return tuple((settings.get("halves") or {}).get(workload, (settings["prompts"], settings["prompts"])))
 
 
 def _half_dir(traces, workload: str, half: str):
@@ -148,7 +156,7 @@ def predicted_accepted(model, run: dict, costs=None) -> float:
 def decode_halves(model_dir, settings: dict, prompts, traces=None, say=print, workloads=OOS_WORKLOADS,
                   starts: dict | None = None) -> dict:
     """{(workload, half): {"runs", "drafts", "lossless", "prompts"}}: each workload's two halves
-    (``prompts(workload, n)``) decoded live, the calibration half with ``LINEAR``, the test half
+    (``prompts(workload, n_calibration, n_test)``, :func:`half_sizes`) decoded live, the calibration half with ``LINEAR``, the test half
     with ``LINEAR`` and the trees, each once more as a drafting pass; ``traces``: keep the traces
     there (with ``lossless.json``, which :func:`load_halves` reads back, and each half's record of
     what it decoded: ``starts`` {workload: first index, None for the development prompts},
@@ -160,8 +168,9 @@ def decode_halves(model_dir, settings: dict, prompts, traces=None, say=print, wo
     costs = load_costs(COSTS)
     halves = {}
     for workload in workloads:
-        cal_text, test_text = prompts(workload, settings["prompts"])
-        records = half_records(workload, starts[workload], settings["prompts"]) if starts is not None else {}
+        sizes = half_sizes(settings, workload)
+        cal_text, test_text = prompts(workload, *sizes)
+        records = half_records(workload, starts[workload], *sizes) if starts is not None else {}
         for half, text in (("calibration", cal_text), ("test", test_text)):
             ids = [tok.encode(p) for p in text]
             halves[workload, half] = _decode_half(model, ids, _half_policies(settings, half), settings, workload, half,
@@ -178,7 +187,7 @@ def decode_halves(model_dir, settings: dict, prompts, traces=None, say=print, wo
 def load_halves(traces, settings: dict, prompt_ids=None) -> dict:
     """The halves of :func:`decode_halves` read back from the traces it kept (no decoding): to
     analyse a run again; every workload whose two halves the folder holds; ``prompt_ids(workload,
-    n)``: the token ids of its (calibration, test) prompts, kept with each half (the text state
+    n_calibration, n_test)``: the token ids of its (calibration, test) prompts, kept with each half (the text state
     reads them; :func:`prompt_token_ids`)."""
     traces = Path(traces)
     kept = read_json(traces / "lossless.json", "kept run") if (traces / "lossless.json").is_file() else {}
@@ -198,7 +207,7 @@ def load_halves(traces, settings: dict, prompt_ids=None) -> dict:
             halves[workload, half] = {"runs": runs, "drafts": drafts, "lossless": info.get("lossless", {}),
                                       "prompts": info.get("prompts", int(np.unique(drafts.seq).size))}
             if prompt_ids is not None:
-                ids = prompt_ids(workload, settings["prompts"])[0 if half == "calibration" else 1]
+                ids = prompt_ids(workload, *half_sizes(settings, workload))[0 if half == "calibration" else 1]
                 halves[workload, half]["prompt_ids"] = ids[:halves[workload, half]["prompts"]]
     if not halves:
         raise SimtreeError(f"{traces} holds no kept halves (<workload>_calibration and <workload>_test folders)")
@@ -206,11 +215,12 @@ def load_halves(traces, settings: dict, prompt_ids=None) -> dict:
 
 
 def prompt_token_ids(model_dir, prompts):
-    """(``prompt_ids(workload, n)``: each half's prompts (``prompts(workload, n)``) as the
+    """(``prompt_ids(workload, n_calibration, n_test)``: each half's prompts (``prompts(workload,
+    n_calibration, n_test)``) as the
     checkpoint's tokenizer encodes them for decoding, its word tokens): what :func:`load_halves`
     and :func:`analyse` need for the text state."""
     tok = BpeTokenizer.from_file(Path(model_dir))
-    return (lambda w, n: tuple([tok.encode(p) for p in half] for half in prompts(w, n))), tokenizer_words(tok)
+    return (lambda w, *n: tuple([tok.encode(p) for p in half] for half in prompts(w, *n))), tokenizer_words(tok)
 
 
 def _run_row(r: dict, name: str, workload: str, split: str, key: str, batch: int, status: str) -> dict:
@@ -320,8 +330,8 @@ def run_oos(model_dir, settings: dict, traces=None, say=print, prompts=None, sta
     ``SHAREGPT_START``, ShareGPT code from ``CODE_START``, HumanEval from ``HUMANEVAL_START``)."""
     if prompts is None:
         starts = {"sharegpt": SHAREGPT_START, "sharegpt_code": CODE_START, "humaneval": HUMANEVAL_START}
-        prompts = lambda w, n: held_out_prompts(w, n, starts[w])     # noqa: E731
-        status = status or {w: prompt_status(w, s, settings["prompts"]) for w, s in starts.items()}
+        prompts = lambda w, n, n_test=None: held_out_prompts(w, n, starts[w], n_test)     # noqa: E731
+        status = status or {w: prompt_status(w, s, *half_sizes(settings, w)) for w, s in starts.items()}
         record = starts
     else:
         record = None

@@ -18,7 +18,7 @@ from simtree.fileio import write_text_atomic
 
 from . import acceptance_oos as oos
 from .acceptance_oos import (CHAIN, DEFAULT_MODEL, FULL, LINEAR, QUICK, SHIFT_SHARE, analyse, decode_halves,
-                             load_halves, prompt_token_ids)
+                             half_sizes, load_halves, prompt_token_ids)
 from .acceptance_oos_drafters import decode_drafters, drafter_table, load_drafters
 from .acceptance_oos_record import check_reuse
 from .acceptance_oos_prompts import (CODE_START, HUMANEVAL_START, OOS_WORKLOADS, SEEN_CODE, SEEN_DRAFTER, SEEN_SHAREGPT,
@@ -28,11 +28,29 @@ from .acceptance_oos_report import drafters_line, header, prompts_line
 from .drafter_acceptance import held_out_prompts as drafter_prompts
 from .target_trace import policy_name
 
-__all__ = ["main", "DRAFTER_START", "DRAFTER_CALIBRATION_START", "DRAFTER_PROMPTS"]
+__all__ = ["main", "parse_halves", "DRAFTER_START", "DRAFTER_CALIBRATION_START", "DRAFTER_PROMPTS",
+           "DRAFTER_CALIBRATION_PROMPTS"]
 
-# the block drafters' rows: prompts per half (calibration from DRAFTER_CALIBRATION_START, test from
-# DRAFTER_START: docs/acceptance.md, section 5), 64 new tokens
-DRAFTER_START, DRAFTER_CALIBRATION_START, DRAFTER_PROMPTS = SEEN_DRAFTER, 0, 48
+# the block drafters' rows: DRAFTER_CALIBRATION_PROMPTS development prompts from DRAFTER_CALIBRATION_START
+# (calibration), DRAFTER_PROMPTS fresh ones from DRAFTER_START (test): docs/acceptance.md, section 5;
+# 64 new tokens
+DRAFTER_START, DRAFTER_CALIBRATION_START, DRAFTER_PROMPTS, DRAFTER_CALIBRATION_PROMPTS = SEEN_DRAFTER, 0, 96, 192
+
+
+def parse_halves(values) -> dict:
+    """{workload: (calibration prompts, test prompts)} from ``--prompts`` values ``WORKLOAD=CAL:TEST``
+    (each a workload of :data:`OOS_WORKLOADS`, at most once); a malformed one: one line."""
+    out = {}
+    for value in values or ():
+        workload, _, sizes = value.partition("=")
+        cal, _, test = sizes.partition(":")
+        if workload not in OOS_WORKLOADS or not (cal.isdigit() and test.isdigit()) or min(int(cal), int(test)) < 1:
+            raise SimtreeError(f"--prompts {value!r}: expected WORKLOAD=CALIBRATION:TEST, the workload one of "
+                               f"{', '.join(OOS_WORKLOADS)}, each count a whole number >= 1 (e.g. sharegpt=128:128)")
+        if workload in out:
+            raise SimtreeError(f"--prompts gives {workload} twice")
+        out[workload] = (int(cal), int(test))
+    return out
 
 
 def _drafter_runs(args, drafters, settings) -> dict:
@@ -40,13 +58,21 @@ def _drafter_runs(args, drafters, settings) -> dict:
     else decoded (their traces kept under ``--traces``/drafters, else in a scratch folder)."""
     if args.reuse_traces and (Path(args.reuse_traces) / "drafters" / "drafters.json").is_file():
         return load_drafters(Path(args.reuse_traces) / "drafters", drafters)
-    n, tokens = (2, 16) if args.quick else (args.drafter_prompts, settings["max_new_tokens"])
+    n = _drafter_counts(args)
+    tokens = 16 if args.quick else settings["max_new_tokens"]
     starts = {"calibration": args.drafter_calibration_start, "test": args.drafter_start}
-    drafter_status(args.drafter_start, args.drafter_calibration_start, n)   # overlapping halves: one line
-    prompts = {"calibration": drafter_prompts(args.drafter_calibration_start, n),
-               "test": drafter_prompts(args.drafter_start, n)}
+    # overlapping halves: one line
+    drafter_status(args.drafter_start, args.drafter_calibration_start, n["test"], n["calibration"])
+    prompts = {h: drafter_prompts(starts[h], n[h]) for h in ("calibration", "test")}
     where = Path(args.traces) / "drafters" if args.traces else Path(tempfile.mkdtemp(prefix="drafters_"))
     return decode_drafters(args.model, drafters, prompts, tokens, where, starts=starts)
+
+
+def _drafter_counts(args) -> dict:
+    """{"calibration": prompts, "test": prompts} of the block drafters' runs (``--quick``: 2 each)."""
+    if args.quick:
+        return {"calibration": 2, "test": 2}
+    return {"calibration": args.drafter_calibration_prompts, "test": args.drafter_prompts}
 
 
 def main(argv=None) -> int:
@@ -63,13 +89,18 @@ def main(argv=None) -> int:
     ap.add_argument("--code-start", type=int, default=CODE_START,
                     help=f"first held-out ShareGPT conversation searched for code (fresh from {SEEN_CODE})")
     ap.add_argument("--humaneval-start", type=int, default=HUMANEVAL_START, help="first HumanEval problem")
+    ap.add_argument("--prompts", action="append", metavar="WORKLOAD=CAL:TEST",
+                    help="prompts in a workload's calibration and test halves (repeatable; default "
+                         + ", ".join(f"{w}={c}:{t}" for w, (c, t) in FULL["halves"].items()) + ")")
     ap.add_argument("--drafters", default="mtp",
                     help="drafters whose rows the table holds: mtp (always), block, dspark (comma-separated)")
     ap.add_argument("--drafter-start", type=int, default=DRAFTER_START,
                     help="first fresh ShareGPT prompt of the block drafters' test runs")
     ap.add_argument("--drafter-calibration-start", type=int, default=DRAFTER_CALIBRATION_START,
                     help="first ShareGPT prompt of the block drafters' calibration runs (development prompts)")
-    ap.add_argument("--drafter-prompts", type=int, default=DRAFTER_PROMPTS, help="prompts per half, block drafters")
+    ap.add_argument("--drafter-prompts", type=int, default=DRAFTER_PROMPTS, help="test prompts, block drafters")
+    ap.add_argument("--drafter-calibration-prompts", type=int, default=DRAFTER_CALIBRATION_PROMPTS,
+                    help="calibration prompts, block drafters")
     ap.add_argument("--earlier-model", action="store_true",
                     help="the model of decisions 1-9 (no text state, no off-chain share): a comparison on the same traces")
     ap.add_argument("--development", action="store_true",
@@ -80,35 +111,42 @@ def main(argv=None) -> int:
     t0 = time.perf_counter()
     starts = {"sharegpt": args.sharegpt_start, "sharegpt_code": args.code_start, "humaneval": args.humaneval_start}
     try:
+        if args.prompts and args.quick:
+            raise SimtreeError("--prompts and --quick: a quick run has 3 prompts a half")
+        if not args.quick:
+            settings["halves"] = {**FULL["halves"], **parse_halves(args.prompts)}
+        if min(args.drafter_prompts, args.drafter_calibration_prompts) < 1:
+            raise SimtreeError("--drafter-prompts and --drafter-calibration-prompts: whole numbers >= 1")
+        sizes = {w: half_sizes(settings, w) for w in starts}
         if "mtp" not in args.drafters.split(",") or set(block_drafters) - {"block", "dspark"}:
             raise SimtreeError(f"--drafters {args.drafters!r}: expected mtp and any of block, dspark (TfM traces carry "
                                "no marginal ranks)")
         kept_starts = {w: None if args.development else s for w, s in starts.items()}
         # a kept folder decoded from other prompts stops here; one that records none: the command's starts
         unrecorded = [] if not args.reuse_traces else check_reuse(
-            args.reuse_traces, kept_starts, settings["prompts"],
+            args.reuse_traces, kept_starts, sizes,
             ({"calibration": args.drafter_calibration_start, "test": args.drafter_start},
-             2 if args.quick else args.drafter_prompts) if block_drafters else None)
-        status = {w: "seen" if args.development else prompt_status(w, s, settings["prompts"])
-                  for w, s in starts.items()}
+             _drafter_counts(args)) if block_drafters else None)
+        status = {w: "seen" if args.development else prompt_status(w, s, *sizes[w]) for w, s in starts.items()}
         if args.development:
             prompts, workloads = development_prompts, ("sharegpt", "humaneval")
         else:
-            prompts, workloads = (lambda w, n: held_out_prompts(w, n, starts[w])), OOS_WORKLOADS
+            prompts, workloads = (lambda w, n, n_test=None: held_out_prompts(w, n, starts[w], n_test)), OOS_WORKLOADS
         prompt_ids, words = prompt_token_ids(args.model, prompts)
         if args.reuse_traces:
             halves = load_halves(args.reuse_traces, settings, prompt_ids)
         else:
             halves = decode_halves(args.model, settings, prompts, args.traces, workloads=workloads, starts=kept_starts)
         overlap = {} if args.development else {      # ShareGPT repeats conversations: held-out text in training
-            w: training_overlap(sum(prompts(w, settings["prompts"]), [])) for w in ("sharegpt", "sharegpt_code")
+            w: training_overlap(sum(prompts(w, *sizes[w]), [])) for w in ("sharegpt", "sharegpt_code")
             if (w, "test") in halves}
         res = analyse(halves, status, words, args.earlier_model)
-        line = prompts_line(args, settings["prompts"], status, overlap, ("sharegpt_code", "test") in halves)
+        line = prompts_line(args, sizes, status, overlap, ("sharegpt_code", "test") in halves)
         if block_drafters:
             res["drafters"] = _drafter_runs(args, block_drafters, settings)
             d_status = drafter_status(args.drafter_start, args.drafter_calibration_start,
-                                      int(res["drafters"]["prompts"]["test"]))
+                                      int(res["drafters"]["prompts"]["test"]),
+                                      int(res["drafters"]["prompts"]["calibration"]))
             res["table"] = pd.concat([res["table"], drafter_table(res["drafters"], d_status)], ignore_index=True)
             res["summary"] = oos_summary(res["table"])
             line += " " + drafters_line(args, res["drafters"])
@@ -135,8 +173,10 @@ def _report(args, res, settings, status, starts, overlap, unrecorded, line, bloc
            + (" --development" if args.development else
               f" --sharegpt-start {args.sharegpt_start} --code-start {args.code_start} "
               f"--humaneval-start {args.humaneval_start}")
+           + ("" if args.quick else "".join(f" --prompts {w}={c}:{t}" for w, (c, t) in settings["halves"].items()))
            + (f" --drafters {args.drafters} --drafter-start {args.drafter_start} --drafter-calibration-start "
-              f"{args.drafter_calibration_start} --drafter-prompts {args.drafter_prompts}" if block_drafters else "")
+              f"{args.drafter_calibration_start} --drafter-prompts {args.drafter_prompts} --drafter-calibration-prompts "
+              f"{args.drafter_calibration_prompts}" if block_drafters else "")
            + (f" --reuse-traces {args.reuse_traces}" if args.reuse_traces else "")
            + f" --out {args.out}")
     if args.model != str(DEFAULT_MODEL):

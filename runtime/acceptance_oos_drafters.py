@@ -5,12 +5,13 @@ table.  Per drafter, on the shipped target's trained drafters (its ``drafters/``
 on the full runtime (CPU, float32, one batch per run; :func:`.full.decode.decode_prompts`):
 
 1. the calibration run (``CALIBRATION``: the block drafter's best-first tree from marginals at 8
-   nodes; DSpark's chain of 7, every position verified) on development prompts (ShareGPT chat,
-   the first ``--drafter-prompts`` distinct held-out prompts from ``--drafter-calibration-start``):
+   nodes; DSpark's chain of 7, every position verified) on development prompts (ShareGPT chat, the
+   first ``--drafter-calibration-prompts`` distinct held-out prompts from ``--drafter-calibration-start``):
    the only outcomes read, a :func:`simtree.acceptance.fit.fit_calibration` (a block drafter's
    records observed at every position their ``marginal_ranks`` cover);
 2. the test runs (``TESTS``: trees from marginals at 4, 8 and 16 nodes; DSpark's chain of 3 and
-   of 7, with and without a survival threshold) on fresh prompts (from ``--drafter-start``);
+   of 7, with and without a survival threshold) on fresh prompts (``--drafter-prompts`` from
+   ``--drafter-start``);
 3. every run predicted round by round from what the drafter held before verifying (its tree,
    marginals and, for DSpark, confidence head) under the model fitted on the calibrating run
    (:func:`simtree.acceptance.drafted_rounds.fit_drafted_model`: a calibration curve per parent

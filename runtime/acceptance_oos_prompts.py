@@ -26,43 +26,47 @@ from .data import PROMPT_CHARS, humaneval_problems, prompts as load_prompts, sha
 
 __all__ = ["OOS_WORKLOADS", "CODE_WORKLOADS", "held_out_prompts", "distinct_chat_prompts", "code_prompts", "development_prompts",
            "prompt_status", "drafter_status", "training_overlap", "SEEN_SHAREGPT", "SEEN_DRAFTER", "DECODED",
-           "CURRENT", "chat_span", "code_span", "SHAREGPT_START", "CODE_START", "SEEN_CODE",
-           "HUMANEVAL_START", "TRAINING_CONVERSATIONS"]
+           "CURRENT", "chat_span", "code_span", "span_of_test_half", "SHAREGPT_START", "CODE_START", "SEEN_CODE",
+           "HUMANEVAL_START", "TRAINING_CONVERSATIONS", "HALVES"]
 
 OOS_WORKLOADS = ("sharegpt", "sharegpt_code", "humaneval")
 CODE_WORKLOADS = ("sharegpt_code", "humaneval")        # predicted from chat too (the transfer rows)
 # Where the current table's prompts start (docs/acceptance.md, section 5, says which ranges each
-# earlier table read and when each became development data): ShareGPT chat, the first 128 distinct
-# held-out prompts from SHAREGPT_START (every chat range decoded before lies below SEEN_SHAREGPT);
-# ShareGPT code, the first 128 from held-out conversation CODE_START (past the training records and
-# the fourth table's 2000..2472: SEEN_CODE); the block drafters' test, the first 48 distinct from
-# SEEN_DRAFTER (their calibration: development prompts from 0).  Which runs are fresh: DECODED and
-# CURRENT below.
-SEEN_SHAREGPT = 1400
+# earlier table read and when each became development data, and fixed these before the test halves
+# were decoded).  Each workload's halves: the first HALVES[w][0] prompts from its start (calibration),
+# then the next HALVES[w][1] (test).  ShareGPT chat: calibration the 128 distinct held-out prompts from
+# SHAREGPT_START (1400..1551, the fifth table's, seen), test the next 128 (from SEEN_SHAREGPT: every
+# chat range decoded before lies below it); ShareGPT code: calibration the 256 from held-out
+# conversation CODE_START (2000..2881, the fourth and fifth tables', seen), test the next 128 (from
+# SEEN_CODE); HumanEval: 64 + 64 from 0 (seen).  The block drafters: calibration on the first 192
+# distinct development prompts from 0 (seen), test on the first 96 distinct from SEEN_DRAFTER.  Which
+# runs are fresh: DECODED and CURRENT below.
+SEEN_SHAREGPT = 1552
 SHAREGPT_START = 1400
-CODE_START = 2473
-SEEN_CODE = 2473
-SEEN_DRAFTER = 1251
+CODE_START = 2000
+SEEN_CODE = 2882
+SEEN_DRAFTER = 1682
+HALVES = {"sharegpt": (128, 128), "sharegpt_code": (256, 128), "humaneval": (64, 64)}
 # The ranges a committed table decoded, (first, last) index per workload (a run's range:
 # :func:`chat_span`, :func:`code_span`): a run overlapping one is "seen" (:func:`prompt_status`).
 # ShareGPT chat (held-out prompts; the MTP tables' 2 x 64, the block drafters' 48 a half, the live
 # drafter table's 32): the development prompts 0..127 (the block drafters' calibration 0..47
-# among them), the first four out-of-sample tables', the live drafter table's (docs/drafters.md,
-# 32 from 900), the block drafters' first and second tests' (48 from 1000, 48 from 1200).
+# among them), the first five out-of-sample tables', the live drafter table's (docs/drafters.md,
+# 32 from 900), the block drafters' first three tests' (48 from 1000, 1200, 1251).
 # ShareGPT code (held-out conversations): those among the records the target's training read
-# (0..1999), the fourth table's (128 from 2000).
+# (0..1999), the fourth and fifth tables' (128 from 2000, 128 from 2473).
 # Chat also counts 1800..1999: about the held-out conversations whose text the target's training read for
 # its held-out loss (runtime/data.py training_docs: the last 200 odd records of the first 2 x 2000).
 DECODED = {"sharegpt": ((0, 127), (128, 262), (384, 513), (640, 771), (772, 911), (900, 932), (1000, 1049),
-                        (1200, 1250), (1800, 1999)),
-           "sharegpt_code": ((0, 1999), (2000, 2472))}
-# The current table's ranges (reports/validation/acceptance_out_of_sample.csv), recorded before they
-# were decoded and read by that table alone: fresh for a run of exactly that range, seen for any
-# other run overlapping it.  Chat: the fifth table's (128 from SHAREGPT_START) and the block
-# drafters' third test (48 from SEEN_DRAFTER); code: the fifth table's (128 from CODE_START).
+                        (1200, 1250), (1251, 1301), (1400, 1551), (1800, 1999)),
+           "sharegpt_code": ((0, 1999), (2000, 2472), (2473, 2881))}
+# The current table's test ranges (reports/validation/acceptance_out_of_sample.csv), recorded before
+# they were decoded and read by that table alone: fresh for a run of exactly that range, seen for any
+# other run overlapping it.  Chat: the sixth table's test half (128 from SEEN_SHAREGPT) and the block
+# drafters' fourth test (96 from SEEN_DRAFTER); code: the sixth table's test half (128 from SEEN_CODE).
 # Keyed by the run that read it: only a run of that kind and exactly that range is fresh there (a
 # block-drafter test on the MTP table's chat prompts is seen).
-CURRENT = {"mtp_chat": ((1400, 1551),), "drafter_test": ((1251, 1301),), "mtp_code": ((2473, 2881),)}
+CURRENT = {"mtp_chat": ((1552, 1681),), "drafter_test": ((1682, 1783),), "mtp_code": ((2882, 3299),)}
 _RUN_WORKLOAD = {"mtp_chat": "sharegpt", "drafter_test": "sharegpt", "mtp_code": "sharegpt_code"}
 TRAINING_CONVERSATIONS = 2000     # target_train's default: the first 2 x 2000 ShareGPT records
 HUMANEVAL_START = 0
@@ -116,24 +120,26 @@ def code_prompts(count: int, start: int) -> tuple[list[str], int]:
         scan *= 2
 
 
-def held_out_prompts(workload: str, n: int, start: int) -> tuple[list[str], list[str]]:
-    """(calibration half, test half) of ``n`` prompts each: ShareGPT held-out prompts from index
-    ``start`` on (:func:`.data.prompts` order; a prompt repeating an earlier prompt's text is
-    skipped), ShareGPT code prompts of held-out conversations ``start`` on (:func:`code_prompts`),
-    HumanEval problems ``start``..``start`` + 2n - 1 (the last 160 characters of the prompt, as
-    :func:`.data.prompts` cuts them)."""
+def held_out_prompts(workload: str, n: int, start: int, n_test: int | None = None) -> tuple[list[str], list[str]]:
+    """(calibration half of ``n`` prompts, test half of the next ``n_test``, default ``n``):
+    ShareGPT held-out prompts from index ``start`` on (:func:`.data.prompts` order; a prompt
+    repeating an earlier prompt's text is skipped), ShareGPT code prompts of held-out conversations
+    ``start`` on (:func:`code_prompts`), HumanEval problems ``start``..``start`` + n + n_test - 1
+    (the last 160 characters of the prompt, as :func:`.data.prompts` cuts them)."""
     start = check_whole(start, f"{workload} start", 0)
+    n_test = n if n_test is None else n_test
+    total = n + n_test
     if workload == "sharegpt":
-        out = distinct_chat_prompts(start, 2 * n)[0]
+        out = distinct_chat_prompts(start, total)[0]
     elif workload == "sharegpt_code":
-        out = code_prompts(2 * n, start)[0]
+        out = code_prompts(total, start)[0]
     elif workload == "humaneval":
-        out = [p["prompt"][-PROMPT_CHARS:] for p in humaneval_problems()[start:start + 2 * n]]
+        out = [p["prompt"][-PROMPT_CHARS:] for p in humaneval_problems()[start:start + total]]
     else:
         raise SimtreeError(f"unknown workload {workload!r}: expected one of {', '.join(OOS_WORKLOADS)}")
-    if len(out) < 2 * n:
-        raise SimtreeError(f"only {len(out)} {workload} prompts from index {start} on, {2 * n} asked for")
-    return out[:n], out[n:2 * n]
+    if len(out) < total:
+        raise SimtreeError(f"only {len(out)} {workload} prompts from index {start} on, {total} asked for")
+    return out[:n], out[n:total]
 
 
 def distinct_chat_prompts(start: int, count: int) -> tuple[list[str], int]:
@@ -183,39 +189,52 @@ def _status(run: str, span: tuple[int, int]) -> str:
     return "fresh"
 
 
-def drafter_status(test_start: int, calibration_start: int, prompts: int) -> str:
+def drafter_status(test_start: int, calibration_start: int, prompts: int, calibration_prompts: int | None = None) -> str:
     """"fresh" for the block drafters' ``prompts`` test prompts from ``test_start`` when they
     overlap no ShareGPT chat range a committed table decoded (:func:`prompt_status`), else
-    "seen"; test prompts that overlap the calibration prompts stop the table (one line)."""
-    test, cal = chat_span(test_start, prompts), chat_span(calibration_start, prompts)
+    "seen"; test prompts that overlap the ``calibration_prompts`` (default ``prompts``)
+    calibration prompts stop the table (one line)."""
+    test = chat_span(test_start, prompts)
+    cal = chat_span(calibration_start, prompts if calibration_prompts is None else calibration_prompts)
     if test[0] <= cal[1] and cal[0] <= test[1]:
         raise SimtreeError(f"the block drafters' test prompts {test[0]}..{test[1]} overlap their "
                            f"calibration prompts {cal[0]}..{cal[1]}: give --drafter-start past them")
     return _status("drafter_test", test)
 
 
-def prompt_status(workload: str, start: int | None, n: int) -> str:
-    """"fresh" for the ``2 n`` ShareGPT chat prompts (or ShareGPT code prompts) from ``start`` when
-    they overlap no range a committed table decoded (``DECODED``; a current table's range,
-    ``CURRENT``, only when they are exactly it), else "seen" (every HumanEval problem; ``start``
-    None: the development prompts)."""
+def span_of_test_half(workload: str, start: int, n: int, n_test: int | None = None) -> tuple[int, int]:
+    """(first, last) index of the test half of :func:`held_out_prompts` (``n`` calibration
+    prompts from ``start``, then ``n_test``, default ``n``): the (n + 1)-th prompt's to the last's."""
+    total = n + (n if n_test is None else n_test)
+    if workload == "humaneval":
+        return start + n, start + total - 1
+    span = _SPAN[workload]
+    return span(start, n + 1)[1], span(start, total)[1]
+
+
+def prompt_status(workload: str, start: int | None, n: int, n_test: int | None = None) -> str:
+    """"fresh" for the test half (``n_test`` prompts, default ``n``, after ``n`` calibration
+    prompts from ``start``; :func:`held_out_prompts`) of ShareGPT chat (or ShareGPT code) when it
+    overlaps no range a committed table decoded (``DECODED``; a current table's range,
+    ``CURRENT``, only when it is exactly that range), else "seen" (every HumanEval problem;
+    ``start`` None: the development prompts).  The calibration half may be seen: its outcomes are
+    fitted, its runs labelled seen whatever their prompts."""
     if start is None or workload not in _SPAN:
         return "seen"
     run = "mtp_chat" if workload == "sharegpt" else "mtp_code"
-    return _status(run, _SPAN[workload](check_whole(start, f"{workload} start", 0), 2 * n))
+    return _status(run, span_of_test_half(workload, check_whole(start, f"{workload} start", 0), n, n_test))
 
 
-def development_prompts(workload: str, n: int) -> tuple[list[str], list[str]]:
+def development_prompts(workload: str, n: int, n_test: int | None = None) -> tuple[list[str], list[str]]:
     """(calibration half, test half) of the prompts the model was first developed on: the first
     128 held-out ShareGPT prompts (up to 64 a half) and HumanEval 132..163 (up to 16 a half).
     ShareGPT code has no development prompts: the code workload there is HumanEval's alone."""
     if workload == "sharegpt":
-        every = load_prompts("sharegpt", 128)
-        half = min(n, 64)
-        return every[:half], every[64:64 + half]
+        every, n_test = load_prompts("sharegpt", 128), n if n_test is None else n_test
+        return every[:min(n, 64)], every[64:64 + min(n_test, 64)]
     if workload == "humaneval":
-        every, half = load_prompts("humaneval", 32), min(n, 16)
-        return every[:half], every[16:16 + half]
+        every, n_test = load_prompts("humaneval", 32), n if n_test is None else n_test
+        return every[:min(n, 16)], every[16:16 + min(n_test, 16)]
     raise SimtreeError(f"{workload} has no development prompts")
 
 

@@ -17,25 +17,30 @@ from pathlib import Path
 from simtree.errors import SimtreeError
 from simtree.fileio import read_json
 
-from .acceptance_oos_prompts import chat_span, code_span
+from .acceptance_oos_prompts import chat_span, span_of_test_half
 
 __all__ = ["half_records", "drafter_records", "check_reuse", "DRAFTER_WORKLOAD"]
 
 DRAFTER_WORKLOAD = "sharegpt"
-_SPAN = {"sharegpt": chat_span, "sharegpt_code": code_span, "humaneval": lambda s, n: (s, s + n - 1)}
-
-
-def half_records(workload: str, start: int | None, n: int) -> dict:
-    """{"calibration": record, "test": record} of a workload's two halves of ``n`` prompts from
-    ``start`` (:func:`.acceptance_oos_prompts.held_out_prompts`: the first ``n`` then the next ``n``);
-    ``start`` None: the development prompts (no span)."""
+def half_records(workload: str, start: int | None, n: int, n_test: int | None = None) -> dict:
+    """{"calibration": record, "test": record} of a workload's halves: ``n`` prompts from ``start``
+    then ``n_test`` (default ``n``; :func:`.acceptance_oos_prompts.held_out_prompts`); ``start``
+    None: the development prompts (no span)."""
+    n_test = n if n_test is None else n_test
     if start is None:
-        return {h: {"workload": workload, "start": None, "prompts": n, "span": None} for h in ("calibration", "test")}
-    span = _SPAN[workload]
-    cal = span(start, n)
-    test = (span(start, n + 1)[1], span(start, 2 * n)[1])    # the (n + 1)-th prompt's index to the 2n-th's
+        return {h: {"workload": workload, "start": None, "prompts": k, "span": None}
+                for h, k in (("calibration", n), ("test", n_test))}
+    cal = (start, span_of_test_half(workload, start, 0, n)[1])     # the first n: a "test half" after none
+    test = span_of_test_half(workload, start, n, n_test)
     return {"calibration": {"workload": workload, "start": start, "prompts": n, "span": list(cal)},
-            "test": {"workload": workload, "start": start, "prompts": n, "span": list(test)}}
+            "test": {"workload": workload, "start": start, "prompts": n_test, "span": list(test)}}
+
+
+def _count(n, workload: str, half: str) -> int:
+    """Prompts in a half: ``n`` one count for every half, or {workload: (calibration, test)}."""
+    if isinstance(n, dict):
+        return n[workload][0 if half == "calibration" else 1]
+    return n
 
 
 def drafter_records(starts: dict, counts: dict) -> dict:
@@ -57,10 +62,11 @@ def _compare(where: str, recorded: dict, expected: dict) -> None:
                            "give the flags it was decoded with (or decode again)")
 
 
-def check_reuse(traces, starts: dict, n: int, drafters: tuple[dict, int] | None) -> list[str]:
+def check_reuse(traces, starts: dict, n, drafters: tuple[dict, int | dict] | None) -> list[str]:
     """Compare what the kept folder ``traces`` records with the command's prompts (``starts``:
-    {workload: first index, None for the development prompts}, ``n`` prompts a half; ``drafters``:
-    ({half: first index}, prompts a half) when the table adds the block drafters' rows): a
+    {workload: first index, None for the development prompts}, ``n`` prompts a half, or
+    {workload: (calibration prompts, test prompts)}; ``drafters``: ({half: first index}, prompts a
+    half or {half: prompts}) when the table adds the block drafters' rows): a
     differing record stops the table (:class:`SimtreeError`, one line naming both).  Returns the
     halves that record none (folders kept before the record): their starts come from the command."""
     traces, unrecorded = Path(traces), []
@@ -75,7 +81,7 @@ def check_reuse(traces, starts: dict, n: int, drafters: tuple[dict, int] | None)
             unrecorded.append(key)
         elif workload in starts:
             _compare(f"{lossless}: the kept {key} half", rec, {"workload": workload, "start": starts[workload],
-                                                                "prompts": n})
+                                                                "prompts": _count(n, workload, key.split()[1])})
     path = traces / "drafters" / "drafters.json"
     if drafters is not None and path.is_file():
         half_starts, count = drafters
@@ -85,5 +91,6 @@ def check_reuse(traces, starts: dict, n: int, drafters: tuple[dict, int] | None)
                 unrecorded.append(f"block drafters {half}")
             else:
                 _compare(f"{path}: the kept block drafters' {half} runs", recs[half],
-                         {"workload": DRAFTER_WORKLOAD, "start": start, "prompts": count})
+                         {"workload": DRAFTER_WORKLOAD, "start": start,
+                          "prompts": count[half] if isinstance(count, dict) else count})
     return unrecorded

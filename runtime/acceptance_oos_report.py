@@ -1,39 +1,50 @@
 """The generated summary's words for :mod:`.acceptance_oos`: which prompts, what each split read."""
 from __future__ import annotations
 
-from .acceptance_oos_prompts import SEEN_CODE, SEEN_SHAREGPT, code_prompts, drafter_status
+from .acceptance_oos_prompts import SEEN_CODE, SEEN_SHAREGPT, drafter_status, span_of_test_half
 from .data import PROMPT_CHARS
 
 __all__ = ["prompts_line", "header"]
 
 
-def prompts_line(args, n: int, status: dict, overlap: dict, with_code: bool) -> str:
-    """The table's prompts in words (``args``: the command's; ``n`` prompts a half; ``overlap``:
-    {workload: prompts found in the training text}; ``with_code``: the run holds ShareGPT code)."""
+def prompts_line(args, sizes: dict, status: dict, overlap: dict, with_code: bool) -> str:
+    """The table's prompts in words (``args``: the command's; ``sizes``: {workload: (calibration
+    prompts, test prompts)}; ``overlap``: {workload: prompts found in the training text};
+    ``with_code``: the run holds ShareGPT code)."""
     if args.development:
         return ("DEVELOPMENT prompts (the first 128 held-out ShareGPT prompts, HumanEval 132..163), which the model "
                 "was developed on: not out of sample.")
     she, code = args.sharegpt_start, args.code_start
 
     def trained(w):
-        return f" ({overlap[w]} of {2 * n} occur verbatim in the target's training text)" if w in overlap else ""
+        return f" ({overlap[w]} of {sum(sizes[w])} occur verbatim in the target's training text)" if w in overlap else ""
+
+    def halves(w, start, unit):
+        cal, test = sizes[w]
+        first, last = span_of_test_half(w, start, cal, test)
+        return (f"calibration the first {cal} distinct {unit} from {start} on ({start}.."
+                f"{span_of_test_half(w, start, 0, cal)[1]}; calibration outcomes are fitted, so these need not be "
+                f"fresh), test the next {test} ({first}..{last}), ")
+
+    def fresh(w, start, seen_from, unit, what):
+        if status[w] != "fresh":
+            return ("test SEEN (it overlaps prompts a committed table or the target's training read: "
+                    "runtime/acceptance_oos_prompts.py, DECODED and CURRENT)")
+        where = (f"past {unit} {seen_from}: {what}" if span_of_test_half(w, start, *sizes[w])[0] >= seen_from else
+                 "in no range a committed table decoded: runtime/acceptance_oos_prompts.py, DECODED")
+        return f"test FRESH ({where}; none of it decoded before this table)"
     code_line = "" if not with_code else (
         f". ShareGPT code: the opening {PROMPT_CHARS} characters (from the fence) of the first fenced code block "
-        f"of at least {2 * PROMPT_CHARS} characters on 4 lines in an assistant turn of held-out conversations {code}.."
-        f"{code_prompts(2 * n, code)[1]} ({2 * n} distinct), "
-        + (f"FRESH (past the target's training records and the conversations before {SEEN_CODE}, which earlier "
-           "tables read; none of them decoded before this table)"
-           if status["sharegpt_code"] == "fresh" else "SEEN (they overlap conversations a committed table or the "
-           "target's training read)") + trained("sharegpt_code"))
-    return (f"ShareGPT chat: the first {2 * n} distinct held-out prompts from index {she} on, "
-            + (("FRESH (past the first " + str(SEEN_SHAREGPT) + ", which earlier versions of the model were developed "
-                "on or other tests read" if she >= SEEN_SHAREGPT else "FRESH (in no range a committed table decoded: "
-                "runtime/acceptance_oos_prompts.py, DECODED") + "; none of them decoded before this table)"
-               if status["sharegpt"] == "fresh" else
-               "SEEN (they overlap prompts a committed table decoded: runtime/acceptance_oos_prompts.py, DECODED and "
-               "CURRENT)")
+        f"of at least {2 * PROMPT_CHARS} characters on 4 lines in an assistant turn of held-out conversations: "
+        + halves("sharegpt_code", code, "code prompts of held-out conversations")
+        + fresh("sharegpt_code", code, SEEN_CODE, "conversation", "the target's training records and every conversation "
+                "earlier tables read lie below it") + trained("sharegpt_code"))
+    n_he = sum(sizes["humaneval"])
+    return (f"ShareGPT chat: " + halves("sharegpt", she, "held-out prompts")
+            + fresh("sharegpt", she, SEEN_SHAREGPT, "index", "every chat range earlier versions of the model were "
+                    "developed on or other tests read lies below it")
             + trained("sharegpt") + code_line
-            + f". HumanEval: problems {args.humaneval_start}..{args.humaneval_start + 2 * n - 1}, SEEN: no HumanEval "
+            + f". HumanEval: problems {args.humaneval_start}..{args.humaneval_start + n_he - 1}, SEEN: no HumanEval "
             "problem is unseen (0..131 are in the target's training text, 132..163 were development, 0..127 earlier "
             "tables' test), so its rows are labelled `seen` and are not fresh out-of-sample evidence.")
 
@@ -118,7 +129,8 @@ def drafters_line(args, decoded: dict) -> str:
             + ", ".join(f"{d} {policy_label(*CALIBRATION[d])}" for d in drafters)
             + f") on {n['calibration']} development ShareGPT prompts from index {args.drafter_calibration_start} "
             f"(seen), its outcomes the only ones read; tested on {n['test']} "
-            f"{drafter_status(args.drafter_start, args.drafter_calibration_start, n['test']).upper()} prompts from index "
+            f"{drafter_status(args.drafter_start, args.drafter_calibration_start, n['test'], n['calibration']).upper()} "
+            "prompts from index "
             f"{args.drafter_start} (recorded in docs/acceptance.md section 5 before they were decoded): "
             + ", ".join(policy_label(m, p) for d in drafters for m, p in TESTS[d])
             + f", {decoded['max_new_tokens']} new tokens each; each round predicted from its drafted tree and marginals "

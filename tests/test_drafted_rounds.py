@@ -104,7 +104,8 @@ def test_the_depth_shift_makes_the_calibrating_run_gain_what_it_measured():
 def test_the_block_drafters_test_prompts_are_labelled_by_range_and_never_overlap_calibration():
     from simtree.errors import SimtreeError
     from simtree.runtime.acceptance_oos_prompts import SEEN_DRAFTER, drafter_status
-    assert drafter_status(SEEN_DRAFTER, 0, 48) == "fresh"
+    assert drafter_status(SEEN_DRAFTER, 0, 96, 192) == "fresh"
+    assert drafter_status(1251, 0, 48) == "seen"                 # the third test's range, read since
     assert drafter_status(1000, 0, 48) == "seen"                 # the first test's range, read since
     assert drafter_status(1200, 0, 48) == "seen"                 # the second test's (1200..1250), read since
     assert drafter_status(1260, 0, 48) == "seen"                 # inside the third test's, not the same run

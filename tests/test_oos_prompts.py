@@ -5,67 +5,82 @@ from __future__ import annotations
 import pytest
 
 from simtree.errors import SimtreeError
-from simtree.runtime.acceptance_oos_prompts import (CODE_START, CURRENT, DECODED, SEEN_DRAFTER, SHAREGPT_START,
-                                                    TRAINING_CONVERSATIONS, _code_block, _held_out_conversations,
-                                                    chat_span, code_prompts, code_span, drafter_status,
-                                                    prompt_status)
+from simtree.runtime.acceptance_oos_prompts import (CODE_START, CURRENT, DECODED, HALVES, SEEN_CODE, SEEN_DRAFTER,
+                                                    SEEN_SHAREGPT, SHAREGPT_START, TRAINING_CONVERSATIONS,
+                                                    _code_block, _held_out_conversations, chat_span, code_prompts,
+                                                    code_span, drafter_status, held_out_prompts, prompt_status,
+                                                    span_of_test_half)
 
 
 def test_the_recorded_ranges_are_the_spans_of_the_runs_that_decoded_them():
     # (start, prompts) of each committed run, its range by the same selection rule (repeats skipped)
-    chat = [(0, 128), (128, 128), (384, 128), (640, 128), (772, 128), (900, 32), (1000, 48), (1200, 48)]
+    chat = [(0, 128), (128, 128), (384, 128), (640, 128), (772, 128), (900, 32), (1000, 48), (1200, 48), (1251, 48),
+            (1400, 128)]
     held_out_loss = (TRAINING_CONVERSATIONS - 200, TRAINING_CONVERSATIONS - 1)   # training_docs' held-out text
     assert DECODED["sharegpt"] == tuple(chat_span(s, n) for s, n in chat) + (held_out_loss,)
-    assert CURRENT["mtp_chat"] == (chat_span(SHAREGPT_START, 128),)
-    assert CURRENT["drafter_test"] == (chat_span(SEEN_DRAFTER, 48),)
-    assert DECODED["sharegpt_code"] == ((0, TRAINING_CONVERSATIONS - 1), code_span(TRAINING_CONVERSATIONS, 128))
-    assert CURRENT["mtp_code"] == (code_span(CODE_START, 128),)
+    assert DECODED["sharegpt_code"] == ((0, TRAINING_CONVERSATIONS - 1), code_span(TRAINING_CONVERSATIONS, 128),
+                                        code_span(2473, 128))
+    # the current table's test halves (the calibration halves are the decoded ranges just below them)
+    assert CURRENT["mtp_chat"] == (span_of_test_half("sharegpt", SHAREGPT_START, *HALVES["sharegpt"]),)
+    assert CURRENT["mtp_chat"][0][0] == SEEN_SHAREGPT == DECODED["sharegpt"][-2][1] + 1
+    assert CURRENT["mtp_code"] == (span_of_test_half("sharegpt_code", CODE_START, *HALVES["sharegpt_code"]),)
+    assert CURRENT["mtp_code"][0][0] == SEEN_CODE == DECODED["sharegpt_code"][-1][1] + 1
+    assert (CODE_START, SEEN_CODE - 1) == span_of_test_half("sharegpt_code", CODE_START, 0, HALVES["sharegpt_code"][0])
+    assert CURRENT["drafter_test"] == (chat_span(SEEN_DRAFTER, 96),)
+    assert CURRENT["drafter_test"][0][0] == CURRENT["mtp_chat"][0][1] + 1 and CURRENT["drafter_test"][0][1] < 1800
 
 
 def test_a_run_overlapping_a_decoded_range_is_seen():
-    # the committed table's own runs, exactly: fresh
-    assert prompt_status("sharegpt", SHAREGPT_START, 64) == "fresh"
-    assert prompt_status("sharegpt_code", CODE_START, 64) == "fresh"
-    assert drafter_status(SEEN_DRAFTER, 0, 48) == "fresh"
+    # the committed table's own runs, exactly: fresh (their test halves; the calibration halves are seen)
+    assert prompt_status("sharegpt", SHAREGPT_START, *HALVES["sharegpt"]) == "fresh"
+    assert prompt_status("sharegpt_code", CODE_START, *HALVES["sharegpt_code"]) == "fresh"
+    assert drafter_status(SEEN_DRAFTER, 0, 96, 192) == "fresh"
     # inside, straddling or a part of a decoded range: seen
     assert prompt_status("sharegpt", 1450, 64) == "seen"                 # inside the fifth table's 1400..1551
-    assert prompt_status("sharegpt", SHAREGPT_START, 3) == "seen"       # a part of it (a quick run)
-    assert prompt_status("sharegpt", 1390, 8) == "seen"                 # straddling its first index
+    assert prompt_status("sharegpt", 1400, 64) == "seen"                 # the fifth table's own run, read since
+    assert prompt_status("sharegpt", SHAREGPT_START, 128, 3) == "seen"  # a part of the current test (a quick run)
+    assert prompt_status("sharegpt", 1390, 8) == "seen"                 # straddling the fifth's first index
     assert prompt_status("sharegpt", 1290, 8) == "seen"                 # the block drafters' third test's end
-    assert prompt_status("sharegpt", 930, 2) == "seen"                  # the live drafter table's end (932)
+    assert prompt_status("sharegpt_code", 2473, 64) == "seen"           # the fifth table's code, read since
+    assert prompt_status("sharegpt", 929, 2) == "seen"                  # test half 932..933: the live drafter table's end (932)
     assert prompt_status("sharegpt_code", 2500, 64) == "seen"
     assert prompt_status("sharegpt_code", 1990, 4) == "seen"            # training records
-    assert drafter_status(1260, 0, 48) == "seen" == drafter_status(1500, 0, 48)
+    assert drafter_status(1260, 0, 48) == "seen" == drafter_status(1500, 0, 48) == drafter_status(1251, 0, 48)
     # a current range is fresh only for the kind of run that read it: a drafter test on the MTP
     # table's chat prompts is seen
-    assert drafter_status(SHAREGPT_START, 0, 128) == "seen"
+    assert drafter_status(SEEN_SHAREGPT, 0, 128) == "seen"
     # chat prompts open the conversations the code tables took their code from, and 1800..1999 are
     # the target's held-out-loss text: seen for chat too
     assert prompt_status("sharegpt", TRAINING_CONVERSATIONS, 32) == "seen"
     assert prompt_status("sharegpt", CODE_START, 32) == "seen" == drafter_status(CODE_START, 0, 48)
     assert prompt_status("sharegpt", 1850, 8) == "seen"
     # ranges no table decoded: fresh; HumanEval and the development prompts: seen
-    assert prompt_status("sharegpt", 263, 4) == "fresh" == prompt_status("sharegpt", 1552, 4)
-    assert prompt_status("sharegpt_code", 2882, 2) == "fresh"
+    assert prompt_status("sharegpt", 263, 4) == "fresh" == prompt_status("sharegpt", 1302, 4)
+    assert prompt_status("sharegpt_code", 3300, 2) == "fresh"
+    # the status is the test half's: a seen calibration half before a fresh test half is fresh
+    assert chat_span(500, 14) == (500, 513)                             # the end of the second table's 384..513
+    assert prompt_status("sharegpt", 500, 14, 4) == "fresh" != prompt_status("sharegpt", 500, 13, 4)
     assert prompt_status("humaneval", 0, 64) == "seen" == prompt_status("sharegpt", None, 64)
     with pytest.raises(SimtreeError, match="overlap their calibration prompts 0..47"):
         drafter_status(47, 0, 48)                                       # one shared prompt
+    with pytest.raises(SimtreeError, match="overlap their calibration prompts 0..193"):
+        drafter_status(150, 0, 8, 192)                                  # inside a larger calibration
 
 
 def test_code_prompts_skip_a_repeat_of_an_earlier_conversations_prompt():
     """As a chat prompt repeating any earlier one is skipped, a code prompt repeating the code prompt
     of an earlier conversation from TRAINING_CONVERSATIONS on is, though that conversation lies
     before ``start``."""
-    convs = _held_out_conversations(CODE_START)
+    convs = _held_out_conversations(2473)
     blocks = [_code_block(c) for c in convs]
-    repeats = [i for i in range(TRAINING_CONVERSATIONS, CODE_START)
+    repeats = [i for i in range(TRAINING_CONVERSATIONS, 2473)
                if blocks[i] is not None and blocks[i] in blocks[TRAINING_CONVERSATIONS:i]]
     assert repeats                                     # ShareGPT repeats conversations
     i = repeats[0]
     taken, last = code_prompts(1, i)
     assert taken[0] != blocks[i] and last > i and taken[0] == blocks[last]
     # the committed ranges keep their prompts: none of the fifth table's repeats an earlier one
-    assert not set(code_prompts(128, CODE_START)[0]) & set(blocks[TRAINING_CONVERSATIONS:])
+    assert not set(code_prompts(128, 2473)[0]) & set(blocks[TRAINING_CONVERSATIONS:])
 
 
 def test_the_module_runs_its_command_line():
@@ -95,7 +110,25 @@ def test_the_summary_says_why_chat_prompts_are_fresh_or_seen():
 
     def line(start, status):
         args = SimpleNamespace(development=False, sharegpt_start=start, code_start=CODE_START, humaneval_start=0)
-        return prompts_line(args, 2, {"sharegpt": status, "sharegpt_code": status}, {}, False)
-    assert "FRESH (past the first 1400" in line(SHAREGPT_START, "fresh")
-    assert "FRESH (in no range a committed table decoded" in line(263, "fresh")     # a range below, never decoded
-    assert "SEEN (they overlap prompts a committed table decoded" in line(1450, "seen")
+        sizes = {"sharegpt": (2, 3), "sharegpt_code": (2, 2), "humaneval": (2, 2)}
+        return prompts_line(args, sizes, {"sharegpt": status, "sharegpt_code": status}, {}, False)
+    assert "test FRESH (past index 1552" in line(1550, "fresh")
+    assert "test FRESH (in no range a committed table decoded" in line(263, "fresh")     # a range below, never decoded
+    assert "test SEEN (it overlaps prompts a committed table" in line(1450, "seen")
+    assert "calibration the first 2 distinct held-out prompts from 263 on (263..264" in line(263, "fresh")
+    assert "test the next 3 (265..267)" in line(263, "fresh")
+
+
+def test_the_halves_may_differ_in_size_and_the_flag_reads_them():
+    from simtree.runtime.acceptance_oos_cli import main, parse_halves
+    from simtree.runtime.acceptance_oos_record import half_records
+    cal, test = held_out_prompts("humaneval", 3, 10, 5)
+    assert len(cal) == 3 and len(test) == 5 and not set(cal) & set(test)
+    assert half_records("humaneval", 10, 3, 5)["test"] == {"workload": "humaneval", "start": 10, "prompts": 5,
+                                                           "span": [13, 17]}
+    assert half_records("sharegpt", 263, 3, 2)["calibration"]["span"] == list(chat_span(263, 3))
+    assert parse_halves(["sharegpt=128:96", "humaneval=64:64"]) == {"sharegpt": (128, 96), "humaneval": (64, 64)}
+    for bad in (["sharegpt=128"], ["chat=1:1"], ["sharegpt=0:4"], ["sharegpt=1:1", "sharegpt=2:2"]):
+        with pytest.raises(SimtreeError, match="--prompts"):
+            parse_halves(bad)
+    assert main(["--prompts", "sharegpt=x:1", "--reuse-traces", "/nonexistent"]) == 2

@@ -95,7 +95,7 @@ def test_decoding_records_the_starts_the_reuse_check_reads(tmp_path, monkeypatch
     monkeypatch.setattr(oos, "load_costs", lambda *a: None)
     monkeypatch.setattr(oos, "_decode_half", lambda model, ids, *a: {"lossless": {"linear_d4": True},
                                                                       "prompts": len(ids)})
-    prompts = lambda w, n: (["a"] * n, ["b"] * n)    # noqa: E731
+    prompts = lambda w, n, n_test: (["a"] * n, ["b"] * n_test)    # noqa: E731
     oos.decode_halves("m", {"prompts": 3, "trees": []}, prompts, tmp_path, say=None, workloads=("humaneval",),
                       starts={"humaneval": 5})
     kept = json.loads((tmp_path / "lossless.json").read_text())
@@ -103,6 +103,16 @@ def test_decoding_records_the_starts_the_reuse_check_reads(tmp_path, monkeypatch
     assert check_reuse(tmp_path, {"humaneval": 5}, 3, None) == []
     with pytest.raises(SimtreeError, match="from 5, 3 prompts"):
         check_reuse(tmp_path, {"humaneval": 0}, 3, None)
+    # halves of their own sizes (``halves``: 4 calibration prompts, 2 test): each recorded, each checked
+    oos.decode_halves("m", {"prompts": 3, "halves": {"humaneval": (4, 2)}, "trees": []}, prompts, tmp_path,
+                      say=None, workloads=("humaneval",), starts={"humaneval": 5})
+    kept = json.loads((tmp_path / "lossless.json").read_text())
+    assert kept["humaneval calibration"]["decoded"] == {"workload": "humaneval", "start": 5, "prompts": 4,
+                                                        "span": [5, 8]}
+    assert kept["humaneval test"]["decoded"] == {"workload": "humaneval", "start": 5, "prompts": 2, "span": [9, 10]}
+    assert check_reuse(tmp_path, {"humaneval": 5}, {"humaneval": (4, 2)}, None) == []
+    with pytest.raises(SimtreeError, match="the kept humaneval test half was decoded from humaneval from 5, 2 prompts"):
+        check_reuse(tmp_path, {"humaneval": 5}, {"humaneval": (4, 3)}, None)
 
 
 def test_the_block_drafters_decode_records_its_starts(tmp_path, monkeypatch):
@@ -121,16 +131,20 @@ def test_the_block_drafters_decode_records_its_starts(tmp_path, monkeypatch):
     monkeypatch.setattr(decode, "decode_prompts", lambda model, ids, *a, **k: {
         "notes": [], "outputs": [[3]] * len(ids), "accepted_tokens_per_round": 1.0})
     monkeypatch.setattr(drafters, "load_drafters", lambda traces, d: None)
-    drafters.decode_drafters("m", ("block",), {"calibration": ["a", "b"], "test": ["c", "d"]}, 4, tmp_path, say=None,
-                             starts={"calibration": 0, "test": 1251})
+    drafters.decode_drafters("m", ("block",), {"calibration": ["a", "b", "e"], "test": ["c", "d"]}, 4, tmp_path,
+                             say=None, starts={"calibration": 0, "test": 1251})
     kept = json.loads((tmp_path / "drafters.json").read_text())
     assert kept["decoded"]["test"] == {"workload": "sharegpt", "start": 1251, "prompts": 2,
                                        "span": list(chat_span(1251, 2))}
+    assert kept["decoded"]["calibration"]["prompts"] == 3 and kept["prompts"] == {"calibration": 3, "test": 2}
     (tmp_path / "drafters").mkdir()
     (tmp_path / "drafters.json").rename(tmp_path / "drafters" / "drafters.json")
-    assert check_reuse(tmp_path, STARTS, 64, ({"calibration": 0, "test": 1251}, 2)) == ["the MTP halves"]
+    halves = {"calibration": 0, "test": 1251}
+    assert check_reuse(tmp_path, STARTS, 64, (halves, {"calibration": 3, "test": 2})) == ["the MTP halves"]
     with pytest.raises(SimtreeError, match="the command asks for sharegpt from 1300, 2 prompts"):
-        check_reuse(tmp_path, STARTS, 64, ({"calibration": 0, "test": 1300}, 2))
+        check_reuse(tmp_path, STARTS, 64, ({"calibration": 0, "test": 1300}, {"calibration": 3, "test": 2}))
+    with pytest.raises(SimtreeError, match="calibration runs was decoded from sharegpt from 0, 3 prompts"):
+        check_reuse(tmp_path, STARTS, 64, (halves, 2))          # one count for both halves: the calibration differs
 
 
 def test_a_table_that_fails_to_build_leaves_the_previous_pair(tmp_path, monkeypatch):

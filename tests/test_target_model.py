@@ -212,7 +212,7 @@ def test_acceptance_table_predicts_each_split_from_linear_calibration_runs_alone
         assert len({r.workload for r in recs}) == 1 and {r.mode for r in recs} == {"linear"}
         assert {r.tree.num_nodes for r in recs} == {p["budget"] for _, p in oos.LINEAR}
     starts = {"sharegpt": oos.SHAREGPT_START, "sharegpt_code": oos.CODE_START, "humaneval": oos.HUMANEVAL_START}
-    prompt_ids, words = oos.prompt_token_ids(path, lambda w, n: oos.held_out_prompts(w, n, starts[w]))
+    prompt_ids, words = oos.prompt_token_ids(path, lambda w, n, t: oos.held_out_prompts(w, n, starts[w], t))
     kept = oos.load_halves(tmp_path, settings, prompt_ids)
     again = oos.analyse(kept, fresh, words)
     # the folder records what each half decoded (acceptance_oos_record): a reuse with the same starts
@@ -235,13 +235,16 @@ def test_acceptance_table_predicts_each_split_from_linear_calibration_runs_alone
         assert len(a) == len(b) == 2 and not set(a) & set(b)
     from simtree.runtime.data import prompts
     seen = set(prompts("sharegpt", oos.SEEN_SHAREGPT))
-    assert oos.SHAREGPT_START >= oos.SEEN_SHAREGPT
-    assert not set(sum(oos.held_out_prompts("sharegpt", 2, oos.SHAREGPT_START), [])) & seen
+    # the test half of the protocol's sizes starts at SEEN_SHAREGPT (its calibration half: seen prompts)
+    cal_n = oos.HALVES["sharegpt"][0]
+    assert oos.SHAREGPT_START < oos.SEEN_SHAREGPT
+    assert not set(oos.held_out_prompts("sharegpt", cal_n, oos.SHAREGPT_START, 2)[1]) & seen
     assert oos.prompt_status("sharegpt", oos.SEEN_SHAREGPT - 1, 2) == "seen" == oos.prompt_status("humaneval", 0, 2)
     # ShareGPT code: fenced blocks of held-out conversations past the training records, fresh from CODE_START
     code, last = oos.code_prompts(4, oos.CODE_START)
     assert len(set(code)) == 4 and all(p.startswith("```") and len(p) == 160 for p in code) and last >= oos.CODE_START
-    assert oos.prompt_status("sharegpt_code", oos.CODE_START, 64) == "fresh" != oos.prompt_status("sharegpt_code", 0, 2)
+    assert oos.prompt_status("sharegpt_code", oos.CODE_START, *oos.HALVES["sharegpt_code"]) == "fresh" != \
+        oos.prompt_status("sharegpt_code", 0, 2)
     with pytest.raises(SimtreeError, match="humaneval prompts from index 160"):
         oos.held_out_prompts("humaneval", 4, 160)
     dev = oos.development_prompts("sharegpt", 2)      # the development halves: the seen prompts
