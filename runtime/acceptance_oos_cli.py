@@ -17,14 +17,16 @@ from simtree.errors import SimtreeError
 from simtree.fileio import write_text_atomic
 
 from . import acceptance_oos as oos
-from .acceptance_oos import (CHAIN, DEFAULT_MODEL, FULL, LINEAR, QUICK, SHIFT_SHARE, analyse, decode_halves,
+from simtree.costs.model import load_costs
+
+from .acceptance_oos import (CHAIN, COSTS, DEFAULT_MODEL, FULL, LINEAR, QUICK, SHIFT_SHARE, analyse, decode_halves,
                              half_sizes, load_halves, prompt_token_ids)
 from .acceptance_oos_drafters import decode_drafters, drafter_table, load_drafters
 from .acceptance_oos_record import check_reuse
 from .acceptance_oos_prompts import (CODE_START, HUMANEVAL_START, OOS_WORKLOADS, SEEN_CODE, SEEN_DRAFTER, SEEN_SHAREGPT,
-                                     SHAREGPT_START, development_prompts, drafter_status, held_out_prompts,
-                                     prompt_status, training_overlap)
-from .acceptance_oos_report import drafters_line, header, prompts_line
+                                     SHAREGPT_START, development_prompts, drafter_status, held_out_loss_prompts,
+                                     held_out_prompts, prompt_status, training_overlap)
+from .acceptance_oos_report import adaptive_grid_note, drafters_line, header, prompts_line
 from .drafter_acceptance import held_out_prompts as drafter_prompts
 from .target_trace import policy_name
 
@@ -138,10 +140,14 @@ def main(argv=None) -> int:
         else:
             halves = decode_halves(args.model, settings, prompts, args.traces, workloads=workloads, starts=kept_starts)
         overlap = {} if args.development else {      # ShareGPT repeats conversations: held-out text in training
-            w: training_overlap(sum(prompts(w, *sizes[w]), [])) for w in ("sharegpt", "sharegpt_code")
-            if (w, "test") in halves}
+            w: dict(zip(("calibration", "test"), map(training_overlap, prompts(w, *sizes[w]))))
+            for w in ("sharegpt", "sharegpt_code") if (w, "test") in halves}
+        if "sharegpt" in overlap:                    # the test half's prompts the target's held-out loss read
+            cal, test = sizes["sharegpt"]
+            overlap["sharegpt"]["held_out_loss"] = held_out_loss_prompts(args.sharegpt_start, cal + test, skip=cal)
         res = analyse(halves, status, words, args.earlier_model)
         line = prompts_line(args, sizes, status, overlap, ("sharegpt_code", "test") in halves)
+        line += " " + adaptive_grid_note(halves, load_costs(COSTS).verify.valid_range)
         if block_drafters:
             res["drafters"] = _drafter_runs(args, block_drafters, settings)
             d_status = drafter_status(args.drafter_start, args.drafter_calibration_start,
@@ -149,7 +155,10 @@ def main(argv=None) -> int:
                                       int(res["drafters"]["prompts"]["calibration"]))
             res["table"] = pd.concat([res["table"], drafter_table(res["drafters"], d_status)], ignore_index=True)
             res["summary"] = oos_summary(res["table"])
-            line += " " + drafters_line(args, res["drafters"])
+            n_test = int(res["drafters"]["prompts"]["test"])
+            overlap["drafters"] = {"test": training_overlap(drafter_prompts(args.drafter_start, n_test)),
+                                   "held_out_loss": held_out_loss_prompts(args.drafter_start, n_test)}
+            line += " " + drafters_line(args, res["drafters"], overlap["drafters"])
         out, df, s = Path(args.out), res["table"], res["summary"]
         csv_text, md_text, info = _report(args, res, settings, status, starts, overlap, unrecorded, line,
                                           block_drafters, t0)

@@ -19,14 +19,16 @@ section 5; a run overlapping one is labelled "seen" (``DECODED``, ``CURRENT``, :
 from __future__ import annotations
 
 import re
+from functools import lru_cache
 
 from simtree.errors import SimtreeError, check_whole
 
-from .data import PROMPT_CHARS, humaneval_problems, prompts as load_prompts, sharegpt_records, training_docs
+from .data import (HELD_OUT_RECORDS, PROMPT_CHARS, humaneval_problems, opening_human_turn, prompts as load_prompts,
+                   sharegpt_records, training_docs, training_records)
 
 __all__ = ["OOS_WORKLOADS", "CODE_WORKLOADS", "held_out_prompts", "distinct_chat_prompts", "code_prompts", "development_prompts",
            "prompt_status", "drafter_status", "training_overlap", "SEEN_SHAREGPT", "SEEN_DRAFTER", "DECODED",
-           "CURRENT", "chat_span", "code_span", "span_of_test_half", "SHAREGPT_START", "CODE_START", "SEEN_CODE",
+           "CURRENT", "chat_span", "held_out_loss_span", "held_out_loss_prompts", "code_span", "span_of_test_half", "SHAREGPT_START", "CODE_START", "SEEN_CODE",
            "HUMANEVAL_START", "TRAINING_CONVERSATIONS", "HALVES"]
 
 OOS_WORKLOADS = ("sharegpt", "sharegpt_code", "humaneval")
@@ -55,10 +57,10 @@ HALVES = {"sharegpt": (128, 128), "sharegpt_code": (256, 128), "humaneval": (64,
 # 32 from 900), the block drafters' first three tests' (48 from 1000, 1200, 1251).
 # ShareGPT code (held-out conversations): those among the records the target's training read
 # (0..1999), the fourth and fifth tables' (128 from 2000, 128 from 2473).
-# Chat also counts 1800..1999: about the held-out conversations whose text the target's training read for
-# its held-out loss (runtime/data.py training_docs: the last 200 odd records of the first 2 x 2000).
+# Chat also counts the prompts whose conversations the target's held-out loss read (:func:`held_out_loss_span`,
+# computed from the records: 1783..1981), but not for a current range, labelled when it was recorded (:func:`_status`).
 DECODED = {"sharegpt": ((0, 127), (128, 262), (384, 513), (640, 771), (772, 911), (900, 932), (1000, 1049),
-                        (1200, 1250), (1251, 1301), (1400, 1551), (1800, 1999)),
+                        (1200, 1250), (1251, 1301), (1400, 1551)),
            "sharegpt_code": ((0, 1999), (2000, 2472), (2473, 2881))}
 # The current table's test ranges (reports/validation/acceptance_out_of_sample.csv), recorded before
 # they were decoded and read by that table alone: fresh for a run of exactly that range, seen for any
@@ -78,9 +80,34 @@ def _held_out_conversations(count: int) -> list[list[dict]]:
     """The first ``count`` held-out ShareGPT conversations, in :func:`.data.prompts` order (the odd
     records with a human turn): conversation i is the one held-out prompt i opens."""
     records = sharegpt_records(8 * count + 8, max_bytes=max(8 << 20, count * (24 << 10)))
-    out = [conv for conv in records[1::2]
-           if any(c.get("from") == "human" and c["value"].strip() for c in conv)]
-    return out[:count]
+    return [conv for conv in records[1::2] if opening_human_turn(conv) is not None][:count]
+
+
+@lru_cache(maxsize=None)
+def held_out_loss_span(conversations: int = TRAINING_CONVERSATIONS) -> tuple[int, int]:
+    """(first, last) held-out prompt index (:func:`.data.prompts` order) of the conversations whose text
+    the target's held-out loss read: the last ``HELD_OUT_RECORDS`` odd records of the first 2 x
+    ``conversations`` (:func:`.data.training_docs`; evaluated, never trained on).  Prompt i opens the
+    i-th odd record with a human turn, so the odd records without one shift the range below the
+    records' 1800..1999."""
+    odd = training_records(conversations)[1::2]
+    prompt_index, index = [], -1
+    for conv in odd:
+        has_prompt = opening_human_turn(conv) is not None
+        index += has_prompt
+        prompt_index.append(index if has_prompt else None)
+    held = [i for i in prompt_index[-HELD_OUT_RECORDS:] if i is not None]
+    if len(odd) < conversations or not held:
+        raise SimtreeError(f"the packaged ShareGPT file holds {len(odd)} odd records, {conversations} needed")
+    return held[0], held[-1]
+
+
+def held_out_loss_prompts(start: int, count: int, skip: int = 0) -> list[int]:
+    """The indices, among the first ``count`` distinct held-out prompts from ``start`` on
+    (:func:`distinct_chat_prompts`) less the first ``skip`` (a calibration half), of those whose
+    conversations the target's held-out loss read (:func:`held_out_loss_span`)."""
+    lo, hi = held_out_loss_span()
+    return [i for i in _distinct_chat(start, count)[1][skip:] if lo <= i <= hi]
 
 
 def _code_block(conv: list[dict]) -> str | None:
@@ -146,13 +173,20 @@ def distinct_chat_prompts(start: int, count: int) -> tuple[list[str], int]:
     """(the first ``count`` distinct held-out ShareGPT prompts from index ``start`` on, the index of
     the last): a prompt repeating an earlier one's text, before ``start`` too, is skipped.  The one
     rule of the out-of-sample halves, the drafters' tables and :func:`chat_span`."""
+    out, indices = _distinct_chat(start, count)
+    return out, indices[-1]
+
+
+def _distinct_chat(start: int, count: int) -> tuple[list[str], list[int]]:
+    """(:func:`distinct_chat_prompts`' prompts, their held-out prompt indices)."""
     every = load_prompts("sharegpt", start + 2 * count)
-    seen, out = set(every[:start]), []
+    seen, out, indices = set(every[:start]), [], []
     for i in range(start, len(every)):
         if every[i] not in seen:
             out.append(every[i])
+            indices.append(i)
             if len(out) == count:
-                return out, i
+                return out, indices
         seen.add(every[i])
     raise SimtreeError(f"only {len(out)} ShareGPT prompts from index {start} on, {count} asked for")
 
@@ -174,13 +208,18 @@ _SPAN = {"sharegpt": chat_span, "sharegpt_code": code_span}
 def _status(run: str, span: tuple[int, int]) -> str:
     """"fresh" when ``span`` (held-out conversation indices: chat prompt i opens conversation i, whose
     code blocks the code prompts take) overlaps no range a committed table decoded (``DECODED``: its
-    own workload's; the code tables' conversations past the training records for chat) and, of the
-    current tables' ranges (``CURRENT``), at most its own kind's exactly; else "seen"."""
+    own workload's; for chat the code tables' conversations past the training records and the
+    held-out-loss conversations, :func:`held_out_loss_span`) and, of the current tables' ranges
+    (``CURRENT``), at most its own kind's exactly; else "seen".  A current range keeps the label it
+    was recorded with: the block drafters' test 1682..1783 was recorded before its last prompt was
+    found to be held-out-loss text, which its summary discloses (:func:`held_out_loss_prompts`)."""
     first, last = span
     workload = _RUN_WORKLOAD[run]
     decoded = list(DECODED[workload])
     if workload == "sharegpt":       # a chat prompt opens the conversation a code table took its code from
         decoded += [r for r in DECODED["sharegpt_code"] if r[0] >= TRAINING_CONVERSATIONS]
+        if span not in CURRENT[run]:
+            decoded.append(held_out_loss_span())
     checks = [(decoded, None)] + [(ranges, kind) for kind, ranges in CURRENT.items()]
     for ranges, kind in checks:
         for lo, hi in ranges:

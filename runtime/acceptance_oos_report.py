@@ -4,20 +4,25 @@ from __future__ import annotations
 from .acceptance_oos_prompts import SEEN_CODE, SEEN_SHAREGPT, drafter_status, span_of_test_half
 from .data import PROMPT_CHARS
 
-__all__ = ["prompts_line", "header"]
+__all__ = ["prompts_line", "header", "drafters_line", "adaptive_grid_note", "held_out_loss_note"]
 
 
 def prompts_line(args, sizes: dict, status: dict, overlap: dict, with_code: bool) -> str:
     """The table's prompts in words (``args``: the command's; ``sizes``: {workload: (calibration
-    prompts, test prompts)}; ``overlap``: {workload: prompts found in the training text};
-    ``with_code``: the run holds ShareGPT code)."""
+    prompts, test prompts)}; ``overlap``: {workload: {"calibration", "test": prompts of that half
+    found in the training text, "held_out_loss": the test half's prompts whose text the target's
+    held-out loss read (chat)}}; ``with_code``: the run holds ShareGPT code)."""
     if args.development:
         return ("DEVELOPMENT prompts (the first 128 held-out ShareGPT prompts, HumanEval 132..163), which the model "
                 "was developed on: not out of sample.")
     she, code = args.sharegpt_start, args.code_start
 
-    def trained(w):
-        return f" ({overlap[w]} of {sum(sizes[w])} occur verbatim in the target's training text)" if w in overlap else ""
+    def trained(w):     # the test half's (the FRESH label is about it), then the calibration half's
+        if w not in overlap:
+            return ""
+        (cal, test), o = sizes[w], overlap[w]
+        return (f" ({o['test']} of {test} test prompts occur verbatim in the target's training text, calibration "
+                f"{o['calibration']} of {cal}" + held_out_loss_note(o.get("held_out_loss", []), test) + ")")
 
     def halves(w, start, unit):
         cal, test = sizes[w]
@@ -119,8 +124,39 @@ def header(cmd: str, info: dict, res: dict, settings: dict, prompts_line: str, l
             "decoded (docs/acceptance.md, section 5)."]
 
 
-def drafters_line(args, decoded: dict) -> str:
-    """The block drafters' rows in words: which prompts, which runs, what each prediction read."""
+def held_out_loss_note(indices: list[int], prompts: int) -> str:
+    """"; k of n test prompts (i, ...) is text the target's held-out loss read ...", or "" for none."""
+    if not indices:
+        return ""
+    return (f"; {len(indices)} of {prompts} test prompts ({', '.join(map(str, indices))}) "
+            f"{'is' if len(indices) == 1 else 'are'} text the target's held-out loss read (evaluated, never trained on)")
+
+
+def adaptive_grid_note(halves: dict, valid_range: dict) -> str:
+    """Where cost_aware and batch_alloc decide against the shipped bundle's measured grid
+    (``valid_range``: the verify model's, {axis: [lo, hi]}): each test half's batch and its
+    adaptive runs' mean context."""
+    at = []
+    for (workload, half), h in halves.items():
+        ctx = [r["context_len"] for r in h["runs"].values() if r["mode"] in ("cost_aware", "batch_alloc")]
+        if half == "test" and ctx:
+            at.append((workload, int(h["prompts"]), sum(ctx) / len(ctx)))
+    if not at:
+        return ""
+    (b_lo, b_hi), (l_lo, l_hi) = valid_range["batch_size"], valid_range["context_len"]
+    outside = [(w, b, l) for w, b, l in at if not (b_lo <= b <= b_hi and l_lo <= l <= l_hi)]
+    where = "; ".join(f"{w} batch {b}, mean context {l:.0f} tokens" for w, b, l in at)
+    return (f"cost_aware and batch_alloc decide at their test half's batch and mean context ({where}), "
+            + (f"{'all ' if len(outside) == len(at) else ''}outside" if outside else "inside")
+            + f" the shipped bundle's measured grid (batch {b_lo:g}-{b_hi:g}, context {l_lo:g}-{l_hi:g} tokens"
+            + ("; the bundle extrapolates there, non-decreasing, with an ExtrapolationWarning" if outside else "")
+            + "); prediction and measurement use the same bundle and batch.")
+
+
+def drafters_line(args, decoded: dict, overlap: dict | None = None) -> str:
+    """The block drafters' rows in words: which prompts, which runs, what each prediction read
+    (``overlap``: {"test": test prompts found in the training text, "held_out_loss": the test
+    prompts whose text the target's held-out loss read})."""
     from .acceptance_oos_drafters import CALIBRATION, TESTS, policy_label
     drafters = list(dict.fromkeys(d for d, *_ in decoded["runs"]))
     n = decoded["prompts"]
@@ -131,7 +167,12 @@ def drafters_line(args, decoded: dict) -> str:
             f"(seen), its outcomes the only ones read; tested on {n['test']} "
             f"{drafter_status(args.drafter_start, args.drafter_calibration_start, n['test'], n['calibration']).upper()} "
             "prompts from index "
-            f"{args.drafter_start} (recorded in docs/acceptance.md section 5 before they were decoded): "
+            f"{args.drafter_start} (recorded in docs/acceptance.md section 5 before they were decoded"
+            + ("" if overlap is None else
+               f"; {overlap['test']} of {n['test']} occur verbatim in the target's training text"
+               + held_out_loss_note(overlap["held_out_loss"], n["test"])
+               + (", found after they were decoded: disclosed, the protocol and its labels kept"
+                  if overlap["held_out_loss"] else "")) + "): "
             + ", ".join(policy_label(m, p) for d in drafters for m, p in TESTS[d])
             + f", {decoded['max_new_tokens']} new tokens each; each round predicted from its drafted tree and marginals "
             "(and DSpark's confidence head) under the model fitted on the calibrating run: a calibration curve per parent "

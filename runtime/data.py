@@ -14,11 +14,13 @@ from importlib import resources
 
 from simtree.errors import SimtreeError
 
-__all__ = ["sharegpt_records", "humaneval_problems", "training_docs", "prompts", "WORKLOADS"]
+__all__ = ["sharegpt_records", "humaneval_problems", "training_records", "training_docs", "opening_human_turn", "prompts",
+           "WORKLOADS", "HELD_OUT_RECORDS"]
 
 WORKLOADS = ("sharegpt", "humaneval")
 HUMANEVAL_TRAIN = 132
 PROMPT_CHARS = 160   # a prompt is cut to its last (code) or first (chat) this many characters
+HELD_OUT_RECORDS = 200   # the odd records of the training range whose text measures the target's held-out loss
 
 
 def _data_file(package: str, *parts: str):
@@ -52,6 +54,11 @@ def humaneval_problems() -> list[dict]:
         return [json.loads(line) for line in gzip.decompress(fh.read()).decode("utf-8").splitlines() if line]
 
 
+def opening_human_turn(conv: list[dict]) -> str | None:
+    """A conversation's first non-blank human turn, or None: a held-out ShareGPT prompt opens with it."""
+    return next((c["value"] for c in conv if c.get("from") == "human" and c["value"].strip()), None)
+
+
 def prompts(workload: str, count: int, max_chars: int = PROMPT_CHARS) -> list[str]:
     """Held-out prompts: ShareGPT human turns (odd records) or HumanEval problems 132+
     (the last ``max_chars`` characters, so the code prompt ends where a body starts).  ShareGPT
@@ -60,7 +67,7 @@ def prompts(workload: str, count: int, max_chars: int = PROMPT_CHARS) -> list[st
     if workload == "sharegpt":
         out = []
         for conv in sharegpt_records(8 * count + 8, max_bytes=max(8 << 20, count * (24 << 10)))[1::2]:
-            human = next((c["value"] for c in conv if c.get("from") == "human" and c["value"].strip()), None)
+            human = opening_human_turn(conv)
             if human:
                 out.append(human.strip()[:max_chars])
             if len(out) == count:
@@ -71,11 +78,17 @@ def prompts(workload: str, count: int, max_chars: int = PROMPT_CHARS) -> list[st
     raise SimtreeError(f"unknown workload {workload!r}: expected one of {', '.join(WORKLOADS)}")
 
 
+def training_records(conversations: int) -> list[list[dict]]:
+    """The first 2 x ``conversations`` ShareGPT records, which the target's training reads (the file's
+    first ``conversations`` x 16 KiB hold more than that many)."""
+    return sharegpt_records(2 * conversations, max_bytes=max(8 << 20, conversations << 14))
+
+
 def training_docs(conversations: int) -> tuple[list[str], list[str]]:
-    """(training documents, held-out documents) - see simtree.runtime.target_train's docstring (the file's first
-    ``conversations`` x 16 KiB hold more than 2 x ``conversations`` records)."""
-    recs = sharegpt_records(2 * conversations, max_bytes=max(8 << 20, conversations << 14))
+    """(training documents, held-out documents) - see simtree.runtime.target_train's docstring: the even
+    records of :func:`training_records` train, the last ``HELD_OUT_RECORDS`` odd ones measure the loss."""
+    recs = training_records(conversations)
     train = ["\n\n".join(c["value"] for c in conv) for conv in recs[::2]]
     train += [p["prompt"] + p["canonical_solution"] for p in humaneval_problems()[:HUMANEVAL_TRAIN]]
-    held = ["\n\n".join(c["value"] for c in conv) for conv in recs[1::2][-200:]]
+    held = ["\n\n".join(c["value"] for c in conv) for conv in recs[1::2][-HELD_OUT_RECORDS:]]
     return [d for d in train if d.strip()], [d for d in held if d.strip()]

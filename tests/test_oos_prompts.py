@@ -8,7 +8,8 @@ from simtree.errors import SimtreeError
 from simtree.runtime.acceptance_oos_prompts import (CODE_START, CURRENT, DECODED, HALVES, SEEN_CODE, SEEN_DRAFTER,
                                                     SEEN_SHAREGPT, SHAREGPT_START, TRAINING_CONVERSATIONS,
                                                     _code_block, _held_out_conversations, chat_span, code_prompts,
-                                                    code_span, drafter_status, held_out_prompts, prompt_status,
+                                                    code_span, drafter_status, held_out_loss_prompts,
+                                                    held_out_loss_span, held_out_prompts, prompt_status,
                                                     span_of_test_half)
 
 
@@ -16,18 +17,30 @@ def test_the_recorded_ranges_are_the_spans_of_the_runs_that_decoded_them():
     # (start, prompts) of each committed run, its range by the same selection rule (repeats skipped)
     chat = [(0, 128), (128, 128), (384, 128), (640, 128), (772, 128), (900, 32), (1000, 48), (1200, 48), (1251, 48),
             (1400, 128)]
-    held_out_loss = (TRAINING_CONVERSATIONS - 200, TRAINING_CONVERSATIONS - 1)   # training_docs' held-out text
-    assert DECODED["sharegpt"] == tuple(chat_span(s, n) for s, n in chat) + (held_out_loss,)
+    assert DECODED["sharegpt"] == tuple(chat_span(s, n) for s, n in chat)
     assert DECODED["sharegpt_code"] == ((0, TRAINING_CONVERSATIONS - 1), code_span(TRAINING_CONVERSATIONS, 128),
                                         code_span(2473, 128))
     # the current table's test halves (the calibration halves are the decoded ranges just below them)
     assert CURRENT["mtp_chat"] == (span_of_test_half("sharegpt", SHAREGPT_START, *HALVES["sharegpt"]),)
-    assert CURRENT["mtp_chat"][0][0] == SEEN_SHAREGPT == DECODED["sharegpt"][-2][1] + 1
+    assert CURRENT["mtp_chat"][0][0] == SEEN_SHAREGPT == DECODED["sharegpt"][-1][1] + 1
     assert CURRENT["mtp_code"] == (span_of_test_half("sharegpt_code", CODE_START, *HALVES["sharegpt_code"]),)
     assert CURRENT["mtp_code"][0][0] == SEEN_CODE == DECODED["sharegpt_code"][-1][1] + 1
     assert (CODE_START, SEEN_CODE - 1) == span_of_test_half("sharegpt_code", CODE_START, 0, HALVES["sharegpt_code"][0])
     assert CURRENT["drafter_test"] == (chat_span(SEEN_DRAFTER, 96),)
-    assert CURRENT["drafter_test"][0][0] == CURRENT["mtp_chat"][0][1] + 1 and CURRENT["drafter_test"][0][1] < 1800
+    assert CURRENT["drafter_test"][0][0] == CURRENT["mtp_chat"][0][1] + 1
+
+
+def test_the_held_out_loss_prompts_are_found_by_record():
+    # training_docs' held-out text is odd records 1800..1999; 17 odd records before them have no
+    # human turn, so prompt i is odd record i + 17 there: the range starts at prompt 1783
+    assert held_out_loss_span() == (1783, 1981)
+    # the block drafters' test, recorded before this was found, ends on it: disclosed, not relabelled
+    assert CURRENT["drafter_test"][0][1] == 1783 and held_out_loss_prompts(SEEN_DRAFTER, 96) == [1783]
+    assert drafter_status(SEEN_DRAFTER, 0, 96, 192) == "fresh"
+    assert held_out_loss_prompts(SHAREGPT_START, 256, skip=128) == []       # the MTP chat test half: none
+    # any other chat run over it is seen; past it (1982..1999, below the code conversations) fresh
+    assert prompt_status("sharegpt", 1784, 1, 1) == "seen" == drafter_status(1900, 0, 8)
+    assert prompt_status("sharegpt", 1982, 1, 2) == "fresh"
 
 
 def test_a_run_overlapping_a_decoded_range_is_seen():
@@ -117,6 +130,25 @@ def test_the_summary_says_why_chat_prompts_are_fresh_or_seen():
     assert "test SEEN (it overlaps prompts a committed table" in line(1450, "seen")
     assert "calibration the first 2 distinct held-out prompts from 263 on (263..264" in line(263, "fresh")
     assert "test the next 3 (265..267)" in line(263, "fresh")
+
+
+def test_the_summary_gives_each_halfs_overlap_and_where_the_adaptive_modes_decide():
+    from types import SimpleNamespace
+
+    from simtree.runtime.acceptance_oos_report import adaptive_grid_note, prompts_line
+    args = SimpleNamespace(development=False, sharegpt_start=1550, code_start=CODE_START, humaneval_start=0)
+    sizes = {"sharegpt": (2, 3), "sharegpt_code": (2, 2), "humaneval": (2, 2)}
+    overlap = {"sharegpt": {"calibration": 1, "test": 2, "held_out_loss": [1783]}}
+    line = prompts_line(args, sizes, {"sharegpt": "fresh", "sharegpt_code": "fresh"}, overlap, False)
+    assert ("(2 of 3 test prompts occur verbatim in the target's training text, calibration 1 of 2; 1 of 3 test "
+            "prompts (1783) is text the target's held-out loss read (evaluated, never trained on))") in line
+    grid = {"batch_size": [1, 64], "context_len": [256, 4096]}
+    runs = {"cost_aware": {"mode": "cost_aware", "context_len": 70.0}, "linear": {"mode": "linear", "context_len": 9.0}}
+    halves = {("sharegpt", "calibration"): {"runs": runs, "prompts": 96}, ("sharegpt", "test"): {"runs": runs, "prompts": 128}}
+    assert ("(sharegpt batch 128, mean context 70 tokens), all outside the shipped bundle's measured grid (batch 1-64, "
+            "context 256-4096 tokens; the bundle extrapolates") in adaptive_grid_note(halves, grid)
+    inside = {("humaneval", "test"): {"runs": {"c": {"mode": "batch_alloc", "context_len": 300.0}}, "prompts": 8}}
+    assert "300 tokens), inside the shipped bundle's measured grid" in adaptive_grid_note(inside, grid)
 
 
 def test_the_halves_may_differ_in_size_and_the_flag_reads_them():
