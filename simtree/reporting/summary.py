@@ -25,7 +25,7 @@ import pandas as pd
 
 from simtree.errors import SimtreeError
 from simtree.fileio import read_json, write_text_atomic
-from simtree.acceptance.out_of_sample import FAMILIES
+from simtree.acceptance.out_of_sample import FAMILIES, TARGETS
 
 __all__ = ["START", "END", "PLAN_TOLERANCE", "MIN_POLICIES", "plan_points", "plan_gap", "plan_standing", "plan_gaps", "Folder", "FOLDERS", "headlines", "summary_table", "reports_index",
            "replace_block", "write_summary", "gdn_headline", "v4_headline", "profile_headline",
@@ -283,7 +283,8 @@ def plan_gaps(runs: pd.DataFrame) -> dict:
 def acceptance_oos_line(acc: pd.DataFrame) -> str:
     """acceptance_out_of_sample.csv in one clause: each out-of-sample family's
     (:data:`simtree.acceptance.out_of_sample.FAMILIES`) median and worst |rel_err| (prompts no
-    calibration read), none pooled with another, with whether its prompts are fresh or seen."""
+    calibration read), none pooled with another, with whether its prompts are fresh or seen and
+    which target (:data:`simtree.acceptance.out_of_sample.TARGETS`) it falls short of."""
     parts = []
     drafter = acc["drafter"].astype(str) if "drafter" in acc else pd.Series("mtp", index=acc.index)
     for (split, workload, *who), words in FAMILIES.items():     # who: a block drafter's family
@@ -292,7 +293,11 @@ def acceptance_oos_line(acc: pd.DataFrame) -> str:
         if len(err):
             seen = sorted(set(rows["prompts"].astype(str))) if "prompts" in rows else []
             label = f" ({seen[0]} prompts)" if len(seen) == 1 else ""
-            parts.append(f"{words}{label} median {_pct(err.median(), 1)}, worst {_pct(err.max(), 1)} ({len(err)} rows)")
+            short = [f"{_pct(TARGETS[key])} {name} target" for key, name, value in
+                     (("median_abs_rel_err", "median", err.median()), ("max_abs_rel_err", "worst", err.max()))
+                     if value > TARGETS[key]]
+            parts.append(f"{words}{label} median {_pct(err.median(), 1)}, worst {_pct(err.max(), 1)} ({len(err)} rows)"
+                         + (f", short of the {' and '.join(short)}" if short else ""))
     return ("accepted tokens per round of a trained Qwen3.5-architecture target, its drafter calibrated on a "
             "workload's linear runs and each run predicted from the drafter's confidences on its own held-out prompts: "
             + "; ".join(parts))
