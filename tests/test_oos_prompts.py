@@ -62,7 +62,7 @@ def test_a_run_overlapping_a_decoded_range_is_seen():
     # a current range is fresh only for the kind of run that read it: a drafter test on the MTP
     # table's chat prompts is seen
     assert drafter_status(SEEN_SHAREGPT, 0, 128) == "seen"
-    # chat prompts open the conversations the code tables took their code from, and 1800..1999 are
+    # chat prompts open the conversations the code tables took their code from, and prompts 1783..1981 are
     # the target's held-out-loss text: seen for chat too
     assert prompt_status("sharegpt", TRAINING_CONVERSATIONS, 32) == "seen"
     assert prompt_status("sharegpt", CODE_START, 32) == "seen" == drafter_status(CODE_START, 0, 48)
