@@ -24,10 +24,10 @@ from .acceptance_oos import (CHAIN, COSTS, DEFAULT_MODEL, FULL, LINEAR, QUICK, S
 from .acceptance_oos_drafters import decode_drafters, drafter_table, load_drafters
 from .acceptance_oos_record import check_reuse
 from .acceptance_oos_prompts import (CODE_START, HUMANEVAL_START, OOS_WORKLOADS, SEEN_CODE, SEEN_DRAFTER, SEEN_SHAREGPT,
-                                     SHAREGPT_START, development_prompts, drafter_status, held_out_loss_prompts,
+                                     SHAREGPT_START, development_prompts, distinct_chat_prompts, drafter_status,
+                                     held_out_loss_prompts,
                                      held_out_prompts, prompt_status, training_overlap)
 from .acceptance_oos_report import adaptive_grid_note, drafters_line, header, prompts_line
-from .drafter_acceptance import held_out_prompts as drafter_prompts
 from .target_trace import policy_name
 
 __all__ = ["main", "parse_halves", "DRAFTER_START", "DRAFTER_CALIBRATION_START", "DRAFTER_PROMPTS",
@@ -65,7 +65,7 @@ def _drafter_runs(args, drafters, settings) -> dict:
     starts = {"calibration": args.drafter_calibration_start, "test": args.drafter_start}
     # overlapping halves: one line
     drafter_status(args.drafter_start, args.drafter_calibration_start, n["test"], n["calibration"])
-    prompts = {h: drafter_prompts(starts[h], n[h]) for h in ("calibration", "test")}
+    prompts = {h: distinct_chat_prompts(starts[h], n[h])[0] for h in ("calibration", "test")}
     where = Path(args.traces) / "drafters" if args.traces else Path(tempfile.mkdtemp(prefix="drafters_"))
     return decode_drafters(args.model, drafters, prompts, tokens, where, starts=starts)
 
@@ -156,9 +156,9 @@ def main(argv=None) -> int:
             res["table"] = pd.concat([res["table"], drafter_table(res["drafters"], d_status)], ignore_index=True)
             res["summary"] = oos_summary(res["table"])
             n_test = int(res["drafters"]["prompts"]["test"])
-            overlap["drafters"] = {"test": training_overlap(drafter_prompts(args.drafter_start, n_test)),
+            overlap["drafters"] = {"test": training_overlap(distinct_chat_prompts(args.drafter_start, n_test)[0]),
                                    "held_out_loss": held_out_loss_prompts(args.drafter_start, n_test)}
-            line += " " + drafters_line(args, res["drafters"], overlap["drafters"])
+            line += " " + drafters_line(args, res["drafters"], d_status, overlap["drafters"])
         out, df, s = Path(args.out), res["table"], res["summary"]
         csv_text, md_text, info = _report(args, res, settings, status, starts, overlap, unrecorded, line,
                                           block_drafters, t0)

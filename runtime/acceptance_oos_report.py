@@ -1,7 +1,7 @@
 """The generated summary's words for :mod:`.acceptance_oos`: which prompts, what each split read."""
 from __future__ import annotations
 
-from .acceptance_oos_prompts import SEEN_CODE, SEEN_SHAREGPT, drafter_status, span_of_test_half
+from .acceptance_oos_prompts import SEEN_CODE, SEEN_SHAREGPT, span_of_test_half
 from .data import PROMPT_CHARS
 
 __all__ = ["prompts_line", "header", "drafters_line", "adaptive_grid_note", "held_out_loss_note"]
@@ -153,9 +153,10 @@ def adaptive_grid_note(halves: dict, valid_range: dict) -> str:
             + "); prediction and measurement use the same bundle and batch.")
 
 
-def drafters_line(args, decoded: dict, overlap: dict | None = None) -> str:
+def drafters_line(args, decoded: dict, status: str, overlap: dict | None = None) -> str:
     """The block drafters' rows in words: which prompts, which runs, what each prediction read
-    (``overlap``: {"test": test prompts found in the training text, "held_out_loss": the test
+    (``status``: the test half's, :func:`.acceptance_oos_prompts.drafter_status`; ``overlap``:
+    {"test": test prompts found in the training text, "held_out_loss": the test
     prompts whose text the target's held-out loss read})."""
     from .acceptance_oos_drafters import CALIBRATION, TESTS, policy_label
     drafters = list(dict.fromkeys(d for d, *_ in decoded["runs"]))
@@ -165,7 +166,7 @@ def drafters_line(args, decoded: dict, overlap: dict | None = None) -> str:
             + ", ".join(f"{d} {policy_label(*CALIBRATION[d])}" for d in drafters)
             + f") on {n['calibration']} development ShareGPT prompts from index {args.drafter_calibration_start} "
             f"(seen), its outcomes the only ones read; tested on {n['test']} "
-            f"{drafter_status(args.drafter_start, args.drafter_calibration_start, n['test'], n['calibration']).upper()} "
+            f"{status.upper()} "
             "prompts from index "
             f"{args.drafter_start} (recorded in docs/acceptance.md section 5 before they were decoded"
             + ("" if overlap is None else

@@ -64,11 +64,6 @@ POLICIES = [
 ]
 
 
-def held_out_prompts(start: int, count: int) -> list[str]:
-    """The first ``count`` distinct held-out ShareGPT prompts from ``start`` (the out-of-sample rule)."""
-    return distinct_chat_prompts(start, count)[0]
-
-
 def _verified(run_dir: Path, report: dict) -> float:
     """Mean draft nodes verified per round: DSpark's verified prefix from its traces, else the
     round's tree size less its root (static shapes)."""
@@ -84,7 +79,7 @@ def measure(model_dir: str, out: Path, start: int = START, count: int = COUNT, n
     torch.set_num_threads(1)
     model = build_model(model_dir, device="cpu", dtype=torch.float32)
     tok = BpeTokenizer.from_file(model_dir)
-    ids = [tok.encode(p) for p in held_out_prompts(start, count)]
+    ids = [tok.encode(p) for p in distinct_chat_prompts(start, count)[0]]
     plain = decode_prompts(model, ids, PolicySpec.from_dict("none", {}), new_tokens, out=out / "plain")["outputs"]
     rows = []
     for drafter, shape, mode, params in POLICIES:

@@ -237,7 +237,6 @@ def test_acceptance_table_predicts_each_split_from_linear_calibration_runs_alone
     seen = set(prompts("sharegpt", oos.SEEN_SHAREGPT))
     # the test half of the protocol's sizes starts at SEEN_SHAREGPT (its calibration half: seen prompts)
     cal_n = oos.HALVES["sharegpt"][0]
-    assert oos.SHAREGPT_START < oos.SEEN_SHAREGPT
     assert not set(oos.held_out_prompts("sharegpt", cal_n, oos.SHAREGPT_START, 2)[1]) & seen
     assert oos.prompt_status("sharegpt", oos.SEEN_SHAREGPT - 1, 2) == "seen" == oos.prompt_status("humaneval", 0, 2)
     # ShareGPT code: fenced blocks of held-out conversations past the training records, fresh from CODE_START

@@ -65,17 +65,8 @@ def drafter_bundle(costs_path: str, profile: str, model: str, builder_steps: str
            "deployment": str(first["deployment"])}
     fitted, notes = fit_drafters(rows, **key, source={"profile": profile}, builder_steps=builder_steps)
     notes.append(f"drafters' C_d from {profile} ({first['device']}; {sweep_label(fitted_rows(rows, fitted, **key))}); "
-                 f"verify and MTP costs from {_relative(costs_path)}")
+                 f"verify and MTP costs from {costs_path}")
     return dataclasses.replace(bundle, drafters=fitted), notes
-
-
-def _relative(path: str) -> str:
-    """``path`` relative to the working directory where it lies under it (notes name repository files)."""
-    p = Path(path).resolve()
-    try:
-        return str(p.relative_to(Path.cwd().resolve()))
-    except ValueError:
-        return str(path)
 
 
 def _gpu_name(device: str) -> str:

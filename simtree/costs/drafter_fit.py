@@ -212,8 +212,7 @@ def fit_rows(profile) -> list[dict]:
         models, _ = fit_drafters(df, model=model, device=device, dtype=dtype, deployment=dep,
                                  source={"profile": str(profile)})
         for fam, m in models.items():
-            rows = drafter_rows(df, fam, model, device, dtype, dep)        # as timed: their own spread
-            rows = rows[rows["variant"] == m.info["source"]["variant"]]
+            rows = fitted_rows(df, {fam: m}, model=model, device=device, dtype=dtype, deployment=dep)   # as timed
             for ctx, mc in (m.by_context or ((int(m.info["source"]["context_len"]), m),)):
                 e = mc.info["fit_error"]["heldout"][mc.info["form"]]
                 r = rows[rows["context_len"] == ctx] if m.by_context else rows
