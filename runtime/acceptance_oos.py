@@ -72,15 +72,17 @@ from simtree.data import data_path
 from simtree.errors import SimtreeError
 from simtree.fileio import read_json, write_text_atomic
 
-from .acceptance_oos_prompts import (CODE_START, CODE_WORKLOADS, HALVES, HUMANEVAL_START, OOS_WORKLOADS, SEEN_SHAREGPT,
-                                     SHAREGPT_START, code_prompts, development_prompts, held_out_prompts, prompt_status)
+from .acceptance_oos_prompts import (CODE_START, CODE_WORKLOADS, DEVELOPMENT_WORKLOADS, HALVES, HUMANEVAL_START,
+                                     OOS_WORKLOADS, SEEN_SHAREGPT, SHAREGPT_START, code_prompts, development_prompts,
+                                     held_out_prompts, prompt_status)
 from .acceptance_oos_record import half_records
 from .acceptance_oos_text import text_features, tokenizer_words
 from .bpe import BpeTokenizer
 from .full.build import build_model
 from .target_trace import draft_confidences, policy_name, trace_policies
 
-__all__ = ["run_oos", "analyse", "decode_halves", "load_halves", "held_out_prompts", "development_prompts",
+__all__ = ["run_oos", "analyse", "decode_halves", "load_halves", "table_prompts", "table_status", "kept_workloads",
+           "prompt_token_ids", "held_out_prompts", "development_prompts",
            "prompt_status", "predicted_accepted", "DEFAULT_MODEL", "LINEAR", "TREES", "COSTS", "SEEN_SHAREGPT",
            "SHAREGPT_START", "CODE_START", "HUMANEVAL_START", "CHAIN", "SHIFT_SHARE", "SHIFT_SEED", "code_prompts",
            "half_sizes", "HALVES"]
@@ -112,6 +114,25 @@ QUICK = {"prompts": 3, "max_new_tokens": 16, "trees": [TREES[1], TREES[5], TREES
 def half_sizes(settings: dict, workload: str) -> tuple[int, int]:
     """(calibration prompts, test prompts) of a workload's halves under ``settings``."""
     return tuple((settings.get("halves") or {}).get(workload, (settings["prompts"], settings["prompts"])))
+
+
+def table_prompts(settings: dict, starts: dict | None, workloads=OOS_WORKLOADS) -> dict:
+    """{workload: (calibration prompts, test prompts)} of each workload's halves (:func:`half_sizes`):
+    held-out prompts from ``starts[workload]`` on (:func:`held_out_prompts`); ``starts`` None: the
+    development prompts (:func:`development_prompts`)."""
+    sizes = {w: half_sizes(settings, w) for w in workloads}
+    if starts is None:
+        return {w: development_prompts(w, *n) for w, n in sizes.items()}
+    return {w: held_out_prompts(w, cal, starts[w], test) for w, (cal, test) in sizes.items()}
+
+
+def table_status(settings: dict, starts: dict | None) -> dict:
+    """{workload: "fresh" | "seen"}, the label of a workload's out-of-sample rows: its test half's
+    (:func:`prompt_status` of the halves from ``starts[workload]``); ``starts`` None (the development
+    prompts): seen."""
+    if starts is None:
+        return {w: "seen" for w in OOS_WORKLOADS}
+    return {w: prompt_status(w, s, *half_sizes(settings, w)) for w, s in starts.items()}
 
 
 def _half_dir(traces, workload: str, half: str):
@@ -153,26 +174,22 @@ def predicted_accepted(model, run: dict, costs=None) -> float:
     return float(np.asarray(weights) @ gain)
 
 
-def decode_halves(model_dir, settings: dict, prompts, traces=None, say=print, workloads=OOS_WORKLOADS,
+def decode_halves(model_dir, settings: dict, prompt_ids: dict, traces=None, say=print,
                   starts: dict | None = None) -> dict:
     """{(workload, half): {"runs", "drafts", "lossless", "prompts"}}: each workload's two halves
-    (``prompts(workload, n_calibration, n_test)``, :func:`half_sizes`) decoded live, the calibration half with ``LINEAR``, the test half
+    (``prompt_ids``: {workload: (calibration prompts, test prompts)} as token ids,
+    :func:`prompt_token_ids`) decoded live, the calibration half with ``LINEAR``, the test half
     with ``LINEAR`` and the trees, each once more as a drafting pass; ``traces``: keep the traces
     there (with ``lossless.json``, which :func:`load_halves` reads back, and each half's record of
     what it decoded: ``starts`` {workload: first index, None for the development prompts},
     :mod:`.acceptance_oos_record`)."""
     torch.set_num_threads(1)
-    model_dir = Path(model_dir)
     model = build_model(str(model_dir), device="cpu", dtype=torch.float32)
-    tok = BpeTokenizer.from_file(model_dir)
     costs = load_costs(COSTS)
     halves = {}
-    for workload in workloads:
-        sizes = half_sizes(settings, workload)
-        cal_text, test_text = prompts(workload, *sizes)
-        records = half_records(workload, starts[workload], *sizes) if starts is not None else {}
-        for half, text in (("calibration", cal_text), ("test", test_text)):
-            ids = [tok.encode(p) for p in text]
+    for workload, both in prompt_ids.items():
+        records = {} if starts is None else half_records(workload, starts[workload], *half_sizes(settings, workload))
+        for half, ids in zip(("calibration", "test"), both):
             halves[workload, half] = _decode_half(model, ids, _half_policies(settings, half), settings, workload, half,
                                                   traces, costs, say)
             if half in records:
@@ -184,17 +201,20 @@ def decode_halves(model_dir, settings: dict, prompts, traces=None, say=print, wo
     return halves
 
 
-def load_halves(traces, settings: dict, prompt_ids=None) -> dict:
+def kept_workloads(traces) -> list[str]:
+    """The workloads whose two halves the kept folder ``traces`` holds (:func:`load_halves`)."""
+    return [w for w in OOS_WORKLOADS if all(_half_dir(traces, w, h).is_dir() for h in ("calibration", "test"))]
+
+
+def load_halves(traces, settings: dict, prompt_ids: dict | None = None) -> dict:
     """The halves of :func:`decode_halves` read back from the traces it kept (no decoding): to
-    analyse a run again; every workload whose two halves the folder holds; ``prompt_ids(workload,
-    n_calibration, n_test)``: the token ids of its (calibration, test) prompts, kept with each half (the text state
-    reads them; :func:`prompt_token_ids`)."""
+    analyse a run again; every workload whose two halves the folder holds (:func:`kept_workloads`);
+    ``prompt_ids``: {workload: (calibration prompts, test prompts)} as token ids, kept with each
+    half (the text state reads them; :func:`prompt_token_ids`)."""
     traces = Path(traces)
     kept = read_json(traces / "lossless.json", "kept run") if (traces / "lossless.json").is_file() else {}
     halves = {}
-    for workload in OOS_WORKLOADS:
-        if not all(_half_dir(traces, workload, h).is_dir() for h in ("calibration", "test")):
-            continue
+    for workload in kept_workloads(traces):
         for half in ("calibration", "test"):
             folder, runs = _half_dir(traces, workload, half), {}
             for mode, params in _half_policies(settings, half):
@@ -207,20 +227,20 @@ def load_halves(traces, settings: dict, prompt_ids=None) -> dict:
             halves[workload, half] = {"runs": runs, "drafts": drafts, "lossless": info.get("lossless", {}),
                                       "prompts": info.get("prompts", int(np.unique(drafts.seq).size))}
             if prompt_ids is not None:
-                ids = prompt_ids(workload, *half_sizes(settings, workload))[0 if half == "calibration" else 1]
+                ids = prompt_ids[workload][0 if half == "calibration" else 1]
                 halves[workload, half]["prompt_ids"] = ids[:halves[workload, half]["prompts"]]
     if not halves:
         raise SimtreeError(f"{traces} holds no kept halves (<workload>_calibration and <workload>_test folders)")
     return halves
 
 
-def prompt_token_ids(model_dir, prompts):
-    """(``prompt_ids(workload, n_calibration, n_test)``: each half's prompts (``prompts(workload,
-    n_calibration, n_test)``) as the
-    checkpoint's tokenizer encodes them for decoding, its word tokens): what :func:`load_halves`
-    and :func:`analyse` need for the text state."""
+def prompt_token_ids(model_dir, prompts: dict):
+    """({workload: (calibration prompts, test prompts)} as the checkpoint's tokenizer encodes
+    ``prompts`` ({workload: (calibration texts, test texts)}, :func:`table_prompts`) for decoding,
+    its word tokens): what :func:`decode_halves`, :func:`load_halves` and :func:`analyse` read."""
     tok = BpeTokenizer.from_file(Path(model_dir))
-    return (lambda w, *n: tuple([tok.encode(p) for p in half] for half in prompts(w, *n))), tokenizer_words(tok)
+    return ({w: tuple([tok.encode(p) for p in half] for half in both) for w, both in prompts.items()},
+            tokenizer_words(tok))
 
 
 def _run_row(r: dict, name: str, workload: str, split: str, key: str, batch: int, status: str) -> dict:
@@ -324,19 +344,26 @@ def analyse(halves: dict, status: dict | None = None, words=None, earlier: bool 
                            for (spec, ctx, t), c in calibrations.items() if t and c.text_terms is not None}}
 
 
-def run_oos(model_dir, settings: dict, traces=None, say=print, prompts=None, status: dict | None = None,
-            workloads=OOS_WORKLOADS) -> dict:
-    """:func:`decode_halves` then :func:`analyse`; ``prompts`` (default: ShareGPT from
-    ``SHAREGPT_START``, ShareGPT code from ``CODE_START``, HumanEval from ``HUMANEVAL_START``)."""
-    if prompts is None:
-        starts = {"sharegpt": SHAREGPT_START, "sharegpt_code": CODE_START, "humaneval": HUMANEVAL_START}
-        prompts = lambda w, n, n_test=None: held_out_prompts(w, n, starts[w], n_test)     # noqa: E731
-        status = status or {w: prompt_status(w, s, *half_sizes(settings, w)) for w, s in starts.items()}
-        record = starts
+def run_oos(model_dir, settings: dict, starts: dict | None, traces=None, reuse_traces=None, say=print,
+            earlier: bool = False) -> dict:
+    """The table of the command line: each workload's halves (:func:`table_prompts` from ``starts``,
+    {workload: first index}; None: the development prompts), their prompts loaded once, decoded live
+    (:func:`decode_halves`, the traces kept under ``traces``) or read back from the traces an earlier
+    run kept under ``reuse_traces`` (:func:`load_halves`: the workloads it holds), then
+    :func:`analyse` (``earlier``: the model of decisions 1-9) with each workload's label
+    (:func:`table_status`).  Beside the analysis: ``"status"``, ``"halves"`` and ``"prompt_texts"``
+    ({workload: (calibration texts, test texts)})."""
+    status = table_status(settings, starts)
+    workloads = kept_workloads(reuse_traces) if reuse_traces else \
+        (DEVELOPMENT_WORKLOADS if starts is None else OOS_WORKLOADS)
+    texts = table_prompts(settings, starts, workloads)
+    prompt_ids, words = prompt_token_ids(model_dir, texts)
+    if reuse_traces:
+        halves = load_halves(reuse_traces, settings, prompt_ids)
     else:
-        record = None
-    return analyse(decode_halves(model_dir, settings, prompts, traces, say, workloads, record), status,
-                   prompt_token_ids(model_dir, prompts)[1])
+        records = {w: None if starts is None else starts[w] for w in workloads}
+        halves = decode_halves(model_dir, settings, prompt_ids, traces, say, records)
+    return {**analyse(halves, status, words, earlier), "status": status, "halves": halves, "prompt_texts": texts}
 
 
 if __name__ == "__main__":

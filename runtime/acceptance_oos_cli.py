@@ -19,14 +19,12 @@ from simtree.fileio import write_text_atomic
 from . import acceptance_oos as oos
 from simtree.costs.model import load_costs
 
-from .acceptance_oos import (CHAIN, COSTS, DEFAULT_MODEL, FULL, LINEAR, QUICK, SHIFT_SHARE, analyse, decode_halves,
-                             half_sizes, load_halves, prompt_token_ids)
+from .acceptance_oos import CHAIN, COSTS, DEFAULT_MODEL, FULL, LINEAR, QUICK, SHIFT_SHARE, half_sizes, run_oos
 from .acceptance_oos_drafters import decode_drafters, drafter_table, load_drafters
 from .acceptance_oos_record import check_reuse
 from .acceptance_oos_prompts import (CODE_START, HUMANEVAL_START, OOS_WORKLOADS, SEEN_CODE, SEEN_DRAFTER, SEEN_SHAREGPT,
-                                     SHAREGPT_START, development_prompts, distinct_chat_prompts, drafter_status,
-                                     held_out_loss_prompts,
-                                     held_out_prompts, prompt_status, training_overlap)
+                                     SHAREGPT_START, distinct_chat_prompts, drafter_status, held_out_loss_prompts,
+                                     training_overlap)
 from .acceptance_oos_report import adaptive_grid_note, drafters_line, header, prompts_line
 from .target_trace import policy_name
 
@@ -129,23 +127,15 @@ def main(argv=None) -> int:
             args.reuse_traces, kept_starts, sizes,
             ({"calibration": args.drafter_calibration_start, "test": args.drafter_start},
              _drafter_counts(args)) if block_drafters else None)
-        status = {w: "seen" if args.development else prompt_status(w, s, *sizes[w]) for w, s in starts.items()}
-        if args.development:
-            prompts, workloads = development_prompts, ("sharegpt", "humaneval")
-        else:
-            prompts, workloads = (lambda w, n, n_test=None: held_out_prompts(w, n, starts[w], n_test)), OOS_WORKLOADS
-        prompt_ids, words = prompt_token_ids(args.model, prompts)
-        if args.reuse_traces:
-            halves = load_halves(args.reuse_traces, settings, prompt_ids)
-        else:
-            halves = decode_halves(args.model, settings, prompts, args.traces, workloads=workloads, starts=kept_starts)
+        res = run_oos(args.model, settings, None if args.development else starts, args.traces, args.reuse_traces,
+                      earlier=args.earlier_model)
+        status, halves = res["status"], res["halves"]
         overlap = {} if args.development else {      # ShareGPT repeats conversations: held-out text in training
-            w: dict(zip(("calibration", "test"), map(training_overlap, prompts(w, *sizes[w]))))
+            w: dict(zip(("calibration", "test"), map(training_overlap, res["prompt_texts"][w])))
             for w in ("sharegpt", "sharegpt_code") if (w, "test") in halves}
         if "sharegpt" in overlap:                    # the test half's prompts the target's held-out loss read
             cal, test = sizes["sharegpt"]
             overlap["sharegpt"]["held_out_loss"] = held_out_loss_prompts(args.sharegpt_start, cal + test, skip=cal)
-        res = analyse(halves, status, words, args.earlier_model)
         line = prompts_line(args, sizes, status, overlap, ("sharegpt_code", "test") in halves)
         line += " " + adaptive_grid_note(halves, load_costs(COSTS).verify.valid_range)
         if block_drafters:

@@ -23,15 +23,16 @@ from functools import lru_cache
 
 from simtree.errors import SimtreeError, check_whole
 
-from .data import (HELD_OUT_RECORDS, PROMPT_CHARS, humaneval_problems, opening_human_turn, prompts as load_prompts,
-                   sharegpt_records, training_docs, training_records)
+from .data import (HELD_OUT_RECORDS, PROMPT_CHARS, held_out_conversations, humaneval_problems, opening_human_turn,
+                   prompts as load_prompts, training_docs, training_records)
 
-__all__ = ["OOS_WORKLOADS", "CODE_WORKLOADS", "held_out_prompts", "distinct_chat_prompts", "code_prompts", "development_prompts",
+__all__ = ["OOS_WORKLOADS", "DEVELOPMENT_WORKLOADS", "CODE_WORKLOADS", "held_out_prompts", "distinct_chat_prompts", "code_prompts", "development_prompts",
            "prompt_status", "drafter_status", "training_overlap", "SEEN_SHAREGPT", "SEEN_DRAFTER", "DECODED",
            "CURRENT", "chat_span", "held_out_loss_span", "held_out_loss_prompts", "code_span", "span_of_test_half", "SHAREGPT_START", "CODE_START", "SEEN_CODE",
            "HUMANEVAL_START", "TRAINING_CONVERSATIONS", "HALVES"]
 
 OOS_WORKLOADS = ("sharegpt", "sharegpt_code", "humaneval")
+DEVELOPMENT_WORKLOADS = ("sharegpt", "humaneval")      # those with development prompts (development_prompts)
 CODE_WORKLOADS = ("sharegpt_code", "humaneval")        # predicted from chat too (the transfer rows)
 # Where the current table's prompts start (docs/acceptance.md, section 5, says which ranges each
 # earlier table read and when each became development data, and fixed these before the test halves
@@ -74,13 +75,6 @@ TRAINING_CONVERSATIONS = 2000     # target_train's default: the first 2 x 2000 S
 HUMANEVAL_START = 0
 _FENCE = re.compile(r"```[^\n`]*\n(.*?)```", re.S)
 _CODE_LINES = 4
-
-
-def _held_out_conversations(count: int) -> list[list[dict]]:
-    """The first ``count`` held-out ShareGPT conversations, in :func:`.data.prompts` order (the odd
-    records with a human turn): conversation i is the one held-out prompt i opens."""
-    records = sharegpt_records(8 * count + 8, max_bytes=max(8 << 20, count * (24 << 10)))
-    return [conv for conv in records[1::2] if opening_human_turn(conv) is not None][:count]
 
 
 @lru_cache(maxsize=None)
@@ -130,7 +124,7 @@ def code_prompts(count: int, start: int) -> tuple[list[str], int]:
     start = check_whole(start, "code start", 0)
     scan = start + 4 * count
     while True:
-        convs = _held_out_conversations(scan)
+        convs = held_out_conversations(scan)
         out, last = [], None
         seen = {p for p in map(_code_block, convs[min(TRAINING_CONVERSATIONS, start):start]) if p is not None}
         for i in range(start, len(convs)):

@@ -36,13 +36,6 @@ def half_records(workload: str, start: int | None, n: int, n_test: int | None = 
             "test": {"workload": workload, "start": start, "prompts": n_test, "span": list(test)}}
 
 
-def _count(n, workload: str, half: str) -> int:
-    """Prompts in a half: ``n`` one count for every half, or {workload: (calibration, test)}."""
-    if isinstance(n, dict):
-        return n[workload][0 if half == "calibration" else 1]
-    return n
-
-
 def drafter_records(starts: dict, counts: dict) -> dict:
     """{half: record} of the block drafters' runs: ``counts[half]`` distinct ShareGPT prompts from
     each half's start (``starts``: {"calibration": i, "test": j})."""
@@ -62,13 +55,13 @@ def _compare(where: str, recorded: dict, expected: dict) -> None:
                            "give the flags it was decoded with (or decode again)")
 
 
-def check_reuse(traces, starts: dict, n, drafters: tuple[dict, int | dict] | None) -> list[str]:
+def check_reuse(traces, starts: dict, sizes: dict, drafters: tuple[dict, dict] | None) -> list[str]:
     """Compare what the kept folder ``traces`` records with the command's prompts (``starts``:
-    {workload: first index, None for the development prompts}, ``n`` prompts a half, or
-    {workload: (calibration prompts, test prompts)}; ``drafters``: ({half: first index}, prompts a
-    half or {half: prompts}) when the table adds the block drafters' rows): a
-    differing record stops the table (:class:`SimtreeError`, one line naming both).  Returns the
-    halves that record none (folders kept before the record): their starts come from the command."""
+    {workload: first index, None for the development prompts}; ``sizes``: {workload: (calibration
+    prompts, test prompts)}, :func:`.acceptance_oos.half_sizes`; ``drafters``: ({half: first index},
+    {half: prompts}) when the table adds the block drafters' rows): a differing record stops the
+    table (:class:`SimtreeError`, one line naming both).  Returns the halves that record none
+    (folders kept before the record): their starts come from the command."""
     traces, unrecorded = Path(traces), []
     lossless = traces / "lossless.json"
     kept = read_json(lossless, "kept run") if lossless.is_file() else {}
@@ -76,21 +69,21 @@ def check_reuse(traces, starts: dict, n, drafters: tuple[dict, int | dict] | Non
         unrecorded.append("the MTP halves")
     for key, info in kept.items():
         rec = info.get("decoded") if isinstance(info, dict) else None
-        workload = key.split()[0]
+        workload, _, half = key.partition(" ")
         if rec is None:
             unrecorded.append(key)
         elif workload in starts:
+            n = sizes[workload][0 if half == "calibration" else 1]
             _compare(f"{lossless}: the kept {key} half", rec, {"workload": workload, "start": starts[workload],
-                                                                "prompts": _count(n, workload, key.split()[1])})
+                                                                "prompts": n})
     path = traces / "drafters" / "drafters.json"
     if drafters is not None and path.is_file():
-        half_starts, count = drafters
+        half_starts, counts = drafters
         recs = read_json(path, "kept drafter runs").get("decoded") or {}
         for half, start in half_starts.items():
             if half not in recs:
                 unrecorded.append(f"block drafters {half}")
             else:
                 _compare(f"{path}: the kept block drafters' {half} runs", recs[half],
-                         {"workload": DRAFTER_WORKLOAD, "start": start,
-                          "prompts": count[half] if isinstance(count, dict) else count})
+                         {"workload": DRAFTER_WORKLOAD, "start": start, "prompts": counts[half]})
     return unrecorded

@@ -14,8 +14,8 @@ from importlib import resources
 
 from simtree.errors import SimtreeError
 
-__all__ = ["sharegpt_records", "humaneval_problems", "training_records", "training_docs", "opening_human_turn", "prompts",
-           "WORKLOADS", "HELD_OUT_RECORDS"]
+__all__ = ["sharegpt_records", "humaneval_problems", "training_records", "training_docs", "opening_human_turn",
+           "held_out_conversations", "prompts", "WORKLOADS", "HELD_OUT_RECORDS"]
 
 WORKLOADS = ("sharegpt", "humaneval")
 HUMANEVAL_TRAIN = 132
@@ -59,20 +59,21 @@ def opening_human_turn(conv: list[dict]) -> str | None:
     return next((c["value"] for c in conv if c.get("from") == "human" and c["value"].strip()), None)
 
 
-def prompts(workload: str, count: int, max_chars: int = PROMPT_CHARS) -> list[str]:
-    """Held-out prompts: ShareGPT human turns (odd records) or HumanEval problems 132+
-    (the last ``max_chars`` characters, so the code prompt ends where a body starts).  ShareGPT
-    reads the file's first 8 MB (572 prompts), 24 KiB a prompt past that: a longer list
+def held_out_conversations(count: int) -> list[list[dict]]:
+    """The first ``count`` held-out ShareGPT conversations: the odd records that open with a human
+    turn (:func:`opening_human_turn`), so held-out prompt i (:func:`prompts`) opens conversation i.
+    Reads the file's first 8 MB (572 conversations), 24 KiB a conversation past that: a longer list
     extends a shorter one, never changes it."""
+    records = sharegpt_records(8 * count + 8, max_bytes=max(8 << 20, count * (24 << 10)))
+    return [conv for conv in records[1::2] if opening_human_turn(conv) is not None][:count]
+
+
+def prompts(workload: str, count: int, max_chars: int = PROMPT_CHARS) -> list[str]:
+    """Held-out prompts: ShareGPT human turns (the opening turns of :func:`held_out_conversations`)
+    or HumanEval problems 132+ (the last ``max_chars`` characters, so the code prompt ends where a
+    body starts)."""
     if workload == "sharegpt":
-        out = []
-        for conv in sharegpt_records(8 * count + 8, max_bytes=max(8 << 20, count * (24 << 10)))[1::2]:
-            human = opening_human_turn(conv)
-            if human:
-                out.append(human.strip()[:max_chars])
-            if len(out) == count:
-                break
-        return out
+        return [opening_human_turn(conv).strip()[:max_chars] for conv in held_out_conversations(count)]
     if workload == "humaneval":
         return [p["prompt"][-max_chars:] for p in humaneval_problems()[HUMANEVAL_TRAIN:][:count]]
     raise SimtreeError(f"unknown workload {workload!r}: expected one of {', '.join(WORKLOADS)}")

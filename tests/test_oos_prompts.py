@@ -7,10 +7,11 @@ import pytest
 from simtree.errors import SimtreeError
 from simtree.runtime.acceptance_oos_prompts import (CODE_START, CURRENT, DECODED, HALVES, SEEN_CODE, SEEN_DRAFTER,
                                                     SEEN_SHAREGPT, SHAREGPT_START, TRAINING_CONVERSATIONS,
-                                                    _code_block, _held_out_conversations, chat_span, code_prompts,
+                                                    _code_block, chat_span, code_prompts,
                                                     code_span, drafter_status, held_out_loss_prompts,
                                                     held_out_loss_span, held_out_prompts, prompt_status,
                                                     span_of_test_half)
+from simtree.runtime.data import held_out_conversations, prompts
 
 
 def test_the_recorded_ranges_are_the_spans_of_the_runs_that_decoded_them():
@@ -84,7 +85,7 @@ def test_code_prompts_skip_a_repeat_of_an_earlier_conversations_prompt():
     """As a chat prompt repeating any earlier one is skipped, a code prompt repeating the code prompt
     of an earlier conversation from TRAINING_CONVERSATIONS on is, though that conversation lies
     before ``start``."""
-    convs = _held_out_conversations(2473)
+    convs = held_out_conversations(2473)
     blocks = [_code_block(c) for c in convs]
     repeats = [i for i in range(TRAINING_CONVERSATIONS, 2473)
                if blocks[i] is not None and blocks[i] in blocks[TRAINING_CONVERSATIONS:i]]
@@ -94,6 +95,16 @@ def test_code_prompts_skip_a_repeat_of_an_earlier_conversations_prompt():
     assert taken[0] != blocks[i] and last > i and taken[0] == blocks[last]
     # the committed ranges keep their prompts: none of the fifth table's repeats an earlier one
     assert not set(code_prompts(128, 2473)[0]) & set(blocks[TRAINING_CONVERSATIONS:])
+
+
+def test_a_held_out_prompt_opens_its_held_out_conversation():
+    """One reader of the held-out ShareGPT conversations (runtime/data.py) for the prompts and the
+    code prompts: prompt i is the first non-blank human turn of conversation i, cut to 160
+    characters; a longer list (past the 572 the file's first 8 MB hold) extends a shorter one."""
+    convs = held_out_conversations(600)
+    assert len(convs) == 600 and convs[:300] == held_out_conversations(300)
+    firsts = [next(t["value"] for t in c if t["from"] == "human" and t["value"].strip()) for c in convs]
+    assert prompts("sharegpt", 600) == [f.strip()[:160] for f in firsts]
 
 
 def test_the_module_runs_its_command_line():

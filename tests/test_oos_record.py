@@ -15,6 +15,8 @@ from simtree.runtime.acceptance_oos_prompts import held_out_prompts
 from simtree.runtime.data import prompts as load_prompts
 
 STARTS = {"sharegpt": 1400, "sharegpt_code": 2473, "humaneval": 0}
+SIZES = {w: (64, 64) for w in STARTS}          # prompts in each workload's (calibration, test) halves
+DRAFTED = {"calibration": 48, "test": 48}
 
 
 def _folder(tmp_path, records: dict | None, drafters: dict | None = None):
@@ -39,16 +41,17 @@ def _rec(workload, start, n=64):
 def test_a_record_that_differs_from_the_command_stops_in_one_line(tmp_path):
     folder = _folder(tmp_path, {"sharegpt test": _rec("sharegpt", 1000)})
     with pytest.raises(SimtreeError) as exc:
-        check_reuse(folder, STARTS, 64, None)
+        check_reuse(folder, STARTS, SIZES, None)
     msg = str(exc.value)
     assert "\n" not in msg and "sharegpt test" in msg and "from 1000" in msg and "from 1400" in msg
     with pytest.raises(SimtreeError, match="32 prompts"):          # the count differs
-        check_reuse(_folder(tmp_path / "n", {"humaneval test": _rec("humaneval", 0)}), STARTS, 32, None)
+        check_reuse(_folder(tmp_path / "n", {"humaneval test": _rec("humaneval", 0)}), STARTS,
+                    {**SIZES, "humaneval": (64, 32)}, None)
     # the block drafters' record is checked too
     drafted = {"calibration": _rec("sharegpt", 0, 48), "test": _rec("sharegpt", 1200, 48)}
     folder = _folder(tmp_path / "d", {}, drafted)
     with pytest.raises(SimtreeError, match="block drafters' test runs was decoded from sharegpt from 1200"):
-        check_reuse(folder, STARTS, 64, ({"calibration": 0, "test": 1251}, 48))
+        check_reuse(folder, STARTS, SIZES, ({"calibration": 0, "test": 1251}, DRAFTED))
 
 
 def test_the_command_line_refuses_before_writing(tmp_path, capsys):
@@ -63,15 +66,16 @@ def test_the_command_line_refuses_before_writing(tmp_path, capsys):
 def test_matching_records_pass_and_an_older_folder_is_named_in_the_header(tmp_path):
     recs = {f"{w} {h}": _rec(w, s) for w, s in STARTS.items() for h in ("calibration", "test")}
     drafted = {"calibration": _rec("sharegpt", 0, 48), "test": _rec("sharegpt", 1251, 48)}
-    assert check_reuse(_folder(tmp_path / "a", recs, drafted), STARTS, 64, ({"calibration": 0, "test": 1251}, 48)) == []
+    assert check_reuse(_folder(tmp_path / "a", recs, drafted), STARTS, SIZES,
+                       ({"calibration": 0, "test": 1251}, DRAFTED)) == []
     assert "match the command's" in _starts_note({"prompt_starts_from": "traces"})
     # a folder kept before the record (as the committed table's): every half named, the table goes on
-    unrecorded = check_reuse(_folder(tmp_path / "b", None), STARTS, 64, ({"calibration": 0, "test": 1251}, 48))
+    unrecorded = check_reuse(_folder(tmp_path / "b", None), STARTS, SIZES, ({"calibration": 0, "test": 1251}, DRAFTED))
     assert unrecorded == [f"{w} {h}" for w in STARTS for h in ("calibration", "test")] + \
         ["block drafters calibration", "block drafters test"]
     note = _starts_note({"prompt_starts_from": {"command": unrecorded}})
     assert "record no prompt starts" in note and "come from this command's flags, not from the traces" in note
-    assert check_reuse(tmp_path / "missing", STARTS, 64, None) == ["the MTP halves"]
+    assert check_reuse(tmp_path / "missing", STARTS, SIZES, None) == ["the MTP halves"]
 
 
 def test_the_records_span_the_prompts_each_half_decoded():
@@ -87,25 +91,20 @@ def test_the_records_span_the_prompts_each_half_decoded():
 
 def test_decoding_records_the_starts_the_reuse_check_reads(tmp_path, monkeypatch):
     """decode_halves writes each half's record into lossless.json (the decode itself stubbed)."""
-    class Tok:
-        def encode(self, text):
-            return [1, 2]
     monkeypatch.setattr(oos, "build_model", lambda *a, **k: None)
-    monkeypatch.setattr(oos.BpeTokenizer, "from_file", staticmethod(lambda *a: Tok()))
     monkeypatch.setattr(oos, "load_costs", lambda *a: None)
     monkeypatch.setattr(oos, "_decode_half", lambda model, ids, *a: {"lossless": {"linear_d4": True},
                                                                       "prompts": len(ids)})
-    prompts = lambda w, n, n_test: (["a"] * n, ["b"] * n_test)    # noqa: E731
-    oos.decode_halves("m", {"prompts": 3, "trees": []}, prompts, tmp_path, say=None, workloads=("humaneval",),
-                      starts={"humaneval": 5})
+    ids = lambda n, n_test: {"humaneval": ([[1, 2]] * n, [[1, 3]] * n_test)}    # noqa: E731
+    oos.decode_halves("m", {"prompts": 3, "trees": []}, ids(3, 3), tmp_path, say=None, starts={"humaneval": 5})
     kept = json.loads((tmp_path / "lossless.json").read_text())
     assert kept["humaneval test"]["decoded"] == {"workload": "humaneval", "start": 5, "prompts": 3, "span": [8, 10]}
-    assert check_reuse(tmp_path, {"humaneval": 5}, 3, None) == []
+    assert check_reuse(tmp_path, {"humaneval": 5}, {"humaneval": (3, 3)}, None) == []
     with pytest.raises(SimtreeError, match="from 5, 3 prompts"):
-        check_reuse(tmp_path, {"humaneval": 0}, 3, None)
+        check_reuse(tmp_path, {"humaneval": 0}, {"humaneval": (3, 3)}, None)
     # halves of their own sizes (``halves``: 4 calibration prompts, 2 test): each recorded, each checked
-    oos.decode_halves("m", {"prompts": 3, "halves": {"humaneval": (4, 2)}, "trees": []}, prompts, tmp_path,
-                      say=None, workloads=("humaneval",), starts={"humaneval": 5})
+    oos.decode_halves("m", {"prompts": 3, "halves": {"humaneval": (4, 2)}, "trees": []}, ids(4, 2), tmp_path,
+                      say=None, starts={"humaneval": 5})
     kept = json.loads((tmp_path / "lossless.json").read_text())
     assert kept["humaneval calibration"]["decoded"] == {"workload": "humaneval", "start": 5, "prompts": 4,
                                                         "span": [5, 8]}
@@ -140,11 +139,11 @@ def test_the_block_drafters_decode_records_its_starts(tmp_path, monkeypatch):
     (tmp_path / "drafters").mkdir()
     (tmp_path / "drafters.json").rename(tmp_path / "drafters" / "drafters.json")
     halves = {"calibration": 0, "test": 1251}
-    assert check_reuse(tmp_path, STARTS, 64, (halves, {"calibration": 3, "test": 2})) == ["the MTP halves"]
+    assert check_reuse(tmp_path, STARTS, SIZES, (halves, {"calibration": 3, "test": 2})) == ["the MTP halves"]
     with pytest.raises(SimtreeError, match="the command asks for sharegpt from 1300, 2 prompts"):
-        check_reuse(tmp_path, STARTS, 64, ({"calibration": 0, "test": 1300}, {"calibration": 3, "test": 2}))
+        check_reuse(tmp_path, STARTS, SIZES, ({"calibration": 0, "test": 1300}, {"calibration": 3, "test": 2}))
     with pytest.raises(SimtreeError, match="calibration runs was decoded from sharegpt from 0, 3 prompts"):
-        check_reuse(tmp_path, STARTS, 64, (halves, 2))          # one count for both halves: the calibration differs
+        check_reuse(tmp_path, STARTS, SIZES, (halves, {"calibration": 2, "test": 2}))   # the calibration differs
 
 
 def test_a_table_that_fails_to_build_leaves_the_previous_pair(tmp_path, monkeypatch):
@@ -155,11 +154,9 @@ def test_a_table_that_fails_to_build_leaves_the_previous_pair(tmp_path, monkeypa
     from simtree.runtime import acceptance_oos_cli as cli
     folder = _folder(tmp_path / "kept", None)
     res = {"table": pd.DataFrame({"a": [1.0]}), "summary": {"families": {}}, "prompts": {}, "lossless": {},
-           "calibration_folds": {}, "shifts": {}, "off_chain": {}, "text_terms": {}, "models": {}}
-    monkeypatch.setattr(cli, "prompt_token_ids", lambda *a: (None, None))
-    monkeypatch.setattr(cli, "load_halves", lambda *a: {})
-    monkeypatch.setattr(cli, "prompt_status", lambda *a: "fresh")
-    monkeypatch.setattr(cli, "analyse", lambda *a: res)
+           "calibration_folds": {}, "shifts": {}, "off_chain": {}, "text_terms": {}, "models": {},
+           "status": {}, "halves": {}, "prompt_texts": {}}
+    monkeypatch.setattr(cli, "run_oos", lambda *a, **k: res)
     monkeypatch.setattr(cli, "prompts_line", lambda *a: "P.")
 
     def fail(*a):

@@ -167,13 +167,15 @@ def test_acceptance_table_predicts_each_split_from_linear_calibration_runs_alone
     monkeypatch.setattr(oos, "transfer_model", lambda cal, d, *a, **kw: transferred.append(d) or real_transfer(cal, d, *a, **kw))
     trees = [oos.TREES[1], oos.TREES[-1]]
     settings = {"prompts": 2, "max_new_tokens": 6, "trees": trees}
-    # 2 prompts a half of the current table's ranges are not that table's run (seen, test_oos_prompts):
-    # the rows take the status given
-    fresh = {"sharegpt": "fresh", "sharegpt_code": "fresh", "humaneval": "seen"}
-    assert {w: oos.prompt_status(w, 0 if w == "humaneval" else s, 2) for w, s in
-            (("sharegpt", oos.SHAREGPT_START), ("sharegpt_code", oos.CODE_START), ("humaneval", 0))} == {
-        w: "seen" for w in fresh}
-    res = oos.run_oos(path, settings, traces=tmp_path, say=None, status=fresh)
+    # each workload's rows are labelled with its test half's status, computed from the starts (the
+    # command line's run_oos): 2 prompts a half of the current table's ranges are not that table's run
+    # (seen, test_oos_prompts); chat from 263 and code from 3300 lie in no decoded range (fresh);
+    # HumanEval is always seen
+    assert set(oos.table_status(settings, {"sharegpt": oos.SHAREGPT_START, "sharegpt_code": oos.CODE_START,
+                                           "humaneval": oos.HUMANEVAL_START}).values()) == {"seen"}
+    starts = {"sharegpt": 263, "sharegpt_code": 3300, "humaneval": oos.HUMANEVAL_START}
+    res = oos.run_oos(path, settings, starts, traces=tmp_path, say=None)
+    assert res["status"] == {"sharegpt": "fresh", "sharegpt_code": "fresh", "humaneval": "seen"}
     df = res["table"]
     assert list(df.columns) == [*COLUMNS, "calibrated_on", "prompts", "measured_se", "err_in_se", "err_in_joint_se",
                                 "confidence_only_predicted", "confidence_only_rel_err", "baseline_predicted",
@@ -192,7 +194,7 @@ def test_acceptance_table_predicts_each_split_from_linear_calibration_runs_alone
     assert np.allclose(df["rel_err"], df["predicted_accepted"] / df["measured_accepted"] - 1)
     se = df["measured_se"].where(df["measured_se"] > 0)       # no spread measured: no error in its units
     assert np.allclose(df["err_in_se"], (df["predicted_accepted"] - df["measured_accepted"]) / se, equal_nan=True)
-    # out-of-sample rows labelled by their workload's status; the calibrating runs were fitted on: seen
+    # out-of-sample rows labelled by their workload's computed status; the calibrating runs were fitted on: seen
     out = df[df["split"] != "in_sample"]
     assert dict(out.groupby("workload")["prompts"].unique().apply(list)) == {
         "humaneval": ["seen"], "sharegpt": ["fresh"], "sharegpt_code": ["fresh"]}
@@ -211,24 +213,23 @@ def test_acceptance_table_predicts_each_split_from_linear_calibration_runs_alone
     for recs, _, _ in calibrated:
         assert len({r.workload for r in recs}) == 1 and {r.mode for r in recs} == {"linear"}
         assert {r.tree.num_nodes for r in recs} == {p["budget"] for _, p in oos.LINEAR}
-    starts = {"sharegpt": oos.SHAREGPT_START, "sharegpt_code": oos.CODE_START, "humaneval": oos.HUMANEVAL_START}
-    prompt_ids, words = oos.prompt_token_ids(path, lambda w, n, t: oos.held_out_prompts(w, n, starts[w], t))
-    kept = oos.load_halves(tmp_path, settings, prompt_ids)
-    again = oos.analyse(kept, fresh, words)
+    again = oos.run_oos(path, settings, starts, reuse_traces=tmp_path)       # the kept traces, no decoding
+    kept = again["halves"]
     # the folder records what each half decoded (acceptance_oos_record): a reuse with the same starts
     # goes on, one with others stops
     from simtree.runtime.acceptance_oos_record import check_reuse
-    assert oos.read_json(tmp_path / "lossless.json", "kept")["sharegpt test"]["decoded"]["start"] == oos.SHAREGPT_START
-    assert check_reuse(tmp_path, starts, 2, None) == []
+    assert oos.read_json(tmp_path / "lossless.json", "kept")["sharegpt test"]["decoded"]["start"] == 263
+    sizes = {w: oos.half_sizes(settings, w) for w in starts}
+    assert check_reuse(tmp_path, starts, sizes, None) == []
     with pytest.raises(SimtreeError, match="the command asks for sharegpt from 1500"):
-        check_reuse(tmp_path, {**starts, "sharegpt": 1500}, 2, None)
+        check_reuse(tmp_path, {**starts, "sharegpt": 1500}, sizes, None)
     # the shift read a share of the code calibration half's linear rounds, nothing of a test half
     for w in code:
         shift = res["shifts"][f"sharegpt+{w} lookup"]
         assert shift["of_rounds"] == sum(len(r["records"]) for r in kept[w, "calibration"]["runs"].values())
         assert 0 <= shift["rounds"] <= shift["of_rounds"]
     assert np.allclose(again["table"]["predicted_accepted"], df["predicted_accepted"])
-    assert again["lossless"] == res["lossless"]
+    assert again["lossless"] == res["lossless"] and again["prompt_texts"] == res["prompt_texts"]
     # the workloads' prompts: disjoint halves; the fresh ShareGPT range past the seen one
     for w in oos.OOS_WORKLOADS:
         a, b = oos.held_out_prompts(w, 2, 0)
