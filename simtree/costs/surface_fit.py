@@ -240,7 +240,9 @@ def fit_grid(x, y, z, lat, axis_names, valid_range, huber_rel: float,
     if flat_z:
         cons.append(inc_z @ u == 0)
     # A small curvature penalty picks the least-curved values for cells without data.
-    reg = curvature_weight * (cp.sum(curv @ u) if convex_x else cp.norm1(curv @ u)) / (nz * ny)
+    # (no curvature rows where the x grid has fewer than 3 points: cvxpy before 1.7 rejects an empty matrix)
+    reg = (curvature_weight * (cp.sum(curv @ u) if convex_x else cp.norm1(curv @ u)) / (nz * ny)
+           if curv.shape[0] else cp.Constant(0.0))
     if y_linear_weight > 0 and ny >= 3:
         # ... and, for grid_lin, the values closest to piecewise linear in y (L1: few kinks).
         # Not a constraint: the surface need not be linear (or convex) in y.
