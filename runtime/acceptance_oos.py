@@ -74,7 +74,7 @@ from simtree.fileio import read_json, write_text_atomic
 
 from .acceptance_oos_prompts import (CODE_START, CODE_WORKLOADS, DEVELOPMENT_WORKLOADS, HALVES, HUMANEVAL_START,
                                      OOS_WORKLOADS, SEEN_SHAREGPT, SHAREGPT_START, code_prompts, development_prompts,
-                                     held_out_prompts, prompt_status)
+                                     development_sizes, held_out_prompts, prompt_status)
 from .acceptance_oos_record import half_records
 from .acceptance_oos_text import text_features, tokenizer_words
 from .bpe import BpeTokenizer
@@ -111,16 +111,18 @@ FULL = {"prompts": 64, "halves": HALVES, "max_new_tokens": 64, "trees": TREES}
 QUICK = {"prompts": 3, "max_new_tokens": 16, "trees": [TREES[1], TREES[5], TREES[8]]}
 
 
-def half_sizes(settings: dict, workload: str) -> tuple[int, int]:
-    """(calibration prompts, test prompts) of a workload's halves under ``settings``."""
-    return tuple((settings.get("halves") or {}).get(workload, (settings["prompts"], settings["prompts"])))
+def half_sizes(settings: dict, workload: str, development: bool = False) -> tuple[int, int]:
+    """(calibration prompts, test prompts) of a workload's halves under ``settings``; ``development``:
+    of its development prompts, which hold fewer (:func:`development_sizes`)."""
+    sizes = tuple((settings.get("halves") or {}).get(workload, (settings["prompts"], settings["prompts"])))
+    return development_sizes(workload, *sizes) if development else sizes
 
 
 def table_prompts(settings: dict, starts: dict | None, workloads=OOS_WORKLOADS) -> dict:
     """{workload: (calibration prompts, test prompts)} of each workload's halves (:func:`half_sizes`):
     held-out prompts from ``starts[workload]`` on (:func:`held_out_prompts`); ``starts`` None: the
     development prompts (:func:`development_prompts`)."""
-    sizes = {w: half_sizes(settings, w) for w in workloads}
+    sizes = {w: half_sizes(settings, w, development=starts is None) for w in workloads}
     if starts is None:
         return {w: development_prompts(w, *n) for w, n in sizes.items()}
     return {w: held_out_prompts(w, cal, starts[w], test) for w, (cal, test) in sizes.items()}
@@ -188,7 +190,8 @@ def decode_halves(model_dir, settings: dict, prompt_ids: dict, traces=None, say=
     costs = load_costs(COSTS)
     halves = {}
     for workload, both in prompt_ids.items():
-        records = {} if starts is None else half_records(workload, starts[workload], *half_sizes(settings, workload))
+        records = {} if starts is None else half_records(workload, starts[workload], *half_sizes(
+            settings, workload, development=starts[workload] is None))
         for half, ids in zip(("calibration", "test"), both):
             halves[workload, half] = _decode_half(model, ids, _half_policies(settings, half), settings, workload, half,
                                                   traces, costs, say)
@@ -361,8 +364,8 @@ def run_oos(model_dir, settings: dict, starts: dict | None, traces=None, reuse_t
     if reuse_traces:
         halves = load_halves(reuse_traces, settings, prompt_ids)
     else:
-        records = {w: None if starts is None else starts[w] for w in workloads}
-        halves = decode_halves(model_dir, settings, prompt_ids, traces, say, records)
+        kept_starts = {w: None if starts is None else starts[w] for w in workloads}
+        halves = decode_halves(model_dir, settings, prompt_ids, traces, say, kept_starts)
     return {**analyse(halves, status, words, earlier), "status": status, "halves": halves, "prompt_texts": texts}
 
 

@@ -22,9 +22,9 @@ from simtree.costs.model import load_costs
 from .acceptance_oos import CHAIN, COSTS, DEFAULT_MODEL, FULL, LINEAR, QUICK, SHIFT_SHARE, half_sizes, run_oos
 from .acceptance_oos_drafters import decode_drafters, drafter_table, load_drafters
 from .acceptance_oos_record import check_reuse
-from .acceptance_oos_prompts import (CODE_START, HUMANEVAL_START, OOS_WORKLOADS, SEEN_CODE, SEEN_DRAFTER, SEEN_SHAREGPT,
-                                     SHAREGPT_START, distinct_chat_prompts, drafter_status, held_out_loss_prompts,
-                                     training_overlap)
+from .acceptance_oos_prompts import (CODE_START, DEVELOPMENT_WORKLOADS, HUMANEVAL_START, OOS_WORKLOADS, SEEN_CODE,
+                                     SEEN_DRAFTER, SEEN_SHAREGPT, SHAREGPT_START, distinct_chat_prompts, drafter_status,
+                                     held_out_loss_prompts, training_overlap)
 from .acceptance_oos_report import adaptive_grid_note, drafters_line, header, prompts_line
 from .target_trace import policy_name
 
@@ -117,11 +117,12 @@ def main(argv=None) -> int:
             settings["halves"] = {**FULL["halves"], **parse_halves(args.prompts)}
         if min(args.drafter_prompts, args.drafter_calibration_prompts) < 1:
             raise SimtreeError("--drafter-prompts and --drafter-calibration-prompts: whole numbers >= 1")
-        sizes = {w: half_sizes(settings, w) for w in starts}
+        sizes = {w: half_sizes(settings, w, args.development)   # the development prompts hold fewer
+                 for w in (DEVELOPMENT_WORKLOADS if args.development else starts)}
         if "mtp" not in args.drafters.split(",") or set(block_drafters) - {"block", "dspark"}:
             raise SimtreeError(f"--drafters {args.drafters!r}: expected mtp and any of block, dspark (TfM traces carry "
                                "no marginal ranks)")
-        kept_starts = {w: None if args.development else s for w, s in starts.items()}
+        kept_starts = {w: None if args.development else starts[w] for w in sizes}
         # a kept folder decoded from other prompts stops here; one that records none: the command's starts
         unrecorded = [] if not args.reuse_traces else check_reuse(
             args.reuse_traces, kept_starts, sizes,

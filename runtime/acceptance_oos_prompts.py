@@ -26,7 +26,7 @@ from simtree.errors import SimtreeError, check_whole
 from .data import (HELD_OUT_RECORDS, PROMPT_CHARS, held_out_conversations, humaneval_problems, opening_human_turn,
                    prompts as load_prompts, training_docs, training_records)
 
-__all__ = ["OOS_WORKLOADS", "DEVELOPMENT_WORKLOADS", "CODE_WORKLOADS", "held_out_prompts", "distinct_chat_prompts", "code_prompts", "development_prompts",
+__all__ = ["OOS_WORKLOADS", "DEVELOPMENT_WORKLOADS", "CODE_WORKLOADS", "held_out_prompts", "distinct_chat_prompts", "code_prompts", "development_prompts", "development_sizes",
            "prompt_status", "drafter_status", "training_overlap", "SEEN_SHAREGPT", "SEEN_DRAFTER", "DECODED",
            "CURRENT", "chat_span", "held_out_loss_span", "held_out_loss_prompts", "code_span", "span_of_test_half", "SHAREGPT_START", "CODE_START", "SEEN_CODE",
            "HUMANEVAL_START", "TRAINING_CONVERSATIONS", "HALVES"]
@@ -258,17 +258,27 @@ def prompt_status(workload: str, start: int | None, n: int, n_test: int | None =
     return _status(run, span_of_test_half(workload, check_whole(start, f"{workload} start", 0), n, n_test))
 
 
+DEVELOPMENT = {"sharegpt": (128, 64), "humaneval": (32, 16)}   # (prompts the model was developed on, most a half)
+
+
+def development_sizes(workload: str, n: int, n_test: int | None = None) -> tuple[int, int]:
+    """(calibration prompts, test prompts) that :func:`development_prompts` gives for halves of
+    ``n`` and ``n_test`` (default ``n``) asked: at most half the development prompts each."""
+    if workload not in DEVELOPMENT:
+        raise SimtreeError(f"{workload} has no development prompts")
+    cap = DEVELOPMENT[workload][1]
+    return min(n, cap), min(n if n_test is None else n_test, cap)
+
+
 def development_prompts(workload: str, n: int, n_test: int | None = None) -> tuple[list[str], list[str]]:
     """(calibration half, test half) of the prompts the model was first developed on: the first
-    128 held-out ShareGPT prompts (up to 64 a half) and HumanEval 132..163 (up to 16 a half).
-    ShareGPT code has no development prompts: the code workload there is HumanEval's alone."""
-    if workload == "sharegpt":
-        every, n_test = load_prompts("sharegpt", 128), n if n_test is None else n_test
-        return every[:min(n, 64)], every[64:64 + min(n_test, 64)]
-    if workload == "humaneval":
-        every, n_test = load_prompts("humaneval", 32), n if n_test is None else n_test
-        return every[:min(n, 16)], every[16:16 + min(n_test, 16)]
-    raise SimtreeError(f"{workload} has no development prompts")
+    128 held-out ShareGPT prompts (up to 64 a half) and HumanEval 132..163 (up to 16 a half),
+    :func:`development_sizes` of them.  ShareGPT code has no development prompts: the code
+    workload there is HumanEval's alone."""
+    cal, test = development_sizes(workload, n, n_test)
+    total, cap = DEVELOPMENT[workload]
+    every = load_prompts(workload, total)
+    return every[:cal], every[cap:cap + test]
 
 
 def training_overlap(texts: list[str], conversations: int = TRAINING_CONVERSATIONS) -> int:

@@ -175,3 +175,44 @@ def test_a_table_that_fails_to_build_leaves_the_previous_pair(tmp_path, monkeypa
     assert (out / "acceptance_out_of_sample.csv").read_text() == "a\n1.00000\n"
     settings = json.loads((out / "acceptance_out_of_sample.md").read_text().split("```json\n")[1].split("```")[0])
     assert settings["prompt_starts_from"]["command"][0] == "sharegpt calibration"    # the folder records none
+
+
+def test_a_development_table_reuses_its_own_traces(tmp_path, monkeypatch, capsys):
+    """The development prompts hold fewer than the full halves (ShareGPT 64 a half, HumanEval 16):
+    the sizes the command checks a kept folder against are those it decoded, so a development run's
+    own traces are taken back (they were refused: 64 prompts recorded, 128 asked for); the CLI hands
+    run_oos no starts and the kept folder."""
+    import pandas as pd
+
+    from simtree.runtime import acceptance_oos_cli as cli
+    from simtree.runtime.acceptance_oos_prompts import DEVELOPMENT_WORKLOADS, development_prompts
+    sizes = {w: oos.half_sizes(oos.FULL, w, development=True) for w in DEVELOPMENT_WORKLOADS}
+    assert sizes == {"sharegpt": (64, 64), "humaneval": (16, 16)}
+    assert oos.half_sizes(oos.FULL, "sharegpt") == (oos.FULL["halves"]["sharegpt"][0], oos.FULL["halves"]["sharegpt"][1])
+    assert [len(h) for h in development_prompts("humaneval", *oos.half_sizes(oos.FULL, "humaneval"))] == [16, 16]
+    with pytest.raises(SimtreeError, match="sharegpt_code has no development prompts"):
+        oos.half_sizes(oos.FULL, "sharegpt_code", development=True)
+    folder = tmp_path / "kept"
+    folder.mkdir()
+    kept = {f"{w} {h}": {"lossless": {"linear_d4": True}, "prompts": n, "decoded": rec}   # as decode_halves records
+            for w in DEVELOPMENT_WORKLOADS for (h, rec), n in zip(half_records(w, None, *sizes[w]).items(), sizes[w])}
+    (folder / "lossless.json").write_text(json.dumps(kept))
+    seen = {}
+    res = {"table": pd.DataFrame({"a": [1.0]}), "summary": {"families": {}}, "prompts": {}, "lossless": {},
+           "calibration_folds": {}, "shifts": {}, "off_chain": {}, "text_terms": {}, "models": {},
+           "status": {}, "halves": {}, "prompt_texts": {}}
+    monkeypatch.setattr(cli, "run_oos", lambda model, settings, starts, traces, reuse, **k: seen.update(
+        starts=starts, reuse=reuse) or res)
+    monkeypatch.setattr(cli, "header", lambda *a: ["# T"])
+    monkeypatch.setattr(cli, "summary_markdown", lambda df, s, head: "\n".join(head))
+    out = tmp_path / "out"
+    assert cli.main(["--development", "--reuse-traces", str(folder), "--out", str(out)]) == 0
+    assert seen == {"starts": None, "reuse": str(folder)}
+    assert '"prompt_starts_from": "traces"' in (out / "acceptance_out_of_sample.md").read_text()   # records matched
+    kept["sharegpt test"]["decoded"]["prompts"] = 128          # a record of other halves still stops the table
+    (folder / "lossless.json").write_text(json.dumps(kept))
+    capsys.readouterr()
+    assert cli.main(["--development", "--reuse-traces", str(folder), "--out", str(tmp_path / "out2")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "128 prompts" in err[0] and "64 prompts" in err[0]
+    assert not (tmp_path / "out2" / "acceptance_out_of_sample.csv").exists()
