@@ -38,11 +38,12 @@ from simtree.errors import SimtreeError, check_int
 
 from .data import training_docs
 from .drafter_model import TRAINABLE, BlockDrafterModule, read_drafter, save_drafter, target_features
-from .train_state import TrainingJob
+from .train_state import TrainingJob, job_settings
 
 __all__ = ["DrafterTrainConfig", "train_drafter", "drafter_dir"]
 
-FREE_SETTINGS = ("max_seconds", "checkpoint_every")
+# the settings `simtree train-drafter` names otherwise, or takes no option for (a refusal to resume names them so)
+OPTIONS = {"family": "--drafter", "warmup": None, "depth_decay": None}
 LOG_HEADER = "step,lr,loss,top1_depth1,chain_accept,conf_loss,seconds"
 EVAL_SEED = 12345
 
@@ -175,9 +176,8 @@ def train_drafter(model_dir, cfg: DrafterTrainConfig | None = None, out=None, ov
     cfg = (cfg or DrafterTrainConfig()).validate()
     model_dir = Path(model_dir)
     out = Path(out) if out is not None else drafter_dir(model_dir, cfg.family)
-    settings = {k: v for k, v in asdict(cfg).items() if k not in FREE_SETTINGS} | {"model": str(model_dir.resolve())}
-    job = TrainingJob(out, settings, overwrite=overwrite, resume=resume, flag=lambda k: f"--{k.replace('_', '-')}",
-                      events=events)
+    job = TrainingJob(out, job_settings(cfg, model=str(model_dir.resolve())), overwrite=overwrite, resume=resume,
+                      options=OPTIONS, events=events)
     say = job.say
     t_start = time.perf_counter()
     torch.set_num_threads(1)
@@ -228,7 +228,7 @@ def train_drafter(model_dir, cfg: DrafterTrainConfig | None = None, out=None, ov
     record = {"schema": "simtree.drafter_training/1", "family": cfg.family, "target": str(model_dir),
               "trainable_parameters": sum(p.numel() for p in drafter.parameters() if p.requires_grad),
               "settings": asdict(cfg), "parameters": n_params, "taps": list(taps), "steps": step,
-              "complete": step == cfg.steps, "final_loss": float(np.mean([t["loss"] for t in tail])),
+              "complete": not stopped, "final_loss": float(np.mean([t["loss"] for t in tail])),
               "final_chain_accept": float(np.mean([t["chain_accept"] for t in tail])), **heldout,
               "train_seconds": round(state["seconds"], 1), "total_seconds": round(time.perf_counter() - t_start, 1),
               "torch": torch.__version__, "device": "cpu"}

@@ -47,11 +47,12 @@ from .bpe import BpeTokenizer, train_tokenizer, write_tokenizer
 from .data import training_docs
 from .target_model import PRESETS, TargetWithMTP, hf_config, save_folder
 from .train_memory import check_training_memory
-from .train_state import TrainingInterrupted, TrainingJob
+from .train_state import TrainingInterrupted, TrainingJob, job_settings
 
 __all__ = ["TargetTrainConfig", "TrainingInterrupted", "train_target", "corpus"]
 
-FREE_SETTINGS = ("max_seconds", "checkpoint_every")   # a resumed run may change these: the result does not
+# the settings `simtree train` names otherwise, or takes no option for (a refusal to resume names them so)
+OPTIONS = {"steps": "--target-steps", "warmup": None, "eval_every": None}
 LOG_HEADER = "step,lr,lm_loss,mtp_loss,heldout_lm_loss,heldout_mtp_loss,seconds"
 
 EVAL_WINDOWS = 32
@@ -116,15 +117,6 @@ def _heldout(model: TargetWithMTP, batches: list[torch.Tensor], autocast) -> dic
     return {k: float(np.mean([p[k] for p in parts])) for k in ("lm", "mtp")}
 
 
-def _job(cfg: TargetTrainConfig) -> dict:
-    """The settings that make two runs the same job (the others do not change the result)."""
-    return {k: v for k, v in asdict(cfg).items() if k not in FREE_SETTINGS}
-
-
-def _flag(key: str) -> str:
-    return "--target-steps" if key == "steps" else f"--{key.replace('_', '-')}"
-
-
 def train_target(out, cfg: TargetTrainConfig | None = None, overwrite: bool = False, progress=None,
                  events=None, resume: bool = False) -> dict:
     """Train (module docstring) and write the folder ``out``; returns training.json's dict.
@@ -132,7 +124,7 @@ def train_target(out, cfg: TargetTrainConfig | None = None, overwrite: bool = Fa
     after the current step and raise :class:`TrainingInterrupted`."""
     cfg = (cfg or TargetTrainConfig()).validate()
     out = Path(out)
-    job = TrainingJob(out, _job(cfg), overwrite=overwrite, resume=resume, flag=_flag, events=events)
+    job = TrainingJob(out, job_settings(cfg), overwrite=overwrite, resume=resume, options=OPTIONS, events=events)
     say = job.say
     t_start = time.perf_counter()
     cuda = cfg.device.startswith("cuda")
@@ -204,7 +196,7 @@ def train_target(out, cfg: TargetTrainConfig | None = None, overwrite: bool = Fa
     step, steps = state["step"], state["steps"]
     tail, held_loss = state["tail"], state["held_loss"]
     record = {"schema": "simtree.target_training/1", "settings": asdict(cfg), "parameters": n_params,
-              "steps": step, "planned_steps": steps, "complete": step == steps, "tokens_in_corpus": int(stream.size),
+              "steps": step, "planned_steps": steps, "complete": not stopped, "tokens_in_corpus": int(stream.size),
               "heldout_tokens": int(held.size), "tokens_seen": step * cfg.batch_size * cfg.seq_len,
               "final_lm_loss": float(np.mean([p["lm"] for p in tail])),
               "final_mtp_loss": float(np.mean([p["mtp"] for p in tail])),

