@@ -120,7 +120,9 @@ def load(d: Path, gpu: str | None = None) -> dict:
         modes = modes.drop(columns=[c for c in extra.columns[2:] if c in modes]).merge(
             extra, on=["batch_size", "policy"], how="left")
     runs = [r for r in modes.to_dict("records") if math.isfinite(float(r["measured_tok_s"]))]
-    plan_of_run = not plans_other_batch(_plan_deployment(d / "plan" / "policy.json"))
+    policy = _plan_policy(d / "plan" / "policy.json")
+    deployment = _policy_field(policy, "deployment")      # the deployment the run's plan priced
+    plan_of_run = not plans_other_batch(deployment)
     standing = {(m, b): (plan, best) for m, b, plan, best, _ in plan_standing(runs)}
     rows = []
     for b in sorted({int(r["batch_size"]) for r in runs}):
@@ -167,9 +169,9 @@ def load(d: Path, gpu: str | None = None) -> dict:
             "graphs": bool(summary["graphs"].astype(str).eq("True").all()) if "graphs" in summary else None,
             "rounds": int(summary["rounds"].max()) if "rounds" in summary else None}
     meta["gpu_named"] = gpu_named
-    meta["plan_deployment"] = _plan_deployment(d / "plan" / "policy.json")
+    meta["plan_deployment"] = deployment
     return {"dir": d, "model": model, "gpu": gpu_name, "meta": meta, "rows": rows, "lossless": lossless, "problems": problems,
-            "absent": absent, "note": costs_note(modes, log, _policy_field(d / "plan" / "policy.json", "created"))}
+            "absent": absent, "note": costs_note(modes, log, _policy_field(policy, "created"))}
 
 
 def costs_note(modes: pd.DataFrame, log: list[str], created: str | None) -> str:
@@ -189,19 +191,20 @@ def costs_note(modes: pd.DataFrame, log: list[str], created: str | None) -> str:
     return f"{m.group(1)} ({inside}{when}){note[m.end():]}"
 
 
-def _policy_field(path: Path, key: str) -> str | None:
-    """``key`` of the run's ``plan/policy.json`` as a string, None where absent or unreadable."""
+def _plan_policy(path: Path) -> dict:
+    """The run's ``plan/policy.json``; {} where absent, unreadable, not JSON or not an object."""
     if not path.is_file():
-        return None
+        return {}
     try:
-        return str(json.loads(path.read_text()).get(key) or "") or None
-    except (ValueError, OSError, AttributeError):   # not JSON, unreadable, or not an object
-        return None
+        policy = json.loads(path.read_text())
+    except (ValueError, OSError):
+        return {}
+    return policy if isinstance(policy, dict) else {}
 
 
-def _plan_deployment(path: Path) -> str | None:
-    """The deployment the run's plan priced (``plan/policy.json``'s ``deployment``), None where absent."""
-    return _policy_field(path, "deployment")
+def _policy_field(policy: dict, key: str) -> str | None:
+    """``key`` of the run's policy as a string, None where absent or empty."""
+    return str(policy.get(key) or "") or None
 
 
 def _why(name: str, log: list[str]) -> str:
