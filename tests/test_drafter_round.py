@@ -36,15 +36,15 @@ class _Round:
 
     def __init__(self, d: DrafterRound):
         self.d = d
-        self.tree = TreeBuffers.empty(d.anchor.shape[0], 6, d.anchor.device)
-        self.keep = threshold_keep(0.3) if d.family == "dspark" else None
+        self.tree = TreeBuffers.empty(d.n_new.shape[0], 6, d.n_new.device)
+        self.keep = threshold_keep(0.3) if d.cfg.family == "dspark" else None
 
     def run(self, feats, n_new, anchor) -> _Output:
         d = self.d
         d.feats.copy_(feats)
         d.n_new.copy_(n_new)
-        d.anchor.copy_(anchor)
-        out = draft_round(d.family, d.w, d.cfg, d.hidden(), d.anchor, self.tree, DraftShape(6, 2, 3), keep=self.keep)
+        out = draft_round(d.cfg.family, d.w, d.cfg, d.hidden(anchor), anchor, self.tree, DraftShape(6, 2, 3),
+                          keep=self.keep)
         return _Output(self.tree, *out)
 
 

@@ -3,14 +3,15 @@
 
     d = DrafterRound(get_model("qwen3.6-27b"), "dspark", batch=8, max_len=4096, device="cuda",
                      dtype=torch.bfloat16, ends=target_weights)      # shares the target's embed / LM head
-    d.feats.copy_(feats); d.n_new.copy_(n_new); d.anchor.copy_(anchor)
-    hid = d.hidden()                 # the backbone's block rows [B, L, h]; the context committed
-    out = draft_round(d.family, d.w, d.cfg, hid, anchor, tree, shape, keep=...)
+    d.feats.copy_(feats); d.n_new.copy_(n_new)
+    hid = d.hidden(anchor)           # the backbone's block rows [B, L, h]; the context committed
+    out = draft_round(d.cfg.family, d.w, d.cfg, hid, anchor, tree, shape, keep=...)
 
 ``feats`` [B, A, F*h]: the target's hidden states (``target_layers`` of them concatenated) of the
 A = block_len + 1 rows a round can accept, the first ``n_new`` [B] real; ``anchor`` [B]: the
-target's next token.  :meth:`DrafterRound.hidden` commits the real context rows to the drafter's
-caches and advances its lengths.  The draft part after the backbone is
+target's next token, the caller's own buffer (the block engine's roots).
+:meth:`DrafterRound.hidden` commits the real context rows to the drafter's caches and advances
+its lengths.  The draft part after the backbone is
 ``kernels.layers.drafters.draft_round``, which the block engine (``runtime/full/block_engine.py``)
 runs inside its own round, into its own tree, with its prefix rule and replay rescoring, and
 the profiler's drafter stages time; so this class holds no tree and no CUDA graph of its own.
@@ -36,7 +37,6 @@ class DrafterRound:
                  ends: dict | None = None, weights: dict | None = None, **sizes):
         """``sizes``: :func:`drafter_config`'s (block_len, layers, target_layers, ...)."""
         self.cfg = cfg = drafter_config(shape, family, **sizes)
-        self.family = family
         dev = torch.device(device)
         specs = drafter_specs(cfg, with_ends=ends is None)
         if weights is None:
@@ -55,10 +55,9 @@ class DrafterRound:
                               dtype=torch.float64 if dtype == torch.float64 else torch.float32)
         self.feats = torch.zeros(batch, A, cfg.target_layers * cfg.h, dtype=dtype, device=dev)
         self.n_new = torch.zeros(batch, dtype=torch.int64, device=dev)
-        self.anchor = torch.zeros(batch, dtype=torch.int64, device=dev)
 
-    def hidden(self) -> torch.Tensor:
-        """The backbone's block rows [B, L, h] from the static buffers (feats, n_new, anchor),
-        eagerly (inside a caller's CUDA graph, e.g. the engine's draft stage); commits the
-        context rows and advances the lengths."""
-        return backbone_forward(self.w, self.cfg, self.state, self.rope, self.feats, self.n_new, self.anchor)
+    def hidden(self, anchor: torch.Tensor) -> torch.Tensor:
+        """The backbone's block rows [B, L, h] from the static buffers (feats, n_new) and
+        ``anchor`` [B], eagerly (inside a caller's CUDA graph, e.g. the engine's draft stage);
+        commits the context rows and advances the lengths."""
+        return backbone_forward(self.w, self.cfg, self.state, self.rope, self.feats, self.n_new, anchor)

@@ -156,12 +156,11 @@ class BlockEngine(FullEngine):
         scores = getattr(self.source, "scores", None)
         if scores is not None:
             scores.draw(self.B)
-        d.anchor.copy_(self.roots)
         keep = None
         if rs.drafter == "dspark":   # the prefix that clears the threshold, or the schedule's
             keep = threshold_keep(rs.threshold) if rs.threshold is not None else \
                 (lambda surv: self.alloc.allocate(surv, self.st.lengths.double().mean()))
-        out = draft_round(rs.drafter, d.w, d.cfg, d.hidden(), self.roots, self.tree,
+        out = draft_round(rs.drafter, d.w, d.cfg, d.hidden(self.roots), self.roots, self.tree,
                           DraftShape(rs.tree_nodes, rs.width, MARGINAL_TOPK), keep=keep,
                           rescore=None if scores is None else scores.rescore_at)
         if out.confidence is not None:
