@@ -15,6 +15,8 @@ from simtree.errors import SimtreeError
 from simtree.kernels.gdn import gdn_tree_commit, gdn_tree_verify, gdn_tree_verify_recurrent
 from simtree.kernels.gdn._launch import (CommitLaunch, FoldLaunch, VerifyLaunch,
                                          commit_launch_config, verify_launch_config)
+from simtree.kernels.gdn.deferred import gdn_fold_round
+from simtree.kernels.gdn.verify import gdn_tree_verify_folding_round
 
 ROOT = Path(__file__).resolve().parents[1]
 MATH = ("q", "k", "v", "g", "beta", "state", "parents", "cu_nodes")
@@ -32,7 +34,7 @@ def test_entry_points_take_the_math_only():
     folding = [(x, False) for x in MATH]
     folding.insert(6, ("pending", False))
     assert _params(kg.gdn_tree_verify_folding) == folding + [("meta", True)]
-    assert _params(kg.gdn_tree_verify_folding_round) == folding + [("meta", True)]
+    assert _params(gdn_tree_verify_folding_round) == folding + [("meta", True)]
     assert _params(gdn_tree_commit) == [(x, False) for x in ("state", "k", "cache", "parents",
                                                             "cu_nodes", "accepted")] + \
         [("check", True)]
@@ -40,9 +42,12 @@ def test_entry_points_take_the_math_only():
         "scale", "node_states")]
     assert _params(kg.gdn_defer_commit) == [(x, False) for x in (
         "state", "pending", "k", "cache", "parents", "cu_nodes", "accepted")] + [("check", True)]
-    for fold in (kg.gdn_fold_pending, kg.gdn_fold_round):
+    for fold in (kg.gdn_fold_pending, gdn_fold_round):
         assert _params(fold) == [(x, False) for x in ("state", "pending", "sequences")]
     assert not {"VerifyLaunch", "CommitLaunch", "FoldLaunch", "verify_launch_config"} & set(kg.__all__)
+    # the launch-free form is no runtime's: its entries stay in their modules, not the package's
+    assert not {"GDNPendingRound", "new_pending_round", "gdn_tree_verify_folding_round",
+                "gdn_fold_round"} & set(dir(kg))
 
 
 def test_the_rule_sets_every_switch_a_config_leaves_open():

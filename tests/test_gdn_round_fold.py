@@ -9,9 +9,11 @@ import pytest
 import torch
 
 from simtree.errors import SimtreeError
-from simtree.kernels.gdn import (gdn_fold_pending, gdn_fold_round, gdn_tree_verify_folding,
-                                 gdn_tree_verify_folding_round, new_pending, new_pending_round)
+from simtree.kernels.gdn import gdn_fold_pending, gdn_tree_verify_folding, new_pending
 from simtree.kernels.gdn import _launched_deferred as deferred
+from simtree.kernels.gdn.deferred import gdn_fold_round
+from simtree.kernels.gdn.pending import new_pending_round
+from simtree.kernels.gdn.verify import gdn_tree_verify_folding_round
 from simtree.kernels.gdn._launch import FoldLaunch, LaunchNotApplicable
 from test_gdn_deferred import (H, HV, K, TRANSPOSED, V, deepest, random_trees, ref_commit,
                                ref_out, rel_err, round_inputs)

@@ -53,12 +53,13 @@ import pandas as pd
 import torch
 
 from simtree.fileio import write_text_atomic
-from simtree.kernels.gdn import gdn_accepted_paths_ref, new_pending, new_pending_round, tree_meta
+from simtree.kernels.gdn import gdn_accepted_paths_ref, new_pending, tree_meta
 from simtree.kernels.gdn import _launch as rule
 from simtree.kernels.gdn._launch import CommitLaunch, FoldLaunch, VerifyLaunch
 from simtree.kernels.gdn._launched import launched_commit, launched_verify
 from simtree.kernels.gdn._launched_deferred import (launched_defer_commit, launched_fold_pending,
                                                     launched_fold_round)
+from simtree.kernels.gdn.pending import new_pending_round
 from simtree.profiler.bench.gdn_util import (QWEN36, env_info, graph_time_us, shape_inputs,
                                              shape_trees)
 from simtree.profiler.bench.gdn_floor_variants import PAIRS, Variant, variants

@@ -97,11 +97,11 @@ class Recorder:
 
 def record(shapes, chosen) -> list[dict]:
     """Every distinct launch of the chosen variants at ``shapes`` [(batch, nodes)]."""
-    from simtree.kernels.gdn import (GDNTreeCache, _deferred_kernels, _launch, _tree_kernels,
-                                     new_pending, new_pending_round, tree_meta)
+    from simtree.kernels.gdn import GDNTreeCache, _deferred_kernels, _launch, _tree_kernels, new_pending, tree_meta
     from simtree.kernels.gdn import _launched_deferred as ld
     from simtree.kernels.gdn._launch import CommitLaunch, FoldLaunch, VerifyLaunch
     from simtree.kernels.gdn._launched import launched_commit, launched_verify
+    from simtree.kernels.gdn.pending import new_pending_round
     from simtree.profiler.bench.gdn_util import QWEN36, random_gdn_inputs, shape_trees
     rows, seen, ptxas, where = [], set(), ptxas_path(), {}
     mods = {_tree_kernels: ("_qk_prenorm_kernel", "_tree_kside_kernel", "_tree_verify_kernel",
