@@ -1,13 +1,17 @@
 """SIGINT / SIGTERM stop `simtree plan` and `simtree run` with one line each, the exit code
 128 + the signal, nothing half-written: a run's staged traces are removed, a plan's folder says
 it is partial (PARTIAL.md: which plan folders finished) until a finished plan removes it."""
+import os
 import signal
 import subprocess
 import sys
 import time
+import weakref
 from pathlib import Path
 
 import pytest
+
+from simtree.cli.interrupt import Interrupted, stop_on_signals
 
 PLAN = ["plan", "--batch-sizes", "1,2", "--band-models", "0", "--workload", "gsm8k"]
 
@@ -85,3 +89,33 @@ def test_run_stopped_leaves_no_staged_traces(tmp_path, sig):
     assert "run stopped after" in last and "of 2000 tokens" in last and "rerun the same command" in last, last
     assert not out.exists(), list(out.iterdir())   # the folder it made, left empty, is gone
     assert stdout == ""
+
+
+def test_a_signal_whose_exception_python_drops_is_raised_at_the_next_check(monkeypatch):
+    """A signal that arrives while a weakref callback runs (as in garbage collection or a lazy
+    import's caches) raises there, and Python drops that exception; the block goes on, and
+    ``check`` (a command's progress callback) raises it.  The dropped Interrupted is not
+    reported ("Exception ignored" and a traceback); any other dropped exception still is."""
+    class Node:
+        pass
+
+    def interrupt(ref):
+        os.kill(os.getpid(), signal.SIGINT)    # the handler runs in this frame
+        sum(range(100))
+
+    def fail(ref):
+        raise ValueError("another")
+
+    reported = []
+    monkeypatch.setattr(sys, "unraisablehook", reported.append)
+    handler, reached = signal.getsignal(signal.SIGINT), False
+    with pytest.raises(Interrupted) as exc:
+        with stop_on_signals() as stop:
+            nodes = [Node(), Node()]
+            refs = [weakref.ref(nodes[0], interrupt), weakref.ref(nodes[1], fail)]
+            del nodes                          # the callbacks run here; what they raise is dropped
+            reached = True
+            stop.check()
+    assert reached and refs[0]() is None and exc.value.exit_code == 128 + signal.SIGINT
+    assert [type(r.exc_value) for r in reported] == [ValueError]
+    assert sys.unraisablehook == reported.append and signal.getsignal(signal.SIGINT) == handler

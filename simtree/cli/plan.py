@@ -112,12 +112,13 @@ def register(app: typer.Typer) -> None:
             plan_notes: list = []
 
             def progress(done: int, total: int) -> None:
+                stop.check()     # a signal whose exception Python dropped stops the plan here
                 bar.update(task, completed=done, total=total)
                 lines.update(done, total, "(workload, batch size) entries searched" +
                              ("; then bootstrap bands and the report" if done == total else ""), folders["since"])
 
             try:
-                with stop_on_signals():
+                with stop_on_signals() as stop:
                     outputs = plan_and_write(costs or (), workload or (), sizes, out, prompt_len, output_len,
                                              progress=progress, model=model, deployment=deployment, comm=comm,
                                              notes=plan_notes, space=space, started=started, machine=machine,

@@ -131,6 +131,7 @@ def register(app: typer.Typer) -> None:
         task = []
 
         def progress(done: int, total: int) -> None:
+            stop.check()     # every round: a signal whose exception Python dropped stops the run here
             if not task:
                 bar.start()
                 task.append(bar.add_task("run", total=total))
@@ -140,7 +141,7 @@ def register(app: typer.Typer) -> None:
         out_existed = out.exists()
         try:   # the report holds the run's own notes; any other warning is one line too, also
             # when the run fails
-            with captured_warnings() as caught, stop_on_signals():
+            with captured_warnings() as caught, stop_on_signals() as stop:
                 report = live_run(spec=spec, policy=policy, policy_workload=policy_workload,
                                   workload=workload, batch_size=batch_size, prompts=prompts,
                                   max_new_tokens=max_new_tokens, costs=costs, models_dir=models, out=out,
@@ -153,6 +154,8 @@ def register(app: typer.Typer) -> None:
             done = f" after {bar.tasks[0].completed:.0f} of {bar.tasks[0].total:.0f} tokens" if bar.tasks else ""
             if not out_existed and out.is_dir() and not any(out.iterdir()):
                 out.rmdir()   # the folder this run made, left empty
+            print_notes(caught)     # before the interrupted line, which is the last
+            caught.clear()
             exit_interrupted(exc, f"run stopped{done}; nothing of it written to {out}; rerun the same command "
                                   "to run it")
         finally:
