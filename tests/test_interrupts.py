@@ -119,3 +119,20 @@ def test_a_signal_whose_exception_python_drops_is_raised_at_the_next_check(monke
     assert reached and refs[0]() is None and exc.value.exit_code == 128 + signal.SIGINT
     assert [type(r.exc_value) for r in reported] == [ValueError]
     assert sys.unraisablehook == reported.append and signal.getsignal(signal.SIGINT) == handler
+
+
+def test_a_full_scale_run_checks_for_a_dropped_signal_at_each_progress_line(monkeypatch):
+    """``simtree run --model``: a signal whose exception Python dropped stops the runs at the next
+    progress line (the block's check is the progress callback's first step)."""
+    from simtree.cli import run as run_cli
+    from simtree.runtime.full import measure
+    lines = []
+    monkeypatch.setattr(run_cli, "_rank_model", lambda *a: "model")
+    monkeypatch.setattr(measure, "full_run", lambda *a, progress, **k: [progress(f"run {i}") or lines.append(i)
+                                                                        for i in range(3)])
+    with stop_on_signals() as stop:
+        stop.signum = signal.SIGINT                       # as the handler records it when its raise is dropped
+        with pytest.raises(Interrupted) as exc:
+            run_cli._full_scale("m", "cpu", None, None, "1", None, None, None, None, None, None, True,
+                                check=stop.check)
+    assert exc.value.signal_name == "SIGINT" and exc.value.exit_code == 130 and lines == []

@@ -99,9 +99,9 @@ def register(app: typer.Typer) -> None:
         if model is not None:
             torch_threads(threads)
             try:
-                with stop_on_signals():
+                with stop_on_signals() as stop:
                     _full_scale(model, device, costs, policy, batch_size, replay, acceptance, policy_workload, out,
-                                context_len, rounds, json_out, deployment, sampling, min_draws)
+                                context_len, rounds, json_out, deployment, sampling, min_draws, stop.check)
             except Interrupted as exc:
                 exit_interrupted(exc, "run stopped; rerun the same command to run it again")
             return
@@ -335,8 +335,11 @@ def _given_prompts(model, prompt_ids, mode, steps, topk, budget, max_new_tokens,
 
 
 def _full_scale(model, device, costs, policy, batch_sizes, replay, acceptance, policy_workload, out, context_len,
-                rounds, json_out, deployment=None, sampling: str | None = None, min_draws: int | None = None) -> None:
-    """``simtree run --model ...``: simtree.runtime.full.measure.full_run, one line per run."""
+                rounds, json_out, deployment=None, sampling: str | None = None, min_draws: int | None = None,
+                check=lambda: None) -> None:
+    """``simtree run --model ...``: simtree.runtime.full.measure.full_run, one line per run; ``check``
+    (the signal block's :meth:`Stop.check`) runs before each progress line, so a signal whose
+    exception Python dropped still stops the runs."""
     import json
 
     from simtree.machine.metadata import require_device
@@ -356,7 +359,11 @@ def _full_scale(model, device, costs, policy, batch_sizes, replay, acceptance, p
         raise SimtreeError(f"--batch-size {batch_sizes!r}: a comma list of integers, e.g. 1,4,16,64") from None
     name = model
     model = _rank_model(model, deployment, device, sizes, context_len)
-    say = (lambda line: None) if json_out else (lambda line: typer.echo(line, err=True))
+
+    def say(line):
+        check()
+        if not json_out:
+            typer.echo(line, err=True)
     if policy is None and policy_workload is None and costs is not None and (acceptance or replay) is not None:
         policy = _rank_plan(name, deployment, costs, acceptance or replay, sizes, out, say)
     result = full_run(model, device=device, costs=costs, policy=policy, batch_sizes=sizes, replay=replay,
