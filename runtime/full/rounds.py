@@ -147,6 +147,11 @@ class EngineRounds:
         """int64 [B]: the last round's accepted draft tokens per sequence (one read)."""
         return self.acc_log[(self.rounds_logged - 1) % LOG_CAP].cpu().numpy().astype(np.int64)
 
+    def last_target_next(self) -> torch.Tensor:
+        """The last round's target argmax at every node, [B, n] on the device (no host read; a
+        captured round refills the same tensor)."""
+        return self._target_next
+
     @staticmethod
     def _mark(cuda: bool):
         if not cuda:
