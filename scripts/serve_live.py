@@ -20,6 +20,12 @@ go 1 -> 8 -> 2 -> 4 -> 8 -> 1 ...), on the cost bundle fitted to this runtime on
 
     python scripts/serve_live.py --costs OUT/costs.json --out OUT/serve_live.csv --device cuda
     python -m simtree.serving.live_report OUT/serve_live.csv --readme reports/bench_serve/README.md
+
+At full scale (``scripts/serve_live_full_gpu.sh``): ``--model qwen3.6-27b --dtype bf16`` (random
+weights), ``--replay sharegpt`` (random weights accept nothing: each drafted tier's rounds accept
+as the modes runs replay them, :class:`simtree.runtime.full.measure._Source`'s stratified draws
+from the workload's acceptance model, which the controller's running estimate then sees) and
+``--costs`` a frozen shipped bundle: the report's full-scale section (out of sample).
 """
 from __future__ import annotations
 
@@ -37,16 +43,18 @@ from simtree.acceptance.model import get_workload
 from simtree.control import DEFAULT_TIERS, Controller
 from simtree.control.catchup import CatchUpClock
 from simtree.costs.model import load_costs
+from simtree.errors import SimtreeError
 from simtree.fileio import write_atomic
 from simtree.planning.modes import NoneParams
-from simtree.runtime.full.build import build_model
+from simtree.runtime.full.build import DTYPES, build_model
 from simtree.runtime.full.drafting import round_shape
 from simtree.runtime.full.engine import draft_scratch_rows
 from simtree.runtime.full.generate import generate
 from simtree.runtime.full.lag import lag_rows
+from simtree.runtime.full.measure import _Source
 from simtree.runtime.bpe import BpeTokenizer
 from simtree.runtime.tokenizer import ByteTokenizer
-from simtree.serving.live_report import CATCH_UP_COLUMNS, COLUMNS
+from simtree.serving.live_report import CATCH_UP_COLUMNS, COLUMNS, FULL_COLUMNS
 from simtree.serving.policies import step_us
 
 
@@ -65,7 +73,16 @@ class Recording:
         self.ctl.observe(tier, accepted)
 
 
-def _prompts(count: int, workload: str, model: str, prompts_file: str | None) -> tuple[list[list[int]], str]:
+def _random_prompts(count: int, lo: int, hi: int) -> list[list[int]]:
+    """``count`` prompts of printable byte ids, lengths drawn from [lo, hi) (seed 0)."""
+    rng = np.random.default_rng(0)
+    return [rng.integers(32, 127, int(n)).tolist() for n in rng.integers(lo, hi, count)]
+
+
+def _prompts(count: int, workload: str, model: str, prompts_file: str | None,
+             random_lens: tuple[int, int] | None = None) -> tuple[list[list[int]], str]:
+    if random_lens:    # a random-weight target: only the contexts matter
+        return _random_prompts(count, *random_lens), f"random ({random_lens[0]}-{random_lens[1] - 1} tokens)"
     if prompts_file:   # token ids encoded where the data extra is installed (the GPU machine lacks it)
         ids = json.loads(Path(prompts_file).read_text())
         if len(ids) < count:
@@ -80,8 +97,7 @@ def _prompts(count: int, workload: str, model: str, prompts_file: str | None) ->
             return [tok.encode(t) for t in texts], workload
     except Exception as exc:   # the data extra is missing: random byte prompts, said in the CSV
         print(f"prompts: {workload} unavailable ({exc}); random byte prompts")
-    rng = np.random.default_rng(0)
-    return [rng.integers(32, 127, int(n)).tolist() for n in rng.integers(24, 160, count)], "random"
+    return _random_prompts(count, 24, 160), "random"
 
 
 def _sync(device: str) -> None:
@@ -117,9 +133,20 @@ def price(costs, log, rounds, buffer_rows: int) -> dict:
             "predicted_catchup_ms": lag.total_us / 1e3}
 
 
-def main() -> None:
+def _lens(text: str) -> tuple[int, int]:
+    try:
+        lo, hi = (int(x) for x in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: give MIN,MAX token counts") from None
+    if not 1 <= lo <= hi:
+        raise argparse.ArgumentTypeError(f"{text!r}: need 1 <= MIN <= MAX")
+    return lo, hi + 1
+
+
+def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--costs", required=True, help="cost bundle fitted to this runtime on this device")
+    ap.add_argument("--costs", required=True, help="cost bundle of this runtime on this device (fitted "
+                    "in the session, or a frozen shipped one)")
     ap.add_argument("--out", required=True, help="CSV to write")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--phases", default="1,8,2,4,8,1,4,2", help="batch size of each phase, in order")
@@ -128,24 +155,39 @@ def main() -> None:
     ap.add_argument("--model", default="runtime-tiny",
                     help="checkpoint folder or shipped name (its tokenizer.json, if any, encodes the prompts)")
     ap.add_argument("--prompts", default=None, help="JSON list of prompt token-id lists (instead of --workload's text)")
-    args = ap.parse_args()
+    ap.add_argument("--random-prompts", type=_lens, default=None, metavar="MIN,MAX",
+                    help="random token prompts of MIN..MAX tokens (a random-weight target) instead of text")
+    ap.add_argument("--dtype", default="fp32", choices=sorted(DTYPES))
+    ap.add_argument("--replay", default=None, metavar="WORKLOAD",
+                    help="replay this workload's acceptance model (what the controller ranks with too) instead of "
+                         "the target's own (random weights accept nothing)")
+    ap.add_argument("--warmup", action=argparse.BooleanOptionalAction, default=True,
+                    help="a few rounds of every tier at every batch size first (each phase's capture warms up too)")
+    args = ap.parse_args(argv)
     phases = [int(b) for b in args.phases.split(",")]
     costs = load_costs(args.costs)
-    model = build_model(args.model, device=args.device, dtype=torch.float32)
-    ctl = live_controller(costs, args.workload)
+    model = build_model(args.model, device=args.device, dtype=DTYPES[args.dtype])
+    ctl = live_controller(costs, args.replay or args.workload)
     buffer_rows = live_lag_rows(model, ctl)
-    ids, source = _prompts(sum(phases), args.workload, args.model, args.prompts)
+    ids, source = _prompts(sum(phases), args.workload, args.model, args.prompts, args.random_prompts)
+    replay = _Source(None, args.replay, args.device, 0) if args.replay else None
+
+    def acceptance(b: int):
+        """Each drafted round shape's replay at batch ``b`` (rows enough for a phase's rounds), or live."""
+        return None if replay is None else lambda rs: replay.make(rs, b, args.new_tokens, costs=costs)
+
     # warm-up, not counted: every tier at every phase's batch size (kernels compiled, caches sized)
-    for b in sorted(set(phases)):
+    for b in sorted(set(phases)) if args.warmup else []:
         for tier in ctl.tiers:
-            generate(model, ids[:b], 4, tier.spec, costs=costs)
+            generate(model, ids[:b], 4, tier.spec, costs=costs, source=acceptance(b))
     rows, start = [], 0
     for i, b in enumerate(phases):
         rec = Recording(ctl)
         switches0 = ctl.switches
         _sync(args.device)
         t0 = time.perf_counter()
-        res = generate(model, ids[start:start + b], args.new_tokens, NoneParams(), costs=costs, controller=rec)
+        res = generate(model, ids[start:start + b], args.new_tokens, NoneParams(), costs=costs, controller=rec,
+                       source=acceptance(b))
         _sync(args.device)
         wall_s = time.perf_counter() - t0
         start += b
@@ -161,14 +203,18 @@ def main() -> None:
                      "costs": args.costs, "prompts": source, "controller_steps": ctl.steps,
                      "controller_switches": ctl.switches, "switch_bound": ctl.max_switches,
                      "catch_ups": sum(r.catchup_ms > 0 for r in res.rounds),
-                     "measured_catchup_ms": sum(r.catchup_ms for r in res.rounds)})
+                     "measured_catchup_ms": sum(r.catchup_ms for r in res.rounds),
+                     "model": args.model, "dtype": args.dtype, "acceptance": replay.label if replay else "live"})
         r = rows[-1]
         print(f"phase {i} b={b}: measured {r['measured_tpot_ms']:.3f} ms/token, predicted {r['predicted_tpot_ms']:.3f} "
               f"({r['predicted_tpot_ms'] / r['measured_tpot_ms'] - 1:+.1%}); {r['tiers']}", flush=True)
-    df = pd.DataFrame(rows, columns=COLUMNS + CATCH_UP_COLUMNS)
-    write_atomic(args.out, lambda tmp: df.to_csv(tmp, index=False, float_format="%.6g"))
+        df = pd.DataFrame(rows, columns=COLUMNS + CATCH_UP_COLUMNS + FULL_COLUMNS)   # each phase's, as it ends
+        write_atomic(args.out, lambda tmp: df.to_csv(tmp, index=False, float_format="%.6g"))
     print(f"wrote {args.out}; switches {ctl.switches} in {ctl.steps} steps (bound {ctl.max_switches})")
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except SimtreeError as exc:
+        raise SystemExit(f"error: {exc}") from None

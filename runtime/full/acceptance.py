@@ -49,7 +49,7 @@ from simtree.planning.simulate import static_round
 
 from .drafting import RoundShape, TreeBuffers
 
-__all__ = ["Live", "TraceReplay", "ModelReplay", "StratifiedReplay", "DraftScores", "level_weights", "deepest_on_chain", "node_at_depth",
+__all__ = ["Live", "TraceReplay", "ModelReplay", "StratifiedReplay", "ShapeSources", "DraftScores", "level_weights", "deepest_on_chain", "node_at_depth",
            "stratified_draws", "joint_depth_pmf", "replay_rounds", "adaptive_bucket", "SAMPLINGS"]
 
 SAMPLINGS = ("stratified", "iid")
@@ -307,3 +307,35 @@ class ModelReplay:
     def prediction_model(self) -> AcceptanceModel:
         return self.model
 
+
+
+class ShapeSources:
+    """One acceptance source per round shape of an engine that switches shapes (an online
+    controller's tiers, :meth:`.engine.FullEngine.use`): a replay's tables and tree scores are
+    made for one shape, so each shape's rounds (and captured graphs) read their own.  Plain
+    shapes need none (their rounds accept nothing)."""
+    kind = "replay"
+
+    def __init__(self, sources: dict):
+        if not sources:
+            raise SimtreeError("ShapeSources needs a source for at least one round shape")
+        self.sources = dict(sources)
+        self.current = next(iter(self.sources.values()))
+        self.label = "; ".join(sorted({getattr(s, "label", "") for s in self.sources.values()}))
+
+    def use(self, rs: RoundShape) -> None:
+        """The source of shape ``rs``'s rounds (a plain shape keeps the last: it reads none)."""
+        self.current = self.sources.get(rs, self.current)
+
+    @property
+    def scores(self):
+        return getattr(self.current, "scores", None)
+
+    def accept(self, tree: TreeBuffers, target_next: torch.Tensor, rs: RoundShape) -> torch.Tensor:
+        return self.current.accept(tree, target_next, rs)
+
+    def rewind(self) -> None:
+        for src in self.sources.values():
+            rewind = getattr(src, "rewind", None)
+            if rewind is not None:
+                rewind()

@@ -145,6 +145,9 @@ class FullEngine(EngineRounds):
         if not rs.plain and getattr(self, "lag", None) is not None:
             self.catch_up()     # drafting resumes: the MTP layer first catches up on the plain rounds
         self.rs, self.tree, self.alloc, self.own_bits = lay.rs, lay.tree, lay.alloc, lay.own_bits
+        select = getattr(self.source, "use", None)     # a source per shape (acceptance.ShapeSources)
+        if select is not None:
+            select(rs)
         self.path_cols, self.chain = lay.path_cols, lay.chain
         if getattr(self, "_shape_graphs", None):
             self.graphs = self._shape_graphs.get(rs)

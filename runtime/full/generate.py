@@ -32,6 +32,7 @@ import torch
 from simtree.errors import SimtreeError, check_int
 from simtree.planning.modes import PolicySpec
 
+from .acceptance import ShapeSources
 from .block_engine import make_engine
 from .drafting import pad_round, round_shape
 from .engine import OUT_CAP
@@ -97,14 +98,17 @@ def check_fits(model, spec: PolicySpec):
 
 @torch.no_grad()
 def generate(model, prompts: list[list[int]], max_new_tokens: int, spec: PolicySpec, costs=None,
-             workload: str = "", trace=None, progress=None, controller=None) -> GenerationResult:
+             workload: str = "", trace=None, progress=None, controller=None, source=None) -> GenerationResult:
     """Decode ``max_new_tokens`` greedy tokens for each prompt (one batch) with ``spec``;
     ``costs``: the bundle cost_aware and batch_alloc decide with; ``trace``: an open
     :class:`simtree.runtime.trace.TraceWriter`, or any object with its ``write_records``
     (:class:`.round_trace.RecordList`) (linear rounds then keep the drafter's top TRACE_TOPK per
     position); ``progress(done_tokens)``: a callback.  ``controller``
     (:class:`simtree.control.Controller`, or any object with its ``tiers``, ``choose`` and
-    ``observe``): each round runs the tier it chooses instead of ``spec``."""
+    ``observe``): each round runs the tier it chooses instead of ``spec``.  ``source(rs)``: the
+    acceptance source of round shape ``rs``'s rounds (a replay, e.g. ``measure._Source.make``;
+    each drafted shape its own, :class:`.acceptance.ShapeSources`); default live (the target
+    decides)."""
     if not prompts or any(len(p) == 0 for p in prompts):
         raise SimtreeError("every prompt needs at least one token")
     max_new_tokens = check_int(max_new_tokens, "max_new_tokens", 1, OUT_CAP)
@@ -118,8 +122,10 @@ def generate(model, prompts: list[list[int]], max_new_tokens: int, spec: PolicyS
                                            for t in controller.tiers}
     widest = max([rs, *tiers.values()], key=lambda s: s.path_rows)
     topk = min(TRACE_TOPK, model.vocab) if trace is not None else 0
-    engine = make_engine(model, rs, B, state_rows(prompts, widest, max_new_tokens), costs=costs,
-                         shapes=[s for s in tiers.values() if s != rs], trace_topk=topk)
+    shapes = [s for s in tiers.values() if s != rs]
+    drafted = {s: source(s) for s in [rs, *shapes] if not s.plain} if source is not None else {}
+    engine = make_engine(model, rs, B, state_rows(prompts, widest, max_new_tokens),
+                         ShapeSources(drafted) if drafted else None, costs=costs, shapes=shapes, trace_topk=topk)
     engine.capture()
     _sync(engine.device)
     t0 = time.perf_counter()

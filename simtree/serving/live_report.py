@@ -4,6 +4,11 @@ README (``simtree bench-serve`` keeps that section when it rewrites the README).
 
     python -m simtree.serving.live_report OUT/serve_live.csv --readme reports/bench_serve/README.md
 
+A full-scale run (``scripts/serve_live_full_gpu.sh``: replayed acceptance, a frozen shipped bundle)
+is its own section, ``## Live run at full scale, out of sample`` (``--full-scale``):
+
+    python -m simtree.serving.live_report OUT/serve_live_full.csv --full-scale --readme reports/bench_serve/README.md
+
 A CSV that ``scripts/serve_live_reprice.py`` priced again on a bundle refitted from the run's own
 profile (CPU replay, the measured columns as measured) carries the run's own prediction
 (``REPRICE_COLUMNS``); the section then gives both.
@@ -11,6 +16,7 @@ profile (CPU replay, the measured columns as measured) carries the run's own pre
 from __future__ import annotations
 
 import argparse
+import re
 from pathlib import Path
 
 import pandas as pd
@@ -18,16 +24,20 @@ import pandas as pd
 from simtree.errors import SimtreeError
 from simtree.fileio import write_text_atomic
 
-__all__ = ["COLUMNS", "CATCH_UP_COLUMNS", "REPRICE_COLUMNS", "TOLERANCE", "live_section", "merge_section", "existing_section", "SECTION"]
+__all__ = ["COLUMNS", "CATCH_UP_COLUMNS", "REPRICE_COLUMNS", "FULL_COLUMNS", "TOLERANCE", "live_section", "full_section",
+           "merge_section", "existing_section", "SECTION", "FULL_SECTION"]
 
 COLUMNS = ["phase", "batch_size", "new_tokens", "rounds", "switches", "tiers", "measured_tpot_ms",
            "predicted_tpot_ms", "predicted_model_tpot_ms", "tokens_per_round", "wall_s", "prefill_ms", "device",
            "costs", "prompts", "controller_steps", "controller_switches", "switch_bound"]
 CATCH_UP_COLUMNS = ["catch_ups", "measured_catchup_ms", "predicted_catchup_ms"]   # absent from earlier runs' CSVs
 REPRICE_COLUMNS = ["run_predicted_tpot_ms", "run_costs"]   # a re-priced run's own prediction and bundle
+FULL_COLUMNS = ["model", "dtype", "acceptance"]   # the target, its dtype, live or replay:<workload> (later runs)
 REPRICE_SCRIPT = "scripts/serve_live_reprice.py"
 TOLERANCE = 0.10   # the target: measured TPOT within 10% of the benchmark's prediction
 SECTION = "## Live run"
+FULL_SECTION = "## Live run at full scale, out of sample"
+SHIPPED_COSTS = "simtree/data/costs/"   # where the frozen bundles are shipped
 
 
 def _read(path: str | Path) -> pd.DataFrame:
@@ -115,27 +125,54 @@ def live_section(path: str | Path, command: str, later: str | Path | None = None
     return "\n".join(lines) + "\n"
 
 
-def _split(text: str) -> tuple[str, str, str]:
-    """(before, the ``## Live run`` section up to the next ``## `` heading, after)."""
-    at = text.find(SECTION)
-    if at < 0:
+def full_section(path: str | Path, command: str) -> str:
+    """The full-scale section: a run of ``scripts/serve_live_full_gpu.sh`` (a registry target with
+    random weights, acceptance replayed, costs a frozen shipped bundle), one row per phase."""
+    df = _read(path)
+    last = df.iloc[-1]
+    missing = [c for c in FULL_COLUMNS if c not in df.columns]
+    if missing or not str(last.acceptance).startswith("replay") or SHIPPED_COSTS not in Path(str(last.costs)).as_posix():
+        raise SimtreeError(f"{path}: not a full-scale run (replayed acceptance, a bundle shipped in {SHIPPED_COSTS}): "
+                           + (f"missing {', '.join(missing)}" if missing else f"acceptance {last.acceptance}, "
+                              f"costs {last.costs}"))
+    table, err, model_err = _table(df, False)
+    lines = [FULL_SECTION, "",
+             f"OUT OF SAMPLE: the controller live in simtree's full runtime on {last['model']} ({last['dtype']}, random "
+             f"weights) on {last.device}, the batch changing phase by phase ({', '.join(str(b) for b in df.batch_size)}), "
+             f"{int(df.new_tokens.iloc[0])} tokens per sequence per phase, prompts: {last.prompts}. Acceptance "
+             f"replayed ({last.acceptance}: random weights accept nothing; each drafted tier's rounds accept as the modes "
+             "runs replay them, and the controller's running estimate sees that). Costs frozen: the shipped bundle "
+             f"`{last.costs}`, fitted in an earlier GPU session; nothing in this run was profiled or fitted. Report: "
+             f"`{command}`; run: `scripts/serve_live_full_gpu.sh`.", "",
+             _verdict(df, err, model_err), "", *table]
+    return "\n".join(lines) + "\n"
+
+
+def _split(text: str, heading: str = SECTION) -> tuple[str, str, str]:
+    """(before, the section headed by the line ``heading`` up to the next ``## `` heading, after)."""
+    found = re.search(f"^{re.escape(heading)}$", text, re.M)
+    if found is None:
         return text, "", ""
-    after = text.find("\n## ", at + len(SECTION))
+    at = found.start()
+    after = text.find("\n## ", at + len(heading))
     end = len(text) if after < 0 else after + 1
     return text[:at], text[at:end], text[end:]
 
 
-def merge_section(readme: str, section: str) -> str:
-    """``readme`` with its ``## Live run`` section replaced by ``section``, or it appended."""
-    head, old, tail = _split(readme)
+def merge_section(readme: str, section: str, heading: str = SECTION) -> str:
+    """``readme`` with its section headed ``heading`` replaced by ``section``, or it appended."""
+    head, old, tail = _split(readme, heading)
     if not old:
         return readme.rstrip("\n") + "\n\n" + section
     return head + section + ("\n" + tail if tail else "")
 
 
 def existing_section(readme_path: Path) -> str:
-    """The ``## Live run`` section of an existing README ("" if none), for a rewrite to keep."""
-    return _split(readme_path.read_text())[1] if readme_path.is_file() else ""
+    """The live sections (``## Live run``, the full-scale one) of an existing README, in their
+    order ("" if none), for a rewrite to keep."""
+    text = readme_path.read_text() if readme_path.is_file() else ""
+    found = sorted((len(head), part) for head, part, _ in (_split(text, h) for h in (SECTION, FULL_SECTION)) if part)
+    return "".join(part for _, part in found)
 
 
 def main(argv=None) -> None:
@@ -144,14 +181,21 @@ def main(argv=None) -> None:
     ap.add_argument("--readme", default="reports/bench_serve/README.md")
     ap.add_argument("--later", default=None, help="a later session's run (serve_live.py CSV), predicted out of sample")
     ap.add_argument("--later-costs", default=None, help="the committed copy of the bundle that later run predicted with")
+    ap.add_argument("--full-scale", action="store_true",
+                    help="a full-scale run (scripts/serve_live_full_gpu.sh): its own section, out of sample")
     args = ap.parse_args(argv)
+    if args.full_scale and args.later:
+        raise SimtreeError("--later belongs to the tiny model's section, not to --full-scale")
     command = f"python -m simtree.serving.live_report {args.csv} --readme {args.readme}" + (
         f" --later {args.later}" + (f" --later-costs {args.later_costs}" if args.later_costs else "") if args.later else "")
-    section = live_section(args.csv, command, args.later, args.later_costs)
+    if args.full_scale:
+        command = f"python -m simtree.serving.live_report {args.csv} --full-scale --readme {args.readme}"
+    section = full_section(args.csv, command) if args.full_scale else \
+        live_section(args.csv, command, args.later, args.later_costs)
     path = Path(args.readme)
     if not path.is_file():
         raise SimtreeError(f"{path}: no README to add the live run to (run simtree bench-serve first)")
-    write_text_atomic(path, merge_section(path.read_text(), section))
+    write_text_atomic(path, merge_section(path.read_text(), section, FULL_SECTION if args.full_scale else SECTION))
     print(section)
 
 
