@@ -30,6 +30,7 @@ from the workload's acceptance model, which the controller's running estimate th
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import time
 from collections import Counter
@@ -103,6 +104,14 @@ def _prompts(count: int, workload: str, model: str, prompts_file: str | None,
 def _sync(device: str) -> None:
     if device.startswith("cuda"):
         torch.cuda.synchronize()
+
+
+def _release(device: str) -> None:
+    """A finished engine's graphs and their memory pools freed before the next is built (a
+    full-scale target leaves little room beside its weights)."""
+    gc.collect()
+    if device.startswith("cuda"):
+        torch.cuda.empty_cache()
 
 
 def live_controller(costs, workload: str) -> Controller:
@@ -180,6 +189,7 @@ def main(argv=None) -> None:
     for b in sorted(set(phases)) if args.warmup else []:
         for tier in ctl.tiers:
             generate(model, ids[:b], 4, tier.spec, costs=costs, source=acceptance(b))
+            _release(args.device)
     rows, start = [], 0
     for i, b in enumerate(phases):
         rec = Recording(ctl)
@@ -190,6 +200,7 @@ def main(argv=None) -> None:
                        source=acceptance(b))
         _sync(args.device)
         wall_s = time.perf_counter() - t0
+        _release(args.device)
         start += b
         decode_us = sum(r.round_ms for r in res.rounds) * 1e3
         gained = sum(float(np.mean(r.accepted)) + 1.0 for r in res.rounds)   # tokens per sequence
@@ -207,7 +218,9 @@ def main(argv=None) -> None:
                      "model": args.model, "dtype": args.dtype, "acceptance": replay.label if replay else "live"})
         r = rows[-1]
         print(f"phase {i} b={b}: measured {r['measured_tpot_ms']:.3f} ms/token, predicted {r['predicted_tpot_ms']:.3f} "
-              f"({r['predicted_tpot_ms'] / r['measured_tpot_ms'] - 1:+.1%}); {r['tiers']}", flush=True)
+              f"({r['predicted_tpot_ms'] / r['measured_tpot_ms'] - 1:+.1%}); {r['tiers']}; {wall_s:.1f} s"
+              + (f", peak {torch.cuda.max_memory_allocated() / 2**30:.1f} GiB" if args.device.startswith("cuda") else ""),
+              flush=True)
         df = pd.DataFrame(rows, columns=COLUMNS + CATCH_UP_COLUMNS + FULL_COLUMNS)   # each phase's, as it ends
         write_atomic(args.out, lambda tmp: df.to_csv(tmp, index=False, float_format="%.6g"))
     print(f"wrote {args.out}; switches {ctl.switches} in {ctl.steps} steps (bound {ctl.max_switches})")
