@@ -308,20 +308,17 @@ class ModelReplay:
         return self.model
 
 
-
 class ShapeSources:
     """One acceptance source per round shape of an engine that switches shapes (an online
     controller's tiers, :meth:`.engine.FullEngine.use`): a replay's tables and tree scores are
     made for one shape, so each shape's rounds (and captured graphs) read their own.  Plain
     shapes need none (their rounds accept nothing)."""
-    kind = "replay"
 
     def __init__(self, sources: dict):
         if not sources:
             raise SimtreeError("ShapeSources needs a source for at least one round shape")
         self.sources = dict(sources)
         self.current = next(iter(self.sources.values()))
-        self.label = "; ".join(sorted({getattr(s, "label", "") for s in self.sources.values()}))
 
     def use(self, rs: RoundShape) -> None:
         """The source of shape ``rs``'s rounds (a plain shape keeps the last: it reads none)."""
