@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import hashlib
 import json
 import time
 from collections import Counter
@@ -55,7 +56,7 @@ from simtree.runtime.full.lag import lag_rows
 from simtree.runtime.full.measure import _Source
 from simtree.runtime.bpe import BpeTokenizer
 from simtree.runtime.tokenizer import ByteTokenizer
-from simtree.serving.live_report import CATCH_UP_COLUMNS, COLUMNS, FULL_COLUMNS
+from simtree.serving.live_report import CATCH_UP_COLUMNS, COLUMNS, FROZEN_COLUMNS, FULL_COLUMNS
 from simtree.serving.policies import step_us
 
 
@@ -175,29 +176,33 @@ def main(argv=None) -> None:
     args = ap.parse_args(argv)
     phases = [int(b) for b in args.phases.split(",")]
     costs = load_costs(args.costs)
+    costs_sha = hashlib.sha256(Path(args.costs).read_bytes()).hexdigest()
+    ctl = live_controller(costs, args.replay or args.workload)     # a bad name stops before the model is built
+    replays = [_Source(None, args.replay, args.device, seed) if args.replay else None   # one draw per phase
+               for seed in range(len(phases) + 1)]
     model = build_model(args.model, device=args.device, dtype=DTYPES[args.dtype])
-    ctl = live_controller(costs, args.replay or args.workload)
     buffer_rows = live_lag_rows(model, ctl)
     ids, source = _prompts(sum(phases), args.workload, args.model, args.prompts, args.random_prompts)
-    replay = _Source(None, args.replay, args.device, 0) if args.replay else None
 
-    def acceptance(b: int):
+    def acceptance(b: int, replay):
         """Each drafted round shape's replay at batch ``b`` (rows enough for a phase's rounds), or live."""
         return None if replay is None else lambda rs: replay.make(rs, b, args.new_tokens, costs=costs)
 
     # warm-up, not counted: every tier at every phase's batch size (kernels compiled, caches sized)
     for b in sorted(set(phases)) if args.warmup else []:
         for tier in ctl.tiers:
-            generate(model, ids[:b], 4, tier.spec, costs=costs, source=acceptance(b))
+            generate(model, ids[:b], 4, tier.spec, costs=costs, source=acceptance(b, replays[-1]))
             _release(args.device)
     rows, start = [], 0
     for i, b in enumerate(phases):
         rec = Recording(ctl)
         switches0 = ctl.switches
+        if args.device.startswith("cuda"):
+            torch.cuda.reset_peak_memory_stats()       # the phase's own peak on its line
         _sync(args.device)
         t0 = time.perf_counter()
         res = generate(model, ids[start:start + b], args.new_tokens, NoneParams(), costs=costs, controller=rec,
-                       source=acceptance(b))
+                       source=acceptance(b, replays[i]))
         _sync(args.device)
         wall_s = time.perf_counter() - t0
         _release(args.device)
@@ -215,13 +220,15 @@ def main(argv=None) -> None:
                      "controller_switches": ctl.switches, "switch_bound": ctl.max_switches,
                      "catch_ups": sum(r.catchup_ms > 0 for r in res.rounds),
                      "measured_catchup_ms": sum(r.catchup_ms for r in res.rounds),
-                     "model": args.model, "dtype": args.dtype, "acceptance": replay.label if replay else "live"})
+                     "model": args.model, "dtype": args.dtype,
+                     "acceptance": replays[i].label if replays[i] else "live", "weights": model.weights_from,
+                     "costs_sha256": costs_sha, "costs_device": costs.meta.get("device", "")})
         r = rows[-1]
         print(f"phase {i} b={b}: measured {r['measured_tpot_ms']:.3f} ms/token, predicted {r['predicted_tpot_ms']:.3f} "
               f"({r['predicted_tpot_ms'] / r['measured_tpot_ms'] - 1:+.1%}); {r['tiers']}; {wall_s:.1f} s"
               + (f", peak {torch.cuda.max_memory_allocated() / 2**30:.1f} GiB" if args.device.startswith("cuda") else ""),
               flush=True)
-        df = pd.DataFrame(rows, columns=COLUMNS + CATCH_UP_COLUMNS + FULL_COLUMNS)   # each phase's, as it ends
+        df = pd.DataFrame(rows, columns=COLUMNS + CATCH_UP_COLUMNS + FULL_COLUMNS + FROZEN_COLUMNS)   # each phase's, as it ends
         write_atomic(args.out, lambda tmp: df.to_csv(tmp, index=False, float_format="%.6g"))
     print(f"wrote {args.out}; switches {ctl.switches} in {ctl.steps} steps (bound {ctl.max_switches})")
 

@@ -28,7 +28,8 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv >> "$RES/lo
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
 case "$COSTS:$gpu" in *h100*:*H100*|*h200*:*H200*) ;; *) log "WARNING: $COSTS on a $gpu: another device's costs";; esac
 log "serve_live: qwen3.6-27b bf16, replay sharegpt, costs $COSTS (frozen), phases ${PHASES:-1,16,4,8,16,1}"
-timeout -k 5 $(( 285 - ($(date +%s) - START) )) python3 scripts/serve_live.py --model qwen3.6-27b --dtype bf16 \
+left=$(( 285 - ($(date +%s) - START) )); [ "$left" -lt 60 ] && { log "only ${left}s left after the install: 60 s given"; left=60; }
+timeout -k 5 "$left" python3 scripts/serve_live.py --model qwen3.6-27b --dtype bf16 \
     --replay sharegpt --random-prompts 256,511 --costs "$COSTS" --no-warmup --device cuda \
     --phases "${PHASES:-1,16,4,8,16,1}" --new-tokens "${NEW_TOKENS:-64}" --out "$RES/serve_live_full.csv" \
     2>&1 | tee "$RES/serve_live.log"

@@ -1,6 +1,7 @@
 """The live run's full-scale path (scripts/serve_live.py --replay, scripts/serve_live_full_gpu.sh) end
 to end on a tiny target of the same family (qwen3_5 text, random weights) on CPU: replayed
 acceptance, the frozen shipped H100 bundle, two phases; and its own README section."""
+import hashlib
 import importlib.util
 import math
 from collections import Counter
@@ -78,6 +79,14 @@ def test_the_rounds_accept_as_replayed_not_as_the_random_target(runs):
 def test_the_full_scale_section_joins_the_readme_and_stays(runs, tmp_path):
     (df, _), (live, _) = runs
     csv, live_csv = tmp_path / "full.csv", tmp_path / "live.csv"
+    assert set(df.weights) == {"random"} and set(df.costs_sha256) == {hashlib.sha256(BUNDLE.read_bytes()).hexdigest()}
+    assert set(df.costs_device) == {"NVIDIA H100 80GB HBM3"}
+    for column, value, refusal in (("device", "cpu", "another device's costs"), ("costs_sha256", "0" * 64, "not frozen")):
+        other = tmp_path / f"other_{column}.csv"
+        df.assign(device=df.costs_device).assign(**{column: value}).to_csv(other, index=False)
+        with pytest.raises(SimtreeError, match=refusal):
+            full_section(other, "cmd")
+    df = df.assign(device=df.costs_device)       # as run on the bundle's kind of device
     df.to_csv(csv, index=False)
     live.to_csv(live_csv, index=False)
     readme = tmp_path / "README.md"

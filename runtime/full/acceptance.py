@@ -321,8 +321,13 @@ class ShapeSources:
         self.current = next(iter(self.sources.values()))
 
     def use(self, rs: RoundShape) -> None:
-        """The source of shape ``rs``'s rounds (a plain shape keeps the last: it reads none)."""
-        self.current = self.sources.get(rs, self.current)
+        """The source of shape ``rs``'s rounds (a plain shape keeps the last: it reads none); a
+        drafted shape without one is refused (its rounds would read another shape's table)."""
+        if rs.plain:
+            return
+        if rs not in self.sources:
+            raise SimtreeError(f"no acceptance source for the round shape {rs}: one per drafted shape")
+        self.current = self.sources[rs]
 
     @property
     def scores(self):

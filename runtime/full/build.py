@@ -89,7 +89,8 @@ def build_model(model, device="cuda", dtype: torch.dtype | None = None, seed: in
     or a checkpoint folder or a shipped one with weights, e.g. ``runtime-tiny`` (its weights;
     see simtree.checkpoints); dtype: bf16 on CUDA, fp32
     elsewhere unless given.  ``model.load_notes``: one line per thing worth saying (a
-    checkpoint without MTP weights); ``model.drafters_dir``: a checkpoint folder's ``drafters/``
+    checkpoint without MTP weights); ``model.weights_from``: the checkpoint folder read, or "random";
+    ``model.drafters_dir``: a checkpoint folder's ``drafters/``
     (trained block drafters, :func:`.block_engine.trained_drafter`), None for random weights."""
     shape = get_model(model) if isinstance(model, str) else model
     dtype = dtype or (torch.bfloat16 if require_device(device).type == "cuda" else torch.float32)
@@ -99,10 +100,11 @@ def build_model(model, device="cuda", dtype: torch.dtype | None = None, seed: in
     folder = _checkpoint_folder(model, shape)
     if folder is None:
         built = cls(shape, device=device, dtype=dtype, seed=seed)
-        built.load_notes, built.drafters_dir = [], None
+        built.load_notes, built.drafters_dir, built.weights_from = [], None, "random"
         return built
     weights, absent = open_checkpoint(folder).load(shape, dtype, device)   # absent: the MTP layer, if so
     built = cls(shape, device=device, dtype=dtype, seed=seed, weights=weights)
     built.load_notes = [MTP_NOTE.format(name=shape.name)] if absent else []
     built.drafters_dir = folder / "drafters"     # trained block drafters, where present (block_engine)
+    built.weights_from = str(folder)
     return built

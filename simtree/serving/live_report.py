@@ -16,6 +16,7 @@ profile (CPU replay, the measured columns as measured) carries the run's own pre
 from __future__ import annotations
 
 import argparse
+import hashlib
 import re
 from pathlib import Path
 
@@ -33,6 +34,7 @@ COLUMNS = ["phase", "batch_size", "new_tokens", "rounds", "switches", "tiers", "
 CATCH_UP_COLUMNS = ["catch_ups", "measured_catchup_ms", "predicted_catchup_ms"]   # absent from earlier runs' CSVs
 REPRICE_COLUMNS = ["run_predicted_tpot_ms", "run_costs"]   # a re-priced run's own prediction and bundle
 FULL_COLUMNS = ["model", "dtype", "acceptance"]   # the target, its dtype, live or replay:<workload> (later runs)
+FROZEN_COLUMNS = ["weights", "costs_sha256", "costs_device"]   # random or the checkpoint read; the bundle's bytes, device
 REPRICE_SCRIPT = "scripts/serve_live_reprice.py"
 TOLERANCE = 0.10   # the target: measured TPOT within 10% of the benchmark's prediction
 SECTION = "## Live run"
@@ -126,24 +128,38 @@ def live_section(path: str | Path, command: str, later: str | Path | None = None
 
 
 def full_section(path: str | Path, command: str) -> str:
-    """The full-scale section: a run of ``scripts/serve_live_full_gpu.sh`` (a registry target with
-    random weights, acceptance replayed, costs a frozen shipped bundle), one row per phase."""
+    """The full-scale section: a run of ``scripts/serve_live_full_gpu.sh`` (acceptance replayed,
+    costs a frozen shipped bundle: the committed file's bytes, fitted on the run's kind of
+    device), one row per phase."""
     df = _read(path)
     last = df.iloc[-1]
-    missing = [c for c in FULL_COLUMNS if c not in df.columns]
+    missing = [c for c in FULL_COLUMNS + FROZEN_COLUMNS if c not in df.columns]
     if missing or not str(last.acceptance).startswith("replay") or SHIPPED_COSTS not in Path(str(last.costs)).as_posix():
         raise SimtreeError(f"{path}: not a full-scale run (replayed acceptance, a bundle shipped in {SHIPPED_COSTS}): "
                            + (f"missing {', '.join(missing)}" if missing else f"acceptance {last.acceptance}, "
                               f"costs {last.costs}"))
+    shipped = Path(__file__).resolve().parents[1] / "data" / "costs" / Path(str(last.costs)).name   # the checkout's
+    if not shipped.is_file() or hashlib.sha256(shipped.read_bytes()).hexdigest() != str(last.costs_sha256):
+        raise SimtreeError(f"{path}: the run's bundle (sha256 {str(last.costs_sha256)[:12]}) is not the committed "
+                           f"{SHIPPED_COSTS}{shipped.name}: not frozen")
+    if str(last.costs_device) != str(last.device):
+        raise SimtreeError(f"{path}: costs fitted on {last.costs_device}, the run on {last.device}: another device's "
+                           "costs")
+    weights = "random weights" if str(last.weights) == "random" else f"weights from {last.weights}"
+    why = ": random weights accept nothing" if str(last.weights) == "random" else ""
     table, err, model_err = _table(df, False)
     lines = [FULL_SECTION, "",
-             f"OUT OF SAMPLE: the controller live in simtree's full runtime on {last['model']} ({last['dtype']}, random "
-             f"weights) on {last.device}, the batch changing phase by phase ({', '.join(str(b) for b in df.batch_size)}), "
+             f"OUT OF SAMPLE: the controller live in simtree's full runtime on {last['model']} ({last['dtype']}, "
+             f"{weights}) on {last.device}, the batch changing phase by phase ({', '.join(str(b) for b in df.batch_size)}), "
              f"{int(df.new_tokens.iloc[0])} tokens per sequence per phase, prompts: {last.prompts}. Acceptance "
-             f"replayed ({last.acceptance}: random weights accept nothing; each drafted tier's rounds accept as the modes "
-             "runs replay them, and the controller's running estimate sees that). Costs frozen: the shipped bundle "
-             f"`{last.costs}`, fitted in an earlier GPU session; nothing in this run was profiled or fitted. Report: "
-             f"`{command}`; run: `scripts/serve_live_full_gpu.sh`.", "",
+             f"replayed ({last.acceptance}{why}; each drafted tier's rounds accept as the modes runs replay them, a "
+             "fresh draw each phase, and the controller's running estimate sees that). Costs frozen: the shipped "
+             f"bundle `{last.costs}` (sha256 {str(last.costs_sha256)[:12]}, the committed file), fitted in an earlier "
+             "GPU session on this kind of device; nothing in this run was profiled or fitted. Predicted: every round "
+             "priced as `simtree bench-serve` prices a step (C_d of the tier run + C_v at the round's batch, nodes and "
+             "context, plus the catch-up after plain rounds) over the tokens the round accepted; the expected-acceptance "
+             "column divides by the tokens the controller expected instead (its running estimate, learned in the run). "
+             f"Report: `{command}`; run: `scripts/serve_live_full_gpu.sh`.", "",
              _verdict(df, err, model_err), "", *table]
     return "\n".join(lines) + "\n"
 
