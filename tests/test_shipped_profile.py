@@ -86,12 +86,22 @@ def test_refitting_the_shipped_profile_gives_the_shipped_bundle(machine, model, 
     out = tmp_path / f"{model}.json"
     report.bundle.save(out)
     stamp_caveat(out, machine)   # ship_defaults.sh stamps the deployments.yaml entry's caveat
-    # equal up to the solver's floating-point noise (about 1e-10 relative differs between BLAS builds)
-    refit = json.loads(out.read_text(), parse_float=_rounded)
-    shipped = json.loads(json.dumps(_bundle(machine, model, dep)), parse_float=_rounded)
+    # equal up to the solver's floating-point noise: the fitted values to 7 significant digits (about
+    # 1e-10 relative differs between BLAS builds); the held-out errors the fit scores its forms by to 4
+    # (a form's k folds are solved to the solver's tolerance, and its dependencies' releases move
+    # them by up to about 1e-5 relative: seen on the V4 moe form's p90)
+    refit = _rounded(json.loads(out.read_text()))
+    shipped = _rounded(json.loads(json.dumps(_bundle(machine, model, dep))))
     assert _without_source_path(refit) == _without_source_path(shipped)
 
 
-def _rounded(text: str) -> float:
-    """A JSON number to 7 significant digits."""
-    return float(f"{float(text):.7g}")
+def _rounded(value, digits: int = 7):
+    """``value`` (parsed JSON) with every float to ``digits`` significant digits, 4 under fit_error,
+    and below 1e-12 (microseconds and their coefficients) 0."""
+    if isinstance(value, dict):
+        return {k: _rounded(v, 4 if k == "fit_error" else digits) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_rounded(v, digits) for v in value]
+    if not isinstance(value, float):
+        return value
+    return 0.0 if abs(value) < 1e-12 else float(f"{value:.{digits}g}")   # a solver's zero (1.8e-16) is zero

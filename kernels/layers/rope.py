@@ -25,14 +25,15 @@ def inv_freq(rope_dim: int, theta: float, yarn: dict | None = None) -> np.ndarra
     """The rope_dim / 2 inverse frequencies theta^(-2i / rope_dim), YaRN-blended where ``yarn``
     ({factor, original_max_position_embeddings, beta_fast, beta_slow}; cos / sin unscaled: V4's
     compressed layers keep attention_factor 1).  Rounded to float32 as transformers keeps them;
-    the angles are then taken in float64."""
+    the angles are then taken in float64.  The float32 arithmetic is torch's, as transformers does
+    it (numpy's float32 power can differ from torch's in the last bit)."""
     if rope_dim < 2 or rope_dim % 2:
         raise SimtreeError(f"rope_dim must be even and >= 2, got {rope_dim}")
     d = int(rope_dim)
-    pos_freqs = np.float32(theta) ** (np.arange(0, d, 2, dtype=np.float32) / np.float32(d))
-    extra = (np.float32(1.0) / pos_freqs).astype(np.float32)
+    pos_freqs = float(theta) ** (torch.arange(0, d, 2, dtype=torch.float32) / d)
+    extra = 1.0 / pos_freqs
     if not yarn:
-        return extra.astype(np.float64)
+        return extra.numpy().astype(np.float64)
     factor = float(yarn["factor"])
     orig = float(yarn["original_max_position_embeddings"])
     fast, slow = float(yarn.get("beta_fast") or 32), float(yarn.get("beta_slow") or 1)
@@ -46,10 +47,9 @@ def inv_freq(rope_dim: int, theta: float, yarn: dict | None = None) -> np.ndarra
     low, high = max(low, 0), min(high, d - 1)
     if low == high:
         high += 0.001
-    ramp = np.clip((np.arange(d // 2, dtype=np.float32) - low) / (high - low), 0, 1).astype(np.float32)
-    keep = np.float32(1) - ramp
-    inter = (np.float32(1.0) / (np.float32(factor) * pos_freqs)).astype(np.float32)
-    return (inter * (np.float32(1) - keep) + extra * keep).astype(np.float32).astype(np.float64)
+    keep = 1 - torch.clamp((torch.arange(d // 2, dtype=torch.float32) - low) / (high - low), 0, 1)
+    inter = 1.0 / (factor * pos_freqs)
+    return (inter * (1 - keep) + extra * keep).numpy().astype(np.float64)
 
 
 class RopeTable:
