@@ -1,5 +1,5 @@
 # Sourced by the GPU session scripts (run from the repository root): gpu_install puts the wheels
-# shipped in .whl/ (if any) on PYTHONPATH via /tmp/site, then installs simtree itself editable;
+# shipped in .whl/ (if any; scripts/gpu_wheels.sh makes them) on PYTHONPATH via /tmp/site, then installs simtree itself editable;
 # its status is the editable install's.  gpu_log (below) starts a call's clock and its log.
 gpu_install() {
   if ls .whl/*.whl >/dev/null 2>&1; then
