@@ -29,18 +29,26 @@ gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
 case "$COSTS:$gpu" in *h100*:*H100*|*h200*:*H200*) ;; *) log "WARNING: $COSTS on a $gpu: another device's costs";; esac
 log "serve_live: qwen3.6-27b bf16, replay sharegpt, costs $COSTS (frozen), phases ${PHASES:-1,16,4,8,16,1}"
 left=$(( 285 - ($(date +%s) - START) )); [ "$left" -lt 60 ] && { log "only ${left}s left after the install: 60 s given"; left=60; }
+# in the background and waited for, so that a TERM to this script (an outer timeout) reaches it: bash
+# runs a trap only once its foreground command has returned
 timeout -k 5 "$left" python3 scripts/serve_live.py --model qwen3.6-27b --dtype bf16 \
     --replay sharegpt --random-prompts 256,511 --costs "$COSTS" --no-warmup --device cuda \
     --phases "${PHASES:-1,16,4,8,16,1}" --new-tokens "${NEW_TOKENS:-64}" --out "$RES/serve_live_full.csv" \
-    2>&1 | tee "$RES/serve_live.log"
-rc=${PIPESTATUS[0]}
+    > "$RES/serve_live.log" 2>&1 &
+child=$!
+trap 'kill -TERM "$child" 2>/dev/null; cat "$RES/serve_live.log"; exit 143' TERM
+wait "$child"; rc=$?
+trap - TERM
+cat "$RES/serve_live.log"
 [ "$rc" -ne 0 ] && log "serve_live exited with $rc (the phases it finished are in the CSV)"
 # then, in the time left (<= 60 s), the GPU case of tests/test_live_full.py: tiers switching under CUDA
 # graphs, each drafted round accepting its own tier's replay row (skipped where pytest is missing)
 left=$(( 292 - ($(date +%s) - START) )); [ "$left" -gt 60 ] && left=60
 if [ "$left" -gt 20 ] && python3 -c "import pytest" 2>/dev/null; then
   timeout -k 3 "$left" python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_live_full.py > "$RES/gpu_tests.log" 2>&1 \
-    && log "gpu test: $(tail -1 "$RES/gpu_tests.log")" || { log "gpu test FAILED"; tail -15 "$RES/gpu_tests.log"; }
+    && log "gpu test: $(tail -1 "$RES/gpu_tests.log")" \
+    || { trc=$?; [ "$trc" -eq 124 ] && log "gpu test timed out after ${left}s" || log "gpu test FAILED ($trc)"
+         tail -15 "$RES/gpu_tests.log"; }
 else
   log "gpu test skipped (${left}s left, or no pytest)"
 fi
