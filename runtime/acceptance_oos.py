@@ -190,13 +190,12 @@ def decode_halves(model_dir, settings: dict, prompt_ids: dict, traces=None, say=
     costs = load_costs(COSTS)
     halves = {}
     for workload, both in prompt_ids.items():
-        records = {} if starts is None else half_records(workload, starts[workload], *half_sizes(
-            settings, workload, development=starts[workload] is None))
+        records = {} if starts is None else half_records(workload, starts[workload], *map(len, both))
         for half, ids in zip(("calibration", "test"), both):
             halves[workload, half] = _decode_half(model, ids, _half_policies(settings, half), settings, workload, half,
                                                   traces, costs, say)
             if half in records:
-                halves[workload, half]["decoded"] = {**records[half], "prompts": len(ids)}
+                halves[workload, half]["decoded"] = records[half]
     if traces is not None:
         write_text_atomic(Path(traces) / "lossless.json", json.dumps(
             {f"{w} {h}": {"lossless": v["lossless"], "prompts": v["prompts"],

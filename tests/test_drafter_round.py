@@ -17,7 +17,6 @@ from simtree.planning.modes import PolicySpec
 from simtree.runtime.full.block_drafters import DrafterRound
 
 SIZES = {"block": {}, "tfm": dict(cand_k=16, adapter_dim=8), "dspark": dict(markov_rank=8)}
-TREE = ("tokens", "parents", "depth", "rank", "score", "valid")
 
 
 class _Output(NamedTuple):

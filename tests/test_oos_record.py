@@ -188,7 +188,7 @@ def test_a_development_table_reuses_its_own_traces(tmp_path, monkeypatch, capsys
     from simtree.runtime.acceptance_oos_prompts import DEVELOPMENT_WORKLOADS, development_prompts
     sizes = {w: oos.half_sizes(oos.FULL, w, development=True) for w in DEVELOPMENT_WORKLOADS}
     assert sizes == {"sharegpt": (64, 64), "humaneval": (16, 16)}
-    assert oos.half_sizes(oos.FULL, "sharegpt") == (oos.FULL["halves"]["sharegpt"][0], oos.FULL["halves"]["sharegpt"][1])
+    assert oos.half_sizes(oos.FULL, "sharegpt") == (128, 128)                   # the full halves, uncapped
     assert [len(h) for h in development_prompts("humaneval", *oos.half_sizes(oos.FULL, "humaneval"))] == [16, 16]
     with pytest.raises(SimtreeError, match="sharegpt_code has no development prompts"):
         oos.half_sizes(oos.FULL, "sharegpt_code", development=True)

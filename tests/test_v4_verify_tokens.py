@@ -20,16 +20,16 @@ def model():
 
 @pytest.mark.parametrize("mode, params", vt.SHAPES, ids=[m for m, _ in vt.SHAPES])
 def test_each_round_replays_the_engines_own_verify(model, mode, params):
-    """Every token set's argmax is of the tree's shape and in the vocabulary (else a 'bad
-    argmax' note), and the drafted tokens replayed over the state the round read give the
+    """Every token set's verify is finite and its argmax of the tree's shape (else a 'bad verify
+    output' note), and the drafted tokens replayed over the state the round read give the
     engine's verify output at every node."""
     rounds, B = 2, 2
     row = vt.verify_tokens_row(model, drafter_costs(), mode, params, B, rounds=rounds, context=24, graphs=False,
                                reps=1)
     assert set(row) == set(vt.COLUMNS)
-    assert "bad argmax" not in row["note"]
+    assert "bad verify output" not in row["note"]
     assert row["drafted_mismatch"] == 0, row["note"]
-    assert row["tokens_per_round"] == B * row["nodes"] and row["nodes"] >= 2
+    assert row["nodes"] >= 2
     assert 1 <= row["distinct_tokens_per_round"] <= B * row["nodes"]
     assert all(math.isfinite(row[f"{k}_ms"]) and row[f"{k}_ms"] > 0 for k in vt.TOKEN_SETS)
 

@@ -22,6 +22,8 @@ from pathlib import Path
 
 import pandas as pd
 
+from simtree.data import data_path
+from simtree.deploy.shipped import shipped_machine_for
 from simtree.errors import SimtreeError
 from simtree.fileio import write_text_atomic
 
@@ -138,11 +140,12 @@ def full_section(path: str | Path, command: str) -> str:
         raise SimtreeError(f"{path}: not a full-scale run (replayed acceptance, a bundle shipped in {SHIPPED_COSTS}): "
                            + (f"missing {', '.join(missing)}" if missing else f"acceptance {last.acceptance}, "
                               f"costs {last.costs}"))
-    shipped = Path(__file__).resolve().parents[1] / "data" / "costs" / Path(str(last.costs)).name   # the checkout's
+    shipped = data_path("costs", Path(str(last.costs)).name)      # this installation's committed bundle
     if not shipped.is_file() or hashlib.sha256(shipped.read_bytes()).hexdigest() != str(last.costs_sha256):
         raise SimtreeError(f"{path}: the run's bundle (sha256 {str(last.costs_sha256)[:12]}) is not the committed "
                            f"{SHIPPED_COSTS}{shipped.name}: not frozen")
-    if str(last.costs_device) != str(last.device):
+    kinds = [shipped_machine_for(str(d), "") for d in (last.costs_device, last.device)]   # h100, h200; "" unknown
+    if not kinds[0] or kinds[0] != kinds[1]:
         raise SimtreeError(f"{path}: costs fitted on {last.costs_device}, the run on {last.device}: another device's "
                            "costs")
     weights = "random weights" if str(last.weights) == "random" else f"weights from {last.weights}"
