@@ -23,7 +23,7 @@ go 1 -> 8 -> 2 -> 4 -> 8 -> 1 ...), on the cost bundle fitted to this runtime on
 
 At full scale (``scripts/serve_live_full_gpu.sh``): ``--model qwen3.6-27b --dtype bf16`` (random
 weights), ``--replay sharegpt`` (random weights accept nothing: each drafted tier's rounds accept
-as the modes runs replay them, :class:`simtree.runtime.full.measure._Source`'s stratified draws
+as the modes runs replay them, :class:`simtree.runtime.full.measure.AcceptanceSource`'s stratified draws
 from the workload's acceptance model, which the controller's running estimate then sees) and
 ``--costs`` a frozen shipped bundle: the report's full-scale section (out of sample).
 """
@@ -53,7 +53,7 @@ from simtree.runtime.full.drafting import round_shape
 from simtree.runtime.full.engine import draft_scratch_rows
 from simtree.runtime.full.generate import generate
 from simtree.runtime.full.lag import lag_rows
-from simtree.runtime.full.measure import _Source
+from simtree.runtime.full.measure import AcceptanceSource
 from simtree.runtime.bpe import BpeTokenizer
 from simtree.runtime.tokenizer import ByteTokenizer
 from simtree.serving.live_report import CATCH_UP_COLUMNS, COLUMNS, FROZEN_COLUMNS, FULL_COLUMNS
@@ -178,7 +178,7 @@ def main(argv=None) -> None:
     costs = load_costs(args.costs)
     costs_sha = hashlib.sha256(Path(args.costs).read_bytes()).hexdigest()
     ctl = live_controller(costs, args.replay or args.workload)     # a bad name stops before the model is built
-    replays = [_Source(None, args.replay, args.device, seed) if args.replay else None   # one draw per phase
+    replays = [AcceptanceSource(None, args.replay, args.device, seed) if args.replay else None   # one draw per phase
                for seed in range(len(phases) + 1)]
     model = build_model(args.model, device=args.device, dtype=DTYPES[args.dtype])
     buffer_rows = live_lag_rows(model, ctl)

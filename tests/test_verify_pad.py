@@ -138,8 +138,8 @@ def test_pad_round_pads_the_bucket_and_keeps_the_trees():
     padded_block = pad_round(block, 2, costs)      # priced on the envelope, so padded like the rest
     assert (padded_block.nodes, padded_block.tree_nodes, padded_block.spec) == (9, 6, block.spec)
     # the full runtime's runs take the padded bucket (measure's round shape, no acceptance model)
-    from simtree.runtime.full.measure import _Source, run_shape
-    shape = _Source(None, None, "cpu", 0).round_shape(EAGLE, 2, costs, 256.0)
+    from simtree.runtime.full.measure import AcceptanceSource, run_shape
+    shape = AcceptanceSource(None, None, "cpu", 0).round_shape(EAGLE, 2, costs, 256.0)
     assert (shape.nodes, shape.padded_from) == (9, 6)
     run = {"mode": "eagle", "params": EAGLE.to_dict(), "nodes": 9, "padded_from": 6}
     assert run_shape(run) == shape
@@ -331,10 +331,10 @@ def test_padded_adaptive_rounds_are_lossless(spec, name):
     each round's budgets still the rule's under the decision's cap, the output plain greedy's."""
     from simtree.costs.synthetic import synthetic_costs
     from simtree.runtime.full.engine import FullEngine
-    from simtree.runtime.full.measure import _Source
+    from simtree.runtime.full.measure import AcceptanceSource
 
     costly = synthetic_costs(weights_us=0.0, per_token_us=10.0)     # nodes cost: the budgets move
-    source = _Source(None, "sharegpt", "cpu", 0)
+    source = AcceptanceSource(None, "sharegpt", "cpu", 0)
     decision = source.round_shape(spec, 2, costly, 16.0)
     assert decision.padded_from == 0 and 2 < decision.nodes < decision.budget   # the rule's bucket, not the max
     costs = _PaddingCosts(costly, {"2": {str(decision.nodes): decision.nodes + 3}})

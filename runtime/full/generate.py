@@ -106,7 +106,7 @@ def generate(model, prompts: list[list[int]], max_new_tokens: int, spec: PolicyS
     position); ``progress(done_tokens)``: a callback.  ``controller``
     (:class:`simtree.control.Controller`, or any object with its ``tiers``, ``choose`` and
     ``observe``): each round runs the tier it chooses instead of ``spec``.  ``source(rs)``: the
-    acceptance source of round shape ``rs``'s rounds (a replay, e.g. ``measure._Source.make``;
+    acceptance source of round shape ``rs``'s rounds (a replay, e.g. ``measure.AcceptanceSource.make``;
     each drafted shape its own, :class:`.acceptance.ShapeSources`); default live (the target
     decides)."""
     if not prompts or any(len(p) == 0 for p in prompts):

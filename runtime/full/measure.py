@@ -62,7 +62,7 @@ from .drafting import RUNTIME_MODES, RoundShape, pad_round, round_shape
 from .report import EXTRA_COLUMNS, SUMMARY_COLUMNS, write_summary
 
 __all__ = ["full_run", "repredict", "run_shape", "runs_json", "measure_policy", "predict", "RunConfig",
-           "SUMMARY_COLUMNS", "EXTRA_COLUMNS", "PLAIN", "LINEAR_D4"]
+           "AcceptanceSource", "SUMMARY_COLUMNS", "EXTRA_COLUMNS", "PLAIN", "LINEAR_D4"]
 
 # rounds issued onto an idle device after each timed run: their issue time is the host_ms reported
 HOST_PROBE_ROUNDS = 5
@@ -88,7 +88,7 @@ def _rel(pred, meas) -> float:
     return (pred - meas) / meas if meas and math.isfinite(meas) and math.isfinite(pred) else float("nan")
 
 
-class _Source:
+class AcceptanceSource:
     """How each run gets its acceptance source, and the model its prediction uses."""
 
     def __init__(self, replay, acceptance, device, seed: int, sampling: str = "stratified"):
@@ -290,7 +290,8 @@ def _failed_row(run: dict, source_label: str, cfg: RunConfig) -> dict:
     return row
 
 
-def _rows(runs: list[dict], costs, source: "_Source", cfg: RunConfig, workload: str, notes: list) -> list[dict]:
+def _rows(runs: list[dict], costs, source: AcceptanceSource, cfg: RunConfig, workload: str,
+          notes: list) -> list[dict]:
     """One summary row per run, predictions from ``costs``; speed-ups against each batch's plain run."""
     rows = []
     for run in runs:
@@ -355,7 +356,7 @@ def full_run(model, *, device: str = "cuda", costs=None, policy=None, batch_size
         from simtree.planning.policy_file import Policy
         Policy.load(policy).check_rank_run(f"policy {policy}")
     costs = _load_costs(costs, required=False)
-    source = _Source(replay, acceptance, device, seed, sampling)
+    source = AcceptanceSource(replay, acceptance, device, seed, sampling)
     cfg = RunConfig(context_len or source.default_context(), rounds, warmup_rounds, seed, sampling, min_draws)
     if isinstance(model, str) or not hasattr(model, "verify"):
         shape = get_model(model) if isinstance(model, str) else model
@@ -464,7 +465,7 @@ def repredict(summary, costs, out=None) -> dict:
     # sessions from before the stratified replay drew independently
     cfg = RunConfig(cfg_d["context_len"], cfg_d["rounds"], cfg_d["warmup_rounds"], cfg_d["seed"],
                     cfg_d.get("sampling", "iid"))
-    source = _Source(cfg_d.get("replay"), cfg_d.get("acceptance"), "cpu", cfg.seed, cfg.sampling)
+    source = AcceptanceSource(cfg_d.get("replay"), cfg_d.get("acceptance"), "cpu", cfg.seed, cfg.sampling)
     runs = []
     for run in summary["runs"]:
         run = dict(run)

@@ -25,7 +25,7 @@ from simtree.errors import SimtreeError
 from simtree.planning.modes import PolicySpec
 
 from .block_engine import make_engine
-from .measure import _Source
+from .measure import AcceptanceSource
 
 __all__ = ["SHAPES", "TOKEN_SETS", "COLUMNS", "token_sets", "check_replay", "verify_tokens_row"]
 
@@ -164,7 +164,7 @@ def verify_tokens_row(model, costs, mode: str, params: dict, batch_size: int, ro
     the engine keeps its graphs); ``reps``: replays per token set and round (their median)."""
     cuda = model.device.type == "cuda"
     spec = PolicySpec.from_dict(mode, params)
-    source = _Source(None, "gsm8k", str(model.device), seed, "stratified")
+    source = AcceptanceSource(None, "gsm8k", str(model.device), seed, "stratified")
     rs = source.round_shape(spec, batch_size, costs, context)
     src = source.make(rs, batch_size, rounds + 2, costs, context)
     max_len = context + (rounds + 6) * rs.path_rows + 8
