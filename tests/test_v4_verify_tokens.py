@@ -4,12 +4,14 @@ an index out of range is an IndexError where it happens, not a device-side asser
 from __future__ import annotations
 
 import math
+import sys
 
 import pytest
 import torch
 
 from full_helpers import drafter_costs, tiny_model
 from simtree.errors import SimtreeError
+from simtree.runtime.full import engine as full_engine
 from simtree.runtime.full import verify_tokens as vt
 
 
@@ -19,13 +21,26 @@ def model():
 
 
 @pytest.mark.parametrize("mode, params", vt.SHAPES, ids=[m for m, _ in vt.SHAPES])
-def test_each_round_replays_the_engines_own_verify(model, mode, params):
+def test_each_round_replays_the_engines_own_verify(model, mode, params, monkeypatch):
     """Every token set's verify is finite and its argmax of the tree's shape (else a 'bad verify
-    output' note), and the drafted tokens replayed over the state the round read give the
-    engine's verify output at every node."""
+    output' note), the drafted tokens replayed over the state the round read give the engine's
+    verify output at every node, and every replay calls the verify with the engine's own
+    arguments (a block drafter's layer taps)."""
+    calls = {full_engine.__name__: [], vt.__name__: []}
+    verify = type(model).verify
+
+    def spy(self, st, tokens, parents, **kw):
+        calls.get(sys._getframe(1).f_globals["__name__"], []).append(kw)
+        return verify(self, st, tokens, parents, **kw)
+
+    monkeypatch.setattr(type(model), "verify", spy)
     rounds, B = 2, 2
     row = vt.verify_tokens_row(model, drafter_costs(), mode, params, B, rounds=rounds, context=24, graphs=False,
                                reps=1)
+    engine_kw, replay_kw = calls[full_engine.__name__], calls[vt.__name__]
+    assert len(replay_kw) == rounds * len(vt.TOKEN_SETS)
+    assert engine_kw and all(kw == engine_kw[0] for kw in engine_kw + replay_kw)
+    assert bool(engine_kw[0].get("taps")) == (mode in ("block", "dspark"))
     assert set(row) == set(vt.COLUMNS)
     assert "bad verify output" not in row["note"]
     assert row["drafted_mismatch"] == 0, row["note"]

@@ -4,8 +4,8 @@
     row = verify_tokens_row(model, costs, "block", {"budget": 8, "block_len": 7}, batch_size=8)
 
 Per run shape, the engine runs ``rounds`` rounds (CUDA graphs where it can); each round's verify
-is replayed alone (one CUDA graph of ``model.verify``, or eagerly) on token sets of that round's
-tree shape (:data:`TOKEN_SETS`), over the state that round's verify read: the target's state is
+is replayed alone (one CUDA graph of ``model.verify`` with the engine's own verify arguments - a
+block drafter's layer taps -, or eagerly) on token sets of that round's tree shape (:data:`TOKEN_SETS`), over the state that round's verify read: the target's state is
 kept before the round and put back for the replays (after the round's commit the lengths have
 moved on and the window ring holds the accepted rows, so a replay over it would verify other
 positions than the run did).  Each replay's inputs are checked on the host first (tokens in the
@@ -101,16 +101,17 @@ def check_replay(tokens: torch.Tensor, parents: torch.Tensor, lengths: torch.Ten
                            f"{max_len} tokens")
 
 
-def _verify_replayer(model, st, tokens: torch.Tensor, parents: torch.Tensor, cuda: bool):
-    """(tokens buffer, replay(), out): the target's verify over a fixed tree, its argmax in
-    ``out["next"]`` [B * n]; one CUDA graph where ``cuda`` (else eager: launches overlap the
-    device's work, so a step of tens of ms times about as its graph does)."""
+def _verify_replayer(model, st, tokens: torch.Tensor, parents: torch.Tensor, cuda: bool, verify_kw: dict):
+    """(tokens buffer, replay(), out): the target's verify over a fixed tree, called as the
+    engine calls it (``verify_kw``: the engine's), its argmax in ``out["next"]`` [B * n]; one
+    CUDA graph where ``cuda`` (else eager: launches overlap the device's work, so a step of tens
+    of ms times about as its graph does)."""
     buf = tokens.clone()
     par = parents.clone()
     out = {}
 
     def verify():
-        hidden, _ = model.verify(st, buf, par)
+        hidden, _ = model.verify(st, buf, par, **verify_kw)
         out["next"] = model.greedy(hidden)
         out["finite"] = torch.isfinite(hidden).all()      # read after the timed replays
 
@@ -136,15 +137,16 @@ def token_sets(tokens: torch.Tensor, vocab: int, gen: torch.Generator) -> dict:
             "one_token": torch.full_like(tokens, int(tokens[0, 0]))}
 
 
-def _replay_round(model, st, tokens, parents, engine_next, gen, graphs: bool, reps: int, times: dict,
-                  notes: list) -> int:
-    """Every token set through the round's verify (state as the round read it): times appended to
-    ``times``, bad outputs to ``notes``; -> the nodes where ``drafted`` differs from the engine."""
+def _replay_round(model, st, verify_kw: dict, tokens, parents, engine_next, gen, graphs: bool, reps: int,
+                  times: dict, notes: list) -> int:
+    """Every token set through the round's verify (state as the round read it, the engine's
+    ``verify_kw``): times appended to ``times``, bad outputs to ``notes``; -> the nodes where
+    ``drafted`` differs from the engine."""
     cuda = model.device.type == "cuda"
     sets = token_sets(tokens, model.vocab, gen)
     # the tree and positions are every set's; the other sets' tokens are the drafted ones or drawn in range
     check_replay(tokens, parents, st.lengths, model.vocab, st.max_len)
-    buf, replay, out = _verify_replayer(model, st, tokens, parents, cuda and graphs)
+    buf, replay, out = _verify_replayer(model, st, tokens, parents, cuda and graphs, verify_kw)
     mismatch = 0
     for name, toks in sets.items():
         buf.copy_(toks)
@@ -185,7 +187,8 @@ def verify_tokens_row(model, costs, mode: str, params: dict, batch_size: int, ro
         after = _snapshot(engine.st)
         _restore(engine.st, before)         # the state this round's verify read
         distinct.append(int(torch.unique(tokens).numel()))
-        mismatch += _replay_round(model, engine.st, tokens, parents, engine_next, gen, graphs, reps, times, notes)
+        mismatch += _replay_round(model, engine.st, engine.verify_kw, tokens, parents, engine_next, gen, graphs, reps,
+                                  times, notes)
         _restore(engine.st, after)
         del before, after
     stats = engine.stats(1.0)
