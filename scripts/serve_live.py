@@ -30,7 +30,6 @@ from the workload's acceptance model, which the controller's running estimate th
 from __future__ import annotations
 
 import argparse
-import gc
 import hashlib
 import json
 import time
@@ -50,7 +49,7 @@ from simtree.fileio import write_atomic
 from simtree.planning.modes import NoneParams
 from simtree.runtime.full.build import DTYPES, build_model
 from simtree.runtime.full.drafting import round_shape
-from simtree.runtime.full.engine import draft_scratch_rows
+from simtree.runtime.full.engine import draft_scratch_rows, release_memory, sync_device
 from simtree.runtime.full.generate import generate
 from simtree.runtime.full.lag import lag_rows
 from simtree.runtime.full.measure import AcceptanceSource
@@ -100,19 +99,6 @@ def _prompts(count: int, workload: str, model: str, prompts_file: str | None,
     except Exception as exc:   # the data extra is missing: random byte prompts, said in the CSV
         print(f"prompts: {workload} unavailable ({exc}); random byte prompts")
     return _random_prompts(count, 24, 160), "random"
-
-
-def _sync(device: str) -> None:
-    if device.startswith("cuda"):
-        torch.cuda.synchronize()
-
-
-def _release(device: str) -> None:
-    """A finished engine's graphs and their memory pools freed before the next is built (a
-    full-scale target leaves little room beside its weights)."""
-    gc.collect()
-    if device.startswith("cuda"):
-        torch.cuda.empty_cache()
 
 
 def live_controller(costs, workload: str) -> Controller:
@@ -192,20 +178,20 @@ def main(argv=None) -> None:
     for b in sorted(set(phases)) if args.warmup else []:
         for tier in ctl.tiers:
             generate(model, ids[:b], 4, tier.spec, costs=costs, source=acceptance(b, replays[-1]))
-            _release(args.device)
+            release_memory()
     rows, start = [], 0
     for i, b in enumerate(phases):
         rec = Recording(ctl)
         switches0 = ctl.switches
         if args.device.startswith("cuda"):
             torch.cuda.reset_peak_memory_stats()       # the phase's own peak on its line
-        _sync(args.device)
+        sync_device(args.device)
         t0 = time.perf_counter()
         res = generate(model, ids[start:start + b], args.new_tokens, NoneParams(), costs=costs, controller=rec,
                        source=acceptance(b, replays[i]))
-        _sync(args.device)
+        sync_device(args.device)
         wall_s = time.perf_counter() - t0
-        _release(args.device)
+        release_memory()
         start += b
         decode_us = sum(r.round_ms for r in res.rounds) * 1e3
         gained = sum(float(np.mean(r.accepted)) + 1.0 for r in res.rounds)   # tokens per sequence

@@ -48,6 +48,7 @@ and what the host reads back are :mod:`.rounds`'s (:class:`.rounds.EngineRounds`
 """
 from __future__ import annotations
 
+import gc
 import math
 import traceback
 
@@ -64,7 +65,8 @@ from .lag import DraftLag
 from .layout import RoundLayout
 from .rounds import LOG_CAP, OUT_CAP, EngineRounds, RunStats
 
-__all__ = ["FullEngine", "RunStats", "PREFILL_CHUNK", "OUT_CAP", "draft_scratch_rows"]
+__all__ = ["FullEngine", "RunStats", "PREFILL_CHUNK", "OUT_CAP", "draft_scratch_rows", "sync_device",
+           "release_memory"]
 
 PREFILL_CHUNK = 64      # prompt tokens per sequence per prefill verify (the GDN kernels' decode sizes)
 
@@ -74,6 +76,20 @@ def draft_scratch_rows(shapes) -> int:
     widest MTP-drafted round's, or a prefill chunk's (an engine's lag buffer is at most this:
     :func:`.lag.lag_rows`)."""
     return max([s.scratch_rows for s in shapes if not s.plain and not s.block_drafter] + [PREFILL_CHUNK])
+
+
+def sync_device(device) -> None:
+    """Waits for the work queued on ``device`` (a torch.device or its name; a no-op off CUDA)."""
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize()
+
+
+def release_memory() -> None:
+    """A finished engine's CUDA graphs and their memory pools freed before the next is built (a
+    full-scale target leaves little room beside its weights)."""
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
 
 
 class FullEngine(EngineRounds):

@@ -35,7 +35,7 @@ from simtree.planning.modes import PolicySpec
 from .acceptance import ShapeSources
 from .block_engine import make_engine
 from .drafting import pad_round, round_shape
-from .engine import OUT_CAP
+from .engine import OUT_CAP, sync_device
 from .round_trace import round_records
 
 __all__ = ["RoundStats", "GenerationResult", "generate", "greedy_decode", "check_fits", "check_spec", "state_rows", "TRACE_TOPK"]
@@ -70,11 +70,6 @@ def state_rows(prompts, rs, max_new_tokens: int) -> int:
     """Cache rows per sequence: a sequence keeps decoding until the slowest has its tokens,
     gaining at most a round's accepted path each round."""
     return max(map(len, prompts)) + rs.path_rows * (max_new_tokens + 1) + 2
-
-
-def _sync(device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize()
 
 
 def check_spec(spec) -> PolicySpec:
@@ -127,10 +122,10 @@ def generate(model, prompts: list[list[int]], max_new_tokens: int, spec: PolicyS
     engine = make_engine(model, rs, B, state_rows(prompts, widest, max_new_tokens),
                          ShapeSources(drafted) if drafted else None, costs=costs, shapes=shapes, trace_topk=topk)
     engine.capture()
-    _sync(engine.device)
+    sync_device(engine.device)
     t0 = time.perf_counter()
     engine.prefill(prompts)
-    _sync(engine.device)
+    sync_device(engine.device)
     prefill_ms = (time.perf_counter() - t0) * 1e3
     lens = np.ones(B, np.int64)     # outputs per sequence (the prefill made the first)
     prompt_lens = np.array([len(p) for p in prompts], np.int64)

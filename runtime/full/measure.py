@@ -37,7 +37,6 @@ one-line reason, and the next run goes on.
 from __future__ import annotations
 
 import contextlib
-import gc
 import json
 import math
 import time
@@ -59,6 +58,7 @@ from .acceptance import SAMPLINGS, Live, ModelReplay, StratifiedReplay, TraceRep
 from .block_engine import check_block_len, make_engine
 from .build import build_model
 from .drafting import RUNTIME_MODES, RoundShape, pad_round, round_shape
+from .engine import release_memory
 from .report import EXTRA_COLUMNS, SUMMARY_COLUMNS, write_summary
 
 __all__ = ["full_run", "repredict", "run_shape", "runs_json", "measure_policy", "predict", "RunConfig",
@@ -173,9 +173,7 @@ def measure_policy(model, rs: RoundShape, batch_size: int, source, cfg: RunConfi
         return stats, engine.graphs is not None
     finally:
         del engine
-        gc.collect()               # the engine's graphs and their memory pool go with it
-        if torch.cuda.is_available():
-            torch.cuda.empty_cache()
+        release_memory()
 
 
 NO_PREDICTION = {"predicted_round_ms": float("nan"), "predicted_tok_s": float("nan"), "predicted_accepted": float("nan")}

@@ -28,7 +28,6 @@ hold random content (``FullEngine.fill_context``), as the replayed runs do.
 """
 from __future__ import annotations
 
-import gc
 import math
 from dataclasses import dataclass
 
@@ -38,7 +37,7 @@ from simtree.errors import SimtreeError
 
 from .acceptance import DraftScores, TraceReplay
 from .drafting import RoundShape
-from .engine import FullEngine
+from .engine import FullEngine, release_memory
 
 __all__ = ["Step", "verify_step", "draft_step", "tree_round_shape"]
 
@@ -100,9 +99,7 @@ class Step:
 
     def close(self) -> None:
         self.engine = self._fns = None
-        gc.collect()
-        if torch.cuda.is_available():
-            torch.cuda.empty_cache()
+        release_memory()
 
 
 def _engine(model, rs: RoundShape, batch_size: int, context_len: int, depth: int, seed: int,
