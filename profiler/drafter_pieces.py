@@ -82,7 +82,6 @@ class DraftInputs:
     F*h] (``n_new`` [B] real), the anchors [B], the tree buffers [B, tree_nodes], ``lengths0``
     the committed context each replay starts from."""
 
-    family: str
     cfg: DrafterConfig
     w: dict
     state: BackboneState
@@ -120,7 +119,7 @@ def drafter_inputs(ctx: Ctx, p: Point) -> DraftInputs:
     for c in st.caches:
         c.normal_(generator=ctx.gen(47))
     nodes = L + 1 if family == "dspark" else p.nodes_per_seq
-    return DraftInputs(family, cfg, w, st, rope, feats, n_new, anchor, TreeBuffers.empty(b, nodes, dev),
+    return DraftInputs(cfg, w, st, rope, feats, n_new, anchor, TreeBuffers.empty(b, nodes, dev),
                        st.lengths.clone(), nodes, k if family == "tfm" else 1, k)
 
 
@@ -128,7 +127,7 @@ def run_round(x: DraftInputs) -> DraftedRound:
     """One round: the lengths reset, the backbone forward, the runtime's draft part into ``x.tree``."""
     x.state.lengths.copy_(x.lengths0)
     hid = backbone_forward(x.w, x.cfg, x.state, x.rope, x.feats, x.n_new, x.anchor)
-    return draft_round(x.family, x.w, x.cfg, hid, x.anchor, x.tree, DraftShape(x.tree_nodes, x.width, x.topk),
+    return draft_round(x.cfg.family, x.w, x.cfg, hid, x.anchor, x.tree, DraftShape(x.tree_nodes, x.width, x.topk),
                        keep=DSPARK_KEEP)
 
 
