@@ -74,7 +74,8 @@ from simtree.fileio import read_json, write_text_atomic
 
 from .acceptance_oos_prompts import (CODE_START, CODE_WORKLOADS, DEVELOPMENT_WORKLOADS, HALVES, HUMANEVAL_START,
                                      OOS_WORKLOADS, SEEN_SHAREGPT, SHAREGPT_START, code_prompts, development_prompts,
-                                     development_sizes, held_out_prompts, prompt_status)
+                                     development_sizes, half_spans, held_out_prompts, prompt_status,
+                                     status_of_test_half)
 from .acceptance_oos_record import half_records
 from .acceptance_oos_text import text_features, tokenizer_words
 from .bpe import BpeTokenizer
@@ -85,7 +86,7 @@ __all__ = ["run_oos", "analyse", "decode_halves", "load_halves", "table_prompts"
            "prompt_token_ids", "held_out_prompts", "development_prompts",
            "prompt_status", "predicted_accepted", "DEFAULT_MODEL", "LINEAR", "TREES", "COSTS", "SEEN_SHAREGPT",
            "SHAREGPT_START", "CODE_START", "HUMANEVAL_START", "CHAIN", "SHIFT_SHARE", "SHIFT_SEED", "code_prompts",
-           "half_sizes", "HALVES"]
+           "half_sizes", "table_halves", "table_spans", "HALVES"]
 
 DEFAULT_MODEL = data_path("models", "qwen3.5-tiny-sharegpt")
 LINEAR = [("linear", {"budget": 4}), ("linear", {"budget": 8}), ("linear", {"budget": 16})]
@@ -118,23 +119,45 @@ def half_sizes(settings: dict, workload: str, development: bool = False) -> tupl
     return development_sizes(workload, *sizes) if development else sizes
 
 
+def table_halves(settings: dict, starts: dict | None, workloads=None) -> tuple[dict, dict]:
+    """({workload: first prompt index, None for the development prompts}, {workload: (calibration
+    prompts, test prompts)}) of the table's halves under ``settings`` (:func:`half_sizes`): of
+    ``workloads`` (default :data:`OOS_WORKLOADS` from ``starts[workload]``, or with ``starts`` None
+    :data:`DEVELOPMENT_WORKLOADS`' development prompts).  What the command line checks a reuse
+    against and :func:`run_oos` decodes."""
+    development = starts is None
+    if workloads is None:
+        workloads = DEVELOPMENT_WORKLOADS if development else OOS_WORKLOADS
+    return ({w: None if development else starts[w] for w in workloads},
+            {w: half_sizes(settings, w, development) for w in workloads})
+
+
+def table_spans(starts: dict, sizes: dict) -> dict:
+    """{workload: {"calibration": (first, last), "test": (first, last)}} held-out index of each
+    half (:func:`half_spans`; ``starts``, ``sizes``: :func:`table_halves`'), the workloads with a
+    start only: what the rows' labels, the kept halves' records and the summary's words read."""
+    return {w: half_spans(w, s, *sizes[w]) for w, s in starts.items() if s is not None}
+
+
 def table_prompts(settings: dict, starts: dict | None, workloads=OOS_WORKLOADS) -> dict:
-    """{workload: (calibration prompts, test prompts)} of each workload's halves (:func:`half_sizes`):
+    """{workload: (calibration prompts, test prompts)} of each workload's halves (:func:`table_halves`):
     held-out prompts from ``starts[workload]`` on (:func:`held_out_prompts`); ``starts`` None: the
     development prompts (:func:`development_prompts`)."""
-    sizes = {w: half_sizes(settings, w, development=starts is None) for w in workloads}
+    first, sizes = table_halves(settings, starts, workloads)
     if starts is None:
         return {w: development_prompts(w, *n) for w, n in sizes.items()}
-    return {w: held_out_prompts(w, cal, starts[w], test) for w, (cal, test) in sizes.items()}
+    return {w: held_out_prompts(w, cal, first[w], test) for w, (cal, test) in sizes.items()}
 
 
-def table_status(settings: dict, starts: dict | None) -> dict:
+def table_status(settings: dict, starts: dict | None, spans: dict | None = None) -> dict:
     """{workload: "fresh" | "seen"}, the label of a workload's out-of-sample rows: its test half's
-    (:func:`prompt_status` of the halves from ``starts[workload]``); ``starts`` None (the development
-    prompts): seen."""
+    (:func:`prompt_status` of the halves from ``starts[workload]``; ``spans``: their
+    :func:`table_spans`, found here when not given); ``starts`` None (the development prompts):
+    seen."""
     if starts is None:
         return {w: "seen" for w in OOS_WORKLOADS}
-    return {w: prompt_status(w, s, *half_sizes(settings, w)) for w, s in starts.items()}
+    spans = table_spans(*table_halves(settings, starts, list(starts))) if spans is None else spans
+    return {w: status_of_test_half(w, spans[w]["test"]) for w in starts}
 
 
 def _half_dir(traces, workload: str, half: str):
@@ -177,20 +200,22 @@ def predicted_accepted(model, run: dict, costs=None) -> float:
 
 
 def decode_halves(model_dir, settings: dict, prompt_ids: dict, traces=None, say=print,
-                  starts: dict | None = None) -> dict:
+                  starts: dict | None = None, spans: dict | None = None) -> dict:
     """{(workload, half): {"runs", "drafts", "lossless", "prompts"}}: each workload's two halves
     (``prompt_ids``: {workload: (calibration prompts, test prompts)} as token ids,
     :func:`prompt_token_ids`) decoded live, the calibration half with ``LINEAR``, the test half
     with ``LINEAR`` and the trees, each once more as a drafting pass; ``traces``: keep the traces
     there (with ``lossless.json``, which :func:`load_halves` reads back, and each half's record of
     what it decoded: ``starts`` {workload: first index, None for the development prompts},
-    :mod:`.acceptance_oos_record`)."""
+    :mod:`.acceptance_oos_record`; ``spans``: the halves' :func:`table_spans`, found there when not
+    given)."""
     torch.set_num_threads(1)
     model = build_model(str(model_dir), device="cpu", dtype=torch.float32)
     costs = load_costs(COSTS)
     halves = {}
     for workload, both in prompt_ids.items():
-        records = {} if starts is None else half_records(workload, starts[workload], *map(len, both))
+        records = {} if starts is None else half_records(workload, starts[workload], *map(len, both),
+                                                         spans=(spans or {}).get(workload))
         for half, ids in zip(("calibration", "test"), both):
             halves[workload, half] = _decode_half(model, ids, _half_policies(settings, half), settings, workload, half,
                                                   traces, costs, say)
@@ -353,19 +378,20 @@ def run_oos(model_dir, settings: dict, starts: dict | None, traces=None, reuse_t
     (:func:`decode_halves`, the traces kept under ``traces``) or read back from the traces an earlier
     run kept under ``reuse_traces`` (:func:`load_halves`: the workloads it holds), then
     :func:`analyse` (``earlier``: the model of decisions 1-9) with each workload's label
-    (:func:`table_status`).  Beside the analysis: ``"status"``, ``"halves"`` and ``"prompt_texts"``
-    ({workload: (calibration texts, test texts)})."""
-    status = table_status(settings, starts)
-    workloads = kept_workloads(reuse_traces) if reuse_traces else \
-        (DEVELOPMENT_WORKLOADS if starts is None else OOS_WORKLOADS)
+    (:func:`table_status`).  Beside the analysis: ``"status"``, ``"halves"``, ``"prompt_texts"``
+    ({workload: (calibration texts, test texts)}) and ``"spans"`` (:func:`table_spans`)."""
+    first, sizes = table_halves(settings, starts)
+    spans = table_spans(first, sizes)       # the halves' ranges, each found once
+    status = table_status(settings, starts, spans)
+    workloads = kept_workloads(reuse_traces) if reuse_traces else list(first)
     texts = table_prompts(settings, starts, workloads)
     prompt_ids, words = prompt_token_ids(model_dir, texts)
     if reuse_traces:
         halves = load_halves(reuse_traces, settings, prompt_ids)
     else:
-        kept_starts = {w: None if starts is None else starts[w] for w in workloads}
-        halves = decode_halves(model_dir, settings, prompt_ids, traces, say, kept_starts)
-    return {**analyse(halves, status, words, earlier), "status": status, "halves": halves, "prompt_texts": texts}
+        halves = decode_halves(model_dir, settings, prompt_ids, traces, say, {w: first[w] for w in workloads}, spans)
+    return {**analyse(halves, status, words, earlier), "status": status, "halves": halves, "prompt_texts": texts,
+            "spans": spans}
 
 
 if __name__ == "__main__":

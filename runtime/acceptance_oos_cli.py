@@ -19,11 +19,11 @@ from simtree.fileio import write_text_atomic
 
 from . import acceptance_oos as oos
 
-from .acceptance_oos import CHAIN, COSTS, DEFAULT_MODEL, FULL, LINEAR, QUICK, SHIFT_SHARE, half_sizes, run_oos
+from .acceptance_oos import CHAIN, COSTS, DEFAULT_MODEL, FULL, LINEAR, QUICK, SHIFT_SHARE, run_oos, table_halves
 from .acceptance_oos_drafters import decode_drafters, drafter_table, load_drafters
 from .acceptance_oos_record import check_reuse
-from .acceptance_oos_prompts import (CODE_START, DEVELOPMENT_WORKLOADS, HUMANEVAL_START, OOS_WORKLOADS, SEEN_CODE,
-                                     SEEN_DRAFTER, SEEN_SHAREGPT, SHAREGPT_START, distinct_chat_prompts, drafter_status,
+from .acceptance_oos_prompts import (CODE_START, HUMANEVAL_START, OOS_WORKLOADS, SEEN_CODE, SEEN_DRAFTER, SEEN_SHAREGPT,
+                                     SHAREGPT_START, distinct_chat, drafter_test_status, held_out_loss_indices,
                                      held_out_loss_prompts, training_overlap)
 from .acceptance_oos_report import adaptive_grid_note, drafters_line, header, prompts_line
 from .target_trace import policy_name
@@ -53,19 +53,24 @@ def parse_halves(values) -> dict:
     return out
 
 
-def _drafter_runs(args, drafters, settings) -> dict:
-    """The block drafters' runs: read back from ``--reuse-traces``/drafters where it holds them,
-    else decoded (their traces kept under ``--traces``/drafters, else in a scratch folder)."""
-    if args.reuse_traces and (Path(args.reuse_traces) / "drafters" / "drafters.json").is_file():
-        return load_drafters(Path(args.reuse_traces) / "drafters", drafters)
-    n = _drafter_counts(args)
-    tokens = 16 if args.quick else settings["max_new_tokens"]
+def _drafter_runs(args, drafters, settings) -> tuple[dict, str, tuple[list[str], list[int]]]:
+    """(the block drafters' runs, their test half's status, its prompts and their held-out indices):
+    the runs read back from ``--reuse-traces``/drafters where it holds them, else decoded (their
+    traces kept under ``--traces``/drafters, else in a scratch folder); each half's prompts found
+    once, for the status (:func:`.acceptance_oos_prompts.drafter_test_status`: test prompts that
+    overlap the calibration prompts stop the table, before any decoding) and the decode."""
+    kept = Path(args.reuse_traces) / "drafters" if args.reuse_traces else None
+    runs = load_drafters(kept, drafters) if kept is not None and (kept / "drafters.json").is_file() else None
+    n = _drafter_counts(args) if runs is None else {h: int(k) for h, k in runs["prompts"].items()}
     starts = {"calibration": args.drafter_calibration_start, "test": args.drafter_start}
-    # overlapping halves: one line
-    drafter_status(args.drafter_start, args.drafter_calibration_start, n["test"], n["calibration"])
-    prompts = {h: distinct_chat_prompts(starts[h], n[h])[0] for h in ("calibration", "test")}
-    where = Path(args.traces) / "drafters" if args.traces else Path(tempfile.mkdtemp(prefix="drafters_"))
-    return decode_drafters(args.model, drafters, prompts, tokens, where, starts=starts)
+    chat = {h: distinct_chat(starts[h], n[h]) for h in ("calibration", "test")}
+    status = drafter_test_status(*((starts[h], chat[h][1][-1]) for h in ("test", "calibration")))
+    if runs is None:
+        tokens = 16 if args.quick else settings["max_new_tokens"]
+        where = Path(args.traces) / "drafters" if args.traces else Path(tempfile.mkdtemp(prefix="drafters_"))
+        runs = decode_drafters(args.model, drafters, {h: texts for h, (texts, _) in chat.items()}, tokens, where,
+                               starts=starts)
+    return runs, status, chat["test"]
 
 
 def _drafter_counts(args) -> dict:
@@ -117,12 +122,10 @@ def main(argv=None) -> int:
             settings["halves"] = {**FULL["halves"], **parse_halves(args.prompts)}
         if min(args.drafter_prompts, args.drafter_calibration_prompts) < 1:
             raise SimtreeError("--drafter-prompts and --drafter-calibration-prompts: whole numbers >= 1")
-        sizes = {w: half_sizes(settings, w, args.development)   # the development prompts hold fewer
-                 for w in (DEVELOPMENT_WORKLOADS if args.development else starts)}
+        kept_starts, sizes = table_halves(settings, None if args.development else starts)   # run_oos decodes these
         if "mtp" not in args.drafters.split(",") or set(block_drafters) - {"block", "dspark"}:
             raise SimtreeError(f"--drafters {args.drafters!r}: expected mtp and any of block, dspark (TfM traces carry "
                                "no marginal ranks)")
-        kept_starts = {w: None if args.development else starts[w] for w in sizes}
         # a kept folder decoded from other prompts stops here; one that records none: the command's starts
         unrecorded = [] if not args.reuse_traces else check_reuse(
             args.reuse_traces, kept_starts, sizes,
@@ -137,18 +140,14 @@ def main(argv=None) -> int:
         if "sharegpt" in overlap:                    # the test half's prompts the target's held-out loss read
             cal, test = sizes["sharegpt"]
             overlap["sharegpt"]["held_out_loss"] = held_out_loss_prompts(args.sharegpt_start, cal + test, skip=cal)
-        line = prompts_line(args, sizes, status, overlap, ("sharegpt_code", "test") in halves)
+        line = prompts_line(args, sizes, status, overlap, ("sharegpt_code", "test") in halves, res["spans"])
         line += " " + adaptive_grid_note(halves, load_costs(COSTS).verify.valid_range)
         if block_drafters:
-            res["drafters"] = _drafter_runs(args, block_drafters, settings)
-            d_status = drafter_status(args.drafter_start, args.drafter_calibration_start,
-                                      int(res["drafters"]["prompts"]["test"]),
-                                      int(res["drafters"]["prompts"]["calibration"]))
+            res["drafters"], d_status, (test_texts, test_indices) = _drafter_runs(args, block_drafters, settings)
             res["table"] = pd.concat([res["table"], drafter_table(res["drafters"], d_status)], ignore_index=True)
             res["summary"] = oos_summary(res["table"])
-            n_test = int(res["drafters"]["prompts"]["test"])
-            overlap["drafters"] = {"test": training_overlap(distinct_chat_prompts(args.drafter_start, n_test)[0]),
-                                   "held_out_loss": held_out_loss_prompts(args.drafter_start, n_test)}
+            overlap["drafters"] = {"test": training_overlap(test_texts),
+                                   "held_out_loss": held_out_loss_indices(test_indices)}
             line += " " + drafters_line(args, res["drafters"], d_status, overlap["drafters"])
         out, df, s = Path(args.out), res["table"], res["summary"]
         csv_text, md_text, info = _report(args, res, settings, status, starts, overlap, unrecorded, line,

@@ -26,10 +26,12 @@ from simtree.errors import SimtreeError, check_whole
 from .data import (HELD_OUT_RECORDS, PROMPT_CHARS, held_out_conversations, humaneval_problems, opening_human_turn,
                    prompts as load_prompts, training_docs, training_records)
 
-__all__ = ["OOS_WORKLOADS", "DEVELOPMENT_WORKLOADS", "CODE_WORKLOADS", "held_out_prompts", "distinct_chat_prompts", "code_prompts", "development_prompts", "development_sizes",
-           "prompt_status", "drafter_status", "training_overlap", "SEEN_SHAREGPT", "SEEN_DRAFTER", "DECODED",
-           "CURRENT", "chat_span", "held_out_loss_span", "held_out_loss_prompts", "code_span", "span_of_test_half", "SHAREGPT_START", "CODE_START", "SEEN_CODE",
-           "HUMANEVAL_START", "TRAINING_CONVERSATIONS", "HALVES"]
+__all__ = ["OOS_WORKLOADS", "DEVELOPMENT_WORKLOADS", "CODE_WORKLOADS", "held_out_prompts", "distinct_chat_prompts",
+           "distinct_chat", "code_prompts", "development_prompts", "development_sizes", "prompt_status",
+           "status_of_test_half", "drafter_status", "drafter_test_status", "training_overlap", "SEEN_SHAREGPT",
+           "SEEN_DRAFTER", "DECODED", "CURRENT", "chat_span", "held_out_loss_span", "held_out_loss_prompts",
+           "held_out_loss_indices", "code_span", "half_spans", "span_of_test_half", "SHAREGPT_START", "CODE_START",
+           "SEEN_CODE", "HUMANEVAL_START", "TRAINING_CONVERSATIONS", "HALVES"]
 
 OOS_WORKLOADS = ("sharegpt", "sharegpt_code", "humaneval")
 DEVELOPMENT_WORKLOADS = ("sharegpt", "humaneval")      # those with development prompts (development_prompts)
@@ -100,8 +102,14 @@ def held_out_loss_prompts(start: int, count: int, skip: int = 0) -> list[int]:
     """The indices, among the first ``count`` distinct held-out prompts from ``start`` on
     (:func:`distinct_chat_prompts`) less the first ``skip`` (a calibration half), of those whose
     conversations the target's held-out loss read (:func:`held_out_loss_span`)."""
+    return held_out_loss_indices(distinct_chat(start, count)[1][skip:])
+
+
+def held_out_loss_indices(indices) -> list[int]:
+    """Those of the held-out prompt ``indices`` whose conversations the target's held-out loss
+    read (:func:`held_out_loss_span`)."""
     lo, hi = held_out_loss_span()
-    return [i for i in _distinct_chat(start, count)[1][skip:] if lo <= i <= hi]
+    return [i for i in indices if lo <= i <= hi]
 
 
 def _code_block(conv: list[dict]) -> str | None:
@@ -121,20 +129,26 @@ def code_prompts(count: int, start: int) -> tuple[list[str], int]:
     of the last conversation taken); the module docstring's rule, a prompt repeating the code
     prompt of an earlier conversation from ``TRAINING_CONVERSATIONS`` on (where the code tables
     read) skipped as well, as the chat prompts skip any earlier prompt's text."""
+    out, indices = _code_prompts(count, start)
+    return out, indices[-1]
+
+
+def _code_prompts(count: int, start: int) -> tuple[list[str], list[int]]:
+    """(:func:`code_prompts`' prompts, the held-out conversation of each)."""
     start = check_whole(start, "code start", 0)
     scan = start + 4 * count
     while True:
         convs = held_out_conversations(scan)
-        out, last = [], None
+        out, indices = [], []
         seen = {p for p in map(_code_block, convs[min(TRAINING_CONVERSATIONS, start):start]) if p is not None}
         for i in range(start, len(convs)):
             p = _code_block(convs[i])
             if p is not None and p not in seen:
                 out.append(p)
                 seen.add(p)
-                last = i
+                indices.append(i)
                 if len(out) == count:
-                    return out, last
+                    return out, indices
         if len(convs) < scan:
             raise SimtreeError(f"only {len(out)} ShareGPT code prompts from held-out conversation {start} on, "
                                f"{count} asked for")
@@ -167,12 +181,12 @@ def distinct_chat_prompts(start: int, count: int) -> tuple[list[str], int]:
     """(the first ``count`` distinct held-out ShareGPT prompts from index ``start`` on, the index of
     the last): a prompt repeating an earlier one's text, before ``start`` too, is skipped.  The one
     rule of the out-of-sample halves, the drafters' tables and :func:`chat_span`."""
-    out, indices = _distinct_chat(start, count)
+    out, indices = distinct_chat(start, count)
     return out, indices[-1]
 
 
-def _distinct_chat(start: int, count: int) -> tuple[list[str], list[int]]:
-    """(:func:`distinct_chat_prompts`' prompts, their held-out prompt indices)."""
+def distinct_chat(start: int, count: int) -> tuple[list[str], list[int]]:
+    """(:func:`distinct_chat_prompts`' prompts, the held-out prompt index of each)."""
     every = load_prompts("sharegpt", start + 2 * count)
     seen, out, indices = set(every[:start]), [], []
     for i in range(start, len(every)):
@@ -196,7 +210,7 @@ def code_span(start: int, count: int) -> tuple[int, int]:
     return start, code_prompts(count, start)[1]
 
 
-_SPAN = {"sharegpt": chat_span, "sharegpt_code": code_span}
+_SPANNED = ("sharegpt", "sharegpt_code")      # the workloads whose test half may be fresh (HumanEval: all seen)
 
 
 def _status(run: str, span: tuple[int, int]) -> str:
@@ -227,22 +241,42 @@ def drafter_status(test_start: int, calibration_start: int, prompts: int, calibr
     overlap no ShareGPT chat range a committed table decoded (:func:`prompt_status`), else
     "seen"; test prompts that overlap the ``calibration_prompts`` (default ``prompts``)
     calibration prompts stop the table (one line)."""
-    test = chat_span(test_start, prompts)
-    cal = chat_span(calibration_start, prompts if calibration_prompts is None else calibration_prompts)
+    cal = prompts if calibration_prompts is None else calibration_prompts
+    return drafter_test_status(chat_span(test_start, prompts), chat_span(calibration_start, cal))
+
+
+def drafter_test_status(test: tuple[int, int], cal: tuple[int, int]) -> str:
+    """:func:`drafter_status` from the (first, last) held-out index of the test prompts and of the
+    calibration prompts (:func:`chat_span`)."""
     if test[0] <= cal[1] and cal[0] <= test[1]:
         raise SimtreeError(f"the block drafters' test prompts {test[0]}..{test[1]} overlap their "
                            f"calibration prompts {cal[0]}..{cal[1]}: give --drafter-start past them")
     return _status("drafter_test", test)
 
 
+def half_spans(workload: str, start: int, n: int, n_test: int | None = None) -> dict:
+    """{"calibration": (first, last), "test": (first, last)} held-out index (ShareGPT chat: prompt,
+    :func:`chat_span`; ShareGPT code: conversation, :func:`code_span`; HumanEval: problem) of the
+    halves of :func:`held_out_prompts` (``n`` calibration prompts from ``start``, then ``n_test``,
+    default ``n``), the prompts found once: the calibration half from ``start`` to its last
+    prompt's (None when ``n`` is 0), the test half from its first prompt's to its last's."""
+    start = check_whole(start, f"{workload} start", 0)
+    total = n + (n if n_test is None else n_test)
+    if workload == "humaneval":
+        indices = range(start, start + total)
+    elif workload == "sharegpt":
+        indices = distinct_chat(start, total)[1]
+    elif workload == "sharegpt_code":
+        indices = _code_prompts(total, start)[1]
+    else:
+        raise SimtreeError(f"unknown workload {workload!r}: expected one of {', '.join(OOS_WORKLOADS)}")
+    return {"calibration": (start, indices[n - 1]) if n else None, "test": (indices[n], indices[total - 1])}
+
+
 def span_of_test_half(workload: str, start: int, n: int, n_test: int | None = None) -> tuple[int, int]:
     """(first, last) index of the test half of :func:`held_out_prompts` (``n`` calibration
     prompts from ``start``, then ``n_test``, default ``n``): the (n + 1)-th prompt's to the last's."""
-    total = n + (n if n_test is None else n_test)
-    if workload == "humaneval":
-        return start + n, start + total - 1
-    span = _SPAN[workload]
-    return span(start, n + 1)[1], span(start, total)[1]
+    return half_spans(workload, start, n, n_test)["test"]
 
 
 def prompt_status(workload: str, start: int | None, n: int, n_test: int | None = None) -> str:
@@ -252,10 +286,16 @@ def prompt_status(workload: str, start: int | None, n: int, n_test: int | None =
     ``CURRENT``, only when it is exactly that range), else "seen" (every HumanEval problem;
     ``start`` None: the development prompts).  The calibration half may be seen: its outcomes are
     fitted, its runs labelled seen whatever their prompts."""
-    if start is None or workload not in _SPAN:
+    if start is None or workload not in _SPANNED:
         return "seen"
-    run = "mtp_chat" if workload == "sharegpt" else "mtp_code"
-    return _status(run, span_of_test_half(workload, check_whole(start, f"{workload} start", 0), n, n_test))
+    return status_of_test_half(workload, span_of_test_half(workload, start, n, n_test))
+
+
+def status_of_test_half(workload: str, test: tuple[int, int]) -> str:
+    """:func:`prompt_status` from the test half's (first, last) index (:func:`half_spans`)."""
+    if workload not in _SPANNED:
+        return "seen"
+    return _status("mtp_chat" if workload == "sharegpt" else "mtp_code", test)
 
 
 DEVELOPMENT = {"sharegpt": (128, 64), "humaneval": (32, 16)}   # (prompts the model was developed on, most a half)

@@ -17,23 +17,24 @@ from pathlib import Path
 from simtree.errors import SimtreeError
 from simtree.fileio import read_json
 
-from .acceptance_oos_prompts import chat_span, span_of_test_half
+from .acceptance_oos_prompts import chat_span, half_spans
 
 __all__ = ["half_records", "drafter_records", "check_reuse", "DRAFTER_WORKLOAD"]
 
 DRAFTER_WORKLOAD = "sharegpt"
-def half_records(workload: str, start: int | None, n: int, n_test: int | None = None) -> dict:
+def half_records(workload: str, start: int | None, n: int, n_test: int | None = None,
+                 spans: dict | None = None) -> dict:
     """{"calibration": record, "test": record} of a workload's halves: ``n`` prompts from ``start``
-    then ``n_test`` (default ``n``; :func:`.acceptance_oos_prompts.held_out_prompts`); ``start``
-    None: the development prompts (no span)."""
+    then ``n_test`` (default ``n``; :func:`.acceptance_oos_prompts.held_out_prompts`); ``spans``:
+    their :func:`.acceptance_oos_prompts.half_spans`, found here when not given; ``start`` None:
+    the development prompts (no span)."""
     n_test = n if n_test is None else n_test
     if start is None:
         return {h: {"workload": workload, "start": None, "prompts": k, "span": None}
                 for h, k in (("calibration", n), ("test", n_test))}
-    cal = (start, span_of_test_half(workload, start, 0, n)[1])     # the first n: a "test half" after none
-    test = span_of_test_half(workload, start, n, n_test)
-    return {"calibration": {"workload": workload, "start": start, "prompts": n, "span": list(cal)},
-            "test": {"workload": workload, "start": start, "prompts": n_test, "span": list(test)}}
+    spans = half_spans(workload, start, n, n_test) if spans is None else spans
+    return {h: {"workload": workload, "start": start, "prompts": k, "span": list(spans[h])}
+            for h, k in (("calibration", n), ("test", n_test))}
 
 
 def drafter_records(starts: dict, counts: dict) -> dict:

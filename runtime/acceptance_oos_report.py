@@ -1,17 +1,18 @@
 """The generated summary's words for :mod:`.acceptance_oos`: which prompts, what each split read."""
 from __future__ import annotations
 
-from .acceptance_oos_prompts import SEEN_CODE, SEEN_SHAREGPT, span_of_test_half
+from .acceptance_oos_prompts import SEEN_CODE, SEEN_SHAREGPT
 from .data import PROMPT_CHARS
 
 __all__ = ["prompts_line", "header", "drafters_line", "adaptive_grid_note", "held_out_loss_note"]
 
 
-def prompts_line(args, sizes: dict, status: dict, overlap: dict, with_code: bool) -> str:
+def prompts_line(args, sizes: dict, status: dict, overlap: dict, with_code: bool, spans: dict) -> str:
     """The table's prompts in words (``args``: the command's; ``sizes``: {workload: (calibration
     prompts, test prompts)}; ``overlap``: {workload: {"calibration", "test": prompts of that half
     found in the training text, "held_out_loss": the test half's prompts whose text the target's
-    held-out loss read (chat)}}; ``with_code``: the run holds ShareGPT code)."""
+    held-out loss read (chat)}}; ``with_code``: the run holds ShareGPT code; ``spans``: the halves'
+    held-out ranges, :func:`.acceptance_oos.table_spans`)."""
     if args.development:
         return ("DEVELOPMENT prompts (the first 128 held-out ShareGPT prompts, HumanEval 132..163), which the model "
                 "was developed on: not out of sample.")
@@ -26,27 +27,27 @@ def prompts_line(args, sizes: dict, status: dict, overlap: dict, with_code: bool
 
     def halves(w, start, unit):
         cal, test = sizes[w]
-        first, last = span_of_test_half(w, start, cal, test)
+        first, last = spans[w]["test"]
         return (f"calibration the first {cal} distinct {unit} from {start} on ({start}.."
-                f"{span_of_test_half(w, start, 0, cal)[1]}; calibration outcomes are fitted, so these need not be "
+                f"{spans[w]['calibration'][1]}; calibration outcomes are fitted, so these need not be "
                 f"fresh), test the next {test} ({first}..{last}), ")
 
-    def fresh(w, start, seen_from, unit, what):
+    def fresh(w, seen_from, unit, what):
         if status[w] != "fresh":
             return ("test SEEN (it overlaps prompts a committed table or the target's training read: "
                     "runtime/acceptance_oos_prompts.py, DECODED and CURRENT)")
-        where = (f"past {unit} {seen_from}: {what}" if span_of_test_half(w, start, *sizes[w])[0] >= seen_from else
+        where = (f"past {unit} {seen_from}: {what}" if spans[w]["test"][0] >= seen_from else
                  "in no range a committed table decoded: runtime/acceptance_oos_prompts.py, DECODED")
         return f"test FRESH ({where}; none of it decoded before this table)"
     code_line = "" if not with_code else (
         f". ShareGPT code: the opening {PROMPT_CHARS} characters (from the fence) of the first fenced code block "
         f"of at least {2 * PROMPT_CHARS} characters on 4 lines in an assistant turn of held-out conversations: "
         + halves("sharegpt_code", code, "code prompts of held-out conversations")
-        + fresh("sharegpt_code", code, SEEN_CODE, "conversation", "the target's training records and every conversation "
+        + fresh("sharegpt_code", SEEN_CODE, "conversation", "the target's training records and every conversation "
                 "earlier tables read lie below it") + trained("sharegpt_code"))
     n_he = sum(sizes["humaneval"])
     return (f"ShareGPT chat: " + halves("sharegpt", she, "held-out prompts")
-            + fresh("sharegpt", she, SEEN_SHAREGPT, "index", "every chat range earlier versions of the model were "
+            + fresh("sharegpt", SEEN_SHAREGPT, "index", "every chat range earlier versions of the model were "
                     "developed on or other tests read lies below it")
             + trained("sharegpt") + code_line
             + f". HumanEval: problems {args.humaneval_start}..{args.humaneval_start + n_he - 1}, SEEN: no HumanEval "

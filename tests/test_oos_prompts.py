@@ -8,7 +8,7 @@ from simtree.errors import SimtreeError
 from simtree.runtime.acceptance_oos_prompts import (CODE_START, CURRENT, DECODED, HALVES, SEEN_CODE, SEEN_DRAFTER,
                                                     SEEN_SHAREGPT, SHAREGPT_START, TRAINING_CONVERSATIONS,
                                                     _code_block, chat_span, code_prompts,
-                                                    code_span, drafter_status, held_out_loss_prompts,
+                                                    code_span, drafter_status, half_spans, held_out_loss_prompts,
                                                     held_out_loss_span, held_out_prompts, prompt_status,
                                                     span_of_test_half)
 from simtree.runtime.data import held_out_conversations, prompts
@@ -135,7 +135,8 @@ def test_the_summary_says_why_chat_prompts_are_fresh_or_seen():
     def line(start, status):
         args = SimpleNamespace(development=False, sharegpt_start=start, code_start=CODE_START, humaneval_start=0)
         sizes = {"sharegpt": (2, 3), "sharegpt_code": (2, 2), "humaneval": (2, 2)}
-        return prompts_line(args, sizes, {"sharegpt": status, "sharegpt_code": status}, {}, False)
+        spans = {"sharegpt": half_spans("sharegpt", start, *sizes["sharegpt"])}
+        return prompts_line(args, sizes, {"sharegpt": status, "sharegpt_code": status}, {}, False, spans)
     assert "test FRESH (past index 1552" in line(1550, "fresh")
     assert "test FRESH (in no range a committed table decoded" in line(263, "fresh")     # a range below, never decoded
     assert "test SEEN (it overlaps prompts a committed table" in line(1450, "seen")
@@ -150,7 +151,8 @@ def test_the_summary_gives_each_halfs_overlap_and_where_the_adaptive_modes_decid
     args = SimpleNamespace(development=False, sharegpt_start=1550, code_start=CODE_START, humaneval_start=0)
     sizes = {"sharegpt": (2, 3), "sharegpt_code": (2, 2), "humaneval": (2, 2)}
     overlap = {"sharegpt": {"calibration": 1, "test": 2, "held_out_loss": [1783]}}
-    line = prompts_line(args, sizes, {"sharegpt": "fresh", "sharegpt_code": "fresh"}, overlap, False)
+    spans = {"sharegpt": half_spans("sharegpt", 1550, *sizes["sharegpt"])}
+    line = prompts_line(args, sizes, {"sharegpt": "fresh", "sharegpt_code": "fresh"}, overlap, False, spans)
     assert ("(2 of 3 test prompts occur verbatim in the target's training text, calibration 1 of 2; 1 of 3 test "
             "prompts (1783) is text the target's held-out loss read (evaluated, never trained on))") in line
     grid = {"batch_size": [1, 64], "context_len": [256, 4096]}
@@ -175,3 +177,40 @@ def test_the_halves_may_differ_in_size_and_the_flag_reads_them():
         with pytest.raises(SimtreeError, match="--prompts"):
             parse_halves(bad)
     assert main(["--prompts", "sharegpt=x:1", "--reuse-traces", "/nonexistent"]) == 2
+
+
+def test_the_halves_and_their_ranges_are_worked_out_once_as_each_caller_did():
+    """table_halves gives the starts and sizes the command line and run_oos each built (the
+    development prompts capped, a workload's halves of their own sizes, run_oos on the workloads a
+    kept folder holds); table_spans finds each half's range in one pass where the table scanned the
+    prompts again for every range (chat_span, code_span, HumanEval's problem indices), and the
+    records and labels read from it are those."""
+    from simtree.runtime import acceptance_oos as oos
+    from simtree.runtime.acceptance_oos_prompts import DEVELOPMENT_WORKLOADS, OOS_WORKLOADS
+    from simtree.runtime.acceptance_oos_record import half_records
+    starts = {"sharegpt": 263, "sharegpt_code": 3300, "humaneval": 10}
+    settings = {"prompts": 3, "halves": {"sharegpt": (4, 2)}, "max_new_tokens": 4, "trees": []}
+    for development, workloads in ((False, OOS_WORKLOADS), (True, DEVELOPMENT_WORKLOADS)):
+        first, sizes = oos.table_halves(settings, None if development else starts)
+        assert sizes == {w: oos.half_sizes(settings, w, development) for w in workloads}
+        assert first == {w: None if development else starts[w] for w in workloads}
+    assert oos.table_halves(settings, starts, ["humaneval"]) == ({"humaneval": 10}, {"humaneval": (3, 3)})
+    assert oos.table_spans(*oos.table_halves(settings, None)) == {}
+    first, sizes = oos.table_halves(settings, starts)
+    assert sizes == {"sharegpt": (4, 2), "sharegpt_code": (3, 3), "humaneval": (3, 3)}
+    spans = oos.table_spans(first, sizes)
+    for w, (n, n_test) in sizes.items():
+        s = starts[w]
+        last = (lambda k: s + k - 1) if w == "humaneval" else (lambda k: (chat_span if w == "sharegpt" else
+                                                                         code_span)(s, k)[1])
+        want = {"calibration": (s, last(n)), "test": (last(n + 1), last(n + n_test))}
+        assert spans[w] == want
+        assert span_of_test_half(w, s, n, n_test) == want["test"]
+        records = half_records(w, s, n, n_test, spans=spans[w])
+        assert records == half_records(w, s, n, n_test)
+        assert [records[h]["span"] for h in ("calibration", "test")] == [list(want[h]) for h in ("calibration", "test")]
+    assert spans["humaneval"] == {"calibration": (10, 12), "test": (13, 15)}
+    # 263.. and 3300.. lie in no decoded range; HumanEval is always seen
+    assert oos.table_status(settings, starts, spans) == {"sharegpt": "fresh", "sharegpt_code": "fresh",
+                                                         "humaneval": "seen"} == oos.table_status(settings, starts)
+    assert set(oos.table_status(settings, None).values()) == {"seen"}

@@ -155,7 +155,7 @@ def test_a_table_that_fails_to_build_leaves_the_previous_pair(tmp_path, monkeypa
     folder = _folder(tmp_path / "kept", None)
     res = {"table": pd.DataFrame({"a": [1.0]}), "summary": {"families": {}}, "prompts": {}, "lossless": {},
            "calibration_folds": {}, "shifts": {}, "off_chain": {}, "text_terms": {}, "models": {},
-           "status": {}, "halves": {}, "prompt_texts": {}}
+           "status": {}, "halves": {}, "prompt_texts": {}, "spans": {}}
     monkeypatch.setattr(cli, "run_oos", lambda *a, **k: res)
     monkeypatch.setattr(cli, "prompts_line", lambda *a: "P.")
 
@@ -200,7 +200,7 @@ def test_a_development_table_reuses_its_own_traces(tmp_path, monkeypatch, capsys
     seen = {}
     res = {"table": pd.DataFrame({"a": [1.0]}), "summary": {"families": {}}, "prompts": {}, "lossless": {},
            "calibration_folds": {}, "shifts": {}, "off_chain": {}, "text_terms": {}, "models": {},
-           "status": {}, "halves": {}, "prompt_texts": {}}
+           "status": {}, "halves": {}, "prompt_texts": {}, "spans": {}}
     monkeypatch.setattr(cli, "run_oos", lambda model, settings, starts, traces, reuse, **k: seen.update(
         starts=starts, reuse=reuse) or res)
     monkeypatch.setattr(cli, "header", lambda *a: ["# T"])
