@@ -107,15 +107,16 @@ COSTS = data_path("costs", "h200_qwen3.6-27b_tp1.json")
 SHIFT_SHARE = 8
 SHIFT_SEED = 0
 SHIFT_CELLS = "rank"
-# prompts per half (``halves``: {workload: (calibration, test)}, the others ``prompts`` each)
-FULL = {"prompts": 64, "halves": HALVES, "max_new_tokens": 64, "trees": TREES}
+# prompts per half: ``halves`` {workload: (calibration, test)} (every workload's in FULL), else ``prompts`` each
+FULL = {"halves": HALVES, "max_new_tokens": 64, "trees": TREES}
 QUICK = {"prompts": 3, "max_new_tokens": 16, "trees": [TREES[1], TREES[5], TREES[8]]}
 
 
 def half_sizes(settings: dict, workload: str, development: bool = False) -> tuple[int, int]:
     """(calibration prompts, test prompts) of a workload's halves under ``settings``; ``development``:
     of its development prompts, which hold fewer (:func:`development_sizes`)."""
-    sizes = tuple((settings.get("halves") or {}).get(workload, (settings["prompts"], settings["prompts"])))
+    halves = settings.get("halves") or {}
+    sizes = tuple(halves[workload]) if workload in halves else (settings["prompts"], settings["prompts"])
     return development_sizes(workload, *sizes) if development else sizes
 
 
