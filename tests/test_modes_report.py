@@ -149,7 +149,7 @@ def _headline_folder(d: Path) -> Path:
 def test_the_headline_of_a_hand_built_folder(tmp_path):
     line = summary.modes_headline(_headline_folder(tmp_path / "modes"))
     assert line == ("3 modes (block, cost_aware, eagle) beside plain and linear D=4, decoded at full scale under "
-                    "replayed acceptance on Test GPU (DeepSeek-V4-Flash, Qwen3.6-27B; batch 8, 32): the plan's "
+                    "replayed acceptance on Test GPU (DeepSeek-V4-Flash at batch 8; Qwen3.6-27B at batch 8, 32): the plan's "
                     "choice best or within 2% at 2 of 3 (model, batch) points whose plan priced what ran (worst 0.970 of the "
                     "best measured); "
                     "bf16 lossless: 2 of 4 mode checks match plain greedy, 1 near-tie (top-2 gap 0.0123 within "

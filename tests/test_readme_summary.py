@@ -119,7 +119,7 @@ def test_modes_headline_counts_the_plans_points_and_the_lossless_checks(tmp_path
                                                                                       index=False)
     assert summary.modes_headline(tmp_path) == (
         "3 modes (block, eagle, tfm) beside plain and linear D=4, decoded at full scale under replayed acceptance "
-        "on G (m; batch 1, 4): the plan's choice best or within 2% at 1 of 2 (model, batch) points whose plan "
+        "on G (m at batch 1, 4): the plan's choice best or within 2% at 1 of 2 (model, batch) points whose plan "
         "priced what ran (worst 0.970 of the best measured); bf16 lossless: 1 of 3 mode checks match plain greedy, 1 near-tie (top-2 gap 0.0100 "
         "within twice the verify-vs-decode deviation 0.0200), 1 differ beyond one")
 

@@ -169,10 +169,11 @@ def modes_headline(folder: Path) -> str:
     ties = "; ".join(f"top-2 gap {m:.4f} within twice the verify-vs-decode deviation {d:.4f}"
                      for m, d in zip(checks.loc[tie, "margin"], checks.loc[tie, "deviation"]))
     dtypes = "/".join(sorted(checks["dtype"].astype(str).unique()))
+    batches = "; ".join(f"{_model(m)} at batch {', '.join(str(b) for b in sorted(g['batch_size'].unique()))}"
+                        for m, g in runs.groupby("model"))      # each model's own: the models ran different ones
     return (f"{len(modes)} modes ({', '.join(modes)}) beside plain and linear D=4, decoded at full scale under "
             f"replayed acceptance on {', '.join(sorted(runs['gpu'].astype(str).unique()))} "
-            f"({', '.join(_model(m) for m in sorted(runs['model'].unique()))}; batch "
-            f"{', '.join(str(b) for b in sorted(runs['batch_size'].unique()))}): the plan's choice best or within "
+            f"({batches}): the plan's choice best or within "
             f"2% at {ok} of {len(plans)} (model, batch) points whose plan priced what ran (worst "
             f"{plans['plan_over_best'].min():.3f} of the best measured"
             + (f"; {other} more planned another batch, not counted" if other else "") + "); "
