@@ -14,14 +14,15 @@ distinct tokens.  This script tests it on the GPU:
 Per batch size (8, 32) and run shape (linear_d4, best_first_d8_w1_p3, block_d8_p7, dspark_p7_sched,
 as the modes runs build them: gsm8k replay, context 256): the engine runs ``--rounds`` rounds (CUDA
 graphs); after each, the target's verify alone (one CUDA graph of ``model.verify``, called with the
-engine's verify arguments, over the state that round's verify read - kept before the round, put back for the replays - and the round's tree)
-is replayed on token sets of that tree shape: ``drafted`` (the round's own tokens), ``uniform``
-(random over the vocabulary: the profile's), ``per_sequence`` (each sequence's root repeated at
-every node) and ``one_token`` (one token everywhere).  Checks: each replay's inputs on the host
-(tokens in the vocabulary, one tree per sequence, positions inside the state: one line, not a
-device-side assert); every replayed verify's argmax is finite and of the tree's shape; ``drafted``
-gives the engine's own verify output node for node (``drafted_mismatch``) and its verify stage time
-within 3% (else said in the note).  The replay is :mod:`simtree.runtime.full.verify_tokens`.
+engine's verify arguments, over the state that round's verify read - kept before the round, put back
+for the replays - and the round's tree) is replayed on token sets of that tree shape: ``drafted``
+(the round's own tokens), ``uniform`` (random over the vocabulary: the profile's), ``per_sequence``
+(each sequence's root repeated at every node) and ``one_token`` (one token everywhere).  Checks:
+each replay's inputs on the host (tokens in the vocabulary, one tree per sequence, positions inside
+the state: one line, not a device-side assert); every replayed verify's argmax is finite and of the
+tree's shape; ``drafted`` gives the engine's own verify output node for node (``drafted_mismatch``)
+and its verify stage time within 3% (else said in the note).  The replay is
+:mod:`simtree.runtime.full.verify_tokens`.
 ``--costs-model``: the model whose shipped cost bundle and drafter profile rows size the rounds
 (default ``--model``; a tiny config has none).  Writes $OUT/verify_tokens.csv and prints it: batch,
 run, nodes, distinct tokens per round (mean, and of b x n), the engine's verify stage ms and the

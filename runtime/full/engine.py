@@ -80,8 +80,9 @@ def draft_scratch_rows(shapes) -> int:
 
 def sync_device(device) -> None:
     """Waits for the work queued on ``device`` (a torch.device or its name; a no-op off CUDA)."""
-    if torch.device(device).type == "cuda":
-        torch.cuda.synchronize()
+    device = torch.device(device)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 def release_memory() -> None:

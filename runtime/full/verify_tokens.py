@@ -3,16 +3,17 @@
 
     row = verify_tokens_row(model, costs, "block", {"budget": 8, "block_len": 7}, batch_size=8)
 
-Per run shape, the engine runs ``rounds`` rounds (CUDA graphs where it can); each round's verify
-is replayed alone (one CUDA graph of ``model.verify`` with the engine's own verify arguments - a
-block drafter's layer taps -, or eagerly) on token sets of that round's tree shape (:data:`TOKEN_SETS`), over the state that round's verify read: the target's state is
-kept before the round and put back for the replays (after the round's commit the lengths have
-moved on and the window ring holds the accepted rows, so a replay over it would verify other
-positions than the run did).  Each replay's inputs are checked on the host first (tokens in the
-vocabulary, a tree per sequence, positions inside the state's capacity): a bad one is one line,
-not a device-side assert.  Checks per replay: the argmax is of the tree's shape and in the
-vocabulary; ``drafted`` gives the engine's own verify output node for node
-(``drafted_mismatch``: the nodes where it does not) and its verify stage time within 3%.
+Per run shape, the engine runs ``rounds`` rounds (CUDA graphs where it can); each round's verify is
+replayed alone (one CUDA graph of ``model.verify``, or eagerly, called with the engine's own verify
+arguments, such as a block drafter's layer taps) on token sets of that round's tree shape
+(:data:`TOKEN_SETS`), over the state that round's verify read: the target's state is kept before the
+round and put back for the replays (after the round's commit the lengths have moved on and the
+window ring holds the accepted rows, so a replay over it would verify other positions than the run
+did).  Each replay's inputs are checked on the host first (tokens in the vocabulary, a tree per
+sequence, positions inside the state's capacity): a bad one is one line, not a device-side assert.
+Checks per replay: the argmax is of the tree's shape and in the vocabulary; ``drafted`` gives the
+engine's own verify output node for node (``drafted_mismatch``: the nodes where it does not) and its
+verify stage time within 3%.
 """
 from __future__ import annotations
 
