@@ -59,6 +59,26 @@ def test_the_schedule_verifies_less_under_load():
     assert heavy["params"]["threshold_used"] > light["params"]["threshold_used"]
 
 
+def test_dspark_expects_the_levels_mixture_at_every_batch():
+    """Each sequence draws its level every round: a fixed threshold's tokens per round are the
+    levels' weighted mean at batch 1 as at 64 (not the likeliest level's at batch 1), and the
+    bucket holds the longest prefix any level verifies."""
+    import numpy as np
+
+    from simtree.acceptance.model import get_workload
+    acc = get_workload("gsm8k").acceptance
+    surv = np.stack([np.cumprod(acc.table(i, 7)[:, 0]) for i in range(acc.num_levels)])
+    lens = (surv >= 0.3).sum(1)
+    want = 1 + acc.weights @ (surv * (np.arange(7)[None, :] < lens[:, None])).sum(1)
+    assert lens.min() < lens.max() and acc.weights.max() < 1      # the levels differ: the mean is no level's
+    for b in (1, 2, 64):
+        row = score_drafter_candidates(_Costs(), acc, batch_size=b, context_len=512,
+                                       candidates=[("dspark", {"block_len": 7, "threshold": 0.3})])[0]
+        assert row["tokens_per_round"] == pytest.approx(want, rel=1e-12)
+        assert row["nodes_per_seq"] == 1 + lens.max()
+        assert row["params"]["verified_per_seq"] == pytest.approx(acc.weights @ lens, abs=1e-4)
+
+
 @pytest.mark.parametrize("cand, costs, fragment", [
     (("tfm", {"budget": 8, "width": 2}), _Costs(families=("block",)), "no cost for drafter 'tfm'"),
     (("block", {"budget": 8, "block_len": 9}), _Costs(), "block length 9 is beyond the block drafter's 7"),

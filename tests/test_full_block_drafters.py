@@ -200,3 +200,20 @@ def test_only_a_traced_block_engine_copies_its_marginals():
     plain = round_shape(PolicySpec.from_dict("none"))
     with pytest.raises(SimtreeError, match="runs its own round shape alone"):
         make_engine(tiny_model("tiny-gdn"), round_shape(SPECS[0]), 1, 64, shapes=[plain], **TINY)
+
+
+def test_dspark_replay_at_batch_one_accepts_what_its_prediction_expects():
+    """A sequence draws its acceptance level every round, at batch 1 as at any batch: the
+    replayed DSpark rounds accept the expectation over the levels, and so must the prediction
+    (it once gave a batch of b sequences to the heaviest levels, b at a time - at batch 1 every
+    round at the likeliest level: the modes runs at full scale replayed 2.8 tokens a round where
+    3.25 were predicted, docs/validation.md)."""
+    from simtree.runtime.full.measure import full_run
+    specs = [PolicySpec.from_dict("dspark", {"block_len": 7}),
+             PolicySpec.from_dict("dspark", {"block_len": 7, "threshold": 0.3})]
+    res = full_run(tiny_model("tiny-gdn"), device="cpu", costs=COSTS, batch_sizes=[1], acceptance="gsm8k",
+                   context_len=16, rounds=96, warmup_rounds=0, extra=[("dspark", s) for s in specs])
+    for spec in specs:
+        row = next(r for r in res["rows"] if r["policy"] == f"dspark:{spec.name}")
+        # 96 stratified draws: the replayed mean is the model's within (deepest depth 3) x 2 / 96
+        assert row["measured_accepted"] == pytest.approx(row["predicted_accepted"], abs=0.07), (spec.name, row)

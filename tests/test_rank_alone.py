@@ -156,16 +156,17 @@ def test_the_rank_run_alone_holds_every_sequence_of_its_batch(monkeypatch):
 @pytest.mark.filterwarnings("ignore::simtree.errors.ExtrapolationWarning")
 def test_dspark_schedules_the_sequences_of_one_rank():
     """Under data-parallel attention a rank schedules its own ceil(b / dp) sequences: DSpark's
-    verified prefixes, levels' spread and bucket at the ep=8 deployment's batch 64 are the rank's
-    8 sequences' - the rank planned alone at batch 8 chooses the same chain."""
+    verified prefixes and bucket at the ep=8 deployment's batch 64 are the rank's 8 sequences'
+    (each level B w_l of them) - the rank planned alone at batch 8 chooses the same chain."""
     import dataclasses
 
     import numpy as np
 
-    from simtree.acceptance.confidence_head import confidence_verify_lens
     from simtree.costs.forms import BasisSurface
     from simtree.costs.model import DrafterCostModel
     from simtree.deploy.costs import deployment_costs, rank_batch_of
+    from simtree.drafters import MARGINAL_TOPK
+    from simtree.planning.allocation import batch_allocation
     from simtree.planning.drafter_candidates import _dspark_survival, dspark_bucket, score_spec
     from simtree.planning.modes import PolicySpec
 
@@ -176,11 +177,12 @@ def test_dspark_schedules_the_sequences_of_one_rank():
     assert rank_batch_of(costs, 64) == 8 and rank_batch_of(rank, 64) == 64 and rank_batch_of(one_rank(rank), 9) == 9
     for params in ({"block_len": 7}, {"block_len": 7, "threshold": 0.3}):
         row = score_spec(costs, acc, PolicySpec.from_dict("dspark", params), 64, 1024)
-        surv = _dspark_survival(acc, 7, 8)
-        lens = (confidence_verify_lens(surv, lambda t: costs.verify.predict(t / 8, 1024, 64))[0]
+        surv, w = _dspark_survival(acc, 7), acc.weights
+        draft = float(costs.drafter("dspark").predict(MARGINAL_TOPK, 7, 64, 1024))
+        lens = (batch_allocation(list(surv), 8 * w, lambda n: costs.verify.predict(n, 1024, 64), draft, 8)
                 if "threshold" not in params else (surv >= 0.3).sum(1))
-        assert row["nodes_per_seq"] == dspark_bucket(lens) and row["params"]["verified_per_seq"] == round(lens.sum() / 8, 4)
-        want = 1 + float((surv * (np.arange(7)[None, :] < lens[:, None])).sum()) / 8
+        assert row["nodes_per_seq"] == dspark_bucket(lens) and row["params"]["verified_per_seq"] == round(w @ lens, 4)
+        want = 1 + float(w @ (surv * (np.arange(7)[None, :] < lens[:, None])).sum(1))
         assert row["tokens_per_round"] == pytest.approx(want, rel=1e-12)
     alone = score_spec(one_rank(rank), acc, PolicySpec.from_dict("dspark", params), 8, 1024)
     assert alone["tokens_per_round"] == row["tokens_per_round"] and alone["nodes_per_seq"] == row["nodes_per_seq"]

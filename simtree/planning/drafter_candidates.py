@@ -14,15 +14,19 @@ rounds spread over them) times the batch, over the round's time C_v + C_d:
 - ``tfm`` {budget n, width w}: the best-first tree over the adapter's conditionals, w expansions
   a step (``best_first`` with width w over the drafter's block); C_d = tfm(n, ceil((n-1)/w), b).
 - ``dspark`` {block_len L, threshold}: a chain of L drafted by the Markov head; the batch
-  verifies the prefixes chosen by the confidence schedule (``confidence_verify_lens``: the m
-  positions most likely to survive, m maximising throughput - the schedule's belief prices
-  B + m tokens at C_v(1 + m / B, l, B); ``threshold`` None) or those whose survival clears a
-  fixed ``threshold`` in [0, 1]; the survival of a position is the level's chain acceptance (a
-  calibrated confidence head).  Sequences are spread over the levels by the levels' weights.
-  The full runtime verifies a static bucket: the chain cut to the longest prefix chosen
-  (:func:`dspark_bucket`), every round, priced C_v(bucket, l, b); C_d = dspark(MARGINAL_TOPK, L, b, l).  In a
-  deployment under data-parallel attention each rank schedules its own ceil(b / dp) sequences:
-  the schedule, the levels' spread and the bucket are a rank's (B above is the rank's batch).
+  verifies the prefixes chosen by the confidence schedule (``threshold`` None: batch_alloc's
+  rule over the batch's survivals, the rule the full runtime's round runs - the m positions
+  most likely to survive, m maximising the round's rate (B + their survival) / (C_d + C_v(1 +
+  m / B, l, B))) or those whose survival clears a fixed ``threshold`` in [0, 1]; the survival
+  of a position is the level's chain acceptance (a calibrated confidence head).  Each sequence
+  draws its level every round, so a round's tokens are the expectation over the levels: level
+  l stands for B w_l sequences (fluid, as the simulator's analytic batch_alloc, not B whole
+  sequences apportioned to the heaviest levels - at B = 1 that was every round at the likeliest
+  level).  The full runtime verifies a static bucket: the chain cut to the longest prefix any
+  level is given (:func:`dspark_bucket`), every round, priced C_v(bucket, l, b); C_d =
+  dspark(MARGINAL_TOPK, L, b, l).  In a deployment under data-parallel attention each rank
+  schedules its own ceil(b / dp) sequences: the schedule and the bucket are a rank's (B above
+  is the rank's batch).
 
 A family the bundle has no cost for, a block length beyond the drafter's, a threshold outside
 [0, 1]: one-line errors.  The replays of a full-runtime run shape and draw their trees from the
@@ -34,11 +38,12 @@ import math
 
 import numpy as np
 
-from simtree.acceptance.confidence_head import check_threshold, confidence_verify_lens
+from simtree.acceptance.confidence_head import check_threshold
 from simtree.acceptance.mixture import AcceptanceModel
 from simtree.acceptance.predict import accepted_per_round
 from simtree.drafters import MARGINAL_TOPK
 from simtree.errors import SimtreeError
+from simtree.planning.allocation import batch_allocation
 
 __all__ = ["score_drafter_candidates", "default_drafter_grid", "drafter_specs", "score_spec", "score_run",
            "spec_candidate", "stand_in", "dspark_bucket"]
@@ -114,13 +119,9 @@ def score_spec(costs, acc: AcceptanceModel, spec, batch_size: int, context_len: 
     return _score_one(costs, acc, fam, p, int(batch_size), float(context_len))
 
 
-def _dspark_survival(acc: AcceptanceModel, L: int, B: int) -> np.ndarray:
-    """[B, L] survivals: each level's chain acceptance cumulated, sequences spread by level weight."""
-    surv = np.stack([np.cumprod(acc.table(i, L)[:, 0]) for i in range(acc.num_levels)])
-    counts = np.floor(acc.weights * B + 1e-9).astype(int)
-    rest = B - counts.sum()
-    counts[np.argsort(-(acc.weights * B - counts), kind="stable")[:rest]] += 1
-    return np.repeat(surv, counts, axis=0)
+def _dspark_survival(acc: AcceptanceModel, L: int) -> np.ndarray:
+    """[levels, L] survivals: each level's chain acceptance cumulated."""
+    return np.stack([np.cumprod(acc.table(i, L)[:, 0]) for i in range(acc.num_levels)])
 
 
 def dspark_bucket(lens: np.ndarray) -> int:
@@ -147,20 +148,22 @@ def _score_one(costs, acc, fam: str, p: dict, b: int, l: int) -> dict:
         from simtree.deploy.costs import rank_batch_of
         L = model.check_block_len(int(p["block_len"]))
         rb = rank_batch_of(costs, b)   # a rank schedules its own sequences (ceil(b / dp) of a deployment's b)
-        surv = _dspark_survival(acc, L, rb)
+        surv, w = _dspark_survival(acc, L), acc.weights
+        draft = float(model.predict(MARGINAL_TOPK, L, b, l))          # its top-K drafted
         thr = p.get("threshold")
-        if thr is None:   # t tokens on the rank: t / rb nodes a sequence of the batch of b
-            lens, thr_used = confidence_verify_lens(surv, lambda t: costs.verify.predict(t / rb, l, b))
+        if thr is None:   # level l: rb w_l sequences; K of their positions verified: 1 + K / rb nodes a sequence
+            lens = batch_allocation(list(surv), rb * w, lambda n: costs.verify.predict(n, l, b), draft, rb)
+            kept = surv[np.arange(L)[None, :] < lens[:, None]]
+            thr_used = float(kept.min()) if kept.size else 1.0
         else:
             thr_used = check_threshold(thr)
             lens = (surv >= thr_used).sum(1)
         chosen = np.arange(L)[None, :] < lens[:, None]
-        g = 1.0 + float((surv * chosen).sum()) / rb
-        m = int(lens.sum())
+        g = 1.0 + float(w @ (surv * chosen).sum(1))
         # the full runtime verifies a static bucket every round: the chain cut to the longest prefix
-        n = dspark_bucket(lens)
-        draft, verify = model.predict(MARGINAL_TOPK, L, b, l), costs.verify.predict(n, l, b)   # its top-K drafted
-        p = {**p, "threshold_used": round(float(thr_used), 6), "verified_per_seq": round(m / rb, 4), "bucket": n}
+        n = dspark_bucket(lens[w > 0])
+        verify = costs.verify.predict(n, l, b)
+        p = {**p, "threshold_used": round(thr_used, 6), "verified_per_seq": round(float(w @ lens), 4), "bucket": n}
     else:
         raise SimtreeError(f"unknown drafter family {fam!r}")
     step = float(verify) + float(draft)

@@ -1,0 +1,106 @@
+"""The committed modes runs predicted again by this checkout's prediction code, from the cost
+bundle each run priced with (on CPU; the GPU's measurements stay as measured):
+
+    python scripts/modes_repredict.py reports/h100/modes/runs.tgz --model qwen3.6-27b
+    git show 49a6edf^:reports/h100/drafters_profile.csv > /tmp/drafters_v4_run.csv
+    python scripts/modes_repredict.py reports/h100/modes/runs.tgz --model deepseek-v4-flash \\
+        --drafter-profile /tmp/drafters_v4_run.csv     # the V4 run planned before 49a6edf replaced the table
+
+Per run folder (each model's ``measure/summary.json`` in the archive):
+:func:`simtree.runtime.full.measure.repredict` on the bundle the run's log names (its file
+in this checkout, ``simtree/data/costs/``) with the drafters' C_d fitted from
+``--drafter-profile`` as ``modes_gpu`` fits them.  A recomputed prediction counts as the code's
+only where the bundle is the run's: every run's predicted round time must come out as recorded
+(within ``--tol``, the recorded files' 6 significant digits), else one line says which run and
+nothing is printed.  Printed: every run whose predicted tok/s moved beyond ``--tol``, before ->
+after, with its accepted tokens a round (measured; predicted before -> after); the others are
+counted.  Recomputed predictions are not blind: the runs were measured before the code changed.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+from simtree.data import data_path
+from simtree.errors import SimtreeError
+from simtree.runtime.full.measure import repredict
+from simtree.runtime.full.modes_gpu import DRAFTER_PROFILE, drafter_bundle
+from simtree.runtime.full.modes_report import run_dirs
+
+BUNDLE_LINE = "verify and MTP costs from "
+
+
+def run_bundle(log: str) -> Path:
+    """The shipped bundle the run's log names, in this checkout (the log gives the path on the GPU)."""
+    named = next((line.rsplit(BUNDLE_LINE, 1)[1].strip() for line in log.splitlines() if BUNDLE_LINE in line), None)
+    if named is None:
+        raise SimtreeError("the run's log.txt does not name its cost bundle")
+    path = data_path("costs", Path(named).name)
+    if not path.is_file():
+        raise SimtreeError(f"the run's bundle {Path(named).name} is not in this checkout's simtree/data/costs")
+    return path
+
+
+def compare(folder: Path, profile: str, tol: float) -> list[dict]:
+    """Each run of ``folder``: its recorded and recomputed predictions (a one-line error where a
+    recomputed round time is not the recorded one: not the run's bundle)."""
+    summary = json.loads((folder / "measure" / "summary.json").read_text())
+    model = summary["runs"][0]["model"]
+    costs, _ = drafter_bundle(str(run_bundle((folder / "log.txt").read_text())), profile, model)
+    now = {(r["policy"], r["batch_size"]): r for r in repredict(summary, costs)["rows"]}
+    out = []
+    for was in summary["rows"]:
+        key = (was["policy"], was["batch_size"])
+        new = now[key]
+        moved = new["predicted_round_ms"] / was["predicted_round_ms"] - 1
+        if abs(moved) > tol:
+            raise SimtreeError(f"{model} batch {key[1]} {key[0]}: predicted round {was['predicted_round_ms']:.4f} ms "
+                               f"recorded, {new['predicted_round_ms']:.4f} now ({moved:+.2e}): not the bundle the run "
+                               f"priced with (--drafter-profile?)")
+        out.append({"model": model, "batch": key[1], "run": key[0], "measured_tok_s": was["measured_tok_s"],
+                    "before": was["predicted_tok_s"], "after": new["predicted_tok_s"],
+                    "err_before": was["rel_err"], "err_after": new["rel_err"], "accepted": was["measured_accepted"],
+                    "acc_before": was["predicted_accepted"], "acc_after": new["predicted_accepted"],
+                    "moved": abs(new["predicted_tok_s"] / was["predicted_tok_s"] - 1) > tol})
+    return out
+
+
+def render(rows: list[dict]) -> str:
+    moved = [r for r in rows if r["moved"]]
+    lines = [f"{len(rows) - len(moved)} of {len(rows)} runs predicted as recorded; {len(moved)} moved:", "",
+             "| model | batch | run | measured tok/s | predicted before -> after | error before -> after "
+             "| accepted / round measured | predicted before -> after |", "|---|---|---|---|---|---|---|---|"]
+    lines += [f"| {r['model']} | {r['batch']} | {r['run']} | {r['measured_tok_s']:.1f} | {r['before']:.1f} -> "
+              f"{r['after']:.1f} | {100 * r['err_before']:+.1f}% -> {100 * r['err_after']:+.1f}% | {r['accepted']:.2f} "
+              f"| {r['acc_before']:.2f} -> {r['acc_after']:.2f} |" for r in moved]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("inputs", nargs="+", type=Path, help="modes run folders or their .tgz")
+    ap.add_argument("--model", default=None, help="only this model's run folder")
+    ap.add_argument("--drafter-profile", default=DRAFTER_PROFILE)
+    ap.add_argument("--tol", type=float, default=1e-5)
+    args = ap.parse_args(argv)
+    try:
+        with tempfile.TemporaryDirectory() as scratch:
+            rows = []
+            for folder in run_dirs(args.inputs, Path(scratch)):
+                model = json.loads((folder / "measure" / "summary.json").read_text())["runs"][0]["model"]
+                if args.model in (None, model):
+                    rows += compare(folder, args.drafter_profile, args.tol)
+        if not rows:
+            raise SimtreeError(f"no run of {args.model} in the inputs")
+    except SimtreeError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(render(rows), end="")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
