@@ -15,7 +15,7 @@ rounds spread over them) times the batch, over the round's time C_v + C_d:
   a step (``best_first`` with width w over the drafter's block); C_d = tfm(n, ceil((n-1)/w), b).
 - ``dspark`` {block_len L, threshold}: a chain of L drafted by the Markov head; the batch
   verifies the prefixes chosen by the confidence schedule (``threshold`` None: batch_alloc's
-  rule over the batch's survivals, the rule the full runtime's round runs - the m positions
+  rule over the batch's survivals, the full runtime round's rule on the levels' mix - the m positions
   most likely to survive, m maximising the round's rate (B + their survival) / (C_d + C_v(1 +
   m / B, l, B))) or those whose survival clears a fixed ``threshold`` in [0, 1]; the survival
   of a position is the level's chain acceptance (a calibrated confidence head).  Each sequence
