@@ -425,7 +425,22 @@ def bench_serve_headline(folder: Path) -> str:
             f"vs the best other policy {100 * min(margins):+.1f}% at "
             f"worst, {100 * max(margins):+.1f}% at best over {len(margins)} (arrivals, load) points; TPOT p99 vs "
             f"the best static {100 * max(tpot):+.1f}% at worst; at most "
-            f"{df[df.policy == 'controller']['switches_per_min'].max():.0f} switches/min")
+            f"{df[df.policy == 'controller']['switches_per_min'].max():.0f} switches/min"
+            + _live_full_clause(folder / "serve_live_full.csv"))
+
+
+def _live_full_clause(path: Path) -> str:
+    """'; live at full scale ...': the controller's full-scale live run (serve_live_full.csv, out of
+    sample: a frozen shipped bundle), its worst phase's TPOT error; empty without the file."""
+    if not path.is_file():
+        return ""
+    from simtree.serving.live_report import tpot_errors
+    df = _csv(path)
+    err, _ = tpot_errors(df)
+    last = df.iloc[-1]
+    return (f"; live at full scale ({_model(last['model'])} {last['dtype']} on {last['device']}, batch changing "
+            f"{', '.join(str(b) for b in df.batch_size)}; frozen shipped bundle, out of sample): measured TPOT vs "
+            f"predicted {100 * err.abs().max():.1f}% at worst over {len(err)} phases")
 
 
 def _lossless_by_dtype(lossless: pd.DataFrame) -> str:

@@ -56,10 +56,14 @@ def _read(path: str | Path) -> pd.DataFrame:
     return df
 
 
+def tpot_errors(df: pd.DataFrame) -> tuple[pd.Series, pd.Series]:
+    """Per phase, predicted over measured TPOT - 1: the step prediction's, and the expected-acceptance one's."""
+    return (df.predicted_tpot_ms / df.measured_tpot_ms - 1, df.predicted_model_tpot_ms / df.measured_tpot_ms - 1)
+
+
 def _table(df: pd.DataFrame, repriced: bool) -> tuple[list[str], pd.Series, pd.Series]:
     """The phase table's lines, and the errors of the prediction and of the expected-acceptance one."""
-    err = df.predicted_tpot_ms / df.measured_tpot_ms - 1
-    model_err = df.predicted_model_tpot_ms / df.measured_tpot_ms - 1
+    err, model_err = tpot_errors(df)
     caught = all(c in df.columns for c in CATCH_UP_COLUMNS)
     lines = ["| phase | batch | rounds | tiers run | measured ms/token | predicted | error | predicted (expected acceptance) |"
              + (" run's own prediction (error) |" if repriced else "")
