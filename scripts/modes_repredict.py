@@ -3,10 +3,11 @@ bundle each run priced with (on CPU; the GPU's measurements stay as measured):
 
     python scripts/modes_repredict.py reports/h100/modes/runs.tgz --model qwen3.6-27b
     git show 49a6edf^:reports/h100/drafters_profile.csv > /tmp/drafters_v4_run.csv
-    python scripts/modes_repredict.py reports/h100/modes/runs.tgz --model deepseek-v4-flash \\
-        --drafter-profile /tmp/drafters_v4_run.csv     # the V4 run planned before 49a6edf replaced the table
+    python scripts/modes_repredict.py reports/h100/modes/runs.tgz --run deepseek-v4-flash-b8-b32 \\
+        --drafter-profile /tmp/drafters_v4_run.csv     # that V4 run planned before 49a6edf replaced the table
 
-Per run folder (each model's ``measure/summary.json`` in the archive):
+Per run folder (each folder's ``measure/summary.json`` in the archive; ``--model`` keeps one model's
+folders, ``--run`` one folder by its name):
 :func:`simtree.runtime.full.measure.repredict` on the bundle the run's log names (its file
 in this checkout, ``simtree/data/costs/``) with the drafters' C_d fitted from
 ``--drafter-profile`` as ``modes_gpu`` fits them.  A recomputed prediction counts as the code's
@@ -83,6 +84,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("inputs", nargs="+", type=Path, help="modes run folders or their .tgz")
     ap.add_argument("--model", default=None, help="only this model's run folder")
+    ap.add_argument("--run", default=None, help="only the run folder of this name")
     ap.add_argument("--drafter-profile", default=DRAFTER_PROFILE)
     ap.add_argument("--tol", type=float, default=1e-5)
     args = ap.parse_args(argv)
@@ -91,10 +93,10 @@ def main(argv=None) -> int:
             rows = []
             for folder in run_dirs(args.inputs, Path(scratch)):
                 model = json.loads((folder / "measure" / "summary.json").read_text())["runs"][0]["model"]
-                if args.model in (None, model):
+                if args.model in (None, model) and args.run in (None, folder.name):
                     rows += compare(folder, args.drafter_profile, args.tol)
         if not rows:
-            raise SimtreeError(f"no run of {args.model} in the inputs")
+            raise SimtreeError(f"no run of {args.run or args.model} in the inputs")
     except SimtreeError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -73,7 +73,7 @@ def summary(csv: Path, gpu: str | None = None, buckets: Path | None = None) -> s
     them (:func:`simtree.costs.pad_report.bucket_summary`: the envelope, the pad map, the
     slowest piece at each spike)."""
     import pandas as pd
-    df = pd.read_csv(csv)
+    df = pd.read_csv(csv, dtype={"device": str, "torch": str})
     by = df.groupby(["batch_size", "nodes_per_seq"]).verify_us_median
     spread = (by.max() / by.min() - 1).rename("shape_spread").reset_index()
     lines = [f"# Verify + commit by tree shape at equal node count ({gpu or df.device.iloc[0]})", "",
@@ -88,12 +88,13 @@ def summary(csv: Path, gpu: str | None = None, buckets: Path | None = None) -> s
     for (b, n), g in df.groupby(["batch_size", "nodes_per_seq"]):
         t = g.set_index("shape").verify_us_median / 1e3
         sp = spread[(spread.batch_size == b) & (spread.nodes_per_seq == n)].shape_spread.iloc[0]
-        lines.append(f"| {b} | {n} | {b * n} | " + " | ".join(f"{t.get(s, float('nan')):.2f}"
+        lines.append(f"| {b} | {n} | {b * n} | " + " | ".join(f"{t[s]:.2f}" if s in t else "-"
                                                            for s in sorted(df["shape"].unique())) + f" | {sp:.1%} |")
     chain = df[df["shape"] == "chain"].sort_values(["batch_size", "nodes_per_seq"])
     worse = [(int(r.batch_size), int(r.nodes_per_seq), int(q.nodes_per_seq), r.verify_us_median / q.verify_us_median - 1)
              for b, g in chain.groupby("batch_size") for (_, r) in g.iterrows()
              for (_, q) in g[g.nodes_per_seq > r.nodes_per_seq].iterrows() if r.verify_us_median > q.verify_us_median]
+    slower = {(b, n, m): sorted(_slower_shapes(df, b, n, m)) for b, n, m, _ in worse}
     padded = df[df.valid_nodes < df.nodes_per_seq].groupby("shape").valid_nodes.agg(["min", "max"])
     lines += ["", "Shapes with padded (invalid) nodes, their valid nodes per sequence: " + (
         "; ".join(f"{s} {r['min']:g}-{r['max']:g}" for s, r in padded.iterrows()) if len(padded) else "none")
@@ -102,9 +103,17 @@ def summary(csv: Path, gpu: str | None = None, buckets: Path | None = None) -> s
     if "torch" not in df.columns:
         lines += ["", "This CSV predates the script's device-name column (its `device` reads "
                   f"`{df.device.iloc[0]}`): the GPU named in the title was given with `--gpu`, from the call's log."]
+    elif df["torch"].isna().any():      # rows of an older run appended to a newer one's
+        old, new = df[df["torch"].isna()], df[df["torch"].notna()]
+        lines += ["", f"The rows at batch {', '.join(map(str, sorted(old.batch_size.unique())))} predate the script's "
+                  f"device-name and torch columns (their `device` reads `{old.device.iloc[0]}`, their `torch` is empty): "
+                  "the GPU named in the title was given with `--gpu`, from the call's log; the rows at batch "
+                  f"{', '.join(map(str, sorted(new.batch_size.unique())))} record "
+                  f"{', '.join(sorted(new.device.unique()))} and torch {', '.join(sorted(new['torch'].unique()))}."]
     lines += ["", "Times in ms. Not monotone in the node count (a smaller tree slower than a larger one at the same "
-              "batch; chain): " + ("; ".join(f"batch {b}, {n} nodes {e:+.1%} over {m} nodes" for b, n, m, e in worse)
-                                   if worse else "none") + "."]
+              "batch; chain; in brackets the shapes timed at both counts that are slower at the smaller too): "
+              + ("; ".join(f"batch {b}, {n} nodes {e:+.1%} over {m} nodes ({', '.join(slower[b, n, m])})"
+                           for b, n, m, e in worse) if worse else "none") + "."]
     if buckets is not None:
         import json
         from simtree.costs.pad_report import bucket_summary
@@ -121,6 +130,13 @@ def summary(csv: Path, gpu: str | None = None, buckets: Path | None = None) -> s
                   "of batches 32 and 64 below.", "",
                   bucket_summary(buckets)]
     return "\n".join(lines) + "\n"
+
+
+def _slower_shapes(df, b: int, n: int, m: int) -> list[str]:
+    """The shapes timed at batch ``b`` with both ``n`` and ``m`` nodes whose ``n``-node point is the slower."""
+    t = df[df.batch_size == b].set_index(["shape", "nodes_per_seq"]).verify_us_median
+    return [s for s in df[df.batch_size == b]["shape"].unique()
+            if (s, n) in t.index and (s, m) in t.index and t[s, n] > t[s, m]]
 
 
 def main() -> None:

@@ -9,13 +9,16 @@ Written atomically into ``--out``, after every input has been read:
 - ``modes.csv``: every measured run of every model and batch size: its mode, whether it is the
   plan's choice, measured and predicted tok/s (the error split into cost and acceptance parts
   from measure/summary.csv), its measured rank, the best measured run and the plan's choice's
-  throughput over it (``plan_over_best``), accepted tokens and round time, the GPU;
+  throughput over it (``plan_over_best``), accepted tokens and round time, the GPU, the run folder;
 - ``lossless.csv``: every mode's live greedy check against plain decoding, with the near-tie
   flag (a difference where the plain top-2 margin is within twice the verify-vs-decode deviation);
 - ``modes.png``: per model and batch size, every run's measured tok/s as a bar (the plan's
   choice marked), its prediction as a dot;
 - ``README.md``: what ran, the command that regenerates it, and the tables, with the modes that
   failed or were not run and the log lines that say why.
+
+One model may come from several run folders at batch sizes that do not overlap (a (model, batch)
+point measured twice is refused); each row's ``run`` column names the folder it came from.
 
 The GPU a run used comes from its record (a ``gpu`` column, a ``gpu:`` log line, or the
 nvidia-smi line ``scripts/modes_gpu.sh`` logs); ``--gpu`` names it for runs without one.
@@ -43,9 +46,9 @@ __all__ = ["MODE_SHAPES", "COLUMNS", "LOSSLESS_COLUMNS", "run_dirs", "load", "re
 
 COLUMNS = ("model", "batch_size", "policy", "mode", "plan_choice", "measured_tok_s", "predicted_tok_s", "rel_err",
            "cost_rel_err", "accept_rel_err", "measured_rank", "best_measured", "plan_over_best",
-           "measured_accepted", "predicted_accepted", "round_ms", "gpu", "plan_of_run")
+           "measured_accepted", "predicted_accepted", "round_ms", "gpu", "plan_of_run", "run")
 LOSSLESS_COLUMNS = ("model", "policy", "mode", "batch_size", "dtype", "match", "near_tie", "margin", "deviation",
-                    "first_diff", "plain_token", "spec_token", "accepted_tokens_per_round")
+                    "first_diff", "plain_token", "spec_token", "accepted_tokens_per_round", "run")
 # longest first: a shape's name starts with its mode's ("best_first_d8_w1_p3", "none", "linear_d4")
 MODE_PREFIXES = ("batch_alloc", "best_first", "cost_aware", "dspark", "block", "eagle", "linear", "tfm", "none")
 PROBLEM = re.compile(r"FAILED|skipped|not run|exited with|no C_d|no drafter rows")
@@ -139,7 +142,8 @@ def load(d: Path, gpu: str | None = None) -> dict:
                          "plan_over_best": plan["measured_tok_s"] / best["measured_tok_s"] if plan else float("nan"),
                          "measured_accepted": r.get("measured_accepted", float("nan")),
                          "predicted_accepted": r.get("predicted_accepted", float("nan")),
-                         "round_ms": r.get("round_ms", float("nan")), "gpu": gpu_name, "plan_of_run": plan_of_run})
+                         "round_ms": r.get("round_ms", float("nan")), "gpu": gpu_name, "plan_of_run": plan_of_run,
+                         "run": d.name})
     problems = [line for line in log if PROBLEM.search(line)]
     shapes = [PolicySpec.from_dict(m, p) for m, p in MODE_SHAPES]
     wanted = ["plain:none", "linear_d4:linear_d4"] + [f"{s.mode}:{s.name}" for s in shapes]
@@ -163,6 +167,7 @@ def load(d: Path, gpu: str | None = None) -> dict:
             lossless["dtype"] = "bf16"
         if "near_tie" not in lossless:
             lossless["near_tie"] = False
+        lossless["run"] = d.name
         lossless = lossless.reindex(columns=list(LOSSLESS_COLUMNS))
     summary = pd.read_csv(parts) if parts.is_file() else pd.DataFrame()
     meta = {"acceptance": ", ".join(sorted(map(str, summary["acceptance"].unique()))) if "acceptance" in summary else "",
@@ -170,6 +175,7 @@ def load(d: Path, gpu: str | None = None) -> dict:
             "rounds": int(summary["rounds"].max()) if "rounds" in summary else None}
     meta["gpu_named"] = gpu_named
     meta["plan_deployment"] = deployment
+    meta["planned"] = _policy_field(policy, "created")
     return {"dir": d, "model": model, "gpu": gpu_name, "meta": meta, "rows": rows, "lossless": lossless, "problems": problems,
             "absent": absent, "note": costs_note(modes, log, _policy_field(policy, "created"))}
 
@@ -217,11 +223,11 @@ def report(inputs: list[Path], out: Path, gpu: str | None = None, command: str |
     from .modes_readme import plot_modes, readme
 
     with tempfile.TemporaryDirectory() as scratch:
-        runs = sorted((load(d, gpu) for d in run_dirs(inputs, Path(scratch))), key=lambda r: r["model"])
-    models = [r["model"] for r in runs]
-    if len(set(models)) < len(models):
-        raise SimtreeError(f"two runs of one model among the inputs ({', '.join(sorted(models))}): give one each")
+        runs = sorted((load(d, gpu) for d in run_dirs(inputs, Path(scratch))),
+                      key=lambda r: (r["model"], min(x["batch_size"] for x in r["rows"]) if r["rows"] else 0))
+    _refuse_overlap(runs)
     table = pd.DataFrame([row for r in runs for row in r["rows"]], columns=list(COLUMNS))
+    table = table.sort_values(["model", "batch_size"], kind="stable", ignore_index=True)   # a model's runs interleave
     if table.empty:
         raise SimtreeError("no measured run in the inputs' modes.csv")
     lossless = pd.concat([r["lossless"] for r in runs if not r["lossless"].empty] or
@@ -238,6 +244,22 @@ def report(inputs: list[Path], out: Path, gpu: str | None = None, command: str |
     return {"runs": len(table), "points": len(points),
             "plan_ok": int((1 - points["plan_over_best"] <= PLAN_TOLERANCE).sum()),
             "checks": len(lossless), "match": int((lossless["match"].astype(str) == "True").sum())}
+
+
+def _refuse_overlap(runs: list[dict]) -> None:
+    """One model may come from several run folders, each at its own batch sizes: a (model, batch)
+    point measured by two folders (or two folders of one name) is refused."""
+    seen: dict[tuple[str, int], str] = {}
+    names = [r["dir"].name for r in runs]
+    if len(set(names)) < len(names):
+        raise SimtreeError(f"two run folders of one name among the inputs ({', '.join(sorted(names))}): "
+                           "name each run's folder apart")
+    for r in runs:
+        for b in sorted({x["batch_size"] for x in r["rows"]}):
+            other = seen.setdefault((r["model"], b), r["dir"].name)
+            if other != r["dir"].name:
+                raise SimtreeError(f"two runs of {r['model']} at batch {b} ({other}, {r['dir'].name}): "
+                                   "give each (model, batch) point once")
 
 
 def main(argv=None) -> int:
