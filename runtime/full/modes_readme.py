@@ -46,8 +46,7 @@ def _what_ran(runs: list[dict]) -> list[str]:
         rounds = f", {meta['rounds']} timed rounds each" if meta["rounds"] else ""
         note = f" Costs: {_in_repo(r['note']).rstrip('.')}." if r["note"] else ""
         named = " (named by --gpu: the run did not record its GPU)" if meta.get("gpu_named") else ""
-        planned = f", planned {meta['planned'][:16].replace('T', ' ')} UTC" if meta.get("planned") else ""
-        lines.append(f"- {MODEL_NAMES.get(r['model'], r['model'])} (run folder `{r['dir'].name}`{planned}) on "
+        lines.append(f"- {MODEL_NAMES.get(r['model'], r['model'])} (run folder `{r['dir'].name}`) on "
                      f"{r['gpu']}{named}: {len(rows)} runs at batch "
                      f"{', '.join(map(str, batches))} {graphs}, acceptance {meta['acceptance'] or 'not recorded'}"
                      f"{rounds}; {len(r['lossless'])} lossless checks.{note}")

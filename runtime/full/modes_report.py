@@ -175,7 +175,6 @@ def load(d: Path, gpu: str | None = None) -> dict:
             "rounds": int(summary["rounds"].max()) if "rounds" in summary else None}
     meta["gpu_named"] = gpu_named
     meta["plan_deployment"] = deployment
-    meta["planned"] = _policy_field(policy, "created")
     return {"dir": d, "model": model, "gpu": gpu_name, "meta": meta, "rows": rows, "lossless": lossless, "problems": problems,
             "absent": absent, "note": costs_note(modes, log, _policy_field(policy, "created"))}
 

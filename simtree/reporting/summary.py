@@ -536,8 +536,9 @@ FOLDERS: tuple[Folder, ...] = (
            "acceptance beside the plan's choice, and each mode's bf16 greedy output against plain greedy",
            "`python -m simtree.runtime.full.modes_gpu report reports/h100/modes/runs.tgz --gpu \"NVIDIA H100 80GB "
            "HBM3\" --out reports/h100/modes` (the runs in runs.tgz: `OUT=DIR bash scripts/modes_gpu.sh M` on the GPU, "
-           "one model a call: Qwen3.6-27B at its default batch sizes 1,4,16,64; DeepSeek-V4-Flash at them (folder "
-           "deepseek-v4-flash) and, in an earlier session, with BATCH_SIZES=8,32 (folder deepseek-v4-flash-b8-b32)); "
+           "one model a call: Qwen3.6-27B with BATCH_SIZES=1,4 and 16,64 in one session, the two folders combined into "
+           "one; DeepSeek-V4-Flash at the default 1,4,16,64 (folder deepseek-v4-flash) and, in an earlier session, with "
+           "BATCH_SIZES=8,32 (folder deepseek-v4-flash-b8-b32)); "
            "verify_pad.csv: `python scripts/verify_pad_gpu.py --out DIR` on the GPU",
            modes_headline),
     Folder("reports/bench_serve", "Serving benchmark (simulated, shipped H200 costs)",
