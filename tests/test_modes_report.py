@@ -292,3 +292,20 @@ def test_a_note_loses_only_an_absolute_checkout_prefix():
     assert "when the run planned, 2026-12-07 01:19 UTC" in costs_note(old, [], "2026-12-07T01:19:00+00:00")
     named = pd.DataFrame({"note": ["drafters' C_d from p.csv (H100; variant round, context 256); verify from c"]})
     assert costs_note(named, [], "2026-12-07T01:19:00+00:00") == named["note"][0]
+
+
+def test_a_root_level_archive_and_a_dot_folder_are_named_after_themselves(tmp_path, monkeypatch):
+    """run_dirs names an archive with modes.csv at its root after the archive (not the scratch
+    folder it is unpacked into), and a folder given as '.' is named by its resolved path."""
+    import tarfile
+    from simtree.runtime.full.modes_report import run_dirs
+    run = tmp_path / "my_run"
+    run.mkdir()
+    (run / "modes.csv").write_text("model\n")
+    with tarfile.open(tmp_path / "b16_call.tgz", "w:gz") as tar:
+        tar.add(run / "modes.csv", arcname="modes.csv")
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    assert [d.resolve().name for d in run_dirs([tmp_path / "b16_call.tgz"], scratch)] == ["b16_call"]
+    monkeypatch.chdir(run)
+    assert [d.resolve().name for d in run_dirs([Path(".")], scratch)] == ["my_run"]

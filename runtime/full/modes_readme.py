@@ -46,7 +46,7 @@ def _what_ran(runs: list[dict]) -> list[str]:
         rounds = f", {meta['rounds']} timed rounds each" if meta["rounds"] else ""
         note = f" Costs: {_in_repo(r['note']).rstrip('.')}." if r["note"] else ""
         named = " (named by --gpu: the run did not record its GPU)" if meta.get("gpu_named") else ""
-        lines.append(f"- {MODEL_NAMES.get(r['model'], r['model'])} (run folder `{r['dir'].name}`) on "
+        lines.append(f"- {MODEL_NAMES.get(r['model'], r['model'])} (run folder `{r['dir'].resolve().name}`) on "
                      f"{r['gpu']}{named}: {len(rows)} runs at batch "
                      f"{', '.join(map(str, batches))} {graphs}, acceptance {meta['acceptance'] or 'not recorded'}"
                      f"{rounds}; {len(r['lossless'])} lossless checks.{note}")
@@ -141,7 +141,7 @@ def readme(table: pd.DataFrame, lossless: pd.DataFrame, runs: list[dict], comman
                       "Replays): the adapter's own (random weights) tree was replayed, not the one the model "
                       "predicts; rerun scripts/modes_gpu.sh to measure the replay as it is now."]
         lines.append("")
-    lines += ["| model | batch | run | mode | measured tok/s | predicted tok/s | error | cost part | acceptance part "
+    lines += ["| model | batch | policy | mode | measured tok/s | predicted tok/s | error | cost part | acceptance part "
               "| accepted / round | round ms | rank |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in table.itertuples():
         run = f"**{r.policy}**" if r.plan_choice else r.policy
@@ -158,6 +158,13 @@ def readme(table: pd.DataFrame, lossless: pd.DataFrame, runs: list[dict], comman
     return "\n".join(lines) + "\n"
 
 
+def _checked(r: dict) -> str:
+    """A lossless check's model, with its run folder where that is not named after the model (a
+    model measured in several folders)."""
+    run = r.get("run")
+    return r["model"] if pd.isna(run) or str(run) == r["model"] else f"{r['model']} ({run})"
+
+
 def _lossless_section(lossless: pd.DataFrame) -> list[str]:
     lines = ["## Lossless: every mode's greedy output against plain greedy decoding", ""]
     if lossless.empty:
@@ -165,7 +172,7 @@ def _lossless_section(lossless: pd.DataFrame) -> list[str]:
     results = [lossless_result(r) for r in lossless.to_dict("records")]
     n = len(results)
     ties, differ = results.count("near-tie"), results.count("DIFFERS")
-    idle = [f"{r['model']} {r['policy']}" for r in lossless.to_dict("records")
+    idle = [f"{_checked(r)} {r['policy']}" for r in lossless.to_dict("records")
             if float(r["accepted_tokens_per_round"]) <= 1.0]
     lines += [f"{results.count('match')} of {n} checks match plain greedy token for token; {ties} "
               f"{'differs' if ties == 1 else 'differ'} at a near-tie of the plain run (its top-2 logit margin within "
@@ -179,7 +186,7 @@ def _lossless_section(lossless: pd.DataFrame) -> list[str]:
     num = lambda x: "-" if pd.isna(x) else f"{float(x):.4f}"   # noqa: E731
     for r, res in zip(lossless.to_dict("records"), results):
         first = "-" if pd.isna(r["first_diff"]) else str(r["first_diff"])
-        lines.append(f"| {r['model']} | {r['policy']} | {r['mode']} | {r['dtype']} | {res} | {first} | "
+        lines.append(f"| {_checked(r)} | {r['policy']} | {r['mode']} | {r['dtype']} | {res} | {first} | "
                      f"{num(r['margin'])} | {num(r['deviation'])} | {float(r['accepted_tokens_per_round']):.2f} |")
     return lines + [""]
 

@@ -77,7 +77,7 @@ def run_dirs(inputs: list[Path], scratch: Path) -> list[Path]:
     for i, path in enumerate(inputs):
         path = Path(path)
         if path.is_file() and path.name.endswith((".tgz", ".tar.gz")):
-            dest = scratch / f"in{i}"
+            dest = scratch / f"in{i}" / path.name.removesuffix(".tgz").removesuffix(".tar.gz")   # a root-level run: the archive's name
             try:
                 with tarfile.open(path) as tar:
                     tar.extractall(dest, filter="data")
@@ -143,7 +143,7 @@ def load(d: Path, gpu: str | None = None) -> dict:
                          "measured_accepted": r.get("measured_accepted", float("nan")),
                          "predicted_accepted": r.get("predicted_accepted", float("nan")),
                          "round_ms": r.get("round_ms", float("nan")), "gpu": gpu_name, "plan_of_run": plan_of_run,
-                         "run": d.name})
+                         "run": d.resolve().name})
     problems = [line for line in log if PROBLEM.search(line)]
     shapes = [PolicySpec.from_dict(m, p) for m, p in MODE_SHAPES]
     wanted = ["plain:none", "linear_d4:linear_d4"] + [f"{s.mode}:{s.name}" for s in shapes]
@@ -167,7 +167,7 @@ def load(d: Path, gpu: str | None = None) -> dict:
             lossless["dtype"] = "bf16"
         if "near_tie" not in lossless:
             lossless["near_tie"] = False
-        lossless["run"] = d.name
+        lossless["run"] = d.resolve().name
         lossless = lossless.reindex(columns=list(LOSSLESS_COLUMNS))
     summary = pd.read_csv(parts) if parts.is_file() else pd.DataFrame()
     meta = {"acceptance": ", ".join(sorted(map(str, summary["acceptance"].unique()))) if "acceptance" in summary else "",
@@ -249,15 +249,15 @@ def _refuse_overlap(runs: list[dict]) -> None:
     """One model may come from several run folders, each at its own batch sizes: a (model, batch)
     point measured by two folders (or two folders of one name) is refused."""
     seen: dict[tuple[str, int], str] = {}
-    names = [r["dir"].name for r in runs]
+    names = [r["dir"].resolve().name for r in runs]
     if len(set(names)) < len(names):
         raise SimtreeError(f"two run folders of one name among the inputs ({', '.join(sorted(names))}): "
                            "name each run's folder apart")
     for r in runs:
         for b in sorted({x["batch_size"] for x in r["rows"]}):
-            other = seen.setdefault((r["model"], b), r["dir"].name)
-            if other != r["dir"].name:
-                raise SimtreeError(f"two runs of {r['model']} at batch {b} ({other}, {r['dir'].name}): "
+            other = seen.setdefault((r["model"], b), r["dir"].resolve().name)
+            if other != r["dir"].resolve().name:
+                raise SimtreeError(f"two runs of {r['model']} at batch {b} ({other}, {r['dir'].resolve().name}): "
                                    "give each (model, batch) point once")
 
 
