@@ -123,3 +123,28 @@ def test_sglang_counter_backwards_and_per_position_backwards(tmp_path):
     early.write_text("\n".join(line.rsplit(" ", 1)[0] + " 1e9" if 'position="2"' in line else line
                                for line in (DATA / "vllm_metrics.prom").read_text().splitlines()))
     assert "position=2} went backwards" in _bad(tmp_path, early, DATA / "vllm_metrics_later.prom")
+
+
+def test_a_counter_that_is_not_a_finite_count_is_named(tmp_path):
+    """NaN, +Inf (both legal in the exposition format) or a negative value in a counter: one line
+    naming the series, not an overflow traceback (Inf) or a misleading "series missing" (NaN)."""
+    page = (DATA / "vllm_metrics.prom").read_text()
+    for value, counter in [("+Inf", "num_drafts_total"), ("NaN", "num_accepted_tokens_total"),
+                           ("-5", "num_drafts_total")]:
+        bad = tmp_path / f"{counter}.prom"
+        bad.write_text("\n".join(line.rsplit(" ", 1)[0] + f" {value}" if line.startswith(f"vllm:spec_decode_{counter}{{")
+                                 else line for line in page.splitlines()))
+        msg = _bad(tmp_path, bad)
+        assert f"counter vllm:spec_decode_{counter}{{engine=\"0\"" in msg and "a counter is a finite count >= 0" in msg
+
+
+@pytest.mark.parametrize("field, value", [("spec_verify_ct", "95"), ("spec_verify_ct", -95),
+                                          ("spec_accept_length", "2.7"), ("spec_num_proposed_drafts", 1e400),
+                                          ("spec_num_correct_drafts", -1)])
+def test_a_sglang_request_field_that_is_not_a_count_is_named(tmp_path, field, value):
+    records = [json.loads(line) for line in (DATA / "sglang_requests.jsonl").read_text().splitlines() if line.strip()]
+    records[1]["meta_info"][field] = value
+    bad = tmp_path / "requests.json"
+    bad.write_text(json.dumps(records))
+    msg = _bad(tmp_path, bad, engine="sglang")
+    assert msg.startswith(f"{bad} record 2: meta_info.{field} must be a finite number >= 0, got {value!r}")

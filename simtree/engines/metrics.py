@@ -80,13 +80,31 @@ def _by_name(samples: dict[Sample, float], name: str) -> dict[tuple, float]:
     return {labels: v for (n, labels), v in samples.items() if n == name}
 
 
+def _label_text(labels: tuple) -> str:
+    return "{" + ",".join(f'{k}="{v}"' for k, v in labels) + "}" if labels else ""
+
+
+def _count(meta: dict, key: str, where: str) -> float | None:
+    """``meta[key]`` as a finite number >= 0, None where it is absent; anything else (a string,
+    NaN, a negative count) is a one-line error naming the field."""
+    v = meta.get(key)
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+        raise SimtreeError(f"{where}: meta_info.{key} must be a finite number >= 0, got {v!r}")
+    return float(v)
+
+
 def _window(scrapes: list[tuple[str, dict]], name: str, *, key=None) -> dict:
     """{key: value} of counter ``name`` summed per key over its label sets, the later scrape
     minus the earlier when there are two; a counter that decreased is an error."""
     sums = []
-    for _, samples in scrapes:
+    for src, samples in scrapes:
         acc: dict = {}
         for labels, v in _by_name(samples, name).items():
+            if not (math.isfinite(v) and v >= 0):   # a counter counts: NaN, inf or below 0 is a broken page
+                raise SimtreeError(f"{src}: counter {name}{_label_text(labels)} is {v:g}: a counter is a finite "
+                                   "count >= 0")
             k = key(labels) if key else None
             acc[k] = acc.get(k, 0.0) + v
         sums.append(acc)
@@ -185,21 +203,24 @@ def _sglang_json(src: str, data) -> EngineAcceptance:
                                 int(tokens) - 1 if isinstance(tokens, int) and tokens > 1 else None, None,
                                 notes=["/server_info gives a mean without the number of drafts behind it"])
     records = data if isinstance(data, list) else [data]
-    metas = [r.get("meta_info", r) for r in records if isinstance(r, dict)]
-    metas = [m for m in metas if isinstance(m, dict) and m.get("spec_verify_ct")]
+    metas = {i: r.get("meta_info", r) for i, r in enumerate(records, 1) if isinstance(r, dict)}
+    metas = {i: m for i, m in metas.items() if isinstance(m, dict) and m.get("spec_verify_ct")}
     if not metas:
         raise SimtreeError(f"{src}: no SGLang spec-decode fields (meta_info.spec_accept_length, spec_verify_ct) "
                            "in any record: is speculative decoding on?")
-    verify = np.array([float(m["spec_verify_ct"]) for m in metas])
-    length = np.array([float(m.get("spec_accept_length", 0.0)) for m in metas])
-    correct = [m.get("spec_num_correct_drafts") for m in metas]
-    if all(isinstance(c, (int, float)) for c in correct):
+    fields = [{k: _count(m, k, f"{src} record {i}") for k in ("spec_verify_ct", "spec_accept_length",
+                                                             "spec_num_correct_drafts", "spec_num_proposed_drafts")}
+              for i, m in metas.items()]
+    verify = np.array([f["spec_verify_ct"] for f in fields])
+    length = np.array([f["spec_accept_length"] or 0.0 for f in fields])
+    correct = [f["spec_num_correct_drafts"] for f in fields]
+    if all(c is not None for c in correct):
         length = 1.0 + np.asarray(correct, float) / verify
     mean = float(np.sum(length * verify) / verify.sum())
     se = float(np.sqrt(np.sum(verify * (length - mean) ** 2) / verify.sum() / max(len(metas) - 1, 1)))
-    proposed = [m.get("spec_num_proposed_drafts") for m in metas]
+    proposed = [f["spec_num_proposed_drafts"] for f in fields]
     draft_len = None
-    if all(isinstance(p, (int, float)) for p in proposed):
+    if all(p is not None for p in proposed):
         draft_len = int(round(float(np.sum(proposed)) / verify.sum()))
     return EngineAcceptance("sglang", [src], mean, draft_len, int(verify.sum()), mean_accepted_tokens_se=se,
                             notes=[f"{len(metas)} requests; the standard error is over requests"])

@@ -6,7 +6,6 @@ comments.  Only samples are kept: ``{(name, labels): value}`` with labels a sort
 """
 from __future__ import annotations
 
-import math
 import re
 import urllib.error
 import urllib.request
@@ -53,9 +52,7 @@ def parse_text(text: str, where: str) -> dict[Sample, float]:
             value = float(fields[0])
         except (IndexError, ValueError):
             raise SimtreeError(f"{where}: line {number}: no numeric value: {line[:80]!r}") from None
-        if math.isnan(value):
-            continue
-        samples[(name, tuple(sorted(labels)))] = value
+        samples[(name, tuple(sorted(labels)))] = value   # NaN kept: a counter's reader refuses it
     return samples
 
 
