@@ -25,13 +25,14 @@ __all__ = ["train_tokenizer", "BpeTokenizer", "ENDOFTEXT", "TOKENIZER_FILE"]
 
 ENDOFTEXT = "<|endoftext|>"
 TOKENIZER_FILE = "tokenizer.json"
+VOCAB_RANGE = (260, 1 << 17)   # the 256 bytes, the special token and a few merges .. 131072
 
 
 def train_tokenizer(texts: Iterable[str], vocab_size: int = 2048):
     """A byte-level BPE ``tokenizers.Tokenizer`` of ``vocab_size`` tokens over ``texts``."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-    vocab_size = check_int(vocab_size, "--vocab-size", 260, 1 << 17)
+    vocab_size = check_int(vocab_size, "--vocab-size", *VOCAB_RANGE)
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()

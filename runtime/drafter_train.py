@@ -38,7 +38,7 @@ from simtree.errors import SimtreeError, check_int
 
 from .data import training_docs
 from .drafter_model import TRAINABLE, BlockDrafterModule, read_drafter, save_drafter, target_features
-from .train_state import TrainingJob, job_settings
+from .train_state import TrainingJob, check_run_numbers, job_settings
 
 __all__ = ["DrafterTrainConfig", "train_drafter", "drafter_dir"]
 
@@ -85,8 +85,7 @@ class DrafterTrainConfig:
         check_int(self.adapter_dim, "--adapter-dim", 1, 4096)
         check_int(self.conversations, "--conversations", 1)
         check_int(self.checkpoint_every, "--checkpoint-every", 1)
-        if not (self.lr > 0 and math.isfinite(self.lr)):
-            raise SimtreeError(f"--lr must be a positive number, got {self.lr}")
+        check_run_numbers(self)
         if not 0 < self.depth_decay <= 1:
             raise SimtreeError(f"--depth-decay must be in (0, 1], got {self.depth_decay}")
         return self

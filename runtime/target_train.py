@@ -42,12 +42,13 @@ import numpy as np
 import torch
 
 from simtree.errors import SimtreeError, check_int
+from simtree.machine.metadata import require_device
 
-from .bpe import BpeTokenizer, train_tokenizer, write_tokenizer
+from .bpe import VOCAB_RANGE, BpeTokenizer, train_tokenizer, write_tokenizer
 from .data import training_docs
 from .target_model import PRESETS, TargetWithMTP, hf_config, save_folder
 from .train_memory import check_training_memory
-from .train_state import TrainingInterrupted, TrainingJob, job_settings
+from .train_state import TrainingInterrupted, TrainingJob, check_run_numbers, job_settings
 
 __all__ = ["TargetTrainConfig", "TrainingInterrupted", "train_target", "corpus"]
 
@@ -86,10 +87,9 @@ class TargetTrainConfig:
         check_int(self.conversations, "--conversations", 1)
         check_int(self.eval_every, "eval_every", 1)
         check_int(self.checkpoint_every, "--checkpoint-every", 1)
-        if not (self.lr > 0 and math.isfinite(self.lr)):
-            raise SimtreeError(f"--lr must be a positive number, got {self.lr}")
-        if self.device.startswith("cuda") and not torch.cuda.is_available():
-            raise SimtreeError(f"--device {self.device}: no CUDA device here")
+        check_int(self.vocab_size, "--vocab-size", *VOCAB_RANGE)
+        check_run_numbers(self)
+        require_device(self.device)
         return self
 
 

@@ -31,7 +31,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from simtree.errors import SimtreeError
+from simtree.errors import SimtreeError, check_int
 from simtree.fileio import write_atomic
 
 __all__ = ["TrainingJob", "TrainingInterrupted", "checkpoint_path", "job_settings", "setting_text"]
@@ -58,6 +58,18 @@ def setting_text(key: str, value, options: dict | None = None) -> str:
     if option is None:
         return f"{key}={value!r}"
     return f"no {option}" if value is None else f"{option} {shlex.quote(str(value))}"
+
+
+def check_run_numbers(cfg) -> None:
+    """The settings every training job shares: ``lr`` a positive number, ``seed`` an integer
+    numpy and torch take (>= 0), ``max_seconds`` a finite time >= 0 (0: stop after the first
+    step); one-line errors naming the option otherwise (a negative seed was numpy's traceback, a
+    negative limit passed as 0 did, NaN never stopped)."""
+    if not (cfg.lr > 0 and math.isfinite(cfg.lr)):
+        raise SimtreeError(f"--lr must be a positive number, got {cfg.lr}")
+    check_int(cfg.seed, "--seed", 0, 2 ** 63 - 1)
+    if not (cfg.max_seconds >= 0 and math.isfinite(cfg.max_seconds)):
+        raise SimtreeError(f"--max-seconds must be a finite number of seconds >= 0, got {cfg.max_seconds}")
 
 
 def checkpoint_path(folder) -> Path:

@@ -213,3 +213,23 @@ def test_training_memory_check_refuses_what_does_not_fit(tmp_path):
     with pytest.raises(SimtreeError, match="GB are available"):
         train_target(out, TargetTrainConfig(**dict(TINY, batch_size=4096, seq_len=4096)))
     assert not out.exists()
+
+
+@pytest.mark.parametrize("setting, value, message", [
+    ("seed", -1, r"--seed must be an integer in \[0, 9223372036854775807\], got -1"),
+    ("max_seconds", -5.0, "--max-seconds must be a finite number of seconds >= 0, got -5.0"),
+    ("max_seconds", float("nan"), "--max-seconds must be a finite number of seconds >= 0, got nan"),
+    ("vocab_size", 0, r"--vocab-size must be an integer in \[260, 131072\], got 0"),
+    ("device", "tpu", "unknown device 'tpu': use cpu or cuda"),
+])
+def test_bad_settings_are_refused_before_the_folder_is_made(tmp_path, setting, value, message):
+    """A negative seed (numpy's traceback), a vocabulary of 0 (an IndexError building the model)
+    and an unknown device (torch's traceback) were tracebacks; a negative --max-seconds published
+    after one step and NaN never stopped."""
+    out = tmp_path / "m"
+    with pytest.raises(SimtreeError, match=message):
+        train_target(out, TargetTrainConfig(**dict(TINY, **{setting: value})))
+    assert not out.exists()
+    if setting in ("seed", "max_seconds"):   # the drafter's job shares them
+        with pytest.raises(SimtreeError, match=message):
+            DrafterTrainConfig(**{setting: value}).validate()
