@@ -1,5 +1,7 @@
 """simtree bench-serve: traces, continuous batching, every policy side by side (SGLang's own
 adaptive and DSpark planners in the loop; skipped where sglang is not importable)."""
+import re
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -155,3 +157,20 @@ def test_paired_band_cancels_what_the_requests_drawn_move():
     assert paired_p99_diff_band(base, base) == (0.0, 0.0)
     with pytest.raises(SimtreeError):
         paired_p99_diff_band(base, base[:-1])
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--seed", "-1"], r"--seed must be an integer in \[0, 9223372036854775804\], got -1"),
+    (["--out-of-sample", "3,-2"], r"--out-of-sample seed must be an integer in \[0, 9223372036854775807\], got -2"),
+    (["--loads", "0.4,nan"], "--loads '0.4,nan': every load must be a finite number > 0"),
+])
+def test_negative_seeds_and_a_nan_load_are_one_line_and_write_nothing(tmp_path, args, message):
+    """A negative seed reached numpy in the worker (its traceback); a NaN load passed the > 0 check
+    and failed later as a trace's rate."""
+    from typer.testing import CliRunner
+
+    from simtree.cli import app
+    out = tmp_path / "out"
+    r = CliRunner().invoke(app, ["bench-serve", "--out", str(out), "--requests", "5", *args])
+    assert isinstance(r.exception, SimtreeError), r.output
+    assert re.fullmatch(message, str(r.exception)) and not out.exists()

@@ -46,8 +46,8 @@ def register(app: typer.Typer) -> None:
             load_values = tuple(float(x) for x in loads.split(",") if x.strip())
         except ValueError:
             raise SimtreeError(f"--loads {loads!r}: give comma-separated numbers") from None
-        if not load_values or min(load_values) <= 0:
-            raise SimtreeError(f"--loads {loads!r}: every load must be > 0")
+        if not load_values or not all(0 < x < float("inf") for x in load_values):   # NaN included
+            raise SimtreeError(f"--loads {loads!r}: every load must be a finite number > 0")
         kinds = tuple(a.strip() for a in arrivals.split(",") if a.strip())
         try:
             oos = tuple(int(x) for x in out_of_sample.split(",") if x.strip())

@@ -131,6 +131,9 @@ def _drivers(m: dict, sg) -> dict:
             "controller": lambda: ControllerDriver(Controller(grid, acc))}
 
 
+SEED_MAX = 2 ** 63 - 1   # numpy's generators take seeds >= 0
+
+
 def run_bench(out: str | Path, *, models=None, loads=LOADS, arrivals=ARRIVALS, num_requests: int = 300,
               workload: str = "sharegpt", seed: int = 0, progress=None, keep_configs: bool = False,
               command: str = "", threshold_tiers: str | Path | None = None, replicas: int = REPLICAS,
@@ -149,7 +152,8 @@ def run_bench(out: str | Path, *, models=None, loads=LOADS, arrivals=ARRIVALS, n
     tiers = None if threshold_tiers is None else read_vllm_tiers(threshold_tiers)
     _sglang()     # fail before any work, in one line, where SGLang's policies cannot be loaded
     out = Path(out)
-    seeds = [int(seed), *(int(s) for s in out_of_sample)]
+    seeds = [check_int(seed, "--seed", 0, SEED_MAX - replicas + 1),   # acceptance seeds run to seed + replicas - 1
+             *(check_int(s, "--out-of-sample seed", 0, SEED_MAX) for s in out_of_sample)]
     if len(set(seeds)) != len(seeds):
         raise SimtreeError(f"out-of-sample seeds {list(out_of_sample)} must differ from each other and from --seed {seed}")
     args = [(models, loads, arrivals, num_requests, workload, s, replicas) for s in seeds]
