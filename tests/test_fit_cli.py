@@ -324,3 +324,12 @@ def test_a_form_that_misses_its_own_profile_is_warned_about(tmp_path):
 def test_a_smooth_profile_gets_no_misfit_warning(tmp_path):
     report = fit_profile(make_profile(tmp_path / "profile.csv", np.random.default_rng(0)), folds=2)
     assert report.verify.in_sample["p90"] < 0.10 and report.misfit_warnings() == []
+
+
+def test_moe_routing_unknown_or_for_a_dense_model_is_refused(tmp_path):
+    """--moe-routing was read only for an MoE model: a dense model's fit ignored it, whatever it said."""
+    prof = make_profile(tmp_path / "profile.csv", np.random.default_rng(0))
+    with pytest.raises(SimtreeError, match="MoE routing 'balnced' unknown: one of uniform, balanced"):
+        fit_profile(prof, folds=2, forms=("basis",), moe_routing="balnced")
+    with pytest.raises(SimtreeError, match="--moe-routing uniform applies to MoE models; toy has no MoE layers"):
+        fit_profile(prof, folds=2, forms=("basis",), moe_routing="uniform")

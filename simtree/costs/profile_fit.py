@@ -264,6 +264,8 @@ def fit_profile(profile: str | os.PathLike, *, stage: str | None = None, model: 
     none chosen), an MoE form for a dense model, or data that cannot be fitted.
     """
     path = Path(profile)
+    if moe_routing is not None and moe_routing not in MOE_ROUTINGS:   # before the table is read
+        raise SimtreeError(f"MoE routing {moe_routing!r} unknown: one of {', '.join(MOE_ROUTINGS)}")
     df = load_profile(path)
     notes: list[str] = []
     vstage = _choose_verify_stage(df, stage, notes)
@@ -288,6 +290,9 @@ def fit_profile(profile: str | os.PathLike, *, stage: str | None = None, model: 
     model_name, device_name = rows["model"].iloc[0], rows["device"].iloc[0]
     dep_name = rows["deployment"].iloc[0]
     moe = model_moe = moe_shape(model_name, dep_name)
+    if moe is None and moe_routing is not None:
+        raise SimtreeError(f"--moe-routing {moe_routing} applies to MoE models; {model_name} has no MoE layers to route: "
+                           "leave the option out")
     if moe is not None:
         routing = moe_routing or profile_moe_routing(path, df)
         if routing not in MOE_ROUTINGS:
