@@ -246,7 +246,10 @@ def sdpa_with_lse(q, k, v, scale: float):
     """softmax(q k^T * scale) v and its log-sum-exp. q [B, H, L, D], k, v [B, H, S, D].
 
     Uses the fused flash kernel where torch exposes its LSE; falls back to explicit math
-    (small shapes / CPU tests)."""
+    (small shapes / CPU tests).  An empty context (S = 0, a sweep's context_len 0) attends to
+    nothing: output 0, LSE -inf (torch's CPU flash kernel dies of SIGFPE on it)."""
+    if k.shape[2] == 0:
+        return q.new_zeros(q.shape), torch.full(q.shape[:3], float("-inf"), device=q.device)
     if q.is_cuda:
         try:
             res = torch.ops.aten._scaled_dot_product_flash_attention(q, k, v, 0.0, False, False, scale=scale)

@@ -129,6 +129,19 @@ _SCALARS = {"max_minutes": (float, 0, False), "target_s": (float, 0, False), "fl
             "cpu_threads": (int, 1, True)}
 
 
+# every key a sweep YAML may set at its top level and in a (non-collectives) stage entry
+_TOP_KEYS = {"name", "device", "dtype", "models", "grid", "stages", "compose", "deployment", "core_variants",
+             *_SCALARS}
+_STAGE_KEYS = {"stage", "variants", "models", "budget_s", "grid"}
+
+
+def _check_keys(mapping: dict, known: set[str], where: str) -> None:
+    """A typo'd key (``gird:``) is an error, not a setting silently left at its default."""
+    unknown = sorted(str(k) for k in mapping if k not in known)
+    if unknown:
+        raise SimtreeError(f"{where}: unknown key(s) {', '.join(unknown)} (known: {', '.join(sorted(known))})")
+
+
 def _number(value, kind, low: float, inclusive: bool, where: str):
     """``value`` as a finite ``kind`` (int or float) >= / > ``low``; a one-line error otherwise."""
     ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) \
@@ -153,6 +166,7 @@ def _str_list(value, where: str) -> list[str]:
 def _check_spec(spec: dict, name: str) -> None:
     """Types and ranges of everything a sweep YAML sets, checked before any point runs, so a
     typo is one error up front rather than points timed wrongly or logged as failed."""
+    _check_keys(spec, _TOP_KEYS, name)
     for key, (kind, low, inclusive) in _SCALARS.items():
         if key in spec:
             spec[key] = _number(spec[key], kind, low, inclusive, f"{name}: {key}")
@@ -185,6 +199,7 @@ def _check_spec(spec: dict, name: str) -> None:
             continue
         if entry["stage"] not in known_stages():
             raise SimtreeError(f"{where}: unknown stage {entry['stage']!r} (known: {', '.join(sorted(known_stages()))})")
+        _check_keys(entry, _STAGE_KEYS, where)
         if "variants" in entry:
             _str_list(entry["variants"], f"{where} variants")
         if "models" in entry:

@@ -300,6 +300,9 @@ def test_points_log_lines_that_are_not_records_are_ignored(spec, tmp_path):
     ("models: [tiny-gdn]\nstages: [{stage: mlp_step, budget_s: 0}]", "budget_s must be a number > 0"),
     ("models: [tiny-gdn]\ndevice: tpu\nstages: [{stage: mlp_step}]", "device must be cuda"),
     ("models: [tiny-gdn]\ncompose: {stack_layers: x}\nstages: [{stage: mlp_step}]", "stack_layers must be an integer"),
+    # a typo'd key was ignored: the sweep ran with the default grid or budget
+    ("models: [tiny-gdn]\ngird: {batch_size: [1]}\nstages: [{stage: mlp_step}]", r"s.yaml: unknown key\(s\) gird \(known: "),
+    ("models: [tiny-gdn]\nstages: [{stage: mlp_step, budget: 5}]", r"stage entry 0: unknown key\(s\) budget \(known: "),
 ])
 def test_sweep_yaml_is_checked_before_any_point_runs(tmp_path, yaml_text, match):
     path = tmp_path / "s.yaml"
@@ -324,3 +327,29 @@ def test_a_variant_a_stage_does_not_have_is_unavailable_not_mislabelled(tmp_path
 def test_bad_options_are_one_line_errors(spec, tmp_path, kw, match):
     with pytest.raises(SimtreeError, match=match):
         _run(spec, tmp_path / "p.csv", **kw)
+
+
+def test_every_shipped_sweep_loads():
+    """No shipped sweep sets a key the checks do not know."""
+    for path in sorted(sw.SWEEP_DIR.glob("*.yaml")):
+        assert sw.load_sweep(path)["stages"], path.name
+
+
+def test_a_verify_over_an_empty_context_is_timed_not_a_crash(tmp_path):
+    """context_len 0 for an attention verify: torch's CPU flash kernel died of SIGFPE (the whole
+    sweep process, no line, no row); the tree part alone is the exact attention."""
+    import torch
+
+    from simtree.profiler.pieces import tree_attention
+    torch.manual_seed(0)
+    q, kt, vt = torch.randn(2, 4, 3, 8), torch.randn(2, 2, 3, 8), torch.randn(2, 2, 3, 8)
+    empty = torch.zeros(2, 2, 0, 8)
+    bias = torch.zeros(2, 1, 3, 3).masked_fill(~torch.ones(3, 3, dtype=torch.bool).tril(), float("-inf"))
+    got = tree_attention(q, empty, empty, kt, vt, bias, 0.3)
+    k, v = kt.repeat_interleave(2, dim=1), vt.repeat_interleave(2, dim=1)
+    want = torch.softmax(q @ k.transpose(-1, -2) * 0.3 + bias, dim=-1) @ v
+    torch.testing.assert_close(got, want)
+    path = tmp_path / "s.yaml"
+    path.write_text("models: [tiny-gdn]\ntarget_s: 0.001\nstages: [{stage: attn_tree_verify, grid: "
+                    "{batch_size: [1], nodes_per_seq: [2], context_len: [0]}}]\n")
+    assert _run(path, tmp_path / "p.csv").measured == 1
