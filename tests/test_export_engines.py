@@ -115,3 +115,20 @@ def test_plan_not_covering_batch_1_is_one_line_and_writes_nothing(tmp_path, engi
     assert isinstance(r.exception, SimtreeError) and "\n" not in str(r.exception)
     assert "not 1" in str(r.exception) or "batch 1" in str(r.exception)
     assert not out.exists()
+
+
+@pytest.mark.parametrize("engine, bundle, message", [
+    ("sglang", "h200_deepseek-v4-flash_ep8.json", "times deepseek-v4-flash at ep=8; the policy plans qwen3.6-27b at tp=1"),
+    ("sglang", "h200_qwen3.6-27b_tp2.json", "times qwen3.6-27b at tp=2; the policy plans qwen3.6-27b at tp=1"),
+    ("vllm", "h200_qwen3.6-27b_tp1.json", "the vllm export writes none"),
+])
+def test_costs_of_another_model_or_deployment_or_for_vllm_are_refused(tmp_path, engine, bundle, message):
+    """The SPS table was fitted to whatever --costs gave (another model's timings, silently), and
+    the vllm export ignored --costs."""
+    from simtree.data import data_path
+
+    out = tmp_path / "o"
+    r = runner.invoke(app, ["export", engine, str(QWEN), "--out", str(out), "--costs",
+                            str(data_path("costs", bundle))])
+    assert isinstance(r.exception, SimtreeError) and message in str(r.exception)
+    assert "\n" not in str(r.exception) and not out.exists()

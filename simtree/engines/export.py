@@ -33,6 +33,7 @@ import numpy as np
 from simtree.acceptance.model import get_workload
 from simtree.costs.model import load_costs
 from simtree.parallel import parse_deployment
+from simtree.deploy.costs import bundle_deployment
 from simtree.deploy.shipped import shipped_bundle, shipped_machine_for
 from simtree.errors import SimtreeError
 from simtree.fileio import write_text_atomic
@@ -167,8 +168,13 @@ def sps_additive_table(costs, context_len: float, gamma: int, max_batch: int) ->
 
 
 def _costs_for(policy: Policy, costs_path: str | None):
-    if costs_path:
-        return load_costs(costs_path), costs_path
+    if costs_path:   # the SPS table times the policy's model at its deployment: another bundle's is not it
+        bundle = load_costs(costs_path)
+        model, dep = bundle.meta.get("model"), bundle_deployment(bundle).name
+        if (model, dep) != (policy.model, parse_deployment(policy.deployment).name):
+            raise SimtreeError(f"--costs {costs_path} times {model} at {dep}; the policy plans {policy.model} at "
+                               f"{policy.deployment}: give that model and deployment's bundle (or leave --costs out)")
+        return bundle, costs_path
     path = shipped_bundle(policy.model, parse_deployment(policy.deployment), shipped_machine_for(policy.device))
     if not Path(path).is_file():
         raise SimtreeError(f"no shipped cost bundle for {policy.model} at {policy.deployment}: give --costs")
@@ -187,6 +193,8 @@ def export_policy(engine: str, policy: str | Path, out: str | Path, *, workload:
     deepest draft the cost bundle measured.  Everything is computed before the first write."""
     if engine not in ENGINES:
         raise SimtreeError(f"unknown engine {engine!r}: use one of {', '.join(ENGINES)}")
+    if engine == "vllm" and costs:
+        raise SimtreeError("--costs times SGLang's DSpark SPS table; the vllm export writes none: leave it out")
     path = policy_path(policy)
     pol = Policy.load(path)
     pol.check_served(str(path), f"export it to {engine}")
