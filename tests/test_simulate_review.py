@@ -175,6 +175,7 @@ def _cli(*args):
     (["--prompt-len", "1e12"], "prompt length must be in [1, 1048576]"),
     (["--output-len", "100000000"], "output length must be an integer in [1, 1048576]"),
     (["--policy-mode", "eagle", "--draft-depth", "4"], "--draft-depth applies to best_first"),
+    (["--policy-mode", "eagle", "--width", "3"], "--width applies to best_first, tfm, not to mode 'eagle'"),   # was ignored
 ])
 def test_simulate_bad_arguments_are_one_line_errors(args, fragment):
     proc = _cli("simulate", "--model", "qwen3.6-27b", *args)

@@ -363,6 +363,9 @@ def params_from_flags(mode: str, steps: int, topk: int, budget: int, width: int 
     if mode not in params:
         raise SimtreeError(f"unknown policy mode {mode!r}: use one of {', '.join(MODES)}")
     p = params[mode]
+    if width != 1 and "width" not in p:   # 1 is the flag's default: any other value was asked for
+        raise SimtreeError(f"--width applies to {', '.join(m for m, q in params.items() if 'width' in q)}, "
+                           f"not to mode {mode!r}")
     if mode in BLOCK_DRAFTER_MODES:      # --draft-depth: the block length (a threshold: a policy file)
         if draft_depth is not None:
             p["block_len"] = draft_depth
