@@ -1,4 +1,5 @@
 """Cost models: recovery of known convex surfaces, shape guarantees everywhere, JSON round trip."""
+import json
 import warnings
 
 import numpy as np
@@ -226,4 +227,18 @@ def test_load_costs_rejects_other_json(tmp_path):
     p = tmp_path / "x.json"
     p.write_text('{"schema": "simtree.policy/1"}')
     with pytest.raises(SimtreeError, match="not a simtree cost bundle"):
+        load_costs(p)
+
+
+@pytest.mark.parametrize("part, value", [("verify", [1]), ("draft", "x")])
+def test_a_bundle_whose_model_is_not_an_object_is_one_line(tmp_path, part, value):
+    # an AttributeError traceback before ('list' object has no attribute 'get')
+    from simtree.data import data_path
+
+    d = json.loads(data_path("costs", "h200_qwen3.6-27b_tp1.json").read_text())
+    d[part] = value
+    p = tmp_path / "c.json"
+    p.write_text(json.dumps(d))
+    with pytest.raises(SimtreeError, match=f"cost bundle {p}: {part} model: must be an object with a surface, "
+                                           f"got {type(value).__name__}"):
         load_costs(p)

@@ -137,6 +137,8 @@ class _SurfaceModel:
 
     @classmethod
     def from_dict(cls, d: dict):
+        if not isinstance(d, dict):
+            raise SimtreeError(f"must be an object with a surface, got {type(d).__name__}")
         info = d.get("info", {})
         if not isinstance(info, dict):
             raise SimtreeError(f"info must be an object, got {type(info).__name__}")
