@@ -56,6 +56,17 @@ def read_jsonl(path: str | Path, what: str) -> list[tuple[int, object]]:
     return out
 
 
+def check_out_folder(path: str | Path, what: str = "--out") -> None:
+    """A one-line error, before any work, where ``path`` cannot become a folder: it or a folder
+    above it is a file (otherwise the command would find out only when it writes, after the work)."""
+    path = Path(path)
+    for p in (path, *path.parents):
+        if p.exists():
+            if not p.is_dir():
+                raise SimtreeError(f"{what} {path}: {p} is a file, not a folder")
+            return
+
+
 def file_mode_for(path: Path) -> int:
     """The permission bits a file written to ``path`` through a temp file should get: an
     existing file's own; for a new file the usual 0o666 & ~umask (mkstemp alone would leave

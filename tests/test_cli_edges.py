@@ -121,3 +121,18 @@ def test_report_renders_every_good_plan_folder_and_names_the_broken_one(tmp_path
     (tmp_path / "bad" / "policy.json").write_text("{bad")
     _one_line_error(_simtree("report", str(tmp_path)), "1 of 2 plan folders not rendered")
     assert (tmp_path / "good" / "plan.md").exists()
+
+
+@pytest.mark.parametrize("command", [
+    ["plan", "--model", "qwen3.6-27b", "--deployment", "tp=1", "--workload", "gsm8k", "--batch-sizes", "1",
+     "--band-models", "0"],
+    ["bench-serve", "--requests", "5", "--loads", "0.5", "--arrivals", "poisson"],
+])
+def test_an_out_that_is_a_file_is_refused_before_the_work(tmp_path, command):
+    """plan and bench-serve found out at their first write, after the search (progress lines, then
+    the operating system's 'file exists')."""
+    taken = tmp_path / "taken"
+    taken.write_text("x")
+    for out in (taken, taken / "sub"):
+        _one_line_error(_simtree(*command, "--out", str(out)), f"--out {out}: {taken} is a file, not a folder")
+    assert taken.read_text() == "x"

@@ -92,9 +92,11 @@ def register(app: typer.Typer) -> None:
         from simtree.planning.bands import BAND_MODELS
         from simtree.planning.modes import TREE_MODES
         from simtree.planning.planner import SearchSpace
+        from simtree.fileio import check_out_folder
         from simtree.planning.bundles import PARTIAL_MARKER
 
         sizes = parse_batch_sizes(batch_sizes)
+        check_out_folder(out)
         space = SearchSpace() if modes is None else \
             SearchSpace(modes=tuple(m.strip() for m in modes.split(",") if m.strip()))
         console = output_console(stderr=as_json)

@@ -31,7 +31,7 @@ from simtree.deploy.shipped import shipped_cost_paths
 from simtree.engines.export import (NEAR_BEST, TierRow, adaptive_config, parse_vllm_tiers, sps_additive_table,
                                     vllm_per_batch_size)
 from simtree.errors import SimtreeError, check_int
-from simtree.fileio import read_json, write_atomic, write_text_atomic
+from simtree.fileio import check_out_folder, read_json, write_atomic, write_text_atomic
 from simtree.serving.costgrid import CostGrid
 from simtree.serving.bench_report import plot as _plot
 from simtree.serving.bench_report import readme as _readme
@@ -149,6 +149,7 @@ def run_bench(out: str | Path, *, models=None, loads=LOADS, arrivals=ARRIVALS, n
     into ``out/bench_oos.csv`` (column ``seed``), their target counts in the README beside the in-sample ones.
     Returns the in-sample rows and the line naming where the traces' lengths came from."""
     check_int(replicas, "replicas", 1)
+    check_out_folder(out)
     tiers = None if threshold_tiers is None else read_vllm_tiers(threshold_tiers)
     _sglang()     # fail before any work, in one line, where SGLang's policies cannot be loaded
     out = Path(out)
