@@ -32,7 +32,7 @@ import numpy as np
 import torch
 
 from simtree.errors import SimtreeError, check_int
-from simtree.fileio import write_atomic
+from simtree.fileio import check_out_folder, write_atomic
 
 __all__ = ["TrainingJob", "TrainingInterrupted", "checkpoint_path", "job_settings", "setting_text"]
 
@@ -132,6 +132,7 @@ def begin_job(out: Path, job: dict, overwrite: bool, resume: bool, options: dict
     every refusal before any work: --resume with --overwrite, no checkpoint, a checkpoint of
     another job (``job``: the settings that make two runs the same, named as
     :func:`setting_text` with ``options`` gives them), a non-empty ``out`` without --overwrite."""
+    check_out_folder(out)   # a file is no folder to replace, --overwrite or not (rmtree failed after the training)
     ckpt = checkpoint_path(out)
     if resume:
         if overwrite:
@@ -147,7 +148,7 @@ def begin_job(out: Path, job: dict, overwrite: bool, resume: bool, options: dict
                                    f"{setting_text(key, have, options)} (this run asks for "
                                    f"{setting_text(key, want, options)}): resume with that run's settings")
         return state, tensors, meta
-    if out.exists() and (not out.is_dir() or any(out.iterdir())) and not overwrite:
+    if out.exists() and any(out.iterdir()) and not overwrite:
         unfinished = " (an unfinished run: pass --resume to continue it)" if ckpt.is_file() else ""
         raise SimtreeError(f"--out {out} already holds files{unfinished}: pass --overwrite to replace them, "
                            "or choose another")

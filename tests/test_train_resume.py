@@ -233,3 +233,14 @@ def test_bad_settings_are_refused_before_the_folder_is_made(tmp_path, setting, v
     if setting in ("seed", "max_seconds"):   # the drafter's job shares them
         with pytest.raises(SimtreeError, match=message):
             DrafterTrainConfig(**{setting: value}).validate()
+
+
+def test_an_out_that_is_a_file_is_refused_overwrite_or_not(tmp_path):
+    """--overwrite trained the whole job, then failed to rmtree the file (NotADirectoryError) and
+    left the trained folder as a hidden .partial beside it."""
+    taken = tmp_path / "taken"
+    taken.write_text("x")
+    for overwrite in (False, True):
+        with pytest.raises(SimtreeError, match=f"--out {taken}: {taken} is a file, not a folder"):
+            train_target(taken, TargetTrainConfig(**TINY), overwrite=overwrite)
+    assert taken.read_text() == "x" and sorted(p.name for p in tmp_path.iterdir()) == ["taken"]
