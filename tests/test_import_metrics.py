@@ -109,6 +109,7 @@ def test_bad_inputs_one_line_nothing_written(tmp_path):
     gaps.write_text("\n".join(line for line in (DATA / "vllm_metrics.prom").read_text().splitlines()
                               if 'position="1"' not in line))
     assert "gaps: positions [1] missing" in _bad(tmp_path, gaps)
+    assert _bad(tmp_path, DATA) == f"{DATA}: a folder (give a metrics file or an http:// URL)"   # was 'no such file'
     msg = _bad(tmp_path, "http://127.0.0.1:9/metrics")   # port 9 (discard): nothing listens
     assert msg.startswith("cannot read http://127.0.0.1:9/metrics")
 

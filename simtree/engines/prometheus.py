@@ -67,6 +67,8 @@ def read_source(source: str) -> str:
             reason = getattr(exc, "reason", exc)
             raise SimtreeError(f"cannot read {source}: {' '.join(str(reason).split())}") from None
     path = Path(source)
+    if path.is_dir():
+        raise SimtreeError(f"{source}: a folder (give a metrics file or an http:// URL)")
     if not path.is_file():
         raise SimtreeError(f"{source}: no such file (give a metrics file or an http:// URL)")
     try:
