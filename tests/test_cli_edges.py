@@ -136,3 +136,36 @@ def test_an_out_that_is_a_file_is_refused_before_the_work(tmp_path, command):
     for out in (taken, taken / "sub"):
         _one_line_error(_simtree(*command, "--out", str(out)), f"--out {out}: {taken} is a file, not a folder")
     assert taken.read_text() == "x"
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (["--context-len", "0"], "--context-len must be an integer in [1, 1048576], got 0"),       # was the default's
+    (["--context-len", "100000000"], "--context-len must be an integer in [1, 1048576]"),    # ran on for ever
+    (["--rounds", "0"], "--rounds must be an integer >= 1, got 0"),
+    (["--batch-size", "1,0"], "--batch-size entry 0 must be an integer in [1, 1000000]"),     # a failed row b0
+    (["--batch-size", "1,,4"], "--batch-size must be comma-separated integers with no empty entry"),
+    (["--dtype", "float8"], "--dtype 'float8': use float32, bfloat16 or float64"),            # was ignored
+])
+def test_full_scale_bad_numbers_are_one_line_and_run_nothing(tmp_path, args, fragment):
+    out = tmp_path / "out"
+    _one_line_error(_simtree("run", "--model", "tiny-gdn", "--device", "cpu", "--acceptance", "gsm8k", *args,
+                             "--out", str(out)), fragment)
+    assert not out.exists()
+
+
+def test_full_scale_runs_take_the_dtype_asked_for(tmp_path, monkeypatch):
+    """--dtype reached --prompt-ids decoding only; the measured runs built the model in the default."""
+    from typer.testing import CliRunner
+
+    from simtree.cli import app
+    from simtree.errors import SimtreeError
+    from simtree.runtime.full import measure
+    seen = {}
+
+    def fake_run(model, **kw):
+        seen.update(kw)
+        raise SimtreeError("stop here")
+    monkeypatch.setattr(measure, "full_run", fake_run)
+    r = CliRunner().invoke(app, ["run", "--model", "tiny-gdn", "--device", "cpu", "--acceptance", "gsm8k",
+                                 "--dtype", "float64", "--out", str(tmp_path / "out")])
+    assert str(r.exception) == "stop here" and seen["dtype"] is torch.float64

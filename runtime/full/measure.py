@@ -48,7 +48,8 @@ import numpy as np
 import torch
 
 from simtree.acceptance.model import Workload, get_workload
-from simtree.errors import ExtrapolationWarning, SimtreeError, captured_warnings
+from simtree.acceptance.traces import MAX_CONTEXT_LEN
+from simtree.errors import ExtrapolationWarning, SimtreeError, captured_warnings, check_int
 from simtree.fileio import write_text_atomic
 from simtree.models import get_model
 from simtree.planning.modes import BLOCK_DRAFTER_MODES
@@ -353,6 +354,9 @@ def full_run(model, *, device: str = "cuda", costs=None, policy=None, batch_size
     if policy is not None:   # the runtime runs one rank with b sequences: not a deployment's batch b
         from simtree.planning.policy_file import Policy
         Policy.load(policy).check_rank_run(f"policy {policy}")
+    check_int(rounds, "--rounds", 1)
+    if context_len is not None:   # 0 was taken for "the workload's", a huge one ran on for ever
+        check_int(context_len, "--context-len", 1, MAX_CONTEXT_LEN)
     costs = _load_costs(costs, required=False)
     source = AcceptanceSource(replay, acceptance, device, seed, sampling)
     cfg = RunConfig(context_len or source.default_context(), rounds, warmup_rounds, seed, sampling, min_draws)

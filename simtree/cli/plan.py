@@ -16,17 +16,18 @@ from simtree.errors import SimtreeError
 from simtree.costs.synthetic import SYNTHETIC_LABEL
 
 
-def parse_batch_sizes(text: str) -> list[int]:
+def parse_batch_sizes(text: str, option: str = "--batch-sizes") -> list[int]:
+    """A comma list of batch sizes, each checked; ``option`` names the flag in the errors."""
     from simtree.planning.modes import check_batch_size
 
     fields = [x.strip() for x in text.split(",")]
     if not text.strip() or any(not f for f in fields):
-        raise SimtreeError(f"--batch-sizes must be comma-separated integers with no empty entry, got {text!r}")
+        raise SimtreeError(f"{option} must be comma-separated integers with no empty entry, got {text!r}")
     try:
         sizes = [int(f) for f in fields]
     except ValueError:
-        raise SimtreeError(f"--batch-sizes must be comma-separated integers, got {text!r}") from None
-    return [check_batch_size(b, f"--batch-sizes entry {b}") for b in sizes]
+        raise SimtreeError(f"{option} must be comma-separated integers, got {text!r}") from None
+    return [check_batch_size(b, f"{option} entry {b}") for b in sizes]
 
 
 def plan_and_write(*args, **kwargs) -> list[dict]:

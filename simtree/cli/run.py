@@ -101,7 +101,7 @@ def register(app: typer.Typer) -> None:
             try:
                 with stop_on_signals() as stop:
                     _full_scale(model, device, costs, policy, batch_size, replay, acceptance, policy_workload, out,
-                                context_len, rounds, json_out, deployment, sampling, min_draws, stop.check)
+                                context_len, rounds, json_out, deployment, sampling, min_draws, stop.check, dtype)
             except Interrupted as exc:
                 exit_interrupted(exc, "run stopped; rerun the same command to run it again")
             return
@@ -336,13 +336,15 @@ def _given_prompts(model, prompt_ids, mode, steps, topk, budget, max_new_tokens,
 
 def _full_scale(model, device, costs, policy, batch_sizes, replay, acceptance, policy_workload, out, context_len,
                 rounds, json_out, deployment=None, sampling: str | None = None, min_draws: int | None = None,
-                check=lambda: None) -> None:
+                check=lambda: None, dtype: str | None = None) -> None:
     """``simtree run --model ...``: simtree.runtime.full.measure.full_run, one line per run; ``check``
     (the signal block's :meth:`Stop.check`) runs before each progress line, so a signal whose
     exception Python dropped still stops the runs."""
     import json
 
+    from simtree.cli.plan import parse_batch_sizes
     from simtree.machine.metadata import require_device
+    from simtree.runtime.full.decode import parse_dtype
     from simtree.runtime.full.measure import MIN_DRAWS, full_run
 
     if policy is not None:   # as `simtree simulate` refuses it
@@ -352,11 +354,8 @@ def _full_scale(model, device, costs, policy, batch_sizes, replay, acceptance, p
             raise SimtreeError(f"--policy {policy} is a plan for {planned.model}, not {model} (--model)")
         planned.check_rank_run(f"--policy {policy}")   # the rank runs b sequences, not a deployment's share
     require_device(device)
-
-    try:
-        sizes = [int(b) for b in str(batch_sizes).split(",") if b.strip()]
-    except ValueError:
-        raise SimtreeError(f"--batch-size {batch_sizes!r}: a comma list of integers, e.g. 1,4,16,64") from None
+    torch_dtype = parse_dtype(dtype)   # it was read for --prompt-ids only: these runs ignored it
+    sizes = parse_batch_sizes(str(batch_sizes), "--batch-size")   # 0 or an empty entry: refused, not a failed row
     name = model
     model = _rank_model(model, deployment, device, sizes, context_len)
 
@@ -368,7 +367,7 @@ def _full_scale(model, device, costs, policy, batch_sizes, replay, acceptance, p
         policy = _rank_plan(name, deployment, costs, acceptance or replay, sizes, out, say)
     result = full_run(model, device=device, costs=costs, policy=policy, batch_sizes=sizes, replay=replay,
                       acceptance=acceptance, policy_workload=policy_workload, out=out, context_len=context_len,
-                      progress=say, min_draws=MIN_DRAWS if min_draws is None else check_whole(min_draws, "--min-draws", 0),
+                      dtype=torch_dtype, progress=say, min_draws=MIN_DRAWS if min_draws is None else check_whole(min_draws, "--min-draws", 0),
                       **{k: v for k, v in (("rounds", rounds), ("sampling", sampling)) if v is not None})
     if json_out:
         finite = lambda v: None if isinstance(v, float) and v != v else v  # noqa: E731  (NaN -> null)
