@@ -109,6 +109,9 @@ def test_bad_inputs_one_line_nothing_written(tmp_path):
     gaps.write_text("\n".join(line for line in (DATA / "vllm_metrics.prom").read_text().splitlines()
                               if 'position="1"' not in line))
     assert "gaps: positions [1] missing" in _bad(tmp_path, gaps)
+    more = tmp_path / "more.prom"   # 5000 accepted of 3000 drafted: it wrote a mean of 6 for draft length 3
+    more.write_text((DATA / "vllm_metrics.prom").read_text().replace("} 1710.0", "} 5000.0"))
+    assert "5000 exceeds the 3000 draft tokens" in _bad(tmp_path, more)
     assert _bad(tmp_path, DATA) == f"{DATA}: a folder (give a metrics file or an http:// URL)"   # was 'no such file'
     msg = _bad(tmp_path, "http://127.0.0.1:9/metrics")   # port 9 (discard): nothing listens
     assert msg.startswith("cannot read http://127.0.0.1:9/metrics")

@@ -134,6 +134,9 @@ def _vllm(scrapes: list[tuple[str, dict]]) -> EngineAcceptance:
         raise SimtreeError(f"{srcs[-1]}: {VLLM_SERIES['drafts']} without {VLLM_SERIES['accepted']}")
     if drafts <= 0:
         raise SimtreeError(f"{srcs[-1]}: {VLLM_SERIES['drafts']} counted no drafts in the window: nothing measured")
+    if tokens is not None and accepted > tokens:   # the file's mean accepted length would pass its draft length
+        raise SimtreeError(f"{srcs[-1]}: {VLLM_SERIES['accepted']} {accepted:g} exceeds the {tokens:g} draft tokens "
+                           f"({VLLM_SERIES['draft_tokens']}): a server cannot accept more tokens than it drafted")
     per_pos = _window(scrapes, VLLM_SERIES["per_pos"], key=lambda labels: dict(labels).get("position"))
     notes, rates = [], None
     if per_pos:
