@@ -152,3 +152,19 @@ def test_a_sglang_request_field_that_is_not_a_count_is_named(tmp_path, field, va
     bad.write_text(json.dumps(records))
     msg = _bad(tmp_path, bad, engine="sglang")
     assert msg.startswith(f"{bad} record 2: meta_info.{field} must be a finite number >= 0, got {value!r}")
+
+
+def test_an_acceptance_file_whose_rates_disagree_is_refused(tmp_path):
+    """engine_acceptance_model read conditional_accept_rate alone: an edited (or impossible)
+    per_position_accept_rate was ignored, and a file with only per-position rates fell back to
+    the mean accepted length."""
+    data = import_metrics([str(DATA / "vllm_metrics.prom")], "vllm").to_dict()
+    with pytest.raises(SimtreeError, match=r"conditional_accept_rate .* is not what per_position_accept_rate "
+                                           r"\[0.9, 0.5, 0.2\] gives \(\[0.9, 0.555556, 0.4\]\)"):
+        engine_acceptance_model({**data, "per_position_accept_rate": [0.9, 0.5, 0.2]}, "f.json")
+    for bad in ([0.8, 0.56, 0.79], [1.5], ["x"], {"a": 1}):
+        with pytest.raises(SimtreeError, match="per_position_accept_rate must be probabilities that do not rise"):
+            engine_acceptance_model({**data, "per_position_accept_rate": bad}, "f.json")
+    both = engine_acceptance_model(data, "f.json")
+    alone = engine_acceptance_model({k: v for k, v in data.items() if k != "conditional_accept_rate"}, "f.json")
+    assert np.array_equal(alone.tables, both.tables) and "per-position rates" in alone.source

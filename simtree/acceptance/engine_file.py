@@ -25,13 +25,38 @@ SIBLING_SHARE = 0.35
 ASSUMED = "sibling ranks assumed (engines verify chains): each takes 0.35 of the mass left above it"
 
 
+def _conditional_rates(data: dict, where: str):
+    """The file's conditional_accept_rate, checked against its per_position_accept_rate where it
+    has both (the model reads the conditional ones: an edit of the other alone was ignored)."""
+    cond, per = data.get("conditional_accept_rate"), data.get("per_position_accept_rate")
+    if not per:
+        return cond
+    try:
+        p = np.asarray(per, np.float64)
+    except (TypeError, ValueError):
+        p = np.full(1, np.nan)
+    if p.ndim != 1 or not np.all(np.isfinite(p)) or np.any((p < 0) | (p > 1)) or np.any(np.diff(p) > 0):
+        raise SimtreeError(f"{where}: per_position_accept_rate must be probabilities that do not rise with the "
+                           f"position (accepting one implies every earlier one), got {per}")
+    prev = np.concatenate([[1.0], p[:-1]])
+    derived = np.where(prev > 0, p / np.maximum(prev, 1e-300), 0.0)
+    try:
+        agree = cond is None or (np.shape(cond) == derived.shape and np.allclose(cond, derived, rtol=1e-9, atol=1e-12))
+    except (TypeError, ValueError):
+        agree = False
+    if not agree:
+        raise SimtreeError(f"{where}: conditional_accept_rate {cond} is not what per_position_accept_rate {per} "
+                           f"gives ({[round(float(x), 6) for x in derived]}): give one of them, or both agreeing")
+    return [float(x) for x in derived]
+
+
 def engine_acceptance_model(data: dict, where: str) -> AcceptanceModel:
     if not isinstance(data, dict) or data.get("schema") != ENGINE_ACCEPTANCE_SCHEMA:
         raise SimtreeError(f"{where}: not an engine acceptance file (schema {ENGINE_ACCEPTANCE_SCHEMA!r})")
     name = f"{data.get('engine', 'engine')}_measured"
     meta = {"num_drafts": data.get("num_drafts"), "mean_accepted_tokens": data.get("mean_accepted_tokens"),
             "mean_accepted_tokens_se": data.get("mean_accepted_tokens_se"), "assumed": ASSUMED}
-    cond = data.get("conditional_accept_rate")
+    cond = _conditional_rates(data, where)
     if cond:
         alpha = np.asarray(cond, np.float64)
         if alpha.ndim != 1 or not np.all(np.isfinite(alpha)) or np.any((alpha < 0) | (alpha > 1)):
