@@ -136,3 +136,29 @@ def test_a_full_scale_run_checks_for_a_dropped_signal_at_each_progress_line(monk
             run_cli._full_scale("m", "cpu", None, None, "1", None, None, None, None, None, None, True,
                                 check=stop.check)
     assert exc.value.signal_name == "SIGINT" and exc.value.exit_code == 130 and lines == []
+
+
+def _catches_sigterm(pid: int) -> bool:
+    """Whether process ``pid`` has a SIGTERM handler (Linux /proc; Python sets none by itself)."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return False
+    caught = next(int(line.split()[1], 16) for line in status.splitlines() if line.startswith("SigCgt:"))
+    return bool(caught >> (signal.SIGTERM - 1) & 1)
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads a process's handlers from /proc")
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_a_command_without_its_own_handling_says_it_was_interrupted(sig):
+    """simulate (and bench-serve, fit, ...) stopped by a signal: typer turned Ctrl-C into exit 130
+    without a word, and SIGTERM ended Python at once, also without one."""
+    proc = _start("simulate", "--model", "qwen3.6-27b", "--monte-carlo", "2000000")
+    deadline = time.monotonic() + 120
+    while not _catches_sigterm(proc.pid) and time.monotonic() < deadline:   # the CLI's handlers are set
+        time.sleep(0.05)
+    time.sleep(0.5)
+    proc.send_signal(sig)
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 128 + sig
+    assert _interrupted_line(stderr, sig) == f"interrupted ({sig.name}): simtree simulate stopped before it finished"

@@ -6,6 +6,7 @@ Each command lives in its own module ``simtree.cli.<name>`` that defines
 from __future__ import annotations
 
 import importlib
+import signal
 import sys
 
 import typer
@@ -48,8 +49,17 @@ def main() -> None:
     except ImportError:
         from click import exceptions as click_exc
 
+    from simtree.cli.interrupt import stop_on_signals
+
     try:
-        rc = app(standalone_mode=False)
+        # a command without its own handling (simulate, bench-serve, ...) stopped by SIGINT or
+        # SIGTERM: typer turns it into exit 130 without a word (SIGTERM ended Python at once)
+        with stop_on_signals() as stop:
+            rc = app(standalone_mode=False)
+        if stop.signum is not None and rc == 130:   # a signal whose exception was dropped let it finish
+            name = signal.Signals(stop.signum).name
+            typer.echo(f"interrupted ({name}): simtree {' '.join(sys.argv[1:2])} stopped before it finished", err=True)
+            sys.exit(128 + stop.signum)
     except SimtreeError as exc:
         _fail(str(exc))
     except click_exc.NoArgsIsHelpError as exc:
