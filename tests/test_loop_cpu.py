@@ -135,10 +135,10 @@ def test_contrast_runs_are_other_policies_with_valid_flags(loop):
                                   BatchAllocParams(max_budget_per_seq=12, draft_depth=2)], ids=lambda s: s.name)
 def test_run_flags_select_the_same_policy(spec):
     # `simtree run` reads the flags back with params_from_flags; the flags it leaves out take
-    # the command's defaults (--steps 3 --topk 2 --budget 6 --width 1, no --draft-depth)
+    # the command's defaults (--budget 6 --width 1; no --steps, --topk, --draft-depth)
     words = run_flags(spec).split()
     flags = {k.removeprefix("--").replace("-", "_"): v for k, v in zip(words[::2], words[1::2])}
-    args = {"steps": 3, "topk": 2, "budget": 6, "width": 1, "draft_depth": None,
+    args = {"steps": None, "topk": None, "budget": 6, "width": 1, "draft_depth": None,
             **{k: int(v) for k, v in flags.items() if k != "mode"}}
     assert params_from_flags(flags["mode"], args["steps"], args["topk"], args["budget"], args["width"],
                              args["draft_depth"]) == spec

@@ -176,6 +176,8 @@ def _cli(*args):
     (["--output-len", "100000000"], "output length must be an integer in [1, 1048576]"),
     (["--policy-mode", "eagle", "--draft-depth", "4"], "--draft-depth applies to best_first"),
     (["--policy-mode", "eagle", "--width", "3"], "--width applies to best_first, tfm, not to mode 'eagle'"),   # was ignored
+    (["--policy-mode", "linear", "--steps", "5"], "--steps applies to eagle, not to mode 'linear'"),            # was ignored
+    (["--policy-mode", "best_first", "--steps", "3", "--topk", "4"], "--steps, --topk applies to eagle"),
 ])
 def test_simulate_bad_arguments_are_one_line_errors(args, fragment):
     proc = _cli("simulate", "--model", "qwen3.6-27b", *args)

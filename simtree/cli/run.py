@@ -34,8 +34,8 @@ def register(app: typer.Typer) -> None:
         mode: str = typer.Option("eagle", help="none (or plain) | linear | eagle | best_first | cost_aware | "
                                                "batch_alloc | block | tfm | dspark (the block drafters: "
                                                "with --model; --draft-depth is their block length)"),
-        steps: int = typer.Option(3, help="eagle: draft steps"),
-        topk: int = typer.Option(2, help="eagle: top-k per step"),
+        steps: int = typer.Option(None, help="eagle: draft steps (default 3)"),
+        topk: int = typer.Option(None, help="eagle: top-k per step (default 2)"),
         budget: int = typer.Option(6, help="verify budget D (nodes incl. root); max budget for adaptive modes"),
         width: int = typer.Option(1, help="tfm: expansions per step (best_first: the runtime builds width 1 only)"),
         draft_depth: int = typer.Option(None, help="marginal modes: drafted positions (default min(3, D-1))"),

@@ -28,8 +28,8 @@ def register(app: typer.Typer) -> None:
         batch_size: int = typer.Option(1, "--batch-size"),
         policy_mode: str = typer.Option("eagle", "--policy-mode",
                                         help="none | linear | eagle | best_first | cost_aware | batch_alloc"),
-        steps: int = typer.Option(3, "--steps", help="eagle: draft steps s"),
-        topk: int = typer.Option(2, "--topk", help="eagle: top-k"),
+        steps: Optional[int] = typer.Option(None, "--steps", help="eagle: draft steps s (default 3)"),
+        topk: Optional[int] = typer.Option(None, "--topk", help="eagle: top-k (default 2)"),
         budget: int = typer.Option(4, "--budget", help="nodes incl. root (linear, eagle, best_first); "
                                    "max budget for cost_aware / batch_alloc"),
         width: int = typer.Option(1, "--width", help="best_first: heap pops per step"),
@@ -105,7 +105,7 @@ def pick_bundle(bundles: list, source: str):
                        "and --deployment")
 
 
-def simulate_command_run(costs_path, workload_spec: str, batch_size: int, mode: str, steps: int, topk: int,
+def simulate_command_run(costs_path, workload_spec: str, batch_size: int, mode: str, steps: int | None, topk: int | None,
                          budget: int, width: int = 1, draft_depth: int | None = None, policy_path=None,
                          mc_runs: int = 0, prompt_len=None, output_len=None, seed: int = 0,
                          progress=None, model: str | None = None, deployment: str | None = None, comm=None,

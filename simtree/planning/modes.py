@@ -350,13 +350,20 @@ _BY_MODE = {cls.mode: cls for cls in (NoneParams, LinearParams, EagleParams, Bes
                                       BatchAllocParams, BlockParams, TfmParams, DSparkParams)}
 
 
-def params_from_flags(mode: str, steps: int, topk: int, budget: int, width: int = 1,
+EAGLE_FLAG_DEFAULTS = (3, 2)   # --steps, --topk when not given
+
+
+def params_from_flags(mode: str, steps: int | None, topk: int | None, budget: int, width: int = 1,
                       draft_depth: int | None = None) -> PolicySpec:
     """The policy that the command-line flags of `simtree simulate` / `simtree run` select
     (--budget is the max budget of the adaptive modes; --draft-depth the block drafters' block
     length; DSpark's fixed threshold comes from a policy file, the flags give its schedule)."""
+    if mode != "eagle" and (steps, topk) != (None, None):   # None: not given (eagle's 3 and 2)
+        given = ", ".join(f for f, v in (("--steps", steps), ("--topk", topk)) if v is not None)
+        raise SimtreeError(f"{given} applies to eagle, not to mode {mode!r}")
     params = {"none": {}, "linear": {"budget": budget},
-              "eagle": {"num_steps": steps, "topk": topk, "budget": budget},
+              "eagle": {"num_steps": EAGLE_FLAG_DEFAULTS[0] if steps is None else steps,
+                        "topk": EAGLE_FLAG_DEFAULTS[1] if topk is None else topk, "budget": budget},
               "best_first": {"budget": budget, "width": width},
               "cost_aware": {"max_budget": budget}, "batch_alloc": {"max_budget_per_seq": budget},
               "block": {"budget": budget}, "tfm": {"budget": budget, "width": width}, "dspark": {}}
