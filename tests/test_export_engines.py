@@ -132,3 +132,15 @@ def test_costs_of_another_model_or_deployment_or_for_vllm_are_refused(tmp_path, 
                             str(data_path("costs", bundle))])
     assert isinstance(r.exception, SimtreeError) and message in str(r.exception)
     assert "\n" not in str(r.exception) and not out.exists()
+
+
+def test_a_model_path_with_a_space_stays_one_shell_word(tmp_path):
+    """The launch lines are copied into a shell: an unquoted 'my models/qwen' split in two."""
+    r = runner.invoke(app, ["export", "sglang", str(QWEN), "--out", str(tmp_path), "--model-path", "my models/qwen"])
+    assert r.exit_code == 0, r.output
+    for name in ("launch_static.txt", "launch_adaptive.txt", "launch_dspark.txt"):
+        words = shlex.split((tmp_path / name).read_text())
+        assert words[words.index("--model-path") + 1] == "my models/qwen", name
+    r = runner.invoke(app, ["export", "vllm", str(QWEN), "--out", str(tmp_path / "v"), "--model-path", "my models/qwen"])
+    assert r.exit_code == 0, r.output
+    assert shlex.split((tmp_path / "v" / "launch.txt").read_text())[2] == "my models/qwen"

@@ -25,6 +25,7 @@ gives, per planned batch range, the plan's predicted tok/s, the exported policy'
 from __future__ import annotations
 
 import json
+import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -200,7 +201,7 @@ def export_policy(engine: str, policy: str | Path, out: str | Path, *, workload:
     pol.check_served(str(path), f"export it to {engine}")
     workload = workload or ("sharegpt" if "sharegpt" in pol.workloads else pol.workloads[0])
     tiers = linear_tiers(pol, path, workload)
-    model = model_path or pol.model
+    model = shlex.quote(model_path or pol.model)   # the launch lines are shell commands: a path with a space stays one word
     manifest = {"engine": engine, "policy": str(path), "workload": workload, "model": pol.model,
                 "deployment": pol.deployment,
                 "tiers": [{"batch_min": r.batch_min, "batch_max": r.batch_max, "planned": r.planned,
