@@ -154,11 +154,55 @@ def test_a_command_without_its_own_handling_says_it_was_interrupted(sig):
     """simulate (and bench-serve, fit, ...) stopped by a signal: typer turned Ctrl-C into exit 130
     without a word, and SIGTERM ended Python at once, also without one."""
     proc = _start("simulate", "--model", "qwen3.6-27b", "--monte-carlo", "2000000")
-    deadline = time.monotonic() + 120
-    while not _catches_sigterm(proc.pid) and time.monotonic() < deadline:   # the CLI's handlers are set
-        time.sleep(0.05)
-    time.sleep(0.5)
-    proc.send_signal(sig)
-    _, stderr = proc.communicate(timeout=120)
+    try:
+        deadline = time.monotonic() + 120
+        while not _catches_sigterm(proc.pid) and time.monotonic() < deadline:   # the CLI's handlers are set
+            time.sleep(0.05)
+        time.sleep(0.5)
+        proc.send_signal(sig)
+        _, stderr = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
     assert proc.returncode == 128 + sig
     assert _interrupted_line(stderr, sig) == f"interrupted ({sig.name}): simtree simulate stopped before it finished"
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except OSError:
+        return []
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="reads a process's children from /proc")
+@pytest.mark.parametrize("whom", ["parent", "group"])
+def test_bench_serve_stopped_while_its_seeds_run_says_one_line_and_does_not_wait(tmp_path, whom):
+    """bench-serve with out-of-sample seeds serves them in worker processes: a SIGTERM to the
+    parent alone used to wait for every seed to finish (minutes) before exiting, and one to the
+    whole process group printed a traceback from each worker beside the one line."""
+    proc = subprocess.Popen([sys.executable, "-m", "simtree", "bench-serve", "--requests", "300",
+                             "--out-of-sample", "1", "--out", str(tmp_path / "b")],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while len(_children(proc.pid)) < 2 and time.monotonic() < deadline:   # the seeds' workers run
+            time.sleep(0.1)
+        assert len(_children(proc.pid)) >= 2, "bench-serve started no worker processes"
+        time.sleep(1.0)
+        t0 = time.monotonic()
+        if whom == "parent":
+            proc.send_signal(signal.SIGTERM)
+        else:
+            os.killpg(proc.pid, signal.SIGTERM)
+        _, stderr = proc.communicate(timeout=60)
+        assert time.monotonic() - t0 < 30
+    finally:
+        proc.kill()
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except OSError:
+            pass
+    assert proc.returncode == 128 + signal.SIGTERM
+    assert _interrupted_line(stderr, signal.SIGTERM) == \
+        "interrupted (SIGTERM): simtree bench-serve stopped before it finished"
+    assert not (tmp_path / "b" / "bench.csv").exists()

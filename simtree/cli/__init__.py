@@ -56,7 +56,9 @@ def main() -> None:
         # SIGTERM: typer turns it into exit 130 without a word (SIGTERM ended Python at once)
         with stop_on_signals() as stop:
             rc = app(standalone_mode=False)
-        if stop.signum is not None and rc == 130:   # a signal whose exception was dropped let it finish
+        # rc 130: the signal's exception reached typer (a signal whose exception Python dropped in a
+        # finalizer lets a command without a safe-point check run on to its end and exit 0)
+        if stop.signum is not None and rc == 130:
             name = signal.Signals(stop.signum).name
             typer.echo(f"interrupted ({name}): simtree {' '.join(sys.argv[1:2])} stopped before it finished", err=True)
             sys.exit(128 + stop.signum)

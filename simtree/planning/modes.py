@@ -358,9 +358,6 @@ def params_from_flags(mode: str, steps: int | None, topk: int | None, budget: in
     """The policy that the command-line flags of `simtree simulate` / `simtree run` select
     (--budget is the max budget of the adaptive modes; --draft-depth the block drafters' block
     length; DSpark's fixed threshold comes from a policy file, the flags give its schedule)."""
-    if mode != "eagle" and (steps, topk) != (None, None):   # None: not given (eagle's 3 and 2)
-        given = ", ".join(f for f, v in (("--steps", steps), ("--topk", topk)) if v is not None)
-        raise SimtreeError(f"{given} applies to eagle, not to mode {mode!r}")
     params = {"none": {}, "linear": {"budget": budget},
               "eagle": {"num_steps": EAGLE_FLAG_DEFAULTS[0] if steps is None else steps,
                         "topk": EAGLE_FLAG_DEFAULTS[1] if topk is None else topk, "budget": budget},
@@ -369,6 +366,9 @@ def params_from_flags(mode: str, steps: int | None, topk: int | None, budget: in
               "block": {"budget": budget}, "tfm": {"budget": budget, "width": width}, "dspark": {}}
     if mode not in params:
         raise SimtreeError(f"unknown policy mode {mode!r}: use one of {', '.join(MODES)}")
+    if mode != "eagle" and (steps, topk) != (None, None):   # None: not given (eagle's 3 and 2)
+        given = ", ".join(f for f, v in (("--steps", steps), ("--topk", topk)) if v is not None)
+        raise SimtreeError(f"{given} applies to eagle, not to mode {mode!r}")
     p = params[mode]
     if width != 1 and "width" not in p:   # 1 is the flag's default: any other value was asked for
         raise SimtreeError(f"--width applies to {', '.join(m for m, q in params.items() if 'width' in q)}, "

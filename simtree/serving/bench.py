@@ -16,6 +16,7 @@ import hashlib
 import json
 import logging
 import pickle
+import signal
 import tempfile
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
@@ -162,13 +163,20 @@ def run_bench(out: str | Path, *, models=None, loads=LOADS, arrivals=ARRIVALS, n
     frames = {seed: serve_points(*args[0], cfg_root=out if keep_configs else None, progress=progress, **kw)} \
         if len(seeds) == 1 else {}
     if not frames:   # the seeds side by side, one process each (the configs kept are the in-sample seed's)
-        with ProcessPoolExecutor(max_workers=len(seeds)) as pool:
+        pool = ProcessPoolExecutor(max_workers=len(seeds), initializer=_worker_signals)
+        try:
             futures = {s: pool.submit(serve_points, *a, cfg_root=out if keep_configs and s == seed else None, **kw)
                        for s, a in zip(seeds, args)}
             for s, fut in futures.items():
                 frames[s] = fut.result()
                 if progress:
                     progress(f"seed {s} served")
+        except BaseException:   # an interrupt or a failed seed: the other seeds' work is not waited for
+            for proc in list((getattr(pool, "_processes", None) or {}).values()):   # no public kill before 3.14
+                proc.terminate()
+            pool.shutdown(wait=False, cancel_futures=True)
+            raise
+        pool.shutdown()
     write_atomic(out / "bench.csv", lambda tmp: frames[seed].to_csv(tmp, index=False, float_format="%.6g"))
     if len(seeds) > 1:
         stacked = pd.concat([frames[s] for s in seeds[1:]], ignore_index=True)
@@ -177,6 +185,15 @@ def run_bench(out: str | Path, *, models=None, loads=LOADS, arrivals=ARRIVALS, n
     write_report(out, command or f"simtree bench-serve --out {out}", num_requests, workload, lengths, replicas,
                  seeds[1:])
     return frames[seed], lengths
+
+
+def _worker_signals() -> None:
+    """A seed's worker process: SIGTERM ends it at once and SIGINT (a terminal's Ctrl-C reaches the
+    whole group) is left to the parent, which says in one line that the command was interrupted
+    (the fork would otherwise carry over the parent's handlers, and each worker would print its own
+    traceback)."""
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def write_report(out: str | Path, command: str, num_requests: int, workload: str, lengths_source: str,
