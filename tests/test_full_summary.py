@@ -91,12 +91,20 @@ def test_modes_the_runtime_cannot_build_are_noted_and_skipped(tmp_path, monkeypa
     assert any("cost_aware entry is not built on the device" in n for n in res["notes"])
 
 
-def test_a_failed_run_is_a_row_and_the_next_runs_go_on(tmp_path):
-    # a negative context fails inside each run (the engine refuses it): every row says why
+def test_a_failed_run_is_a_row_and_the_next_runs_go_on(tmp_path, monkeypatch):
+    # a run that fails inside (its measurement raises) is a row that says why, and the next runs go on
+    # (a bad --context-len is refused before any run: full_run checks it)
+    from simtree.runtime.full import measure as measure_mod
+
+    def refuse(model, rs, B, *a, **k):
+        raise SimtreeError(f"refused at batch {B}")
+    monkeypatch.setattr(measure_mod, "measure_policy", refuse)
     res = full_run(tiny_model("tiny-gdn"), device="cpu", costs=COSTS, batch_sizes=[1, 2], acceptance="gsm8k",
-                   context_len=-3, rounds=1, warmup_rounds=0)
+                   context_len=32, rounds=1, warmup_rounds=0)
     assert len(res["rows"]) == 4
-    assert all(r["note"].startswith("failed: SimtreeError") for r in res["rows"])
+    assert all(r["note"].startswith("failed: SimtreeError: refused at batch") for r in res["rows"])
+    with pytest.raises(SimtreeError, match="--context-len must be an integer"):
+        full_run(tiny_model("tiny-gdn"), device="cpu", costs=COSTS, batch_sizes=[1], context_len=-3, rounds=1)
 
 
 def test_weight_bytes_are_what_the_model_allocates():
@@ -123,7 +131,7 @@ def test_cli_batch_sizes(tmp_path):
 
     from simtree.cli import app
     r = CliRunner().invoke(app, ["run", "--model", "tiny-gdn", "--batch-size", "1,x", "--costs", COSTS])
-    assert isinstance(r.exception, SimtreeError) and "comma list" in str(r.exception)
+    assert isinstance(r.exception, SimtreeError) and "comma-separated integers" in str(r.exception)
     r = CliRunner().invoke(app, ["run", "--batch-size", "2,3"])
     assert isinstance(r.exception, SimtreeError) and "needs --model" in str(r.exception)
 
