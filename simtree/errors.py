@@ -13,6 +13,9 @@ class SimtreeError(ValueError):
     """
 
 
+SEED_MAX = 2 ** 63 - 1   # numpy's generators take seeds in [0, 2**63)
+
+
 def _out_of_range(value, low: int, high: int | None) -> bool:
     return value < low or (high is not None and value > high)
 

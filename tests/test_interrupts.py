@@ -180,6 +180,7 @@ def test_bench_serve_stopped_while_its_seeds_run_says_one_line_and_does_not_wait
     """bench-serve with out-of-sample seeds serves them in worker processes: a SIGTERM to the
     parent alone used to wait for every seed to finish (minutes) before exiting, and one to the
     whole process group printed a traceback from each worker beside the one line."""
+    pytest.importorskip("sglang")      # bench-serve refuses before any worker without SGLang's policies
     proc = subprocess.Popen([sys.executable, "-m", "simtree", "bench-serve", "--requests", "300",
                              "--out-of-sample", "1", "--out", str(tmp_path / "b")],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)

@@ -210,18 +210,23 @@ def test_acceptance_line_reads_the_shipped_table_family_by_family():
 
 def test_serving_headline_adds_the_full_scale_live_run_only_where_it_ran(tmp_path):
     """The serving row names the full-scale live run's worst phase (predicted over measured TPOT - 1,
-    as its report computes it) when serve_live_full.csv is beside bench.csv, and nothing without it."""
+    as its report computes it) when serve_live_full.csv is beside bench.csv, nothing without it, and
+    a run the report refuses (here: no bundle hash, so not shown frozen) is one line, not a claim."""
     import pandas as pd
     d = tmp_path / "bench_serve"
     d.mkdir()
     shutil.copy(ROOT / "reports/bench_serve/bench.csv", d / "bench.csv")
     without = summary.bench_serve_headline(d)
     assert "live at full scale" not in without
-    pd.DataFrame({"model": ["qwen3.6-27b"] * 3, "dtype": ["bf16"] * 3, "device": ["Test GPU"] * 3,
-                  "batch_size": [1, 16, 4], "measured_tpot_ms": [10.0, 20.0, 8.0],
-                  "predicted_tpot_ms": [10.5, 19.0, 8.0], "predicted_model_tpot_ms": [10.0, 20.0, 8.0]}
-                 ).to_csv(d / "serve_live_full.csv", index=False)
+    run = pd.read_csv(ROOT / "reports/bench_serve/serve_live_full.csv")
+    run["measured_tpot_ms"] = 10.0
+    run["predicted_tpot_ms"] = [10.0, 10.5, 10.0, 9.8, 10.0, 10.0]
+    run.to_csv(d / "serve_live_full.csv", index=False)
     line = summary.bench_serve_headline(d)
     assert line.startswith(without)
-    assert line[len(without):] == ("; live at full scale (Qwen3.6-27B bf16 on Test GPU, batch changing 1, 16, 4; frozen "
-                                   "shipped bundle, out of sample): measured TPOT vs predicted 5.0% at worst over 3 phases")
+    assert line[len(without):] == ("; live at full scale (Qwen3.6-27B bf16 on NVIDIA H100 80GB HBM3, batch changing "
+                                   "1, 16, 4, 8, 16, 1; frozen shipped bundle, out of sample): measured TPOT vs "
+                                   "predicted 5.0% at worst over 6 phases")
+    run.drop(columns=["costs_sha256"]).to_csv(d / "serve_live_full.csv", index=False)
+    with pytest.raises(SimtreeError, match="not a full-scale run"):
+        summary.bench_serve_headline(d)

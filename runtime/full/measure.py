@@ -410,8 +410,7 @@ def full_run(model, *, device: str = "cuda", costs=None, policy=None, batch_size
             except Exception as exc:   # noqa: BLE001 - one failed run is a row; the next run goes on
                 say(f"batch {B} {label} {rs.name} FAILED: {type(exc).__name__}: {exc}")
                 run["error"] = "failed: " + " ".join(f"{type(exc).__name__}: {exc}".split())[:300]
-                if torch.cuda.is_available():
-                    torch.cuda.empty_cache()
+                release_memory()
             runs.append(run)
         result = _result(runs, costs, source, cfg, workload, notes, replay, acceptance, out, pred_notes)
     return result

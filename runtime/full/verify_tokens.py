@@ -11,7 +11,7 @@ round and put back for the replays (after the round's commit the lengths have mo
 window ring holds the accepted rows, so a replay over it would verify other positions than the run
 did).  Each replay's inputs are checked on the host first (tokens in the vocabulary, a tree per
 sequence, positions inside the state's capacity): a bad one is one line, not a device-side assert.
-Checks per replay: the argmax is of the tree's shape and in the vocabulary; ``drafted`` gives the
+Checks per replay: the argmax is of the tree's shape and the hidden states finite; ``drafted`` gives the
 engine's own verify output node for node (``drafted_mismatch``: the nodes where it does not) and its
 verify stage time within 3%.
 """
@@ -26,6 +26,7 @@ from simtree.errors import SimtreeError
 from simtree.planning.modes import PolicySpec
 
 from .block_engine import make_engine
+from .engine import release_memory
 from .measure import AcceptanceSource
 
 __all__ = ["SHAPES", "TOKEN_SETS", "COLUMNS", "token_sets", "check_replay", "verify_tokens_row"]
@@ -114,7 +115,7 @@ def _verify_replayer(model, st, tokens: torch.Tensor, parents: torch.Tensor, cud
     def verify():
         hidden, _ = model.verify(st, buf, par, **verify_kw)
         out["next"] = model.greedy(hidden)
-        out["finite"] = torch.isfinite(hidden).all()      # read after the timed replays
+        out["hidden"] = hidden          # checked after the timed replays, outside them
 
     if not cuda:
         return buf, verify, out
@@ -153,7 +154,7 @@ def _replay_round(model, st, verify_kw: dict, tokens, parents, engine_next, gen,
         buf.copy_(toks)
         times[name].append(_time_ms(replay, cuda, reps))
         nxt = out["next"]
-        if nxt.numel() != tokens.numel() or not bool(out["finite"]):
+        if nxt.numel() != tokens.numel() or not bool(torch.isfinite(out["hidden"]).all()):
             notes.append(f"{name}: bad verify output (not finite, or not the tree's shape)")
         elif name == "drafted":
             mismatch = int((nxt.view_as(engine_next) != engine_next).sum())
@@ -205,6 +206,5 @@ def verify_tokens_row(model, costs, mode: str, params: dict, batch_size: int, ro
         notes.append(f"drafted replay {100 * gap:+.1f}% off the engine's verify stage")
     row["note"] = "; ".join(dict.fromkeys(notes))
     del engine
-    if cuda:
-        torch.cuda.empty_cache()
+    release_memory()
     return row

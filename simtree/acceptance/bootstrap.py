@@ -20,7 +20,7 @@ from simtree.acceptance.predict import accepted_per_round
 from simtree.acceptance.presets import PRESETS, PUBLISHED_BUDGETS, preset_model
 from simtree.acceptance.traces import TraceRecord, read_traces, sequence_ids
 from simtree.acceptance.transfer import split_spec, transfer_bootstrap
-from simtree.errors import SimtreeError, check_whole
+from simtree.errors import SEED_MAX, SimtreeError, check_whole
 
 __all__ = ["bootstrap_models", "sequence_ids"]
 
@@ -97,7 +97,7 @@ def bootstrap_models(source, n: int, seed: int = 0) -> list[AcceptanceModel]:
     ``path#workload``), a ``DRAFTS.jsonl@TRACES.jsonl`` spec (:mod:`simtree.acceptance.transfer`)
     or a list of trace records of one workload.  Deterministic for a seed."""
     n = check_whole(n, "bootstrap models", 1, 10_000)
-    rng = np.random.default_rng(check_whole(seed, "seed", 0, 2 ** 63 - 1))
+    rng = np.random.default_rng(check_whole(seed, "seed", 0, SEED_MAX))
     if isinstance(source, str) and source in PRESETS:
         return _preset_models(source, n, rng)
     if isinstance(source, (str, Path)) and split_spec(str(source)) is not None:   # DRAFTS.jsonl@TRACES.jsonl

@@ -16,6 +16,7 @@ import math
 import numpy as np
 
 from simtree.acceptance.mixture import ALPHA_MAX, DEFAULT_DEPTH, DEFAULT_TOPK, AcceptanceModel, calibrate_linear
+from simtree.engines.metrics import conditional_from_per_position
 from simtree.errors import SimtreeError
 
 __all__ = ["ENGINE_ACCEPTANCE_SCHEMA", "SIBLING_SHARE", "engine_acceptance_model"]
@@ -38,8 +39,7 @@ def _conditional_rates(data: dict, where: str):
     if p.ndim != 1 or not np.all(np.isfinite(p)) or np.any((p < 0) | (p > 1)) or np.any(np.diff(p) > 0):
         raise SimtreeError(f"{where}: per_position_accept_rate must be probabilities that do not rise with the "
                            f"position (accepting one implies every earlier one), got {per}")
-    prev = np.concatenate([[1.0], p[:-1]])
-    derived = np.where(prev > 0, p / np.maximum(prev, 1e-300), 0.0)
+    derived = conditional_from_per_position(p)
     try:
         agree = cond is None or (np.shape(cond) == derived.shape and np.allclose(cond, derived, rtol=1e-9, atol=1e-12))
     except (TypeError, ValueError):

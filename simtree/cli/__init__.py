@@ -49,7 +49,7 @@ def main() -> None:
     except ImportError:
         from click import exceptions as click_exc
 
-    from simtree.cli.interrupt import stop_on_signals
+    from simtree.cli.interrupt import Interrupted, stop_on_signals
 
     try:
         # a command without its own handling (simulate, bench-serve, ...) stopped by SIGINT or
@@ -64,6 +64,9 @@ def main() -> None:
             sys.exit(128 + stop.signum)
     except SimtreeError as exc:
         _fail(str(exc))
+    except Interrupted as exc:   # a signal outside the command itself (while typer builds it or after it returned)
+        typer.echo(f"interrupted ({exc.signal_name}): simtree {' '.join(sys.argv[1:2])} stopped", err=True)
+        sys.exit(exc.exit_code)
     except click_exc.NoArgsIsHelpError as exc:
         exc.show()   # the help text, as a bare `simtree` prints it
         sys.exit(2)

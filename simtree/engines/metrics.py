@@ -45,6 +45,14 @@ SGLANG_SERIES = {"accept_length": "sglang:spec_accept_length", "accept_rate": "s
                  "draft_tokens": "sglang:spec_num_draft_tokens", "verify_calls": "sglang:spec_verify_calls_total"}
 
 
+
+def conditional_from_per_position(per_position) -> np.ndarray:
+    """P(position k accepted | k - 1 accepted) from the engines' per-position acceptance rates
+    (P(position k accepted)); 0 after a position no draft reached."""
+    p = np.asarray(per_position, dtype=float)
+    prev = np.concatenate([[1.0], p[:-1]])
+    return np.where(prev > 0, p / np.maximum(prev, 1e-300), 0.0)
+
 @dataclass
 class EngineAcceptance:
     """What an engine measured: mean accepted tokens per verify round (bonus included), the
@@ -64,9 +72,7 @@ class EngineAcceptance:
     def to_dict(self) -> dict:
         cond = None
         if self.per_position_accept_rate:
-            p = np.asarray(self.per_position_accept_rate)
-            prev = np.concatenate([[1.0], p[:-1]])
-            cond = [float(x) for x in np.where(prev > 0, p / np.maximum(prev, 1e-300), 0.0)]
+            cond = [float(x) for x in conditional_from_per_position(self.per_position_accept_rate)]
         return {"schema": SCHEMA, "engine": self.engine, "sources": self.sources,
                 "mean_accepted_tokens": self.mean_accepted_tokens,
                 "mean_accepted_tokens_se": self.mean_accepted_tokens_se,

@@ -37,7 +37,7 @@ import numpy as np
 from simtree.acceptance.model import AcceptanceModel, Workload
 from simtree.acceptance.phi import expected_accepted_ranked, rank_tokens, sample_accepted_length
 from simtree.costs.model import Costs
-from simtree.errors import SimtreeError, check_whole
+from simtree.errors import SEED_MAX, SimtreeError, check_whole
 from simtree.planning.adaptive import AdaptiveRounds, adaptive_bucket
 from simtree.planning.allocation import RunningPrice, batch_allocation
 from simtree.planning.modes import (BatchAllocParams, BestFirstParams, CostAwareParams, EagleParams, LinearParams,
@@ -397,7 +397,7 @@ def simulate(costs: Costs, workload: Workload, batch_size: int, spec: PolicySpec
     check_simulable(spec)
     if check_whole(mc_runs, "Monte-Carlo runs", 0, 2 ** 31) == 1:
         raise SimtreeError(f"Monte-Carlo runs must be 0 (analytic) or >= 2 (for an interval), got {mc_runs}")
-    check_whole(seed, "seed", 0, 2 ** 63 - 1)
+    check_whole(seed, "seed", 0, SEED_MAX)
     a = analytic_run(workload, spec, costs, b, bucket=bucket)
     throughput = a["tok_s"]
     none_tput = analytic_run(workload, NoneParams(), costs, b)["tok_s"]

@@ -434,7 +434,8 @@ def _live_full_clause(path: Path) -> str:
     sample: a frozen shipped bundle), its worst phase's TPOT error; empty without the file."""
     if not path.is_file():
         return ""
-    from simtree.serving.live_report import tpot_errors
+    from simtree.serving.live_report import full_section, tpot_errors
+    full_section(path, "")    # the report's checks (columns, rows, the frozen committed bundle, its device): one line
     df = _csv(path)
     err, _ = tpot_errors(df)
     last = df.iloc[-1]
@@ -539,7 +540,11 @@ FOLDERS: tuple[Folder, ...] = (
            "one model a call: Qwen3.6-27B with BATCH_SIZES=1,4 and 16,64 in one session, the two folders combined into "
            "one; DeepSeek-V4-Flash at the default 1,4,16,64 (folder deepseek-v4-flash) and, in an earlier session, with "
            "BATCH_SIZES=8,32 (folder deepseek-v4-flash-b8-b32)); "
-           "verify_pad.csv: `python scripts/verify_pad_gpu.py --out DIR` on the GPU",
+           "verify_pad.csv: `python scripts/verify_pad_gpu.py --out DIR` on the GPU; verify_shape.csv: `python "
+           "scripts/verify_shape_gpu.py --model qwen3.6-27b --out FILE` on the GPU (the batch-64 rows with --batch-sizes "
+           "64 --nodes 4,5,6,7,8 --shapes chain,eagle_top2,cost_aware_p3), verify_shape.md: `python "
+           "scripts/verify_shape_gpu.py --summary reports/h100/modes/verify_shape.csv --gpu \"NVIDIA H100 80GB HBM3\" "
+           "--buckets simtree/data/profiles/h100/buckets_qwen3.6-27b_tp1.csv --out reports/h100/modes/verify_shape.md`",
            modes_headline),
     Folder("reports/bench_serve", "Serving benchmark (simulated, shipped H200 costs)",
            "Poisson and bursty ShareGPT traces through continuous batching: none, best static, vLLM-style "

@@ -31,7 +31,7 @@ from simtree.costs.model import load_costs
 from simtree.deploy.shipped import shipped_cost_paths
 from simtree.engines.export import (NEAR_BEST, TierRow, adaptive_config, parse_vllm_tiers, sps_additive_table,
                                     vllm_per_batch_size)
-from simtree.errors import SimtreeError, check_int
+from simtree.errors import SEED_MAX, SimtreeError, check_int
 from simtree.fileio import check_out_folder, read_json, write_atomic, write_text_atomic
 from simtree.serving.costgrid import CostGrid
 from simtree.serving.bench_report import plot as _plot
@@ -132,7 +132,6 @@ def _drivers(m: dict, sg) -> dict:
             "controller": lambda: ControllerDriver(Controller(grid, acc))}
 
 
-SEED_MAX = 2 ** 63 - 1   # numpy's generators take seeds >= 0
 
 
 def run_bench(out: str | Path, *, models=None, loads=LOADS, arrivals=ARRIVALS, num_requests: int = 300,
