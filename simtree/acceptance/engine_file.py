@@ -16,14 +16,21 @@ import math
 import numpy as np
 
 from simtree.acceptance.mixture import ALPHA_MAX, DEFAULT_DEPTH, DEFAULT_TOPK, AcceptanceModel, calibrate_linear
-from simtree.engines.metrics import conditional_from_per_position
 from simtree.errors import SimtreeError
 
-__all__ = ["ENGINE_ACCEPTANCE_SCHEMA", "SIBLING_SHARE", "engine_acceptance_model"]
+__all__ = ["ENGINE_ACCEPTANCE_SCHEMA", "SIBLING_SHARE", "conditional_from_per_position", "engine_acceptance_model"]
 
 ENGINE_ACCEPTANCE_SCHEMA = "simtree.engine_acceptance/1"
 SIBLING_SHARE = 0.35
 ASSUMED = "sibling ranks assumed (engines verify chains): each takes 0.35 of the mass left above it"
+
+
+def conditional_from_per_position(per_position) -> np.ndarray:
+    """P(position k accepted | k - 1 accepted) from the engines' per-position acceptance rates
+    (P(position k accepted)); 0 after a position no draft reached."""
+    p = np.asarray(per_position, dtype=float)
+    prev = np.concatenate([[1.0], p[:-1]])
+    return np.where(prev > 0, p / np.maximum(prev, 1e-300), 0.0)
 
 
 def _conditional_rates(data: dict, where: str):

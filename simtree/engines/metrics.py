@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from simtree.acceptance.engine_file import conditional_from_per_position
 from simtree.engines.prometheus import Sample, parse_text, read_source
 from simtree.errors import SimtreeError
 
@@ -44,14 +45,6 @@ VLLM_SERIES = {"drafts": "vllm:spec_decode_num_drafts_total",
 SGLANG_SERIES = {"accept_length": "sglang:spec_accept_length", "accept_rate": "sglang:spec_accept_rate",
                  "draft_tokens": "sglang:spec_num_draft_tokens", "verify_calls": "sglang:spec_verify_calls_total"}
 
-
-
-def conditional_from_per_position(per_position) -> np.ndarray:
-    """P(position k accepted | k - 1 accepted) from the engines' per-position acceptance rates
-    (P(position k accepted)); 0 after a position no draft reached."""
-    p = np.asarray(per_position, dtype=float)
-    prev = np.concatenate([[1.0], p[:-1]])
-    return np.where(prev > 0, p / np.maximum(prev, 1e-300), 0.0)
 
 @dataclass
 class EngineAcceptance:
