@@ -65,7 +65,7 @@ def main() -> None:
     except SimtreeError as exc:
         _fail(str(exc))
     except Interrupted as exc:   # a signal outside the command itself (while typer builds it or after it returned)
-        typer.echo(f"interrupted ({exc.signal_name}): simtree {' '.join(sys.argv[1:2])} stopped", err=True)
+        typer.echo(f"interrupted ({exc.signal_name}): simtree {' '.join(sys.argv[1:2])} stopped before it finished", err=True)
         sys.exit(exc.exit_code)
     except click_exc.NoArgsIsHelpError as exc:
         exc.show()   # the help text, as a bare `simtree` prints it
@@ -75,7 +75,11 @@ def main() -> None:
         _fail(f"{exc.format_message()} (see {cmd} --help)")
     except click_exc.ClickException as exc:
         _fail(exc.format_message())
-    except typer.Abort:
+    except typer.Abort as exc:
+        cause = exc.__cause__ or exc.__context__
+        if isinstance(cause, Interrupted):   # click turns an interrupt that lands while it parses into Abort
+            typer.echo(f"interrupted ({cause.signal_name}): simtree {' '.join(sys.argv[1:2])} stopped before it finished", err=True)
+            sys.exit(cause.exit_code)
         typer.echo("aborted", err=True)
         sys.exit(1)
     except OSError as exc:
