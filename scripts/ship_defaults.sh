@@ -14,7 +14,7 @@
 #
 # `simtree plan` with no --costs plans the default machine's bundles (h200); `--machine h100` another's.
 # A newly measured rank profile: a full-runtime GPU session's (scripts/full_gpu.sh, then
-# scripts/full_report.sh -> reports/<machine>/live/profile_<model>_<tag>.csv, docs/full_runtime.md) or
+# scripts/full_report.sh -> OUT/profile_<model>_<tag>.csv, docs/full_runtime.md) or
 # `simtree profile --model deepseek-v4-flash --deployment ep=8 --out X/profile_ep8.csv` (with its
 # .meta.json and .compose.json): copy it into simtree/data/profiles/<machine>/ under its own name (one
 # table per model and deployment), then run this script.  A collectives profile's fit

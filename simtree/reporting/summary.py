@@ -496,7 +496,8 @@ FOLDERS: tuple[Folder, ...] = (
            "predicted vs measured per policy and batch, composed vs measured step, lossless check",
            "`bash scripts/full_report.sh reports/h200/live/sessions` (the sessions' archives from "
            "`bash scripts/full_gpu.sh MODEL` and `bash scripts/lossless_fp32_gpu.sh` on the H200: "
-           "docs/full_runtime.md)",
+           "docs/full_runtime.md; the rank profiles it also writes are the ones shipped in "
+           "simtree/data/profiles/h200, not kept here)",
            live_headline),
     Folder("reports/validation", "Predictions out of sample",
            "cost bundles frozen (committed) before the GPU run that tests them, measured at batch sizes, "
