@@ -1,37 +1,202 @@
-"""Throughput out of sample: the GPU-side run on a tiny model on the CPU, and the home-side table."""
+"""Throughput out of sample: the frozen bundle (with the block drafters' C_d), the GPU-side run of
+every runnable mode on a tiny model on the CPU, and the home-side table."""
 import csv
+import json
+import math
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
+from simtree.costs.model import load_costs
 from simtree.data import data_path
 from simtree.errors import SimtreeError
+from simtree.planning.modes import BLOCK_DRAFTER_MODES
 from simtree.reporting.summary import plan_points
-from simtree.runtime.full import oos
+from simtree.runtime.full import oos, oos_report
 
 BUNDLE = data_path("costs", "h200_qwen3.6-27b_tp1.json")
+ROOT = Path(__file__).resolve().parents[1]
+DRAFTER_PROFILE = ROOT / "reports" / "h100" / "drafters_profile.csv"
+RUN = {"contexts": (32,), "batch_sizes": (2,), "device": "cpu", "max_seconds": 120, "min_draws": 2, "rounds": 2}
 
 
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory):
+    """A run against the shipped bundle, which holds no drafter fits."""
     out = tmp_path_factory.mktemp("oos")
-    rc = oos.run("tiny-gdn", str(BUNDLE), out, contexts=(32,), batch_sizes=(2,), device="cpu",
-                 max_seconds=120, min_draws=2, rounds=2)
-    assert rc == 0
+    assert oos.run("tiny-gdn", str(BUNDLE), out, **RUN) == 0
     return out
+
+
+@pytest.fixture(scope="module")
+def frozen(tmp_path_factory):
+    out = tmp_path_factory.mktemp("frozen") / "frozen.json"
+    assert oos.main(["freeze", "--model", "qwen3.6-27b", "--costs", str(BUNDLE), "--drafter-profile",
+                     str(DRAFTER_PROFILE), "--out", str(out)]) == 0
+    return out
+
+
+@pytest.fixture(scope="module")
+def modes_dir(tmp_path_factory, frozen):
+    """A run of every mode against the frozen bundle with drafters."""
+    out = tmp_path_factory.mktemp("oos_modes")
+    assert oos.run("tiny-gdn", str(frozen), out, **RUN) == 0
+    return out
+
+
+def _csv_rows(folder):
+    return list(csv.DictReader(open(folder / "throughput_out_of_sample.csv")))
+
+
+def test_freeze_writes_the_shipped_bundle_with_the_drafters_c_d(frozen):
+    """One bundle: the shipped C_v and MTP C_d unchanged, every block drafter's C_d fitted from the
+    drafter profile (its sha256 in each fit's source, as the grid check finds it), and what it was
+    built from in meta.frozen."""
+    from simtree.runtime.full.modes_gpu import drafter_bundle
+    got, shipped = load_costs(frozen), load_costs(BUNDLE)
+    assert set(got.drafters) == set(BLOCK_DRAFTER_MODES)
+    assert got.verify.to_dict() == shipped.verify.to_dict() and got.draft.to_dict() == shipped.draft.to_dict()
+    want, _ = drafter_bundle(str(BUNDLE), str(DRAFTER_PROFILE), "qwen3.6-27b")
+    for fam, m in got.drafters.items():
+        x, y = (4, 7) if fam == "dspark" else (8, 7)       # on each family's axes (dspark: top-K, block length)
+        assert m.predict(x, y, 8, 600) == want.drafters[fam].predict(x, y, 8, 600)
+        assert m.info["source"]["sha256"] == "sha256:" + oos.sha256(DRAFTER_PROFILE)
+    info = json.loads(frozen.read_text())["meta"]["frozen"]
+    assert info["costs_sha256"] == oos.sha256(BUNDLE) and info["drafter_profile_sha256"] == oos.sha256(DRAFTER_PROFILE)
+    assert info["drafters"] == sorted(BLOCK_DRAFTER_MODES)
+    # the H200 bundle beside H100 drafter timings: said
+    assert any(n.startswith("ASSUMPTION: the drafters were timed on NVIDIA H100") for n in info["notes"])
+    assert set(oos_report._grid(frozen)["drafters"]) == set(BLOCK_DRAFTER_MODES)
+
+
+def test_every_mode_is_measured_and_predicted_from_the_frozen_bundle(modes_dir, frozen, tmp_path):
+    stats = oos.report([modes_dir], tmp_path, {oos.sha256(frozen): str(frozen)})
+    rows = _csv_rows(tmp_path)
+    want = ["plain:none", "linear_d4:linear_d4"] + [f"{label}:{spec.name}" for label, spec in oos.policies()]
+    assert [r["policy"] for r in rows] == want and len(want) == len(set(want)) == 16
+    assert all(math.isfinite(float(r["predicted_tok_s"])) and float(r["predicted_tok_s"]) > 0 for r in rows)
+    assert {r["bundle_sha256"] for r in rows} == {oos.sha256(frozen)}
+    # the per-mode table: every mode the runtime builds, the block drafters among them
+    modes = ("none", "linear", "eagle", "best_first", "cost_aware", "batch_alloc", "block", "tfm", "dspark")
+    assert set(stats["per_mode"]) == set(modes)
+    assert stats["per_mode"]["eagle"]["runs"] == 5 and stats["per_mode"]["block"]["runs"] == 2
+    md = (tmp_path / "summary.md").read_text()
+    assert "Per mode" in md and "| dspark | block drafter | 2 |" in md and "| best_first | MTP layer | 1 |" in md
+    # the plan's choice among all 16 policies measured at the point
+    assert stats["points"] == 1 and stats["min_policies"] == 16
+    assert "Modes not run" not in md
+
+
+def test_a_bundle_without_drafter_fits_runs_the_other_modes(run_dir, tmp_path):
+    """The shipped bundle has no block drafter's C_d: those modes are not run, said in one log line
+    (and in the summary); every other mode is measured and predicted."""
+    stats = oos.report([run_dir], tmp_path, {oos.sha256(BUNDLE): str(BUNDLE)})
+    rows = _csv_rows(tmp_path)
+    others = [s for _, s in oos.policies() if s.mode not in BLOCK_DRAFTER_MODES]
+    assert len(rows) == 2 + len(others) == stats["runs"] == 11
+    assert not {oos_report.mode_of(r["policy"]) for r in rows} & set(BLOCK_DRAFTER_MODES)
+    said = [line for line in (run_dir / "log.txt").read_text().splitlines() if "not run" in line]
+    blocks = [s.name for _, s in oos.policies() if s.mode in BLOCK_DRAFTER_MODES]
+    assert len(said) == 1 and all(name in said[0] for name in blocks)
+    assert "Modes not run at any point" in (tmp_path / "summary.md").read_text()
 
 
 def test_report_rows_name_the_frozen_bundle(run_dir, tmp_path):
     stats = oos.report([run_dir], tmp_path, {oos.sha256(BUNDLE): str(BUNDLE)})
-    rows = list(csv.DictReader(open(tmp_path / "throughput_out_of_sample.csv")))
-    assert len(rows) == 2 + len(oos.POLICIES) == stats["runs"]
-    assert list(rows[0])[:9] == list(oos.COLUMNS)[:9]
+    rows = _csv_rows(tmp_path)
+    assert list(rows[0]) == list(oos.COLUMNS)
     assert {r["bundle_sha256"] for r in rows} == {oos.sha256(BUNDLE)}
     # context 32 is off the bundle's profile grid (256, 1024, 4096)
     assert {r["on_profile_grid"] for r in rows} == {"False"}
     assert stats["points"] == 1 and stats["min_policies"] == len(rows)
     assert (tmp_path / "summary.md").read_text().count("| tiny-gdn |") == 2
     assert (tmp_path / "predicted_vs_measured.png").stat().st_size > 0
+
+
+def test_a_block_drafters_round_is_on_the_grid_only_on_its_drafter_profiles_too(frozen):
+    grid = oos_report._grid(frozen)
+    row = {"batch_size": 8, "context_len": 1024, "nodes": 8,
+           **oos_report._draft_axes("block", {"budget": 8, "block_len": 7})}
+    assert grid["verify"]["batch_size"].count(8) and oos_report._on_grid(row, grid)
+    assert not oos_report._on_grid({**row, "drafter_y": 5}, grid)          # block length 5: not timed
+    assert not oos_report._on_grid({**row, "context_len": 4096}, grid)     # C_d timed at 256 and 1024 only
+    assert not oos_report._on_grid(row, {**grid, "drafters": {}})          # a bundle without its C_d
+    tfm = oos_report._draft_axes("tfm", {"budget": 16, "width": 4, "block_len": 7})
+    assert (tfm["drafter_x"], tfm["drafter_y"]) == (16, 4)                  # ceil(15 / 4) adapter steps
+    assert oos_report._draft_axes("dspark", {"block_len": 7})["drafter_x"] == 4    # the marginals' top-K
+    # an MTP-drafted round is checked on the draft grid (batch 8 untimed there), not a drafter's
+    assert not oos_report._on_grid({"batch_size": 8, "context_len": 1024, "nodes": 8,
+                                    **oos_report._draft_axes("best_first", {"budget": 8, "draft_depth": 3})}, grid)
+
+
+def test_the_policies_are_deduplicated_and_chosen_by_mode():
+    names = [s.name for _, s in oos.policies()]
+    assert len(names) == len(set(names)) == 14 and names.count("eagle_s3_k2_d6") == 1
+    assert [label for label, _ in oos.policies()][:len(oos.POLICIES)] == [p[0] for p in oos.POLICIES]
+    assert {s.mode for _, s in oos.policies(["block", "dspark"])} == {"block", "dspark"}
+    assert [s.name for _, s in oos.policies(["linear", "eagle"])] == names[:len(oos.POLICIES)]   # the first runs'
+    with pytest.raises(SimtreeError, match="unknown mode tree"):
+        oos.policies(["eagle", "tree"])
+
+
+def test_a_deadline_loses_whole_points(monkeypatch):
+    """A point starts only if the time left holds its runs at the seconds a run took at that batch
+    (before any: FIRST_RUN_S, then the most at any batch); one that cannot is skipped whole
+    (full_run called with a deadline already past: every run a skipped row) and a later point that
+    fits still runs."""
+    clock = {"now": 0.0}
+    calls = []
+
+    def fake_full_run(model, *, batch_sizes, context_len, deadline, extra, **kw):
+        whole = deadline > clock["now"]
+        calls.append((context_len, batch_sizes[0], whole))
+        if whole:   # batch 1: 4 s a run, batch 2: 2 s a run
+            clock["now"] += (2 + len(extra)) * (4 if batch_sizes[0] == 1 else 2)
+    import simtree.runtime.full.measure as measure
+    monkeypatch.setattr(measure, "full_run", fake_full_run)
+    monkeypatch.setattr(oos, "time", SimpleNamespace(time=lambda: clock["now"]))
+    said = []
+    extra = oos.policies(["eagle"])[:4]          # 6 runs a point
+    failed = oos._points(None, None, Path("unused"), [(32, 1), (32, 2), (64, 1), (64, 2)], extra, said.append,
+                         end=50.0, device="cpu", acceptance="gsm8k", rounds=2, min_draws=0)
+    # (32, 1): 6 x 3 s estimated, took 24; (32, 2): 6 x 4 s (batch 1's), took 12, 14 s left;
+    # (64, 1): 6 x 4 s > 14: skipped; (64, 2): 6 x 2 s fits
+    assert failed == 0 and calls == [(32, 1, True), (32, 2, True), (64, 1, False), (64, 2, True)]
+    assert sum("skipped whole" in line for line in said) == 1
+
+
+@pytest.mark.parametrize("make, match", [
+    (lambda d: d / "absent.json", "not found"),
+    (lambda d: (d / "table.csv").write_text("a,b\n1,2\n") and d / "table.csv", "not valid JSON"),
+    (lambda d: (d / "other.json").write_text('{"schema": "x"}') and d / "other.json", "not a simtree cost bundle")])
+def test_a_frozen_bundle_that_is_not_one_is_refused_in_one_line(tmp_path, capsys, make, match):
+    rc = oos.main(["run", "--model", "tiny-gdn", "--costs", str(make(tmp_path)), "--out", str(tmp_path / "out"),
+                   "--device", "cpu"])
+    err = capsys.readouterr().err
+    assert rc == 2 and match in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err
+    assert not (tmp_path / "out").exists()       # refused before anything ran
+
+
+@pytest.mark.parametrize("args, match", [
+    (["--model", "deepseek-v4-flash"], "not of 'deepseek-v4-flash'"),
+    (["--drafter-profile", "README.md"], "not a readable CSV"),
+    (["--costs", "absent.json"], "not found")])
+def test_freeze_refuses_bad_input_in_one_line(tmp_path, capsys, args, match):
+    given = {"--model": "qwen3.6-27b", "--costs": str(BUNDLE), "--drafter-profile": str(DRAFTER_PROFILE),
+             "--out": str(tmp_path / "f.json"), **dict(zip(args[::2], args[1::2]))}
+    rc = oos.main(["freeze", *[x for kv in given.items() for x in kv]])
+    err = capsys.readouterr().err
+    assert rc == 2 and match in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "f.json").exists()
+
+
+def test_run_refuses_unknown_modes_and_bad_numbers_in_one_line(tmp_path, capsys):
+    base = ["run", "--model", "tiny-gdn", "--costs", str(BUNDLE), "--out", str(tmp_path / "o"), "--device", "cpu"]
+    assert oos.main([*base, "--modes", "eagle,tree"]) == 2
+    assert "unknown mode tree" in capsys.readouterr().err
+    assert oos.main([*base, "--batch-sizes", "2,x"]) == 2
+    assert "--batch-sizes 2,x" in capsys.readouterr().err
 
 
 def test_a_failing_report_leaves_the_previous_one_intact(run_dir, tmp_path, monkeypatch):
@@ -42,7 +207,7 @@ def test_a_failing_report_leaves_the_previous_one_intact(run_dir, tmp_path, monk
 
     def fail(table):
         raise RuntimeError("plot failed")
-    monkeypatch.setattr(oos, "_plot_png", fail)
+    monkeypatch.setattr(oos_report, "_plot_png", fail)
     (tmp_path / "throughput_out_of_sample.csv").write_bytes(b"older table\n")   # an earlier report's
     before["throughput_out_of_sample.csv"] = b"older table\n"
     with pytest.raises(RuntimeError):
@@ -72,7 +237,7 @@ def test_a_later_folder_fills_an_earlier_ones_misses():
               for p in ("block", "tfm")]
     later = [row("linear_d4", 11.0), row("block", 30.0)]
     other = [row("linear_d4", 12.0) | {"deployment": "tp=2"}]       # another deployment: another run
-    rows, still, replaced = oos._latest(first + later + other, missed)
+    rows, still, replaced = oos_report._latest(first + later + other, missed)
     assert sorted((r["policy"], r["measured_tok_s"]) for r in rows) == [
         ("block", 30.0), ("eagle", 20.0), ("linear_d4", 11.0), ("linear_d4", 12.0)]
     assert [m["policy"] for m in still] == ["tfm"]
@@ -84,8 +249,8 @@ def test_a_rank_run_alone_is_labelled_the_rank():
     the label policy files use, where a one-GPU deployment keeps its name; the summary's words
     say what the rank left out."""
     from simtree.planning.policy_file import deployment_label, rank_collectives
-    assert oos._deployment_label("ep=8") == "ep=8 rank" == deployment_label("ep=8 rank")
-    assert oos._deployment_label("tp=1") == "tp=1"
+    assert oos_report._deployment_label("ep=8") == "ep=8 rank" == deployment_label("ep=8 rank")
+    assert oos_report._deployment_label("tp=1") == "tp=1"
     assert rank_collectives("ep=8 rank") == "all-to-all" and rank_collectives("tp=2 rank") == "all-reduce"
     assert rank_collectives("ep=8") is None
     table = Path(__file__).resolve().parents[1] / "reports" / "validation" / "throughput_out_of_sample.csv"
@@ -100,14 +265,13 @@ VALIDATION = Path(__file__).resolve().parents[1] / "reports" / "validation"
 def test_each_frozen_bundle_finds_the_profile_it_was_fitted_on(bundle):
     """The committed report command works from the tree: each frozen bundle's fitted profile (by the
     sha256 it records) is shipped or committed beside it, even after the shipped one gained rows."""
-    grid = oos._grid(bundle)
+    grid = oos_report._grid(bundle)
     assert grid["verify"]["batch_size"] and grid["draft"]["num_steps"]
 
 
 def test_a_bundle_finds_its_profile_by_sha256_among_those_given(tmp_path):
     """A bundle whose recorded profile has changed or is gone: refused in one line, unless the
     profile of its sha256 is given (--profile) or lies beside it."""
-    import json
     shipped = data_path("profiles", "h200", "profile_qwen3.6-27b_tp1.csv")
     lines = shipped.read_text().splitlines(keepends=True)
     fitted = tmp_path / "elsewhere" / "fitted.csv"
@@ -120,8 +284,8 @@ def test_a_bundle_finds_its_profile_by_sha256_among_those_given(tmp_path):
     bundle.parent.mkdir()
     bundle.write_text(json.dumps(frozen))
     with pytest.raises(SimtreeError, match="is not the one it was fitted on"):
-        oos._grid(bundle)
-    assert oos._grid(bundle, [fitted]) == oos._grid(bundle, [shipped, fitted])
+        oos_report._grid(bundle)
+    assert oos_report._grid(bundle, [fitted]) == oos_report._grid(bundle, [shipped, fitted])
     (bundle.parent / "frozen.profile.csv").write_text(fitted.read_text())
-    assert oos._grid(bundle) == oos._grid(bundle, [fitted])
+    assert oos_report._grid(bundle) == oos_report._grid(bundle, [fitted])
     assert oos.main(["report", str(tmp_path), "--bundle", str(bundle), "--profile", str(tmp_path / "no.csv")]) == 2

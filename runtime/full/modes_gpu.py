@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import csv
 import dataclasses
+import hashlib
 import io
 import sys
 import time
@@ -63,7 +64,9 @@ def drafter_bundle(costs_path: str, profile: str, model: str, builder_steps: str
     first = rows.iloc[0]
     key = {"model": model, "device": str(first["device"]), "dtype": str(first["dtype"]),
            "deployment": str(first["deployment"])}
-    fitted, notes = fit_drafters(rows, **key, source={"profile": profile}, builder_steps=builder_steps)
+    digest = hashlib.sha256(Path(profile).read_bytes()).hexdigest()    # the table at that path may be replaced
+    fitted, notes = fit_drafters(rows, **key, source={"profile": profile, "sha256": "sha256:" + digest},
+                                 builder_steps=builder_steps)
     notes.append(f"drafters' C_d from {profile} ({first['device']}; {sweep_label(fitted_rows(rows, fitted, **key))}); "
                  f"verify and MTP costs from {costs_path}")
     return dataclasses.replace(bundle, drafters=fitted), notes

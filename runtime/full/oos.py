@@ -1,23 +1,32 @@
 """Throughput predicted out of sample: a frozen bundle, a later GPU run, points off the profile.
 
+Freeze (home side, before the GPU call; commit the result):
+
+    python -m simtree.runtime.full.oos freeze --model qwen3.6-27b --costs SHIPPED.json \\
+        --drafter-profile reports/h100/drafters_profile.csv --out FROZEN.json
+
+writes the shipped bundle with the block drafters' C_d fitted from the drafter profile
+(``modes_gpu.drafter_bundle``: the shipped bundles hold no drafter fits) as one bundle; its
+``meta.frozen`` names what it was built from (paths and sha256s) and the fit's notes.
+
 GPU side (``scripts/oos_gpu.sh``), one model per call:
 
-    python -m simtree.runtime.full.oos run --model qwen3.6-27b --costs FROZEN.json --out DIR
+    python -m simtree.runtime.full.oos run --model qwen3.6-27b --costs FROZEN.json --out DIR [--modes all]
 
-builds the model once and, for every context length and batch size, measures plain decoding,
-linear D=4 and the ``POLICIES`` below (replayed acceptance, ``full_run``) with the prediction
-from ``FROZEN.json`` - a bundle fitted before this run, on another GPU session's profile.
+builds the model once and measures every runnable policy (:func:`policies`: plain decoding,
+linear D=4, the ``POLICIES`` below and one shape of every mode the runtime builds,
+``modes_report.MODE_SHAPES``) at every (context, batch size) point (replayed acceptance,
+``full_run``), predicted from ``FROZEN.json``.  A bundle without a block drafter's C_d runs the
+other modes and logs the block ones as not run.  The points run one after another, each whole
+(``DIR/ctx_<l>_b<bbb>/``): a point starts only if the time left holds its runs (at the seconds a
+run took at that batch so far), so a deadline loses whole points (their runs listed as skipped),
+never a policy at every point - the plan's-choice check needs >= 6 policies at a point.
 
-Home side:
+Home side (:mod:`.oos_report`):
 
     python -m simtree.runtime.full.oos report DIR [DIR ...] --bundle FROZEN.json [--profile P.csv] --out OUT
 
-writes ``throughput_out_of_sample.csv`` (one row per measured run: model, deployment, policy,
-batch_size, context_len, measured_tok_s, predicted_tok_s, rel_err, bundle_sha256, then the
-cost and acceptance parts of the error and whether the point lies on the bundle's profile
-grid), ``summary.md`` and ``predicted_vs_measured.png``.  The plan's choice at a point is the
-policy the frozen bundle predicts fastest among those measured there; the summary says how
-often it was the measured best or within 2% of it.
+writes ``throughput_out_of_sample.csv``, ``summary.md`` and ``predicted_vs_measured.png``.
 
 What is out of sample: the cost bundle (fitted on an earlier session's profile; its sha256 is
 in every row) and the points (contexts, batch sizes and budgets the profile did not time are
@@ -32,22 +41,24 @@ ceil(b / 8)).
 from __future__ import annotations
 
 import argparse
-import hashlib
+import dataclasses
 import json
-import math
 import sys
 import time
 from pathlib import Path
 
 from simtree.errors import SimtreeError
-from simtree.fileio import write_atomic, write_text_atomic
-from simtree.planning.policy_file import RANK_SUFFIX, deployment_label, rank_collectives
-from simtree.planning.simulate import PolicySpec
-from simtree.reporting.summary import MIN_POLICIES, PLAN_TOLERANCE, plan_points
+from simtree.fileio import write_text_atomic
+from simtree.planning.modes import BLOCK_DRAFTER_MODES, PolicySpec
 
-__all__ = ["POLICIES", "CONTEXTS", "BATCH_SIZES", "run", "report", "main"]
+from .modes_report import MODE_SHAPES
+from .oos_report import COLUMNS, report, sha256
 
-CONTEXTS = (4096, 16384, 1024)
+__all__ = ["POLICIES", "CONTEXTS", "BATCH_SIZES", "COLUMNS", "policies", "freeze", "run", "report", "main"]
+
+# the points both models measure in one call: batch sizes off the MTP draft profile's grid (1, 4, 16, 64
+# timed); each row's on_profile_grid says where it lies on its bundle's profiles
+CONTEXTS = (1024, 4096)
 BATCH_SIZES = (2, 8, 32)
 # besides plain and linear D=4 (full_run measures those): budgets on and off the draft grid
 # (the shipped profiles time draft steps s <= 7 and nodes 1-4, 6, 8, 12, 16)
@@ -57,31 +68,75 @@ POLICIES = (("linear_d10", "linear", {"budget": 10}),
             ("eagle", "eagle", {"num_steps": 5, "topk": 3, "budget": 12}),
             ("eagle", "eagle", {"num_steps": 6, "topk": 4, "budget": 16}),
             ("eagle", "eagle", {"num_steps": 8, "topk": 2, "budget": 10}))
-COLUMNS = ("model", "deployment", "policy", "batch_size", "context_len", "measured_tok_s", "predicted_tok_s",
-           "rel_err", "bundle_sha256", "cost_rel_err", "accept_rel_err", "nodes", "on_profile_grid", "gpu")
-WITHIN = PLAN_TOLERANCE   # the plan's choice counts as best within 2% of the measured best
+# seconds a run takes before any point has run (H100 logs: 1.3-3 s at batch <= 16, up to 4.6 s at 64)
+FIRST_RUN_S = 3.0
 
 
-def sha256(path) -> str:
-    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+def policies(modes=None) -> list[tuple[str, PolicySpec]]:
+    """(label, spec) of every policy a point measures besides plain and linear D=4: ``POLICIES``,
+    then each ``MODE_SHAPES`` entry not among them (labelled by its mode); ``modes``: the modes
+    kept (None: all; a mode none of them has is a one-line error)."""
+    out: list = []
+    for label, spec in [(label, PolicySpec.from_dict(mode, params)) for label, mode, params in POLICIES] + \
+            [(mode, PolicySpec.from_dict(mode, params)) for mode, params in MODE_SHAPES]:
+        if spec not in {s for _, s in out}:
+            out.append((label, spec))
+    if modes is None:
+        return out
+    known = list(dict.fromkeys(s.mode for _, s in out))
+    unknown = [m for m in modes if m not in known]
+    if unknown or not modes:
+        raise SimtreeError(f"--modes {','.join(modes)}: {'unknown mode ' + unknown[0] if unknown else 'no mode'} "
+                           f"(one or more of {', '.join(known)}, or all; plain and linear D=4 run at every point)")
+    return [(label, s) for label, s in out if s.mode in modes]
 
 
-def _extra() -> list[tuple[str, PolicySpec]]:
-    return [(label, PolicySpec.from_dict(mode, params)) for label, mode, params in POLICIES]
+def freeze(model: str, costs: str, drafter_profile: str, out: Path) -> list[str]:
+    """Write ``costs`` (a shipped bundle of ``model``) with the block drafters' C_d fitted from
+    ``drafter_profile``'s rows of ``model`` to ``out`` as one bundle; returns the fit's notes."""
+    from simtree.costs.model import load_costs
+    from simtree.costs.profile_table import load_profile
+
+    from .modes_gpu import drafter_bundle
+    shipped = load_costs(costs)
+    if shipped.meta.get("model") != model:
+        raise SimtreeError(f"{costs}: a bundle of {shipped.meta.get('model')!r}, not of {model!r}")
+    rows = load_profile(drafter_profile)
+    rows = rows[rows["model"] == model]
+    if rows.empty:
+        raise SimtreeError(f"{drafter_profile}: no drafter rows of {model} (nothing to freeze beside the bundle)")
+    bundle, notes = drafter_bundle(str(costs), str(drafter_profile), model)
+    if not bundle.drafters:
+        raise SimtreeError(f"{drafter_profile}: no drafter of {model} could be fitted ({'; '.join(notes)})")
+    devices = sorted({str(d) for d in rows["device"]})
+    if devices != [str(shipped.meta.get("device"))]:
+        notes.append(f"ASSUMPTION: the drafters were timed on {', '.join(devices)}, C_v and the MTP C_d fitted on "
+                     f"{shipped.meta.get('device')}")
+    frozen = {"costs": str(costs), "costs_sha256": sha256(costs), "drafter_profile": str(drafter_profile),
+              "drafter_profile_sha256": sha256(drafter_profile), "drafters": sorted(bundle.drafters),
+              "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "notes": notes}
+    dataclasses.replace(bundle, meta={**bundle.meta, "frozen": frozen}).save(out)
+    return notes
 
 
 def run(model: str, costs: str, out: Path, *, contexts=CONTEXTS, batch_sizes=BATCH_SIZES, device: str = "cuda",
-        deployment: str | None = None, max_seconds: float = 330.0, acceptance: str = "gsm8k",
-        rounds: int = 24, min_draws: int = 96) -> int:
-    """Measure every (context, batch, policy) of one model; ``out/ctx_<l>/summary.json`` per context."""
+        deployment: str | None = None, max_seconds: float = 420.0, acceptance: str = "gsm8k",
+        rounds: int = 24, min_draws: int = 96, modes=None) -> int:
+    """Measure every (context, batch, policy) of one model, point by point (module docstring);
+    ``out/ctx_<l>_b<bbb>/summary.json`` per point (batch zero-padded: the folders sort by it)."""
     import torch
 
+    from simtree.costs.model import load_costs
+    from simtree.models import get_model
     from .build import build_model
     from .gpu_run import runtime_deployment
-    from .measure import full_run
-    from simtree.models import get_model
 
     t0 = time.time()
+    bundle = load_costs(costs)                    # a missing or broken bundle: one line, before anything runs
+    extra = policies(modes)
+    dep = runtime_deployment(model, deployment)
+    unpriced = [s.name for _, s in extra if s.mode in BLOCK_DRAFTER_MODES and s.mode not in bundle.drafters]
+    extra = [(label, s) for label, s in extra if s.name not in unpriced]
     out.mkdir(parents=True, exist_ok=True)
     log = open(out / "log.txt", "a", buffering=1)
 
@@ -91,11 +146,13 @@ def run(model: str, costs: str, out: Path, *, contexts=CONTEXTS, batch_sizes=BAT
         log.write(msg + "\n")
 
     gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
-    dep = runtime_deployment(model, deployment)
     meta = {"model": model, "deployment": dep, "gpu": gpu, "torch": torch.__version__, "costs": str(costs),
             "bundle_sha256": sha256(costs), "contexts": list(contexts), "batch_sizes": list(batch_sizes),
-            "policies": [[label, mode, params] for label, mode, params in POLICIES], "acceptance": acceptance,
+            "policies": [[label, s.mode, s.to_dict()] for label, s in extra], "acceptance": acceptance,
             "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    if unpriced:
+        meta.update(not_run=unpriced, not_run_why="the frozen bundle has no C_d of their drafter: freeze it with "
+                                                  "--drafter-profile")
     try:
         import triton
         meta["triton"] = triton.__version__
@@ -103,260 +160,68 @@ def run(model: str, costs: str, out: Path, *, contexts=CONTEXTS, batch_sizes=BAT
         pass
     write_text_atomic(out / "meta.json", json.dumps(meta, indent=1))
     say(f"oos {model} ({dep}) on {gpu}; frozen bundle {costs} sha256 {meta['bundle_sha256'][:12]}")
+    if unpriced:
+        say(f"no C_d for {', '.join(unpriced)} in {costs}: not run")
     built = build_model(get_model(model), device, seed=0)   # V4: one ep=8 rank, as gpu_run builds it
     say(f"built {built.shape.name} ({built.deployment})")
-    failed = 0
-    for i, ctx in enumerate(contexts):
-        left = max_seconds - (time.time() - t0)
-        share = left / (len(contexts) - i)
-        say(f"=== context {ctx}: {share:.0f} s")
-        try:
-            full_run(built, device=device, costs=costs, batch_sizes=list(batch_sizes), acceptance=acceptance,
-                     context_len=ctx, out=out / f"ctx_{ctx}", rounds=rounds, warmup_rounds=3, min_draws=min_draws,
-                     progress=say, deadline=time.time() + share - 5, extra=_extra())
-        except Exception as exc:   # noqa: BLE001 - one context failing leaves the others
-            failed += 1
-            say(f"context {ctx} FAILED: {type(exc).__name__}: {exc}")
-            if torch.cuda.is_available():
-                torch.cuda.empty_cache()
-    say(f"done; {failed} context(s) failed")
+    failed = _points(built, bundle, out, [(c, b) for c in contexts for b in batch_sizes], extra, say,
+                     end=t0 + max_seconds, device=device, acceptance=acceptance, rounds=rounds, min_draws=min_draws)
+    say(f"done; {failed} point(s) failed")
     return 1 if failed else 0
 
 
-def _grid(costs_path, profiles=()) -> dict:
-    """The values of each axis in the profile the bundle was fitted on (its verify and draft
-    sources, checked against the sha256 the bundle records); ``profiles``: more tables to look in."""
-    import pandas as pd
-    bundle = json.loads(Path(costs_path).read_text())
-    grid = {}
-    for part, axes in (("verify", ("batch_size", "context_len", "nodes_per_seq")), ("draft", ("batch_size", "num_steps", "topk"))):
-        src = (bundle[part].get("info") or {}).get("source") or {}
-        path = _fitted_profile(costs_path, src, profiles)
-        if path is None:
-            raise SimtreeError(f"{costs_path}: its {part} profile {src.get('profile')} is not the one it was fitted on, "
-                               "and no profile given (--profile), beside the bundle or shipped in "
-                               "simtree/data/profiles has its sha256 (commit the fitted one beside the bundle)")
-        table = pd.read_csv(path)
-        if src.get("stage"):
-            table = table[table["stage"] == src["stage"]]
-        grid[part] = {a: sorted(float(x) for x in table[a].unique()) for a in axes}
-    return grid
+def _points(built, bundle, out: Path, points, extra, say, *, end: float, device, acceptance, rounds,
+            min_draws) -> int:
+    """Run each (context, batch) point whole, or skip it (its runs listed as skipped) where the time
+    left cannot hold it at the seconds a run took at the last point of that batch (none yet: the
+    most at any point, else FIRST_RUN_S); returns how many points failed."""
+    import torch
+
+    from .measure import full_run
+    runs = 2 + len(extra)                # plain and linear D=4 beside the policies
+    seconds: dict = {}                   # batch size -> seconds a run took at each point run
+    failed = 0
+    for ctx, B in points:
+        per_run = seconds[B][-1] if B in seconds else max((s for v in seconds.values() for s in v), default=FIRST_RUN_S)
+        need, left = runs * per_run, end - time.time()
+        whole = need <= left
+        say(f"=== context {ctx} batch {B}: {runs} runs, ~{need:.0f} s of {left:.0f} s left"
+            + ("" if whole else ": skipped whole"))
+        started = time.time()
+        try:
+            full_run(built, device=device, costs=bundle, batch_sizes=[B], acceptance=acceptance, context_len=ctx,
+                     out=out / f"ctx_{ctx}_b{B:03d}", rounds=rounds, warmup_rounds=3, min_draws=min_draws, progress=say,
+                     deadline=end - 5 if whole else started - 1, extra=extra)
+        except Exception as exc:   # noqa: BLE001 - one point failing leaves the others
+            failed += 1
+            say(f"context {ctx} batch {B} FAILED: {type(exc).__name__}: {exc}")
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
+            continue
+        if whole:
+            seconds.setdefault(B, []).append((time.time() - started) / runs)
+    return failed
 
 
-def _fitted_profile(costs_path, src: dict, profiles=()) -> Path | None:
-    """The profile a bundle was fitted on: the path it records, else a table of the same sha256
-    among ``profiles``, beside the bundle (``frozen_X.profile.csv`` where a shipped profile has
-    changed since) or among the shipped profiles (the session's working copy is gone)."""
-    from simtree.data import data_path
-    want = src.get("sha256")
-    recorded = Path(src.get("profile", ""))
-    candidates = [recorded, *map(Path, profiles), *sorted(Path(costs_path).parent.glob("*.csv")),
-                  *sorted(data_path("profiles").glob(f"*/{recorded.name or '*.csv'}"))]
-    return next((c for c in candidates if c.is_file() and "sha256:" + sha256(c) == want), None)
-
-
-def _on_grid(row: dict, grid: dict) -> bool:
-    v, d = grid.get("verify") or {}, grid.get("draft") or {}
-    checks = [("batch_size", row["batch_size"], v.get("batch_size")), ("context_len", row["context_len"],
-              v.get("context_len")), ("nodes", row["nodes"], v.get("nodes_per_seq"))]
-    if row.get("num_steps"):   # a drafted round: its draft step too
-        checks += [("batch_size", row["batch_size"], d.get("batch_size")),
-                   ("num_steps", row["num_steps"], d.get("num_steps")), ("topk", row["topk"], d.get("topk"))]
-    return all(vals is None or float(x) in {float(y) for y in vals} for _, x, vals in checks)
-
-
-def _draft_axes(mode, params: dict) -> dict:
-    """num_steps and topk of a run's draft (0 steps for plain decoding)."""
-    if mode == "eagle":
-        return {"num_steps": int(params["num_steps"]), "topk": int(params["topk"])}
-    if mode == "linear":
-        return {"num_steps": int(params["budget"]) - 1, "topk": 1}
-    return {"num_steps": 0, "topk": 0}
-
-
-def _load_dir(d: Path, missed: list | None = None) -> list[dict]:
-    """The measured runs of one ``oos run`` folder; ``missed`` collects the runs that failed or
-    were skipped (model, batch, context, policy, why)."""
-    meta_path = d / "meta.json"
-    if not meta_path.exists():
-        raise SimtreeError(f"{d}: no meta.json (not a folder written by `oos run`)")
-    meta = json.loads(meta_path.read_text())
-    rows = []
-    for summ in sorted(d.glob("ctx_*/summary.json")):
-        data = json.loads(summ.read_text())
-        for r, run in zip(data["rows"], data["runs"]):
-            if run.get("error") or not math.isfinite(float(r.get("measured_tok_s", float("nan")))):
-                if missed is not None:
-                    why = str(run.get("error") or "not measured").split(". ")[0][:90]
-                    missed.append({"model": r["model"], "batch_size": int(r["batch_size"]),
-                                   "context_len": int(r["context_len"]), "policy": r["policy"], "why": why})
-                continue
-            params = run.get("params") or {}
-            rows.append({"model": r["model"], "deployment": _deployment_label(meta["deployment"]),
-                         "policy": r["policy"],
-                         "batch_size": int(r["batch_size"]), "context_len": int(r["context_len"]),
-                         "measured_tok_s": float(r["measured_tok_s"]), "predicted_tok_s": float(r["predicted_tok_s"]),
-                         "rel_err": float(r["rel_err"]), "bundle_sha256": meta["bundle_sha256"],
-                         "cost_rel_err": float(r["cost_rel_err"]), "accept_rel_err": float(r["accept_rel_err"]),
-                         "nodes": int(r["nodes"]), **_draft_axes(run.get("mode"), params),
-                         "gpu": meta["gpu"], "_costs": meta["costs"]})
-    if not rows:
-        raise SimtreeError(f"{d}: no measured runs")
-    return rows
-
-
-def _deployment_label(deployment: str) -> str:
-    """What a row measured: the deployment where the run was all of it (one GPU), else the rank run
-    alone, "<deployment> rank" as policy files name it (:func:`deployment_label`; runs kept before
-    wrote "ep=8 rank (all-to-all not run)" in their own rows)."""
-    from simtree.parallel import parse_deployment
-    dep = parse_deployment(deployment)
-    return dep.name if dep.gpus == 1 else deployment_label(dep.name + RANK_SUFFIX)
-
-
-def _run_key(r: dict) -> tuple:
-    return r["model"], int(r["batch_size"]), int(r["context_len"]), r["policy"]
-
-
-def _latest(rows: list[dict], missed: list[dict]) -> tuple[list[dict], list[dict], list[dict]]:
-    """A later folder (later in ``dirs``) measuring a run again or one an earlier folder missed:
-    its measurement stands (one row per run), the miss it fills is no longer listed, and each
-    earlier measurement it replaces is returned (listed in the summary, old and new side by side).
-    A run is the same run only under the same deployment and frozen bundle."""
-    key = lambda r: (*_run_key(r), r.get("deployment"), r.get("bundle_sha256"))   # noqa: E731
-    last = {key(r): r for r in rows}
-    kept = [r for r in rows if last[key(r)] is r]
-    replaced = [{**r, "later_tok_s": last[key(r)]["measured_tok_s"]} for r in rows if last[key(r)] is not r]
-    measured = {_run_key(r) for r in kept}
-    return kept, [m for m in missed if _run_key(m) not in measured], replaced
-
-
-def report(dirs: list[Path], out: Path, bundles: dict | None = None, profiles=()) -> dict:
-    """Rows of every folder -> out/throughput_out_of_sample.csv, summary.md, predicted_vs_measured.png.
-    ``bundles``: {sha256: path of the frozen bundle beside the table}; ``profiles``: tables to find a
-    bundle's fitted profile among (by the sha256 it records), besides those beside it (the grid check)."""
-    import pandas as pd
-
-    missed: list = []
-    rows = [r for d in dirs for r in _load_dir(Path(d), missed)]
-    rows, missed, replaced = _latest(rows, missed)
-    grids = {}
-    for r in rows:
-        key = r["bundle_sha256"]
-        if key not in grids:
-            path = (bundles or {}).get(key) or r["_costs"]
-            if not Path(path).exists() or sha256(path) != key:
-                raise SimtreeError(f"frozen bundle {key[:12]} not found (give --bundle PATH of the bundle the run used)")
-            grids[key] = _grid(path, profiles)
-        r["on_profile_grid"] = _on_grid(r, grids[key])
-    table = pd.DataFrame(rows)[list(COLUMNS)]
-    checks = plan_points(rows)
-    stats = summarize(table, checks)
-    # all three built before any is written: a failure leaves the previous report as it was
-    csv_text, md_text, png = (table.to_csv(index=False, float_format="%.6g"),
-                              _markdown(stats, checks, missed, replaced), _plot_png(table))
-    out.mkdir(parents=True, exist_ok=True)
-    write_text_atomic(out / "throughput_out_of_sample.csv", csv_text)
-    write_text_atomic(out / "summary.md", md_text)
-    write_atomic(out / "predicted_vs_measured.png", lambda tmp: Path(tmp).write_bytes(png))
-    return stats
-
-
-def summarize(table, checks: list[dict]) -> dict:
-    err = table["rel_err"].abs()
-    off = table[~table["on_profile_grid"].astype(bool)]["rel_err"].abs()
-    per_model = {m: {"runs": int(len(g)), "median": float(g["rel_err"].abs().median()),
-                     "worst": float(g["rel_err"].abs().max())} for m, g in table.groupby("model")}
-    return {"runs": int(len(table)), "median": float(err.median()), "worst": float(err.max()),
-            "off_grid_runs": int(len(off)), "off_grid_median": float(off.median()) if len(off) else float("nan"),
-            "off_grid_worst": float(off.max()) if len(off) else float("nan"),
-            "cost_median": float(table["cost_rel_err"].abs().median()),
-            "accept_median": float(table["accept_rel_err"].abs().median()),
-            "points": sum(c["counted"] for c in checks), "plan_ok": sum(c["ok"] and c["counted"] for c in checks),
-            "thin_points": sum(not c["counted"] for c in checks),
-            "min_policies": min((c["policies"] for c in checks if c["counted"]), default=0), "per_model": per_model,
-            "ranks": {d: sorted(g["model"].unique()) for d, g in table.groupby("deployment") if " rank" in str(d)},
-            "gpus": sorted(table["gpu"].unique()), "batch_sizes": sorted(int(b) for b in table["batch_size"].unique()),
-            "contexts": sorted(int(c) for c in table["context_len"].unique())}
-
-
-def _markdown(s: dict, checks: list[dict], missed: list | None = None, replaced: list | None = None) -> str:
-    pct = lambda x: f"{100 * x:.1f}%"   # noqa: E731
-    lines = ["# Throughput predicted out of sample", "",
-             "Generated by `python -m simtree.runtime.full.oos report` from the GPU runs of `scripts/oos_gpu.sh`; "
-             "the frozen bundles beside this file were fitted on an earlier GPU session's profile (their sha256 is "
-             "in every row of `throughput_out_of_sample.csv`). Acceptance is replayed from the preset the "
-             "prediction uses (in sample by construction): the errors below are the cost models', out of sample.", "",
-             f"GPU: {', '.join(s['gpus'])}; batch sizes {s['batch_sizes']}; contexts {s['contexts']}.", "",
-             *[f"{', '.join(models)}: {dep}, one rank run alone on one GPU (the {rank_collectives(dep)} not run) - "
-               "the batch is the b sequences on that rank, as the bundle prices it, not the deployment's batch (of "
-               "which a rank holds ceil(b / dp)).\n"
-               for dep, models in s.get("ranks", {}).items()],
-             "| | runs | median abs error | worst |", "|---|---|---|---|",
-             f"| all runs (out of sample) | {s['runs']} | {pct(s['median'])} | {pct(s['worst'])} |",
-             f"| points off the profile grid | {s['off_grid_runs']} | {pct(s['off_grid_median'])} | "
-             f"{pct(s['off_grid_worst'])} |"]
-    for m, p in s["per_model"].items():
-        lines.append(f"| {m} | {p['runs']} | {pct(p['median'])} | {pct(p['worst'])} |")
-    lines += ["", f"Cost part of the error: median {pct(s['cost_median'])}; acceptance part: median "
-              f"{pct(s['accept_median'])} (replayed).", "",
-              f"Plan's choice (the frozen bundle's fastest predicted policy among those measured) best or within "
-              f"{pct(WITHIN)} of the measured best at {s['plan_ok']} of {s['points']} points with at least "
-              f"{MIN_POLICIES} policies measured (at least {s['min_policies']} at each of them)"
-              + (f"; {s['thin_points']} point(s) with fewer (the runs not measured are listed below) are listed "
-                 "but not counted" if s['thin_points'] else "") + ".", "",
-              "| model | batch | context | policies | chosen | measured best | gap |", "|---|---|---|---|---|---|---|"]
-    for c in checks:
-        counted = "" if c["counted"] else " (not counted)"
-        lines.append(f"| {c['model']} | {c['batch_size']} | {c['context_len']} | {c['policies']}{counted} | "
-                     f"{c['chosen']} | {c['best']} | {pct(c['gap'])} |")
-    if missed:   # runs asked for and not measured: per point, how many and why
-        groups: dict = {}
-        for m in missed:
-            groups.setdefault((m["model"], m["batch_size"], m["context_len"], m["why"]), []).append(m["policy"])
-        lines += ["", f"Runs not measured ({len(missed)}; not in the table):", "",
-                  "| model | batch | context | runs | why |", "|---|---|---|---|---|"]
-        for (model, b, ctx, why), pols in sorted(groups.items()):
-            lines.append(f"| {model} | {b} | {ctx} | {len(pols)} | {why} |")
-    if replaced:   # runs a later folder measured again: the later measurement is the table's
-        lines += ["", f"Runs measured again by a later folder ({len(replaced)}; the table keeps the later):", "",
-                  "| model | batch | context | policy | earlier tok/s | later tok/s |", "|---|---|---|---|---|---|"]
-        lines += [f"| {r['model']} | {r['batch_size']} | {r['context_len']} | {r['policy']} | "
-                  f"{r['measured_tok_s']:.2f} | {r['later_tok_s']:.2f} |" for r in replaced]
-    return "\n".join(lines) + "\n"
-
-
-def _plot_png(table) -> bytes:
-    """The predicted-against-measured scatter as PNG bytes (nothing written)."""
-    import io
-
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6, 5))
-    for (model, on), g in table.groupby(["model", "on_profile_grid"]):
-        ax.scatter(g["measured_tok_s"], g["predicted_tok_s"], s=14, label=f"{model} ({'on' if on else 'off'} grid)",
-                   marker="o" if on else "x")
-    lo = float(min(table["measured_tok_s"].min(), table["predicted_tok_s"].min())) * 0.8
-    hi = float(max(table["measured_tok_s"].max(), table["predicted_tok_s"].max())) * 1.2
-    ax.plot([lo, hi], [lo, hi], "k--", lw=0.8)
-    ax.set_xscale("log")
-    ax.set_yscale("log")
-    ax.set_xlabel("measured tok/s")
-    ax.set_ylabel("predicted tok/s (frozen bundle)")
-    ax.set_title("Throughput, out of sample")
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=110)
-    plt.close(fig)
-    return buf.getvalue()
+def _ints(text: str, flag: str) -> tuple[int, ...]:
+    try:
+        values = tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise SimtreeError(f"{flag} {text}: comma-separated whole numbers expected") from None
+    if not values or min(values) < 1:
+        raise SimtreeError(f"{flag} {text}: one or more numbers >= 1 expected")
+    return values
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
+    f = sub.add_parser("freeze", help="home: a shipped bundle with the block drafters' C_d, as one frozen bundle")
+    f.add_argument("--model", required=True)
+    f.add_argument("--costs", required=True, help="the shipped cost bundle of the model")
+    f.add_argument("--drafter-profile", required=True,
+                   help="the block drafters' profile, e.g. reports/h100/drafters_profile.csv")
+    f.add_argument("--out", type=Path, required=True)
     r = sub.add_parser("run", help="GPU: measure one model against a frozen bundle")
     r.add_argument("--model", required=True)
     r.add_argument("--costs", required=True, help="the frozen cost bundle")
@@ -365,7 +230,9 @@ def main(argv=None) -> int:
     r.add_argument("--device", default="cuda")
     r.add_argument("--contexts", default=",".join(map(str, CONTEXTS)))
     r.add_argument("--batch-sizes", default=",".join(map(str, BATCH_SIZES)))
-    r.add_argument("--max-seconds", type=float, default=330.0)
+    r.add_argument("--modes", default="all", help="the modes measured besides plain and linear D=4, comma-separated "
+                                                  "(linear, eagle, best_first, ..., dspark) or all")
+    r.add_argument("--max-seconds", type=float, default=420.0)
     r.add_argument("--min-draws", type=int, default=96)
     p = sub.add_parser("report", help="home: the out-of-sample table from run folders")
     p.add_argument("dirs", nargs="+", type=Path)
@@ -376,11 +243,17 @@ def main(argv=None) -> int:
                         "a profile beside the bundle or shipped is found without it)")
     args = ap.parse_args(argv)
     try:
+        if args.cmd == "freeze":
+            notes = freeze(args.model, args.costs, args.drafter_profile, args.out)
+            print(f"{args.out}: {args.costs} with the drafters' C_d of {args.drafter_profile} ({len(notes)} notes "
+                  "in its meta.frozen)")
+            return 0
         if args.cmd == "run":
-            ints = lambda s: tuple(int(x) for x in s.split(",") if x)   # noqa: E731
-            return run(args.model, args.costs, args.out, contexts=ints(args.contexts),
-                       batch_sizes=ints(args.batch_sizes), device=args.device, deployment=args.deployment,
-                       max_seconds=args.max_seconds, min_draws=args.min_draws)
+            modes = None if args.modes == "all" else [m.strip() for m in args.modes.split(",") if m.strip()]
+            return run(args.model, args.costs, args.out, contexts=_ints(args.contexts, "--contexts"),
+                       batch_sizes=_ints(args.batch_sizes, "--batch-sizes"), device=args.device,
+                       deployment=args.deployment, max_seconds=args.max_seconds, min_draws=args.min_draws,
+                       modes=modes)
         for path in (*args.bundle, *args.profile):
             if not Path(path).is_file():
                 raise SimtreeError(f"{path}: no such file")
