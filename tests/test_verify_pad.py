@@ -30,19 +30,19 @@ def _cost_us(b: int, n: int) -> float:
     return 1.3 * us if (b, n) == (32, 14) else us
 
 
+def verify_row(b: int, n: int, l: int, us: float) -> dict:
+    """One composed model_verify_step row of Qwen3.6-27B on an H100 (tp=1), +-1% p10 / p90."""
+    return {"stage": "model_verify_step", "model": "qwen3.6-27b", "device": "NVIDIA H100 80GB HBM3",
+            "dtype": "bf16", "variant": "composed", "batch_size": b, "nodes_per_seq": n,
+            "total_tokens": b * n, "context_len": l, "tree_shape": "eagle", "num_steps": 0,
+            "topk": 0, "latency_us_median": us, "latency_us_p10": us * 0.99,
+            "latency_us_p90": us * 1.01, "repeats": 8, "torch_version": "x", "triton_version": "x",
+            "timestamp": "2026-01-01T00:00:00+00:00", "deployment": "tp=1", "message_bytes": 0}
+
+
 def _table(path=None) -> pd.DataFrame:
-    rows = []
-    for b in (8, 32):
-        for n in NODES:
-            for l in (256, 2048):
-                us = _cost_us(b, n) + 0.5 * l * b
-                rows.append({"stage": "model_verify_step", "model": "qwen3.6-27b", "device": "NVIDIA H100 80GB HBM3",
-                             "dtype": "bf16", "variant": "composed", "batch_size": b, "nodes_per_seq": n,
-                             "total_tokens": b * n, "context_len": l, "tree_shape": "eagle", "num_steps": 0,
-                             "topk": 0, "latency_us_median": us, "latency_us_p10": us * 0.99,
-                             "latency_us_p90": us * 1.01, "repeats": 8, "torch_version": "x", "triton_version": "x",
-                             "timestamp": "2026-01-01T00:00:00+00:00", "deployment": "tp=1", "message_bytes": 0})
-    df = pd.DataFrame(rows)
+    df = pd.DataFrame([verify_row(b, n, l, _cost_us(b, n) + 0.5 * l * b)
+                       for b in (8, 32) for n in NODES for l in (256, 2048)])
     if path is not None:
         df.to_csv(path, index=False)
     return df

@@ -15,6 +15,7 @@ from rich.table import Table
 from simtree.cli import COMMANDS
 from simtree.cli.notes import output_console
 from simtree.costs.forms import MOE_FORMS
+from simtree.costs.verify_cells import CELLS_KEY
 
 
 def _pct(x) -> str:
@@ -58,6 +59,7 @@ def _print_report(report, console: Console) -> None:
             for w in rows:
                 worst.add_row(*(f"{100 * v:+.1f}%" if k == "rel_err" else f"{v:g}" for k, v in w.items()))
             console.print(worst)
+    _print_cells(report.bundle.verify.info.get(CELLS_KEY), console)
     for note in report.notes + report.verify.notes + (report.draft.notes if report.draft else []):
         console.print(f"note: {note}")
     consequence = {"C_v": "adaptive budgets take the global argmax of the objective, not the first stop",
@@ -70,6 +72,22 @@ def _print_report(report, console: Console) -> None:
                           highlight=False)
     for line in report.misfit_warnings():
         console.print(f"[bold yellow]warning:[/] {line}", highlight=False)
+
+
+def _print_cells(record, console: Console) -> None:
+    """The measured cells C_v is corrected at (batch, nodes, measured / fitted), if any."""
+    if not record or not record.get("by_batch"):
+        return
+    table = Table(title="C_v: corrected measured cells", min_width=40)
+    for col in ("batch", "nodes", "ratio"):
+        table.add_column(col, justify="right")
+    for b, cells in sorted(record["by_batch"].items(), key=lambda x: int(x[0])):
+        for n, c in sorted(cells.items(), key=lambda x: int(x[0])):
+            table.add_row(b, n, f"{c:.3f}")
+    console.print(table)
+    console.print(f"ratio: measured / fitted C_v, beyond {100 * record['min_excess']:g}% on one side at every "
+                  "context the cell was timed at (the one nearest 1); C_v there is the fit times the ratio, and a "
+                  "round the pad map sends to a corrected cell is priced as that cell")
 
 
 def _print_comm(model, path: Path, as_json: bool) -> None:
@@ -158,6 +176,11 @@ def register(app: typer.Typer) -> None:
                                              "nodes verified at a larger measured n' that is cheaper at its batch; "
                                              "simtree.costs.verify_pad), or fit the rows as measured."),
         pad_min_saving: float = typer.Option(0.02, help="The least relative saving that pads a round (0 < s < 1)."),
+        verify_cells: bool = typer.Option(True, "--verify-cells/--no-verify-cells",
+                                          help="Correct C_v at the measured (batch, nodes) cells the fit misses by at "
+                                               "least --cells-min-excess at every context (the ratio nearest 1; "
+                                               "simtree.costs.verify_cells), or keep the fitted surface alone."),
+        cells_min_excess: float = typer.Option(0.02, help="The least relative miss that corrects a cell (0 < e < 1)."),
     ) -> None:
         """Fit monotone C_v(n, l, batch) and C_d(s, k, batch) to a profile table: convex in n,
         except an MoE model's expert-saturation forms, which are reported when kept.
@@ -209,6 +232,7 @@ def register(app: typer.Typer) -> None:
                                  reference_forms=reference, deployment=deployment,
                                  comm=comm if comm is not None else measured_comm, moe_routing=moe_routing,
                                  verify_pad=verify_pad, pad_min_saving=pad_min_saving,
+                                 verify_cells=verify_cells, cells_min_excess=cells_min_excess,
                                  on_fit=lambda: progress.advance(task),
                                  on_more_solves=lambda k: progress.update(
                                      task, total=progress.tasks[0].total + k))
@@ -231,6 +255,10 @@ def register(app: typer.Typer) -> None:
         dtxt = (f"draft {d.form} (held-out median {_pct(d.heldout[d.form]['median'])}, "
                 f"p90 {_pct(d.heldout[d.form]['p90'])})" if d else "draft assumed from verify")
         vconvex = "" if report.bundle.verify.convex_in_n else ", NOT convex in n"
+        cells = report.bundle.verify.info.get(CELLS_KEY)
+        if cells and cells.get("by_batch"):
+            vconvex += (f"; {sum(map(len, cells['by_batch'].values()))} measured cells corrected, held-out median "
+                        f"{_pct(cells['heldout']['median'])}, p90 {_pct(cells['heldout']['p90'])}")
         console.print(f"wrote {out}" + (f" and {png_path}" if png_path else "") +
                       f": verify {v.form} (held-out median {_pct(v.heldout[v.form]['median'])}, "
                       f"p90 {_pct(v.heldout[v.form]['p90'])}{vconvex}), {dtxt}")

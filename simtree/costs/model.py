@@ -6,7 +6,10 @@
         (also outside the fitted range); convex in n unless ``convex_in_n`` is False (an MoE
         model whose experts saturate, form "moe"/"moe_grid", or plain decoding fitted on its
         own curve, form "decode_split", where the profile's n = 1 is a cheaper step: budget
-        rules then take the global argmax instead of the first stop).
+        rules then take the global argmax instead of the first stop).  A bundle with measured-cell
+        corrections (``info["verify_cells"]``, :mod:`simtree.costs.verify_cells`) is priced at
+        those (b, n) by the measurement: there it is neither convex nor, where a cell is corrected
+        up, non-decreasing in n (``convex_in_n`` False).
     DraftCostModel.predict(num_steps, topk, batch_size) -> us
         one drafting round: s sequential draft steps of top-k over the batch.
     CostBundle(verify, draft, meta) with save(path) / load_costs(path): small JSON.
@@ -34,6 +37,7 @@ import numpy as np
 
 from simtree.costs.checks import check_physical, set_range_label
 from simtree.costs.forms import surface_from_dict
+from simtree.costs.verify_cells import CELLS_KEY, check_cells_record, corrected_predict, has_corrections
 from simtree.costs.verify_pad import PAD_KEY, check_pad_record, padded_nodes
 from simtree.drafters import DRAFTER_FAMILIES
 from simtree.errors import SimtreeError
@@ -63,7 +67,8 @@ class VerifyCost(Protocol):
 
     def predict(self, nodes_per_seq, context_len, batch_size):
         """Microseconds for the whole batch; numpy broadcasting, float for scalar inputs.
-        Non-decreasing in every argument, also outside the measured range."""
+        Non-decreasing in every argument, also outside the measured range (but in n at the
+        measured cells a fitted model corrects, :mod:`simtree.costs.verify_cells`)."""
         ...
 
     @property
@@ -155,20 +160,24 @@ class VerifyCostModel(_SurfaceModel):
     surface: a fitted surface over (x=n, y=l, z=b); info: form, valid_range, source
     (profile path, sha256, stage, variant, model, device), fit_error (held-out and
     in-sample median/p90 relative error per form), worst_residuals, convex_in_n (and
-    nonconvex_reason when False).
+    nonconvex_reason when False); verify_pad (:mod:`simtree.costs.verify_pad`) and verify_cells
+    (:mod:`simtree.costs.verify_cells`: measured cells the surface misses, corrected in predict).
     """
 
     @property
     def convex_in_n(self) -> bool:
-        """False when C_v may be concave in n (MoE saturation): first-stop budget rules break."""
-        return self._convex_in_x("convex_in_n")
+        """False when C_v may be concave in n (MoE saturation, a measured cell corrected off the
+        convex surface): first-stop budget rules break."""
+        return self._convex_in_x("convex_in_n") and not has_corrections(self.info.get(CELLS_KEY))
 
     @property
     def heldout_median_error(self) -> float | None:
         """The held-out median relative error of the kept form's fit (or of the decode split's),
         None when the info carries none."""
-        split = self.info.get("decode_split")
-        if isinstance(split, dict) and split.get("kept") and isinstance(split.get("heldout_split"), dict):
+        split, cells = self.info.get("decode_split"), self.info.get(CELLS_KEY)
+        if has_corrections(cells) and isinstance(cells.get("heldout"), dict):
+            err = cells["heldout"]          # the corrected C_v's, corrections from the training folds only
+        elif isinstance(split, dict) and split.get("kept") and isinstance(split.get("heldout_split"), dict):
             err = split["heldout_split"]
         else:
             err = ((self.info.get("fit_error") or {}).get("heldout") or {}).get(self.info.get("form"))
@@ -177,7 +186,11 @@ class VerifyCostModel(_SurfaceModel):
         return float(med) if ok else None
 
     def predict(self, nodes_per_seq, context_len, batch_size):
-        return self.surface.predict(nodes_per_seq, context_len, batch_size)
+        cells = self.info.get(CELLS_KEY)
+        if not has_corrections(cells):
+            return self.surface.predict(nodes_per_seq, context_len, batch_size)
+        return corrected_predict(self.surface, cells, self.info.get(PAD_KEY), nodes_per_seq, context_len,
+                                 batch_size)
 
     def padded_nodes(self, nodes: int, batch_size: int) -> int:
         """The node count a round of ``nodes`` per sequence at ``batch_size`` is verified at: the
@@ -335,6 +348,8 @@ class CostBundle:
                 check_physical(models[name].surface, name)
                 if PAD_KEY in models[name].info:
                     check_pad_record(models[name].info[PAD_KEY], name + " model")
+                if CELLS_KEY in models[name].info:
+                    check_cells_record(models[name].info[CELLS_KEY], "info")
             except (KeyError, TypeError) as exc:
                 raise SimtreeError(f"{where}: {name} model: missing or malformed field {exc}") from None
             except SimtreeError as exc:

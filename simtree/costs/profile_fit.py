@@ -15,7 +15,11 @@ measured verify costs at least ``pad_min_saving`` more than a larger n' at every
 timed at (n' timed at each) takes the latency of n', since the runtime pads such a round to n'
 nodes at any context; the pad map is kept
 in the bundle as ``verify.info["verify_pad"]`` (absent where nothing pads; ``verify_pad=False``
-fits the rows as measured).
+fits the rows as measured).  Then the measured (b, n >= 2) cells the chosen C_v misses by at least
+``cells_min_excess`` on one side at every context are corrected by the ratio nearest 1
+(:mod:`simtree.costs.verify_cells`, ``verify.info["verify_cells"]`` with the held-out error of the
+corrected C_v, each held-out point corrected from the training folds only; ``verify_cells=False``
+keeps the surface alone).
 
 Draft rows: ``draft_step`` of the same model and device, axes (topk, num_steps, batch);
 their context lengths are merged by median (C_d takes no l). Without draft rows the fit
@@ -52,6 +56,8 @@ from simtree.costs.surface_fit import BATCH_X_FORMS, MOE_FORMS, error_stats
 from simtree.costs.forms import DecodeSplitSurface
 from simtree.costs.model import DRAFT_AXES, DRAFTER_STAGE, VERIFY_AXES, CostBundle, DraftCostModel, VerifyCostModel
 from simtree.costs.drafter_fit import fit_drafters
+from simtree.costs.verify_cells import (CELLS_KEY, CELLS_MIN_EXCESS, cell_corrections, check_min_excess,
+                                        heldout_corrected)
 from simtree.costs.verify_pad import PAD_KEY, PAD_MIN_SAVING, envelope_rows, pad_map
 from simtree.parallel import DEFAULT_DEPLOYMENT, parse_deployment
 from simtree.errors import SimtreeError
@@ -247,7 +253,8 @@ def fit_profile(profile: str | os.PathLike, *, stage: str | None = None, model: 
                 reference_forms=("per_bin",), deployment: str | None = None, comm=None,
                 on_fit: Callable[[], None] | None = None,
                 on_more_solves: Callable[[int], None] | None = None, moe_routing: str | None = None,
-                verify_pad: bool = True, pad_min_saving: float = PAD_MIN_SAVING) -> FitReport:
+                verify_pad: bool = True, pad_min_saving: float = PAD_MIN_SAVING,
+                verify_cells: bool = True, cells_min_excess: float = CELLS_MIN_EXCESS) -> FitReport:
     """Fit C_v and C_d to a profile table and return the bundle with its evaluation.
 
     ``forms``: None/"auto" (see the module doc) or a tuple of form names.  ``on_fit()`` runs
@@ -266,6 +273,8 @@ def fit_profile(profile: str | os.PathLike, *, stage: str | None = None, model: 
     path = Path(profile)
     if moe_routing is not None and moe_routing not in MOE_ROUTINGS:   # before the table is read
         raise SimtreeError(f"MoE routing {moe_routing!r} unknown: one of {', '.join(MOE_ROUTINGS)}")
+    if verify_cells:
+        check_min_excess(cells_min_excess)
     df = load_profile(path)
     notes: list[str] = []
     vstage = _choose_verify_stage(df, stage, notes)
@@ -335,6 +344,8 @@ def fit_profile(profile: str | os.PathLike, *, stage: str | None = None, model: 
         if tile is not None and split is not None and split["kept"]:
             vinfo["nonconvex_reason"] += f"; {TILE_NONCONVEX_REASON}"
     verify = VerifyCostModel(vres.surface, vinfo)
+    if verify_cells:
+        _correct_cells(verify, vres, split, cells_min_excess, notes)
 
     drows = df[(df["stage"] == DRAFT_STAGE) & (df["model"] == model_name) & (df["device"] == device_name)
                & (df["dtype"] == rows["dtype"].iloc[0]) & (df["deployment"] == dep_name)]
@@ -383,6 +394,41 @@ def fit_profile(profile: str | os.PathLike, *, stage: str | None = None, model: 
                        "draft_stage": DRAFT_STAGE if dres is not None else None},
             "profile_meta": read_meta(path)}
     return FitReport(CostBundle(verify, draft, meta, drafters), vres, dres, rows, drows, notes)
+
+
+def _correct_cells(verify: VerifyCostModel, vres: FitResult, split: dict | None, min_excess: float,
+                   notes: list) -> None:
+    """Add the measured-cell corrections (:mod:`simtree.costs.verify_cells`) to ``verify``: from
+    its fitted points against its surface; the held-out error of the corrected C_v from the k
+    folds of the fit (each point corrected from the training folds only), over the same points as
+    the held-out error the model reports.  Nothing is added where no cell is corrected."""
+    points = vres.points
+    record = cell_corrections(points, verify.surface.predict(*points[:3]), min_excess)
+    if not record["by_batch"]:
+        return
+    ho = heldout_corrected(points, vres.fold_of, vres.fold_pred, vres.heldout_pred, verify.info.get(PAD_KEY),
+                           min_excess)
+    lat = points[3]
+    kept_split = split is not None and split["kept"]
+    if kept_split:   # the decode split's held-out error is over its n = 1 points too (never corrected)
+        ho = np.concatenate([ho, split["decode"].heldout_pred])
+        lat = np.concatenate([lat, split["decode"].points[3]])
+    before = verify.info["decode_split"]["heldout_split"] if kept_split else vres.heldout[vres.form]
+    verify.info[CELLS_KEY] = record
+    fitted = np.asarray(verify.predict(*points[:3]), dtype=float)
+    record["heldout"] = error_stats(ho, lat)
+    record["in_sample"] = error_stats(fitted, points[3])
+    reason = "measured cells corrected off the convex surface (verify_cells)"
+    verify.info["convex_in_n"] = False
+    verify.info["nonconvex_reason"] = "; ".join(r for r in (verify.info.get("nonconvex_reason"), reason) if r)
+    by_int = lambda d: sorted(d.items(), key=lambda kv: int(kv[0]))  # noqa: E731
+    cells = "; ".join(f"batch {b}: " + ", ".join(f"n={n} x{c:.3f}" for n, c in by_int(ns))
+                      for b, ns in by_int(record["by_batch"]))
+    notes.append(f"C_v corrected at {sum(map(len, record['by_batch'].values()))} measured cells it misses by >= "
+                 f"{100 * min_excess:g}% at every context ({cells}); held-out median {100 * before['median']:.1f}% -> "
+                 f"{100 * record['heldout']['median']:.1f}%, p90 {100 * before['p90']:.1f}% -> "
+                 f"{100 * record['heldout']['p90']:.1f}%; in-sample p90 {100 * vres.in_sample['p90']:.1f}% -> "
+                 f"{100 * record['in_sample']['p90']:.1f}%; not convex in n, so budget searches take the global argmax")
 
 
 def _communication(deployment: str, device: str, comm, notes: list) -> dict | None:

@@ -88,6 +88,8 @@ class FitResult:
     worst_heldout: list = field(default_factory=list)   # the kept form's largest k-fold residuals
     points: tuple | None = None         # (x, y, z, latency) of the distinct points fitted
     heldout_pred: np.ndarray | None = None   # the kept form's k-fold prediction at each point
+    fold_of: np.ndarray | None = None        # each point's fold
+    fold_pred: np.ndarray | None = None      # [k, points]: the kept form's fold surfaces at every point
 
     @property
     def convex_in_x(self) -> bool:
@@ -344,11 +346,11 @@ def fit_surface(x, y, z, latency, kind: str, axis_names=("x", "y", "z"),
     valid_range = {n: [float(a.min()), float(a.max())] for n, a in zip(axis_names, (x, y, z))}
     k = int(min(folds, len(lat)))
     fold_of = np.random.default_rng(seed).permutation(len(lat)) % k
-    heldout, notes, preds = {}, [], {}
+    heldout, notes, preds, fold_preds = {}, [], {}, {}
     if folds > len(lat):
         notes.append(f"{folds} folds asked for {len(lat)} distinct points: {k} (leave-one-out)")
     for form in (*forms, *reference_forms):
-        pred = np.empty_like(lat)
+        pred, at_all = np.empty_like(lat), np.empty((k, len(lat)))
         try:
             for f in range(k):
                 tr, te = fold_of != f, fold_of == f
@@ -357,13 +359,14 @@ def fit_surface(x, y, z, latency, kind: str, axis_names=("x", "y", "z"),
                 s = _fit_form(form, x[tr], y[tr], z[tr], lat[tr], kind, axis_names, valid_range,
                               huber_rel, moe)
                 pred[te] = s.predict(x[te], y[te], z[te])
+                at_all[f] = s.predict(x, y, z)       # every point (measured-cell corrections' held-out path)
                 if on_fit is not None:
                     on_fit()
         except SimtreeError as exc:
             notes.append(f"form {form} skipped: {exc}")
             continue
         heldout[form] = {**error_stats(pred, lat), "folds": k}
-        preds[form] = pred
+        preds[form], fold_preds[form] = pred, at_all
         if form in reference_forms and form not in forms:
             ref = _fit_form(form, x, y, z, lat, kind, axis_names, valid_range, huber_rel)
             heldout[form].update(reference=True, monotone_violations=monotone_violations(
@@ -397,7 +400,7 @@ def fit_surface(x, y, z, latency, kind: str, axis_names=("x", "y", "z"),
     worst = _worst(x, y, z, lat, fitted, axis_names, worst_k, "fitted_us")
     worst_heldout = _worst(x, y, z, lat, preds[best], axis_names, worst_k, "heldout_us")
     return FitResult(surface, best, heldout, error_stats(fitted, lat), worst, len(lat), notes,
-                     worst_heldout, (x, y, z, lat), preds[best])
+                     worst_heldout, (x, y, z, lat), preds[best], fold_of, fold_preds[best])
 
 
 def _worst(x, y, z, lat, pred, axis_names, worst_k: int, label: str) -> list:
