@@ -172,16 +172,17 @@ def test_simtree_fit_lists_the_corrected_cells_unless_told_not_to(tmp_path):
 
     table = tmp_path / "p.csv"
     _table(table)
-    args = ["fit", str(table), "--draft-from-verify", "--form", "grid", "--folds", "3", "--no-png"]
+    args = ["fit", str(table), "--draft-from-verify", "--form", "grid", "--folds", "3"]
     ok = CliRunner().invoke(app, [*args, "-o", str(tmp_path / "a.json")], env={"COLUMNS": "200"})
     assert ok.exit_code == 0, ok.output
+    assert (tmp_path / "a.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"     # the plot marks the corrected cell
     assert "corrected measured cells" in ok.output
     ratio = load_costs(tmp_path / "a.json").verify.info[CELLS_KEY]["by_batch"]["64"]["5"]
     assert re.search(rf"│\s+64\s+│\s+5\s+│\s+{ratio:.3f}\s+│", ok.output)      # batch, nodes, ratio
-    off = CliRunner().invoke(app, [*args, "--no-verify-cells", "-o", str(tmp_path / "b.json")])
+    off = CliRunner().invoke(app, [*args, "--no-png", "--no-verify-cells", "-o", str(tmp_path / "b.json")])
     assert off.exit_code == 0 and CELLS_KEY not in load_costs(tmp_path / "b.json").verify.info
     assert "corrected measured cells" not in off.output
-    bad = CliRunner().invoke(app, [*args, "--cells-min-excess", "0", "-o", str(tmp_path / "c.json")])
+    bad = CliRunner().invoke(app, [*args, "--no-png", "--cells-min-excess", "0", "-o", str(tmp_path / "c.json")])
     assert isinstance(bad.exception, SimtreeError) and "minimum excess" in str(bad.exception)
     assert not (tmp_path / "c.json").exists()
 

@@ -536,8 +536,10 @@ def plot_fit(report: FitReport, path: str | os.PathLike) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    verify = report.bundle.verify   # the line is the fitted surface; corrected cells (verify_cells) are an x
+    cells = (verify.info.get(CELLS_KEY) or {}).get("by_batch") or {}
     panels = [("verify", report.verify_rows, "nodes_per_seq", "context_len",
-               lambda x, c, b: report.bundle.verify.predict(x, c, b))]
+               lambda x, c, b: verify.surface.predict(x, c, b))]
     if report.draft_rows is not None:
         panels.append(("draft", report.draft_rows, "topk", "num_steps",
                        lambda x, c, b: report.bundle.draft.predict(c, x, b)))
@@ -554,6 +556,10 @@ def plot_fit(report: FitReport, path: str | os.PathLike) -> Path:
                 xs = np.linspace(line[xcol].min(), line[xcol].max(), 100)
                 ax.plot(xs, predict(xs, float(c), float(b)), "-", color=color, lw=1.2,
                         label=f"{_SHORT[ccol]}={c:g}")
+                fixed = [float(n) for n in (cells.get(str(int(b))) or {}) if name == "verify"
+                         and float(n) in set(line[xcol])]
+                if fixed:
+                    ax.plot(fixed, [verify.predict(n, float(c), float(b)) for n in fixed], "x", color=color, ms=5)
             ax.set_xscale("log", base=2)
             ax.set_title(f"{name}, batch {b}", fontsize=9)
             ax.set_xlabel(xcol)
@@ -562,7 +568,8 @@ def plot_fit(report: FitReport, path: str | os.PathLike) -> Path:
         for col in range(agg["batch_size"].nunique(), ncols):
             axes[row][col].axis("off")
     meta = report.bundle.meta
-    fig.suptitle(f"{meta['model']} on {meta['device']}: measured (o) vs fitted (-)", fontsize=10)
+    fig.suptitle(f"{meta['model']} on {meta['device']}: measured (o) vs fitted (-)"
+                 + (", corrected cells (x)" if cells else ""), fontsize=10)
     fig.tight_layout()
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
