@@ -138,3 +138,27 @@ def test_each_tier_accepts_as_its_own_replay(device):
         assert r.accepted == tables[name][read[name] % 16].tolist(), (name, read[name])
         read[name] += 1
     assert read[linear.name] >= 3 and read[eagle.name] >= 2
+
+
+def test_a_run_whose_shipped_bundle_was_refitted_reads_its_frozen_copy_beside_it(tmp_path):
+    """The committed run predicted with a bundle since refitted: its bytes kept beside the CSV as
+    frozen_<name> are the run's bundle (named so in the section); without that copy, or with other
+    bytes in it, the run is refused in one line, not shown as frozen."""
+    run = ROOT / "reports" / "bench_serve" / "serve_live_full.csv"
+    df = pd.read_csv(run)
+    sha = str(df.costs_sha256.iloc[-1])
+    name = Path(str(df.costs.iloc[-1])).name
+    kept = [p for p in (ROOT / "simtree" / "data" / "costs" / name, run.parent / f"frozen_{name}")
+            if p.is_file() and hashlib.sha256(p.read_bytes()).hexdigest() == sha]
+    assert kept, "the committed live run's bundle is neither shipped nor kept beside it"
+    assert kept[0].name == f"frozen_{name}", "the shipped bundle is the run's again: this test needs another run"
+    csv = tmp_path / "serve_live_full.csv"
+    df.to_csv(csv, index=False)
+    with pytest.raises(SimtreeError, match="not frozen"):
+        full_section(csv, "cmd")                                     # no copy beside it
+    (tmp_path / f"frozen_{name}").write_bytes(kept[0].read_bytes()[:-1] + b" ")
+    with pytest.raises(SimtreeError, match="not frozen"):
+        full_section(csv, "cmd")                                     # a copy of other bytes
+    (tmp_path / f"frozen_{name}").write_bytes(kept[0].read_bytes())
+    section = full_section(csv, "cmd")
+    assert f"kept as `frozen_{name}` beside the run" in section and sha[:12] in section

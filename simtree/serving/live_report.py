@@ -133,6 +133,18 @@ def live_section(path: str | Path, command: str, later: str | Path | None = None
     return "\n".join(lines) + "\n"
 
 
+def frozen_bundle(path: str | Path, costs: str, sha: str) -> Path:
+    """The committed bundle a full-scale run predicted with: this installation's shipped file of that
+    name where its bytes are the run's, else the copy kept beside the run's CSV as ``frozen_<name>``
+    once the shipped one was refitted (the run's bundle, still committed); neither -> one line."""
+    name = Path(costs).name
+    for candidate in (data_path("costs", name), Path(path).parent / f"frozen_{name}"):
+        if candidate.is_file() and hashlib.sha256(candidate.read_bytes()).hexdigest() == sha:
+            return candidate
+    raise SimtreeError(f"{path}: the run's bundle (sha256 {sha[:12]}) is neither the committed {SHIPPED_COSTS}{name} "
+                       f"nor a frozen_{name} beside the run: not frozen")
+
+
 def full_section(path: str | Path, command: str) -> str:
     """The full-scale section: a run of ``scripts/serve_live_full_gpu.sh`` (acceptance replayed,
     costs a frozen shipped bundle: the committed file's bytes, fitted on the run's kind of
@@ -144,10 +156,7 @@ def full_section(path: str | Path, command: str) -> str:
         raise SimtreeError(f"{path}: not a full-scale run (replayed acceptance, a bundle shipped in {SHIPPED_COSTS}): "
                            + (f"missing {', '.join(missing)}" if missing else f"acceptance {last.acceptance}, "
                               f"costs {last.costs}"))
-    shipped = data_path("costs", Path(str(last.costs)).name)      # this installation's committed bundle
-    if not shipped.is_file() or hashlib.sha256(shipped.read_bytes()).hexdigest() != str(last.costs_sha256):
-        raise SimtreeError(f"{path}: the run's bundle (sha256 {str(last.costs_sha256)[:12]}) is not the committed "
-                           f"{SHIPPED_COSTS}{shipped.name}: not frozen")
+    shipped = frozen_bundle(path, str(last.costs), str(last.costs_sha256))
     kinds = [shipped_machine_for(str(d), "") for d in (last.costs_device, last.device)]   # h100, h200; "" unknown
     if not kinds[0] or kinds[0] != kinds[1]:
         raise SimtreeError(f"{path}: costs fitted on {last.costs_device}, the run on {last.device}: another device's "
@@ -161,7 +170,9 @@ def full_section(path: str | Path, command: str) -> str:
              f"{int(df.new_tokens.iloc[0])} tokens per sequence per phase, prompts: {last.prompts}. Acceptance "
              f"replayed ({last.acceptance}{why}; each drafted tier's rounds accept as the modes runs replay them, a "
              "fresh draw each phase, and the controller's running estimate sees that). Costs frozen: the shipped "
-             f"bundle `{last.costs}` (sha256 {str(last.costs_sha256)[:12]}, the committed file), fitted in an earlier "
+             f"bundle `{last.costs}` (sha256 {str(last.costs_sha256)[:12]}, the committed file"
+             + ("" if shipped.parent == data_path("costs") else f", kept as `{shipped.name}` beside the run since the "
+                "shipped one was refitted") + "), fitted in an earlier "
              "GPU session on this kind of device; nothing in this run was profiled or fitted. Predicted: every round "
              "priced as `simtree bench-serve` prices a step (C_d of the tier run + C_v at the round's batch, nodes and "
              "context, plus the catch-up after plain rounds) over the tokens the round accepted; the expected-acceptance "
