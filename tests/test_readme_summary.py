@@ -195,6 +195,11 @@ def test_acceptance_line_reports_each_split_family_alone():
             "the 3% median target and 8% worst target" in line)
     assert "code linear -> code trees (HumanEval) (seen prompts) median 2.0%, worst 2.0% (1 rows);" in line  # both met
     assert "code linear -> code linear" not in line and "50.0%" not in line    # absent family; in sample apart
+    # pooled: the out-of-sample rows on fresh prompts alone (the seen HumanEval rows and in-sample row left out)
+    assert ("pooled over its 3 out-of-sample rows on fresh prompts median 1.0%, worst 5.0% (targets 3% / 8%: met); "
+            "by family: chat linear -> chat trees" in line)
+    worse = acc.assign(rel_err=acc["rel_err"].where(acc["prompts"] != "fresh", 0.09))
+    assert "fresh prompts median 9.0%, worst 9.0% (targets 3% / 8%: short)" in summary.acceptance_oos_line(worse)
 
 
 def test_acceptance_line_reads_the_shipped_table_family_by_family():

@@ -298,9 +298,17 @@ def acceptance_oos_line(acc: pd.DataFrame) -> str:
                      for key in short_of(err.median(), err.max())]
             parts.append(f"{words}{label} median {_pct(err.median(), 1)}, worst {_pct(err.max(), 1)} ({len(err)} rows)"
                          + (f", short of the {' and '.join(short)}" if short else ""))
+    pooled = ""
+    if "prompts" in acc:     # every out-of-sample row on prompts no version of the model was developed on
+        err = acc[(acc["split"] != "in_sample") & (acc["prompts"].astype(str) == "fresh")]["rel_err"].abs()
+        if len(err):
+            short = short_of(err.median(), err.max())
+            pooled = (f"pooled over its {len(err)} out-of-sample rows on fresh prompts median {_pct(err.median(), 1)}, "
+                      f"worst {_pct(err.max(), 1)} (targets {_pct(TARGETS['median_abs_rel_err'])} / "
+                      f"{_pct(TARGETS['max_abs_rel_err'])}: {'short' if short else 'met'}); by family: ")
     return ("accepted tokens per round of a trained Qwen3.5-architecture target, its drafter calibrated on a "
-            "workload's linear runs and each run predicted from the drafter's confidences on its own held-out prompts: "
-            + "; ".join(parts))
+            "workload's linear runs and each run predicted from the drafter's confidences on its own held-out prompts, "
+            + pooled + "; ".join(parts))
 
 
 def validation_headline(folder: Path) -> str:
@@ -501,12 +509,16 @@ FOLDERS: tuple[Folder, ...] = (
            live_headline),
     Folder("reports/validation", "Predictions out of sample",
            "cost bundles frozen (committed) before the GPU run that tests them, measured at batch sizes, "
-           "contexts and budgets off their profile, every runnable EAGLE / linear / plain policy per point",
+           "contexts and budgets off their profile: the first runs every EAGLE / linear / plain policy per point, the "
+           "latest (folders *_modes) every mode the runtime builds (plain, linear, EAGLE, best-first, cost-aware, "
+           "batch allocation, block, TfM, DSpark) from bundles frozen with the block drafters' C_d (`oos freeze`)",
            "`bash scripts/oos_gpu.sh MODEL reports/validation/frozen_<bundle>.json` on the GPU; from its runs "
            "(`mkdir -p R; tar xzf reports/validation/oos_runs.tgz -C R`): `python -m simtree.runtime.full.oos report "
            "R/qwen3.6-27b R/deepseek-v4-flash R/deepseek-v4-flash_later R/qwen3.6-27b_b1b64 R/deepseek-v4-flash_b1b64 "
-           "--bundle reports/validation/frozen_h100_qwen3.6-27b_tp1.json --bundle "
-           "reports/validation/frozen_h100_deepseek-v4-flash_ep8_v2.json --out reports/validation` (each bundle's "
+           "R/deepseek-v4-flash_modes R/qwen3.6-27b_modes --bundle reports/validation/frozen_h100_qwen3.6-27b_tp1.json "
+           "--bundle reports/validation/frozen_h100_deepseek-v4-flash_ep8_v2.json --bundle "
+           "reports/validation/frozen_h100_deepseek-v4-flash_ep8_modes.json --bundle "
+           "reports/validation/frozen_h100_qwen3.6-27b_tp1_modes.json --out reports/validation` (each bundle's "
            "fitted profile, by its sha256: beside it or shipped)", validation_headline),
     Folder("reports/h100/live", "Full-scale runtime on the H100 (real-architecture layers, V4 at FP8)",
            "Qwen3.6-27B whole and one DeepSeek-V4-Flash ep=8 rank (FP8 experts) decoding under CUDA graphs: "
