@@ -22,10 +22,7 @@ taken as one GPU: b sequences on the rank, no all-to-all), the measured best bes
 """
 from __future__ import annotations
 
-import argparse
-import json
 import sys
-import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -39,17 +36,9 @@ from simtree.planning.modes import BLOCK_DRAFTER_MODES
 from simtree.planning.planner import plan
 from simtree.runtime.full.allocation import draft_cost_us
 from simtree.runtime.full.measure import repredict, run_shape
-from simtree.runtime.full.modes_gpu import DRAFTER_PROFILE, drafter_bundle
-from simtree.runtime.full.modes_report import run_dirs
+from simtree.runtime.full.modes_rerun import parser, read_runs, run_costs, run_summary
 
 SAME_NODES = {4: "linear_d4:linear_d4", 8: "best_first:best_first_d8_w1_p3"}
-
-
-def _bundle_of(log: str) -> str:
-    for line in log.splitlines():
-        if "verify and MTP costs from " in line:
-            return line.rsplit("verify and MTP costs from ", 1)[1].strip()
-    raise SimtreeError("the run's log.txt does not name its cost bundle")
 
 
 def _terms(costs, run: dict) -> tuple[float, float]:
@@ -65,10 +54,9 @@ def _terms(costs, run: dict) -> tuple[float, float]:
 
 def run_table(folder: Path, profile: str):
     """(one row per run, this checkout's bundle, the bundle as the runs had it)."""
-    summary = json.loads((folder / "measure" / "summary.json").read_text())
+    summary = run_summary(folder)
     model = summary["runs"][0]["model"]
-    bundle = _bundle_of((folder / "log.txt").read_text())
-    costs, _ = drafter_bundle(bundle, profile, model)
+    costs = run_costs(folder, model, profile)
     recorded = {(r["policy"], r["batch_size"]): r for r in summary["rows"]}
     now = {(r["policy"], r["batch_size"]): r for r in repredict(summary, costs)["rows"]}
     verify_of = {}
@@ -92,13 +80,8 @@ def run_table(folder: Path, profile: str):
     df = pd.DataFrame(out)
     df["mtp_verify_same_nodes_ms"] = [verify_of.get((SAME_NODES.get(n), b), np.nan) if blk else np.nan
                                       for n, b, blk in zip(df["nodes"], df["batch"], df["block_drafter"])]
-    return df, costs, _fitted_with_builder_steps(bundle, profile, model)
-
-
-def _fitted_with_builder_steps(bundle: str, profile: str, model: str):
-    """The bundle as the runs had it: the block drafter's C_d with the profile stage's tree-builder
-    steps kept in (``builder_steps="keep"``)."""
-    return drafter_bundle(bundle, profile, model, builder_steps="keep")[0]
+    # the bundle as the runs had it: the block drafter's C_d with the profile stage's tree-builder steps kept in
+    return df, costs, run_costs(folder, model, profile, builder_steps="keep")
 
 
 def plan_table(folder: Path, costs, old_costs, sizes: list[int], runs: pd.DataFrame) -> list[dict]:
@@ -144,22 +127,20 @@ def render(tables: list[pd.DataFrame], plans: list[dict]) -> str:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("inputs", nargs="+", type=Path, help="modes run folders or their .tgz")
-    ap.add_argument("--drafter-profile", default=DRAFTER_PROFILE)
+    ap = parser(__doc__)
     ap.add_argument("--out", default=None, help="write the tables here (markdown) as well")
     args = ap.parse_args(argv)
+
+    def tables(folder: Path) -> list[tuple[pd.DataFrame, list[dict]]]:
+        df, costs, old_costs = run_table(folder, args.drafter_profile)
+        return [(df, plan_table(folder, costs, old_costs, sorted(df["batch"].unique().tolist()), df))]
+
     try:
-        with tempfile.TemporaryDirectory() as scratch:
-            tables, plans = [], []
-            for folder in run_dirs(args.inputs, Path(scratch)):
-                df, costs, old_costs = run_table(folder, args.drafter_profile)
-                tables.append(df)
-                plans += plan_table(folder, costs, old_costs, sorted(df["batch"].unique().tolist()), df)
+        per_run = read_runs(args.inputs, tables)
     except SimtreeError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    text = render(tables, plans)
+    text = render([df for df, _ in per_run], [p for _, plans in per_run for p in plans])
     if args.out:
         write_text_atomic(args.out, text)
     print(text, end="")

@@ -19,38 +19,20 @@ counted.  Recomputed predictions are not blind: the runs were measured before th
 """
 from __future__ import annotations
 
-import argparse
-import json
 import sys
-import tempfile
 from pathlib import Path
 
-from simtree.data import data_path
 from simtree.errors import SimtreeError
 from simtree.runtime.full.measure import repredict
-from simtree.runtime.full.modes_gpu import DRAFTER_PROFILE, drafter_bundle
-from simtree.runtime.full.modes_report import run_dirs
-
-BUNDLE_LINE = "verify and MTP costs from "
-
-
-def run_bundle(log: str) -> Path:
-    """The shipped bundle the run's log names, in this checkout (the log gives the path on the GPU)."""
-    named = next((line.rsplit(BUNDLE_LINE, 1)[1].strip() for line in log.splitlines() if BUNDLE_LINE in line), None)
-    if named is None:
-        raise SimtreeError("the run's log.txt does not name its cost bundle")
-    path = data_path("costs", Path(named).name)
-    if not path.is_file():
-        raise SimtreeError(f"the run's bundle {Path(named).name} is not in this checkout's simtree/data/costs")
-    return path
+from simtree.runtime.full.modes_rerun import parser, read_runs, run_costs, run_summary
 
 
 def compare(folder: Path, profile: str, tol: float) -> list[dict]:
     """Each run of ``folder``: its recorded and recomputed predictions (a one-line error where a
     recomputed round time is not the recorded one: not the run's bundle)."""
-    summary = json.loads((folder / "measure" / "summary.json").read_text())
+    summary = run_summary(folder)
     model = summary["runs"][0]["model"]
-    costs, _ = drafter_bundle(str(run_bundle((folder / "log.txt").read_text())), profile, model)
+    costs = run_costs(folder, model, profile)
     now = {(r["policy"], r["batch_size"]): r for r in repredict(summary, costs)["rows"]}
     out = []
     for was in summary["rows"]:
@@ -81,20 +63,19 @@ def render(rows: list[dict]) -> str:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("inputs", nargs="+", type=Path, help="modes run folders or their .tgz")
+    ap = parser(__doc__)
     ap.add_argument("--model", default=None, help="only this model's run folder")
     ap.add_argument("--run", default=None, help="only the run folder of this name")
-    ap.add_argument("--drafter-profile", default=DRAFTER_PROFILE)
     ap.add_argument("--tol", type=float, default=1e-5)
     args = ap.parse_args(argv)
+
+    def kept(folder: Path) -> list[dict]:
+        model = run_summary(folder)["runs"][0]["model"]
+        keep = args.model in (None, model) and args.run in (None, folder.name)
+        return compare(folder, args.drafter_profile, args.tol) if keep else []
+
     try:
-        with tempfile.TemporaryDirectory() as scratch:
-            rows = []
-            for folder in run_dirs(args.inputs, Path(scratch)):
-                model = json.loads((folder / "measure" / "summary.json").read_text())["runs"][0]["model"]
-                if args.model in (None, model) and args.run in (None, folder.name):
-                    rows += compare(folder, args.drafter_profile, args.tol)
+        rows = read_runs(args.inputs, kept)
         if not rows:
             raise SimtreeError(f"no run of {args.run or args.model} in the inputs")
     except SimtreeError as exc:

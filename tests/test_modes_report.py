@@ -190,6 +190,32 @@ def test_the_dspark_runs_predicted_again_agree_with_their_replays(tmp_path):
     assert "\n" not in str(err.value)
 
 
+def test_a_run_folder_read_again_names_what_it_lacks_in_one_line(tmp_path):
+    """The scripts that read the committed runs again (modes_rerun): the bundle is the shipped file
+    the log's costs note names (the note modes_gpu writes), found in this checkout whatever path the
+    GPU had; a folder without a summary, a log without the note, or a bundle this checkout lacks is
+    one line naming it."""
+    from simtree.runtime.full import modes_rerun
+    d = tmp_path / "run"
+    (d / "measure").mkdir(parents=True)
+    _, notes = modes_gpu.drafter_bundle(str(ROOT / "simtree" / "data" / "costs" / "h100_qwen3.6-27b_tp1.json"),
+                                        str(ROOT / modes_gpu.DRAFTER_PROFILE), "qwen3.6-27b")
+    (d / "log.txt").write_text("".join(f"[10:00:03 +   4.0s] {n}\n" for n in notes).replace(str(ROOT), "/gpu/home"))
+    assert modes_rerun.run_bundle(d) == ROOT / "simtree" / "data" / "costs" / "h100_qwen3.6-27b_tp1.json"
+    with pytest.raises(SimtreeError, match="summary.json: not a readable summary") as err:
+        modes_rerun.run_summary(d)
+    (d / "measure" / "summary.json").write_text("{")
+    with pytest.raises(SimtreeError, match="summary.json: not a readable summary"):
+        modes_rerun.run_summary(d)
+    (d / "log.txt").write_text("[10:00:03 +   4.0s] verify and MTP costs from /gpu/home/h100_none.json\n")
+    with pytest.raises(SimtreeError, match="h100_none.json is not in this checkout"):
+        modes_rerun.run_bundle(d)
+    (d / "log.txt").unlink()
+    with pytest.raises(SimtreeError, match="log.txt does not name the run's cost bundle"):
+        modes_rerun.run_bundle(d)
+    assert "\n" not in str(err.value)
+
+
 def _headline_folder(d: Path) -> Path:
     """modes.csv and lossless.csv with a known headline: three plan choices (0.99 of the best:
     within 2%; 0.97: not; 1.0: the best), modes block, eagle and cost_aware beside plain and

@@ -46,6 +46,7 @@ from .modes_report import MODE_SHAPES
 __all__ = ["MODE_SHAPES", "drafter_bundle", "modes_table", "main"]
 
 DRAFTER_PROFILE = "reports/h100/drafters_profile.csv"
+BUNDLE_NOTE = "verify and MTP costs from "   # before the bundle's path in the notes (log.txt): modes_rerun reads it
 
 
 def drafter_bundle(costs_path: str, profile: str, model: str, builder_steps: str = "remove"):
@@ -68,7 +69,7 @@ def drafter_bundle(costs_path: str, profile: str, model: str, builder_steps: str
     fitted, notes = fit_drafters(rows, **key, source={"profile": profile, "sha256": "sha256:" + digest},
                                  builder_steps=builder_steps)
     notes.append(f"drafters' C_d from {profile} ({first['device']}; {sweep_label(fitted_rows(rows, fitted, **key))}); "
-                 f"verify and MTP costs from {costs_path}")
+                 f"{BUNDLE_NOTE}{costs_path}")
     return dataclasses.replace(bundle, drafters=fitted), notes
 
 
