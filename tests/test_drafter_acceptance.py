@@ -7,12 +7,12 @@ import json
 import numpy as np
 import pytest
 
-from simtree.acceptance.confidence_head import (calibrate_confidence, check_threshold, confidence_verify_lens,
-                                                expected_prefix_accepted)
+from simtree.acceptance.confidence_head import calibrate_confidence, check_threshold, expected_prefix_accepted
 from simtree.acceptance.drafter_presets import PUBLISHED_BLOCK_TAU, chain_accept_rate, drafter_preset
 from simtree.acceptance.predict import accepted_per_round
 from simtree.acceptance.traces import chain_trials, read_traces
 from simtree.errors import SimtreeError
+from simtree.planning.allocation import batch_allocation
 from simtree.runtime.trace import TraceWriter, round_records
 from simtree.trees.greedy import greedy_accept_batch
 from simtree.trees.tree import DraftTree, TreeBatch
@@ -91,22 +91,25 @@ def _write(tmp_path, rec):
 
 
 def test_expected_prefix_and_the_load_moving_threshold():
+    """The confidence schedule is batch_allocation's rule (the planner's and the runtime's): where
+    every verified token costs more, fewer positions are verified and the threshold (the least
+    survival kept) rises; the surer sequences keep the longer prefixes."""
     a = np.array([[0.9, 0.8, 0.5], [0.5, 0.5, 0.5]])
     assert expected_prefix_accepted(a, 2).tolist() == pytest.approx([0.9 + 0.72, 0.5 + 0.25])
     assert expected_prefix_accepted(a, np.array([3, 0])).tolist() == pytest.approx([0.9 + 0.72 + 0.36, 0.0])
     surv = np.cumprod(np.tile([0.95, 0.8, 0.6, 0.4, 0.2], (4, 1)) ** np.arange(1, 5)[:, None], 1)
+    B = surv.shape[0]
 
-    def step(per_token_us):   # a fixed cost plus the verified tokens' own
-        return lambda tokens: 1000.0 + per_token_us * tokens
-    light, t_light = confidence_verify_lens(surv, step(1.0))
-    heavy, t_heavy = confidence_verify_lens(surv, step(400.0))
-    assert light.sum() >= 15 and heavy.sum() < light.sum() and t_heavy > t_light
+    def schedule(per_token_us):   # the round: a fixed cost plus the verified tokens' own (B n of them)
+        lens = batch_allocation(list(surv), np.ones(B), lambda n: 1000.0 + per_token_us * B * n, 0.0, B)
+        return lens, surv[np.arange(surv.shape[1])[None, :] < lens[:, None]].min()
+    light, t_light = schedule(1.0)
+    heavy, t_heavy = schedule(400.0)
+    assert light.sum() >= 15 and 0 < heavy.sum() < light.sum() and t_heavy > t_light
     assert np.all(np.diff(heavy) <= 0)    # the surer sequences keep longer prefixes
     for bad in (-0.01, 1.01):
         with pytest.raises(SimtreeError, match="outside"):
             check_threshold(bad)
-    with pytest.raises(SimtreeError, match="non-increasing"):
-        confidence_verify_lens(np.array([[0.2, 0.5]]), step(1.0))
 
 
 @pytest.mark.parametrize("key", sorted(PUBLISHED_BLOCK_TAU))

@@ -1,9 +1,8 @@
-"""DSpark's confidence head as an acceptance input, and its confidence-scheduled verify.
+"""DSpark's confidence head as an acceptance input.
 
     cal = calibrate_confidence(records)            # from traces with ``confidence`` (docs/acceptance.md)
     cal.accept(conf)                               # calibrated conditional acceptance per position
     expected_prefix_accepted(cal.accept(conf), m)  # expected accepted drafts verifying m positions
-    lens, thr = confidence_verify_lens(surv, step_us)   # the load-dependent verified prefixes
 
 Calibration: at position j (1-based) of a record the head predicted conf_j, the probability that
 position j is accepted given that positions before it were.  The event is observed where the
@@ -14,25 +13,22 @@ never means a lower acceptance; between bins the map is linear.  (DSpark itself 
 per-position temperature scaling; a monotone map fitted from the runs is the same kind of
 correction, order-preserving.)
 
-Verify (sglang 0.5.23 ``dspark_planner.compute_verify_token_budget``, re-derived): the batch's
-verified positions are the m most likely to survive, over all sequences (a prefix of each,
-since survival falls along a block); m maximises (B + sum of the m survivals) / step_us(B + m),
-the expected tokens per microsecond of the round.  The survival of the m-th position is the
-threshold: where the batch is small the step time hardly grows with m and the threshold is low
-(verify nearly everything); under load every verified token costs and the threshold rises.
+The confidence-scheduled verify (which positions of the batch are verified) is batch_alloc's
+rule, :func:`simtree.planning.allocation.batch_allocation`, with the draft cost in the round's
+time: the planner (``simtree.planning.drafter_candidates``) and the full runtime
+(``runtime/full/allocation.py``) run it; ``threshold`` fixes the cut instead (:func:`check_threshold`).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Iterable
+from typing import Iterable
 
 import numpy as np
 
 from simtree.acceptance.traces import TraceRecord
 from simtree.errors import SimtreeError
 
-__all__ = ["ConfidenceCalibration", "calibrate_confidence", "expected_prefix_accepted", "confidence_verify_lens",
-           "check_threshold"]
+__all__ = ["ConfidenceCalibration", "calibrate_confidence", "expected_prefix_accepted", "check_threshold"]
 
 
 def check_threshold(threshold: float) -> float:
@@ -103,19 +99,3 @@ def expected_prefix_accepted(accept: np.ndarray, verify: int | np.ndarray) -> np
     m = np.broadcast_to(np.asarray(verify), a.shape[:-1])
     return (surv * (np.arange(a.shape[-1]) < m[..., None])).sum(-1)
 
-
-def confidence_verify_lens(survival: np.ndarray, step_us: Callable[[int], float]) -> tuple[np.ndarray, float]:
-    """(verified prefix length per sequence [B], the survival threshold) for survivals [B, P]
-    (non-increasing along P) and the round's time ``step_us(tokens)`` for B + m verified tokens."""
-    s = np.asarray(survival, np.float64)
-    if s.ndim != 2 or np.any((s < 0) | (s > 1)) or np.any(np.diff(s, axis=1) > 1e-12):
-        raise SimtreeError("survivals must be [B, P] in [0, 1], non-increasing along each row")
-    B = s.shape[0]
-    order = np.argsort(-s, axis=None, kind="stable")
-    gain = B + np.r_[0.0, np.cumsum(s.reshape(-1)[order])]
-    rate = gain / np.array([step_us(B + m) for m in range(gain.shape[0])])
-    m = int(np.argmax(rate))
-    chosen = np.zeros(s.size, bool)
-    chosen[order[:m]] = True
-    thr = float(s.reshape(-1)[order[m - 1]]) if m else 1.0
-    return chosen.reshape(s.shape).sum(1), thr
