@@ -74,8 +74,8 @@ from simtree.fileio import read_json, write_text_atomic
 
 from .acceptance_oos_prompts import (CODE_START, CODE_WORKLOADS, DEVELOPMENT_WORKLOADS, HALVES, HUMANEVAL_START,
                                      OOS_WORKLOADS, SEEN_SHAREGPT, SHAREGPT_START, code_prompts, development_prompts,
-                                     development_sizes, half_spans, held_out_prompts, prompt_status,
-                                     status_of_test_half)
+                                     development_sizes, half_spans, held_out_halves, held_out_prompts,
+                                     prompt_status, status_of_test_half)
 from .acceptance_oos_record import half_records
 from .acceptance_oos_text import text_features, tokenizer_words
 from .bpe import BpeTokenizer
@@ -382,10 +382,13 @@ def run_oos(model_dir, settings: dict, starts: dict | None, traces=None, reuse_t
     (:func:`table_status`).  Beside the analysis: ``"status"``, ``"halves"``, ``"prompt_texts"``
     ({workload: (calibration texts, test texts)}) and ``"spans"`` (:func:`table_spans`)."""
     first, sizes = table_halves(settings, starts)
-    spans = table_spans(first, sizes)       # the halves' ranges, each found once
-    status = table_status(settings, starts, spans)
     workloads = kept_workloads(reuse_traces) if reuse_traces else list(first)
-    texts = table_prompts(settings, starts, workloads)
+    if starts is None:
+        spans, texts = {}, table_prompts(settings, None, workloads)
+    else:     # each workload's halves found once: their prompts and their held-out ranges
+        found = {w: held_out_halves(w, s, *sizes[w]) for w, s in first.items()}
+        spans, texts = {w: f[1] for w, f in found.items()}, {w: found[w][0] for w in workloads}
+    status = table_status(settings, starts, spans)
     prompt_ids, words = prompt_token_ids(model_dir, texts)
     if reuse_traces:
         halves = load_halves(reuse_traces, settings, prompt_ids)

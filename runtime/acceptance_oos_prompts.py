@@ -30,8 +30,8 @@ __all__ = ["OOS_WORKLOADS", "DEVELOPMENT_WORKLOADS", "CODE_WORKLOADS", "held_out
            "distinct_chat", "code_prompts", "development_prompts", "development_sizes", "prompt_status",
            "status_of_test_half", "drafter_status", "drafter_test_status", "training_overlap", "SEEN_SHAREGPT",
            "SEEN_DRAFTER", "DECODED", "CURRENT", "chat_span", "held_out_loss_span", "held_out_loss_prompts",
-           "held_out_loss_indices", "code_span", "half_spans", "span_of_test_half", "SHAREGPT_START", "CODE_START",
-           "SEEN_CODE", "HUMANEVAL_START", "TRAINING_CONVERSATIONS", "HALVES"]
+           "held_out_loss_indices", "code_span", "half_spans", "held_out_halves", "span_of_test_half",
+           "SHAREGPT_START", "CODE_START", "SEEN_CODE", "HUMANEVAL_START", "TRAINING_CONVERSATIONS", "HALVES"]
 
 OOS_WORKLOADS = ("sharegpt", "sharegpt_code", "humaneval")
 DEVELOPMENT_WORKLOADS = ("sharegpt", "humaneval")      # those with development prompts (development_prompts)
@@ -161,20 +161,31 @@ def held_out_prompts(workload: str, n: int, start: int, n_test: int | None = Non
     repeating an earlier prompt's text is skipped), ShareGPT code prompts of held-out conversations
     ``start`` on (:func:`code_prompts`), HumanEval problems ``start``..``start`` + n + n_test - 1
     (the last 160 characters of the prompt, as :func:`.data.prompts` cuts them)."""
+    return held_out_halves(workload, start, n, n_test)[0]
+
+
+def held_out_halves(workload: str, start: int, n: int,
+                    n_test: int | None = None) -> tuple[tuple[list[str], list[str]], dict]:
+    """(:func:`held_out_prompts`, :func:`half_spans`) of the same halves, the prompts found once."""
     start = check_whole(start, f"{workload} start", 0)
     n_test = n if n_test is None else n_test
     total = n + n_test
     if workload == "sharegpt":
-        out = distinct_chat_prompts(start, total)[0]
+        out, indices = distinct_chat(start, total)
     elif workload == "sharegpt_code":
-        out = code_prompts(total, start)[0]
+        out, indices = _code_prompts(total, start)
     elif workload == "humaneval":
         out = [p["prompt"][-PROMPT_CHARS:] for p in humaneval_problems()[start:start + total]]
+        indices = range(start, start + len(out))
     else:
         raise SimtreeError(f"unknown workload {workload!r}: expected one of {', '.join(OOS_WORKLOADS)}")
     if len(out) < total:
         raise SimtreeError(f"only {len(out)} {workload} prompts from index {start} on, {total} asked for")
-    return out[:n], out[n:total]
+    return (out[:n], out[n:total]), _spans(start, indices, n, total)
+
+
+def _spans(start: int, indices, n: int, total: int) -> dict:
+    return {"calibration": (start, indices[n - 1]) if n else None, "test": (indices[n], indices[total - 1])}
 
 
 def distinct_chat_prompts(start: int, count: int) -> tuple[list[str], int]:
@@ -262,15 +273,9 @@ def half_spans(workload: str, start: int, n: int, n_test: int | None = None) -> 
     prompt's (None when ``n`` is 0), the test half from its first prompt's to its last's."""
     start = check_whole(start, f"{workload} start", 0)
     total = n + (n if n_test is None else n_test)
-    if workload == "humaneval":
-        indices = range(start, start + total)
-    elif workload == "sharegpt":
-        indices = distinct_chat(start, total)[1]
-    elif workload == "sharegpt_code":
-        indices = _code_prompts(total, start)[1]
-    else:
-        raise SimtreeError(f"unknown workload {workload!r}: expected one of {', '.join(OOS_WORKLOADS)}")
-    return {"calibration": (start, indices[n - 1]) if n else None, "test": (indices[n], indices[total - 1])}
+    if workload == "humaneval":       # problem indices: nothing to find
+        return _spans(start, range(start, start + total), n, total)
+    return held_out_halves(workload, start, n, n_test)[1]
 
 
 def span_of_test_half(workload: str, start: int, n: int, n_test: int | None = None) -> tuple[int, int]:

@@ -214,3 +214,36 @@ def test_the_halves_and_their_ranges_are_worked_out_once_as_each_caller_did():
     assert oos.table_status(settings, starts, spans) == {"sharegpt": "fresh", "sharegpt_code": "fresh",
                                                          "humaneval": "seen"} == oos.table_status(settings, starts)
     assert set(oos.table_status(settings, None).values()) == {"seen"}
+
+
+def test_run_oos_finds_each_workloads_halves_once(monkeypatch, tmp_path):
+    """run_oos scans each workload's held-out prompts once for both their texts and their ranges
+    (held_out_halves: what held_out_prompts and half_spans give apart), the texts of the workloads
+    it decodes, the ranges of all (their labels); a kept folder's workloads alone are decoded."""
+    from simtree.runtime import acceptance_oos as oos
+    from simtree.runtime import acceptance_oos_prompts as p
+    scans = []
+    for name in ("distinct_chat", "_code_prompts"):
+        real = getattr(p, name)
+        monkeypatch.setattr(p, name, lambda *a, _real=real, _name=name: scans.append((_name, a)) or _real(*a))
+    monkeypatch.setattr(oos, "prompt_token_ids", lambda model_dir, texts: (texts, None))
+    monkeypatch.setattr(oos, "decode_halves", lambda model_dir, settings, ids, *a: {"decoded": ids, "spans": a[-1]})
+    monkeypatch.setattr(oos, "load_halves", lambda traces, settings, ids: {"decoded": ids})
+    monkeypatch.setattr(oos, "analyse", lambda halves, status, words, earlier: {"analysed": halves})
+    starts = {"sharegpt": 263, "sharegpt_code": 3300, "humaneval": 10}
+    settings = {"prompts": 3, "halves": {"sharegpt": (4, 2)}, "max_new_tokens": 4, "trees": []}
+    res = oos.run_oos("model", settings, starts, say=None)
+    assert sorted(name for name, _ in scans) == ["_code_prompts", "distinct_chat"]
+    sizes = {"sharegpt": (4, 2), "sharegpt_code": (3, 3), "humaneval": (3, 3)}
+    for w, (n, n_test) in sizes.items():
+        assert p.held_out_halves(w, starts[w], n, n_test) == (res["prompt_texts"][w], res["spans"][w])
+        assert res["prompt_texts"][w] == held_out_prompts(w, n, starts[w], n_test)
+        assert res["spans"][w] == half_spans(w, starts[w], n, n_test)
+    assert res["analysed"]["decoded"] == res["prompt_texts"] and res["analysed"]["spans"] == res["spans"]
+    assert res["status"] == {"sharegpt": "fresh", "sharegpt_code": "fresh", "humaneval": "seen"}
+    (tmp_path / "humaneval_calibration").mkdir()
+    (tmp_path / "humaneval_test").mkdir()
+    kept = oos.run_oos("model", settings, starts, reuse_traces=tmp_path)
+    assert list(kept["prompt_texts"]) == ["humaneval"] and set(kept["spans"]) == set(starts)
+    with pytest.raises(SimtreeError, match="only 3 humaneval prompts from index 161 on, 6 asked for"):
+        p.held_out_halves("humaneval", 161, 3)
