@@ -16,6 +16,27 @@ def test_every_command_is_registered_with_help():
         assert re.search(rf"Usage: \S+ {name} ", result.output), name   # its own usage line
 
 
+def test_the_eagle_flags_help_gives_the_defaults_they_take(monkeypatch):
+    """--steps / --topk left out take EAGLE_FLAG_DEFAULTS (params_from_flags); simulate's and run's
+    help say those, whatever they are."""
+    import typer
+    from simtree.cli import run, simulate
+    from simtree.planning.modes import EAGLE_FLAG_DEFAULTS, params_from_flags
+    monkeypatch.setitem(EAGLE_FLAG_DEFAULTS, "steps", 5)
+    monkeypatch.setitem(EAGLE_FLAG_DEFAULTS, "topk", 4)
+    spec = params_from_flags("eagle", None, None, 9)
+    assert (spec.num_steps, spec.topk) == (5, 4)
+    for module, steps, topk in ((simulate, "eagle: draft steps s", "eagle: top-k"),
+                                (run, "eagle: draft steps", "eagle: top-k per step")):
+        one = typer.Typer()
+        module.register(one)
+        one.command("other")(lambda: None)     # two commands: the help is the command's, by name
+        result = CliRunner().invoke(one, [module.__name__.rsplit(".", 1)[1], "--help"], terminal_width=400,
+                                    env={"COLUMNS": "400"})
+        text = " ".join(re.sub(r"[│\s]+", " ", result.output).split())
+        assert f"{steps} (default 5)" in text and f"{topk} (default 4)" in text, module.__name__
+
+
 def test_bad_input_is_one_line_exit_2(tmp_path):
     # A SimtreeError raised by any command becomes "error: ..." with exit code 2.
     code = ("import sys, typer; from simtree import cli; from simtree.errors import SimtreeError\n"

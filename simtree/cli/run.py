@@ -9,6 +9,7 @@ import typer
 from simtree.cli.interrupt import Interrupted, exit_interrupted, stop_on_signals
 from simtree.cli.notes import ProgressLines, captured_warnings, output_console, print_notes
 from simtree.parallel import parse_deployment
+from simtree.planning.modes import EAGLE_FLAG_DEFAULTS
 from simtree.errors import SimtreeError, check_whole
 
 EXAMPLE = ("Example: simtree run --mode eagle --steps 3 --topk 2 --budget 6 --batch-size 4 "
@@ -34,8 +35,8 @@ def register(app: typer.Typer) -> None:
         mode: str = typer.Option("eagle", help="none (or plain) | linear | eagle | best_first | cost_aware | "
                                                "batch_alloc | block | tfm | dspark (the block drafters: "
                                                "with --model; --draft-depth is their block length)"),
-        steps: int = typer.Option(None, help="eagle: draft steps (default 3)"),
-        topk: int = typer.Option(None, help="eagle: top-k per step (default 2)"),
+        steps: int = typer.Option(None, help=f"eagle: draft steps (default {EAGLE_FLAG_DEFAULTS['steps']})"),
+        topk: int = typer.Option(None, help=f"eagle: top-k per step (default {EAGLE_FLAG_DEFAULTS['topk']})"),
         budget: int = typer.Option(6, help="verify budget D (nodes incl. root); max budget for adaptive modes"),
         width: int = typer.Option(1, help="tfm: expansions per step (best_first: the runtime builds width 1 only)"),
         draft_depth: int = typer.Option(None, help="marginal modes: drafted positions (default min(3, D-1))"),

@@ -11,6 +11,7 @@ from rich.table import Table
 from simtree.cli.notes import ProgressLines, captured_warnings, output_console, print_notes
 from simtree.errors import SimtreeError
 from simtree.costs.synthetic import SYNTHETIC_LABEL
+from simtree.planning.modes import EAGLE_FLAG_DEFAULTS
 
 
 def register(app: typer.Typer) -> None:
@@ -28,8 +29,10 @@ def register(app: typer.Typer) -> None:
         batch_size: int = typer.Option(1, "--batch-size"),
         policy_mode: str = typer.Option("eagle", "--policy-mode",
                                         help="none | linear | eagle | best_first | cost_aware | batch_alloc"),
-        steps: Optional[int] = typer.Option(None, "--steps", help="eagle: draft steps s (default 3)"),
-        topk: Optional[int] = typer.Option(None, "--topk", help="eagle: top-k (default 2)"),
+        steps: Optional[int] = typer.Option(None, "--steps",
+                                            help=f"eagle: draft steps s (default {EAGLE_FLAG_DEFAULTS['steps']})"),
+        topk: Optional[int] = typer.Option(None, "--topk",
+                                           help=f"eagle: top-k (default {EAGLE_FLAG_DEFAULTS['topk']})"),
         budget: int = typer.Option(4, "--budget", help="nodes incl. root (linear, eagle, best_first); "
                                    "max budget for cost_aware / batch_alloc"),
         width: int = typer.Option(1, "--width", help="best_first: heap pops per step"),

@@ -350,7 +350,7 @@ _BY_MODE = {cls.mode: cls for cls in (NoneParams, LinearParams, EagleParams, Bes
                                       BatchAllocParams, BlockParams, TfmParams, DSparkParams)}
 
 
-EAGLE_FLAG_DEFAULTS = (3, 2)   # --steps, --topk when not given
+EAGLE_FLAG_DEFAULTS = {"steps": 3, "topk": 2}   # eagle's --steps, --topk when not given (the CLI's help says them)
 
 
 def params_from_flags(mode: str, steps: int | None, topk: int | None, budget: int, width: int = 1,
@@ -359,14 +359,14 @@ def params_from_flags(mode: str, steps: int | None, topk: int | None, budget: in
     (--budget is the max budget of the adaptive modes; --draft-depth the block drafters' block
     length; DSpark's fixed threshold comes from a policy file, the flags give its schedule)."""
     params = {"none": {}, "linear": {"budget": budget},
-              "eagle": {"num_steps": EAGLE_FLAG_DEFAULTS[0] if steps is None else steps,
-                        "topk": EAGLE_FLAG_DEFAULTS[1] if topk is None else topk, "budget": budget},
+              "eagle": {"num_steps": EAGLE_FLAG_DEFAULTS["steps"] if steps is None else steps,
+                        "topk": EAGLE_FLAG_DEFAULTS["topk"] if topk is None else topk, "budget": budget},
               "best_first": {"budget": budget, "width": width},
               "cost_aware": {"max_budget": budget}, "batch_alloc": {"max_budget_per_seq": budget},
               "block": {"budget": budget}, "tfm": {"budget": budget, "width": width}, "dspark": {}}
     if mode not in params:
         raise SimtreeError(f"unknown policy mode {mode!r}: use one of {', '.join(MODES)}")
-    if mode != "eagle" and (steps, topk) != (None, None):   # None: not given (eagle's 3 and 2)
+    if mode != "eagle" and (steps, topk) != (None, None):   # None: not given (EAGLE_FLAG_DEFAULTS for eagle)
         given = ", ".join(f for f, v in (("--steps", steps), ("--topk", topk)) if v is not None)
         raise SimtreeError(f"{given} applies to eagle, not to mode {mode!r}")
     p = params[mode]
