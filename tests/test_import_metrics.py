@@ -168,3 +168,42 @@ def test_an_acceptance_file_whose_rates_disagree_is_refused(tmp_path):
     both = engine_acceptance_model(data, "f.json")
     alone = engine_acceptance_model({k: v for k, v in data.items() if k != "conditional_accept_rate"}, "f.json")
     assert np.array_equal(alone.tables, both.tables) and "per-position rates" in alone.source
+
+
+@pytest.mark.parametrize("field, value", [("engine", None), ("engine", ""), ("engine", 3), ("sources", "a.prom"),
+                                          ("sources", [1]), ("mean_accepted_tokens", None),
+                                          ("mean_accepted_tokens", "2.7"), ("mean_accepted_tokens", 0.5),
+                                          ("mean_accepted_tokens", True), ("mean_accepted_tokens_se", -0.1),
+                                          ("mean_accepted_tokens_se", "x"), ("draft_len", 0), ("draft_len", 2.5),
+                                          ("draft_len", "3"), ("num_drafts", -1), ("num_drafts", [1000]),
+                                          ("num_draft_tokens", 1.5), ("num_accepted_tokens", False),
+                                          ("notes", None), ("notes", "n")])
+def test_an_acceptance_file_field_missing_or_of_the_wrong_kind_is_one_line_naming_it(tmp_path, field, value):
+    """The metadata of the file (what the writer puts there) is checked when it is read, by plan's
+    --workload as by import-metrics before it writes: a field missing or of the wrong kind is one
+    line naming the file and the field, with the per-position rates or without them."""
+    data = import_metrics([str(DATA / "vllm_metrics.prom")], "vllm").to_dict()
+    no_rates = {**data, "per_position_accept_rate": None, "conditional_accept_rate": None}
+    for base in (data, no_rates):
+        path = tmp_path / "acceptance.json"
+        path.write_text(json.dumps({**base, field: value}))
+        with pytest.raises(SimtreeError) as err:
+            get_workload(str(path))
+        assert str(err.value).startswith(f"{path}: {field} must be ") and str(err.value).endswith(f"got {value!r}")
+        path.write_text(json.dumps({k: v for k, v in base.items() if k != field}))
+        with pytest.raises(SimtreeError, match=f"^{path}: the engine acceptance file has no '{field}' field"):
+            get_workload(str(path))
+
+
+def test_an_acceptance_file_reads_its_counts_as_whole_numbers(tmp_path):
+    """Null where the source had none (SGLang /server_info: no draft count); 3.0 reads as 3."""
+    data = import_metrics([str(DATA / "sglang_server_info.json")], "sglang").to_dict()
+    assert data["num_drafts"] is None and data["mean_accepted_tokens_se"] is None
+    path = tmp_path / "acceptance.json"
+    path.write_text(json.dumps({**data, "draft_len": 3.0}))
+    wl = get_workload(str(path))
+    assert wl.acceptance.meta["num_drafts"] is None
+    assert 1 + wl.acceptance.linear_accepted(4) == pytest.approx(data["mean_accepted_tokens"], rel=1e-6)
+    path.write_text(json.dumps({**data, "num_drafts": 250.0}))
+    assert get_workload(str(path)).acceptance.meta["num_drafts"] == 250
+    assert isinstance(get_workload(str(path)).acceptance.meta["num_drafts"], int)

@@ -18,7 +18,8 @@ import numpy as np
 from simtree.acceptance.mixture import ALPHA_MAX, DEFAULT_DEPTH, DEFAULT_TOPK, AcceptanceModel, calibrate_linear
 from simtree.errors import SimtreeError
 
-__all__ = ["ENGINE_ACCEPTANCE_SCHEMA", "SIBLING_SHARE", "conditional_from_per_position", "engine_acceptance_model"]
+__all__ = ["ENGINE_ACCEPTANCE_SCHEMA", "SIBLING_SHARE", "META_FIELDS", "conditional_from_per_position",
+           "engine_acceptance_model"]
 
 ENGINE_ACCEPTANCE_SCHEMA = "simtree.engine_acceptance/1"
 SIBLING_SHARE = 0.35
@@ -31,6 +32,48 @@ def conditional_from_per_position(per_position) -> np.ndarray:
     p = np.asarray(per_position, dtype=float)
     prev = np.concatenate([[1.0], p[:-1]])
     return np.where(prev > 0, p / np.maximum(prev, 1e-300), 0.0)
+
+
+def _finite(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _whole(low: int):
+    return lambda v: _finite(v) and v == int(v) and v >= low
+
+
+def _strings(v) -> bool:
+    return isinstance(v, list) and all(isinstance(x, str) for x in v)
+
+
+# the metadata every file of the schema holds (simtree.engines.metrics.EngineAcceptance.to_dict):
+# field -> (what it must be, whether it may be null, the check); the rates are read by _conditional_rates
+META_FIELDS = {
+    "engine": ("the engine's name (a non-empty string)", False, lambda v: isinstance(v, str) and v.strip() != ""),
+    "sources": ("a list of strings (what was read)", False, _strings),
+    "mean_accepted_tokens": ("a finite number >= 1 (the bonus token included)", False, lambda v: _finite(v) and v >= 1),
+    "mean_accepted_tokens_se": ("a finite number >= 0, or null", True, lambda v: _finite(v) and v >= 0),
+    "draft_len": ("a whole number >= 1, or null", True, _whole(1)),
+    "num_drafts": ("a whole number >= 0, or null", True, _whole(0)),
+    "num_draft_tokens": ("a whole number >= 0, or null", True, _whole(0)),
+    "num_accepted_tokens": ("a whole number >= 0, or null", True, _whole(0)),
+    "notes": ("a list of strings", False, _strings),
+}
+_WHOLE = ("draft_len", "num_drafts", "num_draft_tokens", "num_accepted_tokens")   # read as int (JSON may say 3.0)
+
+
+def _checked_meta(data: dict, where: str) -> dict:
+    """The fields of :data:`META_FIELDS`, each present and of its kind (whole numbers as int);
+    else one line naming the file and the field."""
+    out = {}
+    for key, (what, nullable, ok) in META_FIELDS.items():
+        if key not in data:
+            raise SimtreeError(f"{where}: the engine acceptance file has no {key!r} field ({what})")
+        value = data[key]
+        if not ((value is None and nullable) or (value is not None and ok(value))):
+            raise SimtreeError(f"{where}: {key} must be {what}, got {value!r}")
+        out[key] = int(value) if key in _WHOLE and value is not None else value
+    return out
 
 
 def _conditional_rates(data: dict, where: str):
@@ -60,9 +103,10 @@ def _conditional_rates(data: dict, where: str):
 def engine_acceptance_model(data: dict, where: str) -> AcceptanceModel:
     if not isinstance(data, dict) or data.get("schema") != ENGINE_ACCEPTANCE_SCHEMA:
         raise SimtreeError(f"{where}: not an engine acceptance file (schema {ENGINE_ACCEPTANCE_SCHEMA!r})")
-    name = f"{data.get('engine', 'engine')}_measured"
-    meta = {"num_drafts": data.get("num_drafts"), "mean_accepted_tokens": data.get("mean_accepted_tokens"),
-            "mean_accepted_tokens_se": data.get("mean_accepted_tokens_se"), "assumed": ASSUMED}
+    fields = _checked_meta(data, where)
+    name = f"{fields['engine']}_measured"
+    meta = {**{k: fields[k] for k in ("num_drafts", "mean_accepted_tokens", "mean_accepted_tokens_se")},
+            "assumed": ASSUMED}
     cond = _conditional_rates(data, where)
     if cond:
         alpha = np.asarray(cond, np.float64)
@@ -76,10 +120,8 @@ def engine_acceptance_model(data: dict, where: str) -> AcceptanceModel:
             cols.append(np.minimum(left * SIBLING_SHARE, cols[-1]))
             left = left - cols[-1]
         return AcceptanceModel(name, np.stack(cols, 1)[None], np.ones(1), f"{where} (per-position rates)", meta)
-    mean, draft_len = data.get("mean_accepted_tokens"), data.get("draft_len")
-    if not isinstance(mean, (int, float)) or not math.isfinite(mean):
-        raise SimtreeError(f"{where}: mean_accepted_tokens must be a number, got {mean!r}")
-    if not isinstance(draft_len, int) or draft_len < 1:
+    mean, draft_len = fields["mean_accepted_tokens"], fields["draft_len"]
+    if draft_len is None:
         raise SimtreeError(f"{where}: the draft length is unknown (draft_len {draft_len!r}): a mean accepted "
                            "length alone cannot be turned into per-depth acceptance")
     if mean <= 1.0:
