@@ -21,19 +21,20 @@ def row(stage, n, l, b, lat, **kw):
                 repeats=10, **kw)
 
 
-def make_profile(path, rng, draft=True, device="cpu"):
+def make_profile(path, rng, draft=True, device="cpu", deployment="tp=1"):
     rows = []
     for b in (1, 4, 16):
         for l in (1024, 8192):
             for n in (1, 2, 4, 8, 16):
                 lat = (50 + 0.4 * max(n * b - 32, 0) + b + 2e-3 * b * l) * (1 + 0.02 * rng.standard_normal())
-                rows.append({**row("model_verify_step", n, l, b, lat), "device": device})
+                rows.append({**row("model_verify_step", n, l, b, lat), "device": device, "deployment": deployment})
         if draft:
             for s in (1, 2, 4):
                 for k in (1, 2, 4):
                     lat = (10 + s * (8 + 0.1 * max(b * k - 8, 0))) * (1 + 0.02 * rng.standard_normal())
                     rows.append({**row("draft_step", k, 1024, b, lat, num_steps=s, topk=k),
-                                 "device": device, "variant": "torch_ref", "tree_shape": "eagle"})
+                                 "device": device, "variant": "torch_ref", "tree_shape": "eagle",
+                                 "deployment": deployment})
     append_rows(path, rows)
     return path
 
@@ -334,3 +335,47 @@ def test_moe_routing_unknown_or_for_a_dense_model_is_refused(tmp_path):
         fit_profile(prof, folds=2, forms=("basis",), moe_routing="balnced")
     with pytest.raises(SimtreeError, match="--moe-routing uniform applies to MoE models; toy has no MoE layers"):
         fit_profile(prof, folds=2, forms=("basis",), moe_routing="uniform")
+
+
+def _with_collectives(path, rng, verify=True):
+    """A profile table with all-reduce rows over 2 ranks (and make_profile's verify and draft rows of a
+    tp=2 rank, whose bundle records the collectives' model)."""
+    if verify:
+        make_profile(path, rng, deployment="tp=2")
+    append_rows(path, [{**row("comm_all_reduce", 1, 0, 1, 9.0 + s / 3e5 * (1 + 0.01 * rng.standard_normal())),
+                        "deployment": "tp=2", "variant": "gloo", "message_bytes": s} for s in 2.0 ** np.arange(12, 24, 2)])
+    return path
+
+
+@pytest.mark.parametrize("args, match", [
+    (["--moe-routing", "balnced"], "MoE routing 'balnced' unknown"),
+    (["--moe-routing", "uniform"], "--moe-routing uniform applies to MoE models"),   # known once the table is read
+    (["--pad-min-saving", "1.5"], "the minimum saving must be in (0, 1)"),
+    (["--deployment", "tp=x"], "tp=x"),
+    (["--comm", "{dir}/none.comm.json"], "none.comm.json"),
+    (["--form", "bogus"], "--form must be auto"),
+    (["--draft-from-verify", "--draft-fraction", "0"], "draft fraction must be > 0"),
+    (["--stage", "no_such_stage"], "no_such_stage"),
+])
+def test_fit_writes_nothing_when_an_option_or_the_fit_fails(tmp_path, args, match):
+    """A table with collective rows beside its verify rows: the .comm.json was written before the
+    options were checked and the bundle fitted, so a bad --moe-routing left it behind; now every
+    option is checked first and the files are written once the fits are done."""
+    prof = _with_collectives(tmp_path / "profile.csv", np.random.default_rng(0))
+    before = sorted(tmp_path.iterdir())
+    result = CliRunner().invoke(app, ["fit", str(prof), "--no-png", "--folds", "2",
+                                      *[a.format(dir=tmp_path) for a in args]])
+    assert result.exit_code != 0 and isinstance(result.exception, SimtreeError), result.output
+    assert match in str(result.exception)
+    assert sorted(tmp_path.iterdir()) == before
+
+
+def test_fit_of_collectives_and_verify_rows_writes_both_and_of_collectives_checks_options_first(tmp_path):
+    prof = _with_collectives(tmp_path / "profile.csv", np.random.default_rng(0))
+    result = CliRunner().invoke(app, ["fit", str(prof), "--no-png", "--folds", "2", "--form", "basis"])
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / "profile.costs.comm.json").is_file() and (tmp_path / "profile.costs.json").is_file()
+    only = _with_collectives(tmp_path / "comm" / "only.csv", np.random.default_rng(1), verify=False)
+    result = CliRunner().invoke(app, ["fit", str(only), "--moe-routing", "balnced"])
+    assert "MoE routing 'balnced' unknown" in str(result.exception) and not (only.parent / "only.comm.json").exists()
+    assert CliRunner().invoke(app, ["fit", str(only)]).exit_code == 0 and (only.parent / "only.comm.json").is_file()

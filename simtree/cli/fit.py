@@ -191,12 +191,20 @@ def register(app: typer.Typer) -> None:
         each collective and group size (<stem>.comm.json): simtree fit reports/comm/profile.csv
         """
         from simtree.errors import SimtreeError
-        from simtree.costs.profile_fit import AUTO_FORMS, bench_predict, fit_profile, moe_shape, plot_fit
+        from simtree.costs.profile_fit import (AUTO_FORMS, bench_predict, check_fit_options, fit_profile, moe_shape,
+                                               plot_fit)
         from simtree.costs.profile_table import load_profile
-        from simtree.costs.comm import COMM_STAGES, fit_comm_profile
+        from simtree.costs.comm import COMM_STAGES, fit_comm_profile, load_comm
 
+        # every option first, then the table and the fits; files are written only once all of them are done
+        if form not in ("auto", *AUTO_FORMS, *MOE_FORMS):
+            raise SimtreeError(f"--form must be auto, {', '.join(AUTO_FORMS + MOE_FORMS)}; got {form!r}")
+        check_fit_options(moe_routing=moe_routing, deployment=deployment, draft_from_verify=draft_from_verify,
+                          draft_fraction=draft_fraction, verify_pad=verify_pad, pad_min_saving=pad_min_saving,
+                          verify_cells=verify_cells, cells_min_excess=cells_min_excess)
+        given_comm = None if comm is None else load_comm(comm)
         stages = set(load_profile(profile)["stage"])
-        measured_comm = None
+        measured_comm = comm_out = None
         if stages & set(COMM_STAGES.values()):
             measured_comm = fit_comm_profile(profile)
             if not stages - set(COMM_STAGES.values()):   # collectives only: the communication model is the fit
@@ -207,14 +215,9 @@ def register(app: typer.Typer) -> None:
                 return
             comm_out = (out or profile.with_name(profile.stem + ".costs.json")).with_suffix(".comm.json")
             _check_outputs(profile, comm_out, None)
-            measured_comm.save(comm_out)
-            if not as_json:
-                _print_comm(measured_comm, comm_out, False)
         out = out or _default_out(profile)
         png = None if no_png else (png or out.with_suffix(".png"))
         _check_outputs(profile, out, png)
-        if form not in ("auto", *AUTO_FORMS, *MOE_FORMS):
-            raise SimtreeError(f"--form must be auto, {', '.join(AUTO_FORMS + MOE_FORMS)}; got {form!r}")
         forms = None if form == "auto" else (form,)
         reference = ("per_bin",) if form == "auto" else ()
         # solves per fit (bar length); MoE forms counted unless --model names a dense model
@@ -230,12 +233,16 @@ def register(app: typer.Typer) -> None:
                                  draft_variant=draft_variant, draft_from_verify=draft_from_verify,
                                  draft_fraction=draft_fraction, forms=forms, folds=folds,
                                  reference_forms=reference, deployment=deployment,
-                                 comm=comm if comm is not None else measured_comm, moe_routing=moe_routing,
+                                 comm=given_comm if comm is not None else measured_comm, moe_routing=moe_routing,
                                  verify_pad=verify_pad, pad_min_saving=pad_min_saving,
                                  verify_cells=verify_cells, cells_min_excess=cells_min_excess,
                                  on_fit=lambda: progress.advance(task),
                                  on_more_solves=lambda k: progress.update(
                                      task, total=progress.tasks[0].total + k))
+        if measured_comm is not None:
+            measured_comm.save(comm_out)
+            if not as_json:
+                _print_comm(measured_comm, comm_out, False)
         report.bundle.save(out)
         png_path = None if png is None else plot_fit(report, png)
         summary = report.summary()

@@ -19,7 +19,14 @@ from simtree.errors import SimtreeError
 
 __all__ = ["BasisSurface", "GridSurface", "MoESurface", "MoEGridSurface", "ScaledVerifyDraft", "DecodeSplitSurface",
            "RangeWarner", "surface_from_dict", "expert_feature", "touched_experts", "MOE_NONCONVEX_REASON",
-           "MOE_FORMS", "GRID_FREE_REASON", "MOE_ROUTINGS"]
+           "MOE_FORMS", "GRID_FREE_REASON", "MOE_ROUTINGS", "check_draft_fraction"]
+
+
+def check_draft_fraction(fraction: float) -> float:
+    """``fraction`` (of a verify step, :class:`ScaledVerifyDraft`) as a finite float > 0, else one line."""
+    if not (np.isfinite(fraction) and fraction > 0):
+        raise SimtreeError(f"draft fraction must be > 0, got {fraction}")
+    return float(fraction)
 
 
 class ScaledVerifyDraft:
@@ -34,8 +41,7 @@ class ScaledVerifyDraft:
     form = "scaled_verify"
 
     def __init__(self, verify, fraction: float, context_len: float):
-        if not (np.isfinite(fraction) and fraction > 0):
-            raise SimtreeError(f"draft fraction must be > 0, got {fraction}")
+        check_draft_fraction(fraction)
         if not (np.isfinite(context_len) and context_len >= 0):
             raise SimtreeError(f"draft-from-verify context length must be >= 0, got {context_len}")
         self.verify, self.fraction, self.context_len = verify, float(fraction), float(context_len)

@@ -51,20 +51,20 @@ import pandas as pd
 from simtree.costs.surface_fit import FitResult, fit_surface
 from simtree.costs.tile_fit import choose_tile_rows, with_tile_rows
 from simtree.costs.tiles import TILE_NONCONVEX_REASON
-from simtree.costs.forms import MOE_ROUTINGS, ScaledVerifyDraft
+from simtree.costs.forms import MOE_ROUTINGS, ScaledVerifyDraft, check_draft_fraction
 from simtree.costs.surface_fit import BATCH_X_FORMS, MOE_FORMS, error_stats
 from simtree.costs.forms import DecodeSplitSurface
 from simtree.costs.model import DRAFT_AXES, DRAFTER_STAGE, VERIFY_AXES, CostBundle, DraftCostModel, VerifyCostModel
 from simtree.costs.drafter_fit import fit_drafters
 from simtree.costs.verify_cells import (CELLS_KEY, CELLS_MIN_EXCESS, cell_corrections, check_min_excess,
                                         heldout_corrected)
-from simtree.costs.verify_pad import PAD_KEY, PAD_MIN_SAVING, envelope_rows, pad_map
+from simtree.costs.verify_pad import PAD_KEY, PAD_MIN_SAVING, check_min_saving, envelope_rows, pad_map
 from simtree.parallel import DEFAULT_DEPLOYMENT, parse_deployment
 from simtree.errors import SimtreeError
 from simtree.models import get_model
 from simtree.costs.profile_table import load_profile, profile_hash, read_meta
 
-__all__ = ["FitReport", "fit_profile", "plot_fit", "bench_predict", "moe_shape", "DRAFT_STAGE",
+__all__ = ["FitReport", "fit_profile", "check_fit_options", "plot_fit", "bench_predict", "moe_shape", "DRAFT_STAGE",
            "DEFAULT_VERIFY_STAGE", "AUTO_FORMS", "DECODE_FORMS"]
 
 DRAFT_STAGE = "draft_step"
@@ -246,6 +246,24 @@ def _resolve_forms(forms, moe: tuple[int, int] | None, model: str) -> tuple:
     return forms
 
 
+def check_fit_options(*, moe_routing: str | None = None, deployment: str | None = None,
+                      draft_from_verify: bool = False, draft_fraction: float = 0.05, verify_pad: bool = True,
+                      pad_min_saving: float = PAD_MIN_SAVING, verify_cells: bool = True,
+                      cells_min_excess: float = CELLS_MIN_EXCESS) -> None:
+    """The options of :func:`fit_profile` that need no table, each checked (one line) before a
+    table is read: what ``simtree fit`` checks before it writes anything."""
+    if moe_routing is not None and moe_routing not in MOE_ROUTINGS:
+        raise SimtreeError(f"MoE routing {moe_routing!r} unknown: one of {', '.join(MOE_ROUTINGS)}")
+    if deployment is not None:
+        parse_deployment(deployment)
+    if draft_from_verify:
+        check_draft_fraction(draft_fraction)
+    if verify_pad:
+        check_min_saving(pad_min_saving)
+    if verify_cells:
+        check_min_excess(cells_min_excess)
+
+
 def fit_profile(profile: str | os.PathLike, *, stage: str | None = None, model: str | None = None,
                 variant: str | None = None, device: str | None = None, dtype: str | None = None,
                 draft_variant: str | None = None, draft_from_verify: bool = False,
@@ -271,10 +289,9 @@ def fit_profile(profile: str | os.PathLike, *, stage: str | None = None, model: 
     none chosen), an MoE form for a dense model, or data that cannot be fitted.
     """
     path = Path(profile)
-    if moe_routing is not None and moe_routing not in MOE_ROUTINGS:   # before the table is read
-        raise SimtreeError(f"MoE routing {moe_routing!r} unknown: one of {', '.join(MOE_ROUTINGS)}")
-    if verify_cells:
-        check_min_excess(cells_min_excess)
+    check_fit_options(moe_routing=moe_routing, deployment=deployment, draft_from_verify=draft_from_verify,
+                      draft_fraction=draft_fraction, verify_pad=verify_pad, pad_min_saving=pad_min_saving,
+                      verify_cells=verify_cells, cells_min_excess=cells_min_excess)
     df = load_profile(path)
     notes: list[str] = []
     vstage = _choose_verify_stage(df, stage, notes)

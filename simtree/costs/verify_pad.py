@@ -34,7 +34,8 @@ import pandas as pd
 
 from simtree.errors import SimtreeError
 
-__all__ = ["PAD_KEY", "PAD_MIN_SAVING", "pad_map", "envelope_rows", "padded_nodes", "check_pad_record"]
+__all__ = ["PAD_KEY", "PAD_MIN_SAVING", "check_min_saving", "pad_map", "envelope_rows", "padded_nodes",
+           "check_pad_record"]
 
 PAD_KEY = "verify_pad"
 PAD_MIN_SAVING = 0.02
@@ -50,10 +51,16 @@ def _cells(rows: pd.DataFrame) -> dict:
     return out
 
 
+def check_min_saving(min_saving: float) -> float:
+    """``min_saving`` as a float in (0, 1), else one line."""
+    if not 0 < min_saving < 1:      # NaN fails it too
+        raise SimtreeError(f"verify padding: the minimum saving must be in (0, 1), got {min_saving}")
+    return float(min_saving)
+
+
 def pad_map(rows: pd.DataFrame, min_saving: float = PAD_MIN_SAVING) -> dict:
     """The pad record (module doc) of verify ``rows``; ``by_batch`` empty where nothing pays."""
-    if not 0 < min_saving < 1:
-        raise SimtreeError(f"verify padding: the minimum saving must be in (0, 1), got {min_saving}")
+    check_min_saving(min_saving)
     by_batch: dict = {}
     saving: dict = {}
     for b, by_l in sorted(_cells(rows).items()):
