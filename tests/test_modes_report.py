@@ -273,6 +273,31 @@ def test_a_plan_of_the_deployments_batch_is_named_and_a_rank_plan_is_not(tmp_pat
     assert "the plan priced" not in (tmp_path / "out2" / "README.md").read_text()
 
 
+def test_notes_and_log_lines_of_a_model_in_two_folders_name_their_folder(tmp_path):
+    """The deployment note, the log lines and what did not run are keyed by run folder: with two
+    folders of one model (V4-Flash in reports/h100/modes), a note of one is not shown as the model's."""
+    runs = _two_runs(tmp_path)
+    later = _run_folder(tmp_path / "runs" / "deepseek-v4-flash-b8-b32", "deepseek-v4-flash", {32: 300.0},
+                        {32: 290.0})
+    (later / "log.txt").write_text("[10:00:01 +   2.0s] lossless cost_aware_max16_p3 FAILED: RuntimeError: out of "
+                                   "memory\n")
+    for d, dep in ((runs[1], "ep=8 rank"), (later, "ep=8")):
+        (d / "plan").mkdir()
+        (d / "plan" / "policy.json").write_text('{"deployment": "%s"}' % dep)
+    report(runs + [later], tmp_path / "out", gpu="Test GPU")
+    text = (tmp_path / "out" / "README.md").read_text()
+    assert "- DeepSeek-V4-Flash (run folder `deepseek-v4-flash-b8-b32`): the plan priced the ep=8 deployment" in text
+    assert "- DeepSeek-V4-Flash: the plan priced" not in text
+    assert "- deepseek-v4-flash (deepseek-v4-flash-b8-b32): `lossless cost_aware_max16_p3 FAILED: RuntimeError: " \
+           "out of memory`" in text
+    assert "- deepseek-v4-flash: `lossless cost_aware_max16_p3 FAILED: SimtreeError: needs a bundle`" in text
+    assert "- deepseek-v4-flash: `lossless cost_aware_max16_p3 FAILED: RuntimeError" not in text
+    assert "| deepseek-v4-flash (deepseek-v4-flash-b8-b32) | lossless | cost_aware_max16_p3 | lossless " \
+           "cost_aware_max16_p3 FAILED: RuntimeError: out of memory |" in text
+    assert "| deepseek-v4-flash | lossless | cost_aware_max16_p3 | lossless cost_aware_max16_p3 FAILED: " \
+           "SimtreeError: needs a bundle |" in text
+
+
 def test_the_costs_line_names_the_drafter_sweep_the_run_used(tmp_path):
     """A run's note names the drafters' profile by path; where it names no sweep (variant,
     contexts, days: runs before the note did) the README adds when the run planned, so a later

@@ -65,17 +65,24 @@ def plans_other_batch(deployment: str | None) -> bool:
         return False
 
 
+def _of_run(model: str, run) -> str:
+    """A model's name, with its run folder where that is not named after the model (a model measured
+    in several folders): what a line keyed by run folder says it is of."""
+    return model if run is None or pd.isna(run) or str(run) == model else f"{model} ({run})"
+
+
 def _deployment_plan_notes(runs: list[dict]) -> list[str]:
-    """A line for each model whose plan priced the batch of a deployment with data-parallel attention
-    (dp > 1) while the run measured one rank with b sequences (before the session planned the rank
-    alone: runtime/full/rank_plan.py)."""
-    out, said = [], set()
+    """A line for each run folder whose plan priced the batch of a deployment with data-parallel
+    attention (dp > 1) while the run measured one rank with b sequences (before the session planned
+    the rank alone: runtime/full/rank_plan.py)."""
+    out = []
     for r in runs:
         dep = r["meta"].get("plan_deployment")
-        if r["model"] in said or not plans_other_batch(dep):
+        if not plans_other_batch(dep):
             continue
-        said.add(r["model"])
-        out.append(f"- {MODEL_NAMES.get(r['model'], r['model'])}: the plan priced the {dep} deployment's batch b "
+        name, folder = MODEL_NAMES.get(r["model"], r["model"]), r["dir"].resolve().name
+        name += "" if folder == r["model"] else f" (run folder `{folder}`)"
+        out.append(f"- {name}: the plan priced the {dep} deployment's batch b "
                    "(ceil(b / dp) sequences a rank plus the all-to-all) while the runs measured b sequences on one "
                    "rank, so its choice here is not the plan of what ran and its points are not counted below "
                    "(docs/validation.md section 3; the session now plans the rank it measures: "
@@ -158,13 +165,6 @@ def readme(table: pd.DataFrame, lossless: pd.DataFrame, runs: list[dict], comman
     return "\n".join(lines) + "\n"
 
 
-def _checked(r: dict) -> str:
-    """A lossless check's model, with its run folder where that is not named after the model (a
-    model measured in several folders)."""
-    run = r.get("run")
-    return r["model"] if pd.isna(run) or str(run) == r["model"] else f"{r['model']} ({run})"
-
-
 def _lossless_section(lossless: pd.DataFrame) -> list[str]:
     lines = ["## Lossless: every mode's greedy output against plain greedy decoding", ""]
     if lossless.empty:
@@ -172,7 +172,7 @@ def _lossless_section(lossless: pd.DataFrame) -> list[str]:
     results = [lossless_result(r) for r in lossless.to_dict("records")]
     n = len(results)
     ties, differ = results.count("near-tie"), results.count("DIFFERS")
-    idle = [f"{_checked(r)} {r['policy']}" for r in lossless.to_dict("records")
+    idle = [f"{_of_run(r['model'], r.get('run'))} {r['policy']}" for r in lossless.to_dict("records")
             if float(r["accepted_tokens_per_round"]) <= 1.0]
     lines += [f"{results.count('match')} of {n} checks match plain greedy token for token; {ties} "
               f"{'differs' if ties == 1 else 'differ'} at a near-tie of the plain run (its top-2 logit margin within "
@@ -186,22 +186,24 @@ def _lossless_section(lossless: pd.DataFrame) -> list[str]:
     num = lambda x: "-" if pd.isna(x) else f"{float(x):.4f}"   # noqa: E731
     for r, res in zip(lossless.to_dict("records"), results):
         first = "-" if pd.isna(r["first_diff"]) else str(r["first_diff"])
-        lines.append(f"| {_checked(r)} | {r['policy']} | {r['mode']} | {r['dtype']} | {res} | {first} | "
-                     f"{num(r['margin'])} | {num(r['deviation'])} | {float(r['accepted_tokens_per_round']):.2f} |")
+        lines.append(f"| {_of_run(r['model'], r.get('run'))} | {r['policy']} | {r['mode']} | {r['dtype']} | {res} | "
+                     f"{first} | {num(r['margin'])} | {num(r['deviation'])} | "
+                     f"{float(r['accepted_tokens_per_round']):.2f} |")
     return lines + [""]
 
 
 def _absent_section(runs: list[dict]) -> list[str]:
     lines = ["## Failed or not run", ""]
-    absent = [a for r in runs for a in r["absent"]]
-    problems = [(r["model"], line) for r in runs for line in r["problems"]]
+    of = {id(r): _of_run(r["model"], r["dir"].resolve().name) for r in runs}     # keyed by run folder
+    absent = [(of[id(r)], a) for r in runs for a in r["absent"]]
+    problems = [(of[id(r)], line) for r in runs for line in r["problems"]]
     if not absent and not problems:
         return lines + ["None: every shape of `MODE_SHAPES`, plain, linear D=4 and the plan's choice were measured "
                         "at every batch size and every shape was checked lossless; no log line says FAILED, "
                         "skipped or not run."]
     if absent:
         lines += ["| model | batch | run | why (the run's log) |", "|---|---|---|---|"]
-        lines += [f"| {a['model']} | {a['batch_size']} | {a['what']} | {a['why']} |" for a in absent]
+        lines += [f"| {m} | {a['batch_size']} | {a['what']} | {a['why']} |" for m, a in absent]
     if problems:
         lines += ["", "Log lines that say a part failed or was skipped:", ""]
         lines += [f"- {m}: `{line.split('] ', 1)[-1].splitlines()[0]}`" for m, line in problems]
