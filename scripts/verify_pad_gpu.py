@@ -16,12 +16,12 @@ not, PASS where padding is faster.  Needs one H100 (the bucket profile's GPU) an
 from __future__ import annotations
 
 import argparse
-import csv
 import time
 from pathlib import Path
 
 from simtree.costs.profile_fit import fit_profile
 from simtree.data import data_path
+from simtree.fileio import write_csv_atomic
 from simtree.planning.modes import PolicySpec
 
 TABLE = data_path("profiles") / "h100" / "buckets_qwen3.6-27b_tp1.csv"
@@ -67,10 +67,7 @@ def main() -> None:
                    "note": r["note"]}
             rows.append(row)
             verify[(label, r["policy"], r["batch_size"])] = row
-    with open(args.out / "verify_pad.csv", "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=COLUMNS)
-        w.writeheader()
-        w.writerows(rows)
+    write_csv_atomic(args.out / "verify_pad.csv", rows, COLUMNS)
     for (label, policy, b), row in verify.items():
         if label != "padded" or not row["padded_from"]:
             continue

@@ -1,6 +1,8 @@
 """Reading user files with one-line errors (never a parser traceback); writing files atomically."""
 from __future__ import annotations
 
+import csv
+import io
 import json
 import os
 import tempfile
@@ -100,3 +102,13 @@ def write_atomic(path: str | Path, write: Callable[[str], None]) -> Path:
 
 def write_text_atomic(path: str | Path, text: str) -> Path:
     return write_atomic(path, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
+
+
+def write_csv_atomic(path: str | Path, rows: list[dict], columns=None) -> Path:
+    """``rows`` as CSV under a header of ``columns`` (default: the first row's keys), lines ended
+    by LF as pandas writes them (the csv module's default is CRLF), written atomically."""
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=list(columns if columns is not None else rows[0]), lineterminator="\n")
+    w.writeheader()
+    w.writerows(rows)
+    return write_text_atomic(path, buf.getvalue())

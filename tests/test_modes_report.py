@@ -190,6 +190,24 @@ def test_the_dspark_runs_predicted_again_agree_with_their_replays(tmp_path):
     assert "\n" not in str(err.value)
 
 
+def test_run_folder_and_report_csvs_end_their_lines_in_lf(tmp_path):
+    """modes_gpu wrote a run's modes.csv and lossless.csv with the csv module's CRLF (and
+    verify_pad_gpu.py its table), pandas the rest (LF): one folder mixed both.  One writer now
+    (fileio.write_csv_atomic, LF), and every CSV of the shipped report folder is LF."""
+    rows = [{"model": "m", "batch_size": 1, "policy": "plain:none", "note": "a, b"},
+            {"model": "m", "batch_size": 4, "policy": "plan:x", "note": ""}]
+    modes_gpu._write_csv(tmp_path / "modes.csv", rows)
+    data = (tmp_path / "modes.csv").read_bytes()
+    assert b"\r" not in data and data.count(b"\n") == 3
+    assert pd.read_csv(tmp_path / "modes.csv").fillna("").to_dict("records") == rows
+    modes_gpu._write_csv(tmp_path / "none.csv", [])       # no rows: no file
+    assert not (tmp_path / "none.csv").exists()
+    shipped = sorted(SHIPPED.glob("*.csv"))
+    assert {p.name for p in shipped} >= {"modes.csv", "lossless.csv", "verify_pad.csv", "verify_shape.csv"}
+    for path in shipped:
+        assert b"\r" not in path.read_bytes(), path.name
+
+
 def test_a_run_folder_read_again_names_what_it_lacks_in_one_line(tmp_path):
     """The scripts that read the committed runs again (modes_rerun): the bundle is the shipped file
     the log's costs note names (the note modes_gpu writes), found in this checkout whatever path the

@@ -46,9 +46,7 @@ The fit, the plan and the predictions from the session's own profile run at home
 from __future__ import annotations
 
 import argparse
-import csv
 import dataclasses
-import io
 import sys
 import time
 import traceback
@@ -58,6 +56,7 @@ import numpy as np
 import torch
 
 from simtree.errors import SimtreeError
+from simtree.fileio import write_csv_atomic
 from simtree.models import get_model
 from simtree.planning.simulate import PolicySpec
 from simtree.runtime.full.build import dtype_name
@@ -166,11 +165,7 @@ def _lossless(s: Session, model, layers: str, costs_path: str | None = None) -> 
     dtype = dtype_name(model.dtype)
     rows = [{"model": model.shape.name, "dtype": dtype, "layers": layers, **r}
             for r in check_lossless(model, prompts, specs, 32, costs=costs)]
-    buf = io.StringIO()
-    w = csv.DictWriter(buf, fieldnames=list(rows[0]), lineterminator="\n")
-    w.writeheader()
-    w.writerows(rows)
-    (s.out / "lossless.csv").write_text(buf.getvalue())
+    write_csv_atomic(s.out / "lossless.csv", rows)
     for r in rows:
         s.log(f"lossless {r['policy']} batch 2 {dtype} {layers} layers: {'MATCH' if r['match'] else 'DIFFERS'} (accepted/round "
               f"{r['accepted_tokens_per_round']:.2f}" + (f", first diff {r['first_diff']}, plain top-2 gap "

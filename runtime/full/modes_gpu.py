@@ -26,10 +26,8 @@ A phase that fails is logged (DIR/log.txt) and the next runs; no new run starts 
 from __future__ import annotations
 
 import argparse
-import csv
 import dataclasses
 import hashlib
-import io
 import sys
 import time
 import traceback
@@ -37,7 +35,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from simtree.fileio import write_text_atomic
+from simtree.fileio import write_csv_atomic
 from simtree.planning.modes import BLOCK_DRAFTER_MODES, PolicySpec
 
 from .gpu_run import Session, default_costs, runtime_deployment
@@ -102,13 +100,8 @@ def modes_table(rows: list[dict], model: str, note: str, gpu: str = "") -> list[
 
 
 def _write_csv(path: Path, rows: list[dict]) -> None:
-    if not rows:
-        return
-    buf = io.StringIO()
-    w = csv.DictWriter(buf, fieldnames=list(rows[0]))
-    w.writeheader()
-    w.writerows(rows)
-    write_text_atomic(path, buf.getvalue())
+    if rows:
+        write_csv_atomic(path, rows)
 
 
 def _lossless(s: Session, model, specs, costs) -> None:
