@@ -379,3 +379,22 @@ def test_fit_of_collectives_and_verify_rows_writes_both_and_of_collectives_check
     result = CliRunner().invoke(app, ["fit", str(only), "--moe-routing", "balnced"])
     assert "MoE routing 'balnced' unknown" in str(result.exception) and not (only.parent / "only.comm.json").exists()
     assert CliRunner().invoke(app, ["fit", str(only)]).exit_code == 0 and (only.parent / "only.comm.json").is_file()
+
+
+def test_fit_of_one_gpu_verify_rows_beside_collectives_writes_both_without_a_comm_complaint(tmp_path):
+    """A table whose verify rows are one GPU's (tp=1) and which also holds all-reduce rows: the
+    collectives are fitted into their .comm.json and the bundle, of one GPU, records none - it
+    was refused with a line about --comm, which the user had not given."""
+    rng = np.random.default_rng(2)
+    prof = make_profile(tmp_path / "profile.csv", rng, deployment="tp=1") or tmp_path / "profile.csv"
+    append_rows(prof, [{**row("comm_all_reduce", 1, 0, 1, 9.0 + s / 3e5), "deployment": "tp=2", "variant": "gloo",
+                        "message_bytes": s} for s in 2.0 ** np.arange(12, 24, 2)])
+    result = CliRunner().invoke(app, ["fit", str(prof), "--no-png", "--folds", "2", "--form", "basis"])
+    assert result.exit_code == 0, result.output
+    assert "--comm" not in result.output
+    bundle = json.loads((tmp_path / "profile.costs.json").read_text())
+    assert (tmp_path / "profile.costs.comm.json").is_file() and bundle["meta"].get("communication") is None
+    assert "collectives are fitted apart" in " ".join(result.output.split())
+    given = CliRunner().invoke(app, ["fit", str(prof), "--no-png", "--folds", "2", "--form", "basis",
+                                     "--comm", str(tmp_path / "profile.costs.comm.json"), "--out", str(tmp_path / "b.json")])
+    assert "--comm: the rows are of tp=1, one GPU" in str(given.exception)      # a given --comm is still refused

@@ -233,7 +233,7 @@ def register(app: typer.Typer) -> None:
                                  draft_variant=draft_variant, draft_from_verify=draft_from_verify,
                                  draft_fraction=draft_fraction, forms=forms, folds=folds,
                                  reference_forms=reference, deployment=deployment,
-                                 comm=given_comm if comm is not None else measured_comm, moe_routing=moe_routing,
+                                 comm=given_comm, measured_comm=measured_comm, moe_routing=moe_routing,
                                  verify_pad=verify_pad, pad_min_saving=pad_min_saving,
                                  verify_cells=verify_cells, cells_min_excess=cells_min_excess,
                                  on_fit=lambda: progress.advance(task),

@@ -268,7 +268,7 @@ def fit_profile(profile: str | os.PathLike, *, stage: str | None = None, model: 
                 variant: str | None = None, device: str | None = None, dtype: str | None = None,
                 draft_variant: str | None = None, draft_from_verify: bool = False,
                 draft_fraction: float = 0.05, forms=None, folds: int = 5,
-                reference_forms=("per_bin",), deployment: str | None = None, comm=None,
+                reference_forms=("per_bin",), deployment: str | None = None, comm=None, measured_comm=None,
                 on_fit: Callable[[], None] | None = None,
                 on_more_solves: Callable[[int], None] | None = None, moe_routing: str | None = None,
                 verify_pad: bool = True, pad_min_saving: float = PAD_MIN_SAVING,
@@ -404,7 +404,7 @@ def fit_profile(profile: str | os.PathLike, *, stage: str | None = None, model: 
                                        deployment=dep_name, source=base_source, folds=folds, on_fit=on_fit)
     notes.extend(fam_notes)
     meta = {"model": model_name, "device": device_name, "synthetic": False, "deployment": dep_name,
-            "communication": _communication(dep_name, device_name, comm, notes),
+            "communication": _communication(dep_name, device_name, comm, notes, measured_comm),
             "moe": None if model_moe is None else {"n_experts": model_moe[0], "experts_per_token": model_moe[1],
                                                    "routing": model_moe[2]},
             "source": {"profile": str(path), "sha256": digest, "verify_stage": vstage,
@@ -448,17 +448,23 @@ def _correct_cells(verify: VerifyCostModel, vres: FitResult, split: dict | None,
                  f"{100 * record['in_sample']['p90']:.1f}%; not convex in n, so budget searches take the global argmax")
 
 
-def _communication(deployment: str, device: str, comm, notes: list) -> dict | None:
+def _communication(deployment: str, device: str, comm, notes: list, measured=None) -> dict | None:
     """The communication model a bundle of a deployment of several GPUs records: ``comm`` (a
-    CommModel or a path), else the default of the machine that measured the rows; None for one
-    GPU, or a device no machine table describes (then the deployment's costs need one given)."""
+    CommModel or a path: the user's), else ``measured`` (the collectives fitted from the same
+    table), else the default of the machine that measured the rows; None for one GPU (a given
+    ``comm`` is then refused, the table's own collectives left to their .comm.json), or a device
+    no machine table describes (then the deployment's costs need one given)."""
     from simtree.costs.comm import CommModel, load_comm
     from simtree.machine.machines import machine_for_device
 
     if parse_deployment(deployment).gpus == 1:
         if comm is not None:
             raise SimtreeError(f"--comm: the rows are of {deployment}, one GPU: no collectives to model")
+        if measured is not None:
+            notes.append(f"the table's collectives are fitted apart (.comm.json); the {deployment} bundle, one GPU, "
+                         "records none")
         return None
+    comm = comm if comm is not None else measured
     if comm is not None:
         return (comm if isinstance(comm, CommModel) else load_comm(comm)).to_dict()
     machine = machine_for_device(device)
