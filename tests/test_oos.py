@@ -11,6 +11,7 @@ import pytest
 from simtree.costs.model import load_costs
 from simtree.data import data_path
 from simtree.errors import SimtreeError
+from simtree.reporting.summary import MIN_POLICIES
 from simtree.planning.modes import BLOCK_DRAFTER_MODES
 from simtree.reporting.summary import plan_points
 from simtree.runtime.full import oos, oos_report
@@ -222,6 +223,20 @@ def test_plan_check_counts_a_choice_within_two_percent():
     assert check["chosen"] == "b" and check["best"] == "a" and check["ok"]
     rows[1]["measured_tok_s"] = 97.0
     assert not plan_points(rows)[0]["ok"]
+
+
+def test_a_point_with_a_run_not_measured_is_listed_not_counted():
+    """Enough policies measured, but one asked for failed (out of memory): its prediction might have
+    been the choice, so the point does not count for the plan's choice."""
+    rows = [{"model": "m", "batch_size": 1, "context_len": 1, "policy": f"p{i}", "measured_tok_s": 100.0 - i,
+             "predicted_tok_s": 100.0 - i, "point_complete": True} for i in range(MIN_POLICIES)]
+    assert plan_points(rows)[0]["counted"]
+    for r in rows:
+        r["point_complete"] = False
+    (check,) = plan_points(rows)
+    assert not check["counted"] and check["ok"]
+    from_csv = [{**r, "point_complete": "False"} for r in rows]        # as the committed table reads back
+    assert not plan_points(from_csv)[0]["counted"]
 
 
 def test_report_refuses_a_folder_without_runs(tmp_path):

@@ -35,7 +35,8 @@ from .modes_report import mode_of
 __all__ = ["COLUMNS", "sha256", "report", "summarize"]
 
 COLUMNS = ("model", "deployment", "policy", "batch_size", "context_len", "measured_tok_s", "predicted_tok_s",
-           "rel_err", "bundle_sha256", "cost_rel_err", "accept_rel_err", "nodes", "on_profile_grid", "gpu")
+           "rel_err", "bundle_sha256", "cost_rel_err", "accept_rel_err", "nodes", "on_profile_grid", "gpu",
+           "point_complete")
 WITHIN = PLAN_TOLERANCE   # the plan's choice counts as best within 2% of the measured best
 # the modes of the first out-of-sample runs (oos.POLICIES with plain and linear D=4): their
 # summary has no table per mode
@@ -202,6 +203,9 @@ def report(dirs: list[Path], out: Path, bundles: dict | None = None, profiles=()
     missed: list = []
     rows = [r for d in dirs for r in _load_dir(Path(d), missed)]
     rows, missed, replaced = _latest(rows, missed)
+    short = {(m["model"], int(m["batch_size"]), int(m["context_len"])) for m in missed}
+    for r in rows:   # every run asked for at its point measured: else the choice may be one that did not run
+        r["point_complete"] = (r["model"], int(r["batch_size"]), int(r["context_len"])) not in short
     grids = {}
     for r in rows:
         key = r["bundle_sha256"]
@@ -296,8 +300,9 @@ def _markdown(s: dict, checks: list[dict], missed: list | None = None, replaced:
               f"Plan's choice (the frozen bundle's fastest predicted policy among those measured) best or within "
               f"{pct(WITHIN)} of the measured best at {s['plan_ok']} of {s['points']} points with at least "
               f"{MIN_POLICIES} policies measured (at least {s['min_policies']} at each of them)"
-              + (f"; {s['thin_points']} point(s) with fewer (the runs not measured are listed below) are listed "
-                 "but not counted" if s['thin_points'] else "") + ".", "",
+              + (f"; {s['thin_points']} point(s) with fewer, or where a run asked for was not measured (its "
+                 "prediction may have been the choice; the runs not measured are listed below), are listed but "
+                 "not counted" if s['thin_points'] else "") + ".", "",
               "| model | batch | context | policies | chosen | measured best | gap |", "|---|---|---|---|---|---|---|"]
     for c in checks:
         counted = "" if c["counted"] else " (not counted)"

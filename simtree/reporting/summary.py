@@ -232,7 +232,9 @@ def plan_points(rows) -> list[dict]:
     """Per (model, batch_size, context_len) of out-of-sample runs (dicts with predicted_tok_s,
     measured_tok_s, policy): the frozen bundle's fastest predicted policy among those measured,
     where it stands against the measured best (``ok``: within PLAN_TOLERANCE), and whether the
-    point counts (``counted``: at least MIN_POLICIES policies measured there)."""
+    point counts (``counted``: at least MIN_POLICIES policies measured there, and no run asked for
+    there left unmeasured - ``point_complete`` False in a row: the bundle's choice may be the run
+    that failed)."""
     points: dict = {}
     for r in rows:
         points.setdefault((r["model"], int(r["batch_size"]), int(r["context_len"])), []).append(r)
@@ -243,7 +245,8 @@ def plan_points(rows) -> list[dict]:
         gap = plan_gap(float(chosen["measured_tok_s"]), float(best["measured_tok_s"]))
         out.append({"model": model, "batch_size": b, "context_len": ctx, "policies": len(rs),
                     "chosen": chosen["policy"], "best": best["policy"], "gap": gap, "ok": gap <= PLAN_TOLERANCE,
-                    "counted": len(rs) >= MIN_POLICIES})
+                    "counted": len(rs) >= MIN_POLICIES and all(str(r.get("point_complete", True)) != "False"
+                                                               for r in rs)})
     return out
 
 
