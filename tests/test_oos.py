@@ -11,9 +11,8 @@ import pytest
 from simtree.costs.model import load_costs
 from simtree.data import data_path
 from simtree.errors import SimtreeError
-from simtree.reporting.summary import MIN_POLICIES
 from simtree.planning.modes import BLOCK_DRAFTER_MODES
-from simtree.reporting.summary import plan_points
+from simtree.reporting.summary import MIN_POLICIES, plan_points
 from simtree.runtime.full import oos, oos_report
 
 BUNDLE = data_path("costs", "h200_qwen3.6-27b_tp1.json")
