@@ -158,8 +158,9 @@ def test_nonconvex_budget_is_the_global_argmax_of_brute_force(seed):
     best = int(np.argmax(objective)) + 1
     assert 8 < best < m                       # an interior optimum past saturation
     assert cost_aware_budget(order, saturating_cv, 1.0, convex=False) == best
+    assert cost_aware_budget(order, saturating_cv, 1.0) == best          # the default: the global argmax
     # The first-stop rule stops in the dip before saturation: the case the flag exists for.
-    assert cost_aware_budget(order, saturating_cv, 1.0) < best
+    assert cost_aware_budget(order, saturating_cv, 1.0, convex=True) < best
 
 
 def test_adaptive_decisions_are_the_global_optimum_for_a_nonconvex_model():

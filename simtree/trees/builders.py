@@ -12,7 +12,7 @@ Budget convention: ``budget`` D counts the nodes INCLUDING the root (SGLang's
 - :func:`best_first_tree` - DDTree: from per-position top-K marginals of a block drafter,
   the D-1 nodes of highest prefix probability, grown with a heap.
 - :func:`batched_best_first_tree` - the same heap popped ``width`` nodes per step.
-- :func:`cost_aware_tree` - CaDDTree: best-first while (1 + Phi) / (C_d + C_v(|T|)) rises.
+- :func:`cost_aware_tree` - CaDDTree: the best-first prefix maximising (1 + Phi) / (C_d + C_v(|T|)).
 - :func:`best_first_order` - the best-first order + prefix probabilities, computed once so
   that any budget's tree is a prefix of it (planner and simulator reuse it).
 """
@@ -346,14 +346,17 @@ def _verify_costs(verify_cost: Callable, n: np.ndarray) -> np.ndarray:
 
 
 def cost_aware_budget(order: BestFirstOrder, verify_cost: Callable, draft_cost_us: float,
-                      max_budget: int | None = None, convex: bool = True) -> int:
+                      max_budget: int | None = None, convex: bool = False) -> int:
     """The budget n (root included) maximising (1 + Phi(n)) / (C_d + C_v(n)) over 1..max_budget.
 
     Phi(n) is concave in n (best-first adds non-increasing prefix probs); when C_v is convex and
-    non-decreasing (``convex=True``) the objective is unimodal, so the first n where it stops
-    rising is the argmax.  A C_v that is not convex in n (MoE expert saturation: flat once all
-    experts are read) can make it rise again after a dip, so ``convex=False`` takes the global
-    argmax (the smallest n on ties).  One vectorised pass over n = 1..max_budget either way.
+    non-decreasing the objective is unimodal, so the first n where it stops rising is the argmax
+    (``convex=True``, only for a caller that knows its C_v is convex).  A C_v that is not convex in
+    n (MoE expert saturation: flat once all experts are read; a fitted bundle's measured-cell
+    corrections, :mod:`simtree.costs.verify_cells`) can make it rise again after a dip, so the
+    default, ``convex=False``, takes the global argmax (the smallest n on ties): the same n as the
+    first stop where C_v is convex, at the same cost (one vectorised pass over n = 1..max_budget
+    either way).
     """
     m = order.num_nodes if max_budget is None else min(check_whole(max_budget, "max_budget", 1), order.num_nodes)
     n = np.arange(1, m + 1)
@@ -371,11 +374,11 @@ def cost_aware_budget(order: BestFirstOrder, verify_cost: Callable, draft_cost_u
 
 
 def cost_aware_tree(marginal_tokens, marginal_probs, verify_cost: Callable, draft_cost_us: float,
-                    max_budget: int, root_token: int = 0, convex: bool = True) -> DraftTree:
-    """CaDDTree: best-first growth stopped where (1 + Phi(T)) / (C_d + C_v(|T|)) stops rising.
+                    max_budget: int, root_token: int = 0, convex: bool = False) -> DraftTree:
+    """CaDDTree: the best-first prefix T maximising (1 + Phi(T)) / (C_d + C_v(|T|)).
 
     ``verify_cost(n) -> us`` for n nodes including the root (an int array is tried first);
-    ``convex=False`` (a cost model flagged non-convex in n, e.g. MoE) takes the global argmax.
+    The global argmax by default; ``convex=True`` the first stop (:func:`cost_aware_budget`).
     """
     order = best_first_order(marginal_tokens, marginal_probs, max_budget, root_token)
     return order.tree(cost_aware_budget(order, verify_cost, draft_cost_us, convex=convex))
