@@ -11,6 +11,8 @@ import pytest
 
 from simtree.costs.model import CostBundle, DraftCostModel, VerifyCostModel, load_costs
 from simtree.costs.profile_fit import fit_profile
+from simtree.costs.profile_fit import _pad_folds
+from simtree.costs.surface_fit import fit_surface
 from simtree.costs.verify_cells import CELLS_KEY, cell_corrections, heldout_corrected
 from simtree.errors import SimtreeError
 
@@ -56,13 +58,27 @@ def test_the_bumped_cell_is_corrected_to_its_measured_cost_and_nothing_else(fitt
     _, report, _ = fitted
     v = report.bundle.verify
     rec = v.info[CELLS_KEY]
-    assert rec["min_excess"] == 0.02 and rec["by_batch"] == {"64": {"5": rec["by_batch"]["64"]["5"]}}
-    assert 1.02 < rec["by_batch"]["64"]["5"] < BUMP
-    for l in CONTEXTS:     # the fit's times the ratio nearest 1: within 1% of the measured at each context
-        assert v.predict(5, l, 64) == pytest.approx(_cost_us(64, 5, l), rel=0.01)
+    off = rec["offset_us"]["64"]["5"]
+    assert rec["min_excess"] == 0.02 and rec["offset_us"] == {"64": {"5": off}}
+    ratio = rec["ratio"]["64"]["5"]
+    assert set(ratio) == {"256", "2048"} and all(1.02 < r < BUMP + 0.01 for r in ratio.values())
+    # the excess nearest 0: measured - fitted at one of the timed contexts, the smaller
+    excess = {l: _cost_us(64, 5, l) - v.surface.predict(5, l, 64) for l in CONTEXTS}
+    assert off == pytest.approx(min(excess.values(), key=abs), abs=0.06)
+    for l in CONTEXTS:     # the fit's plus the offset: the measured at the nearest context, within 2% at the other
+        assert v.predict(5, l, 64) == pytest.approx(_cost_us(64, 5, l), rel=0.02)
+    nearest = min(CONTEXTS, key=lambda l: abs(excess[l]))
+    assert v.predict(5, nearest, 64) == pytest.approx(_cost_us(64, 5, nearest), abs=0.06)
+    # at contexts never timed the same microseconds, not the same ratio (the kernel's excess has no l)
+    for l in (1000, 4096, 32768):
+        assert v.predict(5, l, 64) - v.surface.predict(5, l, 64) == pytest.approx(off, abs=1e-6)
+    # a fractional n prices the correction of ceil(n), the integer bucket holding it: no spike at 5
+    for n in (4.01, 4.5, 4.99):
+        assert v.predict(n, 700, 64) == pytest.approx(v.surface.predict(n, 700, 64) + off, abs=1e-6)
+    assert v.predict(4.999, 700, 64) == pytest.approx(v.predict(5, 700, 64), rel=1e-3)
     # elsewhere the surface as fitted: other node counts, between them, another batch, a batch never timed
-    for n, l, b in ((4, 256, 64), (6, 2048, 64), (3, 256, 64), (5.5, 256, 64), (5, 256, 16), (5, 256, 32),
-                    (5, 256, 63), (1, 256, 64)):
+    for n, l, b in ((4, 256, 64), (6, 2048, 64), (3, 256, 64), (5.5, 256, 64), (5.01, 256, 64), (5, 256, 16),
+                    (5, 256, 32), (4.5, 256, 32), (5, 256, 63), (1, 256, 64)):
         assert v.predict(n, l, b) == v.surface.predict(n, l, b)
     assert not v.convex_in_n and "verify_cells" in v.info["nonconvex_reason"]
     assert any("corrected at 1 measured cells" in note for note in report.notes)
@@ -76,19 +92,44 @@ def test_a_padded_cell_is_priced_at_the_bucket_it_is_verified_in(tmp_path):
     _table(table, bump=1.12, fast_six=0.94)
     report = fit_profile(table, forms=("grid",), folds=3, reference_forms=(), draft_from_verify=True)
     v = report.bundle.verify
-    assert v.padded_nodes(5, 64) == 6 and "6" in v.info[CELLS_KEY]["by_batch"]["64"]
+    assert v.padded_nodes(5, 64) == 6 and "6" in v.info[CELLS_KEY]["offset_us"]["64"]
     for l in CONTEXTS:
         six = 0.94 * _cost_us(64, 6, l)
         assert v.predict(5, l, 64) == pytest.approx(six, rel=0.01)
         assert v.predict(6, l, 64) == pytest.approx(six, rel=0.01)
+    # the envelope copied 6's latency into 5 at each context: held out together, or a fold surface
+    # trained on the copy would predict the held-out twin (the corrected held-out error a leak)
+    fold = dict(zip(zip(*report.verify.points[:3]), report.verify.fold_of))
+    for l in CONTEXTS:
+        assert fold[(5.0, float(l), 64.0)] == fold[(6.0, float(l), 64.0)]
+
+
+def test_the_folds_hold_a_key_s_points_out_together_and_without_keys_are_as_before():
+    rng = np.random.default_rng(3)
+    x = np.repeat(np.arange(2.0, 9.0), 4)
+    y = np.tile([256.0, 1024.0, 2048.0, 4096.0], 7)
+    z = np.full(x.shape, 64.0)
+    lat = 20000 + 900 * x + 2 * y + rng.normal(0, 50, x.size)
+    args = (x, y, z, lat, "verify", ("nodes_per_seq", "context_len", "batch_size"))
+    plain = fit_surface(*args, forms=("grid",), folds=3)
+    alone = fit_surface(*args, forms=("grid",), folds=3, fold_key=lambda a, b, c: list(zip(a, b, c)))
+    assert plain.fold_of.tolist() == alone.fold_of.tolist()            # distinct keys: the folds of no key
+    pad = {"by_batch": {"64": {"3": 4, "5": 8, "6": 8}}}
+    grouped = fit_surface(*args, forms=("grid",), folds=3, fold_key=_pad_folds(pad))
+    fold = dict(zip(zip(*grouped.points[:3]), grouped.fold_of))
+    for l in (256.0, 1024.0, 2048.0, 4096.0):
+        assert fold[(3.0, l, 64.0)] == fold[(4.0, l, 64.0)]
+        assert fold[(5.0, l, 64.0)] == fold[(6.0, l, 64.0)] == fold[(8.0, l, 64.0)]
+    assert len(set(grouped.fold_of.tolist())) == 3
 
 
 def test_array_inputs_are_corrected_at_the_same_cells_as_scalars(fitted):
     v = fitted[1].bundle.verify
-    n = np.array([2.0, 5.0, 5.0, 5.5, 8.0])
-    b = np.array([64, 64, 16, 64, 64])
+    n = np.array([2.0, 5.0, 5.0, 5.5, 8.0, 4.5, 4.5, 1.0])
+    b = np.array([64, 64, 16, 64, 64, 64, 16, 64])
     got = v.predict(n, 1000.0, b)
-    assert got.tolist() == [v.predict(float(x), 1000.0, int(y)) for x, y in zip(n, b)]
+    assert got == pytest.approx([v.predict(float(x), 1000.0, int(y)) for x, y in zip(n, b)], rel=1e-12)
+    assert got[1] == v.predict(5, 1000.0, 64) and got[5] != v.surface.predict(4.5, 1000.0, 64)
     grid = v.predict(np.arange(1, 9)[:, None], np.array(CONTEXTS)[None, :], 64)
     assert grid.shape == (8, 2) and grid[4].tolist() == [v.predict(5, l, 64) for l in CONTEXTS]
 
@@ -109,10 +150,15 @@ def test_the_record_round_trips_and_a_bad_one_is_one_line(fitted, tmp_path):
     assert loaded.verify.predict(5, 700.0, 64) == report.bundle.verify.predict(5, 700.0, 64)
     assert loaded.verify.heldout_median_error == report.bundle.verify.info[CELLS_KEY]["heldout"]["median"]
     d = json.loads(out.read_text())
-    bad_cells = ({"64": {"5": -1.0}}, {"64": {"1": 1.1}}, {"x": {"5": 1.1}}, {"64": {"5": True}}, {"64": {"5": "1.1"}}, [])
-    bad = [{"by_batch": c, "min_excess": 0.02} for c in bad_cells] + [
-        {"by_batch": {"64": {"5": 1.1}}}, {"by_batch": {"64": {"5": 1.1}}, "min_excess": 0}, "1.09",
-        {"by_batch": {"64": {"5": 1.1}}, "min_excess": 0.02, "heldout": {"median": "x"}}]
+    bad_cells = ({"64": {"5": float("inf")}}, {"64": {"1": 10.0}}, {"x": {"5": 10.0}}, {"64": {"5": True}},
+                 {"64": {"5": "10"}}, [], {"064": {"5": 10.0}}, {"64": {"05": 10.0}}, {"+64": {"5": 10.0}})
+    good = {"offset_us": {"64": {"5": 10.0}}, "min_excess": 0.02}
+    bad = [{"offset_us": c, "min_excess": 0.02} for c in bad_cells] + [
+        {"offset_us": {"64": {"5": 1.1}}}, {**good, "min_excess": 0}, "1.09", {**good, "heldout": {"median": "x"}},
+        {**good, "by_batch": {"64": {"5": 1.1}}},                          # both forms
+        {"by_batch": {"64": {"5": -1.1}}, "min_excess": 0.02},             # an earlier record's ratio <= 0
+        {"by_batch": {"064": {"5": 1.1}}, "min_excess": 0.02},
+        {**good, "ratio": {"64": {"5": {"256": -1.0}}}}, {**good, "ratio": []}]
     for record in bad:
         d["verify"]["info"][CELLS_KEY] = record
         path = tmp_path / "bad.json"
@@ -136,10 +182,12 @@ def test_the_held_out_path_never_corrects_a_point_by_its_own_measurement():
     # each point by the other two contexts' nearest-1 ratio; the n = 4 cell has nothing to correct
     assert got.tolist() == pytest.approx([102.5, 102.5, 110.0, 100.0])
     # in sample the cell takes its own three: the nearest 1
-    assert cell_corrections((x, y, z, lat), fold_pred[0])["by_batch"] == {"64": {"5": 1.025}}
+    rec = cell_corrections((x, y, z, lat), fold_pred[0])
+    assert rec["offset_us"] == {"64": {"5": 2.5}} and rec["ratio"] == {"64": {"5": {"256": 1.1, "2048": 1.2,
+                                                                                  "8192": 1.025}}}
     # a cell timed at one context only is corrected in sample, never held out (no other measurement)
     one = (x[:1], y[:1], z[:1], lat[:1])
-    assert cell_corrections(one, fold_pred[0][:1])["by_batch"] == {"64": {"5": 1.1}}
+    assert cell_corrections(one, fold_pred[0][:1])["offset_us"] == {"64": {"5": 10.0}}
     assert heldout_corrected(one, fold_of[:1] + 1, fold_pred[:, :1], held[:1]).tolist() == [100.0]
 
 
@@ -177,8 +225,11 @@ def test_simtree_fit_lists_the_corrected_cells_unless_told_not_to(tmp_path):
     assert ok.exit_code == 0, ok.output
     assert (tmp_path / "a.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"     # the plot marks the corrected cell
     assert "corrected measured cells" in ok.output
-    ratio = load_costs(tmp_path / "a.json").verify.info[CELLS_KEY]["by_batch"]["64"]["5"]
-    assert re.search(rf"│\s+64\s+│\s+5\s+│\s+{ratio:.3f}\s+│", ok.output)      # batch, nodes, ratio
+    rec = load_costs(tmp_path / "a.json").verify.info[CELLS_KEY]
+    off, ratio = rec["offset_us"]["64"]["5"], rec["ratio"]["64"]["5"]
+    shown = re.escape(f"{off / 1000:+.2f}")
+    assert re.search(rf"│\s+64\s+│\s+5\s+│\s+{shown} ms\s+│\s+{ratio['256']:.3f} \(l=256\), "
+                     rf"{ratio['2048']:.3f} \(l=2048\)\s+│", ok.output)      # batch, nodes, offset, ratios
     off = CliRunner().invoke(app, [*args, "--no-png", "--no-verify-cells", "-o", str(tmp_path / "b.json")])
     assert off.exit_code == 0 and CELLS_KEY not in load_costs(tmp_path / "b.json").verify.info
     assert "corrected measured cells" not in off.output
@@ -187,12 +238,12 @@ def test_simtree_fit_lists_the_corrected_cells_unless_told_not_to(tmp_path):
     assert not (tmp_path / "c.json").exists()
 
 
-def _linear_bundle(cells: dict | None) -> CostBundle:
+def _linear_bundle(cells: dict | None, key: str = "offset_us") -> CostBundle:
     from simtree.costs.forms import BasisSurface
 
     verify = BasisSurface("verify", [64.0], [900.0, 0.5, 40.0, 30.0, 0.01, 0.0005])
     draft = BasisSurface("draft", [64.0], [50.0, 2.0, 120.0, 0.1, 0.01, 0.5])
-    info = {} if cells is None else {CELLS_KEY: {"min_excess": 0.02, "by_batch": cells}}
+    info = {} if cells is None else {CELLS_KEY: {"min_excess": 0.02, key: cells}}
     return CostBundle(VerifyCostModel(verify, info), DraftCostModel(draft),
                       {"model": "toy", "device": "cpu", "source": "test", "synthetic": False})
 
@@ -207,16 +258,18 @@ def test_a_bumped_cell_makes_the_planner_choose_another_tree_size():
     before = chosen(None)
     assert before.startswith("linear_d")
     d = before.removeprefix("linear_d")
-    after = chosen({"32": {d: 1.3}})
+    cv = _linear_bundle(None).verify.predict(int(d), 300.0, 32)
+    after = chosen({"32": {d: 0.3 * cv}})
     assert after != before
-    assert chosen({"16": {d: 1.3}}) == before                # a batch the plan does not ask about: as before
-    assert chosen({"32": {d: 0.98}}) == before               # a cheaper cell keeps it
+    assert chosen({"16": {d: 0.3 * cv}}) == before                # a batch the plan does not ask about: as before
+    assert chosen({"32": {d: -0.02 * cv}}) == before               # a cheaper cell keeps it
 
 
 def test_cost_aware_is_priced_at_its_bucket_s_corrected_cost():
     """cost_aware verifies a static bucket every round (simtree.planning.adaptive.adaptive_bucket):
     the simulator (and so the planner and the live run's prediction) prices it with the
-    correction of that cell."""
+    correction of that cell; its decisions price a fractional mean n with ceil(n)'s correction,
+    so a slow bucket cell moves the bucket down.  An earlier record's ratios still apply."""
     from simtree.acceptance.model import Workload, get_workload
     from simtree.planning.adaptive import adaptive_bucket
     from simtree.planning.simulate import PolicySpec, analytic_run
@@ -227,7 +280,10 @@ def test_cost_aware_is_priced_at_its_bucket_s_corrected_cost():
     bucket = adaptive_bucket(acc, spec, plain, 32, 256.0)
     wl = Workload("gsm8k", acc, np.array([256]), 64, "test")
     before = analytic_run(wl, spec, plain, 32, bucket=bucket)
-    bumped = _linear_bundle({"32": {str(bucket): 1.2}})
-    after = analytic_run(wl, spec, bumped, 32, bucket=adaptive_bucket(acc, spec, bumped, 32, 256.0))
-    assert after["verify_us"] == pytest.approx(1.2 * before["verify_us"], rel=0.02)
-    assert after["g"] == before["g"]
+    off = 0.2 * plain.verify.predict(bucket, 256.0, 32)
+    for bumped in (_linear_bundle({"32": {str(bucket): off}}), _linear_bundle({"32": {str(bucket): 1.2}}, "by_batch")):
+        after = analytic_run(wl, spec, bumped, 32, bucket=bucket)
+        assert after["verify_us"] == pytest.approx(1.2 * before["verify_us"], rel=0.02)
+        assert bumped.verify.predict(bucket - 0.5, 256.0, 32) == pytest.approx(
+            plain.verify.predict(bucket - 0.5, 256.0, 32) + off, rel=1e-3)
+        assert adaptive_bucket(acc, spec, bumped, 32, 256.0) < bucket

@@ -75,18 +75,22 @@ def _print_report(report, console: Console) -> None:
 
 
 def _print_cells(record, console: Console) -> None:
-    """The measured cells C_v is corrected at (batch, nodes, measured / fitted), if any."""
-    if not record or not record.get("by_batch"):
+    """The measured cells C_v is corrected at (batch, nodes, offset, measured / fitted at each timed
+    context), if any."""
+    if not record or not record.get("offset_us"):
         return
     table = Table(title="C_v: corrected measured cells", min_width=40)
-    for col in ("batch", "nodes", "ratio"):
+    for col in ("batch", "nodes", "offset", "measured / fitted"):
         table.add_column(col, justify="right")
-    for b, cells in sorted(record["by_batch"].items(), key=lambda x: int(x[0])):
+    ratio = record.get("ratio") or {}
+    for b, cells in sorted(record["offset_us"].items(), key=lambda x: int(x[0])):
         for n, c in sorted(cells.items(), key=lambda x: int(x[0])):
-            table.add_row(b, n, f"{c:.3f}")
+            at = (ratio.get(b) or {}).get(n) or {}
+            table.add_row(b, n, f"{c / 1000:+.2f} ms", ", ".join(f"{r:.3f} (l={l})" for l, r in at.items()))
     console.print(table)
-    console.print(f"ratio: measured / fitted C_v, beyond {100 * record['min_excess']:g}% on one side at every "
-                  "context the cell was timed at (the one nearest 1); C_v there is the fit times the ratio, and a "
+    console.print(f"offset: measured - fitted C_v, the one nearest 0 over the contexts the cell was timed at, where "
+                  f"measured / fitted is beyond {100 * record['min_excess']:g}% on one side at every one; C_v there "
+                  "is the fit plus the offset at every context (the kernel's excess does not grow with l), and a "
                   "round the pad map sends to a corrected cell is priced as that cell")
 
 
@@ -178,7 +182,8 @@ def register(app: typer.Typer) -> None:
         pad_min_saving: float = typer.Option(0.02, help="The least relative saving that pads a round (0 < s < 1)."),
         verify_cells: bool = typer.Option(True, "--verify-cells/--no-verify-cells",
                                           help="Correct C_v at the measured (batch, nodes) cells the fit misses by at "
-                                               "least --cells-min-excess at every context (the ratio nearest 1; "
+                                               "least --cells-min-excess at every context (the excess nearest 0, "
+                                               "in us; "
                                                "simtree.costs.verify_cells), or keep the fitted surface alone."),
         cells_min_excess: float = typer.Option(0.02, help="The least relative miss that corrects a cell (0 < e < 1)."),
     ) -> None:
@@ -263,8 +268,8 @@ def register(app: typer.Typer) -> None:
                 f"p90 {_pct(d.heldout[d.form]['p90'])})" if d else "draft assumed from verify")
         vconvex = "" if report.bundle.verify.convex_in_n else ", NOT convex in n"
         cells = report.bundle.verify.info.get(CELLS_KEY)
-        if cells and cells.get("by_batch"):
-            vconvex += (f"; {sum(map(len, cells['by_batch'].values()))} measured cells corrected, held-out median "
+        if cells and cells.get("offset_us"):
+            vconvex += (f"; {sum(map(len, cells['offset_us'].values()))} measured cells corrected, held-out median "
                         f"{_pct(cells['heldout']['median'])}, p90 {_pct(cells['heldout']['p90'])}")
         console.print(f"wrote {out}" + (f" and {png_path}" if png_path else "") +
                       f": verify {v.form} (held-out median {_pct(v.heldout[v.form]['median'])}, "

@@ -7,9 +7,10 @@
         model whose experts saturate, form "moe"/"moe_grid", or plain decoding fitted on its
         own curve, form "decode_split", where the profile's n = 1 is a cheaper step: budget
         rules then take the global argmax instead of the first stop).  A bundle with measured-cell
-        corrections (``info["verify_cells"]``, :mod:`simtree.costs.verify_cells`) is priced at
-        those (b, n) by the measurement: there it is neither convex nor, where a cell is corrected
-        up, non-decreasing in n (``convex_in_n`` False).
+        corrections (``info["verify_cells"]``, :mod:`simtree.costs.verify_cells`) adds each
+        corrected (b, n) cell's measured excess (microseconds, at every context; at a fractional n
+        ceil(n)'s): there it is neither convex nor, where a cell is corrected up, non-decreasing in
+        n (``convex_in_n`` False).
     DraftCostModel.predict(num_steps, topk, batch_size) -> us
         one drafting round: s sequential draft steps of top-k over the batch.
     CostBundle(verify, draft, meta) with save(path) / load_costs(path): small JSON.

@@ -16,10 +16,11 @@ timed at (n' timed at each) takes the latency of n', since the runtime pads such
 nodes at any context; the pad map is kept
 in the bundle as ``verify.info["verify_pad"]`` (absent where nothing pads; ``verify_pad=False``
 fits the rows as measured).  Then the measured (b, n >= 2) cells the chosen C_v misses by at least
-``cells_min_excess`` on one side at every context are corrected by the ratio nearest 1
-(:mod:`simtree.costs.verify_cells`, ``verify.info["verify_cells"]`` with the held-out error of the
-corrected C_v, each held-out point corrected from the training folds only; ``verify_cells=False``
-keeps the surface alone).
+``cells_min_excess`` on one side at every context are corrected by the measured - fitted
+difference nearest 0, added at every context (:mod:`simtree.costs.verify_cells`,
+``verify.info["verify_cells"]`` with the held-out error of the corrected C_v, each held-out point
+corrected from the training folds only, and the folds holding a padded cell out with its pad
+target at each (b, l); ``verify_cells=False`` keeps the surface alone).
 
 Draft rows: ``draft_step`` of the same model and device, axes (topk, num_steps, batch);
 their context lengths are merged by median (C_d takes no l). Without draft rows the fit
@@ -58,7 +59,8 @@ from simtree.costs.model import DRAFT_AXES, DRAFTER_STAGE, VERIFY_AXES, CostBund
 from simtree.costs.drafter_fit import fit_drafters
 from simtree.costs.verify_cells import (CELLS_KEY, CELLS_MIN_EXCESS, cell_corrections, check_min_excess,
                                         heldout_corrected)
-from simtree.costs.verify_pad import PAD_KEY, PAD_MIN_SAVING, check_min_saving, envelope_rows, pad_map
+from simtree.costs.verify_pad import (PAD_KEY, PAD_MIN_SAVING, check_min_saving, envelope_rows, pad_map,
+                                      padded_nodes)
 from simtree.parallel import DEFAULT_DEPLOYMENT, parse_deployment
 from simtree.errors import SimtreeError
 from simtree.models import get_model
@@ -341,9 +343,11 @@ def fit_profile(profile: str | os.PathLike, *, stage: str | None = None, model: 
     base_source = {"profile": str(path), "sha256": digest, "model": model_name, "device": device_name}
     vres = fit_surface(rows["nodes_per_seq"], rows["context_len"], rows["batch_size"],
                        rows["latency_us_median"], "verify", VERIFY_AXES, forms=forms, folds=folds,
-                       what=f"C_v from {what}", on_fit=on_fit, reference_forms=reference_forms, moe=moe)
+                       what=f"C_v from {what}", on_fit=on_fit, reference_forms=reference_forms, moe=moe,
+                       fold_key=_pad_folds(pad))
     vsource = {**base_source, "stage": vstage, "variant": rows["variant"].iloc[0]}
-    split = _decode_split(rows, vres, forms, folds, what, on_fit, moe, notes, on_more_solves, decode_forms)
+    split = _decode_split(rows, vres, forms, folds, what, on_fit, moe, notes, on_more_solves, decode_forms,
+                          _pad_folds(pad))
     if split is not None and split["kept"]:
         vres = split["main"]
     tile, tile_record = _tile_interp(vres, moe, notes, on_fit, on_more_solves)
@@ -421,7 +425,7 @@ def _correct_cells(verify: VerifyCostModel, vres: FitResult, split: dict | None,
     the held-out error the model reports.  Nothing is added where no cell is corrected."""
     points = vres.points
     record = cell_corrections(points, verify.surface.predict(*points[:3]), min_excess)
-    if not record["by_batch"]:
+    if not record["offset_us"]:
         return
     ho = heldout_corrected(points, vres.fold_of, vres.fold_pred, vres.heldout_pred, verify.info.get(PAD_KEY),
                            min_excess)
@@ -439,10 +443,11 @@ def _correct_cells(verify: VerifyCostModel, vres: FitResult, split: dict | None,
     verify.info["convex_in_n"] = False
     verify.info["nonconvex_reason"] = "; ".join(r for r in (verify.info.get("nonconvex_reason"), reason) if r)
     by_int = lambda d: sorted(d.items(), key=lambda kv: int(kv[0]))  # noqa: E731
-    cells = "; ".join(f"batch {b}: " + ", ".join(f"n={n} x{c:.3f}" for n, c in by_int(ns))
-                      for b, ns in by_int(record["by_batch"]))
-    notes.append(f"C_v corrected at {sum(map(len, record['by_batch'].values()))} measured cells it misses by >= "
-                 f"{100 * min_excess:g}% at every context ({cells}); held-out median {100 * before['median']:.1f}% -> "
+    cells = "; ".join(f"batch {b}: " + ", ".join(f"n={n} {c / 1000:+.2f} ms" for n, c in by_int(ns))
+                      for b, ns in by_int(record["offset_us"]))
+    notes.append(f"C_v corrected at {sum(map(len, record['offset_us'].values()))} measured cells it misses by >= "
+                 f"{100 * min_excess:g}% at every context ({cells}: the excess nearest 0, at any context); "
+                 f"held-out median {100 * before['median']:.1f}% -> "
                  f"{100 * record['heldout']['median']:.1f}%, p90 {100 * before['p90']:.1f}% -> "
                  f"{100 * record['heldout']['p90']:.1f}%; in-sample p90 {100 * vres.in_sample['p90']:.1f}% -> "
                  f"{100 * record['in_sample']['p90']:.1f}%; not convex in n, so budget searches take the global argmax")
@@ -501,8 +506,19 @@ def _tile_interp(vres: FitResult, moe, notes: list, on_fit, on_more_solves) -> t
     return tile, record
 
 
+def _pad_folds(pad: dict):
+    """The C_v fit's ``fold_key`` (:func:`fit_surface`): at each (b, l) a cell the pad map pads is
+    held out with its target, whose latency the envelope copied into it (else a surface trained on
+    the copy would predict the held-out point, and the corrected held-out error of
+    :mod:`simtree.costs.verify_cells` would price a point by its own measurement)."""
+    def key(x, y, z):
+        return [(float(padded_nodes(pad, int(n), int(b))) if n >= 2 and float(n).is_integer() else float(n),
+                 float(l), float(b)) for n, l, b in zip(x, y, z)]
+    return key
+
+
 def _decode_split(rows: pd.DataFrame, joint, forms, folds, what, on_fit, moe, notes: list,
-                  on_more_solves=None, decode_forms=None) -> dict | None:
+                  on_more_solves=None, decode_forms=None, fold_key=None) -> dict | None:
     """C_v with n = 1 (plain decoding) on its own curve (``DecodeSplitSurface``) against the
     joint fit ``joint``, compared on the same points' k-fold held-out predictions; None when
     the table has no n = 1 points or too few to fit the two parts.  ``decode_forms`` (default
@@ -518,7 +534,7 @@ def _decode_split(rows: pd.DataFrame, joint, forms, folds, what, on_fit, moe, no
     try:
         main = fit_surface(rest["nodes_per_seq"], rest["context_len"], rest["batch_size"], rest[lat],
                            "verify", VERIFY_AXES, forms=forms, folds=folds, what=f"C_v(n >= 2) from {what}",
-                           on_fit=on_fit, reference_forms=(), moe=moe)
+                           on_fit=on_fit, reference_forms=(), moe=moe, fold_key=fold_key)
         decode = fit_surface(one["batch_size"], one["context_len"], one["nodes_per_seq"], one[lat],
                              "verify", ("batch_size", "context_len", "nodes_per_seq"), forms=decode_forms,
                              folds=folds, what=f"C_v(n = 1) from {what}", on_fit=on_fit,
@@ -560,7 +576,7 @@ def plot_fit(report: FitReport, path: str | os.PathLike) -> Path:
     import matplotlib.pyplot as plt
 
     verify = report.bundle.verify   # the line is the fitted surface; corrected cells (verify_cells) are an x
-    cells = (verify.info.get(CELLS_KEY) or {}).get("by_batch") or {}
+    cells = (verify.info.get(CELLS_KEY) or {}).get("offset_us") or {}
     panels = [("verify", report.verify_rows, "nodes_per_seq", "context_len",
                lambda x, c, b: verify.surface.predict(x, c, b))]
     if report.draft_rows is not None:

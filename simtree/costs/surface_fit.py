@@ -317,7 +317,8 @@ def monotone_violations(surface, valid_range: dict, axis_names) -> float:
 def fit_surface(x, y, z, latency, kind: str, axis_names=("x", "y", "z"),
                 forms=("basis", "grid", "grid_lin"), folds: int = 5, seed: int = 0,
                 huber_rel: float = 0.05, what: str = "cost model", worst_k: int = 5,
-                on_fit=None, reference_forms=(), moe: tuple[int, int] | None = None) -> FitResult:
+                on_fit=None, reference_forms=(), moe: tuple[int, int] | None = None,
+                fold_key=None) -> FitResult:
     """Fit every form, score it by k-fold held-out relative error, refit the best on all points.
 
     x, y, z, latency: 1-D arrays of equal length (latency in us, > 0). Points with equal
@@ -328,6 +329,9 @@ def fit_surface(x, y, z, latency, kind: str, axis_names=("x", "y", "z"),
     ``moe=(n_experts, experts_per_token)`` of an MoE model enables the forms "moe" and
     "moe_grid"; asking for them without it is refused (a dense model never gets a form not convex in
     n).  The forms :data:`BATCH_X_FORMS` (grid_mono) are refused unless x is the batch size.
+    ``fold_key(x, y, z)`` (of the merged points) gives each point a key; points of equal key are held
+    out in the same fold (a point whose latency copies another's, e.g. a padded verify cell's, must
+    not be predicted by a surface trained on its twin); None: every point a fold key of its own.
     """
     if moe is None and set(forms) & set(MOE_FORMS):
         raise SimtreeError(f"{what}: forms {', '.join(MOE_FORMS)} need an MoE model's "
@@ -344,11 +348,16 @@ def fit_surface(x, y, z, latency, kind: str, axis_names=("x", "y", "z"),
     if len(lat) < 4:
         raise SimtreeError(f"{what}: only {len(lat)} distinct points; need at least 4")
     valid_range = {n: [float(a.min()), float(a.max())] for n, a in zip(axis_names, (x, y, z))}
-    k = int(min(folds, len(lat)))
-    fold_of = np.random.default_rng(seed).permutation(len(lat)) % k
+    group = np.arange(len(lat))
+    if fold_key is not None:     # group ids by first appearance: all keys distinct gives the folds of no key
+        first: dict = {}
+        group = np.array([first.setdefault(key, len(first)) for key in fold_key(x, y, z)], dtype=int)
+    groups = int(group.max()) + 1
+    k = int(min(folds, groups))
+    fold_of = (np.random.default_rng(seed).permutation(groups) % k)[group]
     heldout, notes, preds, fold_preds = {}, [], {}, {}
-    if folds > len(lat):
-        notes.append(f"{folds} folds asked for {len(lat)} distinct points: {k} (leave-one-out)")
+    if folds > groups:
+        notes.append(f"{folds} folds asked for {groups} distinct points: {k} (leave-one-out)")
     for form in (*forms, *reference_forms):
         pred, at_all = np.empty_like(lat), np.empty((k, len(lat)))
         try:

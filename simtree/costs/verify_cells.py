@@ -9,30 +9,42 @@ planner and the runtime's bucket choice would price it 9% low.
 :func:`cell_corrections` compares, at every measured (b, n >= 2) cell of the fitted rows (the
 pad envelope's), the measured latency with the fitted one at each context the cell was timed
 at.  Where measured / fitted is on the same side of 1 by at least ``min_excess`` (default 2%,
-above the profiler's repeat-to-repeat noise) at EVERY context, the ratio nearest 1 (the
-conservative one) is the cell's correction.  A cell the pad map pads has its padded target's
-latencies (the envelope's rows: what the runtime, verifying n' nodes, pays), so its own
-correction is the padded n''s measured cost over the fitted C_v at n; where n' itself is
-corrected, n is priced as n' (below): either way the cell is priced after padding.
-As with the pad map, nothing is carried to batch sizes or node counts the table did not time:
-the kernel choice depends on M exactly.
+above the profiler's repeat-to-repeat noise) at EVERY context, the cell is corrected by an
+ADDITIVE offset: the per-context measured - fitted difference nearest 0 (the conservative one).
+The excess is the GEMM kernel's, chosen by M = b x n whatever the context, so it is carried to
+contexts the cell was not timed at as the same microseconds (a ratio would grow with the
+context's attention cost: a 9% miss at 256 and 2048 is not 9% of a 32768-context step).
+A cell the pad map pads has its padded target's latencies (the envelope's rows: what the
+runtime, verifying n' nodes, pays), so its own offset is the padded n''s measured cost minus
+the fitted C_v at n; where n' itself is corrected, n is priced as n' (below): either way the
+cell is priced after padding.  As with the pad map, nothing is carried to batch sizes or node
+counts the table did not time: the kernel choice depends on M exactly.
 
-:func:`corrected_predict` is C_v with the corrections: at an integer (b, n) the pad map sends to
-a corrected n', C_v at n' (the runtime verifies n' nodes); else the surface times the cell's own
-correction where it has one; the surface as fitted everywhere else (between node counts, at
-other batch sizes).  The corrections are context-free, so C_v stays non-decreasing in l; it is
-no longer convex (nor, at a cell corrected up, non-decreasing) in n, and a corrected batch size
-may cost more than the surface between it and the next measured one: the model says
-``convex_in_n`` False.
+:func:`corrected_predict` is C_v with the corrections.  At an integer (b, n) the pad map sends
+to a corrected n': C_v at n' (the runtime verifies n' nodes); else the surface plus the cell's
+own offset where it has one.  At a fractional n (the mean nodes a sequence of a batch-allocated
+round, C_v(1 + K/b)) the correction of the integer cell ceil(n) (the corrected C_v there minus
+the surface there) is added to the surface at n: a round of n nodes a sequence on average
+verifies at least ceil(n) nodes a sequence (the runtime verifies a static bucket at or above
+it, :func:`simtree.planning.adaptive.adaptive_bucket`), and the price has no isolated spike or
+dip at the exact integer.  The surface as fitted everywhere else (other node counts, other
+batch sizes).  The offsets are context-free, so C_v stays non-decreasing in l; it is no longer
+convex (nor, at a cell corrected up, non-decreasing) in n, and a corrected batch size may cost
+more than the surface between it and the next measured one: the model says ``convex_in_n`` False.
 
 :func:`heldout_corrected` keeps the k-fold held-out error honest: a held-out point is corrected
 only from its cell's (or its padded target's) points in the training folds at its other
-contexts, never from its own measurement nor from the envelope's copy of it.
+contexts, never from its own measurement; the fit holds a padded cell out with its target at
+each (b, l) (``fold_key`` of :func:`simtree.costs.surface_fit.fit_surface`), so neither is the
+envelope's copy of it.
 
 The record is stored as ``verify.info["verify_cells"]`` (:data:`CELLS_KEY`):
-``{"min_excess": e, "by_batch": {"64": {"5": 1.09, ...}}, "heldout": {...}, "in_sample": {...}}``
-(JSON keys are strings; ``heldout`` / ``in_sample``: the error stats of the corrected C_v, the
-held-out ones as above).  A bundle without the key corrects nothing.
+``{"min_excess": e, "offset_us": {"64": {"5": 4200.0, ...}}, "ratio": {"64": {"5": {"256": 1.09,
+"2048": 1.08}}}, "heldout": {...}, "in_sample": {...}}`` (JSON keys are strings; ``ratio``:
+measured / fitted at each context the cell was timed at; ``heldout`` / ``in_sample``: the error
+stats of the corrected C_v, the held-out ones as above).  A record of the earlier form,
+``by_batch`` of ratios (bundles fitted before offsets), is still read and applied as ratios
+until the bundle is refitted.  A bundle without the key corrects nothing.
 """
 from __future__ import annotations
 
@@ -56,46 +68,49 @@ def check_min_excess(min_excess: float) -> None:
         raise SimtreeError(f"verify cell corrections: the minimum excess must be in (0, 1), got {min_excess}")
 
 
-def _correction(ratios, min_excess: float) -> float | None:
-    """The ratio nearest 1 when every ratio is at least ``min_excess`` on the same side of 1."""
-    r = np.asarray(ratios, dtype=float)
-    if r.size == 0:
+def _correction(ratios, diffs, min_excess: float) -> float | None:
+    """The difference (measured - fitted, us) nearest 0 when every ratio (measured / fitted) is at
+    least ``min_excess`` on the same side of 1."""
+    r, d = np.asarray(ratios, dtype=float), np.asarray(diffs, dtype=float)
+    if r.size == 0 or not (np.all(r >= 1 + min_excess) or np.all(r <= 1 - min_excess)):
         return None
-    if np.all(r >= 1 + min_excess):
-        return float(r.min())
-    if np.all(r <= 1 - min_excess):
-        return float(r.max())
-    return None
+    return float(d[np.argmin(np.abs(d))])
 
 
 def cell_corrections(points, fitted, min_excess: float = CELLS_MIN_EXCESS) -> dict:
-    """The record's ``min_excess`` and ``by_batch`` from the fitted points (x = n, y = l, z = b,
-    latency: :attr:`simtree.costs.surface_fit.FitResult.points`) and the fitted C_v there."""
+    """The record's ``min_excess``, ``offset_us`` and ``ratio`` from the fitted points (x = n,
+    y = l, z = b, latency: :attr:`simtree.costs.surface_fit.FitResult.points`) and the fitted C_v
+    there."""
     check_min_excess(min_excess)
-    x, _, z, lat = (np.asarray(a, dtype=float) for a in points)
-    ratio = lat / np.asarray(fitted, dtype=float)
-    by_batch: dict = {}
+    x, y, z, lat = (np.asarray(a, dtype=float) for a in points)
+    fitted = np.asarray(fitted, dtype=float)
+    ratio = lat / fitted
+    offset: dict = {}
+    ratios: dict = {}
     for b, n in sorted({(bb, nn) for bb, nn in zip(z, x) if nn >= 2 and float(nn).is_integer()}):
-        c = _correction(ratio[(z == b) & (x == n)], min_excess)
+        at = (z == b) & (x == n)
+        c = _correction(ratio[at], lat[at] - fitted[at], min_excess)
         if c is not None:
-            by_batch.setdefault(str(int(b)), {})[str(int(n))] = round(c, 6)
-    return {"min_excess": min_excess, "by_batch": by_batch}
+            offset.setdefault(str(int(b)), {})[str(int(n))] = round(c, 1)
+            ratios.setdefault(str(int(b)), {})[str(int(n))] = {
+                f"{l:g}": round(float(r), 4) for l, r in sorted(zip(y[at], ratio[at]))}
+    return {"min_excess": min_excess, "offset_us": offset, "ratio": ratios}
 
 
 def heldout_corrected(points, fold_of, fold_pred, heldout_pred, pad: dict | None = None,
                       min_excess: float = CELLS_MIN_EXCESS) -> np.ndarray:
     """The k-fold held-out predictions ``heldout_pred`` [N] as :func:`corrected_predict` makes them
     with the corrections fold f's training points give (``fold_pred`` [k, N]: each fold's surface
-    at every point): point i of fold f is priced at its padded target n' by n''s correction where
-    it has one, else by its own cell's, each from the cell's training points at contexts other
-    than point i's."""
+    at every point): point i of fold f is priced at its padded target n' plus n''s offset where
+    it has one, else plus its own cell's, each from the cell's training points at contexts other
+    than point i's (the fit holds a padded point out with its target's, ``fold_key``)."""
     x, y, z, lat = (np.asarray(a, dtype=float) for a in points)
     out = np.array(heldout_pred, dtype=float, copy=True)
     index = {p: i for i, p in enumerate(zip(x, y, z))}
 
     def correction(f, n, l, b):
         train = (fold_of != f) & (z == b) & (x == n) & (y != l)
-        return _correction(lat[train] / fold_pred[f][train], min_excess)
+        return _correction(lat[train] / fold_pred[f][train], lat[train] - fold_pred[f][train], min_excess)
 
     for i in range(len(lat)):
         if x[i] < 2 or not float(x[i]).is_integer():
@@ -104,43 +119,68 @@ def heldout_corrected(points, fold_of, fold_pred, heldout_pred, pad: dict | None
         c = correction(f, target, y[i], z[i]) if target != x[i] else None
         j = index.get((target, y[i], z[i]))
         if c is not None and j is not None:
-            out[i] = fold_pred[f][j] * c
+            out[i] = fold_pred[f][j] + c
         elif (c := correction(f, x[i], y[i], z[i])) is not None:
-            out[i] *= c
+            out[i] += c
     return out
+
+
+def _table(record) -> tuple[dict, bool]:
+    """({batch: {nodes: correction}}, whether additive): ``offset_us``, else an earlier record's
+    ``by_batch`` ratios."""
+    if "offset_us" in record:
+        return record["offset_us"], True
+    return record.get("by_batch") or {}, False
 
 
 def has_corrections(record) -> bool:
     """Whether a bundle's ``verify_cells`` record corrects any cell."""
-    return isinstance(record, dict) and bool(record.get("by_batch"))
+    return isinstance(record, dict) and bool(_table(record)[0])
+
+
+def _cell(surface, cells: dict, additive: bool, pad: dict | None, nodes: int, context_len, batch_size):
+    """The corrected C_v of the integer cell (``batch_size``, ``nodes``): at its padded target
+    where that is corrected, else its own; None where neither is."""
+    target = padded_nodes(pad, nodes, int(batch_size))
+    for m in (target, nodes) if target != nodes else (nodes,):
+        c = cells.get(str(m))
+        if c is not None:
+            v = surface.predict(float(m), context_len, batch_size)
+            return v + c if additive else v * c
+    return None
 
 
 def corrected_predict(surface, record: dict, pad: dict | None, nodes_per_seq, context_len, batch_size):
     """C_v with the record's corrections (module doc); scalar in, float out as the surface's."""
+    table, additive = _table(record)
     if isinstance(nodes_per_seq, (int, float)) and isinstance(batch_size, (int, float)) or (
             np.ndim(nodes_per_seq) == 0 and np.ndim(batch_size) == 0):
         n, b = float(nodes_per_seq), float(batch_size)
-        cells = record["by_batch"].get(str(int(b))) if n >= 2 and n.is_integer() and b.is_integer() else None
+        cells = table.get(str(int(b))) if n > 1 and b.is_integer() else None
         if cells:
-            target = padded_nodes(pad, int(n), int(b))
-            if str(target) in cells:
-                return surface.predict(float(target), context_len, batch_size) * cells[str(target)]
-            if str(int(n)) in cells:
-                return surface.predict(nodes_per_seq, context_len, batch_size) * cells[str(int(n))]
+            k = math.ceil(n)
+            v = _cell(surface, cells, additive, pad, k, context_len, batch_size)
+            if v is not None:      # a fractional n: the surface at n plus ceil(n)'s correction
+                return v if n == k else (v - surface.predict(float(k), context_len, batch_size)
+                                         + surface.predict(nodes_per_seq, context_len, batch_size))
         return surface.predict(nodes_per_seq, context_len, batch_size)
     n, b = np.broadcast_arrays(np.asarray(nodes_per_seq, dtype=float), np.asarray(batch_size, dtype=float))
-    at, factor = n.copy(), np.ones(n.shape)
-    for bs, cells in record["by_batch"].items():
+    k = np.ceil(n)
+    at, factor, offset, hit = k.copy(), np.ones(n.shape), np.zeros(n.shape), np.zeros(n.shape, dtype=bool)
+    for bs, cells in table.items():
         at_b = b == float(bs)
         if not at_b.any():
             continue
-        for m, c in cells.items():
-            factor[at_b & (n == float(m))] = c
-        for m, target in ((pad or {}).get("by_batch") or {}).get(bs, {}).items():
-            if str(target) in cells:
-                hit = at_b & (n == float(m))
-                at[hit], factor[hit] = target, cells[str(target)]
-    return surface.predict(at, context_len, b) * factor
+        for m, target in [(m, m) for m in cells] + [
+                (m, str(t)) for m, t in ((pad or {}).get("by_batch") or {}).get(bs, {}).items() if str(t) in cells]:
+            cell = at_b & (k == float(m)) & (n > 1)        # a pad target's correction overrides the cell's own
+            at[cell], hit[cell] = float(target), True
+            factor[cell], offset[cell] = (1.0, cells[target]) if additive else (cells[target], 0.0)
+    base = surface.predict(n, context_len, b)
+    if not hit.any():
+        return base
+    fixed = surface.predict(at, context_len, b) * factor + offset
+    return np.where(hit, np.where(n == k, fixed, fixed - surface.predict(k, context_len, b) + base), base)
 
 
 def _stats_ok(err) -> bool:
@@ -149,17 +189,34 @@ def _stats_ok(err) -> bool:
         and err[k] >= 0 for k in ("median", "p90"))
 
 
+def _canonical(key, least: int) -> bool:
+    """A batch / node count key as the fit writes it: the decimal integer, no sign nor leading 0."""
+    return isinstance(key, str) and key.isdigit() and str(int(key)) == key and int(key) >= least
+
+
+def _number(c) -> bool:
+    return isinstance(c, (int, float)) and not isinstance(c, bool) and math.isfinite(c)
+
+
 def check_cells_record(record, where: str) -> None:
-    """One line for a malformed cell record (a bundle's ``verify.info["verify_cells"]``)."""
-    ok = isinstance(record, dict) and isinstance(record.get("by_batch"), dict)
+    """One line for a malformed cell record (a bundle's ``verify.info["verify_cells"]``): the
+    corrections ``offset_us`` (finite microseconds), or an earlier record's ``by_batch`` ratios
+    (> 0), never both; batch and node keys canonical ("64", not "064": a key the lookups never
+    match would correct nothing, silently)."""
+    ok = isinstance(record, dict) and ("offset_us" in record) != ("by_batch" in record)
+    additive = ok and "offset_us" in record
+    table = record.get("offset_us" if additive else "by_batch") if ok else None
     excess = record.get("min_excess") if ok else None
-    ok = ok and isinstance(excess, (int, float)) and not isinstance(excess, bool) and 0 < excess < 1
+    ok = ok and isinstance(table, dict) and _number(excess) and 0 < excess < 1
     if ok:
-        for b, cells in record["by_batch"].items():
-            ok = ok and isinstance(cells, dict) and str(b).isdigit() and int(b) >= 1 and all(
-                str(n).isdigit() and int(n) >= 2 and isinstance(c, (int, float)) and not isinstance(c, bool)
-                and math.isfinite(c) and c > 0 for n, c in cells.items())
+        for b, cells in table.items():
+            ok = ok and _canonical(b, 1) and isinstance(cells, dict) and all(
+                _canonical(n, 2) and _number(c) and (additive or c > 0) for n, c in cells.items())
+    ratio = record.get("ratio", {}) if ok else None
+    ok = ok and isinstance(ratio, dict) and all(
+        isinstance(cells, dict) and all(isinstance(by_l, dict) and all(_number(r) and r > 0 for r in by_l.values())
+                                        for by_l in cells.values()) for cells in ratio.values())
     ok = ok and all(_stats_ok(record[k]) for k in ("heldout", "in_sample") if k in record)
     if not ok:
-        raise SimtreeError(f"{where}: {CELLS_KEY} must be {{'min_excess': e in (0, 1), 'by_batch': "
-                           "{batch: {nodes >= 2: correction > 0}}}")
+        raise SimtreeError(f"{where}: {CELLS_KEY} must be {{'min_excess': e in (0, 1), 'offset_us': "
+                           "{batch: {nodes >= 2: microseconds}}} (keys as integers are written: '64', not '064')")
