@@ -130,6 +130,11 @@ def test_array_inputs_are_corrected_at_the_same_cells_as_scalars(fitted):
     got = v.predict(n, 1000.0, b)
     assert got == pytest.approx([v.predict(float(x), 1000.0, int(y)) for x, y in zip(n, b)], rel=1e-12)
     assert got[1] == v.predict(5, 1000.0, 64) and got[5] != v.surface.predict(4.5, 1000.0, 64)
+    # no correction reaches an infinite or NaN node count (the surface's own answer, no exception)
+    for n in (float("inf"), float("nan")):
+        same = v.surface.predict(n, 1000.0, 64)
+        assert np.array_equal(v.predict(n, 1000.0, 64), same, equal_nan=True)
+        assert np.array_equal(v.predict(np.array([n]), 1000.0, 64), np.asarray(same).reshape(1), equal_nan=True)
     grid = v.predict(np.arange(1, 9)[:, None], np.array(CONTEXTS)[None, :], 64)
     assert grid.shape == (8, 2) and grid[4].tolist() == [v.predict(5, l, 64) for l in CONTEXTS]
 

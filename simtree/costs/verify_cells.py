@@ -156,7 +156,7 @@ def corrected_predict(surface, record: dict, pad: dict | None, nodes_per_seq, co
     if isinstance(nodes_per_seq, (int, float)) and isinstance(batch_size, (int, float)) or (
             np.ndim(nodes_per_seq) == 0 and np.ndim(batch_size) == 0):
         n, b = float(nodes_per_seq), float(batch_size)
-        cells = table.get(str(int(b))) if n > 1 and b.is_integer() else None
+        cells = table.get(str(int(b))) if 1 < n < math.inf and b.is_integer() else None
         if cells:
             k = math.ceil(n)
             v = _cell(surface, cells, additive, pad, k, context_len, batch_size)
