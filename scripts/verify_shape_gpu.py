@@ -123,11 +123,11 @@ def summary(csv: Path, gpu: str | None = None, buckets: Path | None = None) -> s
                   f"`python -m simtree.profiler.sweep --sweep buckets_qwen_gpu.yaml --model qwen3.6-27b --deployment "
                   f"tp=1 --out buckets.csv --max-minutes 3.5`, {meta.get('elapsed_s', '?')} s on "
                   f"{meta.get('gpu_name', '?')}); the runtime's layer pieces composed.  The shipped grid "
-                  "(full_layers_gpu.yaml) now times node counts 9-11 and 13-15 at batch >= 16 too; the shipped H100 "
-                  "Qwen rank profile took this table's composed rows inside its node range (n <= 16, `python -m "
-                  "simtree.costs.pad_report " + str(buckets) + " --merge-into "
-                  "simtree/data/profiles/h100/profile_qwen3.6-27b_tp1.csv`), so its bundle carries the pad map "
-                  "of batches 32 and 64 below.", "",
+                  "(full_layers_gpu.yaml) now times every node count 1-16 at batch >= 16 itself, so the shipped H100 "
+                  "Qwen rank profile (one session's sweep, 2026-12-07) takes none of this table's rows: a table "
+                  "from another machine (`python -m simtree.costs.pad_report " + str(buckets) + " --merge-into "
+                  "PROFILE` fills only the cells a profile lacks) would mix two H100s' clocks, which differed "
+                  "by about 4%. Its bundle's pad map comes from the session's own rows.", "",
                   bucket_summary(buckets)]
     return "\n".join(lines) + "\n"
 
