@@ -33,8 +33,6 @@ it for the MTP runs and off it for block and DSpark.
 from __future__ import annotations
 
 import argparse
-import csv
-import io
 import os
 import sys
 import traceback
@@ -43,7 +41,7 @@ from pathlib import Path
 import torch
 
 from simtree.errors import SimtreeError
-from simtree.fileio import write_text_atomic
+from simtree.fileio import write_csv_atomic
 from simtree.runtime.full.build import build_model
 from simtree.runtime.full.gpu_run import default_costs, runtime_deployment
 from simtree.runtime.full.modes_gpu import DRAFTER_PROFILE, drafter_bundle
@@ -84,13 +82,12 @@ def main(argv=None) -> int:
                 traceback.print_exc()
                 rows.append({"batch": B, "run": mode, "note": f"FAILED: {type(exc).__name__}: {exc}"[:300]})
             print(rows[-1], flush=True)
-    buf = io.StringIO()
-    w = csv.DictWriter(buf, fieldnames=COLUMNS)
-    w.writeheader()
-    w.writerows(rows)
     Path(args.out).mkdir(parents=True, exist_ok=True)
-    write_text_atomic(Path(args.out) / "verify_tokens.csv", buf.getvalue())
-    print(buf.getvalue())
+    gpu = torch.cuda.get_device_name() if args.device.startswith("cuda") else args.device
+    stamp = {"model": args.model, "context": args.context, "rounds": args.rounds, "gpu": gpu, "torch": torch.__version__}
+    table = write_csv_atomic(Path(args.out) / "verify_tokens.csv", [{**r, **stamp} for r in rows],
+                             [*COLUMNS, *stamp])   # LF, as pandas writes
+    print(table.read_text())
     return 0
 
 

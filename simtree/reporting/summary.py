@@ -508,7 +508,8 @@ FOLDERS: tuple[Folder, ...] = (
            "`bash scripts/full_report.sh reports/h200/live/sessions` (the sessions' archives from "
            "`bash scripts/full_gpu.sh MODEL` and `bash scripts/lossless_fp32_gpu.sh` on the H200: "
            "docs/full_runtime.md; the rank profiles it also writes are the ones shipped in "
-           "simtree/data/profiles/h200, not kept here)",
+           "simtree/data/profiles/h200, and the in-sample bundles it fits them to, costs_<model>.json, are not kept "
+           "here)",
            live_headline),
     Folder("reports/validation", "Predictions out of sample",
            "cost bundles frozen (committed) before the GPU run that tests them, measured at batch sizes, "
@@ -546,7 +547,10 @@ FOLDERS: tuple[Folder, ...] = (
            "`OUT=DIR bash scripts/drafters_gpu.sh` (one H100 call, both models into one table), its "
            "drafters_profile.csv copied here, then `python -m simtree.costs.drafter_fit "
            "reports/h100/drafters_profile.csv --out reports/h100/drafters_fit.csv`; `bash scripts/fp8_gpu.sh` "
-           "(its fp8_times.csv)", h100_headline),
+           "(its fp8_times.csv); verify_tokens.csv (the V4-Flash rank's verify replayed on the drafted, uniform, "
+           "per-sequence and one-token sets; NVIDIA H100 80GB HBM3, torch 2.11, 2026-12-07): `OUT=DIR python "
+           "scripts/v4_verify_tokens_gpu.py --batch-sizes 4,64 --shapes linear,dspark --rounds 2` on the GPU",
+           h100_headline),
     Folder("reports/h100/modes", "Every runnable mode at full scale beside the plan's choice (H100)",
            "per model and batch, every mode the full runtime builds (plain, linear, EAGLE, best-first, "
            "cost-aware, batch allocation, block, TfM, DSpark) measured under CUDA graphs with replayed "
