@@ -131,8 +131,8 @@ def test_the_youngest_live_reply_sets_how_tail_averse_a_step_is(setup, split):
     assert Controller(grid, acc).choose(b, ctx, rounds_done=[300] * (b - 1) + [0]).name == young
     ctl = Controller(grid, acc)
     assert ctl.horizon_rounds([7, 3, 9]) == 4 and ctl.horizon_rounds(None) == 1
-    # a reply 7 rounds in: one more round moves its time per token little, the chain
-    assert Controller(grid, acc).choose(64, ctx, rounds_done=[300] * 63 + [7]).name == mean_best
+    # a reply 7 rounds in: one more round moves its time per token little, the mean's tier
+    assert Controller(grid, acc).choose(b, ctx, rounds_done=[300] * (b - 1) + [7]).name == mean_best
     # the penalty falls toward 1 with the reply's rounds, past the exact table as 1 / rounds
     pen = np.stack([ctl.penalty(h) for h in range(1, 2 * PENALTY_ROUNDS)])
     assert np.all(np.diff(pen, axis=0) <= 1e-12) and np.all(pen >= 1.0 - 1e-12)

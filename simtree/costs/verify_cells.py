@@ -22,12 +22,12 @@ counts the table did not time: the kernel choice depends on M exactly.
 
 :func:`corrected_predict` is C_v with the corrections.  At an integer (b, n) the pad map sends
 to a corrected n': C_v at n' (the runtime verifies n' nodes); else the surface plus the cell's
-own offset where it has one.  At a fractional n (the mean nodes a sequence of a batch-allocated
-round, C_v(1 + K/b)) the correction of the integer cell ceil(n) (the corrected C_v there minus
-the surface there) is added to the surface at n: a round of n nodes a sequence on average
-verifies at least ceil(n) nodes a sequence (the runtime verifies a static bucket at or above
-it, :func:`simtree.planning.adaptive.adaptive_bucket`), and the price has no isolated spike or
-dip at the exact integer.  The surface as fitted everywhere else (other node counts, other
+own offset where it has one; a count within 1e-9 of an integer (a mean summed in floating point)
+is that integer's cell.  At a fractional n (the mean nodes a sequence of a batch-allocated round,
+C_v(1 + K/b)) the corrections d of the integer cells floor(n) and ceil(n) (the corrected C_v
+there minus the surface there) are blended linearly and added to the surface at n, so the price is
+continuous in n: no isolated spike or dip at the exact integer, and no drop just above it (a mean
+of 5.0001 nodes is not priced below both 5 and 6).  The surface as fitted everywhere else (other node counts, other
 batch sizes).  The offsets are context-free, so C_v stays non-decreasing in l; it is no longer
 convex (nor, at a cell corrected up, non-decreasing) in n, and a corrected batch size may cost
 more than the surface between it and the next measured one: the model says ``convex_in_n`` False.
@@ -150,37 +150,68 @@ def _cell(surface, cells: dict, additive: bool, pad: dict | None, nodes: int, co
     return None
 
 
-def corrected_predict(surface, record: dict, pad: dict | None, nodes_per_seq, context_len, batch_size):
-    """C_v with the record's corrections (module doc); scalar in, float out as the surface's."""
-    table, additive = _table(record)
-    if isinstance(nodes_per_seq, (int, float)) and isinstance(batch_size, (int, float)) or (
-            np.ndim(nodes_per_seq) == 0 and np.ndim(batch_size) == 0):
-        n, b = float(nodes_per_seq), float(batch_size)
-        cells = table.get(str(int(b))) if 1 < n < math.inf and b.is_integer() else None
-        if cells:
-            k = math.ceil(n)
-            v = _cell(surface, cells, additive, pad, k, context_len, batch_size)
-            if v is not None:      # a fractional n: the surface at n plus ceil(n)'s correction
-                return v if n == k else (v - surface.predict(float(k), context_len, batch_size)
-                                         + surface.predict(nodes_per_seq, context_len, batch_size))
-        return surface.predict(nodes_per_seq, context_len, batch_size)
-    n, b = np.broadcast_arrays(np.asarray(nodes_per_seq, dtype=float), np.asarray(batch_size, dtype=float))
-    k = np.ceil(n)
-    at, factor, offset, hit = k.copy(), np.ones(n.shape), np.zeros(n.shape), np.zeros(n.shape, dtype=bool)
+INTEGER_TOL = 1e-9   # a node count this close to an integer is that integer (a mean summed in floating point)
+
+
+def _deltas(surface, table: dict, additive: bool, pad: dict | None, m, context_len, b):
+    """Per element, the corrected C_v of integer cell (b, m) minus the surface there (0 where no cell
+    is corrected): at its padded target where that is corrected, else its own (``m``, ``b``: float
+    arrays of integer values, broadcast with ``context_len``)."""
+    out = np.zeros(m.shape)
+    base = None
     for bs, cells in table.items():
         at_b = b == float(bs)
         if not at_b.any():
             continue
-        for m, target in [(m, m) for m in cells] + [
-                (m, str(t)) for m, t in ((pad or {}).get("by_batch") or {}).get(bs, {}).items() if str(t) in cells]:
-            cell = at_b & (k == float(m)) & (n > 1)        # a pad target's correction overrides the cell's own
-            at[cell], hit[cell] = float(target), True
-            factor[cell], offset[cell] = (1.0, cells[target]) if additive else (cells[target], 0.0)
-    base = surface.predict(n, context_len, b)
-    if not hit.any():
-        return base
-    fixed = surface.predict(at, context_len, b) * factor + offset
-    return np.where(hit, np.where(n == k, fixed, fixed - surface.predict(k, context_len, b) + base), base)
+        padmap = ((pad or {}).get("by_batch") or {}).get(bs, {})
+        for key in set(cells) | {k for k, t in padmap.items() if str(t) in cells}:
+            sel = at_b & (m == float(key))
+            if not sel.any():
+                continue
+            target = str(padmap.get(key, key))
+            use = target if target != key and target in cells else key
+            if use not in cells:
+                continue
+            at = np.where(sel, float(use), m)
+            price = surface.predict(at, context_len, b)
+            price = price + cells[use] if additive else price * cells[use]
+            base = surface.predict(m, context_len, b) if base is None else base
+            out = np.where(sel, price - base, out)
+    return out
+
+
+def corrected_predict(surface, record: dict, pad: dict | None, nodes_per_seq, context_len, batch_size):
+    """C_v with the record's corrections (module doc); scalar in, float out as the surface's.
+
+    An additive record (``offset_us``): n within INTEGER_TOL of an integer is that integer cell; a
+    fractional n between two cells takes their corrections blended linearly (the surface at n plus
+    (1 - t) d(floor n) + t d(ceil n), t = n - floor n, d the cell's corrected C_v minus the surface),
+    so the price is continuous in n: no spike or drop at either side of a corrected integer.  An
+    earlier record of ratios (``by_batch``) corrects exact integers only, as when it was fitted (a
+    bundle frozen with one predicts as it did)."""
+    table, additive = _table(record)
+    scalar = np.ndim(nodes_per_seq) == 0 and np.ndim(batch_size) == 0
+    n, b = np.broadcast_arrays(np.asarray(nodes_per_seq, dtype=float), np.asarray(batch_size, dtype=float))
+    if not table:
+        return surface.predict(nodes_per_seq, context_len, batch_size)
+    finite = np.isfinite(n) & (n > 1)
+    if additive:
+        near = np.round(n)
+        n = np.where(finite & (np.abs(n - near) < INTEGER_TOL), near, n)
+        lo = np.where(finite, np.floor(n), 1.0)
+        hi = np.where(finite, np.ceil(n), 1.0)
+        t = np.where(finite, n - lo, 0.0)
+        d_lo = np.where(lo >= 2, _deltas(surface, table, True, pad, lo, context_len, b), 0.0)
+        d_hi = np.where(hi >= 2, _deltas(surface, table, True, pad, hi, context_len, b), 0.0)
+        delta = (1.0 - t) * d_lo + t * d_hi
+    else:
+        exact = finite & (n == np.floor(n))
+        m = np.where(exact, n, 1.0)
+        delta = np.where(exact, _deltas(surface, table, False, pad, m, context_len, b), 0.0)
+    if not np.any(delta):
+        return surface.predict(nodes_per_seq, context_len, batch_size)
+    out = surface.predict(n, context_len, b) + delta
+    return float(np.asarray(out).reshape(-1)[0]) if scalar else out
 
 
 def _stats_ok(err) -> bool:

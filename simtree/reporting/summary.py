@@ -116,8 +116,11 @@ def fit_headline(folder: Path) -> str:
         info = bundle["verify"]["info"]
         err = info["fit_error"]["heldout"][info["form"]]
         convex = "" if info.get("convex_in_n", True) else ", not convex in n"
+        cells = (info.get("verify_cells") or {}).get("heldout")   # the shipped C_v: its measured cells corrected
+        corrected = (f"; {_pct(cells['median'], 1)} / {_pct(cells['p90'], 1)} with its measured cells corrected"
+                     if cells else "")
         parts.append(f"{_deployed(bundle['meta']['model'], bundle['meta'].get('deployment'))} "
-                     f"{_pct(err['median'], 1)} / {_pct(err['p90'], 1)} ({info['form']}{convex})")
+                     f"{_pct(err['median'], 1)} / {_pct(err['p90'], 1)} ({info['form']}{convex}{corrected})")
     if not parts:
         raise SimtreeError(f"no cost bundle (*.json) in {folder}")
     return "C_v held-out median / p90 error: " + ", ".join(parts)
@@ -332,7 +335,7 @@ def validation_headline(folder: Path) -> str:
             f"{int(worst['batch_size'])} at context {int(worst['context_len'])}"
             f"{', off the profile grid' if str(worst.get('on_profile_grid')) == 'False' else ''}) over "
             f"{len(runs)} runs; the frozen bundle's choice best or within 2% at {within} of {points} points with at "
-            f"least {MIN_POLICIES} policies measured")
+            f"least {MIN_POLICIES} policies measured and every run asked for there measured")
     acc_path = folder / "acceptance_out_of_sample.csv"
     if acc_path.exists():
         line += "; " + acceptance_oos_line(_csv(acc_path))
