@@ -162,3 +162,8 @@ def test_a_run_whose_shipped_bundle_was_refitted_reads_its_frozen_copy_beside_it
     (tmp_path / f"frozen_{name}").write_bytes(kept[0].read_bytes())
     section = full_section(csv, "cmd")
     assert f"kept as `frozen_{name}` beside the run" in section and sha[:12] in section
+    mixed = df.copy()
+    mixed.loc[0, "costs_sha256"] = "0" * 64          # an earlier phase on another bundle: the last row's check is not enough
+    mixed.to_csv(csv, index=False)
+    with pytest.raises(SimtreeError, match="2 different costs_sha256 values"):
+        full_section(csv, "cmd")

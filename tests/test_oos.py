@@ -166,6 +166,33 @@ def test_a_deadline_loses_whole_points(monkeypatch):
     assert sum("skipped whole" in line for line in said) == 1
 
 
+def test_a_point_the_memory_check_refuses_spends_no_gpu_time(monkeypatch):
+    """Qwen3.6-27B on one H100 at batch 64, context 4096 (82.8 GB of 72 usable): every run of the
+    point is a skipped row saying why, nothing is timed, and the next point that fits runs."""
+    from simtree.deploy.memory import rank_memory
+    from simtree.models import get_model
+
+    calls = []
+
+    def fake_full_run(model, *, batch_sizes, context_len, extra, deadline=None, skip=None, **kw):
+        calls.append((context_len, batch_sizes[0], skip))
+    import simtree.runtime.full.measure as measure
+    monkeypatch.setattr(measure, "full_run", fake_full_run)
+    monkeypatch.setattr(oos, "_memory_refusal", lambda shape, dep, b, l: (
+        None if rank_memory(shape, dep, "h100", b, l, rank_alone=True).fits else "does not fit"))
+    said = []
+    built = SimpleNamespace(shape=get_model("qwen3.6-27b"))
+    oos._points(built, None, Path("unused"), [(4096, 64), (1024, 8)], oos.policies(["eagle"])[:4], said.append,
+                end=1e12, device="cpu", acceptance="gsm8k", rounds=2, min_draws=0, deployment="tp=1")
+    assert calls == [(4096, 64, "does not fit"), (1024, 8, None)]
+    assert any("skipped whole, does not fit" in line for line in said)
+
+
+def test_the_memory_refusal_names_the_shortfall_or_is_none_off_the_gpu():
+    from simtree.models import get_model
+    assert oos._memory_refusal(get_model("qwen3.6-27b"), "tp=1", 64, 4096) is None   # no CUDA here: no machine to check
+
+
 @pytest.mark.parametrize("make, match", [
     (lambda d: d / "absent.json", "not found"),
     (lambda d: (d / "table.csv").write_text("a,b\n1,2\n") and d / "table.csv", "not valid JSON"),

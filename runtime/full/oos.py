@@ -20,7 +20,11 @@ linear D=4, the ``POLICIES`` below and one shape of every mode the runtime build
 other modes and logs the block ones as not run.  The points run one after another, each whole
 (``DIR/ctx_<l>_b<bbb>/``): a point starts only if the time left holds its runs (at the seconds a
 run took at that batch so far), so a deadline loses whole points (their runs listed as skipped),
-never a policy at every point - the plan's-choice check needs >= 6 policies at a point.
+never a policy at every point - the plan's-choice check needs >= 6 policies at a point.  A point
+the deployment memory check refuses on this GPU (``simtree.deploy.memory.rank_memory``, the rank
+holding all b sequences) is skipped whole before anything is built for it, each run a row saying
+why: the first every-mode runs spent GPU time on Qwen3.6-27B at batch 64, context 4096, whose
+weights and cache (82.8 GB) the check puts over an H100's 72 GB usable, and ran out of memory.
 
 Home side (:mod:`.oos_report`):
 
@@ -165,13 +169,14 @@ def run(model: str, costs: str, out: Path, *, contexts=CONTEXTS, batch_sizes=BAT
     built = build_model(get_model(model), device, seed=0)   # V4: one ep=8 rank, as gpu_run builds it
     say(f"built {built.shape.name} ({built.deployment})")
     failed = _points(built, bundle, out, [(c, b) for c in contexts for b in batch_sizes], extra, say,
-                     end=t0 + max_seconds, device=device, acceptance=acceptance, rounds=rounds, min_draws=min_draws)
+                     end=t0 + max_seconds, device=device, acceptance=acceptance, rounds=rounds, min_draws=min_draws,
+                     deployment=dep)
     say(f"done; {failed} point(s) failed")
     return 1 if failed else 0
 
 
 def _points(built, bundle, out: Path, points, extra, say, *, end: float, device, acceptance, rounds,
-            min_draws) -> int:
+            min_draws, deployment: str | None = None) -> int:
     """Run each (context, batch) point whole, or skip it (its runs listed as skipped) where the time
     left cannot hold it at the seconds a run took at the last point of that batch (none yet: the
     most at any point, else FIRST_RUN_S); returns how many points failed."""
@@ -182,6 +187,13 @@ def _points(built, bundle, out: Path, points, extra, say, *, end: float, device,
     seconds: dict = {}                   # batch size -> seconds a run took at each point run
     failed = 0
     for ctx, B in points:
+        refused = _memory_refusal(built.shape, deployment, B, ctx) if deployment else None
+        if refused:                      # a deployment the memory check refuses: no GPU time spent on it
+            say(f"=== context {ctx} batch {B}: skipped whole, {refused}")
+            full_run(built, device=device, costs=bundle, batch_sizes=[B], acceptance=acceptance, context_len=ctx,
+                     out=out / f"ctx_{ctx}_b{B:03d}", rounds=rounds, warmup_rounds=3, min_draws=min_draws,
+                     progress=say, extra=extra, skip=refused)
+            continue
         per_run = seconds[B][-1] if B in seconds else max((s for v in seconds.values() for s in v), default=FIRST_RUN_S)
         need, left = runs * per_run, end - time.time()
         whole = need <= left
@@ -201,6 +213,23 @@ def _points(built, bundle, out: Path, points, extra, say, *, end: float, device,
         if whole:
             seconds.setdefault(B, []).append((time.time() - started) / runs)
     return failed
+
+
+def _memory_refusal(shape, deployment: str, batch_size: int, context_len: int) -> str | None:
+    """Why the deployment memory check refuses the rank at this point (its weights and every one of
+    its ``batch_size`` sequences' cache, as the rank run alone holds them, against the usable memory
+    of the GPU it runs on), or None where it fits or no machine table describes the GPU."""
+    import torch
+
+    from simtree.deploy.memory import rank_memory
+    from simtree.machine.machines import machine_for_device
+    if not torch.cuda.is_available():
+        return None
+    machine = machine_for_device(torch.cuda.get_device_name())
+    if machine is None:
+        return None
+    fit = rank_memory(shape, deployment, machine, batch_size, context_len, rank_alone=True)
+    return None if fit.fits else "does not fit (deployment memory check): " + fit.summary()
 
 
 def _ints(text: str, flag: str) -> tuple[int, ...]:

@@ -156,6 +156,10 @@ def full_section(path: str | Path, command: str) -> str:
         raise SimtreeError(f"{path}: not a full-scale run (replayed acceptance, a bundle shipped in {SHIPPED_COSTS}): "
                            + (f"missing {', '.join(missing)}" if missing else f"acceptance {last.acceptance}, "
                               f"costs {last.costs}"))
+    for col in ("costs", "costs_sha256", "costs_device", "device", "acceptance"):   # one run: every phase alike
+        if df[col].astype(str).nunique() != 1:
+            raise SimtreeError(f"{path}: its phases name {df[col].astype(str).nunique()} different {col} values: "
+                               "not one run on one frozen bundle")
     shipped = frozen_bundle(path, str(last.costs), str(last.costs_sha256))
     kinds = [shipped_machine_for(str(d), "") for d in (last.costs_device, last.device)]   # h100, h200; "" unknown
     if not kinds[0] or kinds[0] != kinds[1]:
