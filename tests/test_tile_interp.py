@@ -101,6 +101,28 @@ def test_leaving_node_counts_out_finds_the_tile_only_where_there_is_one(step, ke
         assert st["128"]["max"] < st["none"]["max"] and st["128"]["mean"] < 0.9 * st["none"]["mean"]
 
 
+def test_a_held_out_node_counts_pad_twins_leave_the_refit_with_it(monkeypatch):
+    """The fit's envelope copies a pad target's latency into the cells padded to it: holding n out,
+    those copies leave the training too (batch 32 pads 6 to 8 here), else the refit sees n's latency."""
+    import simtree.costs.tile_fit as tile_fit
+    n, l, b, lat = _profile(True)
+    res = fit_surface(n, l, b, lat, "verify", VERIFY_AXES, forms=("grid",), folds=2)
+    seen = {}
+    real = tile_fit._fit_form
+
+    def spy(form, x, y, z, lat_, *a, **k):
+        held = sorted(set(res.points[0]) - set(x))
+        seen[held[0] if held else None] = set(zip(x.tolist(), z.tolist()))
+        return real(form, x, y, z, lat_, *a, **k)
+    monkeypatch.setattr(tile_fit, "_fit_form", spy)
+    pad = {"by_batch": {"32": {"6": 8}}}
+    choose_tile_rows(res, "verify", VERIFY_AXES, pad=pad)
+    assert (6.0, 32.0) not in seen[8.0] and (6.0, 16.0) in seen[8.0]     # 8 held out: its twin at batch 32 too
+    assert (6.0, 32.0) in seen[4.0] and (8.0, 32.0) in seen[4.0]         # another n held out: both stay
+    assert tile_fit._pad_twins(np.array([6.0, 6.0, 8.0]), np.array([32.0, 16.0, 32.0]), pad, 8.0).tolist() == [
+        True, False, False]
+
+
 def test_a_basis_fit_is_not_checked():
     n, l, b, lat = _profile(True)
     res = fit_surface(n, l, b, lat, "verify", VERIFY_AXES, forms=("basis",), folds=2)

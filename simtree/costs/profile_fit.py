@@ -350,7 +350,7 @@ def fit_profile(profile: str | os.PathLike, *, stage: str | None = None, model: 
                           _pad_folds(pad))
     if split is not None and split["kept"]:
         vres = split["main"]
-    tile, tile_record = _tile_interp(vres, moe, notes, on_fit, on_more_solves)
+    tile, tile_record = _tile_interp(vres, moe, notes, on_fit, on_more_solves, pad)
     if split is not None and split["kept"]:
         vres.surface = DecodeSplitSurface(vres.surface, split["decode"].surface)
     vinfo = _info(vres, vsource, [], "convex_in_n")
@@ -489,12 +489,12 @@ def _communication(deployment: str, device: str, comm, notes: list, measured=Non
 DECODE_SPLIT_GAIN = 0.25
 
 
-def _tile_interp(vres: FitResult, moe, notes: list, on_fit, on_more_solves) -> tuple:
+def _tile_interp(vres: FitResult, moe, notes: list, on_fit, on_more_solves, pad: dict | None = None) -> tuple:
     """Leave-one-node-count-out check of the tile-aware interpolation in n
     (:mod:`simtree.costs.tile_fit`); a kept tile replaces ``vres.surface`` and is noted."""
     if on_more_solves is not None and vres.points is not None:
         on_more_solves(max(len(np.unique(vres.points[0])) - 2, 0))
-    tile, record = choose_tile_rows(vres, "verify", VERIFY_AXES, moe, on_fit=on_fit)
+    tile, record = choose_tile_rows(vres, "verify", VERIFY_AXES, moe, on_fit=on_fit, pad=pad)
     if tile is not None:
         vres.surface = with_tile_rows(vres.surface, tile)
         st = record["heldout_node"]

@@ -6,7 +6,8 @@ straight line in n and once with the tile rule (:mod:`simtree.costs.tiles`) for 
 tile.  A tile is kept only when its held-out mean |relative error| is at least
 ``TILE_MIN_GAIN`` below the straight line's and its worst is not above it; the record of every
 candidate goes into the bundle.  The node counts held out are measured ones, so the check never
-looks at anything but the profile.
+looks at anything but the profile; the cells the pad map sends to a held-out n (copies of its
+latency in the fit's envelope) leave the refit with it.
 """
 from __future__ import annotations
 
@@ -35,10 +36,23 @@ def with_tile_rows(surface, tile: int | None):
     return surface_from_dict(d)
 
 
+def _pad_twins(x, z, pad: dict | None, n: float) -> np.ndarray:
+    """Rows that are copies of node count ``n``'s: the cells the pad map sends to n at their batch
+    (the fit's envelope gives them n's latency, :func:`simtree.costs.verify_pad.envelope_rows`)."""
+    twins = np.zeros(np.shape(x), dtype=bool)
+    for b, sends in ((pad or {}).get("by_batch") or {}).items():
+        for m, target in sends.items():
+            if float(target) == float(n):
+                twins |= (z == float(b)) & (x == float(m))
+    return twins
+
+
 def choose_tile_rows(result: FitResult, kind: str, axis_names, moe=None,
-                     candidates=TILE_CANDIDATES, on_fit=None) -> tuple[int | None, dict | None]:
+                     candidates=TILE_CANDIDATES, on_fit=None, pad: dict | None = None) -> tuple[int | None, dict | None]:
     """(kept tile or None, record) for a fitted verify surface ``result`` (x = n, z = b); None,
-    None when the kept form is not a grid or fewer than one node count lies inside the range."""
+    None when the kept form is not a grid or fewer than one node count lies inside the range.
+    ``pad``: the fit's pad map - a held-out n's copies in padded cells leave the training too, so
+    no refit sees the latency it is asked to predict."""
     if not isinstance(result.surface, GridSurface) or result.points is None:
         return None, None
     x, y, z, lat = result.points
@@ -50,12 +64,12 @@ def choose_tile_rows(result: FitResult, kind: str, axis_names, moe=None,
     preds = {c: np.empty(0) for c in (None, *candidates)}
     measured = np.empty(0)
     for n in inner:
-        keep = x != n
+        held = x == n
+        keep = ~held & ~_pad_twins(x, z, pad, n)
         fold = _fit_form(result.form, x[keep], y[keep], z[keep], lat[keep], kind, axis_names,
                          valid_range, HUBER_REL, moe)
         if on_fit is not None:
             on_fit()
-        held = ~keep
         measured = np.concatenate([measured, lat[held]])
         for c in preds:
             s = with_tile_rows(fold, c)
