@@ -6,6 +6,7 @@ Each command lives in its own module ``simtree.cli.<name>`` that defines
 from __future__ import annotations
 
 import importlib
+import logging
 import signal
 import sys
 
@@ -51,6 +52,9 @@ def main() -> None:
 
     from simtree.cli.interrupt import Interrupted, stop_on_signals
 
+    # matplotlib's font lookup logs a warning for every font it cannot find (a font cache left
+    # by another installation's deleted fonts): noise on stderr, where simtree says one line
+    logging.getLogger("matplotlib.font_manager").setLevel(logging.ERROR)
     try:
         # a command without its own handling (simulate, bench-serve, ...) stopped by SIGINT or
         # SIGTERM: typer turns it into exit 130 without a word (SIGTERM ended Python at once)
