@@ -20,25 +20,14 @@ def setup():
     return CostGrid(costs), costs, get_workload("sharegpt").acceptance
 
 
-SPLIT_BUNDLES = ("h200_qwen3.6-27b_tp1.json", "h100_deepseek-v4-flash_ep8.json", "h200_deepseek-v4-flash_ep8.json",
-                 "h100_qwen3.6-27b_tp1.json", "h200_qwen3.6-27b_tp2.json")
-
-
 @pytest.fixture(scope="module")
 def split(setup):
-    """(grid, batch, the tier best on the mean, the tier best for a new reply): the first shipped
-    bundle, at its largest batch, where the two differ - the tail-averse ranking's case (which bundle,
-    batch and tiers it is follows the shipped costs; that there is one is what the tests below need)."""
+    """(grid, batch, the tier best on the mean, the tier best for a new reply) of a pinned shipped case:
+    the H100 V4-Flash ep=8 bundle at batch 64, where a 2-draft chain is predicted faster on the mean
+    but a top-2 tree of 4 nodes wins for a reply of a few rounds (a reship that moves it fails here,
+    by name, rather than testing nothing)."""
     _, _, acc = setup
-    for name in SPLIT_BUNDLES:
-        grid = CostGrid(load_costs(data_path("costs", name)))
-        for b in (64, 48, 32, 16, 8):
-            ctx = [512.0] * b
-            mean_best = Controller(grid, acc, tail_rounds=0).choose(b, ctx).name
-            young = Controller(grid, acc).choose(b, ctx).name
-            if mean_best != young:
-                return grid, b, mean_best, young
-    pytest.fail("no shipped bundle gives a batch where a new reply's tier differs from the mean's")
+    return CostGrid(load_costs(data_path("costs", "h100_deepseek-v4-flash_ep8.json"))), 64, "linear_d3", "eagle_s2_k2_d4"
 
 
 def test_choice_is_the_best_tier_for_a_short_reply(setup, split):
@@ -55,7 +44,8 @@ def test_choice_is_the_best_tier_for_a_short_reply(setup, split):
     split_ctl = Controller(split_grid, acc)
     names = [t.name for t in split_ctl.tiers]
     rate = split_ctl.predicted_tok_s(b_split, 512.0)
-    assert rate[names.index(mean_best)] > rate[names.index(young)]
+    assert rate[names.index(mean_best)] == rate.max() and rate[names.index(young)] < rate.max()
+    assert Controller(split_grid, acc, tail_rounds=0).choose(b_split, [512.0] * b_split).name == mean_best
     assert split_ctl.choose(b_split, [512.0] * b_split).name == young
     # its prediction of a static tier agrees with the grid-free costs
     t = tier_shape(acc, LinearParams(4))
@@ -122,7 +112,6 @@ def test_the_youngest_live_reply_sets_how_tail_averse_a_step_is(setup, split):
     _, _, acc = setup
     grid, b, mean_best, young = split
     ctx = [512.0] * b
-    assert mean_best != young
     # rounds not given: every sequence counts as new (the rule before rounds were passed)
     assert Controller(grid, acc).choose(b, ctx, rounds_done=[0] * b).name == young
     # every reply has run 300 rounds: one more round barely moves a reply's time per token, the mean decides

@@ -188,9 +188,20 @@ def test_a_point_the_memory_check_refuses_spends_no_gpu_time(monkeypatch):
     assert any("skipped whole, does not fit" in line for line in said)
 
 
-def test_the_memory_refusal_names_the_shortfall_or_is_none_off_the_gpu():
+def test_the_memory_refusal_names_the_shortfall_or_is_none_off_the_gpu(monkeypatch):
+    import torch
+
     from simtree.models import get_model
-    assert oos._memory_refusal(get_model("qwen3.6-27b"), "tp=1", 64, 4096) is None   # no CUDA here: no machine to check
+    qwen = get_model("qwen3.6-27b")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert oos._memory_refusal(qwen, "tp=1", 64, 4096) is None            # no GPU: no machine to check
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "NVIDIA H100 80GB HBM3")
+    why = oos._memory_refusal(qwen, "tp=1", 64, 4096)
+    assert why.startswith("the deployment memory check refuses it: ") and "82.8 GB" in why and "at most batch" in why
+    assert oos._memory_refusal(qwen, "tp=1", 8, 1024) is None             # fits
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "Some Unknown GPU")
+    assert oos._memory_refusal(qwen, "tp=1", 64, 4096) is None            # no machine table: unchecked
 
 
 @pytest.mark.parametrize("make, match", [

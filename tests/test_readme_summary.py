@@ -232,7 +232,8 @@ def test_serving_headline_adds_the_full_scale_live_run_only_where_it_ran(tmp_pat
     line = summary.bench_serve_headline(d)
     assert line.startswith(without)
     assert line[len(without):] == ("; live at full scale (Qwen3.6-27B bf16 on NVIDIA H100 80GB HBM3, batch changing "
-                                   "1, 16, 4, 8, 16, 1; frozen shipped bundle, out of sample): measured TPOT vs "
+                                   "1, 16, 4, 8, 16, 1; the shipped bundle of the time, kept beside it, out of "
+                                   "sample): measured TPOT vs "
                                    "predicted 5.0% at worst over 6 phases")
     run.drop(columns=["costs_sha256"]).to_csv(d / "serve_live_full.csv", index=False)
     with pytest.raises(SimtreeError, match="not a full-scale run"):

@@ -180,35 +180,27 @@ def _points(built, bundle, out: Path, points, extra, say, *, end: float, device,
     """Run each (context, batch) point whole, or skip it (its runs listed as skipped) where the time
     left cannot hold it at the seconds a run took at the last point of that batch (none yet: the
     most at any point, else FIRST_RUN_S); returns how many points failed."""
-    import torch
-
     from .measure import full_run
     runs = 2 + len(extra)                # plain and linear D=4 beside the policies
     seconds: dict = {}                   # batch size -> seconds a run took at each point run
     failed = 0
     for ctx, B in points:
         refused = _memory_refusal(built.shape, deployment, B, ctx) if deployment else None
-        if refused:                      # a deployment the memory check refuses: no GPU time spent on it
-            say(f"=== context {ctx} batch {B}: skipped whole, {refused}")
-            full_run(built, device=device, costs=bundle, batch_sizes=[B], acceptance=acceptance, context_len=ctx,
-                     out=out / f"ctx_{ctx}_b{B:03d}", rounds=rounds, warmup_rounds=3, min_draws=min_draws,
-                     progress=say, extra=extra, skip=refused)
-            continue
         per_run = seconds[B][-1] if B in seconds else max((s for v in seconds.values() for s in v), default=FIRST_RUN_S)
         need, left = runs * per_run, end - time.time()
-        whole = need <= left
-        say(f"=== context {ctx} batch {B}: {runs} runs, ~{need:.0f} s of {left:.0f} s left"
-            + ("" if whole else ": skipped whole"))
+        whole = need <= left and not refused    # a point the memory check refuses: no GPU time spent on it
+        say(f"=== context {ctx} batch {B}: " + (f"skipped whole, {refused}" if refused else
+            f"{runs} runs, ~{need:.0f} s of {left:.0f} s left" + ("" if whole else ": skipped whole")))
         started = time.time()
         try:
             full_run(built, device=device, costs=bundle, batch_sizes=[B], acceptance=acceptance, context_len=ctx,
                      out=out / f"ctx_{ctx}_b{B:03d}", rounds=rounds, warmup_rounds=3, min_draws=min_draws, progress=say,
-                     deadline=end - 5 if whole else started - 1, extra=extra)
+                     deadline=end - 5 if whole else started - 1, extra=extra, skip=refused)
         except Exception as exc:   # noqa: BLE001 - one point failing leaves the others
             failed += 1
             say(f"context {ctx} batch {B} FAILED: {type(exc).__name__}: {exc}")
-            if torch.cuda.is_available():
-                torch.cuda.empty_cache()
+            from .engine import release_memory
+            release_memory()
             continue
         if whole:
             seconds.setdefault(B, []).append((time.time() - started) / runs)
@@ -218,18 +210,22 @@ def _points(built, bundle, out: Path, points, extra, say, *, end: float, device,
 def _memory_refusal(shape, deployment: str, batch_size: int, context_len: int) -> str | None:
     """Why the deployment memory check refuses the rank at this point (its weights and every one of
     its ``batch_size`` sequences' cache, as the rank run alone holds them, against the usable memory
-    of the GPU it runs on), or None where it fits or no machine table describes the GPU."""
+    of the GPU it runs on: :func:`simtree.deploy.memory.check_rank_fits`), or None where it fits or no
+    machine table describes the GPU."""
     import torch
 
-    from simtree.deploy.memory import rank_memory
+    from simtree.deploy.memory import check_rank_fits
     from simtree.machine.machines import machine_for_device
     if not torch.cuda.is_available():
         return None
     machine = machine_for_device(torch.cuda.get_device_name())
     if machine is None:
         return None
-    fit = rank_memory(shape, deployment, machine, batch_size, context_len, rank_alone=True)
-    return None if fit.fits else "does not fit (deployment memory check): " + fit.summary()
+    try:
+        check_rank_fits(shape, deployment, machine, batch_size, context_len)
+    except SimtreeError as exc:
+        return f"the deployment memory check refuses it: {exc}"
+    return None
 
 
 def _ints(text: str, flag: str) -> tuple[int, ...]:

@@ -9,7 +9,8 @@
         rules then take the global argmax instead of the first stop).  A bundle with measured-cell
         corrections (``info["verify_cells"]``, :mod:`simtree.costs.verify_cells`) adds each
         corrected (b, n) cell's measured excess (microseconds, at every context; at a fractional n
-        ceil(n)'s): there it is neither convex nor, where a cell is corrected up, non-decreasing in
+        floor(n)'s and ceil(n)'s blended linearly): there it is neither convex nor, where a cell is
+        corrected up, non-decreasing in
         n (``convex_in_n`` False).
     DraftCostModel.predict(num_steps, topk, batch_size) -> us
         one drafting round: s sequential draft steps of top-k over the batch.

@@ -341,13 +341,14 @@ def fit_profile(profile: str | os.PathLike, *, stage: str | None = None, model: 
     draft_forms = draft_forms or forms   # the draft step runs an MLP: an MoE model's forms
     digest = profile_hash(path)
     base_source = {"profile": str(path), "sha256": digest, "model": model_name, "device": device_name}
+    fold_key = _pad_folds(pad)
     vres = fit_surface(rows["nodes_per_seq"], rows["context_len"], rows["batch_size"],
                        rows["latency_us_median"], "verify", VERIFY_AXES, forms=forms, folds=folds,
                        what=f"C_v from {what}", on_fit=on_fit, reference_forms=reference_forms, moe=moe,
-                       fold_key=_pad_folds(pad))
+                       fold_key=fold_key)
     vsource = {**base_source, "stage": vstage, "variant": rows["variant"].iloc[0]}
     split = _decode_split(rows, vres, forms, folds, what, on_fit, moe, notes, on_more_solves, decode_forms,
-                          _pad_folds(pad))
+                          fold_key)
     if split is not None and split["kept"]:
         vres = split["main"]
     tile, tile_record = _tile_interp(vres, moe, notes, on_fit, on_more_solves, pad)

@@ -367,8 +367,8 @@ def fit_surface(x, y, z, latency, kind: str, axis_names=("x", "y", "z"),
                     raise SimtreeError("a fold left a single x value")
                 s = _fit_form(form, x[tr], y[tr], z[tr], lat[tr], kind, axis_names, valid_range,
                               huber_rel, moe)
-                pred[te] = s.predict(x[te], y[te], z[te])
                 at_all[f] = s.predict(x, y, z)       # every point (measured-cell corrections' held-out path)
+                pred[te] = at_all[f][te]
                 if on_fit is not None:
                     on_fit()
         except SimtreeError as exc:

@@ -138,18 +138,6 @@ def has_corrections(record) -> bool:
     return isinstance(record, dict) and bool(_table(record)[0])
 
 
-def _cell(surface, cells: dict, additive: bool, pad: dict | None, nodes: int, context_len, batch_size):
-    """The corrected C_v of the integer cell (``batch_size``, ``nodes``): at its padded target
-    where that is corrected, else its own; None where neither is."""
-    target = padded_nodes(pad, nodes, int(batch_size))
-    for m in (target, nodes) if target != nodes else (nodes,):
-        c = cells.get(str(m))
-        if c is not None:
-            v = surface.predict(float(m), context_len, batch_size)
-            return v + c if additive else v * c
-    return None
-
-
 INTEGER_TOL = 1e-9   # a node count this close to an integer is that integer (a mean summed in floating point)
 
 
@@ -190,10 +178,12 @@ def corrected_predict(surface, record: dict, pad: dict | None, nodes_per_seq, co
     earlier record of ratios (``by_batch``) corrects exact integers only, as when it was fitted (a
     bundle frozen with one predicts as it did)."""
     table, additive = _table(record)
-    scalar = np.ndim(nodes_per_seq) == 0 and np.ndim(batch_size) == 0
-    n, b = np.broadcast_arrays(np.asarray(nodes_per_seq, dtype=float), np.asarray(batch_size, dtype=float))
     if not table:
         return surface.predict(nodes_per_seq, context_len, batch_size)
+    if np.ndim(nodes_per_seq) == 0 and np.ndim(batch_size) == 0 and np.ndim(context_len) == 0:
+        return _scalar(surface, table, additive, pad, float(nodes_per_seq), context_len, float(batch_size),
+                       nodes_per_seq, batch_size)
+    n, b = np.broadcast_arrays(np.asarray(nodes_per_seq, dtype=float), np.asarray(batch_size, dtype=float))
     finite = np.isfinite(n) & (n > 1)
     if additive:
         near = np.round(n)
@@ -210,8 +200,41 @@ def corrected_predict(surface, record: dict, pad: dict | None, nodes_per_seq, co
         delta = np.where(exact, _deltas(surface, table, False, pad, m, context_len, b), 0.0)
     if not np.any(delta):
         return surface.predict(nodes_per_seq, context_len, batch_size)
-    out = surface.predict(n, context_len, b) + delta
-    return float(np.asarray(out).reshape(-1)[0]) if scalar else out
+    return surface.predict(n, context_len, b) + delta
+
+
+def _scalar(surface, table: dict, additive: bool, pad: dict | None, n: float, context_len, b: float,
+            nodes_per_seq, batch_size):
+    """:func:`corrected_predict` of one (n, l, b), by dictionary lookups: the planner and the
+    simulator ask C_v one point at a time, where a batch size without corrections must cost what
+    the surface alone does."""
+    cells = table.get(str(int(b))) if b.is_integer() and 1 < n < math.inf else None
+    if not cells:
+        return surface.predict(nodes_per_seq, context_len, batch_size)
+    sends = ((pad or {}).get("by_batch") or {}).get(str(int(b)), {})
+
+    def delta(m: float) -> float:     # the cell's corrected C_v minus the surface there (0: none)
+        if m < 2:
+            return 0.0
+        key = str(int(m))
+        target = str(sends.get(key, key))
+        use = target if target != key and target in cells else key
+        if use not in cells:
+            return 0.0
+        price = surface.predict(float(use), context_len, batch_size)
+        price = price + cells[use] if additive else price * cells[use]
+        return float(price - surface.predict(m, context_len, batch_size))
+
+    if additive:
+        if abs(n - round(n)) < INTEGER_TOL:
+            n = float(round(n))
+        lo, hi = math.floor(n), math.ceil(n)
+        d = delta(lo) if lo == hi else (hi - n) * delta(lo) + (n - lo) * delta(hi)
+    else:
+        d = delta(n) if n.is_integer() else 0.0
+    if d == 0.0:
+        return surface.predict(nodes_per_seq, context_len, batch_size)
+    return surface.predict(n, context_len, batch_size) + d
 
 
 def _stats_ok(err) -> bool:

@@ -448,13 +448,16 @@ def _live_full_clause(path: Path) -> str:
     sample: a frozen shipped bundle), its worst phase's TPOT error; empty without the file."""
     if not path.is_file():
         return ""
-    from simtree.serving.live_report import full_section, tpot_errors
+    from simtree.data import data_path
+    from simtree.serving.live_report import frozen_bundle, full_section, tpot_errors
     full_section(path, "")    # the report's checks (columns, rows, the frozen committed bundle, its device): one line
     df = _csv(path)
     err, _ = tpot_errors(df)
     last = df.iloc[-1]
+    kept = frozen_bundle(path, str(last["costs"]), str(last["costs_sha256"])).parent != data_path("costs")
+    bundle = "the shipped bundle of the time, kept beside it" if kept else "frozen shipped bundle"
     return (f"; live at full scale ({_model(last['model'])} {last['dtype']} on {last['device']}, batch changing "
-            f"{', '.join(str(b) for b in df.batch_size)}; frozen shipped bundle, out of sample): measured TPOT vs "
+            f"{', '.join(str(b) for b in df.batch_size)}; {bundle}, out of sample): measured TPOT vs "
             f"predicted {100 * err.abs().max():.1f}% at worst over {len(err)} phases")
 
 
@@ -551,8 +554,11 @@ FOLDERS: tuple[Folder, ...] = (
            "drafters_profile.csv copied here, then `python -m simtree.costs.drafter_fit "
            "reports/h100/drafters_profile.csv --out reports/h100/drafters_fit.csv`; `bash scripts/fp8_gpu.sh` "
            "(its fp8_times.csv); verify_tokens.csv (the V4-Flash rank's verify replayed on the drafted, uniform, "
-           "per-sequence and one-token sets; NVIDIA H100 80GB HBM3, torch 2.11, 2026-12-07): `OUT=DIR python "
-           "scripts/v4_verify_tokens_gpu.py --batch-sizes 4,64 --shapes linear,dspark --rounds 2` on the GPU",
+           "per-sequence and one-token sets): `OUT=DIR python scripts/v4_verify_tokens_gpu.py --batch-sizes 4,64 "
+           "--shapes linear,dspark --rounds 2` on the GPU - the committed file is the output of the script as it "
+           "was before it stamped model, context, rounds, GPU and torch into every row and wrote LF (its CRLF "
+           "line ends converted; run on an NVIDIA H100 80GB HBM3 with torch 2.11 on 2026-12-07, as the call "
+           "reported)",
            h100_headline),
     Folder("reports/h100/modes", "Every runnable mode at full scale beside the plan's choice (H100)",
            "per model and batch, every mode the full runtime builds (plain, linear, EAGLE, best-first, "

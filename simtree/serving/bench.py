@@ -132,8 +132,6 @@ def _drivers(m: dict, sg) -> dict:
             "controller": lambda: ControllerDriver(Controller(grid, acc))}
 
 
-
-
 def run_bench(out: str | Path, *, models=None, loads=LOADS, arrivals=ARRIVALS, num_requests: int = 300,
               workload: str = "sharegpt", seed: int = 0, progress=None, keep_configs: bool = False,
               command: str = "", threshold_tiers: str | Path | None = None, replicas: int = REPLICAS,
@@ -150,13 +148,13 @@ def run_bench(out: str | Path, *, models=None, loads=LOADS, arrivals=ARRIVALS, n
     Returns the in-sample rows and the line naming where the traces' lengths came from."""
     check_int(replicas, "replicas", 1)
     check_out_folder(out)
-    tiers = None if threshold_tiers is None else read_vllm_tiers(threshold_tiers)
-    _sglang()     # fail before any work, in one line, where SGLang's policies cannot be loaded
-    out = Path(out)
     seeds = [check_int(seed, "--seed", 0, SEED_MAX - replicas + 1),   # acceptance seeds run to seed + replicas - 1
              *(check_int(s, "--out-of-sample seed", 0, SEED_MAX) for s in out_of_sample)]
     if len(set(seeds)) != len(seeds):
         raise SimtreeError(f"out-of-sample seeds {list(out_of_sample)} must differ from each other and from --seed {seed}")
+    tiers = None if threshold_tiers is None else read_vllm_tiers(threshold_tiers)
+    _sglang()     # fail before any work, in one line, where SGLang's policies cannot be loaded
+    out = Path(out)
     args = [(models, loads, arrivals, num_requests, workload, s, replicas) for s in seeds]
     kw = dict(threshold_tiers=tiers)
     frames = {seed: serve_points(*args[0], cfg_root=out if keep_configs else None, progress=progress, **kw)} \
