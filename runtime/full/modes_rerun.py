@@ -15,7 +15,7 @@ from simtree.errors import SimtreeError
 from .modes_gpu import BUNDLE_NOTE, DRAFTER_PROFILE, drafter_bundle
 from .modes_report import run_dirs
 
-__all__ = ["parser", "read_runs", "run_summary", "run_bundle", "run_costs"]
+__all__ = ["parser", "read_runs", "run_summary", "run_bundle", "run_bundles", "run_costs"]
 
 
 def parser(doc: str) -> argparse.ArgumentParser:
@@ -52,6 +52,18 @@ def run_bundle(folder: Path) -> Path:
     if not path.is_file():
         raise SimtreeError(f"the run's bundle {Path(named).name} is not in this checkout's simtree/data/costs")
     return path
+
+
+REPORTS = Path(__file__).resolve().parents[2] / "reports"   # this checkout's committed results
+
+
+def run_bundles(folder: Path) -> list[Path]:
+    """The bundles the run may have priced with: the shipped one its log names, then the copies of
+    it frozen in this checkout's reports/ (``frozen_<name>``, ``frozen_<stem>_*.json``) once the
+    shipped file was refitted after the run; the caller keeps the one that prices it as recorded."""
+    shipped = run_bundle(folder)
+    frozen = sorted({*REPORTS.glob(f"**/frozen_{shipped.name}"), *REPORTS.glob(f"**/frozen_{shipped.stem}_*.json")})
+    return [shipped, *frozen]
 
 
 def run_costs(folder: Path, model: str, profile: str, builder_steps: str = "remove"):
