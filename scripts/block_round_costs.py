@@ -19,6 +19,10 @@ Then each batch's plan choice: the plan as the run made it (``plan/candidates.cs
 deployment's batch, for V4-Flash ep=8 rank_batch(b) = ceil(b / 8) sequences a rank) against this
 checkout's plan of the same; and the plan of the rank as the runs measured it (the rank's bundle
 taken as one GPU: b sequences on the rank, no all-to-all), the measured best beside it.
+
+Last, per run folder, the bundle that priced it: the shipped bundle its log names, in this
+checkout (its path and sha256), so that a table made before a later refit of that bundle says
+so when made again.
 """
 from __future__ import annotations
 
@@ -36,9 +40,11 @@ from simtree.planning.modes import BLOCK_DRAFTER_MODES
 from simtree.planning.planner import plan
 from simtree.runtime.full.allocation import draft_cost_us
 from simtree.runtime.full.measure import repredict, run_shape
-from simtree.runtime.full.modes_rerun import parser, read_runs, run_costs, run_summary
+from simtree.runtime.full.modes_rerun import parser, read_runs, run_bundle, run_costs, run_summary
+from simtree.runtime.full.oos_report import sha256
 
 SAME_NODES = {4: "linear_d4:linear_d4", 8: "best_first:best_first_d8_w1_p3"}
+CHECKOUT = Path(__file__).resolve().parents[1]
 
 
 def _terms(costs, run: dict) -> tuple[float, float]:
@@ -104,7 +110,15 @@ def plan_table(folder: Path, costs, old_costs, sizes: list[int], runs: pd.DataFr
     return out
 
 
-def render(tables: list[pd.DataFrame], plans: list[dict]) -> str:
+def priced_with(run: str, bundle: Path) -> str:
+    """One line: the bundle that priced the runs of folder ``run``, its path (in the checkout
+    where it lies there) and the sha256 of the file."""
+    bundle = Path(bundle).resolve()
+    shown = bundle.relative_to(CHECKOUT) if bundle.is_relative_to(CHECKOUT) else bundle
+    return f"{run}: priced with {shown} (sha256 {sha256(bundle)})"
+
+
+def render(tables: list[pd.DataFrame], plans: list[dict], priced: list[str] = ()) -> str:
     lines = ["| model | batch | run | nodes | draft ms | verify ms (sd) | MTP-drafted verify, same nodes | commit ms "
              "| round ms | C_d before -> after | C_v | predicted round before -> after | cost error before -> after |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
@@ -123,6 +137,8 @@ def render(tables: list[pd.DataFrame], plans: list[dict]) -> str:
               f"{p['rank_plan_after']} "
               f"{p['rank_tok_s']:.0f} | {p['rank_mtp']} {p['rank_mtp_tok_s']:.0f} | {p['best_measured']} "
               f"({p['best_measured_tok_s']:.1f}) |" for p in plans]
+    if priced:
+        lines += ["", *priced]
     return "\n".join(lines) + "\n"
 
 
@@ -131,16 +147,18 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=None, help="write the tables here (markdown) as well")
     args = ap.parse_args(argv)
 
-    def tables(folder: Path) -> list[tuple[pd.DataFrame, list[dict]]]:
+    def tables(folder: Path) -> list[tuple[pd.DataFrame, list[dict], str]]:
         df, costs, old_costs = run_table(folder, args.drafter_profile)
-        return [(df, plan_table(folder, costs, old_costs, sorted(df["batch"].unique().tolist()), df))]
+        return [(df, plan_table(folder, costs, old_costs, sorted(df["batch"].unique().tolist()), df),
+                 priced_with(folder.name, run_bundle(folder)))]
 
     try:
         per_run = read_runs(args.inputs, tables)
     except SimtreeError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    text = render([df for df, _ in per_run], [p for _, plans in per_run for p in plans])
+    text = render([df for df, _, _ in per_run], [p for _, plans, _ in per_run for p in plans],
+                  [line for _, _, line in per_run])
     if args.out:
         write_text_atomic(args.out, text)
     print(text, end="")

@@ -378,3 +378,25 @@ def test_a_root_level_archive_and_a_dot_folder_are_named_after_themselves(tmp_pa
     assert [d.resolve().name for d in run_dirs([tmp_path / "b16_call.tgz"], scratch)] == ["b16_call"]
     monkeypatch.chdir(run)
     assert [d.resolve().name for d in run_dirs([Path(".")], scratch)] == ["my_run"]
+
+
+def test_block_round_costs_names_the_bundle_that_priced_each_run_folder(tmp_path):
+    """scripts/block_round_costs.py ends its tables with a line per run folder: the bundle that
+    priced it, its path in the checkout and the sha256 of the file, so a table made before a
+    refit of the shipped bundle differs from one made after it."""
+    import hashlib
+    import importlib.util
+
+    from simtree.data import data_path
+    spec = importlib.util.spec_from_file_location("block_round_costs", ROOT / "scripts" / "block_round_costs.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    bundle = data_path("costs", "h100_qwen3.6-27b_tp1.json")
+    line = script.priced_with("qwen3.6-27b", bundle)
+    assert line == (f"qwen3.6-27b: priced with simtree/data/costs/h100_qwen3.6-27b_tp1.json "
+                    f"(sha256 {hashlib.sha256(bundle.read_bytes()).hexdigest()})")
+    refit = tmp_path / "h100_qwen3.6-27b_tp1.json"
+    refit.write_bytes(bundle.read_bytes() + b"\n")
+    other = script.priced_with("qwen3.6-27b", refit)
+    assert str(refit) in other and other.split("sha256 ")[1] != line.split("sha256 ")[1]
+    assert script.render([], [], [line]).endswith("\n\n" + line + "\n")

@@ -341,3 +341,49 @@ def test_a_bundle_finds_its_profile_by_sha256_among_those_given(tmp_path):
     (bundle.parent / "frozen.profile.csv").write_text(fitted.read_text())
     assert oos_report._grid(bundle) == oos_report._grid(bundle, [fitted])
     assert oos.main(["report", str(tmp_path), "--bundle", str(bundle), "--profile", str(tmp_path / "no.csv")]) == 2
+
+
+def test_a_mode_whose_drafter_does_not_fit_is_skipped_alone(monkeypatch):
+    """Qwen3.6-27B on one H100 at batch 64, context 1536: the MTP-drafted modes fit (71.3 GB of 72
+    usable), the block drafters' modes do not: each is a skipped row with the check's line while
+    the point's other runs go on; at a point where they fit nothing is skipped."""
+    import torch
+
+    import simtree.runtime.full.measure as measure
+    from simtree.models import get_model
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "NVIDIA H100 80GB HBM3")
+    calls = []
+
+    def fake_full_run(model, *, batch_sizes, context_len, extra, deadline=None, skip=None, **kw):
+        calls.append({s.name: skip(s) if callable(skip) else skip for _, s in extra})
+    monkeypatch.setattr(measure, "full_run", fake_full_run)
+    said = []
+    oos._points(SimpleNamespace(shape=get_model("qwen3.6-27b")), None, Path("unused"), [(1536, 64), (1024, 8)],
+                oos.policies(["eagle", "block", "tfm"]), said.append, end=1e12, device="cpu", acceptance="gsm8k",
+                rounds=2, min_draws=0, deployment="tp=1")
+    at_64, at_8 = calls
+    refused = {name for name, why in at_64.items() if why}
+    assert refused == {"block_d8_p7", "block_d16_p7", "tfm_d16_w4_p7"}
+    assert all(at_64[n].startswith("the deployment memory check refuses it: one tp=1 rank") for n in refused)
+    assert "of the block drafter" in at_64["block_d16_p7"] and not any(at_8.values())
+    assert any("block_d16_p7 skipped, the deployment memory check" in line for line in said)
+    assert any(f"{len(at_64) + 2 - 3} runs" in line for line in said if "batch 64" in line)
+
+
+def test_full_run_skips_the_runs_its_skip_function_names():
+    """``skip`` as a function of the run's PolicySpec: the runs it gives a line for are skipped
+    rows saying it, before anything is built for them."""
+    import torch
+
+    from full_helpers import tiny_model
+    from simtree.planning.modes import PolicySpec
+    from simtree.runtime.full.measure import full_run
+
+    block = PolicySpec.from_dict("block", {"budget": 8, "block_len": 7})
+    out = full_run(tiny_model("tiny-gdn", dtype=torch.float32), device="cpu", batch_sizes=[2], acceptance="gsm8k",
+                   context_len=32, rounds=1, warmup_rounds=0, extra=[("block", block)],
+                   skip=lambda spec: "too big" if spec.mode != "none" else None)
+    errors = {r["label"]: r.get("error") for r in out["runs"]}
+    assert errors == {"plain": None, "linear_d4": "skipped: too big", "block": "skipped: too big"}

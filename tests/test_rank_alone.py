@@ -186,3 +186,26 @@ def test_dspark_schedules_the_sequences_of_one_rank():
         assert row["tokens_per_round"] == pytest.approx(want, rel=1e-12)
     alone = score_spec(one_rank(rank), acc, PolicySpec.from_dict("dspark", params), 8, 1024)
     assert alone["tokens_per_round"] == row["tokens_per_round"] and alone["nodes_per_seq"] == row["nodes_per_seq"]
+
+
+def test_simtree_run_checks_the_block_drafter_its_policy_names(monkeypatch, tmp_path):
+    """simtree run --policy on one H100: a plan whose batch-64 entry is the block drafter at D=16
+    is refused in one line naming that drafter (Qwen3.6-27B at context 1536: the MTP layer fits,
+    the block drafter does not), nothing built; its MTP-drafted entries pass the same check."""
+    from simtree.cli.run import _block_drafted, _rank_model
+    from simtree.machine.machines import get_machine
+    from simtree.planning.modes import PolicySpec
+    from simtree.planning.policy_file import PolicyEntry
+    import simtree.cli.run as cli_run
+
+    block = PolicySpec.from_dict("block", {"budget": 16, "block_len": 7})
+    linear = PolicySpec.from_dict("linear", {"budget": 4})
+    planned = Policy("qwen3.6-27b", "NVIDIA H100 80GB HBM3", [PolicyEntry("gsm8k", 1, 16, linear, 1.0, 1.0, 1.0),
+                                                               PolicyEntry("gsm8k", 17, 64, block, 1.0, 1.0, 1.0)])
+    assert _block_drafted(planned, None, [8, 64]) == [(64, block)] == _block_drafted(planned, "gsm8k", [64])
+    assert _block_drafted(planned, None, [8]) == []
+    monkeypatch.setattr(cli_run, "_gpu_machine", lambda device: get_machine("h100"))
+    assert _rank_model("qwen3.6-27b", "tp=1", "cuda", [8, 64], 1536) == "qwen3.6-27b"       # the MTP layer fits
+    with pytest.raises(SimtreeError, match="at batch 64: .* of the block drafter") as err:
+        _rank_model("qwen3.6-27b", "tp=1", "cuda", [8, 64], 1536, _block_drafted(planned, None, [8, 64]))
+    assert "\n" not in str(err.value)

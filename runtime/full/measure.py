@@ -335,13 +335,15 @@ def full_run(model, *, device: str = "cuda", costs=None, policy=None, batch_size
              acceptance=None, policy_workload: str | None = None, out=None, context_len: int | None = None,
              rounds: int = 32, warmup_rounds: int = 4, seed: int = 0, dtype=None, progress=None,
              deadline: float | None = None, extra=(), sampling: str = "stratified", min_draws: int = 0,
-             skip: str | None = None) -> dict:
+             skip=None) -> dict:
     """Run every (batch size, policy) and return {"rows", "notes", "config", "runs", "files"};
     ``model``: a registry name, a shape or a built model; ``progress(line)`` gets one line per
     run.  ``runs`` keeps every run's per-round measurements (:func:`runs_json` makes them JSON,
     :func:`repredict` predicts them again from another cost bundle).  ``deadline`` (a
-    ``time.time()``): runs not started by then are skipped, each a row saying so; ``skip``: every run
-    is skipped, its row saying "skipped: <skip>" (a point the deployment memory check refuses).  With ``out``
+    ``time.time()``): runs not started by then are skipped, each a row saying so; ``skip``: a line,
+    every run is skipped, its row saying "skipped: <skip>" (a point the deployment memory check
+    refuses), or a function of a run's PolicySpec giving that line or None (a mode the check refuses
+    with its drafter: that run alone is skipped).  With ``out``
     the summary files are rewritten after every batch size, so a session cut short keeps the
     batch sizes it finished.  ``extra``: (label, PolicySpec) runs measured at every batch size
     besides plain and linear D=4 (e.g. the EAGLE shapes a plan made later may choose).
@@ -396,8 +398,9 @@ def full_run(model, *, device: str = "cuda", costs=None, policy=None, batch_size
             run["nodes"] = rs.nodes
             if rs.padded_from:   # verified in the bundle's cheaper bucket (simtree.costs.verify_pad)
                 run["padded_from"] = rs.padded_from
-            if skip is not None or deadline is not None and rs not in measured and time.time() > deadline:
-                run["error"] = f"skipped: {skip}" if skip is not None else "skipped: the session's time was up"
+            why = skip(spec) if callable(skip) else skip
+            if why is not None or deadline is not None and rs not in measured and time.time() > deadline:
+                run["error"] = f"skipped: {why}" if why is not None else "skipped: the session's time was up"
                 runs.append(run)
                 continue
             try:

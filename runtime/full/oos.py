@@ -21,10 +21,16 @@ other modes and logs the block ones as not run.  The points run one after anothe
 (``DIR/ctx_<l>_b<bbb>/``): a point starts only if the time left holds its runs (at the seconds a
 run took at that batch so far), so a deadline loses whole points (their runs listed as skipped),
 never a policy at every point - the plan's-choice check needs >= 6 policies at a point.  A point
-the deployment memory check refuses on this GPU (``simtree.deploy.memory.rank_memory``, the rank
-holding all b sequences) is skipped whole before anything is built for it, each run a row saying
-why: the first every-mode runs spent GPU time on Qwen3.6-27B at batch 64, context 4096, whose
-weights and cache (82.8 GB) the check puts over an H100's 72 GB usable, and ran out of memory.
+the deployment memory check refuses on this GPU (``simtree.deploy.memory.check_rank_fits``, the
+rank holding all b sequences, with its MTP layer) is skipped whole before anything is built for
+it, each run a row saying why: the first every-mode runs spent GPU time on Qwen3.6-27B at batch
+64, context 4096, whose weights and cache (82.8 GB) the check puts over an H100's 72 GB usable,
+and ran out of memory.  Where the point fits, each block-drafter mode (block, tfm, dspark) is
+checked with its own drafter (its weights, caches and round buffers,
+``simtree.deploy.drafter_memory``): a mode the check refuses is skipped alone, its row saying
+the check's line, and the point's other runs go on (block D=16 and TfM ran out of memory at batch
+64, context 1536, where the MTP modes fit).  Such a point is not complete: a run asked for was
+not measured, so the report lists it and its plan's-choice check does not count the point.
 
 Home side (:mod:`.oos_report`):
 
@@ -181,21 +187,27 @@ def _points(built, bundle, out: Path, points, extra, say, *, end: float, device,
     left cannot hold it at the seconds a run took at the last point of that batch (none yet: the
     most at any point, else FIRST_RUN_S); returns how many points failed."""
     from .measure import full_run
-    runs = 2 + len(extra)                # plain and linear D=4 beside the policies
     seconds: dict = {}                   # batch size -> seconds a run took at each point run
     failed = 0
     for ctx, B in points:
         refused = _memory_refusal(built.shape, deployment, B, ctx) if deployment else None
+        modes_refused = {} if refused or not deployment else \
+            {s.name: why for _, s in extra if s.mode in BLOCK_DRAFTER_MODES
+             and (why := _memory_refusal(built.shape, deployment, B, ctx, s))}
+        runs = 2 + len(extra) - len(modes_refused)     # plain and linear D=4 beside the policies
         per_run = seconds[B][-1] if B in seconds else max((s for v in seconds.values() for s in v), default=FIRST_RUN_S)
         need, left = runs * per_run, end - time.time()
         whole = need <= left and not refused    # a point the memory check refuses: no GPU time spent on it
         say(f"=== context {ctx} batch {B}: " + (f"skipped whole, {refused}" if refused else
             f"{runs} runs, ~{need:.0f} s of {left:.0f} s left" + ("" if whole else ": skipped whole")))
+        for name, why in modes_refused.items():
+            say(f"context {ctx} batch {B} {name} skipped, {why}")
         started = time.time()
         try:
             full_run(built, device=device, costs=bundle, batch_sizes=[B], acceptance=acceptance, context_len=ctx,
                      out=out / f"ctx_{ctx}_b{B:03d}", rounds=rounds, warmup_rounds=3, min_draws=min_draws, progress=say,
-                     deadline=end - 5 if whole else started - 1, extra=extra, skip=refused)
+                     deadline=end - 5 if whole else started - 1, extra=extra,
+                     skip=refused if refused or not modes_refused else (lambda spec: modes_refused.get(spec.name)))
         except Exception as exc:   # noqa: BLE001 - one point failing leaves the others
             failed += 1
             say(f"context {ctx} batch {B} FAILED: {type(exc).__name__}: {exc}")
@@ -207,11 +219,12 @@ def _points(built, bundle, out: Path, points, extra, say, *, end: float, device,
     return failed
 
 
-def _memory_refusal(shape, deployment: str, batch_size: int, context_len: int) -> str | None:
+def _memory_refusal(shape, deployment: str, batch_size: int, context_len: int, spec=None) -> str | None:
     """Why the deployment memory check refuses the rank at this point (its weights and every one of
     its ``batch_size`` sequences' cache, as the rank run alone holds them, against the usable memory
     of the GPU it runs on: :func:`simtree.deploy.memory.check_rank_fits`), or None where it fits or no
-    machine table describes the GPU."""
+    machine table describes the GPU; ``spec``: the PolicySpec whose drafter the rank holds (None, or
+    an MTP-drafted mode: the MTP layer; a block drafter's mode: that drafter's memory beside it)."""
     import torch
 
     from simtree.deploy.memory import check_rank_fits
@@ -222,7 +235,7 @@ def _memory_refusal(shape, deployment: str, batch_size: int, context_len: int) -
     if machine is None:
         return None
     try:
-        check_rank_fits(shape, deployment, machine, batch_size, context_len)
+        check_rank_fits(shape, deployment, machine, batch_size, context_len, drafter=spec)
     except SimtreeError as exc:
         return f"the deployment memory check refuses it: {exc}"
     return None

@@ -259,11 +259,13 @@ def _gpu_machine(device: str):
     return machine_for_device(torch.cuda.get_device_name(torch.device(device)))
 
 
-def _rank_model(name: str, deployment: str | None, device: str, sizes: list[int], context_len: int | None):
+def _rank_model(name: str, deployment: str | None, device: str, sizes: list[int], context_len: int | None,
+                drafted=()):
     """What ``full_run`` builds for one rank of ``deployment``: the model name (the runtime's own
     rank), or a built model of the rank's shard shape; refused, one line, when the rank does
     not fit the GPU (weights + caches of the largest batch, all of its sequences on the rank: the
-    runtime runs the rank alone) or the runtime has no such rank."""
+    runtime runs the rank alone; ``drafted``: (batch size, PolicySpec) of each block-drafter mode
+    the runs take, checked at its batch with its drafter's memory) or the runtime has no such rank."""
     from simtree.models import get_model
 
     shape = get_model(name)
@@ -274,6 +276,7 @@ def _rank_model(name: str, deployment: str | None, device: str, sizes: list[int]
     if machine is not None:
         from simtree.deploy.memory import check_rank_fits
         check_rank_fits(shape, dep, machine, max(sizes), int(context_len or 0))
+    _check_drafted(name, dep, device, context_len, drafted)
     if shape.family == "v4":
         from simtree.runtime.full.v4_rank import default_ep_ranks
         ep = default_ep_ranks(shape)
@@ -289,6 +292,25 @@ def _rank_model(name: str, deployment: str | None, device: str, sizes: list[int]
     model = build_model(shape.shard(dep), device)
     model.deployment = f"{dep.name} rank"     # one rank run alone: the all-reduce not run (the report says so)
     return model
+
+
+def _check_drafted(name: str, deployment, device: str, context_len: int | None, drafted) -> None:
+    """One line where the rank does not fit the GPU with a block drafter ``drafted`` names
+    ((batch size, PolicySpec) pairs, :func:`_block_drafted`) at its batch: its weights, caches and
+    round buffers beside the target's (simtree.deploy.memory.check_rank_fits)."""
+    machine = _gpu_machine(device) if deployment is not None else None
+    if machine is not None:
+        from simtree.deploy.memory import check_rank_fits
+        for b, spec in drafted:
+            check_rank_fits(name, deployment, machine, b, int(context_len or 0), drafter=spec)
+
+
+def _block_drafted(planned, workload: str | None, sizes: list[int]) -> list:
+    """(batch size, PolicySpec) of each block-drafter mode (block, tfm, dspark) the policy
+    ``planned`` picks at ``sizes`` (for ``workload``, or any of its workloads where None)."""
+    from simtree.planning.modes import BLOCK_DRAFTER_MODES
+    picked = [(b, planned.lookup(w, b).params) for b in sizes for w in ([workload] if workload else planned.workloads)]
+    return list(dict.fromkeys((b, spec) for b, spec in picked if spec.mode in BLOCK_DRAFTER_MODES))
 
 
 def _rank_plan(name: str, deployment: str | None, costs, workload, sizes: list[int], out: Path, say) -> str | None:
@@ -358,7 +380,8 @@ def _full_scale(model, device, costs, policy, batch_sizes, replay, acceptance, p
     torch_dtype = parse_dtype(dtype)   # it was read for --prompt-ids only: these runs ignored it
     sizes = parse_batch_sizes(str(batch_sizes), "--batch-size")   # 0 or an empty entry: refused, not a failed row
     name = model
-    model = _rank_model(model, deployment, device, sizes, context_len)
+    model = _rank_model(model, deployment, device, sizes, context_len,
+                        _block_drafted(planned, policy_workload, sizes) if policy is not None else ())
 
     def say(line):
         check()
@@ -366,6 +389,9 @@ def _full_scale(model, device, costs, policy, batch_sizes, replay, acceptance, p
             typer.echo(line, err=True)
     if policy is None and policy_workload is None and costs is not None and (acceptance or replay) is not None:
         policy = _rank_plan(name, deployment, costs, acceptance or replay, sizes, out, say)
+        if policy is not None:   # the rank's own plan may choose a block drafter: its memory checked too
+            from simtree.planning.policy_file import Policy
+            _check_drafted(name, deployment, device, context_len, _block_drafted(Policy.load(policy), None, sizes))
     result = full_run(model, device=device, costs=costs, policy=policy, batch_sizes=sizes, replay=replay,
                       acceptance=acceptance, policy_workload=policy_workload, out=out, context_len=context_len,
                       dtype=torch_dtype, progress=say, min_draws=MIN_DRAWS if min_draws is None else check_whole(min_draws, "--min-draws", 0),

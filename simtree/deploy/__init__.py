@@ -5,9 +5,10 @@ The split itself (``Deployment``, ``parse_deployment``: the strings users know, 
 (:meth:`simtree.models.ModelShape.shard`); the machine tables (GPU memory and links) are
 :mod:`simtree.machine.machines` and the alpha-beta model of the collectives
 :mod:`simtree.costs.comm`.  Here: :mod:`.memory` refuses a deployment whose weights and caches
-do not fit; :mod:`.costs` composes a rank's measured step with the collectives into the
-deployment's cost model; :mod:`.select` picks a deployment; :mod:`.shipped` lists the shipped
-ones; :mod:`.check` compares a composed rank step with the runtime's measured one.
+do not fit (with the mode's drafter: :mod:`.drafter_memory`); :mod:`.costs` composes a rank's
+measured step with the collectives into the deployment's cost model; :mod:`.select` picks a
+deployment; :mod:`.shipped` lists the shipped ones; :mod:`.check` compares a composed rank step
+with the runtime's measured one.
 Re-exported here: the split's names.
 """
 from simtree.parallel import DEFAULT_DEPLOYMENT, SINGLE_GPU, Deployment, parse_deployment

@@ -1,0 +1,178 @@
+"""What a mode's drafter adds to one rank's memory, beside the target (:mod:`.memory`'s check).
+
+    use = drafter_use(PolicySpec.from_dict("block", {"budget": 16, "block_len": 7}))
+    extra = drafter_memory(get_model("qwen3.6-27b"), use, batch_size=64, context_len=1536)
+    extra.weight_bytes, extra.state_bytes, extra.round_bytes, extra.total_bytes
+
+The MTP / EAGLE drafter (``use.family == "mtp"``, every mode but the block drafters') is the
+target shape's own draft layer: :meth:`ModelShape.weight_bytes` and ``cache_bytes`` count it
+already, so it adds nothing here.  A block drafter (``block``, ``tfm``, ``dspark``:
+``simtree.kernels.layers.drafters``, run by ``runtime/full/block_engine.py``) adds what the
+block engine allocates for it (``runtime/full/block_drafters.py`` DrafterRound and the engine's
+own buffers), all at the model's dtype unless said:
+
+    weights  fc [h, F h] over the F tapped target layers, two norms, ``layers`` Qwen-style
+             attention blocks (no output gate) with the target's width, heads and MLP (V4: 16
+             query heads, one 512-wide KV head, an MLP as wide as the active experts), and the
+             family's head: dspark's Markov W1, W2 [V, r] and confidence head, tfm's adapter
+             (in [a, h], embedding [V, a], cell [a, 2a]); the embedding and LM head are the
+             target's (shared, not counted again)
+    state    per sequence: each draft layer's KV cache of context + 1 rows (row ``max_len``
+             the trash row), the A = block_len + 1 context rows of tapped features [A, F h],
+             the round's top-K marginals (ids int64, log-probs float32), confidences and
+             verified length, the lengths
+    rounds   the target's tapped features of the round's verified nodes [nodes, F h] per
+             sequence (kept with the verify until the next one, so through the next draft),
+             and the draft's peak after the backbone: the LM head's float32 logits over the
+             vocabulary for the block's T = batch x block_len rows, and the same again inside
+             the log-softmax's logsumexp (ATen's ``(x - max).exp_()``); tfm adds its top-cand_k
+             candidates, dspark its per-row Markov logits [batch, V]
+
+and the MTP layer's cache, which the target's ``cache_bytes`` counts, is not allocated by a
+block engine (``mtp_state_bytes``, taken off).  Not counted: the RoPE table (under a MB), the
+backbone's own temporaries (the tree-attention kernel reads the cache in place; its rows are
+batch x (2 block_len + 1) wide), and, for every drafter alike, the target's verify buffers
+(its logits over the verified nodes): the machine's usable fraction leaves room for those.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from simtree.drafters import DRAFTER_FAMILIES, MARGINAL_TOPK, PUBLIC, TFM
+from simtree.errors import SimtreeError, check_int
+from simtree.models import DTYPE_BYTES, ModelShape
+
+__all__ = ["MTP", "DrafterUse", "DrafterMemory", "drafter_use", "drafter_memory", "drafter_layer_dims"]
+
+MTP = "mtp"     # the target's own MTP / EAGLE draft layer
+_SIZES = ("layers", "target_layers", "markov_rank", "cand_k", "adapter_dim")
+_F32, _I64 = 4, 8
+
+
+@dataclass(frozen=True)
+class DrafterUse:
+    """The drafter a mode runs, as the memory check prices it: ``family`` (``mtp`` or one of
+    ``simtree.drafters.DRAFTER_FAMILIES``), ``block_len`` positions a forward drafts, ``nodes``
+    verified per sequence (the round's bucket), ``topk`` marginals kept per position; ``sizes``:
+    (name, value) pairs overriding the public drafter sizes (layers, target_layers, markov_rank,
+    cand_k, adapter_dim), as the block engine's ``sizes`` do (tests: tiny drafters)."""
+
+    family: str = MTP
+    block_len: int = PUBLIC["block_len"]
+    nodes: int = PUBLIC["block_len"] + 1
+    topk: int = MARGINAL_TOPK
+    sizes: tuple = ()
+
+    def __post_init__(self) -> None:
+        if self.family != MTP and self.family not in DRAFTER_FAMILIES:
+            raise SimtreeError(f"unknown drafter {self.family!r} (known: {MTP}, {', '.join(DRAFTER_FAMILIES)})")
+        for what in ("block_len", "nodes", "topk"):
+            check_int(getattr(self, what), f"drafter {what}", 1)
+        unknown = sorted(set(dict(self.sizes)) - set(_SIZES))
+        if unknown:
+            raise SimtreeError(f"drafter {self.family}: unknown size(s) {', '.join(unknown)} (known: {', '.join(_SIZES)})")
+
+    @property
+    def block_drafter(self) -> bool:
+        return self.family != MTP
+
+    def size(self, name: str) -> int:
+        public = {**PUBLIC, **TFM}
+        return int(dict(self.sizes).get(name, public[name]))
+
+
+def drafter_use(spec=None, sizes: dict | None = None) -> DrafterUse:
+    """The drafter a policy runs: ``spec`` a PolicySpec (its mode; a block drafter's
+    ``block_len`` and ``max_nodes``) or a drafter family's name (its public block, a chain of it
+    verified); None, plain decoding and every MTP-drafted mode: the MTP drafter.  ``sizes``:
+    :class:`DrafterUse`'s."""
+    extra = tuple(sorted((sizes or {}).items()))
+    if spec is None:
+        return DrafterUse(sizes=extra)
+    if isinstance(spec, str):
+        return DrafterUse(spec, sizes=extra)
+    mode = getattr(spec, "mode", None)
+    if mode not in DRAFTER_FAMILIES:
+        return DrafterUse(sizes=extra)
+    return DrafterUse(mode, int(spec.block_len), int(spec.max_nodes), sizes=extra)
+
+
+@dataclass(frozen=True)
+class DrafterMemory:
+    """Bytes a drafter adds to one rank of ``batch_size`` sequences (module docstring); all 0
+    for the MTP drafter, which the target's shape counts."""
+
+    use: DrafterUse
+    weight_bytes: int = 0
+    state_bytes: int = 0
+    round_bytes: int = 0
+    mtp_state_bytes: int = 0     # the MTP layer's cache the target's count holds, not allocated beside it
+
+    @property
+    def total_bytes(self) -> int:
+        return self.weight_bytes + self.state_bytes + self.round_bytes - self.mtp_state_bytes
+
+
+def drafter_layer_dims(shape: ModelShape) -> dict[str, int]:
+    """A block drafter's layer shape for target ``shape`` (as ``kernels.layers.drafters.drafter_dims``
+    builds it): h, vocab, MLP width I, query heads Hq, KV heads Hkv, head dim D."""
+    if shape.family == "v4":      # ASSUMPTION (kernels/layers/drafters/config.py): dense layers as wide
+        m = shape.mlp             # as V4's active experts, 16 query heads over one latent KV head
+        width = int(m["experts_per_token"]) * int(m["expert_intermediate"]) + \
+            int(m.get("n_shared", 0)) * int(m.get("shared_intermediate", 0))
+        return dict(h=shape.hidden, V=shape.vocab, I=width, Hq=16, Hkv=1, D=int(shape.v4["head_dim"]))
+    a = shape.attn
+    return dict(h=shape.hidden, V=shape.vocab, I=int(shape.mlp["intermediate"]), Hq=int(a["q_heads"]),
+                Hkv=int(a["kv_heads"]), D=int(a["head_dim"]))
+
+
+def _weights(use: DrafterUse, d: dict, F: int) -> int:
+    """Elements of the drafter's own weights (the target's embedding and LM head shared)."""
+    h, V, I, Hq, Hkv, D = (d[k] for k in ("h", "V", "I", "Hq", "Hkv", "D"))
+    layer = 2 * h + (Hq * D + 2 * Hkv * D) * h + 2 * D + h * Hq * D + 3 * h * I
+    n = h * F * h + 2 * h + use.size("layers") * layer
+    if use.family == "dspark":
+        r = use.size("markov_rank")
+        n += 2 * V * r + (h + r) + 1
+    elif use.family == "tfm":
+        a = use.size("adapter_dim")
+        n += a * h + V * a + 2 * a * a
+    return n
+
+
+def _draft_peak(use: DrafterUse, d: dict, batch: int, dt: int) -> int:
+    """The draft's peak bytes after the backbone (module docstring): float32 logits of the
+    block's rows and logsumexp's copy of them, with the family's own buffers."""
+    B, L, V, K = batch, use.block_len, d["V"], use.topk
+    T = B * L
+    if use.family == "dspark":   # the block's logits held while each row adds its Markov logits [B, V]
+        return T * V * _F32 + B * V * (dt + (_F32 if dt != _F32 else 0) + 2 * _F32) + T * K * (_F32 + _I64)
+    peak = 2 * T * V * _F32 + T * K * (_F32 + _I64)
+    if use.family == "tfm":      # its candidates' top-cand_k (values, ids)
+        peak += T * use.size("cand_k") * (_F32 + _I64)
+    return peak
+
+
+def drafter_memory(shape: ModelShape, use, batch_size: int, context_len: int) -> DrafterMemory:
+    """What ``use``'s drafter (a :class:`DrafterUse`, or what :func:`drafter_use` takes) adds to a rank of shape ``shape`` (one rank's shape, as
+    :func:`simtree.deploy.memory.rank_memory` prices it) holding ``batch_size`` sequences at
+    ``context_len`` tokens (module docstring)."""
+    use = use if isinstance(use, DrafterUse) else drafter_use(use)
+    if not use.block_drafter:
+        return DrafterMemory(use)
+    d, dt = drafter_layer_dims(shape), DTYPE_BYTES.get(shape.dtype, 2)
+    B, l, L, K = int(batch_size), int(context_len), use.block_len, use.topk
+    F = min(use.size("target_layers"), shape.num_layers)      # the tapped layers (block_engine.feature_layers)
+    h, Hkv, D = d["h"], d["Hkv"], d["D"]
+    per_seq = (use.size("layers") * (l + 1) * 2 * Hkv * D * dt      # the draft layers' caches
+               + (L + 1) * F * h * dt                                 # the context rows' tapped features
+               + L * K * (_I64 + _F32) + L * _F32 + 3 * _I64)         # marginals, confidences; lengths, n_new, verified
+    rounds = B * use.nodes * F * h * dt + _draft_peak(use, d, B, dt)
+    mtp = 0
+    if (shape.draft or {}).get("attention"):
+        mtp = shape.cache_bytes(B, l) - _without_draft(shape).cache_bytes(B, l)
+    return DrafterMemory(use, _weights(use, d, F) * dt, B * per_seq, rounds, mtp)
+
+
+def _without_draft(shape: ModelShape) -> ModelShape:
+    return replace(shape, draft={k: v for k, v in shape.draft.items() if k != "attention"})

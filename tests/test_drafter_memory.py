@@ -1,0 +1,193 @@
+"""The deployment memory check with the mode's drafter (simtree/deploy/drafter_memory.py): its
+formula against what the block engine really allocates on a tiny model, for each drafter family
+(the engine's buffers walked; the draft's peak counted tensor by tensor as it runs), and the
+H100 case the out-of-sample runs met: Qwen3.6-27B at batch 64, context 1536 fits with the MTP
+chain, not with the block drafter at D=16."""
+import weakref
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+
+from simtree.deploy.drafter_memory import DrafterUse, drafter_memory, drafter_use
+from simtree.deploy.memory import check_rank_fits, largest_batch, rank_memory
+from simtree.errors import SimtreeError
+from simtree.kernels.layers.drafters import DraftShape, draft_round, drafter_config, drafter_specs, threshold_keep
+from simtree.models import get_model
+from simtree.planning.modes import PolicySpec
+from simtree.runtime.full.block_engine import make_engine
+from simtree.runtime.full.drafting import round_shape
+
+from full_helpers import FAMILIES, PROMPTS, drafter_costs, tiny_model
+
+SIZES = {"layers": 2, "cand_k": 32, "adapter_dim": 16, "markov_rank": 32}
+SPECS = {"block": PolicySpec.from_dict("block", {"budget": 8, "block_len": 7}),
+         "tfm": PolicySpec.from_dict("tfm", {"budget": 8, "width": 2, "block_len": 5}),
+         "dspark": PolicySpec.from_dict("dspark", {"block_len": 6, "threshold": 0.05})}
+MAX_LEN = 96
+
+
+class PeakBytes(TorchDispatchMode):
+    """The peak of the bytes held by the tensors the ops inside allocate (views and in-place
+    results of their inputs not counted; a tensor's bytes freed when it dies), with the copy
+    ATen's logsumexp makes of its input inside the op ((x - max).exp_(), ReduceOps.cpp), which
+    no op returns."""
+
+    def __init__(self):
+        super().__init__()
+        self.live, self.now, self.peak = {}, 0, 0
+
+    def _hold(self, nbytes: int) -> None:
+        self.now += nbytes
+        self.peak = max(self.peak, self.now)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        inputs = [a for a in tree_leaves((args, kwargs)) if isinstance(a, torch.Tensor)]
+        if func is torch.ops.aten.logsumexp.default:
+            self._hold(inputs[0].nbytes)
+            self.now -= inputs[0].nbytes
+        out = func(*args, **(kwargs or {}))
+        seen = {a.untyped_storage().data_ptr() for a in inputs}
+        for t in tree_leaves(out):
+            if not isinstance(t, torch.Tensor):
+                continue
+            st = t.untyped_storage()
+            key, n = st.data_ptr(), st.nbytes()
+            if key in seen or key in self.live or n == 0:
+                continue
+            self.live[key] = n
+            self._hold(n)
+            weakref.finalize(t, self._free, key)
+        return out
+
+    def _free(self, key) -> None:
+        self.now -= self.live.pop(key, 0)
+
+
+def _engine(name: str, family: str, batch: int = 3, rounds: int = 2):
+    model = tiny_model(name, dtype=torch.float32)     # the tiny shapes' own dtype (fp32)
+    engine = make_engine(model, round_shape(SPECS[family]), batch, MAX_LEN, costs=drafter_costs(), sizes=SIZES)
+    if rounds:
+        engine.prefill(PROMPTS[:batch])
+        engine.run(rounds=rounds)
+    return engine
+
+
+def _reachable(obj, out: dict) -> dict:
+    """{storage pointer: bytes} of every tensor reachable from ``obj`` through dicts, lists,
+    tuples and simtree objects' attributes."""
+    if isinstance(obj, torch.Tensor):
+        out[obj.untyped_storage().data_ptr()] = obj.untyped_storage().nbytes()
+    elif isinstance(obj, dict):
+        for v in obj.values():
+            _reachable(v, out)
+    elif isinstance(obj, (list, tuple)):
+        for v in obj:
+            _reachable(v, out)
+    elif type(obj).__module__.startswith("simtree") and hasattr(obj, "__dict__"):
+        for v in vars(obj).values():
+            _reachable(v, out)
+    return out
+
+
+def _owned_bytes(engine) -> int:
+    """Bytes of every tensor a new block engine holds beyond what a new MTP-drafted engine of the
+    same model holds (the attributes a FullEngine has not: the drafter's weights, caches, RoPE
+    table and round inputs, the marginals...), each storage once, less the target's embedding and
+    LM head (shared) and the drafter's RoPE table (left out of the formula: under a MB at full
+    size)."""
+    mtp = make_engine(engine.model, round_shape(PolicySpec.from_dict("linear", {"budget": 4})), engine.B, MAX_LEN)
+    own = _reachable([v for k, v in vars(engine).items() if k not in vars(mtp)], {})
+    for t in (engine.model.w["embed"], engine.model.w["lm_head"], engine.drafter.rope.table):
+        own.pop(t.untyped_storage().data_ptr())
+    return sum(own.values())
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+@pytest.mark.parametrize("family", ["block", "tfm", "dspark"])
+def test_the_formula_counts_what_the_block_engine_allocates(name, family):
+    """Weights and state: the bytes of the engine's drafter buffers to the byte (its caches hold
+    max_len + 1 rows: the formula's at context max_len); round buffers: the verify's tapped
+    features it keeps plus the draft's peak after the backbone, counted as it runs: never less,
+    at most 10% more (the formula's per-row terms round up; it leaves out the trees' index
+    buffers)."""
+    engine = _engine(name, family)
+    B = engine.B
+    use = drafter_use(SPECS[family], sizes=SIZES)
+    mem = drafter_memory(tiny_model(name, dtype=torch.float32).shape, use, B, MAX_LEN)
+    assert mem.weight_bytes + mem.state_bytes == _owned_bytes(_engine(name, family, B, rounds=0))
+
+    d, rs = engine.drafter, engine.rs
+    hid = d.hidden(engine.roots)
+    with torch.no_grad(), PeakBytes() as peak:
+        draft_round(rs.drafter, d.w, d.cfg, hid, engine.roots, engine.tree, DraftShape(rs.tree_nodes, rs.width),
+                    keep=threshold_keep(0.05))
+    measured = engine._pend.features.nbytes + peak.peak
+    assert engine._pend.features.shape[0] == B * use.nodes
+    assert measured <= mem.round_bytes <= measured * 1.1, (mem.round_bytes, measured)
+
+
+def test_the_mtp_layers_cache_is_what_an_mtp_engine_allocates_and_the_mtp_drafter_adds_nothing():
+    """The MTP layer's cache the check takes off for a block drafter is the one an MTP-drafted
+    engine allocates (tiny-gdn: a full-attention MTP layer, max_len + 1 rows); the MTP drafter
+    itself adds nothing to the target's count."""
+    model = tiny_model("tiny-gdn", dtype=torch.float32)
+    engine = make_engine(model, round_shape(PolicySpec.from_dict("linear", {"budget": 4})), 3, MAX_LEN)
+    mem = drafter_memory(model.shape, "block", 3, MAX_LEN)
+    assert mem.mtp_state_bytes == engine.ds.kv.nbytes > 0
+    mtp = drafter_memory(model.shape, PolicySpec.from_dict("eagle", {"num_steps": 3, "topk": 2, "budget": 6}), 3,
+                         MAX_LEN)
+    assert mtp.total_bytes == 0 and not mtp.use.block_drafter
+
+
+def test_the_default_check_is_the_mtp_drafters_as_before():
+    """No drafter, an MTP-drafted mode and plain decoding price the same bytes and say the same
+    line; a block drafter's adds its own and says so."""
+    base = rank_memory("qwen3.6-27b", "tp=1", "h100", 64, 1536, rank_alone=True)
+    for spec in (PolicySpec.from_dict("linear", {"budget": 4}), PolicySpec.from_dict("none"), "mtp"):
+        other = rank_memory("qwen3.6-27b", "tp=1", "h100", 64, 1536, rank_alone=True, drafter=spec)
+        assert other.total_bytes == base.total_bytes and other.summary() == base.summary()
+    assert "drafter" not in base.summary() and base.total_bytes == base.weight_bytes + base.cache_bytes
+    block = rank_memory("qwen3.6-27b", "tp=1", "h100", 64, 1536, rank_alone=True, drafter="block")
+    assert block.total_bytes > base.total_bytes and "of the block drafter" in block.summary()
+
+
+def test_qwen_on_an_h100_at_batch_64_context_1536_refuses_block_d16_not_the_mtp_chain():
+    """The out-of-sample H100 runs: the MTP chain (linear D=4) fits (71.3 GB of 72 usable); the
+    block drafter at D=16 adds its 3.7 GB of weights, 2.0 GB of caches and 0.9 GB of round
+    buffers and is refused, naming the largest batch that fits with it."""
+    chain = check_rank_fits("qwen3.6-27b", "tp=1", "h100", 64, 1536, drafter=PolicySpec.from_dict("linear", {"budget": 4}))
+    assert chain.fits and chain.total_bytes / 1e9 == pytest.approx(71.3, abs=0.05)
+    block_d16 = PolicySpec.from_dict("block", {"budget": 16, "block_len": 7})
+    mem = rank_memory("qwen3.6-27b", "tp=1", "h100", 64, 1536, rank_alone=True, drafter=block_d16)
+    assert [round(x / 1e9, 1) for x in (mem.drafter.weight_bytes, mem.drafter.state_bytes,
+                                        mem.drafter.round_bytes)] == [3.7, 2.0, 0.9]
+    with pytest.raises(SimtreeError, match="block drafter") as err:
+        check_rank_fits("qwen3.6-27b", "tp=1", "h100", 64, 1536, drafter=block_d16)
+    most = largest_batch("qwen3.6-27b", "tp=1", "h100", 1536, limit=64, rank_alone=True, drafter=block_d16)
+    assert 0 < most < 64 and f"at most batch {most} fits" in str(err.value) and "\n" not in str(err.value)
+    tfm = PolicySpec.from_dict("tfm", {"budget": 16, "width": 4, "block_len": 7})
+    assert not rank_memory("qwen3.6-27b", "tp=1", "h100", 64, 1536, rank_alone=True, drafter=tfm).fits
+
+
+def test_bad_drafters_are_one_line():
+    with pytest.raises(SimtreeError, match="unknown drafter 'medusa'"):
+        drafter_use("medusa")
+    with pytest.raises(SimtreeError, match="unknown size"):
+        DrafterUse("block", sizes=(("heads", 2),))
+    with pytest.raises(SimtreeError, match="block_len"):
+        DrafterUse("block", block_len=0)
+
+
+@pytest.mark.parametrize("model", ["qwen3.6-27b", "deepseek-v4-flash"])
+@pytest.mark.parametrize("family", ["block", "tfm", "dspark"])
+def test_the_full_size_weights_are_the_kernels_drafter_specs(model, family):
+    """At full size (no allocation): the formula's weights are the element count of the weights
+    the kernels build for the drafter (``drafter_specs`` of ``drafter_config``, without the shared
+    embedding and LM head) at the shape's dtype; V4's drafter is the dense stand-in of its rank."""
+    import math
+
+    shape = get_model(model).shard("ep=8" if model == "deepseek-v4-flash" else "tp=1")
+    specs = drafter_specs(drafter_config(shape, family), with_ends=False)
+    assert drafter_memory(shape, family, 8, 4096).weight_bytes == 2 * sum(math.prod(s.shape) for s in specs)
