@@ -167,3 +167,27 @@ def test_a_run_whose_shipped_bundle_was_refitted_reads_its_frozen_copy_beside_it
     mixed.to_csv(csv, index=False)
     with pytest.raises(SimtreeError, match="2 different costs_sha256 values"):
         full_section(csv, "cmd")
+
+
+def test_runs_of_two_families_make_one_section_with_a_subsection_each(tmp_path):
+    """Full-scale runs of two models (one CSV each): one section, each run under its model's
+    heading with its own verdict and table; two runs of one model are refused in one line."""
+    run = ROOT / "reports" / "bench_serve" / "serve_live_full.csv"
+    df = pd.read_csv(run)
+    name = Path(str(df.costs.iloc[-1])).name
+    (tmp_path / f"frozen_{name}").write_bytes((run.parent / f"frozen_{name}").read_bytes())
+    first, second = tmp_path / "a.csv", tmp_path / "b.csv"
+    df.to_csv(first, index=False)
+    df.assign(model="deepseek-v4-flash", measured_tpot_ms=df.measured_tpot_ms * 2).to_csv(second, index=False)
+    section = full_section([first, second], "cmd")
+    assert section.count(FULL_SECTION) == 1 and section.count("OUT OF SAMPLE") == 2
+    assert section.index("### qwen3.6-27b") < section.index("### deepseek-v4-flash")
+    assert "with MODEL=deepseek-v4-flash" in section and section.count("Measured TPOT within 10%") == 2
+    assert "yes (6 of 6" in section and "NO (0 of 6" in section     # each verdict is its own run's
+    assert full_section([first], "cmd") == full_section(first, "cmd")
+    with pytest.raises(SimtreeError, match="two runs of one model"):
+        full_section([first, first], "cmd")
+    readme = tmp_path / "README.md"
+    readme.write_text("# Bench\n")
+    with pytest.raises(SimtreeError, match="several only with --full-scale"):
+        main([str(first), str(second), "--readme", str(readme)])

@@ -145,10 +145,25 @@ def frozen_bundle(path: str | Path, costs: str, sha: str) -> Path:
                        f"nor a frozen_{name} beside the run: not frozen")
 
 
-def full_section(path: str | Path, command: str) -> str:
+def full_section(path: str | Path | list, command: str) -> str:
     """The full-scale section: a run of ``scripts/serve_live_full_gpu.sh`` (acceptance replayed,
     costs a frozen shipped bundle: the committed file's bytes, fitted on the run's kind of
-    device), one row per phase."""
+    device), one row per phase; several runs (a list of CSVs, e.g. one per model family): one
+    subsection each, headed by its model."""
+    paths = [path] if isinstance(path, (str, Path)) else list(path)
+    if len(paths) == 1:
+        return "\n".join([FULL_SECTION, "", *_full_run(paths[0], command)]) + "\n"
+    models = [str(_read(p).iloc[-1]["model"]) for p in paths]
+    if len(set(models)) != len(models):
+        raise SimtreeError(f"{', '.join(map(str, paths))}: two runs of one model ({', '.join(models)}): one per model")
+    lines = [FULL_SECTION]
+    for p, model in zip(paths, models):
+        lines += ["", f"### {model}", "", *_full_run(p, command)]
+    return "\n".join(lines) + "\n"
+
+
+def _full_run(path: str | Path, command: str) -> list[str]:
+    """One full-scale run's paragraph, verdict and phase table (:func:`full_section`)."""
     df = _read(path)
     last = df.iloc[-1]
     missing = [c for c in FULL_COLUMNS + FROZEN_COLUMNS if c not in df.columns]
@@ -168,22 +183,21 @@ def full_section(path: str | Path, command: str) -> str:
     weights = "random weights" if str(last.weights) == "random" else f"weights from {last.weights}"
     why = ": random weights accept nothing" if str(last.weights) == "random" else ""
     table, err, model_err = _table(df, False)
-    lines = [FULL_SECTION, "",
-             f"OUT OF SAMPLE: the controller live in simtree's full runtime on {last['model']} ({last['dtype']}, "
-             f"{weights}) on {last.device}, the batch changing phase by phase ({', '.join(str(b) for b in df.batch_size)}), "
-             f"{int(df.new_tokens.iloc[0])} tokens per sequence per phase, prompts: {last.prompts}. Acceptance "
-             f"replayed ({last.acceptance}{why}; each drafted tier's rounds accept as the modes runs replay them, a "
-             "fresh draw each phase, and the controller's running estimate sees that). Costs frozen: the shipped "
-             f"bundle `{last.costs}` (sha256 {str(last.costs_sha256)[:12]}, the committed file"
-             + ("" if shipped.parent == data_path("costs") else f", kept as `{shipped.name}` beside the run since the "
-                "shipped one was refitted") + "), fitted in an earlier "
-             "GPU session on this kind of device; nothing in this run was profiled or fitted. Predicted: every round "
-             "priced as `simtree bench-serve` prices a step (C_d of the tier run + C_v at the round's batch, nodes and "
-             "context, plus the catch-up after plain rounds) over the tokens the round accepted; the expected-acceptance "
-             "column divides by the tokens the controller expected instead (its running estimate, learned in the run). "
-             f"Report: `{command}`; run: `scripts/serve_live_full_gpu.sh`.", "",
-             _verdict(df, err, model_err), "", *table]
-    return "\n".join(lines) + "\n"
+    return [f"OUT OF SAMPLE: the controller live in simtree's full runtime on {last['model']} ({last['dtype']}, "
+            f"{weights}) on {last.device}, the batch changing phase by phase ({', '.join(str(b) for b in df.batch_size)}), "
+            f"{int(df.new_tokens.iloc[0])} tokens per sequence per phase, prompts: {last.prompts}. Acceptance "
+            f"replayed ({last.acceptance}{why}; each drafted tier's rounds accept as the modes runs replay them, a "
+            "fresh draw each phase, and the controller's running estimate sees that). Costs frozen: the shipped "
+            f"bundle `{last.costs}` (sha256 {str(last.costs_sha256)[:12]}, the committed file"
+            + ("" if shipped.parent == data_path("costs") else f", kept as `{shipped.name}` beside the run since the "
+               "shipped one was refitted") + "), fitted in an earlier "
+            "GPU session on this kind of device; nothing in this run was profiled or fitted. Predicted: every round "
+            "priced as `simtree bench-serve` prices a step (C_d of the tier run + C_v at the round's batch, nodes and "
+            "context, plus the catch-up after plain rounds) over the tokens the round accepted; the expected-acceptance "
+            "column divides by the tokens the controller expected instead (its running estimate, learned in the run). "
+            f"Report: `{command}`; run: `scripts/serve_live_full_gpu.sh`" + (
+                "" if str(last["model"]) == "qwen3.6-27b" else f" with MODEL={last['model']}") + ".", "",
+            _verdict(df, err, model_err), "", *table]
 
 
 def _split(text: str, heading: str = SECTION) -> tuple[str, str, str]:
@@ -215,7 +229,7 @@ def existing_section(readme_path: Path) -> str:
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description="The live run's CSV as the benchmark README's live section")
-    ap.add_argument("csv")
+    ap.add_argument("csv", nargs="+", help="the run's CSV (with --full-scale: one per model, in order)")
     ap.add_argument("--readme", default="reports/bench_serve/README.md")
     ap.add_argument("--later", default=None, help="a later session's run (serve_live.py CSV), predicted out of sample")
     ap.add_argument("--later-costs", default=None, help="the committed copy of the bundle that later run predicted with")
@@ -224,12 +238,15 @@ def main(argv=None) -> None:
     args = ap.parse_args(argv)
     if args.full_scale and args.later:
         raise SimtreeError("--later belongs to the tiny model's section, not to --full-scale")
-    command = f"python -m simtree.serving.live_report {args.csv} --readme {args.readme}" + (
+    if not args.full_scale and len(args.csv) != 1:
+        raise SimtreeError(f"{' '.join(args.csv)}: one CSV for the live section (several only with --full-scale)")
+    csvs = " ".join(args.csv)
+    command = f"python -m simtree.serving.live_report {csvs} --readme {args.readme}" + (
         f" --later {args.later}" + (f" --later-costs {args.later_costs}" if args.later_costs else "") if args.later else "")
     if args.full_scale:
-        command = f"python -m simtree.serving.live_report {args.csv} --full-scale --readme {args.readme}"
+        command = f"python -m simtree.serving.live_report {csvs} --full-scale --readme {args.readme}"
     section = full_section(args.csv, command) if args.full_scale else \
-        live_section(args.csv, command, args.later, args.later_costs)
+        live_section(args.csv[0], command, args.later, args.later_costs)
     path = Path(args.readme)
     if not path.is_file():
         raise SimtreeError(f"{path}: no README to add the live run to (run simtree bench-serve first)")
