@@ -16,7 +16,6 @@ profile (CPU replay, the measured columns as measured) carries the run's own pre
 from __future__ import annotations
 
 import argparse
-import hashlib
 import re
 from pathlib import Path
 
@@ -25,7 +24,7 @@ import pandas as pd
 from simtree.data import data_path
 from simtree.deploy.shipped import shipped_machine_for
 from simtree.errors import SimtreeError
-from simtree.fileio import write_text_atomic
+from simtree.fileio import file_sha256, write_text_atomic
 
 __all__ = ["COLUMNS", "CATCH_UP_COLUMNS", "REPRICE_COLUMNS", "FULL_COLUMNS", "TOLERANCE", "live_section", "full_section",
            "merge_section", "existing_section", "SECTION", "FULL_SECTION"]
@@ -139,7 +138,7 @@ def frozen_bundle(path: str | Path, costs: str, sha: str) -> Path:
     once the shipped one was refitted (the run's bundle, still committed); neither -> one line."""
     name = Path(costs).name
     for candidate in (data_path("costs", name), Path(path).parent / f"frozen_{name}"):
-        if candidate.is_file() and hashlib.sha256(candidate.read_bytes()).hexdigest() == sha:
+        if candidate.is_file() and file_sha256(candidate) == sha:
             return candidate
     raise SimtreeError(f"{path}: the run's bundle (sha256 {sha[:12]}) is neither the committed {SHIPPED_COSTS}{name} "
                        f"nor a frozen_{name} beside the run: not frozen")
