@@ -32,7 +32,7 @@ import numpy as np
 
 from simtree.acceptance.engine_file import conditional_from_per_position
 from simtree.engines.prometheus import Sample, parse_text, read_source
-from simtree.errors import SimtreeError
+from simtree.errors import SimtreeError, check_real
 
 __all__ = ["ENGINES", "SCHEMA", "EngineAcceptance", "import_metrics", "VLLM_SERIES", "SGLANG_SERIES"]
 
@@ -87,11 +87,7 @@ def _count(meta: dict, key: str, where: str) -> float | None:
     """``meta[key]`` as a finite number >= 0, None where it is absent; anything else (a string,
     NaN, a negative count) is a one-line error naming the field."""
     v = meta.get(key)
-    if v is None:
-        return None
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
-        raise SimtreeError(f"{where}: meta_info.{key} must be a finite number >= 0, got {v!r}")
-    return float(v)
+    return None if v is None else check_real(v, f"{where}: meta_info.{key}", 0)
 
 
 def _window(scrapes: list[tuple[str, dict]], name: str, *, key=None) -> dict:
