@@ -110,12 +110,14 @@ def _deployed(model: str, deployment) -> str:
 
 def fit_headline(folder: Path) -> str:
     """<model>_<tag>.json: the kept verify form's k-fold held-out median / p90 relative error."""
+    from simtree.costs.model import VerifyCostModel
+
     parts = []
     for path in sorted(folder.glob("*.json"), reverse=True):
         bundle = read_json(path, "cost bundle")
         info = bundle["verify"]["info"]
         err = info["fit_error"]["heldout"][info["form"]]
-        convex = "" if info.get("convex_in_n", True) else ", not convex in n"
+        convex = "" if VerifyCostModel.from_dict(bundle["verify"]).convex_in_n else ", not convex in n"
         cells = (info.get("verify_cells") or {}).get("heldout")   # the shipped C_v: its measured cells corrected
         corrected = (f"; {_pct(cells['median'], 1)} / {_pct(cells['p90'], 1)} with its measured cells corrected"
                      if cells else "")
