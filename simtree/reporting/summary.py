@@ -451,12 +451,11 @@ def _live_full_clause(path: Path) -> str:
     if not path.is_file():
         return ""
     from simtree.data import data_path
-    from simtree.serving.live_report import frozen_bundle, full_section, tpot_errors
-    full_section(path, "")    # the report's checks (columns, rows, the frozen committed bundle, its device): one line
-    df = _csv(path)
+    from simtree.serving.live_report import full_run, tpot_errors
+    df, shipped = full_run(path)    # the report's checks (columns, rows, the frozen committed bundle, its device)
     err, _ = tpot_errors(df)
     last = df.iloc[-1]
-    kept = frozen_bundle(path, str(last["costs"]), str(last["costs_sha256"])).parent != data_path("costs")
+    kept = shipped.parent != data_path("costs")
     bundle = "the shipped bundle of the time, kept beside it" if kept else "frozen shipped bundle"
     return (f"; live at full scale ({_model(last['model'])} {last['dtype']} on {last['device']}, batch changing "
             f"{', '.join(str(b) for b in df.batch_size)}; {bundle}, out of sample): measured TPOT vs "

@@ -26,8 +26,8 @@ from simtree.deploy.shipped import shipped_machine_for
 from simtree.errors import SimtreeError
 from simtree.fileio import file_sha256, write_text_atomic
 
-__all__ = ["COLUMNS", "CATCH_UP_COLUMNS", "REPRICE_COLUMNS", "FULL_COLUMNS", "TOLERANCE", "live_section", "full_section",
-           "merge_section", "existing_section", "SECTION", "FULL_SECTION"]
+__all__ = ["COLUMNS", "CATCH_UP_COLUMNS", "REPRICE_COLUMNS", "FULL_COLUMNS", "TOLERANCE", "live_section", "full_run",
+           "full_section", "merge_section", "existing_section", "SECTION", "FULL_SECTION"]
 
 COLUMNS = ["phase", "batch_size", "new_tokens", "rounds", "switches", "tiers", "measured_tpot_ms",
            "predicted_tpot_ms", "predicted_model_tpot_ms", "tokens_per_round", "wall_s", "prefill_ms", "device",
@@ -144,10 +144,10 @@ def frozen_bundle(path: str | Path, costs: str, sha: str) -> Path:
                        f"nor a frozen_{name} beside the run: not frozen")
 
 
-def full_section(path: str | Path, command: str) -> str:
-    """The full-scale section: a run of ``scripts/serve_live_full_gpu.sh`` (acceptance replayed,
-    costs a frozen shipped bundle: the committed file's bytes, fitted on the run's kind of
-    device), one row per phase."""
+def full_run(path: str | Path) -> tuple[pd.DataFrame, Path]:
+    """(the phases, the frozen bundle that priced them: :func:`frozen_bundle`) of a run of
+    ``scripts/serve_live_full_gpu.sh``, checked: acceptance replayed, costs a frozen shipped
+    bundle fitted on the run's kind of device, one run on one bundle; one line otherwise."""
     df = _read(path)
     last = df.iloc[-1]
     missing = [c for c in FULL_COLUMNS + FROZEN_COLUMNS if c not in df.columns]
@@ -164,6 +164,15 @@ def full_section(path: str | Path, command: str) -> str:
     if not kinds[0] or kinds[0] != kinds[1]:
         raise SimtreeError(f"{path}: costs fitted on {last.costs_device}, the run on {last.device}: another device's "
                            "costs")
+    return df, shipped
+
+
+def full_section(path: str | Path, command: str) -> str:
+    """The full-scale section: a run of ``scripts/serve_live_full_gpu.sh`` (acceptance replayed,
+    costs a frozen shipped bundle: the committed file's bytes, fitted on the run's kind of
+    device), one row per phase."""
+    df, shipped = full_run(path)
+    last = df.iloc[-1]
     weights = "random weights" if str(last.weights) == "random" else f"weights from {last.weights}"
     why = ": random weights accept nothing" if str(last.weights) == "random" else ""
     table, err, model_err = _table(df, False)
