@@ -147,7 +147,7 @@ def table_prompts(settings: dict, starts: dict | None, workloads=OOS_WORKLOADS) 
     first, sizes = table_halves(settings, starts, workloads)
     if starts is None:
         return {w: development_prompts(w, *n) for w, n in sizes.items()}
-    return {w: held_out_prompts(w, cal, first[w], test) for w, (cal, test) in sizes.items()}
+    return {w: held_out_prompts(w, first[w], cal, test) for w, (cal, test) in sizes.items()}
 
 
 def table_status(settings: dict, starts: dict | None, spans: dict | None = None) -> dict:

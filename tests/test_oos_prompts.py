@@ -167,7 +167,7 @@ def test_the_summary_gives_each_halfs_overlap_and_where_the_adaptive_modes_decid
 def test_the_halves_may_differ_in_size_and_the_flag_reads_them():
     from simtree.runtime.acceptance_oos_cli import main, parse_halves
     from simtree.runtime.acceptance_oos_record import half_records
-    cal, test = held_out_prompts("humaneval", 3, 10, 5)
+    cal, test = held_out_prompts("humaneval", 10, 3, 5)
     assert len(cal) == 3 and len(test) == 5 and not set(cal) & set(test)
     assert half_records("humaneval", 10, 3, 5)["test"] == {"workload": "humaneval", "start": 10, "prompts": 5,
                                                            "span": [13, 17]}
@@ -237,7 +237,7 @@ def test_run_oos_finds_each_workloads_halves_once(monkeypatch, tmp_path):
     sizes = {"sharegpt": (4, 2), "sharegpt_code": (3, 3), "humaneval": (3, 3)}
     for w, (n, n_test) in sizes.items():
         assert p.held_out_halves(w, starts[w], n, n_test) == (res["prompt_texts"][w], res["spans"][w])
-        assert res["prompt_texts"][w] == held_out_prompts(w, n, starts[w], n_test)
+        assert res["prompt_texts"][w] == held_out_prompts(w, starts[w], n, n_test)
         assert res["spans"][w] == half_spans(w, starts[w], n, n_test)
     assert res["analysed"]["decoded"] == res["prompt_texts"] and res["analysed"]["spans"] == res["spans"]
     assert res["status"] == {"sharegpt": "fresh", "sharegpt_code": "fresh", "humaneval": "seen"}

@@ -232,13 +232,13 @@ def test_acceptance_table_predicts_each_split_from_linear_calibration_runs_alone
     assert again["lossless"] == res["lossless"] and again["prompt_texts"] == res["prompt_texts"]
     # the workloads' prompts: disjoint halves; the fresh ShareGPT range past the seen one
     for w in oos.OOS_WORKLOADS:
-        a, b = oos.held_out_prompts(w, 2, 0)
+        a, b = oos.held_out_prompts(w, 0, 2)
         assert len(a) == len(b) == 2 and not set(a) & set(b)
     from simtree.runtime.data import prompts
     seen = set(prompts("sharegpt", oos.SEEN_SHAREGPT))
     # the test half of the protocol's sizes starts at SEEN_SHAREGPT (its calibration half: seen prompts)
     cal_n = oos.HALVES["sharegpt"][0]
-    assert not set(oos.held_out_prompts("sharegpt", cal_n, oos.SHAREGPT_START, 2)[1]) & seen
+    assert not set(oos.held_out_prompts("sharegpt", oos.SHAREGPT_START, cal_n, 2)[1]) & seen
     assert oos.prompt_status("sharegpt", oos.SEEN_SHAREGPT - 1, 2) == "seen" == oos.prompt_status("humaneval", 0, 2)
     # ShareGPT code: fenced blocks of held-out conversations past the training records, fresh from CODE_START
     code, last = oos.code_prompts(4, oos.CODE_START)
@@ -246,7 +246,7 @@ def test_acceptance_table_predicts_each_split_from_linear_calibration_runs_alone
     assert oos.prompt_status("sharegpt_code", oos.CODE_START, *oos.HALVES["sharegpt_code"]) == "fresh" != \
         oos.prompt_status("sharegpt_code", 0, 2)
     with pytest.raises(SimtreeError, match="humaneval prompts from index 160"):
-        oos.held_out_prompts("humaneval", 4, 160)
+        oos.held_out_prompts("humaneval", 160, 4)
     dev = oos.development_prompts("sharegpt", 2)      # the development halves: the seen prompts
     assert set(sum(dev, [])) <= seen and not set(dev[0]) & set(dev[1])
     assert set(sum(oos.development_prompts("humaneval", 2), [])) <= set(prompts("humaneval", 32))
