@@ -171,8 +171,8 @@ def test_acceptance_table_predicts_each_split_from_linear_calibration_runs_alone
     # command line's run_oos): 2 prompts a half of the current table's ranges are not that table's run
     # (seen, test_oos_prompts); chat from 263 and code from 3300 lie in no decoded range (fresh);
     # HumanEval is always seen
-    assert set(oos.table_status(settings, {"sharegpt": oos.SHAREGPT_START, "sharegpt_code": oos.CODE_START,
-                                           "humaneval": oos.HUMANEVAL_START}).values()) == {"seen"}
+    current = {"sharegpt": oos.SHAREGPT_START, "sharegpt_code": oos.CODE_START, "humaneval": oos.HUMANEVAL_START}
+    assert {oos.prompt_status(w, s, *oos.half_sizes(settings, w)) for w, s in current.items()} == {"seen"}
     starts = {"sharegpt": 263, "sharegpt_code": 3300, "humaneval": oos.HUMANEVAL_START}
     res = oos.run_oos(path, settings, starts, traces=tmp_path, say=None)
     assert res["status"] == {"sharegpt": "fresh", "sharegpt_code": "fresh", "humaneval": "seen"}
