@@ -74,7 +74,7 @@ from simtree.fileio import read_json, write_text_atomic
 
 from .acceptance_oos_prompts import (CODE_START, CODE_WORKLOADS, DEVELOPMENT_WORKLOADS, HALVES, HUMANEVAL_START,
                                      OOS_WORKLOADS, SEEN_SHAREGPT, SHAREGPT_START, code_prompts, development_prompts,
-                                     development_sizes, half_spans, held_out_halves, held_out_prompts,
+                                     development_sizes, held_out_halves, held_out_prompts,
                                      prompt_status, status_of_test_half)
 from .acceptance_oos_record import half_records
 from .acceptance_oos_text import text_features, tokenizer_words
@@ -82,11 +82,11 @@ from .bpe import BpeTokenizer
 from .full.build import build_model
 from .target_trace import draft_confidences, policy_name, trace_policies
 
-__all__ = ["run_oos", "analyse", "decode_halves", "load_halves", "table_prompts", "table_status", "kept_workloads",
+__all__ = ["run_oos", "analyse", "decode_halves", "load_halves", "table_status", "kept_workloads",
            "prompt_token_ids", "held_out_prompts", "development_prompts",
            "prompt_status", "predicted_accepted", "DEFAULT_MODEL", "LINEAR", "TREES", "COSTS", "SEEN_SHAREGPT",
            "SHAREGPT_START", "CODE_START", "HUMANEVAL_START", "CHAIN", "SHIFT_SHARE", "SHIFT_SEED", "code_prompts",
-           "half_sizes", "table_halves", "table_spans", "HALVES"]
+           "half_sizes", "table_halves", "HALVES"]
 
 DEFAULT_MODEL = data_path("models", "qwen3.5-tiny-sharegpt")
 LINEAR = [("linear", {"budget": 4}), ("linear", {"budget": 8}), ("linear", {"budget": 16})]
@@ -133,31 +133,12 @@ def table_halves(settings: dict, starts: dict | None, workloads=None) -> tuple[d
             {w: half_sizes(settings, w, development) for w in workloads})
 
 
-def table_spans(starts: dict, sizes: dict) -> dict:
-    """{workload: {"calibration": (first, last), "test": (first, last)}} held-out index of each
-    half (:func:`half_spans`; ``starts``, ``sizes``: :func:`table_halves`'), the workloads with a
-    start only: what the rows' labels, the kept halves' records and the summary's words read."""
-    return {w: half_spans(w, s, *sizes[w]) for w, s in starts.items() if s is not None}
-
-
-def table_prompts(settings: dict, starts: dict | None, workloads=OOS_WORKLOADS) -> dict:
-    """{workload: (calibration prompts, test prompts)} of each workload's halves (:func:`table_halves`):
-    held-out prompts from ``starts[workload]`` on (:func:`held_out_prompts`); ``starts`` None: the
-    development prompts (:func:`development_prompts`)."""
-    first, sizes = table_halves(settings, starts, workloads)
-    if starts is None:
-        return {w: development_prompts(w, *n) for w, n in sizes.items()}
-    return {w: held_out_prompts(w, cal, first[w], test) for w, (cal, test) in sizes.items()}
-
-
-def table_status(settings: dict, starts: dict | None, spans: dict | None = None) -> dict:
+def table_status(starts: dict | None, spans: dict) -> dict:
     """{workload: "fresh" | "seen"}, the label of a workload's out-of-sample rows: its test half's
-    (:func:`prompt_status` of the halves from ``starts[workload]``; ``spans``: their
-    :func:`table_spans`, found here when not given); ``starts`` None (the development prompts):
-    seen."""
+    (:func:`prompt_status` of the halves from ``starts[workload]``, whose held-out ranges
+    ``spans[workload]`` gives: :func:`half_spans`); ``starts`` None (the development prompts): seen."""
     if starts is None:
         return {w: "seen" for w in OOS_WORKLOADS}
-    spans = table_spans(*table_halves(settings, starts, list(starts))) if spans is None else spans
     return {w: status_of_test_half(w, spans[w]["test"]) for w in starts}
 
 
@@ -208,8 +189,8 @@ def decode_halves(model_dir, settings: dict, prompt_ids: dict, traces=None, say=
     with ``LINEAR`` and the trees, each once more as a drafting pass; ``traces``: keep the traces
     there (with ``lossless.json``, which :func:`load_halves` reads back, and each half's record of
     what it decoded: ``starts`` {workload: first index, None for the development prompts},
-    :mod:`.acceptance_oos_record`; ``spans``: the halves' :func:`table_spans`, found there when not
-    given)."""
+    :mod:`.acceptance_oos_record`; ``spans``: the halves' held-out ranges, :func:`half_spans`, found
+    there when not given)."""
     torch.set_num_threads(1)
     model = build_model(str(model_dir), device="cpu", dtype=torch.float32)
     costs = load_costs(COSTS)
@@ -264,7 +245,7 @@ def load_halves(traces, settings: dict, prompt_ids: dict | None = None) -> dict:
 
 def prompt_token_ids(model_dir, prompts: dict):
     """({workload: (calibration prompts, test prompts)} as the checkpoint's tokenizer encodes
-    ``prompts`` ({workload: (calibration texts, test texts)}, :func:`table_prompts`) for decoding,
+    ``prompts`` ({workload: (calibration texts, test texts)}, :func:`run_oos`'s) for decoding,
     its word tokens): what :func:`decode_halves`, :func:`load_halves` and :func:`analyse` read."""
     tok = BpeTokenizer.from_file(Path(model_dir))
     return ({w: tuple([tok.encode(p) for p in half] for half in both) for w, both in prompts.items()},
@@ -374,21 +355,21 @@ def analyse(halves: dict, status: dict | None = None, words=None, earlier: bool 
 
 def run_oos(model_dir, settings: dict, starts: dict | None, traces=None, reuse_traces=None, say=print,
             earlier: bool = False) -> dict:
-    """The table of the command line: each workload's halves (:func:`table_prompts` from ``starts``,
+    """The table of the command line: each workload's halves (:func:`table_halves` from ``starts``,
     {workload: first index}; None: the development prompts), their prompts loaded once, decoded live
     (:func:`decode_halves`, the traces kept under ``traces``) or read back from the traces an earlier
     run kept under ``reuse_traces`` (:func:`load_halves`: the workloads it holds), then
     :func:`analyse` (``earlier``: the model of decisions 1-9) with each workload's label
     (:func:`table_status`).  Beside the analysis: ``"status"``, ``"halves"``, ``"prompt_texts"``
-    ({workload: (calibration texts, test texts)}) and ``"spans"`` (:func:`table_spans`)."""
+    ({workload: (calibration texts, test texts)}) and ``"spans"`` ({workload: :func:`half_spans`})."""
     first, sizes = table_halves(settings, starts)
     workloads = kept_workloads(reuse_traces) if reuse_traces else list(first)
     if starts is None:
-        spans, texts = {}, table_prompts(settings, None, workloads)
+        spans, texts = {}, {w: development_prompts(w, *half_sizes(settings, w, True)) for w in workloads}
     else:     # each workload's halves found once: their prompts and their held-out ranges
         found = {w: held_out_halves(w, s, *sizes[w]) for w, s in first.items()}
         spans, texts = {w: f[1] for w, f in found.items()}, {w: found[w][0] for w in workloads}
-    status = table_status(settings, starts, spans)
+    status = table_status(starts, spans)
     prompt_ids, words = prompt_token_ids(model_dir, texts)
     if reuse_traces:
         halves = load_halves(reuse_traces, settings, prompt_ids)

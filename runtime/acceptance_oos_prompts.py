@@ -155,7 +155,7 @@ def _code_prompts(count: int, start: int) -> tuple[list[str], list[int]]:
         scan *= 2
 
 
-def held_out_prompts(workload: str, n: int, start: int, n_test: int | None = None) -> tuple[list[str], list[str]]:
+def held_out_prompts(workload: str, start: int, n: int, n_test: int | None = None) -> tuple[list[str], list[str]]:
     """(calibration half of ``n`` prompts, test half of the next ``n_test``, default ``n``):
     ShareGPT held-out prompts from index ``start`` on (:func:`.data.prompts` order; a prompt
     repeating an earlier prompt's text is skipped), ShareGPT code prompts of held-out conversations

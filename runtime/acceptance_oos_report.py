@@ -12,7 +12,7 @@ def prompts_line(args, sizes: dict, status: dict, overlap: dict, with_code: bool
     prompts, test prompts)}; ``overlap``: {workload: {"calibration", "test": prompts of that half
     found in the training text, "held_out_loss": the test half's prompts whose text the target's
     held-out loss read (chat)}}; ``with_code``: the run holds ShareGPT code; ``spans``: the halves'
-    held-out ranges, :func:`.acceptance_oos.table_spans`)."""
+    held-out ranges, :func:`.acceptance_oos_prompts.half_spans`)."""
     if args.development:
         return ("DEVELOPMENT prompts (the first 128 held-out ShareGPT prompts, HumanEval 132..163), which the model "
                 "was developed on: not out of sample.")

@@ -31,7 +31,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from simtree.errors import SEED_MAX, SimtreeError, check_int
+from simtree.errors import SEED_MAX, SimtreeError, check_int, check_real
 from simtree.fileio import check_out_folder, write_atomic
 
 __all__ = ["TrainingJob", "TrainingInterrupted", "checkpoint_path", "job_settings", "setting_text"]
@@ -68,8 +68,7 @@ def check_run_numbers(cfg) -> None:
     if not (cfg.lr > 0 and math.isfinite(cfg.lr)):
         raise SimtreeError(f"--lr must be a positive number, got {cfg.lr}")
     check_int(cfg.seed, "--seed", 0, SEED_MAX)
-    if not (cfg.max_seconds >= 0 and math.isfinite(cfg.max_seconds)):
-        raise SimtreeError(f"--max-seconds must be a finite number of seconds >= 0, got {cfg.max_seconds}")
+    check_real(cfg.max_seconds, "--max-seconds", 0, "number of seconds")
 
 
 def checkpoint_path(folder) -> Path:

@@ -28,10 +28,11 @@ from simtree.runtime.full.modes_gpu import drafter_bundle
 from simtree.runtime.full.modes_rerun import parser, read_runs, run_bundles, run_summary
 
 
-def compare(folder: Path, profile: str, tol: float) -> list[dict]:
+def compare(folder: Path, profile: str, tol: float, summary: dict | None = None) -> list[dict]:
     """Each run of ``folder``: its recorded and recomputed predictions (a one-line error where a
-    recomputed round time is not the recorded one: not the run's bundle)."""
-    summary = run_summary(folder)
+    recomputed round time is not the recorded one: not the run's bundle); ``summary``: the folder's
+    :func:`run_summary` where the caller read it already."""
+    summary = run_summary(folder) if summary is None else summary
     model = summary["runs"][0]["model"]
     failed = None
     for path in run_bundles(folder):     # the shipped bundle, else a frozen copy of the one of the run's time
@@ -80,9 +81,9 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
 
     def kept(folder: Path) -> list[dict]:
-        model = run_summary(folder)["runs"][0]["model"]
-        keep = args.model in (None, model) and args.run in (None, folder.name)
-        return compare(folder, args.drafter_profile, args.tol) if keep else []
+        summary = run_summary(folder)
+        keep = args.model in (None, summary["runs"][0]["model"]) and args.run in (None, folder.name)
+        return compare(folder, args.drafter_profile, args.tol, summary) if keep else []
 
     try:
         rows = read_runs(args.inputs, kept)

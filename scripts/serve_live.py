@@ -30,7 +30,6 @@ from the workload's acceptance model, which the controller's running estimate th
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import time
 from collections import Counter
@@ -45,7 +44,7 @@ from simtree.control import DEFAULT_TIERS, Controller
 from simtree.control.catchup import CatchUpClock
 from simtree.costs.model import load_costs
 from simtree.errors import SimtreeError
-from simtree.fileio import write_atomic
+from simtree.fileio import file_sha256, write_atomic
 from simtree.planning.modes import NoneParams
 from simtree.runtime.full.build import DTYPES, build_model
 from simtree.runtime.full.drafting import round_shape
@@ -162,7 +161,7 @@ def main(argv=None) -> None:
     args = ap.parse_args(argv)
     phases = [int(b) for b in args.phases.split(",")]
     costs = load_costs(args.costs)
-    costs_sha = hashlib.sha256(Path(args.costs).read_bytes()).hexdigest()
+    costs_sha = file_sha256(args.costs)
     ctl = live_controller(costs, args.replay or args.workload)     # a bad name stops before the model is built
     replays = [AcceptanceSource(None, args.replay, args.device, seed) if args.replay else None   # one draw per phase
                for seed in range(len(phases) + 1)]

@@ -43,6 +43,15 @@ def check_whole(value, what: str, low: int, high: int | None = None) -> int:
     return int(value)
 
 
+def check_real(value, what: str, low: int, kind: str = "number") -> float:
+    """``value`` (a real number, not a bool) as a float, finite and >= ``low``; a one-line
+    SimtreeError ``<what> must be a finite <kind> >= <low>, got <value>`` otherwise."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value) or value < low:
+        shown = value.item() if type(value).__module__ == "numpy" else value   # 1.5, not np.float64(1.5)
+        raise SimtreeError(f"{what} must be a finite {kind} >= {low}, got {shown!r}")
+    return float(value)
+
+
 class TreeError(SimtreeError):
     """An invalid draft tree (parent array, tokens, scores)."""
 

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import csv
+import hashlib
 import io
 import json
 import os
@@ -56,6 +57,11 @@ def read_jsonl(path: str | Path, what: str) -> list[tuple[int, object]]:
             except (json.JSONDecodeError, RecursionError) as exc:
                 raise SimtreeError(f"{path}:{i}: not valid JSON ({getattr(exc, 'msg', 'nested too deeply')})") from None
     return out
+
+
+def file_sha256(path: str | Path) -> str:
+    """Hex sha256 of the file's bytes (how bundles, profiles and runs name the file they used)."""
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
 
 def check_out_folder(path: str | Path, what: str = "--out") -> None:

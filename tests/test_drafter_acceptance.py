@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from simtree.acceptance.confidence_head import calibrate_confidence, check_threshold, expected_prefix_accepted
+from simtree.acceptance.confidence_head import calibrate_confidence, check_threshold
 from simtree.acceptance.drafter_presets import PUBLISHED_BLOCK_TAU, chain_accept_rate, drafter_preset
 from simtree.acceptance.predict import accepted_per_round
 from simtree.acceptance.traces import chain_trials, read_traces
@@ -90,13 +90,10 @@ def _write(tmp_path, rec):
     return path
 
 
-def test_expected_prefix_and_the_load_moving_threshold():
+def test_the_load_moving_threshold():
     """The confidence schedule is batch_allocation's rule (the planner's and the runtime's): where
     every verified token costs more, fewer positions are verified and the threshold (the least
     survival kept) rises; the surer sequences keep the longer prefixes."""
-    a = np.array([[0.9, 0.8, 0.5], [0.5, 0.5, 0.5]])
-    assert expected_prefix_accepted(a, 2).tolist() == pytest.approx([0.9 + 0.72, 0.5 + 0.25])
-    assert expected_prefix_accepted(a, np.array([3, 0])).tolist() == pytest.approx([0.9 + 0.72 + 0.36, 0.0])
     surv = np.cumprod(np.tile([0.95, 0.8, 0.6, 0.4, 0.2], (4, 1)) ** np.arange(1, 5)[:, None], 1)
     B = surv.shape[0]
 

@@ -37,6 +37,15 @@ def test_vllm_one_scrape_reads_counters_and_per_position_rates():
     assert got.mean_accepted_tokens_se == pytest.approx(draws.std() / np.sqrt(1000), rel=0.02)
 
 
+def test_the_file_holds_the_fields_the_reader_checks_in_the_schema_order():
+    d = import_metrics([str(DATA / "vllm_metrics.prom")], "vllm").to_dict()
+    assert list(d) == ["schema", "engine", "sources", "mean_accepted_tokens", "mean_accepted_tokens_se", "draft_len",
+                       "num_drafts", "num_draft_tokens", "num_accepted_tokens", "per_position_accept_rate",
+                       "conditional_accept_rate", "notes"]
+    assert d["schema"] == "simtree.engine_acceptance/1" and d["engine"] == "vllm" and d["num_accepted_tokens"] == 1710
+    assert engine_acceptance_model(d, "x").meta["num_drafts"] == 1000
+
+
 def test_vllm_two_scrapes_take_the_window_and_plan_reads_the_file(tmp_path):
     r = _run("import-metrics", str(DATA / "vllm_metrics.prom"), str(DATA / "vllm_metrics_later.prom"),
              "--engine", "vllm", "--out", str(tmp_path))

@@ -167,7 +167,7 @@ def test_the_summary_gives_each_halfs_overlap_and_where_the_adaptive_modes_decid
 def test_the_halves_may_differ_in_size_and_the_flag_reads_them():
     from simtree.runtime.acceptance_oos_cli import main, parse_halves
     from simtree.runtime.acceptance_oos_record import half_records
-    cal, test = held_out_prompts("humaneval", 3, 10, 5)
+    cal, test = held_out_prompts("humaneval", 10, 3, 5)
     assert len(cal) == 3 and len(test) == 5 and not set(cal) & set(test)
     assert half_records("humaneval", 10, 3, 5)["test"] == {"workload": "humaneval", "start": 10, "prompts": 5,
                                                            "span": [13, 17]}
@@ -182,7 +182,7 @@ def test_the_halves_may_differ_in_size_and_the_flag_reads_them():
 def test_the_halves_and_their_ranges_are_worked_out_once_as_each_caller_did():
     """table_halves gives the starts and sizes the command line and run_oos each built (the
     development prompts capped, a workload's halves of their own sizes, run_oos on the workloads a
-    kept folder holds); table_spans finds each half's range in one pass where the table scanned the
+    kept folder holds); half_spans finds each half's range in one pass where the table scanned the
     prompts again for every range (chat_span, code_span, HumanEval's problem indices), and the
     records and labels read from it are those."""
     from simtree.runtime import acceptance_oos as oos
@@ -195,10 +195,9 @@ def test_the_halves_and_their_ranges_are_worked_out_once_as_each_caller_did():
         assert sizes == {w: oos.half_sizes(settings, w, development) for w in workloads}
         assert first == {w: None if development else starts[w] for w in workloads}
     assert oos.table_halves(settings, starts, ["humaneval"]) == ({"humaneval": 10}, {"humaneval": (3, 3)})
-    assert oos.table_spans(*oos.table_halves(settings, None)) == {}
     first, sizes = oos.table_halves(settings, starts)
     assert sizes == {"sharegpt": (4, 2), "sharegpt_code": (3, 3), "humaneval": (3, 3)}
-    spans = oos.table_spans(first, sizes)
+    spans = {w: half_spans(w, s, *sizes[w]) for w, s in first.items()}
     for w, (n, n_test) in sizes.items():
         s = starts[w]
         last = (lambda k: s + k - 1) if w == "humaneval" else (lambda k: (chat_span if w == "sharegpt" else
@@ -211,9 +210,9 @@ def test_the_halves_and_their_ranges_are_worked_out_once_as_each_caller_did():
         assert [records[h]["span"] for h in ("calibration", "test")] == [list(want[h]) for h in ("calibration", "test")]
     assert spans["humaneval"] == {"calibration": (10, 12), "test": (13, 15)}
     # 263.. and 3300.. lie in no decoded range; HumanEval is always seen
-    assert oos.table_status(settings, starts, spans) == {"sharegpt": "fresh", "sharegpt_code": "fresh",
-                                                         "humaneval": "seen"} == oos.table_status(settings, starts)
-    assert set(oos.table_status(settings, None).values()) == {"seen"}
+    assert oos.table_status(starts, spans) == {"sharegpt": "fresh", "sharegpt_code": "fresh", "humaneval": "seen"}
+    assert oos.table_status(starts, spans) == {w: prompt_status(w, s, *sizes[w]) for w, s in starts.items()}
+    assert set(oos.table_status(None, {}).values()) == {"seen"}
 
 
 def test_run_oos_finds_each_workloads_halves_once(monkeypatch, tmp_path):
@@ -237,7 +236,7 @@ def test_run_oos_finds_each_workloads_halves_once(monkeypatch, tmp_path):
     sizes = {"sharegpt": (4, 2), "sharegpt_code": (3, 3), "humaneval": (3, 3)}
     for w, (n, n_test) in sizes.items():
         assert p.held_out_halves(w, starts[w], n, n_test) == (res["prompt_texts"][w], res["spans"][w])
-        assert res["prompt_texts"][w] == held_out_prompts(w, n, starts[w], n_test)
+        assert res["prompt_texts"][w] == held_out_prompts(w, starts[w], n, n_test)
         assert res["spans"][w] == half_spans(w, starts[w], n, n_test)
     assert res["analysed"]["decoded"] == res["prompt_texts"] and res["analysed"]["spans"] == res["spans"]
     assert res["status"] == {"sharegpt": "fresh", "sharegpt_code": "fresh", "humaneval": "seen"}

@@ -79,7 +79,7 @@ def test_matching_records_pass_and_an_older_folder_is_named_in_the_header(tmp_pa
 
 
 def test_the_records_span_the_prompts_each_half_decoded():
-    cal, test = held_out_prompts("sharegpt", 4, 263)
+    cal, test = held_out_prompts("sharegpt", 263, 4)
     rec = half_records("sharegpt", 263, 4)
     every = load_prompts("sharegpt", 300)
     assert every[rec["calibration"]["span"][0]] == cal[0] and every[rec["calibration"]["span"][1]] == cal[-1]

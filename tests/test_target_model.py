@@ -171,8 +171,8 @@ def test_acceptance_table_predicts_each_split_from_linear_calibration_runs_alone
     # command line's run_oos): 2 prompts a half of the current table's ranges are not that table's run
     # (seen, test_oos_prompts); chat from 263 and code from 3300 lie in no decoded range (fresh);
     # HumanEval is always seen
-    assert set(oos.table_status(settings, {"sharegpt": oos.SHAREGPT_START, "sharegpt_code": oos.CODE_START,
-                                           "humaneval": oos.HUMANEVAL_START}).values()) == {"seen"}
+    current = {"sharegpt": oos.SHAREGPT_START, "sharegpt_code": oos.CODE_START, "humaneval": oos.HUMANEVAL_START}
+    assert {oos.prompt_status(w, s, *oos.half_sizes(settings, w)) for w, s in current.items()} == {"seen"}
     starts = {"sharegpt": 263, "sharegpt_code": 3300, "humaneval": oos.HUMANEVAL_START}
     res = oos.run_oos(path, settings, starts, traces=tmp_path, say=None)
     assert res["status"] == {"sharegpt": "fresh", "sharegpt_code": "fresh", "humaneval": "seen"}
@@ -232,13 +232,13 @@ def test_acceptance_table_predicts_each_split_from_linear_calibration_runs_alone
     assert again["lossless"] == res["lossless"] and again["prompt_texts"] == res["prompt_texts"]
     # the workloads' prompts: disjoint halves; the fresh ShareGPT range past the seen one
     for w in oos.OOS_WORKLOADS:
-        a, b = oos.held_out_prompts(w, 2, 0)
+        a, b = oos.held_out_prompts(w, 0, 2)
         assert len(a) == len(b) == 2 and not set(a) & set(b)
     from simtree.runtime.data import prompts
     seen = set(prompts("sharegpt", oos.SEEN_SHAREGPT))
     # the test half of the protocol's sizes starts at SEEN_SHAREGPT (its calibration half: seen prompts)
     cal_n = oos.HALVES["sharegpt"][0]
-    assert not set(oos.held_out_prompts("sharegpt", cal_n, oos.SHAREGPT_START, 2)[1]) & seen
+    assert not set(oos.held_out_prompts("sharegpt", oos.SHAREGPT_START, cal_n, 2)[1]) & seen
     assert oos.prompt_status("sharegpt", oos.SEEN_SHAREGPT - 1, 2) == "seen" == oos.prompt_status("humaneval", 0, 2)
     # ShareGPT code: fenced blocks of held-out conversations past the training records, fresh from CODE_START
     code, last = oos.code_prompts(4, oos.CODE_START)
@@ -246,7 +246,7 @@ def test_acceptance_table_predicts_each_split_from_linear_calibration_runs_alone
     assert oos.prompt_status("sharegpt_code", oos.CODE_START, *oos.HALVES["sharegpt_code"]) == "fresh" != \
         oos.prompt_status("sharegpt_code", 0, 2)
     with pytest.raises(SimtreeError, match="humaneval prompts from index 160"):
-        oos.held_out_prompts("humaneval", 4, 160)
+        oos.held_out_prompts("humaneval", 160, 4)
     dev = oos.development_prompts("sharegpt", 2)      # the development halves: the seen prompts
     assert set(sum(dev, [])) <= seen and not set(dev[0]) & set(dev[1])
     assert set(sum(oos.development_prompts("humaneval", 2), [])) <= set(prompts("humaneval", 32))

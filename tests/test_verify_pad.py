@@ -12,7 +12,7 @@ import torch
 
 from simtree.costs.model import load_costs
 from simtree.costs.profile_fit import fit_profile
-from simtree.costs.verify_pad import PAD_KEY, envelope_rows, pad_map, padded_nodes
+from simtree.costs.verify_pad import PAD_KEY, envelope_rows, pad_map, padded_into, padded_nodes
 from simtree.errors import SimtreeError
 from simtree.planning.simulate import PolicySpec
 from simtree.runtime.full.drafting import pad_round, round_shape
@@ -60,6 +60,17 @@ def test_the_pad_map_takes_only_clear_savings_at_every_context():
         pad_map(_table(), min_saving=1.5)
     with pytest.raises(SimtreeError, match="minimum saving"):      # a zero saving would pad at equal cost
         pad_map(_table(), min_saving=0)
+
+
+def test_the_pad_map_inverted_names_every_count_padded_into_a_target_at_its_batch():
+    rec = {"by_batch": {"32": {"5": 8, "6": 8, "7": 8, "14": 16}, "64": {"6": 7}}}
+    assert sorted(padded_into(rec, 8, 32)) == [5, 6, 7] and padded_into(rec, 16.0, 32) == [14]
+    assert padded_into(rec, 8, 64) == [] and padded_into(rec, 7, 64) == [6] and padded_into(rec, 14, 32) == []
+    assert padded_into(None, 8, 32) == [] and padded_into({"by_batch": {}}, 8, 32) == []
+    for b in (32, 64):     # the inverse of padded_nodes at every count it moves
+        for n in range(2, 20):
+            assert all(padded_nodes(rec, m, b) == n for m in padded_into(rec, n, b))
+            assert (padded_nodes(rec, n, b) != n) == any(n in padded_into(rec, t, b) for t in range(2, 20))
 
 
 def test_a_target_timed_at_fewer_contexts_pads_nothing_and_the_envelope_keeps_the_rows():

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import hashlib
 import sys
 import time
 import traceback
@@ -54,6 +53,7 @@ def drafter_bundle(costs_path: str, profile: str, model: str, builder_steps: str
     replaced after the run)."""
     from simtree.costs.drafter_fit import fit_drafters, fitted_rows, sweep_label
     from simtree.costs.model import load_costs
+    from simtree.costs.profile_table import profile_hash
 
     bundle = load_costs(costs_path)
     df = pd.read_csv(profile)
@@ -63,8 +63,8 @@ def drafter_bundle(costs_path: str, profile: str, model: str, builder_steps: str
     first = rows.iloc[0]
     key = {"model": model, "device": str(first["device"]), "dtype": str(first["dtype"]),
            "deployment": str(first["deployment"])}
-    digest = hashlib.sha256(Path(profile).read_bytes()).hexdigest()    # the table at that path may be replaced
-    fitted, notes = fit_drafters(rows, **key, source={"profile": profile, "sha256": "sha256:" + digest},
+    digest = profile_hash(profile)    # the table at that path may be replaced
+    fitted, notes = fit_drafters(rows, **key, source={"profile": profile, "sha256": digest},
                                  builder_steps=builder_steps)
     notes.append(f"drafters' C_d from {profile} ({first['device']}; {sweep_label(fitted_rows(rows, fitted, **key))}); "
                  f"{BUNDLE_NOTE}{costs_path}")

@@ -46,7 +46,7 @@ def _what_ran(runs: list[dict]) -> list[str]:
         rounds = f", {meta['rounds']} timed rounds each" if meta["rounds"] else ""
         note = f" Costs: {_in_repo(r['note']).rstrip('.')}." if r["note"] else ""
         named = " (named by --gpu: the run did not record its GPU)" if meta.get("gpu_named") else ""
-        lines.append(f"- {MODEL_NAMES.get(r['model'], r['model'])} (run folder `{r['dir'].resolve().name}`) on "
+        lines.append(f"- {MODEL_NAMES.get(r['model'], r['model'])} (run folder `{r['run']}`) on "
                      f"{r['gpu']}{named}: {len(rows)} runs at batch "
                      f"{', '.join(map(str, batches))} {graphs}, acceptance {meta['acceptance'] or 'not recorded'}"
                      f"{rounds}; {len(r['lossless'])} lossless checks.{note}")
@@ -80,7 +80,7 @@ def _deployment_plan_notes(runs: list[dict]) -> list[str]:
         dep = r["meta"].get("plan_deployment")
         if not plans_other_batch(dep):
             continue
-        name, folder = MODEL_NAMES.get(r["model"], r["model"]), r["dir"].resolve().name
+        name, folder = MODEL_NAMES.get(r["model"], r["model"]), r["run"]
         name += "" if folder == r["model"] else f" (run folder `{folder}`)"
         out.append(f"- {name}: the plan priced the {dep} deployment's batch b "
                    "(ceil(b / dp) sequences a rank plus the all-to-all) while the runs measured b sequences on one "
@@ -194,7 +194,7 @@ def _lossless_section(lossless: pd.DataFrame) -> list[str]:
 
 def _absent_section(runs: list[dict]) -> list[str]:
     lines = ["## Failed or not run", ""]
-    of = {id(r): _of_run(r["model"], r["dir"].resolve().name) for r in runs}     # keyed by run folder
+    of = {id(r): _of_run(r["model"], r["run"]) for r in runs}     # keyed by run folder
     absent = [(of[id(r)], a) for r in runs for a in r["absent"]]
     problems = [(of[id(r)], line) for r in runs for line in r["problems"]]
     if not absent and not problems:

@@ -117,6 +117,7 @@ def load(d: Path, gpu: str | None = None) -> dict:
         raise SimtreeError(f"{d / 'modes.csv'}: no runs or no {', '.join(sorted(missing_cols))} column")
     log = (d / "log.txt").read_text().splitlines() if (d / "log.txt").is_file() else []
     model, (gpu_name, gpu_named) = str(modes["model"].iloc[0]), _gpu(modes, log, gpu)
+    run = d.resolve().name     # the run's label in every table and line (a folder given as "." too)
     parts = d / "measure" / "summary.csv"
     if parts.is_file():
         extra = pd.read_csv(parts)[["batch_size", "policy", "cost_rel_err", "accept_rel_err", "predicted_accepted"]]
@@ -143,7 +144,7 @@ def load(d: Path, gpu: str | None = None) -> dict:
                          "measured_accepted": r.get("measured_accepted", float("nan")),
                          "predicted_accepted": r.get("predicted_accepted", float("nan")),
                          "round_ms": r.get("round_ms", float("nan")), "gpu": gpu_name, "plan_of_run": plan_of_run,
-                         "run": d.resolve().name})
+                         "run": run})
     problems = [line for line in log if PROBLEM.search(line)]
     shapes = [PolicySpec.from_dict(m, p) for m, p in MODE_SHAPES]
     wanted = ["plain:none", "linear_d4:linear_d4"] + [f"{s.mode}:{s.name}" for s in shapes]
@@ -167,7 +168,7 @@ def load(d: Path, gpu: str | None = None) -> dict:
             lossless["dtype"] = "bf16"
         if "near_tie" not in lossless:
             lossless["near_tie"] = False
-        lossless["run"] = d.resolve().name
+        lossless["run"] = run
         lossless = lossless.reindex(columns=list(LOSSLESS_COLUMNS))
     summary = pd.read_csv(parts) if parts.is_file() else pd.DataFrame()
     meta = {"acceptance": ", ".join(sorted(map(str, summary["acceptance"].unique()))) if "acceptance" in summary else "",
@@ -175,7 +176,7 @@ def load(d: Path, gpu: str | None = None) -> dict:
             "rounds": int(summary["rounds"].max()) if "rounds" in summary else None}
     meta["gpu_named"] = gpu_named
     meta["plan_deployment"] = deployment
-    return {"dir": d, "model": model, "gpu": gpu_name, "meta": meta, "rows": rows, "lossless": lossless, "problems": problems,
+    return {"run": run, "model": model, "gpu": gpu_name, "meta": meta, "rows": rows, "lossless": lossless, "problems": problems,
             "absent": absent, "note": costs_note(modes, log, _policy_field(policy, "created"))}
 
 
@@ -249,15 +250,15 @@ def _refuse_overlap(runs: list[dict]) -> None:
     """One model may come from several run folders, each at its own batch sizes: a (model, batch)
     point measured by two folders (or two folders of one name) is refused."""
     seen: dict[tuple[str, int], str] = {}
-    names = [r["dir"].resolve().name for r in runs]
+    names = [r["run"] for r in runs]
     if len(set(names)) < len(names):
         raise SimtreeError(f"two run folders of one name among the inputs ({', '.join(sorted(names))}): "
                            "name each run's folder apart")
     for r in runs:
         for b in sorted({x["batch_size"] for x in r["rows"]}):
-            other = seen.setdefault((r["model"], b), r["dir"].resolve().name)
-            if other != r["dir"].resolve().name:
-                raise SimtreeError(f"two runs of {r['model']} at batch {b} ({other}, {r['dir'].resolve().name}): "
+            other = seen.setdefault((r["model"], b), r["run"])
+            if other != r["run"]:
+                raise SimtreeError(f"two runs of {r['model']} at batch {b} ({other}, {r['run']}): "
                                    "give each (model, batch) point once")
 
 

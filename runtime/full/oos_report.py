@@ -18,14 +18,13 @@ C_d was fitted on (``oos freeze``).
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 from pathlib import Path
 
 from simtree.costs.model import DRAFTER_COLUMNS
 from simtree.errors import SimtreeError
-from simtree.fileio import write_atomic, write_text_atomic
+from simtree.fileio import file_sha256 as sha256, write_atomic, write_text_atomic
 from simtree.planning.modes import BLOCK_DRAFTER_MODES, PolicySpec
 from simtree.planning.policy_file import RANK_SUFFIX, deployment_label, rank_collectives
 from simtree.reporting.summary import MIN_POLICIES, PLAN_TOLERANCE, plan_points
@@ -41,10 +40,6 @@ WITHIN = PLAN_TOLERANCE   # the plan's choice counts as best within 2% of the me
 # the modes of the first out-of-sample runs (oos.POLICIES with plain and linear D=4): their
 # summary has no table per mode
 SHAPE_MODES = ("none", "linear", "eagle")
-
-
-def sha256(path) -> str:
-    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
 
 def _grid(costs_path, profiles=()) -> dict:

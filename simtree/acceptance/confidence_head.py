@@ -2,7 +2,6 @@
 
     cal = calibrate_confidence(records)            # from traces with ``confidence`` (docs/acceptance.md)
     cal.accept(conf)                               # calibrated conditional acceptance per position
-    expected_prefix_accepted(cal.accept(conf), m)  # expected accepted drafts verifying m positions
 
 Calibration: at position j (1-based) of a record the head predicted conf_j, the probability that
 position j is accepted given that positions before it were.  The event is observed where the
@@ -28,7 +27,7 @@ import numpy as np
 from simtree.acceptance.traces import TraceRecord
 from simtree.errors import SimtreeError
 
-__all__ = ["ConfidenceCalibration", "calibrate_confidence", "expected_prefix_accepted", "check_threshold"]
+__all__ = ["ConfidenceCalibration", "calibrate_confidence", "check_threshold"]
 
 
 def check_threshold(threshold: float) -> float:
@@ -89,13 +88,3 @@ def calibrate_confidence(records: Iterable[TraceRecord], bins: int = 10, prior: 
     mean_c = np.bincount(idx, c, bins)[keep] / n[keep]
     rate = (np.bincount(idx, h, bins)[keep] + prior * mean_c) / (n[keep] + prior)
     return ConfidenceCalibration(mean_c, _pav(rate, n[keep] + prior), n[keep])
-
-
-def expected_prefix_accepted(accept: np.ndarray, verify: int | np.ndarray) -> np.ndarray:
-    """Expected accepted drafts when the first ``verify`` positions of each row of conditional
-    acceptances ``accept`` [..., P] are verified: sum_{j < m} prod_{i <= j} accept_i."""
-    a = np.asarray(accept, np.float64)
-    surv = np.cumprod(a, -1)
-    m = np.broadcast_to(np.asarray(verify), a.shape[:-1])
-    return (surv * (np.arange(a.shape[-1]) < m[..., None])).sum(-1)
-

@@ -46,7 +46,8 @@ def _strings(v) -> bool:
     return isinstance(v, list) and all(isinstance(x, str) for x in v)
 
 
-# the metadata every file of the schema holds (simtree.engines.metrics.EngineAcceptance.to_dict):
+# the metadata every file of the schema holds (simtree.engines.metrics.EngineAcceptance.to_dict writes
+# these, in this order, from its own fields):
 # field -> (what it must be, whether it may be null, the check); the rates are read by _conditional_rates
 META_FIELDS = {
     "engine": ("the engine's name (a non-empty string)", False, lambda v: isinstance(v, str) and v.strip() != ""),

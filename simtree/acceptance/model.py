@@ -32,7 +32,7 @@ from simtree.acceptance.mixture import ALPHA_MAX, AcceptanceModel, calibrate_lin
 from simtree.acceptance.presets import PRESETS, PUBLISHED_V4_FLASH_MTP, preset_model
 from simtree.acceptance.traces import MAX_CONTEXT_LEN, TraceRecord, read_traces
 from simtree.acceptance.transfer import is_drafts_file, split_spec, transfer_from_spec
-from simtree.errors import SimtreeError, check_whole
+from simtree.errors import SimtreeError, check_real, check_whole
 
 __all__ = ["AcceptanceModel", "Workload", "PRESETS", "PUBLISHED_V4_FLASH_MTP", "calibrate_linear",
            "from_marginals", "fit_positional", "fit_marginals", "fit_confidence", "read_traces", "get_workload",
@@ -65,8 +65,7 @@ def _depths(depths: list[int]) -> str:
 def _lognormal_quantiles(mean: float, sigma: float, m: int = 64) -> np.ndarray:
     """m deterministic quantiles of a log-normal with the given mean (prompt-length samples)."""
     from scipy.stats import norm
-    if not (math.isfinite(mean) and mean >= 1):
-        raise SimtreeError(f"mean prompt length {mean} must be a finite number >= 1 (tokens)")
+    check_real(mean, "mean prompt length", 1, "number of tokens")
     z = norm.ppf((np.arange(m) + 0.5) / m)
     return np.maximum(np.round(np.exp(math.log(mean) - 0.5 * sigma ** 2 + sigma * z)), 1).astype(np.int64)
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import importlib
 import logging
-import signal
 import sys
 
 import typer
@@ -63,14 +62,11 @@ def main() -> None:
         # rc 130: the signal's exception reached typer (a signal whose exception Python dropped in a
         # finalizer lets a command without a safe-point check run on to its end and exit 0)
         if stop.signum is not None and rc == 130:
-            name = signal.Signals(stop.signum).name
-            typer.echo(f"interrupted ({name}): simtree {' '.join(sys.argv[1:2])} stopped before it finished", err=True)
-            sys.exit(128 + stop.signum)
+            _stopped(Interrupted(stop.signum))
     except SimtreeError as exc:
         _fail(str(exc))
     except Interrupted as exc:   # a signal outside the command itself (while typer builds it or after it returned)
-        typer.echo(f"interrupted ({exc.signal_name}): simtree {' '.join(sys.argv[1:2])} stopped before it finished", err=True)
-        sys.exit(exc.exit_code)
+        _stopped(exc)
     except click_exc.NoArgsIsHelpError as exc:
         exc.show()   # the help text, as a bare `simtree` prints it
         sys.exit(2)
@@ -82,13 +78,19 @@ def main() -> None:
     except typer.Abort as exc:
         cause = exc.__cause__ or exc.__context__
         if isinstance(cause, Interrupted):   # click turns an interrupt that lands while it parses into Abort
-            typer.echo(f"interrupted ({cause.signal_name}): simtree {' '.join(sys.argv[1:2])} stopped before it finished", err=True)
-            sys.exit(cause.exit_code)
+            _stopped(cause)
         typer.echo("aborted", err=True)
         sys.exit(1)
     except OSError as exc:
         _fail(_os_error_line(exc))
     sys.exit(rc if isinstance(rc, int) else 0)
+
+
+def _stopped(exc) -> None:
+    """A signal stopped the command outside its own handling: one line, exit 128 + its number."""
+    from simtree.cli.interrupt import say_interrupted
+    say_interrupted(exc, f"simtree {' '.join(sys.argv[1:2])} stopped before it finished")
+    sys.exit(exc.exit_code)
 
 
 def _fail(message: str) -> None:

@@ -64,9 +64,10 @@ def _print_report(report, console: Console) -> None:
         console.print(f"note: {note}")
     consequence = {"C_v": "adaptive budgets take the global argmax of the objective, not the first stop",
                    "C_d": "C_d is only read at fixed (steps, topk), no stop rule depends on it"}
-    for name, m, key, axis in (("C_v", report.bundle.verify, "convex_in_n", "n"),
-                               ("C_d", report.bundle.draft, "convex_in_topk", "topk")):
-        if m.info.get(key, True) is False:
+    verify, draft = report.bundle.verify, report.bundle.draft
+    for name, m, convex, key, axis in (("C_v", verify, verify.convex_in_n, "convex_in_n", "n"),
+                                       ("C_d", draft, draft.convex_in_topk, "convex_in_topk", "topk")):
+        if not convex:    # the model's own reading of its surface and info (old bundles included)
             console.print(f"[bold yellow]warning:[/] {name} is NOT convex in {axis} ({key}: false): "
                           f"{m.info.get('nonconvex_reason', 'see notes')}; {consequence[name]}",
                           highlight=False)

@@ -30,7 +30,7 @@ import threading
 
 import typer
 
-__all__ = ["Interrupted", "Stop", "stop_on_signals", "exit_interrupted"]
+__all__ = ["Interrupted", "Stop", "stop_on_signals", "say_interrupted", "exit_interrupted"]
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
@@ -86,7 +86,12 @@ def stop_on_signals():
             signal.signal(s, handler)
 
 
-def exit_interrupted(exc: Interrupted, what: str) -> None:
-    """Print ``interrupted (SIGNAL): what`` on stderr and exit 128 + the signal's number."""
+def say_interrupted(exc: Interrupted, what: str) -> None:
+    """Print ``interrupted (SIGNAL): what`` on stderr (the command's last line)."""
     typer.echo(f"interrupted ({exc.signal_name}): {what}", err=True)
+
+
+def exit_interrupted(exc: Interrupted, what: str) -> None:
+    """:func:`say_interrupted`, then exit 128 + the signal's number (from inside a command)."""
+    say_interrupted(exc, what)
     raise typer.Exit(exc.exit_code)

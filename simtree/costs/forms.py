@@ -15,7 +15,7 @@ import numpy as np
 from simtree.costs.base_forms import SCALAR_TYPES, BasisSurface, GridSurface, RangeWarner
 from simtree.costs.moe_forms import (GRID_FREE_REASON, MOE_FORMS, MOE_NONCONVEX_REASON, MOE_ROUTINGS, MoEGridSurface,
                                      MoESurface, expert_feature, touched_experts)
-from simtree.errors import SimtreeError
+from simtree.errors import SimtreeError, check_real
 
 __all__ = ["BasisSurface", "GridSurface", "MoESurface", "MoEGridSurface", "ScaledVerifyDraft", "DecodeSplitSurface",
            "RangeWarner", "surface_from_dict", "expert_feature", "touched_experts", "MOE_NONCONVEX_REASON",
@@ -42,8 +42,7 @@ class ScaledVerifyDraft:
 
     def __init__(self, verify, fraction: float, context_len: float):
         check_draft_fraction(fraction)
-        if not (np.isfinite(context_len) and context_len >= 0):
-            raise SimtreeError(f"draft-from-verify context length must be >= 0, got {context_len}")
+        check_real(context_len, "draft-from-verify context length", 0)
         self.verify, self.fraction, self.context_len = verify, float(fraction), float(context_len)
         self.valid_range = {}
         self.convex_in_x = bool(getattr(verify, "convex_in_x", True))   # C_v's shape in n, scaled

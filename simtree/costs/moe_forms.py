@@ -21,7 +21,7 @@ import numpy as np
 
 from simtree.costs.base_forms import SCALAR_TYPES, BasisSurface, GridSurface
 from simtree.costs.tiles import TILE_NONCONVEX_REASON
-from simtree.errors import SimtreeError, check_int
+from simtree.errors import SimtreeError, check_int, check_real
 
 __all__ = ["MoESurface", "MoEGridSurface", "expert_feature", "touched_experts", "MOE_NONCONVEX_REASON",
            "MOE_NONCONVEX_REASONS", "MOE_FORMS", "GRID_FREE_REASON", "MOE_ROUTINGS"]
@@ -64,9 +64,7 @@ class _ExpertTerm:
         experts_per_token = check_int(experts_per_token, f"{self.form} surface: experts_per_token")
         if experts_per_token > n_experts:
             raise SimtreeError(f"{self.form} surface: experts_per_token exceeds n_experts")
-        self.alpha = float(alpha)
-        if not (np.isfinite(self.alpha) and self.alpha >= 0):
-            raise SimtreeError(f"{self.form} surface: expert coefficient alpha must be finite and >= 0")
+        self.alpha = check_real(float(alpha), f"{self.form} surface: expert coefficient alpha", 0)
         self.expert_kind = kind
         self.n_experts, self.experts_per_token = n_experts, experts_per_token
         if routing not in MOE_ROUTINGS:

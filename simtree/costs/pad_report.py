@@ -27,7 +27,7 @@ import sys
 import pandas as pd
 
 from simtree.costs.profile_table import load_profile
-from simtree.costs.verify_pad import PAD_MIN_SAVING, pad_map
+from simtree.costs.verify_pad import PAD_MIN_SAVING, pad_map, pad_sends
 from simtree.errors import SimtreeError
 from simtree.models import get_model
 
@@ -79,7 +79,7 @@ def bucket_summary(path, min_saving: float = PAD_MIN_SAVING) -> str:
              f"{100 * min_saving:g}% (simtree.costs.verify_pad); envelope: the cost the padded runtime pays.", ""]
     for b, sub in v.groupby("batch_size"):
         sub = sub.sort_values("nodes_per_seq")
-        pads = rec["by_batch"].get(str(int(b)), {})
+        pads = pad_sends(rec, b)
         saving = rec["saving"].get(str(int(b)), {})
         ns = [int(n) for n in sub["nodes_per_seq"]]
         ms = dict(zip(ns, sub["latency_us_median"].astype(float) / 1000))

@@ -57,7 +57,7 @@ import pandas as pd
 
 from simtree.parallel import DEFAULT_DEPLOYMENT, parse_deployment
 from simtree.errors import SimtreeError
-from simtree.fileio import read_json, write_atomic, write_text_atomic
+from simtree.fileio import file_sha256, read_json, write_atomic, write_text_atomic
 
 __all__ = [
     "PROFILE_COLUMNS", "KEY_COLUMNS", "INT_COLUMNS", "FLOAT_COLUMNS", "STR_COLUMNS", "DEPLOYMENT_COLUMNS",
@@ -385,5 +385,4 @@ def read_meta(path: str | os.PathLike) -> dict:
 
 def profile_hash(path: str | os.PathLike) -> str:
     """sha256 of the table file's bytes (the 'source profile hash' stored with a fit)."""
-    import hashlib
-    return "sha256:" + hashlib.sha256(Path(path).read_bytes()).hexdigest()
+    return "sha256:" + file_sha256(path)

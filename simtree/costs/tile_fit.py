@@ -16,6 +16,7 @@ import numpy as np
 from simtree.costs.forms import GridSurface, surface_from_dict
 from simtree.costs.surface_fit import FitResult, _fit_form, error_stats
 from simtree.costs.tiles import TILE_CANDIDATES
+from simtree.costs.verify_pad import padded_into
 from simtree.errors import SimtreeError
 
 __all__ = ["TILE_MIN_GAIN", "choose_tile_rows", "with_tile_rows"]
@@ -40,10 +41,9 @@ def _pad_twins(x, z, pad: dict | None, n: float) -> np.ndarray:
     """Rows that are copies of node count ``n``'s: the cells the pad map sends to n at their batch
     (the fit's envelope gives them n's latency, :func:`simtree.costs.verify_pad.envelope_rows`)."""
     twins = np.zeros(np.shape(x), dtype=bool)
-    for b, sends in ((pad or {}).get("by_batch") or {}).items():
-        for m, target in sends.items():
-            if float(target) == float(n):
-                twins |= (z == float(b)) & (x == float(m))
+    for b in (pad or {}).get("by_batch") or {}:
+        for m in padded_into(pad, n, b):
+            twins |= (z == float(b)) & (x == float(m))
     return twins
 
 

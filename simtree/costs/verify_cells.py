@@ -52,7 +52,7 @@ import math
 
 import numpy as np
 
-from simtree.costs.verify_pad import padded_nodes
+from simtree.costs.verify_pad import pad_sends, padded_into, padded_nodes
 from simtree.errors import SimtreeError
 
 __all__ = ["CELLS_KEY", "CELLS_MIN_EXCESS", "cell_corrections", "corrected_predict", "heldout_corrected",
@@ -151,8 +151,8 @@ def _deltas(surface, table: dict, additive: bool, pad: dict | None, m, context_l
         at_b = b == float(bs)
         if not at_b.any():
             continue
-        padmap = ((pad or {}).get("by_batch") or {}).get(bs, {})
-        for key in set(cells) | {k for k, t in padmap.items() if str(t) in cells}:
+        padmap = pad_sends(pad, bs)
+        for key in set(cells) | {str(k) for t in cells for k in padded_into(pad, t, bs)}:
             sel = at_b & (m == float(key))
             if not sel.any():
                 continue
@@ -211,7 +211,7 @@ def _scalar(surface, table: dict, additive: bool, pad: dict | None, n: float, co
     cells = table.get(str(int(b))) if b.is_integer() and 1 < n < math.inf else None
     if not cells:
         return surface.predict(nodes_per_seq, context_len, batch_size)
-    sends = ((pad or {}).get("by_batch") or {}).get(str(int(b)), {})
+    sends = pad_sends(pad, b)
 
     def delta(m: float) -> float:     # the cell's corrected C_v minus the surface there (0: none)
         if m < 2:

@@ -35,7 +35,7 @@ import pandas as pd
 from simtree.errors import SimtreeError
 
 __all__ = ["PAD_KEY", "PAD_MIN_SAVING", "check_min_saving", "pad_map", "envelope_rows", "padded_nodes",
-           "check_pad_record"]
+           "pad_sends", "padded_into", "check_pad_record"]
 
 PAD_KEY = "verify_pad"
 PAD_MIN_SAVING = 0.02
@@ -84,14 +84,13 @@ def envelope_rows(rows: pd.DataFrame, record: dict) -> pd.DataFrame:
     """``rows`` with every row the pad map pads (its (b, n) in ``by_batch``) priced at its target
     n' at the same context: latency median, p10, p90 (the map pads n only where n' was timed at
     every context n was, so every padded row has its target; no other row changes)."""
-    by_batch = record.get("by_batch") or {}
-    if not by_batch:
+    if not record.get("by_batch"):
         return rows
     out = rows.copy()
     cols = [c for c in (LATENCY, "latency_us_p10", "latency_us_p90") if c in out.columns]
     target = out.groupby(["batch_size", "context_len", "nodes_per_seq"])[cols].median()
     for i, r in out.iterrows():
-        m = by_batch.get(str(int(r["batch_size"])), {}).get(str(int(r["nodes_per_seq"])))
+        m = pad_sends(record, r["batch_size"]).get(str(int(r["nodes_per_seq"])))
         if m is None:
             continue
         key = (r["batch_size"], r["context_len"], m)
@@ -102,12 +101,21 @@ def envelope_rows(rows: pd.DataFrame, record: dict) -> pd.DataFrame:
     return out
 
 
+def pad_sends(record: dict | None, batch_size) -> dict:
+    """The pad map at ``batch_size``: {str(n): n'} ({} where nothing pads or no record)."""
+    return ((record or {}).get("by_batch") or {}).get(str(int(batch_size)), {})
+
+
 def padded_nodes(record: dict | None, nodes: int, batch_size: int) -> int:
     """The node count a round of ``nodes`` per sequence at ``batch_size`` is verified at."""
-    if not record:
-        return int(nodes)
-    m = (record.get("by_batch") or {}).get(str(int(batch_size)), {}).get(str(int(nodes)))
+    m = pad_sends(record, batch_size).get(str(int(nodes)))
     return int(nodes) if m is None else int(m)
+
+
+def padded_into(record: dict | None, target, batch_size) -> list[int]:
+    """The node counts the pad map sends to ``target`` at ``batch_size`` (the map inverted): the
+    cells whose envelope rows are copies of ``target``'s (:func:`envelope_rows`)."""
+    return [int(n) for n, t in pad_sends(record, batch_size).items() if float(t) == float(target)]
 
 
 def check_pad_record(record, where: str) -> None:

@@ -30,14 +30,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from simtree.acceptance.engine_file import conditional_from_per_position
+from simtree.acceptance.engine_file import ENGINE_ACCEPTANCE_SCHEMA as SCHEMA, META_FIELDS, conditional_from_per_position
 from simtree.engines.prometheus import Sample, parse_text, read_source
-from simtree.errors import SimtreeError
+from simtree.errors import SimtreeError, check_real
 
 __all__ = ["ENGINES", "SCHEMA", "EngineAcceptance", "import_metrics", "VLLM_SERIES", "SGLANG_SERIES"]
 
 ENGINES = ("vllm", "sglang")
-SCHEMA = "simtree.engine_acceptance/1"
 VLLM_SERIES = {"drafts": "vllm:spec_decode_num_drafts_total",
                "draft_tokens": "vllm:spec_decode_num_draft_tokens_total",
                "accepted": "vllm:spec_decode_num_accepted_tokens_total",
@@ -63,16 +62,13 @@ class EngineAcceptance:
     notes: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict:
-        cond = None
-        if self.per_position_accept_rate:
-            cond = [float(x) for x in conditional_from_per_position(self.per_position_accept_rate)]
-        return {"schema": SCHEMA, "engine": self.engine, "sources": self.sources,
-                "mean_accepted_tokens": self.mean_accepted_tokens,
-                "mean_accepted_tokens_se": self.mean_accepted_tokens_se,
-                "draft_len": self.draft_len, "num_drafts": self.num_drafts,
-                "num_draft_tokens": self.num_draft_tokens, "num_accepted_tokens": self.num_accepted_tokens,
-                "per_position_accept_rate": self.per_position_accept_rate,
-                "conditional_accept_rate": cond, "notes": self.notes}
+        """The acceptance file: the schema, the fields the reader checks (``META_FIELDS``, in its
+        order) with the per-position rates and the conditional ones they give before the notes."""
+        per = self.per_position_accept_rate
+        cond = [float(x) for x in conditional_from_per_position(per)] if per else None
+        counts = {key: getattr(self, key) for key in META_FIELDS if key != "notes"}
+        return {"schema": SCHEMA, **counts, "per_position_accept_rate": per, "conditional_accept_rate": cond,
+                "notes": self.notes}
 
 
 def _by_name(samples: dict[Sample, float], name: str) -> dict[tuple, float]:
@@ -87,11 +83,7 @@ def _count(meta: dict, key: str, where: str) -> float | None:
     """``meta[key]`` as a finite number >= 0, None where it is absent; anything else (a string,
     NaN, a negative count) is a one-line error naming the field."""
     v = meta.get(key)
-    if v is None:
-        return None
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
-        raise SimtreeError(f"{where}: meta_info.{key} must be a finite number >= 0, got {v!r}")
-    return float(v)
+    return None if v is None else check_real(v, f"{where}: meta_info.{key}", 0)
 
 
 def _window(scrapes: list[tuple[str, dict]], name: str, *, key=None) -> dict:

@@ -54,7 +54,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from simtree.parallel import DEFAULT_DEPLOYMENT, parse_deployment
-from simtree.errors import SimtreeError, check_int
+from simtree.errors import SimtreeError, check_int, check_real
 from simtree.fileio import write_text_atomic
 from simtree.planning.modes import MODES, PolicySpec
 
@@ -134,9 +134,7 @@ class PolicyEntry:
         if not isinstance(within, bool):
             raise SimtreeError(f"{where}: within_model_error must be true or false, got {within!r}")
         for key in ("predicted_tok_s", "gain_vs_linear", "gain_vs_none"):
-            v = obj[key]
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
-                raise SimtreeError(f"{where}: {key} must be a finite number >= 0, got {v!r}")
+            check_real(obj[key], f"{where}: {key}", 0)
         return cls(str(obj["workload"]), batch_min, batch_max, params, float(obj["predicted_tok_s"]),
                    float(obj["gain_vs_linear"]), float(obj["gain_vs_none"]), within, **_band_fields(obj, where))
 

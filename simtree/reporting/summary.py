@@ -110,12 +110,14 @@ def _deployed(model: str, deployment) -> str:
 
 def fit_headline(folder: Path) -> str:
     """<model>_<tag>.json: the kept verify form's k-fold held-out median / p90 relative error."""
+    from simtree.costs.model import VerifyCostModel
+
     parts = []
     for path in sorted(folder.glob("*.json"), reverse=True):
         bundle = read_json(path, "cost bundle")
         info = bundle["verify"]["info"]
         err = info["fit_error"]["heldout"][info["form"]]
-        convex = "" if info.get("convex_in_n", True) else ", not convex in n"
+        convex = "" if VerifyCostModel.from_dict(bundle["verify"]).convex_in_n else ", not convex in n"
         cells = (info.get("verify_cells") or {}).get("heldout")   # the shipped C_v: its measured cells corrected
         corrected = (f"; {_pct(cells['median'], 1)} / {_pct(cells['p90'], 1)} with its measured cells corrected"
                      if cells else "")
@@ -440,25 +442,26 @@ def bench_serve_headline(folder: Path) -> str:
             f"worst, {100 * max(margins):+.1f}% at best over {len(margins)} (arrivals, load) points; TPOT p99 vs "
             f"the best static {100 * max(tpot):+.1f}% at worst; at most "
             f"{df[df.policy == 'controller']['switches_per_min'].max():.0f} switches/min"
-            + _live_full_clause(folder / "serve_live_full.csv"))
+            + _live_full_clause(sorted(folder.glob("serve_live_full*.csv"))))
 
 
-def _live_full_clause(path: Path) -> str:
-    """'; live at full scale ...': the controller's full-scale live run (serve_live_full.csv, out of
-    sample: a frozen shipped bundle), its worst phase's TPOT error; empty without the file."""
-    if not path.is_file():
-        return ""
+def _live_full_clause(paths: list[Path]) -> str:
+    """'; live at full scale ...': the controller's full-scale live runs (serve_live_full*.csv, one
+    per model, out of sample: a frozen shipped bundle), each one's worst phase TPOT error; empty
+    without them."""
     from simtree.data import data_path
-    from simtree.serving.live_report import frozen_bundle, full_section, tpot_errors
-    full_section(path, "")    # the report's checks (columns, rows, the frozen committed bundle, its device): one line
-    df = _csv(path)
-    err, _ = tpot_errors(df)
-    last = df.iloc[-1]
-    kept = frozen_bundle(path, str(last["costs"]), str(last["costs_sha256"])).parent != data_path("costs")
-    bundle = "the shipped bundle of the time, kept beside it" if kept else "frozen shipped bundle"
-    return (f"; live at full scale ({_model(last['model'])} {last['dtype']} on {last['device']}, batch changing "
-            f"{', '.join(str(b) for b in df.batch_size)}; {bundle}, out of sample): measured TPOT vs "
-            f"predicted {100 * err.abs().max():.1f}% at worst over {len(err)} phases")
+    from simtree.serving.live_report import full_run, tpot_errors
+    parts = []
+    for path in paths:
+        df, shipped = full_run(path)    # the report's checks (columns, rows, the frozen committed bundle, its device)
+        err, _ = tpot_errors(df)
+        last = df.iloc[-1]
+        kept = shipped.parent != data_path("costs")
+        bundle = "the shipped bundle of the time, kept beside it" if kept else "frozen shipped bundle"
+        parts.append(f"{_model(last['model'])} {last['dtype']} on {last['device']}, batch changing "
+                     f"{', '.join(str(b) for b in df.batch_size)}; {bundle}, out of sample: measured TPOT vs "
+                     f"predicted {100 * err.abs().max():.1f}% at worst over {len(err)} phases")
+    return f"; live at full scale ({'; '.join(parts)})" if parts else ""
 
 
 def _lossless_by_dtype(lossless: pd.DataFrame) -> str:

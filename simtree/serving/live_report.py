@@ -16,7 +16,6 @@ profile (CPU replay, the measured columns as measured) carries the run's own pre
 from __future__ import annotations
 
 import argparse
-import hashlib
 import re
 from pathlib import Path
 
@@ -25,10 +24,10 @@ import pandas as pd
 from simtree.data import data_path
 from simtree.deploy.shipped import shipped_machine_for
 from simtree.errors import SimtreeError
-from simtree.fileio import write_text_atomic
+from simtree.fileio import file_sha256, write_text_atomic
 
-__all__ = ["COLUMNS", "CATCH_UP_COLUMNS", "REPRICE_COLUMNS", "FULL_COLUMNS", "TOLERANCE", "live_section", "full_section",
-           "merge_section", "existing_section", "SECTION", "FULL_SECTION"]
+__all__ = ["COLUMNS", "CATCH_UP_COLUMNS", "REPRICE_COLUMNS", "FULL_COLUMNS", "TOLERANCE", "live_section", "full_run",
+           "full_section", "merge_section", "existing_section", "SECTION", "FULL_SECTION"]
 
 COLUMNS = ["phase", "batch_size", "new_tokens", "rounds", "switches", "tiers", "measured_tpot_ms",
            "predicted_tpot_ms", "predicted_model_tpot_ms", "tokens_per_round", "wall_s", "prefill_ms", "device",
@@ -139,31 +138,16 @@ def frozen_bundle(path: str | Path, costs: str, sha: str) -> Path:
     once the shipped one was refitted (the run's bundle, still committed); neither -> one line."""
     name = Path(costs).name
     for candidate in (data_path("costs", name), Path(path).parent / f"frozen_{name}"):
-        if candidate.is_file() and hashlib.sha256(candidate.read_bytes()).hexdigest() == sha:
+        if candidate.is_file() and file_sha256(candidate) == sha:
             return candidate
     raise SimtreeError(f"{path}: the run's bundle (sha256 {sha[:12]}) is neither the committed {SHIPPED_COSTS}{name} "
                        f"nor a frozen_{name} beside the run: not frozen")
 
 
-def full_section(path: str | Path | list, command: str) -> str:
-    """The full-scale section: a run of ``scripts/serve_live_full_gpu.sh`` (acceptance replayed,
-    costs a frozen shipped bundle: the committed file's bytes, fitted on the run's kind of
-    device), one row per phase; several runs (a list of CSVs, e.g. one per model family): one
-    subsection each, headed by its model."""
-    paths = [path] if isinstance(path, (str, Path)) else list(path)
-    if len(paths) == 1:
-        return "\n".join([FULL_SECTION, "", *_full_run(paths[0], command)]) + "\n"
-    models = [str(_read(p).iloc[-1]["model"]) for p in paths]
-    if len(set(models)) != len(models):
-        raise SimtreeError(f"{', '.join(map(str, paths))}: two runs of one model ({', '.join(models)}): one per model")
-    lines = [FULL_SECTION]
-    for p, model in zip(paths, models):
-        lines += ["", f"### {model}", "", *_full_run(p, command)]
-    return "\n".join(lines) + "\n"
-
-
-def _full_run(path: str | Path, command: str) -> list[str]:
-    """One full-scale run's paragraph, verdict and phase table (:func:`full_section`)."""
+def full_run(path: str | Path) -> tuple[pd.DataFrame, Path]:
+    """(the phases, the frozen bundle that priced them: :func:`frozen_bundle`) of a run of
+    ``scripts/serve_live_full_gpu.sh``, checked: acceptance replayed, costs a frozen shipped
+    bundle fitted on the run's kind of device, one run on one bundle; one line otherwise."""
     df = _read(path)
     last = df.iloc[-1]
     missing = [c for c in FULL_COLUMNS + FROZEN_COLUMNS if c not in df.columns]
@@ -180,11 +164,35 @@ def _full_run(path: str | Path, command: str) -> list[str]:
     if not kinds[0] or kinds[0] != kinds[1]:
         raise SimtreeError(f"{path}: costs fitted on {last.costs_device}, the run on {last.device}: another device's "
                            "costs")
+    return df, shipped
+
+
+def full_section(path: str | Path | list, command: str) -> str:
+    """The full-scale section: a run of ``scripts/serve_live_full_gpu.sh`` (acceptance replayed,
+    costs a frozen shipped bundle: the committed file's bytes, fitted on the run's kind of
+    device), one row per phase; several runs (a list of CSVs, e.g. one per model family): one
+    subsection each, headed by its model."""
+    paths = [path] if isinstance(path, (str, Path)) else list(path)
+    runs = [full_run(p) for p in paths]
+    if len(runs) == 1:
+        return "\n".join([FULL_SECTION, "", *_full_lines(*runs[0], command)]) + "\n"
+    models = [str(df.iloc[-1]["model"]) for df, _ in runs]
+    if len(set(models)) != len(models):
+        raise SimtreeError(f"{', '.join(map(str, paths))}: two runs of one model ({', '.join(models)}): one per model")
+    lines = [FULL_SECTION]
+    for (df, shipped), model in zip(runs, models):
+        lines += ["", f"### {model}", "", *_full_lines(df, shipped, command)]
+    return "\n".join(lines) + "\n"
+
+
+def _full_lines(df: pd.DataFrame, shipped: Path, command: str) -> list[str]:
+    """One full-scale run's paragraph, verdict and phase table (:func:`full_section`)."""
+    last = df.iloc[-1]
     weights = "random weights" if str(last.weights) == "random" else f"weights from {last.weights}"
     why = ": random weights accept nothing" if str(last.weights) == "random" else ""
     table, err, model_err = _table(df, False)
-    return [f"OUT OF SAMPLE: the controller live in simtree's full runtime on {last['model']} ({last['dtype']}, "
-            f"{weights}) on {last.device}, the batch changing phase by phase ({', '.join(str(b) for b in df.batch_size)}), "
+    return [f"OUT OF SAMPLE: the controller live in simtree's full runtime on {last['model']} ({last['dtype']}"
+            f"{_experts(str(last['model']))}, {weights}) on {last.device}, the batch changing phase by phase ({', '.join(str(b) for b in df.batch_size)}), "
             f"{int(df.new_tokens.iloc[0])} tokens per sequence per phase, prompts: {last.prompts}. Acceptance "
             f"replayed ({last.acceptance}{why}; each drafted tier's rounds accept as the modes runs replay them, a "
             "fresh draw each phase, and the controller's running estimate sees that). Costs frozen: the shipped "
@@ -198,6 +206,18 @@ def _full_run(path: str | Path, command: str) -> list[str]:
             f"Report: `{command}`; run: `scripts/serve_live_full_gpu.sh`" + (
                 "" if str(last["model"]) == "qwen3.6-27b" else f" with MODEL={last['model']}") + ".", "",
             _verdict(df, err, model_err), "", *table]
+
+
+def _experts(model: str) -> str:
+    """', FP8 experts' where the model's routed experts run in FP8 (V4-Flash: its checkpoint's
+    block-scaled FP8), '' otherwise or for a model this installation does not know."""
+    from simtree.models import get_model
+    from simtree.quant import expert_dtype
+    try:
+        mlp = get_model(model).mlp
+    except SimtreeError:
+        return ""
+    return ", FP8 experts" if mlp and expert_dtype(mlp) == "fp8" else ""
 
 
 def _split(text: str, heading: str = SECTION) -> tuple[str, str, str]:
