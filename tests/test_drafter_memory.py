@@ -128,14 +128,18 @@ def test_the_formula_counts_what_the_block_engine_allocates(name, family):
     assert measured <= mem.round_bytes <= measured * 1.1, (mem.round_bytes, measured)
 
 
-def test_the_mtp_layers_cache_is_what_an_mtp_engine_allocates_and_the_mtp_drafter_adds_nothing():
-    """The MTP layer's cache the check takes off for a block drafter is the one an MTP-drafted
-    engine allocates (tiny-gdn: a full-attention MTP layer, max_len + 1 rows); the MTP drafter
-    itself adds nothing to the target's count."""
-    model = tiny_model("tiny-gdn", dtype=torch.float32)
+@pytest.mark.parametrize("name", FAMILIES)
+def test_the_mtp_layers_cache_is_what_an_mtp_engine_allocates_and_the_mtp_drafter_adds_nothing(name):
+    """The MTP layer's cache the target's count holds (and the check takes off for a block
+    drafter) is the one an MTP-drafted engine allocates, max_len + 1 rows: tiny-gdn's
+    full-attention MTP layer, and tiny-v4's SWA one, whose latent cache holds every position,
+    not its window; the MTP drafter itself adds nothing to the target's count."""
+    model = tiny_model(name, dtype=torch.float32)
     engine = make_engine(model, round_shape(PolicySpec.from_dict("linear", {"budget": 4})), 3, MAX_LEN)
     mem = drafter_memory(model.shape, "block", 3, MAX_LEN)
     assert mem.mtp_state_bytes == engine.ds.kv.nbytes > 0
+    if name == "tiny-v4":
+        assert MAX_LEN > model.shape.v4["window"]
     mtp = drafter_memory(model.shape, PolicySpec.from_dict("eagle", {"num_steps": 3, "topk": 2, "budget": 6}), 3,
                          MAX_LEN)
     assert mtp.total_bytes == 0 and not mtp.use.block_drafter
