@@ -11,7 +11,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 from simtree.deploy.drafter_memory import DrafterUse, drafter_memory, drafter_use
-from simtree.deploy.memory import check_rank_fits, largest_batch, rank_memory
+from simtree.deploy.memory import check_fits, check_rank_fits, largest_batch, rank_memory, smallest_fit
 from simtree.errors import SimtreeError
 from simtree.kernels.layers.drafters import DraftShape, draft_round, drafter_config, drafter_specs, threshold_keep
 from simtree.models import get_model
@@ -172,6 +172,23 @@ def test_qwen_on_an_h100_at_batch_64_context_1536_refuses_block_d16_not_the_mtp_
     assert 0 < most < 64 and f"at most batch {most} fits" in str(err.value) and "\n" not in str(err.value)
     tfm = PolicySpec.from_dict("tfm", {"budget": 16, "width": 4, "block_len": 7})
     assert not rank_memory("qwen3.6-27b", "tp=1", "h100", 64, 1536, rank_alone=True, drafter=tfm).fits
+
+
+def test_a_deployment_refused_with_its_drafter_names_the_deployment_that_holds_it():
+    """check_fits with the mode's drafter: the MTP chain fits one H100 at batch 64, context 1536;
+    the block drafter at D=16 does not, and the smallest deployment that fits is searched with the
+    drafter too (tp=2, each rank holding its shard of the drafter), all in one line."""
+    block_d16 = PolicySpec.from_dict("block", {"budget": 16, "block_len": 7})
+    assert check_fits("qwen3.6-27b", "tp=1", "h100", 64, 1536).fits
+    with pytest.raises(SimtreeError) as err:
+        check_fits("qwen3.6-27b", "tp=1", "h100", 64, 1536, drafter=block_d16)
+    msg = str(err.value)
+    assert "\n" not in msg and "of the block drafter (block 7, 16 nodes:" in msg
+    assert msg.endswith("it needs 2 GPUs (tp=2), asked for 1")
+    two = smallest_fit("qwen3.6-27b", "h100", 64, 1536, drafter=block_d16)
+    assert str(two.deployment) == "tp=2" and two.drafter.use == drafter_use(block_d16)
+    assert 0 < two.drafter.weight_bytes < rank_memory("qwen3.6-27b", "tp=1", "h100", 64, 1536,
+                                                      drafter=block_d16).drafter.weight_bytes
 
 
 def test_bad_drafters_are_one_line():
