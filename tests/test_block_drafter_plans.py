@@ -172,7 +172,7 @@ def test_the_planner_leaves_out_a_block_drafter_whose_memory_does_not_fit():
     notes = [n for n in res.notes if "deployment memory check" in n]
     n_refused = len(blocks.drop_duplicates("policy"))
     assert len(notes) == 1 and notes[0].startswith(f"batch 64: {n_refused} block-drafter candidate(s) not planned")
-    assert "refuses a tp=1 rank on NVIDIA H100 80GB HBM3 with their drafter" in notes[0] and "\n" not in notes[0]
+    assert "refuses one tp=1 rank on NVIDIA H100 80GB HBM3 with their drafter" in notes[0] and "\n" not in notes[0]
     assert "64 sequences at context 1536: 77.6 GB, 6.2 GB of it the block drafter's, of 72.0 GB usable" in notes[0]
     # each refusal is the check's own: the rank with that drafter over the GPU's usable memory
     fits = drafter_memory_check(h100)

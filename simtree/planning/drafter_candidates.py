@@ -30,8 +30,9 @@ rounds spread over them) times the batch, over the round's time C_v + C_d:
 
 A family the bundle has no cost for, a block length beyond the drafter's, a threshold outside
 [0, 1]: one-line errors.  :func:`drafter_memory_check`: whether a candidate's drafter fits the
-bundle's GPU at a batch and context (the planner leaves out one that does not).  The replays of a full-runtime run shape and draw their trees from the
-built-in policy the simulator scores for them (:func:`stand_in`).
+bundle's GPU at a batch and context (the planner leaves out one that does not).  The replays of
+a full-runtime run shape and draw their trees from the built-in policy the simulator scores for
+them (:func:`stand_in`).
 """
 from __future__ import annotations
 
@@ -123,7 +124,7 @@ def memory_notes(refused: dict) -> list[str]:
         if out:
             workload, spec, mem = out[0]
             notes.append(f"batch {b}: {len(out)} block-drafter candidate(s) not planned, the deployment memory check "
-                         f"refuses a {mem.deployment} rank on {mem.machine.name} with their drafter (e.g. {spec.name} "
+                         f"refuses one {mem.deployment} rank on {mem.machine.name} with their drafter (e.g. {spec.name} "
                          f"for {workload}, {mem.rank_batch} sequences at context {mem.context_len}: "
                          f"{mem.total_bytes / 1e9:.1f} GB, {mem.drafter.total_bytes / 1e9:.1f} GB of it the "
                          f"{mem.drafter.use.family} drafter's, of {mem.usable_bytes / 1e9:.1f} GB usable)")
