@@ -374,13 +374,17 @@ def _v4_extra_params(shape: ModelShape, draft_layers: int) -> list[tuple[int, in
 
 def _seq_state_bytes(shape: ModelShape, l: int) -> int:
     """Persistent state of one sequence at context ``l`` over every layer and the draft layer
-    (the runtime's caches: runtime/full/qwen.py QwenState, kernels/v4/cache.py V4Cache)."""
+    (the runtime's caches: runtime/full/qwen.py QwenState, kernels/v4/cache.py V4Cache, and each
+    model's ``new_draft_state``)."""
     dt, fp32 = DTYPE_BYTES.get(shape.dtype, 2), 4
-    kinds = list(shape.layer_kinds)
-    if (shape.draft or {}).get("attention"):
-        kinds += [shape.draft["attention"]] * int(shape.draft.get("layers", 1))
     total = 0
-    for kind in kinds:
+    if (shape.draft or {}).get("attention"):
+        # the MTP layer's cache holds every position (l + 1 rows): K and V of a Qwen attention layer,
+        # V4's one latent - its SWA reads a window of it, but the runtime keeps them all
+        width = int(shape.v4["head_dim"]) if shape.family == "v4" else \
+            2 * int(shape.attn["kv_heads"]) * int(shape.attn["head_dim"])
+        total += int(shape.draft.get("layers", 1)) * width * (l + 1) * dt
+    for kind in shape.layer_kinds:
         if kind == "attn":
             a = shape.attn
             total += 2 * int(a["kv_heads"]) * int(a["head_dim"]) * (l + 1) * dt

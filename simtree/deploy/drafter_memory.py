@@ -25,8 +25,10 @@ own buffers), all at the model's dtype unless said:
              sequence (kept with the verify until the next one, so through the next draft),
              and the draft's peak after the backbone: the LM head's float32 logits over the
              vocabulary for the block's T = batch x block_len rows, and the same again inside
-             the log-softmax's logsumexp (ATen's ``(x - max).exp_()``); tfm adds its top-cand_k
-             candidates, dspark its per-row Markov logits [batch, V]
+             the log-softmax's logsumexp (ATen's ``(x - max).exp_()``), with the block's top-K
+             marginals (tfm: its top-cand_k candidates); dspark holds the block's logits once
+             and, row by row, two [batch, V] float32 rows (its Markov logits added, then
+             logsumexp's copy), with the chain's marginals and confidences
 
 and the MTP layer's cache, which the target's ``cache_bytes`` counts, is not allocated by a
 block engine (``mtp_state_bytes``, taken off).  Not counted: the RoPE table (under a MB), the
@@ -145,12 +147,15 @@ def _draft_peak(use: DrafterUse, d: dict, batch: int, dt: int) -> int:
     block's rows and logsumexp's copy of them, with the family's own buffers."""
     B, L, V, K = batch, use.block_len, d["V"], use.topk
     T = B * L
-    if use.family == "dspark":   # the block's logits held while each row adds its Markov logits [B, V]
-        return T * V * _F32 + B * V * (dt + (_F32 if dt != _F32 else 0) + 2 * _F32) + T * K * (_F32 + _I64)
-    peak = 2 * T * V * _F32 + T * K * (_F32 + _I64)
-    if use.family == "tfm":      # its candidates' top-cand_k (values, ids)
-        peak += T * use.size("cand_k") * (_F32 + _I64)
-    return peak
+    if use.family == "dspark":
+        # the block's logits held while each row adds its Markov logits: at most two [B, V] rows at
+        # once (W2's output at dt and its float32 copy; that copy and the sum; the sum and
+        # logsumexp's copy), with the row's Markov embedding [B, r] and the chain's confidences
+        row = B * V * max(dt + (_F32 if dt != _F32 else 0), 2 * _F32)
+        return T * V * _F32 + row + T * K * (_F32 + _I64) + T * _F32 + B * use.size("markov_rank") * dt
+    # block: its top-K marginals (log-probs, ids); tfm: its candidates' top-cand_k instead
+    top = use.size("cand_k") if use.family == "tfm" else K
+    return 2 * T * V * _F32 + T * top * (_F32 + _I64)
 
 
 def drafter_memory(shape: ModelShape, use, batch_size: int, context_len: int) -> DrafterMemory:

@@ -29,8 +29,10 @@ rounds spread over them) times the batch, over the round's time C_v + C_d:
   is the rank's batch).
 
 A family the bundle has no cost for, a block length beyond the drafter's, a threshold outside
-[0, 1]: one-line errors.  The replays of a full-runtime run shape and draw their trees from the
-built-in policy the simulator scores for them (:func:`stand_in`).
+[0, 1]: one-line errors.  :func:`drafter_memory_check`: whether a candidate's drafter fits the
+bundle's GPU at a batch and context (the planner leaves out one that does not).  The replays of
+a full-runtime run shape and draw their trees from the built-in policy the simulator scores for
+them (:func:`stand_in`).
 """
 from __future__ import annotations
 
@@ -46,7 +48,7 @@ from simtree.errors import SimtreeError
 from simtree.planning.allocation import batch_allocation
 
 __all__ = ["score_drafter_candidates", "default_drafter_grid", "drafter_specs", "score_spec", "score_run",
-           "spec_candidate", "stand_in", "dspark_bucket"]
+           "spec_candidate", "stand_in", "dspark_bucket", "drafter_memory_check", "drafters_that_fit", "memory_notes"]
 
 
 def default_drafter_grid(block_len: int = 7, max_budget: int = 32) -> list[tuple[str, dict]]:
@@ -83,6 +85,50 @@ def drafter_specs(costs, max_budget: int = 32) -> list:
         own = drafters[fam].block_len or 7
         out += [_candidate_spec(f, p, own) for f, p in default_drafter_grid(own, max_budget) if f == fam]
     return out
+
+
+def drafter_memory_check(costs):
+    """The deployment memory check of the bundle's rank with a block drafter: a function
+    (spec, batch_size, context_len) -> :class:`simtree.deploy.memory.RankMemory` of one rank of
+    the bundle's deployment (``meta["rank_of"]``: the rank alone, holding all b sequences) running
+    ``spec``'s drafter beside the target; None where there is nothing to check against, as
+    ``simtree.deploy.select`` has it: a model the registry does not know, a device no machine
+    table describes."""
+    from simtree.deploy.memory import rank_memory
+    from simtree.machine.machines import machine_for_device
+    from simtree.models import get_model, list_models
+    meta = costs.meta
+    name, machine = str(meta.get("model", "")), machine_for_device(str(meta.get("device", "")))
+    if machine is None or name not in list_models():
+        return None
+    shape, alone = get_model(name), meta.get("rank_of")
+    dep = alone or meta.get("deployment") or "tp=1"
+    return lambda spec, b, ctx: rank_memory(shape, dep, machine, int(b), int(math.ceil(ctx)), rank_alone=bool(alone),
+                                            drafter=spec)
+
+
+def drafters_that_fit(fits, specs: list, batch_size: int, context_len: float) -> tuple[list, list]:
+    """(the block-drafter ``specs`` whose drafter fits at ``batch_size`` and ``context_len``,
+    [(spec, RankMemory)] of the others); ``fits``: :func:`drafter_memory_check`'s (None: all fit)."""
+    if fits is None:
+        return list(specs), []
+    mems = [fits(spec, batch_size, context_len) for spec in specs]
+    return [s for s, m in zip(specs, mems) if m.fits], [(s, m) for s, m in zip(specs, mems) if not m.fits]
+
+
+def memory_notes(refused: dict) -> list[str]:
+    """One line per batch size where block-drafter candidates were left out: ``refused`` {batch
+    size: [(workload name, spec, RankMemory)]}, the first of them named with the check's numbers."""
+    notes = []
+    for b, out in sorted(refused.items()):
+        if out:
+            workload, spec, mem = out[0]
+            notes.append(f"batch {b}: {len(out)} block-drafter candidate(s) not planned, the deployment memory check "
+                         f"refuses one {mem.deployment} rank on {mem.machine.name} with their drafter (e.g. {spec.name} "
+                         f"for {workload}, {mem.rank_batch} sequences at context {mem.context_len}: "
+                         f"{mem.total_bytes / 1e9:.1f} GB, {mem.drafter.total_bytes / 1e9:.1f} GB of it the "
+                         f"{mem.drafter.use.family} drafter's, of {mem.usable_bytes / 1e9:.1f} GB usable)")
+    return notes
 
 
 def stand_in(spec):

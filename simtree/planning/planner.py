@@ -12,7 +12,13 @@ decode throughput, searched over
 - batch-level allocation across the batch's requests (DSpark-style), max 16 per sequence;
 - where the cost bundle has a block drafter's C_d (its ``drafters`` key): that family's grid
   (:func:`simtree.planning.drafter_candidates.drafter_specs`: block marginals' trees, TfM trees,
-  DSpark's confidence-scheduled or fixed-threshold prefix), priced by its own C_d.
+  DSpark's confidence-scheduled or fixed-threshold prefix), priced by its own C_d; left out at a
+  (workload, batch size) where the deployment memory check refuses the rank with that drafter
+  (its weights, caches and round buffers beside the target's, at the workload's mean prompt plus
+  output length: :func:`simtree.planning.drafter_candidates.drafter_memory_check`), a note per
+  batch size saying so.  (The MTP-drafted modes need no such check: the target's count holds
+  their draft layer, and ``simtree plan`` refuses a deployment that does not hold it at its
+  largest batch.)
 
 Every tree family reaches the same drafted depth as linear (15 at budget 16), bounded by the
 budget: a tree of D nodes is at most D - 1 deep, so drafting deeper than D - 1 (s or p) builds
@@ -274,11 +280,12 @@ def plan(costs: Costs, workloads: Sequence[Workload], batch_sizes: Sequence[int]
     with their communication (:func:`simtree.deploy.costs.deployment_costs`)."""
     from simtree.deploy.costs import deployment_costs
 
-    from simtree.planning.drafter_candidates import drafter_specs
+    from simtree.planning.drafter_candidates import drafter_memory_check, drafter_specs, drafters_that_fit, memory_notes
 
     # the block drafters the bundle has C_d for (draft_steps 0: the MTP layer's C_d is not asked)
     costs = deployment_costs(costs)
     blocks = [sp for sp in drafter_specs(costs, max(space.budgets)) if sp.mode in space.searched]
+    fits, refused = (drafter_memory_check(costs) if blocks else None), {}
     if not batch_sizes:
         raise SimtreeError("plan needs at least one batch size")
     sizes = sorted({check_batch_size(b, "batch sizes") for b in batch_sizes})
@@ -296,8 +303,10 @@ def plan(costs: Costs, workloads: Sequence[Workload], batch_sizes: Sequence[int]
             table = _static_table(workload, fixed)
             for b in sizes:
                 df = _score(costs, workload, table, adaptive, b)
-                if blocks:
-                    df = pd.concat([df, _drafter_rows(costs, workload, blocks, b)], ignore_index=True)
+                fitting, out = drafters_that_fit(fits, blocks, b, workload.mean_prompt_len + workload.output_len)
+                refused.setdefault(b, []).extend((workload.name, spec, mem) for spec, mem in out)
+                if fitting:
+                    df = pd.concat([df, _drafter_rows(costs, workload, fitting, b)], ignore_index=True)
                 queries = queried_ranges(df)
                 drafted = df["draft_steps"].to_numpy() > 0
                 for key, (lo, hi) in queries.items():
@@ -320,7 +329,7 @@ def plan(costs: Costs, workloads: Sequence[Workload], batch_sizes: Sequence[int]
                                                                "output_len": w.output_len} for w in workloads},
               "planner": "simtree.planner analytic search", "num_candidates": int(len(cands)),
               "verify_heldout_median_error": costs.verify.heldout_median_error,
-              "notes": range_notes(ranges, spans)}
+              "notes": range_notes(ranges, spans) + memory_notes(refused)}
     if meta.get("caveat"):   # the shipped bundle's deployments.yaml caveat (simtree/deploy/shipped.py)
         source["notes"].insert(0, CAVEAT_NOTE + meta["caveat"])
     if space.searched != FAMILIES:
