@@ -23,8 +23,8 @@ set -euo pipefail
 export COLUMNS=${COLUMNS:-150}   # rich wraps tables at 80 columns when piped to tee
 cd "$(dirname "$0")/.."
 PY=.venv/bin/python
-# machines whose fit folders keep a plot per bundle (reports/ tracks at most 150 files)
-PNG_MACHINES=${PNG_MACHINES:-h200}
+# machines whose fit folders get a plot per bundle (none by default: reports/ tracks at most 150 files)
+PNG_MACHINES=${PNG_MACHINES:-}
 COMM_ARGS=()
 if [[ -n "${COMM:-}" ]]; then COMM_ARGS=(--comm "$COMM"); fi
 if [[ -n "${MACHINE:-}" ]]; then

@@ -177,7 +177,7 @@ def load(d: Path, gpu: str | None = None) -> dict:
     meta["gpu_named"] = gpu_named
     meta["plan_deployment"] = deployment
     return {"run": run, "model": model, "gpu": gpu_name, "meta": meta, "rows": rows, "lossless": lossless, "problems": problems,
-            "absent": absent, "note": costs_note(modes, log, _policy_field(policy, "created"))}
+            "absent": absent, "note": costs_note(modes, log, _policy_field(policy, "created")) + bundle_caveat(policy)}
 
 
 def costs_note(modes: pd.DataFrame, log: list[str], created: str | None) -> str:
@@ -206,6 +206,27 @@ def _plan_policy(path: Path) -> dict:
     except (ValueError, OSError):
         return {}
     return policy if isinstance(policy, dict) else {}
+
+
+def bundle_caveat(policy: dict) -> str:
+    """'; that bundle ...' where the run's plan recorded a caveat of its cost bundle (what the
+    shipped bundle of the time said of its profile) or a profile (by sha256) that is no longer the
+    shipped one at its path: the run was priced by a bundle since refitted; '' otherwise."""
+    src = policy.get("source") if isinstance(policy.get("source"), dict) else {}
+    costs = src.get("costs") if isinstance(src.get("costs"), dict) else {}
+    prof = costs.get("source") if isinstance(costs.get("source"), dict) else {}
+    parts = []
+    path, sha = str(prof.get("profile") or ""), str(prof.get("sha256") or "")
+    if path.startswith("simtree/data/profiles/") and sha:
+        from simtree.data import data_path
+        from simtree.fileio import file_sha256
+        here = data_path(*Path(path).parts[2:])
+        if not here.is_file() or file_sha256(here) != sha.removeprefix("sha256:"):
+            parts.append(f"fitted on a profile ({path}, {sha.removeprefix('sha256:')[:12]}) that has been replaced "
+                         "since: the shipped bundle is refitted, these predictions are the bundle of the run's time")
+    if costs.get("caveat"):
+        parts.append(f"that bundle's caveat then: {costs['caveat']}")
+    return "".join(f"; {p}" for p in parts)
 
 
 def _policy_field(policy: dict, key: str) -> str | None:

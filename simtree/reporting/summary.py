@@ -578,6 +578,14 @@ FOLDERS: tuple[Folder, ...] = (
            "scripts/verify_shape_gpu.py --summary reports/h100/modes/verify_shape.csv --gpu \"NVIDIA H100 80GB HBM3\" "
            "--buckets simtree/data/profiles/h100/buckets_qwen3.6-27b_tp1.csv --out reports/h100/modes/verify_shape.md`",
            modes_headline),
+    Folder("reports/h200/modes", "Every runnable mode at full scale beside the plan's choice (H200)",
+           "the same modes runs on an H200, both models at batch 1, 4, 16, 64, priced and planned by the shipped "
+           "H200 bundles of the run's time (V4-Flash's then on its look-alike profile, since refitted) and the "
+           "H100 drafter C_d",
+           "`python -m simtree.runtime.full.modes_gpu report reports/h200/modes/runs.tgz --gpu \"NVIDIA H200\" "
+           "--out reports/h200/modes` (the runs: `BATCH_SIZES=1,4,16,64 OUT=DIR bash scripts/modes_gpu.sh M` on an "
+           "H200, each model's folder and tests log packed into runs.tgz)",
+           modes_headline),
     Folder("reports/bench_serve", "Serving benchmark (simulated, shipped H200 costs)",
            "Poisson and bursty ShareGPT traces through continuous batching: none, best static, vLLM-style "
            "threshold, SGLang's own adaptive and DSpark planners, simtree's controller",
