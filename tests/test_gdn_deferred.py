@@ -24,12 +24,12 @@ def random_trees(rng, sizes, reach=3):
             for n in sizes]
 
 
-def round_inputs(trees, gen):
+def round_inputs(trees, gen, key_dim=K):
     tb = TreeBatch(trees)
     md = tb.to_torch()
     N = tb.total_nodes
     rnd = lambda *s: torch.randn(*s, generator=gen)  # noqa: E731
-    return dict(q=rnd(N, H, K), k=rnd(N, H, K), v=rnd(N, HV, V),
+    return dict(q=rnd(N, H, key_dim), k=rnd(N, H, key_dim), v=rnd(N, HV, V),
                 g=-torch.rand(N, HV, generator=gen) * 0.5, beta=torch.rand(N, HV, generator=gen),
                 parents=md["parents"], cu_nodes=md["cu_nodes"])
 

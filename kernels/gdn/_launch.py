@@ -111,6 +111,11 @@ class VerifyLaunch(_Switches):
     states of the walk's first resident set, 4 the walk stores o and u evict-first, 8 the walk
     prefetches each sub-chunk's v rows two sub-chunks ahead, 16 with 1: that prefetch two
     sub-chunks before the program's end rather than at its start.
+    stream: 1 the K-streamed verify of trees of one sub-chunk (``_stream_kernel.py``: block_t
+    16 or 32, no tree larger; block_v 64, 4 warps, num_stages 2 unless set; the state read in
+    32-row pieces, a pending round of trees no larger folded piece by piece;
+    ``GDNTreeCache.launch`` records stream 1 and fold 5).  Of the other switches it takes
+    max_registers and u_cache_bf16 only; the rule leaves it off (not measured yet).
 
     A switch asked for where the others rule it out raises ``LaunchNotApplicable``; the
     rule's own choices give way there instead (e.g. the Triton walk where the CUDA one
@@ -140,6 +145,7 @@ class VerifyLaunch(_Switches):
     l2_prefetch: int | None = None
     g_pass: int | None = None
     early: int | None = None
+    stream: int | None = None
 
     def __post_init__(self):
         _check_backend(self.backend)
@@ -149,6 +155,8 @@ class VerifyLaunch(_Switches):
         if self.kside_cuda is not None and self.kside_cuda not in (0, 1, 2):
             raise SimtreeError(f"kside_cuda is 0 (off), 1 (8 warps a program) or 2 (12), "
                                f"got {self.kside_cuda}")
+        if self.stream is not None and self.stream not in (0, 1):
+            raise SimtreeError(f"stream is 0 (off) or 1 (the K-streamed verify), got {self.stream}")
         if self.l2_prefetch is not None and not 0 <= self.l2_prefetch <= 31:
             raise SimtreeError(f"l2_prefetch is a sum of the bits 1, 2, 4, 8 and 16 (0-31), "
                                f"got {self.l2_prefetch}")
@@ -286,7 +294,7 @@ def verify_launch_config(B: int, HV: int, V: int, device: torch.device | str = "
     cfg = dict(block_t=16, block_v=V, num_warps=2, num_stages=2, max_registers=0, g_prologue=1,
                u_bf16=1, prefetch=0, heavy_first=0, prenorm=1, kside=0, kside_heads=0, solve_bf16=0,
                u_cache_bf16=1, pdl=1, kside_registers=0, transposed=0, cuda_walk=0,
-               walk_kside=0, kside_cuda=0, l2_prefetch=0,
+               walk_kside=0, kside_cuda=0, l2_prefetch=0, stream=0,
                g_pass=int(max_nodes > (16 if rows <= 16 * 48 else 32)))
     if rows <= 48:
         big, huge = max_nodes >= 32, max_nodes > 64

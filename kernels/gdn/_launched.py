@@ -90,6 +90,10 @@ def launched_verify(q, k, v, g, beta, state, parents, cu_nodes, *, scale=None, q
     if pending_round is not None:
         check_pending(pending_round, GDNPendingRound)
         pending_round.check_state(state)
+    if ask.stream:   # the K-streamed verify of single-sub-chunk trees (refused elsewhere)
+        from ._launched_stream import verify_stream
+        return verify_stream(q, k, v, g, beta, state, cu_nodes, meta, scale, qk_l2norm, ask,
+                             pending, pending_round)
     if rule.pick_backend(ask.backend, q.device) == "torch":
         if pending is not None:
             launched_fold_pending(state, pending, launch=FoldLaunch("torch"))

@@ -15,7 +15,9 @@ class GDNTreeCache:
     ``launch``: the switches the Triton launch took where its dispatch can change what the
     rule or the caller asked for (``kside``, ``g_pass``, ``transposed`` - the Triton
     transposed walk -, ``cuda_walk``, ``walk_kside``, ``kside_cuda``, ``l2_prefetch``: what
-    ran, e.g. the Triton kernels where the CUDA ones cannot); empty for the torch backend."""
+    ran, e.g. the Triton kernels where the CUDA ones cannot; ``fold`` where a pending path or
+    round was folded; ``stream`` 1 alone, with fold 5, for the K-streamed verify); empty for the
+    torch backend."""
     u: torch.Tensor
     G: torch.Tensor
     meta: TreeMeta

@@ -97,7 +97,8 @@ class Recorder:
 
 def record(shapes, chosen) -> list[dict]:
     """Every distinct launch of the chosen variants at ``shapes`` [(batch, nodes)]."""
-    from simtree.kernels.gdn import GDNTreeCache, _deferred_kernels, _launch, _tree_kernels, new_pending, tree_meta
+    from simtree.kernels.gdn import (GDNTreeCache, _deferred_kernels, _launch, _stream_kernel,
+                                     _tree_kernels, new_pending, tree_meta)
     from simtree.kernels.gdn import _launched_deferred as ld
     from simtree.kernels.gdn._launch import CommitLaunch, FoldLaunch, VerifyLaunch
     from simtree.kernels.gdn._launched import launched_commit, launched_verify
@@ -107,7 +108,8 @@ def record(shapes, chosen) -> list[dict]:
     mods = {_tree_kernels: ("_qk_prenorm_kernel", "_tree_kside_kernel", "_tree_verify_kernel",
                             "_tree_verify_t_kernel", "_tree_commit_kernel"),
             _deferred_kernels: ("_fold_pending_kernel", "_round_fold_kernel",
-                                "_defer_commit_kernel")}
+                                "_defer_commit_kernel"),
+            _stream_kernel: ("_tree_verify_stream_kernel",)}
     saved = {(m, n): getattr(m, n) for m, names in mods.items() for n in names}
     pdl_ok = _launch.pdl_ok
     try:
