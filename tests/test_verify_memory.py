@@ -124,3 +124,14 @@ def test_the_check_against_every_logged_h100_run():
 def test_the_runs_table_in_the_docs_is_current():
     assert write_runs_doc(ROOT / "docs/deployments.md", ROOT, write=False), \
         "docs/deployments.md: run python -m simtree.runtime.full.memory_runs docs/deployments.md"
+
+
+def test_a_doc_without_the_block_or_a_missing_archive_is_one_line(tmp_path):
+    from simtree.errors import SimtreeError
+    doc = tmp_path / "doc.md"
+    doc.write_text("no table here\n")
+    with pytest.raises(SimtreeError, match="no <!-- memory-runs:start --> ... <!-- memory-runs:end --> block"):
+        write_runs_doc(doc, ROOT)
+    with pytest.raises(SimtreeError, match=r"oos_runs.tgz: cannot read its runs") as err:
+        logged_runs(tmp_path)
+    assert "\n" not in str(err.value)
