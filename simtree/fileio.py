@@ -106,6 +106,21 @@ def write_atomic(path: str | Path, write: Callable[[str], None]) -> Path:
     return path
 
 
+def rewrite_marked_block(path: str | Path, start: str, end: str, text: str, write: bool = True) -> bool:
+    """Put ``text`` between the marker lines ``start`` and ``end`` of ``path`` (a generated table
+    in a doc); True if it held ``text`` already (then, or with ``write`` False, nothing is written).
+    No such markers: a one-line SimtreeError."""
+    path = Path(path)
+    whole = path.read_text()
+    if start not in whole or end not in whole:
+        raise SimtreeError(f"{path}: no {start} ... {end} block")
+    head, rest = whole.split(start + "\n", 1)
+    old, tail = rest.split(end, 1)
+    if write and old != text:
+        write_text_atomic(path, head + start + "\n" + text + end + tail)
+    return old == text
+
+
 def write_text_atomic(path: str | Path, text: str) -> Path:
     return write_atomic(path, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
 

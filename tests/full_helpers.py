@@ -3,9 +3,12 @@ MTP layer agrees with the target often (``make_predictable``), so rounds accept 
 from __future__ import annotations
 
 import functools
+import weakref
 from dataclasses import dataclass
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
 
 from simtree.costs.model import CostBundle, DrafterCostModel
 from simtree.costs.synthetic import synthetic_costs
@@ -65,3 +68,57 @@ class TierRuns:
 
     def observe(self, tier, accepted):
         pass
+
+
+class PeakBytes(TorchDispatchMode):
+    """The peak of the bytes held by the tensors the ops inside allocate (views and in-place
+    results of their inputs not counted; a tensor's bytes freed when it dies), with the copy
+    ATen's logsumexp makes of its input inside the op ((x - max).exp_(), ReduceOps.cpp), which
+    no op returns."""
+
+    def __init__(self):
+        super().__init__()
+        self.live, self.now, self.peak = {}, 0, 0
+
+    def _hold(self, nbytes: int) -> None:
+        self.now += nbytes
+        self.peak = max(self.peak, self.now)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        inputs = [a for a in tree_leaves((args, kwargs)) if isinstance(a, torch.Tensor)]
+        if func is torch.ops.aten.logsumexp.default:
+            self._hold(inputs[0].nbytes)
+            self.now -= inputs[0].nbytes
+        out = func(*args, **(kwargs or {}))
+        seen = {a.untyped_storage().data_ptr() for a in inputs}
+        for t in tree_leaves(out):
+            if not isinstance(t, torch.Tensor):
+                continue
+            st = t.untyped_storage()
+            key, n = st.data_ptr(), st.nbytes()
+            if key in seen or key in self.live or n == 0:
+                continue
+            self.live[key] = n
+            self._hold(n)
+            weakref.finalize(t, self._free, key)
+        return out
+
+    def _free(self, key) -> None:
+        self.now -= self.live.pop(key, 0)
+
+
+def reachable(obj, out: dict) -> dict:
+    """{storage pointer: bytes} of every tensor reachable from ``obj`` through dicts, lists,
+    tuples and simtree objects' attributes."""
+    if isinstance(obj, torch.Tensor):
+        out[obj.untyped_storage().data_ptr()] = obj.untyped_storage().nbytes()
+    elif isinstance(obj, dict):
+        for v in obj.values():
+            reachable(v, out)
+    elif isinstance(obj, (list, tuple)):
+        for v in obj:
+            reachable(v, out)
+    elif type(obj).__module__.startswith("simtree") and hasattr(obj, "__dict__"):
+        for v in vars(obj).values():
+            reachable(v, out)
+    return out

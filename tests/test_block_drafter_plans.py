@@ -152,37 +152,37 @@ def test_given_prompts_decode_with_a_block_drafter_from_the_command_line(tmp_pat
 
 def test_the_planner_leaves_out_a_block_drafter_whose_memory_does_not_fit():
     """A bundle of Qwen3.6-27B on one H100 whose block drafters cost nearly nothing: at batch 8 the
-    plan chooses one; at batch 64, context 1536 (the out-of-sample point where block D=16 and TfM
-    ran out of memory) the deployment memory check refuses the rank with every block drafter, so
-    none is a candidate there, a note says why in one line, and the plan chooses an MTP-drafted
-    mode.  A bundle of a device no machine table describes is planned as before."""
+    plan chooses one; at batch 48, context 4096 (the out-of-sample point where every block
+    drafter ran out of memory) the deployment memory check refuses the rank with every block
+    drafter, so none is a candidate there, a note says why in one line, and the plan chooses an
+    MTP-drafted mode.  A bundle of a device no machine table describes is planned as before."""
     from full_helpers import CostBundle
 
     from simtree.planning.drafter_candidates import drafter_memory_check
 
-    wl = Workload("long", calibrate_linear(3.0, 4, name="long", spread=0.25), np.full(4, 1280), 256)
+    wl = Workload("long", calibrate_linear(3.0, 4, name="long", spread=0.25), np.full(4, 3840), 256)
     h100 = CostBundle(CHEAP.verify, CHEAP.draft, {"model": "qwen3.6-27b", "device": "NVIDIA H100 80GB HBM3",
                                                   "deployment": "tp=1"}, CHEAP.drafters)
-    res = plan(h100, [wl], [8, 64], SMALL)
+    res = plan(h100, [wl], [8, 48], SMALL)
     cands = res.candidates
     blocks = cands[cands["mode"].isin(BLOCK_DRAFTER_MODES)]
     assert set(blocks["batch_size"]) == {8} and set(blocks["mode"]) == {"block", "tfm", "dspark"}
     chosen = res.chosen.set_index("batch_size")["mode"]
-    assert chosen[8] in BLOCK_DRAFTER_MODES and chosen[64] not in BLOCK_DRAFTER_MODES
+    assert chosen[8] in BLOCK_DRAFTER_MODES and chosen[48] not in BLOCK_DRAFTER_MODES
     notes = [n for n in res.notes if "deployment memory check" in n]
     n_refused = len(blocks.drop_duplicates("policy"))
-    assert len(notes) == 1 and notes[0].startswith(f"batch 64: {n_refused} block-drafter candidate(s) not planned")
+    assert len(notes) == 1 and notes[0].startswith(f"batch 48: {n_refused} block-drafter candidate(s) not planned")
     assert "refuses one tp=1 rank on NVIDIA H100 80GB HBM3 with their drafter" in notes[0] and "\n" not in notes[0]
-    assert "64 sequences at context 1536: 77.6 GB, 6.2 GB of it the block drafter's, of 72.0 GB usable" in notes[0]
+    assert "48 sequences at context 4096: 84.3 GB, 6.9 GB of it the block drafter's, of 80.8 GB usable" in notes[0]
     # each refusal is the check's own: the rank with that drafter over the GPU's usable memory
     fits = drafter_memory_check(h100)
     for row in blocks.drop_duplicates("policy").itertuples():
         spec = PolicySpec.from_dict(row.mode, json.loads(row.params))
-        assert fits(spec, 8, 1536).fits and not fits(spec, 64, 1536).fits
+        assert fits(spec, 8, 4096).fits and not fits(spec, 48, 4096).fits
     unknown = CostBundle(CHEAP.verify, CHEAP.draft, {**h100.meta, "device": "cpu"}, CHEAP.drafters)
     assert drafter_memory_check(unknown) is None
-    again = plan(unknown, [wl], [8, 64], SMALL)
-    assert set(again.candidates.loc[again.candidates["mode"].isin(BLOCK_DRAFTER_MODES), "batch_size"]) == {8, 64}
+    again = plan(unknown, [wl], [8, 48], SMALL)
+    assert set(again.candidates.loc[again.candidates["mode"].isin(BLOCK_DRAFTER_MODES), "batch_size"]) == {8, 48}
 
 
 def test_one_rank_planned_alone_is_checked_holding_all_its_sequences():

@@ -127,8 +127,8 @@ def test_v4_flash_on_one_gpu_is_refused_naming_the_shortfall():
 
 def test_the_cache_can_be_what_does_not_fit():
     assert rank_memory("qwen3.6-27b", "tp=1", "h200", 8, 4096).fits
-    with pytest.raises(SimtreeError, match=r"KV cache / state \(batch 64, context 32768\).*it needs 2 GPUs \(tp=2\), "
-                                           r"asked for 1"):
+    with pytest.raises(SimtreeError, match=r"KV cache / state \(64 sequences x 32776 rows, context 32768\).*it needs "
+                                           r"2 GPUs \(tp=2\), asked for 1"):
         check_fits("qwen3.6-27b", "tp=1", "h200", 64, 32768)
     big = smallest_fit("deepseek-v4-flash", "h200", 64, 4096, like=parse_deployment("ep=8,tp=2"))
     assert big.deployment == parse_deployment("ep=4,tp=2")   # the asked-for kind (its tp) first
@@ -139,12 +139,18 @@ def test_users_add_machines_through_the_environment(tmp_path, monkeypatch):
     table.write_text("bigmem:\n  devices: [Big GPU]\n  memory_gb: 1000\n  usable_fraction: 0.9\n"
                      "  link_gb_s: 100\n  comm: h200_nvlink.json\n")
     monkeypatch.setenv(MACHINES_ENV, str(table))
-    assert machine_for_device("Big GPU").key == "bigmem" and get_machine("h200").memory_gb == 141
+    assert machine_for_device("Big GPU").key == "bigmem" and get_machine("bigmem").memory_bytes == 1000 * 10**9
+    assert get_machine("h200").memory_bytes == 150109880320      # CUDA's 139.80 GiB, as a profile logged it
     assert check_fits("deepseek-v4-flash", "tp=1", "bigmem", 8, 4096).fits
     assert load_comm(get_machine("bigmem").comm_path).assumed
-    table.write_text("bad:\n  memory_gb: -1\n  usable_fraction: 0.9\n  link_gb_s: 1\n")
-    with pytest.raises(SimtreeError, match="memory_gb must be a number > 0"):
-        get_machine("h200")
+    table.write_text("gib:\n  memory_gib: 80\n  usable_fraction: 0.9\n  link_gb_s: 1\n  cuda_context_mib: 512\n")
+    assert get_machine("gib").memory_bytes == 80 * 2**30 and get_machine("gib").context_bytes == 512 * 2**20
+    for bad, match in (("memory_gb: -1", "memory_gb must be a number > 0"),
+                       ("memory_gb: 80\n  memory_bytes: 8", "exactly one of memory_bytes, memory_gib, memory_gb"),
+                       ("memory_gb: 80\n  cuda_context_mib: -1", "cuda_context_mib must be a number >= 0")):
+        table.write_text(f"bad:\n  {bad}\n  usable_fraction: 0.9\n  link_gb_s: 1\n")
+        with pytest.raises(SimtreeError, match=match):
+            get_machine("h200")
 
 
 # ---- communication ----------------------------------------------------------------------------

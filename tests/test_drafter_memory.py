@@ -3,12 +3,8 @@ formula against what the block engine really allocates on a tiny model, for each
 (the engine's buffers walked; the draft's peak counted tensor by tensor as it runs), and the
 H100 case the out-of-sample runs met: Qwen3.6-27B at batch 64, context 1536 fits with the MTP
 chain, not with the block drafter at D=16."""
-import weakref
-
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_leaves
 
 from simtree.deploy.drafter_memory import DrafterUse, drafter_memory, drafter_use
 from simtree.deploy.memory import check_fits, check_rank_fits, largest_batch, rank_memory, smallest_fit
@@ -19,50 +15,13 @@ from simtree.planning.modes import PolicySpec
 from simtree.runtime.full.block_engine import make_engine
 from simtree.runtime.full.drafting import round_shape
 
-from full_helpers import FAMILIES, PROMPTS, drafter_costs, tiny_model
+from full_helpers import FAMILIES, PROMPTS, PeakBytes, drafter_costs, reachable, tiny_model
 
 SIZES = {"layers": 2, "cand_k": 32, "adapter_dim": 16, "markov_rank": 32}
 SPECS = {"block": PolicySpec.from_dict("block", {"budget": 8, "block_len": 7}),
          "tfm": PolicySpec.from_dict("tfm", {"budget": 8, "width": 2, "block_len": 5}),
          "dspark": PolicySpec.from_dict("dspark", {"block_len": 6, "threshold": 0.05})}
 MAX_LEN = 96
-
-
-class PeakBytes(TorchDispatchMode):
-    """The peak of the bytes held by the tensors the ops inside allocate (views and in-place
-    results of their inputs not counted; a tensor's bytes freed when it dies), with the copy
-    ATen's logsumexp makes of its input inside the op ((x - max).exp_(), ReduceOps.cpp), which
-    no op returns."""
-
-    def __init__(self):
-        super().__init__()
-        self.live, self.now, self.peak = {}, 0, 0
-
-    def _hold(self, nbytes: int) -> None:
-        self.now += nbytes
-        self.peak = max(self.peak, self.now)
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        inputs = [a for a in tree_leaves((args, kwargs)) if isinstance(a, torch.Tensor)]
-        if func is torch.ops.aten.logsumexp.default:
-            self._hold(inputs[0].nbytes)
-            self.now -= inputs[0].nbytes
-        out = func(*args, **(kwargs or {}))
-        seen = {a.untyped_storage().data_ptr() for a in inputs}
-        for t in tree_leaves(out):
-            if not isinstance(t, torch.Tensor):
-                continue
-            st = t.untyped_storage()
-            key, n = st.data_ptr(), st.nbytes()
-            if key in seen or key in self.live or n == 0:
-                continue
-            self.live[key] = n
-            self._hold(n)
-            weakref.finalize(t, self._free, key)
-        return out
-
-    def _free(self, key) -> None:
-        self.now -= self.live.pop(key, 0)
 
 
 def _engine(name: str, family: str, batch: int = 3, rounds: int = 2):
@@ -74,23 +33,6 @@ def _engine(name: str, family: str, batch: int = 3, rounds: int = 2):
     return engine
 
 
-def _reachable(obj, out: dict) -> dict:
-    """{storage pointer: bytes} of every tensor reachable from ``obj`` through dicts, lists,
-    tuples and simtree objects' attributes."""
-    if isinstance(obj, torch.Tensor):
-        out[obj.untyped_storage().data_ptr()] = obj.untyped_storage().nbytes()
-    elif isinstance(obj, dict):
-        for v in obj.values():
-            _reachable(v, out)
-    elif isinstance(obj, (list, tuple)):
-        for v in obj:
-            _reachable(v, out)
-    elif type(obj).__module__.startswith("simtree") and hasattr(obj, "__dict__"):
-        for v in vars(obj).values():
-            _reachable(v, out)
-    return out
-
-
 def _owned_bytes(engine) -> int:
     """Bytes of every tensor a new block engine holds beyond what a new MTP-drafted engine of the
     same model holds (the attributes a FullEngine has not: the drafter's weights, caches, RoPE
@@ -98,7 +40,7 @@ def _owned_bytes(engine) -> int:
     LM head (shared) and the drafter's RoPE table (left out of the formula: under a MB at full
     size)."""
     mtp = make_engine(engine.model, round_shape(PolicySpec.from_dict("linear", {"budget": 4})), engine.B, MAX_LEN)
-    own = _reachable([v for k, v in vars(engine).items() if k not in vars(mtp)], {})
+    own = reachable([v for k, v in vars(engine).items() if k not in vars(mtp)], {})
     for t in (engine.model.w["embed"], engine.model.w["lm_head"], engine.drafter.rope.table):
         own.pop(t.untyped_storage().data_ptr())
     return sum(own.values())
@@ -144,28 +86,39 @@ def test_the_mtp_layers_cache_is_what_an_mtp_engine_allocates_and_the_mtp_drafte
     assert mtp.total_bytes == 0 and not mtp.use.block_drafter
 
 
-def test_the_default_check_is_the_mtp_drafters_as_before():
-    """No drafter, an MTP-drafted mode and plain decoding price the same bytes and say the same
-    line; a block drafter's adds its own and says so."""
+def test_an_mtp_drafted_mode_adds_no_drafter_its_round_sizes_the_verify():
+    """An MTP-drafted mode adds no drafter bytes and says no drafter (plain decoding takes the MTP
+    layer's cache off: its engine does not allocate one); their round (verified nodes,
+    accepted-path rows) sizes the verify buffers and the cache rows past the context; no mode
+    named is the default round (8 nodes, 8 rows); a block drafter adds its own."""
     base = rank_memory("qwen3.6-27b", "tp=1", "h100", 64, 1536, rank_alone=True)
-    for spec in (PolicySpec.from_dict("linear", {"budget": 4}), PolicySpec.from_dict("none"), "mtp"):
-        other = rank_memory("qwen3.6-27b", "tp=1", "h100", 64, 1536, rank_alone=True, drafter=spec)
-        assert other.total_bytes == base.total_bytes and other.summary() == base.summary()
-    assert "drafter" not in base.summary() and base.total_bytes == base.weight_bytes + base.cache_bytes
+    assert base.verify.rows == 64 * 8 and base.cache_len == 1536 + 8
+    by_mode = {}
+    for spec in (PolicySpec.from_dict("none"), PolicySpec.from_dict("linear", {"budget": 4}),
+                 PolicySpec.from_dict("eagle", {"num_steps": 6, "topk": 4, "budget": 16})):
+        mem = by_mode[spec.name] = rank_memory("qwen3.6-27b", "tp=1", "h100", 64, 1536, rank_alone=True, drafter=spec)
+        plain = spec.mode == "none"
+        assert mem.drafter.total_bytes == -mem.drafter.mtp_state_bytes and (mem.drafter.mtp_state_bytes > 0) == plain
+        assert "drafter" not in mem.summary() and ("plain decoding does not allocate" in mem.summary()) == plain
+        assert mem.total_bytes == (mem.weight_bytes + mem.cache_bytes + mem.drafter.total_bytes
+                                   + mem.verify.total_bytes + mem.machine.context_bytes)
+    assert [by_mode[n].verify.rows for n in by_mode] == [64, 256, 1024]
+    assert [by_mode[n].cache_len for n in by_mode] == [1537, 1540, 1543]
+    assert by_mode["none"].total_bytes < by_mode["linear_d4"].total_bytes < by_mode["eagle_s6_k4_d16"].total_bytes
     block = rank_memory("qwen3.6-27b", "tp=1", "h100", 64, 1536, rank_alone=True, drafter="block")
     assert block.total_bytes > base.total_bytes and "of the block drafter" in block.summary()
 
 
 def test_qwen_on_an_h100_at_batch_64_context_1536_refuses_block_d16_not_the_mtp_chain():
-    """The out-of-sample H100 runs: the MTP chain (linear D=4) fits (71.3 GB of 72 usable); the
-    block drafter at D=16 adds its 3.7 GB of weights, 2.0 GB of caches and 0.9 GB of round
+    """The out-of-sample H100 runs: the MTP chain (linear D=4) fits (73.2 GB of 80.8 usable); the
+    block drafter at D=16 adds its 3.7 GB of weights, 2.1 GB of caches (1544 rows) and 0.9 GB of round
     buffers and is refused, naming the largest batch that fits with it."""
     chain = check_rank_fits("qwen3.6-27b", "tp=1", "h100", 64, 1536, drafter=PolicySpec.from_dict("linear", {"budget": 4}))
-    assert chain.fits and chain.total_bytes / 1e9 == pytest.approx(71.3, abs=0.05)
+    assert chain.fits and chain.total_bytes / 1e9 == pytest.approx(73.2, abs=0.05)
     block_d16 = PolicySpec.from_dict("block", {"budget": 16, "block_len": 7})
     mem = rank_memory("qwen3.6-27b", "tp=1", "h100", 64, 1536, rank_alone=True, drafter=block_d16)
     assert [round(x / 1e9, 1) for x in (mem.drafter.weight_bytes, mem.drafter.state_bytes,
-                                        mem.drafter.round_bytes)] == [3.7, 2.0, 0.9]
+                                        mem.drafter.round_bytes)] == [3.7, 2.1, 0.9]
     with pytest.raises(SimtreeError, match="block drafter") as err:
         check_rank_fits("qwen3.6-27b", "tp=1", "h100", 64, 1536, drafter=block_d16)
     most = largest_batch("qwen3.6-27b", "tp=1", "h100", 1536, limit=64, rank_alone=True, drafter=block_d16)

@@ -167,8 +167,8 @@ def test_a_deadline_loses_whole_points(monkeypatch):
 
 
 def test_a_point_the_memory_check_refuses_spends_no_gpu_time(monkeypatch):
-    """Qwen3.6-27B on one H100 at batch 64, context 4096 (82.8 GB of 72 usable): every run of the
-    point is a skipped row saying why, nothing is timed, and the next point that fits runs."""
+    """A point where plain decoding does not fit: every run of the point is a skipped row saying why,
+    nothing is timed, and the next point that fits runs."""
     from simtree.deploy.memory import rank_memory
     from simtree.models import get_model
 
@@ -178,8 +178,9 @@ def test_a_point_the_memory_check_refuses_spends_no_gpu_time(monkeypatch):
         calls.append((context_len, batch_sizes[0], skip))
     import simtree.runtime.full.measure as measure
     monkeypatch.setattr(measure, "full_run", fake_full_run)
-    monkeypatch.setattr(oos, "_memory_refusal", lambda shape, dep, b, l: (
-        None if rank_memory(shape, dep, "h100", b, l, rank_alone=True).fits else "does not fit"))
+    monkeypatch.setattr(oos, "_memory_refusal", lambda shape, dep, b, l, spec, rounds: (
+        None if b < 64 and rank_memory(shape, dep, "h100", b, l, rank_alone=True, drafter=spec).fits
+        else "does not fit"))
     said = []
     built = SimpleNamespace(shape=get_model("qwen3.6-27b"))
     oos._points(built, None, Path("unused"), [(4096, 64), (1024, 8)], oos.policies(["eagle"])[:4], said.append,
@@ -191,17 +192,23 @@ def test_a_point_the_memory_check_refuses_spends_no_gpu_time(monkeypatch):
 def test_the_memory_refusal_names_the_shortfall_or_is_none_off_the_gpu(monkeypatch):
     import torch
 
+    from simtree.deploy.memory import rank_memory
     from simtree.models import get_model
+    from simtree.runtime.full.measure import LINEAR_D4, run_max_len
     qwen = get_model("qwen3.6-27b")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    assert oos._memory_refusal(qwen, "tp=1", 64, 4096) is None            # no GPU: no machine to check
+    assert oos._memory_refusal(qwen, "tp=1", 64, 4096, LINEAR_D4, 24) is None     # no GPU: no machine to check
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "NVIDIA H100 80GB HBM3")
-    why = oos._memory_refusal(qwen, "tp=1", 64, 4096)
-    assert why.startswith("the deployment memory check refuses it: ") and "82.8 GB" in why and "at most batch" in why
-    assert oos._memory_refusal(qwen, "tp=1", 8, 1024) is None             # fits
+    why = oos._memory_refusal(qwen, "tp=1", 64, 4096, LINEAR_D4, 24)
+    # the rows the run allocates: the context and 29 rounds of its 4-row accepted paths, and 8
+    rows = run_max_len(4096, 4, oos.WARMUP_ROUNDS, 24)
+    mem = rank_memory(qwen, "tp=1", "h100", 64, 4096, rank_alone=True, drafter=LINEAR_D4, cache_len=rows)
+    assert rows == 4096 + 29 * 4 + 8 and f"x {rows} rows" in why and f"= {mem.total_bytes / 1e9:.1f} GB" in why
+    assert why.startswith("the deployment memory check refuses it: ") and "at most batch" in why
+    assert oos._memory_refusal(qwen, "tp=1", 8, 1024, LINEAR_D4, 24) is None      # fits
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "Some Unknown GPU")
-    assert oos._memory_refusal(qwen, "tp=1", 64, 4096) is None            # no machine table: unchecked
+    assert oos._memory_refusal(qwen, "tp=1", 64, 4096, LINEAR_D4, 24) is None     # no machine table: unchecked
 
 
 @pytest.mark.parametrize("make, match", [
@@ -344,9 +351,10 @@ def test_a_bundle_finds_its_profile_by_sha256_among_those_given(tmp_path):
 
 
 def test_a_mode_whose_drafter_does_not_fit_is_skipped_alone(monkeypatch):
-    """Qwen3.6-27B on one H100 at batch 64, context 1536: the MTP-drafted modes fit (71.3 GB of 72
-    usable), the block drafters' modes do not: each is a skipped row with the check's line while
-    the point's other runs go on; at a point where they fit nothing is skipped."""
+    """Qwen3.6-27B on one H100 at batch 64, context 1536: the MTP-drafted modes fit, the block
+    drafters' modes do not (block D=8 ran on the H100 all the same, 0.2 GB past the check's usable
+    memory: docs/deployments.md): each is a skipped row with the check's line while the point's
+    other runs go on; at a point where they fit nothing is skipped."""
     import torch
 
     import simtree.runtime.full.measure as measure
@@ -362,10 +370,10 @@ def test_a_mode_whose_drafter_does_not_fit_is_skipped_alone(monkeypatch):
     said = []
     oos._points(SimpleNamespace(shape=get_model("qwen3.6-27b")), None, Path("unused"), [(1536, 64), (1024, 8)],
                 oos.policies(["eagle", "block", "tfm"]), said.append, end=1e12, device="cpu", acceptance="gsm8k",
-                rounds=2, min_draws=0, deployment="tp=1")
+                rounds=24, min_draws=0, deployment="tp=1")     # the H100 runs' rounds: their cache rows
     at_64, at_8 = calls
     refused = {name for name, why in at_64.items() if why}
-    assert refused == {"block_d8_p7", "block_d16_p7", "tfm_d16_w4_p7"}
+    assert refused == {"block_d8_p7", "block_d16_p7", "tfm_d16_w4_p7"}    # the MTP chain, eagle: fit
     assert all(at_64[n].startswith("the deployment memory check refuses it: one tp=1 rank") for n in refused)
     assert "of the block drafter" in at_64["block_d16_p7"] and not any(at_8.values())
     assert any("block_d16_p7 skipped, the deployment memory check" in line for line in said)

@@ -156,11 +156,17 @@ class AcceptanceSource:
         return getattr(self, "model", None)
 
 
+def run_max_len(context_len: int, path_rows: int, warmup_rounds: int, rounds: int) -> int:
+    """The rows a timed run's caches hold per sequence: the context, every round's accepted path
+    (warm-up, measured and two spare: the capture's and the host probe's) and 8 more."""
+    return int(context_len) + (int(warmup_rounds) + int(rounds) + 2) * int(path_rows) + 8
+
+
 def measure_policy(model, rs: RoundShape, batch_size: int, source, cfg: RunConfig, costs=None):
     """(RunStats of ``cfg.rounds`` measured rounds, whether CUDA graphs ran); a capture that
     fell back to eager stages leaves its reason in the stats' notes.  ``costs``: the bundle
     cost_aware and batch_alloc decide with."""
-    max_len = cfg.context_len + (cfg.warmup_rounds + cfg.rounds + 2) * rs.path_rows + 8
+    max_len = run_max_len(cfg.context_len, rs.path_rows, cfg.warmup_rounds, cfg.rounds)
     engine = make_engine(model, rs, batch_size, max_len, source, costs=costs)
     try:
         engine.capture()

@@ -20,23 +20,16 @@ linear D=4, the ``POLICIES`` below and one shape of every mode the runtime build
 other modes and logs the block ones as not run.  The points run one after another, each whole
 (``DIR/ctx_<l>_b<bbb>/``): a point starts only if the time left holds its runs (at the seconds a
 run took at that batch so far), so a deadline loses whole points (their runs listed as skipped),
-never a policy at every point - the plan's-choice check needs >= 6 policies at a point.  A point
-the deployment memory check refuses on this GPU (``simtree.deploy.memory.check_rank_fits``, the
-rank holding all b sequences, with its MTP layer) is skipped whole before anything is built for
-it, each run a row saying why: the first every-mode runs spent GPU time on Qwen3.6-27B at batch
-64, context 4096, whose weights and cache (82.8 GB) the check puts over an H100's 72 GB usable,
-and ran out of memory.  Where the point fits, each block-drafter mode (block, tfm, dspark) is
-checked with its own drafter (its weights, caches and round buffers,
-``simtree.deploy.drafter_memory``): a mode the check refuses is skipped alone, its row saying
-the check's line, and the point's other runs go on (block D=16 and TfM ran out of memory at batch
-64, context 1536, where the MTP modes fit).  Such a point is not complete: a run asked for was
-not measured, so the report lists it and its plan's-choice check does not count the point.
-
-Home side (:mod:`.oos_report`):
-
-    python -m simtree.runtime.full.oos report DIR [DIR ...] --bundle FROZEN.json [--profile P.csv] --out OUT
-
-writes ``throughput_out_of_sample.csv``, ``summary.md`` and ``predicted_vs_measured.png``.
+never a policy at every point - the plan's-choice check needs >= 6 policies at a point.  Each run
+is first checked by the deployment memory check on this GPU (``simtree.deploy.memory.check_rank_fits``:
+the rank holding all b sequences, at the cache rows the run allocates, ``measure.run_max_len``, with
+its round's verify buffers and its drafter - a block drafter's weights, caches and round buffers,
+``simtree.deploy.drafter_memory``): a run the check refuses is skipped alone, its row saying the
+check's line, and the point's other runs go on; where plain decoding does not fit, nothing at the
+point does, and it is skipped whole before anything is built for it (the first every-mode runs
+spent GPU time on Qwen3.6-27B at batch 64, context 4096, and ran out of memory).  Such a point is
+not complete: a run asked for was not measured, so the report lists it and its plan's-choice
+check does not count the point.
 
 What is out of sample: the cost bundle (fitted on an earlier session's profile; its sha256 is
 in every row) and the points (contexts, batch sizes and budgets the profile did not time are
@@ -80,6 +73,7 @@ POLICIES = (("linear_d10", "linear", {"budget": 10}),
             ("eagle", "eagle", {"num_steps": 8, "topk": 2, "budget": 10}))
 # seconds a run takes before any point has run (H100 logs: 1.3-3 s at batch <= 16, up to 4.6 s at 64)
 FIRST_RUN_S = 3.0
+WARMUP_ROUNDS = 3      # rounds each run takes before its measured ones
 
 
 def policies(modes=None) -> list[tuple[str, PolicySpec]]:
@@ -186,14 +180,15 @@ def _points(built, bundle, out: Path, points, extra, say, *, end: float, device,
     """Run each (context, batch) point whole, or skip it (its runs listed as skipped) where the time
     left cannot hold it at the seconds a run took at the last point of that batch (none yet: the
     most at any point, else FIRST_RUN_S); returns how many points failed."""
-    from .measure import full_run
+    from .measure import LINEAR_D4, PLAIN, full_run
     seconds: dict = {}                   # batch size -> seconds a run took at each point run
     failed = 0
     for ctx, B in points:
-        refused = _memory_refusal(built.shape, deployment, B, ctx) if deployment else None
-        modes_refused = {} if refused or not deployment else \
-            {s.name: why for _, s in extra if s.mode in BLOCK_DRAFTER_MODES
-             and (why := _memory_refusal(built.shape, deployment, B, ctx, s))}
+        specs = [PLAIN, LINEAR_D4, *(s for _, s in extra)]
+        why_not = {} if not deployment else \
+            {s.name: why for s in specs if (why := _memory_refusal(built.shape, deployment, B, ctx, s, rounds))}
+        refused = why_not.get(PLAIN.name)        # plain decoding does not fit: no run at the point does
+        modes_refused = {} if refused else why_not
         runs = 2 + len(extra) - len(modes_refused)     # plain and linear D=4 beside the policies
         per_run = seconds[B][-1] if B in seconds else max((s for v in seconds.values() for s in v), default=FIRST_RUN_S)
         need, left = runs * per_run, end - time.time()
@@ -205,7 +200,8 @@ def _points(built, bundle, out: Path, points, extra, say, *, end: float, device,
         started = time.time()
         try:
             full_run(built, device=device, costs=bundle, batch_sizes=[B], acceptance=acceptance, context_len=ctx,
-                     out=out / f"ctx_{ctx}_b{B:03d}", rounds=rounds, warmup_rounds=3, min_draws=min_draws, progress=say,
+                     out=out / f"ctx_{ctx}_b{B:03d}", rounds=rounds, warmup_rounds=WARMUP_ROUNDS, min_draws=min_draws,
+                     progress=say,
                      deadline=end - 5 if whole else started - 1, extra=extra,
                      skip=refused if refused or not modes_refused else (lambda spec: modes_refused.get(spec.name)))
         except Exception as exc:   # noqa: BLE001 - one point failing leaves the others
@@ -219,23 +215,28 @@ def _points(built, bundle, out: Path, points, extra, say, *, end: float, device,
     return failed
 
 
-def _memory_refusal(shape, deployment: str, batch_size: int, context_len: int, spec=None) -> str | None:
-    """Why the deployment memory check refuses the rank at this point (its weights and every one of
-    its ``batch_size`` sequences' cache, as the rank run alone holds them, against the usable memory
-    of the GPU it runs on: :func:`simtree.deploy.memory.check_rank_fits`), or None where it fits or no
-    machine table describes the GPU; ``spec``: the PolicySpec whose drafter the rank holds (None, or
-    an MTP-drafted mode: the MTP layer; a block drafter's mode: that drafter's memory beside it)."""
-    import torch
-
+def _memory_refusal(shape, deployment: str, batch_size: int, context_len: int, spec, rounds: int,
+                    machine=None) -> str | None:
+    """Why the deployment memory check refuses ``spec``'s run at this point (the rank's weights, every
+    one of its ``batch_size`` sequences' caches at the rows the run allocates - ``measure.run_max_len``
+    of its ``rounds`` -, the verify round's buffers, the drafter, the CUDA context, against the usable
+    memory of the GPU it runs on: :func:`simtree.deploy.memory.check_rank_fits`), or None where it
+    fits or no machine table describes the GPU (``machine``: that GPU's, default the CUDA device's)."""
+    from simtree.deploy.drafter_memory import drafter_use
     from simtree.deploy.memory import check_rank_fits
     from simtree.machine.machines import machine_for_device
-    if not torch.cuda.is_available():
-        return None
-    machine = machine_for_device(torch.cuda.get_device_name())
+
+    from .measure import run_max_len
+    if machine is None:
+        import torch
+        if not torch.cuda.is_available():
+            return None
+        machine = machine_for_device(torch.cuda.get_device_name())
     if machine is None:
         return None
+    rows = run_max_len(context_len, drafter_use(spec).path_rows, WARMUP_ROUNDS, rounds)
     try:
-        check_rank_fits(shape, deployment, machine, batch_size, context_len, drafter=spec)
+        check_rank_fits(shape, deployment, machine, batch_size, context_len, drafter=spec, cache_len=rows)
     except SimtreeError as exc:
         return f"the deployment memory check refuses it: {exc}"
     return None

@@ -6,7 +6,8 @@
 
 The MTP / EAGLE drafter (``use.family == "mtp"``, every mode but the block drafters') is the
 target shape's own draft layer: :meth:`ModelShape.weight_bytes` and ``cache_bytes`` count it
-already, so it adds nothing here.  A block drafter (``block``, ``tfm``, ``dspark``:
+already, so it adds nothing here; plain decoding (one node, no draft) takes its cache off, which
+the engine allocates only for a drafting round shape (``runtime/full/engine.py``).  A block drafter (``block``, ``tfm``, ``dspark``:
 ``simtree.kernels.layers.drafters``, run by ``runtime/full/block_engine.py``) adds what the
 block engine allocates for it (``runtime/full/block_drafters.py`` DrafterRound and the engine's
 own buffers), all at the model's dtype unless said:
@@ -33,8 +34,9 @@ own buffers), all at the model's dtype unless said:
 and the MTP layer's cache, which the target's ``cache_bytes`` counts, is not allocated by a
 block engine (``mtp_state_bytes``, taken off).  Not counted: the RoPE table (under a MB), the
 backbone's own temporaries (the tree-attention kernel reads the cache in place; its rows are
-batch x (2 block_len + 1) wide), and, for every drafter alike, the target's verify buffers
-(its logits over the verified nodes): the machine's usable fraction leaves room for those.
+batch x (2 block_len + 1) wide).  The target's verify buffers, for every drafter alike, are
+:mod:`.verify_memory`'s; the draft's peak and the verify's are not held at once (the check
+takes the larger of the two beside what both rounds' stages keep).
 """
 from __future__ import annotations
 
@@ -57,18 +59,23 @@ class DrafterUse:
     ``simtree.drafters.DRAFTER_FAMILIES``), ``block_len`` positions a forward drafts, ``nodes``
     verified per sequence (the round's bucket), ``topk`` marginals kept per position; ``sizes``:
     (name, value) pairs overriding the public drafter sizes (layers, target_layers, markov_rank,
-    cand_k, adapter_dim), as the block engine's ``sizes`` do (tests: tiny drafters)."""
+    cand_k, adapter_dim), as the block engine's ``sizes`` do (tests: tiny drafters); ``path_rows``:
+    the rows a round's accepted path can commit (its deepest node + 1), what the caches hold past
+    the context.  ``nodes`` and ``path_rows`` are the round's for every mode (the target's verify
+    buffers, :mod:`.verify_memory`); their defaults, a round of the public block (8 nodes, 8 rows),
+    stand for a mode not named."""
 
     family: str = MTP
     block_len: int = PUBLIC["block_len"]
     nodes: int = PUBLIC["block_len"] + 1
     topk: int = MARGINAL_TOPK
     sizes: tuple = ()
+    path_rows: int = PUBLIC["block_len"] + 1
 
     def __post_init__(self) -> None:
         if self.family != MTP and self.family not in DRAFTER_FAMILIES:
             raise SimtreeError(f"unknown drafter {self.family!r} (known: {MTP}, {', '.join(DRAFTER_FAMILIES)})")
-        for what in ("block_len", "nodes", "topk"):
+        for what in ("block_len", "nodes", "topk", "path_rows"):
             check_int(getattr(self, what), f"drafter {what}", 1)
         unknown = sorted(set(dict(self.sizes)) - set(_SIZES))
         if unknown:
@@ -78,25 +85,30 @@ class DrafterUse:
     def block_drafter(self) -> bool:
         return self.family != MTP
 
+    @property
+    def plain(self) -> bool:
+        """Plain decoding: one node a round, no draft (its engine allocates no MTP layer state)."""
+        return self.family == MTP and self.nodes == 1 and self.path_rows == 1
+
     def size(self, name: str) -> int:
         public = {**PUBLIC, **TFM}
         return int(dict(self.sizes).get(name, public[name]))
 
 
 def drafter_use(spec=None, sizes: dict | None = None) -> DrafterUse:
-    """The drafter a policy runs: ``spec`` a PolicySpec (its mode; a block drafter's
-    ``block_len`` and ``max_nodes``) or a drafter family's name (its public block, a chain of it
-    verified); None, plain decoding and every MTP-drafted mode: the MTP drafter.  ``sizes``:
+    """The drafter a policy runs: ``spec`` a PolicySpec (its mode, ``max_nodes`` and the depth it
+    drafts; a block drafter's ``block_len``) or a drafter family's name (its public block, a chain
+    of it verified); None, plain decoding and every MTP-drafted mode: the MTP drafter.  ``sizes``:
     :class:`DrafterUse`'s."""
     extra = tuple(sorted((sizes or {}).items()))
     if spec is None:
         return DrafterUse(sizes=extra)
     if isinstance(spec, str):
         return DrafterUse(spec, sizes=extra)
-    mode = getattr(spec, "mode", None)
-    if mode not in DRAFTER_FAMILIES:
-        return DrafterUse(sizes=extra)
-    return DrafterUse(mode, int(spec.block_len), int(spec.max_nodes), sizes=extra)
+    rows = int(spec.draft_shape()[0]) + 1        # the deepest node a round drafts, and its root
+    if spec.mode not in DRAFTER_FAMILIES:
+        return DrafterUse(nodes=int(spec.max_nodes), sizes=extra, path_rows=rows)
+    return DrafterUse(spec.mode, int(spec.block_len), int(spec.max_nodes), sizes=extra, path_rows=rows)
 
 
 @dataclass(frozen=True)
@@ -107,12 +119,22 @@ class DrafterMemory:
     use: DrafterUse
     weight_bytes: int = 0
     state_bytes: int = 0
-    round_bytes: int = 0
+    feature_bytes: int = 0       # the verified nodes' tapped features, kept from the verify through the draft
+    draft_peak_bytes: int = 0    # the draft's peak after the backbone (not at once with the verify's)
     mtp_state_bytes: int = 0     # the MTP layer's cache the target's count holds, not allocated beside it
 
     @property
+    def round_bytes(self) -> int:
+        return self.feature_bytes + self.draft_peak_bytes
+
+    @property
+    def held_bytes(self) -> int:
+        """What the drafter holds through the whole round (all but the draft's peak)."""
+        return self.weight_bytes + self.state_bytes + self.feature_bytes - self.mtp_state_bytes
+
+    @property
     def total_bytes(self) -> int:
-        return self.weight_bytes + self.state_bytes + self.round_bytes - self.mtp_state_bytes
+        return self.held_bytes + self.draft_peak_bytes
 
 
 def drafter_layer_dims(shape: ModelShape) -> dict[str, int]:
@@ -163,8 +185,8 @@ def drafter_memory(shape: ModelShape, use, batch_size: int, context_len: int) ->
     :func:`simtree.deploy.memory.rank_memory` prices it) holding ``batch_size`` sequences at
     ``context_len`` tokens (module docstring)."""
     use = use if isinstance(use, DrafterUse) else drafter_use(use)
-    if not use.block_drafter:
-        return DrafterMemory(use)
+    if not use.block_drafter:      # plain decoding's engine holds no MTP layer state: its cache comes off
+        return DrafterMemory(use, mtp_state_bytes=_mtp_cache(shape, batch_size, context_len) if use.plain else 0)
     d, dt = drafter_layer_dims(shape), DTYPE_BYTES.get(shape.dtype, 2)
     B, l, L, K = int(batch_size), int(context_len), use.block_len, use.topk
     F = min(use.size("target_layers"), shape.num_layers)      # the tapped layers (block_engine.feature_layers)
@@ -172,12 +194,13 @@ def drafter_memory(shape: ModelShape, use, batch_size: int, context_len: int) ->
     per_seq = (use.size("layers") * (l + 1) * 2 * Hkv * D * dt      # the draft layers' caches
                + (L + 1) * F * h * dt                                 # the context rows' tapped features
                + L * K * (_I64 + _F32) + L * _F32 + 3 * _I64)         # marginals, confidences; lengths, n_new, verified
-    rounds = B * use.nodes * F * h * dt + _draft_peak(use, d, B, dt)
-    mtp = 0
-    if (shape.draft or {}).get("attention"):
-        mtp = shape.cache_bytes(B, l) - _without_draft(shape).cache_bytes(B, l)
-    return DrafterMemory(use, _weights(use, d, F) * dt, B * per_seq, rounds, mtp)
+    return DrafterMemory(use, _weights(use, d, F) * dt, B * per_seq, B * use.nodes * F * h * dt,
+                         _draft_peak(use, d, B, dt), _mtp_cache(shape, B, l))
 
 
-def _without_draft(shape: ModelShape) -> ModelShape:
-    return replace(shape, draft={k: v for k, v in shape.draft.items() if k != "attention"})
+def _mtp_cache(shape: ModelShape, batch_size: int, context_len: int) -> int:
+    """The MTP layer's cache the target's ``cache_bytes`` counts (0 for a shape without one)."""
+    if not (shape.draft or {}).get("attention"):
+        return 0
+    without = replace(shape, draft={k: v for k, v in shape.draft.items() if k != "attention"})
+    return shape.cache_bytes(int(batch_size), int(context_len)) - without.cache_bytes(int(batch_size), int(context_len))

@@ -1,7 +1,8 @@
 """The machines deployments run on: GPU memory and the link between a node's GPUs.
 
     m = get_machine("h200")                  # or the device a profile recorded: "NVIDIA H200"
-    m.usable_bytes                           # what weights and caches may take per GPU
+    m.usable_bytes                           # what a rank may allocate per GPU (weights, caches,
+                                             # round buffers, the CUDA context: simtree.deploy.memory)
     m.comm_path                              # its default collectives model (simtree/data/comm/)
 
 Shipped: ``simtree/data/machines.yaml``.  A user's own machines: a YAML file of the same form
@@ -28,25 +29,31 @@ MACHINES_ENV = "SIMTREE_MACHINES"
 class Machine:
     key: str
     devices: tuple[str, ...]
-    memory_gb: float          # per GPU, GB = 1e9 bytes
-    usable_fraction: float    # share of memory weights and persistent caches may take
+    memory_bytes: int         # per GPU: the capacity CUDA gives a process (torch's total_memory)
+    usable_fraction: float    # share of it a rank's counted bytes may take: the rest is the margin for the
+                              # caching allocator's fragmentation (reserved blocks no tensor fills)
     gpus_per_node: int
     link: str
     link_gb_s: float          # per GPU per direction
     comm: str                 # collectives model file (a name in simtree/data/comm/ or a path)
     where: str = ""           # the YAML file it came from
+    context_bytes: int = 0    # the CUDA context and libraries' workspaces a process holds outside PyTorch
 
     @property
     def name(self) -> str:
         return self.devices[0] if self.devices else self.key
 
     @property
-    def memory_bytes(self) -> int:
-        return int(self.memory_gb * 1e9)
+    def memory_gb(self) -> float:
+        return self.memory_bytes / 1e9
 
     @property
     def usable_bytes(self) -> int:
-        return int(self.memory_gb * 1e9 * self.usable_fraction)
+        return int(self.memory_bytes * self.usable_fraction)
+
+    def describe(self) -> str:
+        """'79.18 GiB x 0.95' (the capacity in the card's binary units, as CUDA reports it)."""
+        return f"{self.memory_bytes / 2**30:.2f} GiB x {self.usable_fraction:g}"
 
     @property
     def comm_path(self) -> Path:
@@ -66,6 +73,17 @@ def _number(entry: dict, key: str, where: str, low: float, high: float | None = 
     return float(value)
 
 
+def _memory_bytes(entry: dict, where: str) -> int:
+    """The GPU's capacity: ``memory_bytes`` (what CUDA reports, torch's total_memory) or, for a
+    table that gives it in decimal or binary units, ``memory_gb`` / ``memory_gib``: exactly one."""
+    given = [k for k in ("memory_bytes", "memory_gib", "memory_gb") if k in entry]
+    if len(given) != 1:
+        raise SimtreeError(f"{where}: give the GPU's memory as exactly one of memory_bytes, memory_gib, memory_gb "
+                           f"(got {', '.join(given) or 'none'})")
+    scale = {"memory_bytes": 1, "memory_gib": 2**30, "memory_gb": 1e9}[given[0]]
+    return int(_number(entry, given[0], where, 0) * scale)
+
+
 def _parse(data, where: str) -> dict[str, Machine]:
     if not isinstance(data, dict):
         raise SimtreeError(f"{where}: expected a mapping of machine names to their facts")
@@ -80,9 +98,13 @@ def _parse(data, where: str) -> dict[str, Machine]:
         gpus = entry.get("gpus_per_node", 8)
         if isinstance(gpus, bool) or not isinstance(gpus, int) or gpus < 1:
             raise SimtreeError(f"{w}: gpus_per_node must be an integer >= 1, got {gpus!r}")
-        out[str(key).lower()] = Machine(str(key).lower(), tuple(devices), _number(entry, "memory_gb", w, 0),
+        context = entry.get("cuda_context_mib", 0)
+        if isinstance(context, bool) or not isinstance(context, (int, float)) or context < 0:
+            raise SimtreeError(f"{w}: cuda_context_mib must be a number >= 0, got {context!r}")
+        out[str(key).lower()] = Machine(str(key).lower(), tuple(devices), _memory_bytes(entry, w),
                                         _number(entry, "usable_fraction", w, 0, 1), gpus, str(entry.get("link", "")),
-                                        _number(entry, "link_gb_s", w, 0), str(entry.get("comm", "")), where)
+                                        _number(entry, "link_gb_s", w, 0), str(entry.get("comm", "")), where,
+                                        int(context * 2**20))
     return out
 
 

@@ -126,7 +126,7 @@ def memory_notes(refused: dict) -> list[str]:
             notes.append(f"batch {b}: {len(out)} block-drafter candidate(s) not planned, the deployment memory check "
                          f"refuses one {mem.deployment} rank on {mem.machine.name} with their drafter (e.g. {spec.name} "
                          f"for {workload}, {mem.rank_batch} sequences at context {mem.context_len}: "
-                         f"{mem.total_bytes / 1e9:.1f} GB, {mem.drafter.total_bytes / 1e9:.1f} GB of it the "
+                         f"{mem.total_bytes / 1e9:.1f} GB, {mem.drafter_bytes / 1e9:.1f} GB of it the "
                          f"{mem.drafter.use.family} drafter's, of {mem.usable_bytes / 1e9:.1f} GB usable)")
     return notes
 
