@@ -400,3 +400,25 @@ def test_block_round_costs_names_the_bundle_that_priced_each_run_folder(tmp_path
     other = script.priced_with("qwen3.6-27b", refit)
     assert str(refit) in other and other.split("sha256 ")[1] != line.split("sha256 ")[1]
     assert script.render([], [], [line]).endswith("\n\n" + line + "\n")
+
+
+def test_a_bundle_fitted_on_a_replaced_profile_and_its_caveat_are_named():
+    """The run's plan recorded the profile its bundle was fitted on (by sha256) and the bundle's
+    caveat: a profile no longer at its path, or other bytes there, is said (the predictions are
+    that bundle's), and the caveat quoted; the shipped profile's own sha256 and no caveat say nothing."""
+    from simtree.data import data_path
+    from simtree.fileio import file_sha256
+    from simtree.runtime.full.modes_report import bundle_caveat
+    path = "simtree/data/profiles/h200/profile_deepseek-v4-flash_ep8.csv"
+    now = file_sha256(data_path("profiles", "h200", "profile_deepseek-v4-flash_ep8.csv"))
+
+    def policy(sha, caveat=None):
+        costs = {"source": {"profile": path, "sha256": sha}} | ({"caveat": caveat} if caveat else {})
+        return {"source": {"costs": costs}}
+    assert bundle_caveat(policy(f"sha256:{now}")) == [] and bundle_caveat(policy(now)) == []
+    assert bundle_caveat({}) == [] and bundle_caveat({"source": "x"}) == []
+    said = bundle_caveat(policy("sha256:" + "0" * 64, "profiled on the look-alike layers"))
+    assert len(said) == 2 and "replaced since" in said[0] and "000000000000" in said[0]
+    assert said[1] == "that bundle's caveat then: profiled on the look-alike layers"
+    gone = {"source": {"costs": {"source": {"profile": "simtree/data/profiles/h200/none.csv", "sha256": now}}}}
+    assert "replaced since" in bundle_caveat(gone)[0]

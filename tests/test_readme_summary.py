@@ -239,10 +239,14 @@ def test_serving_headline_adds_the_full_scale_live_run_only_where_it_ran(tmp_pat
     v4.assign(measured_tpot_ms=10.0, predicted_tpot_ms=[10.0, 10.0, 9.7, 10.0, 10.0, 10.0]).to_csv(
         d / "serve_live_full_v4.csv", index=False)
     both = summary.bench_serve_headline(d)
-    assert both.startswith(line[:-1]) and both.endswith("; DeepSeek-V4-Flash bf16 on NVIDIA H100 80GB HBM3, batch "
+    assert both.startswith(line[:-1]) and both.endswith("; DeepSeek-V4-Flash bf16, FP8 experts on NVIDIA H100 80GB HBM3, batch "
                                                         "changing 1, 16, 4, 8, 16, 1; frozen shipped bundle, out of "
                                                         "sample: measured TPOT vs predicted 3.0% at worst over 6 phases)")
-    (d / "serve_live_full_v4.csv").unlink()
+    v4.to_csv(d / "serve_live_full_v4b.csv", index=False)      # a second run of one model: refused in one line
+    with pytest.raises(SimtreeError, match="a second full-scale live run of deepseek-v4-flash"):
+        summary.bench_serve_headline(d)
+    for extra in ("serve_live_full_v4.csv", "serve_live_full_v4b.csv"):
+        (d / extra).unlink()
     run.drop(columns=["costs_sha256"]).to_csv(d / "serve_live_full.csv", index=False)
     with pytest.raises(SimtreeError, match="not a full-scale run"):
         summary.bench_serve_headline(d)

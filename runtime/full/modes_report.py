@@ -177,7 +177,8 @@ def load(d: Path, gpu: str | None = None) -> dict:
     meta["gpu_named"] = gpu_named
     meta["plan_deployment"] = deployment
     return {"run": run, "model": model, "gpu": gpu_name, "meta": meta, "rows": rows, "lossless": lossless, "problems": problems,
-            "absent": absent, "note": costs_note(modes, log, _policy_field(policy, "created")) + bundle_caveat(policy)}
+            "absent": absent, "note": "; ".join(filter(None, [costs_note(modes, log, _policy_field(policy, "created")),
+                                                          *bundle_caveat(policy)]))}
 
 
 def costs_note(modes: pd.DataFrame, log: list[str], created: str | None) -> str:
@@ -208,10 +209,10 @@ def _plan_policy(path: Path) -> dict:
     return policy if isinstance(policy, dict) else {}
 
 
-def bundle_caveat(policy: dict) -> str:
-    """'; that bundle ...' where the run's plan recorded a caveat of its cost bundle (what the
-    shipped bundle of the time said of its profile) or a profile (by sha256) that is no longer the
-    shipped one at its path: the run was priced by a bundle since refitted; '' otherwise."""
+def bundle_caveat(policy: dict) -> list[str]:
+    """What to say of the cost bundle the run's plan recorded: that it was fitted on a shipped
+    profile (by sha256) no longer at its path - the predictions are that bundle's, not today's -
+    and the caveat the bundle carried then; [] where neither."""
     src = policy.get("source") if isinstance(policy.get("source"), dict) else {}
     costs = src.get("costs") if isinstance(src.get("costs"), dict) else {}
     prof = costs.get("source") if isinstance(costs.get("source"), dict) else {}
@@ -222,11 +223,11 @@ def bundle_caveat(policy: dict) -> str:
         from simtree.fileio import file_sha256
         here = data_path(*Path(path).parts[2:])
         if not here.is_file() or file_sha256(here) != sha.removeprefix("sha256:"):
-            parts.append(f"fitted on a profile ({path}, {sha.removeprefix('sha256:')[:12]}) that has been replaced "
-                         "since: the shipped bundle is refitted, these predictions are the bundle of the run's time")
+            parts.append(f"that bundle was fitted on a profile ({path}, {sha.removeprefix('sha256:')[:12]}) replaced "
+                         "since: these predictions are the bundle of the run's time, not the one shipped now")
     if costs.get("caveat"):
         parts.append(f"that bundle's caveat then: {costs['caveat']}")
-    return "".join(f"; {p}" for p in parts)
+    return parts
 
 
 def _policy_field(policy: dict, key: str) -> str | None:

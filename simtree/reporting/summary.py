@@ -438,8 +438,8 @@ def bench_serve_headline(folder: Path) -> str:
         tpot.append(by.loc["controller", "tpot_p99_ms"] / by.loc["best_static", "tpot_p99_ms"] - 1)
     models = ", ".join(_model(m) for m in sorted(df["model"].unique()))
     return (f"{models}, in sample (the controller's settings chosen on these traces): the controller's throughput "
-            f"vs the best other policy {100 * min(margins):+.1f}% at "
-            f"worst, {100 * max(margins):+.1f}% at best over {len(margins)} (arrivals, load) points; TPOT p99 vs "
+            f"vs the best other policy {100 * min(margins):+.2f}% at "
+            f"worst, {100 * max(margins):+.2f}% at best over {len(margins)} (arrivals, load) points; TPOT p99 vs "
             f"the best static {100 * max(tpot):+.1f}% at worst; at most "
             f"{df[df.policy == 'controller']['switches_per_min'].max():.0f} switches/min"
             + _live_full_clause(sorted(folder.glob("serve_live_full*.csv"))))
@@ -450,15 +450,18 @@ def _live_full_clause(paths: list[Path]) -> str:
     per model, out of sample: a frozen shipped bundle), each one's worst phase TPOT error; empty
     without them."""
     from simtree.data import data_path
-    from simtree.serving.live_report import full_run, tpot_errors
-    parts = []
+    from simtree.serving.live_report import experts, full_run, tpot_errors
+    parts, models = [], []
     for path in paths:
         df, shipped = full_run(path)    # the report's checks (columns, rows, the frozen committed bundle, its device)
+        models.append(str(df.iloc[-1]["model"]))
+        if models.count(models[-1]) > 1:
+            raise SimtreeError(f"{path}: a second full-scale live run of {models[-1]} beside bench.csv: one per model")
         err, _ = tpot_errors(df)
         last = df.iloc[-1]
         kept = shipped.parent != data_path("costs")
         bundle = "the shipped bundle of the time, kept beside it" if kept else "frozen shipped bundle"
-        parts.append(f"{_model(last['model'])} {last['dtype']} on {last['device']}, batch changing "
+        parts.append(f"{_model(last['model'])} {last['dtype']}{experts(str(last['model']))} on {last['device']}, batch changing "
                      f"{', '.join(str(b) for b in df.batch_size)}; {bundle}, out of sample: measured TPOT vs "
                      f"predicted {100 * err.abs().max():.1f}% at worst over {len(err)} phases")
     return f"; live at full scale ({'; '.join(parts)})" if parts else ""

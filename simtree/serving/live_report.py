@@ -27,7 +27,7 @@ from simtree.errors import SimtreeError
 from simtree.fileio import file_sha256, write_text_atomic
 
 __all__ = ["COLUMNS", "CATCH_UP_COLUMNS", "REPRICE_COLUMNS", "FULL_COLUMNS", "TOLERANCE", "live_section", "full_run",
-           "full_section", "merge_section", "existing_section", "SECTION", "FULL_SECTION"]
+           "full_section", "merge_section", "existing_section", "experts", "SECTION", "FULL_SECTION"]
 
 COLUMNS = ["phase", "batch_size", "new_tokens", "rounds", "switches", "tiers", "measured_tpot_ms",
            "predicted_tpot_ms", "predicted_model_tpot_ms", "tokens_per_round", "wall_s", "prefill_ms", "device",
@@ -192,7 +192,7 @@ def _full_lines(df: pd.DataFrame, shipped: Path, command: str) -> list[str]:
     why = ": random weights accept nothing" if str(last.weights) == "random" else ""
     table, err, model_err = _table(df, False)
     return [f"OUT OF SAMPLE: the controller live in simtree's full runtime on {last['model']} ({last['dtype']}"
-            f"{_experts(str(last['model']))}, {weights}) on {last.device}, the batch changing phase by phase ({', '.join(str(b) for b in df.batch_size)}), "
+            f"{experts(str(last['model']))}, {weights}) on {last.device}, the batch changing phase by phase ({', '.join(str(b) for b in df.batch_size)}), "
             f"{int(df.new_tokens.iloc[0])} tokens per sequence per phase, prompts: {last.prompts}. Acceptance "
             f"replayed ({last.acceptance}{why}; each drafted tier's rounds accept as the modes runs replay them, a "
             "fresh draw each phase, and the controller's running estimate sees that). Costs frozen: the shipped "
@@ -208,7 +208,7 @@ def _full_lines(df: pd.DataFrame, shipped: Path, command: str) -> list[str]:
             _verdict(df, err, model_err), "", *table]
 
 
-def _experts(model: str) -> str:
+def experts(model: str) -> str:
     """', FP8 experts' where the model's routed experts run in FP8 (V4-Flash: its checkpoint's
     block-scaled FP8), '' otherwise or for a model this installation does not know."""
     from simtree.models import get_model
