@@ -142,22 +142,26 @@ def test_the_serving_benchmark_takes_the_default_machines_bundles():
 
 
 def test_a_shipped_bundles_caveat_is_stamped_into_its_meta_and_carried_by_its_plan(tmp_path):
-    """deployments.yaml's caveat (the H200 bundles: profiled on the earlier layers) is in the shipped
-    bundle's meta and leads its plan's notes; an entry without one (the H100's) ships none."""
+    """deployments.yaml's caveat (the H200 Qwen bundles: profiled before checkpoint parity) is in the
+    shipped bundle's meta and leads its plan's notes; an entry without one (V4-Flash's on both
+    machines, since its H200 profile is the real layers') ships none."""
     from simtree.deploy.shipped import caveat_for, stamp_caveat
     from simtree.parallel import parse_deployment
     from simtree.planning.planner import plan
     from simtree.acceptance.model import get_workload
     from simtree.reporting.plan_report import write_plan_report
 
-    dep = parse_deployment("ep=8")
-    text = caveat_for("deepseek-v4-flash", dep, "h200")
-    assert text and "look-alike" in text and caveat_for("deepseek-v4-flash", dep, "h100") is None
-    shipped = load_costs(shipped_bundle("deepseek-v4-flash", dep, "h200"))
+    dep, ep8 = parse_deployment("tp=1"), parse_deployment("ep=8")
+    text = caveat_for("qwen3.6-27b", dep, "h200")
+    assert text and "parity" in text and caveat_for("qwen3.6-27b", dep, "h100") is None
+    assert caveat_for("deepseek-v4-flash", ep8, "h200") is None and caveat_for("deepseek-v4-flash", ep8, "h100") is None
+    shipped = load_costs(shipped_bundle("qwen3.6-27b", dep, "h200"))
     assert shipped.meta.get("caveat") == text
-    assert "caveat" not in load_costs(shipped_bundle("deepseek-v4-flash", dep, "h100")).meta
+    for machine in ("h100", "h200"):
+        assert "caveat" not in load_costs(shipped_bundle("deepseek-v4-flash", ep8, machine)).meta
+    assert "caveat" not in load_costs(shipped_bundle("qwen3.6-27b", dep, "h100")).meta
     copy = tmp_path / "b.json"
-    copy.write_text(shipped_bundle("deepseek-v4-flash", dep, "h200").read_text())
+    copy.write_text(shipped_bundle("qwen3.6-27b", dep, "h200").read_text())
     bundle = json.loads(copy.read_text())
     bundle["meta"].pop("caveat")
     copy.write_text(json.dumps(bundle))
