@@ -6,7 +6,7 @@ its round's nodes as it ran them, its drafter) and the check's verdict.
     python -m simtree.runtime.full.memory_runs docs/deployments.md     # rewrite its table
 
 A run skipped (the time was up, or a check refused it before it ran) has no outcome and is left
-out; a run that failed otherwise too, its error named.
+out, as is a run that failed for another reason (the archives hold none).
 """
 from __future__ import annotations
 

@@ -137,7 +137,7 @@ def rank_memory(model: str | ModelShape, deployment, machine: str | Machine, bat
 
 
 def smallest_fit(model: str | ModelShape, machine: str | Machine, batch_size: int, context_len: int,
-                 like: Deployment | None = None, drafter=None) -> RankMemory | None:
+                 like: Deployment | None = None, drafter=None, cache_len: int | None = None) -> RankMemory | None:
     """The deployment with the fewest GPUs (of :data:`GPU_COUNTS`, at most the machine's node
     when ``like`` has no more) that fits: of ``like``'s kind first (its tp under expert
     parallelism), then expert parallelism for an MoE model, then tensor parallelism; None if
@@ -151,7 +151,7 @@ def smallest_fit(model: str | ModelShape, machine: str | Machine, batch_size: in
         kinds += ([Deployment(ep=g)] if moe and g > 1 else []) + [Deployment(tp=g)]
         for dep in kinds:
             try:
-                mem = rank_memory(shape, dep, m, batch_size, context_len, drafter=drafter)
+                mem = rank_memory(shape, dep, m, batch_size, context_len, drafter=drafter, cache_len=cache_len)
             except SimtreeError:
                 continue   # the split does not divide this model: not a deployment of it
             if mem.fits:
@@ -172,7 +172,8 @@ def check_fits(model: str | ModelShape, deployment, machine: str | Machine, batc
     mem = rank_memory(model, deployment, machine, batch_size, context_len, drafter=drafter, cache_len=cache_len)
     if mem.fits:
         return mem
-    best = smallest_fit(model, mem.machine, batch_size, context_len, like=mem.deployment, drafter=drafter)
+    best = smallest_fit(model, mem.machine, batch_size, context_len, like=mem.deployment, drafter=drafter,
+                        cache_len=cache_len)
     need = (f"it needs {best.deployment.gpus} GPUs ({best.deployment})" if best is not None else
             f"no deployment of up to {GPU_COUNTS[-1]} GPUs fits")
     raise SimtreeError(
