@@ -50,15 +50,16 @@ def verify(r, state, backend, pending, fold="pending", **switches):
                            **{fold: pending})
 
 
-def ref_out(r, state):
+def ref_out(r, state, qk_l2norm=True):
     return gdn_tree_verify_ref(r["q"].double(), r["k"].double(), r["v"].double(), r["g"].double(),
-                               r["beta"].double(), state.double(), r["parents"], r["cu_nodes"])
+                               r["beta"].double(), state.double(), r["parents"], r["cu_nodes"],
+                               qk_l2norm=qk_l2norm)
 
 
-def ref_commit(r, trees, state, accepted):
+def ref_commit(r, trees, state, accepted, qk_l2norm=True):
     return gdn_accepted_paths_ref(r["q"].double(), r["k"].double(), r["v"].double(),
                                   r["g"].double(), r["beta"].double(), state.double(), trees,
-                                  r["cu_nodes"], accepted)
+                                  r["cu_nodes"], accepted, qk_l2norm=qk_l2norm)
 
 
 def rel_err(a, b) -> float:

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 import torch
 
+from simtree.errors import SimtreeError
 from simtree.kernels.gdn import new_pending
 from simtree.kernels.gdn._launch import LaunchNotApplicable, VerifyLaunch
 from simtree.kernels.gdn._launched import launched_verify
@@ -53,40 +54,72 @@ def test_stream_verify_equals_the_default_verify(trees, switches, l2norm):
         assert rel_err(o, ref_out(r, S0)) < 1e-5
 
 
-def rounds(stream, seed=0):
+def rounds(stream, seed=0, trees1=None, sizes2=(3, 16, 9), qk_l2norm=True, armed=None,
+           waiting=None, **switches):
     """Round 1 verified and armed (each tree's deepest node: a 16-row path in the chain),
     round 2 verified folding it: (the state after round 2's verify, its out, round 2's inputs,
-    round 2's trees, the round, the state round 1's commit gives, round 2's cache)."""
+    round 2's trees, the round, the folded state's float64 reference, round 2's cache).
+    ``armed``: the sequences armed ([B] bool; the others hold accepted node 10**9, which
+    ``arm`` does not read; None all); ``waiting``: the columns of ``on`` left waiting after
+    the arm ([B, HV, V] bool; None all); without ``qk_l2norm`` q and k are scaled by K^-1/2
+    (|k| about 1, as normalised keys)."""
     rng, gen = np.random.default_rng(seed), torch.Generator().manual_seed(seed)
-    trees1 = [chain(16), fork(5), DraftTree([-1])]
+    trees1 = trees1 or [chain(16), fork(5), DraftTree([-1])]
     r1 = round_inputs(trees1, gen, K)
     S0 = torch.randn(3, HV, K, V, generator=gen) * 0.3
-    sw = dict(stream=1) if stream else {}
+    sw = dict(switches, stream=1) if stream else {}
     state, pr = S0.clone(), new_pending_round(3, HV, V, "cpu")
-    _, cache1 = run(r1, state, pr, **sw)          # never armed: folds nothing
+    trees2 = random_trees(rng, sizes2)
+    r2 = round_inputs(trees2, gen, K)
+    if not qk_l2norm:
+        for r in (r1, r2):
+            r["q"], r["k"] = r["q"] * K ** -0.5, r["k"] * K ** -0.5
+    _, cache1 = run(r1, state, pr, qk_l2norm, **sw)          # never armed: folds nothing
     assert torch.equal(state, S0)
     acc = deepest(trees1)
-    pr.arm(r1["k"], cache1, r1["cu_nodes"], acc)
-    trees2 = random_trees(rng, [3, 16, 9])
-    r2 = round_inputs(trees2, gen, K)
-    out2, cache2 = run(r2, state, pr, **sw)
-    return dict(state=state, out2=out2, r2=r2, trees2=trees2, pr=pr,
-                S1=ref_commit(r1, trees1, S0, acc),
+    S1 = ref_commit(r1, trees1, S0, acc, qk_l2norm)
+    if armed is None:
+        pr.arm(r1["k"], cache1, r1["cu_nodes"], acc)
+    else:
+        pr.arm(r1["k"], cache1, r1["cu_nodes"], torch.where(armed, acc, 10 ** 9), armed)
+        S1 = torch.where(armed[:, None, None, None], S1, S0.double())
+    if waiting is not None:
+        pr.on.masked_fill_(~waiting, 0)
+        S1 = torch.where(waiting[:, :, None, :], S1, S0.double())
+    out2, cache2 = run(r2, state, pr, qk_l2norm, **sw)
+    return dict(state=state, out2=out2, r2=r2, trees2=trees2, pr=pr, S1=S1, l2norm=qk_l2norm,
                 cache2=cache2, sw=sw, rng=rng, gen=gen)
 
 
-def test_stream_fold_equals_the_round_fold():
+# every third column of each tile and all of (sequence 0, value head 1) not waiting
+SOME_COLUMNS = (torch.arange(V) % 3 != 0).expand(3, HV, V).clone()
+SOME_COLUMNS[0, 1] = False
+
+
+@pytest.mark.parametrize("case", [
+    dict(),
+    dict(block_v=16),                                                # two V blocks a head
+    dict(waiting=SOME_COLUMNS),
+    dict(armed=torch.tensor([False, True, True])),
+    dict(trees1=[chain(32), fork(20), DraftTree([-1])], sizes2=(3, 30, 9), block_t=32),
+    dict(trees1=[chain(17), fork(3), DraftTree([-1])]),    # trees of <= 16 after 17-32
+    dict(qk_l2norm=False)],
+    ids=["one_block", "block_v16", "some_columns", "not_armed_any_accepted", "block_t32",
+         "round_before_larger", "no_l2norm"])
+def test_stream_fold_equals_the_round_fold(case):
     """The streamed verify folding a round: o and the folded state as the round form's walk
     (FOLD 3) and the float64 references; the flags cleared; a second verify with the same
-    round folds nothing twice (same state, same outputs)."""
-    s, t = rounds(True), rounds(False)
+    round folds nothing twice (same state, same outputs).  Over V blocks of 16, some columns
+    waiting, a sequence not armed (any accepted node: none of its rows is read), 32-node
+    sub-chunks, a round before larger than the trees now (block_t 32 picked) and raw q / k."""
+    s, t = rounds(True, **case), rounds(False, **case)
     assert s["cache2"].launch == {"stream": 1, "fold": 5} and t["cache2"].launch["fold"] in (3, 4)
     assert rel_err(s["state"], t["state"]) < 1e-6 and rel_err(s["out2"], t["out2"]) < 1e-5
     assert rel_err(s["state"], s["S1"]) < 1e-5
-    assert rel_err(s["out2"], ref_out(s["r2"], s["S1"])) < 1e-5
+    assert rel_err(s["out2"], ref_out(s["r2"], s["S1"], s["l2norm"])) < 1e-5
     assert not s["pr"].on.any()
     folded = s["state"].clone()
-    again, _ = run(s["r2"], s["state"], s["pr"], **s["sw"])
+    again, _ = run(s["r2"], s["state"], s["pr"], s["l2norm"], **s["sw"])
     assert torch.equal(s["state"], folded) and rel_err(again, s["out2"]) < 1e-6
 
 
@@ -115,7 +148,8 @@ def test_stream_fold_of_some_sequences_and_an_aborted_round():
 
 def test_the_switch_is_refused_where_it_cannot_run():
     """One line each: trees larger than the sub-chunk, a pending path, the torch backend,
-    another walk's switch, a round before of trees larger than the sub-chunk."""
+    another walk's switch (the walk's own g_prologue, u_bf16, pdl too: none applies), a round
+    before of trees larger than the sub-chunk asked for."""
     gen = torch.Generator().manual_seed(5)
     big = round_inputs([chain(17), fork(3)], gen, K)
     small = round_inputs([fork(3), chain(9)], gen, K)
@@ -134,9 +168,22 @@ def test_the_switch_is_refused_where_it_cannot_run():
                                  state, small["parents"], small["cu_nodes"],
                                  launch=VerifyLaunch("torch", stream=1)), "triton backend"),
         (lambda: run(small, state, stream=1, transposed=1), "transposed"),
-        (lambda: run(small, state, pr, stream=1), "has 17")]
+        (lambda: run(small, state, stream=1, g_prologue=1), "none of g_prologue$"),
+        (lambda: run(small, state, stream=1, u_bf16=1, pdl=1), "none of u_bf16, pdl$"),
+        (lambda: run(small, state, pr, stream=1, block_t=16), "has 17")]
     for call, text in cases:
         with pytest.raises(LaunchNotApplicable, match=text) as e:
             call()
         assert "\n" not in str(e.value)
     assert pr.on.all() and torch.equal(state, torch.zeros_like(state))   # nothing ran
+
+
+def test_v_not_a_power_of_two_is_refused():
+    """V = 96 at the default block_v 64: one line, not a launch that leaves columns 64-95
+    unwritten and their flags set (as the default verify, V a power of two >= 16)."""
+    gen = torch.Generator().manual_seed(6)
+    r = round_inputs([fork(3)], gen, K)
+    r["v"] = torch.randn(3, HV, 96, generator=gen)
+    with pytest.raises(SimtreeError, match="V=96") as e:
+        run(r, torch.zeros(1, HV, K, 96), stream=1)
+    assert "\n" not in str(e.value)

@@ -112,10 +112,12 @@ class VerifyLaunch(_Switches):
     prefetches each sub-chunk's v rows two sub-chunks ahead, 16 with 1: that prefetch two
     sub-chunks before the program's end rather than at its start.
     stream: 1 the K-streamed verify of trees of one sub-chunk (``_stream_kernel.py``: block_t
-    16 or 32, no tree larger; block_v 64, 4 warps, num_stages 2 unless set; the state read in
-    32-row pieces, a pending round of trees no larger folded piece by piece;
+    16 or 32, no tree larger, unset the smaller that holds the trees and an armed pending
+    round's; block_v 64, 4 warps, num_stages 2 unless set; K and V powers of two; the state
+    read in 32-row pieces, a pending round of trees no larger folded piece by piece;
     ``GDNTreeCache.launch`` records stream 1 and fold 5).  Of the other switches it takes
-    max_registers and u_cache_bf16 only; the rule leaves it off (not measured yet).
+    max_registers and u_cache_bf16 only (any other set raises ``LaunchNotApplicable``); the
+    rule leaves it off (not measured yet).
 
     A switch asked for where the others rule it out raises ``LaunchNotApplicable``; the
     rule's own choices give way there instead (e.g. the Triton walk where the CUDA one

@@ -19,19 +19,24 @@ __all__ = ["verify_stream", "STREAM_BLOCK_K", "STREAM_BLOCK_V"]
 
 STREAM_BLOCK_K = 32   # state rows per streamed piece
 STREAM_BLOCK_V = 64   # V columns per program unless the launch says
-# switches of the other walks: the streamed verify takes none of them
+# switches of the other walks: the streamed verify takes none of them (asked for, they are
+# refused, not ignored)
 _OTHER_WALKS = ("kside", "transposed", "cuda_walk", "walk_kside", "kside_cuda", "l2_prefetch",
                 "prenorm", "heavy_first", "prefetch", "g_pass", "early", "kside_registers",
-                "kside_heads", "solve_bf16")
+                "kside_heads", "solve_bf16", "g_prologue", "u_bf16", "pdl")
 
 
-def stream_block_t(ask: VerifyLaunch, max_nodes: int) -> int:
+def stream_block_t(ask: VerifyLaunch, max_nodes: int, round_nodes: int = 0) -> int:
     """The streamed verify's sub-chunk: the launch's block_t, else the smallest of 16 / 32
-    that holds every tree; ``LaunchNotApplicable`` where none does."""
-    BT = ask.block_t or (16 if max_nodes <= 16 else 32)
+    that holds every tree and the pending round's (``round_nodes``: its largest tree, 0
+    none; its path is gathered in one sub-chunk); ``LaunchNotApplicable`` where none does."""
+    BT = ask.block_t or (16 if max(max_nodes, round_nodes) <= 16 else 32)
     if BT not in (16, 32) or max_nodes > BT:
         raise LaunchNotApplicable(f"stream verifies trees of one sub-chunk (block_t 16 or 32, at "
                                   f"most block_t nodes): got {max_nodes} nodes at block_t {BT}")
+    if round_nodes > BT:
+        raise LaunchNotApplicable(f"stream folds a round of trees of at most block_t = {BT} nodes "
+                                  f"(one path gather), the round before has {round_nodes}")
     return BT
 
 
@@ -53,20 +58,19 @@ def verify_stream(q, k, v, g, beta, state, cu_nodes, meta: TreeMeta, scale: floa
     if other:
         raise LaunchNotApplicable(f"stream is a walk of its own: it takes none of "
                                   f"{', '.join(other)}")
-    BT = stream_block_t(ask, meta.max_nodes)
+    if pending_round is not None and not pending_round.armed:
+        pending_round = None   # nothing was ever armed: nothing can wait
+    # an armed round's size counts whether or not its flags were cleared (reading them syncs)
+    BT = stream_block_t(ask, meta.max_nodes,
+                        pending_round.cache.meta.max_nodes if pending_round is not None else 0)
     N, H, K = q.shape
     HV, V = v.shape[1], v.shape[2]
     B = cu_nodes.numel() - 1
     BV = min(V, ask.block_v or STREAM_BLOCK_V)
-    if K < 16 or K & (K - 1) or BV < 16 or BV & (BV - 1):
-        raise SimtreeError(f"stream needs K a power of two >= 16 and block_v a power of two "
-                           f">= 16, got K={K}, block_v={BV}")
-    if pending_round is not None and not pending_round.armed:
-        pending_round = None   # nothing was ever armed: nothing can wait
-    if pending_round is not None and pending_round.cache.meta.max_nodes > BT:
-        raise LaunchNotApplicable(f"stream folds a round of trees of at most block_t = {BT} nodes "
-                                  f"(one path gather), the round before has "
-                                  f"{pending_round.cache.meta.max_nodes}")
+    # one program per BV columns: V // BV of them cover V only where V is a power of two
+    if K < 16 or K & (K - 1) or V < 16 or V & (V - 1) or BV < 16 or BV & (BV - 1):
+        raise SimtreeError(f"stream needs K and V powers of two >= 16 and block_v a power of "
+                           f"two >= 16, got K={K}, V={V}, block_v={BV}")
     prec = "tf32" if q.dtype in (torch.bfloat16, torch.float16) else "ieee"
     DT = tl.bfloat16 if prec == "tf32" and not rule.INTERPRET else tl.float32
     ucache16 = ask.u_cache_bf16 != 0 and prec == "tf32"   # the rule's u buffer (None: bf16)

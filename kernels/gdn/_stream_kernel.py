@@ -53,14 +53,15 @@ def _round_path(rk_ptr, ru_ptr, rG_ptr, rbits_ptr, rcu_ptr, racc_ptr, pon, i_b, 
     """The round before's accepted path, gathered once: (flags ``on`` [BV], the columns'
     decay (e^{G_a} where on, else 1) [BV], path rows' k row pointers [BP, 1] and their mask
     [BP], weights e^{G_a - G_m} / |k_m| [BP], u rows [BP, BV] fp32 (zero off the waiting
-    columns)).  Nothing waits in this tile: the mask is all off (the loads then move nothing)."""
+    columns)).  Nothing waits in this tile: the mask is all off (the loads then move nothing;
+    a sequence not armed may hold any accepted node, so its row is not read either)."""
     on = tl.load(pon) != 0
     any_on = tl.max(on.to(tl.int32), axis=0) > 0
     bos, a = _round_at(rcu_ptr, racc_ptr, i_b)
     arow = bos + a
-    Ga = tl.load(rG_ptr + arow * HV + i_hv)
+    Ga = tl.load(rG_ptr + arow * HV + i_hv, mask=any_on, other=0.)
     # the round's trees have at most BP <= 64 nodes: a's path is in its first ancestor word
-    word = tl.load(rbits_ptr + arow * RW).to(tl.uint64, bitcast=True)
+    word = tl.load(rbits_ptr + arow * RW, mask=any_on, other=0).to(tl.uint64, bitcast=True)
     cnt = tl.where(any_on, _popcount64(word).to(tl.int64), 0)   # path rows to fold here
     slot = tl.arange(0, BP)
     pv = slot < cnt
