@@ -166,49 +166,93 @@ def test_a_deadline_loses_whole_points(monkeypatch):
     assert sum("skipped whole" in line for line in said) == 1
 
 
+H100_MODES = ROOT / "reports" / "validation" / "frozen_h100_qwen3.6-27b_tp1_modes.json"   # the H100 runs' bundle
+
+
+def _fake_h100(monkeypatch):
+    import torch
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "NVIDIA H100 80GB HBM3")
+
+
+def _shapes_full_run(calls):
+    """full_run without the device: each run's RoundShape made as full_run makes it (its
+    AcceptanceSource's, at the point's context and batch), handed with its spec to ``skip``; records
+    {spec name: (bucket, skip's line)} per call."""
+    import simtree.runtime.full.measure as measure
+
+    def fake_full_run(model, *, batch_sizes, context_len, extra, costs, acceptance, deadline=None, skip=None, **kw):
+        source, (B,) = measure.AcceptanceSource(None, acceptance, "cpu", 0), batch_sizes
+        got = {}
+        for _, spec in [("plain", measure.PLAIN), ("linear_d4", measure.LINEAR_D4), *extra]:
+            rs = source.round_shape(spec, B, costs, context_len)
+            got[spec.name] = (rs.nodes, skip(spec, rs) if callable(skip) else skip)
+        calls.append(got)
+    return fake_full_run
+
+
 def test_a_point_the_memory_check_refuses_spends_no_gpu_time(monkeypatch):
-    """A point where plain decoding does not fit: every run of the point is a skipped row saying why,
-    nothing is timed, and the next point that fits runs."""
-    from simtree.deploy.memory import rank_memory
+    """Qwen3.6-27B on one H100 at batch 64, context 4096 (the H100 runs' rounds): plain decoding does
+    not fit (the check's own verdict, not a stand-in's), so every run of the point is a skipped row
+    saying why, nothing is timed, and the next point, where everything fits, runs."""
+    import simtree.runtime.full.measure as measure
     from simtree.models import get_model
 
+    _fake_h100(monkeypatch)
     calls = []
-
-    def fake_full_run(model, *, batch_sizes, context_len, extra, deadline=None, skip=None, **kw):
-        calls.append((context_len, batch_sizes[0], skip))
-    import simtree.runtime.full.measure as measure
-    monkeypatch.setattr(measure, "full_run", fake_full_run)
-    monkeypatch.setattr(oos, "_memory_refusal", lambda shape, dep, b, l, spec, rounds: (
-        None if b < 64 and rank_memory(shape, dep, "h100", b, l, rank_alone=True, drafter=spec).fits
-        else "does not fit"))
+    monkeypatch.setattr(measure, "full_run", _shapes_full_run(calls))
     said = []
     built = SimpleNamespace(shape=get_model("qwen3.6-27b"))
-    oos._points(built, None, Path("unused"), [(4096, 64), (1024, 8)], oos.policies(["eagle"])[:4], said.append,
-                end=1e12, device="cpu", acceptance="gsm8k", rounds=2, min_draws=0, deployment="tp=1")
-    assert calls == [(4096, 64, "does not fit"), (1024, 8, None)]
-    assert any("skipped whole, does not fit" in line for line in said)
+    oos._points(built, load_costs(H100_MODES), Path("unused"), [(4096, 64), (1024, 8)], oos.policies(["eagle"])[:4],
+                said.append, end=1e12, device="cpu", acceptance="gsm8k", rounds=24, min_draws=96, deployment="tp=1")
+    at_4096, at_1024 = calls
+    whys = {why for _, why in at_4096.values()}
+    (why,) = whys
+    assert why.startswith("the deployment memory check refuses it: one tp=1 rank of qwen3.6-27b run alone does not "
+                          "fit NVIDIA H100 80GB HBM3 at batch 64") and f"(64 sequences x {4096 + 29 + 8} rows" in why
+    assert not any(why for _, why in at_1024.values())
+    assert any(f"skipped whole, {why}" in line for line in said)
 
 
 def test_the_memory_refusal_names_the_shortfall_or_is_none_off_the_gpu(monkeypatch):
+    """The check of one run as full_run builds it: the cache rows of the batch's rounds
+    (RunConfig.for_batch: at least ceil(min_draws / B)) and the bucket it verifies, not the mode's
+    largest round."""
+    import dataclasses
+
     import torch
 
     from simtree.deploy.memory import rank_memory
+    from simtree.machine.machines import get_machine
     from simtree.models import get_model
-    from simtree.runtime.full.measure import LINEAR_D4, run_max_len
-    qwen = get_model("qwen3.6-27b")
+    from simtree.planning.modes import PolicySpec
+    from simtree.runtime.full.drafting import round_shape
+    from simtree.runtime.full.measure import LINEAR_D4, RunConfig, run_max_len
+    qwen, linear = get_model("qwen3.6-27b"), round_shape(LINEAR_D4)
+    cfg = RunConfig(4096, 24, oos.WARMUP_ROUNDS, min_draws=96)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    assert oos._memory_refusal(qwen, "tp=1", 64, 4096, LINEAR_D4, 24) is None     # no GPU: no machine to check
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "NVIDIA H100 80GB HBM3")
-    why = oos._memory_refusal(qwen, "tp=1", 64, 4096, LINEAR_D4, 24)
+    assert oos._memory_refusal(qwen, "tp=1", 64, LINEAR_D4, linear, cfg.for_batch(64)) is None   # no GPU: unchecked
+    _fake_h100(monkeypatch)
+    why = oos._memory_refusal(qwen, "tp=1", 64, LINEAR_D4, linear, cfg.for_batch(64))
     # the rows the run allocates: the context and 29 rounds of its 4-row accepted paths, and 8
     rows = run_max_len(4096, 4, oos.WARMUP_ROUNDS, 24)
     mem = rank_memory(qwen, "tp=1", "h100", 64, 4096, rank_alone=True, drafter=LINEAR_D4, cache_len=rows)
     assert rows == 4096 + 29 * 4 + 8 and f"x {rows} rows" in why and f"= {mem.total_bytes / 1e9:.1f} GB" in why
     assert why.startswith("the deployment memory check refuses it: ") and "at most batch" in why
-    assert oos._memory_refusal(qwen, "tp=1", 8, 1024, LINEAR_D4, 24) is None      # fits
+    small = RunConfig(1024, 24, oos.WARMUP_ROUNDS, min_draws=96)
+    assert oos._memory_refusal(qwen, "tp=1", 8, LINEAR_D4, linear, small.for_batch(8)) is None      # fits
+    # batch 2 runs 48 rounds (96 draws), not 24: its cache rows say so
+    why = oos._memory_refusal(qwen, "tp=1", 2, LINEAR_D4, linear, small.for_batch(2),
+                              machine=dataclasses.replace(get_machine("h100"), memory_bytes=40 * 2 ** 30))
+    assert f"x {run_max_len(1024, 4, oos.WARMUP_ROUNDS, 48)} rows" in why
+    # DSpark at batch 64, context 1536 (ran on the H100): refused at its chain's 8 nodes, it fits at
+    # the 4-node bucket it verified
+    dspark = PolicySpec.from_dict("dspark", {"block_len": 7})
+    at = RunConfig(1536, 24, oos.WARMUP_ROUNDS, min_draws=96).for_batch(64)
+    assert oos._memory_refusal(qwen, "tp=1", 64, dspark, round_shape(dspark), at) is not None
+    assert oos._memory_refusal(qwen, "tp=1", 64, dspark, round_shape(dspark, 4), at) is None
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "Some Unknown GPU")
-    assert oos._memory_refusal(qwen, "tp=1", 64, 4096, LINEAR_D4, 24) is None     # no machine table: unchecked
+    assert oos._memory_refusal(qwen, "tp=1", 64, LINEAR_D4, linear, cfg.for_batch(64)) is None   # no machine table
 
 
 @pytest.mark.parametrize("make, match", [
@@ -351,38 +395,38 @@ def test_a_bundle_finds_its_profile_by_sha256_among_those_given(tmp_path):
 
 
 def test_a_mode_whose_drafter_does_not_fit_is_skipped_alone(monkeypatch):
-    """Qwen3.6-27B on one H100 at batch 64, context 1536: the MTP-drafted modes fit, the block
-    drafters' modes do not (block D=8 ran on the H100 all the same, 0.2 GB past the check's usable
-    memory: docs/deployments.md): each is a skipped row with the check's line while the point's
-    other runs go on; at a point where they fit nothing is skipped."""
-    import torch
-
+    """Qwen3.6-27B on one H100 at batch 64, context 1536 (the H100 runs' bundle, rounds and draws):
+    the MTP-drafted modes and DSpark (both of its runs ran there, verifying a 4-node bucket of its
+    8-node chain) fit, the block drafters' modes do not (block D=8 ran on the H100 all the same,
+    0.2 GB past the check's usable memory: docs/deployments.md): each is a skipped row with the
+    check's line while the point's other runs go on.  At batch 48, context 4096 (DSpark ran out
+    of memory there) DSpark is refused too; at a point where they fit nothing is skipped."""
     import simtree.runtime.full.measure as measure
     from simtree.models import get_model
 
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "NVIDIA H100 80GB HBM3")
+    _fake_h100(monkeypatch)
     calls = []
-
-    def fake_full_run(model, *, batch_sizes, context_len, extra, deadline=None, skip=None, **kw):
-        calls.append({s.name: skip(s) if callable(skip) else skip for _, s in extra})
-    monkeypatch.setattr(measure, "full_run", fake_full_run)
+    monkeypatch.setattr(measure, "full_run", _shapes_full_run(calls))
     said = []
-    oos._points(SimpleNamespace(shape=get_model("qwen3.6-27b")), None, Path("unused"), [(1536, 64), (1024, 8)],
-                oos.policies(["eagle", "block", "tfm"]), said.append, end=1e12, device="cpu", acceptance="gsm8k",
-                rounds=24, min_draws=0, deployment="tp=1")     # the H100 runs' rounds: their cache rows
-    at_64, at_8 = calls
-    refused = {name for name, why in at_64.items() if why}
-    assert refused == {"block_d8_p7", "block_d16_p7", "tfm_d16_w4_p7"}    # the MTP chain, eagle: fit
-    assert all(at_64[n].startswith("the deployment memory check refuses it: one tp=1 rank") for n in refused)
-    assert "of the block drafter" in at_64["block_d16_p7"] and not any(at_8.values())
+    extra = oos.policies(["eagle", "block", "tfm", "dspark"])
+    assert {s.name for _, s in extra} >= {"dspark_p7_sched", "dspark_p7_t0.3"}
+    oos._points(SimpleNamespace(shape=get_model("qwen3.6-27b")), load_costs(H100_MODES), Path("unused"),
+                [(1536, 64), (4096, 48), (1024, 8)], extra, said.append, end=1e12, device="cpu", acceptance="gsm8k",
+                rounds=24, min_draws=96, deployment="tp=1")
+    at_64, at_48, at_8 = calls
+    refused = {name for name, (_, why) in at_64.items() if why}
+    assert refused == {"block_d8_p7", "block_d16_p7", "tfm_d16_w4_p7"}    # the MTP chain, eagle, dspark: fit
+    assert at_64["dspark_p7_sched"][0] == at_64["dspark_p7_t0.3"][0] == 4     # the bucket each verified
+    assert all(at_64[n][1].startswith("the deployment memory check refuses it: one tp=1 rank") for n in refused)
+    assert "of the block drafter" in at_64["block_d16_p7"][1] and not any(why for _, why in at_8.values())
+    assert at_48["dspark_p7_sched"][1] and at_48["dspark_p7_t0.3"][1] and not at_48["none"][1]
     assert any("block_d16_p7 skipped, the deployment memory check" in line for line in said)
-    assert any(f"{len(at_64) + 2 - 3} runs" in line for line in said if "batch 64" in line)
+    assert any(f"{len(at_64) - 3} runs" in line for line in said if "batch 64" in line)
 
 
 def test_full_run_skips_the_runs_its_skip_function_names():
-    """``skip`` as a function of the run's PolicySpec: the runs it gives a line for are skipped
-    rows saying it, before anything is built for them."""
+    """``skip`` as a function of the run's PolicySpec and RoundShape: the runs it gives a line for
+    are skipped rows saying it, before anything is built for them; a line skips every run."""
     import torch
 
     from full_helpers import tiny_model
@@ -390,8 +434,16 @@ def test_full_run_skips_the_runs_its_skip_function_names():
     from simtree.runtime.full.measure import full_run
 
     block = PolicySpec.from_dict("block", {"budget": 8, "block_len": 7})
+    seen = []
+
+    def skip(spec, rs):
+        seen.append((spec.name, rs.nodes))
+        return "too big" if spec.mode != "none" else None
     out = full_run(tiny_model("tiny-gdn", dtype=torch.float32), device="cpu", batch_sizes=[2], acceptance="gsm8k",
-                   context_len=32, rounds=1, warmup_rounds=0, extra=[("block", block)],
-                   skip=lambda spec: "too big" if spec.mode != "none" else None)
+                   context_len=32, rounds=1, warmup_rounds=0, extra=[("block", block)], skip=skip)
     errors = {r["label"]: r.get("error") for r in out["runs"]}
     assert errors == {"plain": None, "linear_d4": "skipped: too big", "block": "skipped: too big"}
+    assert seen == [("none", 1), ("linear_d4", 4), ("block_d8_p7", 8)]     # each run's own shape
+    out = full_run(tiny_model("tiny-gdn", dtype=torch.float32), device="cpu", batch_sizes=[2], acceptance="gsm8k",
+                   context_len=32, rounds=1, warmup_rounds=0, skip="plain does not fit")      # a line: every run
+    assert {r.get("error") for r in out["runs"]} == {"skipped: plain does not fit"}

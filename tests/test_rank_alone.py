@@ -3,6 +3,7 @@ V4 rank measures (b sequences on the rank, no all-to-all) is labelled so in the 
 nothing that serves a deployment takes it for one."""
 import json
 import warnings
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -137,20 +138,24 @@ def test_the_rank_run_alone_holds_every_sequence_of_its_batch(monkeypatch):
     deployment (64 sequences a rank) but not the rank holding all 512 - one line, nothing built."""
     from simtree.deploy.memory import check_fits, check_rank_fits, largest_batch
     from simtree.machine.machines import get_machine
+    from simtree.runtime.full.drafting import round_shape
+    from simtree.runtime.full.measure import MIN_DRAWS, PLAIN, RunConfig, memory_use
     import simtree.cli.run as cli_run
     import simtree.machine.metadata as metadata
 
     assert check_fits("deepseek-v4-flash", "ep=8", "h200", 512, 32768).rank_batch == 64
-    most = largest_batch("deepseek-v4-flash", "ep=8", "h200", 32768, rank_alone=True)
+    plain = memory_use(PLAIN, round_shape(PLAIN), RunConfig(32768, min_draws=MIN_DRAWS).for_batch(512))  # as it runs
+    most = largest_batch("deepseek-v4-flash", "ep=8", "h200", 32768, rank_alone=True, **plain)
     assert 64 <= most < 512
-    assert check_rank_fits("deepseek-v4-flash", "ep=8", "h200", most, 32768).rank_batch == most
+    assert check_rank_fits("deepseek-v4-flash", "ep=8", "h200", most, 32768, **plain).rank_batch == most
     monkeypatch.setattr(cli_run, "_gpu_machine", lambda device: get_machine("h200"))
     monkeypatch.setattr(metadata, "require_device", lambda device: None)
     res = CliRunner().invoke(app, ["run", "--model", "deepseek-v4-flash", "--deployment", "ep=8", "--device", "cuda",
                                    "--batch-size", "1,512", "--context-len", "32768", "--acceptance", "gsm8k"])
     assert isinstance(res.exception, SimtreeError), res.output
     line = str(res.exception)
-    assert "\n" not in line and "does not fit NVIDIA H200 at batch 512" in line and f"at most batch {most} fits" in line
+    assert "\n" not in line and line.startswith("run plain:none at batch 512, context 32768, 1 node a sequence: ")
+    assert "does not fit NVIDIA H200 at batch 512" in line and f"at most batch {most} fits" in line
 
 
 @pytest.mark.filterwarnings("ignore::simtree.errors.ExtrapolationWarning")
@@ -188,24 +193,54 @@ def test_dspark_schedules_the_sequences_of_one_rank():
     assert alone["tokens_per_round"] == row["tokens_per_round"] and alone["nodes_per_seq"] == row["nodes_per_seq"]
 
 
-def test_simtree_run_checks_the_block_drafter_its_policy_names(monkeypatch, tmp_path):
-    """simtree run --policy on one H100: a plan whose batch-64 entry is the block drafter at D=16
-    is refused in one line naming that drafter (Qwen3.6-27B at context 1536: the MTP layer fits,
-    the block drafter does not), nothing built; its MTP-drafted entries pass the same check."""
-    from simtree.cli.run import _block_drafted, _rank_model
+def test_simtree_run_checks_each_run_it_measures(monkeypatch, tmp_path):
+    """simtree run --model on one H100 checks every run full_run measures as full_run makes it: each
+    batch's plain, linear D=4 and the plan's choice, at the bucket it verifies, with its drafter, the
+    cache rows of its rounds and the context it runs.  Qwen3.6-27B at context 1536 (the H100 runs'
+    bundle): the plan's DSpark at batch 64 (its 4-node bucket of the 8-node chain; it ran on the
+    H100) passes, the block drafter at D=16 (it ran out of memory) is refused in one line naming the
+    run, nothing built.  Without --context-len, batch 130 runs at gsm8k's mean prompt (256 tokens),
+    where linear D=4 does not fit (at context 0 it would)."""
+    from simtree.deploy.memory import rank_memory
     from simtree.machine.machines import get_machine
     from simtree.planning.modes import PolicySpec
     from simtree.planning.policy_file import PolicyEntry
+    from simtree.runtime.full import measure
+    from simtree.runtime.full.drafting import round_shape
     import simtree.cli.run as cli_run
+    import simtree.machine.metadata as metadata
+    import simtree.runtime.full.build as build
 
-    block = PolicySpec.from_dict("block", {"budget": 16, "block_len": 7})
-    linear = PolicySpec.from_dict("linear", {"budget": 4})
-    planned = Policy("qwen3.6-27b", "NVIDIA H100 80GB HBM3", [PolicyEntry("gsm8k", 1, 16, linear, 1.0, 1.0, 1.0),
-                                                               PolicyEntry("gsm8k", 17, 64, block, 1.0, 1.0, 1.0)])
-    assert _block_drafted(planned, None, [8, 64]) == [(64, block)] == _block_drafted(planned, "gsm8k", [64])
-    assert _block_drafted(planned, None, [8]) == []
+    h100_modes = str(Path(__file__).resolve().parents[1] / "reports" / "validation" /
+                     "frozen_h100_qwen3.6-27b_tp1_modes.json")
     monkeypatch.setattr(cli_run, "_gpu_machine", lambda device: get_machine("h100"))
-    assert _rank_model("qwen3.6-27b", "tp=1", "cuda", [8, 64], 1536) == "qwen3.6-27b"       # the MTP layer fits
-    with pytest.raises(SimtreeError, match="at batch 64: .* of the block drafter") as err:
-        _rank_model("qwen3.6-27b", "tp=1", "cuda", [8, 64], 1536, _block_drafted(planned, None, [8, 64]))
-    assert "\n" not in str(err.value)
+    monkeypatch.setattr(metadata, "require_device", lambda device: None)
+    monkeypatch.setattr(build, "build_model", lambda *a, **k: pytest.fail("built"))
+
+    def reached(model, **runs):
+        raise SimtreeError(f"full_run reached with {model}")
+    monkeypatch.setattr(measure, "full_run", reached)
+    linear = PolicySpec.from_dict("linear", {"budget": 4})
+
+    def run(entry: PolicySpec, *args):
+        path = Policy("qwen3.6-27b", "NVIDIA H100 80GB HBM3", [PolicyEntry("gsm8k", 1, 16, linear, 1.0, 1.0, 1.0),
+                                                                PolicyEntry("gsm8k", 17, 64, entry, 1.0, 1.0, 1.0)])
+        path = path.save(tmp_path / f"{entry.name}.json")
+        res = CliRunner().invoke(app, ["run", "--model", "qwen3.6-27b", "--deployment", "tp=1", "--device", "cuda",
+                                       "--costs", h100_modes, "--policy", str(path), "--acceptance", "gsm8k", *args])
+        assert isinstance(res.exception, SimtreeError), res.output
+        return str(res.exception)
+
+    dspark = PolicySpec.from_dict("dspark", {"block_len": 7})
+    at_1536 = ["--batch-size", "8,64", "--context-len", "1536"]
+    assert run(dspark, *at_1536) == "full_run reached with qwen3.6-27b"
+    assert not rank_memory("qwen3.6-27b", "tp=1", "h100", 64, 1536, rank_alone=True, drafter=dspark,
+                           cache_len=1536 + 38 * 8 + 8).fits          # at the chain's 8 nodes it would be refused
+    line = run(PolicySpec.from_dict("block", {"budget": 16, "block_len": 7}), *at_1536)
+    assert "\n" not in line and line.startswith("run plan:block_d16_p7 at batch 64, context 1536, 16 nodes a "
+                                                "sequence: one tp=1 rank of qwen3.6-27b run alone does not fit")
+    assert "of the block drafter" in line and f"(64 sequences x {1536 + 38 * 8 + 8} rows" in line
+    line = run(dspark, "--batch-size", "130")
+    assert line.startswith("run linear_d4:linear_d4 at batch 130, context 256, 4 nodes a sequence: ")
+    assert rank_memory("qwen3.6-27b", "tp=1", "h100", 130, 0, rank_alone=True, drafter=linear,
+                       cache_len=measure.run_max_len(0, round_shape(linear).path_rows, 4, 32)).fits

@@ -62,8 +62,9 @@ from .drafting import RUNTIME_MODES, RoundShape, pad_round, round_shape
 from .engine import release_memory
 from .report import EXTRA_COLUMNS, SUMMARY_COLUMNS, write_summary
 
-__all__ = ["full_run", "repredict", "run_shape", "runs_json", "measure_policy", "predict", "RunConfig",
-           "AcceptanceSource", "SUMMARY_COLUMNS", "EXTRA_COLUMNS", "PLAIN", "LINEAR_D4"]
+__all__ = ["full_run", "check_runs_fit", "memory_use", "run_max_len", "repredict", "run_shape", "runs_json",
+           "measure_policy", "predict", "RunConfig", "AcceptanceSource", "SUMMARY_COLUMNS", "EXTRA_COLUMNS", "PLAIN",
+           "LINEAR_D4"]
 
 # rounds issued onto an idle device after each timed run: their issue time is the host_ms reported
 HOST_PROBE_ROUNDS = 5
@@ -149,6 +150,14 @@ class AcceptanceSource:
             nodes = int(score_spec(costs, model, spec, batch_size, context_len)["nodes_per_seq"])
             return pad_round(round_shape(spec, nodes), batch_size, costs)
         return pad_round(round_shape(spec, adaptive_bucket(model, rs, batch_size, costs, context_len)), batch_size, costs)
+
+    def shape_or_none(self, spec: PolicySpec, batch_size: int, costs, context_len: float) -> RoundShape | None:
+        """:meth:`round_shape`, None where it cannot be made (full_run makes that run a failed row)."""
+        try:
+            with _decisions_quiet():
+                return self.round_shape(spec, batch_size, costs, context_len)
+        except Exception:   # noqa: BLE001 - a failed run is a row
+            return None
 
     def prediction_model(self):
         if self.workload is not None:
@@ -348,8 +357,9 @@ def full_run(model, *, device: str = "cuda", costs=None, policy=None, batch_size
     :func:`repredict` predicts them again from another cost bundle).  ``deadline`` (a
     ``time.time()``): runs not started by then are skipped, each a row saying so; ``skip``: a line,
     every run is skipped, its row saying "skipped: <skip>" (a point the deployment memory check
-    refuses), or a function of a run's PolicySpec giving that line or None (a mode the check refuses
-    with its drafter: that run alone is skipped).  With ``out``
+    refuses), or a function of a run's PolicySpec and RoundShape (its verified bucket ``rs.nodes``,
+    :func:`memory_use`) giving that line or None (a run the check refuses as it would allocate it:
+    that run alone is skipped).  With ``out``
     the summary files are rewritten after every batch size, so a session cut short keeps the
     batch sizes it finished.  ``extra``: (label, PolicySpec) runs measured at every batch size
     besides plain and linear D=4 (e.g. the EAGLE shapes a plan made later may choose).
@@ -364,12 +374,8 @@ def full_run(model, *, device: str = "cuda", costs=None, policy=None, batch_size
     if policy is not None:   # the runtime runs one rank with b sequences: not a deployment's batch b
         from simtree.planning.policy_file import Policy
         Policy.load(policy).check_rank_run(f"policy {policy}")
-    check_int(rounds, "--rounds", 1)
-    if context_len is not None:   # 0 was taken for "the workload's", a huge one ran on for ever
-        check_int(context_len, "--context-len", 1, MAX_CONTEXT_LEN)
-    costs = _load_costs(costs, required=False)
-    source = AcceptanceSource(replay, acceptance, device, seed, sampling)
-    cfg = RunConfig(context_len or source.default_context(), rounds, warmup_rounds, seed, sampling, min_draws)
+    costs, source, cfg = _setup(costs, replay, acceptance, device, context_len, rounds, warmup_rounds, seed, sampling,
+                                min_draws)
     if isinstance(model, str) or not hasattr(model, "verify"):
         shape = get_model(model) if isinstance(model, str) else model
         say(f"building {shape.name} on {device}")
@@ -404,7 +410,7 @@ def full_run(model, *, device: str = "cuda", costs=None, policy=None, batch_size
             run["nodes"] = rs.nodes
             if rs.padded_from:   # verified in the bundle's cheaper bucket (simtree.costs.verify_pad)
                 run["padded_from"] = rs.padded_from
-            why = skip(spec) if callable(skip) else skip
+            why = skip(spec, rs) if callable(skip) else skip
             if why is not None or deadline is not None and rs not in measured and time.time() > deadline:
                 run["error"] = f"skipped: {why}" if why is not None else "skipped: the session's time was up"
                 runs.append(run)
@@ -425,6 +431,53 @@ def full_run(model, *, device: str = "cuda", costs=None, policy=None, batch_size
             runs.append(run)
         result = _result(runs, costs, source, cfg, workload, notes, replay, acceptance, out, pred_notes)
     return result
+
+
+def _setup(costs, replay, acceptance, device, context_len, rounds, warmup_rounds, seed, sampling, min_draws):
+    """(cost bundle, AcceptanceSource, RunConfig) of a :func:`full_run` call: without ``context_len``
+    the acceptance source's (its workload's mean prompt, a trace's mean context, else 512)."""
+    check_int(rounds, "--rounds", 1)
+    if context_len is not None:   # 0 was taken for "the workload's", a huge one ran on for ever
+        check_int(context_len, "--context-len", 1, MAX_CONTEXT_LEN)
+    costs = _load_costs(costs, required=False)
+    source = AcceptanceSource(replay, acceptance, device, seed, sampling)
+    return costs, source, RunConfig(context_len or source.default_context(), rounds, warmup_rounds, seed, sampling,
+                                    min_draws)
+
+
+def memory_use(spec: PolicySpec, rs: RoundShape, cfg: RunConfig) -> dict:
+    """The deployment memory check's ``drafter`` and ``cache_len`` (simtree.deploy.memory.rank_memory's)
+    for one run as :func:`measure_policy` allocates it: ``spec``'s drafter verifying the run's bucket
+    ``rs.nodes`` per sequence, caches of :func:`run_max_len` rows at ``cfg`` (the batch's:
+    :meth:`RunConfig.for_batch`)."""
+    from simtree.deploy.drafter_memory import drafter_use
+    return {"drafter": replace(drafter_use(spec), nodes=int(rs.nodes)),
+            "cache_len": run_max_len(cfg.context_len, rs.path_rows, cfg.warmup_rounds, cfg.rounds)}
+
+
+def check_runs_fit(shape, deployment, machine, *, batch_sizes=(1, 4, 16, 64), costs=None, policy=None, replay=None,
+                   acceptance=None, policy_workload: str | None = None, context_len: int | None = None,
+                   rounds: int = 32, warmup_rounds: int = 4, seed: int = 0, sampling: str = "stratified",
+                   min_draws: int = 0, extra=(), device: str = "cuda") -> None:
+    """The deployment memory check (simtree.deploy.memory.check_rank_fits: the rank alone with all b
+    sequences) of every run :func:`full_run` measures given the same arguments - each batch size's
+    policies, at the bucket it verifies, the cache rows it allocates and the context it runs -, on
+    ``machine``: a one-line SimtreeError naming the first run refused.  A run whose shape cannot be
+    made is left to full_run (a failed row)."""
+    from simtree.deploy.memory import check_rank_fits
+    costs, source, cfg = _setup(costs, replay, acceptance, device, context_len, rounds, warmup_rounds, seed, sampling,
+                                min_draws)
+    workload = policy_workload or source.name
+    for B in batch_sizes:
+        cfg_b = cfg.for_batch(B)
+        for label, spec in _policies(policy, workload, B, [], extra):
+            if (rs := source.shape_or_none(spec, B, costs, cfg_b.context_len)) is None:
+                continue
+            try:
+                check_rank_fits(shape, deployment, machine, B, cfg_b.context_len, **memory_use(spec, rs, cfg_b))
+            except SimtreeError as exc:
+                raise SimtreeError(f"run {label}:{rs.name} at batch {B}, context {cfg_b.context_len}, {rs.nodes} "
+                                   f"node{'s' if rs.nodes > 1 else ''} a sequence: {exc}") from None
 
 
 @contextlib.contextmanager

@@ -22,10 +22,12 @@ other modes and logs the block ones as not run.  The points run one after anothe
 run took at that batch so far), so a deadline loses whole points (their runs listed as skipped),
 never a policy at every point - the plan's-choice check needs >= 6 policies at a point.  Each run
 is first checked by the deployment memory check on this GPU (``simtree.deploy.memory.check_rank_fits``:
-the rank holding all b sequences, at the cache rows the run allocates, ``measure.run_max_len``, with
-its round's verify buffers and its drafter - a block drafter's weights, caches and round buffers,
-``simtree.deploy.drafter_memory``): a run the check refuses is skipped alone, its row saying the
-check's line, and the point's other runs go on; where plain decoding does not fit, nothing at the
+the rank holding all b sequences, at the cache rows the run allocates, ``measure.run_max_len`` of
+the batch's rounds, with the verify buffers of the bucket it verifies - the RoundShape full_run
+builds for it, ``measure.memory_use`` - and its drafter - a block drafter's weights, caches and
+round buffers, ``simtree.deploy.drafter_memory``; as ``memory_runs`` checks the logged runs): a
+run the check refuses is skipped alone, its row saying the check's line, and the point's other
+runs go on; where plain decoding does not fit, nothing at the
 point does, and it is skipped whole before anything is built for it (the first every-mode runs
 spent GPU time on Qwen3.6-27B at batch 64, context 4096, and ran out of memory).  Such a point is
 not complete: a run asked for was not measured, so the report lists it and its plan's-choice
@@ -180,13 +182,21 @@ def _points(built, bundle, out: Path, points, extra, say, *, end: float, device,
     """Run each (context, batch) point whole, or skip it (its runs listed as skipped) where the time
     left cannot hold it at the seconds a run took at the last point of that batch (none yet: the
     most at any point, else FIRST_RUN_S); returns how many points failed."""
-    from .measure import LINEAR_D4, PLAIN, full_run
+    from .measure import LINEAR_D4, PLAIN, AcceptanceSource, RunConfig, full_run
     seconds: dict = {}                   # batch size -> seconds a run took at each point run
     failed = 0
+    source = AcceptanceSource(None, acceptance, device, 0)     # full_run's: each run's shape as it builds it
     for ctx, B in points:
         specs = [PLAIN, LINEAR_D4, *(s for _, s in extra)]
-        why_not = {} if not deployment else \
-            {s.name: why for s in specs if (why := _memory_refusal(built.shape, deployment, B, ctx, s, rounds))}
+        cfg = RunConfig(ctx, rounds, WARMUP_ROUNDS, min_draws=min_draws).for_batch(B)
+        checked: dict = {}
+
+        def check(spec, rs, cfg=cfg, B=B, checked=checked):    # the run full_run builds: its bucket and rounds
+            if (spec, rs) not in checked:
+                checked[spec, rs] = _memory_refusal(built.shape, deployment, B, spec, rs, cfg)
+            return checked[spec, rs]
+        shapes = {s: source.shape_or_none(s, B, bundle, ctx) for s in specs} if deployment else {}
+        why_not = {s.name: why for s, rs in shapes.items() if rs is not None and (why := check(s, rs))}
         refused = why_not.get(PLAIN.name)        # plain decoding does not fit: no run at the point does
         modes_refused = {} if refused else why_not
         runs = 2 + len(extra) - len(modes_refused)     # plain and linear D=4 beside the policies
@@ -203,7 +213,7 @@ def _points(built, bundle, out: Path, points, extra, say, *, end: float, device,
                      out=out / f"ctx_{ctx}_b{B:03d}", rounds=rounds, warmup_rounds=WARMUP_ROUNDS, min_draws=min_draws,
                      progress=say,
                      deadline=end - 5 if whole else started - 1, extra=extra,
-                     skip=refused if refused or not modes_refused else (lambda spec: modes_refused.get(spec.name)))
+                     skip=refused if refused or not deployment else check)
         except Exception as exc:   # noqa: BLE001 - one point failing leaves the others
             failed += 1
             say(f"context {ctx} batch {B} FAILED: {type(exc).__name__}: {exc}")
@@ -215,18 +225,18 @@ def _points(built, bundle, out: Path, points, extra, say, *, end: float, device,
     return failed
 
 
-def _memory_refusal(shape, deployment: str, batch_size: int, context_len: int, spec, rounds: int,
-                    machine=None) -> str | None:
-    """Why the deployment memory check refuses ``spec``'s run at this point (the rank's weights, every
-    one of its ``batch_size`` sequences' caches at the rows the run allocates - ``measure.run_max_len``
-    of its ``rounds`` -, the verify round's buffers, the drafter, the CUDA context, against the usable
-    memory of the GPU it runs on: :func:`simtree.deploy.memory.check_rank_fits`), or None where it
-    fits or no machine table describes the GPU (``machine``: that GPU's, default the CUDA device's)."""
-    from simtree.deploy.drafter_memory import drafter_use
+def _memory_refusal(shape, deployment: str, batch_size: int, spec, rs, cfg, machine=None) -> str | None:
+    """Why the deployment memory check refuses ``spec``'s run at this point as full_run builds it
+    (the rank's weights, every one of its ``batch_size`` sequences' caches at the rows the run
+    allocates - ``measure.run_max_len`` of ``cfg``, the batch's RunConfig -, the verify round's
+    buffers at its bucket ``rs.nodes``, the drafter, the CUDA context, against the usable memory of
+    the GPU it runs on: :func:`simtree.deploy.memory.check_rank_fits` with ``measure.memory_use``, as
+    ``memory_runs`` checks the logged runs), or None where it fits or no machine table describes the
+    GPU (``machine``: that GPU's, default the CUDA device's)."""
     from simtree.deploy.memory import check_rank_fits
     from simtree.machine.machines import machine_for_device
 
-    from .measure import run_max_len
+    from .measure import memory_use
     if machine is None:
         import torch
         if not torch.cuda.is_available():
@@ -234,9 +244,8 @@ def _memory_refusal(shape, deployment: str, batch_size: int, context_len: int, s
         machine = machine_for_device(torch.cuda.get_device_name())
     if machine is None:
         return None
-    rows = run_max_len(context_len, drafter_use(spec).path_rows, WARMUP_ROUNDS, rounds)
     try:
-        check_rank_fits(shape, deployment, machine, batch_size, context_len, drafter=spec, cache_len=rows)
+        check_rank_fits(shape, deployment, machine, batch_size, cfg.context_len, **memory_use(spec, rs, cfg))
     except SimtreeError as exc:
         return f"the deployment memory check refuses it: {exc}"
     return None

@@ -259,58 +259,57 @@ def _gpu_machine(device: str):
     return machine_for_device(torch.cuda.get_device_name(torch.device(device)))
 
 
-def _rank_model(name: str, deployment: str | None, device: str, sizes: list[int], context_len: int | None,
-                drafted=()):
-    """What ``full_run`` builds for one rank of ``deployment``: the model name (the runtime's own
-    rank), or a built model of the rank's shard shape; refused, one line, when the rank does
-    not fit the GPU (weights + caches of the largest batch, all of its sequences on the rank: the
-    runtime runs the rank alone; ``drafted``: (batch size, PolicySpec) of each block-drafter mode
-    the runs take, checked at its batch with its drafter's memory) or the runtime has no such rank."""
+def _check_rank(name: str, deployment: str | None) -> None:
+    """One line where the full runtime builds no rank of ``deployment`` for ``name`` (none given: its own)."""
+    if deployment is None:
+        return
     from simtree.models import get_model
 
-    shape = get_model(name)
-    if deployment is None:
-        return name
-    dep = parse_deployment(deployment)
-    machine = _gpu_machine(device)
-    if machine is not None:
-        from simtree.deploy.memory import check_rank_fits
-        check_rank_fits(shape, dep, machine, max(sizes), int(context_len or 0))
-    _check_drafted(name, dep, device, context_len, drafted)
+    shape, dep = get_model(name), parse_deployment(deployment)
     if shape.family == "v4":
         from simtree.runtime.full.v4_rank import default_ep_ranks
         ep = default_ep_ranks(shape)
         if dep.ep != ep or dep.tp != 1:
             raise SimtreeError(f"--deployment {dep}: the full runtime runs {name} as one rank of ep={ep} (attention "
                                "data-parallel, all-to-all not run)")
-        return name
-    if dep.ep > 1:
+    elif dep.ep > 1:
         raise SimtreeError(f"--deployment {dep}: {name} has a dense MLP; its ranks are tensor-parallel (tp=N)")
-    if dep.gpus == 1:
+
+
+def _check_memory(name: str, deployment: str | None, device: str, runs: dict) -> None:
+    """One line naming the run refused where the rank (``deployment``'s, else the one the runtime
+    builds for ``name``) does not fit the GPU for a run ``full_run(**runs)`` measures: every policy at
+    every batch size, all of its sequences on the rank (the runtime runs the rank alone), at the
+    bucket it verifies, with its drafter, at the cache rows it allocates and the context it runs
+    (simtree.runtime.full.measure.check_runs_fit).  Unchecked on a CPU, a GPU no machine table
+    describes, or a checkpoint folder the runtime builds whole."""
+    machine = _gpu_machine(device)
+    if machine is None:
+        return
+    from simtree.models import get_model
+    from simtree.runtime.full.gpu_run import runtime_deployment
+    from simtree.runtime.full.measure import check_runs_fit
+
+    if deployment is None:
+        try:
+            deployment = runtime_deployment(name, None)
+        except SimtreeError:      # a checkpoint folder the runtime builds whole
+            return
+    check_runs_fit(get_model(name), parse_deployment(deployment), machine, device=device, **runs)
+
+
+def _rank_model(name: str, deployment: str | None, device: str):
+    """What ``full_run`` builds for one rank of ``deployment``: the model name (the runtime's own
+    rank), or a built model of a tensor-parallel rank's shard shape."""
+    from simtree.models import get_model
+
+    dep = None if deployment is None else parse_deployment(deployment)
+    if dep is None or dep.gpus == 1 or get_model(name).family == "v4":
         return name
     from simtree.runtime.full.build import build_model
-    model = build_model(shape.shard(dep), device)
+    model = build_model(get_model(name).shard(dep), device)
     model.deployment = f"{dep.name} rank"     # one rank run alone: the all-reduce not run (the report says so)
     return model
-
-
-def _check_drafted(name: str, deployment, device: str, context_len: int | None, drafted) -> None:
-    """One line where the rank does not fit the GPU with a block drafter ``drafted`` names
-    ((batch size, PolicySpec) pairs, :func:`_block_drafted`) at its batch: its weights, caches and
-    round buffers beside the target's (simtree.deploy.memory.check_rank_fits)."""
-    machine = _gpu_machine(device) if deployment is not None else None
-    if machine is not None:
-        from simtree.deploy.memory import check_rank_fits
-        for b, spec in drafted:
-            check_rank_fits(name, deployment, machine, b, int(context_len or 0), drafter=spec)
-
-
-def _block_drafted(planned, workload: str | None, sizes: list[int]) -> list:
-    """(batch size, PolicySpec) of each block-drafter mode (block, tfm, dspark) the policy
-    ``planned`` picks at ``sizes`` (for ``workload``, or any of its workloads where None)."""
-    from simtree.planning.modes import BLOCK_DRAFTER_MODES
-    picked = [(b, planned.lookup(w, b).params) for b in sizes for w in ([workload] if workload else planned.workloads)]
-    return list(dict.fromkeys((b, spec) for b, spec in picked if spec.mode in BLOCK_DRAFTER_MODES))
 
 
 def _rank_plan(name: str, deployment: str | None, costs, workload, sizes: list[int], out: Path, say) -> str | None:
@@ -380,8 +379,7 @@ def _full_scale(model, device, costs, policy, batch_sizes, replay, acceptance, p
     torch_dtype = parse_dtype(dtype)   # it was read for --prompt-ids only: these runs ignored it
     sizes = parse_batch_sizes(str(batch_sizes), "--batch-size")   # 0 or an empty entry: refused, not a failed row
     name = model
-    model = _rank_model(model, deployment, device, sizes, context_len,
-                        _block_drafted(planned, policy_workload, sizes) if policy is not None else ())
+    _check_rank(name, deployment)
 
     def say(line):
         check()
@@ -389,13 +387,13 @@ def _full_scale(model, device, costs, policy, batch_sizes, replay, acceptance, p
             typer.echo(line, err=True)
     if policy is None and policy_workload is None and costs is not None and (acceptance or replay) is not None:
         policy = _rank_plan(name, deployment, costs, acceptance or replay, sizes, out, say)
-        if policy is not None:   # the rank's own plan may choose a block drafter: its memory checked too
-            from simtree.planning.policy_file import Policy
-            _check_drafted(name, deployment, device, context_len, _block_drafted(Policy.load(policy), None, sizes))
-    result = full_run(model, device=device, costs=costs, policy=policy, batch_sizes=sizes, replay=replay,
-                      acceptance=acceptance, policy_workload=policy_workload, out=out, context_len=context_len,
-                      dtype=torch_dtype, progress=say, min_draws=MIN_DRAWS if min_draws is None else check_whole(min_draws, "--min-draws", 0),
-                      **{k: v for k, v in (("rounds", rounds), ("sampling", sampling)) if v is not None})
+    runs = dict(costs=costs, policy=policy, batch_sizes=sizes, replay=replay, acceptance=acceptance,
+                policy_workload=policy_workload, context_len=context_len,
+                min_draws=MIN_DRAWS if min_draws is None else check_whole(min_draws, "--min-draws", 0),
+                **{k: v for k, v in (("rounds", rounds), ("sampling", sampling)) if v is not None})
+    _check_memory(name, deployment, device, runs)     # before anything is built: each run as full_run makes it
+    model = _rank_model(name, deployment, device)
+    result = full_run(model, device=device, out=out, dtype=torch_dtype, progress=say, **runs)
     if json_out:
         finite = lambda v: None if isinstance(v, float) and v != v else v  # noqa: E731  (NaN -> null)
         rows = [{k: finite(v) for k, v in r.items()} for r in result["rows"]]
