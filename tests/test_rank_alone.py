@@ -243,4 +243,27 @@ def test_simtree_run_checks_each_run_it_measures(monkeypatch, tmp_path):
     line = run(dspark, "--batch-size", "130")
     assert line.startswith("run linear_d4:linear_d4 at batch 130, context 256, 4 nodes a sequence: ")
     assert rank_memory("qwen3.6-27b", "tp=1", "h100", 130, 0, rank_alone=True, drafter=linear,
-                       cache_len=measure.run_max_len(0, round_shape(linear).path_rows, 4, 32)).fits
+                       cache_len=measure.run_max_len(0, round_shape(linear).path_rows, 4, 32)).fits    # the weights at the dtype the runtime builds: --dtype float32 doubles them (batch 8 no longer fits
+    # an H100 at 1536), the default is bf16 whatever a checkpoint's config says
+    line = run(dspark, "--batch-size", "8", "--context-len", "1536", "--dtype", "float32")
+    assert line.startswith("run plain:none at batch 8, context 1536") and "does not fit" in line
+    assert run(dspark, "--batch-size", "8", "--context-len", "1536") == "full_run reached with qwen3.6-27b"
+
+
+def test_simtree_run_without_a_deployment_leaves_memory_to_the_runs(monkeypatch, tmp_path):
+    """Without --deployment the CLI checks nothing before the runs (a run that does not fit fails as
+    its own row, the others are measured): batch 64 at context 4096 reaches full_run."""
+    from simtree.machine.machines import get_machine
+    from simtree.runtime.full import measure
+    import simtree.cli.run as cli_run
+    import simtree.machine.metadata as metadata
+
+    monkeypatch.setattr(cli_run, "_gpu_machine", lambda device: get_machine("h100"))
+    monkeypatch.setattr(metadata, "require_device", lambda device: None)
+
+    def reached(model, **runs):
+        raise SimtreeError(f"full_run reached with {model}")
+    monkeypatch.setattr(measure, "full_run", reached)
+    res = CliRunner().invoke(app, ["run", "--model", "qwen3.6-27b", "--device", "cuda", "--context-len", "4096",
+                                   "--replay", "gsm8k", "--batch-size", "1,64", "--out", str(tmp_path / "o")])
+    assert isinstance(res.exception, SimtreeError) and str(res.exception) == "full_run reached with qwen3.6-27b"

@@ -276,26 +276,28 @@ def _check_rank(name: str, deployment: str | None) -> None:
         raise SimtreeError(f"--deployment {dep}: {name} has a dense MLP; its ranks are tensor-parallel (tp=N)")
 
 
-def _check_memory(name: str, deployment: str | None, device: str, runs: dict) -> None:
-    """One line naming the run refused where the rank (``deployment``'s, else the one the runtime
-    builds for ``name``) does not fit the GPU for a run ``full_run(**runs)`` measures: every policy at
-    every batch size, all of its sequences on the rank (the runtime runs the rank alone), at the
-    bucket it verifies, with its drafter, at the cache rows it allocates and the context it runs
-    (simtree.runtime.full.measure.check_runs_fit).  Unchecked on a CPU, a GPU no machine table
-    describes, or a checkpoint folder the runtime builds whole."""
+BUILD_DTYPES = {torch_dtype_name: name for torch_dtype_name, name in
+                (("float32", "fp32"), ("bfloat16", "bf16"), ("float16", "fp16"), ("float64", "fp64"))}
+
+
+def _check_memory(name: str, deployment: str | None, device: str, torch_dtype, runs: dict) -> None:
+    """One line naming the run refused where ``deployment``'s rank does not fit the GPU for a run
+    ``full_run(**runs)`` measures: every policy at every batch size, all of its sequences on the rank
+    (the runtime runs the rank alone), at the bucket it verifies, with its drafter, at the cache rows
+    it allocates and the context it runs (simtree.runtime.full.measure.check_runs_fit), its weights
+    at the dtype the runtime builds (``torch_dtype``, else bf16 on a GPU; not a checkpoint config's
+    ``torch_dtype``).  Unchecked without ``--deployment`` (a run then fails as a row, as the runtime
+    meets it), on a CPU, or on a GPU no machine table describes."""
     machine = _gpu_machine(device)
-    if machine is None:
+    if machine is None or deployment is None:
         return
+    from dataclasses import replace
+
     from simtree.models import get_model
-    from simtree.runtime.full.gpu_run import runtime_deployment
     from simtree.runtime.full.measure import check_runs_fit
 
-    if deployment is None:
-        try:
-            deployment = runtime_deployment(name, None)
-        except SimtreeError:      # a checkpoint folder the runtime builds whole
-            return
-    check_runs_fit(get_model(name), parse_deployment(deployment), machine, device=device, **runs)
+    built = BUILD_DTYPES.get(str(torch_dtype).removeprefix("torch."), "bf16") if torch_dtype is not None else "bf16"
+    check_runs_fit(replace(get_model(name), dtype=built), parse_deployment(deployment), machine, device=device, **runs)
 
 
 def _rank_model(name: str, deployment: str | None, device: str):
@@ -391,7 +393,7 @@ def _full_scale(model, device, costs, policy, batch_sizes, replay, acceptance, p
                 policy_workload=policy_workload, context_len=context_len,
                 min_draws=MIN_DRAWS if min_draws is None else check_whole(min_draws, "--min-draws", 0),
                 **{k: v for k, v in (("rounds", rounds), ("sampling", sampling)) if v is not None})
-    _check_memory(name, deployment, device, runs)     # before anything is built: each run as full_run makes it
+    _check_memory(name, deployment, device, torch_dtype, runs)     # before anything is built: each run as full_run makes it
     model = _rank_model(name, deployment, device)
     result = full_run(model, device=device, out=out, dtype=torch_dtype, progress=say, **runs)
     if json_out:
