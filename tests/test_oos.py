@@ -204,7 +204,7 @@ def test_a_point_the_memory_check_refuses_spends_no_gpu_time(monkeypatch):
     said = []
     built = SimpleNamespace(shape=get_model("qwen3.6-27b"))
     oos._points(built, load_costs(H100_MODES), Path("unused"), [(4096, 64), (1024, 8)], oos.policies(["eagle"])[:4],
-                said.append, end=1e12, device="cpu", acceptance="gsm8k", rounds=24, min_draws=96, deployment="tp=1")
+                said.append, end=1e12, device="cuda", acceptance="gsm8k", rounds=24, min_draws=96, deployment="tp=1")
     at_4096, at_1024 = calls
     whys = {why for _, why in at_4096.values()}
     (why,) = whys
@@ -231,28 +231,56 @@ def test_the_memory_refusal_names_the_shortfall_or_is_none_off_the_gpu(monkeypat
     qwen, linear = get_model("qwen3.6-27b"), round_shape(LINEAR_D4)
     cfg = RunConfig(4096, 24, oos.WARMUP_ROUNDS, min_draws=96)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    assert oos._memory_refusal(qwen, "tp=1", 64, LINEAR_D4, linear, cfg.for_batch(64)) is None   # no GPU: unchecked
+    # no GPU: unchecked
+    assert oos._memory_refusal(qwen, "tp=1", 64, LINEAR_D4, linear, cfg.for_batch(64), "cuda") is None
     _fake_h100(monkeypatch)
-    why = oos._memory_refusal(qwen, "tp=1", 64, LINEAR_D4, linear, cfg.for_batch(64))
+    why = oos._memory_refusal(qwen, "tp=1", 64, LINEAR_D4, linear, cfg.for_batch(64), "cuda")
     # the rows the run allocates: the context and 29 rounds of its 4-row accepted paths, and 8
     rows = run_max_len(4096, 4, oos.WARMUP_ROUNDS, 24)
     mem = rank_memory(qwen, "tp=1", "h100", 64, 4096, rank_alone=True, drafter=LINEAR_D4, cache_len=rows)
     assert rows == 4096 + 29 * 4 + 8 and f"x {rows} rows" in why and f"= {mem.total_bytes / 1e9:.1f} GB" in why
     assert why.startswith("the deployment memory check refuses it: ") and "at most batch" in why
     small = RunConfig(1024, 24, oos.WARMUP_ROUNDS, min_draws=96)
-    assert oos._memory_refusal(qwen, "tp=1", 8, LINEAR_D4, linear, small.for_batch(8)) is None      # fits
+    assert oos._memory_refusal(qwen, "tp=1", 8, LINEAR_D4, linear, small.for_batch(8), "cuda") is None      # fits
     # batch 2 runs 48 rounds (96 draws), not 24: its cache rows say so
-    why = oos._memory_refusal(qwen, "tp=1", 2, LINEAR_D4, linear, small.for_batch(2),
+    why = oos._memory_refusal(qwen, "tp=1", 2, LINEAR_D4, linear, small.for_batch(2), "cuda",
                               machine=dataclasses.replace(get_machine("h100"), memory_bytes=40 * 2 ** 30))
     assert f"x {run_max_len(1024, 4, oos.WARMUP_ROUNDS, 48)} rows" in why
     # DSpark at batch 64, context 1536 (ran on the H100): refused at its chain's 8 nodes, it fits at
     # the 4-node bucket it verified
     dspark = PolicySpec.from_dict("dspark", {"block_len": 7})
     at = RunConfig(1536, 24, oos.WARMUP_ROUNDS, min_draws=96).for_batch(64)
-    assert oos._memory_refusal(qwen, "tp=1", 64, dspark, round_shape(dspark), at) is not None
-    assert oos._memory_refusal(qwen, "tp=1", 64, dspark, round_shape(dspark, 4), at) is None
+    assert oos._memory_refusal(qwen, "tp=1", 64, dspark, round_shape(dspark), at, "cuda") is not None
+    assert oos._memory_refusal(qwen, "tp=1", 64, dspark, round_shape(dspark, 4), at, "cuda") is None
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "Some Unknown GPU")
-    assert oos._memory_refusal(qwen, "tp=1", 64, LINEAR_D4, linear, cfg.for_batch(64)) is None   # no machine table
+    # no machine table
+    assert oos._memory_refusal(qwen, "tp=1", 64, LINEAR_D4, linear, cfg.for_batch(64), "cuda") is None
+
+
+def test_the_memory_refusal_checks_the_runs_own_gpu(monkeypatch):
+    """The check is of the GPU the run's device names, not GPU 0: an H100 at cuda:1 beside a GPU no
+    table describes at cuda:0 refuses the run on cuda:1 only; a CPU run is unchecked."""
+    import torch
+
+    from simtree.models import get_model
+    from simtree.runtime.full.drafting import round_shape
+    from simtree.runtime.full.measure import LINEAR_D4, RunConfig
+    names = {0: "Some Unknown GPU", 1: "NVIDIA H100 80GB HBM3"}
+    asked = []
+
+    def device_name(device=None):
+        index = torch.device(device).index if device is not None else None
+        asked.append(index)
+        return names[index or 0]       # no index: the current device, GPU 0 here
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", device_name)
+    qwen, linear = get_model("qwen3.6-27b"), round_shape(LINEAR_D4)
+    cfg = RunConfig(4096, 24, oos.WARMUP_ROUNDS, min_draws=96).for_batch(64)
+    why = oos._memory_refusal(qwen, "tp=1", 64, LINEAR_D4, linear, cfg, "cuda:1")
+    assert why.startswith("the deployment memory check refuses it: one tp=1 rank of qwen3.6-27b run alone does not "
+                          "fit NVIDIA H100 80GB HBM3 at batch 64") and asked == [1]
+    assert oos._memory_refusal(qwen, "tp=1", 64, LINEAR_D4, linear, cfg, "cuda:0") is None and asked == [1, 0]
+    assert oos._memory_refusal(qwen, "tp=1", 64, LINEAR_D4, linear, cfg, "cpu") is None and asked == [1, 0]
 
 
 @pytest.mark.parametrize("make, match", [
@@ -411,7 +439,7 @@ def test_a_mode_whose_drafter_does_not_fit_is_skipped_alone(monkeypatch):
     extra = oos.policies(["eagle", "block", "tfm", "dspark"])
     assert {s.name for _, s in extra} >= {"dspark_p7_sched", "dspark_p7_t0.3"}
     oos._points(SimpleNamespace(shape=get_model("qwen3.6-27b")), load_costs(H100_MODES), Path("unused"),
-                [(1536, 64), (4096, 48), (1024, 8)], extra, said.append, end=1e12, device="cpu", acceptance="gsm8k",
+                [(1536, 64), (4096, 48), (1024, 8)], extra, said.append, end=1e12, device="cuda", acceptance="gsm8k",
                 rounds=24, min_draws=96, deployment="tp=1")
     at_64, at_48, at_8 = calls
     refused = {name for name, (_, why) in at_64.items() if why}

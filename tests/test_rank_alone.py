@@ -243,11 +243,28 @@ def test_simtree_run_checks_each_run_it_measures(monkeypatch, tmp_path):
     line = run(dspark, "--batch-size", "130")
     assert line.startswith("run linear_d4:linear_d4 at batch 130, context 256, 4 nodes a sequence: ")
     assert rank_memory("qwen3.6-27b", "tp=1", "h100", 130, 0, rank_alone=True, drafter=linear,
-                       cache_len=measure.run_max_len(0, round_shape(linear).path_rows, 4, 32)).fits    # the weights at the dtype the runtime builds: --dtype float32 doubles them (batch 8 no longer fits
+                       cache_len=measure.run_max_len(0, round_shape(linear).path_rows, 4, 32)).fits
+    # the weights at the dtype the runtime builds: --dtype float32 doubles them (batch 8 no longer fits
     # an H100 at 1536), the default is bf16 whatever a checkpoint's config says
     line = run(dspark, "--batch-size", "8", "--context-len", "1536", "--dtype", "float32")
     assert line.startswith("run plain:none at batch 8, context 1536") and "does not fit" in line
     assert run(dspark, "--batch-size", "8", "--context-len", "1536") == "full_run reached with qwen3.6-27b"
+
+
+def test_the_check_of_the_runs_defaults_to_the_runs_own_config():
+    """check_runs_fit checks the runs full_run measures given the same arguments: every argument
+    they share defaults alike, the rounds and replay to RunConfig's."""
+    import inspect
+
+    from simtree.runtime.full.measure import RunConfig, check_runs_fit, full_run
+    run, check = inspect.signature(full_run).parameters, inspect.signature(check_runs_fit).parameters
+    shared = set(run) & set(check)
+    assert shared >= {"batch_sizes", "context_len", "rounds", "warmup_rounds", "seed", "sampling", "min_draws",
+                      "device", "extra", "policy", "replay", "acceptance", "costs"}
+    assert {k: check[k].default for k in shared} == {k: run[k].default for k in shared}
+    assert {k: run[k].default for k in ("rounds", "warmup_rounds", "seed", "sampling", "min_draws")} == \
+        {k: getattr(RunConfig(), k) for k in ("rounds", "warmup_rounds", "seed", "sampling", "min_draws")}
+    assert run["batch_sizes"].default == (1, 4, 16, 64) and run["rounds"].default == 32
 
 
 def test_simtree_run_without_a_deployment_leaves_memory_to_the_runs(monkeypatch, tmp_path):

@@ -71,10 +71,12 @@ HOST_PROBE_ROUNDS = 5
 
 PLAIN, LINEAR_D4 = PolicySpec.from_dict("none"), PolicySpec.from_dict("linear", {"budget": 4})
 MIN_DRAWS = 96     # replay draws per run that `simtree run --model` and gpu_run ask for by default
+BATCH_SIZES = (1, 4, 16, 64)     # full_run's (and check_runs_fit's) default batch sizes
 
 
 @dataclass(frozen=True)
 class RunConfig:
+    """A full_run's rounds and replay; its defaults are full_run's and check_runs_fit's."""
     context_len: int = 512
     rounds: int = 32
     warmup_rounds: int = 4
@@ -346,11 +348,11 @@ def _sampling_note(sampling: str, workload: str) -> str:
     return f"{SAMPLING_NOTE}{sampling} (acceptance model {workload}; {kind})"
 
 
-def full_run(model, *, device: str = "cuda", costs=None, policy=None, batch_sizes=(1, 4, 16, 64), replay=None,
+def full_run(model, *, device: str = "cuda", costs=None, policy=None, batch_sizes=BATCH_SIZES, replay=None,
              acceptance=None, policy_workload: str | None = None, out=None, context_len: int | None = None,
-             rounds: int = 32, warmup_rounds: int = 4, seed: int = 0, dtype=None, progress=None,
-             deadline: float | None = None, extra=(), sampling: str = "stratified", min_draws: int = 0,
-             skip=None) -> dict:
+             rounds: int = RunConfig.rounds, warmup_rounds: int = RunConfig.warmup_rounds, seed: int = RunConfig.seed,
+             dtype=None, progress=None, deadline: float | None = None, extra=(), sampling: str = RunConfig.sampling,
+             min_draws: int = RunConfig.min_draws, skip=None) -> dict:
     """Run every (batch size, policy) and return {"rows", "notes", "config", "runs", "files"};
     ``model``: a registry name, a shape or a built model; ``progress(line)`` gets one line per
     run.  ``runs`` keeps every run's per-round measurements (:func:`runs_json` makes them JSON,
@@ -455,10 +457,11 @@ def memory_use(spec: PolicySpec, rs: RoundShape, cfg: RunConfig) -> dict:
             "cache_len": run_max_len(cfg.context_len, rs.path_rows, cfg.warmup_rounds, cfg.rounds)}
 
 
-def check_runs_fit(shape, deployment, machine, *, batch_sizes=(1, 4, 16, 64), costs=None, policy=None, replay=None,
+def check_runs_fit(shape, deployment, machine, *, batch_sizes=BATCH_SIZES, costs=None, policy=None, replay=None,
                    acceptance=None, policy_workload: str | None = None, context_len: int | None = None,
-                   rounds: int = 32, warmup_rounds: int = 4, seed: int = 0, sampling: str = "stratified",
-                   min_draws: int = 0, extra=(), device: str = "cuda") -> None:
+                   rounds: int = RunConfig.rounds, warmup_rounds: int = RunConfig.warmup_rounds,
+                   seed: int = RunConfig.seed, sampling: str = RunConfig.sampling, min_draws: int = RunConfig.min_draws,
+                   extra=(), device: str = "cuda") -> None:
     """The deployment memory check (simtree.deploy.memory.check_rank_fits: the rank alone with all b
     sequences) of every run :func:`full_run` measures given the same arguments - each batch size's
     policies, at the bucket it verifies, the cache rows it allocates and the context it runs -, on

@@ -13,15 +13,14 @@ from __future__ import annotations
 import json
 import sys
 import tarfile
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 from simtree.errors import SimtreeError
 from simtree.fileio import rewrite_marked_block
 from simtree.planning.modes import PolicySpec
 
-from .drafting import round_shape
-from .measure import run_max_len
+from .measure import RunConfig, memory_use, run_shape
 
 __all__ = ["ARCHIVES", "LoggedRun", "logged_runs", "check_runs", "disagreements", "runs_table", "write_runs_doc",
            "DOC_START", "DOC_END"]
@@ -41,7 +40,7 @@ class LoggedRun:
     batch_size: int
     spec: PolicySpec
     nodes: int            # verified per sequence as it ran (the bucket, padded where the bundle pads)
-    cache_len: int        # rows its caches held per sequence
+    use: dict             # measure.memory_use of the run: its drafter at ``nodes``, its caches' rows per sequence
     out_of_memory: bool
 
 
@@ -68,27 +67,21 @@ def logged_runs(root: str | Path = ".", archives=ARCHIVES) -> list[LoggedRun]:
                 error = str(run.get("error", ""))
                 if error and OOM not in error:
                     continue             # skipped, or failed otherwise: no memory outcome
-                spec = PolicySpec.from_dict(run["mode"], run.get("params") or {})
-                B = int(run["batch_size"])
-                rounds = max(int(cfg["rounds"]), -(-int(cfg.get("min_draws") or 0) // B))   # RunConfig.for_batch
-                rows = run_max_len(cfg["context_len"], round_shape(spec).path_rows, cfg["warmup_rounds"], rounds)
+                run = {**run, "params": run.get("params") or {}}
+                spec, rs, B = PolicySpec.from_dict(run["mode"], run["params"]), run_shape(run), int(run["batch_size"])
+                at = RunConfig(int(cfg["context_len"]), int(cfg["rounds"]), int(cfg["warmup_rounds"]),
+                               min_draws=int(cfg.get("min_draws") or 0)).for_batch(B)     # as full_run ran it
                 out.append(LoggedRun(f"{archive}:{name.lstrip('./').rsplit('/', 1)[0]}", run["model"],
-                                     _deployment(str(run.get("deployment", ""))), "h100", int(cfg["context_len"]),
-                                     B, spec, int(run.get("nodes") or spec.max_nodes), rows,
-                                     bool(error)))
+                                     _deployment(str(run.get("deployment", ""))), "h100", at.context_len,
+                                     B, spec, int(rs.nodes), memory_use(spec, rs, at), bool(error)))
     return out
 
 
 def check_runs(runs: list[LoggedRun]) -> list[tuple[LoggedRun, object]]:
     """(run, RankMemory) of each run: the check as the run allocated it."""
-    from simtree.deploy.drafter_memory import drafter_use
     from simtree.deploy.memory import rank_memory
-    out = []
-    for r in runs:
-        use = replace(drafter_use(r.spec), nodes=r.nodes)
-        out.append((r, rank_memory(r.model, r.deployment, r.device, r.batch_size, r.context_len, rank_alone=True,
-                                   drafter=use, cache_len=r.cache_len)))
-    return out
+    return [(r, rank_memory(r.model, r.deployment, r.device, r.batch_size, r.context_len, rank_alone=True, **r.use))
+            for r in runs]
 
 
 def _span(values: list[float]) -> str:

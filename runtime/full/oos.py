@@ -193,7 +193,7 @@ def _points(built, bundle, out: Path, points, extra, say, *, end: float, device,
 
         def check(spec, rs, cfg=cfg, B=B, checked=checked):    # the run full_run builds: its bucket and rounds
             if (spec, rs) not in checked:
-                checked[spec, rs] = _memory_refusal(built.shape, deployment, B, spec, rs, cfg)
+                checked[spec, rs] = _memory_refusal(built.shape, deployment, B, spec, rs, cfg, device)
             return checked[spec, rs]
         shapes = {s: source.shape_or_none(s, B, bundle, ctx) for s in specs} if deployment else {}
         why_not = {s.name: why for s, rs in shapes.items() if rs is not None and (why := check(s, rs))}
@@ -225,23 +225,20 @@ def _points(built, bundle, out: Path, points, extra, say, *, end: float, device,
     return failed
 
 
-def _memory_refusal(shape, deployment: str, batch_size: int, spec, rs, cfg, machine=None) -> str | None:
+def _memory_refusal(shape, deployment: str, batch_size: int, spec, rs, cfg, device, machine=None) -> str | None:
     """Why the deployment memory check refuses ``spec``'s run at this point as full_run builds it
     (the rank's weights, every one of its ``batch_size`` sequences' caches at the rows the run
     allocates - ``measure.run_max_len`` of ``cfg``, the batch's RunConfig -, the verify round's
     buffers at its bucket ``rs.nodes``, the drafter, the CUDA context, against the usable memory of
     the GPU it runs on: :func:`simtree.deploy.memory.check_rank_fits` with ``measure.memory_use``, as
-    ``memory_runs`` checks the logged runs), or None where it fits or no machine table describes the
-    GPU (``machine``: that GPU's, default the CUDA device's)."""
+    ``memory_runs`` checks the logged runs), or None where it fits, ``device`` (the run's) is no CUDA
+    GPU or no machine table describes it (``machine``: that GPU's, default ``device``'s)."""
     from simtree.deploy.memory import check_rank_fits
-    from simtree.machine.machines import machine_for_device
+    from simtree.machine.machines import gpu_machine
 
     from .measure import memory_use
     if machine is None:
-        import torch
-        if not torch.cuda.is_available():
-            return None
-        machine = machine_for_device(torch.cuda.get_device_name())
+        machine = gpu_machine(device)
     if machine is None:
         return None
     try:

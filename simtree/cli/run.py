@@ -251,12 +251,8 @@ def _one_batch_size(text: str) -> int:
 
 def _gpu_machine(device: str):
     """The machine table of ``device``'s GPU (None on a CPU or a GPU no table describes)."""
-    if not str(device).startswith("cuda"):
-        return None
-    import torch
-
-    from simtree.machine.machines import machine_for_device
-    return machine_for_device(torch.cuda.get_device_name(torch.device(device)))
+    from simtree.machine.machines import gpu_machine
+    return gpu_machine(device)
 
 
 def _check_rank(name: str, deployment: str | None) -> None:

@@ -20,7 +20,7 @@ from simtree.data import data_path
 from simtree.errors import SimtreeError
 from simtree.fileio import read_yaml
 
-__all__ = ["Machine", "load_machines", "get_machine", "machine_for_device", "MACHINES_ENV"]
+__all__ = ["Machine", "load_machines", "get_machine", "machine_for_device", "gpu_machine", "MACHINES_ENV"]
 
 MACHINES_ENV = "SIMTREE_MACHINES"
 
@@ -127,6 +127,19 @@ def machine_for_device(device: str, extra: Sequence[str | os.PathLike] = ()) -> 
         if want == m.key or want in (d.lower() for d in m.devices):
             return m
     return None
+
+
+def gpu_machine(device) -> Machine | None:
+    """The machine table of the GPU ``device`` (a torch device: "cuda", "cuda:1") names, by that
+    GPU's own name; None on a CPU, where torch sees no CUDA GPU, or for a GPU no table describes."""
+    if not str(device).startswith("cuda"):
+        return None
+    import torch
+
+    if not torch.cuda.is_available():
+        return None
+    from .metadata import device_label
+    return machine_for_device(device_label(device))
 
 
 def get_machine(name: str, extra: Sequence[str | os.PathLike] = ()) -> Machine:
