@@ -41,7 +41,7 @@ from simtree.planning.planner import plan
 from simtree.runtime.full.allocation import draft_cost_us
 from simtree.runtime.full.measure import repredict, run_shape
 from simtree.runtime.full.modes_rerun import parser, read_runs, run_bundle, run_costs, run_summary
-from simtree.runtime.full.oos_report import sha256
+from simtree.fileio import file_sha256
 
 SAME_NODES = {4: "linear_d4:linear_d4", 8: "best_first:best_first_d8_w1_p3"}
 CHECKOUT = Path(__file__).resolve().parents[1]
@@ -115,7 +115,7 @@ def priced_with(run: str, bundle: Path) -> str:
     where it lies there) and the sha256 of the file."""
     bundle = Path(bundle).resolve()
     shown = bundle.relative_to(CHECKOUT) if bundle.is_relative_to(CHECKOUT) else bundle
-    return f"{run}: priced with {shown} (sha256 {sha256(bundle)})"
+    return f"{run}: priced with {shown} (sha256 {file_sha256(bundle)})"
 
 
 def render(tables: list[pd.DataFrame], plans: list[dict], priced: list[str] = ()) -> str:

@@ -11,6 +11,7 @@ import pytest
 from simtree.costs.model import load_costs
 from simtree.data import data_path
 from simtree.errors import SimtreeError
+from simtree.fileio import file_sha256
 from simtree.planning.modes import BLOCK_DRAFTER_MODES
 from simtree.reporting.summary import MIN_POLICIES, plan_points
 from simtree.runtime.full import oos, oos_report
@@ -61,9 +62,9 @@ def test_freeze_writes_the_shipped_bundle_with_the_drafters_c_d(frozen):
     for fam, m in got.drafters.items():
         x, y = (4, 7) if fam == "dspark" else (8, 7)       # on each family's axes (dspark: top-K, block length)
         assert m.predict(x, y, 8, 600) == want.drafters[fam].predict(x, y, 8, 600)
-        assert m.info["source"]["sha256"] == "sha256:" + oos.sha256(DRAFTER_PROFILE)
+        assert m.info["source"]["sha256"] == "sha256:" + file_sha256(DRAFTER_PROFILE)
     info = json.loads(frozen.read_text())["meta"]["frozen"]
-    assert info["costs_sha256"] == oos.sha256(BUNDLE) and info["drafter_profile_sha256"] == oos.sha256(DRAFTER_PROFILE)
+    assert info["costs_sha256"] == file_sha256(BUNDLE) and info["drafter_profile_sha256"] == file_sha256(DRAFTER_PROFILE)
     assert info["drafters"] == sorted(BLOCK_DRAFTER_MODES)
     # the H200 bundle beside H100 drafter timings: said
     assert any(n.startswith("ASSUMPTION: the drafters were timed on NVIDIA H100") for n in info["notes"])
@@ -71,12 +72,12 @@ def test_freeze_writes_the_shipped_bundle_with_the_drafters_c_d(frozen):
 
 
 def test_every_mode_is_measured_and_predicted_from_the_frozen_bundle(modes_dir, frozen, tmp_path):
-    stats = oos.report([modes_dir], tmp_path, {oos.sha256(frozen): str(frozen)})
+    stats = oos.report([modes_dir], tmp_path, {file_sha256(frozen): str(frozen)})
     rows = _csv_rows(tmp_path)
     want = ["plain:none", "linear_d4:linear_d4"] + [f"{label}:{spec.name}" for label, spec in oos.policies()]
     assert [r["policy"] for r in rows] == want and len(want) == len(set(want)) == 16
     assert all(math.isfinite(float(r["predicted_tok_s"])) and float(r["predicted_tok_s"]) > 0 for r in rows)
-    assert {r["bundle_sha256"] for r in rows} == {oos.sha256(frozen)}
+    assert {r["bundle_sha256"] for r in rows} == {file_sha256(frozen)}
     # the per-mode table: every mode the runtime builds, the block drafters among them
     modes = ("none", "linear", "eagle", "best_first", "cost_aware", "batch_alloc", "block", "tfm", "dspark")
     assert set(stats["per_mode"]) == set(modes)
@@ -91,7 +92,7 @@ def test_every_mode_is_measured_and_predicted_from_the_frozen_bundle(modes_dir, 
 def test_a_bundle_without_drafter_fits_runs_the_other_modes(run_dir, tmp_path):
     """The shipped bundle has no block drafter's C_d: those modes are not run, said in one log line
     (and in the summary); every other mode is measured and predicted."""
-    stats = oos.report([run_dir], tmp_path, {oos.sha256(BUNDLE): str(BUNDLE)})
+    stats = oos.report([run_dir], tmp_path, {file_sha256(BUNDLE): str(BUNDLE)})
     rows = _csv_rows(tmp_path)
     others = [s for _, s in oos.policies() if s.mode not in BLOCK_DRAFTER_MODES]
     assert len(rows) == 2 + len(others) == stats["runs"] == 11
@@ -103,10 +104,10 @@ def test_a_bundle_without_drafter_fits_runs_the_other_modes(run_dir, tmp_path):
 
 
 def test_report_rows_name_the_frozen_bundle(run_dir, tmp_path):
-    stats = oos.report([run_dir], tmp_path, {oos.sha256(BUNDLE): str(BUNDLE)})
+    stats = oos.report([run_dir], tmp_path, {file_sha256(BUNDLE): str(BUNDLE)})
     rows = _csv_rows(tmp_path)
     assert list(rows[0]) == list(oos.COLUMNS)
-    assert {r["bundle_sha256"] for r in rows} == {oos.sha256(BUNDLE)}
+    assert {r["bundle_sha256"] for r in rows} == {file_sha256(BUNDLE)}
     # context 32 is off the bundle's profile grid (256, 1024, 4096)
     assert {r["on_profile_grid"] for r in rows} == {"False"}
     assert stats["points"] == 1 and stats["min_policies"] == len(rows)
@@ -317,7 +318,7 @@ def test_run_refuses_unknown_modes_and_bad_numbers_in_one_line(tmp_path, capsys)
 
 
 def test_a_failing_report_leaves_the_previous_one_intact(run_dir, tmp_path, monkeypatch):
-    bundles = {oos.sha256(BUNDLE): str(BUNDLE)}
+    bundles = {file_sha256(BUNDLE): str(BUNDLE)}
     oos.report([run_dir], tmp_path, bundles)
     names = ("throughput_out_of_sample.csv", "summary.md", "predicted_vs_measured.png")
     before = {n: (tmp_path / n).read_bytes() for n in names}
@@ -410,7 +411,7 @@ def test_a_bundle_finds_its_profile_by_sha256_among_those_given(tmp_path):
     fitted.write_text("".join(lines[:-1]))     # the table as it was, one row short of the shipped one
     frozen = json.loads(BUNDLE.read_text())
     for part in ("verify", "draft"):
-        frozen[part]["info"]["source"]["sha256"] = "sha256:" + oos.sha256(fitted)
+        frozen[part]["info"]["source"]["sha256"] = "sha256:" + file_sha256(fitted)
     bundle = tmp_path / "bundles" / "frozen.json"
     bundle.parent.mkdir()
     bundle.write_text(json.dumps(frozen))

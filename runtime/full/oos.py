@@ -53,11 +53,11 @@ import time
 from pathlib import Path
 
 from simtree.errors import SimtreeError
-from simtree.fileio import write_text_atomic
+from simtree.fileio import file_sha256, write_text_atomic
 from simtree.planning.modes import BLOCK_DRAFTER_MODES, PolicySpec
 
 from .modes_report import MODE_SHAPES
-from .oos_report import COLUMNS, report, sha256
+from .oos_report import COLUMNS, report
 
 __all__ = ["POLICIES", "CONTEXTS", "BATCH_SIZES", "COLUMNS", "policies", "freeze", "run", "report", "main"]
 
@@ -118,8 +118,8 @@ def freeze(model: str, costs: str, drafter_profile: str, out: Path) -> list[str]
     if devices != [str(shipped.meta.get("device"))]:
         notes.append(f"ASSUMPTION: the drafters were timed on {', '.join(devices)}, C_v and the MTP C_d fitted on "
                      f"{shipped.meta.get('device')}")
-    frozen = {"costs": str(costs), "costs_sha256": sha256(costs), "drafter_profile": str(drafter_profile),
-              "drafter_profile_sha256": sha256(drafter_profile), "drafters": sorted(bundle.drafters),
+    frozen = {"costs": str(costs), "costs_sha256": file_sha256(costs), "drafter_profile": str(drafter_profile),
+              "drafter_profile_sha256": file_sha256(drafter_profile), "drafters": sorted(bundle.drafters),
               "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "notes": notes}
     dataclasses.replace(bundle, meta={**bundle.meta, "frozen": frozen}).save(out)
     return notes
@@ -153,7 +153,7 @@ def run(model: str, costs: str, out: Path, *, contexts=CONTEXTS, batch_sizes=BAT
 
     gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
     meta = {"model": model, "deployment": dep, "gpu": gpu, "torch": torch.__version__, "costs": str(costs),
-            "bundle_sha256": sha256(costs), "contexts": list(contexts), "batch_sizes": list(batch_sizes),
+            "bundle_sha256": file_sha256(costs), "contexts": list(contexts), "batch_sizes": list(batch_sizes),
             "policies": [[label, s.mode, s.to_dict()] for label, s in extra], "acceptance": acceptance,
             "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     if unpriced:
@@ -302,7 +302,7 @@ def main(argv=None) -> int:
         for path in (*args.bundle, *args.profile):
             if not Path(path).is_file():
                 raise SimtreeError(f"{path}: no such file")
-        stats = report(args.dirs, args.out, {sha256(b): b for b in args.bundle}, args.profile)
+        stats = report(args.dirs, args.out, {file_sha256(b): b for b in args.bundle}, args.profile)
         print(f"{stats['runs']} runs: median {100 * stats['median']:.1f}%, worst {100 * stats['worst']:.1f}%; "
               f"plan's choice best or within 2% at {stats['plan_ok']} of {stats['points']} points -> {args.out}")
         return 0

@@ -24,14 +24,14 @@ from pathlib import Path
 
 from simtree.costs.model import DRAFTER_COLUMNS
 from simtree.errors import SimtreeError
-from simtree.fileio import file_sha256 as sha256, write_atomic, write_text_atomic
+from simtree.fileio import file_sha256, write_atomic, write_text_atomic
 from simtree.planning.modes import BLOCK_DRAFTER_MODES, PolicySpec
 from simtree.planning.policy_file import RANK_SUFFIX, deployment_label, rank_collectives
 from simtree.reporting.summary import MIN_POLICIES, PLAN_TOLERANCE, plan_points
 
 from .modes_report import mode_of
 
-__all__ = ["COLUMNS", "sha256", "report", "summarize"]
+__all__ = ["COLUMNS", "report", "summarize"]
 
 COLUMNS = ("model", "deployment", "policy", "batch_size", "context_len", "measured_tok_s", "predicted_tok_s",
            "rel_err", "bundle_sha256", "cost_rel_err", "accept_rel_err", "nodes", "on_profile_grid", "gpu",
@@ -81,7 +81,7 @@ def _fitted_profile(costs_path, src: dict, profiles=()) -> Path | None:
     recorded = Path(src.get("profile", ""))
     candidates = [recorded, *map(Path, profiles), *sorted(Path(costs_path).parent.glob("*.csv")),
                   *sorted(data_path("profiles").glob(f"*/{recorded.name or '*.csv'}"))]
-    return next((c for c in candidates if c.is_file() and "sha256:" + sha256(c) == want), None)
+    return next((c for c in candidates if c.is_file() and "sha256:" + file_sha256(c) == want), None)
 
 
 def _on_grid(row: dict, grid: dict) -> bool:
@@ -206,7 +206,7 @@ def report(dirs: list[Path], out: Path, bundles: dict | None = None, profiles=()
         key = r["bundle_sha256"]
         if key not in grids:
             path = (bundles or {}).get(key) or r["_costs"]
-            if not Path(path).exists() or sha256(path) != key:
+            if not Path(path).exists() or file_sha256(path) != key:
                 raise SimtreeError(f"frozen bundle {key[:12]} not found (give --bundle PATH of the bundle the run used)")
             grids[key] = _grid(path, profiles)
         r["on_profile_grid"] = _on_grid(r, grids[key])

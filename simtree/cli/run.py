@@ -272,10 +272,6 @@ def _check_rank(name: str, deployment: str | None) -> None:
         raise SimtreeError(f"--deployment {dep}: {name} has a dense MLP; its ranks are tensor-parallel (tp=N)")
 
 
-BUILD_DTYPES = {torch_dtype_name: name for torch_dtype_name, name in
-                (("float32", "fp32"), ("bfloat16", "bf16"), ("float16", "fp16"), ("float64", "fp64"))}
-
-
 def _check_memory(name: str, deployment: str | None, device: str, torch_dtype, runs: dict) -> None:
     """One line naming the run refused where ``deployment``'s rank does not fit the GPU for a run
     ``full_run(**runs)`` measures: every policy at every batch size, all of its sequences on the rank
@@ -290,9 +286,10 @@ def _check_memory(name: str, deployment: str | None, device: str, torch_dtype, r
     from dataclasses import replace
 
     from simtree.models import get_model
+    from simtree.runtime.full.build import DTYPES
     from simtree.runtime.full.measure import check_runs_fit
 
-    built = BUILD_DTYPES.get(str(torch_dtype).removeprefix("torch."), "bf16") if torch_dtype is not None else "bf16"
+    built = next((name for name, dt in DTYPES.items() if dt == torch_dtype), "bf16")   # the runtime's build dtype
     check_runs_fit(replace(get_model(name), dtype=built), parse_deployment(deployment), machine, device=device, **runs)
 
 

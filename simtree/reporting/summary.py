@@ -450,10 +450,10 @@ def _live_full_clause(paths: list[Path]) -> str:
     per model, out of sample: a frozen shipped bundle), each one's worst phase TPOT error; empty
     without them."""
     from simtree.data import data_path
-    from simtree.serving.live_report import experts, full_run, tpot_errors
+    from simtree.serving.live_report import experts, read_full_run, tpot_errors
     parts, models = [], []
     for path in paths:
-        df, shipped = full_run(path)    # the report's checks (columns, rows, the frozen committed bundle, its device)
+        df, shipped = read_full_run(path)    # the report's checks (columns, rows, the frozen committed bundle, its device)
         models.append(str(df.iloc[-1]["model"]))
         if models.count(models[-1]) > 1:
             raise SimtreeError(f"{path}: a second full-scale live run of {models[-1]} beside bench.csv: one per model")

@@ -26,7 +26,7 @@ from simtree.deploy.shipped import shipped_machine_for
 from simtree.errors import SimtreeError
 from simtree.fileio import file_sha256, write_text_atomic
 
-__all__ = ["COLUMNS", "CATCH_UP_COLUMNS", "REPRICE_COLUMNS", "FULL_COLUMNS", "TOLERANCE", "live_section", "full_run",
+__all__ = ["COLUMNS", "CATCH_UP_COLUMNS", "REPRICE_COLUMNS", "FULL_COLUMNS", "TOLERANCE", "live_section", "read_full_run",
            "full_section", "merge_section", "existing_section", "experts", "SECTION", "FULL_SECTION"]
 
 COLUMNS = ["phase", "batch_size", "new_tokens", "rounds", "switches", "tiers", "measured_tpot_ms",
@@ -144,7 +144,7 @@ def frozen_bundle(path: str | Path, costs: str, sha: str) -> Path:
                        f"nor a frozen_{name} beside the run: not frozen")
 
 
-def full_run(path: str | Path) -> tuple[pd.DataFrame, Path]:
+def read_full_run(path: str | Path) -> tuple[pd.DataFrame, Path]:
     """(the phases, the frozen bundle that priced them: :func:`frozen_bundle`) of a run of
     ``scripts/serve_live_full_gpu.sh``, checked: acceptance replayed, costs a frozen shipped
     bundle fitted on the run's kind of device, one run on one bundle; one line otherwise."""
@@ -173,7 +173,7 @@ def full_section(path: str | Path | list, command: str) -> str:
     device), one row per phase; several runs (a list of CSVs, e.g. one per model family): one
     subsection each, headed by its model."""
     paths = [path] if isinstance(path, (str, Path)) else list(path)
-    runs = [full_run(p) for p in paths]
+    runs = [read_full_run(p) for p in paths]
     if len(runs) == 1:
         return "\n".join([FULL_SECTION, "", *_full_lines(*runs[0], command)]) + "\n"
     models = [str(df.iloc[-1]["model"]) for df, _ in runs]
