@@ -29,3 +29,21 @@ def test_smoke_sweep_writes_the_floor_table(tmp_path, monkeypatch):
     summary = json.loads(out.with_suffix(".json").read_text())
     assert set(summary["worst_ratio"]) == kernels and "v4_topk" in summary["faster_form"]
     assert "targets_met_block_fused" in summary
+
+
+def test_smoke_breakdown_sums_each_parts_kernels(tmp_path):
+    """v4_breakdown's code path: a row per (part, kernel), the part's kernels summing to its total,
+    every part of every point present, its floor positive."""
+    from simtree.profiler.bench import v4_breakdown
+    out = tmp_path / "bd.csv"
+    assert v4_breakdown.main(["--out", str(out), "--model", "tiny-v4", "--smoke", "--kinds", "hca",
+                              "--points", "1x1,2x3", "--contexts", "40", "--reps", "1"]) == 0
+    rows = list(csv.DictReader(out.open()))
+    assert list(rows[0]) == v4_breakdown.COLUMNS
+    parts = {(r["batch"], r["nodes"], r["part"]) for r in rows}
+    assert parts == {(b, n, p) for b, n in (("1", "1"), ("2", "3")) for p in ("pre", "core", "post")}
+    for key in parts:
+        sub = [r for r in rows if (r["batch"], r["nodes"], r["part"]) == key]
+        assert abs(sum(float(r["kernel_us"]) for r in sub) - float(sub[0]["part_kernels_us"])) < 0.05 * len(sub)
+        assert float(sub[0]["part_floor_us"]) > 0 and float(sub[0]["part_graph_us"]) > 0
+    assert v4_breakdown.main(["--out", str(out)]) == (0 if v4_breakdown.torch.cuda.is_available() else 1)
