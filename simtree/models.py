@@ -111,7 +111,7 @@ class ModelShape:
     def weight_bytes(self) -> int:
         """Bytes of the weights of this shape (target layers, embedding, LM head and the draft
         layer) at ``dtype``, with the parameters the runtime keeps in fp32 (GDN decay, V4
-        attention sink and compressors) at 4 bytes and FP8 experts (``mlp.expert_dtype``) at 1
+        attention sink, the compressors' position bias and norm) at 4 bytes and FP8 experts (``mlp.expert_dtype``) at 1
         byte plus a float32 scale per 128 x 128 block: what one rank allocates."""
         return sum(n * b for n, b in _params(self))
 
@@ -301,14 +301,14 @@ def _mixer_params(shape: ModelShape, kind: str, fp32: int) -> list[tuple[int, in
     H, D, qr, G, orank = (int(v[k]) for k in ("q_heads", "head_dim", "q_lora_rank", "o_groups", "o_lora_rank"))
     out = [(qr * h + qr + H * D * qr + D * h + D + orank * H * D + h * G * orank, 0), (H, fp32)]
 
-    def compressor(dim: int, ratio: int) -> tuple[int, int]:
+    def compressor(dim: int, ratio: int) -> list[tuple[int, int]]:
         c = (2 if ratio == 4 else 1) * dim   # a ratio-4 compressor's windows overlap: 2x channels
-        return 2 * c * h + ratio * c + dim, fp32
+        return [(2 * c * h, 0), (ratio * c + dim, fp32)]   # projections at the model's dtype; bias, norm fp32
     if kind == "csa":
         Hi, Di, r = int(v["index_heads"]), int(v["index_head_dim"]), int(v["csa_ratio"])
-        out += [compressor(D, r), compressor(Di, r), (Hi * Di * qr + Hi * h, 0)]
+        out += [*compressor(D, r), *compressor(Di, r), (Hi * Di * qr + Hi * h, 0)]
     elif kind == "hca":
-        out.append(compressor(D, int(v["hca_ratio"])))
+        out += compressor(D, int(v["hca_ratio"]))
     return out
 
 

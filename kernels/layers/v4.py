@@ -178,8 +178,11 @@ class V4Dims:
 
 # ---- weights ----------------------------------------------------------------------------------
 def _compressor_specs(p: str, dim: int, ratio: int, h: int, dt) -> list[Spec]:
+    """A compressor: its two projections at the model's dtype (the checkpoint ships them in
+    bf16; the kernels multiply them into fp32, compressor.matmul_t), its position bias and norm
+    in ``dt`` (fp32, float64 in a float64 model)."""
     c = (2 if ratio == 4 else 1) * dim
-    return [linear(p + "wkv", c, h, dtype=dt), linear(p + "wgate", c, h, dtype=dt),
+    return [linear(p + "wkv", c, h), linear(p + "wgate", c, h),
             Spec(p + "ape", (ratio, c), "normal", 0.5, dt), Spec(p + "norm", (dim,), "const", 1.0, dt)]
 
 
@@ -237,8 +240,9 @@ def mtp_specs(d: V4Dims, gain: float, comp_dt) -> list[Spec]:
 
 
 def model_specs(shape: ModelShape, ep_ranks: int | None = None, dtype=torch.bfloat16) -> list[Spec]:
-    """Every weight of one rank and its MTP layer; the compressors in fp32 (float64 in a float64
-    model), as the kernels keep them; the hyper-connections, sinks and router bias in fp32."""
+    """Every weight of one rank and its MTP layer; the compressors' projections at the model's
+    dtype (as the checkpoint), their position bias and norm, the hyper-connections, sinks and
+    router bias in fp32 (float64 in a float64 model)."""
     bad = sorted(set(shape.layer_kinds) - {"swa", "csa", "hca"})
     if bad or shape.mlp.get("kind") != "moe":
         raise SimtreeError(f"model {shape.name!r} is not a V4 model (layer kinds {bad}, mlp "

@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 __all__ = ["CompressorParams", "random_compressor", "project", "pool_window", "online_step",
-           "init_state", "apply_rope"]
+           "init_state", "apply_rope", "proj_dtype", "matmul_t"]
 
 
 @dataclass
@@ -111,11 +111,34 @@ def apply_rope(x: torch.Tensor, pos: torch.Tensor, rope_dim: int, theta: float, 
     return torch.cat([nope, r1 * cos - r2 * sin, r1 * sin + r2 * cos], dim=-1)
 
 
+def proj_dtype(p: CompressorParams) -> torch.dtype:
+    """The dtype the projections come out in: the position bias's (fp32; float64 in a float64
+    model), whatever the weights are stored in."""
+    return p.ape.dtype
+
+
+def matmul_t(x: torch.Tensor, w: torch.Tensor, out_dtype: torch.dtype, out: torch.Tensor | None = None) -> torch.Tensor:
+    """x [N, K] @ w[C, K]^T in ``out_dtype``.  A 16-bit weight (the checkpoint's bf16 compressor
+    projections) meets x at its dtype: on CUDA the tensor cores with an fp32 output (a bf16 x
+    bf16 product is exact in fp32, so this is fp32 arithmetic of the same operands at half the
+    weight bytes of an fp32 copy); elsewhere both operands upcast (the same products)."""
+    if w.dtype == out_dtype:
+        return torch.matmul(x.to(out_dtype), w.T, out=out)
+    if x.is_cuda and w.dtype in (torch.bfloat16, torch.float16) and out_dtype == torch.float32:
+        r = torch.mm(x.to(w.dtype), w.T, out_dtype=out_dtype)
+    else:
+        r = x.to(w.dtype).to(out_dtype) @ w.T.to(out_dtype)
+    if out is None:
+        return r
+    out.copy_(r)
+    return out
+
+
 def project(p: CompressorParams, x: torch.Tensor, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """x [N, hidden], pos [N] -> kv, score [N, C] in the weights' dtype."""
-    x = x.to(p.wkv.dtype)
-    kv = x @ p.wkv.T
-    score = x @ p.wgate.T + p.ape[pos % p.ratio]
+    """x [N, hidden], pos [N] -> kv, score [N, C] in ``proj_dtype(p)`` (fp32)."""
+    dt = proj_dtype(p)
+    kv = matmul_t(x, p.wkv, dt)
+    score = matmul_t(x, p.wgate, dt) + p.ape[pos % p.ratio]
     return kv, score
 
 
@@ -134,7 +157,7 @@ def pool_window(p: CompressorParams, kv_slots: torch.Tensor, score_slots: torch.
 def init_state(p: CompressorParams, batch: int | None = None, dtype=None, device=None):
     """Empty buffers: kv 0, score -inf; [S, C] or [batch, S, C]."""
     shape = (p.num_slots, p.coff * p.dim) if batch is None else (batch, p.num_slots, p.coff * p.dim)
-    dtype = dtype or p.wkv.dtype
+    dtype = dtype or proj_dtype(p)
     return (torch.zeros(shape, dtype=dtype, device=device),
             torch.full(shape, float("-inf"), dtype=dtype, device=device))
 

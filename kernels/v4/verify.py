@@ -37,7 +37,7 @@ from simtree.trees.tree import DraftTree, TreeBatch
 
 from .attention import gather_rows, sparse_attention, sparse_attention_torch
 from .cache import V4Cache
-from .compressor import CompressorParams, pool_window
+from .compressor import CompressorParams, matmul_t, pool_window, proj_dtype
 from ._indexer_kernels import indexer_scores, indexer_scores_torch, selection_to_list
 from ._pool_kernel import pool_windows
 from ._topk_kernel import MAX_ROW as TOPK_MAX_ROW, topk_to_list
@@ -331,10 +331,15 @@ def _finish(plan: VerifyPlan, host: dict, device) -> VerifyPlan:
 
 def _project_stacked(p: CompressorParams, x: torch.Tensor, pos_mod: torch.Tensor) -> torch.Tensor:
     """compressor.project into one [2, N, C] tensor (kv, score); pos_mod = pos % ratio."""
-    x = x.to(p.wkv.dtype)
-    out = x.new_empty(2, x.shape[0], p.wkv.shape[0])
-    torch.matmul(x, p.wkv.T, out=out[0])
-    torch.addmm(p.ape[pos_mod], x, p.wgate.T, out=out[1])
+    dt = proj_dtype(p)
+    if p.wkv.dtype == dt:                               # fp32 (float64) weights: today's two GEMMs
+        x = x.to(dt)
+        out = x.new_empty(2, x.shape[0], p.wkv.shape[0])
+        torch.matmul(x, p.wkv.T, out=out[0])
+        torch.addmm(p.ape[pos_mod], x, p.wgate.T, out=out[1])
+        return out
+    out = torch.stack([matmul_t(x, p.wkv, dt), matmul_t(x, p.wgate, dt)])
+    out[1] += p.ape[pos_mod]
     return out
 
 
@@ -401,8 +406,7 @@ def _csa_list_triton(cache: V4Cache, inp: V4Inputs, scratch_keys: torch.Tensor, 
 def _projections(w: V4LayerWeights, inp: V4Inputs, plan: VerifyPlan) -> list[torch.Tensor]:
     """[2, N, C] of every compressor of the layer (KV, then the indexer's): two GEMMs each."""
     comps = [p for p in (w.comp, w.indexer) if p is not None]
-    x = inp.x.to(w.comp.wkv.dtype)
-    return [_project_stacked(p, x, plan.pos_mod) for p in comps]
+    return [_project_stacked(p, inp.x, plan.pos_mod) for p in comps]
 
 
 def attention_lists(cache: V4Cache, w: V4LayerWeights, inp: V4Inputs, plan: VerifyPlan,

@@ -8,7 +8,7 @@ cache rows its nodes attend to or score once (the nodes of one tree share them),
 layer's input and output streams once:
 
     weights       attention block: hc_attn, ln1, wqkv_a, q_norm, wq_b, kv_norm, wo_a, wo_b, sink,
-                  the compressors (fp32) and the CSA indexer's wq_idx + its compressor;
+                  the compressors (projections at the model dtype, as the checkpoint) and the CSA indexer's wq_idx + its compressor;
                   MoE block: ln2, router, hc_ffn, the shared expert and the routed experts a
                   round touches, E (1 - (1 - k/E)^T) of them in expectation (T tokens, uniform)
     window        the persistent rows of the sliding window: min(window - 1, context) per
@@ -89,7 +89,7 @@ class V4Floor:
 
     def compute_us(self, tflops: float = H200_BF16_TFLOPS) -> float:
         """The matrix products at ``tflops`` (every one at the bf16 tensor-core peak: a lower
-        bound; the fp32 compressors run slower)."""
+        bound)."""
         return self.flops / (tflops * 1e6)
 
 

@@ -383,8 +383,7 @@ def _block(read, p: str, kind: str, d, hashed: bool, names: dict = _NAMES) -> di
 
 
 # weights the runtime keeps in fp32 whatever the model's dtype (kernels.layers.v4.model_specs)
-_FP32 = ("sink", "router_bias", "_fn", "_base", "_scale", "comp.wkv", "comp.wgate", "comp.ape", "comp.norm",
-         "idx.wkv", "idx.wgate", "idx.ape", "idx.norm")
+_FP32 = ("sink", "router_bias", "_fn", "_base", "_scale", "comp.ape", "comp.norm", "idx.ape", "idx.norm")
 
 
 _EXPERTS = ("experts_gu", "experts_down", "shared_gu", "shared_down")
