@@ -174,3 +174,58 @@ def test_negative_seeds_and_a_nan_load_are_one_line_and_write_nothing(tmp_path, 
     r = CliRunner().invoke(app, ["bench-serve", "--out", str(out), "--requests", "5", *args])
     assert isinstance(r.exception, SimtreeError), r.output
     assert re.fullmatch(message, str(r.exception)) and not out.exists()
+
+
+def _controller_prices_script():
+    import importlib.util
+    from pathlib import Path
+    path = Path(__file__).resolve().parents[1] / "scripts" / "controller_prices.py"
+    spec = importlib.util.spec_from_file_location("controller_prices", path)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    return script
+
+
+def test_controller_prices_records_without_changing_the_run_and_prices_as_the_simulator(capsys, tmp_path):
+    """scripts/controller_prices.py: its recording driver leaves the run as it was (the same tok/s
+    and steps as the driver alone), and at the full batch the simulator's price of a fixed tier's
+    steps is the controller's own (the same grid, mean context and nodes), as its output says;
+    the controller's ranking (rate and objective) is recorded before each choice, not after."""
+    import warnings
+
+    from simtree.control.controller import Controller
+    from simtree.serving.bench import _model_setup, default_models, serve_points
+    from simtree.serving.policies import ControllerDriver, FixedDriver
+    from simtree.serving.sim import MAX_BATCH, serve
+    script = _controller_prices_script()
+    warnings.simplefilter("ignore")
+    m = _model_setup(next(p for p in default_models() if "v4-flash" in p.name), tmp_path, "sharegpt")
+    trace = make_trace("bursty", 8.5, 120, 0)
+    tier = next(t for t in Controller(m["grid"], m["acc"]).tiers if t.name == "linear_d3")
+    for make in (lambda: FixedDriver(m["grid"], tier), lambda: ControllerDriver(Controller(m["grid"], m["acc"]))):
+        alone = serve(trace, make(), m["acc"].weights, seed=1)
+        steps, tok_s = script.serve_recorded(trace, make, m["acc"].weights, [1])
+        assert tok_s == [alone.tok_s] and len(steps) == alone.steps
+    assert sum(r["b"] == MAX_BATCH for r in steps) > 0 and all("by_objective" in r for r in steps)
+    assert script.main(["--requests", "120", "--tiers", "linear_d3,eagle_s2_k2_d4"]) == 0
+    out = capsys.readouterr().out
+    priced = re.findall(r"\(b\) simulator [\d.]+ us \(([+-][\d.]+)%; step by step at most ([\d.]+)%\)", out)
+    assert len(priced) == 2 and all(float(a) == 0 and float(b) == 0 for a, b in priced)
+    assert "controller at the full batch" in out
+    served = dict(re.findall(r"^  (\S+): tok/s ([\d.]+);", out, re.M))
+    assert list(served) == ["linear_d3", "eagle_s2_k2_d4", "controller"]
+    # the benchmark's own point (its trace, acceptance seeds and drivers) gives the same tok/s
+    bench = serve_points(models=[m["path"]], loads=(1.5,), arrivals=("bursty",), num_requests=120, seed=0,
+                         policies=("best_static",), extra={"controller": lambda setup: lambda: ControllerDriver(
+                             Controller(setup["grid"], setup["acc"]))}).set_index("policy")
+    assert f"{bench.loc['controller', 'tok_s']:.2f}" == served["controller"]
+
+
+def test_controller_prices_bad_tier_or_model_is_one_line(capsys):
+    script = _controller_prices_script()
+    assert script.main(["--tiers", "linear_d9"]) == 2
+    assert script.main(["--model", "no-such-model"]) == 2
+    assert script.main(["--seed", "-1"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 3 and err[0].startswith("error: unknown tiers ['linear_d9']")
+    assert "no-such-model" in err[1] and "--seed" in err[2]
