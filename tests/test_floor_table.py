@@ -69,3 +69,23 @@ def test_an_unreadable_earlier_table_is_one_line(tmp_path):
     empty.write_text("")
     with pytest.raises(SimtreeError, match="not a readable floor table"):
         floor_table(gdn, None, empty)
+
+
+def test_gdn_from_keeps_the_earlier_gdn_rows_the_new_run_does_not_repeat(tmp_path):
+    gdn, v4 = _bench(tmp_path)
+    out = tmp_path / "floor.csv"
+    rows = pd.read_csv(gdn / "floor.csv").assign(variant="default")
+    rows.to_csv(gdn / "floor.csv", index=False)
+    assert main(["--gdn", str(gdn), "--v4", str(v4), "--out", str(out)]) == 0
+    old = pd.read_csv(out)
+    extra = old.iloc[[0]].assign(variant="bv32", measured_us=80.0)   # a variant the next run leaves out
+    pd.concat([old, extra]).to_csv(out, index=False)
+    rows.loc[0, "measured_us"] = 65.0                                  # the next run repeats "default"
+    rows.to_csv(gdn / "floor.csv", index=False)
+    assert main(["--gdn", str(gdn), "--gdn-from", str(out), "--v4-from", str(out), "--out", str(out)]) == 0
+    t = pd.read_csv(out)
+    g = t[t["layer_kind"] == "gdn"]
+    assert len(t) == 3 and t[t["layer_kind"] != "gdn"]["measured_us"].tolist() == [300.0]
+    assert dict(zip(g["variant"], g["measured_us"])) == {"bv32": 80.0, "default": 65.0}
+    with pytest.raises(SimtreeError, match="give --gdn DIR too"):
+        floor_table(None, None, gdn_from=out)

@@ -8,7 +8,10 @@ run's GPU and versions.
     python -m simtree.profiler.bench.floor_table --gdn DIR --v4-from reports/h100/floor.csv --out reports/h100/floor.csv
 
 ``--v4-from TABLE`` keeps an earlier table's V4 rows as they are (a GDN run that replaces only the
-GDN rows; each row keeps its own GPU and versions).
+GDN rows; each row keeps its own GPU and versions).  ``--gdn-from TABLE`` keeps an earlier table's
+GDN rows where the new GDN run has no row of the same (kernel, variant, batch, nodes): a run of a
+few variants adds to the table instead of replacing every GDN row.
+    python -m simtree.profiler.bench.floor_table --gdn DIR --gdn-from T --v4-from T --out T
 """
 from __future__ import annotations
 
@@ -33,8 +36,26 @@ def _read(folder: Path, table: str, meta: str) -> tuple[pd.DataFrame, dict]:
     return pd.read_csv(csv), json.loads(js.read_text())["env"]
 
 
-def floor_table(gdn: Path | None, v4: Path | None, v4_from: Path | None = None) -> pd.DataFrame:
+def _earlier(path: Path, flag: str) -> pd.DataFrame:
+    if not Path(path).is_file():
+        raise SimtreeError(f"{path}: no such table ({flag})")
+    try:
+        old = pd.read_csv(path)
+    except (pd.errors.EmptyDataError, pd.errors.ParserError, UnicodeDecodeError) as exc:
+        raise SimtreeError(f"{path}: not a readable floor table ({type(exc).__name__})") from None
+    if "layer_kind" not in old.columns:
+        raise SimtreeError(f"{path}: not a floor table (no layer_kind column)")
+    return old
+
+
+GDN_KEY = ["kernel", "variant", "batch", "nodes"]
+
+
+def floor_table(gdn: Path | None, v4: Path | None, v4_from: Path | None = None,
+                gdn_from: Path | None = None) -> pd.DataFrame:
     parts = []
+    if gdn_from is not None and gdn is None:
+        raise SimtreeError("--gdn-from TABLE adds to a new GDN run's rows: give --gdn DIR too")
     if v4 is not None and v4_from is not None:
         raise SimtreeError("give --v4 DIR or --v4-from TABLE, not both")
     if gdn is not None:
@@ -46,15 +67,13 @@ def floor_table(gdn: Path | None, v4: Path | None, v4_from: Path | None = None) 
         df, env = _read(Path(v4), "floor_v4.csv", "floor_v4.json")
         parts.append(df.rename(columns=V4_NAMES).assign(gpu=env["gpu"], torch=env["torch_version"],
                                                         triton=env["triton_version"]))
+    if gdn_from is not None:
+        old = _earlier(gdn_from, "--gdn-from")
+        old = old[old["layer_kind"] == "gdn"]
+        new = set(map(tuple, parts[0][GDN_KEY].astype(str).values))
+        parts.insert(0, old[[tuple(r) not in new for r in old[GDN_KEY].astype(str).values]])
     if v4_from is not None:
-        if not Path(v4_from).is_file():
-            raise SimtreeError(f"{v4_from}: no such table (--v4-from)")
-        try:
-            old = pd.read_csv(v4_from)
-        except (pd.errors.EmptyDataError, pd.errors.ParserError, UnicodeDecodeError) as exc:
-            raise SimtreeError(f"{v4_from}: not a readable floor table ({type(exc).__name__})") from None
-        if "layer_kind" not in old.columns:
-            raise SimtreeError(f"{v4_from}: not a floor table (no layer_kind column)")
+        old = _earlier(v4_from, "--v4-from")
         parts.append(old[old["layer_kind"] != "gdn"])
     if not parts:
         raise SimtreeError("give --gdn DIR and / or --v4 DIR (or --v4-from TABLE)")
@@ -67,10 +86,11 @@ def main(argv=None) -> int:
     ap.add_argument("--gdn", type=Path)
     ap.add_argument("--v4", type=Path)
     ap.add_argument("--v4-from", type=Path, help="keep this earlier floor table's V4 rows")
+    ap.add_argument("--gdn-from", type=Path, help="keep this earlier table's GDN rows the --gdn run does not repeat")
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args(argv)
     try:
-        table = floor_table(args.gdn, args.v4, args.v4_from)
+        table = floor_table(args.gdn, args.v4, args.v4_from, args.gdn_from)
     except SimtreeError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
