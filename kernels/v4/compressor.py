@@ -117,17 +117,27 @@ def proj_dtype(p: CompressorParams) -> torch.dtype:
     return p.ape.dtype
 
 
-def matmul_t(x: torch.Tensor, w: torch.Tensor, out_dtype: torch.dtype, out: torch.Tensor | None = None) -> torch.Tensor:
-    """x [N, K] @ w[C, K]^T in ``out_dtype``.  A 16-bit weight (the checkpoint's bf16 compressor
-    projections) meets x at its dtype: on CUDA the tensor cores with an fp32 output (a bf16 x
-    bf16 product is exact in fp32, so this is fp32 arithmetic of the same operands at half the
-    weight bytes of an fp32 copy); elsewhere both operands upcast (the same products)."""
+def matmul_t(x: torch.Tensor, w: torch.Tensor, out_dtype: torch.dtype, out: torch.Tensor | None = None,
+             bias: torch.Tensor | None = None) -> torch.Tensor:
+    """x [N, K] @ w[C, K]^T (+ bias [N, C]) in ``out_dtype``, written into ``out`` where given.
+    A 16-bit weight (the checkpoint's bf16 compressor projections) meets x at its dtype: on CUDA
+    the tensor cores with an fp32 output, one launch with the bias (a bf16 x bf16 product is exact
+    in fp32, so this is fp32 arithmetic of the same operands at half the weight bytes of an fp32
+    copy); elsewhere both operands upcast (the same products)."""
     if w.dtype == out_dtype:
-        return torch.matmul(x.to(out_dtype), w.T, out=out)
+        xs = x.to(out_dtype)
+        if bias is None:
+            return torch.matmul(xs, w.T, out=out)
+        return torch.addmm(bias, xs, w.T, out=out)
     if x.is_cuda and w.dtype in (torch.bfloat16, torch.float16) and out_dtype == torch.float32:
-        r = torch.mm(x.to(w.dtype), w.T, out_dtype=out_dtype)
-    else:
-        r = x.to(w.dtype).to(out_dtype) @ w.T.to(out_dtype)
+        xs = x.to(w.dtype)
+        kw = {} if out is None else {"out": out}
+        if bias is None:
+            return torch.mm(xs, w.T, out_dtype=out_dtype, **kw)
+        return torch.addmm(bias.to(out_dtype), xs, w.T, out_dtype=out_dtype, **kw)
+    r = x.to(w.dtype).to(out_dtype) @ w.T.to(out_dtype)
+    if bias is not None:
+        r = r + bias
     if out is None:
         return r
     out.copy_(r)
@@ -138,7 +148,7 @@ def project(p: CompressorParams, x: torch.Tensor, pos: torch.Tensor) -> tuple[to
     """x [N, hidden], pos [N] -> kv, score [N, C] in ``proj_dtype(p)`` (fp32)."""
     dt = proj_dtype(p)
     kv = matmul_t(x, p.wkv, dt)
-    score = matmul_t(x, p.wgate, dt) + p.ape[pos % p.ratio]
+    score = matmul_t(x, p.wgate, dt, bias=p.ape[pos % p.ratio])
     return kv, score
 
 

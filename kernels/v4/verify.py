@@ -338,8 +338,9 @@ def _project_stacked(p: CompressorParams, x: torch.Tensor, pos_mod: torch.Tensor
         torch.matmul(x, p.wkv.T, out=out[0])
         torch.addmm(p.ape[pos_mod], x, p.wgate.T, out=out[1])
         return out
-    out = torch.stack([matmul_t(x, p.wkv, dt), matmul_t(x, p.wgate, dt)])
-    out[1] += p.ape[pos_mod]
+    out = torch.empty((2, x.shape[0], p.wkv.shape[0]), dtype=dt, device=x.device)
+    matmul_t(x, p.wkv, dt, out=out[0])
+    matmul_t(x, p.wgate, dt, out=out[1], bias=p.ape[pos_mod])
     return out
 
 
