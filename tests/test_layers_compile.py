@@ -1,7 +1,7 @@
-"""The layers' Triton kernels compile for an H100/H200 (sm_90) on this CPU machine: Triton's own
-ptxas turns them into cubins, so a kernel that the interpreter runs but the compiler rejects
-fails here, not in a GPU session.  Compiled in a child process without TRITON_INTERPRET (under
-the interpreter the kernels are not compilable objects)."""
+"""The layers' Triton kernels (fused.py, fused_mhc.py) compile for an H100/H200 (sm_90) on this
+CPU machine: Triton's own ptxas turns them into cubins, so a kernel that the interpreter runs but
+the compiler rejects fails here, not in a GPU session.  Compiled in a child process without
+TRITON_INTERPRET (under the interpreter the kernels are not compilable objects)."""
 import json
 import os
 import subprocess
@@ -14,7 +14,12 @@ CASES = {   # kernel: (argument types in order, constexprs)
     "_rms_norm_kernel": ([BF, BF, BF, I, I, I, F], {"HAS_W": True, "BLOCK": 8192}),
     "_gated_norm_kernel": ([BF, BF, BF, BF, I, I, I, F], {"BLOCK": 128}),
     "_silu_mul_kernel": ([BF, BF, I, I, F], {"BLOCK": 2048, "CLAMP": True}),
-    "_hc_weights_kernel": (["*fp32"] * 6 + [I, I, F], {"HC": 4, "B": 16}),
+    "_hc_weights_kernel": (["*fp32"] * 6 + [I] * 5 + [F, F], {"HC": 4, "B": 4, "RMS": True, "SB": 64}),
+    "_hc_mix_kernel": ([BF, "*fp32", "*fp32", I, I, I, I], {"N": 24, "NB": 32, "BT": 16, "BK": 64}),
+    "_hc_mix_reduce_kernel": (["*fp32", "*fp32", I, I, I, I, F], {"NB": 32, "SB": 64}),
+    "_hc_collapse_kernel": ([BF, "*fp32", "*fp32", "*fp32", BF] + [I] * 7 + [F, F],
+                            {"HC": 4, "HB": 4, "HEAD": True, "SB": 64, "BLOCK": 512}),
+    "_hc_merge_kernel": ([BF, BF, "*fp32", "*fp32", BF, I, I, I, I], {"HC": 4, "HB": 4, "BLOCK": 512}),
     "_sigmoid_mul_kernel": ([BF, BF, BF, I, I, I, I, I, I], {"BLOCK": 256}),
     "_gdn_gates_kernel": ([BF, "*fp32", "*fp32", "*fp32", "*fp32", I, I], {"BLOCK": 64}),
     "_norm_rope_kernel": ([BF, BF, "*fp32", BF] + [I] * 9 + [F],
@@ -28,10 +33,10 @@ import json, sys
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
-from simtree.kernels.layers import fused
+from simtree.kernels.layers import fused, fused_mhc
 out = {}
 for name, (types, const) in json.loads(sys.argv[1]).items():
-    fn = getattr(fused, name)
+    fn = getattr(fused, name, None) or getattr(fused_mhc, name)
     sig = dict(zip([p for p in fn.arg_names if p not in const], types))
     sig.update({k: "constexpr" for k in const})
     try:

@@ -11,6 +11,7 @@ from collections import Counter
 import pytest
 import torch
 
+from simtree.kernels.layers.forms import forms
 from simtree.kernels.layers.opcount import OpCounter
 from simtree.models import get_model
 from simtree.runtime.full.qwen import QwenModel
@@ -34,6 +35,12 @@ PINS = {  # kind: {stage: (ops outside the cores, cores)}
 # launches a layer than without; the Sinkhorn iterations are one op, simtree::hc_weights)
 V4_PINS = {"swa": {"verify": 61, "commit": 1, "decode": 62}, "csa": {"verify": 64, "commit": 1, "decode": 65},
            "hca": {"verify": 61, "commit": 1, "decode": 62}}
+# under the form v4_hc="fused" a block's hc_pre is three ops (mix partials, weights, collapse) and
+# its hc_post one (merge): 8 a layer against the torch path's 24 on this fp32 model (32 on a bf16
+# GPU, where the torch path adds four casts a block)
+V4_HC_OPS = {"simtree.hc_mix_partials": 2, "simtree.hc_weights_partials": 2, "simtree.hc_collapse": 2,
+             "simtree.hc_merge": 2}
+V4_HC_FUSED_SAVES = 16
 # per-step extras outside the layers (the round's metadata, most of it the kernels' tree
 # metadata / V4 device plans, embedding, head): bounded, not pinned (measured 94 / 30 / 26 and
 # 392 / 170 / 526)
@@ -95,6 +102,19 @@ def test_v4_layer_launches_are_pinned(kind):
         ops, cores = _delta(base[stage], more[stage])
         assert sum(ops.values()) + sum(cores.values()) == launches, (stage, ops, cores)
         assert all(v > 0 for v in ops.values()), ops      # nothing per layer that a round could share
+
+
+@pytest.mark.parametrize("kind", ["swa", "csa", "hca"])
+def test_v4_layer_launches_drop_with_fused_hyper_connections(kind):
+    with forms(v4_hc="fused"):
+        base = _counts(_model("tiny-v4", ["swa", "csa", "hca"]))
+        more = _counts(_model("tiny-v4", ["swa", "csa", "hca", kind]))
+    for stage, launches in V4_PINS[kind].items():
+        ops, cores = _delta(base[stage], more[stage])
+        saved = V4_HC_FUSED_SAVES if stage != "commit" else 0
+        assert sum(ops.values()) + sum(cores.values()) == launches - saved, (stage, ops, cores)
+        if saved:
+            assert {k: ops.get(k) for k in V4_HC_OPS} == V4_HC_OPS and "simtree.hc_weights" not in ops
 
 
 @pytest.mark.parametrize("name", ["tiny-gdn", "tiny-v4"])

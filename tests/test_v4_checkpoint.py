@@ -65,18 +65,22 @@ def test_plain_decode_logits_equal_transformers(ckpt):
 
 
 @torch.no_grad()
-def test_tree_verify_logits_equal_transformers_over_each_root_path(ckpt):
+@pytest.mark.parametrize("hc_form", ["torch", "fused"])
+def test_tree_verify_logits_equal_transformers_over_each_root_path(ckpt, hc_form):
     """A 9-node tree after a 21-token prefix (its paths cross a C4 and a C8 boundary, the window
-    slides): each node's logits are transformers' forward over prefix + the node's root path."""
+    slides): each node's logits are transformers' forward over prefix + the node's root path;
+    with the hyper-connections in either form (the layer form v4_hc)."""
+    from simtree.kernels.layers.forms import forms
     _, hf, rank, _ = ckpt
     prefix = _prompt(21, 2)
     st = rank.new_state(1, 64)
-    for t in prefix[:-1]:
-        rank.decode(st, torch.tensor([t]))
-    parents = [-1, 0, 1, 2, 0, 4, 3, 6, 5]
-    tokens = [prefix[-1]] + _prompt(8, 3)
-    hidden, _ = rank.verify(st, torch.tensor([tokens]), torch.tensor([parents]))
-    out = rank.logits(hidden)
+    with forms(v4_hc=hc_form):
+        for t in prefix[:-1]:
+            rank.decode(st, torch.tensor([t]))
+        parents = [-1, 0, 1, 2, 0, 4, 3, 6, 5]
+        tokens = [prefix[-1]] + _prompt(8, 3)
+        hidden, _ = rank.verify(st, torch.tensor([tokens]), torch.tensor([parents]))
+        out = rank.logits(hidden)
     for node in range(len(parents)):
         path, u = [], node
         while u >= 0:

@@ -47,3 +47,23 @@ def test_smoke_breakdown_sums_each_parts_kernels(tmp_path):
         assert abs(sum(float(r["kernel_us"]) for r in sub) - float(sub[0]["part_kernels_us"])) < 0.05 * len(sub)
         assert float(sub[0]["part_floor_us"]) > 0 and float(sub[0]["part_graph_us"]) > 0
     assert v4_breakdown.main(["--out", str(out)]) == (0 if v4_breakdown.torch.cuda.is_available() else 1)
+
+
+def test_smoke_breakdown_times_both_hyper_connection_forms(tmp_path):
+    """--forms torch,fused: every part of the point under each form, named in the forms column,
+    and the fused form's outputs checked against the torch path's in the JSON."""
+    from simtree.profiler.bench import v4_breakdown
+    out = tmp_path / "hc.csv"
+    assert v4_breakdown.main(["--out", str(out), "--model", "tiny-v4", "--smoke", "--kinds", "swa",
+                              "--points", "1x3", "--contexts", "40", "--reps", "1", "--forms", "torch,fused"]) == 0
+    rows = list(csv.DictReader(out.open()))
+    assert {(r["forms"], r["part"]) for r in rows} == {(f, p) for f in ("torch", "fused")
+                                                       for p in ("pre", "core", "post")}
+    kernels = {f: {r["kernel"] for r in rows if r["forms"] == f and r["part"] == "pre"} for f in ("torch", "fused")}
+    assert any("hc_mix_partials" in k for k in kernels["fused"]) and not any("hc_mix" in k for k in kernels["torch"])
+    check = json.loads(out.with_suffix(".json").read_text())["hc_check"]["swa b1 n3 l40"]["fused"]
+    assert check["pre_ref_max_abs"] > 0 and check["post_ref_max_abs"] > 0
+    # bf16 streams: the block input a rounding apart, the streams a few (the torch path rounds four times)
+    assert check["pre_max_abs"] <= 2 ** -6 * check["pre_ref_max_abs"]
+    assert check["post_max_abs"] <= 2 ** -5 * check["post_ref_max_abs"]
+    assert v4_breakdown.main(["--out", str(out), "--smoke", "--forms", "triton"]) == 1

@@ -15,6 +15,11 @@ V4 layer verify (a block of its own; kernels/v4/verify.py FUSIONS, docs/math/v4_
     v4_topk         the CSA indexer's top-k + attention list: "fused" (one Triton launch,
                     score rows up to _topk_kernel.MAX_ROW), "sort" (torch.topk + the list
                     kernel); "auto": V4_AUTO's choice
+    v4_hc           the hyper-connections (mhc.py) of every V4 block: "fused" (hc_pre in three
+                    launches: mix partials, weights, collapse; hc_post in one merge; hc_head in
+                    two), "torch" (~10 / ~5 small torch ops); "auto": V4_AUTO's choice.  The
+                    fused ops run their Triton kernels on CUDA for 16/32-bit floats, their torch
+                    forms (one op each, as counted) on the CPU; float64 keeps the "torch" path
 
     set_forms(tree_attention="torch")       # from here on
     set_forms(fp8_gemm="scaled_mm")
@@ -33,17 +38,18 @@ from dataclasses import dataclass, replace
 
 from simtree.errors import SimtreeError
 
-__all__ = ["LayerForms", "current", "set_forms", "forms", "v4_fusions", "V4_AUTO"]
+__all__ = ["LayerForms", "current", "set_forms", "forms", "v4_fusions", "v4_form", "V4_AUTO"]
 
 _CHOICES = {"fused": ("auto", "torch"), "tree_attention": ("auto", "triton", "torch"),
             "fp8_gemm": ("auto", "scaled_mm", "triton", "ref")}
 _CHOICES.update(gdn_commit=("standalone", "deferred"))
 
 # ---- V4 layer verify fusions ----------------------------------------------------------------
-_CHOICES.update(v4_topk=("auto", "fused", "sort"))
-# what "auto" runs: the unfused forms until profiler/bench/v4_floor.py has measured the fused
-# ones on the GPU (its summary names the faster form of each; docs/math/v4_compression.md)
-V4_AUTO = {"v4_topk": "sort"}
+_CHOICES.update(v4_topk=("auto", "fused", "sort"), v4_hc=("auto", "fused", "torch"))
+# what "auto" runs: the unfused forms until the GPU has measured the fused ones
+# (profiler/bench/v4_floor.py's summary names the faster v4_topk, docs/math/v4_compression.md;
+# v4_breakdown.py --forms torch,fused times the block's pre / post under each v4_hc)
+V4_AUTO = {"v4_topk": "sort", "v4_hc": "torch"}
 _V4_FUSION = {"v4_topk": "topk"}   # form -> tree_verify's fusion name
 
 
@@ -54,6 +60,7 @@ class LayerForms:
     fp8_gemm: str = "auto"
     gdn_commit: str = "standalone"
     v4_topk: str = "auto"
+    v4_hc: str = "auto"
 
     def __post_init__(self):
         for name, allowed in _CHOICES.items():
@@ -71,7 +78,7 @@ def current() -> LayerForms:
 
 
 def set_forms(**changes: str) -> LayerForms:
-    """Set forms (``fused``, ``tree_attention``, ``fp8_gemm``, ``gdn_commit``, ``v4_topk``)
+    """Set forms (``fused``, ``tree_attention``, ``fp8_gemm``, ``gdn_commit``, ``v4_topk``, ``v4_hc``)
     from here on; returns the ones replaced."""
     global _current
     old, _current = _current, replace(_current, **changes)
@@ -88,8 +95,12 @@ def forms(**changes: str):
         set_forms(**{name: getattr(old, name) for name in _CHOICES})
 
 
+def v4_form(name: str, f: LayerForms | None = None) -> str:
+    """The V4 form ``name`` runs under forms ``f`` (default: now), "auto" resolved through V4_AUTO."""
+    value = getattr(f or _current, name)
+    return V4_AUTO[name] if value == "auto" else value
+
+
 def v4_fusions(f: LayerForms | None = None) -> tuple[str, ...]:
     """The fused launches a V4 layer's tree verify runs under forms ``f`` (default: now)."""
-    f = f or _current
-    return tuple(fusion for form, fusion in _V4_FUSION.items()
-                 if (getattr(f, form) if getattr(f, form) != "auto" else V4_AUTO[form]) == "fused")
+    return tuple(fusion for form, fusion in _V4_FUSION.items() if v4_form(form, f) == "fused")

@@ -2,8 +2,9 @@
 
 One launch each where torch would launch three to ten: the norms, gates and activations a
 layer runs between its GEMMs, the GDN layer's short conv over tree ancestors and its state
-commit.  Every kernel reads rows through their strides (slices of a fused projection's output
-need no copy) and computes in float32.  Launch details only; the math is in reference.py.
+commit (DeepSeek-V4's hyper-connections: fused_mhc.py).  Every kernel reads rows through their
+strides (slices of a fused projection's output need no copy) and computes in float32.  Launch
+details only; the math is in reference.py.
 """
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import triton
 import triton.language as tl
 
 __all__ = ["rms_norm", "gated_rms_norm", "silu_mul", "sigmoid_mul", "gdn_gates", "norm_rope", "tree_conv",
-           "gather_rows", "hc_weights"]
+           "gather_rows"]
 
 
 def _pow2(n: int) -> int:
@@ -253,44 +254,3 @@ def gather_rows(state: torch.Tensor, x: torch.Tensor, idx: torch.Tensor) -> None
     if B:
         _gather_rows_kernel[(B, triton.cdiv(C, block))](state, x, idx.contiguous(), x.stride(0), C, R=R, BLOCK=block,
                                                         num_warps=4)
-
-
-@triton.jit
-def _hc_weights_kernel(M, BASE, SCALE, PRE, POST, COMB, s_m, iters, eps, HC: tl.constexpr, B: tl.constexpr):
-    """One token: its pre / post [HC] and Sinkhorn-normalised comb [HC, HC] (padded to B)."""
-    t = tl.program_id(0).to(tl.int64)
-    i = tl.arange(0, B)
-    mi = i < HC
-    s0 = tl.load(SCALE)
-    s1 = tl.load(SCALE + 1)
-    s2 = tl.load(SCALE + 2)
-    pre = tl.sigmoid(tl.load(M + t * s_m + i, mask=mi, other=0.0) * s0 + tl.load(BASE + i, mask=mi, other=0.0)) + eps
-    post = 2 * tl.sigmoid(tl.load(M + t * s_m + HC + i, mask=mi, other=0.0) * s1
-                          + tl.load(BASE + HC + i, mask=mi, other=0.0))
-    tl.store(PRE + t * HC + i, pre, mask=mi)
-    tl.store(POST + t * HC + i, post, mask=mi)
-    r = i[:, None]
-    c = i[None, :]
-    mc = (r < HC) & (c < HC)
-    off = 2 * HC + r * HC + c
-    z = tl.load(M + t * s_m + off, mask=mc, other=0.0) * s2 + tl.load(BASE + off, mask=mc, other=0.0)
-    z = tl.where(mc, z, -1e30)
-    z = tl.exp(z - tl.max(z, 1)[:, None])
-    z = tl.where(mc, z / tl.sum(z, 1)[:, None] + eps, 0.0)
-    z = z / (tl.sum(z, 0)[None, :] + eps)
-    for _ in range(iters - 1):
-        z = z / (tl.sum(z, 1)[:, None] + eps)
-        z = z / (tl.sum(z, 0)[None, :] + eps)
-    tl.store(COMB + t * HC * HC + r * HC + c, z, mask=mc)
-
-
-def hc_weights(m: torch.Tensor, base: torch.Tensor, scale: torch.Tensor, iters: int, eps: float):
-    """reference.hc_weights in one launch (one program per token)."""
-    T, n = m.shape
-    hc = int(round((-2 + (4 + 4 * n) ** 0.5) / 2))
-    pre, post = m.new_empty(T, hc), m.new_empty(T, hc)
-    comb = m.new_empty(T, hc, hc)
-    if T:
-        _hc_weights_kernel[(T,)](m, base.contiguous(), scale.contiguous(), pre, post, comb, m.stride(0), iters, eps,
-                                 HC=hc, B=_pow2(hc), num_warps=1)
-    return pre, post, comb

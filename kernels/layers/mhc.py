@@ -15,6 +15,13 @@ From the streams, one projection (fp32) of their unweighted-RMS-normed concatena
 
 After the last layer :func:`hc_head` collapses the streams with its own sigmoid weights.
 The checkpoint's weights: ``fn`` [(2 + hc) hc, hc h], ``base`` [(2 + hc) hc], ``scale`` [3].
+
+The layer form ``v4_hc`` (:mod:`.forms`) picks the path: "torch" runs the ops above as ~10
+(hc_pre) and ~5 (hc_post) small torch ops; "fused" as the custom ops of :mod:`.ops` (Triton on
+CUDA, their torch forms as one op each on the CPU): hc_pre = mix partials (the RMS norm's sum
+of squares on the same read of x as the mix GEMM, K split over programs) + weights (the splits'
+fixed-order sum, the RMS scale and the Sinkhorn) + collapse; hc_post = one merge; hc_head = mix
+partials + collapse.  float64 keeps the torch path.
 """
 from __future__ import annotations
 
@@ -22,6 +29,7 @@ import torch
 import torch.nn.functional as F
 
 from . import ops
+from .forms import v4_form
 
 __all__ = ["hc_pre", "hc_post", "hc_head", "expand"]
 
@@ -29,6 +37,10 @@ __all__ = ["hc_pre", "hc_post", "hc_head", "expand"]
 def _dt(x: torch.Tensor) -> torch.dtype:
     """fp32, or float64 in a float64 model."""
     return torch.float64 if x.dtype == torch.float64 else torch.float32
+
+
+def _fused(x: torch.Tensor) -> bool:
+    return x.dtype != torch.float64 and v4_form("v4_hc") == "fused"
 
 
 def _mix(x: torch.Tensor, fn: torch.Tensor, eps: float) -> torch.Tensor:
@@ -41,6 +53,10 @@ def _mix(x: torch.Tensor, fn: torch.Tensor, eps: float) -> torch.Tensor:
 def hc_pre(x: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: torch.Tensor, iters: int,
            hc_eps: float, norm_eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Streams x [T, hc, h] -> (block input [T, h] in x's dtype, post [T, hc], comb [T, hc, hc] fp32)."""
+    if _fused(x):
+        p = ops.hc_mix_partials(x, fn)
+        pre, post, comb = ops.hc_weights_partials(p, base, scale, iters, hc_eps, x.shape[1] * x.shape[2], norm_eps)
+        return ops.hc_collapse(x, pre), post, comb
     m = _mix(x, fn, norm_eps)
     pre, post, comb = ops.hc_weights(m, base.to(m.dtype), scale.to(m.dtype), iters, hc_eps)
     collapsed = (pre.unsqueeze(-1) * x).sum(1).to(x.dtype)
@@ -48,7 +64,10 @@ def hc_pre(x: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: torch.T
 
 
 def hc_post(x: torch.Tensor, out: torch.Tensor, post: torch.Tensor, comb: torch.Tensor) -> torch.Tensor:
-    """new x [T, hc, h]: post_k * out + sum_j comb[j, k] x_j (in x's dtype)."""
+    """new x [T, hc, h]: post_k * out + sum_j comb[j, k] x_j (in x's dtype; under v4_hc="fused" in
+    fp32, rounded once: the torch path rounds post, comb and the two terms to x's dtype)."""
+    if _fused(x):
+        return ops.hc_merge(x, out, post, comb)
     dt = x.dtype
     return post.to(dt).unsqueeze(-1) * out.unsqueeze(-2) + comb.to(dt).transpose(1, 2) @ x
 
@@ -56,6 +75,8 @@ def hc_post(x: torch.Tensor, out: torch.Tensor, post: torch.Tensor, comb: torch.
 def hc_head(x: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: torch.Tensor, hc_eps: float,
             norm_eps: float) -> torch.Tensor:
     """Streams x [T, hc, h] -> [T, h]: sum_j (sigmoid(scale * w_j + base_j) + eps) x_j."""
+    if _fused(x):
+        return ops.hc_head(x, ops.hc_mix_partials(x, fn), base, scale, hc_eps, norm_eps)
     m = _mix(x, fn, norm_eps)
     pre = torch.sigmoid(m * scale.to(m.dtype) + base.to(m.dtype)) + hc_eps
     return (pre.unsqueeze(-1) * x).sum(1).to(x.dtype)

@@ -1,5 +1,6 @@
 """The layers' fused ops as torch custom ops (``torch.ops.simtree.*``): one op each, the Triton
-kernel (fused.py) on CUDA for 16/32-bit floats, the torch form (reference.py) elsewhere.
+kernel (fused.py; V4's hyper-connections: fused_mhc.py) on CUDA for 16/32-bit floats, the
+torch form (reference.py) elsewhere.
 
 Being one op to the dispatcher, each counts as one kernel where ops are counted
 (:mod:`.opcount`, the CPU proxy of a step's launches), and replays as one node of a CUDA graph.
@@ -13,7 +14,8 @@ from . import reference as ref
 from .forms import current
 
 __all__ = ["rms_norm", "gated_rms_norm", "silu_mul", "sigmoid_mul", "gdn_gates", "norm_rope", "norm_rope_into",
-           "tree_conv", "gather_rows", "hc_weights", "swiglu"]
+           "tree_conv", "gather_rows", "hc_weights", "swiglu", "hc_mix_partials", "hc_weights_partials",
+           "hc_collapse", "hc_head", "hc_merge"]
 
 
 def _triton(*tensors: torch.Tensor) -> bool:
@@ -23,6 +25,11 @@ def _triton(*tensors: torch.Tensor) -> bool:
 def _fused():
     from . import fused
     return fused
+
+
+def _fused_mhc():
+    from . import fused_mhc
+    return fused_mhc
 
 
 @torch.library.custom_op("simtree::rms_norm", mutates_args=())
@@ -147,7 +154,7 @@ def hc_weights(m: torch.Tensor, base: torch.Tensor, scale: torch.Tensor, iters: 
 @hc_weights.register_kernel("cuda")
 def _hc_weights_cuda(m, base, scale, iters, eps):
     if _triton(m):
-        return _fused().hc_weights(m, base, scale, iters, eps)
+        return _fused_mhc().hc_weights(m, base, scale, iters, eps)
     return tuple(t.contiguous() for t in ref.hc_weights(m, base, scale, iters, eps))
 
 
@@ -156,3 +163,58 @@ def _hc_weights_fake(m, base, scale, iters, eps):
     T, n = m.shape
     hc = int(round((-2 + (4 + 4 * n) ** 0.5) / 2))
     return m.new_empty(T, hc), m.new_empty(T, hc), m.new_empty(T, hc, hc)
+
+
+# ---- V4 hyper-connections under the form v4_hc="fused" (kernels/layers/mhc.py) -------------
+
+@torch.library.custom_op("simtree::hc_mix_partials", mutates_args=())
+def hc_mix_partials(x: torch.Tensor, fn: torch.Tensor) -> torch.Tensor:
+    return ref.hc_mix_partials(x, fn)
+
+
+def _weights_of_partials(p, base, scale, iters, eps, dim, norm_eps):
+    m = ref.hc_mix_reduce(p, dim, norm_eps)
+    return tuple(t.contiguous() for t in ref.hc_weights(m, base.to(m.dtype), scale.to(m.dtype), iters, eps))
+
+
+@torch.library.custom_op("simtree::hc_weights_partials", mutates_args=())
+def hc_weights_partials(p: torch.Tensor, base: torch.Tensor, scale: torch.Tensor, iters: int, eps: float, dim: int,
+                        norm_eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return _weights_of_partials(p, base, scale, iters, eps, dim, norm_eps)
+
+
+@torch.library.custom_op("simtree::hc_collapse", mutates_args=())
+def hc_collapse(x: torch.Tensor, pre: torch.Tensor) -> torch.Tensor:
+    return ref.hc_collapse(x, pre)
+
+
+def _head_of_partials(x, p, base, scale, eps, norm_eps):
+    m = ref.hc_mix_reduce(p, x.shape[1] * x.shape[2], norm_eps)
+    return ref.hc_collapse(x, torch.sigmoid(m * scale.to(m.dtype) + base.to(m.dtype)) + eps)
+
+
+@torch.library.custom_op("simtree::hc_head", mutates_args=())
+def hc_head(x: torch.Tensor, p: torch.Tensor, base: torch.Tensor, scale: torch.Tensor, eps: float,
+            norm_eps: float) -> torch.Tensor:
+    return _head_of_partials(x, p, base, scale, eps, norm_eps)
+
+
+@torch.library.custom_op("simtree::hc_merge", mutates_args=())
+def hc_merge(x: torch.Tensor, out: torch.Tensor, post: torch.Tensor, comb: torch.Tensor) -> torch.Tensor:
+    return ref.hc_merge(x, out, post, comb)
+
+
+def _cuda_kernel(name: str, torch_form):
+    """An hc op's CUDA kernel: fused_mhc.<name> (same arguments) where every tensor argument is a
+    16/32-bit float, the op's torch form elsewhere."""
+    def kernel(*args):
+        tensors = [a for a in args if isinstance(a, torch.Tensor)]
+        return (getattr(_fused_mhc(), name) if _triton(*tensors) else torch_form)(*args)
+    return kernel
+
+
+for _op, _name, _form in ((hc_mix_partials, "hc_mix_partials", ref.hc_mix_partials),
+                          (hc_weights_partials, "hc_weights_partials", _weights_of_partials),
+                          (hc_collapse, "hc_collapse", ref.hc_collapse), (hc_head, "hc_head", _head_of_partials),
+                          (hc_merge, "hc_merge", ref.hc_merge)):
+    _op.register_kernel("cuda")(_cuda_kernel(_name, _form))

@@ -13,6 +13,16 @@ inputs) and rounds once, to the input's dtype unless stated.
                                                       SiLU(sum_t src(idx[:, t]) * weight[:, t]),
                                                       written as three row-major blocks
     gather_rows(state [B, W-1, C], x [N, C], idx [B, W-1])   state rows <- their sources
+
+DeepSeek-V4's hyper-connections (kernels/layers/mhc.py), the streams x [T, hc, h], K = hc h:
+
+    hc_mix_partials(x, fn [n, K])           [S, T, n + 1]: split s's partial dot products of the
+                                            flat streams with fn's rows | its partial sum of squares
+                                            (S = 1 here; the Triton kernel splits K)
+    hc_mix_reduce(p, K, eps)                m [T, n] = sum_s dots * rsqrt(sum_s squares / K + eps):
+                                            RMSNorm(flat x) @ fn^T
+    hc_collapse(x, pre [T, hc])             sum_j pre_j x_j                        -> [T, h]
+    hc_merge(x, out [T, h], post, comb)     post_k out + sum_j comb[j, k] x_j      -> [T, hc, h]
 """
 from __future__ import annotations
 
@@ -20,7 +30,8 @@ import torch
 import torch.nn.functional as F
 
 __all__ = ["compute_dtype", "rms_norm", "gated_rms_norm", "silu_mul", "sigmoid_mul", "gdn_gates",
-           "norm_rope", "tree_conv", "gather_rows", "conv_sources", "EPS"]
+           "norm_rope", "tree_conv", "gather_rows", "conv_sources", "hc_weights", "hc_mix_partials",
+           "hc_mix_reduce", "hc_collapse", "hc_merge", "EPS"]
 
 EPS = 1e-6
 
@@ -128,3 +139,30 @@ def hc_weights(m: torch.Tensor, base: torch.Tensor, scale: torch.Tensor, iters: 
         comb = comb / (comb.sum(-1, keepdim=True) + eps)
         comb = comb / (comb.sum(-2, keepdim=True) + eps)
     return pre, post, comb
+
+
+def hc_mix_partials(x: torch.Tensor, fn: torch.Tensor) -> torch.Tensor:
+    """x [T, hc, h], fn [n, hc h] -> [1, T, n + 1]: the flat streams' dot products with fn's rows
+    and their sum of squares (fp32; float64 for float64 x)."""
+    dt = compute_dtype(x)
+    flat = x.reshape(x.shape[0], -1).to(dt)
+    return torch.cat([flat @ fn.to(dt).t(), flat.square().sum(-1, keepdim=True)], -1)[None]
+
+
+def hc_mix_reduce(p: torch.Tensor, dim: int, eps: float) -> torch.Tensor:
+    """Partials [S, T, n + 1] of a mix over ``dim`` channels -> m [T, n]."""
+    tot = p.sum(0)
+    return tot[:, :-1] * torch.rsqrt(tot[:, -1:] / dim + eps)
+
+
+def hc_collapse(x: torch.Tensor, pre: torch.Tensor) -> torch.Tensor:
+    """x [T, hc, h], pre [T, hc] -> sum_j pre_j x_j [T, h] in x's dtype."""
+    dt = compute_dtype(x)
+    return (pre.to(dt).unsqueeze(-1) * x.to(dt)).sum(1).to(x.dtype)
+
+
+def hc_merge(x: torch.Tensor, out: torch.Tensor, post: torch.Tensor, comb: torch.Tensor) -> torch.Tensor:
+    """new x [T, hc, h] = post_k out + sum_j comb[j, k] x_j, in fp32, rounded once to x's dtype."""
+    dt = compute_dtype(x)
+    y = post.to(dt).unsqueeze(-1) * out.to(dt).unsqueeze(-2) + comb.to(dt).transpose(1, 2) @ x.to(dt)
+    return y.to(x.dtype)

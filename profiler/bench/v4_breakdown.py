@@ -1,6 +1,7 @@
 """Where a V4 attention block's verify time goes, kernel by kernel, on the GPU:
 
     python -m simtree.profiler.bench.v4_breakdown --out $OUT/v4_breakdown.csv
+    python -m simtree.profiler.bench.v4_breakdown --out $OUT/hc.csv --forms torch,fused   # hyper-connections
 
 For each point (layer kind x batch x nodes x context at V4-Flash shapes, random trees) the
 block's three parts as ``profiler/bench/v4_floor.py`` times them (pre: hc_pre, norms,
@@ -9,9 +10,13 @@ projections, hc_post) each run eagerly under ``torch.profiler``; every device ke
 duration is summed per (part, kernel name) over ``--reps`` calls and divided by them.  Beside it
 the part's time under a CUDA graph (``v4_floor.timed``): the graph's time less the kernels'
 sum is what launches and gaps between kernels cost.  The floor of each part
-(``v4_floor._end_floors``, ``verify_floor(..., "core")``) is in every row.
+(``v4_floor._end_floors``, ``verify_floor(..., "core")``) is in every row.  ``--forms`` runs every
+point under each listed form of the hyper-connections (the layer form ``v4_hc``: "torch", today's
+path, or "fused", kernels/layers/mhc.py) and names it in the ``forms`` column; with more than
+one, the JSON's ``hc_check`` holds each point's largest difference of the pre part's block input
+and the post part's streams against the first form's.
 
-Writes the CSV at --out (kind, batch, nodes, context, part, kernel, calls_per_rep, kernel_us,
+Writes the CSV at --out (kind, batch, nodes, context, forms, part, kernel, calls_per_rep, kernel_us,
 part_kernels_us, part_graph_us, part_floor_us, gpu, torch) and a JSON sidecar (the top kernels
 per part and point).  Points run in order until --max-seconds; the files are rewritten after
 each.  On a CPU only --smoke runs (tiny-v4, the code path, no numbers worth reading).
@@ -30,14 +35,16 @@ import torch
 
 from simtree.fileio import write_text_atomic
 from simtree.kernels.layers import v4 as V
+from simtree.kernels.layers.forms import forms
+from simtree.kernels.layers.mhc import hc_pre
 from simtree.models import get_model
 
 from .v4_floor import _end_floors, timed
 from .v4_floor_model import verify_floor
 from .v4_variants import MODEL, Layer, log
 
-COLUMNS = ["kind", "batch", "nodes", "context", "part", "kernel", "calls_per_rep", "kernel_us", "part_kernels_us",
-           "part_graph_us", "part_floor_us", "gpu", "torch"]
+COLUMNS = ["kind", "batch", "nodes", "context", "forms", "part", "kernel", "calls_per_rep", "kernel_us",
+           "part_kernels_us", "part_graph_us", "part_floor_us", "gpu", "torch"]
 
 
 def _kernels(fn, reps: int, device: str) -> dict[str, tuple[float, float]]:
@@ -62,7 +69,40 @@ def _kernels(fn, reps: int, device: str) -> dict[str, tuple[float, float]]:
     return {k: (c / reps, us / reps) for k, (c, us) in out.items()}
 
 
-def measure(L: Layer, b: int, n: int, ctx: int, reps: int, bw: float, device: str) -> list[dict]:
+def _outputs(L: Layer, x, o, rm, form: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """(the block input the pre part makes, the streams the post part makes) under v4_hc=form."""
+    with forms(v4_hc=form):
+        w, d = L.w, L.d
+        a, post, comb = hc_pre(x, w["hc_attn_fn"], w["hc_attn_base"], w["hc_attn_scale"], d.hc_iters, d.hc_eps, d.eps)
+        return a, L.post(x, o, (post, comb), rm)
+
+
+def hc_check(L: Layer, b: int, n: int, ctx: int, form_list: list[str]) -> dict:
+    """{form: {"pre_max_abs", "post_max_abs", "pre_ref_max_abs", "post_ref_max_abs"}}: each form's
+    pre / post outputs at a point against the first form's (same inputs), and the first's size."""
+    T = b * n
+    _, rm = L.round(b, n, ctx, "random")
+    x = L.inputs(T, 1, seed=b * 1000 + n)[0]
+    g = torch.Generator(x.device).manual_seed(n)
+    o = torch.randn(T, L.d.H, L.d.D, device=x.device, generator=g).to(x.dtype)
+    first = _outputs(L, x, o, rm, form_list[0])
+    out = {}
+    for form in form_list[1:]:
+        got = _outputs(L, x, o, rm, form)
+        out[form] = {}
+        for part, new, ref in zip(("pre", "post"), got, first):
+            out[form][f"{part}_max_abs"] = float((new.float() - ref.float()).abs().max())
+            out[form][f"{part}_ref_max_abs"] = float(ref.float().abs().max())
+    return out
+
+
+def measure(L: Layer, b: int, n: int, ctx: int, reps: int, bw: float, device: str, form: str = "torch") -> list[dict]:
+    """Rows of one point with the hyper-connections in v4_hc form ``form``."""
+    with forms(v4_hc=form):
+        return _measure(L, b, n, ctx, reps, bw, device, form)
+
+
+def _measure(L: Layer, b: int, n: int, ctx: int, reps: int, bw: float, device: str, form: str) -> list[dict]:
     cache, rm = L.round(b, n, ctx, "random")
     T = b * n
     x = L.inputs(T, 1, seed=b * 1000 + n)[0]
@@ -79,7 +119,7 @@ def measure(L: Layer, b: int, n: int, ctx: int, reps: int, bw: float, device: st
         graph = timed([fn], device, "current")[0]
         total = sum(us for _, us in ks.values())
         for name, (calls, us) in sorted(ks.items(), key=lambda kv: -kv[1][1]):
-            rows.append(dict(kind=L.kind, batch=b, nodes=n, context=ctx, part=part, kernel=name[:160],
+            rows.append(dict(kind=L.kind, batch=b, nodes=n, context=ctx, forms=form, part=part, kernel=name[:160],
                              calls_per_rep=round(calls, 2), kernel_us=round(us, 2), part_kernels_us=round(total, 2),
                              part_graph_us=round(graph, 2), part_floor_us=round(floors[part], 2), **env))
     del cache, rm
@@ -89,7 +129,7 @@ def measure(L: Layer, b: int, n: int, ctx: int, reps: int, bw: float, device: st
 def _top(rows: list[dict], k: int = 6) -> dict:
     out: dict = {}
     for r in rows:
-        key = f"{r['kind']} b{r['batch']} n{r['nodes']} l{r['context']} {r['part']}"
+        key = f"{r['kind']} b{r['batch']} n{r['nodes']} l{r['context']} {r['forms']} {r['part']}"
         e = out.setdefault(key, {"graph_us": r["part_graph_us"], "kernels_us": r["part_kernels_us"],
                                  "floor_us": r["part_floor_us"], "top": []})
         if len(e["top"]) < k:
@@ -115,6 +155,8 @@ def main(argv=None) -> int:
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--max-seconds", type=float, default=240.0)
     ap.add_argument("--model", default=MODEL)
+    ap.add_argument("--forms", default="torch", help="v4_hc forms of the hyper-connections, comma-separated "
+                                                     "(torch, fused, auto): rows for each")
     ap.add_argument("--smoke", action="store_true", help="tiny-v4 on a CPU: the code path only")
     args = ap.parse_args(argv)
     t0 = time.time()
@@ -129,6 +171,13 @@ def main(argv=None) -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     meta = {"model": args.model, "copy_bandwidth_gbs": bw, "args": vars(args)}
     pts = [tuple(int(v) for v in p.split("x")) for p in args.points.split(",")]
+    form_list = args.forms.split(",")
+    bad = [f for f in form_list if f not in ("torch", "fused", "auto")]
+    if bad:
+        log(f"--forms {','.join(bad)}: use torch, fused or auto")
+        return 1
+    if len(form_list) > 1:
+        meta["hc_check"] = {}
     rows: list[dict] = []
     for kind in args.kinds.split(","):
         L = Layer(d, kind, device)
@@ -138,13 +187,17 @@ def main(argv=None) -> int:
                     meta["stopped"] = f"time budget spent before {kind} b{b} n{n} l{ctx}"
                     write(out, rows, meta)
                     return 0
-                new = measure(L, b, n, ctx, args.reps, bw, device)
-                rows += new
-                log(f"{kind} b={b} n={n} l={ctx}: " + ", ".join(
-                    f"{p} graph {next(r['part_graph_us'] for r in new if r['part'] == p):.1f} us / kernels "
-                    f"{next(r['part_kernels_us'] for r in new if r['part'] == p):.1f} / floor "
-                    f"{next(r['part_floor_us'] for r in new if r['part'] == p):.1f}" for p in ("pre", "core", "post")))
-                write(out, rows, meta)
+                if len(form_list) > 1:
+                    meta["hc_check"][f"{kind} b{b} n{n} l{ctx}"] = hc_check(L, b, n, ctx, form_list)
+                for form in form_list:
+                    new = measure(L, b, n, ctx, args.reps, bw, device, form)
+                    rows += new
+                    log(f"{kind} b={b} n={n} l={ctx} v4_hc={form}: " + ", ".join(
+                        f"{p} graph {next(r['part_graph_us'] for r in new if r['part'] == p):.1f} us / kernels "
+                        f"{next(r['part_kernels_us'] for r in new if r['part'] == p):.1f} / floor "
+                        f"{next(r['part_floor_us'] for r in new if r['part'] == p):.1f}"
+                        for p in ("pre", "core", "post")))
+                    write(out, rows, meta)
         del L
         if device == "cuda":
             torch.cuda.empty_cache()
