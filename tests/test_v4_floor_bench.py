@@ -67,3 +67,20 @@ def test_smoke_breakdown_times_both_hyper_connection_forms(tmp_path):
     assert check["pre_max_abs"] <= 2 ** -6 * check["pre_ref_max_abs"]
     assert check["post_max_abs"] <= 2 ** -5 * check["post_ref_max_abs"]
     assert v4_breakdown.main(["--out", str(out), "--smoke", "--forms", "triton"]) == 1
+
+
+def test_smoke_launch_variants_are_checked_and_timed(tmp_path):
+    """v4_launch's code path: every fused piece's variants beside the torch form, each with its
+    error against it (small: the variants compute the same thing)."""
+    from simtree.profiler.bench import v4_launch
+    out = tmp_path / "launch.csv"
+    assert v4_launch.main(["--out", str(out), "--smoke", "--tokens", "3"]) == 0
+    rows = list(csv.DictReader(out.open()))
+    assert list(rows[0]) == v4_launch.COLUMNS
+    ops = {r["op"] for r in rows}
+    assert {"mix", "collapse", "merge"} <= ops
+    for op in ops:
+        sub = [r for r in rows if r["op"] == op]
+        assert {"torch"} < {r["variant"] for r in sub}
+        assert all(float(r["us"]) > 0 and float(r["max_rel_err"]) < 1e-2 for r in sub)
+    assert v4_launch.main(["--out", str(out)]) == (0 if v4_launch.torch.cuda.is_available() else 1)

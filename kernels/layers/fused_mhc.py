@@ -16,24 +16,28 @@ __all__ = ["hc_weights", "hc_mix_partials", "hc_weights_partials", "hc_mix", "hc
 
 _MIX_BT, _MIX_BK = 16, 64      # the mix's row block, K step
 _MIX_PROGRAMS = 256            # the mix's programs to aim for: ~2 per SM of an H100 (132 SMs)
+# the mix's products: "tf32x3" (three TF32 tensor-core products: x's bf16 values are exact in
+# TF32 and fn's fp32 is carried as a high and a low TF32 part, ~fp32 accuracy) or "ieee" (fp32 FMAs)
+_MIX_PRECISION = "tf32x3"
 
 
-def _mix_splits(T: int, K: int, n: int, x_bytes: int) -> tuple[int, int]:
+def _mix_splits(T: int, K: int, n: int, x_bytes: int, bt: int = _MIX_BT, bk: int = _MIX_BK,
+                programs: int = _MIX_PROGRAMS) -> tuple[int, int]:
     """(splits S, channels per split) of the mix of T rows of K channels (x_bytes each) with n
     rows of fn: enough programs at small T to stream fn at bandwidth, one split per row block
     once the rows alone fill the GPU, and the partials' traffic (written and read, 8 (n + 1)
     bytes a row and split) at most 1/8 of the mix's reads.  A function of the shapes only."""
     T = max(T, 1)
-    steps = triton.cdiv(K, _MIX_BK)
+    steps = triton.cdiv(K, bk)
     cap = (4 * n * K + x_bytes * T * K) // (64 * T * (n + 1))
-    S = max(1, min(steps, _MIX_PROGRAMS // triton.cdiv(T, _MIX_BT), cap))
-    chunk = triton.cdiv(steps, S) * _MIX_BK
+    S = max(1, min(steps, programs // triton.cdiv(T, bt), cap))
+    chunk = triton.cdiv(steps, S) * bk
     return triton.cdiv(K, chunk), chunk
 
 
 @triton.jit
 def _hc_mix_kernel(X, FN, P, s_x, T, K, CHUNK, N: tl.constexpr, NB: tl.constexpr, BT: tl.constexpr,
-                   BK: tl.constexpr):
+                   BK: tl.constexpr, PRECISION: tl.constexpr):
     """Split s (program 0) of a row block (program 1): partial x . fn_n [BT, N] and sum x^2 [BT]."""
     s = tl.program_id(0)
     rows = tl.program_id(1) * BT + tl.arange(0, BT)
@@ -48,26 +52,29 @@ def _hc_mix_kernel(X, FN, P, s_x, T, K, CHUNK, N: tl.constexpr, NB: tl.constexpr
         x = tl.load(X + rows[:, None].to(tl.int64) * s_x + k[None, :], mask=mr[:, None] & mk[None, :],
                     other=0.0).to(tl.float32)
         f = tl.load(FN + n[None, :].to(tl.int64) * K + k[:, None], mask=mn[None, :] & mk[:, None], other=0.0)
-        acc += tl.dot(x, f, input_precision="ieee")
+        acc += tl.dot(x, f, input_precision=PRECISION)
         ss += tl.sum(x * x, 1)
     out = P + (s * T + rows.to(tl.int64)) * (N + 1)
     tl.store(out[:, None] + n[None, :], acc, mask=mr[:, None] & mn[None, :])
     tl.store(out + N, ss, mask=mr)
 
 
-def hc_mix_partials(x: torch.Tensor, fn: torch.Tensor) -> torch.Tensor:
+def hc_mix_partials(x: torch.Tensor, fn: torch.Tensor, bt: int = _MIX_BT, bk: int = _MIX_BK,
+                    programs: int = _MIX_PROGRAMS, precision: str = _MIX_PRECISION, num_warps: int = 4) -> torch.Tensor:
     """x [T, hc, h] (rows of unit column stride), fn [n, hc h] fp32 -> partials [S, T, n + 1] fp32
-    (reference.hc_mix_partials, K split S ways)."""
+    (reference.hc_mix_partials, K split S ways); the launch's row block, K step, programs aimed
+    at, products' precision and warps are arguments (profiler/bench/hc_launch.py times them)."""
     T = x.shape[0]
     flat = x.reshape(T, -1)
     if flat.stride(-1) != 1:
         flat = flat.contiguous()
     K, n = flat.shape[1], fn.shape[0]
-    S, chunk = _mix_splits(T, K, n, flat.element_size())
+    S, chunk = _mix_splits(T, K, n, flat.element_size(), bt, bk, programs)
     p = torch.empty((S, T, n + 1), dtype=torch.float32, device=x.device)
     if T:
-        _hc_mix_kernel[(S, triton.cdiv(T, _MIX_BT))](flat, fn.float().contiguous(), p, flat.stride(0), T, K, chunk,
-                                                     N=n, NB=_pow2(n), BT=_MIX_BT, BK=_MIX_BK, num_warps=4)
+        _hc_mix_kernel[(S, triton.cdiv(T, bt))](flat, fn.float().contiguous(), p, flat.stride(0), T, K, chunk,
+                                                N=n, NB=_pow2(n), BT=bt, BK=bk, PRECISION=precision,
+                                                num_warps=num_warps)
     return p
 
 
@@ -214,24 +221,24 @@ def _unit(t: torch.Tensor) -> torch.Tensor:
     return t if t.stride(-1) == 1 else t.contiguous()
 
 
-def _collapse(x, pre, base, scale, eps, s_pre, s_p, S, norm_eps, head: bool):
+def _collapse(x, pre, base, scale, eps, s_pre, s_p, S, norm_eps, head: bool, block=None, num_warps=4):
     x = _unit(x)
     T, hc, h = x.shape
     out = torch.empty((T, h), dtype=x.dtype, device=x.device)
-    block = _block_h(h)
+    block = min(block or _block_h(h), _pow2(h))
     if T:
         _hc_collapse_kernel[(T, triton.cdiv(h, block))](x, pre, base, scale, out, x.stride(0), x.stride(1), s_pre, s_p,
                                                         S, h, hc * h, eps, norm_eps, HC=hc,
                                                         HB=triton.next_power_of_2(hc), HEAD=head, SB=_split_block(S),
-                                                        BLOCK=block, num_warps=4)
+                                                        BLOCK=block, num_warps=num_warps)
     return out
 
 
-def hc_collapse(x: torch.Tensor, pre: torch.Tensor) -> torch.Tensor:
+def hc_collapse(x: torch.Tensor, pre: torch.Tensor, block: int | None = None, num_warps: int = 4) -> torch.Tensor:
     """x [T, hc, h] (unit channel stride), pre [T, hc] -> sum_j pre_j x_j [T, h] in x's dtype
-    (fp32 sums; reads x once)."""
+    (fp32 sums; reads x once); ``block``: channels a program (default min(512, h))."""
     pre = pre.float().contiguous()
-    return _collapse(x, pre, pre, pre, 0.0, x.shape[1], 0, 1, 0.0, False)
+    return _collapse(x, pre, pre, pre, 0.0, x.shape[1], 0, 1, 0.0, False, block, num_warps)
 
 
 def hc_head(x: torch.Tensor, p: torch.Tensor, base: torch.Tensor, scale: torch.Tensor, eps: float,
@@ -261,15 +268,16 @@ def _hc_merge_kernel(X, O, POST, COMB, OUT, s_xt, s_xj, s_o, h, HC: tl.constexpr
         tl.store(OUT + (t * HC + k) * h + c, y.to(OUT.dtype.element_ty), mask=mc)
 
 
-def hc_merge(x: torch.Tensor, out: torch.Tensor, post: torch.Tensor, comb: torch.Tensor) -> torch.Tensor:
+def hc_merge(x: torch.Tensor, out: torch.Tensor, post: torch.Tensor, comb: torch.Tensor, block: int | None = None,
+             num_warps: int = 4) -> torch.Tensor:
     """x [T, hc, h], out [T, h] (unit channel strides), post [T, hc], comb [T, hc, hc] -> new x
     [T, hc, h] contiguous in x's dtype (fp32 sums, one rounding; reads x once)."""
     x, out = _unit(x), _unit(out)
     T, hc, h = x.shape
     new = torch.empty((T, hc, h), dtype=x.dtype, device=x.device)
-    block = _block_h(h)
+    block = min(block or _block_h(h), _pow2(h))
     if T:
         _hc_merge_kernel[(T, triton.cdiv(h, block))](x, out, post.float().contiguous(), comb.float().contiguous(), new,
                                                      x.stride(0), x.stride(1), out.stride(0), h, HC=hc,
-                                                     HB=triton.next_power_of_2(hc), BLOCK=block, num_warps=4)
+                                                     HB=triton.next_power_of_2(hc), BLOCK=block, num_warps=num_warps)
     return new

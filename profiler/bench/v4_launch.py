@@ -1,0 +1,123 @@
+"""Launch parameters of the V4 layer's fused pieces, timed against their torch forms on the GPU
+(one call; each variant checked against the torch form first):
+
+    python -m simtree.profiler.bench.v4_launch --out $OUT/v4_launch.csv
+
+- ``mix``: ``fused_mhc.hc_mix_partials`` + the reduce (``hc_mix``) over row block, K step,
+  programs aimed at, the products' precision and warps, beside the torch mix (fp32 flat, RMS,
+  GEMM);
+- ``collapse`` / ``merge``: ``hc_collapse`` / ``hc_merge`` over channels per program and warps,
+  beside the torch forms (``mhc``'s).
+
+At V4-Flash shapes (hc 4, h 4096, 24 mix rows) and T = 1, 4, 16, 64, 256 tokens.  CUDA graphs, warm-up, medians over rotated fresh inputs.
+Writes --out (op, variant, tokens, us, max_rel_err, gpu, torch, triton).  On a CPU only --smoke
+runs (tiny sizes, the code path).
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import itertools
+import sys
+import time
+
+import torch
+
+from simtree.fileio import write_text_atomic
+from simtree.profiler.timing import time_workload
+
+H, HC, N_MIX = 4096, 4, 24
+COLUMNS = ["op", "variant", "tokens", "us", "max_rel_err", "gpu", "torch", "triton"]
+
+
+def _err(got, want) -> float:
+    got, want = got.double(), want.double()
+    return float((got - want).abs().max() / want.abs().max().clamp_min(1e-30))
+
+
+def _mix_torch(x, fn, eps):
+    flat = x.reshape(x.shape[0], -1).float()
+    flat = flat * torch.rsqrt(flat.square().mean(-1, keepdim=True) + eps)
+    return torch.nn.functional.linear(flat, fn)
+
+
+def cases(T: int, device: str, h: int, smoke: bool):
+    """{op: (torch fn, {variant: fn}, inputs maker)} at T tokens."""
+    from simtree.kernels.layers import fused_mhc as F
+    from simtree.kernels.layers.mhc import hc_post
+    g = torch.Generator(device=device).manual_seed(T)
+    dt = torch.bfloat16
+    x = torch.randn(T, HC, h, generator=g, device=device).to(dt)
+    fn = torch.randn(N_MIX, HC * h, generator=g, device=device) * (HC * h) ** -0.5
+    pre = torch.rand(T, HC, generator=g, device=device)
+    out = torch.randn(T, h, generator=g, device=device).to(dt)
+    post = torch.rand(T, HC, generator=g, device=device) * 2
+    comb = torch.rand(T, HC, HC, generator=g, device=device)
+    comb = comb / comb.sum(-1, keepdim=True)
+    grid_mix = ([(16, 64, 256, "tf32x3", 4), (16, 64, 256, "ieee", 4)] if smoke else
+                [(bt, bk, pr, "tf32x3", w) for bt, bk, pr, w in itertools.product((16, 64), (64, 128), (132, 264, 528),
+                                                                                  (4, 8))]
+                + [(16, 64, 256, "ieee", 4)])
+    mix = {f"bt{bt}_bk{bk}_p{pr}_{prec}_w{w}": (lambda bt=bt, bk=bk, pr=pr, prec=prec, w=w: _reduce(
+        F.hc_mix_partials(x, fn, bt, bk, pr, prec, w), HC * h)) for bt, bk, pr, prec, w in grid_mix}
+    blocks = ((512, 4),) if smoke else tuple(itertools.product((256, 512, 1024, 2048), (2, 4, 8)))
+    coll = {f"b{b}_w{w}": (lambda b=b, w=w: F.hc_collapse(x, pre, b, w)) for b, w in blocks}
+    merge = {f"b{b}_w{w}": (lambda b=b, w=w: F.hc_merge(x, out, post, comb, b, w)) for b, w in blocks}
+    ops = {"mix": (lambda: _mix_torch(x, fn, 1e-6), mix),
+           "collapse": (lambda: (pre.unsqueeze(-1) * x).sum(1).to(dt), coll),
+           "merge": (lambda: hc_post(x, out, post, comb), merge)}
+    return ops
+
+
+def _reduce(p, dim):
+    """The mix from its partials (fused_mhc's fixed-order split sum and RMS scale, in torch)."""
+    s = p.sum(0)
+    return s[:, :-1] * torch.rsqrt(s[:, -1:] / dim + 1e-6)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--tokens", default="1,4,16,64,256")
+    ap.add_argument("--max-seconds", type=float, default=200.0)
+    ap.add_argument("--smoke", action="store_true")
+    a = ap.parse_args(argv)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device != "cuda" and not a.smoke:
+        print("no CUDA device (pass --smoke for the code path on a CPU)", file=sys.stderr)
+        return 1
+    import triton
+    env = dict(gpu=torch.cuda.get_device_name() if device == "cuda" else "cpu", torch=torch.__version__,
+               triton=triton.__version__)
+    kw = dict(use_graph=True, spin_ms=2.0) if device == "cuda" else dict(warmup=0, min_reps=1, max_reps=1)
+    t0, rows = time.time(), []
+    h = H if not a.smoke else 96
+    for T in (int(t) for t in a.tokens.split(",")):
+        if time.time() - t0 > a.max_seconds:
+            print(f"time budget spent before T={T}", flush=True)
+            break
+        for op, (ref, variants) in cases(T, device, h, a.smoke).items():
+            want = ref()
+            for name, fn in [("torch", ref), *variants.items()]:
+                try:
+                    err = 0.0 if name == "torch" else _err(fn(), want)
+                    us = time_workload([fn], device, **kw).median_us
+                except Exception as exc:  # noqa: BLE001 - a launch the GPU refuses is a row, not the end
+                    print(f"{op} {name} T={T}: {type(exc).__name__}: {str(exc)[:200]}", flush=True)
+                    continue
+                rows.append(dict(op=op, variant=name, tokens=T, us=round(us, 2), max_rel_err=f"{err:.2e}", **env))
+            best = min((r for r in rows if r["op"] == op and r["tokens"] == T), key=lambda r: r["us"])
+            tor = next(r["us"] for r in rows if r["op"] == op and r["tokens"] == T and r["variant"] == "torch")
+            print(f"T={T} {op}: torch {tor} us, best {best['variant']} {best['us']} us (err {best['max_rel_err']})",
+                  flush=True)
+        buf = io.StringIO()
+        wr = csv.DictWriter(buf, fieldnames=COLUMNS)
+        wr.writeheader()
+        wr.writerows(rows)
+        write_text_atomic(a.out, buf.getvalue())
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
