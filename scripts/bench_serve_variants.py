@@ -30,7 +30,10 @@ def _variant(text: str) -> dict:
     out = {}
     for part in filter(None, text.split(",")):
         key, value = part.split("=")
-        out[key.strip()] = json.loads(value)
+        try:
+            out[key.strip()] = json.loads(value)
+        except json.JSONDecodeError:   # a bare word: a string setting (tail_mix=mean)
+            out[key.strip()] = value.strip()
     return out
 
 
@@ -41,7 +44,8 @@ def _controller(settings: dict):
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--seed", type=int, default=0, help="arrivals' seed; acceptance seeds seed .. seed + 3")
-    ap.add_argument("--set", action="append", default=[], help="controller settings, e.g. tail_power=3,tail_rounds=1")
+    ap.add_argument("--set", action="append", default=[],
+                    help="controller settings, e.g. tail_power=3,tail_rounds=1 or tail_mix=mean (a bare word: a string)")
     ap.add_argument("--requests", type=int, default=300)
     ap.add_argument("--cache", default="/tmp/bench_serve_statics", help="folder for the fixed tiers' results")
     ap.add_argument("--csv", help="also write the rows (bench.csv's columns, a variant's settings as its policy)")

@@ -192,6 +192,36 @@ def test_running_acceptance_moves_the_choice(setup):
     assert ctl.switches <= ctl.max_switches
 
 
+def test_the_mean_tail_weighs_each_live_reply_by_its_share(setup, split):
+    _, _, acc = setup
+    grid, b, mean_best, young = split
+    ctx = [512.0] * b
+    youngest, mean = Controller(grid, acc), Controller(grid, acc, tail_mix="mean")
+    # every reply equally old: the mean over them is the youngest's penalty
+    for done in ([0] * b, [3] * b, [PENALTY_ROUNDS + 40] * b, [7]):
+        assert np.allclose(mean.objective(b, 512.0, done), youngest.objective(b, 512.0, done), rtol=1e-12)
+    assert np.allclose(mean.objective(b, 512.0), youngest.objective(b, 512.0), rtol=1e-12)   # rounds not given
+    # it is the mean of each reply's own penalty, tabulated or past the table
+    done = np.array([0, 5, PENALTY_ROUNDS - 1, PENALTY_ROUNDS + 200])
+    pen = mean._penalties
+    own = np.stack([pen[:, 0], pen[:, 5], pen[:, PENALTY_ROUNDS - 1],
+                    1.0 + (pen[:, -1] - 1.0) * PENALTY_ROUNDS / (PENALTY_ROUNDS + 201)], axis=1)
+    assert np.allclose(mean.tail_penalty(done), own.mean(axis=1), rtol=1e-12)
+    assert np.allclose(mean.penalties([1, 0, -2]), np.stack([pen[:, 0], np.ones(len(pen)), np.ones(len(pen))], 1))
+    # one new reply among 63 old ones weighs 1/64: the mean's tier, where the youngest's rule protects it
+    one_new = [300] * (b - 1) + [0]
+    assert Controller(grid, acc).choose(b, ctx, rounds_done=one_new).name == young
+    assert Controller(grid, acc, tail_mix="mean").choose(b, ctx, rounds_done=one_new).name == mean_best
+    excess, young_excess = mean.tail_penalty(one_new) - 1.0, youngest.tail_penalty(one_new) - 1.0
+    drafted = young_excess > 1e-9   # plain decoding's penalty is 1 under either
+    assert drafted.sum() == len(mean.tiers) - 1 and np.all(excess[drafted] < young_excess[drafted] / 8)
+    assert np.allclose(excess, (pen[:, 0] - 1.0) / b + (mean.penalty(301) - 1.0) * (b - 1) / b)
+    # a batch of new replies weighs fully
+    assert Controller(grid, acc, tail_mix="mean").choose(b, ctx, rounds_done=[0] * b).name == young
+    # tail_rounds 0: the mean rate alone under either mix
+    assert np.all(Controller(grid, acc, tail_mix="mean", tail_rounds=0).tail_penalty(one_new) == 1.0)
+
+
 def test_bad_settings(setup):
     grid, _, acc = setup
     with pytest.raises(SimtreeError):
@@ -204,6 +234,8 @@ def test_bad_settings(setup):
         Controller(grid, acc, switch_cost_us=-1.0)
     with pytest.raises(SimtreeError):
         Controller(grid, acc, tail_power=0.5)
+    with pytest.raises(SimtreeError, match="tail_mix"):
+        Controller(grid, acc, tail_mix="median")
     with pytest.raises(SimtreeError):
         Controller(grid, acc, switch_burst=0)
 

@@ -20,7 +20,10 @@ of ``h`` rounds sees: ``penalty_t(h) = E[tokens of a round] * E[(h / tokens of h
 (1 / p)`` (p = ``tail_power``, default 2: the root mean square, so the spread of the reply's time
 per token counts beside its mean; >= 1 by Jensen, the more so the likelier a round accepts
 nothing, falling as 1 / h), with ``h = tail_rounds`` (default 1) past the rounds the youngest live
-sequence has run (``rounds_done``; 0 when not given).  While a new
+sequence has run (``rounds_done``; 0 when not given).  ``tail_mix="mean"`` averages the penalty over
+the live replies instead, each at ``tail_rounds`` past its own rounds: ``rate_t / mean_i
+penalty_t(h_i)``, the batch's expected time per token with each reply's short-reply tail (one new
+reply among 64 weighs 1/64, a batch of new replies fully).  While a new
 reply is live, a tier that wins on the mean by drafting a chain whose rounds often accept
 nothing ranks below a tree that rarely does, so a short reply's time per token, the one a TPOT
 p99 is made of, stays low; once every live reply has run many rounds, one more round barely
@@ -53,7 +56,7 @@ from simtree.errors import SimtreeError, check_int
 from simtree.planning.modes import PolicySpec
 
 __all__ = ["Tier", "Controller", "DEFAULT_TIERS", "tier_shape", "MARGIN", "MIN_DWELL_STEPS", "SWITCH_BURST",
-           "TAIL_ROUNDS", "TAIL_POWER", "SWITCH_COST_US", "CONFIDENCE_Z"]
+           "TAIL_ROUNDS", "TAIL_POWER", "TAIL_MIX", "SWITCH_COST_US", "CONFIDENCE_Z"]
 
 MARGIN = 0.0            # a relative gain every switch must clear besides its uncertainty and cost
 SWITCH_COST_US = 0.0    # what one switch costs the engine (tiers' graphs captured: nothing to rebuild)
@@ -65,6 +68,8 @@ MEMORY = 2000           # sequence-rounds the running acceptance ratio remembers
 PRIOR = 50.0            # predicted drafts' worth of belief in the acceptance model (ratio 1)
 TAIL_ROUNDS = 1         # rounds of the reply whose time per token ranks the tiers (1: each round's own)
 TAIL_POWER = 2.0        # its time per token averaged in this power mean (1: the mean; 2: root mean square)
+TAIL_MIX = "youngest"   # whose penalty ranks the step: the youngest live reply's, or the "mean" over the live replies
+TAIL_MIXES = ("youngest", "mean")
 
 
 @dataclass
@@ -81,6 +86,7 @@ class Controller:
     prior: float = PRIOR
     tail_rounds: int = TAIL_ROUNDS
     tail_power: float = TAIL_POWER
+    tail_mix: str = TAIL_MIX
     switch_cost_us: float = SWITCH_COST_US
     confidence_z: float = CONFIDENCE_Z
     tiers: list[Tier] = field(init=False)
@@ -98,6 +104,8 @@ class Controller:
         check_int(self.min_dwell_steps, "min_dwell_steps", 1)
         check_int(self.switch_burst, "switch_burst", 1)
         check_int(self.tail_rounds, "tail_rounds", 0)
+        if self.tail_mix not in TAIL_MIXES:
+            raise SimtreeError(f"tail_mix {self.tail_mix!r} must be one of {', '.join(TAIL_MIXES)}")
         if not (0 <= self.margin < 1 and self.memory >= 1 and self.prior > 0 and self.switch_cost_us >= 0
                 and self.confidence_z >= 0 and self.tail_power >= 1):
             raise SimtreeError(f"margin {self.margin} must be in [0, 1), memory {self.memory} >= 1, prior "
@@ -116,11 +124,14 @@ class Controller:
     def penalty(self, rounds: int) -> np.ndarray:
         """[T] every tier's short-reply penalty for a reply of ``rounds`` rounds (1 for 0); past
         ``PENALTY_ROUNDS`` it falls as 1 / rounds, as Jensen's gap of a mean of i.i.d. rounds does."""
-        if rounds <= 0:
-            return np.ones(len(self.tiers))
-        if rounds <= PENALTY_ROUNDS:
-            return self._penalties[:, rounds - 1]
-        return 1.0 + (self._penalties[:, -1] - 1.0) * (PENALTY_ROUNDS / rounds)
+        return self.penalties([rounds])[:, 0]
+
+    def penalties(self, rounds) -> np.ndarray:
+        """[T, N] :meth:`penalty` at each of ``rounds`` (N reply lengths), vectorised."""
+        h = np.asarray(rounds, np.int64).reshape(-1)
+        exact = self._penalties[:, np.clip(h, 1, PENALTY_ROUNDS) - 1]
+        beyond = 1.0 + (self._penalties[:, -1:] - 1.0) * (PENALTY_ROUNDS / np.maximum(h, 1))
+        return np.where(h <= 0, 1.0, np.where(h <= PENALTY_ROUNDS, exact, beyond))
 
     def predicted_tok_s(self, batch_size: int, context_len: float) -> np.ndarray:
         """[T] predicted batch tokens per second of every tier at this batch and mean context."""
@@ -141,14 +152,25 @@ class Controller:
         done = np.asarray([] if rounds_done is None else rounds_done).reshape(-1)
         return self.tail_rounds + (int(done.min()) if done.size else 0)
 
+    def tail_penalty(self, rounds_done=None) -> np.ndarray:
+        """[T] the penalty ``choose`` divides the rate by: the youngest live reply's at
+        :meth:`horizon_rounds`, or (``tail_mix="mean"``) the mean over the live replies of each one's
+        penalty at ``tail_rounds`` past its own rounds (every sequence new when ``rounds_done`` is not given)."""
+        if self.tail_mix == "youngest" or self.tail_rounds == 0:
+            return self.penalty(self.horizon_rounds(rounds_done))
+        done = np.asarray([] if rounds_done is None else rounds_done).reshape(-1)
+        if not done.size:
+            return self.penalty(self.tail_rounds)
+        return self.penalties(self.tail_rounds + done.astype(np.int64)).mean(axis=1)
+
     def objective(self, batch_size: int, context_len: float, rounds_done=None) -> np.ndarray:
-        """[T] what ``choose`` ranks: the predicted rate the youngest live reply sees if it ends
-        after ``tail_rounds`` more rounds (every sequence new when ``rounds_done`` is not given)."""
+        """[T] what ``choose`` ranks: the predicted rate over :meth:`tail_penalty` (the rate the
+        youngest live reply sees if it ends after ``tail_rounds`` more rounds, by default)."""
         return self._rate_and_objective(batch_size, context_len, rounds_done)[1]
 
     def _rate_and_objective(self, batch_size: int, context_len: float, rounds_done) -> tuple[np.ndarray, np.ndarray]:
         rate = self.predicted_tok_s(batch_size, context_len)
-        return rate, rate / self.penalty(self.horizon_rounds(rounds_done))
+        return rate, rate / self.tail_penalty(rounds_done)
 
     def switch_threshold(self, frm: Tier, to: Tier, batch_size: int, rate_to: float) -> float:
         """The relative gain of ``to`` over ``frm`` a switch needs: ``margin``, plus
