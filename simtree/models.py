@@ -111,7 +111,8 @@ class ModelShape:
     def weight_bytes(self) -> int:
         """Bytes of the weights of this shape (target layers, embedding, LM head and the draft
         layer) at ``dtype``, with the parameters the runtime keeps in fp32 (GDN decay, V4
-        attention sink, the compressors' position bias and norm) at 4 bytes and FP8 experts (``mlp.expert_dtype``) at 1
+        attention sink, the compressors' position bias and norm, and their projections unless the form
+        v4_comp keeps them at the model's dtype) at 4 bytes and FP8 experts (``mlp.expert_dtype``) at 1
         byte plus a float32 scale per 128 x 128 block: what one rank allocates."""
         return sum(n * b for n, b in _params(self))
 
@@ -300,10 +301,12 @@ def _mixer_params(shape: ModelShape, kind: str, fp32: int) -> list[tuple[int, in
     v = shape.v4
     H, D, qr, G, orank = (int(v[k]) for k in ("q_heads", "head_dim", "q_lora_rank", "o_groups", "o_lora_rank"))
     out = [(qr * h + qr + H * D * qr + D * h + D + orank * H * D + h * G * orank, 0), (H, fp32)]
+    from simtree.kernels.layers.forms import v4_form
+    proj = 0 if v4_form("v4_comp") == "model" else fp32      # kernels.layers.v4.comp_proj_dtype
 
     def compressor(dim: int, ratio: int) -> list[tuple[int, int]]:
         c = (2 if ratio == 4 else 1) * dim   # a ratio-4 compressor's windows overlap: 2x channels
-        return [(2 * c * h, 0), (ratio * c + dim, fp32)]   # projections at the model's dtype; bias, norm fp32
+        return [(2 * c * h, proj), (ratio * c + dim, fp32)]   # projections as v4_comp says; bias, norm fp32
     if kind == "csa":
         Hi, Di, r = int(v["index_heads"]), int(v["index_head_dim"]), int(v["csa_ratio"])
         out += [*compressor(D, r), *compressor(Di, r), (Hi * Di * qr + Hi * h, 0)]

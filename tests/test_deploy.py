@@ -85,20 +85,28 @@ def test_splits_that_do_not_divide_the_model_are_refused(model, dep, fragment):
     assert "\n" not in str(err.value)
 
 
+@pytest.mark.parametrize("comp", ["fp32", "model"])
 @pytest.mark.parametrize("name, ep", [("qwen3.6-27b", None), ("tiny-gdn", None), ("deepseek-v4-flash", 8),
                                       ("tiny-v4", 2)])
-def test_registry_weight_bytes_equal_what_the_full_runtime_allocates(name, ep):
+def test_registry_weight_bytes_equal_what_the_full_runtime_allocates(name, ep, comp):
+    """Under either form of the V4 compressors' projections (fp32 copies, or the checkpoint's bf16)."""
     import torch
 
+    from simtree.kernels.layers.forms import forms
     from simtree.runtime.full import qwen, v4_rank
     from simtree.kernels.layers.weights import spec_bytes
 
     shape = get_model(name)
     dt = torch.bfloat16 if shape.dtype == "bf16" else torch.float32
-    if ep is None:
-        assert shape.weight_bytes() == spec_bytes(qwen.param_specs(shape), dt)
-    else:
-        assert shape.shard(f"ep={ep}").weight_bytes() == spec_bytes(v4_rank.param_specs(shape, ep, dt), dt)
+    with forms(v4_comp=comp):
+        if ep is None:
+            assert shape.weight_bytes() == spec_bytes(qwen.param_specs(shape), dt)
+        else:
+            assert shape.shard(f"ep={ep}").weight_bytes() == spec_bytes(v4_rank.param_specs(shape, ep, dt), dt)
+    if name == "deepseek-v4-flash":       # 21 CSA (two compressors) and 20 HCA layers' projections at 2 bytes less
+        with forms(v4_comp="model"):
+            saved = shape.shard("ep=8").weight_bytes()
+        assert shape.shard("ep=8").weight_bytes() - saved == 2 * 4096 * (21 * 2 * (1024 + 256) + 20 * 2 * 512)
 
 
 def test_cache_bytes_grow_with_batch_and_context_and_split_with_heads():

@@ -33,11 +33,15 @@ def test_hca_reads_every_entry_and_swa_only_the_window(flash):
 
 
 def test_weights_at_their_stored_dtypes(flash):
-    """Attention weights and the compressors' projections bf16 (as the checkpoint), their position
-    bias fp32; the experts FP8 with their block scales."""
+    """Attention weights bf16, the compressors fp32 (their projections bf16 under the form
+    v4_comp "model", as the checkpoint ships them); the experts FP8 with their block scales."""
+    from simtree.kernels.layers.forms import forms
     f = verify_floor(flash, "csa", 1, 4, 4096)
     assert f.weights["wq_b"] == 64 * 512 * 1024 * 2
-    assert f.weights["comp.wkv"] == 1024 * 4096 * 2 and f.weights["comp.ape"] == 4 * 1024 * 4
+    assert f.weights["comp.wkv"] == 1024 * 4096 * 4 and f.weights["comp.ape"] == 4 * 1024 * 4
+    with forms(v4_comp="model"):
+        g = verify_floor(flash, "csa", 1, 4, 4096)
+    assert g.weights["comp.wkv"] == 1024 * 4096 * 2 and g.weights["comp.ape"] == 4 * 1024 * 4
     assert not any(name.startswith(("experts", "shared", "router")) for name in f.weights)
     m = verify_floor(flash, "csa", 64, 16, 4096, scope="moe")      # 1024 tokens touch every expert
     assert flash.experts == "fp8"

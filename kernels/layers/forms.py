@@ -20,6 +20,12 @@ V4 layer verify (a block of its own; kernels/v4/verify.py FUSIONS, docs/math/v4_
                     two), "torch" (~10 / ~5 small torch ops); "auto": V4_AUTO's choice.  The
                     fused ops run their Triton kernels on CUDA for 16/32-bit floats, their torch
                     forms (one op each, as counted) on the CPU; float64 keeps the "torch" path
+    v4_comp         the compressors' projections (wkv, wgate) as a V4 model is built (weights,
+                    loaded checkpoints, the registry's weight bytes): "model" - at the model's
+                    dtype, as the checkpoint ships them (bf16), multiplied into fp32 on the tensor
+                    cores (kernels/v4/compressor.matmul_t); "fp32" - an fp32 copy (cuBLAS SGEMM);
+                    "auto": V4_AUTO's choice.  Read when the weights are made: set it before
+                    building the model (and keep it while the registry counts its bytes)
 
     set_forms(tree_attention="torch")       # from here on
     set_forms(fp8_gemm="scaled_mm")
@@ -45,11 +51,11 @@ _CHOICES = {"fused": ("auto", "torch"), "tree_attention": ("auto", "triton", "to
 _CHOICES.update(gdn_commit=("standalone", "deferred"))
 
 # ---- V4 layer verify fusions ----------------------------------------------------------------
-_CHOICES.update(v4_topk=("auto", "fused", "sort"), v4_hc=("auto", "fused", "torch"))
+_CHOICES.update(v4_topk=("auto", "fused", "sort"), v4_hc=("auto", "fused", "torch"), v4_comp=("auto", "fp32", "model"))
 # what "auto" runs: the unfused forms until the GPU has measured the fused ones
 # (profiler/bench/v4_floor.py's summary names the faster v4_topk, docs/math/v4_compression.md;
 # v4_breakdown.py --forms torch,fused times the block's pre / post under each v4_hc)
-V4_AUTO = {"v4_topk": "sort", "v4_hc": "torch"}
+V4_AUTO = {"v4_topk": "sort", "v4_hc": "torch", "v4_comp": "fp32"}
 _V4_FUSION = {"v4_topk": "topk"}   # form -> tree_verify's fusion name
 
 
@@ -61,6 +67,7 @@ class LayerForms:
     gdn_commit: str = "standalone"
     v4_topk: str = "auto"
     v4_hc: str = "auto"
+    v4_comp: str = "auto"
 
     def __post_init__(self):
         for name, allowed in _CHOICES.items():
@@ -78,7 +85,7 @@ def current() -> LayerForms:
 
 
 def set_forms(**changes: str) -> LayerForms:
-    """Set forms (``fused``, ``tree_attention``, ``fp8_gemm``, ``gdn_commit``, ``v4_topk``, ``v4_hc``)
+    """Set forms (``fused``, ``tree_attention``, ``fp8_gemm``, ``gdn_commit``, ``v4_topk``, ``v4_hc``, ``v4_comp``)
     from here on; returns the ones replaced."""
     global _current
     old, _current = _current, replace(_current, **changes)

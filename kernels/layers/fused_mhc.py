@@ -15,7 +15,8 @@ from .fused import _pow2
 __all__ = ["hc_weights", "hc_mix_partials", "hc_weights_partials", "hc_mix", "hc_collapse", "hc_head", "hc_merge"]
 
 _MIX_BT, _MIX_BK = 16, 64      # the mix's row block, K step
-_MIX_PROGRAMS = 256            # the mix's programs to aim for: ~2 per SM of an H100 (132 SMs)
+_MIX_PROGRAMS = 528            # the mix's programs to aim for: 4 per SM of an H100 (132 SMs); the fastest
+                               # of 132 / 264 / 528 at 1-256 tokens but 64 (profiler/bench/v4_launch.py, H100)
 # the mix's products: "tf32x3" (three TF32 tensor-core products: x's bf16 values are exact in
 # TF32 and fn's fp32 is carried as a high and a low TF32 part, ~fp32 accuracy) or "ieee" (fp32 FMAs)
 _MIX_PRECISION = "tf32x3"
@@ -63,7 +64,7 @@ def hc_mix_partials(x: torch.Tensor, fn: torch.Tensor, bt: int = _MIX_BT, bk: in
                     programs: int = _MIX_PROGRAMS, precision: str = _MIX_PRECISION, num_warps: int = 4) -> torch.Tensor:
     """x [T, hc, h] (rows of unit column stride), fn [n, hc h] fp32 -> partials [S, T, n + 1] fp32
     (reference.hc_mix_partials, K split S ways); the launch's row block, K step, programs aimed
-    at, products' precision and warps are arguments (profiler/bench/hc_launch.py times them)."""
+    at, products' precision and warps are arguments (profiler/bench/v4_launch.py times them)."""
     T = x.shape[0]
     flat = x.reshape(T, -1)
     if flat.stride(-1) != 1:
@@ -213,8 +214,10 @@ def _hc_collapse_kernel(X, PRE, BASE, SCALE, OUT, s_xt, s_xj, s_pre, s_p, S, h, 
     tl.store(OUT + t * h + c, y.to(OUT.dtype.element_ty), mask=mc)
 
 
-def _block_h(h: int) -> int:
-    return min(512, _pow2(h))
+def _block_h(h: int, T: int) -> int:
+    """Channels a collapse / merge program: 512, 2048 from 64 tokens on (H100, v4_launch.py: at 256
+    tokens the merge took 44 us with 512 against 10.7 with 2048; below 64 tokens they tie)."""
+    return min(2048 if T >= 64 else 512, _pow2(h))
 
 
 def _unit(t: torch.Tensor) -> torch.Tensor:
@@ -225,7 +228,7 @@ def _collapse(x, pre, base, scale, eps, s_pre, s_p, S, norm_eps, head: bool, blo
     x = _unit(x)
     T, hc, h = x.shape
     out = torch.empty((T, h), dtype=x.dtype, device=x.device)
-    block = min(block or _block_h(h), _pow2(h))
+    block = min(block or _block_h(h, T), _pow2(h))
     if T:
         _hc_collapse_kernel[(T, triton.cdiv(h, block))](x, pre, base, scale, out, x.stride(0), x.stride(1), s_pre, s_p,
                                                         S, h, hc * h, eps, norm_eps, HC=hc,
@@ -275,7 +278,7 @@ def hc_merge(x: torch.Tensor, out: torch.Tensor, post: torch.Tensor, comb: torch
     x, out = _unit(x), _unit(out)
     T, hc, h = x.shape
     new = torch.empty((T, hc, h), dtype=x.dtype, device=x.device)
-    block = min(block or _block_h(h), _pow2(h))
+    block = min(block or _block_h(h, T), _pow2(h))
     if T:
         _hc_merge_kernel[(T, triton.cdiv(h, block))](x, out, post.float().contiguous(), comb.float().contiguous(), new,
                                                      x.stride(0), x.stride(1), out.stride(0), h, HC=hc,

@@ -53,7 +53,7 @@ from simtree.quant import expert_dtype
 
 from . import fp8, ops
 from .attention import tree_attention
-from .forms import v4_fusions
+from .forms import v4_form, v4_fusions
 from .head import embed
 from .mhc import expand, hc_head, hc_post, hc_pre
 from .moe import route_v4, routed_experts, swiglu
@@ -177,12 +177,19 @@ class V4Dims:
 
 
 # ---- weights ----------------------------------------------------------------------------------
+def comp_proj_dtype(dt):
+    """The compressors' projections' dtype under the form ``v4_comp``: None (the model's dtype,
+    as the checkpoint ships them) for "model", else ``dt`` (fp32, float64 in a float64 model)."""
+    return None if v4_form("v4_comp") == "model" else dt
+
+
 def _compressor_specs(p: str, dim: int, ratio: int, h: int, dt) -> list[Spec]:
-    """A compressor: its two projections at the model's dtype (the checkpoint ships them in
-    bf16; the kernels multiply them into fp32, compressor.matmul_t), its position bias and norm
-    in ``dt`` (fp32, float64 in a float64 model)."""
+    """A compressor: its two projections at ``comp_proj_dtype(dt)`` (the kernels multiply them
+    into fp32 either way, compressor.matmul_t), its position bias and norm in ``dt`` (fp32,
+    float64 in a float64 model)."""
     c = (2 if ratio == 4 else 1) * dim
-    return [linear(p + "wkv", c, h), linear(p + "wgate", c, h),
+    pdt = comp_proj_dtype(dt)
+    return [linear(p + "wkv", c, h, dtype=pdt), linear(p + "wgate", c, h, dtype=pdt),
             Spec(p + "ape", (ratio, c), "normal", 0.5, dt), Spec(p + "norm", (dim,), "const", 1.0, dt)]
 
 
@@ -240,9 +247,9 @@ def mtp_specs(d: V4Dims, gain: float, comp_dt) -> list[Spec]:
 
 
 def model_specs(shape: ModelShape, ep_ranks: int | None = None, dtype=torch.bfloat16) -> list[Spec]:
-    """Every weight of one rank and its MTP layer; the compressors' projections at the model's
-    dtype (as the checkpoint), their position bias and norm, the hyper-connections, sinks and
-    router bias in fp32 (float64 in a float64 model)."""
+    """Every weight of one rank and its MTP layer; the compressors' projections as the form
+    ``v4_comp`` says (fp32 or the model's dtype), their position bias and norm, the
+    hyper-connections, sinks and router bias in fp32 (float64 in a float64 model)."""
     bad = sorted(set(shape.layer_kinds) - {"swa", "csa", "hca"})
     if bad or shape.mlp.get("kind") != "moe":
         raise SimtreeError(f"model {shape.name!r} is not a V4 model (layer kinds {bad}, mlp "

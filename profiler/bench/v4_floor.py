@@ -109,10 +109,11 @@ def measure_point(layers, kind, b, n, ctx, bw, device, copies, names, dropped, c
     """Rows of one point, one per (scope, variant) timed on random trees; ``names``: the
     variants still running (a failing one is removed and its error put in ``dropped``)."""
     L, T = layers[kind], b * n
-    floors = {s: verify_floor(L.d, kind, b, n, ctx, s).us(bw) for s in ("attention", "core")}
-    compute = {s: verify_floor(L.d, kind, b, n, ctx, s).compute_us() for s in ("attention", "core")}
-    fp8_floor = verify_floor(L.d, kind, b, n, ctx, fp8_projections=True).us(bw)   # the checkpoint's FP8 linears
-    floors.update(_end_floors(L.d, kind, b, n, ctx, bw))
+    with forms(v4_comp="model"):    # the floor at the checkpoint's dtypes: its compressor projections are bf16
+        floors = {s: verify_floor(L.d, kind, b, n, ctx, s).us(bw) for s in ("attention", "core")}
+        compute = {s: verify_floor(L.d, kind, b, n, ctx, s).compute_us() for s in ("attention", "core")}
+        fp8_floor = verify_floor(L.d, kind, b, n, ctx, fp8_projections=True).us(bw)   # the checkpoint's FP8 linears
+        floors.update(_end_floors(L.d, kind, b, n, ctx, bw))
     xs = L.inputs(T, copies, seed=b * 1000 + n * 10 + ctx)
     rows = []
     shapes = ("random", "linear") if n > 1 else ("random",)
@@ -125,8 +126,9 @@ def measure_point(layers, kind, b, n, ctx, bw, device, copies, names, dropped, c
                 if (scope == "block" and variant not in BLOCK_VARIANTS) or (scope == "core" and shape != "random"):
                     continue
                 impl = ATTENTION.get(variant, "triton")
-                fns = ([lambda x=x, a=impl: L.block(x, cache, rm, a) for x in xs] if scope == "block"
-                       else [lambda i=i, a=impl: L.core(i, cache, rm, a) for i in inps])
+                Lv = L.for_variant(variant)
+                fns = ([lambda x=x, a=impl, Lv=Lv: Lv.block(x, cache, rm, a) for x in xs] if scope == "block"
+                       else [lambda i=i, a=impl, Lv=Lv: Lv.core(i, cache, rm, a) for i in inps])
                 try:
                     got[(scope, variant, shape)] = timed(fns, device, variant)
                 except Exception as exc:  # noqa: BLE001 - an optional core failing drops that variant only
@@ -170,7 +172,7 @@ def summarize(rows: list[dict]) -> dict:
                                       for k in sorted({r["layer_kind"] for r in sub})}
         out["worst_tree_over_linear"][kernel] = max((r["tree_over_linear"] for r in sub if r["tree_over_linear"]),
                                                     default=None)
-    for kernel in ("block_fused", "block_fused_flashmla"):
+    for kernel in ("block_fused", "block_fused_hc", "block_fused_all", "block_fused_flashmla"):
         block = [r for r in rows if r["kernel"] == kernel]
         if block:
             out[f"targets_met_{kernel}"] = all(r["ratio"] <= TARGET_RATIO for r in block) and all(

@@ -23,11 +23,14 @@ __all__ = ["MODEL", "VARIANTS", "ATTENTION", "BLOCK_VARIANTS", "ATTN_LAUNCHES", 
 
 MODEL = "deepseek-v4-flash"
 # the forms each variant runs (kernels/layers/forms.py); "current" is the path before the fusions
-VARIANTS = {"current": dict(v4_topk="sort"),
+VARIANTS = {"current": dict(v4_topk="sort", v4_hc="torch", v4_comp="fp32"),
             "fused": dict(v4_topk="fused"),
+            "fused_hc": dict(v4_topk="fused", v4_hc="fused"),
+            # the compressors' projections at the checkpoint's bf16 (the layer's weights built so)
+            "fused_all": dict(v4_topk="fused", v4_hc="fused", v4_comp="model"),
             "fused_flashmla": dict(v4_topk="fused")}
 ATTENTION = {"fused_flashmla": "flashmla"}  # the attention core of a variant (default: the Triton one)
-BLOCK_VARIANTS = ("current", "fused", "fused_flashmla")       # the attention block: tree and linear
+BLOCK_VARIANTS = ("current", "fused", "fused_hc", "fused_all", "fused_flashmla")   # the attention block: tree and linear
 # launches of the Triton attention core timed alone on the round's lists (block_k, block_h,
 # num_warps, num_splits (0: its rule), prefetch); the first is sparse_attention's default
 ATTN_LAUNCHES = ((32, 32, 8, 0, 0), (32, 32, 8, 0, 1), (16, 32, 8, 0, 1), (32, 32, 8, 1, 0), (32, 32, 8, 4, 0),
@@ -45,14 +48,26 @@ def _base(name: str) -> str:
 class Layer:
     """One attention block of a kind at V4-Flash shapes on the device, its caches per batch."""
 
-    def __init__(self, d: V.V4Dims, kind: str, device, dtype=torch.bfloat16, seed: int = 0):
-        self.d, self.kind, self.device, self.dtype = d, kind, device, dtype
-        specs = V.layer_specs("", kind, d, V.residual_gain(43), torch.float32)
+    def __init__(self, d: V.V4Dims, kind: str, device, dtype=torch.bfloat16, seed: int = 0, comp: str = "fp32"):
+        self.d, self.kind, self.device, self.dtype, self.seed, self.comp = d, kind, device, dtype, seed, comp
+        self._twin = None
+        with forms(v4_comp=comp):       # the compressors' projections: fp32 copies or the model's bf16
+            specs = V.layer_specs("", kind, d, V.residual_gain(43), torch.float32)
         self.w = make_weights([s for s in specs if _base(s.name) not in MOE_WEIGHTS + ("tid2eid",)], device, dtype,
                               seed)
         self.lw = V.layer_weights(self.w, kind, d)
         self.cfg = V.attn_config(d)
         self.ropes = V.rope_tables(d, device, dtype)
+
+    def for_variant(self, variant: str) -> "Layer":
+        """This layer, or its twin with the same weights but the compressors' projections stored
+        as the variant's form ``v4_comp`` says (built once)."""
+        comp = VARIANTS[variant].get("v4_comp", "fp32")
+        if comp == self.comp:
+            return self
+        if self._twin is None:
+            self._twin = Layer(self.d, self.kind, self.device, self.dtype, self.seed, comp)
+        return self._twin
 
     def round(self, b: int, n: int, ctx: int, shape: str, seed: int = 0):
         """(cache, V4Round) of b sequences at ctx tokens, n-node trees of ``shape``."""
@@ -189,9 +204,10 @@ def _check_block(device, d, kind):
     blocks, cores = {}, {}
     for variant in variants(device):
         impl = ATTENTION.get(variant, "triton")
+        Lv = L.for_variant(variant)
         with forms(**VARIANTS[variant]):
-            blocks[variant] = L.block(x, cache, rm, impl).float()
-            cores[variant] = L.core(inp, cache, rm, impl).float()    # o, before the residual hides it
+            blocks[variant] = Lv.block(x, cache, rm, impl).float()
+            cores[variant] = Lv.core(inp, cache, rm, impl).float()    # o, before the residual hides it
     errs = {f"{scope}_{v}": float((o - outs["current"]).norm() / outs["current"].norm())
             for scope, outs in (("block", blocks), ("core", cores)) for v, o in outs.items() if v != "current"}
     # bf16 outputs agree to rounding; the FP8 attention core within its 6% (check_flashmla_path)

@@ -384,6 +384,12 @@ def _block(read, p: str, kind: str, d, hashed: bool, names: dict = _NAMES) -> di
 
 # weights the runtime keeps in fp32 whatever the model's dtype (kernels.layers.v4.model_specs)
 _FP32 = ("sink", "router_bias", "_fn", "_base", "_scale", "comp.ape", "comp.norm", "idx.ape", "idx.norm")
+_COMP_PROJ = ("comp.wkv", "comp.wgate", "idx.wkv", "idx.wgate")   # fp32 too under v4_comp "fp32"
+
+
+def _fp32_keys() -> tuple[str, ...]:
+    from simtree.kernels.layers.forms import v4_form
+    return _FP32 + (_COMP_PROJ if v4_form("v4_comp") == "fp32" else ())
 
 
 _EXPERTS = ("experts_gu", "experts_down", "shared_gu", "shared_down")
@@ -412,11 +418,12 @@ def runtime_weights(config: dict, shape, read, dtype) -> dict:
         w.update({"mtp.hc_head_" + k: read(p + "hc_head_" + k) for k in ("fn", "base", "scale")})
         w.update({"mtp." + k: t for k, t in _block(read, p, "swa", d, False).items()})
     fp = torch.float64 if dtype == torch.float64 else torch.float32
+    keep = _fp32_keys()
     want = expert_dtype(shape.mlp)
     for k in [k for k in w if k.endswith(_EXPERTS)]:
         w.update({k + suffix: t for suffix, t in as_format(w.pop(k), want, dtype).items()})
     return {k: t if not t.is_floating_point() or t.element_size() == 1 or k.endswith(SCALE_SUFFIX)
-            else t.to(fp if k.endswith(_FP32) else dtype) for k, t in w.items()}
+            else t.to(fp if k.endswith(keep) else dtype) for k, t in w.items()}
 
 
 # ---- a folder, without the package's reader -----------------------------------------------------
