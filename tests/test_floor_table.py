@@ -87,5 +87,16 @@ def test_gdn_from_keeps_the_earlier_gdn_rows_the_new_run_does_not_repeat(tmp_pat
     g = t[t["layer_kind"] == "gdn"]
     assert len(t) == 3 and t[t["layer_kind"] != "gdn"]["measured_us"].tolist() == [300.0]
     assert dict(zip(g["variant"], g["measured_us"])) == {"bv32": 80.0, "default": 65.0}
-    with pytest.raises(SimtreeError, match="give --gdn DIR too"):
-        floor_table(None, None, gdn_from=out)
+    only_v4 = floor_table(None, v4, gdn_from=out)                      # a V4 run keeps every earlier GDN row
+    assert sorted(only_v4["kernel"]) == ["block_current", "gdn_verify+commit", "gdn_verify+commit"]
+
+
+def test_the_headline_names_the_current_path_and_every_fusion():
+    from simtree.reporting.summary import floor_headline
+    rows = [dict(kernel=k, layer_kind=kind, batch=b, nodes=n, context=4096, measured_us=r * 10, floor_us=10.0,
+                 ratio=r, tree_over_linear=tl, variant=None)
+            for k, kind, b, n, r, tl in (("block_current", "csa", 16, 16, 9.8, 1.01), ("block_current", "hca", 1, 4, 3.0, 1.0),
+                                         ("block_fused_all", "csa", 16, 16, 6.7, 1.02), ("block_current", "csa", 64, 16, 20.0, 1.0))]
+    text = floor_headline(pd.DataFrame(rows))
+    assert "V4 layer verify at most CSA 9.8x, HCA 3.0x" in text            # batch 64 is outside the target's range
+    assert "with every fusion (variant fused_all, not yet the runtime's default) at most CSA 6.7x" in text

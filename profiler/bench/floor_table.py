@@ -10,8 +10,10 @@ run's GPU and versions.
 ``--v4-from TABLE`` keeps an earlier table's V4 rows as they are (a GDN run that replaces only the
 GDN rows; each row keeps its own GPU and versions).  ``--gdn-from TABLE`` keeps an earlier table's
 GDN rows where the new GDN run has no row of the same (kernel, variant, batch, nodes): a run of a
-few variants adds to the table instead of replacing every GDN row.
+few variants adds to the table instead of replacing every GDN row; without --gdn it keeps them all
+(a V4 run that replaces only the V4 rows).
     python -m simtree.profiler.bench.floor_table --gdn DIR --gdn-from T --v4-from T --out T
+    python -m simtree.profiler.bench.floor_table --v4 DIR --gdn-from T --out T
 """
 from __future__ import annotations
 
@@ -54,8 +56,6 @@ GDN_KEY = ["kernel", "variant", "batch", "nodes"]
 def floor_table(gdn: Path | None, v4: Path | None, v4_from: Path | None = None,
                 gdn_from: Path | None = None) -> pd.DataFrame:
     parts = []
-    if gdn_from is not None and gdn is None:
-        raise SimtreeError("--gdn-from TABLE adds to a new GDN run's rows: give --gdn DIR too")
     if v4 is not None and v4_from is not None:
         raise SimtreeError("give --v4 DIR or --v4-from TABLE, not both")
     if gdn is not None:
@@ -70,7 +70,7 @@ def floor_table(gdn: Path | None, v4: Path | None, v4_from: Path | None = None,
     if gdn_from is not None:
         old = _earlier(gdn_from, "--gdn-from")
         old = old[old["layer_kind"] == "gdn"]
-        new = set(map(tuple, parts[0][GDN_KEY].astype(str).values))
+        new = set(map(tuple, parts[0][GDN_KEY].astype(str).values)) if gdn is not None else set()
         parts.insert(0, old[[tuple(r) not in new for r in old[GDN_KEY].astype(str).values]])
     if v4_from is not None:
         old = _earlier(v4_from, "--v4-from")

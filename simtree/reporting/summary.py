@@ -396,11 +396,13 @@ def floor_headline(t: pd.DataFrame) -> str:
     if pairs["variant"].nunique() > 2:   # launch variants timed: the fastest pair at each shape
         best = pairs.loc[pairs.groupby(["batch", "nodes"])["measured_us"].idxmin()]
         parts.append(f"the fastest of {pairs['variant'].nunique()} launch variants at each shape {gdn_worst(best)}")
-    v4 = t[(t["kernel"] == "block_current") & (t["batch"] <= 16) & (t["nodes"] <= 16)]
-    if len(v4):
-        worst = v4.groupby("layer_kind")["ratio"].max()
-        parts.append("V4 layer verify at most " + ", ".join(f"{kind.upper()} {r:.1f}x" for kind, r in worst.items())
-                     + f" its memory floor (target 4x), tree / linear at most {v4['tree_over_linear'].max():.3f}")
+    for kernel, label in (("block_current", "V4 layer verify"),
+                          ("block_fused_all", "with every fusion (variant fused_all, not yet the runtime's default)")):
+        v4 = t[(t["kernel"] == kernel) & (t["batch"] <= 16) & (t["nodes"] <= 16)]
+        if len(v4):
+            worst = v4.groupby("layer_kind")["ratio"].max()
+            parts.append(f"{label} at most " + ", ".join(f"{kind.upper()} {r:.1f}x" for kind, r in worst.items())
+                         + f" its memory floor (target 4x), tree / linear at most {v4['tree_over_linear'].max():.3f}")
     return "; ".join(parts)
 
 
