@@ -15,6 +15,7 @@ CASES = {   # kernel: (argument types in order, constexprs)
     "_gated_norm_kernel": ([BF, BF, BF, BF, I, I, I, F], {"BLOCK": 128}),
     "_silu_mul_kernel": ([BF, BF, I, I, F], {"BLOCK": 2048, "CLAMP": True}),
     "_hc_weights_kernel": (["*fp32"] * 6 + [I] * 5 + [F, F], {"HC": 4, "B": 4, "RMS": True, "SB": 64}),
+    "_hc_weights_kernel#plain": (["*fp32"] * 6 + [I] * 5 + [F, F], {"HC": 4, "B": 16, "RMS": False, "SB": 2}),
     "_hc_mix_kernel": ([BF, "*fp32", "*fp32", I, I, I, I], {"N": 24, "NB": 32, "BT": 16, "BK": 64, "PRECISION": "tf32x3"}),
     "_hc_mix_reduce_kernel": (["*fp32", "*fp32", I, I, I, I, F], {"NB": 32, "SB": 64}),
     "_hc_collapse_kernel": ([BF, "*fp32", "*fp32", "*fp32", BF] + [I] * 7 + [F, F],
@@ -36,7 +37,8 @@ from triton.compiler import ASTSource
 from simtree.kernels.layers import fused, fused_mhc
 out = {}
 for name, (types, const) in json.loads(sys.argv[1]).items():
-    fn = getattr(fused, name, None) or getattr(fused_mhc, name)
+    kernel = name.split("#")[0]          # "name#case": a second constexpr case of one kernel
+    fn = getattr(fused, kernel, None) or getattr(fused_mhc, kernel)
     sig = dict(zip([p for p in fn.arg_names if p not in const], types))
     sig.update({k: "constexpr" for k in const})
     try:

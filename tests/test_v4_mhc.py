@@ -77,20 +77,22 @@ def test_hc_mix_over_many_splits(T, dtype, splits):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize("T,K", [(1, 16384), (5, 16384), (16, 16384), (33, 400), (4096, 16384), (1, 37)])
+@pytest.mark.parametrize("T,K", [(1, 16384), (5, 16384), (16, 16384), (33, 400), (4096, 16384), (8448, 16384), (1, 37)])
 def test_mix_splits_cover_k_once(T, K):
     S, chunk = fm._mix_splits(T, K, 24, 2)
     assert chunk % fm._MIX_BK == 0 and (S - 1) * chunk < K <= S * chunk
     assert 8 * S * T * 25 * 8 <= 4 * 24 * K + 2 * T * K or S == 1       # partials' traffic <= 1/8 of the reads
     if T == 1 and K == 16384:
-        assert S == fm._MIX_PROGRAMS                       # V4-Flash at one token: 256 programs stream fn
+        assert S == min(fm._MIX_PROGRAMS, K // fm._MIX_BK) == 256   # V4-Flash at one token: 256 programs, a K step each
+    if T == 8448:
+        assert S == 1                                      # the row blocks alone reach the programs aimed at
     if T == 4096:
-        assert S == 1                                      # the row blocks alone fill the GPU
+        assert S == fm._MIX_PROGRAMS // (T // fm._MIX_BT)  # 256 row blocks: 2 splits each
 
 
 @pytest.mark.parametrize("hc,T,dtype", HC_CASES)
 def test_hc_collapse_merge_head_kernels_equal_torch(hc, T, dtype):
-    h = 37 if T != 5 else 300                              # 300: a channel block < h (BLOCK 512 > 300 > 256)
+    h = 37 if T != 5 else 600                              # 600: a full channel block of 512, then a partial one
     x, fn, base, scale = _streams(T, hc, h, dtype, seed=T * 10 + hc + 1)
     g = torch.Generator().manual_seed(T)
     pre = torch.rand(T, hc, generator=g) + 1e-6
@@ -245,3 +247,18 @@ def test_the_rope_permutation_makes_half_split_rotation_interleaved():
     perm = rope_perm(D, R)
     got = apply_rope(x[:, perm], pos, R, 10000.0, inv)
     torch.testing.assert_close(got, y[:, perm])
+
+
+def test_fused_hc_ops_name_misshaped_weights_and_take_no_tokens():
+    """A mis-shaped fn or merge input is one SimtreeError line (the kernels would read out of
+    bounds); T = 0 gives empty outputs on both paths."""
+    from simtree.errors import SimtreeError
+    x, fn, base, scale = _streams(3, 4, 37, torch.float32, seed=3)
+    with pytest.raises(SimtreeError, match="fn is"):
+        fm.hc_mix_partials(x, fn[:, :-1])
+    with pytest.raises(SimtreeError, match="merge"):
+        fm.hc_merge(x, torch.zeros(3, 36), torch.zeros(3, 4), torch.zeros(3, 4, 4))
+    x0 = x[:0]
+    assert fm.hc_mix_partials(x0, fn).shape[1] == 0 and ref.hc_mix_partials(x0, fn).shape[1] == 0
+    pre, post, comb = mhc.hc_pre(x0, fn, base, scale, 20, 1e-6, 1e-6)
+    assert pre.shape == (0, 37) and post.shape == (0, 4) and comb.shape == (0, 4, 4)

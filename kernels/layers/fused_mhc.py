@@ -10,6 +10,8 @@ import torch
 import triton
 import triton.language as tl
 
+from simtree.errors import SimtreeError
+
 from .fused import _pow2
 
 __all__ = ["hc_weights", "hc_mix_partials", "hc_weights_partials", "hc_mix", "hc_collapse", "hc_head", "hc_merge"]
@@ -66,10 +68,12 @@ def hc_mix_partials(x: torch.Tensor, fn: torch.Tensor, bt: int = _MIX_BT, bk: in
     (reference.hc_mix_partials, K split S ways); the launch's row block, K step, programs aimed
     at, products' precision and warps are arguments (profiler/bench/v4_launch.py times them)."""
     T = x.shape[0]
-    flat = x.reshape(T, -1)
+    flat = x.reshape(T, x.shape[1] * x.shape[2])
     if flat.stride(-1) != 1:
         flat = flat.contiguous()
     K, n = flat.shape[1], fn.shape[0]
+    if fn.dim() != 2 or fn.shape[1] != K:
+        raise SimtreeError(f"hyper-connection mix: fn is {tuple(fn.shape)}, the streams need [n, {K}]")
     S, chunk = _mix_splits(T, K, n, flat.element_size(), bt, bk, programs)
     p = torch.empty((S, T, n + 1), dtype=torch.float32, device=x.device)
     if T:
@@ -277,6 +281,9 @@ def hc_merge(x: torch.Tensor, out: torch.Tensor, post: torch.Tensor, comb: torch
     [T, hc, h] contiguous in x's dtype (fp32 sums, one rounding; reads x once)."""
     x, out = _unit(x), _unit(out)
     T, hc, h = x.shape
+    if out.shape != (T, h) or post.shape != (T, hc) or comb.shape != (T, hc, hc):
+        raise SimtreeError(f"hyper-connection merge: streams {tuple(x.shape)} need out [{T}, {h}], post [{T}, {hc}], "
+                           f"comb [{T}, {hc}, {hc}]; got {tuple(out.shape)}, {tuple(post.shape)}, {tuple(comb.shape)}")
     new = torch.empty((T, hc, h), dtype=x.dtype, device=x.device)
     block = min(block or _block_h(h, T), _pow2(h))
     if T:

@@ -45,7 +45,7 @@ def _fused(x: torch.Tensor) -> bool:
 
 def _mix(x: torch.Tensor, fn: torch.Tensor, eps: float) -> torch.Tensor:
     """Unweighted RMSNorm of the streams' concatenation [T, hc h] (fp32), times fn^T."""
-    flat = x.reshape(x.shape[0], -1).to(_dt(x))
+    flat = x.reshape(x.shape[0], x.shape[1] * x.shape[2]).to(_dt(x))
     flat = flat * torch.rsqrt(flat.square().mean(-1, keepdim=True) + eps)
     return F.linear(flat, fn.to(flat.dtype))
 

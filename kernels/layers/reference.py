@@ -145,7 +145,7 @@ def hc_mix_partials(x: torch.Tensor, fn: torch.Tensor) -> torch.Tensor:
     """x [T, hc, h], fn [n, hc h] -> [1, T, n + 1]: the flat streams' dot products with fn's rows
     and their sum of squares (fp32; float64 for float64 x)."""
     dt = compute_dtype(x)
-    flat = x.reshape(x.shape[0], -1).to(dt)
+    flat = x.reshape(x.shape[0], x.shape[1] * x.shape[2]).to(dt)
     return torch.cat([flat @ fn.to(dt).t(), flat.square().sum(-1, keepdim=True)], -1)[None]
 
 

@@ -13,7 +13,9 @@
   with the bf16 weights themselves (tensor cores, fp32 out).
 
 At V4-Flash shapes (hc 4, h 4096; CSA compressor 2 x 512 channels and the indexer's 2 x 128; HCA
-512) and T = 1, 4, 16, 64, 256 tokens.  CUDA graphs, warm-up, medians over rotated fresh inputs.
+512) and T = 1, 4, 16, 64, 256 tokens.  CUDA graphs, warm-up, medians over fresh inputs rotated
+through the calls (copies filling 64 MB, beyond L2); a variant outside its error gate (GATE) is
+not timed.
 Writes --out (op, variant, tokens, us, max_rel_err, gpu, torch, triton).  On a CPU only --smoke
 runs (tiny sizes, the code path).
 """
@@ -33,6 +35,9 @@ from simtree.profiler.timing import time_workload
 
 H, HC, N_MIX = 4096, 4, 24
 COLUMNS = ["op", "variant", "tokens", "us", "max_rel_err", "gpu", "torch", "triton"]
+# a variant is timed only within its gate of the torch form (relative to its largest value): the
+# mix at fp32 accuracy, the bf16 collapse / merge at a few roundings
+GATE = {"mix": 1e-5, "collapse": 2e-2, "merge": 2e-2}
 
 
 def _err(got, want) -> float:
@@ -46,13 +51,13 @@ def _mix_torch(x, fn, eps):
     return torch.nn.functional.linear(flat, fn)
 
 
-def cases(T: int, device: str, h: int, smoke: bool):
+def cases(T: int, device: str, h: int, smoke: bool, copy: int = 0):
     """{op: (torch fn, {variant: fn}, inputs maker)} at T tokens."""
     from simtree.kernels.layers import fused_mhc as F
     from simtree.kernels.layers.mhc import hc_post
     from simtree.kernels.v4.compressor import random_compressor
     from simtree.kernels.v4.verify import _project_stacked
-    g = torch.Generator(device=device).manual_seed(T)
+    g = torch.Generator(device=device).manual_seed(T * 1000 + copy)
     dt = torch.bfloat16
     x = torch.randn(T, HC, h, generator=g, device=device).to(dt)
     fn = torch.randn(N_MIX, HC * h, generator=g, device=device) * (HC * h) ** -0.5
@@ -119,12 +124,22 @@ def main(argv=None) -> int:
         if time.time() - t0 > a.max_seconds:
             print(f"time budget spent before T={T}", flush=True)
             break
-        for op, (ref, variants) in cases(T, device, h, a.smoke).items():
+        # fresh inputs rotated through the timed calls, as many copies as fill 64 MB (beyond the
+        # H100's 50 MB L2: the mix's 1.5 MB fn is not there in a step of 43 layers either)
+        per_copy = 4 * N_MIX * HC * h + 2 * T * HC * h
+        copies = 1 if a.smoke else max(2, min(64, -(-(64 << 20) // per_copy)))
+        sets = [cases(T, device, h, a.smoke, c) for c in range(copies)]
+        for op, (ref, variants) in sets[0].items():
             want = ref()
             for name, fn in [("torch", ref), *variants.items()]:
+                fns = [s[op][0] if name == "torch" else s[op][1][name] for s in sets]
                 try:
                     err = 0.0 if name == "torch" else _err(fn(), want)
-                    us = time_workload([fn], device, **kw).median_us
+                    if err > GATE.get(op, 1e-2):
+                        print(f"{op} {name} T={T}: error {err:.2e} over its gate {GATE.get(op, 1e-2):.0e}: not timed",
+                              flush=True)
+                        continue
+                    us = time_workload(fns, device, **kw).median_us
                 except Exception as exc:  # noqa: BLE001 - a launch the GPU refuses is a row, not the end
                     print(f"{op} {name} T={T}: {type(exc).__name__}: {str(exc)[:200]}", flush=True)
                     continue
