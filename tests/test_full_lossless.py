@@ -80,6 +80,24 @@ def test_bf16_speculative_output_equals_plain_up_to_near_ties(name, seed):
     """In bf16 (the GPU's dtype) the verify and decode forwards sum in different orders: the
     outputs must still match, or differ first where the plain run's top-2 gap is within twice
     the two forwards' logit deviation there (a rounding near-tie, what the probe reports)."""
+    _bf16_lossless(name, seed)
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_bf16_v4_with_every_layer_fusion_is_lossless(seed):
+    """The V4 forms the runtime does not run by default yet (the CSA top-k and list in one launch,
+    the fused hyper-connections, the checkpoint's bf16 compressor projections): built and decoded
+    under them, speculative output equals plain up to near ties as with the defaults."""
+    import torch
+
+    from simtree.kernels.layers.forms import forms
+    with forms(v4_topk="fused", v4_hc="fused", v4_comp="model"):
+        model = _bf16_lossless("tiny-v4", seed)
+    comp = [t for k, t in model.w.items() if k.endswith(("comp.wkv", "idx.wgate"))]
+    assert comp and all(t.dtype == torch.bfloat16 for t in comp)       # built at the checkpoint's dtype
+
+
+def _bf16_lossless(name, seed):
     import numpy as np
     import torch
 
@@ -99,3 +117,4 @@ def test_bf16_speculative_output_equals_plain_up_to_near_ties(name, seed):
         # a near-tie, not a bug: a deviation of a few bf16 ulps at the tiny models' logits (|l| < 4:
         # ulp 2^-6), within which the plain top-2 gap lies
         assert r["match"] or r["margin"] <= 2 * r["deviation"] <= 2 * BF16_ROUNDING, r
+    return model
