@@ -10,7 +10,7 @@
 3. the sweep: layer kinds x batch 1/4/16 x nodes 1/4/16 x context 4K/16K at V4-Flash shapes
    (simtree/data/models/deepseek-v4-flash), the attention block of a layer (hc_pre, norms,
    projections, RoPE, the tree verify, the output projections, hc_post: what
-   kernels.layers.v4 runs, bf16, fp32 compressors) per variant on random trees and on a chain
+   kernels.layers.v4 runs, bf16; compressors fp32 or, variant fused_all, bf16) per variant on random trees and on a chain
    of the same n (tree / linear), the kernels' tree verify alone (scope "core") per variant,
    the block's two ends (pre, post) and the Triton attention core alone per launch (attn_*);
    CUDA-graph replays over fresh random inputs (copies rotated), warm-up first, medians;
