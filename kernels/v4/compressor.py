@@ -120,15 +120,16 @@ def proj_dtype(p: CompressorParams) -> torch.dtype:
 def matmul_t(x: torch.Tensor, w: torch.Tensor, out_dtype: torch.dtype, out: torch.Tensor | None = None,
              bias: torch.Tensor | None = None) -> torch.Tensor:
     """x [N, K] @ w[C, K]^T (+ bias [N, C]) in ``out_dtype``, written into ``out`` where given.
-    A 16-bit weight (the checkpoint's bf16 compressor projections) meets x at its dtype: on CUDA
+    A 16-bit weight (the checkpoint's bf16 compressor projections) meets x at the weight's dtype
+    (x is rounded to it: every caller passes the layer's bf16 normed input, exact there): on CUDA
     the tensor cores with an fp32 output, one launch with the bias (a bf16 x bf16 product is exact
     in fp32, so this is fp32 arithmetic of the same operands at half the weight bytes of an fp32
     copy); elsewhere both operands upcast (the same products)."""
     if w.dtype == out_dtype:
-        xs = x.to(out_dtype)
-        if bias is None:
-            return torch.matmul(xs, w.T, out=out)
-        return torch.addmm(bias, xs, w.T, out=out)
+        r = torch.matmul(x.to(out_dtype), w.T, out=out)
+        if bias is not None:            # a product, then the bias: the float64 reference's order
+            r += bias
+        return r
     if x.is_cuda and w.dtype in (torch.bfloat16, torch.float16) and out_dtype == torch.float32:
         xs = x.to(w.dtype)
         kw = {} if out is None else {"out": out}

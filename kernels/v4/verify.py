@@ -407,7 +407,14 @@ def _csa_list_triton(cache: V4Cache, inp: V4Inputs, scratch_keys: torch.Tensor, 
 def _projections(w: V4LayerWeights, inp: V4Inputs, plan: VerifyPlan) -> list[torch.Tensor]:
     """[2, N, C] of every compressor of the layer (KV, then the indexer's): two GEMMs each."""
     comps = [p for p in (w.comp, w.indexer) if p is not None]
-    return [_project_stacked(p, inp.x, plan.pos_mod) for p in comps]
+    return [_project_stacked(p, layer_input(w, inp), plan.pos_mod) for p in comps]
+
+
+def layer_input(w: V4LayerWeights, inp: V4Inputs) -> torch.Tensor:
+    """The compressors' input: cast once a layer to their weights' dtype where they are the
+    projections' own (fp32 copies), as it comes (bf16) where matmul_t meets it at the weights'."""
+    dt = proj_dtype(w.comp)
+    return inp.x.to(dt) if w.comp.wkv.dtype == dt else inp.x
 
 
 def attention_lists(cache: V4Cache, w: V4LayerWeights, inp: V4Inputs, plan: VerifyPlan,

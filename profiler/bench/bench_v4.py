@@ -138,7 +138,7 @@ def stage_timings(step, use_graph: bool) -> dict:
     if not cache.ratio:
         return {}
     out = {}
-    x = inp.x
+    x = tv.layer_input(w, inp)
     comps = [(w.comp, cache.comp_kv, cache.comp_score, cache.comp.pool.dtype)]
     if w.indexer is not None:
         comps.append((w.indexer, cache.idx_kv, cache.idx_score, cache.idx.pool.dtype))

@@ -110,8 +110,9 @@ def _measure(L: Layer, b: int, n: int, ctx: int, reps: int, bw: float, device: s
     o = torch.randn(T, L.d.H, L.d.D, device=x.device).to(x.dtype)
     parts = {"pre": lambda: L.pre(x, rm), "core": lambda: L.core(inp, cache, rm),
              "post": lambda: L.post(x, o, hc, rm)}
-    floors = _end_floors(L.d, L.kind, b, n, ctx, bw)
-    floors["core"] = verify_floor(L.d, L.kind, b, n, ctx, "core").us(bw)
+    with forms(v4_comp="model"):    # floors at the checkpoint's dtypes, as v4_floor's
+        floors = _end_floors(L.d, L.kind, b, n, ctx, bw)
+        floors["core"] = verify_floor(L.d, L.kind, b, n, ctx, "core").us(bw)
     env = dict(gpu=torch.cuda.get_device_name() if device == "cuda" else "cpu", torch=torch.__version__)
     rows = []
     for part, fn in parts.items():

@@ -8,7 +8,8 @@ cache rows its nodes attend to or score once (the nodes of one tree share them),
 layer's input and output streams once:
 
     weights       attention block: hc_attn, ln1, wqkv_a, q_norm, wq_b, kv_norm, wo_a, wo_b, sink,
-                  the compressors (projections at the model dtype, as the checkpoint) and the CSA indexer's wq_idx + its compressor;
+                  the compressors (their projections at the dtype the form v4_comp builds: fp32 by default, the
+                  checkpoint's bf16 under "model"; the benchmarks take the latter) and the CSA indexer's wq_idx + its compressor;
                   MoE block: ln2, router, hc_ffn, the shared expert and the routed experts a
                   round touches, E (1 - (1 - k/E)^T) of them in expectation (T tokens, uniform)
     window        the persistent rows of the sliding window: min(window - 1, context) per

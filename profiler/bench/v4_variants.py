@@ -60,8 +60,9 @@ class Layer:
         self.ropes = V.rope_tables(d, device, dtype)
 
     def for_variant(self, variant: str) -> "Layer":
-        """This layer, or its twin with the same weights but the compressors' projections stored
-        as the variant's form ``v4_comp`` says (built once)."""
+        """This layer, or its twin with the same random draws but the compressors' projections
+        stored as the variant's form ``v4_comp`` says (the bf16 roundings of the fp32 draws, built
+        once): the two differ by that rounding (~2e-3 relative) in those weights."""
         comp = VARIANTS[variant].get("v4_comp", "fp32")
         if comp == self.comp:
             return self
