@@ -301,8 +301,8 @@ def _mixer_params(shape: ModelShape, kind: str, fp32: int) -> list[tuple[int, in
     v = shape.v4
     H, D, qr, G, orank = (int(v[k]) for k in ("q_heads", "head_dim", "q_lora_rank", "o_groups", "o_lora_rank"))
     out = [(qr * h + qr + H * D * qr + D * h + D + orank * H * D + h * G * orank, 0), (H, fp32)]
-    from simtree.kernels.layers.forms import v4_form
-    proj = 0 if v4_form("v4_comp") == "model" else fp32      # kernels.layers.v4.comp_proj_dtype
+    from simtree.quant import comp_proj_storage
+    proj = 0 if comp_proj_storage() == "model" else fp32      # kernels.layers.v4.comp_proj_dtype
 
     def compressor(dim: int, ratio: int) -> list[tuple[int, int]]:
         c = (2 if ratio == 4 else 1) * dim   # a ratio-4 compressor's windows overlap: 2x channels

@@ -17,11 +17,27 @@ from __future__ import annotations
 from simtree.errors import SimtreeError
 
 __all__ = ["FP8_BLOCK", "EXPERT_DTYPES", "SCALE_BYTES", "expert_dtype", "scale_blocks", "expert_params",
-           "expert_dtype_from_hf", "expert_format_from_hf"]
+           "expert_dtype_from_hf", "expert_format_from_hf", "DEFAULT_COMP_PROJ", "comp_proj_storage", "set_comp_proj_storage"]
 
 FP8_BLOCK = 128                 # the weights' block (both axes) and the activations' group
 EXPERT_DTYPES = ("bf16", "fp8")
 SCALE_BYTES = 4                 # one float32 scale per block (UE8M0 scales are widened on load)
+
+# How a V4 rank stores its compressors' projections (wkv, wgate): "fp32" copies, or "model" - the
+# model's dtype, as the checkpoint ships them.  The layer form v4_comp (kernels/layers/forms.py)
+# sets it; the registry's weight bytes and the checkpoint loader read it here.
+DEFAULT_COMP_PROJ = "fp32"      # the form's "auto" (kernels.layers.forms.V4_AUTO reads it)
+_COMP_PROJ = [DEFAULT_COMP_PROJ]
+
+
+def comp_proj_storage() -> str:
+    return _COMP_PROJ[0]
+
+
+def set_comp_proj_storage(value: str) -> None:
+    if value not in ("fp32", "model"):
+        raise SimtreeError(f"V4 compressor projections are stored as fp32 or model, not {value!r}")
+    _COMP_PROJ[0] = value
 
 
 def expert_dtype(mlp: dict) -> str:

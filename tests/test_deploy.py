@@ -342,3 +342,19 @@ def test_one_rank_plans_the_b_sequences_a_rank_run_measures():
     assert deployment_costs(rank).verify.predict(8, 512, 8) != rank.verify.predict(8, 512, 8)
     single = _toy_bundle(deployment="tp=1")
     assert one_rank(single) is single
+
+
+def test_the_core_reads_the_compressor_storage_the_form_sets():
+    """simtree.quant mirrors the form v4_comp for the core (the registry's bytes, the loader), which
+    must not import the kernels: set by forms(), restored after, "auto" resolved."""
+    from simtree import quant
+    from simtree.errors import SimtreeError
+    from simtree.kernels.layers.forms import V4_AUTO, forms
+    assert quant.comp_proj_storage() == V4_AUTO["v4_comp"] == quant.DEFAULT_COMP_PROJ
+    with forms(v4_comp="model"):
+        assert quant.comp_proj_storage() == "model"
+        with forms(v4_comp="auto"):
+            assert quant.comp_proj_storage() == quant.DEFAULT_COMP_PROJ
+    assert quant.comp_proj_storage() == quant.DEFAULT_COMP_PROJ
+    with pytest.raises(SimtreeError, match="fp32 or model"):
+        quant.set_comp_proj_storage("bf16")

@@ -94,7 +94,7 @@ def test_bf16_projections_multiply_into_fp32(device):
     import torch
 
     from simtree.kernels.v4.compressor import matmul_t, project, random_compressor
-    from simtree.kernels.v4.verify import _project_stacked
+    from simtree.kernels.v4.verify import project_stacked
     g = torch.Generator().manual_seed(7)
     p = random_compressor(16, 4, 96, 8, True, g, dtype=torch.float32).to(device)
     p.wkv, p.wgate = p.wkv.bfloat16(), p.wgate.bfloat16()
@@ -106,7 +106,7 @@ def test_bf16_projections_multiply_into_fp32(device):
     ref_score = x.double() @ p.wgate.double().T + p.ape.double()[pos % 4]
     assert torch.allclose(kv.double(), ref_kv, rtol=1e-5, atol=1e-5)
     assert torch.allclose(score.double(), ref_score, rtol=1e-5, atol=1e-5)
-    st = _project_stacked(p, x, pos % 4)
+    st = project_stacked(p, x, pos % 4)
     assert st.shape == (2, 5, p.wkv.shape[0]) and torch.equal(st[0], kv) and torch.equal(st[1], score)
     out = torch.empty(5, p.wkv.shape[0], device=device)
     assert matmul_t(x, p.wkv, torch.float32, out=out) is out and torch.equal(out, kv)

@@ -43,6 +43,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, replace
 
 from simtree.errors import SimtreeError
+from simtree.quant import DEFAULT_COMP_PROJ, set_comp_proj_storage
 
 __all__ = ["LayerForms", "current", "set_forms", "forms", "v4_fusions", "v4_form", "V4_AUTO"]
 
@@ -55,7 +56,7 @@ _CHOICES.update(v4_topk=("auto", "fused", "sort"), v4_hc=("auto", "fused", "torc
 # what "auto" runs: the unfused forms until the GPU has measured the fused ones
 # (profiler/bench/v4_floor.py's summary names the faster v4_topk, docs/math/v4_compression.md;
 # v4_breakdown.py --forms torch,fused times the block's pre / post under each v4_hc)
-V4_AUTO = {"v4_topk": "sort", "v4_hc": "torch", "v4_comp": "fp32"}
+V4_AUTO = {"v4_topk": "sort", "v4_hc": "torch", "v4_comp": DEFAULT_COMP_PROJ}
 _V4_FUSION = {"v4_topk": "topk"}   # form -> tree_verify's fusion name
 
 
@@ -89,6 +90,7 @@ def set_forms(**changes: str) -> LayerForms:
     from here on; returns the ones replaced."""
     global _current
     old, _current = _current, replace(_current, **changes)
+    set_comp_proj_storage(v4_form("v4_comp"))     # the storage the core's byte counts and loader read
     return old
 
 
@@ -111,3 +113,6 @@ def v4_form(name: str, f: LayerForms | None = None) -> str:
 def v4_fusions(f: LayerForms | None = None) -> tuple[str, ...]:
     """The fused launches a V4 layer's tree verify runs under forms ``f`` (default: now)."""
     return tuple(fusion for form, fusion in _V4_FUSION.items() if v4_form(form, f) == "fused")
+
+
+set_comp_proj_storage(v4_form("v4_comp"))

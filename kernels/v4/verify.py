@@ -43,7 +43,8 @@ from ._pool_kernel import pool_windows
 from ._topk_kernel import MAX_ROW as TOPK_MAX_ROW, topk_to_list
 from .reference import V4Inputs, V4LayerWeights
 
-__all__ = ["VerifyPlan", "VerifyScratch", "plan_verify", "attention_lists", "tree_verify", "random_tree", "FUSIONS"]
+__all__ = ["VerifyPlan", "VerifyScratch", "plan_verify", "attention_lists", "tree_verify", "random_tree", "FUSIONS",
+           "project_stacked", "layer_input"]
 
 FUSIONS = ("topk",)     # tree_verify's optional fused launches
 
@@ -329,7 +330,7 @@ def _finish(plan: VerifyPlan, host: dict, device) -> VerifyPlan:
     return plan
 
 
-def _project_stacked(p: CompressorParams, x: torch.Tensor, pos_mod: torch.Tensor) -> torch.Tensor:
+def project_stacked(p: CompressorParams, x: torch.Tensor, pos_mod: torch.Tensor) -> torch.Tensor:
     """compressor.project into one [2, N, C] tensor (kv, score); pos_mod = pos % ratio."""
     dt = proj_dtype(p)
     if p.wkv.dtype == dt:                               # fp32 (float64) weights: today's two GEMMs
@@ -407,7 +408,7 @@ def _csa_list_triton(cache: V4Cache, inp: V4Inputs, scratch_keys: torch.Tensor, 
 def _projections(w: V4LayerWeights, inp: V4Inputs, plan: VerifyPlan) -> list[torch.Tensor]:
     """[2, N, C] of every compressor of the layer (KV, then the indexer's): two GEMMs each."""
     comps = [p for p in (w.comp, w.indexer) if p is not None]
-    return [_project_stacked(p, layer_input(w, inp), plan.pos_mod) for p in comps]
+    return [project_stacked(p, layer_input(w, inp), plan.pos_mod) for p in comps]
 
 
 def layer_input(w: V4LayerWeights, inp: V4Inputs) -> torch.Tensor:

@@ -142,8 +142,8 @@ def stage_timings(step, use_graph: bool) -> dict:
     comps = [(w.comp, cache.comp_kv, cache.comp_score, cache.comp.pool.dtype)]
     if w.indexer is not None:
         comps.append((w.indexer, cache.idx_kv, cache.idx_score, cache.idx.pool.dtype))
-    projs = [tv._project_stacked(p, x, plan.pos_mod) for p, *_ in comps]
-    out["proj_us"] = time_us(lambda: [tv._project_stacked(p, x, plan.pos_mod) for p, *_ in comps], use_graph)[0]
+    projs = [tv.project_stacked(p, x, plan.pos_mod) for p, *_ in comps]
+    out["proj_us"] = time_us(lambda: [tv.project_stacked(p, x, plan.pos_mod) for p, *_ in comps], use_graph)[0]
     out["pool_us"] = time_us(lambda: [tv._scratch_entries(p, kv, sc, (pr[0], pr[1]), plan, True, dt)
                                       for (p, kv, sc, dt), pr in zip(comps, projs)], use_graph)[0]
     if w.indexer is None:

@@ -9,7 +9,7 @@
 - ``collapse`` / ``merge``: ``hc_collapse`` / ``hc_merge`` over channels per program and warps,
   beside the torch forms (``mhc``'s);
 - ``proj``: a compressor's two projections (kv, score + position bias) as the verify makes them
-  (``verify._project_stacked``) with fp32 weights (an fp32 copy of the checkpoint's bf16) and
+  (``verify.project_stacked``) with fp32 weights (an fp32 copy of the checkpoint's bf16) and
   with the bf16 weights themselves (tensor cores, fp32 out).
 
 At V4-Flash shapes (hc 4, h 4096; CSA compressor 2 x 512 channels and the indexer's 2 x 128; HCA
@@ -56,7 +56,7 @@ def cases(T: int, device: str, h: int, smoke: bool, copy: int = 0):
     from simtree.kernels.layers import fused_mhc as F
     from simtree.kernels.layers.mhc import hc_post
     from simtree.kernels.v4.compressor import random_compressor
-    from simtree.kernels.v4.verify import _project_stacked
+    from simtree.kernels.v4.verify import project_stacked
     g = torch.Generator(device=device).manual_seed(T * 1000 + copy)
     dt = torch.bfloat16
     x = torch.randn(T, HC, h, generator=g, device=device).to(dt)
@@ -91,9 +91,9 @@ def cases(T: int, device: str, h: int, smoke: bool, copy: int = 0):
         xin = torch.randn(T, h, generator=g, device=device).to(dt)
         pos = torch.arange(T, device=device) % 4
         ops[f"proj_{kind}"] = (lambda ps32=ps32, xin=xin, pos=pos: torch.cat(
-            [_project_stacked(p, xin, pos % p.ratio).flatten() for p in ps32]),
+            [project_stacked(p, xin, pos % p.ratio).flatten() for p in ps32]),
             {"bf16_out32": lambda ps16=ps16, xin=xin, pos=pos: torch.cat(
-                [_project_stacked(p, xin, pos % p.ratio).flatten() for p in ps16])})
+                [project_stacked(p, xin, pos % p.ratio).flatten() for p in ps16])})
     return ops
 
 

@@ -388,8 +388,8 @@ _COMP_PROJ = ("comp.wkv", "comp.wgate", "idx.wkv", "idx.wgate")   # fp32 too und
 
 
 def _fp32_keys() -> tuple[str, ...]:
-    from simtree.kernels.layers.forms import v4_form
-    return _FP32 + (_COMP_PROJ if v4_form("v4_comp") == "fp32" else ())
+    from simtree.quant import comp_proj_storage
+    return _FP32 + (_COMP_PROJ if comp_proj_storage() == "fp32" else ())
 
 
 _EXPERTS = ("experts_gu", "experts_down", "shared_gu", "shared_down")
