@@ -84,3 +84,16 @@ def test_smoke_launch_variants_are_checked_and_timed(tmp_path):
         assert {"torch"} < {r["variant"] for r in sub}
         assert all(float(r["us"]) > 0 and float(r["max_rel_err"]) < 1e-2 for r in sub)
     assert v4_launch.main(["--out", str(out)]) == (0 if v4_launch.torch.cuda.is_available() else 1)
+
+
+def test_the_bf16_compressor_check_passes_and_would_catch_a_wrong_product(monkeypatch):
+    """v4_variants' check of the checkpoint-dtype projections: ok on the CPU form, and not ok when
+    the product is wrong (the bias dropped)."""
+    from simtree.kernels.layers import v4 as V
+    from simtree.kernels.v4 import verify
+    from simtree.models import get_model
+    d = V.V4Dims.of(get_model("tiny-v4"))
+    assert v4_variants._check_comp_proj("cpu", d)["ok"]
+    real = verify.project_stacked
+    monkeypatch.setattr(verify, "project_stacked", lambda p, x, pos: real(p, x, pos * 0 + 1))   # the wrong bias rows
+    assert not v4_variants._check_comp_proj("cpu", d)["ok"]

@@ -157,6 +157,7 @@ def run_checks(device, d: V.V4Dims) -> list[dict]:
         record("tree_verify_flashmla", lambda: {k: v for k, v in check_flashmla_path(device).items() if k != "check"})
     record("attention_launches_flash", lambda: _check_launches(device, d))
     record("topk_list_flash", lambda: _check_topk(device))
+    record("comp_proj_bf16", lambda: _check_comp_proj(device, d))     # form v4_comp "model"
     for kind in ("csa", "hca", "swa"):
         record(f"block_{kind}_flash", lambda kind=kind: _check_block(device, d, kind))
     return out
@@ -179,6 +180,28 @@ def _check_launches(device, d):
                                         num_splits=sp or None, prefetch=bool(pf)).float()
         errs[f"bk{bk}_bh{bh}_w{w}_s{sp}_p{pf}"] = float((got - ref).abs().max())
     return {"ok": all(e < 3e-2 for e in errs.values()), "max_err": errs}
+
+
+def _check_comp_proj(device, d):
+    """The compressors' projections at the checkpoint's bf16 (form v4_comp "model": the tensor
+    cores with an fp32 output, the position bias in the GEMM) against float64 of the same bf16
+    operands, at the model's CSA shapes and 1 / 7 / 256 tokens (the block check barely reaches
+    them: few new compressed entries land in a round's top-k)."""
+    from simtree.kernels.v4.compressor import random_compressor
+    from simtree.kernels.v4.verify import project_stacked
+    g = torch.Generator().manual_seed(11)
+    errs = {}
+    for dim in (d.D, d.Di):
+        p = random_compressor(dim, d.csa, d.h, d.rope, True, g, dtype=torch.float32).to(device)
+        p.wkv, p.wgate = p.wkv.bfloat16(), p.wgate.bfloat16()
+        for T in (1, 7, 256):
+            x = torch.randn(T, d.h, generator=g).bfloat16().to(device)
+            pos = torch.arange(T, device=device) % d.csa
+            got = project_stacked(p, x, pos).double()
+            ref = torch.stack([x.double() @ p.wkv.double().T, x.double() @ p.wgate.double().T
+                               + p.ape.double()[pos]])
+            errs[f"dim{dim}_T{T}"] = float((got - ref).abs().max() / ref.abs().max())
+    return {"ok": got.dtype == torch.float64 and all(e < 1e-5 for e in errs.values()), "max_rel_err": errs}
 
 
 def _check_topk(device):
