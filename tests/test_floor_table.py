@@ -100,3 +100,13 @@ def test_the_headline_names_the_current_path_and_every_fusion():
     text = floor_headline(pd.DataFrame(rows))
     assert "V4 layer verify at most CSA 9.8x, HCA 3.0x" in text            # batch 64 is outside the target's range
     assert "with every fusion (variant fused_all, not yet the runtime's default) at most CSA 6.7x" in text
+
+
+def test_gdn_from_names_a_missing_key_column_and_needs_a_new_run(tmp_path):
+    gdn, v4 = _bench(tmp_path)
+    out = tmp_path / "floor.csv"
+    assert main(["--gdn", str(gdn), "--v4", str(v4), "--out", str(out)]) == 0
+    with pytest.raises(SimtreeError, match="no variant column"):        # the GDN run's rows carry no variant
+        floor_table(gdn, None, gdn_from=out)
+    with pytest.raises(SimtreeError, match="give --gdn DIR or --v4 DIR"):
+        floor_table(None, None, gdn_from=out)

@@ -97,3 +97,12 @@ def test_the_bf16_compressor_check_passes_and_would_catch_a_wrong_product(monkey
     real = verify.project_stacked
     monkeypatch.setattr(verify, "project_stacked", lambda p, x, pos: real(p, x, pos * 0 + 1))   # the wrong bias rows
     assert not v4_variants._check_comp_proj("cpu", d)["ok"]
+
+
+def test_launch_benchmark_refuses_bad_token_counts_in_one_line(tmp_path, capsys):
+    from simtree.profiler.bench import v4_launch
+    for bad in ("a", "0", "4,-1"):
+        assert v4_launch.main(["--out", str(tmp_path / "x.csv"), "--smoke", "--tokens", bad]) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.startswith("error: --tokens") and "\n" not in err
+    assert not (tmp_path / "x.csv").exists()

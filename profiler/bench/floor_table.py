@@ -38,6 +38,13 @@ def _read(folder: Path, table: str, meta: str) -> tuple[pd.DataFrame, dict]:
     return pd.read_csv(csv), json.loads(js.read_text())["env"]
 
 
+def _keyed(df: pd.DataFrame, what: str) -> pd.DataFrame:
+    missing = [c for c in GDN_KEY if c not in df.columns]
+    if missing:
+        raise SimtreeError(f"{what}: no {', '.join(missing)} column (--gdn-from matches rows on {', '.join(GDN_KEY)})")
+    return df
+
+
 def _earlier(path: Path, flag: str) -> pd.DataFrame:
     if not Path(path).is_file():
         raise SimtreeError(f"{path}: no such table ({flag})")
@@ -68,8 +75,13 @@ def floor_table(gdn: Path | None, v4: Path | None, v4_from: Path | None = None,
         parts.append(df.rename(columns=V4_NAMES).assign(gpu=env["gpu"], torch=env["torch_version"],
                                                         triton=env["triton_version"]))
     if gdn_from is not None:
-        old = _earlier(gdn_from, "--gdn-from")
+        if gdn is None and v4 is None:
+            raise SimtreeError("--gdn-from TABLE keeps an earlier table's GDN rows beside a new run: give --gdn DIR "
+                               "or --v4 DIR")
+        old = _keyed(_earlier(gdn_from, "--gdn-from"), str(gdn_from))
         old = old[old["layer_kind"] == "gdn"]
+        if gdn is not None:
+            _keyed(parts[0], str(gdn))
         new = set(map(tuple, parts[0][GDN_KEY].astype(str).values)) if gdn is not None else set()
         parts.insert(0, old[[tuple(r) not in new for r in old[GDN_KEY].astype(str).values]])
     if v4_from is not None:

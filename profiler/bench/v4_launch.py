@@ -30,6 +30,7 @@ import time
 
 import torch
 
+from simtree.errors import SimtreeError, check_int
 from simtree.fileio import write_text_atomic
 from simtree.profiler.timing import time_workload
 
@@ -120,7 +121,13 @@ def main(argv=None) -> int:
     kw = dict(use_graph=True, spin_ms=2.0) if device == "cuda" else dict(warmup=0, min_reps=1, max_reps=1)
     t0, rows = time.time(), []
     h = H if not a.smoke else 96
-    for T in (int(t) for t in a.tokens.split(",")):
+    try:
+        tokens = [check_int(int(t), "--tokens", 1) for t in a.tokens.split(",")]
+    except (ValueError, SimtreeError) as exc:
+        print(f"error: --tokens {a.tokens!r}: {exc if isinstance(exc, SimtreeError) else 'not integers'}",
+              file=sys.stderr)
+        return 2
+    for T in tokens:
         if time.time() - t0 > a.max_seconds:
             print(f"time budget spent before T={T}", flush=True)
             break
@@ -135,7 +142,7 @@ def main(argv=None) -> int:
                 fns = [s[op][0] if name == "torch" else s[op][1][name] for s in sets]
                 try:
                     err = 0.0 if name == "torch" else _err(fn(), want)
-                    if err > GATE.get(op, 1e-2):
+                    if not err <= GATE.get(op, 1e-2):        # NaN fails too
                         print(f"{op} {name} T={T}: error {err:.2e} over its gate {GATE.get(op, 1e-2):.0e}: not timed",
                               flush=True)
                         continue

@@ -190,18 +190,20 @@ def _check_comp_proj(device, d):
     from simtree.kernels.v4.compressor import random_compressor
     from simtree.kernels.v4.verify import project_stacked
     g = torch.Generator().manual_seed(11)
-    errs = {}
+    errs, dtypes = {}, set()
     for dim in (d.D, d.Di):
         p = random_compressor(dim, d.csa, d.h, d.rope, True, g, dtype=torch.float32).to(device)
         p.wkv, p.wgate = p.wkv.bfloat16(), p.wgate.bfloat16()
         for T in (1, 7, 256):
             x = torch.randn(T, d.h, generator=g).bfloat16().to(device)
             pos = torch.arange(T, device=device) % d.csa
-            got = project_stacked(p, x, pos).double()
+            got = project_stacked(p, x, pos)
+            dtypes.add(got.dtype)
+            got = got.double()
             ref = torch.stack([x.double() @ p.wkv.double().T, x.double() @ p.wgate.double().T
                                + p.ape.double()[pos]])
             errs[f"dim{dim}_T{T}"] = float((got - ref).abs().max() / ref.abs().max())
-    return {"ok": got.dtype == torch.float64 and all(e < 1e-5 for e in errs.values()), "max_rel_err": errs}
+    return {"ok": dtypes == {torch.float32} and all(e < 1e-5 for e in errs.values()), "max_rel_err": errs}
 
 
 def _check_topk(device):
