@@ -96,8 +96,9 @@ def test_qwen_layer_ops_are_pinned(kind):
 
 @pytest.mark.parametrize("kind", ["swa", "csa", "hca"])
 def test_v4_layer_launches_are_pinned(kind):
-    base = _counts(_model("tiny-v4", ["swa", "csa", "hca"]))
-    more = _counts(_model("tiny-v4", ["swa", "csa", "hca", kind]))
+    with forms(v4_hc="torch"):          # the pins are the torch path's, whatever the runtime's default
+        base = _counts(_model("tiny-v4", ["swa", "csa", "hca"]))
+        more = _counts(_model("tiny-v4", ["swa", "csa", "hca", kind]))
     for stage, launches in V4_PINS[kind].items():
         ops, cores = _delta(base[stage], more[stage])
         assert sum(ops.values()) + sum(cores.values()) == launches, (stage, ops, cores)
@@ -106,7 +107,7 @@ def test_v4_layer_launches_are_pinned(kind):
 
 @pytest.mark.parametrize("kind", ["swa", "csa", "hca"])
 def test_v4_layer_launches_drop_with_fused_hyper_connections(kind):
-    with forms(v4_hc="fused"):
+    with forms(v4_hc="fused"):            # against the torch path's pins above
         base = _counts(_model("tiny-v4", ["swa", "csa", "hca"]))
         more = _counts(_model("tiny-v4", ["swa", "csa", "hca", kind]))
     for stage, launches in V4_PINS[kind].items():

@@ -201,12 +201,14 @@ def test_the_ops_cuda_kernels_run_the_triton_form_for_16_32_bit_floats(monkeypat
             ops._cuda_kernel(name, forms_of[name])(*args)
 
 
-def test_hc_form_auto_runs_torch_and_bad_form_is_one_line():
+def test_hc_form_auto_resolves_through_v4_auto_and_bad_form_is_one_line():
     from simtree.errors import SimtreeError
     from simtree.kernels.layers.forms import V4_AUTO, v4_form
-    assert V4_AUTO["v4_hc"] == "torch" and v4_form("v4_hc") == "torch"
+    assert V4_AUTO["v4_hc"] in ("torch", "fused") and v4_form("v4_hc") == V4_AUTO["v4_hc"]
     with forms(v4_hc="fused"):
         assert v4_form("v4_hc") == "fused"
+    with forms(v4_hc="torch"):
+        assert v4_form("v4_hc") == "torch"
     with pytest.raises(SimtreeError, match="v4_hc form 'triton': use auto, fused, torch"):
         forms(v4_hc="triton").__enter__()
 
