@@ -56,7 +56,7 @@ def test_hc_mix_kernels_equal_torch(hc, T, dtype):
     torch.testing.assert_close(p.sum(0), ref.hc_mix_partials(x, fn)[0], rtol=1e-5, atol=1e-5)
     m = fm.hc_mix(x, fn, 1e-6)
     torch.testing.assert_close(m, ref.hc_mix_reduce(ref.hc_mix_partials(x, fn), hc * 37, 1e-6), rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(m, mhc._mix(x, fn, 1e-6), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(m, mhc.mix(x, fn, 1e-6), rtol=1e-5, atol=1e-5)
     want = ref.hc_weights(ref.hc_mix_reduce(p, hc * 37, 1e-6), base, scale, 20, 1e-6)
     got = fm.hc_weights_partials(p, base, scale, 20, 1e-6, hc * 37, 1e-6)
     for a, b in zip(got, want):
@@ -70,7 +70,7 @@ def test_hc_mix_over_many_splits(T, dtype, splits):
     x, fn, base, scale = _streams(T, 4, 1100, dtype, seed=3)
     p = fm.hc_mix_partials(x, fn)
     assert p.shape[0] == splits
-    torch.testing.assert_close(fm.hc_mix(x, fn, 1e-6), mhc._mix(x, fn, 1e-6), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(fm.hc_mix(x, fn, 1e-6), mhc.mix(x, fn, 1e-6), rtol=1e-5, atol=1e-5)
     m = ref.hc_mix_reduce(p, 4 * 1100, 1e-6)
     for a, b in zip(fm.hc_weights_partials(p, base, scale, 20, 1e-6, 4 * 1100, 1e-6),
                     ref.hc_weights(m, base, scale, 20, 1e-6)):
@@ -98,7 +98,7 @@ def test_hc_collapse_merge_head_kernels_equal_torch(hc, T, dtype):
     pre = torch.rand(T, hc, generator=g) + 1e-6
     torch.testing.assert_close(fm.hc_collapse(x, pre), ref.hc_collapse(x, pre), **_tol(dtype))
     out = torch.randn(T, h, generator=g).to(dtype)
-    _, post, comb = ref.hc_weights(mhc._mix(x, fn, 1e-6), base, scale, 20, 1e-6)
+    _, post, comb = ref.hc_weights(mhc.mix(x, fn, 1e-6), base, scale, 20, 1e-6)
     got = fm.hc_merge(x, out, post, comb)
     torch.testing.assert_close(got, ref.hc_merge(x, out, post, comb), **_tol(dtype))
     # fp32 sums rounded once: within one rounding of the exact merge (2u: the interpreter's bf16
@@ -123,9 +123,9 @@ def test_hc_kernels_read_strided_streams():
     x = buf[:, :4 * 37].view(5, 4, 37)
     assert not x.is_contiguous()
     _, fn, base, scale = _streams(5, 4, 37, torch.float32, seed=9)
-    _, post, comb = ref.hc_weights(mhc._mix(x, fn, 1e-6), base, scale, 20, 1e-6)
+    _, post, comb = ref.hc_weights(mhc.mix(x, fn, 1e-6), base, scale, 20, 1e-6)
     out = torch.randn(5, 50)[:, 3:40]
-    torch.testing.assert_close(fm.hc_mix(x, fn, 1e-6), mhc._mix(x, fn, 1e-6), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(fm.hc_mix(x, fn, 1e-6), mhc.mix(x, fn, 1e-6), rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(fm.hc_collapse(x, post), ref.hc_collapse(x, post), rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(fm.hc_merge(x, out, post, comb), ref.hc_merge(x, out, post, comb),
                                rtol=1e-5, atol=1e-5)

@@ -31,7 +31,7 @@ import torch.nn.functional as F
 from . import ops
 from .forms import v4_form
 
-__all__ = ["hc_pre", "hc_post", "hc_head", "expand"]
+__all__ = ["mix", "hc_pre", "hc_post", "hc_head", "expand"]
 
 
 def _dt(x: torch.Tensor) -> torch.dtype:
@@ -43,7 +43,7 @@ def _fused(x: torch.Tensor) -> bool:
     return x.dtype != torch.float64 and v4_form("v4_hc") == "fused"
 
 
-def _mix(x: torch.Tensor, fn: torch.Tensor, eps: float) -> torch.Tensor:
+def mix(x: torch.Tensor, fn: torch.Tensor, eps: float) -> torch.Tensor:
     """Unweighted RMSNorm of the streams' concatenation [T, hc h] (fp32), times fn^T."""
     flat = x.reshape(x.shape[0], x.shape[1] * x.shape[2]).to(_dt(x))
     flat = flat * torch.rsqrt(flat.square().mean(-1, keepdim=True) + eps)
@@ -57,7 +57,7 @@ def hc_pre(x: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: torch.T
         p = ops.hc_mix_partials(x, fn)
         pre, post, comb = ops.hc_weights_partials(p, base, scale, iters, hc_eps, x.shape[1] * x.shape[2], norm_eps)
         return ops.hc_collapse(x, pre), post, comb
-    m = _mix(x, fn, norm_eps)
+    m = mix(x, fn, norm_eps)
     pre, post, comb = ops.hc_weights(m, base.to(m.dtype), scale.to(m.dtype), iters, hc_eps)
     collapsed = (pre.unsqueeze(-1) * x).sum(1).to(x.dtype)
     return collapsed, post, comb
@@ -77,7 +77,7 @@ def hc_head(x: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: torch.
     """Streams x [T, hc, h] -> [T, h]: sum_j (sigmoid(scale * w_j + base_j) + eps) x_j."""
     if _fused(x):
         return ops.hc_head(x, ops.hc_mix_partials(x, fn), base, scale, hc_eps, norm_eps)
-    m = _mix(x, fn, norm_eps)
+    m = mix(x, fn, norm_eps)
     pre = torch.sigmoid(m * scale.to(m.dtype) + base.to(m.dtype)) + hc_eps
     return (pre.unsqueeze(-1) * x).sum(1).to(x.dtype)
 

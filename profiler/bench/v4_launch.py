@@ -46,16 +46,11 @@ def _err(got, want) -> float:
     return float((got - want).abs().max() / want.abs().max().clamp_min(1e-30))
 
 
-def _mix_torch(x, fn, eps):
-    flat = x.reshape(x.shape[0], -1).float()
-    flat = flat * torch.rsqrt(flat.square().mean(-1, keepdim=True) + eps)
-    return torch.nn.functional.linear(flat, fn)
-
-
 def cases(T: int, device: str, h: int, smoke: bool, copy: int = 0):
     """{op: (torch fn, {variant: fn}, inputs maker)} at T tokens."""
     from simtree.kernels.layers import fused_mhc as F
-    from simtree.kernels.layers.mhc import hc_post
+    from simtree.kernels.layers import reference as ref
+    from simtree.kernels.layers.mhc import hc_post, mix as mix_torch
     from simtree.kernels.v4.compressor import random_compressor
     from simtree.kernels.v4.verify import project_stacked
     g = torch.Generator(device=device).manual_seed(T * 1000 + copy)
@@ -71,12 +66,12 @@ def cases(T: int, device: str, h: int, smoke: bool, copy: int = 0):
                 [(bt, bk, pr, "tf32x3", w) for bt, bk, pr, w in itertools.product((16, 64), (64, 128), (132, 264, 528),
                                                                                   (4, 8))]
                 + [(16, 64, 256, "ieee", 4)])
-    mix = {f"bt{bt}_bk{bk}_p{pr}_{prec}_w{w}": (lambda bt=bt, bk=bk, pr=pr, prec=prec, w=w: _reduce(
-        F.hc_mix_partials(x, fn, bt, bk, pr, prec, w), HC * h)) for bt, bk, pr, prec, w in grid_mix}
+    mix = {f"bt{bt}_bk{bk}_p{pr}_{prec}_w{w}": (lambda bt=bt, bk=bk, pr=pr, prec=prec, w=w: ref.hc_mix_reduce(
+        F.hc_mix_partials(x, fn, bt, bk, pr, prec, w), HC * h, 1e-6)) for bt, bk, pr, prec, w in grid_mix}
     blocks = ((512, 4),) if smoke else tuple(itertools.product((256, 512, 1024, 2048), (2, 4, 8)))
     coll = {f"b{b}_w{w}": (lambda b=b, w=w: F.hc_collapse(x, pre, b, w)) for b, w in blocks}
     merge = {f"b{b}_w{w}": (lambda b=b, w=w: F.hc_merge(x, out, post, comb, b, w)) for b, w in blocks}
-    ops = {"mix": (lambda: _mix_torch(x, fn, 1e-6), mix),
+    ops = {"mix": (lambda: mix_torch(x, fn, 1e-6), mix),
            "collapse": (lambda: (pre.unsqueeze(-1) * x).sum(1).to(dt), coll),
            "merge": (lambda: hc_post(x, out, post, comb), merge)}
     for kind, comps in (("csa", ((512, 4), (128, 4))), ("hca", ((512, 128),))):
@@ -96,12 +91,6 @@ def cases(T: int, device: str, h: int, smoke: bool, copy: int = 0):
             {"bf16_out32": lambda ps16=ps16, xin=xin, pos=pos: torch.cat(
                 [project_stacked(p, xin, pos % p.ratio).flatten() for p in ps16])})
     return ops
-
-
-def _reduce(p, dim):
-    """The mix from its partials (fused_mhc's fixed-order split sum and RMS scale, in torch)."""
-    s = p.sum(0)
-    return s[:, :-1] * torch.rsqrt(s[:, -1:] / dim + 1e-6)
 
 
 def main(argv=None) -> int:
