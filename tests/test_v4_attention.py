@@ -70,3 +70,31 @@ def test_prefetching_the_next_rows_changes_nothing(num_splits):
     out = sparse_attention_launched(q, idx, srcs, sink, 0.2, num_splits=num_splits, prefetch=True)
     ref = sparse_attention_torch(q.double(), idx, [s.double() for s in srcs], sink.double(), 0.2)
     torch.testing.assert_close(out.double(), ref, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("num_splits,block_k,block_h,stages", [(1, 16, 16, 2), (3, 16, 16, 1), (2, 32, 32, 3)])
+def test_swapped_products_match_torch(num_splits, block_k, block_h, stages):
+    """The rows-as-M form (s^T = K q^T, acc^T += K^T p^T, kept transposed) == the reference,
+    split or not, with a block of no live row and a split with none."""
+    q, idx, srcs, sink = _case(8, 3, 20, 48, (40, 6, 30, 5), 96, torch.float32)
+    idx[1, 16:48] = -1
+    idx[2, :64] = -1
+    out = sparse_attention_launched(q, idx, srcs, sink, 0.2, block_k=block_k, block_h=block_h,
+                                    num_splits=num_splits, swap=True, stages=stages)
+    ref = sparse_attention_torch(q.double(), idx, [s.double() for s in srcs], sink.double(), 0.2)
+    torch.testing.assert_close(out.double(), ref, rtol=1e-5, atol=1e-5)
+
+
+def test_split_rules(monkeypatch):
+    """waves2 fills two waves of the GPU; wave1 one, and no split once the unsplit grid has as
+    many programs as the GPU has SMs (what the H100's attention launches measured best)."""
+    from types import SimpleNamespace
+
+    from simtree.kernels.v4 import attention
+    monkeypatch.setattr(attention.torch.cuda, "get_device_properties", lambda dev: SimpleNamespace(multi_processor_count=132))
+    cuda = SimpleNamespace(type="cuda")
+    # (tokens, head blocks): batch 1 n 4, batch 4 n 4, batch 4 n 16, batch 16 n 16 at 64 heads, 32 a program
+    got = {N: (attention._num_splits(N, 2, 640, 32, cuda, "waves2"), attention._num_splits(N, 2, 640, 32, cuda, "wave1"))
+           for N in (4, 16, 64, 256)}
+    assert got == {4: (20, 16), 16: (9, 4), 64: (3, 1), 256: (1, 1)}
+    assert attention._num_splits(4, 2, 640, 32, SimpleNamespace(type="cpu"), "wave1") == 1

@@ -62,11 +62,15 @@ def _hc_mix_kernel(X, FN, P, s_x, T, K, CHUNK, N: tl.constexpr, NB: tl.constexpr
     tl.store(out + N, ss, mask=mr)
 
 
-def hc_mix_partials(x: torch.Tensor, fn: torch.Tensor, bt: int = _MIX_BT, bk: int = _MIX_BK,
-                    programs: int = _MIX_PROGRAMS, precision: str = _MIX_PRECISION, num_warps: int = 4) -> torch.Tensor:
+def hc_mix_partials(x: torch.Tensor, fn: torch.Tensor) -> torch.Tensor:
     """x [T, hc, h] (rows of unit column stride), fn [n, hc h] fp32 -> partials [S, T, n + 1] fp32
-    (reference.hc_mix_partials, K split S ways); the launch's row block, K step, programs aimed
-    at, products' precision and warps are arguments (profiler/bench/v4_launch.py times them)."""
+    (reference.hc_mix_partials, K split S ways)."""
+    return _hc_mix_partials(x, fn, _MIX_BT, _MIX_BK, _MIX_PROGRAMS, _MIX_PRECISION, 4)
+
+
+def _hc_mix_partials(x, fn, bt: int, bk: int, programs: int, precision: str, num_warps: int) -> torch.Tensor:
+    """:func:`hc_mix_partials` under a launch: row block, K step, programs aimed at, products'
+    precision, warps (``_launched.hc_mix_partials_launched``: profiler/bench/v4_launch.py times them)."""
     T = x.shape[0]
     flat = x.reshape(T, x.shape[1] * x.shape[2])
     if flat.stride(-1) != 1:
@@ -242,9 +246,14 @@ def _collapse(x, pre, base, scale, eps, s_pre, s_p, S, norm_eps, head: bool, blo
     return out
 
 
-def hc_collapse(x: torch.Tensor, pre: torch.Tensor, block: int | None = None, num_warps: int = 4) -> torch.Tensor:
+def hc_collapse(x: torch.Tensor, pre: torch.Tensor) -> torch.Tensor:
     """x [T, hc, h] (unit channel stride), pre [T, hc] -> sum_j pre_j x_j [T, h] in x's dtype
-    (fp32 sums; reads x once); ``block``: channels a program (default min(512, h))."""
+    (fp32 sums; reads x once)."""
+    return _hc_collapse(x, pre, None, 4)
+
+
+def _hc_collapse(x, pre, block: int | None, num_warps: int) -> torch.Tensor:
+    """:func:`hc_collapse` under a launch: ``block`` channels a program (None: min(512, h)), warps."""
     pre = pre.float().contiguous()
     return _collapse(x, pre, pre, pre, 0.0, x.shape[1], 0, 1, 0.0, False, block, num_warps)
 
@@ -276,10 +285,14 @@ def _hc_merge_kernel(X, O, POST, COMB, OUT, s_xt, s_xj, s_o, h, HC: tl.constexpr
         tl.store(OUT + (t * HC + k) * h + c, y.to(OUT.dtype.element_ty), mask=mc)
 
 
-def hc_merge(x: torch.Tensor, out: torch.Tensor, post: torch.Tensor, comb: torch.Tensor, block: int | None = None,
-             num_warps: int = 4) -> torch.Tensor:
+def hc_merge(x: torch.Tensor, out: torch.Tensor, post: torch.Tensor, comb: torch.Tensor) -> torch.Tensor:
     """x [T, hc, h], out [T, h] (unit channel strides), post [T, hc], comb [T, hc, hc] -> new x
     [T, hc, h] contiguous in x's dtype (fp32 sums, one rounding; reads x once)."""
+    return _hc_merge(x, out, post, comb, None, 4)
+
+
+def _hc_merge(x, out, post, comb, block: int | None, num_warps: int) -> torch.Tensor:
+    """:func:`hc_merge` under a launch: ``block`` channels a program (None: the rule), warps."""
     x, out = _unit(x), _unit(out)
     T, hc, h = x.shape
     if out.shape != (T, h) or post.shape != (T, hc) or comb.shape != (T, hc, hc):

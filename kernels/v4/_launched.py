@@ -19,7 +19,11 @@ def tree_verify_fused(cache, w, inp, plan, fusions: tuple, attention: str = "tri
 
 
 def sparse_attention_launched(q, idx, sources, sink, scale: float, block_k: int = 32, block_h: int | None = None,
-                              num_warps: int = 8, num_splits: int | None = None, prefetch: bool = False):
+                              num_warps: int = 8, num_splits: int | None = None, prefetch: bool = False,
+                              swap: bool = False, stages: int = 2, split_rule: str = "waves2"):
     """``attention.sparse_attention`` under the launch (block_k, block_h, num_warps, num_splits)
-    and with ``prefetch``: the next block of rows gathered before this block's products."""
-    return _sparse_attention(q, idx, sources, sink, scale, block_k, block_h, num_warps, num_splits, prefetch)
+    and with ``prefetch`` (the next block of rows gathered before this block's products),
+    ``swap`` (the products with the rows as their M side, the row loop pipelined over
+    ``stages`` blocks) and ``split_rule`` ("waves2", "wave1": the splits when num_splits is None)."""
+    return _sparse_attention(q, idx, sources, sink, scale, block_k, block_h, num_warps, num_splits, prefetch,
+                             swap, stages, split_rule)

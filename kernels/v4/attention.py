@@ -91,6 +91,26 @@ def _attend(q, kk, valid, m_i, l_i, acc, scale, DOT_T: tl.constexpr, IEEE: tl.co
 
 
 @triton.jit
+def _softmax_start(SINK, offs_h, mh, SPLIT: tl.constexpr, BLOCK_H: tl.constexpr):
+    """(m, l) before the first row: a split's partial softmax starts empty (the merge kernel adds
+    the sink); unsplit, it starts from the sink (m = sink, l = 1)."""
+    if SPLIT:
+        m_i = tl.full([BLOCK_H], -1e30, tl.float32)
+        l_i = tl.zeros([BLOCK_H], tl.float32)
+    else:
+        m_i = tl.load(SINK + offs_h, mask=mh, other=0.0).to(tl.float32)
+        l_i = tl.full([BLOCK_H], 1.0, tl.float32)
+    return m_i, l_i
+
+
+@triton.jit
+def _store_lse(LSE, n, sp, H, offs_h, mh, m_i, l_i):
+    """A split's log-sum-exp per head (-inf where it saw no live row)."""
+    lse = tl.where(l_i > 0, m_i + tl.log(tl.maximum(l_i, 1e-30)), float("-inf"))
+    tl.store(LSE + (n * tl.num_programs(1) + sp) * H + offs_h, lse, mask=mh)
+
+
+@triton.jit
 def _sparse_attn_kernel(Q, IDX, S0, S1, S2, S3, SINK, OUT, LSE, B1, B2, B3, K, H, scale, chunk,
                         stride_qn, stride_qh, stride_in, stride_on, stride_os, stride_oh,
                         D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_H: tl.constexpr,
@@ -105,12 +125,7 @@ def _sparse_attn_kernel(Q, IDX, S0, S1, S2, S3, SINK, OUT, LSE, B1, B2, B3, K, H
     md = offs_d < D
     q = tl.load(Q + n * stride_qn + offs_h[:, None] * stride_qh + offs_d[None, :],
                 mask=mh[:, None] & md[None, :], other=0.0).to(DOT_T)
-    if SPLIT:  # partial softmax of this split; the merge kernel adds the sink
-        m_i = tl.full([BLOCK_H], -1e30, tl.float32)
-        l_i = tl.zeros([BLOCK_H], tl.float32)
-    else:
-        m_i = tl.load(SINK + offs_h, mask=mh, other=0.0).to(tl.float32)
-        l_i = tl.full([BLOCK_H], 1.0, tl.float32)
+    m_i, l_i = _softmax_start(SINK, offs_h, mh, SPLIT, BLOCK_H)
     acc = tl.zeros([BLOCK_H, BLOCK_D], tl.float32)
     col = offs_d[None, :]
     k_lo = sp * chunk
@@ -130,8 +145,61 @@ def _sparse_attn_kernel(Q, IDX, S0, S1, S2, S3, SINK, OUT, LSE, B1, B2, B3, K, H
     optr = OUT + n * stride_on + sp * stride_os + offs_h[:, None] * stride_oh + offs_d[None, :]
     tl.store(optr, out.to(OUT.dtype.element_ty), mask=mh[:, None] & md[None, :])
     if SPLIT:
-        lse = tl.where(l_i > 0, m_i + tl.log(tl.maximum(l_i, 1e-30)), float("-inf"))
-        tl.store(LSE + (n * tl.num_programs(1) + sp) * H + offs_h, lse, mask=mh)
+        _store_lse(LSE, n, sp, H, offs_h, mh, m_i, l_i)
+
+
+@triton.jit
+def _attend_t(qt, kk, valid, m_i, l_i, acc, scale, DOT_T: tl.constexpr, IEEE: tl.constexpr):
+    """:func:`_attend` with the products swapped (rows as the M side: s^T = K q^T [BLOCK_K,
+    heads], acc^T += K^T p^T [D, heads]), so that both products have an M of >= 64 (the
+    Hopper tensor cores' warpgroup tile) where a block of heads alone is 16 or 32."""
+    if IEEE:
+        s = tl.dot(kk, qt, input_precision="ieee") * scale
+    else:
+        s = tl.dot(kk, qt) * scale
+    s = tl.where(valid[:, None], s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, 0))
+    alpha = tl.exp(m_i - m_new)
+    p = tl.exp(s - m_new[None, :])
+    l_i = l_i * alpha + tl.sum(p, 0)
+    if IEEE:
+        acc = acc * alpha[None, :] + tl.dot(tl.trans(kk), p.to(DOT_T), input_precision="ieee")
+    else:
+        acc = acc * alpha[None, :] + tl.dot(tl.trans(kk), p.to(DOT_T))
+    return m_new, l_i, acc
+
+
+@triton.jit
+def _sparse_attn_t_kernel(Q, IDX, S0, S1, S2, S3, SINK, OUT, LSE, B1, B2, B3, K, H, scale, chunk,
+                          stride_qn, stride_qh, stride_in, stride_on, stride_os, stride_oh,
+                          D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_H: tl.constexpr,
+                          BLOCK_K: tl.constexpr, DOT_T: tl.constexpr, IEEE: tl.constexpr,
+                          SPLIT: tl.constexpr, STAGES: tl.constexpr):
+    """:func:`_sparse_attn_kernel` on the swapped products (:func:`_attend_t`): the state is
+    kept transposed ([D, heads]) and stored back as [heads, D]; the row loop is software
+    pipelined over STAGES blocks."""
+    n = tl.program_id(0).to(tl.int64)
+    sp = tl.program_id(1)
+    hb = tl.program_id(2)
+    offs_h = hb * BLOCK_H + tl.arange(0, BLOCK_H)
+    offs_d = tl.arange(0, BLOCK_D)
+    mh = offs_h < H
+    md = offs_d < D
+    qt = tl.load(Q + n * stride_qn + offs_h[None, :] * stride_qh + offs_d[:, None],
+                 mask=mh[None, :] & md[:, None], other=0.0).to(DOT_T)
+    m_i, l_i = _softmax_start(SINK, offs_h, mh, SPLIT, BLOCK_H)
+    acc = tl.zeros([BLOCK_D, BLOCK_H], tl.float32)
+    col = offs_d[None, :]
+    k_lo = sp * chunk
+    k_hi = tl.minimum(k_lo + chunk, K)
+    for k0 in tl.range(k_lo, k_hi, BLOCK_K, num_stages=STAGES):
+        kk, valid = _gather(IDX, n, stride_in, k0, k_hi, S0, S1, S2, S3, B1, B2, B3, col, md, D, BLOCK_K, DOT_T)
+        m_i, l_i, acc = _attend_t(qt, kk, valid, m_i, l_i, acc, scale, DOT_T, IEEE)
+    out = acc / tl.maximum(l_i, 1e-30)[None, :]
+    optr = OUT + n * stride_on + sp * stride_os + offs_h[None, :] * stride_oh + offs_d[:, None]
+    tl.store(optr, out.to(OUT.dtype.element_ty), mask=mh[None, :] & md[:, None])
+    if SPLIT:
+        _store_lse(LSE, n, sp, H, offs_h, mh, m_i, l_i)
 
 
 @triton.jit
@@ -165,12 +233,14 @@ def _interpreting() -> bool:
     return interpreting()
 
 
-def _num_splits(N: int, head_blocks: int, K: int, block_k: int, device) -> int:
-    """Split the index list until the grid covers ~2 waves of the GPU (>= one block each)."""
+def _num_splits(N: int, head_blocks: int, K: int, block_k: int, device, rule: str = "waves2") -> int:
+    """Splits of the index list: "waves2" until the grid covers ~2 waves of the GPU (>= one
+    block each); "wave1" as many as one wave holds (none once the unsplit grid has as many
+    programs as the GPU has SMs)."""
     if device.type != "cuda" or N == 0:
         return 1
     sms = torch.cuda.get_device_properties(device).multi_processor_count
-    want = -(-2 * sms // (N * head_blocks))
+    want = -(-2 * sms // (N * head_blocks)) if rule == "waves2" else sms // (N * head_blocks)
     return max(1, min(want, triton.cdiv(max(K, 1), block_k)))
 
 
@@ -185,11 +255,14 @@ def sparse_attention(q: torch.Tensor, idx: torch.Tensor, sources: Sequence[torch
 
 
 def _sparse_attention(q, idx, sources, sink, scale: float, block_k: int, block_h: int | None, num_warps: int,
-                      num_splits: int | None, prefetch: bool) -> torch.Tensor:
+                      num_splits: int | None, prefetch: bool, swap: bool = False, stages: int = 2,
+                      split_rule: str = "waves2") -> torch.Tensor:
     """:func:`sparse_attention` with the launch switches the benchmark times
     (``_launched.sparse_attention_launched``): prefetch gathers the next block of rows before
     this block's products (one more row tile in registers, its loads in flight while the
-    tensor cores run)."""
+    tensor cores run); swap runs the products with the rows as their M side
+    (:func:`_sparse_attn_t_kernel`, the row loop pipelined over ``stages`` blocks);
+    split_rule picks the splits when num_splits is None (:func:`_num_splits`)."""
     N, H, D = q.shape
     if len(sources) > 4 or not sources:
         raise ValueError(f"sparse_attention takes 1 to 4 sources, got {len(sources)}")
@@ -217,22 +290,24 @@ def _sparse_attention(q, idx, sources, sink, scale: float, block_k: int, block_h
     block_h = block_h or (16 if interp or H <= 16 else 32)
     block_d = triton.next_power_of_2(max(D, 16))
     hblocks = triton.cdiv(H, block_h)
-    nsplit = num_splits or _num_splits(N, hblocks, K, block_k, q.device)
+    nsplit = num_splits or _num_splits(N, hblocks, K, block_k, q.device, split_rule)
     nsplit = max(1, min(nsplit, triton.cdiv(max(K, 1), block_k)))
     chunk = triton.cdiv(triton.cdiv(max(K, 1), nsplit), block_k) * block_k
     nsplit = triton.cdiv(max(K, 1), chunk)
     sink32 = sink.float().contiguous()
     common = dict(D=D, BLOCK_D=block_d, BLOCK_H=block_h, BLOCK_K=block_k, DOT_T=dot_t,
-                  IEEE=dot_t == tl.float32, PREFETCH=bool(prefetch), num_warps=num_warps)
+                  IEEE=dot_t == tl.float32, num_warps=num_warps)
+    kernel = _sparse_attn_t_kernel if swap else _sparse_attn_kernel
+    common.update(STAGES=int(stages)) if swap else common.update(PREFETCH=bool(prefetch))
     if nsplit == 1:
-        _sparse_attn_kernel[(N, 1, hblocks)](
+        kernel[(N, 1, hblocks)](
             q, idx, srcs[0], srcs[1], srcs[2], srcs[3], sink32, out, sink32, bounds[1], bounds[2],
             bounds[3], K, H, scale, chunk, q.stride(0), q.stride(1), idx.stride(0), out.stride(0), 0,
             out.stride(1), SPLIT=False, **common)
         return out
     part = torch.empty(N, nsplit, H, D, dtype=torch.float32, device=q.device)
     lse = torch.empty(N, nsplit, H, dtype=torch.float32, device=q.device)
-    _sparse_attn_kernel[(N, nsplit, hblocks)](
+    kernel[(N, nsplit, hblocks)](
         q, idx, srcs[0], srcs[1], srcs[2], srcs[3], sink32, part, lse, bounds[1], bounds[2], bounds[3],
         K, H, scale, chunk, q.stride(0), q.stride(1), idx.stride(0), part.stride(0), part.stride(1),
         part.stride(2), SPLIT=True, **common)

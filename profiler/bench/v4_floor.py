@@ -70,22 +70,20 @@ def sweep_points(kinds, batches, ns, contexts) -> list[tuple]:
 
 
 def _attention_launches(L, inp, cache, rm, device) -> dict:
-    """{("attn_bk{k}_bh{h}_w{w}_s{splits}_p{prefetch}", "current", "random"): times} of
-    sparse_attention alone on the round's lists, per launch of ATTN_LAUNCHES (a launch that
-    fails to compile is skipped)."""
+    """{("attn_" + name, "current", "random"): times} of sparse_attention alone on the round's
+    lists, per launch of ATTN_LAUNCHES (v4_variants: names and switches; a launch that fails
+    to compile is skipped)."""
     from simtree.kernels.v4._launched import sparse_attention_launched
     from simtree.kernels.v4.verify import attention_lists
     idx, sources, _ = attention_lists(cache, L.lw, inp, rm.plans[L.kind])
     out = {}
-    for bk, bh, w, sp, pf in ATTN_LAUNCHES:
+    for name, kw in ATTN_LAUNCHES.items():
         try:
-            out[(f"attn_bk{bk}_bh{bh}_w{w}_s{sp}_p{pf}", "current", "random")] = timed(
-                [lambda: sparse_attention_launched(inp.q, idx, sources, L.lw.sink, L.cfg.scale, block_k=bk,
-                                                   block_h=bh, num_warps=w, num_splits=sp or None,
-                                                   prefetch=bool(pf))], device, "current")
+            out[("attn_" + name, "current", "random")] = timed(
+                [lambda kw=kw: sparse_attention_launched(inp.q, idx, sources, L.lw.sink, L.cfg.scale, **kw)],
+                device, "current")
         except Exception as exc:  # noqa: BLE001 - a launch the GPU refuses (registers, shared memory)
-            log(f"attention launch bk={bk} bh={bh} w={w} splits={sp} prefetch={pf}: {type(exc).__name__}: "
-                f"{str(exc)[:200]}")
+            log(f"attention launch {name}: {type(exc).__name__}: {str(exc)[:200]}")
     return out
 
 

@@ -48,7 +48,7 @@ def _err(got, want) -> float:
 
 def cases(T: int, device: str, h: int, smoke: bool, copy: int = 0):
     """{op: (torch fn, {variant: fn}, inputs maker)} at T tokens."""
-    from simtree.kernels.layers import fused_mhc as F
+    from simtree.kernels.layers import _launched as F
     from simtree.kernels.layers import reference as ref
     from simtree.kernels.layers.mhc import hc_post, mix as mix_torch
     from simtree.kernels.v4.compressor import random_compressor
@@ -67,10 +67,10 @@ def cases(T: int, device: str, h: int, smoke: bool, copy: int = 0):
                                                                                   (4, 8))]
                 + [(16, 64, 256, "ieee", 4)])
     mix = {f"bt{bt}_bk{bk}_p{pr}_{prec}_w{w}": (lambda bt=bt, bk=bk, pr=pr, prec=prec, w=w: ref.hc_mix_reduce(
-        F.hc_mix_partials(x, fn, bt, bk, pr, prec, w), HC * h, 1e-6)) for bt, bk, pr, prec, w in grid_mix}
+        F.hc_mix_partials_launched(x, fn, bt, bk, pr, prec, w), HC * h, 1e-6)) for bt, bk, pr, prec, w in grid_mix}
     blocks = ((512, 4),) if smoke else tuple(itertools.product((256, 512, 1024, 2048), (2, 4, 8)))
-    coll = {f"b{b}_w{w}": (lambda b=b, w=w: F.hc_collapse(x, pre, b, w)) for b, w in blocks}
-    merge = {f"b{b}_w{w}": (lambda b=b, w=w: F.hc_merge(x, out, post, comb, b, w)) for b, w in blocks}
+    coll = {f"b{b}_w{w}": (lambda b=b, w=w: F.hc_collapse_launched(x, pre, b, w)) for b, w in blocks}
+    merge = {f"b{b}_w{w}": (lambda b=b, w=w: F.hc_merge_launched(x, out, post, comb, b, w)) for b, w in blocks}
     ops = {"mix": (lambda: mix_torch(x, fn, 1e-6), mix),
            "collapse": (lambda: (pre.unsqueeze(-1) * x).sum(1).to(dt), coll),
            "merge": (lambda: hc_post(x, out, post, comb), merge)}
