@@ -14,8 +14,9 @@ from simtree.kernels.v4.steps import make_tree
 from simtree.trees.tree import TreeBatch
 
 
+@pytest.mark.parametrize("split,channels", [(False, 0), (True, 8), (True, 64)])   # 64: one block, part-filled
 @pytest.mark.parametrize("kind,hca_ratio", [("csa", 8), ("hca", 8), ("hca", 20)])   # 20: slots in blocks 8, 8, 4
-def test_fused_pool_matches_pool_window(kind, hca_ratio):
+def test_fused_pool_matches_pool_window(kind, hca_ratio, split, channels):
     cfg = V4AttnConfig.tiny(hca_ratio=hca_ratio)
     w = random_layer_weights(cfg, kind, 3, torch.float32)
     p = w.comp
@@ -27,7 +28,8 @@ def test_fused_pool_matches_pool_window(kind, hca_ratio):
     entry = torch.randint(0, 50, (M,), generator=g)
     half = p.rope_dim // 2
     ang = (entry.double() * p.ratio)[:, None] * p.theta ** (-torch.arange(half, dtype=torch.float64) * 2 / p.rope_dim)
-    got = pool_windows(p, buf_kv, buf_s, proj, src, ang.cos().float(), ang.sin().float())
+    got = pool_windows(p, buf_kv, buf_s, proj, src, ang.cos().float(), ang.sin().float(), split=split,
+                       **({"channels": channels} if split else {}))
     kv = torch.cat([buf_kv.reshape(-1, C), proj[0]])[src.clamp(min=0)].masked_fill((src < 0)[..., None], 0.0)
     sc = torch.cat([buf_s.reshape(-1, C), proj[1]])[src.clamp(min=0)].masked_fill((src < 0)[..., None], float("-inf"))
     ref = pool_window(p.to(dtype=torch.float64), kv.double(), sc.double(), entry)

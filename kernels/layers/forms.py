@@ -52,12 +52,16 @@ _CHOICES = {"fused": ("auto", "torch"), "tree_attention": ("auto", "triton", "to
 _CHOICES.update(gdn_commit=("standalone", "deferred"))
 
 # ---- V4 layer verify fusions ----------------------------------------------------------------
-_CHOICES.update(v4_topk=("auto", "fused", "sort"), v4_hc=("auto", "fused", "torch"), v4_comp=("auto", "fp32", "model"))
+_CHOICES.update(v4_topk=("auto", "fused", "sort"), v4_hc=("auto", "fused", "torch"), v4_comp=("auto", "fp32", "model"),
+                v4_pool=("auto", "split", "whole"))
 # what "auto" runs: the unfused forms until the GPU has measured the fused ones
 # (profiler/bench/v4_floor.py's summary names the faster v4_topk, docs/math/v4_compression.md;
 # v4_breakdown.py --forms torch,fused times the block's pre / post under each v4_hc)
-V4_AUTO = {"v4_topk": "sort", "v4_hc": "torch", "v4_comp": DEFAULT_COMP_PROJ}
-_V4_FUSION = {"v4_topk": "topk"}   # form -> tree_verify's fusion name
+V4_AUTO = {"v4_topk": "sort", "v4_hc": "torch", "v4_comp": DEFAULT_COMP_PROJ, "v4_pool": "whole"}
+# form -> (its value that runs a fused launch, tree_verify's name of that launch): v4_pool "split"
+# pools a compressor's completing windows in two launches over (window, channels) programs
+# (kernels/v4/_pool_kernel.py) where "whole" runs one program per window
+_V4_FUSION = {"v4_topk": ("fused", "topk"), "v4_pool": ("split", "pool_split")}
 
 
 @dataclass(frozen=True)
@@ -69,6 +73,7 @@ class LayerForms:
     v4_topk: str = "auto"
     v4_hc: str = "auto"
     v4_comp: str = "auto"
+    v4_pool: str = "auto"
 
     def __post_init__(self):
         for name, allowed in _CHOICES.items():
@@ -86,7 +91,8 @@ def current() -> LayerForms:
 
 
 def set_forms(**changes: str) -> LayerForms:
-    """Set forms (``fused``, ``tree_attention``, ``fp8_gemm``, ``gdn_commit``, ``v4_topk``, ``v4_hc``, ``v4_comp``)
+    """Set forms (``fused``, ``tree_attention``, ``fp8_gemm``, ``gdn_commit``, ``v4_topk``, ``v4_hc``, ``v4_comp``,
+    ``v4_pool``)
     from here on; returns the ones replaced."""
     global _current
     old, _current = _current, replace(_current, **changes)
@@ -112,7 +118,7 @@ def v4_form(name: str, f: LayerForms | None = None) -> str:
 
 def v4_fusions(f: LayerForms | None = None) -> tuple[str, ...]:
     """The fused launches a V4 layer's tree verify runs under forms ``f`` (default: now)."""
-    return tuple(fusion for form, fusion in _V4_FUSION.items() if v4_form(form, f) == "fused")
+    return tuple(fusion for form, (value, fusion) in _V4_FUSION.items() if v4_form(form, f) == value)
 
 
 set_comp_proj_storage(v4_form("v4_comp"))

@@ -23,7 +23,9 @@ import triton.language as tl
 
 from .compressor import CompressorParams
 
-__all__ = ["pool_windows"]
+__all__ = ["pool_windows", "SPLIT_CHANNELS"]
+
+SPLIT_CHANNELS = 64     # channels a program of the split form (pool_windows(split=True))
 
 
 @triton.jit
@@ -84,6 +86,13 @@ def _pool_kernel(BUF_KV, BUF_S, PKV, PS, SRC, COS, SIN, NORM, OUT, BS, C, S, R, 
     x0 = tl.where(mn, a0 / tl.maximum(l0, 1e-30), 0.0)
     x1 = tl.where(mr, a1 / tl.maximum(l1, 1e-30), 0.0)
     x2 = tl.where(mr, a2 / tl.maximum(l2, 1e-30), 0.0)
+    _norm_rope_store(x0, x1, x2, m_id, on, orr, mn, mr, COS, SIN, NORM, OUT, eps, DIM, NOPE, HALF)
+
+
+@triton.jit
+def _norm_rope_store(x0, x1, x2, m_id, on, orr, mn, mr, COS, SIN, NORM, OUT, eps, DIM: tl.constexpr,
+                     NOPE: tl.constexpr, HALF: tl.constexpr):
+    """A pooled entry (NoPE | first rope half | second rope half, fp32) -> RMSNorm, RoPE, stored."""
     ms = (tl.sum(x0 * x0, 0) + tl.sum(x1 * x1, 0) + tl.sum(x2 * x2, 0)) / DIM
     rinv = 1.0 / tl.sqrt(ms + eps)
     x0 = x0 * rinv * tl.load(NORM + on, mask=mn, other=0.0).to(tl.float32)
@@ -97,20 +106,71 @@ def _pool_kernel(BUF_KV, BUF_S, PKV, PS, SRC, COS, SIN, NORM, OUT, BS, C, S, R, 
     tl.store(OUT + m_id * DIM + NOPE + HALF + orr, (x1 * sin + x2 * cos).to(ot), mask=mr)
 
 
+@triton.jit
+def _pool_part_kernel(BUF_KV, BUF_S, PKV, PS, SRC, X, BS, C, S, R, DIM: tl.constexpr, CB: tl.constexpr,
+                      OVERLAP: tl.constexpr, SB: tl.constexpr):
+    """The split form's first launch: window (program 0) x CB channels (program 1), the online
+    softmax over every slot of those channels -> the pooled channels, unnormalised, into X [M, DIM]."""
+    m_id = tl.program_id(0).to(tl.int64)
+    c = tl.program_id(1) * CB + tl.arange(0, CB)
+    mc = c < DIM
+    m = tl.full([CB], -1e30, tl.float32)
+    l = tl.zeros([CB], tl.float32)
+    a = tl.zeros([CB], tl.float32)
+    osb = tl.arange(0, SB)
+    for s0 in range(0, S, SB):
+        slot = s0 + osb
+        src = tl.load(SRC + m_id * S + slot, mask=slot < S, other=-1).to(tl.int64)[:, None]
+        base = tl.zeros([SB], tl.int32)
+        if OVERLAP:
+            base = tl.where(slot >= R, DIM, 0)
+        kv, sc = _load_slot(BUF_KV, BUF_S, PKV, PS, src, BS, C, base[:, None] + c[None, :], mc[None, :])
+        m, l, a = _online(m, l, a, kv, sc)
+    tl.store(X + m_id * DIM + c, a / tl.maximum(l, 1e-30), mask=mc)
+
+
+@triton.jit
+def _pool_finish_kernel(X, COS, SIN, NORM, OUT, eps, DIM: tl.constexpr, NOPE: tl.constexpr, HALF: tl.constexpr,
+                        BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr):
+    """The split form's second launch: a program per window, RMSNorm and RoPE of its pooled row."""
+    m_id = tl.program_id(0).to(tl.int64)
+    on = tl.arange(0, BLOCK_N)
+    orr = tl.arange(0, BLOCK_R)
+    mn = on < NOPE
+    mr = orr < HALF
+    x0 = tl.load(X + m_id * DIM + on, mask=mn, other=0.0)
+    x1 = tl.load(X + m_id * DIM + NOPE + orr, mask=mr, other=0.0)
+    x2 = tl.load(X + m_id * DIM + NOPE + HALF + orr, mask=mr, other=0.0)
+    _norm_rope_store(x0, x1, x2, m_id, on, orr, mn, mr, COS, SIN, NORM, OUT, eps, DIM, NOPE, HALF)
+
+
 def pool_windows(p: CompressorParams, buf_kv: torch.Tensor, buf_score: torch.Tensor,
                  proj: tuple[torch.Tensor, torch.Tensor], src: torch.Tensor, cos: torch.Tensor,
-                 sin: torch.Tensor, out_dtype=torch.float32) -> torch.Tensor:
+                 sin: torch.Tensor, out_dtype=torch.float32, split: bool = False,
+                 channels: int = SPLIT_CHANNELS) -> torch.Tensor:
     """buf_kv, buf_score [B, S, C]; proj (kv, score) [N, C]; src [M, S] -> entries [M, dim]
-    (computed in fp32, stored as out_dtype: the pool's dtype saves the cast launch)."""
+    (computed in fp32, stored as out_dtype: the pool's dtype saves the cast launch).
+
+    ``split`` (the fusion "pool_split", kernels/v4/verify.py): two launches, the first a
+    program per (window, ``channels`` channels) over every slot, the second the norm and RoPE
+    per window; one program per window reads a C128 window's 128 slots x 512 channels alone."""
     M, S = src.shape
     out = torch.empty(M, p.dim, dtype=out_dtype, device=src.device)
     if M == 0:
         return out
     C = buf_kv.shape[-1]
     nope, half = p.dim - p.rope_dim, p.rope_dim // 2
-    _pool_kernel[(M,)](buf_kv.contiguous(), buf_score.contiguous(), proj[0].contiguous(), proj[1].contiguous(),
-                       src.contiguous(), cos.contiguous(), sin.contiguous(), p.norm.contiguous(), out,
+    args = (buf_kv.contiguous(), buf_score.contiguous(), proj[0].contiguous(), proj[1].contiguous(), src.contiguous())
+    blocks = dict(BLOCK_N=triton.next_power_of_2(max(nope, 1)), BLOCK_R=triton.next_power_of_2(half))
+    sb = 16 if S >= 64 else 8
+    if split:
+        x = torch.empty(M, p.dim, dtype=torch.float32, device=src.device)
+        _pool_part_kernel[(M, triton.cdiv(p.dim, channels))](*args, x, buf_kv.shape[0] * S, C, S, p.ratio, DIM=p.dim,
+                                                              CB=channels, OVERLAP=p.overlap, SB=sb, num_warps=2)
+        _pool_finish_kernel[(M,)](x, cos.contiguous(), sin.contiguous(), p.norm.contiguous(), out, p.eps, DIM=p.dim,
+                                  NOPE=nope, HALF=half, num_warps=4, **blocks)
+        return out
+    _pool_kernel[(M,)](*args, cos.contiguous(), sin.contiguous(), p.norm.contiguous(), out,
                        buf_kv.shape[0] * S, C, S, p.ratio, p.eps, DIM=p.dim, NOPE=nope, HALF=half,
-                       BLOCK_N=triton.next_power_of_2(max(nope, 1)), BLOCK_R=triton.next_power_of_2(half),
-                       OVERLAP=p.overlap, SB=16 if S >= 64 else 8, num_warps=8)
+                       OVERLAP=p.overlap, SB=sb, num_warps=8, **blocks)
     return out
