@@ -41,6 +41,17 @@ def _load_slot(BUF_KV, BUF_S, PKV, PS, src, BS, C, ch, cm):
 
 
 @triton.jit
+def _slots(SRC, m_id, S, slot, R, DIM, OVERLAP: tl.constexpr, SB: tl.constexpr):
+    """Window m_id's slots ``slot`` [SB] -> (source rows, first channel) [SB, 1]: slot s of an
+    overlapping (C4) compressor reads channels [DIM, 2 DIM) from s >= R on."""
+    src = tl.load(SRC + m_id * S + slot, mask=slot < S, other=-1).to(tl.int64)[:, None]
+    base = tl.zeros([SB], tl.int32)
+    if OVERLAP:
+        base = tl.where(slot >= R, DIM, 0)
+    return src, base[:, None]
+
+
+@triton.jit
 def _online(m, l, acc, kv, s):
     """Fold a block of slots (kv, s [SB, channels]) into the running (max, sum, acc) per channel."""
     m_new = tl.maximum(m, tl.max(s, 0))
@@ -71,12 +82,7 @@ def _pool_kernel(BUF_KV, BUF_S, PKV, PS, SRC, COS, SIN, NORM, OUT, BS, C, S, R, 
     for s0 in range(0, S, SB):
         # SB slots at a time: their source rows, then [SB, channels] tiles (one round of loads
         # in flight per block instead of one per slot: C128 windows have 128 slots)
-        slot = s0 + osb
-        src = tl.load(SRC + m_id * S + slot, mask=slot < S, other=-1).to(tl.int64)[:, None]
-        base = tl.zeros([SB], tl.int32)
-        if OVERLAP:
-            base = tl.where(slot >= R, DIM, 0)
-        base = base[:, None]
+        src, base = _slots(SRC, m_id, S, s0 + osb, R, DIM, OVERLAP, SB)
         kv, sc = _load_slot(BUF_KV, BUF_S, PKV, PS, src, BS, C, base + on[None, :], mn[None, :])
         m0, l0, a0 = _online(m0, l0, a0, kv, sc)
         kv, sc = _load_slot(BUF_KV, BUF_S, PKV, PS, src, BS, C, base + NOPE + orr[None, :], mr[None, :])
@@ -119,12 +125,8 @@ def _pool_part_kernel(BUF_KV, BUF_S, PKV, PS, SRC, X, BS, C, S, R, DIM: tl.const
     a = tl.zeros([CB], tl.float32)
     osb = tl.arange(0, SB)
     for s0 in range(0, S, SB):
-        slot = s0 + osb
-        src = tl.load(SRC + m_id * S + slot, mask=slot < S, other=-1).to(tl.int64)[:, None]
-        base = tl.zeros([SB], tl.int32)
-        if OVERLAP:
-            base = tl.where(slot >= R, DIM, 0)
-        kv, sc = _load_slot(BUF_KV, BUF_S, PKV, PS, src, BS, C, base[:, None] + c[None, :], mc[None, :])
+        src, base = _slots(SRC, m_id, S, s0 + osb, R, DIM, OVERLAP, SB)
+        kv, sc = _load_slot(BUF_KV, BUF_S, PKV, PS, src, BS, C, base + c[None, :], mc[None, :])
         m, l, a = _online(m, l, a, kv, sc)
     tl.store(X + m_id * DIM + c, a / tl.maximum(l, 1e-30), mask=mc)
 
