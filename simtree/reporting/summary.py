@@ -397,7 +397,8 @@ def floor_headline(t: pd.DataFrame) -> str:
         best = pairs.loc[pairs.groupby(["batch", "nodes"])["measured_us"].idxmin()]
         parts.append(f"the fastest of {pairs['variant'].nunique()} launch variants at each shape {gdn_worst(best)}")
     for kernel, label in (("block_current", "V4 layer verify"),
-                          ("block_fused_all", "with every fusion (variant fused_all, not yet the runtime's default)")):
+                          ("block_fused_all", "with every fusion (variant fused_all, not yet the runtime's default)"),
+                          ("block_fused_pool", "and with the HCA windows pooled split (variant fused_pool)")):
         v4 = t[(t["kernel"] == kernel) & (t["batch"] <= 16) & (t["nodes"] <= 16)]
         if len(v4):
             worst = v4.groupby("layer_kind")["ratio"].max()
