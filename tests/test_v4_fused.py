@@ -109,3 +109,22 @@ def test_triton_pack_matches_torch_pack():
     b.write(ids, rows, use_triton=False)
     assert torch.equal(a.raw, b.raw)
     torch.testing.assert_close(fmla.unpack_v4_rows(a.k_cache)[ids], rows)
+
+
+@pytest.mark.parametrize("split", [False, True])
+def test_pool_skips_padding_rows(split):
+    """The device plan's padding rows (every slot empty) skip their slot loop under skip_padding
+    and still pool to what the unskipped kernel gives them (0); live rows are unchanged."""
+    cfg = V4AttnConfig.tiny(hca_ratio=8)
+    p = random_layer_weights(cfg, "hca", 5, torch.float32).comp
+    g = torch.Generator().manual_seed(5)
+    B, N, M, S, C = 2, 6, 6, p.num_slots, p.coff * p.dim
+    buf_kv, buf_s = torch.randn(B, S, C, generator=g), torch.randn(B, S, C, generator=g)
+    proj = (torch.randn(N, C, generator=g), torch.randn(N, C, generator=g))
+    src = torch.randint(0, B * S + N, (M, S), generator=g)
+    src[[1, 4]] = -1                                  # padding rows
+    cos, sin = torch.randn(M, p.rope_dim // 2, generator=g), torch.randn(M, p.rope_dim // 2, generator=g)
+    want = pool_windows(p, buf_kv, buf_s, proj, src, cos, sin)
+    got = pool_windows(p, buf_kv, buf_s, proj, src, cos, sin, split=split, skip_padding=True)
+    assert torch.count_nonzero(want[[1, 4]]) == 0
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)

@@ -53,15 +53,18 @@ _CHOICES.update(gdn_commit=("standalone", "deferred"))
 
 # ---- V4 layer verify fusions ----------------------------------------------------------------
 _CHOICES.update(v4_topk=("auto", "fused", "sort"), v4_hc=("auto", "fused", "torch"), v4_comp=("auto", "fp32", "model"),
-                v4_pool=("auto", "split", "whole"))
+                v4_pool=("auto", "whole", "live", "split"))
 # what "auto" runs: the unfused forms until the GPU has measured the fused ones
 # (profiler/bench/v4_floor.py's summary names the faster v4_topk, docs/math/v4_compression.md;
 # v4_breakdown.py --forms torch,fused times the block's pre / post under each v4_hc)
 V4_AUTO = {"v4_topk": "sort", "v4_hc": "torch", "v4_comp": DEFAULT_COMP_PROJ, "v4_pool": "whole"}
-# form -> (its value that runs a fused launch, tree_verify's name of that launch): v4_pool "split"
-# pools a compressor's completing windows in two launches over (window, channels) programs
-# (kernels/v4/_pool_kernel.py) where "whole" runs one program per window
-_V4_FUSION = {"v4_topk": ("fused", "topk"), "v4_pool": ("split", "pool_split")}
+# form -> {its value: tree_verify's name of the launch it runs}.  v4_pool: how the compressors'
+# windows completing in a round are pooled (kernels/v4/_pool_kernel.py): "whole" a program per
+# row of the plan, the device plan's padding rows included (B (n - 1) rows for a static shape,
+# mostly padding: a C128 window completes at 1 position in 128); "live" the same, the padding
+# rows' slot loops skipped; "split" that, with HCA's 128-slot windows pooled in two launches
+# over (window, channels) programs
+_V4_FUSION = {"v4_topk": {"fused": "topk"}, "v4_pool": {"live": "pool_live", "split": "pool_split"}}
 
 
 @dataclass(frozen=True)
@@ -118,7 +121,7 @@ def v4_form(name: str, f: LayerForms | None = None) -> str:
 
 def v4_fusions(f: LayerForms | None = None) -> tuple[str, ...]:
     """The fused launches a V4 layer's tree verify runs under forms ``f`` (default: now)."""
-    return tuple(fusion for form, (value, fusion) in _V4_FUSION.items() if v4_form(form, f) == value)
+    return tuple(by_value[v4_form(form, f)] for form, by_value in _V4_FUSION.items() if v4_form(form, f) in by_value)
 
 
 set_comp_proj_storage(v4_form("v4_comp"))

@@ -41,6 +41,17 @@ def _load_slot(BUF_KV, BUF_S, PKV, PS, src, BS, C, ch, cm):
 
 
 @triton.jit
+def _slots_to_read(SRC, m_id, S, SKIP: tl.constexpr):
+    """S, or with SKIP 0 for a padding row: a completing window's last slot is its completing
+    token (never empty), while the device plan's padding rows (up to B (n - 1) of them, for a
+    static shape) have every slot empty: their slot loop is skipped and they pool to 0 as before."""
+    n = S
+    if SKIP:
+        n = tl.where(tl.load(SRC + m_id * S + S - 1) >= 0, S, 0)
+    return n
+
+
+@triton.jit
 def _slots(SRC, m_id, S, slot, R, DIM, OVERLAP: tl.constexpr, SB: tl.constexpr):
     """Window m_id's slots ``slot`` [SB] -> (source rows, first channel) [SB, 1]: slot s of an
     overlapping (C4) compressor reads channels [DIM, 2 DIM) from s >= R on."""
@@ -63,7 +74,8 @@ def _online(m, l, acc, kv, s):
 @triton.jit
 def _pool_kernel(BUF_KV, BUF_S, PKV, PS, SRC, COS, SIN, NORM, OUT, BS, C, S, R, eps,
                  DIM: tl.constexpr, NOPE: tl.constexpr, HALF: tl.constexpr,
-                 BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr, OVERLAP: tl.constexpr, SB: tl.constexpr):
+                 BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr, OVERLAP: tl.constexpr, SB: tl.constexpr,
+                 SKIP: tl.constexpr):
     m_id = tl.program_id(0).to(tl.int64)
     on = tl.arange(0, BLOCK_N)
     orr = tl.arange(0, BLOCK_R)
@@ -79,7 +91,7 @@ def _pool_kernel(BUF_KV, BUF_S, PKV, PS, SRC, COS, SIN, NORM, OUT, BS, C, S, R, 
     l2 = tl.zeros([BLOCK_R], tl.float32)
     a2 = tl.zeros([BLOCK_R], tl.float32)
     osb = tl.arange(0, SB)
-    for s0 in range(0, S, SB):
+    for s0 in range(0, _slots_to_read(SRC, m_id, S, SKIP), SB):
         # SB slots at a time: their source rows, then [SB, channels] tiles (one round of loads
         # in flight per block instead of one per slot: C128 windows have 128 slots)
         src, base = _slots(SRC, m_id, S, s0 + osb, R, DIM, OVERLAP, SB)
@@ -114,7 +126,7 @@ def _norm_rope_store(x0, x1, x2, m_id, on, orr, mn, mr, COS, SIN, NORM, OUT, eps
 
 @triton.jit
 def _pool_part_kernel(BUF_KV, BUF_S, PKV, PS, SRC, X, BS, C, S, R, DIM: tl.constexpr, CB: tl.constexpr,
-                      OVERLAP: tl.constexpr, SB: tl.constexpr):
+                      OVERLAP: tl.constexpr, SB: tl.constexpr, SKIP: tl.constexpr):
     """The split form's first launch: window (program 0) x CB channels (program 1), the online
     softmax over every slot of those channels -> the pooled channels, unnormalised, into X [M, DIM]."""
     m_id = tl.program_id(0).to(tl.int64)
@@ -124,7 +136,7 @@ def _pool_part_kernel(BUF_KV, BUF_S, PKV, PS, SRC, X, BS, C, S, R, DIM: tl.const
     l = tl.zeros([CB], tl.float32)
     a = tl.zeros([CB], tl.float32)
     osb = tl.arange(0, SB)
-    for s0 in range(0, S, SB):
+    for s0 in range(0, _slots_to_read(SRC, m_id, S, SKIP), SB):
         src, base = _slots(SRC, m_id, S, s0 + osb, R, DIM, OVERLAP, SB)
         kv, sc = _load_slot(BUF_KV, BUF_S, PKV, PS, src, BS, C, base + c[None, :], mc[None, :])
         m, l, a = _online(m, l, a, kv, sc)
@@ -149,13 +161,15 @@ def _pool_finish_kernel(X, COS, SIN, NORM, OUT, eps, DIM: tl.constexpr, NOPE: tl
 def pool_windows(p: CompressorParams, buf_kv: torch.Tensor, buf_score: torch.Tensor,
                  proj: tuple[torch.Tensor, torch.Tensor], src: torch.Tensor, cos: torch.Tensor,
                  sin: torch.Tensor, out_dtype=torch.float32, split: bool = False,
-                 channels: int = SPLIT_CHANNELS) -> torch.Tensor:
+                 channels: int = SPLIT_CHANNELS, skip_padding: bool = False) -> torch.Tensor:
     """buf_kv, buf_score [B, S, C]; proj (kv, score) [N, C]; src [M, S] -> entries [M, dim]
     (computed in fp32, stored as out_dtype: the pool's dtype saves the cast launch).
 
     ``split`` (the fusion "pool_split", kernels/v4/verify.py): two launches, the first a
     program per (window, ``channels`` channels) over every slot, the second the norm and RoPE
-    per window; one program per window reads a C128 window's 128 slots x 512 channels alone."""
+    per window; one program per window reads a C128 window's 128 slots x 512 channels alone.
+    ``skip_padding`` (the fusions "pool_live" and "pool_split"): rows whose last slot is empty
+    (the device plan's padding, every slot empty) skip their slot loop; they pool to 0 either way."""
     M, S = src.shape
     out = torch.empty(M, p.dim, dtype=out_dtype, device=src.device)
     if M == 0:
@@ -168,11 +182,12 @@ def pool_windows(p: CompressorParams, buf_kv: torch.Tensor, buf_score: torch.Ten
     if split:
         x = torch.empty(M, p.dim, dtype=torch.float32, device=src.device)
         _pool_part_kernel[(M, triton.cdiv(p.dim, channels))](*args, x, buf_kv.shape[0] * S, C, S, p.ratio, DIM=p.dim,
-                                                              CB=channels, OVERLAP=p.overlap, SB=sb, num_warps=2)
+                                                              CB=channels, OVERLAP=p.overlap, SB=sb,
+                                                              SKIP=skip_padding, num_warps=2)
         _pool_finish_kernel[(M,)](x, cos.contiguous(), sin.contiguous(), p.norm.contiguous(), out, p.eps, DIM=p.dim,
                                   NOPE=nope, HALF=half, num_warps=4, **blocks)
         return out
     _pool_kernel[(M,)](*args, cos.contiguous(), sin.contiguous(), p.norm.contiguous(), out,
                        buf_kv.shape[0] * S, C, S, p.ratio, p.eps, DIM=p.dim, NOPE=nope, HALF=half,
-                       OVERLAP=p.overlap, SB=sb, num_warps=8, **blocks)
+                       OVERLAP=p.overlap, SB=sb, SKIP=skip_padding, num_warps=8, **blocks)
     return out

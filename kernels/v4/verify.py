@@ -46,7 +46,7 @@ from .reference import V4Inputs, V4LayerWeights
 __all__ = ["VerifyPlan", "VerifyScratch", "plan_verify", "attention_lists", "tree_verify", "random_tree", "FUSIONS",
            "project_stacked", "layer_input"]
 
-FUSIONS = ("topk", "pool_split")     # tree_verify's optional launches (_tree_verify)
+FUSIONS = ("topk", "pool_live", "pool_split")     # tree_verify's optional launches (_tree_verify)
 POOL_SPLIT_RATIO = 64   # "pool_split" where the windows have this many slots or more (HCA's 128; CSA's 8 stay whole)
 
 
@@ -347,13 +347,15 @@ def project_stacked(p: CompressorParams, x: torch.Tensor, pos_mod: torch.Tensor)
 
 
 def _scratch_entries(p: CompressorParams, state_kv, state_score, proj, plan: VerifyPlan,
-                     use_triton: bool = False, out_dtype=torch.float32, split: bool = False) -> torch.Tensor:
+                     use_triton: bool = False, out_dtype=torch.float32, fusions: tuple = ()) -> torch.Tensor:
     """Pool every window completing inside the trees: [M, dim] (the batched compressor form;
-    the Triton form stores out_dtype = the pool's dtype, as the commit would; ``split``: its
-    two-launch form over (window, channels), the fusion "pool_split")."""
+    the Triton form stores out_dtype = the pool's dtype, as the commit would; ``fusions``
+    "pool_live": padding rows skipped; "pool_split": that, and windows of POOL_SPLIT_RATIO or
+    more slots pooled over (window, channels) programs)."""
     if use_triton:
         return pool_windows(p, state_kv, state_score, proj, plan.comp_src, plan.comp_cos, plan.comp_sin, out_dtype,
-                            split=split)
+                            split="pool_split" in fusions and p.ratio >= POOL_SPLIT_RATIO,
+                            skip_padding=bool({"pool_live", "pool_split"} & set(fusions)))
     if plan.comp_src.shape[0] == 0:
         return proj[0].new_zeros(0, p.dim)
     sources_kv = [state_kv.reshape(-1, state_kv.shape[-1]), proj[0].to(state_kv.dtype)]
@@ -432,7 +434,7 @@ def attention_lists(cache: V4Cache, w: V4LayerWeights, inp: V4Inputs, plan: Veri
 
 def _attention_lists(cache, w, inp, plan, use_triton: bool, fusions: tuple):
     """attention_lists with ``fusions`` (Triton path only: "topk" the CSA top-k and list in one
-    launch; "pool_split" the HCA compressor's windows pooled over (window, channels) programs),
+    launch; "pool_live" / "pool_split" the compressors' pooling: kernels/layers/forms.py, v4_pool),
     which only ``_tree_verify`` (the private fused entry, kernels/v4/_launched.py) passes."""
     cfg = cache.cfg
     sc = VerifyScratch(node_kv=inp.kv.to(cache.window.pool.dtype))
@@ -443,7 +445,7 @@ def _attention_lists(cache, w, inp, plan, use_triton: bool, fusions: tuple):
     sc.comp_proj_stacked = projs[0]
     sc.comp_proj = (sc.comp_proj_stacked[0], sc.comp_proj_stacked[1])
     sc.comp_entries = _scratch_entries(w.comp, cache.comp_kv, cache.comp_score, sc.comp_proj, plan, use_triton,
-                                       cache.comp.pool.dtype, "pool_split" in fusions and cache.ratio >= POOL_SPLIT_RATIO)
+                                       cache.comp.pool.dtype, fusions)
     sources += [cache.comp.pool, sc.comp_entries.to(cache.comp.pool.dtype)]
     base = cache.window.num_rows + sc.node_kv.shape[0]
     if w.indexer is None:  # HCA: the list is fixed by the plan
@@ -451,7 +453,7 @@ def _attention_lists(cache, w, inp, plan, use_triton: bool, fusions: tuple):
     sc.idx_proj_stacked = projs[1]
     sc.idx_proj = (sc.idx_proj_stacked[0], sc.idx_proj_stacked[1])
     sc.idx_entries = _scratch_entries(w.indexer, cache.idx_kv, cache.idx_score, sc.idx_proj, plan, use_triton,
-                                      cache.idx.pool.dtype)
+                                      cache.idx.pool.dtype, fusions)
     if use_triton:
         return (_csa_list_triton(cache, inp, sc.idx_entries, plan, cfg.topk, base, "topk" in fusions),
                 sources, sc)

@@ -28,11 +28,13 @@ VARIANTS = {"current": dict(v4_topk="sort", v4_hc="torch", v4_comp="fp32", v4_po
             "fused_hc": dict(v4_topk="fused", v4_hc="fused"),
             # the compressors' projections at the checkpoint's bf16 (the layer's weights built so)
             "fused_all": dict(v4_topk="fused", v4_hc="fused", v4_comp="model"),
-            # and the HCA compressor's windows pooled over (window, channels) programs
+            # and the compressors' padding rows skipped ("live"), with HCA's windows pooled over
+            # (window, channels) programs ("split")
+            "fused_live": dict(v4_topk="fused", v4_hc="fused", v4_comp="model", v4_pool="live"),
             "fused_pool": dict(v4_topk="fused", v4_hc="fused", v4_comp="model", v4_pool="split"),
             "fused_flashmla": dict(v4_topk="fused")}
 ATTENTION = {"fused_flashmla": "flashmla"}  # the attention core of a variant (default: the Triton one)
-BLOCK_VARIANTS = ("current", "fused", "fused_hc", "fused_all", "fused_pool", "fused_flashmla")   # the attention block: tree and linear
+BLOCK_VARIANTS = ("current", "fused", "fused_hc", "fused_all", "fused_live", "fused_pool", "fused_flashmla")   # the attention block: tree and linear
 # launches of the Triton attention core timed alone on the round's lists: name -> the switches of
 # kernels/v4/_launched.sparse_attention_launched; the first is sparse_attention's default.  Names:
 # bk rows per step, bh heads per program, w warps, s splits (0: the "waves2" rule, w1: the
