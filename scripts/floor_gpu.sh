@@ -7,8 +7,9 @@
 # writes $OUT/floor.csv (profiler/bench/floor_table.py: kernel, layer_kind, batch, nodes, context,
 # measured_us, floor_us, ratio, ...), $OUT/gdn/ and $OUT/v4/ (each run's csv, json and log) and
 # $OUT/gpu_state.csv.  reports/h200/floor/ takes floor.csv and the two json files.
-# GDN_SECONDS / V4_SECONDS (default 190 each) bound each run's timing (a run cut short keeps the
-# shapes it finished and lists the rest in its json).
+# GDN_SECONDS / V4_SECONDS (default 190 each, whole seconds) bound each run's timing (a run cut short
+# keeps the shapes it finished and lists the rest in its json).  Exit status: 0, or the first failing
+# step's (a benchmark exits 1 where a check failed).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/out}
@@ -16,11 +17,14 @@ mkdir -p "$OUT/gdn" "$OUT/v4"
 source scripts/gpu_install.sh
 gpu_install > "$OUT/install_log.txt" 2>&1 || echo "editable install FAILED"
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv | tee "$OUT/gpu_state.csv"
-G=${GDN_SECONDS:-190}; V=${V4_SECONDS:-190}
+G=${GDN_SECONDS:-190}; V=${V4_SECONDS:-190}; G=${G%.*}; V=${V%.*}
+RC=0
 timeout -k 5 $(( G + 50 )) python3 -m simtree.profiler.bench.gdn_floor --out "$OUT/gdn/floor.csv" --max-seconds "$G" \
-  > "$OUT/gdn/gdn_floor_log.txt" 2>&1; echo "gdn_floor rc $?"
+  > "$OUT/gdn/gdn_floor_log.txt" 2>&1; rc=$?; echo "gdn_floor rc $rc"; [ $RC -eq 0 ] && RC=$rc
 tail -4 "$OUT/gdn/gdn_floor_log.txt" | cut -c1-300
 timeout -k 5 $(( V + 60 )) python3 -m simtree.profiler.bench.v4_floor --out "$OUT/v4/floor_v4.csv" --contexts 4096 \
-  --max-seconds "$V" > "$OUT/v4/floor_v4_log.txt" 2>&1; echo "v4_floor rc $?"
+  --max-seconds "$V" > "$OUT/v4/floor_v4_log.txt" 2>&1; rc=$?; echo "v4_floor rc $rc"; [ $RC -eq 0 ] && RC=$rc
 grep -i "check\|FAIL\|Error\|attention launch" "$OUT/v4/floor_v4_log.txt" | cut -c1-300 | tail -24
-python3 -m simtree.profiler.bench.floor_table --gdn "$OUT/gdn" --v4 "$OUT/v4" --out "$OUT/floor.csv"; echo "floor_table rc $?"
+python3 -m simtree.profiler.bench.floor_table --gdn "$OUT/gdn" --v4 "$OUT/v4" --out "$OUT/floor.csv"
+rc=$?; echo "floor_table rc $rc"; [ $RC -eq 0 ] && RC=$rc
+exit $RC

@@ -98,3 +98,11 @@ def test_split_rules(monkeypatch):
            for N in (4, 16, 64, 256)}
     assert got == {4: (20, 16), 16: (9, 4), 64: (3, 1), 256: (1, 1)}
     assert attention._num_splits(4, 2, 640, 32, SimpleNamespace(type="cpu"), "wave1") == 1
+
+
+def test_bad_launch_switches_are_one_line():
+    q, idx, srcs, sink = _case(9, 2, 4, 32, (10,), 8, torch.float32)
+    with pytest.raises(ValueError, match="split rule"):
+        sparse_attention_launched(q, idx, srcs, sink, 0.2, split_rule="wave3")
+    with pytest.raises(ValueError, match="prefetch"):
+        sparse_attention_launched(q, idx, srcs, sink, 0.2, swap=True, prefetch=True)

@@ -111,12 +111,13 @@ def test_triton_pack_matches_torch_pack():
     torch.testing.assert_close(fmla.unpack_v4_rows(a.k_cache)[ids], rows)
 
 
+@pytest.mark.parametrize("kind", ["csa", "hca"])        # csa: the overlapping C4 compressor
 @pytest.mark.parametrize("split", [False, True])
-def test_pool_skips_padding_rows(split):
+def test_pool_skips_padding_rows(split, kind):
     """The device plan's padding rows (every slot empty) skip their slot loop under skip_padding
     and still pool to what the unskipped kernel gives them (0); live rows are unchanged."""
     cfg = V4AttnConfig.tiny(hca_ratio=8)
-    p = random_layer_weights(cfg, "hca", 5, torch.float32).comp
+    p = random_layer_weights(cfg, kind, 5, torch.float32).comp
     g = torch.Generator().manual_seed(5)
     B, N, M, S, C = 2, 6, 6, p.num_slots, p.coff * p.dim
     buf_kv, buf_s = torch.randn(B, S, C, generator=g), torch.randn(B, S, C, generator=g)
@@ -128,3 +129,5 @@ def test_pool_skips_padding_rows(split):
     got = pool_windows(p, buf_kv, buf_s, proj, src, cos, sin, split=split, skip_padding=True)
     assert torch.count_nonzero(want[[1, 4]]) == 0
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="power of 2"):
+        pool_windows(p, buf_kv, buf_s, proj, src, cos, sin, split=True, channels=12)

@@ -26,6 +26,12 @@ V4 layer verify (a block of its own; kernels/v4/verify.py FUSIONS, docs/math/v4_
                     cores (kernels/v4/compressor.matmul_t); "fp32" - an fp32 copy (cuBLAS SGEMM);
                     "auto": V4_AUTO's choice.  Read when the weights are made: set it before
                     building the model (and keep it while the registry counts its bytes)
+    v4_pool         the compressors' pooling of the windows completing in a round
+                    (kernels/v4/_pool_kernel.py): "whole" (a program per row of the plan, its
+                    padding rows included), "live" (padding rows skip their slot loop), "split"
+                    ("live", and HCA's 128-slot windows over (window, channels) programs);
+                    "auto": V4_AUTO's choice.  Triton path only (the torch attention path pools
+                    the plan's rows with torch)
 
     set_forms(tree_attention="torch")       # from here on
     set_forms(fp8_gemm="scaled_mm")
@@ -60,7 +66,7 @@ _CHOICES.update(v4_topk=("auto", "fused", "sort"), v4_hc=("auto", "fused", "torc
 V4_AUTO = {"v4_topk": "sort", "v4_hc": "torch", "v4_comp": DEFAULT_COMP_PROJ, "v4_pool": "whole"}
 # form -> {its value: tree_verify's name of the launch it runs}.  v4_pool: how the compressors'
 # windows completing in a round are pooled (kernels/v4/_pool_kernel.py): "whole" a program per
-# row of the plan, the device plan's padding rows included (B (n - 1) rows for a static shape,
+# row of the plan, the device plan's padding rows included (B max(1, n - 1) rows for a static shape,
 # mostly padding: a C128 window completes at 1 position in 128); "live" the same, the padding
 # rows' slot loops skipped; "split" that, with HCA's 128-slot windows pooled in two launches
 # over (window, channels) programs

@@ -1,10 +1,10 @@
-"""Launches the public V4 entries do not take.  The tree verify with its optional fused
-launches (``FUSIONS``: the compressors' projections in one launch, the CSA top-k with its
-attention list): chosen by the layer forms (``simtree.kernels.layers.forms.v4_fusions``) and
-timed by the benchmark (``profiler/bench/v4_floor.py``); the public entry
-``verify.tree_verify`` runs none of them.  The sparse attention core with every launch switch
-the benchmark times, ``prefetch`` among them; the public ``attention.sparse_attention`` runs
-it without."""
+"""Launches the public V4 entries do not take.  The tree verify with its optional launches
+(``FUSIONS``: "topk" the CSA top-k with its attention list; "pool_live" / "pool_split" the
+compressors' pooling without its padding rows, and split over (window, channels)): chosen by
+the layer forms (``simtree.kernels.layers.forms.v4_fusions``) and timed by the benchmark
+(``profiler/bench/v4_floor.py``); the public entry ``verify.tree_verify`` runs none of them.
+The sparse attention core with its launch switches (block sizes, warps, splits and their rule,
+``prefetch``, ``swap``); the public ``attention.sparse_attention`` runs the defaults."""
 from __future__ import annotations
 
 from .attention import _sparse_attention

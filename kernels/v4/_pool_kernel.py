@@ -171,6 +171,8 @@ def pool_windows(p: CompressorParams, buf_kv: torch.Tensor, buf_score: torch.Ten
     ``skip_padding`` (the fusions "pool_live" and "pool_split"): rows whose last slot is empty
     (the device plan's padding, every slot empty) skip their slot loop; they pool to 0 either way."""
     M, S = src.shape
+    if split and (channels < 1 or channels & (channels - 1)):
+        raise ValueError(f"pool_windows: channels a program must be a power of 2, got {channels}")
     out = torch.empty(M, p.dim, dtype=out_dtype, device=src.device)
     if M == 0:
         return out

@@ -237,6 +237,8 @@ def _num_splits(N: int, head_blocks: int, K: int, block_k: int, device, rule: st
     """Splits of the index list: "waves2" until the grid covers ~2 waves of the GPU (>= one
     block each); "wave1" as many as one wave holds (none once the unsplit grid has as many
     programs as the GPU has SMs)."""
+    if rule not in ("waves2", "wave1"):
+        raise ValueError(f"split rule {rule!r}: use waves2 or wave1")
     if device.type != "cuda" or N == 0:
         return 1
     sms = torch.cuda.get_device_properties(device).multi_processor_count
@@ -266,6 +268,8 @@ def _sparse_attention(q, idx, sources, sink, scale: float, block_k: int, block_h
     N, H, D = q.shape
     if len(sources) > 4 or not sources:
         raise ValueError(f"sparse_attention takes 1 to 4 sources, got {len(sources)}")
+    if swap and prefetch:
+        raise ValueError("sparse_attention: swap pipelines its row loop itself; prefetch is the unswapped kernel's")
     dtype = sources[0].dtype
     srcs = [s.contiguous() for s in sources]
     for s in srcs:

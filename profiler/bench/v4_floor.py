@@ -170,14 +170,17 @@ def summarize(rows: list[dict]) -> dict:
                                       for k in sorted({r["layer_kind"] for r in sub})}
         out["worst_tree_over_linear"][kernel] = max((r["tree_over_linear"] for r in sub if r["tree_over_linear"]),
                                                     default=None)
-    for kernel in ("block_fused", "block_fused_hc", "block_fused_all", "block_fused_flashmla"):
+    for kernel in ("block_fused", "block_fused_hc", "block_fused_all", "block_fused_live", "block_fused_pool",
+                   "block_fused_flashmla"):
         block = [r for r in rows if r["kernel"] == kernel]
         if block:
             out[f"targets_met_{kernel}"] = all(r["ratio"] <= TARGET_RATIO for r in block) and all(
                 (r["tree_over_linear"] or 0) <= TARGET_TREE_OVER_LINEAR for r in block)
     core = {(r["variant"], r["layer_kind"], r["batch_size"], r["nodes_per_seq"], r["context_len"]): r["measured_us"]
             for r in rows if r["scope"] == "core"}
-    for form, (on, off) in {"v4_topk": ("fused", "current")}.items():
+    # each form against the variant without it (v4_pool: "live" against fused_all, "split" against "live")
+    for form, (on, off) in {"v4_topk": ("fused", "current"), "v4_pool": ("fused_live", "fused_all"),
+                            "v4_pool_split": ("fused_pool", "fused_live")}.items():
         gains = [core[(off, *k[1:])] / v for k, v in core.items() if k[0] == on and (off, *k[1:]) in core]
         if gains:
             out["faster_form"][form] = {"median_speedup_fused": round(float(np.median(gains)), 3),

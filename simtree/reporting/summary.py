@@ -397,7 +397,7 @@ def floor_headline(t: pd.DataFrame) -> str:
         best = pairs.loc[pairs.groupby(["batch", "nodes"])["measured_us"].idxmin()]
         parts.append(f"the fastest of {pairs['variant'].nunique()} launch variants at each shape {gdn_worst(best)}")
     for kernel, label in (("block_current", "V4 layer verify"),
-                          ("block_fused_all", "with every fusion (variant fused_all, not yet the runtime's default)"),
+                          ("block_fused_all", "with the fusions (variant fused_all: v4_topk, v4_hc, v4_comp; not yet the runtime's default)"),
                           ("block_fused_live", "and with the compressors' padding rows skipped (variant fused_live)"),
                           ("block_fused_pool", "and with HCA's windows pooled split too (variant fused_pool)")):
         v4 = t[(t["kernel"] == kernel) & (t["batch"] <= 16) & (t["nodes"] <= 16)]
