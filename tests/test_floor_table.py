@@ -96,10 +96,13 @@ def test_the_headline_names_the_current_path_and_every_fusion():
     rows = [dict(kernel=k, layer_kind=kind, batch=b, nodes=n, context=4096, measured_us=r * 10, floor_us=10.0,
                  ratio=r, tree_over_linear=tl, variant=None)
             for k, kind, b, n, r, tl in (("block_current", "csa", 16, 16, 9.8, 1.01), ("block_current", "hca", 1, 4, 3.0, 1.0),
-                                         ("block_fused_all", "csa", 16, 16, 6.7, 1.02), ("block_current", "csa", 64, 16, 20.0, 1.0))]
+                                         ("block_fused_all", "csa", 16, 16, 6.7, 1.02), ("block_current", "csa", 64, 16, 20.0, 1.0),
+                                         ("block_fused_live", "hca", 16, 16, 3.9, 1.0))]
     text = floor_headline(pd.DataFrame(rows))
     assert "V4 layer verify at most CSA 9.8x, HCA 3.0x" in text            # batch 64 is outside the target's range
-    assert "with every fusion (variant fused_all, not yet the runtime's default) at most CSA 6.7x" in text
+    assert "with the fusions (variant fused_all: v4_topk, v4_hc, v4_comp; not yet the runtime's default) at most CSA 6.7x" in text
+    assert "padding rows skipped (variant fused_live) at most HCA 3.9x" in text
+    assert "fused_pool" not in text                                          # not timed: no line
 
 
 def test_gdn_from_names_a_missing_key_column_and_needs_a_new_run(tmp_path):
