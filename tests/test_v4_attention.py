@@ -63,15 +63,6 @@ def test_split_index_list_matches_torch(num_splits, D):
     torch.testing.assert_close(out.double(), ref, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("num_splits", [1, 2])
-def test_prefetching_the_next_rows_changes_nothing(num_splits):
-    q, idx, srcs, sink = _case(7, 3, 20, 32, (40, 6, 30, 5), 90, torch.float32)
-    idx[1, 32:64] = -1                   # a block with no live row
-    out = sparse_attention_launched(q, idx, srcs, sink, 0.2, num_splits=num_splits, prefetch=True)
-    ref = sparse_attention_torch(q.double(), idx, [s.double() for s in srcs], sink.double(), 0.2)
-    torch.testing.assert_close(out.double(), ref, rtol=1e-5, atol=1e-5)
-
-
 @pytest.mark.parametrize("num_splits,block_k,block_h,stages", [(1, 16, 16, 2), (3, 16, 16, 1), (2, 32, 32, 3)])
 def test_swapped_products_match_torch(num_splits, block_k, block_h, stages):
     """The rows-as-M form (s^T = K q^T, acc^T += K^T p^T, kept transposed) == the reference,
@@ -100,9 +91,7 @@ def test_split_rules(monkeypatch):
     assert attention._num_splits(4, 2, 640, 32, SimpleNamespace(type="cpu"), "wave1") == 1
 
 
-def test_bad_launch_switches_are_one_line():
+def test_an_unknown_split_rule_is_one_line():
     q, idx, srcs, sink = _case(9, 2, 4, 32, (10,), 8, torch.float32)
     with pytest.raises(ValueError, match="split rule"):
         sparse_attention_launched(q, idx, srcs, sink, 0.2, split_rule="wave3")
-    with pytest.raises(ValueError, match="prefetch"):
-        sparse_attention_launched(q, idx, srcs, sink, 0.2, swap=True, prefetch=True)

@@ -106,3 +106,19 @@ def test_launch_benchmark_refuses_bad_token_counts_in_one_line(tmp_path, capsys)
         err = capsys.readouterr().err.strip()
         assert err.startswith("error: --tokens") and "\n" not in err
     assert not (tmp_path / "x.csv").exists()
+
+
+def test_the_launch_check_lists_refused_launches_and_needs_the_default(monkeypatch):
+    """A launch the device refuses is listed and left out; the check fails when the default
+    launch is the one refused (it cannot pass on no launch at all)."""
+    from types import SimpleNamespace
+
+    from simtree.profiler.bench import v4_variants
+    ok = dict(block_k=16, block_h=16, num_warps=4)
+    bad = dict(ok, split_rule="refused")          # raises at launch, as a refused compile does
+    d = SimpleNamespace(D=32, H=4)
+    monkeypatch.setattr(v4_variants, "ATTN_LAUNCHES", {"default": ok, "other": bad})
+    r = v4_variants._check_launches("cpu", d)
+    assert r["ok"] and set(r["refused"]) == {"other"} and set(r["max_err"]) == {"default"}
+    monkeypatch.setattr(v4_variants, "ATTN_LAUNCHES", {"default": bad, "other": ok})
+    assert not v4_variants._check_launches("cpu", d)["ok"]

@@ -9,6 +9,7 @@ from simtree.kernels.v4 import flashmla as fmla
 from simtree.kernels.v4.commit import apply_commit, plan_commit
 from simtree.kernels.v4.compressor import pool_window
 from simtree.kernels.v4._indexer_kernels import indexer_scores, indexer_scores_torch
+from simtree.kernels.v4 import _pool_kernel as pool_kernel_module
 from simtree.kernels.v4._pool_kernel import pool_windows
 from simtree.kernels.v4.steps import make_tree
 from simtree.trees.tree import TreeBatch
@@ -16,7 +17,7 @@ from simtree.trees.tree import TreeBatch
 
 @pytest.mark.parametrize("split,channels", [(False, 0), (True, 8), (True, 64)])   # 64: one block, part-filled
 @pytest.mark.parametrize("kind,hca_ratio", [("csa", 8), ("hca", 8), ("hca", 20)])   # 20: slots in blocks 8, 8, 4
-def test_fused_pool_matches_pool_window(kind, hca_ratio, split, channels):
+def test_fused_pool_matches_pool_window(kind, hca_ratio, split, channels, monkeypatch):
     cfg = V4AttnConfig.tiny(hca_ratio=hca_ratio)
     w = random_layer_weights(cfg, kind, 3, torch.float32)
     p = w.comp
@@ -28,8 +29,9 @@ def test_fused_pool_matches_pool_window(kind, hca_ratio, split, channels):
     entry = torch.randint(0, 50, (M,), generator=g)
     half = p.rope_dim // 2
     ang = (entry.double() * p.ratio)[:, None] * p.theta ** (-torch.arange(half, dtype=torch.float64) * 2 / p.rope_dim)
-    got = pool_windows(p, buf_kv, buf_s, proj, src, ang.cos().float(), ang.sin().float(), split=split,
-                       **({"channels": channels} if split else {}))
+    if split:                         # channels a split program: several blocks of the tiny dim (32), or one
+        monkeypatch.setattr(pool_kernel_module, "SPLIT_CHANNELS", channels)
+    got = pool_windows(p, buf_kv, buf_s, proj, src, ang.cos().float(), ang.sin().float(), split=split)
     kv = torch.cat([buf_kv.reshape(-1, C), proj[0]])[src.clamp(min=0)].masked_fill((src < 0)[..., None], 0.0)
     sc = torch.cat([buf_s.reshape(-1, C), proj[1]])[src.clamp(min=0)].masked_fill((src < 0)[..., None], float("-inf"))
     ref = pool_window(p.to(dtype=torch.float64), kv.double(), sc.double(), entry)
@@ -129,5 +131,3 @@ def test_pool_skips_padding_rows(split, kind):
     got = pool_windows(p, buf_kv, buf_s, proj, src, cos, sin, split=split, skip_padding=True)
     assert torch.count_nonzero(want[[1, 4]]) == 0
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
-    with pytest.raises(ValueError, match="power of 2"):
-        pool_windows(p, buf_kv, buf_s, proj, src, cos, sin, split=True, channels=12)

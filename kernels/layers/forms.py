@@ -64,12 +64,7 @@ _CHOICES.update(v4_topk=("auto", "fused", "sort"), v4_hc=("auto", "fused", "torc
 # (profiler/bench/v4_floor.py's summary names the faster v4_topk, docs/math/v4_compression.md;
 # v4_breakdown.py --forms torch,fused times the block's pre / post under each v4_hc)
 V4_AUTO = {"v4_topk": "sort", "v4_hc": "torch", "v4_comp": DEFAULT_COMP_PROJ, "v4_pool": "whole"}
-# form -> {its value: tree_verify's name of the launch it runs}.  v4_pool: how the compressors'
-# windows completing in a round are pooled (kernels/v4/_pool_kernel.py): "whole" a program per
-# row of the plan, the device plan's padding rows included (B max(1, n - 1) rows for a static shape,
-# mostly padding: a C128 window completes at 1 position in 128); "live" the same, the padding
-# rows' slot loops skipped; "split" that, with HCA's 128-slot windows pooled in two launches
-# over (window, channels) programs
+# form -> {its value: tree_verify's name of the launch it runs} (the forms: the module docstring)
 _V4_FUSION = {"v4_topk": {"fused": "topk"}, "v4_pool": {"live": "pool_live", "split": "pool_split"}}
 
 

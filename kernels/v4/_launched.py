@@ -4,7 +4,7 @@ compressors' pooling without its padding rows, and split over (window, channels)
 the layer forms (``simtree.kernels.layers.forms.v4_fusions``) and timed by the benchmark
 (``profiler/bench/v4_floor.py``); the public entry ``verify.tree_verify`` runs none of them.
 The sparse attention core with its launch switches (block sizes, warps, splits and their rule,
-``prefetch``, ``swap``); the public ``attention.sparse_attention`` runs the defaults."""
+``swap``); the public ``attention.sparse_attention`` runs the defaults."""
 from __future__ import annotations
 
 from .attention import _sparse_attention
@@ -19,11 +19,10 @@ def tree_verify_fused(cache, w, inp, plan, fusions: tuple, attention: str = "tri
 
 
 def sparse_attention_launched(q, idx, sources, sink, scale: float, block_k: int = 32, block_h: int | None = None,
-                              num_warps: int = 8, num_splits: int | None = None, prefetch: bool = False,
-                              swap: bool = False, stages: int = 2, split_rule: str = "waves2"):
-    """``attention.sparse_attention`` under the launch (block_k, block_h, num_warps, num_splits)
-    and with ``prefetch`` (the next block of rows gathered before this block's products),
-    ``swap`` (the products with the rows as their M side, the row loop pipelined over
+                              num_warps: int = 8, num_splits: int | None = None, swap: bool = False,
+                              stages: int = 2, split_rule: str = "waves2"):
+    """``attention.sparse_attention`` under the launch (block_k, block_h, num_warps, num_splits),
+    with ``swap`` (the products with the rows as their M side, the row loop pipelined over
     ``stages`` blocks) and ``split_rule`` ("waves2", "wave1": the splits when num_splits is None)."""
-    return _sparse_attention(q, idx, sources, sink, scale, block_k, block_h, num_warps, num_splits, prefetch,
-                             swap, stages, split_rule)
+    return _sparse_attention(q, idx, sources, sink, scale, block_k, block_h, num_warps, num_splits, swap, stages,
+                             split_rule)

@@ -25,7 +25,7 @@ from .compressor import CompressorParams
 
 __all__ = ["pool_windows", "SPLIT_CHANNELS"]
 
-SPLIT_CHANNELS = 64     # channels a program of the split form (pool_windows(split=True))
+SPLIT_CHANNELS = 64     # channels a program of the split form (pool_windows(split=True)); a power of 2
 
 
 @triton.jit
@@ -63,6 +63,14 @@ def _slots(SRC, m_id, S, slot, R, DIM, OVERLAP: tl.constexpr, SB: tl.constexpr):
 
 
 @triton.jit
+def _groups(NOPE: tl.constexpr, HALF: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr):
+    """The channel groups' offsets and masks: NoPE [BLOCK_N], each rope half [BLOCK_R]."""
+    on = tl.arange(0, BLOCK_N)
+    orr = tl.arange(0, BLOCK_R)
+    return on, orr, on < NOPE, orr < HALF
+
+
+@triton.jit
 def _online(m, l, acc, kv, s):
     """Fold a block of slots (kv, s [SB, channels]) into the running (max, sum, acc) per channel."""
     m_new = tl.maximum(m, tl.max(s, 0))
@@ -77,10 +85,7 @@ def _pool_kernel(BUF_KV, BUF_S, PKV, PS, SRC, COS, SIN, NORM, OUT, BS, C, S, R, 
                  BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr, OVERLAP: tl.constexpr, SB: tl.constexpr,
                  SKIP: tl.constexpr):
     m_id = tl.program_id(0).to(tl.int64)
-    on = tl.arange(0, BLOCK_N)
-    orr = tl.arange(0, BLOCK_R)
-    mn = on < NOPE
-    mr = orr < HALF
+    on, orr, mn, mr = _groups(NOPE, HALF, BLOCK_N, BLOCK_R)
     m0 = tl.full([BLOCK_N], -1e30, tl.float32)
     l0 = tl.zeros([BLOCK_N], tl.float32)
     a0 = tl.zeros([BLOCK_N], tl.float32)
@@ -148,10 +153,7 @@ def _pool_finish_kernel(X, COS, SIN, NORM, OUT, eps, DIM: tl.constexpr, NOPE: tl
                         BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr):
     """The split form's second launch: a program per window, RMSNorm and RoPE of its pooled row."""
     m_id = tl.program_id(0).to(tl.int64)
-    on = tl.arange(0, BLOCK_N)
-    orr = tl.arange(0, BLOCK_R)
-    mn = on < NOPE
-    mr = orr < HALF
+    on, orr, mn, mr = _groups(NOPE, HALF, BLOCK_N, BLOCK_R)
     x0 = tl.load(X + m_id * DIM + on, mask=mn, other=0.0)
     x1 = tl.load(X + m_id * DIM + NOPE + orr, mask=mr, other=0.0)
     x2 = tl.load(X + m_id * DIM + NOPE + HALF + orr, mask=mr, other=0.0)
@@ -161,18 +163,16 @@ def _pool_finish_kernel(X, COS, SIN, NORM, OUT, eps, DIM: tl.constexpr, NOPE: tl
 def pool_windows(p: CompressorParams, buf_kv: torch.Tensor, buf_score: torch.Tensor,
                  proj: tuple[torch.Tensor, torch.Tensor], src: torch.Tensor, cos: torch.Tensor,
                  sin: torch.Tensor, out_dtype=torch.float32, split: bool = False,
-                 channels: int = SPLIT_CHANNELS, skip_padding: bool = False) -> torch.Tensor:
+                 skip_padding: bool = False) -> torch.Tensor:
     """buf_kv, buf_score [B, S, C]; proj (kv, score) [N, C]; src [M, S] -> entries [M, dim]
     (computed in fp32, stored as out_dtype: the pool's dtype saves the cast launch).
 
     ``split`` (the fusion "pool_split", kernels/v4/verify.py): two launches, the first a
-    program per (window, ``channels`` channels) over every slot, the second the norm and RoPE
+    program per (window, SPLIT_CHANNELS channels) over every slot, the second the norm and RoPE
     per window; one program per window reads a C128 window's 128 slots x 512 channels alone.
     ``skip_padding`` (the fusions "pool_live" and "pool_split"): rows whose last slot is empty
     (the device plan's padding, every slot empty) skip their slot loop; they pool to 0 either way."""
     M, S = src.shape
-    if split and (channels < 1 or channels & (channels - 1)):
-        raise ValueError(f"pool_windows: channels a program must be a power of 2, got {channels}")
     out = torch.empty(M, p.dim, dtype=out_dtype, device=src.device)
     if M == 0:
         return out
@@ -183,8 +183,9 @@ def pool_windows(p: CompressorParams, buf_kv: torch.Tensor, buf_score: torch.Ten
     sb = 16 if S >= 64 else 8
     if split:
         x = torch.empty(M, p.dim, dtype=torch.float32, device=src.device)
-        _pool_part_kernel[(M, triton.cdiv(p.dim, channels))](*args, x, buf_kv.shape[0] * S, C, S, p.ratio, DIM=p.dim,
-                                                              CB=channels, OVERLAP=p.overlap, SB=sb,
+        cb = SPLIT_CHANNELS
+        _pool_part_kernel[(M, triton.cdiv(p.dim, cb))](*args, x, buf_kv.shape[0] * S, C, S, p.ratio, DIM=p.dim,
+                                                              CB=cb, OVERLAP=p.overlap, SB=sb,
                                                               SKIP=skip_padding, num_warps=2)
         _pool_finish_kernel[(M,)](x, cos.contiguous(), sin.contiguous(), p.norm.contiguous(), out, p.eps, DIM=p.dim,
                                   NOPE=nope, HALF=half, num_warps=4, **blocks)

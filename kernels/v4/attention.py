@@ -111,18 +111,20 @@ def _store_lse(LSE, n, sp, H, offs_h, mh, m_i, l_i):
 
 
 @triton.jit
+def _program(H, D: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr):
+    """A program's (query, split, heads, channels, head mask, channel mask)."""
+    offs_h = tl.program_id(2) * BLOCK_H + tl.arange(0, BLOCK_H)
+    offs_d = tl.arange(0, BLOCK_D)
+    return tl.program_id(0).to(tl.int64), tl.program_id(1), offs_h, offs_d, offs_h < H, offs_d < D
+
+
+@triton.jit
 def _sparse_attn_kernel(Q, IDX, S0, S1, S2, S3, SINK, OUT, LSE, B1, B2, B3, K, H, scale, chunk,
                         stride_qn, stride_qh, stride_in, stride_on, stride_os, stride_oh,
                         D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_H: tl.constexpr,
                         BLOCK_K: tl.constexpr, DOT_T: tl.constexpr, IEEE: tl.constexpr,
-                        SPLIT: tl.constexpr, PREFETCH: tl.constexpr):
-    n = tl.program_id(0).to(tl.int64)
-    sp = tl.program_id(1)
-    hb = tl.program_id(2)
-    offs_h = hb * BLOCK_H + tl.arange(0, BLOCK_H)
-    offs_d = tl.arange(0, BLOCK_D)
-    mh = offs_h < H
-    md = offs_d < D
+                        SPLIT: tl.constexpr):
+    n, sp, offs_h, offs_d, mh, md = _program(H, D, BLOCK_H, BLOCK_D)
     q = tl.load(Q + n * stride_qn + offs_h[:, None] * stride_qh + offs_d[None, :],
                 mask=mh[:, None] & md[None, :], other=0.0).to(DOT_T)
     m_i, l_i = _softmax_start(SINK, offs_h, mh, SPLIT, BLOCK_H)
@@ -130,17 +132,9 @@ def _sparse_attn_kernel(Q, IDX, S0, S1, S2, S3, SINK, OUT, LSE, B1, B2, B3, K, H
     col = offs_d[None, :]
     k_lo = sp * chunk
     k_hi = tl.minimum(k_lo + chunk, K)
-    if PREFETCH:  # the next block's rows are in flight while this block's products run
-        kk, valid = _gather(IDX, n, stride_in, k_lo, k_hi, S0, S1, S2, S3, B1, B2, B3, col, md, D, BLOCK_K, DOT_T)
-        for k0 in range(k_lo, k_hi, BLOCK_K):
-            kk_next, valid_next = _gather(IDX, n, stride_in, k0 + BLOCK_K, k_hi, S0, S1, S2, S3, B1, B2, B3, col,
-                                          md, D, BLOCK_K, DOT_T)
-            m_i, l_i, acc = _attend(q, kk, valid, m_i, l_i, acc, scale, DOT_T, IEEE)
-            kk, valid = kk_next, valid_next
-    else:
-        for k0 in range(k_lo, k_hi, BLOCK_K):
-            kk, valid = _gather(IDX, n, stride_in, k0, k_hi, S0, S1, S2, S3, B1, B2, B3, col, md, D, BLOCK_K, DOT_T)
-            m_i, l_i, acc = _attend(q, kk, valid, m_i, l_i, acc, scale, DOT_T, IEEE)
+    for k0 in range(k_lo, k_hi, BLOCK_K):
+        kk, valid = _gather(IDX, n, stride_in, k0, k_hi, S0, S1, S2, S3, B1, B2, B3, col, md, D, BLOCK_K, DOT_T)
+        m_i, l_i, acc = _attend(q, kk, valid, m_i, l_i, acc, scale, DOT_T, IEEE)
     out = acc / tl.maximum(l_i, 1e-30)[:, None]
     optr = OUT + n * stride_on + sp * stride_os + offs_h[:, None] * stride_oh + offs_d[None, :]
     tl.store(optr, out.to(OUT.dtype.element_ty), mask=mh[:, None] & md[None, :])
@@ -178,13 +172,7 @@ def _sparse_attn_t_kernel(Q, IDX, S0, S1, S2, S3, SINK, OUT, LSE, B1, B2, B3, K,
     """:func:`_sparse_attn_kernel` on the swapped products (:func:`_attend_t`): the state is
     kept transposed ([D, heads]) and stored back as [heads, D]; the row loop is software
     pipelined over STAGES blocks."""
-    n = tl.program_id(0).to(tl.int64)
-    sp = tl.program_id(1)
-    hb = tl.program_id(2)
-    offs_h = hb * BLOCK_H + tl.arange(0, BLOCK_H)
-    offs_d = tl.arange(0, BLOCK_D)
-    mh = offs_h < H
-    md = offs_d < D
+    n, sp, offs_h, offs_d, mh, md = _program(H, D, BLOCK_H, BLOCK_D)
     qt = tl.load(Q + n * stride_qn + offs_h[None, :] * stride_qh + offs_d[:, None],
                  mask=mh[None, :] & md[:, None], other=0.0).to(DOT_T)
     m_i, l_i = _softmax_start(SINK, offs_h, mh, SPLIT, BLOCK_H)
@@ -253,23 +241,19 @@ def sparse_attention(q: torch.Tensor, idx: torch.Tensor, sources: Sequence[torch
 
     num_splits None: chosen from the grid size (1 off the GPU); block_h None: 32 heads on the
     GPU (fits the [heads, 512] fp32 accumulator in registers), 16 under the interpreter."""
-    return _sparse_attention(q, idx, sources, sink, scale, block_k, block_h, num_warps, num_splits, False)
+    return _sparse_attention(q, idx, sources, sink, scale, block_k, block_h, num_warps, num_splits)
 
 
 def _sparse_attention(q, idx, sources, sink, scale: float, block_k: int, block_h: int | None, num_warps: int,
-                      num_splits: int | None, prefetch: bool, swap: bool = False, stages: int = 2,
+                      num_splits: int | None, swap: bool = False, stages: int = 2,
                       split_rule: str = "waves2") -> torch.Tensor:
     """:func:`sparse_attention` with the launch switches the benchmark times
-    (``_launched.sparse_attention_launched``): prefetch gathers the next block of rows before
-    this block's products (one more row tile in registers, its loads in flight while the
-    tensor cores run); swap runs the products with the rows as their M side
+    (``_launched.sparse_attention_launched``): swap runs the products with the rows as their M side
     (:func:`_sparse_attn_t_kernel`, the row loop pipelined over ``stages`` blocks);
     split_rule picks the splits when num_splits is None (:func:`_num_splits`)."""
     N, H, D = q.shape
     if len(sources) > 4 or not sources:
         raise ValueError(f"sparse_attention takes 1 to 4 sources, got {len(sources)}")
-    if swap and prefetch:
-        raise ValueError("sparse_attention: swap pipelines its row loop itself; prefetch is the unswapped kernel's")
     dtype = sources[0].dtype
     srcs = [s.contiguous() for s in sources]
     for s in srcs:
@@ -302,7 +286,8 @@ def _sparse_attention(q, idx, sources, sink, scale: float, block_k: int, block_h
     common = dict(D=D, BLOCK_D=block_d, BLOCK_H=block_h, BLOCK_K=block_k, DOT_T=dot_t,
                   IEEE=dot_t == tl.float32, num_warps=num_warps)
     kernel = _sparse_attn_t_kernel if swap else _sparse_attn_kernel
-    common.update(STAGES=int(stages)) if swap else common.update(PREFETCH=bool(prefetch))
+    if swap:
+        common["STAGES"] = int(stages)
     if nsplit == 1:
         kernel[(N, 1, hblocks)](
             q, idx, srcs[0], srcs[1], srcs[2], srcs[3], sink32, out, sink32, bounds[1], bounds[2],
