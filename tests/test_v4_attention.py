@@ -63,6 +63,21 @@ def test_split_index_list_matches_torch(num_splits, D):
     torch.testing.assert_close(out.double(), ref, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("num_splits", [1, 3])
+def test_padding_blocks_are_skipped_exactly(num_splits):
+    """Blocks of -1 entries only (a list's padding: at the start, between live blocks, at the
+    end, and a whole query) run no product and leave the softmax as the live rows make it."""
+    q, idx, srcs, sink = _case(9, 4, 20, 48, (40, 6, 30, 5), 112, torch.float32)
+    idx[:, 16:64] = -1
+    idx[1, :16] = -1
+    idx[2, 80:] = -1
+    idx[3] = -1
+    out = sparse_attention_launched(q, idx, srcs, sink, 0.2, block_k=16, block_h=16, num_splits=num_splits)
+    ref = sparse_attention_torch(q.double(), idx, [s.double() for s in srcs], sink.double(), 0.2)
+    torch.testing.assert_close(out.double(), ref, rtol=1e-5, atol=1e-5)
+    assert torch.count_nonzero(out[3]) == 0
+
+
 @pytest.mark.parametrize("num_splits,block_k,block_h,stages", [(1, 16, 16, 2), (3, 16, 16, 1), (2, 32, 32, 3)])
 def test_swapped_products_match_torch(num_splits, block_k, block_h, stages):
     """The rows-as-M form (s^T = K q^T, acc^T += K^T p^T, kept transposed) == the reference,

@@ -10,7 +10,9 @@
 Kernel layout (MQA: every head reads the same gathered rows): one program per (query,
 split of the index list, block of BLOCK_H heads) streams BLOCK_K gathered rows [BLOCK_K, D]
 once and does [BLOCK_H, D] x [D, BLOCK_K] and [BLOCK_H, BLOCK_K] x [BLOCK_K, D] with tl.dot
-(bf16 in, fp32 accumulate), online softmax.  With few queries (small batch) the index list
+(bf16 in, fp32 accumulate), online softmax; a block of BLOCK_K entries that are all -1 (the
+padding of a list sized by its bound, e.g. HCA's persistent entries past a short context)
+runs no product.  With few queries (small batch) the index list
 is split over programs (flash-decoding) so that the grid fills the GPU; a second kernel
 merges the splits by their log-sum-exp and folds the sink in:  o = sum_s e^{lse_s - M} o_s /
 (sum_s e^{lse_s - M} + e^{sink - M}).  Unsplit, the online softmax starts from the sink
@@ -56,11 +58,15 @@ def sparse_attention_torch(q, idx, sources, sink, scale) -> torch.Tensor:
 
 
 @triton.jit
-def _gather(IDX, n, stride_in, k0, k_hi, S0, S1, S2, S3, B1, B2, B3, col, md, D: tl.constexpr,
-            BLOCK_K: tl.constexpr, DOT_T: tl.constexpr):
-    """Rows k0 .. k0 + BLOCK_K of query n's list -> (rows [BLOCK_K, D], valid [BLOCK_K])."""
+def _block_idx(IDX, n, stride_in, k0, k_hi, BLOCK_K: tl.constexpr):
+    """Entries k0 .. k0 + BLOCK_K of query n's list (-1 past k_hi)."""
     offs_k = k0 + tl.arange(0, BLOCK_K)
-    idx = tl.load(IDX + n * stride_in + offs_k, mask=offs_k < k_hi, other=-1).to(tl.int64)
+    return tl.load(IDX + n * stride_in + offs_k, mask=offs_k < k_hi, other=-1).to(tl.int64)
+
+
+@triton.jit
+def _rows(idx, S0, S1, S2, S3, B1, B2, B3, col, md, D: tl.constexpr, DOT_T: tl.constexpr):
+    """A block of list entries -> (rows [BLOCK_K, D], valid [BLOCK_K])."""
     valid = idx >= 0
     # one row pointer per index (select among the four sources), then a single gather:
     # each row is read once for all BLOCK_H heads
@@ -69,6 +75,13 @@ def _gather(IDX, n, stride_in, k0, k_hi, S0, S1, S2, S3, B1, B2, B3, col, md, D:
                             tl.where(idx < B3, S2 + (idx - B2) * D, S3 + (idx - B3) * D)))
     kk = tl.load(row[:, None] + col, mask=valid[:, None] & md[None, :], other=0.0)
     return kk.to(DOT_T), valid
+
+
+@triton.jit
+def _gather(IDX, n, stride_in, k0, k_hi, S0, S1, S2, S3, B1, B2, B3, col, md, D: tl.constexpr,
+            BLOCK_K: tl.constexpr, DOT_T: tl.constexpr):
+    """Rows k0 .. k0 + BLOCK_K of query n's list -> (rows [BLOCK_K, D], valid [BLOCK_K])."""
+    return _rows(_block_idx(IDX, n, stride_in, k0, k_hi, BLOCK_K), S0, S1, S2, S3, B1, B2, B3, col, md, D, DOT_T)
 
 
 @triton.jit
@@ -133,8 +146,10 @@ def _sparse_attn_kernel(Q, IDX, S0, S1, S2, S3, SINK, OUT, LSE, B1, B2, B3, K, H
     k_lo = sp * chunk
     k_hi = tl.minimum(k_lo + chunk, K)
     for k0 in range(k_lo, k_hi, BLOCK_K):
-        kk, valid = _gather(IDX, n, stride_in, k0, k_hi, S0, S1, S2, S3, B1, B2, B3, col, md, D, BLOCK_K, DOT_T)
-        m_i, l_i, acc = _attend(q, kk, valid, m_i, l_i, acc, scale, DOT_T, IEEE)
+        idx = _block_idx(IDX, n, stride_in, k0, k_hi, BLOCK_K)
+        if tl.max(idx, 0) >= 0:  # a block of -1 entries only (a list's padding) runs no product
+            kk, valid = _rows(idx, S0, S1, S2, S3, B1, B2, B3, col, md, D, DOT_T)
+            m_i, l_i, acc = _attend(q, kk, valid, m_i, l_i, acc, scale, DOT_T, IEEE)
     out = acc / tl.maximum(l_i, 1e-30)[:, None]
     optr = OUT + n * stride_on + sp * stride_os + offs_h[:, None] * stride_oh + offs_d[None, :]
     tl.store(optr, out.to(OUT.dtype.element_ty), mask=mh[:, None] & md[None, :])
