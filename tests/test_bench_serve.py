@@ -63,11 +63,22 @@ def test_bench_small(tmp_path):
     assert 1 in slots and all(AdaptiveStepSlot(3, {**cfg, **e}).candidate_steps for e in slots.values())
     assert type(load_sps_table_from_path(str(cfg_dir / "sps_table.json"))).__name__ == "SpsAdditiveCostTable"
     assert read_vllm_tiers(cfg_dir / "vllm_tiers.json")[0][0] == 1
+    # simtree's controller as SGLang's policy: the same slots, SGLang's loader reads them; the policy
+    # reads the bundle beside them, and its runs keep the controller's switch bound
+    from simtree.engines.sglang_controller import SimtreeAdaptiveParams
+    assert _load_adaptive_config(str(cfg_dir / "adaptive_controller.json"))[1] == slots
+    policy = SimtreeAdaptiveParams(3, str(cfg_dir / "adaptive_controller.json"))
+    assert policy.candidate_steps == sorted({s for e in slots.values() for s in e["candidate_steps"]})
+    for _, g in df.groupby("load"):
+        sc = g.set_index("policy").loc["sglang_controller"]
+        switches, steps = (np.array(str(sc[c]).split(), int) for c in ("switches_runs", "steps_runs"))
+        assert np.all(switches <= steps // MIN_DWELL_STEPS + 1)   # + SGLang's move off the launch's steps
     text = (tmp_path / "README.md").read_text()
     assert f"switches <= steps // {MIN_DWELL_STEPS}" in text and "every controller run within it: yes" in text
     assert "Targets over 2 points" in text and "served under 2 acceptance seed(s)" in text and "of 4 runs" in text
     assert "Out of sample, arrivals seed 7, acceptance seeds 7 .. 8" in text and f"ShareGPT lengths ({lengths})" in text
     assert text.count("Paired with best_static") == 2
+    assert "simtree's controller inside SGLang (`sglang_controller`" in text and "over the 4 points of the 2 seeds" in text
     assert (df.tpot_p99_lo_ms <= df.tpot_p99_ms).all()
     assert (df.tpot_p99_ms <= df.tpot_p99_hi_ms).all()
 

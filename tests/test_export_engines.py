@@ -22,7 +22,7 @@ def sglang_dir(tmp_path_factory):
     out = tmp_path_factory.mktemp("sglang")
     r = runner.invoke(app, ["export", "sglang", str(QWEN), "--out", str(out)])
     assert r.exit_code == 0, r.output
-    assert "lost:" in r.output and "% predicted" in r.output
+    assert "lost:" in r.output and "% predicted" in r.output and "controller: adaptive_controller.json" in r.output
     return out
 
 
@@ -120,7 +120,7 @@ def test_plan_not_covering_batch_1_is_one_line_and_writes_nothing(tmp_path, engi
 @pytest.mark.parametrize("engine, bundle, message", [
     ("sglang", "h200_deepseek-v4-flash_ep8.json", "times deepseek-v4-flash at ep=8; the policy plans qwen3.6-27b at tp=1"),
     ("sglang", "h200_qwen3.6-27b_tp2.json", "times qwen3.6-27b at tp=2; the policy plans qwen3.6-27b at tp=1"),
-    ("vllm", "h200_qwen3.6-27b_tp1.json", "the vllm export writes none"),
+    ("vllm", "h200_qwen3.6-27b_tp1.json", "the vllm export writes neither"),
 ])
 def test_costs_of_another_model_or_deployment_or_for_vllm_are_refused(tmp_path, engine, bundle, message):
     """The SPS table was fitted to whatever --costs gave (another model's timings, silently), and

@@ -70,6 +70,7 @@ TAIL_ROUNDS = 1         # rounds of the reply whose time per token ranks the tie
 TAIL_POWER = 2.0        # its time per token averaged in this power mean (1: the mean; 2: root mean square)
 TAIL_MIX = "youngest"   # whose penalty ranks the step: the youngest live reply's, or the "mean" over the live replies
 TAIL_MIXES = ("youngest", "mean")
+STEP_CACHE = 4096       # (batch, context) points whose step times are kept (an engine pricing one context hits always)
 
 
 @dataclass
@@ -120,11 +121,16 @@ class Controller:
         self._plain = np.array([t.spec.mode == "none" for t in self.tiers])
         self._lags = bool(self._plain.any() and not self._plain.all())   # plain and drafted tiers: the drafter lags
         self._lag_us = {}   # batch -> a plain step's share of the catch-up (microseconds)
+        self._step_us = {}  # (batch, context) -> every tier's step time (microseconds): the costs never change
+        self._penalty = {}  # reply rounds -> every tier's penalty
 
     def penalty(self, rounds: int) -> np.ndarray:
         """[T] every tier's short-reply penalty for a reply of ``rounds`` rounds (1 for 0); past
         ``PENALTY_ROUNDS`` it falls as 1 / rounds, as Jensen's gap of a mean of i.i.d. rounds does."""
-        return self.penalties([rounds])[:, 0]
+        rounds = int(rounds)
+        if rounds not in self._penalty:
+            self._penalty[rounds] = self.penalties([rounds])[:, 0]
+        return self._penalty[rounds]
 
     def penalties(self, rounds) -> np.ndarray:
         """[T, N] :meth:`penalty` at each of ``rounds`` (N reply lengths), vectorised."""
@@ -136,13 +142,19 @@ class Controller:
     def predicted_tok_s(self, batch_size: int, context_len: float) -> np.ndarray:
         """[T] predicted batch tokens per second of every tier at this batch and mean context."""
         b = check_int(batch_size, "batch size", 1)
-        verify = np.asarray(self.costs.verify.predict(self._nodes, float(context_len), b), np.float64)
-        draft = np.array([t.draft_us(self.costs, b) for t in self.tiers])
-        if self._lags:      # a plain step's share of the MTP layer's catch-up (simtree.control.catchup)
-            if b not in self._lag_us:
-                self._lag_us[b] = catch_up_us(self.costs, LAG_ROWS, b) / LAG_ROWS
-            draft[self._plain] += self._lag_us[b]
-        return b * (1.0 + self.ratio * self._accepted) / (draft + verify) * 1e6
+        key = (b, float(context_len))
+        step = self._step_us.get(key)
+        if step is None:
+            verify = np.asarray(self.costs.verify.predict(self._nodes, key[1], b), np.float64)
+            draft = np.array([t.draft_us(self.costs, b) for t in self.tiers])
+            if self._lags:      # a plain step's share of the MTP layer's catch-up (simtree.control.catchup)
+                if b not in self._lag_us:
+                    self._lag_us[b] = catch_up_us(self.costs, LAG_ROWS, b) / LAG_ROWS
+                draft[self._plain] += self._lag_us[b]
+            if len(self._step_us) >= STEP_CACHE:
+                self._step_us.clear()
+            step = self._step_us[key] = draft + verify
+        return b * (1.0 + self.ratio * self._accepted) / step * 1e6
 
     def horizon_rounds(self, rounds_done=None) -> int:
         """The reply length (rounds) whose time per token ranks the tiers: ``tail_rounds`` past the

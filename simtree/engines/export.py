@@ -12,7 +12,12 @@ SGLang 0.5.23 (``sglang/srt/speculative/adaptive_spec_params.py``, ``server_args
   linear at that batch (0 where plain decoding is best); hysteresis and EMA keep SGLang's defaults;
 - ``sps_table.json``: an ``SpsAdditiveCostTable`` (step seconds = bias + alpha(num_reqs) +
   theta(num_reqs + budget)) fitted to simtree's verify + draft cost at the deployment, which
-  DSpark's ``compute_verify_token_budget`` reads (``--speculative-dspark-sps-table-path``).
+  DSpark's ``compute_verify_token_budget`` reads (``--speculative-dspark-sps-table-path``);
+- ``launch_controller.txt`` + ``adaptive_controller.json`` (+ ``costs.json``, the bundle, and the
+  acceptance file where it is not a preset): the adaptive launch with simtree's online controller
+  choosing every step's draft steps (:mod:`.sglang_controller`), where simtree is installed in
+  SGLang's environment (its plugin, :mod:`.sglang_plugin`); elsewhere SGLang reads the same
+  file's per-batch candidates with its own class, as ``adaptive_config.json``.
 
 vLLM (Dynamic SD, vllm-project/vllm pull request 32374): ``speculative_config.json`` with
 ``num_speculative_tokens`` (the startup maximum) and ``num_speculative_tokens_per_batch_size``
@@ -31,16 +36,20 @@ from pathlib import Path
 
 import numpy as np
 
-from simtree.acceptance.model import get_workload
+from simtree.acceptance.model import PRESETS, get_workload
+from simtree.control.controller import Controller
 from simtree.costs.model import load_costs
 from simtree.parallel import parse_deployment
 from simtree.deploy.costs import bundle_deployment
 from simtree.deploy.shipped import shipped_bundle, shipped_machine_for
 from simtree.errors import SimtreeError
-from simtree.fileio import write_text_atomic
+from simtree.fileio import file_sha256, write_text_atomic
 from simtree.planning.planner import read_candidates
 from simtree.planning.policy_file import Policy
+from simtree.planning.modes import LinearParams, NoneParams
 from simtree.planning.sglang import export as sglang_static
+
+from .sglang_controller import CONFIG_KEY, controller_section, slot_steps
 
 __all__ = ["ENGINES", "NEAR_BEST", "TierRow", "export_policy", "linear_tiers", "sps_additive_table",
            "adaptive_config", "vllm_per_batch_size",
@@ -182,20 +191,64 @@ def _costs_for(policy: Policy, costs_path: str | None):
     return load_costs(path), str(path)
 
 
+def _controller_acceptance(policy: Policy, workload: str, acceptance: str | None) -> tuple[str, Path | None] | str:
+    """(the acceptance the controller config names, the file to copy beside it or None), or why
+    no controller config is written: ``acceptance`` (a preset name or a file), else the
+    workload where the plan took it from its preset."""
+    if acceptance is None:
+        src = str(((policy.source.get("workloads") or {}).get(workload) or {}).get("source", ""))
+        if workload in PRESETS and src.startswith("preset"):
+            return workload, None
+        return (f"workload {workload!r} is not a preset: give --acceptance (its traces or an acceptance.json) "
+                "for the controller")
+    if acceptance in PRESETS:
+        return acceptance, None
+    path = Path(acceptance)
+    if not path.is_file():
+        raise SimtreeError(f"--acceptance {acceptance}: neither a preset ({', '.join(PRESETS)}) nor a file")
+    return "acceptance" + "".join(path.suffixes[-1:]), path
+
+
+def _controller_files(policy: Policy, workload: str, acceptance: str | None, adaptive: dict, bundle, bundle_path: str,
+                      ctx: float, launch: str) -> tuple[dict[str, str], dict]:
+    """adaptive_controller.json (the adaptive config with its "simtree" entry), the bundle and the
+    acceptance file beside it, launch_controller.txt; checked by building the controller."""
+    got = _controller_acceptance(policy, workload, acceptance)
+    if isinstance(got, str):
+        return {}, {"written": False, "why": got}
+    name, source = got
+    steps = slot_steps(adaptive, "adaptive config")
+    acc = get_workload(str(source) if source else name).acceptance
+    Controller(bundle, acc, specs=[NoneParams() if s == 0 else LinearParams(s + 1) for s in steps])
+    files = {"costs.json": Path(bundle_path).read_text()}
+    if source is not None:
+        files[name] = source.read_text()
+    config = {**adaptive, CONFIG_KEY: controller_section("costs.json", name, ctx, file_sha256(bundle_path)[:16])}
+    files["adaptive_controller.json"] = json.dumps(config, indent=1) + "\n"
+    files["launch_controller.txt"] = launch.replace("adaptive_config.json", "adaptive_controller.json")
+    return files, {"written": True, "config": "adaptive_controller.json", "steps": steps, "context_len": ctx,
+                   "acceptance": name,
+                   "lost": "SGLang tells the policy neither the live contexts (every step priced at context_len) "
+                           "nor each request's rounds (every request counts as new), and runs chains only"}
+
+
 def _write(out: Path, files: dict[str, str]) -> list[Path]:
     return [write_text_atomic(out / name, text) for name, text in files.items()]
 
 
 def export_policy(engine: str, policy: str | Path, out: str | Path, *, workload: str | None = None,
                   batch_size: int = 1, model_path: str | None = None, costs: str | None = None,
-                  dspark_gamma: int | None = None) -> dict:
+                  dspark_gamma: int | None = None, acceptance: str | None = None) -> dict:
     """Write ``engine``'s files for ``workload`` of a plan into ``out``; returns the manifest
     (also written as ``out/export.json``); ``dspark_gamma`` (DSpark's block size) defaults to the
-    deepest draft the cost bundle measured.  Everything is computed before the first write."""
+    deepest draft the cost bundle measured; ``acceptance``: what simtree's controller in SGLang
+    ranks with (a preset or a file; default the workload's preset).  Everything is computed
+    before the first write."""
     if engine not in ENGINES:
         raise SimtreeError(f"unknown engine {engine!r}: use one of {', '.join(ENGINES)}")
-    if engine == "vllm" and costs:
-        raise SimtreeError("--costs times SGLang's DSpark SPS table; the vllm export writes none: leave it out")
+    if engine == "vllm" and (costs or acceptance):
+        raise SimtreeError(f"{'--costs' if costs else '--acceptance'} is SGLang's (the DSpark SPS table, simtree's "
+                           "controller); the vllm export writes neither: leave it out")
     path = policy_path(policy)
     pol = Policy.load(path)
     pol.check_served(str(path), f"export it to {engine}")
@@ -235,6 +288,10 @@ def export_policy(engine: str, policy: str | Path, out: str | Path, *, workload:
         files["sps_table.json"] = json.dumps(sps, indent=1) + "\n"
         files["launch_dspark.txt"] = (base + f" --speculative-algorithm DSPARK --speculative-dspark-block-size "
                                       f"{dspark_gamma} --speculative-dspark-sps-table-path sps_table.json\n")
+        more, controller = _controller_files(pol, workload, acceptance, adaptive, bundle, bundle_path, ctx,
+                                             files["launch_adaptive.txt"])
+        files.update(more)
+        manifest["controller"] = controller
         manifest.update({"static": {"batch_size": batch_size, "planned": static.planned_policy,
                                     "exported": static.exported_policy, "loss": static.loss_vs_planned},
                          "sps_table": {"costs": bundle_path, "context_len": ctx, "gamma": dspark_gamma,

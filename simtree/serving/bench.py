@@ -7,6 +7,9 @@ range, as ``simtree export vllm`` writes them); ``sglang_adaptive`` (SGLang's ow
 ``AdaptiveSpeculativeParams`` with its default config, launched at 3 steps);
 ``sglang_adaptive_simtree`` (the same class with simtree's exported config);
 ``sglang_dspark`` (SGLang's own ``compute_verify_token_budget`` with simtree's SPS table);
+``sglang_controller`` (simtree's controller as SGLang's adaptive-steps policy, what simtree's
+SGLang plugin runs: :class:`simtree.engines.sglang_controller.SimtreeAdaptiveParams` over the
+exported config's chains, priced at the export's context, every request counted as new);
 ``controller`` (:class:`simtree.control.Controller`).  Load levels are multiples of the
 request rate that saturates plain decoding at the largest batch.
 """
@@ -31,9 +34,10 @@ from simtree.costs.model import load_costs
 from simtree.deploy.shipped import shipped_cost_paths
 from simtree.engines.export import (NEAR_BEST, TierRow, adaptive_config, parse_vllm_tiers, sps_additive_table,
                                     vllm_per_batch_size)
+from simtree.engines.sglang_controller import CONFIG_KEY, SimtreeAdaptiveParams, controller_section
 from simtree.errors import SEED_MAX, SimtreeError, check_int
-from simtree.fileio import check_out_folder, read_json, write_atomic, write_text_atomic
-from simtree.serving.costgrid import CostGrid
+from simtree.fileio import check_out_folder, file_sha256, read_json, write_atomic, write_text_atomic
+from simtree.costs.grid import CostGrid
 from simtree.serving.bench_report import plot as _plot
 from simtree.serving.bench_report import readme as _readme
 from simtree.serving.live_report import existing_section
@@ -46,7 +50,7 @@ __all__ = ["POLICIES", "LOADS", "COLUMNS", "run_bench", "serve_points", "statics
            "REPLICAS", "OOS_CSV", "paired_p99_diff_band", "write_report"]
 
 POLICIES = ("none", "best_static", "threshold", "sglang_adaptive", "sglang_adaptive_simtree", "sglang_dspark",
-            "controller")
+            "sglang_controller", "controller")
 LOADS = (0.1, 0.4, 0.8, 1.5)
 BUCKETS = ((1, 1), (2, 2), (3, 4), (5, 8), (9, 16), (17, 32), (33, 64))
 COLUMNS = ["model", "load", "policy", "tok_s", "tpot_p50_ms", "tpot_p99_ms", "switches_per_min", "arrivals",
@@ -108,6 +112,11 @@ def _model_setup(path: Path, out: Path, workload: str, sg=None) -> dict:
     model = costs.meta.get("model", path.stem)
     cfg_dir = out / "configs" / model
     adaptive_path = write_text_atomic(cfg_dir / "adaptive_config.json", json.dumps(adaptive_config(rows), indent=1))
+    # simtree's controller in SGLang: the same slots, the bundle beside them (simtree export sglang's files)
+    write_text_atomic(cfg_dir / "costs.json", Path(path).read_text())
+    section = controller_section("costs.json", workload, ctx, file_sha256(path)[:16])
+    controller_path = write_text_atomic(cfg_dir / "adaptive_controller.json",
+                                        json.dumps({**adaptive_config(rows), CONFIG_KEY: section}, indent=1))
     gamma = int(costs.draft.valid_range.get("num_steps", (1, 7))[1])
     sps, _ = sps_additive_table(costs, ctx, gamma, MAX_BATCH)
     sps_path = write_text_atomic(cfg_dir / "sps_table.json", json.dumps(sps, indent=1))
@@ -116,7 +125,7 @@ def _model_setup(path: Path, out: Path, workload: str, sg=None) -> dict:
     # plain decoding's capacity: a plain engine (no drafter to catch up)
     none_rate = MAX_BATCH / float(grid.verify.predict(1.0, ctx, MAX_BATCH)) * 1e6
     return {"model": model, "path": path, "grid": grid, "acc": acc, "rows": rows, "tiers": tiers,
-            "adaptive": str(adaptive_path), "sps": None if sg is None else sg[3](str(sps_path)), "gamma": gamma,
+            "adaptive": str(adaptive_path), "controller_cfg": str(controller_path), "sps": None if sg is None else sg[3](str(sps_path)), "gamma": gamma,
             "none_rate": none_rate}
 
 
@@ -124,10 +133,12 @@ def _drivers(m: dict, sg) -> dict:
     """Driver factories of the policies besides the fixed tiers (SGLang's only with ``sg``)."""
     params, sched_cfg, budget_fn = sg[:3] if sg is not None else (None, None, None)
     grid, acc = m["grid"], m["acc"]
+    top = max(max(r.candidate_steps) for r in m["rows"])   # the exported launch's steps
     return {"threshold": lambda: ThresholdDriver(grid, acc, m["tiers"]),
             "sglang_adaptive": lambda: SGLangAdaptiveDriver(grid, acc, params(SGLANG_LAUNCH_STEPS, None)),
-            "sglang_adaptive_simtree": lambda: SGLangAdaptiveDriver(
-                grid, acc, params(max(max(r.candidate_steps) for r in m["rows"]), m["adaptive"])),
+            "sglang_adaptive_simtree": lambda: SGLangAdaptiveDriver(grid, acc, params(top, m["adaptive"])),
+            "sglang_controller": lambda: SGLangAdaptiveDriver(
+                grid, acc, SimtreeAdaptiveParams(top, m["controller_cfg"], costs=grid)),
             "sglang_dspark": lambda: DSparkDriver(grid, acc, m["sps"], sched_cfg(gamma=m["gamma"]), budget_fn),
             "controller": lambda: ControllerDriver(Controller(grid, acc))}
 
@@ -294,12 +305,12 @@ def statics_key(m: dict, statics, trace, seeds) -> str:
     """A digest of everything the fixed tiers' results at one point depend on: the cost bundle's
     file, every tier's numbers under the acceptance model (its shape, verified nodes and accepted
     drafts' distribution per level, the levels' weights), the trace, the acceptance seeds, the
-    batch limit and the simulator's own code (:mod:`simtree.serving.sim`, ``policies``, ``costgrid``,
+    batch limit and the simulator's own code (:mod:`simtree.serving.sim`, ``policies``, :mod:`simtree.costs.grid`,
     ``traces``, :mod:`simtree.control.catchup` and ``tiers``, and the cost forms that turn the bundle
     into times; not the controller's own code, which no fixed tier runs)."""
     from simtree.control import catchup, tiers
-    from simtree.costs import base_forms, forms, model, moe_forms, surface_fit
-    from simtree.serving import costgrid, policies, sim, traces
+    from simtree.costs import base_forms, forms, grid, model, moe_forms, surface_fit
+    from simtree.serving import policies, sim, traces
     h = hashlib.sha256()
     h.update(Path(m["path"]).read_bytes())
     for t in statics:
@@ -309,7 +320,7 @@ def statics_key(m: dict, statics, trace, seeds) -> str:
     for a in (trace.arrival_s, trace.prompt_len, trace.output_len):
         h.update(np.ascontiguousarray(a).tobytes())
     h.update(repr((list(seeds), MAX_BATCH)).encode())
-    for mod in (sim, policies, costgrid, traces, catchup, tiers, base_forms, forms, model, moe_forms, surface_fit):
+    for mod in (sim, policies, grid, traces, catchup, tiers, base_forms, forms, model, moe_forms, surface_fit):
         h.update(Path(mod.__file__).read_bytes())
     return h.hexdigest()
 

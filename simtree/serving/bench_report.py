@@ -67,6 +67,7 @@ def readme(df: pd.DataFrame, command: str, num_requests: int, workload: str, len
                f"frozen settings, reported as they came; switch bound held in every run: "
                f"{'yes' if switch_bound_use(o)[0] else 'NO'}): " + " ".join(target_lines(o)) + "\n"
                for s, o in oos.items()],
+             *sglang_controller_lines(df, oos),
              "The controller against the best other policy at each point (TPOT p99 of best_static with its 95% "
              "bootstrap band over requests; the paired band of the difference):", ""]
     lines += [f"- {line}" for line in summary_lines(df)]
@@ -98,6 +99,29 @@ def target_lines(df: pd.DataFrame) -> list[str]:
              f"{inside} inside best_static's own 95% bootstrap band)" if p99_miss else "") + ". Replica by replica (the same "
             f"seeds), the controller's tok/s >= the best other policy's in {sum(w for w, _ in wins)} of "
             f"{sum(n for _, n in wins)} runs. " + paired_line(pts)]
+
+
+def sglang_controller_lines(df: pd.DataFrame, oos: dict) -> list[str]:
+    """What simtree's controller keeps inside SGLang (policy ``sglang_controller``, where served):
+    its tok/s and TPOT p99 against the controller's and against SGLang's own adaptive steps on the
+    same candidate steps, over every point of every seed."""
+    frames = [df, *oos.values()]
+    if not all({"sglang_controller", "sglang_adaptive_simtree"} <= set(f.policy) for f in frames):
+        return []
+    by = pd.concat(frames).set_index(["seed", "model", "arrivals", "load", "policy"])
+    sc = by.xs("sglang_controller", level="policy")
+
+    def ratio(col, other):
+        r = sc[col] / by.xs(other, level="policy")[col] - 1
+        return f"{r.min():+.2%} to {r.max():+.2%} (median {r.median():+.2%})"
+
+    return [f"simtree's controller inside SGLang (`sglang_controller`: SGLang's adaptive loop over "
+            f"`SimtreeAdaptiveParams`, what simtree's SGLang plugin runs: the exported chains, every step priced at "
+            f"one context, every request counted as new; docs/controller.md), over the {len(sc)} points of the "
+            f"{len(frames)} seeds: tok/s against the controller's {ratio('tok_s', 'controller')}, TPOT p99 "
+            f"{ratio('tpot_p99_ms', 'controller')}; against SGLang's own adaptive steps on the same candidate steps "
+            f"(`sglang_adaptive_simtree`) tok/s {ratio('tok_s', 'sglang_adaptive_simtree')}, TPOT p99 "
+            f"{ratio('tpot_p99_ms', 'sglang_adaptive_simtree')}.", ""]
 
 
 def paired_line(pts) -> str:
