@@ -12,7 +12,7 @@ from simtree.control.catchup import LAG_ROWS, CatchUpClock, bucket_rows, catch_u
 from simtree.costs.model import load_costs
 from simtree.data import data_path
 from simtree.planning.modes import EagleParams, NoneParams
-from simtree.costs.grid import CostGrid
+from simtree.serving.costgrid import CostGrid
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,7 @@ from simtree.costs.model import load_costs
 from simtree.data import data_path
 from simtree.errors import SimtreeError
 from simtree.planning.modes import EagleParams, LinearParams
-from simtree.costs.grid import CostGrid
+from simtree.serving.costgrid import CostGrid
 
 
 @pytest.fixture(scope="module")

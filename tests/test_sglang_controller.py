@@ -15,7 +15,6 @@ import pytest
 from simtree.acceptance.model import get_workload
 from simtree.cli import app
 from simtree.control import Controller
-from simtree.costs.grid import CostGrid
 from simtree.costs.model import load_costs
 from simtree.engines.sglang_controller import CONFIG_KEY, SimtreeAdaptiveParams
 from simtree.errors import SimtreeError
@@ -33,12 +32,13 @@ def exported(sglang_dir):
     return sglang_dir
 
 
-def _with_steps(src: Path, dst: Path, steps: list[int]) -> Path:
+def _with_steps(src: Path, dst: Path, steps: list[int], **settings) -> Path:
     """The exported controller config with every batch slot's candidates set to ``steps``."""
     cfg = json.loads((src / "adaptive_controller.json").read_text())
     for key in cfg:
         if key.isdigit():
             cfg[key]["candidate_steps"] = steps
+    cfg[CONFIG_KEY]["settings"] = settings
     dst.mkdir(exist_ok=True)
     (dst / "costs.json").write_text((src / "costs.json").read_text())
     (dst / "adaptive_controller.json").write_text(json.dumps(cfg))
@@ -101,8 +101,9 @@ def test_sglangs_controller_runs_the_steps_simtree_chooses(exported, tmp_path):
     ctl.init_states(cuda_graph_bs=graphs)
     assert set(worker.built) == {0, 1, 2, 5} and all(bs == graphs for bs in worker.built.values())
     sim = json.loads(path.read_text())[CONFIG_KEY]
-    ref = Controller(CostGrid(load_costs(tmp_path / "costs.json")), get_workload(sim["workload"]).acceptance,
-                     specs=[NoneParams() if s == 0 else LinearParams(s + 1) for s in (0, 1, 2, 3, 5)])
+    ref = Controller(load_costs(tmp_path / "costs.json"), get_workload(sim["workload"]).acceptance,
+                     specs=[NoneParams() if s == 0 else LinearParams(s + 1) for s in (0, 1, 2, 3, 5)],
+                     plain_draft="extend")
     rng = np.random.default_rng(0)
     ran = []
     for bs in [1] * 40 + [64] * 60 + [8] * 40 + [1] * 40:
@@ -120,16 +121,24 @@ def test_sglangs_controller_runs_the_steps_simtree_chooses(exported, tmp_path):
 
 
 def test_an_overlapped_verify_is_credited_to_the_step_that_ran_it(exported, tmp_path):
-    path = _with_steps(exported, tmp_path, [0, 1, 3])
+    """Overlap scheduling: step t + 1 is chosen before step t's verify reports; each verify goes to
+    the tier that ran it, also when the two steps ran different tiers."""
+    path = _with_steps(exported, tmp_path, [0, 5], min_dwell_steps=1)   # a credit every step
     policy = SimtreeAdaptiveParams(1, str(path))
+    picks = {b: policy.controller.tiers[int(np.argmax(policy.controller.objective(b, policy.context_len)))].name
+             for b in (1, 64)}
+    assert picks[1] != picks[64]                     # the two batch sizes rank different tiers first
     seen = []
     policy.controller.observe = lambda tier, acc: seen.append((tier.name, list(acc)))
+    names = {s: t.name for s, t in zip(policy.steps, policy.controller.tiers)}
     first = policy.get_steps_for_batch(1)
     second = policy.get_steps_for_batch(64)          # chosen before the first step's verify reports
+    assert (names[first], names[second]) == (picks[1], picks[64])
     assert policy.on_verify_complete([1], 1) is None
+    third = policy.get_steps_for_batch(1)
     policy.on_verify_complete([0] * 64, 64)
-    names = {s: t.name for s, t in zip(policy.steps, policy.controller.tiers)}
-    assert seen == [(names[first], [1]), (names[second], [0] * 64)]
+    policy.on_verify_complete([2], 1)
+    assert seen == [(names[first], [1]), (names[second], [0] * 64), (names[third], [2])]
 
 
 _PLUGIN = r"""
@@ -174,6 +183,10 @@ def test_the_plugin_loads_through_sglangs_plugin_loader(exported):
     (lambda c, d: (d / "costs.json").write_text((d / "costs.json").read_text() + " "), "is not the bundle"),
     (lambda c, d: c.update({"1": {"candidate_steps": []}}), "batch 1: candidate_steps must be a non-empty list"),
     (lambda c, d: c.update({CONFIG_KEY: []}), "must be an object"),
+    (lambda c, d: c[CONFIG_KEY].update(costs_sha256=123), "costs_sha256 must be a string"),
+    (lambda c, d: c[CONFIG_KEY].update(context_len=float("inf")), "context_len must be a finite count"),
+    (lambda c, d: c[CONFIG_KEY].update(settings={"margin": "0.1"}), "settings: a value of the wrong kind"),
+    (lambda c, d: c[CONFIG_KEY].update(workload="mine.json"), "'mine.json' is neither a preset"),
 ])
 def test_a_bad_controller_config_is_one_line(exported, tmp_path, edit, message):
     path = _with_steps(exported, tmp_path, [1, 2])
@@ -205,6 +218,16 @@ def test_acceptance_files_travel_with_the_config(tmp_path):
         t.expected_accepted for t in Controller(policy.controller.costs, want, specs=policy.controller.specs).tiers]
 
 
+def test_a_bundle_with_crlf_line_ends_travels(tmp_path):
+    """The copy beside the config is checked against the digest of the copy as written."""
+    from simtree.data import data_path
+    crlf = tmp_path / "bundle.json"
+    crlf.write_bytes(data_path("costs", "h200_qwen3.6-27b_tp1.json").read_bytes().replace(b"\n", b"\r\n"))
+    r = runner.invoke(app, ["export", "sglang", str(QWEN), "--out", str(tmp_path / "o"), "--costs", str(crlf)])
+    assert r.exit_code == 0, r.output
+    assert SimtreeAdaptiveParams(3, str(tmp_path / "o" / "adaptive_controller.json")).candidate_steps
+
+
 def test_no_preset_and_no_acceptance_writes_no_controller(tmp_path):
     plan = tmp_path / "plan"
     plan.mkdir()
@@ -212,12 +235,53 @@ def test_no_preset_and_no_acceptance_writes_no_controller(tmp_path):
     policy = json.loads((QWEN / "policy.json").read_text())
     policy["source"]["workloads"]["sharegpt"]["source"] = "traces.jsonl (fitted)"
     (plan / "policy.json").write_text(json.dumps(policy))
-    r = runner.invoke(app, ["export", "sglang", str(plan), "--out", str(tmp_path / "o")])
+    out = tmp_path / "o"
+    assert runner.invoke(app, ["export", "sglang", str(QWEN), "--out", str(out)]).exit_code == 0
+    assert (out / "adaptive_controller.json").exists()
+    r = runner.invoke(app, ["export", "sglang", str(plan), "--out", str(out)])   # again into the same folder
     assert r.exit_code == 0, r.output
     assert "controller: not written: workload 'sharegpt' is not a preset: give --acceptance" in r.output
-    assert not (tmp_path / "o" / "adaptive_controller.json").exists() and (tmp_path / "o" / "adaptive_config.json").exists()
+    assert not (out / "adaptive_controller.json").exists() and not (out / "launch_controller.txt").exists()
+    assert (out / "adaptive_config.json").exists()
     r = runner.invoke(app, ["export", "sglang", str(QWEN), "--out", str(tmp_path / "p"), "--acceptance", "nowhere.json"])
     assert isinstance(r.exception, SimtreeError) and "neither a preset" in str(r.exception)
     assert not (tmp_path / "p").exists()
     r = runner.invoke(app, ["export", "vllm", str(QWEN), "--out", str(tmp_path / "v"), "--acceptance", "sharegpt"])
     assert isinstance(r.exception, SimtreeError) and "--acceptance is SGLang's" in str(r.exception)
+
+
+def test_sglangs_plain_rounds_run_the_drafters_extend(tmp_path):
+    """SGLang keeps its drafter level: a step-0 round runs the draft extend over each request's
+    row.  The controller inside SGLang prices plain decoding so (C_v(1) + C_d(1, 1, b), no lag
+    share), and the benchmark's SGLang driver charges it to every step-0 round, never a catch-up."""
+    from simtree.control.catchup import catch_up_us
+    from simtree.data import data_path
+    from simtree.serving.policies import SGLangAdaptiveDriver
+
+    costs = load_costs(data_path("costs", "h200_qwen3.6-27b_tp1.json"))
+    acc = get_workload("sharegpt").acceptance
+    specs = [NoneParams(), LinearParams(3)]
+    extend = Controller(costs, acc, specs=specs, plain_draft="extend")
+    for b in (1, 8, 64):
+        want = b / (costs.verify.predict(1.0, 700.0, b) + catch_up_us(costs, 1, b)) * 1e6
+        assert extend.predicted_tok_s(b, 700.0)[0] == pytest.approx(want, rel=1e-9)
+    with pytest.raises(SimtreeError, match="plain_draft 'eager' must be one of lag, extend"):
+        Controller(costs, acc, specs=specs, plain_draft="eager")
+
+    class Steps:   # SGLang's policy interface, pinned to a step
+        def __init__(self, s):
+            self.s = s
+
+        def get_steps_for_batch(self, b):
+            return self.s
+
+        def on_verify_complete(self, acc, b):
+            return None
+
+    assert not SGLangAdaptiveDriver.lags
+    ctx, levels, u = np.full(8, 700.0), np.zeros(8, np.int64), np.full(8, 0.5)
+    plain_us, accepted, _ = SGLangAdaptiveDriver(costs, acc, Steps(0)).step(8, ctx, levels, u)
+    assert plain_us == pytest.approx(float(costs.verify.predict(1.0, 700.0, 8)) + catch_up_us(costs, 1, 8))
+    assert not accepted.any()
+    chain_us, *_ = SGLangAdaptiveDriver(costs, acc, Steps(2)).step(8, ctx, levels, u)
+    assert chain_us == pytest.approx(float(costs.draft.predict(2, 1, 8) + costs.verify.predict(3.0, 700.0, 8)))

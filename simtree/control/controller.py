@@ -10,7 +10,8 @@ An engine's scheduler calls it once per step::
 ``choose`` predicts each tier's batch throughput at the live batch size and mean context,
 ``rate_t = b * (1 + r * phi_t) / (C_d(t, b) + C_v(n_t, l, b))`` (C_d of plain decoding: its share
 of the drafter's catch-up, one ``LAG_ROWS``-row catch-up per ``LAG_ROWS`` plain steps,
-:mod:`simtree.control.catchup`; phi_t the tier's expected accepted
+:mod:`simtree.control.catchup`; with ``plain_draft="extend"``, an engine whose plain steps run
+the drafter over each step's row, as SGLang's do, that forward, C_d(1, 1, b); phi_t the tier's expected accepted
 drafts under the acceptance model, r the running ratio of observed to predicted accepted
 drafts: both summed over the last ``memory`` sequence-rounds or so (exponential decay per
 sequence-round), plus a prior of ``prior`` predicted drafts at ratio 1; as plain decoding,
@@ -70,6 +71,7 @@ TAIL_ROUNDS = 1         # rounds of the reply whose time per token ranks the tie
 TAIL_POWER = 2.0        # its time per token averaged in this power mean (1: the mean; 2: root mean square)
 TAIL_MIX = "youngest"   # whose penalty ranks the step: the youngest live reply's, or the "mean" over the live replies
 TAIL_MIXES = ("youngest", "mean")
+PLAIN_DRAFTS = ("lag", "extend")   # what a plain step does with the drafter (Controller.plain_draft)
 STEP_CACHE = 4096       # (batch, context) points whose step times are kept (an engine pricing one context hits always)
 
 
@@ -88,6 +90,7 @@ class Controller:
     tail_rounds: int = TAIL_ROUNDS
     tail_power: float = TAIL_POWER
     tail_mix: str = TAIL_MIX
+    plain_draft: str = "lag"
     switch_cost_us: float = SWITCH_COST_US
     confidence_z: float = CONFIDENCE_Z
     tiers: list[Tier] = field(init=False)
@@ -107,6 +110,8 @@ class Controller:
         check_int(self.tail_rounds, "tail_rounds", 0)
         if self.tail_mix not in TAIL_MIXES:
             raise SimtreeError(f"tail_mix {self.tail_mix!r} must be one of {', '.join(TAIL_MIXES)}")
+        if self.plain_draft not in PLAIN_DRAFTS:
+            raise SimtreeError(f"plain_draft {self.plain_draft!r} must be one of {', '.join(PLAIN_DRAFTS)}")
         if not (0 <= self.margin < 1 and self.memory >= 1 and self.prior > 0 and self.switch_cost_us >= 0
                 and self.confidence_z >= 0 and self.tail_power >= 1):
             raise SimtreeError(f"margin {self.margin} must be in [0, 1), memory {self.memory} >= 1, prior "
@@ -119,7 +124,9 @@ class Controller:
         self._penalties = np.stack([t.short_reply_penalties(PENALTY_ROUNDS, self.tail_power)
                                     for t in self.tiers])   # [T, H]
         self._plain = np.array([t.spec.mode == "none" for t in self.tiers])
-        self._lags = bool(self._plain.any() and not self._plain.all())   # plain and drafted tiers: the drafter lags
+        # plain and drafted tiers: the drafter lags (simtree's runtime), or runs over every plain step's row
+        self._lags = bool(self._plain.any() and not self._plain.all()) and self.plain_draft == "lag"
+        self._extends = bool(self._plain.any()) and self.plain_draft == "extend"
         self._lag_us = {}   # batch -> a plain step's share of the catch-up (microseconds)
         self._step_us = {}  # (batch, context) -> every tier's step time (microseconds): the costs never change
         self._penalty = {}  # reply rounds -> every tier's penalty
@@ -130,6 +137,7 @@ class Controller:
         rounds = int(rounds)
         if rounds not in self._penalty:
             self._penalty[rounds] = self.penalties([rounds])[:, 0]
+            self._penalty[rounds].setflags(write=False)
         return self._penalty[rounds]
 
     def penalties(self, rounds) -> np.ndarray:
@@ -151,9 +159,12 @@ class Controller:
                 if b not in self._lag_us:
                     self._lag_us[b] = catch_up_us(self.costs, LAG_ROWS, b) / LAG_ROWS
                 draft[self._plain] += self._lag_us[b]
+            elif self._extends:  # the drafter's forward over the step's one row per sequence
+                draft[self._plain] += catch_up_us(self.costs, 1, b)
             if len(self._step_us) >= STEP_CACHE:
                 self._step_us.clear()
             step = self._step_us[key] = draft + verify
+            step.setflags(write=False)
         return b * (1.0 + self.ratio * self._accepted) / step * 1e6
 
     def horizon_rounds(self, rounds_done=None) -> int:

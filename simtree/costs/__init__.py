@@ -6,9 +6,7 @@ surface in :mod:`.surface_fit`, forms in :mod:`.forms`: basis and grid in :mod:`
 MoE in :mod:`.moe_forms`) into a cost bundle (:mod:`.model`):
 verify C_v(n, l, b) and draft C_d(s, k, b) in microseconds, which the simulator, planner and
 runtime take through the protocols :class:`VerifyCost`, :class:`DraftCost` and
-:class:`Costs`.  :mod:`.synthetic` is an analytic roofline for tests and the no-data default;
-:mod:`.grid` tabulates a bundle per batch size for callers that ask it every step (the serving
-simulator, a controller inside an engine's loop).
+:class:`Costs`.  :mod:`.synthetic` is an analytic roofline for tests and the no-data default.
 Re-exported here: the numpy-only names; the fit (cvxpy, matplotlib) and the profile table
 (pandas) are imported from their modules.
 """

@@ -29,6 +29,7 @@ gives, per planned batch range, the plan's predicted tok/s, the exported policy'
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import shlex
 from dataclasses import dataclass
@@ -43,7 +44,7 @@ from simtree.parallel import parse_deployment
 from simtree.deploy.costs import bundle_deployment
 from simtree.deploy.shipped import shipped_bundle, shipped_machine_for
 from simtree.errors import SimtreeError
-from simtree.fileio import file_sha256, write_text_atomic
+from simtree.fileio import write_text_atomic
 from simtree.planning.planner import read_candidates
 from simtree.planning.policy_file import Policy
 from simtree.planning.modes import LinearParams, NoneParams
@@ -205,7 +206,8 @@ def _controller_acceptance(policy: Policy, workload: str, acceptance: str | None
         return acceptance, None
     path = Path(acceptance)
     if not path.is_file():
-        raise SimtreeError(f"--acceptance {acceptance}: neither a preset ({', '.join(PRESETS)}) nor a file")
+        raise SimtreeError(f"--acceptance {acceptance}: neither a preset ({', '.join(PRESETS)}) nor a file (a traces "
+                           "file of one workload, or an acceptance.json; the controller config copies it whole)")
     return "acceptance" + "".join(path.suffixes[-1:]), path
 
 
@@ -223,7 +225,8 @@ def _controller_files(policy: Policy, workload: str, acceptance: str | None, ada
     files = {"costs.json": Path(bundle_path).read_text()}
     if source is not None:
         files[name] = source.read_text()
-    config = {**adaptive, CONFIG_KEY: controller_section("costs.json", name, ctx, file_sha256(bundle_path)[:16])}
+    digest = hashlib.sha256(files["costs.json"].encode()).hexdigest()[:16]   # of the copy as written
+    config = {**adaptive, CONFIG_KEY: controller_section("costs.json", name, ctx, digest)}
     files["adaptive_controller.json"] = json.dumps(config, indent=1) + "\n"
     files["launch_controller.txt"] = launch.replace("adaptive_config.json", "adaptive_controller.json")
     return files, {"written": True, "config": "adaptive_controller.json", "steps": steps, "context_len": ctx,
@@ -232,8 +235,18 @@ def _controller_files(policy: Policy, workload: str, acceptance: str | None, ada
                            "nor each request's rounds (every request counts as new), and runs chains only"}
 
 
+CONTROLLER_FILES = ("adaptive_controller.json", "launch_controller.txt")
+
+
 def _write(out: Path, files: dict[str, str]) -> list[Path]:
-    return [write_text_atomic(out / name, text) for name, text in files.items()]
+    """Every file of ``files``; a controller config of an earlier export into ``out`` that this one
+    does not write is removed (it would name this export's slots with another's bundle)."""
+    written = [write_text_atomic(out / name, text) for name, text in files.items()]
+    if "adaptive_config.json" in files:
+        for name in CONTROLLER_FILES:
+            if name not in files:
+                (out / name).unlink(missing_ok=True)
+    return written
 
 
 def export_policy(engine: str, policy: str | Path, out: str | Path, *, workload: str | None = None,

@@ -20,24 +20,31 @@ What the engine does not tell the policy, and what it is priced at instead:
 
 - the live contexts: every step is priced at ``context_len`` (the workload's mean context);
 - the rounds each request has run: every live request counts as new, so the short-reply tail
-  ranks the tiers at one round (``Controller.choose`` without ``rounds_done``);
+  ranks the tiers at ``tail_rounds`` rounds (``Controller.choose`` without ``rounds_done``);
 - trees: SGLang's adaptive steps are top-k 1 chains (``adaptive_unsupported_reason``).
 
-With overlap scheduling a verify's accepted drafts can arrive after the next step was chosen:
-the tiers chosen wait in order (at most :data:`IN_FLIGHT`) and each verify is credited to the
-oldest.  Every candidate step is captured at every CUDA-graph batch size
-(``cuda_graph_bs_for_step``), so a step the controller holds across a load change still
-replays a graph.
+A step-0 round is priced as SGLang runs it by default: the target's one-token verify and the
+draft model's extend over each request's row (``Controller(plain_draft="extend")``).  With
+overlap scheduling a verify's accepted drafts arrive after the next step was chosen: the tiers
+chosen wait in order (at most :data:`IN_FLIGHT`) and each verify is credited to the oldest.
+Every candidate step is captured at every CUDA-graph batch size (``cuda_graph_bs_for_step``;
+SGLang's own class captures a step only at the batch sizes whose slot lists it), so a step held
+across a load change still replays a graph, at the price of more graphs at start-up.  The
+bundle is priced directly; the controller keeps each batch size's step times after the first
+step there.  It logs one line when built (``simtree controller in SGLang: ...``): without it
+SGLang is running its own class on the config's slots (simtree not installed in its
+environment, or ``SGLANG_PLUGINS`` set without it).
 """
 from __future__ import annotations
 
 import json
+import logging
+import math
 from collections import deque
 from pathlib import Path
 
-from simtree.acceptance.model import get_workload
+from simtree.acceptance.model import PRESETS, get_workload
 from simtree.control.controller import Controller
-from simtree.costs.grid import CostGrid
 from simtree.costs.model import load_costs
 from simtree.errors import SimtreeError
 from simtree.fileio import file_sha256
@@ -101,8 +108,11 @@ def _section(cfg: dict, where: str) -> dict:
     for key, kind in (("costs", str), ("workload", str), ("context_len", (int, float)), ("settings", dict)):
         if not isinstance(sim.get(key), kind) or isinstance(sim.get(key), bool):
             raise SimtreeError(f"{where}: \"{CONFIG_KEY}\".{key} is missing or of the wrong kind")
-    if not sim["context_len"] >= 1:
-        raise SimtreeError(f"{where}: \"{CONFIG_KEY}\".context_len must be >= 1 token, got {sim['context_len']}")
+    if "costs_sha256" in sim and not isinstance(sim["costs_sha256"], str):
+        raise SimtreeError(f"{where}: \"{CONFIG_KEY}\".costs_sha256 must be a string of hex digits")
+    if not (math.isfinite(sim["context_len"]) and sim["context_len"] >= 1):
+        raise SimtreeError(f"{where}: \"{CONFIG_KEY}\".context_len must be a finite count >= 1 token, "
+                           f"got {sim['context_len']}")
     unknown = sorted(set(sim["settings"]) - set(_SETTINGS))
     if unknown:
         raise SimtreeError(f"{where}: \"{CONFIG_KEY}\".settings: unknown {', '.join(unknown)} "
@@ -116,9 +126,8 @@ class SimtreeAdaptiveParams:
     ``initial_steps``: the launch's ``--speculative-num-steps`` (SGLang starts there)."""
 
     def __init__(self, initial_steps: int, cfg_path: str | None = None, *, costs=None):
-        """The config's bundle is tabulated (:class:`simtree.costs.grid.CostGrid`: a few
-        microseconds a step where the fitted surface takes about 0.7 ms, inside SGLang's host
-        loop); ``costs``: a cost model to price with instead (the serving benchmark's grid)."""
+        """``costs``: a cost model of the config's bundle to price with instead of the bundle itself
+        (the serving benchmark's tabulated grid)."""
         if cfg_path is None:
             raise SimtreeError("simtree's SGLang controller needs --speculative-adaptive-config (a file with a "
                                f"\"{CONFIG_KEY}\" entry: simtree export sglang writes adaptive_controller.json)")
@@ -138,14 +147,24 @@ class SimtreeAdaptiveParams:
             raise SimtreeError(f"{where}: {costs_path} is not the bundle the config was written with (sha256 "
                                f"{sim['costs_sha256']})")
         workload = sim["workload"]
-        if (base / workload).is_file():
+        if workload not in PRESETS:     # a file beside the config, never one of SGLang's working folder
+            if not (base / workload).is_file():
+                raise SimtreeError(f"{where}: acceptance {workload!r} is neither a preset ({', '.join(PRESETS)}) nor "
+                                   f"a file beside the config")
             workload = str(base / workload)
         self.steps = slot_steps(cfg, where)
         self.context_len = float(sim["context_len"])
         self.initial_steps = int(initial_steps)
         specs = [NoneParams() if s == 0 else LinearParams(s + 1) for s in self.steps]
-        self.controller = Controller(CostGrid(load_costs(costs_path)) if costs is None else costs,
-                                     get_workload(workload).acceptance, specs=specs, **sim["settings"])
+        try:
+            self.controller = Controller(load_costs(costs_path) if costs is None else costs,
+                                         get_workload(workload).acceptance, specs=specs, plain_draft="extend",
+                                         **sim["settings"])
+        except TypeError as exc:
+            raise SimtreeError(f"{where}: \"{CONFIG_KEY}\".settings: a value of the wrong kind ({exc})") from None
+        logging.getLogger(__name__).info(
+            "simtree controller in SGLang: steps %s, costs %s, acceptance %s, priced at context %.0f",
+            self.steps, costs_path, sim["workload"], self.context_len)
         self._step_of = {t.index: s for t, s in zip(self.controller.tiers, self.steps)}
         self._cuda_graph_bs: list[int] | None = None
         self._waiting: deque = deque()

@@ -37,6 +37,6 @@ def register() -> None:
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
     from sglang.srt.speculative import adaptive_spec_params
     current = adaptive_spec_params.AdaptiveSpeculativeParams
-    if current is not AdaptiveParamsDispatch:
+    if getattr(current, "__name__", "") != AdaptiveParamsDispatch.__name__:   # not a dispatch (of a reloaded module)
         _ORIGINAL.setdefault("params", current)
     HookRegistry.register(TARGET, AdaptiveParamsDispatch, HookType.REPLACE)

@@ -36,8 +36,8 @@ from simtree.engines.export import (NEAR_BEST, TierRow, adaptive_config, parse_v
                                     vllm_per_batch_size)
 from simtree.engines.sglang_controller import CONFIG_KEY, SimtreeAdaptiveParams, controller_section
 from simtree.errors import SEED_MAX, SimtreeError, check_int
-from simtree.fileio import check_out_folder, file_sha256, read_json, write_atomic, write_text_atomic
-from simtree.costs.grid import CostGrid
+from simtree.fileio import check_out_folder, read_json, write_atomic, write_text_atomic
+from simtree.serving.costgrid import CostGrid
 from simtree.serving.bench_report import plot as _plot
 from simtree.serving.bench_report import readme as _readme
 from simtree.serving.live_report import existing_section
@@ -113,8 +113,9 @@ def _model_setup(path: Path, out: Path, workload: str, sg=None) -> dict:
     cfg_dir = out / "configs" / model
     adaptive_path = write_text_atomic(cfg_dir / "adaptive_config.json", json.dumps(adaptive_config(rows), indent=1))
     # simtree's controller in SGLang: the same slots, the bundle beside them (simtree export sglang's files)
-    write_text_atomic(cfg_dir / "costs.json", Path(path).read_text())
-    section = controller_section("costs.json", workload, ctx, file_sha256(path)[:16])
+    text = Path(path).read_text()
+    write_text_atomic(cfg_dir / "costs.json", text)
+    section = controller_section("costs.json", workload, ctx, hashlib.sha256(text.encode()).hexdigest()[:16])
     controller_path = write_text_atomic(cfg_dir / "adaptive_controller.json",
                                         json.dumps({**adaptive_config(rows), CONFIG_KEY: section}, indent=1))
     gamma = int(costs.draft.valid_range.get("num_steps", (1, 7))[1])
@@ -305,12 +306,12 @@ def statics_key(m: dict, statics, trace, seeds) -> str:
     """A digest of everything the fixed tiers' results at one point depend on: the cost bundle's
     file, every tier's numbers under the acceptance model (its shape, verified nodes and accepted
     drafts' distribution per level, the levels' weights), the trace, the acceptance seeds, the
-    batch limit and the simulator's own code (:mod:`simtree.serving.sim`, ``policies``, :mod:`simtree.costs.grid`,
+    batch limit and the simulator's own code (:mod:`simtree.serving.sim`, ``policies``, ``costgrid``,
     ``traces``, :mod:`simtree.control.catchup` and ``tiers``, and the cost forms that turn the bundle
     into times; not the controller's own code, which no fixed tier runs)."""
     from simtree.control import catchup, tiers
-    from simtree.costs import base_forms, forms, grid, model, moe_forms, surface_fit
-    from simtree.serving import policies, sim, traces
+    from simtree.costs import base_forms, forms, model, moe_forms, surface_fit
+    from simtree.serving import costgrid, policies, sim, traces
     h = hashlib.sha256()
     h.update(Path(m["path"]).read_bytes())
     for t in statics:
@@ -320,7 +321,7 @@ def statics_key(m: dict, statics, trace, seeds) -> str:
     for a in (trace.arrival_s, trace.prompt_len, trace.output_len):
         h.update(np.ascontiguousarray(a).tobytes())
     h.update(repr((list(seeds), MAX_BATCH)).encode())
-    for mod in (sim, policies, grid, traces, catchup, tiers, base_forms, forms, model, moe_forms, surface_fit):
+    for mod in (sim, policies, costgrid, traces, catchup, tiers, base_forms, forms, model, moe_forms, surface_fit):
         h.update(Path(mod.__file__).read_bytes())
     return h.hexdigest()
 

@@ -51,9 +51,10 @@ def readme(df: pd.DataFrame, command: str, num_requests: int, workload: str, len
              "policy): `tok_s` is the replicas' mean (each in `tok_s_runs`), `best_static` is the fixed tier "
              "fastest on that mean, the TPOT percentiles pool the replicas' requests, so a p99 over "
              f"{replicas * num_requests} requests is set by its {max(1, -(-replicas * num_requests // 100))} "
-             "slowest. A policy that runs plain and drafted steps (threshold, SGLang's adaptive steps, the "
-             "controller) pays the drafter's catch-up in the drafted step after plain ones (`catch_ups`, "
-             "`catch_up_s`; docs/controller.md). `switches_runs` and `steps_runs` give each replica's (their sums are "
+             "slowest. A policy that runs plain and drafted steps (threshold, the controller) pays the drafter's "
+             "catch-up in the drafted step after plain ones (`catch_ups`, `catch_up_s`; docs/controller.md); SGLang's "
+             "adaptive steps (`sglang_adaptive`, `sglang_adaptive_simtree`, `sglang_controller`) run the drafter over "
+             "each step-0 round's rows instead, as SGLang does by default. `switches_runs` and `steps_runs` give each replica's (their sums are "
              "the totals). `tpot_p99_diff_lo_ms` and `tpot_p99_diff_hi_ms`: the 95% paired bootstrap band of the "
              "policy's TPOT p99 minus best_static's (every policy serves the same requests on the same draws: "
              "the requests are resampled together for both).", "",

@@ -13,16 +13,19 @@ SGLang's own classes run inside the loop: ``AdaptiveSpeculativeParams`` (its per
 DSpark's ``compute_verify_token_budget`` over an SPS table.  DSpark's survival probabilities
 are each sequence's chain acceptance at the level it drew (the drafter's confidence, exact).
 
-A driver that runs plain and drafted steps (``lags``: threshold tiers, SGLang's adaptive steps,
-the controller) is an engine whose MTP layer falls behind during plain steps and catches up
-when drafting resumes: the simulator adds that catch-up's price to the step that pays it
-(:class:`simtree.control.catchup.CatchUpClock`).  A plain step itself is C_v(1) alone.
+A driver that runs plain and drafted steps (``lags``: threshold tiers, the controller) is an
+engine whose MTP layer falls behind during plain steps and catches up when drafting resumes: the
+simulator adds that catch-up's price to the step that pays it
+(:class:`simtree.control.catchup.CatchUpClock`); a plain step itself is C_v(1) alone.  SGLang's
+adaptive steps keep the drafter level instead: each step-0 round adds the drafter's forward over
+its rows (:class:`SGLangAdaptiveDriver`).
 """
 from __future__ import annotations
 
 import numpy as np
 
 from simtree.acceptance.mixture import AcceptanceModel
+from simtree.control.catchup import catch_up_us
 from simtree.control.controller import Controller
 from simtree.control.tiers import Tier, tier_shape
 from simtree.planning.modes import LinearParams, NoneParams
@@ -103,9 +106,12 @@ class ThresholdDriver:
 
 
 class SGLangAdaptiveDriver:
-    """SGLang's ``AdaptiveSpeculativeParams`` picks the steps (top-k 1 chains) per batch."""
+    """SGLang's ``AdaptiveSpeculativeParams`` picks the steps (top-k 1 chains) per batch.  Its
+    drafter never falls behind: a step-0 round runs the draft model's extend over each request's
+    new row (``eagle_worker_v2``: unless ``SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND``), priced
+    ``C_d(1, 1, b)``, the drafter's forward over one row per sequence."""
 
-    lags = True
+    lags = False
 
     def __init__(self, costs, acc: AcceptanceModel, params):
         self.costs, self.acc, self.params, self._cache = costs, acc, params, {}
@@ -115,7 +121,8 @@ class SGLangAdaptiveDriver:
         tier = linear_tier(self.acc, steps, self._cache)
         accepted = sample_tier(tier, levels, u)
         self.params.on_verify_complete([int(a) for a in accepted], b)
-        return _step_us(self.costs, tier, levels, ctx), accepted, tier.name
+        extend = catch_up_us(self.costs, 1, b) if steps == 0 else 0.0
+        return _step_us(self.costs, tier, levels, ctx) + extend, accepted, tier.name
 
 
 class DSparkDriver:

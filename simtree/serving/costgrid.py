@@ -1,7 +1,6 @@
-"""A cost bundle tabulated per batch size for callers that ask it every step.
+"""A cost bundle tabulated per batch size for step-by-step simulation.
 
-A fitted surface costs ~0.7 ms per call; a served trace (the serving simulator) and a controller
-inside an engine's loop (:mod:`simtree.engines.sglang_controller`) ask it at every step.  Per batch size
+A fitted surface costs ~0.7 ms per call; a served trace asks it at every step.  Per batch size
 the grid evaluates C_v once on nodes per sequence in steps of 1/8 and contexts in buckets of
 ``CTX_BUCKET`` tokens, and C_d on whole (steps, top-k); lookups take the nearest node step and
 interpolate linearly in context.  The same ``verify.predict`` / ``draft.predict`` signatures
