@@ -17,6 +17,11 @@ is split over programs (flash-decoding) so that the grid fills the GPU; a second
 merges the splits by their log-sum-exp and folds the sink in:  o = sum_s e^{lse_s - M} o_s /
 (sum_s e^{lse_s - M} + e^{sink - M}).  Unsplit, the online softmax starts from the sink
 (m = sink, l = 1).  Bytes per query: K rows x D x 2 B (640 x 512 x 2 = 655 KB at V4-Flash).
+
+:func:`sparse_attention` runs the swapped form (:func:`_sparse_attn_t_kernel`: the gathered
+rows as both products' M side, 128 of them a step) with the "wave1" split rule: on an H100
+1.25-2.63x faster than the form above at 16 of the floor bench's 18 points
+(``docs/math/v4_compression.md``); the form above stays for the benchmark's launches.
 """
 from __future__ import annotations
 
@@ -263,13 +268,16 @@ def _num_splits(N: int, head_blocks: int, K: int, block_k: int, device, rule: st
 
 
 def sparse_attention(q: torch.Tensor, idx: torch.Tensor, sources: Sequence[torch.Tensor],
-                     sink: torch.Tensor, scale: float, block_k: int = 32, block_h: int | None = None,
+                     sink: torch.Tensor, scale: float, block_k: int = 128, block_h: int | None = None,
                      num_warps: int = 8, num_splits: int | None = None) -> torch.Tensor:
     """Triton sparse attention; shapes in the module docstring. Returns [N, H, D] in q's dtype.
 
-    num_splits None: chosen from the grid size (1 off the GPU); block_h None: 32 heads on the
-    GPU (fits the [heads, 512] fp32 accumulator in registers), 16 under the interpreter."""
-    return _sparse_attention(q, idx, sources, sink, scale, block_k, block_h, num_warps, num_splits)
+    The launch the floor bench measured fastest (H100, 2026-12-07, ``reports/h100/floor.csv``):
+    the swapped products (rows as the M side, :func:`_sparse_attn_t_kernel`) over ``block_k``
+    rows a step, no software pipelining; num_splits None: the "wave1" rule (1 off the GPU);
+    block_h None: 32 heads on the GPU, 16 under the interpreter."""
+    return _sparse_attention(q, idx, sources, sink, scale, block_k, block_h, num_warps, num_splits, swap=True,
+                             stages=1, split_rule="wave1")
 
 
 def _sparse_attention(q, idx, sources, sink, scale: float, block_k: int, block_h: int | None, num_warps: int,

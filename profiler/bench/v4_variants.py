@@ -50,12 +50,13 @@ def _launch(bk, bh, w, s, swap=False, st=2, skip=True, ahead=False):
 
 
 ATTN_LAUNCHES = dict(_launch(*a, **k) for a, k in (
+    ((128, 32, 8, "w1"), dict(swap=True, st=1)),
     ((32, 32, 8, 0), {}), ((32, 32, 8, 0), dict(skip=False)), ((32, 32, 8, "w1"), dict(ahead=True)),
     ((32, 32, 8, 1), {}), ((32, 32, 8, 4), {}), ((32, 32, 8, "w1"), {}),
     ((32, 16, 4, "w1"), {}),
     ((64, 32, 8, "w1"), dict(swap=True, st=1)), ((64, 32, 8, "w1"), dict(swap=True, st=2)),
     ((64, 32, 4, "w1"), dict(swap=True, st=2)), ((64, 16, 4, "w1"), dict(swap=True, st=3)),
-    ((64, 64, 8, "w1"), dict(swap=True, st=2)), ((128, 32, 8, "w1"), dict(swap=True, st=1))))
+    ((64, 64, 8, "w1"), dict(swap=True, st=2))))
 
 
 def log(msg: str) -> None:
