@@ -113,3 +113,22 @@ def test_gdn_from_names_a_missing_key_column_and_needs_a_new_run(tmp_path):
         floor_table(gdn, None, gdn_from=out)
     with pytest.raises(SimtreeError, match="give --gdn DIR or --v4 DIR"):
         floor_table(None, None, gdn_from=out)
+
+
+def test_later_v4_runs_replace_the_points_they_repeat(tmp_path):
+    """Several V4 runs: a later run's row replaces an earlier one's at the same point (kernel,
+    kind, batch, nodes, context, tree shape), the others are kept, column run says whose."""
+    _, v4 = _bench(tmp_path)
+    rows = pd.read_csv(v4 / "floor_v4.csv").assign(tree_shape="random")
+    first = pd.concat([rows, rows.assign(nodes_per_seq=4, measured_us=200.0),
+                       rows.assign(tree_shape="chain", measured_us=290.0)])
+    first.to_csv(v4 / "floor_v4.csv", index=False)
+    later = tmp_path / "v4b"
+    later.mkdir()
+    rows.assign(measured_us=250.0, ratio=2.5).to_csv(later / "floor_v4.csv", index=False)
+    (later / "floor_v4.json").write_text((v4 / "floor_v4.json").read_text())
+    t = floor_table(None, [v4, later]).sort_values(["nodes", "tree_shape"])
+    assert t[["nodes", "tree_shape", "measured_us", "run"]].values.tolist() == [
+        [4, "random", 200.0, 1], [16, "chain", 290.0, 1], [16, "random", 250.0, 2]]
+    out = tmp_path / "floor.csv"
+    assert main(["--v4", str(v4), "--v4", str(later), "--out", str(out)]) == 0 and len(pd.read_csv(out)) == 3

@@ -28,6 +28,7 @@ from simtree.errors import SimtreeError
 from simtree.fileio import write_text_atomic
 
 COLUMNS = ["kernel", "layer_kind", "batch", "nodes", "context", "measured_us", "floor_us", "ratio"]
+V4_KEY = ["kernel", "layer_kind", "batch", "nodes", "context", "tree_shape"]   # a V4 row's point
 V4_NAMES = {"batch_size": "batch", "nodes_per_seq": "nodes", "context_len": "context"}
 
 
@@ -60,22 +61,36 @@ def _earlier(path: Path, flag: str) -> pd.DataFrame:
 GDN_KEY = ["kernel", "variant", "batch", "nodes"]
 
 
-def floor_table(gdn: Path | None, v4: Path | None, v4_from: Path | None = None,
+def _v4_runs(folders) -> pd.DataFrame:
+    """The V4 rows of every run folder, in order, column ``run`` its 1-based place: a later run's
+    row replaces an earlier one's at the same point (``V4_KEY``)."""
+    runs = []
+    for i, folder in enumerate(folders, 1):
+        df, env = _read(Path(folder), "floor_v4.csv", "floor_v4.json")
+        runs.append(df.rename(columns=V4_NAMES).assign(gpu=env["gpu"], torch=env["torch_version"],
+                                                       triton=env["triton_version"], run=i))
+    out = pd.concat(runs, ignore_index=True)
+    key = out.reindex(columns=V4_KEY).astype(str)
+    return out[~key.duplicated(keep="last")].reset_index(drop=True)
+
+
+def floor_table(gdn: Path | None, v4, v4_from: Path | None = None,
                 gdn_from: Path | None = None) -> pd.DataFrame:
+    """``v4``: one V4 run folder or several (a later one's rows replace an earlier one's at the
+    same point, the ``run`` column saying which)."""
     parts = []
-    if v4 is not None and v4_from is not None:
+    v4 = [v4] if isinstance(v4, (str, Path)) else list(v4 or [])
+    if v4 and v4_from is not None:
         raise SimtreeError("give --v4 DIR or --v4-from TABLE, not both")
     if gdn is not None:
         df, env = _read(Path(gdn), "floor.csv", "floor.json")
         bw = json.loads((Path(gdn) / "floor.json").read_text())["bandwidth"]["copy_GBps"]
         parts.append(df[df["layer_kind"] == "gdn"].assign(gpu=env["gpu"], torch=env["torch"], triton=env["triton"],
                                                           bandwidth_gbs=round(float(bw), 1)))
-    if v4 is not None:
-        df, env = _read(Path(v4), "floor_v4.csv", "floor_v4.json")
-        parts.append(df.rename(columns=V4_NAMES).assign(gpu=env["gpu"], torch=env["torch_version"],
-                                                        triton=env["triton_version"]))
+    if v4:
+        parts.append(_v4_runs(v4))
     if gdn_from is not None:
-        if gdn is None and v4 is None:
+        if gdn is None and not v4:
             raise SimtreeError("--gdn-from TABLE keeps an earlier table's GDN rows beside a new run: give --gdn DIR "
                                "or --v4 DIR")
         old = _keyed(_earlier(gdn_from, "--gdn-from"), str(gdn_from))
@@ -96,7 +111,8 @@ def floor_table(gdn: Path | None, v4: Path | None, v4_from: Path | None = None,
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--gdn", type=Path)
-    ap.add_argument("--v4", type=Path)
+    ap.add_argument("--v4", type=Path, action="append", help="a V4 run folder; again for more runs, a later one's "
+                    "rows replacing an earlier one's at the same point (column run)")
     ap.add_argument("--v4-from", type=Path, help="keep this earlier floor table's V4 rows")
     ap.add_argument("--gdn-from", type=Path, help="keep this earlier table's GDN rows the --gdn run does not repeat")
     ap.add_argument("--out", type=Path, required=True)

@@ -559,7 +559,7 @@ FOLDERS: tuple[Folder, ...] = (
            "for both targets at two contexts, their C_d fits per context; FP8 against bf16 expert GEMMs of the "
            "V4-Flash ep=8 rank; GDN and V4 verify against their "
            "memory floor (floor.csv: `bash scripts/gdn_floor_gpu.sh`, `bash scripts/v4_floor_gpu.sh`, then "
-           "`python -m simtree.profiler.bench.floor_table --gdn D1 --v4 D2 --out reports/h100/floor.csv`; the committed table holds two GDN runs and a V4 run added in turn: `python -m simtree.profiler.bench.floor_table --gdn D1 --gdn-from reports/h100/floor.csv --v4-from reports/h100/floor.csv --out reports/h100/floor.csv` (a GDN run of some variants), `python -m simtree.profiler.bench.floor_table --v4 D2 --gdn-from reports/h100/floor.csv --out reports/h100/floor.csv` (a V4 run))",
+           "`python -m simtree.profiler.bench.floor_table --gdn D1 --v4 D2 --out reports/h100/floor.csv`; the committed table holds two GDN runs and three V4 runs added in turn: `python -m simtree.profiler.bench.floor_table --gdn D1 --gdn-from reports/h100/floor.csv --v4-from reports/h100/floor.csv --out reports/h100/floor.csv` (a GDN run of some variants), `python -m simtree.profiler.bench.floor_table --v4 D2 --v4 D3 --v4 D4 --gdn-from reports/h100/floor.csv --out reports/h100/floor.csv` (the V4 runs, column run: 4K, HCA at 4223, four 4K points with the swapped attention launch; a later run's rows replace an earlier one's at the same point))",
            "`OUT=DIR bash scripts/drafters_gpu.sh` (one H100 call, both models into one table), its "
            "drafters_profile.csv copied here, then `python -m simtree.costs.drafter_fit "
            "reports/h100/drafters_profile.csv --out reports/h100/drafters_fit.csv`; `bash scripts/fp8_gpu.sh` "
