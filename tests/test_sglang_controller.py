@@ -15,6 +15,7 @@ import pytest
 from simtree.acceptance.model import get_workload
 from simtree.cli import app
 from simtree.control import Controller
+from simtree.control.tiers import chain_spec
 from simtree.costs.model import load_costs
 from simtree.engines.sglang_controller import CONFIG_KEY, SimtreeAdaptiveParams
 from simtree.errors import SimtreeError
@@ -102,7 +103,7 @@ def test_sglangs_controller_runs_the_steps_simtree_chooses(exported, tmp_path):
     assert set(worker.built) == {0, 1, 2, 5} and all(bs == graphs for bs in worker.built.values())
     sim = json.loads(path.read_text())[CONFIG_KEY]
     ref = Controller(load_costs(tmp_path / "costs.json"), get_workload(sim["workload"]).acceptance,
-                     specs=[NoneParams() if s == 0 else LinearParams(s + 1) for s in (0, 1, 2, 3, 5)],
+                     specs=[chain_spec(s) for s in (0, 1, 2, 3, 5)],
                      plain_draft="extend")
     rng = np.random.default_rng(0)
     ran = []

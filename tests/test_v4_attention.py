@@ -63,28 +63,20 @@ def test_split_index_list_matches_torch(num_splits, D):
     torch.testing.assert_close(out.double(), ref, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("num_splits,skip,ahead", [(1, True, False), (3, True, False), (1, False, True),
-                                                   (3, True, True), (2, False, False)])
-def test_padding_blocks_and_entries_ahead(num_splits, skip, ahead):
+@pytest.mark.parametrize("num_splits,skip", [(1, True), (3, True), (2, False)])
+def test_padding_blocks_skipped_or_run(num_splits, skip):
     """Blocks of -1 entries only (a list's padding: at the start, between live blocks, at the
-    end, and a whole query) skipped or run, the next block's entries loaded ahead or not: the
-    softmax the live rows make, split or not."""
+    end, and a whole query) skipped or run: the softmax the live rows make, split or not."""
     q, idx, srcs, sink = _case(9, 4, 20, 48, (40, 6, 30, 5), 112, torch.float32)
     idx[:, 16:64] = -1
     idx[1, :16] = -1
     idx[2, 80:] = -1
     idx[3] = -1
     out = sparse_attention_launched(q, idx, srcs, sink, 0.2, block_k=16, block_h=16, num_splits=num_splits,
-                                    skip=skip, ahead=ahead)
+                                    skip=skip)
     ref = sparse_attention_torch(q.double(), idx, [s.double() for s in srcs], sink.double(), 0.2)
     torch.testing.assert_close(out.double(), ref, rtol=1e-5, atol=1e-5)
     assert torch.count_nonzero(out[3]) == 0
-
-
-def test_entries_ahead_on_the_swapped_kernel_is_one_line():
-    q, idx, srcs, sink = _case(9, 2, 4, 16, (10,), 8, torch.float32)
-    with pytest.raises(ValueError, match="ahead is the unswapped kernel's"):
-        sparse_attention_launched(q, idx, srcs, sink, 0.2, swap=True, ahead=True)
 
 
 @pytest.mark.parametrize("num_splits,block_k,block_h,stages", [(1, 16, 16, 2), (3, 16, 16, 1), (2, 32, 32, 3)])

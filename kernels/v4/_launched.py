@@ -4,7 +4,7 @@ compressors' pooling without its padding rows, and split over (window, channels)
 the layer forms (``simtree.kernels.layers.forms.v4_fusions``) and timed by the benchmark
 (``profiler/bench/v4_floor.py``); the public entry ``verify.tree_verify`` runs none of them.
 The sparse attention core with its launch switches (block sizes, warps, splits and their rule,
-``swap``, ``skip``, ``ahead``); the public ``attention.sparse_attention`` runs the defaults."""
+``swap``, ``skip``); the public ``attention.sparse_attention`` runs the defaults."""
 from __future__ import annotations
 
 from .attention import _sparse_attention
@@ -20,11 +20,11 @@ def tree_verify_fused(cache, w, inp, plan, fusions: tuple, attention: str = "tri
 
 def sparse_attention_launched(q, idx, sources, sink, scale: float, block_k: int = 32, block_h: int | None = None,
                               num_warps: int = 8, num_splits: int | None = None, swap: bool = False,
-                              stages: int = 2, split_rule: str = "waves2", skip: bool = True, ahead: bool = False):
+                              stages: int = 2, split_rule: str = "waves2", skip: bool = True):
     """``attention.sparse_attention`` under the launch (block_k, block_h, num_warps, num_splits),
     with ``swap`` (the products with the rows as their M side, the row loop pipelined over
     ``stages`` blocks), ``split_rule`` ("waves2", "wave1": the splits when num_splits is None),
-    ``skip`` (blocks of -1 entries only run no product; off: every block runs, as before the
-    switch) and ``ahead`` (the next block's entries loaded before this block's rows)."""
+    and ``skip`` (the unswapped kernel's blocks of -1 entries only run no product; off: every
+    block runs)."""
     return _sparse_attention(q, idx, sources, sink, scale, block_k, block_h, num_warps, num_splits, swap, stages,
-                             split_rule, skip, ahead)
+                             split_rule, skip)

@@ -141,9 +141,8 @@ def _sparse_attn_kernel(Q, IDX, S0, S1, S2, S3, SINK, OUT, LSE, B1, B2, B3, K, H
                         stride_qn, stride_qh, stride_in, stride_on, stride_os, stride_oh,
                         D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_H: tl.constexpr,
                         BLOCK_K: tl.constexpr, DOT_T: tl.constexpr, IEEE: tl.constexpr,
-                        SPLIT: tl.constexpr, SKIP: tl.constexpr, AHEAD: tl.constexpr):
-    """SKIP: a block of -1 entries only runs no product; AHEAD: the next block's entries are
-    loaded before this block's rows, so that their latency overlaps this block's work."""
+                        SPLIT: tl.constexpr, SKIP: tl.constexpr):
+    """SKIP: a block of -1 entries only runs no product."""
     n, sp, offs_h, offs_d, mh, md = _program(H, D, BLOCK_H, BLOCK_D)
     q = tl.load(Q + n * stride_qn + offs_h[:, None] * stride_qh + offs_d[None, :],
                 mask=mh[:, None] & md[None, :], other=0.0).to(DOT_T)
@@ -152,13 +151,8 @@ def _sparse_attn_kernel(Q, IDX, S0, S1, S2, S3, SINK, OUT, LSE, B1, B2, B3, K, H
     col = offs_d[None, :]
     k_lo = sp * chunk
     k_hi = tl.minimum(k_lo + chunk, K)
-    if AHEAD:
-        idx = _block_idx(IDX, n, stride_in, k_lo, k_hi, BLOCK_K)
     for k0 in range(k_lo, k_hi, BLOCK_K):
-        if AHEAD:
-            nxt = _block_idx(IDX, n, stride_in, k0 + BLOCK_K, k_hi, BLOCK_K)
-        else:
-            idx = _block_idx(IDX, n, stride_in, k0, k_hi, BLOCK_K)
+        idx = _block_idx(IDX, n, stride_in, k0, k_hi, BLOCK_K)
         if SKIP:
             if tl.max(idx, 0) >= 0:  # a block of -1 entries only (a list's padding) runs no product
                 kk, valid = _rows(idx, S0, S1, S2, S3, B1, B2, B3, col, md, D, DOT_T)
@@ -166,8 +160,6 @@ def _sparse_attn_kernel(Q, IDX, S0, S1, S2, S3, SINK, OUT, LSE, B1, B2, B3, K, H
         else:
             kk, valid = _rows(idx, S0, S1, S2, S3, B1, B2, B3, col, md, D, DOT_T)
             m_i, l_i, acc = _attend(q, kk, valid, m_i, l_i, acc, scale, DOT_T, IEEE)
-        if AHEAD:
-            idx = nxt
     out = acc / tl.maximum(l_i, 1e-30)[:, None]
     optr = OUT + n * stride_on + sp * stride_os + offs_h[:, None] * stride_oh + offs_d[None, :]
     tl.store(optr, out.to(OUT.dtype.element_ty), mask=mh[:, None] & md[None, :])
@@ -282,13 +274,12 @@ def sparse_attention(q: torch.Tensor, idx: torch.Tensor, sources: Sequence[torch
 
 def _sparse_attention(q, idx, sources, sink, scale: float, block_k: int, block_h: int | None, num_warps: int,
                       num_splits: int | None, swap: bool = False, stages: int = 2,
-                      split_rule: str = "waves2", skip: bool = True, ahead: bool = False) -> torch.Tensor:
+                      split_rule: str = "waves2", skip: bool = True) -> torch.Tensor:
     """:func:`sparse_attention` with the launch switches the benchmark times
     (``_launched.sparse_attention_launched``): swap runs the products with the rows as their M side
     (:func:`_sparse_attn_t_kernel`, the row loop pipelined over ``stages`` blocks);
-    split_rule picks the splits when num_splits is None (:func:`_num_splits`); skip / ahead:
-    :func:`_sparse_attn_kernel`'s SKIP / AHEAD (the swapped kernel runs every block, its entries
-loaded in its pipeline: skip changes nothing there, ahead is refused)."""
+    split_rule picks the splits when num_splits is None (:func:`_num_splits`); skip:
+    :func:`_sparse_attn_kernel`'s SKIP (the swapped kernel runs every block: nothing there)."""
     N, H, D = q.shape
     if len(sources) > 4 or not sources:
         raise ValueError(f"sparse_attention takes 1 to 4 sources, got {len(sources)}")
@@ -324,12 +315,7 @@ loaded in its pipeline: skip changes nothing there, ahead is refused)."""
     common = dict(D=D, BLOCK_D=block_d, BLOCK_H=block_h, BLOCK_K=block_k, DOT_T=dot_t,
                   IEEE=dot_t == tl.float32, num_warps=num_warps)
     kernel = _sparse_attn_t_kernel if swap else _sparse_attn_kernel
-    if swap:
-        if ahead:
-            raise ValueError("ahead is the unswapped kernel's: the swapped one loads its entries in its pipeline")
-        common["STAGES"] = int(stages)
-    else:
-        common.update(SKIP=bool(skip), AHEAD=bool(ahead))
+    common.update(STAGES=int(stages)) if swap else common.update(SKIP=bool(skip))
     if nsplit == 1:
         kernel[(N, 1, hblocks)](
             q, idx, srcs[0], srcs[1], srcs[2], srcs[3], sink32, out, sink32, bounds[1], bounds[2],

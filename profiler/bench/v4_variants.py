@@ -39,19 +39,17 @@ BLOCK_VARIANTS = ("current", "fused", "fused_hc", "fused_all", "fused_live", "fu
 # kernels/v4/_launched.sparse_attention_launched; the first is sparse_attention's default.  Names:
 # bk rows per step, bh heads per program, w warps, s splits (0: the "waves2" rule, w1: the
 # "wave1" rule, else that many); swap_*: the products with the rows as their M side, st the
-# pipeline's stages; _ns: every block runs its products (no padding-block skip: the default before
-# it), _ah: the next block's entries loaded ahead
-def _launch(bk, bh, w, s, swap=False, st=2, skip=True, ahead=False):
-    name = (f"{'swap_' if swap else ''}bk{bk}_bh{bh}_w{w}_s{s}" + (f"_st{st}" if swap else "")
-            + ("" if skip else "_ns") + ("_ah" if ahead else ""))
+# pipeline's stages; _ns: every block runs its products (no padding-block skip)
+def _launch(bk, bh, w, s, swap=False, st=2, skip=True):
+    name = f"{'swap_' if swap else ''}bk{bk}_bh{bh}_w{w}_s{s}" + (f"_st{st}" if swap else "") + ("" if skip else "_ns")
     kw = dict(block_k=bk, block_h=bh, num_warps=w, num_splits=s if isinstance(s, int) and s else None,
-              split_rule="wave1" if s == "w1" else "waves2", swap=swap, stages=st, skip=skip, ahead=ahead)
+              split_rule="wave1" if s == "w1" else "waves2", swap=swap, stages=st, skip=skip)
     return name, kw
 
 
 ATTN_LAUNCHES = dict(_launch(*a, **k) for a, k in (
     ((128, 32, 8, "w1"), dict(swap=True, st=1)),
-    ((32, 32, 8, 0), {}), ((32, 32, 8, 0), dict(skip=False)), ((32, 32, 8, "w1"), dict(ahead=True)),
+    ((32, 32, 8, 0), {}), ((32, 32, 8, 0), dict(skip=False)),
     ((32, 32, 8, 1), {}), ((32, 32, 8, 4), {}), ((32, 32, 8, "w1"), {}),
     ((32, 16, 4, "w1"), {}),
     ((64, 32, 8, "w1"), dict(swap=True, st=1)), ((64, 32, 8, "w1"), dict(swap=True, st=2)),

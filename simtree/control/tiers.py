@@ -12,7 +12,7 @@ from simtree.acceptance.phi import accepted_length_pmf, node_accept_probs_ranked
 from simtree.planning.modes import EagleParams, LinearParams, NoneParams, PolicySpec
 from simtree.planning.simulate import static_round
 
-__all__ = ["Tier", "tier_shape", "DEFAULT_TIERS"]
+__all__ = ["Tier", "tier_shape", "chain_spec", "DEFAULT_TIERS"]
 
 DEFAULT_TIERS: tuple[PolicySpec, ...] = (
     (NoneParams(),) + tuple(LinearParams(d) for d in range(2, 8))
@@ -71,6 +71,12 @@ class Tier:
     def draft_us(self, costs, batch_size: int) -> float:
         s, k = self.spec.draft_shape()
         return 0.0 if s == 0 else float(costs.draft.predict(s, k, batch_size))
+
+
+def chain_spec(drafts: int) -> PolicySpec:
+    """The policy of a chain of ``drafts`` draft tokens (0: plain decoding): linear D = drafts + 1
+    nodes, an engine's ``drafts`` draft steps (SGLang's speculative_num_steps, vLLM's K)."""
+    return NoneParams() if drafts == 0 else LinearParams(drafts + 1)
 
 
 def tier_shape(acc: AcceptanceModel, spec: PolicySpec, index: int = 0) -> Tier:

@@ -29,7 +29,6 @@ gives, per planned batch range, the plan's predicted tok/s, the exported policy'
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import shlex
 from dataclasses import dataclass
@@ -39,6 +38,7 @@ import numpy as np
 
 from simtree.acceptance.model import PRESETS, get_workload
 from simtree.control.controller import Controller
+from simtree.control.tiers import chain_spec
 from simtree.costs.model import load_costs
 from simtree.parallel import parse_deployment
 from simtree.deploy.costs import bundle_deployment
@@ -47,10 +47,9 @@ from simtree.errors import SimtreeError
 from simtree.fileio import write_text_atomic
 from simtree.planning.planner import read_candidates
 from simtree.planning.policy_file import Policy
-from simtree.planning.modes import LinearParams, NoneParams
 from simtree.planning.sglang import export as sglang_static
 
-from .sglang_controller import CONFIG_KEY, controller_section, slot_steps
+from .sglang_controller import COSTS_FILE, controller_config, slot_steps
 
 __all__ = ["ENGINES", "NEAR_BEST", "TierRow", "export_policy", "linear_tiers", "sps_additive_table",
            "adaptive_config", "vllm_per_batch_size",
@@ -221,12 +220,11 @@ def _controller_files(policy: Policy, workload: str, acceptance: str | None, ada
     name, source = got
     steps = slot_steps(adaptive, "adaptive config")
     acc = get_workload(str(source) if source else name).acceptance
-    Controller(bundle, acc, specs=[NoneParams() if s == 0 else LinearParams(s + 1) for s in steps])
-    files = {"costs.json": Path(bundle_path).read_text()}
+    Controller(bundle, acc, specs=[chain_spec(s) for s in steps])
+    files = {COSTS_FILE: Path(bundle_path).read_text()}
     if source is not None:
         files[name] = source.read_text()
-    digest = hashlib.sha256(files["costs.json"].encode()).hexdigest()[:16]   # of the copy as written
-    config = {**adaptive, CONFIG_KEY: controller_section("costs.json", name, ctx, digest)}
+    config = controller_config(adaptive, files[COSTS_FILE], name, ctx)
     files["adaptive_controller.json"] = json.dumps(config, indent=1) + "\n"
     files["launch_controller.txt"] = launch.replace("adaptive_config.json", "adaptive_controller.json")
     return files, {"written": True, "config": "adaptive_controller.json", "steps": steps, "context_len": ctx,

@@ -37,6 +37,7 @@ environment, or ``SGLANG_PLUGINS`` set without it).
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import math
@@ -45,13 +46,13 @@ from pathlib import Path
 
 from simtree.acceptance.model import PRESETS, get_workload
 from simtree.control.controller import Controller
+from simtree.control.tiers import chain_spec
 from simtree.costs.model import load_costs
 from simtree.errors import SimtreeError
 from simtree.fileio import file_sha256
-from simtree.planning.modes import LinearParams, NoneParams
 
-__all__ = ["CONFIG_KEY", "FORMAT", "IN_FLIGHT", "SimtreeAdaptiveParams", "controller_section", "slot_steps",
-           "has_controller"]
+__all__ = ["CONFIG_KEY", "COSTS_FILE", "FORMAT", "IN_FLIGHT", "SimtreeAdaptiveParams", "controller_config",
+           "slot_steps", "has_controller"]
 
 CONFIG_KEY = "simtree"
 FORMAT = "simtree.sglang_controller/1"
@@ -60,15 +61,19 @@ _SETTINGS = ("margin", "min_dwell_steps", "switch_burst", "memory", "prior", "ta
              "tail_mix", "switch_cost_us", "confidence_z")
 
 
-def controller_section(costs: str, workload: str, context_len: float, costs_sha256: str | None = None,
-                       settings: dict | None = None) -> dict:
-    """The adaptive config's ``"simtree"`` entry: ``costs`` and ``workload`` (a preset name, or a
-    file) relative to the config's folder."""
-    out = {"format": FORMAT, "costs": costs, "workload": workload, "context_len": float(context_len),
-           "settings": dict(settings or {})}
-    if costs_sha256:
-        out["costs_sha256"] = costs_sha256
-    return out
+COSTS_FILE = "costs.json"   # the bundle's copy beside the config
+
+
+def controller_config(slots: dict, costs_text: str, workload: str, context_len: float,
+                      settings: dict | None = None) -> dict:
+    """An adaptive config for simtree's controller: SGLang's per-batch ``slots`` and the
+    ``"simtree"`` entry naming the bundle's copy (:data:`COSTS_FILE`, whose text is
+    ``costs_text``, written beside the config by the caller, its digest taken of that text) and
+    ``workload`` (a preset name, or a file beside the config)."""
+    digest = hashlib.sha256(costs_text.encode()).hexdigest()[:16]
+    return {**slots, CONFIG_KEY: {"format": FORMAT, "costs": COSTS_FILE, "workload": workload,
+                                  "context_len": float(context_len), "settings": dict(settings or {}),
+                                  "costs_sha256": digest}}
 
 
 def has_controller(cfg_path) -> bool:
@@ -155,7 +160,7 @@ class SimtreeAdaptiveParams:
         self.steps = slot_steps(cfg, where)
         self.context_len = float(sim["context_len"])
         self.initial_steps = int(initial_steps)
-        specs = [NoneParams() if s == 0 else LinearParams(s + 1) for s in self.steps]
+        specs = [chain_spec(s) for s in self.steps]
         try:
             self.controller = Controller(load_costs(costs_path) if costs is None else costs,
                                          get_workload(workload).acceptance, specs=specs, plain_draft="extend",

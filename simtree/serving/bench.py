@@ -34,7 +34,7 @@ from simtree.costs.model import load_costs
 from simtree.deploy.shipped import shipped_cost_paths
 from simtree.engines.export import (NEAR_BEST, TierRow, adaptive_config, parse_vllm_tiers, sps_additive_table,
                                     vllm_per_batch_size)
-from simtree.engines.sglang_controller import CONFIG_KEY, SimtreeAdaptiveParams, controller_section
+from simtree.engines.sglang_controller import COSTS_FILE, SimtreeAdaptiveParams, controller_config
 from simtree.errors import SEED_MAX, SimtreeError, check_int
 from simtree.fileio import check_out_folder, read_json, write_atomic, write_text_atomic
 from simtree.serving.costgrid import CostGrid
@@ -114,10 +114,9 @@ def _model_setup(path: Path, out: Path, workload: str, sg=None) -> dict:
     adaptive_path = write_text_atomic(cfg_dir / "adaptive_config.json", json.dumps(adaptive_config(rows), indent=1))
     # simtree's controller in SGLang: the same slots, the bundle beside them (simtree export sglang's files)
     text = Path(path).read_text()
-    write_text_atomic(cfg_dir / "costs.json", text)
-    section = controller_section("costs.json", workload, ctx, hashlib.sha256(text.encode()).hexdigest()[:16])
+    write_text_atomic(cfg_dir / COSTS_FILE, text)
     controller_path = write_text_atomic(cfg_dir / "adaptive_controller.json",
-                                        json.dumps({**adaptive_config(rows), CONFIG_KEY: section}, indent=1))
+                                        json.dumps(controller_config(adaptive_config(rows), text, workload, ctx), indent=1))
     gamma = int(costs.draft.valid_range.get("num_steps", (1, 7))[1])
     sps, _ = sps_additive_table(costs, ctx, gamma, MAX_BATCH)
     sps_path = write_text_atomic(cfg_dir / "sps_table.json", json.dumps(sps, indent=1))
@@ -126,7 +125,8 @@ def _model_setup(path: Path, out: Path, workload: str, sg=None) -> dict:
     # plain decoding's capacity: a plain engine (no drafter to catch up)
     none_rate = MAX_BATCH / float(grid.verify.predict(1.0, ctx, MAX_BATCH)) * 1e6
     return {"model": model, "path": path, "grid": grid, "acc": acc, "rows": rows, "tiers": tiers,
-            "adaptive": str(adaptive_path), "controller_cfg": str(controller_path), "sps": None if sg is None else sg[3](str(sps_path)), "gamma": gamma,
+            "adaptive": str(adaptive_path), "controller_cfg": str(controller_path),
+            "sps": None if sg is None else sg[3](str(sps_path)), "gamma": gamma,
             "none_rate": none_rate}
 
 

@@ -119,7 +119,8 @@ def sglang_controller_lines(df: pd.DataFrame, oos: dict) -> list[str]:
     return [f"simtree's controller inside SGLang (`sglang_controller`: SGLang's adaptive loop over "
             f"`SimtreeAdaptiveParams`, what simtree's SGLang plugin runs: the exported chains, every step priced at "
             f"one context, every request counted as new; docs/controller.md), over the {len(sc)} points of the "
-            f"{len(frames)} seeds: tok/s against the controller's {ratio('tok_s', 'controller')}, TPOT p99 "
+            f"{len(frames)} seeds pooled (the controller's settings chosen on the first, in sample; the others out of "
+            f"sample): tok/s against the controller's {ratio('tok_s', 'controller')}, TPOT p99 "
             f"{ratio('tpot_p99_ms', 'controller')}; against SGLang's own adaptive steps on the same candidate steps "
             f"(`sglang_adaptive_simtree`) tok/s {ratio('tok_s', 'sglang_adaptive_simtree')}, TPOT p99 "
             f"{ratio('tpot_p99_ms', 'sglang_adaptive_simtree')}.", ""]

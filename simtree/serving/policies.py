@@ -27,8 +27,7 @@ import numpy as np
 from simtree.acceptance.mixture import AcceptanceModel
 from simtree.control.catchup import catch_up_us
 from simtree.control.controller import Controller
-from simtree.control.tiers import Tier, tier_shape
-from simtree.planning.modes import LinearParams, NoneParams
+from simtree.control.tiers import Tier, chain_spec, tier_shape
 
 __all__ = ["FixedDriver", "ControllerDriver", "ThresholdDriver", "SGLangAdaptiveDriver", "DSparkDriver",
            "sample_tier", "linear_tier", "step_us"]
@@ -56,7 +55,7 @@ def _step_us(costs, tier: Tier, levels: np.ndarray, ctx: np.ndarray) -> float:
 def linear_tier(acc: AcceptanceModel, drafts: int, cache: dict) -> Tier:
     """The tier of a chain of ``drafts`` draft tokens (0: plain decoding), cached."""
     if drafts not in cache:
-        cache[drafts] = tier_shape(acc, NoneParams() if drafts == 0 else LinearParams(drafts + 1))
+        cache[drafts] = tier_shape(acc, chain_spec(drafts))
     return cache[drafts]
 
 
