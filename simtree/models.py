@@ -26,7 +26,7 @@ from simtree.data import data_path
 from simtree.parallel import DEFAULT_DEPLOYMENT, Deployment, parse_deployment
 from simtree.errors import SimtreeError, check_int
 from simtree.fileio import read_yaml
-from simtree.quant import expert_dtype, expert_params
+from simtree.quant import attn_proj_dtype, expert_dtype, expert_params
 
 __all__ = ["ModelShape", "get_model", "list_models", "load_model_file", "MODEL_DIR", "DTYPE_BYTES",
            "LAYER_KINDS", "VERIFY_STAGE", "COMMIT_STAGE", "ROUND_STAGE", "DECODE_STAGE",
@@ -300,7 +300,11 @@ def _mixer_params(shape: ModelShape, kind: str, fp32: int) -> list[tuple[int, in
         return [(q_out * h + 2 * Hkv * D * h + 2 * D + h * Hq * D, 0)]
     v = shape.v4
     H, D, qr, G, orank = (int(v[k]) for k in ("q_heads", "head_dim", "q_lora_rank", "o_groups", "o_lora_rank"))
-    out = [(qr * h + qr + H * D * qr + D * h + D + orank * H * D + h * G * orank, 0), (H, fp32)]
+    pj = attn_proj_dtype(v)         # the attention's linears: bf16, or FP8 with their block scales
+
+    def lin(out_f: int, in_f: int, groups: int = 1) -> list[tuple[int, int]]:
+        return expert_params(out_f, in_f, pj, groups)
+    out = [(qr + D, 0), *lin(qr + D, h), *lin(H * D, qr), *lin(orank, H // G * D, G), *lin(h, G * orank), (H, fp32)]
     from simtree.quant import comp_proj_storage
     proj = 0 if comp_proj_storage() == "model" else fp32      # kernels.layers.v4.comp_proj_dtype
 
@@ -309,7 +313,7 @@ def _mixer_params(shape: ModelShape, kind: str, fp32: int) -> list[tuple[int, in
         return [(2 * c * h, proj), (ratio * c + dim, fp32)]   # projections as v4_comp says; bias, norm fp32
     if kind == "csa":
         Hi, Di, r = int(v["index_heads"]), int(v["index_head_dim"]), int(v["csa_ratio"])
-        out += [*compressor(D, r), *compressor(Di, r), (Hi * Di * qr + Hi * h, 0)]
+        out += [*compressor(D, r), *compressor(Di, r), *lin(Hi * Di, qr), (Hi * h, 0)]
     elif kind == "hca":
         out += compressor(D, int(v["hca_ratio"]))
     return out

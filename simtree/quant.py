@@ -17,7 +17,8 @@ from __future__ import annotations
 from simtree.errors import SimtreeError
 
 __all__ = ["FP8_BLOCK", "EXPERT_DTYPES", "SCALE_BYTES", "expert_dtype", "scale_blocks", "expert_params",
-           "expert_dtype_from_hf", "expert_format_from_hf", "DEFAULT_COMP_PROJ", "comp_proj_storage", "set_comp_proj_storage"]
+           "expert_dtype_from_hf", "expert_format_from_hf", "DEFAULT_COMP_PROJ", "comp_proj_storage", "set_comp_proj_storage",
+           "ATTN_PROJ_DTYPES", "attn_proj_dtype", "attn_proj_dtype_from_hf"]
 
 FP8_BLOCK = 128                 # the weights' block (both axes) and the activations' group
 EXPERT_DTYPES = ("bf16", "fp8")
@@ -46,6 +47,25 @@ def expert_dtype(mlp: dict) -> str:
     if value not in EXPERT_DTYPES:
         raise SimtreeError(f"mlp.expert_dtype {value!r}: use one of {', '.join(EXPERT_DTYPES)}")
     return value
+
+
+ATTN_PROJ_DTYPES = ("bf16", "fp8")
+
+
+def attn_proj_dtype(v4: dict) -> str:
+    """How a V4 shape stores its attention's linears (``v4.attn_proj_dtype``: ``bf16``, the
+    default, or ``fp8``: block-scaled as DeepSeek's checkpoints ship wq_a, wkv, wq_b, the
+    indexer's wq_b, wo_a and wo_b)."""
+    value = str(v4.get("attn_proj_dtype", "bf16"))
+    if value not in ATTN_PROJ_DTYPES:
+        raise SimtreeError(f"v4.attn_proj_dtype {value!r}: use one of {', '.join(ATTN_PROJ_DTYPES)}")
+    return value
+
+
+def attn_proj_dtype_from_hf(config: dict) -> str:
+    """A V4 config's attention linears: ``fp8`` where the checkpoint is block-scaled FP8 (its
+    ``quantization_config``), else ``bf16``."""
+    return "bf16" if expert_format_from_hf(config) == "bf16" else "fp8"
 
 
 def scale_blocks(out_features: int, in_features: int) -> tuple[int, int]:

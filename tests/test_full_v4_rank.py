@@ -48,3 +48,43 @@ def test_rank_experts_from_the_shape():
     with pytest.raises(SimtreeError, match="fewer than the 6"):
         rank_experts(dataclasses.replace(shape, mlp={**shape.mlp, "n_experts": 4, "ep_ranks": 64}))
     assert V4Rank(get_model("tiny-v4"), "cpu", torch.float32).d.E == 4
+
+
+def _fp8_tiny():
+    """tiny-v4 with its attention's linears FP8 (block-scaled, as V4-Flash's checkpoint)."""
+    shape = get_model("tiny-v4")
+    return dataclasses.replace(shape, v4={**shape.v4, "attn_proj_dtype": "fp8"})
+
+
+def test_fp8_attention_linears_are_the_ranks_and_its_bytes():
+    from simtree.kernels.layers.weights import spec_bytes
+    from simtree.runtime.full.v4_rank import param_specs
+    shape = _fp8_tiny()
+    model = V4Rank(shape, "cpu", torch.float32, 1)
+    assert model.d.proj == "fp8"
+    for name in ("layers.0.wqkv_a", "layers.1.wq_b", "layers.1.wq_idx", "layers.2.wo_a", "layers.2.wo_b", "mtp.wq_b"):
+        assert model.w[name].dtype == torch.float8_e4m3fn and model.w[name + "_scale_inv"].dtype == torch.float32
+    assert model.w["layers.1.wi_head"].dtype == torch.float32          # the indexer's head weights stay apart
+    assert shape.shard("ep=2").weight_bytes() == spec_bytes(param_specs(shape, 2, torch.float32), torch.float32)
+    assert shape.weight_bytes() < get_model("tiny-v4").weight_bytes()
+
+
+@pytest.mark.parametrize("policy", [("eagle", {"num_steps": 3, "topk": 2, "budget": 6}), ("linear", {"budget": 4})])
+def test_speculative_decoding_with_fp8_attention_linears_is_lossless(policy):
+    from simtree.runtime.full.lossless import check_lossless
+    model = V4Rank(_fp8_tiny(), "cpu", torch.float32, 1)
+    prompts = [torch.randint(0, 512, (n,), generator=torch.Generator().manual_seed(n)).tolist() for n in (9, 14)]
+    rows = check_lossless(model, prompts, [PolicySpec.from_dict(*policy)], 10, 128)
+    assert rows and all(r["match"] for r in rows), rows
+
+
+def test_a_round_with_fp8_attention_linears_never_reads_the_device(monkeypatch):
+    monkeypatch.setattr(moe, "grouped_mm_capturable", lambda *a: True)
+    model = V4Rank(_fp8_tiny(), "cpu", torch.float32, 1)
+    engine = FullEngine(model, round_shape(PolicySpec.from_dict("eagle", {"num_steps": 2, "topk": 2, "budget": 4})), 2,
+                        64, TraceReplay.fixed(2, 2, "cpu"))
+    engine.fill_context(20)
+    for name, fn in engine._stages():
+        with TorchCalls() as calls:
+            fn()
+        assert not calls.host_reads(), (name, calls.host_reads())

@@ -33,12 +33,19 @@ def test_hca_reads_every_entry_and_swa_only_the_window(flash):
 
 
 def test_weights_at_their_stored_dtypes(flash):
-    """Attention weights bf16, the compressors fp32 (their projections bf16 under the form
-    v4_comp "model", as the checkpoint ships them); the experts FP8 with their block scales."""
+    """The attention's linears FP8 with their block scales (V4-Flash's config; bf16 when asked),
+    the compressors fp32 (their projections bf16 under the form v4_comp "model", as the
+    checkpoint ships them); the experts FP8 with their block scales."""
     from simtree.kernels.layers.forms import forms
     with forms(v4_comp="fp32"):
         f = verify_floor(flash, "csa", 1, 4, 4096)
-    assert f.weights["wq_b"] == 64 * 512 * 1024 * 2
+        bf = verify_floor(flash, "csa", 1, 4, 4096, fp8_projections=False)
+    assert flash.proj == "fp8" and f.weights["wq_b"] == 64 * 512 * 1024 and f.weights["wq_b_scale_inv"] == 256 * 8 * 4
+    assert f.weights["wo_a"] == 8 * 1024 * 8 * 512 and f.weights["wo_a_scale_inv"] == 8 * 8 * 32 * 4
+    assert f.weights["wqkv_a"] == 1536 * 4096 and f.weights["wi_head"] == 64 * 4096 * 2
+    assert bf.weights["wq_b"] == 64 * 512 * 1024 * 2 and "wq_b_scale_inv" not in bf.weights
+    assert bf.weights["wqkv_a"] == 1600 * 4096 * 2 and "wi_head" not in bf.weights
+    assert f.weight_bytes < 0.6 * bf.weight_bytes
     assert f.weights["comp.wkv"] == 1024 * 4096 * 4 and f.weights["comp.ape"] == 4 * 1024 * 4
     with forms(v4_comp="model"):
         g = verify_floor(flash, "csa", 1, 4, 4096)
@@ -103,7 +110,7 @@ def test_compute_floor_by_hand(flash):
 
 
 def test_fp8_projections_halve_the_attention_linears(flash):
-    a, f = verify_floor(flash, "csa", 1, 4, 4096), verify_floor(flash, "csa", 1, 4, 4096, fp8_projections=True)
+    a, f = verify_floor(flash, "csa", 1, 4, 4096, fp8_projections=False), verify_floor(flash, "csa", 1, 4, 4096)
     assert f.weights["wq_b"] == 64 * 512 * 1024 and f.weights["wq_b_scale_inv"] == 256 * 8 * 4
     assert f.weights["wo_a_scale_inv"] == 8 * 8 * 32 * 4                    # [8 groups, 1024, 4096]
     assert f.weights["comp.wkv"] == a.weights["comp.wkv"]                    # the compressors as the form keeps them

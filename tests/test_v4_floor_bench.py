@@ -3,14 +3,19 @@ has the issue's columns, every point a row per kernel, ratios against the floor.
 import csv
 import json
 
+import pytest
+
 from simtree.profiler.bench import v4_floor, v4_variants
 
 
-def test_smoke_sweep_writes_the_floor_table(tmp_path, monkeypatch):
+@pytest.mark.parametrize("proj", ["bf16", "fp8"])
+def test_smoke_sweep_writes_the_floor_table(tmp_path, monkeypatch, proj):
+    """The attention's linears as the tiny model has them (bf16) or FP8 as V4-Flash's checkpoint
+    (variant fused_bf16 then runs their dequantised twin, against the bf16 floor)."""
     monkeypatch.setattr(v4_floor, "ATTN_LAUNCHES", dict(list(v4_floor.ATTN_LAUNCHES.items())[:1]))   # one launch: the path, quickly
     out = tmp_path / "floor_v4.csv"
     assert v4_floor.main(["--out", str(out), "--model", "tiny-v4", "--smoke", "--no-check", "--kinds", "csa",
-                          "--batches", "1", "--ns", "3", "--contexts", "40", "--copies", "1"]) == 0
+                          "--batches", "1", "--ns", "3", "--contexts", "40", "--copies", "1", "--attn-proj", proj]) == 0
     rows = list(csv.DictReader(out.open()))
     assert rows and list(rows[0])[:8] == ["kernel", "layer_kind", "batch_size", "nodes_per_seq", "context_len",
                                           "measured_us", "floor_us", "ratio"]
@@ -28,7 +33,37 @@ def test_smoke_sweep_writes_the_floor_table(tmp_path, monkeypatch):
     assert ends["pre_current"] + ends["post_current"] < ends["block_current"]
     summary = json.loads(out.with_suffix(".json").read_text())
     assert set(summary["worst_ratio"]) == kernels and "v4_topk" in summary["faster_form"]
-    assert "targets_met_block_fused" in summary
+    assert "targets_met_block_fused" in summary and "attn_proj_fp8" in summary["faster_form"]
+    floor = {r["kernel"]: float(r["floor_us"]) for r in rows}
+    fp8_floor = {r["kernel"]: float(r["floor_fp8_projections_us"]) for r in rows if r["scope"] == "attention"}
+    assert floor["block_fused_pool"] == fp8_floor["block_fused_pool"] if proj == "fp8" else \
+        floor["block_fused_pool"] > fp8_floor["block_fused_pool"]
+    assert floor["block_fused_bf16"] > fp8_floor["block_fused_bf16"]     # its bf16 linears: the bf16 floor
+
+
+def test_the_bf16_twin_holds_the_fp8_layers_values():
+    """fused_bf16's layer: the FP8 linears dequantised (and the indexer's head weights back in
+    the first GEMM), so its block equals the FP8 layer's on a CPU (where FP8 linears run
+    dequantised too)."""
+    import dataclasses
+
+    import torch
+
+    from simtree.kernels.layers import v4 as V
+    from simtree.kernels.layers.forms import forms
+    from simtree.models import get_model
+    d = dataclasses.replace(V.V4Dims.of(get_model("tiny-v4")), proj="fp8")
+    L = v4_variants.Layer(d, "csa", "cpu", dtype=torch.float32, seed=3)
+    twin = L.for_variant("fused_bf16")
+    assert L.w["wq_b"].dtype == torch.float8_e4m3fn and "wq_b_scale_inv" in L.w and "wi_head" in L.w
+    assert twin.d.proj == "bf16" and twin.w["wq_b"].dtype == torch.float32 and "wi_head" not in twin.w
+    assert twin.w["wqkv_a"].shape[0] == d.qr + d.D + d.Hi
+    assert L.for_variant("fused_bf16") is twin and L.for_variant("current") is L
+    cache, rm = L.round(2, 3, 40, "random", seed=1)
+    x = L.inputs(6, 1, 2)[0]
+    with forms(**v4_variants.VARIANTS["fused_bf16"]):
+        a, b = L.block(x, cache, rm, "torch"), twin.block(x, cache, rm, "torch")
+    assert torch.allclose(a, b, rtol=1e-5, atol=1e-5)
 
 
 def test_smoke_breakdown_sums_each_parts_kernels(tmp_path):

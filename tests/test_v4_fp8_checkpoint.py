@@ -30,8 +30,10 @@ def _is_expert(key: str) -> bool:
 
 
 def _fp8_elsewhere(key: str) -> bool:
-    """Linears outside the experts that the checkpoint stores FP8 as well (dequantised on load)."""
-    return key.endswith(("attn.wq_b.weight", "attn.wo_b.weight"))
+    """The attention's linears, which DeepSeek's checkpoint stores FP8 as well (the indexer's
+    wq_b too; its head weights and the compressors bf16)."""
+    return key.endswith(("attn.wq_a.weight", "attn.wkv.weight", "attn.wq_b.weight", "attn.wo_a.weight",
+                         "attn.wo_b.weight", "attn.indexer.wq_b.weight"))
 
 
 def _mxfp4(shape, g: torch.Generator):
@@ -96,6 +98,15 @@ def test_a_quantised_checkpoint_decodes_as_its_dequantised_float_model(src, tmp_
     for name in ("layers.2.experts_gu", "layers.2.experts_down", "layers.2.shared_gu", "mtp.experts_gu"):
         if name in rank.w:
             assert rank.w[name].dtype == FP8_DTYPE and rank.w[name + "_scale_inv"].dtype == torch.float32
+    # the attention's linears stay FP8 where their rope rows stay inside their 128-blocks (wq_b,
+    # the indexer's wq_b) or nothing moves (wo_b); wo_a (12-row groups) and wq_a | wkv (a 20-row
+    # first part) run dequantised, without scales; the indexer's head weights apart, in fp32
+    assert rank.d.proj == "fp8" and ref.d.proj == "bf16"
+    for name in ("layers.1.wq_b", "layers.1.wq_idx", "layers.1.wo_b", "mtp.wq_b"):
+        assert rank.w[name].dtype == FP8_DTYPE and rank.w[name + "_scale_inv"].dtype == torch.float32, name
+    for name in ("layers.1.wo_a", "layers.1.wqkv_a", "layers.1.wi_head"):
+        assert rank.w[name].dtype == torch.float32 and name + "_scale_inv" not in rank.w, name
+    assert rank.w["layers.1.wqkv_a"].shape[0] == ref.w["layers.1.wqkv_a"].shape[0] - rank.w["layers.1.wi_head"].shape[0]
     # the loaded FP8 experts are the checkpoint's values exactly
     from simtree.checkpoints.quantized import Fp8Weight
     gu = dequantize_weight(Fp8Weight(rank.w["layers.2.experts_gu"], rank.w["layers.2.experts_gu_scale_inv"]))

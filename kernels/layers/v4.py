@@ -2,13 +2,15 @@
 runtime's rank composes and what the profiler times, layer kind by layer kind.
 
 The residual stream is ``hc`` hyper-connection streams x [T, hc, h] (:mod:`.mhc`; the experts FP8
-where the shape's expert format says so, :mod:`.fp8`); a layer:
+where the shape's expert format says so, the attention's linears where its ``attn_proj_dtype``
+does, :mod:`.fp8`); a layer:
 
     a = hc_pre(x);  x = hc_post(x, W_ob groups(W_oa o), a),  o = tree verify of the SWA / CSA /
                                                          HCA attention of RMSNorm(a's input)
     m = hc_pre(x);  x = hc_post(x, MoE(RMSNorm(m's input)), m)
 
-with, from h = RMSNorm(input) and one fused GEMM h -> [q latent | kv latent (| indexer weights)]:
+with, from h = RMSNorm(input) and one fused GEMM h -> [q latent | kv latent (| indexer weights;
+FP8 layers run those bf16 weights as a GEMM of their own, ``wi_head``)]:
 q = RoPE(RMSNorm_per_head(W_qb RMSNorm(q latent))) (the per-head norm unweighted), kv =
 RoPE(RMSNorm(kv latent)) (RoPE on the last ``rope_dim`` channels; removed from o again since
 K == V), the compressors reading h, the CSA indexer's queries RoPE(W_iq q latent) and head
@@ -49,7 +51,7 @@ from simtree.kernels.v4._launched import tree_verify_fused
 from simtree.kernels.v4 import (CompressorParams, V4AttnConfig, V4Cache, V4Inputs, V4LayerWeights, apply_commit,
                                 plan_commit_device, plan_verify_device, tree_verify)
 from simtree.models import ModelShape, hash_layers
-from simtree.quant import expert_dtype
+from simtree.quant import attn_proj_dtype, expert_dtype
 
 from . import fp8, ops
 from .attention import tree_attention
@@ -143,6 +145,7 @@ class V4Dims:
     yarn: tuple = ()                 # the compressed layers' YaRN parameters, (key, value) pairs
     hash_layers: tuple = ()          # indices of the hash-routed MoE layers
     experts: str = "bf16"            # the routed and shared experts' weights: bf16 or fp8 (block-scaled)
+    proj: str = "bf16"               # the attention's linears: bf16 or fp8 (block-scaled, as the checkpoint ships)
 
     @classmethod
     def of(cls, shape: ModelShape, ep_ranks: int | None = None) -> "V4Dims":
@@ -160,14 +163,15 @@ class V4Dims:
                    float(m.get("routed_scaling_factor", 1.5)), float(v.get("rope_theta", 10000.0)),
                    float(v.get("compress_rope_theta", 160000.0)),
                    tuple(sorted(yarn.items())) if yarn.get("rope_type", yarn.get("type")) == "yarn" else (),
-                   hashed, experts=expert_dtype(m))
+                   hashed, experts=expert_dtype(m), proj=attn_proj_dtype(v))
 
     def ratio(self, kind: str) -> int:
         return {"swa": 0, "csa": self.csa, "hca": self.hca}[kind]
 
     def a_out(self, kind: str) -> int:
-        """Columns of the fused first projection: q latent | kv latent (| indexer weights)."""
-        return self.qr + self.D + (self.Hi if kind == "csa" else 0)
+        """Columns of the fused first projection: q latent | kv latent (| the indexer's head
+        weights, bf16 layers only: FP8 layers keep that bf16 projection apart, ``wi_head``)."""
+        return self.qr + self.D + (self.Hi if kind == "csa" and self.proj == "bf16" else 0)
 
     def freqs(self, kind: str):
         """Inverse RoPE frequencies of a layer kind (SWA: rope_theta; CSA / HCA: the compressed ones)."""
@@ -204,16 +208,18 @@ def layer_specs(p: str, kind: str, d: V4Dims, out_gain: float, comp_dt, hashed: 
     the token-id table) and the two hyper-connections."""
     if kind not in ("swa", "csa", "hca"):
         raise SimtreeError(f"a V4 layer is swa, csa or hca, not {kind!r}")
-    h, H, D = d.h, d.H, d.D
-    specs = [Spec(p + "ln1", (h,), "const", 1.0), linear(p + "wqkv_a", d.a_out(kind), h),
-             Spec(p + "q_norm", (d.qr,), "const", 1.0), linear(p + "wq_b", H * D, d.qr),
+    h, H, D, pj = d.h, d.H, d.D, d.proj
+    specs = [Spec(p + "ln1", (h,), "const", 1.0), *expert_linear(p + "wqkv_a", d.a_out(kind), h, pj),
+             Spec(p + "q_norm", (d.qr,), "const", 1.0), *expert_linear(p + "wq_b", H * D, d.qr, pj),
              Spec(p + "kv_norm", (D,), "const", 1.0),
-             linear(p + "wo_a", d.orank, H // d.G * D, groups=d.G), linear(p + "wo_b", h, d.G * d.orank, out_gain),
+             *expert_linear(p + "wo_a", d.orank, H // d.G * D, pj, groups=d.G),
+             *expert_linear(p + "wo_b", h, d.G * d.orank, pj, out_gain),
              Spec(p + "sink", (H,), "normal", 1.0, torch.float32)]
     if kind != "swa":
         specs += _compressor_specs(p + "comp.", D, d.ratio(kind), h, comp_dt)
     if kind == "csa":
-        specs += _compressor_specs(p + "idx.", d.Di, d.csa, h, comp_dt) + [linear(p + "wq_idx", d.Hi * d.Di, d.qr)]
+        specs += _compressor_specs(p + "idx.", d.Di, d.csa, h, comp_dt) + \
+            expert_linear(p + "wq_idx", d.Hi * d.Di, d.qr, pj) + ([linear(p + "wi_head", d.Hi, h)] if pj == "fp8" else [])
     specs += [Spec(p + "ln2", (h,), "const", 1.0), linear(p + "router", d.E, h),
               *expert_linear(p + "experts_gu", 2 * d.I, h, d.experts, groups=d.E),
               *expert_linear(p + "experts_down", h, d.I, d.experts, out_gain, groups=d.E)]
@@ -346,16 +352,18 @@ def attn_pre(w: dict, d: V4Dims, kind: str, x: torch.Tensor, cs: torch.Tensor) -
     x = RMSNorm(x), iq, iw); ``cs``: the kind's RoPE rows."""
     N = x.shape[0]
     h = ops.rms_norm(x, w["ln1"], d.eps)
-    a = F.linear(h, w["wqkv_a"])
+    a = fp8.linear(h, fp8.weight(w, "wqkv_a"))
     qr = ops.rms_norm(a[:, :d.qr], w["q_norm"], d.eps)
-    q = ops.norm_rope(F.linear(qr, w["wq_b"]).view(N, d.H, d.D), None, cs, d.D - d.rope, False, d.eps, True)
+    q = ops.norm_rope(fp8.linear(qr, fp8.weight(w, "wq_b")).view(N, d.H, d.D), None, cs, d.D - d.rope, False, d.eps,
+                      True)
     kv = ops.norm_rope(a[:, d.qr:d.qr + d.D].view(N, 1, d.D), w["kv_norm"], cs, d.D - d.rope, False, d.eps, True)
     iq = iw = None
     if kind == "csa":
-        iq = ops.norm_rope(F.linear(qr, w["wq_idx"]).view(N, d.Hi, d.Di), None, cs, d.Di - d.rope, False, d.eps,
-                           False)
+        iq = ops.norm_rope(fp8.linear(qr, fp8.weight(w, "wq_idx")).view(N, d.Hi, d.Di), None, cs, d.Di - d.rope,
+                           False, d.eps, False)
         iw_dt = torch.float64 if x.dtype == torch.float64 else torch.float32
-        iw = a[:, d.qr + d.D:].to(iw_dt) * d.Hi ** -0.5
+        iw = a[:, d.qr + d.D:] if "wi_head" not in w else F.linear(h, w["wi_head"])
+        iw = iw.to(iw_dt) * d.Hi ** -0.5
     return V4Inputs(q, kv.view(N, d.D), h, iq, iw)
 
 
@@ -372,8 +380,16 @@ def attn_post(w: dict, d: V4Dims, o: torch.Tensor, cs: torch.Tensor) -> torch.Te
     """o [N, H, D] -> W_ob groups(W_oa o) [N, h], the RoPE taken out of o first (K == V)."""
     N = o.shape[0]
     o = ops.norm_rope(o, None, cs, d.D - d.rope, True, d.eps, False)
-    og = torch.bmm(o.view(N, d.G, -1).transpose(0, 1), w["wo_a"].transpose(1, 2))        # [G, N, o_rank]
-    return F.linear(og.transpose(0, 1).reshape(N, -1), w["wo_b"])
+    wo_a = fp8.weight(w, "wo_a")
+    if isinstance(wo_a, fp8.Fp8Weight) and fp8.gpu_fp8(o):    # the groups: one grouped FP8 GEMM, group-major rows
+        xg = o.view(N, d.G, -1).transpose(0, 1).reshape(d.G * N, -1)
+        offs = torch.arange(1, d.G + 1, device=o.device, dtype=torch.int32) * N
+        og = fp8.grouped_linear(xg, wo_a, offs).view(d.G, N, -1)
+    else:                                                     # (elsewhere FP8 weights run dequantised)
+        if isinstance(wo_a, fp8.Fp8Weight):
+            wo_a = fp8.dequantize_weight(wo_a, o.dtype)
+        og = torch.bmm(o.view(N, d.G, -1).transpose(0, 1), wo_a.transpose(1, 2))        # [G, N, o_rank]
+    return fp8.linear(og.transpose(0, 1).reshape(N, -1), fp8.weight(w, "wo_b"))
 
 
 def attn_commit(kind: str, cache: V4Cache, scratch, cplan, impl: str) -> None:

@@ -10,7 +10,9 @@
 3. the sweep: layer kinds x batch 1/4/16 x nodes 1/4/16 x context 4K/16K at V4-Flash shapes
    (simtree/data/models/deepseek-v4-flash), the attention block of a layer (hc_pre, norms,
    projections, RoPE, the tree verify, the output projections, hc_post: what
-   kernels.layers.v4 runs, bf16; compressors fp32 or, variant fused_all, bf16) per variant on random trees and on a chain
+   kernels.layers.v4 runs, bf16 with the attention's linears FP8 as V4-Flash's checkpoint stores
+   them - variant fused_bf16: the same values in bf16, against its bf16 floor -; compressors fp32
+   or, variant fused_all on, bf16) per variant on random trees and on a chain
    of the same n (tree / linear), the kernels' tree verify alone (scope "core") per variant,
    the block's two ends (pre, post) and the Triton attention core alone per launch (attn_*);
    CUDA-graph replays over fresh random inputs (copies rotated), warm-up first, medians;
@@ -27,6 +29,7 @@ faster).  Points run in priority order until --max-seconds; the files are rewrit
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import io
 import json
 import csv
@@ -43,7 +46,7 @@ from simtree.models import get_model
 from simtree.profiler.timing import measured_bandwidth, time_workload
 
 from .v4_floor_model import verify_floor
-from .v4_variants import ATTENTION, ATTN_LAUNCHES, BLOCK_VARIANTS, MODEL, VARIANTS, Layer, log, run_checks, variants
+from .v4_variants import ATTENTION, ATTN_LAUNCHES, BLOCK_VARIANTS, MODEL, PROJ, VARIANTS, Layer, log, run_checks, variants
 
 TARGET_RATIO, TARGET_TREE_OVER_LINEAR = 4.0, 1.05
 COLUMNS = ["kernel", "layer_kind", "batch_size", "nodes_per_seq", "context_len", "measured_us", "floor_us", "ratio",
@@ -111,6 +114,7 @@ def measure_point(layers, kind, b, n, ctx, bw, device, copies, names, dropped, c
         floors = {s: verify_floor(L.d, kind, b, n, ctx, s).us(bw) for s in ("attention", "core")}
         compute = {s: verify_floor(L.d, kind, b, n, ctx, s).compute_us() for s in ("attention", "core")}
         fp8_floor = verify_floor(L.d, kind, b, n, ctx, fp8_projections=True).us(bw)   # the checkpoint's FP8 linears
+        bf16_floor = verify_floor(L.d, kind, b, n, ctx, fp8_projections=False).us(bw)  # a variant's bf16 linears
         floors.update(_end_floors(L.d, kind, b, n, ctx, bw))
     xs = L.inputs(T, copies, seed=b * 1000 + n * 10 + ctx)
     rows = []
@@ -149,6 +153,8 @@ def measure_point(layers, kind, b, n, ctx, bw, device, copies, names, dropped, c
             continue
         lin = got.get((scope, variant, "linear"), t if n == 1 else None)   # n = 1: the chain is the tree
         fl = floors[{"block": "attention"}.get(scope, "attn" if scope.startswith("attn_") else scope)]
+        if scope == "block" and PROJ.get(variant) == "bf16":
+            fl = bf16_floor
         rows.append(dict(kernel=scope if scope.startswith("attn_") else f"{scope}_{variant}", layer_kind=kind, batch_size=b, nodes_per_seq=n, context_len=ctx,
                          measured_us=round(t[0], 2), floor_us=round(fl, 3), ratio=round(t[0] / fl, 2),
                          tree_over_linear=round(t[0] / lin[0], 3) if lin else None,
@@ -171,7 +177,7 @@ def summarize(rows: list[dict]) -> dict:
         out["worst_tree_over_linear"][kernel] = max((r["tree_over_linear"] for r in sub if r["tree_over_linear"]),
                                                     default=None)
     for kernel in ("block_fused", "block_fused_hc", "block_fused_all", "block_fused_live", "block_fused_pool",
-                   "block_fused_flashmla"):
+                   "block_fused_bf16", "block_fused_flashmla"):
         block = [r for r in rows if r["kernel"] == kernel]
         if block:
             out[f"targets_met_{kernel}"] = all(r["ratio"] <= TARGET_RATIO for r in block) and all(
@@ -186,6 +192,15 @@ def summarize(rows: list[dict]) -> dict:
             out["faster_form"][form] = {"median_speedup_fused": round(float(np.median(gains)), 3),
                                         "min_speedup_fused": round(float(min(gains)), 3),
                                         "faster": "fused" if np.median(gains) > 1.0 else "unfused"}
+    # the attention's FP8 linears: the block of fused_pool (FP8) against fused_bf16 (the same values in bf16)
+    block = {(r["variant"], r["layer_kind"], r["batch_size"], r["nodes_per_seq"], r["context_len"]): r["measured_us"]
+             for r in rows if r["kernel"].startswith("block_")}
+    gains = [block[("fused_bf16", *k[1:])] / v for k, v in block.items()
+             if k[0] == "fused_pool" and ("fused_bf16", *k[1:]) in block]
+    if gains:
+        out["faster_form"]["attn_proj_fp8"] = {"median_speedup_fused": round(float(np.median(gains)), 3),
+                                               "min_speedup_fused": round(float(min(gains)), 3),
+                                               "faster": "fused" if np.median(gains) > 1.0 else "unfused"}
     return out
 
 
@@ -210,6 +225,8 @@ def main(argv=None) -> int:
     ap.add_argument("--no-check", action="store_true")
     ap.add_argument("--model", default=MODEL, help="a V4 model shape (tests: tiny-v4)")
     ap.add_argument("--smoke", action="store_true", help="run the sweep on a CPU too (the code path, not numbers)")
+    ap.add_argument("--attn-proj", choices=("bf16", "fp8"), default=None,
+                    help="the attention's linears (default: the model's; V4-Flash fp8, as its checkpoint)")
     args = ap.parse_args(argv)
     t0 = time.time()
     out = Path(args.out)
@@ -217,6 +234,8 @@ def main(argv=None) -> int:
     device = "cuda" if torch.cuda.is_available() else "cpu"
     from .bench_v4 import env_info
     d = V.V4Dims.of(get_model(args.model))
+    if args.attn_proj:
+        d = dataclasses.replace(d, proj=args.attn_proj)
     summary = {"env": env_info(), "model": args.model, "variants": VARIANTS, "args": vars(args),
                "targets": {"ratio": TARGET_RATIO, "tree_over_linear": TARGET_TREE_OVER_LINEAR}}
     summary["checks"] = [] if args.no_check else run_checks(device, d)

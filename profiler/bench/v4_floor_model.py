@@ -34,6 +34,8 @@ dozen tokens the attention block is bound by it, not by the bytes.
 """
 from __future__ import annotations
 
+import dataclasses
+
 from dataclasses import dataclass
 
 import torch
@@ -97,16 +99,10 @@ class V4Floor:
 PROJECTIONS = ("wqkv_a", "wq_b", "wq_idx", "wo_a", "wo_b")   # the attention's linears (FP8 in the checkpoint)
 
 
-def _weight_bytes(d: V4Dims, kind: str, scope: str, tokens: int, dtype: torch.dtype, fp8_projections: bool) -> dict:
+def _weight_bytes(d: V4Dims, kind: str, scope: str, tokens: int, dtype: torch.dtype) -> dict:
     specs = layer_specs("", kind, d, 1.0, torch.float32)
     out = {}
     for s in specs:
-        if fp8_projections and s.name in PROJECTIONS:     # 1 byte each + a float32 scale per 128 x 128
-            rows, cols = s.shape[-2:]
-            lead = s.numel // (rows * cols)
-            out[s.name] = s.numel
-            out[s.name + "_scale_inv"] = lead * -(-rows // 128) * -(-cols // 128) * 4
-            continue
         moe = _base(s.name) in MOE_WEIGHTS
         core = s.name.startswith(CORE_WEIGHTS)
         if (scope == "attention" and moe) or (scope == "moe" and not moe) or (scope == "core" and not core) \
@@ -163,15 +159,18 @@ def _cache_bytes(d: V4Dims, kind: str, batch: int, context: int, cache_dtype: to
 
 def verify_floor(d: V4Dims, kind: str, batch: int, nodes: int, context: int, scope: str = "attention",
                  dtype: torch.dtype = torch.bfloat16, cache_dtype: torch.dtype | None = None,
-                 state_dtype: torch.dtype = torch.float32, fp8_projections: bool = False) -> V4Floor:
+                 state_dtype: torch.dtype = torch.float32, fp8_projections: bool | None = None) -> V4Floor:
     """The floor of one ``kind`` (swa / csa / hca) layer's verify of ``nodes`` nodes in each of
     ``batch`` sequences at ``context`` cached tokens; ``scope`` "attention" (the attention block
     with its hyper-connection), "moe" (the MoE block with its), "layer" (both) or "core" (the
     kernels' tree_verify alone: from q, kv, x to o; the compressors' weights, the cache).  ``dtype``:
     the model's dtype (weights without one of their own, activations); ``cache_dtype``: the KV
     pools' (default ``dtype``); ``state_dtype``: the compressors' partial windows;
-    ``fp8_projections``: the attention's linears (PROJECTIONS) at 1 byte with their block scales,
-    as DeepSeek's checkpoint stores them (simtree loads them in the model's dtype today)."""
+    ``fp8_projections``: the attention's linears (PROJECTIONS) at 1 byte with their block scales
+    (True: as DeepSeek's checkpoint stores them) or at ``dtype`` (False); None: as the dims'
+    ``proj`` says (V4-Flash: FP8, from its config)."""
+    if fp8_projections is not None:
+        d = dataclasses.replace(d, proj="fp8" if fp8_projections else "bf16")
     if kind not in ("swa", "csa", "hca"):
         raise SimtreeError(f"a V4 layer is swa, csa or hca, not {kind!r}")
     if scope not in SCOPES:
@@ -180,7 +179,7 @@ def verify_floor(d: V4Dims, kind: str, batch: int, nodes: int, context: int, sco
         raise SimtreeError(f"floor of batch {batch}, nodes {nodes}, context {context}: batch and nodes must be "
                            ">= 1, context >= 0")
     tokens = batch * nodes
-    weights = _weight_bytes(d, kind, scope, tokens, dtype, fp8_projections)
+    weights = _weight_bytes(d, kind, scope, tokens, dtype)
     cache = ({} if scope == "moe" else
              _cache_bytes(d, kind, batch, context, cache_dtype or dtype, state_dtype))
     if scope == "core":     # q, kv, x (and the indexer's q, fp32 weights) in; o out

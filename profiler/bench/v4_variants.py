@@ -7,6 +7,8 @@ before the residual hides it) against the current path's.  Each check is a row {
 """
 from __future__ import annotations
 
+import copy
+import dataclasses
 import time
 import traceback
 
@@ -17,9 +19,9 @@ from simtree.kernels.layers import v4 as V
 from simtree.kernels.layers.forms import forms
 from simtree.kernels.layers.weights import make_weights
 from simtree.kernels.v4 import V4Cache
-from simtree.profiler.bench.v4_floor_model import MOE_WEIGHTS
+from simtree.profiler.bench.v4_floor_model import MOE_WEIGHTS, PROJECTIONS
 
-__all__ = ["MODEL", "VARIANTS", "ATTENTION", "BLOCK_VARIANTS", "ATTN_LAUNCHES", "Layer", "variants", "run_checks", "log"]
+__all__ = ["MODEL", "VARIANTS", "PROJ", "ATTENTION", "BLOCK_VARIANTS", "ATTN_LAUNCHES", "Layer", "variants", "run_checks", "log"]
 
 MODEL = "deepseek-v4-flash"
 # the forms each variant runs (kernels/layers/forms.py); "current" is the path before the fusions
@@ -32,9 +34,13 @@ VARIANTS = {"current": dict(v4_topk="sort", v4_hc="torch", v4_comp="fp32", v4_po
             # (window, channels) programs ("split")
             "fused_live": dict(v4_topk="fused", v4_hc="fused", v4_comp="model", v4_pool="live"),
             "fused_pool": dict(v4_topk="fused", v4_hc="fused", v4_comp="model", v4_pool="split"),
+            # fused_pool with the attention's linears in bf16 (the checkpoint's FP8 values dequantised)
+            "fused_bf16": dict(v4_topk="fused", v4_hc="fused", v4_comp="model", v4_pool="split"),
             "fused_flashmla": dict(v4_topk="fused")}
+# the attention's linears of a variant where not the model's (V4-Flash: FP8, as its checkpoint)
+PROJ = {"fused_bf16": "bf16"}
 ATTENTION = {"fused_flashmla": "flashmla"}  # the attention core of a variant (default: the Triton one)
-BLOCK_VARIANTS = ("current", "fused", "fused_hc", "fused_all", "fused_live", "fused_pool", "fused_flashmla")   # the attention block: tree and linear
+BLOCK_VARIANTS = ("current", "fused", "fused_hc", "fused_all", "fused_live", "fused_pool", "fused_bf16", "fused_flashmla")   # the attention block: tree and linear
 # launches of the Triton attention core timed alone on the round's lists: name -> the switches of
 # kernels/v4/_launched.sparse_attention_launched; the first is sparse_attention's default.  Names:
 # bk rows per step, bh heads per program, w warps, s splits (0: the "waves2" rule, w1: the
@@ -70,7 +76,7 @@ class Layer:
 
     def __init__(self, d: V.V4Dims, kind: str, device, dtype=torch.bfloat16, seed: int = 0, comp: str = "fp32"):
         self.d, self.kind, self.device, self.dtype, self.seed, self.comp = d, kind, device, dtype, seed, comp
-        self._twin = None
+        self._twins = {}
         with forms(v4_comp=comp):       # the compressors' projections: fp32 copies or the model's bf16
             specs = V.layer_specs("", kind, d, V.residual_gain(43), torch.float32)
         self.w = make_weights([s for s in specs if _base(s.name) not in MOE_WEIGHTS + ("tid2eid",)], device, dtype,
@@ -81,14 +87,32 @@ class Layer:
 
     def for_variant(self, variant: str) -> "Layer":
         """This layer, or its twin with the same random draws but the compressors' projections
-        stored as the variant's form ``v4_comp`` says (the bf16 roundings of the fp32 draws, built
-        once): the two differ by that rounding (~2e-3 relative) in those weights."""
-        comp = VARIANTS[variant].get("v4_comp", "fp32")
-        if comp == self.comp:
+        stored as the variant's form ``v4_comp`` says (the bf16 roundings of the fp32 draws: the
+        two differ by that rounding, ~2e-3 relative, in those weights) and the attention's linears
+        as ``PROJ`` says (bf16: the FP8 weights dequantised, the same values); built once."""
+        comp, proj = VARIANTS[variant].get("v4_comp", "fp32"), PROJ.get(variant, self.d.proj)
+        if (comp, proj) == (self.comp, self.d.proj):
             return self
-        if self._twin is None:
-            self._twin = Layer(self.d, self.kind, self.device, self.dtype, self.seed, comp)
-        return self._twin
+        if (comp, proj) not in self._twins:
+            base = self if comp == self.comp else self._twins.get((comp, self.d.proj)) or \
+                Layer(self.d, self.kind, self.device, self.dtype, self.seed, comp)
+            self._twins[(comp, self.d.proj)] = base
+            self._twins[(comp, proj)] = base if proj == base.d.proj else base.dequantised()
+        return self._twins[(comp, proj)]
+
+    def dequantised(self) -> "Layer":
+        """This layer with its FP8 attention linears in its dtype (the same values; the
+        indexer's head weights back in the fused first GEMM)."""
+        from simtree.checkpoints.quantized import Fp8Weight, dequantize_weight
+        twin = copy.copy(self)
+        twin.d, twin._twins, w = dataclasses.replace(self.d, proj="bf16"), {}, dict(self.w)
+        for name in PROJECTIONS:
+            if name + "_scale_inv" in w:
+                w[name] = dequantize_weight(Fp8Weight(w[name], w.pop(name + "_scale_inv")), self.dtype)
+        if "wi_head" in w:
+            w["wqkv_a"] = torch.cat([w["wqkv_a"], w.pop("wi_head")])
+        twin.w = w
+        return twin
 
     def round(self, b: int, n: int, ctx: int, shape: str, seed: int = 0):
         """(cache, V4Round) of b sequences at ctx tokens, n-node trees of ``shape``."""
@@ -178,6 +202,7 @@ def run_checks(device, d: V.V4Dims) -> list[dict]:
     record("attention_launches_flash", lambda: _check_launches(device, d))
     record("topk_list_flash", lambda: _check_topk(device))
     record("comp_proj_bf16", lambda: _check_comp_proj(device, d))     # form v4_comp "model"
+    record("fp8_projections", lambda: _check_fp8_projections(device, d))
     for kind in ("csa", "hca", "swa"):
         record(f"block_{kind}_flash", lambda kind=kind: _check_block(device, d, kind))
     return out
@@ -261,5 +286,34 @@ def _check_block(device, d, kind):
             cores[variant] = Lv.core(inp, cache, rm, impl).float()    # o, before the residual hides it
     errs = {f"{scope}_{v}": float((o - outs["current"]).norm() / outs["current"].norm())
             for scope, outs in (("block", blocks), ("core", cores)) for v, o in outs.items() if v != "current"}
-    # bf16 outputs agree to rounding; the FP8 attention core within its 6% (check_flashmla_path)
-    return {"ok": all(e < (6e-2 if "flashmla" in k else 2e-2) for k, e in errs.items()), "rel_err_vs_current": errs}
+    # bf16 outputs agree to rounding; the FP8 attention core within its 6% (check_flashmla_path), and
+    # the bf16 linears against the FP8 GEMMs by the activations' FP8 rounding
+    return {"ok": all(e < (6e-2 if "flashmla" in k or k.endswith(tuple(PROJ)) else 2e-2) for k, e in errs.items()),
+            "rel_err_vs_current": errs}
+
+
+def _check_fp8_projections(device, d):
+    """The attention's FP8 linears (fp8.linear; wo_a's groups as one grouped GEMM) against their
+    exact math (activations quantised per 1 x 128, both operands dequantised, float32) at the
+    model's shapes and 1 / 16 / 256 tokens."""
+    from simtree.kernels.layers import fp8
+    from simtree.checkpoints.quantized import quantize_weight
+    g = torch.Generator().manual_seed(12)
+    errs = {}
+    for name, (N, K) in {"wq_b": (d.H * d.D, d.qr), "wqkv_a": (d.qr + d.D, d.h), "wo_b": (d.h, d.G * d.orank)}.items():
+        w = quantize_weight(torch.randn(N, K, generator=g) * K ** -0.5, pow2=True)
+        w = fp8.Fp8Weight(w.weight.to(device), w.scale_inv.to(device))
+        for T in (1, 16, 256):
+            x = torch.randn(T, K, generator=g).bfloat16().to(device)
+            got, ref = fp8.linear(x, w).float(), fp8.linear_emulated(x.float(), w)
+            errs[f"{name}_T{T}"] = float((got - ref).abs().max() / ref.abs().max())
+    wa = quantize_weight(torch.randn(d.G, d.orank, d.H // d.G * d.D, generator=g) * d.D ** -0.5, pow2=True)
+    wa = fp8.Fp8Weight(wa.weight.to(device), wa.scale_inv.to(device))
+    for T in (1, 16, 256):
+        x = torch.randn(d.G * T, wa.shape[-1], generator=g).bfloat16().to(device)
+        offs = torch.arange(1, d.G + 1, device=device, dtype=torch.int32) * T
+        got = fp8.grouped_linear(x, wa, offs).float()
+        ref = torch.cat([fp8.linear_emulated(x[i * T:(i + 1) * T].float(), fp8.Fp8Weight(wa.weight[i], wa.scale_inv[i]))
+                         for i in range(d.G)])
+        errs[f"wo_a_T{T}"] = float((got - ref).abs().max() / ref.abs().max())
+    return {"ok": all(e < 2e-2 for e in errs.values()), "max_rel_err": errs}

@@ -77,11 +77,22 @@ def logged_runs(root: str | Path = ".", archives=ARCHIVES) -> list[LoggedRun]:
     return out
 
 
+ARCHIVED_ATTN_PROJ = "bf16"     # the archives' V4 runs ran the attention's linears in bf16 (before they ran FP8)
+
+
+def _as_run(model: str):
+    """The model shape as the archived runs built it (V4: the attention's linears in bf16)."""
+    from dataclasses import replace
+    from simtree.models import get_model
+    shape = get_model(model)
+    return replace(shape, v4={**shape.v4, "attn_proj_dtype": ARCHIVED_ATTN_PROJ}) if shape.family == "v4" else shape
+
+
 def check_runs(runs: list[LoggedRun]) -> list[tuple[LoggedRun, object]]:
     """(run, RankMemory) of each run: the check as the run allocated it."""
     from simtree.deploy.memory import rank_memory
-    return [(r, rank_memory(r.model, r.deployment, r.device, r.batch_size, r.context_len, rank_alone=True, **r.use))
-            for r in runs]
+    return [(r, rank_memory(_as_run(r.model), r.deployment, r.device, r.batch_size, r.context_len, rank_alone=True,
+                            **r.use)) for r in runs]
 
 
 def _span(values: list[float]) -> str:

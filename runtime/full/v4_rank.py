@@ -26,6 +26,8 @@ from dataclasses import dataclass, field
 import torch
 
 from simtree.errors import SimtreeError
+from simtree.checkpoints.deepseek_v4 import dequantised_projection
+from simtree.checkpoints.quantized import SCALE_SUFFIX
 from simtree.kernels.layers import head, v4 as L
 from simtree.kernels.layers.weights import make_weights
 from simtree.kernels.v4 import V4Cache
@@ -51,7 +53,7 @@ def _checked(weights: dict, specs, device, dtype) -> dict:
     extra = sorted(set(weights) - set(by_name))
     if extra:
         raise SimtreeError(f"checkpoint: weight {extra[0]} is not a parameter of this V4 rank")
-    absent = [n for n in by_name if n not in weights and not n.startswith("mtp.")]
+    absent = [n for n in by_name if n not in weights and not n.startswith("mtp.") and not _float_base(weights, n)]
     if absent:
         raise SimtreeError(f"checkpoint: missing weight {absent[0]}")
     out = {}
@@ -59,8 +61,14 @@ def _checked(weights: dict, specs, device, dtype) -> dict:
         s = by_name[name]
         if tuple(t.shape) != tuple(s.shape):
             raise SimtreeError(f"checkpoint: weight {name} has shape {tuple(t.shape)}, the rank needs {tuple(s.shape)}")
-        out[name] = t.to(device=device, dtype=s.dtype or dtype)
+        out[name] = t.to(device=device, dtype=dtype if dequantised_projection(name, t, s.dtype) else s.dtype or dtype)
     return out
+
+
+def _float_base(weights: dict, name: str) -> bool:
+    """``name`` is the block scales of an attention linear the checkpoint gave in a float dtype."""
+    base = weights.get(name[:-len(SCALE_SUFFIX)]) if name.endswith(SCALE_SUFFIX) else None
+    return base is not None and base.is_floating_point() and base.element_size() > 1
 
 
 @dataclass
@@ -103,7 +111,8 @@ class V4Rank:
             self.w = make_weights(specs, self.device, dtype, seed)
         else:       # a checkpoint's: the MTP layer drawn at random where it had none
             self.w = _checked(weights, specs, self.device, dtype)
-            self.w.update(make_weights([s for s in specs if s.name not in self.w], self.device, dtype, seed))
+            self.w.update(make_weights([s for s in specs if s.name not in self.w and not _float_base(self.w, s.name)],
+                                       self.device, dtype, seed))
         self.kinds = shape.layer_kinds
         self.cfg = L.attn_config(self.d)
         self._layer_w = [self._sub(f"layers.{i}.") for i in range(len(self.kinds))]

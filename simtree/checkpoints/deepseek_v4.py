@@ -26,7 +26,11 @@ Layout changes made here, so that the kernels compute V4's semantics exactly:
   ``expert_dtype`` fp4): a 1-byte weight ``X.weight`` comes with its scales ``X.scale`` (the
   released checkpoint) or ``X.weight_scale_inv`` (transformers).  The routed and shared experts
   stay FP8 (:mod:`.quantized`: ``from_checkpoint``; FP4 through ``fp4_to_fp8``), stored as
-  ``name`` and ``name_scale_inv``; every other FP8 weight is dequantised to the model's dtype.
+  ``name`` and ``name_scale_inv``; so do the attention's linears (wq_a | wkv, wq_b, the indexer's
+  wq_b, wo_a, wo_b: the shape's ``v4.attn_proj_dtype`` fp8, which a quantised config sets) where
+  their blocks survive the layout changes above (every rope slice inside one 128-row block, wo_a's
+  groups whole blocks, wq_a whole blocks ahead of wkv: so at V4-Flash's sizes), the indexer's head
+  weights then a GEMM of their own; any other FP8 weight is dequantised to the model's dtype.
   Experts stored in one format and run in the other (a float checkpoint on an FP8 shape) are
   converted; w1 and w3 stacked [gate | up] keep their blocks where I is a multiple of 128
   (V4's 2048), else they are requantised together.
@@ -44,12 +48,15 @@ import torch
 
 from simtree.errors import SimtreeError
 from simtree.parallel import parse_deployment
-from simtree.quant import expert_dtype, expert_dtype_from_hf, expert_format_from_hf, scale_blocks
+from simtree.quant import (attn_proj_dtype, attn_proj_dtype_from_hf, expert_dtype, expert_dtype_from_hf,
+                           expert_format_from_hf, scale_blocks)
 
 from . import TensorPlan
-from .quantized import CHECKPOINT_SCALE_SUFFIXES, FP4_GROUP, SCALE_SUFFIX, as_format, cat_rows, quantised_reader, stack
+from .quantized import (CHECKPOINT_SCALE_SUFFIXES, FP4_GROUP, FP8_BLOCK, SCALE_SUFFIX, Fp8Weight, as_format, cat_rows,
+                        dequantize_weight, quantised_reader, stack)
 
 __all__ = ["MODEL_TYPES", "text_config", "shape_fields", "tensor_plan", "runtime_weights", "read_config",
+           "dequantised_projection",
            "load_weights", "rope_perm"]
 
 MODEL_TYPE = "deepseek_v4"
@@ -151,6 +158,7 @@ def shape_fields(cfg: dict, name: str | None = None) -> dict:
            "shared_intermediate": inter, "routed_scaling_factor": float(cfg.get("routed_scaling_factor", 1.5)),
            "swiglu_limit": float(cfg.get("swiglu_limit", 10.0) or 0.0)}
     mlp["expert_dtype"] = expert_dtype_from_hf(cfg)     # FP8 / FP4 checkpoints run FP8 experts
+    v4["attn_proj_dtype"] = attn_proj_dtype_from_hf(cfg)   # and their FP8 attention linears as stored
     dtype = _DTYPES.get(str(cfg.get("torch_dtype") or cfg.get("dtype") or "bfloat16"), "bf16")
     return dict(name=name or str(cfg.get("_name_or_path") or "deepseek-v4"), family="v4",
                 hidden=int(cfg["hidden_size"]), vocab=int(cfg["vocab_size"]), layer_kinds=tuple(kinds), mlp=mlp,
@@ -197,7 +205,8 @@ def _dims(shape) -> SimpleNamespace:
                            E=local * ranks, lo=rank * local, hi=(rank + 1) * local, k=int(m["experts_per_token"]),
                            I=int(m["expert_intermediate"]),
                            Is=int(m.get("n_shared", 1)) * int(m.get("shared_intermediate", m["expert_intermediate"])),
-                           hashed=_hash_layers(shape), fmt="bf16", scale_suffix=".scale")
+                           hashed=_hash_layers(shape), fmt="bf16", scale_suffix=".scale",
+                           proj=attn_proj_dtype(v))
 
 
 def _hash_layers(shape) -> set[int]:
@@ -345,14 +354,51 @@ def _rows(t: torch.Tensor, block: int, rope: int, dim: int = 0) -> torch.Tensor:
     return t.index_select(dim, idx)
 
 
+def _rows_kept(t, block: int, rope: int, dim: int = 0):
+    """:func:`_rows` of a weight that may be FP8: its blocks kept where the permutation moves no
+    row (``dim`` 0) or column (``dim`` 1) out of its 128-block (every rope slice inside one
+    block, as at V4-Flash's sizes), else dequantised (float32) and permuted."""
+    if not isinstance(t, Fp8Weight):
+        return _rows(t, block, rope, dim)
+    n = t.weight.shape[dim] // block
+    idx = (rope_perm(block, rope)[None, :] + block * torch.arange(n)[:, None]).reshape(-1)
+    if torch.equal(idx // FP8_BLOCK, torch.arange(idx.numel()) // FP8_BLOCK):
+        return Fp8Weight(t.weight.index_select(dim, idx), t.scale_inv)
+    return _rows(dequantize_weight(t), block, rope, dim)
+
+
+def _grouped(t, groups: int, rows: int):
+    """A weight [groups * rows, K] as [groups, rows, K]; an FP8 one keeps its blocks where each
+    group's rows are whole blocks."""
+    if not isinstance(t, Fp8Weight):
+        return t.reshape(groups, rows, -1)
+    if rows % FP8_BLOCK:
+        return dequantize_weight(t).reshape(groups, rows, -1)
+    return Fp8Weight(t.weight.reshape(groups, rows, -1), t.scale_inv.reshape(groups, rows // FP8_BLOCK, -1))
+
+
+_PROJ = ("wqkv_a", "wq_b", "wq_idx", "wo_a", "wo_b")     # the attention's linears (FP8 where the shape says so)
+
+
 def _block(read, p: str, kind: str, d, hashed: bool, names: dict = _NAMES) -> dict:
-    """One block's runtime weights (names of kernels.layers.v4.layer_specs) from ``read``."""
+    """One block's runtime weights (names of kernels.layers.v4.layer_specs) from ``read``; on an
+    FP8-projection shape the attention's linears as the checkpoint stores them (FP8 kept)."""
     def g(part):
         return read(p + names[part])
+
+    def pj(part):
+        """An attention linear: FP8 kept on an FP8-projection shape, else dequantised."""
+        return getattr(read, "expert", read)(p + names[part]) if d.proj == "fp8" else g(part)
     w = {"ln1": g("ln1"), "q_norm": g("q_norm"), "kv_norm": _rows(g("kv_norm"), d.D, d.rope),
-         "wq_b": _rows(g("wq_b"), d.D, d.rope), "sink": g("sink"), "wo_b": g("wo_b"), "ln2": g("ln2"),
-         "wo_a": _rows(g("wo_a"), d.D, d.rope, dim=1).reshape(d.G, d.orank, -1)}
-    w["wqkv_a"] = torch.cat([g("wq_a"), _rows(g("wkv"), d.D, d.rope)] + ([g("idx.weights")] if kind == "csa" else []))
+         "wq_b": _rows_kept(pj("wq_b"), d.D, d.rope), "sink": g("sink"), "wo_b": pj("wo_b"), "ln2": g("ln2"),
+         "wo_a": _grouped(_rows_kept(pj("wo_a"), d.D, d.rope, dim=1), d.G, d.orank)}
+    if d.proj == "fp8":     # the indexer's head weights (bf16 in DeepSeek's checkpoint) stay a separate GEMM
+        w["wqkv_a"] = cat_rows([pj("wq_a"), _rows_kept(pj("wkv"), d.D, d.rope)])
+        if kind == "csa":
+            w["wi_head"] = g("idx.weights")
+    else:
+        w["wqkv_a"] = torch.cat([g("wq_a"), _rows(g("wkv"), d.D, d.rope)] + ([g("idx.weights")] if kind == "csa"
+                                                                             else []))
     for pre, dim in (("comp.", d.D), ("idx.", d.Di)):
         if (pre == "comp." and kind == "swa") or (pre == "idx." and kind != "csa"):
             continue
@@ -361,7 +407,7 @@ def _block(read, p: str, kind: str, d, hashed: bool, names: dict = _NAMES) -> di
         w[pre + "ape"] = _rows(g(pre + "ape"), dim, d.rope, dim=1)
         w[pre + "norm"] = _rows(g(pre + "norm"), dim, d.rope)
     if kind == "csa":
-        w["wq_idx"] = _rows(g("idx.wq_b"), d.Di, d.rope)
+        w["wq_idx"] = _rows_kept(pj("idx.wq_b"), d.Di, d.rope)
     w["router"] = g("router")[d.lo:d.hi]
     if hashed:
         w["tid2eid"] = g("tid2eid").long() % (d.hi - d.lo)
@@ -422,6 +468,9 @@ def runtime_weights(config: dict, shape, read, dtype) -> dict:
     want = expert_dtype(shape.mlp)
     for k in [k for k in w if k.endswith(_EXPERTS)]:
         w.update({k + suffix: t for suffix, t in as_format(w.pop(k), want, dtype).items()})
+    for k in [k for k in w if k.endswith(_PROJ) and isinstance(w[k], Fp8Weight)]:
+        q = w.pop(k)
+        w.update({k: q.weight, k + SCALE_SUFFIX: q.scale_inv})
     return {k: t if not t.is_floating_point() or t.element_size() == 1 or k.endswith(SCALE_SUFFIX)
             else t.to(fp if k.endswith(keep) else dtype) for k, t in w.items()}
 
@@ -503,7 +552,18 @@ def load_weights(folder, shape, specs, device="cpu", dtype=torch.bfloat16) -> tu
         s = specs.get(name)
         if s is None or tuple(t.shape) != tuple(s.shape):
             raise SimtreeError(f"checkpoint: {name} does not fit a {shape.name} rank")
+        if dequantised_projection(name, t, s.dtype):
+            out[name] = t.to(device=device, dtype=dtype)
+            continue
         if t.dtype != (s.dtype or t.dtype) and (t.element_size() == 1 or (s.dtype and s.dtype.itemsize == 1)):
             raise SimtreeError(f"checkpoint: tensor {name} is {t.dtype}, the rank runs it as {s.dtype}")
         out[name] = t.to(device=device, dtype=s.dtype or dtype)
     return out, has_mtp
+
+
+def dequantised_projection(name: str, t: torch.Tensor, spec_dtype) -> bool:
+    """Whether ``t`` is an attention linear the rank would run FP8 but the checkpoint gives in a
+    float dtype (stored so, or its FP8 blocks not kept: :func:`_rows_kept`, :func:`_grouped`):
+    it runs as a plain GEMM in the model's dtype, without block scales."""
+    return (name.endswith(_PROJ) and t.is_floating_point() and t.element_size() > 1 and spec_dtype is not None
+            and spec_dtype.itemsize == 1)

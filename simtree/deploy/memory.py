@@ -238,7 +238,8 @@ def ep_fit_table(model: str | ModelShape, machine: str | Machine, context_lens=(
         cells = ["does not fit" if not b else f"{b}+" if b == 1 << 14 else str(b) for b in fits]
         lines.append(f"| {dep} | {gb(w)} | {gb(bf16.shard(dep).weight_bytes())} | " + " | ".join(cells) + " |")
     return (f"{shape.name} on {m.name} ({m.describe()} usable; experts "
-            f"{shape.mlp.get('expert_dtype', 'bf16')}):\n\n" + "\n".join(lines) + "\n")
+            f"{shape.mlp.get('expert_dtype', 'bf16')}, attention linears "
+            f"{(shape.v4 or {}).get('attn_proj_dtype', 'bf16')}):\n\n" + "\n".join(lines) + "\n")
 
 
 def write_fit_doc(path: str | Path, write: bool = True) -> bool:
