@@ -27,7 +27,7 @@ SCALE_BYTES = 4                 # one float32 scale per block (UE8M0 scales are 
 # How a V4 rank stores its compressors' projections (wkv, wgate): "fp32" copies, or "model" - the
 # model's dtype, as the checkpoint ships them.  The layer form v4_comp (kernels/layers/forms.py)
 # sets it; the registry's weight bytes and the checkpoint loader read it here.
-DEFAULT_COMP_PROJ = "fp32"      # the form's "auto" (kernels.layers.forms.V4_AUTO reads it)
+DEFAULT_COMP_PROJ = "model"     # the form's "auto" (kernels.layers.forms.V4_AUTO reads it)
 _COMP_PROJ = [DEFAULT_COMP_PROJ]
 
 

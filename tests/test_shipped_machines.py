@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 
 from simtree.cli import app
 from simtree.costs.model import load_costs
-from simtree.deploy.memory import check_fits, rank_memory
+from simtree.deploy.memory import check_fits, largest_batch, rank_memory
 from simtree.deploy.select import select_costs
 from simtree.deploy.shipped import (DEFAULT_MACHINE, shipped_bundle, shipped_cost_paths, shipped_deployments, shipped_machine_for,
                                     shipped_machines)
@@ -88,10 +88,12 @@ def test_the_v4_flash_ep8_rank_at_fp8_fits_an_h100():
     assert mem.fits and 40e9 < mem.weight_bytes < 50e9          # 45.0 GB of weights (49.9 with bf16 attention linears)
     assert mem.usable_bytes == int(0.95 * 85017493504)     # CUDA's 79.18 GiB x the fragmentation margin
     assert rank_memory("qwen3.6-27b", "tp=1", "h100", 64, 1024).fits   # the plan's batch 64 at its context
-    # four H100s hold it split by tensor parallelism (74.8 GB of weights a rank), not by ep=4 (80.5 GB)
-    with pytest.raises(SimtreeError, match=r"does not fit ep=4 on NVIDIA H100.*80.5 GB of weights.*it needs 4 GPUs "
+    # four H100s split by ep=4 (79.9 GB of weights a rank) hold a batch of 4 at 4K (at 16 a rank's 4
+    # sequences do not fit); tensor parallelism (74.2 GB a rank) holds more
+    assert largest_batch("deepseek-v4-flash", "ep=4", "h100", 4096) == 4
+    with pytest.raises(SimtreeError, match=r"does not fit ep=4 on NVIDIA H100.*79.9 GB of weights.*it needs 4 GPUs "
                                            r"\(tp=4\)"):
-        check_fits("deepseek-v4-flash", "ep=4", "h100", 1, 4096)
+        check_fits("deepseek-v4-flash", "ep=4", "h100", 16, 4096)
 
 
 def test_an_unknown_machine_is_one_line():

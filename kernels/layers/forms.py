@@ -60,10 +60,11 @@ _CHOICES.update(gdn_commit=("standalone", "deferred"))
 # ---- V4 layer verify fusions ----------------------------------------------------------------
 _CHOICES.update(v4_topk=("auto", "fused", "sort"), v4_hc=("auto", "fused", "torch"), v4_comp=("auto", "fp32", "model"),
                 v4_pool=("auto", "whole", "live", "split"))
-# what "auto" runs: the unfused forms until the GPU has measured the fused ones
-# (profiler/bench/v4_floor.py's summary names the faster v4_topk, docs/math/v4_compression.md;
-# v4_breakdown.py --forms torch,fused times the block's pre / post under each v4_hc)
-V4_AUTO = {"v4_topk": "sort", "v4_hc": "torch", "v4_comp": DEFAULT_COMP_PROJ, "v4_pool": "whole"}
+# what "auto" runs (profiler/bench/v4_floor.py's summary names the faster form of each switch,
+# docs/math/v4_compression.md; v4_breakdown.py --forms torch,fused times the block's pre / post under each v4_hc);
+# every fused form measured faster on the H100 (docs/math/v4_compression.md, reports/h100/floor.csv):
+# v4_pool "split" equals "live" where no window completes and is faster where one does (HCA at 4223)
+V4_AUTO = {"v4_topk": "fused", "v4_hc": "fused", "v4_comp": DEFAULT_COMP_PROJ, "v4_pool": "split"}
 # form -> {its value: tree_verify's name of the launch it runs} (the forms: the module docstring)
 _V4_FUSION = {"v4_topk": {"fused": "topk"}, "v4_pool": {"live": "pool_live", "split": "pool_split"}}
 

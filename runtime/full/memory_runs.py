@@ -78,6 +78,7 @@ def logged_runs(root: str | Path = ".", archives=ARCHIVES) -> list[LoggedRun]:
 
 
 ARCHIVED_ATTN_PROJ = "bf16"     # the archives' V4 runs ran the attention's linears in bf16 (before they ran FP8)
+ARCHIVED_COMP_PROJ = "fp32"     # and the compressors' projections as fp32 copies (before the form v4_comp "model")
 
 
 def _as_run(model: str):
@@ -91,8 +92,10 @@ def _as_run(model: str):
 def check_runs(runs: list[LoggedRun]) -> list[tuple[LoggedRun, object]]:
     """(run, RankMemory) of each run: the check as the run allocated it."""
     from simtree.deploy.memory import rank_memory
-    return [(r, rank_memory(_as_run(r.model), r.deployment, r.device, r.batch_size, r.context_len, rank_alone=True,
-                            **r.use)) for r in runs]
+    from simtree.kernels.layers.forms import forms
+    with forms(v4_comp=ARCHIVED_COMP_PROJ):
+        return [(r, rank_memory(_as_run(r.model), r.deployment, r.device, r.batch_size, r.context_len, rank_alone=True,
+                                **r.use)) for r in runs]
 
 
 def _span(values: list[float]) -> str:
