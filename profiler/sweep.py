@@ -45,6 +45,7 @@ from pathlib import Path
 from typing import Mapping
 
 from simtree.costs.profile_table import MIN_INT
+from simtree.costs.runtime_path import runtime_path
 from simtree.costs.steps import TREE_SHAPES, Point, StepBuilder, Unavailable
 from simtree.data import data_path
 from simtree.parallel import DEFAULT_DEPLOYMENT, parse_deployment
@@ -382,6 +383,9 @@ def run_sweep(sweep: str | Path | None = None, out: str | Path = "reports/profil
             "moe_routing": "uniform",
             # the experts' weight format each model was timed with (bf16 or block-scaled fp8)
             "expert_dtypes": {name: get_model(name).mlp.get("expert_dtype", "bf16") for name in sorted(deployments)},
+            # the runtime path each model was timed on (forms, the V4 attention linears' format): simtree
+            # plan says when a bundle's differs from what the runtime runs (simtree/costs/runtime_path.py)
+            "runtime_paths": {name: runtime_path(get_model(name)) for name in sorted(deployments)},
             "sweep_spec": {k: v for k, v in spec.items() if not k.startswith("_")},
             "timing": {"target_s": target_s, "method": "CUDA graph of L2-rotated copies, event-timed per replay"
                        if device.startswith("cuda") else "perf_counter"}}

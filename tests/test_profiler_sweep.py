@@ -60,6 +60,11 @@ def test_sweep_writes_a_valid_table_with_meta(spec, tmp_path):
     assert res.unavailable == 4                    # triton_tree on CPU: recorded, not fatal
     meta = pt.read_meta(out)
     assert meta["device"] == "cpu" and meta["sweep"] == "t" and meta["torch_version"]
+    # the runtime path of each model timed (simtree plan compares it with today's)
+    from simtree.costs.runtime_path import runtime_path
+    from simtree.models import get_model
+    assert meta["runtime_paths"] and all(meta["runtime_paths"][m] == runtime_path(get_model(m))
+                                         for m in meta["runtime_paths"])
     # the composition covers every (b, n) where all parts were measured
     comp = df[df.stage == "model_verify_step"]
     assert len(comp) == 4 and (comp.variant == "composed").all()

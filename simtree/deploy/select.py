@@ -18,6 +18,7 @@ from typing import Sequence
 from simtree.costs.model import Costs, load_costs
 from simtree.costs.synthetic import synthetic_costs
 from simtree.costs.comm import CommModel
+from simtree.costs.runtime_path import path_note
 from simtree.deploy.costs import bundle_deployment, deployment_costs
 from simtree.parallel import parse_deployment
 from simtree.machine.machines import get_machine, machine_for_device
@@ -82,6 +83,10 @@ def select_costs(cost_paths: Sequence[str] = (), model: str | None = None, deplo
         key = (str(b.meta.get("model")), bundle_deployment(b).name)
         if shipped and key not in listed:
             notes.append(f"{key[0]} at {key[1]}: a shipped bundle no default deployment lists")
+    for b in chosen:        # a bundle timed on a path the runtime no longer runs
+        note = path_note(b.meta)
+        if note:
+            notes.append(f"{note} ({_label(b)})")
     if comm is not None and all(bundle_deployment(b).gpus == 1 for b in chosen):
         raise SimtreeError(f"--comm: {', '.join(map(_label, chosen))} run(s) on one GPU and send no collectives; "
                            "a communication model applies to deployments of several GPUs")

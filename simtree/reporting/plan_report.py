@@ -23,6 +23,7 @@ import numpy as np
 import pandas as pd
 
 from simtree.costs.synthetic import SYNTHETIC_LABEL
+from simtree.costs.runtime_path import path_note
 from simtree.errors import SimtreeError
 from simtree.models import DECODE_STAGE
 from simtree.planning.bands import bands_from_policy
@@ -286,7 +287,9 @@ def _source_line(costs: dict) -> str:
         if decode:
             parts.append("plain decoding (n = 1) is " + ", ".join(f"`{x}`" for x in decode)
                          + " in place of the tree verify and commit")
-    return "Cost models: " + "; ".join(parts) + "."
+    line = "Cost models: " + "; ".join(parts) + "."
+    stale = path_note(costs)     # timed on a path the runtime no longer runs (simtree/costs/runtime_path.py)
+    return line + (f" **Runtime path changed since:** {stale}." if stale else "")
 
 
 def plan_folders(plan_dir: str | Path) -> list[Path]:

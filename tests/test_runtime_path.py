@@ -1,0 +1,54 @@
+"""A bundle timed on a runtime path the runtime no longer runs is named in one line by plan and
+simulate (simtree/costs/runtime_path.py): the V4 forms and attention linears it timed against
+today's defaults; a profile without the record ran the path before it existed."""
+from __future__ import annotations
+
+from simtree.costs.runtime_path import LEGACY_V4, path_changes, path_note, runtime_path
+from simtree.kernels.layers.forms import forms
+from simtree.models import get_model
+
+
+def _meta(model: str, paths=None) -> dict:
+    return {"model": model, "profile_meta": {} if paths is None else {"runtime_paths": paths}}
+
+
+def test_todays_v4_path_is_the_fused_forms_and_fp8_linears():
+    now = runtime_path(get_model("deepseek-v4-flash"))
+    assert now == {"attn_proj_dtype": "fp8", "v4_topk": "fused", "v4_hc": "fused", "v4_comp": "model",
+                   "v4_pool": "split"}
+    assert runtime_path(get_model("tiny-v4"))["attn_proj_dtype"] == "bf16"
+    assert runtime_path(get_model("qwen3.6-27b")) == {}
+    with forms(v4_topk="sort"):                      # a caller's forms are what runs
+        assert runtime_path(get_model("deepseek-v4-flash"))["v4_topk"] == "sort"
+
+
+def test_a_v4_bundle_without_a_record_is_the_legacy_path_and_named():
+    changes = path_changes(_meta("deepseek-v4-flash"))
+    assert changes == ["attention linears bf16 (now fp8)", "v4_topk sort (now fused)", "v4_hc torch (now fused)",
+                       "v4_comp fp32 (now model)", "v4_pool whole (now split)"]
+    note = path_note(_meta("deepseek-v4-flash"))
+    assert "\n" not in note and "records no path" in note and "attention linears bf16 (now fp8)" in note
+    assert set(LEGACY_V4) == set(runtime_path(get_model("deepseek-v4-flash")))
+
+
+def test_a_recorded_path_equal_to_todays_is_silent_and_one_switch_is_named():
+    now = runtime_path(get_model("deepseek-v4-flash"))
+    assert path_note(_meta("deepseek-v4-flash", {"deepseek-v4-flash": now})) is None
+    note = path_note(_meta("deepseek-v4-flash", {"deepseek-v4-flash": {**now, "v4_pool": "live"}}))
+    assert "v4_pool live (now split)" in note and "records no path" not in note and "v4_topk" not in note
+
+
+def test_qwen_synthetic_and_unknown_models_carry_no_note():
+    assert path_note(_meta("qwen3.6-27b")) is None
+    assert path_note({**_meta("deepseek-v4-flash"), "synthetic": True}) is None
+    assert path_note(_meta("not-a-model")) is None
+
+
+def test_plan_names_the_shipped_v4_bundles_path_in_a_note_and_its_report():
+    from simtree.deploy.select import select_costs
+    from simtree.reporting.plan_report import _source_line
+    costs, notes = select_costs(model="deepseek-v4-flash", machine="h200")
+    assert any("deepseek-v4-flash: its costs were timed on an earlier runtime path" in n for n in notes)
+    assert "Runtime path changed since" in _source_line(costs[0].meta)
+    _, qnotes = select_costs(model="qwen3.6-27b", machine="h200")
+    assert not any("runtime path" in n for n in qnotes)
