@@ -29,6 +29,11 @@ SCALE_BYTES = 4                 # one float32 scale per block (UE8M0 scales are 
 # sets it; the registry's weight bytes and the checkpoint loader read it here.
 DEFAULT_COMP_PROJ = "model"     # the form's "auto" (kernels.layers.forms.V4_AUTO reads it)
 _COMP_PROJ = [DEFAULT_COMP_PROJ]
+# What the V4 layer forms' "auto" runs (kernels/layers/forms.py: V4_AUTO is this dict), here so that
+# the core can say which path the runtime runs (simtree/costs/runtime_path.py).  Every fused form
+# measured faster on the H100 (docs/math/v4_compression.md, reports/h100/floor.csv): v4_pool
+# "split" equals "live" where no window completes and is faster where one does (HCA at 4223).
+V4_AUTO = {"v4_topk": "fused", "v4_hc": "fused", "v4_comp": DEFAULT_COMP_PROJ, "v4_pool": "split"}
 
 
 def comp_proj_storage() -> str:

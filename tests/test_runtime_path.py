@@ -3,8 +3,8 @@ simulate (simtree/costs/runtime_path.py): the V4 forms and attention linears it 
 today's defaults; a profile without the record ran the path before it existed."""
 from __future__ import annotations
 
-from simtree.costs.runtime_path import LEGACY_V4, path_changes, path_note, runtime_path
-from simtree.kernels.layers.forms import forms
+from simtree.costs.runtime_path import LEGACY_V4, V4_FORMS, path_changes, path_note, runtime_path
+from simtree.kernels.layers.forms import forms, v4_form
 from simtree.models import get_model
 
 
@@ -18,8 +18,8 @@ def test_todays_v4_path_is_the_fused_forms_and_fp8_linears():
                    "v4_pool": "split"}
     assert runtime_path(get_model("tiny-v4"))["attn_proj_dtype"] == "bf16"
     assert runtime_path(get_model("qwen3.6-27b")) == {}
-    with forms(v4_topk="sort"):                      # a caller's forms are what runs
-        assert runtime_path(get_model("deepseek-v4-flash"))["v4_topk"] == "sort"
+    with forms(v4_topk="sort"):                      # the profiler passes the forms in effect
+        assert runtime_path(get_model("deepseek-v4-flash"), {k: v4_form(k) for k in V4_FORMS})["v4_topk"] == "sort"
 
 
 def test_a_v4_bundle_without_a_record_is_the_legacy_path_and_named():

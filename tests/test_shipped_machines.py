@@ -46,7 +46,8 @@ def test_select_costs_picks_one_machine():
     assert {b.meta["device"] for b in h100} == {"NVIDIA H100 80GB HBM3"}
     assert sorted((b.meta["model"], b.meta["deployment"]) for b in h100) == \
         [("deepseek-v4-flash", "ep=8"), ("qwen3.6-27b", "tp=1")]
-    assert not notes   # both H100 defaults have their bundle
+    assert not any("waits" in n for n in notes)   # both H100 defaults have their bundle
+    assert all("earlier runtime path" in n for n in notes)       # the V4 bundle's timed path, named
     one, _ = select_costs(model="deepseek-v4-flash", machine="h100")
     assert [b.meta["device"] for b in one] == ["NVIDIA H100 80GB HBM3"]
 

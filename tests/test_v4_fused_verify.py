@@ -59,12 +59,15 @@ def test_unknown_fusion_is_one_line():
 
 def test_forms_pick_the_fusions():
     from simtree.kernels.layers.forms import V4_AUTO, forms, v4_fusions
-    with forms(v4_topk="fused"):
+    with forms(v4_topk="fused", v4_pool="whole"):
         assert v4_fusions() == ("topk",)
-    with forms(v4_topk="sort"):
+    with forms(v4_topk="sort", v4_pool="whole"):
         assert v4_fusions() == ()
-    with forms(v4_topk="auto"):
+    with forms(v4_topk="auto", v4_pool="whole"):
         assert v4_fusions() == (("topk",) if V4_AUTO["v4_topk"] == "fused" else ())
+    with forms(v4_topk="auto", v4_pool="auto"):        # the runtime's default: every fusion
+        assert v4_fusions() == ("topk", "pool_split") == ((("topk",) if V4_AUTO["v4_topk"] == "fused" else ())
+                                                          + ("pool_" + V4_AUTO["v4_pool"],))
     with forms(v4_topk="sort", v4_pool="live"):
         assert v4_fusions() == ("pool_live",)
     with forms(v4_topk="fused", v4_pool="split"):

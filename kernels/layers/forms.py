@@ -49,7 +49,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, replace
 
 from simtree.errors import SimtreeError
-from simtree.quant import DEFAULT_COMP_PROJ, set_comp_proj_storage
+from simtree.quant import V4_AUTO, set_comp_proj_storage
 
 __all__ = ["LayerForms", "current", "set_forms", "forms", "v4_fusions", "v4_form", "V4_AUTO"]
 
@@ -62,9 +62,7 @@ _CHOICES.update(v4_topk=("auto", "fused", "sort"), v4_hc=("auto", "fused", "torc
                 v4_pool=("auto", "whole", "live", "split"))
 # what "auto" runs (profiler/bench/v4_floor.py's summary names the faster form of each switch,
 # docs/math/v4_compression.md; v4_breakdown.py --forms torch,fused times the block's pre / post under each v4_hc);
-# every fused form measured faster on the H100 (docs/math/v4_compression.md, reports/h100/floor.csv):
-# v4_pool "split" equals "live" where no window completes and is faster where one does (HCA at 4223)
-V4_AUTO = {"v4_topk": "fused", "v4_hc": "fused", "v4_comp": DEFAULT_COMP_PROJ, "v4_pool": "split"}
+# (simtree/quant.py's V4_AUTO: every fused form, measured faster on the H100)
 # form -> {its value: tree_verify's name of the launch it runs} (the forms: the module docstring)
 _V4_FUSION = {"v4_topk": {"fused": "topk"}, "v4_pool": {"live": "pool_live", "split": "pool_split"}}
 

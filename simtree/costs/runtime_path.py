@@ -24,14 +24,15 @@ _LABELS = {"attn_proj_dtype": "attention linears", "v4_topk": "v4_topk", "v4_hc"
            "v4_pool": "v4_pool"}
 
 
-def runtime_path(shape) -> dict:
-    """What the runtime runs for ``shape`` now (the forms' "auto" resolved); {} for a family
-    whose path has no switches a bundle must match."""
+def runtime_path(shape, forms: dict | None = None) -> dict:
+    """What the runtime runs for ``shape``: its V4 ``forms`` resolved (the profiler passes the
+    forms in effect, kernels.layers.forms.v4_form; default the runtime's, quant.V4_AUTO); {} for a
+    family whose path has no switches a bundle must match."""
     if shape.family != "v4":
         return {}
-    from simtree.kernels.layers.forms import v4_form
-    from simtree.quant import attn_proj_dtype
-    return {"attn_proj_dtype": attn_proj_dtype(shape.v4), **{k: v4_form(k) for k in V4_FORMS}}
+    from simtree.quant import V4_AUTO, attn_proj_dtype
+    forms = V4_AUTO if forms is None else forms
+    return {"attn_proj_dtype": attn_proj_dtype(shape.v4), **{k: forms[k] for k in V4_FORMS}}
 
 
 def _shape(model: str):
