@@ -64,6 +64,31 @@ def file_sha256(path: str | Path) -> str:
     return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
 
+def archived_by_sha(archive: str | Path, sha: str, member: str | None = None) -> Path | None:
+    """The member of the tar ``archive`` (``member``, or any file in it) whose bytes hash to
+    ``sha`` (hex, with or without "sha256:"), extracted under the temp folder in a folder named
+    after the archive (its name kept); None where the archive or no such member is there.  For
+    the committed copies of bundles and profiles that were refitted since, kept in one archive."""
+    import tarfile
+    want = sha.split(":", 1)[-1]
+    archive = Path(archive)
+    try:
+        with tarfile.open(archive) as tar:
+            names = [member] if member else [m.name for m in tar.getmembers() if m.isfile()]
+            for name in names:
+                f = tar.extractfile(name)
+                data = f.read() if f is not None else b""
+                digest = hashlib.sha256(data).hexdigest()
+                if data and digest == want:
+                    out = Path(tempfile.gettempdir()) / "simtree_frozen" / digest[:16] / archive.name / Path(name).name
+                    out.parent.mkdir(parents=True, exist_ok=True)
+                    out.write_bytes(data)
+                    return out
+    except (OSError, KeyError, tarfile.TarError):
+        return None
+    return None
+
+
 def check_out_folder(path: str | Path, what: str = "--out") -> None:
     """A one-line error, before any work, where ``path`` cannot become a folder: it or a folder
     above it is a file (otherwise the command would find out only when it writes, after the work)."""

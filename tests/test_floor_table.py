@@ -99,10 +99,15 @@ def test_the_headline_names_the_current_path_and_every_fusion():
                                          ("block_fused_all", "csa", 16, 16, 6.7, 1.02), ("block_current", "csa", 64, 16, 20.0, 1.0),
                                          ("block_fused_live", "hca", 16, 16, 3.9, 1.0))]
     text = floor_headline(pd.DataFrame(rows))
-    assert "V4 layer verify at most CSA 9.8x, HCA 3.0x" in text            # batch 64 is outside the target's range
-    assert "with the fusions (variant fused_all: v4_topk, v4_hc, v4_comp; not yet the runtime's default) at most CSA 6.7x" in text
+    assert "V4 layer verify (the path before the fusions) at most CSA 9.8x, HCA 3.0x" in text   # batch 64: outside
+    assert "with the fusions (variant fused_all: v4_topk, v4_hc, v4_comp) at most CSA 6.7x" in text
     assert "padding rows skipped (variant fused_live) at most HCA 3.9x" in text
-    assert "fused_pool" not in text                                          # not timed: no line
+    assert "fused_pool" not in text and "FP8" not in text                    # not timed: no line
+    fp8 = dict(kernel="block_fused_bf16", layer_kind="csa", batch=16, nodes=16, context=4096, measured_us=50.0,
+               floor_us=10.0, ratio=5.0, tree_over_linear=1.0, variant=None, run=4)
+    text = floor_headline(pd.DataFrame([{**r, "run": 1} for r in rows] + [fp8]))
+    assert "V4 points of run 4 (column run) with the attention's linears in FP8" in text
+    assert "linears in bf16 against the bf16 floor (variant fused_bf16) at most CSA 5.0x" in text
 
 
 def test_gdn_from_names_a_missing_key_column_and_needs_a_new_run(tmp_path):

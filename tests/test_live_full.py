@@ -4,6 +4,7 @@ acceptance, the frozen shipped H100 bundle, two phases; and its own README secti
 import hashlib
 import importlib.util
 import math
+import shutil
 from collections import Counter
 from pathlib import Path
 
@@ -16,7 +17,7 @@ from simtree.errors import SimtreeError
 from simtree.models import get_model
 from simtree.planning.modes import EagleParams, LinearParams, NoneParams
 from simtree.runtime.full import generate as generate_mod
-from simtree.serving.live_report import FULL_SECTION, SECTION, existing_section, full_section, main
+from simtree.serving.live_report import FROZEN_ARCHIVE, FULL_SECTION, SECTION, existing_section, full_section, main
 
 ROOT = Path(__file__).resolve().parents[1]
 BUNDLE = ROOT / "simtree" / "data" / "costs" / "h100_qwen3.6-27b_tp1.json"
@@ -144,14 +145,20 @@ def test_a_run_whose_shipped_bundle_was_refitted_reads_its_frozen_copy_beside_it
     """The committed run predicted with a bundle since refitted: its bytes kept beside the CSV as
     frozen_<name> are the run's bundle (named so in the section); without that copy, or with other
     bytes in it, the run is refused in one line, not shown as frozen."""
+    import tarfile
     run = ROOT / "reports" / "bench_serve" / "serve_live_full.csv"
     df = pd.read_csv(run)
     sha = str(df.costs_sha256.iloc[-1])
     name = Path(str(df.costs.iloc[-1])).name
-    kept = [p for p in (ROOT / "simtree" / "data" / "costs" / name, run.parent / f"frozen_{name}")
-            if p.is_file() and hashlib.sha256(p.read_bytes()).hexdigest() == sha]
-    assert kept, "the committed live run's bundle is neither shipped nor kept beside it"
-    assert kept[0].name == f"frozen_{name}", "the shipped bundle is the run's again: this test needs another run"
+    shipped = ROOT / "simtree" / "data" / "costs" / name
+    assert hashlib.sha256(shipped.read_bytes()).hexdigest() != sha, "the shipped bundle is the run's again"
+    with tarfile.open(run.parent / FROZEN_ARCHIVE) as tar:       # the committed copies: one archive beside the runs
+        data = tar.extractfile(f"frozen_{name}").read()
+    assert hashlib.sha256(data).hexdigest() == sha, "the committed live run's bundle is not kept beside it"
+    kept = [tmp_path / "kept" / f"frozen_{name}"]
+    kept[0].parent.mkdir()
+    kept[0].write_bytes(data)
+    assert f"kept as `{FROZEN_ARCHIVE}:frozen_{name}`" in full_section(run, "cmd")
     csv = tmp_path / "serve_live_full.csv"
     df.to_csv(csv, index=False)
     with pytest.raises(SimtreeError, match="not frozen"):
@@ -175,7 +182,7 @@ def test_runs_of_two_families_make_one_section_with_a_subsection_each(tmp_path):
     run = ROOT / "reports" / "bench_serve" / "serve_live_full.csv"
     df = pd.read_csv(run)
     name = Path(str(df.costs.iloc[-1])).name
-    (tmp_path / f"frozen_{name}").write_bytes((run.parent / f"frozen_{name}").read_bytes())
+    shutil.copy(run.parent / FROZEN_ARCHIVE, tmp_path / FROZEN_ARCHIVE)      # the runs' frozen bundles beside them
     first, second = tmp_path / "a.csv", tmp_path / "b.csv"
     df.to_csv(first, index=False)
     df.assign(model="deepseek-v4-flash", measured_tpot_ms=df.measured_tpot_ms * 2).to_csv(second, index=False)

@@ -224,7 +224,7 @@ def test_serving_headline_adds_the_full_scale_live_run_only_where_it_ran(tmp_pat
     without = summary.bench_serve_headline(d)
     assert "live at full scale" not in without
     run = pd.read_csv(ROOT / "reports/bench_serve/serve_live_full.csv")
-    for kept in (ROOT / "reports/bench_serve").glob("frozen_*.json"):   # the run's bundle, once the shipped one moved on
+    for kept in (ROOT / "reports/bench_serve").glob("frozen_*"):   # the runs' bundles, once the shipped ones moved on
         shutil.copy(kept, d / kept.name)
     run["measured_tpot_ms"] = 10.0
     run["predicted_tpot_ms"] = [10.0, 10.5, 10.0, 9.8, 10.0, 10.0]
@@ -240,8 +240,9 @@ def test_serving_headline_adds_the_full_scale_live_run_only_where_it_ran(tmp_pat
         d / "serve_live_full_v4.csv", index=False)
     both = summary.bench_serve_headline(d)
     assert both.startswith(line[:-1]) and both.endswith("; DeepSeek-V4-Flash bf16, FP8 experts on NVIDIA H100 80GB HBM3, batch "
-                                                        "changing 1, 16, 4, 8, 16, 1; frozen shipped bundle, out of "
-                                                        "sample: measured TPOT vs predicted 3.0% at worst over 6 phases)")
+                                                        "changing 1, 16, 4, 8, 16, 1; the shipped bundle of the time, "
+                                                        "kept beside it, out of sample: measured TPOT vs predicted 3.0% "
+                                                        "at worst over 6 phases)")
     v4.to_csv(d / "serve_live_full_v4b.csv", index=False)      # a second run of one model: refused in one line
     with pytest.raises(SimtreeError, match="a second full-scale live run of deepseek-v4-flash"):
         summary.bench_serve_headline(d)

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from simtree.costs.model import DRAFTER_COLUMNS
 from simtree.errors import SimtreeError
-from simtree.fileio import file_sha256, write_atomic, write_text_atomic
+from simtree.fileio import archived_by_sha, file_sha256, write_atomic, write_text_atomic
 from simtree.planning.modes import BLOCK_DRAFTER_MODES, PolicySpec
 from simtree.planning.policy_file import RANK_SUFFIX, deployment_label, rank_collectives
 from simtree.reporting.summary import MIN_POLICIES, PLAN_TOLERANCE, plan_points
@@ -72,16 +72,21 @@ def _grid(costs_path, profiles=()) -> dict:
     return grid
 
 
+FROZEN_PROFILES = "frozen_profiles.tgz"   # the refitted shipped profiles' committed copies, beside the bundles
+
+
 def _fitted_profile(costs_path, src: dict, profiles=()) -> Path | None:
     """The profile a bundle was fitted on: the path it records, else a table of the same sha256
-    among ``profiles``, beside the bundle (``frozen_X.profile.csv`` where a shipped profile has
-    changed since) or among the shipped profiles (the session's working copy is gone)."""
+    among ``profiles``, beside the bundle (in :data:`FROZEN_PROFILES` there, where a shipped
+    profile has changed since, or a ``.csv`` of its own) or among the shipped profiles (the
+    session's working copy is gone)."""
     from simtree.data import data_path
     want = src.get("sha256")
     recorded = Path(src.get("profile", ""))
     candidates = [recorded, *map(Path, profiles), *sorted(Path(costs_path).parent.glob("*.csv")),
                   *sorted(data_path("profiles").glob(f"*/{recorded.name or '*.csv'}"))]
-    return next((c for c in candidates if c.is_file() and "sha256:" + file_sha256(c) == want), None)
+    found = next((c for c in candidates if c.is_file() and "sha256:" + file_sha256(c) == want), None)
+    return found or (archived_by_sha(Path(costs_path).parent / FROZEN_PROFILES, want) if want else None)
 
 
 def _on_grid(row: dict, grid: dict) -> bool:

@@ -396,10 +396,18 @@ def floor_headline(t: pd.DataFrame) -> str:
     if pairs["variant"].nunique() > 2:   # launch variants timed: the fastest pair at each shape
         best = pairs.loc[pairs.groupby(["batch", "nodes"])["measured_us"].idxmin()]
         parts.append(f"the fastest of {pairs['variant'].nunique()} launch variants at each shape {gdn_worst(best)}")
-    for kernel, label in (("block_current", "V4 layer verify"),
-                          ("block_fused_all", "with the fusions (variant fused_all: v4_topk, v4_hc, v4_comp; not yet the runtime's default)"),
+    if (t["kernel"] == "block_fused_bf16").any():   # runs with the attention's linears in FP8 beside earlier bf16 ones
+        fp8_runs = sorted({int(r) for r in t.loc[t["kernel"] == "block_fused_bf16", "run"].dropna()}) \
+            if "run" in t.columns else []
+        parts.append("V4 points of run " + ", ".join(map(str, fp8_runs)) + " (column run) with the attention's linears "
+                     "in FP8 against the floor at those bytes, the earlier runs' points in bf16")
+    for kernel, label in (("block_current", "V4 layer verify (the path before the fusions)"),
+                          ("block_fused_all", "with the fusions (variant fused_all: v4_topk, v4_hc, v4_comp)"),
                           ("block_fused_live", "and with the compressors' padding rows skipped (variant fused_live)"),
-                          ("block_fused_pool", "and with HCA's windows pooled split too (variant fused_pool)")):
+                          ("block_fused_pool", "and with HCA's windows pooled split too (variant fused_pool: the "
+                                               "runtime's forms)"),
+                          ("block_fused_bf16", "fused_pool with the attention's linears in bf16 against the bf16 "
+                                               "floor (variant fused_bf16)")):
         v4 = t[(t["kernel"] == kernel) & (t["batch"] <= 16) & (t["nodes"] <= 16)]
         if len(v4):
             worst = v4.groupby("layer_kind")["ratio"].max()
@@ -559,7 +567,7 @@ FOLDERS: tuple[Folder, ...] = (
            "for both targets at two contexts, their C_d fits per context; FP8 against bf16 expert GEMMs of the "
            "V4-Flash ep=8 rank; GDN and V4 verify against their "
            "memory floor (floor.csv: `bash scripts/gdn_floor_gpu.sh`, `bash scripts/v4_floor_gpu.sh`, then "
-           "`python -m simtree.profiler.bench.floor_table --gdn D1 --v4 D2 --out reports/h100/floor.csv`; the committed table holds two GDN runs and three V4 runs added in turn: `python -m simtree.profiler.bench.floor_table --gdn D1 --gdn-from reports/h100/floor.csv --v4-from reports/h100/floor.csv --out reports/h100/floor.csv` (a GDN run of some variants), `python -m simtree.profiler.bench.floor_table --v4 D2 --v4 D3 --v4 D4 --gdn-from reports/h100/floor.csv --out reports/h100/floor.csv` (the V4 runs, column run: 4K, HCA at 4223, four 4K points with the swapped attention launch; a later run's rows replace an earlier one's at the same point))",
+           "`python -m simtree.profiler.bench.floor_table --gdn D1 --v4 D2 --out reports/h100/floor.csv`; the committed table holds two GDN runs and three V4 runs added in turn: `python -m simtree.profiler.bench.floor_table --gdn D1 --gdn-from reports/h100/floor.csv --v4-from reports/h100/floor.csv --out reports/h100/floor.csv` (a GDN run of some variants), `python -m simtree.profiler.bench.floor_table --v4 D2 --v4 D3 --v4 D4 --v4 D5 --gdn-from reports/h100/floor.csv --out reports/h100/floor.csv` (the V4 runs, column run: 4K, HCA at 4223, four 4K points with the swapped attention launch, eight 4K points with the attention's linears in FP8; a later run's rows replace an earlier one's at the same point))",
            "`OUT=DIR bash scripts/drafters_gpu.sh` (one H100 call, both models into one table), its "
            "drafters_profile.csv copied here, then `python -m simtree.costs.drafter_fit "
            "reports/h100/drafters_profile.csv --out reports/h100/drafters_fit.csv`; `bash scripts/fp8_gpu.sh` "

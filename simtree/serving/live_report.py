@@ -24,7 +24,7 @@ import pandas as pd
 from simtree.data import data_path
 from simtree.deploy.shipped import shipped_machine_for
 from simtree.errors import SimtreeError
-from simtree.fileio import file_sha256, write_text_atomic
+from simtree.fileio import archived_by_sha, file_sha256, write_text_atomic
 
 __all__ = ["COLUMNS", "CATCH_UP_COLUMNS", "REPRICE_COLUMNS", "FULL_COLUMNS", "TOLERANCE", "live_section", "read_full_run",
            "full_section", "merge_section", "existing_section", "experts", "SECTION", "FULL_SECTION"]
@@ -132,16 +132,23 @@ def live_section(path: str | Path, command: str, later: str | Path | None = None
     return "\n".join(lines) + "\n"
 
 
+FROZEN_ARCHIVE = "frozen_bundles.tgz"   # the refitted bundles' committed copies, one archive beside the runs
+
+
 def frozen_bundle(path: str | Path, costs: str, sha: str) -> Path:
     """The committed bundle a full-scale run predicted with: this installation's shipped file of that
     name where its bytes are the run's, else the copy kept beside the run's CSV as ``frozen_<name>``
-    once the shipped one was refitted (the run's bundle, still committed); neither -> one line."""
+    (or that member of :data:`FROZEN_ARCHIVE` there) once the shipped one was refitted (the run's
+    bundle, still committed); neither -> one line."""
     name = Path(costs).name
     for candidate in (data_path("costs", name), Path(path).parent / f"frozen_{name}"):
         if candidate.is_file() and file_sha256(candidate) == sha:
             return candidate
+    kept = archived_by_sha(Path(path).parent / FROZEN_ARCHIVE, sha, f"frozen_{name}")
+    if kept is not None:
+        return kept
     raise SimtreeError(f"{path}: the run's bundle (sha256 {sha[:12]}) is neither the committed {SHIPPED_COSTS}{name} "
-                       f"nor a frozen_{name} beside the run: not frozen")
+                       f"nor a frozen_{name} beside the run (or in its {FROZEN_ARCHIVE}): not frozen")
 
 
 def read_full_run(path: str | Path) -> tuple[pd.DataFrame, Path]:
@@ -185,6 +192,11 @@ def full_section(path: str | Path | list, command: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _kept_as(shipped: Path) -> str:
+    """A frozen copy's name beside the run: the file, or ``archive:member``."""
+    return f"{FROZEN_ARCHIVE}:{shipped.name}" if shipped.parent.name == FROZEN_ARCHIVE else shipped.name
+
+
 def _full_lines(df: pd.DataFrame, shipped: Path, command: str) -> list[str]:
     """One full-scale run's paragraph, verdict and phase table (:func:`full_section`)."""
     last = df.iloc[-1]
@@ -197,8 +209,8 @@ def _full_lines(df: pd.DataFrame, shipped: Path, command: str) -> list[str]:
             f"replayed ({last.acceptance}{why}; each drafted tier's rounds accept as the modes runs replay them, a "
             "fresh draw each phase, and the controller's running estimate sees that). Costs frozen: the shipped "
             f"bundle `{last.costs}` (sha256 {str(last.costs_sha256)[:12]}, the committed file"
-            + ("" if shipped.parent == data_path("costs") else f", kept as `{shipped.name}` beside the run since the "
-               "shipped one was refitted") + "), fitted in an earlier "
+            + ("" if shipped.parent == data_path("costs") else f", kept as `{_kept_as(shipped)}` beside the run since "
+               "the shipped one was refitted") + "), fitted in an earlier "
             "GPU session on this kind of device; nothing in this run was profiled or fitted. Predicted: every round "
             "priced as `simtree bench-serve` prices a step (C_d of the tier run + C_v at the round's batch, nodes and "
             "context, plus the catch-up after plain rounds) over the tokens the round accepted; the expected-acceptance "
