@@ -26,7 +26,7 @@ from simtree.data import data_path
 from simtree.parallel import DEFAULT_DEPLOYMENT, Deployment, parse_deployment
 from simtree.errors import SimtreeError, check_int
 from simtree.fileio import read_yaml
-from simtree.quant import attn_proj_dtype, expert_dtype, expert_params
+from simtree.quant import expert_dtype, expert_params, runtime_attn_proj
 
 __all__ = ["ModelShape", "get_model", "list_models", "load_model_file", "MODEL_DIR", "DTYPE_BYTES",
            "LAYER_KINDS", "VERIFY_STAGE", "COMMIT_STAGE", "ROUND_STAGE", "DECODE_STAGE",
@@ -300,7 +300,7 @@ def _mixer_params(shape: ModelShape, kind: str, fp32: int) -> list[tuple[int, in
         return [(q_out * h + 2 * Hkv * D * h + 2 * D + h * Hq * D, 0)]
     v = shape.v4
     H, D, qr, G, orank = (int(v[k]) for k in ("q_heads", "head_dim", "q_lora_rank", "o_groups", "o_lora_rank"))
-    pj = attn_proj_dtype(v)         # the attention's linears: bf16, or FP8 with their block scales
+    pj = runtime_attn_proj(v)       # the attention's linears: bf16, or FP8 with their block scales (form v4_proj)
 
     def lin(out_f: int, in_f: int, groups: int = 1) -> list[tuple[int, int]]:
         return expert_params(out_f, in_f, pj, groups)

@@ -18,7 +18,8 @@ from simtree.errors import SimtreeError
 
 __all__ = ["FP8_BLOCK", "EXPERT_DTYPES", "SCALE_BYTES", "expert_dtype", "scale_blocks", "expert_params",
            "expert_dtype_from_hf", "expert_format_from_hf", "DEFAULT_COMP_PROJ", "comp_proj_storage", "set_comp_proj_storage",
-           "ATTN_PROJ_DTYPES", "attn_proj_dtype", "attn_proj_dtype_from_hf"]
+           "ATTN_PROJ_DTYPES", "attn_proj_dtype", "attn_proj_dtype_from_hf", "runtime_attn_proj", "attn_proj_storage",
+           "set_attn_proj_storage", "V4_AUTO"]
 
 FP8_BLOCK = 128                 # the weights' block (both axes) and the activations' group
 EXPERT_DTYPES = ("bf16", "fp8")
@@ -28,22 +29,39 @@ SCALE_BYTES = 4                 # one float32 scale per block (UE8M0 scales are 
 # model's dtype, as the checkpoint ships them.  The layer form v4_comp (kernels/layers/forms.py)
 # sets it; the registry's weight bytes and the checkpoint loader read it here.
 DEFAULT_COMP_PROJ = "model"     # the form's "auto" (kernels.layers.forms.V4_AUTO reads it)
-_COMP_PROJ = [DEFAULT_COMP_PROJ]
 # What the V4 layer forms' "auto" runs (kernels/layers/forms.py: V4_AUTO is this dict), here so that
 # the core can say which path the runtime runs (simtree/costs/runtime_path.py).  Every fused form
 # measured faster on the H100 (docs/math/v4_compression.md, reports/h100/floor.csv): v4_pool
 # "split" equals "live" where no window completes and is faster where one does (HCA at 4223).
-V4_AUTO = {"v4_topk": "fused", "v4_hc": "fused", "v4_comp": DEFAULT_COMP_PROJ, "v4_pool": "split"}
+V4_AUTO = {"v4_topk": "fused", "v4_hc": "fused", "v4_comp": DEFAULT_COMP_PROJ, "v4_pool": "split", "v4_proj": "fp8"}
+# How a V4 rank runs the attention's linears a checkpoint stores in FP8 (form v4_proj): "fp8", kept so
+# (the default: the checkpoint's dtype), or "bf16", dequantised on load (on an H100 the bf16 GEMMs
+# measured 1.21-1.69x faster per block than the FP8 Triton ones: docs/math/v4_compression.md).
+# the storage each weight-making form sets (kernels/layers/forms.set_forms): form -> (allowed, [value])
+_STORAGE = {"v4_comp": (("fp32", "model"), [DEFAULT_COMP_PROJ]), "v4_proj": (("fp8", "bf16"), [V4_AUTO["v4_proj"]])}
+
+
+def _set_storage(form: str, value: str) -> None:
+    allowed, cell = _STORAGE[form]
+    if value not in allowed:
+        raise SimtreeError(f"V4 {form} storage {value!r}: use {' or '.join(allowed)}")
+    cell[0] = value
+
+
+def attn_proj_storage() -> str:
+    return _STORAGE["v4_proj"][1][0]
+
+
+def set_attn_proj_storage(value: str) -> None:
+    _set_storage("v4_proj", value)
 
 
 def comp_proj_storage() -> str:
-    return _COMP_PROJ[0]
+    return _STORAGE["v4_comp"][1][0]
 
 
 def set_comp_proj_storage(value: str) -> None:
-    if value not in ("fp32", "model"):
-        raise SimtreeError(f"V4 compressor projections are stored as fp32 or model, not {value!r}")
-    _COMP_PROJ[0] = value
+    _set_storage("v4_comp", value)
 
 
 def expert_dtype(mlp: dict) -> str:
@@ -65,6 +83,12 @@ def attn_proj_dtype(v4: dict) -> str:
     if value not in ATTN_PROJ_DTYPES:
         raise SimtreeError(f"v4.attn_proj_dtype {value!r}: use one of {', '.join(ATTN_PROJ_DTYPES)}")
     return value
+
+
+def runtime_attn_proj(v4: dict) -> str:
+    """How the runtime holds a V4 shape's attention linears: FP8 where the shape stores them so
+    and the form v4_proj keeps them (:func:`attn_proj_storage`), else bf16."""
+    return "fp8" if attn_proj_dtype(v4) == "fp8" and attn_proj_storage() == "fp8" else "bf16"
 
 
 def attn_proj_dtype_from_hf(config: dict) -> str:

@@ -358,3 +358,9 @@ def test_the_core_reads_the_compressor_storage_the_form_sets():
     assert quant.comp_proj_storage() == quant.DEFAULT_COMP_PROJ
     with pytest.raises(SimtreeError, match="fp32 or model"):
         quant.set_comp_proj_storage("bf16")
+    assert quant.attn_proj_storage() == V4_AUTO["v4_proj"] == "fp8"     # and the attention linears' (v4_proj)
+    with forms(v4_proj="bf16"):
+        assert quant.attn_proj_storage() == "bf16" and quant.comp_proj_storage() == quant.DEFAULT_COMP_PROJ
+    assert quant.attn_proj_storage() == "fp8"
+    with pytest.raises(SimtreeError, match="fp8 or bf16"):
+        quant.set_attn_proj_storage("fp32")

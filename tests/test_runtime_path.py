@@ -52,3 +52,20 @@ def test_plan_names_the_shipped_v4_bundles_path_in_a_note_and_its_report():
     assert "Runtime path changed since" in _source_line(costs[0].meta)
     _, qnotes = select_costs(model="qwen3.6-27b", machine="h200")
     assert not any("runtime path" in n for n in qnotes)
+
+
+def test_the_attention_linears_run_in_bf16_when_the_form_says_so():
+    """Form v4_proj "bf16": V4-Flash's FP8 linears dequantised when the weights are made (the dims,
+    the registry's bytes and the recorded path follow); a bf16 shape has nothing to keep."""
+    from simtree.kernels.layers.v4 import V4Dims
+    flash = get_model("deepseek-v4-flash")
+    fp8_bytes = flash.shard("ep=8").weight_bytes()
+    assert V4Dims.of(flash).proj == "fp8"
+    with forms(v4_proj="bf16"):
+        assert V4Dims.of(flash).proj == "bf16"
+        assert flash.shard("ep=8").weight_bytes() - fp8_bytes > 4.5e9      # the linears' second byte
+        path = runtime_path(flash, {k: v4_form(k) for k in (*V4_FORMS, "v4_proj")})
+        assert path["attn_proj_dtype"] == "bf16"
+    with forms(v4_proj="fp8"):
+        assert V4Dims.of(get_model("tiny-v4")).proj == "bf16"               # its config stores no FP8
+    assert V4Dims.of(flash).proj == "fp8" and flash.shard("ep=8").weight_bytes() == fp8_bytes

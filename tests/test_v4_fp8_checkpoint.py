@@ -131,6 +131,22 @@ def test_speculative_decoding_of_an_fp8_checkpoint_is_lossless(src, tmp_path):
     assert rows and all(r["match"] for r in rows), rows
 
 
+def test_the_form_v4_proj_bf16_loads_the_fp8_linears_dequantised(src, tmp_path):
+    """Form v4_proj "bf16": the checkpoint's FP8 attention linears dequantised on load (the
+    indexer's head weights back in the first GEMM), the experts still FP8; the same logits."""
+    from simtree.kernels.layers.forms import forms
+    qpath, _ = _quantised_pair(src, tmp_path, "fp8")
+    fp8_rank = _rank(qpath)
+    with forms(v4_proj="bf16"):
+        rank = _rank(qpath)
+    assert rank.d.proj == "bf16" and rank.w["layers.1.wq_b"].dtype == torch.float32
+    assert "layers.1.wq_b_scale_inv" not in rank.w and "layers.1.wi_head" not in rank.w
+    assert rank.w["layers.2.experts_gu"].dtype == FP8_DTYPE
+    ids = torch.randint(0, VOCAB, (12,), generator=torch.Generator().manual_seed(3)).tolist()
+    out, want = _decode_logits(rank, ids), _decode_logits(fp8_rank, ids)
+    assert float((out - want).abs().max() / want.abs().max()) <= 1e-4
+
+
 def test_a_quantised_expert_without_its_scales_is_named(src, tmp_path):
     qpath, _ = _quantised_pair(src, tmp_path, "fp8")
     tensors = safetensors_torch.load_file(qpath / "model.safetensors")

@@ -32,6 +32,10 @@ V4 layer verify (a block of its own; kernels/v4/verify.py FUSIONS, docs/math/v4_
                     ("live", and HCA's 128-slot windows over (window, channels) programs);
                     "auto": V4_AUTO's choice.  Triton path only (the torch attention path pools
                     the plan's rows with torch)
+    v4_proj         the attention's linears of a V4 shape whose checkpoint stores them in FP8
+                    (``v4.attn_proj_dtype`` fp8): "fp8" - kept so, FP8 GEMMs (fp8.linear); "bf16" -
+                    dequantised when the weights are made or loaded (cuBLAS bf16 GEMMs, twice the
+                    bytes); "auto": V4_AUTO's choice (fp8).  Read when the weights are made, like v4_comp
 
     set_forms(tree_attention="torch")       # from here on
     set_forms(fp8_gemm="scaled_mm")
@@ -49,7 +53,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, replace
 
 from simtree.errors import SimtreeError
-from simtree.quant import V4_AUTO, set_comp_proj_storage
+from simtree.quant import V4_AUTO, set_attn_proj_storage, set_comp_proj_storage
 
 __all__ = ["LayerForms", "current", "set_forms", "forms", "v4_fusions", "v4_form", "V4_AUTO"]
 
@@ -59,7 +63,7 @@ _CHOICES.update(gdn_commit=("standalone", "deferred"))
 
 # ---- V4 layer verify fusions ----------------------------------------------------------------
 _CHOICES.update(v4_topk=("auto", "fused", "sort"), v4_hc=("auto", "fused", "torch"), v4_comp=("auto", "fp32", "model"),
-                v4_pool=("auto", "whole", "live", "split"))
+                v4_pool=("auto", "whole", "live", "split"), v4_proj=("auto", "fp8", "bf16"))
 # what "auto" runs (profiler/bench/v4_floor.py's summary names the faster form of each switch,
 # docs/math/v4_compression.md; v4_breakdown.py --forms torch,fused times the block's pre / post under each v4_hc);
 # (simtree/quant.py's V4_AUTO: every fused form, measured faster on the H100)
@@ -77,6 +81,7 @@ class LayerForms:
     v4_hc: str = "auto"
     v4_comp: str = "auto"
     v4_pool: str = "auto"
+    v4_proj: str = "auto"
 
     def __post_init__(self):
         for name, allowed in _CHOICES.items():
@@ -95,11 +100,12 @@ def current() -> LayerForms:
 
 def set_forms(**changes: str) -> LayerForms:
     """Set forms (``fused``, ``tree_attention``, ``fp8_gemm``, ``gdn_commit``, ``v4_topk``, ``v4_hc``, ``v4_comp``,
-    ``v4_pool``)
+    ``v4_pool``, ``v4_proj``)
     from here on; returns the ones replaced."""
     global _current
     old, _current = _current, replace(_current, **changes)
     set_comp_proj_storage(v4_form("v4_comp"))     # the storage the core's byte counts and loader read
+    set_attn_proj_storage(v4_form("v4_proj"))
     return old
 
 
@@ -125,3 +131,4 @@ def v4_fusions(f: LayerForms | None = None) -> tuple[str, ...]:
 
 
 set_comp_proj_storage(v4_form("v4_comp"))
+set_attn_proj_storage(v4_form("v4_proj"))

@@ -51,7 +51,7 @@ from simtree.kernels.v4._launched import tree_verify_fused
 from simtree.kernels.v4 import (CompressorParams, V4AttnConfig, V4Cache, V4Inputs, V4LayerWeights, apply_commit,
                                 plan_commit_device, plan_verify_device, tree_verify)
 from simtree.models import ModelShape, hash_layers
-from simtree.quant import attn_proj_dtype, expert_dtype
+from simtree.quant import expert_dtype, runtime_attn_proj
 
 from . import fp8, ops
 from .attention import tree_attention
@@ -163,7 +163,7 @@ class V4Dims:
                    float(m.get("routed_scaling_factor", 1.5)), float(v.get("rope_theta", 10000.0)),
                    float(v.get("compress_rope_theta", 160000.0)),
                    tuple(sorted(yarn.items())) if yarn.get("rope_type", yarn.get("type")) == "yarn" else (),
-                   hashed, experts=expert_dtype(m), proj=attn_proj_dtype(v))
+                   hashed, experts=expert_dtype(m), proj=runtime_attn_proj(v))
 
     def ratio(self, kind: str) -> int:
         return {"swa": 0, "csa": self.csa, "hca": self.hca}[kind]

@@ -48,8 +48,8 @@ import torch
 
 from simtree.errors import SimtreeError
 from simtree.parallel import parse_deployment
-from simtree.quant import (attn_proj_dtype, attn_proj_dtype_from_hf, expert_dtype, expert_dtype_from_hf,
-                           expert_format_from_hf, scale_blocks)
+from simtree.quant import (attn_proj_dtype_from_hf, expert_dtype, expert_dtype_from_hf, expert_format_from_hf,
+                           runtime_attn_proj, scale_blocks)
 
 from . import TensorPlan
 from .quantized import (CHECKPOINT_SCALE_SUFFIXES, FP4_GROUP, FP8_BLOCK, SCALE_SUFFIX, Fp8Weight, as_format, cat_rows,
@@ -206,7 +206,7 @@ def _dims(shape) -> SimpleNamespace:
                            I=int(m["expert_intermediate"]),
                            Is=int(m.get("n_shared", 1)) * int(m.get("shared_intermediate", m["expert_intermediate"])),
                            hashed=_hash_layers(shape), fmt="bf16", scale_suffix=".scale",
-                           proj=attn_proj_dtype(v))
+                           proj=runtime_attn_proj(v))
 
 
 def _hash_layers(shape) -> set[int]:

@@ -32,7 +32,8 @@ def runtime_path(shape, forms: dict | None = None) -> dict:
         return {}
     from simtree.quant import V4_AUTO, attn_proj_dtype
     forms = V4_AUTO if forms is None else forms
-    return {"attn_proj_dtype": attn_proj_dtype(shape.v4), **{k: forms[k] for k in V4_FORMS}}
+    proj = "fp8" if attn_proj_dtype(shape.v4) == "fp8" and forms.get("v4_proj", "fp8") == "fp8" else "bf16"
+    return {"attn_proj_dtype": proj, **{k: forms[k] for k in V4_FORMS}}
 
 
 def _shape(model: str):
