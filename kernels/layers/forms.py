@@ -64,9 +64,9 @@ _CHOICES.update(gdn_commit=("standalone", "deferred"))
 # ---- V4 layer verify fusions ----------------------------------------------------------------
 _CHOICES.update(v4_topk=("auto", "fused", "sort"), v4_hc=("auto", "fused", "torch"), v4_comp=("auto", "fp32", "model"),
                 v4_pool=("auto", "whole", "live", "split"), v4_proj=("auto", "fp8", "bf16"))
-# what "auto" runs (profiler/bench/v4_floor.py's summary names the faster form of each switch,
-# docs/math/v4_compression.md; v4_breakdown.py --forms torch,fused times the block's pre / post under each v4_hc);
-# (simtree/quant.py's V4_AUTO: every fused form, measured faster on the H100)
+# what "auto" runs: simtree/quant.py's V4_AUTO, every fused form (measured faster on the H100:
+# profiler/bench/v4_floor.py's summary names the faster form of each switch, docs/math/v4_compression.md;
+# v4_breakdown.py --forms torch,fused times the block's pre / post under each v4_hc) and the FP8 linears
 # form -> {its value: tree_verify's name of the launch it runs} (the forms: the module docstring)
 _V4_FUSION = {"v4_topk": {"fused": "topk"}, "v4_pool": {"live": "pool_live", "split": "pool_split"}}
 
