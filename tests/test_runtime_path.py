@@ -69,3 +69,20 @@ def test_the_attention_linears_run_in_bf16_when_the_form_says_so():
     with forms(v4_proj="fp8"):
         assert V4Dims.of(get_model("tiny-v4")).proj == "bf16"               # its config stores no FP8
     assert V4Dims.of(flash).proj == "fp8" and flash.shard("ep=8").weight_bytes() == fp8_bytes
+
+
+def test_a_full_run_with_a_bundle_of_an_earlier_path_says_so():
+    """simtree run's measured runs (full_run, tiny V4 on the CPU) carry the note when the bundle
+    was timed on another path (here: a tiny-v4 bundle without the record, the legacy forms)."""
+    import dataclasses
+
+    from full_helpers import tiny_model
+    from simtree.costs.synthetic import synthetic_costs
+    from simtree.runtime.full.measure import full_run
+    base = synthetic_costs()
+    costs = dataclasses.replace(base, meta={**base.meta, "model": "tiny-v4", "synthetic": False, "profile_meta": {}})
+    said = []
+    res = full_run(tiny_model("tiny-v4"), device="cpu", costs=costs, batch_sizes=[1], acceptance="gsm8k",
+                   context_len=16, rounds=1, warmup_rounds=0, progress=said.append)
+    note = next(n for n in res["notes"] if "earlier runtime path" in n)
+    assert "v4_topk sort (now fused)" in note and note in said

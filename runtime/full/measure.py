@@ -47,6 +47,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from simtree.costs.runtime_path import path_note
 from simtree.acceptance.model import Workload, get_workload
 from simtree.acceptance.traces import MAX_CONTEXT_LEN
 from simtree.errors import ExtrapolationWarning, SimtreeError, captured_warnings, check_int
@@ -388,6 +389,9 @@ def full_run(model, *, device: str = "cuda", costs=None, policy=None, batch_size
     if costs is None:
         notes.append("no cost bundle: measured only (summary.json keeps every round: "
                      "simtree.runtime.full.measure.repredict predicts them from a bundle later)")
+    elif (stale := path_note(costs.meta)) is not None:    # the bundle prices a path this runtime no longer runs
+        notes.append(stale)
+        say(stale)
     workload = policy_workload or source.name
     for B in batch_sizes:     # a block drafter the bundle cannot price, or too long a block: one line, first
         for _, spec in _policies(policy, workload, B, [], extra):
