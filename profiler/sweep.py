@@ -386,7 +386,7 @@ def run_sweep(sweep: str | Path | None = None, out: str | Path = "reports/profil
             "expert_dtypes": {name: get_model(name).mlp.get("expert_dtype", "bf16") for name in sorted(deployments)},
             # the runtime path each model was timed on (forms, the V4 attention linears' format): simtree
             # plan says when a bundle's differs from what the runtime runs (simtree/costs/runtime_path.py)
-            "runtime_paths": {name: runtime_path(get_model(name), {k: v4_form(k) for k in (*V4_FORMS, "v4_proj")})
+            "runtime_paths": {name: runtime_path(get_model(name), {k: v4_form(k) for k in V4_FORMS})
                               for name in sorted(deployments)},
             "sweep_spec": {k: v for k, v in spec.items() if not k.startswith("_")},
             "timing": {"target_s": target_s, "method": "CUDA graph of L2-rotated copies, event-timed per replay"

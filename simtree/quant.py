@@ -19,7 +19,7 @@ from simtree.errors import SimtreeError
 __all__ = ["FP8_BLOCK", "EXPERT_DTYPES", "SCALE_BYTES", "expert_dtype", "scale_blocks", "expert_params",
            "expert_dtype_from_hf", "expert_format_from_hf", "DEFAULT_COMP_PROJ", "comp_proj_storage", "set_comp_proj_storage",
            "ATTN_PROJ_DTYPES", "attn_proj_dtype", "attn_proj_dtype_from_hf", "runtime_attn_proj", "attn_proj_storage",
-           "set_attn_proj_storage", "V4_AUTO"]
+           "set_attn_proj_storage", "V4_AUTO", "V4_ATTN_LINEARS"]
 
 FP8_BLOCK = 128                 # the weights' block (both axes) and the activations' group
 EXPERT_DTYPES = ("bf16", "fp8")
@@ -33,10 +33,12 @@ DEFAULT_COMP_PROJ = "model"     # the form's "auto" (kernels.layers.forms.V4_AUT
 # the core can say which path the runtime runs (simtree/costs/runtime_path.py).  Every fused form
 # measured faster on the H100 (docs/math/v4_compression.md, reports/h100/floor.csv): v4_pool
 # "split" equals "live" where no window completes and is faster where one does (HCA at 4223).
+# v4_proj: how a V4 rank runs the attention's linears a checkpoint stores in FP8: "fp8", kept so (the
+# checkpoint's dtype), or "bf16", dequantised on load (on an H100 the bf16 GEMMs measured 1.21-1.69x
+# faster per block than the FP8 Triton ones: docs/math/v4_compression.md).
 V4_AUTO = {"v4_topk": "fused", "v4_hc": "fused", "v4_comp": DEFAULT_COMP_PROJ, "v4_pool": "split", "v4_proj": "fp8"}
-# How a V4 rank runs the attention's linears a checkpoint stores in FP8 (form v4_proj): "fp8", kept so
-# (the default: the checkpoint's dtype), or "bf16", dequantised on load (on an H100 the bf16 GEMMs
-# measured 1.21-1.69x faster per block than the FP8 Triton ones: docs/math/v4_compression.md).
+# the attention's linears of a V4 layer (runtime names; FP8 in DeepSeek's checkpoints)
+V4_ATTN_LINEARS = ("wqkv_a", "wq_b", "wq_idx", "wo_a", "wo_b")
 # the storage each weight-making form sets (kernels/layers/forms.set_forms): form -> (allowed, [value])
 _STORAGE = {"v4_comp": (("fp32", "model"), [DEFAULT_COMP_PROJ]), "v4_proj": (("fp8", "bf16"), [V4_AUTO["v4_proj"]])}
 
@@ -85,10 +87,11 @@ def attn_proj_dtype(v4: dict) -> str:
     return value
 
 
-def runtime_attn_proj(v4: dict) -> str:
+def runtime_attn_proj(v4: dict, storage: str | None = None) -> str:
     """How the runtime holds a V4 shape's attention linears: FP8 where the shape stores them so
-    and the form v4_proj keeps them (:func:`attn_proj_storage`), else bf16."""
-    return "fp8" if attn_proj_dtype(v4) == "fp8" and attn_proj_storage() == "fp8" else "bf16"
+    and the form v4_proj keeps them (``storage``, default :func:`attn_proj_storage`), else bf16."""
+    keep = attn_proj_storage() if storage is None else storage
+    return "fp8" if attn_proj_dtype(v4) == "fp8" and keep == "fp8" else "bf16"
 
 
 def attn_proj_dtype_from_hf(config: dict) -> str:

@@ -64,7 +64,7 @@ def test_the_attention_linears_run_in_bf16_when_the_form_says_so():
     with forms(v4_proj="bf16"):
         assert V4Dims.of(flash).proj == "bf16"
         assert flash.shard("ep=8").weight_bytes() - fp8_bytes > 4.5e9      # the linears' second byte
-        path = runtime_path(flash, {k: v4_form(k) for k in (*V4_FORMS, "v4_proj")})
+        path = runtime_path(flash, {k: v4_form(k) for k in V4_FORMS})
         assert path["attn_proj_dtype"] == "bf16"
     with forms(v4_proj="fp8"):
         assert V4Dims.of(get_model("tiny-v4")).proj == "bf16"               # its config stores no FP8

@@ -45,6 +45,7 @@ from simtree.errors import SimtreeError
 
 from simtree.kernels.layers.v4 import V4Dims, layer_specs
 from simtree.kernels.layers.weights import dtype_bytes
+from simtree.quant import V4_ATTN_LINEARS
 
 __all__ = ["V4Floor", "verify_floor", "SCOPES", "MOE_WEIGHTS", "CORE_WEIGHTS", "PROJECTIONS", "H200_COPY_GBPS",
            "H200_BF16_TFLOPS"]
@@ -96,7 +97,7 @@ class V4Floor:
         return self.flops / (tflops * 1e6)
 
 
-PROJECTIONS = ("wqkv_a", "wq_b", "wq_idx", "wo_a", "wo_b")   # the attention's linears (FP8 in the checkpoint)
+PROJECTIONS = V4_ATTN_LINEARS   # the attention's linears (FP8 in the checkpoint)
 
 
 def _weight_bytes(d: V4Dims, kind: str, scope: str, tokens: int, dtype: torch.dtype) -> dict:

@@ -81,21 +81,13 @@ ARCHIVED_ATTN_PROJ = "bf16"     # the archives' V4 runs ran the attention's line
 ARCHIVED_COMP_PROJ = "fp32"     # and the compressors' projections as fp32 copies (before the form v4_comp "model")
 
 
-def _as_run(model: str):
-    """The model shape as the archived runs built it (V4: the attention's linears in bf16)."""
-    from dataclasses import replace
-    from simtree.models import get_model
-    shape = get_model(model)
-    return replace(shape, v4={**shape.v4, "attn_proj_dtype": ARCHIVED_ATTN_PROJ}) if shape.family == "v4" else shape
-
-
 def check_runs(runs: list[LoggedRun]) -> list[tuple[LoggedRun, object]]:
     """(run, RankMemory) of each run: the check as the run allocated it."""
     from simtree.deploy.memory import rank_memory
     from simtree.kernels.layers.forms import forms
-    with forms(v4_comp=ARCHIVED_COMP_PROJ):
-        return [(r, rank_memory(_as_run(r.model), r.deployment, r.device, r.batch_size, r.context_len, rank_alone=True,
-                                **r.use)) for r in runs]
+    with forms(v4_comp=ARCHIVED_COMP_PROJ, v4_proj=ARCHIVED_ATTN_PROJ):     # the weights as those runs held them
+        return [(r, rank_memory(r.model, r.deployment, r.device, r.batch_size, r.context_len, rank_alone=True, **r.use))
+                for r in runs]
 
 
 def _span(values: list[float]) -> str:

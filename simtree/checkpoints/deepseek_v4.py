@@ -48,8 +48,8 @@ import torch
 
 from simtree.errors import SimtreeError
 from simtree.parallel import parse_deployment
-from simtree.quant import (attn_proj_dtype_from_hf, expert_dtype, expert_dtype_from_hf, expert_format_from_hf,
-                           runtime_attn_proj, scale_blocks)
+from simtree.quant import (V4_ATTN_LINEARS, attn_proj_dtype_from_hf, expert_dtype, expert_dtype_from_hf,
+                           expert_format_from_hf, runtime_attn_proj, scale_blocks)
 
 from . import TensorPlan
 from .quantized import (CHECKPOINT_SCALE_SUFFIXES, FP4_GROUP, FP8_BLOCK, SCALE_SUFFIX, Fp8Weight, as_format, cat_rows,
@@ -377,7 +377,7 @@ def _grouped(t, groups: int, rows: int):
     return Fp8Weight(t.weight.reshape(groups, rows, -1), t.scale_inv.reshape(groups, rows // FP8_BLOCK, -1))
 
 
-_PROJ = ("wqkv_a", "wq_b", "wq_idx", "wo_a", "wo_b")     # the attention's linears (FP8 where the shape says so)
+_PROJ = V4_ATTN_LINEARS     # the attention's linears (FP8 where the shape says so)
 
 
 def _block(read, p: str, kind: str, d, hashed: bool, names: dict = _NAMES) -> dict:

@@ -17,11 +17,10 @@ from __future__ import annotations
 
 __all__ = ["LEGACY_V4", "V4_FORMS", "runtime_path", "recorded_path", "path_changes", "path_note"]
 
-V4_FORMS = ("v4_topk", "v4_hc", "v4_comp", "v4_pool")
+V4_FORMS = ("v4_topk", "v4_hc", "v4_comp", "v4_pool", "v4_proj")   # v4_proj: recorded as attn_proj_dtype
 # the V4 path every profile timed before the sweep recorded one (the runtime's defaults until 2026-12-08)
 LEGACY_V4 = {"attn_proj_dtype": "bf16", "v4_topk": "sort", "v4_hc": "torch", "v4_comp": "fp32", "v4_pool": "whole"}
-_LABELS = {"attn_proj_dtype": "attention linears", "v4_topk": "v4_topk", "v4_hc": "v4_hc", "v4_comp": "v4_comp",
-           "v4_pool": "v4_pool"}
+_LABELS = {"attn_proj_dtype": "attention linears"}
 
 
 def runtime_path(shape, forms: dict | None = None) -> dict:
@@ -30,10 +29,10 @@ def runtime_path(shape, forms: dict | None = None) -> dict:
     family whose path has no switches a bundle must match."""
     if shape.family != "v4":
         return {}
-    from simtree.quant import V4_AUTO, attn_proj_dtype
+    from simtree.quant import V4_AUTO, runtime_attn_proj
     forms = V4_AUTO if forms is None else forms
-    proj = "fp8" if attn_proj_dtype(shape.v4) == "fp8" and forms.get("v4_proj", "fp8") == "fp8" else "bf16"
-    return {"attn_proj_dtype": proj, **{k: forms[k] for k in V4_FORMS}}
+    return {"attn_proj_dtype": runtime_attn_proj(shape.v4, forms["v4_proj"]),
+            **{k: forms[k] for k in V4_FORMS if k != "v4_proj"}}
 
 
 def _shape(model: str):
@@ -44,10 +43,10 @@ def _shape(model: str):
         return None
 
 
-def recorded_path(meta: dict) -> dict | None:
+def recorded_path(meta: dict, shape=None) -> dict | None:
     """The path the bundle's profile timed its model on (None: the model is unknown here)."""
     model = str(meta.get("model", ""))
-    shape = _shape(model)
+    shape = shape or _shape(model)
     if shape is None:
         return None
     paths = (meta.get("profile_meta") or {}).get("runtime_paths")
@@ -58,10 +57,11 @@ def recorded_path(meta: dict) -> dict | None:
 
 def path_changes(meta: dict) -> list[str]:
     """Each switch whose recorded value is not what the runtime runs now, as "name was (now is)"."""
-    then = recorded_path(meta)
+    shape = _shape(str(meta.get("model", "")))
+    then = recorded_path(meta, shape)
     if then is None or meta.get("synthetic"):
         return []
-    now = runtime_path(_shape(str(meta.get("model", ""))))
+    now = runtime_path(shape)
     return [f"{_LABELS.get(k, k)} {then.get(k, '?')} (now {v})" for k, v in now.items() if then.get(k) != v]
 
 

@@ -31,6 +31,7 @@ from simtree.deploy.verify_memory import VerifyRound, verify_round
 from simtree.errors import SimtreeError
 from simtree.fileio import rewrite_marked_block
 from simtree.models import ModelShape, get_model
+from simtree.quant import runtime_attn_proj
 
 __all__ = ["RankMemory", "rank_memory", "check_fits", "check_rank_fits", "smallest_fit", "largest_batch", "ep_fit_table", "GPU_COUNTS",
            "FIT_DOC_START", "FIT_DOC_END", "write_fit_doc"]
@@ -239,7 +240,7 @@ def ep_fit_table(model: str | ModelShape, machine: str | Machine, context_lens=(
         lines.append(f"| {dep} | {gb(w)} | {gb(bf16.shard(dep).weight_bytes())} | " + " | ".join(cells) + " |")
     return (f"{shape.name} on {m.name} ({m.describe()} usable; experts "
             f"{shape.mlp.get('expert_dtype', 'bf16')}, attention linears "
-            f"{(shape.v4 or {}).get('attn_proj_dtype', 'bf16')}):\n\n" + "\n".join(lines) + "\n")
+            f"{runtime_attn_proj(shape.v4) if shape.family == 'v4' else 'bf16'}):\n\n" + "\n".join(lines) + "\n")
 
 
 def write_fit_doc(path: str | Path, write: bool = True) -> bool:
